@@ -1,0 +1,246 @@
+//! The per-row online-softmax schedule (the seeds' design, tile rows walked in turn):
+//! one workgroup holds one query row in workgroup memory, walks the visible keys in blocks
+//! of WG, keeps the running max `m`, sum `l` and accumulator, and writes `O = acc / l` and
+//! `LSE = m + log(l)`. Forward and decode share it; they differ only in the index helpers.
+
+use std::fmt::Write;
+
+use crate::spec::{Gqa, KernelSpec};
+
+pub(super) fn workgroup_bytes(head_dim: u32, wg: u32) -> u32 {
+    // sh_q + sh_acc, sh_p + sh_partial + sh_red, sh_state + sh_range.
+    4 * (2 * head_dim + 3 * wg) + 8 + 8
+}
+
+pub(super) fn workgroup_memory(out: &mut String) {
+    out.push_str(r#"var<workgroup> sh_q: array<f32, HEAD_DIM>;
+var<workgroup> sh_acc: array<f32, HEAD_DIM>;
+var<workgroup> sh_p: array<f32, WG>;
+var<workgroup> sh_partial: array<f32, WG>;
+var<workgroup> sh_red: array<f32, WG>;
+// Running max m and running sum l of the online softmax.
+var<workgroup> sh_state: vec2<f32>;
+// Visible keys [start, end) of the current row, loaded uniformly so loops may hold barriers.
+var<workgroup> sh_range: vec2<u32>;
+
+"#);
+}
+
+fn kv_head(out: &mut String, spec: &KernelSpec) {
+    let ratio = match spec.gqa {
+        Gqa::Any => "(dims.n_heads / dims.n_kv_heads)".to_string(),
+        Gqa::Ratio(r) => format!("{r}u"),
+    };
+    let _ = writeln!(out, "// GQA: query heads h share KV head h / (n_heads / n_kv_heads).");
+    let _ = writeln!(out, "fn kv_head(h: u32) -> u32 {{\n    return h / {ratio};\n}}\n");
+}
+
+/// Index helpers common to every op: row-major `[row, head, d]` and `[j, kv_head, d]`.
+fn row_indexing(out: &mut String) {
+    out.push_str(r#"fn q_index(row: u32, h: u32) -> u32 {
+    return (row * dims.n_heads + h) * HEAD_DIM;
+}
+
+fn kv_index(j: u32, kv_h: u32) -> u32 {
+    return (j * dims.n_kv_heads + kv_h) * HEAD_DIM;
+}
+
+"#);
+}
+
+pub(super) fn forward_helpers(out: &mut String, spec: &KernelSpec) {
+    kv_head(out, spec);
+    row_indexing(out);
+    let start = if spec.masks.document { "seg[row]" } else { "0u" };
+    let end = if spec.masks.causal { "row + 1u" } else { "dims.seq_len" };
+    // With causal on, [seg[row], row] is exactly the row's document; without it the range
+    // runs to the end of the sequence and each key is tested for membership.
+    let visible = if spec.masks.document && !spec.masks.causal {
+        "seg[j] == seg[row]"
+    } else {
+        "true"
+    };
+    let _ = write!(out, r#"fn key_range(row: u32) -> vec2<u32> {{
+    return vec2<u32>({start}, {end});
+}}
+
+fn key_visible(row: u32, j: u32) -> bool {{
+    return {visible};
+}}
+
+fn key_at(i: u32) -> f32 {{
+    return k[i];
+}}
+
+fn value_at(i: u32) -> f32 {{
+    return v[i];
+}}
+
+fn store_out(i: u32, x: f32) {{
+    o[i] = x;
+}}
+
+fn positive_inf() -> f32 {{
+    // Not a constant expression: WGSL rejects non-finite constants.
+    var bits = 0x7f800000u;
+    return bitcast<f32>(bits);
+}}
+
+// An empty row (no visible key) stores LSE = +inf, so a backward pass that recomputes
+// P = exp(score - LSE) gets 0 there, never NaN.
+fn store_lse(row: u32, h: u32, m: f32, l: f32) {{
+    var x = positive_inf();
+    if (l > 0.0) {{
+        x = m + log(l);
+    }}
+    lse[row * dims.n_heads + h] = x;
+}}
+
+"#);
+}
+
+pub(super) fn decode_helpers(out: &mut String, spec: &KernelSpec) {
+    kv_head(out, spec);
+    row_indexing(out);
+    out.push_str(r#"fn key_range(row: u32) -> vec2<u32> {
+    return vec2<u32>(0u, dims.cache_len);
+}
+
+fn key_visible(row: u32, j: u32) -> bool {
+    return true;
+}
+
+fn key_at(i: u32) -> f32 {
+    return k_cache[i];
+}
+
+fn value_at(i: u32) -> f32 {
+    return v_cache[i];
+}
+
+fn store_out(i: u32, x: f32) {
+    o[i] = x;
+}
+
+// Decode saves no LSE.
+fn store_lse(row: u32, h: u32, m: f32, l: f32) {
+}
+
+"#);
+}
+
+pub(super) fn attend_row(out: &mut String) {
+    out.push_str(ATTEND_ROW);
+}
+
+const ATTEND_ROW: &str = r#"fn attend_row(row: u32, h: u32, tid: u32) {
+    let kv_h = kv_head(h);
+    if (tid == 0u) {
+        sh_range = key_range(row);
+        sh_state = vec2<f32>(NEG_BIG, 0.0);
+    }
+    let qi = q_index(row, h);
+    if (tid < HEAD_DIM) {
+        sh_q[tid] = q[qi + tid];
+        sh_acc[tid] = 0.0;
+    }
+    workgroupBarrier();
+    let range = workgroupUniformLoad(&sh_range);
+
+    let d_local = tid / K_PAR;
+    let kc = tid % K_PAR;
+    // Blocks wholly before the document start are skipped, so the first block walked
+    // holds a visible key whenever the row has one.
+    let first_blk = range.x / WG;
+    let n_blocks = (range.y + WG - 1u) / WG;
+    for (var blk = first_blk; blk < n_blocks; blk = blk + 1u) {
+        let k_start = blk * WG;
+        let j = k_start + tid;
+        let visible = j >= range.x && j < range.y && key_visible(row, j);
+
+        var score = NEG_BIG;
+        if (visible) {
+            let ki = kv_index(j, kv_h);
+            var dot = 0.0;
+            for (var dd = 0u; dd < HEAD_DIM; dd = dd + 1u) {
+                dot = fma(sh_q[dd], key_at(ki + dd), dot);
+            }
+            score = dot * params.scale;
+        }
+
+        let m_old = sh_state.x;
+        let m_new = max(m_old, wg_reduce_max(tid, score));
+        var p = 0.0;
+        if (visible) {
+            p = exp(score - m_new);
+        }
+        sh_p[tid] = p;
+        let block_sum = wg_reduce_sum(tid, p);
+        let corr = exp(m_old - m_new);
+
+        // P·V: invocation (d_local, kc) sums chunk kc of the block for element d_local.
+        // Keys with p == 0 (masked, or underflowed) add nothing and are not read.
+        if (tid < N_ACTIVE) {
+            let lo = kc * CHUNK;
+            let hi = min(lo + CHUNK, WG);
+            var part = 0.0;
+            for (var jl = lo; jl < hi; jl = jl + 1u) {
+                let pj = sh_p[jl];
+                if (pj != 0.0) {
+                    part = fma(pj, value_at(kv_index(k_start + jl, kv_h) + d_local), part);
+                }
+            }
+            sh_partial[tid] = part;
+        }
+        workgroupBarrier();
+        if (kc == 0u && tid < N_ACTIVE) {
+            var sum = 0.0;
+            for (var i = 0u; i < K_PAR; i = i + 1u) {
+                sum = sum + sh_partial[tid + i];
+            }
+            sh_acc[d_local] = sh_acc[d_local] * corr + sum;
+        }
+        if (tid == 0u) {
+            sh_state = vec2<f32>(m_new, sh_state.y * corr + block_sum);
+        }
+        workgroupBarrier();
+    }
+
+    let l = sh_state.y;
+    if (tid < HEAD_DIM) {
+        var result = 0.0;
+        if (l > 0.0) {
+            result = sh_acc[tid] / l;
+        }
+        store_out(qi + tid, result);
+    }
+    if (tid == 0u) {
+        store_lse(row, h, sh_state.x, l);
+    }
+}
+
+"#;
+
+pub(super) fn forward_entry(out: &mut String, name: &str) {
+    let _ = write!(out, r#"@compute @workgroup_size(WG)
+fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {{
+    let h = wg.y;
+    for (var r = 0u; r < TILE; r = r + 1u) {{
+        let row = wg.x * TILE + r;
+        if (row < dims.seq_len) {{
+            attend_row(row, h, tid);
+        }}
+        // The next row reuses the workgroup memory.
+        workgroupBarrier();
+    }}
+}}
+"#);
+}
+
+pub(super) fn decode_entry(out: &mut String, name: &str) {
+    let _ = write!(out, r#"@compute @workgroup_size(WG)
+fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {{
+    attend_row(0u, wg.x, tid);
+}}
+"#);
+}

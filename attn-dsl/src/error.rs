@@ -1,0 +1,57 @@
+use std::fmt;
+
+/// The part of a description an error is about, so that a front end can point at it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Field {
+    Name,
+    Op,
+    Grid,
+    HeadDim,
+    Gqa,
+    Masks,
+    Target,
+    WorkgroupSize,
+    /// The `writes` entry of the named output (or the `writes` block when it is missing).
+    Write(String),
+}
+
+impl fmt::Display for Field {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Field::Name => f.write_str("name"),
+            Field::Op => f.write_str("op"),
+            Field::Grid => f.write_str("grid"),
+            Field::HeadDim => f.write_str("head_dim"),
+            Field::Gqa => f.write_str("gqa"),
+            Field::Masks => f.write_str("masks"),
+            Field::Target => f.write_str("target"),
+            Field::WorkgroupSize => f.write_str("workgroup_size"),
+            Field::Write(name) => write!(f, "writes.{name}"),
+        }
+    }
+}
+
+/// A kernel description that cannot be turned into a correct kernel.
+#[derive(Debug, thiserror::Error)]
+pub enum DslError {
+    /// The description itself is wrong: a value out of range, a race, a limit overrun.
+    #[error("{problem}")]
+    Spec { field: Field, problem: String },
+    /// naga rejected the WGSL the emitter produced: a bug in the emitter for this spec.
+    #[error(transparent)]
+    Wgsl(#[from] crate::validate::ValidateError),
+}
+
+impl DslError {
+    pub(crate) fn spec(field: Field, problem: impl Into<String>) -> DslError {
+        DslError::Spec { field, problem: problem.into() }
+    }
+
+    /// The field at fault, if the error is about the description.
+    pub fn field(&self) -> Option<&Field> {
+        match self {
+            DslError::Spec { field, .. } => Some(field),
+            DslError::Wgsl(_) => None,
+        }
+    }
+}

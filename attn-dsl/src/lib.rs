@@ -1,0 +1,53 @@
+//! attn-dsl: the dataflow IR of attention kernels, its checks, the WGSL emitter, naga
+//! validation and the binding plan. Pure: no wgpu and no proc-macro types, so a build
+//! script, a test, a CLI or a runtime can all drive it.
+//!
+//! ```
+//! use attn_dsl::{compile, KernelSpec, Masks, Op};
+//! let spec = KernelSpec::standard("fwd", Op::Forward, 64, Masks { causal: true, document: true });
+//! let abi = compile(&spec).unwrap();
+//! assert_eq!(abi.bindings.len(), 8);
+//! assert!(abi.wgsl.contains("@workgroup_size(WG)"));
+//! ```
+
+pub mod check;
+pub mod emit;
+mod error;
+pub mod manifest;
+pub mod plan;
+pub mod signature;
+pub mod spec;
+pub mod validate;
+
+use std::borrow::Cow;
+
+pub use error::{DslError, Field};
+pub use plan::{Access, Binding, KernelAbi, Scalar};
+pub use spec::{
+    Axis, Gqa, Grid, KernelSpec, Limits, Major, Masks, Op, Precision, Target, WriteMode,
+};
+pub use validate::ValidateError;
+
+/// Checks `spec`, plans its bindings, emits its WGSL and validates it with naga.
+pub fn compile(spec: &KernelSpec) -> Result<KernelAbi, DslError> {
+    check::check_spec(spec)?;
+    let bindings = plan::bindings(spec);
+    let wgsl = emit::emit(spec, &bindings);
+    let abi = KernelAbi {
+        name: Cow::Owned(spec.name.clone()),
+        op: spec.op,
+        entry_point: Cow::Owned(spec.name.clone()),
+        workgroup_size: [spec.workgroup_size, 1, 1],
+        grid: spec.grid,
+        head_dim: spec.head_dim,
+        gqa: spec.gqa,
+        masks: spec.masks,
+        target: spec.target,
+        workgroup_storage_bytes: emit::workgroup_bytes(spec),
+        bindings: Cow::Owned(bindings),
+        wgsl: Cow::Owned(wgsl),
+    };
+    check::check_limits(spec, &abi)?;
+    validate::validate(&abi.wgsl, &spec.target, &abi.bindings)?;
+    Ok(abi)
+}

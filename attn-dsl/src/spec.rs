@@ -1,0 +1,226 @@
+//! The dataflow IR: what a kernel computes, which grid runs it, who owns each output.
+//!
+//! A [`KernelSpec`] is built by a front end (the `attention_kernel!` macro, a test, a build
+//! script) and is the single source from which the checks, the binding plan, the WGSL and the
+//! generated Rust all derive.
+
+use serde::Serialize;
+
+/// Index axes of the attention dataflow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Axis {
+    /// Query row.
+    S,
+    /// Key/value row.
+    J,
+    /// Query head.
+    H,
+    /// Key/value head; `kv_h = h / (n_heads / n_kv_heads)`.
+    KvH,
+    /// Head dimension.
+    D,
+}
+
+impl Axis {
+    pub fn name(self) -> &'static str {
+        match self {
+            Axis::S => "s",
+            Axis::J => "j",
+            Axis::H => "h",
+            Axis::KvH => "kv_h",
+            Axis::D => "d",
+        }
+    }
+}
+
+/// The computation a kernel performs. Each op has a fixed tensor signature
+/// ([`crate::signature`]); the description decides grid, specialization and write modes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Op {
+    /// Online-softmax attention over the whole sequence; writes O and LSE.
+    Forward,
+    /// One query row per head against a KV cache of `cache_len` rows.
+    Decode,
+}
+
+impl Op {
+    pub const ALL: [Op; 2] = [Op::Forward, Op::Decode];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Forward => "forward",
+            Op::Decode => "decode",
+        }
+    }
+}
+
+/// Which axis the dispatch grid walks: one workgroup per tile of that axis (and per head).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Major {
+    /// One workgroup per (query tile, head).
+    S,
+    /// One workgroup per (key tile, KV head).
+    J,
+    /// One workgroup per head (decode: a single query row).
+    Head,
+}
+
+impl Major {
+    pub fn name(self) -> &'static str {
+        match self {
+            Major::S => "s_major",
+            Major::J => "j_major",
+            Major::Head => "head_major",
+        }
+    }
+
+    /// Axes whose index is fixed by the workgroup id: an `owned` output may only be
+    /// indexed by these (and by axes the workgroup sweeps entirely, such as `d`).
+    pub fn fixed_axes(self) -> &'static [Axis] {
+        match self {
+            Major::S => &[Axis::S, Axis::H],
+            Major::J => &[Axis::J, Axis::KvH],
+            Major::Head => &[Axis::H],
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Grid {
+    pub major: Major,
+    /// Rows of the major axis per workgroup. 1 is the per-query design of the seeds.
+    pub tile: u32,
+}
+
+/// Query heads per KV head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Gqa {
+    /// Read from the run-time dims (`n_heads / n_kv_heads`).
+    Any,
+    /// Fixed at compile time; the runtime rejects other head counts.
+    Ratio(u32),
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Masks {
+    /// Query `s` sees keys `j <= s`.
+    pub causal: bool,
+    /// Query `s` sees keys `j >= seg[s]`, the start of its document.
+    pub document: bool,
+}
+
+/// Where the kernel must run, and so which limits and shader capabilities apply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Target {
+    /// What browsers accept under WebGPU's default limits.
+    Webgpu,
+    /// wgpu on a known adapter class: limits are stated by the description.
+    Native(Limits),
+}
+
+/// The limits that a kernel's plan is checked against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Limits {
+    pub workgroup_storage_bytes: u32,
+    pub storage_buffers_per_stage: u32,
+    pub uniform_buffers_per_stage: u32,
+    pub invocations_per_workgroup: u32,
+}
+
+impl Limits {
+    /// WebGPU's default limits (the spec's "default" column).
+    pub const WEBGPU: Limits = Limits {
+        workgroup_storage_bytes: 16384,
+        storage_buffers_per_stage: 8,
+        uniform_buffers_per_stage: 12,
+        invocations_per_workgroup: 256,
+    };
+}
+
+impl Target {
+    pub fn limits(&self) -> Limits {
+        match self {
+            Target::Webgpu => Limits::WEBGPU,
+            Target::Native(l) => *l,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Precision {
+    /// f32 storage and arithmetic.
+    F32,
+}
+
+/// How the workgroups of a kernel reach an output tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WriteMode {
+    /// Exactly one workgroup writes each element.
+    Owned,
+    /// Many workgroups add into each element with atomics.
+    AtomicScatter,
+    /// An intermediate written in one layout for a consumer kernel of the other major.
+    ScratchFlush,
+}
+
+impl WriteMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            WriteMode::Owned => "owned",
+            WriteMode::AtomicScatter => "atomic",
+            WriteMode::ScratchFlush => "scratch",
+        }
+    }
+}
+
+/// One kernel, fully specialized.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct KernelSpec {
+    /// Rust module name and WGSL label, e.g. `attention_forward`.
+    pub name: String,
+    pub op: Op,
+    pub grid: Grid,
+    pub head_dim: u32,
+    pub gqa: Gqa,
+    pub masks: Masks,
+    pub target: Target,
+    pub precision: Precision,
+    pub workgroup_size: u32,
+    /// Write mode of each output, by tensor name, as the description declares them.
+    pub writes: Vec<(String, WriteMode)>,
+}
+
+impl KernelSpec {
+    /// The usual description of an op, for tests and tools: default grid for the op,
+    /// 256 invocations, `webgpu` target, every output owned.
+    pub fn standard(name: &str, op: Op, head_dim: u32, masks: Masks) -> KernelSpec {
+        let major = match op {
+            Op::Forward => Major::S,
+            Op::Decode => Major::Head,
+        };
+        let writes = crate::signature::tensors(op, masks)
+            .iter()
+            .filter(|t| t.role == crate::signature::Role::Output)
+            .map(|t| (t.name.to_string(), WriteMode::Owned))
+            .collect();
+        KernelSpec {
+            name: name.to_string(),
+            op,
+            grid: Grid { major, tile: 1 },
+            head_dim,
+            gqa: Gqa::Any,
+            masks,
+            target: Target::Webgpu,
+            precision: Precision::F32,
+            workgroup_size: 256,
+            writes,
+        }
+    }
+}

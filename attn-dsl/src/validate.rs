@@ -1,0 +1,72 @@
+//! naga validation of emitted WGSL, and a cross-check that the module declares exactly the
+//! bindings of the plan (so the Rust side and the shader cannot drift).
+
+use naga::valid::{Capabilities, ValidationFlags, Validator};
+
+use crate::plan::{Access, Binding};
+use crate::spec::Target;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ValidateError {
+    #[error("naga could not parse the emitted WGSL:\n{rendered}")]
+    Parse { rendered: String },
+    #[error("naga rejected the emitted WGSL:\n{rendered}")]
+    Invalid { rendered: String },
+    #[error("the emitted WGSL does not match the binding plan: {0}")]
+    PlanMismatch(String),
+}
+
+/// Shader capabilities a target may use. `webgpu` gets none beyond core WGSL.
+pub fn capabilities(target: &Target) -> Capabilities {
+    match target {
+        Target::Webgpu => Capabilities::empty(),
+        Target::Native(_) => Capabilities::all(),
+    }
+}
+
+/// Parses and validates `wgsl` with every validation flag on, then checks its globals
+/// against `bindings`.
+pub fn validate(wgsl: &str, target: &Target, bindings: &[Binding]) -> Result<(), ValidateError> {
+    let module = naga::front::wgsl::parse_str(wgsl)
+        .map_err(|e| ValidateError::Parse { rendered: e.emit_to_string(wgsl) })?;
+    Validator::new(ValidationFlags::all(), capabilities(target))
+        .validate(&module)
+        .map_err(|e| ValidateError::Invalid { rendered: e.emit_to_string(wgsl) })?;
+    check_globals(&module, bindings)
+}
+
+fn check_globals(module: &naga::Module, bindings: &[Binding]) -> Result<(), ValidateError> {
+    let mut declared = 0;
+    for (_, var) in module.global_variables.iter() {
+        let Some(rb) = &var.binding else { continue };
+        declared += 1;
+        let name = var.name.as_deref().unwrap_or("<unnamed>");
+        let Some(b) = bindings.iter().find(|b| b.group == rb.group && b.binding == rb.binding)
+        else {
+            return Err(ValidateError::PlanMismatch(format!(
+                "`{name}` at @group({}) @binding({}) is not in the plan", rb.group, rb.binding)));
+        };
+        if b.name != name || !space_matches(var.space, b.access) {
+            return Err(ValidateError::PlanMismatch(format!(
+                "@group({}) @binding({}) is `{name}` ({:?}) in WGSL but `{}` ({:?}) in the plan",
+                rb.group, rb.binding, var.space, b.name, b.access)));
+        }
+    }
+    if declared != bindings.len() {
+        return Err(ValidateError::PlanMismatch(format!(
+            "WGSL declares {declared} bindings, the plan {}", bindings.len())));
+    }
+    Ok(())
+}
+
+fn space_matches(space: naga::AddressSpace, access: Access) -> bool {
+    use naga::{AddressSpace, StorageAccess};
+    match (space, access) {
+        (AddressSpace::Uniform, Access::Uniform) => true,
+        (AddressSpace::Storage { access: a }, Access::Read) => a == StorageAccess::LOAD,
+        (AddressSpace::Storage { access: a }, Access::ReadWrite) => {
+            a == StorageAccess::LOAD | StorageAccess::STORE
+        }
+        _ => false,
+    }
+}

@@ -1,0 +1,104 @@
+//! Every op compiles through naga across the specializations it supports, and bad specs
+//! fail with an error naming the field at fault.
+
+use attn_dsl::{
+    Access, DslError, Field, Gqa, KernelSpec, Major, Masks, Op, Target, WriteMode, compile,
+};
+
+const CAUSAL_DOC: Masks = Masks { causal: true, document: true };
+
+fn forward(head_dim: u32, masks: Masks) -> KernelSpec {
+    KernelSpec::standard("attention_forward", Op::Forward, head_dim, masks)
+}
+
+fn field_of(spec: &KernelSpec) -> Field {
+    match compile(spec) {
+        Err(e) => e.field().cloned().unwrap_or_else(|| panic!("not a spec error: {e}")),
+        Ok(_) => panic!("spec {} compiled but should not", spec.name),
+    }
+}
+
+#[test]
+fn forward_compiles_for_every_mask_and_head_dim() {
+    for head_dim in [1, 32, 64, 96, 128, 256] {
+        for (causal, document) in [(false, false), (true, false), (false, true), (true, true)] {
+            let spec = forward(head_dim, Masks { causal, document });
+            let abi = compile(&spec).unwrap_or_else(|e| panic!("d{head_dim} {causal} {document}: {e}"));
+            assert_eq!(abi.binding("seg").is_some(), document);
+        }
+    }
+}
+
+#[test]
+fn decode_and_fixed_gqa_and_tiles_compile() {
+    compile(&KernelSpec::standard("dec", Op::Decode, 64, Masks::default())).unwrap();
+    let mut spec = forward(64, CAUSAL_DOC);
+    spec.gqa = Gqa::Ratio(3);
+    spec.grid.tile = 4;
+    let abi = compile(&spec).unwrap();
+    assert!(abi.wgsl.contains("return h / 3u;"));
+    assert!(abi.wgsl.contains("const TILE: u32 = 4u;"));
+}
+
+#[test]
+fn forward_binding_plan_matches_the_seeds_abi() {
+    let abi = compile(&forward(64, CAUSAL_DOC)).unwrap();
+    let names: Vec<_> = abi.bindings.iter().map(|b| (b.binding, b.name.as_ref(), b.access)).collect();
+    assert_eq!(names, [
+        (0, "q", Access::Read), (1, "k", Access::Read), (2, "v", Access::Read),
+        (3, "o", Access::ReadWrite), (4, "lse", Access::ReadWrite),
+        (5, "dims", Access::Uniform), (6, "params", Access::Uniform), (7, "seg", Access::Read),
+    ]);
+    assert_eq!(abi.workgroup_storage_bytes, 4 * (2 * 64 + 3 * 256) + 16);
+}
+
+#[test]
+fn head_dim_over_the_limit_is_refused() {
+    assert_eq!(field_of(&forward(512, CAUSAL_DOC)), Field::HeadDim);
+    assert_eq!(field_of(&forward(0, CAUSAL_DOC)), Field::HeadDim);
+}
+
+#[test]
+fn decode_refuses_masks_it_cannot_honour() {
+    let spec = KernelSpec::standard("dec", Op::Decode, 64, Masks { causal: true, document: false });
+    assert_eq!(field_of(&spec), Field::Masks);
+}
+
+#[test]
+fn owned_output_on_a_grid_that_does_not_fix_its_axes_is_a_race() {
+    let mut spec = KernelSpec::standard("dec", Op::Decode, 64, Masks::default());
+    spec.grid.major = Major::Head;
+    // Decode's `o` is [h, d]: owned under a head grid. Forward's `o` is [s, h, d]: a head
+    // grid would leave `s` free, which the grid check reports before the race check.
+    compile(&spec).unwrap();
+    let mut fwd = forward(64, CAUSAL_DOC);
+    fwd.grid.major = Major::J;
+    assert_eq!(field_of(&fwd), Field::Grid);
+}
+
+#[test]
+fn writes_must_name_outputs_and_cover_them() {
+    let mut spec = forward(64, CAUSAL_DOC);
+    spec.writes.retain(|(n, _)| n != "lse");
+    assert!(matches!(field_of(&spec), Field::Write(_)));
+    let mut spec = forward(64, CAUSAL_DOC);
+    spec.writes.push(("q".into(), WriteMode::Owned));
+    assert_eq!(field_of(&spec), Field::Write("q".into()));
+    let mut spec = forward(64, CAUSAL_DOC);
+    spec.writes[0].1 = WriteMode::AtomicScatter;
+    assert_eq!(field_of(&spec), Field::Write("o".into()));
+}
+
+#[test]
+fn workgroup_memory_over_the_target_limit_is_refused() {
+    let mut spec = forward(256, CAUSAL_DOC);
+    spec.workgroup_size = 1024;
+    spec.target = Target::Native(attn_dsl::Limits {
+        workgroup_storage_bytes: 8192,
+        invocations_per_workgroup: 1024,
+        ..attn_dsl::Limits::WEBGPU
+    });
+    let err = compile(&spec).unwrap_err();
+    assert!(matches!(err, DslError::Spec { field: Field::WorkgroupSize, .. }), "{err}");
+    assert!(err.to_string().contains("workgroup memory"), "{err}");
+}
