@@ -10,7 +10,7 @@ use std::borrow::Cow;
 use serde::Serialize;
 
 use crate::signature::{self, Elem, Role};
-use crate::spec::{Axis, Gqa, Grid, KernelSpec, Masks, Op, Target, WriteMode};
+use crate::spec::{Axis, Gqa, Grid, KernelSpec, Major, Masks, Op, Target, WriteMode};
 
 /// How a shader may touch a binding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -100,6 +100,17 @@ impl KernelAbi {
 
     pub fn storage_buffers(&self) -> usize {
         self.bindings.iter().filter(|b| b.access != Access::Uniform).count()
+    }
+
+    /// Workgroups to dispatch, given the `dims` uniform's values in field order (the walked
+    /// length, n_heads, n_kv_heads, head_dim).
+    pub fn dispatch_grid(&self, dims: &[u32]) -> [u32; 3] {
+        let at = |i: usize| dims.get(i).copied().unwrap_or(0);
+        match self.grid.major {
+            Major::S => [at(0).div_ceil(self.grid.tile), at(1), 1],
+            Major::J => [at(0).div_ceil(self.grid.tile), at(2), 1],
+            Major::Head => [at(1), 1, 1],
+        }
     }
 
     pub fn uniform_buffers(&self) -> usize {

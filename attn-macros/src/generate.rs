@@ -1,0 +1,287 @@
+//! The Rust a description expands to: one module holding the WGSL, its ABI as a `const`,
+//! `Pod` uniform structs, a bindings struct with one field per binding, and the grid.
+
+use attn_dsl::{Access, Axis, Binding, Gqa, KernelAbi, Major, Op, Scalar, Target, WriteMode};
+use proc_macro2::{Literal, TokenStream};
+use quote::{format_ident, quote};
+
+use crate::parse::Description;
+
+pub fn module(d: &Description, abi: &KernelAbi) -> TokenStream {
+    let attrs = &d.attrs;
+    let vis = &d.vis;
+    let name = &d.name;
+    let name_str = abi.name.as_ref();
+    let wgsl = abi.wgsl.as_ref();
+    let entry = abi.entry_point.as_ref();
+    let [wx, wy, wz] = abi.workgroup_size.map(Literal::u32_unsuffixed);
+    let head_dim = Literal::u32_unsuffixed(abi.head_dim);
+    let tile = Literal::u32_unsuffixed(abi.grid.tile);
+    let abi_const = abi_const(abi);
+    let uniforms = abi.bindings.iter().filter(|b| b.access == Access::Uniform).map(uniform_struct);
+    let bindings = bindings_struct(abi);
+    let grid = dispatch_grid(abi);
+    quote! {
+        #(#attrs)*
+        #[allow(clippy::all)]
+        #vis mod #name {
+            /// The kernel's WGSL, validated by naga when this module was expanded.
+            pub const WGSL: &str = #wgsl;
+            pub const NAME: &str = #name_str;
+            pub const ENTRY_POINT: &str = #entry;
+            pub const WORKGROUP_SIZE: [u32; 3] = [#wx, #wy, #wz];
+            /// The head dimension this kernel is specialized for.
+            pub const HEAD_DIM: u32 = #head_dim;
+            /// Rows of the major axis per workgroup.
+            pub const TILE: u32 = #tile;
+            /// Everything a host needs to bind and dispatch this kernel, from the same plan
+            /// as the WGSL.
+            pub static ABI: ::attn_dsl::KernelAbi = #abi_const;
+
+            #(#uniforms)*
+            #bindings
+            #grid
+
+            /// Compiles the kernel on `device`: its bind-group layout and compute pipeline.
+            pub fn create_pipeline(
+                device: &::wgpu::Device,
+            ) -> (::wgpu::BindGroupLayout, ::wgpu::ComputePipeline) {
+                let layout = Bindings::layout(device);
+                let module = device.create_shader_module(::wgpu::ShaderModuleDescriptor {
+                    label: ::core::option::Option::Some(NAME),
+                    source: ::wgpu::ShaderSource::Wgsl(WGSL.into()),
+                });
+                let pipeline_layout =
+                    device.create_pipeline_layout(&::wgpu::PipelineLayoutDescriptor {
+                        label: ::core::option::Option::Some(NAME),
+                        bind_group_layouts: &[::core::option::Option::Some(&layout)],
+                        immediate_size: 0,
+                    });
+                let pipeline =
+                    device.create_compute_pipeline(&::wgpu::ComputePipelineDescriptor {
+                        label: ::core::option::Option::Some(NAME),
+                        layout: ::core::option::Option::Some(&pipeline_layout),
+                        module: &module,
+                        entry_point: ::core::option::Option::Some(ENTRY_POINT),
+                        compilation_options: ::core::default::Default::default(),
+                        cache: ::core::option::Option::None,
+                    });
+                (layout, pipeline)
+            }
+        }
+    }
+}
+
+fn abi_const(abi: &KernelAbi) -> TokenStream {
+    let name = abi.name.as_ref();
+    let op = match abi.op {
+        Op::Forward => quote!(Forward),
+        Op::Decode => quote!(Decode),
+    };
+    let [wx, wy, wz] = abi.workgroup_size;
+    let major = major(abi.grid.major);
+    let tile = abi.grid.tile;
+    let head_dim = abi.head_dim;
+    let gqa = match abi.gqa {
+        Gqa::Any => quote!(::attn_dsl::Gqa::Any),
+        Gqa::Ratio(r) => quote!(::attn_dsl::Gqa::Ratio(#r)),
+    };
+    let (causal, document) = (abi.masks.causal, abi.masks.document);
+    let target = match abi.target {
+        Target::Webgpu => quote!(::attn_dsl::Target::Webgpu),
+        Target::Native(l) => {
+            let (ws, sb, ub, inv) = (l.workgroup_storage_bytes, l.storage_buffers_per_stage,
+                l.uniform_buffers_per_stage, l.invocations_per_workgroup);
+            quote!(::attn_dsl::Target::Native(::attn_dsl::Limits {
+                workgroup_storage_bytes: #ws, storage_buffers_per_stage: #sb,
+                uniform_buffers_per_stage: #ub, invocations_per_workgroup: #inv,
+            }))
+        }
+    };
+    let wg_bytes = abi.workgroup_storage_bytes;
+    let bindings = abi.bindings.iter().map(binding_const);
+    quote! {
+        ::attn_dsl::KernelAbi {
+            name: ::std::borrow::Cow::Borrowed(#name),
+            op: ::attn_dsl::Op::#op,
+            entry_point: ::std::borrow::Cow::Borrowed(ENTRY_POINT),
+            workgroup_size: [#wx, #wy, #wz],
+            grid: ::attn_dsl::Grid { major: #major, tile: #tile },
+            head_dim: #head_dim,
+            gqa: #gqa,
+            masks: ::attn_dsl::Masks { causal: #causal, document: #document },
+            target: #target,
+            workgroup_storage_bytes: #wg_bytes,
+            bindings: ::std::borrow::Cow::Borrowed(&[#(#bindings),*]),
+            wgsl: ::std::borrow::Cow::Borrowed(WGSL),
+        }
+    }
+}
+
+fn major(m: Major) -> TokenStream {
+    match m {
+        Major::S => quote!(::attn_dsl::Major::S),
+        Major::J => quote!(::attn_dsl::Major::J),
+        Major::Head => quote!(::attn_dsl::Major::Head),
+    }
+}
+
+fn binding_const(b: &Binding) -> TokenStream {
+    let (group, index, name, ty) = (b.group, b.binding, b.name.as_ref(), b.wgsl_type.as_ref());
+    let access = match b.access {
+        Access::Read => quote!(Read),
+        Access::ReadWrite => quote!(ReadWrite),
+        Access::Uniform => quote!(Uniform),
+    };
+    let scalar = match b.scalar {
+        Scalar::F32 => quote!(F32),
+        Scalar::U32 => quote!(U32),
+    };
+    let fields = b.fields.iter().map(|f| f.as_ref());
+    let layout = b.layout.iter().map(|a| match a {
+        Axis::S => quote!(S),
+        Axis::J => quote!(J),
+        Axis::H => quote!(H),
+        Axis::KvH => quote!(KvH),
+        Axis::D => quote!(D),
+    });
+    let write = match b.write {
+        None => quote!(::core::option::Option::None),
+        Some(WriteMode::Owned) => quote!(::core::option::Option::Some(::attn_dsl::WriteMode::Owned)),
+        Some(WriteMode::AtomicScatter) => {
+            quote!(::core::option::Option::Some(::attn_dsl::WriteMode::AtomicScatter))
+        }
+        Some(WriteMode::ScratchFlush) => {
+            quote!(::core::option::Option::Some(::attn_dsl::WriteMode::ScratchFlush))
+        }
+    };
+    quote! {
+        ::attn_dsl::Binding {
+            group: #group,
+            binding: #index,
+            name: ::std::borrow::Cow::Borrowed(#name),
+            access: ::attn_dsl::Access::#access,
+            scalar: ::attn_dsl::Scalar::#scalar,
+            wgsl_type: ::std::borrow::Cow::Borrowed(#ty),
+            fields: ::std::borrow::Cow::Borrowed(&[#(::std::borrow::Cow::Borrowed(#fields)),*]),
+            layout: ::std::borrow::Cow::Borrowed(&[#(::attn_dsl::Axis::#layout),*]),
+            write: #write,
+        }
+    }
+}
+
+fn scalar_type(s: Scalar) -> TokenStream {
+    match s {
+        Scalar::F32 => quote!(f32),
+        Scalar::U32 => quote!(u32),
+    }
+}
+
+fn uniform_struct(b: &Binding) -> TokenStream {
+    let ident = format_ident!("{}", b.wgsl_type.as_ref());
+    let ty = scalar_type(b.scalar);
+    let fields = b.fields.iter().map(|f| format_ident!("{}", f.as_ref()));
+    let doc = format!("The `{}` uniform (binding {}), laid out as the WGSL struct.", b.name, b.binding);
+    quote! {
+        #[doc = #doc]
+        #[repr(C)]
+        #[derive(Clone, Copy, Debug, Default, PartialEq, ::bytemuck::Pod, ::bytemuck::Zeroable)]
+        pub struct #ident {
+            #(pub #fields: #ty,)*
+        }
+    }
+}
+
+fn bindings_struct(abi: &KernelAbi) -> TokenStream {
+    let count = abi.bindings.len();
+    let fields = abi.bindings.iter().map(|b| {
+        let f = format_ident!("{}", b.name.as_ref());
+        let doc = binding_doc(b);
+        quote!(#[doc = #doc] pub #f: &'a ::wgpu::Buffer)
+    });
+    let entries = abi.bindings.iter().map(layout_entry);
+    let group_entries = abi.bindings.iter().map(|b| {
+        let (index, f) = (b.binding, format_ident!("{}", b.name.as_ref()));
+        quote!(::wgpu::BindGroupEntry { binding: #index, resource: self.#f.as_entire_binding() })
+    });
+    quote! {
+        /// One buffer per binding of the kernel, by name.
+        #[derive(Clone, Copy, Debug)]
+        pub struct Bindings<'a> {
+            #(#fields,)*
+        }
+
+        impl<'a> Bindings<'a> {
+            /// The bind-group layout entries, in binding order.
+            pub const LAYOUT_ENTRIES: [::wgpu::BindGroupLayoutEntry; #count] = [#(#entries),*];
+
+            pub fn layout(device: &::wgpu::Device) -> ::wgpu::BindGroupLayout {
+                device.create_bind_group_layout(&::wgpu::BindGroupLayoutDescriptor {
+                    label: ::core::option::Option::Some(NAME),
+                    entries: &Self::LAYOUT_ENTRIES,
+                })
+            }
+
+            pub fn bind_group(
+                &self,
+                device: &::wgpu::Device,
+                layout: &::wgpu::BindGroupLayout,
+            ) -> ::wgpu::BindGroup {
+                device.create_bind_group(&::wgpu::BindGroupDescriptor {
+                    label: ::core::option::Option::Some(NAME),
+                    layout,
+                    entries: &[#(#group_entries),*],
+                })
+            }
+        }
+    }
+}
+
+fn binding_doc(b: &Binding) -> String {
+    let axes: Vec<_> = b.layout.iter().map(|a| a.name()).collect();
+    match b.access {
+        Access::Uniform => format!("binding {}: uniform `{}`", b.binding, b.wgsl_type),
+        Access::Read => format!("binding {}: read, `{}` [{}]", b.binding, b.wgsl_type, axes.join(", ")),
+        Access::ReadWrite => format!("binding {}: read_write, `{}` [{}], {}", b.binding, b.wgsl_type,
+            axes.join(", "), b.write.map_or("written", |w| w.name())),
+    }
+}
+
+fn layout_entry(b: &Binding) -> TokenStream {
+    let index = b.binding;
+    let ty = match b.access {
+        Access::Read => quote!(::wgpu::BufferBindingType::Storage { read_only: true }),
+        Access::ReadWrite => quote!(::wgpu::BufferBindingType::Storage { read_only: false }),
+        Access::Uniform => quote!(::wgpu::BufferBindingType::Uniform),
+    };
+    let min_size = match b.access {
+        Access::Uniform => {
+            let size = b.uniform_size();
+            quote!(::core::num::NonZeroU64::new(#size))
+        }
+        _ => quote!(::core::option::Option::None),
+    };
+    quote! {
+        ::wgpu::BindGroupLayoutEntry {
+            binding: #index,
+            visibility: ::wgpu::ShaderStages::COMPUTE,
+            ty: ::wgpu::BindingType::Buffer {
+                ty: #ty,
+                has_dynamic_offset: false,
+                min_binding_size: #min_size,
+            },
+            count: ::core::option::Option::None,
+        }
+    }
+}
+
+fn dispatch_grid(abi: &KernelAbi) -> TokenStream {
+    let Some(dims) = abi.binding("dims") else { return TokenStream::new() };
+    let fields = dims.fields.iter().map(|f| format_ident!("{}", f.as_ref()));
+    quote! {
+        /// Workgroups to dispatch for `dims`.
+        pub fn dispatch_grid(dims: &Dims) -> [u32; 3] {
+            ABI.dispatch_grid(&[#(dims.#fields),*])
+        }
+    }
+}

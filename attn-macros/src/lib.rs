@@ -1,0 +1,40 @@
+//! `attention_kernel!`: describe an attention kernel's dataflow; get WGSL validated by naga
+//! during expansion, and a module of Rust bindings that match it.
+//!
+//! ```ignore
+//! attention_kernel! {
+//!     /// Causal forward with document masking.
+//!     pub attention_forward {
+//!         op: forward,
+//!         grid: s_major(tile = 1),
+//!         head_dim: 64,
+//!         masks: [causal, document],
+//!         writes: { o: owned, lse: owned },
+//!     }
+//! }
+//! ```
+//!
+//! The generated module refers to `::wgpu`, `::bytemuck` and `::attn_dsl`, so a crate that
+//! uses the macro depends on those three.
+
+mod generate;
+mod lower;
+mod parse;
+#[cfg(test)]
+mod snapshots;
+
+use proc_macro::TokenStream;
+
+/// Expands one kernel description into a module; see the crate docs for the syntax.
+#[proc_macro]
+pub fn attention_kernel(input: TokenStream) -> TokenStream {
+    expand(input.into()).unwrap_or_else(syn::Error::into_compile_error).into()
+}
+
+/// The whole expansion, on proc_macro2 types so that tests can drive it.
+fn expand(input: proc_macro2::TokenStream) -> syn::Result<proc_macro2::TokenStream> {
+    let description: parse::Description = syn::parse2(input)?;
+    let lowered = lower::lower(&description)?;
+    let abi = attn_dsl::compile(&lowered.spec).map_err(|e| lowered.error(e))?;
+    Ok(generate::module(&description, &abi))
+}

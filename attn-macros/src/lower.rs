@@ -1,0 +1,217 @@
+//! From the parsed description to the IR, keeping the span of every value so that an IR
+//! error points at the token that caused it.
+
+use attn_dsl::{
+    DslError, Field, Gqa, Grid, KernelSpec, Limits, Major, Masks, Op, Precision, Target, WriteMode,
+};
+use proc_macro2::Span;
+use syn::Ident;
+
+use crate::parse::{Call, Description, Value};
+
+pub struct Lowered {
+    pub spec: KernelSpec,
+    spans: Vec<(Field, Span)>,
+    name_span: Span,
+}
+
+impl Lowered {
+    /// An IR error as a compile error at the value it is about.
+    pub fn error(&self, err: DslError) -> syn::Error {
+        let span = err
+            .field()
+            .and_then(|f| self.spans.iter().find(|(g, _)| g == f).map(|(_, s)| *s))
+            .unwrap_or(self.name_span);
+        let message = match &err {
+            DslError::Spec { .. } => err.to_string(),
+            DslError::Wgsl(_) => format!(
+                "kernel `{}`: the emitter produced WGSL that naga rejects (a bug in attn-dsl \
+                 for this description; please report it with the description):\n{err}",
+                self.spec.name),
+        };
+        syn::Error::new(span, message)
+    }
+}
+
+pub fn lower(d: &Description) -> syn::Result<Lowered> {
+    let mut spans = Vec::new();
+    let mut get = |key: &str, field: Field| -> Option<&Value> {
+        let entry = d.entries.iter().find(|e| e.key == key)?;
+        spans.push((field, entry.value.span()));
+        Some(&entry.value)
+    };
+    let op = op(require(d, get("op", Field::Op), "op")?)?;
+    let grid = grid(require(d, get("grid", Field::Grid), "grid")?)?;
+    let head_dim = number(require(d, get("head_dim", Field::HeadDim), "head_dim")?, "head_dim")?;
+    let gqa = get("gqa", Field::Gqa).map(gqa).transpose()?.unwrap_or(Gqa::Any);
+    let masks = get("masks", Field::Masks).map(masks).transpose()?.unwrap_or_default();
+    let target = get("target", Field::Target).map(target).transpose()?.unwrap_or(Target::Webgpu);
+    let workgroup_size = get("workgroup_size", Field::WorkgroupSize)
+        .map(|v| number(v, "workgroup_size"))
+        .transpose()?
+        .unwrap_or(256);
+    if let Some(e) = d.entries.iter().find(|e| e.key == "precision") {
+        precision(&e.value)?;
+    }
+    let writes_value = require(d, get("writes", Field::Write(String::new())), "writes")?;
+    let writes = writes(writes_value, &mut spans)?;
+    let spec = KernelSpec {
+        name: d.name.to_string(),
+        op,
+        grid,
+        head_dim,
+        gqa,
+        masks,
+        target,
+        precision: Precision::F32,
+        workgroup_size,
+        writes,
+    };
+    Ok(Lowered { spec, spans, name_span: d.name.span() })
+}
+
+fn require<'a>(d: &Description, v: Option<&'a Value>, key: &str) -> syn::Result<&'a Value> {
+    v.ok_or_else(|| syn::Error::new(d.name.span(), format!(
+        "kernel `{}` is missing `{key}`; add e.g. `{key}: {}`", d.name, example(key))))
+}
+
+fn example(key: &str) -> &'static str {
+    match key {
+        "op" => "forward",
+        "grid" => "s_major(tile = 1)",
+        "head_dim" => "64",
+        _ => "{ o: owned }",
+    }
+}
+
+fn err<T>(span: Span, message: impl Into<String>) -> syn::Result<T> {
+    Err(syn::Error::new(span, message.into()))
+}
+
+fn word<'a>(v: &'a Value, what: &str, expected: &str) -> syn::Result<&'a Ident> {
+    match v {
+        Value::Word(w) => Ok(w),
+        other => err(other.span(), format!("`{what}` takes a word: {expected}")),
+    }
+}
+
+fn number(v: &Value, what: &str) -> syn::Result<u32> {
+    match v {
+        Value::Number(n) => Ok(n.value),
+        other => err(other.span(), format!("`{what}` takes a whole number, e.g. `{what}: 64`")),
+    }
+}
+
+fn op(v: &Value) -> syn::Result<Op> {
+    let names: Vec<_> = Op::ALL.iter().map(|o| o.name()).collect();
+    let w = word(v, "op", &names.join(" | "))?;
+    Op::ALL.into_iter().find(|o| w == o.name()).map_or_else(
+        || err(w.span(), format!("unknown op `{w}`; expected one of: {}", names.join(", "))),
+        Ok,
+    )
+}
+
+fn grid(v: &Value) -> syn::Result<Grid> {
+    const EXPECTED: &str = "s_major(tile = N), j_major(tile = N) or head_major";
+    let (name, args) = match v {
+        Value::Word(w) => (w, &[][..]),
+        Value::Call(Call { name, args }) => (name, args.as_slice()),
+        other => return err(other.span(), format!("`grid` takes {EXPECTED}")),
+    };
+    let major = match name.to_string().as_str() {
+        "s_major" => Major::S,
+        "j_major" => Major::J,
+        "head_major" => Major::Head,
+        _ => return err(name.span(), format!("unknown grid `{name}`; expected {EXPECTED}")),
+    };
+    let mut tile = 1;
+    for (key, n) in args {
+        if key != "tile" {
+            return err(key.span(), format!("unknown grid argument `{key}`; expected `tile`"));
+        }
+        tile = n.value;
+    }
+    Ok(Grid { major, tile })
+}
+
+fn gqa(v: &Value) -> syn::Result<Gqa> {
+    match v {
+        Value::Number(n) => Ok(Gqa::Ratio(n.value)),
+        Value::Word(w) if w == "any" => Ok(Gqa::Any),
+        other => err(other.span(), "`gqa` takes `any` or the number of query heads per KV head"),
+    }
+}
+
+fn masks(v: &Value) -> syn::Result<Masks> {
+    let items = match v {
+        Value::List(items, _) => items.as_slice(),
+        Value::Word(w) if w == "none" => &[],
+        other => return err(other.span(), "`masks` takes a list such as `[causal, document]`, or `none`"),
+    };
+    let mut masks = Masks::default();
+    for m in items {
+        let slot = match m.to_string().as_str() {
+            "causal" => &mut masks.causal,
+            "document" => &mut masks.document,
+            _ => return err(m.span(), format!("unknown mask `{m}`; expected `causal` or `document`")),
+        };
+        if *slot {
+            return err(m.span(), format!("mask `{m}` is listed twice"));
+        }
+        *slot = true;
+    }
+    Ok(masks)
+}
+
+fn target(v: &Value) -> syn::Result<Target> {
+    const EXPECTED: &str = "`webgpu` or `native(workgroup_storage = N, storage_buffers = N, \
+                            uniform_buffers = N, invocations = N)`";
+    match v {
+        Value::Word(w) if w == "webgpu" => Ok(Target::Webgpu),
+        Value::Call(Call { name, args }) if name == "native" => {
+            // Limits not stated stay at WebGPU's defaults, the floor every adapter meets.
+            let mut limits = Limits::WEBGPU;
+            for (key, n) in args {
+                let slot = match key.to_string().as_str() {
+                    "workgroup_storage" => &mut limits.workgroup_storage_bytes,
+                    "storage_buffers" => &mut limits.storage_buffers_per_stage,
+                    "uniform_buffers" => &mut limits.uniform_buffers_per_stage,
+                    "invocations" => &mut limits.invocations_per_workgroup,
+                    _ => return err(key.span(), format!("unknown limit `{key}`; `target` takes {EXPECTED}")),
+                };
+                *slot = n.value;
+            }
+            Ok(Target::Native(limits))
+        }
+        other => err(other.span(), format!("`target` takes {EXPECTED}")),
+    }
+}
+
+fn precision(v: &Value) -> syn::Result<()> {
+    match v {
+        Value::Word(w) if w == "f32" => Ok(()),
+        other => err(other.span(), "`precision` takes `f32` (f16 tiles are not emitted yet)"),
+    }
+}
+
+fn writes(v: &Value, spans: &mut Vec<(Field, Span)>) -> syn::Result<Vec<(String, WriteMode)>> {
+    let Value::Map(items, _) = v else {
+        return err(v.span(), "`writes` takes `{ name: owned | atomic | scratch, .. }`");
+    };
+    let mut out: Vec<(String, WriteMode)> = Vec::new();
+    for (name, mode) in items {
+        let mode = match mode.to_string().as_str() {
+            "owned" => WriteMode::Owned,
+            "atomic" => WriteMode::AtomicScatter,
+            "scratch" => WriteMode::ScratchFlush,
+            _ => return err(mode.span(), format!(
+                "unknown write mode `{mode}`; expected `owned`, `atomic` or `scratch`")),
+        };
+        if out.iter().any(|(n, _)| name == n) {
+            return err(name.span(), format!("`{name}` is listed twice in `writes`"));
+        }
+        spans.push((Field::Write(name.to_string()), name.span()));
+        out.push((name.to_string(), mode));
+    }
+    Ok(out)
+}

@@ -1,0 +1,271 @@
+//! The forward and decode operations: validate, upload, dispatch, read back.
+
+use attn_dsl::{Access, Binding, Gqa, KernelAbi, Op};
+
+use crate::buffers;
+use crate::error::{Error, InputError};
+use crate::gpu::Gpu;
+use crate::kernel::Kernel;
+
+/// Head counts and head size, shared by queries and keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Heads {
+    pub n_heads: u32,
+    pub n_kv_heads: u32,
+    pub head_dim: u32,
+}
+
+impl Heads {
+    pub fn default_scale(&self) -> f32 {
+        1.0 / (self.head_dim as f32).sqrt()
+    }
+}
+
+/// Inputs of the forward, laid out `[seq, heads, head_dim]` (K and V with `n_kv_heads`).
+#[derive(Clone, Copy, Debug)]
+pub struct ForwardInput<'a> {
+    pub seq_len: u32,
+    pub heads: Heads,
+    pub q: &'a [f32],
+    pub k: &'a [f32],
+    pub v: &'a [f32],
+    /// The start index of each query's document; `None` is one document. Only kernels
+    /// built with the document mask take it.
+    pub seg: Option<&'a [u32]>,
+    /// Defaults to `1 / sqrt(head_dim)`.
+    pub scale: Option<f32>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ForwardOutput {
+    /// `[seq, n_heads, head_dim]`
+    pub o: Vec<f32>,
+    /// `[seq, n_heads]`; `+inf` for a row with no visible key.
+    pub lse: Vec<f32>,
+}
+
+/// One query row per head against the first `cache_len` rows of a KV cache laid out
+/// `[capacity, n_kv_heads, head_dim]`.
+#[derive(Clone, Copy, Debug)]
+pub struct DecodeInput<'a> {
+    pub cache_len: u32,
+    pub heads: Heads,
+    pub q: &'a [f32],
+    pub k_cache: &'a [f32],
+    pub v_cache: &'a [f32],
+    pub scale: Option<f32>,
+}
+
+pub fn forward(gpu: &Gpu, kernel: &Kernel, input: &ForwardInput) -> Result<ForwardOutput, Error> {
+    let abi = kernel.abi();
+    validate_forward(abi, gpu.limits(), input)?;
+    let h = input.heads;
+    let rows = [input.seq_len, h.n_heads, h.n_kv_heads, h.head_dim];
+    let grid = checked_grid(abi, gpu.limits(), &rows)?;
+    let q = buffers::storage(gpu, "q", input.q);
+    let k = buffers::storage(gpu, "k", input.k);
+    let v = buffers::storage(gpu, "v", input.v);
+    let seg_zeros;
+    let seg = match input.seg {
+        Some(seg) => seg,
+        None => {
+            seg_zeros = vec![0u32; input.seq_len as usize];
+            &seg_zeros
+        }
+    };
+    let seg = buffers::storage(gpu, "seg", seg);
+    let o_len = input.q.len();
+    let lse_len = (input.seq_len * h.n_heads) as usize;
+    let o = buffers::output::<f32>(gpu, "o", o_len);
+    let lse = buffers::output::<f32>(gpu, "lse", lse_len);
+    let (dims, params) = uniforms(gpu, abi, &rows, input.scale.unwrap_or(h.default_scale()))?;
+    let bound = [("q", &q), ("k", &k), ("v", &v), ("o", &o), ("lse", &lse), ("dims", &dims),
+        ("params", &params), ("seg", &seg)];
+    submit(gpu, kernel, &bound, grid)?;
+    let mut out = buffers::read_many::<f32>(gpu, &[(&o, o_len), (&lse, lse_len)])?;
+    let lse = out.pop().unwrap_or_default();
+    let o = out.pop().unwrap_or_default();
+    Ok(ForwardOutput { o, lse })
+}
+
+pub fn decode(gpu: &Gpu, kernel: &Kernel, input: &DecodeInput) -> Result<Vec<f32>, Error> {
+    let abi = kernel.abi();
+    validate_decode(abi, gpu.limits(), input)?;
+    let h = input.heads;
+    let rows = [input.cache_len, h.n_heads, h.n_kv_heads, h.head_dim];
+    let grid = checked_grid(abi, gpu.limits(), &rows)?;
+    let q = buffers::storage(gpu, "q", input.q);
+    let k = buffers::storage(gpu, "k_cache", input.k_cache);
+    let v = buffers::storage(gpu, "v_cache", input.v_cache);
+    let o = buffers::output::<f32>(gpu, "o", input.q.len());
+    let (dims, params) = uniforms(gpu, abi, &rows, input.scale.unwrap_or(h.default_scale()))?;
+    let bound = [("q", &q), ("k_cache", &k), ("v_cache", &v), ("o", &o), ("dims", &dims),
+        ("params", &params)];
+    submit(gpu, kernel, &bound, grid)?;
+    buffers::read(gpu, &o, input.q.len())
+}
+
+fn submit(gpu: &Gpu, kernel: &Kernel, bound: &[(&str, &wgpu::Buffer)], grid: [u32; 3]) -> Result<(), Error> {
+    let mut encoder = gpu.device.create_command_encoder(&Default::default());
+    kernel.record(gpu, &mut encoder, bound, grid)?;
+    gpu.queue.submit([encoder.finish()]);
+    Ok(())
+}
+
+/// The `dims` and `params` uniforms, filled by field name from the kernel's plan.
+fn uniforms(gpu: &Gpu, abi: &KernelAbi, dims: &[u32; 4], scale: f32) -> Result<(wgpu::Buffer, wgpu::Buffer), Error> {
+    let block = |name: &str| {
+        abi.binding(name).filter(|b| b.access == Access::Uniform).ok_or_else(|| Error::Binding {
+            kernel: abi.name.to_string(),
+            binding: name.to_string(),
+        })
+    };
+    let dims_bytes = fill(block("dims")?, |i, _| dims.get(i).copied().unwrap_or(0).to_le_bytes());
+    let params_bytes = fill(block("params")?, |_, field| match field {
+        "scale" => scale.to_le_bytes(),
+        _ => 0f32.to_le_bytes(),
+    });
+    Ok((buffers::uniform(gpu, "dims", &dims_bytes), buffers::uniform(gpu, "params", &params_bytes)))
+}
+
+fn fill(b: &Binding, value: impl Fn(usize, &str) -> [u8; 4]) -> Vec<u8> {
+    b.fields.iter().enumerate().flat_map(|(i, f)| value(i, f)).collect()
+}
+
+pub fn validate_forward(abi: &KernelAbi, limits: &wgpu::Limits, input: &ForwardInput) -> Result<(), InputError> {
+    expect_op(abi, Op::Forward)?;
+    nonzero("seq_len", input.seq_len)?;
+    let h = input.heads;
+    validate_heads(abi, h)?;
+    let (s, nh, nkv, d) = (input.seq_len as u64, h.n_heads as u64, h.n_kv_heads as u64, h.head_dim as u64);
+    length("q", input.q.len(), s * nh * d, "seq_len × n_heads × head_dim")?;
+    length("k", input.k.len(), s * nkv * d, "seq_len × n_kv_heads × head_dim")?;
+    length("v", input.v.len(), s * nkv * d, "seq_len × n_kv_heads × head_dim")?;
+    binding_size(limits, (s * nh * d).max(s * nkv * d) * 4)?;
+    validate_scale(input.scale)?;
+    match input.seg {
+        Some(_) if !abi.masks.document => {
+            Err(InputError::SegWithoutDocumentMask { kernel: abi.name.to_string() })
+        }
+        Some(seg) => {
+            length("seg", seg.len(), s, "seq_len")?;
+            validate_seg(seg)
+        }
+        None => Ok(()),
+    }
+}
+
+pub fn validate_decode(abi: &KernelAbi, limits: &wgpu::Limits, input: &DecodeInput) -> Result<(), InputError> {
+    expect_op(abi, Op::Decode)?;
+    nonzero("cache_len", input.cache_len)?;
+    let h = input.heads;
+    validate_heads(abi, h)?;
+    let (nh, nkv, d) = (h.n_heads as u64, h.n_kv_heads as u64, h.head_dim as u64);
+    length("q", input.q.len(), nh * d, "n_heads × head_dim")?;
+    let row = nkv * d;
+    let capacity = input.k_cache.len() as u64 / row;
+    if input.k_cache.len() as u64 % row != 0 {
+        return Err(InputError::Length {
+            name: "k_cache",
+            expected: (capacity + 1) * row,
+            got: input.k_cache.len() as u64,
+            layout: "a whole number of rows of n_kv_heads × head_dim".into(),
+        });
+    }
+    length("v_cache", input.v_cache.len(), capacity * row, "the same rows as k_cache")?;
+    if u64::from(input.cache_len) > capacity {
+        return Err(InputError::CacheTooShort { cache_len: input.cache_len, capacity });
+    }
+    binding_size(limits, input.k_cache.len() as u64 * 4)?;
+    validate_scale(input.scale)
+}
+
+fn expect_op(abi: &KernelAbi, wanted: Op) -> Result<(), InputError> {
+    if abi.op == wanted {
+        Ok(())
+    } else {
+        Err(InputError::WrongOp { kernel: abi.name.to_string(), actual: abi.op.name(), wanted: wanted.name() })
+    }
+}
+
+fn nonzero(name: &'static str, value: u32) -> Result<(), InputError> {
+    if value == 0 { Err(InputError::ZeroDim { name }) } else { Ok(()) }
+}
+
+fn validate_heads(abi: &KernelAbi, h: Heads) -> Result<(), InputError> {
+    nonzero("n_heads", h.n_heads)?;
+    nonzero("n_kv_heads", h.n_kv_heads)?;
+    nonzero("head_dim", h.head_dim)?;
+    if h.head_dim != abi.head_dim {
+        return Err(InputError::HeadDim {
+            kernel: abi.name.to_string(),
+            kernel_head_dim: abi.head_dim,
+            given: h.head_dim,
+        });
+    }
+    if h.n_heads % h.n_kv_heads != 0 {
+        return Err(InputError::HeadsNotDivisible { n_heads: h.n_heads, n_kv_heads: h.n_kv_heads });
+    }
+    match abi.gqa {
+        Gqa::Ratio(ratio) if ratio != h.n_heads / h.n_kv_heads => Err(InputError::GqaRatio {
+            kernel: abi.name.to_string(),
+            ratio,
+            given: h.n_heads / h.n_kv_heads,
+        }),
+        _ => Ok(()),
+    }
+}
+
+fn length(name: &'static str, got: usize, expected: u64, layout: &str) -> Result<(), InputError> {
+    if got as u64 == expected {
+        Ok(())
+    } else {
+        Err(InputError::Length { name, expected, got: got as u64, layout: layout.into() })
+    }
+}
+
+fn validate_scale(scale: Option<f32>) -> Result<(), InputError> {
+    match scale {
+        Some(s) if !s.is_finite() => Err(InputError::Scale(s)),
+        _ => Ok(()),
+    }
+}
+
+/// `seg[s]` is the start of query `s`'s document: at most `s`, never decreasing, and a
+/// document start itself (`seg[seg[s]] == seg[s]`).
+pub fn validate_seg(seg: &[u32]) -> Result<(), InputError> {
+    for (s, &value) in seg.iter().enumerate() {
+        let reason = if value as usize > s {
+            "a document cannot start after its own query (need seg[s] <= s)"
+        } else if s > 0 && value < seg[s - 1] {
+            "document starts must not decrease"
+        } else if seg[value as usize] != value {
+            "seg[s] must be a document start, i.e. seg[seg[s]] == seg[s]"
+        } else {
+            continue;
+        };
+        return Err(InputError::Seg { index: s, value, reason });
+    }
+    Ok(())
+}
+
+fn binding_size(limits: &wgpu::Limits, bytes: u64) -> Result<(), InputError> {
+    let limit = limits.max_storage_buffer_binding_size as u64;
+    if bytes > limit {
+        return Err(InputError::OverLimit { what: "the largest buffer (bytes)", value: bytes, limit });
+    }
+    Ok(())
+}
+
+fn checked_grid(abi: &KernelAbi, limits: &wgpu::Limits, dims: &[u32; 4]) -> Result<[u32; 3], InputError> {
+    let grid = abi.dispatch_grid(dims);
+    let limit = limits.max_compute_workgroups_per_dimension;
+    match grid.iter().find(|g| **g > limit) {
+        Some(&g) => Err(InputError::OverLimit {
+            what: "workgroups in one grid dimension",
+            value: g.into(),
+            limit: limit.into(),
+        }),
+        None => Ok(grid),
+    }
+}

@@ -1,0 +1,56 @@
+//! The pass rule of DESIGN.md §7: a GPU result passes when its max abs error against the
+//! f64 reference is at most twice that of a plain f32 CPU implementation, plus 1e-6.
+
+/// How one output compares with the reference.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Verdict {
+    /// max |gpu − ref64|
+    pub error: f64,
+    /// 2 · max |cpu32 − ref64| + 1e-6
+    pub bound: f64,
+}
+
+impl Verdict {
+    pub fn pass(&self) -> bool {
+        self.error <= self.bound
+    }
+
+    /// Error as a fraction of the bound (> 1 fails).
+    pub fn ratio(&self) -> f64 {
+        self.error / self.bound
+    }
+}
+
+pub fn judge(gpu: &[f32], reference: &[f64], cpu32: &[f32]) -> Verdict {
+    let bound = 2.0 * max_abs_error(cpu32, reference) + 1e-6;
+    Verdict { error: max_abs_error(gpu, reference), bound }
+}
+
+/// Max abs difference; equal infinities count as 0, a NaN or a length mismatch as +inf.
+pub fn max_abs_error(got: &[f32], reference: &[f64]) -> f64 {
+    if got.len() != reference.len() {
+        return f64::INFINITY;
+    }
+    got.iter()
+        .zip(reference)
+        .map(|(&g, &r)| {
+            let g = f64::from(g);
+            if g == r { 0.0 } else if g.is_nan() || r.is_nan() { f64::INFINITY } else { (g - r).abs() }
+        })
+        .fold(0.0, f64::max)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nan_and_length_mismatch_fail_and_infinities_match() {
+        assert_eq!(max_abs_error(&[f32::NAN], &[0.0]), f64::INFINITY);
+        assert_eq!(max_abs_error(&[1.0], &[1.0, 2.0]), f64::INFINITY);
+        assert_eq!(max_abs_error(&[f32::INFINITY], &[f64::INFINITY]), 0.0);
+        let v = judge(&[1.0 + 3e-6], &[1.0], &[1.0 + 1e-6]);
+        assert!(!v.pass(), "{v:?}");
+        assert!(judge(&[1.0 + 2e-6], &[1.0], &[1.0 + 1e-6]).pass());
+    }
+}

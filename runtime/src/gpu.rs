@@ -1,0 +1,151 @@
+//! Adapter choice and device setup.
+
+use attn_dsl::KernelAbi;
+use thiserror::Error;
+
+const INSTALL_HINT: &str = "install a Vulkan driver: on Debian or Ubuntu, \
+    `apt-get install -y mesa-vulkan-drivers` gives the CPU adapter (lavapipe)";
+
+#[derive(Debug, Error)]
+pub enum DeviceError {
+    #[error("no GPU or CPU adapter found for backends {backends}; {INSTALL_HINT}")]
+    NoAdapter { backends: String },
+    #[error("adapter `{adapter}` offers {what} = {offered}, but the kernels need {needed}")]
+    Limit { adapter: String, what: &'static str, needed: u64, offered: u64 },
+    #[error("adapter `{adapter}` refused the device request: {source}")]
+    Request { adapter: String, source: wgpu::RequestDeviceError },
+}
+
+/// What a set of kernels asks of a device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Requirements {
+    pub storage_buffers_per_stage: u32,
+    pub uniform_buffers_per_stage: u32,
+    pub workgroup_storage_bytes: u32,
+    pub invocations_per_workgroup: u32,
+}
+
+impl Requirements {
+    pub fn of<'a>(kernels: impl IntoIterator<Item = &'a KernelAbi>) -> Requirements {
+        kernels.into_iter().fold(Requirements::default(), |r, k| Requirements {
+            storage_buffers_per_stage: r.storage_buffers_per_stage.max(k.storage_buffers() as u32),
+            uniform_buffers_per_stage: r.uniform_buffers_per_stage.max(k.uniform_buffers() as u32),
+            workgroup_storage_bytes: r.workgroup_storage_bytes.max(k.workgroup_storage_bytes),
+            invocations_per_workgroup: r
+                .invocations_per_workgroup
+                .max(k.workgroup_size.iter().product()),
+        })
+    }
+
+    /// The device limits to request: WebGPU's defaults raised to what the kernels need,
+    /// and buffer sizes raised to what the adapter offers so large problems fit.
+    fn limits(&self, adapter: &wgpu::Adapter) -> Result<wgpu::Limits, DeviceError> {
+        let offered = adapter.limits();
+        let name = adapter.get_info().name;
+        let need = |what, needed: u32, offered: u32| {
+            if needed <= offered {
+                Ok(needed)
+            } else {
+                Err(DeviceError::Limit {
+                    adapter: name.clone(),
+                    what,
+                    needed: needed.into(),
+                    offered: offered.into(),
+                })
+            }
+        };
+        let base = wgpu::Limits::default();
+        Ok(wgpu::Limits {
+            max_storage_buffers_per_shader_stage: need(
+                "max_storage_buffers_per_shader_stage",
+                self.storage_buffers_per_stage.max(base.max_storage_buffers_per_shader_stage),
+                offered.max_storage_buffers_per_shader_stage,
+            )?,
+            max_compute_workgroup_storage_size: need(
+                "max_compute_workgroup_storage_size",
+                self.workgroup_storage_bytes.max(base.max_compute_workgroup_storage_size),
+                offered.max_compute_workgroup_storage_size,
+            )?,
+            max_compute_invocations_per_workgroup: need(
+                "max_compute_invocations_per_workgroup",
+                self.invocations_per_workgroup.max(base.max_compute_invocations_per_workgroup),
+                offered.max_compute_invocations_per_workgroup,
+            )?,
+            max_compute_workgroup_size_x: need(
+                "max_compute_workgroup_size_x",
+                self.invocations_per_workgroup.max(base.max_compute_workgroup_size_x),
+                offered.max_compute_workgroup_size_x,
+            )?,
+            max_storage_buffer_binding_size: offered.max_storage_buffer_binding_size,
+            max_buffer_size: offered.max_buffer_size,
+            ..base
+        })
+    }
+}
+
+/// A device and queue on the best adapter this machine has.
+pub struct Gpu {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    info: wgpu::AdapterInfo,
+    limits: wgpu::Limits,
+}
+
+impl Gpu {
+    /// Picks a discrete GPU, else any GPU, else a CPU adapter (lavapipe), among those that
+    /// meet what `kernels` need. `WGPU_BACKEND` (e.g. `vulkan`) narrows the backends tried.
+    pub fn new<'a>(kernels: impl IntoIterator<Item = &'a KernelAbi>) -> Result<Gpu, DeviceError> {
+        let requirements = Requirements::of(kernels);
+        let backends = wgpu::Backends::from_env().unwrap_or(wgpu::Backends::PRIMARY);
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
+            backends,
+            ..wgpu::InstanceDescriptor::new_without_display_handle_from_env()
+        });
+        let mut adapters = pollster::block_on(instance.enumerate_adapters(backends));
+        adapters.sort_by_key(|a| rank(a.get_info().device_type));
+        let mut refusal = None;
+        for adapter in adapters {
+            match requirements.limits(&adapter) {
+                Ok(limits) => return request(adapter, limits),
+                Err(e) => refusal = refusal.or(Some(e)),
+            }
+        }
+        Err(refusal.unwrap_or(DeviceError::NoAdapter { backends: format!("{backends:?}") }))
+    }
+
+    pub fn info(&self) -> &wgpu::AdapterInfo {
+        &self.info
+    }
+
+    /// The limits the device was created with.
+    pub fn limits(&self) -> &wgpu::Limits {
+        &self.limits
+    }
+
+    /// `name (backend, type)`, for logs and reports.
+    pub fn describe(&self) -> String {
+        format!("{} ({:?}, {:?})", self.info.name, self.info.backend, self.info.device_type)
+    }
+}
+
+fn rank(t: wgpu::DeviceType) -> u8 {
+    match t {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Other => 3,
+        wgpu::DeviceType::Cpu => 4,
+    }
+}
+
+fn request(adapter: wgpu::Adapter, limits: wgpu::Limits) -> Result<Gpu, DeviceError> {
+    let info = adapter.get_info();
+    let desc = wgpu::DeviceDescriptor {
+        label: Some("attn runtime"),
+        required_limits: limits.clone(),
+        ..Default::default()
+    };
+    let (device, queue) = pollster::block_on(adapter.request_device(&desc))
+        .map_err(|source| DeviceError::Request { adapter: info.name.clone(), source })?;
+    Ok(Gpu { device, queue, info, limits })
+}

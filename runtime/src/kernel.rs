@@ -1,0 +1,114 @@
+//! A compiled kernel, created from any [`KernelAbi`] (the runtime's own family, a user's
+//! `attention_kernel!`, or one compiled at run time), bound by binding name.
+
+use attn_dsl::{Access, KernelAbi};
+
+use crate::error::Error;
+use crate::gpu::Gpu;
+
+pub struct Kernel {
+    abi: KernelAbi,
+    layout: wgpu::BindGroupLayout,
+    pipeline: wgpu::ComputePipeline,
+}
+
+impl Kernel {
+    /// Creates the pipeline; wgpu's validation errors come back as [`Error::Pipeline`].
+    pub fn new(gpu: &Gpu, abi: &KernelAbi) -> Result<Kernel, Error> {
+        let device = &gpu.device;
+        let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let label = Some(abi.name.as_ref());
+        let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label,
+            entries: &layout_entries(abi),
+        });
+        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label,
+            source: wgpu::ShaderSource::Wgsl(abi.wgsl.clone()),
+        });
+        let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label,
+            bind_group_layouts: &[Some(&layout)],
+            immediate_size: 0,
+        });
+        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label,
+            layout: Some(&pipeline_layout),
+            module: &module,
+            entry_point: Some(&abi.entry_point),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(Error::Pipeline { kernel: abi.name.to_string(), message: e.to_string() });
+        }
+        Ok(Kernel { abi: abi.clone(), layout, pipeline })
+    }
+
+    pub fn abi(&self) -> &KernelAbi {
+        &self.abi
+    }
+
+    pub fn name(&self) -> &str {
+        &self.abi.name
+    }
+
+    /// Records one dispatch of `grid` workgroups with `buffers` bound by binding name.
+    /// Every binding of the kernel must be given.
+    pub fn record(
+        &self,
+        gpu: &Gpu,
+        encoder: &mut wgpu::CommandEncoder,
+        buffers: &[(&str, &wgpu::Buffer)],
+        grid: [u32; 3],
+    ) -> Result<(), Error> {
+        let entries = self
+            .abi
+            .bindings
+            .iter()
+            .map(|b| {
+                let (_, buffer) = buffers.iter().find(|(name, _)| *name == b.name).ok_or_else(|| {
+                    Error::Binding { kernel: self.abi.name.to_string(), binding: b.name.to_string() }
+                })?;
+                Ok(wgpu::BindGroupEntry { binding: b.binding, resource: buffer.as_entire_binding() })
+            })
+            .collect::<Result<Vec<_>, Error>>()?;
+        let bind_group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(&self.abi.name),
+            layout: &self.layout,
+            entries: &entries,
+        });
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some(&self.abi.name),
+            timestamp_writes: None,
+        });
+        pass.set_pipeline(&self.pipeline);
+        pass.set_bind_group(0, &bind_group, &[]);
+        pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
+        Ok(())
+    }
+}
+
+/// The bind-group layout of `abi`, in binding order.
+pub fn layout_entries(abi: &KernelAbi) -> Vec<wgpu::BindGroupLayoutEntry> {
+    abi.bindings
+        .iter()
+        .map(|b| wgpu::BindGroupLayoutEntry {
+            binding: b.binding,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty: match b.access {
+                    Access::Read => wgpu::BufferBindingType::Storage { read_only: true },
+                    Access::ReadWrite => wgpu::BufferBindingType::Storage { read_only: false },
+                    Access::Uniform => wgpu::BufferBindingType::Uniform,
+                },
+                has_dynamic_offset: false,
+                min_binding_size: match b.access {
+                    Access::Uniform => wgpu::BufferSize::new(b.uniform_size()),
+                    _ => None,
+                },
+            },
+            count: None,
+        })
+        .collect()
+}

@@ -1,0 +1,18 @@
+//! The wgpu runtime for attn-dsl kernels: adapter choice, pipelines created from any
+//! kernel's ABI, validated forward and decode dispatch, CPU references and the checks that
+//! prove the kernels right on whatever adapter the machine has.
+
+pub mod attention;
+pub mod buffers;
+pub mod cases;
+pub mod compare;
+mod error;
+pub mod gpu;
+pub mod kernel;
+pub mod kernels;
+pub mod reference;
+
+pub use attention::{DecodeInput, ForwardInput, ForwardOutput, Heads, decode, forward};
+pub use error::{Error, InputError};
+pub use gpu::{DeviceError, Gpu};
+pub use kernel::Kernel;
