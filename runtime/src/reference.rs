@@ -19,12 +19,14 @@ pub struct Problem<'a> {
 }
 
 impl Problem<'_> {
+    /// Query `s` sees key `j` when `j <= s` (causal) and `j >= seg[s]` (document); without
+    /// the causal mask, keys past the document end are cut by `seg[j] == seg[s]`.
     fn visible(&self, s: usize, j: usize) -> bool {
         if self.causal && j > s {
             return false;
         }
         match self.seg {
-            Some(seg) => seg[j] == seg[s],
+            Some(seg) => j >= seg[s] as usize && (self.causal || seg[j] == seg[s]),
             None => true,
         }
     }
