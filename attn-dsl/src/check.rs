@@ -15,9 +15,11 @@ pub fn check_spec(spec: &KernelSpec) -> Result<(), DslError> {
     check_workgroup(spec)?;
     check_head_dim(spec)?;
     check_gqa(spec)?;
+    // Ownership first: on a grid that does not fix an output's axes, the race is the
+    // thing to tell the user about, before "this op has no such schedule".
+    check_writes(spec)?;
     check_grid(spec)?;
-    check_masks(spec)?;
-    check_writes(spec)
+    check_masks(spec)
 }
 
 /// Limits that depend on the finished plan (buffers, workgroup memory).

@@ -68,12 +68,14 @@ fn decode_refuses_masks_it_cannot_honour() {
 fn owned_output_on_a_grid_that_does_not_fix_its_axes_is_a_race() {
     let mut spec = KernelSpec::standard("dec", Op::Decode, 64, Masks::default());
     spec.grid.major = Major::Head;
-    // Decode's `o` is [h, d]: owned under a head grid. Forward's `o` is [s, h, d]: a head
-    // grid would leave `s` free, which the grid check reports before the race check.
+    // Decode's `o` is [h, d]: owned under a head grid. Forward's `o` is [s, h, d]: a j-major
+    // grid leaves `s` free, so two workgroups would write one element.
     compile(&spec).unwrap();
     let mut fwd = forward(64, CAUSAL_DOC);
     fwd.grid.major = Major::J;
-    assert_eq!(field_of(&fwd), Field::Grid);
+    assert_eq!(field_of(&fwd), Field::Write("o".into()));
+    let err = compile(&fwd).unwrap_err().to_string();
+    assert!(err.contains("axis `s`") && err.contains("atomic"), "{err}");
 }
 
 #[test]

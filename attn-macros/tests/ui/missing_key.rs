@@ -1,0 +1,9 @@
+attn_macros::attention_kernel! {
+    pub fwd {
+        op: forward,
+        grid: s_major(tile = 1),
+        writes: { o: owned, lse: owned },
+    }
+}
+
+fn main() {}

@@ -1,0 +1,25 @@
+//! Runs the example model's forward on random data and prints its error against the f64
+//! CPU reference.
+
+use custom_head_dim::{HEADS, Model};
+use runtime::cases::random;
+use runtime::compare::judge;
+use runtime::reference::{self, Problem};
+
+fn main() -> anyhow::Result<()> {
+    let model = Model::new()?;
+    let seq = 33u32;
+    let (nh, nkv, d) = (8, 2, 128);
+    let q = random(seq as usize * nh * d, 1);
+    let k = random(seq as usize * nkv * d, 2);
+    let v = random(seq as usize * nkv * d, 3);
+    let out = model.forward(seq, &q, &k, &v)?;
+    let p = Problem { n_q: seq as usize, n_k: seq as usize, n_heads: nh, n_kv_heads: nkv, head_dim: d,
+        scale: f64::from(HEADS.default_scale()), causal: true, seg: None };
+    let verdict = judge(&out.o, &reference::attention::<f64>(&p, &q, &k, &v).o,
+        &reference::attention::<f32>(&p, &q, &k, &v).o);
+    println!("{}: forward seq={seq} h=8 kv=2 d=128: max abs error {:.2e} (bound {:.2e}) {}",
+        model.gpu.describe(), verdict.error, verdict.bound, if verdict.pass() { "pass" } else { "FAIL" });
+    anyhow::ensure!(verdict.pass(), "the forward is off the reference");
+    Ok(())
+}
