@@ -40,8 +40,10 @@ pub fn check_limits(spec: &KernelSpec, abi: &KernelAbi) -> Result<(), DslError> 
     if uniforms > limits.uniform_buffers_per_stage {
         return Err(DslError::spec(
             Field::Target,
-            format!("kernel `{}` binds {uniforms} uniform buffers, over the target's {}",
-                spec.name, limits.uniform_buffers_per_stage),
+            format!(
+                "kernel `{}` binds {uniforms} uniform buffers, over the target's {}",
+                spec.name, limits.uniform_buffers_per_stage
+            ),
         ));
     }
     if abi.workgroup_storage_bytes > limits.workgroup_storage_bytes {
@@ -58,13 +60,25 @@ pub fn check_limits(spec: &KernelSpec, abi: &KernelAbi) -> Result<(), DslError> 
 }
 
 fn check_name(spec: &KernelSpec) -> Result<(), DslError> {
-    let ok = spec.name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-        && spec.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    let ok = spec
+        .name
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && spec
+            .name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_');
     if ok {
         Ok(())
     } else {
-        Err(DslError::spec(Field::Name, format!(
-            "kernel name `{}` must be an identifier (letters, digits, `_`)", spec.name)))
+        Err(DslError::spec(
+            Field::Name,
+            format!(
+                "kernel name `{}` must be an identifier (letters, digits, `_`)",
+                spec.name
+            ),
+        ))
     }
 }
 
@@ -72,9 +86,13 @@ fn check_workgroup(spec: &KernelSpec) -> Result<(), DslError> {
     let wg = spec.workgroup_size;
     let max = spec.target.limits().invocations_per_workgroup;
     if !wg.is_power_of_two() || !(32..=max).contains(&wg) {
-        return Err(DslError::spec(Field::WorkgroupSize, format!(
-            "workgroup_size {wg} must be a power of two from 32 to {max} (the target's \
-             invocations per workgroup); the reductions halve it down to one")));
+        return Err(DslError::spec(
+            Field::WorkgroupSize,
+            format!(
+                "workgroup_size {wg} must be a power of two from 32 to {max} (the target's \
+             invocations per workgroup); the reductions halve it down to one"
+            ),
+        ));
     }
     Ok(())
 }
@@ -82,23 +100,35 @@ fn check_workgroup(spec: &KernelSpec) -> Result<(), DslError> {
 fn check_head_dim(spec: &KernelSpec) -> Result<(), DslError> {
     let hd = spec.head_dim;
     if hd == 0 || hd > MAX_HEAD_DIM {
-        return Err(DslError::spec(Field::HeadDim, format!(
-            "head_dim {hd} is outside this kernel's limit of 1..={MAX_HEAD_DIM}; \
-             the per-row schedule keeps one query row in one workgroup")));
+        return Err(DslError::spec(
+            Field::HeadDim,
+            format!(
+                "head_dim {hd} is outside this kernel's limit of 1..={MAX_HEAD_DIM}; \
+             the per-row schedule keeps one query row in one workgroup"
+            ),
+        ));
     }
     if hd > spec.workgroup_size {
-        return Err(DslError::spec(Field::HeadDim, format!(
-            "head_dim {hd} is larger than workgroup_size {}; raise workgroup_size to at \
-             least {}", spec.workgroup_size, hd.next_power_of_two())));
+        return Err(DslError::spec(
+            Field::HeadDim,
+            format!(
+                "head_dim {hd} is larger than workgroup_size {}; raise workgroup_size to at \
+             least {}",
+                spec.workgroup_size,
+                hd.next_power_of_two()
+            ),
+        ));
     }
     Ok(())
 }
 
 fn check_gqa(spec: &KernelSpec) -> Result<(), DslError> {
     if spec.gqa == Gqa::Ratio(0) {
-        return Err(DslError::spec(Field::Gqa,
+        return Err(DslError::spec(
+            Field::Gqa,
             "gqa ratio 0: each KV head serves at least one query head; use 1 for plain \
-             multi-head attention, or `any` to take it from the run-time head counts"));
+             multi-head attention, or `any` to take it from the run-time head counts",
+        ));
     }
     Ok(())
 }
@@ -109,13 +139,26 @@ fn check_grid(spec: &KernelSpec) -> Result<(), DslError> {
         Op::Decode => (Major::Head, 1),
     };
     if spec.grid.major != wanted {
-        return Err(DslError::spec(Field::Grid, format!(
-            "op {} runs {}: one workgroup per {}; `{}` is not a schedule of this op",
-            spec.op.name(), wanted.name(), grid_unit(wanted), spec.grid.major.name())));
+        return Err(DslError::spec(
+            Field::Grid,
+            format!(
+                "op {} runs {}: one workgroup per {}; `{}` is not a schedule of this op",
+                spec.op.name(),
+                wanted.name(),
+                grid_unit(wanted),
+                spec.grid.major.name()
+            ),
+        ));
     }
     if spec.grid.tile == 0 || spec.grid.tile > tile_max {
-        return Err(DslError::spec(Field::Grid, format!(
-            "tile {} for op {}: use a tile from 1 to {tile_max}", spec.grid.tile, spec.op.name())));
+        return Err(DslError::spec(
+            Field::Grid,
+            format!(
+                "tile {} for op {}: use a tile from 1 to {tile_max}",
+                spec.grid.tile,
+                spec.op.name()
+            ),
+        ));
     }
     Ok(())
 }
@@ -130,11 +173,19 @@ fn grid_unit(major: Major) -> &'static str {
 
 fn check_masks(spec: &KernelSpec) -> Result<(), DslError> {
     if spec.op == Op::Decode && (spec.masks.causal || spec.masks.document) {
-        let which = if spec.masks.causal { "causal" } else { "document" };
-        return Err(DslError::spec(Field::Masks, format!(
-            "op decode cannot honour the {which} mask: its one query row attends to the \
+        let which = if spec.masks.causal {
+            "causal"
+        } else {
+            "document"
+        };
+        return Err(DslError::spec(
+            Field::Masks,
+            format!(
+                "op decode cannot honour the {which} mask: its one query row attends to the \
              whole KV cache, whose length is the run-time `cache_len`; remove `{which}` \
-             and limit the keys with cache_len")));
+             and limit the keys with cache_len"
+            ),
+        ));
     }
     Ok(())
 }
@@ -144,23 +195,39 @@ fn check_writes(spec: &KernelSpec) -> Result<(), DslError> {
     for (name, _) in &spec.writes {
         match tensors.iter().find(|t| t.name == name) {
             None => {
-                return Err(DslError::spec(Field::Write(name.clone()), format!(
-                    "op {} has no tensor `{name}`; its outputs are: {}",
-                    spec.op.name(), output_names(spec).join(", "))));
+                return Err(DslError::spec(
+                    Field::Write(name.clone()),
+                    format!(
+                        "op {} has no tensor `{name}`; its outputs are: {}",
+                        spec.op.name(),
+                        output_names(spec).join(", ")
+                    ),
+                ));
             }
             Some(t) if t.role != Role::Output => {
-                return Err(DslError::spec(Field::Write(name.clone()), format!(
-                    "`{name}` is an input of op {}, not an output; only outputs take a \
-                     write mode", spec.op.name())));
+                return Err(DslError::spec(
+                    Field::Write(name.clone()),
+                    format!(
+                        "`{name}` is an input of op {}, not an output; only outputs take a \
+                     write mode",
+                        spec.op.name()
+                    ),
+                ));
             }
             Some(_) => {}
         }
     }
     for t in tensors.iter().filter(|t| t.role == Role::Output) {
         let Some((_, mode)) = spec.writes.iter().find(|(n, _)| n == t.name) else {
-            return Err(DslError::spec(Field::Write(String::new()), format!(
-                "op {} writes `{}`: declare its write mode in `writes`, e.g. `{}: owned`",
-                spec.op.name(), t.name, t.name)));
+            return Err(DslError::spec(
+                Field::Write(String::new()),
+                format!(
+                    "op {} writes `{}`: declare its write mode in `writes`, e.g. `{}: owned`",
+                    spec.op.name(),
+                    t.name,
+                    t.name
+                ),
+            ));
         };
         check_ownership(spec, t.name, t.layout, *mode)?;
     }
@@ -178,17 +245,28 @@ fn check_ownership(
     let fixed = spec.grid.major.fixed_axes();
     if mode == WriteMode::Owned {
         if let Some(axis) = layout.iter().find(|a| **a != Axis::D && !fixed.contains(a)) {
-            return Err(DslError::spec(Field::Write(name.to_string()), format!(
-                "`{name}` is declared owned, but a {} grid does not fix axis `{}`, so several \
+            return Err(DslError::spec(
+                Field::Write(name.to_string()),
+                format!(
+                    "`{name}` is declared owned, but a {} grid does not fix axis `{}`, so several \
                  workgroups write each element (a data race); declare it `atomic` (scatter), \
                  or compute it in a kernel whose grid walks `{}`",
-                spec.grid.major.name(), axis.name(), axis.name())));
+                    spec.grid.major.name(),
+                    axis.name(),
+                    axis.name()
+                ),
+            ));
         }
         return Ok(());
     }
-    Err(DslError::spec(Field::Write(name.to_string()), format!(
-        "op {} writes `{name}` as an owned store only; `{}` is not emitted for it yet",
-        spec.op.name(), mode.name())))
+    Err(DslError::spec(
+        Field::Write(name.to_string()),
+        format!(
+            "op {} writes `{name}` as an owned store only; `{}` is not emitted for it yet",
+            spec.op.name(),
+            mode.name()
+        ),
+    ))
 }
 
 fn output_names(spec: &KernelSpec) -> Vec<&'static str> {

@@ -44,7 +44,10 @@ pub enum DslError {
 
 impl DslError {
     pub(crate) fn spec(field: Field, problem: impl Into<String>) -> DslError {
-        DslError::Spec { field, problem: problem.into() }
+        DslError::Spec {
+            field,
+            problem: problem.into(),
+        }
     }
 
     /// The field at fault, if the error is about the description.

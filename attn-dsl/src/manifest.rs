@@ -25,7 +25,10 @@ pub fn manifest_json(kernels: &[&KernelAbi]) -> String {
         format: 1,
         kernels: kernels
             .iter()
-            .map(|abi| Entry { wgsl_file: format!("{}.wgsl", abi.name), abi })
+            .map(|abi| Entry {
+                wgsl_file: format!("{}.wgsl", abi.name),
+                abi,
+            })
             .collect(),
     };
     let mut json = serde_json::to_string_pretty(&manifest).expect("manifest serializes");

@@ -99,7 +99,10 @@ impl KernelAbi {
     }
 
     pub fn storage_buffers(&self) -> usize {
-        self.bindings.iter().filter(|b| b.access != Access::Uniform).count()
+        self.bindings
+            .iter()
+            .filter(|b| b.access != Access::Uniform)
+            .count()
     }
 
     /// Workgroups to dispatch, given the `dims` uniform's values in field order (the walked
@@ -114,7 +117,10 @@ impl KernelAbi {
     }
 
     pub fn uniform_buffers(&self) -> usize {
-        self.bindings.iter().filter(|b| b.access == Access::Uniform).count()
+        self.bindings
+            .iter()
+            .filter(|b| b.access == Access::Uniform)
+            .count()
     }
 }
 
@@ -124,7 +130,11 @@ pub fn bindings(spec: &KernelSpec) -> Vec<Binding> {
         .iter()
         .enumerate()
         .map(|(i, t)| {
-            let write = spec.writes.iter().find(|(n, _)| n == t.name).map(|(_, m)| *m);
+            let write = spec
+                .writes
+                .iter()
+                .find(|(n, _)| n == t.name)
+                .map(|(_, m)| *m);
             let (access, wgsl_type, fields) = match t.role {
                 Role::Uniform => {
                     let block = signature::uniform_block(spec.op, t.name)

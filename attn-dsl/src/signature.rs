@@ -37,7 +37,12 @@ pub struct UniformBlock {
 }
 
 const fn t(name: &'static str, role: Role, elem: Elem, layout: &'static [Axis]) -> Tensor {
-    Tensor { name, role, elem, layout }
+    Tensor {
+        name,
+        role,
+        elem,
+        layout,
+    }
 }
 
 use Axis::{D, H, J, KvH, S};
@@ -90,7 +95,12 @@ pub fn dims(op: Op) -> UniformBlock {
         Op::Forward => &["seq_len", "n_heads", "n_kv_heads", "head_dim"],
         Op::Decode => &["cache_len", "n_heads", "n_kv_heads", "head_dim"],
     };
-    UniformBlock { binding: "dims", struct_name: "Dims", elem: U32, fields }
+    UniformBlock {
+        binding: "dims",
+        struct_name: "Dims",
+        elem: U32,
+        fields,
+    }
 }
 
 /// The uniform block behind a uniform binding name.

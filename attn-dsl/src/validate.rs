@@ -27,11 +27,14 @@ pub fn capabilities(target: &Target) -> Capabilities {
 /// Parses and validates `wgsl` with every validation flag on, then checks its globals
 /// against `bindings`.
 pub fn validate(wgsl: &str, target: &Target, bindings: &[Binding]) -> Result<(), ValidateError> {
-    let module = naga::front::wgsl::parse_str(wgsl)
-        .map_err(|e| ValidateError::Parse { rendered: e.emit_to_string(wgsl) })?;
+    let module = naga::front::wgsl::parse_str(wgsl).map_err(|e| ValidateError::Parse {
+        rendered: e.emit_to_string(wgsl),
+    })?;
     Validator::new(ValidationFlags::all(), capabilities(target))
         .validate(&module)
-        .map_err(|e| ValidateError::Invalid { rendered: e.emit_to_string(wgsl) })?;
+        .map_err(|e| ValidateError::Invalid {
+            rendered: e.emit_to_string(wgsl),
+        })?;
     check_globals(&module, bindings)
 }
 
@@ -41,20 +44,27 @@ fn check_globals(module: &naga::Module, bindings: &[Binding]) -> Result<(), Vali
         let Some(rb) = &var.binding else { continue };
         declared += 1;
         let name = var.name.as_deref().unwrap_or("<unnamed>");
-        let Some(b) = bindings.iter().find(|b| b.group == rb.group && b.binding == rb.binding)
+        let Some(b) = bindings
+            .iter()
+            .find(|b| b.group == rb.group && b.binding == rb.binding)
         else {
             return Err(ValidateError::PlanMismatch(format!(
-                "`{name}` at @group({}) @binding({}) is not in the plan", rb.group, rb.binding)));
+                "`{name}` at @group({}) @binding({}) is not in the plan",
+                rb.group, rb.binding
+            )));
         };
         if b.name != name || !space_matches(var.space, b.access) {
             return Err(ValidateError::PlanMismatch(format!(
                 "@group({}) @binding({}) is `{name}` ({:?}) in WGSL but `{}` ({:?}) in the plan",
-                rb.group, rb.binding, var.space, b.name, b.access)));
+                rb.group, rb.binding, var.space, b.name, b.access
+            )));
         }
     }
     if declared != bindings.len() {
         return Err(ValidateError::PlanMismatch(format!(
-            "WGSL declares {declared} bindings, the plan {}", bindings.len())));
+            "WGSL declares {declared} bindings, the plan {}",
+            bindings.len()
+        )));
     }
     Ok(())
 }

@@ -5,7 +5,10 @@ use attn_dsl::{
     Access, DslError, Field, Gqa, KernelSpec, Major, Masks, Op, Target, WriteMode, compile,
 };
 
-const CAUSAL_DOC: Masks = Masks { causal: true, document: true };
+const CAUSAL_DOC: Masks = Masks {
+    causal: true,
+    document: true,
+};
 
 fn forward(head_dim: u32, masks: Masks) -> KernelSpec {
     KernelSpec::standard("attention_forward", Op::Forward, head_dim, masks)
@@ -13,7 +16,10 @@ fn forward(head_dim: u32, masks: Masks) -> KernelSpec {
 
 fn field_of(spec: &KernelSpec) -> Field {
     match compile(spec) {
-        Err(e) => e.field().cloned().unwrap_or_else(|| panic!("not a spec error: {e}")),
+        Err(e) => e
+            .field()
+            .cloned()
+            .unwrap_or_else(|| panic!("not a spec error: {e}")),
         Ok(_) => panic!("spec {} compiled but should not", spec.name),
     }
 }
@@ -23,7 +29,8 @@ fn forward_compiles_for_every_mask_and_head_dim() {
     for head_dim in [1, 32, 64, 96, 128, 256] {
         for (causal, document) in [(false, false), (true, false), (false, true), (true, true)] {
             let spec = forward(head_dim, Masks { causal, document });
-            let abi = compile(&spec).unwrap_or_else(|e| panic!("d{head_dim} {causal} {document}: {e}"));
+            let abi =
+                compile(&spec).unwrap_or_else(|e| panic!("d{head_dim} {causal} {document}: {e}"));
             assert_eq!(abi.binding("seg").is_some(), document);
         }
     }
@@ -31,7 +38,13 @@ fn forward_compiles_for_every_mask_and_head_dim() {
 
 #[test]
 fn decode_and_fixed_gqa_and_tiles_compile() {
-    compile(&KernelSpec::standard("dec", Op::Decode, 64, Masks::default())).unwrap();
+    compile(&KernelSpec::standard(
+        "dec",
+        Op::Decode,
+        64,
+        Masks::default(),
+    ))
+    .unwrap();
     let mut spec = forward(64, CAUSAL_DOC);
     spec.gqa = Gqa::Ratio(3);
     spec.grid.tile = 4;
@@ -43,12 +56,24 @@ fn decode_and_fixed_gqa_and_tiles_compile() {
 #[test]
 fn forward_binding_plan_matches_the_seeds_abi() {
     let abi = compile(&forward(64, CAUSAL_DOC)).unwrap();
-    let names: Vec<_> = abi.bindings.iter().map(|b| (b.binding, b.name.as_ref(), b.access)).collect();
-    assert_eq!(names, [
-        (0, "q", Access::Read), (1, "k", Access::Read), (2, "v", Access::Read),
-        (3, "o", Access::ReadWrite), (4, "lse", Access::ReadWrite),
-        (5, "dims", Access::Uniform), (6, "params", Access::Uniform), (7, "seg", Access::Read),
-    ]);
+    let names: Vec<_> = abi
+        .bindings
+        .iter()
+        .map(|b| (b.binding, b.name.as_ref(), b.access))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            (0, "q", Access::Read),
+            (1, "k", Access::Read),
+            (2, "v", Access::Read),
+            (3, "o", Access::ReadWrite),
+            (4, "lse", Access::ReadWrite),
+            (5, "dims", Access::Uniform),
+            (6, "params", Access::Uniform),
+            (7, "seg", Access::Read),
+        ]
+    );
     assert_eq!(abi.workgroup_storage_bytes, 4 * (2 * 64 + 3 * 256) + 16);
 }
 
@@ -60,7 +85,15 @@ fn head_dim_over_the_limit_is_refused() {
 
 #[test]
 fn decode_refuses_masks_it_cannot_honour() {
-    let spec = KernelSpec::standard("dec", Op::Decode, 64, Masks { causal: true, document: false });
+    let spec = KernelSpec::standard(
+        "dec",
+        Op::Decode,
+        64,
+        Masks {
+            causal: true,
+            document: false,
+        },
+    );
     assert_eq!(field_of(&spec), Field::Masks);
 }
 
@@ -101,6 +134,15 @@ fn workgroup_memory_over_the_target_limit_is_refused() {
         ..attn_dsl::Limits::WEBGPU
     });
     let err = compile(&spec).unwrap_err();
-    assert!(matches!(err, DslError::Spec { field: Field::WorkgroupSize, .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            DslError::Spec {
+                field: Field::WorkgroupSize,
+                ..
+            }
+        ),
+        "{err}"
+    );
     assert!(err.to_string().contains("workgroup memory"), "{err}");
 }

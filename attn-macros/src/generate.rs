@@ -18,7 +18,11 @@ pub fn module(d: &Description, abi: &KernelAbi) -> TokenStream {
     let head_dim = Literal::u32_unsuffixed(abi.head_dim);
     let tile = Literal::u32_unsuffixed(abi.grid.tile);
     let abi_const = abi_const(abi);
-    let uniforms = abi.bindings.iter().filter(|b| b.access == Access::Uniform).map(uniform_struct);
+    let uniforms = abi
+        .bindings
+        .iter()
+        .filter(|b| b.access == Access::Uniform)
+        .map(uniform_struct);
     let bindings = bindings_struct(abi);
     let grid = dispatch_grid(abi);
     quote! {
@@ -90,8 +94,12 @@ fn abi_const(abi: &KernelAbi) -> TokenStream {
     let target = match abi.target {
         Target::Webgpu => quote!(::attn_dsl::Target::Webgpu),
         Target::Native(l) => {
-            let (ws, sb, ub, inv) = (l.workgroup_storage_bytes, l.storage_buffers_per_stage,
-                l.uniform_buffers_per_stage, l.invocations_per_workgroup);
+            let (ws, sb, ub, inv) = (
+                l.workgroup_storage_bytes,
+                l.storage_buffers_per_stage,
+                l.uniform_buffers_per_stage,
+                l.invocations_per_workgroup,
+            );
             quote!(::attn_dsl::Target::Native(::attn_dsl::Limits {
                 workgroup_storage_bytes: #ws, storage_buffers_per_stage: #sb,
                 uniform_buffers_per_stage: #ub, invocations_per_workgroup: #inv,
@@ -147,12 +155,18 @@ fn binding_const(b: &Binding) -> TokenStream {
     });
     let write = match b.write {
         None => quote!(::core::option::Option::None),
-        Some(WriteMode::Owned) => quote!(::core::option::Option::Some(::attn_dsl::WriteMode::Owned)),
+        Some(WriteMode::Owned) => {
+            quote!(::core::option::Option::Some(::attn_dsl::WriteMode::Owned))
+        }
         Some(WriteMode::AtomicScatter) => {
-            quote!(::core::option::Option::Some(::attn_dsl::WriteMode::AtomicScatter))
+            quote!(::core::option::Option::Some(
+                ::attn_dsl::WriteMode::AtomicScatter
+            ))
         }
         Some(WriteMode::ScratchFlush) => {
-            quote!(::core::option::Option::Some(::attn_dsl::WriteMode::ScratchFlush))
+            quote!(::core::option::Option::Some(
+                ::attn_dsl::WriteMode::ScratchFlush
+            ))
         }
     };
     quote! {
@@ -181,7 +195,10 @@ fn uniform_struct(b: &Binding) -> TokenStream {
     let ident = format_ident!("{}", b.wgsl_type.as_ref());
     let ty = scalar_type(b.scalar);
     let fields = b.fields.iter().map(|f| format_ident!("{}", f.as_ref()));
-    let doc = format!("The `{}` uniform (binding {}), laid out as the WGSL struct.", b.name, b.binding);
+    let doc = format!(
+        "The `{}` uniform (binding {}), laid out as the WGSL struct.",
+        b.name, b.binding
+    );
     quote! {
         #[doc = #doc]
         #[repr(C)]
@@ -241,9 +258,19 @@ fn binding_doc(b: &Binding) -> String {
     let axes: Vec<_> = b.layout.iter().map(|a| a.name()).collect();
     match b.access {
         Access::Uniform => format!("binding {}: uniform `{}`", b.binding, b.wgsl_type),
-        Access::Read => format!("binding {}: read, `{}` [{}]", b.binding, b.wgsl_type, axes.join(", ")),
-        Access::ReadWrite => format!("binding {}: read_write, `{}` [{}], {}", b.binding, b.wgsl_type,
-            axes.join(", "), b.write.map_or("written", |w| w.name())),
+        Access::Read => format!(
+            "binding {}: read, `{}` [{}]",
+            b.binding,
+            b.wgsl_type,
+            axes.join(", ")
+        ),
+        Access::ReadWrite => format!(
+            "binding {}: read_write, `{}` [{}], {}",
+            b.binding,
+            b.wgsl_type,
+            axes.join(", "),
+            b.write.map_or("written", |w| w.name())
+        ),
     }
 }
 
@@ -276,7 +303,9 @@ fn layout_entry(b: &Binding) -> TokenStream {
 }
 
 fn dispatch_grid(abi: &KernelAbi) -> TokenStream {
-    let Some(dims) = abi.binding("dims") else { return TokenStream::new() };
+    let Some(dims) = abi.binding("dims") else {
+        return TokenStream::new();
+    };
     let fields = dims.fields.iter().map(|f| format_ident!("{}", f.as_ref()));
     quote! {
         /// Workgroups to dispatch for `dims`.

@@ -1,7 +1,7 @@
 //! `attention_kernel!`: describe an attention kernel's dataflow; get WGSL validated by naga
 //! during expansion, and a module of Rust bindings that match it.
 //!
-//! ```ignore
+//! ```text
 //! attention_kernel! {
 //!     /// Causal forward with document masking.
 //!     pub attention_forward {
@@ -14,7 +14,7 @@
 //! }
 //! ```
 //!
-//! The generated module refers to `::wgpu`, `::bytemuck` and `::attn_dsl`, so a crate that
+//! (A runnable copy of this lives in `examples/custom-head-dim`.) The generated module refers to `::wgpu`, `::bytemuck` and `::attn_dsl`, so a crate that
 //! uses the macro depends on those three.
 
 mod generate;
@@ -28,7 +28,9 @@ use proc_macro::TokenStream;
 /// Expands one kernel description into a module; see the crate docs for the syntax.
 #[proc_macro]
 pub fn attention_kernel(input: TokenStream) -> TokenStream {
-    expand(input.into()).unwrap_or_else(syn::Error::into_compile_error).into()
+    expand(input.into())
+        .unwrap_or_else(syn::Error::into_compile_error)
+        .into()
 }
 
 /// The whole expansion, on proc_macro2 types so that tests can drive it.

@@ -27,7 +27,8 @@ impl Lowered {
             DslError::Wgsl(_) => format!(
                 "kernel `{}`: the emitter produced WGSL that naga rejects (a bug in attn-dsl \
                  for this description; please report it with the description):\n{err}",
-                self.spec.name),
+                self.spec.name
+            ),
         };
         syn::Error::new(span, message)
     }
@@ -42,10 +43,22 @@ pub fn lower(d: &Description) -> syn::Result<Lowered> {
     };
     let op = op(require(d, get("op", Field::Op), "op")?)?;
     let grid = grid(require(d, get("grid", Field::Grid), "grid")?)?;
-    let head_dim = number(require(d, get("head_dim", Field::HeadDim), "head_dim")?, "head_dim")?;
-    let gqa = get("gqa", Field::Gqa).map(gqa).transpose()?.unwrap_or(Gqa::Any);
-    let masks = get("masks", Field::Masks).map(masks).transpose()?.unwrap_or_default();
-    let target = get("target", Field::Target).map(target).transpose()?.unwrap_or(Target::Webgpu);
+    let head_dim = number(
+        require(d, get("head_dim", Field::HeadDim), "head_dim")?,
+        "head_dim",
+    )?;
+    let gqa = get("gqa", Field::Gqa)
+        .map(gqa)
+        .transpose()?
+        .unwrap_or(Gqa::Any);
+    let masks = get("masks", Field::Masks)
+        .map(masks)
+        .transpose()?
+        .unwrap_or_default();
+    let target = get("target", Field::Target)
+        .map(target)
+        .transpose()?
+        .unwrap_or(Target::Webgpu);
     let workgroup_size = get("workgroup_size", Field::WorkgroupSize)
         .map(|v| number(v, "workgroup_size"))
         .transpose()?
@@ -67,12 +80,24 @@ pub fn lower(d: &Description) -> syn::Result<Lowered> {
         workgroup_size,
         writes,
     };
-    Ok(Lowered { spec, spans, name_span: d.name.span() })
+    Ok(Lowered {
+        spec,
+        spans,
+        name_span: d.name.span(),
+    })
 }
 
 fn require<'a>(d: &Description, v: Option<&'a Value>, key: &str) -> syn::Result<&'a Value> {
-    v.ok_or_else(|| syn::Error::new(d.name.span(), format!(
-        "kernel `{}` is missing `{key}`; add e.g. `{key}: {}`", d.name, example(key))))
+    v.ok_or_else(|| {
+        syn::Error::new(
+            d.name.span(),
+            format!(
+                "kernel `{}` is missing `{key}`; add e.g. `{key}: {}`",
+                d.name,
+                example(key)
+            ),
+        )
+    })
 }
 
 fn example(key: &str) -> &'static str {
@@ -98,7 +123,10 @@ fn word<'a>(v: &'a Value, what: &str, expected: &str) -> syn::Result<&'a Ident> 
 fn number(v: &Value, what: &str) -> syn::Result<u32> {
     match v {
         Value::Number(n) => Ok(n.value),
-        other => err(other.span(), format!("`{what}` takes a whole number, e.g. `{what}: 64`")),
+        other => err(
+            other.span(),
+            format!("`{what}` takes a whole number, e.g. `{what}: 64`"),
+        ),
     }
 }
 
@@ -106,7 +134,12 @@ fn op(v: &Value) -> syn::Result<Op> {
     let names: Vec<_> = Op::ALL.iter().map(|o| o.name()).collect();
     let w = word(v, "op", &names.join(" | "))?;
     Op::ALL.into_iter().find(|o| w == o.name()).map_or_else(
-        || err(w.span(), format!("unknown op `{w}`; expected one of: {}", names.join(", "))),
+        || {
+            err(
+                w.span(),
+                format!("unknown op `{w}`; expected one of: {}", names.join(", ")),
+            )
+        },
         Ok,
     )
 }
@@ -122,12 +155,20 @@ fn grid(v: &Value) -> syn::Result<Grid> {
         "s_major" => Major::S,
         "j_major" => Major::J,
         "head_major" => Major::Head,
-        _ => return err(name.span(), format!("unknown grid `{name}`; expected {EXPECTED}")),
+        _ => {
+            return err(
+                name.span(),
+                format!("unknown grid `{name}`; expected {EXPECTED}"),
+            );
+        }
     };
     let mut tile = 1;
     for (key, n) in args {
         if key != "tile" {
-            return err(key.span(), format!("unknown grid argument `{key}`; expected `tile`"));
+            return err(
+                key.span(),
+                format!("unknown grid argument `{key}`; expected `tile`"),
+            );
         }
         tile = n.value;
     }
@@ -138,7 +179,10 @@ fn gqa(v: &Value) -> syn::Result<Gqa> {
     match v {
         Value::Number(n) => Ok(Gqa::Ratio(n.value)),
         Value::Word(w) if w == "any" => Ok(Gqa::Any),
-        other => err(other.span(), "`gqa` takes `any` or the number of query heads per KV head"),
+        other => err(
+            other.span(),
+            "`gqa` takes `any` or the number of query heads per KV head",
+        ),
     }
 }
 
@@ -146,14 +190,24 @@ fn masks(v: &Value) -> syn::Result<Masks> {
     let items = match v {
         Value::List(items, _) => items.as_slice(),
         Value::Word(w) if w == "none" => &[],
-        other => return err(other.span(), "`masks` takes a list such as `[causal, document]`, or `none`"),
+        other => {
+            return err(
+                other.span(),
+                "`masks` takes a list such as `[causal, document]`, or `none`",
+            );
+        }
     };
     let mut masks = Masks::default();
     for m in items {
         let slot = match m.to_string().as_str() {
             "causal" => &mut masks.causal,
             "document" => &mut masks.document,
-            _ => return err(m.span(), format!("unknown mask `{m}`; expected `causal` or `document`")),
+            _ => {
+                return err(
+                    m.span(),
+                    format!("unknown mask `{m}`; expected `causal` or `document`"),
+                );
+            }
         };
         if *slot {
             return err(m.span(), format!("mask `{m}` is listed twice"));
@@ -177,7 +231,12 @@ fn target(v: &Value) -> syn::Result<Target> {
                     "storage_buffers" => &mut limits.storage_buffers_per_stage,
                     "uniform_buffers" => &mut limits.uniform_buffers_per_stage,
                     "invocations" => &mut limits.invocations_per_workgroup,
-                    _ => return err(key.span(), format!("unknown limit `{key}`; `target` takes {EXPECTED}")),
+                    _ => {
+                        return err(
+                            key.span(),
+                            format!("unknown limit `{key}`; `target` takes {EXPECTED}"),
+                        );
+                    }
                 };
                 *slot = n.value;
             }
@@ -190,13 +249,19 @@ fn target(v: &Value) -> syn::Result<Target> {
 fn precision(v: &Value) -> syn::Result<()> {
     match v {
         Value::Word(w) if w == "f32" => Ok(()),
-        other => err(other.span(), "`precision` takes `f32` (f16 tiles are not emitted yet)"),
+        other => err(
+            other.span(),
+            "`precision` takes `f32` (f16 tiles are not emitted yet)",
+        ),
     }
 }
 
 fn writes(v: &Value, spans: &mut Vec<(Field, Span)>) -> syn::Result<Vec<(String, WriteMode)>> {
     let Value::Map(items, _) = v else {
-        return err(v.span(), "`writes` takes `{ name: owned | atomic | scratch, .. }`");
+        return err(
+            v.span(),
+            "`writes` takes `{ name: owned | atomic | scratch, .. }`",
+        );
     };
     let mut out: Vec<(String, WriteMode)> = Vec::new();
     for (name, mode) in items {
@@ -204,8 +269,12 @@ fn writes(v: &Value, spans: &mut Vec<(Field, Span)>) -> syn::Result<Vec<(String,
             "owned" => WriteMode::Owned,
             "atomic" => WriteMode::AtomicScatter,
             "scratch" => WriteMode::ScratchFlush,
-            _ => return err(mode.span(), format!(
-                "unknown write mode `{mode}`; expected `owned`, `atomic` or `scratch`")),
+            _ => {
+                return err(
+                    mode.span(),
+                    format!("unknown write mode `{mode}`; expected `owned`, `atomic` or `scratch`"),
+                );
+            }
         };
         if out.iter().any(|(n, _)| name == n) {
             return err(name.span(), format!("`{name}` is listed twice in `writes`"));

@@ -20,8 +20,17 @@ use syn::parse::{Parse, ParseStream};
 use syn::punctuated::Punctuated;
 use syn::{Attribute, Ident, LitInt, Token, Visibility, braced, bracketed, parenthesized};
 
-pub const KEYS: &[&str] =
-    &["op", "grid", "head_dim", "gqa", "masks", "target", "workgroup_size", "precision", "writes"];
+pub const KEYS: &[&str] = &[
+    "op",
+    "grid",
+    "head_dim",
+    "gqa",
+    "masks",
+    "target",
+    "workgroup_size",
+    "precision",
+    "writes",
+];
 
 pub struct Description {
     pub attrs: Vec<Attribute>,
@@ -73,7 +82,10 @@ impl Parse for Description {
         let attrs = input.call(Attribute::parse_outer)?;
         let vis: Visibility = input.parse()?;
         let name: Ident = input.parse().map_err(|e| {
-            syn::Error::new(e.span(), "expected the kernel's name, e.g. `pub attention_forward { .. }`")
+            syn::Error::new(
+                e.span(),
+                "expected the kernel's name, e.g. `pub attention_forward { .. }`",
+            )
         })?;
         let body;
         braced!(body in input);
@@ -81,11 +93,16 @@ impl Parse for Description {
         while !body.is_empty() {
             let key: Ident = body.parse()?;
             if !KEYS.contains(&key.to_string().as_str()) {
-                return Err(syn::Error::new(key.span(), format!(
-                    "unknown key `{key}`; expected one of: {}", KEYS.join(", "))));
+                return Err(syn::Error::new(
+                    key.span(),
+                    format!("unknown key `{key}`; expected one of: {}", KEYS.join(", ")),
+                ));
             }
             if entries.iter().any(|e| e.key == key) {
-                return Err(syn::Error::new(key.span(), format!("`{key}` is given twice")));
+                return Err(syn::Error::new(
+                    key.span(),
+                    format!("`{key}` is given twice"),
+                ));
             }
             body.parse::<Token![:]>()?;
             let value = body.parse()?;
@@ -98,7 +115,12 @@ impl Parse for Description {
         if !input.is_empty() {
             return Err(input.error("one kernel per `attention_kernel!`; nothing may follow it"));
         }
-        Ok(Description { attrs, vis, name, entries })
+        Ok(Description {
+            attrs,
+            vis,
+            name,
+            entries,
+        })
     }
 }
 
@@ -111,16 +133,25 @@ impl Parse for Value {
             let inner;
             let bracket = bracketed!(inner in input);
             let items = Punctuated::<Ident, Token![,]>::parse_terminated(&inner)?;
-            return Ok(Value::List(items.into_iter().collect(), bracket.span.join()));
+            return Ok(Value::List(
+                items.into_iter().collect(),
+                bracket.span.join(),
+            ));
         }
         if input.peek(syn::token::Brace) {
             let inner;
             let brace = braced!(inner in input);
             let items = Punctuated::<MapItem, Token![,]>::parse_terminated(&inner)?;
-            return Ok(Value::Map(items.into_iter().map(|m| (m.0, m.1)).collect(), brace.span.join()));
+            return Ok(Value::Map(
+                items.into_iter().map(|m| (m.0, m.1)).collect(),
+                brace.span.join(),
+            ));
         }
         let name: Ident = input.parse().map_err(|e| {
-            syn::Error::new(e.span(), "expected a value: a word, a number, `[..]`, `{..}` or `name(..)`")
+            syn::Error::new(
+                e.span(),
+                "expected a value: a word, a number, `[..]`, `{..}` or `name(..)`",
+            )
         })?;
         if !input.peek(syn::token::Paren) {
             return Ok(Value::Word(name));
@@ -128,7 +159,10 @@ impl Parse for Value {
         let inner;
         parenthesized!(inner in input);
         let args = Punctuated::<Arg, Token![,]>::parse_terminated(&inner)?;
-        Ok(Value::Call(Call { name, args: args.into_iter().map(|a| (a.0, a.1)).collect() }))
+        Ok(Value::Call(Call {
+            name,
+            args: args.into_iter().map(|a| (a.0, a.1)).collect(),
+        }))
     }
 }
 
@@ -136,9 +170,15 @@ impl Parse for Number {
     fn parse(input: ParseStream) -> syn::Result<Self> {
         let lit: LitInt = input.parse()?;
         let value = lit.base10_parse::<u32>().map_err(|_| {
-            syn::Error::new(lit.span(), format!("`{lit}` is not a whole number that fits in u32"))
+            syn::Error::new(
+                lit.span(),
+                format!("`{lit}` is not a whole number that fits in u32"),
+            )
         })?;
-        Ok(Number { value, span: lit.span() })
+        Ok(Number {
+            value,
+            span: lit.span(),
+        })
     }
 }
 

@@ -8,7 +8,10 @@ use std::path::{Path, PathBuf};
 use proc_macro2::TokenStream;
 
 /// Source files whose `attention_kernel!` invocations are snapshotted.
-const SOURCES: &[&str] = &["runtime/src/kernels.rs", "examples/custom-head-dim/src/lib.rs"];
+const SOURCES: &[&str] = &[
+    "runtime/src/kernels.rs",
+    "examples/custom-head-dim/src/lib.rs",
+];
 
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -31,10 +34,16 @@ fn invocations(file: &Path) -> Vec<TokenStream> {
 /// one escaped line would hide every other change in a diff.
 fn elide_wgsl(rust: &str) -> String {
     const START: &str = "pub const WGSL: &str = \"";
-    let Some(at) = rust.find(START) else { return rust.to_string() };
+    let Some(at) = rust.find(START) else {
+        return rust.to_string();
+    };
     let body = at + START.len();
     let end = body + rust[body..].find("\";").expect("the WGSL literal ends");
-    format!("{}<elided: see the .wgsl snapshot>{}", &rust[..body], &rust[end..])
+    format!(
+        "{}<elided: see the .wgsl snapshot>{}",
+        &rust[..body],
+        &rust[end..]
+    )
 }
 
 #[test]
@@ -60,5 +69,8 @@ fn every_declared_kernel_matches_its_snapshots() {
             count += 1;
         }
     }
-    assert!(count >= 5, "expected the runtime's 4 kernels and the example's; found {count}");
+    assert!(
+        count >= 5,
+        "expected the runtime's 4 kernels and the example's; found {count}"
+    );
 }

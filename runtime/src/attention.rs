@@ -79,8 +79,16 @@ pub fn forward(gpu: &Gpu, kernel: &Kernel, input: &ForwardInput) -> Result<Forwa
     let o = buffers::output::<f32>(gpu, "o", o_len);
     let lse = buffers::output::<f32>(gpu, "lse", lse_len);
     let (dims, params) = uniforms(gpu, abi, &rows, input.scale.unwrap_or(h.default_scale()))?;
-    let bound = [("q", &q), ("k", &k), ("v", &v), ("o", &o), ("lse", &lse), ("dims", &dims),
-        ("params", &params), ("seg", &seg)];
+    let bound = [
+        ("q", &q),
+        ("k", &k),
+        ("v", &v),
+        ("o", &o),
+        ("lse", &lse),
+        ("dims", &dims),
+        ("params", &params),
+        ("seg", &seg),
+    ];
     submit(gpu, kernel, &bound, grid)?;
     let mut out = buffers::read_many::<f32>(gpu, &[(&o, o_len), (&lse, lse_len)])?;
     let lse = out.pop().unwrap_or_default();
@@ -99,13 +107,24 @@ pub fn decode(gpu: &Gpu, kernel: &Kernel, input: &DecodeInput) -> Result<Vec<f32
     let v = buffers::storage(gpu, "v_cache", input.v_cache);
     let o = buffers::output::<f32>(gpu, "o", input.q.len());
     let (dims, params) = uniforms(gpu, abi, &rows, input.scale.unwrap_or(h.default_scale()))?;
-    let bound = [("q", &q), ("k_cache", &k), ("v_cache", &v), ("o", &o), ("dims", &dims),
-        ("params", &params)];
+    let bound = [
+        ("q", &q),
+        ("k_cache", &k),
+        ("v_cache", &v),
+        ("o", &o),
+        ("dims", &dims),
+        ("params", &params),
+    ];
     submit(gpu, kernel, &bound, grid)?;
     buffers::read(gpu, &o, input.q.len())
 }
 
-fn submit(gpu: &Gpu, kernel: &Kernel, bound: &[(&str, &wgpu::Buffer)], grid: [u32; 3]) -> Result<(), Error> {
+fn submit(
+    gpu: &Gpu,
+    kernel: &Kernel,
+    bound: &[(&str, &wgpu::Buffer)],
+    grid: [u32; 3],
+) -> Result<(), Error> {
     let mut encoder = gpu.device.create_command_encoder(&Default::default());
     kernel.record(gpu, &mut encoder, bound, grid)?;
     gpu.queue.submit([encoder.finish()]);
@@ -113,40 +132,80 @@ fn submit(gpu: &Gpu, kernel: &Kernel, bound: &[(&str, &wgpu::Buffer)], grid: [u3
 }
 
 /// The `dims` and `params` uniforms, filled by field name from the kernel's plan.
-fn uniforms(gpu: &Gpu, abi: &KernelAbi, dims: &[u32; 4], scale: f32) -> Result<(wgpu::Buffer, wgpu::Buffer), Error> {
+fn uniforms(
+    gpu: &Gpu,
+    abi: &KernelAbi,
+    dims: &[u32; 4],
+    scale: f32,
+) -> Result<(wgpu::Buffer, wgpu::Buffer), Error> {
     let block = |name: &str| {
-        abi.binding(name).filter(|b| b.access == Access::Uniform).ok_or_else(|| Error::Binding {
-            kernel: abi.name.to_string(),
-            binding: name.to_string(),
-        })
+        abi.binding(name)
+            .filter(|b| b.access == Access::Uniform)
+            .ok_or_else(|| Error::Binding {
+                kernel: abi.name.to_string(),
+                binding: name.to_string(),
+            })
     };
-    let dims_bytes = fill(block("dims")?, |i, _| dims.get(i).copied().unwrap_or(0).to_le_bytes());
+    let dims_bytes = fill(block("dims")?, |i, _| {
+        dims.get(i).copied().unwrap_or(0).to_le_bytes()
+    });
     let params_bytes = fill(block("params")?, |_, field| match field {
         "scale" => scale.to_le_bytes(),
         _ => 0f32.to_le_bytes(),
     });
-    Ok((buffers::uniform(gpu, "dims", &dims_bytes), buffers::uniform(gpu, "params", &params_bytes)))
+    Ok((
+        buffers::uniform(gpu, "dims", &dims_bytes),
+        buffers::uniform(gpu, "params", &params_bytes),
+    ))
 }
 
 fn fill(b: &Binding, value: impl Fn(usize, &str) -> [u8; 4]) -> Vec<u8> {
-    b.fields.iter().enumerate().flat_map(|(i, f)| value(i, f)).collect()
+    b.fields
+        .iter()
+        .enumerate()
+        .flat_map(|(i, f)| value(i, f))
+        .collect()
 }
 
-pub fn validate_forward(abi: &KernelAbi, limits: &wgpu::Limits, input: &ForwardInput) -> Result<(), InputError> {
+pub fn validate_forward(
+    abi: &KernelAbi,
+    limits: &wgpu::Limits,
+    input: &ForwardInput,
+) -> Result<(), InputError> {
     expect_op(abi, Op::Forward)?;
     nonzero("seq_len", input.seq_len)?;
     let h = input.heads;
     validate_heads(abi, h)?;
-    let (s, nh, nkv, d) = (input.seq_len as u64, h.n_heads as u64, h.n_kv_heads as u64, h.head_dim as u64);
-    length("q", input.q.len(), s * nh * d, "seq_len × n_heads × head_dim")?;
-    length("k", input.k.len(), s * nkv * d, "seq_len × n_kv_heads × head_dim")?;
-    length("v", input.v.len(), s * nkv * d, "seq_len × n_kv_heads × head_dim")?;
+    let (s, nh, nkv, d) = (
+        input.seq_len as u64,
+        h.n_heads as u64,
+        h.n_kv_heads as u64,
+        h.head_dim as u64,
+    );
+    length(
+        "q",
+        input.q.len(),
+        s * nh * d,
+        "seq_len × n_heads × head_dim",
+    )?;
+    length(
+        "k",
+        input.k.len(),
+        s * nkv * d,
+        "seq_len × n_kv_heads × head_dim",
+    )?;
+    length(
+        "v",
+        input.v.len(),
+        s * nkv * d,
+        "seq_len × n_kv_heads × head_dim",
+    )?;
     binding_size(limits, (s * nh * d).max(s * nkv * d) * 4)?;
     validate_scale(input.scale)?;
     match input.seg {
-        Some(_) if !abi.masks.document => {
-            Err(InputError::SegWithoutDocumentMask { kernel: abi.name.to_string() })
-        }
+        Some(_) if !abi.masks.document => Err(InputError::SegWithoutDocumentMask {
+            kernel: abi.name.to_string(),
+        }),
         Some(seg) => {
             length("seg", seg.len(), s, "seq_len")?;
             validate_seg(seg)
@@ -155,7 +214,11 @@ pub fn validate_forward(abi: &KernelAbi, limits: &wgpu::Limits, input: &ForwardI
     }
 }
 
-pub fn validate_decode(abi: &KernelAbi, limits: &wgpu::Limits, input: &DecodeInput) -> Result<(), InputError> {
+pub fn validate_decode(
+    abi: &KernelAbi,
+    limits: &wgpu::Limits,
+    input: &DecodeInput,
+) -> Result<(), InputError> {
     expect_op(abi, Op::Decode)?;
     nonzero("cache_len", input.cache_len)?;
     let h = input.heads;
@@ -164,7 +227,7 @@ pub fn validate_decode(abi: &KernelAbi, limits: &wgpu::Limits, input: &DecodeInp
     length("q", input.q.len(), nh * d, "n_heads × head_dim")?;
     let row = nkv * d;
     let capacity = input.k_cache.len() as u64 / row;
-    if input.k_cache.len() as u64 % row != 0 {
+    if !(input.k_cache.len() as u64).is_multiple_of(row) {
         return Err(InputError::Length {
             name: "k_cache",
             expected: (capacity + 1) * row,
@@ -172,9 +235,17 @@ pub fn validate_decode(abi: &KernelAbi, limits: &wgpu::Limits, input: &DecodeInp
             layout: "a whole number of rows of n_kv_heads × head_dim".into(),
         });
     }
-    length("v_cache", input.v_cache.len(), capacity * row, "the same rows as k_cache")?;
+    length(
+        "v_cache",
+        input.v_cache.len(),
+        capacity * row,
+        "the same rows as k_cache",
+    )?;
     if u64::from(input.cache_len) > capacity {
-        return Err(InputError::CacheTooShort { cache_len: input.cache_len, capacity });
+        return Err(InputError::CacheTooShort {
+            cache_len: input.cache_len,
+            capacity,
+        });
     }
     binding_size(limits, input.k_cache.len() as u64 * 4)?;
     validate_scale(input.scale)
@@ -184,12 +255,20 @@ fn expect_op(abi: &KernelAbi, wanted: Op) -> Result<(), InputError> {
     if abi.op == wanted {
         Ok(())
     } else {
-        Err(InputError::WrongOp { kernel: abi.name.to_string(), actual: abi.op.name(), wanted: wanted.name() })
+        Err(InputError::WrongOp {
+            kernel: abi.name.to_string(),
+            actual: abi.op.name(),
+            wanted: wanted.name(),
+        })
     }
 }
 
 fn nonzero(name: &'static str, value: u32) -> Result<(), InputError> {
-    if value == 0 { Err(InputError::ZeroDim { name }) } else { Ok(()) }
+    if value == 0 {
+        Err(InputError::ZeroDim { name })
+    } else {
+        Ok(())
+    }
 }
 
 fn validate_heads(abi: &KernelAbi, h: Heads) -> Result<(), InputError> {
@@ -203,8 +282,11 @@ fn validate_heads(abi: &KernelAbi, h: Heads) -> Result<(), InputError> {
             given: h.head_dim,
         });
     }
-    if h.n_heads % h.n_kv_heads != 0 {
-        return Err(InputError::HeadsNotDivisible { n_heads: h.n_heads, n_kv_heads: h.n_kv_heads });
+    if !h.n_heads.is_multiple_of(h.n_kv_heads) {
+        return Err(InputError::HeadsNotDivisible {
+            n_heads: h.n_heads,
+            n_kv_heads: h.n_kv_heads,
+        });
     }
     match abi.gqa {
         Gqa::Ratio(ratio) if ratio != h.n_heads / h.n_kv_heads => Err(InputError::GqaRatio {
@@ -220,7 +302,12 @@ fn length(name: &'static str, got: usize, expected: u64, layout: &str) -> Result
     if got as u64 == expected {
         Ok(())
     } else {
-        Err(InputError::Length { name, expected, got: got as u64, layout: layout.into() })
+        Err(InputError::Length {
+            name,
+            expected,
+            got: got as u64,
+            layout: layout.into(),
+        })
     }
 }
 
@@ -244,20 +331,32 @@ pub fn validate_seg(seg: &[u32]) -> Result<(), InputError> {
         } else {
             continue;
         };
-        return Err(InputError::Seg { index: s, value, reason });
+        return Err(InputError::Seg {
+            index: s,
+            value,
+            reason,
+        });
     }
     Ok(())
 }
 
 fn binding_size(limits: &wgpu::Limits, bytes: u64) -> Result<(), InputError> {
-    let limit = limits.max_storage_buffer_binding_size as u64;
+    let limit = limits.max_storage_buffer_binding_size;
     if bytes > limit {
-        return Err(InputError::OverLimit { what: "the largest buffer (bytes)", value: bytes, limit });
+        return Err(InputError::OverLimit {
+            what: "the largest buffer (bytes)",
+            value: bytes,
+            limit,
+        });
     }
     Ok(())
 }
 
-fn checked_grid(abi: &KernelAbi, limits: &wgpu::Limits, dims: &[u32; 4]) -> Result<[u32; 3], InputError> {
+fn checked_grid(
+    abi: &KernelAbi,
+    limits: &wgpu::Limits,
+    dims: &[u32; 4],
+) -> Result<[u32; 3], InputError> {
     let grid = abi.dispatch_grid(dims);
     let limit = limits.max_compute_workgroups_per_dimension;
     match grid.iter().find(|g| **g > limit) {

@@ -17,11 +17,14 @@ pub fn storage<T: Pod>(gpu: &Gpu, label: &str, data: &[T]) -> wgpu::Buffer {
     } else {
         bytes
     };
-    gpu.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-        label: Some(label),
-        contents,
-        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
-    })
+    gpu.device
+        .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some(label),
+            contents,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+        })
 }
 
 /// A zero-filled storage buffer of `len` elements of `T`, for outputs.
@@ -29,17 +32,20 @@ pub fn output<T: Pod>(gpu: &Gpu, label: &str, len: usize) -> wgpu::Buffer {
     gpu.device.create_buffer(&wgpu::BufferDescriptor {
         label: Some(label),
         size: (len * size_of::<T>()).max(4) as u64,
-        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+        usage: wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_SRC
+            | wgpu::BufferUsages::COPY_DST,
         mapped_at_creation: false,
     })
 }
 
 pub fn uniform(gpu: &Gpu, label: &str, bytes: &[u8]) -> wgpu::Buffer {
-    gpu.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-        label: Some(label),
-        contents: bytes,
-        usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-    })
+    gpu.device
+        .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some(label),
+            contents: bytes,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+        })
 }
 
 /// Copies the first `len` elements of `buffer` back to the host, waiting for the GPU.
@@ -48,7 +54,10 @@ pub fn read<T: Pod>(gpu: &Gpu, buffer: &wgpu::Buffer, len: usize) -> Result<Vec<
 }
 
 /// Reads several buffers with one submission and one wait.
-pub fn read_many<T: Pod>(gpu: &Gpu, buffers: &[(&wgpu::Buffer, usize)]) -> Result<Vec<Vec<T>>, Error> {
+pub fn read_many<T: Pod>(
+    gpu: &Gpu,
+    buffers: &[(&wgpu::Buffer, usize)],
+) -> Result<Vec<Vec<T>>, Error> {
     let mut encoder = gpu.device.create_command_encoder(&Default::default());
     let staging: Vec<_> = buffers
         .iter()
@@ -83,7 +92,9 @@ pub fn read_many<T: Pod>(gpu: &Gpu, buffers: &[(&wgpu::Buffer, usize)]) -> Resul
         .iter()
         .zip(buffers)
         .map(|(s, (_, len))| {
-            let view = s.get_mapped_range(..).map_err(|e| Error::Readback(e.to_string()))?;
+            let view = s
+                .get_mapped_range(..)
+                .map_err(|e| Error::Readback(e.to_string()))?;
             let out = bytemuck::cast_slice::<u8, T>(&view)[..*len].to_vec();
             drop(view);
             s.unmap();

@@ -7,11 +7,11 @@ use attn_dsl::{KernelAbi, Op};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 use crate::attention::{self, DecodeInput, ForwardInput, Heads};
-use crate::compare::{Verdict, judge};
+use crate::compare::{Verdict, judge_attention};
 use crate::error::Error;
 use crate::gpu::Gpu;
 use crate::kernel::Kernel;
-use crate::reference::{self, Problem};
+use crate::reference::Problem;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Shape {
@@ -39,9 +39,15 @@ impl Case {
         let h = self.heads;
         let rows = match self.shape {
             Shape::Forward { seq, .. } => format!("seq={seq}"),
-            Shape::Decode { cache_len, capacity } => format!("cache={cache_len}/{capacity}"),
+            Shape::Decode {
+                cache_len,
+                capacity,
+            } => format!("cache={cache_len}/{capacity}"),
         };
-        format!("{rows} h={} kv={} d={}", h.n_heads, h.n_kv_heads, h.head_dim)
+        format!(
+            "{rows} h={} kv={} d={}",
+            h.n_heads, h.n_kv_heads, h.head_dim
+        )
     }
 
     pub fn mask_label(&self) -> String {
@@ -60,20 +66,46 @@ pub fn default_matrix() -> Vec<Case> {
     let mut cases = Vec::new();
     for head_dim in [64, 128] {
         for (n_heads, n_kv_heads) in head_sets {
-            let heads = Heads { n_heads, n_kv_heads, head_dim };
+            let heads = Heads {
+                n_heads,
+                n_kv_heads,
+                head_dim,
+            };
             for seq in [1, 7, 64, 300] {
                 for docs in [1, 3].into_iter().filter(|&d| d <= seq) {
-                    cases.push(Case { heads, shape: Shape::Forward { seq, docs } });
+                    cases.push(Case {
+                        heads,
+                        shape: Shape::Forward { seq, docs },
+                    });
                 }
             }
             for (cache_len, capacity) in [(1, 1), (7, 7), (300, 320)] {
-                cases.push(Case { heads, shape: Shape::Decode { cache_len, capacity } });
+                cases.push(Case {
+                    heads,
+                    shape: Shape::Decode {
+                        cache_len,
+                        capacity,
+                    },
+                });
             }
         }
     }
-    let seeds_layer = Heads { n_heads: 12, n_kv_heads: 4, head_dim: 64 };
-    cases.push(Case { heads: seeds_layer, shape: Shape::Forward { seq: 512, docs: 2 } });
-    cases.push(Case { heads: seeds_layer, shape: Shape::Decode { cache_len: 512, capacity: 512 } });
+    let seeds_layer = Heads {
+        n_heads: 12,
+        n_kv_heads: 4,
+        head_dim: 64,
+    };
+    cases.push(Case {
+        heads: seeds_layer,
+        shape: Shape::Forward { seq: 512, docs: 2 },
+    });
+    cases.push(Case {
+        heads: seeds_layer,
+        shape: Shape::Decode {
+            cache_len: 512,
+            capacity: 512,
+        },
+    });
     cases
 }
 
@@ -83,14 +115,22 @@ pub struct Family {
 }
 
 impl Family {
-    pub fn new<'a>(gpu: &Gpu, abis: impl IntoIterator<Item = &'a KernelAbi>) -> Result<Family, Error> {
-        let kernels = abis.into_iter().map(|abi| Kernel::new(gpu, abi)).collect::<Result<_, _>>()?;
+    pub fn new<'a>(
+        gpu: &Gpu,
+        abis: impl IntoIterator<Item = &'a KernelAbi>,
+    ) -> Result<Family, Error> {
+        let kernels = abis
+            .into_iter()
+            .map(|abi| Kernel::new(gpu, abi))
+            .collect::<Result<_, _>>()?;
         Ok(Family { kernels })
     }
 
     /// The kernel of `op` specialized for `head_dim`.
     pub fn find(&self, op: Op, head_dim: u32) -> Option<&Kernel> {
-        self.kernels.iter().find(|k| k.abi().op == op && k.abi().head_dim == head_dim)
+        self.kernels
+            .iter()
+            .find(|k| k.abi().op == op && k.abi().head_dim == head_dim)
     }
 }
 
@@ -128,49 +168,108 @@ fn doc_start(s: u32, seq: u32, docs: u32) -> u32 {
 
 pub fn run_case(gpu: &Gpu, family: &Family, case: &Case, seed: u64) -> Result<CaseResult, Error> {
     let h = case.heads;
-    let kernel = family.find(case.op(), h.head_dim).ok_or_else(|| Error::Binding {
-        kernel: format!("{} d{}", case.op().name(), h.head_dim),
-        binding: "(no kernel of this op and head_dim in the family)".into(),
-    })?;
+    let kernel = family
+        .find(case.op(), h.head_dim)
+        .ok_or_else(|| Error::Binding {
+            kernel: format!("{} d{}", case.op().name(), h.head_dim),
+            binding: "(no kernel of this op and head_dim in the family)".into(),
+        })?;
     let started = Instant::now();
     let verdicts = match case.shape {
         Shape::Forward { seq, docs } => run_forward(gpu, kernel, h, seq, docs, seed)?,
-        Shape::Decode { cache_len, capacity } => run_decode(gpu, kernel, h, cache_len, capacity, seed)?,
+        Shape::Decode {
+            cache_len,
+            capacity,
+        } => run_decode(gpu, kernel, h, cache_len, capacity, seed)?,
     };
-    Ok(CaseResult { case: *case, kernel: kernel.name().to_string(), verdicts, gpu_time: started.elapsed() })
+    Ok(CaseResult {
+        case: *case,
+        kernel: kernel.name().to_string(),
+        verdicts,
+        gpu_time: started.elapsed(),
+    })
 }
 
-fn run_forward(gpu: &Gpu, kernel: &Kernel, h: Heads, seq: u32, docs: u32, seed: u64)
-    -> Result<Vec<(&'static str, Verdict)>, Error> {
-    let (s, nh, nkv, d) = (seq as usize, h.n_heads as usize, h.n_kv_heads as usize, h.head_dim as usize);
+fn run_forward(
+    gpu: &Gpu,
+    kernel: &Kernel,
+    h: Heads,
+    seq: u32,
+    docs: u32,
+    seed: u64,
+) -> Result<Vec<(&'static str, Verdict)>, Error> {
+    let (s, nh, nkv, d) = (
+        seq as usize,
+        h.n_heads as usize,
+        h.n_kv_heads as usize,
+        h.head_dim as usize,
+    );
     let q = random(s * nh * d, seed);
     let k = random(s * nkv * d, seed + 1);
     let v = random(s * nkv * d, seed + 2);
     let seg = documents(seq, docs);
-    let input = ForwardInput { seq_len: seq, heads: h, q: &q, k: &k, v: &v, seg: Some(&seg), scale: None };
+    let input = ForwardInput {
+        seq_len: seq,
+        heads: h,
+        q: &q,
+        k: &k,
+        v: &v,
+        seg: Some(&seg),
+        scale: None,
+    };
     let out = attention::forward(gpu, kernel, &input)?;
     let problem = Problem {
-        n_q: s, n_k: s, n_heads: nh, n_kv_heads: nkv, head_dim: d,
-        scale: f64::from(h.default_scale()), causal: true, seg: Some(&seg),
+        n_q: s,
+        n_k: s,
+        n_heads: nh,
+        n_kv_heads: nkv,
+        head_dim: d,
+        scale: f64::from(h.default_scale()),
+        causal: true,
+        seg: Some(&seg),
     };
-    let r64 = reference::attention::<f64>(&problem, &q, &k, &v);
-    let r32 = reference::attention::<f32>(&problem, &q, &k, &v);
-    Ok(vec![("o", judge(&out.o, &r64.o, &r32.o)), ("lse", judge(&out.lse, &r64.lse, &r32.lse))])
+    Ok(judge_attention(
+        &problem,
+        [&q, &k, &v],
+        &out.o,
+        Some(&out.lse),
+    ))
 }
 
-fn run_decode(gpu: &Gpu, kernel: &Kernel, h: Heads, cache_len: u32, capacity: u32, seed: u64)
-    -> Result<Vec<(&'static str, Verdict)>, Error> {
-    let (nh, nkv, d) = (h.n_heads as usize, h.n_kv_heads as usize, h.head_dim as usize);
+fn run_decode(
+    gpu: &Gpu,
+    kernel: &Kernel,
+    h: Heads,
+    cache_len: u32,
+    capacity: u32,
+    seed: u64,
+) -> Result<Vec<(&'static str, Verdict)>, Error> {
+    let (nh, nkv, d) = (
+        h.n_heads as usize,
+        h.n_kv_heads as usize,
+        h.head_dim as usize,
+    );
     let q = random(nh * d, seed);
     let k = random(capacity as usize * nkv * d, seed + 1);
     let v = random(capacity as usize * nkv * d, seed + 2);
-    let input = DecodeInput { cache_len, heads: h, q: &q, k_cache: &k, v_cache: &v, scale: None };
+    let input = DecodeInput {
+        cache_len,
+        heads: h,
+        q: &q,
+        k_cache: &k,
+        v_cache: &v,
+        scale: None,
+    };
     let o = attention::decode(gpu, kernel, &input)?;
     let problem = Problem {
-        n_q: 1, n_k: cache_len as usize, n_heads: nh, n_kv_heads: nkv, head_dim: d,
-        scale: f64::from(h.default_scale()), causal: false, seg: None,
+        n_q: 1,
+        n_k: cache_len as usize,
+        n_heads: nh,
+        n_kv_heads: nkv,
+        head_dim: d,
+        scale: f64::from(h.default_scale()),
+        causal: false,
+        seg: None,
     };
-    let r64 = reference::attention::<f64>(&problem, &q, &k, &v);
-    let r32 = reference::attention::<f32>(&problem, &q, &k, &v);
-    Ok(vec![("o", judge(&o, &r64.o, &r32.o))])
+    Ok(judge_attention(&problem, [&q, &k, &v], &o, None))
 }

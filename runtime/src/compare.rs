@@ -1,6 +1,8 @@
 //! The pass rule of DESIGN.md §7: a GPU result passes when its max abs error against the
 //! f64 reference is at most twice that of a plain f32 CPU implementation, plus 1e-6.
 
+use crate::reference::{self, Problem};
+
 /// How one output compares with the reference.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Verdict {
@@ -21,9 +23,30 @@ impl Verdict {
     }
 }
 
+/// Judges a GPU attention result (O, and LSE when the kernel saves it) against the f64
+/// reference and the f32 baseline of the same problem.
+pub fn judge_attention(
+    problem: &Problem,
+    inputs: [&[f32]; 3],
+    o: &[f32],
+    lse: Option<&[f32]>,
+) -> Vec<(&'static str, Verdict)> {
+    let [q, k, v] = inputs;
+    let r64 = reference::attention::<f64>(problem, q, k, v);
+    let r32 = reference::attention::<f32>(problem, q, k, v);
+    let mut verdicts = vec![("o", judge(o, &r64.o, &r32.o))];
+    if let Some(lse) = lse {
+        verdicts.push(("lse", judge(lse, &r64.lse, &r32.lse)));
+    }
+    verdicts
+}
+
 pub fn judge(gpu: &[f32], reference: &[f64], cpu32: &[f32]) -> Verdict {
     let bound = 2.0 * max_abs_error(cpu32, reference) + 1e-6;
-    Verdict { error: max_abs_error(gpu, reference), bound }
+    Verdict {
+        error: max_abs_error(gpu, reference),
+        bound,
+    }
 }
 
 /// Max abs difference; equal infinities count as 0, a NaN or a length mismatch as +inf.
@@ -35,7 +58,13 @@ pub fn max_abs_error(got: &[f32], reference: &[f64]) -> f64 {
         .zip(reference)
         .map(|(&g, &r)| {
             let g = f64::from(g);
-            if g == r { 0.0 } else if g.is_nan() || r.is_nan() { f64::INFINITY } else { (g - r).abs() }
+            if g == r {
+                0.0
+            } else if g.is_nan() || r.is_nan() {
+                f64::INFINITY
+            } else {
+                (g - r).abs()
+            }
         })
         .fold(0.0, f64::max)
 }

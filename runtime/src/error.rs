@@ -10,7 +10,9 @@ pub enum Error {
     Device(#[from] crate::gpu::DeviceError),
     #[error("creating the pipeline of kernel `{kernel}` failed: {message}")]
     Pipeline { kernel: String, message: String },
-    #[error("kernel `{kernel}` has a binding `{binding}` that this operation does not provide; its ABI does not fit the op")]
+    #[error(
+        "kernel `{kernel}` has a binding `{binding}` that this operation does not provide; its ABI does not fit the op"
+    )]
     Binding { kernel: String, binding: String },
     #[error("reading results back from the GPU failed: {0}")]
     Readback(String),
@@ -19,26 +21,61 @@ pub enum Error {
 /// Input that does not fit the kernel or the adapter.
 #[derive(Debug, Error, PartialEq)]
 pub enum InputError {
-    #[error("kernel `{kernel}` runs op {actual}, not {wanted}; pass a kernel built with `op: {wanted}`")]
-    WrongOp { kernel: String, actual: &'static str, wanted: &'static str },
+    #[error(
+        "kernel `{kernel}` runs op {actual}, not {wanted}; pass a kernel built with `op: {wanted}`"
+    )]
+    WrongOp {
+        kernel: String,
+        actual: &'static str,
+        wanted: &'static str,
+    },
     #[error("{name} is 0; every dimension must be at least 1")]
     ZeroDim { name: &'static str },
-    #[error("head_dim {given} does not match kernel `{kernel}`, which is specialized for head_dim {kernel_head_dim}; use a kernel built with `head_dim: {given}`")]
-    HeadDim { kernel: String, kernel_head_dim: u32, given: u32 },
-    #[error("n_heads {n_heads} is not a multiple of n_kv_heads {n_kv_heads}; GQA needs each KV head to serve the same number of query heads")]
+    #[error(
+        "head_dim {given} does not match kernel `{kernel}`, which is specialized for head_dim {kernel_head_dim}; use a kernel built with `head_dim: {given}`"
+    )]
+    HeadDim {
+        kernel: String,
+        kernel_head_dim: u32,
+        given: u32,
+    },
+    #[error(
+        "n_heads {n_heads} is not a multiple of n_kv_heads {n_kv_heads}; GQA needs each KV head to serve the same number of query heads"
+    )]
     HeadsNotDivisible { n_heads: u32, n_kv_heads: u32 },
-    #[error("kernel `{kernel}` is specialized for {ratio} query heads per KV head, but n_heads / n_kv_heads is {given}")]
-    GqaRatio { kernel: String, ratio: u32, given: u32 },
+    #[error(
+        "kernel `{kernel}` is specialized for {ratio} query heads per KV head, but n_heads / n_kv_heads is {given}"
+    )]
+    GqaRatio {
+        kernel: String,
+        ratio: u32,
+        given: u32,
+    },
     #[error("`{name}` has {got} elements but the dims need {expected} ({layout})")]
-    Length { name: &'static str, expected: u64, got: u64, layout: String },
-    #[error("kernel `{kernel}` was built without the document mask, so it cannot take `seg`; use a kernel with `masks: [.., document]`")]
+    Length {
+        name: &'static str,
+        expected: u64,
+        got: u64,
+        layout: String,
+    },
+    #[error(
+        "kernel `{kernel}` was built without the document mask, so it cannot take `seg`; use a kernel with `masks: [.., document]`"
+    )]
     SegWithoutDocumentMask { kernel: String },
     #[error("seg[{index}] = {value} is invalid: {reason}")]
-    Seg { index: usize, value: u32, reason: &'static str },
+    Seg {
+        index: usize,
+        value: u32,
+        reason: &'static str,
+    },
     #[error("cache_len {cache_len} is more than the {capacity} rows the KV cache holds")]
     CacheTooShort { cache_len: u32, capacity: u64 },
     #[error("scale {0} is not a finite number")]
     Scale(f32),
     #[error("{what} is {value}, over the adapter's limit of {limit}")]
-    OverLimit { what: &'static str, value: u64, limit: u64 },
+    OverLimit {
+        what: &'static str,
+        value: u64,
+        limit: u64,
+    },
 }

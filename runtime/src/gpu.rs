@@ -11,9 +11,17 @@ pub enum DeviceError {
     #[error("no GPU or CPU adapter found for backends {backends}; {INSTALL_HINT}")]
     NoAdapter { backends: String },
     #[error("adapter `{adapter}` offers {what} = {offered}, but the kernels need {needed}")]
-    Limit { adapter: String, what: &'static str, needed: u64, offered: u64 },
+    Limit {
+        adapter: String,
+        what: &'static str,
+        needed: u64,
+        offered: u64,
+    },
     #[error("adapter `{adapter}` refused the device request: {source}")]
-    Request { adapter: String, source: wgpu::RequestDeviceError },
+    Request {
+        adapter: String,
+        source: wgpu::RequestDeviceError,
+    },
 }
 
 /// What a set of kernels asks of a device.
@@ -27,14 +35,20 @@ pub struct Requirements {
 
 impl Requirements {
     pub fn of<'a>(kernels: impl IntoIterator<Item = &'a KernelAbi>) -> Requirements {
-        kernels.into_iter().fold(Requirements::default(), |r, k| Requirements {
-            storage_buffers_per_stage: r.storage_buffers_per_stage.max(k.storage_buffers() as u32),
-            uniform_buffers_per_stage: r.uniform_buffers_per_stage.max(k.uniform_buffers() as u32),
-            workgroup_storage_bytes: r.workgroup_storage_bytes.max(k.workgroup_storage_bytes),
-            invocations_per_workgroup: r
-                .invocations_per_workgroup
-                .max(k.workgroup_size.iter().product()),
-        })
+        kernels
+            .into_iter()
+            .fold(Requirements::default(), |r, k| Requirements {
+                storage_buffers_per_stage: r
+                    .storage_buffers_per_stage
+                    .max(k.storage_buffers() as u32),
+                uniform_buffers_per_stage: r
+                    .uniform_buffers_per_stage
+                    .max(k.uniform_buffers() as u32),
+                workgroup_storage_bytes: r.workgroup_storage_bytes.max(k.workgroup_storage_bytes),
+                invocations_per_workgroup: r
+                    .invocations_per_workgroup
+                    .max(k.workgroup_size.iter().product()),
+            })
     }
 
     /// The device limits to request: WebGPU's defaults raised to what the kernels need,
@@ -58,22 +72,26 @@ impl Requirements {
         Ok(wgpu::Limits {
             max_storage_buffers_per_shader_stage: need(
                 "max_storage_buffers_per_shader_stage",
-                self.storage_buffers_per_stage.max(base.max_storage_buffers_per_shader_stage),
+                self.storage_buffers_per_stage
+                    .max(base.max_storage_buffers_per_shader_stage),
                 offered.max_storage_buffers_per_shader_stage,
             )?,
             max_compute_workgroup_storage_size: need(
                 "max_compute_workgroup_storage_size",
-                self.workgroup_storage_bytes.max(base.max_compute_workgroup_storage_size),
+                self.workgroup_storage_bytes
+                    .max(base.max_compute_workgroup_storage_size),
                 offered.max_compute_workgroup_storage_size,
             )?,
             max_compute_invocations_per_workgroup: need(
                 "max_compute_invocations_per_workgroup",
-                self.invocations_per_workgroup.max(base.max_compute_invocations_per_workgroup),
+                self.invocations_per_workgroup
+                    .max(base.max_compute_invocations_per_workgroup),
                 offered.max_compute_invocations_per_workgroup,
             )?,
             max_compute_workgroup_size_x: need(
                 "max_compute_workgroup_size_x",
-                self.invocations_per_workgroup.max(base.max_compute_workgroup_size_x),
+                self.invocations_per_workgroup
+                    .max(base.max_compute_workgroup_size_x),
                 offered.max_compute_workgroup_size_x,
             )?,
             max_storage_buffer_binding_size: offered.max_storage_buffer_binding_size,
@@ -110,7 +128,9 @@ impl Gpu {
                 Err(e) => refusal = refusal.or(Some(e)),
             }
         }
-        Err(refusal.unwrap_or(DeviceError::NoAdapter { backends: format!("{backends:?}") }))
+        Err(refusal.unwrap_or(DeviceError::NoAdapter {
+            backends: format!("{backends:?}"),
+        }))
     }
 
     pub fn info(&self) -> &wgpu::AdapterInfo {
@@ -124,7 +144,10 @@ impl Gpu {
 
     /// `name (backend, type)`, for logs and reports.
     pub fn describe(&self) -> String {
-        format!("{} ({:?}, {:?})", self.info.name, self.info.backend, self.info.device_type)
+        format!(
+            "{} ({:?}, {:?})",
+            self.info.name, self.info.backend, self.info.device_type
+        )
     }
 }
 
@@ -145,7 +168,16 @@ fn request(adapter: wgpu::Adapter, limits: wgpu::Limits) -> Result<Gpu, DeviceEr
         required_limits: limits.clone(),
         ..Default::default()
     };
-    let (device, queue) = pollster::block_on(adapter.request_device(&desc))
-        .map_err(|source| DeviceError::Request { adapter: info.name.clone(), source })?;
-    Ok(Gpu { device, queue, info, limits })
+    let (device, queue) = pollster::block_on(adapter.request_device(&desc)).map_err(|source| {
+        DeviceError::Request {
+            adapter: info.name.clone(),
+            source,
+        }
+    })?;
+    Ok(Gpu {
+        device,
+        queue,
+        info,
+        limits,
+    })
 }

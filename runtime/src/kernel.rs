@@ -40,9 +40,16 @@ impl Kernel {
             cache: None,
         });
         if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(Error::Pipeline { kernel: abi.name.to_string(), message: e.to_string() });
+            return Err(Error::Pipeline {
+                kernel: abi.name.to_string(),
+                message: e.to_string(),
+            });
         }
-        Ok(Kernel { abi: abi.clone(), layout, pipeline })
+        Ok(Kernel {
+            abi: abi.clone(),
+            layout,
+            pipeline,
+        })
     }
 
     pub fn abi(&self) -> &KernelAbi {
@@ -67,10 +74,17 @@ impl Kernel {
             .bindings
             .iter()
             .map(|b| {
-                let (_, buffer) = buffers.iter().find(|(name, _)| *name == b.name).ok_or_else(|| {
-                    Error::Binding { kernel: self.abi.name.to_string(), binding: b.name.to_string() }
-                })?;
-                Ok(wgpu::BindGroupEntry { binding: b.binding, resource: buffer.as_entire_binding() })
+                let (_, buffer) = buffers
+                    .iter()
+                    .find(|(name, _)| *name == b.name)
+                    .ok_or_else(|| Error::Binding {
+                        kernel: self.abi.name.to_string(),
+                        binding: b.name.to_string(),
+                    })?;
+                Ok(wgpu::BindGroupEntry {
+                    binding: b.binding,
+                    resource: buffer.as_entire_binding(),
+                })
             })
             .collect::<Result<Vec<_>, Error>>()?;
         let bind_group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {

@@ -57,7 +57,10 @@ pub fn attention<T: Float>(p: &Problem, q: &[f32], k: &[f32], v: &[f32]) -> Atte
                 *score = T::neg_infinity();
                 if p.visible(s, j) {
                     let k_row = &k[(j * p.n_kv_heads + kv_h) * d..][..d];
-                    let dot = q_row.iter().zip(k_row).fold(T::zero(), |acc, (a, b)| acc + cast(*a) * cast(*b));
+                    let dot = q_row
+                        .iter()
+                        .zip(k_row)
+                        .fold(T::zero(), |acc, (a, b)| acc + cast(*a) * cast(*b));
                     *score = dot * scale;
                     max = max.max(*score);
                 }

@@ -13,9 +13,14 @@ fn dir() -> PathBuf {
 }
 
 fn expected() -> Vec<(String, String)> {
-    let mut files: Vec<(String, String)> =
-        FAMILY.iter().map(|abi| (format!("{}.wgsl", abi.name), abi.wgsl.to_string())).collect();
-    files.push(("manifest.json".into(), attn_dsl::manifest::manifest_json(&FAMILY)));
+    let mut files: Vec<(String, String)> = FAMILY
+        .iter()
+        .map(|abi| (format!("{}.wgsl", abi.name), abi.wgsl.to_string()))
+        .collect();
+    files.push((
+        "manifest.json".into(),
+        attn_dsl::manifest::manifest_json(&FAMILY),
+    ));
     files
 }
 
@@ -37,21 +42,37 @@ fn generated_files_are_fresh() {
     for entry in std::fs::read_dir(&dir).unwrap() {
         let name = entry.unwrap().file_name().to_string_lossy().into_owned();
         if name.ends_with(".wgsl") && !known.contains(name.as_str()) {
-            stale.push(format!("{name} (no kernel of the family has this name; delete it)"));
+            stale.push(format!(
+                "{name} (no kernel of the family has this name; delete it)"
+            ));
         }
     }
-    assert!(stale.is_empty(), "generated/ is stale: {}\nrefresh with: {REFRESH}", stale.join(", "));
+    assert!(
+        stale.is_empty(),
+        "generated/ is stale: {}\nrefresh with: {REFRESH}",
+        stale.join(", ")
+    );
 }
 
 #[test]
 fn manifest_lists_every_binding_with_group_index_name_type_and_access() {
-    let manifest: serde_json::Value = serde_json::from_str(&attn_dsl::manifest::manifest_json(&FAMILY)).unwrap();
+    let manifest: serde_json::Value =
+        serde_json::from_str(&attn_dsl::manifest::manifest_json(&FAMILY)).unwrap();
     let forward = &manifest["kernels"][0];
     assert_eq!(forward["name"], "attention_forward");
     assert_eq!(forward["entry_point"], "attention_forward");
     assert_eq!(forward["workgroup_size"], serde_json::json!([256, 1, 1]));
     let seg = &forward["bindings"][7];
-    assert_eq!((seg["group"].as_u64(), seg["binding"].as_u64()), (Some(0), Some(7)));
-    assert_eq!((seg["name"].as_str(), seg["wgsl_type"].as_str(), seg["access"].as_str()),
-        (Some("seg"), Some("array<u32>"), Some("read")));
+    assert_eq!(
+        (seg["group"].as_u64(), seg["binding"].as_u64()),
+        (Some(0), Some(7))
+    );
+    assert_eq!(
+        (
+            seg["name"].as_str(),
+            seg["wgsl_type"].as_str(),
+            seg["access"].as_str()
+        ),
+        (Some("seg"), Some("array<u32>"), Some("read"))
+    );
 }

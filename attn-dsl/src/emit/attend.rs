@@ -13,7 +13,8 @@ pub(super) fn workgroup_bytes(head_dim: u32, wg: u32) -> u32 {
 }
 
 pub(super) fn workgroup_memory(out: &mut String) {
-    out.push_str(r#"var<workgroup> sh_q: array<f32, HEAD_DIM>;
+    out.push_str(
+        r#"var<workgroup> sh_q: array<f32, HEAD_DIM>;
 var<workgroup> sh_acc: array<f32, HEAD_DIM>;
 var<workgroup> sh_p: array<f32, WG>;
 var<workgroup> sh_partial: array<f32, WG>;
@@ -23,7 +24,8 @@ var<workgroup> sh_state: vec2<f32>;
 // Visible keys [start, end) of the current row, loaded uniformly so loops may hold barriers.
 var<workgroup> sh_range: vec2<u32>;
 
-"#);
+"#,
+    );
 }
 
 fn kv_head(out: &mut String, spec: &KernelSpec) {
@@ -31,13 +33,20 @@ fn kv_head(out: &mut String, spec: &KernelSpec) {
         Gqa::Any => "(dims.n_heads / dims.n_kv_heads)".to_string(),
         Gqa::Ratio(r) => format!("{r}u"),
     };
-    let _ = writeln!(out, "// GQA: query heads h share KV head h / (n_heads / n_kv_heads).");
-    let _ = writeln!(out, "fn kv_head(h: u32) -> u32 {{\n    return h / {ratio};\n}}\n");
+    let _ = writeln!(
+        out,
+        "// GQA: query heads h share KV head h / (n_heads / n_kv_heads)."
+    );
+    let _ = writeln!(
+        out,
+        "fn kv_head(h: u32) -> u32 {{\n    return h / {ratio};\n}}\n"
+    );
 }
 
 /// Index helpers common to every op: row-major `[row, head, d]` and `[j, kv_head, d]`.
 fn row_indexing(out: &mut String) {
-    out.push_str(r#"fn q_index(row: u32, h: u32) -> u32 {
+    out.push_str(
+        r#"fn q_index(row: u32, h: u32) -> u32 {
     return (row * dims.n_heads + h) * HEAD_DIM;
 }
 
@@ -45,14 +54,23 @@ fn kv_index(j: u32, kv_h: u32) -> u32 {
     return (j * dims.n_kv_heads + kv_h) * HEAD_DIM;
 }
 
-"#);
+"#,
+    );
 }
 
 pub(super) fn forward_helpers(out: &mut String, spec: &KernelSpec) {
     kv_head(out, spec);
     row_indexing(out);
-    let start = if spec.masks.document { "seg[row]" } else { "0u" };
-    let end = if spec.masks.causal { "row + 1u" } else { "dims.seq_len" };
+    let start = if spec.masks.document {
+        "seg[row]"
+    } else {
+        "0u"
+    };
+    let end = if spec.masks.causal {
+        "row + 1u"
+    } else {
+        "dims.seq_len"
+    };
     // With causal on, [seg[row], row] is exactly the row's document; without it the range
     // runs to the end of the sequence and each key is tested for membership.
     let visible = if spec.masks.document && !spec.masks.causal {
@@ -60,7 +78,9 @@ pub(super) fn forward_helpers(out: &mut String, spec: &KernelSpec) {
     } else {
         "true"
     };
-    let _ = write!(out, r#"fn key_range(row: u32) -> vec2<u32> {{
+    let _ = write!(
+        out,
+        r#"fn key_range(row: u32) -> vec2<u32> {{
     return vec2<u32>({start}, {end});
 }}
 
@@ -96,13 +116,15 @@ fn store_lse(row: u32, h: u32, m: f32, l: f32) {{
     lse[row * dims.n_heads + h] = x;
 }}
 
-"#);
+"#
+    );
 }
 
 pub(super) fn decode_helpers(out: &mut String, spec: &KernelSpec) {
     kv_head(out, spec);
     row_indexing(out);
-    out.push_str(r#"fn key_range(row: u32) -> vec2<u32> {
+    out.push_str(
+        r#"fn key_range(row: u32) -> vec2<u32> {
     return vec2<u32>(0u, dims.cache_len);
 }
 
@@ -126,7 +148,8 @@ fn store_out(i: u32, x: f32) {
 fn store_lse(row: u32, h: u32, m: f32, l: f32) {
 }
 
-"#);
+"#,
+    );
 }
 
 pub(super) fn attend_row(out: &mut String) {
@@ -222,7 +245,9 @@ const ATTEND_ROW: &str = r#"fn attend_row(row: u32, h: u32, tid: u32) {
 "#;
 
 pub(super) fn forward_entry(out: &mut String, name: &str) {
-    let _ = write!(out, r#"@compute @workgroup_size(WG)
+    let _ = write!(
+        out,
+        r#"@compute @workgroup_size(WG)
 fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {{
     let h = wg.y;
     for (var r = 0u; r < TILE; r = r + 1u) {{
@@ -234,13 +259,17 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         workgroupBarrier();
     }}
 }}
-"#);
+"#
+    );
 }
 
 pub(super) fn decode_entry(out: &mut String, name: &str) {
-    let _ = write!(out, r#"@compute @workgroup_size(WG)
+    let _ = write!(
+        out,
+        r#"@compute @workgroup_size(WG)
 fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {{
     attend_row(0u, wg.x, tid);
 }}
-"#);
+"#
+    );
 }

@@ -30,7 +30,11 @@ attention_kernel! {
     }
 }
 
-pub const HEADS: Heads = Heads { n_heads: 8, n_kv_heads: 2, head_dim: 128 };
+pub const HEADS: Heads = Heads {
+    n_heads: 8,
+    n_kv_heads: 2,
+    head_dim: 128,
+};
 
 /// The model's two kernels on one device.
 pub struct Model {
@@ -45,18 +49,49 @@ impl Model {
         let gpu = Gpu::new(abis)?;
         let forward = Kernel::new(&gpu, &forward_h8_kv2_d128::ABI)?;
         let decode = Kernel::new(&gpu, &decode_h8_kv2_d128::ABI)?;
-        Ok(Model { gpu, forward, decode })
+        Ok(Model {
+            gpu,
+            forward,
+            decode,
+        })
     }
 
     /// Causal attention over `seq` rows laid out `[seq, heads, 128]`.
-    pub fn forward(&self, seq: u32, q: &[f32], k: &[f32], v: &[f32]) -> Result<ForwardOutput, runtime::Error> {
-        let input = ForwardInput { seq_len: seq, heads: HEADS, q, k, v, seg: None, scale: None };
+    pub fn forward(
+        &self,
+        seq: u32,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+    ) -> Result<ForwardOutput, runtime::Error> {
+        let input = ForwardInput {
+            seq_len: seq,
+            heads: HEADS,
+            q,
+            k,
+            v,
+            seg: None,
+            scale: None,
+        };
         runtime::forward(&self.gpu, &self.forward, &input)
     }
 
     /// One new query row against the first `cache_len` rows of the cache.
-    pub fn decode(&self, cache_len: u32, q: &[f32], k_cache: &[f32], v_cache: &[f32]) -> Result<Vec<f32>, runtime::Error> {
-        let input = DecodeInput { cache_len, heads: HEADS, q, k_cache, v_cache, scale: None };
+    pub fn decode(
+        &self,
+        cache_len: u32,
+        q: &[f32],
+        k_cache: &[f32],
+        v_cache: &[f32],
+    ) -> Result<Vec<f32>, runtime::Error> {
+        let input = DecodeInput {
+            cache_len,
+            heads: HEADS,
+            q,
+            k_cache,
+            v_cache,
+            scale: None,
+        };
         runtime::decode(&self.gpu, &self.decode, &input)
     }
 }

@@ -3,8 +3,8 @@
 
 use custom_head_dim::{HEADS, Model};
 use runtime::cases::random;
-use runtime::compare::judge;
-use runtime::reference::{self, Problem};
+use runtime::compare::judge_attention;
+use runtime::reference::Problem;
 
 fn main() -> anyhow::Result<()> {
     let model = Model::new()?;
@@ -14,12 +14,29 @@ fn main() -> anyhow::Result<()> {
     let k = random(seq as usize * nkv * d, 2);
     let v = random(seq as usize * nkv * d, 3);
     let out = model.forward(seq, &q, &k, &v)?;
-    let p = Problem { n_q: seq as usize, n_k: seq as usize, n_heads: nh, n_kv_heads: nkv, head_dim: d,
-        scale: f64::from(HEADS.default_scale()), causal: true, seg: None };
-    let verdict = judge(&out.o, &reference::attention::<f64>(&p, &q, &k, &v).o,
-        &reference::attention::<f32>(&p, &q, &k, &v).o);
-    println!("{}: forward seq={seq} h=8 kv=2 d=128: max abs error {:.2e} (bound {:.2e}) {}",
-        model.gpu.describe(), verdict.error, verdict.bound, if verdict.pass() { "pass" } else { "FAIL" });
-    anyhow::ensure!(verdict.pass(), "the forward is off the reference");
+    let p = Problem {
+        n_q: seq as usize,
+        n_k: seq as usize,
+        n_heads: nh,
+        n_kv_heads: nkv,
+        head_dim: d,
+        scale: f64::from(HEADS.default_scale()),
+        causal: true,
+        seg: None,
+    };
+    let verdicts = judge_attention(&p, [&q, &k, &v], &out.o, Some(&out.lse));
+    println!("{}: forward seq={seq} h=8 kv=2 d=128", model.gpu.describe());
+    for (name, v) in &verdicts {
+        println!(
+            "  {name}: max abs error {:.2e} (bound {:.2e}) {}",
+            v.error,
+            v.bound,
+            if v.pass() { "pass" } else { "FAIL" }
+        );
+    }
+    anyhow::ensure!(
+        verdicts.iter().all(|(_, v)| v.pass()),
+        "the forward is off the reference"
+    );
     Ok(())
 }

@@ -1,19 +1,32 @@
 use custom_head_dim::{HEADS, Model, forward_h8_kv2_d128};
 use runtime::cases::random;
-use runtime::compare::judge;
-use runtime::reference::{self, Problem};
+use runtime::compare::judge_attention;
+use runtime::reference::Problem;
 use runtime::{Error, InputError};
 
 fn problem(n_q: usize, n_k: usize, causal: bool) -> Problem<'static> {
-    Problem { n_q, n_k, n_heads: 8, n_kv_heads: 2, head_dim: 128,
-        scale: f64::from(HEADS.default_scale()), causal, seg: None }
+    Problem {
+        n_q,
+        n_k,
+        n_heads: 8,
+        n_kv_heads: 2,
+        head_dim: 128,
+        scale: f64::from(HEADS.default_scale()),
+        causal,
+        seg: None,
+    }
 }
 
 #[test]
 fn the_specialization_is_what_the_description_says() {
     assert_eq!(forward_h8_kv2_d128::HEAD_DIM, 128);
     assert_eq!(forward_h8_kv2_d128::TILE, 2);
-    let dims = forward_h8_kv2_d128::Dims { seq_len: 33, n_heads: 8, n_kv_heads: 2, head_dim: 128 };
+    let dims = forward_h8_kv2_d128::Dims {
+        seq_len: 33,
+        n_heads: 8,
+        n_kv_heads: 2,
+        head_dim: 128,
+    };
     assert_eq!(forward_h8_kv2_d128::dispatch_grid(&dims), [17, 8, 1]);
     assert!(forward_h8_kv2_d128::WGSL.contains("return h / 4u;"));
 }
@@ -22,19 +35,24 @@ fn the_specialization_is_what_the_description_says() {
 fn forward_and_decode_match_the_reference() {
     let model = Model::new().unwrap_or_else(|e| panic!("{e}"));
     let seq = 33;
-    let (q, k, v) = (random(seq * 8 * 128, 1), random(seq * 2 * 128, 2), random(seq * 2 * 128, 3));
+    let (q, k, v) = (
+        random(seq * 8 * 128, 1),
+        random(seq * 2 * 128, 2),
+        random(seq * 2 * 128, 3),
+    );
     let out = model.forward(seq as u32, &q, &k, &v).unwrap();
-    let p = problem(seq, seq, true);
-    let (r64, r32) = (reference::attention::<f64>(&p, &q, &k, &v), reference::attention::<f32>(&p, &q, &k, &v));
-    assert!(judge(&out.o, &r64.o, &r32.o).pass());
-    assert!(judge(&out.lse, &r64.lse, &r32.lse).pass());
+    let verdicts = judge_attention(
+        &problem(seq, seq, true),
+        [&q, &k, &v],
+        &out.o,
+        Some(&out.lse),
+    );
+    assert!(verdicts.iter().all(|(_, v)| v.pass()), "{verdicts:?}");
 
     let q1 = random(8 * 128, 4);
     let o = model.decode(20, &q1, &k, &v).unwrap();
-    let p = problem(1, 20, false);
-    let (r64, r32) = (reference::attention::<f64>(&p, &q1, &k, &v), reference::attention::<f32>(&p, &q1, &k, &v));
-    let verdict = judge(&o, &r64.o, &r32.o);
-    assert!(verdict.pass(), "{verdict:?}");
+    let verdicts = judge_attention(&problem(1, 20, false), [&q1, &k, &v], &o, None);
+    assert!(verdicts.iter().all(|(_, v)| v.pass()), "{verdicts:?}");
 }
 
 #[test]
@@ -42,10 +60,28 @@ fn heads_that_break_the_fixed_gqa_ratio_are_refused() {
     let model = Model::new().unwrap_or_else(|e| panic!("{e}"));
     let input = runtime::ForwardInput {
         seq_len: 2,
-        heads: runtime::Heads { n_heads: 8, n_kv_heads: 4, head_dim: 128 },
-        q: &[0.0; 2 * 8 * 128], k: &[0.0; 2 * 4 * 128], v: &[0.0; 2 * 4 * 128], seg: None, scale: None,
+        heads: runtime::Heads {
+            n_heads: 8,
+            n_kv_heads: 4,
+            head_dim: 128,
+        },
+        q: &[0.0; 2 * 8 * 128],
+        k: &[0.0; 2 * 4 * 128],
+        v: &[0.0; 2 * 4 * 128],
+        seg: None,
+        scale: None,
     };
     let kernel = runtime::Kernel::new(&model.gpu, &forward_h8_kv2_d128::ABI).unwrap();
     let err = runtime::forward(&model.gpu, &kernel, &input).unwrap_err();
-    assert!(matches!(err, Error::Input(InputError::GqaRatio { ratio: 4, given: 2, .. })), "{err}");
+    assert!(
+        matches!(
+            err,
+            Error::Input(InputError::GqaRatio {
+                ratio: 4,
+                given: 2,
+                ..
+            })
+        ),
+        "{err}"
+    );
 }

@@ -45,7 +45,12 @@ fn run(args: Args) -> anyhow::Result<bool> {
         .collect();
     if args.list {
         for c in &cases {
-            println!("{:<8} {:<28} {}", c.op().name(), c.shape_label(), c.mask_label());
+            println!(
+                "{:<8} {:<28} {}",
+                c.op().name(),
+                c.shape_label(),
+                c.mask_label()
+            );
         }
         return Ok(true);
     }
@@ -53,32 +58,57 @@ fn run(args: Args) -> anyhow::Result<bool> {
     let gpu = Gpu::new(kernels::FAMILY.iter().copied()).context("no adapter to check on")?;
     println!("adapter: {}", gpu.describe());
     let family = Family::new(&gpu, kernels::FAMILY.iter().copied())?;
-    println!("{:<22} {:<28} {:<14} {:>30} {:>30}  result", "kernel", "shape", "masks",
-        "o: error / bound", "lse: error / bound");
+    println!(
+        "{:<22} {:<28} {:<14} {:>30} {:>30}  result",
+        "kernel", "shape", "masks", "o: error / bound", "lse: error / bound"
+    );
     let (mut passed, mut failed, mut worst) = (0, 0, 0.0f64);
     for (i, case) in cases.iter().enumerate() {
         let result = cases::run_case(&gpu, &family, case, args.seed + 1000 * i as u64)
             .with_context(|| format!("case {} {}", case.shape_label(), case.mask_label()))?;
         print_row(&result);
-        worst = result.verdicts.iter().map(|(_, v)| v.ratio()).fold(worst, f64::max);
-        if result.pass() { passed += 1 } else { failed += 1 }
+        worst = result
+            .verdicts
+            .iter()
+            .map(|(_, v)| v.ratio())
+            .fold(worst, f64::max);
+        if result.pass() {
+            passed += 1
+        } else {
+            failed += 1
+        }
     }
-    println!("{passed} passed, {failed} failed; worst error/bound {worst:.3}; {:.1} s on {}",
-        started.elapsed().as_secs_f64(), gpu.describe());
+    println!(
+        "{passed} passed, {failed} failed; worst error/bound {worst:.3}; {:.1} s on {}",
+        started.elapsed().as_secs_f64(),
+        gpu.describe()
+    );
     Ok(failed == 0)
 }
 
 fn matches(c: &Case, filter: &str) -> bool {
     let kernel = format!("attention_{}", c.op().name());
-    [kernel, c.shape_label(), c.mask_label()].iter().any(|s| s.contains(filter))
+    [kernel, c.shape_label(), c.mask_label()]
+        .iter()
+        .any(|s| s.contains(filter))
 }
 
 fn print_row(r: &CaseResult) {
     let cell = |name: &str| {
-        r.verdicts.iter().find(|(n, _)| *n == name).map_or("-".to_string(), |(_, v)| {
-            format!("{:.2e} <= {:.2e}", v.error, v.bound)
-        })
+        r.verdicts
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map_or("-".to_string(), |(_, v)| {
+                format!("{:.2e} <= {:.2e}", v.error, v.bound)
+            })
     };
-    println!("{:<22} {:<28} {:<14} {:>30} {:>30}  {}", r.kernel, r.case.shape_label(),
-        r.case.mask_label(), cell("o"), cell("lse"), if r.pass() { "pass" } else { "FAIL" });
+    println!(
+        "{:<22} {:<28} {:<14} {:>30} {:>30}  {}",
+        r.kernel,
+        r.case.shape_label(),
+        r.case.mask_label(),
+        cell("o"),
+        cell("lse"),
+        if r.pass() { "pass" } else { "FAIL" }
+    );
 }
