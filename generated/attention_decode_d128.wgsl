@@ -37,11 +37,12 @@ var<workgroup> sh_q: array<f32, HEAD_DIM>;
 var<workgroup> sh_acc: array<f32, HEAD_DIM>;
 var<workgroup> sh_p: array<f32, WG>;
 var<workgroup> sh_partial: array<f32, WG>;
-var<workgroup> sh_red: array<f32, WG>;
 // Running max m and running sum l of the online softmax.
 var<workgroup> sh_state: vec2<f32>;
 // Visible keys [start, end) of the current row, loaded uniformly so loops may hold barriers.
 var<workgroup> sh_range: vec2<u32>;
+
+var<workgroup> sh_red: array<f32, WG>;
 
 fn combine_max(a: f32, b: f32) -> f32 {
     return max(a, b);
@@ -80,8 +81,12 @@ fn wg_reduce_sum(tid: u32, x: f32) -> f32 {
 }
 
 // GQA: query heads h share KV head h / (n_heads / n_kv_heads).
+fn q_per_kv() -> u32 {
+    return dims.n_heads / dims.n_kv_heads;
+}
+
 fn kv_head(h: u32) -> u32 {
-    return h / (dims.n_heads / dims.n_kv_heads);
+    return h / q_per_kv();
 }
 
 fn q_index(row: u32, h: u32) -> u32 {

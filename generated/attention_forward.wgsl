@@ -39,11 +39,12 @@ var<workgroup> sh_q: array<f32, HEAD_DIM>;
 var<workgroup> sh_acc: array<f32, HEAD_DIM>;
 var<workgroup> sh_p: array<f32, WG>;
 var<workgroup> sh_partial: array<f32, WG>;
-var<workgroup> sh_red: array<f32, WG>;
 // Running max m and running sum l of the online softmax.
 var<workgroup> sh_state: vec2<f32>;
 // Visible keys [start, end) of the current row, loaded uniformly so loops may hold barriers.
 var<workgroup> sh_range: vec2<u32>;
+
+var<workgroup> sh_red: array<f32, WG>;
 
 fn combine_max(a: f32, b: f32) -> f32 {
     return max(a, b);
@@ -82,8 +83,12 @@ fn wg_reduce_sum(tid: u32, x: f32) -> f32 {
 }
 
 // GQA: query heads h share KV head h / (n_heads / n_kv_heads).
+fn q_per_kv() -> u32 {
+    return dims.n_heads / dims.n_kv_heads;
+}
+
 fn kv_head(h: u32) -> u32 {
-    return h / (dims.n_heads / dims.n_kv_heads);
+    return h / q_per_kv();
 }
 
 fn q_index(row: u32, h: u32) -> u32 {
@@ -100,6 +105,15 @@ fn key_range(row: u32) -> vec2<u32> {
 
 fn key_visible(row: u32, j: u32) -> bool {
     return true;
+}
+
+fn visible(row: u32, j: u32) -> bool {
+    let range = key_range(row);
+    return j >= range.x && j < range.y && key_visible(row, j);
+}
+
+fn query_range(col: u32) -> vec2<u32> {
+    return vec2<u32>(col, dims.seq_len);
 }
 
 fn key_at(i: u32) -> f32 {
@@ -218,11 +232,10 @@ fn attend_row(row: u32, h: u32, tid: u32) {
 
 @compute @workgroup_size(WG)
 fn attention_forward(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
-    let h = wg.y;
     for (var r = 0u; r < TILE; r = r + 1u) {
         let row = wg.x * TILE + r;
         if (row < dims.seq_len) {
-            attend_row(row, h, tid);
+            attend_row(row, wg.y, tid);
         }
         // The next row reuses the workgroup memory.
         workgroupBarrier();

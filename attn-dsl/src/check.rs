@@ -4,8 +4,8 @@
 use crate::emit;
 use crate::error::{DslError, Field};
 use crate::plan::KernelAbi;
-use crate::signature::{self, Role};
-use crate::spec::{Axis, Gqa, KernelSpec, Major, Op, WriteMode};
+use crate::signature::{self, Presence, Role};
+use crate::spec::{Axis, Gqa, KernelSpec, Major, Op, Source, WriteMode};
 
 /// The largest head_dim the per-row schedule holds: one invocation per element of a row.
 pub const MAX_HEAD_DIM: u32 = 256;
@@ -19,7 +19,8 @@ pub fn check_spec(spec: &KernelSpec) -> Result<(), DslError> {
     // thing to tell the user about, before "this op has no such schedule".
     check_writes(spec)?;
     check_grid(spec)?;
-    check_masks(spec)
+    check_masks(spec)?;
+    check_source(spec)
 }
 
 /// Limits that depend on the finished plan (buffers, workgroup memory).
@@ -108,6 +109,11 @@ fn check_head_dim(spec: &KernelSpec) -> Result<(), DslError> {
             ),
         ));
     }
+    if matches!(spec.op, Op::Rope | Op::RopeBackward) && hd % 2 != 0 {
+        return Err(DslError::spec(Field::HeadDim, format!(
+            "head_dim {hd} is odd; RoPE rotates pairs (i, i + head_dim/2), so it needs an \
+             even head_dim")));
+    }
     if hd > spec.workgroup_size {
         return Err(DslError::spec(
             Field::HeadDim,
@@ -134,31 +140,16 @@ fn check_gqa(spec: &KernelSpec) -> Result<(), DslError> {
 }
 
 fn check_grid(spec: &KernelSpec) -> Result<(), DslError> {
-    let (wanted, tile_max) = match spec.op {
-        Op::Forward => (Major::S, 64),
-        Op::Decode => (Major::Head, 1),
-    };
+    let wanted = spec.op.major();
+    let tile_max = if spec.op == Op::Decode { 1 } else { 64 };
     if spec.grid.major != wanted {
-        return Err(DslError::spec(
-            Field::Grid,
-            format!(
-                "op {} runs {}: one workgroup per {}; `{}` is not a schedule of this op",
-                spec.op.name(),
-                wanted.name(),
-                grid_unit(wanted),
-                spec.grid.major.name()
-            ),
-        ));
+        return Err(DslError::spec(Field::Grid, format!(
+            "op {} runs {}: one workgroup per {}; `{}` is not a schedule of this op",
+            spec.op.name(), wanted.name(), grid_unit(wanted), spec.grid.major.name())));
     }
     if spec.grid.tile == 0 || spec.grid.tile > tile_max {
-        return Err(DslError::spec(
-            Field::Grid,
-            format!(
-                "tile {} for op {}: use a tile from 1 to {tile_max}",
-                spec.grid.tile,
-                spec.op.name()
-            ),
-        ));
+        return Err(DslError::spec(Field::Grid, format!(
+            "tile {} for op {}: use a tile from 1 to {tile_max}", spec.grid.tile, spec.op.name())));
     }
     Ok(())
 }
@@ -172,105 +163,122 @@ fn grid_unit(major: Major) -> &'static str {
 }
 
 fn check_masks(spec: &KernelSpec) -> Result<(), DslError> {
-    if spec.op == Op::Decode && (spec.masks.causal || spec.masks.document) {
-        let which = if spec.masks.causal {
-            "causal"
-        } else {
-            "document"
-        };
-        return Err(DslError::spec(
-            Field::Masks,
-            format!(
-                "op decode cannot honour the {which} mask: its one query row attends to the \
-             whole KV cache, whose length is the run-time `cache_len`; remove `{which}` \
-             and limit the keys with cache_len"
-            ),
-        ));
+    let which = if spec.masks.causal { "causal" } else { "document" };
+    if !(spec.masks.causal || spec.masks.document) {
+        return Ok(());
+    }
+    let why = match spec.op {
+        Op::Decode => "its one query row attends to the whole KV cache, whose length is the \
+                       run-time `cache_len`; limit the keys with cache_len",
+        Op::Rope | Op::RopeBackward => "it rotates each row on its own and never compares a \
+                                        query with a key",
+        _ => return Ok(()),
+    };
+    Err(DslError::spec(Field::Masks, format!(
+        "op {} cannot honour the {which} mask: {why}; remove `{which}`", spec.op.name())))
+}
+
+fn check_source(spec: &KernelSpec) -> Result<(), DslError> {
+    if spec.source == Source::Scratch && spec.op != Op::BackwardKv {
+        return Err(DslError::spec(Field::Source, format!(
+            "op {} reads no scratch: `source: scratch` belongs to a backward_kv kernel that \
+             consumes the P and dS a backward_q flushed", spec.op.name())));
     }
     Ok(())
 }
 
 fn check_writes(spec: &KernelSpec) -> Result<(), DslError> {
-    let tensors = signature::tensors(spec.op, spec.masks);
+    let tensors = signature::all_tensors(spec.op);
     for (name, _) in &spec.writes {
         match tensors.iter().find(|t| t.name == name) {
             None => {
-                return Err(DslError::spec(
-                    Field::Write(name.clone()),
-                    format!(
-                        "op {} has no tensor `{name}`; its outputs are: {}",
-                        spec.op.name(),
-                        output_names(spec).join(", ")
-                    ),
-                ));
+                return Err(DslError::spec(Field::Write(name.clone()), format!(
+                    "op {} has no tensor `{name}`; its outputs are: {}",
+                    spec.op.name(), output_names(spec).join(", "))));
             }
             Some(t) if t.role != Role::Output => {
-                return Err(DslError::spec(
-                    Field::Write(name.clone()),
-                    format!(
-                        "`{name}` is an input of op {}, not an output; only outputs take a \
-                     write mode",
-                        spec.op.name()
-                    ),
-                ));
+                return Err(DslError::spec(Field::Write(name.clone()), format!(
+                    "`{name}` is an input of op {}, not an output; only outputs take a \
+                     write mode", spec.op.name())));
             }
             Some(_) => {}
         }
     }
     for t in tensors.iter().filter(|t| t.role == Role::Output) {
-        let Some((_, mode)) = spec.writes.iter().find(|(n, _)| n == t.name) else {
-            return Err(DslError::spec(
-                Field::Write(String::new()),
-                format!(
-                    "op {} writes `{}`: declare its write mode in `writes`, e.g. `{}: owned`",
-                    spec.op.name(),
-                    t.name,
-                    t.name
-                ),
-            ));
-        };
-        check_ownership(spec, t.name, t.layout, *mode)?;
+        match spec.write_mode(t.name) {
+            Some(mode) => check_ownership(spec, t.name, t.layout, mode)?,
+            None if t.presence == Presence::Always => {
+                return Err(DslError::spec(Field::Write(String::new()), format!(
+                    "op {} writes `{}`: declare its write mode in `writes`, e.g. `{}: {}`",
+                    spec.op.name(), t.name, t.name, supported_mode(spec.op, t.name).name())));
+            }
+            None => {}
+        }
+    }
+    check_pairs(spec)
+}
+
+/// Outputs that only make sense together, and schedules that exclude each other.
+fn check_pairs(spec: &KernelSpec) -> Result<(), DslError> {
+    for (a, b) in [("p", "ds"), ("dk", "dv")] {
+        match (spec.write_mode(a), spec.write_mode(b)) {
+            (Some(_), None) | (None, Some(_)) => {
+                let (given, missing) = if spec.write_mode(a).is_some() { (a, b) } else { (b, a) };
+                return Err(DslError::spec(Field::Write(given.to_string()), format!(
+                    "`{given}` needs `{missing}` beside it: a backward schedule produces them \
+                     together")));
+            }
+            _ => {}
+        }
+    }
+    if spec.op == Op::BackwardQ && spec.write_mode("p").is_some() && spec.write_mode("dk").is_some() {
+        return Err(DslError::spec(Field::Write("dk".into()),
+            "backward_q flushes scratch (`p`, `ds`) or scatters `dk`, `dv`, not both: pick the \
+             split or the streaming schedule"));
     }
     Ok(())
 }
 
-/// An `owned` output must be indexed only by axes that the workgroup id fixes, or by `d`,
-/// which every workgroup sweeps whole; otherwise two workgroups write one element.
+/// The write mode the emitter produces for an output of an op.
+fn supported_mode(op: Op, tensor: &str) -> WriteMode {
+    match (op, tensor) {
+        (Op::BackwardQ, "p" | "ds") => WriteMode::ScratchFlush,
+        (Op::BackwardQ, "dk" | "dv") => WriteMode::AtomicScatter,
+        _ => WriteMode::Owned,
+    }
+}
+
+/// An output written by one workgroup per element (`owned`, or a scratch flush) must be
+/// indexed by every axis that tells the grid's workgroups apart; otherwise two workgroups
+/// write one element.
 fn check_ownership(
     spec: &KernelSpec,
     name: &str,
     layout: &[Axis],
     mode: WriteMode,
 ) -> Result<(), DslError> {
-    let fixed = spec.grid.major.fixed_axes();
-    if mode == WriteMode::Owned {
-        if let Some(axis) = layout.iter().find(|a| **a != Axis::D && !fixed.contains(a)) {
-            return Err(DslError::spec(
-                Field::Write(name.to_string()),
-                format!(
-                    "`{name}` is declared owned, but a {} grid does not fix axis `{}`, so several \
-                 workgroups write each element (a data race); declare it `atomic` (scatter), \
-                 or compute it in a kernel whose grid walks `{}`",
-                    spec.grid.major.name(),
-                    axis.name(),
-                    axis.name()
-                ),
-            ));
+    if mode != WriteMode::AtomicScatter {
+        if let Some(axis) = spec.grid.major.fixed_axes().iter().find(|a| !layout.contains(a)) {
+            let axes: Vec<_> = layout.iter().map(|a| a.name()).collect();
+            return Err(DslError::spec(Field::Write(name.to_string()), format!(
+                "`{name}` is declared {}, but its index [{}] lacks axis `{}`, which tells the \
+                 workgroups of a {} grid apart, so several workgroups write each element (a \
+                 data race); declare it `atomic` (scatter), or compute it in a kernel whose \
+                 grid walks its axes",
+                mode.name(), axes.join(", "), axis.name(), spec.grid.major.name())));
         }
-        return Ok(());
     }
-    Err(DslError::spec(
-        Field::Write(name.to_string()),
-        format!(
-            "op {} writes `{name}` as an owned store only; `{}` is not emitted for it yet",
-            spec.op.name(),
-            mode.name()
-        ),
-    ))
+    let supported = supported_mode(spec.op, name);
+    if mode != supported {
+        return Err(DslError::spec(Field::Write(name.to_string()), format!(
+            "op {} writes `{name}` as `{}` only; `{}` is not emitted for it",
+            spec.op.name(), supported.name(), mode.name())));
+    }
+    Ok(())
 }
 
 fn output_names(spec: &KernelSpec) -> Vec<&'static str> {
-    signature::tensors(spec.op, spec.masks)
+    signature::all_tensors(spec.op)
         .iter()
         .filter(|t| t.role == Role::Output)
         .map(|t| t.name)

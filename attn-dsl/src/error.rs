@@ -11,6 +11,7 @@ pub enum Field {
     Masks,
     Target,
     WorkgroupSize,
+    Source,
     /// The `writes` entry of the named output (or the `writes` block when it is missing).
     Write(String),
 }
@@ -26,6 +27,7 @@ impl fmt::Display for Field {
             Field::Masks => f.write_str("masks"),
             Field::Target => f.write_str("target"),
             Field::WorkgroupSize => f.write_str("workgroup_size"),
+            Field::Source => f.write_str("source"),
             Field::Write(name) => write!(f, "writes.{name}"),
         }
     }

@@ -21,10 +21,13 @@ pub mod validate;
 
 use std::borrow::Cow;
 
+
+
 pub use error::{DslError, Field};
 pub use plan::{Access, Binding, KernelAbi, Scalar};
 pub use spec::{
-    Axis, Gqa, Grid, KernelSpec, Limits, Major, Masks, Op, Precision, Target, WriteMode,
+    Axis, Gqa, Grid, KernelSpec, Limits, Major, Masks, Op, Precision, Scatter, Source, Target,
+    WriteMode,
 };
 pub use validate::ValidateError;
 
@@ -43,11 +46,12 @@ pub fn compile(spec: &KernelSpec) -> Result<KernelAbi, DslError> {
         gqa: spec.gqa,
         masks: spec.masks,
         target: spec.target,
+        f32_atomics: spec.has_atomics() && spec.scatter == Scatter::F32Atomic,
         workgroup_storage_bytes: emit::workgroup_bytes(spec),
         bindings: Cow::Owned(bindings),
         wgsl: Cow::Owned(wgsl),
     };
     check::check_limits(spec, &abi)?;
-    validate::validate(&abi.wgsl, &spec.target, &abi.bindings)?;
+    validate::validate(&abi.wgsl, validate::capabilities(spec), &abi.bindings)?;
     Ok(abi)
 }

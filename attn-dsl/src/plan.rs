@@ -10,7 +10,7 @@ use std::borrow::Cow;
 use serde::Serialize;
 
 use crate::signature::{self, Elem, Role};
-use crate::spec::{Axis, Gqa, Grid, KernelSpec, Major, Masks, Op, Target, WriteMode};
+use crate::spec::{Axis, Gqa, Grid, KernelSpec, Major, Masks, Op, Scatter, Target, WriteMode};
 
 /// How a shader may touch a binding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -86,6 +86,8 @@ pub struct KernelAbi {
     pub gqa: Gqa,
     pub masks: Masks,
     pub target: Target,
+    /// Needs the SHADER_FLOAT32_ATOMIC feature (native f32 atomic scatter).
+    pub f32_atomics: bool,
     pub workgroup_storage_bytes: u32,
     pub bindings: Cow<'static, [Binding]>,
     /// The kernel's WGSL (kept out of the manifest: it has a file of its own).
@@ -126,15 +128,11 @@ impl KernelAbi {
 
 /// The bindings of `spec`, all in group 0, in the op's signature order.
 pub fn bindings(spec: &KernelSpec) -> Vec<Binding> {
-    signature::tensors(spec.op, spec.masks)
+    signature::tensors(spec)
         .iter()
         .enumerate()
         .map(|(i, t)| {
-            let write = spec
-                .writes
-                .iter()
-                .find(|(n, _)| n == t.name)
-                .map(|(_, m)| *m);
+            let write = spec.write_mode(t.name);
             let (access, wgsl_type, fields) = match t.role {
                 Role::Uniform => {
                     let block = signature::uniform_block(spec.op, t.name)
@@ -142,8 +140,11 @@ pub fn bindings(spec: &KernelSpec) -> Vec<Binding> {
                     let fields = block.fields.iter().map(|f| Cow::Borrowed(*f)).collect();
                     (Access::Uniform, Cow::Borrowed(block.struct_name), fields)
                 }
-                Role::Input => (Access::Read, array_type(t.elem), Vec::new()),
-                Role::Output => (Access::ReadWrite, array_type(t.elem), Vec::new()),
+                Role::Input => (Access::Read, array_type(t.elem, None), Vec::new()),
+                Role::Output if write == Some(WriteMode::AtomicScatter) => {
+                    (Access::ReadWrite, array_type(t.elem, Some(spec.scatter)), Vec::new())
+                }
+                Role::Output => (Access::ReadWrite, array_type(t.elem, None), Vec::new()),
             };
             Binding {
                 group: 0,
@@ -160,6 +161,13 @@ pub fn bindings(spec: &KernelSpec) -> Vec<Binding> {
         .collect()
 }
 
-fn array_type(e: Elem) -> Cow<'static, str> {
-    Cow::Owned(format!("array<{}>", Scalar::from(e).wgsl()))
+/// `array<f32>`, or the atomic array an atomic-scatter output is added into: `u32` words
+/// holding f32 bits for the compare-exchange loop, or `f32` for native atomic adds.
+fn array_type(e: Elem, scatter: Option<Scatter>) -> Cow<'static, str> {
+    Cow::Borrowed(match (scatter, Scalar::from(e)) {
+        (Some(Scatter::Cas), _) => "array<atomic<u32>>",
+        (Some(Scatter::F32Atomic), _) => "array<atomic<f32>>",
+        (None, Scalar::F32) => "array<f32>",
+        (None, Scalar::U32) => "array<u32>",
+    })
 }

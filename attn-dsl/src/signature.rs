@@ -1,8 +1,9 @@
 //! The fixed tensor signature of each op: names, roles and index layouts, in binding order.
 //!
-//! Binding order follows the seeds' bind-group tables, which are the reference ABI.
+//! Binding order follows the seeds' bind-group tables, which are the reference ABI, with
+//! the tensors an op only needs in some schedules present only there.
 
-use crate::spec::{Axis, Masks, Op};
+use crate::spec::{Axis, KernelSpec, Op, Source};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
@@ -17,6 +18,20 @@ pub enum Elem {
     U32,
 }
 
+/// When a tensor of the signature is bound.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Presence {
+    Always,
+    /// With the document mask (`seg`).
+    IfDocument,
+    /// When the description declares this output in `writes`.
+    IfWritten,
+    /// In a backward_kv that recomputes P and dS.
+    IfRecompute,
+    /// In a backward_kv that reads P and dS from scratch.
+    IfScratch,
+}
+
 /// One tensor (or uniform block) an op touches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tensor {
@@ -25,6 +40,7 @@ pub struct Tensor {
     pub elem: Elem,
     /// Index axes, outermost first. Empty for uniforms.
     pub layout: &'static [Axis],
+    pub presence: Presence,
 }
 
 /// The fields of a uniform block: all `u32` (dims) or all `f32` (params), 16 bytes.
@@ -37,17 +53,21 @@ pub struct UniformBlock {
 }
 
 const fn t(name: &'static str, role: Role, elem: Elem, layout: &'static [Axis]) -> Tensor {
-    Tensor {
-        name,
-        role,
-        elem,
-        layout,
-    }
+    Tensor { name, role, elem, layout, presence: Presence::Always }
+}
+
+const fn when(t: Tensor, presence: Presence) -> Tensor {
+    Tensor { presence, ..t }
 }
 
 use Axis::{D, H, J, KvH, S};
 use Elem::{F32, U32};
+use Presence::{IfDocument, IfRecompute, IfScratch, IfWritten};
 use Role::{Input, Output, Uniform};
+
+const DIMS: Tensor = t("dims", Uniform, U32, &[]);
+const PARAMS_T: Tensor = t("params", Uniform, F32, &[]);
+const SEG: Tensor = when(t("seg", Input, U32, &[S]), IfDocument);
 
 const FORWARD: &[Tensor] = &[
     t("q", Input, F32, &[S, H, D]),
@@ -55,9 +75,9 @@ const FORWARD: &[Tensor] = &[
     t("v", Input, F32, &[J, KvH, D]),
     t("o", Output, F32, &[S, H, D]),
     t("lse", Output, F32, &[S, H]),
-    t("dims", Uniform, U32, &[]),
-    t("params", Uniform, F32, &[]),
-    t("seg", Input, U32, &[S]),
+    DIMS,
+    PARAMS_T,
+    SEG,
 ];
 
 const DECODE: &[Tensor] = &[
@@ -65,19 +85,69 @@ const DECODE: &[Tensor] = &[
     t("k_cache", Input, F32, &[J, KvH, D]),
     t("v_cache", Input, F32, &[J, KvH, D]),
     t("o", Output, F32, &[H, D]),
-    t("dims", Uniform, U32, &[]),
-    t("params", Uniform, F32, &[]),
+    DIMS,
+    PARAMS_T,
 ];
 
-/// Tensors of `op` in binding order; tensors that only a mask needs are present only when
-/// the mask is on (`seg` with the document mask).
-pub fn tensors(op: Op, masks: Masks) -> Vec<Tensor> {
-    let all = match op {
+const BACKWARD_Q: &[Tensor] = &[
+    t("q", Input, F32, &[S, H, D]),
+    t("k", Input, F32, &[J, KvH, D]),
+    t("v", Input, F32, &[J, KvH, D]),
+    t("o", Input, F32, &[S, H, D]),
+    t("d_o", Input, F32, &[S, H, D]),
+    t("lse", Input, F32, &[S, H]),
+    t("dq", Output, F32, &[S, H, D]),
+    when(t("p", Output, F32, &[S, H, J]), IfWritten),
+    when(t("ds", Output, F32, &[S, H, J]), IfWritten),
+    when(t("dk", Output, F32, &[J, KvH, D]), IfWritten),
+    when(t("dv", Output, F32, &[J, KvH, D]), IfWritten),
+    DIMS,
+    PARAMS_T,
+    SEG,
+];
+
+const BACKWARD_KV: &[Tensor] = &[
+    t("q", Input, F32, &[S, H, D]),
+    when(t("k", Input, F32, &[J, KvH, D]), IfRecompute),
+    when(t("v", Input, F32, &[J, KvH, D]), IfRecompute),
+    when(t("o", Input, F32, &[S, H, D]), IfRecompute),
+    t("d_o", Input, F32, &[S, H, D]),
+    when(t("lse", Input, F32, &[S, H]), IfRecompute),
+    when(t("p", Input, F32, &[S, H, J]), IfScratch),
+    when(t("ds", Input, F32, &[S, H, J]), IfScratch),
+    t("dk", Output, F32, &[J, KvH, D]),
+    t("dv", Output, F32, &[J, KvH, D]),
+    DIMS,
+    PARAMS_T,
+    SEG,
+];
+
+/// `inv_freq[i] = rope_base^(-2i/head_dim)`, computed by the host in f64 and rounded once:
+/// GPU `pow` is several ulp off, and the error grows with the position it multiplies.
+const ROPE: &[Tensor] = &[t("x", Output, F32, &[S, H, D]), t("inv_freq", Input, F32, &[D]), DIMS];
+
+/// Every tensor `op` may bind, whatever the description.
+pub fn all_tensors(op: Op) -> &'static [Tensor] {
+    match op {
         Op::Forward => FORWARD,
         Op::Decode => DECODE,
-    };
-    all.iter()
-        .filter(|t| t.name != "seg" || masks.document)
+        Op::BackwardQ => BACKWARD_Q,
+        Op::BackwardKv => BACKWARD_KV,
+        Op::Rope | Op::RopeBackward => ROPE,
+    }
+}
+
+/// The tensors `spec` binds, in binding order.
+pub fn tensors(spec: &KernelSpec) -> Vec<Tensor> {
+    all_tensors(spec.op)
+        .iter()
+        .filter(|t| match t.presence {
+            Presence::Always => true,
+            Presence::IfDocument => spec.masks.document,
+            Presence::IfWritten => spec.write_mode(t.name).is_some(),
+            Presence::IfRecompute => spec.source == Source::Recompute,
+            Presence::IfScratch => spec.source == Source::Scratch,
+        })
         .copied()
         .collect()
 }
@@ -89,25 +159,22 @@ pub const PARAMS: UniformBlock = UniformBlock {
     fields: &["scale", "_pad0", "_pad1", "_pad2"],
 };
 
-/// The run-time dims of `op`. Field 0 is the length the grid walks (or the cache length).
+/// The run-time dims of `op`. Field 0 is the length the grid walks (or the cache length),
+/// field 1 the head count of the grid.
 pub fn dims(op: Op) -> UniformBlock {
     let fields: &'static [&'static str] = match op {
-        Op::Forward => &["seq_len", "n_heads", "n_kv_heads", "head_dim"],
         Op::Decode => &["cache_len", "n_heads", "n_kv_heads", "head_dim"],
+        Op::Rope | Op::RopeBackward => &["seq_len", "n_heads", "pos_offset", "head_dim"],
+        _ => &["seq_len", "n_heads", "n_kv_heads", "head_dim"],
     };
-    UniformBlock {
-        binding: "dims",
-        struct_name: "Dims",
-        elem: U32,
-        fields,
-    }
+    UniformBlock { binding: "dims", struct_name: "Dims", elem: U32, fields }
 }
 
 /// The uniform block behind a uniform binding name.
 pub fn uniform_block(op: Op, binding: &str) -> Option<UniformBlock> {
-    match binding {
-        "dims" => Some(dims(op)),
-        "params" => Some(PARAMS),
+    match (binding, op) {
+        ("dims", _) => Some(dims(op)),
+        ("params", _) => Some(PARAMS),
         _ => None,
     }
 }

@@ -35,7 +35,10 @@ impl Axis {
 }
 
 /// The computation a kernel performs. Each op has a fixed tensor signature
-/// ([`crate::signature`]); the description decides grid, specialization and write modes.
+/// ([`crate::signature`]); the description decides grid, specialization and write modes,
+/// and the outputs it declares pick the schedule (a backward_q that declares `p` and `ds`
+/// as scratch is the producer of the split backward; one that declares `dk` and `dv` as
+/// atomic is the streaming backward).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Op {
@@ -43,17 +46,62 @@ pub enum Op {
     Forward,
     /// One query row per head against a KV cache of `cache_len` rows.
     Decode,
+    /// Backward by query rows: recomputes P from LSE, accumulates dQ; optionally flushes
+    /// P and dS to scratch, or scatters dK and dV with atomics.
+    BackwardQ,
+    /// Backward by key rows: accumulates dK and dV, from scratch P and dS or recomputing.
+    BackwardKv,
+    /// Rotary position embedding, in place.
+    Rope,
+    /// The adjoint of [`Op::Rope`]: rotation by minus the angle, in place.
+    RopeBackward,
 }
 
 impl Op {
-    pub const ALL: [Op; 2] = [Op::Forward, Op::Decode];
+    pub const ALL: [Op; 6] =
+        [Op::Forward, Op::Decode, Op::BackwardQ, Op::BackwardKv, Op::Rope, Op::RopeBackward];
 
     pub fn name(self) -> &'static str {
         match self {
             Op::Forward => "forward",
             Op::Decode => "decode",
+            Op::BackwardQ => "backward_q",
+            Op::BackwardKv => "backward_kv",
+            Op::Rope => "rope",
+            Op::RopeBackward => "rope_backward",
         }
     }
+
+    /// The grid every schedule of this op runs.
+    pub fn major(self) -> Major {
+        match self {
+            Op::Forward | Op::BackwardQ | Op::Rope | Op::RopeBackward => Major::S,
+            Op::Decode => Major::Head,
+            Op::BackwardKv => Major::J,
+        }
+    }
+}
+
+/// Where a key-major backward gets P and dS.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    /// Recomputed from Q, K, V, O, dO and LSE: no scratch, no atomics.
+    #[default]
+    Recompute,
+    /// Read from the scratch a query-major producer flushed.
+    Scratch,
+}
+
+/// How atomic-scatter outputs are added into.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Scatter {
+    /// A compare-exchange loop on `atomic<u32>` with bitcasts: portable everywhere.
+    #[default]
+    Cas,
+    /// Native `atomicAdd` on `atomic<f32>`: needs SHADER_FLOAT32_ATOMIC.
+    F32Atomic,
 }
 
 /// Which axis the dispatch grid walks: one workgroup per tile of that axis (and per head).
@@ -77,8 +125,8 @@ impl Major {
         }
     }
 
-    /// Axes whose index is fixed by the workgroup id: an `owned` output may only be
-    /// indexed by these (and by axes the workgroup sweeps entirely, such as `d`).
+    /// Axes that tell the workgroups of this grid apart: an `owned` output must be indexed
+    /// by all of them, or two workgroups write one element.
     pub fn fixed_axes(self) -> &'static [Axis] {
         match self {
             Major::S => &[Axis::S, Axis::H],
@@ -195,25 +243,37 @@ pub struct KernelSpec {
     pub workgroup_size: u32,
     /// Write mode of each output, by tensor name, as the description declares them.
     pub writes: Vec<(String, WriteMode)>,
+    /// Where a backward_kv kernel gets P and dS.
+    pub source: Source,
+    /// How atomic outputs are added into.
+    pub scatter: Scatter,
+}
+
+impl KernelSpec {
+    pub fn write_mode(&self, tensor: &str) -> Option<WriteMode> {
+        self.writes.iter().find(|(n, _)| n == tensor).map(|(_, m)| *m)
+    }
+
+    pub fn has_atomics(&self) -> bool {
+        self.writes.iter().any(|(_, m)| *m == WriteMode::AtomicScatter)
+    }
 }
 
 impl KernelSpec {
     /// The usual description of an op, for tests and tools: default grid for the op,
     /// 256 invocations, `webgpu` target, every output owned.
+    /// Optional outputs (scratch, atomics) are left out.
     pub fn standard(name: &str, op: Op, head_dim: u32, masks: Masks) -> KernelSpec {
-        let major = match op {
-            Op::Forward => Major::S,
-            Op::Decode => Major::Head,
-        };
-        let writes = crate::signature::tensors(op, masks)
+        let writes = crate::signature::all_tensors(op)
             .iter()
             .filter(|t| t.role == crate::signature::Role::Output)
+            .filter(|t| t.presence == crate::signature::Presence::Always)
             .map(|t| (t.name.to_string(), WriteMode::Owned))
             .collect();
         KernelSpec {
             name: name.to_string(),
             op,
-            grid: Grid { major, tile: 1 },
+            grid: Grid { major: op.major(), tile: 1 },
             head_dim,
             gqa: Gqa::Any,
             masks,
@@ -221,6 +281,8 @@ impl KernelSpec {
             precision: Precision::F32,
             workgroup_size: 256,
             writes,
+            source: Source::default(),
+            scatter: Scatter::default(),
         }
     }
 }

@@ -4,7 +4,7 @@
 use naga::valid::{Capabilities, ValidationFlags, Validator};
 
 use crate::plan::{Access, Binding};
-use crate::spec::Target;
+use crate::spec::{KernelSpec, Scatter, Target};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ValidateError {
@@ -16,21 +16,32 @@ pub enum ValidateError {
     PlanMismatch(String),
 }
 
-/// Shader capabilities a target may use. `webgpu` gets none beyond core WGSL.
-pub fn capabilities(target: &Target) -> Capabilities {
-    match target {
+/// Shader capabilities a kernel may use: none beyond core WGSL for `webgpu`, all of naga's
+/// for `native`, plus f32 atomics wherever the kernel's scatter asks for them (the runtime
+/// only creates such a kernel on a device with SHADER_FLOAT32_ATOMIC).
+pub fn capabilities(spec: &KernelSpec) -> Capabilities {
+    let base = match spec.target {
         Target::Webgpu => Capabilities::empty(),
         Target::Native(_) => Capabilities::all(),
+    };
+    if spec.has_atomics() && spec.scatter == Scatter::F32Atomic {
+        base | Capabilities::SHADER_FLOAT32_ATOMIC
+    } else {
+        base
     }
 }
 
 /// Parses and validates `wgsl` with every validation flag on, then checks its globals
 /// against `bindings`.
-pub fn validate(wgsl: &str, target: &Target, bindings: &[Binding]) -> Result<(), ValidateError> {
+pub fn validate(
+    wgsl: &str,
+    caps: naga::valid::Capabilities,
+    bindings: &[Binding],
+) -> Result<(), ValidateError> {
     let module = naga::front::wgsl::parse_str(wgsl).map_err(|e| ValidateError::Parse {
         rendered: e.emit_to_string(wgsl),
     })?;
-    Validator::new(ValidationFlags::all(), capabilities(target))
+    Validator::new(ValidationFlags::all(), caps)
         .validate(&module)
         .map_err(|e| ValidateError::Invalid {
             rendered: e.emit_to_string(wgsl),

@@ -49,7 +49,7 @@ fn decode_and_fixed_gqa_and_tiles_compile() {
     spec.gqa = Gqa::Ratio(3);
     spec.grid.tile = 4;
     let abi = compile(&spec).unwrap();
-    assert!(abi.wgsl.contains("return h / 3u;"));
+    assert!(abi.wgsl.contains("return 3u;"));
     assert!(abi.wgsl.contains("const TILE: u32 = 4u;"));
 }
 
@@ -108,7 +108,7 @@ fn owned_output_on_a_grid_that_does_not_fix_its_axes_is_a_race() {
     fwd.grid.major = Major::J;
     assert_eq!(field_of(&fwd), Field::Write("o".into()));
     let err = compile(&fwd).unwrap_err().to_string();
-    assert!(err.contains("axis `s`") && err.contains("atomic"), "{err}");
+    assert!(err.contains("lacks axis `j`") && err.contains("atomic"), "{err}");
 }
 
 #[test]
@@ -145,4 +145,71 @@ fn workgroup_memory_over_the_target_limit_is_refused() {
         "{err}"
     );
     assert!(err.to_string().contains("workgroup memory"), "{err}");
+}
+
+fn backward_q(writes: &[(&str, WriteMode)]) -> KernelSpec {
+    let mut spec = KernelSpec::standard("bq", Op::BackwardQ, 64, CAUSAL_DOC);
+    spec.writes.extend(writes.iter().map(|(n, m)| (n.to_string(), *m)));
+    spec.target = Target::Native(attn_dsl::Limits { storage_buffers_per_stage: 12, ..attn_dsl::Limits::WEBGPU });
+    spec
+}
+
+#[test]
+fn every_backward_schedule_compiles() {
+    use WriteMode::{AtomicScatter, ScratchFlush};
+    for head_dim in [32, 64, 128] {
+        for masks in [CAUSAL_DOC, Masks { causal: false, document: true }, Masks::default()] {
+            let mut split = backward_q(&[("p", ScratchFlush), ("ds", ScratchFlush)]);
+            let mut cas = backward_q(&[("dk", AtomicScatter), ("dv", AtomicScatter)]);
+            let mut native = cas.clone();
+            native.scatter = attn_dsl::Scatter::F32Atomic;
+            let mut recompute = backward_q(&[]);
+            let mut kv_scratch = KernelSpec::standard("bkv", Op::BackwardKv, head_dim, masks);
+            kv_scratch.source = attn_dsl::Source::Scratch;
+            let mut kv_recompute = KernelSpec::standard("bkv", Op::BackwardKv, head_dim, masks);
+            kv_recompute.target = split.target;
+            for spec in [&mut split, &mut cas, &mut native, &mut recompute] {
+                spec.head_dim = head_dim;
+                spec.masks = masks;
+            }
+            for spec in [&split, &cas, &native, &recompute, &kv_scratch, &kv_recompute] {
+                compile(spec).unwrap_or_else(|e| panic!("{} d{head_dim} {masks:?}: {e}", spec.op.name()));
+            }
+            let abi = compile(&cas).unwrap();
+            assert_eq!(abi.binding("dk").unwrap().wgsl_type, "array<atomic<u32>>");
+            assert!(!abi.f32_atomics);
+            let abi = compile(&native).unwrap();
+            assert_eq!(abi.binding("dk").unwrap().wgsl_type, "array<atomic<f32>>");
+            assert!(abi.f32_atomics);
+        }
+    }
+}
+
+#[test]
+fn backward_outputs_have_rules() {
+    use WriteMode::{AtomicScatter, Owned, ScratchFlush};
+    // dK indexed [j, kv_h, d] from an s-major grid: a race unless scattered.
+    let err = compile(&backward_q(&[("dk", Owned), ("dv", Owned)])).unwrap_err();
+    assert_eq!(err.field(), Some(&Field::Write("dk".into())));
+    assert!(err.to_string().contains("lacks axis `s`"), "{err}");
+    // dS without P, and both schedules at once, are refused.
+    assert!(compile(&backward_q(&[("ds", ScratchFlush)])).is_err());
+    let both = [("p", ScratchFlush), ("ds", ScratchFlush), ("dk", AtomicScatter), ("dv", AtomicScatter)];
+    assert!(compile(&backward_q(&both)).is_err());
+    // The seeds' 10-storage-buffer producer does not fit the portable target.
+    let mut portable = backward_q(&[("p", ScratchFlush), ("ds", ScratchFlush)]);
+    portable.target = Target::Webgpu;
+    assert_eq!(compile(&portable).unwrap_err().field(), Some(&Field::Target));
+}
+
+#[test]
+fn rope_compiles_and_needs_an_even_head_dim() {
+    for op in [Op::Rope, Op::RopeBackward] {
+        let abi = compile(&KernelSpec::standard("rope", op, 64, Masks::default())).unwrap();
+        let names: Vec<_> = abi.bindings.iter().map(|b| b.name.as_ref()).collect();
+        assert_eq!(names, ["x", "inv_freq", "dims"]);
+        assert_eq!(field_of(&KernelSpec::standard("rope", op, 63, Masks::default())), Field::HeadDim);
+        let causal = Masks { causal: true, document: false };
+        assert_eq!(field_of(&KernelSpec::standard("rope", op, 64, causal)), Field::Masks);
+    }
 }

@@ -7,7 +7,7 @@ use quote::{format_ident, quote};
 
 use crate::parse::Description;
 
-pub fn module(d: &Description, abi: &KernelAbi) -> TokenStream {
+pub fn module(d: &Description, abi: &KernelAbi, native: Option<&KernelAbi>) -> TokenStream {
     let attrs = &d.attrs;
     let vis = &d.vis;
     let name = &d.name;
@@ -17,7 +17,17 @@ pub fn module(d: &Description, abi: &KernelAbi) -> TokenStream {
     let [wx, wy, wz] = abi.workgroup_size.map(Literal::u32_unsuffixed);
     let head_dim = Literal::u32_unsuffixed(abi.head_dim);
     let tile = Literal::u32_unsuffixed(abi.grid.tile);
-    let abi_const = abi_const(abi);
+    let abi_item = abi_const(abi, quote!(WGSL));
+    let native_items = native.map(|n| {
+        let wgsl = n.wgsl.as_ref();
+        let abi = abi_const(n, quote!(WGSL_F32_ATOMIC));
+        quote! {
+            /// The same kernel with native `atomic<f32>` adds for its scatter outputs; needs
+            /// the SHADER_FLOAT32_ATOMIC feature. Its bindings are those of [`Bindings`].
+            pub const WGSL_F32_ATOMIC: &str = #wgsl;
+            pub static ABI_F32_ATOMIC: ::attn_dsl::KernelAbi = #abi;
+        }
+    });
     let uniforms = abi
         .bindings
         .iter()
@@ -40,7 +50,8 @@ pub fn module(d: &Description, abi: &KernelAbi) -> TokenStream {
             pub const TILE: u32 = #tile;
             /// Everything a host needs to bind and dispatch this kernel, from the same plan
             /// as the WGSL.
-            pub static ABI: ::attn_dsl::KernelAbi = #abi_const;
+            pub static ABI: ::attn_dsl::KernelAbi = #abi_item;
+            #native_items
 
             #(#uniforms)*
             #bindings
@@ -76,12 +87,17 @@ pub fn module(d: &Description, abi: &KernelAbi) -> TokenStream {
     }
 }
 
-fn abi_const(abi: &KernelAbi) -> TokenStream {
+fn abi_const(abi: &KernelAbi, wgsl: TokenStream) -> TokenStream {
     let name = abi.name.as_ref();
     let op = match abi.op {
         Op::Forward => quote!(Forward),
         Op::Decode => quote!(Decode),
+        Op::BackwardQ => quote!(BackwardQ),
+        Op::BackwardKv => quote!(BackwardKv),
+        Op::Rope => quote!(Rope),
+        Op::RopeBackward => quote!(RopeBackward),
     };
+    let f32_atomics = abi.f32_atomics;
     let [wx, wy, wz] = abi.workgroup_size;
     let major = major(abi.grid.major);
     let tile = abi.grid.tile;
@@ -119,9 +135,10 @@ fn abi_const(abi: &KernelAbi) -> TokenStream {
             gqa: #gqa,
             masks: ::attn_dsl::Masks { causal: #causal, document: #document },
             target: #target,
+            f32_atomics: #f32_atomics,
             workgroup_storage_bytes: #wg_bytes,
             bindings: ::std::borrow::Cow::Borrowed(&[#(#bindings),*]),
-            wgsl: ::std::borrow::Cow::Borrowed(WGSL),
+            wgsl: ::std::borrow::Cow::Borrowed(#wgsl),
         }
     }
 }

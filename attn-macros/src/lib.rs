@@ -38,5 +38,13 @@ fn expand(input: proc_macro2::TokenStream) -> syn::Result<proc_macro2::TokenStre
     let description: parse::Description = syn::parse2(input)?;
     let lowered = lower::lower(&description)?;
     let abi = attn_dsl::compile(&lowered.spec).map_err(|e| lowered.error(e))?;
-    Ok(generate::module(&description, &abi))
+    // Atomic scatter comes in two variants from one description: the portable
+    // compare-exchange loop (`ABI`) and native f32 atomics (`ABI_F32_ATOMIC`).
+    let native = if lowered.spec.has_atomics() {
+        let spec = attn_dsl::KernelSpec { scatter: attn_dsl::Scatter::F32Atomic, ..lowered.spec.clone() };
+        Some(attn_dsl::compile(&spec).map_err(|e| lowered.error(e))?)
+    } else {
+        None
+    };
+    Ok(generate::module(&description, &abi, native.as_ref()))
 }

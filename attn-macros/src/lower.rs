@@ -2,7 +2,8 @@
 //! error points at the token that caused it.
 
 use attn_dsl::{
-    DslError, Field, Gqa, Grid, KernelSpec, Limits, Major, Masks, Op, Precision, Target, WriteMode,
+    DslError, Field, Gqa, Grid, KernelSpec, Limits, Major, Masks, Op, Precision, Scatter, Source,
+    Target, WriteMode,
 };
 use proc_macro2::Span;
 use syn::Ident;
@@ -66,6 +67,7 @@ pub fn lower(d: &Description) -> syn::Result<Lowered> {
     if let Some(e) = d.entries.iter().find(|e| e.key == "precision") {
         precision(&e.value)?;
     }
+    let source = get("source", Field::Source).map(source).transpose()?.unwrap_or_default();
     let writes_value = require(d, get("writes", Field::Write(String::new())), "writes")?;
     let writes = writes(writes_value, &mut spans)?;
     let spec = KernelSpec {
@@ -79,6 +81,8 @@ pub fn lower(d: &Description) -> syn::Result<Lowered> {
         precision: Precision::F32,
         workgroup_size,
         writes,
+        source,
+        scatter: Scatter::Cas,
     };
     Ok(Lowered {
         spec,
@@ -243,6 +247,14 @@ fn target(v: &Value) -> syn::Result<Target> {
             Ok(Target::Native(limits))
         }
         other => err(other.span(), format!("`target` takes {EXPECTED}")),
+    }
+}
+
+fn source(v: &Value) -> syn::Result<Source> {
+    match v {
+        Value::Word(w) if w == "recompute" => Ok(Source::Recompute),
+        Value::Word(w) if w == "scratch" => Ok(Source::Scratch),
+        other => err(other.span(), "`source` takes `recompute` or `scratch`"),
     }
 }
 

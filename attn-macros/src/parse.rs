@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! #[attrs] vis NAME {
-//!     op: forward | decode,
+//!     op: forward | decode | backward_q | backward_kv | rope | rope_backward,
 //!     grid: s_major(tile = N) | j_major(tile = N) | head_major,
 //!     head_dim: N,
 //!     gqa: any | N,                        (default any)
@@ -11,6 +11,7 @@
 //!     target: webgpu | native(key = N, ..),(default webgpu)
 //!     workgroup_size: N,                   (default 256)
 //!     precision: f32,                      (default f32)
+//!     source: recompute | scratch,         (backward_kv; default recompute)
 //!     writes: { NAME: owned | atomic | scratch, .. },
 //! }
 //! ```
@@ -29,6 +30,7 @@ pub const KEYS: &[&str] = &[
     "target",
     "workgroup_size",
     "precision",
+    "source",
     "writes",
 ];
 

@@ -78,7 +78,7 @@ pub fn forward(gpu: &Gpu, kernel: &Kernel, input: &ForwardInput) -> Result<Forwa
     let lse_len = (input.seq_len * h.n_heads) as usize;
     let o = buffers::output::<f32>(gpu, "o", o_len);
     let lse = buffers::output::<f32>(gpu, "lse", lse_len);
-    let (dims, params) = uniforms(gpu, abi, &rows, input.scale.unwrap_or(h.default_scale()))?;
+    let (dims, params) = uniforms(gpu, abi, &rows, &[("scale", input.scale.unwrap_or(h.default_scale()))])?;
     let bound = [
         ("q", &q),
         ("k", &k),
@@ -106,7 +106,7 @@ pub fn decode(gpu: &Gpu, kernel: &Kernel, input: &DecodeInput) -> Result<Vec<f32
     let k = buffers::storage(gpu, "k_cache", input.k_cache);
     let v = buffers::storage(gpu, "v_cache", input.v_cache);
     let o = buffers::output::<f32>(gpu, "o", input.q.len());
-    let (dims, params) = uniforms(gpu, abi, &rows, input.scale.unwrap_or(h.default_scale()))?;
+    let (dims, params) = uniforms(gpu, abi, &rows, &[("scale", input.scale.unwrap_or(h.default_scale()))])?;
     let bound = [
         ("q", &q),
         ("k_cache", &k),
@@ -119,7 +119,7 @@ pub fn decode(gpu: &Gpu, kernel: &Kernel, input: &DecodeInput) -> Result<Vec<f32
     buffers::read(gpu, &o, input.q.len())
 }
 
-fn submit(
+pub(crate) fn submit(
     gpu: &Gpu,
     kernel: &Kernel,
     bound: &[(&str, &wgpu::Buffer)],
@@ -131,32 +131,32 @@ fn submit(
     Ok(())
 }
 
-/// The `dims` and `params` uniforms, filled by field name from the kernel's plan.
-fn uniforms(
+/// The `dims` uniform, filled by field order from the kernel's plan.
+pub(crate) fn uniform_dims(gpu: &Gpu, abi: &KernelAbi, dims: &[u32; 4]) -> Result<wgpu::Buffer, Error> {
+    let bytes = fill(uniform_block(abi, "dims")?, |i, _| dims.get(i).copied().unwrap_or(0).to_le_bytes());
+    Ok(buffers::uniform(gpu, "dims", &bytes))
+}
+
+fn uniform_block<'a>(abi: &'a KernelAbi, name: &str) -> Result<&'a Binding, Error> {
+    abi.binding(name).filter(|b| b.access == Access::Uniform).ok_or_else(|| Error::Binding {
+        kernel: abi.name.to_string(),
+        binding: name.to_string(),
+    })
+}
+
+/// The `dims` and `params` uniforms, filled from the kernel's plan: dims by field order,
+/// params by field name (fields not given are 0).
+pub(crate) fn uniforms(
     gpu: &Gpu,
     abi: &KernelAbi,
     dims: &[u32; 4],
-    scale: f32,
+    params: &[(&str, f32)],
 ) -> Result<(wgpu::Buffer, wgpu::Buffer), Error> {
-    let block = |name: &str| {
-        abi.binding(name)
-            .filter(|b| b.access == Access::Uniform)
-            .ok_or_else(|| Error::Binding {
-                kernel: abi.name.to_string(),
-                binding: name.to_string(),
-            })
-    };
-    let dims_bytes = fill(block("dims")?, |i, _| {
-        dims.get(i).copied().unwrap_or(0).to_le_bytes()
+    let params_bytes = fill(uniform_block(abi, "params")?, |_, field| {
+        let value = params.iter().find(|(name, _)| *name == field).map_or(0.0, |(_, v)| *v);
+        value.to_le_bytes()
     });
-    let params_bytes = fill(block("params")?, |_, field| match field {
-        "scale" => scale.to_le_bytes(),
-        _ => 0f32.to_le_bytes(),
-    });
-    Ok((
-        buffers::uniform(gpu, "dims", &dims_bytes),
-        buffers::uniform(gpu, "params", &params_bytes),
-    ))
+    Ok((uniform_dims(gpu, abi, dims)?, buffers::uniform(gpu, "params", &params_bytes)))
 }
 
 fn fill(b: &Binding, value: impl Fn(usize, &str) -> [u8; 4]) -> Vec<u8> {
@@ -173,6 +173,16 @@ pub fn validate_forward(
     input: &ForwardInput,
 ) -> Result<(), InputError> {
     expect_op(abi, Op::Forward)?;
+    validate_sequence(abi, limits, input)
+}
+
+/// Dims, Q/K/V lengths, buffer sizes, scale and `seg` of a full-sequence op, against the
+/// kernel that will run it.
+pub(crate) fn validate_sequence(
+    abi: &KernelAbi,
+    limits: &wgpu::Limits,
+    input: &ForwardInput,
+) -> Result<(), InputError> {
     nonzero("seq_len", input.seq_len)?;
     let h = input.heads;
     validate_heads(abi, h)?;
@@ -251,7 +261,7 @@ pub fn validate_decode(
     validate_scale(input.scale)
 }
 
-fn expect_op(abi: &KernelAbi, wanted: Op) -> Result<(), InputError> {
+pub(crate) fn expect_op(abi: &KernelAbi, wanted: Op) -> Result<(), InputError> {
     if abi.op == wanted {
         Ok(())
     } else {
@@ -263,7 +273,7 @@ fn expect_op(abi: &KernelAbi, wanted: Op) -> Result<(), InputError> {
     }
 }
 
-fn nonzero(name: &'static str, value: u32) -> Result<(), InputError> {
+pub(crate) fn nonzero(name: &'static str, value: u32) -> Result<(), InputError> {
     if value == 0 {
         Err(InputError::ZeroDim { name })
     } else {
@@ -271,7 +281,7 @@ fn nonzero(name: &'static str, value: u32) -> Result<(), InputError> {
     }
 }
 
-fn validate_heads(abi: &KernelAbi, h: Heads) -> Result<(), InputError> {
+pub(crate) fn validate_heads(abi: &KernelAbi, h: Heads) -> Result<(), InputError> {
     nonzero("n_heads", h.n_heads)?;
     nonzero("n_kv_heads", h.n_kv_heads)?;
     nonzero("head_dim", h.head_dim)?;
@@ -298,7 +308,7 @@ fn validate_heads(abi: &KernelAbi, h: Heads) -> Result<(), InputError> {
     }
 }
 
-fn length(name: &'static str, got: usize, expected: u64, layout: &str) -> Result<(), InputError> {
+pub(crate) fn length(name: &'static str, got: usize, expected: u64, layout: &str) -> Result<(), InputError> {
     if got as u64 == expected {
         Ok(())
     } else {
@@ -311,7 +321,7 @@ fn length(name: &'static str, got: usize, expected: u64, layout: &str) -> Result
     }
 }
 
-fn validate_scale(scale: Option<f32>) -> Result<(), InputError> {
+pub(crate) fn validate_scale(scale: Option<f32>) -> Result<(), InputError> {
     match scale {
         Some(s) if !s.is_finite() => Err(InputError::Scale(s)),
         _ => Ok(()),
@@ -340,7 +350,7 @@ pub fn validate_seg(seg: &[u32]) -> Result<(), InputError> {
     Ok(())
 }
 
-fn binding_size(limits: &wgpu::Limits, bytes: u64) -> Result<(), InputError> {
+pub(crate) fn binding_size(limits: &wgpu::Limits, bytes: u64) -> Result<(), InputError> {
     let limit = limits.max_storage_buffer_binding_size;
     if bytes > limit {
         return Err(InputError::OverLimit {
@@ -352,7 +362,7 @@ fn binding_size(limits: &wgpu::Limits, bytes: u64) -> Result<(), InputError> {
     Ok(())
 }
 
-fn checked_grid(
+pub(crate) fn checked_grid(
     abi: &KernelAbi,
     limits: &wgpu::Limits,
     dims: &[u32; 4],

@@ -31,14 +31,34 @@ pub fn judge_attention(
     o: &[f32],
     lse: Option<&[f32]>,
 ) -> Vec<(&'static str, Verdict)> {
-    let [q, k, v] = inputs;
-    let r64 = reference::attention::<f64>(problem, q, k, v);
-    let r32 = reference::attention::<f32>(problem, q, k, v);
+    let [q, k, v] = inputs.map(reference::cast::<f64>);
+    let r64 = reference::attention(problem, &q, &k, &v);
+    let [q, k, v] = inputs.map(reference::cast::<f32>);
+    let r32 = reference::attention(problem, &q, &k, &v);
     let mut verdicts = vec![("o", judge(o, &r64.o, &r32.o))];
     if let Some(lse) = lse {
         verdicts.push(("lse", judge(lse, &r64.lse, &r32.lse)));
     }
     verdicts
+}
+
+/// Judges GPU gradients (dQ, dK, dV) against the exact f64 reference backward, with the
+/// bound from an f32 baseline of the kernels' formula: P from the saved LSE and
+/// D = rowsum(dO ∘ O), from the same f32 `saved = (o, lse)` the kernels were given.
+pub fn judge_backward(
+    problem: &Problem,
+    inputs: [&[f32]; 4],
+    saved: (&[f32], &[f32]),
+    got: [&[f32]; 3],
+) -> Vec<(&'static str, Verdict)> {
+    let [q, k, v, d_o] = inputs.map(reference::cast::<f64>);
+    let r64 = reference::attention_backward(problem, [&q, &k, &v, &d_o], None);
+    let r32 = reference::attention_backward(problem, inputs, Some(saved));
+    vec![
+        ("dq", judge(got[0], &r64.dq, &r32.dq)),
+        ("dk", judge(got[1], &r64.dk, &r32.dk)),
+        ("dv", judge(got[2], &r64.dv, &r32.dv)),
+    ]
 }
 
 pub fn judge(gpu: &[f32], reference: &[f64], cpu32: &[f32]) -> Verdict {

@@ -72,6 +72,8 @@ pub enum InputError {
     CacheTooShort { cache_len: u32, capacity: u64 },
     #[error("scale {0} is not a finite number")]
     Scale(f32),
+    #[error("{what} needs {needs}")]
+    Unsupported { what: &'static str, needs: &'static str },
     #[error("{what} is {value}, over the adapter's limit of {limit}")]
     OverLimit {
         what: &'static str,

@@ -107,6 +107,7 @@ pub struct Gpu {
     pub queue: wgpu::Queue,
     info: wgpu::AdapterInfo,
     limits: wgpu::Limits,
+    features: wgpu::Features,
 }
 
 impl Gpu {
@@ -142,6 +143,11 @@ impl Gpu {
         &self.limits
     }
 
+    /// Whether kernels with native `atomic<f32>` adds can run here.
+    pub fn has_f32_atomics(&self) -> bool {
+        self.features.contains(wgpu::Features::SHADER_FLOAT32_ATOMIC)
+    }
+
     /// `name (backend, type)`, for logs and reports.
     pub fn describe(&self) -> String {
         format!(
@@ -161,10 +167,15 @@ fn rank(t: wgpu::DeviceType) -> u8 {
     }
 }
 
+/// Optional features: taken when the adapter has them, so kernels that need them can run.
+const OPTIONAL_FEATURES: wgpu::Features = wgpu::Features::SHADER_FLOAT32_ATOMIC;
+
 fn request(adapter: wgpu::Adapter, limits: wgpu::Limits) -> Result<Gpu, DeviceError> {
     let info = adapter.get_info();
+    let features = adapter.features() & OPTIONAL_FEATURES;
     let desc = wgpu::DeviceDescriptor {
         label: Some("attn runtime"),
+        required_features: features,
         required_limits: limits.clone(),
         ..Default::default()
     };
@@ -179,5 +190,6 @@ fn request(adapter: wgpu::Adapter, limits: wgpu::Limits) -> Result<Gpu, DeviceEr
         queue,
         info,
         limits,
+        features,
     })
 }

@@ -57,10 +57,276 @@ attention_kernel! {
     }
 }
 
-/// Every kernel of the default family, in the order `generated/manifest.json` lists them.
-pub static FAMILY: [&attn_dsl::KernelAbi; 4] = [
+attention_kernel! {
+    /// Split schedule (a), producer, head_dim 64: dQ owned, P and dS flushed to scratch `[s, h, j]`.
+    /// Ten storage buffers: over WebGPU's default of 8, so a native target for now.
+    pub attention_backward_short {
+        op: backward_q,
+        grid: s_major(tile = 1),
+        head_dim: 64,
+        gqa: any,
+        masks: [causal, document],
+        target: native(storage_buffers = 10),
+        workgroup_size: 256,
+        writes: { dq: owned, p: scratch, ds: scratch },
+    }
+}
+
+attention_kernel! {
+    /// Split schedule (a), consumer, head_dim 64: dK and dV owned from the scratch P and dS.
+    pub attention_backward_short_dkdv {
+        op: backward_kv,
+        grid: j_major(tile = 1),
+        head_dim: 64,
+        gqa: any,
+        masks: [causal, document],
+        target: webgpu,
+        workgroup_size: 256,
+        source: scratch,
+        writes: { dk: owned, dv: owned },
+    }
+}
+
+attention_kernel! {
+    /// Streaming schedule (b), head_dim 64: no scratch; dK and dV by atomic scatter (a
+    /// compare-exchange loop in `ABI`, native f32 atomics in `ABI_F32_ATOMIC`).
+    pub attention_backward {
+        op: backward_q,
+        grid: s_major(tile = 1),
+        head_dim: 64,
+        gqa: any,
+        masks: [causal, document],
+        target: native(storage_buffers = 10),
+        workgroup_size: 256,
+        writes: { dq: owned, dk: atomic, dv: atomic },
+    }
+}
+
+attention_kernel! {
+    /// Recompute-split schedule (d), dQ half, head_dim 64: recomputes P; no scratch, no atomics.
+    pub attention_backward_dq {
+        op: backward_q,
+        grid: s_major(tile = 1),
+        head_dim: 64,
+        gqa: any,
+        masks: [causal, document],
+        target: webgpu,
+        workgroup_size: 256,
+        writes: { dq: owned },
+    }
+}
+
+attention_kernel! {
+    /// Recompute-split schedule (d), dK/dV half, head_dim 64: recomputes P and dS per key row.
+    pub attention_backward_dkdv {
+        op: backward_kv,
+        grid: j_major(tile = 1),
+        head_dim: 64,
+        gqa: any,
+        masks: [causal, document],
+        target: native(storage_buffers = 9),
+        workgroup_size: 256,
+        source: recompute,
+        writes: { dk: owned, dv: owned },
+    }
+}
+
+attention_kernel! {
+    /// Split schedule (a), producer, head_dim 128: dQ owned, P and dS flushed to scratch `[s, h, j]`.
+    /// Ten storage buffers: over WebGPU's default of 8, so a native target for now.
+    pub attention_backward_short_d128 {
+        op: backward_q,
+        grid: s_major(tile = 1),
+        head_dim: 128,
+        gqa: any,
+        masks: [causal, document],
+        target: native(storage_buffers = 10),
+        workgroup_size: 256,
+        writes: { dq: owned, p: scratch, ds: scratch },
+    }
+}
+
+attention_kernel! {
+    /// Split schedule (a), consumer, head_dim 128: dK and dV owned from the scratch P and dS.
+    pub attention_backward_short_dkdv_d128 {
+        op: backward_kv,
+        grid: j_major(tile = 1),
+        head_dim: 128,
+        gqa: any,
+        masks: [causal, document],
+        target: webgpu,
+        workgroup_size: 256,
+        source: scratch,
+        writes: { dk: owned, dv: owned },
+    }
+}
+
+attention_kernel! {
+    /// Streaming schedule (b), head_dim 128: no scratch; dK and dV by atomic scatter (a
+    /// compare-exchange loop in `ABI`, native f32 atomics in `ABI_F32_ATOMIC`).
+    pub attention_backward_d128 {
+        op: backward_q,
+        grid: s_major(tile = 1),
+        head_dim: 128,
+        gqa: any,
+        masks: [causal, document],
+        target: native(storage_buffers = 10),
+        workgroup_size: 256,
+        writes: { dq: owned, dk: atomic, dv: atomic },
+    }
+}
+
+attention_kernel! {
+    /// Recompute-split schedule (d), dQ half, head_dim 128: recomputes P; no scratch, no atomics.
+    pub attention_backward_dq_d128 {
+        op: backward_q,
+        grid: s_major(tile = 1),
+        head_dim: 128,
+        gqa: any,
+        masks: [causal, document],
+        target: webgpu,
+        workgroup_size: 256,
+        writes: { dq: owned },
+    }
+}
+
+attention_kernel! {
+    /// Recompute-split schedule (d), dK/dV half, head_dim 128: recomputes P and dS per key row.
+    pub attention_backward_dkdv_d128 {
+        op: backward_kv,
+        grid: j_major(tile = 1),
+        head_dim: 128,
+        gqa: any,
+        masks: [causal, document],
+        target: native(storage_buffers = 9),
+        workgroup_size: 256,
+        source: recompute,
+        writes: { dk: owned, dv: owned },
+    }
+}
+
+attention_kernel! {
+    /// RoPE, in place on Q (`n_heads`) or K (`n_kv_heads`), head_dim 64.
+    pub rope {
+        op: rope,
+        grid: s_major(tile = 1),
+        head_dim: 64,
+        target: webgpu,
+        workgroup_size: 64,
+        writes: { x: owned },
+    }
+}
+
+attention_kernel! {
+    /// The backward of RoPE (rotation by minus the angle), head_dim 64.
+    pub rope_backward {
+        op: rope_backward,
+        grid: s_major(tile = 1),
+        head_dim: 64,
+        target: webgpu,
+        workgroup_size: 64,
+        writes: { x: owned },
+    }
+}
+
+attention_kernel! {
+    /// RoPE, in place on Q (`n_heads`) or K (`n_kv_heads`), head_dim 128.
+    pub rope_d128 {
+        op: rope,
+        grid: s_major(tile = 1),
+        head_dim: 128,
+        target: webgpu,
+        workgroup_size: 128,
+        writes: { x: owned },
+    }
+}
+
+attention_kernel! {
+    /// The backward of RoPE (rotation by minus the angle), head_dim 128.
+    pub rope_backward_d128 {
+        op: rope_backward,
+        grid: s_major(tile = 1),
+        head_dim: 128,
+        target: webgpu,
+        workgroup_size: 128,
+        writes: { x: owned },
+    }
+}
+
+/// The kernels of one backward specialization (one head_dim), by schedule.
+pub struct BackwardKernels {
+    pub split_q: &'static attn_dsl::KernelAbi,
+    pub split_kv: &'static attn_dsl::KernelAbi,
+    pub streaming: &'static attn_dsl::KernelAbi,
+    pub streaming_f32_atomic: &'static attn_dsl::KernelAbi,
+    pub recompute_q: &'static attn_dsl::KernelAbi,
+    pub recompute_kv: &'static attn_dsl::KernelAbi,
+}
+
+impl BackwardKernels {
+    /// The portable kernels (every one but the native-f32-atomic variant).
+    pub fn portable(&self) -> [&'static attn_dsl::KernelAbi; 5] {
+        [self.split_q, self.split_kv, self.streaming, self.recompute_q, self.recompute_kv]
+    }
+}
+
+macro_rules! backward_kernels {
+    ($short:ident, $short_kv:ident, $stream:ident, $dq:ident, $dkdv:ident) => {
+        BackwardKernels {
+            split_q: &$short::ABI,
+            split_kv: &$short_kv::ABI,
+            streaming: &$stream::ABI,
+            streaming_f32_atomic: &$stream::ABI_F32_ATOMIC,
+            recompute_q: &$dq::ABI,
+            recompute_kv: &$dkdv::ABI,
+        }
+    };
+}
+
+/// Backward kernels for head_dim 64 and 128.
+pub static BACKWARD: [BackwardKernels; 2] = [
+    backward_kernels!(
+        attention_backward_short,
+        attention_backward_short_dkdv,
+        attention_backward,
+        attention_backward_dq,
+        attention_backward_dkdv
+    ),
+    backward_kernels!(
+        attention_backward_short_d128,
+        attention_backward_short_dkdv_d128,
+        attention_backward_d128,
+        attention_backward_dq_d128,
+        attention_backward_dkdv_d128
+    ),
+];
+
+/// RoPE kernels (forward, backward) for head_dim 64 and 128.
+pub static ROPE: [(&attn_dsl::KernelAbi, &attn_dsl::KernelAbi); 2] = [
+    (&rope::ABI, &rope_backward::ABI),
+    (&rope_d128::ABI, &rope_backward_d128::ABI),
+];
+
+/// Every portable kernel of the default family, in the order `generated/manifest.json`
+/// lists them. (The native-f32-atomic streaming variants are left out: browsers have no
+/// `atomic<f32>`.)
+pub static FAMILY: [&attn_dsl::KernelAbi; 18] = [
     &attention_forward::ABI,
     &attention_forward_d128::ABI,
     &attention_decode::ABI,
     &attention_decode_d128::ABI,
+    &attention_backward_short::ABI,
+    &attention_backward_short_dkdv::ABI,
+    &attention_backward::ABI,
+    &attention_backward_dq::ABI,
+    &attention_backward_dkdv::ABI,
+    &attention_backward_short_d128::ABI,
+    &attention_backward_short_dkdv_d128::ABI,
+    &attention_backward_d128::ABI,
+    &attention_backward_dq_d128::ABI,
+    &attention_backward_dkdv_d128::ABI,
+    &rope::ABI,
+    &rope_backward::ABI,
+    &rope_d128::ABI,
+    &rope_backward_d128::ABI,
 ];

@@ -3,6 +3,7 @@
 //! prove the kernels right on whatever adapter the machine has.
 
 pub mod attention;
+pub mod backward;
 pub mod buffers;
 pub mod cases;
 pub mod compare;
@@ -11,8 +12,11 @@ pub mod gpu;
 pub mod kernel;
 pub mod kernels;
 pub mod reference;
+pub mod rope;
 
 pub use attention::{DecodeInput, ForwardInput, ForwardOutput, Heads, decode, forward};
+pub use backward::{Backward, BackwardInput, Gradients, Schedule};
+pub use rope::{RopeInput, rope};
 pub use error::{Error, InputError};
 pub use gpu::{DeviceError, Gpu};
 pub use kernel::Kernel;

@@ -5,11 +5,12 @@
 
 use std::fmt::Write;
 
-use crate::spec::{Gqa, KernelSpec};
+use super::index;
+use crate::spec::KernelSpec;
 
 pub(super) fn workgroup_bytes(head_dim: u32, wg: u32) -> u32 {
-    // sh_q + sh_acc, sh_p + sh_partial + sh_red, sh_state + sh_range.
-    4 * (2 * head_dim + 3 * wg) + 8 + 8
+    // sh_q + sh_acc, sh_p + sh_partial, sh_state + sh_range, and the reductions' sh_red.
+    4 * (2 * head_dim + 2 * wg) + 8 + 8 + super::reduce::workgroup_bytes(wg)
 }
 
 pub(super) fn workgroup_memory(out: &mut String) {
@@ -18,7 +19,6 @@ pub(super) fn workgroup_memory(out: &mut String) {
 var<workgroup> sh_acc: array<f32, HEAD_DIM>;
 var<workgroup> sh_p: array<f32, WG>;
 var<workgroup> sh_partial: array<f32, WG>;
-var<workgroup> sh_red: array<f32, WG>;
 // Running max m and running sum l of the online softmax.
 var<workgroup> sh_state: vec2<f32>;
 // Visible keys [start, end) of the current row, loaded uniformly so loops may hold barriers.
@@ -28,101 +28,46 @@ var<workgroup> sh_range: vec2<u32>;
     );
 }
 
-fn kv_head(out: &mut String, spec: &KernelSpec) {
-    let ratio = match spec.gqa {
-        Gqa::Any => "(dims.n_heads / dims.n_kv_heads)".to_string(),
-        Gqa::Ratio(r) => format!("{r}u"),
-    };
-    let _ = writeln!(
-        out,
-        "// GQA: query heads h share KV head h / (n_heads / n_kv_heads)."
-    );
-    let _ = writeln!(
-        out,
-        "fn kv_head(h: u32) -> u32 {{\n    return h / {ratio};\n}}\n"
-    );
-}
-
-/// Index helpers common to every op: row-major `[row, head, d]` and `[j, kv_head, d]`.
-fn row_indexing(out: &mut String) {
-    out.push_str(
-        r#"fn q_index(row: u32, h: u32) -> u32 {
-    return (row * dims.n_heads + h) * HEAD_DIM;
-}
-
-fn kv_index(j: u32, kv_h: u32) -> u32 {
-    return (j * dims.n_kv_heads + kv_h) * HEAD_DIM;
-}
-
-"#,
-    );
-}
-
 pub(super) fn forward_helpers(out: &mut String, spec: &KernelSpec) {
-    kv_head(out, spec);
-    row_indexing(out);
-    let start = if spec.masks.document {
-        "seg[row]"
-    } else {
-        "0u"
-    };
-    let end = if spec.masks.causal {
-        "row + 1u"
-    } else {
-        "dims.seq_len"
-    };
-    // With causal on, [seg[row], row] is exactly the row's document; without it the range
-    // runs to the end of the sequence and each key is tested for membership.
-    let visible = if spec.masks.document && !spec.masks.causal {
-        "seg[j] == seg[row]"
-    } else {
-        "true"
-    };
-    let _ = write!(
-        out,
-        r#"fn key_range(row: u32) -> vec2<u32> {{
-    return vec2<u32>({start}, {end});
-}}
+    index::kv_head(out, spec);
+    index::row_indexing(out);
+    index::masks(out, spec);
+    out.push_str(FORWARD_STORES);
+}
 
-fn key_visible(row: u32, j: u32) -> bool {{
-    return {visible};
-}}
-
-fn key_at(i: u32) -> f32 {{
+const FORWARD_STORES: &str = r#"fn key_at(i: u32) -> f32 {
     return k[i];
-}}
+}
 
-fn value_at(i: u32) -> f32 {{
+fn value_at(i: u32) -> f32 {
     return v[i];
-}}
+}
 
-fn store_out(i: u32, x: f32) {{
+fn store_out(i: u32, x: f32) {
     o[i] = x;
-}}
+}
 
-fn positive_inf() -> f32 {{
+fn positive_inf() -> f32 {
     // Not a constant expression: WGSL rejects non-finite constants.
     var bits = 0x7f800000u;
     return bitcast<f32>(bits);
-}}
+}
 
 // An empty row (no visible key) stores LSE = +inf, so a backward pass that recomputes
 // P = exp(score - LSE) gets 0 there, never NaN.
-fn store_lse(row: u32, h: u32, m: f32, l: f32) {{
+fn store_lse(row: u32, h: u32, m: f32, l: f32) {
     var x = positive_inf();
-    if (l > 0.0) {{
+    if (l > 0.0) {
         x = m + log(l);
-    }}
+    }
     lse[row * dims.n_heads + h] = x;
-}}
-
-"#
-    );
 }
 
+"#;
+
 pub(super) fn decode_helpers(out: &mut String, spec: &KernelSpec) {
-    kv_head(out, spec);
-    row_indexing(out);
+    index::kv_head(out, spec);
+    index::row_indexing(out);
     out.push_str(
         r#"fn key_range(row: u32) -> vec2<u32> {
     return vec2<u32>(0u, dims.cache_len);
@@ -243,25 +188,6 @@ const ATTEND_ROW: &str = r#"fn attend_row(row: u32, h: u32, tid: u32) {
 }
 
 "#;
-
-pub(super) fn forward_entry(out: &mut String, name: &str) {
-    let _ = write!(
-        out,
-        r#"@compute @workgroup_size(WG)
-fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {{
-    let h = wg.y;
-    for (var r = 0u; r < TILE; r = r + 1u) {{
-        let row = wg.x * TILE + r;
-        if (row < dims.seq_len) {{
-            attend_row(row, h, tid);
-        }}
-        // The next row reuses the workgroup memory.
-        workgroupBarrier();
-    }}
-}}
-"#
-    );
-}
 
 pub(super) fn decode_entry(out: &mut String, name: &str) {
     let _ = write!(

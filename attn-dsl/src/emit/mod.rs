@@ -3,7 +3,10 @@
 //! helpers, and a schedule body shared by every op that runs it.
 
 mod attend;
+mod backward;
+mod index;
 mod reduce;
+mod rope;
 
 use std::fmt::Write;
 
@@ -18,23 +21,57 @@ pub fn emit(spec: &KernelSpec, bindings: &[Binding]) -> String {
     constants(&mut out, spec);
     uniform_structs(&mut out, spec, bindings);
     declarations(&mut out, bindings);
-    attend::workgroup_memory(&mut out);
-    reduce::reductions(&mut out);
     match spec.op {
-        Op::Forward => attend::forward_helpers(&mut out, spec),
-        Op::Decode => attend::decode_helpers(&mut out, spec),
+        Op::Forward | Op::Decode => {
+            attend::workgroup_memory(&mut out);
+            reduce::reductions(&mut out);
+            if spec.op == Op::Forward {
+                attend::forward_helpers(&mut out, spec);
+            } else {
+                attend::decode_helpers(&mut out, spec);
+            }
+            attend::attend_row(&mut out);
+        }
+        Op::BackwardQ => backward::backward_q(&mut out, spec),
+        Op::BackwardKv => backward::backward_kv(&mut out, spec),
+        Op::Rope | Op::RopeBackward => rope::rope(&mut out, spec.op == Op::RopeBackward),
     }
-    attend::attend_row(&mut out);
     match spec.op {
-        Op::Forward => attend::forward_entry(&mut out, &spec.name),
+        Op::Forward => tile_entry(&mut out, &spec.name, "attend_row"),
         Op::Decode => attend::decode_entry(&mut out, &spec.name),
+        Op::BackwardQ => tile_entry(&mut out, &spec.name, "backward_row"),
+        Op::BackwardKv => tile_entry(&mut out, &spec.name, "backward_col"),
+        Op::Rope | Op::RopeBackward => tile_entry(&mut out, &spec.name, "rope_row"),
     }
     out
 }
 
 /// Bytes of `var<workgroup>` memory the emitted kernel declares.
 pub fn workgroup_bytes(spec: &KernelSpec) -> u32 {
-    attend::workgroup_bytes(spec.head_dim, spec.workgroup_size)
+    let (hd, wg) = (spec.head_dim, spec.workgroup_size);
+    match spec.op {
+        Op::Forward | Op::Decode => attend::workgroup_bytes(hd, wg),
+        Op::BackwardQ => backward::q_workgroup_bytes(hd, wg),
+        Op::BackwardKv => backward::kv_workgroup_bytes(hd, wg),
+        Op::Rope | Op::RopeBackward => 0,
+    }
+}
+
+/// The entry of a tiled grid: workgroup (x, y) takes rows x·TILE.. of the walked axis, for
+/// head (or KV head) y, one row at a time.
+fn tile_entry(out: &mut String, name: &str, row_fn: &str) {
+    let _ = write!(out, r#"@compute @workgroup_size(WG)
+fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {{
+    for (var r = 0u; r < TILE; r = r + 1u) {{
+        let row = wg.x * TILE + r;
+        if (row < dims.seq_len) {{
+            {row_fn}(row, wg.y, tid);
+        }}
+        // The next row reuses the workgroup memory.
+        workgroupBarrier();
+    }}
+}}
+"#);
 }
 
 fn header(out: &mut String, spec: &KernelSpec) {

@@ -1,0 +1,274 @@
+//! The backward pass, as two bodies from which every schedule is assembled:
+//!
+//! - `backward_q` (s-major, one query row at a time): recomputes P = exp(S - LSE), dP, and
+//!   dS = scale·P·(dP - D) with D = rowsum(dO ∘ O), accumulates dQ += dS·K (owned), and,
+//!   per the description, flushes P and dS to scratch `[s, h, j]` (split schedule) or adds
+//!   dK += dSᵀ·Q and dV += Pᵀ·dO by atomic scatter (streaming schedule).
+//! - `backward_kv` (j-major, one key row at a time): walks the query rows that see it and
+//!   the query heads of its KV head, takes P and dS from scratch or recomputes them, and
+//!   accumulates dK and dV (owned, no atomics).
+
+use std::fmt::Write;
+
+use super::index;
+use crate::spec::{KernelSpec, Scatter, Source, WriteMode};
+
+pub(super) fn q_workgroup_bytes(head_dim: u32, wg: u32) -> u32 {
+    // sh_q, sh_do, sh_o, sh_acc; sh_ds, sh_partial; sh_range.
+    4 * (4 * head_dim + 2 * wg) + 8
+}
+
+pub(super) fn kv_workgroup_bytes(head_dim: u32, wg: u32) -> u32 {
+    // sh_k, sh_v, sh_dk, sh_dv; sh_p, sh_ds, sh_pk, sh_pv; sh_range.
+    4 * (4 * head_dim + 4 * wg) + 8
+}
+
+pub(super) fn backward_q(out: &mut String, spec: &KernelSpec) {
+    index::kv_head(out, spec);
+    index::row_indexing(out);
+    index::masks(out, spec);
+    out.push_str(r#"var<workgroup> sh_q: array<f32, HEAD_DIM>;
+var<workgroup> sh_do: array<f32, HEAD_DIM>;
+var<workgroup> sh_o: array<f32, HEAD_DIM>;
+var<workgroup> sh_acc: array<f32, HEAD_DIM>;
+var<workgroup> sh_ds: array<f32, WG>;
+var<workgroup> sh_partial: array<f32, WG>;
+var<workgroup> sh_range: vec2<u32>;
+
+"#);
+    let scatter = spec.write_mode("dk") == Some(WriteMode::AtomicScatter);
+    if scatter {
+        for t in ["dk", "dv"] {
+            atomic_add(out, t, spec.scatter);
+        }
+    }
+    let flush = if spec.write_mode("p").is_some() {
+        "            let si = (row * dims.n_heads + h) * dims.seq_len + j;\n            p[si] = pj;\n            ds[si] = dsj;\n"
+    } else {
+        ""
+    };
+    let scatter_lines = if scatter {
+        "            for (var dd = 0u; dd < HEAD_DIM; dd = dd + 1u) {\n                add_dk(ki + dd, dsj * sh_q[dd]);\n                add_dv(ki + dd, pj * sh_do[dd]);\n            }\n"
+    } else {
+        ""
+    };
+    out.push_str(&BACKWARD_ROW.replace("        //FLUSH\n", flush).replace("        //SCATTER\n", scatter_lines));
+}
+
+/// `add_<t>(i, x)`: `t[i] += x` from many workgroups at once.
+fn atomic_add(out: &mut String, t: &str, scatter: Scatter) {
+    match scatter {
+        Scatter::F32Atomic => {
+            let _ = write!(out, "fn add_{t}(i: u32, x: f32) {{\n    atomicAdd(&{t}[i], x);\n}}\n\n");
+        }
+        Scatter::Cas => {
+            let _ = write!(out, r#"// f32 add on u32 words: retry until no other invocation changed the word between
+// our load and our exchange.
+fn add_{t}(i: u32, x: f32) {{
+    var old = atomicLoad(&{t}[i]);
+    loop {{
+        let r = atomicCompareExchangeWeak(&{t}[i], old, bitcast<u32>(bitcast<f32>(old) + x));
+        if (r.exchanged) {{
+            break;
+        }}
+        old = r.old_value;
+    }}
+}}
+
+"#);
+        }
+    }
+}
+
+const BACKWARD_ROW: &str = r#"fn backward_row(row: u32, h: u32, tid: u32) {
+    let kv_h = kv_head(h);
+    let qi = q_index(row, h);
+    if (tid == 0u) {
+        sh_range = key_range(row);
+    }
+    if (tid < HEAD_DIM) {
+        sh_q[tid] = q[qi + tid];
+        sh_do[tid] = d_o[qi + tid];
+        sh_o[tid] = o[qi + tid];
+        sh_acc[tid] = 0.0;
+    }
+    workgroupBarrier();
+    let range = workgroupUniformLoad(&sh_range);
+    // D = rowsum(dO ∘ O) = Σ_j P·dP, summed in the order dP is below, so that dP - D
+    // cancels exactly when a row attends to one key (O = V_j).
+    var delta = 0.0;
+    for (var dd = 0u; dd < HEAD_DIM; dd = dd + 1u) {
+        delta = fma(sh_do[dd], sh_o[dd], delta);
+    }
+    let row_lse = lse[row * dims.n_heads + h];
+
+    let d_local = tid / K_PAR;
+    let kc = tid % K_PAR;
+    let first_blk = range.x / WG;
+    let n_blocks = (range.y + WG - 1u) / WG;
+    for (var blk = first_blk; blk < n_blocks; blk = blk + 1u) {
+        let k_start = blk * WG;
+        let j = k_start + tid;
+        var dsj = 0.0;
+        if (j >= range.x && j < range.y && key_visible(row, j)) {
+            let ki = kv_index(j, kv_h);
+            var dot = 0.0;
+            var dp = 0.0;
+            for (var dd = 0u; dd < HEAD_DIM; dd = dd + 1u) {
+                dot = fma(sh_q[dd], k[ki + dd], dot);
+                dp = fma(sh_do[dd], v[ki + dd], dp);
+            }
+            let pj = exp(dot * params.scale - row_lse);
+            dsj = params.scale * pj * (dp - delta);
+        //FLUSH
+        //SCATTER
+        }
+        sh_ds[tid] = dsj;
+        workgroupBarrier();
+
+        // dQ += dS·K: invocation (d_local, kc) sums chunk kc of the block for element d_local.
+        if (tid < N_ACTIVE) {
+            let lo = kc * CHUNK;
+            let hi = min(lo + CHUNK, WG);
+            var part = 0.0;
+            for (var jl = lo; jl < hi; jl = jl + 1u) {
+                let dj = sh_ds[jl];
+                if (dj != 0.0) {
+                    part = fma(dj, k[kv_index(k_start + jl, kv_h) + d_local], part);
+                }
+            }
+            sh_partial[tid] = part;
+        }
+        workgroupBarrier();
+        if (kc == 0u && tid < N_ACTIVE) {
+            var sum = 0.0;
+            for (var i = 0u; i < K_PAR; i = i + 1u) {
+                sum = sum + sh_partial[tid + i];
+            }
+            sh_acc[d_local] = sh_acc[d_local] + sum;
+        }
+        workgroupBarrier();
+    }
+    // Gradients accumulate: the host zeroes dq for a fresh gradient.
+    if (tid < HEAD_DIM) {
+        dq[qi + tid] = dq[qi + tid] + sh_acc[tid];
+    }
+}
+
+"#;
+
+pub(super) fn backward_kv(out: &mut String, spec: &KernelSpec) {
+    index::kv_head(out, spec);
+    index::row_indexing(out);
+    index::masks(out, spec);
+    out.push_str(r#"var<workgroup> sh_k: array<f32, HEAD_DIM>;
+var<workgroup> sh_v: array<f32, HEAD_DIM>;
+var<workgroup> sh_dk: array<f32, HEAD_DIM>;
+var<workgroup> sh_dv: array<f32, HEAD_DIM>;
+var<workgroup> sh_p: array<f32, WG>;
+var<workgroup> sh_ds: array<f32, WG>;
+var<workgroup> sh_pk: array<f32, WG>;
+var<workgroup> sh_pv: array<f32, WG>;
+var<workgroup> sh_range: vec2<u32>;
+
+"#);
+    let (load_kv, p_ds) = match spec.source {
+        Source::Recompute => (RECOMPUTE_LOAD, RECOMPUTE_P_DS),
+        Source::Scratch => ("", SCRATCH_P_DS),
+    };
+    out.push_str(&BACKWARD_COL.replace("    //LOAD_KV\n", load_kv).replace("            //P_DS\n", p_ds));
+}
+
+const RECOMPUTE_LOAD: &str = "        sh_k[tid] = k[ki + tid];\n        sh_v[tid] = v[ki + tid];\n";
+
+const RECOMPUTE_P_DS: &str = r#"            let qi = q_index(s, h);
+            var dot = 0.0;
+            var dp = 0.0;
+            var delta = 0.0;
+            for (var dd = 0u; dd < HEAD_DIM; dd = dd + 1u) {
+                let g = d_o[qi + dd];
+                dot = fma(q[qi + dd], sh_k[dd], dot);
+                dp = fma(g, sh_v[dd], dp);
+                delta = fma(g, o[qi + dd], delta);
+            }
+            p_s = exp(dot * params.scale - lse[s * dims.n_heads + h]);
+            ds_s = params.scale * p_s * (dp - delta);
+"#;
+
+const SCRATCH_P_DS: &str = r#"            let si = (s * dims.n_heads + h) * dims.seq_len + col;
+            p_s = p[si];
+            ds_s = ds[si];
+"#;
+
+const BACKWARD_COL: &str = r#"fn backward_col(col: u32, kv_h: u32, tid: u32) {
+    let ki = kv_index(col, kv_h);
+    if (tid == 0u) {
+        sh_range = query_range(col);
+    }
+    if (tid < HEAD_DIM) {
+    //LOAD_KV
+        sh_dk[tid] = 0.0;
+        sh_dv[tid] = 0.0;
+    }
+    workgroupBarrier();
+    let range = workgroupUniformLoad(&sh_range);
+
+    let d_local = tid / K_PAR;
+    let kc = tid % K_PAR;
+    let first_blk = range.x / WG;
+    let n_blocks = (range.y + WG - 1u) / WG;
+    let group = q_per_kv();
+    // Every query head of this KV head, every query row that sees this key.
+    for (var g = 0u; g < group; g = g + 1u) {
+        let h = kv_h * group + g;
+        for (var blk = first_blk; blk < n_blocks; blk = blk + 1u) {
+            let s_start = blk * WG;
+            let s = s_start + tid;
+            var p_s = 0.0;
+            var ds_s = 0.0;
+            if (s >= range.x && s < range.y && visible(s, col)) {
+            //P_DS
+            }
+            sh_p[tid] = p_s;
+            sh_ds[tid] = ds_s;
+            workgroupBarrier();
+
+            // dK += dSᵀ·Q and dV += Pᵀ·dO over chunk kc of the block, for element d_local.
+            if (tid < N_ACTIVE) {
+                let lo = kc * CHUNK;
+                let hi = min(lo + CHUNK, WG);
+                var pk = 0.0;
+                var pv = 0.0;
+                for (var sl = lo; sl < hi; sl = sl + 1u) {
+                    let pj = sh_p[sl];
+                    if (pj != 0.0) {
+                        let qi = q_index(s_start + sl, h) + d_local;
+                        pk = fma(sh_ds[sl], q[qi], pk);
+                        pv = fma(pj, d_o[qi], pv);
+                    }
+                }
+                sh_pk[tid] = pk;
+                sh_pv[tid] = pv;
+            }
+            workgroupBarrier();
+            if (kc == 0u && tid < N_ACTIVE) {
+                var sk = 0.0;
+                var sv = 0.0;
+                for (var i = 0u; i < K_PAR; i = i + 1u) {
+                    sk = sk + sh_pk[tid + i];
+                    sv = sv + sh_pv[tid + i];
+                }
+                sh_dk[d_local] = sh_dk[d_local] + sk;
+                sh_dv[d_local] = sh_dv[d_local] + sv;
+            }
+            workgroupBarrier();
+        }
+    }
+    // Gradients accumulate: the host zeroes dk and dv for a fresh gradient.
+    if (tid < HEAD_DIM) {
+        dk[ki + tid] = dk[ki + tid] + sh_dk[tid];
+        dv[ki + tid] = dv[ki + tid] + sh_dv[tid];
+    }
+}
+
+"#;

@@ -1,0 +1,39 @@
+//! Rotary position embedding, in place on `x: [s, h, d]`: element pairs (i, i + d/2) of
+//! row `s` are rotated by `(s + pos_offset) · inv_freq[i]`, `inv_freq[i] = base^(-2i/d)`. The backward is the same
+//! rotation by minus the angle (the rotation is orthonormal, so Rᵀ = R(-θ)).
+
+use std::fmt::Write;
+
+pub(super) fn rope(out: &mut String, backward: bool) {
+    let sign = if backward { "-1.0" } else { "1.0" };
+    let _ = writeln!(out, "// +1 rotates forward; -1 applies the transpose (the backward).");
+    let _ = writeln!(out, "const SIGN: f32 = {sign};");
+    out.push_str(r#"const HALF: u32 = HEAD_DIM / 2u;
+// 2π split so that k · TWO_PI_HI is exact for k < 2^16 (TWO_PI_HI = 201/32 has 8 bits).
+const TWO_PI_HI: f32 = 6.28125;
+const TWO_PI_LO: f32 = 0.0019353071795864769;
+const INV_TWO_PI: f32 = 0.15915494309189535;
+
+// GPU sin and cos are only accurate near zero, and angles reach the sequence length:
+// reduce to [-π, π] first (Cody-Waite, with fma keeping the products exact).
+fn reduce_angle(a: f32) -> f32 {
+    let k = round(a * INV_TWO_PI);
+    return fma(-k, TWO_PI_LO, fma(-k, TWO_PI_HI, a));
+}
+
+fn rope_row(row: u32, h: u32, tid: u32) {
+    let base = (row * dims.n_heads + h) * HEAD_DIM;
+    let pos = f32(row + dims.pos_offset);
+    for (var i = tid; i < HALF; i = i + WG) {
+        let angle = reduce_angle(SIGN * pos * inv_freq[i]);
+        let c = cos(angle);
+        let s = sin(angle);
+        let x0 = x[base + i];
+        let x1 = x[base + i + HALF];
+        x[base + i] = x0 * c - x1 * s;
+        x[base + i + HALF] = x0 * s + x1 * c;
+    }
+}
+
+"#);
+}

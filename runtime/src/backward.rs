@@ -1,0 +1,298 @@
+//! The backward pass: one entry point over four schedules, a planner that picks one by
+//! memory budget and adapter features, and scratch allocated once and reused.
+
+use std::fmt;
+use std::str::FromStr;
+
+use attn_dsl::{KernelAbi, Scatter};
+
+use crate::attention::{self, ForwardInput, Heads, length, submit, uniforms};
+use crate::buffers;
+use crate::error::{Error, InputError};
+use crate::gpu::Gpu;
+use crate::kernel::Kernel;
+use crate::kernels::BackwardKernels;
+
+/// How dQ, dK and dV are produced (DESIGN.md §4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Schedule {
+    /// (a) s-major flushes P and dS to scratch; j-major consumes them. No atomics.
+    Split,
+    /// (b) s-major only; dK and dV by atomic scatter. No scratch.
+    Streaming(Scatter),
+    /// (d) s-major dQ and j-major dK/dV kernels, each recomputing P. No scratch, no atomics.
+    RecomputeSplit,
+}
+
+impl Schedule {
+    pub const ALL: [Schedule; 4] = [
+        Schedule::Split,
+        Schedule::Streaming(Scatter::Cas),
+        Schedule::Streaming(Scatter::F32Atomic),
+        Schedule::RecomputeSplit,
+    ];
+
+    /// Scratch bytes the schedule needs: P and dS, each `[seq, n_heads, seq]` f32.
+    pub fn scratch_bytes(self, seq_len: u32, n_heads: u32) -> u64 {
+        match self {
+            Schedule::Split => 2 * scratch_elems(seq_len, n_heads) * 4,
+            _ => 0,
+        }
+    }
+}
+
+fn scratch_elems(seq_len: u32, n_heads: u32) -> u64 {
+    u64::from(seq_len) * u64::from(seq_len) * u64::from(n_heads)
+}
+
+impl fmt::Display for Schedule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Schedule::Split => "split",
+            Schedule::Streaming(Scatter::Cas) => "streaming-cas",
+            Schedule::Streaming(Scatter::F32Atomic) => "streaming-f32",
+            Schedule::RecomputeSplit => "recompute",
+        })
+    }
+}
+
+impl FromStr for Schedule {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Schedule, String> {
+        Schedule::ALL.into_iter().find(|x| x.to_string() == s).ok_or_else(|| {
+            let names: Vec<_> = Schedule::ALL.iter().map(|x| x.to_string()).collect();
+            format!("unknown schedule `{s}`; expected one of: {}", names.join(", "))
+        })
+    }
+}
+
+/// The backward's inputs: the forward's Q, K, V, its saved O and LSE, and the upstream
+/// gradient dO, laid out as for the forward.
+#[derive(Clone, Copy, Debug)]
+pub struct BackwardInput<'a> {
+    pub seq_len: u32,
+    pub heads: Heads,
+    pub q: &'a [f32],
+    pub k: &'a [f32],
+    pub v: &'a [f32],
+    pub o: &'a [f32],
+    pub lse: &'a [f32],
+    pub d_o: &'a [f32],
+    pub seg: Option<&'a [u32]>,
+    pub scale: Option<f32>,
+}
+
+/// dQ `[seq, n_heads, d]`, dK and dV `[seq, n_kv_heads, d]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Gradients {
+    pub dq: Vec<f32>,
+    pub dk: Vec<f32>,
+    pub dv: Vec<f32>,
+}
+
+/// The kernels of one head_dim, compiled.
+struct Compiled {
+    head_dim: u32,
+    split_q: Kernel,
+    split_kv: Kernel,
+    streaming_cas: Kernel,
+    streaming_f32: Option<Kernel>,
+    recompute_q: Kernel,
+    recompute_kv: Kernel,
+}
+
+/// Scratch for the split schedule, grown on demand and reused.
+struct Scratch {
+    p: wgpu::Buffer,
+    ds: wgpu::Buffer,
+    elems: u64,
+}
+
+/// Runs the backward; owns its kernels and the split schedule's scratch.
+pub struct Backward {
+    compiled: Vec<Compiled>,
+    scratch: Option<Scratch>,
+    /// Most bytes of scratch the planner may give the split schedule.
+    pub scratch_budget: u64,
+}
+
+/// The default scratch budget: 256 MiB.
+pub const DEFAULT_SCRATCH_BUDGET: u64 = 256 << 20;
+
+impl Backward {
+    /// Compiles the backward kernels for each head_dim in `sets`; the native f32-atomic
+    /// streaming variant only where the device has SHADER_FLOAT32_ATOMIC.
+    pub fn new(gpu: &Gpu, sets: &[BackwardKernels]) -> Result<Backward, Error> {
+        let compiled = sets
+            .iter()
+            .map(|set| {
+                Ok(Compiled {
+                    head_dim: set.split_q.head_dim,
+                    split_q: Kernel::new(gpu, set.split_q)?,
+                    split_kv: Kernel::new(gpu, set.split_kv)?,
+                    streaming_cas: Kernel::new(gpu, set.streaming)?,
+                    streaming_f32: gpu
+                        .has_f32_atomics()
+                        .then(|| Kernel::new(gpu, set.streaming_f32_atomic))
+                        .transpose()?,
+                    recompute_q: Kernel::new(gpu, set.recompute_q)?,
+                    recompute_kv: Kernel::new(gpu, set.recompute_kv)?,
+                })
+            })
+            .collect::<Result<_, Error>>()?;
+        Ok(Backward { compiled, scratch: None, scratch_budget: DEFAULT_SCRATCH_BUDGET })
+    }
+
+    /// The schedules this device can run.
+    pub fn schedules(&self, gpu: &Gpu) -> Vec<Schedule> {
+        Schedule::ALL
+            .into_iter()
+            .filter(|s| *s != Schedule::Streaming(Scatter::F32Atomic) || gpu.has_f32_atomics())
+            .collect()
+    }
+
+    /// Split while its scratch fits the budget and the adapter's largest binding (no
+    /// atomics, the seeds' production path); streaming beyond, with native f32 atomics
+    /// where the adapter has them.
+    pub fn plan(&self, gpu: &Gpu, seq_len: u32, n_heads: u32) -> Schedule {
+        let per_buffer = scratch_elems(seq_len, n_heads) * 4;
+        let fits = Schedule::Split.scratch_bytes(seq_len, n_heads) <= self.scratch_budget
+            && per_buffer <= gpu.limits().max_storage_buffer_binding_size;
+        if fits {
+            Schedule::Split
+        } else if gpu.has_f32_atomics() {
+            Schedule::Streaming(Scatter::F32Atomic)
+        } else {
+            Schedule::Streaming(Scatter::Cas)
+        }
+    }
+
+    /// Bytes of scratch held for reuse.
+    pub fn scratch_held(&self) -> u64 {
+        self.scratch.as_ref().map_or(0, |s| 2 * s.elems * 4)
+    }
+
+    /// Fresh gradients of `input`, by `schedule` or the planner's choice.
+    pub fn run(&mut self, gpu: &Gpu, input: &BackwardInput, schedule: Option<Schedule>)
+        -> Result<(Gradients, Schedule), Error> {
+        let zeros = Gradients {
+            dq: vec![0.0; input.q.len()],
+            dk: vec![0.0; input.k.len()],
+            dv: vec![0.0; input.v.len()],
+        };
+        self.accumulate(gpu, input, schedule, zeros)
+    }
+
+    /// `grads` plus the gradients of `input`: micro-steps add up.
+    pub fn accumulate(
+        &mut self,
+        gpu: &Gpu,
+        input: &BackwardInput,
+        schedule: Option<Schedule>,
+        grads: Gradients,
+    ) -> Result<(Gradients, Schedule), Error> {
+        let set = self.validate(gpu, input, &grads)?;
+        let schedule = schedule.unwrap_or_else(|| self.plan(gpu, input.seq_len, input.heads.n_heads));
+        let h = input.heads;
+        let dims = [input.seq_len, h.n_heads, h.n_kv_heads, h.head_dim];
+        let scale = input.scale.unwrap_or(h.default_scale());
+        let seg_zeros;
+        let seg = match input.seg {
+            Some(seg) => seg,
+            None => {
+                seg_zeros = vec![0u32; input.seq_len as usize];
+                &seg_zeros
+            }
+        };
+        let named: Vec<(&str, wgpu::Buffer)> = [
+            ("q", input.q), ("k", input.k), ("v", input.v), ("o", input.o), ("lse", input.lse),
+            ("d_o", input.d_o), ("dq", &grads.dq), ("dk", &grads.dk), ("dv", &grads.dv),
+        ]
+        .into_iter()
+        .map(|(name, data)| (name, buffers::storage(gpu, name, data)))
+        .chain([("seg", buffers::storage(gpu, "seg", seg))])
+        .collect();
+        if schedule == Schedule::Split {
+            let elems = scratch_elems(input.seq_len, h.n_heads);
+            attention::binding_size(gpu.limits(), elems * 4)?;
+            self.reserve_scratch(gpu, elems);
+        }
+        let kernels = self.kernels_for(set, schedule)?;
+        let (p, ds) = match (schedule, &self.scratch) {
+            (Schedule::Split, Some(scratch)) => (Some(&scratch.p), Some(&scratch.ds)),
+            _ => (None, None),
+        };
+        let (dims_buf, params_buf) = uniforms(gpu, kernels[0].abi(), &dims, &[("scale", scale)])?;
+        let mut bound: Vec<(&str, &wgpu::Buffer)> = named.iter().map(|(n, b)| (*n, b)).collect();
+        bound.extend([("dims", &dims_buf), ("params", &params_buf)]);
+        bound.extend(p.map(|p| ("p", p)));
+        bound.extend(ds.map(|ds| ("ds", ds)));
+        for kernel in &kernels {
+            let grid = attention::checked_grid(kernel.abi(), gpu.limits(), &dims)?;
+            submit(gpu, kernel, &bound, grid)?;
+        }
+        let find = |name: &str| named.iter().find(|(n, _)| *n == name).map(|(_, b)| b).expect("bound above");
+        let mut out = buffers::read_many::<f32>(gpu, &[
+            (find("dq"), grads.dq.len()), (find("dk"), grads.dk.len()), (find("dv"), grads.dv.len()),
+        ])?;
+        let dv = out.pop().unwrap_or_default();
+        let dk = out.pop().unwrap_or_default();
+        let dq = out.pop().unwrap_or_default();
+        Ok((Gradients { dq, dk, dv }, schedule))
+    }
+
+    fn validate(&self, gpu: &Gpu, input: &BackwardInput, grads: &Gradients) -> Result<usize, InputError> {
+        let h = input.heads;
+        let set = self.compiled.iter().position(|c| c.head_dim == h.head_dim).ok_or_else(|| {
+            InputError::HeadDim {
+                kernel: "backward".into(),
+                kernel_head_dim: self.compiled.first().map_or(0, |c| c.head_dim),
+                given: h.head_dim,
+            }
+        })?;
+        let abi: &KernelAbi = self.compiled[set].split_q.abi();
+        let view = ForwardInput {
+            seq_len: input.seq_len, heads: h, q: input.q, k: input.k, v: input.v,
+            seg: input.seg, scale: input.scale,
+        };
+        attention::validate_sequence(abi, gpu.limits(), &view)?;
+        let rows = u64::from(input.seq_len) * u64::from(h.n_heads);
+        let q_len = rows * u64::from(h.head_dim);
+        length("o", input.o.len(), q_len, "seq_len × n_heads × head_dim")?;
+        length("d_o", input.d_o.len(), q_len, "seq_len × n_heads × head_dim")?;
+        length("lse", input.lse.len(), rows, "seq_len × n_heads")?;
+        length("dq", grads.dq.len(), q_len, "seq_len × n_heads × head_dim")?;
+        length("dk", grads.dk.len(), input.k.len() as u64, "the length of k")?;
+        length("dv", grads.dv.len(), input.v.len() as u64, "the length of v")?;
+        Ok(set)
+    }
+
+    /// The kernels of `schedule`, in dispatch order.
+    fn kernels_for(&self, set: usize, schedule: Schedule) -> Result<Vec<&Kernel>, Error> {
+        let c = &self.compiled[set];
+        Ok(match schedule {
+            Schedule::Split => vec![&c.split_q, &c.split_kv],
+            Schedule::Streaming(Scatter::Cas) => vec![&c.streaming_cas],
+            Schedule::Streaming(Scatter::F32Atomic) => vec![c.streaming_f32.as_ref().ok_or(
+                InputError::Unsupported {
+                    what: "the streaming-f32 schedule",
+                    needs: "an adapter with SHADER_FLOAT32_ATOMIC",
+                },
+            )?],
+            Schedule::RecomputeSplit => vec![&c.recompute_q, &c.recompute_kv],
+        })
+    }
+
+    /// Scratch of at least `elems` per buffer, reusing what is held.
+    fn reserve_scratch(&mut self, gpu: &Gpu, elems: u64) {
+        if self.scratch.as_ref().is_none_or(|s| s.elems < elems) {
+            self.scratch = None; // free the old pair before allocating the new one
+            self.scratch = Some(Scratch {
+                p: buffers::output::<f32>(gpu, "p scratch", elems as usize),
+                ds: buffers::output::<f32>(gpu, "ds scratch", elems as usize),
+                elems,
+            });
+        }
+    }
+}
