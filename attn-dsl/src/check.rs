@@ -109,10 +109,14 @@ fn check_head_dim(spec: &KernelSpec) -> Result<(), DslError> {
             ),
         ));
     }
-    if matches!(spec.op, Op::Rope | Op::RopeBackward) && hd % 2 != 0 {
-        return Err(DslError::spec(Field::HeadDim, format!(
-            "head_dim {hd} is odd; RoPE rotates pairs (i, i + head_dim/2), so it needs an \
-             even head_dim")));
+    if matches!(spec.op, Op::Rope | Op::RopeBackward) && !hd.is_multiple_of(2) {
+        return Err(DslError::spec(
+            Field::HeadDim,
+            format!(
+                "head_dim {hd} is odd; RoPE rotates pairs (i, i + head_dim/2), so it needs an \
+             even head_dim"
+            ),
+        ));
     }
     if hd > spec.workgroup_size {
         return Err(DslError::spec(
@@ -143,13 +147,26 @@ fn check_grid(spec: &KernelSpec) -> Result<(), DslError> {
     let wanted = spec.op.major();
     let tile_max = if spec.op == Op::Decode { 1 } else { 64 };
     if spec.grid.major != wanted {
-        return Err(DslError::spec(Field::Grid, format!(
-            "op {} runs {}: one workgroup per {}; `{}` is not a schedule of this op",
-            spec.op.name(), wanted.name(), grid_unit(wanted), spec.grid.major.name())));
+        return Err(DslError::spec(
+            Field::Grid,
+            format!(
+                "op {} runs {}: one workgroup per {}; `{}` is not a schedule of this op",
+                spec.op.name(),
+                wanted.name(),
+                grid_unit(wanted),
+                spec.grid.major.name()
+            ),
+        ));
     }
     if spec.grid.tile == 0 || spec.grid.tile > tile_max {
-        return Err(DslError::spec(Field::Grid, format!(
-            "tile {} for op {}: use a tile from 1 to {tile_max}", spec.grid.tile, spec.op.name())));
+        return Err(DslError::spec(
+            Field::Grid,
+            format!(
+                "tile {} for op {}: use a tile from 1 to {tile_max}",
+                spec.grid.tile,
+                spec.op.name()
+            ),
+        ));
     }
     Ok(())
 }
@@ -163,26 +180,44 @@ fn grid_unit(major: Major) -> &'static str {
 }
 
 fn check_masks(spec: &KernelSpec) -> Result<(), DslError> {
-    let which = if spec.masks.causal { "causal" } else { "document" };
+    let which = if spec.masks.causal {
+        "causal"
+    } else {
+        "document"
+    };
     if !(spec.masks.causal || spec.masks.document) {
         return Ok(());
     }
     let why = match spec.op {
-        Op::Decode => "its one query row attends to the whole KV cache, whose length is the \
-                       run-time `cache_len`; limit the keys with cache_len",
-        Op::Rope | Op::RopeBackward => "it rotates each row on its own and never compares a \
-                                        query with a key",
+        Op::Decode => {
+            "its one query row attends to the whole KV cache, whose length is the \
+                       run-time `cache_len`; limit the keys with cache_len"
+        }
+        Op::Rope | Op::RopeBackward => {
+            "it rotates each row on its own and never compares a \
+                                        query with a key"
+        }
         _ => return Ok(()),
     };
-    Err(DslError::spec(Field::Masks, format!(
-        "op {} cannot honour the {which} mask: {why}; remove `{which}`", spec.op.name())))
+    Err(DslError::spec(
+        Field::Masks,
+        format!(
+            "op {} cannot honour the {which} mask: {why}; remove `{which}`",
+            spec.op.name()
+        ),
+    ))
 }
 
 fn check_source(spec: &KernelSpec) -> Result<(), DslError> {
     if spec.source == Source::Scratch && spec.op != Op::BackwardKv {
-        return Err(DslError::spec(Field::Source, format!(
-            "op {} reads no scratch: `source: scratch` belongs to a backward_kv kernel that \
-             consumes the P and dS a backward_q flushed", spec.op.name())));
+        return Err(DslError::spec(
+            Field::Source,
+            format!(
+                "op {} reads no scratch: `source: scratch` belongs to a backward_kv kernel that \
+             consumes the P and dS a backward_q flushed",
+                spec.op.name()
+            ),
+        ));
     }
     Ok(())
 }
@@ -192,14 +227,24 @@ fn check_writes(spec: &KernelSpec) -> Result<(), DslError> {
     for (name, _) in &spec.writes {
         match tensors.iter().find(|t| t.name == name) {
             None => {
-                return Err(DslError::spec(Field::Write(name.clone()), format!(
-                    "op {} has no tensor `{name}`; its outputs are: {}",
-                    spec.op.name(), output_names(spec).join(", "))));
+                return Err(DslError::spec(
+                    Field::Write(name.clone()),
+                    format!(
+                        "op {} has no tensor `{name}`; its outputs are: {}",
+                        spec.op.name(),
+                        output_names(spec).join(", ")
+                    ),
+                ));
             }
             Some(t) if t.role != Role::Output => {
-                return Err(DslError::spec(Field::Write(name.clone()), format!(
-                    "`{name}` is an input of op {}, not an output; only outputs take a \
-                     write mode", spec.op.name())));
+                return Err(DslError::spec(
+                    Field::Write(name.clone()),
+                    format!(
+                        "`{name}` is an input of op {}, not an output; only outputs take a \
+                     write mode",
+                        spec.op.name()
+                    ),
+                ));
             }
             Some(_) => {}
         }
@@ -208,9 +253,16 @@ fn check_writes(spec: &KernelSpec) -> Result<(), DslError> {
         match spec.write_mode(t.name) {
             Some(mode) => check_ownership(spec, t.name, t.layout, mode)?,
             None if t.presence == Presence::Always => {
-                return Err(DslError::spec(Field::Write(String::new()), format!(
-                    "op {} writes `{}`: declare its write mode in `writes`, e.g. `{}: {}`",
-                    spec.op.name(), t.name, t.name, supported_mode(spec.op, t.name).name())));
+                return Err(DslError::spec(
+                    Field::Write(String::new()),
+                    format!(
+                        "op {} writes `{}`: declare its write mode in `writes`, e.g. `{}: {}`",
+                        spec.op.name(),
+                        t.name,
+                        t.name,
+                        supported_mode(spec.op, t.name).name()
+                    ),
+                ));
             }
             None => {}
         }
@@ -223,18 +275,29 @@ fn check_pairs(spec: &KernelSpec) -> Result<(), DslError> {
     for (a, b) in [("p", "ds"), ("dk", "dv")] {
         match (spec.write_mode(a), spec.write_mode(b)) {
             (Some(_), None) | (None, Some(_)) => {
-                let (given, missing) = if spec.write_mode(a).is_some() { (a, b) } else { (b, a) };
-                return Err(DslError::spec(Field::Write(given.to_string()), format!(
-                    "`{given}` needs `{missing}` beside it: a backward schedule produces them \
-                     together")));
+                let (given, missing) = if spec.write_mode(a).is_some() {
+                    (a, b)
+                } else {
+                    (b, a)
+                };
+                return Err(DslError::spec(
+                    Field::Write(given.to_string()),
+                    format!(
+                        "`{given}` needs `{missing}` beside it: a backward schedule produces them \
+                     together"
+                    ),
+                ));
             }
             _ => {}
         }
     }
-    if spec.op == Op::BackwardQ && spec.write_mode("p").is_some() && spec.write_mode("dk").is_some() {
-        return Err(DslError::spec(Field::Write("dk".into()),
+    if spec.op == Op::BackwardQ && spec.write_mode("p").is_some() && spec.write_mode("dk").is_some()
+    {
+        return Err(DslError::spec(
+            Field::Write("dk".into()),
             "backward_q flushes scratch (`p`, `ds`) or scatters `dk`, `dv`, not both: pick the \
-             split or the streaming schedule"));
+             split or the streaming schedule",
+        ));
     }
     Ok(())
 }
@@ -257,22 +320,40 @@ fn check_ownership(
     layout: &[Axis],
     mode: WriteMode,
 ) -> Result<(), DslError> {
-    if mode != WriteMode::AtomicScatter {
-        if let Some(axis) = spec.grid.major.fixed_axes().iter().find(|a| !layout.contains(a)) {
+    if mode != WriteMode::AtomicScatter
+        && let Some(axis) = spec
+            .grid
+            .major
+            .fixed_axes()
+            .iter()
+            .find(|a| !layout.contains(a))
+        {
             let axes: Vec<_> = layout.iter().map(|a| a.name()).collect();
-            return Err(DslError::spec(Field::Write(name.to_string()), format!(
-                "`{name}` is declared {}, but its index [{}] lacks axis `{}`, which tells the \
+            return Err(DslError::spec(
+                Field::Write(name.to_string()),
+                format!(
+                    "`{name}` is declared {}, but its index [{}] lacks axis `{}`, which tells the \
                  workgroups of a {} grid apart, so several workgroups write each element (a \
                  data race); declare it `atomic` (scatter), or compute it in a kernel whose \
                  grid walks its axes",
-                mode.name(), axes.join(", "), axis.name(), spec.grid.major.name())));
+                    mode.name(),
+                    axes.join(", "),
+                    axis.name(),
+                    spec.grid.major.name()
+                ),
+            ));
         }
-    }
     let supported = supported_mode(spec.op, name);
     if mode != supported {
-        return Err(DslError::spec(Field::Write(name.to_string()), format!(
-            "op {} writes `{name}` as `{}` only; `{}` is not emitted for it",
-            spec.op.name(), supported.name(), mode.name())));
+        return Err(DslError::spec(
+            Field::Write(name.to_string()),
+            format!(
+                "op {} writes `{name}` as `{}` only; `{}` is not emitted for it",
+                spec.op.name(),
+                supported.name(),
+                mode.name()
+            ),
+        ));
     }
     Ok(())
 }

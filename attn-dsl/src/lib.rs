@@ -21,8 +21,6 @@ pub mod validate;
 
 use std::borrow::Cow;
 
-
-
 pub use error::{DslError, Field};
 pub use plan::{Access, Binding, KernelAbi, Scalar};
 pub use spec::{

@@ -141,9 +141,11 @@ pub fn bindings(spec: &KernelSpec) -> Vec<Binding> {
                     (Access::Uniform, Cow::Borrowed(block.struct_name), fields)
                 }
                 Role::Input => (Access::Read, array_type(t.elem, None), Vec::new()),
-                Role::Output if write == Some(WriteMode::AtomicScatter) => {
-                    (Access::ReadWrite, array_type(t.elem, Some(spec.scatter)), Vec::new())
-                }
+                Role::Output if write == Some(WriteMode::AtomicScatter) => (
+                    Access::ReadWrite,
+                    array_type(t.elem, Some(spec.scatter)),
+                    Vec::new(),
+                ),
                 Role::Output => (Access::ReadWrite, array_type(t.elem, None), Vec::new()),
             };
             Binding {

@@ -53,7 +53,13 @@ pub struct UniformBlock {
 }
 
 const fn t(name: &'static str, role: Role, elem: Elem, layout: &'static [Axis]) -> Tensor {
-    Tensor { name, role, elem, layout, presence: Presence::Always }
+    Tensor {
+        name,
+        role,
+        elem,
+        layout,
+        presence: Presence::Always,
+    }
 }
 
 const fn when(t: Tensor, presence: Presence) -> Tensor {
@@ -124,7 +130,11 @@ const BACKWARD_KV: &[Tensor] = &[
 
 /// `inv_freq[i] = rope_base^(-2i/head_dim)`, computed by the host in f64 and rounded once:
 /// GPU `pow` is several ulp off, and the error grows with the position it multiplies.
-const ROPE: &[Tensor] = &[t("x", Output, F32, &[S, H, D]), t("inv_freq", Input, F32, &[D]), DIMS];
+const ROPE: &[Tensor] = &[
+    t("x", Output, F32, &[S, H, D]),
+    t("inv_freq", Input, F32, &[D]),
+    DIMS,
+];
 
 /// Every tensor `op` may bind, whatever the description.
 pub fn all_tensors(op: Op) -> &'static [Tensor] {
@@ -167,7 +177,12 @@ pub fn dims(op: Op) -> UniformBlock {
         Op::Rope | Op::RopeBackward => &["seq_len", "n_heads", "pos_offset", "head_dim"],
         _ => &["seq_len", "n_heads", "n_kv_heads", "head_dim"],
     };
-    UniformBlock { binding: "dims", struct_name: "Dims", elem: U32, fields }
+    UniformBlock {
+        binding: "dims",
+        struct_name: "Dims",
+        elem: U32,
+        fields,
+    }
 }
 
 /// The uniform block behind a uniform binding name.

@@ -58,8 +58,14 @@ pub enum Op {
 }
 
 impl Op {
-    pub const ALL: [Op; 6] =
-        [Op::Forward, Op::Decode, Op::BackwardQ, Op::BackwardKv, Op::Rope, Op::RopeBackward];
+    pub const ALL: [Op; 6] = [
+        Op::Forward,
+        Op::Decode,
+        Op::BackwardQ,
+        Op::BackwardKv,
+        Op::Rope,
+        Op::RopeBackward,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -251,11 +257,16 @@ pub struct KernelSpec {
 
 impl KernelSpec {
     pub fn write_mode(&self, tensor: &str) -> Option<WriteMode> {
-        self.writes.iter().find(|(n, _)| n == tensor).map(|(_, m)| *m)
+        self.writes
+            .iter()
+            .find(|(n, _)| n == tensor)
+            .map(|(_, m)| *m)
     }
 
     pub fn has_atomics(&self) -> bool {
-        self.writes.iter().any(|(_, m)| *m == WriteMode::AtomicScatter)
+        self.writes
+            .iter()
+            .any(|(_, m)| *m == WriteMode::AtomicScatter)
     }
 }
 
@@ -273,7 +284,10 @@ impl KernelSpec {
         KernelSpec {
             name: name.to_string(),
             op,
-            grid: Grid { major: op.major(), tile: 1 },
+            grid: Grid {
+                major: op.major(),
+                tile: 1,
+            },
             head_dim,
             gqa: Gqa::Any,
             masks,

@@ -108,7 +108,10 @@ fn owned_output_on_a_grid_that_does_not_fix_its_axes_is_a_race() {
     fwd.grid.major = Major::J;
     assert_eq!(field_of(&fwd), Field::Write("o".into()));
     let err = compile(&fwd).unwrap_err().to_string();
-    assert!(err.contains("lacks axis `j`") && err.contains("atomic"), "{err}");
+    assert!(
+        err.contains("lacks axis `j`") && err.contains("atomic"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -149,8 +152,12 @@ fn workgroup_memory_over_the_target_limit_is_refused() {
 
 fn backward_q(writes: &[(&str, WriteMode)]) -> KernelSpec {
     let mut spec = KernelSpec::standard("bq", Op::BackwardQ, 64, CAUSAL_DOC);
-    spec.writes.extend(writes.iter().map(|(n, m)| (n.to_string(), *m)));
-    spec.target = Target::Native(attn_dsl::Limits { storage_buffers_per_stage: 12, ..attn_dsl::Limits::WEBGPU });
+    spec.writes
+        .extend(writes.iter().map(|(n, m)| (n.to_string(), *m)));
+    spec.target = Target::Native(attn_dsl::Limits {
+        storage_buffers_per_stage: 12,
+        ..attn_dsl::Limits::WEBGPU
+    });
     spec
 }
 
@@ -158,7 +165,14 @@ fn backward_q(writes: &[(&str, WriteMode)]) -> KernelSpec {
 fn every_backward_schedule_compiles() {
     use WriteMode::{AtomicScatter, ScratchFlush};
     for head_dim in [32, 64, 128] {
-        for masks in [CAUSAL_DOC, Masks { causal: false, document: true }, Masks::default()] {
+        for masks in [
+            CAUSAL_DOC,
+            Masks {
+                causal: false,
+                document: true,
+            },
+            Masks::default(),
+        ] {
             let mut split = backward_q(&[("p", ScratchFlush), ("ds", ScratchFlush)]);
             let mut cas = backward_q(&[("dk", AtomicScatter), ("dv", AtomicScatter)]);
             let mut native = cas.clone();
@@ -172,8 +186,16 @@ fn every_backward_schedule_compiles() {
                 spec.head_dim = head_dim;
                 spec.masks = masks;
             }
-            for spec in [&split, &cas, &native, &recompute, &kv_scratch, &kv_recompute] {
-                compile(spec).unwrap_or_else(|e| panic!("{} d{head_dim} {masks:?}: {e}", spec.op.name()));
+            for spec in [
+                &split,
+                &cas,
+                &native,
+                &recompute,
+                &kv_scratch,
+                &kv_recompute,
+            ] {
+                compile(spec)
+                    .unwrap_or_else(|e| panic!("{} d{head_dim} {masks:?}: {e}", spec.op.name()));
             }
             let abi = compile(&cas).unwrap();
             assert_eq!(abi.binding("dk").unwrap().wgsl_type, "array<atomic<u32>>");
@@ -194,12 +216,20 @@ fn backward_outputs_have_rules() {
     assert!(err.to_string().contains("lacks axis `s`"), "{err}");
     // dS without P, and both schedules at once, are refused.
     assert!(compile(&backward_q(&[("ds", ScratchFlush)])).is_err());
-    let both = [("p", ScratchFlush), ("ds", ScratchFlush), ("dk", AtomicScatter), ("dv", AtomicScatter)];
+    let both = [
+        ("p", ScratchFlush),
+        ("ds", ScratchFlush),
+        ("dk", AtomicScatter),
+        ("dv", AtomicScatter),
+    ];
     assert!(compile(&backward_q(&both)).is_err());
     // The seeds' 10-storage-buffer producer does not fit the portable target.
     let mut portable = backward_q(&[("p", ScratchFlush), ("ds", ScratchFlush)]);
     portable.target = Target::Webgpu;
-    assert_eq!(compile(&portable).unwrap_err().field(), Some(&Field::Target));
+    assert_eq!(
+        compile(&portable).unwrap_err().field(),
+        Some(&Field::Target)
+    );
 }
 
 #[test]
@@ -208,8 +238,17 @@ fn rope_compiles_and_needs_an_even_head_dim() {
         let abi = compile(&KernelSpec::standard("rope", op, 64, Masks::default())).unwrap();
         let names: Vec<_> = abi.bindings.iter().map(|b| b.name.as_ref()).collect();
         assert_eq!(names, ["x", "inv_freq", "dims"]);
-        assert_eq!(field_of(&KernelSpec::standard("rope", op, 63, Masks::default())), Field::HeadDim);
-        let causal = Masks { causal: true, document: false };
-        assert_eq!(field_of(&KernelSpec::standard("rope", op, 64, causal)), Field::Masks);
+        assert_eq!(
+            field_of(&KernelSpec::standard("rope", op, 63, Masks::default())),
+            Field::HeadDim
+        );
+        let causal = Masks {
+            causal: true,
+            document: false,
+        };
+        assert_eq!(
+            field_of(&KernelSpec::standard("rope", op, 64, causal)),
+            Field::Masks
+        );
     }
 }

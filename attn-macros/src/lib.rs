@@ -41,7 +41,10 @@ fn expand(input: proc_macro2::TokenStream) -> syn::Result<proc_macro2::TokenStre
     // Atomic scatter comes in two variants from one description: the portable
     // compare-exchange loop (`ABI`) and native f32 atomics (`ABI_F32_ATOMIC`).
     let native = if lowered.spec.has_atomics() {
-        let spec = attn_dsl::KernelSpec { scatter: attn_dsl::Scatter::F32Atomic, ..lowered.spec.clone() };
+        let spec = attn_dsl::KernelSpec {
+            scatter: attn_dsl::Scatter::F32Atomic,
+            ..lowered.spec.clone()
+        };
         Some(attn_dsl::compile(&spec).map_err(|e| lowered.error(e))?)
     } else {
         None

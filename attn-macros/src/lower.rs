@@ -67,7 +67,10 @@ pub fn lower(d: &Description) -> syn::Result<Lowered> {
     if let Some(e) = d.entries.iter().find(|e| e.key == "precision") {
         precision(&e.value)?;
     }
-    let source = get("source", Field::Source).map(source).transpose()?.unwrap_or_default();
+    let source = get("source", Field::Source)
+        .map(source)
+        .transpose()?
+        .unwrap_or_default();
     let writes_value = require(d, get("writes", Field::Write(String::new())), "writes")?;
     let writes = writes(writes_value, &mut spans)?;
     let spec = KernelSpec {

@@ -78,7 +78,12 @@ pub fn forward(gpu: &Gpu, kernel: &Kernel, input: &ForwardInput) -> Result<Forwa
     let lse_len = (input.seq_len * h.n_heads) as usize;
     let o = buffers::output::<f32>(gpu, "o", o_len);
     let lse = buffers::output::<f32>(gpu, "lse", lse_len);
-    let (dims, params) = uniforms(gpu, abi, &rows, &[("scale", input.scale.unwrap_or(h.default_scale()))])?;
+    let (dims, params) = uniforms(
+        gpu,
+        abi,
+        &rows,
+        &[("scale", input.scale.unwrap_or(h.default_scale()))],
+    )?;
     let bound = [
         ("q", &q),
         ("k", &k),
@@ -106,7 +111,12 @@ pub fn decode(gpu: &Gpu, kernel: &Kernel, input: &DecodeInput) -> Result<Vec<f32
     let k = buffers::storage(gpu, "k_cache", input.k_cache);
     let v = buffers::storage(gpu, "v_cache", input.v_cache);
     let o = buffers::output::<f32>(gpu, "o", input.q.len());
-    let (dims, params) = uniforms(gpu, abi, &rows, &[("scale", input.scale.unwrap_or(h.default_scale()))])?;
+    let (dims, params) = uniforms(
+        gpu,
+        abi,
+        &rows,
+        &[("scale", input.scale.unwrap_or(h.default_scale()))],
+    )?;
     let bound = [
         ("q", &q),
         ("k_cache", &k),
@@ -132,16 +142,24 @@ pub(crate) fn submit(
 }
 
 /// The `dims` uniform, filled by field order from the kernel's plan.
-pub(crate) fn uniform_dims(gpu: &Gpu, abi: &KernelAbi, dims: &[u32; 4]) -> Result<wgpu::Buffer, Error> {
-    let bytes = fill(uniform_block(abi, "dims")?, |i, _| dims.get(i).copied().unwrap_or(0).to_le_bytes());
+pub(crate) fn uniform_dims(
+    gpu: &Gpu,
+    abi: &KernelAbi,
+    dims: &[u32; 4],
+) -> Result<wgpu::Buffer, Error> {
+    let bytes = fill(uniform_block(abi, "dims")?, |i, _| {
+        dims.get(i).copied().unwrap_or(0).to_le_bytes()
+    });
     Ok(buffers::uniform(gpu, "dims", &bytes))
 }
 
 fn uniform_block<'a>(abi: &'a KernelAbi, name: &str) -> Result<&'a Binding, Error> {
-    abi.binding(name).filter(|b| b.access == Access::Uniform).ok_or_else(|| Error::Binding {
-        kernel: abi.name.to_string(),
-        binding: name.to_string(),
-    })
+    abi.binding(name)
+        .filter(|b| b.access == Access::Uniform)
+        .ok_or_else(|| Error::Binding {
+            kernel: abi.name.to_string(),
+            binding: name.to_string(),
+        })
 }
 
 /// The `dims` and `params` uniforms, filled from the kernel's plan: dims by field order,
@@ -153,10 +171,16 @@ pub(crate) fn uniforms(
     params: &[(&str, f32)],
 ) -> Result<(wgpu::Buffer, wgpu::Buffer), Error> {
     let params_bytes = fill(uniform_block(abi, "params")?, |_, field| {
-        let value = params.iter().find(|(name, _)| *name == field).map_or(0.0, |(_, v)| *v);
+        let value = params
+            .iter()
+            .find(|(name, _)| *name == field)
+            .map_or(0.0, |(_, v)| *v);
         value.to_le_bytes()
     });
-    Ok((uniform_dims(gpu, abi, dims)?, buffers::uniform(gpu, "params", &params_bytes)))
+    Ok((
+        uniform_dims(gpu, abi, dims)?,
+        buffers::uniform(gpu, "params", &params_bytes),
+    ))
 }
 
 fn fill(b: &Binding, value: impl Fn(usize, &str) -> [u8; 4]) -> Vec<u8> {
@@ -308,7 +332,12 @@ pub(crate) fn validate_heads(abi: &KernelAbi, h: Heads) -> Result<(), InputError
     }
 }
 
-pub(crate) fn length(name: &'static str, got: usize, expected: u64, layout: &str) -> Result<(), InputError> {
+pub(crate) fn length(
+    name: &'static str,
+    got: usize,
+    expected: u64,
+    layout: &str,
+) -> Result<(), InputError> {
     if got as u64 == expected {
         Ok(())
     } else {

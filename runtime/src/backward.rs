@@ -60,10 +60,16 @@ impl FromStr for Schedule {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Schedule, String> {
-        Schedule::ALL.into_iter().find(|x| x.to_string() == s).ok_or_else(|| {
-            let names: Vec<_> = Schedule::ALL.iter().map(|x| x.to_string()).collect();
-            format!("unknown schedule `{s}`; expected one of: {}", names.join(", "))
-        })
+        Schedule::ALL
+            .into_iter()
+            .find(|x| x.to_string() == s)
+            .ok_or_else(|| {
+                let names: Vec<_> = Schedule::ALL.iter().map(|x| x.to_string()).collect();
+                format!(
+                    "unknown schedule `{s}`; expected one of: {}",
+                    names.join(", ")
+                )
+            })
     }
 }
 
@@ -129,19 +135,23 @@ impl Backward {
             .map(|set| {
                 Ok(Compiled {
                     head_dim: set.split_q.head_dim,
-                    split_q: Kernel::new(gpu, set.split_q)?,
-                    split_kv: Kernel::new(gpu, set.split_kv)?,
-                    streaming_cas: Kernel::new(gpu, set.streaming)?,
+                    split_q: Kernel::new(gpu, &set.split_q)?,
+                    split_kv: Kernel::new(gpu, &set.split_kv)?,
+                    streaming_cas: Kernel::new(gpu, &set.streaming)?,
                     streaming_f32: gpu
                         .has_f32_atomics()
-                        .then(|| Kernel::new(gpu, set.streaming_f32_atomic))
+                        .then(|| Kernel::new(gpu, &set.streaming_f32_atomic))
                         .transpose()?,
-                    recompute_q: Kernel::new(gpu, set.recompute_q)?,
-                    recompute_kv: Kernel::new(gpu, set.recompute_kv)?,
+                    recompute_q: Kernel::new(gpu, &set.recompute_q)?,
+                    recompute_kv: Kernel::new(gpu, &set.recompute_kv)?,
                 })
             })
             .collect::<Result<_, Error>>()?;
-        Ok(Backward { compiled, scratch: None, scratch_budget: DEFAULT_SCRATCH_BUDGET })
+        Ok(Backward {
+            compiled,
+            scratch: None,
+            scratch_budget: DEFAULT_SCRATCH_BUDGET,
+        })
     }
 
     /// The schedules this device can run.
@@ -174,8 +184,12 @@ impl Backward {
     }
 
     /// Fresh gradients of `input`, by `schedule` or the planner's choice.
-    pub fn run(&mut self, gpu: &Gpu, input: &BackwardInput, schedule: Option<Schedule>)
-        -> Result<(Gradients, Schedule), Error> {
+    pub fn run(
+        &mut self,
+        gpu: &Gpu,
+        input: &BackwardInput,
+        schedule: Option<Schedule>,
+    ) -> Result<(Gradients, Schedule), Error> {
         let zeros = Gradients {
             dq: vec![0.0; input.q.len()],
             dk: vec![0.0; input.k.len()],
@@ -193,7 +207,8 @@ impl Backward {
         grads: Gradients,
     ) -> Result<(Gradients, Schedule), Error> {
         let set = self.validate(gpu, input, &grads)?;
-        let schedule = schedule.unwrap_or_else(|| self.plan(gpu, input.seq_len, input.heads.n_heads));
+        let schedule =
+            schedule.unwrap_or_else(|| self.plan(gpu, input.seq_len, input.heads.n_heads));
         let h = input.heads;
         let dims = [input.seq_len, h.n_heads, h.n_kv_heads, h.head_dim];
         let scale = input.scale.unwrap_or(h.default_scale());
@@ -206,8 +221,15 @@ impl Backward {
             }
         };
         let named: Vec<(&str, wgpu::Buffer)> = [
-            ("q", input.q), ("k", input.k), ("v", input.v), ("o", input.o), ("lse", input.lse),
-            ("d_o", input.d_o), ("dq", &grads.dq), ("dk", &grads.dk), ("dv", &grads.dv),
+            ("q", input.q),
+            ("k", input.k),
+            ("v", input.v),
+            ("o", input.o),
+            ("lse", input.lse),
+            ("d_o", input.d_o),
+            ("dq", &grads.dq),
+            ("dk", &grads.dk),
+            ("dv", &grads.dv),
         ]
         .into_iter()
         .map(|(name, data)| (name, buffers::storage(gpu, name, data)))
@@ -232,39 +254,77 @@ impl Backward {
             let grid = attention::checked_grid(kernel.abi(), gpu.limits(), &dims)?;
             submit(gpu, kernel, &bound, grid)?;
         }
-        let find = |name: &str| named.iter().find(|(n, _)| *n == name).map(|(_, b)| b).expect("bound above");
-        let mut out = buffers::read_many::<f32>(gpu, &[
-            (find("dq"), grads.dq.len()), (find("dk"), grads.dk.len()), (find("dv"), grads.dv.len()),
-        ])?;
+        let find = |name: &str| {
+            named
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, b)| b)
+                .expect("bound above")
+        };
+        let mut out = buffers::read_many::<f32>(
+            gpu,
+            &[
+                (find("dq"), grads.dq.len()),
+                (find("dk"), grads.dk.len()),
+                (find("dv"), grads.dv.len()),
+            ],
+        )?;
         let dv = out.pop().unwrap_or_default();
         let dk = out.pop().unwrap_or_default();
         let dq = out.pop().unwrap_or_default();
         Ok((Gradients { dq, dk, dv }, schedule))
     }
 
-    fn validate(&self, gpu: &Gpu, input: &BackwardInput, grads: &Gradients) -> Result<usize, InputError> {
+    fn validate(
+        &self,
+        gpu: &Gpu,
+        input: &BackwardInput,
+        grads: &Gradients,
+    ) -> Result<usize, InputError> {
         let h = input.heads;
-        let set = self.compiled.iter().position(|c| c.head_dim == h.head_dim).ok_or_else(|| {
-            InputError::HeadDim {
+        let set = self
+            .compiled
+            .iter()
+            .position(|c| c.head_dim == h.head_dim)
+            .ok_or_else(|| InputError::HeadDim {
                 kernel: "backward".into(),
                 kernel_head_dim: self.compiled.first().map_or(0, |c| c.head_dim),
                 given: h.head_dim,
-            }
-        })?;
+            })?;
         let abi: &KernelAbi = self.compiled[set].split_q.abi();
         let view = ForwardInput {
-            seq_len: input.seq_len, heads: h, q: input.q, k: input.k, v: input.v,
-            seg: input.seg, scale: input.scale,
+            seq_len: input.seq_len,
+            heads: h,
+            q: input.q,
+            k: input.k,
+            v: input.v,
+            seg: input.seg,
+            scale: input.scale,
         };
         attention::validate_sequence(abi, gpu.limits(), &view)?;
         let rows = u64::from(input.seq_len) * u64::from(h.n_heads);
         let q_len = rows * u64::from(h.head_dim);
         length("o", input.o.len(), q_len, "seq_len × n_heads × head_dim")?;
-        length("d_o", input.d_o.len(), q_len, "seq_len × n_heads × head_dim")?;
+        length(
+            "d_o",
+            input.d_o.len(),
+            q_len,
+            "seq_len × n_heads × head_dim",
+        )?;
         length("lse", input.lse.len(), rows, "seq_len × n_heads")?;
         length("dq", grads.dq.len(), q_len, "seq_len × n_heads × head_dim")?;
-        length("dk", grads.dk.len(), input.k.len() as u64, "the length of k")?;
-        length("dv", grads.dv.len(), input.v.len() as u64, "the length of v")?;
+        length(
+            "dk",
+            grads.dk.len(),
+            input.k.len() as u64,
+            "the length of k",
+        )?;
+        length(
+            "dv",
+            grads.dv.len(),
+            input.v.len() as u64,
+            "the length of v",
+        )?;
         Ok(set)
     }
 
@@ -274,12 +334,12 @@ impl Backward {
         Ok(match schedule {
             Schedule::Split => vec![&c.split_q, &c.split_kv],
             Schedule::Streaming(Scatter::Cas) => vec![&c.streaming_cas],
-            Schedule::Streaming(Scatter::F32Atomic) => vec![c.streaming_f32.as_ref().ok_or(
-                InputError::Unsupported {
+            Schedule::Streaming(Scatter::F32Atomic) => {
+                vec![c.streaming_f32.as_ref().ok_or(InputError::Unsupported {
                     what: "the streaming-f32 schedule",
                     needs: "an adapter with SHADER_FLOAT32_ATOMIC",
-                },
-            )?],
+                })?]
+            }
             Schedule::RecomputeSplit => vec![&c.recompute_q, &c.recompute_kv],
         })
     }

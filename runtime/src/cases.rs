@@ -46,16 +46,24 @@ impl Case {
         let h = self.heads;
         let rows = match self.shape {
             Shape::Forward { seq, .. } | Shape::Backward { seq, .. } => format!("seq={seq}"),
-            Shape::Decode { cache_len, capacity } => format!("cache={cache_len}/{capacity}"),
+            Shape::Decode {
+                cache_len,
+                capacity,
+            } => format!("cache={cache_len}/{capacity}"),
             Shape::Rope { seq, pos_offset } => format!("seq={seq}+{pos_offset}"),
         };
-        format!("{rows} h={} kv={} d={}", h.n_heads, h.n_kv_heads, h.head_dim)
+        format!(
+            "{rows} h={} kv={} d={}",
+            h.n_heads, h.n_kv_heads, h.head_dim
+        )
     }
 
     pub fn mask_label(&self) -> String {
         match self.shape {
             Shape::Forward { docs: 1, .. } | Shape::Backward { docs: 1, .. } => "causal".into(),
-            Shape::Forward { docs, .. } | Shape::Backward { docs, .. } => format!("causal+{docs}docs"),
+            Shape::Forward { docs, .. } | Shape::Backward { docs, .. } => {
+                format!("causal+{docs}docs")
+            }
             Shape::Decode { .. } | Shape::Rope { .. } => "none".into(),
         }
     }
@@ -70,34 +78,98 @@ pub fn default_matrix() -> Vec<Case> {
     let mut cases = Vec::new();
     for head_dim in [64, 128] {
         for (n_heads, n_kv_heads) in head_sets {
-            let heads = Heads { n_heads, n_kv_heads, head_dim };
+            let heads = Heads {
+                n_heads,
+                n_kv_heads,
+                head_dim,
+            };
             for seq in [1, 7, 64, 300] {
                 for docs in [1, 3].into_iter().filter(|&d| d <= seq) {
-                    cases.push(Case { heads, shape: Shape::Forward { seq, docs } });
+                    cases.push(Case {
+                        heads,
+                        shape: Shape::Forward { seq, docs },
+                    });
                 }
             }
             for (cache_len, capacity) in [(1, 1), (7, 7), (300, 320)] {
-                cases.push(Case { heads, shape: Shape::Decode { cache_len, capacity } });
+                cases.push(Case {
+                    heads,
+                    shape: Shape::Decode {
+                        cache_len,
+                        capacity,
+                    },
+                });
             }
         }
         for (i, (n_heads, n_kv_heads)) in head_sets.into_iter().enumerate() {
-            let heads = Heads { n_heads, n_kv_heads, head_dim };
+            let heads = Heads {
+                n_heads,
+                n_kv_heads,
+                head_dim,
+            };
             for seq in [1, 7, 64, 300] {
                 // Documents alternate so both layouts meet every GQA ratio across head_dims.
-                let docs = if (i + head_dim as usize / 64) % 2 == 0 { 1 } else { 3 }.min(seq);
-                cases.push(Case { heads, shape: Shape::Backward { seq, docs } });
+                let docs = if (i + head_dim as usize / 64).is_multiple_of(2) {
+                    1
+                } else {
+                    3
+                }
+                .min(seq);
+                cases.push(Case {
+                    heads,
+                    shape: Shape::Backward { seq, docs },
+                });
             }
         }
-        let heads = Heads { n_heads: 4, n_kv_heads: 4, head_dim };
-        cases.push(Case { heads, shape: Shape::Rope { seq: 300, pos_offset: 0 } });
-        cases.push(Case { heads, shape: Shape::Rope { seq: 7, pos_offset: 4093 } });
+        let heads = Heads {
+            n_heads: 4,
+            n_kv_heads: 4,
+            head_dim,
+        };
+        cases.push(Case {
+            heads,
+            shape: Shape::Rope {
+                seq: 300,
+                pos_offset: 0,
+            },
+        });
+        cases.push(Case {
+            heads,
+            shape: Shape::Rope {
+                seq: 7,
+                pos_offset: 4093,
+            },
+        });
     }
-    let over = Heads { n_heads: 4, n_kv_heads: 1, head_dim: 64 };
-    cases.push(Case { heads: over, shape: Shape::Backward { seq: 400, docs: 3 } });
-    let seeds_layer = Heads { n_heads: 12, n_kv_heads: 4, head_dim: 64 };
-    cases.push(Case { heads: seeds_layer, shape: Shape::Forward { seq: 512, docs: 2 } });
-    cases.push(Case { heads: seeds_layer, shape: Shape::Decode { cache_len: 512, capacity: 512 } });
-    cases.push(Case { heads: seeds_layer, shape: Shape::Backward { seq: 128, docs: 2 } });
+    let over = Heads {
+        n_heads: 4,
+        n_kv_heads: 1,
+        head_dim: 64,
+    };
+    cases.push(Case {
+        heads: over,
+        shape: Shape::Backward { seq: 400, docs: 3 },
+    });
+    let seeds_layer = Heads {
+        n_heads: 12,
+        n_kv_heads: 4,
+        head_dim: 64,
+    };
+    cases.push(Case {
+        heads: seeds_layer,
+        shape: Shape::Forward { seq: 512, docs: 2 },
+    });
+    cases.push(Case {
+        heads: seeds_layer,
+        shape: Shape::Decode {
+            cache_len: 512,
+            capacity: 512,
+        },
+    });
+    cases.push(Case {
+        heads: seeds_layer,
+        shape: Shape::Backward { seq: 128, docs: 2 },
+    });
     cases
 }
 
@@ -123,14 +195,22 @@ impl Runner {
             .iter()
             .map(|(f, b)| Ok((Kernel::new(gpu, f)?, Kernel::new(gpu, b)?)))
             .collect::<Result<_, Error>>()?;
-        Ok(Runner { kernels, rope, backward: Backward::new(gpu, backward)? })
+        Ok(Runner {
+            kernels,
+            rope,
+            backward: Backward::new(gpu, backward)?,
+        })
     }
 
     /// The kernel of `op` specialized for `head_dim`.
     fn find(&self, op: Op, head_dim: u32) -> Result<&Kernel, Error> {
-        self.kernels.iter().find(|k| k.abi().op == op && k.abi().head_dim == head_dim).ok_or_else(|| {
-            Error::Binding { kernel: format!("{} d{head_dim}", op.name()), binding: "(none in the family)".into() }
-        })
+        self.kernels
+            .iter()
+            .find(|k| k.abi().op == op && k.abi().head_dim == head_dim)
+            .ok_or_else(|| Error::Binding {
+                kernel: format!("{} d{head_dim}", op.name()),
+                binding: "(none in the family)".into(),
+            })
     }
 }
 
@@ -167,24 +247,43 @@ fn doc_start(s: u32, seq: u32, docs: u32) -> u32 {
 
 pub fn run_case(gpu: &Gpu, runner: &mut Runner, case: &Case, seed: u64) -> Result<Vec<Row>, Error> {
     let h = case.heads;
-    let row = |label: &str, verdicts| Row { case: *case, label: label.to_string(), verdicts };
+    let row = |label: &str, verdicts| Row {
+        case: *case,
+        label: label.to_string(),
+        verdicts,
+    };
     Ok(match case.shape {
         Shape::Forward { seq, docs } => {
             let kernel = runner.find(Op::Forward, h.head_dim)?;
-            vec![row(kernel.name(), run_forward(gpu, kernel, h, seq, docs, seed)?)]
+            vec![row(
+                kernel.name(),
+                run_forward(gpu, kernel, h, seq, docs, seed)?,
+            )]
         }
-        Shape::Decode { cache_len, capacity } => {
+        Shape::Decode {
+            cache_len,
+            capacity,
+        } => {
             let kernel = runner.find(Op::Decode, h.head_dim)?;
-            vec![row(kernel.name(), run_decode(gpu, kernel, h, cache_len, capacity, seed)?)]
+            vec![row(
+                kernel.name(),
+                run_decode(gpu, kernel, h, cache_len, capacity, seed)?,
+            )]
         }
         Shape::Backward { seq, docs } => run_backward(gpu, runner, case, seq, docs, seed)?,
         Shape::Rope { seq, pos_offset } => {
-            let pair = runner.rope.iter().find(|(f, _)| f.abi().head_dim == h.head_dim);
+            let pair = runner
+                .rope
+                .iter()
+                .find(|(f, _)| f.abi().head_dim == h.head_dim);
             let (fwd, bwd) = pair.ok_or_else(|| Error::Binding {
                 kernel: format!("rope d{}", h.head_dim),
                 binding: "(none in the family)".into(),
             })?;
-            vec![row("rope, rope_backward", run_rope(gpu, (fwd, bwd), h, seq, pos_offset, seed)?)]
+            vec![row(
+                "rope, rope_backward",
+                run_rope(gpu, (fwd, bwd), h, seq, pos_offset, seed)?,
+            )]
         }
     })
 }
@@ -206,40 +305,100 @@ fn problem(h: Heads, n_q: u32, n_k: u32, causal: bool, seg: Option<&[u32]>) -> P
 fn qkv(h: Heads, seq: u32, seed: u64) -> [Vec<f32>; 4] {
     let q_len = (seq * h.n_heads * h.head_dim) as usize;
     let kv_len = (seq * h.n_kv_heads * h.head_dim) as usize;
-    [random(q_len, seed), random(kv_len, seed + 1), random(kv_len, seed + 2), random(q_len, seed + 3)]
+    [
+        random(q_len, seed),
+        random(kv_len, seed + 1),
+        random(kv_len, seed + 2),
+        random(q_len, seed + 3),
+    ]
 }
 
-fn run_forward(gpu: &Gpu, kernel: &Kernel, h: Heads, seq: u32, docs: u32, seed: u64)
-    -> Result<Vec<(&'static str, Verdict)>, Error> {
+fn run_forward(
+    gpu: &Gpu,
+    kernel: &Kernel,
+    h: Heads,
+    seq: u32,
+    docs: u32,
+    seed: u64,
+) -> Result<Vec<(&'static str, Verdict)>, Error> {
     let [q, k, v, _] = qkv(h, seq, seed);
     let seg = documents(seq, docs);
-    let input = ForwardInput { seq_len: seq, heads: h, q: &q, k: &k, v: &v, seg: Some(&seg), scale: None };
+    let input = ForwardInput {
+        seq_len: seq,
+        heads: h,
+        q: &q,
+        k: &k,
+        v: &v,
+        seg: Some(&seg),
+        scale: None,
+    };
     let out = attention::forward(gpu, kernel, &input)?;
-    Ok(judge_attention(&problem(h, seq, seq, true, Some(&seg)), [&q, &k, &v], &out.o, Some(&out.lse)))
+    Ok(judge_attention(
+        &problem(h, seq, seq, true, Some(&seg)),
+        [&q, &k, &v],
+        &out.o,
+        Some(&out.lse),
+    ))
 }
 
-fn run_decode(gpu: &Gpu, kernel: &Kernel, h: Heads, cache_len: u32, capacity: u32, seed: u64)
-    -> Result<Vec<(&'static str, Verdict)>, Error> {
+fn run_decode(
+    gpu: &Gpu,
+    kernel: &Kernel,
+    h: Heads,
+    cache_len: u32,
+    capacity: u32,
+    seed: u64,
+) -> Result<Vec<(&'static str, Verdict)>, Error> {
     let [q, k, v, _] = qkv(h, capacity, seed);
     let q = q[..(h.n_heads * h.head_dim) as usize].to_vec();
-    let input = DecodeInput { cache_len, heads: h, q: &q, k_cache: &k, v_cache: &v, scale: None };
+    let input = DecodeInput {
+        cache_len,
+        heads: h,
+        q: &q,
+        k_cache: &k,
+        v_cache: &v,
+        scale: None,
+    };
     let o = attention::decode(gpu, kernel, &input)?;
-    Ok(judge_attention(&problem(h, 1, cache_len, false, None), [&q, &k, &v], &o, None))
+    Ok(judge_attention(
+        &problem(h, 1, cache_len, false, None),
+        [&q, &k, &v],
+        &o,
+        None,
+    ))
 }
 
 /// One row per schedule the device runs, then one that asserts they agree: the largest
 /// difference between any schedule and the first, against the same bound.
-fn run_backward(gpu: &Gpu, runner: &mut Runner, case: &Case, seq: u32, docs: u32, seed: u64)
-    -> Result<Vec<Row>, Error> {
+fn run_backward(
+    gpu: &Gpu,
+    runner: &mut Runner,
+    case: &Case,
+    seq: u32,
+    docs: u32,
+    seed: u64,
+) -> Result<Vec<Row>, Error> {
     let h = case.heads;
     let [q, k, v, d_o] = qkv(h, seq, seed);
     let seg = documents(seq, docs);
     let p = problem(h, seq, seq, true, Some(&seg));
     // O and LSE from the f64 reference, so the backward is judged on its own.
     let fwd = reference::attention::<f64>(&p, &cast(&q), &cast(&k), &cast(&v));
-    let (o, lse): (Vec<f32>, Vec<f32>) = (fwd.o.iter().map(|x| *x as f32).collect(), fwd.lse.iter().map(|x| *x as f32).collect());
+    let (o, lse): (Vec<f32>, Vec<f32>) = (
+        fwd.o.iter().map(|x| *x as f32).collect(),
+        fwd.lse.iter().map(|x| *x as f32).collect(),
+    );
     let input = BackwardInput {
-        seq_len: seq, heads: h, q: &q, k: &k, v: &v, o: &o, lse: &lse, d_o: &d_o, seg: Some(&seg), scale: None,
+        seq_len: seq,
+        heads: h,
+        q: &q,
+        k: &k,
+        v: &v,
+        o: &o,
+        lse: &lse,
+        d_o: &d_o,
+        seg: Some(&seg),
+        scale: None,
     };
     let planned = runner.backward.plan(gpu, seq, h.n_heads);
     let mut rows = Vec::new();
@@ -247,33 +406,80 @@ fn run_backward(gpu: &Gpu, runner: &mut Runner, case: &Case, seq: u32, docs: u32
     for schedule in runner.backward.schedules(gpu) {
         let (g, _) = runner.backward.run(gpu, &input, Some(schedule))?;
         let verdicts = judge_backward(&p, [&q, &k, &v, &d_o], (&o, &lse), [&g.dq, &g.dk, &g.dv]);
-        let label = if schedule == planned { format!("backward {schedule} (planned)") } else { format!("backward {schedule}") };
-        rows.push(Row { case: *case, label, verdicts });
+        let label = if schedule == planned {
+            format!("backward {schedule} (planned)")
+        } else {
+            format!("backward {schedule}")
+        };
+        rows.push(Row {
+            case: *case,
+            label,
+            verdicts,
+        });
         results.push((schedule, g));
     }
     let bounds: Vec<f64> = rows[0].verdicts.iter().map(|(_, v)| v.bound).collect();
     let (_, base) = &results[0];
     let agree = ["dq", "dk", "dv"].into_iter().enumerate().map(|(i, name)| {
         let pick = |g: &Gradients| [&g.dq, &g.dk, &g.dv][i].clone();
-        let error = results[1..].iter().map(|(_, g)| max_abs_error(&pick(g), &cast(&pick(base)))).fold(0.0, f64::max);
-        (name, Verdict { error, bound: bounds[i] })
+        let error = results[1..]
+            .iter()
+            .map(|(_, g)| max_abs_error(&pick(g), &cast(&pick(base))))
+            .fold(0.0, f64::max);
+        (
+            name,
+            Verdict {
+                error,
+                bound: bounds[i],
+            },
+        )
     });
-    rows.push(Row { case: *case, label: "backward schedules agree".into(), verdicts: agree.collect() });
+    rows.push(Row {
+        case: *case,
+        label: "backward schedules agree".into(),
+        verdicts: agree.collect(),
+    });
     Ok(rows)
 }
 
 /// RoPE against the reference, and backward(forward(x)) against x within 1e-6.
-fn run_rope(gpu: &Gpu, (fwd, bwd): (&Kernel, &Kernel), h: Heads, seq: u32, pos_offset: u32, seed: u64)
-    -> Result<Vec<(&'static str, Verdict)>, Error> {
+fn run_rope(
+    gpu: &Gpu,
+    (fwd, bwd): (&Kernel, &Kernel),
+    h: Heads,
+    seq: u32,
+    pos_offset: u32,
+    seed: u64,
+) -> Result<Vec<(&'static str, Verdict)>, Error> {
     let x = random((seq * h.n_heads * h.head_dim) as usize, seed);
-    let input = RopeInput { seq_len: seq, heads: h.n_heads, head_dim: h.head_dim, x: &x, pos_offset, base: 10000.0 };
+    let input = RopeInput {
+        seq_len: seq,
+        heads: h.n_heads,
+        head_dim: h.head_dim,
+        x: &x,
+        pos_offset,
+        base: 10000.0,
+    };
     let rotated = rope::rope(gpu, fwd, &input)?;
-    let back = rope::rope(gpu, bwd, &RopeInput { x: &rotated, ..input })?;
+    let back = rope::rope(
+        gpu,
+        bwd,
+        &RopeInput {
+            x: &rotated,
+            ..input
+        },
+    )?;
     let (heads, d) = (h.n_heads as usize, h.head_dim as usize);
     let freqs = rope::inv_freq(10000.0, h.head_dim);
     let exact = rope::inv_freq_exact(10000.0, h.head_dim);
     let r64 = reference::rope(&cast::<f64>(&x), heads, d, pos_offset, &exact, 1.0);
     let r32 = reference::rope(&x, heads, d, pos_offset, &freqs, 1.0);
-    let identity = Verdict { error: max_abs_error(&back, &cast(&x)), bound: 1e-6 };
-    Ok(vec![("x", judge(&rotated, &r64, &r32)), ("identity", identity)])
+    let identity = Verdict {
+        error: max_abs_error(&back, &cast(&x)),
+        bound: 1e-6,
+    };
+    Ok(vec![
+        ("x", judge(&rotated, &r64, &r32)),
+        ("identity", identity),
+    ])
 }

@@ -73,7 +73,10 @@ pub enum InputError {
     #[error("scale {0} is not a finite number")]
     Scale(f32),
     #[error("{what} needs {needs}")]
-    Unsupported { what: &'static str, needs: &'static str },
+    Unsupported {
+        what: &'static str,
+        needs: &'static str,
+    },
     #[error("{what} is {value}, over the adapter's limit of {limit}")]
     OverLimit {
         what: &'static str,

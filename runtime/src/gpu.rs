@@ -145,7 +145,8 @@ impl Gpu {
 
     /// Whether kernels with native `atomic<f32>` adds can run here.
     pub fn has_f32_atomics(&self) -> bool {
-        self.features.contains(wgpu::Features::SHADER_FLOAT32_ATOMIC)
+        self.features
+            .contains(wgpu::Features::SHADER_FLOAT32_ATOMIC)
     }
 
     /// `name (backend, type)`, for logs and reports.

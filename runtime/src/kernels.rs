@@ -1,6 +1,11 @@
 //! The default kernel family, described once with `attention_kernel!`. The WGSL of each is
 //! written to `generated/` and its expansion is snapshot-tested in `snapshots/`.
 
+use std::borrow::Cow;
+
+use attn_dsl::{
+    DslError, KernelAbi, KernelSpec, Limits, Masks, Op, Scatter, Source, Target, WriteMode,
+};
 use attn_macros::attention_kernel;
 
 attention_kernel! {
@@ -253,32 +258,87 @@ attention_kernel! {
     }
 }
 
-/// The kernels of one backward specialization (one head_dim), by schedule.
+/// The kernels of one backward specialization (one head_dim and mask set), by schedule:
+/// borrowed from the family's statics, or compiled at run time by [`BackwardKernels::compile`].
 pub struct BackwardKernels {
-    pub split_q: &'static attn_dsl::KernelAbi,
-    pub split_kv: &'static attn_dsl::KernelAbi,
-    pub streaming: &'static attn_dsl::KernelAbi,
-    pub streaming_f32_atomic: &'static attn_dsl::KernelAbi,
-    pub recompute_q: &'static attn_dsl::KernelAbi,
-    pub recompute_kv: &'static attn_dsl::KernelAbi,
+    pub split_q: Cow<'static, KernelAbi>,
+    pub split_kv: Cow<'static, KernelAbi>,
+    pub streaming: Cow<'static, KernelAbi>,
+    pub streaming_f32_atomic: Cow<'static, KernelAbi>,
+    pub recompute_q: Cow<'static, KernelAbi>,
+    pub recompute_kv: Cow<'static, KernelAbi>,
 }
 
 impl BackwardKernels {
     /// The portable kernels (every one but the native-f32-atomic variant).
-    pub fn portable(&self) -> [&'static attn_dsl::KernelAbi; 5] {
-        [self.split_q, self.split_kv, self.streaming, self.recompute_q, self.recompute_kv]
+    pub fn portable(&self) -> [&KernelAbi; 5] {
+        [
+            &self.split_q,
+            &self.split_kv,
+            &self.streaming,
+            &self.recompute_q,
+            &self.recompute_kv,
+        ]
+    }
+
+    /// The same set as the family's descriptions, for any head_dim and masks, compiled (and
+    /// naga-validated) now.
+    pub fn compile(head_dim: u32, masks: Masks) -> Result<BackwardKernels, DslError> {
+        use WriteMode::{AtomicScatter, Owned, ScratchFlush};
+        let native = Target::Native(Limits {
+            storage_buffers_per_stage: 10,
+            ..Limits::WEBGPU
+        });
+        let spec = |name: &str, op, writes: &[(&str, WriteMode)], source, scatter| KernelSpec {
+            writes: writes.iter().map(|(n, m)| (n.to_string(), *m)).collect(),
+            target: native,
+            source,
+            scatter,
+            ..KernelSpec::standard(name, op, head_dim, masks)
+        };
+        let (bq, bkv) = (Op::BackwardQ, Op::BackwardKv);
+        let (rec, scr, cas, f32a) = (
+            Source::Recompute,
+            Source::Scratch,
+            Scatter::Cas,
+            Scatter::F32Atomic,
+        );
+        let scratch = [("dq", Owned), ("p", ScratchFlush), ("ds", ScratchFlush)];
+        let atomic = [("dq", Owned), ("dk", AtomicScatter), ("dv", AtomicScatter)];
+        let owned_kv = [("dk", Owned), ("dv", Owned)];
+        let build = |s: KernelSpec| attn_dsl::compile(&s).map(Cow::Owned);
+        Ok(BackwardKernels {
+            split_q: build(spec("attention_backward_short", bq, &scratch, rec, cas))?,
+            split_kv: build(spec(
+                "attention_backward_short_dkdv",
+                bkv,
+                &owned_kv,
+                scr,
+                cas,
+            ))?,
+            streaming: build(spec("attention_backward", bq, &atomic, rec, cas))?,
+            streaming_f32_atomic: build(spec("attention_backward", bq, &atomic, rec, f32a))?,
+            recompute_q: build(spec(
+                "attention_backward_dq",
+                bq,
+                &[("dq", Owned)],
+                rec,
+                cas,
+            ))?,
+            recompute_kv: build(spec("attention_backward_dkdv", bkv, &owned_kv, rec, cas))?,
+        })
     }
 }
 
 macro_rules! backward_kernels {
     ($short:ident, $short_kv:ident, $stream:ident, $dq:ident, $dkdv:ident) => {
         BackwardKernels {
-            split_q: &$short::ABI,
-            split_kv: &$short_kv::ABI,
-            streaming: &$stream::ABI,
-            streaming_f32_atomic: &$stream::ABI_F32_ATOMIC,
-            recompute_q: &$dq::ABI,
-            recompute_kv: &$dkdv::ABI,
+            split_q: Cow::Borrowed(&$short::ABI),
+            split_kv: Cow::Borrowed(&$short_kv::ABI),
+            streaming: Cow::Borrowed(&$stream::ABI),
+            streaming_f32_atomic: Cow::Borrowed(&$stream::ABI_F32_ATOMIC),
+            recompute_q: Cow::Borrowed(&$dq::ABI),
+            recompute_kv: Cow::Borrowed(&$dkdv::ABI),
         }
     };
 }

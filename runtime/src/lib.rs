@@ -11,12 +11,13 @@ mod error;
 pub mod gpu;
 pub mod kernel;
 pub mod kernels;
+pub mod npy;
 pub mod reference;
 pub mod rope;
 
 pub use attention::{DecodeInput, ForwardInput, ForwardOutput, Heads, decode, forward};
 pub use backward::{Backward, BackwardInput, Gradients, Schedule};
-pub use rope::{RopeInput, rope};
 pub use error::{Error, InputError};
 pub use gpu::{DeviceError, Gpu};
 pub use kernel::Kernel;
+pub use rope::{RopeInput, rope};

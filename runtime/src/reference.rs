@@ -44,7 +44,9 @@ impl Problem<'_> {
 
 /// `x` converted to `T`.
 pub fn cast<T: Float>(x: &[f32]) -> Vec<T> {
-    x.iter().map(|v| T::from(*v).expect("f32 fits every float type")).collect()
+    x.iter()
+        .map(|v| T::from(*v).expect("f32 fits every float type"))
+        .collect()
 }
 
 fn dot<T: Float>(a: &[T], b: &[T]) -> T {
@@ -63,19 +65,35 @@ pub struct Attention<T> {
 fn probabilities<T: Float>(p: &Problem, q: &[T], k: &[T], s: usize, h: usize) -> (Vec<T>, T) {
     let scale = T::from(p.scale).expect("scale fits");
     let scores: Vec<Option<T>> = (0..p.n_k)
-        .map(|j| p.visible(s, j).then(|| dot(p.q_row(q, s, h), p.kv_row(k, j, h)) * scale))
+        .map(|j| {
+            p.visible(s, j)
+                .then(|| dot(p.q_row(q, s, h), p.kv_row(k, j, h)) * scale)
+        })
         .collect();
-    let max = scores.iter().flatten().fold(T::neg_infinity(), |m, x| m.max(*x));
+    let max = scores
+        .iter()
+        .flatten()
+        .fold(T::neg_infinity(), |m, x| m.max(*x));
     if max == T::neg_infinity() {
         return (vec![T::zero(); p.n_k], T::infinity());
     }
-    let w: Vec<T> = scores.iter().map(|x| x.map_or(T::zero(), |x| (x - max).exp())).collect();
+    let w: Vec<T> = scores
+        .iter()
+        .map(|x| x.map_or(T::zero(), |x| (x - max).exp()))
+        .collect();
     let sum = w.iter().fold(T::zero(), |a, x| a + *x);
     (w.iter().map(|x| *x / sum).collect(), max + sum.ln())
 }
 
 /// P[s, h, ·] recomputed from a saved LSE.
-fn recomputed_probabilities<T: Float>(p: &Problem, q: &[T], k: &[T], s: usize, h: usize, lse: T) -> Vec<T> {
+fn recomputed_probabilities<T: Float>(
+    p: &Problem,
+    q: &[T],
+    k: &[T],
+    s: usize,
+    h: usize,
+    lse: T,
+) -> Vec<T> {
     let scale = T::from(p.scale).expect("scale fits");
     (0..p.n_k)
         .map(|j| match p.visible(s, j) {
@@ -137,14 +155,18 @@ pub fn attention_backward<T: Float>(
             let dp: Vec<T> = (0..p.n_k).map(|j| dot(g_o, p.kv_row(v, j, h))).collect();
             let big_d = match saved {
                 Some((o, _)) => dot(g_o, p.q_row(o, s, h)),
-                None => probs.iter().zip(&dp).fold(T::zero(), |a, (w, x)| a + *w * *x),
+                None => probs
+                    .iter()
+                    .zip(&dp)
+                    .fold(T::zero(), |a, (w, x)| a + *w * *x),
             };
             let kv_h = h / (p.n_heads / p.n_kv_heads);
             for (j, w) in probs.iter().enumerate().filter(|(_, w)| **w != T::zero()) {
                 let ds = scale * *w * (dp[j] - big_d);
                 let kv = (j * p.n_kv_heads + kv_h) * d;
                 for i in 0..d {
-                    g.dq[(s * p.n_heads + h) * d + i] = g.dq[(s * p.n_heads + h) * d + i] + ds * k[kv + i];
+                    g.dq[(s * p.n_heads + h) * d + i] =
+                        g.dq[(s * p.n_heads + h) * d + i] + ds * k[kv + i];
                     g.dk[kv + i] = g.dk[kv + i] + ds * q[(s * p.n_heads + h) * d + i];
                     g.dv[kv + i] = g.dv[kv + i] + *w * g_o[i];
                 }
@@ -156,7 +178,14 @@ pub fn attention_backward<T: Float>(
 
 /// RoPE on `x: [seq, heads, head_dim]`: pairs (i, i + d/2) of row `s` rotate by
 /// `sign · (s + pos_offset) · inv_freq[i]`; `sign = -1` is the backward.
-pub fn rope<T: Float>(x: &[T], heads: usize, head_dim: usize, pos_offset: u32, inv_freq: &[T], sign: f64) -> Vec<T> {
+pub fn rope<T: Float>(
+    x: &[T],
+    heads: usize,
+    head_dim: usize,
+    pos_offset: u32,
+    inv_freq: &[T],
+    sign: f64,
+) -> Vec<T> {
     let half = head_dim / 2;
     let mut out = x.to_vec();
     let c = |v: f64| T::from(v).expect("fits");

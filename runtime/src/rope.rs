@@ -31,24 +31,38 @@ pub fn rope(gpu: &Gpu, kernel: &Kernel, input: &RopeInput) -> Result<Vec<f32>, E
     let x = buffers::storage(gpu, "x", input.x);
     let inv_freq = buffers::storage(gpu, "inv_freq", &inv_freq(input.base, input.head_dim));
     let dims_buf = uniform_dims(gpu, abi, &dims)?;
-    submit(gpu, kernel, &[("x", &x), ("inv_freq", &inv_freq), ("dims", &dims_buf)], grid)?;
+    submit(
+        gpu,
+        kernel,
+        &[("x", &x), ("inv_freq", &inv_freq), ("dims", &dims_buf)],
+        grid,
+    )?;
     buffers::read(gpu, &x, input.x.len())
 }
 
 /// `base^(-2i/head_dim)` for each pair, in f64.
 pub fn inv_freq_exact(base: f32, head_dim: u32) -> Vec<f64> {
-    (0..head_dim / 2).map(|i| f64::from(base).powf(-2.0 * f64::from(i) / f64::from(head_dim))).collect()
+    (0..head_dim / 2)
+        .map(|i| f64::from(base).powf(-2.0 * f64::from(i) / f64::from(head_dim)))
+        .collect()
 }
 
 /// [`inv_freq_exact`] rounded once to f32: the table the kernel reads.
 pub fn inv_freq(base: f32, head_dim: u32) -> Vec<f32> {
-    inv_freq_exact(base, head_dim).iter().map(|x| *x as f32).collect()
+    inv_freq_exact(base, head_dim)
+        .iter()
+        .map(|x| *x as f32)
+        .collect()
 }
 
 fn validate(kernel: &Kernel, input: &RopeInput) -> Result<(), InputError> {
     let abi = kernel.abi();
     if !matches!(abi.op, Op::Rope | Op::RopeBackward) {
-        return Err(InputError::WrongOp { kernel: abi.name.to_string(), actual: abi.op.name(), wanted: "rope" });
+        return Err(InputError::WrongOp {
+            kernel: abi.name.to_string(),
+            actual: abi.op.name(),
+            wanted: "rope",
+        });
     }
     nonzero("seq_len", input.seq_len)?;
     nonzero("heads", input.heads)?;

@@ -27,29 +27,73 @@ struct Data {
 impl Data {
     /// Random inputs and the GPU forward's O and LSE.
     fn new(gpu: &Gpu, heads: Heads, seq: u32, docs: u32, seed: u64) -> Data {
-        let (s, nh, nkv, d) = (seq as usize, heads.n_heads as usize, heads.n_kv_heads as usize, heads.head_dim as usize);
-        let (q, k, v) = (random(s * nh * d, seed), random(s * nkv * d, seed + 1), random(s * nkv * d, seed + 2));
+        let (s, nh, nkv, d) = (
+            seq as usize,
+            heads.n_heads as usize,
+            heads.n_kv_heads as usize,
+            heads.head_dim as usize,
+        );
+        let (q, k, v) = (
+            random(s * nh * d, seed),
+            random(s * nkv * d, seed + 1),
+            random(s * nkv * d, seed + 2),
+        );
         let d_o = random(s * nh * d, seed + 3);
         let seg = documents(seq, docs);
-        let abi = if d == 64 { &kernels::attention_forward::ABI } else { &kernels::attention_forward_d128::ABI };
+        let abi = if d == 64 {
+            &kernels::attention_forward::ABI
+        } else {
+            &kernels::attention_forward_d128::ABI
+        };
         let fwd = Kernel::new(gpu, abi).unwrap();
-        let input = ForwardInput { seq_len: seq, heads, q: &q, k: &k, v: &v, seg: Some(&seg), scale: None };
+        let input = ForwardInput {
+            seq_len: seq,
+            heads,
+            q: &q,
+            k: &k,
+            v: &v,
+            seg: Some(&seg),
+            scale: None,
+        };
         let out = runtime::forward(gpu, &fwd, &input).unwrap();
-        Data { heads, seq, q, k, v, d_o, seg, o: out.o, lse: out.lse }
+        Data {
+            heads,
+            seq,
+            q,
+            k,
+            v,
+            d_o,
+            seg,
+            o: out.o,
+            lse: out.lse,
+        }
     }
 
     fn input(&self) -> BackwardInput<'_> {
         BackwardInput {
-            seq_len: self.seq, heads: self.heads, q: &self.q, k: &self.k, v: &self.v,
-            o: &self.o, lse: &self.lse, d_o: &self.d_o, seg: Some(&self.seg), scale: None,
+            seq_len: self.seq,
+            heads: self.heads,
+            q: &self.q,
+            k: &self.k,
+            v: &self.v,
+            o: &self.o,
+            lse: &self.lse,
+            d_o: &self.d_o,
+            seg: Some(&self.seg),
+            scale: None,
         }
     }
 
     fn problem(&self) -> Problem<'_> {
         Problem {
-            n_q: self.seq as usize, n_k: self.seq as usize, n_heads: self.heads.n_heads as usize,
-            n_kv_heads: self.heads.n_kv_heads as usize, head_dim: self.heads.head_dim as usize,
-            scale: f64::from(self.heads.default_scale()), causal: true, seg: Some(&self.seg),
+            n_q: self.seq as usize,
+            n_k: self.seq as usize,
+            n_heads: self.heads.n_heads as usize,
+            n_kv_heads: self.heads.n_kv_heads as usize,
+            head_dim: self.heads.head_dim as usize,
+            scale: f64::from(self.heads.default_scale()),
+            causal: true,
+            seg: Some(&self.seg),
         }
     }
 }
@@ -58,22 +102,56 @@ impl Data {
 fn every_schedule_matches_the_reference_and_the_others() {
     let gpu = gpu();
     let mut backward = Backward::new(&gpu, &kernels::BACKWARD).unwrap();
-    let shapes = [(Heads { n_heads: 6, n_kv_heads: 2, head_dim: 64 }, 45, 3), (Heads { n_heads: 4, n_kv_heads: 1, head_dim: 128 }, 9, 1)];
+    let shapes = [
+        (
+            Heads {
+                n_heads: 6,
+                n_kv_heads: 2,
+                head_dim: 64,
+            },
+            45,
+            3,
+        ),
+        (
+            Heads {
+                n_heads: 4,
+                n_kv_heads: 1,
+                head_dim: 128,
+            },
+            9,
+            1,
+        ),
+    ];
     for (heads, seq, docs) in shapes {
         let data = Data::new(&gpu, heads, seq, docs, 11);
         let mut results = Vec::new();
         for schedule in backward.schedules(&gpu) {
             let (g, ran) = backward.run(&gpu, &data.input(), Some(schedule)).unwrap();
             assert_eq!(ran, schedule);
-            let verdicts = judge_backward(&data.problem(), [&data.q, &data.k, &data.v, &data.d_o], (&data.o, &data.lse), [&g.dq, &g.dk, &g.dv]);
-            assert!(verdicts.iter().all(|(_, v)| v.pass()), "{schedule} seq={seq}: {verdicts:?}");
+            let verdicts = judge_backward(
+                &data.problem(),
+                [&data.q, &data.k, &data.v, &data.d_o],
+                (&data.o, &data.lse),
+                [&g.dq, &g.dk, &g.dv],
+            );
+            assert!(
+                verdicts.iter().all(|(_, v)| v.pass()),
+                "{schedule} seq={seq}: {verdicts:?}"
+            );
             results.push((schedule, g));
         }
         let (first, base) = &results[0];
         for (schedule, g) in &results[1..] {
-            for (name, a, b) in [("dq", &g.dq, &base.dq), ("dk", &g.dk, &base.dk), ("dv", &g.dv, &base.dv)] {
+            for (name, a, b) in [
+                ("dq", &g.dq, &base.dq),
+                ("dk", &g.dk, &base.dk),
+                ("dv", &g.dv, &base.dv),
+            ] {
                 let diff = max_abs_error(a, &cast::<f64>(b));
-                assert!(diff < 1e-5, "{schedule} and {first} differ on {name} by {diff}");
+                assert!(
+                    diff < 1e-5,
+                    "{schedule} and {first} differ on {name} by {diff}"
+                );
             }
         }
     }
@@ -83,13 +161,32 @@ fn every_schedule_matches_the_reference_and_the_others() {
 fn gradients_accumulate_across_micro_steps() {
     let gpu = gpu();
     let mut backward = Backward::new(&gpu, &kernels::BACKWARD).unwrap();
-    let data = Data::new(&gpu, Heads { n_heads: 2, n_kv_heads: 2, head_dim: 64 }, 12, 1, 3);
+    let data = Data::new(
+        &gpu,
+        Heads {
+            n_heads: 2,
+            n_kv_heads: 2,
+            head_dim: 64,
+        },
+        12,
+        1,
+        3,
+    );
     for schedule in backward.schedules(&gpu) {
         let (once, _) = backward.run(&gpu, &data.input(), Some(schedule)).unwrap();
-        let (twice, _) = backward.accumulate(&gpu, &data.input(), Some(schedule), once.clone()).unwrap();
-        for (a, b) in [(&twice.dq, &once.dq), (&twice.dk, &once.dk), (&twice.dv, &once.dv)] {
+        let (twice, _) = backward
+            .accumulate(&gpu, &data.input(), Some(schedule), once.clone())
+            .unwrap();
+        for (a, b) in [
+            (&twice.dq, &once.dq),
+            (&twice.dk, &once.dk),
+            (&twice.dv, &once.dv),
+        ] {
             let doubled: Vec<f64> = b.iter().map(|x| 2.0 * f64::from(*x)).collect();
-            assert!(max_abs_error(a, &doubled) < 1e-5, "{schedule}: += does not add up");
+            assert!(
+                max_abs_error(a, &doubled) < 1e-5,
+                "{schedule}: += does not add up"
+            );
         }
     }
 }
@@ -98,15 +195,29 @@ fn gradients_accumulate_across_micro_steps() {
 fn scratch_is_reused_and_grown_only_when_needed() {
     let gpu = gpu();
     let mut backward = Backward::new(&gpu, &kernels::BACKWARD).unwrap();
-    let heads = Heads { n_heads: 2, n_kv_heads: 1, head_dim: 64 };
+    let heads = Heads {
+        n_heads: 2,
+        n_kv_heads: 1,
+        head_dim: 64,
+    };
     let big = Data::new(&gpu, heads, 20, 1, 5);
     let small = Data::new(&gpu, heads, 10, 2, 6);
-    backward.run(&gpu, &big.input(), Some(Schedule::Split)).unwrap();
+    backward
+        .run(&gpu, &big.input(), Some(Schedule::Split))
+        .unwrap();
     let held = backward.scratch_held();
     assert_eq!(held, Schedule::Split.scratch_bytes(20, 2));
-    backward.run(&gpu, &small.input(), Some(Schedule::Split)).unwrap();
-    assert_eq!(backward.scratch_held(), held, "a smaller call reuses the scratch");
-    backward.run(&gpu, &small.input(), Some(Schedule::RecomputeSplit)).unwrap();
+    backward
+        .run(&gpu, &small.input(), Some(Schedule::Split))
+        .unwrap();
+    assert_eq!(
+        backward.scratch_held(),
+        held,
+        "a smaller call reuses the scratch"
+    );
+    backward
+        .run(&gpu, &small.input(), Some(Schedule::RecomputeSplit))
+        .unwrap();
     assert_eq!(backward.scratch_held(), held);
 }
 
@@ -114,9 +225,17 @@ fn scratch_is_reused_and_grown_only_when_needed() {
 fn planner_sends_long_sequences_to_streaming() {
     let gpu = gpu();
     let mut backward = Backward::new(&gpu, &kernels::BACKWARD).unwrap();
-    assert_eq!(backward.plan(&gpu, 512, 12), Schedule::Split, "the seeds' layer fits 256 MiB");
+    assert_eq!(
+        backward.plan(&gpu, 512, 12),
+        Schedule::Split,
+        "the seeds' layer fits 256 MiB"
+    );
     assert_eq!(Schedule::Split.scratch_bytes(512, 12), 25_165_824);
-    let streaming = Schedule::Streaming(if gpu.has_f32_atomics() { Scatter::F32Atomic } else { Scatter::Cas });
+    let streaming = Schedule::Streaming(if gpu.has_f32_atomics() {
+        Scatter::F32Atomic
+    } else {
+        Scatter::Cas
+    });
     assert_eq!(backward.plan(&gpu, 8192, 16), streaming);
     backward.scratch_budget = 1 << 20;
     assert_eq!(backward.plan(&gpu, 300, 2), streaming);
@@ -129,13 +248,22 @@ fn planner_sends_long_sequences_to_streaming() {
 #[test]
 fn reference_matches_finite_differences_and_gpu_matches_reference() {
     let gpu = gpu();
-    let heads = Heads { n_heads: 2, n_kv_heads: 1, head_dim: 64 };
+    let heads = Heads {
+        n_heads: 2,
+        n_kv_heads: 1,
+        head_dim: 64,
+    };
     let data = Data::new(&gpu, heads, 4, 2, 9);
     let p = data.problem();
     let [q, k, v, d_o] = [&data.q, &data.k, &data.v, &data.d_o].map(|x| cast::<f64>(x));
     let analytic = reference::attention_backward(&p, [&q, &k, &v, &d_o], None);
     let loss = |q: &[f64], k: &[f64], v: &[f64]| -> f64 {
-        reference::attention(&p, q, k, v).o.iter().zip(&d_o).map(|(o, g)| o * g).sum()
+        reference::attention(&p, q, k, v)
+            .o
+            .iter()
+            .zip(&d_o)
+            .map(|(o, g)| o * g)
+            .sum()
     };
     let h = 1e-5;
     let mut worst = 0.0f64;
@@ -150,10 +278,18 @@ fn reference_matches_finite_differences_and_gpu_matches_reference() {
             worst = worst.max(((up - down) / (2.0 * h) - grad[i]).abs());
         }
     }
-    assert!(worst < 1e-8, "reference backward is off finite differences by {worst}");
+    assert!(
+        worst < 1e-8,
+        "reference backward is off finite differences by {worst}"
+    );
     let mut backward = Backward::new(&gpu, &kernels::BACKWARD).unwrap();
     let (g, _) = backward.run(&gpu, &data.input(), None).unwrap();
-    let verdicts = judge_backward(&p, [&data.q, &data.k, &data.v, &data.d_o], (&data.o, &data.lse), [&g.dq, &g.dk, &g.dv]);
+    let verdicts = judge_backward(
+        &p,
+        [&data.q, &data.k, &data.v, &data.d_o],
+        (&data.o, &data.lse),
+        [&g.dq, &g.dk, &g.dv],
+    );
     assert!(verdicts.iter().all(|(_, v)| v.pass()), "{verdicts:?}");
 }
 
@@ -161,19 +297,79 @@ fn reference_matches_finite_differences_and_gpu_matches_reference() {
 fn rope_backward_undoes_rope_and_both_match_the_reference() {
     let gpu = gpu();
     for (fwd_abi, bwd_abi) in kernels::ROPE {
-        let (fwd, bwd) = (Kernel::new(&gpu, fwd_abi).unwrap(), Kernel::new(&gpu, bwd_abi).unwrap());
+        let (fwd, bwd) = (
+            Kernel::new(&gpu, fwd_abi).unwrap(),
+            Kernel::new(&gpu, bwd_abi).unwrap(),
+        );
         let (seq, heads, d) = (37u32, 3u32, fwd_abi.head_dim);
         let x = random((seq * heads * d) as usize, 21);
-        let input = runtime::RopeInput { seq_len: seq, heads, head_dim: d, x: &x, pos_offset: 5, base: 10000.0 };
+        let input = runtime::RopeInput {
+            seq_len: seq,
+            heads,
+            head_dim: d,
+            x: &x,
+            pos_offset: 5,
+            base: 10000.0,
+        };
         let rotated = runtime::rope(&gpu, &fwd, &input).unwrap();
-        let back = runtime::rope(&gpu, &bwd, &runtime::RopeInput { x: &rotated, ..input }).unwrap();
+        let back = runtime::rope(
+            &gpu,
+            &bwd,
+            &runtime::RopeInput {
+                x: &rotated,
+                ..input
+            },
+        )
+        .unwrap();
         let identity = max_abs_error(&back, &cast::<f64>(&x));
-        assert!(identity <= 1e-6, "d{d}: backward(forward(x)) is off x by {identity}");
+        assert!(
+            identity <= 1e-6,
+            "d{d}: backward(forward(x)) is off x by {identity}"
+        );
         // The reference takes the exact frequencies in f64; the f32 baseline the rounded table.
         let exact = runtime::rope::inv_freq_exact(10000.0, d);
         let r64 = reference::rope(&cast::<f64>(&x), heads as usize, d as usize, 5, &exact, 1.0);
-        let r32 = reference::rope(&x, heads as usize, d as usize, 5, &runtime::rope::inv_freq(10000.0, d), 1.0);
+        let r32 = reference::rope(
+            &x,
+            heads as usize,
+            d as usize,
+            5,
+            &runtime::rope::inv_freq(10000.0, d),
+            1.0,
+        );
         let verdict = runtime::compare::judge(&rotated, &r64, &r32);
         assert!(verdict.pass(), "d{d}: {verdict:?}");
+    }
+}
+
+/// The run-time path (`BackwardKernels::compile`, used by the parity tool) and the macro
+/// path (the family's descriptions) emit the same kernels.
+#[test]
+fn run_time_compiled_backward_matches_the_family() {
+    let masks = attn_dsl::Masks {
+        causal: true,
+        document: true,
+    };
+    for family in &kernels::BACKWARD {
+        let compiled =
+            runtime::kernels::BackwardKernels::compile(family.split_q.head_dim, masks).unwrap();
+        let pairs = [
+            (&family.split_q, &compiled.split_q),
+            (&family.split_kv, &compiled.split_kv),
+            (&family.streaming, &compiled.streaming),
+            (&family.streaming_f32_atomic, &compiled.streaming_f32_atomic),
+            (&family.recompute_q, &compiled.recompute_q),
+            (&family.recompute_kv, &compiled.recompute_kv),
+        ];
+        for (a, b) in pairs {
+            // Names differ (the family's d128 kernels carry a suffix); nothing else may.
+            assert_eq!(
+                a.wgsl,
+                b.wgsl.replace(b.name.as_ref(), &a.name),
+                "{} differs",
+                a.name
+            );
+            assert_eq!(a.bindings, b.bindings, "{} differs", a.name);
+        }
     }
 }

@@ -14,7 +14,8 @@ fn gpu() -> Gpu {
 #[test]
 fn default_matrix_passes() {
     let gpu = gpu();
-    let mut runner = Runner::new(&gpu, kernels::FAMILY.iter().copied(), &kernels::BACKWARD).unwrap();
+    let mut runner =
+        Runner::new(&gpu, kernels::FAMILY.iter().copied(), &kernels::BACKWARD).unwrap();
     runner.backward.scratch_budget = 4 << 20;
     let matrix = cases::default_matrix();
     let mut rows = 0;
@@ -23,11 +24,21 @@ fn default_matrix_passes() {
         for r in cases::run_case(&gpu, &mut runner, case, 7 + i as u64).unwrap() {
             rows += 1;
             if !r.pass() {
-                failures.push(format!("{} {} {}: {:?}", r.label, case.shape_label(), case.mask_label(), r.verdicts));
+                failures.push(format!(
+                    "{} {} {}: {:?}",
+                    r.label,
+                    case.shape_label(),
+                    case.mask_label(),
+                    r.verdicts
+                ));
             }
         }
     }
-    assert!(failures.is_empty(), "failing rows:\n{}", failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "failing rows:\n{}",
+        failures.join("\n")
+    );
     assert!(rows >= 190, "the matrix shrank to {rows} rows");
 }
 

@@ -27,7 +27,8 @@ pub(super) fn backward_q(out: &mut String, spec: &KernelSpec) {
     index::kv_head(out, spec);
     index::row_indexing(out);
     index::masks(out, spec);
-    out.push_str(r#"var<workgroup> sh_q: array<f32, HEAD_DIM>;
+    out.push_str(
+        r#"var<workgroup> sh_q: array<f32, HEAD_DIM>;
 var<workgroup> sh_do: array<f32, HEAD_DIM>;
 var<workgroup> sh_o: array<f32, HEAD_DIM>;
 var<workgroup> sh_acc: array<f32, HEAD_DIM>;
@@ -35,7 +36,8 @@ var<workgroup> sh_ds: array<f32, WG>;
 var<workgroup> sh_partial: array<f32, WG>;
 var<workgroup> sh_range: vec2<u32>;
 
-"#);
+"#,
+    );
     let scatter = spec.write_mode("dk") == Some(WriteMode::AtomicScatter);
     if scatter {
         for t in ["dk", "dv"] {
@@ -52,17 +54,26 @@ var<workgroup> sh_range: vec2<u32>;
     } else {
         ""
     };
-    out.push_str(&BACKWARD_ROW.replace("        //FLUSH\n", flush).replace("        //SCATTER\n", scatter_lines));
+    out.push_str(
+        &BACKWARD_ROW
+            .replace("        //FLUSH\n", flush)
+            .replace("        //SCATTER\n", scatter_lines),
+    );
 }
 
 /// `add_<t>(i, x)`: `t[i] += x` from many workgroups at once.
 fn atomic_add(out: &mut String, t: &str, scatter: Scatter) {
     match scatter {
         Scatter::F32Atomic => {
-            let _ = write!(out, "fn add_{t}(i: u32, x: f32) {{\n    atomicAdd(&{t}[i], x);\n}}\n\n");
+            let _ = write!(
+                out,
+                "fn add_{t}(i: u32, x: f32) {{\n    atomicAdd(&{t}[i], x);\n}}\n\n"
+            );
         }
         Scatter::Cas => {
-            let _ = write!(out, r#"// f32 add on u32 words: retry until no other invocation changed the word between
+            let _ = write!(
+                out,
+                r#"// f32 add on u32 words: retry until no other invocation changed the word between
 // our load and our exchange.
 fn add_{t}(i: u32, x: f32) {{
     var old = atomicLoad(&{t}[i]);
@@ -75,7 +86,8 @@ fn add_{t}(i: u32, x: f32) {{
     }}
 }}
 
-"#);
+"#
+            );
         }
     }
 }
@@ -161,7 +173,8 @@ pub(super) fn backward_kv(out: &mut String, spec: &KernelSpec) {
     index::kv_head(out, spec);
     index::row_indexing(out);
     index::masks(out, spec);
-    out.push_str(r#"var<workgroup> sh_k: array<f32, HEAD_DIM>;
+    out.push_str(
+        r#"var<workgroup> sh_k: array<f32, HEAD_DIM>;
 var<workgroup> sh_v: array<f32, HEAD_DIM>;
 var<workgroup> sh_dk: array<f32, HEAD_DIM>;
 var<workgroup> sh_dv: array<f32, HEAD_DIM>;
@@ -171,12 +184,17 @@ var<workgroup> sh_pk: array<f32, WG>;
 var<workgroup> sh_pv: array<f32, WG>;
 var<workgroup> sh_range: vec2<u32>;
 
-"#);
+"#,
+    );
     let (load_kv, p_ds) = match spec.source {
         Source::Recompute => (RECOMPUTE_LOAD, RECOMPUTE_P_DS),
         Source::Scratch => ("", SCRATCH_P_DS),
     };
-    out.push_str(&BACKWARD_COL.replace("    //LOAD_KV\n", load_kv).replace("            //P_DS\n", p_ds));
+    out.push_str(
+        &BACKWARD_COL
+            .replace("    //LOAD_KV\n", load_kv)
+            .replace("            //P_DS\n", p_ds),
+    );
 }
 
 const RECOMPUTE_LOAD: &str = "        sh_k[tid] = k[ki + tid];\n        sh_v[tid] = v[ki + tid];\n";

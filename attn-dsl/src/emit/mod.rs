@@ -60,7 +60,9 @@ pub fn workgroup_bytes(spec: &KernelSpec) -> u32 {
 /// The entry of a tiled grid: workgroup (x, y) takes rows x·TILE.. of the walked axis, for
 /// head (or KV head) y, one row at a time.
 fn tile_entry(out: &mut String, name: &str, row_fn: &str) {
-    let _ = write!(out, r#"@compute @workgroup_size(WG)
+    let _ = write!(
+        out,
+        r#"@compute @workgroup_size(WG)
 fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {{
     for (var r = 0u; r < TILE; r = r + 1u) {{
         let row = wg.x * TILE + r;
@@ -71,7 +73,8 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         workgroupBarrier();
     }}
 }}
-"#);
+"#
+    );
 }
 
 fn header(out: &mut String, spec: &KernelSpec) {

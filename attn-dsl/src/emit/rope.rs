@@ -6,9 +6,13 @@ use std::fmt::Write;
 
 pub(super) fn rope(out: &mut String, backward: bool) {
     let sign = if backward { "-1.0" } else { "1.0" };
-    let _ = writeln!(out, "// +1 rotates forward; -1 applies the transpose (the backward).");
+    let _ = writeln!(
+        out,
+        "// +1 rotates forward; -1 applies the transpose (the backward)."
+    );
     let _ = writeln!(out, "const SIGN: f32 = {sign};");
-    out.push_str(r#"const HALF: u32 = HEAD_DIM / 2u;
+    out.push_str(
+        r#"const HALF: u32 = HEAD_DIM / 2u;
 // 2π split so that k · TWO_PI_HI is exact for k < 2^16 (TWO_PI_HI = 201/32 has 8 bits).
 const TWO_PI_HI: f32 = 6.28125;
 const TWO_PI_LO: f32 = 0.0019353071795864769;
@@ -35,5 +39,6 @@ fn rope_row(row: u32, h: u32, tid: u32) {
     }
 }
 
-"#);
+"#,
+    );
 }

@@ -63,33 +63,61 @@ fn run(args: Args) -> anyhow::Result<bool> {
     println!("adapter: {}", gpu.describe());
     let mut runner = Runner::new(&gpu, kernels::FAMILY.iter().copied(), &kernels::BACKWARD)?;
     runner.backward.scratch_budget = args.scratch_budget;
-    println!("{:<34} {:<28} {:<13} {:<60} result", "kernel", "shape", "masks", "max abs error <= bound, per output");
+    println!(
+        "{:<34} {:<28} {:<13} {:<60} result",
+        "kernel", "shape", "masks", "max abs error <= bound, per output"
+    );
     let (mut passed, mut failed, mut worst) = (0, 0, (0.0f64, String::new()));
     for (i, case) in cases.iter().enumerate() {
         let rows = cases::run_case(&gpu, &mut runner, case, args.seed + 1000 * i as u64)
-            .with_context(|| format!("{} {} {}", case.kind(), case.shape_label(), case.mask_label()))?;
+            .with_context(|| {
+                format!(
+                    "{} {} {}",
+                    case.kind(),
+                    case.shape_label(),
+                    case.mask_label()
+                )
+            })?;
         for row in rows {
             print_row(&row);
             for (name, v) in &row.verdicts {
                 if v.ratio() > worst.0 {
-                    worst = (v.ratio(), format!("{} {} {name}", row.label, case.shape_label()));
+                    worst = (
+                        v.ratio(),
+                        format!("{} {} {name}", row.label, case.shape_label()),
+                    );
                 }
             }
             if row.pass() { passed += 1 } else { failed += 1 }
         }
     }
     println!("worst error/bound: {:.3} ({})", worst.0, worst.1);
-    println!("{passed} passed, {failed} failed; {:.1} s on {}", started.elapsed().as_secs_f64(), gpu.describe());
+    println!(
+        "{passed} passed, {failed} failed; {:.1} s on {}",
+        started.elapsed().as_secs_f64(),
+        gpu.describe()
+    );
     Ok(failed == 0)
 }
 
 fn matches(c: &Case, filter: &str) -> bool {
-    [c.kind().to_string(), c.shape_label(), c.mask_label()].iter().any(|s| s.contains(filter))
+    [c.kind().to_string(), c.shape_label(), c.mask_label()]
+        .iter()
+        .any(|s| s.contains(filter))
 }
 
 fn print_row(r: &Row) {
-    let cells: Vec<String> =
-        r.verdicts.iter().map(|(n, v)| format!("{n} {:.2e}<={:.2e}", v.error, v.bound)).collect();
-    println!("{:<34} {:<28} {:<13} {:<60} {}", r.label, r.case.shape_label(), r.case.mask_label(),
-        cells.join("  "), if r.pass() { "pass" } else { "FAIL" });
+    let cells: Vec<String> = r
+        .verdicts
+        .iter()
+        .map(|(n, v)| format!("{n} {:.2e}<={:.2e}", v.error, v.bound))
+        .collect();
+    println!(
+        "{:<34} {:<28} {:<13} {:<60} {}",
+        r.label,
+        r.case.shape_label(),
+        r.case.mask_label(),
+        cells.join("  "),
+        if r.pass() { "pass" } else { "FAIL" }
+    );
 }

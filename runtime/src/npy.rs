@@ -1,0 +1,154 @@
+//! `.npy` files in and out, with errors that say which file and what is wrong with it.
+
+use std::fs::File;
+use std::io::{BufReader, BufWriter};
+use std::path::{Path, PathBuf};
+
+use npyz::WriterBuilder;
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum NpyError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: dtype {found}, expected {expected}")]
+    DType {
+        path: PathBuf,
+        found: String,
+        expected: &'static str,
+    },
+    #[error("{path}: shape {found:?}, expected {expected}")]
+    Shape {
+        path: PathBuf,
+        found: Vec<u64>,
+        expected: String,
+    },
+    #[error("{path}: Fortran-ordered arrays are not supported; save with np.ascontiguousarray")]
+    FortranOrder { path: PathBuf },
+    #[error("{path}: value {value} at index {index} is not a valid row index")]
+    Index {
+        path: PathBuf,
+        index: usize,
+        value: i128,
+    },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> NpyError + '_ {
+    move |source| NpyError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn open(path: &Path) -> Result<npyz::NpyFile<BufReader<File>>, NpyError> {
+    let file = File::open(path).map_err(io(path))?;
+    let npy = npyz::NpyFile::new(BufReader::new(file)).map_err(io(path))?;
+    if npy.order() == npyz::Order::Fortran {
+        return Err(NpyError::FortranOrder {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(npy)
+}
+
+fn descr(npy: &npyz::NpyFile<BufReader<File>>) -> String {
+    match npy.dtype() {
+        npyz::DType::Plain(ts) => ts.to_string(),
+        other => format!("{other:?}"),
+    }
+}
+
+/// A little-endian f32 array and its shape, which must have `rank` dimensions.
+pub fn read_f32(path: &Path, rank: usize) -> Result<(Vec<u64>, Vec<f32>), NpyError> {
+    let npy = open(path)?;
+    let found = descr(&npy);
+    if found != "<f4" {
+        return Err(NpyError::DType {
+            path: path.to_path_buf(),
+            found,
+            expected: "float32 (<f4)",
+        });
+    }
+    let shape = npy.shape().to_vec();
+    if shape.len() != rank {
+        return Err(NpyError::Shape {
+            path: path.to_path_buf(),
+            found: shape,
+            expected: format!("{rank} dimensions"),
+        });
+    }
+    let data = npy.into_vec::<f32>().map_err(io(path))?;
+    Ok((shape, data))
+}
+
+/// A 1-D array of row indices of any little-endian integer type, as u32.
+pub fn read_indices(path: &Path) -> Result<Vec<u32>, NpyError> {
+    let npy = open(path)?;
+    let shape = npy.shape().to_vec();
+    if shape.len() != 1 {
+        return Err(NpyError::Shape {
+            path: path.to_path_buf(),
+            found: shape,
+            expected: "1 dimension".into(),
+        });
+    }
+    let wide: Vec<i128> = match descr(&npy).as_str() {
+        "<i4" => npy
+            .into_vec::<i32>()
+            .map_err(io(path))?
+            .into_iter()
+            .map(i128::from)
+            .collect(),
+        "<i8" => npy
+            .into_vec::<i64>()
+            .map_err(io(path))?
+            .into_iter()
+            .map(i128::from)
+            .collect(),
+        "<u4" => npy
+            .into_vec::<u32>()
+            .map_err(io(path))?
+            .into_iter()
+            .map(i128::from)
+            .collect(),
+        "<u8" => npy
+            .into_vec::<u64>()
+            .map_err(io(path))?
+            .into_iter()
+            .map(i128::from)
+            .collect(),
+        found => {
+            return Err(NpyError::DType {
+                path: path.to_path_buf(),
+                found: found.to_string(),
+                expected: "an integer type (int32, int64, uint32, uint64)",
+            });
+        }
+    };
+    wide.iter()
+        .enumerate()
+        .map(|(index, &value)| {
+            u32::try_from(value).map_err(|_| NpyError::Index {
+                path: path.to_path_buf(),
+                index,
+                value,
+            })
+        })
+        .collect()
+}
+
+/// Writes `data` as a little-endian f32 array of `shape`.
+pub fn write_f32(path: &Path, shape: &[u64], data: &[f32]) -> Result<(), NpyError> {
+    let file = File::create(path).map_err(io(path))?;
+    let mut writer = npyz::WriteOptions::new()
+        .default_dtype()
+        .shape(shape)
+        .writer(BufWriter::new(file))
+        .begin_nd()
+        .map_err(io(path))?;
+    writer.extend(data.iter().copied()).map_err(io(path))?;
+    writer.finish().map_err(io(path))
+}
