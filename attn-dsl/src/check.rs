@@ -327,22 +327,22 @@ fn check_ownership(
             .fixed_axes()
             .iter()
             .find(|a| !layout.contains(a))
-        {
-            let axes: Vec<_> = layout.iter().map(|a| a.name()).collect();
-            return Err(DslError::spec(
-                Field::Write(name.to_string()),
-                format!(
-                    "`{name}` is declared {}, but its index [{}] lacks axis `{}`, which tells the \
+    {
+        let axes: Vec<_> = layout.iter().map(|a| a.name()).collect();
+        return Err(DslError::spec(
+            Field::Write(name.to_string()),
+            format!(
+                "`{name}` is declared {}, but its index [{}] lacks axis `{}`, which tells the \
                  workgroups of a {} grid apart, so several workgroups write each element (a \
                  data race); declare it `atomic` (scatter), or compute it in a kernel whose \
                  grid walks its axes",
-                    mode.name(),
-                    axes.join(", "),
-                    axis.name(),
-                    spec.grid.major.name()
-                ),
-            ));
-        }
+                mode.name(),
+                axes.join(", "),
+                axis.name(),
+                spec.grid.major.name()
+            ),
+        ));
+    }
     let supported = supported_mode(spec.op, name);
     if mode != supported {
         return Err(DslError::spec(

@@ -65,15 +65,7 @@ pub fn forward(gpu: &Gpu, kernel: &Kernel, input: &ForwardInput) -> Result<Forwa
     let q = buffers::storage(gpu, "q", input.q);
     let k = buffers::storage(gpu, "k", input.k);
     let v = buffers::storage(gpu, "v", input.v);
-    let seg_zeros;
-    let seg = match input.seg {
-        Some(seg) => seg,
-        None => {
-            seg_zeros = vec![0u32; input.seq_len as usize];
-            &seg_zeros
-        }
-    };
-    let seg = buffers::storage(gpu, "seg", seg);
+    let seg = seg_buffer(gpu, input.seg, input.seq_len);
     let o_len = input.q.len();
     let lse_len = (input.seq_len * h.n_heads) as usize;
     let o = buffers::output::<f32>(gpu, "o", o_len);
@@ -127,6 +119,14 @@ pub fn decode(gpu: &Gpu, kernel: &Kernel, input: &DecodeInput) -> Result<Vec<f32
     ];
     submit(gpu, kernel, &bound, grid)?;
     buffers::read(gpu, &o, input.q.len())
+}
+
+/// The `seg` buffer; without one, every row starts at document 0 (one document).
+pub(crate) fn seg_buffer(gpu: &Gpu, seg: Option<&[u32]>, seq_len: u32) -> wgpu::Buffer {
+    match seg {
+        Some(seg) => buffers::storage(gpu, "seg", seg),
+        None => buffers::storage(gpu, "seg", &vec![0u32; seq_len as usize]),
+    }
 }
 
 pub(crate) fn submit(

@@ -212,14 +212,6 @@ impl Backward {
         let h = input.heads;
         let dims = [input.seq_len, h.n_heads, h.n_kv_heads, h.head_dim];
         let scale = input.scale.unwrap_or(h.default_scale());
-        let seg_zeros;
-        let seg = match input.seg {
-            Some(seg) => seg,
-            None => {
-                seg_zeros = vec![0u32; input.seq_len as usize];
-                &seg_zeros
-            }
-        };
         let named: Vec<(&str, wgpu::Buffer)> = [
             ("q", input.q),
             ("k", input.k),
@@ -233,7 +225,7 @@ impl Backward {
         ]
         .into_iter()
         .map(|(name, data)| (name, buffers::storage(gpu, name, data)))
-        .chain([("seg", buffers::storage(gpu, "seg", seg))])
+        .chain([("seg", attention::seg_buffer(gpu, input.seg, input.seq_len))])
         .collect();
         if schedule == Schedule::Split {
             let elems = scratch_elems(input.seq_len, h.n_heads);
