@@ -369,7 +369,7 @@ fn run_decode(
 }
 
 /// One row per schedule the device runs, then one that asserts they agree: the largest
-/// difference between any schedule and the first, against the same bound.
+/// difference between any schedule and the first, against twice the rule's bound.
 fn run_backward(
     gpu: &Gpu,
     runner: &mut Runner,
@@ -418,7 +418,13 @@ fn run_backward(
         });
         results.push((schedule, g));
     }
-    let bounds: Vec<f64> = rows[0].verdicts.iter().map(|(_, v)| v.bound).collect();
+    // Each schedule is within `bound` of the reference, so two may differ by up to twice it
+    // (atomic scatter adds in a different order on every run).
+    let bounds: Vec<f64> = rows[0]
+        .verdicts
+        .iter()
+        .map(|(_, v)| 2.0 * v.bound)
+        .collect();
     let (_, base) = &results[0];
     let agree = ["dq", "dk", "dv"].into_iter().enumerate().map(|(i, name)| {
         let pick = |g: &Gradients| [&g.dq, &g.dk, &g.dv][i].clone();

@@ -30,8 +30,11 @@ fn rope_row(row: u32, h: u32, tid: u32) {
     let pos = f32(row + dims.pos_offset);
     for (var i = tid; i < HALF; i = i + WG) {
         let angle = reduce_angle(SIGN * pos * inv_freq[i]);
-        let c = cos(angle);
-        let s = sin(angle);
+        // GPU sin and cos may be approximations with c² + s² a few 1e-7 off 1, which
+        // backward(forward(x)) would not cancel: put (c, s) back on the unit circle.
+        let norm = inverseSqrt(fma(cos(angle), cos(angle), sin(angle) * sin(angle)));
+        let c = cos(angle) * norm;
+        let s = sin(angle) * norm;
         let x0 = x[base + i];
         let x1 = x[base + i + HALF];
         x[base + i] = x0 * c - x1 * s;
