@@ -29,15 +29,13 @@ struct Params {
 @group(0) @binding(0) var<storage, read> q: array<f32>;
 @group(0) @binding(1) var<storage, read> k: array<f32>;
 @group(0) @binding(2) var<storage, read> v: array<f32>;
-@group(0) @binding(3) var<storage, read> o: array<f32>;
-@group(0) @binding(4) var<storage, read> d_o: array<f32>;
-@group(0) @binding(5) var<storage, read> lse: array<f32>;
-@group(0) @binding(6) var<storage, read_write> dq: array<f32>;
-@group(0) @binding(7) var<storage, read_write> dk: array<atomic<u32>>;
-@group(0) @binding(8) var<storage, read_write> dv: array<atomic<u32>>;
-@group(0) @binding(9) var<uniform> dims: Dims;
-@group(0) @binding(10) var<uniform> params: Params;
-@group(0) @binding(11) var<storage, read> seg: array<u32>;
+@group(0) @binding(3) var<storage, read> d_o: array<f32>;
+@group(0) @binding(4) var<storage, read> stats: array<f32>;
+@group(0) @binding(5) var<storage, read_write> dq: array<f32>;
+@group(0) @binding(6) var<storage, read_write> dkv: array<atomic<u32>>;
+@group(0) @binding(7) var<uniform> dims: Dims;
+@group(0) @binding(8) var<uniform> params: Params;
+@group(0) @binding(9) var<storage, read> seg: array<u32>;
 
 // GQA: query heads h share KV head h / (n_heads / n_kv_heads).
 fn q_per_kv() -> u32 {
@@ -73,9 +71,16 @@ fn query_range(col: u32) -> vec2<u32> {
     return vec2<u32>(col, dims.seq_len);
 }
 
+fn stats_part(part: u32, row: u32, h: u32) -> u32 {
+    return (part * dims.seq_len + row) * dims.n_heads + h;
+}
+
+fn p_ds_part(part: u32, row: u32, h: u32, j: u32) -> u32 {
+    return ((part * dims.seq_len + row) * dims.n_heads + h) * dims.seq_len + j;
+}
+
 var<workgroup> sh_q: array<f32, HEAD_DIM>;
 var<workgroup> sh_do: array<f32, HEAD_DIM>;
-var<workgroup> sh_o: array<f32, HEAD_DIM>;
 var<workgroup> sh_acc: array<f32, HEAD_DIM>;
 var<workgroup> sh_ds: array<f32, WG>;
 var<workgroup> sh_partial: array<f32, WG>;
@@ -83,23 +88,10 @@ var<workgroup> sh_range: vec2<u32>;
 
 // f32 add on u32 words: retry until no other invocation changed the word between
 // our load and our exchange.
-fn add_dk(i: u32, x: f32) {
-    var old = atomicLoad(&dk[i]);
+fn add_dkv(i: u32, x: f32) {
+    var old = atomicLoad(&dkv[i]);
     loop {
-        let r = atomicCompareExchangeWeak(&dk[i], old, bitcast<u32>(bitcast<f32>(old) + x));
-        if (r.exchanged) {
-            break;
-        }
-        old = r.old_value;
-    }
-}
-
-// f32 add on u32 words: retry until no other invocation changed the word between
-// our load and our exchange.
-fn add_dv(i: u32, x: f32) {
-    var old = atomicLoad(&dv[i]);
-    loop {
-        let r = atomicCompareExchangeWeak(&dv[i], old, bitcast<u32>(bitcast<f32>(old) + x));
+        let r = atomicCompareExchangeWeak(&dkv[i], old, bitcast<u32>(bitcast<f32>(old) + x));
         if (r.exchanged) {
             break;
         }
@@ -116,18 +108,12 @@ fn backward_row(row: u32, h: u32, tid: u32) {
     if (tid < HEAD_DIM) {
         sh_q[tid] = q[qi + tid];
         sh_do[tid] = d_o[qi + tid];
-        sh_o[tid] = o[qi + tid];
         sh_acc[tid] = 0.0;
     }
     workgroupBarrier();
     let range = workgroupUniformLoad(&sh_range);
-    // D = rowsum(dO ∘ O) = Σ_j P·dP, summed in the order dP is below, so that dP - D
-    // cancels exactly when a row attends to one key (O = V_j).
-    var delta = 0.0;
-    for (var dd = 0u; dd < HEAD_DIM; dd = dd + 1u) {
-        delta = fma(sh_do[dd], sh_o[dd], delta);
-    }
-    let row_lse = lse[row * dims.n_heads + h];
+    let row_lse = stats[stats_part(0u, row, h)];
+    let delta = stats[stats_part(1u, row, h)];
 
     let d_local = tid / K_PAR;
     let kc = tid % K_PAR;
@@ -147,9 +133,11 @@ fn backward_row(row: u32, h: u32, tid: u32) {
             }
             let pj = exp(dot * params.scale - row_lse);
             dsj = params.scale * pj * (dp - delta);
+            // dK is part 0 of dkv, dV part 1.
+            let dv_at = dims.seq_len * dims.n_kv_heads * HEAD_DIM + ki;
             for (var dd = 0u; dd < HEAD_DIM; dd = dd + 1u) {
-                add_dk(ki + dd, dsj * sh_q[dd]);
-                add_dv(ki + dd, pj * sh_do[dd]);
+                add_dkv(ki + dd, dsj * sh_q[dd]);
+                add_dkv(dv_at + dd, pj * sh_do[dd]);
             }
         }
         sh_ds[tid] = dsj;

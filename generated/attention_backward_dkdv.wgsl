@@ -29,14 +29,13 @@ struct Params {
 @group(0) @binding(0) var<storage, read> q: array<f32>;
 @group(0) @binding(1) var<storage, read> k: array<f32>;
 @group(0) @binding(2) var<storage, read> v: array<f32>;
-@group(0) @binding(3) var<storage, read> o: array<f32>;
-@group(0) @binding(4) var<storage, read> d_o: array<f32>;
-@group(0) @binding(5) var<storage, read> lse: array<f32>;
-@group(0) @binding(6) var<storage, read_write> dk: array<f32>;
-@group(0) @binding(7) var<storage, read_write> dv: array<f32>;
-@group(0) @binding(8) var<uniform> dims: Dims;
-@group(0) @binding(9) var<uniform> params: Params;
-@group(0) @binding(10) var<storage, read> seg: array<u32>;
+@group(0) @binding(3) var<storage, read> d_o: array<f32>;
+@group(0) @binding(4) var<storage, read> stats: array<f32>;
+@group(0) @binding(5) var<storage, read_write> dk: array<f32>;
+@group(0) @binding(6) var<storage, read_write> dv: array<f32>;
+@group(0) @binding(7) var<uniform> dims: Dims;
+@group(0) @binding(8) var<uniform> params: Params;
+@group(0) @binding(9) var<storage, read> seg: array<u32>;
 
 // GQA: query heads h share KV head h / (n_heads / n_kv_heads).
 fn q_per_kv() -> u32 {
@@ -70,6 +69,14 @@ fn visible(row: u32, j: u32) -> bool {
 
 fn query_range(col: u32) -> vec2<u32> {
     return vec2<u32>(col, dims.seq_len);
+}
+
+fn stats_part(part: u32, row: u32, h: u32) -> u32 {
+    return (part * dims.seq_len + row) * dims.n_heads + h;
+}
+
+fn p_ds_part(part: u32, row: u32, h: u32, j: u32) -> u32 {
+    return ((part * dims.seq_len + row) * dims.n_heads + h) * dims.seq_len + j;
 }
 
 var<workgroup> sh_k: array<f32, HEAD_DIM>;
@@ -113,15 +120,12 @@ fn backward_col(col: u32, kv_h: u32, tid: u32) {
             let qi = q_index(s, h);
             var dot = 0.0;
             var dp = 0.0;
-            var delta = 0.0;
             for (var dd = 0u; dd < HEAD_DIM; dd = dd + 1u) {
-                let g = d_o[qi + dd];
                 dot = fma(q[qi + dd], sh_k[dd], dot);
-                dp = fma(g, sh_v[dd], dp);
-                delta = fma(g, o[qi + dd], delta);
+                dp = fma(d_o[qi + dd], sh_v[dd], dp);
             }
-            p_s = exp(dot * params.scale - lse[s * dims.n_heads + h]);
-            ds_s = params.scale * p_s * (dp - delta);
+            p_s = exp(dot * params.scale - stats[stats_part(0u, s, h)]);
+            ds_s = params.scale * p_s * (dp - stats[stats_part(1u, s, h)]);
             }
             sh_p[tid] = p_s;
             sh_ds[tid] = ds_s;

@@ -29,15 +29,13 @@ struct Params {
 @group(0) @binding(0) var<storage, read> q: array<f32>;
 @group(0) @binding(1) var<storage, read> k: array<f32>;
 @group(0) @binding(2) var<storage, read> v: array<f32>;
-@group(0) @binding(3) var<storage, read> o: array<f32>;
-@group(0) @binding(4) var<storage, read> d_o: array<f32>;
-@group(0) @binding(5) var<storage, read> lse: array<f32>;
-@group(0) @binding(6) var<storage, read_write> dq: array<f32>;
-@group(0) @binding(7) var<storage, read_write> p: array<f32>;
-@group(0) @binding(8) var<storage, read_write> ds: array<f32>;
-@group(0) @binding(9) var<uniform> dims: Dims;
-@group(0) @binding(10) var<uniform> params: Params;
-@group(0) @binding(11) var<storage, read> seg: array<u32>;
+@group(0) @binding(3) var<storage, read> d_o: array<f32>;
+@group(0) @binding(4) var<storage, read> stats: array<f32>;
+@group(0) @binding(5) var<storage, read_write> dq: array<f32>;
+@group(0) @binding(6) var<storage, read_write> p_ds: array<f32>;
+@group(0) @binding(7) var<uniform> dims: Dims;
+@group(0) @binding(8) var<uniform> params: Params;
+@group(0) @binding(9) var<storage, read> seg: array<u32>;
 
 // GQA: query heads h share KV head h / (n_heads / n_kv_heads).
 fn q_per_kv() -> u32 {
@@ -73,9 +71,16 @@ fn query_range(col: u32) -> vec2<u32> {
     return vec2<u32>(col, dims.seq_len);
 }
 
+fn stats_part(part: u32, row: u32, h: u32) -> u32 {
+    return (part * dims.seq_len + row) * dims.n_heads + h;
+}
+
+fn p_ds_part(part: u32, row: u32, h: u32, j: u32) -> u32 {
+    return ((part * dims.seq_len + row) * dims.n_heads + h) * dims.seq_len + j;
+}
+
 var<workgroup> sh_q: array<f32, HEAD_DIM>;
 var<workgroup> sh_do: array<f32, HEAD_DIM>;
-var<workgroup> sh_o: array<f32, HEAD_DIM>;
 var<workgroup> sh_acc: array<f32, HEAD_DIM>;
 var<workgroup> sh_ds: array<f32, WG>;
 var<workgroup> sh_partial: array<f32, WG>;
@@ -90,18 +95,12 @@ fn backward_row(row: u32, h: u32, tid: u32) {
     if (tid < HEAD_DIM) {
         sh_q[tid] = q[qi + tid];
         sh_do[tid] = d_o[qi + tid];
-        sh_o[tid] = o[qi + tid];
         sh_acc[tid] = 0.0;
     }
     workgroupBarrier();
     let range = workgroupUniformLoad(&sh_range);
-    // D = rowsum(dO ∘ O) = Σ_j P·dP, summed in the order dP is below, so that dP - D
-    // cancels exactly when a row attends to one key (O = V_j).
-    var delta = 0.0;
-    for (var dd = 0u; dd < HEAD_DIM; dd = dd + 1u) {
-        delta = fma(sh_do[dd], sh_o[dd], delta);
-    }
-    let row_lse = lse[row * dims.n_heads + h];
+    let row_lse = stats[stats_part(0u, row, h)];
+    let delta = stats[stats_part(1u, row, h)];
 
     let d_local = tid / K_PAR;
     let kc = tid % K_PAR;
@@ -121,9 +120,8 @@ fn backward_row(row: u32, h: u32, tid: u32) {
             }
             let pj = exp(dot * params.scale - row_lse);
             dsj = params.scale * pj * (dp - delta);
-            let si = (row * dims.n_heads + h) * dims.seq_len + j;
-            p[si] = pj;
-            ds[si] = dsj;
+            p_ds[p_ds_part(0u, row, h, j)] = pj;
+            p_ds[p_ds_part(1u, row, h, j)] = dsj;
         }
         sh_ds[tid] = dsj;
         workgroupBarrier();

@@ -28,13 +28,12 @@ struct Params {
 
 @group(0) @binding(0) var<storage, read> q: array<f32>;
 @group(0) @binding(1) var<storage, read> d_o: array<f32>;
-@group(0) @binding(2) var<storage, read> p: array<f32>;
-@group(0) @binding(3) var<storage, read> ds: array<f32>;
-@group(0) @binding(4) var<storage, read_write> dk: array<f32>;
-@group(0) @binding(5) var<storage, read_write> dv: array<f32>;
-@group(0) @binding(6) var<uniform> dims: Dims;
-@group(0) @binding(7) var<uniform> params: Params;
-@group(0) @binding(8) var<storage, read> seg: array<u32>;
+@group(0) @binding(2) var<storage, read> p_ds: array<f32>;
+@group(0) @binding(3) var<storage, read_write> dk: array<f32>;
+@group(0) @binding(4) var<storage, read_write> dv: array<f32>;
+@group(0) @binding(5) var<uniform> dims: Dims;
+@group(0) @binding(6) var<uniform> params: Params;
+@group(0) @binding(7) var<storage, read> seg: array<u32>;
 
 // GQA: query heads h share KV head h / (n_heads / n_kv_heads).
 fn q_per_kv() -> u32 {
@@ -68,6 +67,14 @@ fn visible(row: u32, j: u32) -> bool {
 
 fn query_range(col: u32) -> vec2<u32> {
     return vec2<u32>(col, dims.seq_len);
+}
+
+fn stats_part(part: u32, row: u32, h: u32) -> u32 {
+    return (part * dims.seq_len + row) * dims.n_heads + h;
+}
+
+fn p_ds_part(part: u32, row: u32, h: u32, j: u32) -> u32 {
+    return ((part * dims.seq_len + row) * dims.n_heads + h) * dims.seq_len + j;
 }
 
 var<workgroup> sh_k: array<f32, HEAD_DIM>;
@@ -106,9 +113,8 @@ fn backward_col(col: u32, kv_h: u32, tid: u32) {
             var p_s = 0.0;
             var ds_s = 0.0;
             if (s >= range.x && s < range.y && visible(s, col)) {
-            let si = (s * dims.n_heads + h) * dims.seq_len + col;
-            p_s = p[si];
-            ds_s = ds[si];
+            p_s = p_ds[p_ds_part(0u, s, h, col)];
+            ds_s = p_ds[p_ds_part(1u, s, h, col)];
             }
             sh_p[tid] = p_s;
             sh_ds[tid] = ds_s;

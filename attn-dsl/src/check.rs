@@ -270,33 +270,16 @@ fn check_writes(spec: &KernelSpec) -> Result<(), DslError> {
     check_pairs(spec)
 }
 
-/// Outputs that only make sense together, and schedules that exclude each other.
+/// Schedules that exclude each other.
 fn check_pairs(spec: &KernelSpec) -> Result<(), DslError> {
-    for (a, b) in [("p", "ds"), ("dk", "dv")] {
-        match (spec.write_mode(a), spec.write_mode(b)) {
-            (Some(_), None) | (None, Some(_)) => {
-                let (given, missing) = if spec.write_mode(a).is_some() {
-                    (a, b)
-                } else {
-                    (b, a)
-                };
-                return Err(DslError::spec(
-                    Field::Write(given.to_string()),
-                    format!(
-                        "`{given}` needs `{missing}` beside it: a backward schedule produces them \
-                     together"
-                    ),
-                ));
-            }
-            _ => {}
-        }
-    }
-    if spec.op == Op::BackwardQ && spec.write_mode("p").is_some() && spec.write_mode("dk").is_some()
+    if spec.op == Op::BackwardQ
+        && spec.write_mode("p_ds").is_some()
+        && spec.write_mode("dkv").is_some()
     {
         return Err(DslError::spec(
-            Field::Write("dk".into()),
-            "backward_q flushes scratch (`p`, `ds`) or scatters `dk`, `dv`, not both: pick the \
-             split or the streaming schedule",
+            Field::Write("dkv".into()),
+            "backward_q flushes scratch (`p_ds`) or scatters `dkv`, not both: pick the split or \
+             the streaming schedule",
         ));
     }
     Ok(())
@@ -305,8 +288,8 @@ fn check_pairs(spec: &KernelSpec) -> Result<(), DslError> {
 /// The write mode the emitter produces for an output of an op.
 fn supported_mode(op: Op, tensor: &str) -> WriteMode {
     match (op, tensor) {
-        (Op::BackwardQ, "p" | "ds") => WriteMode::ScratchFlush,
-        (Op::BackwardQ, "dk" | "dv") => WriteMode::AtomicScatter,
+        (Op::BackwardQ, "p_ds") => WriteMode::ScratchFlush,
+        (Op::BackwardQ, "dkv") => WriteMode::AtomicScatter,
         _ => WriteMode::Owned,
     }
 }

@@ -66,7 +66,7 @@ const fn when(t: Tensor, presence: Presence) -> Tensor {
     Tensor { presence, ..t }
 }
 
-use Axis::{D, H, J, KvH, S};
+use Axis::{D, H, J, KvH, Part, S};
 use Elem::{F32, U32};
 use Presence::{IfDocument, IfRecompute, IfScratch, IfWritten};
 use Role::{Input, Output, Uniform};
@@ -95,18 +95,26 @@ const DECODE: &[Tensor] = &[
     PARAMS_T,
 ];
 
+// The backward binds at most 8 storage buffers, WebGPU's default, by packing: LSE with D in
+// `stats` [2, s, h], P with dS in the scratch `p_ds` [2, s, h, j], and dK with dV in the
+// atomic `dkv` [2, j, kv_h, d]. Part 0 is the first named, part 1 the second.
+const BACKWARD_PREP: &[Tensor] = &[
+    t("o", Input, F32, &[S, H, D]),
+    t("d_o", Input, F32, &[S, H, D]),
+    t("lse", Input, F32, &[S, H]),
+    t("stats", Output, F32, &[Part, S, H]),
+    DIMS,
+];
+
 const BACKWARD_Q: &[Tensor] = &[
     t("q", Input, F32, &[S, H, D]),
     t("k", Input, F32, &[J, KvH, D]),
     t("v", Input, F32, &[J, KvH, D]),
-    t("o", Input, F32, &[S, H, D]),
     t("d_o", Input, F32, &[S, H, D]),
-    t("lse", Input, F32, &[S, H]),
+    t("stats", Input, F32, &[Part, S, H]),
     t("dq", Output, F32, &[S, H, D]),
-    when(t("p", Output, F32, &[S, H, J]), IfWritten),
-    when(t("ds", Output, F32, &[S, H, J]), IfWritten),
-    when(t("dk", Output, F32, &[J, KvH, D]), IfWritten),
-    when(t("dv", Output, F32, &[J, KvH, D]), IfWritten),
+    when(t("p_ds", Output, F32, &[Part, S, H, J]), IfWritten),
+    when(t("dkv", Output, F32, &[Part, J, KvH, D]), IfWritten),
     DIMS,
     PARAMS_T,
     SEG,
@@ -116,11 +124,9 @@ const BACKWARD_KV: &[Tensor] = &[
     t("q", Input, F32, &[S, H, D]),
     when(t("k", Input, F32, &[J, KvH, D]), IfRecompute),
     when(t("v", Input, F32, &[J, KvH, D]), IfRecompute),
-    when(t("o", Input, F32, &[S, H, D]), IfRecompute),
     t("d_o", Input, F32, &[S, H, D]),
-    when(t("lse", Input, F32, &[S, H]), IfRecompute),
-    when(t("p", Input, F32, &[S, H, J]), IfScratch),
-    when(t("ds", Input, F32, &[S, H, J]), IfScratch),
+    when(t("stats", Input, F32, &[Part, S, H]), IfRecompute),
+    when(t("p_ds", Input, F32, &[Part, S, H, J]), IfScratch),
     t("dk", Output, F32, &[J, KvH, D]),
     t("dv", Output, F32, &[J, KvH, D]),
     DIMS,
@@ -128,8 +134,6 @@ const BACKWARD_KV: &[Tensor] = &[
     SEG,
 ];
 
-/// `inv_freq[i] = rope_base^(-2i/head_dim)`, computed by the host in f64 and rounded once:
-/// GPU `pow` is several ulp off, and the error grows with the position it multiplies.
 const ROPE: &[Tensor] = &[
     t("x", Output, F32, &[S, H, D]),
     t("inv_freq", Input, F32, &[D]),
@@ -141,6 +145,7 @@ pub fn all_tensors(op: Op) -> &'static [Tensor] {
     match op {
         Op::Forward => FORWARD,
         Op::Decode => DECODE,
+        Op::BackwardPrep => BACKWARD_PREP,
         Op::BackwardQ => BACKWARD_Q,
         Op::BackwardKv => BACKWARD_KV,
         Op::Rope | Op::RopeBackward => ROPE,

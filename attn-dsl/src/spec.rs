@@ -20,6 +20,8 @@ pub enum Axis {
     KvH,
     /// Head dimension.
     D,
+    /// Which of the tensors packed into one buffer (e.g. P or dS in `p_ds`).
+    Part,
 }
 
 impl Axis {
@@ -30,6 +32,7 @@ impl Axis {
             Axis::H => "h",
             Axis::KvH => "kv_h",
             Axis::D => "d",
+            Axis::Part => "part",
         }
     }
 }
@@ -46,6 +49,9 @@ pub enum Op {
     Forward,
     /// One query row per head against a KV cache of `cache_len` rows.
     Decode,
+    /// Backward preparation: per query row, packs the forward's LSE with
+    /// D = rowsum(dO ∘ O) into `stats`, so the backward kernels bind one buffer for both.
+    BackwardPrep,
     /// Backward by query rows: recomputes P from LSE, accumulates dQ; optionally flushes
     /// P and dS to scratch, or scatters dK and dV with atomics.
     BackwardQ,
@@ -58,9 +64,10 @@ pub enum Op {
 }
 
 impl Op {
-    pub const ALL: [Op; 6] = [
+    pub const ALL: [Op; 7] = [
         Op::Forward,
         Op::Decode,
+        Op::BackwardPrep,
         Op::BackwardQ,
         Op::BackwardKv,
         Op::Rope,
@@ -71,6 +78,7 @@ impl Op {
         match self {
             Op::Forward => "forward",
             Op::Decode => "decode",
+            Op::BackwardPrep => "backward_prep",
             Op::BackwardQ => "backward_q",
             Op::BackwardKv => "backward_kv",
             Op::Rope => "rope",
@@ -81,7 +89,9 @@ impl Op {
     /// The grid every schedule of this op runs.
     pub fn major(self) -> Major {
         match self {
-            Op::Forward | Op::BackwardQ | Op::Rope | Op::RopeBackward => Major::S,
+            Op::Forward | Op::BackwardPrep | Op::BackwardQ | Op::Rope | Op::RopeBackward => {
+                Major::S
+            }
             Op::Decode => Major::Head,
             Op::BackwardKv => Major::J,
         }

@@ -92,6 +92,7 @@ fn abi_const(abi: &KernelAbi, wgsl: TokenStream) -> TokenStream {
     let op = match abi.op {
         Op::Forward => quote!(Forward),
         Op::Decode => quote!(Decode),
+        Op::BackwardPrep => quote!(BackwardPrep),
         Op::BackwardQ => quote!(BackwardQ),
         Op::BackwardKv => quote!(BackwardKv),
         Op::Rope => quote!(Rope),
@@ -169,6 +170,7 @@ fn binding_const(b: &Binding) -> TokenStream {
         Axis::H => quote!(H),
         Axis::KvH => quote!(KvH),
         Axis::D => quote!(D),
+        Axis::Part => quote!(Part),
     });
     let write = match b.write {
         None => quote!(::core::option::Option::None),

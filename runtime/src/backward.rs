@@ -100,6 +100,7 @@ pub struct Gradients {
 /// The kernels of one head_dim, compiled.
 struct Compiled {
     head_dim: u32,
+    prep: Kernel,
     split_q: Kernel,
     split_kv: Kernel,
     streaming_cas: Kernel,
@@ -110,8 +111,8 @@ struct Compiled {
 
 /// Scratch for the split schedule, grown on demand and reused.
 struct Scratch {
-    p: wgpu::Buffer,
-    ds: wgpu::Buffer,
+    /// P then dS, `elems` each, in one binding.
+    p_ds: wgpu::Buffer,
     elems: u64,
 }
 
@@ -135,6 +136,7 @@ impl Backward {
             .map(|set| {
                 Ok(Compiled {
                     head_dim: set.split_q.head_dim,
+                    prep: Kernel::new(gpu, &set.prep)?,
                     split_q: Kernel::new(gpu, &set.split_q)?,
                     split_kv: Kernel::new(gpu, &set.split_kv)?,
                     streaming_cas: Kernel::new(gpu, &set.streaming)?,
@@ -166,9 +168,10 @@ impl Backward {
     /// atomics, the seeds' production path); streaming beyond, with native f32 atomics
     /// where the adapter has them.
     pub fn plan(&self, gpu: &Gpu, seq_len: u32, n_heads: u32) -> Schedule {
-        let per_buffer = scratch_elems(seq_len, n_heads) * 4;
-        let fits = Schedule::Split.scratch_bytes(seq_len, n_heads) <= self.scratch_budget
-            && per_buffer <= gpu.limits().max_storage_buffer_binding_size;
+        // P and dS share one binding, so the whole scratch must fit the largest binding.
+        let bytes = Schedule::Split.scratch_bytes(seq_len, n_heads);
+        let fits =
+            bytes <= self.scratch_budget && bytes <= gpu.limits().max_storage_buffer_binding_size;
         if fits {
             Schedule::Split
         } else if gpu.has_f32_atomics() {
@@ -212,6 +215,9 @@ impl Backward {
         let h = input.heads;
         let dims = [input.seq_len, h.n_heads, h.n_kv_heads, h.head_dim];
         let scale = input.scale.unwrap_or(h.default_scale());
+        let rows = (input.seq_len * h.n_heads) as usize;
+        // dK and dV packed for the streaming kernel's one atomic binding: dK first.
+        let dkv: Vec<f32> = grads.dk.iter().chain(&grads.dv).copied().collect();
         let named: Vec<(&str, wgpu::Buffer)> = [
             ("q", input.q),
             ("k", input.k),
@@ -222,27 +228,28 @@ impl Backward {
             ("dq", &grads.dq),
             ("dk", &grads.dk),
             ("dv", &grads.dv),
+            ("dkv", &dkv),
         ]
         .into_iter()
         .map(|(name, data)| (name, buffers::storage(gpu, name, data)))
-        .chain([("seg", attention::seg_buffer(gpu, input.seg, input.seq_len))])
+        .chain([
+            ("seg", attention::seg_buffer(gpu, input.seg, input.seq_len)),
+            ("stats", buffers::output::<f32>(gpu, "stats", 2 * rows)),
+        ])
         .collect();
         if schedule == Schedule::Split {
             let elems = scratch_elems(input.seq_len, h.n_heads);
-            attention::binding_size(gpu.limits(), elems * 4)?;
+            attention::binding_size(gpu.limits(), 2 * elems * 4)?;
             self.reserve_scratch(gpu, elems);
         }
         let kernels = self.kernels_for(set, schedule)?;
-        let (p, ds) = match (schedule, &self.scratch) {
-            (Schedule::Split, Some(scratch)) => (Some(&scratch.p), Some(&scratch.ds)),
-            _ => (None, None),
-        };
         let (dims_buf, params_buf) = uniforms(gpu, kernels[0].abi(), &dims, &[("scale", scale)])?;
         let mut bound: Vec<(&str, &wgpu::Buffer)> = named.iter().map(|(n, b)| (*n, b)).collect();
         bound.extend([("dims", &dims_buf), ("params", &params_buf)]);
-        bound.extend(p.map(|p| ("p", p)));
-        bound.extend(ds.map(|ds| ("ds", ds)));
-        for kernel in &kernels {
+        if let (Schedule::Split, Some(scratch)) = (schedule, &self.scratch) {
+            bound.push(("p_ds", &scratch.p_ds));
+        }
+        for kernel in std::iter::once(&self.compiled[set].prep).chain(kernels) {
             let grid = attention::checked_grid(kernel.abi(), gpu.limits(), &dims)?;
             submit(gpu, kernel, &bound, grid)?;
         }
@@ -253,14 +260,26 @@ impl Backward {
                 .map(|(_, b)| b)
                 .expect("bound above")
         };
-        let mut out = buffers::read_many::<f32>(
-            gpu,
-            &[
-                (find("dq"), grads.dq.len()),
-                (find("dk"), grads.dk.len()),
-                (find("dv"), grads.dv.len()),
-            ],
-        )?;
+        let (dk_len, dv_len) = (grads.dk.len(), grads.dv.len());
+        let mut out = match schedule {
+            Schedule::Streaming(_) => {
+                let mut out = buffers::read_many::<f32>(
+                    gpu,
+                    &[(find("dq"), grads.dq.len()), (find("dkv"), dk_len + dv_len)],
+                )?;
+                let dv = out[1].split_off(dk_len);
+                out.push(dv);
+                out
+            }
+            _ => buffers::read_many::<f32>(
+                gpu,
+                &[
+                    (find("dq"), grads.dq.len()),
+                    (find("dk"), dk_len),
+                    (find("dv"), dv_len),
+                ],
+            )?,
+        };
         let dv = out.pop().unwrap_or_default();
         let dk = out.pop().unwrap_or_default();
         let dq = out.pop().unwrap_or_default();
@@ -339,10 +358,9 @@ impl Backward {
     /// Scratch of at least `elems` per buffer, reusing what is held.
     fn reserve_scratch(&mut self, gpu: &Gpu, elems: u64) {
         if self.scratch.as_ref().is_none_or(|s| s.elems < elems) {
-            self.scratch = None; // free the old pair before allocating the new one
+            self.scratch = None; // free the old buffer before allocating the new one
             self.scratch = Some(Scratch {
-                p: buffers::output::<f32>(gpu, "p scratch", elems as usize),
-                ds: buffers::output::<f32>(gpu, "ds scratch", elems as usize),
+                p_ds: buffers::output::<f32>(gpu, "p_ds scratch", 2 * elems as usize),
                 elems,
             });
         }

@@ -3,9 +3,7 @@
 
 use std::borrow::Cow;
 
-use attn_dsl::{
-    DslError, KernelAbi, KernelSpec, Limits, Masks, Op, Scatter, Source, Target, WriteMode,
-};
+use attn_dsl::{DslError, KernelAbi, KernelSpec, Masks, Op, Scatter, Source, WriteMode};
 use attn_macros::attention_kernel;
 
 attention_kernel! {
@@ -63,17 +61,30 @@ attention_kernel! {
 }
 
 attention_kernel! {
-    /// Split schedule (a), producer, head_dim 64: dQ owned, P and dS flushed to scratch `[s, h, j]`.
-    /// Ten storage buffers: over WebGPU's default of 8, so a native target for now.
+    /// Backward preparation, head_dim 64: packs LSE and D = rowsum(dO ∘ O) into `stats`
+    /// [2, s, h] for every backward schedule.
+    pub attention_backward_prep {
+        op: backward_prep,
+        grid: s_major(tile = 1),
+        head_dim: 64,
+        target: webgpu,
+        workgroup_size: 64,
+        writes: { stats: owned },
+    }
+}
+
+attention_kernel! {
+    /// Split schedule (a), producer, head_dim 64: dQ owned, P and dS flushed to the scratch
+    /// `p_ds` [2, s, h, j].
     pub attention_backward_short {
         op: backward_q,
         grid: s_major(tile = 1),
         head_dim: 64,
         gqa: any,
         masks: [causal, document],
-        target: native(storage_buffers = 10),
+        target: webgpu,
         workgroup_size: 256,
-        writes: { dq: owned, p: scratch, ds: scratch },
+        writes: { dq: owned, p_ds: scratch },
     }
 }
 
@@ -93,17 +104,17 @@ attention_kernel! {
 }
 
 attention_kernel! {
-    /// Streaming schedule (b), head_dim 64: no scratch; dK and dV by atomic scatter (a
-    /// compare-exchange loop in `ABI`, native f32 atomics in `ABI_F32_ATOMIC`).
+    /// Streaming schedule (b), head_dim 64: no scratch; dK and dV by atomic scatter into `dkv`
+    /// [2, j, kv_h, d] (a compare-exchange loop in `ABI`, native f32 atomics in `ABI_F32_ATOMIC`).
     pub attention_backward {
         op: backward_q,
         grid: s_major(tile = 1),
         head_dim: 64,
         gqa: any,
         masks: [causal, document],
-        target: native(storage_buffers = 10),
+        target: webgpu,
         workgroup_size: 256,
-        writes: { dq: owned, dk: atomic, dv: atomic },
+        writes: { dq: owned, dkv: atomic },
     }
 }
 
@@ -129,7 +140,7 @@ attention_kernel! {
         head_dim: 64,
         gqa: any,
         masks: [causal, document],
-        target: native(storage_buffers = 9),
+        target: webgpu,
         workgroup_size: 256,
         source: recompute,
         writes: { dk: owned, dv: owned },
@@ -137,17 +148,30 @@ attention_kernel! {
 }
 
 attention_kernel! {
-    /// Split schedule (a), producer, head_dim 128: dQ owned, P and dS flushed to scratch `[s, h, j]`.
-    /// Ten storage buffers: over WebGPU's default of 8, so a native target for now.
+    /// Backward preparation, head_dim 128: packs LSE and D = rowsum(dO ∘ O) into `stats`
+    /// [2, s, h] for every backward schedule.
+    pub attention_backward_prep_d128 {
+        op: backward_prep,
+        grid: s_major(tile = 1),
+        head_dim: 128,
+        target: webgpu,
+        workgroup_size: 128,
+        writes: { stats: owned },
+    }
+}
+
+attention_kernel! {
+    /// Split schedule (a), producer, head_dim 128: dQ owned, P and dS flushed to the scratch
+    /// `p_ds` [2, s, h, j].
     pub attention_backward_short_d128 {
         op: backward_q,
         grid: s_major(tile = 1),
         head_dim: 128,
         gqa: any,
         masks: [causal, document],
-        target: native(storage_buffers = 10),
+        target: webgpu,
         workgroup_size: 256,
-        writes: { dq: owned, p: scratch, ds: scratch },
+        writes: { dq: owned, p_ds: scratch },
     }
 }
 
@@ -167,17 +191,17 @@ attention_kernel! {
 }
 
 attention_kernel! {
-    /// Streaming schedule (b), head_dim 128: no scratch; dK and dV by atomic scatter (a
-    /// compare-exchange loop in `ABI`, native f32 atomics in `ABI_F32_ATOMIC`).
+    /// Streaming schedule (b), head_dim 128: no scratch; dK and dV by atomic scatter into `dkv`
+    /// [2, j, kv_h, d] (a compare-exchange loop in `ABI`, native f32 atomics in `ABI_F32_ATOMIC`).
     pub attention_backward_d128 {
         op: backward_q,
         grid: s_major(tile = 1),
         head_dim: 128,
         gqa: any,
         masks: [causal, document],
-        target: native(storage_buffers = 10),
+        target: webgpu,
         workgroup_size: 256,
-        writes: { dq: owned, dk: atomic, dv: atomic },
+        writes: { dq: owned, dkv: atomic },
     }
 }
 
@@ -203,7 +227,7 @@ attention_kernel! {
         head_dim: 128,
         gqa: any,
         masks: [causal, document],
-        target: native(storage_buffers = 9),
+        target: webgpu,
         workgroup_size: 256,
         source: recompute,
         writes: { dk: owned, dv: owned },
@@ -261,6 +285,7 @@ attention_kernel! {
 /// The kernels of one backward specialization (one head_dim and mask set), by schedule:
 /// borrowed from the family's statics, or compiled at run time by [`BackwardKernels::compile`].
 pub struct BackwardKernels {
+    pub prep: Cow<'static, KernelAbi>,
     pub split_q: Cow<'static, KernelAbi>,
     pub split_kv: Cow<'static, KernelAbi>,
     pub streaming: Cow<'static, KernelAbi>,
@@ -271,8 +296,9 @@ pub struct BackwardKernels {
 
 impl BackwardKernels {
     /// The portable kernels (every one but the native-f32-atomic variant).
-    pub fn portable(&self) -> [&KernelAbi; 5] {
+    pub fn portable(&self) -> [&KernelAbi; 6] {
         [
+            &self.prep,
             &self.split_q,
             &self.split_kv,
             &self.streaming,
@@ -285,16 +311,20 @@ impl BackwardKernels {
     /// naga-validated) now.
     pub fn compile(head_dim: u32, masks: Masks) -> Result<BackwardKernels, DslError> {
         use WriteMode::{AtomicScatter, Owned, ScratchFlush};
-        let native = Target::Native(Limits {
-            storage_buffers_per_stage: 10,
-            ..Limits::WEBGPU
-        });
         let spec = |name: &str, op, writes: &[(&str, WriteMode)], source, scatter| KernelSpec {
             writes: writes.iter().map(|(n, m)| (n.to_string(), *m)).collect(),
-            target: native,
             source,
             scatter,
             ..KernelSpec::standard(name, op, head_dim, masks)
+        };
+        let prep = KernelSpec {
+            workgroup_size: head_dim.next_power_of_two().max(32),
+            ..KernelSpec::standard(
+                "attention_backward_prep",
+                Op::BackwardPrep,
+                head_dim,
+                Masks::default(),
+            )
         };
         let (bq, bkv) = (Op::BackwardQ, Op::BackwardKv);
         let (rec, scr, cas, f32a) = (
@@ -303,11 +333,12 @@ impl BackwardKernels {
             Scatter::Cas,
             Scatter::F32Atomic,
         );
-        let scratch = [("dq", Owned), ("p", ScratchFlush), ("ds", ScratchFlush)];
-        let atomic = [("dq", Owned), ("dk", AtomicScatter), ("dv", AtomicScatter)];
+        let scratch = [("dq", Owned), ("p_ds", ScratchFlush)];
+        let atomic = [("dq", Owned), ("dkv", AtomicScatter)];
         let owned_kv = [("dk", Owned), ("dv", Owned)];
         let build = |s: KernelSpec| attn_dsl::compile(&s).map(Cow::Owned);
         Ok(BackwardKernels {
+            prep: build(prep)?,
             split_q: build(spec("attention_backward_short", bq, &scratch, rec, cas))?,
             split_kv: build(spec(
                 "attention_backward_short_dkdv",
@@ -331,8 +362,9 @@ impl BackwardKernels {
 }
 
 macro_rules! backward_kernels {
-    ($short:ident, $short_kv:ident, $stream:ident, $dq:ident, $dkdv:ident) => {
+    ($prep:ident, $short:ident, $short_kv:ident, $stream:ident, $dq:ident, $dkdv:ident) => {
         BackwardKernels {
+            prep: Cow::Borrowed(&$prep::ABI),
             split_q: Cow::Borrowed(&$short::ABI),
             split_kv: Cow::Borrowed(&$short_kv::ABI),
             streaming: Cow::Borrowed(&$stream::ABI),
@@ -346,6 +378,7 @@ macro_rules! backward_kernels {
 /// Backward kernels for head_dim 64 and 128.
 pub static BACKWARD: [BackwardKernels; 2] = [
     backward_kernels!(
+        attention_backward_prep,
         attention_backward_short,
         attention_backward_short_dkdv,
         attention_backward,
@@ -353,6 +386,7 @@ pub static BACKWARD: [BackwardKernels; 2] = [
         attention_backward_dkdv
     ),
     backward_kernels!(
+        attention_backward_prep_d128,
         attention_backward_short_d128,
         attention_backward_short_dkdv_d128,
         attention_backward_d128,
@@ -370,16 +404,18 @@ pub static ROPE: [(&attn_dsl::KernelAbi, &attn_dsl::KernelAbi); 2] = [
 /// Every portable kernel of the default family, in the order `generated/manifest.json`
 /// lists them. (The native-f32-atomic streaming variants are left out: browsers have no
 /// `atomic<f32>`.)
-pub static FAMILY: [&attn_dsl::KernelAbi; 18] = [
+pub static FAMILY: [&attn_dsl::KernelAbi; 20] = [
     &attention_forward::ABI,
     &attention_forward_d128::ABI,
     &attention_decode::ABI,
     &attention_decode_d128::ABI,
+    &attention_backward_prep::ABI,
     &attention_backward_short::ABI,
     &attention_backward_short_dkdv::ABI,
     &attention_backward::ABI,
     &attention_backward_dq::ABI,
     &attention_backward_dkdv::ABI,
+    &attention_backward_prep_d128::ABI,
     &attention_backward_short_d128::ABI,
     &attention_backward_short_dkdv_d128::ABI,
     &attention_backward_d128::ABI,

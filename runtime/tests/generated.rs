@@ -76,3 +76,33 @@ fn manifest_lists_every_binding_with_group_index_name_type_and_access() {
         (Some("seg"), Some("array<u32>"), Some("read"))
     );
 }
+
+/// Every kernel of the default family targets `webgpu` and fits WebGPU's default limits,
+/// so `generated/` runs in any browser.
+#[test]
+fn default_family_fits_webgpu_default_limits() {
+    let limits = attn_dsl::Limits::WEBGPU;
+    for abi in FAMILY {
+        assert_eq!(abi.target, attn_dsl::Target::Webgpu, "{}", abi.name);
+        assert!(
+            abi.storage_buffers() as u32 <= limits.storage_buffers_per_stage,
+            "{}",
+            abi.name
+        );
+        assert!(
+            abi.uniform_buffers() as u32 <= limits.uniform_buffers_per_stage,
+            "{}",
+            abi.name
+        );
+        assert!(
+            abi.workgroup_storage_bytes <= limits.workgroup_storage_bytes,
+            "{}",
+            abi.name
+        );
+        assert!(
+            abi.workgroup_size.iter().product::<u32>() <= limits.invocations_per_workgroup,
+            "{}",
+            abi.name
+        );
+    }
+}

@@ -1,12 +1,17 @@
-//! The backward pass, as two bodies from which every schedule is assembled:
+//! The backward pass, as three bodies from which every schedule is assembled:
 //!
-//! - `backward_q` (s-major, one query row at a time): recomputes P = exp(S - LSE), dP, and
-//!   dS = scale·P·(dP - D) with D = rowsum(dO ∘ O), accumulates dQ += dS·K (owned), and,
-//!   per the description, flushes P and dS to scratch `[s, h, j]` (split schedule) or adds
-//!   dK += dSᵀ·Q and dV += Pᵀ·dO by atomic scatter (streaming schedule).
+//! - `backward_prep` (s-major): packs LSE and D = rowsum(dO ∘ O) per query row into
+//!   `stats` [2, s, h], D summed in the order dP is below, so that dP − D cancels exactly
+//!   when a row attends to one key (O = V_j).
+//! - `backward_q` (s-major, one query row at a time): recomputes P = exp(S − LSE), dP and
+//!   dS = scale·P·(dP − D), accumulates dQ += dS·K (owned), and, per the description,
+//!   flushes P and dS to scratch `p_ds` [2, s, h, j] (split schedule) or adds dK += dSᵀ·Q and
+//!   dV += Pᵀ·dO into `dkv` [2, j, kv_h, d] by atomic scatter (streaming schedule).
 //! - `backward_kv` (j-major, one key row at a time): walks the query rows that see it and
 //!   the query heads of its KV head, takes P and dS from scratch or recomputes them, and
 //!   accumulates dK and dV (owned, no atomics).
+//!
+//! Packing keeps every backward kernel within WebGPU's default of 8 storage buffers.
 
 use std::fmt::Write;
 
@@ -14,8 +19,8 @@ use super::index;
 use crate::spec::{KernelSpec, Scatter, Source, WriteMode};
 
 pub(super) fn q_workgroup_bytes(head_dim: u32, wg: u32) -> u32 {
-    // sh_q, sh_do, sh_o, sh_acc; sh_ds, sh_partial; sh_range.
-    4 * (4 * head_dim + 2 * wg) + 8
+    // sh_q, sh_do, sh_acc; sh_ds, sh_partial; sh_range.
+    4 * (3 * head_dim + 2 * wg) + 8
 }
 
 pub(super) fn kv_workgroup_bytes(head_dim: u32, wg: u32) -> u32 {
@@ -23,14 +28,45 @@ pub(super) fn kv_workgroup_bytes(head_dim: u32, wg: u32) -> u32 {
     4 * (4 * head_dim + 4 * wg) + 8
 }
 
+/// Offsets of the packed parts: part 1 of `stats` and `p_ds` starts after part 0.
+const PACKING: &str = r#"fn stats_part(part: u32, row: u32, h: u32) -> u32 {
+    return (part * dims.seq_len + row) * dims.n_heads + h;
+}
+
+fn p_ds_part(part: u32, row: u32, h: u32, j: u32) -> u32 {
+    return ((part * dims.seq_len + row) * dims.n_heads + h) * dims.seq_len + j;
+}
+
+"#;
+
+pub(super) fn backward_prep(out: &mut String) {
+    index::row_indexing(out);
+    out.push_str(PACKING);
+    out.push_str(
+        r#"fn prep_row(row: u32, h: u32, tid: u32) {
+    if (tid == 0u) {
+        let qi = q_index(row, h);
+        var delta = 0.0;
+        for (var dd = 0u; dd < HEAD_DIM; dd = dd + 1u) {
+            delta = fma(d_o[qi + dd], o[qi + dd], delta);
+        }
+        stats[stats_part(0u, row, h)] = lse[row * dims.n_heads + h];
+        stats[stats_part(1u, row, h)] = delta;
+    }
+}
+
+"#,
+    );
+}
+
 pub(super) fn backward_q(out: &mut String, spec: &KernelSpec) {
     index::kv_head(out, spec);
     index::row_indexing(out);
     index::masks(out, spec);
+    out.push_str(PACKING);
     out.push_str(
         r#"var<workgroup> sh_q: array<f32, HEAD_DIM>;
 var<workgroup> sh_do: array<f32, HEAD_DIM>;
-var<workgroup> sh_o: array<f32, HEAD_DIM>;
 var<workgroup> sh_acc: array<f32, HEAD_DIM>;
 var<workgroup> sh_ds: array<f32, WG>;
 var<workgroup> sh_partial: array<f32, WG>;
@@ -38,19 +74,24 @@ var<workgroup> sh_range: vec2<u32>;
 
 "#,
     );
-    let scatter = spec.write_mode("dk") == Some(WriteMode::AtomicScatter);
+    let scatter = spec.write_mode("dkv") == Some(WriteMode::AtomicScatter);
     if scatter {
-        for t in ["dk", "dv"] {
-            atomic_add(out, t, spec.scatter);
-        }
+        atomic_add(out, "dkv", spec.scatter);
     }
-    let flush = if spec.write_mode("p").is_some() {
-        "            let si = (row * dims.n_heads + h) * dims.seq_len + j;\n            p[si] = pj;\n            ds[si] = dsj;\n"
+    let flush = if spec.write_mode("p_ds").is_some() {
+        "            p_ds[p_ds_part(0u, row, h, j)] = pj;\n            p_ds[p_ds_part(1u, row, h, j)] = dsj;\n"
     } else {
         ""
     };
     let scatter_lines = if scatter {
-        "            for (var dd = 0u; dd < HEAD_DIM; dd = dd + 1u) {\n                add_dk(ki + dd, dsj * sh_q[dd]);\n                add_dv(ki + dd, pj * sh_do[dd]);\n            }\n"
+        concat!(
+            "            // dK is part 0 of dkv, dV part 1.\n",
+            "            let dv_at = dims.seq_len * dims.n_kv_heads * HEAD_DIM + ki;\n",
+            "            for (var dd = 0u; dd < HEAD_DIM; dd = dd + 1u) {\n",
+            "                add_dkv(ki + dd, dsj * sh_q[dd]);\n",
+            "                add_dkv(dv_at + dd, pj * sh_do[dd]);\n",
+            "            }\n",
+        )
     } else {
         ""
     };
@@ -101,18 +142,12 @@ const BACKWARD_ROW: &str = r#"fn backward_row(row: u32, h: u32, tid: u32) {
     if (tid < HEAD_DIM) {
         sh_q[tid] = q[qi + tid];
         sh_do[tid] = d_o[qi + tid];
-        sh_o[tid] = o[qi + tid];
         sh_acc[tid] = 0.0;
     }
     workgroupBarrier();
     let range = workgroupUniformLoad(&sh_range);
-    // D = rowsum(dO ∘ O) = Σ_j P·dP, summed in the order dP is below, so that dP - D
-    // cancels exactly when a row attends to one key (O = V_j).
-    var delta = 0.0;
-    for (var dd = 0u; dd < HEAD_DIM; dd = dd + 1u) {
-        delta = fma(sh_do[dd], sh_o[dd], delta);
-    }
-    let row_lse = lse[row * dims.n_heads + h];
+    let row_lse = stats[stats_part(0u, row, h)];
+    let delta = stats[stats_part(1u, row, h)];
 
     let d_local = tid / K_PAR;
     let kc = tid % K_PAR;
@@ -173,6 +208,7 @@ pub(super) fn backward_kv(out: &mut String, spec: &KernelSpec) {
     index::kv_head(out, spec);
     index::row_indexing(out);
     index::masks(out, spec);
+    out.push_str(PACKING);
     out.push_str(
         r#"var<workgroup> sh_k: array<f32, HEAD_DIM>;
 var<workgroup> sh_v: array<f32, HEAD_DIM>;
@@ -202,20 +238,16 @@ const RECOMPUTE_LOAD: &str = "        sh_k[tid] = k[ki + tid];\n        sh_v[tid
 const RECOMPUTE_P_DS: &str = r#"            let qi = q_index(s, h);
             var dot = 0.0;
             var dp = 0.0;
-            var delta = 0.0;
             for (var dd = 0u; dd < HEAD_DIM; dd = dd + 1u) {
-                let g = d_o[qi + dd];
                 dot = fma(q[qi + dd], sh_k[dd], dot);
-                dp = fma(g, sh_v[dd], dp);
-                delta = fma(g, o[qi + dd], delta);
+                dp = fma(d_o[qi + dd], sh_v[dd], dp);
             }
-            p_s = exp(dot * params.scale - lse[s * dims.n_heads + h]);
-            ds_s = params.scale * p_s * (dp - delta);
+            p_s = exp(dot * params.scale - stats[stats_part(0u, s, h)]);
+            ds_s = params.scale * p_s * (dp - stats[stats_part(1u, s, h)]);
 "#;
 
-const SCRATCH_P_DS: &str = r#"            let si = (s * dims.n_heads + h) * dims.seq_len + col;
-            p_s = p[si];
-            ds_s = ds[si];
+const SCRATCH_P_DS: &str = r#"            p_s = p_ds[p_ds_part(0u, s, h, col)];
+            ds_s = p_ds[p_ds_part(1u, s, h, col)];
 "#;
 
 const BACKWARD_COL: &str = r#"fn backward_col(col: u32, kv_h: u32, tid: u32) {

@@ -32,6 +32,7 @@ pub fn emit(spec: &KernelSpec, bindings: &[Binding]) -> String {
             }
             attend::attend_row(&mut out);
         }
+        Op::BackwardPrep => backward::backward_prep(&mut out),
         Op::BackwardQ => backward::backward_q(&mut out, spec),
         Op::BackwardKv => backward::backward_kv(&mut out, spec),
         Op::Rope | Op::RopeBackward => rope::rope(&mut out, spec.op == Op::RopeBackward),
@@ -39,6 +40,7 @@ pub fn emit(spec: &KernelSpec, bindings: &[Binding]) -> String {
     match spec.op {
         Op::Forward => tile_entry(&mut out, &spec.name, "attend_row"),
         Op::Decode => attend::decode_entry(&mut out, &spec.name),
+        Op::BackwardPrep => tile_entry(&mut out, &spec.name, "prep_row"),
         Op::BackwardQ => tile_entry(&mut out, &spec.name, "backward_row"),
         Op::BackwardKv => tile_entry(&mut out, &spec.name, "backward_col"),
         Op::Rope | Op::RopeBackward => tile_entry(&mut out, &spec.name, "rope_row"),
@@ -51,6 +53,7 @@ pub fn workgroup_bytes(spec: &KernelSpec) -> u32 {
     let (hd, wg) = (spec.head_dim, spec.workgroup_size);
     match spec.op {
         Op::Forward | Op::Decode => attend::workgroup_bytes(hd, wg),
+        Op::BackwardPrep => 0,
         Op::BackwardQ => backward::q_workgroup_bytes(hd, wg),
         Op::BackwardKv => backward::kv_workgroup_bytes(hd, wg),
         Op::Rope | Op::RopeBackward => 0,
