@@ -197,7 +197,7 @@ fn attend_row(row: u32, h: u32, tid: u32) {
     let l = sh_state.y;
     if (tid < HEAD_DIM) {
         var result = 0.0;
-        if (l > 0.0) {
+        if (l != 0.0) {
             result = sh_acc[tid] / l;
         }
         store_out(qi + tid, result);

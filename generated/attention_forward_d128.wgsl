@@ -138,7 +138,8 @@ fn positive_inf() -> f32 {
 // P = exp(score - LSE) gets 0 there, never NaN.
 fn store_lse(row: u32, h: u32, m: f32, l: f32) {
     var x = positive_inf();
-    if (l > 0.0) {
+    // l == 0 only for an empty row; a NaN sum (a NaN input) falls through and shows.
+    if (l != 0.0) {
         x = m + log(l);
     }
     lse[row * dims.n_heads + h] = x;
@@ -220,7 +221,7 @@ fn attend_row(row: u32, h: u32, tid: u32) {
     let l = sh_state.y;
     if (tid < HEAD_DIM) {
         var result = 0.0;
-        if (l > 0.0) {
+        if (l != 0.0) {
             result = sh_acc[tid] / l;
         }
         store_out(qi + tid, result);

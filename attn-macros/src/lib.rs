@@ -21,6 +21,8 @@ mod generate;
 mod lower;
 mod parse;
 #[cfg(test)]
+mod robustness;
+#[cfg(test)]
 mod snapshots;
 
 use proc_macro::TokenStream;
