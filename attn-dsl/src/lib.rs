@@ -11,6 +11,7 @@
 //! ```
 
 pub mod check;
+pub mod contract;
 pub mod emit;
 mod error;
 pub mod manifest;

@@ -3,11 +3,18 @@
 
 use attn_dsl::{Access, Axis, Binding, Gqa, KernelAbi, Major, Op, Scalar, Target, WriteMode};
 use proc_macro2::{Literal, TokenStream};
-use quote::{format_ident, quote};
+use quote::{format_ident, quote, quote_spanned};
+use syn::spanned::Spanned;
 
+use crate::lower::Lowered;
 use crate::parse::Description;
 
-pub fn module(d: &Description, abi: &KernelAbi, native: Option<&KernelAbi>) -> TokenStream {
+pub fn module(
+    d: &Description,
+    abi: &KernelAbi,
+    native: Option<&KernelAbi>,
+    contract: TokenStream,
+) -> TokenStream {
     let attrs = &d.attrs;
     let vis = &d.vis;
     let name = &d.name;
@@ -52,6 +59,7 @@ pub fn module(d: &Description, abi: &KernelAbi, native: Option<&KernelAbi>) -> T
             /// as the WGSL.
             pub static ABI: ::attn_dsl::KernelAbi = #abi_item;
             #native_items
+            #contract
 
             #(#uniforms)*
             #bindings
@@ -84,6 +92,80 @@ pub fn module(d: &Description, abi: &KernelAbi, native: Option<&KernelAbi>) -> T
                 (layout, pipeline)
             }
         }
+    }
+}
+
+/// The scratch contract: a producer publishes what it flushes as `SCRATCH`; a consumer
+/// states what it reads as `READS_SCRATCH` and asserts, in a `const` that rustc evaluates,
+/// that its producer's `SCRATCH` matches. A producer that does not exist, or flushes no
+/// scratch, fails to resolve at the name the description gives.
+pub fn scratch_contract(lowered: &Lowered, abi: &KernelAbi) -> TokenStream {
+    let scratch = |b: &Binding| {
+        let tensor = b.name.as_ref();
+        let layout = b.layout.iter().map(|a| axis(*a));
+        let (causal, document) = (abi.masks.causal, abi.masks.document);
+        quote!(::attn_dsl::contract::Scratch {
+            tensor: #tensor,
+            layout: &[#(::attn_dsl::Axis::#layout),*],
+            masks: ::attn_dsl::Masks { causal: #causal, document: #document },
+        })
+    };
+    let mut out = TokenStream::new();
+    if let Some(b) = abi
+        .bindings
+        .iter()
+        .find(|b| b.write == Some(WriteMode::ScratchFlush))
+    {
+        let value = scratch(b);
+        out.extend(quote! {
+            /// The scratch this kernel flushes, for the kernels that read it.
+            pub const SCRATCH: ::attn_dsl::contract::Scratch = #value;
+        });
+    }
+    let read = abi
+        .bindings
+        .iter()
+        .find(|b| b.access == Access::Read && b.name == "p_ds");
+    if let (Some(b), Some(producer)) = (read, &lowered.producer) {
+        let value = scratch(b);
+        let relative = producer.leading_colon.is_none()
+            && !["crate", "super", "self"]
+                .iter()
+                .any(|k| producer.segments[0].ident == k);
+        let path = if relative {
+            quote!(super::#producer)
+        } else {
+            quote!(#producer)
+        };
+        let message = format!(
+            "kernel `{}` reads the scratch of `{}`, which flushes another layout or under other \
+             masks; describe both kernels with the same masks",
+            abi.name,
+            quote!(#producer).to_string().replace(' ', "")
+        );
+        let check = quote_spanned! {producer.span()=>
+            const _: () = ::core::assert!(
+                ::attn_dsl::contract::compatible(&#path::SCRATCH, &READS_SCRATCH),
+                #message
+            );
+        };
+        out.extend(quote! {
+            /// The scratch this kernel reads, checked against its producer's at compile time.
+            pub const READS_SCRATCH: ::attn_dsl::contract::Scratch = #value;
+            #check
+        });
+    }
+    out
+}
+
+fn axis(a: Axis) -> TokenStream {
+    match a {
+        Axis::S => quote!(S),
+        Axis::J => quote!(J),
+        Axis::H => quote!(H),
+        Axis::KvH => quote!(KvH),
+        Axis::D => quote!(D),
+        Axis::Part => quote!(Part),
     }
 }
 
@@ -164,14 +246,7 @@ fn binding_const(b: &Binding) -> TokenStream {
         Scalar::U32 => quote!(U32),
     };
     let fields = b.fields.iter().map(|f| f.as_ref());
-    let layout = b.layout.iter().map(|a| match a {
-        Axis::S => quote!(S),
-        Axis::J => quote!(J),
-        Axis::H => quote!(H),
-        Axis::KvH => quote!(KvH),
-        Axis::D => quote!(D),
-        Axis::Part => quote!(Part),
-    });
+    let layout = b.layout.iter().map(|a| axis(*a));
     let write = match b.write {
         None => quote!(::core::option::Option::None),
         Some(WriteMode::Owned) => {

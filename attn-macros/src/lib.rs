@@ -51,5 +51,11 @@ fn expand(input: proc_macro2::TokenStream) -> syn::Result<proc_macro2::TokenStre
     } else {
         None
     };
-    Ok(generate::module(&description, &abi, native.as_ref()))
+    let contract = generate::scratch_contract(&lowered, &abi);
+    Ok(generate::module(
+        &description,
+        &abi,
+        native.as_ref(),
+        contract,
+    ))
 }

@@ -12,6 +12,8 @@ use crate::parse::{Call, Description, Value};
 
 pub struct Lowered {
     pub spec: KernelSpec,
+    /// For a scratch consumer: the producer kernel's module, as written.
+    pub producer: Option<syn::Path>,
     spans: Vec<(Field, Span)>,
     name_span: Span,
 }
@@ -67,10 +69,10 @@ pub fn lower(d: &Description) -> syn::Result<Lowered> {
     if let Some(e) = d.entries.iter().find(|e| e.key == "precision") {
         precision(&e.value)?;
     }
-    let source = get("source", Field::Source)
-        .map(source)
-        .transpose()?
-        .unwrap_or_default();
+    let (source, producer) = match get("source", Field::Source) {
+        Some(v) => source(v)?,
+        None => (Source::default(), None),
+    };
     let writes_value = require(d, get("writes", Field::Write(String::new())), "writes")?;
     let writes = writes(writes_value, &mut spans)?;
     let spec = KernelSpec {
@@ -89,6 +91,7 @@ pub fn lower(d: &Description) -> syn::Result<Lowered> {
     };
     Ok(Lowered {
         spec,
+        producer,
         spans,
         name_span: d.name.span(),
     })
@@ -155,7 +158,7 @@ fn grid(v: &Value) -> syn::Result<Grid> {
     const EXPECTED: &str = "s_major(tile = N), j_major(tile = N) or head_major";
     let (name, args) = match v {
         Value::Word(w) => (w, &[][..]),
-        Value::Call(Call { name, args }) => (name, args.as_slice()),
+        Value::Call(Call { name, args, .. }) => (name, args.as_slice()),
         other => return err(other.span(), format!("`grid` takes {EXPECTED}")),
     };
     let major = match name.to_string().as_str() {
@@ -229,7 +232,7 @@ fn target(v: &Value) -> syn::Result<Target> {
                             uniform_buffers = N, invocations = N)`";
     match v {
         Value::Word(w) if w == "webgpu" => Ok(Target::Webgpu),
-        Value::Call(Call { name, args }) if name == "native" => {
+        Value::Call(Call { name, args, .. }) if name == "native" => {
             // Limits not stated stay at WebGPU's defaults, the floor every adapter meets.
             let mut limits = Limits::WEBGPU;
             for (key, n) in args {
@@ -253,11 +256,23 @@ fn target(v: &Value) -> syn::Result<Target> {
     }
 }
 
-fn source(v: &Value) -> syn::Result<Source> {
+fn source(v: &Value) -> syn::Result<(Source, Option<syn::Path>)> {
     match v {
-        Value::Word(w) if w == "recompute" => Ok(Source::Recompute),
-        Value::Word(w) if w == "scratch" => Ok(Source::Scratch),
-        other => err(other.span(), "`source` takes `recompute` or `scratch`"),
+        Value::Word(w) if w == "recompute" => Ok((Source::Recompute, None)),
+        Value::Word(w) if w == "scratch" => err(
+            w.span(),
+            "a scratch consumer must name its producer, the kernel that flushes the scratch: \
+             `source: scratch(attention_backward_short)`",
+        ),
+        Value::Call(Call {
+            name,
+            path: Some(path),
+            ..
+        }) if name == "scratch" => Ok((Source::Scratch, Some(path.clone()))),
+        other => err(
+            other.span(),
+            "`source` takes `recompute` or `scratch(PRODUCER)`",
+        ),
     }
 }
 

@@ -11,7 +11,7 @@
 //!     target: webgpu | native(key = N, ..),(default webgpu)
 //!     workgroup_size: N,                   (default 256)
 //!     precision: f32,                      (default f32)
-//!     source: recompute | scratch,         (backward_kv; default recompute)
+//!     source: recompute | scratch(PRODUCER), (backward_kv; default recompute)
 //!     writes: { NAME: owned | atomic | scratch, .. },
 //! }
 //! ```
@@ -52,10 +52,12 @@ pub struct Number {
     pub span: Span,
 }
 
-/// `name` or `name(key = N, ..)`.
+/// `name`, `name(key = N, ..)` or `name(path)`.
 pub struct Call {
     pub name: Ident,
     pub args: Vec<(Ident, Number)>,
+    /// `scratch(producer)`: the kernel module a consumer reads from.
+    pub path: Option<syn::Path>,
 }
 
 pub enum Value {
@@ -160,10 +162,22 @@ impl Parse for Value {
         }
         let inner;
         parenthesized!(inner in input);
+        if !inner.is_empty() && !inner.peek2(Token![=]) {
+            let path = inner.parse::<syn::Path>()?;
+            if !inner.is_empty() {
+                return Err(inner.error("expected `)` after the kernel's name"));
+            }
+            return Ok(Value::Call(Call {
+                name,
+                args: Vec::new(),
+                path: Some(path),
+            }));
+        }
         let args = Punctuated::<Arg, Token![,]>::parse_terminated(&inner)?;
         Ok(Value::Call(Call {
             name,
             args: args.into_iter().map(|a| (a.0, a.1)).collect(),
+            path: None,
         }))
     }
 }

@@ -98,7 +98,7 @@ attention_kernel! {
         masks: [causal, document],
         target: webgpu,
         workgroup_size: 256,
-        source: scratch,
+        source: scratch(attention_backward_short),
         writes: { dk: owned, dv: owned },
     }
 }
@@ -185,7 +185,7 @@ attention_kernel! {
         masks: [causal, document],
         target: webgpu,
         workgroup_size: 256,
-        source: scratch,
+        source: scratch(attention_backward_short_d128),
         writes: { dk: owned, dv: owned },
     }
 }
