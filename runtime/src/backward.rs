@@ -216,6 +216,20 @@ impl Backward {
         let dims = [input.seq_len, h.n_heads, h.n_kv_heads, h.head_dim];
         let scale = input.scale.unwrap_or(h.default_scale());
         let rows = (input.seq_len * h.n_heads) as usize;
+        // Refuse what this device cannot run before uploading anything.
+        self.kernels_for(set, schedule)?;
+        match schedule {
+            Schedule::Split => {
+                let elems = scratch_elems(input.seq_len, h.n_heads);
+                attention::binding_size(gpu.limits(), 2 * elems * 4)?;
+                self.reserve_scratch(gpu, elems);
+            }
+            // dK and dV share one atomic binding.
+            Schedule::Streaming(_) => {
+                attention::binding_size(gpu.limits(), 8 * input.k.len() as u64)?
+            }
+            Schedule::RecomputeSplit => {}
+        }
         // dK and dV packed for the streaming kernel's one atomic binding: dK first.
         let dkv: Vec<f32> = grads.dk.iter().chain(&grads.dv).copied().collect();
         let named: Vec<(&str, wgpu::Buffer)> = [
@@ -237,11 +251,6 @@ impl Backward {
             ("stats", buffers::output::<f32>(gpu, "stats", 2 * rows)),
         ])
         .collect();
-        if schedule == Schedule::Split {
-            let elems = scratch_elems(input.seq_len, h.n_heads);
-            attention::binding_size(gpu.limits(), 2 * elems * 4)?;
-            self.reserve_scratch(gpu, elems);
-        }
         let kernels = self.kernels_for(set, schedule)?;
         let (dims_buf, params_buf) = uniforms(gpu, kernels[0].abi(), &dims, &[("scale", scale)])?;
         let mut bound: Vec<(&str, &wgpu::Buffer)> = named.iter().map(|(n, b)| (*n, b)).collect();
