@@ -32,7 +32,8 @@ pub fn check_limits(spec: &KernelSpec, abi: &KernelAbi) -> Result<(), DslError> 
             Field::Target,
             format!(
                 "kernel `{}` binds {storage} storage buffers but target allows {}; \
-                 use a `native` target that states a higher `storage_buffers`",
+                 raise `storage_buffers` in a `native(..)` target for adapters that have more, or pack \
+                 tensors into one binding",
                 spec.name, limits.storage_buffers_per_stage
             ),
         ));
@@ -316,7 +317,7 @@ fn check_ownership(
             Field::Write(name.to_string()),
             format!(
                 "`{name}` is declared {}, but its index [{}] lacks axis `{}`, which tells the \
-                 workgroups of a {} grid apart, so several workgroups write each element (a \
+                 workgroups of the {} grid apart, so several workgroups write each element (a \
                  data race); declare it `atomic` (scatter), or compute it in a kernel whose \
                  grid walks its axes",
                 mode.name(),
