@@ -149,6 +149,11 @@ impl Gpu {
             .contains(wgpu::Features::SHADER_FLOAT32_ATOMIC)
     }
 
+    /// Whether GPU timestamps can time compute passes here.
+    pub fn has_timestamps(&self) -> bool {
+        self.features.contains(wgpu::Features::TIMESTAMP_QUERY)
+    }
+
     /// `name (backend, type)`, for logs and reports.
     pub fn describe(&self) -> String {
         format!(
@@ -169,7 +174,8 @@ fn rank(t: wgpu::DeviceType) -> u8 {
 }
 
 /// Optional features: taken when the adapter has them, so kernels that need them can run.
-const OPTIONAL_FEATURES: wgpu::Features = wgpu::Features::SHADER_FLOAT32_ATOMIC;
+const OPTIONAL_FEATURES: wgpu::Features =
+    wgpu::Features::SHADER_FLOAT32_ATOMIC.union(wgpu::Features::TIMESTAMP_QUERY);
 
 fn request(adapter: wgpu::Adapter, limits: wgpu::Limits) -> Result<Gpu, DeviceError> {
     let info = adapter.get_info();

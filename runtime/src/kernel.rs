@@ -69,6 +69,18 @@ impl Kernel {
         buffers: &[(&str, &wgpu::Buffer)],
         grid: [u32; 3],
     ) -> Result<(), Error> {
+        self.record_timed(gpu, encoder, buffers, grid, None)
+    }
+
+    /// [`Kernel::record`], with the pass's start and end written to timestamp queries.
+    pub fn record_timed(
+        &self,
+        gpu: &Gpu,
+        encoder: &mut wgpu::CommandEncoder,
+        buffers: &[(&str, &wgpu::Buffer)],
+        grid: [u32; 3],
+        timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
+    ) -> Result<(), Error> {
         let entries = self
             .abi
             .bindings
@@ -94,7 +106,7 @@ impl Kernel {
         });
         let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
             label: Some(&self.abi.name),
-            timestamp_writes: None,
+            timestamp_writes: timestamps,
         });
         pass.set_pipeline(&self.pipeline);
         pass.set_bind_group(0, &bind_group, &[]);

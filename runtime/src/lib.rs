@@ -4,6 +4,7 @@
 
 pub mod attention;
 pub mod backward;
+pub mod bench;
 pub mod buffers;
 pub mod cases;
 pub mod compare;
@@ -14,6 +15,7 @@ pub mod kernels;
 pub mod npy;
 pub mod reference;
 pub mod rope;
+pub mod timing;
 
 pub use attention::{DecodeInput, ForwardInput, ForwardOutput, Heads, decode, forward};
 pub use backward::{Backward, BackwardInput, Gradients, Schedule};

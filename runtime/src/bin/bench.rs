@@ -1,0 +1,150 @@
+//! GPU-timed forward and backward (every schedule) with TFLOP/s by FlashAttention's
+//! convention, on the reference shapes or one given by flags.
+
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Parser;
+use runtime::bench::{self, BenchRow, BenchShape};
+use runtime::{Gpu, Heads, kernels};
+
+/// Times each kernel and backward schedule with GPU timestamp queries (warm-up runs, then
+/// the median of the timed ones) and prints ms and TFLOP/s (forward 4·S²·H·D, halved when
+/// causal; backward 2.5× forward). Without shape flags it runs the seeds' production layer
+/// (seq 512, 12 heads, 4 KV heads, head_dim 64, causal) and a long one (seq 4096, 16 heads,
+/// 16 KV heads, head_dim 128, causal). Needs an adapter with TIMESTAMP_QUERY.
+#[derive(Parser)]
+#[command(name = "bench")]
+struct Args {
+    /// Sequence length (with any shape flag, one shape is run; unset flags take the seeds'
+    /// layer's values).
+    #[arg(long)]
+    seq: Option<u32>,
+    #[arg(long)]
+    heads: Option<u32>,
+    #[arg(long)]
+    kv_heads: Option<u32>,
+    #[arg(long)]
+    head_dim: Option<u32>,
+    /// Attend to every key instead of only earlier ones.
+    #[arg(long)]
+    no_causal: bool,
+    #[arg(long, default_value_t = 3)]
+    warmup: usize,
+    #[arg(long, default_value_t = 10)]
+    runs: usize,
+    /// One JSON object per line instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() -> ExitCode {
+    match run(Args::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn shapes(args: &Args) -> Vec<BenchShape> {
+    let causal = !args.no_causal;
+    let seeds = BenchShape {
+        seq: 512,
+        heads: Heads {
+            n_heads: 12,
+            n_kv_heads: 4,
+            head_dim: 64,
+        },
+        causal,
+    };
+    if args.seq.is_none()
+        && args.heads.is_none()
+        && args.kv_heads.is_none()
+        && args.head_dim.is_none()
+    {
+        let long = BenchShape {
+            seq: 4096,
+            heads: Heads {
+                n_heads: 16,
+                n_kv_heads: 16,
+                head_dim: 128,
+            },
+            causal,
+        };
+        return vec![seeds, long];
+    }
+    let h = seeds.heads;
+    vec![BenchShape {
+        seq: args.seq.unwrap_or(seeds.seq),
+        heads: Heads {
+            n_heads: args.heads.unwrap_or(h.n_heads),
+            n_kv_heads: args.kv_heads.unwrap_or(h.n_kv_heads),
+            head_dim: args.head_dim.unwrap_or(h.head_dim),
+        },
+        causal,
+    }]
+}
+
+fn run(args: Args) -> anyhow::Result<()> {
+    anyhow::ensure!(args.runs > 0, "--runs must be at least 1");
+    let gpu = Gpu::new(kernels::FAMILY.iter().copied())?;
+    if !args.json {
+        println!("adapter: {}", gpu.describe());
+        println!(
+            "every kernel below is the per-query design (tile 1), the baseline the tiled schedules will be compared with"
+        );
+        println!(
+            "{:<34} {:<24} {:>10} {:>10} {:>9}  note",
+            "shape", "kernel", "median ms", "min ms", "TFLOP/s"
+        );
+    }
+    for shape in shapes(&args) {
+        let rows =
+            bench::run(&gpu, shape, args.warmup, args.runs).with_context(|| shape.label())?;
+        for row in rows {
+            if args.json {
+                println!("{}", json(&gpu, &row));
+            } else {
+                print_row(&row);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn print_row(r: &BenchRow) {
+    let (median, min, tflops) = match (r.timing, r.tflops()) {
+        (Some(t), Some(f)) => (
+            format!("{:.3}", t.median_ms),
+            format!("{:.3}", t.min_ms),
+            format!("{f:.4}"),
+        ),
+        _ => ("-".into(), "-".into(), "-".into()),
+    };
+    println!(
+        "{:<34} {:<24} {median:>10} {min:>10} {tflops:>9}  {}",
+        r.shape.label(),
+        r.kernel,
+        r.note
+    );
+}
+
+fn json(gpu: &Gpu, r: &BenchRow) -> serde_json::Value {
+    serde_json::json!({
+        "adapter": gpu.describe(),
+        "seq": r.shape.seq,
+        "heads": r.shape.heads.n_heads,
+        "kv_heads": r.shape.heads.n_kv_heads,
+        "head_dim": r.shape.heads.head_dim,
+        "causal": r.shape.causal,
+        "kernel": r.kernel,
+        "median_ms": r.timing.map(|t| t.median_ms),
+        "min_ms": r.timing.map(|t| t.min_ms),
+        "runs": r.timing.map(|t| t.runs),
+        "tflops": r.tflops(),
+        "flops": r.flops,
+        "note": r.note,
+    })
+}
