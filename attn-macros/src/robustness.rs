@@ -19,17 +19,8 @@ fn describe(text: &str) {
     let _ = attn_dsl::compile(&lowered.spec);
 }
 
-const WORDS: &[&str] = &[
-    "op",
-    "grid",
-    "head_dim",
-    "gqa",
-    "masks",
-    "target",
-    "workgroup_size",
-    "precision",
-    "source",
-    "writes",
+/// Values and punctuation; the keys come from the parser's own list.
+const VALUES: &[&str] = &[
     "forward",
     "decode",
     "backward_prep",
@@ -91,14 +82,18 @@ const WORDS: &[&str] = &[
     "k",
 ];
 
+fn words() -> Vec<&'static str> {
+    crate::parse::KEYS.iter().chain(VALUES).copied().collect()
+}
+
 fn soup() -> impl Strategy<Value = String> {
-    prop::collection::vec(prop::sample::select(WORDS), 0..40)
+    prop::collection::vec(prop::sample::select(words()), 0..40)
         .prop_map(|words| format!("pub kernel {{ {} }}", words.join(" ")))
 }
 
 /// A valid description with one entry's value swapped for another word.
 fn near_miss() -> impl Strategy<Value = String> {
-    (0usize..5, prop::sample::select(WORDS)).prop_map(|(slot, word)| {
+    (0usize..5, prop::sample::select(words())).prop_map(|(slot, word)| {
         let mut values = [
             "forward",
             "s_major(tile = 1)",
