@@ -6,6 +6,7 @@ use crate::error::{DslError, Field};
 use crate::plan::KernelAbi;
 use crate::signature::{self, Presence, Role};
 use crate::spec::{Axis, Gqa, KernelSpec, Major, Op, Source, WriteMode};
+use crate::tiling::Tiling;
 
 /// The largest head_dim the per-row schedule holds: one invocation per element of a row.
 pub const MAX_HEAD_DIM: u32 = 256;
@@ -49,11 +50,15 @@ pub fn check_limits(spec: &KernelSpec, abi: &KernelAbi) -> Result<(), DslError> 
         ));
     }
     if abi.workgroup_storage_bytes > limits.workgroup_storage_bytes {
+        let (field, lower) = match spec.grid.flash {
+            Some(_) => (Field::Grid, "shrink the tile or the inner tile"),
+            None => (Field::WorkgroupSize, "lower workgroup_size or head_dim"),
+        };
         return Err(DslError::spec(
-            Field::WorkgroupSize,
+            field,
             format!(
                 "kernel `{}` needs {} bytes of workgroup memory but the target allows {}; \
-                 lower workgroup_size or head_dim, or use a `native` target with more",
+                 {lower}, or use a `native` target with more",
                 spec.name, abi.workgroup_storage_bytes, limits.workgroup_storage_bytes
             ),
         ));
@@ -119,7 +124,7 @@ fn check_head_dim(spec: &KernelSpec) -> Result<(), DslError> {
             ),
         ));
     }
-    if hd > spec.workgroup_size {
+    if hd > spec.workgroup_size && spec.grid.flash.is_none() {
         return Err(DslError::spec(
             Field::HeadDim,
             format!(
@@ -159,6 +164,9 @@ fn check_grid(spec: &KernelSpec) -> Result<(), DslError> {
             ),
         ));
     }
+    if spec.grid.flash.is_some() {
+        return check_flash(spec);
+    }
     if spec.grid.tile == 0 || spec.grid.tile > tile_max {
         return Err(DslError::spec(
             Field::Grid,
@@ -170,6 +178,56 @@ fn check_grid(spec: &KernelSpec) -> Result<(), DslError> {
         ));
     }
     Ok(())
+}
+
+/// Ops with a flash schedule, and the most rows a flash tile may hold.
+const FLASH_OPS: &[Op] = &[Op::Forward, Op::BackwardQ, Op::BackwardKv];
+const FLASH_TILE_MAX: u32 = 128;
+
+fn check_flash(spec: &KernelSpec) -> Result<(), DslError> {
+    if !FLASH_OPS.contains(&spec.op) {
+        return Err(DslError::spec(
+            Field::Grid,
+            format!(
+                "op {} has no flash schedule yet; drop the inner tile and rows_per_thread to \
+                 walk the rows of a tile one at a time",
+                spec.op.name()
+            ),
+        ));
+    }
+    let extra = ["p_ds", "dkv"]
+        .into_iter()
+        .find(|t| spec.write_mode(t).is_some());
+    if let (Op::BackwardQ, Some(t)) = (spec.op, extra) {
+        return Err(DslError::spec(
+            Field::Write(t.into()),
+            format!(
+                "the flash backward_q is the query half of the tiled recompute split and \
+                 writes `dq` only; drop `{t}`, or use the per-row grid for the split and \
+                 streaming schedules"
+            ),
+        ));
+    }
+    if spec.op == Op::BackwardKv && spec.source == Source::Scratch {
+        return Err(DslError::spec(
+            Field::Source,
+            "the flash backward_kv recomputes P and dS from staged tiles; use \
+             `source: recompute`, or the per-row grid to read a split's scratch",
+        ));
+    }
+    if spec.grid.tile > FLASH_TILE_MAX {
+        return Err(DslError::spec(
+            Field::Grid,
+            format!(
+                "flash tile {} is over {FLASH_TILE_MAX} rows",
+                spec.grid.tile
+            ),
+        ));
+    }
+    match Tiling::of(spec) {
+        Some(Err(problem)) => Err(DslError::spec(Field::Grid, problem)),
+        _ => Ok(()),
+    }
 }
 
 fn grid_unit(major: Major) -> &'static str {

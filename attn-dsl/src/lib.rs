@@ -18,6 +18,7 @@ pub mod manifest;
 pub mod plan;
 pub mod signature;
 pub mod spec;
+pub mod tiling;
 pub mod validate;
 
 use std::borrow::Cow;
@@ -25,8 +26,8 @@ use std::borrow::Cow;
 pub use error::{DslError, Field};
 pub use plan::{Access, Binding, KernelAbi, Scalar};
 pub use spec::{
-    Axis, Gqa, Grid, KernelSpec, Limits, Major, Masks, Op, Precision, Scatter, Source, Target,
-    WriteMode,
+    Axis, Flash, FlashConfig, Gqa, Grid, KernelSpec, Limits, Major, Masks, Op, Precision, Scatter,
+    Source, Target, WriteMode,
 };
 pub use validate::ValidateError;
 

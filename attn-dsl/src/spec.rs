@@ -157,6 +157,31 @@ pub struct Grid {
     pub major: Major,
     /// Rows of the major axis per workgroup. 1 is the per-query design of the seeds.
     pub tile: u32,
+    /// `None`: the rows of a tile are walked one at a time (the seeds' design).
+    /// `Some`: the flash schedule, all rows of the tile at once.
+    pub flash: Option<Flash>,
+}
+
+impl Grid {
+    /// The seeds' per-row grid over `major`, `tile` rows walked in turn.
+    pub const fn rows(major: Major, tile: u32) -> Grid {
+        Grid {
+            major,
+            tile,
+            flash: None,
+        }
+    }
+}
+
+/// The flash schedule's compile-time tiling: a workgroup owns `tile` rows of its major axis,
+/// stages `inner` rows of the other axis at a time in workgroup memory, and each invocation
+/// keeps a register block of `rows_per_thread` rows by `inner / threads-per-row` columns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Flash {
+    /// Rows of the other axis (keys for an s-major grid) staged per step.
+    pub inner: u32,
+    /// Rows of the workgroup's tile each invocation accumulates in registers.
+    pub rows_per_thread: u32,
 }
 
 /// Query heads per KV head.
@@ -294,10 +319,7 @@ impl KernelSpec {
         KernelSpec {
             name: name.to_string(),
             op,
-            grid: Grid {
-                major: op.major(),
-                tile: 1,
-            },
+            grid: Grid::rows(op.major(), 1),
             head_dim,
             gqa: Gqa::Any,
             masks,
@@ -308,5 +330,57 @@ impl KernelSpec {
             source: Source::default(),
             scatter: Scatter::default(),
         }
+    }
+}
+
+/// A flash configuration: the tiling parameters of a flash grid, with the workgroup size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
+pub struct FlashConfig {
+    pub tile: u32,
+    pub inner: u32,
+    pub rows_per_thread: u32,
+    pub workgroup_size: u32,
+}
+
+impl FlashConfig {
+    /// `tile x inner / rows_per_thread @ workgroup_size`, e.g. `32x32/4@128`.
+    pub fn label(&self) -> String {
+        format!(
+            "{}x{}/{}@{}",
+            self.tile, self.inner, self.rows_per_thread, self.workgroup_size
+        )
+    }
+}
+
+impl KernelSpec {
+    /// [`KernelSpec::standard`] on the flash grid of `config`, targeting WebGPU's defaults
+    /// when its workgroup memory fits them and a `native` target with just enough otherwise.
+    pub fn flash(
+        name: &str,
+        op: Op,
+        head_dim: u32,
+        masks: Masks,
+        config: FlashConfig,
+    ) -> KernelSpec {
+        let mut spec = KernelSpec {
+            grid: Grid {
+                major: op.major(),
+                tile: config.tile,
+                flash: Some(Flash {
+                    inner: config.inner,
+                    rows_per_thread: config.rows_per_thread,
+                }),
+            },
+            workgroup_size: config.workgroup_size,
+            ..KernelSpec::standard(name, op, head_dim, masks)
+        };
+        let bytes = crate::emit::workgroup_bytes(&spec);
+        if bytes > Limits::WEBGPU.workgroup_storage_bytes {
+            spec.target = Target::Native(Limits {
+                workgroup_storage_bytes: bytes,
+                ..Limits::WEBGPU
+            });
+        }
+        spec
     }
 }

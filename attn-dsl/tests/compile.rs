@@ -261,3 +261,45 @@ fn rope_compiles_and_needs_an_even_head_dim() {
         );
     }
 }
+
+#[test]
+fn flash_forward_compiles_for_every_mask() {
+    let config = attn_dsl::FlashConfig {
+        tile: 16,
+        inner: 16,
+        rows_per_thread: 2,
+        workgroup_size: 64,
+    };
+    for head_dim in [64, 128] {
+        for (causal, document) in [(true, true), (true, false), (false, true), (false, false)] {
+            let masks = Masks { causal, document };
+            let spec = KernelSpec::flash("fwd", Op::Forward, head_dim, masks, config);
+            let abi = compile(&spec).unwrap_or_else(|e| panic!("{e}"));
+            if head_dim == 64 && causal && document {
+                std::fs::write("/tmp/flash.wgsl", abi.wgsl.as_ref()).unwrap();
+            }
+        }
+    }
+}
+
+#[test]
+fn flash_backward_halves_compile_for_every_mask() {
+    let config = attn_dsl::FlashConfig {
+        tile: 16,
+        inner: 8,
+        rows_per_thread: 2,
+        workgroup_size: 64,
+    };
+    for head_dim in [64, 128] {
+        for (causal, document) in [(true, true), (true, false), (false, true), (false, false)] {
+            let masks = Masks { causal, document };
+            for op in [Op::BackwardQ, Op::BackwardKv] {
+                let spec = KernelSpec::flash("bwd", op, head_dim, masks, config);
+                let abi = compile(&spec).unwrap_or_else(|e| panic!("{op:?} d{head_dim}: {e}"));
+                if head_dim == 64 && causal && document {
+                    std::fs::write(format!("/tmp/flash_{op:?}.wgsl"), abi.wgsl.as_ref()).unwrap();
+                }
+            }
+        }
+    }
+}

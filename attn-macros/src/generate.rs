@@ -184,6 +184,15 @@ fn abi_const(abi: &KernelAbi, wgsl: TokenStream) -> TokenStream {
     let [wx, wy, wz] = abi.workgroup_size;
     let major = major(abi.grid.major);
     let tile = abi.grid.tile;
+    let flash = match abi.grid.flash {
+        None => quote!(::core::option::Option::None),
+        Some(f) => {
+            let (inner, rows) = (f.inner, f.rows_per_thread);
+            quote!(::core::option::Option::Some(::attn_dsl::Flash {
+                inner: #inner, rows_per_thread: #rows,
+            }))
+        }
+    };
     let head_dim = abi.head_dim;
     let gqa = match abi.gqa {
         Gqa::Any => quote!(::attn_dsl::Gqa::Any),
@@ -213,7 +222,7 @@ fn abi_const(abi: &KernelAbi, wgsl: TokenStream) -> TokenStream {
             op: ::attn_dsl::Op::#op,
             entry_point: ::std::borrow::Cow::Borrowed(ENTRY_POINT),
             workgroup_size: [#wx, #wy, #wz],
-            grid: ::attn_dsl::Grid { major: #major, tile: #tile },
+            grid: ::attn_dsl::Grid { major: #major, tile: #tile, flash: #flash },
             head_dim: #head_dim,
             gqa: #gqa,
             masks: ::attn_dsl::Masks { causal: #causal, document: #document },

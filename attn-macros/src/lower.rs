@@ -2,8 +2,8 @@
 //! error points at the token that caused it.
 
 use attn_dsl::{
-    DslError, Field, Gqa, Grid, KernelSpec, Limits, Major, Masks, Op, Precision, Scatter, Source,
-    Target, WriteMode,
+    DslError, Field, Flash, Gqa, Grid, KernelSpec, Limits, Major, Masks, Op, Precision, Scatter,
+    Source, Target, WriteMode,
 };
 use proc_macro2::Span;
 use syn::Ident;
@@ -161,10 +161,10 @@ fn grid(v: &Value) -> syn::Result<Grid> {
         Value::Call(Call { name, args, .. }) => (name, args.as_slice()),
         other => return err(other.span(), format!("`grid` takes {EXPECTED}")),
     };
-    let major = match name.to_string().as_str() {
-        "s_major" => Major::S,
-        "j_major" => Major::J,
-        "head_major" => Major::Head,
+    let (major, inner_key) = match name.to_string().as_str() {
+        "s_major" => (Major::S, "key_tile"),
+        "j_major" => (Major::J, "query_tile"),
+        "head_major" => (Major::Head, "key_tile"),
         _ => {
             return err(
                 name.span(),
@@ -172,17 +172,40 @@ fn grid(v: &Value) -> syn::Result<Grid> {
             );
         }
     };
-    let mut tile = 1;
+    let (mut tile, mut inner, mut rows) = (1, None, None);
     for (key, n) in args {
-        if key != "tile" {
+        match key.to_string().as_str() {
+            "tile" => tile = n.value,
+            k if k == inner_key => inner = Some(n.value),
+            "rows_per_thread" => rows = Some(n.value),
+            _ => {
+                return err(
+                    key.span(),
+                    format!(
+                        "unknown grid argument `{key}`; expected `tile`, and for the flash \
+                         schedule `{inner_key}` and `rows_per_thread`"
+                    ),
+                );
+            }
+        }
+    }
+    let flash = match (inner, rows) {
+        (None, None) => None,
+        (Some(inner), Some(rows_per_thread)) => Some(Flash {
+            inner,
+            rows_per_thread,
+        }),
+        _ => {
             return err(
-                key.span(),
-                format!("unknown grid argument `{key}`; expected `tile`"),
+                name.span(),
+                format!(
+                    "the flash schedule takes both `{inner_key}` and `rows_per_thread`, \
+                     e.g. `{name}(tile = 32, {inner_key} = 32, rows_per_thread = 4)`"
+                ),
             );
         }
-        tile = n.value;
-    }
-    Ok(Grid { major, tile })
+    };
+    Ok(Grid { major, tile, flash })
 }
 
 fn gqa(v: &Value) -> syn::Result<Gqa> {

@@ -12,6 +12,7 @@ use crate::error::{Error, InputError};
 use crate::gpu::Gpu;
 use crate::kernel::Kernel;
 use crate::kernels::BackwardKernels;
+use crate::tuning::{self, Table};
 
 /// How dQ, dK and dV are produced (DESIGN.md §4).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -22,6 +23,9 @@ pub enum Schedule {
     Streaming(Scatter),
     /// (d) s-major dQ and j-major dK/dV kernels, each recomputing P. No scratch, no atomics.
     RecomputeSplit,
+    /// (d) on the flash grids: query and key tiles staged in workgroup memory, register
+    /// blocks; configuration `i` of [`tuning::backward_candidates`].
+    Tiled(u8),
 }
 
 impl Schedule {
@@ -52,6 +56,7 @@ impl fmt::Display for Schedule {
             Schedule::Streaming(Scatter::Cas) => "streaming-cas",
             Schedule::Streaming(Scatter::F32Atomic) => "streaming-f32",
             Schedule::RecomputeSplit => "recompute",
+            Schedule::Tiled(i) => return write!(f, "tiled-{i}"),
         })
     }
 }
@@ -60,13 +65,16 @@ impl FromStr for Schedule {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Schedule, String> {
+        if let Some(i) = s.strip_prefix("tiled-").and_then(|i| i.parse().ok()) {
+            return Ok(Schedule::Tiled(i));
+        }
         Schedule::ALL
             .into_iter()
             .find(|x| x.to_string() == s)
             .ok_or_else(|| {
                 let names: Vec<_> = Schedule::ALL.iter().map(|x| x.to_string()).collect();
                 format!(
-                    "unknown schedule `{s}`; expected one of: {}",
+                    "unknown schedule `{s}`; expected one of: {}, tiled-N",
                     names.join(", ")
                 )
             })
@@ -107,6 +115,8 @@ struct Compiled {
     streaming_f32: Option<Kernel>,
     recompute_q: Kernel,
     recompute_kv: Kernel,
+    /// The tiled schedule's kernels per candidate; `None` where the device cannot hold it.
+    tiled: Vec<Option<[Kernel; 2]>>,
 }
 
 /// Scratch for the split schedule, grown on demand and reused.
@@ -122,6 +132,8 @@ pub struct Backward {
     scratch: Option<Scratch>,
     /// Most bytes of scratch the planner may give the split schedule.
     pub scratch_budget: u64,
+    /// The tuning table the planner follows for this adapter.
+    pub table: Table,
 }
 
 /// The default scratch budget: 256 MiB.
@@ -146,6 +158,7 @@ impl Backward {
                         .transpose()?,
                     recompute_q: Kernel::new(gpu, &set.recompute_q)?,
                     recompute_kv: Kernel::new(gpu, &set.recompute_kv)?,
+                    tiled: tiled_kernels(gpu, set)?,
                 })
             })
             .collect::<Result<_, Error>>()?;
@@ -153,31 +166,46 @@ impl Backward {
             compiled,
             scratch: None,
             scratch_budget: DEFAULT_SCRATCH_BUDGET,
+            table: Table::for_gpu(gpu)?,
         })
     }
 
-    /// The schedules this device can run.
-    pub fn schedules(&self, gpu: &Gpu) -> Vec<Schedule> {
+    /// The schedules this device can run for `head_dim` (no tiled ones for a head_dim
+    /// without a backward set).
+    pub fn schedules(&self, gpu: &Gpu, head_dim: u32) -> Vec<Schedule> {
+        let tiled = self
+            .compiled
+            .iter()
+            .filter(|c| c.head_dim == head_dim)
+            .flat_map(|c| c.tiled.iter().enumerate())
+            .filter(|(_, k)| k.is_some())
+            .map(|(i, _)| Schedule::Tiled(i as u8));
         Schedule::ALL
             .into_iter()
             .filter(|s| *s != Schedule::Streaming(Scatter::F32Atomic) || gpu.has_f32_atomics())
+            .chain(tiled)
             .collect()
     }
 
-    /// Split while its scratch fits the budget and the adapter's largest binding (no
-    /// atomics, the seeds' production path); streaming beyond, with native f32 atomics
-    /// where the adapter has them.
-    pub fn plan(&self, gpu: &Gpu, seq_len: u32, n_heads: u32) -> Schedule {
-        // P and dS share one binding, so the whole scratch must fit the largest binding.
-        let bytes = Schedule::Split.scratch_bytes(seq_len, n_heads);
+    /// The tuning table's schedule for this head_dim when the device runs it (and, for
+    /// split, when its scratch fits the budget and the largest binding); else the tiled
+    /// schedule in its portable configuration, which needs neither scratch nor atomics.
+    pub fn plan(&self, gpu: &Gpu, seq_len: u32, heads: Heads) -> Schedule {
+        let runnable = self.schedules(gpu, heads.head_dim);
+        let bytes = Schedule::Split.scratch_bytes(seq_len, heads.n_heads);
         let fits =
             bytes <= self.scratch_budget && bytes <= gpu.limits().max_storage_buffer_binding_size;
-        if fits {
-            Schedule::Split
-        } else if gpu.has_f32_atomics() {
-            Schedule::Streaming(Scatter::F32Atomic)
-        } else {
-            Schedule::Streaming(Scatter::Cas)
+        let tuned = self
+            .table
+            .backward
+            .get(&heads.head_dim)
+            .and_then(|name| name.parse::<Schedule>().ok())
+            .filter(|s| runnable.contains(s) && (*s != Schedule::Split || fits));
+        let portable = Schedule::Tiled(0);
+        match tuned {
+            Some(s) => s,
+            None if runnable.contains(&portable) => portable,
+            None => Schedule::RecomputeSplit,
         }
     }
 
@@ -210,8 +238,7 @@ impl Backward {
         grads: Gradients,
     ) -> Result<(Gradients, Schedule), Error> {
         let set = self.validate(gpu, input, &grads)?;
-        let schedule =
-            schedule.unwrap_or_else(|| self.plan(gpu, input.seq_len, input.heads.n_heads));
+        let schedule = schedule.unwrap_or_else(|| self.plan(gpu, input.seq_len, input.heads));
         let h = input.heads;
         let dims = [input.seq_len, h.n_heads, h.n_kv_heads, h.head_dim];
         let scale = input.scale.unwrap_or(h.default_scale());
@@ -228,7 +255,7 @@ impl Backward {
             Schedule::Streaming(_) => {
                 attention::binding_size(gpu.limits(), 8 * input.k.len() as u64)?
             }
-            Schedule::RecomputeSplit => {}
+            Schedule::RecomputeSplit | Schedule::Tiled(_) => {}
         }
         // dK and dV packed for the streaming kernel's one atomic binding: dK first.
         let dkv: Vec<f32> = grads.dk.iter().chain(&grads.dv).copied().collect();
@@ -361,6 +388,17 @@ impl Backward {
                 })?]
             }
             Schedule::RecomputeSplit => vec![&c.recompute_q, &c.recompute_kv],
+            Schedule::Tiled(i) => match c.tiled.get(usize::from(i)) {
+                Some(Some([q, kv])) => vec![q, kv],
+                _ => {
+                    return Err(InputError::Unsupported {
+                        what: "this tiled configuration",
+                        needs: "a candidate of tuning::backward_candidates that fits the \
+                                device's workgroup memory",
+                    }
+                    .into());
+                }
+            },
         })
     }
 
@@ -374,4 +412,23 @@ impl Backward {
             });
         }
     }
+}
+
+/// The tiled backward candidates for `set`'s head_dim and masks, compiled where they fit.
+fn tiled_kernels(gpu: &Gpu, set: &BackwardKernels) -> Result<Vec<Option<[Kernel; 2]>>, Error> {
+    let (head_dim, masks) = (set.recompute_q.head_dim, set.recompute_q.masks);
+    tuning::backward_candidates(head_dim)
+        .iter()
+        .map(|&config| {
+            let [q, kv] =
+                tuning::flash_backward(head_dim, masks, config).map_err(|e| Error::Pipeline {
+                    kernel: format!("tiled backward d{head_dim} {}", config.label()),
+                    message: e.to_string(),
+                })?;
+            if !(tuning::fits(gpu, &q) && tuning::fits(gpu, &kv)) {
+                return Ok(None);
+            }
+            Ok(Some([Kernel::new(gpu, &q)?, Kernel::new(gpu, &kv)?]))
+        })
+        .collect()
 }

@@ -8,11 +8,14 @@ use crate::attention::{Heads, checked_grid, uniforms};
 use crate::backward::Schedule;
 use crate::buffers;
 use crate::cases::random;
+use crate::cases::{self, Runner, Shape};
 use crate::error::Error;
 use crate::gpu::Gpu;
 use crate::kernel::Kernel;
+use crate::kernels;
 use crate::kernels::BackwardKernels;
 use crate::timing::{self, Step, Timing};
+use crate::tuning::{self, Table};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BenchShape {
@@ -48,9 +51,16 @@ pub struct BenchRow {
     pub timing: Option<Timing>,
     pub flops: f64,
     pub note: String,
+    /// The per-query (tile 1) design's median on the same work, for the ratio.
+    pub baseline_ms: Option<f64>,
 }
 
 impl BenchRow {
+    /// How many times faster than the tile-1 baseline.
+    pub fn speedup(&self) -> Option<f64> {
+        Some(self.baseline_ms? / self.timing?.median_ms)
+    }
+
     pub fn tflops(&self) -> Option<f64> {
         self.timing
             .map(|t| self.flops / (t.median_ms * 1e-3) / 1e12)
@@ -89,6 +99,22 @@ pub fn run(
         kernel: "backward".into(),
         message: e.to_string(),
     })?;
+    // Each candidate compiled, or the workgroup memory it needs when the device lacks it.
+    let flash = tuning::forward_candidates(h.head_dim)
+        .iter()
+        .map(|&config| {
+            let abi =
+                tuning::flash_forward(h.head_dim, masks, config).map_err(|e| Error::Pipeline {
+                    kernel: format!("forward flash {}", config.label()),
+                    message: e.to_string(),
+                })?;
+            let kernel = match tuning::fits(gpu, &abi) {
+                true => Ok(Kernel::new(gpu, &abi)?),
+                false => Err(abi.workgroup_storage_bytes),
+            };
+            Ok((config, kernel))
+        })
+        .collect::<Result<Vec<_>, Error>>()?;
     let (s, nh, nkv, d) = (
         shape.seq as usize,
         h.n_heads as usize,
@@ -140,42 +166,74 @@ pub fn run(
     };
 
     let mut rows = Vec::new();
-    let timing = timing::time(gpu, &[step(&forward)?], warmup, runs)?;
+    let baseline = timing::time(gpu, &[step(&forward)?], warmup, runs)?;
     rows.push(BenchRow {
         shape,
-        kernel: "forward".into(),
-        timing: Some(timing),
+        kernel: "forward tile-1".into(),
+        timing: Some(baseline),
         flops: shape.forward_flops(),
         note: String::new(),
+        baseline_ms: Some(baseline.median_ms),
     });
+    for (config, flash) in &flash {
+        let mut row = BenchRow {
+            shape,
+            kernel: format!("forward flash {}", config.label()),
+            timing: None,
+            flops: shape.forward_flops(),
+            note: String::new(),
+            baseline_ms: Some(baseline.median_ms),
+        };
+        match flash {
+            Ok(kernel) => row.timing = Some(timing::time(gpu, &[step(kernel)?], warmup, runs)?),
+            Err(bytes) => {
+                row.note = format!("needs {bytes} B of workgroup memory, over the device's")
+            }
+        }
+        rows.push(row);
+    }
     let compiled: Vec<(Schedule, Vec<Kernel>)> = backward_kernels(gpu, &set)?;
     let prep = Kernel::new(gpu, &set.prep)?;
+    let flops = 2.5 * shape.forward_flops();
+    // The seeds' backward is the per-row split; where its scratch does not fit, the
+    // per-row recompute split stands in as the baseline.
+    let mut baseline_ms = None;
     for (schedule, kernels) in &compiled {
-        let flops = 2.5 * shape.forward_flops();
-        let kernel = format!("backward {schedule}");
-        if *schedule == Schedule::Split && scratch.is_none() {
-            let note = format!("scratch {scratch_bytes} B over the adapter's largest binding");
-            rows.push(BenchRow {
-                shape,
-                kernel,
-                timing: None,
-                flops,
-                note,
-            });
-            continue;
+        let mut kernel = format!("backward {schedule}");
+        if let Schedule::Tiled(i) = schedule {
+            kernel += &format!(
+                " {}",
+                tuning::backward_candidates(h.head_dim)[usize::from(*i)].label()
+            );
         }
-        let steps = std::iter::once(&prep)
-            .chain(kernels)
-            .map(step)
-            .collect::<Result<Vec<_>, _>>()?;
-        let timing = timing::time(gpu, &steps, warmup, runs)?;
-        rows.push(BenchRow {
+        let mut row = BenchRow {
             shape,
             kernel,
-            timing: Some(timing),
+            timing: None,
             flops,
             note: String::new(),
-        });
+            baseline_ms: None,
+        };
+        if *schedule == Schedule::Split && scratch.is_none() {
+            row.note = format!("scratch {scratch_bytes} B over the adapter's largest binding");
+        } else if kernels.is_empty() {
+            row.note = "needs more workgroup memory than the device has".into();
+        } else {
+            let steps = std::iter::once(&prep)
+                .chain(kernels)
+                .map(step)
+                .collect::<Result<Vec<_>, _>>()?;
+            let timing = timing::time(gpu, &steps, warmup, runs)?;
+            let seeds = matches!(schedule, Schedule::Split | Schedule::RecomputeSplit);
+            if seeds && baseline_ms.is_none() {
+                baseline_ms = Some(timing.median_ms);
+            }
+            row.timing = Some(timing);
+        }
+        rows.push(row);
+    }
+    for row in rows.iter_mut().filter(|r| r.kernel.starts_with("backward")) {
+        row.baseline_ms = baseline_ms;
     }
     Ok(rows)
 }
@@ -211,5 +269,87 @@ fn backward_kernels(
             Kernel::new(gpu, &set.recompute_kv)?,
         ],
     ));
+    let (head_dim, masks) = (set.recompute_q.head_dim, set.recompute_q.masks);
+    for (i, &config) in tuning::backward_candidates(head_dim).iter().enumerate() {
+        let abis =
+            tuning::flash_backward(head_dim, masks, config).map_err(|e| Error::Pipeline {
+                kernel: format!("tiled backward {}", config.label()),
+                message: e.to_string(),
+            })?;
+        // An empty list marks a configuration the device cannot hold.
+        let kernels = match abis.iter().all(|abi| tuning::fits(gpu, abi)) {
+            true => abis
+                .iter()
+                .map(|abi| Kernel::new(gpu, abi))
+                .collect::<Result<Vec<_>, _>>()?,
+            false => Vec::new(),
+        };
+        out.push((Schedule::Tiled(i as u8), kernels));
+    }
     Ok(out)
+}
+
+/// The labels of check rows that fail on `gpu` for forward and backward cases of
+/// `head_dims`: every candidate the device holds is run, so a candidate that is wrong
+/// here shows up by name.
+pub fn failing_kernels(gpu: &Gpu, head_dims: &[u32]) -> Result<Vec<String>, Error> {
+    let mut runner = Runner::new(gpu, kernels::FAMILY.iter().copied(), &kernels::BACKWARD)?;
+    let mut failed = Vec::new();
+    let cases = cases::default_matrix().into_iter().filter(|c| {
+        head_dims.contains(&c.heads.head_dim)
+            && matches!(c.shape, Shape::Forward { .. } | Shape::Backward { .. })
+    });
+    for (i, case) in cases.enumerate() {
+        for row in cases::run_case(gpu, &mut runner, &case, 1 + 1000 * i as u64)? {
+            if !row.pass() && !failed.contains(&row.label) {
+                failed.push(row.label);
+            }
+        }
+    }
+    Ok(failed)
+}
+
+/// The tuning table for `gpu` from bench rows: per head_dim, the fastest flash forward and
+/// the fastest backward schedule, among those no failing check row names.
+pub fn tune(gpu: &Gpu, rows: &[BenchRow], failed: &[String]) -> Table {
+    let passed = |r: &&BenchRow| {
+        r.timing.is_some()
+            && !failed
+                .iter()
+                .any(|f| f.strip_suffix(" (planned)").unwrap_or(f) == r.kernel)
+    };
+    let fastest = |prefix: &str, head_dim: u32| {
+        rows.iter()
+            .filter(|r| r.shape.heads.head_dim == head_dim && r.kernel.starts_with(prefix))
+            .filter(passed)
+            .min_by(|a, b| {
+                let ms = |r: &BenchRow| r.timing.map_or(f64::INFINITY, |t| t.median_ms);
+                ms(a).total_cmp(&ms(b))
+            })
+    };
+    let mut table = Table {
+        adapter: gpu.info().name.clone(),
+        ..Table::default()
+    };
+    let mut head_dims: Vec<u32> = rows.iter().map(|r| r.shape.heads.head_dim).collect();
+    head_dims.sort_unstable();
+    head_dims.dedup();
+    for head_dim in head_dims {
+        let forward = fastest("forward flash ", head_dim).and_then(|r| {
+            tuning::forward_candidates(head_dim)
+                .iter()
+                .find(|c| r.kernel == format!("forward flash {}", c.label()))
+        });
+        if let Some(config) = forward {
+            table.forward.insert(head_dim, *config);
+        }
+        if let Some(row) = fastest("backward ", head_dim) {
+            let name = row.kernel["backward ".len()..]
+                .split(' ')
+                .next()
+                .unwrap_or_default();
+            table.backward.insert(head_dim, name.to_string());
+        }
+    }
+    table
 }

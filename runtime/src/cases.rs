@@ -1,7 +1,7 @@
 //! The case matrix that `check` and the tests run: each case is a shape and mask set, run
 //! on the GPU and judged against the f64 reference by the pass rule, as one or more rows.
 
-use attn_dsl::{KernelAbi, Op};
+use attn_dsl::{FlashConfig, KernelAbi, Masks, Op};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 use crate::attention::{self, DecodeInput, ForwardInput, Heads};
@@ -13,6 +13,7 @@ use crate::kernel::Kernel;
 use crate::kernels::{BackwardKernels, ROPE};
 use crate::reference::{self, Problem, cast};
 use crate::rope::{self, RopeInput};
+use crate::tuning;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Shape {
@@ -176,6 +177,8 @@ pub fn default_matrix() -> Vec<Case> {
 /// Everything a matrix runs, compiled once.
 pub struct Runner {
     kernels: Vec<Kernel>,
+    /// Every flash forward candidate this device holds, with its configuration.
+    flash: Vec<(FlashConfig, Kernel)>,
     rope: Vec<(Kernel, Kernel)>,
     pub backward: Backward,
 }
@@ -191,12 +194,14 @@ impl Runner {
             .filter(|abi| matches!(abi.op, Op::Forward | Op::Decode))
             .map(|abi| Kernel::new(gpu, abi))
             .collect::<Result<_, _>>()?;
+        let flash = flash_kernels(gpu)?;
         let rope = ROPE
             .iter()
             .map(|(f, b)| Ok((Kernel::new(gpu, f)?, Kernel::new(gpu, b)?)))
             .collect::<Result<_, Error>>()?;
         Ok(Runner {
             kernels,
+            flash,
             rope,
             backward: Backward::new(gpu, backward)?,
         })
@@ -212,6 +217,29 @@ impl Runner {
                 binding: "(none in the family)".into(),
             })
     }
+}
+
+/// The flash forward candidates of every head_dim the family has, under the check's masks
+/// (causal and document), that fit the device.
+fn flash_kernels(gpu: &Gpu) -> Result<Vec<(FlashConfig, Kernel)>, Error> {
+    let masks = Masks {
+        causal: true,
+        document: true,
+    };
+    let mut out = Vec::new();
+    for head_dim in [64, 128] {
+        for &config in tuning::forward_candidates(head_dim) {
+            let abi =
+                tuning::flash_forward(head_dim, masks, config).map_err(|e| Error::Pipeline {
+                    kernel: format!("flash d{head_dim} {}", config.label()),
+                    message: e.to_string(),
+                })?;
+            if tuning::fits(gpu, &abi) {
+                out.push((config, Kernel::new(gpu, &abi)?));
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// One line of the report: what ran, and how each output compares.
@@ -255,10 +283,23 @@ pub fn run_case(gpu: &Gpu, runner: &mut Runner, case: &Case, seed: u64) -> Resul
     Ok(match case.shape {
         Shape::Forward { seq, docs } => {
             let kernel = runner.find(Op::Forward, h.head_dim)?;
-            vec![row(
+            let mut rows = vec![row(
                 kernel.name(),
                 run_forward(gpu, kernel, h, seq, docs, seed)?,
-            )]
+            )];
+            let flash = runner
+                .flash
+                .iter()
+                .filter(|(_, k)| k.abi().head_dim == h.head_dim);
+            let planned = runner.backward.table.forward(gpu, h.head_dim);
+            for (config, kernel) in flash {
+                let mut label = format!("forward flash {}", config.label());
+                if planned == Some(*config) {
+                    label += " (planned)";
+                }
+                rows.push(row(&label, run_forward(gpu, kernel, h, seq, docs, seed)?));
+            }
+            rows
         }
         Shape::Decode {
             cache_len,
@@ -400,17 +441,20 @@ fn run_backward(
         seg: Some(&seg),
         scale: None,
     };
-    let planned = runner.backward.plan(gpu, seq, h.n_heads);
+    let planned = runner.backward.plan(gpu, seq, h);
     let mut rows = Vec::new();
     let mut results: Vec<(Schedule, Gradients)> = Vec::new();
-    for schedule in runner.backward.schedules(gpu) {
+    for schedule in runner.backward.schedules(gpu, h.head_dim) {
         let (g, _) = runner.backward.run(gpu, &input, Some(schedule))?;
         let verdicts = judge_backward(&p, [&q, &k, &v, &d_o], (&o, &lse), [&g.dq, &g.dk, &g.dv]);
-        let label = if schedule == planned {
-            format!("backward {schedule} (planned)")
-        } else {
-            format!("backward {schedule}")
-        };
+        let mut label = format!("backward {schedule}");
+        if let Schedule::Tiled(i) = schedule {
+            let config = tuning::backward_candidates(h.head_dim)[usize::from(i)];
+            label += &format!(" {}", config.label());
+        }
+        if schedule == planned {
+            label += " (planned)";
+        }
         rows.push(Row {
             case: *case,
             label,

@@ -16,6 +16,8 @@ pub enum Error {
     Binding { kernel: String, binding: String },
     #[error("reading results back from the GPU failed: {0}")]
     Readback(String),
+    #[error(transparent)]
+    Tuning(#[from] crate::tuning::TuningError),
 }
 
 /// Input that does not fit the kernel or the adapter.

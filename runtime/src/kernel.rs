@@ -22,10 +22,21 @@ impl Kernel {
             label,
             entries: &layout_entries(abi),
         });
-        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+        let desc = wgpu::ShaderModuleDescriptor {
             label,
             source: wgpu::ShaderSource::Wgsl(abi.wgsl.clone()),
-        });
+        };
+        let module = if gpu.runtime_checks() {
+            device.create_shader_module(desc)
+        } else {
+            // SAFETY: the kernels come from attn-dsl, which bounds every workgroup-array index
+            // by construction and guards every tensor index by the run-time dims, and every
+            // entry point validates buffer lengths against those dims before dispatch; their
+            // loops are bounded by the dims. Opting out is the user's call (Gpu::unchecked).
+            unsafe {
+                device.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked())
+            }
+        };
         let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
             label,
             bind_group_layouts: &[Some(&layout)],

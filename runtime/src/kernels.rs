@@ -282,6 +282,96 @@ attention_kernel! {
     }
 }
 
+attention_kernel! {
+    /// Flash forward, head_dim 64: 16 query rows per workgroup, keys staged 16 at a time,
+    /// 2 rows per invocation. Candidate 0 of `tuning::forward_candidates(64)`: it fits
+    /// WebGPU's default 16 KiB of workgroup memory.
+    pub attention_forward_flash {
+        op: forward,
+        grid: s_major(tile = 16, key_tile = 16, rows_per_thread = 2),
+        head_dim: 64,
+        gqa: any,
+        masks: [causal, document],
+        target: webgpu,
+        workgroup_size: 64,
+        writes: { o: owned, lse: owned },
+    }
+}
+
+attention_kernel! {
+    /// Flash forward, head_dim 128, in WebGPU's defaults: keys staged 8 at a time.
+    pub attention_forward_flash_d128 {
+        op: forward,
+        grid: s_major(tile = 16, key_tile = 8, rows_per_thread = 2),
+        head_dim: 128,
+        gqa: any,
+        masks: [causal, document],
+        target: webgpu,
+        workgroup_size: 64,
+        writes: { o: owned, lse: owned },
+    }
+}
+
+attention_kernel! {
+    /// Tiled recompute split, dQ half, head_dim 64: query tiles of 16 with Q and dO staged,
+    /// K and V staged 8 keys at a time.
+    pub attention_backward_dq_flash {
+        op: backward_q,
+        grid: s_major(tile = 16, key_tile = 8, rows_per_thread = 2),
+        head_dim: 64,
+        gqa: any,
+        masks: [causal, document],
+        target: webgpu,
+        workgroup_size: 64,
+        writes: { dq: owned },
+    }
+}
+
+attention_kernel! {
+    /// Tiled recompute split, dK/dV half, head_dim 64: key tiles of 16 with K and V staged,
+    /// Q and dO staged 8 queries at a time.
+    pub attention_backward_dkdv_flash {
+        op: backward_kv,
+        grid: j_major(tile = 16, query_tile = 8, rows_per_thread = 2),
+        head_dim: 64,
+        gqa: any,
+        masks: [causal, document],
+        target: webgpu,
+        workgroup_size: 64,
+        source: recompute,
+        writes: { dk: owned, dv: owned },
+    }
+}
+
+attention_kernel! {
+    /// Tiled recompute split, dQ half, head_dim 128, in WebGPU's defaults.
+    pub attention_backward_dq_flash_d128 {
+        op: backward_q,
+        grid: s_major(tile = 8, key_tile = 4, rows_per_thread = 1),
+        head_dim: 128,
+        gqa: any,
+        masks: [causal, document],
+        target: webgpu,
+        workgroup_size: 32,
+        writes: { dq: owned },
+    }
+}
+
+attention_kernel! {
+    /// Tiled recompute split, dK/dV half, head_dim 128, in WebGPU's defaults.
+    pub attention_backward_dkdv_flash_d128 {
+        op: backward_kv,
+        grid: j_major(tile = 8, query_tile = 4, rows_per_thread = 1),
+        head_dim: 128,
+        gqa: any,
+        masks: [causal, document],
+        target: webgpu,
+        workgroup_size: 32,
+        source: recompute,
+        writes: { dk: owned, dv: owned },
+    }
+}
+
 /// The kernels of one backward specialization (one head_dim and mask set), by schedule:
 /// borrowed from the family's statics, or compiled at run time by [`BackwardKernels::compile`].
 pub struct BackwardKernels {
@@ -404,7 +494,7 @@ pub static ROPE: [(&attn_dsl::KernelAbi, &attn_dsl::KernelAbi); 2] = [
 /// Every portable kernel of the default family, in the order `generated/manifest.json`
 /// lists them. (The native-f32-atomic streaming variants are left out: browsers have no
 /// `atomic<f32>`.)
-pub static FAMILY: [&attn_dsl::KernelAbi; 20] = [
+pub static FAMILY: [&attn_dsl::KernelAbi; 26] = [
     &attention_forward::ABI,
     &attention_forward_d128::ABI,
     &attention_decode::ABI,
@@ -425,4 +515,10 @@ pub static FAMILY: [&attn_dsl::KernelAbi; 20] = [
     &rope_backward::ABI,
     &rope_d128::ABI,
     &rope_backward_d128::ABI,
+    &attention_forward_flash::ABI,
+    &attention_forward_flash_d128::ABI,
+    &attention_backward_dq_flash::ABI,
+    &attention_backward_dkdv_flash::ABI,
+    &attention_backward_dq_flash_d128::ABI,
+    &attention_backward_dkdv_flash_d128::ABI,
 ];

@@ -16,6 +16,7 @@ pub mod npy;
 pub mod reference;
 pub mod rope;
 pub mod timing;
+pub mod tuning;
 
 pub use attention::{DecodeInput, ForwardInput, ForwardOutput, Heads, decode, forward};
 pub use backward::{Backward, BackwardInput, Gradients, Schedule};

@@ -125,7 +125,7 @@ fn every_schedule_matches_the_reference_and_the_others() {
     for (heads, seq, docs) in shapes {
         let data = Data::new(&gpu, heads, seq, docs, 11);
         let mut results = Vec::new();
-        for schedule in backward.schedules(&gpu) {
+        for schedule in backward.schedules(&gpu, heads.head_dim) {
             let (g, ran) = backward.run(&gpu, &data.input(), Some(schedule)).unwrap();
             assert_eq!(ran, schedule);
             let verdicts = judge_backward(
@@ -172,7 +172,7 @@ fn gradients_accumulate_across_micro_steps() {
         1,
         3,
     );
-    for schedule in backward.schedules(&gpu) {
+    for schedule in backward.schedules(&gpu, 64) {
         let (once, _) = backward.run(&gpu, &data.input(), Some(schedule)).unwrap();
         let (twice, _) = backward
             .accumulate(&gpu, &data.input(), Some(schedule), once.clone())
@@ -222,25 +222,47 @@ fn scratch_is_reused_and_grown_only_when_needed() {
 }
 
 #[test]
-fn planner_sends_long_sequences_to_streaming() {
+fn planner_follows_the_table_and_falls_back_to_the_portable_tiled_schedule() {
     let gpu = gpu();
     let mut backward = Backward::new(&gpu, &kernels::BACKWARD).unwrap();
+    let heads = |n_heads, head_dim| Heads {
+        n_heads,
+        n_kv_heads: n_heads,
+        head_dim,
+    };
+    backward.table = Default::default();
     assert_eq!(
-        backward.plan(&gpu, 512, 12),
-        Schedule::Split,
-        "the seeds' layer fits 256 MiB"
+        backward.plan(&gpu, 512, heads(12, 64)),
+        Schedule::Tiled(0),
+        "without a table: the portable tiled configuration"
     );
+    assert!(
+        backward.schedules(&gpu, 64).contains(&Schedule::Tiled(1)),
+        "lavapipe holds the 28 KiB candidate"
+    );
+    backward.table.backward.insert(64, "split".into());
+    assert_eq!(backward.plan(&gpu, 512, heads(12, 64)), Schedule::Split);
     assert_eq!(Schedule::Split.scratch_bytes(512, 12), 25_165_824);
-    let streaming = Schedule::Streaming(if gpu.has_f32_atomics() {
-        Scatter::F32Atomic
-    } else {
-        Scatter::Cas
-    });
-    assert_eq!(backward.plan(&gpu, 8192, 16), streaming);
+    assert_eq!(
+        backward.plan(&gpu, 8192, heads(16, 64)),
+        Schedule::Tiled(0),
+        "split is never planned past the scratch budget"
+    );
     backward.scratch_budget = 1 << 20;
-    assert_eq!(backward.plan(&gpu, 300, 2), streaming);
+    assert_eq!(backward.plan(&gpu, 300, heads(2, 64)), Schedule::Tiled(0));
     backward.scratch_budget = DEFAULT_SCRATCH_BUDGET;
-    assert_eq!(backward.plan(&gpu, 300, 2), Schedule::Split);
+    assert_eq!(backward.plan(&gpu, 300, heads(2, 64)), Schedule::Split);
+    backward.table.backward.insert(64, "tiled-9".into());
+    assert_eq!(
+        backward.plan(&gpu, 300, heads(2, 64)),
+        Schedule::Tiled(0),
+        "a table entry this device cannot run is ignored"
+    );
+    backward.table.backward.insert(128, "streaming-cas".into());
+    assert_eq!(
+        backward.plan(&gpu, 300, heads(2, 128)),
+        Schedule::Streaming(Scatter::Cas)
+    );
 }
 
 /// The f64 reference backward agrees with central differences of L = Σ dO ∘ O, and the

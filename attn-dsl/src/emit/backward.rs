@@ -29,7 +29,7 @@ pub(super) fn kv_workgroup_bytes(head_dim: u32, wg: u32) -> u32 {
 }
 
 /// Offsets of the packed parts: part 1 of `stats` and `p_ds` starts after part 0.
-const PACKING: &str = r#"fn stats_part(part: u32, row: u32, h: u32) -> u32 {
+pub(super) const PACKING: &str = r#"fn stats_part(part: u32, row: u32, h: u32) -> u32 {
     return (part * dims.seq_len + row) * dims.n_heads + h;
 }
 

@@ -4,6 +4,8 @@
 
 mod attend;
 mod backward;
+mod flash;
+mod flash_backward;
 mod index;
 mod reduce;
 mod rope;
@@ -13,6 +15,7 @@ use std::fmt::Write;
 use crate::plan::{Access, Binding};
 use crate::signature;
 use crate::spec::{KernelSpec, Op};
+use crate::tiling::Tiling;
 
 /// WGSL source for `spec`, declaring exactly `bindings`.
 pub fn emit(spec: &KernelSpec, bindings: &[Binding]) -> String {
@@ -21,6 +24,10 @@ pub fn emit(spec: &KernelSpec, bindings: &[Binding]) -> String {
     constants(&mut out, spec);
     uniform_structs(&mut out, spec, bindings);
     declarations(&mut out, bindings);
+    if let Some(Ok(t)) = Tiling::of(spec) {
+        emit_flash(&mut out, spec, &t);
+        return out;
+    }
     match spec.op {
         Op::Forward | Op::Decode => {
             attend::workgroup_memory(&mut out);
@@ -48,8 +55,27 @@ pub fn emit(spec: &KernelSpec, bindings: &[Binding]) -> String {
     out
 }
 
+/// The flash schedule of a checked spec.
+fn emit_flash(out: &mut String, spec: &KernelSpec, t: &Tiling) {
+    match spec.op {
+        Op::BackwardQ => flash_backward::backward_q(out, spec, t),
+        Op::BackwardKv => flash_backward::backward_kv(out, spec, t),
+        _ => {
+            flash::constants(out, t);
+            flash::workgroup_memory(out, t);
+            attend::forward_helpers(out, spec);
+            flash::helpers(out, spec);
+            flash::forward_body(out, t);
+            flash::entry(out, &spec.name);
+        }
+    }
+}
+
 /// Bytes of `var<workgroup>` memory the emitted kernel declares.
 pub fn workgroup_bytes(spec: &KernelSpec) -> u32 {
+    if let Some(Ok(t)) = Tiling::of(spec) {
+        return t.bytes(spec.op);
+    }
     let (hd, wg) = (spec.head_dim, spec.workgroup_size);
     match spec.op {
         Op::Forward | Op::Decode => attend::workgroup_bytes(hd, wg),
@@ -106,11 +132,15 @@ fn constants(out: &mut String, spec: &KernelSpec) {
     let _ = writeln!(out, "const WG: u32 = {}u;", spec.workgroup_size);
     let _ = writeln!(out, "const HEAD_DIM: u32 = {}u;", spec.head_dim);
     let _ = writeln!(out, "const TILE: u32 = {}u;", spec.grid.tile);
+    if spec.grid.flash.is_none() {
+        out.push_str(concat!(
+            "// Invocations per output element in the P·V product, and the key chunk each takes.\n",
+            "const K_PAR: u32 = WG / HEAD_DIM;\n",
+            "const N_ACTIVE: u32 = HEAD_DIM * K_PAR;\n",
+            "const CHUNK: u32 = (WG + K_PAR - 1u) / K_PAR;\n",
+        ));
+    }
     out.push_str(concat!(
-        "// Invocations per output element in the P·V product, and the key chunk each takes.\n",
-        "const K_PAR: u32 = WG / HEAD_DIM;\n",
-        "const N_ACTIVE: u32 = HEAD_DIM * K_PAR;\n",
-        "const CHUNK: u32 = (WG + K_PAR - 1u) / K_PAR;\n",
         "// A finite stand-in for -inf: exp(NEG_BIG - m) is 0 for any real m, and\n",
         "// NEG_BIG - NEG_BIG is 0, never NaN.\n",
         "const NEG_BIG: f32 = -3.0e38;\n\n",

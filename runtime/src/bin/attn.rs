@@ -11,6 +11,7 @@ use attn_dsl::{KernelSpec, Masks, Op};
 use clap::Parser;
 use runtime::kernels::BackwardKernels;
 use runtime::npy;
+use runtime::tuning::{self, Table};
 use runtime::{Backward, BackwardInput, ForwardInput, Gpu, Heads, Kernel, Schedule};
 
 /// Runs attention on tensors from `.npy` files (float32, layout [seq, heads, head_dim];
@@ -38,7 +39,8 @@ struct Args {
     /// Score scale; defaults to 1/sqrt(head_dim).
     #[arg(long)]
     scale: Option<f32>,
-    /// Backward schedule: auto (the planner), split, streaming-cas, streaming-f32, recompute.
+    /// Backward schedule: auto (the planner), split, streaming-cas, streaming-f32, recompute,
+    /// tiled-N (configuration N of runtime::tuning::backward_candidates).
     #[arg(long, default_value = "auto")]
     schedule: String,
     /// Folder for the outputs (created if missing).
@@ -107,7 +109,17 @@ fn run(args: Args) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.out).with_context(|| format!("{}", args.out.display()))?;
 
     let started = Instant::now();
-    let forward = Kernel::new(&gpu, &forward_abi)?;
+    // The tuned flash forward where this head_dim has candidates, else the per-row one.
+    let tuned = Table::for_gpu(&gpu)?.forward(&gpu, d);
+    let forward = match tuned {
+        Some(config) => {
+            let abi = tuning::flash_forward(d, masks, config)
+                .with_context(|| format!("flash forward {}", config.label()))?;
+            println!("forward: flash {}", config.label());
+            Kernel::new(&gpu, &abi)?
+        }
+        None => Kernel::new(&gpu, &forward_abi)?,
+    };
     let input = ForwardInput {
         seq_len: t.seq,
         heads: t.heads,

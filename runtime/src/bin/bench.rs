@@ -36,6 +36,14 @@ struct Args {
     /// One JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
+    /// Skip wgpu's shader runtime checks (index clamping, loop bounding) in every kernel.
+    #[arg(long)]
+    unchecked: bool,
+    /// Check every candidate on this adapter (the check matrix for the shapes' head_dims),
+    /// then write the fastest passing forward configuration and backward schedule per
+    /// head_dim to this tuning table. Point ATTN_TUNING at it to use it.
+    #[arg(long, value_name = "PATH")]
+    tune: Option<std::path::PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -89,27 +97,63 @@ fn shapes(args: &Args) -> Vec<BenchShape> {
 
 fn run(args: Args) -> anyhow::Result<()> {
     anyhow::ensure!(args.runs > 0, "--runs must be at least 1");
-    let gpu = Gpu::new(kernels::FAMILY.iter().copied())?;
+    let mut gpu = Gpu::new(kernels::FAMILY.iter().copied())?;
+    if args.unchecked {
+        gpu = gpu.unchecked();
+    }
+    let shapes = shapes(&args);
     if !args.json {
         println!("adapter: {}", gpu.describe());
         println!(
-            "every kernel below is the per-query design (tile 1), the baseline the tiled schedules will be compared with"
+            "x tile-1: speed-up over the seeds' per-query design on the same work (forward: \
+             tile 1; backward: the per-row split, or the per-row recompute where split's \
+             scratch does not fit)"
         );
         println!(
-            "{:<34} {:<24} {:>10} {:>10} {:>9}  note",
-            "shape", "kernel", "median ms", "min ms", "TFLOP/s"
+            "{:<32} {:<50} {:>10} {:>10} {:>9} {:>9}  note",
+            "shape", "kernel", "median ms", "min ms", "TFLOP/s", "x tile-1"
         );
     }
-    for shape in shapes(&args) {
+    let mut all = Vec::new();
+    for shape in shapes {
         let rows =
             bench::run(&gpu, shape, args.warmup, args.runs).with_context(|| shape.label())?;
-        for row in rows {
+        for row in &rows {
             if args.json {
-                println!("{}", json(&gpu, &row));
+                println!("{}", json(&gpu, row));
             } else {
-                print_row(&row);
+                print_row(row);
             }
         }
+        all.extend(rows);
+    }
+    if let Some(path) = &args.tune {
+        // Checked after timing: on the H100 the check's many small dispatches left the
+        // next few milliseconds of kernels several times slower.
+        let mut head_dims: Vec<u32> = all.iter().map(|r| r.shape.heads.head_dim).collect();
+        head_dims.sort_unstable();
+        head_dims.dedup();
+        eprintln!("tune: checking every candidate for head_dim {head_dims:?} on this adapter");
+        let failed = bench::failing_kernels(&gpu, &head_dims)?;
+        eprintln!(
+            "tune: {} kernel(s) failed the check: {failed:?}",
+            failed.len()
+        );
+        let table = bench::tune(&gpu, &all, &failed);
+        table
+            .write(path)
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!(
+            "tune: wrote {} (forward {:?}, backward {:?}); set ATTN_TUNING={} to use it",
+            path.display(),
+            table
+                .forward
+                .iter()
+                .map(|(d, c)| (d, c.label()))
+                .collect::<Vec<_>>(),
+            table.backward,
+            path.display()
+        );
     }
     Ok(())
 }
@@ -123,8 +167,9 @@ fn print_row(r: &BenchRow) {
         ),
         _ => ("-".into(), "-".into(), "-".into()),
     };
+    let speedup = r.speedup().map_or("-".into(), |x| format!("{x:.2}"));
     println!(
-        "{:<34} {:<24} {median:>10} {min:>10} {tflops:>9}  {}",
+        "{:<32} {:<50} {median:>10} {min:>10} {tflops:>9} {speedup:>9}  {}",
         r.shape.label(),
         r.kernel,
         r.note
@@ -144,6 +189,7 @@ fn json(gpu: &Gpu, r: &BenchRow) -> serde_json::Value {
         "min_ms": r.timing.map(|t| t.min_ms),
         "runs": r.timing.map(|t| t.runs),
         "tflops": r.tflops(),
+        "speedup_over_tile1": r.speedup(),
         "flops": r.flops,
         "note": r.note,
     })

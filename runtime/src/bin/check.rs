@@ -34,6 +34,9 @@ struct Args {
     /// List the cases without running them.
     #[arg(long)]
     list: bool,
+    /// Skip wgpu's shader runtime checks in every kernel, as `bench --unchecked` does.
+    #[arg(long)]
+    unchecked: bool,
 }
 
 fn main() -> ExitCode {
@@ -59,12 +62,15 @@ fn run(args: Args) -> anyhow::Result<bool> {
         return Ok(true);
     }
     let started = Instant::now();
-    let gpu = Gpu::new(kernels::FAMILY.iter().copied()).context("no adapter to check on")?;
+    let mut gpu = Gpu::new(kernels::FAMILY.iter().copied()).context("no adapter to check on")?;
+    if args.unchecked {
+        gpu = gpu.unchecked();
+    }
     println!("adapter: {}", gpu.describe());
     let mut runner = Runner::new(&gpu, kernels::FAMILY.iter().copied(), &kernels::BACKWARD)?;
     runner.backward.scratch_budget = args.scratch_budget;
     println!(
-        "{:<34} {:<28} {:<13} {:<60} result",
+        "{:<52} {:<28} {:<13} {:<60} result",
         "kernel", "shape", "masks", "max abs error <= bound, per output"
     );
     let (mut passed, mut failed, mut worst) = (0, 0, (0.0f64, String::new()));
@@ -113,7 +119,7 @@ fn print_row(r: &Row) {
         .map(|(n, v)| format!("{n} {:.2e}<={:.2e}", v.error, v.bound))
         .collect();
     println!(
-        "{:<34} {:<28} {:<13} {:<60} {}",
+        "{:<52} {:<28} {:<13} {:<60} {}",
         r.label,
         r.case.shape_label(),
         r.case.mask_label(),

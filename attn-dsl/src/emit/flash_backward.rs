@@ -1,0 +1,310 @@
+//! The tiled recompute split (schedule (d)) in the flash layout of [`super::flash`]:
+//!
+//! - `backward_q` (s-major): a workgroup owns a tile of query rows with their Q and dO
+//!   staged; per staged block of K and V it recomputes P = exp(S − LSE), dP = dO·Vᵀ and
+//!   dS = scale·P·(dP − D) in registers, and accumulates dQ += dS·K. No row reductions:
+//!   the forward's LSE fixes the softmax.
+//! - `backward_kv` (j-major): a workgroup owns a tile of key rows with their K and V staged;
+//!   for each query head of its KV head and each staged block of Q and dO (with LSE and D)
+//!   it recomputes Pᵀ and dSᵀ and accumulates dV += Pᵀ·dO and dK += dSᵀ·Q.
+//!
+//! Both own their outputs (no atomics, no scratch) and add into them, as every backward
+//! kernel does: the host zeroes the gradients for a fresh pass.
+
+use std::fmt::Write;
+
+use super::flash::{accumulate, regs, stage, tile_key_range};
+use super::{backward, index};
+use crate::spec::KernelSpec;
+use crate::tiling::Tiling;
+
+fn head_rows(out: &mut String, names: &[&str], rows: u32, t: &Tiling) {
+    for name in names {
+        let _ = writeln!(
+            out,
+            "var<workgroup> {name}: array<vec4<f32>, {}>;",
+            rows * t.row4
+        );
+    }
+}
+
+/// Head indexing, the masks and the packed `stats` offsets both halves read.
+fn helpers(out: &mut String, spec: &KernelSpec) {
+    index::kv_head(out, spec);
+    index::row_indexing(out);
+    index::masks(out, spec);
+    out.push_str(backward::PACKING);
+}
+
+pub(super) fn backward_q(out: &mut String, spec: &KernelSpec, t: &Tiling) {
+    super::flash::constants(out, t);
+    head_rows(out, &["sh_q", "sh_do"], t.br, t);
+    head_rows(out, &["sh_k", "sh_v"], t.bc, t);
+    let _ = write!(
+        out,
+        "var<workgroup> sh_ds: array<f32, {}>;\nvar<workgroup> sh_range: vec4<u32>;\n\n",
+        t.br * (t.bc + 1)
+    );
+    helpers(out, spec);
+    stage(out, "stage_q", "BR", "q_index(r, h)", "sh_q", "q");
+    stage(out, "stage_do", "BR", "q_index(r, h)", "sh_do", "d_o");
+    stage(out, "stage_k", "BC", "kv_index(r, h)", "sh_k", "k");
+    stage(out, "stage_v", "BC", "kv_index(r, h)", "sh_v", "v");
+    tile_key_range(out, spec);
+    q_body(out, t);
+    entry(out, &spec.name, "flash_backward_q");
+}
+
+fn q_body(out: &mut String, t: &Tiling) {
+    let (tm, tn, dn) = (t.tm, t.tn, t.dn);
+    let mut b = String::from(
+        "fn flash_backward_q(tile: u32, h: u32, tid: u32) {\n    let kv_h = kv_head(h);\n    \
+         let g = tid / TX;\n    let tx = tid % TX;\n    let row0 = tile * BR;\n    \
+         if (tid == 0u) {\n        sh_range = tile_key_range(row0);\n    }\n    \
+         stage_q(row0, h, tid);\n    stage_do(row0, h, tid);\n",
+    );
+    for i in 0..tm {
+        let _ = write!(
+            b,
+            "    let row_{i} = row0 + g * TM + {i}u;\n    var lo_{i} = 0u;\n    var hi_{i} = 0u;\n    \
+             var lse_{i} = 0.0;\n    var delta_{i} = 0.0;\n    if (row_{i} < dims.seq_len) {{\n        \
+             let range = key_range(row_{i});\n        lo_{i} = range.x;\n        hi_{i} = range.y;\n        \
+             lse_{i} = stats[stats_part(0u, row_{i}, h)];\n        \
+             delta_{i} = stats[stats_part(1u, row_{i}, h)];\n    }}\n"
+        );
+        for n in 0..dn {
+            let _ = writeln!(b, "    var dq_{i}_{n} = vec4<f32>(0.0);");
+        }
+    }
+    b.push_str(
+        "    let range = workgroupUniformLoad(&sh_range);\n    \
+         for (var kt = range.x / BC; kt < (range.y + BC - 1u) / BC; kt = kt + 1u) {\n        \
+         let j0 = kt * BC;\n        \
+         // The previous block is done with sh_k and sh_ds.\n        workgroupBarrier();\n        \
+         stage_k(j0, kv_h, tid);\n        stage_v(j0, kv_h, tid);\n        workgroupBarrier();\n",
+    );
+    products(
+        &mut b,
+        tm,
+        tn,
+        ("sh_q", "sh_do", "(g * TM + I)"),
+        ("sh_k", "sh_v", "(tx + N * TX)"),
+    );
+    for n in 0..tn {
+        let _ = writeln!(b, "        let j_{n} = j0 + tx + {n}u * TX;");
+    }
+    for (i, n) in regs(tm, tn) {
+        let _ = write!(
+            b,
+            "        let v_{i}_{n} = j_{n} >= lo_{i} && j_{n} < hi_{i} && key_visible(row_{i}, j_{n});\n        \
+             let p_{i}_{n} = exp(s_{i}_{n} * params.scale - lse_{i});\n        \
+             sh_ds[(g * TM + {i}u) * PSTRIDE + tx + {n}u * TX] = \
+             select(0.0, params.scale * p_{i}_{n} * (dp_{i}_{n} - delta_{i}), v_{i}_{n});\n"
+        );
+    }
+    b.push_str(
+        "        workgroupBarrier();\n        \
+         // As in the forward: only blocks some row sees in part need the guard on dS == 0.\n        \
+         if (range.z <= j0 && j0 + BC <= range.w) {\n",
+    );
+    accumulate(&mut b, tm, dn, &[("dq", "sh_ds", "sh_k")], false);
+    b.push_str("        } else {\n");
+    accumulate(&mut b, tm, dn, &[("dq", "sh_ds", "sh_k")], true);
+    b.push_str("        }\n    }\n");
+    for i in 0..tm {
+        let _ = writeln!(
+            b,
+            "    if (row_{i} < dims.seq_len) {{\n        let base = q_index(row_{i}, h);"
+        );
+        store_add(&mut b, "dq", i, dn);
+        b.push_str("    }\n");
+    }
+    b.push_str("}\n\n");
+    out.push_str(&b);
+}
+
+pub(super) fn backward_kv(out: &mut String, spec: &KernelSpec, t: &Tiling) {
+    super::flash::constants(out, t);
+    head_rows(out, &["sh_k", "sh_v"], t.br, t);
+    head_rows(out, &["sh_q", "sh_do"], t.bc, t);
+    let _ = write!(
+        out,
+        "var<workgroup> sh_p: array<f32, {tile}>;\nvar<workgroup> sh_ds: array<f32, {tile}>;\n\
+         // (LSE, D) of each staged query row.\nvar<workgroup> sh_stats: array<vec2<f32>, {}>;\n\
+         var<workgroup> sh_range: vec4<u32>;\n\n",
+        t.bc,
+        tile = t.br * (t.bc + 1)
+    );
+    helpers(out, spec);
+    stage(out, "stage_k", "BR", "kv_index(r, h)", "sh_k", "k");
+    stage(out, "stage_v", "BR", "kv_index(r, h)", "sh_v", "v");
+    stage(out, "stage_q", "BC", "q_index(r, h)", "sh_q", "q");
+    stage(out, "stage_do", "BC", "q_index(r, h)", "sh_do", "d_o");
+    // Causal alone: queries from the tile's last key on see every key of the tile. With
+    // documents, where a document ends is not known without a search, so every block is
+    // tested key by key.
+    let all_visible = match (spec.masks.causal, spec.masks.document) {
+        (_, true) => "vec2<u32>(0xffffffffu, 0u)",
+        (true, false) => "vec2<u32>(min(col0 + BR, dims.seq_len) - 1u, dims.seq_len)",
+        (false, false) => "vec2<u32>(0u, dims.seq_len)",
+    };
+    let _ = write!(
+        out,
+        r#"// query_range's start never decreases with the key, so the first key of the tile
+// bounds the queries that see any key of it.
+fn tile_query_range(col0: u32) -> vec4<u32> {{
+    return vec4<u32>(query_range(col0), {all_visible});
+}}
+
+fn stage_stats(s0: u32, h: u32, tid: u32) {{
+    for (var e = tid; e < BC; e = e + WG) {{
+        let s = s0 + e;
+        var x = vec2<f32>(0.0);
+        if (s < dims.seq_len) {{
+            x = vec2<f32>(stats[stats_part(0u, s, h)], stats[stats_part(1u, s, h)]);
+        }}
+        sh_stats[e] = x;
+    }}
+}}
+
+"#
+    );
+    kv_body(out, t);
+    entry(out, &spec.name, "flash_backward_kv");
+}
+
+fn kv_body(out: &mut String, t: &Tiling) {
+    let (tm, tn, dn) = (t.tm, t.tn, t.dn);
+    let mut b = String::from(
+        "fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {\n    let g = tid / TX;\n    \
+         let tx = tid % TX;\n    let col0 = tile * BR;\n    \
+         if (tid == 0u) {\n        sh_range = tile_query_range(col0);\n    }\n    \
+         stage_k(col0, kv_h, tid);\n    stage_v(col0, kv_h, tid);\n",
+    );
+    for i in 0..tm {
+        let _ = writeln!(b, "    let col_{i} = col0 + g * TM + {i}u;");
+        for n in 0..dn {
+            let _ = writeln!(
+                b,
+                "    var dk_{i}_{n} = vec4<f32>(0.0);\n    var dv_{i}_{n} = vec4<f32>(0.0);"
+            );
+        }
+    }
+    b.push_str(
+        "    let range = workgroupUniformLoad(&sh_range);\n    let group = q_per_kv();\n    \
+         let first = range.x / BC;\n    let blocks = (range.y + BC - 1u) / BC - first;\n    \
+         // Every query head of this KV head, every block of queries that sees the tile.\n    \
+         for (var it = 0u; it < group * blocks; it = it + 1u) {\n        \
+         let h = kv_h * group + it / blocks;\n        let s0 = (first + it % blocks) * BC;\n        \
+         // The previous block is done with sh_q, sh_do, sh_p and sh_ds.\n        \
+         workgroupBarrier();\n        stage_q(s0, h, tid);\n        stage_do(s0, h, tid);\n        \
+         stage_stats(s0, h, tid);\n        workgroupBarrier();\n",
+    );
+    products(
+        &mut b,
+        tm,
+        tn,
+        ("sh_k", "sh_v", "(g * TM + I)"),
+        ("sh_q", "sh_do", "(tx + N * TX)"),
+    );
+    for n in 0..tn {
+        let _ = writeln!(
+            b,
+            "        let q_{n} = s0 + tx + {n}u * TX;\n        let st_{n} = sh_stats[tx + {n}u * TX];"
+        );
+    }
+    for (i, n) in regs(tm, tn) {
+        let _ = write!(
+            b,
+            "        let v_{i}_{n} = q_{n} < dims.seq_len && col_{i} < dims.seq_len && visible(q_{n}, col_{i});\n        \
+             let p_{i}_{n} = select(0.0, exp(s_{i}_{n} * params.scale - st_{n}.x), v_{i}_{n});\n        \
+             sh_p[(g * TM + {i}u) * PSTRIDE + tx + {n}u * TX] = p_{i}_{n};\n        \
+             sh_ds[(g * TM + {i}u) * PSTRIDE + tx + {n}u * TX] = \
+             select(0.0, params.scale * p_{i}_{n} * (dp_{i}_{n} - st_{n}.y), v_{i}_{n});\n"
+        );
+    }
+    b.push_str("        workgroupBarrier();\n        if (range.z <= s0 && s0 + BC <= range.w) {\n");
+    let pairs = [("dv", "sh_p", "sh_do"), ("dk", "sh_ds", "sh_q")];
+    accumulate(&mut b, tm, dn, &pairs, false);
+    b.push_str("        } else {\n");
+    accumulate(&mut b, tm, dn, &pairs, true);
+    b.push_str("        }\n    }\n");
+    for i in 0..tm {
+        let _ = writeln!(
+            b,
+            "    if (col_{i} < dims.seq_len) {{\n        let base = kv_index(col_{i}, kv_h);"
+        );
+        store_add(&mut b, "dk", i, dn);
+        store_add(&mut b, "dv", i, dn);
+        b.push_str("    }\n");
+    }
+    b.push_str("}\n\n");
+    out.push_str(&b);
+}
+
+/// `s = a·bᵀ` and `dp = a2·b2ᵀ` over head_dim for the invocation's block: `own` rows
+/// (index with `I`) against `staged` columns (index with `N`).
+fn products(b: &mut String, tm: u32, tn: u32, own: (&str, &str, &str), staged: (&str, &str, &str)) {
+    for (i, n) in regs(tm, tn) {
+        let _ = writeln!(
+            b,
+            "        var s_{i}_{n} = 0.0;\n        var dp_{i}_{n} = 0.0;"
+        );
+    }
+    b.push_str("        for (var d4 = 0u; d4 < D4; d4 = d4 + 1u) {\n");
+    for i in 0..tm {
+        let at = own.2.replace('I', &format!("{i}u"));
+        let _ = writeln!(
+            b,
+            "            let a_{i} = {}[{at} * ROW4 + d4];\n            let a2_{i} = {}[{at} * ROW4 + d4];",
+            own.0, own.1
+        );
+    }
+    for n in 0..tn {
+        let at = staged.2.replace('N', &format!("{n}u"));
+        let _ = writeln!(
+            b,
+            "            let b_{n} = {}[{at} * ROW4 + d4];\n            let b2_{n} = {}[{at} * ROW4 + d4];",
+            staged.0, staged.1
+        );
+    }
+    // Sequential fmas in head_dim order, the order backward_prep sums D in, so that
+    // dP − D cancels exactly where a row attends to one key.
+    for (i, n) in regs(tm, tn) {
+        let _ = writeln!(
+            b,
+            "            s_{i}_{n} = {};\n            dp_{i}_{n} = {};",
+            super::flash::fma_chain(&format!("s_{i}_{n}"), &format!("a_{i}"), &format!("b_{n}")),
+            super::flash::fma_chain(
+                &format!("dp_{i}_{n}"),
+                &format!("a2_{i}"),
+                &format!("b2_{n}")
+            ),
+        );
+    }
+    b.push_str("        }\n");
+}
+
+/// `t[base + columns] += acc` for row `i` of the invocation.
+fn store_add(b: &mut String, t: &str, i: u32, dn: u32) {
+    for n in 0..dn {
+        let _ = writeln!(b, "        let {t}at_{n} = base + (tx + {n}u * TX) * 4u;");
+        for (k, c) in ["x", "y", "z", "w"].iter().enumerate() {
+            let _ = writeln!(
+                b,
+                "        {t}[{t}at_{n} + {k}u] = {t}[{t}at_{n} + {k}u] + {t}_{i}_{n}.{c};"
+            );
+        }
+    }
+}
+
+fn entry(out: &mut String, name: &str, body: &str) {
+    let _ = write!(
+        out,
+        r#"@compute @workgroup_size(WG)
+fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {{
+    {body}(wg.x, wg.y, tid);
+}}
+"#
+    );
+}

@@ -1,0 +1,339 @@
+//! Which flash configuration and backward schedule to use on an adapter: the candidates
+//! `check` proves right, and the table `bench --tune` writes after timing them.
+//!
+//! The runtime reads the table for its adapter (from `ATTN_TUNING`, else the built-in
+//! tables measured on known GPUs) and falls back to portable defaults. An entry that is not
+//! among [`forward_candidates`] is refused, so a table can never select a configuration
+//! that `check` did not cover.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use attn_dsl::{DslError, FlashConfig, KernelAbi, KernelSpec, Masks, Op};
+use serde::{Deserialize, Serialize};
+
+use crate::gpu::Gpu;
+
+const fn config(tile: u32, inner: u32, rows_per_thread: u32, workgroup_size: u32) -> FlashConfig {
+    FlashConfig {
+        tile,
+        inner,
+        rows_per_thread,
+        workgroup_size,
+    }
+}
+
+/// Every flash forward configuration the planner may pick, per head_dim: the first fits
+/// WebGPU's default 16 KiB of workgroup memory and is the default; the rest need a
+/// `native` target with more.
+pub fn forward_candidates(head_dim: u32) -> &'static [FlashConfig] {
+    const D64: &[FlashConfig] = &[
+        config(16, 16, 2, 64),
+        config(64, 16, 4, 128),
+        config(32, 32, 2, 256),
+        config(64, 32, 4, 128),
+        config(64, 32, 4, 256),
+    ];
+    const D128: &[FlashConfig] = &[
+        config(16, 8, 2, 64),
+        config(32, 32, 4, 128),
+        config(64, 16, 4, 128),
+        config(32, 32, 2, 256),
+    ];
+    match head_dim {
+        64 => D64,
+        128 => D128,
+        _ => &[],
+    }
+}
+
+/// The tiled recompute split's two kernels: dQ by query tiles, dK and dV by key tiles.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct BackwardConfig {
+    pub q: FlashConfig,
+    pub kv: FlashConfig,
+}
+
+impl BackwardConfig {
+    pub fn label(&self) -> String {
+        format!("q {} kv {}", self.q.label(), self.kv.label())
+    }
+}
+
+/// Every tiled backward configuration the planner may pick, per head_dim; the first fits
+/// WebGPU's defaults. `Schedule::Tiled(i)` is entry `i`.
+pub fn backward_candidates(head_dim: u32) -> &'static [BackwardConfig] {
+    const fn pair(q: FlashConfig, kv: FlashConfig) -> BackwardConfig {
+        BackwardConfig { q, kv }
+    }
+    const D64: &[BackwardConfig] = &[
+        pair(config(16, 8, 2, 64), config(16, 8, 2, 64)),
+        pair(config(32, 16, 2, 128), config(32, 16, 2, 128)),
+        pair(config(32, 32, 2, 256), config(32, 32, 2, 256)),
+        pair(config(32, 32, 4, 128), config(32, 32, 4, 128)),
+    ];
+    const D128: &[BackwardConfig] = &[
+        pair(config(8, 4, 1, 32), config(8, 4, 1, 32)),
+        pair(config(16, 8, 2, 64), config(16, 8, 2, 64)),
+        pair(config(16, 16, 2, 128), config(16, 16, 2, 128)),
+        pair(config(16, 16, 2, 64), config(16, 16, 2, 64)),
+    ];
+    match head_dim {
+        64 => D64,
+        128 => D128,
+        _ => &[],
+    }
+}
+
+/// The tiled backward's dQ and dK/dV kernels for `head_dim` and `masks` under `config`.
+pub fn flash_backward(
+    head_dim: u32,
+    masks: Masks,
+    config: BackwardConfig,
+) -> Result<[KernelAbi; 2], DslError> {
+    let q = KernelSpec::flash(
+        &family_name("attention_backward_dq_flash", head_dim),
+        Op::BackwardQ,
+        head_dim,
+        masks,
+        config.q,
+    );
+    let kv = KernelSpec {
+        writes: vec![
+            ("dk".into(), attn_dsl::WriteMode::Owned),
+            ("dv".into(), attn_dsl::WriteMode::Owned),
+        ],
+        ..KernelSpec::flash(
+            &family_name("attention_backward_dkdv_flash", head_dim),
+            Op::BackwardKv,
+            head_dim,
+            masks,
+            config.kv,
+        )
+    };
+    Ok([attn_dsl::compile(&q)?, attn_dsl::compile(&kv)?])
+}
+
+/// The flash forward for `head_dim` and `masks` under `config`, compiled now.
+pub fn flash_forward(
+    head_dim: u32,
+    masks: Masks,
+    config: FlashConfig,
+) -> Result<KernelAbi, DslError> {
+    let name = family_name("attention_forward_flash", head_dim);
+    attn_dsl::compile(&KernelSpec::flash(
+        &name,
+        Op::Forward,
+        head_dim,
+        masks,
+        config,
+    ))
+}
+
+/// The family's naming: head_dim 64 unsuffixed, others `_d{head_dim}`.
+fn family_name(base: &str, head_dim: u32) -> String {
+    match head_dim {
+        64 => base.to_string(),
+        _ => format!("{base}_d{head_dim}"),
+    }
+}
+
+/// Whether `gpu` can run `abi` (its workgroup memory within the device's limit).
+pub fn fits(gpu: &Gpu, abi: &KernelAbi) -> bool {
+    abi.workgroup_storage_bytes <= gpu.limits().max_compute_workgroup_storage_size
+}
+
+/// A tuning table: the measured best per head_dim on one adapter.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Table {
+    /// The adapter's name, as wgpu reports it.
+    pub adapter: String,
+    /// Flash forward configuration by head_dim.
+    pub forward: BTreeMap<u32, FlashConfig>,
+    /// Backward schedule by head_dim, by [`crate::Schedule`]'s display name.
+    #[serde(default)]
+    pub backward: BTreeMap<u32, String>,
+}
+
+/// Tables measured with `bench --tune` on known adapters, used when `ATTN_TUNING` names none.
+const BUILT_IN: &[&str] = &[include_str!("../tuning/nvidia-h100.json")];
+
+#[derive(Debug, thiserror::Error)]
+pub enum TuningError {
+    #[error("cannot read tuning table {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("tuning table {path} is not valid JSON for a table: {source}")]
+    Parse {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error(
+        "tuning table {path} picks {config} for head_dim {head_dim}, which is not a candidate \
+         `check` covers; rerun `bench --tune`"
+    )]
+    Unchecked {
+        path: PathBuf,
+        head_dim: u32,
+        config: String,
+    },
+}
+
+impl Table {
+    /// Reads and vets a table: every configuration must be a checked candidate.
+    pub fn read(path: &Path) -> Result<Table, TuningError> {
+        let text = std::fs::read_to_string(path).map_err(|source| TuningError::Read {
+            path: path.into(),
+            source,
+        })?;
+        Table::parse(&text, path)
+    }
+
+    fn parse(text: &str, path: &Path) -> Result<Table, TuningError> {
+        let table: Table = serde_json::from_str(text).map_err(|source| TuningError::Parse {
+            path: path.into(),
+            source,
+        })?;
+        for (&head_dim, config) in &table.forward {
+            if !forward_candidates(head_dim).contains(config) {
+                return Err(TuningError::Unchecked {
+                    path: path.into(),
+                    head_dim,
+                    config: config.label(),
+                });
+            }
+        }
+        Ok(table)
+    }
+
+    pub fn write(&self, path: &Path) -> std::io::Result<()> {
+        let text = serde_json::to_string_pretty(self).expect("a table serializes");
+        std::fs::write(path, text + "\n")
+    }
+
+    /// The table for `gpu`: `ATTN_TUNING` if set (an error if unreadable), else a built-in
+    /// table measured on the same adapter, else an empty table (portable defaults).
+    pub fn for_gpu(gpu: &Gpu) -> Result<Table, TuningError> {
+        if let Some(path) = std::env::var_os("ATTN_TUNING") {
+            return Table::read(Path::new(&path));
+        }
+        for text in BUILT_IN {
+            let table = Table::parse(text, Path::new("(built in)"))?;
+            if table.adapter == gpu.info().name {
+                return Ok(table);
+            }
+        }
+        Ok(Table::default())
+    }
+
+    /// The configuration to run the forward with for `head_dim` on `gpu`: the table's
+    /// choice when the device can hold it, else the portable default.
+    pub fn forward(&self, gpu: &Gpu, head_dim: u32) -> Option<FlashConfig> {
+        let portable = forward_candidates(head_dim).first().copied();
+        let tuned = self.forward.get(&head_dim).copied().filter(|c| {
+            flash_forward(head_dim, Masks::default(), *c).is_ok_and(|abi| fits(gpu, &abi))
+        });
+        tuned.or(portable)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_candidate_compiles_and_the_first_fits_webgpu() {
+        for head_dim in [64, 128] {
+            let candidates = forward_candidates(head_dim);
+            assert!(!candidates.is_empty());
+            for (i, c) in candidates.iter().enumerate() {
+                let masks = Masks {
+                    causal: true,
+                    document: true,
+                };
+                let abi = flash_forward(head_dim, masks, *c)
+                    .unwrap_or_else(|e| panic!("{} d{head_dim}: {e}", c.label()));
+                if i == 0 {
+                    assert_eq!(abi.target, attn_dsl::Target::Webgpu, "{}", c.label());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_backward_candidate_compiles_and_the_first_fits_webgpu() {
+        let masks = Masks {
+            causal: true,
+            document: true,
+        };
+        for head_dim in [64, 128] {
+            for (i, c) in backward_candidates(head_dim).iter().enumerate() {
+                let pair = flash_backward(head_dim, masks, *c)
+                    .unwrap_or_else(|e| panic!("{} d{head_dim}: {e}", c.label()));
+                for abi in &pair {
+                    if i == 0 {
+                        assert_eq!(abi.target, attn_dsl::Target::Webgpu, "{}", c.label());
+                    }
+                }
+            }
+        }
+    }
+
+    /// The family's flash descriptions are the portable candidates, so `generated/` and the
+    /// snapshots hold exactly what the runtime runs by default.
+    #[test]
+    fn family_flash_kernels_are_the_portable_candidates() {
+        use crate::kernels::*;
+        let masks = Masks {
+            causal: true,
+            document: true,
+        };
+        let forward = [
+            (64, &attention_forward_flash::ABI),
+            (128, &attention_forward_flash_d128::ABI),
+        ];
+        for (head_dim, abi) in forward {
+            let compiled = flash_forward(head_dim, masks, forward_candidates(head_dim)[0]);
+            assert_eq!(&compiled.unwrap(), abi);
+        }
+        let backward = [
+            (
+                64,
+                [
+                    &attention_backward_dq_flash::ABI,
+                    &attention_backward_dkdv_flash::ABI,
+                ],
+            ),
+            (
+                128,
+                [
+                    &attention_backward_dq_flash_d128::ABI,
+                    &attention_backward_dkdv_flash_d128::ABI,
+                ],
+            ),
+        ];
+        for (head_dim, [q, kv]) in backward {
+            let [cq, ckv] =
+                flash_backward(head_dim, masks, backward_candidates(head_dim)[0]).unwrap();
+            assert_eq!(&cq, q);
+            assert_eq!(&ckv, kv);
+        }
+    }
+
+    #[test]
+    fn built_in_tables_pick_only_candidates() {
+        for text in BUILT_IN {
+            Table::parse(text, Path::new("(built in)")).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_table_naming_an_unchecked_config_is_refused() {
+        let text = r#"{"adapter": "x", "forward": {"64": {"tile": 8, "inner": 8,
+            "rows_per_thread": 1, "workgroup_size": 64}}}"#;
+        let err = Table::parse(text, Path::new("t.json")).unwrap_err();
+        assert!(err.to_string().contains("not a candidate"), "{err}");
+    }
+}
