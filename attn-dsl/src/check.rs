@@ -331,6 +331,17 @@ fn check_writes(spec: &KernelSpec) -> Result<(), DslError> {
 
 /// Schedules that exclude each other.
 fn check_pairs(spec: &KernelSpec) -> Result<(), DslError> {
+    if spec.op == Op::BackwardKv
+        && spec.write_mode("dq").is_some()
+        && (spec.grid.flash.is_none() || spec.source == Source::Scratch)
+    {
+        return Err(DslError::spec(
+            Field::Write("dq".into()),
+            "only the flash backward_kv that recomputes P scatters `dq` (schedule (c)); give \
+             the grid a query_tile and rows_per_thread and use `source: recompute`, or leave \
+             dq to an s-major kernel",
+        ));
+    }
     if spec.op == Op::BackwardQ
         && spec.write_mode("p_ds").is_some()
         && spec.write_mode("dkv").is_some()
@@ -349,6 +360,7 @@ fn supported_mode(op: Op, tensor: &str) -> WriteMode {
     match (op, tensor) {
         (Op::BackwardQ, "p_ds") => WriteMode::ScratchFlush,
         (Op::BackwardQ, "dkv") => WriteMode::AtomicScatter,
+        (Op::BackwardKv, "dq") => WriteMode::AtomicScatter,
         _ => WriteMode::Owned,
     }
 }

@@ -129,6 +129,8 @@ const BACKWARD_KV: &[Tensor] = &[
     when(t("p_ds", Input, F32, &[Part, S, H, J]), IfScratch),
     t("dk", Output, F32, &[J, KvH, D]),
     t("dv", Output, F32, &[J, KvH, D]),
+    // The flash backward (schedule (c)): key tiles own dK and dV and scatter dQ.
+    when(t("dq", Output, F32, &[S, H, D]), IfWritten),
     DIMS,
     PARAMS_T,
     SEG,

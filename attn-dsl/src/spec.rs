@@ -374,13 +374,26 @@ impl KernelSpec {
             workgroup_size: config.workgroup_size,
             ..KernelSpec::standard(name, op, head_dim, masks)
         };
-        let bytes = crate::emit::workgroup_bytes(&spec);
-        if bytes > Limits::WEBGPU.workgroup_storage_bytes {
-            spec.target = Target::Native(Limits {
-                workgroup_storage_bytes: bytes,
-                ..Limits::WEBGPU
+        spec.fit_target();
+        spec
+    }
+
+    /// WebGPU's defaults when the kernel fits them, else a `native` target with just the
+    /// workgroup memory and storage buffers it needs.
+    pub fn fit_target(&mut self) {
+        self.target = Target::Webgpu;
+        let bytes = crate::emit::workgroup_bytes(self);
+        let storage = crate::signature::tensors(self)
+            .iter()
+            .filter(|t| t.role != crate::signature::Role::Uniform)
+            .count() as u32;
+        let base = Limits::WEBGPU;
+        if bytes > base.workgroup_storage_bytes || storage > base.storage_buffers_per_stage {
+            self.target = Target::Native(Limits {
+                workgroup_storage_bytes: bytes.max(base.workgroup_storage_bytes),
+                storage_buffers_per_stage: storage.max(base.storage_buffers_per_stage),
+                ..base
             });
         }
-        spec
     }
 }

@@ -26,6 +26,9 @@ pub enum Schedule {
     /// (d) on the flash grids: query and key tiles staged in workgroup memory, register
     /// blocks; configuration `i` of [`tuning::backward_candidates`].
     Tiled(u8),
+    /// (c) one key-major flash kernel: key tiles own dK and dV, dQ by atomic scatter (native
+    /// `atomic<f32>` where the adapter has it); the key-major half of candidate `i`.
+    Flash(u8),
 }
 
 impl Schedule {
@@ -57,6 +60,7 @@ impl fmt::Display for Schedule {
             Schedule::Streaming(Scatter::F32Atomic) => "streaming-f32",
             Schedule::RecomputeSplit => "recompute",
             Schedule::Tiled(i) => return write!(f, "tiled-{i}"),
+            Schedule::Flash(i) => return write!(f, "flash-{i}"),
         })
     }
 }
@@ -68,13 +72,16 @@ impl FromStr for Schedule {
         if let Some(i) = s.strip_prefix("tiled-").and_then(|i| i.parse().ok()) {
             return Ok(Schedule::Tiled(i));
         }
+        if let Some(i) = s.strip_prefix("flash-").and_then(|i| i.parse().ok()) {
+            return Ok(Schedule::Flash(i));
+        }
         Schedule::ALL
             .into_iter()
             .find(|x| x.to_string() == s)
             .ok_or_else(|| {
                 let names: Vec<_> = Schedule::ALL.iter().map(|x| x.to_string()).collect();
                 format!(
-                    "unknown schedule `{s}`; expected one of: {}, tiled-N",
+                    "unknown schedule `{s}`; expected one of: {}, tiled-N, flash-N",
                     names.join(", ")
                 )
             })
@@ -117,6 +124,8 @@ struct Compiled {
     recompute_kv: Kernel,
     /// The tiled schedule's kernels per candidate; `None` where the device cannot hold it.
     tiled: Vec<Option<[Kernel; 2]>>,
+    /// The flash schedule's kernel per candidate, likewise.
+    flash: Vec<Option<Kernel>>,
 }
 
 /// Scratch for the split schedule, grown on demand and reused.
@@ -159,6 +168,7 @@ impl Backward {
                     recompute_q: Kernel::new(gpu, &set.recompute_q)?,
                     recompute_kv: Kernel::new(gpu, &set.recompute_kv)?,
                     tiled: tiled_kernels(gpu, set)?,
+                    flash: flash_kernels(gpu, set)?,
                 })
             })
             .collect::<Result<_, Error>>()?;
@@ -180,10 +190,18 @@ impl Backward {
             .flat_map(|c| c.tiled.iter().enumerate())
             .filter(|(_, k)| k.is_some())
             .map(|(i, _)| Schedule::Tiled(i as u8));
+        let flash = self
+            .compiled
+            .iter()
+            .filter(|c| c.head_dim == head_dim)
+            .flat_map(|c| c.flash.iter().enumerate())
+            .filter(|(_, k)| k.is_some())
+            .map(|(i, _)| Schedule::Flash(i as u8));
         Schedule::ALL
             .into_iter()
             .filter(|s| *s != Schedule::Streaming(Scatter::F32Atomic) || gpu.has_f32_atomics())
             .chain(tiled)
+            .chain(flash)
             .collect()
     }
 
@@ -255,7 +273,7 @@ impl Backward {
             Schedule::Streaming(_) => {
                 attention::binding_size(gpu.limits(), 8 * input.k.len() as u64)?
             }
-            Schedule::RecomputeSplit | Schedule::Tiled(_) => {}
+            Schedule::RecomputeSplit | Schedule::Tiled(_) | Schedule::Flash(_) => {}
         }
         // dK and dV packed for the streaming kernel's one atomic binding: dK first.
         let dkv: Vec<f32> = grads.dk.iter().chain(&grads.dv).copied().collect();
@@ -388,6 +406,17 @@ impl Backward {
                 })?]
             }
             Schedule::RecomputeSplit => vec![&c.recompute_q, &c.recompute_kv],
+            Schedule::Flash(i) => match c.flash.get(usize::from(i)) {
+                Some(Some(kv)) => vec![kv],
+                _ => {
+                    return Err(InputError::Unsupported {
+                        what: "this flash configuration",
+                        needs: "a candidate of tuning::backward_candidates that fits the \
+                                device's workgroup memory",
+                    }
+                    .into());
+                }
+            },
             Schedule::Tiled(i) => match c.tiled.get(usize::from(i)) {
                 Some(Some([q, kv])) => vec![q, kv],
                 _ => {
@@ -429,6 +458,31 @@ fn tiled_kernels(gpu: &Gpu, set: &BackwardKernels) -> Result<Vec<Option<[Kernel;
                 return Ok(None);
             }
             Ok(Some([Kernel::new(gpu, &q)?, Kernel::new(gpu, &kv)?]))
+        })
+        .collect()
+}
+
+/// The flash (c) kernels: the key-major half of each tiled candidate, scattering dQ with
+/// native f32 atomics where the adapter has them, compiled where they fit.
+fn flash_kernels(gpu: &Gpu, set: &BackwardKernels) -> Result<Vec<Option<Kernel>>, Error> {
+    let (head_dim, masks) = (set.recompute_q.head_dim, set.recompute_q.masks);
+    let scatter = match gpu.has_f32_atomics() {
+        true => Scatter::F32Atomic,
+        false => Scatter::Cas,
+    };
+    tuning::backward_candidates(head_dim)
+        .iter()
+        .map(|config| {
+            let abi = tuning::flash_scatter(head_dim, masks, config.kv, scatter).map_err(|e| {
+                Error::Pipeline {
+                    kernel: format!("flash backward d{head_dim} {}", config.kv.label()),
+                    message: e.to_string(),
+                }
+            })?;
+            let fits = tuning::fits(gpu, &abi)
+                && abi.storage_buffers() as u32
+                    <= gpu.limits().max_storage_buffers_per_shader_stage;
+            fits.then(|| Kernel::new(gpu, &abi)).transpose()
         })
         .collect()
 }

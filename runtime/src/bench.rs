@@ -195,17 +195,15 @@ pub fn run(
     let compiled: Vec<(Schedule, Vec<Kernel>)> = backward_kernels(gpu, &set)?;
     let prep = Kernel::new(gpu, &set.prep)?;
     let flops = 2.5 * shape.forward_flops();
-    // The seeds' backward is the per-row split; where its scratch does not fit, the
-    // per-row recompute split stands in as the baseline.
+    // The baseline is the per-row recompute split: the same schedule family as the tiled
+    // and flash ones, and steady between runs (the per-row split's 24 MiB of scratch
+    // traffic made it vary from 1.3 to 7.5 ms on the seeds' layer on an H100).
     let mut baseline_ms = None;
     for (schedule, kernels) in &compiled {
-        let mut kernel = format!("backward {schedule}");
-        if let Schedule::Tiled(i) = schedule {
-            kernel += &format!(
-                " {}",
-                tuning::backward_candidates(h.head_dim)[usize::from(*i)].label()
-            );
-        }
+        let kernel = format!(
+            "backward {schedule}{}",
+            tuning::schedule_detail(*schedule, h.head_dim)
+        );
         let mut row = BenchRow {
             shape,
             kernel,
@@ -224,8 +222,7 @@ pub fn run(
                 .map(step)
                 .collect::<Result<Vec<_>, _>>()?;
             let timing = timing::time(gpu, &steps, warmup, runs)?;
-            let seeds = matches!(schedule, Schedule::Split | Schedule::RecomputeSplit);
-            if seeds && baseline_ms.is_none() {
+            if *schedule == Schedule::RecomputeSplit {
                 baseline_ms = Some(timing.median_ms);
             }
             row.timing = Some(timing);
@@ -285,6 +282,23 @@ fn backward_kernels(
             false => Vec::new(),
         };
         out.push((Schedule::Tiled(i as u8), kernels));
+    }
+    let scatter = match gpu.has_f32_atomics() {
+        true => Scatter::F32Atomic,
+        false => Scatter::Cas,
+    };
+    for (i, config) in tuning::backward_candidates(head_dim).iter().enumerate() {
+        let abi = tuning::flash_scatter(head_dim, masks, config.kv, scatter).map_err(|e| {
+            Error::Pipeline {
+                kernel: format!("flash backward {}", config.kv.label()),
+                message: e.to_string(),
+            }
+        })?;
+        let kernels = match tuning::fits(gpu, &abi) {
+            true => vec![Kernel::new(gpu, &abi)?],
+            false => Vec::new(),
+        };
+        out.push((Schedule::Flash(i as u8), kernels));
     }
     Ok(out)
 }

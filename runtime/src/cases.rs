@@ -448,10 +448,7 @@ fn run_backward(
         let (g, _) = runner.backward.run(gpu, &input, Some(schedule))?;
         let verdicts = judge_backward(&p, [&q, &k, &v, &d_o], (&o, &lse), [&g.dq, &g.dk, &g.dv]);
         let mut label = format!("backward {schedule}");
-        if let Schedule::Tiled(i) = schedule {
-            let config = tuning::backward_candidates(h.head_dim)[usize::from(i)];
-            label += &format!(" {}", config.label());
-        }
+        label += &tuning::schedule_detail(schedule, h.head_dim);
         if schedule == planned {
             label += " (planned)";
         }

@@ -71,12 +71,14 @@ impl Requirements {
         };
         let base = wgpu::Limits::default();
         Ok(wgpu::Limits {
+            // As many as the adapter has (capped), for kernels compiled after the device.
             max_storage_buffers_per_shader_stage: need(
                 "max_storage_buffers_per_shader_stage",
                 self.storage_buffers_per_stage
                     .max(base.max_storage_buffers_per_shader_stage),
                 offered.max_storage_buffers_per_shader_stage,
-            )?,
+            )
+            .map(|n| n.max(offered.max_storage_buffers_per_shader_stage.min(16)))?,
             // All the adapter has, so that flash configurations tuned for it can run.
             max_compute_workgroup_storage_size: need(
                 "max_compute_workgroup_storage_size",

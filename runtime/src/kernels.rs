@@ -372,6 +372,24 @@ attention_kernel! {
     }
 }
 
+attention_kernel! {
+    /// Flash backward (schedule (c)), head_dim 64: key tiles of 16 own dK and dV, Q and dO
+    /// staged 8 queries at a time, dQ added by atomics. With the document mask it binds 9
+    /// storage buffers, one over WebGPU's default, hence the native target. The runtime
+    /// compiles the same description per candidate tiling (`tuning::flash_scatter`).
+    pub attention_backward_flash {
+        op: backward_kv,
+        grid: j_major(tile = 16, query_tile = 8, rows_per_thread = 2),
+        head_dim: 64,
+        gqa: any,
+        masks: [causal, document],
+        target: native(storage_buffers = 9),
+        workgroup_size: 64,
+        source: recompute,
+        writes: { dk: owned, dv: owned, dq: atomic },
+    }
+}
+
 /// The kernels of one backward specialization (one head_dim and mask set), by schedule:
 /// borrowed from the family's statics, or compiled at run time by [`BackwardKernels::compile`].
 pub struct BackwardKernels {

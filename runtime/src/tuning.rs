@@ -114,6 +114,46 @@ pub fn flash_backward(
     Ok([attn_dsl::compile(&q)?, attn_dsl::compile(&kv)?])
 }
 
+/// The flash backward (schedule (c)) for `head_dim` and `masks`: the key-major kernel of
+/// `config` that owns dK and dV and adds dQ into `dq` by `scatter` atomics.
+pub fn flash_scatter(
+    head_dim: u32,
+    masks: Masks,
+    config: FlashConfig,
+    scatter: attn_dsl::Scatter,
+) -> Result<KernelAbi, DslError> {
+    use attn_dsl::WriteMode::{AtomicScatter, Owned};
+    let mut spec = KernelSpec {
+        writes: vec![
+            ("dk".into(), Owned),
+            ("dv".into(), Owned),
+            ("dq".into(), AtomicScatter),
+        ],
+        scatter,
+        ..KernelSpec::flash(
+            &family_name("attention_backward_flash", head_dim),
+            Op::BackwardKv,
+            head_dim,
+            masks,
+            config,
+        )
+    };
+    spec.fit_target();
+    attn_dsl::compile(&spec)
+}
+
+/// The tiles of a tiled or flash schedule, for labels (` q ... kv ...`); empty otherwise.
+pub fn schedule_detail(schedule: crate::Schedule, head_dim: u32) -> String {
+    let config = |i: u8| backward_candidates(head_dim).get(usize::from(i));
+    match schedule {
+        crate::Schedule::Tiled(i) => config(i).map_or(String::new(), |c| format!(" {}", c.label())),
+        crate::Schedule::Flash(i) => {
+            config(i).map_or(String::new(), |c| format!(" kv {}", c.kv.label()))
+        }
+        _ => String::new(),
+    }
+}
+
 /// The flash forward for `head_dim` and `masks` under `config`, compiled now.
 pub fn flash_forward(
     head_dim: u32,
@@ -319,6 +359,27 @@ mod tests {
                 flash_backward(head_dim, masks, backward_candidates(head_dim)[0]).unwrap();
             assert_eq!(&cq, q);
             assert_eq!(&ckv, kv);
+        }
+    }
+
+    #[test]
+    fn family_flash_backward_is_the_scatter_kernel_of_candidate_0() {
+        let masks = Masks {
+            causal: true,
+            document: true,
+        };
+        let kv = backward_candidates(64)[0].kv;
+        for (scatter, abi) in [
+            (
+                attn_dsl::Scatter::Cas,
+                &crate::kernels::attention_backward_flash::ABI,
+            ),
+            (
+                attn_dsl::Scatter::F32Atomic,
+                &crate::kernels::attention_backward_flash::ABI_F32_ATOMIC,
+            ),
+        ] {
+            assert_eq!(&flash_scatter(64, masks, kv, scatter).unwrap(), abi);
         }
     }
 

@@ -103,7 +103,7 @@ var<workgroup> sh_range: vec2<u32>;
 }
 
 /// `add_<t>(i, x)`: `t[i] += x` from many workgroups at once.
-fn atomic_add(out: &mut String, t: &str, scatter: Scatter) {
+pub(super) fn atomic_add(out: &mut String, t: &str, scatter: Scatter) {
     match scatter {
         Scatter::F32Atomic => {
             let _ = write!(

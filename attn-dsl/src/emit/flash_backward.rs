@@ -169,11 +169,15 @@ fn stage_stats(s0: u32, h: u32, tid: u32) {{
 
 "#
     );
-    kv_body(out, t);
+    let scatter = spec.write_mode("dq").is_some();
+    if scatter {
+        backward::atomic_add(out, "dq", spec.scatter);
+    }
+    kv_body(out, t, scatter);
     entry(out, &spec.name, "flash_backward_kv");
 }
 
-fn kv_body(out: &mut String, t: &Tiling) {
+fn kv_body(out: &mut String, t: &Tiling, scatter_dq: bool) {
     let (tm, tn, dn) = (t.tm, t.tn, t.dn);
     let mut b = String::from(
         "fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {\n    let g = tid / TX;\n    \
@@ -228,7 +232,11 @@ fn kv_body(out: &mut String, t: &Tiling) {
     accumulate(&mut b, tm, dn, &pairs, false);
     b.push_str("        } else {\n");
     accumulate(&mut b, tm, dn, &pairs, true);
-    b.push_str("        }\n    }\n");
+    b.push_str("        }\n");
+    if scatter_dq {
+        b.push_str(SCATTER_DQ);
+    }
+    b.push_str("    }\n");
     for i in 0..tm {
         let _ = writeln!(
             b,
@@ -241,6 +249,30 @@ fn kv_body(out: &mut String, t: &Tiling) {
     b.push_str("}\n\n");
     out.push_str(&b);
 }
+
+/// Schedule (c): dQ += dS·K for the staged queries, added into `dq` by atomics. Each
+/// invocation takes (query, vec4 column) pairs, so a warp reads one dS entry (broadcast)
+/// and consecutive rows of K.
+const SCATTER_DQ: &str = r#"        for (var e = tid; e < BC * D4; e = e + WG) {
+            let qq = e / D4;
+            let c4 = e % D4;
+            let s = s0 + qq;
+            var acc = vec4<f32>(0.0);
+            for (var r = 0u; r < BR; r = r + 1u) {
+                let w = sh_ds[r * PSTRIDE + qq];
+                if (w != 0.0) {
+                    acc = fma(vec4<f32>(w), sh_k[r * ROW4 + c4], acc);
+                }
+            }
+            if (s < dims.seq_len && any(acc != vec4<f32>(0.0))) {
+                let at = q_index(s, h) + c4 * 4u;
+                add_dq(at, acc.x);
+                add_dq(at + 1u, acc.y);
+                add_dq(at + 2u, acc.z);
+                add_dq(at + 3u, acc.w);
+            }
+        }
+"#;
 
 /// `s = a·bᵀ` and `dp = a2·b2ᵀ` over head_dim for the invocation's block: `own` rows
 /// (index with `I`) against `staged` columns (index with `N`).

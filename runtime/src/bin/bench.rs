@@ -106,8 +106,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         println!("adapter: {}", gpu.describe());
         println!(
             "x tile-1: speed-up over the seeds' per-query design on the same work (forward: \
-             tile 1; backward: the per-row split, or the per-row recompute where split's \
-             scratch does not fit)"
+             tile 1; backward: the per-row recompute split)"
         );
         println!(
             "{:<32} {:<50} {:>10} {:>10} {:>9} {:>9}  note",
