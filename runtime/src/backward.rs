@@ -116,16 +116,8 @@ pub struct Gradients {
 struct Compiled {
     head_dim: u32,
     prep: Kernel,
-    split_q: Kernel,
-    split_kv: Kernel,
-    streaming_cas: Kernel,
-    streaming_f32: Option<Kernel>,
-    recompute_q: Kernel,
-    recompute_kv: Kernel,
-    /// The tiled schedule's kernels per candidate; `None` where the device cannot hold it.
-    tiled: Vec<Option<[Kernel; 2]>>,
-    /// The flash schedule's kernel per candidate, likewise.
-    flash: Vec<Option<Kernel>>,
+    /// Every schedule the device runs, with its kernels in dispatch order (after prep).
+    schedules: Vec<(Schedule, Vec<Kernel>)>,
 }
 
 /// Scratch for the split schedule, grown on demand and reused.
@@ -156,19 +148,9 @@ impl Backward {
             .iter()
             .map(|set| {
                 Ok(Compiled {
-                    head_dim: set.split_q.head_dim,
+                    head_dim: set.prep.head_dim,
                     prep: Kernel::new(gpu, &set.prep)?,
-                    split_q: Kernel::new(gpu, &set.split_q)?,
-                    split_kv: Kernel::new(gpu, &set.split_kv)?,
-                    streaming_cas: Kernel::new(gpu, &set.streaming)?,
-                    streaming_f32: gpu
-                        .has_f32_atomics()
-                        .then(|| Kernel::new(gpu, &set.streaming_f32_atomic))
-                        .transpose()?,
-                    recompute_q: Kernel::new(gpu, &set.recompute_q)?,
-                    recompute_kv: Kernel::new(gpu, &set.recompute_kv)?,
-                    tiled: tiled_kernels(gpu, set)?,
-                    flash: flash_kernels(gpu, set)?,
+                    schedules: schedule_kernels(gpu, set)?,
                 })
             })
             .collect::<Result<_, Error>>()?;
@@ -182,26 +164,11 @@ impl Backward {
 
     /// The schedules this device can run for `head_dim` (no tiled ones for a head_dim
     /// without a backward set).
-    pub fn schedules(&self, gpu: &Gpu, head_dim: u32) -> Vec<Schedule> {
-        let tiled = self
-            .compiled
+    pub fn schedules(&self, _gpu: &Gpu, head_dim: u32) -> Vec<Schedule> {
+        self.compiled
             .iter()
             .filter(|c| c.head_dim == head_dim)
-            .flat_map(|c| c.tiled.iter().enumerate())
-            .filter(|(_, k)| k.is_some())
-            .map(|(i, _)| Schedule::Tiled(i as u8));
-        let flash = self
-            .compiled
-            .iter()
-            .filter(|c| c.head_dim == head_dim)
-            .flat_map(|c| c.flash.iter().enumerate())
-            .filter(|(_, k)| k.is_some())
-            .map(|(i, _)| Schedule::Flash(i as u8));
-        Schedule::ALL
-            .into_iter()
-            .filter(|s| *s != Schedule::Streaming(Scatter::F32Atomic) || gpu.has_f32_atomics())
-            .chain(tiled)
-            .chain(flash)
+            .flat_map(|c| c.schedules.iter().map(|(s, _)| *s))
             .collect()
     }
 
@@ -356,7 +323,7 @@ impl Backward {
                 kernel_head_dim: self.compiled.first().map_or(0, |c| c.head_dim),
                 given: h.head_dim,
             })?;
-        let abi: &KernelAbi = self.compiled[set].split_q.abi();
+        let abi: &KernelAbi = self.compiled[set].schedules[0].1[0].abi();
         let view = ForwardInput {
             seq_len: input.seq_len,
             heads: h,
@@ -395,40 +362,20 @@ impl Backward {
 
     /// The kernels of `schedule`, in dispatch order.
     fn kernels_for(&self, set: usize, schedule: Schedule) -> Result<Vec<&Kernel>, Error> {
-        let c = &self.compiled[set];
-        Ok(match schedule {
-            Schedule::Split => vec![&c.split_q, &c.split_kv],
-            Schedule::Streaming(Scatter::Cas) => vec![&c.streaming_cas],
-            Schedule::Streaming(Scatter::F32Atomic) => {
-                vec![c.streaming_f32.as_ref().ok_or(InputError::Unsupported {
-                    what: "the streaming-f32 schedule",
-                    needs: "an adapter with SHADER_FLOAT32_ATOMIC",
-                })?]
+        let found = self.compiled[set]
+            .schedules
+            .iter()
+            .find(|(s, _)| *s == schedule);
+        match found {
+            Some((_, kernels)) => Ok(kernels.iter().collect()),
+            None => Err(InputError::Unsupported {
+                what: "this backward schedule",
+                needs: "SHADER_FLOAT32_ATOMIC for streaming-f32, or for tiled-N and flash-N a \
+                        candidate of tuning::backward_candidates that fits the device's \
+                        workgroup memory",
             }
-            Schedule::RecomputeSplit => vec![&c.recompute_q, &c.recompute_kv],
-            Schedule::Flash(i) => match c.flash.get(usize::from(i)) {
-                Some(Some(kv)) => vec![kv],
-                _ => {
-                    return Err(InputError::Unsupported {
-                        what: "this flash configuration",
-                        needs: "a candidate of tuning::backward_candidates that fits the \
-                                device's workgroup memory",
-                    }
-                    .into());
-                }
-            },
-            Schedule::Tiled(i) => match c.tiled.get(usize::from(i)) {
-                Some(Some([q, kv])) => vec![q, kv],
-                _ => {
-                    return Err(InputError::Unsupported {
-                        what: "this tiled configuration",
-                        needs: "a candidate of tuning::backward_candidates that fits the \
-                                device's workgroup memory",
-                    }
-                    .into());
-                }
-            },
-        })
+            .into()),
+        }
     }
 
     /// Scratch of at least `elems` per buffer, reusing what is held.
@@ -443,46 +390,60 @@ impl Backward {
     }
 }
 
-/// The tiled backward candidates for `set`'s head_dim and masks, compiled where they fit.
-fn tiled_kernels(gpu: &Gpu, set: &BackwardKernels) -> Result<Vec<Option<[Kernel; 2]>>, Error> {
-    let (head_dim, masks) = (set.recompute_q.head_dim, set.recompute_q.masks);
-    tuning::backward_candidates(head_dim)
-        .iter()
-        .map(|&config| {
-            let [q, kv] =
-                tuning::flash_backward(head_dim, masks, config).map_err(|e| Error::Pipeline {
-                    kernel: format!("tiled backward d{head_dim} {}", config.label()),
-                    message: e.to_string(),
-                })?;
-            if !(tuning::fits(gpu, &q) && tuning::fits(gpu, &kv)) {
-                return Ok(None);
-            }
-            Ok(Some([Kernel::new(gpu, &q)?, Kernel::new(gpu, &kv)?]))
-        })
-        .collect()
-}
-
-/// The flash (c) kernels: the key-major half of each tiled candidate, scattering dQ with
-/// native f32 atomics where the adapter has them, compiled where they fit.
-fn flash_kernels(gpu: &Gpu, set: &BackwardKernels) -> Result<Vec<Option<Kernel>>, Error> {
+/// Every schedule `gpu` runs for `set`'s head_dim and masks, with its kernels in dispatch
+/// order (after prep): the per-row ones from `set`, streaming-f32 where the adapter has
+/// SHADER_FLOAT32_ATOMIC, and each tiled and flash candidate that fits the device.
+pub fn schedule_kernels(
+    gpu: &Gpu,
+    set: &BackwardKernels,
+) -> Result<Vec<(Schedule, Vec<Kernel>)>, Error> {
+    let compile = |abis: &[&KernelAbi]| -> Result<Vec<Kernel>, Error> {
+        abis.iter().map(|abi| Kernel::new(gpu, abi)).collect()
+    };
+    let mut out = vec![
+        (Schedule::Split, compile(&[&set.split_q, &set.split_kv])?),
+        (
+            Schedule::Streaming(Scatter::Cas),
+            compile(&[&set.streaming])?,
+        ),
+    ];
+    if gpu.has_f32_atomics() {
+        let kernels = compile(&[&set.streaming_f32_atomic])?;
+        out.push((Schedule::Streaming(Scatter::F32Atomic), kernels));
+    }
+    out.push((
+        Schedule::RecomputeSplit,
+        compile(&[&set.recompute_q, &set.recompute_kv])?,
+    ));
     let (head_dim, masks) = (set.recompute_q.head_dim, set.recompute_q.masks);
     let scatter = match gpu.has_f32_atomics() {
         true => Scatter::F32Atomic,
         false => Scatter::Cas,
     };
-    tuning::backward_candidates(head_dim)
-        .iter()
-        .map(|config| {
-            let abi = tuning::flash_scatter(head_dim, masks, config.kv, scatter).map_err(|e| {
-                Error::Pipeline {
-                    kernel: format!("flash backward d{head_dim} {}", config.kv.label()),
-                    message: e.to_string(),
-                }
-            })?;
-            let fits = tuning::fits(gpu, &abi)
-                && abi.storage_buffers() as u32
-                    <= gpu.limits().max_storage_buffers_per_shader_stage;
-            fits.then(|| Kernel::new(gpu, &abi)).transpose()
-        })
-        .collect()
+    let dsl = |what: &str, e: attn_dsl::DslError| Error::Pipeline {
+        kernel: format!("{what} backward d{head_dim}"),
+        message: e.to_string(),
+    };
+    let candidates = tuning::backward_candidates(head_dim);
+    for (i, config) in candidates.iter().enumerate() {
+        let [q, kv] =
+            tuning::flash_backward(head_dim, masks, *config).map_err(|e| dsl("tiled", e))?;
+        if fits(gpu, &q) && fits(gpu, &kv) {
+            out.push((Schedule::Tiled(i as u8), compile(&[&q, &kv])?));
+        }
+    }
+    for (i, config) in candidates.iter().enumerate() {
+        let kv = tuning::flash_scatter(head_dim, masks, config.kv, scatter)
+            .map_err(|e| dsl("flash", e))?;
+        if fits(gpu, &kv) {
+            out.push((Schedule::Flash(i as u8), compile(&[&kv])?));
+        }
+    }
+    Ok(out)
+}
+
+/// Whether the device holds `abi`: its workgroup memory and storage buffers.
+fn fits(gpu: &Gpu, abi: &KernelAbi) -> bool {
+    tuning::fits(gpu, abi)
+        && abi.storage_buffers() as u32 <= gpu.limits().max_storage_buffers_per_shader_stage
 }

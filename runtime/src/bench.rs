@@ -2,7 +2,7 @@
 //! with FLOPs by FlashAttention's convention (forward 4·S²·H·D, halved when causal;
 //! backward 2.5× forward).
 
-use attn_dsl::{KernelSpec, Masks, Op, Scatter};
+use attn_dsl::{KernelSpec, Masks, Op};
 
 use crate::attention::{Heads, checked_grid, uniforms};
 use crate::backward::Schedule;
@@ -192,7 +192,7 @@ pub fn run(
         }
         rows.push(row);
     }
-    let compiled: Vec<(Schedule, Vec<Kernel>)> = backward_kernels(gpu, &set)?;
+    let compiled = crate::backward::schedule_kernels(gpu, &set)?;
     let prep = Kernel::new(gpu, &set.prep)?;
     let flops = 2.5 * shape.forward_flops();
     // The baseline is the per-row recompute split: the same schedule family as the tiled
@@ -214,8 +214,6 @@ pub fn run(
         };
         if *schedule == Schedule::Split && scratch.is_none() {
             row.note = format!("scratch {scratch_bytes} B over the adapter's largest binding");
-        } else if kernels.is_empty() {
-            row.note = "needs more workgroup memory than the device has".into();
         } else {
             let steps = std::iter::once(&prep)
                 .chain(kernels)
@@ -233,74 +231,6 @@ pub fn run(
         row.baseline_ms = baseline_ms;
     }
     Ok(rows)
-}
-
-/// The schedules this device runs, each with its kernels in dispatch order (after prep).
-fn backward_kernels(
-    gpu: &Gpu,
-    set: &BackwardKernels,
-) -> Result<Vec<(Schedule, Vec<Kernel>)>, Error> {
-    let mut out = vec![
-        (
-            Schedule::Split,
-            vec![
-                Kernel::new(gpu, &set.split_q)?,
-                Kernel::new(gpu, &set.split_kv)?,
-            ],
-        ),
-        (
-            Schedule::Streaming(Scatter::Cas),
-            vec![Kernel::new(gpu, &set.streaming)?],
-        ),
-    ];
-    if gpu.has_f32_atomics() {
-        out.push((
-            Schedule::Streaming(Scatter::F32Atomic),
-            vec![Kernel::new(gpu, &set.streaming_f32_atomic)?],
-        ));
-    }
-    out.push((
-        Schedule::RecomputeSplit,
-        vec![
-            Kernel::new(gpu, &set.recompute_q)?,
-            Kernel::new(gpu, &set.recompute_kv)?,
-        ],
-    ));
-    let (head_dim, masks) = (set.recompute_q.head_dim, set.recompute_q.masks);
-    for (i, &config) in tuning::backward_candidates(head_dim).iter().enumerate() {
-        let abis =
-            tuning::flash_backward(head_dim, masks, config).map_err(|e| Error::Pipeline {
-                kernel: format!("tiled backward {}", config.label()),
-                message: e.to_string(),
-            })?;
-        // An empty list marks a configuration the device cannot hold.
-        let kernels = match abis.iter().all(|abi| tuning::fits(gpu, abi)) {
-            true => abis
-                .iter()
-                .map(|abi| Kernel::new(gpu, abi))
-                .collect::<Result<Vec<_>, _>>()?,
-            false => Vec::new(),
-        };
-        out.push((Schedule::Tiled(i as u8), kernels));
-    }
-    let scatter = match gpu.has_f32_atomics() {
-        true => Scatter::F32Atomic,
-        false => Scatter::Cas,
-    };
-    for (i, config) in tuning::backward_candidates(head_dim).iter().enumerate() {
-        let abi = tuning::flash_scatter(head_dim, masks, config.kv, scatter).map_err(|e| {
-            Error::Pipeline {
-                kernel: format!("flash backward {}", config.kv.label()),
-                message: e.to_string(),
-            }
-        })?;
-        let kernels = match tuning::fits(gpu, &abi) {
-            true => vec![Kernel::new(gpu, &abi)?],
-            false => Vec::new(),
-        };
-        out.push((Schedule::Flash(i as u8), kernels));
-    }
-    Ok(out)
 }
 
 /// The labels of check rows that fail on `gpu` for forward and backward cases of
