@@ -428,22 +428,16 @@ pub fn schedule_kernels(
     for (i, config) in candidates.iter().enumerate() {
         let [q, kv] =
             tuning::flash_backward(head_dim, masks, *config).map_err(|e| dsl("tiled", e))?;
-        if fits(gpu, &q) && fits(gpu, &kv) {
+        if tuning::fits(gpu, &q) && tuning::fits(gpu, &kv) {
             out.push((Schedule::Tiled(i as u8), compile(&[&q, &kv])?));
         }
     }
     for (i, config) in candidates.iter().enumerate() {
         let kv = tuning::flash_scatter(head_dim, masks, config.kv, scatter)
             .map_err(|e| dsl("flash", e))?;
-        if fits(gpu, &kv) {
+        if tuning::fits(gpu, &kv) {
             out.push((Schedule::Flash(i as u8), compile(&[&kv])?));
         }
     }
     Ok(out)
-}
-
-/// Whether the device holds `abi`: its workgroup memory and storage buffers.
-fn fits(gpu: &Gpu, abi: &KernelAbi) -> bool {
-    tuning::fits(gpu, abi)
-        && abi.storage_buffers() as u32 <= gpu.limits().max_storage_buffers_per_shader_stage
 }

@@ -178,9 +178,12 @@ fn family_name(base: &str, head_dim: u32) -> String {
     }
 }
 
-/// Whether `gpu` can run `abi` (its workgroup memory within the device's limit).
+/// Whether `gpu` can run `abi`: its workgroup memory and storage buffers within the
+/// device's limits.
 pub fn fits(gpu: &Gpu, abi: &KernelAbi) -> bool {
-    abi.workgroup_storage_bytes <= gpu.limits().max_compute_workgroup_storage_size
+    let limits = gpu.limits();
+    abi.workgroup_storage_bytes <= limits.max_compute_workgroup_storage_size
+        && abi.storage_buffers() as u32 <= limits.max_storage_buffers_per_shader_stage
 }
 
 /// A tuning table: the measured best per head_dim on one adapter.
