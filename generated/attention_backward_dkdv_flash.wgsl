@@ -122,29 +122,35 @@ fn stage_v(r0: u32, h: u32, tid: u32) {
     }
 }
 
-fn stage_q(r0: u32, h: u32, tid: u32) {
-    for (var e = tid; e < BC * D4; e = e + WG) {
-        let r = r0 + e / D4;
-        let c4 = e % D4;
-        var x = vec4<f32>(0.0);
-        if (r < dims.seq_len) {
-            let i = q_index(r, h) + c4 * 4u;
-            x = vec4<f32>(q[i + 0u], q[i + 1u], q[i + 2u], q[i + 3u]);
-        }
-        sh_q[(e / D4) * ROW4 + c4] = x;
+fn fetch_q(r0: u32, h: u32, e: u32) -> vec4<f32> {
+    let r = r0 + e / D4;
+    var x = vec4<f32>(0.0);
+    if (e < BC * D4 && r < dims.seq_len) {
+        let i = q_index(r, h) + (e % D4) * 4u;
+        x = vec4<f32>(q[i], q[i + 1u], q[i + 2u], q[i + 3u]);
+    }
+    return x;
+}
+
+fn put_q(e: u32, x: vec4<f32>) {
+    if (e < BC * D4) {
+        sh_q[(e / D4) * ROW4 + e % D4] = x;
     }
 }
 
-fn stage_do(r0: u32, h: u32, tid: u32) {
-    for (var e = tid; e < BC * D4; e = e + WG) {
-        let r = r0 + e / D4;
-        let c4 = e % D4;
-        var x = vec4<f32>(0.0);
-        if (r < dims.seq_len) {
-            let i = q_index(r, h) + c4 * 4u;
-            x = vec4<f32>(d_o[i + 0u], d_o[i + 1u], d_o[i + 2u], d_o[i + 3u]);
-        }
-        sh_do[(e / D4) * ROW4 + c4] = x;
+fn fetch_do(r0: u32, h: u32, e: u32) -> vec4<f32> {
+    let r = r0 + e / D4;
+    var x = vec4<f32>(0.0);
+    if (e < BC * D4 && r < dims.seq_len) {
+        let i = q_index(r, h) + (e % D4) * 4u;
+        x = vec4<f32>(d_o[i], d_o[i + 1u], d_o[i + 2u], d_o[i + 3u]);
+    }
+    return x;
+}
+
+fn put_do(e: u32, x: vec4<f32>) {
+    if (e < BC * D4) {
+        sh_do[(e / D4) * ROW4 + e % D4] = x;
     }
 }
 
@@ -154,13 +160,17 @@ fn tile_query_range(col0: u32) -> vec4<u32> {
     return vec4<u32>(query_range(col0), vec2<u32>(0xffffffffu, 0u));
 }
 
-fn stage_stats(s0: u32, h: u32, tid: u32) {
-    for (var e = tid; e < BC; e = e + WG) {
-        let s = s0 + e;
-        var x = vec2<f32>(0.0);
-        if (s < dims.seq_len) {
-            x = vec2<f32>(stats[stats_part(0u, s, h)], stats[stats_part(1u, s, h)]);
-        }
+fn fetch_stats(s0: u32, h: u32, e: u32) -> vec2<f32> {
+    let s = s0 + e;
+    var x = vec2<f32>(0.0);
+    if (e < BC && s < dims.seq_len) {
+        x = vec2<f32>(stats[stats_part(0u, s, h)], stats[stats_part(1u, s, h)]);
+    }
+    return x;
+}
+
+fn put_stats(e: u32, x: vec2<f32>) {
+    if (e < BC) {
         sh_stats[e] = x;
     }
 }
@@ -188,16 +198,40 @@ fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {
     let group = q_per_kv();
     let first = range.x / BC;
     let blocks = (range.y + BC - 1u) / BC - first;
+    var pq_0 = vec4<f32>(0.0);
+    var pd_0 = vec4<f32>(0.0);
+    var pq_1 = vec4<f32>(0.0);
+    var pd_1 = vec4<f32>(0.0);
+    var ps_0 = vec2<f32>(0.0);
+    var next_h = kv_h * group;
+    var next_s0 = first * BC;
+    pq_0 = fetch_q(next_s0, next_h, tid + 0u * WG);
+    pd_0 = fetch_do(next_s0, next_h, tid + 0u * WG);
+    pq_1 = fetch_q(next_s0, next_h, tid + 1u * WG);
+    pd_1 = fetch_do(next_s0, next_h, tid + 1u * WG);
+    ps_0 = fetch_stats(next_s0, next_h, tid + 0u * WG);
     // Every query head of this KV head, every block of queries that sees the tile.
     for (var it = 0u; it < group * blocks; it = it + 1u) {
-        let h = kv_h * group + it / blocks;
-        let s0 = (first + it % blocks) * BC;
+        let h = next_h;
+        let s0 = next_s0;
         // The previous block is done with sh_q, sh_do, sh_p and sh_ds.
         workgroupBarrier();
-        stage_q(s0, h, tid);
-        stage_do(s0, h, tid);
-        stage_stats(s0, h, tid);
+        put_q(tid + 0u * WG, pq_0);
+        put_do(tid + 0u * WG, pd_0);
+        put_q(tid + 1u * WG, pq_1);
+        put_do(tid + 1u * WG, pd_1);
+        put_stats(tid + 0u * WG, ps_0);
         workgroupBarrier();
+        // The next block's loads are in flight during this one's products.
+        if (it + 1u < group * blocks) {
+            next_h = kv_h * group + (it + 1u) / blocks;
+            next_s0 = (first + (it + 1u) % blocks) * BC;
+            pq_0 = fetch_q(next_s0, next_h, tid + 0u * WG);
+            pd_0 = fetch_do(next_s0, next_h, tid + 0u * WG);
+            pq_1 = fetch_q(next_s0, next_h, tid + 1u * WG);
+            pd_1 = fetch_do(next_s0, next_h, tid + 1u * WG);
+            ps_0 = fetch_stats(next_s0, next_h, tid + 0u * WG);
+        }
         var s_0_0 = 0.0;
         var dp_0_0 = 0.0;
         var s_1_0 = 0.0;

@@ -118,29 +118,35 @@ fn stage_do(r0: u32, h: u32, tid: u32) {
     }
 }
 
-fn stage_k(r0: u32, h: u32, tid: u32) {
-    for (var e = tid; e < BC * D4; e = e + WG) {
-        let r = r0 + e / D4;
-        let c4 = e % D4;
-        var x = vec4<f32>(0.0);
-        if (r < dims.seq_len) {
-            let i = kv_index(r, h) + c4 * 4u;
-            x = vec4<f32>(k[i + 0u], k[i + 1u], k[i + 2u], k[i + 3u]);
-        }
-        sh_k[(e / D4) * ROW4 + c4] = x;
+fn fetch_k(r0: u32, h: u32, e: u32) -> vec4<f32> {
+    let r = r0 + e / D4;
+    var x = vec4<f32>(0.0);
+    if (e < BC * D4 && r < dims.seq_len) {
+        let i = kv_index(r, h) + (e % D4) * 4u;
+        x = vec4<f32>(k[i], k[i + 1u], k[i + 2u], k[i + 3u]);
+    }
+    return x;
+}
+
+fn put_k(e: u32, x: vec4<f32>) {
+    if (e < BC * D4) {
+        sh_k[(e / D4) * ROW4 + e % D4] = x;
     }
 }
 
-fn stage_v(r0: u32, h: u32, tid: u32) {
-    for (var e = tid; e < BC * D4; e = e + WG) {
-        let r = r0 + e / D4;
-        let c4 = e % D4;
-        var x = vec4<f32>(0.0);
-        if (r < dims.seq_len) {
-            let i = kv_index(r, h) + c4 * 4u;
-            x = vec4<f32>(v[i + 0u], v[i + 1u], v[i + 2u], v[i + 3u]);
-        }
-        sh_v[(e / D4) * ROW4 + c4] = x;
+fn fetch_v(r0: u32, h: u32, e: u32) -> vec4<f32> {
+    let r = r0 + e / D4;
+    var x = vec4<f32>(0.0);
+    if (e < BC * D4 && r < dims.seq_len) {
+        let i = kv_index(r, h) + (e % D4) * 4u;
+        x = vec4<f32>(v[i], v[i + 1u], v[i + 2u], v[i + 3u]);
+    }
+    return x;
+}
+
+fn put_v(e: u32, x: vec4<f32>) {
+    if (e < BC * D4) {
+        sh_v[(e / D4) * ROW4 + e % D4] = x;
     }
 }
 
@@ -183,13 +189,47 @@ fn flash_backward_q(tile: u32, h: u32, tid: u32) {
     var dq_0_6 = vec4<f32>(0.0);
     var dq_0_7 = vec4<f32>(0.0);
     let range = workgroupUniformLoad(&sh_range);
-    for (var kt = range.x / BC; kt < (range.y + BC - 1u) / BC; kt = kt + 1u) {
+    let kt_end = (range.y + BC - 1u) / BC;
+    var pk_0 = vec4<f32>(0.0);
+    var pv_0 = vec4<f32>(0.0);
+    var pk_1 = vec4<f32>(0.0);
+    var pv_1 = vec4<f32>(0.0);
+    var pk_2 = vec4<f32>(0.0);
+    var pv_2 = vec4<f32>(0.0);
+    var pk_3 = vec4<f32>(0.0);
+    var pv_3 = vec4<f32>(0.0);
+    pk_0 = fetch_k((range.x / BC) * BC, kv_h, tid + 0u * WG);
+    pv_0 = fetch_v((range.x / BC) * BC, kv_h, tid + 0u * WG);
+    pk_1 = fetch_k((range.x / BC) * BC, kv_h, tid + 1u * WG);
+    pv_1 = fetch_v((range.x / BC) * BC, kv_h, tid + 1u * WG);
+    pk_2 = fetch_k((range.x / BC) * BC, kv_h, tid + 2u * WG);
+    pv_2 = fetch_v((range.x / BC) * BC, kv_h, tid + 2u * WG);
+    pk_3 = fetch_k((range.x / BC) * BC, kv_h, tid + 3u * WG);
+    pv_3 = fetch_v((range.x / BC) * BC, kv_h, tid + 3u * WG);
+    for (var kt = range.x / BC; kt < kt_end; kt = kt + 1u) {
         let j0 = kt * BC;
         // The previous block is done with sh_k and sh_ds.
         workgroupBarrier();
-        stage_k(j0, kv_h, tid);
-        stage_v(j0, kv_h, tid);
+        put_k(tid + 0u * WG, pk_0);
+        put_v(tid + 0u * WG, pv_0);
+        put_k(tid + 1u * WG, pk_1);
+        put_v(tid + 1u * WG, pv_1);
+        put_k(tid + 2u * WG, pk_2);
+        put_v(tid + 2u * WG, pv_2);
+        put_k(tid + 3u * WG, pk_3);
+        put_v(tid + 3u * WG, pv_3);
         workgroupBarrier();
+        // The next block's loads are in flight during this one's products.
+        if (kt + 1u < kt_end) {
+            pk_0 = fetch_k(j0 + BC, kv_h, tid + 0u * WG);
+            pv_0 = fetch_v(j0 + BC, kv_h, tid + 0u * WG);
+            pk_1 = fetch_k(j0 + BC, kv_h, tid + 1u * WG);
+            pv_1 = fetch_v(j0 + BC, kv_h, tid + 1u * WG);
+            pk_2 = fetch_k(j0 + BC, kv_h, tid + 2u * WG);
+            pv_2 = fetch_v(j0 + BC, kv_h, tid + 2u * WG);
+            pk_3 = fetch_k(j0 + BC, kv_h, tid + 3u * WG);
+            pv_3 = fetch_v(j0 + BC, kv_h, tid + 3u * WG);
+        }
         var s_0_0 = 0.0;
         var dp_0_0 = 0.0;
         for (var d4 = 0u; d4 < D4; d4 = d4 + 1u) {

@@ -127,29 +127,29 @@ fn stage_q(r0: u32, h: u32, tid: u32) {
     }
 }
 
-fn stage_k(r0: u32, h: u32, tid: u32) {
-    for (var e = tid; e < BC * D4; e = e + WG) {
-        let r = r0 + e / D4;
-        let c4 = e % D4;
-        var x = vec4<f32>(0.0);
-        if (r < dims.seq_len) {
-            let i = kv_index(r, h) + c4 * 4u;
-            x = vec4<f32>(key_at(i + 0u), key_at(i + 1u), key_at(i + 2u), key_at(i + 3u));
-        }
-        sh_kv[(e / D4) * ROW4 + c4] = x;
+fn fetch_k(r0: u32, h: u32, e: u32) -> vec4<f32> {
+    let r = r0 + e / D4;
+    var x = vec4<f32>(0.0);
+    if (e < BC * D4 && r < dims.seq_len) {
+        let i = kv_index(r, h) + (e % D4) * 4u;
+        x = vec4<f32>(key_at(i), key_at(i + 1u), key_at(i + 2u), key_at(i + 3u));
     }
+    return x;
 }
 
-fn stage_v(r0: u32, h: u32, tid: u32) {
-    for (var e = tid; e < BC * D4; e = e + WG) {
-        let r = r0 + e / D4;
-        let c4 = e % D4;
-        var x = vec4<f32>(0.0);
-        if (r < dims.seq_len) {
-            let i = kv_index(r, h) + c4 * 4u;
-            x = vec4<f32>(value_at(i + 0u), value_at(i + 1u), value_at(i + 2u), value_at(i + 3u));
-        }
-        sh_kv[(e / D4) * ROW4 + c4] = x;
+fn fetch_v(r0: u32, h: u32, e: u32) -> vec4<f32> {
+    let r = r0 + e / D4;
+    var x = vec4<f32>(0.0);
+    if (e < BC * D4 && r < dims.seq_len) {
+        let i = kv_index(r, h) + (e % D4) * 4u;
+        x = vec4<f32>(value_at(i), value_at(i + 1u), value_at(i + 2u), value_at(i + 3u));
+    }
+    return x;
+}
+
+fn put_kv(e: u32, x: vec4<f32>) {
+    if (e < BC * D4) {
+        sh_kv[(e / D4) * ROW4 + e % D4] = x;
     }
 }
 
@@ -215,12 +215,29 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
     var acc_1_2 = vec4<f32>(0.0);
     var acc_1_3 = vec4<f32>(0.0);
     let range = workgroupUniformLoad(&sh_range);
-    for (var kt = range.x / BC; kt < (range.y + BC - 1u) / BC; kt = kt + 1u) {
+    let kt_end = (range.y + BC - 1u) / BC;
+    var pf_0 = vec4<f32>(0.0);
+    var pf_1 = vec4<f32>(0.0);
+    var pf_2 = vec4<f32>(0.0);
+    var pf_3 = vec4<f32>(0.0);
+    pf_0 = fetch_k((range.x / BC) * BC, kv_h, tid + 0u * WG);
+    pf_1 = fetch_k((range.x / BC) * BC, kv_h, tid + 1u * WG);
+    pf_2 = fetch_k((range.x / BC) * BC, kv_h, tid + 2u * WG);
+    pf_3 = fetch_k((range.x / BC) * BC, kv_h, tid + 3u * WG);
+    for (var kt = range.x / BC; kt < kt_end; kt = kt + 1u) {
         let j0 = kt * BC;
         // The previous block is done with sh_kv, sh_p and sh_red.
         workgroupBarrier();
-        stage_k(j0, kv_h, tid);
+        put_kv(tid + 0u * WG, pf_0);
+        put_kv(tid + 1u * WG, pf_1);
+        put_kv(tid + 2u * WG, pf_2);
+        put_kv(tid + 3u * WG, pf_3);
         workgroupBarrier();
+        // V's loads are in flight while the scores are computed.
+        pf_0 = fetch_v(j0, kv_h, tid + 0u * WG);
+        pf_1 = fetch_v(j0, kv_h, tid + 1u * WG);
+        pf_2 = fetch_v(j0, kv_h, tid + 2u * WG);
+        pf_3 = fetch_v(j0, kv_h, tid + 3u * WG);
         var s_0_0 = 0.0;
         var s_1_0 = 0.0;
         for (var d4 = 0u; d4 < D4; d4 = d4 + 1u) {
@@ -235,10 +252,14 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
         s_0_0 = select(NEG_BIG, s_0_0 * params.scale, v_0_0);
         let v_1_0 = j_0 >= lo_1 && j_0 < hi_1 && key_visible(row_1, j_0);
         s_1_0 = select(NEG_BIG, s_1_0 * params.scale, v_1_0);
-        sh_red[(g * TM + 0u) * TX + tx] = s_0_0;
-        sh_red[(g * TM + 1u) * TX + tx] = s_1_0;
+        var rm_0 = s_0_0;
+        var rm_1 = s_1_0;
+        sh_red[(g * TM + 0u) * TX + tx] = rm_0;
+        sh_red[(g * TM + 1u) * TX + tx] = rm_1;
         workgroupBarrier();
-        let mn_0 = max(m_0, row_max(g * TM + 0u));
+        rm_0 = row_max(g * TM + 0u);
+        rm_1 = row_max(g * TM + 1u);
+        let mn_0 = max(m_0, rm_0);
         let c_0 = exp(m_0 - mn_0);
         m_0 = mn_0;
         let p_0_0 = select(0.0, exp(s_0_0 - mn_0), v_0_0);
@@ -248,7 +269,7 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
         acc_0_1 = acc_0_1 * c_0;
         acc_0_2 = acc_0_2 * c_0;
         acc_0_3 = acc_0_3 * c_0;
-        let mn_1 = max(m_1, row_max(g * TM + 1u));
+        let mn_1 = max(m_1, rm_1);
         let c_1 = exp(m_1 - mn_1);
         m_1 = mn_1;
         let p_1_0 = select(0.0, exp(s_1_0 - mn_1), v_1_0);
@@ -258,8 +279,18 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
         acc_1_1 = acc_1_1 * c_1;
         acc_1_2 = acc_1_2 * c_1;
         acc_1_3 = acc_1_3 * c_1;
-        stage_v(j0, kv_h, tid);
+        put_kv(tid + 0u * WG, pf_0);
+        put_kv(tid + 1u * WG, pf_1);
+        put_kv(tid + 2u * WG, pf_2);
+        put_kv(tid + 3u * WG, pf_3);
         workgroupBarrier();
+        // The next block's K loads are in flight during P·V.
+        if (kt + 1u < kt_end) {
+            pf_0 = fetch_k(j0 + BC, kv_h, tid + 0u * WG);
+            pf_1 = fetch_k(j0 + BC, kv_h, tid + 1u * WG);
+            pf_2 = fetch_k(j0 + BC, kv_h, tid + 2u * WG);
+            pf_3 = fetch_k(j0 + BC, kv_h, tid + 3u * WG);
+        }
         // A block every row sees in full has p == 0 only by underflow, so it needs no
         // guard; elsewhere masked keys must not multiply V (0 · inf is NaN).
         if (range.z <= j0 && j0 + BC <= range.w) {
@@ -303,10 +334,13 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
         }
     }
     workgroupBarrier();
-    sh_red[(g * TM + 0u) * TX + tx] = l_0;
-    sh_red[(g * TM + 1u) * TX + tx] = l_1;
+    var lt_0 = l_0;
+    var lt_1 = l_1;
+    sh_red[(g * TM + 0u) * TX + tx] = lt_0;
+    sh_red[(g * TM + 1u) * TX + tx] = lt_1;
     workgroupBarrier();
-    let lt_0 = row_sum(g * TM + 0u);
+    lt_0 = row_sum(g * TM + 0u);
+    lt_1 = row_sum(g * TM + 1u);
     if (row_0 < dims.seq_len) {
         var inv = 0.0;
         if (lt_0 != 0.0) {
@@ -341,7 +375,6 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
             store_lse(row_0, h, m_0, lt_0);
         }
     }
-    let lt_1 = row_sum(g * TM + 1u);
     if (row_1 < dims.seq_len) {
         var inv = 0.0;
         if (lt_1 != 0.0) {

@@ -5,7 +5,7 @@ use crate::emit;
 use crate::error::{DslError, Field};
 use crate::plan::KernelAbi;
 use crate::signature::{self, Presence, Role};
-use crate::spec::{Axis, Gqa, KernelSpec, Major, Op, Source, WriteMode};
+use crate::spec::{Axis, Gqa, KernelSpec, Major, Op, Source, Target, WriteMode};
 use crate::tiling::Tiling;
 
 /// The largest head_dim the per-row schedule holds: one invocation per element of a row.
@@ -226,8 +226,43 @@ fn check_flash(spec: &KernelSpec) -> Result<(), DslError> {
     }
     match Tiling::of(spec) {
         Some(Err(problem)) => Err(DslError::spec(Field::Grid, problem)),
+        Some(Ok(t)) if spec.uses_subgroups() => check_subgroups(spec, &t),
         _ => Ok(()),
     }
+}
+
+/// Subgroup reductions: only the forward has cross-invocation reductions, core WebGPU has
+/// no subgroups, and the butterfly pairs invocations `tx ^ 1, tx ^ 2, ..` of a row group.
+fn check_subgroups(spec: &KernelSpec, t: &Tiling) -> Result<(), DslError> {
+    if spec.op != Op::Forward {
+        return Err(DslError::spec(
+            Field::Grid,
+            format!(
+                "op {} reduces nothing across invocations (only the forward's row max and \
+                 row sum do); drop `subgroups`",
+                spec.op.name()
+            ),
+        ));
+    }
+    if spec.target == Target::Webgpu {
+        return Err(DslError::spec(
+            Field::Target,
+            "subgroup operations are not in core WebGPU; use `target: native(..)` (the \
+             runtime runs the kernel only on adapters with SUBGROUP)",
+        ));
+    }
+    if !t.tx.is_power_of_two() {
+        return Err(DslError::spec(
+            Field::Grid,
+            format!(
+                "subgroup reductions need a power-of-two number of invocations per row \
+                 group, not {}; pick a workgroup_size and tile whose quotient by \
+                 rows_per_thread is a power of two",
+                t.tx
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn grid_unit(major: Major) -> &'static str {

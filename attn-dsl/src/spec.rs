@@ -182,6 +182,11 @@ pub struct Flash {
     pub inner: u32,
     /// Rows of the workgroup's tile each invocation accumulates in registers.
     pub rows_per_thread: u32,
+    /// Row reductions by subgroup shuffles instead of workgroup memory (flash forward,
+    /// `native` target, an adapter with SUBGROUP). The kernel checks at run time that the
+    /// adapter's subgroups cover whole row groups and falls back to workgroup memory when
+    /// they do not, so it is right for any subgroup size.
+    pub subgroups: bool,
 }
 
 /// Query heads per KV head.
@@ -340,14 +345,22 @@ pub struct FlashConfig {
     pub inner: u32,
     pub rows_per_thread: u32,
     pub workgroup_size: u32,
+    /// Row reductions by subgroup shuffles ([`Flash::subgroups`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub subgroups: bool,
 }
 
 impl FlashConfig {
-    /// `tile x inner / rows_per_thread @ workgroup_size`, e.g. `32x32/4@128`.
+    /// `tile x inner / rows_per_thread @ workgroup_size`, e.g. `32x32/4@128`, with `+sg`
+    /// when the reductions use subgroups.
     pub fn label(&self) -> String {
         format!(
-            "{}x{}/{}@{}",
-            self.tile, self.inner, self.rows_per_thread, self.workgroup_size
+            "{}x{}/{}@{}{}",
+            self.tile,
+            self.inner,
+            self.rows_per_thread,
+            self.workgroup_size,
+            if self.subgroups { "+sg" } else { "" }
         )
     }
 }
@@ -369,6 +382,7 @@ impl KernelSpec {
                 flash: Some(Flash {
                     inner: config.inner,
                     rows_per_thread: config.rows_per_thread,
+                    subgroups: config.subgroups,
                 }),
             },
             workgroup_size: config.workgroup_size,
@@ -378,8 +392,14 @@ impl KernelSpec {
         spec
     }
 
+    /// Whether the kernel uses subgroup operations.
+    pub fn uses_subgroups(&self) -> bool {
+        self.grid.flash.is_some_and(|f| f.subgroups)
+    }
+
     /// WebGPU's defaults when the kernel fits them, else a `native` target with just the
-    /// workgroup memory and storage buffers it needs.
+    /// workgroup memory and storage buffers it needs (always `native` with subgroups,
+    /// which core WebGPU lacks).
     pub fn fit_target(&mut self) {
         self.target = Target::Webgpu;
         let bytes = crate::emit::workgroup_bytes(self);
@@ -388,7 +408,10 @@ impl KernelSpec {
             .filter(|t| t.role != crate::signature::Role::Uniform)
             .count() as u32;
         let base = Limits::WEBGPU;
-        if bytes > base.workgroup_storage_bytes || storage > base.storage_buffers_per_stage {
+        if bytes > base.workgroup_storage_bytes
+            || storage > base.storage_buffers_per_stage
+            || self.uses_subgroups()
+        {
             self.target = Target::Native(Limits {
                 workgroup_storage_bytes: bytes.max(base.workgroup_storage_bytes),
                 storage_buffers_per_stage: storage.max(base.storage_buffers_per_stage),

@@ -30,6 +30,8 @@ pub struct Tiling {
     /// Row stride of a staged head_dim row in vec4s: one vec4 of padding shifts each row
     /// by four banks, so a group reading `tx` rows at one offset does not conflict.
     pub row4: u32,
+    /// Row reductions by subgroup shuffles, with a workgroup-memory fallback.
+    pub subgroups: bool,
 }
 
 /// Most accumulator values one invocation keeps in registers; past this the driver spills.
@@ -40,14 +42,18 @@ impl Tiling {
     /// not a flash grid.
     pub fn of(spec: &KernelSpec) -> Option<Result<Tiling, String>> {
         let flash = spec.grid.flash?;
-        Some(Tiling::new(
+        let tiling = Tiling::new(
             spec.op,
             spec.grid.tile,
             flash.inner,
             flash.rows_per_thread,
             spec.workgroup_size,
             spec.head_dim,
-        ))
+        );
+        Some(tiling.map(|t| Tiling {
+            subgroups: flash.subgroups,
+            ..t
+        }))
     }
 
     fn new(op: Op, br: u32, bc: u32, tm: u32, wg: u32, head_dim: u32) -> Result<Tiling, String> {
@@ -109,6 +115,7 @@ impl Tiling {
             d4,
             dn,
             row4: d4 + 1,
+            subgroups: false,
         })
     }
 
@@ -118,8 +125,14 @@ impl Tiling {
         let rows = |br: u32, bc: u32| 16 * self.row4 * (br + bc);
         let tile = 4 * self.br * (self.bc + 1);
         match op {
-            // Q; K or V; P; the row reductions; the key range.
-            Op::Forward => rows(self.br, self.bc) + tile + 4 * self.br * self.tx + 16,
+            // Q; K or V; P; the row reductions; the key range; the subgroup switch.
+            Op::Forward => {
+                rows(self.br, self.bc)
+                    + tile
+                    + 4 * self.br * self.tx
+                    + 16
+                    + if self.subgroups { 4 } else { 0 }
+            }
             // Q, dO; K, V; dS; the key range.
             Op::BackwardQ => rows(2 * self.br, 2 * self.bc) + tile + 16,
             // K, V; Q, dO; P, dS; (LSE, D) per staged query; the query range.

@@ -269,14 +269,23 @@ fn flash_forward_compiles_for_every_mask() {
         inner: 16,
         rows_per_thread: 2,
         workgroup_size: 64,
+        subgroups: false,
     };
     for head_dim in [64, 128] {
         for (causal, document) in [(true, true), (true, false), (false, true), (false, false)] {
             let masks = Masks { causal, document };
-            let spec = KernelSpec::flash("fwd", Op::Forward, head_dim, masks, config);
-            let abi = compile(&spec).unwrap_or_else(|e| panic!("{e}"));
-            if head_dim == 64 && causal && document {
-                std::fs::write("/tmp/flash.wgsl", abi.wgsl.as_ref()).unwrap();
+            for subgroups in [false, true] {
+                let config = attn_dsl::FlashConfig {
+                    subgroups,
+                    ..config
+                };
+                let spec = KernelSpec::flash("fwd", Op::Forward, head_dim, masks, config);
+                let abi = compile(&spec).unwrap_or_else(|e| panic!("{e}"));
+                assert_eq!(abi.wgsl.contains("subgroupShuffleXor"), subgroups);
+                // Core WebGPU has no subgroups.
+                if subgroups {
+                    assert_ne!(abi.target, attn_dsl::Target::Webgpu);
+                }
             }
         }
     }
@@ -289,16 +298,14 @@ fn flash_backward_halves_compile_for_every_mask() {
         inner: 8,
         rows_per_thread: 2,
         workgroup_size: 64,
+        subgroups: false,
     };
     for head_dim in [64, 128] {
         for (causal, document) in [(true, true), (true, false), (false, true), (false, false)] {
             let masks = Masks { causal, document };
             for op in [Op::BackwardQ, Op::BackwardKv] {
                 let spec = KernelSpec::flash("bwd", op, head_dim, masks, config);
-                let abi = compile(&spec).unwrap_or_else(|e| panic!("{op:?} d{head_dim}: {e}"));
-                if head_dim == 64 && causal && document {
-                    std::fs::write(format!("/tmp/flash_{op:?}.wgsl"), abi.wgsl.as_ref()).unwrap();
-                }
+                compile(&spec).unwrap_or_else(|e| panic!("{op:?} d{head_dim}: {e}"));
             }
         }
     }

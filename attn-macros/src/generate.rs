@@ -187,9 +187,9 @@ fn abi_const(abi: &KernelAbi, wgsl: TokenStream) -> TokenStream {
     let flash = match abi.grid.flash {
         None => quote!(::core::option::Option::None),
         Some(f) => {
-            let (inner, rows) = (f.inner, f.rows_per_thread);
+            let (inner, rows, subgroups) = (f.inner, f.rows_per_thread, f.subgroups);
             quote!(::core::option::Option::Some(::attn_dsl::Flash {
-                inner: #inner, rows_per_thread: #rows,
+                inner: #inner, rows_per_thread: #rows, subgroups: #subgroups,
             }))
         }
     };

@@ -8,7 +8,7 @@ use attn_dsl::{
 use proc_macro2::Span;
 use syn::Ident;
 
-use crate::parse::{Call, Description, Value};
+use crate::parse::{ArgValue, Call, Description, Value};
 
 pub struct Lowered {
     pub spec: KernelSpec,
@@ -172,18 +172,19 @@ fn grid(v: &Value) -> syn::Result<Grid> {
             );
         }
     };
-    let (mut tile, mut inner, mut rows) = (1, None, None);
-    for (key, n) in args {
+    let (mut tile, mut inner, mut rows, mut subgroups) = (1, None, None, None);
+    for (key, v) in args {
         match key.to_string().as_str() {
-            "tile" => tile = n.value,
-            k if k == inner_key => inner = Some(n.value),
-            "rows_per_thread" => rows = Some(n.value),
+            "tile" => tile = arg_number(key, v)?,
+            k if k == inner_key => inner = Some(arg_number(key, v)?),
+            "rows_per_thread" => rows = Some(arg_number(key, v)?),
+            "subgroups" => subgroups = Some((arg_flag(key, v)?, key.span())),
             _ => {
                 return err(
                     key.span(),
                     format!(
                         "unknown grid argument `{key}`; expected `tile`, and for the flash \
-                         schedule `{inner_key}` and `rows_per_thread`"
+                         schedule `{inner_key}`, `rows_per_thread` and `subgroups`"
                     ),
                 );
             }
@@ -194,6 +195,7 @@ fn grid(v: &Value) -> syn::Result<Grid> {
         (Some(inner), Some(rows_per_thread)) => Some(Flash {
             inner,
             rows_per_thread,
+            subgroups: subgroups.is_some_and(|(on, _)| on),
         }),
         _ => {
             return err(
@@ -205,7 +207,30 @@ fn grid(v: &Value) -> syn::Result<Grid> {
             );
         }
     };
+    if let (None, Some((_, span))) = (flash, subgroups) {
+        return err(
+            span,
+            format!(
+                "`subgroups` chooses how the flash schedule reduces its rows; the per-row \
+                 grid has no such choice. Add `{inner_key}` and `rows_per_thread`, or drop it"
+            ),
+        );
+    }
     Ok(Grid { major, tile, flash })
+}
+
+fn arg_number(key: &Ident, v: &ArgValue) -> syn::Result<u32> {
+    match v {
+        ArgValue::Number(n) => Ok(n.value),
+        ArgValue::Flag(b) => err(b.span, format!("`{key}` takes a number, not `{}`", b.value)),
+    }
+}
+
+fn arg_flag(key: &Ident, v: &ArgValue) -> syn::Result<bool> {
+    match v {
+        ArgValue::Flag(b) => Ok(b.value),
+        ArgValue::Number(n) => err(n.span, format!("`{key}` takes `true` or `false`")),
+    }
 }
 
 fn gqa(v: &Value) -> syn::Result<Gqa> {
@@ -258,7 +283,7 @@ fn target(v: &Value) -> syn::Result<Target> {
         Value::Call(Call { name, args, .. }) if name == "native" => {
             // Limits not stated stay at WebGPU's defaults, the floor every adapter meets.
             let mut limits = Limits::WEBGPU;
-            for (key, n) in args {
+            for (key, v) in args {
                 let slot = match key.to_string().as_str() {
                     "workgroup_storage" => &mut limits.workgroup_storage_bytes,
                     "storage_buffers" => &mut limits.storage_buffers_per_stage,
@@ -271,7 +296,7 @@ fn target(v: &Value) -> syn::Result<Target> {
                         );
                     }
                 };
-                *slot = n.value;
+                *slot = arg_number(key, v)?;
             }
             Ok(Target::Native(limits))
         }

@@ -5,6 +5,7 @@
 //! #[attrs] vis NAME {
 //!     op: forward | decode | backward_q | backward_kv | rope | rope_backward,
 //!     grid: s_major(tile = N) | j_major(tile = N) | head_major,
+//!           flash: s_major(tile = N, key_tile = N, rows_per_thread = N, subgroups = BOOL)
 //!     head_dim: N,
 //!     gqa: any | N,                        (default any)
 //!     masks: [causal, document] | none,    (default none)
@@ -19,7 +20,7 @@
 use proc_macro2::Span;
 use syn::parse::{Parse, ParseStream};
 use syn::punctuated::Punctuated;
-use syn::{Attribute, Ident, LitInt, Token, Visibility, braced, bracketed, parenthesized};
+use syn::{Attribute, Ident, LitBool, LitInt, Token, Visibility, braced, bracketed, parenthesized};
 
 pub const KEYS: &[&str] = &[
     "op",
@@ -52,10 +53,16 @@ pub struct Number {
     pub span: Span,
 }
 
+/// The value of a `key = value` argument.
+pub enum ArgValue {
+    Number(Number),
+    Flag(LitBool),
+}
+
 /// `name`, `name(key = N, ..)` or `name(path)`.
 pub struct Call {
     pub name: Ident,
-    pub args: Vec<(Ident, Number)>,
+    pub args: Vec<(Ident, ArgValue)>,
     /// `scratch(producer)`: the kernel module a consumer reads from.
     pub path: Option<syn::Path>,
 }
@@ -208,12 +215,17 @@ impl Parse for MapItem {
     }
 }
 
-struct Arg(Ident, Number);
+struct Arg(Ident, ArgValue);
 
 impl Parse for Arg {
     fn parse(input: ParseStream) -> syn::Result<Self> {
         let name = input.parse()?;
         input.parse::<Token![=]>()?;
-        Ok(Arg(name, input.parse()?))
+        let value = if input.peek(LitBool) {
+            ArgValue::Flag(input.parse()?)
+        } else {
+            ArgValue::Number(input.parse()?)
+        };
+        Ok(Arg(name, value))
     }
 }

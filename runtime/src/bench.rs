@@ -67,13 +67,23 @@ impl BenchRow {
     }
 }
 
-/// Times the forward and each backward schedule the device runs on `shape`, with kernels
-/// specialized for it now (so any head_dim works).
+/// Which kernels a run times.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Parts {
+    #[default]
+    All,
+    Forward,
+    Backward,
+}
+
+/// Times the forward and each backward schedule the device runs on `shape` (or only one
+/// of the two, by `parts`), with kernels specialized for it now (so any head_dim works).
 pub fn run(
     gpu: &Gpu,
     shape: BenchShape,
     warmup: usize,
     runs: usize,
+    parts: Parts,
 ) -> Result<Vec<BenchRow>, Error> {
     let h = shape.heads;
     let masks = Masks {
@@ -99,7 +109,7 @@ pub fn run(
         kernel: "backward".into(),
         message: e.to_string(),
     })?;
-    // Each candidate compiled, or the workgroup memory it needs when the device lacks it.
+    // Each candidate compiled, or why the device cannot run it.
     let flash = tuning::forward_candidates(h.head_dim)
         .iter()
         .map(|&config| {
@@ -108,9 +118,13 @@ pub fn run(
                     kernel: format!("forward flash {}", config.label()),
                     message: e.to_string(),
                 })?;
-            let kernel = match tuning::fits(gpu, &abi) {
-                true => Ok(Kernel::new(gpu, &abi)?),
-                false => Err(abi.workgroup_storage_bytes),
+            let kernel = match (tuning::fits(gpu, &abi), gpu.supports(&abi)) {
+                (true, _) => Ok(Kernel::new(gpu, &abi)?),
+                (false, false) => Err("needs SUBGROUP, which the device lacks".to_string()),
+                (false, true) => Err(format!(
+                    "needs {} B of workgroup memory, over the device's",
+                    abi.workgroup_storage_bytes
+                )),
             };
             Ok((config, kernel))
         })
@@ -166,31 +180,34 @@ pub fn run(
     };
 
     let mut rows = Vec::new();
-    let baseline = timing::time(gpu, &[step(&forward)?], warmup, runs)?;
-    rows.push(BenchRow {
-        shape,
-        kernel: "forward tile-1".into(),
-        timing: Some(baseline),
-        flops: shape.forward_flops(),
-        note: String::new(),
-        baseline_ms: Some(baseline.median_ms),
-    });
-    for (config, flash) in &flash {
-        let mut row = BenchRow {
+    if parts != Parts::Backward {
+        let baseline = timing::time(gpu, &[step(&forward)?], warmup, runs)?;
+        rows.push(BenchRow {
             shape,
-            kernel: format!("forward flash {}", config.label()),
-            timing: None,
+            kernel: "forward tile-1".into(),
+            timing: Some(baseline),
             flops: shape.forward_flops(),
             note: String::new(),
             baseline_ms: Some(baseline.median_ms),
-        };
-        match flash {
-            Ok(kernel) => row.timing = Some(timing::time(gpu, &[step(kernel)?], warmup, runs)?),
-            Err(bytes) => {
-                row.note = format!("needs {bytes} B of workgroup memory, over the device's")
+        });
+        for (config, flash) in &flash {
+            let mut row = BenchRow {
+                shape,
+                kernel: format!("forward flash {}", config.label()),
+                timing: None,
+                flops: shape.forward_flops(),
+                note: String::new(),
+                baseline_ms: Some(baseline.median_ms),
+            };
+            match flash {
+                Ok(kernel) => row.timing = Some(timing::time(gpu, &[step(kernel)?], warmup, runs)?),
+                Err(why) => row.note = why.clone(),
             }
+            rows.push(row);
         }
-        rows.push(row);
+    }
+    if parts == Parts::Forward {
+        return Ok(rows);
     }
     let compiled = crate::backward::schedule_kernels(gpu, &set)?;
     let prep = Kernel::new(gpu, &set.prep)?;

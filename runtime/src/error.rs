@@ -8,6 +8,11 @@ pub enum Error {
     Input(#[from] InputError),
     #[error(transparent)]
     Device(#[from] crate::gpu::DeviceError),
+    #[error(
+        "kernel `{kernel}` needs a feature that {adapter} lacks (SUBGROUP for `subgroups = true`, \
+         SHADER_FLOAT32_ATOMIC for an f32 scatter); use a configuration without it"
+    )]
+    Feature { kernel: String, adapter: String },
     #[error("creating the pipeline of kernel `{kernel}` failed: {message}")]
     Pipeline { kernel: String, message: String },
     #[error(

@@ -169,6 +169,33 @@ impl Gpu {
             .contains(wgpu::Features::SHADER_FLOAT32_ATOMIC)
     }
 
+    /// Whether kernels with subgroup operations can run here.
+    pub fn has_subgroups(&self) -> bool {
+        self.features.contains(wgpu::Features::SUBGROUP)
+    }
+
+    /// Whether the device has every feature `abi` needs.
+    pub fn supports(&self, abi: &KernelAbi) -> bool {
+        (!abi.f32_atomics || self.has_f32_atomics())
+            && (!abi.grid.flash.is_some_and(|f| f.subgroups) || self.has_subgroups())
+    }
+
+    /// The optional features the device has, for reports.
+    pub fn feature_names(&self) -> Vec<String> {
+        let subgroups = format!(
+            "subgroups of {}..{}",
+            self.info.subgroup_min_size, self.info.subgroup_max_size
+        );
+        [
+            (self.has_f32_atomics(), "f32 atomics".to_string()),
+            (self.has_subgroups(), subgroups),
+            (self.has_timestamps(), "timestamps".to_string()),
+        ]
+        .into_iter()
+        .filter_map(|(has, name)| has.then_some(name))
+        .collect()
+    }
+
     /// Whether GPU timestamps can time compute passes here.
     pub fn has_timestamps(&self) -> bool {
         self.features.contains(wgpu::Features::TIMESTAMP_QUERY)
@@ -194,8 +221,9 @@ fn rank(t: wgpu::DeviceType) -> u8 {
 }
 
 /// Optional features: taken when the adapter has them, so kernels that need them can run.
-const OPTIONAL_FEATURES: wgpu::Features =
-    wgpu::Features::SHADER_FLOAT32_ATOMIC.union(wgpu::Features::TIMESTAMP_QUERY);
+const OPTIONAL_FEATURES: wgpu::Features = wgpu::Features::SHADER_FLOAT32_ATOMIC
+    .union(wgpu::Features::TIMESTAMP_QUERY)
+    .union(wgpu::Features::SUBGROUP);
 
 fn request(adapter: wgpu::Adapter, limits: wgpu::Limits) -> Result<Gpu, DeviceError> {
     let info = adapter.get_info();

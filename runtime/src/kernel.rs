@@ -15,6 +15,12 @@ pub struct Kernel {
 impl Kernel {
     /// Creates the pipeline; wgpu's validation errors come back as [`Error::Pipeline`].
     pub fn new(gpu: &Gpu, abi: &KernelAbi) -> Result<Kernel, Error> {
+        if !gpu.supports(abi) {
+            return Err(Error::Feature {
+                kernel: abi.name.to_string(),
+                adapter: gpu.describe(),
+            });
+        }
         let device = &gpu.device;
         let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
         let label = Some(abi.name.as_ref());

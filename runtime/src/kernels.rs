@@ -313,6 +313,24 @@ attention_kernel! {
 }
 
 attention_kernel! {
+    /// Flash forward, head_dim 64, with row reductions by subgroup shuffles: 64 query rows
+    /// per workgroup, 4 per invocation, 8 invocations per row. Needs SUBGROUP and 28,180
+    /// bytes of workgroup memory; on adapters whose subgroups are narrower than 8 it
+    /// reduces through workgroup memory instead. The runtime compiles the same
+    /// description per candidate tiling (`tuning::flash_forward`).
+    pub attention_forward_flash_sg {
+        op: forward,
+        grid: s_major(tile = 64, key_tile = 16, rows_per_thread = 4, subgroups = true),
+        head_dim: 64,
+        gqa: any,
+        masks: [causal, document],
+        target: native(workgroup_storage = 28180),
+        workgroup_size: 128,
+        writes: { o: owned, lse: owned },
+    }
+}
+
+attention_kernel! {
     /// Tiled recompute split, dQ half, head_dim 64: query tiles of 16 with Q and dO staged,
     /// K and V staged 8 keys at a time.
     pub attention_backward_dq_flash {

@@ -20,12 +20,23 @@ const fn config(tile: u32, inner: u32, rows_per_thread: u32, workgroup_size: u32
         inner,
         rows_per_thread,
         workgroup_size,
+        subgroups: false,
+    }
+}
+
+/// `c` with its row reductions by subgroup shuffles.
+const fn with_subgroups(c: FlashConfig) -> FlashConfig {
+    FlashConfig {
+        subgroups: true,
+        ..c
     }
 }
 
 /// Every flash forward configuration the planner may pick, per head_dim: the first fits
 /// WebGPU's default 16 KiB of workgroup memory and is the default; the rest need a
-/// `native` target with more.
+/// `native` target with more. The `+sg` twins (subgroup reductions) cover 8 invocations
+/// per row group, which lavapipe's subgroups of 8 hold, and 16, which they do not (so
+/// `check` runs both the shuffle path and its fallback there).
 pub fn forward_candidates(head_dim: u32) -> &'static [FlashConfig] {
     const D64: &[FlashConfig] = &[
         config(16, 16, 2, 64),
@@ -33,12 +44,19 @@ pub fn forward_candidates(head_dim: u32) -> &'static [FlashConfig] {
         config(32, 32, 2, 256),
         config(64, 32, 4, 128),
         config(64, 32, 4, 256),
+        with_subgroups(config(64, 16, 4, 128)),
+        with_subgroups(config(32, 32, 2, 256)),
+        with_subgroups(config(64, 32, 4, 256)),
     ];
     const D128: &[FlashConfig] = &[
         config(16, 8, 2, 64),
         config(32, 32, 4, 128),
         config(64, 16, 4, 128),
         config(32, 32, 2, 256),
+        with_subgroups(config(16, 8, 2, 64)),
+        with_subgroups(config(32, 32, 4, 128)),
+        with_subgroups(config(64, 16, 4, 128)),
+        with_subgroups(config(32, 32, 2, 256)),
     ];
     match head_dim {
         64 => D64,
@@ -71,12 +89,18 @@ pub fn backward_candidates(head_dim: u32) -> &'static [BackwardConfig] {
         pair(config(32, 16, 2, 128), config(32, 16, 2, 128)),
         pair(config(32, 32, 2, 256), config(32, 32, 2, 256)),
         pair(config(32, 32, 4, 128), config(32, 32, 4, 128)),
+        // Key tiles of 16: twice the workgroups, for short sequences (16x32/2@64 and
+        // 8x32/1@128 were slower on an H100 and were dropped).
+        pair(config(16, 16, 2, 128), config(16, 16, 2, 128)),
+        pair(config(16, 32, 2, 128), config(16, 32, 2, 128)),
     ];
     const D128: &[BackwardConfig] = &[
         pair(config(8, 4, 1, 32), config(8, 4, 1, 32)),
         pair(config(16, 8, 2, 64), config(16, 8, 2, 64)),
         pair(config(16, 16, 2, 128), config(16, 16, 2, 128)),
         pair(config(16, 16, 2, 64), config(16, 16, 2, 64)),
+        // Twice the rows of K and V per workgroup, staging 8 queries at a time.
+        pair(config(32, 8, 2, 128), config(32, 8, 2, 128)),
     ];
     match head_dim {
         64 => D64,
@@ -179,10 +203,11 @@ fn family_name(base: &str, head_dim: u32) -> String {
 }
 
 /// Whether `gpu` can run `abi`: its workgroup memory and storage buffers within the
-/// device's limits.
+/// device's limits, and the features it needs present.
 pub fn fits(gpu: &Gpu, abi: &KernelAbi) -> bool {
     let limits = gpu.limits();
-    abi.workgroup_storage_bytes <= limits.max_compute_workgroup_storage_size
+    gpu.supports(abi)
+        && abi.workgroup_storage_bytes <= limits.max_compute_workgroup_storage_size
         && abi.storage_buffers() as u32 <= limits.max_storage_buffers_per_shader_stage
 }
 
@@ -384,6 +409,19 @@ mod tests {
         ] {
             assert_eq!(&flash_scatter(64, masks, kv, scatter).unwrap(), abi);
         }
+    }
+
+    #[test]
+    fn family_subgroup_forward_is_a_candidate() {
+        let masks = Masks {
+            causal: true,
+            document: true,
+        };
+        let sg = with_subgroups(config(64, 16, 4, 128));
+        assert!(forward_candidates(64).contains(&sg));
+        let spec = KernelSpec::flash("attention_forward_flash_sg", Op::Forward, 64, masks, sg);
+        let compiled = attn_dsl::compile(&spec).unwrap();
+        assert_eq!(&compiled, &crate::kernels::attention_forward_flash_sg::ABI);
     }
 
     #[test]

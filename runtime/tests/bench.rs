@@ -46,7 +46,7 @@ fn every_kernel_and_schedule_is_gpu_timed() {
         },
         causal: true,
     };
-    let rows = bench::run(&gpu, shape, 1, 3).unwrap();
+    let rows = bench::run(&gpu, shape, 1, 3, bench::Parts::All).unwrap();
     let names: Vec<&str> = rows.iter().map(|r| r.kernel.as_str()).collect();
     for wanted in [
         "forward tile-1",

@@ -166,3 +166,99 @@ fn spec_compiled_at_run_time_runs_and_matches_the_reference() {
     let verdicts = judge_attention(&p, [&q, &k, &v], &out.o, Some(&out.lse));
     assert!(verdicts.iter().all(|(_, v)| v.pass()), "{verdicts:?}");
 }
+
+/// The subgroup forward is right on either path, and takes the shuffle path exactly when
+/// the adapter's subgroups hold a row group. A copy with the fallback's `row_max` broken on
+/// purpose tells which path ran: right means the shuffles did.
+#[test]
+fn subgroup_forward_shuffles_only_where_subgroups_hold_a_row_group() {
+    let gpu = gpu();
+    assert!(
+        gpu.has_subgroups(),
+        "{} lacks SUBGROUP; lavapipe (mesa-vulkan-drivers) has it",
+        gpu.describe()
+    );
+    let (sg_min, sg_max) = (gpu.info().subgroup_min_size, gpu.info().subgroup_max_size);
+    let masks = Masks {
+        causal: true,
+        document: false,
+    };
+    let mut decided = 0;
+    // 8 and 16 invocations per row group.
+    for (tile, inner, rows, wg) in [(64, 16, 4, 128), (32, 32, 2, 256)] {
+        let config = attn_dsl::FlashConfig {
+            tile,
+            inner,
+            rows_per_thread: rows,
+            workgroup_size: wg,
+            subgroups: true,
+        };
+        let label = config.label();
+        let tx = wg / (tile / rows);
+        let abi = runtime::tuning::flash_forward(64, masks, config).unwrap();
+        assert!(forward_is_right(&gpu, &abi), "{label} is wrong");
+        let mut broken = abi.clone();
+        broken.wgsl = abi
+            .wgsl
+            .replace(
+                "fn row_max(r: u32) -> f32 {",
+                "fn row_max(r: u32) -> f32 {\n    return 1.0e30;\n}\n\nfn row_max_unused(r: u32) -> f32 {",
+            )
+            .into();
+        assert_ne!(broken.wgsl, abi.wgsl, "the fallback's row_max moved");
+        let shuffled = forward_is_right(&gpu, &broken);
+        if sg_min >= tx {
+            assert!(
+                shuffled,
+                "{label}: subgroups of {sg_min}+ hold {tx} lanes, yet the fallback ran"
+            );
+            decided += 1;
+        } else if sg_max < tx {
+            assert!(
+                !shuffled,
+                "{label}: subgroups of {sg_max} cannot hold {tx} lanes, yet shuffles ran"
+            );
+            decided += 1;
+        }
+    }
+    assert!(
+        decided > 0,
+        "subgroup sizes {sg_min}..{sg_max} decided no case"
+    );
+}
+
+/// Runs a causal d64 forward of `abi` on a 70-row problem; whether it matches the reference.
+fn forward_is_right(gpu: &Gpu, abi: &attn_dsl::KernelAbi) -> bool {
+    let heads = Heads {
+        n_heads: 2,
+        n_kv_heads: 2,
+        head_dim: 64,
+    };
+    let seq = 70usize;
+    let n = seq * 2 * 64;
+    let (q, k, v) = (random(n, 11), random(n, 12), random(n, 13));
+    let kernel = Kernel::new(gpu, abi).unwrap();
+    let input = ForwardInput {
+        seq_len: seq as u32,
+        heads,
+        q: &q,
+        k: &k,
+        v: &v,
+        seg: None,
+        scale: None,
+    };
+    let out = runtime::forward(gpu, &kernel, &input).unwrap();
+    let p = Problem {
+        n_q: seq,
+        n_k: seq,
+        n_heads: 2,
+        n_kv_heads: 2,
+        head_dim: 64,
+        scale: f64::from(heads.default_scale()),
+        causal: true,
+        seg: None,
+    };
+    judge_attention(&p, [&q, &k, &v], &out.o, Some(&out.lse))
+        .iter()
+        .all(|(_, v)| v.pass())
+}

@@ -61,15 +61,46 @@ var<workgroup> sh_range: vec4<u32>;
         p = t.br * (t.bc + 1),
         red = t.br * t.tx,
     );
+    if t.subgroups {
+        out.push_str(
+            "// Nonzero when some row group is not inside one subgroup: reduce through sh_red.\n\
+             var<workgroup> sh_subgroups_off: atomic<u32>;\n\n",
+        );
+    }
 }
 
 /// Staging loops, the tile's key range and the row reductions of the forward.
-pub(super) fn helpers(out: &mut String, spec: &KernelSpec) {
+pub(super) fn helpers(out: &mut String, spec: &KernelSpec, t: &Tiling) {
     stage(out, "stage_q", "BR", "q_index(r, h)", "sh_q", "q");
-    stage(out, "stage_k", "BC", "kv_index(r, h)", "sh_kv", "key_at");
-    stage(out, "stage_v", "BC", "kv_index(r, h)", "sh_kv", "value_at");
+    fetch(out, "k", "BC", "kv_index(r, h)", "key_at");
+    fetch(out, "v", "BC", "kv_index(r, h)", "value_at");
+    put(out, "kv", "BC", "sh_kv");
     tile_key_range(out, spec);
     out.push_str(ROW_REDUCTIONS);
+    if t.subgroups {
+        subgroup_reductions(out, t.tx);
+    }
+}
+
+/// Butterflies over the `tx` invocations of a row group, and the test that they may run:
+/// the row group must sit in one subgroup at consecutive invocation ids. Vulkan does not
+/// promise that layout, and subgroup sizes run from 4 to 128, so each workgroup checks.
+fn subgroup_reductions(out: &mut String, tx: u32) {
+    let _ = write!(
+        out,
+        "fn subgroups_cover_row_groups(tid: u32, sg_size: u32, sg_id: u32) -> bool {{\n    \
+         return sg_size >= TX && WG % sg_size == 0u && sg_id == tid % sg_size;\n}}\n\n"
+    );
+    for (name, op) in [("group_max", "max(y, {})"), ("group_sum", "y + {}")] {
+        let _ = write!(out, "fn {name}(x: f32) -> f32 {{\n    var y = x;\n");
+        let mut mask = 1;
+        while mask < tx {
+            let shuffled = format!("subgroupShuffleXor(y, {mask}u)");
+            let _ = writeln!(out, "    y = {};", op.replace("{}", &shuffled));
+            mask *= 2;
+        }
+        out.push_str("    return y;\n}\n\n");
+    }
 }
 
 /// `tile_key_range(row0)`: x..y holds every key a row of the tile sees, z..w the keys every
@@ -114,6 +145,58 @@ fn row_sum(r: u32) -> f32 {
 
 "#;
 
+/// `fetch_{name}(r0, h, e)`: vec4 `e` of the block of `rows` rows from r0 (zeros past the
+/// sequence), loaded into registers a phase ahead of its use so that its latency hides
+/// behind the products; `put_{name}(e, x)` stores it into `dst`.
+pub(super) fn fetch(out: &mut String, name: &str, rows: &str, index: &str, src: &str) {
+    let read = |k: &str| match src.ends_with("_at") {
+        true => format!("{src}(i{k})"),
+        false => format!("{src}[i{k}]"),
+    };
+    let _ = write!(
+        out,
+        r#"fn fetch_{name}(r0: u32, h: u32, e: u32) -> vec4<f32> {{
+    let r = r0 + e / D4;
+    var x = vec4<f32>(0.0);
+    if (e < {rows} * D4 && r < dims.seq_len) {{
+        let i = {index} + (e % D4) * 4u;
+        x = vec4<f32>({}, {}, {}, {});
+    }}
+    return x;
+}}
+
+"#,
+        read(""),
+        read(" + 1u"),
+        read(" + 2u"),
+        read(" + 3u")
+    );
+}
+
+/// `put_{name}(e, x)`: stores a fetched vec4 `e` of a block of `rows` rows into `dst`.
+pub(super) fn put(out: &mut String, name: &str, rows: &str, dst: &str) {
+    let _ = write!(
+        out,
+        r#"fn put_{name}(e: u32, x: vec4<f32>) {{
+    if (e < {rows} * D4) {{
+        {dst}[(e / D4) * ROW4 + e % D4] = x;
+    }}
+}}
+
+"#
+    );
+}
+
+/// How many vec4s of a `rows`-row block each invocation carries.
+pub(super) fn carried(t: &Tiling, rows: u32) -> u32 {
+    (rows * t.d4).div_ceil(t.groups * t.tx)
+}
+
+/// One statement per carried vec4 `i`, each on its own line at indent `ind`.
+pub(super) fn per_vec4(n: u32, ind: &str, stmt: impl Fn(u32) -> String) -> String {
+    (0..n).map(|i| format!("{ind}{}\n", stmt(i))).collect()
+}
+
 /// `name(r0, h, tid)`: `rows` rows from r0 (zeros past the sequence) into `dst`, one vec4 per
 /// invocation per step, consecutive invocations on consecutive addresses.
 pub(super) fn stage(out: &mut String, name: &str, rows: &str, index: &str, dst: &str, src: &str) {
@@ -150,10 +233,18 @@ pub(super) fn stage(out: &mut String, name: &str, rows: &str, index: &str, dst: 
 pub(super) fn forward_body(out: &mut String, t: &Tiling) {
     let (tm, tn, dn) = (t.tm, t.tn, t.dn);
     let mut b = String::new();
-    b.push_str(
-        "fn flash_forward(tile: u32, h: u32, tid: u32) {\n    let kv_h = kv_head(h);\n    \
+    let (params, reset) = match t.subgroups {
+        true => (
+            ", sg_size: u32, sg_id: u32",
+            "\n        atomicStore(&sh_subgroups_off, 0u);",
+        ),
+        false => ("", ""),
+    };
+    let _ = write!(
+        b,
+        "fn flash_forward(tile: u32, h: u32, tid: u32{params}) {{\n    let kv_h = kv_head(h);\n    \
          let g = tid / TX;\n    let tx = tid % TX;\n    let row0 = tile * BR;\n    \
-         if (tid == 0u) {\n        sh_range = tile_key_range(row0);\n    }\n    \
+         if (tid == 0u) {{\n        sh_range = tile_key_range(row0);{reset}\n    }}\n    \
          stage_q(row0, h, tid);\n",
     );
     for i in 0..tm {
@@ -168,16 +259,48 @@ pub(super) fn forward_body(out: &mut String, t: &Tiling) {
             let _ = writeln!(b, "    var acc_{i}_{n} = vec4<f32>(0.0);");
         }
     }
-    b.push_str(
-        "    let range = workgroupUniformLoad(&sh_range);\n    \
-         for (var kt = range.x / BC; kt < (range.y + BC - 1u) / BC; kt = kt + 1u) {\n        \
+    b.push_str("    let range = workgroupUniformLoad(&sh_range);\n");
+    if t.subgroups {
+        b.push_str(
+            "    if (!subgroups_cover_row_groups(tid, sg_size, sg_id)) {\n        \
+             atomicStore(&sh_subgroups_off, 1u);\n    }\n    \
+             let use_sg = workgroupUniformLoad(&sh_subgroups_off) == 0u;\n",
+        );
+    }
+    // Each invocation carries its share of one K or V block in registers.
+    let pf = carried(t, t.bc);
+    let put_kv = per_vec4(pf, "        ", |i| {
+        format!("put_kv(tid + {i}u * WG, pf_{i});")
+    });
+    let fetch = |what: &str, r0: &str, ind: &str| {
+        per_vec4(pf, ind, |i| {
+            format!("pf_{i} = fetch_{what}({r0}, kv_h, tid + {i}u * WG);")
+        })
+    };
+    let _ = write!(
+        b,
+        "    let kt_end = (range.y + BC - 1u) / BC;\n{}{}",
+        per_vec4(pf, "    ", |i| format!("var pf_{i} = vec4<f32>(0.0);")),
+        fetch("k", "(range.x / BC) * BC", "    ")
+    );
+    let _ = write!(
+        b,
+        "    for (var kt = range.x / BC; kt < kt_end; kt = kt + 1u) {{\n        \
          let j0 = kt * BC;\n        \
          // The previous block is done with sh_kv, sh_p and sh_red.\n        \
-         workgroupBarrier();\n        stage_k(j0, kv_h, tid);\n        workgroupBarrier();\n",
+         workgroupBarrier();\n{put_kv}        workgroupBarrier();\n        \
+         // V's loads are in flight while the scores are computed.\n{}",
+        fetch("v", "j0", "        "),
     );
     scores(&mut b, tm, tn);
-    softmax(&mut b, tm, tn, dn);
-    b.push_str("        stage_v(j0, kv_h, tid);\n        workgroupBarrier();\n");
+    softmax(&mut b, t);
+    let _ = write!(
+        b,
+        "{put_kv}        workgroupBarrier();\n        \
+         // The next block's K loads are in flight during P·V.\n        \
+         if (kt + 1u < kt_end) {{\n{}        }}\n",
+        fetch("k", "j0 + BC", "            "),
+    );
     b.push_str(
         "        // A block every row sees in full has p == 0 only by underflow, so it needs no\n        \
          // guard; elsewhere masked keys must not multiply V (0 · inf is NaN).\n        \
@@ -187,7 +310,7 @@ pub(super) fn forward_body(out: &mut String, t: &Tiling) {
     b.push_str("        } else {\n");
     accumulate(&mut b, tm, dn, &[("acc", "sh_p", "sh_kv")], true);
     b.push_str("        }\n    }\n");
-    finish(&mut b, tm, dn);
+    finish(&mut b, t);
     out.push_str(&b);
 }
 
@@ -227,18 +350,20 @@ fn scores(b: &mut String, tm: u32, tn: u32) {
 }
 
 /// The online-softmax step: row maxes across the group, P, the rescale of l and O.
-fn softmax(b: &mut String, tm: u32, tn: u32, dn: u32) {
+fn softmax(b: &mut String, t: &Tiling) {
+    let (tm, tn, dn) = (t.tm, t.tn, t.dn);
     for i in 0..tm {
         let row_max = (1..tn).fold(format!("s_{i}_0"), |acc, n| {
             format!("max({acc}, s_{i}_{n})")
         });
-        let _ = writeln!(b, "        sh_red[(g * TM + {i}u) * TX + tx] = {row_max};");
+        let _ = writeln!(b, "        var rm_{i} = {row_max};");
     }
-    b.push_str("        workgroupBarrier();\n");
+    // The barrier also ends every read of K before stage_v overwrites it.
+    reduce_rows(b, t, "rm", "group_max", "row_max", "        ");
     for i in 0..tm {
         let _ = writeln!(
             b,
-            "        let mn_{i} = max(m_{i}, row_max(g * TM + {i}u));\n        \
+            "        let mn_{i} = max(m_{i}, rm_{i});\n        \
              let c_{i} = exp(m_{i} - mn_{i});\n        m_{i} = mn_{i};"
         );
         let mut sum = String::new();
@@ -256,6 +381,33 @@ fn softmax(b: &mut String, tm: u32, tn: u32, dn: u32) {
             let _ = writeln!(b, "        acc_{i}_{n} = acc_{i}_{n} * c_{i};");
         }
     }
+}
+
+/// Reduces each row's `{var}_{i}` over its row group in place, with one workgroup barrier
+/// on either path: by subgroup butterfly (`group`) where the subgroups allow, else through
+/// `sh_red` (`shared`).
+fn reduce_rows(b: &mut String, t: &Tiling, var: &str, group: &str, shared: &str, ind: &str) {
+    let stores: String = (0..t.tm)
+        .map(|i| format!("{ind}sh_red[(g * TM + {i}u) * TX + tx] = {var}_{i};\n"))
+        .collect();
+    let loads: String = (0..t.tm)
+        .map(|i| format!("{ind}{var}_{i} = {shared}(g * TM + {i}u);\n"))
+        .collect();
+    if !t.subgroups {
+        let _ = write!(b, "{stores}{ind}workgroupBarrier();\n{loads}");
+        return;
+    }
+    let shuffles: String = (0..t.tm)
+        .map(|i| format!("{ind}    {var}_{i} = {group}({var}_{i});\n"))
+        .collect();
+    let indent = |text: &str| -> String { text.lines().map(|l| format!("    {l}\n")).collect() };
+    let _ = write!(
+        b,
+        "{ind}if (use_sg) {{\n{shuffles}{ind}}} else {{\n{}{ind}}}\n{ind}workgroupBarrier();\n\
+         {ind}if (!use_sg) {{\n{}{ind}}}\n",
+        indent(&stores),
+        indent(&loads)
+    );
 }
 
 /// `acc += w · rows` over the staged block, for each (acc, weights, rows) triple: the
@@ -303,16 +455,18 @@ pub(super) fn accumulate(
 }
 
 /// Sums each row's shares of l, then stores O = acc / l and the LSE.
-fn finish(b: &mut String, tm: u32, dn: u32) {
+fn finish(b: &mut String, t: &Tiling) {
+    let (tm, dn) = (t.tm, t.dn);
+    // The last block's reads of sh_red are done before the shares overwrite it.
     b.push_str("    workgroupBarrier();\n");
     for i in 0..tm {
-        let _ = writeln!(b, "    sh_red[(g * TM + {i}u) * TX + tx] = l_{i};");
+        let _ = writeln!(b, "    var lt_{i} = l_{i};");
     }
-    b.push_str("    workgroupBarrier();\n");
+    reduce_rows(b, t, "lt", "group_sum", "row_sum", "    ");
     for i in 0..tm {
         let _ = write!(
             b,
-            "    let lt_{i} = row_sum(g * TM + {i}u);\n    if (row_{i} < dims.seq_len) {{\n        \
+            "    if (row_{i} < dims.seq_len) {{\n        \
              var inv = 0.0;\n        if (lt_{i} != 0.0) {{\n            inv = 1.0 / lt_{i};\n        }}\n        \
              let base = q_index(row_{i}, h);\n"
         );
@@ -332,13 +486,24 @@ fn finish(b: &mut String, tm: u32, dn: u32) {
     b.push_str("}\n\n");
 }
 
-pub(super) fn entry(out: &mut String, name: &str) {
+/// The entry of a flash kernel: workgroup (x, y) runs tile x of head (or KV head) y
+/// through `body`. (Running the causal grid's long tiles first was measured on an H100 and
+/// made the long causal shape 10% slower, so tiles run in grid order.)
+pub(super) fn entry(out: &mut String, spec: &KernelSpec, t: &Tiling, body: &str) {
+    let (builtins, args) = match t.subgroups {
+        true => (
+            ",\n    @builtin(subgroup_size) sg_size: u32, @builtin(subgroup_invocation_id) sg_id: u32",
+            ", sg_size, sg_id",
+        ),
+        false => ("", ""),
+    };
     let _ = write!(
         out,
         r#"@compute @workgroup_size(WG)
-fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {{
-    flash_forward(wg.x, wg.y, tid);
+fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32{builtins}) {{
+    {body}(wg.x, wg.y, tid{args});
 }}
-"#
+"#,
+        name = spec.name
     );
 }

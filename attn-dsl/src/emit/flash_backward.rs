@@ -13,7 +13,7 @@
 
 use std::fmt::Write;
 
-use super::flash::{accumulate, regs, stage, tile_key_range};
+use super::flash::{accumulate, carried, fetch, per_vec4, put, regs, stage, tile_key_range};
 use super::{backward, index};
 use crate::spec::KernelSpec;
 use crate::tiling::Tiling;
@@ -48,11 +48,13 @@ pub(super) fn backward_q(out: &mut String, spec: &KernelSpec, t: &Tiling) {
     helpers(out, spec);
     stage(out, "stage_q", "BR", "q_index(r, h)", "sh_q", "q");
     stage(out, "stage_do", "BR", "q_index(r, h)", "sh_do", "d_o");
-    stage(out, "stage_k", "BC", "kv_index(r, h)", "sh_k", "k");
-    stage(out, "stage_v", "BC", "kv_index(r, h)", "sh_v", "v");
+    for (name, src, dst) in [("k", "k", "sh_k"), ("v", "v", "sh_v")] {
+        fetch(out, name, "BC", "kv_index(r, h)", src);
+        put(out, name, "BC", dst);
+    }
     tile_key_range(out, spec);
     q_body(out, t);
-    entry(out, &spec.name, "flash_backward_q");
+    super::flash::entry(out, spec, t, "flash_backward_q");
 }
 
 fn q_body(out: &mut String, t: &Tiling) {
@@ -76,12 +78,34 @@ fn q_body(out: &mut String, t: &Tiling) {
             let _ = writeln!(b, "    var dq_{i}_{n} = vec4<f32>(0.0);");
         }
     }
-    b.push_str(
+    // Each invocation carries its share of the next K and V block in registers.
+    let pf = carried(t, t.bc);
+    let fetch = |r0: &str, ind: &str| {
+        per_vec4(pf, ind, |i| {
+            format!(
+                "pk_{i} = fetch_k({r0}, kv_h, tid + {i}u * WG);\n{ind}\
+                 pv_{i} = fetch_v({r0}, kv_h, tid + {i}u * WG);"
+            )
+        })
+    };
+    let _ = write!(
+        b,
         "    let range = workgroupUniformLoad(&sh_range);\n    \
-         for (var kt = range.x / BC; kt < (range.y + BC - 1u) / BC; kt = kt + 1u) {\n        \
+         let kt_end = (range.y + BC - 1u) / BC;\n{}{}    \
+         for (var kt = range.x / BC; kt < kt_end; kt = kt + 1u) {{\n        \
          let j0 = kt * BC;\n        \
-         // The previous block is done with sh_k and sh_ds.\n        workgroupBarrier();\n        \
-         stage_k(j0, kv_h, tid);\n        stage_v(j0, kv_h, tid);\n        workgroupBarrier();\n",
+         // The previous block is done with sh_k and sh_ds.\n        workgroupBarrier();\n{}        \
+         workgroupBarrier();\n        \
+         // The next block's loads are in flight during this one's products.\n        \
+         if (kt + 1u < kt_end) {{\n{}        }}\n",
+        per_vec4(pf, "    ", |i| format!(
+            "var pk_{i} = vec4<f32>(0.0);\n    var pv_{i} = vec4<f32>(0.0);"
+        )),
+        fetch("(range.x / BC) * BC", "    "),
+        per_vec4(pf, "        ", |i| format!(
+            "put_k(tid + {i}u * WG, pk_{i});\n        put_v(tid + {i}u * WG, pv_{i});"
+        )),
+        fetch("j0 + BC", "            "),
     );
     products(
         &mut b,
@@ -138,8 +162,10 @@ pub(super) fn backward_kv(out: &mut String, spec: &KernelSpec, t: &Tiling) {
     helpers(out, spec);
     stage(out, "stage_k", "BR", "kv_index(r, h)", "sh_k", "k");
     stage(out, "stage_v", "BR", "kv_index(r, h)", "sh_v", "v");
-    stage(out, "stage_q", "BC", "q_index(r, h)", "sh_q", "q");
-    stage(out, "stage_do", "BC", "q_index(r, h)", "sh_do", "d_o");
+    for (name, src, dst) in [("q", "q", "sh_q"), ("do", "d_o", "sh_do")] {
+        fetch(out, name, "BC", "q_index(r, h)", src);
+        put(out, name, "BC", dst);
+    }
     // Causal alone: queries from the tile's last key on see every key of the tile. With
     // documents, where a document ends is not known without a search, so every block is
     // tested key by key.
@@ -156,13 +182,17 @@ fn tile_query_range(col0: u32) -> vec4<u32> {{
     return vec4<u32>(query_range(col0), {all_visible});
 }}
 
-fn stage_stats(s0: u32, h: u32, tid: u32) {{
-    for (var e = tid; e < BC; e = e + WG) {{
-        let s = s0 + e;
-        var x = vec2<f32>(0.0);
-        if (s < dims.seq_len) {{
-            x = vec2<f32>(stats[stats_part(0u, s, h)], stats[stats_part(1u, s, h)]);
-        }}
+fn fetch_stats(s0: u32, h: u32, e: u32) -> vec2<f32> {{
+    let s = s0 + e;
+    var x = vec2<f32>(0.0);
+    if (e < BC && s < dims.seq_len) {{
+        x = vec2<f32>(stats[stats_part(0u, s, h)], stats[stats_part(1u, s, h)]);
+    }}
+    return x;
+}}
+
+fn put_stats(e: u32, x: vec2<f32>) {{
+    if (e < BC) {{
         sh_stats[e] = x;
     }}
 }}
@@ -174,7 +204,7 @@ fn stage_stats(s0: u32, h: u32, tid: u32) {{
         backward::atomic_add(out, "dq", spec.scatter);
     }
     kv_body(out, t, scatter);
-    entry(out, &spec.name, "flash_backward_kv");
+    super::flash::entry(out, spec, t, "flash_backward_kv");
 }
 
 fn kv_body(out: &mut String, t: &Tiling, scatter_dq: bool) {
@@ -194,15 +224,46 @@ fn kv_body(out: &mut String, t: &Tiling, scatter_dq: bool) {
             );
         }
     }
-    b.push_str(
+    // Each invocation carries its share of the next block of Q, dO and (LSE, D).
+    let (pf, ps) = (carried(t, t.bc), t.bc.div_ceil(t.groups * t.tx));
+    let fetch = |ind: &str| {
+        let rows = per_vec4(pf, ind, |i| {
+            format!(
+                "pq_{i} = fetch_q(next_s0, next_h, tid + {i}u * WG);\n{ind}\
+                 pd_{i} = fetch_do(next_s0, next_h, tid + {i}u * WG);"
+            )
+        });
+        let stats = per_vec4(ps, ind, |i| {
+            format!("ps_{i} = fetch_stats(next_s0, next_h, tid + {i}u * WG);")
+        });
+        rows + &stats
+    };
+    let _ = write!(
+        b,
         "    let range = workgroupUniformLoad(&sh_range);\n    let group = q_per_kv();\n    \
-         let first = range.x / BC;\n    let blocks = (range.y + BC - 1u) / BC - first;\n    \
+         let first = range.x / BC;\n    let blocks = (range.y + BC - 1u) / BC - first;\n{}{}    \
+         var next_h = kv_h * group;\n    var next_s0 = first * BC;\n{}    \
          // Every query head of this KV head, every block of queries that sees the tile.\n    \
-         for (var it = 0u; it < group * blocks; it = it + 1u) {\n        \
-         let h = kv_h * group + it / blocks;\n        let s0 = (first + it % blocks) * BC;\n        \
+         for (var it = 0u; it < group * blocks; it = it + 1u) {{\n        \
+         let h = next_h;\n        let s0 = next_s0;\n        \
          // The previous block is done with sh_q, sh_do, sh_p and sh_ds.\n        \
-         workgroupBarrier();\n        stage_q(s0, h, tid);\n        stage_do(s0, h, tid);\n        \
-         stage_stats(s0, h, tid);\n        workgroupBarrier();\n",
+         workgroupBarrier();\n{}{}        workgroupBarrier();\n        \
+         // The next block's loads are in flight during this one's products.\n        \
+         if (it + 1u < group * blocks) {{\n            \
+         next_h = kv_h * group + (it + 1u) / blocks;\n            \
+         next_s0 = (first + (it + 1u) % blocks) * BC;\n{}        }}\n",
+        per_vec4(pf, "    ", |i| format!(
+            "var pq_{i} = vec4<f32>(0.0);\n    var pd_{i} = vec4<f32>(0.0);"
+        )),
+        per_vec4(ps, "    ", |i| format!("var ps_{i} = vec2<f32>(0.0);")),
+        fetch("    "),
+        per_vec4(pf, "        ", |i| format!(
+            "put_q(tid + {i}u * WG, pq_{i});\n        put_do(tid + {i}u * WG, pd_{i});"
+        )),
+        per_vec4(ps, "        ", |i| format!(
+            "put_stats(tid + {i}u * WG, ps_{i});"
+        )),
+        fetch("            "),
     );
     products(
         &mut b,
@@ -328,15 +389,4 @@ fn store_add(b: &mut String, t: &str, i: u32, dn: u32) {
             );
         }
     }
-}
-
-fn entry(out: &mut String, name: &str, body: &str) {
-    let _ = write!(
-        out,
-        r#"@compute @workgroup_size(WG)
-fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {{
-    {body}(wg.x, wg.y, tid);
-}}
-"#
-    );
 }

@@ -64,9 +64,9 @@ fn emit_flash(out: &mut String, spec: &KernelSpec, t: &Tiling) {
             flash::constants(out, t);
             flash::workgroup_memory(out, t);
             attend::forward_helpers(out, spec);
-            flash::helpers(out, spec);
+            flash::helpers(out, spec, t);
             flash::forward_body(out, t);
-            flash::entry(out, &spec.name);
+            flash::entry(out, spec, t, "flash_forward");
         }
     }
 }

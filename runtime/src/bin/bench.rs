@@ -44,6 +44,15 @@ struct Args {
     /// head_dim to this tuning table. Point ATTN_TUNING at it to use it.
     #[arg(long, value_name = "PATH")]
     tune: Option<std::path::PathBuf>,
+    /// Time only the forward kernels or only the backward schedules.
+    #[arg(long, value_enum)]
+    only: Option<Only>,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Only {
+    Forward,
+    Backward,
 }
 
 fn main() -> ExitCode {
@@ -97,6 +106,15 @@ fn shapes(args: &Args) -> Vec<BenchShape> {
 
 fn run(args: Args) -> anyhow::Result<()> {
     anyhow::ensure!(args.runs > 0, "--runs must be at least 1");
+    anyhow::ensure!(
+        args.only.is_none() || args.tune.is_none(),
+        "--tune times every kernel; drop --only"
+    );
+    let parts = match args.only {
+        None => bench::Parts::All,
+        Some(Only::Forward) => bench::Parts::Forward,
+        Some(Only::Backward) => bench::Parts::Backward,
+    };
     let mut gpu = Gpu::new(kernels::FAMILY.iter().copied())?;
     if args.unchecked {
         gpu = gpu.unchecked();
@@ -115,8 +133,8 @@ fn run(args: Args) -> anyhow::Result<()> {
     }
     let mut all = Vec::new();
     for shape in shapes {
-        let rows =
-            bench::run(&gpu, shape, args.warmup, args.runs).with_context(|| shape.label())?;
+        let rows = bench::run(&gpu, shape, args.warmup, args.runs, parts)
+            .with_context(|| shape.label())?;
         for row in &rows {
             if args.json {
                 println!("{}", json(&gpu, row));

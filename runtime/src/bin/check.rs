@@ -66,7 +66,11 @@ fn run(args: Args) -> anyhow::Result<bool> {
     if args.unchecked {
         gpu = gpu.unchecked();
     }
-    println!("adapter: {}", gpu.describe());
+    println!(
+        "adapter: {}; features: {}",
+        gpu.describe(),
+        gpu.feature_names().join(", ")
+    );
     let mut runner = Runner::new(&gpu, kernels::FAMILY.iter().copied(), &kernels::BACKWARD)?;
     runner.backward.scratch_budget = args.scratch_budget;
     println!(

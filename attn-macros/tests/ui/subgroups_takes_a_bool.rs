@@ -1,0 +1,12 @@
+attn_macros::attention_kernel! {
+    pub fwd {
+        op: forward,
+        grid: s_major(tile = 16, key_tile = 16, rows_per_thread = 2, subgroups = 1),
+        head_dim: 64,
+        target: native(workgroup_storage = 32768),
+        workgroup_size: 64,
+        writes: { o: owned, lse: owned },
+    }
+}
+
+fn main() {}
