@@ -127,7 +127,7 @@ fn fetch_q(r0: u32, h: u32, e: u32) -> vec4<f32> {
     var x = vec4<f32>(0.0);
     if (e < BC * D4 && r < dims.seq_len) {
         let i = q_index(r, h) + (e % D4) * 4u;
-        x = vec4<f32>(q[i], q[i + 1u], q[i + 2u], q[i + 3u]);
+        x = vec4<f32>(q[i + 0u], q[i + 1u], q[i + 2u], q[i + 3u]);
     }
     return x;
 }
@@ -143,7 +143,7 @@ fn fetch_do(r0: u32, h: u32, e: u32) -> vec4<f32> {
     var x = vec4<f32>(0.0);
     if (e < BC * D4 && r < dims.seq_len) {
         let i = q_index(r, h) + (e % D4) * 4u;
-        x = vec4<f32>(d_o[i], d_o[i + 1u], d_o[i + 2u], d_o[i + 3u]);
+        x = vec4<f32>(d_o[i + 0u], d_o[i + 1u], d_o[i + 2u], d_o[i + 3u]);
     }
     return x;
 }

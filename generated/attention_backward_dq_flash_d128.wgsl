@@ -123,7 +123,7 @@ fn fetch_k(r0: u32, h: u32, e: u32) -> vec4<f32> {
     var x = vec4<f32>(0.0);
     if (e < BC * D4 && r < dims.seq_len) {
         let i = kv_index(r, h) + (e % D4) * 4u;
-        x = vec4<f32>(k[i], k[i + 1u], k[i + 2u], k[i + 3u]);
+        x = vec4<f32>(k[i + 0u], k[i + 1u], k[i + 2u], k[i + 3u]);
     }
     return x;
 }
@@ -139,7 +139,7 @@ fn fetch_v(r0: u32, h: u32, e: u32) -> vec4<f32> {
     var x = vec4<f32>(0.0);
     if (e < BC * D4 && r < dims.seq_len) {
         let i = kv_index(r, h) + (e % D4) * 4u;
-        x = vec4<f32>(v[i], v[i + 1u], v[i + 2u], v[i + 3u]);
+        x = vec4<f32>(v[i + 0u], v[i + 1u], v[i + 2u], v[i + 3u]);
     }
     return x;
 }

@@ -132,7 +132,7 @@ fn fetch_k(r0: u32, h: u32, e: u32) -> vec4<f32> {
     var x = vec4<f32>(0.0);
     if (e < BC * D4 && r < dims.seq_len) {
         let i = kv_index(r, h) + (e % D4) * 4u;
-        x = vec4<f32>(key_at(i), key_at(i + 1u), key_at(i + 2u), key_at(i + 3u));
+        x = vec4<f32>(key_at(i + 0u), key_at(i + 1u), key_at(i + 2u), key_at(i + 3u));
     }
     return x;
 }
@@ -142,7 +142,7 @@ fn fetch_v(r0: u32, h: u32, e: u32) -> vec4<f32> {
     var x = vec4<f32>(0.0);
     if (e < BC * D4 && r < dims.seq_len) {
         let i = kv_index(r, h) + (e % D4) * 4u;
-        x = vec4<f32>(value_at(i), value_at(i + 1u), value_at(i + 2u), value_at(i + 3u));
+        x = vec4<f32>(value_at(i + 0u), value_at(i + 1u), value_at(i + 2u), value_at(i + 3u));
     }
     return x;
 }

@@ -226,7 +226,7 @@ fn check_flash(spec: &KernelSpec) -> Result<(), DslError> {
     }
     match Tiling::of(spec) {
         Some(Err(problem)) => Err(DslError::spec(Field::Grid, problem)),
-        Some(Ok(t)) if spec.uses_subgroups() => check_subgroups(spec, &t),
+        Some(Ok(t)) if spec.grid.uses_subgroups() => check_subgroups(spec, &t),
         _ => Ok(()),
     }
 }

@@ -163,6 +163,11 @@ pub struct Grid {
 }
 
 impl Grid {
+    /// Whether the grid's row reductions use subgroup operations.
+    pub fn uses_subgroups(&self) -> bool {
+        self.flash.is_some_and(|f| f.subgroups)
+    }
+
     /// The seeds' per-row grid over `major`, `tile` rows walked in turn.
     pub const fn rows(major: Major, tile: u32) -> Grid {
         Grid {
@@ -392,11 +397,6 @@ impl KernelSpec {
         spec
     }
 
-    /// Whether the kernel uses subgroup operations.
-    pub fn uses_subgroups(&self) -> bool {
-        self.grid.flash.is_some_and(|f| f.subgroups)
-    }
-
     /// WebGPU's defaults when the kernel fits them, else a `native` target with just the
     /// workgroup memory and storage buffers it needs (always `native` with subgroups,
     /// which core WebGPU lacks).
@@ -410,7 +410,7 @@ impl KernelSpec {
         let base = Limits::WEBGPU;
         if bytes > base.workgroup_storage_bytes
             || storage > base.storage_buffers_per_stage
-            || self.uses_subgroups()
+            || self.grid.uses_subgroups()
         {
             self.target = Target::Native(Limits {
                 workgroup_storage_bytes: bytes.max(base.workgroup_storage_bytes),

@@ -177,7 +177,7 @@ impl Gpu {
     /// Whether the device has every feature `abi` needs.
     pub fn supports(&self, abi: &KernelAbi) -> bool {
         (!abi.f32_atomics || self.has_f32_atomics())
-            && (!abi.grid.flash.is_some_and(|f| f.subgroups) || self.has_subgroups())
+            && (!abi.grid.uses_subgroups() || self.has_subgroups())
     }
 
     /// The optional features the device has, for reports.

@@ -149,10 +149,6 @@ fn row_sum(r: u32) -> f32 {
 /// sequence), loaded into registers a phase ahead of its use so that its latency hides
 /// behind the products; `put_{name}(e, x)` stores it into `dst`.
 pub(super) fn fetch(out: &mut String, name: &str, rows: &str, index: &str, src: &str) {
-    let read = |k: &str| match src.ends_with("_at") {
-        true => format!("{src}(i{k})"),
-        false => format!("{src}[i{k}]"),
-    };
     let _ = write!(
         out,
         r#"fn fetch_{name}(r0: u32, h: u32, e: u32) -> vec4<f32> {{
@@ -160,17 +156,29 @@ pub(super) fn fetch(out: &mut String, name: &str, rows: &str, index: &str, src: 
     var x = vec4<f32>(0.0);
     if (e < {rows} * D4 && r < dims.seq_len) {{
         let i = {index} + (e % D4) * 4u;
-        x = vec4<f32>({}, {}, {}, {});
+        x = {};
     }}
     return x;
 }}
 
 "#,
-        read(""),
-        read(" + 1u"),
-        read(" + 2u"),
-        read(" + 3u")
+        vec4_at(src)
     );
+}
+
+/// The vec4 at flat index `i` of `src`: an array, or an accessor function (`key_at`).
+fn vec4_at(src: &str) -> String {
+    let read = |k: u32| match src.ends_with("_at") {
+        true => format!("{src}(i + {k}u)"),
+        false => format!("{src}[i + {k}u]"),
+    };
+    format!(
+        "vec4<f32>({}, {}, {}, {})",
+        read(0),
+        read(1),
+        read(2),
+        read(3)
+    )
 }
 
 /// `put_{name}(e, x)`: stores a fetched vec4 `e` of a block of `rows` rows into `dst`.
@@ -200,13 +208,6 @@ pub(super) fn per_vec4(n: u32, ind: &str, stmt: impl Fn(u32) -> String) -> Strin
 /// `name(r0, h, tid)`: `rows` rows from r0 (zeros past the sequence) into `dst`, one vec4 per
 /// invocation per step, consecutive invocations on consecutive addresses.
 pub(super) fn stage(out: &mut String, name: &str, rows: &str, index: &str, dst: &str, src: &str) {
-    let read = |k: u32| {
-        if src.ends_with("_at") {
-            format!("{src}(i + {k}u)")
-        } else {
-            format!("{src}[i + {k}u]")
-        }
-    };
     let _ = write!(
         out,
         r#"fn {name}(r0: u32, h: u32, tid: u32) {{
@@ -216,17 +217,14 @@ pub(super) fn stage(out: &mut String, name: &str, rows: &str, index: &str, dst: 
         var x = vec4<f32>(0.0);
         if (r < dims.seq_len) {{
             let i = {index} + c4 * 4u;
-            x = vec4<f32>({}, {}, {}, {});
+            x = {};
         }}
         {dst}[(e / D4) * ROW4 + c4] = x;
     }}
 }}
 
 "#,
-        read(0),
-        read(1),
-        read(2),
-        read(3)
+        vec4_at(src)
     );
 }
 
