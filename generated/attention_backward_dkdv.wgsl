@@ -37,6 +37,28 @@ struct Params {
 @group(0) @binding(8) var<uniform> params: Params;
 @group(0) @binding(9) var<storage, read> seg: array<u32>;
 
+// The four chains of a vec4 dot product, summed pairwise.
+fn hsum(v: vec4<f32>) -> f32 {
+    return (v.x + v.y) + (v.z + v.w);
+}
+
+// exp(x) = 2^n · exp(r), r = x − n·ln2 with ln2 split in two (the first part has trailing
+// zero bits, so n·LN2_HI is exact), and exp(r) by Horner's rule on |r| <= ln2/2.
+fn exp_f32(x: f32) -> f32 {
+    let xc = clamp(x, -104.0, 88.0);
+    let n = round(xc * 1.442695041);
+    let r = fma(n, -1.42860677e-6, fma(n, -0.693145752, xc));
+    var p = 1.98412698e-4;
+    p = fma(p, r, 1.38888889e-3);
+    p = fma(p, r, 8.33333333e-3);
+    p = fma(p, r, 4.16666667e-2);
+    p = fma(p, r, 1.66666667e-1);
+    p = fma(p, r, 0.5);
+    p = fma(p, r, 1.0);
+    p = fma(p, r, 1.0);
+    return ldexp(p, i32(n));
+}
+
 // GQA: query heads h share KV head h / (n_heads / n_kv_heads).
 fn q_per_kv() -> u32 {
     return dims.n_heads / dims.n_kv_heads;
@@ -108,23 +130,30 @@ fn backward_col(col: u32, kv_h: u32, tid: u32) {
     let first_blk = range.x / WG;
     let n_blocks = (range.y + WG - 1u) / WG;
     let group = q_per_kv();
-    // Every query head of this KV head, every query row that sees this key.
-    for (var g = 0u; g < group; g = g + 1u) {
-        let h = kv_h * group + g;
-        for (var blk = first_blk; blk < n_blocks; blk = blk + 1u) {
-            let s_start = blk * WG;
+    // Every block of query rows that sees this key, last first, and within a block every
+    // query head of this KV head: under a causal or document mask a key's weights shrink
+    // with the query's distance, so the small terms are added while the sums are small.
+    let walk = (n_blocks - first_blk) * group;
+    for (var it = 0u; it < walk; it = it + 1u) {
+        let h = kv_h * group + it % group;
+        {
+            let s_start = (n_blocks - 1u - it / group) * WG;
             let s = s_start + tid;
             var p_s = 0.0;
             var ds_s = 0.0;
             if (s >= range.x && s < range.y && visible(s, col)) {
             let qi = q_index(s, h);
-            var dot = 0.0;
-            var dp = 0.0;
-            for (var dd = 0u; dd < HEAD_DIM; dd = dd + 1u) {
-                dot = fma(q[qi + dd], sh_k[dd], dot);
-                dp = fma(d_o[qi + dd], sh_v[dd], dp);
+            var dot_4 = vec4<f32>(0.0);
+            for (var c4 = 0u; c4 < 16u; c4 = c4 + 1u) {
+                dot_4 = fma(vec4<f32>(q[qi + 4u * c4], q[qi + 4u * c4 + 1u], q[qi + 4u * c4 + 2u], q[qi + 4u * c4 + 3u]), vec4<f32>(sh_k[4u * c4], sh_k[4u * c4 + 1u], sh_k[4u * c4 + 2u], sh_k[4u * c4 + 3u]), dot_4);
             }
-            p_s = exp(dot * params.scale - stats[stats_part(0u, s, h)]);
+            var dot = hsum(dot_4);
+            var dp_4 = vec4<f32>(0.0);
+            for (var c4 = 0u; c4 < 16u; c4 = c4 + 1u) {
+                dp_4 = fma(vec4<f32>(d_o[qi + 4u * c4], d_o[qi + 4u * c4 + 1u], d_o[qi + 4u * c4 + 2u], d_o[qi + 4u * c4 + 3u]), vec4<f32>(sh_v[4u * c4], sh_v[4u * c4 + 1u], sh_v[4u * c4 + 2u], sh_v[4u * c4 + 3u]), dp_4);
+            }
+            var dp = hsum(dp_4);
+            p_s = exp_f32(dot * params.scale - stats[stats_part(0u, s, h)]);
             ds_s = params.scale * p_s * (dp - stats[stats_part(1u, s, h)]);
             }
             sh_p[tid] = p_s;
@@ -137,7 +166,8 @@ fn backward_col(col: u32, kv_h: u32, tid: u32) {
                 let hi = min(lo + CHUNK, WG);
                 var pk = 0.0;
                 var pv = 0.0;
-                for (var sl = lo; sl < hi; sl = sl + 1u) {
+                for (var i = lo; i < hi; i = i + 1u) {
+                    let sl = lo + hi - 1u - i;
                     let pj = sh_p[sl];
                     if (pj != 0.0) {
                         let qi = q_index(s_start + sl, h) + d_local;
@@ -153,8 +183,8 @@ fn backward_col(col: u32, kv_h: u32, tid: u32) {
                 var sk = 0.0;
                 var sv = 0.0;
                 for (var i = 0u; i < K_PAR; i = i + 1u) {
-                    sk = sk + sh_pk[tid + i];
-                    sv = sv + sh_pv[tid + i];
+                    sk = sk + sh_pk[tid + K_PAR - 1u - i];
+                    sv = sv + sh_pv[tid + K_PAR - 1u - i];
                 }
                 sh_dk[d_local] = sh_dk[d_local] + sk;
                 sh_dv[d_local] = sh_dv[d_local] + sv;

@@ -33,6 +33,39 @@ struct Params {
 @group(0) @binding(8) var<uniform> params: Params;
 @group(0) @binding(9) var<storage, read> seg: array<u32>;
 
+// The four chains of a vec4 dot product, summed pairwise.
+fn hsum(v: vec4<f32>) -> f32 {
+    return (v.x + v.y) + (v.z + v.w);
+}
+
+// exp(x) = 2^n · exp(r), r = x − n·ln2 with ln2 split in two (the first part has trailing
+// zero bits, so n·LN2_HI is exact), and exp(r) by Horner's rule on |r| <= ln2/2.
+fn exp_f32(x: f32) -> f32 {
+    let xc = clamp(x, -104.0, 88.0);
+    let n = round(xc * 1.442695041);
+    let r = fma(n, -1.42860677e-6, fma(n, -0.693145752, xc));
+    var p = 1.98412698e-4;
+    p = fma(p, r, 1.38888889e-3);
+    p = fma(p, r, 8.33333333e-3);
+    p = fma(p, r, 4.16666667e-2);
+    p = fma(p, r, 1.66666667e-1);
+    p = fma(p, r, 0.5);
+    p = fma(p, r, 1.0);
+    p = fma(p, r, 1.0);
+    return ldexp(p, i32(n));
+}
+
+fn opaque4(x: vec4<f32>) -> vec4<f32> {
+    return select(vec4<f32>(0.0), x, dims.seq_len != 0u);
+}
+
+fn two_sum_err4(a: vec4<f32>, b: vec4<f32>, t: vec4<f32>) -> vec4<f32> {
+    let to = opaque4(t);
+    let bp = opaque4(to - a);
+    let ap = opaque4(to - bp);
+    return (a - ap) + (b - bp);
+}
+
 // Flash tiling: BR query rows per workgroup, BC keys per staged block; row groups of
 // TX invocations, TM rows each.
 const BR: u32 = 16u;
@@ -204,13 +237,16 @@ fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {
     var pd_1 = vec4<f32>(0.0);
     var ps_0 = vec2<f32>(0.0);
     var next_h = kv_h * group;
-    var next_s0 = first * BC;
+    var next_s0 = (first + blocks - 1u) * BC;
     pq_0 = fetch_q(next_s0, next_h, tid + 0u * WG);
     pd_0 = fetch_do(next_s0, next_h, tid + 0u * WG);
     pq_1 = fetch_q(next_s0, next_h, tid + 1u * WG);
     pd_1 = fetch_do(next_s0, next_h, tid + 1u * WG);
     ps_0 = fetch_stats(next_s0, next_h, tid + 0u * WG);
-    // Every query head of this KV head, every block of queries that sees the tile.
+    // Every block of queries that sees the tile, last first, and within a block every
+    // query head of this KV head: under a causal or document mask a key's weights
+    // shrink with the query's distance, so the small terms are added while the sums
+    // are small (summed the other way, the error grew with the sequence).
     for (var it = 0u; it < group * blocks; it = it + 1u) {
         let h = next_h;
         let s0 = next_s0;
@@ -224,18 +260,18 @@ fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {
         workgroupBarrier();
         // The next block's loads are in flight during this one's products.
         if (it + 1u < group * blocks) {
-            next_h = kv_h * group + (it + 1u) / blocks;
-            next_s0 = (first + (it + 1u) % blocks) * BC;
+            next_h = kv_h * group + (it + 1u) % group;
+            next_s0 = (first + blocks - 1u - (it + 1u) / group) * BC;
             pq_0 = fetch_q(next_s0, next_h, tid + 0u * WG);
             pd_0 = fetch_do(next_s0, next_h, tid + 0u * WG);
             pq_1 = fetch_q(next_s0, next_h, tid + 1u * WG);
             pd_1 = fetch_do(next_s0, next_h, tid + 1u * WG);
             ps_0 = fetch_stats(next_s0, next_h, tid + 0u * WG);
         }
-        var s_0_0 = 0.0;
-        var dp_0_0 = 0.0;
-        var s_1_0 = 0.0;
-        var dp_1_0 = 0.0;
+        var s_0_0_4 = vec4<f32>(0.0);
+        var dp_0_0_4 = vec4<f32>(0.0);
+        var s_1_0_4 = vec4<f32>(0.0);
+        var dp_1_0_4 = vec4<f32>(0.0);
         for (var d4 = 0u; d4 < D4; d4 = d4 + 1u) {
             let a_0 = sh_k[(g * TM + 0u) * ROW4 + d4];
             let a2_0 = sh_v[(g * TM + 0u) * ROW4 + d4];
@@ -243,24 +279,29 @@ fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {
             let a2_1 = sh_v[(g * TM + 1u) * ROW4 + d4];
             let b_0 = sh_q[(tx + 0u * TX) * ROW4 + d4];
             let b2_0 = sh_do[(tx + 0u * TX) * ROW4 + d4];
-            s_0_0 = fma(a_0.w, b_0.w, fma(a_0.z, b_0.z, fma(a_0.y, b_0.y, fma(a_0.x, b_0.x, s_0_0))));
-            dp_0_0 = fma(a2_0.w, b2_0.w, fma(a2_0.z, b2_0.z, fma(a2_0.y, b2_0.y, fma(a2_0.x, b2_0.x, dp_0_0))));
-            s_1_0 = fma(a_1.w, b_0.w, fma(a_1.z, b_0.z, fma(a_1.y, b_0.y, fma(a_1.x, b_0.x, s_1_0))));
-            dp_1_0 = fma(a2_1.w, b2_0.w, fma(a2_1.z, b2_0.z, fma(a2_1.y, b2_0.y, fma(a2_1.x, b2_0.x, dp_1_0))));
+            s_0_0_4 = fma(a_0, b_0, s_0_0_4);
+            dp_0_0_4 = fma(a2_0, b2_0, dp_0_0_4);
+            s_1_0_4 = fma(a_1, b_0, s_1_0_4);
+            dp_1_0_4 = fma(a2_1, b2_0, dp_1_0_4);
         }
+        let s_0_0 = hsum(s_0_0_4);
+        let dp_0_0 = hsum(dp_0_0_4);
+        let s_1_0 = hsum(s_1_0_4);
+        let dp_1_0 = hsum(dp_1_0_4);
         let q_0 = s0 + tx + 0u * TX;
         let st_0 = sh_stats[tx + 0u * TX];
         let v_0_0 = q_0 < dims.seq_len && col_0 < dims.seq_len && visible(q_0, col_0);
-        let p_0_0 = select(0.0, exp(s_0_0 * params.scale - st_0.x), v_0_0);
+        let p_0_0 = select(0.0, exp_f32(s_0_0 * params.scale - st_0.x), v_0_0);
         sh_p[(g * TM + 0u) * PSTRIDE + tx + 0u * TX] = p_0_0;
         sh_ds[(g * TM + 0u) * PSTRIDE + tx + 0u * TX] = select(0.0, params.scale * p_0_0 * (dp_0_0 - st_0.y), v_0_0);
         let v_1_0 = q_0 < dims.seq_len && col_1 < dims.seq_len && visible(q_0, col_1);
-        let p_1_0 = select(0.0, exp(s_1_0 * params.scale - st_0.x), v_1_0);
+        let p_1_0 = select(0.0, exp_f32(s_1_0 * params.scale - st_0.x), v_1_0);
         sh_p[(g * TM + 1u) * PSTRIDE + tx + 0u * TX] = p_1_0;
         sh_ds[(g * TM + 1u) * PSTRIDE + tx + 0u * TX] = select(0.0, params.scale * p_1_0 * (dp_1_0 - st_0.y), v_1_0);
         workgroupBarrier();
         if (range.z <= s0 && s0 + BC <= range.w) {
-            for (var c = 0u; c < BC; c = c + 1u) {
+            for (var cc = 0u; cc < BC; cc = cc + 1u) {
+                let c = BC - 1u - cc;
                 let dvr_0 = sh_do[c * ROW4 + tx + 0u * TX];
                 let dvr_1 = sh_do[c * ROW4 + tx + 1u * TX];
                 let dvw_0 = sh_p[(g * TM + 0u) * PSTRIDE + c];
@@ -279,7 +320,8 @@ fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {
                 dk_1_1 = fma(vec4<f32>(dkw_1), dkr_1, dk_1_1);
             }
         } else {
-            for (var c = 0u; c < BC; c = c + 1u) {
+            for (var cc = 0u; cc < BC; cc = cc + 1u) {
+                let c = BC - 1u - cc;
                 let dvr_0 = sh_do[c * ROW4 + tx + 0u * TX];
                 let dvr_1 = sh_do[c * ROW4 + tx + 1u * TX];
                 let dvw_0 = sh_p[(g * TM + 0u) * PSTRIDE + c];
@@ -306,52 +348,80 @@ fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {
                 }
             }
         }
-    }
-    if (col_0 < dims.seq_len) {
-        let base = kv_index(col_0, kv_h);
-        let dkat_0 = base + (tx + 0u * TX) * 4u;
-        dk[dkat_0 + 0u] = dk[dkat_0 + 0u] + dk_0_0.x;
-        dk[dkat_0 + 1u] = dk[dkat_0 + 1u] + dk_0_0.y;
-        dk[dkat_0 + 2u] = dk[dkat_0 + 2u] + dk_0_0.z;
-        dk[dkat_0 + 3u] = dk[dkat_0 + 3u] + dk_0_0.w;
-        let dkat_1 = base + (tx + 1u * TX) * 4u;
-        dk[dkat_1 + 0u] = dk[dkat_1 + 0u] + dk_0_1.x;
-        dk[dkat_1 + 1u] = dk[dkat_1 + 1u] + dk_0_1.y;
-        dk[dkat_1 + 2u] = dk[dkat_1 + 2u] + dk_0_1.z;
-        dk[dkat_1 + 3u] = dk[dkat_1 + 3u] + dk_0_1.w;
-        let dvat_0 = base + (tx + 0u * TX) * 4u;
-        dv[dvat_0 + 0u] = dv[dvat_0 + 0u] + dv_0_0.x;
-        dv[dvat_0 + 1u] = dv[dvat_0 + 1u] + dv_0_0.y;
-        dv[dvat_0 + 2u] = dv[dvat_0 + 2u] + dv_0_0.z;
-        dv[dvat_0 + 3u] = dv[dvat_0 + 3u] + dv_0_0.w;
-        let dvat_1 = base + (tx + 1u * TX) * 4u;
-        dv[dvat_1 + 0u] = dv[dvat_1 + 0u] + dv_0_1.x;
-        dv[dvat_1 + 1u] = dv[dvat_1 + 1u] + dv_0_1.y;
-        dv[dvat_1 + 2u] = dv[dvat_1 + 2u] + dv_0_1.z;
-        dv[dvat_1 + 3u] = dv[dvat_1 + 3u] + dv_0_1.w;
-    }
-    if (col_1 < dims.seq_len) {
-        let base = kv_index(col_1, kv_h);
-        let dkat_0 = base + (tx + 0u * TX) * 4u;
-        dk[dkat_0 + 0u] = dk[dkat_0 + 0u] + dk_1_0.x;
-        dk[dkat_0 + 1u] = dk[dkat_0 + 1u] + dk_1_0.y;
-        dk[dkat_0 + 2u] = dk[dkat_0 + 2u] + dk_1_0.z;
-        dk[dkat_0 + 3u] = dk[dkat_0 + 3u] + dk_1_0.w;
-        let dkat_1 = base + (tx + 1u * TX) * 4u;
-        dk[dkat_1 + 0u] = dk[dkat_1 + 0u] + dk_1_1.x;
-        dk[dkat_1 + 1u] = dk[dkat_1 + 1u] + dk_1_1.y;
-        dk[dkat_1 + 2u] = dk[dkat_1 + 2u] + dk_1_1.z;
-        dk[dkat_1 + 3u] = dk[dkat_1 + 3u] + dk_1_1.w;
-        let dvat_0 = base + (tx + 0u * TX) * 4u;
-        dv[dvat_0 + 0u] = dv[dvat_0 + 0u] + dv_1_0.x;
-        dv[dvat_0 + 1u] = dv[dvat_0 + 1u] + dv_1_0.y;
-        dv[dvat_0 + 2u] = dv[dvat_0 + 2u] + dv_1_0.z;
-        dv[dvat_0 + 3u] = dv[dvat_0 + 3u] + dv_1_0.w;
-        let dvat_1 = base + (tx + 1u * TX) * 4u;
-        dv[dvat_1 + 0u] = dv[dvat_1 + 0u] + dv_1_1.x;
-        dv[dvat_1 + 1u] = dv[dvat_1 + 1u] + dv_1_1.y;
-        dv[dvat_1 + 2u] = dv[dvat_1 + 2u] + dv_1_1.z;
-        dv[dvat_1 + 3u] = dv[dvat_1 + 3u] + dv_1_1.w;
+        // Every 64 rows summed, and after the last, the registers' partial sums are added
+        // into the output, their rounding error carried into the next partial (a compensated sum).
+        if ((it + 1u) % 8u == 0u || it + 1u == group * blocks) {
+            if (col_0 < dims.seq_len) {
+                let base = kv_index(col_0, kv_h);
+                let dkat_0 = base + (tx + 0u * TX) * 4u;
+                let dkold_0 = vec4<f32>(dk[dkat_0], dk[dkat_0 + 1u], dk[dkat_0 + 2u], dk[dkat_0 + 3u]);
+                let dknew_0 = dkold_0 + dk_0_0;
+                dk_0_0 = two_sum_err4(dkold_0, dk_0_0, dknew_0);
+                dk[dkat_0 + 0u] = dknew_0.x;
+                dk[dkat_0 + 1u] = dknew_0.y;
+                dk[dkat_0 + 2u] = dknew_0.z;
+                dk[dkat_0 + 3u] = dknew_0.w;
+                let dkat_1 = base + (tx + 1u * TX) * 4u;
+                let dkold_1 = vec4<f32>(dk[dkat_1], dk[dkat_1 + 1u], dk[dkat_1 + 2u], dk[dkat_1 + 3u]);
+                let dknew_1 = dkold_1 + dk_0_1;
+                dk_0_1 = two_sum_err4(dkold_1, dk_0_1, dknew_1);
+                dk[dkat_1 + 0u] = dknew_1.x;
+                dk[dkat_1 + 1u] = dknew_1.y;
+                dk[dkat_1 + 2u] = dknew_1.z;
+                dk[dkat_1 + 3u] = dknew_1.w;
+                let dvat_0 = base + (tx + 0u * TX) * 4u;
+                let dvold_0 = vec4<f32>(dv[dvat_0], dv[dvat_0 + 1u], dv[dvat_0 + 2u], dv[dvat_0 + 3u]);
+                let dvnew_0 = dvold_0 + dv_0_0;
+                dv_0_0 = two_sum_err4(dvold_0, dv_0_0, dvnew_0);
+                dv[dvat_0 + 0u] = dvnew_0.x;
+                dv[dvat_0 + 1u] = dvnew_0.y;
+                dv[dvat_0 + 2u] = dvnew_0.z;
+                dv[dvat_0 + 3u] = dvnew_0.w;
+                let dvat_1 = base + (tx + 1u * TX) * 4u;
+                let dvold_1 = vec4<f32>(dv[dvat_1], dv[dvat_1 + 1u], dv[dvat_1 + 2u], dv[dvat_1 + 3u]);
+                let dvnew_1 = dvold_1 + dv_0_1;
+                dv_0_1 = two_sum_err4(dvold_1, dv_0_1, dvnew_1);
+                dv[dvat_1 + 0u] = dvnew_1.x;
+                dv[dvat_1 + 1u] = dvnew_1.y;
+                dv[dvat_1 + 2u] = dvnew_1.z;
+                dv[dvat_1 + 3u] = dvnew_1.w;
+            }
+            if (col_1 < dims.seq_len) {
+                let base = kv_index(col_1, kv_h);
+                let dkat_0 = base + (tx + 0u * TX) * 4u;
+                let dkold_0 = vec4<f32>(dk[dkat_0], dk[dkat_0 + 1u], dk[dkat_0 + 2u], dk[dkat_0 + 3u]);
+                let dknew_0 = dkold_0 + dk_1_0;
+                dk_1_0 = two_sum_err4(dkold_0, dk_1_0, dknew_0);
+                dk[dkat_0 + 0u] = dknew_0.x;
+                dk[dkat_0 + 1u] = dknew_0.y;
+                dk[dkat_0 + 2u] = dknew_0.z;
+                dk[dkat_0 + 3u] = dknew_0.w;
+                let dkat_1 = base + (tx + 1u * TX) * 4u;
+                let dkold_1 = vec4<f32>(dk[dkat_1], dk[dkat_1 + 1u], dk[dkat_1 + 2u], dk[dkat_1 + 3u]);
+                let dknew_1 = dkold_1 + dk_1_1;
+                dk_1_1 = two_sum_err4(dkold_1, dk_1_1, dknew_1);
+                dk[dkat_1 + 0u] = dknew_1.x;
+                dk[dkat_1 + 1u] = dknew_1.y;
+                dk[dkat_1 + 2u] = dknew_1.z;
+                dk[dkat_1 + 3u] = dknew_1.w;
+                let dvat_0 = base + (tx + 0u * TX) * 4u;
+                let dvold_0 = vec4<f32>(dv[dvat_0], dv[dvat_0 + 1u], dv[dvat_0 + 2u], dv[dvat_0 + 3u]);
+                let dvnew_0 = dvold_0 + dv_1_0;
+                dv_1_0 = two_sum_err4(dvold_0, dv_1_0, dvnew_0);
+                dv[dvat_0 + 0u] = dvnew_0.x;
+                dv[dvat_0 + 1u] = dvnew_0.y;
+                dv[dvat_0 + 2u] = dvnew_0.z;
+                dv[dvat_0 + 3u] = dvnew_0.w;
+                let dvat_1 = base + (tx + 1u * TX) * 4u;
+                let dvold_1 = vec4<f32>(dv[dvat_1], dv[dvat_1 + 1u], dv[dvat_1 + 2u], dv[dvat_1 + 3u]);
+                let dvnew_1 = dvold_1 + dv_1_1;
+                dv_1_1 = two_sum_err4(dvold_1, dv_1_1, dvnew_1);
+                dv[dvat_1 + 0u] = dvnew_1.x;
+                dv[dvat_1 + 1u] = dvnew_1.y;
+                dv[dvat_1 + 2u] = dvnew_1.z;
+                dv[dvat_1 + 3u] = dvnew_1.w;
+            }
+        }
     }
 }
 

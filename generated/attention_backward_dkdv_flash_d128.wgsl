@@ -33,6 +33,39 @@ struct Params {
 @group(0) @binding(8) var<uniform> params: Params;
 @group(0) @binding(9) var<storage, read> seg: array<u32>;
 
+// The four chains of a vec4 dot product, summed pairwise.
+fn hsum(v: vec4<f32>) -> f32 {
+    return (v.x + v.y) + (v.z + v.w);
+}
+
+// exp(x) = 2^n · exp(r), r = x − n·ln2 with ln2 split in two (the first part has trailing
+// zero bits, so n·LN2_HI is exact), and exp(r) by Horner's rule on |r| <= ln2/2.
+fn exp_f32(x: f32) -> f32 {
+    let xc = clamp(x, -104.0, 88.0);
+    let n = round(xc * 1.442695041);
+    let r = fma(n, -1.42860677e-6, fma(n, -0.693145752, xc));
+    var p = 1.98412698e-4;
+    p = fma(p, r, 1.38888889e-3);
+    p = fma(p, r, 8.33333333e-3);
+    p = fma(p, r, 4.16666667e-2);
+    p = fma(p, r, 1.66666667e-1);
+    p = fma(p, r, 0.5);
+    p = fma(p, r, 1.0);
+    p = fma(p, r, 1.0);
+    return ldexp(p, i32(n));
+}
+
+fn opaque4(x: vec4<f32>) -> vec4<f32> {
+    return select(vec4<f32>(0.0), x, dims.seq_len != 0u);
+}
+
+fn two_sum_err4(a: vec4<f32>, b: vec4<f32>, t: vec4<f32>) -> vec4<f32> {
+    let to = opaque4(t);
+    let bp = opaque4(to - a);
+    let ap = opaque4(to - bp);
+    return (a - ap) + (b - bp);
+}
+
 // Flash tiling: BR query rows per workgroup, BC keys per staged block; row groups of
 // TX invocations, TM rows each.
 const BR: u32 = 8u;
@@ -215,7 +248,7 @@ fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {
     var pd_3 = vec4<f32>(0.0);
     var ps_0 = vec2<f32>(0.0);
     var next_h = kv_h * group;
-    var next_s0 = first * BC;
+    var next_s0 = (first + blocks - 1u) * BC;
     pq_0 = fetch_q(next_s0, next_h, tid + 0u * WG);
     pd_0 = fetch_do(next_s0, next_h, tid + 0u * WG);
     pq_1 = fetch_q(next_s0, next_h, tid + 1u * WG);
@@ -225,7 +258,10 @@ fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {
     pq_3 = fetch_q(next_s0, next_h, tid + 3u * WG);
     pd_3 = fetch_do(next_s0, next_h, tid + 3u * WG);
     ps_0 = fetch_stats(next_s0, next_h, tid + 0u * WG);
-    // Every query head of this KV head, every block of queries that sees the tile.
+    // Every block of queries that sees the tile, last first, and within a block every
+    // query head of this KV head: under a causal or document mask a key's weights
+    // shrink with the query's distance, so the small terms are added while the sums
+    // are small (summed the other way, the error grew with the sequence).
     for (var it = 0u; it < group * blocks; it = it + 1u) {
         let h = next_h;
         let s0 = next_s0;
@@ -243,8 +279,8 @@ fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {
         workgroupBarrier();
         // The next block's loads are in flight during this one's products.
         if (it + 1u < group * blocks) {
-            next_h = kv_h * group + (it + 1u) / blocks;
-            next_s0 = (first + (it + 1u) % blocks) * BC;
+            next_h = kv_h * group + (it + 1u) % group;
+            next_s0 = (first + blocks - 1u - (it + 1u) / group) * BC;
             pq_0 = fetch_q(next_s0, next_h, tid + 0u * WG);
             pd_0 = fetch_do(next_s0, next_h, tid + 0u * WG);
             pq_1 = fetch_q(next_s0, next_h, tid + 1u * WG);
@@ -255,25 +291,28 @@ fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {
             pd_3 = fetch_do(next_s0, next_h, tid + 3u * WG);
             ps_0 = fetch_stats(next_s0, next_h, tid + 0u * WG);
         }
-        var s_0_0 = 0.0;
-        var dp_0_0 = 0.0;
+        var s_0_0_4 = vec4<f32>(0.0);
+        var dp_0_0_4 = vec4<f32>(0.0);
         for (var d4 = 0u; d4 < D4; d4 = d4 + 1u) {
             let a_0 = sh_k[(g * TM + 0u) * ROW4 + d4];
             let a2_0 = sh_v[(g * TM + 0u) * ROW4 + d4];
             let b_0 = sh_q[(tx + 0u * TX) * ROW4 + d4];
             let b2_0 = sh_do[(tx + 0u * TX) * ROW4 + d4];
-            s_0_0 = fma(a_0.w, b_0.w, fma(a_0.z, b_0.z, fma(a_0.y, b_0.y, fma(a_0.x, b_0.x, s_0_0))));
-            dp_0_0 = fma(a2_0.w, b2_0.w, fma(a2_0.z, b2_0.z, fma(a2_0.y, b2_0.y, fma(a2_0.x, b2_0.x, dp_0_0))));
+            s_0_0_4 = fma(a_0, b_0, s_0_0_4);
+            dp_0_0_4 = fma(a2_0, b2_0, dp_0_0_4);
         }
+        let s_0_0 = hsum(s_0_0_4);
+        let dp_0_0 = hsum(dp_0_0_4);
         let q_0 = s0 + tx + 0u * TX;
         let st_0 = sh_stats[tx + 0u * TX];
         let v_0_0 = q_0 < dims.seq_len && col_0 < dims.seq_len && visible(q_0, col_0);
-        let p_0_0 = select(0.0, exp(s_0_0 * params.scale - st_0.x), v_0_0);
+        let p_0_0 = select(0.0, exp_f32(s_0_0 * params.scale - st_0.x), v_0_0);
         sh_p[(g * TM + 0u) * PSTRIDE + tx + 0u * TX] = p_0_0;
         sh_ds[(g * TM + 0u) * PSTRIDE + tx + 0u * TX] = select(0.0, params.scale * p_0_0 * (dp_0_0 - st_0.y), v_0_0);
         workgroupBarrier();
         if (range.z <= s0 && s0 + BC <= range.w) {
-            for (var c = 0u; c < BC; c = c + 1u) {
+            for (var cc = 0u; cc < BC; cc = cc + 1u) {
+                let c = BC - 1u - cc;
                 let dvr_0 = sh_do[c * ROW4 + tx + 0u * TX];
                 let dvr_1 = sh_do[c * ROW4 + tx + 1u * TX];
                 let dvr_2 = sh_do[c * ROW4 + tx + 2u * TX];
@@ -310,7 +349,8 @@ fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {
                 dk_0_7 = fma(vec4<f32>(dkw_0), dkr_7, dk_0_7);
             }
         } else {
-            for (var c = 0u; c < BC; c = c + 1u) {
+            for (var cc = 0u; cc < BC; cc = cc + 1u) {
+                let c = BC - 1u - cc;
                 let dvr_0 = sh_do[c * ROW4 + tx + 0u * TX];
                 let dvr_1 = sh_do[c * ROW4 + tx + 1u * TX];
                 let dvr_2 = sh_do[c * ROW4 + tx + 2u * TX];
@@ -351,89 +391,141 @@ fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {
                 }
             }
         }
-    }
-    if (col_0 < dims.seq_len) {
-        let base = kv_index(col_0, kv_h);
-        let dkat_0 = base + (tx + 0u * TX) * 4u;
-        dk[dkat_0 + 0u] = dk[dkat_0 + 0u] + dk_0_0.x;
-        dk[dkat_0 + 1u] = dk[dkat_0 + 1u] + dk_0_0.y;
-        dk[dkat_0 + 2u] = dk[dkat_0 + 2u] + dk_0_0.z;
-        dk[dkat_0 + 3u] = dk[dkat_0 + 3u] + dk_0_0.w;
-        let dkat_1 = base + (tx + 1u * TX) * 4u;
-        dk[dkat_1 + 0u] = dk[dkat_1 + 0u] + dk_0_1.x;
-        dk[dkat_1 + 1u] = dk[dkat_1 + 1u] + dk_0_1.y;
-        dk[dkat_1 + 2u] = dk[dkat_1 + 2u] + dk_0_1.z;
-        dk[dkat_1 + 3u] = dk[dkat_1 + 3u] + dk_0_1.w;
-        let dkat_2 = base + (tx + 2u * TX) * 4u;
-        dk[dkat_2 + 0u] = dk[dkat_2 + 0u] + dk_0_2.x;
-        dk[dkat_2 + 1u] = dk[dkat_2 + 1u] + dk_0_2.y;
-        dk[dkat_2 + 2u] = dk[dkat_2 + 2u] + dk_0_2.z;
-        dk[dkat_2 + 3u] = dk[dkat_2 + 3u] + dk_0_2.w;
-        let dkat_3 = base + (tx + 3u * TX) * 4u;
-        dk[dkat_3 + 0u] = dk[dkat_3 + 0u] + dk_0_3.x;
-        dk[dkat_3 + 1u] = dk[dkat_3 + 1u] + dk_0_3.y;
-        dk[dkat_3 + 2u] = dk[dkat_3 + 2u] + dk_0_3.z;
-        dk[dkat_3 + 3u] = dk[dkat_3 + 3u] + dk_0_3.w;
-        let dkat_4 = base + (tx + 4u * TX) * 4u;
-        dk[dkat_4 + 0u] = dk[dkat_4 + 0u] + dk_0_4.x;
-        dk[dkat_4 + 1u] = dk[dkat_4 + 1u] + dk_0_4.y;
-        dk[dkat_4 + 2u] = dk[dkat_4 + 2u] + dk_0_4.z;
-        dk[dkat_4 + 3u] = dk[dkat_4 + 3u] + dk_0_4.w;
-        let dkat_5 = base + (tx + 5u * TX) * 4u;
-        dk[dkat_5 + 0u] = dk[dkat_5 + 0u] + dk_0_5.x;
-        dk[dkat_5 + 1u] = dk[dkat_5 + 1u] + dk_0_5.y;
-        dk[dkat_5 + 2u] = dk[dkat_5 + 2u] + dk_0_5.z;
-        dk[dkat_5 + 3u] = dk[dkat_5 + 3u] + dk_0_5.w;
-        let dkat_6 = base + (tx + 6u * TX) * 4u;
-        dk[dkat_6 + 0u] = dk[dkat_6 + 0u] + dk_0_6.x;
-        dk[dkat_6 + 1u] = dk[dkat_6 + 1u] + dk_0_6.y;
-        dk[dkat_6 + 2u] = dk[dkat_6 + 2u] + dk_0_6.z;
-        dk[dkat_6 + 3u] = dk[dkat_6 + 3u] + dk_0_6.w;
-        let dkat_7 = base + (tx + 7u * TX) * 4u;
-        dk[dkat_7 + 0u] = dk[dkat_7 + 0u] + dk_0_7.x;
-        dk[dkat_7 + 1u] = dk[dkat_7 + 1u] + dk_0_7.y;
-        dk[dkat_7 + 2u] = dk[dkat_7 + 2u] + dk_0_7.z;
-        dk[dkat_7 + 3u] = dk[dkat_7 + 3u] + dk_0_7.w;
-        let dvat_0 = base + (tx + 0u * TX) * 4u;
-        dv[dvat_0 + 0u] = dv[dvat_0 + 0u] + dv_0_0.x;
-        dv[dvat_0 + 1u] = dv[dvat_0 + 1u] + dv_0_0.y;
-        dv[dvat_0 + 2u] = dv[dvat_0 + 2u] + dv_0_0.z;
-        dv[dvat_0 + 3u] = dv[dvat_0 + 3u] + dv_0_0.w;
-        let dvat_1 = base + (tx + 1u * TX) * 4u;
-        dv[dvat_1 + 0u] = dv[dvat_1 + 0u] + dv_0_1.x;
-        dv[dvat_1 + 1u] = dv[dvat_1 + 1u] + dv_0_1.y;
-        dv[dvat_1 + 2u] = dv[dvat_1 + 2u] + dv_0_1.z;
-        dv[dvat_1 + 3u] = dv[dvat_1 + 3u] + dv_0_1.w;
-        let dvat_2 = base + (tx + 2u * TX) * 4u;
-        dv[dvat_2 + 0u] = dv[dvat_2 + 0u] + dv_0_2.x;
-        dv[dvat_2 + 1u] = dv[dvat_2 + 1u] + dv_0_2.y;
-        dv[dvat_2 + 2u] = dv[dvat_2 + 2u] + dv_0_2.z;
-        dv[dvat_2 + 3u] = dv[dvat_2 + 3u] + dv_0_2.w;
-        let dvat_3 = base + (tx + 3u * TX) * 4u;
-        dv[dvat_3 + 0u] = dv[dvat_3 + 0u] + dv_0_3.x;
-        dv[dvat_3 + 1u] = dv[dvat_3 + 1u] + dv_0_3.y;
-        dv[dvat_3 + 2u] = dv[dvat_3 + 2u] + dv_0_3.z;
-        dv[dvat_3 + 3u] = dv[dvat_3 + 3u] + dv_0_3.w;
-        let dvat_4 = base + (tx + 4u * TX) * 4u;
-        dv[dvat_4 + 0u] = dv[dvat_4 + 0u] + dv_0_4.x;
-        dv[dvat_4 + 1u] = dv[dvat_4 + 1u] + dv_0_4.y;
-        dv[dvat_4 + 2u] = dv[dvat_4 + 2u] + dv_0_4.z;
-        dv[dvat_4 + 3u] = dv[dvat_4 + 3u] + dv_0_4.w;
-        let dvat_5 = base + (tx + 5u * TX) * 4u;
-        dv[dvat_5 + 0u] = dv[dvat_5 + 0u] + dv_0_5.x;
-        dv[dvat_5 + 1u] = dv[dvat_5 + 1u] + dv_0_5.y;
-        dv[dvat_5 + 2u] = dv[dvat_5 + 2u] + dv_0_5.z;
-        dv[dvat_5 + 3u] = dv[dvat_5 + 3u] + dv_0_5.w;
-        let dvat_6 = base + (tx + 6u * TX) * 4u;
-        dv[dvat_6 + 0u] = dv[dvat_6 + 0u] + dv_0_6.x;
-        dv[dvat_6 + 1u] = dv[dvat_6 + 1u] + dv_0_6.y;
-        dv[dvat_6 + 2u] = dv[dvat_6 + 2u] + dv_0_6.z;
-        dv[dvat_6 + 3u] = dv[dvat_6 + 3u] + dv_0_6.w;
-        let dvat_7 = base + (tx + 7u * TX) * 4u;
-        dv[dvat_7 + 0u] = dv[dvat_7 + 0u] + dv_0_7.x;
-        dv[dvat_7 + 1u] = dv[dvat_7 + 1u] + dv_0_7.y;
-        dv[dvat_7 + 2u] = dv[dvat_7 + 2u] + dv_0_7.z;
-        dv[dvat_7 + 3u] = dv[dvat_7 + 3u] + dv_0_7.w;
+        // Every 64 rows summed, and after the last, the registers' partial sums are added
+        // into the output, their rounding error carried into the next partial (a compensated sum).
+        if ((it + 1u) % 16u == 0u || it + 1u == group * blocks) {
+            if (col_0 < dims.seq_len) {
+                let base = kv_index(col_0, kv_h);
+                let dkat_0 = base + (tx + 0u * TX) * 4u;
+                let dkold_0 = vec4<f32>(dk[dkat_0], dk[dkat_0 + 1u], dk[dkat_0 + 2u], dk[dkat_0 + 3u]);
+                let dknew_0 = dkold_0 + dk_0_0;
+                dk_0_0 = two_sum_err4(dkold_0, dk_0_0, dknew_0);
+                dk[dkat_0 + 0u] = dknew_0.x;
+                dk[dkat_0 + 1u] = dknew_0.y;
+                dk[dkat_0 + 2u] = dknew_0.z;
+                dk[dkat_0 + 3u] = dknew_0.w;
+                let dkat_1 = base + (tx + 1u * TX) * 4u;
+                let dkold_1 = vec4<f32>(dk[dkat_1], dk[dkat_1 + 1u], dk[dkat_1 + 2u], dk[dkat_1 + 3u]);
+                let dknew_1 = dkold_1 + dk_0_1;
+                dk_0_1 = two_sum_err4(dkold_1, dk_0_1, dknew_1);
+                dk[dkat_1 + 0u] = dknew_1.x;
+                dk[dkat_1 + 1u] = dknew_1.y;
+                dk[dkat_1 + 2u] = dknew_1.z;
+                dk[dkat_1 + 3u] = dknew_1.w;
+                let dkat_2 = base + (tx + 2u * TX) * 4u;
+                let dkold_2 = vec4<f32>(dk[dkat_2], dk[dkat_2 + 1u], dk[dkat_2 + 2u], dk[dkat_2 + 3u]);
+                let dknew_2 = dkold_2 + dk_0_2;
+                dk_0_2 = two_sum_err4(dkold_2, dk_0_2, dknew_2);
+                dk[dkat_2 + 0u] = dknew_2.x;
+                dk[dkat_2 + 1u] = dknew_2.y;
+                dk[dkat_2 + 2u] = dknew_2.z;
+                dk[dkat_2 + 3u] = dknew_2.w;
+                let dkat_3 = base + (tx + 3u * TX) * 4u;
+                let dkold_3 = vec4<f32>(dk[dkat_3], dk[dkat_3 + 1u], dk[dkat_3 + 2u], dk[dkat_3 + 3u]);
+                let dknew_3 = dkold_3 + dk_0_3;
+                dk_0_3 = two_sum_err4(dkold_3, dk_0_3, dknew_3);
+                dk[dkat_3 + 0u] = dknew_3.x;
+                dk[dkat_3 + 1u] = dknew_3.y;
+                dk[dkat_3 + 2u] = dknew_3.z;
+                dk[dkat_3 + 3u] = dknew_3.w;
+                let dkat_4 = base + (tx + 4u * TX) * 4u;
+                let dkold_4 = vec4<f32>(dk[dkat_4], dk[dkat_4 + 1u], dk[dkat_4 + 2u], dk[dkat_4 + 3u]);
+                let dknew_4 = dkold_4 + dk_0_4;
+                dk_0_4 = two_sum_err4(dkold_4, dk_0_4, dknew_4);
+                dk[dkat_4 + 0u] = dknew_4.x;
+                dk[dkat_4 + 1u] = dknew_4.y;
+                dk[dkat_4 + 2u] = dknew_4.z;
+                dk[dkat_4 + 3u] = dknew_4.w;
+                let dkat_5 = base + (tx + 5u * TX) * 4u;
+                let dkold_5 = vec4<f32>(dk[dkat_5], dk[dkat_5 + 1u], dk[dkat_5 + 2u], dk[dkat_5 + 3u]);
+                let dknew_5 = dkold_5 + dk_0_5;
+                dk_0_5 = two_sum_err4(dkold_5, dk_0_5, dknew_5);
+                dk[dkat_5 + 0u] = dknew_5.x;
+                dk[dkat_5 + 1u] = dknew_5.y;
+                dk[dkat_5 + 2u] = dknew_5.z;
+                dk[dkat_5 + 3u] = dknew_5.w;
+                let dkat_6 = base + (tx + 6u * TX) * 4u;
+                let dkold_6 = vec4<f32>(dk[dkat_6], dk[dkat_6 + 1u], dk[dkat_6 + 2u], dk[dkat_6 + 3u]);
+                let dknew_6 = dkold_6 + dk_0_6;
+                dk_0_6 = two_sum_err4(dkold_6, dk_0_6, dknew_6);
+                dk[dkat_6 + 0u] = dknew_6.x;
+                dk[dkat_6 + 1u] = dknew_6.y;
+                dk[dkat_6 + 2u] = dknew_6.z;
+                dk[dkat_6 + 3u] = dknew_6.w;
+                let dkat_7 = base + (tx + 7u * TX) * 4u;
+                let dkold_7 = vec4<f32>(dk[dkat_7], dk[dkat_7 + 1u], dk[dkat_7 + 2u], dk[dkat_7 + 3u]);
+                let dknew_7 = dkold_7 + dk_0_7;
+                dk_0_7 = two_sum_err4(dkold_7, dk_0_7, dknew_7);
+                dk[dkat_7 + 0u] = dknew_7.x;
+                dk[dkat_7 + 1u] = dknew_7.y;
+                dk[dkat_7 + 2u] = dknew_7.z;
+                dk[dkat_7 + 3u] = dknew_7.w;
+                let dvat_0 = base + (tx + 0u * TX) * 4u;
+                let dvold_0 = vec4<f32>(dv[dvat_0], dv[dvat_0 + 1u], dv[dvat_0 + 2u], dv[dvat_0 + 3u]);
+                let dvnew_0 = dvold_0 + dv_0_0;
+                dv_0_0 = two_sum_err4(dvold_0, dv_0_0, dvnew_0);
+                dv[dvat_0 + 0u] = dvnew_0.x;
+                dv[dvat_0 + 1u] = dvnew_0.y;
+                dv[dvat_0 + 2u] = dvnew_0.z;
+                dv[dvat_0 + 3u] = dvnew_0.w;
+                let dvat_1 = base + (tx + 1u * TX) * 4u;
+                let dvold_1 = vec4<f32>(dv[dvat_1], dv[dvat_1 + 1u], dv[dvat_1 + 2u], dv[dvat_1 + 3u]);
+                let dvnew_1 = dvold_1 + dv_0_1;
+                dv_0_1 = two_sum_err4(dvold_1, dv_0_1, dvnew_1);
+                dv[dvat_1 + 0u] = dvnew_1.x;
+                dv[dvat_1 + 1u] = dvnew_1.y;
+                dv[dvat_1 + 2u] = dvnew_1.z;
+                dv[dvat_1 + 3u] = dvnew_1.w;
+                let dvat_2 = base + (tx + 2u * TX) * 4u;
+                let dvold_2 = vec4<f32>(dv[dvat_2], dv[dvat_2 + 1u], dv[dvat_2 + 2u], dv[dvat_2 + 3u]);
+                let dvnew_2 = dvold_2 + dv_0_2;
+                dv_0_2 = two_sum_err4(dvold_2, dv_0_2, dvnew_2);
+                dv[dvat_2 + 0u] = dvnew_2.x;
+                dv[dvat_2 + 1u] = dvnew_2.y;
+                dv[dvat_2 + 2u] = dvnew_2.z;
+                dv[dvat_2 + 3u] = dvnew_2.w;
+                let dvat_3 = base + (tx + 3u * TX) * 4u;
+                let dvold_3 = vec4<f32>(dv[dvat_3], dv[dvat_3 + 1u], dv[dvat_3 + 2u], dv[dvat_3 + 3u]);
+                let dvnew_3 = dvold_3 + dv_0_3;
+                dv_0_3 = two_sum_err4(dvold_3, dv_0_3, dvnew_3);
+                dv[dvat_3 + 0u] = dvnew_3.x;
+                dv[dvat_3 + 1u] = dvnew_3.y;
+                dv[dvat_3 + 2u] = dvnew_3.z;
+                dv[dvat_3 + 3u] = dvnew_3.w;
+                let dvat_4 = base + (tx + 4u * TX) * 4u;
+                let dvold_4 = vec4<f32>(dv[dvat_4], dv[dvat_4 + 1u], dv[dvat_4 + 2u], dv[dvat_4 + 3u]);
+                let dvnew_4 = dvold_4 + dv_0_4;
+                dv_0_4 = two_sum_err4(dvold_4, dv_0_4, dvnew_4);
+                dv[dvat_4 + 0u] = dvnew_4.x;
+                dv[dvat_4 + 1u] = dvnew_4.y;
+                dv[dvat_4 + 2u] = dvnew_4.z;
+                dv[dvat_4 + 3u] = dvnew_4.w;
+                let dvat_5 = base + (tx + 5u * TX) * 4u;
+                let dvold_5 = vec4<f32>(dv[dvat_5], dv[dvat_5 + 1u], dv[dvat_5 + 2u], dv[dvat_5 + 3u]);
+                let dvnew_5 = dvold_5 + dv_0_5;
+                dv_0_5 = two_sum_err4(dvold_5, dv_0_5, dvnew_5);
+                dv[dvat_5 + 0u] = dvnew_5.x;
+                dv[dvat_5 + 1u] = dvnew_5.y;
+                dv[dvat_5 + 2u] = dvnew_5.z;
+                dv[dvat_5 + 3u] = dvnew_5.w;
+                let dvat_6 = base + (tx + 6u * TX) * 4u;
+                let dvold_6 = vec4<f32>(dv[dvat_6], dv[dvat_6 + 1u], dv[dvat_6 + 2u], dv[dvat_6 + 3u]);
+                let dvnew_6 = dvold_6 + dv_0_6;
+                dv_0_6 = two_sum_err4(dvold_6, dv_0_6, dvnew_6);
+                dv[dvat_6 + 0u] = dvnew_6.x;
+                dv[dvat_6 + 1u] = dvnew_6.y;
+                dv[dvat_6 + 2u] = dvnew_6.z;
+                dv[dvat_6 + 3u] = dvnew_6.w;
+                let dvat_7 = base + (tx + 7u * TX) * 4u;
+                let dvold_7 = vec4<f32>(dv[dvat_7], dv[dvat_7 + 1u], dv[dvat_7 + 2u], dv[dvat_7 + 3u]);
+                let dvnew_7 = dvold_7 + dv_0_7;
+                dv_0_7 = two_sum_err4(dvold_7, dv_0_7, dvnew_7);
+                dv[dvat_7 + 0u] = dvnew_7.x;
+                dv[dvat_7 + 1u] = dvnew_7.y;
+                dv[dvat_7 + 2u] = dvnew_7.z;
+                dv[dvat_7 + 3u] = dvnew_7.w;
+            }
+        }
     }
 }
 

@@ -36,6 +36,28 @@ struct Params {
 @group(0) @binding(7) var<uniform> params: Params;
 @group(0) @binding(8) var<storage, read> seg: array<u32>;
 
+// The four chains of a vec4 dot product, summed pairwise.
+fn hsum(v: vec4<f32>) -> f32 {
+    return (v.x + v.y) + (v.z + v.w);
+}
+
+// exp(x) = 2^n · exp(r), r = x − n·ln2 with ln2 split in two (the first part has trailing
+// zero bits, so n·LN2_HI is exact), and exp(r) by Horner's rule on |r| <= ln2/2.
+fn exp_f32(x: f32) -> f32 {
+    let xc = clamp(x, -104.0, 88.0);
+    let n = round(xc * 1.442695041);
+    let r = fma(n, -1.42860677e-6, fma(n, -0.693145752, xc));
+    var p = 1.98412698e-4;
+    p = fma(p, r, 1.38888889e-3);
+    p = fma(p, r, 8.33333333e-3);
+    p = fma(p, r, 4.16666667e-2);
+    p = fma(p, r, 1.66666667e-1);
+    p = fma(p, r, 0.5);
+    p = fma(p, r, 1.0);
+    p = fma(p, r, 1.0);
+    return ldexp(p, i32(n));
+}
+
 // GQA: query heads h share KV head h / (n_heads / n_kv_heads).
 fn q_per_kv() -> u32 {
     return dims.n_heads / dims.n_kv_heads;
@@ -111,13 +133,17 @@ fn backward_row(row: u32, h: u32, tid: u32) {
         var dsj = 0.0;
         if (j >= range.x && j < range.y && key_visible(row, j)) {
             let ki = kv_index(j, kv_h);
-            var dot = 0.0;
-            var dp = 0.0;
-            for (var dd = 0u; dd < HEAD_DIM; dd = dd + 1u) {
-                dot = fma(sh_q[dd], k[ki + dd], dot);
-                dp = fma(sh_do[dd], v[ki + dd], dp);
+            var dot_4 = vec4<f32>(0.0);
+            for (var c4 = 0u; c4 < 16u; c4 = c4 + 1u) {
+                dot_4 = fma(vec4<f32>(sh_q[4u * c4], sh_q[4u * c4 + 1u], sh_q[4u * c4 + 2u], sh_q[4u * c4 + 3u]), vec4<f32>(k[ki + 4u * c4], k[ki + 4u * c4 + 1u], k[ki + 4u * c4 + 2u], k[ki + 4u * c4 + 3u]), dot_4);
             }
-            let pj = exp(dot * params.scale - row_lse);
+            var dot = hsum(dot_4);
+            var dp_4 = vec4<f32>(0.0);
+            for (var c4 = 0u; c4 < 16u; c4 = c4 + 1u) {
+                dp_4 = fma(vec4<f32>(sh_do[4u * c4], sh_do[4u * c4 + 1u], sh_do[4u * c4 + 2u], sh_do[4u * c4 + 3u]), vec4<f32>(v[ki + 4u * c4], v[ki + 4u * c4 + 1u], v[ki + 4u * c4 + 2u], v[ki + 4u * c4 + 3u]), dp_4);
+            }
+            var dp = hsum(dp_4);
+            let pj = exp_f32(dot * params.scale - row_lse);
             dsj = params.scale * pj * (dp - delta);
         }
         sh_ds[tid] = dsj;

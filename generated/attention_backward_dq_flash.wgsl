@@ -32,6 +32,39 @@ struct Params {
 @group(0) @binding(7) var<uniform> params: Params;
 @group(0) @binding(8) var<storage, read> seg: array<u32>;
 
+// The four chains of a vec4 dot product, summed pairwise.
+fn hsum(v: vec4<f32>) -> f32 {
+    return (v.x + v.y) + (v.z + v.w);
+}
+
+// exp(x) = 2^n · exp(r), r = x − n·ln2 with ln2 split in two (the first part has trailing
+// zero bits, so n·LN2_HI is exact), and exp(r) by Horner's rule on |r| <= ln2/2.
+fn exp_f32(x: f32) -> f32 {
+    let xc = clamp(x, -104.0, 88.0);
+    let n = round(xc * 1.442695041);
+    let r = fma(n, -1.42860677e-6, fma(n, -0.693145752, xc));
+    var p = 1.98412698e-4;
+    p = fma(p, r, 1.38888889e-3);
+    p = fma(p, r, 8.33333333e-3);
+    p = fma(p, r, 4.16666667e-2);
+    p = fma(p, r, 1.66666667e-1);
+    p = fma(p, r, 0.5);
+    p = fma(p, r, 1.0);
+    p = fma(p, r, 1.0);
+    return ldexp(p, i32(n));
+}
+
+fn opaque4(x: vec4<f32>) -> vec4<f32> {
+    return select(vec4<f32>(0.0), x, dims.seq_len != 0u);
+}
+
+fn two_sum_err4(a: vec4<f32>, b: vec4<f32>, t: vec4<f32>) -> vec4<f32> {
+    let to = opaque4(t);
+    let bp = opaque4(to - a);
+    let ap = opaque4(to - bp);
+    return (a - ap) + (b - bp);
+}
+
 // Flash tiling: BR query rows per workgroup, BC keys per staged block; row groups of
 // TX invocations, TM rows each.
 const BR: u32 = 16u;
@@ -222,10 +255,10 @@ fn flash_backward_q(tile: u32, h: u32, tid: u32) {
             pk_1 = fetch_k(j0 + BC, kv_h, tid + 1u * WG);
             pv_1 = fetch_v(j0 + BC, kv_h, tid + 1u * WG);
         }
-        var s_0_0 = 0.0;
-        var dp_0_0 = 0.0;
-        var s_1_0 = 0.0;
-        var dp_1_0 = 0.0;
+        var s_0_0_4 = vec4<f32>(0.0);
+        var dp_0_0_4 = vec4<f32>(0.0);
+        var s_1_0_4 = vec4<f32>(0.0);
+        var dp_1_0_4 = vec4<f32>(0.0);
         for (var d4 = 0u; d4 < D4; d4 = d4 + 1u) {
             let a_0 = sh_q[(g * TM + 0u) * ROW4 + d4];
             let a2_0 = sh_do[(g * TM + 0u) * ROW4 + d4];
@@ -233,22 +266,27 @@ fn flash_backward_q(tile: u32, h: u32, tid: u32) {
             let a2_1 = sh_do[(g * TM + 1u) * ROW4 + d4];
             let b_0 = sh_k[(tx + 0u * TX) * ROW4 + d4];
             let b2_0 = sh_v[(tx + 0u * TX) * ROW4 + d4];
-            s_0_0 = fma(a_0.w, b_0.w, fma(a_0.z, b_0.z, fma(a_0.y, b_0.y, fma(a_0.x, b_0.x, s_0_0))));
-            dp_0_0 = fma(a2_0.w, b2_0.w, fma(a2_0.z, b2_0.z, fma(a2_0.y, b2_0.y, fma(a2_0.x, b2_0.x, dp_0_0))));
-            s_1_0 = fma(a_1.w, b_0.w, fma(a_1.z, b_0.z, fma(a_1.y, b_0.y, fma(a_1.x, b_0.x, s_1_0))));
-            dp_1_0 = fma(a2_1.w, b2_0.w, fma(a2_1.z, b2_0.z, fma(a2_1.y, b2_0.y, fma(a2_1.x, b2_0.x, dp_1_0))));
+            s_0_0_4 = fma(a_0, b_0, s_0_0_4);
+            dp_0_0_4 = fma(a2_0, b2_0, dp_0_0_4);
+            s_1_0_4 = fma(a_1, b_0, s_1_0_4);
+            dp_1_0_4 = fma(a2_1, b2_0, dp_1_0_4);
         }
+        let s_0_0 = hsum(s_0_0_4);
+        let dp_0_0 = hsum(dp_0_0_4);
+        let s_1_0 = hsum(s_1_0_4);
+        let dp_1_0 = hsum(dp_1_0_4);
         let j_0 = j0 + tx + 0u * TX;
         let v_0_0 = j_0 >= lo_0 && j_0 < hi_0 && key_visible(row_0, j_0);
-        let p_0_0 = exp(s_0_0 * params.scale - lse_0);
+        let p_0_0 = exp_f32(s_0_0 * params.scale - lse_0);
         sh_ds[(g * TM + 0u) * PSTRIDE + tx + 0u * TX] = select(0.0, params.scale * p_0_0 * (dp_0_0 - delta_0), v_0_0);
         let v_1_0 = j_0 >= lo_1 && j_0 < hi_1 && key_visible(row_1, j_0);
-        let p_1_0 = exp(s_1_0 * params.scale - lse_1);
+        let p_1_0 = exp_f32(s_1_0 * params.scale - lse_1);
         sh_ds[(g * TM + 1u) * PSTRIDE + tx + 0u * TX] = select(0.0, params.scale * p_1_0 * (dp_1_0 - delta_1), v_1_0);
         workgroupBarrier();
         // As in the forward: only blocks some row sees in part need the guard on dS == 0.
         if (range.z <= j0 && j0 + BC <= range.w) {
-            for (var c = 0u; c < BC; c = c + 1u) {
+            for (var cc = 0u; cc < BC; cc = cc + 1u) {
+                let c = cc;
                 let dqr_0 = sh_k[c * ROW4 + tx + 0u * TX];
                 let dqr_1 = sh_k[c * ROW4 + tx + 1u * TX];
                 let dqw_0 = sh_ds[(g * TM + 0u) * PSTRIDE + c];
@@ -259,7 +297,8 @@ fn flash_backward_q(tile: u32, h: u32, tid: u32) {
                 dq_1_1 = fma(vec4<f32>(dqw_1), dqr_1, dq_1_1);
             }
         } else {
-            for (var c = 0u; c < BC; c = c + 1u) {
+            for (var cc = 0u; cc < BC; cc = cc + 1u) {
+                let c = cc;
                 let dqr_0 = sh_k[c * ROW4 + tx + 0u * TX];
                 let dqr_1 = sh_k[c * ROW4 + tx + 1u * TX];
                 let dqw_0 = sh_ds[(g * TM + 0u) * PSTRIDE + c];
@@ -274,32 +313,48 @@ fn flash_backward_q(tile: u32, h: u32, tid: u32) {
                 }
             }
         }
-    }
-    if (row_0 < dims.seq_len) {
-        let base = q_index(row_0, h);
-        let dqat_0 = base + (tx + 0u * TX) * 4u;
-        dq[dqat_0 + 0u] = dq[dqat_0 + 0u] + dq_0_0.x;
-        dq[dqat_0 + 1u] = dq[dqat_0 + 1u] + dq_0_0.y;
-        dq[dqat_0 + 2u] = dq[dqat_0 + 2u] + dq_0_0.z;
-        dq[dqat_0 + 3u] = dq[dqat_0 + 3u] + dq_0_0.w;
-        let dqat_1 = base + (tx + 1u * TX) * 4u;
-        dq[dqat_1 + 0u] = dq[dqat_1 + 0u] + dq_0_1.x;
-        dq[dqat_1 + 1u] = dq[dqat_1 + 1u] + dq_0_1.y;
-        dq[dqat_1 + 2u] = dq[dqat_1 + 2u] + dq_0_1.z;
-        dq[dqat_1 + 3u] = dq[dqat_1 + 3u] + dq_0_1.w;
-    }
-    if (row_1 < dims.seq_len) {
-        let base = q_index(row_1, h);
-        let dqat_0 = base + (tx + 0u * TX) * 4u;
-        dq[dqat_0 + 0u] = dq[dqat_0 + 0u] + dq_1_0.x;
-        dq[dqat_0 + 1u] = dq[dqat_0 + 1u] + dq_1_0.y;
-        dq[dqat_0 + 2u] = dq[dqat_0 + 2u] + dq_1_0.z;
-        dq[dqat_0 + 3u] = dq[dqat_0 + 3u] + dq_1_0.w;
-        let dqat_1 = base + (tx + 1u * TX) * 4u;
-        dq[dqat_1 + 0u] = dq[dqat_1 + 0u] + dq_1_1.x;
-        dq[dqat_1 + 1u] = dq[dqat_1 + 1u] + dq_1_1.y;
-        dq[dqat_1 + 2u] = dq[dqat_1 + 2u] + dq_1_1.z;
-        dq[dqat_1 + 3u] = dq[dqat_1 + 3u] + dq_1_1.w;
+        // Every 64 rows summed, and after the last, the registers' partial sums are added
+        // into the output, their rounding error carried into the next partial (a compensated sum).
+        if ((kt + 1u - range.x / BC) % 8u == 0u || kt + 1u - range.x / BC == kt_end - range.x / BC) {
+            if (row_0 < dims.seq_len) {
+                let base = q_index(row_0, h);
+                let dqat_0 = base + (tx + 0u * TX) * 4u;
+                let dqold_0 = vec4<f32>(dq[dqat_0], dq[dqat_0 + 1u], dq[dqat_0 + 2u], dq[dqat_0 + 3u]);
+                let dqnew_0 = dqold_0 + dq_0_0;
+                dq_0_0 = two_sum_err4(dqold_0, dq_0_0, dqnew_0);
+                dq[dqat_0 + 0u] = dqnew_0.x;
+                dq[dqat_0 + 1u] = dqnew_0.y;
+                dq[dqat_0 + 2u] = dqnew_0.z;
+                dq[dqat_0 + 3u] = dqnew_0.w;
+                let dqat_1 = base + (tx + 1u * TX) * 4u;
+                let dqold_1 = vec4<f32>(dq[dqat_1], dq[dqat_1 + 1u], dq[dqat_1 + 2u], dq[dqat_1 + 3u]);
+                let dqnew_1 = dqold_1 + dq_0_1;
+                dq_0_1 = two_sum_err4(dqold_1, dq_0_1, dqnew_1);
+                dq[dqat_1 + 0u] = dqnew_1.x;
+                dq[dqat_1 + 1u] = dqnew_1.y;
+                dq[dqat_1 + 2u] = dqnew_1.z;
+                dq[dqat_1 + 3u] = dqnew_1.w;
+            }
+            if (row_1 < dims.seq_len) {
+                let base = q_index(row_1, h);
+                let dqat_0 = base + (tx + 0u * TX) * 4u;
+                let dqold_0 = vec4<f32>(dq[dqat_0], dq[dqat_0 + 1u], dq[dqat_0 + 2u], dq[dqat_0 + 3u]);
+                let dqnew_0 = dqold_0 + dq_1_0;
+                dq_1_0 = two_sum_err4(dqold_0, dq_1_0, dqnew_0);
+                dq[dqat_0 + 0u] = dqnew_0.x;
+                dq[dqat_0 + 1u] = dqnew_0.y;
+                dq[dqat_0 + 2u] = dqnew_0.z;
+                dq[dqat_0 + 3u] = dqnew_0.w;
+                let dqat_1 = base + (tx + 1u * TX) * 4u;
+                let dqold_1 = vec4<f32>(dq[dqat_1], dq[dqat_1 + 1u], dq[dqat_1 + 2u], dq[dqat_1 + 3u]);
+                let dqnew_1 = dqold_1 + dq_1_1;
+                dq_1_1 = two_sum_err4(dqold_1, dq_1_1, dqnew_1);
+                dq[dqat_1 + 0u] = dqnew_1.x;
+                dq[dqat_1 + 1u] = dqnew_1.y;
+                dq[dqat_1 + 2u] = dqnew_1.z;
+                dq[dqat_1 + 3u] = dqnew_1.w;
+            }
+        }
     }
 }
 

@@ -32,6 +32,39 @@ struct Params {
 @group(0) @binding(7) var<uniform> params: Params;
 @group(0) @binding(8) var<storage, read> seg: array<u32>;
 
+// The four chains of a vec4 dot product, summed pairwise.
+fn hsum(v: vec4<f32>) -> f32 {
+    return (v.x + v.y) + (v.z + v.w);
+}
+
+// exp(x) = 2^n · exp(r), r = x − n·ln2 with ln2 split in two (the first part has trailing
+// zero bits, so n·LN2_HI is exact), and exp(r) by Horner's rule on |r| <= ln2/2.
+fn exp_f32(x: f32) -> f32 {
+    let xc = clamp(x, -104.0, 88.0);
+    let n = round(xc * 1.442695041);
+    let r = fma(n, -1.42860677e-6, fma(n, -0.693145752, xc));
+    var p = 1.98412698e-4;
+    p = fma(p, r, 1.38888889e-3);
+    p = fma(p, r, 8.33333333e-3);
+    p = fma(p, r, 4.16666667e-2);
+    p = fma(p, r, 1.66666667e-1);
+    p = fma(p, r, 0.5);
+    p = fma(p, r, 1.0);
+    p = fma(p, r, 1.0);
+    return ldexp(p, i32(n));
+}
+
+fn opaque4(x: vec4<f32>) -> vec4<f32> {
+    return select(vec4<f32>(0.0), x, dims.seq_len != 0u);
+}
+
+fn two_sum_err4(a: vec4<f32>, b: vec4<f32>, t: vec4<f32>) -> vec4<f32> {
+    let to = opaque4(t);
+    let bp = opaque4(to - a);
+    let ap = opaque4(to - bp);
+    return (a - ap) + (b - bp);
+}
+
 // Flash tiling: BR query rows per workgroup, BC keys per staged block; row groups of
 // TX invocations, TM rows each.
 const BR: u32 = 8u;
@@ -230,24 +263,27 @@ fn flash_backward_q(tile: u32, h: u32, tid: u32) {
             pk_3 = fetch_k(j0 + BC, kv_h, tid + 3u * WG);
             pv_3 = fetch_v(j0 + BC, kv_h, tid + 3u * WG);
         }
-        var s_0_0 = 0.0;
-        var dp_0_0 = 0.0;
+        var s_0_0_4 = vec4<f32>(0.0);
+        var dp_0_0_4 = vec4<f32>(0.0);
         for (var d4 = 0u; d4 < D4; d4 = d4 + 1u) {
             let a_0 = sh_q[(g * TM + 0u) * ROW4 + d4];
             let a2_0 = sh_do[(g * TM + 0u) * ROW4 + d4];
             let b_0 = sh_k[(tx + 0u * TX) * ROW4 + d4];
             let b2_0 = sh_v[(tx + 0u * TX) * ROW4 + d4];
-            s_0_0 = fma(a_0.w, b_0.w, fma(a_0.z, b_0.z, fma(a_0.y, b_0.y, fma(a_0.x, b_0.x, s_0_0))));
-            dp_0_0 = fma(a2_0.w, b2_0.w, fma(a2_0.z, b2_0.z, fma(a2_0.y, b2_0.y, fma(a2_0.x, b2_0.x, dp_0_0))));
+            s_0_0_4 = fma(a_0, b_0, s_0_0_4);
+            dp_0_0_4 = fma(a2_0, b2_0, dp_0_0_4);
         }
+        let s_0_0 = hsum(s_0_0_4);
+        let dp_0_0 = hsum(dp_0_0_4);
         let j_0 = j0 + tx + 0u * TX;
         let v_0_0 = j_0 >= lo_0 && j_0 < hi_0 && key_visible(row_0, j_0);
-        let p_0_0 = exp(s_0_0 * params.scale - lse_0);
+        let p_0_0 = exp_f32(s_0_0 * params.scale - lse_0);
         sh_ds[(g * TM + 0u) * PSTRIDE + tx + 0u * TX] = select(0.0, params.scale * p_0_0 * (dp_0_0 - delta_0), v_0_0);
         workgroupBarrier();
         // As in the forward: only blocks some row sees in part need the guard on dS == 0.
         if (range.z <= j0 && j0 + BC <= range.w) {
-            for (var c = 0u; c < BC; c = c + 1u) {
+            for (var cc = 0u; cc < BC; cc = cc + 1u) {
+                let c = cc;
                 let dqr_0 = sh_k[c * ROW4 + tx + 0u * TX];
                 let dqr_1 = sh_k[c * ROW4 + tx + 1u * TX];
                 let dqr_2 = sh_k[c * ROW4 + tx + 2u * TX];
@@ -267,7 +303,8 @@ fn flash_backward_q(tile: u32, h: u32, tid: u32) {
                 dq_0_7 = fma(vec4<f32>(dqw_0), dqr_7, dq_0_7);
             }
         } else {
-            for (var c = 0u; c < BC; c = c + 1u) {
+            for (var cc = 0u; cc < BC; cc = cc + 1u) {
+                let c = cc;
                 let dqr_0 = sh_k[c * ROW4 + tx + 0u * TX];
                 let dqr_1 = sh_k[c * ROW4 + tx + 1u * TX];
                 let dqr_2 = sh_k[c * ROW4 + tx + 2u * TX];
@@ -289,49 +326,77 @@ fn flash_backward_q(tile: u32, h: u32, tid: u32) {
                 }
             }
         }
-    }
-    if (row_0 < dims.seq_len) {
-        let base = q_index(row_0, h);
-        let dqat_0 = base + (tx + 0u * TX) * 4u;
-        dq[dqat_0 + 0u] = dq[dqat_0 + 0u] + dq_0_0.x;
-        dq[dqat_0 + 1u] = dq[dqat_0 + 1u] + dq_0_0.y;
-        dq[dqat_0 + 2u] = dq[dqat_0 + 2u] + dq_0_0.z;
-        dq[dqat_0 + 3u] = dq[dqat_0 + 3u] + dq_0_0.w;
-        let dqat_1 = base + (tx + 1u * TX) * 4u;
-        dq[dqat_1 + 0u] = dq[dqat_1 + 0u] + dq_0_1.x;
-        dq[dqat_1 + 1u] = dq[dqat_1 + 1u] + dq_0_1.y;
-        dq[dqat_1 + 2u] = dq[dqat_1 + 2u] + dq_0_1.z;
-        dq[dqat_1 + 3u] = dq[dqat_1 + 3u] + dq_0_1.w;
-        let dqat_2 = base + (tx + 2u * TX) * 4u;
-        dq[dqat_2 + 0u] = dq[dqat_2 + 0u] + dq_0_2.x;
-        dq[dqat_2 + 1u] = dq[dqat_2 + 1u] + dq_0_2.y;
-        dq[dqat_2 + 2u] = dq[dqat_2 + 2u] + dq_0_2.z;
-        dq[dqat_2 + 3u] = dq[dqat_2 + 3u] + dq_0_2.w;
-        let dqat_3 = base + (tx + 3u * TX) * 4u;
-        dq[dqat_3 + 0u] = dq[dqat_3 + 0u] + dq_0_3.x;
-        dq[dqat_3 + 1u] = dq[dqat_3 + 1u] + dq_0_3.y;
-        dq[dqat_3 + 2u] = dq[dqat_3 + 2u] + dq_0_3.z;
-        dq[dqat_3 + 3u] = dq[dqat_3 + 3u] + dq_0_3.w;
-        let dqat_4 = base + (tx + 4u * TX) * 4u;
-        dq[dqat_4 + 0u] = dq[dqat_4 + 0u] + dq_0_4.x;
-        dq[dqat_4 + 1u] = dq[dqat_4 + 1u] + dq_0_4.y;
-        dq[dqat_4 + 2u] = dq[dqat_4 + 2u] + dq_0_4.z;
-        dq[dqat_4 + 3u] = dq[dqat_4 + 3u] + dq_0_4.w;
-        let dqat_5 = base + (tx + 5u * TX) * 4u;
-        dq[dqat_5 + 0u] = dq[dqat_5 + 0u] + dq_0_5.x;
-        dq[dqat_5 + 1u] = dq[dqat_5 + 1u] + dq_0_5.y;
-        dq[dqat_5 + 2u] = dq[dqat_5 + 2u] + dq_0_5.z;
-        dq[dqat_5 + 3u] = dq[dqat_5 + 3u] + dq_0_5.w;
-        let dqat_6 = base + (tx + 6u * TX) * 4u;
-        dq[dqat_6 + 0u] = dq[dqat_6 + 0u] + dq_0_6.x;
-        dq[dqat_6 + 1u] = dq[dqat_6 + 1u] + dq_0_6.y;
-        dq[dqat_6 + 2u] = dq[dqat_6 + 2u] + dq_0_6.z;
-        dq[dqat_6 + 3u] = dq[dqat_6 + 3u] + dq_0_6.w;
-        let dqat_7 = base + (tx + 7u * TX) * 4u;
-        dq[dqat_7 + 0u] = dq[dqat_7 + 0u] + dq_0_7.x;
-        dq[dqat_7 + 1u] = dq[dqat_7 + 1u] + dq_0_7.y;
-        dq[dqat_7 + 2u] = dq[dqat_7 + 2u] + dq_0_7.z;
-        dq[dqat_7 + 3u] = dq[dqat_7 + 3u] + dq_0_7.w;
+        // Every 64 rows summed, and after the last, the registers' partial sums are added
+        // into the output, their rounding error carried into the next partial (a compensated sum).
+        if ((kt + 1u - range.x / BC) % 16u == 0u || kt + 1u - range.x / BC == kt_end - range.x / BC) {
+            if (row_0 < dims.seq_len) {
+                let base = q_index(row_0, h);
+                let dqat_0 = base + (tx + 0u * TX) * 4u;
+                let dqold_0 = vec4<f32>(dq[dqat_0], dq[dqat_0 + 1u], dq[dqat_0 + 2u], dq[dqat_0 + 3u]);
+                let dqnew_0 = dqold_0 + dq_0_0;
+                dq_0_0 = two_sum_err4(dqold_0, dq_0_0, dqnew_0);
+                dq[dqat_0 + 0u] = dqnew_0.x;
+                dq[dqat_0 + 1u] = dqnew_0.y;
+                dq[dqat_0 + 2u] = dqnew_0.z;
+                dq[dqat_0 + 3u] = dqnew_0.w;
+                let dqat_1 = base + (tx + 1u * TX) * 4u;
+                let dqold_1 = vec4<f32>(dq[dqat_1], dq[dqat_1 + 1u], dq[dqat_1 + 2u], dq[dqat_1 + 3u]);
+                let dqnew_1 = dqold_1 + dq_0_1;
+                dq_0_1 = two_sum_err4(dqold_1, dq_0_1, dqnew_1);
+                dq[dqat_1 + 0u] = dqnew_1.x;
+                dq[dqat_1 + 1u] = dqnew_1.y;
+                dq[dqat_1 + 2u] = dqnew_1.z;
+                dq[dqat_1 + 3u] = dqnew_1.w;
+                let dqat_2 = base + (tx + 2u * TX) * 4u;
+                let dqold_2 = vec4<f32>(dq[dqat_2], dq[dqat_2 + 1u], dq[dqat_2 + 2u], dq[dqat_2 + 3u]);
+                let dqnew_2 = dqold_2 + dq_0_2;
+                dq_0_2 = two_sum_err4(dqold_2, dq_0_2, dqnew_2);
+                dq[dqat_2 + 0u] = dqnew_2.x;
+                dq[dqat_2 + 1u] = dqnew_2.y;
+                dq[dqat_2 + 2u] = dqnew_2.z;
+                dq[dqat_2 + 3u] = dqnew_2.w;
+                let dqat_3 = base + (tx + 3u * TX) * 4u;
+                let dqold_3 = vec4<f32>(dq[dqat_3], dq[dqat_3 + 1u], dq[dqat_3 + 2u], dq[dqat_3 + 3u]);
+                let dqnew_3 = dqold_3 + dq_0_3;
+                dq_0_3 = two_sum_err4(dqold_3, dq_0_3, dqnew_3);
+                dq[dqat_3 + 0u] = dqnew_3.x;
+                dq[dqat_3 + 1u] = dqnew_3.y;
+                dq[dqat_3 + 2u] = dqnew_3.z;
+                dq[dqat_3 + 3u] = dqnew_3.w;
+                let dqat_4 = base + (tx + 4u * TX) * 4u;
+                let dqold_4 = vec4<f32>(dq[dqat_4], dq[dqat_4 + 1u], dq[dqat_4 + 2u], dq[dqat_4 + 3u]);
+                let dqnew_4 = dqold_4 + dq_0_4;
+                dq_0_4 = two_sum_err4(dqold_4, dq_0_4, dqnew_4);
+                dq[dqat_4 + 0u] = dqnew_4.x;
+                dq[dqat_4 + 1u] = dqnew_4.y;
+                dq[dqat_4 + 2u] = dqnew_4.z;
+                dq[dqat_4 + 3u] = dqnew_4.w;
+                let dqat_5 = base + (tx + 5u * TX) * 4u;
+                let dqold_5 = vec4<f32>(dq[dqat_5], dq[dqat_5 + 1u], dq[dqat_5 + 2u], dq[dqat_5 + 3u]);
+                let dqnew_5 = dqold_5 + dq_0_5;
+                dq_0_5 = two_sum_err4(dqold_5, dq_0_5, dqnew_5);
+                dq[dqat_5 + 0u] = dqnew_5.x;
+                dq[dqat_5 + 1u] = dqnew_5.y;
+                dq[dqat_5 + 2u] = dqnew_5.z;
+                dq[dqat_5 + 3u] = dqnew_5.w;
+                let dqat_6 = base + (tx + 6u * TX) * 4u;
+                let dqold_6 = vec4<f32>(dq[dqat_6], dq[dqat_6 + 1u], dq[dqat_6 + 2u], dq[dqat_6 + 3u]);
+                let dqnew_6 = dqold_6 + dq_0_6;
+                dq_0_6 = two_sum_err4(dqold_6, dq_0_6, dqnew_6);
+                dq[dqat_6 + 0u] = dqnew_6.x;
+                dq[dqat_6 + 1u] = dqnew_6.y;
+                dq[dqat_6 + 2u] = dqnew_6.z;
+                dq[dqat_6 + 3u] = dqnew_6.w;
+                let dqat_7 = base + (tx + 7u * TX) * 4u;
+                let dqold_7 = vec4<f32>(dq[dqat_7], dq[dqat_7 + 1u], dq[dqat_7 + 2u], dq[dqat_7 + 3u]);
+                let dqnew_7 = dqold_7 + dq_0_7;
+                dq_0_7 = two_sum_err4(dqold_7, dq_0_7, dqnew_7);
+                dq[dqat_7 + 0u] = dqnew_7.x;
+                dq[dqat_7 + 1u] = dqnew_7.y;
+                dq[dqat_7 + 2u] = dqnew_7.z;
+                dq[dqat_7 + 3u] = dqnew_7.w;
+            }
+        }
     }
 }
 

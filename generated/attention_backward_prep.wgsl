@@ -25,6 +25,11 @@ struct Dims {
 @group(0) @binding(3) var<storage, read_write> stats: array<f32>;
 @group(0) @binding(4) var<uniform> dims: Dims;
 
+// The four chains of a vec4 dot product, summed pairwise.
+fn hsum(v: vec4<f32>) -> f32 {
+    return (v.x + v.y) + (v.z + v.w);
+}
+
 fn q_index(row: u32, h: u32) -> u32 {
     return (row * dims.n_heads + h) * HEAD_DIM;
 }
@@ -44,10 +49,11 @@ fn p_ds_part(part: u32, row: u32, h: u32, j: u32) -> u32 {
 fn prep_row(row: u32, h: u32, tid: u32) {
     if (tid == 0u) {
         let qi = q_index(row, h);
-        var delta = 0.0;
-        for (var dd = 0u; dd < HEAD_DIM; dd = dd + 1u) {
-            delta = fma(d_o[qi + dd], o[qi + dd], delta);
+        var delta_4 = vec4<f32>(0.0);
+        for (var c4 = 0u; c4 < 16u; c4 = c4 + 1u) {
+            delta_4 = fma(vec4<f32>(d_o[qi + 4u * c4], d_o[qi + 4u * c4 + 1u], d_o[qi + 4u * c4 + 2u], d_o[qi + 4u * c4 + 3u]), vec4<f32>(o[qi + 4u * c4], o[qi + 4u * c4 + 1u], o[qi + 4u * c4 + 2u], o[qi + 4u * c4 + 3u]), delta_4);
         }
+        var delta = hsum(delta_4);
         stats[stats_part(0u, row, h)] = lse[row * dims.n_heads + h];
         stats[stats_part(1u, row, h)] = delta;
     }

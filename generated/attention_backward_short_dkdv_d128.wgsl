@@ -104,11 +104,14 @@ fn backward_col(col: u32, kv_h: u32, tid: u32) {
     let first_blk = range.x / WG;
     let n_blocks = (range.y + WG - 1u) / WG;
     let group = q_per_kv();
-    // Every query head of this KV head, every query row that sees this key.
-    for (var g = 0u; g < group; g = g + 1u) {
-        let h = kv_h * group + g;
-        for (var blk = first_blk; blk < n_blocks; blk = blk + 1u) {
-            let s_start = blk * WG;
+    // Every block of query rows that sees this key, last first, and within a block every
+    // query head of this KV head: under a causal or document mask a key's weights shrink
+    // with the query's distance, so the small terms are added while the sums are small.
+    let walk = (n_blocks - first_blk) * group;
+    for (var it = 0u; it < walk; it = it + 1u) {
+        let h = kv_h * group + it % group;
+        {
+            let s_start = (n_blocks - 1u - it / group) * WG;
             let s = s_start + tid;
             var p_s = 0.0;
             var ds_s = 0.0;
@@ -126,7 +129,8 @@ fn backward_col(col: u32, kv_h: u32, tid: u32) {
                 let hi = min(lo + CHUNK, WG);
                 var pk = 0.0;
                 var pv = 0.0;
-                for (var sl = lo; sl < hi; sl = sl + 1u) {
+                for (var i = lo; i < hi; i = i + 1u) {
+                    let sl = lo + hi - 1u - i;
                     let pj = sh_p[sl];
                     if (pj != 0.0) {
                         let qi = q_index(s_start + sl, h) + d_local;
@@ -142,8 +146,8 @@ fn backward_col(col: u32, kv_h: u32, tid: u32) {
                 var sk = 0.0;
                 var sv = 0.0;
                 for (var i = 0u; i < K_PAR; i = i + 1u) {
-                    sk = sk + sh_pk[tid + i];
-                    sv = sv + sh_pv[tid + i];
+                    sk = sk + sh_pk[tid + K_PAR - 1u - i];
+                    sv = sv + sh_pv[tid + K_PAR - 1u - i];
                 }
                 sh_dk[d_local] = sh_dk[d_local] + sk;
                 sh_dv[d_local] = sh_dv[d_local] + sv;

@@ -33,6 +33,28 @@ struct Params {
 @group(0) @binding(4) var<uniform> dims: Dims;
 @group(0) @binding(5) var<uniform> params: Params;
 
+// The four chains of a vec4 dot product, summed pairwise.
+fn hsum(v: vec4<f32>) -> f32 {
+    return (v.x + v.y) + (v.z + v.w);
+}
+
+// exp(x) = 2^n · exp(r), r = x − n·ln2 with ln2 split in two (the first part has trailing
+// zero bits, so n·LN2_HI is exact), and exp(r) by Horner's rule on |r| <= ln2/2.
+fn exp_f32(x: f32) -> f32 {
+    let xc = clamp(x, -104.0, 88.0);
+    let n = round(xc * 1.442695041);
+    let r = fma(n, -1.42860677e-6, fma(n, -0.693145752, xc));
+    var p = 1.98412698e-4;
+    p = fma(p, r, 1.38888889e-3);
+    p = fma(p, r, 8.33333333e-3);
+    p = fma(p, r, 4.16666667e-2);
+    p = fma(p, r, 1.66666667e-1);
+    p = fma(p, r, 0.5);
+    p = fma(p, r, 1.0);
+    p = fma(p, r, 1.0);
+    return ldexp(p, i32(n));
+}
+
 var<workgroup> sh_q: array<f32, HEAD_DIM>;
 var<workgroup> sh_acc: array<f32, HEAD_DIM>;
 var<workgroup> sh_p: array<f32, WG>;
@@ -149,10 +171,11 @@ fn attend_row(row: u32, h: u32, tid: u32) {
         var score = NEG_BIG;
         if (visible) {
             let ki = kv_index(j, kv_h);
-            var dot = 0.0;
-            for (var dd = 0u; dd < HEAD_DIM; dd = dd + 1u) {
-                dot = fma(sh_q[dd], key_at(ki + dd), dot);
+            var dot_4 = vec4<f32>(0.0);
+            for (var c4 = 0u; c4 < 32u; c4 = c4 + 1u) {
+                dot_4 = fma(vec4<f32>(sh_q[4u * c4], sh_q[4u * c4 + 1u], sh_q[4u * c4 + 2u], sh_q[4u * c4 + 3u]), vec4<f32>(key_at(ki + 4u * c4), key_at(ki + 4u * c4 + 1u), key_at(ki + 4u * c4 + 2u), key_at(ki + 4u * c4 + 3u)), dot_4);
             }
+            var dot = hsum(dot_4);
             score = dot * params.scale;
         }
 
@@ -160,11 +183,11 @@ fn attend_row(row: u32, h: u32, tid: u32) {
         let m_new = max(m_old, wg_reduce_max(tid, score));
         var p = 0.0;
         if (visible) {
-            p = exp(score - m_new);
+            p = exp_f32(score - m_new);
         }
         sh_p[tid] = p;
         let block_sum = wg_reduce_sum(tid, p);
-        let corr = exp(m_old - m_new);
+        let corr = exp_f32(m_old - m_new);
 
         // P·V: invocation (d_local, kc) sums chunk kc of the block for element d_local.
         // Keys with p == 0 (masked, or underflowed) add nothing and are not read.

@@ -31,6 +31,28 @@ struct Params {
 @group(0) @binding(6) var<uniform> params: Params;
 @group(0) @binding(7) var<storage, read> seg: array<u32>;
 
+// The four chains of a vec4 dot product, summed pairwise.
+fn hsum(v: vec4<f32>) -> f32 {
+    return (v.x + v.y) + (v.z + v.w);
+}
+
+// exp(x) = 2^n · exp(r), r = x − n·ln2 with ln2 split in two (the first part has trailing
+// zero bits, so n·LN2_HI is exact), and exp(r) by Horner's rule on |r| <= ln2/2.
+fn exp_f32(x: f32) -> f32 {
+    let xc = clamp(x, -104.0, 88.0);
+    let n = round(xc * 1.442695041);
+    let r = fma(n, -1.42860677e-6, fma(n, -0.693145752, xc));
+    var p = 1.98412698e-4;
+    p = fma(p, r, 1.38888889e-3);
+    p = fma(p, r, 8.33333333e-3);
+    p = fma(p, r, 4.16666667e-2);
+    p = fma(p, r, 1.66666667e-1);
+    p = fma(p, r, 0.5);
+    p = fma(p, r, 1.0);
+    p = fma(p, r, 1.0);
+    return ldexp(p, i32(n));
+}
+
 // Flash tiling: BR query rows per workgroup, BC keys per staged block; row groups of
 // TX invocations, TM rows each.
 const BR: u32 = 16u;
@@ -234,20 +256,24 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
         pf_1 = fetch_v(j0, kv_h, tid + 1u * WG);
         pf_2 = fetch_v(j0, kv_h, tid + 2u * WG);
         pf_3 = fetch_v(j0, kv_h, tid + 3u * WG);
-        var s_0_0 = 0.0;
-        var s_0_1 = 0.0;
-        var s_1_0 = 0.0;
-        var s_1_1 = 0.0;
+        var s_0_0_4 = vec4<f32>(0.0);
+        var s_0_1_4 = vec4<f32>(0.0);
+        var s_1_0_4 = vec4<f32>(0.0);
+        var s_1_1_4 = vec4<f32>(0.0);
         for (var d4 = 0u; d4 < D4; d4 = d4 + 1u) {
             let q_0 = sh_q[(g * TM + 0u) * ROW4 + d4];
             let q_1 = sh_q[(g * TM + 1u) * ROW4 + d4];
             let k_0 = sh_kv[(tx + 0u * TX) * ROW4 + d4];
             let k_1 = sh_kv[(tx + 1u * TX) * ROW4 + d4];
-            s_0_0 = fma(q_0.w, k_0.w, fma(q_0.z, k_0.z, fma(q_0.y, k_0.y, fma(q_0.x, k_0.x, s_0_0))));
-            s_0_1 = fma(q_0.w, k_1.w, fma(q_0.z, k_1.z, fma(q_0.y, k_1.y, fma(q_0.x, k_1.x, s_0_1))));
-            s_1_0 = fma(q_1.w, k_0.w, fma(q_1.z, k_0.z, fma(q_1.y, k_0.y, fma(q_1.x, k_0.x, s_1_0))));
-            s_1_1 = fma(q_1.w, k_1.w, fma(q_1.z, k_1.z, fma(q_1.y, k_1.y, fma(q_1.x, k_1.x, s_1_1))));
+            s_0_0_4 = fma(q_0, k_0, s_0_0_4);
+            s_0_1_4 = fma(q_0, k_1, s_0_1_4);
+            s_1_0_4 = fma(q_1, k_0, s_1_0_4);
+            s_1_1_4 = fma(q_1, k_1, s_1_1_4);
         }
+        var s_0_0 = hsum(s_0_0_4);
+        var s_0_1 = hsum(s_0_1_4);
+        var s_1_0 = hsum(s_1_0_4);
+        var s_1_1 = hsum(s_1_1_4);
         let j_0 = j0 + tx + 0u * TX;
         let j_1 = j0 + tx + 1u * TX;
         let v_0_0 = j_0 >= lo_0 && j_0 < hi_0 && key_visible(row_0, j_0);
@@ -266,21 +292,21 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
         rm_0 = row_max(g * TM + 0u);
         rm_1 = row_max(g * TM + 1u);
         let mn_0 = max(m_0, rm_0);
-        let c_0 = exp(m_0 - mn_0);
+        let c_0 = exp_f32(m_0 - mn_0);
         m_0 = mn_0;
-        let p_0_0 = select(0.0, exp(s_0_0 - mn_0), v_0_0);
+        let p_0_0 = select(0.0, exp_f32(s_0_0 - mn_0), v_0_0);
         sh_p[(g * TM + 0u) * PSTRIDE + tx + 0u * TX] = p_0_0;
-        let p_0_1 = select(0.0, exp(s_0_1 - mn_0), v_0_1);
+        let p_0_1 = select(0.0, exp_f32(s_0_1 - mn_0), v_0_1);
         sh_p[(g * TM + 0u) * PSTRIDE + tx + 1u * TX] = p_0_1;
         l_0 = l_0 * c_0 + p_0_0 + p_0_1;
         acc_0_0 = acc_0_0 * c_0;
         acc_0_1 = acc_0_1 * c_0;
         let mn_1 = max(m_1, rm_1);
-        let c_1 = exp(m_1 - mn_1);
+        let c_1 = exp_f32(m_1 - mn_1);
         m_1 = mn_1;
-        let p_1_0 = select(0.0, exp(s_1_0 - mn_1), v_1_0);
+        let p_1_0 = select(0.0, exp_f32(s_1_0 - mn_1), v_1_0);
         sh_p[(g * TM + 1u) * PSTRIDE + tx + 0u * TX] = p_1_0;
-        let p_1_1 = select(0.0, exp(s_1_1 - mn_1), v_1_1);
+        let p_1_1 = select(0.0, exp_f32(s_1_1 - mn_1), v_1_1);
         sh_p[(g * TM + 1u) * PSTRIDE + tx + 1u * TX] = p_1_1;
         l_1 = l_1 * c_1 + p_1_0 + p_1_1;
         acc_1_0 = acc_1_0 * c_1;
@@ -300,7 +326,8 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
         // A block every row sees in full has p == 0 only by underflow, so it needs no
         // guard; elsewhere masked keys must not multiply V (0 · inf is NaN).
         if (range.z <= j0 && j0 + BC <= range.w) {
-            for (var c = 0u; c < BC; c = c + 1u) {
+            for (var cc = 0u; cc < BC; cc = cc + 1u) {
+                let c = cc;
                 let accr_0 = sh_kv[c * ROW4 + tx + 0u * TX];
                 let accr_1 = sh_kv[c * ROW4 + tx + 1u * TX];
                 let accw_0 = sh_p[(g * TM + 0u) * PSTRIDE + c];
@@ -311,7 +338,8 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
                 acc_1_1 = fma(vec4<f32>(accw_1), accr_1, acc_1_1);
             }
         } else {
-            for (var c = 0u; c < BC; c = c + 1u) {
+            for (var cc = 0u; cc < BC; cc = cc + 1u) {
+                let c = cc;
                 let accr_0 = sh_kv[c * ROW4 + tx + 0u * TX];
                 let accr_1 = sh_kv[c * ROW4 + tx + 1u * TX];
                 let accw_0 = sh_p[(g * TM + 0u) * PSTRIDE + c];

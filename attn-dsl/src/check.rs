@@ -195,17 +195,12 @@ fn check_flash(spec: &KernelSpec) -> Result<(), DslError> {
             ),
         ));
     }
-    let extra = ["p_ds", "dkv"]
-        .into_iter()
-        .find(|t| spec.write_mode(t).is_some());
-    if let (Op::BackwardQ, Some(t)) = (spec.op, extra) {
+    if spec.op == Op::BackwardQ && spec.write_mode("p_ds").is_some() {
         return Err(DslError::spec(
-            Field::Write(t.into()),
-            format!(
-                "the flash backward_q is the query half of the tiled recompute split and \
-                 writes `dq` only; drop `{t}`, or use the per-row grid for the split and \
-                 streaming schedules"
-            ),
+            Field::Write("p_ds".into()),
+            "the flash backward_q keeps P and dS in workgroup memory and flushes no scratch; \
+             drop `p_ds` (declare `dkv: atomic` for the streaming schedule), or use the \
+             per-row grid for the split schedule",
         ));
     }
     if spec.op == Op::BackwardKv && spec.source == Source::Scratch {

@@ -22,6 +22,9 @@ pub enum Axis {
     D,
     /// Which of the tensors packed into one buffer (e.g. P or dS in `p_ds`).
     Part,
+    /// Of a compensated atomic output: 0 is the running sum, 1 the sum of the rounding
+    /// errors of the adds into it; the value is their sum.
+    Carry,
 }
 
 impl Axis {
@@ -33,6 +36,7 @@ impl Axis {
             Axis::KvH => "kv_h",
             Axis::D => "d",
             Axis::Part => "part",
+            Axis::Carry => "carry",
         }
     }
 }

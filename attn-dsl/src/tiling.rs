@@ -32,6 +32,9 @@ pub struct Tiling {
     pub row4: u32,
     /// Row reductions by subgroup shuffles, with a workgroup-memory fallback.
     pub subgroups: bool,
+    /// A query-major backward that also scatters dK and dV (the streaming schedule), and
+    /// so stages P beside dS.
+    pub scatters_kv: bool,
 }
 
 /// Most accumulator values one invocation keeps in registers; past this the driver spills.
@@ -52,6 +55,7 @@ impl Tiling {
         );
         Some(tiling.map(|t| Tiling {
             subgroups: flash.subgroups,
+            scatters_kv: spec.op == Op::BackwardQ && spec.write_mode("dkv").is_some(),
             ..t
         }))
     }
@@ -116,6 +120,7 @@ impl Tiling {
             dn,
             row4: d4 + 1,
             subgroups: false,
+            scatters_kv: false,
         })
     }
 
@@ -133,8 +138,10 @@ impl Tiling {
                     + 16
                     + if self.subgroups { 4 } else { 0 }
             }
-            // Q, dO; K, V; dS; the key range.
-            Op::BackwardQ => rows(2 * self.br, 2 * self.bc) + tile + 16,
+            // Q, dO; K, V; dS (and P, when scattering dK and dV); the key range.
+            Op::BackwardQ => {
+                rows(2 * self.br, 2 * self.bc) + if self.scatters_kv { 2 * tile } else { tile } + 16
+            }
             // K, V; Q, dO; P, dS; (LSE, D) per staged query; the query range.
             _ => rows(2 * self.br, 2 * self.bc) + 2 * tile + 8 * self.bc + 16,
         }

@@ -166,6 +166,7 @@ fn axis(a: Axis) -> TokenStream {
         Axis::KvH => quote!(KvH),
         Axis::D => quote!(D),
         Axis::Part => quote!(Part),
+        Axis::Carry => quote!(Carry),
     }
 }
 

@@ -19,8 +19,10 @@ use crate::tuning::{self, Table};
 pub enum Schedule {
     /// (a) s-major flushes P and dS to scratch; j-major consumes them. No atomics.
     Split,
-    /// (b) s-major only; dK and dV by atomic scatter. No scratch.
-    Streaming(Scatter),
+    /// (b) one query-major flash kernel: query tiles own dQ, dK and dV summed over a tile's
+    /// rows are added by compensated atomic scatter (native `atomic<f32>` where the adapter
+    /// has it); the query-tile half of candidate `i`. No scratch.
+    Streaming(u8),
     /// (d) s-major dQ and j-major dK/dV kernels, each recomputing P. No scratch, no atomics.
     RecomputeSplit,
     /// (d) on the flash grids: query and key tiles staged in workgroup memory, register
@@ -32,12 +34,8 @@ pub enum Schedule {
 }
 
 impl Schedule {
-    pub const ALL: [Schedule; 4] = [
-        Schedule::Split,
-        Schedule::Streaming(Scatter::Cas),
-        Schedule::Streaming(Scatter::F32Atomic),
-        Schedule::RecomputeSplit,
-    ];
+    /// The schedules with one configuration (the per-row designs).
+    pub const PER_ROW: [Schedule; 2] = [Schedule::Split, Schedule::RecomputeSplit];
 
     /// Scratch bytes the schedule needs: P and dS, each `[seq, n_heads, seq]` f32.
     pub fn scratch_bytes(self, seq_len: u32, n_heads: u32) -> u64 {
@@ -56,9 +54,8 @@ impl fmt::Display for Schedule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Schedule::Split => "split",
-            Schedule::Streaming(Scatter::Cas) => "streaming-cas",
-            Schedule::Streaming(Scatter::F32Atomic) => "streaming-f32",
             Schedule::RecomputeSplit => "recompute",
+            Schedule::Streaming(i) => return write!(f, "streaming-{i}"),
             Schedule::Tiled(i) => return write!(f, "tiled-{i}"),
             Schedule::Flash(i) => return write!(f, "flash-{i}"),
         })
@@ -69,20 +66,23 @@ impl FromStr for Schedule {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Schedule, String> {
-        if let Some(i) = s.strip_prefix("tiled-").and_then(|i| i.parse().ok()) {
-            return Ok(Schedule::Tiled(i));
+        if let Some((kind, i)) = s.rsplit_once('-')
+            && let Ok(i) = i.parse::<u8>()
+        {
+            match kind {
+                "streaming" => return Ok(Schedule::Streaming(i)),
+                "tiled" => return Ok(Schedule::Tiled(i)),
+                "flash" => return Ok(Schedule::Flash(i)),
+                _ => {}
+            }
         }
-        if let Some(i) = s.strip_prefix("flash-").and_then(|i| i.parse().ok()) {
-            return Ok(Schedule::Flash(i));
-        }
-        Schedule::ALL
+        Schedule::PER_ROW
             .into_iter()
             .find(|x| x.to_string() == s)
             .ok_or_else(|| {
-                let names: Vec<_> = Schedule::ALL.iter().map(|x| x.to_string()).collect();
                 format!(
-                    "unknown schedule `{s}`; expected one of: {}, tiled-N, flash-N",
-                    names.join(", ")
+                    "unknown schedule `{s}`; expected one of: split, recompute, streaming-N, \
+                     tiled-N, flash-N (N: a configuration of tuning::backward_candidates)"
                 )
             })
     }
@@ -229,22 +229,24 @@ impl Backward {
         let scale = input.scale.unwrap_or(h.default_scale());
         let rows = (input.seq_len * h.n_heads) as usize;
         // Refuse what this device cannot run before uploading anything.
-        self.kernels_for(set, schedule)?;
-        match schedule {
-            Schedule::Split => {
-                let elems = scratch_elems(input.seq_len, h.n_heads);
-                attention::binding_size(gpu.limits(), 2 * elems * 4)?;
-                self.reserve_scratch(gpu, elems);
-            }
-            // dK and dV share one atomic binding.
-            Schedule::Streaming(_) => {
-                attention::binding_size(gpu.limits(), 8 * input.k.len() as u64)?
-            }
-            Schedule::RecomputeSplit | Schedule::Tiled(_) | Schedule::Flash(_) => {}
+        // An atomic output is compensated: its binding holds the running sum, then the sum
+        // of the rounding errors (the DSL's Axis::Carry). Its value is the sum of the halves.
+        let atomic: Vec<String> = self
+            .kernels_for(set, schedule)?
+            .iter()
+            .flat_map(|k| k.abi().bindings.iter())
+            .filter(|b| b.write == Some(attn_dsl::WriteMode::AtomicScatter))
+            .map(|b| b.name.to_string())
+            .collect();
+        let carried = |name: &str| atomic.iter().any(|a| a == name);
+        if schedule == Schedule::Split {
+            let elems = scratch_elems(input.seq_len, h.n_heads);
+            attention::binding_size(gpu.limits(), 2 * elems * 4)?;
         }
         // dK and dV packed for the streaming kernel's one atomic binding: dK first.
         let dkv: Vec<f32> = grads.dk.iter().chain(&grads.dv).copied().collect();
-        let named: Vec<(&str, wgpu::Buffer)> = [
+        let mut named: Vec<(&str, wgpu::Buffer, usize)> = Vec::new();
+        for (name, data) in [
             ("q", input.q),
             ("k", input.k),
             ("v", input.v),
@@ -255,52 +257,59 @@ impl Backward {
             ("dk", &grads.dk),
             ("dv", &grads.dv),
             ("dkv", &dkv),
-        ]
-        .into_iter()
-        .map(|(name, data)| (name, buffers::storage(gpu, name, data)))
-        .chain([
-            ("seg", attention::seg_buffer(gpu, input.seg, input.seq_len)),
-            ("stats", buffers::output::<f32>(gpu, "stats", 2 * rows)),
-        ])
-        .collect();
+        ] {
+            let buffer = match carried(name) {
+                true => {
+                    attention::binding_size(gpu.limits(), 8 * data.len() as u64)?;
+                    let mut both = data.to_vec();
+                    both.resize(2 * data.len(), 0.0);
+                    buffers::storage(gpu, name, &both)
+                }
+                false => buffers::storage(gpu, name, data),
+            };
+            named.push((name, buffer, data.len()));
+        }
+        if schedule == Schedule::Split {
+            self.reserve_scratch(gpu, scratch_elems(input.seq_len, h.n_heads));
+        }
         let kernels = self.kernels_for(set, schedule)?;
+        let seg = attention::seg_buffer(gpu, input.seg, input.seq_len);
+        let stats = buffers::output::<f32>(gpu, "stats", 2 * rows);
         let (dims_buf, params_buf) = uniforms(gpu, kernels[0].abi(), &dims, &[("scale", scale)])?;
-        let mut bound: Vec<(&str, &wgpu::Buffer)> = named.iter().map(|(n, b)| (*n, b)).collect();
-        bound.extend([("dims", &dims_buf), ("params", &params_buf)]);
+        let mut bound: Vec<(&str, &wgpu::Buffer)> = named.iter().map(|(n, b, _)| (*n, b)).collect();
+        bound.extend([
+            ("seg", &seg),
+            ("stats", &stats),
+            ("dims", &dims_buf),
+            ("params", &params_buf),
+        ]);
         if let (Schedule::Split, Some(scratch)) = (schedule, &self.scratch) {
             bound.push(("p_ds", &scratch.p_ds));
         }
-        for kernel in std::iter::once(&self.compiled[set].prep).chain(kernels) {
+        for kernel in std::iter::once(&self.compiled[set].prep).chain(kernels.iter().copied()) {
             let grid = attention::checked_grid(kernel.abi(), gpu.limits(), &dims)?;
             submit(gpu, kernel, &bound, grid)?;
         }
-        let find = |name: &str| {
-            named
-                .iter()
-                .find(|(n, _)| *n == name)
-                .map(|(_, b)| b)
-                .expect("bound above")
+        let outputs: Vec<&str> = match carried("dkv") {
+            true => vec!["dq", "dkv"],
+            false => vec!["dq", "dk", "dv"],
         };
-        let (dk_len, dv_len) = (grads.dk.len(), grads.dv.len());
-        let mut out = match schedule {
-            Schedule::Streaming(_) => {
-                let mut out = buffers::read_many::<f32>(
-                    gpu,
-                    &[(find("dq"), grads.dq.len()), (find("dkv"), dk_len + dv_len)],
-                )?;
-                let dv = out[1].split_off(dk_len);
-                out.push(dv);
-                out
-            }
-            _ => buffers::read_many::<f32>(
-                gpu,
-                &[
-                    (find("dq"), grads.dq.len()),
-                    (find("dk"), dk_len),
-                    (find("dv"), dv_len),
-                ],
-            )?,
-        };
+        let reads: Vec<(&wgpu::Buffer, usize)> = outputs
+            .iter()
+            .map(|name| {
+                let (_, buffer, len) = named.iter().find(|(n, _, _)| n == name).expect("bound");
+                (buffer, if carried(name) { 2 * len } else { *len })
+            })
+            .collect();
+        let mut out: Vec<Vec<f32>> = buffers::read_many::<f32>(gpu, &reads)?
+            .into_iter()
+            .zip(&outputs)
+            .map(|(data, name)| if carried(name) { uncarry(data) } else { data })
+            .collect();
+        if out.len() == 2 {
+            let dv = out[1].split_off(grads.dk.len());
+            out.push(dv);
+        }
         let dv = out.pop().unwrap_or_default();
         let dk = out.pop().unwrap_or_default();
         let dq = out.pop().unwrap_or_default();
@@ -370,8 +379,8 @@ impl Backward {
             Some((_, kernels)) => Ok(kernels.iter().collect()),
             None => Err(InputError::Unsupported {
                 what: "this backward schedule",
-                needs: "SHADER_FLOAT32_ATOMIC for streaming-f32, or for tiled-N and flash-N a \
-                        candidate of tuning::backward_candidates that fits the device's \
+                needs: "for streaming-N, tiled-N and flash-N, a candidate of \
+                        tuning::backward_candidates for this head_dim that fits the device's \
                         workgroup memory",
             }
             .into()),
@@ -390,6 +399,13 @@ impl Backward {
     }
 }
 
+/// The value of a compensated atomic output: its running sum plus its carried error.
+fn uncarry(mut both: Vec<f32>) -> Vec<f32> {
+    let lo = both.split_off(both.len() / 2);
+    both.iter_mut().zip(lo).for_each(|(hi, lo)| *hi += lo);
+    both
+}
+
 /// Every schedule `gpu` runs for `set`'s head_dim and masks, with its kernels in dispatch
 /// order (after prep): the per-row ones from `set`, streaming-f32 where the adapter has
 /// SHADER_FLOAT32_ATOMIC, and each tiled and flash candidate that fits the device.
@@ -403,18 +419,10 @@ pub fn schedule_kernels(
     let mut out = vec![
         (Schedule::Split, compile(&[&set.split_q, &set.split_kv])?),
         (
-            Schedule::Streaming(Scatter::Cas),
-            compile(&[&set.streaming])?,
+            Schedule::RecomputeSplit,
+            compile(&[&set.recompute_q, &set.recompute_kv])?,
         ),
     ];
-    if gpu.has_f32_atomics() {
-        let kernels = compile(&[&set.streaming_f32_atomic])?;
-        out.push((Schedule::Streaming(Scatter::F32Atomic), kernels));
-    }
-    out.push((
-        Schedule::RecomputeSplit,
-        compile(&[&set.recompute_q, &set.recompute_kv])?,
-    ));
     let (head_dim, masks) = (set.recompute_q.head_dim, set.recompute_q.masks);
     let scatter = match gpu.has_f32_atomics() {
         true => Scatter::F32Atomic,
@@ -430,6 +438,13 @@ pub fn schedule_kernels(
             tuning::flash_backward(head_dim, masks, *config).map_err(|e| dsl("tiled", e))?;
         if tuning::fits(gpu, &q) && tuning::fits(gpu, &kv) {
             out.push((Schedule::Tiled(i as u8), compile(&[&q, &kv])?));
+        }
+    }
+    for (i, config) in candidates.iter().enumerate() {
+        let q = tuning::flash_streaming(head_dim, masks, config.q, scatter)
+            .map_err(|e| dsl("streaming", e))?;
+        if tuning::fits(gpu, &q) {
+            out.push((Schedule::Streaming(i as u8), compile(&[&q])?));
         }
     }
     for (i, config) in candidates.iter().enumerate() {

@@ -3,7 +3,7 @@
 
 use std::borrow::Cow;
 
-use attn_dsl::{DslError, KernelAbi, KernelSpec, Masks, Op, Scatter, Source, WriteMode};
+use attn_dsl::{DslError, KernelAbi, KernelSpec, Masks, Op, Source, WriteMode};
 use attn_macros::attention_kernel;
 
 attention_kernel! {
@@ -104,16 +104,19 @@ attention_kernel! {
 }
 
 attention_kernel! {
-    /// Streaming schedule (b), head_dim 64: no scratch; dK and dV by atomic scatter into `dkv`
-    /// [2, j, kv_h, d] (a compare-exchange loop in `ABI`, native f32 atomics in `ABI_F32_ATOMIC`).
+    /// Streaming schedule (b), head_dim 64: query tiles of 16 own dQ; per staged block of 8
+    /// keys, dK and dV summed over the tile's rows are added by compensated atomic scatter
+    /// into `dkv` [carry, 2, j, kv_h, d] (a compare-exchange loop in `ABI`, native f32
+    /// atomics in `ABI_F32_ATOMIC`). No scratch. The query-tile half of candidate 0 of
+    /// `tuning::backward_candidates(64)`.
     pub attention_backward {
         op: backward_q,
-        grid: s_major(tile = 1),
+        grid: s_major(tile = 16, key_tile = 8, rows_per_thread = 2),
         head_dim: 64,
         gqa: any,
         masks: [causal, document],
         target: webgpu,
-        workgroup_size: 256,
+        workgroup_size: 64,
         writes: { dq: owned, dkv: atomic },
     }
 }
@@ -191,16 +194,16 @@ attention_kernel! {
 }
 
 attention_kernel! {
-    /// Streaming schedule (b), head_dim 128: no scratch; dK and dV by atomic scatter into `dkv`
-    /// [2, j, kv_h, d] (a compare-exchange loop in `ABI`, native f32 atomics in `ABI_F32_ATOMIC`).
+    /// Streaming schedule (b), head_dim 128, in WebGPU's defaults: query tiles of 8, keys
+    /// staged 4 at a time.
     pub attention_backward_d128 {
         op: backward_q,
-        grid: s_major(tile = 1),
+        grid: s_major(tile = 8, key_tile = 4, rows_per_thread = 1),
         head_dim: 128,
         gqa: any,
         masks: [causal, document],
         target: webgpu,
-        workgroup_size: 256,
+        workgroup_size: 32,
         writes: { dq: owned, dkv: atomic },
     }
 }
@@ -414,20 +417,17 @@ pub struct BackwardKernels {
     pub prep: Cow<'static, KernelAbi>,
     pub split_q: Cow<'static, KernelAbi>,
     pub split_kv: Cow<'static, KernelAbi>,
-    pub streaming: Cow<'static, KernelAbi>,
-    pub streaming_f32_atomic: Cow<'static, KernelAbi>,
     pub recompute_q: Cow<'static, KernelAbi>,
     pub recompute_kv: Cow<'static, KernelAbi>,
 }
 
 impl BackwardKernels {
-    /// The portable kernels (every one but the native-f32-atomic variant).
-    pub fn portable(&self) -> [&KernelAbi; 6] {
+    /// Every kernel of the set.
+    pub fn all(&self) -> [&KernelAbi; 5] {
         [
             &self.prep,
             &self.split_q,
             &self.split_kv,
-            &self.streaming,
             &self.recompute_q,
             &self.recompute_kv,
         ]
@@ -436,11 +436,10 @@ impl BackwardKernels {
     /// The same set as the family's descriptions, for any head_dim and masks, compiled (and
     /// naga-validated) now.
     pub fn compile(head_dim: u32, masks: Masks) -> Result<BackwardKernels, DslError> {
-        use WriteMode::{AtomicScatter, Owned, ScratchFlush};
-        let spec = |name: &str, op, writes: &[(&str, WriteMode)], source, scatter| KernelSpec {
+        use WriteMode::{Owned, ScratchFlush};
+        let spec = |name: &str, op, writes: &[(&str, WriteMode)], source| KernelSpec {
             writes: writes.iter().map(|(n, m)| (n.to_string(), *m)).collect(),
             source,
-            scatter,
             ..KernelSpec::standard(name, op, head_dim, masks)
         };
         let prep = KernelSpec {
@@ -453,48 +452,26 @@ impl BackwardKernels {
             )
         };
         let (bq, bkv) = (Op::BackwardQ, Op::BackwardKv);
-        let (rec, scr, cas, f32a) = (
-            Source::Recompute,
-            Source::Scratch,
-            Scatter::Cas,
-            Scatter::F32Atomic,
-        );
+        let (rec, scr) = (Source::Recompute, Source::Scratch);
         let scratch = [("dq", Owned), ("p_ds", ScratchFlush)];
-        let atomic = [("dq", Owned), ("dkv", AtomicScatter)];
         let owned_kv = [("dk", Owned), ("dv", Owned)];
         let build = |s: KernelSpec| attn_dsl::compile(&s).map(Cow::Owned);
         Ok(BackwardKernels {
             prep: build(prep)?,
-            split_q: build(spec("attention_backward_short", bq, &scratch, rec, cas))?,
-            split_kv: build(spec(
-                "attention_backward_short_dkdv",
-                bkv,
-                &owned_kv,
-                scr,
-                cas,
-            ))?,
-            streaming: build(spec("attention_backward", bq, &atomic, rec, cas))?,
-            streaming_f32_atomic: build(spec("attention_backward", bq, &atomic, rec, f32a))?,
-            recompute_q: build(spec(
-                "attention_backward_dq",
-                bq,
-                &[("dq", Owned)],
-                rec,
-                cas,
-            ))?,
-            recompute_kv: build(spec("attention_backward_dkdv", bkv, &owned_kv, rec, cas))?,
+            split_q: build(spec("attention_backward_short", bq, &scratch, rec))?,
+            split_kv: build(spec("attention_backward_short_dkdv", bkv, &owned_kv, scr))?,
+            recompute_q: build(spec("attention_backward_dq", bq, &[("dq", Owned)], rec))?,
+            recompute_kv: build(spec("attention_backward_dkdv", bkv, &owned_kv, rec))?,
         })
     }
 }
 
 macro_rules! backward_kernels {
-    ($prep:ident, $short:ident, $short_kv:ident, $stream:ident, $dq:ident, $dkdv:ident) => {
+    ($prep:ident, $short:ident, $short_kv:ident, $dq:ident, $dkdv:ident) => {
         BackwardKernels {
             prep: Cow::Borrowed(&$prep::ABI),
             split_q: Cow::Borrowed(&$short::ABI),
             split_kv: Cow::Borrowed(&$short_kv::ABI),
-            streaming: Cow::Borrowed(&$stream::ABI),
-            streaming_f32_atomic: Cow::Borrowed(&$stream::ABI_F32_ATOMIC),
             recompute_q: Cow::Borrowed(&$dq::ABI),
             recompute_kv: Cow::Borrowed(&$dkdv::ABI),
         }
@@ -507,7 +484,6 @@ pub static BACKWARD: [BackwardKernels; 2] = [
         attention_backward_prep,
         attention_backward_short,
         attention_backward_short_dkdv,
-        attention_backward,
         attention_backward_dq,
         attention_backward_dkdv
     ),
@@ -515,7 +491,6 @@ pub static BACKWARD: [BackwardKernels; 2] = [
         attention_backward_prep_d128,
         attention_backward_short_d128,
         attention_backward_short_dkdv_d128,
-        attention_backward_d128,
         attention_backward_dq_d128,
         attention_backward_dkdv_d128
     ),

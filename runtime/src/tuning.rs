@@ -147,20 +147,55 @@ pub fn flash_scatter(
     scatter: attn_dsl::Scatter,
 ) -> Result<KernelAbi, DslError> {
     use attn_dsl::WriteMode::{AtomicScatter, Owned};
-    let mut spec = KernelSpec {
-        writes: vec![
-            ("dk".into(), Owned),
-            ("dv".into(), Owned),
-            ("dq".into(), AtomicScatter),
-        ],
+    let writes = [("dk", Owned), ("dv", Owned), ("dq", AtomicScatter)];
+    let name = family_name("attention_backward_flash", head_dim);
+    atomic_kernel(
+        &name,
+        Op::BackwardKv,
+        head_dim,
+        masks,
+        config,
+        &writes,
         scatter,
-        ..KernelSpec::flash(
-            &family_name("attention_backward_flash", head_dim),
-            Op::BackwardKv,
-            head_dim,
-            masks,
-            config,
-        )
+    )
+}
+
+/// The streaming backward (schedule (b)) for `head_dim` and `masks`: the query-major kernel
+/// of `config` that owns dQ and adds dK and dV into `dkv` by `scatter` atomics.
+pub fn flash_streaming(
+    head_dim: u32,
+    masks: Masks,
+    config: FlashConfig,
+    scatter: attn_dsl::Scatter,
+) -> Result<KernelAbi, DslError> {
+    use attn_dsl::WriteMode::{AtomicScatter, Owned};
+    let writes = [("dq", Owned), ("dkv", AtomicScatter)];
+    let name = family_name("attention_backward", head_dim);
+    atomic_kernel(
+        &name,
+        Op::BackwardQ,
+        head_dim,
+        masks,
+        config,
+        &writes,
+        scatter,
+    )
+}
+
+/// A flash kernel of `op` with `writes`, its atomic outputs added by `scatter`.
+fn atomic_kernel(
+    name: &str,
+    op: Op,
+    head_dim: u32,
+    masks: Masks,
+    config: FlashConfig,
+    writes: &[(&str, attn_dsl::WriteMode)],
+    scatter: attn_dsl::Scatter,
+) -> Result<KernelAbi, DslError> {
+    let mut spec = KernelSpec {
+        writes: writes.iter().map(|(n, m)| (n.to_string(), *m)).collect(),
+        scatter,
+        ..KernelSpec::flash(name, op, head_dim, masks, config)
     };
     spec.fit_target();
     attn_dsl::compile(&spec)
@@ -173,6 +208,9 @@ pub fn schedule_detail(schedule: crate::Schedule, head_dim: u32) -> String {
         crate::Schedule::Tiled(i) => config(i).map_or(String::new(), |c| format!(" {}", c.label())),
         crate::Schedule::Flash(i) => {
             config(i).map_or(String::new(), |c| format!(" kv {}", c.kv.label()))
+        }
+        crate::Schedule::Streaming(i) => {
+            config(i).map_or(String::new(), |c| format!(" q {}", c.q.label()))
         }
         _ => String::new(),
     }
@@ -408,6 +446,33 @@ mod tests {
             ),
         ] {
             assert_eq!(&flash_scatter(64, masks, kv, scatter).unwrap(), abi);
+        }
+    }
+
+    #[test]
+    fn family_streaming_backward_is_the_query_kernel_of_candidate_0() {
+        let masks = Masks {
+            causal: true,
+            document: true,
+        };
+        use crate::kernels::{attention_backward, attention_backward_d128};
+        for (head_dim, abi, abi_f32) in [
+            (
+                64,
+                &attention_backward::ABI,
+                &attention_backward::ABI_F32_ATOMIC,
+            ),
+            (
+                128,
+                &attention_backward_d128::ABI,
+                &attention_backward_d128::ABI_F32_ATOMIC,
+            ),
+        ] {
+            let q = backward_candidates(head_dim)[0].q;
+            let cas = flash_streaming(head_dim, masks, q, attn_dsl::Scatter::Cas).unwrap();
+            let f32a = flash_streaming(head_dim, masks, q, attn_dsl::Scatter::F32Atomic).unwrap();
+            assert_eq!(&cas, abi);
+            assert_eq!(&f32a, abi_f32);
         }
     }
 

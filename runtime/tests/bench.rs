@@ -52,7 +52,7 @@ fn every_kernel_and_schedule_is_gpu_timed() {
         "forward tile-1",
         "forward flash 16x16/2@64",
         "backward split",
-        "backward streaming-cas",
+        "backward streaming-0 q 16x8/2@64",
         "backward recompute",
         "backward tiled-0 q 16x8/2@64 kv 16x8/2@64",
     ] {

@@ -79,7 +79,7 @@ fn round_trip_matches_the_reference_for_every_schedule() {
         causal: true,
         seg: Some(&seg),
     };
-    for schedule in ["auto", "split", "streaming-cas", "recompute"] {
+    for schedule in ["auto", "split", "recompute"] {
         let out = dir.join(schedule);
         let f = |n: &str| dir.join(n).to_string_lossy().into_owned();
         let result = attn(&[

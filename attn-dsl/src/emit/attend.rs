@@ -98,8 +98,15 @@ fn store_lse(row: u32, h: u32, m: f32, l: f32) {
     );
 }
 
-pub(super) fn attend_row(out: &mut String) {
-    out.push_str(ATTEND_ROW);
+pub(super) fn attend_row(out: &mut String, spec: &KernelSpec) {
+    let dot = super::numerics::dot(
+        "dot",
+        spec.head_dim,
+        |i| format!("sh_q[{i}]"),
+        |i| format!("key_at(ki + {i})"),
+        "            ",
+    );
+    out.push_str(&ATTEND_ROW.replace("            //DOT\n", &dot));
 }
 
 const ATTEND_ROW: &str = r#"fn attend_row(row: u32, h: u32, tid: u32) {
@@ -130,10 +137,7 @@ const ATTEND_ROW: &str = r#"fn attend_row(row: u32, h: u32, tid: u32) {
         var score = NEG_BIG;
         if (visible) {
             let ki = kv_index(j, kv_h);
-            var dot = 0.0;
-            for (var dd = 0u; dd < HEAD_DIM; dd = dd + 1u) {
-                dot = fma(sh_q[dd], key_at(ki + dd), dot);
-            }
+            //DOT
             score = dot * params.scale;
         }
 
@@ -141,11 +145,11 @@ const ATTEND_ROW: &str = r#"fn attend_row(row: u32, h: u32, tid: u32) {
         let m_new = max(m_old, wg_reduce_max(tid, score));
         var p = 0.0;
         if (visible) {
-            p = exp(score - m_new);
+            p = exp_f32(score - m_new);
         }
         sh_p[tid] = p;
         let block_sum = wg_reduce_sum(tid, p);
-        let corr = exp(m_old - m_new);
+        let corr = exp_f32(m_old - m_new);
 
         // P·V: invocation (d_local, kc) sums chunk kc of the block for element d_local.
         // Keys with p == 0 (masked, or underflowed) add nothing and are not read.

@@ -16,7 +16,7 @@
 use std::fmt::Write;
 
 use super::index;
-use crate::spec::{KernelSpec, Scatter, Source, WriteMode};
+use crate::spec::{KernelSpec, Source, WriteMode};
 
 pub(super) fn q_workgroup_bytes(head_dim: u32, wg: u32) -> u32 {
     // sh_q, sh_do, sh_acc; sh_ds, sh_partial; sh_range.
@@ -39,23 +39,28 @@ fn p_ds_part(part: u32, row: u32, h: u32, j: u32) -> u32 {
 
 "#;
 
-pub(super) fn backward_prep(out: &mut String) {
+pub(super) fn backward_prep(out: &mut String, spec: &KernelSpec) {
     index::row_indexing(out);
     out.push_str(PACKING);
-    out.push_str(
-        r#"fn prep_row(row: u32, h: u32, tid: u32) {
-    if (tid == 0u) {
+    // D = dO·O in the order the backward kernels sum dP = dO·V.
+    let delta = super::numerics::dot(
+        "delta",
+        spec.head_dim,
+        |i| format!("d_o[qi + {i}]"),
+        |i| format!("o[qi + {i}]"),
+        "        ",
+    );
+    let _ = write!(
+        out,
+        r#"fn prep_row(row: u32, h: u32, tid: u32) {{
+    if (tid == 0u) {{
         let qi = q_index(row, h);
-        var delta = 0.0;
-        for (var dd = 0u; dd < HEAD_DIM; dd = dd + 1u) {
-            delta = fma(d_o[qi + dd], o[qi + dd], delta);
-        }
-        stats[stats_part(0u, row, h)] = lse[row * dims.n_heads + h];
+{delta}        stats[stats_part(0u, row, h)] = lse[row * dims.n_heads + h];
         stats[stats_part(1u, row, h)] = delta;
-    }
-}
+    }}
+}}
 
-"#,
+"#
     );
 }
 
@@ -76,7 +81,7 @@ var<workgroup> sh_range: vec2<u32>;
     );
     let scatter = spec.write_mode("dkv") == Some(WriteMode::AtomicScatter);
     if scatter {
-        atomic_add(out, "dkv", spec.scatter);
+        super::scatter::atomic_add(out, spec, "dkv");
     }
     let flush = if spec.write_mode("p_ds").is_some() {
         "            p_ds[p_ds_part(0u, row, h, j)] = pj;\n            p_ds[p_ds_part(1u, row, h, j)] = dsj;\n"
@@ -95,42 +100,25 @@ var<workgroup> sh_range: vec2<u32>;
     } else {
         ""
     };
+    let dots = super::numerics::dot(
+        "dot",
+        spec.head_dim,
+        |i| format!("sh_q[{i}]"),
+        |i| format!("k[ki + {i}]"),
+        "            ",
+    ) + &super::numerics::dot(
+        "dp",
+        spec.head_dim,
+        |i| format!("sh_do[{i}]"),
+        |i| format!("v[ki + {i}]"),
+        "            ",
+    );
     out.push_str(
         &BACKWARD_ROW
+            .replace("            //DOTS\n", &dots)
             .replace("        //FLUSH\n", flush)
             .replace("        //SCATTER\n", scatter_lines),
     );
-}
-
-/// `add_<t>(i, x)`: `t[i] += x` from many workgroups at once.
-pub(super) fn atomic_add(out: &mut String, t: &str, scatter: Scatter) {
-    match scatter {
-        Scatter::F32Atomic => {
-            let _ = write!(
-                out,
-                "fn add_{t}(i: u32, x: f32) {{\n    atomicAdd(&{t}[i], x);\n}}\n\n"
-            );
-        }
-        Scatter::Cas => {
-            let _ = write!(
-                out,
-                r#"// f32 add on u32 words: retry until no other invocation changed the word between
-// our load and our exchange.
-fn add_{t}(i: u32, x: f32) {{
-    var old = atomicLoad(&{t}[i]);
-    loop {{
-        let r = atomicCompareExchangeWeak(&{t}[i], old, bitcast<u32>(bitcast<f32>(old) + x));
-        if (r.exchanged) {{
-            break;
-        }}
-        old = r.old_value;
-    }}
-}}
-
-"#
-            );
-        }
-    }
 }
 
 const BACKWARD_ROW: &str = r#"fn backward_row(row: u32, h: u32, tid: u32) {
@@ -159,13 +147,8 @@ const BACKWARD_ROW: &str = r#"fn backward_row(row: u32, h: u32, tid: u32) {
         var dsj = 0.0;
         if (j >= range.x && j < range.y && key_visible(row, j)) {
             let ki = kv_index(j, kv_h);
-            var dot = 0.0;
-            var dp = 0.0;
-            for (var dd = 0u; dd < HEAD_DIM; dd = dd + 1u) {
-                dot = fma(sh_q[dd], k[ki + dd], dot);
-                dp = fma(sh_do[dd], v[ki + dd], dp);
-            }
-            let pj = exp(dot * params.scale - row_lse);
+            //DOTS
+            let pj = exp_f32(dot * params.scale - row_lse);
             dsj = params.scale * pj * (dp - delta);
         //FLUSH
         //SCATTER
@@ -223,28 +206,41 @@ var<workgroup> sh_range: vec2<u32>;
 "#,
     );
     let (load_kv, p_ds) = match spec.source {
-        Source::Recompute => (RECOMPUTE_LOAD, RECOMPUTE_P_DS),
-        Source::Scratch => ("", SCRATCH_P_DS),
+        Source::Recompute => (RECOMPUTE_LOAD, recompute_p_ds(spec.head_dim)),
+        Source::Scratch => ("", SCRATCH_P_DS.to_string()),
     };
     out.push_str(
         &BACKWARD_COL
             .replace("    //LOAD_KV\n", load_kv)
-            .replace("            //P_DS\n", p_ds),
+            .replace("            //P_DS\n", &p_ds),
     );
 }
 
 const RECOMPUTE_LOAD: &str = "        sh_k[tid] = k[ki + tid];\n        sh_v[tid] = v[ki + tid];\n";
 
-const RECOMPUTE_P_DS: &str = r#"            let qi = q_index(s, h);
-            var dot = 0.0;
-            var dp = 0.0;
-            for (var dd = 0u; dd < HEAD_DIM; dd = dd + 1u) {
-                dot = fma(q[qi + dd], sh_k[dd], dot);
-                dp = fma(d_o[qi + dd], sh_v[dd], dp);
-            }
-            p_s = exp(dot * params.scale - stats[stats_part(0u, s, h)]);
-            ds_s = params.scale * p_s * (dp - stats[stats_part(1u, s, h)]);
-"#;
+/// P and dS of query `s` against the staged key row, recomputed.
+fn recompute_p_ds(head_dim: u32) -> String {
+    let ind = "            ";
+    let dot = super::numerics::dot(
+        "dot",
+        head_dim,
+        |i| format!("q[qi + {i}]"),
+        |i| format!("sh_k[{i}]"),
+        ind,
+    );
+    let dp = super::numerics::dot(
+        "dp",
+        head_dim,
+        |i| format!("d_o[qi + {i}]"),
+        |i| format!("sh_v[{i}]"),
+        ind,
+    );
+    format!(
+        "{ind}let qi = q_index(s, h);\n{dot}{dp}\
+         {ind}p_s = exp_f32(dot * params.scale - stats[stats_part(0u, s, h)]);\n\
+         {ind}ds_s = params.scale * p_s * (dp - stats[stats_part(1u, s, h)]);\n"
+    )
+}
 
 const SCRATCH_P_DS: &str = r#"            p_s = p_ds[p_ds_part(0u, s, h, col)];
             ds_s = p_ds[p_ds_part(1u, s, h, col)];
@@ -268,11 +264,14 @@ const BACKWARD_COL: &str = r#"fn backward_col(col: u32, kv_h: u32, tid: u32) {
     let first_blk = range.x / WG;
     let n_blocks = (range.y + WG - 1u) / WG;
     let group = q_per_kv();
-    // Every query head of this KV head, every query row that sees this key.
-    for (var g = 0u; g < group; g = g + 1u) {
-        let h = kv_h * group + g;
-        for (var blk = first_blk; blk < n_blocks; blk = blk + 1u) {
-            let s_start = blk * WG;
+    // Every block of query rows that sees this key, last first, and within a block every
+    // query head of this KV head: under a causal or document mask a key's weights shrink
+    // with the query's distance, so the small terms are added while the sums are small.
+    let walk = (n_blocks - first_blk) * group;
+    for (var it = 0u; it < walk; it = it + 1u) {
+        let h = kv_h * group + it % group;
+        {
+            let s_start = (n_blocks - 1u - it / group) * WG;
             let s = s_start + tid;
             var p_s = 0.0;
             var ds_s = 0.0;
@@ -289,7 +288,8 @@ const BACKWARD_COL: &str = r#"fn backward_col(col: u32, kv_h: u32, tid: u32) {
                 let hi = min(lo + CHUNK, WG);
                 var pk = 0.0;
                 var pv = 0.0;
-                for (var sl = lo; sl < hi; sl = sl + 1u) {
+                for (var i = lo; i < hi; i = i + 1u) {
+                    let sl = lo + hi - 1u - i;
                     let pj = sh_p[sl];
                     if (pj != 0.0) {
                         let qi = q_index(s_start + sl, h) + d_local;
@@ -305,8 +305,8 @@ const BACKWARD_COL: &str = r#"fn backward_col(col: u32, kv_h: u32, tid: u32) {
                 var sk = 0.0;
                 var sv = 0.0;
                 for (var i = 0u; i < K_PAR; i = i + 1u) {
-                    sk = sk + sh_pk[tid + i];
-                    sv = sv + sh_pv[tid + i];
+                    sk = sk + sh_pk[tid + K_PAR - 1u - i];
+                    sv = sv + sh_pv[tid + K_PAR - 1u - i];
                 }
                 sh_dk[d_local] = sh_dk[d_local] + sk;
                 sh_dv[d_local] = sh_dv[d_local] + sv;

@@ -17,13 +17,6 @@ pub(super) fn regs(rows: u32, cols: u32) -> impl Iterator<Item = (u32, u32)> {
     (0..rows).flat_map(move |i| (0..cols).map(move |n| (i, n)))
 }
 
-/// `acc + a·b` as four fmas in component order (one rounding each, a fixed order).
-pub(super) fn fma_chain(acc: &str, a: &str, b: &str) -> String {
-    ["x", "y", "z", "w"].iter().fold(acc.to_string(), |acc, c| {
-        format!("fma({a}.{c}, {b}.{c}, {acc})")
-    })
-}
-
 pub(super) fn constants(out: &mut String, t: &Tiling) {
     let _ = write!(
         out,
@@ -304,9 +297,9 @@ pub(super) fn forward_body(out: &mut String, t: &Tiling) {
          // guard; elsewhere masked keys must not multiply V (0 · inf is NaN).\n        \
          if (range.z <= j0 && j0 + BC <= range.w) {\n",
     );
-    accumulate(&mut b, tm, dn, &[("acc", "sh_p", "sh_kv")], false);
+    accumulate(&mut b, tm, dn, &[("acc", "sh_p", "sh_kv")], false, false);
     b.push_str("        } else {\n");
-    accumulate(&mut b, tm, dn, &[("acc", "sh_p", "sh_kv")], true);
+    accumulate(&mut b, tm, dn, &[("acc", "sh_p", "sh_kv")], true, false);
     b.push_str("        }\n    }\n");
     finish(&mut b, t);
     out.push_str(&b);
@@ -315,7 +308,7 @@ pub(super) fn forward_body(out: &mut String, t: &Tiling) {
 /// S = Q·Kᵀ for the invocation's block, then the mask and the scale.
 fn scores(b: &mut String, tm: u32, tn: u32) {
     for (i, n) in regs(tm, tn) {
-        let _ = writeln!(b, "        var s_{i}_{n} = 0.0;");
+        let _ = writeln!(b, "        var s_{i}_{n}_4 = vec4<f32>(0.0);");
     }
     b.push_str("        for (var d4 = 0u; d4 < D4; d4 = d4 + 1u) {\n");
     for i in 0..tm {
@@ -330,11 +323,17 @@ fn scores(b: &mut String, tm: u32, tn: u32) {
             "            let k_{n} = sh_kv[(tx + {n}u * TX) * ROW4 + d4];"
         );
     }
+    // Four chains per score, one per vec4 component (the order of numerics::dot).
     for (i, n) in regs(tm, tn) {
-        let chain = fma_chain(&format!("s_{i}_{n}"), &format!("q_{i}"), &format!("k_{n}"));
-        let _ = writeln!(b, "            s_{i}_{n} = {chain};");
+        let _ = writeln!(
+            b,
+            "            s_{i}_{n}_4 = fma(q_{i}, k_{n}, s_{i}_{n}_4);"
+        );
     }
     b.push_str("        }\n");
+    for (i, n) in regs(tm, tn) {
+        let _ = writeln!(b, "        var s_{i}_{n} = hsum(s_{i}_{n}_4);");
+    }
     for n in 0..tn {
         let _ = writeln!(b, "        let j_{n} = j0 + tx + {n}u * TX;");
     }
@@ -362,13 +361,13 @@ fn softmax(b: &mut String, t: &Tiling) {
         let _ = writeln!(
             b,
             "        let mn_{i} = max(m_{i}, rm_{i});\n        \
-             let c_{i} = exp(m_{i} - mn_{i});\n        m_{i} = mn_{i};"
+             let c_{i} = exp_f32(m_{i} - mn_{i});\n        m_{i} = mn_{i};"
         );
         let mut sum = String::new();
         for n in 0..tn {
             let _ = writeln!(
                 b,
-                "        let p_{i}_{n} = select(0.0, exp(s_{i}_{n} - mn_{i}), v_{i}_{n});\n        \
+                "        let p_{i}_{n} = select(0.0, exp_f32(s_{i}_{n} - mn_{i}), v_{i}_{n});\n        \
                  sh_p[(g * TM + {i}u) * PSTRIDE + tx + {n}u * TX] = p_{i}_{n};"
             );
             sum += &format!(" + p_{i}_{n}");
@@ -411,14 +410,18 @@ fn reduce_rows(b: &mut String, t: &Tiling, var: &str, group: &str, shared: &str,
 /// `acc += w · rows` over the staged block, for each (acc, weights, rows) triple: the
 /// weights are the invocation's own rows of a P-shaped tile, the rows head_dim-wide.
 /// Guarded, a zero weight skips the update (a masked entry must not multiply inf).
+/// Reversed, the staged rows are taken last first.
 pub(super) fn accumulate(
     b: &mut String,
     tm: u32,
     dn: u32,
     triples: &[(&str, &str, &str)],
     guarded: bool,
+    reversed: bool,
 ) {
-    b.push_str("            for (var c = 0u; c < BC; c = c + 1u) {\n");
+    b.push_str("            for (var cc = 0u; cc < BC; cc = cc + 1u) {\n");
+    let c = if reversed { "BC - 1u - cc" } else { "cc" };
+    let _ = writeln!(b, "                let c = {c};");
     for (acc, w, rows) in triples {
         for n in 0..dn {
             let _ = writeln!(

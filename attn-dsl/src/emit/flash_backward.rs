@@ -40,12 +40,22 @@ pub(super) fn backward_q(out: &mut String, spec: &KernelSpec, t: &Tiling) {
     super::flash::constants(out, t);
     head_rows(out, &["sh_q", "sh_do"], t.br, t);
     head_rows(out, &["sh_k", "sh_v"], t.bc, t);
+    let tile = t.br * (t.bc + 1);
     let _ = write!(
         out,
-        "var<workgroup> sh_ds: array<f32, {}>;\nvar<workgroup> sh_range: vec4<u32>;\n\n",
-        t.br * (t.bc + 1)
+        "var<workgroup> sh_ds: array<f32, {tile}>;\nvar<workgroup> sh_range: vec4<u32>;\n\n"
     );
+    let scatter_kv = spec.write_mode("dkv").is_some();
+    if scatter_kv {
+        let _ = write!(
+            out,
+            "// P of the block, for dV.\nvar<workgroup> sh_p: array<f32, {tile}>;\n\n"
+        );
+    }
     helpers(out, spec);
+    if scatter_kv {
+        super::scatter::atomic_add(out, spec, "dkv");
+    }
     stage(out, "stage_q", "BR", "q_index(r, h)", "sh_q", "q");
     stage(out, "stage_do", "BR", "q_index(r, h)", "sh_do", "d_o");
     for (name, src, dst) in [("k", "k", "sh_k"), ("v", "v", "sh_v")] {
@@ -53,11 +63,11 @@ pub(super) fn backward_q(out: &mut String, spec: &KernelSpec, t: &Tiling) {
         put(out, name, "BC", dst);
     }
     tile_key_range(out, spec);
-    q_body(out, t);
+    q_body(out, t, scatter_kv);
     super::flash::entry(out, spec, t, "flash_backward_q");
 }
 
-fn q_body(out: &mut String, t: &Tiling) {
+fn q_body(out: &mut String, t: &Tiling, scatter_kv: bool) {
     let (tm, tn, dn) = (t.tm, t.tn, t.dn);
     let mut b = String::from(
         "fn flash_backward_q(tile: u32, h: u32, tid: u32) {\n    let kv_h = kv_head(h);\n    \
@@ -121,29 +131,39 @@ fn q_body(out: &mut String, t: &Tiling) {
         let _ = write!(
             b,
             "        let v_{i}_{n} = j_{n} >= lo_{i} && j_{n} < hi_{i} && key_visible(row_{i}, j_{n});\n        \
-             let p_{i}_{n} = exp(s_{i}_{n} * params.scale - lse_{i});\n        \
+             let p_{i}_{n} = exp_f32(s_{i}_{n} * params.scale - lse_{i});\n        \
              sh_ds[(g * TM + {i}u) * PSTRIDE + tx + {n}u * TX] = \
              select(0.0, params.scale * p_{i}_{n} * (dp_{i}_{n} - delta_{i}), v_{i}_{n});\n"
         );
+        if scatter_kv {
+            let _ = writeln!(
+                b,
+                "        sh_p[(g * TM + {i}u) * PSTRIDE + tx + {n}u * TX] = select(0.0, p_{i}_{n}, v_{i}_{n});"
+            );
+        }
     }
     b.push_str(
         "        workgroupBarrier();\n        \
          // As in the forward: only blocks some row sees in part need the guard on dS == 0.\n        \
          if (range.z <= j0 && j0 + BC <= range.w) {\n",
     );
-    accumulate(&mut b, tm, dn, &[("dq", "sh_ds", "sh_k")], false);
+    accumulate(&mut b, tm, dn, &[("dq", "sh_ds", "sh_k")], false, false);
     b.push_str("        } else {\n");
-    accumulate(&mut b, tm, dn, &[("dq", "sh_ds", "sh_k")], true);
-    b.push_str("        }\n    }\n");
-    for i in 0..tm {
-        let _ = writeln!(
-            b,
-            "    if (row_{i} < dims.seq_len) {{\n        let base = q_index(row_{i}, h);"
-        );
-        store_add(&mut b, "dq", i, dn);
-        b.push_str("    }\n");
+    accumulate(&mut b, tm, dn, &[("dq", "sh_ds", "sh_k")], true, false);
+    b.push_str("        }\n");
+    if scatter_kv {
+        b.push_str(SCATTER_DKV);
     }
-    b.push_str("}\n\n");
+    flush(
+        &mut b,
+        t,
+        "kt + 1u - range.x / BC",
+        "kt_end - range.x / BC",
+        "row",
+        "q_index(row_I, h)",
+        &["dq"],
+    );
+    b.push_str("    }\n}\n\n");
     out.push_str(&b);
 }
 
@@ -201,7 +221,7 @@ fn put_stats(e: u32, x: vec2<f32>) {{
     );
     let scatter = spec.write_mode("dq").is_some();
     if scatter {
-        backward::atomic_add(out, "dq", spec.scatter);
+        super::scatter::atomic_add(out, spec, "dq");
     }
     kv_body(out, t, scatter);
     super::flash::entry(out, spec, t, "flash_backward_kv");
@@ -242,16 +262,19 @@ fn kv_body(out: &mut String, t: &Tiling, scatter_dq: bool) {
         b,
         "    let range = workgroupUniformLoad(&sh_range);\n    let group = q_per_kv();\n    \
          let first = range.x / BC;\n    let blocks = (range.y + BC - 1u) / BC - first;\n{}{}    \
-         var next_h = kv_h * group;\n    var next_s0 = first * BC;\n{}    \
-         // Every query head of this KV head, every block of queries that sees the tile.\n    \
+         var next_h = kv_h * group;\n    var next_s0 = (first + blocks - 1u) * BC;\n{}    \
+         // Every block of queries that sees the tile, last first, and within a block every\n    \
+         // query head of this KV head: under a causal or document mask a key's weights\n    \
+         // shrink with the query's distance, so the small terms are added while the sums\n    \
+         // are small (summed the other way, the error grew with the sequence).\n    \
          for (var it = 0u; it < group * blocks; it = it + 1u) {{\n        \
          let h = next_h;\n        let s0 = next_s0;\n        \
          // The previous block is done with sh_q, sh_do, sh_p and sh_ds.\n        \
          workgroupBarrier();\n{}{}        workgroupBarrier();\n        \
          // The next block's loads are in flight during this one's products.\n        \
          if (it + 1u < group * blocks) {{\n            \
-         next_h = kv_h * group + (it + 1u) / blocks;\n            \
-         next_s0 = (first + (it + 1u) % blocks) * BC;\n{}        }}\n",
+         next_h = kv_h * group + (it + 1u) % group;\n            \
+         next_s0 = (first + blocks - 1u - (it + 1u) / group) * BC;\n{}        }}\n",
         per_vec4(pf, "    ", |i| format!(
             "var pq_{i} = vec4<f32>(0.0);\n    var pd_{i} = vec4<f32>(0.0);"
         )),
@@ -282,7 +305,7 @@ fn kv_body(out: &mut String, t: &Tiling, scatter_dq: bool) {
         let _ = write!(
             b,
             "        let v_{i}_{n} = q_{n} < dims.seq_len && col_{i} < dims.seq_len && visible(q_{n}, col_{i});\n        \
-             let p_{i}_{n} = select(0.0, exp(s_{i}_{n} * params.scale - st_{n}.x), v_{i}_{n});\n        \
+             let p_{i}_{n} = select(0.0, exp_f32(s_{i}_{n} * params.scale - st_{n}.x), v_{i}_{n});\n        \
              sh_p[(g * TM + {i}u) * PSTRIDE + tx + {n}u * TX] = p_{i}_{n};\n        \
              sh_ds[(g * TM + {i}u) * PSTRIDE + tx + {n}u * TX] = \
              select(0.0, params.scale * p_{i}_{n} * (dp_{i}_{n} - st_{n}.y), v_{i}_{n});\n"
@@ -290,25 +313,81 @@ fn kv_body(out: &mut String, t: &Tiling, scatter_dq: bool) {
     }
     b.push_str("        workgroupBarrier();\n        if (range.z <= s0 && s0 + BC <= range.w) {\n");
     let pairs = [("dv", "sh_p", "sh_do"), ("dk", "sh_ds", "sh_q")];
-    accumulate(&mut b, tm, dn, &pairs, false);
+    accumulate(&mut b, tm, dn, &pairs, false, true);
     b.push_str("        } else {\n");
-    accumulate(&mut b, tm, dn, &pairs, true);
+    accumulate(&mut b, tm, dn, &pairs, true, true);
     b.push_str("        }\n");
     if scatter_dq {
         b.push_str(SCATTER_DQ);
     }
-    b.push_str("    }\n");
-    for i in 0..tm {
+    flush(
+        &mut b,
+        t,
+        "it + 1u",
+        "group * blocks",
+        "col",
+        "kv_index(col_I, kv_h)",
+        &["dk", "dv"],
+    );
+    b.push_str("    }\n}\n\n");
+    out.push_str(&b);
+}
+
+/// Every [`FLUSH_ROWS`] rows of the other axis (step `done` of `steps`, BC rows a step),
+/// and after the last, each invocation adds its register accumulators of `tensors` into
+/// its rows (`{row}_I`, at `base` with `I` the row) of the outputs, compensated.
+fn flush(
+    b: &mut String,
+    t: &Tiling,
+    done: &str,
+    steps: &str,
+    row: &str,
+    base: &str,
+    tensors: &[&str],
+) {
+    let _ = writeln!(
+        b,
+        "        // Every {FLUSH_ROWS} rows summed, and after the last, the registers' partial sums \
+         are added\n        // into the output, their rounding error carried into the next \
+         partial (a compensated sum).\n        \
+         if (({done}) % {}u == 0u || {done} == {steps}) {{",
+        FLUSH_ROWS.div_ceil(t.bc)
+    );
+    for i in 0..t.tm {
         let _ = writeln!(
             b,
-            "    if (col_{i} < dims.seq_len) {{\n        let base = kv_index(col_{i}, kv_h);"
+            "            if ({row}_{i} < dims.seq_len) {{\n                let base = {};",
+            base.replace('I', &i.to_string())
         );
-        store_add(&mut b, "dk", i, dn);
-        store_add(&mut b, "dv", i, dn);
-        b.push_str("    }\n");
+        for t_name in tensors {
+            flush_add(b, t_name, i, t.dn);
+        }
+        b.push_str("            }\n");
     }
-    b.push_str("}\n\n");
-    out.push_str(&b);
+    b.push_str("        }\n");
+}
+
+/// Query rows a key-major kernel sums in registers before adding them into its outputs:
+/// a partial sum of a few dozen rows keeps the error of a blocked sum, where one running
+/// sum over every row of a long sequence lost accuracy with its length.
+const FLUSH_ROWS: u32 = 64;
+
+/// `t[base + columns] += acc` for row `i` of the invocation, compensated: `acc` keeps the
+/// rounding error of the add, so that the next flush adds it back.
+fn flush_add(b: &mut String, t: &str, i: u32, dn: u32) {
+    let ind = "                ";
+    for n in 0..dn {
+        let _ = write!(
+            b,
+            "{ind}let {t}at_{n} = base + (tx + {n}u * TX) * 4u;\n\
+             {ind}let {t}old_{n} = vec4<f32>({t}[{t}at_{n}], {t}[{t}at_{n} + 1u], {t}[{t}at_{n} + 2u], {t}[{t}at_{n} + 3u]);\n\
+             {ind}let {t}new_{n} = {t}old_{n} + {t}_{i}_{n};\n\
+             {ind}{t}_{i}_{n} = two_sum_err4({t}old_{n}, {t}_{i}_{n}, {t}new_{n});\n"
+        );
+        for (k, c) in ["x", "y", "z", "w"].iter().enumerate() {
+            let _ = writeln!(b, "{ind}{t}[{t}at_{n} + {k}u] = {t}new_{n}.{c};");
+        }
+    }
 }
 
 /// Schedule (c): dQ += dS·K for the staged queries, added into `dq` by atomics. Each
@@ -335,13 +414,45 @@ const SCATTER_DQ: &str = r#"        for (var e = tid; e < BC * D4; e = e + WG) {
         }
 "#;
 
+/// Schedule (b): dK += dSᵀ·Q and dV += Pᵀ·dO for the staged keys, summed over the tile's
+/// query rows and added into `dkv` by atomics, once per block (not once per product).
+/// Each invocation takes (key, vec4 column) pairs, as in [`SCATTER_DQ`].
+const SCATTER_DKV: &str = r#"        for (var e = tid; e < BC * D4; e = e + WG) {
+            let kk = e / D4;
+            let c4 = e % D4;
+            let j = j0 + kk;
+            var gk = vec4<f32>(0.0);
+            var gv = vec4<f32>(0.0);
+            for (var r = 0u; r < BR; r = r + 1u) {
+                let w = sh_p[r * PSTRIDE + kk];
+                if (w != 0.0) {
+                    gk = fma(vec4<f32>(sh_ds[r * PSTRIDE + kk]), sh_q[r * ROW4 + c4], gk);
+                    gv = fma(vec4<f32>(w), sh_do[r * ROW4 + c4], gv);
+                }
+            }
+            if (j < dims.seq_len && (any(gk != vec4<f32>(0.0)) || any(gv != vec4<f32>(0.0)))) {
+                // dK is part 0 of dkv, dV part 1.
+                let at = kv_index(j, kv_h) + c4 * 4u;
+                let dv_at = dims.seq_len * dims.n_kv_heads * HEAD_DIM + at;
+                add_dkv(at, gk.x);
+                add_dkv(at + 1u, gk.y);
+                add_dkv(at + 2u, gk.z);
+                add_dkv(at + 3u, gk.w);
+                add_dkv(dv_at, gv.x);
+                add_dkv(dv_at + 1u, gv.y);
+                add_dkv(dv_at + 2u, gv.z);
+                add_dkv(dv_at + 3u, gv.w);
+            }
+        }
+"#;
+
 /// `s = a·bᵀ` and `dp = a2·b2ᵀ` over head_dim for the invocation's block: `own` rows
 /// (index with `I`) against `staged` columns (index with `N`).
 fn products(b: &mut String, tm: u32, tn: u32, own: (&str, &str, &str), staged: (&str, &str, &str)) {
     for (i, n) in regs(tm, tn) {
         let _ = writeln!(
             b,
-            "        var s_{i}_{n} = 0.0;\n        var dp_{i}_{n} = 0.0;"
+            "        var s_{i}_{n}_4 = vec4<f32>(0.0);\n        var dp_{i}_{n}_4 = vec4<f32>(0.0);"
         );
     }
     b.push_str("        for (var d4 = 0u; d4 < D4; d4 = d4 + 1u) {\n");
@@ -361,32 +472,21 @@ fn products(b: &mut String, tm: u32, tn: u32, own: (&str, &str, &str), staged: (
             staged.0, staged.1
         );
     }
-    // Sequential fmas in head_dim order, the order backward_prep sums D in, so that
-    // dP − D cancels exactly where a row attends to one key.
+    // Four chains per product, one per vec4 component: the order of numerics::dot, in
+    // which backward_prep sums D, so that dP − D cancels exactly where a row attends to
+    // one key.
     for (i, n) in regs(tm, tn) {
         let _ = writeln!(
             b,
-            "            s_{i}_{n} = {};\n            dp_{i}_{n} = {};",
-            super::flash::fma_chain(&format!("s_{i}_{n}"), &format!("a_{i}"), &format!("b_{n}")),
-            super::flash::fma_chain(
-                &format!("dp_{i}_{n}"),
-                &format!("a2_{i}"),
-                &format!("b2_{n}")
-            ),
+            "            s_{i}_{n}_4 = fma(a_{i}, b_{n}, s_{i}_{n}_4);\n            \
+             dp_{i}_{n}_4 = fma(a2_{i}, b2_{n}, dp_{i}_{n}_4);"
         );
     }
     b.push_str("        }\n");
-}
-
-/// `t[base + columns] += acc` for row `i` of the invocation.
-fn store_add(b: &mut String, t: &str, i: u32, dn: u32) {
-    for n in 0..dn {
-        let _ = writeln!(b, "        let {t}at_{n} = base + (tx + {n}u * TX) * 4u;");
-        for (k, c) in ["x", "y", "z", "w"].iter().enumerate() {
-            let _ = writeln!(
-                b,
-                "        {t}[{t}at_{n} + {k}u] = {t}[{t}at_{n} + {k}u] + {t}_{i}_{n}.{c};"
-            );
-        }
+    for (i, n) in regs(tm, tn) {
+        let _ = writeln!(
+            b,
+            "        let s_{i}_{n} = hsum(s_{i}_{n}_4);\n        let dp_{i}_{n} = hsum(dp_{i}_{n}_4);"
+        );
     }
 }

@@ -7,8 +7,10 @@ mod backward;
 mod flash;
 mod flash_backward;
 mod index;
+mod numerics;
 mod reduce;
 mod rope;
+mod scatter;
 
 use std::fmt::Write;
 
@@ -24,35 +26,44 @@ pub fn emit(spec: &KernelSpec, bindings: &[Binding]) -> String {
     constants(&mut out, spec);
     uniform_structs(&mut out, spec, bindings);
     declarations(&mut out, bindings);
+    let mut body = String::new();
+    emit_body(&mut body, spec);
+    out.push_str(&numerics::helpers_for(&body, spec.op));
+    out.push_str(&body);
+    out
+}
+
+/// Everything after the declarations and the numerics helpers: the op's helpers and its
+/// schedule.
+fn emit_body(out: &mut String, spec: &KernelSpec) {
     if let Some(Ok(t)) = Tiling::of(spec) {
-        emit_flash(&mut out, spec, &t);
-        return out;
+        emit_flash(out, spec, &t);
+        return;
     }
     match spec.op {
         Op::Forward | Op::Decode => {
-            attend::workgroup_memory(&mut out);
-            reduce::reductions(&mut out);
+            attend::workgroup_memory(out);
+            reduce::reductions(out);
             if spec.op == Op::Forward {
-                attend::forward_helpers(&mut out, spec);
+                attend::forward_helpers(out, spec);
             } else {
-                attend::decode_helpers(&mut out, spec);
+                attend::decode_helpers(out, spec);
             }
-            attend::attend_row(&mut out);
+            attend::attend_row(out, spec);
         }
-        Op::BackwardPrep => backward::backward_prep(&mut out),
-        Op::BackwardQ => backward::backward_q(&mut out, spec),
-        Op::BackwardKv => backward::backward_kv(&mut out, spec),
-        Op::Rope | Op::RopeBackward => rope::rope(&mut out, spec.op == Op::RopeBackward),
+        Op::BackwardPrep => backward::backward_prep(out, spec),
+        Op::BackwardQ => backward::backward_q(out, spec),
+        Op::BackwardKv => backward::backward_kv(out, spec),
+        Op::Rope | Op::RopeBackward => rope::rope(out, spec.op == Op::RopeBackward),
     }
     match spec.op {
-        Op::Forward => tile_entry(&mut out, &spec.name, "attend_row"),
-        Op::Decode => attend::decode_entry(&mut out, &spec.name),
-        Op::BackwardPrep => tile_entry(&mut out, &spec.name, "prep_row"),
-        Op::BackwardQ => tile_entry(&mut out, &spec.name, "backward_row"),
-        Op::BackwardKv => tile_entry(&mut out, &spec.name, "backward_col"),
-        Op::Rope | Op::RopeBackward => tile_entry(&mut out, &spec.name, "rope_row"),
+        Op::Forward => tile_entry(out, &spec.name, "attend_row"),
+        Op::Decode => attend::decode_entry(out, &spec.name),
+        Op::BackwardPrep => tile_entry(out, &spec.name, "prep_row"),
+        Op::BackwardQ => tile_entry(out, &spec.name, "backward_row"),
+        Op::BackwardKv => tile_entry(out, &spec.name, "backward_col"),
+        Op::Rope | Op::RopeBackward => tile_entry(out, &spec.name, "rope_row"),
     }
-    out
 }
 
 /// The flash schedule of a checked spec.

@@ -39,8 +39,8 @@ struct Args {
     /// Score scale; defaults to 1/sqrt(head_dim).
     #[arg(long)]
     scale: Option<f32>,
-    /// Backward schedule: auto (the planner), split, streaming-cas, streaming-f32, recompute,
-    /// tiled-N (configuration N of runtime::tuning::backward_candidates).
+    /// Backward schedule: auto (the planner), split, recompute, or streaming-N, tiled-N,
+    /// flash-N (configuration N of runtime::tuning::backward_candidates).
     #[arg(long, default_value = "auto")]
     schedule: String,
     /// Folder for the outputs (created if missing).
@@ -94,7 +94,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         None => None,
     };
     let mut abis = vec![&forward_abi];
-    abis.extend(backward.iter().flat_map(|b| b.portable()));
+    abis.extend(backward.iter().flat_map(|b| b.all()));
     let gpu = Gpu::new(abis)?;
     println!("adapter: {}", gpu.describe());
     println!(

@@ -26,6 +26,11 @@ struct Args {
     /// Seed for the random inputs.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Run the case matrix over this many seeds (from `--seed` on). With more than one,
+    /// only failing rows are printed, then the worst error/bound of each kernel and
+    /// schedule over every seed.
+    #[arg(long, default_value_t = 1)]
+    seeds: u64,
     /// Scratch budget (bytes) the backward planner may give the split schedule. Smaller
     /// than the library's 256 MiB so that the larger shapes cross the streaming threshold
     /// while staying quick on a CPU adapter.
@@ -77,37 +82,87 @@ fn run(args: Args) -> anyhow::Result<bool> {
         "{:<52} {:<28} {:<13} {:<60} result",
         "kernel", "shape", "masks", "max abs error <= bound, per output"
     );
-    let (mut passed, mut failed, mut worst) = (0, 0, (0.0f64, String::new()));
-    for (i, case) in cases.iter().enumerate() {
-        let rows = cases::run_case(&gpu, &mut runner, case, args.seed + 1000 * i as u64)
-            .with_context(|| {
-                format!(
-                    "{} {} {}",
-                    case.kind(),
-                    case.shape_label(),
-                    case.mask_label()
-                )
-            })?;
-        for row in rows {
-            print_row(&row);
-            for (name, v) in &row.verdicts {
-                if v.ratio() > worst.0 {
-                    worst = (
-                        v.ratio(),
-                        format!("{} {} {name}", row.label, case.shape_label()),
-                    );
+    let (mut passed, mut failed) = (0, 0);
+    let mut worst = Worst::default();
+    for seed in args.seed..args.seed + args.seeds.max(1) {
+        let (mut seed_passed, mut seed_failed) = (0, 0);
+        for (i, case) in cases.iter().enumerate() {
+            let rows = cases::run_case(&gpu, &mut runner, case, seed + 1000 * i as u64)
+                .with_context(|| {
+                    format!(
+                        "{} {} {} (seed {seed})",
+                        case.kind(),
+                        case.shape_label(),
+                        case.mask_label()
+                    )
+                })?;
+            for row in rows {
+                if args.seeds <= 1 || !row.pass() {
+                    print_row(&row);
+                }
+                worst.add(&row, seed);
+                if row.pass() {
+                    seed_passed += 1
+                } else {
+                    seed_failed += 1
                 }
             }
-            if row.pass() { passed += 1 } else { failed += 1 }
         }
+        if args.seeds > 1 {
+            println!("seed {seed}: {seed_passed} passed, {seed_failed} failed");
+        }
+        passed += seed_passed;
+        failed += seed_failed;
     }
-    println!("worst error/bound: {:.3} ({})", worst.0, worst.1);
+    worst.print(args.seeds > 1);
     println!(
         "{passed} passed, {failed} failed; {:.1} s on {}",
         started.elapsed().as_secs_f64(),
         gpu.describe()
     );
     Ok(failed == 0)
+}
+
+/// The worst error/bound of each kernel or schedule (a row's label, less the planner's
+/// mark), with where it was seen.
+#[derive(Default)]
+struct Worst {
+    by_label: Vec<(String, f64, String)>,
+}
+
+impl Worst {
+    fn add(&mut self, row: &Row, seed: u64) {
+        let label = row.label.replace(" (planned)", "");
+        for (name, v) in &row.verdicts {
+            let at = format!(
+                "{} {} {name}, seed {seed}",
+                row.case.shape_label(),
+                row.case.mask_label()
+            );
+            match self.by_label.iter_mut().find(|(l, _, _)| *l == label) {
+                Some(entry) if v.ratio() > entry.1 => (entry.1, entry.2) = (v.ratio(), at),
+                Some(_) => {}
+                None => self.by_label.push((label.clone(), v.ratio(), at)),
+            }
+        }
+    }
+
+    /// The overall worst, and with `each` the worst of every label.
+    fn print(&self, each: bool) {
+        if each {
+            println!(
+                "\n{:<52} {:>11}  where",
+                "kernel or schedule", "error/bound"
+            );
+            for (label, ratio, at) in &self.by_label {
+                println!("{label:<52} {ratio:>11.3}  {at}");
+            }
+        }
+        let top = self.by_label.iter().max_by(|a, b| a.1.total_cmp(&b.1));
+        if let Some((label, ratio, at)) = top {
+            println!("worst error/bound: {ratio:.3} ({label}, {at})");
+        }
+    }
 }
 
 fn matches(c: &Case, filter: &str) -> bool {

@@ -1,0 +1,159 @@
+//! How the kernels round: the dot products, the exponential and the long sums, written so
+//! that every schedule stays within twice the error of a framework's f32 (DESIGN.md §7),
+//! whatever the driver does with `fma` (lavapipe does not fuse it) and `exp` (several ulp
+//! on lavapipe and on NVIDIA's Vulkan driver).
+//!
+//! - Dot products over head_dim run as four interleaved chains, one per vec4 component,
+//!   then pairwise: the error of a blocked sum, not of one chain of head_dim terms. Every
+//!   kernel that computes a dot product of the same two rows sums it in this order, so
+//!   `dP − D` cancels exactly where a row attends to one key.
+//! - `exp_f32` is a Cody–Waite range reduction and a degree-7 polynomial: within 1 ulp
+//!   where it matters (arguments above −4), where the drivers' `exp` is off by up to 6.
+//! - `two_sum_err` is the rounding error of a sum (Knuth's TwoSum, exact in round-to-
+//!   nearest): compensated flushes and compensated atomics carry it instead of losing it.
+//!   Its steps pass through `opaque`, which the compiler cannot see through: without it,
+//!   Mesa's algebraic simplifier folds the error term to 0.
+
+use std::fmt::Write;
+
+use crate::spec::Op;
+
+/// A WGSL helper function: its name, its text, and the helpers it calls.
+struct Helper {
+    name: &'static str,
+    text: &'static str,
+    calls: &'static [&'static str],
+}
+
+const HELPERS: &[Helper] = &[
+    Helper {
+        name: "hsum",
+        calls: &[],
+        text: r#"// The four chains of a vec4 dot product, summed pairwise.
+fn hsum(v: vec4<f32>) -> f32 {
+    return (v.x + v.y) + (v.z + v.w);
+}
+"#,
+    },
+    Helper {
+        name: "exp_f32",
+        calls: &[],
+        text: r#"// exp(x) = 2^n · exp(r), r = x − n·ln2 with ln2 split in two (the first part has trailing
+// zero bits, so n·LN2_HI is exact), and exp(r) by Horner's rule on |r| <= ln2/2.
+fn exp_f32(x: f32) -> f32 {
+    let xc = clamp(x, -104.0, 88.0);
+    let n = round(xc * 1.442695041);
+    let r = fma(n, -1.42860677e-6, fma(n, -0.693145752, xc));
+    var p = 1.98412698e-4;
+    p = fma(p, r, 1.38888889e-3);
+    p = fma(p, r, 8.33333333e-3);
+    p = fma(p, r, 4.16666667e-2);
+    p = fma(p, r, 1.66666667e-1);
+    p = fma(p, r, 0.5);
+    p = fma(p, r, 1.0);
+    p = fma(p, r, 1.0);
+    return ldexp(p, i32(n));
+}
+"#,
+    },
+    Helper {
+        name: "opaque",
+        calls: &[],
+        text: r#"// x, through a select the compiler cannot decide (the walked length is nonzero in every
+// dispatch that runs, but unknown at compile time), so that it cannot simplify an
+// error-free transformation away: Mesa rewrites (a + b) - a as b, which zeroes TwoSum.
+fn opaque(x: f32) -> f32 {
+    return select(0.0, x, dims.WALKED != 0u);
+}
+"#,
+    },
+    Helper {
+        name: "opaque4",
+        calls: &[],
+        text: r#"fn opaque4(x: vec4<f32>) -> vec4<f32> {
+    return select(vec4<f32>(0.0), x, dims.WALKED != 0u);
+}
+"#,
+    },
+    Helper {
+        name: "two_sum_err",
+        calls: &["opaque"],
+        text: r#"// The rounding error of t = a + b (Knuth's TwoSum): a + b == t + two_sum_err(a, b, t).
+fn two_sum_err(a: f32, b: f32, t: f32) -> f32 {
+    let to = opaque(t);
+    let bp = opaque(to - a);
+    let ap = opaque(to - bp);
+    return (a - ap) + (b - bp);
+}
+"#,
+    },
+    Helper {
+        name: "two_sum_err4",
+        calls: &["opaque4"],
+        text: r#"fn two_sum_err4(a: vec4<f32>, b: vec4<f32>, t: vec4<f32>) -> vec4<f32> {
+    let to = opaque4(t);
+    let bp = opaque4(to - a);
+    let ap = opaque4(to - bp);
+    return (a - ap) + (b - bp);
+}
+"#,
+    },
+];
+
+/// The helpers that `body` (a kernel's WGSL after its declarations) calls, with the ones
+/// they call, in a fixed order, for a kernel of `op`.
+pub(super) fn helpers_for(body: &str, op: Op) -> String {
+    let calls = |name: &str| body.contains(&format!("{name}("));
+    let needed = |h: &Helper| {
+        calls(h.name)
+            || HELPERS
+                .iter()
+                .any(|user| user.calls.contains(&h.name) && calls(user.name))
+    };
+    // The dims field the grid walks: nonzero in every dispatch that runs an invocation.
+    let walked = crate::signature::dims(op).fields[0];
+    HELPERS
+        .iter()
+        .filter(|h| needed(h))
+        .map(|h| h.text.replace("WALKED", walked) + "\n")
+        .collect()
+}
+
+/// Statements declaring `var {acc}: f32` as the dot product of `a(i)` and `b(i)` over
+/// `0..head_dim`, in the order every kernel sums dot products: four chains over the vec4
+/// columns (`a4(c)` and `b4(c)` give column `c` as a vec4), then pairwise, and the
+/// elements past the last whole vec4 (head_dim not a multiple of 4) added last.
+pub(super) fn dot(
+    acc: &str,
+    head_dim: u32,
+    a: impl Fn(&str) -> String,
+    b: impl Fn(&str) -> String,
+    ind: &str,
+) -> String {
+    let vec4 = |f: &dyn Fn(&str) -> String| {
+        format!(
+            "vec4<f32>({}, {}, {}, {})",
+            f("4u * c4"),
+            f("4u * c4 + 1u"),
+            f("4u * c4 + 2u"),
+            f("4u * c4 + 3u")
+        )
+    };
+    let mut out = String::new();
+    let _ = write!(
+        out,
+        "{ind}var {acc}_4 = vec4<f32>(0.0);\n\
+         {ind}for (var c4 = 0u; c4 < {}u; c4 = c4 + 1u) {{\n\
+         {ind}    {acc}_4 = fma({}, {}, {acc}_4);\n\
+         {ind}}}\n\
+         {ind}var {acc} = hsum({acc}_4);\n",
+        head_dim / 4,
+        vec4(&a),
+        vec4(&b),
+    );
+    for i in (head_dim / 4) * 4..head_dim {
+        let i = format!("{i}u");
+        let _ = writeln!(out, "{ind}{acc} = fma({}, {}, {acc});", a(&i), b(&i));
+    }
+    out
+}
