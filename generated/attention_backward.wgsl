@@ -38,42 +38,26 @@ fn hsum(v: vec4<f32>) -> f32 {
     return (v.x + v.y) + (v.z + v.w);
 }
 
-// exp(x) = 2^n · exp(r), r = x − n·ln2 with ln2 split in two (the first part has trailing
-// zero bits, so n·LN2_HI is exact), and exp(r) by Horner's rule on |r| <= ln2/2.
+// exp(x) = 2^(x·log2 e) with the product split exactly: t = x·L rounded, and its
+// rounding error (and that of L itself) e, by fma; 2^t by the hardware and the factor
+// 2^e = 1 + e·ln 2 by one more fma. The hardware's exp(x) rounds x·L first, which costs
+// |x|·2^-24 of relative error (several ulp) before its own error.
 fn exp_f32(x: f32) -> f32 {
     let xc = clamp(x, -104.0, 88.0);
-    let n = round(xc * 1.442695041);
-    let r = fma(n, -1.42860677e-6, fma(n, -0.693145752, xc));
-    var p = 1.98412698e-4;
-    p = fma(p, r, 1.38888889e-3);
-    p = fma(p, r, 8.33333333e-3);
-    p = fma(p, r, 4.16666667e-2);
-    p = fma(p, r, 1.66666667e-1);
-    p = fma(p, r, 0.5);
-    p = fma(p, r, 1.0);
-    p = fma(p, r, 1.0);
-    return ldexp(p, i32(n));
+    let t = xc * 1.442695041;
+    let e = fma(xc, 1.442695041, -t) + xc * 1.925963e-8;
+    let p = exp2(t);
+    return fma(p, e * 0.6931471806, p);
 }
 
 // x, through a select the compiler cannot decide (the walked length is nonzero in every
 // dispatch that runs, but unknown at compile time), so that it cannot simplify an
 // error-free transformation away: Mesa rewrites (a + b) - a as b, which zeroes TwoSum.
-fn opaque(x: f32) -> f32 {
-    return select(0.0, x, dims.seq_len != 0u);
-}
-
 fn opaque4(x: vec4<f32>) -> vec4<f32> {
     return select(vec4<f32>(0.0), x, dims.seq_len != 0u);
 }
 
-// The rounding error of t = a + b (Knuth's TwoSum): a + b == t + two_sum_err(a, b, t).
-fn two_sum_err(a: f32, b: f32, t: f32) -> f32 {
-    let to = opaque(t);
-    let bp = opaque(to - a);
-    let ap = opaque(to - bp);
-    return (a - ap) + (b - bp);
-}
-
+// The rounding error of t = a + b (Knuth's TwoSum): a + b == t + two_sum_err4(a, b, t).
 fn two_sum_err4(a: vec4<f32>, b: vec4<f32>, t: vec4<f32>) -> vec4<f32> {
     let to = opaque4(t);
     let bp = opaque4(to - a);
@@ -144,14 +128,9 @@ fn p_ds_part(part: u32, row: u32, h: u32, j: u32) -> u32 {
     return ((part * dims.seq_len + row) * dims.n_heads + h) * dims.seq_len + j;
 }
 
-// Where `dkv` keeps the rounding errors of its adds: after its part × j × kv_h × d elements.
-fn carry_dkv() -> u32 {
-    return 2u * dims.seq_len * dims.n_kv_heads * HEAD_DIM;
-}
-
 // f32 add on u32 words: retry until no other invocation changed the word between
-// our load and our exchange. Returns the value the add replaced.
-fn cas_add_dkv(i: u32, x: f32) -> f32 {
+// our load and our exchange.
+fn add_dkv(i: u32, x: f32) {
     var old = atomicLoad(&dkv[i]);
     loop {
         let r = atomicCompareExchangeWeak(&dkv[i], old, bitcast<u32>(bitcast<f32>(old) + x));
@@ -159,15 +138,6 @@ fn cas_add_dkv(i: u32, x: f32) -> f32 {
             break;
         }
         old = r.old_value;
-    }
-    return bitcast<f32>(old);
-}
-
-fn add_dkv(i: u32, x: f32) {
-    let old = cas_add_dkv(i, x);
-    let err = two_sum_err(old, x, old + x);
-    if (err != 0.0) {
-        cas_add_dkv(carry_dkv() + i, err);
     }
 }
 
@@ -367,7 +337,9 @@ fn flash_backward_q(tile: u32, h: u32, tid: u32) {
             let j = j0 + kk;
             var gk = vec4<f32>(0.0);
             var gv = vec4<f32>(0.0);
-            for (var r = 0u; r < BR; r = r + 1u) {
+            // The tile's last rows, the farthest from the key, first.
+            for (var rr = 0u; rr < BR; rr = rr + 1u) {
+                let r = BR - 1u - rr;
                 let w = sh_p[r * PSTRIDE + kk];
                 if (w != 0.0) {
                     gk = fma(vec4<f32>(sh_ds[r * PSTRIDE + kk]), sh_q[r * ROW4 + c4], gk);
@@ -388,9 +360,9 @@ fn flash_backward_q(tile: u32, h: u32, tid: u32) {
                 add_dkv(dv_at + 3u, gv.w);
             }
         }
-        // Every 64 rows summed, and after the last, the registers' partial sums are added
+        // Every 256 rows summed, and after the last, the registers' partial sums are added
         // into the output, their rounding error carried into the next partial (a compensated sum).
-        if ((kt + 1u - range.x / BC) % 8u == 0u || kt + 1u - range.x / BC == kt_end - range.x / BC) {
+        if ((kt + 1u - range.x / BC) % 32u == 0u || kt + 1u - range.x / BC == kt_end - range.x / BC) {
             if (row_0 < dims.seq_len) {
                 let base = q_index(row_0, h);
                 let dqat_0 = base + (tx + 0u * TX) * 4u;
@@ -434,6 +406,7 @@ fn flash_backward_q(tile: u32, h: u32, tid: u32) {
 }
 
 @compute @workgroup_size(WG)
-fn attention_backward(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
-    flash_backward_q(wg.x, wg.y, tid);
+fn attention_backward(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32, @builtin(num_workgroups) n: vec3<u32>) {
+    let id = wg.y * n.x + wg.x;
+    flash_backward_q(n.x - 1u - id / n.y, id % n.y, tid);
 }

@@ -42,21 +42,16 @@ fn hsum(v: vec4<f32>) -> f32 {
     return (v.x + v.y) + (v.z + v.w);
 }
 
-// exp(x) = 2^n · exp(r), r = x − n·ln2 with ln2 split in two (the first part has trailing
-// zero bits, so n·LN2_HI is exact), and exp(r) by Horner's rule on |r| <= ln2/2.
+// exp(x) = 2^(x·log2 e) with the product split exactly: t = x·L rounded, and its
+// rounding error (and that of L itself) e, by fma; 2^t by the hardware and the factor
+// 2^e = 1 + e·ln 2 by one more fma. The hardware's exp(x) rounds x·L first, which costs
+// |x|·2^-24 of relative error (several ulp) before its own error.
 fn exp_f32(x: f32) -> f32 {
     let xc = clamp(x, -104.0, 88.0);
-    let n = round(xc * 1.442695041);
-    let r = fma(n, -1.42860677e-6, fma(n, -0.693145752, xc));
-    var p = 1.98412698e-4;
-    p = fma(p, r, 1.38888889e-3);
-    p = fma(p, r, 8.33333333e-3);
-    p = fma(p, r, 4.16666667e-2);
-    p = fma(p, r, 1.66666667e-1);
-    p = fma(p, r, 0.5);
-    p = fma(p, r, 1.0);
-    p = fma(p, r, 1.0);
-    return ldexp(p, i32(n));
+    let t = xc * 1.442695041;
+    let e = fma(xc, 1.442695041, -t) + xc * 1.925963e-8;
+    let p = exp2(t);
+    return fma(p, e * 0.6931471806, p);
 }
 
 // GQA: query heads h share KV head h / (n_heads / n_kv_heads).

@@ -180,6 +180,10 @@ fn check_grid(spec: &KernelSpec) -> Result<(), DslError> {
     Ok(())
 }
 
+/// The fewest query rows a streaming (dK/dV by atomic scatter) tile may sum per add:
+/// with 8, the adds' rounding took dV over the pass rule on lavapipe.
+pub const MIN_STREAMING_TILE: u32 = 16;
+
 /// Ops with a flash schedule, and the most rows a flash tile may hold.
 const FLASH_OPS: &[Op] = &[Op::Forward, Op::BackwardQ, Op::BackwardKv];
 const FLASH_TILE_MAX: u32 = 128;
@@ -201,6 +205,21 @@ fn check_flash(spec: &KernelSpec) -> Result<(), DslError> {
             "the flash backward_q keeps P and dS in workgroup memory and flushes no scratch; \
              drop `p_ds` (declare `dkv: atomic` for the streaming schedule), or use the \
              per-row grid for the split schedule",
+        ));
+    }
+    if spec.op == Op::BackwardQ
+        && spec.write_mode("dkv").is_some()
+        && spec.grid.tile < MIN_STREAMING_TILE
+    {
+        return Err(DslError::spec(
+            Field::Grid,
+            format!(
+                "a streaming backward_q adds each key's dK and dV summed over its tile's rows, \
+                 one atomic add per tile; with tile {} a key's gradient arrives in too many \
+                 pieces to stay within twice a framework's f32 error; use a tile of at least \
+                 {MIN_STREAMING_TILE} rows",
+                spec.grid.tile
+            ),
         ));
     }
     if spec.op == Op::BackwardKv && spec.source == Source::Scratch {

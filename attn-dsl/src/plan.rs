@@ -156,24 +156,11 @@ pub fn bindings(spec: &KernelSpec) -> Vec<Binding> {
                 scalar: t.elem.into(),
                 wgsl_type,
                 fields: Cow::Owned(fields),
-                layout: layout(t.layout, write),
+                layout: Cow::Borrowed(t.layout),
                 write,
             }
         })
         .collect()
-}
-
-/// An atomic output is compensated: its binding holds the running sum and, after it, the
-/// sum of the adds' rounding errors (a leading [`Axis::Carry`]).
-fn layout(tensor: &'static [Axis], write: Option<WriteMode>) -> Cow<'static, [Axis]> {
-    match write {
-        Some(WriteMode::AtomicScatter) => Cow::Owned(
-            std::iter::once(Axis::Carry)
-                .chain(tensor.iter().copied())
-                .collect(),
-        ),
-        _ => Cow::Borrowed(tensor),
-    }
 }
 
 /// `array<f32>`, or the atomic array an atomic-scatter output is added into: `u32` words

@@ -22,9 +22,6 @@ pub enum Axis {
     D,
     /// Which of the tensors packed into one buffer (e.g. P or dS in `p_ds`).
     Part,
-    /// Of a compensated atomic output: 0 is the running sum, 1 the sum of the rounding
-    /// errors of the adds into it; the value is their sum.
-    Carry,
 }
 
 impl Axis {
@@ -36,7 +33,6 @@ impl Axis {
             Axis::KvH => "kv_h",
             Axis::D => "d",
             Axis::Part => "part",
-            Axis::Carry => "carry",
         }
     }
 }

@@ -166,7 +166,6 @@ fn axis(a: Axis) -> TokenStream {
         Axis::KvH => quote!(KvH),
         Axis::D => quote!(D),
         Axis::Part => quote!(Part),
-        Axis::Carry => quote!(Carry),
     }
 }
 

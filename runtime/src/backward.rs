@@ -229,24 +229,19 @@ impl Backward {
         let scale = input.scale.unwrap_or(h.default_scale());
         let rows = (input.seq_len * h.n_heads) as usize;
         // Refuse what this device cannot run before uploading anything.
-        // An atomic output is compensated: its binding holds the running sum, then the sum
-        // of the rounding errors (the DSL's Axis::Carry). Its value is the sum of the halves.
-        let atomic: Vec<String> = self
-            .kernels_for(set, schedule)?
-            .iter()
-            .flat_map(|k| k.abi().bindings.iter())
-            .filter(|b| b.write == Some(attn_dsl::WriteMode::AtomicScatter))
-            .map(|b| b.name.to_string())
-            .collect();
-        let carried = |name: &str| atomic.iter().any(|a| a == name);
+        let kernels = self.kernels_for(set, schedule)?;
+        // The streaming kernel adds dK and dV into one packed atomic binding.
+        let packed = kernels.iter().any(|k| k.abi().binding("dkv").is_some());
+        if packed {
+            attention::binding_size(gpu.limits(), 8 * input.k.len() as u64)?;
+        }
         if schedule == Schedule::Split {
             let elems = scratch_elems(input.seq_len, h.n_heads);
             attention::binding_size(gpu.limits(), 2 * elems * 4)?;
         }
         // dK and dV packed for the streaming kernel's one atomic binding: dK first.
         let dkv: Vec<f32> = grads.dk.iter().chain(&grads.dv).copied().collect();
-        let mut named: Vec<(&str, wgpu::Buffer, usize)> = Vec::new();
-        for (name, data) in [
+        let named: Vec<(&str, wgpu::Buffer, usize)> = [
             ("q", input.q),
             ("k", input.k),
             ("v", input.v),
@@ -257,18 +252,10 @@ impl Backward {
             ("dk", &grads.dk),
             ("dv", &grads.dv),
             ("dkv", &dkv),
-        ] {
-            let buffer = match carried(name) {
-                true => {
-                    attention::binding_size(gpu.limits(), 8 * data.len() as u64)?;
-                    let mut both = data.to_vec();
-                    both.resize(2 * data.len(), 0.0);
-                    buffers::storage(gpu, name, &both)
-                }
-                false => buffers::storage(gpu, name, data),
-            };
-            named.push((name, buffer, data.len()));
-        }
+        ]
+        .into_iter()
+        .map(|(name, data)| (name, buffers::storage(gpu, name, data), data.len()))
+        .collect();
         if schedule == Schedule::Split {
             self.reserve_scratch(gpu, scratch_elems(input.seq_len, h.n_heads));
         }
@@ -290,22 +277,18 @@ impl Backward {
             let grid = attention::checked_grid(kernel.abi(), gpu.limits(), &dims)?;
             submit(gpu, kernel, &bound, grid)?;
         }
-        let outputs: Vec<&str> = match carried("dkv") {
-            true => vec!["dq", "dkv"],
-            false => vec!["dq", "dk", "dv"],
+        let outputs: &[&str] = match packed {
+            true => &["dq", "dkv"],
+            false => &["dq", "dk", "dv"],
         };
         let reads: Vec<(&wgpu::Buffer, usize)> = outputs
             .iter()
             .map(|name| {
                 let (_, buffer, len) = named.iter().find(|(n, _, _)| n == name).expect("bound");
-                (buffer, if carried(name) { 2 * len } else { *len })
+                (buffer, *len)
             })
             .collect();
-        let mut out: Vec<Vec<f32>> = buffers::read_many::<f32>(gpu, &reads)?
-            .into_iter()
-            .zip(&outputs)
-            .map(|(data, name)| if carried(name) { uncarry(data) } else { data })
-            .collect();
+        let mut out = buffers::read_many::<f32>(gpu, &reads)?;
         if out.len() == 2 {
             let dv = out[1].split_off(grads.dk.len());
             out.push(dv);
@@ -399,13 +382,6 @@ impl Backward {
     }
 }
 
-/// The value of a compensated atomic output: its running sum plus its carried error.
-fn uncarry(mut both: Vec<f32>) -> Vec<f32> {
-    let lo = both.split_off(both.len() / 2);
-    both.iter_mut().zip(lo).for_each(|(hi, lo)| *hi += lo);
-    both
-}
-
 /// Every schedule `gpu` runs for `set`'s head_dim and masks, with its kernels in dispatch
 /// order (after prep): the per-row ones from `set`, streaming-f32 where the adapter has
 /// SHADER_FLOAT32_ATOMIC, and each tiled and flash candidate that fits the device.
@@ -440,7 +416,11 @@ pub fn schedule_kernels(
             out.push((Schedule::Tiled(i as u8), compile(&[&q, &kv])?));
         }
     }
-    for (i, config) in candidates.iter().enumerate() {
+    let streaming = candidates
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.q.tile >= attn_dsl::check::MIN_STREAMING_TILE);
+    for (i, config) in streaming {
         let q = tuning::flash_streaming(head_dim, masks, config.q, scatter)
             .map_err(|e| dsl("streaming", e))?;
         if tuning::fits(gpu, &q) {

@@ -150,12 +150,10 @@ pub fn run(
         ("o", q_len),
         ("lse", s * nh),
         ("stats", 2 * s * nh),
-        // Atomic outputs carry their rounding errors in a second half: dq (flash), dkv
-        // (streaming).
-        ("dq", 2 * q_len),
+        ("dq", q_len),
         ("dk", kv_len),
         ("dv", kv_len),
-        ("dkv", 4 * kv_len),
+        ("dkv", 2 * kv_len),
     ]
     .into_iter()
     .map(|(n, len)| (n, buffers::output::<f32>(gpu, n, len)))

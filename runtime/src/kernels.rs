@@ -194,21 +194,6 @@ attention_kernel! {
 }
 
 attention_kernel! {
-    /// Streaming schedule (b), head_dim 128, in WebGPU's defaults: query tiles of 8, keys
-    /// staged 4 at a time.
-    pub attention_backward_d128 {
-        op: backward_q,
-        grid: s_major(tile = 8, key_tile = 4, rows_per_thread = 1),
-        head_dim: 128,
-        gqa: any,
-        masks: [causal, document],
-        target: webgpu,
-        workgroup_size: 32,
-        writes: { dq: owned, dkv: atomic },
-    }
-}
-
-attention_kernel! {
     /// Recompute-split schedule (d), dQ half, head_dim 128: recomputes P; no scratch, no atomics.
     pub attention_backward_dq_d128 {
         op: backward_q,
@@ -503,9 +488,10 @@ pub static ROPE: [(&attn_dsl::KernelAbi, &attn_dsl::KernelAbi); 2] = [
 ];
 
 /// Every portable kernel of the default family, in the order `generated/manifest.json`
-/// lists them. (The native-f32-atomic streaming variants are left out: browsers have no
-/// `atomic<f32>`.)
-pub static FAMILY: [&attn_dsl::KernelAbi; 26] = [
+/// lists them. (The native-f32-atomic variants are left out: browsers have no
+/// `atomic<f32>`; so is streaming at head_dim 128, whose tiles of 16 rows need more than
+/// WebGPU's 16 KiB of workgroup memory.)
+pub static FAMILY: [&attn_dsl::KernelAbi; 25] = [
     &attention_forward::ABI,
     &attention_forward_d128::ABI,
     &attention_decode::ABI,
@@ -519,7 +505,6 @@ pub static FAMILY: [&attn_dsl::KernelAbi; 26] = [
     &attention_backward_prep_d128::ABI,
     &attention_backward_short_d128::ABI,
     &attention_backward_short_dkdv_d128::ABI,
-    &attention_backward_d128::ABI,
     &attention_backward_dq_d128::ABI,
     &attention_backward_dkdv_d128::ABI,
     &rope::ABI,

@@ -257,10 +257,14 @@ fn planner_follows_the_table_and_falls_back_to_the_portable_tiled_schedule() {
         Schedule::Tiled(0),
         "a table entry this device cannot run is ignored"
     );
-    backward.table.backward.insert(128, "streaming-0".into());
+    backward.table.backward.insert(128, "streaming-1".into());
     assert_eq!(
         backward.plan(&gpu, 300, heads(2, 128)),
-        Schedule::Streaming(0)
+        Schedule::Streaming(1)
+    );
+    assert!(
+        !backward.schedules(&gpu, 128).contains(&Schedule::Streaming(0)),
+        "no streaming on tiles of 8 rows"
     );
 }
 

@@ -489,7 +489,11 @@ fn finish(b: &mut String, t: &Tiling) {
 
 /// The entry of a flash kernel: workgroup (x, y) runs tile x of head (or KV head) y
 /// through `body`. (Running the causal grid's long tiles first was measured on an H100 and
-/// made the long causal shape 10% slower, so tiles run in grid order.)
+/// made the long causal shape 10% slower, so tiles run in grid order, except where
+/// `last_first`: the streaming kernel's atomic adds into a key arrive roughly in the order
+/// the tiles run, and a key's weights shrink with the query's distance under a causal
+/// mask, so the far tiles, with the small partial sums, go first, the heads of a tile
+/// one after the other.)
 pub(super) fn entry(out: &mut String, spec: &KernelSpec, t: &Tiling, body: &str) {
     let (builtins, args) = match t.subgroups {
         true => (
@@ -498,11 +502,19 @@ pub(super) fn entry(out: &mut String, spec: &KernelSpec, t: &Tiling, body: &str)
         ),
         false => ("", ""),
     };
+    let (tiles, order, at) = match t.scatters_kv {
+        true => (
+            ", @builtin(num_workgroups) n: vec3<u32>",
+            "\n    let id = wg.y * n.x + wg.x;",
+            "n.x - 1u - id / n.y, id % n.y",
+        ),
+        false => ("", "", "wg.x, wg.y"),
+    };
     let _ = write!(
         out,
         r#"@compute @workgroup_size(WG)
-fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32{builtins}) {{
-    {body}(wg.x, wg.y, tid{args});
+fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32{tiles}{builtins}) {{{order}
+    {body}({at}, tid{args});
 }}
 "#,
         name = spec.name

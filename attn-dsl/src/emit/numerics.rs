@@ -7,10 +7,12 @@
 //!   then pairwise: the error of a blocked sum, not of one chain of head_dim terms. Every
 //!   kernel that computes a dot product of the same two rows sums it in this order, so
 //!   `dP − D` cancels exactly where a row attends to one key.
-//! - `exp_f32` is a Cody–Waite range reduction and a degree-7 polynomial: within 1 ulp
-//!   where it matters (arguments above −4), where the drivers' `exp` is off by up to 6.
-//! - `two_sum_err` is the rounding error of a sum (Knuth's TwoSum, exact in round-to-
-//!   nearest): compensated flushes and compensated atomics carry it instead of losing it.
+//! - `exp_f32` takes exp(x) as 2^(x·log2 e) with the product split exactly, so that only
+//!   the hardware's exp2 rounds. (A range reduction and a polynomial was within 1 ulp on
+//!   every adapter, but cost a fifth of the flash forward's time on an H100.)
+//! - `two_sum_err4` is the rounding error of a sum (Knuth's TwoSum, exact in round-to-
+//!   nearest): the compensated flushes of register partial sums carry it instead of
+//!   losing it.
 //!   Its steps pass through `opaque`, which the compiler cannot see through: without it,
 //!   Mesa's algebraic simplifier folds the error term to 0.
 
@@ -38,59 +40,35 @@ fn hsum(v: vec4<f32>) -> f32 {
     Helper {
         name: "exp_f32",
         calls: &[],
-        text: r#"// exp(x) = 2^n · exp(r), r = x − n·ln2 with ln2 split in two (the first part has trailing
-// zero bits, so n·LN2_HI is exact), and exp(r) by Horner's rule on |r| <= ln2/2.
+        text: r#"// exp(x) = 2^(x·log2 e) with the product split exactly: t = x·L rounded, and its
+// rounding error (and that of L itself) e, by fma; 2^t by the hardware and the factor
+// 2^e = 1 + e·ln 2 by one more fma. The hardware's exp(x) rounds x·L first, which costs
+// |x|·2^-24 of relative error (several ulp) before its own error.
 fn exp_f32(x: f32) -> f32 {
     let xc = clamp(x, -104.0, 88.0);
-    let n = round(xc * 1.442695041);
-    let r = fma(n, -1.42860677e-6, fma(n, -0.693145752, xc));
-    var p = 1.98412698e-4;
-    p = fma(p, r, 1.38888889e-3);
-    p = fma(p, r, 8.33333333e-3);
-    p = fma(p, r, 4.16666667e-2);
-    p = fma(p, r, 1.66666667e-1);
-    p = fma(p, r, 0.5);
-    p = fma(p, r, 1.0);
-    p = fma(p, r, 1.0);
-    return ldexp(p, i32(n));
-}
-"#,
-    },
-    Helper {
-        name: "opaque",
-        calls: &[],
-        text: r#"// x, through a select the compiler cannot decide (the walked length is nonzero in every
-// dispatch that runs, but unknown at compile time), so that it cannot simplify an
-// error-free transformation away: Mesa rewrites (a + b) - a as b, which zeroes TwoSum.
-fn opaque(x: f32) -> f32 {
-    return select(0.0, x, dims.WALKED != 0u);
+    let t = xc * 1.442695041;
+    let e = fma(xc, 1.442695041, -t) + xc * 1.925963e-8;
+    let p = exp2(t);
+    return fma(p, e * 0.6931471806, p);
 }
 "#,
     },
     Helper {
         name: "opaque4",
         calls: &[],
-        text: r#"fn opaque4(x: vec4<f32>) -> vec4<f32> {
+        text: r#"// x, through a select the compiler cannot decide (the walked length is nonzero in every
+// dispatch that runs, but unknown at compile time), so that it cannot simplify an
+// error-free transformation away: Mesa rewrites (a + b) - a as b, which zeroes TwoSum.
+fn opaque4(x: vec4<f32>) -> vec4<f32> {
     return select(vec4<f32>(0.0), x, dims.WALKED != 0u);
-}
-"#,
-    },
-    Helper {
-        name: "two_sum_err",
-        calls: &["opaque"],
-        text: r#"// The rounding error of t = a + b (Knuth's TwoSum): a + b == t + two_sum_err(a, b, t).
-fn two_sum_err(a: f32, b: f32, t: f32) -> f32 {
-    let to = opaque(t);
-    let bp = opaque(to - a);
-    let ap = opaque(to - bp);
-    return (a - ap) + (b - bp);
 }
 "#,
     },
     Helper {
         name: "two_sum_err4",
         calls: &["opaque4"],
-        text: r#"fn two_sum_err4(a: vec4<f32>, b: vec4<f32>, t: vec4<f32>) -> vec4<f32> {
+        text: r#"// The rounding error of t = a + b (Knuth's TwoSum): a + b == t + two_sum_err4(a, b, t).
+fn two_sum_err4(a: vec4<f32>, b: vec4<f32>, t: vec4<f32>) -> vec4<f32> {
     let to = opaque4(t);
     let bp = opaque4(to - a);
     let ap = opaque4(to - bp);
