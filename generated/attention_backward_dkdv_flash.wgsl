@@ -347,9 +347,9 @@ fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {
                 }
             }
         }
-        // Every 64 rows summed, and after the last, the registers' partial sums are added
+        // Every 128 rows summed, and after the last, the registers' partial sums are added
         // into the output, their rounding error carried into the next partial (a compensated sum).
-        if ((it + 1u) % 8u == 0u || it + 1u == group * blocks) {
+        if ((it + 1u) % 16u == 0u || it + 1u == group * blocks) {
             if (col_0 < dims.seq_len) {
                 let base = kv_index(col_0, kv_h);
                 let dkat_0 = base + (tx + 0u * TX) * 4u;

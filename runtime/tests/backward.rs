@@ -263,7 +263,9 @@ fn planner_follows_the_table_and_falls_back_to_the_portable_tiled_schedule() {
         Schedule::Streaming(1)
     );
     assert!(
-        !backward.schedules(&gpu, 128).contains(&Schedule::Streaming(0)),
+        !backward
+            .schedules(&gpu, 128)
+            .contains(&Schedule::Streaming(0)),
         "no streaming on tiles of 8 rows"
     );
 }
