@@ -13,6 +13,10 @@ struct Dims {
     n_heads: u32,
     n_kv_heads: u32,
     head_dim: u32,
+    batch: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 struct Params {
@@ -22,6 +26,8 @@ struct Params {
     _pad2: f32,
 }
 
+// The sequence of the batch this workgroup works on, set by the entry point.
+var<private> batch: u32;
 @group(0) @binding(0) var<storage, read> q: array<f32>;
 @group(0) @binding(1) var<storage, read> k: array<f32>;
 @group(0) @binding(2) var<storage, read> v: array<f32>;
@@ -96,15 +102,27 @@ fn kv_head(h: u32) -> u32 {
 }
 
 fn q_index(row: u32, h: u32) -> u32 {
-    return (row * dims.n_heads + h) * HEAD_DIM;
+    return ((batch * dims.seq_len + row) * dims.n_heads + h) * HEAD_DIM;
 }
 
 fn kv_index(j: u32, kv_h: u32) -> u32 {
-    return (j * dims.n_kv_heads + kv_h) * HEAD_DIM;
+    return ((batch * dims.seq_len + j) * dims.n_kv_heads + kv_h) * HEAD_DIM;
+}
+
+fn row_index(row: u32, h: u32) -> u32 {
+    return (batch * dims.seq_len + row) * dims.n_heads + h;
+}
+
+fn doc_start(row: u32) -> u32 {
+    return seg[batch * dims.seq_len + row];
+}
+
+fn doc_end(row: u32) -> u32 {
+    return seg[(dims.batch + batch) * dims.seq_len + row];
 }
 
 fn key_range(row: u32) -> vec2<u32> {
-    return vec2<u32>(seg[row], row + 1u);
+    return vec2<u32>(doc_start(row), row + 1u);
 }
 
 fn key_visible(row: u32, j: u32) -> bool {
@@ -117,15 +135,20 @@ fn visible(row: u32, j: u32) -> bool {
 }
 
 fn query_range(col: u32) -> vec2<u32> {
-    return vec2<u32>(col, dims.seq_len);
+    return vec2<u32>(col, doc_end(col));
 }
 
 fn stats_part(part: u32, row: u32, h: u32) -> u32 {
-    return (part * dims.seq_len + row) * dims.n_heads + h;
+    return ((part * dims.batch + batch) * dims.seq_len + row) * dims.n_heads + h;
 }
 
 fn p_ds_part(part: u32, row: u32, h: u32, j: u32) -> u32 {
-    return ((part * dims.seq_len + row) * dims.n_heads + h) * dims.seq_len + j;
+    return (((part * dims.batch + batch) * dims.seq_len + row) * dims.n_heads + h) * dims.seq_len + j;
+}
+
+// Where part 1 (dV) of `dkv` starts.
+fn dkv_part1() -> u32 {
+    return dims.batch * dims.seq_len * dims.n_kv_heads * HEAD_DIM;
 }
 
 fn stage_k(r0: u32, h: u32, tid: u32) {
@@ -186,10 +209,13 @@ fn put_do(e: u32, x: vec4<f32>) {
     }
 }
 
-// query_range's start never decreases with the key, so the first key of the tile
-// bounds the queries that see any key of it.
+// query_range is monotone in the key (document starts and ends never decrease, causal
+// starts grow), so the first and last keys of the tile bound the queries that see any key
+// of it, and those in [last.x, first.y) see all of them.
 fn tile_query_range(col0: u32) -> vec4<u32> {
-    return vec4<u32>(query_range(col0), vec2<u32>(0xffffffffu, 0u));
+    let first = query_range(col0);
+    let last = query_range(min(col0 + BR, dims.seq_len) - 1u);
+    return vec4<u32>(first.x, last.y, last.x, first.y);
 }
 
 fn fetch_stats(s0: u32, h: u32, e: u32) -> vec2<f32> {
@@ -299,53 +325,85 @@ fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {
         sh_ds[(g * TM + 1u) * PSTRIDE + tx + 0u * TX] = select(0.0, params.scale * p_1_0 * (dp_1_0 - st_0.y), v_1_0);
         workgroupBarrier();
         if (range.z <= s0 && s0 + BC <= range.w) {
+            var dvb_0_0 = vec4<f32>(0.0);
+            var dvb_0_1 = vec4<f32>(0.0);
+            var dvb_1_0 = vec4<f32>(0.0);
+            var dvb_1_1 = vec4<f32>(0.0);
+            var dkb_0_0 = vec4<f32>(0.0);
+            var dkb_0_1 = vec4<f32>(0.0);
+            var dkb_1_0 = vec4<f32>(0.0);
+            var dkb_1_1 = vec4<f32>(0.0);
             for (var cc = 0u; cc < BC; cc = cc + 1u) {
                 let c = BC - 1u - cc;
                 let dvr_0 = sh_do[c * ROW4 + tx + 0u * TX];
                 let dvr_1 = sh_do[c * ROW4 + tx + 1u * TX];
                 let dvw_0 = sh_p[(g * TM + 0u) * PSTRIDE + c];
-                dv_0_0 = fma(vec4<f32>(dvw_0), dvr_0, dv_0_0);
-                dv_0_1 = fma(vec4<f32>(dvw_0), dvr_1, dv_0_1);
+                dvb_0_0 = fma(vec4<f32>(dvw_0), dvr_0, dvb_0_0);
+                dvb_0_1 = fma(vec4<f32>(dvw_0), dvr_1, dvb_0_1);
                 let dvw_1 = sh_p[(g * TM + 1u) * PSTRIDE + c];
-                dv_1_0 = fma(vec4<f32>(dvw_1), dvr_0, dv_1_0);
-                dv_1_1 = fma(vec4<f32>(dvw_1), dvr_1, dv_1_1);
+                dvb_1_0 = fma(vec4<f32>(dvw_1), dvr_0, dvb_1_0);
+                dvb_1_1 = fma(vec4<f32>(dvw_1), dvr_1, dvb_1_1);
                 let dkr_0 = sh_q[c * ROW4 + tx + 0u * TX];
                 let dkr_1 = sh_q[c * ROW4 + tx + 1u * TX];
                 let dkw_0 = sh_ds[(g * TM + 0u) * PSTRIDE + c];
-                dk_0_0 = fma(vec4<f32>(dkw_0), dkr_0, dk_0_0);
-                dk_0_1 = fma(vec4<f32>(dkw_0), dkr_1, dk_0_1);
+                dkb_0_0 = fma(vec4<f32>(dkw_0), dkr_0, dkb_0_0);
+                dkb_0_1 = fma(vec4<f32>(dkw_0), dkr_1, dkb_0_1);
                 let dkw_1 = sh_ds[(g * TM + 1u) * PSTRIDE + c];
-                dk_1_0 = fma(vec4<f32>(dkw_1), dkr_0, dk_1_0);
-                dk_1_1 = fma(vec4<f32>(dkw_1), dkr_1, dk_1_1);
+                dkb_1_0 = fma(vec4<f32>(dkw_1), dkr_0, dkb_1_0);
+                dkb_1_1 = fma(vec4<f32>(dkw_1), dkr_1, dkb_1_1);
             }
+            dv_0_0 = dv_0_0 + dvb_0_0;
+            dv_0_1 = dv_0_1 + dvb_0_1;
+            dv_1_0 = dv_1_0 + dvb_1_0;
+            dv_1_1 = dv_1_1 + dvb_1_1;
+            dk_0_0 = dk_0_0 + dkb_0_0;
+            dk_0_1 = dk_0_1 + dkb_0_1;
+            dk_1_0 = dk_1_0 + dkb_1_0;
+            dk_1_1 = dk_1_1 + dkb_1_1;
         } else {
+            var dvb_0_0 = vec4<f32>(0.0);
+            var dvb_0_1 = vec4<f32>(0.0);
+            var dvb_1_0 = vec4<f32>(0.0);
+            var dvb_1_1 = vec4<f32>(0.0);
+            var dkb_0_0 = vec4<f32>(0.0);
+            var dkb_0_1 = vec4<f32>(0.0);
+            var dkb_1_0 = vec4<f32>(0.0);
+            var dkb_1_1 = vec4<f32>(0.0);
             for (var cc = 0u; cc < BC; cc = cc + 1u) {
                 let c = BC - 1u - cc;
                 let dvr_0 = sh_do[c * ROW4 + tx + 0u * TX];
                 let dvr_1 = sh_do[c * ROW4 + tx + 1u * TX];
                 let dvw_0 = sh_p[(g * TM + 0u) * PSTRIDE + c];
                 if (dvw_0 != 0.0) {
-                    dv_0_0 = fma(vec4<f32>(dvw_0), dvr_0, dv_0_0);
-                    dv_0_1 = fma(vec4<f32>(dvw_0), dvr_1, dv_0_1);
+                    dvb_0_0 = fma(vec4<f32>(dvw_0), dvr_0, dvb_0_0);
+                    dvb_0_1 = fma(vec4<f32>(dvw_0), dvr_1, dvb_0_1);
                 }
                 let dvw_1 = sh_p[(g * TM + 1u) * PSTRIDE + c];
                 if (dvw_1 != 0.0) {
-                    dv_1_0 = fma(vec4<f32>(dvw_1), dvr_0, dv_1_0);
-                    dv_1_1 = fma(vec4<f32>(dvw_1), dvr_1, dv_1_1);
+                    dvb_1_0 = fma(vec4<f32>(dvw_1), dvr_0, dvb_1_0);
+                    dvb_1_1 = fma(vec4<f32>(dvw_1), dvr_1, dvb_1_1);
                 }
                 let dkr_0 = sh_q[c * ROW4 + tx + 0u * TX];
                 let dkr_1 = sh_q[c * ROW4 + tx + 1u * TX];
                 let dkw_0 = sh_ds[(g * TM + 0u) * PSTRIDE + c];
                 if (dkw_0 != 0.0) {
-                    dk_0_0 = fma(vec4<f32>(dkw_0), dkr_0, dk_0_0);
-                    dk_0_1 = fma(vec4<f32>(dkw_0), dkr_1, dk_0_1);
+                    dkb_0_0 = fma(vec4<f32>(dkw_0), dkr_0, dkb_0_0);
+                    dkb_0_1 = fma(vec4<f32>(dkw_0), dkr_1, dkb_0_1);
                 }
                 let dkw_1 = sh_ds[(g * TM + 1u) * PSTRIDE + c];
                 if (dkw_1 != 0.0) {
-                    dk_1_0 = fma(vec4<f32>(dkw_1), dkr_0, dk_1_0);
-                    dk_1_1 = fma(vec4<f32>(dkw_1), dkr_1, dk_1_1);
+                    dkb_1_0 = fma(vec4<f32>(dkw_1), dkr_0, dkb_1_0);
+                    dkb_1_1 = fma(vec4<f32>(dkw_1), dkr_1, dkb_1_1);
                 }
             }
+            dv_0_0 = dv_0_0 + dvb_0_0;
+            dv_0_1 = dv_0_1 + dvb_0_1;
+            dv_1_0 = dv_1_0 + dvb_1_0;
+            dv_1_1 = dv_1_1 + dvb_1_1;
+            dk_0_0 = dk_0_0 + dkb_0_0;
+            dk_0_1 = dk_0_1 + dkb_0_1;
+            dk_1_0 = dk_1_0 + dkb_1_0;
+            dk_1_1 = dk_1_1 + dkb_1_1;
         }
         // Every 128 rows summed, and after the last, the registers' partial sums are added
         // into the output, their rounding error carried into the next partial (a compensated sum).
@@ -426,5 +484,6 @@ fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {
 
 @compute @workgroup_size(WG)
 fn attention_backward_dkdv_flash(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    batch = wg.z;
     flash_backward_kv(wg.x, wg.y, tid);
 }

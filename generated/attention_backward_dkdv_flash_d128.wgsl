@@ -13,6 +13,10 @@ struct Dims {
     n_heads: u32,
     n_kv_heads: u32,
     head_dim: u32,
+    batch: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 struct Params {
@@ -22,6 +26,8 @@ struct Params {
     _pad2: f32,
 }
 
+// The sequence of the batch this workgroup works on, set by the entry point.
+var<private> batch: u32;
 @group(0) @binding(0) var<storage, read> q: array<f32>;
 @group(0) @binding(1) var<storage, read> k: array<f32>;
 @group(0) @binding(2) var<storage, read> v: array<f32>;
@@ -96,15 +102,27 @@ fn kv_head(h: u32) -> u32 {
 }
 
 fn q_index(row: u32, h: u32) -> u32 {
-    return (row * dims.n_heads + h) * HEAD_DIM;
+    return ((batch * dims.seq_len + row) * dims.n_heads + h) * HEAD_DIM;
 }
 
 fn kv_index(j: u32, kv_h: u32) -> u32 {
-    return (j * dims.n_kv_heads + kv_h) * HEAD_DIM;
+    return ((batch * dims.seq_len + j) * dims.n_kv_heads + kv_h) * HEAD_DIM;
+}
+
+fn row_index(row: u32, h: u32) -> u32 {
+    return (batch * dims.seq_len + row) * dims.n_heads + h;
+}
+
+fn doc_start(row: u32) -> u32 {
+    return seg[batch * dims.seq_len + row];
+}
+
+fn doc_end(row: u32) -> u32 {
+    return seg[(dims.batch + batch) * dims.seq_len + row];
 }
 
 fn key_range(row: u32) -> vec2<u32> {
-    return vec2<u32>(seg[row], row + 1u);
+    return vec2<u32>(doc_start(row), row + 1u);
 }
 
 fn key_visible(row: u32, j: u32) -> bool {
@@ -117,15 +135,20 @@ fn visible(row: u32, j: u32) -> bool {
 }
 
 fn query_range(col: u32) -> vec2<u32> {
-    return vec2<u32>(col, dims.seq_len);
+    return vec2<u32>(col, doc_end(col));
 }
 
 fn stats_part(part: u32, row: u32, h: u32) -> u32 {
-    return (part * dims.seq_len + row) * dims.n_heads + h;
+    return ((part * dims.batch + batch) * dims.seq_len + row) * dims.n_heads + h;
 }
 
 fn p_ds_part(part: u32, row: u32, h: u32, j: u32) -> u32 {
-    return ((part * dims.seq_len + row) * dims.n_heads + h) * dims.seq_len + j;
+    return (((part * dims.batch + batch) * dims.seq_len + row) * dims.n_heads + h) * dims.seq_len + j;
+}
+
+// Where part 1 (dV) of `dkv` starts.
+fn dkv_part1() -> u32 {
+    return dims.batch * dims.seq_len * dims.n_kv_heads * HEAD_DIM;
 }
 
 fn stage_k(r0: u32, h: u32, tid: u32) {
@@ -186,10 +209,13 @@ fn put_do(e: u32, x: vec4<f32>) {
     }
 }
 
-// query_range's start never decreases with the key, so the first key of the tile
-// bounds the queries that see any key of it.
+// query_range is monotone in the key (document starts and ends never decrease, causal
+// starts grow), so the first and last keys of the tile bound the queries that see any key
+// of it, and those in [last.x, first.y) see all of them.
 fn tile_query_range(col0: u32) -> vec4<u32> {
-    return vec4<u32>(query_range(col0), vec2<u32>(0xffffffffu, 0u));
+    let first = query_range(col0);
+    let last = query_range(min(col0 + BR, dims.seq_len) - 1u);
+    return vec4<u32>(first.x, last.y, last.x, first.y);
 }
 
 fn fetch_stats(s0: u32, h: u32, e: u32) -> vec2<f32> {
@@ -310,6 +336,22 @@ fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {
         sh_ds[(g * TM + 0u) * PSTRIDE + tx + 0u * TX] = select(0.0, params.scale * p_0_0 * (dp_0_0 - st_0.y), v_0_0);
         workgroupBarrier();
         if (range.z <= s0 && s0 + BC <= range.w) {
+            var dvb_0_0 = vec4<f32>(0.0);
+            var dvb_0_1 = vec4<f32>(0.0);
+            var dvb_0_2 = vec4<f32>(0.0);
+            var dvb_0_3 = vec4<f32>(0.0);
+            var dvb_0_4 = vec4<f32>(0.0);
+            var dvb_0_5 = vec4<f32>(0.0);
+            var dvb_0_6 = vec4<f32>(0.0);
+            var dvb_0_7 = vec4<f32>(0.0);
+            var dkb_0_0 = vec4<f32>(0.0);
+            var dkb_0_1 = vec4<f32>(0.0);
+            var dkb_0_2 = vec4<f32>(0.0);
+            var dkb_0_3 = vec4<f32>(0.0);
+            var dkb_0_4 = vec4<f32>(0.0);
+            var dkb_0_5 = vec4<f32>(0.0);
+            var dkb_0_6 = vec4<f32>(0.0);
+            var dkb_0_7 = vec4<f32>(0.0);
             for (var cc = 0u; cc < BC; cc = cc + 1u) {
                 let c = BC - 1u - cc;
                 let dvr_0 = sh_do[c * ROW4 + tx + 0u * TX];
@@ -321,14 +363,14 @@ fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {
                 let dvr_6 = sh_do[c * ROW4 + tx + 6u * TX];
                 let dvr_7 = sh_do[c * ROW4 + tx + 7u * TX];
                 let dvw_0 = sh_p[(g * TM + 0u) * PSTRIDE + c];
-                dv_0_0 = fma(vec4<f32>(dvw_0), dvr_0, dv_0_0);
-                dv_0_1 = fma(vec4<f32>(dvw_0), dvr_1, dv_0_1);
-                dv_0_2 = fma(vec4<f32>(dvw_0), dvr_2, dv_0_2);
-                dv_0_3 = fma(vec4<f32>(dvw_0), dvr_3, dv_0_3);
-                dv_0_4 = fma(vec4<f32>(dvw_0), dvr_4, dv_0_4);
-                dv_0_5 = fma(vec4<f32>(dvw_0), dvr_5, dv_0_5);
-                dv_0_6 = fma(vec4<f32>(dvw_0), dvr_6, dv_0_6);
-                dv_0_7 = fma(vec4<f32>(dvw_0), dvr_7, dv_0_7);
+                dvb_0_0 = fma(vec4<f32>(dvw_0), dvr_0, dvb_0_0);
+                dvb_0_1 = fma(vec4<f32>(dvw_0), dvr_1, dvb_0_1);
+                dvb_0_2 = fma(vec4<f32>(dvw_0), dvr_2, dvb_0_2);
+                dvb_0_3 = fma(vec4<f32>(dvw_0), dvr_3, dvb_0_3);
+                dvb_0_4 = fma(vec4<f32>(dvw_0), dvr_4, dvb_0_4);
+                dvb_0_5 = fma(vec4<f32>(dvw_0), dvr_5, dvb_0_5);
+                dvb_0_6 = fma(vec4<f32>(dvw_0), dvr_6, dvb_0_6);
+                dvb_0_7 = fma(vec4<f32>(dvw_0), dvr_7, dvb_0_7);
                 let dkr_0 = sh_q[c * ROW4 + tx + 0u * TX];
                 let dkr_1 = sh_q[c * ROW4 + tx + 1u * TX];
                 let dkr_2 = sh_q[c * ROW4 + tx + 2u * TX];
@@ -338,16 +380,48 @@ fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {
                 let dkr_6 = sh_q[c * ROW4 + tx + 6u * TX];
                 let dkr_7 = sh_q[c * ROW4 + tx + 7u * TX];
                 let dkw_0 = sh_ds[(g * TM + 0u) * PSTRIDE + c];
-                dk_0_0 = fma(vec4<f32>(dkw_0), dkr_0, dk_0_0);
-                dk_0_1 = fma(vec4<f32>(dkw_0), dkr_1, dk_0_1);
-                dk_0_2 = fma(vec4<f32>(dkw_0), dkr_2, dk_0_2);
-                dk_0_3 = fma(vec4<f32>(dkw_0), dkr_3, dk_0_3);
-                dk_0_4 = fma(vec4<f32>(dkw_0), dkr_4, dk_0_4);
-                dk_0_5 = fma(vec4<f32>(dkw_0), dkr_5, dk_0_5);
-                dk_0_6 = fma(vec4<f32>(dkw_0), dkr_6, dk_0_6);
-                dk_0_7 = fma(vec4<f32>(dkw_0), dkr_7, dk_0_7);
+                dkb_0_0 = fma(vec4<f32>(dkw_0), dkr_0, dkb_0_0);
+                dkb_0_1 = fma(vec4<f32>(dkw_0), dkr_1, dkb_0_1);
+                dkb_0_2 = fma(vec4<f32>(dkw_0), dkr_2, dkb_0_2);
+                dkb_0_3 = fma(vec4<f32>(dkw_0), dkr_3, dkb_0_3);
+                dkb_0_4 = fma(vec4<f32>(dkw_0), dkr_4, dkb_0_4);
+                dkb_0_5 = fma(vec4<f32>(dkw_0), dkr_5, dkb_0_5);
+                dkb_0_6 = fma(vec4<f32>(dkw_0), dkr_6, dkb_0_6);
+                dkb_0_7 = fma(vec4<f32>(dkw_0), dkr_7, dkb_0_7);
             }
+            dv_0_0 = dv_0_0 + dvb_0_0;
+            dv_0_1 = dv_0_1 + dvb_0_1;
+            dv_0_2 = dv_0_2 + dvb_0_2;
+            dv_0_3 = dv_0_3 + dvb_0_3;
+            dv_0_4 = dv_0_4 + dvb_0_4;
+            dv_0_5 = dv_0_5 + dvb_0_5;
+            dv_0_6 = dv_0_6 + dvb_0_6;
+            dv_0_7 = dv_0_7 + dvb_0_7;
+            dk_0_0 = dk_0_0 + dkb_0_0;
+            dk_0_1 = dk_0_1 + dkb_0_1;
+            dk_0_2 = dk_0_2 + dkb_0_2;
+            dk_0_3 = dk_0_3 + dkb_0_3;
+            dk_0_4 = dk_0_4 + dkb_0_4;
+            dk_0_5 = dk_0_5 + dkb_0_5;
+            dk_0_6 = dk_0_6 + dkb_0_6;
+            dk_0_7 = dk_0_7 + dkb_0_7;
         } else {
+            var dvb_0_0 = vec4<f32>(0.0);
+            var dvb_0_1 = vec4<f32>(0.0);
+            var dvb_0_2 = vec4<f32>(0.0);
+            var dvb_0_3 = vec4<f32>(0.0);
+            var dvb_0_4 = vec4<f32>(0.0);
+            var dvb_0_5 = vec4<f32>(0.0);
+            var dvb_0_6 = vec4<f32>(0.0);
+            var dvb_0_7 = vec4<f32>(0.0);
+            var dkb_0_0 = vec4<f32>(0.0);
+            var dkb_0_1 = vec4<f32>(0.0);
+            var dkb_0_2 = vec4<f32>(0.0);
+            var dkb_0_3 = vec4<f32>(0.0);
+            var dkb_0_4 = vec4<f32>(0.0);
+            var dkb_0_5 = vec4<f32>(0.0);
+            var dkb_0_6 = vec4<f32>(0.0);
+            var dkb_0_7 = vec4<f32>(0.0);
             for (var cc = 0u; cc < BC; cc = cc + 1u) {
                 let c = BC - 1u - cc;
                 let dvr_0 = sh_do[c * ROW4 + tx + 0u * TX];
@@ -360,14 +434,14 @@ fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {
                 let dvr_7 = sh_do[c * ROW4 + tx + 7u * TX];
                 let dvw_0 = sh_p[(g * TM + 0u) * PSTRIDE + c];
                 if (dvw_0 != 0.0) {
-                    dv_0_0 = fma(vec4<f32>(dvw_0), dvr_0, dv_0_0);
-                    dv_0_1 = fma(vec4<f32>(dvw_0), dvr_1, dv_0_1);
-                    dv_0_2 = fma(vec4<f32>(dvw_0), dvr_2, dv_0_2);
-                    dv_0_3 = fma(vec4<f32>(dvw_0), dvr_3, dv_0_3);
-                    dv_0_4 = fma(vec4<f32>(dvw_0), dvr_4, dv_0_4);
-                    dv_0_5 = fma(vec4<f32>(dvw_0), dvr_5, dv_0_5);
-                    dv_0_6 = fma(vec4<f32>(dvw_0), dvr_6, dv_0_6);
-                    dv_0_7 = fma(vec4<f32>(dvw_0), dvr_7, dv_0_7);
+                    dvb_0_0 = fma(vec4<f32>(dvw_0), dvr_0, dvb_0_0);
+                    dvb_0_1 = fma(vec4<f32>(dvw_0), dvr_1, dvb_0_1);
+                    dvb_0_2 = fma(vec4<f32>(dvw_0), dvr_2, dvb_0_2);
+                    dvb_0_3 = fma(vec4<f32>(dvw_0), dvr_3, dvb_0_3);
+                    dvb_0_4 = fma(vec4<f32>(dvw_0), dvr_4, dvb_0_4);
+                    dvb_0_5 = fma(vec4<f32>(dvw_0), dvr_5, dvb_0_5);
+                    dvb_0_6 = fma(vec4<f32>(dvw_0), dvr_6, dvb_0_6);
+                    dvb_0_7 = fma(vec4<f32>(dvw_0), dvr_7, dvb_0_7);
                 }
                 let dkr_0 = sh_q[c * ROW4 + tx + 0u * TX];
                 let dkr_1 = sh_q[c * ROW4 + tx + 1u * TX];
@@ -379,16 +453,32 @@ fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {
                 let dkr_7 = sh_q[c * ROW4 + tx + 7u * TX];
                 let dkw_0 = sh_ds[(g * TM + 0u) * PSTRIDE + c];
                 if (dkw_0 != 0.0) {
-                    dk_0_0 = fma(vec4<f32>(dkw_0), dkr_0, dk_0_0);
-                    dk_0_1 = fma(vec4<f32>(dkw_0), dkr_1, dk_0_1);
-                    dk_0_2 = fma(vec4<f32>(dkw_0), dkr_2, dk_0_2);
-                    dk_0_3 = fma(vec4<f32>(dkw_0), dkr_3, dk_0_3);
-                    dk_0_4 = fma(vec4<f32>(dkw_0), dkr_4, dk_0_4);
-                    dk_0_5 = fma(vec4<f32>(dkw_0), dkr_5, dk_0_5);
-                    dk_0_6 = fma(vec4<f32>(dkw_0), dkr_6, dk_0_6);
-                    dk_0_7 = fma(vec4<f32>(dkw_0), dkr_7, dk_0_7);
+                    dkb_0_0 = fma(vec4<f32>(dkw_0), dkr_0, dkb_0_0);
+                    dkb_0_1 = fma(vec4<f32>(dkw_0), dkr_1, dkb_0_1);
+                    dkb_0_2 = fma(vec4<f32>(dkw_0), dkr_2, dkb_0_2);
+                    dkb_0_3 = fma(vec4<f32>(dkw_0), dkr_3, dkb_0_3);
+                    dkb_0_4 = fma(vec4<f32>(dkw_0), dkr_4, dkb_0_4);
+                    dkb_0_5 = fma(vec4<f32>(dkw_0), dkr_5, dkb_0_5);
+                    dkb_0_6 = fma(vec4<f32>(dkw_0), dkr_6, dkb_0_6);
+                    dkb_0_7 = fma(vec4<f32>(dkw_0), dkr_7, dkb_0_7);
                 }
             }
+            dv_0_0 = dv_0_0 + dvb_0_0;
+            dv_0_1 = dv_0_1 + dvb_0_1;
+            dv_0_2 = dv_0_2 + dvb_0_2;
+            dv_0_3 = dv_0_3 + dvb_0_3;
+            dv_0_4 = dv_0_4 + dvb_0_4;
+            dv_0_5 = dv_0_5 + dvb_0_5;
+            dv_0_6 = dv_0_6 + dvb_0_6;
+            dv_0_7 = dv_0_7 + dvb_0_7;
+            dk_0_0 = dk_0_0 + dkb_0_0;
+            dk_0_1 = dk_0_1 + dkb_0_1;
+            dk_0_2 = dk_0_2 + dkb_0_2;
+            dk_0_3 = dk_0_3 + dkb_0_3;
+            dk_0_4 = dk_0_4 + dkb_0_4;
+            dk_0_5 = dk_0_5 + dkb_0_5;
+            dk_0_6 = dk_0_6 + dkb_0_6;
+            dk_0_7 = dk_0_7 + dkb_0_7;
         }
         // Every 128 rows summed, and after the last, the registers' partial sums are added
         // into the output, their rounding error carried into the next partial (a compensated sum).
@@ -530,5 +620,6 @@ fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {
 
 @compute @workgroup_size(WG)
 fn attention_backward_dkdv_flash_d128(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    batch = wg.z;
     flash_backward_kv(wg.x, wg.y, tid);
 }

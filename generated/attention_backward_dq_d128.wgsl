@@ -17,6 +17,10 @@ struct Dims {
     n_heads: u32,
     n_kv_heads: u32,
     head_dim: u32,
+    batch: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 struct Params {
@@ -26,6 +30,8 @@ struct Params {
     _pad2: f32,
 }
 
+// The sequence of the batch this workgroup works on, set by the entry point.
+var<private> batch: u32;
 @group(0) @binding(0) var<storage, read> q: array<f32>;
 @group(0) @binding(1) var<storage, read> k: array<f32>;
 @group(0) @binding(2) var<storage, read> v: array<f32>;
@@ -63,15 +69,27 @@ fn kv_head(h: u32) -> u32 {
 }
 
 fn q_index(row: u32, h: u32) -> u32 {
-    return (row * dims.n_heads + h) * HEAD_DIM;
+    return ((batch * dims.seq_len + row) * dims.n_heads + h) * HEAD_DIM;
 }
 
 fn kv_index(j: u32, kv_h: u32) -> u32 {
-    return (j * dims.n_kv_heads + kv_h) * HEAD_DIM;
+    return ((batch * dims.seq_len + j) * dims.n_kv_heads + kv_h) * HEAD_DIM;
+}
+
+fn row_index(row: u32, h: u32) -> u32 {
+    return (batch * dims.seq_len + row) * dims.n_heads + h;
+}
+
+fn doc_start(row: u32) -> u32 {
+    return seg[batch * dims.seq_len + row];
+}
+
+fn doc_end(row: u32) -> u32 {
+    return seg[(dims.batch + batch) * dims.seq_len + row];
 }
 
 fn key_range(row: u32) -> vec2<u32> {
-    return vec2<u32>(seg[row], row + 1u);
+    return vec2<u32>(doc_start(row), row + 1u);
 }
 
 fn key_visible(row: u32, j: u32) -> bool {
@@ -84,15 +102,20 @@ fn visible(row: u32, j: u32) -> bool {
 }
 
 fn query_range(col: u32) -> vec2<u32> {
-    return vec2<u32>(col, dims.seq_len);
+    return vec2<u32>(col, doc_end(col));
 }
 
 fn stats_part(part: u32, row: u32, h: u32) -> u32 {
-    return (part * dims.seq_len + row) * dims.n_heads + h;
+    return ((part * dims.batch + batch) * dims.seq_len + row) * dims.n_heads + h;
 }
 
 fn p_ds_part(part: u32, row: u32, h: u32, j: u32) -> u32 {
-    return ((part * dims.seq_len + row) * dims.n_heads + h) * dims.seq_len + j;
+    return (((part * dims.batch + batch) * dims.seq_len + row) * dims.n_heads + h) * dims.seq_len + j;
+}
+
+// Where part 1 (dV) of `dkv` starts.
+fn dkv_part1() -> u32 {
+    return dims.batch * dims.seq_len * dims.n_kv_heads * HEAD_DIM;
 }
 
 var<workgroup> sh_q: array<f32, HEAD_DIM>;
@@ -175,6 +198,7 @@ fn backward_row(row: u32, h: u32, tid: u32) {
 
 @compute @workgroup_size(WG)
 fn attention_backward_dq_d128(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    batch = wg.z;
     for (var r = 0u; r < TILE; r = r + 1u) {
         let row = wg.x * TILE + r;
         if (row < dims.seq_len) {

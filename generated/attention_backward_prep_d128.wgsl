@@ -17,8 +17,14 @@ struct Dims {
     n_heads: u32,
     n_kv_heads: u32,
     head_dim: u32,
+    batch: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
+// The sequence of the batch this workgroup works on, set by the entry point.
+var<private> batch: u32;
 @group(0) @binding(0) var<storage, read> o: array<f32>;
 @group(0) @binding(1) var<storage, read> d_o: array<f32>;
 @group(0) @binding(2) var<storage, read> lse: array<f32>;
@@ -31,19 +37,28 @@ fn hsum(v: vec4<f32>) -> f32 {
 }
 
 fn q_index(row: u32, h: u32) -> u32 {
-    return (row * dims.n_heads + h) * HEAD_DIM;
+    return ((batch * dims.seq_len + row) * dims.n_heads + h) * HEAD_DIM;
 }
 
 fn kv_index(j: u32, kv_h: u32) -> u32 {
-    return (j * dims.n_kv_heads + kv_h) * HEAD_DIM;
+    return ((batch * dims.seq_len + j) * dims.n_kv_heads + kv_h) * HEAD_DIM;
+}
+
+fn row_index(row: u32, h: u32) -> u32 {
+    return (batch * dims.seq_len + row) * dims.n_heads + h;
 }
 
 fn stats_part(part: u32, row: u32, h: u32) -> u32 {
-    return (part * dims.seq_len + row) * dims.n_heads + h;
+    return ((part * dims.batch + batch) * dims.seq_len + row) * dims.n_heads + h;
 }
 
 fn p_ds_part(part: u32, row: u32, h: u32, j: u32) -> u32 {
-    return ((part * dims.seq_len + row) * dims.n_heads + h) * dims.seq_len + j;
+    return (((part * dims.batch + batch) * dims.seq_len + row) * dims.n_heads + h) * dims.seq_len + j;
+}
+
+// Where part 1 (dV) of `dkv` starts.
+fn dkv_part1() -> u32 {
+    return dims.batch * dims.seq_len * dims.n_kv_heads * HEAD_DIM;
 }
 
 fn prep_row(row: u32, h: u32, tid: u32) {
@@ -54,13 +69,14 @@ fn prep_row(row: u32, h: u32, tid: u32) {
             delta_4 = fma(vec4<f32>(d_o[qi + 4u * c4], d_o[qi + 4u * c4 + 1u], d_o[qi + 4u * c4 + 2u], d_o[qi + 4u * c4 + 3u]), vec4<f32>(o[qi + 4u * c4], o[qi + 4u * c4 + 1u], o[qi + 4u * c4 + 2u], o[qi + 4u * c4 + 3u]), delta_4);
         }
         var delta = hsum(delta_4);
-        stats[stats_part(0u, row, h)] = lse[row * dims.n_heads + h];
+        stats[stats_part(0u, row, h)] = lse[row_index(row, h)];
         stats[stats_part(1u, row, h)] = delta;
     }
 }
 
 @compute @workgroup_size(WG)
 fn attention_backward_prep_d128(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    batch = wg.z;
     for (var r = 0u; r < TILE; r = r + 1u) {
         let row = wg.x * TILE + r;
         if (row < dims.seq_len) {

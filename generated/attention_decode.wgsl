@@ -17,6 +17,10 @@ struct Dims {
     n_heads: u32,
     n_kv_heads: u32,
     head_dim: u32,
+    batch: u32,
+    capacity: u32,
+    _pad0: u32,
+    _pad1: u32,
 }
 
 struct Params {
@@ -26,6 +30,8 @@ struct Params {
     _pad2: f32,
 }
 
+// The sequence of the batch this workgroup works on, set by the entry point.
+var<private> batch: u32;
 @group(0) @binding(0) var<storage, read> q: array<f32>;
 @group(0) @binding(1) var<storage, read> k_cache: array<f32>;
 @group(0) @binding(2) var<storage, read> v_cache: array<f32>;
@@ -107,11 +113,15 @@ fn kv_head(h: u32) -> u32 {
 }
 
 fn q_index(row: u32, h: u32) -> u32 {
-    return (row * dims.n_heads + h) * HEAD_DIM;
+    return ((batch * 1u + row) * dims.n_heads + h) * HEAD_DIM;
 }
 
 fn kv_index(j: u32, kv_h: u32) -> u32 {
-    return (j * dims.n_kv_heads + kv_h) * HEAD_DIM;
+    return ((batch * dims.capacity + j) * dims.n_kv_heads + kv_h) * HEAD_DIM;
+}
+
+fn row_index(row: u32, h: u32) -> u32 {
+    return (batch * 1u + row) * dims.n_heads + h;
 }
 
 fn key_range(row: u32) -> vec2<u32> {
@@ -227,5 +237,6 @@ fn attend_row(row: u32, h: u32, tid: u32) {
 
 @compute @workgroup_size(WG)
 fn attention_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    batch = wg.y;
     attend_row(0u, wg.x, tid);
 }

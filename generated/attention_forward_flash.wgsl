@@ -13,6 +13,10 @@ struct Dims {
     n_heads: u32,
     n_kv_heads: u32,
     head_dim: u32,
+    batch: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 struct Params {
@@ -22,6 +26,8 @@ struct Params {
     _pad2: f32,
 }
 
+// The sequence of the batch this workgroup works on, set by the entry point.
+var<private> batch: u32;
 @group(0) @binding(0) var<storage, read> q: array<f32>;
 @group(0) @binding(1) var<storage, read> k: array<f32>;
 @group(0) @binding(2) var<storage, read> v: array<f32>;
@@ -51,20 +57,20 @@ fn exp_f32(x: f32) -> f32 {
 // Flash tiling: BR query rows per workgroup, BC keys per staged block; row groups of
 // TX invocations, TM rows each.
 const BR: u32 = 16u;
-const BC: u32 = 16u;
-const TM: u32 = 2u;
-const TX: u32 = 8u;
+const BC: u32 = 32u;
+const TM: u32 = 4u;
+const TX: u32 = 16u;
 const D4: u32 = 16u;
 // Padded strides: a vec4 per staged row and a float per P row spread rows over banks.
 const ROW4: u32 = 17u;
-const PSTRIDE: u32 = 17u;
+const PSTRIDE: u32 = 33u;
 
 var<workgroup> sh_q: array<vec4<f32>, 272>;
 // K, then V, of the current key block.
-var<workgroup> sh_kv: array<vec4<f32>, 272>;
-var<workgroup> sh_p: array<f32, 272>;
+var<workgroup> sh_kv: array<vec4<f32>, 544>;
+var<workgroup> sh_p: array<f32, 528>;
 // One slot per (row, invocation of its group) for the row reductions.
-var<workgroup> sh_red: array<f32, 128>;
+var<workgroup> sh_red: array<f32, 256>;
 // The tile's keys: x..y holds every visible key; z..w is visible to every row.
 var<workgroup> sh_range: vec4<u32>;
 
@@ -78,15 +84,27 @@ fn kv_head(h: u32) -> u32 {
 }
 
 fn q_index(row: u32, h: u32) -> u32 {
-    return (row * dims.n_heads + h) * HEAD_DIM;
+    return ((batch * dims.seq_len + row) * dims.n_heads + h) * HEAD_DIM;
 }
 
 fn kv_index(j: u32, kv_h: u32) -> u32 {
-    return (j * dims.n_kv_heads + kv_h) * HEAD_DIM;
+    return ((batch * dims.seq_len + j) * dims.n_kv_heads + kv_h) * HEAD_DIM;
+}
+
+fn row_index(row: u32, h: u32) -> u32 {
+    return (batch * dims.seq_len + row) * dims.n_heads + h;
+}
+
+fn doc_start(row: u32) -> u32 {
+    return seg[batch * dims.seq_len + row];
+}
+
+fn doc_end(row: u32) -> u32 {
+    return seg[(dims.batch + batch) * dims.seq_len + row];
 }
 
 fn key_range(row: u32) -> vec2<u32> {
-    return vec2<u32>(seg[row], row + 1u);
+    return vec2<u32>(doc_start(row), row + 1u);
 }
 
 fn key_visible(row: u32, j: u32) -> bool {
@@ -99,7 +117,7 @@ fn visible(row: u32, j: u32) -> bool {
 }
 
 fn query_range(col: u32) -> vec2<u32> {
-    return vec2<u32>(col, dims.seq_len);
+    return vec2<u32>(col, doc_end(col));
 }
 
 fn key_at(i: u32) -> f32 {
@@ -128,7 +146,7 @@ fn store_lse(row: u32, h: u32, m: f32, l: f32) {
     if (l != 0.0) {
         x = m + log(l);
     }
-    lse[row * dims.n_heads + h] = x;
+    lse[row_index(row, h)] = x;
 }
 
 fn stage_q(r0: u32, h: u32, tid: u32) {
@@ -170,12 +188,12 @@ fn put_kv(e: u32, x: vec4<f32>) {
     }
 }
 
-// key_range is monotone in the row (document starts never decrease, causal ends grow),
-// so the first and last rows of the tile bound every row's range.
+// key_range is monotone in the row (document starts and ends never decrease, causal
+// ends grow), so the first and last rows of the tile bound every row's range.
 fn tile_key_range(row0: u32) -> vec4<u32> {
     let first = key_range(row0);
     let last = key_range(min(row0 + BR, dims.seq_len) - 1u);
-    return vec4<u32>(vec2<u32>(first.x, last.y), vec2<u32>(last.x, first.y));
+    return vec4<u32>(first.x, last.y, last.x, first.y);
 }
 
 fn row_max(r: u32) -> f32 {
@@ -214,7 +232,6 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
     var m_0 = NEG_BIG;
     var l_0 = 0.0;
     var acc_0_0 = vec4<f32>(0.0);
-    var acc_0_1 = vec4<f32>(0.0);
     let row_1 = row0 + g * TM + 1u;
     var lo_1 = 0u;
     var hi_1 = 0u;
@@ -226,17 +243,46 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
     var m_1 = NEG_BIG;
     var l_1 = 0.0;
     var acc_1_0 = vec4<f32>(0.0);
-    var acc_1_1 = vec4<f32>(0.0);
+    let row_2 = row0 + g * TM + 2u;
+    var lo_2 = 0u;
+    var hi_2 = 0u;
+    if (row_2 < dims.seq_len) {
+        let range = key_range(row_2);
+        lo_2 = range.x;
+        hi_2 = range.y;
+    }
+    var m_2 = NEG_BIG;
+    var l_2 = 0.0;
+    var acc_2_0 = vec4<f32>(0.0);
+    let row_3 = row0 + g * TM + 3u;
+    var lo_3 = 0u;
+    var hi_3 = 0u;
+    if (row_3 < dims.seq_len) {
+        let range = key_range(row_3);
+        lo_3 = range.x;
+        hi_3 = range.y;
+    }
+    var m_3 = NEG_BIG;
+    var l_3 = 0.0;
+    var acc_3_0 = vec4<f32>(0.0);
     let range = workgroupUniformLoad(&sh_range);
     let kt_end = (range.y + BC - 1u) / BC;
     var pf_0 = vec4<f32>(0.0);
     var pf_1 = vec4<f32>(0.0);
     var pf_2 = vec4<f32>(0.0);
     var pf_3 = vec4<f32>(0.0);
+    var pf_4 = vec4<f32>(0.0);
+    var pf_5 = vec4<f32>(0.0);
+    var pf_6 = vec4<f32>(0.0);
+    var pf_7 = vec4<f32>(0.0);
     pf_0 = fetch_k((range.x / BC) * BC, kv_h, tid + 0u * WG);
     pf_1 = fetch_k((range.x / BC) * BC, kv_h, tid + 1u * WG);
     pf_2 = fetch_k((range.x / BC) * BC, kv_h, tid + 2u * WG);
     pf_3 = fetch_k((range.x / BC) * BC, kv_h, tid + 3u * WG);
+    pf_4 = fetch_k((range.x / BC) * BC, kv_h, tid + 4u * WG);
+    pf_5 = fetch_k((range.x / BC) * BC, kv_h, tid + 5u * WG);
+    pf_6 = fetch_k((range.x / BC) * BC, kv_h, tid + 6u * WG);
+    pf_7 = fetch_k((range.x / BC) * BC, kv_h, tid + 7u * WG);
     for (var kt = range.x / BC; kt < kt_end; kt = kt + 1u) {
         let j0 = kt * BC;
         // The previous block is done with sh_kv, sh_p and sh_red.
@@ -245,30 +291,52 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
         put_kv(tid + 1u * WG, pf_1);
         put_kv(tid + 2u * WG, pf_2);
         put_kv(tid + 3u * WG, pf_3);
+        put_kv(tid + 4u * WG, pf_4);
+        put_kv(tid + 5u * WG, pf_5);
+        put_kv(tid + 6u * WG, pf_6);
+        put_kv(tid + 7u * WG, pf_7);
         workgroupBarrier();
         // V's loads are in flight while the scores are computed.
         pf_0 = fetch_v(j0, kv_h, tid + 0u * WG);
         pf_1 = fetch_v(j0, kv_h, tid + 1u * WG);
         pf_2 = fetch_v(j0, kv_h, tid + 2u * WG);
         pf_3 = fetch_v(j0, kv_h, tid + 3u * WG);
+        pf_4 = fetch_v(j0, kv_h, tid + 4u * WG);
+        pf_5 = fetch_v(j0, kv_h, tid + 5u * WG);
+        pf_6 = fetch_v(j0, kv_h, tid + 6u * WG);
+        pf_7 = fetch_v(j0, kv_h, tid + 7u * WG);
         var s_0_0_4 = vec4<f32>(0.0);
         var s_0_1_4 = vec4<f32>(0.0);
         var s_1_0_4 = vec4<f32>(0.0);
         var s_1_1_4 = vec4<f32>(0.0);
+        var s_2_0_4 = vec4<f32>(0.0);
+        var s_2_1_4 = vec4<f32>(0.0);
+        var s_3_0_4 = vec4<f32>(0.0);
+        var s_3_1_4 = vec4<f32>(0.0);
         for (var d4 = 0u; d4 < D4; d4 = d4 + 1u) {
             let q_0 = sh_q[(g * TM + 0u) * ROW4 + d4];
             let q_1 = sh_q[(g * TM + 1u) * ROW4 + d4];
+            let q_2 = sh_q[(g * TM + 2u) * ROW4 + d4];
+            let q_3 = sh_q[(g * TM + 3u) * ROW4 + d4];
             let k_0 = sh_kv[(tx + 0u * TX) * ROW4 + d4];
             let k_1 = sh_kv[(tx + 1u * TX) * ROW4 + d4];
             s_0_0_4 = fma(q_0, k_0, s_0_0_4);
             s_0_1_4 = fma(q_0, k_1, s_0_1_4);
             s_1_0_4 = fma(q_1, k_0, s_1_0_4);
             s_1_1_4 = fma(q_1, k_1, s_1_1_4);
+            s_2_0_4 = fma(q_2, k_0, s_2_0_4);
+            s_2_1_4 = fma(q_2, k_1, s_2_1_4);
+            s_3_0_4 = fma(q_3, k_0, s_3_0_4);
+            s_3_1_4 = fma(q_3, k_1, s_3_1_4);
         }
         var s_0_0 = hsum(s_0_0_4);
         var s_0_1 = hsum(s_0_1_4);
         var s_1_0 = hsum(s_1_0_4);
         var s_1_1 = hsum(s_1_1_4);
+        var s_2_0 = hsum(s_2_0_4);
+        var s_2_1 = hsum(s_2_1_4);
+        var s_3_0 = hsum(s_3_0_4);
+        var s_3_1 = hsum(s_3_1_4);
         let j_0 = j0 + tx + 0u * TX;
         let j_1 = j0 + tx + 1u * TX;
         let v_0_0 = j_0 >= lo_0 && j_0 < hi_0 && key_visible(row_0, j_0);
@@ -279,13 +347,27 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
         s_1_0 = select(NEG_BIG, s_1_0 * params.scale, v_1_0);
         let v_1_1 = j_1 >= lo_1 && j_1 < hi_1 && key_visible(row_1, j_1);
         s_1_1 = select(NEG_BIG, s_1_1 * params.scale, v_1_1);
+        let v_2_0 = j_0 >= lo_2 && j_0 < hi_2 && key_visible(row_2, j_0);
+        s_2_0 = select(NEG_BIG, s_2_0 * params.scale, v_2_0);
+        let v_2_1 = j_1 >= lo_2 && j_1 < hi_2 && key_visible(row_2, j_1);
+        s_2_1 = select(NEG_BIG, s_2_1 * params.scale, v_2_1);
+        let v_3_0 = j_0 >= lo_3 && j_0 < hi_3 && key_visible(row_3, j_0);
+        s_3_0 = select(NEG_BIG, s_3_0 * params.scale, v_3_0);
+        let v_3_1 = j_1 >= lo_3 && j_1 < hi_3 && key_visible(row_3, j_1);
+        s_3_1 = select(NEG_BIG, s_3_1 * params.scale, v_3_1);
         var rm_0 = max(s_0_0, s_0_1);
         var rm_1 = max(s_1_0, s_1_1);
+        var rm_2 = max(s_2_0, s_2_1);
+        var rm_3 = max(s_3_0, s_3_1);
         sh_red[(g * TM + 0u) * TX + tx] = rm_0;
         sh_red[(g * TM + 1u) * TX + tx] = rm_1;
+        sh_red[(g * TM + 2u) * TX + tx] = rm_2;
+        sh_red[(g * TM + 3u) * TX + tx] = rm_3;
         workgroupBarrier();
         rm_0 = row_max(g * TM + 0u);
         rm_1 = row_max(g * TM + 1u);
+        rm_2 = row_max(g * TM + 2u);
+        rm_3 = row_max(g * TM + 3u);
         let mn_0 = max(m_0, rm_0);
         let c_0 = exp_f32(m_0 - mn_0);
         m_0 = mn_0;
@@ -295,7 +377,6 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
         sh_p[(g * TM + 0u) * PSTRIDE + tx + 1u * TX] = p_0_1;
         l_0 = l_0 * c_0 + p_0_0 + p_0_1;
         acc_0_0 = acc_0_0 * c_0;
-        acc_0_1 = acc_0_1 * c_0;
         let mn_1 = max(m_1, rm_1);
         let c_1 = exp_f32(m_1 - mn_1);
         m_1 = mn_1;
@@ -305,11 +386,32 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
         sh_p[(g * TM + 1u) * PSTRIDE + tx + 1u * TX] = p_1_1;
         l_1 = l_1 * c_1 + p_1_0 + p_1_1;
         acc_1_0 = acc_1_0 * c_1;
-        acc_1_1 = acc_1_1 * c_1;
+        let mn_2 = max(m_2, rm_2);
+        let c_2 = exp_f32(m_2 - mn_2);
+        m_2 = mn_2;
+        let p_2_0 = select(0.0, exp_f32(s_2_0 - mn_2), v_2_0);
+        sh_p[(g * TM + 2u) * PSTRIDE + tx + 0u * TX] = p_2_0;
+        let p_2_1 = select(0.0, exp_f32(s_2_1 - mn_2), v_2_1);
+        sh_p[(g * TM + 2u) * PSTRIDE + tx + 1u * TX] = p_2_1;
+        l_2 = l_2 * c_2 + p_2_0 + p_2_1;
+        acc_2_0 = acc_2_0 * c_2;
+        let mn_3 = max(m_3, rm_3);
+        let c_3 = exp_f32(m_3 - mn_3);
+        m_3 = mn_3;
+        let p_3_0 = select(0.0, exp_f32(s_3_0 - mn_3), v_3_0);
+        sh_p[(g * TM + 3u) * PSTRIDE + tx + 0u * TX] = p_3_0;
+        let p_3_1 = select(0.0, exp_f32(s_3_1 - mn_3), v_3_1);
+        sh_p[(g * TM + 3u) * PSTRIDE + tx + 1u * TX] = p_3_1;
+        l_3 = l_3 * c_3 + p_3_0 + p_3_1;
+        acc_3_0 = acc_3_0 * c_3;
         put_kv(tid + 0u * WG, pf_0);
         put_kv(tid + 1u * WG, pf_1);
         put_kv(tid + 2u * WG, pf_2);
         put_kv(tid + 3u * WG, pf_3);
+        put_kv(tid + 4u * WG, pf_4);
+        put_kv(tid + 5u * WG, pf_5);
+        put_kv(tid + 6u * WG, pf_6);
+        put_kv(tid + 7u * WG, pf_7);
         workgroupBarrier();
         // The next block's K loads are in flight during P·V.
         if (kt + 1u < kt_end) {
@@ -317,6 +419,10 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
             pf_1 = fetch_k(j0 + BC, kv_h, tid + 1u * WG);
             pf_2 = fetch_k(j0 + BC, kv_h, tid + 2u * WG);
             pf_3 = fetch_k(j0 + BC, kv_h, tid + 3u * WG);
+            pf_4 = fetch_k(j0 + BC, kv_h, tid + 4u * WG);
+            pf_5 = fetch_k(j0 + BC, kv_h, tid + 5u * WG);
+            pf_6 = fetch_k(j0 + BC, kv_h, tid + 6u * WG);
+            pf_7 = fetch_k(j0 + BC, kv_h, tid + 7u * WG);
         }
         // A block every row sees in full has p == 0 only by underflow, so it needs no
         // guard; elsewhere masked keys must not multiply V (0 · inf is NaN).
@@ -324,28 +430,34 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
             for (var cc = 0u; cc < BC; cc = cc + 1u) {
                 let c = cc;
                 let accr_0 = sh_kv[c * ROW4 + tx + 0u * TX];
-                let accr_1 = sh_kv[c * ROW4 + tx + 1u * TX];
                 let accw_0 = sh_p[(g * TM + 0u) * PSTRIDE + c];
                 acc_0_0 = fma(vec4<f32>(accw_0), accr_0, acc_0_0);
-                acc_0_1 = fma(vec4<f32>(accw_0), accr_1, acc_0_1);
                 let accw_1 = sh_p[(g * TM + 1u) * PSTRIDE + c];
                 acc_1_0 = fma(vec4<f32>(accw_1), accr_0, acc_1_0);
-                acc_1_1 = fma(vec4<f32>(accw_1), accr_1, acc_1_1);
+                let accw_2 = sh_p[(g * TM + 2u) * PSTRIDE + c];
+                acc_2_0 = fma(vec4<f32>(accw_2), accr_0, acc_2_0);
+                let accw_3 = sh_p[(g * TM + 3u) * PSTRIDE + c];
+                acc_3_0 = fma(vec4<f32>(accw_3), accr_0, acc_3_0);
             }
         } else {
             for (var cc = 0u; cc < BC; cc = cc + 1u) {
                 let c = cc;
                 let accr_0 = sh_kv[c * ROW4 + tx + 0u * TX];
-                let accr_1 = sh_kv[c * ROW4 + tx + 1u * TX];
                 let accw_0 = sh_p[(g * TM + 0u) * PSTRIDE + c];
                 if (accw_0 != 0.0) {
                     acc_0_0 = fma(vec4<f32>(accw_0), accr_0, acc_0_0);
-                    acc_0_1 = fma(vec4<f32>(accw_0), accr_1, acc_0_1);
                 }
                 let accw_1 = sh_p[(g * TM + 1u) * PSTRIDE + c];
                 if (accw_1 != 0.0) {
                     acc_1_0 = fma(vec4<f32>(accw_1), accr_0, acc_1_0);
-                    acc_1_1 = fma(vec4<f32>(accw_1), accr_1, acc_1_1);
+                }
+                let accw_2 = sh_p[(g * TM + 2u) * PSTRIDE + c];
+                if (accw_2 != 0.0) {
+                    acc_2_0 = fma(vec4<f32>(accw_2), accr_0, acc_2_0);
+                }
+                let accw_3 = sh_p[(g * TM + 3u) * PSTRIDE + c];
+                if (accw_3 != 0.0) {
+                    acc_3_0 = fma(vec4<f32>(accw_3), accr_0, acc_3_0);
                 }
             }
         }
@@ -353,11 +465,17 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
     workgroupBarrier();
     var lt_0 = l_0;
     var lt_1 = l_1;
+    var lt_2 = l_2;
+    var lt_3 = l_3;
     sh_red[(g * TM + 0u) * TX + tx] = lt_0;
     sh_red[(g * TM + 1u) * TX + tx] = lt_1;
+    sh_red[(g * TM + 2u) * TX + tx] = lt_2;
+    sh_red[(g * TM + 3u) * TX + tx] = lt_3;
     workgroupBarrier();
     lt_0 = row_sum(g * TM + 0u);
     lt_1 = row_sum(g * TM + 1u);
+    lt_2 = row_sum(g * TM + 2u);
+    lt_3 = row_sum(g * TM + 3u);
     if (row_0 < dims.seq_len) {
         var inv = 0.0;
         if (lt_0 != 0.0) {
@@ -370,12 +488,6 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
         store_out(at_0 + 1u, o_0.y);
         store_out(at_0 + 2u, o_0.z);
         store_out(at_0 + 3u, o_0.w);
-        let o_1 = acc_0_1 * inv;
-        let at_1 = base + (tx + 1u * TX) * 4u;
-        store_out(at_1, o_1.x);
-        store_out(at_1 + 1u, o_1.y);
-        store_out(at_1 + 2u, o_1.z);
-        store_out(at_1 + 3u, o_1.w);
         if (tx == 0u) {
             store_lse(row_0, h, m_0, lt_0);
         }
@@ -392,19 +504,46 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
         store_out(at_0 + 1u, o_0.y);
         store_out(at_0 + 2u, o_0.z);
         store_out(at_0 + 3u, o_0.w);
-        let o_1 = acc_1_1 * inv;
-        let at_1 = base + (tx + 1u * TX) * 4u;
-        store_out(at_1, o_1.x);
-        store_out(at_1 + 1u, o_1.y);
-        store_out(at_1 + 2u, o_1.z);
-        store_out(at_1 + 3u, o_1.w);
         if (tx == 0u) {
             store_lse(row_1, h, m_1, lt_1);
+        }
+    }
+    if (row_2 < dims.seq_len) {
+        var inv = 0.0;
+        if (lt_2 != 0.0) {
+            inv = 1.0 / lt_2;
+        }
+        let base = q_index(row_2, h);
+        let o_0 = acc_2_0 * inv;
+        let at_0 = base + (tx + 0u * TX) * 4u;
+        store_out(at_0, o_0.x);
+        store_out(at_0 + 1u, o_0.y);
+        store_out(at_0 + 2u, o_0.z);
+        store_out(at_0 + 3u, o_0.w);
+        if (tx == 0u) {
+            store_lse(row_2, h, m_2, lt_2);
+        }
+    }
+    if (row_3 < dims.seq_len) {
+        var inv = 0.0;
+        if (lt_3 != 0.0) {
+            inv = 1.0 / lt_3;
+        }
+        let base = q_index(row_3, h);
+        let o_0 = acc_3_0 * inv;
+        let at_0 = base + (tx + 0u * TX) * 4u;
+        store_out(at_0, o_0.x);
+        store_out(at_0 + 1u, o_0.y);
+        store_out(at_0 + 2u, o_0.z);
+        store_out(at_0 + 3u, o_0.w);
+        if (tx == 0u) {
+            store_lse(row_3, h, m_3, lt_3);
         }
     }
 }
 
 @compute @workgroup_size(WG)
 fn attention_forward_flash(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    batch = wg.z;
     flash_forward(wg.x, wg.y, tid);
 }

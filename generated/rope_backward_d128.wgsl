@@ -17,8 +17,14 @@ struct Dims {
     n_heads: u32,
     pos_offset: u32,
     head_dim: u32,
+    batch: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
+// The sequence of the batch this workgroup works on, set by the entry point.
+var<private> batch: u32;
 @group(0) @binding(0) var<storage, read_write> x: array<f32>;
 @group(0) @binding(1) var<storage, read> inv_freq: array<f32>;
 @group(0) @binding(2) var<uniform> dims: Dims;
@@ -39,7 +45,7 @@ fn reduce_angle(a: f32) -> f32 {
 }
 
 fn rope_row(row: u32, h: u32, tid: u32) {
-    let base = (row * dims.n_heads + h) * HEAD_DIM;
+    let base = ((batch * dims.seq_len + row) * dims.n_heads + h) * HEAD_DIM;
     let pos = f32(row + dims.pos_offset);
     for (var i = tid; i < HALF; i = i + WG) {
         let angle = reduce_angle(SIGN * pos * inv_freq[i]);
@@ -57,6 +63,7 @@ fn rope_row(row: u32, h: u32, tid: u32) {
 
 @compute @workgroup_size(WG)
 fn rope_backward_d128(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    batch = wg.z;
     for (var r = 0u; r < TILE; r = r + 1u) {
         let row = wg.x * TILE + r;
         if (row < dims.seq_len) {

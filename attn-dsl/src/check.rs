@@ -50,15 +50,23 @@ pub fn check_limits(spec: &KernelSpec, abi: &KernelAbi) -> Result<(), DslError> 
         ));
     }
     if abi.workgroup_storage_bytes > limits.workgroup_storage_bytes {
-        let (field, lower) = match spec.grid.flash {
-            Some(_) => (Field::Grid, "shrink the tile or the inner tile"),
-            None => (Field::WorkgroupSize, "lower workgroup_size or head_dim"),
+        let (field, lower, hint) = match spec.grid.flash {
+            Some(_) => (
+                Field::Grid,
+                "shrink the tile or the inner tile",
+                fitting_hint(spec),
+            ),
+            None => (
+                Field::WorkgroupSize,
+                "lower workgroup_size or head_dim",
+                String::new(),
+            ),
         };
         return Err(DslError::spec(
             field,
             format!(
                 "kernel `{}` needs {} bytes of workgroup memory but the target allows {}; \
-                 {lower}, or use a `native` target with more",
+                 {lower}, or use a `native` target with more{hint}",
                 spec.name, abi.workgroup_storage_bytes, limits.workgroup_storage_bytes
             ),
         ));
@@ -239,7 +247,10 @@ fn check_flash(spec: &KernelSpec) -> Result<(), DslError> {
         ));
     }
     match Tiling::of(spec) {
-        Some(Err(problem)) => Err(DslError::spec(Field::Grid, problem)),
+        Some(Err(problem)) => Err(DslError::spec(
+            Field::Grid,
+            format!("{problem}{}", fitting_hint(spec)),
+        )),
         Some(Ok(t)) if spec.grid.uses_subgroups() => check_subgroups(spec, &t),
         _ => Ok(()),
     }
@@ -277,6 +288,24 @@ fn check_subgroups(spec: &KernelSpec, t: &Tiling) -> Result<(), DslError> {
         ));
     }
     Ok(())
+}
+
+/// "; `s_major(tile = .., ..), workgroup_size: ..` fits ..": the configuration the rules
+/// pick for this op, head_dim and target, for an error about one that does not fit.
+fn fitting_hint(spec: &KernelSpec) -> String {
+    let limits = spec.target.limits();
+    let Some(c) = crate::configs::for_description(spec.op, spec.head_dim, &limits, None) else {
+        return String::new();
+    };
+    let (major, inner) = match spec.grid.major {
+        Major::J => ("j_major", "query_tile"),
+        _ => ("s_major", "key_tile"),
+    };
+    format!(
+        ". `grid: {major}(tile = {}, {inner} = {}, rows_per_thread = {}), workgroup_size: {}` \
+         fits head_dim {} under this target (or write `grid: {major}(flash)` to get it)",
+        c.tile, c.inner, c.rows_per_thread, c.workgroup_size, spec.head_dim
+    )
 }
 
 fn grid_unit(major: Major) -> &'static str {

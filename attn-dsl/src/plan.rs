@@ -108,13 +108,14 @@ impl KernelAbi {
     }
 
     /// Workgroups to dispatch, given the `dims` uniform's values in field order (the walked
-    /// length, n_heads, n_kv_heads, head_dim).
+    /// length, n_heads, n_kv_heads, head_dim, batch, ..).
     pub fn dispatch_grid(&self, dims: &[u32]) -> [u32; 3] {
         let at = |i: usize| dims.get(i).copied().unwrap_or(0);
+        // Field 4 is `batch` (the number of sequences) in every op's dims.
         match self.grid.major {
-            Major::S => [at(0).div_ceil(self.grid.tile), at(1), 1],
-            Major::J => [at(0).div_ceil(self.grid.tile), at(2), 1],
-            Major::Head => [at(1), 1, 1],
+            Major::S => [at(0).div_ceil(self.grid.tile), at(1), at(4)],
+            Major::J => [at(0).div_ceil(self.grid.tile), at(2), at(4)],
+            Major::Head => [at(1), at(4), 1],
         }
     }
 

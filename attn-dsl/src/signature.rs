@@ -43,7 +43,8 @@ pub struct Tensor {
     pub presence: Presence,
 }
 
-/// The fields of a uniform block: all `u32` (dims) or all `f32` (params), 16 bytes.
+/// The fields of a uniform block: all `u32` (dims) or all `f32` (params), a multiple of
+/// 16 bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct UniformBlock {
     pub binding: &'static str,
@@ -66,78 +67,80 @@ const fn when(t: Tensor, presence: Presence) -> Tensor {
     Tensor { presence, ..t }
 }
 
-use Axis::{D, H, J, KvH, Part, S};
+use Axis::{B, D, H, J, KvH, Part, S};
 use Elem::{F32, U32};
 use Presence::{IfDocument, IfRecompute, IfScratch, IfWritten};
 use Role::{Input, Output, Uniform};
 
 const DIMS: Tensor = t("dims", Uniform, U32, &[]);
 const PARAMS_T: Tensor = t("params", Uniform, F32, &[]);
-const SEG: Tensor = when(t("seg", Input, U32, &[S]), IfDocument);
+// Document start (part 0) and end (part 1) of every row.
+const SEG: Tensor = when(t("seg", Input, U32, &[Part, B, S]), IfDocument);
 
 const FORWARD: &[Tensor] = &[
-    t("q", Input, F32, &[S, H, D]),
-    t("k", Input, F32, &[J, KvH, D]),
-    t("v", Input, F32, &[J, KvH, D]),
-    t("o", Output, F32, &[S, H, D]),
-    t("lse", Output, F32, &[S, H]),
+    t("q", Input, F32, &[B, S, H, D]),
+    t("k", Input, F32, &[B, J, KvH, D]),
+    t("v", Input, F32, &[B, J, KvH, D]),
+    t("o", Output, F32, &[B, S, H, D]),
+    t("lse", Output, F32, &[B, S, H]),
     DIMS,
     PARAMS_T,
     SEG,
 ];
 
 const DECODE: &[Tensor] = &[
-    t("q", Input, F32, &[H, D]),
-    t("k_cache", Input, F32, &[J, KvH, D]),
-    t("v_cache", Input, F32, &[J, KvH, D]),
-    t("o", Output, F32, &[H, D]),
+    t("q", Input, F32, &[B, H, D]),
+    t("k_cache", Input, F32, &[B, J, KvH, D]),
+    t("v_cache", Input, F32, &[B, J, KvH, D]),
+    t("o", Output, F32, &[B, H, D]),
     DIMS,
     PARAMS_T,
 ];
 
 // The backward binds at most 8 storage buffers, WebGPU's default, by packing: LSE with D in
-// `stats` [2, s, h], P with dS in the scratch `p_ds` [2, s, h, j], and dK with dV in the
-// atomic `dkv` [2, j, kv_h, d]. Part 0 is the first named, part 1 the second.
+// `stats` [2, b, s, h], P with dS in the scratch `p_ds` [2, b, s, h, j], and dK with dV in
+// the atomic `dkv` [2·DKV_LANES, b, j, kv_h, d]. Part 0 is the first named, part 1 the
+// second; `dkv` repeats the pair per lane (see `DKV_LANES`).
 const BACKWARD_PREP: &[Tensor] = &[
-    t("o", Input, F32, &[S, H, D]),
-    t("d_o", Input, F32, &[S, H, D]),
-    t("lse", Input, F32, &[S, H]),
-    t("stats", Output, F32, &[Part, S, H]),
+    t("o", Input, F32, &[B, S, H, D]),
+    t("d_o", Input, F32, &[B, S, H, D]),
+    t("lse", Input, F32, &[B, S, H]),
+    t("stats", Output, F32, &[Part, B, S, H]),
     DIMS,
 ];
 
 const BACKWARD_Q: &[Tensor] = &[
-    t("q", Input, F32, &[S, H, D]),
-    t("k", Input, F32, &[J, KvH, D]),
-    t("v", Input, F32, &[J, KvH, D]),
-    t("d_o", Input, F32, &[S, H, D]),
-    t("stats", Input, F32, &[Part, S, H]),
-    t("dq", Output, F32, &[S, H, D]),
-    when(t("p_ds", Output, F32, &[Part, S, H, J]), IfWritten),
-    when(t("dkv", Output, F32, &[Part, J, KvH, D]), IfWritten),
+    t("q", Input, F32, &[B, S, H, D]),
+    t("k", Input, F32, &[B, J, KvH, D]),
+    t("v", Input, F32, &[B, J, KvH, D]),
+    t("d_o", Input, F32, &[B, S, H, D]),
+    t("stats", Input, F32, &[Part, B, S, H]),
+    t("dq", Output, F32, &[B, S, H, D]),
+    when(t("p_ds", Output, F32, &[Part, B, S, H, J]), IfWritten),
+    when(t("dkv", Output, F32, &[Part, B, J, KvH, D]), IfWritten),
     DIMS,
     PARAMS_T,
     SEG,
 ];
 
 const BACKWARD_KV: &[Tensor] = &[
-    t("q", Input, F32, &[S, H, D]),
-    when(t("k", Input, F32, &[J, KvH, D]), IfRecompute),
-    when(t("v", Input, F32, &[J, KvH, D]), IfRecompute),
-    t("d_o", Input, F32, &[S, H, D]),
-    when(t("stats", Input, F32, &[Part, S, H]), IfRecompute),
-    when(t("p_ds", Input, F32, &[Part, S, H, J]), IfScratch),
-    t("dk", Output, F32, &[J, KvH, D]),
-    t("dv", Output, F32, &[J, KvH, D]),
+    t("q", Input, F32, &[B, S, H, D]),
+    when(t("k", Input, F32, &[B, J, KvH, D]), IfRecompute),
+    when(t("v", Input, F32, &[B, J, KvH, D]), IfRecompute),
+    t("d_o", Input, F32, &[B, S, H, D]),
+    when(t("stats", Input, F32, &[Part, B, S, H]), IfRecompute),
+    when(t("p_ds", Input, F32, &[Part, B, S, H, J]), IfScratch),
+    t("dk", Output, F32, &[B, J, KvH, D]),
+    t("dv", Output, F32, &[B, J, KvH, D]),
     // The flash backward (schedule (c)): key tiles own dK and dV and scatter dQ.
-    when(t("dq", Output, F32, &[S, H, D]), IfWritten),
+    when(t("dq", Output, F32, &[B, S, H, D]), IfWritten),
     DIMS,
     PARAMS_T,
     SEG,
 ];
 
 const ROPE: &[Tensor] = &[
-    t("x", Output, F32, &[S, H, D]),
+    t("x", Output, F32, &[B, S, H, D]),
     t("inv_freq", Input, F32, &[D]),
     DIMS,
 ];
@@ -177,12 +180,40 @@ pub const PARAMS: UniformBlock = UniformBlock {
 };
 
 /// The run-time dims of `op`. Field 0 is the length the grid walks (or the cache length),
-/// field 1 the head count of the grid.
+/// field 1 the head count of the grid; `batch` is the number of sequences (the grid's
+/// third dimension, the second for decode).
 pub fn dims(op: Op) -> UniformBlock {
     let fields: &'static [&'static str] = match op {
-        Op::Decode => &["cache_len", "n_heads", "n_kv_heads", "head_dim"],
-        Op::Rope | Op::RopeBackward => &["seq_len", "n_heads", "pos_offset", "head_dim"],
-        _ => &["seq_len", "n_heads", "n_kv_heads", "head_dim"],
+        Op::Decode => &[
+            "cache_len",
+            "n_heads",
+            "n_kv_heads",
+            "head_dim",
+            "batch",
+            "capacity",
+            "_pad0",
+            "_pad1",
+        ],
+        Op::Rope | Op::RopeBackward => &[
+            "seq_len",
+            "n_heads",
+            "pos_offset",
+            "head_dim",
+            "batch",
+            "_pad0",
+            "_pad1",
+            "_pad2",
+        ],
+        _ => &[
+            "seq_len",
+            "n_heads",
+            "n_kv_heads",
+            "head_dim",
+            "batch",
+            "_pad0",
+            "_pad1",
+            "_pad2",
+        ],
     };
     UniformBlock {
         binding: "dims",

@@ -10,6 +10,8 @@ use serde::Serialize;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Axis {
+    /// Sequence of a batch (the grid's third dimension).
+    B,
     /// Query row.
     S,
     /// Key/value row.
@@ -27,6 +29,7 @@ pub enum Axis {
 impl Axis {
     pub fn name(self) -> &'static str {
         match self {
+            Axis::B => "b",
             Axis::S => "s",
             Axis::J => "j",
             Axis::H => "h",
@@ -145,9 +148,9 @@ impl Major {
     /// by all of them, or two workgroups write one element.
     pub fn fixed_axes(self) -> &'static [Axis] {
         match self {
-            Major::S => &[Axis::S, Axis::H],
-            Major::J => &[Axis::J, Axis::KvH],
-            Major::Head => &[Axis::H],
+            Major::S => &[Axis::B, Axis::S, Axis::H],
+            Major::J => &[Axis::B, Axis::J, Axis::KvH],
+            Major::Head => &[Axis::B, Axis::H],
         }
     }
 }
@@ -208,7 +211,8 @@ pub enum Gqa {
 pub struct Masks {
     /// Query `s` sees keys `j <= s`.
     pub causal: bool,
-    /// Query `s` sees keys `j >= seg[s]`, the start of its document.
+    /// Query `s` sees only keys of its own document: `seg` holds each row's document
+    /// start and end.
     pub document: bool,
 }
 
@@ -356,6 +360,24 @@ pub struct FlashConfig {
 }
 
 impl FlashConfig {
+    /// The configuration a [`FlashConfig::label`] names, e.g. `32x32/4@128+sg`.
+    pub fn from_label(label: &str) -> Option<FlashConfig> {
+        let (label, subgroups) = match label.strip_suffix("+sg") {
+            Some(rest) => (rest, true),
+            None => (label, false),
+        };
+        let (tiles, workgroup_size) = label.split_once('@')?;
+        let (tiles, rows_per_thread) = tiles.split_once('/')?;
+        let (tile, inner) = tiles.split_once('x')?;
+        Some(FlashConfig {
+            tile: tile.parse().ok()?,
+            inner: inner.parse().ok()?,
+            rows_per_thread: rows_per_thread.parse().ok()?,
+            workgroup_size: workgroup_size.parse().ok()?,
+            subgroups,
+        })
+    }
+
     /// `tile x inner / rows_per_thread @ workgroup_size`, e.g. `32x32/4@128`, with `+sg`
     /// when the reductions use subgroups.
     pub fn label(&self) -> String {

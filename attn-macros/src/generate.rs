@@ -160,6 +160,7 @@ pub fn scratch_contract(lowered: &Lowered, abi: &KernelAbi) -> TokenStream {
 
 fn axis(a: Axis) -> TokenStream {
     match a {
+        Axis::B => quote!(B),
         Axis::S => quote!(S),
         Axis::J => quote!(J),
         Axis::H => quote!(H),

@@ -45,7 +45,8 @@ pub fn lower(d: &Description) -> syn::Result<Lowered> {
         Some(&entry.value)
     };
     let op = op(require(d, get("op", Field::Op), "op")?)?;
-    let grid = grid(require(d, get("grid", Field::Grid), "grid")?)?;
+    let grid_value = require(d, get("grid", Field::Grid), "grid")?;
+    let (mut grid, auto_flash) = grid(grid_value)?;
     let head_dim = number(
         require(d, get("head_dim", Field::HeadDim), "head_dim")?,
         "head_dim",
@@ -62,10 +63,38 @@ pub fn lower(d: &Description) -> syn::Result<Lowered> {
         .map(target)
         .transpose()?
         .unwrap_or(Target::Webgpu);
-    let workgroup_size = get("workgroup_size", Field::WorkgroupSize)
+    let given_workgroup_size = get("workgroup_size", Field::WorkgroupSize)
         .map(|v| number(v, "workgroup_size"))
-        .transpose()?
-        .unwrap_or(256);
+        .transpose()?;
+    let mut workgroup_size = given_workgroup_size.unwrap_or(256);
+    if auto_flash {
+        let config = attn_dsl::configs::for_description(
+            op,
+            head_dim,
+            &target.limits(),
+            given_workgroup_size,
+        )
+        .ok_or_else(|| {
+            syn::Error::new(
+                grid_value.span(),
+                format!(
+                    "no flash configuration of op {} fits head_dim {head_dim} under this \
+                     target{}; use the per-row grid (`tile = 1`), a `native(..)` target with \
+                     more workgroup memory, or another head_dim",
+                    op.name(),
+                    given_workgroup_size
+                        .map_or(String::new(), |wg| format!(" with workgroup_size {wg}"))
+                ),
+            )
+        })?;
+        grid.tile = config.tile;
+        grid.flash = Some(Flash {
+            inner: config.inner,
+            rows_per_thread: config.rows_per_thread,
+            subgroups: false,
+        });
+        workgroup_size = config.workgroup_size;
+    }
     if let Some(e) = d.entries.iter().find(|e| e.key == "precision") {
         precision(&e.value)?;
     }
@@ -154,10 +183,38 @@ fn op(v: &Value) -> syn::Result<Op> {
     )
 }
 
-fn grid(v: &Value) -> syn::Result<Grid> {
-    const EXPECTED: &str = "s_major(tile = N), j_major(tile = N) or head_major";
+/// The grid, and whether it asks for the flash configuration the rules pick
+/// (`s_major(flash)`), which depends on the op, head_dim and target lowered after it.
+fn grid(v: &Value) -> syn::Result<(Grid, bool)> {
+    const EXPECTED: &str =
+        "s_major(tile = N), j_major(tile = N), s_major(flash), j_major(flash) or head_major";
     let (name, args) = match v {
         Value::Word(w) => (w, &[][..]),
+        Value::Call(Call {
+            name,
+            path: Some(path),
+            ..
+        }) => {
+            if !path.is_ident("flash") {
+                return err(
+                    name.span(),
+                    format!(
+                        "`{name}(..)` takes `flash` or `key = N` arguments; expected {EXPECTED}"
+                    ),
+                );
+            }
+            let major = match name.to_string().as_str() {
+                "s_major" => Major::S,
+                "j_major" => Major::J,
+                _ => {
+                    return err(
+                        name.span(),
+                        format!("`{name}` has no flash schedule; expected {EXPECTED}"),
+                    );
+                }
+            };
+            return Ok((Grid::rows(major, 1), true));
+        }
         Value::Call(Call { name, args, .. }) => (name, args.as_slice()),
         other => return err(other.span(), format!("`grid` takes {EXPECTED}")),
     };
@@ -216,7 +273,7 @@ fn grid(v: &Value) -> syn::Result<Grid> {
             ),
         );
     }
-    Ok(Grid { major, tile, flash })
+    Ok((Grid { major, tile, flash }, false))
 }
 
 fn arg_number(key: &Ident, v: &ArgValue) -> syn::Result<u32> {

@@ -21,16 +21,21 @@ impl Heads {
     }
 }
 
-/// Inputs of the forward, laid out `[seq, heads, head_dim]` (K and V with `n_kv_heads`).
+/// Inputs of the forward, laid out `[batch, seq, heads, head_dim]` (K and V with
+/// `n_kv_heads`); a 3-D `[seq, heads, head_dim]` tensor is batch 1.
 #[derive(Clone, Copy, Debug)]
 pub struct ForwardInput<'a> {
+    /// Sequences of `seq_len` rows each (the grid's third dimension).
+    pub batch: u32,
     pub seq_len: u32,
     pub heads: Heads,
     pub q: &'a [f32],
     pub k: &'a [f32],
     pub v: &'a [f32],
-    /// The start index of each query's document; `None` is one document. Only kernels
-    /// built with the document mask take it.
+    /// The start index of each row's document, `[batch, seq]`, counted within its sequence;
+    /// `None` is one document per sequence. Only kernels built with the document mask take
+    /// it. Packed variable-length sequences (FlashAttention's `cu_seqlens`) are documents:
+    /// see [`seg_from_cu_seqlens`].
     pub seg: Option<&'a [u32]>,
     /// Defaults to `1 / sqrt(head_dim)`.
     pub scale: Option<f32>,
@@ -38,16 +43,17 @@ pub struct ForwardInput<'a> {
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct ForwardOutput {
-    /// `[seq, n_heads, head_dim]`
+    /// `[batch, seq, n_heads, head_dim]`
     pub o: Vec<f32>,
-    /// `[seq, n_heads]`; `+inf` for a row with no visible key.
+    /// `[batch, seq, n_heads]`; `+inf` for a row with no visible key.
     pub lse: Vec<f32>,
 }
 
-/// One query row per head against the first `cache_len` rows of a KV cache laid out
-/// `[capacity, n_kv_heads, head_dim]`.
+/// One query row per head and sequence against the first `cache_len` rows of a KV cache
+/// laid out `[batch, capacity, n_kv_heads, head_dim]`; `q` is `[batch, n_heads, head_dim]`.
 #[derive(Clone, Copy, Debug)]
 pub struct DecodeInput<'a> {
+    pub batch: u32,
     pub cache_len: u32,
     pub heads: Heads,
     pub q: &'a [f32],
@@ -56,24 +62,62 @@ pub struct DecodeInput<'a> {
     pub scale: Option<f32>,
 }
 
+/// The `seg` of sequences packed along one axis, FlashAttention's `cu_seqlens`: row `s` of
+/// sequence `i` (rows `cu[i]..cu[i + 1]`) starts its document at `cu[i]`. `None` unless
+/// `cu` starts at 0 and never decreases.
+pub fn seg_from_cu_seqlens(cu_seqlens: &[u32]) -> Option<Vec<u32>> {
+    if cu_seqlens.first() != Some(&0) || cu_seqlens.windows(2).any(|w| w[1] < w[0]) {
+        return None;
+    }
+    Some(
+        cu_seqlens
+            .windows(2)
+            .flat_map(|w| std::iter::repeat_n(w[0], (w[1] - w[0]) as usize))
+            .collect(),
+    )
+}
+
+/// The `seg` of sequences of these lengths packed along one axis.
+pub fn seg_from_lengths(lengths: &[u32]) -> Vec<u32> {
+    let cu: Vec<u32> = std::iter::once(0)
+        .chain(lengths.iter().scan(0, |at, l| {
+            *at += l;
+            Some(*at)
+        }))
+        .collect();
+    seg_from_cu_seqlens(&cu).expect("running sums start at 0 and never decrease")
+}
+
+/// The dims of a dispatch over `batch` sequences of `seq_len` rows (field names of the
+/// kernels' `dims` block; fields a kernel lacks are ignored, fields not given are 0).
+pub(crate) fn sequence_dims(batch: u32, seq_len: u32, h: Heads) -> [(&'static str, u32); 5] {
+    [
+        ("seq_len", seq_len),
+        ("n_heads", h.n_heads),
+        ("n_kv_heads", h.n_kv_heads),
+        ("head_dim", h.head_dim),
+        ("batch", batch),
+    ]
+}
+
 pub fn forward(gpu: &Gpu, kernel: &Kernel, input: &ForwardInput) -> Result<ForwardOutput, Error> {
     let abi = kernel.abi();
     validate_forward(abi, gpu.limits(), input)?;
     let h = input.heads;
-    let rows = [input.seq_len, h.n_heads, h.n_kv_heads, h.head_dim];
-    let grid = checked_grid(abi, gpu.limits(), &rows)?;
+    let dims = sequence_dims(input.batch, input.seq_len, h);
+    let grid = checked_grid(abi, gpu.limits(), &dims)?;
     let q = buffers::storage(gpu, "q", input.q);
     let k = buffers::storage(gpu, "k", input.k);
     let v = buffers::storage(gpu, "v", input.v);
-    let seg = seg_buffer(gpu, input.seg, input.seq_len);
+    let seg = seg_buffer(gpu, input.seg, input.batch, input.seq_len);
     let o_len = input.q.len();
-    let lse_len = (input.seq_len * h.n_heads) as usize;
+    let lse_len = (input.batch * input.seq_len * h.n_heads) as usize;
     let o = buffers::output::<f32>(gpu, "o", o_len);
     let lse = buffers::output::<f32>(gpu, "lse", lse_len);
     let (dims, params) = uniforms(
         gpu,
         abi,
-        &rows,
+        &dims,
         &[("scale", input.scale.unwrap_or(h.default_scale()))],
     )?;
     let bound = [
@@ -97,8 +141,17 @@ pub fn decode(gpu: &Gpu, kernel: &Kernel, input: &DecodeInput) -> Result<Vec<f32
     let abi = kernel.abi();
     validate_decode(abi, gpu.limits(), input)?;
     let h = input.heads;
-    let rows = [input.cache_len, h.n_heads, h.n_kv_heads, h.head_dim];
-    let grid = checked_grid(abi, gpu.limits(), &rows)?;
+    let row = u64::from(input.batch) * u64::from(h.n_kv_heads) * u64::from(h.head_dim);
+    let capacity = (input.k_cache.len() as u64 / row) as u32;
+    let dims = [
+        ("cache_len", input.cache_len),
+        ("n_heads", h.n_heads),
+        ("n_kv_heads", h.n_kv_heads),
+        ("head_dim", h.head_dim),
+        ("batch", input.batch),
+        ("capacity", capacity),
+    ];
+    let grid = checked_grid(abi, gpu.limits(), &dims)?;
     let q = buffers::storage(gpu, "q", input.q);
     let k = buffers::storage(gpu, "k_cache", input.k_cache);
     let v = buffers::storage(gpu, "v_cache", input.v_cache);
@@ -106,7 +159,7 @@ pub fn decode(gpu: &Gpu, kernel: &Kernel, input: &DecodeInput) -> Result<Vec<f32
     let (dims, params) = uniforms(
         gpu,
         abi,
-        &rows,
+        &dims,
         &[("scale", input.scale.unwrap_or(h.default_scale()))],
     )?;
     let bound = [
@@ -121,12 +174,32 @@ pub fn decode(gpu: &Gpu, kernel: &Kernel, input: &DecodeInput) -> Result<Vec<f32
     buffers::read(gpu, &o, input.q.len())
 }
 
-/// The `seg` buffer; without one, every row starts at document 0 (one document).
-pub(crate) fn seg_buffer(gpu: &Gpu, seg: Option<&[u32]>, seq_len: u32) -> wgpu::Buffer {
-    match seg {
-        Some(seg) => buffers::storage(gpu, "seg", seg),
-        None => buffers::storage(gpu, "seg", &vec![0u32; seq_len as usize]),
+/// The `seg` binding, `[2, batch, seq]`: each row's document start, then its end (the
+/// next document's start, or the sequence's length); without `seg`, one document per
+/// sequence.
+pub(crate) fn seg_buffer(gpu: &Gpu, seg: Option<&[u32]>, batch: u32, seq_len: u32) -> wgpu::Buffer {
+    buffers::storage(gpu, "seg", &seg_with_ends(seg, batch, seq_len))
+}
+
+/// Starts and ends of every row's document, as the `seg` binding holds them.
+pub fn seg_with_ends(seg: Option<&[u32]>, batch: u32, seq_len: u32) -> Vec<u32> {
+    let (batch, seq) = (batch as usize, seq_len as usize);
+    let starts = match seg {
+        Some(seg) => seg.to_vec(),
+        None => vec![0; batch * seq],
+    };
+    let mut ends = vec![0u32; batch * seq];
+    for b in 0..batch {
+        let rows = &starts[b * seq..][..seq];
+        let mut end = seq_len;
+        for s in (0..seq).rev() {
+            ends[b * seq + s] = end;
+            if rows[s] as usize == s {
+                end = s as u32;
+            }
+        }
     }
+    starts.into_iter().chain(ends).collect()
 }
 
 pub(crate) fn submit(
@@ -141,16 +214,23 @@ pub(crate) fn submit(
     Ok(())
 }
 
-/// The `dims` uniform, filled by field order from the kernel's plan.
+/// The `dims` uniform, filled by field name from the kernel's plan (fields not given are 0).
 pub(crate) fn uniform_dims(
     gpu: &Gpu,
     abi: &KernelAbi,
-    dims: &[u32; 4],
+    dims: &[(&str, u32)],
 ) -> Result<wgpu::Buffer, Error> {
-    let bytes = fill(uniform_block(abi, "dims")?, |i, _| {
-        dims.get(i).copied().unwrap_or(0).to_le_bytes()
+    let bytes = fill(uniform_block(abi, "dims")?, |_, field| {
+        by_name(dims, field).to_le_bytes()
     });
     Ok(buffers::uniform(gpu, "dims", &bytes))
+}
+
+fn by_name(values: &[(&str, u32)], field: &str) -> u32 {
+    values
+        .iter()
+        .find(|(name, _)| *name == field)
+        .map_or(0, |(_, v)| *v)
 }
 
 fn uniform_block<'a>(abi: &'a KernelAbi, name: &str) -> Result<&'a Binding, Error> {
@@ -162,12 +242,12 @@ fn uniform_block<'a>(abi: &'a KernelAbi, name: &str) -> Result<&'a Binding, Erro
         })
 }
 
-/// The `dims` and `params` uniforms, filled from the kernel's plan: dims by field order,
-/// params by field name (fields not given are 0).
+/// The `dims` and `params` uniforms, filled from the kernel's plan by field name (fields
+/// not given are 0).
 pub(crate) fn uniforms(
     gpu: &Gpu,
     abi: &KernelAbi,
-    dims: &[u32; 4],
+    dims: &[(&str, u32)],
     params: &[(&str, f32)],
 ) -> Result<(wgpu::Buffer, wgpu::Buffer), Error> {
     let params_bytes = fill(uniform_block(abi, "params")?, |_, field| {
@@ -207,11 +287,12 @@ pub(crate) fn validate_sequence(
     limits: &wgpu::Limits,
     input: &ForwardInput,
 ) -> Result<(), InputError> {
+    nonzero("batch", input.batch)?;
     nonzero("seq_len", input.seq_len)?;
     let h = input.heads;
     validate_heads(abi, h)?;
     let (s, nh, nkv, d) = (
-        input.seq_len as u64,
+        u64::from(input.batch) * u64::from(input.seq_len),
         h.n_heads as u64,
         h.n_kv_heads as u64,
         h.head_dim as u64,
@@ -220,19 +301,19 @@ pub(crate) fn validate_sequence(
         "q",
         input.q.len(),
         s * nh * d,
-        "seq_len × n_heads × head_dim",
+        "batch × seq_len × n_heads × head_dim",
     )?;
     length(
         "k",
         input.k.len(),
         s * nkv * d,
-        "seq_len × n_kv_heads × head_dim",
+        "batch × seq_len × n_kv_heads × head_dim",
     )?;
     length(
         "v",
         input.v.len(),
         s * nkv * d,
-        "seq_len × n_kv_heads × head_dim",
+        "batch × seq_len × n_kv_heads × head_dim",
     )?;
     binding_size(limits, (s * nh * d).max(s * nkv * d) * 4)?;
     validate_scale(input.scale)?;
@@ -241,8 +322,23 @@ pub(crate) fn validate_sequence(
             kernel: abi.name.to_string(),
         }),
         Some(seg) => {
-            length("seg", seg.len(), s, "seq_len")?;
-            validate_seg(seg)
+            length("seg", seg.len(), s, "batch × seq_len")?;
+            seg.chunks(input.seq_len as usize)
+                .enumerate()
+                .try_for_each(|(b, rows)| {
+                    validate_seg(rows).map_err(|e| match e {
+                        InputError::Seg {
+                            index,
+                            value,
+                            reason,
+                        } => InputError::Seg {
+                            index: b * input.seq_len as usize + index,
+                            value,
+                            reason,
+                        },
+                        other => other,
+                    })
+                })
         }
         None => Ok(()),
     }
@@ -254,19 +350,27 @@ pub fn validate_decode(
     input: &DecodeInput,
 ) -> Result<(), InputError> {
     expect_op(abi, Op::Decode)?;
+    nonzero("batch", input.batch)?;
     nonzero("cache_len", input.cache_len)?;
     let h = input.heads;
     validate_heads(abi, h)?;
     let (nh, nkv, d) = (h.n_heads as u64, h.n_kv_heads as u64, h.head_dim as u64);
-    length("q", input.q.len(), nh * d, "n_heads × head_dim")?;
-    let row = nkv * d;
+    let batch = u64::from(input.batch);
+    length(
+        "q",
+        input.q.len(),
+        batch * nh * d,
+        "batch × n_heads × head_dim",
+    )?;
+    // A row of the cache holds every sequence's KV heads.
+    let row = batch * nkv * d;
     let capacity = input.k_cache.len() as u64 / row;
     if !(input.k_cache.len() as u64).is_multiple_of(row) {
         return Err(InputError::Length {
             name: "k_cache",
             expected: (capacity + 1) * row,
             got: input.k_cache.len() as u64,
-            layout: "a whole number of rows of n_kv_heads × head_dim".into(),
+            layout: "batch × capacity × n_kv_heads × head_dim, for a whole capacity".into(),
         });
     }
     length(
@@ -394,9 +498,13 @@ pub(crate) fn binding_size(limits: &wgpu::Limits, bytes: u64) -> Result<(), Inpu
 pub(crate) fn checked_grid(
     abi: &KernelAbi,
     limits: &wgpu::Limits,
-    dims: &[u32; 4],
+    dims: &[(&str, u32)],
 ) -> Result<[u32; 3], InputError> {
-    let grid = abi.dispatch_grid(dims);
+    let ordered: Vec<u32> = abi
+        .binding("dims")
+        .map(|b| b.fields.iter().map(|f| by_name(dims, f)).collect())
+        .unwrap_or_default();
+    let grid = abi.dispatch_grid(&ordered);
     let limit = limits.max_compute_workgroups_per_dimension;
     match grid.iter().find(|g| **g > limit) {
         Some(&g) => Err(InputError::OverLimit {

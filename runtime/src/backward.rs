@@ -4,7 +4,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use attn_dsl::{KernelAbi, Scatter};
+use attn_dsl::{FlashConfig, KernelAbi, Scatter};
 
 use crate::attention::{self, ForwardInput, Heads, length, submit, uniforms};
 use crate::buffers;
@@ -19,46 +19,46 @@ use crate::tuning::{self, Table};
 pub enum Schedule {
     /// (a) s-major flushes P and dS to scratch; j-major consumes them. No atomics.
     Split,
-    /// (b) one query-major flash kernel: query tiles own dQ, dK and dV summed over a tile's
-    /// rows are added by compensated atomic scatter (native `atomic<f32>` where the adapter
-    /// has it); the query-tile half of candidate `i`. No scratch.
-    Streaming(u8),
+    /// (b) one query-major flash kernel in this tiling: query tiles own dQ; dK and dV,
+    /// summed over a tile's rows, are added by atomic scatter (native `atomic<f32>` where
+    /// the adapter has it). No scratch.
+    Streaming(FlashConfig),
     /// (d) s-major dQ and j-major dK/dV kernels, each recomputing P. No scratch, no atomics.
     RecomputeSplit,
-    /// (d) on the flash grids: query and key tiles staged in workgroup memory, register
-    /// blocks; configuration `i` of [`tuning::backward_candidates`].
-    Tiled(u8),
-    /// (c) one key-major flash kernel: key tiles own dK and dV, dQ by atomic scatter (native
-    /// `atomic<f32>` where the adapter has it); the key-major half of candidate `i`.
-    Flash(u8),
+    /// (d) on the flash grids, both halves in this tiling: query and key tiles staged in
+    /// workgroup memory, register blocks.
+    Tiled(FlashConfig),
+    /// (c) one key-major flash kernel in this tiling: key tiles own dK and dV, dQ by atomic
+    /// scatter (native `atomic<f32>` where the adapter has it).
+    Flash(FlashConfig),
 }
 
 impl Schedule {
     /// The schedules with one configuration (the per-row designs).
     pub const PER_ROW: [Schedule; 2] = [Schedule::Split, Schedule::RecomputeSplit];
 
-    /// Scratch bytes the schedule needs: P and dS, each `[seq, n_heads, seq]` f32.
-    pub fn scratch_bytes(self, seq_len: u32, n_heads: u32) -> u64 {
+    /// Scratch bytes the schedule needs: P and dS, each `[batch, seq, n_heads, seq]` f32.
+    pub fn scratch_bytes(self, batch: u32, seq_len: u32, n_heads: u32) -> u64 {
         match self {
-            Schedule::Split => 2 * scratch_elems(seq_len, n_heads) * 4,
+            Schedule::Split => 2 * scratch_elems(batch, seq_len, n_heads) * 4,
             _ => 0,
         }
     }
 }
 
-fn scratch_elems(seq_len: u32, n_heads: u32) -> u64 {
-    u64::from(seq_len) * u64::from(seq_len) * u64::from(n_heads)
+fn scratch_elems(batch: u32, seq_len: u32, n_heads: u32) -> u64 {
+    u64::from(batch) * u64::from(seq_len) * u64::from(seq_len) * u64::from(n_heads)
 }
 
 impl fmt::Display for Schedule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Schedule::Split => "split",
-            Schedule::RecomputeSplit => "recompute",
-            Schedule::Streaming(i) => return write!(f, "streaming-{i}"),
-            Schedule::Tiled(i) => return write!(f, "tiled-{i}"),
-            Schedule::Flash(i) => return write!(f, "flash-{i}"),
-        })
+        match self {
+            Schedule::Split => f.write_str("split"),
+            Schedule::RecomputeSplit => f.write_str("recompute"),
+            Schedule::Streaming(c) => write!(f, "streaming-{}", c.label()),
+            Schedule::Tiled(c) => write!(f, "tiled-{}", c.label()),
+            Schedule::Flash(c) => write!(f, "flash-{}", c.label()),
+        }
     }
 }
 
@@ -66,13 +66,13 @@ impl FromStr for Schedule {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Schedule, String> {
-        if let Some((kind, i)) = s.rsplit_once('-')
-            && let Ok(i) = i.parse::<u8>()
+        if let Some((kind, label)) = s.split_once('-')
+            && let Some(c) = FlashConfig::from_label(label)
         {
             match kind {
-                "streaming" => return Ok(Schedule::Streaming(i)),
-                "tiled" => return Ok(Schedule::Tiled(i)),
-                "flash" => return Ok(Schedule::Flash(i)),
+                "streaming" => return Ok(Schedule::Streaming(c)),
+                "tiled" => return Ok(Schedule::Tiled(c)),
+                "flash" => return Ok(Schedule::Flash(c)),
                 _ => {}
             }
         }
@@ -81,17 +81,19 @@ impl FromStr for Schedule {
             .find(|x| x.to_string() == s)
             .ok_or_else(|| {
                 format!(
-                    "unknown schedule `{s}`; expected one of: split, recompute, streaming-N, \
-                     tiled-N, flash-N (N: a configuration of tuning::backward_candidates)"
+                    "unknown schedule `{s}`; expected split, recompute, or streaming-, tiled- or \
+                     flash- with a configuration of tuning::backward_candidates, e.g. \
+                     tiled-16x8/2@64"
                 )
             })
     }
 }
 
 /// The backward's inputs: the forward's Q, K, V, its saved O and LSE, and the upstream
-/// gradient dO, laid out as for the forward.
+/// gradient dO, laid out as for the forward (`[batch, seq, heads, head_dim]`).
 #[derive(Clone, Copy, Debug)]
 pub struct BackwardInput<'a> {
+    pub batch: u32,
     pub seq_len: u32,
     pub heads: Heads,
     pub q: &'a [f32],
@@ -104,7 +106,7 @@ pub struct BackwardInput<'a> {
     pub scale: Option<f32>,
 }
 
-/// dQ `[seq, n_heads, d]`, dK and dV `[seq, n_kv_heads, d]`.
+/// dQ `[batch, seq, n_heads, d]`, dK and dV `[batch, seq, n_kv_heads, d]`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Gradients {
     pub dq: Vec<f32>,
@@ -144,22 +146,30 @@ impl Backward {
     /// Compiles the backward kernels for each head_dim in `sets`; the native f32-atomic
     /// streaming variant only where the device has SHADER_FLOAT32_ATOMIC.
     pub fn new(gpu: &Gpu, sets: &[BackwardKernels]) -> Result<Backward, Error> {
-        let compiled = sets
-            .iter()
-            .map(|set| {
-                Ok(Compiled {
-                    head_dim: set.prep.head_dim,
-                    prep: Kernel::new(gpu, &set.prep)?,
-                    schedules: schedule_kernels(gpu, set)?,
-                })
-            })
-            .collect::<Result<_, Error>>()?;
-        Ok(Backward {
-            compiled,
+        let mut backward = Backward {
+            compiled: Vec::new(),
             scratch: None,
             scratch_budget: DEFAULT_SCRATCH_BUDGET,
             table: Table::for_gpu(gpu)?,
-        })
+        };
+        for set in sets {
+            backward.add(gpu, set)?;
+        }
+        Ok(backward)
+    }
+
+    /// Compiles `set`'s schedules for its head_dim (e.g. a set from
+    /// [`BackwardKernels::compile`] for a head_dim the family lacks); replaces any held.
+    pub fn add(&mut self, gpu: &Gpu, set: &BackwardKernels) -> Result<(), Error> {
+        let head_dim = set.prep.head_dim;
+        let compiled = Compiled {
+            head_dim,
+            prep: Kernel::new(gpu, &set.prep)?,
+            schedules: schedule_kernels(gpu, set)?,
+        };
+        self.compiled.retain(|c| c.head_dim != head_dim);
+        self.compiled.push(compiled);
+        Ok(())
     }
 
     /// The schedules this device can run for `head_dim` (no tiled ones for a head_dim
@@ -175,9 +185,9 @@ impl Backward {
     /// The tuning table's schedule for this head_dim when the device runs it (and, for
     /// split, when its scratch fits the budget and the largest binding); else the tiled
     /// schedule in its portable configuration, which needs neither scratch nor atomics.
-    pub fn plan(&self, gpu: &Gpu, seq_len: u32, heads: Heads) -> Schedule {
+    pub fn plan(&self, gpu: &Gpu, batch: u32, seq_len: u32, heads: Heads) -> Schedule {
         let runnable = self.schedules(gpu, heads.head_dim);
-        let bytes = Schedule::Split.scratch_bytes(seq_len, heads.n_heads);
+        let bytes = Schedule::Split.scratch_bytes(batch, seq_len, heads.n_heads);
         let fits =
             bytes <= self.scratch_budget && bytes <= gpu.limits().max_storage_buffer_binding_size;
         let tuned = self
@@ -186,10 +196,12 @@ impl Backward {
             .get(&heads.head_dim)
             .and_then(|name| name.parse::<Schedule>().ok())
             .filter(|s| runnable.contains(s) && (*s != Schedule::Split || fits));
-        let portable = Schedule::Tiled(0);
+        let portable = tuning::backward_candidates(heads.head_dim)
+            .first()
+            .map(|c| Schedule::Tiled(*c));
         match tuned {
             Some(s) => s,
-            None if runnable.contains(&portable) => portable,
+            None if portable.is_some_and(|p| runnable.contains(&p)) => portable.expect("checked"),
             None => Schedule::RecomputeSplit,
         }
     }
@@ -223,24 +235,32 @@ impl Backward {
         grads: Gradients,
     ) -> Result<(Gradients, Schedule), Error> {
         let set = self.validate(gpu, input, &grads)?;
-        let schedule = schedule.unwrap_or_else(|| self.plan(gpu, input.seq_len, input.heads));
+        let schedule =
+            schedule.unwrap_or_else(|| self.plan(gpu, input.batch, input.seq_len, input.heads));
         let h = input.heads;
-        let dims = [input.seq_len, h.n_heads, h.n_kv_heads, h.head_dim];
+        let dims = attention::sequence_dims(input.batch, input.seq_len, h);
         let scale = input.scale.unwrap_or(h.default_scale());
-        let rows = (input.seq_len * h.n_heads) as usize;
+        let rows = (input.batch * input.seq_len * h.n_heads) as usize;
         // Refuse what this device cannot run before uploading anything.
         let kernels = self.kernels_for(set, schedule)?;
-        // The streaming kernel adds dK and dV into one packed atomic binding.
+        // The streaming kernel adds dK and dV into one packed atomic binding, in lanes.
         let packed = kernels.iter().any(|k| k.abi().binding("dkv").is_some());
+        let lanes = attn_dsl::DKV_LANES as usize;
         if packed {
-            attention::binding_size(gpu.limits(), 8 * input.k.len() as u64)?;
+            attention::binding_size(gpu.limits(), (8 * lanes * input.k.len()) as u64)?;
         }
         if schedule == Schedule::Split {
-            let elems = scratch_elems(input.seq_len, h.n_heads);
+            let elems = scratch_elems(input.batch, input.seq_len, h.n_heads);
             attention::binding_size(gpu.limits(), 2 * elems * 4)?;
         }
-        // dK and dV packed for the streaming kernel's one atomic binding: dK first.
-        let dkv: Vec<f32> = grads.dk.iter().chain(&grads.dv).copied().collect();
+        // dK and dV packed for the streaming kernel's one atomic binding: lane 0 holds the
+        // gradients so far (dK first), the other lanes start at 0.
+        let dkv: Vec<f32> = match packed {
+            true => (grads.dk.iter().chain(&grads.dv).copied())
+                .chain(std::iter::repeat_n(0.0, (lanes - 1) * 2 * grads.dk.len()))
+                .collect(),
+            false => vec![0.0; 4],
+        };
         let named: Vec<(&str, wgpu::Buffer, usize)> = [
             ("q", input.q),
             ("k", input.k),
@@ -257,10 +277,10 @@ impl Backward {
         .map(|(name, data)| (name, buffers::storage(gpu, name, data), data.len()))
         .collect();
         if schedule == Schedule::Split {
-            self.reserve_scratch(gpu, scratch_elems(input.seq_len, h.n_heads));
+            self.reserve_scratch(gpu, scratch_elems(input.batch, input.seq_len, h.n_heads));
         }
         let kernels = self.kernels_for(set, schedule)?;
-        let seg = attention::seg_buffer(gpu, input.seg, input.seq_len);
+        let seg = attention::seg_buffer(gpu, input.seg, input.batch, input.seq_len);
         let stats = buffers::output::<f32>(gpu, "stats", 2 * rows);
         let (dims_buf, params_buf) = uniforms(gpu, kernels[0].abi(), &dims, &[("scale", scale)])?;
         let mut bound: Vec<(&str, &wgpu::Buffer)> = named.iter().map(|(n, b, _)| (*n, b)).collect();
@@ -289,8 +309,10 @@ impl Backward {
             })
             .collect();
         let mut out = buffers::read_many::<f32>(gpu, &reads)?;
-        if out.len() == 2 {
-            let dv = out[1].split_off(grads.dk.len());
+        if packed {
+            let mut dk = sum_lanes(&out[1], lanes);
+            let dv = dk.split_off(grads.dk.len());
+            out[1] = dk;
             out.push(dv);
         }
         let dv = out.pop().unwrap_or_default();
@@ -317,6 +339,7 @@ impl Backward {
             })?;
         let abi: &KernelAbi = self.compiled[set].schedules[0].1[0].abi();
         let view = ForwardInput {
+            batch: input.batch,
             seq_len: input.seq_len,
             heads: h,
             q: input.q,
@@ -326,17 +349,13 @@ impl Backward {
             scale: input.scale,
         };
         attention::validate_sequence(abi, gpu.limits(), &view)?;
-        let rows = u64::from(input.seq_len) * u64::from(h.n_heads);
+        let rows = u64::from(input.batch) * u64::from(input.seq_len) * u64::from(h.n_heads);
         let q_len = rows * u64::from(h.head_dim);
-        length("o", input.o.len(), q_len, "seq_len × n_heads × head_dim")?;
-        length(
-            "d_o",
-            input.d_o.len(),
-            q_len,
-            "seq_len × n_heads × head_dim",
-        )?;
-        length("lse", input.lse.len(), rows, "seq_len × n_heads")?;
-        length("dq", grads.dq.len(), q_len, "seq_len × n_heads × head_dim")?;
+        let q_layout = "batch × seq_len × n_heads × head_dim";
+        length("o", input.o.len(), q_len, q_layout)?;
+        length("d_o", input.d_o.len(), q_len, q_layout)?;
+        length("lse", input.lse.len(), rows, "batch × seq_len × n_heads")?;
+        length("dq", grads.dq.len(), q_len, q_layout)?;
         length(
             "dk",
             grads.dk.len(),
@@ -360,11 +379,15 @@ impl Backward {
             .find(|(s, _)| *s == schedule);
         match found {
             Some((_, kernels)) => Ok(kernels.iter().collect()),
-            None => Err(InputError::Unsupported {
-                what: "this backward schedule",
-                needs: "for streaming-N, tiled-N and flash-N, a candidate of \
-                        tuning::backward_candidates for this head_dim that fits the device's \
-                        workgroup memory",
+            None => Err(InputError::Schedule {
+                schedule: schedule.to_string(),
+                head_dim: self.compiled[set].head_dim,
+                available: self.compiled[set]
+                    .schedules
+                    .iter()
+                    .map(|(s, _)| s.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
             }
             .into()),
         }
@@ -380,6 +403,14 @@ impl Backward {
             });
         }
     }
+}
+
+/// The streaming kernel's `dkv` lanes summed pairwise: dK then dV, packed.
+fn sum_lanes(dkv: &[f32], lanes: usize) -> Vec<f32> {
+    let len = dkv.len() / lanes;
+    (0..len)
+        .map(|i| crate::reference::pairwise(lanes, &|l| dkv[l * len + i]))
+        .collect()
 }
 
 /// Every schedule `gpu` runs for `set`'s head_dim and masks, with its kernels in dispatch
@@ -409,29 +440,28 @@ pub fn schedule_kernels(
         message: e.to_string(),
     };
     let candidates = tuning::backward_candidates(head_dim);
-    for (i, config) in candidates.iter().enumerate() {
+    for config in &candidates {
         let [q, kv] =
             tuning::flash_backward(head_dim, masks, *config).map_err(|e| dsl("tiled", e))?;
         if tuning::fits(gpu, &q) && tuning::fits(gpu, &kv) {
-            out.push((Schedule::Tiled(i as u8), compile(&[&q, &kv])?));
+            out.push((Schedule::Tiled(*config), compile(&[&q, &kv])?));
         }
     }
     let streaming = candidates
         .iter()
-        .enumerate()
-        .filter(|(_, c)| c.q.tile >= attn_dsl::check::MIN_STREAMING_TILE);
-    for (i, config) in streaming {
-        let q = tuning::flash_streaming(head_dim, masks, config.q, scatter)
+        .filter(|c| c.tile >= attn_dsl::check::MIN_STREAMING_TILE);
+    for config in streaming {
+        let q = tuning::flash_streaming(head_dim, masks, *config, scatter)
             .map_err(|e| dsl("streaming", e))?;
         if tuning::fits(gpu, &q) {
-            out.push((Schedule::Streaming(i as u8), compile(&[&q])?));
+            out.push((Schedule::Streaming(*config), compile(&[&q])?));
         }
     }
-    for (i, config) in candidates.iter().enumerate() {
-        let kv = tuning::flash_scatter(head_dim, masks, config.kv, scatter)
+    for config in &candidates {
+        let kv = tuning::flash_scatter(head_dim, masks, *config, scatter)
             .map_err(|e| dsl("flash", e))?;
         if tuning::fits(gpu, &kv) {
-            out.push((Schedule::Flash(i as u8), compile(&[&kv])?));
+            out.push((Schedule::Flash(*config), compile(&[&kv])?));
         }
     }
     Ok(out)

@@ -17,30 +17,56 @@ use crate::kernels::BackwardKernels;
 use crate::timing::{self, Step, Timing};
 use crate::tuning::{self, Table};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BenchShape {
+    /// Rows per sequence (with `packed`, of all the packed sequences together).
     pub seq: u32,
+    /// Sequences of `seq` rows (the grid's third dimension).
+    pub batch: u32,
+    /// Sequences of these lengths packed along `seq` (documents from their `cu_seqlens`).
+    pub packed: Option<Vec<u32>>,
     pub heads: Heads,
     pub causal: bool,
 }
 
 impl BenchShape {
+    /// FlashAttention's count, `4·S²·H·D` per sequence (halved when causal), summed over the
+    /// batch or the packed sequences: the work that no row skips.
     pub fn forward_flops(&self) -> f64 {
         let h = self.heads;
-        let full = 4.0 * f64::from(self.seq).powi(2) * f64::from(h.n_heads) * f64::from(h.head_dim);
+        let per =
+            |s: u32| 4.0 * f64::from(s).powi(2) * f64::from(h.n_heads) * f64::from(h.head_dim);
+        let full = match &self.packed {
+            Some(lengths) => lengths.iter().map(|&l| per(l)).sum(),
+            None => f64::from(self.batch) * per(self.seq),
+        };
         if self.causal { full / 2.0 } else { full }
     }
 
     pub fn label(&self) -> String {
         let h = self.heads;
+        let rows = match &self.packed {
+            Some(l) if l.iter().all(|x| *x == l[0]) => format!("packed {}x{}", l.len(), l[0]),
+            Some(l) => format!(
+                "packed {}",
+                l.iter().map(u32::to_string).collect::<Vec<_>>().join("+")
+            ),
+            None if self.batch > 1 => format!("seq={} b={}", self.seq, self.batch),
+            None => format!("seq={}", self.seq),
+        };
         format!(
-            "seq={} h={} kv={} d={}{}",
-            self.seq,
+            "{rows} h={} kv={} d={}{}",
             h.n_heads,
             h.n_kv_heads,
             h.head_dim,
             if self.causal { " causal" } else { "" }
         )
+    }
+
+    /// Document starts of the packed sequences, the same in every sequence of the batch.
+    fn seg(&self) -> Option<Vec<u32>> {
+        let one = crate::attention::seg_from_lengths(self.packed.as_ref()?);
+        Some(one.repeat(self.batch as usize))
     }
 }
 
@@ -88,7 +114,7 @@ pub fn run(
     let h = shape.heads;
     let masks = Masks {
         causal: shape.causal,
-        document: false,
+        document: shape.packed.is_some(),
     };
     let compile = |spec: &KernelSpec| {
         attn_dsl::compile(spec).map_err(|e| Error::Pipeline {
@@ -130,7 +156,7 @@ pub fn run(
         })
         .collect::<Result<Vec<_>, Error>>()?;
     let (s, nh, nkv, d) = (
-        shape.seq as usize,
+        (shape.batch * shape.seq) as usize,
         h.n_heads as usize,
         h.n_kv_heads as usize,
         h.head_dim as usize,
@@ -153,15 +179,16 @@ pub fn run(
         ("dq", q_len),
         ("dk", kv_len),
         ("dv", kv_len),
-        ("dkv", 2 * kv_len),
+        ("dkv", 2 * attn_dsl::DKV_LANES as usize * kv_len),
     ]
     .into_iter()
     .map(|(n, len)| (n, buffers::output::<f32>(gpu, n, len)))
     .collect();
-    let dims = [shape.seq, h.n_heads, h.n_kv_heads, h.head_dim];
+    let dims = crate::attention::sequence_dims(shape.batch, shape.seq, h);
     let (dims_buf, params_buf) =
         uniforms(gpu, forward.abi(), &dims, &[("scale", h.default_scale())])?;
-    let scratch_bytes = Schedule::Split.scratch_bytes(shape.seq, h.n_heads);
+    let seg_buf = crate::attention::seg_buffer(gpu, shape.seg().as_deref(), shape.batch, shape.seq);
+    let scratch_bytes = Schedule::Split.scratch_bytes(shape.batch, shape.seq, h.n_heads);
     let scratch = (scratch_bytes <= gpu.limits().max_storage_buffer_binding_size)
         .then(|| buffers::output::<f32>(gpu, "p_ds", (scratch_bytes / 4) as usize));
     let mut bound: Vec<(&str, &wgpu::Buffer)> = inputs
@@ -169,7 +196,11 @@ pub fn run(
         .chain(&outputs)
         .map(|(n, b)| (*n, b))
         .collect();
-    bound.extend([("dims", &dims_buf), ("params", &params_buf)]);
+    bound.extend([
+        ("dims", &dims_buf),
+        ("params", &params_buf),
+        ("seg", &seg_buf),
+    ]);
     bound.extend(scratch.as_ref().map(|b| ("p_ds", b)));
     let step = |kernel| -> Result<Step, Error> {
         Ok(Step {
@@ -183,7 +214,7 @@ pub fn run(
     if parts != Parts::Backward {
         let baseline = timing::time(gpu, &[step(&forward)?], warmup, runs)?;
         rows.push(BenchRow {
-            shape,
+            shape: shape.clone(),
             kernel: "forward tile-1".into(),
             timing: Some(baseline),
             flops: shape.forward_flops(),
@@ -192,7 +223,7 @@ pub fn run(
         });
         for (config, flash) in &flash {
             let mut row = BenchRow {
-                shape,
+                shape: shape.clone(),
                 kernel: format!("forward flash {}", config.label()),
                 timing: None,
                 flops: shape.forward_flops(),
@@ -217,12 +248,9 @@ pub fn run(
     // traffic made it vary from 1.3 to 7.5 ms on the seeds' layer on an H100).
     let mut baseline_ms = None;
     for (schedule, kernels) in &compiled {
-        let kernel = format!(
-            "backward {schedule}{}",
-            tuning::schedule_detail(*schedule, h.head_dim)
-        );
+        let kernel = format!("backward {schedule}");
         let mut row = BenchRow {
-            shape,
+            shape: shape.clone(),
             kernel,
             timing: None,
             flops,
@@ -298,11 +326,11 @@ pub fn tune(gpu: &Gpu, rows: &[BenchRow], failed: &[String]) -> Table {
     for head_dim in head_dims {
         let forward = fastest("forward flash ", head_dim).and_then(|r| {
             tuning::forward_candidates(head_dim)
-                .iter()
+                .into_iter()
                 .find(|c| r.kernel == format!("forward flash {}", c.label()))
         });
         if let Some(config) = forward {
-            table.forward.insert(head_dim, *config);
+            table.forward.insert(head_dim, config);
         }
         if let Some(row) = fastest("backward ", head_dim) {
             let name = row.kernel["backward ".len()..]

@@ -1,7 +1,7 @@
 //! The case matrix that `check` and the tests run: each case is a shape and mask set, run
 //! on the GPU and judged against the f64 reference by the pass rule, as one or more rows.
 
-use attn_dsl::{FlashConfig, KernelAbi, Masks, Op};
+use attn_dsl::{FlashConfig, KernelAbi, KernelSpec, Masks, Op};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 use crate::attention::{self, DecodeInput, ForwardInput, Heads};
@@ -15,14 +15,24 @@ use crate::reference::{self, Problem, cast};
 use crate::rope::{self, RopeInput};
 use crate::tuning;
 
+/// How a case's rows split into documents.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Docs {
+    /// This many documents of near-equal length.
+    Even(u32),
+    /// Sequences of these lengths packed along seq (FlashAttention's varlen batch); the
+    /// case's `seq` is their sum.
+    Packed(&'static [u32]),
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Shape {
-    /// Causal forward over `seq` rows split into `docs` documents.
-    Forward { seq: u32, docs: u32 },
+    /// Forward over `seq` rows split into `docs`, causal or not.
+    Forward { seq: u32, docs: Docs, causal: bool },
     /// Decode against `cache_len` rows of a cache that holds `capacity` rows.
     Decode { cache_len: u32, capacity: u32 },
-    /// Causal backward over `seq` rows in `docs` documents, every schedule.
-    Backward { seq: u32, docs: u32 },
+    /// Backward over `seq` rows split into `docs`, causal or not, every schedule.
+    Backward { seq: u32, docs: Docs, causal: bool },
     /// RoPE on a Q-shaped tensor, forward and back.
     Rope { seq: u32, pos_offset: u32 },
 }
@@ -30,6 +40,8 @@ pub enum Shape {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Case {
     pub heads: Heads,
+    /// Independent sequences, the grid's batch axis.
+    pub batch: u32,
     pub shape: Shape,
 }
 
@@ -53,61 +65,93 @@ impl Case {
             } => format!("cache={cache_len}/{capacity}"),
             Shape::Rope { seq, pos_offset } => format!("seq={seq}+{pos_offset}"),
         };
+        let batch = match self.batch {
+            1 => String::new(),
+            b => format!(" b={b}"),
+        };
         format!(
-            "{rows} h={} kv={} d={}",
+            "{rows}{batch} h={} kv={} d={}",
             h.n_heads, h.n_kv_heads, h.head_dim
         )
     }
 
     pub fn mask_label(&self) -> String {
-        match self.shape {
-            Shape::Forward { docs: 1, .. } | Shape::Backward { docs: 1, .. } => "causal".into(),
-            Shape::Forward { docs, .. } | Shape::Backward { docs, .. } => {
-                format!("causal+{docs}docs")
+        let (docs, causal) = match self.shape {
+            Shape::Forward { docs, causal, .. } | Shape::Backward { docs, causal, .. } => {
+                (docs, causal)
             }
-            Shape::Decode { .. } | Shape::Rope { .. } => "none".into(),
+            Shape::Decode { .. } | Shape::Rope { .. } => return "none".into(),
+        };
+        let docs = match docs {
+            Docs::Even(1) => None,
+            Docs::Even(n) => Some(format!("{n}docs")),
+            Docs::Packed(lengths) => Some(format!("packed {}", join(lengths, "+"))),
+        };
+        match (causal, docs) {
+            (true, None) => "causal".into(),
+            (true, Some(d)) => format!("causal+{d}"),
+            (false, Some(d)) => d,
+            (false, None) => "none".into(),
         }
     }
 }
 
+fn join(xs: &[u32], sep: &str) -> String {
+    xs.iter().map(u32::to_string).collect::<Vec<_>>().join(sep)
+}
+
+/// Packed lengths of the matrix: one row, a short and a long sequence, mixed.
+const PACKED: &[u32] = &[1, 7, 300];
+
 /// The default matrix: seq 1, 7, 64, 300; GQA ratios 1, 3, 4; head_dim 64 and 128; causal
 /// alone and with 3 documents; decode caches of 1, 7 and 300 rows; the backward in every
-/// schedule over the same shapes plus one over the check's streaming threshold; RoPE; and
-/// the seeds' production layer.
+/// schedule over the same shapes plus one over the check's streaming threshold; RoPE; the
+/// seeds' production layer; head_dim 32, 80, 96 and 256 in every op; batch 3; and packed
+/// sequences of 1, 7 and 300 rows, causal and not.
 pub fn default_matrix() -> Vec<Case> {
     let head_sets = [(2, 2), (6, 2), (8, 2)];
     let mut cases = Vec::new();
+    let mut push = |heads: Heads, batch: u32, shape: Shape| {
+        cases.push(Case {
+            heads,
+            batch,
+            shape,
+        })
+    };
+    let heads = |n_heads, n_kv_heads, head_dim| Heads {
+        n_heads,
+        n_kv_heads,
+        head_dim,
+    };
     for head_dim in [64, 128] {
         for (n_heads, n_kv_heads) in head_sets {
-            let heads = Heads {
-                n_heads,
-                n_kv_heads,
-                head_dim,
-            };
+            let h = heads(n_heads, n_kv_heads, head_dim);
             for seq in [1, 7, 64, 300] {
                 for docs in [1, 3].into_iter().filter(|&d| d <= seq) {
-                    cases.push(Case {
-                        heads,
-                        shape: Shape::Forward { seq, docs },
-                    });
+                    let docs = Docs::Even(docs);
+                    push(
+                        h,
+                        1,
+                        Shape::Forward {
+                            seq,
+                            docs,
+                            causal: true,
+                        },
+                    );
                 }
             }
             for (cache_len, capacity) in [(1, 1), (7, 7), (300, 320)] {
-                cases.push(Case {
-                    heads,
-                    shape: Shape::Decode {
+                push(
+                    h,
+                    1,
+                    Shape::Decode {
                         cache_len,
                         capacity,
                     },
-                });
+                );
             }
         }
         for (i, (n_heads, n_kv_heads)) in head_sets.into_iter().enumerate() {
-            let heads = Heads {
-                n_heads,
-                n_kv_heads,
-                head_dim,
-            };
             for seq in [1, 7, 64, 300] {
                 // Documents alternate so both layouts meet every GQA ratio across head_dims.
                 let docs = if (i + head_dim as usize / 64).is_multiple_of(2) {
@@ -116,71 +160,182 @@ pub fn default_matrix() -> Vec<Case> {
                     3
                 }
                 .min(seq);
-                cases.push(Case {
-                    heads,
-                    shape: Shape::Backward { seq, docs },
-                });
+                let shape = Shape::Backward {
+                    seq,
+                    docs: Docs::Even(docs),
+                    causal: true,
+                };
+                push(heads(n_heads, n_kv_heads, head_dim), 1, shape);
             }
         }
-        let heads = Heads {
-            n_heads: 4,
-            n_kv_heads: 4,
-            head_dim,
-        };
-        cases.push(Case {
-            heads,
-            shape: Shape::Rope {
-                seq: 300,
-                pos_offset: 0,
-            },
-        });
-        cases.push(Case {
-            heads,
-            shape: Shape::Rope {
-                seq: 7,
-                pos_offset: 4093,
-            },
-        });
+        for (seq, pos_offset) in [(300, 0), (7, 4093)] {
+            push(heads(4, 4, head_dim), 1, Shape::Rope { seq, pos_offset });
+        }
     }
-    let over = Heads {
-        n_heads: 4,
-        n_kv_heads: 1,
-        head_dim: 64,
-    };
-    cases.push(Case {
-        heads: over,
-        shape: Shape::Backward { seq: 400, docs: 3 },
-    });
-    let seeds_layer = Heads {
-        n_heads: 12,
-        n_kv_heads: 4,
-        head_dim: 64,
-    };
-    cases.push(Case {
-        heads: seeds_layer,
-        shape: Shape::Forward { seq: 512, docs: 2 },
-    });
-    cases.push(Case {
-        heads: seeds_layer,
-        shape: Shape::Decode {
+    // Head_dims with no hand-written kernel: every op through the configurations by rule.
+    for head_dim in [32, 80, 96, 256] {
+        let h = heads(6, 2, head_dim);
+        let docs = Docs::Even(3);
+        push(
+            h,
+            1,
+            Shape::Forward {
+                seq: 7,
+                docs: Docs::Even(1),
+                causal: true,
+            },
+        );
+        push(
+            h,
+            1,
+            Shape::Forward {
+                seq: 300,
+                docs,
+                causal: true,
+            },
+        );
+        push(
+            h,
+            1,
+            Shape::Decode {
+                cache_len: 300,
+                capacity: 320,
+            },
+        );
+        push(
+            h,
+            1,
+            Shape::Backward {
+                seq: 64,
+                docs,
+                causal: true,
+            },
+        );
+        push(
+            h,
+            1,
+            Shape::Rope {
+                seq: 7,
+                pos_offset: 5,
+            },
+        );
+    }
+    // The batch axis, each sequence with its own documents.
+    let h = heads(6, 2, 64);
+    push(
+        h,
+        3,
+        Shape::Forward {
+            seq: 64,
+            docs: Docs::Even(2),
+            causal: true,
+        },
+    );
+    push(
+        h,
+        3,
+        Shape::Decode {
+            cache_len: 7,
+            capacity: 9,
+        },
+    );
+    push(
+        h,
+        3,
+        Shape::Backward {
+            seq: 64,
+            docs: Docs::Even(2),
+            causal: true,
+        },
+    );
+    push(
+        h,
+        3,
+        Shape::Rope {
+            seq: 7,
+            pos_offset: 2,
+        },
+    );
+    // Packed variable-length sequences, causal and not, alone and in a batch.
+    let seq = PACKED.iter().sum();
+    let docs = Docs::Packed(PACKED);
+    for causal in [true, false] {
+        push(h, 1, Shape::Forward { seq, docs, causal });
+        push(h, 1, Shape::Backward { seq, docs, causal });
+    }
+    push(
+        h,
+        2,
+        Shape::Forward {
+            seq,
+            docs,
+            causal: true,
+        },
+    );
+    let over = heads(4, 1, 64);
+    push(
+        over,
+        1,
+        Shape::Backward {
+            seq: 400,
+            docs: Docs::Even(3),
+            causal: true,
+        },
+    );
+    let seeds_layer = heads(12, 4, 64);
+    let docs = Docs::Even(2);
+    push(
+        seeds_layer,
+        1,
+        Shape::Forward {
+            seq: 512,
+            docs,
+            causal: true,
+        },
+    );
+    push(
+        seeds_layer,
+        1,
+        Shape::Decode {
             cache_len: 512,
             capacity: 512,
         },
-    });
-    cases.push(Case {
-        heads: seeds_layer,
-        shape: Shape::Backward { seq: 128, docs: 2 },
-    });
+    );
+    push(
+        seeds_layer,
+        1,
+        Shape::Backward {
+            seq: 128,
+            docs,
+            causal: true,
+        },
+    );
     cases
 }
 
-/// Everything a matrix runs, compiled once.
+/// The masks a forward or backward case's kernels are built with.
+fn masks(causal: bool) -> Masks {
+    Masks {
+        causal,
+        document: true,
+    }
+}
+
+/// The flash forward candidates of one head_dim and mask set, compiled.
+type FlashSet = Vec<(FlashConfig, Kernel)>;
+
+/// Everything a matrix runs: the family's kernels, and those of other head_dims and masks
+/// compiled from the same descriptions when a case first needs them.
 pub struct Runner {
-    kernels: Vec<Kernel>,
-    /// Every flash forward candidate this device holds, with its configuration.
-    flash: Vec<(FlashConfig, Kernel)>,
+    /// Per-row forward and decode kernels.
+    per_row: Vec<Kernel>,
+    /// Every flash forward candidate this device holds, by head_dim and masks.
+    flash: Vec<(u32, Masks, FlashSet)>,
     rope: Vec<(Kernel, Kernel)>,
+    /// The causal backward (with documents), every head_dim compiled so far.
     pub backward: Backward,
+    /// The non-causal backward (documents only), made when a case needs it.
+    bidirectional: Option<Backward>,
 }
 
 impl Runner {
@@ -189,54 +344,145 @@ impl Runner {
         attention: impl IntoIterator<Item = &'a KernelAbi>,
         backward: &[BackwardKernels],
     ) -> Result<Runner, Error> {
-        let kernels = attention
+        let per_row = attention
             .into_iter()
-            .filter(|abi| matches!(abi.op, Op::Forward | Op::Decode))
+            .filter(|abi| matches!(abi.op, Op::Forward | Op::Decode) && abi.grid.flash.is_none())
             .map(|abi| Kernel::new(gpu, abi))
             .collect::<Result<_, _>>()?;
-        let flash = flash_kernels(gpu)?;
         let rope = ROPE
             .iter()
             .map(|(f, b)| Ok((Kernel::new(gpu, f)?, Kernel::new(gpu, b)?)))
             .collect::<Result<_, Error>>()?;
         Ok(Runner {
-            kernels,
-            flash,
+            per_row,
+            flash: Vec::new(),
             rope,
             backward: Backward::new(gpu, backward)?,
+            bidirectional: None,
         })
     }
 
-    /// The kernel of `op` specialized for `head_dim`.
-    fn find(&self, op: Op, head_dim: u32) -> Result<&Kernel, Error> {
-        self.kernels
+    /// The per-row kernel of `op` for `head_dim` and `masks`: the family's, else compiled
+    /// from the family's description.
+    fn per_row(
+        &mut self,
+        gpu: &Gpu,
+        op: Op,
+        head_dim: u32,
+        masks: Masks,
+    ) -> Result<&Kernel, Error> {
+        let found = |k: &Kernel| {
+            let abi = k.abi();
+            abi.op == op && abi.head_dim == head_dim && abi.masks == masks
+        };
+        if !self.per_row.iter().any(found) {
+            let base = match op {
+                Op::Decode => "attention_decode",
+                _ => "attention_forward",
+            };
+            let spec =
+                KernelSpec::standard(&tuning::family_name(base, head_dim), op, head_dim, masks);
+            self.per_row.push(Kernel::new(gpu, &compile(&spec)?)?);
+        }
+        Ok(self
+            .per_row
             .iter()
-            .find(|k| k.abi().op == op && k.abi().head_dim == head_dim)
-            .ok_or_else(|| Error::Binding {
-                kernel: format!("{} d{head_dim}", op.name()),
-                binding: "(none in the family)".into(),
-            })
+            .find(|k| found(k))
+            .expect("just compiled"))
+    }
+
+    /// The flash forward candidates of `head_dim` and `masks` that fit the device.
+    fn flash(
+        &mut self,
+        gpu: &Gpu,
+        head_dim: u32,
+        masks: Masks,
+    ) -> Result<&[(FlashConfig, Kernel)], Error> {
+        let at = match self
+            .flash
+            .iter()
+            .position(|(d, m, _)| *d == head_dim && *m == masks)
+        {
+            Some(at) => at,
+            None => {
+                self.flash
+                    .push((head_dim, masks, flash_kernels(gpu, head_dim, masks)?));
+                self.flash.len() - 1
+            }
+        };
+        Ok(&self.flash[at].2)
+    }
+
+    /// RoPE forward and backward for `head_dim`.
+    fn rope(&mut self, gpu: &Gpu, head_dim: u32) -> Result<&(Kernel, Kernel), Error> {
+        let found = |(f, _): &(Kernel, Kernel)| f.abi().head_dim == head_dim;
+        if !self.rope.iter().any(found) {
+            let spec = |base: &str, op| KernelSpec {
+                workgroup_size: head_dim.next_power_of_two().max(32),
+                ..KernelSpec::standard(
+                    &tuning::family_name(base, head_dim),
+                    op,
+                    head_dim,
+                    Masks::default(),
+                )
+            };
+            let fwd = compile(&spec("rope", Op::Rope))?;
+            let bwd = compile(&spec("rope_backward", Op::RopeBackward))?;
+            self.rope
+                .push((Kernel::new(gpu, &fwd)?, Kernel::new(gpu, &bwd)?));
+        }
+        Ok(self.rope.iter().find(|p| found(p)).expect("just compiled"))
+    }
+
+    /// The backward for `causal` (documents always on), holding `head_dim`'s kernels.
+    pub fn backward_for(
+        &mut self,
+        gpu: &Gpu,
+        head_dim: u32,
+        causal: bool,
+    ) -> Result<&mut Backward, Error> {
+        if !causal && self.bidirectional.is_none() {
+            let mut b = Backward::new(gpu, &[])?;
+            b.scratch_budget = self.backward.scratch_budget;
+            self.bidirectional = Some(b);
+        }
+        let backward = match causal {
+            true => &mut self.backward,
+            false => self.bidirectional.as_mut().expect("made above"),
+        };
+        if backward.schedules(gpu, head_dim).is_empty() {
+            let set =
+                BackwardKernels::compile(head_dim, masks(causal)).map_err(|e| Error::Pipeline {
+                    kernel: format!("backward d{head_dim}"),
+                    message: e.to_string(),
+                })?;
+            backward.add(gpu, &set)?;
+        }
+        Ok(backward)
     }
 }
 
-/// The flash forward candidates of every head_dim the family has, under the check's masks
-/// (causal and document), that fit the device.
-fn flash_kernels(gpu: &Gpu) -> Result<Vec<(FlashConfig, Kernel)>, Error> {
-    let masks = Masks {
-        causal: true,
-        document: true,
-    };
+fn compile(spec: &KernelSpec) -> Result<KernelAbi, Error> {
+    attn_dsl::compile(spec).map_err(|e| Error::Pipeline {
+        kernel: spec.name.clone(),
+        message: e.to_string(),
+    })
+}
+
+/// The flash forward candidates of `head_dim` under `masks` that fit the device.
+fn flash_kernels(
+    gpu: &Gpu,
+    head_dim: u32,
+    masks: Masks,
+) -> Result<Vec<(FlashConfig, Kernel)>, Error> {
     let mut out = Vec::new();
-    for head_dim in [64, 128] {
-        for &config in tuning::forward_candidates(head_dim) {
-            let abi =
-                tuning::flash_forward(head_dim, masks, config).map_err(|e| Error::Pipeline {
-                    kernel: format!("flash d{head_dim} {}", config.label()),
-                    message: e.to_string(),
-                })?;
-            if tuning::fits(gpu, &abi) {
-                out.push((config, Kernel::new(gpu, &abi)?));
-            }
+    for config in tuning::forward_candidates(head_dim) {
+        let abi = tuning::flash_forward(head_dim, masks, config).map_err(|e| Error::Pipeline {
+            kernel: format!("flash d{head_dim} {}", config.label()),
+            message: e.to_string(),
+        })?;
+        if tuning::fits(gpu, &abi) {
+            out.push((config, Kernel::new(gpu, &abi)?));
         }
     }
     Ok(out)
@@ -273,31 +519,47 @@ fn doc_start(s: u32, seq: u32, docs: u32) -> u32 {
     (doc * seq).div_ceil(docs)
 }
 
+/// `seg` of every sequence of the batch, `[batch, seq]`: each differs (one more even
+/// document, or the packed lengths rotated), so a kernel that reads another sequence's
+/// documents fails.
+fn batch_documents(batch: u32, seq: u32, docs: Docs) -> Vec<u32> {
+    (0..batch)
+        .flat_map(|b| match docs {
+            Docs::Even(n) => documents(seq, n + b),
+            Docs::Packed(lengths) => {
+                let mut l = lengths.to_vec();
+                l.rotate_left(b as usize % lengths.len());
+                attention::seg_from_lengths(&l)
+            }
+        })
+        .collect()
+}
+
 pub fn run_case(gpu: &Gpu, runner: &mut Runner, case: &Case, seed: u64) -> Result<Vec<Row>, Error> {
-    let h = case.heads;
+    let (h, batch) = (case.heads, case.batch);
     let row = |label: &str, verdicts| Row {
         case: *case,
         label: label.to_string(),
         verdicts,
     };
     Ok(match case.shape {
-        Shape::Forward { seq, docs } => {
-            let kernel = runner.find(Op::Forward, h.head_dim)?;
-            let mut rows = vec![row(
-                kernel.name(),
-                run_forward(gpu, kernel, h, seq, docs, seed)?,
-            )];
-            let flash = runner
-                .flash
-                .iter()
-                .filter(|(_, k)| k.abi().head_dim == h.head_dim);
+        Shape::Forward { seq, docs, causal } => {
+            let job = Job {
+                h,
+                batch,
+                seq,
+                seg: batch_documents(batch, seq, docs),
+                causal,
+            };
+            let kernel = runner.per_row(gpu, Op::Forward, h.head_dim, masks(causal))?;
+            let mut rows = vec![row(kernel.name(), job.forward(gpu, kernel, seed)?)];
             let planned = runner.backward.table.forward(gpu, h.head_dim);
-            for (config, kernel) in flash {
+            for (config, kernel) in runner.flash(gpu, h.head_dim, masks(causal))? {
                 let mut label = format!("forward flash {}", config.label());
                 if planned == Some(*config) {
                     label += " (planned)";
                 }
-                rows.push(row(&label, run_forward(gpu, kernel, h, seq, docs, seed)?));
+                rows.push(row(&label, job.forward(gpu, kernel, seed)?));
             }
             rows
         }
@@ -305,32 +567,37 @@ pub fn run_case(gpu: &Gpu, runner: &mut Runner, case: &Case, seed: u64) -> Resul
             cache_len,
             capacity,
         } => {
-            let kernel = runner.find(Op::Decode, h.head_dim)?;
-            vec![row(
-                kernel.name(),
-                run_decode(gpu, kernel, h, cache_len, capacity, seed)?,
-            )]
+            let kernel = runner.per_row(gpu, Op::Decode, h.head_dim, Masks::default())?;
+            let verdicts = run_decode(gpu, kernel, h, batch, cache_len, capacity, seed)?;
+            vec![row(kernel.name(), verdicts)]
         }
-        Shape::Backward { seq, docs } => run_backward(gpu, runner, case, seq, docs, seed)?,
+        Shape::Backward { seq, docs, causal } => {
+            let job = Job {
+                h,
+                batch,
+                seq,
+                seg: batch_documents(batch, seq, docs),
+                causal,
+            };
+            job.backward(gpu, runner, case, seed)?
+        }
         Shape::Rope { seq, pos_offset } => {
-            let pair = runner
-                .rope
-                .iter()
-                .find(|(f, _)| f.abi().head_dim == h.head_dim);
-            let (fwd, bwd) = pair.ok_or_else(|| Error::Binding {
-                kernel: format!("rope d{}", h.head_dim),
-                binding: "(none in the family)".into(),
-            })?;
-            vec![row(
-                "rope, rope_backward",
-                run_rope(gpu, (fwd, bwd), h, seq, pos_offset, seed)?,
-            )]
+            let pair = runner.rope(gpu, h.head_dim)?;
+            let verdicts = run_rope(gpu, pair, h, batch, seq, pos_offset, seed)?;
+            vec![row("rope, rope_backward", verdicts)]
         }
     })
 }
 
-fn problem(h: Heads, n_q: u32, n_k: u32, causal: bool, seg: Option<&[u32]>) -> Problem<'_> {
+fn problem(
+    h: Heads,
+    batch: u32,
+    [n_q, n_k]: [u32; 2],
+    causal: bool,
+    seg: Option<&[u32]>,
+) -> Problem<'_> {
     Problem {
+        batch: batch as usize,
         n_q: n_q as usize,
         n_k: n_k as usize,
         n_heads: h.n_heads as usize,
@@ -342,10 +609,10 @@ fn problem(h: Heads, n_q: u32, n_k: u32, causal: bool, seg: Option<&[u32]>) -> P
     }
 }
 
-/// Random Q, K, V (and dO) for `seq` rows.
-fn qkv(h: Heads, seq: u32, seed: u64) -> [Vec<f32>; 4] {
-    let q_len = (seq * h.n_heads * h.head_dim) as usize;
-    let kv_len = (seq * h.n_kv_heads * h.head_dim) as usize;
+/// Random Q, K, V (and dO) for `rows` rows.
+fn qkv(h: Heads, rows: u32, seed: u64) -> [Vec<f32>; 4] {
+    let q_len = (rows * h.n_heads * h.head_dim) as usize;
+    let kv_len = (rows * h.n_kv_heads * h.head_dim) as usize;
     [
         random(q_len, seed),
         random(kv_len, seed + 1),
@@ -354,118 +621,111 @@ fn qkv(h: Heads, seq: u32, seed: u64) -> [Vec<f32>; 4] {
     ]
 }
 
-fn run_forward(
-    gpu: &Gpu,
-    kernel: &Kernel,
+/// A forward or backward case's problem: `batch` sequences of `seq` rows in documents.
+struct Job {
     h: Heads,
+    batch: u32,
     seq: u32,
-    docs: u32,
-    seed: u64,
-) -> Result<Vec<(&'static str, Verdict)>, Error> {
-    let [q, k, v, _] = qkv(h, seq, seed);
-    let seg = documents(seq, docs);
-    let input = ForwardInput {
-        seq_len: seq,
-        heads: h,
-        q: &q,
-        k: &k,
-        v: &v,
-        seg: Some(&seg),
-        scale: None,
-    };
-    let out = attention::forward(gpu, kernel, &input)?;
-    Ok(judge_attention(
-        &problem(h, seq, seq, true, Some(&seg)),
-        [&q, &k, &v],
-        &out.o,
-        Some(&out.lse),
-    ))
+    seg: Vec<u32>,
+    causal: bool,
 }
 
-fn run_decode(
-    gpu: &Gpu,
-    kernel: &Kernel,
-    h: Heads,
-    cache_len: u32,
-    capacity: u32,
-    seed: u64,
-) -> Result<Vec<(&'static str, Verdict)>, Error> {
-    let [q, k, v, _] = qkv(h, capacity, seed);
-    let q = q[..(h.n_heads * h.head_dim) as usize].to_vec();
-    let input = DecodeInput {
-        cache_len,
-        heads: h,
-        q: &q,
-        k_cache: &k,
-        v_cache: &v,
-        scale: None,
-    };
-    let o = attention::decode(gpu, kernel, &input)?;
-    Ok(judge_attention(
-        &problem(h, 1, cache_len, false, None),
-        [&q, &k, &v],
-        &o,
-        None,
-    ))
-}
-
-/// One row per schedule the device runs, then one that asserts they agree: the largest
-/// difference between any schedule and the first, against twice the rule's bound.
-fn run_backward(
-    gpu: &Gpu,
-    runner: &mut Runner,
-    case: &Case,
-    seq: u32,
-    docs: u32,
-    seed: u64,
-) -> Result<Vec<Row>, Error> {
-    let h = case.heads;
-    let [q, k, v, d_o] = qkv(h, seq, seed);
-    let seg = documents(seq, docs);
-    let p = problem(h, seq, seq, true, Some(&seg));
-    // O and LSE from the f64 reference, so the backward is judged on its own.
-    let fwd = reference::attention::<f64>(&p, &cast(&q), &cast(&k), &cast(&v));
-    let (o, lse): (Vec<f32>, Vec<f32>) = (
-        fwd.o.iter().map(|x| *x as f32).collect(),
-        fwd.lse.iter().map(|x| *x as f32).collect(),
-    );
-    let input = BackwardInput {
-        seq_len: seq,
-        heads: h,
-        q: &q,
-        k: &k,
-        v: &v,
-        o: &o,
-        lse: &lse,
-        d_o: &d_o,
-        seg: Some(&seg),
-        scale: None,
-    };
-    let planned = runner.backward.plan(gpu, seq, h);
-    let mut rows = Vec::new();
-    let mut results: Vec<(Schedule, Gradients)> = Vec::new();
-    for schedule in runner.backward.schedules(gpu, h.head_dim) {
-        let (g, _) = runner.backward.run(gpu, &input, Some(schedule))?;
-        let verdicts = judge_backward(&p, [&q, &k, &v, &d_o], (&o, &lse), [&g.dq, &g.dk, &g.dv]);
-        let mut label = format!("backward {schedule}");
-        label += &tuning::schedule_detail(schedule, h.head_dim);
-        if schedule == planned {
-            label += " (planned)";
-        }
-        rows.push(Row {
-            case: *case,
-            label,
-            verdicts,
-        });
-        results.push((schedule, g));
+impl Job {
+    fn problem(&self) -> Problem<'_> {
+        problem(
+            self.h,
+            self.batch,
+            [self.seq; 2],
+            self.causal,
+            Some(&self.seg),
+        )
     }
-    // Each schedule is within `bound` of the reference, so two may differ by up to twice it
-    // (atomic scatter adds in a different order on every run).
-    let bounds: Vec<f64> = rows[0]
-        .verdicts
-        .iter()
-        .map(|(_, v)| 2.0 * v.bound)
-        .collect();
+
+    fn forward(
+        &self,
+        gpu: &Gpu,
+        kernel: &Kernel,
+        seed: u64,
+    ) -> Result<Vec<(&'static str, Verdict)>, Error> {
+        let [q, k, v, _] = qkv(self.h, self.batch * self.seq, seed);
+        let input = ForwardInput {
+            batch: self.batch,
+            seq_len: self.seq,
+            heads: self.h,
+            q: &q,
+            k: &k,
+            v: &v,
+            seg: Some(&self.seg),
+            scale: None,
+        };
+        let out = attention::forward(gpu, kernel, &input)?;
+        Ok(judge_attention(
+            &self.problem(),
+            [&q, &k, &v],
+            &out.o,
+            Some(&out.lse),
+        ))
+    }
+
+    /// One row per schedule the device runs, then one that asserts they agree: the largest
+    /// difference between any schedule and the first, against twice the rule's bound.
+    fn backward(
+        &self,
+        gpu: &Gpu,
+        runner: &mut Runner,
+        case: &Case,
+        seed: u64,
+    ) -> Result<Vec<Row>, Error> {
+        let h = self.h;
+        let [q, k, v, d_o] = qkv(h, self.batch * self.seq, seed);
+        let p = self.problem();
+        // O and LSE from the f64 reference, so the backward is judged on its own.
+        let fwd = reference::attention::<f64>(&p, &cast(&q), &cast(&k), &cast(&v));
+        let (o, lse): (Vec<f32>, Vec<f32>) = (
+            fwd.o.iter().map(|x| *x as f32).collect(),
+            fwd.lse.iter().map(|x| *x as f32).collect(),
+        );
+        let input = BackwardInput {
+            batch: self.batch,
+            seq_len: self.seq,
+            heads: h,
+            q: &q,
+            k: &k,
+            v: &v,
+            o: &o,
+            lse: &lse,
+            d_o: &d_o,
+            seg: Some(&self.seg),
+            scale: None,
+        };
+        let backward = runner.backward_for(gpu, h.head_dim, self.causal)?;
+        let planned = backward.plan(gpu, self.batch, self.seq, h);
+        let mut rows = Vec::new();
+        let mut results: Vec<(Schedule, Gradients)> = Vec::new();
+        for schedule in backward.schedules(gpu, h.head_dim) {
+            let (g, _) = backward.run(gpu, &input, Some(schedule))?;
+            let verdicts =
+                judge_backward(&p, [&q, &k, &v, &d_o], (&o, &lse), [&g.dq, &g.dk, &g.dv]);
+            let mut label = format!("backward {schedule}");
+            if schedule == planned {
+                label += " (planned)";
+            }
+            rows.push(Row {
+                case: *case,
+                label,
+                verdicts,
+            });
+            results.push((schedule, g));
+        }
+        rows.push(agreement(case, &rows[0], &results));
+        Ok(rows)
+    }
+}
+
+/// Each schedule is within `bound` of the reference, so two may differ by up to twice it
+/// (atomic scatter adds in a different order on every run).
+fn agreement(case: &Case, first: &Row, results: &[(Schedule, Gradients)]) -> Row {
+    let bounds: Vec<f64> = first.verdicts.iter().map(|(_, v)| 2.0 * v.bound).collect();
     let (_, base) = &results[0];
     let agree = ["dq", "dk", "dv"].into_iter().enumerate().map(|(i, name)| {
         let pick = |g: &Gradients| [&g.dq, &g.dk, &g.dv][i].clone();
@@ -481,25 +741,63 @@ fn run_backward(
             },
         )
     });
-    rows.push(Row {
+    Row {
         case: *case,
         label: "backward schedules agree".into(),
         verdicts: agree.collect(),
-    });
-    Ok(rows)
+    }
+}
+
+fn run_decode(
+    gpu: &Gpu,
+    kernel: &Kernel,
+    h: Heads,
+    batch: u32,
+    cache_len: u32,
+    capacity: u32,
+    seed: u64,
+) -> Result<Vec<(&'static str, Verdict)>, Error> {
+    let [q, k, v, _] = qkv(h, batch * capacity, seed);
+    let q = q[..(batch * h.n_heads * h.head_dim) as usize].to_vec();
+    let input = DecodeInput {
+        batch,
+        cache_len,
+        heads: h,
+        q: &q,
+        k_cache: &k,
+        v_cache: &v,
+        scale: None,
+    };
+    let o = attention::decode(gpu, kernel, &input)?;
+    // The reference reads each sequence's first `cache_len` rows, packed.
+    let row = (h.n_kv_heads * h.head_dim) as usize;
+    let filled = |x: &[f32]| -> Vec<f32> {
+        x.chunks(capacity as usize * row)
+            .flat_map(|c| c[..cache_len as usize * row].to_vec())
+            .collect()
+    };
+    let (k, v) = (filled(&k), filled(&v));
+    Ok(judge_attention(
+        &problem(h, batch, [1, cache_len], false, None),
+        [&q, &k, &v],
+        &o,
+        None,
+    ))
 }
 
 /// RoPE against the reference, and backward(forward(x)) against x within 1e-6.
 fn run_rope(
     gpu: &Gpu,
-    (fwd, bwd): (&Kernel, &Kernel),
+    (fwd, bwd): &(Kernel, Kernel),
     h: Heads,
+    batch: u32,
     seq: u32,
     pos_offset: u32,
     seed: u64,
 ) -> Result<Vec<(&'static str, Verdict)>, Error> {
-    let x = random((seq * h.n_heads * h.head_dim) as usize, seed);
+    let x = random((batch * seq * h.n_heads * h.head_dim) as usize, seed);
     let input = RopeInput {
+        batch,
         seq_len: seq,
         heads: h.n_heads,
         head_dim: h.head_dim,
@@ -516,11 +814,11 @@ fn run_rope(
             ..input
         },
     )?;
-    let (heads, d) = (h.n_heads as usize, h.head_dim as usize);
+    let (seq, heads, d) = (seq as usize, h.n_heads as usize, h.head_dim as usize);
     let freqs = rope::inv_freq(10000.0, h.head_dim);
     let exact = rope::inv_freq_exact(10000.0, h.head_dim);
-    let r64 = reference::rope(&cast::<f64>(&x), heads, d, pos_offset, &exact, 1.0);
-    let r32 = reference::rope(&x, heads, d, pos_offset, &freqs, 1.0);
+    let r64 = reference::rope(&cast::<f64>(&x), seq, heads, d, pos_offset, &exact, 1.0);
+    let r32 = reference::rope(&x, seq, heads, d, pos_offset, &freqs, 1.0);
     let identity = Verdict {
         error: max_abs_error(&back, &cast(&x)),
         bound: 1e-6,

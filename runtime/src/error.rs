@@ -84,6 +84,15 @@ pub enum InputError {
         what: &'static str,
         needs: &'static str,
     },
+    #[error(
+        "backward schedule `{schedule}` does not run here for head_dim {head_dim}; this \
+         device runs: {available}"
+    )]
+    Schedule {
+        schedule: String,
+        head_dim: u32,
+        available: String,
+    },
     #[error("{what} is {value}, over the adapter's limit of {limit}")]
     OverLimit {
         what: &'static str,

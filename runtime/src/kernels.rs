@@ -104,19 +104,18 @@ attention_kernel! {
 }
 
 attention_kernel! {
-    /// Streaming schedule (b), head_dim 64: query tiles of 16 own dQ; per staged block of 8
-    /// keys, dK and dV summed over the tile's rows are added by compensated atomic scatter
-    /// into `dkv` [carry, 2, j, kv_h, d] (a compare-exchange loop in `ABI`, native f32
-    /// atomics in `ABI_F32_ATOMIC`). No scratch. The query-tile half of candidate 0 of
-    /// `tuning::backward_candidates(64)`.
+    /// Streaming schedule (b), head_dim 64: query tiles own dQ; per staged block of keys,
+    /// dK and dV summed over the tile's rows are added by atomic scatter into `dkv`
+    /// [2, j, kv_h, d] (a compare-exchange loop in `ABI`, native f32 atomics in
+    /// `ABI_F32_ATOMIC`). No scratch. `flash` picks the tiling by rule: the query-tile half
+    /// of candidate 0 of `tuning::backward_candidates(64)`.
     pub attention_backward {
         op: backward_q,
-        grid: s_major(tile = 16, key_tile = 8, rows_per_thread = 2),
+        grid: s_major(flash),
         head_dim: 64,
         gqa: any,
         masks: [causal, document],
         target: webgpu,
-        workgroup_size: 64,
         writes: { dq: owned, dkv: atomic },
     }
 }
@@ -271,79 +270,74 @@ attention_kernel! {
 }
 
 attention_kernel! {
-    /// Flash forward, head_dim 64: 16 query rows per workgroup, keys staged 16 at a time,
-    /// 2 rows per invocation. Candidate 0 of `tuning::forward_candidates(64)`: it fits
-    /// WebGPU's default 16 KiB of workgroup memory.
+    /// Flash forward, head_dim 64, the tiling the rules pick for WebGPU's defaults:
+    /// candidate 0 of `tuning::forward_candidates(64)`, within 16 KiB of workgroup memory.
     pub attention_forward_flash {
         op: forward,
-        grid: s_major(tile = 16, key_tile = 16, rows_per_thread = 2),
+        grid: s_major(flash),
         head_dim: 64,
         gqa: any,
         masks: [causal, document],
         target: webgpu,
-        workgroup_size: 64,
         writes: { o: owned, lse: owned },
     }
 }
 
 attention_kernel! {
-    /// Flash forward, head_dim 128, in WebGPU's defaults: keys staged 8 at a time.
+    /// Flash forward, head_dim 128, in WebGPU's defaults (candidate 0).
     pub attention_forward_flash_d128 {
         op: forward,
-        grid: s_major(tile = 16, key_tile = 8, rows_per_thread = 2),
+        grid: s_major(flash),
         head_dim: 128,
         gqa: any,
         masks: [causal, document],
         target: webgpu,
-        workgroup_size: 64,
         writes: { o: owned, lse: owned },
     }
 }
 
 attention_kernel! {
     /// Flash forward, head_dim 64, with row reductions by subgroup shuffles: 64 query rows
-    /// per workgroup, 4 per invocation, 8 invocations per row. Needs SUBGROUP and 28,180
+    /// per workgroup, 4 per invocation, 8 invocations per row. Needs SUBGROUP and 36,628
     /// bytes of workgroup memory; on adapters whose subgroups are narrower than 8 it
     /// reduces through workgroup memory instead. The runtime compiles the same
     /// description per candidate tiling (`tuning::flash_forward`).
     pub attention_forward_flash_sg {
         op: forward,
-        grid: s_major(tile = 64, key_tile = 16, rows_per_thread = 4, subgroups = true),
+        grid: s_major(tile = 64, key_tile = 32, rows_per_thread = 4, subgroups = true),
         head_dim: 64,
         gqa: any,
         masks: [causal, document],
-        target: native(workgroup_storage = 28180),
+        target: native(workgroup_storage = 36628),
         workgroup_size: 128,
         writes: { o: owned, lse: owned },
     }
 }
 
 attention_kernel! {
-    /// Tiled recompute split, dQ half, head_dim 64: query tiles of 16 with Q and dO staged,
-    /// K and V staged 8 keys at a time.
+    /// Tiled recompute split, dQ half, head_dim 64: query tiles with Q and dO staged, K and
+    /// V staged a block of keys at a time (candidate 0 of the backward configurations).
     pub attention_backward_dq_flash {
         op: backward_q,
-        grid: s_major(tile = 16, key_tile = 8, rows_per_thread = 2),
+        grid: s_major(flash),
         head_dim: 64,
         gqa: any,
         masks: [causal, document],
         target: webgpu,
-        workgroup_size: 64,
         writes: { dq: owned },
     }
 }
 
 attention_kernel! {
-    /// Tiled recompute split, dK/dV half, head_dim 64: key tiles of 16 with K and V staged,
-    /// Q and dO staged 8 queries at a time.
+    /// Tiled recompute split, dK/dV half, head_dim 64: key tiles with K and V staged, Q and
+    /// dO staged a block of queries at a time (candidate 0).
     pub attention_backward_dkdv_flash {
         op: backward_kv,
-        grid: j_major(tile = 16, query_tile = 8, rows_per_thread = 2),
+        grid: j_major(flash),
         head_dim: 64,
         gqa: any,
         masks: [causal, document],
         target: webgpu,
-        workgroup_size: 64,
         source: recompute,
         writes: { dk: owned, dv: owned },
     }
@@ -353,12 +347,11 @@ attention_kernel! {
     /// Tiled recompute split, dQ half, head_dim 128, in WebGPU's defaults.
     pub attention_backward_dq_flash_d128 {
         op: backward_q,
-        grid: s_major(tile = 8, key_tile = 4, rows_per_thread = 1),
+        grid: s_major(flash),
         head_dim: 128,
         gqa: any,
         masks: [causal, document],
         target: webgpu,
-        workgroup_size: 32,
         writes: { dq: owned },
     }
 }
@@ -367,30 +360,28 @@ attention_kernel! {
     /// Tiled recompute split, dK/dV half, head_dim 128, in WebGPU's defaults.
     pub attention_backward_dkdv_flash_d128 {
         op: backward_kv,
-        grid: j_major(tile = 8, query_tile = 4, rows_per_thread = 1),
+        grid: j_major(flash),
         head_dim: 128,
         gqa: any,
         masks: [causal, document],
         target: webgpu,
-        workgroup_size: 32,
         source: recompute,
         writes: { dk: owned, dv: owned },
     }
 }
 
 attention_kernel! {
-    /// Flash backward (schedule (c)), head_dim 64: key tiles of 16 own dK and dV, Q and dO
-    /// staged 8 queries at a time, dQ added by atomics. With the document mask it binds 9
+    /// Flash backward (schedule (c)), head_dim 64: key tiles own dK and dV, Q and dO staged
+    /// a block of queries at a time, dQ added by atomics (candidate 0's key-tile half). With the document mask it binds 9
     /// storage buffers, one over WebGPU's default, hence the native target. The runtime
     /// compiles the same description per candidate tiling (`tuning::flash_scatter`).
     pub attention_backward_flash {
         op: backward_kv,
-        grid: j_major(tile = 16, query_tile = 8, rows_per_thread = 2),
+        grid: j_major(flash),
         head_dim: 64,
         gqa: any,
         masks: [causal, document],
         target: native(storage_buffers = 9),
-        workgroup_size: 64,
         source: recompute,
         writes: { dk: owned, dv: owned, dq: atomic },
     }

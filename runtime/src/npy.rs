@@ -61,8 +61,8 @@ fn descr(npy: &npyz::NpyFile<BufReader<File>>) -> String {
     }
 }
 
-/// A little-endian f32 array and its shape, which must have `rank` dimensions.
-pub fn read_f32(path: &Path, rank: usize) -> Result<(Vec<u64>, Vec<f32>), NpyError> {
+/// A little-endian f32 array and its shape, which must have one of `ranks` dimensions.
+pub fn read_f32(path: &Path, ranks: &[usize]) -> Result<(Vec<u64>, Vec<f32>), NpyError> {
     let npy = open(path)?;
     let found = descr(&npy);
     if found != "<f4" {
@@ -73,26 +73,28 @@ pub fn read_f32(path: &Path, rank: usize) -> Result<(Vec<u64>, Vec<f32>), NpyErr
         });
     }
     let shape = npy.shape().to_vec();
-    if shape.len() != rank {
+    if !ranks.contains(&shape.len()) {
+        let ranks: Vec<String> = ranks.iter().map(usize::to_string).collect();
         return Err(NpyError::Shape {
             path: path.to_path_buf(),
             found: shape,
-            expected: format!("{rank} dimensions"),
+            expected: format!("{} dimensions", ranks.join(" or ")),
         });
     }
     let data = npy.into_vec::<f32>().map_err(io(path))?;
     Ok((shape, data))
 }
 
-/// A 1-D array of row indices of any little-endian integer type, as u32.
-pub fn read_indices(path: &Path) -> Result<Vec<u32>, NpyError> {
+/// A 1-D or 2-D array of row indices of any little-endian integer type, as u32 in row
+/// order, with its shape.
+pub fn read_indices(path: &Path) -> Result<(Vec<u64>, Vec<u32>), NpyError> {
     let npy = open(path)?;
     let shape = npy.shape().to_vec();
-    if shape.len() != 1 {
+    if !(1..=2).contains(&shape.len()) {
         return Err(NpyError::Shape {
             path: path.to_path_buf(),
             found: shape,
-            expected: "1 dimension".into(),
+            expected: "1 or 2 dimensions".into(),
         });
     }
     let wide: Vec<i128> = match descr(&npy).as_str() {
@@ -128,7 +130,8 @@ pub fn read_indices(path: &Path) -> Result<Vec<u32>, NpyError> {
             });
         }
     };
-    wide.iter()
+    let indices = wide
+        .iter()
         .enumerate()
         .map(|(index, &value)| {
             u32::try_from(value).map_err(|_| NpyError::Index {
@@ -137,7 +140,8 @@ pub fn read_indices(path: &Path) -> Result<Vec<u32>, NpyError> {
                 value,
             })
         })
-        .collect()
+        .collect::<Result<_, _>>()?;
+    Ok((shape, indices))
 }
 
 /// Writes `data` as a little-endian f32 array of `shape`.

@@ -16,9 +16,11 @@ use rayon::prelude::*;
 pub trait Real: Float + Send + Sync {}
 impl<T: Float + Send + Sync> Real for T {}
 
-/// An attention problem with `n_q` query rows against `n_k` key rows.
+/// An attention problem with `n_q` query rows against `n_k` key rows, for each of `batch`
+/// independent sequences (tensors `[batch, rows, heads, head_dim]`).
 #[derive(Clone, Copy, Debug)]
 pub struct Problem<'a> {
+    pub batch: usize,
     pub n_q: usize,
     pub n_k: usize,
     pub n_heads: usize,
@@ -27,11 +29,29 @@ pub struct Problem<'a> {
     pub scale: f64,
     /// Query `s` sees keys `j <= s`.
     pub causal: bool,
-    /// Document start of each query (and key: queries and keys share positions).
+    /// Document start of each query (and key: queries and keys share positions), `[batch, n_q]`.
     pub seg: Option<&'a [u32]>,
 }
 
 impl Problem<'_> {
+    /// Sequence `b` of the batch as a problem of its own, and its slices of `[q, k]`-shaped
+    /// tensors: the references run each sequence alone, as a framework's batched call would.
+    fn sequence(&self, b: usize) -> Self {
+        Problem {
+            batch: 1,
+            seg: self.seg.map(|seg| &seg[b * self.n_q..][..self.n_q]),
+            ..*self
+        }
+    }
+
+    fn q_len(&self) -> usize {
+        self.n_q * self.n_heads * self.head_dim
+    }
+
+    fn kv_len(&self) -> usize {
+        self.n_k * self.n_kv_heads * self.head_dim
+    }
+
     /// Query `s` sees key `j` when `j <= s` (causal) and `j >= seg[s]` (document); without
     /// the causal mask, keys past the document end are cut by `seg[j] == seg[s]`.
     pub fn visible(&self, s: usize, j: usize) -> bool {
@@ -168,8 +188,27 @@ fn recomputed_probabilities<T: Float>(
         .collect()
 }
 
-/// `softmax(scale · q kᵀ) v` row by row, in `T`.
+/// `softmax(scale · q kᵀ) v` row by row, in `T`, for every sequence of the batch.
 pub fn attention<T: Real>(p: &Problem, q: &[T], k: &[T], v: &[T]) -> Attention<T> {
+    let mut out = Attention {
+        o: Vec::new(),
+        lse: Vec::new(),
+    };
+    for b in 0..p.batch {
+        let (qb, kb) = (b * p.q_len(), b * p.kv_len());
+        let one = attention_one(
+            &p.sequence(b),
+            &q[qb..][..p.q_len()],
+            &k[kb..][..p.kv_len()],
+            &v[kb..][..p.kv_len()],
+        );
+        out.o.extend(one.o);
+        out.lse.extend(one.lse);
+    }
+    out
+}
+
+fn attention_one<T: Real>(p: &Problem, q: &[T], k: &[T], v: &[T]) -> Attention<T> {
     let d = p.head_dim;
     let mut o = vec![T::zero(); p.n_q * p.n_heads * d];
     let mut lse = vec![T::zero(); p.n_q * p.n_heads];
@@ -199,6 +238,34 @@ pub struct Gradients<T> {
 /// as the kernels compute them: equal in exact arithmetic, but carrying the rounding of the
 /// saved tensors.
 pub fn attention_backward<T: Real>(
+    p: &Problem,
+    [q, k, v, d_o]: [&[T]; 4],
+    saved: Option<(&[T], &[T])>,
+) -> Gradients<T> {
+    let mut g = Gradients {
+        dq: Vec::new(),
+        dk: Vec::new(),
+        dv: Vec::new(),
+    };
+    let rows = p.n_q * p.n_heads;
+    for b in 0..p.batch {
+        let (qb, kb) = (b * p.q_len(), b * p.kv_len());
+        let qs = |x| slice(x, qb, p.q_len());
+        let ks = |x| slice(x, kb, p.kv_len());
+        let saved = saved.map(|(o, lse)| (qs(o), &lse[b * rows..][..rows]));
+        let one = backward_one(&p.sequence(b), [qs(q), ks(k), ks(v), qs(d_o)], saved);
+        g.dq.extend(one.dq);
+        g.dk.extend(one.dk);
+        g.dv.extend(one.dv);
+    }
+    g
+}
+
+fn slice<T>(x: &[T], at: usize, len: usize) -> &[T] {
+    &x[at..][..len]
+}
+
+fn backward_one<T: Real>(
     p: &Problem,
     [q, k, v, d_o]: [&[T]; 4],
     saved: Option<(&[T], &[T])>,
@@ -257,10 +324,11 @@ pub fn attention_backward<T: Real>(
     g
 }
 
-/// RoPE on `x: [seq, heads, head_dim]`: pairs (i, i + d/2) of row `s` rotate by
+/// RoPE on `x: [batch, seq, heads, head_dim]`: pairs (i, i + d/2) of row `s` rotate by
 /// `sign · (s + pos_offset) · inv_freq[i]`; `sign = -1` is the backward.
 pub fn rope<T: Float>(
     x: &[T],
+    seq: usize,
     heads: usize,
     head_dim: usize,
     pos_offset: u32,
@@ -271,7 +339,7 @@ pub fn rope<T: Float>(
     let mut out = x.to_vec();
     let c = |v: f64| T::from(v).expect("fits");
     for (r, row) in out.chunks_mut(head_dim).enumerate() {
-        let pos = c((r / heads) as f64 + f64::from(pos_offset));
+        let pos = c(((r / heads) % seq) as f64 + f64::from(pos_offset));
         for i in 0..half {
             let angle = c(sign) * pos * inv_freq[i];
             let (sn, cs) = angle.sin_cos();
@@ -304,6 +372,7 @@ mod tests {
         let k: Vec<f32> = (0..n_k * d).map(|_| next()).collect();
         let v: Vec<f32> = (0..n_k * d).map(|_| next()).collect();
         let p = Problem {
+            batch: 1,
             n_q: 1,
             n_k,
             n_heads: 1,

@@ -1,5 +1,5 @@
-//! RoPE on the GPU: in place on a `[seq, heads, head_dim]` tensor (Q with `n_heads`, K with
-//! `n_kv_heads`), forward or backward as the kernel was built.
+//! RoPE on the GPU: in place on a `[batch, seq, heads, head_dim]` tensor (Q with `n_heads`,
+//! K with `n_kv_heads`), forward or backward as the kernel was built.
 
 use attn_dsl::Op;
 
@@ -11,6 +11,8 @@ use crate::kernel::Kernel;
 
 #[derive(Clone, Copy, Debug)]
 pub struct RopeInput<'a> {
+    /// Sequences of `seq_len` rows; row `s` of each is at position `s + pos_offset`.
+    pub batch: u32,
     pub seq_len: u32,
     /// Heads of `x`: `n_heads` for Q, `n_kv_heads` for K.
     pub heads: u32,
@@ -26,7 +28,13 @@ pub struct RopeInput<'a> {
 pub fn rope(gpu: &Gpu, kernel: &Kernel, input: &RopeInput) -> Result<Vec<f32>, Error> {
     let abi = kernel.abi();
     validate(kernel, input)?;
-    let dims = [input.seq_len, input.heads, input.pos_offset, input.head_dim];
+    let dims = [
+        ("seq_len", input.seq_len),
+        ("n_heads", input.heads),
+        ("pos_offset", input.pos_offset),
+        ("head_dim", input.head_dim),
+        ("batch", input.batch),
+    ];
     let grid = checked_grid(abi, gpu.limits(), &dims)?;
     let x = buffers::storage(gpu, "x", input.x);
     let inv_freq = buffers::storage(gpu, "inv_freq", &inv_freq(input.base, input.head_dim));
@@ -64,6 +72,7 @@ fn validate(kernel: &Kernel, input: &RopeInput) -> Result<(), InputError> {
             wanted: "rope",
         });
     }
+    nonzero("batch", input.batch)?;
     nonzero("seq_len", input.seq_len)?;
     nonzero("heads", input.heads)?;
     if input.head_dim != abi.head_dim {
@@ -73,8 +82,16 @@ fn validate(kernel: &Kernel, input: &RopeInput) -> Result<(), InputError> {
             given: input.head_dim,
         });
     }
-    let expected = u64::from(input.seq_len) * u64::from(input.heads) * u64::from(input.head_dim);
-    length("x", input.x.len(), expected, "seq_len × heads × head_dim")?;
+    let expected = u64::from(input.batch)
+        * u64::from(input.seq_len)
+        * u64::from(input.heads)
+        * u64::from(input.head_dim);
+    length(
+        "x",
+        input.x.len(),
+        expected,
+        "batch × seq_len × heads × head_dim",
+    )?;
     if !(input.base.is_finite() && input.base > 0.0) {
         return Err(InputError::Scale(input.base));
     }

@@ -14,113 +14,32 @@ use serde::{Deserialize, Serialize};
 
 use crate::gpu::Gpu;
 
-const fn config(tile: u32, inner: u32, rows_per_thread: u32, workgroup_size: u32) -> FlashConfig {
-    FlashConfig {
-        tile,
-        inner,
-        rows_per_thread,
-        workgroup_size,
-        subgroups: false,
-    }
+/// Every flash forward configuration the planner may pick for `head_dim`, derived by
+/// rule (`attn_dsl::configs`): candidate 0 fits WebGPU's defaults and is the default; the
+/// `+sg` twins (subgroup reductions) come last.
+pub fn forward_candidates(head_dim: u32) -> Vec<FlashConfig> {
+    attn_dsl::configs::forward(head_dim)
 }
 
-/// `c` with its row reductions by subgroup shuffles.
-const fn with_subgroups(c: FlashConfig) -> FlashConfig {
-    FlashConfig {
-        subgroups: true,
-        ..c
-    }
-}
-
-/// Every flash forward configuration the planner may pick, per head_dim: the first fits
-/// WebGPU's default 16 KiB of workgroup memory and is the default; the rest need a
-/// `native` target with more. The `+sg` twins (subgroup reductions) cover 8 invocations
-/// per row group, which lavapipe's subgroups of 8 hold, and 16, which they do not (so
-/// `check` runs both the shuffle path and its fallback there).
-pub fn forward_candidates(head_dim: u32) -> &'static [FlashConfig] {
-    const D64: &[FlashConfig] = &[
-        config(16, 16, 2, 64),
-        config(64, 16, 4, 128),
-        config(32, 32, 2, 256),
-        config(64, 32, 4, 128),
-        config(64, 32, 4, 256),
-        with_subgroups(config(64, 16, 4, 128)),
-        with_subgroups(config(32, 32, 2, 256)),
-        with_subgroups(config(64, 32, 4, 256)),
-    ];
-    const D128: &[FlashConfig] = &[
-        config(16, 8, 2, 64),
-        config(32, 32, 4, 128),
-        config(64, 16, 4, 128),
-        config(32, 32, 2, 256),
-        with_subgroups(config(16, 8, 2, 64)),
-        with_subgroups(config(32, 32, 4, 128)),
-        with_subgroups(config(64, 16, 4, 128)),
-        with_subgroups(config(32, 32, 2, 256)),
-    ];
-    match head_dim {
-        64 => D64,
-        128 => D128,
-        _ => &[],
-    }
-}
-
-/// The tiled recompute split's two kernels: dQ by query tiles, dK and dV by key tiles.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct BackwardConfig {
-    pub q: FlashConfig,
-    pub kv: FlashConfig,
-}
-
-impl BackwardConfig {
-    pub fn label(&self) -> String {
-        format!("q {} kv {}", self.q.label(), self.kv.label())
-    }
-}
-
-/// Every tiled backward configuration the planner may pick, per head_dim; the first fits
-/// WebGPU's defaults. `Schedule::Tiled(i)` is entry `i`.
-pub fn backward_candidates(head_dim: u32) -> &'static [BackwardConfig] {
-    const fn pair(q: FlashConfig, kv: FlashConfig) -> BackwardConfig {
-        BackwardConfig { q, kv }
-    }
-    const D64: &[BackwardConfig] = &[
-        pair(config(16, 8, 2, 64), config(16, 8, 2, 64)),
-        pair(config(32, 16, 2, 128), config(32, 16, 2, 128)),
-        pair(config(32, 32, 2, 256), config(32, 32, 2, 256)),
-        pair(config(32, 32, 4, 128), config(32, 32, 4, 128)),
-        // Key tiles of 16: twice the workgroups, for short sequences (16x32/2@64 and
-        // 8x32/1@128 were slower on an H100 and were dropped).
-        pair(config(16, 16, 2, 128), config(16, 16, 2, 128)),
-        pair(config(16, 32, 2, 128), config(16, 32, 2, 128)),
-    ];
-    const D128: &[BackwardConfig] = &[
-        pair(config(8, 4, 1, 32), config(8, 4, 1, 32)),
-        pair(config(16, 8, 2, 64), config(16, 8, 2, 64)),
-        pair(config(16, 16, 2, 128), config(16, 16, 2, 128)),
-        pair(config(16, 16, 2, 64), config(16, 16, 2, 64)),
-        // Twice the rows of K and V per workgroup, staging 8 queries at a time.
-        pair(config(32, 8, 2, 128), config(32, 8, 2, 128)),
-    ];
-    match head_dim {
-        64 => D64,
-        128 => D128,
-        _ => &[],
-    }
+/// Every tiled backward configuration the planner may pick for `head_dim`, derived by
+/// rule (`attn_dsl::configs`), each valid for both halves (dQ by query tiles, dK and dV by
+/// key tiles); candidate 0 fits WebGPU's defaults where any does.
+pub fn backward_candidates(head_dim: u32) -> Vec<FlashConfig> {
+    attn_dsl::configs::backward(head_dim)
 }
 
 /// The tiled backward's dQ and dK/dV kernels for `head_dim` and `masks` under `config`.
 pub fn flash_backward(
     head_dim: u32,
     masks: Masks,
-    config: BackwardConfig,
+    config: FlashConfig,
 ) -> Result<[KernelAbi; 2], DslError> {
     let q = KernelSpec::flash(
         &family_name("attention_backward_dq_flash", head_dim),
         Op::BackwardQ,
         head_dim,
         masks,
-        config.q,
+        config,
     );
     let kv = KernelSpec {
         writes: vec![
@@ -132,7 +51,7 @@ pub fn flash_backward(
             Op::BackwardKv,
             head_dim,
             masks,
-            config.kv,
+            config,
         )
     };
     Ok([attn_dsl::compile(&q)?, attn_dsl::compile(&kv)?])
@@ -201,21 +120,6 @@ fn atomic_kernel(
     attn_dsl::compile(&spec)
 }
 
-/// The tiles of a tiled or flash schedule, for labels (` q ... kv ...`); empty otherwise.
-pub fn schedule_detail(schedule: crate::Schedule, head_dim: u32) -> String {
-    let config = |i: u8| backward_candidates(head_dim).get(usize::from(i));
-    match schedule {
-        crate::Schedule::Tiled(i) => config(i).map_or(String::new(), |c| format!(" {}", c.label())),
-        crate::Schedule::Flash(i) => {
-            config(i).map_or(String::new(), |c| format!(" kv {}", c.kv.label()))
-        }
-        crate::Schedule::Streaming(i) => {
-            config(i).map_or(String::new(), |c| format!(" q {}", c.q.label()))
-        }
-        _ => String::new(),
-    }
-}
-
 /// The flash forward for `head_dim` and `masks` under `config`, compiled now.
 pub fn flash_forward(
     head_dim: u32,
@@ -233,7 +137,7 @@ pub fn flash_forward(
 }
 
 /// The family's naming: head_dim 64 unsuffixed, others `_d{head_dim}`.
-fn family_name(base: &str, head_dim: u32) -> String {
+pub fn family_name(base: &str, head_dim: u32) -> String {
     match head_dim {
         64 => base.to_string(),
         _ => format!("{base}_d{head_dim}"),
@@ -351,7 +255,7 @@ mod tests {
 
     #[test]
     fn every_candidate_compiles_and_the_first_fits_webgpu() {
-        for head_dim in [64, 128] {
+        for head_dim in [32, 64, 80, 96, 128, 256] {
             let candidates = forward_candidates(head_dim);
             assert!(!candidates.is_empty());
             for (i, c) in candidates.iter().enumerate() {
@@ -374,7 +278,7 @@ mod tests {
             causal: true,
             document: true,
         };
-        for head_dim in [64, 128] {
+        for head_dim in [32, 64, 80, 96, 128] {
             for (i, c) in backward_candidates(head_dim).iter().enumerate() {
                 let pair = flash_backward(head_dim, masks, *c)
                     .unwrap_or_else(|e| panic!("{} d{head_dim}: {e}", c.label()));
@@ -434,7 +338,7 @@ mod tests {
             causal: true,
             document: true,
         };
-        let kv = backward_candidates(64)[0].kv;
+        let kv = backward_candidates(64)[0];
         for (scatter, abi) in [
             (
                 attn_dsl::Scatter::Cas,
@@ -456,7 +360,7 @@ mod tests {
             document: true,
         };
         use crate::kernels::attention_backward;
-        let q = backward_candidates(64)[0].q;
+        let q = backward_candidates(64)[0];
         let cas = flash_streaming(64, masks, q, attn_dsl::Scatter::Cas).unwrap();
         let f32a = flash_streaming(64, masks, q, attn_dsl::Scatter::F32Atomic).unwrap();
         assert_eq!(&cas, &attention_backward::ABI);
@@ -469,7 +373,13 @@ mod tests {
             causal: true,
             document: true,
         };
-        let sg = with_subgroups(config(64, 16, 4, 128));
+        let sg = FlashConfig {
+            tile: 64,
+            inner: 32,
+            rows_per_thread: 4,
+            workgroup_size: 128,
+            subgroups: true,
+        };
         assert!(forward_candidates(64).contains(&sg));
         let spec = KernelSpec::flash("attention_forward_flash_sg", Op::Forward, 64, masks, sg);
         let compiled = attn_dsl::compile(&spec).unwrap();

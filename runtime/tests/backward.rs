@@ -5,6 +5,7 @@ use runtime::backward::DEFAULT_SCRATCH_BUDGET;
 use runtime::cases::{documents, random};
 use runtime::compare::{judge_backward, max_abs_error};
 use runtime::reference::{self, Problem, cast};
+use runtime::tuning::backward_candidates;
 use runtime::{Backward, BackwardInput, ForwardInput, Gpu, Heads, Kernel, Schedule, kernels};
 
 fn gpu() -> Gpu {
@@ -46,6 +47,7 @@ impl Data {
         };
         let fwd = Kernel::new(gpu, abi).unwrap();
         let input = ForwardInput {
+            batch: 1,
             seq_len: seq,
             heads,
             q: &q,
@@ -70,6 +72,7 @@ impl Data {
 
     fn input(&self) -> BackwardInput<'_> {
         BackwardInput {
+            batch: 1,
             seq_len: self.seq,
             heads: self.heads,
             q: &self.q,
@@ -85,6 +88,7 @@ impl Data {
 
     fn problem(&self) -> Problem<'_> {
         Problem {
+            batch: 1,
             n_q: self.seq as usize,
             n_k: self.seq as usize,
             n_heads: self.heads.n_heads as usize,
@@ -205,7 +209,7 @@ fn scratch_is_reused_and_grown_only_when_needed() {
         .run(&gpu, &big.input(), Some(Schedule::Split))
         .unwrap();
     let held = backward.scratch_held();
-    assert_eq!(held, Schedule::Split.scratch_bytes(20, 2));
+    assert_eq!(held, Schedule::Split.scratch_bytes(1, 20, 2));
     backward
         .run(&gpu, &small.input(), Some(Schedule::Split))
         .unwrap();
@@ -231,41 +235,51 @@ fn planner_follows_the_table_and_falls_back_to_the_portable_tiled_schedule() {
     };
     backward.table = Default::default();
     assert_eq!(
-        backward.plan(&gpu, 512, heads(12, 64)),
-        Schedule::Tiled(0),
+        backward.plan(&gpu, 1, 512, heads(12, 64)),
+        Schedule::Tiled(backward_candidates(64)[0]),
         "without a table: the portable tiled configuration"
     );
     assert!(
-        backward.schedules(&gpu, 64).contains(&Schedule::Tiled(1)),
+        backward
+            .schedules(&gpu, 64)
+            .contains(&Schedule::Tiled(backward_candidates(64)[1])),
         "lavapipe holds the 28 KiB candidate"
     );
     backward.table.backward.insert(64, "split".into());
-    assert_eq!(backward.plan(&gpu, 512, heads(12, 64)), Schedule::Split);
-    assert_eq!(Schedule::Split.scratch_bytes(512, 12), 25_165_824);
+    assert_eq!(backward.plan(&gpu, 1, 512, heads(12, 64)), Schedule::Split);
+    assert_eq!(Schedule::Split.scratch_bytes(1, 512, 12), 25_165_824);
     assert_eq!(
-        backward.plan(&gpu, 8192, heads(16, 64)),
-        Schedule::Tiled(0),
+        backward.plan(&gpu, 1, 8192, heads(16, 64)),
+        Schedule::Tiled(backward_candidates(64)[0]),
         "split is never planned past the scratch budget"
     );
     backward.scratch_budget = 1 << 20;
-    assert_eq!(backward.plan(&gpu, 300, heads(2, 64)), Schedule::Tiled(0));
-    backward.scratch_budget = DEFAULT_SCRATCH_BUDGET;
-    assert_eq!(backward.plan(&gpu, 300, heads(2, 64)), Schedule::Split);
-    backward.table.backward.insert(64, "tiled-9".into());
     assert_eq!(
-        backward.plan(&gpu, 300, heads(2, 64)),
-        Schedule::Tiled(0),
+        backward.plan(&gpu, 1, 300, heads(2, 64)),
+        Schedule::Tiled(backward_candidates(64)[0])
+    );
+    backward.scratch_budget = DEFAULT_SCRATCH_BUDGET;
+    assert_eq!(backward.plan(&gpu, 1, 300, heads(2, 64)), Schedule::Split);
+    backward
+        .table
+        .backward
+        .insert(64, "tiled-128x32/8@256".into());
+    assert_eq!(
+        backward.plan(&gpu, 1, 300, heads(2, 64)),
+        Schedule::Tiled(backward_candidates(64)[0]),
         "a table entry this device cannot run is ignored"
     );
-    backward.table.backward.insert(128, "streaming-1".into());
-    assert_eq!(
-        backward.plan(&gpu, 300, heads(2, 128)),
-        Schedule::Streaming(1)
-    );
+    let streaming = *backward
+        .schedules(&gpu, 64)
+        .iter()
+        .find(|s| matches!(s, Schedule::Streaming(_)))
+        .expect("lavapipe runs a streaming schedule at head_dim 64");
+    backward.table.backward.insert(64, streaming.to_string());
+    assert_eq!(backward.plan(&gpu, 1, 300, heads(2, 64)), streaming);
     assert!(
         !backward
             .schedules(&gpu, 128)
-            .contains(&Schedule::Streaming(0)),
+            .contains(&Schedule::Streaming(backward_candidates(128)[0])),
         "no streaming on tiles of 8 rows"
     );
 }
@@ -331,6 +345,7 @@ fn rope_backward_undoes_rope_and_both_match_the_reference() {
         let (seq, heads, d) = (37u32, 3u32, fwd_abi.head_dim);
         let x = random((seq * heads * d) as usize, 21);
         let input = runtime::RopeInput {
+            batch: 1,
             seq_len: seq,
             heads,
             head_dim: d,
@@ -355,9 +370,18 @@ fn rope_backward_undoes_rope_and_both_match_the_reference() {
         );
         // The reference takes the exact frequencies in f64; the f32 baseline the rounded table.
         let exact = runtime::rope::inv_freq_exact(10000.0, d);
-        let r64 = reference::rope(&cast::<f64>(&x), heads as usize, d as usize, 5, &exact, 1.0);
+        let r64 = reference::rope(
+            &cast::<f64>(&x),
+            seq as usize,
+            heads as usize,
+            d as usize,
+            5,
+            &exact,
+            1.0,
+        );
         let r32 = reference::rope(
             &x,
+            seq as usize,
             heads as usize,
             d as usize,
             5,
@@ -415,8 +439,9 @@ fn long_rows_keep_blocked_accuracy_in_every_schedule() {
     };
     let data = Data::new(&gpu, heads, 512, 1, 21);
     let mut ran = Vec::new();
+    let first = backward_candidates(64)[0];
     for schedule in backward.schedules(&gpu, 64) {
-        if matches!(schedule, Schedule::Tiled(i) | Schedule::Streaming(i) | Schedule::Flash(i) if i > 0)
+        if matches!(schedule, Schedule::Tiled(c) | Schedule::Streaming(c) | Schedule::Flash(c) if c != first)
         {
             continue; // configuration 0 of each shares its accumulation with the others
         }
@@ -438,9 +463,9 @@ fn long_rows_keep_blocked_accuracy_in_every_schedule() {
         ran.push(schedule);
     }
     for wanted in [
-        Schedule::Tiled(0),
-        Schedule::Streaming(0),
-        Schedule::Flash(0),
+        Schedule::Tiled(first),
+        Schedule::Streaming(first),
+        Schedule::Flash(first),
     ] {
         assert!(ran.contains(&wanted), "{wanted} did not run");
     }

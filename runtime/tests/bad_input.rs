@@ -30,6 +30,7 @@ fn data(seq: usize) -> Data {
 
 fn input(d: &Data, seq: u32) -> ForwardInput<'_> {
     ForwardInput {
+        batch: 1,
         seq_len: seq,
         heads: HEADS,
         q: &d.q,
@@ -60,6 +61,7 @@ fn shapes_that_do_not_fit_are_refused() {
     };
     assert!(matches!(
         refuse(&ForwardInput {
+            batch: 1,
             heads: wrong_head_dim,
             ..input(&d, 8)
         }),
@@ -75,6 +77,7 @@ fn shapes_that_do_not_fit_are_refused() {
     };
     assert_eq!(
         refuse(&ForwardInput {
+            batch: 1,
             heads: three_kv,
             ..input(&d, 8)
         }),
@@ -102,6 +105,7 @@ fn shapes_that_do_not_fit_are_refused() {
     };
     assert_eq!(
         refuse(&ForwardInput {
+            batch: 1,
             heads: no_kv,
             ..input(&d, 8)
         }),
@@ -109,6 +113,7 @@ fn shapes_that_do_not_fit_are_refused() {
     );
     assert_eq!(
         refuse(&ForwardInput {
+            batch: 1,
             scale: Some(f32::NAN),
             ..input(&d, 8)
         })
@@ -118,6 +123,7 @@ fn shapes_that_do_not_fit_are_refused() {
     let short_v = vec![0.0; 10];
     assert!(matches!(
         refuse(&ForwardInput {
+            batch: 1,
             v: &short_v,
             ..input(&d, 8)
         }),
@@ -177,6 +183,7 @@ fn seg_needs_a_kernel_with_the_document_mask() {
         &abi,
         &limits(),
         &ForwardInput {
+            batch: 1,
             seg: None,
             ..input(&d, 4)
         },
@@ -194,6 +201,7 @@ fn fixed_gqa_ratio_is_enforced() {
         &abi,
         &limits(),
         &ForwardInput {
+            batch: 1,
             seg: None,
             ..input(&d, 4)
         },
@@ -217,6 +225,7 @@ fn decode_checks_the_cache_and_the_kernel_op() {
     let q = vec![0.0; 4 * 64];
     let cache = vec![0.0; 10 * 2 * 64];
     let good = DecodeInput {
+        batch: 1,
         cache_len: 10,
         heads: HEADS,
         q: &q,
@@ -226,6 +235,7 @@ fn decode_checks_the_cache_and_the_kernel_op() {
     };
     validate_decode(&kernels::attention_decode::ABI, &limits(), &good).unwrap();
     let too_long = DecodeInput {
+        batch: 1,
         cache_len: 11,
         ..good
     };
@@ -238,6 +248,7 @@ fn decode_checks_the_cache_and_the_kernel_op() {
     );
     let ragged = vec![0.0; 10 * 2 * 64 + 1];
     let bad = DecodeInput {
+        batch: 1,
         k_cache: &ragged,
         ..good
     };

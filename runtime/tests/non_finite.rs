@@ -25,6 +25,7 @@ fn nan_and_inf_stay_in_the_rows_that_read_them() {
         head_dim: d as u32,
     };
     let input = ForwardInput {
+        batch: 1,
         seq_len: seq as u32,
         heads: h,
         q: &q,
@@ -38,6 +39,7 @@ fn nan_and_inf_stay_in_the_rows_that_read_them() {
     // Causal: rows before 10 never see key 10 or 12; row 5 head 0 has a NaN query.
     let clean = |s: usize, hh: usize| s < 10 && !(s == 5 && hh == 0);
     let p = Problem {
+        batch: 1,
         n_q: seq,
         n_k: seq,
         n_heads: heads,

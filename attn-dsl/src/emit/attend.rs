@@ -30,7 +30,7 @@ var<workgroup> sh_range: vec2<u32>;
 
 pub(super) fn forward_helpers(out: &mut String, spec: &KernelSpec) {
     index::kv_head(out, spec);
-    index::row_indexing(out);
+    index::row_indexing(out, spec);
     index::masks(out, spec);
     out.push_str(FORWARD_STORES);
 }
@@ -61,14 +61,14 @@ fn store_lse(row: u32, h: u32, m: f32, l: f32) {
     if (l != 0.0) {
         x = m + log(l);
     }
-    lse[row * dims.n_heads + h] = x;
+    lse[row_index(row, h)] = x;
 }
 
 "#;
 
 pub(super) fn decode_helpers(out: &mut String, spec: &KernelSpec) {
     index::kv_head(out, spec);
-    index::row_indexing(out);
+    index::row_indexing(out, spec);
     out.push_str(
         r#"fn key_range(row: u32) -> vec2<u32> {
     return vec2<u32>(0u, dims.cache_len);
@@ -199,6 +199,7 @@ pub(super) fn decode_entry(out: &mut String, name: &str) {
         out,
         r#"@compute @workgroup_size(WG)
 fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {{
+    batch = wg.y;
     attend_row(0u, wg.x, tid);
 }}
 "#

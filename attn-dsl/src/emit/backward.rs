@@ -30,17 +30,22 @@ pub(super) fn kv_workgroup_bytes(head_dim: u32, wg: u32) -> u32 {
 
 /// Offsets of the packed parts: part 1 of `stats` and `p_ds` starts after part 0.
 pub(super) const PACKING: &str = r#"fn stats_part(part: u32, row: u32, h: u32) -> u32 {
-    return (part * dims.seq_len + row) * dims.n_heads + h;
+    return ((part * dims.batch + batch) * dims.seq_len + row) * dims.n_heads + h;
 }
 
 fn p_ds_part(part: u32, row: u32, h: u32, j: u32) -> u32 {
-    return ((part * dims.seq_len + row) * dims.n_heads + h) * dims.seq_len + j;
+    return (((part * dims.batch + batch) * dims.seq_len + row) * dims.n_heads + h) * dims.seq_len + j;
+}
+
+// Where part 1 (dV) of `dkv` starts.
+fn dkv_part1() -> u32 {
+    return dims.batch * dims.seq_len * dims.n_kv_heads * HEAD_DIM;
 }
 
 "#;
 
 pub(super) fn backward_prep(out: &mut String, spec: &KernelSpec) {
-    index::row_indexing(out);
+    index::row_indexing(out, spec);
     out.push_str(PACKING);
     // D = dO·O in the order the backward kernels sum dP = dO·V.
     let delta = super::numerics::dot(
@@ -55,7 +60,7 @@ pub(super) fn backward_prep(out: &mut String, spec: &KernelSpec) {
         r#"fn prep_row(row: u32, h: u32, tid: u32) {{
     if (tid == 0u) {{
         let qi = q_index(row, h);
-{delta}        stats[stats_part(0u, row, h)] = lse[row * dims.n_heads + h];
+{delta}        stats[stats_part(0u, row, h)] = lse[row_index(row, h)];
         stats[stats_part(1u, row, h)] = delta;
     }}
 }}
@@ -66,7 +71,7 @@ pub(super) fn backward_prep(out: &mut String, spec: &KernelSpec) {
 
 pub(super) fn backward_q(out: &mut String, spec: &KernelSpec) {
     index::kv_head(out, spec);
-    index::row_indexing(out);
+    index::row_indexing(out, spec);
     index::masks(out, spec);
     out.push_str(PACKING);
     out.push_str(
@@ -91,7 +96,7 @@ var<workgroup> sh_range: vec2<u32>;
     let scatter_lines = if scatter {
         concat!(
             "            // dK is part 0 of dkv, dV part 1.\n",
-            "            let dv_at = dims.seq_len * dims.n_kv_heads * HEAD_DIM + ki;\n",
+            "            let dv_at = dkv_part1() + ki;\n",
             "            for (var dd = 0u; dd < HEAD_DIM; dd = dd + 1u) {\n",
             "                add_dkv(ki + dd, dsj * sh_q[dd]);\n",
             "                add_dkv(dv_at + dd, pj * sh_do[dd]);\n",
@@ -189,7 +194,7 @@ const BACKWARD_ROW: &str = r#"fn backward_row(row: u32, h: u32, tid: u32) {
 
 pub(super) fn backward_kv(out: &mut String, spec: &KernelSpec) {
     index::kv_head(out, spec);
-    index::row_indexing(out);
+    index::row_indexing(out, spec);
     index::masks(out, spec);
     out.push_str(PACKING);
     out.push_str(

@@ -31,7 +31,7 @@ fn head_rows(out: &mut String, names: &[&str], rows: u32, t: &Tiling) {
 /// Head indexing, the masks and the packed `stats` offsets both halves read.
 fn helpers(out: &mut String, spec: &KernelSpec) {
     index::kv_head(out, spec);
-    index::row_indexing(out);
+    index::row_indexing(out, spec);
     index::masks(out, spec);
     out.push_str(backward::PACKING);
 }
@@ -62,7 +62,7 @@ pub(super) fn backward_q(out: &mut String, spec: &KernelSpec, t: &Tiling) {
         fetch(out, name, "BC", "kv_index(r, h)", src);
         put(out, name, "BC", dst);
     }
-    tile_key_range(out, spec);
+    tile_key_range(out);
     q_body(out, t, scatter_kv);
     super::flash::entry(out, spec, t, "flash_backward_q");
 }
@@ -152,6 +152,7 @@ fn q_body(out: &mut String, t: &Tiling, scatter_kv: bool) {
     accumulate(&mut b, tm, dn, &[("dq", "sh_ds", "sh_k")], true, false);
     b.push_str("        }\n");
     if scatter_kv {
+        let _ = writeln!(b, "        const DKV_LANES: u32 = {}u;", crate::DKV_LANES);
         b.push_str(SCATTER_DKV);
     }
     flush(
@@ -187,20 +188,15 @@ pub(super) fn backward_kv(out: &mut String, spec: &KernelSpec, t: &Tiling) {
         fetch(out, name, "BC", "q_index(r, h)", src);
         put(out, name, "BC", dst);
     }
-    // Causal alone: queries from the tile's last key on see every key of the tile. With
-    // documents, where a document ends is not known without a search, so every block is
-    // tested key by key.
-    let all_visible = match (spec.masks.causal, spec.masks.document) {
-        (_, true) => "vec2<u32>(0xffffffffu, 0u)",
-        (true, false) => "vec2<u32>(min(col0 + BR, dims.seq_len) - 1u, dims.seq_len)",
-        (false, false) => "vec2<u32>(0u, dims.seq_len)",
-    };
     let _ = write!(
         out,
-        r#"// query_range's start never decreases with the key, so the first key of the tile
-// bounds the queries that see any key of it.
+        r#"// query_range is monotone in the key (document starts and ends never decrease, causal
+// starts grow), so the first and last keys of the tile bound the queries that see any key
+// of it, and those in [last.x, first.y) see all of them.
 fn tile_query_range(col0: u32) -> vec4<u32> {{
-    return vec4<u32>(query_range(col0), {all_visible});
+    let first = query_range(col0);
+    let last = query_range(min(col0 + BR, dims.seq_len) - 1u);
+    return vec4<u32>(first.x, last.y, last.x, first.y);
 }}
 
 fn fetch_stats(s0: u32, h: u32, e: u32) -> vec2<f32> {{
@@ -442,9 +438,9 @@ const SCATTER_DKV: &str = r#"        for (var e = tid; e < BC * D4; e = e + WG) 
                 }
             }
             if (j < dims.seq_len && (any(gk != vec4<f32>(0.0)) || any(gv != vec4<f32>(0.0)))) {
-                // dK is part 0 of dkv, dV part 1.
-                let at = kv_index(j, kv_h) + c4 * 4u;
-                let dv_at = dims.seq_len * dims.n_kv_heads * HEAD_DIM + at;
+                // dK is part 0 of the tile's lane of dkv, dV part 1.
+                let at = (tile % DKV_LANES) * 2u * dkv_part1() + kv_index(j, kv_h) + c4 * 4u;
+                let dv_at = dkv_part1() + at;
                 add_dkv(at, gk.x);
                 add_dkv(at + 1u, gk.y);
                 add_dkv(at + 2u, gk.z);

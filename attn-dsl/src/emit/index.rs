@@ -4,7 +4,7 @@
 
 use std::fmt::Write;
 
-use crate::spec::{Gqa, KernelSpec};
+use crate::spec::{Gqa, KernelSpec, Op};
 
 pub(super) fn kv_head(out: &mut String, spec: &KernelSpec) {
     let _ = writeln!(
@@ -22,38 +22,67 @@ pub(super) fn kv_head(out: &mut String, spec: &KernelSpec) {
     out.push_str("fn kv_head(h: u32) -> u32 {\n    return h / q_per_kv();\n}\n\n");
 }
 
-/// Row-major `[row, head, d]` and `[j, kv_head, d]` offsets.
-pub(super) fn row_indexing(out: &mut String) {
-    out.push_str(
-        r#"fn q_index(row: u32, h: u32) -> u32 {
-    return (row * dims.n_heads + h) * HEAD_DIM;
-}
+/// Row-major `[b, row, head, d]` and `[b, j, kv_head, d]` offsets (for decode, the query is
+/// `[b, head, d]` and the cache `[b, capacity, kv_head, d]`), and the `[b, row, head]` offset
+/// of a row's statistics. `batch` is the sequence the workgroup works on.
+pub(super) fn row_indexing(out: &mut String, spec: &KernelSpec) {
+    let (q_rows, kv_rows) = match spec.op {
+        Op::Decode => ("1u", "dims.capacity"),
+        _ => ("dims.seq_len", "dims.seq_len"),
+    };
+    let _ = write!(
+        out,
+        r#"fn q_index(row: u32, h: u32) -> u32 {{
+    return ((batch * {q_rows} + row) * dims.n_heads + h) * HEAD_DIM;
+}}
 
-fn kv_index(j: u32, kv_h: u32) -> u32 {
-    return (j * dims.n_kv_heads + kv_h) * HEAD_DIM;
-}
+fn kv_index(j: u32, kv_h: u32) -> u32 {{
+    return ((batch * {kv_rows} + j) * dims.n_kv_heads + kv_h) * HEAD_DIM;
+}}
 
-"#,
+fn row_index(row: u32, h: u32) -> u32 {{
+    return (batch * {q_rows} + row) * dims.n_heads + h;
+}}
+
+"#
     );
 }
 
 /// `key_range(s)`: the keys query `s` may see, `[start, end)`; `key_visible(s, j)`: the
 /// test within it; `query_range(j)` and `visible(s, j)`: the same mask seen from a key.
+/// With documents, `seg` holds each row's document start and end, so both ranges are
+/// exact and tiles outside a document are never visited, causal or not.
 pub(super) fn masks(out: &mut String, spec: &KernelSpec) {
     let (causal, document) = (spec.masks.causal, spec.masks.document);
-    let start = if document { "seg[row]" } else { "0u" };
-    let end = if causal { "row + 1u" } else { "dims.seq_len" };
-    // With causal on, [seg[s], s] is exactly the row's document; without it, keys past the
-    // document's end are cut by comparing document starts.
-    let within = if document && !causal {
-        "seg[j] == seg[row]"
+    if document {
+        out.push_str(
+            r#"fn doc_start(row: u32) -> u32 {
+    return seg[batch * dims.seq_len + row];
+}
+
+fn doc_end(row: u32) -> u32 {
+    return seg[(dims.batch + batch) * dims.seq_len + row];
+}
+
+"#,
+        );
+    }
+    let start = if document { "doc_start(row)" } else { "0u" };
+    let seq_end = if document {
+        "doc_end(row)"
     } else {
-        "true"
+        "dims.seq_len"
     };
+    let end = if causal { "row + 1u" } else { seq_end };
     let q_start = match (causal, document) {
         (true, _) => "col",
-        (false, true) => "seg[col]",
+        (false, true) => "doc_start(col)",
         (false, false) => "0u",
+    };
+    let q_end = if document {
+        "doc_end(col)"
+    } else {
+        "dims.seq_len"
     };
     let _ = write!(
         out,
@@ -62,7 +91,7 @@ pub(super) fn masks(out: &mut String, spec: &KernelSpec) {
 }}
 
 fn key_visible(row: u32, j: u32) -> bool {{
-    return {within};
+    return true;
 }}
 
 fn visible(row: u32, j: u32) -> bool {{
@@ -71,7 +100,7 @@ fn visible(row: u32, j: u32) -> bool {{
 }}
 
 fn query_range(col: u32) -> vec2<u32> {{
-    return vec2<u32>({q_start}, dims.seq_len);
+    return vec2<u32>({q_start}, {q_end});
 }}
 
 "#

@@ -75,7 +75,7 @@ fn emit_flash(out: &mut String, spec: &KernelSpec, t: &Tiling) {
             flash::constants(out, t);
             flash::workgroup_memory(out, t);
             attend::forward_helpers(out, spec);
-            flash::helpers(out, spec, t);
+            flash::helpers(out, t);
             flash::forward_body(out, t);
             flash::entry(out, spec, t, "flash_forward");
         }
@@ -97,13 +97,14 @@ pub fn workgroup_bytes(spec: &KernelSpec) -> u32 {
     }
 }
 
-/// The entry of a tiled grid: workgroup (x, y) takes rows x·TILE.. of the walked axis, for
-/// head (or KV head) y, one row at a time.
+/// The entry of a tiled grid: workgroup (x, y, z) takes rows x·TILE.. of the walked axis,
+/// for head (or KV head) y of sequence z, one row at a time.
 fn tile_entry(out: &mut String, name: &str, row_fn: &str) {
     let _ = write!(
         out,
         r#"@compute @workgroup_size(WG)
 fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {{
+    batch = wg.z;
     for (var r = 0u; r < TILE; r = r + 1u) {{
         let row = wg.x * TILE + r;
         if (row < dims.seq_len) {{
@@ -170,6 +171,7 @@ fn uniform_structs(out: &mut String, spec: &KernelSpec, bindings: &[Binding]) {
 }
 
 fn declarations(out: &mut String, bindings: &[Binding]) {
+    out.push_str("// The sequence of the batch this workgroup works on, set by the entry point.\nvar<private> batch: u32;\n");
     for b in bindings {
         let space = match b.access {
             Access::Read => "storage, read",

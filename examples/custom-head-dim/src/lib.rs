@@ -65,6 +65,7 @@ impl Model {
         v: &[f32],
     ) -> Result<ForwardOutput, runtime::Error> {
         let input = ForwardInput {
+            batch: 1,
             seq_len: seq,
             heads: HEADS,
             q,
@@ -85,6 +86,7 @@ impl Model {
         v_cache: &[f32],
     ) -> Result<Vec<f32>, runtime::Error> {
         let input = DecodeInput {
+            batch: 1,
             cache_len,
             heads: HEADS,
             q,

@@ -15,6 +15,7 @@ fn main() -> anyhow::Result<()> {
     let v = random(seq as usize * nkv * d, 3);
     let out = model.forward(seq, &q, &k, &v)?;
     let p = Problem {
+        batch: 1,
         n_q: seq as usize,
         n_k: seq as usize,
         n_heads: nh,

@@ -6,6 +6,7 @@ use runtime::{Error, InputError};
 
 fn problem(n_q: usize, n_k: usize, causal: bool) -> Problem<'static> {
     Problem {
+        batch: 1,
         n_q,
         n_k,
         n_heads: 8,
@@ -26,6 +27,8 @@ fn the_specialization_is_what_the_description_says() {
         n_heads: 8,
         n_kv_heads: 2,
         head_dim: 128,
+        batch: 1,
+        ..Default::default()
     };
     assert_eq!(forward_h8_kv2_d128::dispatch_grid(&dims), [17, 8, 1]);
     assert!(forward_h8_kv2_d128::WGSL.contains("return 4u;"));
@@ -59,6 +62,7 @@ fn forward_and_decode_match_the_reference() {
 fn heads_that_break_the_fixed_gqa_ratio_are_refused() {
     let model = Model::new().unwrap_or_else(|e| panic!("{e}"));
     let input = runtime::ForwardInput {
+        batch: 1,
         seq_len: 2,
         heads: runtime::Heads {
             n_heads: 8,

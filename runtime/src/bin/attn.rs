@@ -14,10 +14,11 @@ use runtime::npy;
 use runtime::tuning::{self, Table};
 use runtime::{Backward, BackwardInput, ForwardInput, Gpu, Heads, Kernel, Schedule};
 
-/// Runs attention on tensors from `.npy` files (float32, layout [seq, heads, head_dim];
-/// K and V may have fewer heads, for GQA) and writes o.npy [seq, heads, head_dim] and
-/// lse.npy [seq, heads] to the output folder; with --do, also dq.npy, dk.npy and dv.npy.
-/// Kernels are specialized for the tensors' head_dim and masks when the tool starts.
+/// Runs attention on tensors from `.npy` files (float32, layout [batch, seq, heads,
+/// head_dim], or [seq, heads, head_dim] for one sequence; K and V may have fewer heads, for
+/// GQA) and writes o.npy (Q's shape) and lse.npy ([batch,] seq, heads) to the output
+/// folder; with --do, also dq.npy, dk.npy and dv.npy. Kernels are specialized for the
+/// tensors' head_dim and masks when the tool starts.
 #[derive(Parser)]
 #[command(name = "attn")]
 struct Args {
@@ -30,17 +31,25 @@ struct Args {
     /// Upstream gradient of O, same shape as Q; runs the backward.
     #[arg(long = "do")]
     d_o: Option<PathBuf>,
-    /// Document start of each row (1-D integers, seg[s] <= s, non-decreasing).
-    #[arg(long)]
+    /// Document start of each row (integers, seg[s] <= s, non-decreasing, counted within
+    /// the sequence): [seq] for every sequence alike, or [batch, seq].
+    #[arg(long, conflicts_with = "cu_seqlens")]
     seg: Option<PathBuf>,
+    /// Sequences packed along seq, FlashAttention's `cu_seqlens` (1-D integers: 0, the
+    /// start of each next sequence, then seq): no row sees another sequence's keys.
+    #[arg(long)]
+    cu_seqlens: Option<PathBuf>,
     /// Query s sees only keys j <= s.
     #[arg(long)]
     causal: bool,
     /// Score scale; defaults to 1/sqrt(head_dim).
     #[arg(long)]
     scale: Option<f32>,
-    /// Backward schedule: auto (the planner), split, recompute, or streaming-N, tiled-N,
-    /// flash-N (configuration N of runtime::tuning::backward_candidates).
+    /// Backward schedule: auto (the planner), split, recompute, or streaming-C, tiled-C,
+    /// flash-C with C a configuration of runtime::tuning::backward_candidates for the
+    /// tensors' head_dim (e.g. tiled-16x8/2@64; a wrong one lists those that run); or
+    /// `all`: every schedule the adapter runs, each writing its gradients to a subfolder
+    /// of --out named for it (`/` as `_`, e.g. tiled-16x8_2@64/dq.npy).
     #[arg(long, default_value = "auto")]
     schedule: String,
     /// Folder for the outputs (created if missing).
@@ -59,6 +68,9 @@ fn main() -> ExitCode {
 }
 
 struct Tensors {
+    /// Whether the inputs were 4-D (outputs keep the inputs' rank).
+    batched: bool,
+    batch: u32,
     seq: u32,
     heads: Heads,
     q: Vec<f32>,
@@ -70,7 +82,7 @@ struct Tensors {
 
 fn run(args: Args) -> anyhow::Result<()> {
     let schedule = match args.schedule.as_str() {
-        "auto" => None,
+        "auto" | "all" => None,
         name => Some(name.parse::<Schedule>().map_err(anyhow::Error::msg)?),
     };
     let t = load(&args)?;
@@ -98,13 +110,16 @@ fn run(args: Args) -> anyhow::Result<()> {
     let gpu = Gpu::new(abis)?;
     println!("adapter: {}", gpu.describe());
     println!(
-        "shape: seq={} heads={} kv_heads={} head_dim={}; masks: causal={} documents={}",
+        "shape: batch={} seq={} heads={} kv_heads={} head_dim={}; masks: causal={} documents={}",
+        t.batch,
         t.seq,
         t.heads.n_heads,
         t.heads.n_kv_heads,
         d,
         masks.causal,
-        t.seg.as_ref().map_or(1, |s| count_documents(s))
+        t.seg
+            .as_ref()
+            .map_or(t.batch as usize, |s| count_documents(s, t.seq))
     );
     std::fs::create_dir_all(&args.out).with_context(|| format!("{}", args.out.display()))?;
 
@@ -121,6 +136,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         None => Kernel::new(&gpu, &forward_abi)?,
     };
     let input = ForwardInput {
+        batch: t.batch,
         seq_len: t.seq,
         heads: t.heads,
         q: &t.q,
@@ -130,15 +146,26 @@ fn run(args: Args) -> anyhow::Result<()> {
         scale: args.scale,
     };
     let out = runtime::forward(&gpu, &forward, &input)?;
-    let (s, h) = (u64::from(t.seq), u64::from(t.heads.n_heads));
-    write(&args.out, "o", &[s, h, u64::from(d)], &out.o)?;
-    write(&args.out, "lse", &[s, h], &out.lse)?;
+    let shape = |heads: u32, dim: Option<u32>| -> Vec<u64> {
+        let lead = t.batched.then_some(t.batch).into_iter();
+        lead.chain([t.seq, heads])
+            .chain(dim)
+            .map(u64::from)
+            .collect()
+    };
+    let (q_shape, kv_shape) = (
+        shape(t.heads.n_heads, Some(d)),
+        shape(t.heads.n_kv_heads, Some(d)),
+    );
+    write(&args.out, "o", &q_shape, &out.o)?;
+    write(&args.out, "lse", &shape(t.heads.n_heads, None), &out.lse)?;
     println!("forward: {:.1} ms", started.elapsed().as_secs_f64() * 1e3);
 
     if let (Some(d_o), Some(kernels)) = (&t.d_o, backward) {
         let started = Instant::now();
         let mut backward = Backward::new(&gpu, &[kernels])?;
         let input = BackwardInput {
+            batch: t.batch,
             seq_len: t.seq,
             heads: t.heads,
             q: &t.q,
@@ -150,27 +177,49 @@ fn run(args: Args) -> anyhow::Result<()> {
             seg: t.seg.as_deref(),
             scale: args.scale,
         };
-        let (g, ran) = backward.run(&gpu, &input, schedule)?;
-        let kv = [s, u64::from(t.heads.n_kv_heads), u64::from(d)];
-        write(&args.out, "dq", &[s, h, u64::from(d)], &g.dq)?;
-        write(&args.out, "dk", &kv, &g.dk)?;
-        write(&args.out, "dv", &kv, &g.dv)?;
-        println!(
-            "backward ({ran}): {:.1} ms",
-            started.elapsed().as_secs_f64() * 1e3
-        );
+        let runs: Vec<(Option<Schedule>, PathBuf)> = match args.schedule.as_str() {
+            "all" => backward
+                .schedules(&gpu, d)
+                .into_iter()
+                .map(|s| (Some(s), args.out.join(s.to_string().replace('/', "_"))))
+                .collect(),
+            _ => vec![(schedule, args.out.clone())],
+        };
+        for (schedule, dir) in runs {
+            std::fs::create_dir_all(&dir).with_context(|| format!("{}", dir.display()))?;
+            let (g, ran) = backward.run(&gpu, &input, schedule)?;
+            write(&dir, "dq", &q_shape, &g.dq)?;
+            write(&dir, "dk", &kv_shape, &g.dk)?;
+            write(&dir, "dv", &kv_shape, &g.dv)?;
+            println!(
+                "backward ({ran}): {:.1} ms",
+                started.elapsed().as_secs_f64() * 1e3
+            );
+        }
     }
     Ok(())
 }
 
+/// A Q/K/V-shaped tensor as `[batch, seq, heads, head_dim]` (3-D is batch 1), and
+/// whether it was 4-D.
+fn read_tensor(path: &Path) -> anyhow::Result<([u64; 4], bool, Vec<f32>)> {
+    let (shape, data) = npy::read_f32(path, &[3, 4])?;
+    Ok(match shape[..] {
+        [s, h, d] => ([1, s, h, d], false, data),
+        [b, s, h, d] => ([b, s, h, d], true, data),
+        _ => unreachable!("read_f32 checked the rank"),
+    })
+}
+
 fn load(args: &Args) -> anyhow::Result<Tensors> {
-    let (q_shape, q) = npy::read_f32(&args.q, 3)?;
-    let (k_shape, k) = npy::read_f32(&args.k, 3)?;
-    let (v_shape, v) = npy::read_f32(&args.v, 3)?;
-    let [seq, n_heads, head_dim] = [q_shape[0], q_shape[1], q_shape[2]];
-    if k_shape[0] != seq || k_shape[2] != head_dim {
+    let (q_shape, batched, q) = read_tensor(&args.q)?;
+    let (k_shape, k_batched, k) = read_tensor(&args.k)?;
+    let (v_shape, _, v) = read_tensor(&args.v)?;
+    let [batch, seq, n_heads, head_dim] = q_shape;
+    if k_batched != batched || k_shape[..2] != q_shape[..2] || k_shape[3] != head_dim {
         bail!(
-            "{}: shape {k_shape:?} does not fit q's {q_shape:?}: k needs [{seq}, kv_heads, {head_dim}]",
+            "{}: shape {k_shape:?} does not fit q's {q_shape:?}: k needs [{batch}, {seq}, \
+             kv_heads, {head_dim}] (3-D inputs are batch 1; q, k and v share their rank)",
             args.k.display()
         );
     }
@@ -182,7 +231,7 @@ fn load(args: &Args) -> anyhow::Result<Tensors> {
     }
     let d_o = match &args.d_o {
         Some(path) => {
-            let (shape, data) = npy::read_f32(path, 3)?;
+            let (shape, _, data) = read_tensor(path)?;
             if shape != q_shape {
                 bail!(
                     "{}: shape {shape:?}, expected q's shape {q_shape:?}",
@@ -193,18 +242,16 @@ fn load(args: &Args) -> anyhow::Result<Tensors> {
         }
         None => None,
     };
-    let seg = args.seg.as_deref().map(npy::read_indices).transpose()?;
-    if let (Some(seg), Some(path)) = (&seg, &args.seg) {
-        // Before any device exists: bad input costs no GPU start-up.
-        runtime::attention::validate_seg(seg).with_context(|| format!("{}", path.display()))?;
-    }
+    let seg = load_seg(args, batch, seq)?;
     let small =
         |x: u64, what: &str| u32::try_from(x).with_context(|| format!("{what} {x} is too large"));
     Ok(Tensors {
+        batched,
+        batch: small(batch, "batch")?,
         seq: small(seq, "seq")?,
         heads: Heads {
             n_heads: small(n_heads, "heads")?,
-            n_kv_heads: small(k_shape[1], "kv_heads")?,
+            n_kv_heads: small(k_shape[2], "kv_heads")?,
             head_dim: small(head_dim, "head_dim")?,
         },
         q,
@@ -215,6 +262,49 @@ fn load(args: &Args) -> anyhow::Result<Tensors> {
     })
 }
 
+/// `seg` for every sequence, `[batch, seq]`, from `--seg` or `--cu-seqlens`, checked
+/// before any device exists (bad input costs no GPU start-up).
+fn load_seg(args: &Args, batch: u64, seq: u64) -> anyhow::Result<Option<Vec<u32>>> {
+    let (path, one_or_all) = match (&args.seg, &args.cu_seqlens) {
+        (Some(path), _) => {
+            let (shape, seg) = npy::read_indices(path)?;
+            let fits = shape == [seq] || shape == [batch, seq];
+            if !fits {
+                bail!(
+                    "{}: shape {shape:?}, expected [{seq}] or [{batch}, {seq}]",
+                    path.display()
+                );
+            }
+            (path, seg)
+        }
+        (None, Some(path)) => {
+            let (shape, cu) = npy::read_indices(path)?;
+            let seg = runtime::attention::seg_from_cu_seqlens(&cu)
+                .filter(|_| shape.len() == 1 && cu.last().map(|&x| u64::from(x)) == Some(seq));
+            let Some(seg) = seg else {
+                bail!(
+                    "{}: cu_seqlens must be 1-D, start at 0, never decrease and end at seq \
+                     ({seq})",
+                    path.display()
+                );
+            };
+            (path, seg)
+        }
+        (None, None) => return Ok(None),
+    };
+    let per_sequence = one_or_all.len() as u64 > seq;
+    for (b, one) in one_or_all.chunks(seq as usize).enumerate() {
+        runtime::attention::validate_seg(one).with_context(|| match per_sequence {
+            true => format!("{} (sequence {b})", path.display()),
+            false => format!("{}", path.display()),
+        })?;
+    }
+    Ok(Some(match one_or_all.len() as u64 == seq {
+        true => one_or_all.repeat(batch as usize),
+        false => one_or_all,
+    }))
+}
+
 fn write(dir: &Path, name: &str, shape: &[u64], data: &[f32]) -> anyhow::Result<()> {
     let path = dir.join(format!("{name}.npy"));
     npy::write_f32(&path, shape, data)?;
@@ -222,9 +312,10 @@ fn write(dir: &Path, name: &str, shape: &[u64], data: &[f32]) -> anyhow::Result<
     Ok(())
 }
 
-fn count_documents(seg: &[u32]) -> usize {
-    seg.iter()
-        .enumerate()
+/// Documents over every sequence of `seg` (`[batch, seq]`).
+fn count_documents(seg: &[u32], seq: u32) -> usize {
+    seg.chunks(seq as usize)
+        .flat_map(|one| one.iter().enumerate())
         .filter(|(s, start)| **start as usize == *s)
         .count()
 }

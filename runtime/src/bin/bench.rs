@@ -24,8 +24,16 @@ struct Args {
     heads: Option<u32>,
     #[arg(long)]
     kv_heads: Option<u32>,
+    /// One or more head_dims (e.g. `64,80,96`): one shape each.
+    #[arg(long, value_delimiter = ',')]
+    head_dim: Vec<u32>,
+    /// Independent sequences of `--seq` rows (the kernels' batch grid axis).
     #[arg(long)]
-    head_dim: Option<u32>,
+    batch: Option<u32>,
+    /// Sequences of these lengths packed along seq (e.g. `512,512,300`), each attending
+    /// only to itself (FlashAttention's varlen batch); sets the shape's seq to their sum.
+    #[arg(long, value_delimiter = ',', conflicts_with = "seq")]
+    packed: Vec<u32>,
     /// Attend to every key instead of only earlier ones.
     #[arg(long)]
     no_causal: bool,
@@ -65,10 +73,12 @@ fn main() -> ExitCode {
     }
 }
 
-fn shapes(args: &Args) -> Vec<BenchShape> {
+fn shapes(args: &Args) -> anyhow::Result<Vec<BenchShape>> {
     let causal = !args.no_causal;
     let seeds = BenchShape {
         seq: 512,
+        batch: 1,
+        packed: None,
         heads: Heads {
             n_heads: 12,
             n_kv_heads: 4,
@@ -76,11 +86,13 @@ fn shapes(args: &Args) -> Vec<BenchShape> {
         },
         causal,
     };
-    if args.seq.is_none()
-        && args.heads.is_none()
-        && args.kv_heads.is_none()
-        && args.head_dim.is_none()
-    {
+    let shape_flags = args.seq.is_some()
+        || args.heads.is_some()
+        || args.kv_heads.is_some()
+        || !args.head_dim.is_empty()
+        || args.batch.is_some()
+        || !args.packed.is_empty();
+    if !shape_flags {
         let long = BenchShape {
             seq: 4096,
             heads: Heads {
@@ -88,20 +100,38 @@ fn shapes(args: &Args) -> Vec<BenchShape> {
                 n_kv_heads: 16,
                 head_dim: 128,
             },
-            causal,
+            ..seeds.clone()
         };
-        return vec![seeds, long];
+        return Ok(vec![seeds, long]);
     }
+    anyhow::ensure!(
+        args.packed.iter().all(|&l| l > 0),
+        "--packed lengths must be at least 1"
+    );
+    let packed = (!args.packed.is_empty()).then(|| args.packed.clone());
+    let seq = match &packed {
+        Some(lengths) => lengths.iter().sum(),
+        None => args.seq.unwrap_or(seeds.seq),
+    };
     let h = seeds.heads;
-    vec![BenchShape {
-        seq: args.seq.unwrap_or(seeds.seq),
-        heads: Heads {
-            n_heads: args.heads.unwrap_or(h.n_heads),
-            n_kv_heads: args.kv_heads.unwrap_or(h.n_kv_heads),
-            head_dim: args.head_dim.unwrap_or(h.head_dim),
-        },
-        causal,
-    }]
+    let head_dims = match args.head_dim.is_empty() {
+        true => vec![h.head_dim],
+        false => args.head_dim.clone(),
+    };
+    Ok(head_dims
+        .into_iter()
+        .map(|head_dim| BenchShape {
+            seq,
+            batch: args.batch.unwrap_or(1),
+            packed: packed.clone(),
+            heads: Heads {
+                n_heads: args.heads.unwrap_or(h.n_heads),
+                n_kv_heads: args.kv_heads.unwrap_or(h.n_kv_heads),
+                head_dim,
+            },
+            causal,
+        })
+        .collect())
 }
 
 fn run(args: Args) -> anyhow::Result<()> {
@@ -119,7 +149,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     if args.unchecked {
         gpu = gpu.unchecked();
     }
-    let shapes = shapes(&args);
+    let shapes = shapes(&args)?;
     if !args.json {
         println!("adapter: {}", gpu.describe());
         println!(
@@ -127,14 +157,14 @@ fn run(args: Args) -> anyhow::Result<()> {
              tile 1; backward: the per-row recompute split)"
         );
         println!(
-            "{:<32} {:<50} {:>10} {:>10} {:>9} {:>9}  note",
+            "{:<40} {:<50} {:>10} {:>10} {:>9} {:>9}  note",
             "shape", "kernel", "median ms", "min ms", "TFLOP/s", "x tile-1"
         );
     }
     let mut all = Vec::new();
     for shape in shapes {
-        let rows = bench::run(&gpu, shape, args.warmup, args.runs, parts)
-            .with_context(|| shape.label())?;
+        let label = shape.label();
+        let rows = bench::run(&gpu, shape, args.warmup, args.runs, parts).context(label)?;
         for row in &rows {
             if args.json {
                 println!("{}", json(&gpu, row));
@@ -186,7 +216,7 @@ fn print_row(r: &BenchRow) {
     };
     let speedup = r.speedup().map_or("-".into(), |x| format!("{x:.2}"));
     println!(
-        "{:<32} {:<50} {median:>10} {min:>10} {tflops:>9} {speedup:>9}  {}",
+        "{:<40} {:<50} {median:>10} {min:>10} {tflops:>9} {speedup:>9}  {}",
         r.shape.label(),
         r.kernel,
         r.note
@@ -197,6 +227,8 @@ fn json(gpu: &Gpu, r: &BenchRow) -> serde_json::Value {
     serde_json::json!({
         "adapter": gpu.describe(),
         "seq": r.shape.seq,
+        "batch": r.shape.batch,
+        "packed": r.shape.packed,
         "heads": r.shape.heads.n_heads,
         "kv_heads": r.shape.heads.n_kv_heads,
         "head_dim": r.shape.heads.head_dim,

@@ -62,7 +62,7 @@ fn run(args: Args) -> anyhow::Result<bool> {
         .collect();
     if args.list {
         for c in &cases {
-            println!("{:<9} {:<28} {}", c.kind(), c.shape_label(), c.mask_label());
+            println!("{:<9} {:<32} {}", c.kind(), c.shape_label(), c.mask_label());
         }
         return Ok(true);
     }
@@ -79,7 +79,7 @@ fn run(args: Args) -> anyhow::Result<bool> {
     let mut runner = Runner::new(&gpu, kernels::FAMILY.iter().copied(), &kernels::BACKWARD)?;
     runner.backward.scratch_budget = args.scratch_budget;
     println!(
-        "{:<52} {:<28} {:<13} {:<60} result",
+        "{:<52} {:<32} {:<22} {:<60} result",
         "kernel", "shape", "masks", "max abs error <= bound, per output"
     );
     let (mut passed, mut failed) = (0, 0);
@@ -178,7 +178,7 @@ fn print_row(r: &Row) {
         .map(|(n, v)| format!("{n} {:.2e}<={:.2e}", v.error, v.bound))
         .collect();
     println!(
-        "{:<52} {:<28} {:<13} {:<60} {}",
+        "{:<52} {:<32} {:<22} {:<60} {}",
         r.label,
         r.case.shape_label(),
         r.case.mask_label(),

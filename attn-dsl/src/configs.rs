@@ -1,0 +1,202 @@
+//! Flash configurations derived by rule, for any head_dim: the candidates `bench --tune`
+//! times and `check` proves, and the configuration a description gets when it asks for
+//! `s_major(flash)` (or `j_major(flash)`).
+//!
+//! The rule: a short menu of workgroup shapes (rows per workgroup × invocations), and for
+//! each the largest inner tile (fewest barriers per key), then the most rows per invocation
+//! (the most reuse of each staged value), that the thread layout, the register budget and
+//! the workgroup memory allow. The menu holds the shapes that won on an H100 at head_dims
+//! 64 and 128 (64×256 and 64×128 forward, 16×128 and 32×128 backward) and small ones that
+//! fit WebGPU's default 16 KiB; candidate 0 is the best that fits those defaults.
+
+use crate::spec::{FlashConfig, KernelSpec, Limits, Masks, Op};
+use crate::tiling::Tiling;
+
+/// Workgroup memory no candidate exceeds: the most that common GPUs give one workgroup
+/// (48 KiB on NVIDIA's Vulkan driver). A device with less runs the candidates that fit.
+pub const CANDIDATE_WORKGROUP_BYTES: u32 = 48 * 1024;
+
+/// (rows per workgroup, invocations) searched, in order, for candidate 0: the best that
+/// fits WebGPU's defaults.
+const PORTABLE_MENU: &[(u32, u32)] = &[(16, 64), (8, 64), (16, 32), (8, 32)];
+/// The shapes of the other candidates, in order of preference.
+const FORWARD_MENU: &[(u32, u32)] = &[(64, 256), (64, 128), (32, 128), (32, 256), (16, 64)];
+const BACKWARD_MENU: &[(u32, u32)] = &[(16, 128), (32, 128), (32, 256), (16, 64), (8, 64)];
+/// Two or one invocations per row: the layouts left when head_dim / 4 has few factors of 2
+/// (the invocations of a row share its vec4 columns evenly).
+const FEW_PER_ROW: &[(u32, u32)] = &[(16, 32), (32, 64), (32, 32), (64, 64)];
+/// Forward shapes that also get a twin with subgroup row reductions.
+const SUBGROUP_TWINS: &[(u32, u32)] = &[(64, 256), (64, 128), (32, 256)];
+
+const INNER: [u32; 4] = [32, 16, 8, 4];
+const ROWS_PER_THREAD: [u32; 3] = [4, 2, 1];
+
+/// Workgroup memory of a flash kernel of `op` under `config`, or why the layout is invalid
+/// (the thread layout does not divide, or the register block is over budget).
+pub fn workgroup_bytes(op: Op, head_dim: u32, config: FlashConfig) -> Result<u32, String> {
+    let spec = KernelSpec::flash("probe", op, head_dim, Masks::default(), config);
+    match Tiling::of(&spec) {
+        Some(Ok(t)) => Ok(t.bytes(op)),
+        Some(Err(why)) => Err(why),
+        None => Err("not a flash grid".into()),
+    }
+}
+
+/// Whether `config` is a valid flash layout for every op in `ops` within `bytes`.
+fn fits(ops: &[Op], head_dim: u32, config: FlashConfig, bytes: u32) -> bool {
+    ops.iter()
+        .all(|&op| workgroup_bytes(op, head_dim, config).is_ok_and(|b| b <= bytes))
+}
+
+/// For a workgroup shape, the configuration with the largest inner tile, then the most
+/// rows per invocation, that is valid for `ops` within `bytes`.
+fn best_of_shape(
+    ops: &[Op],
+    head_dim: u32,
+    (tile, wg): (u32, u32),
+    bytes: u32,
+) -> Option<FlashConfig> {
+    INNER.iter().find_map(|&inner| {
+        ROWS_PER_THREAD.iter().find_map(|&rows_per_thread| {
+            let config = FlashConfig {
+                tile,
+                inner,
+                rows_per_thread,
+                workgroup_size: wg,
+                subgroups: false,
+            };
+            fits(ops, head_dim, config, bytes).then_some(config)
+        })
+    })
+}
+
+/// Candidate 0 (the best shape that fits WebGPU's defaults, when one does), then the
+/// `menu` within [`CANDIDATE_WORKGROUP_BYTES`], without repeats; two or one invocations
+/// per row when nothing else fits. (Adding those shapes where the menu's hold one row per
+/// invocation, as at head_dim 80, made no faster backward on an H100.)
+fn from_menu(ops: &[Op], head_dim: u32, menu: &[(u32, u32)]) -> Vec<FlashConfig> {
+    let webgpu = Limits::WEBGPU.workgroup_storage_bytes;
+    let portable = PORTABLE_MENU
+        .iter()
+        .chain(FEW_PER_ROW)
+        .find_map(|&shape| best_of_shape(ops, head_dim, shape, webgpu));
+    let mut out: Vec<FlashConfig> = portable.into_iter().collect();
+    let add = |shapes: &[(u32, u32)], out: &mut Vec<FlashConfig>| {
+        for &shape in shapes {
+            if let Some(c) = best_of_shape(ops, head_dim, shape, CANDIDATE_WORKGROUP_BYTES)
+                && !out.contains(&c)
+            {
+                out.push(c);
+            }
+        }
+    };
+    add(menu, &mut out);
+    if out.is_empty() {
+        add(FEW_PER_ROW, &mut out);
+    }
+    out
+}
+
+/// Every flash forward configuration for `head_dim`, candidate 0 first (it fits WebGPU's
+/// defaults whenever any forward does); the `subgroups` twins come last.
+pub fn forward(head_dim: u32) -> Vec<FlashConfig> {
+    let mut out = from_menu(&[Op::Forward], head_dim, FORWARD_MENU);
+    let twins: Vec<FlashConfig> = out
+        .iter()
+        .filter(|c| SUBGROUP_TWINS.contains(&(c.tile, c.workgroup_size)))
+        .map(|c| FlashConfig {
+            subgroups: true,
+            ..*c
+        })
+        .filter(|c| fits(&[Op::Forward], head_dim, *c, CANDIDATE_WORKGROUP_BYTES))
+        .collect();
+    out.extend(twins);
+    out
+}
+
+/// Every flash backward configuration for `head_dim`, each valid for both halves (the
+/// query-major dQ kernel and the key-major dK/dV kernel), candidate 0 first.
+pub fn backward(head_dim: u32) -> Vec<FlashConfig> {
+    from_menu(&[Op::BackwardQ, Op::BackwardKv], head_dim, BACKWARD_MENU)
+}
+
+/// The configuration a description that asks for `flash` gets: the first candidate of
+/// `op` that fits `limits` (and `workgroup_size`, when the description fixes it).
+pub fn for_description(
+    op: Op,
+    head_dim: u32,
+    limits: &Limits,
+    workgroup_size: Option<u32>,
+) -> Option<FlashConfig> {
+    let candidates = match op {
+        Op::Forward => forward(head_dim),
+        Op::BackwardQ | Op::BackwardKv => backward(head_dim),
+        _ => return None,
+    };
+    candidates.into_iter().find(|c| {
+        !c.subgroups
+            && workgroup_size.is_none_or(|wg| wg == c.workgroup_size)
+            && c.workgroup_size <= limits.invocations_per_workgroup
+            && workgroup_bytes(op, head_dim, *c).is_ok_and(|b| b <= limits.workgroup_storage_bytes)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn label(c: &[FlashConfig]) -> Vec<String> {
+        c.iter().map(FlashConfig::label).collect()
+    }
+
+    /// The rule reproduces the configurations that won on an H100 when they were listed
+    /// by hand, and candidate 0 fits WebGPU's defaults.
+    #[test]
+    fn the_rule_finds_the_measured_winners() {
+        let f64 = label(&forward(64));
+        for want in ["64x32/4@256", "64x32/4@256+sg", "64x32/4@128"] {
+            assert!(f64.contains(&want.to_string()), "{want} not in {f64:?}");
+        }
+        let f128 = label(&forward(128));
+        for want in ["64x16/4@128", "64x16/4@128+sg", "32x32/4@128"] {
+            assert!(f128.contains(&want.to_string()), "{want} not in {f128:?}");
+        }
+        assert!(label(&backward(64)).contains(&"16x32/2@128".to_string()));
+        assert!(label(&backward(128)).contains(&"32x8/2@128".to_string()));
+        for head_dim in [32, 64, 80, 96, 128] {
+            for (op, c) in [
+                (Op::Forward, forward(head_dim)[0]),
+                (Op::BackwardKv, backward(head_dim)[0]),
+            ] {
+                let bytes = workgroup_bytes(op, head_dim, c).unwrap();
+                assert!(bytes <= 16384, "d{head_dim} {}: {bytes} B", c.label());
+            }
+        }
+    }
+
+    #[test]
+    fn every_head_dim_that_is_a_multiple_of_4_has_candidates() {
+        for head_dim in (4u32..=256).step_by(4) {
+            // The fewest vec4 columns one invocation can hold: a row's columns are shared by
+            // a power-of-two number of invocations. Over the register budget (128 values:
+            // 4 per column forward, 8 per column for dK and dV), the per-row schedules serve.
+            let d4: u32 = head_dim / 4;
+            let columns = d4 / (1 << d4.trailing_zeros().min(5));
+            let (f, b) = (forward(head_dim), backward(head_dim));
+            assert_eq!(!f.is_empty(), columns <= 31, "forward d{head_dim}: {f:?}");
+            assert_eq!(!b.is_empty(), columns <= 15, "backward d{head_dim}: {b:?}");
+            for c in f {
+                let bytes = workgroup_bytes(Op::Forward, head_dim, c).unwrap();
+                assert!(bytes <= CANDIDATE_WORKGROUP_BYTES);
+            }
+        }
+    }
+
+    #[test]
+    fn a_description_gets_the_best_config_that_fits_its_target() {
+        let c = for_description(Op::Forward, 96, &Limits::WEBGPU, None).unwrap();
+        assert!(workgroup_bytes(Op::Forward, 96, c).unwrap() <= 16384);
+        let wide = for_description(Op::Forward, 96, &Limits::WEBGPU, Some(64)).unwrap();
+        assert_eq!(wide.workgroup_size, 64);
+    }
+}
