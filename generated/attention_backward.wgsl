@@ -14,16 +14,20 @@ struct Dims {
     n_kv_heads: u32,
     head_dim: u32,
     batch: u32,
+    window: u32,
+    seed_lo: u32,
+    seed_hi: u32,
+    rng_offset: u32,
+    drop_threshold: u32,
     _pad0: u32,
     _pad1: u32,
-    _pad2: u32,
 }
 
 struct Params {
     scale: f32,
+    softcap: f32,
+    dropout_scale: f32,
     _pad0: f32,
-    _pad1: f32,
-    _pad2: f32,
 }
 
 // The sequence of the batch this workgroup works on, set by the entry point.
@@ -136,6 +140,28 @@ fn visible(row: u32, j: u32) -> bool {
 
 fn query_range(col: u32) -> vec2<u32> {
     return vec2<u32>(col, doc_end(col));
+}
+
+// The score of query `row` (head h) against key j from the raw dot product q·k (scaled,
+// then biased, then capped), and its slope with respect to the pre-cap score, by which
+// a gradient with respect to the score becomes one with respect to the bias.
+fn scored(row: u32, h: u32, j: u32, dot: f32) -> vec2<f32> {
+    var x = dot * params.scale;
+    return vec2<f32>(x, 1.0);
+}
+
+fn score(row: u32, h: u32, j: u32, dot: f32) -> f32 {
+    return scored(row, h, j, dot).x;
+}
+
+// The gradient with respect to the pre-cap score (the bias's), from `g`, that with
+// respect to the score of `scored`.
+fn score_grad(s: vec2<f32>, g: f32) -> f32 {
+    return s.y * g;
+}
+
+fn dropped(row: u32, h: u32, j: u32, p: f32) -> f32 {
+    return p;
 }
 
 fn stats_part(part: u32, row: u32, h: u32) -> u32 {
@@ -316,13 +342,17 @@ fn flash_backward_q(tile: u32, h: u32, tid: u32) {
         let dp_1_0 = hsum(dp_1_0_4);
         let j_0 = j0 + tx + 0u * TX;
         let v_0_0 = j_0 >= lo_0 && j_0 < hi_0 && key_visible(row_0, j_0);
-        let p_0_0 = exp_f32(s_0_0 * params.scale - lse_0);
-        sh_ds[(g * TM + 0u) * PSTRIDE + tx + 0u * TX] = select(0.0, params.scale * p_0_0 * (dp_0_0 - delta_0), v_0_0);
-        sh_p[(g * TM + 0u) * PSTRIDE + tx + 0u * TX] = select(0.0, p_0_0, v_0_0);
+        let x_0_0 = scored(row_0, h, j_0, s_0_0);
+        let p_0_0 = exp_f32(x_0_0.x - lse_0);
+        let g_0_0 = select(0.0, score_grad(x_0_0, p_0_0 * (dropped(row_0, h, j_0, dp_0_0) - delta_0)), v_0_0);
+        sh_ds[(g * TM + 0u) * PSTRIDE + tx + 0u * TX] = params.scale * g_0_0;
+        sh_p[(g * TM + 0u) * PSTRIDE + tx + 0u * TX] = select(0.0, dropped(row_0, h, j_0, p_0_0), v_0_0);
         let v_1_0 = j_0 >= lo_1 && j_0 < hi_1 && key_visible(row_1, j_0);
-        let p_1_0 = exp_f32(s_1_0 * params.scale - lse_1);
-        sh_ds[(g * TM + 1u) * PSTRIDE + tx + 0u * TX] = select(0.0, params.scale * p_1_0 * (dp_1_0 - delta_1), v_1_0);
-        sh_p[(g * TM + 1u) * PSTRIDE + tx + 0u * TX] = select(0.0, p_1_0, v_1_0);
+        let x_1_0 = scored(row_1, h, j_0, s_1_0);
+        let p_1_0 = exp_f32(x_1_0.x - lse_1);
+        let g_1_0 = select(0.0, score_grad(x_1_0, p_1_0 * (dropped(row_1, h, j_0, dp_1_0) - delta_1)), v_1_0);
+        sh_ds[(g * TM + 1u) * PSTRIDE + tx + 0u * TX] = params.scale * g_1_0;
+        sh_p[(g * TM + 1u) * PSTRIDE + tx + 0u * TX] = select(0.0, dropped(row_1, h, j_0, p_1_0), v_1_0);
         workgroupBarrier();
         // As in the forward: only blocks some row sees in part need the guard on dS == 0.
         if (range.z <= j0 && j0 + BC <= range.w) {
@@ -365,8 +395,10 @@ fn flash_backward_q(tile: u32, h: u32, tid: u32) {
             for (var rr = 0u; rr < BR; rr = rr + 1u) {
                 let r = BR - 1u - rr;
                 let w = sh_p[r * PSTRIDE + kk];
-                if (w != 0.0) {
-                    gk = fma(vec4<f32>(sh_ds[r * PSTRIDE + kk]), sh_q[r * ROW4 + c4], gk);
+                let ds = sh_ds[r * PSTRIDE + kk];
+                // A dropped P is 0 where dS is not.
+                if (w != 0.0 || ds != 0.0) {
+                    gk = fma(vec4<f32>(ds), sh_q[r * ROW4 + c4], gk);
                     gv = fma(vec4<f32>(w), sh_do[r * ROW4 + c4], gv);
                 }
             }

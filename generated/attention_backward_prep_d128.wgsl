@@ -18,9 +18,13 @@ struct Dims {
     n_kv_heads: u32,
     head_dim: u32,
     batch: u32,
+    window: u32,
+    seed_lo: u32,
+    seed_hi: u32,
+    rng_offset: u32,
+    drop_threshold: u32,
     _pad0: u32,
     _pad1: u32,
-    _pad2: u32,
 }
 
 // The sequence of the batch this workgroup works on, set by the entry point.

@@ -18,16 +18,20 @@ struct Dims {
     n_kv_heads: u32,
     head_dim: u32,
     batch: u32,
+    window: u32,
+    seed_lo: u32,
+    seed_hi: u32,
+    rng_offset: u32,
+    drop_threshold: u32,
     _pad0: u32,
     _pad1: u32,
-    _pad2: u32,
 }
 
 struct Params {
     scale: f32,
+    softcap: f32,
+    dropout_scale: f32,
     _pad0: f32,
-    _pad1: f32,
-    _pad2: f32,
 }
 
 // The sequence of the batch this workgroup works on, set by the entry point.
@@ -106,6 +110,28 @@ fn query_range(col: u32) -> vec2<u32> {
     return vec2<u32>(col, doc_end(col));
 }
 
+// The score of query `row` (head h) against key j from the raw dot product q·k (scaled,
+// then biased, then capped), and its slope with respect to the pre-cap score, by which
+// a gradient with respect to the score becomes one with respect to the bias.
+fn scored(row: u32, h: u32, j: u32, dot: f32) -> vec2<f32> {
+    var x = dot * params.scale;
+    return vec2<f32>(x, 1.0);
+}
+
+fn score(row: u32, h: u32, j: u32, dot: f32) -> f32 {
+    return scored(row, h, j, dot).x;
+}
+
+// The gradient with respect to the pre-cap score (the bias's), from `g`, that with
+// respect to the score of `scored`.
+fn score_grad(s: vec2<f32>, g: f32) -> f32 {
+    return s.y * g;
+}
+
+fn dropped(row: u32, h: u32, j: u32, p: f32) -> f32 {
+    return p;
+}
+
 fn stats_part(part: u32, row: u32, h: u32) -> u32 {
     return ((part * dims.batch + batch) * dims.seq_len + row) * dims.n_heads + h;
 }
@@ -162,9 +188,12 @@ fn backward_row(row: u32, h: u32, tid: u32) {
                 dp_4 = fma(vec4<f32>(sh_do[4u * c4], sh_do[4u * c4 + 1u], sh_do[4u * c4 + 2u], sh_do[4u * c4 + 3u]), vec4<f32>(v[ki + 4u * c4], v[ki + 4u * c4 + 1u], v[ki + 4u * c4 + 2u], v[ki + 4u * c4 + 3u]), dp_4);
             }
             var dp = hsum(dp_4);
-            let pj = exp_f32(dot * params.scale - row_lse);
-            dsj = params.scale * pj * (dp - delta);
-            p_ds[p_ds_part(0u, row, h, j)] = pj;
+            let xj = scored(row, h, j, dot);
+            let pj = exp_f32(xj.x - row_lse);
+            // dS with respect to the pre-cap score: dBias, and dS/scale for dQ and dK.
+            let gj = score_grad(xj, pj * (dropped(row, h, j, dp) - delta));
+            dsj = params.scale * gj;
+            p_ds[p_ds_part(0u, row, h, j)] = dropped(row, h, j, pj);
             p_ds[p_ds_part(1u, row, h, j)] = dsj;
         }
         sh_ds[tid] = dsj;

@@ -18,16 +18,20 @@ struct Dims {
     n_kv_heads: u32,
     head_dim: u32,
     batch: u32,
+    window: u32,
+    seed_lo: u32,
+    seed_hi: u32,
+    rng_offset: u32,
+    drop_threshold: u32,
     _pad0: u32,
     _pad1: u32,
-    _pad2: u32,
 }
 
 struct Params {
     scale: f32,
+    softcap: f32,
+    dropout_scale: f32,
     _pad0: f32,
-    _pad1: f32,
-    _pad2: f32,
 }
 
 // The sequence of the batch this workgroup works on, set by the entry point.
@@ -85,6 +89,28 @@ fn visible(row: u32, j: u32) -> bool {
 
 fn query_range(col: u32) -> vec2<u32> {
     return vec2<u32>(col, doc_end(col));
+}
+
+// The score of query `row` (head h) against key j from the raw dot product q·k (scaled,
+// then biased, then capped), and its slope with respect to the pre-cap score, by which
+// a gradient with respect to the score becomes one with respect to the bias.
+fn scored(row: u32, h: u32, j: u32, dot: f32) -> vec2<f32> {
+    var x = dot * params.scale;
+    return vec2<f32>(x, 1.0);
+}
+
+fn score(row: u32, h: u32, j: u32, dot: f32) -> f32 {
+    return scored(row, h, j, dot).x;
+}
+
+// The gradient with respect to the pre-cap score (the bias's), from `g`, that with
+// respect to the score of `scored`.
+fn score_grad(s: vec2<f32>, g: f32) -> f32 {
+    return s.y * g;
+}
+
+fn dropped(row: u32, h: u32, j: u32, p: f32) -> f32 {
+    return p;
 }
 
 fn stats_part(part: u32, row: u32, h: u32) -> u32 {
@@ -155,9 +181,11 @@ fn backward_col(col: u32, kv_h: u32, tid: u32) {
                 for (var i = lo; i < hi; i = i + 1u) {
                     let sl = lo + hi - 1u - i;
                     let pj = sh_p[sl];
-                    if (pj != 0.0) {
+                    let dsj = sh_ds[sl];
+                    // A dropped P is 0 where dS is not.
+                    if (pj != 0.0 || dsj != 0.0) {
                         let qi = q_index(s_start + sl, h) + d_local;
-                        pk = fma(sh_ds[sl], q[qi], pk);
+                        pk = fma(dsj, q[qi], pk);
                         pv = fma(pj, d_o[qi], pv);
                     }
                 }

@@ -19,15 +19,15 @@ struct Dims {
     head_dim: u32,
     batch: u32,
     capacity: u32,
+    window: u32,
     _pad0: u32,
-    _pad1: u32,
 }
 
 struct Params {
     scale: f32,
+    softcap: f32,
+    dropout_scale: f32,
     _pad0: f32,
-    _pad1: f32,
-    _pad2: f32,
 }
 
 // The sequence of the batch this workgroup works on, set by the entry point.
@@ -124,8 +124,31 @@ fn row_index(row: u32, h: u32) -> u32 {
     return (batch * 1u + row) * dims.n_heads + h;
 }
 
+// The query follows the cache's last row.
 fn key_range(row: u32) -> vec2<u32> {
     return vec2<u32>(0u, dims.cache_len);
+}
+
+// The score of query `row` (head h) against key j from the raw dot product q·k (scaled,
+// then biased, then capped), and its slope with respect to the pre-cap score, by which
+// a gradient with respect to the score becomes one with respect to the bias.
+fn scored(row: u32, h: u32, j: u32, dot: f32) -> vec2<f32> {
+    var x = dot * params.scale;
+    return vec2<f32>(x, 1.0);
+}
+
+fn score(row: u32, h: u32, j: u32, dot: f32) -> f32 {
+    return scored(row, h, j, dot).x;
+}
+
+// The gradient with respect to the pre-cap score (the bias's), from `g`, that with
+// respect to the score of `scored`.
+fn score_grad(s: vec2<f32>, g: f32) -> f32 {
+    return s.y * g;
+}
+
+fn dropped(row: u32, h: u32, j: u32, p: f32) -> f32 {
+    return p;
 }
 
 fn key_visible(row: u32, j: u32) -> bool {
@@ -173,7 +196,7 @@ fn attend_row(row: u32, h: u32, tid: u32) {
         let j = k_start + tid;
         let visible = j >= range.x && j < range.y && key_visible(row, j);
 
-        var score = NEG_BIG;
+        var x = NEG_BIG;
         if (visible) {
             let ki = kv_index(j, kv_h);
             var dot_4 = vec4<f32>(0.0);
@@ -181,16 +204,17 @@ fn attend_row(row: u32, h: u32, tid: u32) {
                 dot_4 = fma(vec4<f32>(sh_q[4u * c4], sh_q[4u * c4 + 1u], sh_q[4u * c4 + 2u], sh_q[4u * c4 + 3u]), vec4<f32>(key_at(ki + 4u * c4), key_at(ki + 4u * c4 + 1u), key_at(ki + 4u * c4 + 2u), key_at(ki + 4u * c4 + 3u)), dot_4);
             }
             var dot = hsum(dot_4);
-            score = dot * params.scale;
+            x = score(row, h, j, dot);
         }
 
         let m_old = sh_state.x;
-        let m_new = max(m_old, wg_reduce_max(tid, score));
+        let m_new = max(m_old, wg_reduce_max(tid, x));
         var p = 0.0;
         if (visible) {
-            p = exp_f32(score - m_new);
+            p = exp_f32(x - m_new);
         }
-        sh_p[tid] = p;
+        // l sums P before dropout; P·V takes it after.
+        sh_p[tid] = dropped(row, h, j, p);
         let block_sum = wg_reduce_sum(tid, p);
         let corr = exp_f32(m_old - m_new);
 

@@ -14,16 +14,20 @@ struct Dims {
     n_kv_heads: u32,
     head_dim: u32,
     batch: u32,
+    window: u32,
+    seed_lo: u32,
+    seed_hi: u32,
+    rng_offset: u32,
+    drop_threshold: u32,
     _pad0: u32,
     _pad1: u32,
-    _pad2: u32,
 }
 
 struct Params {
     scale: f32,
+    softcap: f32,
+    dropout_scale: f32,
     _pad0: f32,
-    _pad1: f32,
-    _pad2: f32,
 }
 
 // The sequence of the batch this workgroup works on, set by the entry point.
@@ -118,6 +122,28 @@ fn visible(row: u32, j: u32) -> bool {
 
 fn query_range(col: u32) -> vec2<u32> {
     return vec2<u32>(col, doc_end(col));
+}
+
+// The score of query `row` (head h) against key j from the raw dot product q·k (scaled,
+// then biased, then capped), and its slope with respect to the pre-cap score, by which
+// a gradient with respect to the score becomes one with respect to the bias.
+fn scored(row: u32, h: u32, j: u32, dot: f32) -> vec2<f32> {
+    var x = dot * params.scale;
+    return vec2<f32>(x, 1.0);
+}
+
+fn score(row: u32, h: u32, j: u32, dot: f32) -> f32 {
+    return scored(row, h, j, dot).x;
+}
+
+// The gradient with respect to the pre-cap score (the bias's), from `g`, that with
+// respect to the score of `scored`.
+fn score_grad(s: vec2<f32>, g: f32) -> f32 {
+    return s.y * g;
+}
+
+fn dropped(row: u32, h: u32, j: u32, p: f32) -> f32 {
+    return p;
 }
 
 fn key_at(i: u32) -> f32 {
@@ -340,21 +366,21 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
         let j_0 = j0 + tx + 0u * TX;
         let j_1 = j0 + tx + 1u * TX;
         let v_0_0 = j_0 >= lo_0 && j_0 < hi_0 && key_visible(row_0, j_0);
-        s_0_0 = select(NEG_BIG, s_0_0 * params.scale, v_0_0);
+        s_0_0 = select(NEG_BIG, score(row_0, h, j_0, s_0_0), v_0_0);
         let v_0_1 = j_1 >= lo_0 && j_1 < hi_0 && key_visible(row_0, j_1);
-        s_0_1 = select(NEG_BIG, s_0_1 * params.scale, v_0_1);
+        s_0_1 = select(NEG_BIG, score(row_0, h, j_1, s_0_1), v_0_1);
         let v_1_0 = j_0 >= lo_1 && j_0 < hi_1 && key_visible(row_1, j_0);
-        s_1_0 = select(NEG_BIG, s_1_0 * params.scale, v_1_0);
+        s_1_0 = select(NEG_BIG, score(row_1, h, j_0, s_1_0), v_1_0);
         let v_1_1 = j_1 >= lo_1 && j_1 < hi_1 && key_visible(row_1, j_1);
-        s_1_1 = select(NEG_BIG, s_1_1 * params.scale, v_1_1);
+        s_1_1 = select(NEG_BIG, score(row_1, h, j_1, s_1_1), v_1_1);
         let v_2_0 = j_0 >= lo_2 && j_0 < hi_2 && key_visible(row_2, j_0);
-        s_2_0 = select(NEG_BIG, s_2_0 * params.scale, v_2_0);
+        s_2_0 = select(NEG_BIG, score(row_2, h, j_0, s_2_0), v_2_0);
         let v_2_1 = j_1 >= lo_2 && j_1 < hi_2 && key_visible(row_2, j_1);
-        s_2_1 = select(NEG_BIG, s_2_1 * params.scale, v_2_1);
+        s_2_1 = select(NEG_BIG, score(row_2, h, j_1, s_2_1), v_2_1);
         let v_3_0 = j_0 >= lo_3 && j_0 < hi_3 && key_visible(row_3, j_0);
-        s_3_0 = select(NEG_BIG, s_3_0 * params.scale, v_3_0);
+        s_3_0 = select(NEG_BIG, score(row_3, h, j_0, s_3_0), v_3_0);
         let v_3_1 = j_1 >= lo_3 && j_1 < hi_3 && key_visible(row_3, j_1);
-        s_3_1 = select(NEG_BIG, s_3_1 * params.scale, v_3_1);
+        s_3_1 = select(NEG_BIG, score(row_3, h, j_1, s_3_1), v_3_1);
         var rm_0 = max(s_0_0, s_0_1);
         var rm_1 = max(s_1_0, s_1_1);
         var rm_2 = max(s_2_0, s_2_1);
@@ -372,36 +398,36 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
         let c_0 = exp_f32(m_0 - mn_0);
         m_0 = mn_0;
         let p_0_0 = select(0.0, exp_f32(s_0_0 - mn_0), v_0_0);
-        sh_p[(g * TM + 0u) * PSTRIDE + tx + 0u * TX] = p_0_0;
+        sh_p[(g * TM + 0u) * PSTRIDE + tx + 0u * TX] = dropped(row_0, h, j_0, p_0_0);
         let p_0_1 = select(0.0, exp_f32(s_0_1 - mn_0), v_0_1);
-        sh_p[(g * TM + 0u) * PSTRIDE + tx + 1u * TX] = p_0_1;
+        sh_p[(g * TM + 0u) * PSTRIDE + tx + 1u * TX] = dropped(row_0, h, j_1, p_0_1);
         l_0 = l_0 * c_0 + p_0_0 + p_0_1;
         acc_0_0 = acc_0_0 * c_0;
         let mn_1 = max(m_1, rm_1);
         let c_1 = exp_f32(m_1 - mn_1);
         m_1 = mn_1;
         let p_1_0 = select(0.0, exp_f32(s_1_0 - mn_1), v_1_0);
-        sh_p[(g * TM + 1u) * PSTRIDE + tx + 0u * TX] = p_1_0;
+        sh_p[(g * TM + 1u) * PSTRIDE + tx + 0u * TX] = dropped(row_1, h, j_0, p_1_0);
         let p_1_1 = select(0.0, exp_f32(s_1_1 - mn_1), v_1_1);
-        sh_p[(g * TM + 1u) * PSTRIDE + tx + 1u * TX] = p_1_1;
+        sh_p[(g * TM + 1u) * PSTRIDE + tx + 1u * TX] = dropped(row_1, h, j_1, p_1_1);
         l_1 = l_1 * c_1 + p_1_0 + p_1_1;
         acc_1_0 = acc_1_0 * c_1;
         let mn_2 = max(m_2, rm_2);
         let c_2 = exp_f32(m_2 - mn_2);
         m_2 = mn_2;
         let p_2_0 = select(0.0, exp_f32(s_2_0 - mn_2), v_2_0);
-        sh_p[(g * TM + 2u) * PSTRIDE + tx + 0u * TX] = p_2_0;
+        sh_p[(g * TM + 2u) * PSTRIDE + tx + 0u * TX] = dropped(row_2, h, j_0, p_2_0);
         let p_2_1 = select(0.0, exp_f32(s_2_1 - mn_2), v_2_1);
-        sh_p[(g * TM + 2u) * PSTRIDE + tx + 1u * TX] = p_2_1;
+        sh_p[(g * TM + 2u) * PSTRIDE + tx + 1u * TX] = dropped(row_2, h, j_1, p_2_1);
         l_2 = l_2 * c_2 + p_2_0 + p_2_1;
         acc_2_0 = acc_2_0 * c_2;
         let mn_3 = max(m_3, rm_3);
         let c_3 = exp_f32(m_3 - mn_3);
         m_3 = mn_3;
         let p_3_0 = select(0.0, exp_f32(s_3_0 - mn_3), v_3_0);
-        sh_p[(g * TM + 3u) * PSTRIDE + tx + 0u * TX] = p_3_0;
+        sh_p[(g * TM + 3u) * PSTRIDE + tx + 0u * TX] = dropped(row_3, h, j_0, p_3_0);
         let p_3_1 = select(0.0, exp_f32(s_3_1 - mn_3), v_3_1);
-        sh_p[(g * TM + 3u) * PSTRIDE + tx + 1u * TX] = p_3_1;
+        sh_p[(g * TM + 3u) * PSTRIDE + tx + 1u * TX] = dropped(row_3, h, j_1, p_3_1);
         l_3 = l_3 * c_3 + p_3_0 + p_3_1;
         acc_3_0 = acc_3_0 * c_3;
         put_kv(tid + 0u * WG, pf_0);

@@ -14,16 +14,20 @@ struct Dims {
     n_kv_heads: u32,
     head_dim: u32,
     batch: u32,
+    window: u32,
+    seed_lo: u32,
+    seed_hi: u32,
+    rng_offset: u32,
+    drop_threshold: u32,
     _pad0: u32,
     _pad1: u32,
-    _pad2: u32,
 }
 
 struct Params {
     scale: f32,
+    softcap: f32,
+    dropout_scale: f32,
     _pad0: f32,
-    _pad1: f32,
-    _pad2: f32,
 }
 
 // The sequence of the batch this workgroup works on, set by the entry point.
@@ -118,6 +122,28 @@ fn visible(row: u32, j: u32) -> bool {
 
 fn query_range(col: u32) -> vec2<u32> {
     return vec2<u32>(col, doc_end(col));
+}
+
+// The score of query `row` (head h) against key j from the raw dot product q·k (scaled,
+// then biased, then capped), and its slope with respect to the pre-cap score, by which
+// a gradient with respect to the score becomes one with respect to the bias.
+fn scored(row: u32, h: u32, j: u32, dot: f32) -> vec2<f32> {
+    var x = dot * params.scale;
+    return vec2<f32>(x, 1.0);
+}
+
+fn score(row: u32, h: u32, j: u32, dot: f32) -> f32 {
+    return scored(row, h, j, dot).x;
+}
+
+// The gradient with respect to the pre-cap score (the bias's), from `g`, that with
+// respect to the score of `scored`.
+fn score_grad(s: vec2<f32>, g: f32) -> f32 {
+    return s.y * g;
+}
+
+fn dropped(row: u32, h: u32, j: u32, p: f32) -> f32 {
+    return p;
 }
 
 fn key_at(i: u32) -> f32 {
@@ -286,9 +312,9 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
         var s_1_0 = hsum(s_1_0_4);
         let j_0 = j0 + tx + 0u * TX;
         let v_0_0 = j_0 >= lo_0 && j_0 < hi_0 && key_visible(row_0, j_0);
-        s_0_0 = select(NEG_BIG, s_0_0 * params.scale, v_0_0);
+        s_0_0 = select(NEG_BIG, score(row_0, h, j_0, s_0_0), v_0_0);
         let v_1_0 = j_0 >= lo_1 && j_0 < hi_1 && key_visible(row_1, j_0);
-        s_1_0 = select(NEG_BIG, s_1_0 * params.scale, v_1_0);
+        s_1_0 = select(NEG_BIG, score(row_1, h, j_0, s_1_0), v_1_0);
         var rm_0 = s_0_0;
         var rm_1 = s_1_0;
         sh_red[(g * TM + 0u) * TX + tx] = rm_0;
@@ -300,7 +326,7 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
         let c_0 = exp_f32(m_0 - mn_0);
         m_0 = mn_0;
         let p_0_0 = select(0.0, exp_f32(s_0_0 - mn_0), v_0_0);
-        sh_p[(g * TM + 0u) * PSTRIDE + tx + 0u * TX] = p_0_0;
+        sh_p[(g * TM + 0u) * PSTRIDE + tx + 0u * TX] = dropped(row_0, h, j_0, p_0_0);
         l_0 = l_0 * c_0 + p_0_0;
         acc_0_0 = acc_0_0 * c_0;
         acc_0_1 = acc_0_1 * c_0;
@@ -310,7 +336,7 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
         let c_1 = exp_f32(m_1 - mn_1);
         m_1 = mn_1;
         let p_1_0 = select(0.0, exp_f32(s_1_0 - mn_1), v_1_0);
-        sh_p[(g * TM + 1u) * PSTRIDE + tx + 0u * TX] = p_1_0;
+        sh_p[(g * TM + 1u) * PSTRIDE + tx + 0u * TX] = dropped(row_1, h, j_0, p_1_0);
         l_1 = l_1 * c_1 + p_1_0;
         acc_1_0 = acc_1_0 * c_1;
         acc_1_1 = acc_1_1 * c_1;

@@ -5,7 +5,7 @@ use crate::emit;
 use crate::error::{DslError, Field};
 use crate::plan::KernelAbi;
 use crate::signature::{self, Presence, Role};
-use crate::spec::{Axis, Gqa, KernelSpec, Major, Op, Source, Target, WriteMode};
+use crate::spec::{Axis, BiasHeads, Gqa, KernelSpec, Major, Op, Source, Target, WriteMode};
 use crate::tiling::Tiling;
 
 /// The largest head_dim the per-row schedule holds: one invocation per element of a row.
@@ -317,32 +317,45 @@ fn grid_unit(major: Major) -> &'static str {
 }
 
 fn check_masks(spec: &KernelSpec) -> Result<(), DslError> {
-    let which = if spec.masks.causal {
-        "causal"
-    } else {
-        "document"
-    };
-    if !(spec.masks.causal || spec.masks.document) {
-        return Ok(());
+    for word in spec.masks.words() {
+        if let Some(why) = cannot_honour(spec.op, word) {
+            return Err(DslError::spec(
+                Field::Mask(word.to_string()),
+                format!(
+                    "op {} cannot honour `{word}`: {why}; remove `{word}`",
+                    spec.op.name()
+                ),
+            ));
+        }
     }
-    let why = match spec.op {
-        Op::Decode => {
-            "its one query row attends to the whole KV cache, whose length is the \
-                       run-time `cache_len`; limit the keys with cache_len"
-        }
-        Op::Rope | Op::RopeBackward => {
-            "it rotates each row on its own and never compares a \
-                                        query with a key"
-        }
-        _ => return Ok(()),
-    };
-    Err(DslError::spec(
-        Field::Masks,
-        format!(
-            "op {} cannot honour the {which} mask: {why}; remove `{which}`",
-            spec.op.name()
+    Ok(())
+}
+
+/// Why `op` cannot honour the mask or modifier `word`, if it cannot.
+fn cannot_honour(op: Op, word: &str) -> Option<&'static str> {
+    match (op, word) {
+        (Op::Rope | Op::RopeBackward, _) => Some(
+            "it rotates each row on its own and never compares a query with a key, so no \
+             mask or score modifier applies",
         ),
-    ))
+        (Op::BackwardPrep, _) => Some(
+            "it reads the forward's O and LSE, in which the masks and modifiers are already \
+             applied",
+        ),
+        (Op::Decode, "causal" | "document") => Some(
+            "its one query row attends to the whole KV cache, whose length is the run-time \
+             `cache_len`; limit the keys with cache_len (or `window`)",
+        ),
+        (Op::Decode, "bias" | "shared_bias") => Some(
+            "a bias is a [seq, seq] tensor over a sequence's own queries, and a decode's query \
+             is not one of its cache's rows",
+        ),
+        (Op::Decode, "dropout") => Some(
+            "dropout belongs to training, and a decode step runs inference; it has no \
+             backward to regenerate the mask",
+        ),
+        _ => None,
+    }
 }
 
 fn check_source(spec: &KernelSpec) -> Result<(), DslError> {
@@ -386,7 +399,13 @@ fn check_writes(spec: &KernelSpec) -> Result<(), DslError> {
             Some(_) => {}
         }
     }
+    check_dbias(spec)?;
+    let present = signature::tensors(spec);
     for t in tensors.iter().filter(|t| t.role == Role::Output) {
+        // A tensor listed twice (dbias, per head and shared) is checked in its present form.
+        if present.iter().any(|p| p.name == t.name && p != t) {
+            continue;
+        }
         match spec.write_mode(t.name) {
             Some(mode) => check_ownership(spec, t.name, t.layout, mode)?,
             None if t.presence == Presence::Always => {
@@ -397,7 +416,7 @@ fn check_writes(spec: &KernelSpec) -> Result<(), DslError> {
                         spec.op.name(),
                         t.name,
                         t.name,
-                        supported_mode(spec.op, t.name).name()
+                        supported_mode(spec, t.name).name()
                     ),
                 ));
             }
@@ -405,6 +424,22 @@ fn check_writes(spec: &KernelSpec) -> Result<(), DslError> {
         }
     }
     check_pairs(spec)
+}
+
+/// dBias needs a bias, and a kernel that sees dS for every (query, key) it writes.
+fn check_dbias(spec: &KernelSpec) -> Result<(), DslError> {
+    if spec.write_mode("dbias").is_none() {
+        return Ok(());
+    }
+    let why = if spec.masks.bias.is_none() {
+        "`dbias` is the gradient of a bias: add `bias` (per head) or `shared_bias` to `masks`"
+    } else if spec.op == Op::BackwardKv && spec.grid.flash.is_none() {
+        "the per-row backward_kv sums dS over queries without keeping it; write dBias in the \
+         schedule's backward_q (or in a flash backward_kv)"
+    } else {
+        return Ok(());
+    };
+    Err(DslError::spec(Field::Write("dbias".into()), why))
 }
 
 /// Schedules that exclude each other.
@@ -434,8 +469,9 @@ fn check_pairs(spec: &KernelSpec) -> Result<(), DslError> {
 }
 
 /// The write mode the emitter produces for an output of an op.
-fn supported_mode(op: Op, tensor: &str) -> WriteMode {
-    match (op, tensor) {
+fn supported_mode(spec: &KernelSpec, tensor: &str) -> WriteMode {
+    match (spec.op, tensor) {
+        (_, "dbias") if spec.masks.bias == Some(BiasHeads::Shared) => WriteMode::AtomicScatter,
         (Op::BackwardQ, "p_ds") => WriteMode::ScratchFlush,
         (Op::BackwardQ, "dkv") => WriteMode::AtomicScatter,
         (Op::BackwardKv, "dq") => WriteMode::AtomicScatter,
@@ -458,7 +494,8 @@ fn check_ownership(
             .major
             .fixed_axes()
             .iter()
-            .find(|a| !layout.contains(a))
+            // A query head lies in exactly one KV head's group.
+            .find(|a| !layout.contains(a) && !(**a == Axis::KvH && layout.contains(&Axis::H)))
     {
         let axes: Vec<_> = layout.iter().map(|a| a.name()).collect();
         return Err(DslError::spec(
@@ -475,7 +512,7 @@ fn check_ownership(
             ),
         ));
     }
-    let supported = supported_mode(spec.op, name);
+    let supported = supported_mode(spec, name);
     if mode != supported {
         return Err(DslError::spec(
             Field::Write(name.to_string()),

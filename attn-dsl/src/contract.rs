@@ -60,10 +60,7 @@ mod tests {
     const P: Scratch = Scratch {
         tensor: "p_ds",
         layout: &[Axis::Part, Axis::S, Axis::H, Axis::J],
-        masks: Masks {
-            causal: true,
-            document: true,
-        },
+        masks: Masks::new(true, true),
     };
 
     #[test]
@@ -79,10 +76,7 @@ mod tests {
         assert!(!compatible(
             &P,
             &Scratch {
-                masks: Masks {
-                    causal: false,
-                    document: true
-                },
+                masks: Masks::new(false, true),
                 ..P
             }
         ));

@@ -9,6 +9,8 @@ pub enum Field {
     HeadDim,
     Gqa,
     Masks,
+    /// One word of the `masks` list.
+    Mask(String),
     Target,
     WorkgroupSize,
     Source,
@@ -25,6 +27,7 @@ impl fmt::Display for Field {
             Field::HeadDim => f.write_str("head_dim"),
             Field::Gqa => f.write_str("gqa"),
             Field::Masks => f.write_str("masks"),
+            Field::Mask(word) => write!(f, "masks.{word}"),
             Field::Target => f.write_str("target"),
             Field::WorkgroupSize => f.write_str("workgroup_size"),
             Field::Source => f.write_str("source"),

@@ -4,7 +4,7 @@
 //!
 //! ```
 //! use attn_dsl::{compile, KernelSpec, Masks, Op};
-//! let spec = KernelSpec::standard("fwd", Op::Forward, 64, Masks { causal: true, document: true });
+//! let spec = KernelSpec::standard("fwd", Op::Forward, 64, Masks::new(true, true));
 //! let abi = compile(&spec).unwrap();
 //! assert_eq!(abi.bindings.len(), 8);
 //! assert!(abi.wgsl.contains("@workgroup_size(WG)"));
@@ -34,10 +34,13 @@ pub use error::{DslError, Field};
 pub const DKV_LANES: u32 = 4;
 pub use plan::{Access, Binding, KernelAbi, Scalar};
 pub use spec::{
-    Axis, Flash, FlashConfig, Gqa, Grid, KernelSpec, Limits, Major, Masks, Op, Precision, Scatter,
-    Source, Target, WriteMode,
+    Axis, BiasHeads, Flash, FlashConfig, Gqa, Grid, KernelSpec, Limits, Major, Masks, Op,
+    Precision, Scatter, Source, Target, WriteMode,
 };
 pub use validate::ValidateError;
+
+/// Philox-4x32-10 in WGSL (`philox4x32_10(counter, key)`), as every dropout kernel has it.
+pub const PHILOX_WGSL: &str = emit::scores::PHILOX;
 
 /// Checks `spec`, plans its bindings, emits its WGSL and validates it with naga.
 pub fn compile(spec: &KernelSpec) -> Result<KernelAbi, DslError> {

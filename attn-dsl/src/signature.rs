@@ -3,7 +3,7 @@
 //! Binding order follows the seeds' bind-group tables, which are the reference ABI, with
 //! the tensors an op only needs in some schedules present only there.
 
-use crate::spec::{Axis, KernelSpec, Op, Source};
+use crate::spec::{Axis, BiasHeads, KernelSpec, Op, Source};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
@@ -30,6 +30,12 @@ pub enum Presence {
     IfRecompute,
     /// In a backward_kv that reads P and dS from scratch.
     IfScratch,
+    /// With ALiBi (the slopes).
+    IfAlibi,
+    /// With a bias of these heads.
+    IfBias(BiasHeads),
+    /// When written, with a bias of these heads.
+    IfBiasWritten(BiasHeads),
 }
 
 /// One tensor (or uniform block) an op touches.
@@ -69,13 +75,28 @@ const fn when(t: Tensor, presence: Presence) -> Tensor {
 
 use Axis::{B, D, H, J, KvH, Part, S};
 use Elem::{F32, U32};
-use Presence::{IfDocument, IfRecompute, IfScratch, IfWritten};
+use Presence::{IfAlibi, IfBias, IfBiasWritten, IfDocument, IfRecompute, IfScratch, IfWritten};
 use Role::{Input, Output, Uniform};
 
 const DIMS: Tensor = t("dims", Uniform, U32, &[]);
 const PARAMS_T: Tensor = t("params", Uniform, F32, &[]);
 // Document start (part 0) and end (part 1) of every row.
 const SEG: Tensor = when(t("seg", Input, U32, &[Part, B, S]), IfDocument);
+// The score modifiers' tensors, bound after the rest so that binding numbers stay put.
+const ALIBI: Tensor = when(t("alibi", Input, F32, &[H]), IfAlibi);
+const BIAS: Tensor = when(
+    t("bias", Input, F32, &[B, H, S, J]),
+    IfBias(BiasHeads::PerHead),
+);
+const SHARED_BIAS: Tensor = when(t("bias", Input, F32, &[B, S, J]), IfBias(BiasHeads::Shared));
+const DBIAS: Tensor = when(
+    t("dbias", Output, F32, &[B, H, S, J]),
+    IfBiasWritten(BiasHeads::PerHead),
+);
+const SHARED_DBIAS: Tensor = when(
+    t("dbias", Output, F32, &[B, S, J]),
+    IfBiasWritten(BiasHeads::Shared),
+);
 
 const FORWARD: &[Tensor] = &[
     t("q", Input, F32, &[B, S, H, D]),
@@ -86,6 +107,9 @@ const FORWARD: &[Tensor] = &[
     DIMS,
     PARAMS_T,
     SEG,
+    ALIBI,
+    BIAS,
+    SHARED_BIAS,
 ];
 
 const DECODE: &[Tensor] = &[
@@ -95,6 +119,7 @@ const DECODE: &[Tensor] = &[
     t("o", Output, F32, &[B, H, D]),
     DIMS,
     PARAMS_T,
+    ALIBI,
 ];
 
 // The backward binds at most 8 storage buffers, WebGPU's default, by packing: LSE with D in
@@ -121,6 +146,11 @@ const BACKWARD_Q: &[Tensor] = &[
     DIMS,
     PARAMS_T,
     SEG,
+    ALIBI,
+    BIAS,
+    SHARED_BIAS,
+    DBIAS,
+    SHARED_DBIAS,
 ];
 
 const BACKWARD_KV: &[Tensor] = &[
@@ -137,6 +167,11 @@ const BACKWARD_KV: &[Tensor] = &[
     DIMS,
     PARAMS_T,
     SEG,
+    ALIBI,
+    BIAS,
+    SHARED_BIAS,
+    DBIAS,
+    SHARED_DBIAS,
 ];
 
 const ROPE: &[Tensor] = &[
@@ -167,6 +202,11 @@ pub fn tensors(spec: &KernelSpec) -> Vec<Tensor> {
             Presence::IfWritten => spec.write_mode(t.name).is_some(),
             Presence::IfRecompute => spec.source == Source::Recompute,
             Presence::IfScratch => spec.source == Source::Scratch,
+            Presence::IfAlibi => spec.masks.alibi,
+            Presence::IfBias(heads) => spec.masks.bias == Some(heads),
+            Presence::IfBiasWritten(heads) => {
+                spec.masks.bias == Some(heads) && spec.write_mode(t.name).is_some()
+            }
         })
         .copied()
         .collect()
@@ -176,7 +216,7 @@ pub const PARAMS: UniformBlock = UniformBlock {
     binding: "params",
     struct_name: "Params",
     elem: F32,
-    fields: &["scale", "_pad0", "_pad1", "_pad2"],
+    fields: &["scale", "softcap", "dropout_scale", "_pad0"],
 };
 
 /// The run-time dims of `op`. Field 0 is the length the grid walks (or the cache length),
@@ -191,8 +231,8 @@ pub fn dims(op: Op) -> UniformBlock {
             "head_dim",
             "batch",
             "capacity",
+            "window",
             "_pad0",
-            "_pad1",
         ],
         Op::Rope | Op::RopeBackward => &[
             "seq_len",
@@ -204,15 +244,21 @@ pub fn dims(op: Op) -> UniformBlock {
             "_pad1",
             "_pad2",
         ],
+        // window: the sliding window; seed_lo, seed_hi, rng_offset: dropout's Philox key and
+        // counter word; drop_threshold: p·2^32, under which a Philox word drops.
         _ => &[
             "seq_len",
             "n_heads",
             "n_kv_heads",
             "head_dim",
             "batch",
+            "window",
+            "seed_lo",
+            "seed_hi",
+            "rng_offset",
+            "drop_threshold",
             "_pad0",
             "_pad1",
-            "_pad2",
         ],
     };
     UniformBlock {

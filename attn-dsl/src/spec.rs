@@ -207,6 +207,9 @@ pub enum Gqa {
     Ratio(u32),
 }
 
+/// Which keys a query sees, and how its scores are modified before the softmax: the words
+/// of a description's `masks` list. Each is a compile-time specialization; the values
+/// (window, slopes, bias, cap, dropout probability and seed) come at run time.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Masks {
     /// Query `s` sees keys `j <= s`.
@@ -214,6 +217,78 @@ pub struct Masks {
     /// Query `s` sees only keys of its own document: `seg` holds each row's document
     /// start and end.
     pub document: bool,
+    /// Query `s` sees keys within the run-time `dims.window` W: `s - W < j <= s` with
+    /// `causal`, `|s - j| < W` without. Tiles outside every row's window are skipped.
+    pub window: bool,
+    /// `alibi[h] · (j - s)` is added to the scores (ALiBi), slopes `[n_heads]` at run time.
+    pub alibi: bool,
+    /// An additive bias tensor, and whether it has a slice per head or one shared by all.
+    pub bias: Option<BiasHeads>,
+    /// Scores become `cap · tanh(score / cap)`, `cap = params.softcap`, before the softmax
+    /// (Gemma 2's logit soft-capping); the bias and ALiBi are added before the cap.
+    pub softcap: bool,
+    /// P is dropped with probability `params.dropout` and the kept values scaled by
+    /// `1 / (1 - p)`, by a counter-based RNG keyed by `(seed, offset, batch, head, s, j)`
+    /// (Philox-4x32-10), so every kernel regenerates the same mask whatever its tile order.
+    pub dropout: bool,
+}
+
+/// The head axis of an additive bias: `[n_heads, seq, seq]` or `[1, seq, seq]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BiasHeads {
+    /// One slice per query head: the grid owns dBias wherever it owns the head.
+    PerHead,
+    /// One slice broadcast over the heads: dBias sums over heads, a reduction.
+    Shared,
+}
+
+impl Masks {
+    /// Only the causal and document masks, as the kernels had before the modifiers.
+    pub const fn new(causal: bool, document: bool) -> Masks {
+        Masks {
+            causal,
+            document,
+            window: false,
+            alibi: false,
+            bias: None,
+            softcap: false,
+            dropout: false,
+        }
+    }
+
+    /// The description's words for these masks, in the order the macro takes them.
+    pub fn words(&self) -> Vec<&'static str> {
+        let flags = [
+            (self.causal, "causal"),
+            (self.document, "document"),
+            (self.window, "window"),
+            (self.alibi, "alibi"),
+            (self.bias == Some(BiasHeads::PerHead), "bias"),
+            (self.bias == Some(BiasHeads::Shared), "shared_bias"),
+            (self.softcap, "softcap"),
+            (self.dropout, "dropout"),
+        ];
+        flags
+            .iter()
+            .filter(|(on, _)| *on)
+            .map(|(_, w)| *w)
+            .collect()
+    }
+
+    /// How the backward kernel that computes dS writes dBias: owned with a bias per head
+    /// (the grids that own a head own its slice), by atomics with one shared by the heads.
+    pub fn dbias_mode(&self) -> Option<WriteMode> {
+        self.bias.map(|heads| match heads {
+            BiasHeads::PerHead => WriteMode::Owned,
+            BiasHeads::Shared => WriteMode::AtomicScatter,
+        })
+    }
+
+    /// Whether a score is anything but `scale · q·k`.
+    pub fn modifies_scores(&self) -> bool {
+        self.alibi || self.bias.is_some() || self.softcap
+    }
 }
 
 /// Where the kernel must run, and so which limits and shader capabilities apply.

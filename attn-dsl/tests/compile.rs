@@ -5,10 +5,7 @@ use attn_dsl::{
     Access, DslError, Field, Gqa, KernelSpec, Major, Masks, Op, Target, WriteMode, compile,
 };
 
-const CAUSAL_DOC: Masks = Masks {
-    causal: true,
-    document: true,
-};
+const CAUSAL_DOC: Masks = Masks::new(true, true);
 
 fn forward(head_dim: u32, masks: Masks) -> KernelSpec {
     KernelSpec::standard("attention_forward", Op::Forward, head_dim, masks)
@@ -28,7 +25,7 @@ fn field_of(spec: &KernelSpec) -> Field {
 fn forward_compiles_for_every_mask_and_head_dim() {
     for head_dim in [1, 32, 64, 96, 128, 256] {
         for (causal, document) in [(false, false), (true, false), (false, true), (true, true)] {
-            let spec = forward(head_dim, Masks { causal, document });
+            let spec = forward(head_dim, Masks::new(causal, document));
             let abi =
                 compile(&spec).unwrap_or_else(|e| panic!("d{head_dim} {causal} {document}: {e}"));
             assert_eq!(abi.binding("seg").is_some(), document);
@@ -85,16 +82,8 @@ fn head_dim_over_the_limit_is_refused() {
 
 #[test]
 fn decode_refuses_masks_it_cannot_honour() {
-    let spec = KernelSpec::standard(
-        "dec",
-        Op::Decode,
-        64,
-        Masks {
-            causal: true,
-            document: false,
-        },
-    );
-    assert_eq!(field_of(&spec), Field::Masks);
+    let spec = KernelSpec::standard("dec", Op::Decode, 64, Masks::new(true, false));
+    assert_eq!(field_of(&spec), Field::Mask("causal".into()));
 }
 
 #[test]
@@ -161,14 +150,7 @@ fn backward_q(writes: &[(&str, WriteMode)]) -> KernelSpec {
 fn every_backward_schedule_compiles_within_webgpu_limits() {
     use WriteMode::{AtomicScatter, ScratchFlush};
     for head_dim in [32, 64, 128] {
-        for masks in [
-            CAUSAL_DOC,
-            Masks {
-                causal: false,
-                document: true,
-            },
-            Masks::default(),
-        ] {
+        for masks in [CAUSAL_DOC, Masks::new(false, true), Masks::default()] {
             let split = backward_q(&[("p_ds", ScratchFlush)]);
             let cas = backward_q(&[("dkv", AtomicScatter)]);
             let native = KernelSpec {
@@ -251,13 +233,10 @@ fn rope_compiles_and_needs_an_even_head_dim() {
             field_of(&KernelSpec::standard("rope", op, 63, Masks::default())),
             Field::HeadDim
         );
-        let causal = Masks {
-            causal: true,
-            document: false,
-        };
+        let causal = Masks::new(true, false);
         assert_eq!(
             field_of(&KernelSpec::standard("rope", op, 64, causal)),
-            Field::Masks
+            Field::Mask("causal".into())
         );
     }
 }
@@ -273,7 +252,7 @@ fn flash_forward_compiles_for_every_mask() {
     };
     for head_dim in [64, 128] {
         for (causal, document) in [(true, true), (true, false), (false, true), (false, false)] {
-            let masks = Masks { causal, document };
+            let masks = Masks::new(causal, document);
             for subgroups in [false, true] {
                 let config = attn_dsl::FlashConfig {
                     subgroups,
@@ -302,11 +281,95 @@ fn flash_backward_halves_compile_for_every_mask() {
     };
     for head_dim in [64, 128] {
         for (causal, document) in [(true, true), (true, false), (false, true), (false, false)] {
-            let masks = Masks { causal, document };
+            let masks = Masks::new(causal, document);
             for op in [Op::BackwardQ, Op::BackwardKv] {
                 let spec = KernelSpec::flash("bwd", op, head_dim, masks, config);
                 compile(&spec).unwrap_or_else(|e| panic!("{op:?} d{head_dim}: {e}"));
             }
         }
     }
+}
+
+/// Every mask and score modifier at once, the bias per head or shared.
+fn every_modifier(causal: bool, heads: attn_dsl::BiasHeads) -> Masks {
+    Masks {
+        window: true,
+        alibi: true,
+        bias: Some(heads),
+        softcap: true,
+        dropout: true,
+        ..Masks::new(causal, true)
+    }
+}
+
+#[test]
+fn every_schedule_compiles_with_every_modifier() {
+    use WriteMode::{AtomicScatter, Owned, ScratchFlush};
+    let config = attn_dsl::FlashConfig::from_label("16x16/2@64").unwrap();
+    for heads in [attn_dsl::BiasHeads::PerHead, attn_dsl::BiasHeads::Shared] {
+        let dbias = match heads {
+            attn_dsl::BiasHeads::PerHead => Owned,
+            attn_dsl::BiasHeads::Shared => AtomicScatter,
+        };
+        for causal in [false, true] {
+            let masks = every_modifier(causal, heads);
+            let with = |mut spec: KernelSpec, writes: &[(&str, WriteMode)]| {
+                spec.writes = writes.iter().map(|(n, m)| (n.to_string(), *m)).collect();
+                spec.fit_target();
+                compile(&spec).unwrap_or_else(|e| panic!("{} {heads:?} {causal}: {e}", spec.name))
+            };
+            let std = |op| KernelSpec::standard("kern", op, 64, masks);
+            let flash = |op| KernelSpec::flash("kern", op, 64, masks, config);
+            let abi = with(std(Op::Forward), &[("o", Owned), ("lse", Owned)]);
+            assert!(abi.binding("bias").is_some() && abi.binding("alibi").is_some());
+            with(flash(Op::Forward), &[("o", Owned), ("lse", Owned)]);
+            let split = [("dq", Owned), ("p_ds", ScratchFlush), ("dbias", dbias)];
+            let abi = with(std(Op::BackwardQ), &split);
+            assert_eq!(abi.binding("dbias").unwrap().write, Some(dbias));
+            with(std(Op::BackwardQ), &[("dq", Owned), ("dbias", dbias)]);
+            with(std(Op::BackwardKv), &[("dk", Owned), ("dv", Owned)]);
+            let streaming = [("dq", Owned), ("dkv", AtomicScatter), ("dbias", dbias)];
+            with(flash(Op::BackwardQ), &streaming);
+            with(flash(Op::BackwardKv), &[("dk", Owned), ("dv", Owned)]);
+            let scatter = [
+                ("dk", Owned),
+                ("dv", Owned),
+                ("dq", AtomicScatter),
+                ("dbias", dbias),
+            ];
+            with(flash(Op::BackwardKv), &scatter);
+        }
+    }
+    let decode = Masks {
+        window: true,
+        alibi: true,
+        softcap: true,
+        ..Masks::default()
+    };
+    compile(&KernelSpec::standard("dec", Op::Decode, 64, decode)).unwrap();
+}
+
+#[test]
+fn modifiers_a_kernel_cannot_honour_are_refused_at_their_word() {
+    let dropout = Masks {
+        dropout: true,
+        ..Masks::default()
+    };
+    let spec = KernelSpec::standard("dec", Op::Decode, 64, dropout);
+    assert_eq!(field_of(&spec), Field::Mask("dropout".into()));
+    let window = Masks {
+        window: true,
+        ..Masks::default()
+    };
+    let spec = KernelSpec::standard("rope", Op::Rope, 64, window);
+    assert_eq!(field_of(&spec), Field::Mask("window".into()));
+    // dBias of a bias shared by the heads: every head's workgroup adds into one element.
+    let shared = every_modifier(true, attn_dsl::BiasHeads::Shared);
+    let mut spec = KernelSpec::standard("bq", Op::BackwardQ, 64, shared);
+    spec.writes.push(("dbias".into(), WriteMode::Owned));
+    assert_eq!(field_of(&spec), Field::Write("dbias".into()));
+    // dBias without a bias.
+    let mut spec = KernelSpec::standard("bq", Op::BackwardQ, 64, CAUSAL_DOC);
+    spec.writes.push(("dbias".into(), WriteMode::Owned));
+    assert_eq!(field_of(&spec), Field::Write("dbias".into()));
 }

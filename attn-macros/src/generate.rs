@@ -103,11 +103,11 @@ pub fn scratch_contract(lowered: &Lowered, abi: &KernelAbi) -> TokenStream {
     let scratch = |b: &Binding| {
         let tensor = b.name.as_ref();
         let layout = b.layout.iter().map(|a| axis(*a));
-        let (causal, document) = (abi.masks.causal, abi.masks.document);
+        let masks = masks_tokens(&abi.masks);
         quote!(::attn_dsl::contract::Scratch {
             tensor: #tensor,
             layout: &[#(::attn_dsl::Axis::#layout),*],
-            masks: ::attn_dsl::Masks { causal: #causal, document: #document },
+            masks: #masks,
         })
     };
     let mut out = TokenStream::new();
@@ -199,7 +199,7 @@ fn abi_const(abi: &KernelAbi, wgsl: TokenStream) -> TokenStream {
         Gqa::Any => quote!(::attn_dsl::Gqa::Any),
         Gqa::Ratio(r) => quote!(::attn_dsl::Gqa::Ratio(#r)),
     };
-    let (causal, document) = (abi.masks.causal, abi.masks.document);
+    let masks = masks_tokens(&abi.masks);
     let target = match abi.target {
         Target::Webgpu => quote!(::attn_dsl::Target::Webgpu),
         Target::Native(l) => {
@@ -226,7 +226,7 @@ fn abi_const(abi: &KernelAbi, wgsl: TokenStream) -> TokenStream {
             grid: ::attn_dsl::Grid { major: #major, tile: #tile, flash: #flash },
             head_dim: #head_dim,
             gqa: #gqa,
-            masks: ::attn_dsl::Masks { causal: #causal, document: #document },
+            masks: #masks,
             target: #target,
             f32_atomics: #f32_atomics,
             workgroup_storage_bytes: #wg_bytes,
@@ -417,4 +417,35 @@ fn dispatch_grid(abi: &KernelAbi) -> TokenStream {
             ABI.dispatch_grid(&[#(dims.#fields),*])
         }
     }
+}
+
+/// The `Masks` value of a kernel, as an expression.
+fn masks_tokens(m: &attn_dsl::Masks) -> TokenStream {
+    let attn_dsl::Masks {
+        causal,
+        document,
+        window,
+        alibi,
+        bias,
+        softcap,
+        dropout,
+    } = *m;
+    let bias = match bias {
+        None => quote!(::core::option::Option::None),
+        Some(attn_dsl::BiasHeads::PerHead) => {
+            quote!(::core::option::Option::Some(::attn_dsl::BiasHeads::PerHead))
+        }
+        Some(attn_dsl::BiasHeads::Shared) => {
+            quote!(::core::option::Option::Some(::attn_dsl::BiasHeads::Shared))
+        }
+    };
+    quote!(::attn_dsl::Masks {
+        causal: #causal,
+        document: #document,
+        window: #window,
+        alibi: #alibi,
+        bias: #bias,
+        softcap: #softcap,
+        dropout: #dropout,
+    })
 }

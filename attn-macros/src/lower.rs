@@ -2,8 +2,8 @@
 //! error points at the token that caused it.
 
 use attn_dsl::{
-    DslError, Field, Flash, Gqa, Grid, KernelSpec, Limits, Major, Masks, Op, Precision, Scatter,
-    Source, Target, WriteMode,
+    BiasHeads, DslError, Field, Flash, Gqa, Grid, KernelSpec, Limits, Major, Masks, Op, Precision,
+    Scatter, Source, Target, WriteMode,
 };
 use proc_macro2::Span;
 use syn::Ident;
@@ -55,8 +55,9 @@ pub fn lower(d: &Description) -> syn::Result<Lowered> {
         .map(gqa)
         .transpose()?
         .unwrap_or(Gqa::Any);
+    let mut mask_spans = Vec::new();
     let masks = get("masks", Field::Masks)
-        .map(masks)
+        .map(|v| masks(v, &mut mask_spans))
         .transpose()?
         .unwrap_or_default();
     let target = get("target", Field::Target)
@@ -103,6 +104,7 @@ pub fn lower(d: &Description) -> syn::Result<Lowered> {
         None => (Source::default(), None),
     };
     let writes_value = require(d, get("writes", Field::Write(String::new())), "writes")?;
+    spans.extend(mask_spans);
     let writes = writes(writes_value, &mut spans)?;
     let spec = KernelSpec {
         name: d.name.to_string(),
@@ -301,7 +303,10 @@ fn gqa(v: &Value) -> syn::Result<Gqa> {
     }
 }
 
-fn masks(v: &Value) -> syn::Result<Masks> {
+const MASK_WORDS: &str =
+    "`causal`, `document`, `window`, `alibi`, `bias`, `shared_bias`, `softcap` or `dropout`";
+
+fn masks(v: &Value, spans: &mut Vec<(Field, Span)>) -> syn::Result<Masks> {
     let items = match v {
         Value::List(items, _) => items.as_slice(),
         Value::Word(w) if w == "none" => &[],
@@ -314,20 +319,39 @@ fn masks(v: &Value) -> syn::Result<Masks> {
     };
     let mut masks = Masks::default();
     for m in items {
-        let slot = match m.to_string().as_str() {
-            "causal" => &mut masks.causal,
-            "document" => &mut masks.document,
+        let word = m.to_string();
+        let listed = match word.as_str() {
+            "causal" => std::mem::replace(&mut masks.causal, true),
+            "document" => std::mem::replace(&mut masks.document, true),
+            "window" => std::mem::replace(&mut masks.window, true),
+            "alibi" => std::mem::replace(&mut masks.alibi, true),
+            "softcap" => std::mem::replace(&mut masks.softcap, true),
+            "dropout" => std::mem::replace(&mut masks.dropout, true),
+            "bias" | "shared_bias" => {
+                let heads = match word.as_str() {
+                    "bias" => BiasHeads::PerHead,
+                    _ => BiasHeads::Shared,
+                };
+                masks.bias.replace(heads).is_some()
+            }
             _ => {
                 return err(
                     m.span(),
-                    format!("unknown mask `{m}`; expected `causal` or `document`"),
+                    format!("unknown mask `{m}`; expected {MASK_WORDS}"),
                 );
             }
         };
-        if *slot {
-            return err(m.span(), format!("mask `{m}` is listed twice"));
+        if listed {
+            let hint = match word.as_str() {
+                "bias" | "shared_bias" => {
+                    "; a kernel takes one bias: `bias` ([batch, heads, seq, seq]) or \
+                     `shared_bias` ([batch, 1, seq, seq])"
+                }
+                _ => "",
+            };
+            return err(m.span(), format!("mask `{m}` is listed twice{hint}"));
         }
-        *slot = true;
+        spans.push((Field::Mask(word), m.span()));
     }
     Ok(masks)
 }

@@ -6,6 +6,7 @@ use crate::buffers;
 use crate::error::{Error, InputError};
 use crate::gpu::Gpu;
 use crate::kernel::Kernel;
+use crate::modifiers::Modifiers;
 
 /// Head counts and head size, shared by queries and keys.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,6 +40,8 @@ pub struct ForwardInput<'a> {
     pub seg: Option<&'a [u32]>,
     /// Defaults to `1 / sqrt(head_dim)`.
     pub scale: Option<f32>,
+    /// The values of the kernel's score modifiers (window, ALiBi, bias, soft cap, dropout).
+    pub mods: Modifiers<'a>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -60,6 +63,8 @@ pub struct DecodeInput<'a> {
     pub k_cache: &'a [f32],
     pub v_cache: &'a [f32],
     pub scale: Option<f32>,
+    /// The window (over the cache's last rows), ALiBi slopes and soft cap the kernel takes.
+    pub mods: Modifiers<'a>,
 }
 
 /// The `seg` of sequences packed along one axis, FlashAttention's `cu_seqlens`: row `s` of
@@ -114,13 +119,9 @@ pub fn forward(gpu: &Gpu, kernel: &Kernel, input: &ForwardInput) -> Result<Forwa
     let lse_len = (input.batch * input.seq_len * h.n_heads) as usize;
     let o = buffers::output::<f32>(gpu, "o", o_len);
     let lse = buffers::output::<f32>(gpu, "lse", lse_len);
-    let (dims, params) = uniforms(
-        gpu,
-        abi,
-        &dims,
-        &[("scale", input.scale.unwrap_or(h.default_scale()))],
-    )?;
-    let bound = [
+    let (dims, params) = modified_uniforms(gpu, abi, &dims, input.scale, h, &input.mods)?;
+    let mods = input.mods.buffers(gpu);
+    let mut bound = vec![
         ("q", &q),
         ("k", &k),
         ("v", &v),
@@ -130,6 +131,7 @@ pub fn forward(gpu: &Gpu, kernel: &Kernel, input: &ForwardInput) -> Result<Forwa
         ("params", &params),
         ("seg", &seg),
     ];
+    bound.extend(mods.iter().map(|(n, b)| (*n, b)));
     submit(gpu, kernel, &bound, grid)?;
     let mut out = buffers::read_many::<f32>(gpu, &[(&o, o_len), (&lse, lse_len)])?;
     let lse = out.pop().unwrap_or_default();
@@ -156,13 +158,9 @@ pub fn decode(gpu: &Gpu, kernel: &Kernel, input: &DecodeInput) -> Result<Vec<f32
     let k = buffers::storage(gpu, "k_cache", input.k_cache);
     let v = buffers::storage(gpu, "v_cache", input.v_cache);
     let o = buffers::output::<f32>(gpu, "o", input.q.len());
-    let (dims, params) = uniforms(
-        gpu,
-        abi,
-        &dims,
-        &[("scale", input.scale.unwrap_or(h.default_scale()))],
-    )?;
-    let bound = [
+    let (dims, params) = modified_uniforms(gpu, abi, &dims, input.scale, h, &input.mods)?;
+    let mods = input.mods.buffers(gpu);
+    let mut bound = vec![
         ("q", &q),
         ("k_cache", &k),
         ("v_cache", &v),
@@ -170,6 +168,7 @@ pub fn decode(gpu: &Gpu, kernel: &Kernel, input: &DecodeInput) -> Result<Vec<f32
         ("dims", &dims),
         ("params", &params),
     ];
+    bound.extend(mods.iter().map(|(n, b)| (*n, b)));
     submit(gpu, kernel, &bound, grid)?;
     buffers::read(gpu, &o, input.q.len())
 }
@@ -240,6 +239,23 @@ fn uniform_block<'a>(abi: &'a KernelAbi, name: &str) -> Result<&'a Binding, Erro
             kernel: abi.name.to_string(),
             binding: name.to_string(),
         })
+}
+
+/// The `dims` and `params` uniforms of an attention op: `dims` and the scale (default
+/// `1 / sqrt(head_dim)`), with the fields of the modifiers.
+pub(crate) fn modified_uniforms(
+    gpu: &Gpu,
+    abi: &KernelAbi,
+    dims: &[(&'static str, u32)],
+    scale: Option<f32>,
+    h: Heads,
+    mods: &Modifiers,
+) -> Result<(wgpu::Buffer, wgpu::Buffer), Error> {
+    let dims: Vec<_> = dims.iter().copied().chain(mods.dims()).collect();
+    let params: Vec<_> = std::iter::once(("scale", scale.unwrap_or(h.default_scale())))
+        .chain(mods.params())
+        .collect();
+    uniforms(gpu, abi, &dims, &params)
 }
 
 /// The `dims` and `params` uniforms, filled from the kernel's plan by field name (fields
@@ -317,6 +333,12 @@ pub(crate) fn validate_sequence(
     )?;
     binding_size(limits, (s * nh * d).max(s * nkv * d) * 4)?;
     validate_scale(input.scale)?;
+    input
+        .mods
+        .validate(abi, input.batch, input.seq_len, h.n_heads)?;
+    if let Some(b) = input.mods.bias {
+        binding_size(limits, b.values.len() as u64 * 4)?;
+    }
     match input.seg {
         Some(_) if !abi.masks.document => Err(InputError::SegWithoutDocumentMask {
             kernel: abi.name.to_string(),
@@ -386,7 +408,8 @@ pub fn validate_decode(
         });
     }
     binding_size(limits, input.k_cache.len() as u64 * 4)?;
-    validate_scale(input.scale)
+    validate_scale(input.scale)?;
+    input.mods.validate(abi, input.batch, 1, h.n_heads)
 }
 
 pub(crate) fn expect_op(abi: &KernelAbi, wanted: Op) -> Result<(), InputError> {

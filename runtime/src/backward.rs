@@ -6,12 +6,13 @@ use std::str::FromStr;
 
 use attn_dsl::{FlashConfig, KernelAbi, Scatter};
 
-use crate::attention::{self, ForwardInput, Heads, length, submit, uniforms};
+use crate::attention::{self, ForwardInput, Heads, length, submit};
 use crate::buffers;
 use crate::error::{Error, InputError};
 use crate::gpu::Gpu;
 use crate::kernel::Kernel;
 use crate::kernels::BackwardKernels;
+use crate::modifiers::Modifiers;
 use crate::tuning::{self, Table};
 
 /// How dQ, dK and dV are produced (DESIGN.md §4).
@@ -104,14 +105,18 @@ pub struct BackwardInput<'a> {
     pub d_o: &'a [f32],
     pub seg: Option<&'a [u32]>,
     pub scale: Option<f32>,
+    /// The forward's modifier values (the same dropout seed and offset regenerate its mask).
+    pub mods: Modifiers<'a>,
 }
 
-/// dQ `[batch, seq, n_heads, d]`, dK and dV `[batch, seq, n_kv_heads, d]`.
-#[derive(Clone, Debug, PartialEq)]
+/// dQ `[batch, seq, n_heads, d]`, dK and dV `[batch, seq, n_kv_heads, d]`, and with a
+/// bias, dBias in the bias's layout (empty without one).
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Gradients {
     pub dq: Vec<f32>,
     pub dk: Vec<f32>,
     pub dv: Vec<f32>,
+    pub dbias: Vec<f32>,
 }
 
 /// The kernels of one head_dim, compiled.
@@ -222,6 +227,7 @@ impl Backward {
             dq: vec![0.0; input.q.len()],
             dk: vec![0.0; input.k.len()],
             dv: vec![0.0; input.v.len()],
+            dbias: vec![0.0; input.mods.bias.map_or(0, |b| b.values.len())],
         };
         self.accumulate(gpu, input, schedule, zeros)
     }
@@ -239,7 +245,6 @@ impl Backward {
             schedule.unwrap_or_else(|| self.plan(gpu, input.batch, input.seq_len, input.heads));
         let h = input.heads;
         let dims = attention::sequence_dims(input.batch, input.seq_len, h);
-        let scale = input.scale.unwrap_or(h.default_scale());
         let rows = (input.batch * input.seq_len * h.n_heads) as usize;
         // Refuse what this device cannot run before uploading anything.
         let kernels = self.kernels_for(set, schedule)?;
@@ -272,6 +277,7 @@ impl Backward {
             ("dk", &grads.dk),
             ("dv", &grads.dv),
             ("dkv", &dkv),
+            ("dbias", dbias_or_word(&grads.dbias)),
         ]
         .into_iter()
         .map(|(name, data)| (name, buffers::storage(gpu, name, data), data.len()))
@@ -282,7 +288,15 @@ impl Backward {
         let kernels = self.kernels_for(set, schedule)?;
         let seg = attention::seg_buffer(gpu, input.seg, input.batch, input.seq_len);
         let stats = buffers::output::<f32>(gpu, "stats", 2 * rows);
-        let (dims_buf, params_buf) = uniforms(gpu, kernels[0].abi(), &dims, &[("scale", scale)])?;
+        let (dims_buf, params_buf) = attention::modified_uniforms(
+            gpu,
+            kernels[0].abi(),
+            &dims,
+            input.scale,
+            h,
+            &input.mods,
+        )?;
+        let mods = input.mods.buffers(gpu);
         let mut bound: Vec<(&str, &wgpu::Buffer)> = named.iter().map(|(n, b, _)| (*n, b)).collect();
         bound.extend([
             ("seg", &seg),
@@ -290,6 +304,7 @@ impl Backward {
             ("dims", &dims_buf),
             ("params", &params_buf),
         ]);
+        bound.extend(mods.iter().map(|(n, b)| (*n, b)));
         if let (Schedule::Split, Some(scratch)) = (schedule, &self.scratch) {
             bound.push(("p_ds", &scratch.p_ds));
         }
@@ -297,10 +312,14 @@ impl Backward {
             let grid = attention::checked_grid(kernel.abi(), gpu.limits(), &dims)?;
             submit(gpu, kernel, &bound, grid)?;
         }
-        let outputs: &[&str] = match packed {
-            true => &["dq", "dkv"],
-            false => &["dq", "dk", "dv"],
+        let mut outputs = match packed {
+            true => vec!["dq", "dkv"],
+            false => vec!["dq", "dk", "dv"],
         };
+        let with_dbias = !grads.dbias.is_empty();
+        if with_dbias {
+            outputs.push("dbias");
+        }
         let reads: Vec<(&wgpu::Buffer, usize)> = outputs
             .iter()
             .map(|name| {
@@ -309,6 +328,10 @@ impl Backward {
             })
             .collect();
         let mut out = buffers::read_many::<f32>(gpu, &reads)?;
+        let dbias = match with_dbias {
+            true => out.pop().unwrap_or_default(),
+            false => Vec::new(),
+        };
         if packed {
             let mut dk = sum_lanes(&out[1], lanes);
             let dv = dk.split_off(grads.dk.len());
@@ -318,7 +341,7 @@ impl Backward {
         let dv = out.pop().unwrap_or_default();
         let dk = out.pop().unwrap_or_default();
         let dq = out.pop().unwrap_or_default();
-        Ok((Gradients { dq, dk, dv }, schedule))
+        Ok((Gradients { dq, dk, dv, dbias }, schedule))
     }
 
     fn validate(
@@ -347,8 +370,16 @@ impl Backward {
             v: input.v,
             seg: input.seg,
             scale: input.scale,
+            mods: input.mods,
         };
         attention::validate_sequence(abi, gpu.limits(), &view)?;
+        let dbias_len = input.mods.bias.map_or(0, |b| b.values.len());
+        length(
+            "dbias",
+            grads.dbias.len(),
+            dbias_len as u64,
+            "the length of bias",
+        )?;
         let rows = u64::from(input.batch) * u64::from(input.seq_len) * u64::from(h.n_heads);
         let q_len = rows * u64::from(h.head_dim);
         let q_layout = "batch × seq_len × n_heads × head_dim";
@@ -402,6 +433,14 @@ impl Backward {
                 elems,
             });
         }
+    }
+}
+
+/// The dBias so far, or one word to bind where the kernels write no dBias.
+fn dbias_or_word(dbias: &[f32]) -> &[f32] {
+    match dbias.is_empty() {
+        true => &[0.0],
+        false => dbias,
     }
 }
 

@@ -27,15 +27,33 @@ pub struct BenchShape {
     pub packed: Option<Vec<u32>>,
     pub heads: Heads,
     pub causal: bool,
+    /// A sliding window (`masks: [window]`): each query sees this many keys at most.
+    pub window: Option<u32>,
 }
 
 impl BenchShape {
     /// FlashAttention's count, `4·S²·H·D` per sequence (halved when causal), summed over the
-    /// batch or the packed sequences: the work that no row skips.
+    /// batch or the packed sequences: the work that no row skips. Under a window, `4·H·D`
+    /// per visible (query, key) pair.
     pub fn forward_flops(&self) -> f64 {
         let h = self.heads;
-        let per =
-            |s: u32| 4.0 * f64::from(s).powi(2) * f64::from(h.n_heads) * f64::from(h.head_dim);
+        let hd = f64::from(h.n_heads) * f64::from(h.head_dim);
+        if let Some(w) = self.window {
+            let pairs = |s: u32| -> f64 {
+                (0..s)
+                    .map(|r| match self.causal {
+                        true => f64::from((r + 1).min(w)),
+                        false => f64::from((r + w).min(s) - (r + 1).saturating_sub(w)),
+                    })
+                    .sum()
+            };
+            let total: f64 = match &self.packed {
+                Some(lengths) => lengths.iter().map(|&l| pairs(l)).sum(),
+                None => f64::from(self.batch) * pairs(self.seq),
+            };
+            return 4.0 * hd * total;
+        }
+        let per = |s: u32| 4.0 * f64::from(s).powi(2) * hd;
         let full = match &self.packed {
             Some(lengths) => lengths.iter().map(|&l| per(l)).sum(),
             None => f64::from(self.batch) * per(self.seq),
@@ -55,11 +73,13 @@ impl BenchShape {
             None => format!("seq={}", self.seq),
         };
         format!(
-            "{rows} h={} kv={} d={}{}",
+            "{rows} h={} kv={} d={}{}{}",
             h.n_heads,
             h.n_kv_heads,
             h.head_dim,
-            if self.causal { " causal" } else { "" }
+            if self.causal { " causal" } else { "" },
+            self.window
+                .map_or(String::new(), |w| format!(" window={w}"))
         )
     }
 
@@ -113,8 +133,8 @@ pub fn run(
 ) -> Result<Vec<BenchRow>, Error> {
     let h = shape.heads;
     let masks = Masks {
-        causal: shape.causal,
-        document: shape.packed.is_some(),
+        window: shape.window.is_some(),
+        ..Masks::new(shape.causal, shape.packed.is_some())
     };
     let compile = |spec: &KernelSpec| {
         attn_dsl::compile(spec).map_err(|e| Error::Pipeline {
@@ -184,7 +204,8 @@ pub fn run(
     .into_iter()
     .map(|(n, len)| (n, buffers::output::<f32>(gpu, n, len)))
     .collect();
-    let dims = crate::attention::sequence_dims(shape.batch, shape.seq, h);
+    let mut dims = crate::attention::sequence_dims(shape.batch, shape.seq, h).to_vec();
+    dims.push(("window", shape.window.unwrap_or(0)));
     let (dims_buf, params_buf) =
         uniforms(gpu, forward.abi(), &dims, &[("scale", h.default_scale())])?;
     let seg_buf = crate::attention::seg_buffer(gpu, shape.seg().as_deref(), shape.batch, shape.seq);

@@ -50,15 +50,20 @@ pub fn judge_backward(
     inputs: [&[f32]; 4],
     saved: (&[f32], &[f32]),
     got: [&[f32]; 3],
+    got_dbias: &[f32],
 ) -> Vec<(&'static str, Verdict)> {
     let [q, k, v, d_o] = inputs.map(reference::cast::<f64>);
     let r64 = reference::attention_backward(problem, [&q, &k, &v, &d_o], None);
     let r32 = reference::attention_backward(problem, inputs, Some(saved));
-    vec![
+    let mut verdicts = vec![
         ("dq", judge(got[0], &r64.dq, &r32.dq)),
         ("dk", judge(got[1], &r64.dk, &r32.dk)),
         ("dv", judge(got[2], &r64.dv, &r32.dv)),
-    ]
+    ];
+    if problem.mods.bias.is_some() {
+        verdicts.push(("dbias", judge(got_dbias, &r64.dbias, &r32.dbias)));
+    }
+    verdicts
 }
 
 pub fn judge(gpu: &[f32], reference: &[f64], cpu32: &[f32]) -> Verdict {

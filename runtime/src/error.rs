@@ -93,6 +93,28 @@ pub enum InputError {
         head_dim: u32,
         available: String,
     },
+    #[error(
+        "kernel `{kernel}` was built {}`{word}` in its masks, but the input {}; build the \
+         kernel with the masks the input needs",
+        if *built { "with " } else { "without " },
+        if *built { "gives no value for it" } else { "gives one" }
+    )]
+    Modifier {
+        kernel: String,
+        word: &'static str,
+        built: bool,
+    },
+    #[error(
+        "kernel `{kernel}` takes the other bias layout: `bias` is [batch, n_heads, seq, seq], \
+         `shared_bias` [batch, 1, seq, seq]"
+    )]
+    BiasHeads { kernel: String },
+    #[error("{what} is {value}; it must be {needs}")]
+    BadValue {
+        what: &'static str,
+        value: f64,
+        needs: &'static str,
+    },
     #[error("{what} is {value}, over the adapter's limit of {limit}")]
     OverLimit {
         what: &'static str,

@@ -413,8 +413,18 @@ impl BackwardKernels {
     /// naga-validated) now.
     pub fn compile(head_dim: u32, masks: Masks) -> Result<BackwardKernels, DslError> {
         use WriteMode::{Owned, ScratchFlush};
+        // The dQ kernels see every dS, so they write dBias.
         let spec = |name: &str, op, writes: &[(&str, WriteMode)], source| KernelSpec {
-            writes: writes.iter().map(|(n, m)| (n.to_string(), *m)).collect(),
+            writes: writes
+                .iter()
+                .map(|(n, m)| (n.to_string(), *m))
+                .chain(
+                    masks
+                        .dbias_mode()
+                        .filter(|_| op == Op::BackwardQ)
+                        .map(|m| ("dbias".to_string(), m)),
+                )
+                .collect(),
             source,
             ..KernelSpec::standard(name, op, head_dim, masks)
         };
@@ -431,7 +441,10 @@ impl BackwardKernels {
         let (rec, scr) = (Source::Recompute, Source::Scratch);
         let scratch = [("dq", Owned), ("p_ds", ScratchFlush)];
         let owned_kv = [("dk", Owned), ("dv", Owned)];
-        let build = |s: KernelSpec| attn_dsl::compile(&s).map(Cow::Owned);
+        let build = |mut s: KernelSpec| {
+            s.fit_target();
+            attn_dsl::compile(&s).map(Cow::Owned)
+        };
         Ok(BackwardKernels {
             prep: build(prep)?,
             split_q: build(spec("attention_backward_short", bq, &scratch, rec))?,

@@ -9,7 +9,10 @@
 //! graph: per query head, dK and dV are sums over the query rows, and GQA's query heads of
 //! one KV head are then summed (the backward of repeating K and V across the group).
 
+use attn_dsl::BiasHeads;
 use num_traits::Float;
+
+use crate::modifiers::{Bias, Modifiers};
 use rayon::prelude::*;
 
 /// The float types the references run in, row by row on every core.
@@ -18,7 +21,7 @@ impl<T: Float + Send + Sync> Real for T {}
 
 /// An attention problem with `n_q` query rows against `n_k` key rows, for each of `batch`
 /// independent sequences (tensors `[batch, rows, heads, head_dim]`).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct Problem<'a> {
     pub batch: usize,
     pub n_q: usize,
@@ -31,15 +34,30 @@ pub struct Problem<'a> {
     pub causal: bool,
     /// Document start of each query (and key: queries and keys share positions), `[batch, n_q]`.
     pub seg: Option<&'a [u32]>,
+    /// The score modifiers' values; the bias is `[batch, heads, n_q, n_k]`.
+    pub mods: Modifiers<'a>,
+    /// The position of query row 0 among the keys: 0, or a decode's `cache_len - 1`.
+    pub q_pos: usize,
+    /// Which sequence of the batch this is (dropout's counter), set by `sequence`.
+    pub batch_index: usize,
 }
 
 impl Problem<'_> {
     /// Sequence `b` of the batch as a problem of its own, and its slices of `[q, k]`-shaped
     /// tensors: the references run each sequence alone, as a framework's batched call would.
     fn sequence(&self, b: usize) -> Self {
+        let bias = self.mods.bias.map(|bias| {
+            let len = bias.values.len() / self.batch;
+            Bias {
+                values: &bias.values[b * len..][..len],
+                ..bias
+            }
+        });
         Problem {
             batch: 1,
             seg: self.seg.map(|seg| &seg[b * self.n_q..][..self.n_q]),
+            mods: Modifiers { bias, ..self.mods },
+            batch_index: b,
             ..*self
         }
     }
@@ -55,12 +73,62 @@ impl Problem<'_> {
     /// Query `s` sees key `j` when `j <= s` (causal) and `j >= seg[s]` (document); without
     /// the causal mask, keys past the document end are cut by `seg[j] == seg[s]`.
     pub fn visible(&self, s: usize, j: usize) -> bool {
-        if self.causal && j > s {
+        let pos = s + self.q_pos;
+        if self.causal && j > pos {
+            return false;
+        }
+        if let Some(w) = self.mods.window.map(|w| w as usize)
+            && (pos >= j + w || j >= pos + w)
+        {
             return false;
         }
         match self.seg {
             Some(seg) => j >= seg[s] as usize && (self.causal || seg[j] == seg[s]),
             None => true,
+        }
+    }
+
+    /// The score of query `s` (head h) against key `j` from the dot product: scaled,
+    /// biased, ALiBi's slope added, capped, as the kernels compute it.
+    fn score<T: Float>(&self, s: usize, h: usize, j: usize, dot: T) -> T {
+        let f = |x: f64| T::from(x).expect("fits");
+        let mut x = dot * f(self.scale);
+        if let Some(bias) = self.mods.bias {
+            let slice = match bias.heads {
+                BiasHeads::PerHead => h,
+                BiasHeads::Shared => 0,
+            };
+            x = x + f(f64::from(
+                bias.values[(slice * self.n_q + s) * self.n_k + j],
+            ));
+        }
+        if let Some(slopes) = self.mods.alibi {
+            let distance = j as f64 - (s + self.q_pos) as f64;
+            x = x + f(f64::from(slopes[h])) * f(distance);
+        }
+        if let Some(cap) = self.mods.softcap {
+            x = f(f64::from(cap)) * (x / f(f64::from(cap))).tanh();
+        }
+        x
+    }
+
+    /// d score / d (pre-cap score), from the score.
+    fn cap_slope<T: Float>(&self, x: T) -> T {
+        match self.mods.softcap {
+            Some(cap) => {
+                let t = x / T::from(cap).expect("fits");
+                (T::one() - t) * (T::one() + t)
+            }
+            None => T::one(),
+        }
+    }
+
+    /// Dropout's factor for (s, h, j): 0, or 1 / (1 - p) where kept.
+    fn keep<T: Float>(&self, s: usize, h: usize, j: usize) -> T {
+        match self.mods.dropout {
+            Some(d) if !d.keeps(self.batch_index, self.n_heads, h, s + self.q_pos, j) => T::zero(),
+            Some(d) => T::one() / (T::one() - T::from(d.p).expect("fits")),
+            None => T::one(),
         }
     }
 
@@ -148,11 +216,10 @@ pub struct Attention<T> {
 /// The softmax row P[s, h, ·] (0 where masked) and its log-sum-exp; an empty row is all
 /// zeros with LSE = +inf, as the GPU kernels store it.
 fn probabilities<T: Float>(p: &Problem, q: &[T], k: &[T], s: usize, h: usize) -> (Vec<T>, T) {
-    let scale = T::from(p.scale).expect("scale fits");
     let scores: Vec<Option<T>> = (0..p.n_k)
         .map(|j| {
             p.visible(s, j)
-                .then(|| dot(p.q_row(q, s, h), p.kv_row(k, j, h)) * scale)
+                .then(|| p.score(s, h, j, dot(p.q_row(q, s, h), p.kv_row(k, j, h))))
         })
         .collect();
     let max = scores
@@ -179,10 +246,9 @@ fn recomputed_probabilities<T: Float>(
     h: usize,
     lse: T,
 ) -> Vec<T> {
-    let scale = T::from(p.scale).expect("scale fits");
     (0..p.n_k)
         .map(|j| match p.visible(s, j) {
-            true => (dot(p.q_row(q, s, h), p.kv_row(k, j, h)) * scale - lse).exp(),
+            true => (p.score(s, h, j, dot(p.q_row(q, s, h), p.kv_row(k, j, h))) - lse).exp(),
             false => T::zero(),
         })
         .collect()
@@ -219,9 +285,13 @@ fn attention_one<T: Real>(p: &Problem, q: &[T], k: &[T], v: &[T]) -> Attention<T
             let (s, h) = (row / p.n_heads, row % p.n_heads);
             let (probs, l) = probabilities(p, q, k, s, h);
             *row_lse = l;
-            out.copy_from_slice(&pairwise_rows(p.n_k, d, &|j| probs[j], &|j| {
-                p.kv_row(v, j, h)
-            }));
+            // l sums P before dropout; P·V takes it after.
+            out.copy_from_slice(&pairwise_rows(
+                p.n_k,
+                d,
+                &|j| probs[j] * p.keep(s, h, j),
+                &|j| p.kv_row(v, j, h),
+            ));
         });
     Attention { o, lse }
 }
@@ -230,6 +300,8 @@ pub struct Gradients<T> {
     pub dq: Vec<T>,
     pub dk: Vec<T>,
     pub dv: Vec<T>,
+    /// In the bias's layout; empty without a bias.
+    pub dbias: Vec<T>,
 }
 
 /// The backward of [`attention`] for upstream gradient `d_o`:
@@ -246,6 +318,7 @@ pub fn attention_backward<T: Real>(
         dq: Vec::new(),
         dk: Vec::new(),
         dv: Vec::new(),
+        dbias: Vec::new(),
     };
     let rows = p.n_q * p.n_heads;
     for b in 0..p.batch {
@@ -257,6 +330,7 @@ pub fn attention_backward<T: Real>(
         g.dq.extend(one.dq);
         g.dk.extend(one.dk);
         g.dv.extend(one.dv);
+        g.dbias.extend(one.dbias);
     }
     g
 }
@@ -271,7 +345,8 @@ fn backward_one<T: Real>(
     saved: Option<(&[T], &[T])>,
 ) -> Gradients<T> {
     let (d, scale) = (p.head_dim, T::from(p.scale).expect("scale fits"));
-    // P and dS of every (query row, head), over the keys.
+    // P after dropout, dS (with respect to the pre-cap score, dBias's) of every (query
+    // row, head), over the keys.
     let rows: Vec<(Vec<T>, Vec<T>)> = (0..p.n_q * p.n_heads)
         .into_par_iter()
         .map(|row| {
@@ -281,15 +356,24 @@ fn backward_one<T: Real>(
                 None => probabilities(p, q, k, s, h).0,
             };
             let g_o = p.q_row(d_o, s, h);
-            let dp: Vec<T> = (0..p.n_k).map(|j| dot(g_o, p.kv_row(v, j, h))).collect();
+            let dp: Vec<T> = (0..p.n_k)
+                .map(|j| dot(g_o, p.kv_row(v, j, h)) * p.keep(s, h, j))
+                .collect();
             let big_d = match saved {
                 Some((o, _)) => dot(g_o, p.q_row(o, s, h)),
                 None => pairwise(p.n_k, &|j| probs[j] * dp[j]),
             };
             let ds = (0..p.n_k)
-                .map(|j| scale * probs[j] * (dp[j] - big_d))
+                .map(|j| match p.visible(s, j) {
+                    true => {
+                        let x = p.score(s, h, j, dot(p.q_row(q, s, h), p.kv_row(k, j, h)));
+                        probs[j] * (dp[j] - big_d) * p.cap_slope(x)
+                    }
+                    false => T::zero(),
+                })
                 .collect();
-            (probs, ds)
+            let dropped = (0..p.n_k).map(|j| probs[j] * p.keep(s, h, j)).collect();
+            (dropped, ds)
         })
         .collect();
     let at = |s: usize, h: usize| &rows[s * p.n_heads + h];
@@ -297,13 +381,16 @@ fn backward_one<T: Real>(
         dq: vec![T::zero(); q.len()],
         dk: vec![T::zero(); k.len()],
         dv: vec![T::zero(); v.len()],
+        dbias: dbias(p, &|s, h| &rows[s * p.n_heads + h].1),
     };
     g.dq.par_chunks_mut(d.max(1))
         .enumerate()
         .for_each(|(row, out)| {
             let (s, h) = (row / p.n_heads, row % p.n_heads);
             let ds = &at(s, h).1;
-            out.copy_from_slice(&pairwise_rows(p.n_k, d, &|j| ds[j], &|j| p.kv_row(k, j, h)));
+            out.copy_from_slice(&pairwise_rows(p.n_k, d, &|j| scale * ds[j], &|j| {
+                p.kv_row(k, j, h)
+            }));
         });
     let group = p.n_heads / p.n_kv_heads;
     g.dk.par_chunks_mut(d.max(1))
@@ -313,7 +400,7 @@ fn backward_one<T: Real>(
             let (j, kv_h) = (row / p.n_kv_heads, row % p.n_kv_heads);
             // Per query head a sum over the query rows, then over the group's heads.
             let per_head = |h: usize| {
-                let dk = pairwise_rows(p.n_q, d, &|s| at(s, h).1[j], &|s| p.q_row(q, s, h));
+                let dk = pairwise_rows(p.n_q, d, &|s| scale * at(s, h).1[j], &|s| p.q_row(q, s, h));
                 let dv = pairwise_rows(p.n_q, d, &|s| at(s, h).0[j], &|s| p.q_row(d_o, s, h));
                 (dk, dv)
             };
@@ -322,6 +409,31 @@ fn backward_one<T: Real>(
             dv.copy_from_slice(&pairwise_rows(group, d, &|_| T::one(), &|gi| &heads[gi].1));
         });
     g
+}
+
+/// dBias of one sequence from each (query, head)'s dS row: per head, or summed over the
+/// heads (pairwise) for a shared bias; empty without a bias.
+fn dbias<'r, T: Real + 'r>(
+    p: &Problem,
+    ds: &(dyn Fn(usize, usize) -> &'r Vec<T> + Sync),
+) -> Vec<T> {
+    let Some(bias) = p.mods.bias else {
+        return Vec::new();
+    };
+    let heads = match bias.heads {
+        BiasHeads::PerHead => p.n_heads,
+        BiasHeads::Shared => 1,
+    };
+    (0..heads * p.n_q * p.n_k)
+        .into_par_iter()
+        .map(|i| {
+            let (hb, s, j) = (i / (p.n_q * p.n_k), i / p.n_k % p.n_q, i % p.n_k);
+            match bias.heads {
+                BiasHeads::PerHead => ds(s, hb)[j],
+                BiasHeads::Shared => pairwise(p.n_heads, &|h| ds(s, h)[j]),
+            }
+        })
+        .collect()
 }
 
 /// RoPE on `x: [batch, seq, heads, head_dim]`: pairs (i, i + d/2) of row `s` rotate by
@@ -381,6 +493,7 @@ mod tests {
             scale: 1.0 / (d as f64).sqrt(),
             causal: false,
             seg: None,
+            ..Default::default()
         };
         let exact = attention(&p, &cast::<f64>(&q), &cast(&k), &cast(&v));
         let pairwise = attention(&p, &q, &k, &v);

@@ -34,13 +34,16 @@ pub fn flash_backward(
     masks: Masks,
     config: FlashConfig,
 ) -> Result<[KernelAbi; 2], DslError> {
-    let q = KernelSpec::flash(
+    let mut q = KernelSpec::flash(
         &family_name("attention_backward_dq_flash", head_dim),
         Op::BackwardQ,
         head_dim,
         masks,
         config,
     );
+    q.writes
+        .extend(dbias(masks).map(|(n, m)| (n.to_string(), m)));
+    q.fit_target();
     let kv = KernelSpec {
         writes: vec![
             ("dk".into(), attn_dsl::WriteMode::Owned),
@@ -67,6 +70,7 @@ pub fn flash_scatter(
 ) -> Result<KernelAbi, DslError> {
     use attn_dsl::WriteMode::{AtomicScatter, Owned};
     let writes = [("dk", Owned), ("dv", Owned), ("dq", AtomicScatter)];
+    let writes: Vec<_> = writes.into_iter().chain(dbias(masks)).collect();
     let name = family_name("attention_backward_flash", head_dim);
     atomic_kernel(
         &name,
@@ -89,6 +93,7 @@ pub fn flash_streaming(
 ) -> Result<KernelAbi, DslError> {
     use attn_dsl::WriteMode::{AtomicScatter, Owned};
     let writes = [("dq", Owned), ("dkv", AtomicScatter)];
+    let writes: Vec<_> = writes.into_iter().chain(dbias(masks)).collect();
     let name = family_name("attention_backward", head_dim);
     atomic_kernel(
         &name,
@@ -99,6 +104,11 @@ pub fn flash_streaming(
         &writes,
         scatter,
     )
+}
+
+/// dBias's write, for the kernel of a schedule that sees every dS.
+fn dbias(masks: Masks) -> Option<(&'static str, attn_dsl::WriteMode)> {
+    masks.dbias_mode().map(|m| ("dbias", m))
 }
 
 /// A flash kernel of `op` with `writes`, its atomic outputs added by `scatter`.
@@ -259,10 +269,7 @@ mod tests {
             let candidates = forward_candidates(head_dim);
             assert!(!candidates.is_empty());
             for (i, c) in candidates.iter().enumerate() {
-                let masks = Masks {
-                    causal: true,
-                    document: true,
-                };
+                let masks = Masks::new(true, true);
                 let abi = flash_forward(head_dim, masks, *c)
                     .unwrap_or_else(|e| panic!("{} d{head_dim}: {e}", c.label()));
                 if i == 0 {
@@ -274,10 +281,7 @@ mod tests {
 
     #[test]
     fn every_backward_candidate_compiles_and_the_first_fits_webgpu() {
-        let masks = Masks {
-            causal: true,
-            document: true,
-        };
+        let masks = Masks::new(true, true);
         for head_dim in [32, 64, 80, 96, 128] {
             for (i, c) in backward_candidates(head_dim).iter().enumerate() {
                 let pair = flash_backward(head_dim, masks, *c)
@@ -296,10 +300,7 @@ mod tests {
     #[test]
     fn family_flash_kernels_are_the_portable_candidates() {
         use crate::kernels::*;
-        let masks = Masks {
-            causal: true,
-            document: true,
-        };
+        let masks = Masks::new(true, true);
         let forward = [
             (64, &attention_forward_flash::ABI),
             (128, &attention_forward_flash_d128::ABI),
@@ -334,10 +335,7 @@ mod tests {
 
     #[test]
     fn family_flash_backward_is_the_scatter_kernel_of_candidate_0() {
-        let masks = Masks {
-            causal: true,
-            document: true,
-        };
+        let masks = Masks::new(true, true);
         let kv = backward_candidates(64)[0];
         for (scatter, abi) in [
             (
@@ -355,10 +353,7 @@ mod tests {
 
     #[test]
     fn family_streaming_backward_is_the_query_kernel_of_candidate_0() {
-        let masks = Masks {
-            causal: true,
-            document: true,
-        };
+        let masks = Masks::new(true, true);
         use crate::kernels::attention_backward;
         let q = backward_candidates(64)[0];
         let cas = flash_streaming(64, masks, q, attn_dsl::Scatter::Cas).unwrap();
@@ -369,10 +364,7 @@ mod tests {
 
     #[test]
     fn family_subgroup_forward_is_a_candidate() {
-        let masks = Masks {
-            causal: true,
-            document: true,
-        };
+        let masks = Masks::new(true, true);
         let sg = FlashConfig {
             tile: 64,
             inner: 32,

@@ -55,6 +55,7 @@ impl Data {
             v: &v,
             seg: Some(&seg),
             scale: None,
+            mods: Default::default(),
         };
         let out = runtime::forward(gpu, &fwd, &input).unwrap();
         Data {
@@ -83,6 +84,7 @@ impl Data {
             d_o: &self.d_o,
             seg: Some(&self.seg),
             scale: None,
+            mods: Default::default(),
         }
     }
 
@@ -97,6 +99,7 @@ impl Data {
             scale: f64::from(self.heads.default_scale()),
             causal: true,
             seg: Some(&self.seg),
+            ..Default::default()
         }
     }
 }
@@ -136,6 +139,7 @@ fn every_schedule_matches_the_reference_and_the_others() {
                 [&data.q, &data.k, &data.v, &data.d_o],
                 (&data.o, &data.lse),
                 [&g.dq, &g.dk, &g.dv],
+                &g.dbias,
             );
             assert!(
                 verdicts.iter().all(|(_, v)| v.pass()),
@@ -330,6 +334,7 @@ fn reference_matches_finite_differences_and_gpu_matches_reference() {
         [&data.q, &data.k, &data.v, &data.d_o],
         (&data.o, &data.lse),
         [&g.dq, &g.dk, &g.dv],
+        &g.dbias,
     );
     assert!(verdicts.iter().all(|(_, v)| v.pass()), "{verdicts:?}");
 }
@@ -397,10 +402,7 @@ fn rope_backward_undoes_rope_and_both_match_the_reference() {
 /// path (the family's descriptions) emit the same kernels.
 #[test]
 fn run_time_compiled_backward_matches_the_family() {
-    let masks = attn_dsl::Masks {
-        causal: true,
-        document: true,
-    };
+    let masks = attn_dsl::Masks::new(true, true);
     for family in &kernels::BACKWARD {
         let compiled =
             runtime::kernels::BackwardKernels::compile(family.split_q.head_dim, masks).unwrap();
@@ -451,6 +453,7 @@ fn long_rows_keep_blocked_accuracy_in_every_schedule() {
             [&data.q, &data.k, &data.v, &data.d_o],
             (&data.o, &data.lse),
             [&g.dq, &g.dk, &g.dv],
+            &g.dbias,
         );
         for (name, v) in &verdicts {
             assert!(

@@ -38,6 +38,7 @@ fn input(d: &Data, seq: u32) -> ForwardInput<'_> {
         v: &d.kv,
         seg: Some(&d.seg),
         scale: None,
+        mods: Default::default(),
     }
 }
 
@@ -165,10 +166,7 @@ fn seg_needs_a_kernel_with_the_document_mask() {
         "causal_only",
         Op::Forward,
         64,
-        Masks {
-            causal: true,
-            document: false,
-        },
+        Masks::new(true, false),
     ))
     .unwrap();
     let d = data(4);
@@ -232,6 +230,7 @@ fn decode_checks_the_cache_and_the_kernel_op() {
         k_cache: &cache,
         v_cache: &cache,
         scale: None,
+        mods: Default::default(),
     };
     validate_decode(&kernels::attention_decode::ABI, &limits(), &good).unwrap();
     let too_long = DecodeInput {

@@ -16,6 +16,7 @@ fn flops_follow_flash_attention_convention() {
             head_dim: 64,
         },
         causal: true,
+        window: None,
     };
     assert_eq!(
         seeds.forward_flops(),
@@ -51,6 +52,7 @@ fn every_kernel_and_schedule_is_gpu_timed() {
             head_dim: 64,
         },
         causal: true,
+        window: None,
     };
     let rows = bench::run(&gpu, shape.clone(), 1, 3, bench::Parts::All).unwrap();
     let names: Vec<&str> = rows.iter().map(|r| r.kernel.as_str()).collect();

@@ -113,6 +113,7 @@ fn empty_row_stores_zero_and_infinite_lse_through_generated_bindings() {
         scale: 0.125,
         causal: true,
         seg: Some(&seg),
+        ..Default::default()
     };
     let verdicts = judge_attention(&p, [&q, &k, &v], o, None);
     assert!(verdicts.iter().all(|(_, v)| v.pass()), "{verdicts:?}");
@@ -123,15 +124,7 @@ fn empty_row_stores_zero_and_infinite_lse_through_generated_bindings() {
 #[test]
 fn spec_compiled_at_run_time_runs_and_matches_the_reference() {
     let gpu = gpu();
-    let mut spec = KernelSpec::standard(
-        "fwd_doc_only",
-        Op::Forward,
-        32,
-        Masks {
-            causal: false,
-            document: true,
-        },
-    );
+    let mut spec = KernelSpec::standard("fwd_doc_only", Op::Forward, 32, Masks::new(false, true));
     spec.gqa = Gqa::Ratio(3);
     spec.grid.tile = 4;
     let abi = attn_dsl::compile(&spec).unwrap();
@@ -157,6 +150,7 @@ fn spec_compiled_at_run_time_runs_and_matches_the_reference() {
         v: &v,
         seg: Some(&seg),
         scale: Some(0.2),
+        mods: Default::default(),
     };
     let out = runtime::forward(&gpu, &kernel, &input).unwrap();
     let p = Problem {
@@ -169,6 +163,7 @@ fn spec_compiled_at_run_time_runs_and_matches_the_reference() {
         scale: f64::from(0.2f32),
         causal: false,
         seg: Some(&seg),
+        ..Default::default()
     };
     let verdicts = judge_attention(&p, [&q, &k, &v], &out.o, Some(&out.lse));
     assert!(verdicts.iter().all(|(_, v)| v.pass()), "{verdicts:?}");
@@ -186,10 +181,7 @@ fn subgroup_forward_shuffles_only_where_subgroups_hold_a_row_group() {
         gpu.describe()
     );
     let (sg_min, sg_max) = (gpu.info().subgroup_min_size, gpu.info().subgroup_max_size);
-    let masks = Masks {
-        causal: true,
-        document: false,
-    };
+    let masks = Masks::new(true, false);
     let mut decided = 0;
     // 8 and 16 invocations per row group.
     for (tile, inner, rows, wg) in [(64, 16, 4, 128), (32, 32, 2, 256)] {
@@ -254,6 +246,7 @@ fn forward_is_right(gpu: &Gpu, abi: &attn_dsl::KernelAbi) -> bool {
         v: &v,
         seg: None,
         scale: None,
+        mods: Default::default(),
     };
     let out = runtime::forward(gpu, &kernel, &input).unwrap();
     let p = Problem {
@@ -266,6 +259,7 @@ fn forward_is_right(gpu: &Gpu, abi: &attn_dsl::KernelAbi) -> bool {
         scale: f64::from(heads.default_scale()),
         causal: true,
         seg: None,
+        ..Default::default()
     };
     judge_attention(&p, [&q, &k, &v], &out.o, Some(&out.lse))
         .iter()

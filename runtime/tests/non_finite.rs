@@ -33,6 +33,7 @@ fn nan_and_inf_stay_in_the_rows_that_read_them() {
         v: &v,
         seg: None,
         scale: None,
+        mods: Default::default(),
     };
     let out = runtime::forward(&gpu, &kernel, &input).unwrap();
 
@@ -48,6 +49,7 @@ fn nan_and_inf_stay_in_the_rows_that_read_them() {
         scale: f64::from(h.default_scale()),
         causal: true,
         seg: None,
+        ..Default::default()
     };
     let r64 = reference::attention::<f64>(&p, &cast(&q), &cast(&k), &cast(&v));
     let r32 = reference::attention::<f32>(&p, &q, &k, &v);

@@ -22,15 +22,7 @@ struct Ctx {
 static CTX: LazyLock<Ctx> = LazyLock::new(|| {
     let gpu = Gpu::new(kernels::FAMILY.iter().copied()).unwrap_or_else(|e| panic!("{e}"));
     let doc_only = |d| {
-        let spec = KernelSpec::standard(
-            "fwd_doc",
-            Op::Forward,
-            d,
-            Masks {
-                causal: false,
-                document: true,
-            },
-        );
+        let spec = KernelSpec::standard("fwd_doc", Op::Forward, d, Masks::new(false, true));
         Kernel::new(&gpu, &attn_dsl::compile(&spec).unwrap()).unwrap()
     };
     Ctx {
@@ -77,10 +69,12 @@ proptest! {
         let (s, nh, nkv, d) = (seq as usize, heads.n_heads as usize, heads.n_kv_heads as usize, heads.head_dim as usize);
         let (q, k, v) = (random(s * nh * d, seed), random(s * nkv * d, seed + 1), random(s * nkv * d, seed + 2));
         let seg = documents(seq, docs);
-        let input = ForwardInput { batch: 1, seq_len: seq, heads, q: &q, k: &k, v: &v, seg: Some(&seg), scale: None };
+        let input = ForwardInput { batch: 1, seq_len: seq, heads, q: &q, k: &k, v: &v, seg: Some(&seg), scale: None, mods: Default::default(), };
         let out = runtime::forward(&ctx.gpu, kernel, &input).unwrap();
         let p = Problem { batch: 1, n_q: s, n_k: s, n_heads: nh, n_kv_heads: nkv, head_dim: d,
-            scale: f64::from(heads.default_scale()), causal, seg: Some(&seg) };
+            scale: f64::from(heads.default_scale()), causal, seg: Some(&seg),
+            ..Default::default()
+};
         let verdicts = judge_attention(&p, [&q, &k, &v], &out.o, Some(&out.lse));
         prop_assert!(verdicts.iter().all(|(_, v)| v.pass()), "{:?}", verdicts);
     }
@@ -92,10 +86,12 @@ proptest! {
         let (nh, nkv, d) = (heads.n_heads as usize, heads.n_kv_heads as usize, heads.head_dim as usize);
         let capacity = (cache_len + spare) as usize;
         let (q, k, v) = (random(nh * d, seed), random(capacity * nkv * d, seed + 1), random(capacity * nkv * d, seed + 2));
-        let input = DecodeInput { batch: 1, cache_len, heads, q: &q, k_cache: &k, v_cache: &v, scale: None };
+        let input = DecodeInput { batch: 1, cache_len, heads, q: &q, k_cache: &k, v_cache: &v, scale: None, mods: Default::default(), };
         let o = runtime::decode(&ctx.gpu, kernel, &input).unwrap();
         let p = Problem { batch: 1, n_q: 1, n_k: cache_len as usize, n_heads: nh, n_kv_heads: nkv, head_dim: d,
-            scale: f64::from(heads.default_scale()), causal: false, seg: None };
+            scale: f64::from(heads.default_scale()), causal: false, seg: None,
+            ..Default::default()
+};
         let verdicts = judge_attention(&p, [&q, &k, &v], &o, None);
         prop_assert!(verdicts.iter().all(|(_, v)| v.pass()), "{:?}", verdicts);
     }

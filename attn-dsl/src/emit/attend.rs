@@ -69,12 +69,19 @@ fn store_lse(row: u32, h: u32, m: f32, l: f32) {
 pub(super) fn decode_helpers(out: &mut String, spec: &KernelSpec) {
     index::kv_head(out, spec);
     index::row_indexing(out, spec);
+    let start = if spec.masks.window {
+        "select(0u, dims.cache_len - dims.window, dims.cache_len > dims.window)"
+    } else {
+        "0u"
+    };
+    let _ = write!(
+        out,
+        "// The query follows the cache's last row.\nfn key_range(row: u32) -> vec2<u32> {{\n    \
+         return vec2<u32>({start}, dims.cache_len);\n}}\n\n"
+    );
+    super::scores::helpers(out, spec);
     out.push_str(
-        r#"fn key_range(row: u32) -> vec2<u32> {
-    return vec2<u32>(0u, dims.cache_len);
-}
-
-fn key_visible(row: u32, j: u32) -> bool {
+        r#"fn key_visible(row: u32, j: u32) -> bool {
     return true;
 }
 
@@ -134,20 +141,21 @@ const ATTEND_ROW: &str = r#"fn attend_row(row: u32, h: u32, tid: u32) {
         let j = k_start + tid;
         let visible = j >= range.x && j < range.y && key_visible(row, j);
 
-        var score = NEG_BIG;
+        var x = NEG_BIG;
         if (visible) {
             let ki = kv_index(j, kv_h);
             //DOT
-            score = dot * params.scale;
+            x = score(row, h, j, dot);
         }
 
         let m_old = sh_state.x;
-        let m_new = max(m_old, wg_reduce_max(tid, score));
+        let m_new = max(m_old, wg_reduce_max(tid, x));
         var p = 0.0;
         if (visible) {
-            p = exp_f32(score - m_new);
+            p = exp_f32(x - m_new);
         }
-        sh_p[tid] = p;
+        // l sums P before dropout; P·V takes it after.
+        sh_p[tid] = dropped(row, h, j, p);
         let block_sum = wg_reduce_sum(tid, p);
         let corr = exp_f32(m_old - m_new);
 

@@ -89,7 +89,7 @@ var<workgroup> sh_range: vec2<u32>;
         super::scatter::atomic_add(out, spec, "dkv");
     }
     let flush = if spec.write_mode("p_ds").is_some() {
-        "            p_ds[p_ds_part(0u, row, h, j)] = pj;\n            p_ds[p_ds_part(1u, row, h, j)] = dsj;\n"
+        "            p_ds[p_ds_part(0u, row, h, j)] = dropped(row, h, j, pj);\n            p_ds[p_ds_part(1u, row, h, j)] = dsj;\n"
     } else {
         ""
     };
@@ -99,7 +99,7 @@ var<workgroup> sh_range: vec2<u32>;
             "            let dv_at = dkv_part1() + ki;\n",
             "            for (var dd = 0u; dd < HEAD_DIM; dd = dd + 1u) {\n",
             "                add_dkv(ki + dd, dsj * sh_q[dd]);\n",
-            "                add_dkv(dv_at + dd, pj * sh_do[dd]);\n",
+            "                add_dkv(dv_at + dd, dropped(row, h, j, pj) * sh_do[dd]);\n",
             "            }\n",
         )
     } else {
@@ -122,7 +122,8 @@ var<workgroup> sh_range: vec2<u32>;
         &BACKWARD_ROW
             .replace("            //DOTS\n", &dots)
             .replace("        //FLUSH\n", flush)
-            .replace("        //SCATTER\n", scatter_lines),
+            .replace("        //SCATTER\n", scatter_lines)
+            .replace("            //DBIAS\n", dbias_line(spec)),
     );
 }
 
@@ -153,8 +154,12 @@ const BACKWARD_ROW: &str = r#"fn backward_row(row: u32, h: u32, tid: u32) {
         if (j >= range.x && j < range.y && key_visible(row, j)) {
             let ki = kv_index(j, kv_h);
             //DOTS
-            let pj = exp_f32(dot * params.scale - row_lse);
-            dsj = params.scale * pj * (dp - delta);
+            let xj = scored(row, h, j, dot);
+            let pj = exp_f32(xj.x - row_lse);
+            // dS with respect to the pre-cap score: dBias, and dS/scale for dQ and dK.
+            let gj = score_grad(xj, pj * (dropped(row, h, j, dp) - delta));
+            //DBIAS
+            dsj = params.scale * gj;
         //FLUSH
         //SCATTER
         }
@@ -242,8 +247,10 @@ fn recompute_p_ds(head_dim: u32) -> String {
     );
     format!(
         "{ind}let qi = q_index(s, h);\n{dot}{dp}\
-         {ind}p_s = exp_f32(dot * params.scale - stats[stats_part(0u, s, h)]);\n\
-         {ind}ds_s = params.scale * p_s * (dp - stats[stats_part(1u, s, h)]);\n"
+         {ind}let x_s = scored(s, h, col, dot);\n\
+         {ind}p_s = exp_f32(x_s.x - stats[stats_part(0u, s, h)]);\n\
+         {ind}ds_s = params.scale * score_grad(x_s, p_s * (dropped(s, h, col, dp) - stats[stats_part(1u, s, h)]));\n\
+         {ind}p_s = dropped(s, h, col, p_s);\n"
     )
 }
 
@@ -296,9 +303,11 @@ const BACKWARD_COL: &str = r#"fn backward_col(col: u32, kv_h: u32, tid: u32) {
                 for (var i = lo; i < hi; i = i + 1u) {
                     let sl = lo + hi - 1u - i;
                     let pj = sh_p[sl];
-                    if (pj != 0.0) {
+                    let dsj = sh_ds[sl];
+                    // A dropped P is 0 where dS is not.
+                    if (pj != 0.0 || dsj != 0.0) {
                         let qi = q_index(s_start + sl, h) + d_local;
-                        pk = fma(sh_ds[sl], q[qi], pk);
+                        pk = fma(dsj, q[qi], pk);
                         pv = fma(pj, d_o[qi], pv);
                     }
                 }
@@ -327,3 +336,11 @@ const BACKWARD_COL: &str = r#"fn backward_col(col: u32, kv_h: u32, tid: u32) {
 }
 
 "#;
+
+/// Where the kernel writes dBias, the statement that stores it for key `j` of `row`.
+fn dbias_line(spec: &KernelSpec) -> &'static str {
+    match spec.write_mode("dbias") {
+        Some(_) => "            store_dbias(row, h, j, gj);\n",
+        None => "",
+    }
+}

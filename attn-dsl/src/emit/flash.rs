@@ -297,7 +297,7 @@ pub(super) fn forward_body(out: &mut String, t: &Tiling) {
     out.push_str(&b);
 }
 
-/// S = Q·Kᵀ for the invocation's block, then the mask and the scale.
+/// S = Q·Kᵀ for the invocation's block, then the mask and the score's modifiers.
 fn scores(b: &mut String, tm: u32, tn: u32) {
     for (i, n) in regs(tm, tn) {
         let _ = writeln!(b, "        var s_{i}_{n}_4 = vec4<f32>(0.0);");
@@ -333,7 +333,7 @@ fn scores(b: &mut String, tm: u32, tn: u32) {
         let _ = writeln!(
             b,
             "        let v_{i}_{n} = j_{n} >= lo_{i} && j_{n} < hi_{i} && key_visible(row_{i}, j_{n});\n        \
-             s_{i}_{n} = select(NEG_BIG, s_{i}_{n} * params.scale, v_{i}_{n});"
+             s_{i}_{n} = select(NEG_BIG, score(row_{i}, h, j_{n}, s_{i}_{n}), v_{i}_{n});"
         );
     }
 }
@@ -360,7 +360,7 @@ fn softmax(b: &mut String, t: &Tiling) {
             let _ = writeln!(
                 b,
                 "        let p_{i}_{n} = select(0.0, exp_f32(s_{i}_{n} - mn_{i}), v_{i}_{n});\n        \
-                 sh_p[(g * TM + {i}u) * PSTRIDE + tx + {n}u * TX] = p_{i}_{n};"
+                 sh_p[(g * TM + {i}u) * PSTRIDE + tx + {n}u * TX] = dropped(row_{i}, h, j_{n}, p_{i}_{n});"
             );
             sum += &format!(" + p_{i}_{n}");
         }

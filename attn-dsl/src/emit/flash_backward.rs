@@ -63,11 +63,11 @@ pub(super) fn backward_q(out: &mut String, spec: &KernelSpec, t: &Tiling) {
         put(out, name, "BC", dst);
     }
     tile_key_range(out);
-    q_body(out, t, scatter_kv);
+    q_body(out, t, scatter_kv, spec.write_mode("dbias").is_some());
     super::flash::entry(out, spec, t, "flash_backward_q");
 }
 
-fn q_body(out: &mut String, t: &Tiling, scatter_kv: bool) {
+fn q_body(out: &mut String, t: &Tiling, scatter_kv: bool, dbias: bool) {
     let (tm, tn, dn) = (t.tm, t.tn, t.dn);
     let mut b = String::from(
         "fn flash_backward_q(tile: u32, h: u32, tid: u32) {\n    let kv_h = kv_head(h);\n    \
@@ -131,14 +131,21 @@ fn q_body(out: &mut String, t: &Tiling, scatter_kv: bool) {
         let _ = write!(
             b,
             "        let v_{i}_{n} = j_{n} >= lo_{i} && j_{n} < hi_{i} && key_visible(row_{i}, j_{n});\n        \
-             let p_{i}_{n} = exp_f32(s_{i}_{n} * params.scale - lse_{i});\n        \
-             sh_ds[(g * TM + {i}u) * PSTRIDE + tx + {n}u * TX] = \
-             select(0.0, params.scale * p_{i}_{n} * (dp_{i}_{n} - delta_{i}), v_{i}_{n});\n"
+             let x_{i}_{n} = scored(row_{i}, h, j_{n}, s_{i}_{n});\n        \
+             let p_{i}_{n} = exp_f32(x_{i}_{n}.x - lse_{i});\n        \
+             let g_{i}_{n} = select(0.0, score_grad(x_{i}_{n}, p_{i}_{n} * (dropped(row_{i}, h, j_{n}, dp_{i}_{n}) - delta_{i})), v_{i}_{n});\n        \
+             sh_ds[(g * TM + {i}u) * PSTRIDE + tx + {n}u * TX] = params.scale * g_{i}_{n};\n"
         );
+        if dbias {
+            let _ = writeln!(
+                b,
+                "        if (v_{i}_{n}) {{\n            store_dbias(row_{i}, h, j_{n}, g_{i}_{n});\n        }}"
+            );
+        }
         if scatter_kv {
             let _ = writeln!(
                 b,
-                "        sh_p[(g * TM + {i}u) * PSTRIDE + tx + {n}u * TX] = select(0.0, p_{i}_{n}, v_{i}_{n});"
+                "        sh_p[(g * TM + {i}u) * PSTRIDE + tx + {n}u * TX] = select(0.0, dropped(row_{i}, h, j_{n}, p_{i}_{n}), v_{i}_{n});"
             );
         }
     }
@@ -220,11 +227,11 @@ fn put_stats(e: u32, x: vec2<f32>) {{
     if scatter {
         super::scatter::atomic_add(out, spec, "dq");
     }
-    kv_body(out, t, scatter);
+    kv_body(out, t, scatter, spec.write_mode("dbias").is_some());
     super::flash::entry(out, spec, t, "flash_backward_kv");
 }
 
-fn kv_body(out: &mut String, t: &Tiling, scatter_dq: bool) {
+fn kv_body(out: &mut String, t: &Tiling, scatter_dq: bool, dbias: bool) {
     let (tm, tn, dn) = (t.tm, t.tn, t.dn);
     let mut b = String::from(
         "fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {\n    let g = tid / TX;\n    \
@@ -302,11 +309,18 @@ fn kv_body(out: &mut String, t: &Tiling, scatter_dq: bool) {
         let _ = write!(
             b,
             "        let v_{i}_{n} = q_{n} < dims.seq_len && col_{i} < dims.seq_len && visible(q_{n}, col_{i});\n        \
-             let p_{i}_{n} = select(0.0, exp_f32(s_{i}_{n} * params.scale - st_{n}.x), v_{i}_{n});\n        \
-             sh_p[(g * TM + {i}u) * PSTRIDE + tx + {n}u * TX] = p_{i}_{n};\n        \
-             sh_ds[(g * TM + {i}u) * PSTRIDE + tx + {n}u * TX] = \
-             select(0.0, params.scale * p_{i}_{n} * (dp_{i}_{n} - st_{n}.y), v_{i}_{n});\n"
+             let x_{i}_{n} = scored(q_{n}, h, col_{i}, s_{i}_{n});\n        \
+             let p_{i}_{n} = select(0.0, exp_f32(x_{i}_{n}.x - st_{n}.x), v_{i}_{n});\n        \
+             let g_{i}_{n} = select(0.0, score_grad(x_{i}_{n}, p_{i}_{n} * (dropped(q_{n}, h, col_{i}, dp_{i}_{n}) - st_{n}.y)), v_{i}_{n});\n        \
+             sh_p[(g * TM + {i}u) * PSTRIDE + tx + {n}u * TX] = dropped(q_{n}, h, col_{i}, p_{i}_{n});\n        \
+             sh_ds[(g * TM + {i}u) * PSTRIDE + tx + {n}u * TX] = params.scale * g_{i}_{n};\n"
         );
+        if dbias {
+            let _ = writeln!(
+                b,
+                "        if (v_{i}_{n}) {{\n            store_dbias(q_{n}, h, col_{i}, g_{i}_{n});\n        }}"
+            );
+        }
     }
     b.push_str("        workgroupBarrier();\n        if (range.z <= s0 && s0 + BC <= range.w) {\n");
     let pairs = [("dv", "sh_p", "sh_do"), ("dk", "sh_ds", "sh_q")];
@@ -432,8 +446,10 @@ const SCATTER_DKV: &str = r#"        for (var e = tid; e < BC * D4; e = e + WG) 
             for (var rr = 0u; rr < BR; rr = rr + 1u) {
                 let r = BR - 1u - rr;
                 let w = sh_p[r * PSTRIDE + kk];
-                if (w != 0.0) {
-                    gk = fma(vec4<f32>(sh_ds[r * PSTRIDE + kk]), sh_q[r * ROW4 + c4], gk);
+                let ds = sh_ds[r * PSTRIDE + kk];
+                // A dropped P is 0 where dS is not.
+                if (w != 0.0 || ds != 0.0) {
+                    gk = fma(vec4<f32>(ds), sh_q[r * ROW4 + c4], gk);
                     gv = fma(vec4<f32>(w), sh_do[r * ROW4 + c4], gv);
                 }
             }

@@ -67,23 +67,37 @@ fn doc_end(row: u32) -> u32 {
 "#,
         );
     }
-    let start = if document { "doc_start(row)" } else { "0u" };
-    let seq_end = if document {
-        "doc_end(row)"
+    let window = spec.masks.window;
+    let doc_or = |doc: &'static str, none: &'static str| if document { doc } else { none };
+    let mut start = doc_or("doc_start(row)", "0u").to_string();
+    let mut end = if causal {
+        "row + 1u".to_string()
     } else {
-        "dims.seq_len"
+        doc_or("doc_end(row)", "dims.seq_len").to_string()
     };
-    let end = if causal { "row + 1u" } else { seq_end };
-    let q_start = match (causal, document) {
-        (true, _) => "col",
-        (false, true) => "doc_start(col)",
-        (false, false) => "0u",
+    let mut q_start = match causal {
+        true => "col".to_string(),
+        false => doc_or("doc_start(col)", "0u").to_string(),
     };
-    let q_end = if document {
-        "doc_end(col)"
-    } else {
-        "dims.seq_len"
-    };
+    let mut q_end = doc_or("doc_end(col)", "dims.seq_len").to_string();
+    if window {
+        // Keys (s - W, s] with causal, (s - W, s + W) without: both ends move with the
+        // row, so the ranges stay monotone and tiles outside every window are skipped.
+        start = format!("max({start}, window_back(row))");
+        q_end = format!("min({q_end}, col + dims.window)");
+        if !causal {
+            end = format!("min({end}, row + dims.window)");
+            q_start = format!("max({q_start}, window_back(col))");
+        }
+        out.push_str(
+            r#"// The first position within the window of `row`: row + 1 - W, or 0.
+fn window_back(row: u32) -> u32 {
+    return select(0u, row + 1u - dims.window, row + 1u > dims.window);
+}
+
+"#,
+        );
+    }
     let _ = write!(
         out,
         r#"fn key_range(row: u32) -> vec2<u32> {{
@@ -105,4 +119,5 @@ fn query_range(col: u32) -> vec2<u32> {{
 
 "#
     );
+    super::scores::helpers(out, spec);
 }

@@ -11,6 +11,7 @@ mod numerics;
 mod reduce;
 mod rope;
 mod scatter;
+pub(crate) mod scores;
 
 use std::fmt::Write;
 

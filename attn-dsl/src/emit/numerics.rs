@@ -54,6 +54,24 @@ fn exp_f32(x: f32) -> f32 {
 "#,
     },
     Helper {
+        name: "tanh_f32",
+        calls: &["exp_f32"],
+        text: r#"// tanh within a few ulp: its Taylor series near 0 (the hardware's tanh loses the
+// digits of small arguments), else (1 - t) / (1 + t) with t = e^-2|x|, exact in the limit.
+fn tanh_f32(x: f32) -> f32 {
+    let a = abs(x);
+    if (a < 0.25) {
+        let x2 = x * x;
+        let p = -0.33333333 + x2 * (0.13333333 + x2 * (-0.053968254 + x2 * (0.021869488
+            + x2 * -0.0088632355)));
+        return fma(x * x2, p, x);
+    }
+    let t = exp_f32(-2.0 * a);
+    return sign(x) * ((1.0 - t) / (1.0 + t));
+}
+"#,
+    },
+    Helper {
         name: "opaque4",
         calls: &[],
         text: r#"// x, through a select the compiler cannot decide (the walked length is nonzero in every

@@ -86,10 +86,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         name => Some(name.parse::<Schedule>().map_err(anyhow::Error::msg)?),
     };
     let t = load(&args)?;
-    let masks = Masks {
-        causal: args.causal,
-        document: t.seg.is_some(),
-    };
+    let masks = Masks::new(args.causal, t.seg.is_some());
     let d = t.heads.head_dim;
     let forward_abi = attn_dsl::compile(&KernelSpec::standard(
         "attention_forward",
@@ -144,6 +141,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         v: &t.v,
         seg: t.seg.as_deref(),
         scale: args.scale,
+        mods: Default::default(),
     };
     let out = runtime::forward(&gpu, &forward, &input)?;
     let shape = |heads: u32, dim: Option<u32>| -> Vec<u64> {
@@ -176,6 +174,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             d_o,
             seg: t.seg.as_deref(),
             scale: args.scale,
+            mods: Default::default(),
         };
         let runs: Vec<(Option<Schedule>, PathBuf)> = match args.schedule.as_str() {
             "all" => backward

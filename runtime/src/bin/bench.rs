@@ -37,6 +37,10 @@ struct Args {
     /// Attend to every key instead of only earlier ones.
     #[arg(long)]
     no_causal: bool,
+    /// A sliding window: each query sees the W keys up to it (or within W of it with
+    /// --no-causal); kernels built with `masks: [window]`
+    #[arg(long)]
+    window: Option<u32>,
     #[arg(long, default_value_t = 3)]
     warmup: usize,
     #[arg(long, default_value_t = 10)]
@@ -85,13 +89,15 @@ fn shapes(args: &Args) -> anyhow::Result<Vec<BenchShape>> {
             head_dim: 64,
         },
         causal,
+        window: args.window,
     };
     let shape_flags = args.seq.is_some()
         || args.heads.is_some()
         || args.kv_heads.is_some()
         || !args.head_dim.is_empty()
         || args.batch.is_some()
-        || !args.packed.is_empty();
+        || !args.packed.is_empty()
+        || args.window.is_some();
     if !shape_flags {
         let long = BenchShape {
             seq: 4096,
@@ -130,6 +136,7 @@ fn shapes(args: &Args) -> anyhow::Result<Vec<BenchShape>> {
                 head_dim,
             },
             causal,
+            window: args.window,
         })
         .collect())
 }

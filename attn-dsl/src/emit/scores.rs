@@ -1,0 +1,130 @@
+//! The score modifiers and dropout, written once for every op that pairs queries with
+//! keys. Every schedule computes a score as `score(row, h, j, q·k)` (`scored` in the
+//! backward, with the slope that turns the gradient with respect to the score into one
+//! with respect to the pre-cap score, the bias's gradient), and multiplies P by `dropped(row, h, j, p)` where it meets V
+//! or dO: so a forward, a decode and every backward schedule agree on the modified scores
+//! and regenerate the same dropout mask whatever their tile order.
+
+use std::fmt::Write;
+
+use crate::spec::{BiasHeads, KernelSpec, Op, WriteMode};
+
+/// `score`, `score_grad`, `dropped` and what they need, for `spec`'s masks.
+pub(super) fn helpers(out: &mut String, spec: &KernelSpec) {
+    let m = spec.masks;
+    // A decode's one query sits after the cache's last row.
+    let pos = match spec.op {
+        Op::Decode => "dims.cache_len - 1u",
+        _ => "row",
+    };
+    let mut score = String::from("    var x = dot * params.scale;\n");
+    if let Some(heads) = m.bias {
+        let slice = match heads {
+            BiasHeads::PerHead => "batch * dims.n_heads + h",
+            BiasHeads::Shared => "batch",
+        };
+        let _ = write!(
+            out,
+            "// bias is [batch, {}, seq, seq].\nfn bias_index(row: u32, h: u32, j: u32) -> u32 {{\n    \
+             return (({slice}) * dims.seq_len + row) * dims.seq_len + j;\n}}\n\n",
+            match heads {
+                BiasHeads::PerHead => "n_heads",
+                BiasHeads::Shared => "1",
+            }
+        );
+        score.push_str("    x = x + bias[bias_index(row, h, j)];\n");
+    }
+    if m.alibi {
+        // Positions below 2^24 convert exactly, and so does their difference.
+        let _ = writeln!(score, "    x = fma(alibi[h], f32(j) - f32({pos}), x);");
+    }
+    let slope = if m.softcap {
+        // cap·tanh(y/cap), and its slope 1 - t² from the capped score, as a framework's
+        // autograd takes it. (4e/(1 + e)² with e = exp(-2|y|/cap), exact where tanh
+        // saturates, took dBias of a shared bias over the bound on lavapipe.)
+        "    let c = params.softcap * tanh_f32(x / params.softcap);\n    \
+         let t = c / params.softcap;\n    \
+         return vec2<f32>(c, (1.0 - t) * (1.0 + t));\n"
+    } else {
+        "    return vec2<f32>(x, 1.0);\n"
+    };
+    let _ = write!(
+        out,
+        "// The score of query `row` (head h) against key j from the raw dot product q·k (scaled,\n\
+         // then biased, then capped), and its slope with respect to the pre-cap score, by which\n\
+         // a gradient with respect to the score becomes one with respect to the bias.\n\
+         fn scored(row: u32, h: u32, j: u32, dot: f32) -> vec2<f32> {{\n{score}{slope}}}\n\n\
+         fn score(row: u32, h: u32, j: u32, dot: f32) -> f32 {{\n    return scored(row, h, j, dot).x;\n}}\n\n\
+         // The gradient with respect to the pre-cap score (the bias's), from `g`, that with\n\
+         // respect to the score of `scored`.\nfn score_grad(s: vec2<f32>, g: f32) -> f32 {{\n    return s.y * g;\n}}\n\n"
+    );
+    dropout(out, m.dropout);
+    if let Some(mode) = spec.write_mode("dbias") {
+        dbias_store(out, spec, mode);
+    }
+}
+
+/// `dropped(row, h, j, p)`: P after dropout.
+fn dropout(out: &mut String, on: bool) {
+    if !on {
+        out.push_str("fn dropped(row: u32, h: u32, j: u32, p: f32) -> f32 {\n    return p;\n}\n\n");
+        return;
+    }
+    out.push_str(PHILOX);
+    out.push_str(
+        r#"// Kept with probability 1 - p (the first Philox word at or over p·2^32, the threshold in
+// dims), and then scaled by 1 / (1 - p).
+fn dropped(row: u32, h: u32, j: u32, p: f32) -> f32 {
+    let ctr = vec4<u32>(j, row, batch * dims.n_heads + h, dims.rng_offset);
+    let keep = philox4x32_10(ctr, vec2<u32>(dims.seed_lo, dims.seed_hi)).x >= dims.drop_threshold;
+    return select(0.0, p * params.dropout_scale, keep);
+}
+
+"#,
+    );
+}
+
+/// `store_dbias(row, h, j, g)`: `dbias += g`, owned where the grid owns the bias's element
+/// (gradients accumulate, as dQ's do), else by atomics (a shared bias sums over heads).
+fn dbias_store(out: &mut String, spec: &KernelSpec, mode: WriteMode) {
+    if mode == WriteMode::AtomicScatter {
+        super::scatter::atomic_add(out, spec, "dbias");
+        out.push_str(
+            "fn store_dbias(row: u32, h: u32, j: u32, g: f32) {\n    \
+             add_dbias(bias_index(row, h, j), g);\n}\n\n",
+        );
+    } else {
+        out.push_str(
+            "fn store_dbias(row: u32, h: u32, j: u32, g: f32) {\n    \
+             let i = bias_index(row, h, j);\n    dbias[i] = dbias[i] + g;\n}\n\n",
+        );
+    }
+}
+
+/// Philox-4x32-10 (Salmon et al., Random123), with the 32×32→64-bit products WGSL lacks
+/// built from 16-bit halves. `runtime::reference::philox4x32_10` is the same function.
+pub const PHILOX: &str = r#"// (high, low) words of a · b.
+fn mul_hi_lo(a: u32, b: u32) -> vec2<u32> {
+    let al = a & 0xffffu;
+    let ah = a >> 16u;
+    let bl = b & 0xffffu;
+    let bh = b >> 16u;
+    let lh = al * bh;
+    let hl = ah * bl;
+    let mid = ((al * bl) >> 16u) + (lh & 0xffffu) + (hl & 0xffffu);
+    return vec2<u32>(ah * bh + (lh >> 16u) + (hl >> 16u) + (mid >> 16u), a * b);
+}
+
+fn philox4x32_10(counter: vec4<u32>, key: vec2<u32>) -> vec4<u32> {
+    var c = counter;
+    var k = key;
+    for (var i = 0u; i < 10u; i = i + 1u) {
+        let p0 = mul_hi_lo(0xD2511F53u, c.x);
+        let p1 = mul_hi_lo(0xCD9E8D57u, c.z);
+        c = vec4<u32>(p1.x ^ c.y ^ k.x, p1.y, p0.x ^ c.w ^ k.y, p0.y);
+        k = k + vec2<u32>(0x9E3779B9u, 0xBB67AE85u);
+    }
+    return c;
+}
+
+"#;

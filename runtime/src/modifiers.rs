@@ -1,0 +1,259 @@
+//! The run-time values of the masks and score modifiers a kernel was built with (its
+//! `masks` words): the sliding window, ALiBi slopes, an additive bias, the soft cap and
+//! dropout. One struct for the forward, the decode, the backward and the references.
+
+use attn_dsl::{BiasHeads, KernelAbi, Masks};
+
+use crate::buffers;
+use crate::error::InputError;
+use crate::gpu::Gpu;
+
+/// An additive bias, `[batch, n_heads, seq, seq]` (per head) or `[batch, 1, seq, seq]`
+/// (shared by the heads); batch 1 for a 3-D tensor.
+#[derive(Clone, Copy, Debug)]
+pub struct Bias<'a> {
+    pub values: &'a [f32],
+    pub heads: BiasHeads,
+}
+
+/// Dropout on P with probability `p`, its mask drawn by Philox-4x32-10 under key `seed`
+/// at counter word `offset` (advance it between calls that need fresh masks).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Dropout {
+    pub p: f32,
+    pub seed: u64,
+    pub offset: u32,
+}
+
+impl Dropout {
+    /// A Philox word under this drops its element: p·2^32, rounded.
+    pub fn threshold(&self) -> u32 {
+        (f64::from(self.p) * 4294967296.0)
+            .round()
+            .min(f64::from(u32::MAX)) as u32
+    }
+
+    /// What a kept element is multiplied by, 1 / (1 - p), in f32 as the kernels hold it.
+    pub fn keep_scale(&self) -> f32 {
+        (1.0 / (1.0 - f64::from(self.p))) as f32
+    }
+
+    /// Whether query `s` keeps key `j` in head `h` of sequence `b` (of `n_heads` heads):
+    /// the first word of Philox at counter (j, s, b·n_heads + h, offset) at or over the
+    /// threshold, as every kernel decides it.
+    pub fn keeps(&self, b: usize, n_heads: usize, h: usize, s: usize, j: usize) -> bool {
+        let counter = [j as u32, s as u32, (b * n_heads + h) as u32, self.offset];
+        let key = [self.seed as u32, (self.seed >> 32) as u32];
+        philox4x32_10(counter, key)[0] >= self.threshold()
+    }
+}
+
+/// Philox-4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", 2011),
+/// the generator of `attn_dsl::PHILOX_WGSL`.
+pub fn philox4x32_10(counter: [u32; 4], key: [u32; 2]) -> [u32; 4] {
+    let mul = |a: u32, b: u32| {
+        let p = u64::from(a) * u64::from(b);
+        ((p >> 32) as u32, p as u32)
+    };
+    let (mut c, mut k) = (counter, key);
+    for _ in 0..10 {
+        let (hi0, lo0) = mul(0xD251_1F53, c[0]);
+        let (hi1, lo1) = mul(0xCD9E_8D57, c[2]);
+        c = [hi1 ^ c[1] ^ k[0], lo1, hi0 ^ c[3] ^ k[1], lo0];
+        k = [
+            k[0].wrapping_add(0x9E37_79B9),
+            k[1].wrapping_add(0xBB67_AE85),
+        ];
+    }
+    c
+}
+
+/// The values of the modifiers a kernel was built with; `None` for those it was not.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Modifiers<'a> {
+    /// Keys within this many positions of the query (`masks: [window]`).
+    pub window: Option<u32>,
+    /// ALiBi slopes, one per query head (`alibi`).
+    pub alibi: Option<&'a [f32]>,
+    /// `bias` or `shared_bias`.
+    pub bias: Option<Bias<'a>>,
+    /// The soft cap (`softcap`), positive.
+    pub softcap: Option<f32>,
+    /// `dropout`.
+    pub dropout: Option<Dropout>,
+}
+
+impl Modifiers<'_> {
+    /// The kernels' masks for these modifiers, with the causal and document masks.
+    pub fn masks(&self, causal: bool, document: bool) -> Masks {
+        Masks {
+            window: self.window.is_some(),
+            alibi: self.alibi.is_some(),
+            bias: self.bias.map(|b| b.heads),
+            softcap: self.softcap.is_some(),
+            dropout: self.dropout.is_some(),
+            ..Masks::new(causal, document)
+        }
+    }
+
+    /// The `dims` fields these modifiers set.
+    pub(crate) fn dims(&self) -> [(&'static str, u32); 5] {
+        let d = self.dropout;
+        [
+            ("window", self.window.unwrap_or(0)),
+            ("seed_lo", d.map_or(0, |d| d.seed as u32)),
+            ("seed_hi", d.map_or(0, |d| (d.seed >> 32) as u32)),
+            ("rng_offset", d.map_or(0, |d| d.offset)),
+            ("drop_threshold", d.map_or(0, |d| d.threshold())),
+        ]
+    }
+
+    /// The `params` fields these modifiers set.
+    pub(crate) fn params(&self) -> [(&'static str, f32); 2] {
+        [
+            ("softcap", self.softcap.unwrap_or(0.0)),
+            (
+                "dropout_scale",
+                self.dropout.map_or(1.0, |d| d.keep_scale()),
+            ),
+        ]
+    }
+
+    /// The modifiers' input buffers, by binding name (a placeholder word where absent:
+    /// a kernel without the modifier does not bind it).
+    pub(crate) fn buffers(&self, gpu: &Gpu) -> [(&'static str, wgpu::Buffer); 2] {
+        let alibi = self.alibi.unwrap_or(&[0.0]);
+        let bias = self.bias.map_or(&[0.0][..], |b| b.values);
+        [
+            ("alibi", buffers::storage(gpu, "alibi", alibi)),
+            ("bias", buffers::storage(gpu, "bias", bias)),
+        ]
+    }
+
+    /// These values against the masks `abi` was built with, and their shapes against the
+    /// dims: `q_rows` query rows per sequence (the bias is `[batch, heads, q_rows, q_rows]`).
+    pub(crate) fn validate(
+        &self,
+        abi: &KernelAbi,
+        batch: u32,
+        q_rows: u32,
+        n_heads: u32,
+    ) -> Result<(), InputError> {
+        let given = self.masks(abi.masks.causal, abi.masks.document);
+        for (word, built, wanted) in [
+            ("window", abi.masks.window, given.window),
+            ("alibi", abi.masks.alibi, given.alibi),
+            ("bias", abi.masks.bias.is_some(), given.bias.is_some()),
+            ("softcap", abi.masks.softcap, given.softcap),
+            ("dropout", abi.masks.dropout, given.dropout),
+        ] {
+            if built != wanted {
+                return Err(InputError::Modifier {
+                    kernel: abi.name.to_string(),
+                    word,
+                    built,
+                });
+            }
+        }
+        if abi.masks.bias != given.bias {
+            return Err(InputError::BiasHeads {
+                kernel: abi.name.to_string(),
+            });
+        }
+        self.validate_values(batch, q_rows, n_heads)
+    }
+
+    fn validate_values(&self, batch: u32, q_rows: u32, n_heads: u32) -> Result<(), InputError> {
+        let bad = |what: &'static str, value: f64, needs: &'static str| InputError::BadValue {
+            what,
+            value,
+            needs,
+        };
+        if self.window == Some(0) {
+            return Err(bad(
+                "window",
+                0.0,
+                "at least 1 (a query always sees itself)",
+            ));
+        }
+        if let Some(cap) = self.softcap
+            && !(cap.is_finite() && cap > 0.0)
+        {
+            return Err(bad("softcap", f64::from(cap), "a finite number over 0"));
+        }
+        if let Some(d) = self.dropout
+            && !(0.0..1.0).contains(&d.p)
+        {
+            return Err(bad("dropout p", f64::from(d.p), "0 <= p < 1"));
+        }
+        if let Some(slopes) = self.alibi {
+            crate::attention::length("alibi", slopes.len(), u64::from(n_heads), "n_heads")?;
+            if let Some(x) = slopes.iter().find(|x| !x.is_finite()) {
+                return Err(bad("an ALiBi slope", f64::from(*x), "a finite number"));
+            }
+        }
+        if let Some(b) = self.bias {
+            let heads = match b.heads {
+                BiasHeads::PerHead => u64::from(n_heads),
+                BiasHeads::Shared => 1,
+            };
+            let rows = u64::from(q_rows);
+            let layout = match b.heads {
+                BiasHeads::PerHead => "batch × n_heads × seq_len × seq_len",
+                BiasHeads::Shared => "batch × 1 × seq_len × seq_len",
+            };
+            let want = u64::from(batch) * heads * rows * rows;
+            crate::attention::length("bias", b.values.len(), want, layout)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Random123's known-answer vectors for Philox-4x32-10.
+    #[test]
+    fn philox_matches_the_known_answers() {
+        assert_eq!(
+            philox4x32_10([0; 4], [0; 2]),
+            [0x6627_e8d5, 0xe169_c58d, 0xbc57_ac4c, 0x9b00_dbd8]
+        );
+        assert_eq!(
+            philox4x32_10([u32::MAX; 4], [u32::MAX; 2]),
+            [0x408f_276d, 0x41c8_3b0e, 0xa20b_c7c6, 0x6d54_51fd]
+        );
+        assert_eq!(
+            philox4x32_10(
+                [0x243f_6a88, 0x85a3_08d3, 0x1319_8a2e, 0x0370_7344],
+                [0xa409_3822, 0x299f_31d0]
+            ),
+            [0xd16c_fe09, 0x94fd_cceb, 0x5001_e420, 0x2412_6ea1]
+        );
+    }
+
+    /// The kept fraction of a large mask is 1 - p within 5 standard deviations.
+    #[test]
+    fn dropout_keeps_one_minus_p() {
+        for p in [0.1f32, 0.5, 0.9] {
+            let d = Dropout {
+                p,
+                seed: 0x1234_5678_9abc,
+                offset: 7,
+            };
+            let n = 200_000usize;
+            let kept = (0..n)
+                .filter(|i| d.keeps(1, 4, i % 4, i / 400, i % 400))
+                .count();
+            let (mean, sd) = (
+                n as f64 * (1.0 - f64::from(p)),
+                (n as f64 * f64::from(p * (1.0 - p))).sqrt(),
+            );
+            assert!(
+                (kept as f64 - mean).abs() < 5.0 * sd,
+                "p {p}: kept {kept} of {n}"
+            );
+        }
+    }
+}
