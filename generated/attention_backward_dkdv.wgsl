@@ -188,13 +188,21 @@ fn backward_col(col: u32, kv_h: u32, tid: u32) {
             if (s >= range.x && s < range.y && visible(s, col)) {
             let qi = q_index(s, h);
             var dot_4 = vec4<f32>(0.0);
-            for (var c4 = 0u; c4 < 16u; c4 = c4 + 1u) {
-                dot_4 = fma(vec4<f32>(q[qi + 4u * c4], q[qi + 4u * c4 + 1u], q[qi + 4u * c4 + 2u], q[qi + 4u * c4 + 3u]), vec4<f32>(sh_k[4u * c4], sh_k[4u * c4 + 1u], sh_k[4u * c4 + 2u], sh_k[4u * c4 + 3u]), dot_4);
+            for (var d0 = 0u; d0 < 16u; d0 = d0 + 8u) {
+                var dot_b = vec4<f32>(0.0);
+                for (var c4 = d0; c4 < d0 + 8u; c4 = c4 + 1u) {
+                    dot_b = fma(vec4<f32>(q[qi + 4u * c4], q[qi + 4u * c4 + 1u], q[qi + 4u * c4 + 2u], q[qi + 4u * c4 + 3u]), vec4<f32>(sh_k[4u * c4], sh_k[4u * c4 + 1u], sh_k[4u * c4 + 2u], sh_k[4u * c4 + 3u]), dot_b);
+                }
+                dot_4 = dot_4 + dot_b;
             }
             var dot = hsum(dot_4);
             var dp_4 = vec4<f32>(0.0);
-            for (var c4 = 0u; c4 < 16u; c4 = c4 + 1u) {
-                dp_4 = fma(vec4<f32>(d_o[qi + 4u * c4], d_o[qi + 4u * c4 + 1u], d_o[qi + 4u * c4 + 2u], d_o[qi + 4u * c4 + 3u]), vec4<f32>(sh_v[4u * c4], sh_v[4u * c4 + 1u], sh_v[4u * c4 + 2u], sh_v[4u * c4 + 3u]), dp_4);
+            for (var d0 = 0u; d0 < 16u; d0 = d0 + 8u) {
+                var dp_b = vec4<f32>(0.0);
+                for (var c4 = d0; c4 < d0 + 8u; c4 = c4 + 1u) {
+                    dp_b = fma(vec4<f32>(d_o[qi + 4u * c4], d_o[qi + 4u * c4 + 1u], d_o[qi + 4u * c4 + 2u], d_o[qi + 4u * c4 + 3u]), vec4<f32>(sh_v[4u * c4], sh_v[4u * c4 + 1u], sh_v[4u * c4 + 2u], sh_v[4u * c4 + 3u]), dp_b);
+                }
+                dp_4 = dp_4 + dp_b;
             }
             var dp = hsum(dp_4);
             let x_s = scored(s, h, col, dot);

@@ -178,13 +178,21 @@ fn backward_row(row: u32, h: u32, tid: u32) {
         if (j >= range.x && j < range.y && key_visible(row, j)) {
             let ki = kv_index(j, kv_h);
             var dot_4 = vec4<f32>(0.0);
-            for (var c4 = 0u; c4 < 16u; c4 = c4 + 1u) {
-                dot_4 = fma(vec4<f32>(sh_q[4u * c4], sh_q[4u * c4 + 1u], sh_q[4u * c4 + 2u], sh_q[4u * c4 + 3u]), vec4<f32>(k[ki + 4u * c4], k[ki + 4u * c4 + 1u], k[ki + 4u * c4 + 2u], k[ki + 4u * c4 + 3u]), dot_4);
+            for (var d0 = 0u; d0 < 16u; d0 = d0 + 8u) {
+                var dot_b = vec4<f32>(0.0);
+                for (var c4 = d0; c4 < d0 + 8u; c4 = c4 + 1u) {
+                    dot_b = fma(vec4<f32>(sh_q[4u * c4], sh_q[4u * c4 + 1u], sh_q[4u * c4 + 2u], sh_q[4u * c4 + 3u]), vec4<f32>(k[ki + 4u * c4], k[ki + 4u * c4 + 1u], k[ki + 4u * c4 + 2u], k[ki + 4u * c4 + 3u]), dot_b);
+                }
+                dot_4 = dot_4 + dot_b;
             }
             var dot = hsum(dot_4);
             var dp_4 = vec4<f32>(0.0);
-            for (var c4 = 0u; c4 < 16u; c4 = c4 + 1u) {
-                dp_4 = fma(vec4<f32>(sh_do[4u * c4], sh_do[4u * c4 + 1u], sh_do[4u * c4 + 2u], sh_do[4u * c4 + 3u]), vec4<f32>(v[ki + 4u * c4], v[ki + 4u * c4 + 1u], v[ki + 4u * c4 + 2u], v[ki + 4u * c4 + 3u]), dp_4);
+            for (var d0 = 0u; d0 < 16u; d0 = d0 + 8u) {
+                var dp_b = vec4<f32>(0.0);
+                for (var c4 = d0; c4 < d0 + 8u; c4 = c4 + 1u) {
+                    dp_b = fma(vec4<f32>(sh_do[4u * c4], sh_do[4u * c4 + 1u], sh_do[4u * c4 + 2u], sh_do[4u * c4 + 3u]), vec4<f32>(v[ki + 4u * c4], v[ki + 4u * c4 + 1u], v[ki + 4u * c4 + 2u], v[ki + 4u * c4 + 3u]), dp_b);
+                }
+                dp_4 = dp_4 + dp_b;
             }
             var dp = hsum(dp_4);
             let xj = scored(row, h, j, dot);

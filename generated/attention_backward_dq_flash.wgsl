@@ -307,17 +307,27 @@ fn flash_backward_q(tile: u32, h: u32, tid: u32) {
         var dp_0_0_4 = vec4<f32>(0.0);
         var s_1_0_4 = vec4<f32>(0.0);
         var dp_1_0_4 = vec4<f32>(0.0);
-        for (var d4 = 0u; d4 < D4; d4 = d4 + 1u) {
-            let a_0 = sh_q[(g * TM + 0u) * ROW4 + d4];
-            let a2_0 = sh_do[(g * TM + 0u) * ROW4 + d4];
-            let a_1 = sh_q[(g * TM + 1u) * ROW4 + d4];
-            let a2_1 = sh_do[(g * TM + 1u) * ROW4 + d4];
-            let b_0 = sh_k[(tx + 0u * TX) * ROW4 + d4];
-            let b2_0 = sh_v[(tx + 0u * TX) * ROW4 + d4];
-            s_0_0_4 = fma(a_0, b_0, s_0_0_4);
-            dp_0_0_4 = fma(a2_0, b2_0, dp_0_0_4);
-            s_1_0_4 = fma(a_1, b_0, s_1_0_4);
-            dp_1_0_4 = fma(a2_1, b2_0, dp_1_0_4);
+        for (var d0 = 0u; d0 < 16u; d0 = d0 + 8u) {
+            var s_0_0_b = vec4<f32>(0.0);
+            var dp_0_0_b = vec4<f32>(0.0);
+            var s_1_0_b = vec4<f32>(0.0);
+            var dp_1_0_b = vec4<f32>(0.0);
+            for (var d4 = d0; d4 < d0 + 8u; d4 = d4 + 1u) {
+                let a_0 = sh_q[(g * TM + 0u) * ROW4 + d4];
+                let a2_0 = sh_do[(g * TM + 0u) * ROW4 + d4];
+                let a_1 = sh_q[(g * TM + 1u) * ROW4 + d4];
+                let a2_1 = sh_do[(g * TM + 1u) * ROW4 + d4];
+                let b_0 = sh_k[(tx + 0u * TX) * ROW4 + d4];
+                let b2_0 = sh_v[(tx + 0u * TX) * ROW4 + d4];
+                s_0_0_b = fma(a_0, b_0, s_0_0_b);
+                dp_0_0_b = fma(a2_0, b2_0, dp_0_0_b);
+                s_1_0_b = fma(a_1, b_0, s_1_0_b);
+                dp_1_0_b = fma(a2_1, b2_0, dp_1_0_b);
+            }
+            s_0_0_4 = s_0_0_4 + s_0_0_b;
+            dp_0_0_4 = dp_0_0_4 + dp_0_0_b;
+            s_1_0_4 = s_1_0_4 + s_1_0_b;
+            dp_1_0_4 = dp_1_0_4 + dp_1_0_b;
         }
         let s_0_0 = hsum(s_0_0_4);
         let dp_0_0 = hsum(dp_0_0_4);

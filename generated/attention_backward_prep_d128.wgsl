@@ -69,8 +69,12 @@ fn prep_row(row: u32, h: u32, tid: u32) {
     if (tid == 0u) {
         let qi = q_index(row, h);
         var delta_4 = vec4<f32>(0.0);
-        for (var c4 = 0u; c4 < 32u; c4 = c4 + 1u) {
-            delta_4 = fma(vec4<f32>(d_o[qi + 4u * c4], d_o[qi + 4u * c4 + 1u], d_o[qi + 4u * c4 + 2u], d_o[qi + 4u * c4 + 3u]), vec4<f32>(o[qi + 4u * c4], o[qi + 4u * c4 + 1u], o[qi + 4u * c4 + 2u], o[qi + 4u * c4 + 3u]), delta_4);
+        for (var d0 = 0u; d0 < 32u; d0 = d0 + 8u) {
+            var delta_b = vec4<f32>(0.0);
+            for (var c4 = d0; c4 < d0 + 8u; c4 = c4 + 1u) {
+                delta_b = fma(vec4<f32>(d_o[qi + 4u * c4], d_o[qi + 4u * c4 + 1u], d_o[qi + 4u * c4 + 2u], d_o[qi + 4u * c4 + 3u]), vec4<f32>(o[qi + 4u * c4], o[qi + 4u * c4 + 1u], o[qi + 4u * c4 + 2u], o[qi + 4u * c4 + 3u]), delta_b);
+            }
+            delta_4 = delta_4 + delta_b;
         }
         var delta = hsum(delta_4);
         stats[stats_part(0u, row, h)] = lse[row_index(row, h)];

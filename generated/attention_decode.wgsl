@@ -200,8 +200,12 @@ fn attend_row(row: u32, h: u32, tid: u32) {
         if (visible) {
             let ki = kv_index(j, kv_h);
             var dot_4 = vec4<f32>(0.0);
-            for (var c4 = 0u; c4 < 16u; c4 = c4 + 1u) {
-                dot_4 = fma(vec4<f32>(sh_q[4u * c4], sh_q[4u * c4 + 1u], sh_q[4u * c4 + 2u], sh_q[4u * c4 + 3u]), vec4<f32>(key_at(ki + 4u * c4), key_at(ki + 4u * c4 + 1u), key_at(ki + 4u * c4 + 2u), key_at(ki + 4u * c4 + 3u)), dot_4);
+            for (var d0 = 0u; d0 < 16u; d0 = d0 + 8u) {
+                var dot_b = vec4<f32>(0.0);
+                for (var c4 = d0; c4 < d0 + 8u; c4 = c4 + 1u) {
+                    dot_b = fma(vec4<f32>(sh_q[4u * c4], sh_q[4u * c4 + 1u], sh_q[4u * c4 + 2u], sh_q[4u * c4 + 3u]), vec4<f32>(key_at(ki + 4u * c4), key_at(ki + 4u * c4 + 1u), key_at(ki + 4u * c4 + 2u), key_at(ki + 4u * c4 + 3u)), dot_b);
+                }
+                dot_4 = dot_4 + dot_b;
             }
             var dot = hsum(dot_4);
             x = score(row, h, j, dot);

@@ -339,21 +339,39 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
         var s_2_1_4 = vec4<f32>(0.0);
         var s_3_0_4 = vec4<f32>(0.0);
         var s_3_1_4 = vec4<f32>(0.0);
-        for (var d4 = 0u; d4 < D4; d4 = d4 + 1u) {
-            let q_0 = sh_q[(g * TM + 0u) * ROW4 + d4];
-            let q_1 = sh_q[(g * TM + 1u) * ROW4 + d4];
-            let q_2 = sh_q[(g * TM + 2u) * ROW4 + d4];
-            let q_3 = sh_q[(g * TM + 3u) * ROW4 + d4];
-            let k_0 = sh_kv[(tx + 0u * TX) * ROW4 + d4];
-            let k_1 = sh_kv[(tx + 1u * TX) * ROW4 + d4];
-            s_0_0_4 = fma(q_0, k_0, s_0_0_4);
-            s_0_1_4 = fma(q_0, k_1, s_0_1_4);
-            s_1_0_4 = fma(q_1, k_0, s_1_0_4);
-            s_1_1_4 = fma(q_1, k_1, s_1_1_4);
-            s_2_0_4 = fma(q_2, k_0, s_2_0_4);
-            s_2_1_4 = fma(q_2, k_1, s_2_1_4);
-            s_3_0_4 = fma(q_3, k_0, s_3_0_4);
-            s_3_1_4 = fma(q_3, k_1, s_3_1_4);
+        for (var d0 = 0u; d0 < 16u; d0 = d0 + 8u) {
+            var s_0_0_b = vec4<f32>(0.0);
+            var s_0_1_b = vec4<f32>(0.0);
+            var s_1_0_b = vec4<f32>(0.0);
+            var s_1_1_b = vec4<f32>(0.0);
+            var s_2_0_b = vec4<f32>(0.0);
+            var s_2_1_b = vec4<f32>(0.0);
+            var s_3_0_b = vec4<f32>(0.0);
+            var s_3_1_b = vec4<f32>(0.0);
+            for (var d4 = d0; d4 < d0 + 8u; d4 = d4 + 1u) {
+                let q_0 = sh_q[(g * TM + 0u) * ROW4 + d4];
+                let q_1 = sh_q[(g * TM + 1u) * ROW4 + d4];
+                let q_2 = sh_q[(g * TM + 2u) * ROW4 + d4];
+                let q_3 = sh_q[(g * TM + 3u) * ROW4 + d4];
+                let k_0 = sh_kv[(tx + 0u * TX) * ROW4 + d4];
+                let k_1 = sh_kv[(tx + 1u * TX) * ROW4 + d4];
+                s_0_0_b = fma(q_0, k_0, s_0_0_b);
+                s_0_1_b = fma(q_0, k_1, s_0_1_b);
+                s_1_0_b = fma(q_1, k_0, s_1_0_b);
+                s_1_1_b = fma(q_1, k_1, s_1_1_b);
+                s_2_0_b = fma(q_2, k_0, s_2_0_b);
+                s_2_1_b = fma(q_2, k_1, s_2_1_b);
+                s_3_0_b = fma(q_3, k_0, s_3_0_b);
+                s_3_1_b = fma(q_3, k_1, s_3_1_b);
+            }
+            s_0_0_4 = s_0_0_4 + s_0_0_b;
+            s_0_1_4 = s_0_1_4 + s_0_1_b;
+            s_1_0_4 = s_1_0_4 + s_1_0_b;
+            s_1_1_4 = s_1_1_4 + s_1_1_b;
+            s_2_0_4 = s_2_0_4 + s_2_0_b;
+            s_2_1_4 = s_2_1_4 + s_2_1_b;
+            s_3_0_4 = s_3_0_4 + s_3_0_b;
+            s_3_1_4 = s_3_1_4 + s_3_1_b;
         }
         var s_0_0 = hsum(s_0_0_4);
         var s_0_1 = hsum(s_0_1_4);

@@ -301,12 +301,18 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
         pf_3 = fetch_v(j0, kv_h, tid + 3u * WG);
         var s_0_0_4 = vec4<f32>(0.0);
         var s_1_0_4 = vec4<f32>(0.0);
-        for (var d4 = 0u; d4 < D4; d4 = d4 + 1u) {
-            let q_0 = sh_q[(g * TM + 0u) * ROW4 + d4];
-            let q_1 = sh_q[(g * TM + 1u) * ROW4 + d4];
-            let k_0 = sh_kv[(tx + 0u * TX) * ROW4 + d4];
-            s_0_0_4 = fma(q_0, k_0, s_0_0_4);
-            s_1_0_4 = fma(q_1, k_0, s_1_0_4);
+        for (var d0 = 0u; d0 < 32u; d0 = d0 + 8u) {
+            var s_0_0_b = vec4<f32>(0.0);
+            var s_1_0_b = vec4<f32>(0.0);
+            for (var d4 = d0; d4 < d0 + 8u; d4 = d4 + 1u) {
+                let q_0 = sh_q[(g * TM + 0u) * ROW4 + d4];
+                let q_1 = sh_q[(g * TM + 1u) * ROW4 + d4];
+                let k_0 = sh_kv[(tx + 0u * TX) * ROW4 + d4];
+                s_0_0_b = fma(q_0, k_0, s_0_0_b);
+                s_1_0_b = fma(q_1, k_0, s_1_0_b);
+            }
+            s_0_0_4 = s_0_0_4 + s_0_0_b;
+            s_1_0_4 = s_1_0_4 + s_1_0_b;
         }
         var s_0_0 = hsum(s_0_0_4);
         var s_1_0 = hsum(s_1_0_4);

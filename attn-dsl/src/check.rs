@@ -100,6 +100,19 @@ fn check_name(spec: &KernelSpec) -> Result<(), DslError> {
 fn check_workgroup(spec: &KernelSpec) -> Result<(), DslError> {
     let wg = spec.workgroup_size;
     let max = spec.target.limits().invocations_per_workgroup;
+    // Flash grids reduce a row over its few invocations one by one, so they take any size
+    // (head_dim 80 lays out 20 invocations a row); the per-row grids halve theirs.
+    if spec.grid.flash.is_some() {
+        if wg == 0 || wg > max {
+            return Err(DslError::spec(
+                Field::WorkgroupSize,
+                format!(
+                    "workgroup_size {wg} must be from 1 to {max} (the target's invocations per workgroup)"
+                ),
+            ));
+        }
+        return Ok(());
+    }
     if !wg.is_power_of_two() || !(32..=max).contains(&wg) {
         return Err(DslError::spec(
             Field::WorkgroupSize,

@@ -25,6 +25,12 @@ const BACKWARD_MENU: &[(u32, u32)] = &[(16, 128), (32, 128), (32, 256), (16, 64)
 /// Two or one invocations per row: the layouts left when head_dim / 4 has few factors of 2
 /// (the invocations of a row share its vec4 columns evenly).
 const FEW_PER_ROW: &[(u32, u32)] = &[(16, 32), (32, 64), (32, 32), (64, 64)];
+/// Register blocks of backward winners, as (rows per workgroup, rows per invocation, vec4
+/// accumulator columns per invocation, staged columns per invocation). Where the menu's
+/// power-of-two shapes hold one row per invocation (head_dim / 4 with few factors of 2, as
+/// 20 at head_dim 80), the same blocks are laid out with as many invocations per row as
+/// head_dim needs: d64's 16x32/2@128 becomes 16x40/2@160 at head_dim 80.
+const BACKWARD_BLOCKS: &[(u32, u32, u32, u32)] = &[(16, 2, 1, 2), (16, 2, 2, 2), (32, 2, 4, 1)];
 /// Forward shapes that also get a twin with subgroup row reductions.
 const SUBGROUP_TWINS: &[(u32, u32)] = &[(64, 256), (64, 128), (32, 256)];
 
@@ -117,7 +123,41 @@ pub fn forward(head_dim: u32) -> Vec<FlashConfig> {
 /// Every flash backward configuration for `head_dim`, each valid for both halves (the
 /// query-major dQ kernel and the key-major dK/dV kernel), candidate 0 first.
 pub fn backward(head_dim: u32) -> Vec<FlashConfig> {
-    from_menu(&[Op::BackwardQ, Op::BackwardKv], head_dim, BACKWARD_MENU)
+    let ops = [Op::BackwardQ, Op::BackwardKv];
+    let mut out = from_menu(&ops, head_dim, BACKWARD_MENU);
+    if out.iter().skip(1).all(|c| c.rows_per_thread == 1) {
+        let scaled = BACKWARD_BLOCKS
+            .iter()
+            .filter_map(|&block| scaled_block(head_dim, block))
+            .filter(|c| fits(&ops, head_dim, *c, CANDIDATE_WORKGROUP_BYTES));
+        for c in scaled {
+            if !out.contains(&c) {
+                out.push(c);
+            }
+        }
+    }
+    out
+}
+
+/// `block` laid out for `head_dim`: `head_dim / 4 / columns` invocations per row, when that
+/// divides, within WebGPU's default 256 invocations.
+fn scaled_block(
+    head_dim: u32,
+    (tile, tm, columns, staged): (u32, u32, u32, u32),
+) -> Option<FlashConfig> {
+    let d4 = head_dim / 4;
+    if !d4.is_multiple_of(columns) {
+        return None;
+    }
+    let tx = d4 / columns;
+    let workgroup_size = tile / tm * tx;
+    (workgroup_size <= Limits::WEBGPU.invocations_per_workgroup).then_some(FlashConfig {
+        tile,
+        inner: staged * tx,
+        rows_per_thread: tm,
+        workgroup_size,
+        subgroups: false,
+    })
 }
 
 /// The configuration a description that asks for `flash` gets: the first candidate of
@@ -184,12 +224,27 @@ mod tests {
             let columns = d4 / (1 << d4.trailing_zeros().min(5));
             let (f, b) = (forward(head_dim), backward(head_dim));
             assert_eq!(!f.is_empty(), columns <= 31, "forward d{head_dim}: {f:?}");
-            assert_eq!(!b.is_empty(), columns <= 15, "backward d{head_dim}: {b:?}");
+            assert!(columns > 15 || !b.is_empty(), "backward d{head_dim}: {b:?}");
             for c in f {
                 let bytes = workgroup_bytes(Op::Forward, head_dim, c).unwrap();
                 assert!(bytes <= CANDIDATE_WORKGROUP_BYTES);
             }
         }
+    }
+
+    /// Where the menu's shapes hold one row per invocation, d64's winning block is laid out
+    /// with head_dim / 4 invocations per row; a prime head_dim / 4 gets a backward too.
+    #[test]
+    fn head_dims_with_few_factors_of_two_keep_two_rows_per_invocation() {
+        let d80 = label(&backward(80));
+        assert!(d80.contains(&"16x40/2@160".to_string()), "{d80:?}");
+        assert_eq!(label(&backward(68)), ["16x34/2@136"]);
+        // Head_dims the menu serves keep its shapes only.
+        assert!(
+            backward(64)
+                .iter()
+                .all(|c| c.workgroup_size.is_power_of_two())
+        );
     }
 
     #[test]

@@ -4,11 +4,13 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use attn_dsl::BiasHeads;
 use npyz::WriterBuilder;
 use runtime::cases::{documents, random};
 use runtime::compare::{judge_attention, judge_backward};
 use runtime::npy;
 use runtime::reference::Problem;
+use runtime::{Bias, Dropout, Heads, Modifiers};
 
 fn scratch_dir(name: &str) -> PathBuf {
     let dir = scratch_dir_path(name);
@@ -280,5 +282,150 @@ fn bad_files_give_one_error_line() {
         ok.status.success(),
         "{}",
         String::from_utf8_lossy(&ok.stderr)
+    );
+}
+
+/// The modifier flags reach the kernels: O matches the reference with the same window,
+/// ALiBi slopes, shared bias, soft cap and dropout mask, and every schedule writes dbias.npy
+/// in the bias's shape, all agreeing; a bias of the wrong shape is one error line.
+#[test]
+fn modifier_flags_match_the_reference_and_write_dbias() {
+    let dir = scratch_dir("parity_modifiers");
+    let f = |n: &str| dir.join(n).to_string_lossy().into_owned();
+    let (seq, nh, nkv, d) = (24usize, 4usize, 2usize, 32usize);
+    let [q, k, v, d_o] =
+        [(nh, 1), (nkv, 2), (nkv, 3), (nh, 4)].map(|(h, s)| random(seq * h * d, s));
+    for (name, h, x) in [
+        ("q", nh, &q),
+        ("k", nkv, &k),
+        ("v", nkv, &v),
+        ("do", nh, &d_o),
+    ] {
+        npy::write_f32(
+            &dir.join(format!("{name}.npy")),
+            &[seq as u64, h as u64, d as u64],
+            x,
+        )
+        .unwrap();
+    }
+    let slopes: Vec<f32> = (0..nh).map(|h| (-2.0 * (h + 1) as f32).exp2()).collect();
+    npy::write_f32(&dir.join("slopes.npy"), &[nh as u64], &slopes).unwrap();
+    let bias = random(seq * seq, 5);
+    npy::write_f32(&dir.join("bias.npy"), &[1, seq as u64, seq as u64], &bias).unwrap();
+    npy::write_f32(
+        &dir.join("bad_bias.npy"),
+        &[2, seq as u64, seq as u64],
+        &random(2 * seq * seq, 6),
+    )
+    .unwrap();
+    let out = f("out");
+    let common = [
+        "--q",
+        &f("q.npy"),
+        "--k",
+        &f("k.npy"),
+        "--v",
+        &f("v.npy"),
+        "--causal",
+        "--window",
+        "9",
+        "--alibi",
+        &f("slopes.npy"),
+        "--softcap",
+        "3",
+        "--dropout",
+        "0.2",
+        "--seed",
+        "11",
+    ];
+    let mut args: Vec<&str> = common.to_vec();
+    let (do_path, bias_path) = (f("do.npy"), f("bias.npy"));
+    args.extend([
+        "--do",
+        &do_path,
+        "--bias",
+        &bias_path,
+        "--schedule",
+        "all",
+        "--out",
+        &out,
+    ]);
+    let run = attn(&args);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+
+    let mods = Modifiers {
+        window: Some(9),
+        alibi: Some(&slopes),
+        bias: Some(Bias {
+            values: &bias,
+            heads: BiasHeads::Shared,
+        }),
+        softcap: Some(3.0),
+        dropout: Some(Dropout {
+            p: 0.2,
+            seed: 11,
+            offset: 0,
+        }),
+    };
+    let problem = Problem {
+        batch: 1,
+        n_q: seq,
+        n_k: seq,
+        n_heads: nh,
+        n_kv_heads: nkv,
+        head_dim: d,
+        scale: f64::from(
+            Heads {
+                n_heads: nh as u32,
+                n_kv_heads: nkv as u32,
+                head_dim: d as u32,
+            }
+            .default_scale(),
+        ),
+        causal: true,
+        seg: None,
+        mods,
+        ..Problem::default()
+    };
+    let out_dir = Path::new(&out);
+    let verdicts = judge_attention(
+        &problem,
+        [&q, &k, &v],
+        &read(out_dir, "o"),
+        Some(&read(out_dir, "lse")),
+    );
+    for (name, v) in verdicts {
+        assert!(v.pass(), "{name}: {v:?}");
+    }
+    let dbias: Vec<Vec<f32>> = std::fs::read_dir(out_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_dir())
+        .map(|p| npy::read_f32(&p.join("dbias.npy"), &[3]).unwrap())
+        .map(|(shape, x)| {
+            assert_eq!(shape, [1, seq as u64, seq as u64]);
+            x
+        })
+        .collect();
+    assert!(dbias.len() >= 3, "{} schedules", dbias.len());
+    assert!(dbias[0].iter().any(|x| *x != 0.0));
+    for other in &dbias[1..] {
+        let diff = dbias[0]
+            .iter()
+            .zip(other)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        assert!(diff < 1e-4, "schedules disagree on dbias by {diff}");
+    }
+    let mut bad: Vec<&str> = common.to_vec();
+    let bad_bias = f("bad_bias.npy");
+    bad.extend(["--bias", &bad_bias, "--out", &out]);
+    assert_one_line_error(
+        &attn(&bad),
+        "bad_bias.npy: shape [2, 24, 24], expected [4 or 1, 24, 24]",
     );
 }

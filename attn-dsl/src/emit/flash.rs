@@ -9,6 +9,7 @@
 
 use std::fmt::Write;
 
+use super::numerics::dot_loop;
 use crate::spec::KernelSpec;
 use crate::tiling::Tiling;
 
@@ -275,7 +276,7 @@ pub(super) fn forward_body(out: &mut String, t: &Tiling) {
          // V's loads are in flight while the scores are computed.\n{}",
         fetch("v", "j0", "        "),
     );
-    scores(&mut b, tm, tn);
+    scores(&mut b, tm, tn, t.d4);
     softmax(&mut b, t);
     let _ = write!(
         b,
@@ -298,31 +299,20 @@ pub(super) fn forward_body(out: &mut String, t: &Tiling) {
 }
 
 /// S = Q·Kᵀ for the invocation's block, then the mask and the score's modifiers.
-fn scores(b: &mut String, tm: u32, tn: u32) {
-    for (i, n) in regs(tm, tn) {
-        let _ = writeln!(b, "        var s_{i}_{n}_4 = vec4<f32>(0.0);");
-    }
-    b.push_str("        for (var d4 = 0u; d4 < D4; d4 = d4 + 1u) {\n");
+fn scores(b: &mut String, tm: u32, tn: u32, d4: u32) {
+    let mut body = String::new();
     for i in 0..tm {
-        let _ = writeln!(
-            b,
-            "            let q_{i} = sh_q[(g * TM + {i}u) * ROW4 + d4];"
-        );
+        let _ = writeln!(body, "let q_{i} = sh_q[(g * TM + {i}u) * ROW4 + d4];");
     }
     for n in 0..tn {
-        let _ = writeln!(
-            b,
-            "            let k_{n} = sh_kv[(tx + {n}u * TX) * ROW4 + d4];"
-        );
+        let _ = writeln!(body, "let k_{n} = sh_kv[(tx + {n}u * TX) * ROW4 + d4];");
     }
     // Four chains per score, one per vec4 component (the order of numerics::dot).
     for (i, n) in regs(tm, tn) {
-        let _ = writeln!(
-            b,
-            "            s_{i}_{n}_4 = fma(q_{i}, k_{n}, s_{i}_{n}_4);"
-        );
+        let _ = writeln!(body, "s_{i}_{n}_b = fma(q_{i}, k_{n}, s_{i}_{n}_b);");
     }
-    b.push_str("        }\n");
+    let accs: Vec<String> = regs(tm, tn).map(|(i, n)| format!("s_{i}_{n}")).collect();
+    b.push_str(&dot_loop(d4, &accs, "d4", &body, "        "));
     for (i, n) in regs(tm, tn) {
         let _ = writeln!(b, "        var s_{i}_{n} = hsum(s_{i}_{n}_4);");
     }

@@ -14,6 +14,7 @@
 use std::fmt::Write;
 
 use super::flash::{accumulate, carried, fetch, per_vec4, put, regs, stage, tile_key_range};
+use super::numerics::dot_loop;
 use super::{backward, index};
 use crate::spec::KernelSpec;
 use crate::tiling::Tiling;
@@ -119,8 +120,7 @@ fn q_body(out: &mut String, t: &Tiling, scatter_kv: bool, dbias: bool) {
     );
     products(
         &mut b,
-        tm,
-        tn,
+        t,
         ("sh_q", "sh_do", "(g * TM + I)"),
         ("sh_k", "sh_v", "(tx + N * TX)"),
     );
@@ -294,8 +294,7 @@ fn kv_body(out: &mut String, t: &Tiling, scatter_dq: bool, dbias: bool) {
     );
     products(
         &mut b,
-        tm,
-        tn,
+        t,
         ("sh_k", "sh_v", "(g * TM + I)"),
         ("sh_q", "sh_do", "(tx + N * TX)"),
     );
@@ -471,27 +470,22 @@ const SCATTER_DKV: &str = r#"        for (var e = tid; e < BC * D4; e = e + WG) 
 
 /// `s = a·bᵀ` and `dp = a2·b2ᵀ` over head_dim for the invocation's block: `own` rows
 /// (index with `I`) against `staged` columns (index with `N`).
-fn products(b: &mut String, tm: u32, tn: u32, own: (&str, &str, &str), staged: (&str, &str, &str)) {
-    for (i, n) in regs(tm, tn) {
-        let _ = writeln!(
-            b,
-            "        var s_{i}_{n}_4 = vec4<f32>(0.0);\n        var dp_{i}_{n}_4 = vec4<f32>(0.0);"
-        );
-    }
-    b.push_str("        for (var d4 = 0u; d4 < D4; d4 = d4 + 1u) {\n");
+fn products(b: &mut String, t: &Tiling, own: (&str, &str, &str), staged: (&str, &str, &str)) {
+    let (tm, tn) = (t.tm, t.tn);
+    let mut body = String::new();
     for i in 0..tm {
         let at = own.2.replace('I', &format!("{i}u"));
         let _ = writeln!(
-            b,
-            "            let a_{i} = {}[{at} * ROW4 + d4];\n            let a2_{i} = {}[{at} * ROW4 + d4];",
+            body,
+            "let a_{i} = {}[{at} * ROW4 + d4];\nlet a2_{i} = {}[{at} * ROW4 + d4];",
             own.0, own.1
         );
     }
     for n in 0..tn {
         let at = staged.2.replace('N', &format!("{n}u"));
         let _ = writeln!(
-            b,
-            "            let b_{n} = {}[{at} * ROW4 + d4];\n            let b2_{n} = {}[{at} * ROW4 + d4];",
+            body,
+            "let b_{n} = {}[{at} * ROW4 + d4];\nlet b2_{n} = {}[{at} * ROW4 + d4];",
             staged.0, staged.1
         );
     }
@@ -500,12 +494,14 @@ fn products(b: &mut String, tm: u32, tn: u32, own: (&str, &str, &str), staged: (
     // one key.
     for (i, n) in regs(tm, tn) {
         let _ = writeln!(
-            b,
-            "            s_{i}_{n}_4 = fma(a_{i}, b_{n}, s_{i}_{n}_4);\n            \
-             dp_{i}_{n}_4 = fma(a2_{i}, b2_{n}, dp_{i}_{n}_4);"
+            body,
+            "s_{i}_{n}_b = fma(a_{i}, b_{n}, s_{i}_{n}_b);\ndp_{i}_{n}_b = fma(a2_{i}, b2_{n}, dp_{i}_{n}_b);"
         );
     }
-    b.push_str("        }\n");
+    let accs: Vec<String> = regs(tm, tn)
+        .flat_map(|(i, n)| [format!("s_{i}_{n}"), format!("dp_{i}_{n}")])
+        .collect();
+    b.push_str(&dot_loop(t.d4, &accs, "d4", &body, "        "));
     for (i, n) in regs(tm, tn) {
         let _ = writeln!(
             b,

@@ -56,18 +56,25 @@ fn exp_f32(x: f32) -> f32 {
     Helper {
         name: "tanh_f32",
         calls: &["exp_f32"],
-        text: r#"// tanh within a few ulp: its Taylor series near 0 (the hardware's tanh loses the
-// digits of small arguments), else (1 - t) / (1 + t) with t = e^-2|x|, exact in the limit.
-fn tanh_f32(x: f32) -> f32 {
+        text: r#"// (tanh x, 1 - tanh² x), each within a few ulp, where the hardware's tanh loses the
+// digits of small arguments and 1 - t² from a rounded t loses those of large ones (at
+// x = 2, an ulp of t is 40 ulp of 1 - t²: soft-capped gradients went over twice a
+// framework's error). Below 0.75, an odd polynomial (least squares for relative error,
+// 0.8 ulp); above, from e = e^-2|x|: (1 - e) / (1 + e) and 4e / (1 + e)², which there
+// divide e's error by 4 or more.
+fn tanh_f32(x: f32) -> vec2<f32> {
     let a = abs(x);
-    if (a < 0.25) {
+    if (a < 0.75) {
         let x2 = x * x;
-        let p = -0.33333333 + x2 * (0.13333333 + x2 * (-0.053968254 + x2 * (0.021869488
-            + x2 * -0.0088632355)));
-        return fma(x * x2, p, x);
+        let p = -0.33333334 + x2 * (0.1333333 + x2 * (-0.053967472 + x2 * (0.021861635
+            + x2 * (-0.008819074 + x2 * (0.0034445783 + x2 * (-0.0011584267
+            + x2 * 0.0002357024))))));
+        let t = fma(x * x2, p, x);
+        return vec2<f32>(t, (1.0 - t) * (1.0 + t));
     }
-    let t = exp_f32(-2.0 * a);
-    return sign(x) * ((1.0 - t) / (1.0 + t));
+    let e = exp_f32(-2.0 * a);
+    let d = 1.0 + e;
+    return vec2<f32>(sign(x) * ((1.0 - e) / d), 4.0 * e / (d * d));
 }
 "#,
     },
@@ -115,10 +122,63 @@ pub(super) fn helpers_for(body: &str, op: Op) -> String {
         .collect()
 }
 
+/// vec4 columns summed one after another before a block's partial joins the total: chains
+/// of at most 8 terms, as a framework's pairwise sum has leaves of 8. (Chains over all of
+/// head_dim 128, 32 terms, took soft-capped dBias to 1.4x the bound: flat P exposes the
+/// error of dP − D.)
+pub const DOT_BLOCK: u32 = 8;
+
+/// The loop over `d4` vec4 columns in which every kernel sums its dot products: for each
+/// accumulator `acc` (a vec4 of four chains, one per component), `body` adds column `var`
+/// into `{acc}_b`, which is added into `{acc}_4` every [`DOT_BLOCK`] columns (or fewer, the
+/// largest divisor of `d4` from 5 up, so that every block has a fixed trip count).
+pub(super) fn dot_loop(d4: u32, accs: &[String], var: &str, body: &str, ind: &str) -> String {
+    let mut out = String::new();
+    let decl = |out: &mut String, suffix: &str, ind: &str| {
+        for acc in accs {
+            let _ = writeln!(out, "{ind}var {acc}_{suffix} = vec4<f32>(0.0);");
+        }
+    };
+    let inner = |out: &mut String, range: &str, ind: &str| {
+        let _ = writeln!(out, "{ind}for (var {var} = {range}; {var} = {var} + 1u) {{");
+        for line in body.lines() {
+            let _ = writeln!(out, "{ind}    {line}");
+        }
+        let _ = writeln!(out, "{ind}}}");
+    };
+    if d4 <= DOT_BLOCK {
+        decl(&mut out, "b", ind);
+        inner(&mut out, &format!("0u; {var} < {d4}u"), ind);
+        for acc in accs {
+            let _ = writeln!(out, "{ind}let {acc}_4 = {acc}_b;");
+        }
+        return out;
+    }
+    let block = (5..=DOT_BLOCK).rev().find(|b| d4.is_multiple_of(*b));
+    let end = match block {
+        Some(b) => format!("d0 + {b}u"),
+        None => format!("min(d0 + {DOT_BLOCK}u, {d4}u)"),
+    };
+    decl(&mut out, "4", ind);
+    let step = block.unwrap_or(DOT_BLOCK);
+    let _ = writeln!(
+        out,
+        "{ind}for (var d0 = 0u; d0 < {d4}u; d0 = d0 + {step}u) {{"
+    );
+    let ind2 = format!("{ind}    ");
+    decl(&mut out, "b", &ind2);
+    inner(&mut out, &format!("d0; {var} < {end}"), &ind2);
+    for acc in accs {
+        let _ = writeln!(out, "{ind2}{acc}_4 = {acc}_4 + {acc}_b;");
+    }
+    let _ = writeln!(out, "{ind}}}");
+    out
+}
+
 /// Statements declaring `var {acc}: f32` as the dot product of `a(i)` and `b(i)` over
 /// `0..head_dim`, in the order every kernel sums dot products: four chains over the vec4
-/// columns (`a4(c)` and `b4(c)` give column `c` as a vec4), then pairwise, and the
-/// elements past the last whole vec4 (head_dim not a multiple of 4) added last.
+/// columns in blocks ([`dot_loop`]), then pairwise, and the elements past the last whole
+/// vec4 (head_dim not a multiple of 4) added last.
 pub(super) fn dot(
     acc: &str,
     head_dim: u32,
@@ -135,18 +195,9 @@ pub(super) fn dot(
             f("4u * c4 + 3u")
         )
     };
-    let mut out = String::new();
-    let _ = write!(
-        out,
-        "{ind}var {acc}_4 = vec4<f32>(0.0);\n\
-         {ind}for (var c4 = 0u; c4 < {}u; c4 = c4 + 1u) {{\n\
-         {ind}    {acc}_4 = fma({}, {}, {acc}_4);\n\
-         {ind}}}\n\
-         {ind}var {acc} = hsum({acc}_4);\n",
-        head_dim / 4,
-        vec4(&a),
-        vec4(&b),
-    );
+    let body = format!("{acc}_b = fma({}, {}, {acc}_b);", vec4(&a), vec4(&b));
+    let mut out = dot_loop(head_dim / 4, &[acc.to_string()], "c4", &body, ind);
+    let _ = writeln!(out, "{ind}var {acc} = hsum({acc}_4);");
     for i in (head_dim / 4) * 4..head_dim {
         let i = format!("{i}u");
         let _ = writeln!(out, "{ind}{acc} = fma({}, {}, {acc});", a(&i), b(&i));

@@ -39,12 +39,9 @@ pub(super) fn helpers(out: &mut String, spec: &KernelSpec) {
         let _ = writeln!(score, "    x = fma(alibi[h], f32(j) - f32({pos}), x);");
     }
     let slope = if m.softcap {
-        // cap·tanh(y/cap), and its slope 1 - t² from the capped score, as a framework's
-        // autograd takes it. (4e/(1 + e)² with e = exp(-2|y|/cap), exact where tanh
-        // saturates, took dBias of a shared bias over the bound on lavapipe.)
-        "    let c = params.softcap * tanh_f32(x / params.softcap);\n    \
-         let t = c / params.softcap;\n    \
-         return vec2<f32>(c, (1.0 - t) * (1.0 + t));\n"
+        // cap·tanh(y/cap), and its slope 1 - tanh²(y/cap).
+        "    let t = tanh_f32(x / params.softcap);\n    \
+         return vec2<f32>(params.softcap * t.x, t.y);\n"
     } else {
         "    return vec2<f32>(x, 1.0);\n"
     };

@@ -7,12 +7,14 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{Context, bail};
-use attn_dsl::{KernelSpec, Masks, Op};
+use attn_dsl::{BiasHeads, KernelSpec, Op};
 use clap::Parser;
 use runtime::kernels::BackwardKernels;
 use runtime::npy;
 use runtime::tuning::{self, Table};
-use runtime::{Backward, BackwardInput, ForwardInput, Gpu, Heads, Kernel, Schedule};
+use runtime::{
+    Backward, BackwardInput, Bias, Dropout, ForwardInput, Gpu, Heads, Kernel, Modifiers, Schedule,
+};
 
 /// Runs attention on tensors from `.npy` files (float32, layout [batch, seq, heads,
 /// head_dim], or [seq, heads, head_dim] for one sequence; K and V may have fewer heads, for
@@ -55,6 +57,105 @@ struct Args {
     /// Folder for the outputs (created if missing).
     #[arg(long)]
     out: PathBuf,
+    /// A sliding window: each query sees the W keys up to it (with --causal), or those
+    /// within W of it.
+    #[arg(long, value_name = "W")]
+    window: Option<u32>,
+    /// ALiBi: one slope per query head (float32 [heads]), adding slope·(j − s) to scores.
+    #[arg(long, value_name = "SLOPES.npy")]
+    alibi: Option<PathBuf>,
+    /// An additive bias, float32 [batch,] heads or 1, seq, seq (1: shared by the heads);
+    /// with --do, its gradient is written to dbias.npy in the same shape.
+    #[arg(long, value_name = "BIAS.npy")]
+    bias: Option<PathBuf>,
+    /// Soft-capping: scores become C·tanh(score / C) before the softmax.
+    #[arg(long, value_name = "C")]
+    softcap: Option<f32>,
+    /// Dropout on P with this probability (kept values scaled by 1 / (1 − P)), the mask
+    /// drawn by Philox-4x32-10 under --seed, the same in the forward and the backward.
+    #[arg(long, value_name = "P")]
+    dropout: Option<f32>,
+    /// The dropout mask's key.
+    #[arg(long, default_value_t = 0, requires = "dropout")]
+    seed: u64,
+}
+
+/// The score modifiers' values read from the flags.
+struct ModifierValues {
+    slopes: Option<Vec<f32>>,
+    bias: Option<(Vec<u64>, BiasHeads, Vec<f32>)>,
+}
+
+impl ModifierValues {
+    fn load(args: &Args, t: &Tensors) -> anyhow::Result<ModifierValues> {
+        let slopes = match &args.alibi {
+            Some(path) => {
+                let (shape, slopes) = npy::read_f32(path, &[1])?;
+                if shape != [u64::from(t.heads.n_heads)] {
+                    bail!(
+                        "{}: shape {shape:?}, expected [{}]",
+                        path.display(),
+                        t.heads.n_heads
+                    );
+                }
+                Some(slopes)
+            }
+            None => None,
+        };
+        let bias = match &args.bias {
+            Some(path) => {
+                let (shape, values) = npy::read_f32(path, &[3, 4])?;
+                let (seq, n) = (u64::from(t.seq), u64::from(t.heads.n_heads));
+                let heads = match shape[..] {
+                    [.., h, a, b] if a == seq && b == seq && (h == n || h == 1) => h,
+                    _ => bail!(
+                        "{}: shape {shape:?}, expected [{}{n} or 1, {seq}, {seq}]",
+                        path.display(),
+                        if t.batched {
+                            format!("{}, ", t.batch)
+                        } else {
+                            String::new()
+                        }
+                    ),
+                };
+                let batch = if shape.len() == 4 { shape[0] } else { 1 };
+                if batch != u64::from(t.batch) {
+                    bail!(
+                        "{}: shape {shape:?} holds {batch} sequence(s), q {}: give the bias \
+                         [{}, heads or 1, {seq}, {seq}]",
+                        path.display(),
+                        t.batch,
+                        t.batch
+                    );
+                }
+                let heads = if heads == 1 && n != 1 {
+                    BiasHeads::Shared
+                } else {
+                    BiasHeads::PerHead
+                };
+                Some((shape, heads, values))
+            }
+            None => None,
+        };
+        Ok(ModifierValues { slopes, bias })
+    }
+
+    fn mods(&self, args: &Args) -> Modifiers<'_> {
+        Modifiers {
+            window: args.window,
+            alibi: self.slopes.as_deref(),
+            bias: self.bias.as_ref().map(|(_, heads, values)| Bias {
+                values,
+                heads: *heads,
+            }),
+            softcap: args.softcap,
+            dropout: args.dropout.map(|p| Dropout {
+                p,
+                seed: args.seed,
+                offset: 0,
+            }),
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -86,7 +187,9 @@ fn run(args: Args) -> anyhow::Result<()> {
         name => Some(name.parse::<Schedule>().map_err(anyhow::Error::msg)?),
     };
     let t = load(&args)?;
-    let masks = Masks::new(args.causal, t.seg.is_some());
+    let values = ModifierValues::load(&args, &t)?;
+    let mods = values.mods(&args);
+    let masks = mods.masks(args.causal, t.seg.is_some());
     let d = t.heads.head_dim;
     let forward_abi = attn_dsl::compile(&KernelSpec::standard(
         "attention_forward",
@@ -141,7 +244,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         v: &t.v,
         seg: t.seg.as_deref(),
         scale: args.scale,
-        mods: Default::default(),
+        mods,
     };
     let out = runtime::forward(&gpu, &forward, &input)?;
     let shape = |heads: u32, dim: Option<u32>| -> Vec<u64> {
@@ -174,7 +277,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             d_o,
             seg: t.seg.as_deref(),
             scale: args.scale,
-            mods: Default::default(),
+            mods,
         };
         let runs: Vec<(Option<Schedule>, PathBuf)> = match args.schedule.as_str() {
             "all" => backward
@@ -190,6 +293,9 @@ fn run(args: Args) -> anyhow::Result<()> {
             write(&dir, "dq", &q_shape, &g.dq)?;
             write(&dir, "dk", &kv_shape, &g.dk)?;
             write(&dir, "dv", &kv_shape, &g.dv)?;
+            if let Some((shape, _, _)) = &values.bias {
+                write(&dir, "dbias", shape, &g.dbias)?;
+            }
             println!(
                 "backward ({ran}): {:.1} ms",
                 started.elapsed().as_secs_f64() * 1e3
