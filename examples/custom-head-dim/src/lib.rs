@@ -73,6 +73,7 @@ impl Model {
             v,
             seg: None,
             scale: None,
+            mods: Default::default(),
         };
         runtime::forward(&self.gpu, &self.forward, &input)
     }
@@ -93,6 +94,7 @@ impl Model {
             k_cache,
             v_cache,
             scale: None,
+            mods: Default::default(),
         };
         runtime::decode(&self.gpu, &self.decode, &input)
     }

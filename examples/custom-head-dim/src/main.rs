@@ -24,6 +24,7 @@ fn main() -> anyhow::Result<()> {
         scale: f64::from(HEADS.default_scale()),
         causal: true,
         seg: None,
+        ..Problem::default()
     };
     let verdicts = judge_attention(&p, [&q, &k, &v], &out.o, Some(&out.lse));
     println!("{}: forward seq={seq} h=8 kv=2 d=128", model.gpu.describe());

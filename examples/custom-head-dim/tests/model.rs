@@ -15,6 +15,7 @@ fn problem(n_q: usize, n_k: usize, causal: bool) -> Problem<'static> {
         scale: f64::from(HEADS.default_scale()),
         causal,
         seg: None,
+        ..Problem::default()
     }
 }
 
@@ -74,6 +75,7 @@ fn heads_that_break_the_fixed_gqa_ratio_are_refused() {
         v: &[0.0; 2 * 4 * 128],
         seg: None,
         scale: None,
+        mods: Default::default(),
     };
     let kernel = runtime::Kernel::new(&model.gpu, &forward_h8_kv2_d128::ABI).unwrap();
     let err = runtime::forward(&model.gpu, &kernel, &input).unwrap_err();
