@@ -105,7 +105,17 @@ pub(crate) fn sequence_dims(batch: u32, seq_len: u32, h: Heads) -> [(&'static st
     ]
 }
 
+#[cfg(not(target_arch = "wasm32"))]
 pub fn forward(gpu: &Gpu, kernel: &Kernel, input: &ForwardInput) -> Result<ForwardOutput, Error> {
+    pollster::block_on(forward_async(gpu, kernel, input))
+}
+
+/// [`forward`] for an async caller (the browser).
+pub async fn forward_async(
+    gpu: &Gpu,
+    kernel: &Kernel,
+    input: &ForwardInput<'_>,
+) -> Result<ForwardOutput, Error> {
     let abi = kernel.abi();
     validate_forward(abi, gpu.limits(), input)?;
     let h = input.heads;
@@ -133,13 +143,23 @@ pub fn forward(gpu: &Gpu, kernel: &Kernel, input: &ForwardInput) -> Result<Forwa
     ];
     bound.extend(mods.iter().map(|(n, b)| (*n, b)));
     submit(gpu, kernel, &bound, grid)?;
-    let mut out = buffers::read_many::<f32>(gpu, &[(&o, o_len), (&lse, lse_len)])?;
+    let mut out = buffers::read_many_async::<f32>(gpu, &[(&o, o_len), (&lse, lse_len)]).await?;
     let lse = out.pop().unwrap_or_default();
     let o = out.pop().unwrap_or_default();
     Ok(ForwardOutput { o, lse })
 }
 
+#[cfg(not(target_arch = "wasm32"))]
 pub fn decode(gpu: &Gpu, kernel: &Kernel, input: &DecodeInput) -> Result<Vec<f32>, Error> {
+    pollster::block_on(decode_async(gpu, kernel, input))
+}
+
+/// [`decode`] for an async caller (the browser).
+pub async fn decode_async(
+    gpu: &Gpu,
+    kernel: &Kernel,
+    input: &DecodeInput<'_>,
+) -> Result<Vec<f32>, Error> {
     let abi = kernel.abi();
     validate_decode(abi, gpu.limits(), input)?;
     let h = input.heads;
@@ -170,7 +190,7 @@ pub fn decode(gpu: &Gpu, kernel: &Kernel, input: &DecodeInput) -> Result<Vec<f32
     ];
     bound.extend(mods.iter().map(|(n, b)| (*n, b)));
     submit(gpu, kernel, &bound, grid)?;
-    buffers::read(gpu, &o, input.q.len())
+    buffers::read_async(gpu, &o, input.q.len()).await
 }
 
 /// The `seg` binding, `[2, batch, seq]`: each row's document start, then its end (the

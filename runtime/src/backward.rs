@@ -150,7 +150,13 @@ pub const DEFAULT_SCRATCH_BUDGET: u64 = 256 << 20;
 impl Backward {
     /// Compiles the backward kernels for each head_dim in `sets`; the native f32-atomic
     /// streaming variant only where the device has SHADER_FLOAT32_ATOMIC.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn new(gpu: &Gpu, sets: &[BackwardKernels]) -> Result<Backward, Error> {
+        pollster::block_on(Backward::new_async(gpu, sets))
+    }
+
+    /// [`Backward::new`] for an async caller (the browser).
+    pub async fn new_async(gpu: &Gpu, sets: &[BackwardKernels]) -> Result<Backward, Error> {
         let mut backward = Backward {
             compiled: Vec::new(),
             scratch: None,
@@ -158,19 +164,25 @@ impl Backward {
             table: Table::for_gpu(gpu)?,
         };
         for set in sets {
-            backward.add(gpu, set)?;
+            backward.add_async(gpu, set).await?;
         }
         Ok(backward)
     }
 
     /// Compiles `set`'s schedules for its head_dim (e.g. a set from
     /// [`BackwardKernels::compile`] for a head_dim the family lacks); replaces any held.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn add(&mut self, gpu: &Gpu, set: &BackwardKernels) -> Result<(), Error> {
+        pollster::block_on(self.add_async(gpu, set))
+    }
+
+    /// [`Backward::add`] for an async caller (the browser).
+    pub async fn add_async(&mut self, gpu: &Gpu, set: &BackwardKernels) -> Result<(), Error> {
         let head_dim = set.prep.head_dim;
         let compiled = Compiled {
             head_dim,
-            prep: Kernel::new(gpu, &set.prep)?,
-            schedules: schedule_kernels(gpu, set)?,
+            prep: Kernel::new_async(gpu, &set.prep).await?,
+            schedules: schedule_kernels_async(gpu, set).await?,
         };
         self.compiled.retain(|c| c.head_dim != head_dim);
         self.compiled.push(compiled);
@@ -217,10 +229,21 @@ impl Backward {
     }
 
     /// Fresh gradients of `input`, by `schedule` or the planner's choice.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn run(
         &mut self,
         gpu: &Gpu,
         input: &BackwardInput,
+        schedule: Option<Schedule>,
+    ) -> Result<(Gradients, Schedule), Error> {
+        pollster::block_on(self.run_async(gpu, input, schedule))
+    }
+
+    /// [`Backward::run`] for an async caller (the browser).
+    pub async fn run_async(
+        &mut self,
+        gpu: &Gpu,
+        input: &BackwardInput<'_>,
         schedule: Option<Schedule>,
     ) -> Result<(Gradients, Schedule), Error> {
         let zeros = Gradients {
@@ -229,14 +252,26 @@ impl Backward {
             dv: vec![0.0; input.v.len()],
             dbias: vec![0.0; input.mods.bias.map_or(0, |b| b.values.len())],
         };
-        self.accumulate(gpu, input, schedule, zeros)
+        self.accumulate_async(gpu, input, schedule, zeros).await
     }
 
     /// `grads` plus the gradients of `input`: micro-steps add up.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn accumulate(
         &mut self,
         gpu: &Gpu,
         input: &BackwardInput,
+        schedule: Option<Schedule>,
+        grads: Gradients,
+    ) -> Result<(Gradients, Schedule), Error> {
+        pollster::block_on(self.accumulate_async(gpu, input, schedule, grads))
+    }
+
+    /// [`Backward::accumulate`] for an async caller (the browser).
+    pub async fn accumulate_async(
+        &mut self,
+        gpu: &Gpu,
+        input: &BackwardInput<'_>,
         schedule: Option<Schedule>,
         grads: Gradients,
     ) -> Result<(Gradients, Schedule), Error> {
@@ -327,7 +362,7 @@ impl Backward {
                 (buffer, *len)
             })
             .collect();
-        let mut out = buffers::read_many::<f32>(gpu, &reads)?;
+        let mut out = buffers::read_many_async::<f32>(gpu, &reads).await?;
         let dbias = match with_dbias {
             true => out.pop().unwrap_or_default(),
             false => Vec::new(),
@@ -455,18 +490,36 @@ fn sum_lanes(dkv: &[f32], lanes: usize) -> Vec<f32> {
 /// Every schedule `gpu` runs for `set`'s head_dim and masks, with its kernels in dispatch
 /// order (after prep): the per-row ones from `set`, streaming-f32 where the adapter has
 /// SHADER_FLOAT32_ATOMIC, and each tiled and flash candidate that fits the device.
+#[cfg(not(target_arch = "wasm32"))]
 pub fn schedule_kernels(
     gpu: &Gpu,
     set: &BackwardKernels,
 ) -> Result<Vec<(Schedule, Vec<Kernel>)>, Error> {
-    let compile = |abis: &[&KernelAbi]| -> Result<Vec<Kernel>, Error> {
-        abis.iter().map(|abi| Kernel::new(gpu, abi)).collect()
-    };
+    pollster::block_on(schedule_kernels_async(gpu, set))
+}
+
+/// The pipelines of `abis`, in order.
+async fn compile(gpu: &Gpu, abis: &[&KernelAbi]) -> Result<Vec<Kernel>, Error> {
+    let mut kernels = Vec::with_capacity(abis.len());
+    for abi in abis {
+        kernels.push(Kernel::new_async(gpu, abi).await?);
+    }
+    Ok(kernels)
+}
+
+/// [`schedule_kernels`] for an async caller (the browser).
+pub async fn schedule_kernels_async(
+    gpu: &Gpu,
+    set: &BackwardKernels,
+) -> Result<Vec<(Schedule, Vec<Kernel>)>, Error> {
     let mut out = vec![
-        (Schedule::Split, compile(&[&set.split_q, &set.split_kv])?),
+        (
+            Schedule::Split,
+            compile(gpu, &[&set.split_q, &set.split_kv]).await?,
+        ),
         (
             Schedule::RecomputeSplit,
-            compile(&[&set.recompute_q, &set.recompute_kv])?,
+            compile(gpu, &[&set.recompute_q, &set.recompute_kv]).await?,
         ),
     ];
     let (head_dim, masks) = (set.recompute_q.head_dim, set.recompute_q.masks);
@@ -483,7 +536,7 @@ pub fn schedule_kernels(
         let [q, kv] =
             tuning::flash_backward(head_dim, masks, *config).map_err(|e| dsl("tiled", e))?;
         if tuning::fits(gpu, &q) && tuning::fits(gpu, &kv) {
-            out.push((Schedule::Tiled(*config), compile(&[&q, &kv])?));
+            out.push((Schedule::Tiled(*config), compile(gpu, &[&q, &kv]).await?));
         }
     }
     let streaming = candidates
@@ -493,14 +546,14 @@ pub fn schedule_kernels(
         let q = tuning::flash_streaming(head_dim, masks, *config, scatter)
             .map_err(|e| dsl("streaming", e))?;
         if tuning::fits(gpu, &q) {
-            out.push((Schedule::Streaming(*config), compile(&[&q])?));
+            out.push((Schedule::Streaming(*config), compile(gpu, &[&q]).await?));
         }
     }
     for config in &candidates {
         let kv = tuning::flash_scatter(head_dim, masks, *config, scatter)
             .map_err(|e| dsl("flash", e))?;
         if tuning::fits(gpu, &kv) {
-            out.push((Schedule::Flash(*config), compile(&[&kv])?));
+            out.push((Schedule::Flash(*config), compile(gpu, &[&kv]).await?));
         }
     }
     Ok(out)

@@ -49,12 +49,35 @@ pub fn uniform(gpu: &Gpu, label: &str, bytes: &[u8]) -> wgpu::Buffer {
 }
 
 /// Copies the first `len` elements of `buffer` back to the host, waiting for the GPU.
+#[cfg(not(target_arch = "wasm32"))]
 pub fn read<T: Pod>(gpu: &Gpu, buffer: &wgpu::Buffer, len: usize) -> Result<Vec<T>, Error> {
     read_many(gpu, &[(buffer, len)]).map(|mut v| v.remove(0))
 }
 
 /// Reads several buffers with one submission and one wait.
+#[cfg(not(target_arch = "wasm32"))]
 pub fn read_many<T: Pod>(
+    gpu: &Gpu,
+    buffers: &[(&wgpu::Buffer, usize)],
+) -> Result<Vec<Vec<T>>, Error> {
+    pollster::block_on(read_many_async(gpu, buffers))
+}
+
+/// [`read`] for an async caller (the browser, where the GPU's answer is a promise).
+pub async fn read_async<T: Pod>(
+    gpu: &Gpu,
+    buffer: &wgpu::Buffer,
+    len: usize,
+) -> Result<Vec<T>, Error> {
+    read_many_async(gpu, &[(buffer, len)])
+        .await
+        .map(|mut v| v.remove(0))
+}
+
+/// [`read_many`] for an async caller. Natively it blocks in `poll` until the maps are
+/// done (the futures are then ready); in a browser `poll` does nothing and the maps
+/// resolve from the event loop while this future waits.
+pub async fn read_many_async<T: Pod>(
     gpu: &Gpu,
     buffers: &[(&wgpu::Buffer, usize)],
 ) -> Result<Vec<Vec<T>>, Error> {
@@ -74,19 +97,23 @@ pub fn read_many<T: Pod>(
         })
         .collect();
     gpu.queue.submit([encoder.finish()]);
-    let (tx, rx) = std::sync::mpsc::channel();
-    for (i, s) in staging.iter().enumerate() {
-        let tx = tx.clone();
-        s.map_async(wgpu::MapMode::Read, .., move |r| {
-            let _ = tx.send((i, r));
-        });
-    }
-    drop(tx);
+    let mapped: Vec<_> = staging
+        .iter()
+        .map(|s| {
+            let (tx, rx) = futures_channel::oneshot::channel();
+            s.map_async(wgpu::MapMode::Read, .., move |r| {
+                let _ = tx.send(r);
+            });
+            rx
+        })
+        .collect();
     gpu.device
         .poll(wgpu::PollType::wait_indefinitely())
         .map_err(|e| Error::Readback(e.to_string()))?;
-    for (_, result) in rx.iter() {
-        result.map_err(|e| Error::Readback(e.to_string()))?;
+    for rx in mapped {
+        rx.await
+            .map_err(|_| Error::Readback("the device dropped a buffer map".into()))?
+            .map_err(|e| Error::Readback(e.to_string()))?;
     }
     staging
         .iter()

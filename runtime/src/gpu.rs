@@ -3,8 +3,19 @@
 use attn_dsl::KernelAbi;
 use thiserror::Error;
 
+#[cfg(not(target_arch = "wasm32"))]
 const INSTALL_HINT: &str = "install a Vulkan driver: on Debian or Ubuntu, \
     `apt-get install -y mesa-vulkan-drivers` gives the CPU adapter (lavapipe)";
+#[cfg(target_arch = "wasm32")]
+const INSTALL_HINT: &str = "this browser offers no WebGPU adapter (Chromium: \
+    `--enable-unsafe-webgpu`, or a build with WebGPU on by default)";
+
+/// Whether the device takes all the workgroup memory and storage buffers the adapter has.
+/// Natively it does, so that flash configurations tuned for the adapter can run. In a
+/// browser the device keeps WebGPU's defaults (raised only to what the kernels need), so
+/// that exactly the portable (`target: webgpu`) kernels fit: what every browser runs and
+/// what Tint checks in CI.
+const RAISE_TO_ADAPTER: bool = cfg!(not(target_arch = "wasm32"));
 
 #[derive(Debug, Error)]
 pub enum DeviceError {
@@ -78,7 +89,10 @@ impl Requirements {
                     .max(base.max_storage_buffers_per_shader_stage),
                 offered.max_storage_buffers_per_shader_stage,
             )
-            .map(|n| n.max(offered.max_storage_buffers_per_shader_stage.min(16)))?,
+            .map(|n| match RAISE_TO_ADAPTER {
+                true => n.max(offered.max_storage_buffers_per_shader_stage.min(16)),
+                false => n,
+            })?,
             // All the adapter has, so that flash configurations tuned for it can run.
             max_compute_workgroup_storage_size: need(
                 "max_compute_workgroup_storage_size",
@@ -86,7 +100,10 @@ impl Requirements {
                     .max(base.max_compute_workgroup_storage_size),
                 offered.max_compute_workgroup_storage_size,
             )
-            .map(|_| offered.max_compute_workgroup_storage_size)?,
+            .map(|n| match RAISE_TO_ADAPTER {
+                true => offered.max_compute_workgroup_storage_size,
+                false => n,
+            })?,
             max_compute_invocations_per_workgroup: need(
                 "max_compute_invocations_per_workgroup",
                 self.invocations_per_workgroup
@@ -119,19 +136,28 @@ pub struct Gpu {
 impl Gpu {
     /// Picks a discrete GPU, else any GPU, else a CPU adapter (lavapipe), among those that
     /// meet what `kernels` need. `WGPU_BACKEND` (e.g. `vulkan`) narrows the backends tried.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn new<'a>(kernels: impl IntoIterator<Item = &'a KernelAbi>) -> Result<Gpu, DeviceError> {
+        pollster::block_on(Gpu::new_async(kernels))
+    }
+
+    /// [`Gpu::new`] for an async caller. In a browser the one adapter is the browser's
+    /// WebGPU adapter.
+    pub async fn new_async<'a>(
+        kernels: impl IntoIterator<Item = &'a KernelAbi>,
+    ) -> Result<Gpu, DeviceError> {
         let requirements = Requirements::of(kernels);
         let backends = wgpu::Backends::from_env().unwrap_or(wgpu::Backends::PRIMARY);
         let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
             backends,
             ..wgpu::InstanceDescriptor::new_without_display_handle_from_env()
         });
-        let mut adapters = pollster::block_on(instance.enumerate_adapters(backends));
+        let mut adapters = instance.enumerate_adapters(backends).await;
         adapters.sort_by_key(|a| rank(a.get_info().device_type));
         let mut refusal = None;
         for adapter in adapters {
             match requirements.limits(&adapter) {
-                Ok(limits) => return request(adapter, limits),
+                Ok(limits) => return request(adapter, limits).await,
                 Err(e) => refusal = refusal.or(Some(e)),
             }
         }
@@ -225,7 +251,7 @@ const OPTIONAL_FEATURES: wgpu::Features = wgpu::Features::SHADER_FLOAT32_ATOMIC
     .union(wgpu::Features::TIMESTAMP_QUERY)
     .union(wgpu::Features::SUBGROUP);
 
-fn request(adapter: wgpu::Adapter, limits: wgpu::Limits) -> Result<Gpu, DeviceError> {
+async fn request(adapter: wgpu::Adapter, limits: wgpu::Limits) -> Result<Gpu, DeviceError> {
     let info = adapter.get_info();
     let features = adapter.features() & OPTIONAL_FEATURES;
     let desc = wgpu::DeviceDescriptor {
@@ -234,12 +260,14 @@ fn request(adapter: wgpu::Adapter, limits: wgpu::Limits) -> Result<Gpu, DeviceEr
         required_limits: limits.clone(),
         ..Default::default()
     };
-    let (device, queue) = pollster::block_on(adapter.request_device(&desc)).map_err(|source| {
-        DeviceError::Request {
-            adapter: info.name.clone(),
-            source,
-        }
-    })?;
+    let (device, queue) =
+        adapter
+            .request_device(&desc)
+            .await
+            .map_err(|source| DeviceError::Request {
+                adapter: info.name.clone(),
+                source,
+            })?;
     Ok(Gpu {
         device,
         queue,

@@ -14,7 +14,14 @@ pub struct Kernel {
 
 impl Kernel {
     /// Creates the pipeline; wgpu's validation errors come back as [`Error::Pipeline`].
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn new(gpu: &Gpu, abi: &KernelAbi) -> Result<Kernel, Error> {
+        pollster::block_on(Kernel::new_async(gpu, abi))
+    }
+
+    /// [`Kernel::new`] for an async caller: a browser reports a pipeline's validation
+    /// errors through a promise.
+    pub async fn new_async(gpu: &Gpu, abi: &KernelAbi) -> Result<Kernel, Error> {
         if !gpu.supports(abi) {
             return Err(Error::Feature {
                 kernel: abi.name.to_string(),
@@ -63,7 +70,7 @@ impl Kernel {
             compilation_options: Default::default(),
             cache: None,
         });
-        if let Some(e) = pollster::block_on(scope.pop()) {
+        if let Some(e) = scope.pop().await {
             return Err(Error::Pipeline {
                 kernel: abi.name.to_string(),
                 message: e.to_string(),

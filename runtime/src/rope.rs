@@ -25,7 +25,17 @@ pub struct RopeInput<'a> {
 }
 
 /// `x` rotated (forward kernel) or rotated back (backward kernel).
+#[cfg(not(target_arch = "wasm32"))]
 pub fn rope(gpu: &Gpu, kernel: &Kernel, input: &RopeInput) -> Result<Vec<f32>, Error> {
+    pollster::block_on(rope_async(gpu, kernel, input))
+}
+
+/// [`rope`] for an async caller (the browser).
+pub async fn rope_async(
+    gpu: &Gpu,
+    kernel: &Kernel,
+    input: &RopeInput<'_>,
+) -> Result<Vec<f32>, Error> {
     let abi = kernel.abi();
     validate(kernel, input)?;
     let dims = [
@@ -45,7 +55,7 @@ pub fn rope(gpu: &Gpu, kernel: &Kernel, input: &RopeInput) -> Result<Vec<f32>, E
         &[("x", &x), ("inv_freq", &inv_freq), ("dims", &dims_buf)],
         grid,
     )?;
-    buffers::read(gpu, &x, input.x.len())
+    buffers::read_async(gpu, &x, input.x.len()).await
 }
 
 /// `base^(-2i/head_dim)` for each pair, in f64.

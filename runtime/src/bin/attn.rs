@@ -2,6 +2,10 @@
 //! the document starts) from `.npy` files, runs the forward and, given dO, the backward,
 //! and writes O, LSE, dQ, dK, dV as `.npy`.
 
+// The command-line tools are native; in a browser the page in examples/web runs the kernels.
+#![cfg_attr(target_arch = "wasm32", no_main)]
+#![cfg(not(target_arch = "wasm32"))]
+
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;

@@ -1,6 +1,10 @@
 //! GPU-timed forward and backward (every schedule) with TFLOP/s by FlashAttention's
 //! convention, on the reference shapes or one given by flags.
 
+// The command-line tools are native; in a browser the page in examples/web runs the kernels.
+#![cfg_attr(target_arch = "wasm32", no_main)]
+#![cfg(not(target_arch = "wasm32"))]
+
 use std::process::ExitCode;
 
 use anyhow::Context;

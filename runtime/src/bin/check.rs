@@ -2,6 +2,10 @@
 //! kernel (or backward schedule) and case, judged against an f64 CPU reference by the rule
 //! of DESIGN.md §7.
 
+// The command-line tools are native; in a browser the page in examples/web runs the kernels.
+#![cfg_attr(target_arch = "wasm32", no_main)]
+#![cfg(not(target_arch = "wasm32"))]
+
 use std::process::ExitCode;
 use std::time::Instant;
 

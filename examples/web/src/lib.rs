@@ -1,0 +1,345 @@
+//! The runtime in a browser: the seeds' layer (12 query heads over 4 KV heads, head_dim 64,
+//! causal) through the forward and every backward schedule the adapter runs, each judged
+//! against the runtime's CPU reference, computed in the same wasm module, by the pass rule of
+//! `check` (error at most 2× the f32 baseline's, plus 1e-6).
+//!
+//! Everything but the page itself (`page.rs`, wasm only) is target-independent, so a native
+//! test runs the same rows on lavapipe.
+
+use attn_dsl::Masks;
+use rand::{Rng, SeedableRng, rngs::StdRng};
+use runtime::compare::{Verdict, judge};
+use runtime::reference::{self, Problem, cast};
+use runtime::{
+    Backward, BackwardInput, Error, ForwardInput, ForwardOutput, Gpu, Gradients, Heads, Kernel,
+    Schedule, kernels, tuning,
+};
+use serde::Serialize;
+use web_time::Instant;
+
+#[cfg(target_arch = "wasm32")]
+mod page;
+
+/// The seeds' production layer.
+pub const HEADS: Heads = Heads {
+    n_heads: 12,
+    n_kv_heads: 4,
+    head_dim: 64,
+};
+
+/// Small enough that SwiftShader, the CPU adapter of a headless Chromium, runs the page in
+/// well under a minute.
+pub const DEFAULT_SEQ: u32 = 128;
+
+/// The page's `?seq=` is refused above this: the references run on one thread.
+pub const MAX_SEQ: u32 = 1024;
+
+const SEED: u64 = 7;
+
+/// One line of the table.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Row {
+    pub kernel: String,
+    pub shape: String,
+    /// The output nearest its bound (or furthest over it).
+    pub output: &'static str,
+    pub error: f64,
+    pub bound: f64,
+    pub pass: bool,
+    /// Wall-clock ms of one run after a warm-up run: upload, dispatch and readback.
+    pub ms: f64,
+}
+
+impl Row {
+    fn new(kernel: String, shape: String, verdicts: &[(&'static str, Verdict)], ms: f64) -> Row {
+        let worst = verdicts
+            .iter()
+            .max_by(|a, b| a.1.ratio().total_cmp(&b.1.ratio()));
+        let (output, verdict) = worst.copied().unwrap_or((
+            "none",
+            Verdict {
+                error: f64::INFINITY,
+                bound: 0.0,
+            },
+        ));
+        Row {
+            kernel,
+            shape,
+            output,
+            error: verdict.error,
+            bound: verdict.bound,
+            pass: !verdicts.is_empty() && verdicts.iter().all(|(_, v)| v.pass()),
+            ms,
+        }
+    }
+}
+
+/// What the page shows and publishes as `window.attnReport` for the browser test.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Report {
+    pub adapter: Option<String>,
+    pub rows: Vec<Row>,
+    /// Why the page could not run every row (no WebGPU, no adapter, a runtime error).
+    pub error: Option<String>,
+}
+
+impl Report {
+    pub fn passed(&self) -> usize {
+        self.rows.iter().filter(|r| r.pass).count()
+    }
+
+    /// Failed rows, plus one for an error that stopped the page.
+    pub fn failed(&self) -> usize {
+        self.rows.len() - self.passed() + usize::from(self.error.is_some())
+    }
+}
+
+/// Uniform values in [-2, 2) from `seed`: what `check` draws (`runtime::cases::random`,
+/// native only), so the page and `check` see the same numbers for the same seed.
+pub fn random(len: usize, seed: u64) -> Vec<f32> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    (0..len).map(|_| rng.random_range(-2.0f32..2.0)).collect()
+}
+
+/// The layer's inputs and the references every row is judged against, computed once.
+struct Layer {
+    seq: u32,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    d_o: Vec<f32>,
+    /// O and LSE of the f64 reference in f32: the backward's saved tensors, so that each
+    /// schedule is judged on its own, as `check` does.
+    o: Vec<f32>,
+    lse: Vec<f32>,
+    forward64: reference::Attention<f64>,
+    forward32: reference::Attention<f32>,
+    backward64: reference::Gradients<f64>,
+    backward32: reference::Gradients<f32>,
+}
+
+impl Layer {
+    fn new(seq: u32) -> Layer {
+        let rows = seq * HEADS.n_heads * HEADS.head_dim;
+        let kv_rows = seq * HEADS.n_kv_heads * HEADS.head_dim;
+        let [q, d_o] = [SEED, SEED + 3].map(|s| random(rows as usize, s));
+        let [k, v] = [SEED + 1, SEED + 2].map(|s| random(kv_rows as usize, s));
+        let p = problem(seq);
+        let [q64, k64, v64, d_o64] = [&q, &k, &v, &d_o].map(|x| cast::<f64>(x));
+        let forward64 = reference::attention(&p, &q64, &k64, &v64);
+        let forward32 = reference::attention(&p, &q, &k, &v);
+        let o: Vec<f32> = forward64.o.iter().map(|x| *x as f32).collect();
+        let lse: Vec<f32> = forward64.lse.iter().map(|x| *x as f32).collect();
+        let backward64 = reference::attention_backward(&p, [&q64, &k64, &v64, &d_o64], None);
+        // The f32 baseline of the kernels' formula: P from the saved LSE, D from the saved O.
+        let backward32 = reference::attention_backward(&p, [&q, &k, &v, &d_o], Some((&o, &lse)));
+        Layer {
+            seq,
+            q,
+            k,
+            v,
+            d_o,
+            o,
+            lse,
+            forward64,
+            forward32,
+            backward64,
+            backward32,
+        }
+    }
+
+    fn shape(&self) -> String {
+        format!(
+            "seq {}, {}/{} heads, d {}, causal",
+            self.seq, HEADS.n_heads, HEADS.n_kv_heads, HEADS.head_dim
+        )
+    }
+
+    fn forward_input(&self) -> ForwardInput<'_> {
+        ForwardInput {
+            batch: 1,
+            seq_len: self.seq,
+            heads: HEADS,
+            q: &self.q,
+            k: &self.k,
+            v: &self.v,
+            seg: None,
+            scale: None,
+            mods: Default::default(),
+        }
+    }
+
+    fn backward_input(&self) -> BackwardInput<'_> {
+        BackwardInput {
+            batch: 1,
+            seq_len: self.seq,
+            heads: HEADS,
+            q: &self.q,
+            k: &self.k,
+            v: &self.v,
+            o: &self.o,
+            lse: &self.lse,
+            d_o: &self.d_o,
+            seg: None,
+            scale: None,
+            mods: Default::default(),
+        }
+    }
+
+    fn judge_forward(&self, out: &ForwardOutput) -> [(&'static str, Verdict); 2] {
+        let (r64, r32) = (&self.forward64, &self.forward32);
+        [
+            ("o", judge(&out.o, &r64.o, &r32.o)),
+            ("lse", judge(&out.lse, &r64.lse, &r32.lse)),
+        ]
+    }
+
+    fn judge_backward(&self, g: &Gradients) -> [(&'static str, Verdict); 3] {
+        let (r64, r32) = (&self.backward64, &self.backward32);
+        [
+            ("dq", judge(&g.dq, &r64.dq, &r32.dq)),
+            ("dk", judge(&g.dk, &r64.dk, &r32.dk)),
+            ("dv", judge(&g.dv, &r64.dv, &r32.dv)),
+        ]
+    }
+}
+
+fn problem(seq: u32) -> Problem<'static> {
+    Problem {
+        batch: 1,
+        n_q: seq as usize,
+        n_k: seq as usize,
+        n_heads: HEADS.n_heads as usize,
+        n_kv_heads: HEADS.n_kv_heads as usize,
+        head_dim: HEADS.head_dim as usize,
+        scale: f64::from(HEADS.default_scale()),
+        causal: true,
+        ..Problem::default()
+    }
+}
+
+/// Every row on `gpu` at `seq` rows: the per-row forward, each flash forward that fits the
+/// device, then each backward schedule the device runs; `on_row` sees each row as it is
+/// judged (the page draws it).
+pub async fn run_layer(
+    gpu: &Gpu,
+    seq: u32,
+    mut on_row: impl FnMut(&Row),
+) -> Result<Vec<Row>, Error> {
+    let layer = Layer::new(seq);
+    let mut backward = Backward::new_async(gpu, &kernels::BACKWARD[..1]).await?;
+    let mut rows = Vec::new();
+    for (label, kernel) in forward_kernels(gpu, &backward.table).await? {
+        let row = forward_row(gpu, &layer, label, &kernel).await?;
+        on_row(&row);
+        rows.push(row);
+    }
+    let planned = backward.plan(gpu, 1, seq, HEADS);
+    for schedule in backward.schedules(gpu, HEADS.head_dim) {
+        let row = backward_row(gpu, &layer, &mut backward, schedule, planned).await?;
+        on_row(&row);
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+/// The family's per-row forward and the flash forward candidates that fit the device,
+/// labelled as `check` labels them.
+async fn forward_kernels(gpu: &Gpu, table: &tuning::Table) -> Result<Vec<(String, Kernel)>, Error> {
+    let per_row = Kernel::new_async(gpu, &kernels::attention_forward::ABI).await?;
+    let mut out = vec![(per_row.name().to_string(), per_row)];
+    let planned = table.forward(gpu, HEADS.head_dim);
+    for config in tuning::forward_candidates(HEADS.head_dim) {
+        let abi =
+            tuning::flash_forward(HEADS.head_dim, Masks::new(true, true), config).map_err(|e| {
+                Error::Pipeline {
+                    kernel: format!("flash forward {}", config.label()),
+                    message: e.to_string(),
+                }
+            })?;
+        if tuning::fits(gpu, &abi) {
+            let mut label = format!("forward flash {}", config.label());
+            if planned == Some(config) {
+                label += " (planned)";
+            }
+            out.push((label, Kernel::new_async(gpu, &abi).await?));
+        }
+    }
+    Ok(out)
+}
+
+async fn forward_row(
+    gpu: &Gpu,
+    layer: &Layer,
+    label: String,
+    kernel: &Kernel,
+) -> Result<Row, Error> {
+    let input = layer.forward_input();
+    runtime::forward_async(gpu, kernel, &input).await?;
+    let start = Instant::now();
+    let out = runtime::forward_async(gpu, kernel, &input).await?;
+    let ms = start.elapsed().as_secs_f64() * 1e3;
+    Ok(Row::new(
+        label,
+        layer.shape(),
+        &layer.judge_forward(&out),
+        ms,
+    ))
+}
+
+async fn backward_row(
+    gpu: &Gpu,
+    layer: &Layer,
+    backward: &mut Backward,
+    schedule: Schedule,
+    planned: Schedule,
+) -> Result<Row, Error> {
+    let input = layer.backward_input();
+    backward.run_async(gpu, &input, Some(schedule)).await?;
+    let start = Instant::now();
+    let (grads, _) = backward.run_async(gpu, &input, Some(schedule)).await?;
+    let ms = start.elapsed().as_secs_f64() * 1e3;
+    let mut label = format!("backward {schedule}");
+    if schedule == planned {
+        label += " (planned)";
+    }
+    Ok(Row::new(
+        label,
+        layer.shape(),
+        &layer.judge_backward(&grads),
+        ms,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_row_reports_its_worst_output_and_fails_if_any_does() {
+        let v = |error, bound| Verdict { error, bound };
+        let row = Row::new(
+            "k".into(),
+            "s".into(),
+            &[
+                ("dq", v(1.0, 4.0)),
+                ("dk", v(3.0, 2.0)),
+                ("dv", v(1.0, 2.0)),
+            ],
+            1.5,
+        );
+        assert_eq!((row.output, row.error, row.bound), ("dk", 3.0, 2.0));
+        assert!(!row.pass);
+        let empty = Row::new("k".into(), "s".into(), &[], 0.0);
+        assert!(!empty.pass);
+    }
+
+    #[test]
+    fn an_error_counts_as_a_failure() {
+        let report = Report {
+            error: Some("no adapter".into()),
+            ..Report::default()
+        };
+        assert_eq!((report.passed(), report.failed()), (0, 1));
+    }
+}
