@@ -14,14 +14,19 @@ pub const MAX_HEAD_DIM: u32 = 256;
 pub fn check_spec(spec: &KernelSpec) -> Result<(), DslError> {
     check_name(spec)?;
     check_workgroup(spec)?;
-    check_head_dim(spec)?;
+    if spec.op.is_row_layer() {
+        crate::row_layer::check_sizes(spec)?;
+    } else {
+        check_head_dim(spec)?;
+    }
     check_gqa(spec)?;
     // Ownership first: on a grid that does not fix an output's axes, the race is the
     // thing to tell the user about, before "this op has no such schedule".
     check_writes(spec)?;
     check_grid(spec)?;
     check_masks(spec)?;
-    check_source(spec)
+    check_source(spec)?;
+    crate::row_layer::check_emitted(spec)
 }
 
 /// Limits that depend on the finished plan (buffers, workgroup memory).
@@ -326,6 +331,8 @@ fn grid_unit(major: Major) -> &'static str {
         Major::S => "(query tile, head)",
         Major::J => "(key tile, KV head)",
         Major::Head => "head",
+        Major::R => "row tile",
+        Major::Elem => "tile of output elements",
     }
 }
 
@@ -347,6 +354,10 @@ fn check_masks(spec: &KernelSpec) -> Result<(), DslError> {
 /// Why `op` cannot honour the mask or modifier `word`, if it cannot.
 fn cannot_honour(op: Op, word: &str) -> Option<&'static str> {
     match (op, word) {
+        (op, _) if op.is_row_layer() => Some(
+            "it is a row-wise layer (LayerNorm + Linear): no query meets a key, so no mask or \
+             score modifier applies",
+        ),
         (Op::Rope | Op::RopeBackward, _) => Some(
             "it rotates each row on its own and never compares a query with a key, so no \
              mask or score modifier applies",
@@ -413,6 +424,7 @@ fn check_writes(spec: &KernelSpec) -> Result<(), DslError> {
         }
     }
     check_dbias(spec)?;
+    crate::row_layer::check_row_sums(spec)?;
     let present = signature::tensors(spec);
     for t in tensors.iter().filter(|t| t.role == Role::Output) {
         // A tensor listed twice (dbias, per head and shared) is checked in its present form.
@@ -484,6 +496,11 @@ fn check_pairs(spec: &KernelSpec) -> Result<(), DslError> {
 /// The write mode the emitter produces for an output of an op.
 fn supported_mode(spec: &KernelSpec, tensor: &str) -> WriteMode {
     match (spec.op, tensor) {
+        // Either schedule of a sum over rows; an owned one is caught as a race first.
+        (Op::LayernormLinearBackward, "dgamma" | "dbeta" | "dw" | "db") => spec
+            .write_mode(tensor)
+            .filter(|m| *m != WriteMode::Owned)
+            .unwrap_or(WriteMode::AtomicScatter),
         (_, "dbias") if spec.masks.bias == Some(BiasHeads::Shared) => WriteMode::AtomicScatter,
         (Op::BackwardQ, "p_ds") => WriteMode::ScratchFlush,
         (Op::BackwardQ, "dkv") => WriteMode::AtomicScatter,
@@ -507,17 +524,35 @@ fn check_ownership(
             .major
             .fixed_axes()
             .iter()
-            // A query head lies in exactly one KV head's group.
-            .find(|a| !layout.contains(a) && !(**a == Axis::KvH && layout.contains(&Axis::H)))
+            // A query head lies in exactly one KV head's group, a row in one row tile.
+            .find(|a| {
+                !layout.contains(a)
+                    && !(**a == Axis::KvH && layout.contains(&Axis::H))
+                    && !(**a == Axis::RowTile && layout.contains(&Axis::R))
+            })
     {
         let axes: Vec<_> = layout.iter().map(|a| a.name()).collect();
+        let fix = match spec.grid.major {
+            Major::R => {
+                "declare it `atomic` (scatter: each row tile adds its sum, the seed's way), or \
+                 `scratch` (the two-pass schedule: each row tile writes its own partial sum, and \
+                 a `layernorm_linear_reduce` kernel owns the final sum; no atomics, deterministic)"
+            }
+            _ => {
+                "declare it `atomic` (scatter), or compute it in a kernel whose grid walks its \
+                 axes"
+            }
+        };
+        let rows = match spec.grid.major {
+            Major::R => " (its rows are summed over)",
+            _ => "",
+        };
         return Err(DslError::spec(
             Field::Write(name.to_string()),
             format!(
-                "`{name}` is declared {}, but its index [{}] lacks axis `{}`, which tells the \
-                 workgroups of the {} grid apart, so several workgroups write each element (a \
-                 data race); declare it `atomic` (scatter), or compute it in a kernel whose \
-                 grid walks its axes",
+                "`{name}` is declared {}, but its index [{}] lacks axis `{}`{rows}, which tells \
+                 the workgroups of the {} grid apart, so several workgroups write each element \
+                 (a data race); {fix}",
                 mode.name(),
                 axes.join(", "),
                 axis.name(),

@@ -56,6 +56,8 @@ fn emit_body(out: &mut String, spec: &KernelSpec) {
         Op::BackwardQ => backward::backward_q(out, spec),
         Op::BackwardKv => backward::backward_kv(out, spec),
         Op::Rope | Op::RopeBackward => rope::rope(out, spec.op == Op::RopeBackward),
+        // row_layer::check_emitted rejects these before any WGSL is asked for.
+        Op::LayernormLinear | Op::LayernormLinearBackward | Op::LayernormLinearReduce => {}
     }
     match spec.op {
         Op::Forward => tile_entry(out, &spec.name, "attend_row"),
@@ -64,6 +66,7 @@ fn emit_body(out: &mut String, spec: &KernelSpec) {
         Op::BackwardQ => tile_entry(out, &spec.name, "backward_row"),
         Op::BackwardKv => tile_entry(out, &spec.name, "backward_col"),
         Op::Rope | Op::RopeBackward => tile_entry(out, &spec.name, "rope_row"),
+        Op::LayernormLinear | Op::LayernormLinearBackward | Op::LayernormLinearReduce => {}
     }
 }
 
@@ -95,6 +98,7 @@ pub fn workgroup_bytes(spec: &KernelSpec) -> u32 {
         Op::BackwardQ => backward::q_workgroup_bytes(hd, wg),
         Op::BackwardKv => backward::kv_workgroup_bytes(hd, wg),
         Op::Rope | Op::RopeBackward => 0,
+        Op::LayernormLinear | Op::LayernormLinearBackward | Op::LayernormLinearReduce => 0,
     }
 }
 
