@@ -25,8 +25,7 @@ pub fn check_spec(spec: &KernelSpec) -> Result<(), DslError> {
     check_writes(spec)?;
     check_grid(spec)?;
     check_masks(spec)?;
-    check_source(spec)?;
-    crate::row_layer::check_emitted(spec)
+    check_source(spec)
 }
 
 /// Limits that depend on the finished plan (buffers, workgroup memory).

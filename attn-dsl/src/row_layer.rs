@@ -119,17 +119,3 @@ pub(crate) fn check_row_sums(spec: &KernelSpec) -> Result<(), DslError> {
     }
     Ok(())
 }
-
-/// The row-wise layers are described and checked; their WGSL comes in a later step.
-pub(crate) fn check_emitted(spec: &KernelSpec) -> Result<(), DslError> {
-    if spec.op.is_row_layer() {
-        return Err(DslError::spec(
-            Field::Op,
-            format!(
-                "op {} passes the dataflow checks, but attn-dsl emits no WGSL for it yet",
-                spec.op.name()
-            ),
-        ));
-    }
-    Ok(())
-}
