@@ -176,7 +176,13 @@ fn check_gqa(spec: &KernelSpec) -> Result<(), DslError> {
 
 fn check_grid(spec: &KernelSpec) -> Result<(), DslError> {
     let wanted = spec.op.major();
-    let tile_max = if spec.op == Op::Decode { 1 } else { 64 };
+    let tile_max = match spec.op {
+        Op::Decode => 1,
+        // A backward row tile sums its rows in one workgroup: large tiles keep the
+        // two-pass scratch (one partial per tile) and the atomic adds few.
+        op if op.is_row_layer() => crate::row_layer::MAX_ROW_TILE,
+        _ => 64,
+    };
     if spec.grid.major != wanted {
         return Err(DslError::spec(
             Field::Grid,

@@ -3,7 +3,8 @@
 //! is the attention one ([`crate::check`]), under the row grid.
 
 use crate::error::{DslError, Field};
-use crate::spec::{Grid, KernelSpec, Limits, Major, Masks, Op, Target, WriteMode};
+use crate::plan::KernelAbi;
+use crate::spec::{Grid, KernelSpec, Major, Masks, Op, WriteMode};
 
 /// How the backward sums dγ, dβ, dW and db over rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -42,20 +43,30 @@ pub fn spec(name: &str, op: Op, hidden: u32, out: u32, tile: u32, sums: RowSums)
             .collect(),
     };
     let tile = if op.major() == Major::Elem { 1 } else { tile };
-    let target = match op {
-        Op::LayernormLinearBackward => Target::Native(Limits {
-            storage_buffers_per_stage: 11,
-            ..Limits::WEBGPU
-        }),
-        _ => Target::Webgpu,
-    };
-    KernelSpec {
+    let mut spec = KernelSpec {
         grid: Grid::rows(op.major(), tile),
         out_dim: out,
-        target,
         writes,
         ..KernelSpec::standard(name, op, hidden, Masks::default())
-    }
+    };
+    spec.fit_target();
+    spec
+}
+
+/// The most rows of a forward tile: their normalized rows fill at most `budget` bytes of
+/// workgroup memory (beside the reductions' 1 KiB), and no more than 8 share a W row read.
+pub fn forward_tile(hidden: u32, budget: u32) -> u32 {
+    (budget.saturating_sub(1024) / (4 * hidden.max(1))).clamp(1, 8)
+}
+
+/// The most rows one backward tile (one workgroup) may sum.
+pub const MAX_ROW_TILE: u32 = 1 << 16;
+
+/// The out width a row layer's kernel is specialized for, read off its WGSL: the ABI
+/// carries the row width (`head_dim`) for every op, and leaves attention's ABI as it was.
+pub fn out_dim(abi: &KernelAbi) -> Option<u32> {
+    let rest = abi.wgsl.split("const OUT: u32 = ").nth(1)?;
+    rest.split('u').next()?.parse().ok()
 }
 
 /// The widest hidden or out size a row kernel is specialized for.

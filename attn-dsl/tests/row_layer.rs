@@ -53,6 +53,7 @@ fn every_row_kernel_compiles_through_naga_at_the_seed_and_the_real_shape() {
             let spec = row_layer::spec("ln", op, hidden, out, 4, RowSums::Atomic);
             let abi = compile(&spec).unwrap_or_else(|e| panic!("{op:?} {hidden}->{out}: {e}"));
             assert!(abi.wgsl.contains("@compute"));
+            assert_eq!(row_layer::out_dim(&abi), Some(out));
         }
     }
 }
@@ -75,6 +76,10 @@ fn row_sums_bind_the_whole_gradient_when_atomic_and_a_partial_per_tile_when_two_
             .count()
     };
     assert_eq!(storage(&atomic), 11);
+    assert!(
+        matches!(atomic.target, attn_dsl::Target::Native(l) if l.storage_buffers_per_stage == 11)
+    );
+    assert_eq!(row_layer::forward_tile(768, 16384), 5);
     assert_eq!(storage(&two_pass), 11);
     let forward = row_layer::spec("ln", Op::LayernormLinear, 8, 16, 4, RowSums::Atomic);
     assert_eq!(storage(&forward), 8);
