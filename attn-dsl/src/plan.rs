@@ -117,7 +117,11 @@ impl KernelAbi {
             Major::S => [at(0).div_ceil(self.grid.tile), at(1), at(4)],
             Major::J => [at(0).div_ceil(self.grid.tile), at(2), at(4)],
             Major::Head => [at(1), at(4), 1],
-            Major::R => [at(0).div_ceil(self.grid.tile), 1, 1],
+            Major::R => [
+                at(0).div_ceil(self.grid.tile),
+                crate::row_layer::grid_y(self.op, at(1), at(2), self.workgroup_size[0]),
+                1,
+            ],
             Major::Elem => {
                 // dγ, dβ, dW and db, one element per invocation.
                 let elements = at(1) * at(2) + 2 * at(1) + at(2);

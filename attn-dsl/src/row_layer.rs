@@ -130,3 +130,18 @@ pub(crate) fn check_row_sums(spec: &KernelSpec) -> Result<(), DslError> {
     }
     Ok(())
 }
+
+/// dW elements one backward workgroup sums over its row tile: 8 per invocation.
+pub fn dw_chunk(workgroup_size: u32) -> u32 {
+    8 * workgroup_size
+}
+
+/// The second grid dimension of a row op: the forward's blocks of `workgroup_size`
+/// outputs; the backward's one workgroup for dx, dγ, dβ and db, then one per dW chunk.
+pub fn grid_y(op: Op, hidden: u32, out: u32, workgroup_size: u32) -> u32 {
+    match op {
+        Op::LayernormLinear => out.div_ceil(workgroup_size.max(1)),
+        Op::LayernormLinearBackward => 1 + (hidden * out).div_ceil(dw_chunk(workgroup_size.max(1))),
+        _ => 1,
+    }
+}

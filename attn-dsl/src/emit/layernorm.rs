@@ -27,12 +27,14 @@ pub(super) fn constants(out: &mut String, spec: &KernelSpec) {
         out,
         "const WG: u32 = {}u;\nconst HIDDEN: u32 = {}u;\nconst OUT: u32 = {}u;\n\
          const TILE: u32 = {}u;\n// Hidden features each invocation keeps in registers.\n\
-         const KPT: u32 = (HIDDEN + WG - 1u) / WG;\nconst BLOCK: u32 = {}u;\n\n",
+         const KPT: u32 = (HIDDEN + WG - 1u) / WG;\nconst BLOCK: u32 = {}u;\n\
+         // dW elements per backward workgroup.\nconst DW_CHUNK: u32 = {}u;\n\n",
         spec.workgroup_size,
         spec.head_dim,
         spec.out_dim,
         spec.grid.tile,
         super::numerics::DOT_BLOCK,
+        crate::row_layer::dw_chunk(spec.workgroup_size),
     );
 }
 
@@ -45,16 +47,24 @@ pub(super) fn body(out: &mut String, spec: &KernelSpec) {
 }
 
 /// `sum_{i in 0..count} TERM(i)` as a WGSL statement block leaving the sum in `result`:
-/// leaves of BLOCK terms, BLOCK leaves per branch, then the branches in turn.
+/// leaves of BLOCK terms (written out, so that a leaf is one loop trip: llvmpipe stops any
+/// invocation after 65535 loop trips), BLOCK leaves per branch, then the branches in turn.
 fn blocked_sum(result: &str, count: &str, term: &str) -> String {
+    let leaf: String = (0..super::numerics::DOT_BLOCK)
+        .map(|j| format!("{{ let i = i2 + {j}u; leaf = leaf + {term}; }}\n                    "))
+        .collect();
     format!(
         r#"var {result} = 0.0;
         for (var i1 = 0u; i1 < {count}; i1 = i1 + BLOCK * BLOCK) {{
             var mid = 0.0;
             for (var i2 = i1; i2 < min(i1 + BLOCK * BLOCK, {count}); i2 = i2 + BLOCK) {{
                 var leaf = 0.0;
-                for (var i = i2; i < min(i2 + BLOCK, {count}); i = i + 1u) {{
-                    leaf = leaf + {term};
+                if (i2 + BLOCK <= {count}) {{
+                    {leaf}
+                }} else {{
+                    for (var i = i2; i < {count}; i = i + 1u) {{
+                        leaf = leaf + {term};
+                    }}
                 }}
                 mid = mid + leaf;
             }}
@@ -102,7 +112,7 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         let row = first + r;
         if (row < dims.rows) {{
             let st = row_stats(row, tid);
-            if (tid == 0u) {{
+            if (tid == 0u && wg.y == 0u) {{
                 mean[row] = st.x;
                 rstd[row] = st.y;
             }}
@@ -114,8 +124,10 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     }}
     workgroupBarrier();
     let rows = min(TILE, dims.rows - first);
-    // Each W row is read once per tile and used for every row of it.
-    for (var n = tid; n < OUT; n = n + WG) {{
+    // Workgroup row y of the grid takes outputs y·WG..: one per invocation, its W row
+    // read once per tile and used for every row of it.
+    let n = wg.y * WG + tid;
+    if (n < OUT) {{
         for (var r = 0u; r < rows; r = r + 1u) {{
         {dot}
             y[(first + r) * OUT + n] = acc + b[n];
@@ -156,6 +168,19 @@ fn backward(out: &mut String, spec: &KernelSpec) {
 fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {{
     let first = wg.x * TILE;
     let rows = min(TILE, dims.rows - first);
+    if (wg.y > 0u) {{
+        // dW = dyᵀ·x̂ over the tile's rows: workgroup row y takes chunk y − 1.
+        for (var j = 0u; j < DW_CHUNK / WG; j = j + 1u) {{
+            let e = (wg.y - 1u) * DW_CHUNK + j * WG + tid;
+            if (e < OUT * HIDDEN) {{
+                let n = e / HIDDEN;
+                let k = e % HIDDEN;
+                {dw_sum}
+                {dw}
+            }}
+        }}
+        return;
+    }}
     // dγ and dβ of this invocation's features, summed over the tile's rows.
     var dgamma_t: array<f32, KPT>;
     var dbeta_t: array<f32, KPT>;
@@ -196,13 +221,7 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
             {dbeta}
         }}
     }}
-    // dW = dyᵀ·x̂ and db = Σ dy over the tile's rows, one element per invocation in turn.
-    for (var e = tid; e < OUT * HIDDEN; e = e + WG) {{
-        let n = e / HIDDEN;
-        let k = e % HIDDEN;
-        {dw_sum}
-        {dw}
-    }}
+    // db = Σ dy over the tile's rows.
     for (var n = tid; n < OUT; n = n + WG) {{
         {db_sum}
         {db}
