@@ -217,10 +217,12 @@ const DBETA: [Tensor; 2] = row_sum!("dbeta", K);
 const DW: [Tensor; 2] = row_sum!("dw", N, K);
 const DB: [Tensor; 2] = row_sum!("db", N);
 
-// 11 storage buffers: past WebGPU's default 8, so the backward needs a `native` target.
+// 12 storage buffers: past WebGPU's default 8, so the backward needs a `native` target.
+// β is read for dW = dyᵀ·(x̂·γ + β), the Linear's input.
 const LAYERNORM_LINEAR_BACKWARD: &[Tensor] = &[
     t("x", Input, F32, &[R, K]),
     t("gamma", Input, F32, &[K]),
+    t("beta", Input, F32, &[K]),
     t("w", Input, F32, &[N, K]),
     t("dy", Input, F32, &[R, N]),
     t("mean", Input, F32, &[R]),

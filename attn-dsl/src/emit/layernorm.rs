@@ -155,7 +155,7 @@ fn backward(out: &mut String, spec: &KernelSpec) {
     let dw_sum = blocked_sum(
         "acc",
         "rows",
-        "dy[(first + i) * OUT + n] * ((x[(first + i) * HIDDEN + k] - mean[first + i]) * rstd[first + i])",
+        "dy[(first + i) * OUT + n] * fma((x[(first + i) * HIDDEN + k] - mean[first + i]) * rstd[first + i], gamma[k], beta[k])",
     );
     let db_sum = blocked_sum("acc", "rows", "dy[(first + i) * OUT + n]");
     let dgamma = flush(spec, "dgamma", "HIDDEN", "k", "dgamma_t[j]");
@@ -169,7 +169,7 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     let first = wg.x * TILE;
     let rows = min(TILE, dims.rows - first);
     if (wg.y > 0u) {{
-        // dW = dyᵀ·x̂ over the tile's rows: workgroup row y takes chunk y − 1.
+        // dW = dyᵀ·(x̂·γ + β) over the tile's rows: workgroup row y takes chunk y − 1.
         for (var j = 0u; j < DW_CHUNK / WG; j = j + 1u) {{
             let e = (wg.y - 1u) * DW_CHUNK + j * WG + tid;
             if (e < OUT * HIDDEN) {{

@@ -6,7 +6,7 @@ attn_macros::attention_kernel! {
         grid: r_major(tile = 16),
         hidden: 8,
         out: 16,
-        target: native(storage_buffers = 11),
+        target: native(storage_buffers = 12),
         writes: { dx: owned, dgamma: atomic, dbeta: atomic, dw: owned, db: atomic },
     }
 }

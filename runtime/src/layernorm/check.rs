@@ -134,7 +134,7 @@ pub fn run(gpu: &Gpu, c: LnCase, seed: u64) -> Result<Vec<LnRow>, Error> {
     let r64 = lnref::forward(shape, &p64[0], &p64[1], &p64[2], &p64[3], &p64[4]);
     let r32 = lnref::forward(shape, &p32[0], &p32[1], &p32[2], &p32[3], &p32[4]);
     let dy64 = cast::<f64>(&data.dy);
-    let g64 = lnref::backward(shape, [&p64[0], &p64[1], &p64[3], &dy64], None);
+    let g64 = lnref::backward(shape, [&p64[0], &p64[1], &p64[2], &p64[3], &dy64], None);
     let mut g32 = None;
     let mut rows = Vec::new();
     let mut saved = None;
@@ -161,7 +161,7 @@ pub fn run(gpu: &Gpu, c: LnCase, seed: u64) -> Result<Vec<LnRow>, Error> {
         let g32 = g32.get_or_insert_with(|| {
             lnref::backward(
                 shape,
-                [&data.x, &data.gamma, &data.w, &data.dy],
+                [&data.x, &data.gamma, &data.beta, &data.w, &data.dy],
                 Some((&saved.mean, &saved.rstd)),
             )
         });

@@ -205,6 +205,7 @@ pub fn layernorm_linear_backward(
     let ins = [
         ("x", input.x),
         ("gamma", input.gamma),
+        ("beta", input.beta),
         ("w", input.w),
         ("dy", dy),
         ("mean", &saved.mean[..]),

@@ -84,7 +84,7 @@ fn normalized<T: Real>(
 /// forward's, as the kernels get them) or recomputed when `None`.
 pub fn backward<T: Real>(
     s: Shape,
-    [x, gamma, w, dy]: [&[T]; 4],
+    [x, gamma, beta, w, dy]: [&[T]; 5],
     saved: Option<(&[T], &[T])>,
 ) -> Grads<T> {
     let computed;
@@ -127,8 +127,10 @@ pub fn backward<T: Real>(
             g[r * s.hidden + k] * xhat[r * s.hidden + k]
         }),
         dbeta: over_rows(s.hidden, &|k, r| g[r * s.hidden + k]),
+        // The Linear's input is x̂·γ + β.
         dw: over_rows(s.out * s.hidden, &|e, r| {
-            dy[r * s.out + e / s.hidden] * xhat[r * s.hidden + e % s.hidden]
+            let k = e % s.hidden;
+            dy[r * s.out + e / s.hidden] * (xhat[r * s.hidden + k] * gamma[k] + beta[k])
         }),
         db: over_rows(s.out, &|n, r| dy[r * s.out + n]),
     }
@@ -170,7 +172,11 @@ mod tests {
             .collect();
         let dy = cast::<f64>(&random(S.rows * S.out, 99));
         let p = |v: &Vec<Vec<f64>>| -> [Vec<f64>; 5] { std::array::from_fn(|i| v[i].clone()) };
-        let g = backward(S, [&params[0], &params[1], &params[3], &dy], None);
+        let g = backward(
+            S,
+            [&params[0], &params[1], &params[2], &params[3], &dy],
+            None,
+        );
         let analytic = [&g.dx, &g.dgamma, &g.dbeta, &g.dw, &g.db];
         let h = 1e-6;
         for (which, grad) in analytic.iter().enumerate() {
