@@ -529,12 +529,7 @@ fn check_ownership(
             .major
             .fixed_axes()
             .iter()
-            // A query head lies in exactly one KV head's group, a row in one row tile.
-            .find(|a| {
-                !layout.contains(a)
-                    && !(**a == Axis::KvH && layout.contains(&Axis::H))
-                    && !(**a == Axis::RowTile && layout.contains(&Axis::R))
-            })
+            .find(|a| !fixed_by(layout, **a))
     {
         let axes: Vec<_> = layout.iter().map(|a| a.name()).collect();
         let fix = match spec.grid.major {
@@ -578,6 +573,17 @@ fn check_ownership(
         ));
     }
     Ok(())
+}
+
+/// Whether an index over `layout` fixes grid axis `axis`: it has it, or an axis that lies
+/// in exactly one of its values (a query head in one KV head's group, a row in one row tile).
+fn fixed_by(layout: &[Axis], axis: Axis) -> bool {
+    let implied = match axis {
+        Axis::KvH => Some(Axis::H),
+        Axis::RowTile => Some(Axis::R),
+        _ => None,
+    };
+    layout.contains(&axis) || implied.is_some_and(|a| layout.contains(&a))
 }
 
 fn output_names(spec: &KernelSpec) -> Vec<&'static str> {

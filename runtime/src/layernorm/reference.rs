@@ -106,13 +106,13 @@ pub fn backward<T: Real>(
         .collect();
     let h = T::from(s.hidden).unwrap_or_else(T::one);
     let mut dx = vec![T::zero(); s.rows * s.hidden];
-    for r in 0..s.rows {
+    for (r, &rs) in rstd.iter().enumerate().take(s.rows) {
         let at = |k: usize| r * s.hidden + k;
         let dxhat = |k: usize| g[at(k)] * gamma[k];
         let c2 = pairwise(s.hidden, &dxhat) / h;
         let c1 = pairwise(s.hidden, &|k| dxhat(k) * xhat[at(k)]) / h;
         for k in 0..s.hidden {
-            dx[at(k)] = rstd[r] * (dxhat(k) - c2 - xhat[at(k)] * c1);
+            dx[at(k)] = rs * (dxhat(k) - c2 - xhat[at(k)] * c1);
         }
     }
     let over_rows = |len: usize, term: &(dyn Fn(usize, usize) -> T + Sync)| -> Vec<T> {
