@@ -1,6 +1,8 @@
 //! The README's LayerNorm + Linear descriptions expand: ABI, bindings and grid as described.
 
-attn_macros::attention_kernel! {
+use attn_macros::attention_kernel;
+
+attention_kernel! {
     pub layernorm_linear_backward {
         op: layernorm_linear_backward,
         grid: r_major(tile = 16),
@@ -11,7 +13,7 @@ attn_macros::attention_kernel! {
     }
 }
 
-attn_macros::attention_kernel! {
+attention_kernel! {
     pub layernorm_linear {
         op: layernorm_linear,
         grid: r_major(tile = 4),
@@ -52,4 +54,28 @@ fn the_seed_forward_is_portable() {
     assert_eq!(k::ABI.target, attn_dsl::Target::Webgpu);
     assert_eq!(k::ABI.storage_buffers(), 8);
     assert!(k::WGSL.contains("fn row_stats"));
+}
+
+attention_kernel! {
+    pub layernorm_linear_reduce {
+        op: layernorm_linear_reduce,
+        grid: elementwise,
+        hidden: 768,
+        out: 3072,
+        writes: { dgamma: owned, dbeta: owned, dw: owned, db: owned },
+    }
+}
+
+#[test]
+fn the_reduce_owns_every_element_of_the_four_sums() {
+    use layernorm_linear_reduce as k;
+    assert_eq!(k::ABI.storage_buffers(), 8);
+    let grid = k::dispatch_grid(&k::Dims {
+        rows: 74,
+        hidden: 768,
+        out: 3072,
+        n_tiles: 5,
+    });
+    // dγ, dβ (768 each), dW (768·3072) and db (3072), 256 per workgroup.
+    assert_eq!(grid, [(2 * 768 + 768 * 3072 + 3072u32).div_ceil(256), 1, 1]);
 }
