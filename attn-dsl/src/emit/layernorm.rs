@@ -181,9 +181,12 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         }}
         return;
     }}
-    // dγ and dβ of this invocation's features, summed over the tile's rows.
+    // dγ and dβ of this invocation's features, summed over the tile's rows in leaves of
+    // BLOCK rows (as a framework's pairwise sum), each leaf then added to the tile's sum.
     var dgamma_t: array<f32, KPT>;
     var dbeta_t: array<f32, KPT>;
+    var dgamma_leaf: array<f32, KPT>;
+    var dbeta_leaf: array<f32, KPT>;
     for (var r = 0u; r < rows; r = r + 1u) {{
         let row = first + r;
         let mu = mean[row];
@@ -199,8 +202,14 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
                 {dyw}
                 xhat[j] = (x[row * HIDDEN + k] - mu) * rs;
                 dxhat[j] = g * gamma[k];
-                dgamma_t[j] = fma(g, xhat[j], dgamma_t[j]);
-                dbeta_t[j] = dbeta_t[j] + g;
+                dgamma_leaf[j] = fma(g, xhat[j], dgamma_leaf[j]);
+                dbeta_leaf[j] = dbeta_leaf[j] + g;
+                if ((r + 1u) % BLOCK == 0u || r + 1u == rows) {{
+                    dgamma_t[j] = dgamma_t[j] + dgamma_leaf[j];
+                    dbeta_t[j] = dbeta_t[j] + dbeta_leaf[j];
+                    dgamma_leaf[j] = 0.0;
+                    dbeta_leaf[j] = 0.0;
+                }}
                 s_dxhat = s_dxhat + dxhat[j];
                 s_dxhat_xhat = fma(dxhat[j], xhat[j], s_dxhat_xhat);
             }}

@@ -34,13 +34,20 @@ impl LnCase {
     }
 }
 
-/// The seed's shape, and a real layer's widths on fewer rows (a CPU adapter and the f64
+/// The seed's shape, its widths over several row tiles, and a real layer's widths on fewer rows (a CPU adapter and the f64
 /// reference take minutes at [8, 1024, 768]; `big` adds that shape).
 pub fn cases(big: bool) -> Vec<LnCase> {
     let mut cases = vec![
         LnCase {
             batch: 4,
             seq: 4,
+            hidden: 8,
+            out: 16,
+        },
+        // More rows than one backward tile, the last tile partial.
+        LnCase {
+            batch: 3,
+            seq: 23,
             hidden: 8,
             out: 16,
         },
