@@ -3,6 +3,8 @@
 //! and db summed over rows by atomics or by the two-pass schedule.
 
 #[cfg(not(target_arch = "wasm32"))]
+pub mod bench;
+#[cfg(not(target_arch = "wasm32"))]
 pub mod check;
 pub mod reference;
 
