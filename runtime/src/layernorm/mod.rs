@@ -112,6 +112,7 @@ impl LayerNormLinear {
             .chain(self.reduce.as_ref())
     }
 
+    #[cfg(not(target_arch = "wasm32"))]
     fn dims(&self, abi: &KernelAbi, rows: u32) -> [(&'static str, u32); 4] {
         let n_tiles = rows.div_ceil(abi.grid.tile.max(1));
         [
@@ -265,6 +266,7 @@ pub fn layernorm_linear_backward(
 }
 
 /// The second pass: sums the row tiles' partials into dγ, dβ, dW and db.
+#[cfg(not(target_arch = "wasm32"))]
 fn run_reduce(
     gpu: &Gpu,
     layer: &LayerNormLinear,
@@ -293,6 +295,7 @@ fn run_reduce(
     Ok(finals)
 }
 
+#[cfg(not(target_arch = "wasm32"))]
 fn validate(gpu: &Gpu, layer: &LayerNormLinear, input: &Input) -> Result<(), InputError> {
     let name = layer.forward.abi().name.to_string();
     nonzero("rows", input.rows)?;
