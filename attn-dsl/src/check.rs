@@ -14,7 +14,11 @@ pub const MAX_HEAD_DIM: u32 = 256;
 pub fn check_spec(spec: &KernelSpec) -> Result<(), DslError> {
     check_name(spec)?;
     check_workgroup(spec)?;
-    check_head_dim(spec)?;
+    if spec.op.is_row_layer() {
+        crate::row_layer::check_sizes(spec)?;
+    } else {
+        check_head_dim(spec)?;
+    }
     check_gqa(spec)?;
     // Ownership first: on a grid that does not fix an output's axes, the race is the
     // thing to tell the user about, before "this op has no such schedule".
@@ -172,7 +176,13 @@ fn check_gqa(spec: &KernelSpec) -> Result<(), DslError> {
 
 fn check_grid(spec: &KernelSpec) -> Result<(), DslError> {
     let wanted = spec.op.major();
-    let tile_max = if spec.op == Op::Decode { 1 } else { 64 };
+    let tile_max = match spec.op {
+        Op::Decode => 1,
+        // A backward row tile sums its rows in one workgroup: large tiles keep the
+        // two-pass scratch (one partial per tile) and the atomic adds few.
+        op if op.is_row_layer() => crate::row_layer::MAX_ROW_TILE,
+        _ => 64,
+    };
     if spec.grid.major != wanted {
         return Err(DslError::spec(
             Field::Grid,
@@ -326,6 +336,8 @@ fn grid_unit(major: Major) -> &'static str {
         Major::S => "(query tile, head)",
         Major::J => "(key tile, KV head)",
         Major::Head => "head",
+        Major::R => "row tile",
+        Major::Elem => "tile of output elements",
     }
 }
 
@@ -347,6 +359,10 @@ fn check_masks(spec: &KernelSpec) -> Result<(), DslError> {
 /// Why `op` cannot honour the mask or modifier `word`, if it cannot.
 fn cannot_honour(op: Op, word: &str) -> Option<&'static str> {
     match (op, word) {
+        (op, _) if op.is_row_layer() => Some(
+            "it is a row-wise layer (LayerNorm + Linear): no query meets a key, so no mask or \
+             score modifier applies",
+        ),
         (Op::Rope | Op::RopeBackward, _) => Some(
             "it rotates each row on its own and never compares a query with a key, so no \
              mask or score modifier applies",
@@ -413,6 +429,7 @@ fn check_writes(spec: &KernelSpec) -> Result<(), DslError> {
         }
     }
     check_dbias(spec)?;
+    crate::row_layer::check_row_sums(spec)?;
     let present = signature::tensors(spec);
     for t in tensors.iter().filter(|t| t.role == Role::Output) {
         // A tensor listed twice (dbias, per head and shared) is checked in its present form.
@@ -484,6 +501,11 @@ fn check_pairs(spec: &KernelSpec) -> Result<(), DslError> {
 /// The write mode the emitter produces for an output of an op.
 fn supported_mode(spec: &KernelSpec, tensor: &str) -> WriteMode {
     match (spec.op, tensor) {
+        // Either schedule of a sum over rows; an owned one is caught as a race first.
+        (Op::LayernormLinearBackward, "dgamma" | "dbeta" | "dw" | "db") => spec
+            .write_mode(tensor)
+            .filter(|m| *m != WriteMode::Owned)
+            .unwrap_or(WriteMode::AtomicScatter),
         (_, "dbias") if spec.masks.bias == Some(BiasHeads::Shared) => WriteMode::AtomicScatter,
         (Op::BackwardQ, "p_ds") => WriteMode::ScratchFlush,
         (Op::BackwardQ, "dkv") => WriteMode::AtomicScatter,
@@ -507,17 +529,30 @@ fn check_ownership(
             .major
             .fixed_axes()
             .iter()
-            // A query head lies in exactly one KV head's group.
-            .find(|a| !layout.contains(a) && !(**a == Axis::KvH && layout.contains(&Axis::H)))
+            .find(|a| !fixed_by(layout, **a))
     {
         let axes: Vec<_> = layout.iter().map(|a| a.name()).collect();
+        let fix = match spec.grid.major {
+            Major::R => {
+                "declare it `atomic` (scatter: each row tile adds its sum, the seed's way), or \
+                 `scratch` (the two-pass schedule: each row tile writes its own partial sum, and \
+                 a `layernorm_linear_reduce` kernel owns the final sum; no atomics, deterministic)"
+            }
+            _ => {
+                "declare it `atomic` (scatter), or compute it in a kernel whose grid walks its \
+                 axes"
+            }
+        };
+        let rows = match spec.grid.major {
+            Major::R => " (its rows are summed over)",
+            _ => "",
+        };
         return Err(DslError::spec(
             Field::Write(name.to_string()),
             format!(
-                "`{name}` is declared {}, but its index [{}] lacks axis `{}`, which tells the \
-                 workgroups of the {} grid apart, so several workgroups write each element (a \
-                 data race); declare it `atomic` (scatter), or compute it in a kernel whose \
-                 grid walks its axes",
+                "`{name}` is declared {}, but its index [{}] lacks axis `{}`{rows}, which tells \
+                 the workgroups of the {} grid apart, so several workgroups write each element \
+                 (a data race); {fix}",
                 mode.name(),
                 axes.join(", "),
                 axis.name(),
@@ -538,6 +573,17 @@ fn check_ownership(
         ));
     }
     Ok(())
+}
+
+/// Whether an index over `layout` fixes grid axis `axis`: it has it, or an axis that lies
+/// in exactly one of its values (a query head in one KV head's group, a row in one row tile).
+fn fixed_by(layout: &[Axis], axis: Axis) -> bool {
+    let implied = match axis {
+        Axis::KvH => Some(Axis::H),
+        Axis::RowTile => Some(Axis::R),
+        _ => None,
+    };
+    layout.contains(&axis) || implied.is_some_and(|a| layout.contains(&a))
 }
 
 fn output_names(spec: &KernelSpec) -> Vec<&'static str> {

@@ -7,6 +7,8 @@ pub enum Field {
     Op,
     Grid,
     HeadDim,
+    /// The Linear's output width of a row-wise layer.
+    OutDim,
     Gqa,
     Masks,
     /// One word of the `masks` list.
@@ -25,6 +27,7 @@ impl fmt::Display for Field {
             Field::Op => f.write_str("op"),
             Field::Grid => f.write_str("grid"),
             Field::HeadDim => f.write_str("head_dim"),
+            Field::OutDim => f.write_str("out"),
             Field::Gqa => f.write_str("gqa"),
             Field::Masks => f.write_str("masks"),
             Field::Mask(word) => write!(f, "masks.{word}"),

@@ -17,6 +17,7 @@ pub mod emit;
 mod error;
 pub mod manifest;
 pub mod plan;
+pub mod row_layer;
 pub mod signature;
 pub mod spec;
 pub mod tiling;

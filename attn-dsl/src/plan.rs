@@ -111,11 +111,22 @@ impl KernelAbi {
     /// length, n_heads, n_kv_heads, head_dim, batch, ..).
     pub fn dispatch_grid(&self, dims: &[u32]) -> [u32; 3] {
         let at = |i: usize| dims.get(i).copied().unwrap_or(0);
-        // Field 4 is `batch` (the number of sequences) in every op's dims.
+        // Field 4 is `batch` (the number of sequences) in every attention op's dims; the
+        // row-wise layers' dims are (rows, hidden, out, n_tiles).
         match self.grid.major {
             Major::S => [at(0).div_ceil(self.grid.tile), at(1), at(4)],
             Major::J => [at(0).div_ceil(self.grid.tile), at(2), at(4)],
             Major::Head => [at(1), at(4), 1],
+            Major::R => [
+                at(0).div_ceil(self.grid.tile),
+                crate::row_layer::grid_y(self.op, at(1), at(2), self.workgroup_size[0]),
+                1,
+            ],
+            Major::Elem => {
+                // dγ, dβ, dW and db, one element per invocation.
+                let elements = at(1) * at(2) + 2 * at(1) + at(2);
+                [elements.div_ceil(self.workgroup_size[0].max(1)), 1, 1]
+            }
         }
     }
 

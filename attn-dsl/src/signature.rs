@@ -3,7 +3,7 @@
 //! Binding order follows the seeds' bind-group tables, which are the reference ABI, with
 //! the tensors an op only needs in some schedules present only there.
 
-use crate::spec::{Axis, BiasHeads, KernelSpec, Op, Source};
+use crate::spec::{Axis, BiasHeads, KernelSpec, Op, Source, WriteMode};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
@@ -36,6 +36,9 @@ pub enum Presence {
     IfBias(BiasHeads),
     /// When written, with a bias of these heads.
     IfBiasWritten(BiasHeads),
+    /// When the description declares this output with this write mode (a gradient summed
+    /// over rows: the whole tensor when atomic, one partial per row tile when scratch).
+    IfWrittenAs(WriteMode),
 }
 
 /// One tensor (or uniform block) an op touches.
@@ -174,6 +177,81 @@ const BACKWARD_KV: &[Tensor] = &[
     SHARED_DBIAS,
 ];
 
+use Axis::{K, N, R, RowTile};
+
+const LN_PARAMS_T: Tensor = t("params", Uniform, F32, &[]);
+
+// 8 storage buffers, WebGPU's default.
+const LAYERNORM_LINEAR: &[Tensor] = &[
+    t("x", Input, F32, &[R, K]),
+    t("gamma", Input, F32, &[K]),
+    t("beta", Input, F32, &[K]),
+    t("w", Input, F32, &[N, K]),
+    t("b", Input, F32, &[N]),
+    t("y", Output, F32, &[R, N]),
+    t("mean", Output, F32, &[R]),
+    t("rstd", Output, F32, &[R]),
+    DIMS,
+    LN_PARAMS_T,
+];
+
+/// A gradient of a parameter, summed over every row: the whole tensor (atomic) or one
+/// partial sum per row tile (scratch, for [`Op::LayernormLinearReduce`]).
+macro_rules! row_sum {
+    ($name:literal, $($axis:ident),*) => {
+        [
+            when(
+                t($name, Output, F32, &[$($axis),*]),
+                Presence::IfWrittenAs(WriteMode::AtomicScatter),
+            ),
+            when(
+                t($name, Output, F32, &[RowTile, $($axis),*]),
+                Presence::IfWrittenAs(WriteMode::ScratchFlush),
+            ),
+        ]
+    };
+}
+
+const DGAMMA: [Tensor; 2] = row_sum!("dgamma", K);
+const DBETA: [Tensor; 2] = row_sum!("dbeta", K);
+const DW: [Tensor; 2] = row_sum!("dw", N, K);
+const DB: [Tensor; 2] = row_sum!("db", N);
+
+// 12 storage buffers: past WebGPU's default 8, so the backward needs a `native` target.
+// β is read for dW = dyᵀ·(x̂·γ + β), the Linear's input.
+const LAYERNORM_LINEAR_BACKWARD: &[Tensor] = &[
+    t("x", Input, F32, &[R, K]),
+    t("gamma", Input, F32, &[K]),
+    t("beta", Input, F32, &[K]),
+    t("w", Input, F32, &[N, K]),
+    t("dy", Input, F32, &[R, N]),
+    t("mean", Input, F32, &[R]),
+    t("rstd", Input, F32, &[R]),
+    t("dx", Output, F32, &[R, K]),
+    DGAMMA[0],
+    DGAMMA[1],
+    DBETA[0],
+    DBETA[1],
+    DW[0],
+    DW[1],
+    DB[0],
+    DB[1],
+    DIMS,
+    LN_PARAMS_T,
+];
+
+const LAYERNORM_LINEAR_REDUCE: &[Tensor] = &[
+    t("dgamma_part", Input, F32, &[RowTile, K]),
+    t("dbeta_part", Input, F32, &[RowTile, K]),
+    t("dw_part", Input, F32, &[RowTile, N, K]),
+    t("db_part", Input, F32, &[RowTile, N]),
+    t("dgamma", Output, F32, &[K]),
+    t("dbeta", Output, F32, &[K]),
+    t("dw", Output, F32, &[N, K]),
+    t("db", Output, F32, &[N]),
+    DIMS,
+];
+
 const ROPE: &[Tensor] = &[
     t("x", Output, F32, &[B, S, H, D]),
     t("inv_freq", Input, F32, &[D]),
@@ -189,6 +267,9 @@ pub fn all_tensors(op: Op) -> &'static [Tensor] {
         Op::BackwardQ => BACKWARD_Q,
         Op::BackwardKv => BACKWARD_KV,
         Op::Rope | Op::RopeBackward => ROPE,
+        Op::LayernormLinear => LAYERNORM_LINEAR,
+        Op::LayernormLinearBackward => LAYERNORM_LINEAR_BACKWARD,
+        Op::LayernormLinearReduce => LAYERNORM_LINEAR_REDUCE,
     }
 }
 
@@ -207,6 +288,7 @@ pub fn tensors(spec: &KernelSpec) -> Vec<Tensor> {
             Presence::IfBiasWritten(heads) => {
                 spec.masks.bias == Some(heads) && spec.write_mode(t.name).is_some()
             }
+            Presence::IfWrittenAs(mode) => spec.write_mode(t.name) == Some(mode),
         })
         .copied()
         .collect()
@@ -217,6 +299,14 @@ pub const PARAMS: UniformBlock = UniformBlock {
     struct_name: "Params",
     elem: F32,
     fields: &["scale", "softcap", "dropout_scale", "_pad0"],
+};
+
+/// The row-wise layers' parameters: LayerNorm's epsilon.
+pub const LN_PARAMS: UniformBlock = UniformBlock {
+    binding: "params",
+    struct_name: "Params",
+    elem: F32,
+    fields: &["eps", "_pad0", "_pad1", "_pad2"],
 };
 
 /// The run-time dims of `op`. Field 0 is the length the grid walks (or the cache length),
@@ -244,6 +334,10 @@ pub fn dims(op: Op) -> UniformBlock {
             "_pad1",
             "_pad2",
         ],
+        // rows: batch·seq; n_tiles: row tiles of the backward's grid (the partials' count).
+        Op::LayernormLinear | Op::LayernormLinearBackward | Op::LayernormLinearReduce => {
+            &["rows", "hidden", "out", "n_tiles"]
+        }
         // window: the sliding window; seed_lo, seed_hi, rng_offset: dropout's Philox key and
         // counter word; drop_threshold: p·2^32, under which a Philox word drops.
         _ => &[
@@ -273,6 +367,7 @@ pub fn dims(op: Op) -> UniformBlock {
 pub fn uniform_block(op: Op, binding: &str) -> Option<UniformBlock> {
     match (binding, op) {
         ("dims", _) => Some(dims(op)),
+        ("params", op) if op.is_row_layer() => Some(LN_PARAMS),
         ("params", _) => Some(PARAMS),
         _ => None,
     }

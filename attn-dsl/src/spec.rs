@@ -24,6 +24,14 @@ pub enum Axis {
     D,
     /// Which of the tensors packed into one buffer (e.g. P or dS in `p_ds`).
     Part,
+    /// A row of a row-wise layer (LayerNorm + Linear): batch and sequence flattened.
+    R,
+    /// The row tile of a row grid: the workgroup a row-tile partial sum belongs to.
+    RowTile,
+    /// Hidden (input) feature of a LayerNorm + Linear row.
+    K,
+    /// Output feature of the Linear.
+    N,
 }
 
 impl Axis {
@@ -36,6 +44,10 @@ impl Axis {
             Axis::KvH => "kv_h",
             Axis::D => "d",
             Axis::Part => "part",
+            Axis::R => "r",
+            Axis::RowTile => "row_tile",
+            Axis::K => "k",
+            Axis::N => "n",
         }
     }
 }
@@ -64,10 +76,18 @@ pub enum Op {
     Rope,
     /// The adjoint of [`Op::Rope`]: rotation by minus the angle, in place.
     RopeBackward,
+    /// y = W·LN(x; γ, β) + b per row, saving each row's mean and 1/std for the backward.
+    LayernormLinear,
+    /// The backward of [`Op::LayernormLinear`]: dx per row (owned); dγ, dβ, dW and db are
+    /// sums over every row, added by atomics or flushed as per-row-tile partial sums.
+    LayernormLinearBackward,
+    /// The second pass of the two-pass schedule: sums the row tiles' partials into dγ,
+    /// dβ, dW and db, each element owned by one invocation (no atomics, deterministic).
+    LayernormLinearReduce,
 }
 
 impl Op {
-    pub const ALL: [Op; 7] = [
+    pub const ALL: [Op; 10] = [
         Op::Forward,
         Op::Decode,
         Op::BackwardPrep,
@@ -75,6 +95,9 @@ impl Op {
         Op::BackwardKv,
         Op::Rope,
         Op::RopeBackward,
+        Op::LayernormLinear,
+        Op::LayernormLinearBackward,
+        Op::LayernormLinearReduce,
     ];
 
     pub fn name(self) -> &'static str {
@@ -86,6 +109,9 @@ impl Op {
             Op::BackwardKv => "backward_kv",
             Op::Rope => "rope",
             Op::RopeBackward => "rope_backward",
+            Op::LayernormLinear => "layernorm_linear",
+            Op::LayernormLinearBackward => "layernorm_linear_backward",
+            Op::LayernormLinearReduce => "layernorm_linear_reduce",
         }
     }
 
@@ -97,7 +123,18 @@ impl Op {
             }
             Op::Decode => Major::Head,
             Op::BackwardKv => Major::J,
+            Op::LayernormLinear | Op::LayernormLinearBackward => Major::R,
+            Op::LayernormLinearReduce => Major::Elem,
         }
+    }
+
+    /// Whether this op is a row-wise layer (hidden and out sizes) rather than attention
+    /// (head_dim, heads, masks).
+    pub fn is_row_layer(self) -> bool {
+        matches!(
+            self,
+            Op::LayernormLinear | Op::LayernormLinearBackward | Op::LayernormLinearReduce
+        )
     }
 }
 
@@ -133,6 +170,10 @@ pub enum Major {
     J,
     /// One workgroup per head (decode: a single query row).
     Head,
+    /// One workgroup per tile of rows of a row-wise layer.
+    R,
+    /// One invocation per output element, each summing what it owns (a reduce).
+    Elem,
 }
 
 impl Major {
@@ -141,6 +182,8 @@ impl Major {
             Major::S => "s_major",
             Major::J => "j_major",
             Major::Head => "head_major",
+            Major::R => "r_major",
+            Major::Elem => "elementwise",
         }
     }
 
@@ -151,6 +194,9 @@ impl Major {
             Major::S => &[Axis::B, Axis::S, Axis::H],
             Major::J => &[Axis::B, Axis::J, Axis::KvH],
             Major::Head => &[Axis::B, Axis::H],
+            Major::R => &[Axis::RowTile],
+            // Every invocation owns the elements it is handed; none shares one.
+            Major::Elem => &[],
         }
     }
 }
@@ -365,7 +411,11 @@ pub struct KernelSpec {
     pub name: String,
     pub op: Op,
     pub grid: Grid,
+    /// The compile-time width of a row: head_dim of attention, hidden of a row-wise layer.
     pub head_dim: u32,
+    /// The Linear's output width of a row-wise layer; 0 for attention.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub out_dim: u32,
     pub gqa: Gqa,
     pub masks: Masks,
     pub target: Target,
@@ -377,6 +427,10 @@ pub struct KernelSpec {
     pub source: Source,
     /// How atomic outputs are added into.
     pub scatter: Scatter,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl KernelSpec {
@@ -410,6 +464,7 @@ impl KernelSpec {
             op,
             grid: Grid::rows(op.major(), 1),
             head_dim,
+            out_dim: 0,
             gqa: Gqa::Any,
             masks,
             target: Target::Webgpu,

@@ -167,6 +167,10 @@ fn axis(a: Axis) -> TokenStream {
         Axis::KvH => quote!(KvH),
         Axis::D => quote!(D),
         Axis::Part => quote!(Part),
+        Axis::R => quote!(R),
+        Axis::RowTile => quote!(RowTile),
+        Axis::K => quote!(K),
+        Axis::N => quote!(N),
     }
 }
 
@@ -180,6 +184,9 @@ fn abi_const(abi: &KernelAbi, wgsl: TokenStream) -> TokenStream {
         Op::BackwardKv => quote!(BackwardKv),
         Op::Rope => quote!(Rope),
         Op::RopeBackward => quote!(RopeBackward),
+        Op::LayernormLinear => quote!(LayernormLinear),
+        Op::LayernormLinearBackward => quote!(LayernormLinearBackward),
+        Op::LayernormLinearReduce => quote!(LayernormLinearReduce),
     };
     let f32_atomics = abi.f32_atomics;
     let [wx, wy, wz] = abi.workgroup_size;
@@ -241,6 +248,8 @@ fn major(m: Major) -> TokenStream {
         Major::S => quote!(::attn_dsl::Major::S),
         Major::J => quote!(::attn_dsl::Major::J),
         Major::Head => quote!(::attn_dsl::Major::Head),
+        Major::R => quote!(::attn_dsl::Major::R),
+        Major::Elem => quote!(::attn_dsl::Major::Elem),
     }
 }
 

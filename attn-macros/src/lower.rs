@@ -47,9 +47,16 @@ pub fn lower(d: &Description) -> syn::Result<Lowered> {
     let op = op(require(d, get("op", Field::Op), "op")?)?;
     let grid_value = require(d, get("grid", Field::Grid), "grid")?;
     let (mut grid, auto_flash) = grid(grid_value)?;
+    // A row-wise layer's row width is `hidden` (carried where attention carries head_dim).
+    let (width_key, out_dim) = if op.is_row_layer() {
+        let out = require(d, get("out", Field::OutDim), "out")?;
+        ("hidden", number(out, "out")?)
+    } else {
+        ("head_dim", 0)
+    };
     let head_dim = number(
-        require(d, get("head_dim", Field::HeadDim), "head_dim")?,
-        "head_dim",
+        require(d, get(width_key, Field::HeadDim), width_key)?,
+        width_key,
     )?;
     let gqa = get("gqa", Field::Gqa)
         .map(gqa)
@@ -111,6 +118,7 @@ pub fn lower(d: &Description) -> syn::Result<Lowered> {
         op,
         grid,
         head_dim,
+        out_dim,
         gqa,
         masks,
         target,
@@ -146,6 +154,8 @@ fn example(key: &str) -> &'static str {
         "op" => "forward",
         "grid" => "s_major(tile = 1)",
         "head_dim" => "64",
+        "hidden" => "768",
+        "out" => "3072",
         _ => "{ o: owned }",
     }
 }
@@ -188,8 +198,8 @@ fn op(v: &Value) -> syn::Result<Op> {
 /// The grid, and whether it asks for the flash configuration the rules pick
 /// (`s_major(flash)`), which depends on the op, head_dim and target lowered after it.
 fn grid(v: &Value) -> syn::Result<(Grid, bool)> {
-    const EXPECTED: &str =
-        "s_major(tile = N), j_major(tile = N), s_major(flash), j_major(flash) or head_major";
+    const EXPECTED: &str = "s_major(tile = N), j_major(tile = N), s_major(flash), \
+                            j_major(flash), head_major, r_major(tile = N) or elementwise";
     let (name, args) = match v {
         Value::Word(w) => (w, &[][..]),
         Value::Call(Call {
@@ -224,6 +234,9 @@ fn grid(v: &Value) -> syn::Result<(Grid, bool)> {
         "s_major" => (Major::S, "key_tile"),
         "j_major" => (Major::J, "query_tile"),
         "head_major" => (Major::Head, "key_tile"),
+        // Row-wise layers: no inner axis to stage, so no flash arguments.
+        "r_major" => (Major::R, "-"),
+        "elementwise" => (Major::Elem, "-"),
         _ => {
             return err(
                 name.span(),

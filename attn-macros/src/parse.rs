@@ -26,6 +26,8 @@ pub const KEYS: &[&str] = &[
     "op",
     "grid",
     "head_dim",
+    "hidden",
+    "out",
     "gqa",
     "masks",
     "target",

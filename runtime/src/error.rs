@@ -115,6 +115,16 @@ pub enum InputError {
         value: f64,
         needs: &'static str,
     },
+    #[error(
+        "{what} {given} does not match `{kernel}`, whose kernels were built for {what} {built}; \
+         build a LayerNormLinear for {given}"
+    )]
+    RowLayer {
+        kernel: String,
+        what: &'static str,
+        built: u32,
+        given: u32,
+    },
     #[error("{what} is {value}, over the adapter's limit of {limit}")]
     OverLimit {
         what: &'static str,

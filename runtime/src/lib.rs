@@ -19,6 +19,7 @@ mod error;
 pub mod gpu;
 pub mod kernel;
 pub mod kernels;
+pub mod layernorm;
 pub mod modifiers;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod npy;

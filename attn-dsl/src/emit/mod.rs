@@ -7,6 +7,7 @@ mod backward;
 mod flash;
 mod flash_backward;
 mod index;
+mod layernorm;
 mod numerics;
 mod reduce;
 mod rope;
@@ -24,7 +25,11 @@ use crate::tiling::Tiling;
 pub fn emit(spec: &KernelSpec, bindings: &[Binding]) -> String {
     let mut out = String::new();
     header(&mut out, spec);
-    constants(&mut out, spec);
+    if spec.op.is_row_layer() {
+        layernorm::constants(&mut out, spec);
+    } else {
+        constants(&mut out, spec);
+    }
     uniform_structs(&mut out, spec, bindings);
     declarations(&mut out, bindings);
     let mut body = String::new();
@@ -56,6 +61,10 @@ fn emit_body(out: &mut String, spec: &KernelSpec) {
         Op::BackwardQ => backward::backward_q(out, spec),
         Op::BackwardKv => backward::backward_kv(out, spec),
         Op::Rope | Op::RopeBackward => rope::rope(out, spec.op == Op::RopeBackward),
+        Op::LayernormLinear | Op::LayernormLinearBackward | Op::LayernormLinearReduce => {
+            layernorm::body(out, spec);
+            return;
+        }
     }
     match spec.op {
         Op::Forward => tile_entry(out, &spec.name, "attend_row"),
@@ -64,6 +73,8 @@ fn emit_body(out: &mut String, spec: &KernelSpec) {
         Op::BackwardQ => tile_entry(out, &spec.name, "backward_row"),
         Op::BackwardKv => tile_entry(out, &spec.name, "backward_col"),
         Op::Rope | Op::RopeBackward => tile_entry(out, &spec.name, "rope_row"),
+        // The row layers' bodies carry their own entry points.
+        Op::LayernormLinear | Op::LayernormLinearBackward | Op::LayernormLinearReduce => {}
     }
 }
 
@@ -95,6 +106,9 @@ pub fn workgroup_bytes(spec: &KernelSpec) -> u32 {
         Op::BackwardQ => backward::q_workgroup_bytes(hd, wg),
         Op::BackwardKv => backward::kv_workgroup_bytes(hd, wg),
         Op::Rope | Op::RopeBackward => 0,
+        Op::LayernormLinear | Op::LayernormLinearBackward | Op::LayernormLinearReduce => {
+            layernorm::workgroup_bytes(spec)
+        }
     }
 }
 

@@ -49,6 +49,10 @@ struct Args {
     warmup: usize,
     #[arg(long, default_value_t = 10)]
     runs: usize,
+    /// Time the fused LayerNorm + Linear instead: [ROWS, 768] -> 3072 (rows = batch · seq;
+    /// 8192 is the issue's [8, 1024, 768]), forward and both backward schedules.
+    #[arg(long, value_name = "ROWS")]
+    layernorm: Option<u32>,
     /// One JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
@@ -160,6 +164,9 @@ fn run(args: Args) -> anyhow::Result<()> {
     if args.unchecked {
         gpu = gpu.unchecked();
     }
+    if let Some(rows) = args.layernorm {
+        return layernorm(&gpu, rows, args.runs);
+    }
     let shapes = shapes(&args)?;
     if !args.json {
         println!("adapter: {}", gpu.describe());
@@ -253,4 +260,27 @@ fn json(gpu: &Gpu, r: &BenchRow) -> serde_json::Value {
         "flops": r.flops,
         "note": r.note,
     })
+}
+
+/// The fused LayerNorm + Linear rows: median time, TFLOP/s and effective bandwidth.
+fn layernorm(gpu: &Gpu, rows: u32, runs: usize) -> anyhow::Result<()> {
+    anyhow::ensure!(rows > 0, "--layernorm needs at least 1 row");
+    println!("adapter: {}", gpu.describe());
+    println!(
+        "{:<40} {:<40} {:>10} {:>10} {:>9} {:>9}",
+        "shape", "kernel", "median ms", "min ms", "TFLOP/s", "GB/s"
+    );
+    let shape = format!("[{rows}, 768] -> 3072");
+    for row in runtime::layernorm::bench::run(gpu, rows, 768, 3072, runs)? {
+        println!(
+            "{:<40} {:<40} {:>10.3} {:>10.3} {:>9.2} {:>9.1}",
+            shape,
+            row.label,
+            row.timing.median_ms,
+            row.timing.min_ms,
+            row.tflops(),
+            row.gbps()
+        );
+    }
+    Ok(())
 }

@@ -12,7 +12,7 @@ use std::time::Instant;
 use anyhow::Context;
 use clap::Parser;
 use runtime::cases::{self, Case, Row, Runner};
-use runtime::{Gpu, kernels};
+use runtime::{Gpu, kernels, layernorm};
 
 /// Runs the default kernel family over the case matrix on the best adapter available
 /// (discrete GPU, any GPU, then a CPU Vulkan adapter such as lavapipe) and compares each
@@ -46,6 +46,10 @@ struct Args {
     /// Skip wgpu's shader runtime checks in every kernel, as `bench --unchecked` does.
     #[arg(long)]
     unchecked: bool,
+    /// Add the LayerNorm + Linear at the real shape [8, 1024, 768] -> 3072 (minutes on a
+    /// CPU adapter, mostly the f64 reference).
+    #[arg(long)]
+    layernorm_big: bool,
 }
 
 fn main() -> ExitCode {
@@ -118,6 +122,9 @@ fn run(args: Args) -> anyhow::Result<bool> {
         passed += seed_passed;
         failed += seed_failed;
     }
+    let (ln_passed, ln_failed) = layernorm_rows(&gpu, &args)?;
+    passed += ln_passed;
+    failed += ln_failed;
     worst.print(args.seeds > 1);
     println!(
         "{passed} passed, {failed} failed; {:.1} s on {}",
@@ -167,6 +174,59 @@ impl Worst {
             println!("worst error/bound: {ratio:.3} ({label}, {at})");
         }
     }
+}
+
+/// The fused LayerNorm + Linear rows (not attention cases, so not in the case matrix),
+/// with the worst error/bound of each output over its rows.
+fn layernorm_rows(gpu: &Gpu, args: &Args) -> anyhow::Result<(u32, u32)> {
+    let wanted = |label: &str, shape: &str| {
+        args.filter
+            .as_deref()
+            .is_none_or(|f| label.contains(f) || shape.contains(f))
+    };
+    let (mut passed, mut failed) = (0, 0);
+    let mut worst: Vec<(String, f64)> = Vec::new();
+    for (i, case) in layernorm::check::cases(args.layernorm_big)
+        .into_iter()
+        .enumerate()
+    {
+        if !wanted("layernorm_linear", &case.label()) {
+            continue;
+        }
+        let rows = layernorm::check::run(gpu, case, args.seed + 7000 + i as u64)
+            .with_context(|| format!("layernorm_linear {}", case.label()))?;
+        for row in rows {
+            let cells: Vec<String> = row
+                .verdicts
+                .iter()
+                .map(|(n, v)| format!("{n} {:.2e}<={:.2e}", v.error, v.bound))
+                .collect();
+            println!(
+                "{:<52} {:<32} {:<22} {:<60} {}",
+                row.label,
+                case.label(),
+                "-",
+                cells.join("  "),
+                if row.pass() { "pass" } else { "FAIL" }
+            );
+            for (n, v) in &row.verdicts {
+                let key = format!("{} {n}", row.label);
+                match worst.iter_mut().find(|(k, _)| *k == key) {
+                    Some(w) => w.1 = w.1.max(v.ratio()),
+                    None => worst.push((key, v.ratio())),
+                }
+            }
+            if row.pass() {
+                passed += 1;
+            } else {
+                failed += 1;
+            }
+        }
+    }
+    for (key, ratio) in &worst {
+        println!("worst error/bound {key}: {ratio:.3}");
+    }
+    Ok((passed, failed))
 }
 
 fn matches(c: &Case, filter: &str) -> bool {

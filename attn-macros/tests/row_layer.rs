@@ -1,0 +1,81 @@
+//! The README's LayerNorm + Linear descriptions expand: ABI, bindings and grid as described.
+
+use attn_macros::attention_kernel;
+
+attention_kernel! {
+    pub layernorm_linear_backward {
+        op: layernorm_linear_backward,
+        grid: r_major(tile = 16),
+        hidden: 768,
+        out: 3072,
+        target: native(storage_buffers = 12),
+        writes: { dx: owned, dgamma: scratch, dbeta: scratch, dw: scratch, db: scratch },
+    }
+}
+
+attention_kernel! {
+    pub layernorm_linear {
+        op: layernorm_linear,
+        grid: r_major(tile = 4),
+        hidden: 8,
+        out: 16,
+        writes: { y: owned, mean: owned, rstd: owned },
+    }
+}
+
+#[test]
+fn the_backward_binds_partials_per_row_tile_and_spreads_dw_over_grid_rows() {
+    use layernorm_linear_backward as k;
+    assert_eq!(k::HEAD_DIM, 768);
+    assert_eq!(attn_dsl::row_layer::out_dim(&k::ABI), Some(3072));
+    let dw = k::ABI.binding("dw").unwrap();
+    assert_eq!(
+        dw.layout.as_ref(),
+        [
+            attn_dsl::Axis::RowTile,
+            attn_dsl::Axis::N,
+            attn_dsl::Axis::K
+        ]
+    );
+    assert_eq!(k::ABI.storage_buffers(), 12);
+    // 74 rows in tiles of 16; one workgroup row for dx, then 768·3072 / 2048 dW chunks.
+    let grid = k::dispatch_grid(&k::Dims {
+        rows: 74,
+        hidden: 768,
+        out: 3072,
+        n_tiles: 5,
+    });
+    assert_eq!(grid, [5, 1 + 1152, 1]);
+}
+
+#[test]
+fn the_seed_forward_is_portable() {
+    use layernorm_linear as k;
+    assert_eq!(k::ABI.target, attn_dsl::Target::Webgpu);
+    assert_eq!(k::ABI.storage_buffers(), 8);
+    assert!(k::WGSL.contains("fn row_stats"));
+}
+
+attention_kernel! {
+    pub layernorm_linear_reduce {
+        op: layernorm_linear_reduce,
+        grid: elementwise,
+        hidden: 768,
+        out: 3072,
+        writes: { dgamma: owned, dbeta: owned, dw: owned, db: owned },
+    }
+}
+
+#[test]
+fn the_reduce_owns_every_element_of_the_four_sums() {
+    use layernorm_linear_reduce as k;
+    assert_eq!(k::ABI.storage_buffers(), 8);
+    let grid = k::dispatch_grid(&k::Dims {
+        rows: 74,
+        hidden: 768,
+        out: 3072,
+        n_tiles: 5,
+    });
+    // dγ, dβ (768 each), dW (768·3072) and db (3072), 256 per workgroup.
+    assert_eq!(grid, [(2 * 768 + 768 * 3072 + 3072u32).div_ceil(256), 1, 1]);
+}

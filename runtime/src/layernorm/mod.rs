@@ -1,0 +1,333 @@
+//! The fused LayerNorm + Linear of seed 003 on the GPU: `y = W·LN(x; γ, β) + b` over
+//! `[rows, hidden] -> [rows, out]` (rows = batch · seq), and its backward with dγ, dβ, dW
+//! and db summed over rows by atomics or by the two-pass schedule.
+
+#[cfg(not(target_arch = "wasm32"))]
+pub mod bench;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod check;
+pub mod reference;
+
+use attn_dsl::row_layer::{self, RowSums};
+use attn_dsl::{KernelAbi, Op};
+
+use crate::attention::{binding_size, checked_grid, length, nonzero, submit, uniforms};
+use crate::buffers;
+use crate::error::{Error, InputError};
+use crate::gpu::Gpu;
+use crate::kernel::Kernel;
+
+/// The most bytes the two-pass schedule's partials may take (one dW per row tile).
+pub const SCRATCH_BUDGET: u64 = 64 << 20;
+
+/// Rows a backward tile takes at least: fewer rows per atomic add or partial only adds
+/// adds (and rounding) without adding parallelism worth having.
+const MIN_BACKWARD_TILE: u32 = 16;
+
+/// The forward, backward and (two-pass) reduce kernels of one `hidden -> out` layer,
+/// compiled for this device and a number of rows.
+pub struct LayerNormLinear {
+    forward: Kernel,
+    backward: Kernel,
+    reduce: Option<Kernel>,
+    hidden: u32,
+    out: u32,
+}
+
+/// The forward's inputs; `eps` is LayerNorm's epsilon (1e-5 in most models).
+#[derive(Clone, Copy, Debug)]
+pub struct Input<'a> {
+    pub rows: u32,
+    pub hidden: u32,
+    pub out: u32,
+    pub x: &'a [f32],
+    pub gamma: &'a [f32],
+    pub beta: &'a [f32],
+    pub w: &'a [f32],
+    pub b: &'a [f32],
+    pub eps: f32,
+}
+
+#[derive(Clone, Debug)]
+pub struct Output {
+    pub y: Vec<f32>,
+    pub mean: Vec<f32>,
+    pub rstd: Vec<f32>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Grads {
+    pub dx: Vec<f32>,
+    pub dgamma: Vec<f32>,
+    pub dbeta: Vec<f32>,
+    pub dw: Vec<f32>,
+    pub db: Vec<f32>,
+}
+
+impl LayerNormLinear {
+    /// Compiles the kernels of `hidden -> out`, the row sums by `sums`, for problems of
+    /// about `rows` rows (any number runs; the backward tile is sized so that `rows` rows'
+    /// two-pass partials fit [`SCRATCH_BUDGET`]).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn new(gpu: &Gpu, rows: u32, hidden: u32, out: u32, sums: RowSums) -> Result<Self, Error> {
+        nonzero("rows", rows)?;
+        nonzero("hidden", hidden)?;
+        nonzero("out", out)?;
+        let fwd_tile =
+            row_layer::forward_tile(hidden, gpu.limits().max_compute_workgroup_storage_size);
+        let bwd_tile = backward_tile(rows, hidden, out);
+        let kernel = |name: &str, op, tile| {
+            let spec = row_layer::spec(name, op, hidden, out, tile, sums);
+            let abi = attn_dsl::compile(&spec).map_err(|e| Error::Pipeline {
+                kernel: spec.name.clone(),
+                message: e.to_string(),
+            })?;
+            Kernel::new(gpu, &abi)
+        };
+        let reduce = match sums {
+            RowSums::Atomic => None,
+            RowSums::TwoPass => Some(kernel(
+                "layernorm_linear_reduce",
+                Op::LayernormLinearReduce,
+                1,
+            )?),
+        };
+        Ok(LayerNormLinear {
+            forward: kernel("layernorm_linear", Op::LayernormLinear, fwd_tile)?,
+            backward: kernel(
+                "layernorm_linear_backward",
+                Op::LayernormLinearBackward,
+                bwd_tile,
+            )?,
+            reduce,
+            hidden,
+            out,
+        })
+    }
+
+    /// The kernels, forward first: for the bench and for reports.
+    pub fn kernels(&self) -> impl Iterator<Item = &Kernel> {
+        [&self.forward, &self.backward]
+            .into_iter()
+            .chain(self.reduce.as_ref())
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    fn dims(&self, abi: &KernelAbi, rows: u32) -> [(&'static str, u32); 4] {
+        let n_tiles = rows.div_ceil(abi.grid.tile.max(1));
+        [
+            ("rows", rows),
+            ("hidden", self.hidden),
+            ("out", self.out),
+            ("n_tiles", n_tiles),
+        ]
+    }
+}
+
+/// Rows per backward tile: at least [`MIN_BACKWARD_TILE`], and enough that the tiles'
+/// partial dW fit the scratch budget.
+pub fn backward_tile(rows: u32, hidden: u32, out: u32) -> u32 {
+    let per_tile = 4 * u64::from(hidden) * u64::from(out);
+    let max_tiles = (SCRATCH_BUDGET / per_tile.max(1)).max(1);
+    let tile = u64::from(rows).div_ceil(max_tiles);
+    (tile as u32).clamp(MIN_BACKWARD_TILE, row_layer::MAX_ROW_TILE)
+}
+
+/// `y = W·LN(x) + b`, with each row's mean and 1/std for the backward.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn layernorm_linear(
+    gpu: &Gpu,
+    layer: &LayerNormLinear,
+    input: &Input,
+) -> Result<Output, Error> {
+    validate(gpu, layer, input)?;
+    let abi = layer.forward.abi();
+    let dims = layer.dims(abi, input.rows);
+    let grid = checked_grid(abi, gpu.limits(), &dims)?;
+    let (dims_buf, params) = uniforms(gpu, abi, &dims, &[("eps", input.eps)])?;
+    let rows = input.rows as usize;
+    let bufs = [
+        ("x", input.x),
+        ("gamma", input.gamma),
+        ("beta", input.beta),
+        ("w", input.w),
+        ("b", input.b),
+    ]
+    .map(|(name, data)| (name, buffers::storage(gpu, name, data)));
+    let y = buffers::output::<f32>(gpu, "y", rows * input.out as usize);
+    let mean = buffers::output::<f32>(gpu, "mean", rows);
+    let rstd = buffers::output::<f32>(gpu, "rstd", rows);
+    let mut bound: Vec<(&str, &wgpu::Buffer)> = bufs.iter().map(|(n, b)| (*n, b)).collect();
+    bound.extend([
+        ("y", &y),
+        ("mean", &mean),
+        ("rstd", &rstd),
+        ("dims", &dims_buf),
+        ("params", &params),
+    ]);
+    submit(gpu, &layer.forward, &bound, grid)?;
+    let out = buffers::read_many::<f32>(
+        gpu,
+        &[
+            (&y, rows * input.out as usize),
+            (&mean, rows),
+            (&rstd, rows),
+        ],
+    )?;
+    let [y, mean, rstd]: [Vec<f32>; 3] = out
+        .try_into()
+        .map_err(|_| Error::Readback("three outputs".into()))?;
+    Ok(Output { y, mean, rstd })
+}
+
+/// The gradients of `L` for `dy = ∂L/∂y`, from the forward's saved `mean` and `rstd`.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn layernorm_linear_backward(
+    gpu: &Gpu,
+    layer: &LayerNormLinear,
+    input: &Input,
+    saved: &Output,
+    dy: &[f32],
+) -> Result<Grads, Error> {
+    validate(gpu, layer, input)?;
+    let (rows, hidden, out) = (
+        input.rows as usize,
+        input.hidden as usize,
+        input.out as usize,
+    );
+    length("dy", dy.len(), (rows * out) as u64, "rows × out")?;
+    length("mean", saved.mean.len(), rows as u64, "rows")?;
+    length("rstd", saved.rstd.len(), rows as u64, "rows")?;
+    let abi = layer.backward.abi();
+    let dims = layer.dims(abi, input.rows);
+    let n_tiles = dims[3].1 as usize;
+    let grid = checked_grid(abi, gpu.limits(), &dims)?;
+    let (dims_buf, params) = uniforms(gpu, abi, &dims, &[("eps", input.eps)])?;
+    let parts = if layer.reduce.is_some() { n_tiles } else { 1 };
+    binding_size(gpu.limits(), 4 * (parts * out * hidden) as u64)?;
+    let ins = [
+        ("x", input.x),
+        ("gamma", input.gamma),
+        ("beta", input.beta),
+        ("w", input.w),
+        ("dy", dy),
+        ("mean", &saved.mean[..]),
+        ("rstd", &saved.rstd[..]),
+    ]
+    .map(|(name, data)| (name, buffers::storage(gpu, name, data)));
+    let sizes = [
+        ("dx", rows * hidden),
+        ("dgamma", hidden),
+        ("dbeta", hidden),
+        ("dw", out * hidden),
+        ("db", out),
+    ];
+    let outs = sizes.map(|(name, len)| {
+        let len = if name == "dx" { len } else { len * parts };
+        (name, buffers::output::<f32>(gpu, name, len))
+    });
+    let mut bound: Vec<(&str, &wgpu::Buffer)> =
+        ins.iter().chain(&outs).map(|(n, b)| (*n, b)).collect();
+    bound.extend([("dims", &dims_buf), ("params", &params)]);
+    submit(gpu, &layer.backward, &bound, grid)?;
+    let finals = match &layer.reduce {
+        None => None,
+        Some(reduce) => Some(run_reduce(
+            gpu,
+            layer,
+            reduce,
+            &outs[1..],
+            &sizes[1..],
+            input.rows,
+        )?),
+    };
+    let read: Vec<(&wgpu::Buffer, usize)> = std::iter::once((&outs[0].1, rows * hidden))
+        .chain(sizes[1..].iter().enumerate().map(|(i, (_, len))| {
+            (
+                finals
+                    .as_ref()
+                    .map_or(&outs[i + 1].1, |f: &Vec<wgpu::Buffer>| &f[i]),
+                *len,
+            )
+        }))
+        .collect();
+    let mut got = buffers::read_many::<f32>(gpu, &read)?.into_iter();
+    let mut next = || {
+        got.next()
+            .ok_or_else(|| Error::Readback("five gradients".into()))
+    };
+    Ok(Grads {
+        dx: next()?,
+        dgamma: next()?,
+        dbeta: next()?,
+        dw: next()?,
+        db: next()?,
+    })
+}
+
+/// The second pass: sums the row tiles' partials into dγ, dβ, dW and db.
+#[cfg(not(target_arch = "wasm32"))]
+fn run_reduce(
+    gpu: &Gpu,
+    layer: &LayerNormLinear,
+    reduce: &Kernel,
+    partials: &[(&str, wgpu::Buffer)],
+    sizes: &[(&str, usize)],
+    rows: u32,
+) -> Result<Vec<wgpu::Buffer>, Error> {
+    let abi = reduce.abi();
+    let dims = layer.dims(layer.backward.abi(), rows);
+    let grid = checked_grid(abi, gpu.limits(), &dims)?;
+    let dims_buf = crate::attention::uniform_dims(gpu, abi, &dims)?;
+    let finals: Vec<wgpu::Buffer> = sizes
+        .iter()
+        .map(|(n, len)| buffers::output::<f32>(gpu, n, *len))
+        .collect();
+    let part_names = ["dgamma_part", "dbeta_part", "dw_part", "db_part"];
+    let mut bound: Vec<(&str, &wgpu::Buffer)> = part_names
+        .iter()
+        .zip(partials)
+        .map(|(n, (_, b))| (*n, b))
+        .collect();
+    bound.extend(sizes.iter().zip(&finals).map(|((n, _), b)| (*n, b)));
+    bound.push(("dims", &dims_buf));
+    submit(gpu, reduce, &bound, grid)?;
+    Ok(finals)
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+fn validate(gpu: &Gpu, layer: &LayerNormLinear, input: &Input) -> Result<(), InputError> {
+    let name = layer.forward.abi().name.to_string();
+    nonzero("rows", input.rows)?;
+    for (what, given, built) in [
+        ("hidden", input.hidden, layer.hidden),
+        ("out", input.out, layer.out),
+    ] {
+        if given != built {
+            return Err(InputError::RowLayer {
+                kernel: name,
+                what,
+                built,
+                given,
+            });
+        }
+    }
+    let (rows, hidden, out) = (
+        u64::from(input.rows),
+        u64::from(input.hidden),
+        u64::from(input.out),
+    );
+    length("x", input.x.len(), rows * hidden, "rows × hidden")?;
+    length("gamma", input.gamma.len(), hidden, "hidden")?;
+    length("beta", input.beta.len(), hidden, "hidden")?;
+    length("w", input.w.len(), out * hidden, "out × hidden")?;
+    length("b", input.b.len(), out, "out")?;
+    if !(input.eps.is_finite() && input.eps > 0.0) {
+        return Err(InputError::BadValue {
+            what: "eps",
+            value: input.eps.into(),
+            needs: "finite and > 0",
+        });
+    }
+    binding_size(gpu.limits(), 4 * rows * hidden.max(out))
+}

@@ -1,0 +1,94 @@
+//! The fused LayerNorm + Linear on this machine's adapter: bad input is a typed error
+//! before any dispatch, and both backward schedules pass the rule at the seed's shape.
+
+use attn_dsl::row_layer::RowSums;
+use runtime::layernorm::check::{LnCase, run};
+use runtime::layernorm::{Input, LayerNormLinear, layernorm_linear};
+use runtime::{Error, Gpu, InputError, kernels};
+
+fn gpu() -> Gpu {
+    Gpu::new(kernels::FAMILY.iter().copied()).expect("an adapter (lavapipe at least)")
+}
+
+#[test]
+fn bad_input_is_a_typed_error() {
+    let gpu = gpu();
+    let layer = LayerNormLinear::new(&gpu, 16, 8, 16, RowSums::Atomic).unwrap();
+    let (x, gamma, w, b) = (
+        vec![0.5; 16 * 8],
+        vec![1.0; 8],
+        vec![0.1; 16 * 8],
+        vec![0.0; 16],
+    );
+    let good = Input {
+        rows: 16,
+        hidden: 8,
+        out: 16,
+        x: &x,
+        gamma: &gamma,
+        beta: &gamma,
+        w: &w,
+        b: &b,
+        eps: 1e-5,
+    };
+    let input_error = |input: Input| match layernorm_linear(&gpu, &layer, &input) {
+        Err(Error::Input(e)) => e,
+        other => panic!(
+            "expected an input error, got {:?}",
+            other.map(|o| o.y.len())
+        ),
+    };
+    assert!(matches!(
+        input_error(Input { eps: 0.0, ..good }),
+        InputError::BadValue { what: "eps", .. }
+    ));
+    assert!(matches!(
+        input_error(Input {
+            eps: f32::NAN,
+            ..good
+        }),
+        InputError::BadValue { what: "eps", .. }
+    ));
+    assert_eq!(
+        input_error(Input { hidden: 9, ..good }),
+        InputError::RowLayer {
+            kernel: "layernorm_linear".into(),
+            what: "hidden",
+            built: 8,
+            given: 9
+        }
+    );
+    assert!(matches!(
+        input_error(Input { x: &x[1..], ..good }),
+        InputError::Length {
+            name: "x",
+            expected: 128,
+            got: 127,
+            ..
+        }
+    ));
+    assert_eq!(
+        input_error(Input { rows: 0, ..good }),
+        InputError::ZeroDim { name: "rows" }
+    );
+    assert_eq!(
+        layernorm_linear(&gpu, &layer, &good).unwrap().y.len(),
+        16 * 16
+    );
+}
+
+#[test]
+fn both_schedules_pass_at_the_seed_shape() {
+    let gpu = gpu();
+    let case = LnCase {
+        batch: 4,
+        seq: 4,
+        hidden: 8,
+        out: 16,
+    };
+    let rows = run(&gpu, case, 3).unwrap();
+    assert_eq!(rows.len(), 3);
+    for row in &rows {
+        assert!(row.pass(), "{}: {:?}", row.label, row.verdicts);
+    }
+}
