@@ -12,6 +12,7 @@ use std::time::Instant;
 use anyhow::Context;
 use clap::Parser;
 use runtime::cases::{self, Case, Row, Runner};
+use runtime::compare::Verdict;
 use runtime::{Gpu, kernels, layernorm};
 
 /// Runs the default kernel family over the case matrix on the best adapter available
@@ -196,19 +197,7 @@ fn layernorm_rows(gpu: &Gpu, args: &Args) -> anyhow::Result<(u32, u32)> {
         let rows = layernorm::check::run(gpu, case, args.seed + 7000 + i as u64)
             .with_context(|| format!("layernorm_linear {}", case.label()))?;
         for row in rows {
-            let cells: Vec<String> = row
-                .verdicts
-                .iter()
-                .map(|(n, v)| format!("{n} {:.2e}<={:.2e}", v.error, v.bound))
-                .collect();
-            println!(
-                "{:<52} {:<32} {:<22} {:<60} {}",
-                row.label,
-                case.label(),
-                "-",
-                cells.join("  "),
-                if row.pass() { "pass" } else { "FAIL" }
-            );
+            print_cells(&row.label, &case.label(), "-", &row.verdicts);
             for (n, v) in &row.verdicts {
                 let key = format!("{} {n}", row.label);
                 match worst.iter_mut().find(|(k, _)| *k == key) {
@@ -236,17 +225,24 @@ fn matches(c: &Case, filter: &str) -> bool {
 }
 
 fn print_row(r: &Row) {
-    let cells: Vec<String> = r
-        .verdicts
+    print_cells(
+        &r.label,
+        &r.case.shape_label(),
+        &r.case.mask_label(),
+        &r.verdicts,
+    );
+}
+
+/// One report line: what ran, on what, each output's error against its bound, the verdict.
+fn print_cells(label: &str, shape: &str, masks: &str, verdicts: &[(&str, Verdict)]) {
+    let cells: Vec<String> = verdicts
         .iter()
         .map(|(n, v)| format!("{n} {:.2e}<={:.2e}", v.error, v.bound))
         .collect();
+    let pass = verdicts.iter().all(|(_, v)| v.pass());
     println!(
-        "{:<52} {:<32} {:<22} {:<60} {}",
-        r.label,
-        r.case.shape_label(),
-        r.case.mask_label(),
+        "{label:<52} {shape:<32} {masks:<22} {:<60} {}",
         cells.join("  "),
-        if r.pass() { "pass" } else { "FAIL" }
+        if pass { "pass" } else { "FAIL" }
     );
 }
