@@ -57,13 +57,23 @@ fn fits(ops: &[Op], head_dim: u32, config: FlashConfig, bytes: u32) -> bool {
         .all(|&op| workgroup_bytes(op, head_dim, config).is_ok_and(|b| b <= bytes))
 }
 
+/// Whether `config`'s row groups hold padding columns at `head_dim` (their invocations do
+/// not divide its vec4 columns).
+fn pads(head_dim: u32, config: FlashConfig) -> bool {
+    let groups = (config.tile / config.rows_per_thread).max(1);
+    let tx = config.workgroup_size / groups;
+    tx == 0 || !(head_dim / 4).is_multiple_of(tx)
+}
+
 /// For a workgroup shape, the configuration with the largest inner tile, then the most
-/// rows per invocation, that is valid for `ops` within `bytes`.
+/// rows per invocation, that is valid for `ops` within `bytes`; with `exact`, only layouts
+/// whose row groups share head_dim's vec4 columns evenly (no padding columns).
 fn best_of_shape(
     ops: &[Op],
     head_dim: u32,
     (tile, wg): (u32, u32),
     bytes: u32,
+    exact: bool,
 ) -> Option<FlashConfig> {
     INNER.iter().find_map(|&inner| {
         ROWS_PER_THREAD.iter().find_map(|&rows_per_thread| {
@@ -74,34 +84,41 @@ fn best_of_shape(
                 workgroup_size: wg,
                 subgroups: false,
             };
-            fits(ops, head_dim, config, bytes).then_some(config)
+            ((!exact || !pads(head_dim, config)) && fits(ops, head_dim, config, bytes))
+                .then_some(config)
         })
     })
 }
 
 /// Candidate 0 (the best shape that fits WebGPU's defaults, when one does), then the
 /// `menu` within [`CANDIDATE_WORKGROUP_BYTES`], without repeats; two or one invocations
-/// per row when nothing else fits. (Adding those shapes where the menu's hold one row per
-/// invocation, as at head_dim 80, made no faster backward on an H100.)
+/// per row when nothing else fits. Layouts without padding columns come first, then the
+/// menu's shapes again with padding allowed: at head_dim 80 (20 vec4 columns) the exact
+/// layouts of the menu hold one row per invocation, the padded ones two or four.
 fn from_menu(ops: &[Op], head_dim: u32, menu: &[(u32, u32)]) -> Vec<FlashConfig> {
     let webgpu = Limits::WEBGPU.workgroup_storage_bytes;
-    let portable = PORTABLE_MENU
-        .iter()
-        .chain(FEW_PER_ROW)
-        .find_map(|&shape| best_of_shape(ops, head_dim, shape, webgpu));
+    let portable = [true, false].iter().find_map(|&exact| {
+        PORTABLE_MENU
+            .iter()
+            .chain(FEW_PER_ROW)
+            .find_map(|&shape| best_of_shape(ops, head_dim, shape, webgpu, exact))
+    });
     let mut out: Vec<FlashConfig> = portable.into_iter().collect();
-    let add = |shapes: &[(u32, u32)], out: &mut Vec<FlashConfig>| {
+    let add = |shapes: &[(u32, u32)], exact: bool, out: &mut Vec<FlashConfig>| {
         for &shape in shapes {
-            if let Some(c) = best_of_shape(ops, head_dim, shape, CANDIDATE_WORKGROUP_BYTES)
+            if let Some(c) =
+                best_of_shape(ops, head_dim, shape, CANDIDATE_WORKGROUP_BYTES, exact)
                 && !out.contains(&c)
             {
                 out.push(c);
             }
         }
     };
-    add(menu, &mut out);
+    add(menu, true, &mut out);
+    add(menu, false, &mut out);
     if out.is_empty() {
-        add(FEW_PER_ROW, &mut out);
+        add(FEW_PER_ROW, true, &mut out);
+        add(FEW_PER_ROW, false, &mut out);
     }
     out
 }
@@ -128,7 +145,8 @@ pub fn forward(head_dim: u32) -> Vec<FlashConfig> {
 pub fn backward(head_dim: u32) -> Vec<FlashConfig> {
     let ops = [Op::BackwardQ, Op::BackwardKv];
     let mut out = from_menu(&ops, head_dim, BACKWARD_MENU);
-    if out.iter().skip(1).all(|c| c.rows_per_thread == 1) {
+    let exact = out.iter().skip(1).filter(|c| !pads(head_dim, **c));
+    if exact.clone().all(|c| c.rows_per_thread == 1) {
         let scaled = BACKWARD_BLOCKS
             .iter()
             .filter_map(|&block| scaled_block(head_dim, block))
@@ -220,14 +238,11 @@ mod tests {
     #[test]
     fn every_head_dim_that_is_a_multiple_of_4_has_candidates() {
         for head_dim in (4u32..=256).step_by(4) {
-            // The fewest vec4 columns one invocation can hold: a row's columns are shared by
-            // a power-of-two number of invocations. Over the register budget (128 values:
-            // 4 per column forward, 8 per column for dK and dV), the per-row schedules serve.
-            let d4: u32 = head_dim / 4;
-            let columns = d4 / (1 << d4.trailing_zeros().min(5));
+            // With padded layouts every head_dim has a forward and a backward on the flash
+            // grids (before them, head_dim / 4 with an odd factor over 31 had none).
             let (f, b) = (forward(head_dim), backward(head_dim));
-            assert_eq!(!f.is_empty(), columns <= 31, "forward d{head_dim}: {f:?}");
-            assert!(columns > 15 || !b.is_empty(), "backward d{head_dim}: {b:?}");
+            assert!(!f.is_empty(), "forward d{head_dim}");
+            assert!(!b.is_empty(), "backward d{head_dim}");
             for c in f {
                 let bytes = workgroup_bytes(Op::Forward, head_dim, c).unwrap();
                 assert!(bytes <= CANDIDATE_WORKGROUP_BYTES);
@@ -248,6 +263,31 @@ mod tests {
                 .iter()
                 .all(|c| c.workgroup_size.is_power_of_two())
         );
+    }
+
+    /// Where the invocations of a row group do not divide head_dim's vec4 columns, the
+    /// menu's shapes are offered padded (a quarter of padding at most): the layouts that
+    /// hold two or four rows per invocation at head_dim 80 and beat every exact one on an
+    /// H100 (flash-32x16/1@256, 8 invocations of 3 columns for 20: 7.75 TFLOP/s against
+    /// 7.30). Head_dim 28 has padded backward layouts within 32 KiB, so every adapter's
+    /// `check` runs some.
+    #[test]
+    fn padded_layouts_are_offered_after_the_exact_ones() {
+        let d80 = backward(80);
+        let first_padded = d80.iter().position(|c| pads(80, *c)).unwrap();
+        assert!(d80[..first_padded].iter().all(|c| !pads(80, *c)));
+        assert!(label(&d80).contains(&"32x16/1@256".to_string()), "{d80:?}");
+        assert!(!pads(80, forward(80)[0]) && !pads(80, d80[0]));
+        let small = backward(28).into_iter().filter(|c| {
+            pads(28, *c)
+                && [Op::BackwardQ, Op::BackwardKv]
+                    .iter()
+                    .all(|&op| workgroup_bytes(op, 28, *c).unwrap() <= 32 * 1024)
+        });
+        assert!(small.count() >= 2);
+        // More than a quarter of padding is refused: 16 invocations for 20 columns.
+        let c = FlashConfig::from_label("32x32/2@256").unwrap();
+        assert!(workgroup_bytes(Op::Forward, 80, c).unwrap_err().contains("padding"));
     }
 
     #[test]

@@ -25,10 +25,17 @@ pub struct Tiling {
     pub tn: u32,
     /// vec4s in a head_dim row.
     pub d4: u32,
-    /// vec4 accumulator columns per invocation.
+    /// vec4 accumulator columns per invocation: `d4 / tx` rounded up. Where `tx` does not
+    /// divide `d4` (head_dim 80 has 20 vec4 columns, 8 invocations per row take 3 each),
+    /// the columns past `d4` are padding: staged but never loaded, summed but never
+    /// stored (see [`Tiling::column_guard`]). A layout with a quarter or less of padding
+    /// can beat every exact one: at head_dim 80 the exact layouts hold one row per
+    /// invocation or split rows over 10 or 20 invocations.
     pub dn: u32,
-    /// Row stride of a staged head_dim row in vec4s: one vec4 of padding shifts each row
-    /// by four banks, so a group reading `tx` rows at one offset does not conflict.
+    /// Row stride of a staged head_dim row in vec4s: room for every invocation's columns
+    /// (`dn · tx`, past `d4` when `tx` does not divide it), then one vec4 of padding that
+    /// shifts each row by four banks, so a group reading `tx` rows at one offset does not
+    /// conflict.
     pub row4: u32,
     /// Row reductions by subgroup shuffles, with a workgroup-memory fallback.
     pub subgroups: bool,
@@ -85,15 +92,19 @@ impl Tiling {
                  rows_per_thread"
             ));
         }
-        if !head_dim.is_multiple_of(4) || !(head_dim / 4).is_multiple_of(tx) {
-            return Err(format!(
-                "head_dim {head_dim} must be a multiple of 4 × {tx} (vec4 columns shared by \
-                 the {tx} invocations of a row group); raise rows_per_thread or lower \
-                 workgroup_size"
-            ));
+        if !head_dim.is_multiple_of(4) {
+            return Err(format!("head_dim {head_dim} must be a multiple of 4 (vec4 columns)"));
         }
         let (tn, d4) = (bc / tx, head_dim / 4);
-        let dn = d4 / tx;
+        let dn = d4.div_ceil(tx);
+        if 4 * dn * tx > 5 * d4 {
+            return Err(format!(
+                "the {tx} invocations of a row group share head_dim {head_dim}'s {d4} vec4 \
+                 columns as {dn} each, {} of them padding (more than a quarter); pick a \
+                 workgroup_size / (tile / rows_per_thread) that divides {d4} or nearly does",
+                dn * tx - d4
+            ));
+        }
         // Scores (and dP) per staged column; one head_dim-wide accumulator per output row
         // (two, dK and dV, in the key-major backward).
         let (scores, outputs) = match op {
@@ -118,10 +129,27 @@ impl Tiling {
             tn,
             d4,
             dn,
-            row4: d4 + 1,
+            row4: dn * tx + 1,
             subgroups: false,
             scatters_kv: false,
         })
+    }
+
+    /// The WGSL condition under which accumulator column `n` of invocation `tx` is a real
+    /// column, or `None` when it is one for every invocation.
+    pub fn column_guard(&self, n: u32) -> Option<String> {
+        ((n + 1) * self.tx > self.d4).then(|| format!("tx + {n}u * TX < D4"))
+    }
+
+    /// `code` (statements at indent `ind`) run only where accumulator column `n` is real.
+    pub fn guarded(&self, n: u32, code: &str, ind: &str) -> String {
+        match self.column_guard(n) {
+            None => code.to_string(),
+            Some(cond) => format!(
+                "if ({cond}) {{\n{ind}    {}\n{ind}}}",
+                code.replace('\n', &format!("\n    "))
+            ),
+        }
     }
 
     /// Workgroup memory of a flash kernel of `op`: its staged head_dim-wide rows, its

@@ -480,12 +480,12 @@ fn finish(b: &mut String, t: &Tiling) {
              let base = q_index(row_{i}, h);\n"
         );
         for n in 0..dn {
-            let _ = write!(
-                b,
-                "        let o_{n} = acc_{i}_{n} * inv;\n        let at_{n} = base + (tx + {n}u * TX) * 4u;\n        \
+            let store = format!(
+                "let o_{n} = acc_{i}_{n} * inv;\n        let at_{n} = base + (tx + {n}u * TX) * 4u;\n        \
                  store_out(at_{n}, o_{n}.x);\n        store_out(at_{n} + 1u, o_{n}.y);\n        \
-                 store_out(at_{n} + 2u, o_{n}.z);\n        store_out(at_{n} + 3u, o_{n}.w);\n"
+                 store_out(at_{n} + 2u, o_{n}.z);\n        store_out(at_{n} + 3u, o_{n}.w);"
             );
+            let _ = writeln!(b, "        {}", t.guarded(n, &store, "        "));
         }
         let _ = write!(
             b,

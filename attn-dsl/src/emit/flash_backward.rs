@@ -373,7 +373,7 @@ fn flush(
             base.replace('I', &i.to_string())
         );
         for t_name in tensors {
-            flush_add(b, t_name, i, t.dn);
+            flush_add(b, t, t_name, i);
         }
         b.push_str("            }\n");
     }
@@ -392,19 +392,19 @@ const FLUSH_KEYS: u32 = 256;
 
 /// `t[base + columns] += acc` for row `i` of the invocation, compensated: `acc` keeps the
 /// rounding error of the add, so that the next flush adds it back.
-fn flush_add(b: &mut String, t: &str, i: u32, dn: u32) {
+fn flush_add(b: &mut String, tiling: &Tiling, t: &str, i: u32) {
     let ind = "                ";
-    for n in 0..dn {
-        let _ = write!(
-            b,
-            "{ind}let {t}at_{n} = base + (tx + {n}u * TX) * 4u;\n\
+    for n in 0..tiling.dn {
+        let mut add = format!(
+            "let {t}at_{n} = base + (tx + {n}u * TX) * 4u;\n\
              {ind}let {t}old_{n} = vec4<f32>({t}[{t}at_{n}], {t}[{t}at_{n} + 1u], {t}[{t}at_{n} + 2u], {t}[{t}at_{n} + 3u]);\n\
              {ind}let {t}new_{n} = {t}old_{n} + {t}_{i}_{n};\n\
-             {ind}{t}_{i}_{n} = two_sum_err4({t}old_{n}, {t}_{i}_{n}, {t}new_{n});\n"
+             {ind}{t}_{i}_{n} = two_sum_err4({t}old_{n}, {t}_{i}_{n}, {t}new_{n});"
         );
         for (k, c) in ["x", "y", "z", "w"].iter().enumerate() {
-            let _ = writeln!(b, "{ind}{t}[{t}at_{n} + {k}u] = {t}new_{n}.{c};");
+            let _ = write!(add, "\n{ind}{t}[{t}at_{n} + {k}u] = {t}new_{n}.{c};");
         }
+        let _ = writeln!(b, "{ind}{}", tiling.guarded(n, &add, ind));
     }
 }
 
