@@ -155,6 +155,10 @@ fn key_visible(row: u32, j: u32) -> bool {
     return true;
 }
 
+fn query_at(i: u32) -> f32 {
+    return q[i];
+}
+
 fn key_at(i: u32) -> f32 {
     return k_cache[i];
 }
@@ -179,7 +183,7 @@ fn attend_row(row: u32, h: u32, tid: u32) {
     }
     let qi = q_index(row, h);
     if (tid < HEAD_DIM) {
-        sh_q[tid] = q[qi + tid];
+        sh_q[tid] = query_at(qi + tid);
         sh_acc[tid] = 0.0;
     }
     workgroupBarrier();

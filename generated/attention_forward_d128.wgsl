@@ -177,6 +177,10 @@ fn dropped(row: u32, h: u32, j: u32, p: f32) -> f32 {
     return p;
 }
 
+fn query_at(i: u32) -> f32 {
+    return q[i];
+}
+
 fn key_at(i: u32) -> f32 {
     return k[i];
 }
@@ -187,6 +191,13 @@ fn value_at(i: u32) -> f32 {
 
 fn store_out(i: u32, x: f32) {
     o[i] = x;
+}
+
+fn store_out4(i: u32, x: vec4<f32>) {
+    o[i] = x.x;
+    o[i + 1u] = x.y;
+    o[i + 2u] = x.z;
+    o[i + 3u] = x.w;
 }
 
 fn positive_inf() -> f32 {
@@ -214,7 +225,7 @@ fn attend_row(row: u32, h: u32, tid: u32) {
     }
     let qi = q_index(row, h);
     if (tid < HEAD_DIM) {
-        sh_q[tid] = q[qi + tid];
+        sh_q[tid] = query_at(qi + tid);
         sh_acc[tid] = 0.0;
     }
     workgroupBarrier();

@@ -146,6 +146,10 @@ fn dropped(row: u32, h: u32, j: u32, p: f32) -> f32 {
     return p;
 }
 
+fn query_at(i: u32) -> f32 {
+    return q[i];
+}
+
 fn key_at(i: u32) -> f32 {
     return k[i];
 }
@@ -156,6 +160,13 @@ fn value_at(i: u32) -> f32 {
 
 fn store_out(i: u32, x: f32) {
     o[i] = x;
+}
+
+fn store_out4(i: u32, x: vec4<f32>) {
+    o[i] = x.x;
+    o[i + 1u] = x.y;
+    o[i + 2u] = x.z;
+    o[i + 3u] = x.w;
 }
 
 fn positive_inf() -> f32 {
@@ -182,7 +193,7 @@ fn stage_q(r0: u32, h: u32, tid: u32) {
         var x = vec4<f32>(0.0);
         if (r < dims.seq_len) {
             let i = q_index(r, h) + c4 * 4u;
-            x = vec4<f32>(q[i + 0u], q[i + 1u], q[i + 2u], q[i + 3u]);
+            x = vec4<f32>(query_at(i + 0u), query_at(i + 1u), query_at(i + 2u), query_at(i + 3u));
         }
         sh_q[(e / D4) * ROW4 + c4] = x;
     }
@@ -418,30 +429,10 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
             inv = 1.0 / lt_0;
         }
         let base = q_index(row_0, h);
-        let o_0 = acc_0_0 * inv;
-        let at_0 = base + (tx + 0u * TX) * 4u;
-        store_out(at_0, o_0.x);
-        store_out(at_0 + 1u, o_0.y);
-        store_out(at_0 + 2u, o_0.z);
-        store_out(at_0 + 3u, o_0.w);
-        let o_1 = acc_0_1 * inv;
-        let at_1 = base + (tx + 1u * TX) * 4u;
-        store_out(at_1, o_1.x);
-        store_out(at_1 + 1u, o_1.y);
-        store_out(at_1 + 2u, o_1.z);
-        store_out(at_1 + 3u, o_1.w);
-        let o_2 = acc_0_2 * inv;
-        let at_2 = base + (tx + 2u * TX) * 4u;
-        store_out(at_2, o_2.x);
-        store_out(at_2 + 1u, o_2.y);
-        store_out(at_2 + 2u, o_2.z);
-        store_out(at_2 + 3u, o_2.w);
-        let o_3 = acc_0_3 * inv;
-        let at_3 = base + (tx + 3u * TX) * 4u;
-        store_out(at_3, o_3.x);
-        store_out(at_3 + 1u, o_3.y);
-        store_out(at_3 + 2u, o_3.z);
-        store_out(at_3 + 3u, o_3.w);
+        store_out4(base + (tx + 0u * TX) * 4u, acc_0_0 * inv);
+        store_out4(base + (tx + 1u * TX) * 4u, acc_0_1 * inv);
+        store_out4(base + (tx + 2u * TX) * 4u, acc_0_2 * inv);
+        store_out4(base + (tx + 3u * TX) * 4u, acc_0_3 * inv);
         if (tx == 0u) {
             store_lse(row_0, h, m_0, lt_0);
         }
@@ -452,30 +443,10 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
             inv = 1.0 / lt_1;
         }
         let base = q_index(row_1, h);
-        let o_0 = acc_1_0 * inv;
-        let at_0 = base + (tx + 0u * TX) * 4u;
-        store_out(at_0, o_0.x);
-        store_out(at_0 + 1u, o_0.y);
-        store_out(at_0 + 2u, o_0.z);
-        store_out(at_0 + 3u, o_0.w);
-        let o_1 = acc_1_1 * inv;
-        let at_1 = base + (tx + 1u * TX) * 4u;
-        store_out(at_1, o_1.x);
-        store_out(at_1 + 1u, o_1.y);
-        store_out(at_1 + 2u, o_1.z);
-        store_out(at_1 + 3u, o_1.w);
-        let o_2 = acc_1_2 * inv;
-        let at_2 = base + (tx + 2u * TX) * 4u;
-        store_out(at_2, o_2.x);
-        store_out(at_2 + 1u, o_2.y);
-        store_out(at_2 + 2u, o_2.z);
-        store_out(at_2 + 3u, o_2.w);
-        let o_3 = acc_1_3 * inv;
-        let at_3 = base + (tx + 3u * TX) * 4u;
-        store_out(at_3, o_3.x);
-        store_out(at_3 + 1u, o_3.y);
-        store_out(at_3 + 2u, o_3.z);
-        store_out(at_3 + 3u, o_3.w);
+        store_out4(base + (tx + 0u * TX) * 4u, acc_1_0 * inv);
+        store_out4(base + (tx + 1u * TX) * 4u, acc_1_1 * inv);
+        store_out4(base + (tx + 2u * TX) * 4u, acc_1_2 * inv);
+        store_out4(base + (tx + 3u * TX) * 4u, acc_1_3 * inv);
         if (tx == 0u) {
             store_lse(row_1, h, m_1, lt_1);
         }

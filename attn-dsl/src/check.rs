@@ -25,7 +25,35 @@ pub fn check_spec(spec: &KernelSpec) -> Result<(), DslError> {
     check_writes(spec)?;
     check_grid(spec)?;
     check_masks(spec)?;
+    check_dtype(spec)?;
     check_source(spec)
+}
+
+/// Half-precision data tensors are emitted for the forward; bf16 only where each
+/// invocation stores whole u32 words of O (the flash grid's vec4 stores).
+fn check_dtype(spec: &KernelSpec) -> Result<(), DslError> {
+    if spec.dtype == crate::spec::Dtype::F32 {
+        return Ok(());
+    }
+    if spec.op != Op::Forward {
+        return Err(DslError::spec(
+            Field::Dtype,
+            format!(
+                "dtype {} is emitted for op forward only so far; op {} reads and writes f32 \
+                 (drop `dtype`)",
+                spec.dtype.name(),
+                spec.op.name()
+            ),
+        ));
+    }
+    if spec.dtype == crate::spec::Dtype::Bf16 && spec.grid.flash.is_none() {
+        return Err(DslError::spec(
+            Field::Dtype,
+            "dtype bf16 needs a flash grid (`grid: s_major(flash)`): the per-row forward \
+             stores one element per invocation, and two bf16 share a u32 word",
+        ));
+    }
+    Ok(())
 }
 
 /// Limits that depend on the finished plan (buffers, workgroup memory).

@@ -16,6 +16,7 @@ pub enum Field {
     Target,
     WorkgroupSize,
     Source,
+    Dtype,
     /// The `writes` entry of the named output (or the `writes` block when it is missing).
     Write(String),
 }
@@ -34,6 +35,7 @@ impl fmt::Display for Field {
             Field::Target => f.write_str("target"),
             Field::WorkgroupSize => f.write_str("workgroup_size"),
             Field::Source => f.write_str("source"),
+            Field::Dtype => f.write_str("dtype"),
             Field::Write(name) => write!(f, "writes.{name}"),
         }
     }

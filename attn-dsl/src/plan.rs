@@ -10,7 +10,7 @@ use std::borrow::Cow;
 use serde::Serialize;
 
 use crate::signature::{self, Elem, Role};
-use crate::spec::{Axis, Gqa, Grid, KernelSpec, Major, Masks, Op, Scatter, Target, WriteMode};
+use crate::spec::{Axis, Dtype, Gqa, Grid, KernelSpec, Major, Masks, Op, Scatter, Target, WriteMode};
 
 /// How a shader may touch a binding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -30,22 +30,36 @@ pub enum Access {
 pub enum Scalar {
     F32,
     U32,
+    F16,
+    /// bfloat16 halves, two to a `u32` word.
+    Bf16,
 }
 
 impl Scalar {
+    /// The WGSL element type of the array (bf16 pairs are `u32` words).
     pub fn wgsl(self) -> &'static str {
         match self {
             Scalar::F32 => "f32",
-            Scalar::U32 => "u32",
+            Scalar::U32 | Scalar::Bf16 => "u32",
+            Scalar::F16 => "f16",
         }
     }
-}
 
-impl From<Elem> for Scalar {
-    fn from(e: Elem) -> Scalar {
-        match e {
-            Elem::F32 => Scalar::F32,
-            Elem::U32 => Scalar::U32,
+    /// The element of tensor kind `e` in a kernel whose data tensors are `dtype`.
+    pub fn of(e: Elem, dtype: Dtype) -> Scalar {
+        match (e, dtype) {
+            (Elem::F32, _) | (Elem::Data, Dtype::F32) => Scalar::F32,
+            (Elem::U32, _) => Scalar::U32,
+            (Elem::Data, Dtype::F16) => Scalar::F16,
+            (Elem::Data, Dtype::Bf16) => Scalar::Bf16,
+        }
+    }
+
+    /// Bytes per element on the host.
+    pub fn bytes(self) -> u64 {
+        match self {
+            Scalar::F32 | Scalar::U32 => 4,
+            Scalar::F16 | Scalar::Bf16 => 2,
         }
     }
 }
@@ -100,6 +114,16 @@ impl KernelAbi {
         self.bindings.iter().find(|b| b.name == name)
     }
 
+    /// Whether a binding holds f16 (the kernel needs `enable f16`).
+    pub fn uses_f16(&self) -> bool {
+        self.bindings.iter().any(|b| b.scalar == Scalar::F16)
+    }
+
+    /// The element type of binding `name` (f32 when there is none).
+    pub fn scalar(&self, name: &str) -> Scalar {
+        self.binding(name).map_or(Scalar::F32, |b| b.scalar)
+    }
+
     pub fn storage_buffers(&self) -> usize {
         self.bindings
             .iter()
@@ -145,6 +169,7 @@ pub fn bindings(spec: &KernelSpec) -> Vec<Binding> {
         .enumerate()
         .map(|(i, t)| {
             let write = spec.write_mode(t.name);
+            let scalar = Scalar::of(t.elem, spec.dtype);
             let (access, wgsl_type, fields) = match t.role {
                 Role::Uniform => {
                     let block = signature::uniform_block(spec.op, t.name)
@@ -152,20 +177,20 @@ pub fn bindings(spec: &KernelSpec) -> Vec<Binding> {
                     let fields = block.fields.iter().map(|f| Cow::Borrowed(*f)).collect();
                     (Access::Uniform, Cow::Borrowed(block.struct_name), fields)
                 }
-                Role::Input => (Access::Read, array_type(t.elem, None), Vec::new()),
+                Role::Input => (Access::Read, array_type(scalar, None), Vec::new()),
                 Role::Output if write == Some(WriteMode::AtomicScatter) => (
                     Access::ReadWrite,
-                    array_type(t.elem, Some(spec.scatter)),
+                    array_type(scalar, Some(spec.scatter)),
                     Vec::new(),
                 ),
-                Role::Output => (Access::ReadWrite, array_type(t.elem, None), Vec::new()),
+                Role::Output => (Access::ReadWrite, array_type(scalar, None), Vec::new()),
             };
             Binding {
                 group: 0,
                 binding: i as u32,
                 name: Cow::Borrowed(t.name),
                 access,
-                scalar: t.elem.into(),
+                scalar,
                 wgsl_type,
                 fields: Cow::Owned(fields),
                 layout: Cow::Borrowed(t.layout),
@@ -177,11 +202,12 @@ pub fn bindings(spec: &KernelSpec) -> Vec<Binding> {
 
 /// `array<f32>`, or the atomic array an atomic-scatter output is added into: `u32` words
 /// holding f32 bits for the compare-exchange loop, or `f32` for native atomic adds.
-fn array_type(e: Elem, scatter: Option<Scatter>) -> Cow<'static, str> {
-    Cow::Borrowed(match (scatter, Scalar::from(e)) {
+fn array_type(scalar: Scalar, scatter: Option<Scatter>) -> Cow<'static, str> {
+    Cow::Borrowed(match (scatter, scalar) {
         (Some(Scatter::Cas), _) => "array<atomic<u32>>",
         (Some(Scatter::F32Atomic), _) => "array<atomic<f32>>",
         (None, Scalar::F32) => "array<f32>",
-        (None, Scalar::U32) => "array<u32>",
+        (None, Scalar::U32 | Scalar::Bf16) => "array<u32>",
+        (None, Scalar::F16) => "array<f16>",
     })
 }

@@ -16,6 +16,8 @@ pub enum Role {
 pub enum Elem {
     F32,
     U32,
+    /// A data tensor (Q, K, V, O): f32, f16 or bf16 words, as the spec's dtype says.
+    Data,
 }
 
 /// When a tensor of the signature is bound.
@@ -77,7 +79,7 @@ const fn when(t: Tensor, presence: Presence) -> Tensor {
 }
 
 use Axis::{B, D, H, J, KvH, Part, S};
-use Elem::{F32, U32};
+use Elem::{Data, F32, U32};
 use Presence::{IfAlibi, IfBias, IfBiasWritten, IfDocument, IfRecompute, IfScratch, IfWritten};
 use Role::{Input, Output, Uniform};
 
@@ -102,10 +104,10 @@ const SHARED_DBIAS: Tensor = when(
 );
 
 const FORWARD: &[Tensor] = &[
-    t("q", Input, F32, &[B, S, H, D]),
-    t("k", Input, F32, &[B, J, KvH, D]),
-    t("v", Input, F32, &[B, J, KvH, D]),
-    t("o", Output, F32, &[B, S, H, D]),
+    t("q", Input, Data, &[B, S, H, D]),
+    t("k", Input, Data, &[B, J, KvH, D]),
+    t("v", Input, Data, &[B, J, KvH, D]),
+    t("o", Output, Data, &[B, S, H, D]),
     t("lse", Output, F32, &[B, S, H]),
     DIMS,
     PARAMS_T,

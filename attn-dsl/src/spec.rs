@@ -375,11 +375,43 @@ impl Target {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+/// The element type a kernel reads and writes its data tensors in (Q, K, V, O). The
+/// arithmetic, the accumulators and the row statistics (LSE) are f32 in every dtype.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Precision {
-    /// f32 storage and arithmetic.
+pub enum Dtype {
+    #[default]
     F32,
+    /// IEEE half, through WGSL's `enable f16` (wgpu's SHADER_F16, an optional WebGPU
+    /// feature).
+    F16,
+    /// bfloat16, stored as the upper halves of f32 bit patterns packed two to a u32 word
+    /// (element 2i in the low half) and widened in the kernel: WGSL has no bf16 type.
+    Bf16,
+}
+
+impl Dtype {
+    pub fn name(self) -> &'static str {
+        match self {
+            Dtype::F32 => "f32",
+            Dtype::F16 => "f16",
+            Dtype::Bf16 => "bf16",
+        }
+    }
+
+    pub fn parse(word: &str) -> Option<Dtype> {
+        [Dtype::F32, Dtype::F16, Dtype::Bf16]
+            .into_iter()
+            .find(|d| d.name() == word)
+    }
+
+    /// Bytes per element on the host and in the buffer.
+    pub fn bytes(self) -> u32 {
+        match self {
+            Dtype::F32 => 4,
+            Dtype::F16 | Dtype::Bf16 => 2,
+        }
+    }
 }
 
 /// How the workgroups of a kernel reach an output tensor.
@@ -419,7 +451,9 @@ pub struct KernelSpec {
     pub gqa: Gqa,
     pub masks: Masks,
     pub target: Target,
-    pub precision: Precision,
+    /// The element type of the data tensors.
+    #[serde(skip_serializing_if = "is_f32")]
+    pub dtype: Dtype,
     pub workgroup_size: u32,
     /// Write mode of each output, by tensor name, as the description declares them.
     pub writes: Vec<(String, WriteMode)>,
@@ -431,6 +465,10 @@ pub struct KernelSpec {
 
 fn is_zero(n: &u32) -> bool {
     *n == 0
+}
+
+fn is_f32(d: &Dtype) -> bool {
+    *d == Dtype::F32
 }
 
 impl KernelSpec {
@@ -468,7 +506,7 @@ impl KernelSpec {
             gqa: Gqa::Any,
             masks,
             target: Target::Webgpu,
-            precision: Precision::F32,
+            dtype: Dtype::F32,
             workgroup_size: 256,
             writes,
             source: Source::default(),

@@ -24,11 +24,17 @@ pub fn capabilities(spec: &KernelSpec) -> Capabilities {
         Target::Webgpu => Capabilities::empty(),
         Target::Native(_) => Capabilities::all(),
     };
-    if spec.has_atomics() && spec.scatter == Scatter::F32Atomic {
-        base | Capabilities::SHADER_FLOAT32_ATOMIC
-    } else {
-        base
-    }
+    let atomics = match spec.has_atomics() && spec.scatter == Scatter::F32Atomic {
+        true => Capabilities::SHADER_FLOAT32_ATOMIC,
+        false => Capabilities::empty(),
+    };
+    // f16 is an optional WebGPU feature (`shader-f16`): the runtime creates such a kernel
+    // only on a device with SHADER_F16, under either target.
+    let half = match spec.dtype {
+        crate::spec::Dtype::F16 => Capabilities::SHADER_FLOAT16,
+        _ => Capabilities::empty(),
+    };
+    base | atomics | half
 }
 
 /// Parses and validates `wgsl` with every validation flag on, then checks its globals

@@ -373,3 +373,36 @@ fn modifiers_a_kernel_cannot_honour_are_refused_at_their_word() {
     spec.writes.push(("dbias".into(), WriteMode::Owned));
     assert_eq!(field_of(&spec), Field::Write("dbias".into()));
 }
+
+/// The forward in f16 and bf16: the data bindings change type, LSE stays f32, and only
+/// the forward takes a dtype (bf16 only on a flash grid, whose stores fill whole words).
+#[test]
+fn half_precision_forwards_compile_and_other_ops_refuse_a_dtype() {
+    use attn_dsl::{Dtype, Scalar};
+    let flash_cfg = attn_dsl::configs::forward(64)[0];
+    for dtype in [Dtype::F16, Dtype::Bf16] {
+        let flash = KernelSpec {
+            dtype,
+            ..KernelSpec::flash("fwd", Op::Forward, 64, CAUSAL_DOC, flash_cfg)
+        };
+        let abi = compile(&flash).unwrap_or_else(|e| panic!("{dtype:?}: {e}"));
+        let scalar = |name: &str| abi.binding(name).unwrap().scalar;
+        let want = if dtype == Dtype::F16 { Scalar::F16 } else { Scalar::Bf16 };
+        for name in ["q", "k", "v", "o"] {
+            assert_eq!(scalar(name), want, "{name}");
+        }
+        assert_eq!(scalar("lse"), Scalar::F32);
+        let backward = KernelSpec {
+            dtype,
+            ..backward_q(&[("dq", WriteMode::Owned)])
+        };
+        assert_eq!(field_of(&backward), Field::Dtype);
+    }
+    let per_row = |dtype| KernelSpec {
+        dtype,
+        ..forward(64, CAUSAL_DOC)
+    };
+    let abi = compile(&per_row(Dtype::F16)).unwrap();
+    assert!(abi.wgsl.starts_with("//") && abi.wgsl.contains("enable f16;"));
+    assert_eq!(field_of(&per_row(Dtype::Bf16)), Field::Dtype);
+}

@@ -263,6 +263,8 @@ fn binding_const(b: &Binding) -> TokenStream {
     let scalar = match b.scalar {
         Scalar::F32 => quote!(F32),
         Scalar::U32 => quote!(U32),
+        Scalar::F16 => quote!(F16),
+        Scalar::Bf16 => quote!(Bf16),
     };
     let fields = b.fields.iter().map(|f| f.as_ref());
     let layout = b.layout.iter().map(|a| axis(*a));
@@ -300,7 +302,8 @@ fn binding_const(b: &Binding) -> TokenStream {
 fn scalar_type(s: Scalar) -> TokenStream {
     match s {
         Scalar::F32 => quote!(f32),
-        Scalar::U32 => quote!(u32),
+        // Uniform blocks hold f32 or u32 only; the 16-bit scalars name storage elements.
+        Scalar::U32 | Scalar::F16 | Scalar::Bf16 => quote!(u32),
     }
 }
 

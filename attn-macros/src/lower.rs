@@ -2,7 +2,7 @@
 //! error points at the token that caused it.
 
 use attn_dsl::{
-    BiasHeads, DslError, Field, Flash, Gqa, Grid, KernelSpec, Limits, Major, Masks, Op, Precision,
+    BiasHeads, DslError, Field, Flash, Gqa, Grid, KernelSpec, Limits, Major, Masks, Op, Dtype,
     Scatter, Source, Target, WriteMode,
 };
 use proc_macro2::Span;
@@ -103,9 +103,10 @@ pub fn lower(d: &Description) -> syn::Result<Lowered> {
         });
         workgroup_size = config.workgroup_size;
     }
-    if let Some(e) = d.entries.iter().find(|e| e.key == "precision") {
-        precision(&e.value)?;
-    }
+    let dtype = get("dtype", Field::Dtype)
+        .map(dtype)
+        .transpose()?
+        .unwrap_or_default();
     let (source, producer) = match get("source", Field::Source) {
         Some(v) => source(v)?,
         None => (Source::default(), None),
@@ -122,7 +123,7 @@ pub fn lower(d: &Description) -> syn::Result<Lowered> {
         gqa,
         masks,
         target,
-        precision: Precision::F32,
+        dtype,
         workgroup_size,
         writes,
         source,
@@ -418,13 +419,11 @@ fn source(v: &Value) -> syn::Result<(Source, Option<syn::Path>)> {
     }
 }
 
-fn precision(v: &Value) -> syn::Result<()> {
+fn dtype(v: &Value) -> syn::Result<Dtype> {
     match v {
-        Value::Word(w) if w == "f32" => Ok(()),
-        other => err(
-            other.span(),
-            "`precision` takes `f32` (f16 tiles are not emitted yet)",
-        ),
+        Value::Word(w) => Dtype::parse(&w.to_string())
+            .ok_or_else(|| syn::Error::new(w.span(), "`dtype` takes `f32`, `f16` or `bf16`")),
+        other => err(other.span(), "`dtype` takes `f32`, `f16` or `bf16`"),
     }
 }
 

@@ -11,7 +11,7 @@
 //!     masks: [causal, document] | none,    (default none)
 //!     target: webgpu | native(key = N, ..),(default webgpu)
 //!     workgroup_size: N,                   (default 256)
-//!     precision: f32,                      (default f32)
+//!     dtype: f32 | f16 | bf16,             (default f32: the data tensors' element type)
 //!     source: recompute | scratch(PRODUCER), (backward_kv; default recompute)
 //!     writes: { NAME: owned | atomic | scratch, .. },
 //! }
@@ -32,7 +32,7 @@ pub const KEYS: &[&str] = &[
     "masks",
     "target",
     "workgroup_size",
-    "precision",
+    "dtype",
     "source",
     "writes",
 ];

@@ -1,6 +1,6 @@
 //! The forward and decode operations: validate, upload, dispatch, read back.
 
-use attn_dsl::{Access, Binding, Gqa, KernelAbi, Op};
+use attn_dsl::{Access, Binding, Gqa, KernelAbi, Op, Scalar};
 
 use crate::buffers;
 use crate::error::{Error, InputError};
@@ -121,13 +121,15 @@ pub async fn forward_async(
     let h = input.heads;
     let dims = sequence_dims(input.batch, input.seq_len, h);
     let grid = checked_grid(abi, gpu.limits(), &dims)?;
-    let q = buffers::storage(gpu, "q", input.q);
-    let k = buffers::storage(gpu, "k", input.k);
-    let v = buffers::storage(gpu, "v", input.v);
+    // Half-precision kernels get the inputs rounded to their dtype; O comes back widened.
+    let data = abi.scalar("o");
+    let q = buffers::storage_as(gpu, "q", input.q, data);
+    let k = buffers::storage_as(gpu, "k", input.k, data);
+    let v = buffers::storage_as(gpu, "v", input.v, data);
     let seg = seg_buffer(gpu, input.seg, input.batch, input.seq_len);
     let o_len = input.q.len();
     let lse_len = (input.batch * input.seq_len * h.n_heads) as usize;
-    let o = buffers::output::<f32>(gpu, "o", o_len);
+    let o = buffers::output_as(gpu, "o", o_len, data);
     let lse = buffers::output::<f32>(gpu, "lse", lse_len);
     let (dims, params) = modified_uniforms(gpu, abi, &dims, input.scale, h, &input.mods)?;
     let mods = input.mods.buffers(gpu);
@@ -143,6 +145,11 @@ pub async fn forward_async(
     ];
     bound.extend(mods.iter().map(|(n, b)| (*n, b)));
     submit(gpu, kernel, &bound, grid)?;
+    if data != Scalar::F32 {
+        let o = buffers::read_as_async(gpu, &o, o_len, data).await?;
+        let lse = buffers::read_async(gpu, &lse, lse_len).await?;
+        return Ok(ForwardOutput { o, lse });
+    }
     let mut out = buffers::read_many_async::<f32>(gpu, &[(&o, o_len), (&lse, lse_len)]).await?;
     let lse = out.pop().unwrap_or_default();
     let o = out.pop().unwrap_or_default();

@@ -2,7 +2,7 @@
 //! with FLOPs by FlashAttention's convention (forward 4·S²·H·D, halved when causal;
 //! backward 2.5× forward).
 
-use attn_dsl::{KernelSpec, Masks, Op};
+use attn_dsl::{Dtype, KernelSpec, Masks, Op, Scalar};
 
 use crate::attention::{Heads, checked_grid, uniforms};
 use crate::backward::Schedule;
@@ -257,6 +257,40 @@ pub fn run(
             }
             rows.push(row);
         }
+        let half = half_forwards(gpu, h.head_dim, masks)?;
+        // The half kernels read and write 16-bit copies of the same data.
+        let copies: Vec<(&str, wgpu::Buffer)> = data[..3]
+            .iter()
+            .map(|(n, len, seed)| (*n, random(*len, *seed)))
+            .flat_map(|(n, x)| {
+                [Scalar::F16, Scalar::Bf16].map(|s| (n, buffers::storage_as(gpu, n, &x, s)))
+            })
+            .collect();
+        let o_half = buffers::output::<u16>(gpu, "o", q_len);
+        for (label, dtype, kernel) in &half {
+            let mut half_bound = bound.clone();
+            for (name, buffer) in half_bound.iter_mut() {
+                if *name == "o" {
+                    *buffer = &o_half;
+                } else if let Some(at) = ["q", "k", "v"].iter().position(|n| n == name) {
+                    // copies: (q f16, q bf16, k f16, k bf16, v f16, v bf16)
+                    *buffer = &copies[2 * at + usize::from(*dtype == Scalar::Bf16)].1;
+                }
+            }
+            let step = Step {
+                kernel,
+                bound: half_bound,
+                grid: checked_grid(kernel.abi(), gpu.limits(), &dims)?,
+            };
+            rows.push(BenchRow {
+                shape: shape.clone(),
+                kernel: label.clone(),
+                timing: Some(timing::time(gpu, &[step], warmup, runs)?),
+                flops: shape.forward_flops(),
+                note: String::new(),
+                baseline_ms: Some(rows[0].timing.map_or(0.0, |t| t.median_ms)),
+            });
+        }
     }
     if parts == Parts::Forward {
         return Ok(rows);
@@ -362,4 +396,36 @@ pub fn tune(gpu: &Gpu, rows: &[BenchRow], failed: &[String]) -> Table {
         }
     }
     table
+}
+
+/// The planned flash forward (the tuning table's, else candidate 0) in f16, where the
+/// device has SHADER_F16, and in bf16: (row label, dtype, kernel).
+fn half_forwards(
+    gpu: &Gpu,
+    head_dim: u32,
+    masks: Masks,
+) -> Result<Vec<(String, Scalar, Kernel)>, Error> {
+    let planned = tuning::Table::for_gpu(gpu)
+        .ok()
+        .and_then(|t| t.forward(gpu, head_dim))
+        .unwrap_or(tuning::forward_candidates(head_dim)[0]);
+    let mut out = Vec::new();
+    for dtype in [Dtype::F16, Dtype::Bf16] {
+        if dtype == Dtype::F16 && !gpu.has_f16() {
+            continue;
+        }
+        let spec = KernelSpec {
+            dtype,
+            ..KernelSpec::flash("attention_forward_flash", Op::Forward, head_dim, masks, planned)
+        };
+        let abi = attn_dsl::compile(&spec).map_err(|e| Error::Pipeline {
+            kernel: format!("forward flash {} {}", planned.label(), dtype.name()),
+            message: e.to_string(),
+        })?;
+        if tuning::fits(gpu, &abi) {
+            let label = format!("forward flash {} {}", planned.label(), dtype.name());
+            out.push((label, abi.scalar("o"), Kernel::new(gpu, &abi)?));
+        }
+    }
+    Ok(out)
 }

@@ -1,6 +1,8 @@
 //! Upload and readback.
 
+use attn_dsl::Scalar;
 use bytemuck::Pod;
+use half::{bf16, f16};
 use wgpu::util::DeviceExt;
 
 use crate::error::Error;
@@ -31,12 +33,68 @@ pub fn storage<T: Pod>(gpu: &Gpu, label: &str, data: &[T]) -> wgpu::Buffer {
 pub fn output<T: Pod>(gpu: &Gpu, label: &str, len: usize) -> wgpu::Buffer {
     gpu.device.create_buffer(&wgpu::BufferDescriptor {
         label: Some(label),
-        size: (len * size_of::<T>()).max(4) as u64,
+        size: (len * size_of::<T>()).next_multiple_of(4).max(4) as u64,
         usage: wgpu::BufferUsages::STORAGE
             | wgpu::BufferUsages::COPY_SRC
             | wgpu::BufferUsages::COPY_DST,
         mapped_at_creation: false,
     })
+}
+
+/// f32 host data rounded (to nearest even) to a binding's element type and back: what a
+/// half-precision kernel reads when given `data`.
+pub fn rounded(data: &[f32], scalar: Scalar) -> Vec<f32> {
+    match scalar {
+        Scalar::F16 => data.iter().map(|&x| f16::from_f32(x).to_f32()).collect(),
+        Scalar::Bf16 => data.iter().map(|&x| bf16::from_f32(x).to_f32()).collect(),
+        Scalar::F32 | Scalar::U32 => data.to_vec(),
+    }
+}
+
+/// A storage buffer holding f32 host data as a binding of element `scalar` holds it: f32
+/// as is, f16 and bf16 rounded to nearest even (bf16 two to a word, element 2i in the low
+/// half: the little-endian layout of a `[bf16]`).
+pub fn storage_as(gpu: &Gpu, label: &str, data: &[f32], scalar: Scalar) -> wgpu::Buffer {
+    match scalar {
+        Scalar::F16 => {
+            let h: Vec<f16> = data.iter().map(|&x| f16::from_f32(x)).collect();
+            storage(gpu, label, &h)
+        }
+        Scalar::Bf16 => {
+            let h: Vec<bf16> = data.iter().map(|&x| bf16::from_f32(x)).collect();
+            storage(gpu, label, &h)
+        }
+        Scalar::F32 | Scalar::U32 => storage(gpu, label, data),
+    }
+}
+
+/// A zero-filled output of `len` elements of `scalar`.
+pub fn output_as(gpu: &Gpu, label: &str, len: usize, scalar: Scalar) -> wgpu::Buffer {
+    match scalar {
+        Scalar::F16 | Scalar::Bf16 => output::<u16>(gpu, label, len),
+        Scalar::F32 | Scalar::U32 => output::<f32>(gpu, label, len),
+    }
+}
+
+/// Reads `len` elements of `scalar` back, widened to f32.
+pub async fn read_as_async(
+    gpu: &Gpu,
+    buffer: &wgpu::Buffer,
+    len: usize,
+    scalar: Scalar,
+) -> Result<Vec<f32>, Error> {
+    let widen = |bits: Vec<u16>, f: fn(u16) -> f32| bits.into_iter().map(f).collect();
+    match scalar {
+        Scalar::F16 => Ok(widen(
+            read_async::<u16>(gpu, buffer, len).await?,
+            |b| f16::from_bits(b).to_f32(),
+        )),
+        Scalar::Bf16 => Ok(widen(
+            read_async::<u16>(gpu, buffer, len).await?,
+            |b| bf16::from_bits(b).to_f32(),
+        )),
+        Scalar::F32 | Scalar::U32 => read_async::<f32>(gpu, buffer, len).await,
+    }
 }
 
 pub fn uniform(gpu: &Gpu, label: &str, bytes: &[u8]) -> wgpu::Buffer {
@@ -85,7 +143,7 @@ pub async fn read_many_async<T: Pod>(
     let staging: Vec<_> = buffers
         .iter()
         .map(|(buffer, len)| {
-            let size = ((len * size_of::<T>()) as u64).max(4);
+            let size = ((len * size_of::<T>()).next_multiple_of(4) as u64).max(4);
             let staging = gpu.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("readback"),
                 size,

@@ -1,12 +1,14 @@
 //! The case matrix that `check` and the tests run: each case is a shape and mask set, run
 //! on the GPU and judged against the f64 reference by the pass rule, as one or more rows.
 
-use attn_dsl::{BiasHeads, FlashConfig, KernelAbi, KernelSpec, Masks, Op};
+use attn_dsl::{BiasHeads, Dtype, FlashConfig, KernelAbi, KernelSpec, Masks, Op};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 use crate::attention::{self, DecodeInput, ForwardInput, Heads};
 use crate::backward::{Backward, BackwardInput, Gradients, Schedule};
-use crate::compare::{Verdict, judge, judge_attention, judge_backward, max_abs_error};
+use crate::compare::{
+    Verdict, judge, judge_attention, judge_backward, judge_half_attention, max_abs_error,
+};
 use crate::error::Error;
 use crate::gpu::Gpu;
 use crate::kernel::Kernel;
@@ -534,6 +536,9 @@ fn masks(causal: bool) -> Masks {
 /// The flash forward candidates of one head_dim and mask set, compiled.
 type FlashSet = Vec<(FlashConfig, Kernel)>;
 
+/// Half-precision forwards of one head_dim and mask set: (row label, kernel).
+type HalfSet = Vec<(String, Kernel)>;
+
 /// Everything a matrix runs: the family's kernels, and those of other head_dims and masks
 /// compiled from the same descriptions when a case first needs them.
 pub struct Runner {
@@ -541,6 +546,7 @@ pub struct Runner {
     per_row: Vec<Kernel>,
     /// Every flash forward candidate this device holds, by head_dim and masks.
     flash: Vec<(u32, Masks, FlashSet)>,
+    half: Vec<(u32, Masks, HalfSet)>,
     rope: Vec<(Kernel, Kernel)>,
     /// The causal backward (with documents), every head_dim compiled so far.
     pub backward: Backward,
@@ -567,6 +573,7 @@ impl Runner {
         Ok(Runner {
             per_row,
             flash: Vec::new(),
+            half: Vec::new(),
             rope,
             backward: Backward::new(gpu, backward)?,
             others: Vec::new(),
@@ -622,6 +629,50 @@ impl Runner {
             }
         };
         Ok(&self.flash[at].2)
+    }
+
+    /// The forward in f16 (where the device has SHADER_F16) and bf16: per row (f16) and
+    /// flash candidate 0 and the planned configuration, each that fits the device.
+    fn half(&mut self, gpu: &Gpu, head_dim: u32, masks: Masks) -> Result<&HalfSet, Error> {
+        if let Some(at) = self
+            .half
+            .iter()
+            .position(|(d, m, _)| *d == head_dim && *m == masks)
+        {
+            return Ok(&self.half[at].2);
+        }
+        let planned = self.backward.table.forward(gpu, head_dim);
+        let mut configs = vec![tuning::forward_candidates(head_dim)[0]];
+        configs.extend(planned.filter(|p| *p != configs[0]));
+        let mut set = Vec::new();
+        for dtype in [Dtype::F16, Dtype::Bf16] {
+            if dtype == Dtype::F16 && !gpu.has_f16() {
+                continue;
+            }
+            let name = tuning::family_name("attention_forward", head_dim);
+            if dtype == Dtype::F16 {
+                let spec = KernelSpec {
+                    dtype,
+                    ..KernelSpec::standard(&name, Op::Forward, head_dim, masks)
+                };
+                set.push((format!("forward {}", dtype.name()), Kernel::new(gpu, &compile(&spec)?)?));
+            }
+            for config in &configs {
+                let abi = compile(&KernelSpec {
+                    dtype,
+                    ..KernelSpec::flash(&name, Op::Forward, head_dim, masks, *config)
+                })?;
+                if tuning::fits(gpu, &abi) {
+                    let mut label = format!("forward flash {} {}", config.label(), dtype.name());
+                    if planned == Some(*config) {
+                        label += " (planned)";
+                    }
+                    set.push((label, Kernel::new(gpu, &abi)?));
+                }
+            }
+        }
+        self.half.push((head_dim, masks, set));
+        Ok(&self.half.last().expect("just pushed").2)
     }
 
     /// RoPE forward and backward for `head_dim`.
@@ -778,6 +829,12 @@ pub fn run_case(gpu: &Gpu, runner: &mut Runner, case: &Case, seed: u64) -> Resul
                 }
                 rows.push(row(&label, job.forward(gpu, kernel, seed)?));
             }
+            // Half precision on the plain cases (no score modifiers) of one batch.
+            if case.mods == ModCase::default() && batch == 1 {
+                for (label, kernel) in runner.half(gpu, h.head_dim, masks)? {
+                    rows.push(row(label, job.forward(gpu, kernel, seed)?));
+                }
+            }
             rows
         }
         Shape::Decode {
@@ -878,6 +935,9 @@ impl Job {
         seed: u64,
     ) -> Result<Vec<(&'static str, Verdict)>, Error> {
         let [q, k, v, _] = qkv(self.h, self.batch * self.seq, seed);
+        // A half-precision kernel is judged on the inputs it reads: rounded to its dtype.
+        let dtype = kernel.abi().scalar("o");
+        let [q, k, v] = [q, k, v].map(|x| crate::buffers::rounded(&x, dtype));
         let input = ForwardInput {
             batch: self.batch,
             seq_len: self.seq,
@@ -890,6 +950,10 @@ impl Job {
             mods: self.mods.mods(),
         };
         let out = attention::forward(gpu, kernel, &input)?;
+        if dtype != attn_dsl::Scalar::F32 {
+            let p = self.problem();
+            return Ok(judge_half_attention(&p, [&q, &k, &v], &out.o, &out.lse, dtype));
+        }
         Ok(judge_attention(
             &self.problem(),
             [&q, &k, &v],

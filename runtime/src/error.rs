@@ -10,7 +10,8 @@ pub enum Error {
     Device(#[from] crate::gpu::DeviceError),
     #[error(
         "kernel `{kernel}` needs a feature that {adapter} lacks (SUBGROUP for `subgroups = true`, \
-         SHADER_FLOAT32_ATOMIC for an f32 scatter); use a configuration without it"
+         SHADER_FLOAT32_ATOMIC for an f32 scatter, SHADER_F16 for `dtype: f16`); use a \
+         configuration without it (bf16 needs no feature)"
     )]
     Feature { kernel: String, adapter: String },
     #[error("creating the pipeline of kernel `{kernel}` failed: {message}")]

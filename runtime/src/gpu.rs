@@ -195,6 +195,11 @@ impl Gpu {
             .contains(wgpu::Features::SHADER_FLOAT32_ATOMIC)
     }
 
+    /// Whether kernels with `dtype: f16` can run here.
+    pub fn has_f16(&self) -> bool {
+        self.features.contains(wgpu::Features::SHADER_F16)
+    }
+
     /// Whether kernels with subgroup operations can run here.
     pub fn has_subgroups(&self) -> bool {
         self.features.contains(wgpu::Features::SUBGROUP)
@@ -204,6 +209,7 @@ impl Gpu {
     pub fn supports(&self, abi: &KernelAbi) -> bool {
         (!abi.f32_atomics || self.has_f32_atomics())
             && (!abi.grid.uses_subgroups() || self.has_subgroups())
+            && (!abi.uses_f16() || self.has_f16())
     }
 
     /// The optional features the device has, for reports.
@@ -215,6 +221,7 @@ impl Gpu {
         [
             (self.has_f32_atomics(), "f32 atomics".to_string()),
             (self.has_subgroups(), subgroups),
+            (self.has_f16(), "f16".to_string()),
             (self.has_timestamps(), "timestamps".to_string()),
         ]
         .into_iter()
@@ -249,7 +256,8 @@ fn rank(t: wgpu::DeviceType) -> u8 {
 /// Optional features: taken when the adapter has them, so kernels that need them can run.
 const OPTIONAL_FEATURES: wgpu::Features = wgpu::Features::SHADER_FLOAT32_ATOMIC
     .union(wgpu::Features::TIMESTAMP_QUERY)
-    .union(wgpu::Features::SUBGROUP);
+    .union(wgpu::Features::SUBGROUP)
+    .union(wgpu::Features::SHADER_F16);
 
 async fn request(adapter: wgpu::Adapter, limits: wgpu::Limits) -> Result<Gpu, DeviceError> {
     let info = adapter.get_info();

@@ -32,22 +32,15 @@ pub(super) fn forward_helpers(out: &mut String, spec: &KernelSpec) {
     index::kv_head(out, spec);
     index::row_indexing(out, spec);
     index::masks(out, spec);
-    out.push_str(FORWARD_STORES);
+    super::dtype::accessors(
+        out,
+        spec,
+        &[("query_at", "q"), ("key_at", "k"), ("value_at", "v")],
+    );
+    out.push_str(FORWARD_STATS);
 }
 
-const FORWARD_STORES: &str = r#"fn key_at(i: u32) -> f32 {
-    return k[i];
-}
-
-fn value_at(i: u32) -> f32 {
-    return v[i];
-}
-
-fn store_out(i: u32, x: f32) {
-    o[i] = x;
-}
-
-fn positive_inf() -> f32 {
+const FORWARD_STATS: &str = r#"fn positive_inf() -> f32 {
     // Not a constant expression: WGSL rejects non-finite constants.
     var bits = 0x7f800000u;
     return bitcast<f32>(bits);
@@ -83,6 +76,10 @@ pub(super) fn decode_helpers(out: &mut String, spec: &KernelSpec) {
     out.push_str(
         r#"fn key_visible(row: u32, j: u32) -> bool {
     return true;
+}
+
+fn query_at(i: u32) -> f32 {
+    return q[i];
 }
 
 fn key_at(i: u32) -> f32 {
@@ -124,7 +121,7 @@ const ATTEND_ROW: &str = r#"fn attend_row(row: u32, h: u32, tid: u32) {
     }
     let qi = q_index(row, h);
     if (tid < HEAD_DIM) {
-        sh_q[tid] = q[qi + tid];
+        sh_q[tid] = query_at(qi + tid);
         sh_acc[tid] = 0.0;
     }
     workgroupBarrier();

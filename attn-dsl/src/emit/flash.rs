@@ -65,7 +65,7 @@ var<workgroup> sh_range: vec4<u32>;
 
 /// Staging loops, the tile's key range and the row reductions of the forward.
 pub(super) fn helpers(out: &mut String, t: &Tiling) {
-    stage(out, "stage_q", "BR", "q_index(r, h)", "sh_q", "q");
+    stage(out, "stage_q", "BR", "q_index(r, h)", "sh_q", "query_at");
     fetch(out, "k", "BC", "kv_index(r, h)", "key_at");
     fetch(out, "v", "BC", "kv_index(r, h)", "value_at");
     put(out, "kv", "BC", "sh_kv");
@@ -481,9 +481,7 @@ fn finish(b: &mut String, t: &Tiling) {
         );
         for n in 0..dn {
             let store = format!(
-                "let o_{n} = acc_{i}_{n} * inv;\n        let at_{n} = base + (tx + {n}u * TX) * 4u;\n        \
-                 store_out(at_{n}, o_{n}.x);\n        store_out(at_{n} + 1u, o_{n}.y);\n        \
-                 store_out(at_{n} + 2u, o_{n}.z);\n        store_out(at_{n} + 3u, o_{n}.w);"
+                "store_out4(base + (tx + {n}u * TX) * 4u, acc_{i}_{n} * inv);"
             );
             let _ = writeln!(b, "        {}", t.guarded(n, &store, "        "));
         }

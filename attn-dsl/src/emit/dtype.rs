@@ -1,0 +1,68 @@
+//! Loads and stores of the data tensors in the spec's dtype: every kernel body reads Q, K
+//! and V as f32 through `query_at`, `key_at` and `value_at`, and writes O through
+//! `store_out4` (or `store_out`, one element), so the dtype is decided here alone.
+//!
+//! bf16 is the upper half of an f32's bits; two share a u32 word, element 2i in the low
+//! half. Loads widen exactly (a shift); stores round to nearest even and write whole
+//! words, so `store_out` (one element) does not exist for bf16: two invocations writing
+//! the halves of one word would race.
+
+use std::fmt::Write;
+
+use crate::spec::{Dtype, KernelSpec};
+
+/// The `enable` directive the dtype needs, before any declaration.
+pub(super) fn directive(out: &mut String, spec: &KernelSpec) {
+    if spec.dtype == Dtype::F16 {
+        out.push_str("enable f16;\n\n");
+    }
+}
+
+/// `{name}_at(i) -> f32` for each (accessor, tensor), and the stores into `o`.
+pub(super) fn accessors(out: &mut String, spec: &KernelSpec, loads: &[(&str, &str)]) {
+    for (name, tensor) in loads {
+        let body = match spec.dtype {
+            Dtype::F32 => format!("return {tensor}[i];"),
+            Dtype::F16 => format!("return f32({tensor}[i]);"),
+            Dtype::Bf16 => format!(
+                "let w = {tensor}[i >> 1u];\n    \
+                 return bitcast<f32>(select(w << 16u, w & 0xffff0000u, (i & 1u) == 1u));"
+            ),
+        };
+        let _ = write!(out, "fn {name}(i: u32) -> f32 {{\n    {body}\n}}\n\n");
+    }
+    stores(out, spec.dtype);
+}
+
+fn stores(out: &mut String, dtype: Dtype) {
+    match dtype {
+        Dtype::F32 => out.push_str(
+            "fn store_out(i: u32, x: f32) {\n    o[i] = x;\n}\n\n\
+             fn store_out4(i: u32, x: vec4<f32>) {\n    o[i] = x.x;\n    o[i + 1u] = x.y;\n    \
+             o[i + 2u] = x.z;\n    o[i + 3u] = x.w;\n}\n\n",
+        ),
+        Dtype::F16 => out.push_str(
+            "fn store_out(i: u32, x: f32) {\n    o[i] = f16(x);\n}\n\n\
+             fn store_out4(i: u32, x: vec4<f32>) {\n    let y = vec4<f16>(x);\n    o[i] = y.x;\n    \
+             o[i + 1u] = y.y;\n    o[i + 2u] = y.z;\n    o[i + 3u] = y.w;\n}\n\n",
+        ),
+        Dtype::Bf16 => out.push_str(
+            r#"// Round to nearest even; a NaN keeps a mantissa bit so that it stays NaN.
+fn bf16_bits(x: f32) -> u32 {
+    let b = bitcast<u32>(x);
+    if ((b & 0x7fffffffu) > 0x7f800000u) {
+        return (b >> 16u) | 0x40u;
+    }
+    return (b + 0x7fffu + ((b >> 16u) & 1u)) >> 16u;
+}
+
+// `i` is a multiple of 4: the vec4 fills two whole words.
+fn store_out4(i: u32, x: vec4<f32>) {
+    o[i >> 1u] = bf16_bits(x.x) | (bf16_bits(x.y) << 16u);
+    o[(i >> 1u) + 1u] = bf16_bits(x.z) | (bf16_bits(x.w) << 16u);
+}
+
+"#,
+        ),
+    }
+}
