@@ -149,6 +149,15 @@ fn check_head_dim(spec: &KernelSpec) -> Result<(), DslError> {
             ),
         ));
     }
+    if matches!(spec.op, Op::DecodeSplit | Op::DecodeReduce) && !hd.is_multiple_of(4) {
+        return Err(DslError::spec(
+            Field::HeadDim,
+            format!(
+                "head_dim {hd} is not a multiple of 4; split-K decode reads K, V and the \
+                 partials as vec4"
+            ),
+        ));
+    }
     if hd > spec.workgroup_size && spec.grid.flash.is_none() {
         return Err(DslError::spec(
             Field::HeadDim,
@@ -177,7 +186,8 @@ fn check_gqa(spec: &KernelSpec) -> Result<(), DslError> {
 fn check_grid(spec: &KernelSpec) -> Result<(), DslError> {
     let wanted = spec.op.major();
     let tile_max = match spec.op {
-        Op::Decode => 1,
+        Op::Decode | Op::DecodeReduce => 1,
+        Op::DecodeSplit => crate::emit::MAX_SPLIT_HEADS,
         // A backward row tile sums its rows in one workgroup: large tiles keep the
         // two-pass scratch (one partial per tile) and the atomic adds few.
         op if op.is_row_layer() => crate::row_layer::MAX_ROW_TILE,
@@ -336,6 +346,7 @@ fn grid_unit(major: Major) -> &'static str {
         Major::S => "(query tile, head)",
         Major::J => "(key tile, KV head)",
         Major::Head => "head",
+        Major::Slice => "(key slice, KV head)",
         Major::R => "row tile",
         Major::Elem => "tile of output elements",
     }
@@ -367,19 +378,23 @@ fn cannot_honour(op: Op, word: &str) -> Option<&'static str> {
             "it rotates each row on its own and never compares a query with a key, so no \
              mask or score modifier applies",
         ),
+        (Op::DecodeReduce, _) => Some(
+            "it combines the slices' partial softmaxes, in which the masks and modifiers are \
+             already applied; give them to the decode_split kernel",
+        ),
         (Op::BackwardPrep, _) => Some(
             "it reads the forward's O and LSE, in which the masks and modifiers are already \
              applied",
         ),
-        (Op::Decode, "causal" | "document") => Some(
+        (Op::Decode | Op::DecodeSplit, "causal" | "document") => Some(
             "its one query row attends to the whole KV cache, whose length is the run-time \
              `cache_len`; limit the keys with cache_len (or `window`)",
         ),
-        (Op::Decode, "bias" | "shared_bias") => Some(
+        (Op::Decode | Op::DecodeSplit, "bias" | "shared_bias") => Some(
             "a bias is a [seq, seq] tensor over a sequence's own queries, and a decode's query \
              is not one of its cache's rows",
         ),
-        (Op::Decode, "dropout") => Some(
+        (Op::Decode | Op::DecodeSplit, "dropout") => Some(
             "dropout belongs to training, and a decode step runs inference; it has no \
              backward to regenerate the mask",
         ),
@@ -388,7 +403,14 @@ fn cannot_honour(op: Op, word: &str) -> Option<&'static str> {
 }
 
 fn check_source(spec: &KernelSpec) -> Result<(), DslError> {
-    if spec.source == Source::Scratch && spec.op != Op::BackwardKv {
+    if spec.op == Op::DecodeReduce && spec.source != Source::Scratch {
+        return Err(DslError::spec(
+            Field::Source,
+            "decode_reduce combines the partials a decode_split kernel flushes; name it with \
+             `source: scratch(<decode_split kernel>)`",
+        ));
+    }
+    if spec.source == Source::Scratch && !matches!(spec.op, Op::BackwardKv | Op::DecodeReduce) {
         return Err(DslError::spec(
             Field::Source,
             format!(
@@ -508,6 +530,7 @@ fn supported_mode(spec: &KernelSpec, tensor: &str) -> WriteMode {
             .unwrap_or(WriteMode::AtomicScatter),
         (_, "dbias") if spec.masks.bias == Some(BiasHeads::Shared) => WriteMode::AtomicScatter,
         (Op::BackwardQ, "p_ds") => WriteMode::ScratchFlush,
+        (Op::DecodeSplit, "part_o" | "part_ml") => WriteMode::ScratchFlush,
         (Op::BackwardQ, "dkv") => WriteMode::AtomicScatter,
         (Op::BackwardKv, "dq") => WriteMode::AtomicScatter,
         _ => WriteMode::Owned,

@@ -44,7 +44,7 @@ impl Scalar {
 impl From<Elem> for Scalar {
     fn from(e: Elem) -> Scalar {
         match e {
-            Elem::F32 => Scalar::F32,
+            Elem::F32 | Elem::F32x4 => Scalar::F32,
             Elem::U32 => Scalar::U32,
         }
     }
@@ -117,6 +117,16 @@ impl KernelAbi {
             Major::S => [at(0).div_ceil(self.grid.tile), at(1), at(4)],
             Major::J => [at(0).div_ceil(self.grid.tile), at(2), at(4)],
             Major::Head => [at(1), at(4), 1],
+            // Field 9 is n_slices; each KV head's query heads in groups of `tile`.
+            Major::Slice => [
+                at(9),
+                at(2)
+                    * at(1)
+                        .checked_div(at(2))
+                        .unwrap_or(0)
+                        .div_ceil(self.grid.tile),
+                at(4),
+            ],
             Major::R => [
                 at(0).div_ceil(self.grid.tile),
                 crate::row_layer::grid_y(self.op, at(1), at(2), self.workgroup_size[0]),
@@ -178,10 +188,11 @@ pub fn bindings(spec: &KernelSpec) -> Vec<Binding> {
 /// `array<f32>`, or the atomic array an atomic-scatter output is added into: `u32` words
 /// holding f32 bits for the compare-exchange loop, or `f32` for native atomic adds.
 fn array_type(e: Elem, scatter: Option<Scatter>) -> Cow<'static, str> {
-    Cow::Borrowed(match (scatter, Scalar::from(e)) {
+    Cow::Borrowed(match (scatter, e) {
         (Some(Scatter::Cas), _) => "array<atomic<u32>>",
         (Some(Scatter::F32Atomic), _) => "array<atomic<f32>>",
-        (None, Scalar::F32) => "array<f32>",
-        (None, Scalar::U32) => "array<u32>",
+        (None, Elem::F32) => "array<f32>",
+        (None, Elem::F32x4) => "array<vec4<f32>>",
+        (None, Elem::U32) => "array<u32>",
     })
 }

@@ -16,6 +16,9 @@ pub enum Role {
 pub enum Elem {
     F32,
     U32,
+    /// f32 data the kernel reads and writes as vec4 (`array<vec4<f32>>`): one 16-byte
+    /// load per four elements. The row length must be a multiple of 4.
+    F32x4,
 }
 
 /// When a tensor of the signature is bound.
@@ -76,8 +79,8 @@ const fn when(t: Tensor, presence: Presence) -> Tensor {
     Tensor { presence, ..t }
 }
 
-use Axis::{B, D, H, J, KvH, Part, S};
-use Elem::{F32, U32};
+use Axis::{B, D, H, J, KvH, Part, S, Slice};
+use Elem::{F32, F32x4, U32};
 use Presence::{IfAlibi, IfBias, IfBiasWritten, IfDocument, IfRecompute, IfScratch, IfWritten};
 use Role::{Input, Output, Uniform};
 
@@ -113,6 +116,26 @@ const FORWARD: &[Tensor] = &[
     ALIBI,
     BIAS,
     SHARED_BIAS,
+];
+
+// Split-K decode: slice `slice` of the cache flushes, per query head, its unnormalized
+// output (part_o) and its running max and sum (part_ml: m is part 0, l part 1) for the reduce.
+const DECODE_SPLIT: &[Tensor] = &[
+    t("q", Input, F32x4, &[B, H, D]),
+    t("k_cache", Input, F32x4, &[B, J, KvH, D]),
+    t("v_cache", Input, F32x4, &[B, J, KvH, D]),
+    t("part_o", Output, F32x4, &[B, Slice, H, D]),
+    t("part_ml", Output, F32, &[Part, B, Slice, H]),
+    DIMS,
+    PARAMS_T,
+    ALIBI,
+];
+
+const DECODE_REDUCE: &[Tensor] = &[
+    t("part_o", Input, F32x4, &[B, Slice, H, D]),
+    t("part_ml", Input, F32, &[Part, B, Slice, H]),
+    t("o", Output, F32x4, &[B, H, D]),
+    DIMS,
 ];
 
 const DECODE: &[Tensor] = &[
@@ -263,6 +286,8 @@ pub fn all_tensors(op: Op) -> &'static [Tensor] {
     match op {
         Op::Forward => FORWARD,
         Op::Decode => DECODE,
+        Op::DecodeSplit => DECODE_SPLIT,
+        Op::DecodeReduce => DECODE_REDUCE,
         Op::BackwardPrep => BACKWARD_PREP,
         Op::BackwardQ => BACKWARD_Q,
         Op::BackwardKv => BACKWARD_KV,
@@ -324,6 +349,22 @@ pub fn dims(op: Op) -> UniformBlock {
             "window",
             "_pad0",
         ],
+        // Both passes of split-K decode bind one dims block: slice_len keys per slice (a
+        // multiple of the split kernel's key tile), n_slices of them.
+        Op::DecodeSplit | Op::DecodeReduce => &[
+            "cache_len",
+            "n_heads",
+            "n_kv_heads",
+            "head_dim",
+            "batch",
+            "capacity",
+            "window",
+            "_pad0",
+            "slice_len",
+            "n_slices",
+            "_pad1",
+            "_pad2",
+        ],
         Op::Rope | Op::RopeBackward => &[
             "seq_len",
             "n_heads",
@@ -361,6 +402,13 @@ pub fn dims(op: Op) -> UniformBlock {
         elem: U32,
         fields,
     }
+}
+
+/// Whether a consumer's input named `name` is scratch some producer flushed (the split
+/// backward's P and dS, split-K decode's partials): the tensor the macro checks against
+/// the producer's published layout.
+pub fn is_scratch_read(name: &str) -> bool {
+    matches!(name, "p_ds" | "part_o")
 }
 
 /// The uniform block behind a uniform binding name.

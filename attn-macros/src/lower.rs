@@ -199,7 +199,7 @@ fn op(v: &Value) -> syn::Result<Op> {
 /// (`s_major(flash)`), which depends on the op, head_dim and target lowered after it.
 fn grid(v: &Value) -> syn::Result<(Grid, bool)> {
     const EXPECTED: &str = "s_major(tile = N), j_major(tile = N), s_major(flash), \
-                            j_major(flash), head_major, r_major(tile = N) or elementwise";
+                            j_major(flash), head_major, slice_major(tile = N), r_major(tile = N) or elementwise";
     let (name, args) = match v {
         Value::Word(w) => (w, &[][..]),
         Value::Call(Call {
@@ -234,6 +234,8 @@ fn grid(v: &Value) -> syn::Result<(Grid, bool)> {
         "s_major" => (Major::S, "key_tile"),
         "j_major" => (Major::J, "query_tile"),
         "head_major" => (Major::Head, "key_tile"),
+        // Split-K decode: `tile` is the query heads of one KV head a workgroup serves.
+        "slice_major" => (Major::Slice, "-"),
         // Row-wise layers: no inner axis to stage, so no flash arguments.
         "r_major" => (Major::R, "-"),
         "elementwise" => (Major::Elem, "-"),

@@ -221,6 +221,16 @@ pub fn seg_with_ends(seg: Option<&[u32]>, batch: u32, seq_len: u32) -> Vec<u32> 
     starts.into_iter().chain(ends).collect()
 }
 
+/// Records `steps` in order in one command buffer and submits it.
+pub(crate) fn submit_steps(gpu: &Gpu, steps: &[crate::kernel::Step]) -> Result<(), Error> {
+    let mut encoder = gpu.device.create_command_encoder(&Default::default());
+    for s in steps {
+        s.kernel.record(gpu, &mut encoder, &s.bound, s.grid)?;
+    }
+    gpu.queue.submit([encoder.finish()]);
+    Ok(())
+}
+
 pub(crate) fn submit(
     gpu: &Gpu,
     kernel: &Kernel,
@@ -392,6 +402,16 @@ pub fn validate_decode(
     input: &DecodeInput,
 ) -> Result<(), InputError> {
     expect_op(abi, Op::Decode)?;
+    validate_cache(abi, limits, input)
+}
+
+/// Dims, Q and cache lengths, scale and modifiers of a decode (plain or split-K), against
+/// the kernel that reads the cache.
+pub(crate) fn validate_cache(
+    abi: &KernelAbi,
+    limits: &wgpu::Limits,
+    input: &DecodeInput,
+) -> Result<(), InputError> {
     nonzero("batch", input.batch)?;
     nonzero("cache_len", input.cache_len)?;
     let h = input.heads;

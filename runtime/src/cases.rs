@@ -7,6 +7,7 @@ use rand::{Rng, SeedableRng, rngs::StdRng};
 use crate::attention::{self, DecodeInput, ForwardInput, Heads};
 use crate::backward::{Backward, BackwardInput, Gradients, Schedule};
 use crate::compare::{Verdict, judge, judge_attention, judge_backward, max_abs_error};
+use crate::decode::SplitDecode;
 use crate::error::Error;
 use crate::gpu::Gpu;
 use crate::kernel::Kernel;
@@ -243,7 +244,8 @@ pub fn default_matrix() -> Vec<Case> {
                     );
                 }
             }
-            for (cache_len, capacity) in [(1, 1), (7, 7), (300, 320)] {
+            // 4099: many slices, the last one short, for split-K decode.
+            for (cache_len, capacity) in [(1, 1), (7, 7), (300, 320), (4099, 4100)] {
                 push(
                     h,
                     1,
@@ -275,6 +277,16 @@ pub fn default_matrix() -> Vec<Case> {
             push(heads(4, 4, head_dim), 1, Shape::Rope { seq, pos_offset });
         }
     }
+    // Split-K decode with 8 query heads per KV head (two head groups per workgroup row)
+    // over a batch.
+    push(
+        heads(16, 2, 64),
+        2,
+        Shape::Decode {
+            cache_len: 4099,
+            capacity: 4100,
+        },
+    );
     // Head_dims with no hand-written kernel: every op through the configurations by rule.
     for head_dim in [32, 80, 96, 256] {
         let h = heads(6, 2, head_dim);
@@ -540,6 +552,8 @@ pub struct Runner {
     /// Every flash forward candidate this device holds, by head_dim and masks.
     flash: Vec<(u32, Masks, FlashSet)>,
     rope: Vec<(Kernel, Kernel)>,
+    /// Split-K decode kernels, by head_dim and masks, made when a case first needs them.
+    split: Vec<(u32, Masks, SplitDecode)>,
     /// The causal backward (with documents), every head_dim compiled so far.
     pub backward: Backward,
     /// The backwards of other masks (non-causal, score modifiers), made when a case needs
@@ -566,9 +580,28 @@ impl Runner {
             per_row,
             flash: Vec::new(),
             rope,
+            split: Vec::new(),
             backward: Backward::new(gpu, backward)?,
             others: Vec::new(),
         })
+    }
+
+    /// Split-K decode for `head_dim` and `masks`: the family's, else compiled from its
+    /// descriptions.
+    fn split(&mut self, gpu: &Gpu, head_dim: u32, masks: Masks) -> Result<&SplitDecode, Error> {
+        let at = match self
+            .split
+            .iter()
+            .position(|(d, m, _)| *d == head_dim && *m == masks)
+        {
+            Some(at) => at,
+            None => {
+                let kernels = SplitDecode::for_shape(gpu, head_dim, masks)?;
+                self.split.push((head_dim, masks, kernels));
+                self.split.len() - 1
+            }
+        };
+        Ok(&self.split[at].2)
     }
 
     /// The per-row kernel of `op` for `head_dim` and `masks`: the family's, else compiled
@@ -786,8 +819,16 @@ pub fn run_case(gpu: &Gpu, runner: &mut Runner, case: &Case, seed: u64) -> Resul
             let masks = mods.mods().masks(false, false);
             let kernel = runner.per_row(gpu, Op::Decode, h.head_dim, masks)?;
             let shape = (batch, cache_len, capacity);
-            let verdicts = run_decode(gpu, kernel, h, shape, &mods, seed)?;
-            vec![row(kernel.name(), verdicts)]
+            let verdicts = run_decode(gpu, Decoder::Plain(kernel), h, shape, &mods, seed)?;
+            let mut rows = vec![row(kernel.name(), verdicts)];
+            let split = runner.split(gpu, h.head_dim, masks)?;
+            // The planner's slicing, then the longest slice the kernel holds.
+            for slice_len in [None, Some(split.max_slice())] {
+                let decoder = Decoder::Split(split, slice_len);
+                let verdicts = run_decode(gpu, decoder, h, shape, &mods, seed)?;
+                rows.push(row(&decoder.label(cache_len, h, batch), verdicts));
+            }
+            rows
         }
         Shape::Backward { seq, docs, causal } => {
             let job = Job {
@@ -984,9 +1025,51 @@ fn agreement(case: &Case, first: &Row, results: &[(Schedule, Gradients)]) -> Row
     }
 }
 
+/// The decode a check row runs: the plain kernel, or split-K with a slice length (`None`:
+/// the planner's).
+#[derive(Clone, Copy)]
+enum Decoder<'a> {
+    Plain(&'a Kernel),
+    Split(&'a SplitDecode, Option<u32>),
+}
+
+impl Decoder<'_> {
+    fn label(&self, cache_len: u32, h: Heads, batch: u32) -> String {
+        match *self {
+            Decoder::Plain(k) => k.name().to_string(),
+            Decoder::Split(s, len) => {
+                let input = DecodeInput {
+                    batch,
+                    cache_len,
+                    heads: h,
+                    q: &[],
+                    k_cache: &[],
+                    v_cache: &[],
+                    scale: None,
+                    mods: Default::default(),
+                };
+                let slicing = match len {
+                    Some(l) => crate::decode::Slicing {
+                        slice_len: l,
+                        n_slices: cache_len.div_ceil(l),
+                    },
+                    None => s.slicing(&input),
+                };
+                format!(
+                    "{} split {}x{}{}",
+                    s.split_kernel().name(),
+                    slicing.n_slices,
+                    slicing.slice_len,
+                    if len.is_none() { " (planned)" } else { "" }
+                )
+            }
+        }
+    }
+}
+
 fn run_decode(
     gpu: &Gpu,
-    kernel: &Kernel,
+    decoder: Decoder,
     h: Heads,
     (batch, cache_len, capacity): (u32, u32, u32),
     mods: &ModData,
@@ -1004,7 +1087,10 @@ fn run_decode(
         scale: None,
         mods: mods.mods(),
     };
-    let o = attention::decode(gpu, kernel, &input)?;
+    let o = match decoder {
+        Decoder::Plain(kernel) => attention::decode(gpu, kernel, &input)?,
+        Decoder::Split(split, slice_len) => split.run(gpu, &input, slice_len)?,
+    };
     // The reference reads each sequence's first `cache_len` rows, packed.
     let row = (h.n_kv_heads * h.head_dim) as usize;
     let filled = |x: &[f32]| -> Vec<f32> {

@@ -1,0 +1,307 @@
+//! Split-K decode: the two kernels (`decode_split`, then `decode_reduce`), the rule that
+//! cuts the cache into slices, and the planner's choice between it and the plain decode.
+//!
+//! The plain decode runs one workgroup per (head, sequence): 32 heads make 32 workgroups,
+//! a fraction of a GPU's cores, each walking the whole cache alone. Split-K gives every
+//! (slice, KV head, sequence) a workgroup, so the cache is read by hundreds of workgroups at
+//! once, each reading its slice of K and V once for the query heads of its KV head.
+
+use attn_dsl::{Grid, KernelAbi, KernelSpec, Major, Masks, Op, Source, WriteMode};
+
+use crate::attention::{
+    DecodeInput, checked_grid, expect_op, modified_uniforms, submit_steps, validate_cache,
+};
+use crate::buffers;
+use crate::error::{Error, InputError};
+use crate::gpu::Gpu;
+use crate::kernel::{Kernel, Step};
+
+/// Workgroups the split pass aims for: 4 per SM of an H100 (132 SMs), enough for every SM to
+/// hide its loads' latency behind other workgroups, and a few waves on smaller GPUs.
+pub const TARGET_WORKGROUPS: u32 = 4 * 132;
+
+/// How a cache is cut: `n_slices` slices of `slice_len` keys (the last may be shorter).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Slicing {
+    pub slice_len: u32,
+    pub n_slices: u32,
+}
+
+/// The slicing rule, the one place it is decided: enough slices that
+/// `slices × other_workgroups` reaches [`TARGET_WORKGROUPS`], each a whole number of the
+/// split kernel's key tiles, at least one tile and at most `max_slice` keys (what its
+/// workgroup memory holds).
+pub fn plan_slices(
+    cache_len: u32,
+    other_workgroups: u32,
+    key_tile: u32,
+    max_slice: u32,
+) -> Slicing {
+    let key_tile = key_tile.max(1);
+    let wanted = TARGET_WORKGROUPS.div_ceil(other_workgroups.max(1)).max(1);
+    let len = cache_len.div_ceil(wanted).div_ceil(key_tile) * key_tile;
+    let slice_len = len.clamp(key_tile, max_slice.max(key_tile));
+    Slicing {
+        slice_len,
+        n_slices: cache_len.div_ceil(slice_len).max(1),
+    }
+}
+
+/// The two kernels of split-K decode for one head_dim and mask set.
+pub struct SplitDecode {
+    split: Kernel,
+    reduce: Kernel,
+    key_tile: u32,
+    max_slice: u32,
+}
+
+impl SplitDecode {
+    /// From the ABIs of a `decode_split` kernel and the `decode_reduce` that reads it.
+    pub fn new(gpu: &Gpu, split: &KernelAbi, reduce: &KernelAbi) -> Result<SplitDecode, Error> {
+        expect_op(split, Op::DecodeSplit)?;
+        expect_op(reduce, Op::DecodeReduce)?;
+        let spec = split_spec(&split.name, split.head_dim, split.masks, split.grid.tile);
+        Ok(SplitDecode {
+            split: Kernel::new(gpu, split)?,
+            reduce: Kernel::new(gpu, reduce)?,
+            key_tile: attn_dsl::emit::split_key_tile(&spec),
+            max_slice: attn_dsl::emit::split_max_slice(&spec),
+        })
+    }
+
+    /// The family's kernels for `head_dim` and `masks`, compiled from the same
+    /// descriptions for any head_dim (a multiple of 4) or mask set the family lacks.
+    pub fn for_shape(gpu: &Gpu, head_dim: u32, masks: Masks) -> Result<SplitDecode, Error> {
+        if let Some((s, r)) = crate::kernels::DECODE_SPLIT
+            .iter()
+            .find(|(s, _)| s.head_dim == head_dim && s.masks == masks)
+        {
+            return SplitDecode::new(gpu, s, r);
+        }
+        let name = crate::tuning::family_name("attention_decode_split", head_dim);
+        let split = compile(&split_spec(
+            &name,
+            head_dim,
+            masks,
+            attn_dsl::emit::MAX_SPLIT_HEADS,
+        ))?;
+        let name = crate::tuning::family_name("attention_decode_reduce", head_dim);
+        let reduce = compile(&KernelSpec {
+            source: Source::Scratch,
+            ..KernelSpec::standard(&name, Op::DecodeReduce, head_dim, Masks::default())
+        })?;
+        SplitDecode::new(gpu, &split, &reduce)
+    }
+
+    /// The longest slice the split kernel's workgroup memory holds.
+    pub fn max_slice(&self) -> u32 {
+        self.max_slice
+    }
+
+    /// Keys the split kernel scores per step; a slice is a whole number of them.
+    pub fn key_tile(&self) -> u32 {
+        self.key_tile
+    }
+
+    pub fn split_kernel(&self) -> &Kernel {
+        &self.split
+    }
+
+    pub fn reduce_kernel(&self) -> &Kernel {
+        &self.reduce
+    }
+
+    /// The slicing [`plan_slices`] picks for this input.
+    pub fn slicing(&self, input: &DecodeInput) -> Slicing {
+        let h = input.heads;
+        let per_kv = h.n_heads / h.n_kv_heads.max(1);
+        let groups = h.n_kv_heads * per_kv.div_ceil(self.split.abi().grid.tile);
+        plan_slices(
+            input.cache_len,
+            groups * input.batch,
+            self.key_tile,
+            self.max_slice,
+        )
+    }
+
+    /// Validates, uploads and runs both passes; `slice_len` overrides the rule (a multiple of
+    /// the key tile, at most the kernel's longest slice). Returns O, `[batch, n_heads, head_dim]`.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn run(
+        &self,
+        gpu: &Gpu,
+        input: &DecodeInput,
+        slice_len: Option<u32>,
+    ) -> Result<Vec<f32>, Error> {
+        pollster::block_on(self.run_async(gpu, input, slice_len))
+    }
+
+    /// [`SplitDecode::run`] for an async caller (the browser).
+    pub async fn run_async(
+        &self,
+        gpu: &Gpu,
+        input: &DecodeInput<'_>,
+        slice_len: Option<u32>,
+    ) -> Result<Vec<f32>, Error> {
+        let prepared = self.prepare(gpu, input, slice_len)?;
+        submit_steps(gpu, &prepared.steps(self))?;
+        buffers::read_async(gpu, &prepared.o, prepared.o_len).await
+    }
+
+    /// Buffers and grids of both passes for `input`, validated.
+    pub fn prepare(
+        &self,
+        gpu: &Gpu,
+        input: &DecodeInput,
+        slice_len: Option<u32>,
+    ) -> Result<Prepared, Error> {
+        let (split, reduce) = (self.split.abi(), self.reduce.abi());
+        validate_cache(split, gpu.limits(), input)?;
+        if reduce.head_dim != split.head_dim {
+            return Err(InputError::HeadDim {
+                kernel: reduce.name.to_string(),
+                kernel_head_dim: reduce.head_dim,
+                given: split.head_dim,
+            }
+            .into());
+        }
+        let slicing = match slice_len {
+            None => self.slicing(input),
+            Some(len) => self.checked_slice(input.cache_len, len)?,
+        };
+        let h = input.heads;
+        let row = u64::from(input.batch) * u64::from(h.n_kv_heads) * u64::from(h.head_dim);
+        let dims = [
+            ("cache_len", input.cache_len),
+            ("n_heads", h.n_heads),
+            ("n_kv_heads", h.n_kv_heads),
+            ("head_dim", h.head_dim),
+            ("batch", input.batch),
+            ("capacity", (input.k_cache.len() as u64 / row) as u32),
+            ("slice_len", slicing.slice_len),
+            ("n_slices", slicing.n_slices),
+        ];
+        let split_grid = checked_grid(split, gpu.limits(), &dims)?;
+        let reduce_grid = checked_grid(reduce, gpu.limits(), &dims)?;
+        let parts = (input.batch * slicing.n_slices * h.n_heads) as usize;
+        let (dims, params) = modified_uniforms(gpu, split, &dims, input.scale, h, &input.mods)?;
+        let o_len = input.q.len();
+        Ok(Prepared {
+            q: buffers::storage(gpu, "q", input.q),
+            k: buffers::storage(gpu, "k_cache", input.k_cache),
+            v: buffers::storage(gpu, "v_cache", input.v_cache),
+            part_o: buffers::output::<f32>(gpu, "part_o", parts * h.head_dim as usize),
+            part_ml: buffers::output::<f32>(gpu, "part_ml", 2 * parts),
+            o: buffers::output::<f32>(gpu, "o", o_len),
+            o_len,
+            dims,
+            params,
+            mods: input.mods.buffers(gpu),
+            split_grid,
+            reduce_grid,
+            slicing,
+        })
+    }
+
+    fn checked_slice(&self, cache_len: u32, len: u32) -> Result<Slicing, InputError> {
+        if len == 0 || !len.is_multiple_of(self.key_tile) || len > self.max_slice {
+            return Err(InputError::SliceLen {
+                slice_len: len,
+                key_tile: self.key_tile,
+                max: self.max_slice,
+            });
+        }
+        Ok(Slicing {
+            slice_len: len,
+            n_slices: cache_len.div_ceil(len),
+        })
+    }
+}
+
+/// The description of a split pass: `heads` query heads of one KV head per workgroup,
+/// partials flushed to scratch.
+fn split_spec(name: &str, head_dim: u32, masks: Masks, heads: u32) -> KernelSpec {
+    KernelSpec {
+        grid: Grid::rows(Major::Slice, heads),
+        writes: vec![
+            ("part_o".into(), WriteMode::ScratchFlush),
+            ("part_ml".into(), WriteMode::ScratchFlush),
+        ],
+        ..KernelSpec::standard(name, Op::DecodeSplit, head_dim, masks)
+    }
+}
+
+fn compile(spec: &KernelSpec) -> Result<KernelAbi, Error> {
+    attn_dsl::compile(spec).map_err(|e| Error::Pipeline {
+        kernel: spec.name.clone(),
+        message: e.to_string(),
+    })
+}
+
+/// Both passes' buffers and grids, for running or timing.
+pub struct Prepared {
+    q: wgpu::Buffer,
+    k: wgpu::Buffer,
+    v: wgpu::Buffer,
+    part_o: wgpu::Buffer,
+    part_ml: wgpu::Buffer,
+    pub o: wgpu::Buffer,
+    pub o_len: usize,
+    dims: wgpu::Buffer,
+    params: wgpu::Buffer,
+    mods: [(&'static str, wgpu::Buffer); 2],
+    split_grid: [u32; 3],
+    reduce_grid: [u32; 3],
+    pub slicing: Slicing,
+}
+
+impl Prepared {
+    /// Workgroups of the split pass.
+    pub fn split_workgroups(&self) -> u32 {
+        self.split_grid.iter().product()
+    }
+
+    /// The query and the cache, uploaded once, for another decode kernel to read.
+    pub(crate) fn inputs(&self) -> [(&'static str, &wgpu::Buffer); 3] {
+        [("q", &self.q), ("k_cache", &self.k), ("v_cache", &self.v)]
+    }
+
+    /// The split pass, then the reduce, as dispatch steps.
+    pub fn steps<'a>(&'a self, kernels: &'a SplitDecode) -> [Step<'a>; 2] {
+        let mut split = vec![
+            ("q", &self.q),
+            ("k_cache", &self.k),
+            ("v_cache", &self.v),
+            ("part_o", &self.part_o),
+            ("part_ml", &self.part_ml),
+            ("dims", &self.dims),
+            ("params", &self.params),
+        ];
+        split.extend(self.mods.iter().map(|(n, b)| (*n, b)));
+        let reduce = vec![
+            ("part_o", &self.part_o),
+            ("part_ml", &self.part_ml),
+            ("o", &self.o),
+            ("dims", &self.dims),
+        ];
+        [
+            Step {
+                kernel: &kernels.split,
+                bound: split,
+                grid: self.split_grid,
+            },
+            Step {
+                kernel: &kernels.reduce,
+                bound: reduce,
+                grid: self.reduce_grid,
+            },
+        ]
+    }
+}
+
+/// Which decode the planner runs for a cache: split-K whenever the rule cuts it into more
+/// than one slice (then it has more workgroups than the plain decode's one per head, each
+/// with less of the cache to walk), the plain decode for caches of one slice.
+pub fn plan_split(split: &SplitDecode, input: &DecodeInput) -> bool {
+    split.slicing(input).n_slices > 1
+}

@@ -1,0 +1,66 @@
+//! Split-K decode: the slicing rule, the planner's choice, and its input errors.
+
+use runtime::decode::{SplitDecode, TARGET_WORKGROUPS, plan_slices, plan_split};
+use runtime::{DecodeInput, Gpu, Heads, InputError, kernels};
+
+#[test]
+fn slices_are_whole_key_tiles_and_cover_the_cache() {
+    for cache_len in [1, 7, 31, 32, 33, 300, 4099, 32768, 1 << 20] {
+        for others in [1, 8, 64, 1024] {
+            let s = plan_slices(cache_len, others, 32, 512);
+            assert!(
+                s.slice_len.is_multiple_of(32) && s.slice_len <= 512,
+                "{s:?}"
+            );
+            assert!(s.n_slices * s.slice_len >= cache_len, "{cache_len}: {s:?}");
+            assert!(
+                (s.n_slices - 1) * s.slice_len < cache_len,
+                "{cache_len}: {s:?}"
+            );
+        }
+    }
+    // The shape: 8 KV heads (4 query heads each) over a 32768-row cache want 66
+    // slices for the target; the longest slice, 512 keys, makes 64 (512 workgroups).
+    let s = plan_slices(32768, 8, 32, 512);
+    assert_eq!((s.n_slices, s.slice_len), (64, 512));
+    assert!(TARGET_WORKGROUPS.div_ceil(8) > s.n_slices);
+}
+
+fn input<'a>(cache_len: u32, q: &'a [f32], kv: &'a [f32]) -> DecodeInput<'a> {
+    DecodeInput {
+        batch: 1,
+        cache_len,
+        heads: Heads {
+            n_heads: 8,
+            n_kv_heads: 2,
+            head_dim: 64,
+        },
+        q,
+        k_cache: kv,
+        v_cache: kv,
+        scale: None,
+        mods: Default::default(),
+    }
+}
+
+#[test]
+fn planner_splits_caches_longer_than_a_slice_and_refuses_bad_slices() {
+    let gpu = Gpu::new(kernels::FAMILY.iter().copied()).unwrap_or_else(|e| panic!("{e}"));
+    let (split, reduce) = kernels::DECODE_SPLIT[0];
+    let split = SplitDecode::new(&gpu, split, reduce).unwrap();
+    let q = vec![0.5f32; 8 * 64];
+    let kv = vec![0.25f32; 4099 * 2 * 64];
+    assert!(!plan_split(&split, &input(7, &q, &kv)));
+    assert!(plan_split(&split, &input(4099, &q, &kv)));
+    let bad = split.key_tile() + 1;
+    let err = split
+        .run(&gpu, &input(4099, &q, &kv), Some(bad))
+        .unwrap_err();
+    assert!(
+        matches!(err, runtime::Error::Input(InputError::SliceLen { .. })),
+        "{err}"
+    );
+    // Equal keys and values: every head's output is the value row itself.
+    let o = split.run(&gpu, &input(4099, &q, &kv), None).unwrap();
+    assert!(o.iter().all(|x| (x - 0.25).abs() < 1e-6));
+}
