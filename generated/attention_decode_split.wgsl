@@ -14,8 +14,10 @@ const LANES: u32 = 8u;
 const KEY_TILE: u32 = WG / LANES;
 // Keys a slice may hold (dims.slice_len is at most this).
 const MAX_SLICE: u32 = 512u;
-// Rows of V read at once in P·V, one vec4 column per invocation.
+// Rows of V read at once in P·V, one vec4 column per invocation, and the
+// groups of them whose loads each invocation issues together.
 const PV_ROWS: u32 = WG / V4;
+const PV_UNROLL: u32 = 4u;
 
 struct Dims {
     cache_len: u32,
@@ -159,6 +161,28 @@ fn q4_index(h: u32) -> u32 {
     return (batch * dims.n_heads + h) * V4;
 }
 
+// vec4 column c of key j of the slice, zeros past its end.
+fn fetch_k(j: u32, hi: u32, c: u32, kv_h: u32) -> vec4<f32> {
+    var x = vec4<f32>(0.0);
+    if (j < hi) {
+        x = k_cache[kv4_index(j, kv_h) + c];
+    }
+    return x;
+}
+
+fn fetch_v(j: u32, hi: u32, c: u32, kv_h: u32) -> vec4<f32> {
+    var x = vec4<f32>(0.0);
+    if (j < hi) {
+        x = v_cache[kv4_index(j, kv_h) + c];
+    }
+    return x;
+}
+
+// P of the slice's key i (the served heads), zeros past its n keys.
+fn p_at(i: u32, n: u32) -> vec4<f32> {
+    return select(vec4<f32>(0.0), sh_s[min(i, MAX_SLICE - 1u)], i < n);
+}
+
 // Sums head `h`'s P·V over the PV_ROWS row groups (each a chain over its rows) and
 // flushes it with the head's (m, l); every invocation reaches the barriers.
 fn flush_head(tid: u32, slice: u32, h: u32, real: bool, acc: vec4<f32>, ml: vec2<f32>) {
@@ -202,25 +226,28 @@ fn attention_decode_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_i
     }
     workgroupBarrier();
 
-    // Scores: LANES invocations per key, each a strided share of its vec4 columns.
+    // Scores: LANES invocations per key, each a strided share of its vec4 columns. Each
+    // invocation carries its share of the next key tile in registers, fetched before this
+    // tile's products and reduction, so the loads' latency hides behind them.
     let lane = tid % LANES;
     let kr = tid / LANES;
+    var k0 = fetch_k(first + kr, hi, lane + 0u * LANES, kv_h);
+    var k1 = fetch_k(first + kr, hi, lane + 1u * LANES, kv_h);
     for (var t0 = first; t0 < hi; t0 = t0 + KEY_TILE) {
-        let jk = t0 + kr;
+        let n0 = fetch_k(t0 + KEY_TILE + kr, hi, lane + 0u * LANES, kv_h);
+        let n1 = fetch_k(t0 + KEY_TILE + kr, hi, lane + 1u * LANES, kv_h);
         var a0 = vec4<f32>(0.0);
         var a1 = vec4<f32>(0.0);
         var a2 = vec4<f32>(0.0);
         var a3 = vec4<f32>(0.0);
-        if (jk < hi) {
-            let base = kv4_index(jk, kv_h);
-            for (var c = lane; c < V4; c = c + LANES) {
-                let kx = k_cache[base + c];
-                a0 = fma(sh_q[0u * V4 + c], kx, a0);
-                a1 = fma(sh_q[1u * V4 + c], kx, a1);
-                a2 = fma(sh_q[2u * V4 + c], kx, a2);
-                a3 = fma(sh_q[3u * V4 + c], kx, a3);
-            }
-        }
+        a0 = fma(sh_q[0u * V4 + lane + 0u * LANES], k0, a0);
+        a1 = fma(sh_q[1u * V4 + lane + 0u * LANES], k0, a1);
+        a2 = fma(sh_q[2u * V4 + lane + 0u * LANES], k0, a2);
+        a3 = fma(sh_q[3u * V4 + lane + 0u * LANES], k0, a3);
+        a0 = fma(sh_q[0u * V4 + lane + 1u * LANES], k1, a0);
+        a1 = fma(sh_q[1u * V4 + lane + 1u * LANES], k1, a1);
+        a2 = fma(sh_q[2u * V4 + lane + 1u * LANES], k1, a2);
+        a3 = fma(sh_q[3u * V4 + lane + 1u * LANES], k1, a3);
         sh_red[tid] = vec4<f32>(hsum(a0), hsum(a1), hsum(a2), hsum(a3));
         workgroupBarrier();
         if (tid < KEY_TILE) {
@@ -247,6 +274,8 @@ fn attention_decode_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_i
             }
         }
         workgroupBarrier();
+        k0 = n0;
+        k1 = n1;
     }
 
     // The slice's exact max and sum: no rescaling within a slice.
@@ -263,7 +292,8 @@ fn attention_decode_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_i
     }
     let l = wg_sum4(tid, ls);
 
-    // P·V: invocation (r, c) sums vec4 column c over rows r, r + PV_ROWS, ..
+    // P·V: invocation (r, c) sums vec4 column c over rows r, r + PV_ROWS, .., PV_UNROLL
+    // rows' loads issued together so that several are in flight.
     let c = tid % V4;
     let r = tid / V4;
     var o0 = vec4<f32>(0.0);
@@ -271,13 +301,31 @@ fn attention_decode_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_i
     var o2 = vec4<f32>(0.0);
     var o3 = vec4<f32>(0.0);
     if (r < PV_ROWS) {
-        for (var i = first - lo + r; i < hi - lo; i = i + PV_ROWS) {
-            let p = sh_s[i];
-            let vx = v_cache[kv4_index(lo + i, kv_h) + c];
-            o0 = fma(vec4<f32>(p.x), vx, o0);
-            o1 = fma(vec4<f32>(p.y), vx, o1);
-            o2 = fma(vec4<f32>(p.z), vx, o2);
-            o3 = fma(vec4<f32>(p.w), vx, o3);
+        for (var i = first - lo + r; i < hi - lo; i = i + PV_UNROLL * PV_ROWS) {
+            let v0 = fetch_v(lo + i + 0u * PV_ROWS, hi, c, kv_h);
+            let p0 = p_at(i + 0u * PV_ROWS, hi - lo);
+            let v1 = fetch_v(lo + i + 1u * PV_ROWS, hi, c, kv_h);
+            let p1 = p_at(i + 1u * PV_ROWS, hi - lo);
+            let v2 = fetch_v(lo + i + 2u * PV_ROWS, hi, c, kv_h);
+            let p2 = p_at(i + 2u * PV_ROWS, hi - lo);
+            let v3 = fetch_v(lo + i + 3u * PV_ROWS, hi, c, kv_h);
+            let p3 = p_at(i + 3u * PV_ROWS, hi - lo);
+            o0 = fma(vec4<f32>(p0.x), v0, o0);
+            o1 = fma(vec4<f32>(p0.y), v0, o1);
+            o2 = fma(vec4<f32>(p0.z), v0, o2);
+            o3 = fma(vec4<f32>(p0.w), v0, o3);
+            o0 = fma(vec4<f32>(p1.x), v1, o0);
+            o1 = fma(vec4<f32>(p1.y), v1, o1);
+            o2 = fma(vec4<f32>(p1.z), v1, o2);
+            o3 = fma(vec4<f32>(p1.w), v1, o3);
+            o0 = fma(vec4<f32>(p2.x), v2, o0);
+            o1 = fma(vec4<f32>(p2.y), v2, o1);
+            o2 = fma(vec4<f32>(p2.z), v2, o2);
+            o3 = fma(vec4<f32>(p2.w), v2, o3);
+            o0 = fma(vec4<f32>(p3.x), v3, o0);
+            o1 = fma(vec4<f32>(p3.y), v3, o1);
+            o2 = fma(vec4<f32>(p3.z), v3, o2);
+            o3 = fma(vec4<f32>(p3.w), v3, o3);
         }
     }
     flush_head(tid, slice, head0 + 0u, 0u < n_here, o0, vec2<f32>(m.x, l.x));

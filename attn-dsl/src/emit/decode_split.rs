@@ -19,6 +19,9 @@ use crate::spec::{KernelSpec, Op};
 /// Query heads one split workgroup serves: the four components of a vec4.
 pub const MAX_SPLIT_HEADS: u32 = 4;
 
+/// Rows of V each invocation loads at once in P·V: several loads in flight per invocation.
+const PV_UNROLL: u32 = 4;
+
 /// The most keys one slice holds (its scores are staged in workgroup memory); fewer where
 /// the workgroup memory of the target does not hold that many.
 const SLICE_CAP: u32 = 512;
@@ -78,8 +81,9 @@ pub(super) fn constants(out: &mut String, spec: &KernelSpec) {
              const LANES: u32 = {lanes}u;\nconst KEY_TILE: u32 = WG / LANES;\n\
              // Keys a slice may hold (dims.slice_len is at most this).\n\
              const MAX_SLICE: u32 = {max}u;\n\
-             // Rows of V read at once in P·V, one vec4 column per invocation.\n\
-             const PV_ROWS: u32 = WG / V4;\n",
+             // Rows of V read at once in P·V, one vec4 column per invocation, and the\n\
+             // groups of them whose loads each invocation issues together.\n\
+             const PV_ROWS: u32 = WG / V4;\nconst PV_UNROLL: u32 = {PV_UNROLL}u;\n",
             tile = spec.grid.tile,
             lanes = lanes(spec.head_dim),
             max = max_slice(spec),
@@ -157,9 +161,22 @@ fn split(out: &mut String, spec: &KernelSpec) {
     let each = |f: &dyn Fn(usize, &str) -> String| -> String {
         (0..heads).map(|i| f(i, COMPONENTS[i])).collect()
     };
+    // Each invocation's vec4s of a key: V4 / LANES of them, `lane` apart by LANES.
+    let per_lane = spec.head_dim / 4 / lanes(spec.head_dim);
+    let each_vec = |f: &dyn Fn(u32) -> String| -> String { (0..per_lane).map(f).collect() };
+    let first_fetch = each_vec(&|e| {
+        format!("    var k{e} = fetch_k(first + kr, hi, lane + {e}u * LANES, kv_h);\n")
+    });
+    let next_fetch = each_vec(&|e| {
+        format!("        let n{e} = fetch_k(t0 + KEY_TILE + kr, hi, lane + {e}u * LANES, kv_h);\n")
+    });
     let accs = each(&|i, _| format!("        var a{i} = vec4<f32>(0.0);\n"));
-    let fmas =
-        each(&|i, _| format!("                a{i} = fma(sh_q[{i}u * V4 + c], kx, a{i});\n"));
+    let fmas = each_vec(&|e| {
+        each(&|i, _| {
+            format!("        a{i} = fma(sh_q[{i}u * V4 + lane + {e}u * LANES], k{e}, a{i});\n")
+        })
+    });
+    let rotate = each_vec(&|e| format!("        k{e} = n{e};\n"));
     let mut dots = vec!["0.0".to_string(); 4];
     for (i, d) in dots.iter_mut().enumerate().take(heads) {
         *d = format!("hsum(a{i})");
@@ -170,7 +187,19 @@ fn split(out: &mut String, spec: &KernelSpec) {
         )
     });
     let pv_accs = each(&|i, _| format!("    var o{i} = vec4<f32>(0.0);\n"));
-    let pv_fmas = each(&|i, c| format!("            o{i} = fma(vec4<f32>(p.{c}), vx, o{i});\n"));
+    let pv_loads: String = (0..PV_UNROLL)
+        .map(|u| {
+            format!(
+                "            let v{u} = fetch_v(lo + i + {u}u * PV_ROWS, hi, c, kv_h);\n            \
+                 let p{u} = p_at(i + {u}u * PV_ROWS, hi - lo);\n"
+            )
+        })
+        .collect();
+    let pv_fmas: String = (0..PV_UNROLL)
+        .map(|u| {
+            each(&|i, c| format!("            o{i} = fma(vec4<f32>(p{u}.{c}), v{u}, o{i});\n"))
+        })
+        .collect();
     let flush = each(&|i, c| {
         format!(
             "    flush_head(tid, slice, head0 + {i}u, {i}u < n_here, o{i}, vec2<f32>(m.{c}, l.{c}));\n"
@@ -194,6 +223,28 @@ fn kv4_index(j: u32, kv_h: u32) -> u32 {{
 
 fn q4_index(h: u32) -> u32 {{
     return (batch * dims.n_heads + h) * V4;
+}}
+
+// vec4 column c of key j of the slice, zeros past its end.
+fn fetch_k(j: u32, hi: u32, c: u32, kv_h: u32) -> vec4<f32> {{
+    var x = vec4<f32>(0.0);
+    if (j < hi) {{
+        x = k_cache[kv4_index(j, kv_h) + c];
+    }}
+    return x;
+}}
+
+fn fetch_v(j: u32, hi: u32, c: u32, kv_h: u32) -> vec4<f32> {{
+    var x = vec4<f32>(0.0);
+    if (j < hi) {{
+        x = v_cache[kv4_index(j, kv_h) + c];
+    }}
+    return x;
+}}
+
+// P of the slice's key i (the served heads), zeros past its n keys.
+fn p_at(i: u32, n: u32) -> vec4<f32> {{
+    return select(vec4<f32>(0.0), sh_s[min(i, MAX_SLICE - 1u)], i < n);
 }}
 
 // Sums head `h`'s P·V over the PV_ROWS row groups (each a chain over its rows) and
@@ -239,18 +290,13 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     }}
     workgroupBarrier();
 
-    // Scores: LANES invocations per key, each a strided share of its vec4 columns.
+    // Scores: LANES invocations per key, each a strided share of its vec4 columns. Each
+    // invocation carries its share of the next key tile in registers, fetched before this
+    // tile's products and reduction, so the loads' latency hides behind them.
     let lane = tid % LANES;
     let kr = tid / LANES;
-    for (var t0 = first; t0 < hi; t0 = t0 + KEY_TILE) {{
-        let jk = t0 + kr;
-{accs}        if (jk < hi) {{
-            let base = kv4_index(jk, kv_h);
-            for (var c = lane; c < V4; c = c + LANES) {{
-                let kx = k_cache[base + c];
-{fmas}            }}
-        }}
-        sh_red[tid] = vec4<f32>({d0}, {d1}, {d2}, {d3});
+{first_fetch}    for (var t0 = first; t0 < hi; t0 = t0 + KEY_TILE) {{
+{next_fetch}{accs}{fmas}        sh_red[tid] = vec4<f32>({d0}, {d1}, {d2}, {d3});
         workgroupBarrier();
         if (tid < KEY_TILE) {{
             let j = t0 + tid;
@@ -264,7 +310,7 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
             }}
         }}
         workgroupBarrier();
-    }}
+{rotate}    }}
 
     // The slice's exact max and sum: no rescaling within a slice.
     var mx = vec4<f32>(NEG_BIG);
@@ -280,14 +326,13 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     }}
     let l = wg_sum4(tid, ls);
 
-    // P·V: invocation (r, c) sums vec4 column c over rows r, r + PV_ROWS, ..
+    // P·V: invocation (r, c) sums vec4 column c over rows r, r + PV_ROWS, .., PV_UNROLL
+    // rows' loads issued together so that several are in flight.
     let c = tid % V4;
     let r = tid / V4;
 {pv_accs}    if (r < PV_ROWS) {{
-        for (var i = first - lo + r; i < hi - lo; i = i + PV_ROWS) {{
-            let p = sh_s[i];
-            let vx = v_cache[kv4_index(lo + i, kv_h) + c];
-{pv_fmas}        }}
+        for (var i = first - lo + r; i < hi - lo; i = i + PV_UNROLL * PV_ROWS) {{
+{pv_loads}{pv_fmas}        }}
     }}
 {flush}}}
 "#,
