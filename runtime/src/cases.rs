@@ -7,7 +7,7 @@ use rand::{Rng, SeedableRng, rngs::StdRng};
 use crate::attention::{self, DecodeInput, ForwardInput, Heads};
 use crate::backward::{Backward, BackwardInput, Gradients, Schedule};
 use crate::compare::{Verdict, judge, judge_attention, judge_backward, max_abs_error};
-use crate::decode::SplitDecode;
+use crate::decode::{DecodePath, Slicing, SplitDecode};
 use crate::error::Error;
 use crate::gpu::Gpu;
 use crate::kernel::Kernel;
@@ -817,16 +817,22 @@ pub fn run_case(gpu: &Gpu, runner: &mut Runner, case: &Case, seed: u64) -> Resul
         } => {
             let mods = ModData::new(case.mods, h, batch, 1, seed);
             let masks = mods.mods().masks(false, false);
-            let kernel = runner.per_row(gpu, Op::Decode, h.head_dim, masks)?;
             let shape = (batch, cache_len, capacity);
-            let verdicts = run_decode(gpu, Decoder::Plain(kernel), h, shape, &mods, seed)?;
-            let mut rows = vec![row(kernel.name(), verdicts)];
             let split = runner.split(gpu, h.head_dim, masks)?;
-            // The planner's slicing, then the longest slice the kernel holds.
+            let plain_planned = split_plan(split, h, batch, cache_len) == DecodePath::Plain;
+            let kernel = runner.per_row(gpu, Op::Decode, h.head_dim, masks)?;
+            let verdicts = run_decode(gpu, Decoder::Plain(kernel), h, shape, &mods, seed)?;
+            let mut rows = vec![row(&planned(kernel.name(), plain_planned), verdicts)];
+            let split = runner.split(gpu, h.head_dim, masks)?;
+            // The rule's slicing, then the longest slice the kernel holds.
             for slice_len in [None, Some(split.max_slice())] {
                 let decoder = Decoder::Split(split, slice_len);
                 let verdicts = run_decode(gpu, decoder, h, shape, &mods, seed)?;
-                rows.push(row(&decoder.label(cache_len, h, batch), verdicts));
+                let label = decoder.label(cache_len, h, batch);
+                rows.push(row(
+                    &planned(&label, !plain_planned && slice_len.is_none()),
+                    verdicts,
+                ));
             }
             rows
         }
@@ -1033,34 +1039,47 @@ enum Decoder<'a> {
     Split(&'a SplitDecode, Option<u32>),
 }
 
+/// The planner's decode for a shape (its choice depends on the shape only).
+fn split_plan(split: &SplitDecode, heads: Heads, batch: u32, cache_len: u32) -> DecodePath {
+    let input = DecodeInput {
+        batch,
+        cache_len,
+        heads,
+        q: &[],
+        k_cache: &[],
+        v_cache: &[],
+        scale: None,
+        mods: Default::default(),
+    };
+    crate::decode::plan_decode(split, &input)
+}
+
+fn planned(label: &str, planned: bool) -> String {
+    match planned {
+        true => format!("{label} (planned)"),
+        false => label.to_string(),
+    }
+}
+
 impl Decoder<'_> {
+    /// The kernel's name, and for split-K its slicing (`n_slices x slice_len`).
     fn label(&self, cache_len: u32, h: Heads, batch: u32) -> String {
         match *self {
             Decoder::Plain(k) => k.name().to_string(),
             Decoder::Split(s, len) => {
-                let input = DecodeInput {
-                    batch,
-                    cache_len,
-                    heads: h,
-                    q: &[],
-                    k_cache: &[],
-                    v_cache: &[],
-                    scale: None,
-                    mods: Default::default(),
-                };
-                let slicing = match len {
-                    Some(l) => crate::decode::Slicing {
+                let slicing = match (len, split_plan(s, h, batch, cache_len)) {
+                    (Some(l), _) => Slicing {
                         slice_len: l,
                         n_slices: cache_len.div_ceil(l),
                     },
-                    None => s.slicing(&input),
+                    (None, DecodePath::Split(planned)) => planned,
+                    (None, DecodePath::Plain) => s.slicing_of(h, batch, cache_len),
                 };
                 format!(
-                    "{} split {}x{}{}",
+                    "{} split {}x{}",
                     s.split_kernel().name(),
                     slicing.n_slices,
                     slicing.slice_len,
-                    if len.is_none() { " (planned)" } else { "" }
                 )
             }
         }

@@ -9,7 +9,7 @@
 use attn_dsl::{Grid, KernelAbi, KernelSpec, Major, Masks, Op, Source, WriteMode};
 
 use crate::attention::{
-    DecodeInput, checked_grid, expect_op, modified_uniforms, submit_steps, validate_cache,
+    DecodeInput, Heads, checked_grid, expect_op, modified_uniforms, submit_steps, validate_cache,
 };
 use crate::buffers;
 use crate::error::{Error, InputError};
@@ -113,15 +113,14 @@ impl SplitDecode {
 
     /// The slicing [`plan_slices`] picks for this input.
     pub fn slicing(&self, input: &DecodeInput) -> Slicing {
-        let h = input.heads;
+        self.slicing_of(input.heads, input.batch, input.cache_len)
+    }
+
+    /// The slicing [`plan_slices`] picks for a shape.
+    pub fn slicing_of(&self, h: Heads, batch: u32, cache_len: u32) -> Slicing {
         let per_kv = h.n_heads / h.n_kv_heads.max(1);
         let groups = h.n_kv_heads * per_kv.div_ceil(self.split.abi().grid.tile);
-        plan_slices(
-            input.cache_len,
-            groups * input.batch,
-            self.key_tile,
-            self.max_slice,
-        )
+        plan_slices(cache_len, groups * batch, self.key_tile, self.max_slice)
     }
 
     /// Validates, uploads and runs both passes; `slice_len` overrides the rule (a multiple of
@@ -299,9 +298,76 @@ impl Prepared {
     }
 }
 
-/// Which decode the planner runs for a cache: split-K whenever the rule cuts it into more
-/// than one slice (then it has more workgroups than the plain decode's one per head, each
-/// with less of the cache to walk), the plain decode for caches of one slice.
-pub fn plan_split(split: &SplitDecode, input: &DecodeInput) -> bool {
-    split.slicing(input).n_slices > 1
+/// The decode the planner runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodePath {
+    /// One workgroup per head over the whole cache.
+    Plain,
+    /// Split-K with this slicing, then the reduce.
+    Split(Slicing),
+}
+
+/// Which decode the planner runs for `input`: split-K, except for a cache of one slice
+/// whose KV heads each serve one query head, where split-K would run the plain decode's
+/// workgroups plus a reduce pass. On lavapipe split-K was as fast or faster at every other
+/// shape measured, down to a 7-row cache (GQA sharing alone: 32 heads over 8, 3.8x).
+pub fn plan_decode(split: &SplitDecode, input: &DecodeInput) -> DecodePath {
+    let slicing = split.slicing(input);
+    let h = input.heads;
+    if slicing.n_slices == 1 && h.n_heads == h.n_kv_heads {
+        DecodePath::Plain
+    } else {
+        DecodePath::Split(slicing)
+    }
+}
+
+/// Decode with the planner's choice between the plain kernel and split-K, both for one
+/// head_dim and mask set.
+pub struct Decoder {
+    plain: Kernel,
+    split: SplitDecode,
+}
+
+impl Decoder {
+    pub fn new(gpu: &Gpu, plain: &KernelAbi, split: SplitDecode) -> Result<Decoder, Error> {
+        expect_op(plain, Op::Decode)?;
+        let s = split.split.abi();
+        if plain.head_dim != s.head_dim || plain.masks != s.masks {
+            return Err(InputError::HeadDim {
+                kernel: plain.name.to_string(),
+                kernel_head_dim: plain.head_dim,
+                given: s.head_dim,
+            }
+            .into());
+        }
+        Ok(Decoder {
+            plain: Kernel::new(gpu, plain)?,
+            split,
+        })
+    }
+
+    /// The path [`plan_decode`] picks for `input`.
+    pub fn plan(&self, input: &DecodeInput) -> DecodePath {
+        plan_decode(&self.split, input)
+    }
+
+    /// Runs the planned decode; returns O, `[batch, n_heads, head_dim]`, and the path taken.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn run(&self, gpu: &Gpu, input: &DecodeInput) -> Result<(Vec<f32>, DecodePath), Error> {
+        pollster::block_on(self.run_async(gpu, input))
+    }
+
+    /// [`Decoder::run`] for an async caller (the browser).
+    pub async fn run_async(
+        &self,
+        gpu: &Gpu,
+        input: &DecodeInput<'_>,
+    ) -> Result<(Vec<f32>, DecodePath), Error> {
+        let path = self.plan(input);
+        let o = match path {
+            DecodePath::Plain => crate::attention::decode_async(gpu, &self.plain, input).await?,
+            DecodePath::Split(s) => self.split.run_async(gpu, input, Some(s.slice_len)).await?,
+        };
+        Ok((o, path))
+    }
 }

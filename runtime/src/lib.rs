@@ -34,7 +34,7 @@ pub use attention::{DecodeInput, ForwardInput, ForwardOutput, Heads, decode_asyn
 #[cfg(not(target_arch = "wasm32"))]
 pub use attention::{decode, forward};
 pub use backward::{Backward, BackwardInput, Gradients, Schedule};
-pub use decode::SplitDecode;
+pub use decode::{DecodePath, Decoder, SplitDecode};
 pub use error::{Error, InputError};
 pub use gpu::{DeviceError, Gpu};
 pub use kernel::Kernel;

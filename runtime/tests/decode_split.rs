@@ -1,6 +1,8 @@
 //! Split-K decode: the slicing rule, the planner's choice, and its input errors.
 
-use runtime::decode::{SplitDecode, TARGET_WORKGROUPS, plan_slices, plan_split};
+use runtime::decode::{
+    DecodePath, Decoder, SplitDecode, TARGET_WORKGROUPS, plan_decode, plan_slices,
+};
 use runtime::{DecodeInput, Gpu, Heads, InputError, kernels};
 
 #[test]
@@ -50,8 +52,26 @@ fn planner_splits_caches_longer_than_a_slice_and_refuses_bad_slices() {
     let split = SplitDecode::new(&gpu, split, reduce).unwrap();
     let q = vec![0.5f32; 8 * 64];
     let kv = vec![0.25f32; 4099 * 2 * 64];
-    assert!(!plan_split(&split, &input(7, &q, &kv)));
-    assert!(plan_split(&split, &input(4099, &q, &kv)));
+    // 4 query heads per KV head: split-K shares each K and V read, even over one slice.
+    assert!(matches!(
+        plan_decode(&split, &input(7, &q, &kv)),
+        DecodePath::Split(s) if s.n_slices == 1
+    ));
+    assert!(matches!(
+        plan_decode(&split, &input(4099, &q, &kv)),
+        DecodePath::Split(s) if s.n_slices > 1
+    ));
+    let mha = DecodeInput {
+        heads: Heads {
+            n_heads: 2,
+            ..input(7, &q, &kv).heads
+        },
+        q: &q[..2 * 64],
+        k_cache: &kv[..7 * 2 * 64],
+        v_cache: &kv[..7 * 2 * 64],
+        ..input(7, &q, &kv)
+    };
+    assert_eq!(plan_decode(&split, &mha), DecodePath::Plain);
     let bad = split.key_tile() + 1;
     let err = split
         .run(&gpu, &input(4099, &q, &kv), Some(bad))
@@ -60,7 +80,13 @@ fn planner_splits_caches_longer_than_a_slice_and_refuses_bad_slices() {
         matches!(err, runtime::Error::Input(InputError::SliceLen { .. })),
         "{err}"
     );
-    // Equal keys and values: every head's output is the value row itself.
+    // Equal keys and values: every head's output is the value row itself, on either path.
     let o = split.run(&gpu, &input(4099, &q, &kv), None).unwrap();
     assert!(o.iter().all(|x| (x - 0.25).abs() < 1e-6));
+    let decoder = Decoder::new(&gpu, &kernels::attention_decode::ABI, split).unwrap();
+    for inp in [input(4099, &q, &kv), mha] {
+        let (o, path) = decoder.run(&gpu, &inp).unwrap();
+        assert_eq!(path, decoder.plan(&inp));
+        assert!(o.iter().all(|x| (x - 0.25).abs() < 1e-6));
+    }
 }
