@@ -27,11 +27,11 @@ struct Dims {
     batch: u32,
     capacity: u32,
     window: u32,
-    _pad0: u32,
+    page_size: u32,
     slice_len: u32,
     n_slices: u32,
-    _pad1: u32,
-    _pad2: u32,
+    pages_per_seq: u32,
+    _pad0: u32,
 }
 
 struct Params {

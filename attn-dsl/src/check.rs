@@ -5,7 +5,7 @@ use crate::emit;
 use crate::error::{DslError, Field};
 use crate::plan::KernelAbi;
 use crate::signature::{self, Presence, Role};
-use crate::spec::{Axis, BiasHeads, Gqa, KernelSpec, Major, Op, Source, Target, WriteMode};
+use crate::spec::{Axis, BiasHeads, Cache, Gqa, KernelSpec, Major, Op, Source, Target, WriteMode};
 use crate::tiling::Tiling;
 
 /// The largest head_dim the per-row schedule holds: one invocation per element of a row.
@@ -25,6 +25,7 @@ pub fn check_spec(spec: &KernelSpec) -> Result<(), DslError> {
     check_writes(spec)?;
     check_grid(spec)?;
     check_masks(spec)?;
+    check_cache(spec)?;
     check_source(spec)
 }
 
@@ -207,6 +208,16 @@ fn check_grid(spec: &KernelSpec) -> Result<(), DslError> {
     }
     if spec.grid.flash.is_some() {
         return check_flash(spec);
+    }
+    if spec.op == Op::DecodeSplit && !(1..=tile_max).contains(&spec.grid.tile) {
+        return Err(DslError::spec(
+            Field::Grid,
+            format!(
+                "tile {}: a decode_split workgroup serves 1 to {tile_max} query heads of its KV \
+                 head, one per vec4 component; a KV head with more gets several workgroups",
+                spec.grid.tile
+            ),
+        ));
     }
     if spec.grid.tile == 0 || spec.grid.tile > tile_max {
         return Err(DslError::spec(
@@ -400,6 +411,22 @@ fn cannot_honour(op: Op, word: &str) -> Option<&'static str> {
         ),
         _ => None,
     }
+}
+
+/// Only split-K decode reads a paged cache: its key index is the one place that walks the
+/// block table.
+fn check_cache(spec: &KernelSpec) -> Result<(), DslError> {
+    if spec.cache == Cache::Paged && spec.op != Op::DecodeSplit {
+        return Err(DslError::spec(
+            Field::Cache,
+            format!(
+                "op {} reads no paged cache; `cache: paged` belongs to a decode_split kernel \
+                 (run it with its decode_reduce)",
+                spec.op.name()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn check_source(spec: &KernelSpec) -> Result<(), DslError> {

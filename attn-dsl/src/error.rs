@@ -16,6 +16,8 @@ pub enum Field {
     Target,
     WorkgroupSize,
     Source,
+    /// The KV cache layout of a decode (`cache: paged`).
+    Cache,
     /// The `writes` entry of the named output (or the `writes` block when it is missing).
     Write(String),
 }
@@ -34,6 +36,7 @@ impl fmt::Display for Field {
             Field::Target => f.write_str("target"),
             Field::WorkgroupSize => f.write_str("workgroup_size"),
             Field::Source => f.write_str("source"),
+            Field::Cache => f.write_str("cache"),
             Field::Write(name) => write!(f, "writes.{name}"),
         }
     }

@@ -35,7 +35,7 @@ pub use error::{DslError, Field};
 pub const DKV_LANES: u32 = 4;
 pub use plan::{Access, Binding, KernelAbi, Scalar};
 pub use spec::{
-    Axis, BiasHeads, Flash, FlashConfig, Gqa, Grid, KernelSpec, Limits, Major, Masks, Op,
+    Axis, BiasHeads, Cache, Flash, FlashConfig, Gqa, Grid, KernelSpec, Limits, Major, Masks, Op,
     Precision, Scatter, Source, Target, WriteMode,
 };
 pub use validate::ValidateError;

@@ -3,7 +3,7 @@
 //! Binding order follows the seeds' bind-group tables, which are the reference ABI, with
 //! the tensors an op only needs in some schedules present only there.
 
-use crate::spec::{Axis, BiasHeads, KernelSpec, Op, Source, WriteMode};
+use crate::spec::{Axis, BiasHeads, Cache, KernelSpec, Op, Source, WriteMode};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
@@ -39,6 +39,8 @@ pub enum Presence {
     IfBias(BiasHeads),
     /// When written, with a bias of these heads.
     IfBiasWritten(BiasHeads),
+    /// With this KV cache layout.
+    IfCache(Cache),
     /// When the description declares this output with this write mode (a gradient summed
     /// over rows: the whole tensor when atomic, one partial per row tile when scratch).
     IfWrittenAs(WriteMode),
@@ -79,7 +81,7 @@ const fn when(t: Tensor, presence: Presence) -> Tensor {
     Tensor { presence, ..t }
 }
 
-use Axis::{B, D, H, J, KvH, Part, S, Slice};
+use Axis::{B, D, H, J, KvH, Page, Part, S, Slice};
 use Elem::{F32, F32x4, U32};
 use Presence::{IfAlibi, IfBias, IfBiasWritten, IfDocument, IfRecompute, IfScratch, IfWritten};
 use Role::{Input, Output, Uniform};
@@ -120,15 +122,34 @@ const FORWARD: &[Tensor] = &[
 
 // Split-K decode: slice `slice` of the cache flushes, per query head, its unnormalized
 // output (part_o) and its running max and sum (part_ml: m is part 0, l part 1) for the reduce.
+// A paged cache is a pool of pages (J: the key within its page) and a block table.
 const DECODE_SPLIT: &[Tensor] = &[
     t("q", Input, F32x4, &[B, H, D]),
-    t("k_cache", Input, F32x4, &[B, J, KvH, D]),
-    t("v_cache", Input, F32x4, &[B, J, KvH, D]),
+    when(
+        t("k_cache", Input, F32x4, &[B, J, KvH, D]),
+        Presence::IfCache(Cache::Contiguous),
+    ),
+    when(
+        t("v_cache", Input, F32x4, &[B, J, KvH, D]),
+        Presence::IfCache(Cache::Contiguous),
+    ),
+    when(
+        t("k_cache", Input, F32x4, &[Page, J, KvH, D]),
+        Presence::IfCache(Cache::Paged),
+    ),
+    when(
+        t("v_cache", Input, F32x4, &[Page, J, KvH, D]),
+        Presence::IfCache(Cache::Paged),
+    ),
     t("part_o", Output, F32x4, &[B, Slice, H, D]),
     t("part_ml", Output, F32, &[Part, B, Slice, H]),
     DIMS,
     PARAMS_T,
     ALIBI,
+    when(
+        t("block_table", Input, U32, &[B, Page]),
+        Presence::IfCache(Cache::Paged),
+    ),
 ];
 
 const DECODE_REDUCE: &[Tensor] = &[
@@ -314,6 +335,7 @@ pub fn tensors(spec: &KernelSpec) -> Vec<Tensor> {
                 spec.masks.bias == Some(heads) && spec.write_mode(t.name).is_some()
             }
             Presence::IfWrittenAs(mode) => spec.write_mode(t.name) == Some(mode),
+            Presence::IfCache(cache) => spec.cache == cache,
         })
         .copied()
         .collect()
@@ -350,7 +372,8 @@ pub fn dims(op: Op) -> UniformBlock {
             "_pad0",
         ],
         // Both passes of split-K decode bind one dims block: slice_len keys per slice (a
-        // multiple of the split kernel's key tile), n_slices of them.
+        // multiple of the split kernel's key tile), n_slices of them; a paged cache's
+        // page_size (keys per page) and pages_per_seq (a block table row's length).
         Op::DecodeSplit | Op::DecodeReduce => &[
             "cache_len",
             "n_heads",
@@ -359,11 +382,11 @@ pub fn dims(op: Op) -> UniformBlock {
             "batch",
             "capacity",
             "window",
-            "_pad0",
+            "page_size",
             "slice_len",
             "n_slices",
-            "_pad1",
-            "_pad2",
+            "pages_per_seq",
+            "_pad0",
         ],
         Op::Rope | Op::RopeBackward => &[
             "seq_len",

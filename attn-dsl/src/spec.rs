@@ -35,6 +35,8 @@ pub enum Axis {
     /// A slice of a decode's KV cache along the key axis (split-K decode): the partial
     /// softmax of one slice.
     Slice,
+    /// A page of a paged KV cache: a fixed number of consecutive keys of one sequence.
+    Page,
 }
 
 impl Axis {
@@ -52,6 +54,7 @@ impl Axis {
             Axis::K => "k",
             Axis::N => "n",
             Axis::Slice => "slice",
+            Axis::Page => "page",
         }
     }
 }
@@ -363,6 +366,29 @@ impl Masks {
     }
 }
 
+/// How a decode's KV cache is laid out.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Cache {
+    /// `[batch, capacity, n_kv_heads, head_dim]`: each sequence's rows in one block.
+    #[default]
+    Contiguous,
+    /// A pool of pages `[n_pages, page_size, n_kv_heads, head_dim]` and a block table
+    /// `[batch, pages_per_seq]` naming the page of each sequence's keys
+    /// `p·page_size..(p + 1)·page_size` (vLLM's PagedAttention layout); page_size and
+    /// pages_per_seq are run-time dims.
+    Paged,
+}
+
+impl Cache {
+    pub fn name(self) -> &'static str {
+        match self {
+            Cache::Contiguous => "contiguous",
+            Cache::Paged => "paged",
+        }
+    }
+}
+
 /// Where the kernel must run, and so which limits and shader capabilities apply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -453,6 +479,13 @@ pub struct KernelSpec {
     pub source: Source,
     /// How atomic outputs are added into.
     pub scatter: Scatter,
+    /// How a decode's KV cache is laid out.
+    #[serde(skip_serializing_if = "is_contiguous")]
+    pub cache: Cache,
+}
+
+fn is_contiguous(c: &Cache) -> bool {
+    *c == Cache::Contiguous
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -499,6 +532,7 @@ impl KernelSpec {
             writes,
             source: Source::default(),
             scatter: Scatter::default(),
+            cache: Cache::default(),
         }
     }
 }

@@ -73,3 +73,20 @@ fn owned_partials_and_named_producer_are_required() {
     let causal = split(64, 4, Masks::new(true, false));
     assert!(attn_dsl::compile(&causal).is_err());
 }
+
+#[test]
+fn only_the_split_pass_reads_a_paged_cache() {
+    let paged = KernelSpec {
+        cache: attn_dsl::Cache::Paged,
+        ..split(128, 4, Masks::default())
+    };
+    let abi = attn_dsl::compile(&paged).unwrap();
+    assert!(abi.binding("block_table").is_some());
+    assert!(abi.storage_buffers() <= 8);
+    let plain = KernelSpec {
+        cache: attn_dsl::Cache::Paged,
+        ..KernelSpec::standard("d", Op::Decode, 64, Masks::default())
+    };
+    let e = attn_dsl::compile(&plain).unwrap_err();
+    assert_eq!(e.field(), Some(&attn_dsl::Field::Cache), "{e}");
+}

@@ -171,6 +171,7 @@ fn axis(a: Axis) -> TokenStream {
         Axis::K => quote!(K),
         Axis::N => quote!(N),
         Axis::Slice => quote!(Slice),
+        Axis::Page => quote!(Page),
     }
 }
 

@@ -2,8 +2,8 @@
 //! error points at the token that caused it.
 
 use attn_dsl::{
-    BiasHeads, DslError, Field, Flash, Gqa, Grid, KernelSpec, Limits, Major, Masks, Op, Precision,
-    Scatter, Source, Target, WriteMode,
+    BiasHeads, Cache, DslError, Field, Flash, Gqa, Grid, KernelSpec, Limits, Major, Masks, Op,
+    Precision, Scatter, Source, Target, WriteMode,
 };
 use proc_macro2::Span;
 use syn::Ident;
@@ -110,6 +110,10 @@ pub fn lower(d: &Description) -> syn::Result<Lowered> {
         Some(v) => source(v)?,
         None => (Source::default(), None),
     };
+    let cache = get("cache", Field::Cache)
+        .map(cache)
+        .transpose()?
+        .unwrap_or_default();
     let writes_value = require(d, get("writes", Field::Write(String::new())), "writes")?;
     spans.extend(mask_spans);
     let writes = writes(writes_value, &mut spans)?;
@@ -127,6 +131,7 @@ pub fn lower(d: &Description) -> syn::Result<Lowered> {
         writes,
         source,
         scatter: Scatter::Cas,
+        cache,
     };
     Ok(Lowered {
         spec,
@@ -397,6 +402,18 @@ fn target(v: &Value) -> syn::Result<Target> {
             Ok(Target::Native(limits))
         }
         other => err(other.span(), format!("`target` takes {EXPECTED}")),
+    }
+}
+
+fn cache(v: &Value) -> syn::Result<Cache> {
+    let w = word(v, "cache", "contiguous | paged")?;
+    match w.to_string().as_str() {
+        "contiguous" => Ok(Cache::Contiguous),
+        "paged" => Ok(Cache::Paged),
+        _ => err(
+            w.span(),
+            format!("unknown cache layout `{w}`; expected `contiguous` or `paged`"),
+        ),
     }
 }
 

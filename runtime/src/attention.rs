@@ -412,18 +412,10 @@ pub(crate) fn validate_cache(
     limits: &wgpu::Limits,
     input: &DecodeInput,
 ) -> Result<(), InputError> {
-    nonzero("batch", input.batch)?;
-    nonzero("cache_len", input.cache_len)?;
+    validate_query(abi, input)?;
     let h = input.heads;
-    validate_heads(abi, h)?;
-    let (nh, nkv, d) = (h.n_heads as u64, h.n_kv_heads as u64, h.head_dim as u64);
+    let (nkv, d) = (h.n_kv_heads as u64, h.head_dim as u64);
     let batch = u64::from(input.batch);
-    length(
-        "q",
-        input.q.len(),
-        batch * nh * d,
-        "batch × n_heads × head_dim",
-    )?;
     // A row of the cache holds every sequence's KV heads.
     let row = batch * nkv * d;
     let capacity = input.k_cache.len() as u64 / row;
@@ -448,6 +440,22 @@ pub(crate) fn validate_cache(
         });
     }
     binding_size(limits, input.k_cache.len() as u64 * 4)?;
+    Ok(())
+}
+
+/// What every decode checks whatever its cache's layout: dims, heads, Q's length, the
+/// scale and the modifiers.
+pub(crate) fn validate_query(abi: &KernelAbi, input: &DecodeInput) -> Result<(), InputError> {
+    nonzero("batch", input.batch)?;
+    nonzero("cache_len", input.cache_len)?;
+    let h = input.heads;
+    validate_heads(abi, h)?;
+    length(
+        "q",
+        input.q.len(),
+        u64::from(input.batch) * u64::from(h.n_heads) * u64::from(h.head_dim),
+        "batch × n_heads × head_dim",
+    )?;
     validate_scale(input.scale)?;
     input.mods.validate(abi, input.batch, 1, h.n_heads)
 }

@@ -455,7 +455,8 @@ pub fn decode(
 ) -> Result<Vec<DecodeRow>, Error> {
     let h = shape.heads;
     let masks = Masks::default();
-    let split = crate::decode::SplitDecode::for_shape(gpu, h.head_dim, masks)?;
+    let split =
+        crate::decode::SplitDecode::for_shape(gpu, h.head_dim, masks, attn_dsl::Cache::Contiguous)?;
     let plain_spec = KernelSpec::standard(
         &tuning::family_name("attention_decode", h.head_dim),
         Op::Decode,
@@ -483,7 +484,7 @@ pub fn decode(
         scale: None,
         mods: Default::default(),
     };
-    let prepared = split.prepare(gpu, &input, slice_len)?;
+    let prepared = split.prepare(gpu, &input, None, slice_len)?;
     let dims = [
         ("cache_len", shape.cache_len),
         ("n_heads", h.n_heads),

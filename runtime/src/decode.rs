@@ -6,10 +6,11 @@
 //! (slice, KV head, sequence) a workgroup, so the cache is read by hundreds of workgroups at
 //! once, each reading its slice of K and V once for the query heads of its KV head.
 
-use attn_dsl::{Grid, KernelAbi, KernelSpec, Major, Masks, Op, Source, WriteMode};
+use attn_dsl::{Cache, Grid, KernelAbi, KernelSpec, Major, Masks, Op, Source, WriteMode};
 
 use crate::attention::{
-    DecodeInput, Heads, checked_grid, expect_op, modified_uniforms, submit_steps, validate_cache,
+    DecodeInput, Heads, binding_size, checked_grid, expect_op, length, modified_uniforms,
+    submit_steps, validate_cache, validate_query,
 };
 use crate::buffers;
 use crate::error::{Error, InputError};
@@ -47,6 +48,17 @@ pub fn plan_slices(
     }
 }
 
+/// A paged KV cache: `DecodeInput::k_cache` and `v_cache` hold a pool of pages
+/// `[n_pages, page_size, n_kv_heads, head_dim]`, and row `b` of `block_table`
+/// (`[batch, pages_per_seq]`) names the pool page of sequence b's keys
+/// `p·page_size..(p + 1)·page_size` (vLLM's PagedAttention layout). Entries past the
+/// pages `cache_len` needs are never read.
+#[derive(Clone, Copy, Debug)]
+pub struct Pages<'a> {
+    pub block_table: &'a [u32],
+    pub page_size: u32,
+}
+
 /// The two kernels of split-K decode for one head_dim and mask set.
 pub struct SplitDecode {
     split: Kernel,
@@ -71,20 +83,31 @@ impl SplitDecode {
 
     /// The family's kernels for `head_dim` and `masks`, compiled from the same
     /// descriptions for any head_dim (a multiple of 4) or mask set the family lacks.
-    pub fn for_shape(gpu: &Gpu, head_dim: u32, masks: Masks) -> Result<SplitDecode, Error> {
-        if let Some((s, r)) = crate::kernels::DECODE_SPLIT
+    pub fn for_shape(
+        gpu: &Gpu,
+        head_dim: u32,
+        masks: Masks,
+        cache: Cache,
+    ) -> Result<SplitDecode, Error> {
+        let family = match cache {
+            Cache::Contiguous => &crate::kernels::DECODE_SPLIT,
+            Cache::Paged => &crate::kernels::DECODE_SPLIT_PAGED,
+        };
+        if let Some((s, r)) = family
             .iter()
             .find(|(s, _)| s.head_dim == head_dim && s.masks == masks)
         {
             return SplitDecode::new(gpu, s, r);
         }
-        let name = crate::tuning::family_name("attention_decode_split", head_dim);
-        let split = compile(&split_spec(
-            &name,
-            head_dim,
-            masks,
-            attn_dsl::emit::MAX_SPLIT_HEADS,
-        ))?;
+        let base = match cache {
+            Cache::Contiguous => "attention_decode_split",
+            Cache::Paged => "attention_decode_split_paged",
+        };
+        let name = crate::tuning::family_name(base, head_dim);
+        let split = compile(&KernelSpec {
+            cache,
+            ..split_spec(&name, head_dim, masks, attn_dsl::emit::MAX_SPLIT_HEADS)
+        })?;
         let name = crate::tuning::family_name("attention_decode_reduce", head_dim);
         let reduce = compile(&KernelSpec {
             source: Source::Scratch,
@@ -142,9 +165,65 @@ impl SplitDecode {
         input: &DecodeInput<'_>,
         slice_len: Option<u32>,
     ) -> Result<Vec<f32>, Error> {
-        let prepared = self.prepare(gpu, input, slice_len)?;
+        let prepared = self.prepare(gpu, input, None, slice_len)?;
         submit_steps(gpu, &prepared.steps(self))?;
         buffers::read_async(gpu, &prepared.o, prepared.o_len).await
+    }
+
+    /// [`SplitDecode::run`] on a paged cache (kernels described with `cache: paged`).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn run_paged(
+        &self,
+        gpu: &Gpu,
+        input: &DecodeInput,
+        pages: &Pages,
+        slice_len: Option<u32>,
+    ) -> Result<Vec<f32>, Error> {
+        pollster::block_on(self.run_paged_async(gpu, input, pages, slice_len))
+    }
+
+    /// [`SplitDecode::run_paged`] for an async caller (the browser).
+    pub async fn run_paged_async(
+        &self,
+        gpu: &Gpu,
+        input: &DecodeInput<'_>,
+        pages: &Pages<'_>,
+        slice_len: Option<u32>,
+    ) -> Result<Vec<f32>, Error> {
+        let prepared = self.prepare(gpu, input, Some(pages), slice_len)?;
+        submit_steps(gpu, &prepared.steps(self))?;
+        buffers::read_async(gpu, &prepared.o, prepared.o_len).await
+    }
+
+    /// Whether the split kernel reads a paged cache.
+    pub fn paged(&self) -> bool {
+        self.split.abi().binding("block_table").is_some()
+    }
+
+    /// The cache layout checks: contiguous as the plain decode's, or the pool and table of
+    /// `pages`; a kernel of the other layout is refused.
+    fn validate_layout(
+        &self,
+        gpu: &Gpu,
+        input: &DecodeInput,
+        pages: Option<&Pages>,
+    ) -> Result<(), InputError> {
+        let abi = self.split.abi();
+        let name = |paged| if paged { "paged" } else { "contiguous" };
+        if self.paged() != pages.is_some() {
+            return Err(InputError::CacheLayout {
+                kernel: abi.name.to_string(),
+                reads: name(self.paged()),
+                given: name(pages.is_some()),
+            });
+        }
+        match pages {
+            None => validate_cache(abi, gpu.limits(), input),
+            Some(p) => {
+                validate_query(abi, input)?;
+                validate_pages(gpu.limits(), input, p)
+            }
+        }
     }
 
     /// Buffers and grids of both passes for `input`, validated.
@@ -152,10 +231,11 @@ impl SplitDecode {
         &self,
         gpu: &Gpu,
         input: &DecodeInput,
+        pages: Option<&Pages>,
         slice_len: Option<u32>,
     ) -> Result<Prepared, Error> {
         let (split, reduce) = (self.split.abi(), self.reduce.abi());
-        validate_cache(split, gpu.limits(), input)?;
+        self.validate_layout(gpu, input, pages)?;
         if reduce.head_dim != split.head_dim {
             return Err(InputError::HeadDim {
                 kernel: reduce.name.to_string(),
@@ -179,6 +259,11 @@ impl SplitDecode {
             ("capacity", (input.k_cache.len() as u64 / row) as u32),
             ("slice_len", slicing.slice_len),
             ("n_slices", slicing.n_slices),
+            ("page_size", pages.map_or(0, |p| p.page_size)),
+            (
+                "pages_per_seq",
+                pages.map_or(0, |p| p.block_table.len() as u32 / input.batch),
+            ),
         ];
         let split_grid = checked_grid(split, gpu.limits(), &dims)?;
         let reduce_grid = checked_grid(reduce, gpu.limits(), &dims)?;
@@ -196,6 +281,11 @@ impl SplitDecode {
             dims,
             params,
             mods: input.mods.buffers(gpu),
+            block_table: buffers::storage(
+                gpu,
+                "block_table",
+                pages.map_or(&[0][..], |p| p.block_table),
+            ),
             split_grid,
             reduce_grid,
             slicing,
@@ -215,6 +305,63 @@ impl SplitDecode {
             n_slices: cache_len.div_ceil(len),
         })
     }
+}
+
+/// The block table against the pool: whole rows per sequence, pages enough for
+/// `cache_len`, and every page a row uses inside the pool.
+fn validate_pages(
+    limits: &wgpu::Limits,
+    input: &DecodeInput,
+    pages: &Pages,
+) -> Result<(), InputError> {
+    let h = input.heads;
+    let page_size = u64::from(pages.page_size);
+    if page_size == 0 {
+        return Err(InputError::ZeroDim { name: "page_size" });
+    }
+    let page = page_size * u64::from(h.n_kv_heads) * u64::from(h.head_dim);
+    let pool = input.k_cache.len() as u64;
+    if !pool.is_multiple_of(page) || pool == 0 {
+        return Err(InputError::Pages(format!(
+            "k_cache holds {pool} floats, not a whole number of pages of page_size × n_kv_heads              × head_dim = {page}"
+        )));
+    }
+    length(
+        "v_cache",
+        input.v_cache.len(),
+        pool,
+        "the same pages as k_cache",
+    )?;
+    let table = pages.block_table;
+    let batch = input.batch as usize;
+    if table.is_empty() || !table.len().is_multiple_of(batch) {
+        return Err(InputError::Pages(format!(
+            "block_table has {} entries, not batch ({batch}) rows of pages_per_seq",
+            table.len()
+        )));
+    }
+    let per_seq = table.len() / batch;
+    let capacity = per_seq as u64 * page_size;
+    if u64::from(input.cache_len) > capacity {
+        return Err(InputError::CacheTooShort {
+            cache_len: input.cache_len,
+            capacity,
+        });
+    }
+    let n_pages = pool / page;
+    let used = u64::from(input.cache_len).div_ceil(page_size) as usize;
+    for (b, row) in table.chunks(per_seq).enumerate() {
+        if let Some((p, &page)) = row[..used]
+            .iter()
+            .enumerate()
+            .find(|(_, x)| u64::from(**x) >= n_pages)
+        {
+            return Err(InputError::Pages(format!(
+                "block_table[{b}, {p}] = {page} is past the pool's {n_pages} pages"
+            )));
+        }
+    }
+    binding_size(limits, pool * 4)
 }
 
 /// The description of a split pass: `heads` query heads of one KV head per workgroup,
@@ -249,6 +396,7 @@ pub struct Prepared {
     dims: wgpu::Buffer,
     params: wgpu::Buffer,
     mods: [(&'static str, wgpu::Buffer); 2],
+    block_table: wgpu::Buffer,
     split_grid: [u32; 3],
     reduce_grid: [u32; 3],
     pub slicing: Slicing,
@@ -275,6 +423,7 @@ impl Prepared {
             ("part_ml", &self.part_ml),
             ("dims", &self.dims),
             ("params", &self.params),
+            ("block_table", &self.block_table),
         ];
         split.extend(self.mods.iter().map(|(n, b)| (*n, b)));
         let reduce = vec![

@@ -86,6 +86,14 @@ pub enum InputError {
         key_tile: u32,
         max: u32,
     },
+    #[error("kernel `{kernel}` reads a {reads} KV cache, and this decode gave a {given} one")]
+    CacheLayout {
+        kernel: String,
+        reads: &'static str,
+        given: &'static str,
+    },
+    #[error("paged KV cache: {0}")]
+    Pages(String),
     #[error("scale {0} is not a finite number")]
     Scale(f32),
     #[error("{what} needs {needs}")]

@@ -90,3 +90,52 @@ fn planner_splits_caches_longer_than_a_slice_and_refuses_bad_slices() {
         assert!(o.iter().all(|x| (x - 0.25).abs() < 1e-6));
     }
 }
+
+#[test]
+fn paged_input_errors_come_before_any_dispatch() {
+    use runtime::decode::Pages;
+    let gpu = Gpu::new(kernels::FAMILY.iter().copied()).unwrap_or_else(|e| panic!("{e}"));
+    let (split, reduce) = kernels::DECODE_SPLIT_PAGED[0];
+    let paged = SplitDecode::new(&gpu, split, reduce).unwrap();
+    let q = vec![0.5f32; 8 * 64];
+    // A pool of 4 pages of 16 keys, 2 KV heads.
+    let pool = vec![0.25f32; 4 * 16 * 2 * 64];
+    let ok = Pages {
+        block_table: &[3, 1],
+        page_size: 16,
+    };
+    let o = paged
+        .run_paged(&gpu, &input(20, &q, &pool), &ok, None)
+        .unwrap();
+    assert!(o.iter().all(|x| (x - 0.25).abs() < 1e-6));
+    let past = Pages {
+        block_table: &[3, 4],
+        ..ok
+    };
+    let err = paged
+        .run_paged(&gpu, &input(20, &q, &pool), &past, None)
+        .unwrap_err();
+    assert!(err.to_string().contains("past the pool's 4 pages"), "{err}");
+    // Only the pages cache_len needs are read, so a stale entry after them is fine.
+    paged
+        .run_paged(&gpu, &input(16, &q, &pool), &past, None)
+        .unwrap();
+    let short = paged
+        .run_paged(&gpu, &input(33, &q, &pool), &ok, None)
+        .unwrap_err();
+    assert!(
+        matches!(
+            short,
+            runtime::Error::Input(InputError::CacheTooShort { .. })
+        ),
+        "{short}"
+    );
+    let contiguous = paged.run(&gpu, &input(20, &q, &pool), None).unwrap_err();
+    assert!(
+        matches!(
+            contiguous,
+            runtime::Error::Input(InputError::CacheLayout { .. })
+        ),
+        "{contiguous}"
+    );
+}

@@ -14,7 +14,7 @@
 
 use std::fmt::Write;
 
-use crate::spec::{KernelSpec, Op};
+use crate::spec::{Cache, KernelSpec, Op};
 
 /// Query heads one split workgroup serves: the four components of a vec4.
 pub const MAX_SPLIT_HEADS: u32 = 4;
@@ -149,6 +149,22 @@ fn part_o_index(slice: u32, h: u32) -> u32 {
 
 const COMPONENTS: [&str; 4] = ["x", "y", "z", "w"];
 
+const CONTIGUOUS_INDEX: &str = "// [b, j, kv_h, d] in vec4s; the query [b, h, d] likewise.
+fn kv4_index(j: u32, kv_h: u32) -> u32 {
+    return ((batch * dims.capacity + j) * dims.n_kv_heads + kv_h) * V4;
+}
+";
+
+const PAGED_INDEX: &str =
+    "// Key j of this sequence lives in page block_table[b, j / page_size] of the pool
+// [page, row, kv_h, d], at row j % page_size; in vec4s. The query [b, h, d] likewise.
+fn kv4_index(j: u32, kv_h: u32) -> u32 {
+    let page = block_table[batch * dims.pages_per_seq + j / dims.page_size];
+    let row = page * dims.page_size + j % dims.page_size;
+    return (row * dims.n_kv_heads + kv_h) * V4;
+}
+";
+
 fn split(out: &mut String, spec: &KernelSpec) {
     super::index::kv_head(out, spec);
     super::scores::helpers(out, spec);
@@ -205,6 +221,10 @@ fn split(out: &mut String, spec: &KernelSpec) {
             "    flush_head(tid, slice, head0 + {i}u, {i}u < n_here, o{i}, vec2<f32>(m.{c}, l.{c}));\n"
         )
     });
+    let kv_index = match spec.cache {
+        Cache::Contiguous => CONTIGUOUS_INDEX,
+        Cache::Paged => PAGED_INDEX,
+    };
     let _ = write!(
         out,
         r#"var<workgroup> sh_q: array<vec4<f32>, TILE * V4>;
@@ -216,11 +236,7 @@ fn first_key() -> u32 {{
     return {start};
 }}
 
-// [b, j, kv_h, d] in vec4s; the query [b, h, d] likewise.
-fn kv4_index(j: u32, kv_h: u32) -> u32 {{
-    return ((batch * dims.capacity + j) * dims.n_kv_heads + kv_h) * V4;
-}}
-
+{kv_index}
 fn q4_index(h: u32) -> u32 {{
     return (batch * dims.n_heads + h) * V4;
 }}
