@@ -2,7 +2,7 @@
 //! with FLOPs by FlashAttention's convention (forward 4·S²·H·D, halved when causal;
 //! backward 2.5× forward).
 
-use attn_dsl::{KernelSpec, Masks, Op};
+use attn_dsl::{Cache, KernelSpec, Masks, Op};
 
 use crate::attention::{Heads, checked_grid, uniforms};
 use crate::backward::Schedule;
@@ -444,8 +444,12 @@ pub fn copy_bandwidth(gpu: &Gpu, warmup: usize, runs: usize) -> Result<DecodeRow
     })
 }
 
+/// Keys per page of the paged decode row: vLLM's default.
+const PAGE: u32 = 16;
+
 /// Times the plain decode (one workgroup per head) and split-K decode (both passes) on
-/// `shape`, on the same uploaded cache; `slice_len` overrides the slicing rule.
+/// `shape`, on the same uploaded cache, then split-K on a paged copy of it; `slice_len`
+/// overrides the slicing rule.
 pub fn decode(
     gpu: &Gpu,
     shape: DecodeShape,
@@ -455,8 +459,7 @@ pub fn decode(
 ) -> Result<Vec<DecodeRow>, Error> {
     let h = shape.heads;
     let masks = Masks::default();
-    let split =
-        crate::decode::SplitDecode::for_shape(gpu, h.head_dim, masks, attn_dsl::Cache::Contiguous)?;
+    let split = crate::decode::SplitDecode::for_shape(gpu, h.head_dim, masks, Cache::Contiguous)?;
     let plain_spec = KernelSpec::standard(
         &tuning::family_name("attention_decode", h.head_dim),
         Op::Decode,
@@ -505,6 +508,20 @@ pub fn decode(
     };
     let s = prepared.slicing;
     let bytes = shape.bytes();
+    // The same cache paged, in pages of PAGE keys spread over the pool.
+    let paged = crate::decode::SplitDecode::for_shape(gpu, h.head_dim, masks, Cache::Paged)?;
+    let (table, k_pool, v_pool) =
+        crate::cases::page_cache(h, shape.batch, shape.cache_len, PAGE, [&k, &v]);
+    let pages = crate::decode::Pages {
+        block_table: &table,
+        page_size: PAGE,
+    };
+    let paged_input = crate::attention::DecodeInput {
+        k_cache: &k_pool,
+        v_cache: &v_pool,
+        ..input
+    };
+    let paged_prepared = paged.prepare(gpu, &paged_input, Some(&pages), slice_len)?;
     Ok(vec![
         DecodeRow {
             kernel: format!("decode plain ({} workgroups)", h.n_heads * shape.batch),
@@ -519,6 +536,14 @@ pub fn decode(
                 prepared.split_workgroups()
             ),
             timing: timing::time(gpu, &prepared.steps(&split), warmup, runs)?,
+            bytes,
+        },
+        DecodeRow {
+            kernel: format!(
+                "decode split-K {}x{} paged ({PAGE}-key pages)",
+                s.n_slices, s.slice_len
+            ),
+            timing: timing::time(gpu, &paged_prepared.steps(&paged), warmup, runs)?,
             bytes,
         },
     ])

@@ -1058,7 +1058,7 @@ enum Decoder<'a> {
 /// A paged copy of contiguous caches `[batch, capacity, kv_heads, head_dim]`: the block
 /// table `[batch, pages]` and the pools, each sequence's pages placed in reverse order
 /// after two unused pages, so that no page sits where a contiguous layout would put it.
-fn page_cache(
+pub(crate) fn page_cache(
     h: Heads,
     batch: u32,
     capacity: u32,

@@ -106,7 +106,7 @@ fn every_kernel_and_schedule_is_gpu_timed() {
 }
 
 #[test]
-fn decode_rows_count_the_cache_and_time_both_decodes_and_the_copy() {
+fn decode_rows_count_the_cache_and_time_every_decode_and_the_copy() {
     let shape = bench::DecodeShape {
         cache_len: 300,
         batch: 1,
@@ -128,5 +128,6 @@ fn decode_rows_count_the_cache_and_time_both_decodes_and_the_copy() {
         kernels[1].starts_with("decode split-K 10x32"),
         "{kernels:?}"
     );
+    assert!(kernels[2].contains("paged"), "{kernels:?}");
     assert!(rows.iter().all(|r| r.timing.median_ms > 0.0));
 }
