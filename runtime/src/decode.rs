@@ -69,13 +69,23 @@ pub struct SplitDecode {
 
 impl SplitDecode {
     /// From the ABIs of a `decode_split` kernel and the `decode_reduce` that reads it.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn new(gpu: &Gpu, split: &KernelAbi, reduce: &KernelAbi) -> Result<SplitDecode, Error> {
+        pollster::block_on(SplitDecode::new_async(gpu, split, reduce))
+    }
+
+    /// [`SplitDecode::new`] for an async caller (the browser).
+    pub async fn new_async(
+        gpu: &Gpu,
+        split: &KernelAbi,
+        reduce: &KernelAbi,
+    ) -> Result<SplitDecode, Error> {
         expect_op(split, Op::DecodeSplit)?;
         expect_op(reduce, Op::DecodeReduce)?;
         let spec = split_spec(&split.name, split.head_dim, split.masks, split.grid.tile);
         Ok(SplitDecode {
-            split: Kernel::new(gpu, split)?,
-            reduce: Kernel::new(gpu, reduce)?,
+            split: Kernel::new_async(gpu, split).await?,
+            reduce: Kernel::new_async(gpu, reduce).await?,
             key_tile: attn_dsl::emit::split_key_tile(&spec),
             max_slice: attn_dsl::emit::split_max_slice(&spec),
         })
@@ -83,7 +93,18 @@ impl SplitDecode {
 
     /// The family's kernels for `head_dim` and `masks`, compiled from the same
     /// descriptions for any head_dim (a multiple of 4) or mask set the family lacks.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn for_shape(
+        gpu: &Gpu,
+        head_dim: u32,
+        masks: Masks,
+        cache: Cache,
+    ) -> Result<SplitDecode, Error> {
+        pollster::block_on(SplitDecode::for_shape_async(gpu, head_dim, masks, cache))
+    }
+
+    /// [`SplitDecode::for_shape`] for an async caller (the browser).
+    pub async fn for_shape_async(
         gpu: &Gpu,
         head_dim: u32,
         masks: Masks,
@@ -97,7 +118,7 @@ impl SplitDecode {
             .iter()
             .find(|(s, _)| s.head_dim == head_dim && s.masks == masks)
         {
-            return SplitDecode::new(gpu, s, r);
+            return SplitDecode::new_async(gpu, s, r).await;
         }
         let base = match cache {
             Cache::Contiguous => "attention_decode_split",
@@ -113,7 +134,7 @@ impl SplitDecode {
             source: Source::Scratch,
             ..KernelSpec::standard(&name, Op::DecodeReduce, head_dim, Masks::default())
         })?;
-        SplitDecode::new(gpu, &split, &reduce)
+        SplitDecode::new_async(gpu, &split, &reduce).await
     }
 
     /// The longest slice the split kernel's workgroup memory holds.
@@ -408,7 +429,8 @@ impl Prepared {
         self.split_grid.iter().product()
     }
 
-    /// The query and the cache, uploaded once, for another decode kernel to read.
+    /// The query and the cache, uploaded once, for another decode kernel to read (bench).
+    #[cfg(not(target_arch = "wasm32"))]
     pub(crate) fn inputs(&self) -> [(&'static str, &wgpu::Buffer); 3] {
         [("q", &self.q), ("k_cache", &self.k), ("v_cache", &self.v)]
     }
@@ -478,7 +500,17 @@ pub struct Decoder {
 }
 
 impl Decoder {
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn new(gpu: &Gpu, plain: &KernelAbi, split: SplitDecode) -> Result<Decoder, Error> {
+        pollster::block_on(Decoder::new_async(gpu, plain, split))
+    }
+
+    /// [`Decoder::new`] for an async caller (the browser).
+    pub async fn new_async(
+        gpu: &Gpu,
+        plain: &KernelAbi,
+        split: SplitDecode,
+    ) -> Result<Decoder, Error> {
         expect_op(plain, Op::Decode)?;
         let s = split.split.abi();
         if plain.head_dim != s.head_dim || plain.masks != s.masks {
@@ -490,7 +522,7 @@ impl Decoder {
             .into());
         }
         Ok(Decoder {
-            plain: Kernel::new(gpu, plain)?,
+            plain: Kernel::new_async(gpu, plain).await?,
             split,
         })
     }
