@@ -508,10 +508,11 @@ pub fn decode(
     };
     let s = prepared.slicing;
     let bytes = shape.bytes();
-    // The same cache paged, in pages of PAGE keys spread over the pool.
+    // The same cache paged, in pages of PAGE keys in reverse order in a pool of just those
+    // pages (so it fits wherever the contiguous cache does).
     let paged = crate::decode::SplitDecode::for_shape(gpu, h.head_dim, masks, Cache::Paged)?;
     let (table, k_pool, v_pool) =
-        crate::cases::page_cache(h, shape.batch, shape.cache_len, PAGE, [&k, &v]);
+        crate::cases::page_cache(h, (shape.batch, shape.cache_len), PAGE, 0, [&k, &v]);
     let pages = crate::decode::Pages {
         block_table: &table,
         page_size: PAGE,

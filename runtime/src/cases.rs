@@ -1057,17 +1057,17 @@ enum Decoder<'a> {
 
 /// A paged copy of contiguous caches `[batch, capacity, kv_heads, head_dim]`: the block
 /// table `[batch, pages]` and the pools, each sequence's pages placed in reverse order
-/// after two unused pages, so that no page sits where a contiguous layout would put it.
+/// after `spare` unused pages, so that no page sits where a contiguous layout would put it.
 pub(crate) fn page_cache(
     h: Heads,
-    batch: u32,
-    capacity: u32,
+    (batch, capacity): (u32, u32),
     page_size: u32,
+    spare: usize,
     caches: [&[f32]; 2],
 ) -> (Vec<u32>, Vec<f32>, Vec<f32>) {
     let row = (h.n_kv_heads * h.head_dim) as usize;
     let per_seq = capacity.div_ceil(page_size) as usize;
-    let n_pages = 2 + batch as usize * per_seq;
+    let n_pages = spare + batch as usize * per_seq;
     let page = page_size as usize * row;
     let table: Vec<u32> = (0..batch as usize * per_seq)
         .map(|i| (n_pages - 1 - i) as u32)
@@ -1167,7 +1167,7 @@ fn run_decode(
         Decoder::Plain(kernel) => attention::decode(gpu, kernel, &input)?,
         Decoder::Split(split, slice_len) => split.run(gpu, &input, slice_len)?,
         Decoder::Paged(split, page_size) => {
-            let (table, k_pool, v_pool) = page_cache(h, batch, capacity, page_size, [&k, &v]);
+            let (table, k_pool, v_pool) = page_cache(h, (batch, capacity), page_size, 2, [&k, &v]);
             let pages = Pages {
                 block_table: &table,
                 page_size,
