@@ -40,7 +40,11 @@ pub fn plan_slices(
 ) -> Slicing {
     let key_tile = key_tile.max(1);
     let wanted = TARGET_WORKGROUPS.div_ceil(other_workgroups.max(1)).max(1);
-    let len = cache_len.div_ceil(wanted).div_ceil(key_tile) * key_tile;
+    // Saturating: the rule is public, and a cache_len near u32::MAX must not overflow.
+    let len = cache_len
+        .div_ceil(wanted)
+        .div_ceil(key_tile)
+        .saturating_mul(key_tile);
     let slice_len = len.clamp(key_tile, max_slice.max(key_tile));
     Slicing {
         slice_len,
@@ -82,7 +86,21 @@ impl SplitDecode {
     ) -> Result<SplitDecode, Error> {
         expect_op(split, Op::DecodeSplit)?;
         expect_op(reduce, Op::DecodeReduce)?;
-        let spec = split_spec(&split.name, split.head_dim, split.masks, split.grid.tile);
+        if reduce.head_dim != split.head_dim {
+            return Err(InputError::HeadDim {
+                kernel: reduce.name.to_string(),
+                kernel_head_dim: reduce.head_dim,
+                given: split.head_dim,
+            }
+            .into());
+        }
+        // The split kernel's layout as its description had it: the key tile and the longest
+        // slice follow from its head_dim, heads, workgroup size and target.
+        let spec = KernelSpec {
+            workgroup_size: split.workgroup_size[0],
+            target: split.target,
+            ..split_spec(&split.name, split.head_dim, split.masks, split.grid.tile)
+        };
         Ok(SplitDecode {
             split: Kernel::new_async(gpu, split).await?,
             reduce: Kernel::new_async(gpu, reduce).await?,
@@ -257,14 +275,6 @@ impl SplitDecode {
     ) -> Result<Prepared, Error> {
         let (split, reduce) = (self.split.abi(), self.reduce.abi());
         self.validate_layout(gpu, input, pages)?;
-        if reduce.head_dim != split.head_dim {
-            return Err(InputError::HeadDim {
-                kernel: reduce.name.to_string(),
-                kernel_head_dim: reduce.head_dim,
-                given: split.head_dim,
-            }
-            .into());
-        }
         let slicing = match slice_len {
             None => self.slicing(input),
             Some(len) => self.checked_slice(input.cache_len, len)?,

@@ -7,6 +7,9 @@ use runtime::{DecodeInput, Gpu, Heads, InputError, kernels};
 
 #[test]
 fn slices_are_whole_key_tiles_and_cover_the_cache() {
+    // The rule never panics, even for lengths no buffer could hold.
+    let huge = plan_slices(u32::MAX, 1, 32, 512);
+    assert_eq!(huge.slice_len, 512);
     for cache_len in [1, 7, 31, 32, 33, 300, 4099, 32768, 1 << 20] {
         for others in [1, 8, 64, 1024] {
             let s = plan_slices(cache_len, others, 32, 512);
