@@ -5,7 +5,7 @@ use crate::emit;
 use crate::error::{DslError, Field};
 use crate::plan::KernelAbi;
 use crate::signature::{self, Presence, Role};
-use crate::spec::{Axis, BiasHeads, Gqa, KernelSpec, Major, Op, Source, Target, WriteMode};
+use crate::spec::{Axis, BiasHeads, Cache, Gqa, KernelSpec, Major, Op, Source, Target, WriteMode};
 use crate::tiling::Tiling;
 
 /// The largest head_dim the per-row schedule holds: one invocation per element of a row.
@@ -26,6 +26,7 @@ pub fn check_spec(spec: &KernelSpec) -> Result<(), DslError> {
     check_grid(spec)?;
     check_masks(spec)?;
     check_dtype(spec)?;
+    check_cache(spec)?;
     check_source(spec)
 }
 
@@ -177,6 +178,15 @@ fn check_head_dim(spec: &KernelSpec) -> Result<(), DslError> {
             ),
         ));
     }
+    if matches!(spec.op, Op::DecodeSplit | Op::DecodeReduce) && !hd.is_multiple_of(4) {
+        return Err(DslError::spec(
+            Field::HeadDim,
+            format!(
+                "head_dim {hd} is not a multiple of 4; split-K decode reads K, V and the \
+                 partials as vec4"
+            ),
+        ));
+    }
     if hd > spec.workgroup_size && spec.grid.flash.is_none() {
         return Err(DslError::spec(
             Field::HeadDim,
@@ -205,7 +215,8 @@ fn check_gqa(spec: &KernelSpec) -> Result<(), DslError> {
 fn check_grid(spec: &KernelSpec) -> Result<(), DslError> {
     let wanted = spec.op.major();
     let tile_max = match spec.op {
-        Op::Decode => 1,
+        Op::Decode | Op::DecodeReduce => 1,
+        Op::DecodeSplit => crate::emit::MAX_SPLIT_HEADS,
         // A backward row tile sums its rows in one workgroup: large tiles keep the
         // two-pass scratch (one partial per tile) and the atomic adds few.
         op if op.is_row_layer() => crate::row_layer::MAX_ROW_TILE,
@@ -225,6 +236,16 @@ fn check_grid(spec: &KernelSpec) -> Result<(), DslError> {
     }
     if spec.grid.flash.is_some() {
         return check_flash(spec);
+    }
+    if spec.op == Op::DecodeSplit && !(1..=tile_max).contains(&spec.grid.tile) {
+        return Err(DslError::spec(
+            Field::Grid,
+            format!(
+                "tile {}: a decode_split workgroup serves 1 to {tile_max} query heads of its KV \
+                 head, one per vec4 component; a KV head with more gets several workgroups",
+                spec.grid.tile
+            ),
+        ));
     }
     if spec.grid.tile == 0 || spec.grid.tile > tile_max {
         return Err(DslError::spec(
@@ -364,6 +385,7 @@ fn grid_unit(major: Major) -> &'static str {
         Major::S => "(query tile, head)",
         Major::J => "(key tile, KV head)",
         Major::Head => "head",
+        Major::Slice => "(key slice, KV head)",
         Major::R => "row tile",
         Major::Elem => "tile of output elements",
     }
@@ -395,19 +417,23 @@ fn cannot_honour(op: Op, word: &str) -> Option<&'static str> {
             "it rotates each row on its own and never compares a query with a key, so no \
              mask or score modifier applies",
         ),
+        (Op::DecodeReduce, _) => Some(
+            "it combines the slices' partial softmaxes, in which the masks and modifiers are \
+             already applied; give them to the decode_split kernel",
+        ),
         (Op::BackwardPrep, _) => Some(
             "it reads the forward's O and LSE, in which the masks and modifiers are already \
              applied",
         ),
-        (Op::Decode, "causal" | "document") => Some(
+        (Op::Decode | Op::DecodeSplit, "causal" | "document") => Some(
             "its one query row attends to the whole KV cache, whose length is the run-time \
              `cache_len`; limit the keys with cache_len (or `window`)",
         ),
-        (Op::Decode, "bias" | "shared_bias") => Some(
+        (Op::Decode | Op::DecodeSplit, "bias" | "shared_bias") => Some(
             "a bias is a [seq, seq] tensor over a sequence's own queries, and a decode's query \
              is not one of its cache's rows",
         ),
-        (Op::Decode, "dropout") => Some(
+        (Op::Decode | Op::DecodeSplit, "dropout") => Some(
             "dropout belongs to training, and a decode step runs inference; it has no \
              backward to regenerate the mask",
         ),
@@ -415,8 +441,31 @@ fn cannot_honour(op: Op, word: &str) -> Option<&'static str> {
     }
 }
 
+/// Only split-K decode reads a paged cache: its key index is the one place that walks the
+/// block table.
+fn check_cache(spec: &KernelSpec) -> Result<(), DslError> {
+    if spec.cache == Cache::Paged && spec.op != Op::DecodeSplit {
+        return Err(DslError::spec(
+            Field::Cache,
+            format!(
+                "op {} reads no paged cache; `cache: paged` belongs to a decode_split kernel \
+                 (run it with its decode_reduce)",
+                spec.op.name()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 fn check_source(spec: &KernelSpec) -> Result<(), DslError> {
-    if spec.source == Source::Scratch && spec.op != Op::BackwardKv {
+    if spec.op == Op::DecodeReduce && spec.source != Source::Scratch {
+        return Err(DslError::spec(
+            Field::Source,
+            "decode_reduce combines the partials a decode_split kernel flushes; name it with \
+             `source: scratch(<decode_split kernel>)`",
+        ));
+    }
+    if spec.source == Source::Scratch && !matches!(spec.op, Op::BackwardKv | Op::DecodeReduce) {
         return Err(DslError::spec(
             Field::Source,
             format!(
@@ -536,6 +585,7 @@ fn supported_mode(spec: &KernelSpec, tensor: &str) -> WriteMode {
             .unwrap_or(WriteMode::AtomicScatter),
         (_, "dbias") if spec.masks.bias == Some(BiasHeads::Shared) => WriteMode::AtomicScatter,
         (Op::BackwardQ, "p_ds") => WriteMode::ScratchFlush,
+        (Op::DecodeSplit, "part_o" | "part_ml") => WriteMode::ScratchFlush,
         (Op::BackwardQ, "dkv") => WriteMode::AtomicScatter,
         (Op::BackwardKv, "dq") => WriteMode::AtomicScatter,
         _ => WriteMode::Owned,

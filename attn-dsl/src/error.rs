@@ -17,6 +17,8 @@ pub enum Field {
     WorkgroupSize,
     Source,
     Dtype,
+    /// The KV cache layout of a decode (`cache: paged`).
+    Cache,
     /// The `writes` entry of the named output (or the `writes` block when it is missing).
     Write(String),
 }
@@ -36,6 +38,7 @@ impl fmt::Display for Field {
             Field::WorkgroupSize => f.write_str("workgroup_size"),
             Field::Source => f.write_str("source"),
             Field::Dtype => f.write_str("dtype"),
+            Field::Cache => f.write_str("cache"),
             Field::Write(name) => write!(f, "writes.{name}"),
         }
     }

@@ -35,8 +35,8 @@ pub use error::{DslError, Field};
 pub const DKV_LANES: u32 = 4;
 pub use plan::{Access, Binding, KernelAbi, Scalar};
 pub use spec::{
-    Axis, BiasHeads, Flash, FlashConfig, Gqa, Grid, KernelSpec, Limits, Major, Masks, Op,
-    Dtype, Scatter, Source, Target, WriteMode,
+    Axis, BiasHeads, Cache, Dtype, Flash, FlashConfig, Gqa, Grid, KernelSpec, Limits, Major, Masks,
+    Op, Scatter, Source, Target, WriteMode,
 };
 pub use validate::ValidateError;
 

@@ -48,7 +48,7 @@ impl Scalar {
     /// The element of tensor kind `e` in a kernel whose data tensors are `dtype`.
     pub fn of(e: Elem, dtype: Dtype) -> Scalar {
         match (e, dtype) {
-            (Elem::F32, _) | (Elem::Data, Dtype::F32) => Scalar::F32,
+            (Elem::F32 | Elem::F32x4, _) | (Elem::Data, Dtype::F32) => Scalar::F32,
             (Elem::U32, _) => Scalar::U32,
             (Elem::Data, Dtype::F16) => Scalar::F16,
             (Elem::Data, Dtype::Bf16) => Scalar::Bf16,
@@ -141,6 +141,16 @@ impl KernelAbi {
             Major::S => [at(0).div_ceil(self.grid.tile), at(1), at(4)],
             Major::J => [at(0).div_ceil(self.grid.tile), at(2), at(4)],
             Major::Head => [at(1), at(4), 1],
+            // Field 9 is n_slices; each KV head's query heads in groups of `tile`.
+            Major::Slice => [
+                at(9),
+                at(2)
+                    * at(1)
+                        .checked_div(at(2))
+                        .unwrap_or(0)
+                        .div_ceil(self.grid.tile),
+                at(4),
+            ],
             Major::R => [
                 at(0).div_ceil(self.grid.tile),
                 crate::row_layer::grid_y(self.op, at(1), at(2), self.workgroup_size[0]),
@@ -177,13 +187,13 @@ pub fn bindings(spec: &KernelSpec) -> Vec<Binding> {
                     let fields = block.fields.iter().map(|f| Cow::Borrowed(*f)).collect();
                     (Access::Uniform, Cow::Borrowed(block.struct_name), fields)
                 }
-                Role::Input => (Access::Read, array_type(scalar, None), Vec::new()),
+                Role::Input => (Access::Read, array_type(t.elem, scalar, None), Vec::new()),
                 Role::Output if write == Some(WriteMode::AtomicScatter) => (
                     Access::ReadWrite,
-                    array_type(scalar, Some(spec.scatter)),
+                    array_type(t.elem, scalar, Some(spec.scatter)),
                     Vec::new(),
                 ),
-                Role::Output => (Access::ReadWrite, array_type(scalar, None), Vec::new()),
+                Role::Output => (Access::ReadWrite, array_type(t.elem, scalar, None), Vec::new()),
             };
             Binding {
                 group: 0,
@@ -202,12 +212,13 @@ pub fn bindings(spec: &KernelSpec) -> Vec<Binding> {
 
 /// `array<f32>`, or the atomic array an atomic-scatter output is added into: `u32` words
 /// holding f32 bits for the compare-exchange loop, or `f32` for native atomic adds.
-fn array_type(scalar: Scalar, scatter: Option<Scatter>) -> Cow<'static, str> {
-    Cow::Borrowed(match (scatter, scalar) {
-        (Some(Scatter::Cas), _) => "array<atomic<u32>>",
-        (Some(Scatter::F32Atomic), _) => "array<atomic<f32>>",
-        (None, Scalar::F32) => "array<f32>",
-        (None, Scalar::U32 | Scalar::Bf16) => "array<u32>",
-        (None, Scalar::F16) => "array<f16>",
+fn array_type(e: Elem, scalar: Scalar, scatter: Option<Scatter>) -> Cow<'static, str> {
+    Cow::Borrowed(match (scatter, e, scalar) {
+        (Some(Scatter::Cas), _, _) => "array<atomic<u32>>",
+        (Some(Scatter::F32Atomic), _, _) => "array<atomic<f32>>",
+        (None, Elem::F32x4, _) => "array<vec4<f32>>",
+        (None, _, Scalar::F32) => "array<f32>",
+        (None, _, Scalar::U32 | Scalar::Bf16) => "array<u32>",
+        (None, _, Scalar::F16) => "array<f16>",
     })
 }

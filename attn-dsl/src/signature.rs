@@ -3,7 +3,7 @@
 //! Binding order follows the seeds' bind-group tables, which are the reference ABI, with
 //! the tensors an op only needs in some schedules present only there.
 
-use crate::spec::{Axis, BiasHeads, KernelSpec, Op, Source, WriteMode};
+use crate::spec::{Axis, BiasHeads, Cache, KernelSpec, Op, Source, WriteMode};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
@@ -18,6 +18,9 @@ pub enum Elem {
     U32,
     /// A data tensor (Q, K, V, O): f32, f16 or bf16 words, as the spec's dtype says.
     Data,
+    /// f32 data the kernel reads and writes as vec4 (`array<vec4<f32>>`): one 16-byte
+    /// load per four elements. The row length must be a multiple of 4.
+    F32x4,
 }
 
 /// When a tensor of the signature is bound.
@@ -38,6 +41,8 @@ pub enum Presence {
     IfBias(BiasHeads),
     /// When written, with a bias of these heads.
     IfBiasWritten(BiasHeads),
+    /// With this KV cache layout.
+    IfCache(Cache),
     /// When the description declares this output with this write mode (a gradient summed
     /// over rows: the whole tensor when atomic, one partial per row tile when scratch).
     IfWrittenAs(WriteMode),
@@ -78,8 +83,8 @@ const fn when(t: Tensor, presence: Presence) -> Tensor {
     Tensor { presence, ..t }
 }
 
-use Axis::{B, D, H, J, KvH, Part, S};
-use Elem::{Data, F32, U32};
+use Axis::{B, D, H, J, KvH, Page, Part, S, Slice};
+use Elem::{Data, F32, F32x4, U32};
 use Presence::{IfAlibi, IfBias, IfBiasWritten, IfDocument, IfRecompute, IfScratch, IfWritten};
 use Role::{Input, Output, Uniform};
 
@@ -115,6 +120,45 @@ const FORWARD: &[Tensor] = &[
     ALIBI,
     BIAS,
     SHARED_BIAS,
+];
+
+// Split-K decode: slice `slice` of the cache flushes, per query head, its unnormalized
+// output (part_o) and its running max and sum (part_ml: m is part 0, l part 1) for the reduce.
+// A paged cache is a pool of pages (J: the key within its page) and a block table.
+const DECODE_SPLIT: &[Tensor] = &[
+    t("q", Input, F32x4, &[B, H, D]),
+    when(
+        t("k_cache", Input, F32x4, &[B, J, KvH, D]),
+        Presence::IfCache(Cache::Contiguous),
+    ),
+    when(
+        t("v_cache", Input, F32x4, &[B, J, KvH, D]),
+        Presence::IfCache(Cache::Contiguous),
+    ),
+    when(
+        t("k_cache", Input, F32x4, &[Page, J, KvH, D]),
+        Presence::IfCache(Cache::Paged),
+    ),
+    when(
+        t("v_cache", Input, F32x4, &[Page, J, KvH, D]),
+        Presence::IfCache(Cache::Paged),
+    ),
+    t("part_o", Output, F32x4, &[B, Slice, H, D]),
+    t("part_ml", Output, F32, &[Part, B, Slice, H]),
+    DIMS,
+    PARAMS_T,
+    ALIBI,
+    when(
+        t("block_table", Input, U32, &[B, Page]),
+        Presence::IfCache(Cache::Paged),
+    ),
+];
+
+const DECODE_REDUCE: &[Tensor] = &[
+    t("part_o", Input, F32x4, &[B, Slice, H, D]),
+    t("part_ml", Input, F32, &[Part, B, Slice, H]),
+    t("o", Output, F32x4, &[B, H, D]),
+    DIMS,
 ];
 
 const DECODE: &[Tensor] = &[
@@ -265,6 +309,8 @@ pub fn all_tensors(op: Op) -> &'static [Tensor] {
     match op {
         Op::Forward => FORWARD,
         Op::Decode => DECODE,
+        Op::DecodeSplit => DECODE_SPLIT,
+        Op::DecodeReduce => DECODE_REDUCE,
         Op::BackwardPrep => BACKWARD_PREP,
         Op::BackwardQ => BACKWARD_Q,
         Op::BackwardKv => BACKWARD_KV,
@@ -291,6 +337,7 @@ pub fn tensors(spec: &KernelSpec) -> Vec<Tensor> {
                 spec.masks.bias == Some(heads) && spec.write_mode(t.name).is_some()
             }
             Presence::IfWrittenAs(mode) => spec.write_mode(t.name) == Some(mode),
+            Presence::IfCache(cache) => spec.cache == cache,
         })
         .copied()
         .collect()
@@ -324,6 +371,23 @@ pub fn dims(op: Op) -> UniformBlock {
             "batch",
             "capacity",
             "window",
+            "_pad0",
+        ],
+        // Both passes of split-K decode bind one dims block: slice_len keys per slice (a
+        // multiple of the split kernel's key tile), n_slices of them; a paged cache's
+        // page_size (keys per page) and pages_per_seq (a block table row's length).
+        Op::DecodeSplit | Op::DecodeReduce => &[
+            "cache_len",
+            "n_heads",
+            "n_kv_heads",
+            "head_dim",
+            "batch",
+            "capacity",
+            "window",
+            "page_size",
+            "slice_len",
+            "n_slices",
+            "pages_per_seq",
             "_pad0",
         ],
         Op::Rope | Op::RopeBackward => &[
@@ -363,6 +427,13 @@ pub fn dims(op: Op) -> UniformBlock {
         elem: U32,
         fields,
     }
+}
+
+/// Whether a consumer's input named `name` is scratch some producer flushed (the split
+/// backward's P and dS, split-K decode's partials): the tensor the macro checks against
+/// the producer's published layout.
+pub fn is_scratch_read(name: &str) -> bool {
+    matches!(name, "p_ds" | "part_o")
 }
 
 /// The uniform block behind a uniform binding name.

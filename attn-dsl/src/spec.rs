@@ -32,6 +32,11 @@ pub enum Axis {
     K,
     /// Output feature of the Linear.
     N,
+    /// A slice of a decode's KV cache along the key axis (split-K decode): the partial
+    /// softmax of one slice.
+    Slice,
+    /// A page of a paged KV cache: a fixed number of consecutive keys of one sequence.
+    Page,
 }
 
 impl Axis {
@@ -48,6 +53,8 @@ impl Axis {
             Axis::RowTile => "row_tile",
             Axis::K => "k",
             Axis::N => "n",
+            Axis::Slice => "slice",
+            Axis::Page => "page",
         }
     }
 }
@@ -64,6 +71,13 @@ pub enum Op {
     Forward,
     /// One query row per head against a KV cache of `cache_len` rows.
     Decode,
+    /// Split-K decode, first pass: the cache cut into slices along the key axis, each
+    /// workgroup one slice for the query heads of one KV head, flushing the slice's partial
+    /// softmax (max m, sum l, unnormalized output) to scratch.
+    DecodeSplit,
+    /// Split-K decode, second pass: each head's output combined from its slices' partials,
+    /// each rescaled by exp(m_slice - m), owned by one workgroup per head.
+    DecodeReduce,
     /// Backward preparation: per query row, packs the forward's LSE with
     /// D = rowsum(dO ∘ O) into `stats`, so the backward kernels bind one buffer for both.
     BackwardPrep,
@@ -87,9 +101,11 @@ pub enum Op {
 }
 
 impl Op {
-    pub const ALL: [Op; 10] = [
+    pub const ALL: [Op; 12] = [
         Op::Forward,
         Op::Decode,
+        Op::DecodeSplit,
+        Op::DecodeReduce,
         Op::BackwardPrep,
         Op::BackwardQ,
         Op::BackwardKv,
@@ -104,6 +120,8 @@ impl Op {
         match self {
             Op::Forward => "forward",
             Op::Decode => "decode",
+            Op::DecodeSplit => "decode_split",
+            Op::DecodeReduce => "decode_reduce",
             Op::BackwardPrep => "backward_prep",
             Op::BackwardQ => "backward_q",
             Op::BackwardKv => "backward_kv",
@@ -121,11 +139,17 @@ impl Op {
             Op::Forward | Op::BackwardPrep | Op::BackwardQ | Op::Rope | Op::RopeBackward => {
                 Major::S
             }
-            Op::Decode => Major::Head,
+            Op::Decode | Op::DecodeReduce => Major::Head,
+            Op::DecodeSplit => Major::Slice,
             Op::BackwardKv => Major::J,
             Op::LayernormLinear | Op::LayernormLinearBackward => Major::R,
             Op::LayernormLinearReduce => Major::Elem,
         }
+    }
+
+    /// Whether this op reads a KV cache with one query row per head (plain or split-K).
+    pub fn is_decode(self) -> bool {
+        matches!(self, Op::Decode | Op::DecodeSplit | Op::DecodeReduce)
     }
 
     /// Whether this op is a row-wise layer (hidden and out sizes) rather than attention
@@ -170,6 +194,9 @@ pub enum Major {
     J,
     /// One workgroup per head (decode: a single query row).
     Head,
+    /// One workgroup per (key slice, KV head): split-K decode, `tile` query heads of the KV
+    /// head per workgroup, so each slice of K and V is read once for all of them.
+    Slice,
     /// One workgroup per tile of rows of a row-wise layer.
     R,
     /// One invocation per output element, each summing what it owns (a reduce).
@@ -182,6 +209,7 @@ impl Major {
             Major::S => "s_major",
             Major::J => "j_major",
             Major::Head => "head_major",
+            Major::Slice => "slice_major",
             Major::R => "r_major",
             Major::Elem => "elementwise",
         }
@@ -194,6 +222,7 @@ impl Major {
             Major::S => &[Axis::B, Axis::S, Axis::H],
             Major::J => &[Axis::B, Axis::J, Axis::KvH],
             Major::Head => &[Axis::B, Axis::H],
+            Major::Slice => &[Axis::B, Axis::Slice, Axis::KvH],
             Major::R => &[Axis::RowTile],
             // Every invocation owns the elements it is handed; none shares one.
             Major::Elem => &[],
@@ -337,6 +366,29 @@ impl Masks {
     }
 }
 
+/// How a decode's KV cache is laid out.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Cache {
+    /// `[batch, capacity, n_kv_heads, head_dim]`: each sequence's rows in one block.
+    #[default]
+    Contiguous,
+    /// A pool of pages `[n_pages, page_size, n_kv_heads, head_dim]` and a block table
+    /// `[batch, pages_per_seq]` naming the page of each sequence's keys
+    /// `p·page_size..(p + 1)·page_size` (vLLM's PagedAttention layout); page_size and
+    /// pages_per_seq are run-time dims.
+    Paged,
+}
+
+impl Cache {
+    pub fn name(self) -> &'static str {
+        match self {
+            Cache::Contiguous => "contiguous",
+            Cache::Paged => "paged",
+        }
+    }
+}
+
 /// Where the kernel must run, and so which limits and shader capabilities apply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -461,6 +513,13 @@ pub struct KernelSpec {
     pub source: Source,
     /// How atomic outputs are added into.
     pub scatter: Scatter,
+    /// How a decode's KV cache is laid out.
+    #[serde(skip_serializing_if = "is_contiguous")]
+    pub cache: Cache,
+}
+
+fn is_contiguous(c: &Cache) -> bool {
+    *c == Cache::Contiguous
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -511,6 +570,7 @@ impl KernelSpec {
             writes,
             source: Source::default(),
             scatter: Scatter::default(),
+            cache: Cache::default(),
         }
     }
 }

@@ -122,10 +122,9 @@ pub fn scratch_contract(lowered: &Lowered, abi: &KernelAbi) -> TokenStream {
             pub const SCRATCH: ::attn_dsl::contract::Scratch = #value;
         });
     }
-    let read = abi
-        .bindings
-        .iter()
-        .find(|b| b.access == Access::Read && b.name == "p_ds");
+    let read = abi.bindings.iter().find(|b| {
+        b.access == Access::Read && attn_dsl::signature::is_scratch_read(b.name.as_ref())
+    });
     if let (Some(b), Some(producer)) = (read, &lowered.producer) {
         let value = scratch(b);
         let relative = producer.leading_colon.is_none()
@@ -171,6 +170,8 @@ fn axis(a: Axis) -> TokenStream {
         Axis::RowTile => quote!(RowTile),
         Axis::K => quote!(K),
         Axis::N => quote!(N),
+        Axis::Slice => quote!(Slice),
+        Axis::Page => quote!(Page),
     }
 }
 
@@ -179,6 +180,8 @@ fn abi_const(abi: &KernelAbi, wgsl: TokenStream) -> TokenStream {
     let op = match abi.op {
         Op::Forward => quote!(Forward),
         Op::Decode => quote!(Decode),
+        Op::DecodeSplit => quote!(DecodeSplit),
+        Op::DecodeReduce => quote!(DecodeReduce),
         Op::BackwardPrep => quote!(BackwardPrep),
         Op::BackwardQ => quote!(BackwardQ),
         Op::BackwardKv => quote!(BackwardKv),
@@ -248,6 +251,7 @@ fn major(m: Major) -> TokenStream {
         Major::S => quote!(::attn_dsl::Major::S),
         Major::J => quote!(::attn_dsl::Major::J),
         Major::Head => quote!(::attn_dsl::Major::Head),
+        Major::Slice => quote!(::attn_dsl::Major::Slice),
         Major::R => quote!(::attn_dsl::Major::R),
         Major::Elem => quote!(::attn_dsl::Major::Elem),
     }

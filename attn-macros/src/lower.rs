@@ -2,8 +2,8 @@
 //! error points at the token that caused it.
 
 use attn_dsl::{
-    BiasHeads, DslError, Field, Flash, Gqa, Grid, KernelSpec, Limits, Major, Masks, Op, Dtype,
-    Scatter, Source, Target, WriteMode,
+    BiasHeads, Cache, DslError, Dtype, Field, Flash, Gqa, Grid, KernelSpec, Limits, Major, Masks,
+    Op, Scatter, Source, Target, WriteMode,
 };
 use proc_macro2::Span;
 use syn::Ident;
@@ -111,6 +111,10 @@ pub fn lower(d: &Description) -> syn::Result<Lowered> {
         Some(v) => source(v)?,
         None => (Source::default(), None),
     };
+    let cache = get("cache", Field::Cache)
+        .map(cache)
+        .transpose()?
+        .unwrap_or_default();
     let writes_value = require(d, get("writes", Field::Write(String::new())), "writes")?;
     spans.extend(mask_spans);
     let writes = writes(writes_value, &mut spans)?;
@@ -128,6 +132,7 @@ pub fn lower(d: &Description) -> syn::Result<Lowered> {
         writes,
         source,
         scatter: Scatter::Cas,
+        cache,
     };
     Ok(Lowered {
         spec,
@@ -200,7 +205,7 @@ fn op(v: &Value) -> syn::Result<Op> {
 /// (`s_major(flash)`), which depends on the op, head_dim and target lowered after it.
 fn grid(v: &Value) -> syn::Result<(Grid, bool)> {
     const EXPECTED: &str = "s_major(tile = N), j_major(tile = N), s_major(flash), \
-                            j_major(flash), head_major, r_major(tile = N) or elementwise";
+                            j_major(flash), head_major, slice_major(tile = N), r_major(tile = N) or elementwise";
     let (name, args) = match v {
         Value::Word(w) => (w, &[][..]),
         Value::Call(Call {
@@ -235,6 +240,8 @@ fn grid(v: &Value) -> syn::Result<(Grid, bool)> {
         "s_major" => (Major::S, "key_tile"),
         "j_major" => (Major::J, "query_tile"),
         "head_major" => (Major::Head, "key_tile"),
+        // Split-K decode: `tile` is the query heads of one KV head a workgroup serves.
+        "slice_major" => (Major::Slice, "-"),
         // Row-wise layers: no inner axis to stage, so no flash arguments.
         "r_major" => (Major::R, "-"),
         "elementwise" => (Major::Elem, "-"),
@@ -396,6 +403,18 @@ fn target(v: &Value) -> syn::Result<Target> {
             Ok(Target::Native(limits))
         }
         other => err(other.span(), format!("`target` takes {EXPECTED}")),
+    }
+}
+
+fn cache(v: &Value) -> syn::Result<Cache> {
+    let w = word(v, "cache", "contiguous | paged")?;
+    match w.to_string().as_str() {
+        "contiguous" => Ok(Cache::Contiguous),
+        "paged" => Ok(Cache::Paged),
+        _ => err(
+            w.span(),
+            format!("unknown cache layout `{w}`; expected `contiguous` or `paged`"),
+        ),
     }
 }
 

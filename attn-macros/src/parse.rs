@@ -34,6 +34,7 @@ pub const KEYS: &[&str] = &[
     "workgroup_size",
     "dtype",
     "source",
+    "cache",
     "writes",
 ];
 

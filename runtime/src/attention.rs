@@ -228,6 +228,16 @@ pub fn seg_with_ends(seg: Option<&[u32]>, batch: u32, seq_len: u32) -> Vec<u32> 
     starts.into_iter().chain(ends).collect()
 }
 
+/// Records `steps` in order in one command buffer and submits it.
+pub(crate) fn submit_steps(gpu: &Gpu, steps: &[crate::kernel::Step]) -> Result<(), Error> {
+    let mut encoder = gpu.device.create_command_encoder(&Default::default());
+    for s in steps {
+        s.kernel.record(gpu, &mut encoder, &s.bound, s.grid)?;
+    }
+    gpu.queue.submit([encoder.finish()]);
+    Ok(())
+}
+
 pub(crate) fn submit(
     gpu: &Gpu,
     kernel: &Kernel,
@@ -399,18 +409,20 @@ pub fn validate_decode(
     input: &DecodeInput,
 ) -> Result<(), InputError> {
     expect_op(abi, Op::Decode)?;
-    nonzero("batch", input.batch)?;
-    nonzero("cache_len", input.cache_len)?;
+    validate_cache(abi, limits, input)
+}
+
+/// Dims, Q and cache lengths, scale and modifiers of a decode (plain or split-K), against
+/// the kernel that reads the cache.
+pub(crate) fn validate_cache(
+    abi: &KernelAbi,
+    limits: &wgpu::Limits,
+    input: &DecodeInput,
+) -> Result<(), InputError> {
+    validate_query(abi, input)?;
     let h = input.heads;
-    validate_heads(abi, h)?;
-    let (nh, nkv, d) = (h.n_heads as u64, h.n_kv_heads as u64, h.head_dim as u64);
+    let (nkv, d) = (h.n_kv_heads as u64, h.head_dim as u64);
     let batch = u64::from(input.batch);
-    length(
-        "q",
-        input.q.len(),
-        batch * nh * d,
-        "batch × n_heads × head_dim",
-    )?;
     // A row of the cache holds every sequence's KV heads.
     let row = batch * nkv * d;
     let capacity = input.k_cache.len() as u64 / row;
@@ -435,6 +447,22 @@ pub fn validate_decode(
         });
     }
     binding_size(limits, input.k_cache.len() as u64 * 4)?;
+    Ok(())
+}
+
+/// What every decode checks whatever its cache's layout: dims, heads, Q's length, the
+/// scale and the modifiers.
+pub(crate) fn validate_query(abi: &KernelAbi, input: &DecodeInput) -> Result<(), InputError> {
+    nonzero("batch", input.batch)?;
+    nonzero("cache_len", input.cache_len)?;
+    let h = input.heads;
+    validate_heads(abi, h)?;
+    length(
+        "q",
+        input.q.len(),
+        u64::from(input.batch) * u64::from(h.n_heads) * u64::from(h.head_dim),
+        "batch × n_heads × head_dim",
+    )?;
     validate_scale(input.scale)?;
     input.mods.validate(abi, input.batch, 1, h.n_heads)
 }

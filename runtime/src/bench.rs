@@ -2,7 +2,7 @@
 //! with FLOPs by FlashAttention's convention (forward 4·S²·H·D, halved when causal;
 //! backward 2.5× forward).
 
-use attn_dsl::{Dtype, KernelSpec, Masks, Op, Scalar};
+use attn_dsl::{Cache, Dtype, KernelSpec, Masks, Op, Scalar};
 
 use crate::attention::{Heads, checked_grid, uniforms};
 use crate::backward::Schedule;
@@ -428,4 +428,190 @@ fn half_forwards(
         }
     }
     Ok(out)
+}
+
+/// A decode step to time: one query row per head against `cache_len` rows of a KV cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodeShape {
+    pub cache_len: u32,
+    pub batch: u32,
+    pub heads: Heads,
+}
+
+impl DecodeShape {
+    pub fn label(&self) -> String {
+        let h = self.heads;
+        format!(
+            "cache={}{} h={} kv={} d={}",
+            self.cache_len,
+            if self.batch > 1 {
+                format!(" b={}", self.batch)
+            } else {
+                String::new()
+            },
+            h.n_heads,
+            h.n_kv_heads,
+            h.head_dim
+        )
+    }
+
+    /// Bytes a decode must move at least once: K and V of the cache read, Q read, O written.
+    pub fn bytes(&self) -> f64 {
+        let h = self.heads;
+        let kv = 2.0 * f64::from(self.cache_len) * f64::from(h.n_kv_heads);
+        let qo = 2.0 * f64::from(h.n_heads);
+        4.0 * f64::from(self.batch) * f64::from(h.head_dim) * (kv + qo)
+    }
+}
+
+/// One timed decode: its label, GPU time and bytes moved.
+pub struct DecodeRow {
+    pub kernel: String,
+    pub timing: Timing,
+    pub bytes: f64,
+}
+
+impl DecodeRow {
+    pub fn gbps(&self) -> f64 {
+        self.bytes / (self.timing.median_ms * 1e-3) / 1e9
+    }
+}
+
+/// Bytes of the buffer the copy-bandwidth probe copies (each way: read and written).
+const COPY_BYTES: u64 = 256 << 20;
+/// Copies per timed run of the probe, so a fast GPU's run is long beside the timestamps'
+/// granularity.
+const COPIES: u32 = 4;
+
+/// The adapter's copy bandwidth in the same units as [`DecodeRow::gbps`] (bytes read plus
+/// bytes written per second): `copy_buffer_to_buffer` of a large buffer, timed by
+/// timestamps written by empty compute passes before and after the copies (wgpu writes
+/// them at the bottom of the pipe, after every earlier command).
+pub fn copy_bandwidth(gpu: &Gpu, warmup: usize, runs: usize) -> Result<DecodeRow, Error> {
+    let bytes = COPY_BYTES.min(gpu.limits().max_buffer_size) / 4 * 4;
+    let make = |label| {
+        gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: bytes,
+            usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        })
+    };
+    let (src, dst) = (make("copy src"), make("copy dst"));
+    let timing = timing::time_encoded(gpu, warmup, runs, |encoder| {
+        for _ in 0..COPIES {
+            encoder.copy_buffer_to_buffer(&src, 0, &dst, 0, bytes);
+        }
+    })?;
+    Ok(DecodeRow {
+        kernel: format!("copy_buffer_to_buffer {} MiB x{COPIES}", bytes >> 20),
+        timing,
+        bytes: 2.0 * bytes as f64 * f64::from(COPIES),
+    })
+}
+
+/// Keys per page of the paged decode row: vLLM's default.
+const PAGE: u32 = 16;
+
+/// Times the plain decode (one workgroup per head) and split-K decode (both passes) on
+/// `shape`, on the same uploaded cache, then split-K on a paged copy of it; `slice_len`
+/// overrides the slicing rule.
+pub fn decode(
+    gpu: &Gpu,
+    shape: DecodeShape,
+    slice_len: Option<u32>,
+    warmup: usize,
+    runs: usize,
+) -> Result<Vec<DecodeRow>, Error> {
+    let h = shape.heads;
+    let masks = Masks::default();
+    let split = crate::decode::SplitDecode::for_shape(gpu, h.head_dim, masks, Cache::Contiguous)?;
+    let plain_spec = KernelSpec::standard(
+        &tuning::family_name("attention_decode", h.head_dim),
+        Op::Decode,
+        h.head_dim,
+        masks,
+    );
+    let plain = Kernel::new(
+        gpu,
+        &attn_dsl::compile(&plain_spec).map_err(|e| Error::Pipeline {
+            kernel: plain_spec.name.clone(),
+            message: e.to_string(),
+        })?,
+    )?;
+    let (b, len) = (shape.batch as usize, shape.cache_len as usize);
+    let kv_len = b * len * (h.n_kv_heads * h.head_dim) as usize;
+    let q = random(b * (h.n_heads * h.head_dim) as usize, 1);
+    let (k, v) = (random(kv_len, 2), random(kv_len, 3));
+    let input = crate::attention::DecodeInput {
+        batch: shape.batch,
+        cache_len: shape.cache_len,
+        heads: h,
+        q: &q,
+        k_cache: &k,
+        v_cache: &v,
+        scale: None,
+        mods: Default::default(),
+    };
+    let prepared = split.prepare(gpu, &input, None, slice_len)?;
+    let dims = [
+        ("cache_len", shape.cache_len),
+        ("n_heads", h.n_heads),
+        ("n_kv_heads", h.n_kv_heads),
+        ("head_dim", h.head_dim),
+        ("batch", shape.batch),
+        ("capacity", shape.cache_len),
+    ];
+    let (dims_buf, params_buf) =
+        uniforms(gpu, plain.abi(), &dims, &[("scale", h.default_scale())])?;
+    let o = buffers::output::<f32>(gpu, "o", q.len());
+    let mut bound = prepared.inputs().to_vec();
+    bound.extend([("o", &o), ("dims", &dims_buf), ("params", &params_buf)]);
+    let plain_step = Step {
+        kernel: &plain,
+        bound,
+        grid: checked_grid(plain.abi(), gpu.limits(), &dims)?,
+    };
+    let s = prepared.slicing;
+    let bytes = shape.bytes();
+    // The same cache paged, in pages of PAGE keys in reverse order in a pool of just those
+    // pages (so it fits wherever the contiguous cache does).
+    let paged = crate::decode::SplitDecode::for_shape(gpu, h.head_dim, masks, Cache::Paged)?;
+    let (table, k_pool, v_pool) =
+        crate::cases::page_cache(h, (shape.batch, shape.cache_len), PAGE, 0, [&k, &v]);
+    let pages = crate::decode::Pages {
+        block_table: &table,
+        page_size: PAGE,
+    };
+    let paged_input = crate::attention::DecodeInput {
+        k_cache: &k_pool,
+        v_cache: &v_pool,
+        ..input
+    };
+    let paged_prepared = paged.prepare(gpu, &paged_input, Some(&pages), slice_len)?;
+    Ok(vec![
+        DecodeRow {
+            kernel: format!("decode plain ({} workgroups)", h.n_heads * shape.batch),
+            timing: timing::time(gpu, &[plain_step], warmup, runs)?,
+            bytes,
+        },
+        DecodeRow {
+            kernel: format!(
+                "decode split-K {}x{} + reduce ({} workgroups)",
+                s.n_slices,
+                s.slice_len,
+                prepared.split_workgroups()
+            ),
+            timing: timing::time(gpu, &prepared.steps(&split), warmup, runs)?,
+            bytes,
+        },
+        DecodeRow {
+            kernel: format!(
+                "decode split-K {}x{} paged ({PAGE}-key pages)",
+                s.n_slices, s.slice_len
+            ),
+            timing: timing::time(gpu, &paged_prepared.steps(&paged), warmup, runs)?,
+            bytes,
+        },
+    ])
 }

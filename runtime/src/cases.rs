@@ -1,7 +1,7 @@
 //! The case matrix that `check` and the tests run: each case is a shape and mask set, run
 //! on the GPU and judged against the f64 reference by the pass rule, as one or more rows.
 
-use attn_dsl::{BiasHeads, Dtype, FlashConfig, KernelAbi, KernelSpec, Masks, Op};
+use attn_dsl::{BiasHeads, Cache, Dtype, FlashConfig, KernelAbi, KernelSpec, Masks, Op};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 use crate::attention::{self, DecodeInput, ForwardInput, Heads};
@@ -9,6 +9,7 @@ use crate::backward::{Backward, BackwardInput, Gradients, Schedule};
 use crate::compare::{
     Verdict, judge, judge_attention, judge_backward, judge_half_attention, max_abs_error,
 };
+use crate::decode::{DecodePath, Pages, Slicing, SplitDecode};
 use crate::error::Error;
 use crate::gpu::Gpu;
 use crate::kernel::Kernel;
@@ -245,7 +246,8 @@ pub fn default_matrix() -> Vec<Case> {
                     );
                 }
             }
-            for (cache_len, capacity) in [(1, 1), (7, 7), (300, 320)] {
+            // 4099: many slices, the last one short, for split-K decode.
+            for (cache_len, capacity) in [(1, 1), (7, 7), (300, 320), (4099, 4100)] {
                 push(
                     h,
                     1,
@@ -277,6 +279,16 @@ pub fn default_matrix() -> Vec<Case> {
             push(heads(4, 4, head_dim), 1, Shape::Rope { seq, pos_offset });
         }
     }
+    // Split-K decode with 8 query heads per KV head (two head groups per workgroup row)
+    // over a batch.
+    push(
+        heads(16, 2, 64),
+        2,
+        Shape::Decode {
+            cache_len: 4099,
+            capacity: 4100,
+        },
+    );
     // Head_dims with no hand-written kernel: every op through the configurations by rule.
     // At 28 (7 vec4 columns) and 80 (20) most layouts pad the rows to a multiple of the
     // invocations per row; at 28 the padded backward layouts fit any adapter.
@@ -548,6 +560,8 @@ pub struct Runner {
     flash: Vec<(u32, Masks, FlashSet)>,
     half: Vec<(u32, Masks, HalfSet)>,
     rope: Vec<(Kernel, Kernel)>,
+    /// Split-K decode kernels, by head_dim and masks, made when a case first needs them.
+    split: Vec<(u32, Masks, Cache, SplitDecode)>,
     /// The causal backward (with documents), every head_dim compiled so far.
     pub backward: Backward,
     /// The backwards of other masks (non-causal, score modifiers), made when a case needs
@@ -575,9 +589,34 @@ impl Runner {
             flash: Vec::new(),
             half: Vec::new(),
             rope,
+            split: Vec::new(),
             backward: Backward::new(gpu, backward)?,
             others: Vec::new(),
         })
+    }
+
+    /// Split-K decode for `head_dim` and `masks`: the family's, else compiled from its
+    /// descriptions.
+    fn split(
+        &mut self,
+        gpu: &Gpu,
+        head_dim: u32,
+        masks: Masks,
+        cache: Cache,
+    ) -> Result<&SplitDecode, Error> {
+        let at = match self
+            .split
+            .iter()
+            .position(|(d, m, c, _)| *d == head_dim && *m == masks && *c == cache)
+        {
+            Some(at) => at,
+            None => {
+                let kernels = SplitDecode::for_shape(gpu, head_dim, masks, cache)?;
+                self.split.push((head_dim, masks, cache, kernels));
+                self.split.len() - 1
+            }
+        };
+        Ok(&self.split[at].3)
     }
 
     /// The per-row kernel of `op` for `head_dim` and `masks`: the family's, else compiled
@@ -843,10 +882,32 @@ pub fn run_case(gpu: &Gpu, runner: &mut Runner, case: &Case, seed: u64) -> Resul
         } => {
             let mods = ModData::new(case.mods, h, batch, 1, seed);
             let masks = mods.mods().masks(false, false);
-            let kernel = runner.per_row(gpu, Op::Decode, h.head_dim, masks)?;
             let shape = (batch, cache_len, capacity);
-            let verdicts = run_decode(gpu, kernel, h, shape, &mods, seed)?;
-            vec![row(kernel.name(), verdicts)]
+            let split = runner.split(gpu, h.head_dim, masks, Cache::Contiguous)?;
+            let plain_planned = split_plan(split, h, batch, cache_len) == DecodePath::Plain;
+            let kernel = runner.per_row(gpu, Op::Decode, h.head_dim, masks)?;
+            let verdicts = run_decode(gpu, Decoder::Plain(kernel), h, shape, &mods, seed)?;
+            let mut rows = vec![row(&planned(kernel.name(), plain_planned), verdicts)];
+            let split = runner.split(gpu, h.head_dim, masks, Cache::Contiguous)?;
+            // The rule's slicing, then the longest slice the kernel holds.
+            for slice_len in [None, Some(split.max_slice())] {
+                let decoder = Decoder::Split(split, slice_len);
+                let verdicts = run_decode(gpu, decoder, h, shape, &mods, seed)?;
+                let label = decoder.label(cache_len, h, batch);
+                rows.push(row(
+                    &planned(&label, !plain_planned && slice_len.is_none()),
+                    verdicts,
+                ));
+            }
+            // A paged cache: pages of 16 keys (vLLM's default) and of 7, which no key tile
+            // or slice lines up with, shuffled through the pool.
+            let paged = runner.split(gpu, h.head_dim, masks, Cache::Paged)?;
+            for page_size in [16, 7] {
+                let decoder = Decoder::Paged(paged, page_size);
+                let verdicts = run_decode(gpu, decoder, h, shape, &mods, seed)?;
+                rows.push(row(&decoder.label(cache_len, h, batch), verdicts));
+            }
+            rows
         }
         Shape::Backward { seq, docs, causal } => {
             let job = Job {
@@ -1050,9 +1111,107 @@ fn agreement(case: &Case, first: &Row, results: &[(Schedule, Gradients)]) -> Row
     }
 }
 
+/// The decode a check row runs: the plain kernel, or split-K with a slice length (`None`:
+/// the planner's).
+#[derive(Clone, Copy)]
+enum Decoder<'a> {
+    Plain(&'a Kernel),
+    Split(&'a SplitDecode, Option<u32>),
+    /// Split-K over a paged copy of the cache, pages of this many keys.
+    Paged(&'a SplitDecode, u32),
+}
+
+/// A paged copy of contiguous caches `[batch, capacity, kv_heads, head_dim]`: the block
+/// table `[batch, pages]` and the pools, each sequence's pages placed in reverse order
+/// after `spare` unused pages, so that no page sits where a contiguous layout would put it.
+pub(crate) fn page_cache(
+    h: Heads,
+    (batch, capacity): (u32, u32),
+    page_size: u32,
+    spare: usize,
+    caches: [&[f32]; 2],
+) -> (Vec<u32>, Vec<f32>, Vec<f32>) {
+    let row = (h.n_kv_heads * h.head_dim) as usize;
+    let per_seq = capacity.div_ceil(page_size) as usize;
+    let n_pages = spare + batch as usize * per_seq;
+    let page = page_size as usize * row;
+    let table: Vec<u32> = (0..batch as usize * per_seq)
+        .map(|i| (n_pages - 1 - i) as u32)
+        .collect();
+    let pool = |cache: &[f32]| {
+        let mut pool = vec![0.0f32; n_pages * page];
+        for (i, &p) in table.iter().enumerate() {
+            let (b, first) = (i / per_seq, (i % per_seq) * page_size as usize);
+            let rows = (capacity as usize - first).min(page_size as usize);
+            let src = (b * capacity as usize + first) * row;
+            let dst = p as usize * page;
+            pool[dst..dst + rows * row].copy_from_slice(&cache[src..src + rows * row]);
+        }
+        pool
+    };
+    let (k, v) = (pool(caches[0]), pool(caches[1]));
+    (table, k, v)
+}
+
+/// The planner's decode for a shape (its choice depends on the shape only).
+fn split_plan(split: &SplitDecode, heads: Heads, batch: u32, cache_len: u32) -> DecodePath {
+    let input = DecodeInput {
+        batch,
+        cache_len,
+        heads,
+        q: &[],
+        k_cache: &[],
+        v_cache: &[],
+        scale: None,
+        mods: Default::default(),
+    };
+    crate::decode::plan_decode(split, &input)
+}
+
+fn planned(label: &str, planned: bool) -> String {
+    match planned {
+        true => format!("{label} (planned)"),
+        false => label.to_string(),
+    }
+}
+
+impl Decoder<'_> {
+    /// The kernel's name, and for split-K its slicing (`n_slices x slice_len`).
+    fn label(&self, cache_len: u32, h: Heads, batch: u32) -> String {
+        match *self {
+            Decoder::Plain(k) => k.name().to_string(),
+            Decoder::Paged(s, page_size) => {
+                let slicing = s.slicing_of(h, batch, cache_len);
+                format!(
+                    "{} split {}x{} page={page_size}",
+                    s.split_kernel().name(),
+                    slicing.n_slices,
+                    slicing.slice_len,
+                )
+            }
+            Decoder::Split(s, len) => {
+                let slicing = match (len, split_plan(s, h, batch, cache_len)) {
+                    (Some(l), _) => Slicing {
+                        slice_len: l,
+                        n_slices: cache_len.div_ceil(l),
+                    },
+                    (None, DecodePath::Split(planned)) => planned,
+                    (None, DecodePath::Plain) => s.slicing_of(h, batch, cache_len),
+                };
+                format!(
+                    "{} split {}x{}",
+                    s.split_kernel().name(),
+                    slicing.n_slices,
+                    slicing.slice_len,
+                )
+            }
+        }
+    }
+}
+
 fn run_decode(
     gpu: &Gpu,
-    kernel: &Kernel,
+    decoder: Decoder,
     h: Heads,
     (batch, cache_len, capacity): (u32, u32, u32),
     mods: &ModData,
@@ -1070,7 +1229,23 @@ fn run_decode(
         scale: None,
         mods: mods.mods(),
     };
-    let o = attention::decode(gpu, kernel, &input)?;
+    let o = match decoder {
+        Decoder::Plain(kernel) => attention::decode(gpu, kernel, &input)?,
+        Decoder::Split(split, slice_len) => split.run(gpu, &input, slice_len)?,
+        Decoder::Paged(split, page_size) => {
+            let (table, k_pool, v_pool) = page_cache(h, (batch, capacity), page_size, 2, [&k, &v]);
+            let pages = Pages {
+                block_table: &table,
+                page_size,
+            };
+            let paged = DecodeInput {
+                k_cache: &k_pool,
+                v_cache: &v_pool,
+                ..input
+            };
+            split.run_paged(gpu, &paged, &pages, None)?
+        }
+    };
     // The reference reads each sequence's first `cache_len` rows, packed.
     let row = (h.n_kv_heads * h.head_dim) as usize;
     let filled = |x: &[f32]| -> Vec<f32> {

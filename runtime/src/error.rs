@@ -78,6 +78,23 @@ pub enum InputError {
     },
     #[error("cache_len {cache_len} is more than the {capacity} rows the KV cache holds")]
     CacheTooShort { cache_len: u32, capacity: u64 },
+    #[error(
+        "slice_len {slice_len} for split-K decode must be a multiple of the kernel's key tile \
+         {key_tile}, from {key_tile} to {max}"
+    )]
+    SliceLen {
+        slice_len: u32,
+        key_tile: u32,
+        max: u32,
+    },
+    #[error("kernel `{kernel}` reads a {reads} KV cache, and this decode gave a {given} one")]
+    CacheLayout {
+        kernel: String,
+        reads: &'static str,
+        given: &'static str,
+    },
+    #[error("paged KV cache: {0}")]
+    Pages(String),
     #[error("scale {0} is not a finite number")]
     Scale(f32),
     #[error("{what} needs {needs}")]

@@ -177,3 +177,10 @@ pub fn layout_entries(abi: &KernelAbi) -> Vec<wgpu::BindGroupLayoutEntry> {
         })
         .collect()
 }
+
+/// One dispatch: a kernel, its buffers by binding name, and its grid.
+pub struct Step<'a> {
+    pub kernel: &'a Kernel,
+    pub bound: Vec<(&'a str, &'a wgpu::Buffer)>,
+    pub grid: [u32; 3],
+}

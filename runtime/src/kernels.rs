@@ -61,6 +61,92 @@ attention_kernel! {
 }
 
 attention_kernel! {
+    /// Split-K decode, pass 1, head_dim 64: one workgroup per (cache slice, KV head) for up
+    /// to 4 of its query heads, so each slice of K and V is read once for all of them; it
+    /// flushes each head's partial softmax (unnormalized output, max, sum) to scratch.
+    pub attention_decode_split {
+        op: decode_split,
+        grid: slice_major(tile = 4),
+        head_dim: 64,
+        gqa: any,
+        target: webgpu,
+        workgroup_size: 256,
+        writes: { part_o: scratch, part_ml: scratch },
+    }
+}
+
+attention_kernel! {
+    /// Split-K decode, pass 2, head_dim 64: each head's output owned by one workgroup,
+    /// combined from the slices' partials.
+    pub attention_decode_reduce {
+        op: decode_reduce,
+        grid: head_major,
+        head_dim: 64,
+        gqa: any,
+        target: webgpu,
+        workgroup_size: 256,
+        source: scratch(attention_decode_split),
+        writes: { o: owned },
+    }
+}
+
+attention_kernel! {
+    /// Split-K decode, pass 1, head_dim 128.
+    pub attention_decode_split_d128 {
+        op: decode_split,
+        grid: slice_major(tile = 4),
+        head_dim: 128,
+        gqa: any,
+        target: webgpu,
+        workgroup_size: 256,
+        writes: { part_o: scratch, part_ml: scratch },
+    }
+}
+
+attention_kernel! {
+    /// Split-K decode, pass 2, head_dim 128.
+    pub attention_decode_reduce_d128 {
+        op: decode_reduce,
+        grid: head_major,
+        head_dim: 128,
+        gqa: any,
+        target: webgpu,
+        workgroup_size: 256,
+        source: scratch(attention_decode_split_d128),
+        writes: { o: owned },
+    }
+}
+
+attention_kernel! {
+    /// Split-K decode, pass 1, head_dim 64, reading a paged cache through a block table
+    /// (its pass 2 is `attention_decode_reduce`).
+    pub attention_decode_split_paged {
+        op: decode_split,
+        grid: slice_major(tile = 4),
+        head_dim: 64,
+        gqa: any,
+        target: webgpu,
+        workgroup_size: 256,
+        cache: paged,
+        writes: { part_o: scratch, part_ml: scratch },
+    }
+}
+
+attention_kernel! {
+    /// Split-K decode over a paged cache, pass 1, head_dim 128.
+    pub attention_decode_split_paged_d128 {
+        op: decode_split,
+        grid: slice_major(tile = 4),
+        head_dim: 128,
+        gqa: any,
+        target: webgpu,
+        workgroup_size: 256,
+        cache: paged,
+        writes: { part_o: scratch, part_ml: scratch },
+    }
+}
+
+attention_kernel! {
     /// Backward preparation, head_dim 64: packs LSE and D = rowsum(dO ∘ O) into `stats`
     /// [2, s, h] for every backward schedule.
     pub attention_backward_prep {
@@ -485,6 +571,27 @@ pub static BACKWARD: [BackwardKernels; 2] = [
     ),
 ];
 
+/// Split-K decode (pass 1, pass 2) for head_dim 64 and 128.
+pub static DECODE_SPLIT: [(&attn_dsl::KernelAbi, &attn_dsl::KernelAbi); 2] = [
+    (&attention_decode_split::ABI, &attention_decode_reduce::ABI),
+    (
+        &attention_decode_split_d128::ABI,
+        &attention_decode_reduce_d128::ABI,
+    ),
+];
+
+/// Split-K decode over a paged cache (pass 1, pass 2) for head_dim 64 and 128.
+pub static DECODE_SPLIT_PAGED: [(&attn_dsl::KernelAbi, &attn_dsl::KernelAbi); 2] = [
+    (
+        &attention_decode_split_paged::ABI,
+        &attention_decode_reduce::ABI,
+    ),
+    (
+        &attention_decode_split_paged_d128::ABI,
+        &attention_decode_reduce_d128::ABI,
+    ),
+];
+
 /// RoPE kernels (forward, backward) for head_dim 64 and 128.
 pub static ROPE: [(&attn_dsl::KernelAbi, &attn_dsl::KernelAbi); 2] = [
     (&rope::ABI, &rope_backward::ABI),
@@ -495,11 +602,17 @@ pub static ROPE: [(&attn_dsl::KernelAbi, &attn_dsl::KernelAbi); 2] = [
 /// lists them. (The native-f32-atomic variants are left out: browsers have no
 /// `atomic<f32>`; so is streaming at head_dim 128, whose tiles of 16 rows need more than
 /// WebGPU's 16 KiB of workgroup memory.)
-pub static FAMILY: [&attn_dsl::KernelAbi; 25] = [
+pub static FAMILY: [&attn_dsl::KernelAbi; 31] = [
     &attention_forward::ABI,
     &attention_forward_d128::ABI,
     &attention_decode::ABI,
     &attention_decode_d128::ABI,
+    &attention_decode_split::ABI,
+    &attention_decode_reduce::ABI,
+    &attention_decode_split_d128::ABI,
+    &attention_decode_reduce_d128::ABI,
+    &attention_decode_split_paged::ABI,
+    &attention_decode_split_paged_d128::ABI,
     &attention_backward_prep::ABI,
     &attention_backward_short::ABI,
     &attention_backward_short_dkdv::ABI,

@@ -15,6 +15,7 @@ pub mod buffers;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod cases;
 pub mod compare;
+pub mod decode;
 mod error;
 pub mod gpu;
 pub mod kernel;
@@ -33,6 +34,7 @@ pub use attention::{DecodeInput, ForwardInput, ForwardOutput, Heads, decode_asyn
 #[cfg(not(target_arch = "wasm32"))]
 pub use attention::{decode, forward};
 pub use backward::{Backward, BackwardInput, Gradients, Schedule};
+pub use decode::{DecodePath, Decoder, SplitDecode};
 pub use error::{Error, InputError};
 pub use gpu::{DeviceError, Gpu};
 pub use kernel::Kernel;

@@ -3,14 +3,8 @@
 
 use crate::error::{Error, InputError};
 use crate::gpu::Gpu;
-use crate::kernel::Kernel;
 
-/// One dispatch: a kernel, its buffers by binding name, and its grid.
-pub struct Step<'a> {
-    pub kernel: &'a Kernel,
-    pub bound: Vec<(&'a str, &'a wgpu::Buffer)>,
-    pub grid: [u32; 3],
-}
+pub use crate::kernel::Step;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Timing {
@@ -22,25 +16,8 @@ pub struct Timing {
 /// Runs `steps` `warmup` times untimed, then `runs` times timed; each run's time is from
 /// the first pass's start to the last pass's end.
 pub fn time(gpu: &Gpu, steps: &[Step], warmup: usize, runs: usize) -> Result<Timing, Error> {
-    if !gpu.has_timestamps() {
-        return Err(InputError::Unsupported {
-            what: "GPU timing",
-            needs: "an adapter with TIMESTAMP_QUERY",
-        }
-        .into());
-    }
     let count = 2 * steps.len() as u32;
-    let queries = gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
-        label: Some("bench"),
-        ty: wgpu::QueryType::Timestamp,
-        count,
-    });
-    let resolved = gpu.device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("timestamps"),
-        size: u64::from(count) * 8,
-        usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-        mapped_at_creation: false,
-    });
+    let (queries, resolved) = query_set(gpu, count)?;
     let period_ns = f64::from(gpu.queue.get_timestamp_period());
     let mut times = Vec::with_capacity(runs);
     for run in 0..warmup + runs {
@@ -62,10 +39,74 @@ pub fn time(gpu: &Gpu, steps: &[Step], warmup: usize, runs: usize) -> Result<Tim
             times.push(span as f64 * period_ns / 1e6);
         }
     }
+    Ok(summarize(times, runs))
+}
+
+/// Times what `record` encodes between two timestamps (written by empty compute passes,
+/// at the bottom of the pipe, so after every earlier command): for commands that are not
+/// dispatches, such as buffer copies.
+pub fn time_encoded(
+    gpu: &Gpu,
+    warmup: usize,
+    runs: usize,
+    record: impl Fn(&mut wgpu::CommandEncoder),
+) -> Result<Timing, Error> {
+    let (queries, resolved) = query_set(gpu, 2)?;
+    let period_ns = f64::from(gpu.queue.get_timestamp_period());
+    let mut times = Vec::with_capacity(runs);
+    for run in 0..warmup + runs {
+        let mut encoder = gpu.device.create_command_encoder(&Default::default());
+        let mark = |encoder: &mut wgpu::CommandEncoder, index| {
+            encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("timestamp"),
+                timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                    query_set: &queries,
+                    beginning_of_pass_write_index: None,
+                    end_of_pass_write_index: Some(index),
+                }),
+            });
+        };
+        mark(&mut encoder, 0);
+        record(&mut encoder);
+        mark(&mut encoder, 1);
+        encoder.resolve_query_set(&queries, 0..2, &resolved, 0);
+        gpu.queue.submit([encoder.finish()]);
+        let ticks = crate::buffers::read::<u64>(gpu, &resolved, 2)?;
+        if run >= warmup {
+            times.push(ticks[1].saturating_sub(ticks[0]) as f64 * period_ns / 1e6);
+        }
+    }
+    Ok(summarize(times, runs))
+}
+
+/// A query set of `count` timestamps and the buffer they resolve into.
+fn query_set(gpu: &Gpu, count: u32) -> Result<(wgpu::QuerySet, wgpu::Buffer), Error> {
+    if !gpu.has_timestamps() {
+        return Err(InputError::Unsupported {
+            what: "GPU timing",
+            needs: "an adapter with TIMESTAMP_QUERY",
+        }
+        .into());
+    }
+    let queries = gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
+        label: Some("bench"),
+        ty: wgpu::QueryType::Timestamp,
+        count,
+    });
+    let resolved = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("timestamps"),
+        size: u64::from(count) * 8,
+        usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: false,
+    });
+    Ok((queries, resolved))
+}
+
+fn summarize(mut times: Vec<f64>, runs: usize) -> Timing {
     times.sort_by(f64::total_cmp);
-    Ok(Timing {
+    Timing {
         median_ms: times[times.len() / 2],
         min_ms: times[0],
         runs,
-    })
+    }
 }

@@ -104,3 +104,30 @@ fn every_kernel_and_schedule_is_gpu_timed() {
             .any(|r| r.kernel.starts_with(&format!("backward {schedule}")))
     );
 }
+
+#[test]
+fn decode_rows_count_the_cache_and_time_every_decode_and_the_copy() {
+    let shape = bench::DecodeShape {
+        cache_len: 300,
+        batch: 1,
+        heads: Heads {
+            n_heads: 8,
+            n_kv_heads: 2,
+            head_dim: 64,
+        },
+    };
+    // K and V: 300 rows of 2 KV heads; Q and O: 8 heads; 64 floats of 4 bytes each.
+    assert_eq!(shape.bytes(), 4.0 * 64.0 * (2.0 * 300.0 * 2.0 + 2.0 * 8.0));
+    let gpu = Gpu::new(kernels::FAMILY.iter().copied()).unwrap_or_else(|e| panic!("{e}"));
+    let copy = bench::copy_bandwidth(&gpu, 0, 1).unwrap();
+    assert!(copy.timing.median_ms > 0.0 && copy.gbps() > 0.0);
+    let rows = bench::decode(&gpu, shape, None, 0, 1).unwrap();
+    let kernels: Vec<&str> = rows.iter().map(|r| r.kernel.as_str()).collect();
+    assert!(kernels[0].starts_with("decode plain"), "{kernels:?}");
+    assert!(
+        kernels[1].starts_with("decode split-K 10x32"),
+        "{kernels:?}"
+    );
+    assert!(kernels[2].contains("paged"), "{kernels:?}");
+    assert!(rows.iter().all(|r| r.timing.median_ms > 0.0));
+}

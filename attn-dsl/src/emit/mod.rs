@@ -5,6 +5,7 @@
 mod attend;
 mod dtype;
 mod backward;
+mod decode_split;
 mod flash;
 mod flash_backward;
 mod index;
@@ -14,6 +15,8 @@ mod reduce;
 mod rope;
 mod scatter;
 pub(crate) mod scores;
+
+pub use decode_split::{MAX_SPLIT_HEADS, key_tile as split_key_tile, max_slice as split_max_slice};
 
 use std::fmt::Write;
 
@@ -28,6 +31,8 @@ pub fn emit(spec: &KernelSpec, bindings: &[Binding]) -> String {
     header(&mut out, spec);
     if spec.op.is_row_layer() {
         layernorm::constants(&mut out, spec);
+    } else if matches!(spec.op, Op::DecodeSplit | Op::DecodeReduce) {
+        decode_split::constants(&mut out, spec);
     } else {
         constants(&mut out, spec);
     }
@@ -62,6 +67,10 @@ fn emit_body(out: &mut String, spec: &KernelSpec) {
         Op::BackwardQ => backward::backward_q(out, spec),
         Op::BackwardKv => backward::backward_kv(out, spec),
         Op::Rope | Op::RopeBackward => rope::rope(out, spec.op == Op::RopeBackward),
+        Op::DecodeSplit | Op::DecodeReduce => {
+            decode_split::body(out, spec);
+            return;
+        }
         Op::LayernormLinear | Op::LayernormLinearBackward | Op::LayernormLinearReduce => {
             layernorm::body(out, spec);
             return;
@@ -74,8 +83,12 @@ fn emit_body(out: &mut String, spec: &KernelSpec) {
         Op::BackwardQ => tile_entry(out, &spec.name, "backward_row"),
         Op::BackwardKv => tile_entry(out, &spec.name, "backward_col"),
         Op::Rope | Op::RopeBackward => tile_entry(out, &spec.name, "rope_row"),
-        // The row layers' bodies carry their own entry points.
-        Op::LayernormLinear | Op::LayernormLinearBackward | Op::LayernormLinearReduce => {}
+        // These bodies carry their own entry points.
+        Op::DecodeSplit
+        | Op::DecodeReduce
+        | Op::LayernormLinear
+        | Op::LayernormLinearBackward
+        | Op::LayernormLinearReduce => {}
     }
 }
 
@@ -107,6 +120,7 @@ pub fn workgroup_bytes(spec: &KernelSpec) -> u32 {
         Op::BackwardQ => backward::q_workgroup_bytes(hd, wg),
         Op::BackwardKv => backward::kv_workgroup_bytes(hd, wg),
         Op::Rope | Op::RopeBackward => 0,
+        Op::DecodeSplit | Op::DecodeReduce => decode_split::workgroup_bytes(spec),
         Op::LayernormLinear | Op::LayernormLinearBackward | Op::LayernormLinearReduce => {
             layernorm::workgroup_bytes(spec)
         }

@@ -7,15 +7,16 @@
 
 use std::fmt::Write;
 
-use crate::spec::{BiasHeads, KernelSpec, Op, WriteMode};
+use crate::spec::{BiasHeads, KernelSpec, WriteMode};
 
 /// `score`, `score_grad`, `dropped` and what they need, for `spec`'s masks.
 pub(super) fn helpers(out: &mut String, spec: &KernelSpec) {
     let m = spec.masks;
     // A decode's one query sits after the cache's last row.
-    let pos = match spec.op {
-        Op::Decode => "dims.cache_len - 1u",
-        _ => "row",
+    let pos = if spec.op.is_decode() {
+        "dims.cache_len - 1u"
+    } else {
+        "row"
     };
     let mut score = String::from("    var x = dot * params.scale;\n");
     if let Some(heads) = m.bias {

@@ -53,6 +53,16 @@ struct Args {
     /// 8192 is the issue's [8, 1024, 768]), forward and both backward schedules.
     #[arg(long, value_name = "ROWS")]
     layernorm: Option<u32>,
+    /// Time decode instead: one query row per head against a KV cache of this many rows, the
+    /// plain decode (one workgroup per head) beside split-K (slices, then a reduce), in
+    /// GB/s and as a fraction of the adapter's copy bandwidth measured in the same run.
+    /// --heads, --kv-heads, --head-dim and --batch apply (default 32 heads over 8, d 128).
+    #[arg(long, value_name = "CACHE_LEN")]
+    decode: Option<u32>,
+    /// With --decode: keys per split-K slice instead of the runtime's rule (a multiple of
+    /// the split kernel's key tile, 32 at head_dim 128, up to 512).
+    #[arg(long, value_name = "KEYS", requires = "decode")]
+    slice_len: Option<u32>,
     /// One JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
@@ -167,6 +177,9 @@ fn run(args: Args) -> anyhow::Result<()> {
     if let Some(rows) = args.layernorm {
         return layernorm(&gpu, rows, args.runs);
     }
+    if let Some(cache_len) = args.decode {
+        return decode(&gpu, &args, cache_len);
+    }
     let shapes = shapes(&args)?;
     if !args.json {
         println!("adapter: {}", gpu.describe());
@@ -280,6 +293,64 @@ fn layernorm(gpu: &Gpu, rows: u32, runs: usize) -> anyhow::Result<()> {
             row.timing.min_ms,
             row.tflops(),
             row.gbps()
+        );
+    }
+    Ok(())
+}
+
+/// The decode rows: the copy probe, then the plain and split-K decodes on one cache.
+fn decode(gpu: &Gpu, args: &Args, cache_len: u32) -> anyhow::Result<()> {
+    anyhow::ensure!(cache_len > 0, "--decode needs a cache of at least 1 row");
+    anyhow::ensure!(args.head_dim.len() <= 1, "--decode takes one --head-dim");
+    let shape = bench::DecodeShape {
+        cache_len,
+        batch: args.batch.unwrap_or(1),
+        heads: Heads {
+            n_heads: args.heads.unwrap_or(32),
+            n_kv_heads: args.kv_heads.unwrap_or(8),
+            head_dim: args.head_dim.first().copied().unwrap_or(128),
+        },
+    };
+    let copy = bench::copy_bandwidth(gpu, args.warmup, args.runs)?;
+    let rows =
+        bench::decode(gpu, shape, args.slice_len, args.warmup, args.runs).context(shape.label())?;
+    if args.json {
+        for r in std::iter::once(&copy).chain(&rows) {
+            println!(
+                "{}",
+                serde_json::json!({
+                    "adapter": gpu.describe(),
+                    "shape": shape.label(),
+                    "kernel": r.kernel,
+                    "median_ms": r.timing.median_ms,
+                    "min_ms": r.timing.min_ms,
+                    "runs": r.timing.runs,
+                    "bytes": r.bytes,
+                    "gbps": r.gbps(),
+                    "of_copy": r.gbps() / copy.gbps(),
+                })
+            );
+        }
+        return Ok(());
+    }
+    println!("adapter: {}", gpu.describe());
+    println!(
+        "GB/s: bytes moved (decode: K and V read, Q read, O written; copy: read + written) \
+         per second of GPU time; of copy: that over the copy's GB/s"
+    );
+    println!(
+        "{:<32} {:<52} {:>10} {:>10} {:>9} {:>8}",
+        "shape", "kernel", "median ms", "min ms", "GB/s", "of copy"
+    );
+    for r in std::iter::once(&copy).chain(&rows) {
+        println!(
+            "{:<32} {:<52} {:>10.3} {:>10.3} {:>9.1} {:>7.0}%",
+            shape.label(),
+            r.kernel,
+            r.timing.median_ms,
+            r.timing.min_ms,
+            r.gbps(),
+            100.0 * r.gbps() / copy.gbps()
         );
     }
     Ok(())

@@ -1,0 +1,413 @@
+//! Split-K decode (FlashDecoding, onnxruntime-web's decode): a decode's one query row per
+//! head has too little work for one workgroup per head to keep a GPU's memory busy, so the
+//! cache is cut into slices along the key axis.
+//!
+//! `decode_split`: one workgroup per (slice, KV head, batch) serving up to 4 query heads of
+//! that KV head, the heads riding in the components of a vec4, so each K and V row of the
+//! slice is read once for all of them. Pass 1 stages the slice's scores in workgroup memory
+//! (K read as vec4 by `LANES` invocations per key), then the slice's exact max and sum
+//! (tree reductions), then P·V (V read as vec4 by `V4` invocations per row); it flushes
+//! the unnormalized output and (m, l) per head to scratch.
+//!
+//! `decode_reduce`: one workgroup per (head, batch) owns the head's output:
+//! `O = Σ_s e^(m_s − M)·o_s / Σ_s e^(m_s − M)·l_s`, M the largest m_s.
+
+use std::fmt::Write;
+
+use crate::spec::{Cache, KernelSpec, Op};
+
+/// Query heads one split workgroup serves: the four components of a vec4.
+pub const MAX_SPLIT_HEADS: u32 = 4;
+
+/// Rows of V each invocation loads at once in P·V: several loads in flight per invocation.
+const PV_UNROLL: u32 = 4;
+
+/// The most keys one slice holds (its scores are staged in workgroup memory); fewer where
+/// the workgroup memory of the target does not hold that many.
+const SLICE_CAP: u32 = 512;
+
+/// Invocations that share one key's dot products in the scores pass: the largest of
+/// 8, 4, 2, 1 dividing head_dim / 4, so each reads a strided share of the key's vec4s.
+pub fn lanes(head_dim: u32) -> u32 {
+    [8, 4, 2, 1]
+        .into_iter()
+        .find(|l| (head_dim / 4).is_multiple_of(*l))
+        .unwrap_or(1)
+}
+
+/// Keys scored per step: the workgroup's invocations in groups of [`lanes`]. A slice's
+/// length is a multiple of it.
+pub fn key_tile(spec: &KernelSpec) -> u32 {
+    spec.workgroup_size / lanes(spec.head_dim)
+}
+
+/// Workgroup memory besides the staged scores: Q of the served heads, and one vec4 per
+/// invocation for the reductions.
+fn fixed_bytes(spec: &KernelSpec) -> u32 {
+    4 * spec.grid.tile * spec.head_dim + 16 * spec.workgroup_size
+}
+
+/// The longest slice (a multiple of [`key_tile`]) whose scores fit the target's workgroup
+/// memory beside the rest, at most 512 keys.
+pub fn max_slice(spec: &KernelSpec) -> u32 {
+    let limit = spec.target.limits().workgroup_storage_bytes;
+    let room = limit.saturating_sub(fixed_bytes(spec)) / 16;
+    let tile = key_tile(spec).max(1);
+    (room.min(SLICE_CAP) / tile * tile).max(tile)
+}
+
+pub(super) fn workgroup_bytes(spec: &KernelSpec) -> u32 {
+    match spec.op {
+        Op::DecodeSplit => fixed_bytes(spec) + 16 * max_slice(spec),
+        _ => 16 * spec.workgroup_size,
+    }
+}
+
+pub(super) fn constants(out: &mut String, spec: &KernelSpec) {
+    let _ = write!(
+        out,
+        "const WG: u32 = {wg}u;\nconst HEAD_DIM: u32 = {hd}u;\n\
+         // vec4 columns of a row.\nconst V4: u32 = HEAD_DIM / 4u;\n\
+         // A finite stand-in for -inf: exp(NEG_BIG - m) is 0 for any real m.\n\
+         const NEG_BIG: f32 = -3.0e38;\n",
+        wg = spec.workgroup_size,
+        hd = spec.head_dim,
+    );
+    if spec.op == Op::DecodeSplit {
+        let _ = write!(
+            out,
+            "// Query heads per workgroup, one per vec4 component.\nconst TILE: u32 = {tile}u;\n\
+             // Invocations per key in the scores pass, each summing V4 / LANES columns.\n\
+             const LANES: u32 = {lanes}u;\nconst KEY_TILE: u32 = WG / LANES;\n\
+             // Keys a slice may hold (dims.slice_len is at most this).\n\
+             const MAX_SLICE: u32 = {max}u;\n\
+             // Rows of V read at once in P·V, one vec4 column per invocation, and the\n\
+             // groups of them whose loads each invocation issues together.\n\
+             const PV_ROWS: u32 = WG / V4;\nconst PV_UNROLL: u32 = {PV_UNROLL}u;\n",
+            tile = spec.grid.tile,
+            lanes = lanes(spec.head_dim),
+            max = max_slice(spec),
+        );
+    }
+    out.push('\n');
+}
+
+pub(super) fn body(out: &mut String, spec: &KernelSpec) {
+    out.push_str(REDUCE4);
+    match spec.op {
+        Op::DecodeSplit => split(out, spec),
+        _ => reduce(out, &spec.name),
+    }
+}
+
+/// Tree reductions of one vec4 per invocation (a value per served head), pairwise.
+const REDUCE4: &str = r#"var<workgroup> sh_red: array<vec4<f32>, WG>;
+
+fn wg_max4(tid: u32, x: vec4<f32>) -> vec4<f32> {
+    sh_red[tid] = x;
+    workgroupBarrier();
+    for (var stride = WG / 2u; stride > 0u; stride = stride / 2u) {
+        if (tid < stride) {
+            sh_red[tid] = max(sh_red[tid], sh_red[tid + stride]);
+        }
+        workgroupBarrier();
+    }
+    let r = sh_red[0];
+    workgroupBarrier();
+    return r;
+}
+
+fn wg_sum4(tid: u32, x: vec4<f32>) -> vec4<f32> {
+    sh_red[tid] = x;
+    workgroupBarrier();
+    for (var stride = WG / 2u; stride > 0u; stride = stride / 2u) {
+        if (tid < stride) {
+            sh_red[tid] = sh_red[tid] + sh_red[tid + stride];
+        }
+        workgroupBarrier();
+    }
+    let r = sh_red[0];
+    workgroupBarrier();
+    return r;
+}
+
+fn exp4(x: vec4<f32>) -> vec4<f32> {
+    return vec4<f32>(exp_f32(x.x), exp_f32(x.y), exp_f32(x.z), exp_f32(x.w));
+}
+
+// [part, b, slice, h]: part 0 the slice's max m, part 1 its sum l.
+fn ml_index(part: u32, slice: u32, h: u32) -> u32 {
+    return ((part * dims.batch + batch) * dims.n_slices + slice) * dims.n_heads + h;
+}
+
+// [b, slice, h, d] in vec4s.
+fn part_o_index(slice: u32, h: u32) -> u32 {
+    return ((batch * dims.n_slices + slice) * dims.n_heads + h) * V4;
+}
+
+"#;
+
+const COMPONENTS: [&str; 4] = ["x", "y", "z", "w"];
+
+const CONTIGUOUS_INDEX: &str = "// [b, j, kv_h, d] in vec4s; the query [b, h, d] likewise.
+fn kv4_index(j: u32, kv_h: u32) -> u32 {
+    return ((batch * dims.capacity + j) * dims.n_kv_heads + kv_h) * V4;
+}
+";
+
+const PAGED_INDEX: &str =
+    "// Key j of this sequence lives in page block_table[b, j / page_size] of the pool
+// [page, row, kv_h, d], at row j % page_size; in vec4s. The query [b, h, d] likewise.
+fn kv4_index(j: u32, kv_h: u32) -> u32 {
+    let page = block_table[batch * dims.pages_per_seq + j / dims.page_size];
+    let row = page * dims.page_size + j % dims.page_size;
+    return (row * dims.n_kv_heads + kv_h) * V4;
+}
+";
+
+fn split(out: &mut String, spec: &KernelSpec) {
+    super::index::kv_head(out, spec);
+    super::scores::helpers(out, spec);
+    let start = if spec.masks.window {
+        "select(0u, dims.cache_len - dims.window, dims.cache_len > dims.window)"
+    } else {
+        "0u"
+    };
+    let heads = spec.grid.tile as usize;
+    let each = |f: &dyn Fn(usize, &str) -> String| -> String {
+        (0..heads).map(|i| f(i, COMPONENTS[i])).collect()
+    };
+    // Each invocation's vec4s of a key: V4 / LANES of them, `lane` apart by LANES.
+    let per_lane = spec.head_dim / 4 / lanes(spec.head_dim);
+    let each_vec = |f: &dyn Fn(u32) -> String| -> String { (0..per_lane).map(f).collect() };
+    let first_fetch = each_vec(&|e| {
+        format!("    var k{e} = fetch_k(first + kr, hi, lane + {e}u * LANES, kv_h);\n")
+    });
+    let next_fetch = each_vec(&|e| {
+        format!("        let n{e} = fetch_k(t0 + KEY_TILE + kr, hi, lane + {e}u * LANES, kv_h);\n")
+    });
+    let accs = each(&|i, _| format!("        var a{i} = vec4<f32>(0.0);\n"));
+    let fmas = each_vec(&|e| {
+        each(&|i, _| {
+            format!("        a{i} = fma(sh_q[{i}u * V4 + lane + {e}u * LANES], k{e}, a{i});\n")
+        })
+    });
+    let rotate = each_vec(&|e| format!("        k{e} = n{e};\n"));
+    let mut dots = vec!["0.0".to_string(); 4];
+    for (i, d) in dots.iter_mut().enumerate().take(heads) {
+        *d = format!("hsum(a{i})");
+    }
+    let scores = each(&|i, c| {
+        format!(
+            "                if ({i}u < n_here) {{\n                    x.{c} = score(0u, head0 + {i}u, j, s.{c});\n                }}\n"
+        )
+    });
+    let pv_accs = each(&|i, _| format!("    var o{i} = vec4<f32>(0.0);\n"));
+    let pv_loads: String = (0..PV_UNROLL)
+        .map(|u| {
+            format!(
+                "            let v{u} = fetch_v(lo + i + {u}u * PV_ROWS, hi, c, kv_h);\n            \
+                 let p{u} = p_at(i + {u}u * PV_ROWS, hi - lo);\n"
+            )
+        })
+        .collect();
+    let pv_fmas: String = (0..PV_UNROLL)
+        .map(|u| {
+            each(&|i, c| format!("            o{i} = fma(vec4<f32>(p{u}.{c}), v{u}, o{i});\n"))
+        })
+        .collect();
+    let flush = each(&|i, c| {
+        format!(
+            "    flush_head(tid, slice, head0 + {i}u, {i}u < n_here, o{i}, vec2<f32>(m.{c}, l.{c}));\n"
+        )
+    });
+    let kv_index = match spec.cache {
+        Cache::Contiguous => CONTIGUOUS_INDEX,
+        Cache::Paged => PAGED_INDEX,
+    };
+    let _ = write!(
+        out,
+        r#"var<workgroup> sh_q: array<vec4<f32>, TILE * V4>;
+// The slice's scores, then its P, one vec4 (the served heads) per key.
+var<workgroup> sh_s: array<vec4<f32>, MAX_SLICE>;
+
+// The first key the query sees: the cache's start, or its window's.
+fn first_key() -> u32 {{
+    return {start};
+}}
+
+{kv_index}
+fn q4_index(h: u32) -> u32 {{
+    return (batch * dims.n_heads + h) * V4;
+}}
+
+// vec4 column c of key j of the slice, zeros past its end.
+fn fetch_k(j: u32, hi: u32, c: u32, kv_h: u32) -> vec4<f32> {{
+    var x = vec4<f32>(0.0);
+    if (j < hi) {{
+        x = k_cache[kv4_index(j, kv_h) + c];
+    }}
+    return x;
+}}
+
+fn fetch_v(j: u32, hi: u32, c: u32, kv_h: u32) -> vec4<f32> {{
+    var x = vec4<f32>(0.0);
+    if (j < hi) {{
+        x = v_cache[kv4_index(j, kv_h) + c];
+    }}
+    return x;
+}}
+
+// P of the slice's key i (the served heads), zeros past its n keys.
+fn p_at(i: u32, n: u32) -> vec4<f32> {{
+    return select(vec4<f32>(0.0), sh_s[min(i, MAX_SLICE - 1u)], i < n);
+}}
+
+// Sums head `h`'s P·V over the PV_ROWS row groups (each a chain over its rows) and
+// flushes it with the head's (m, l); every invocation reaches the barriers.
+fn flush_head(tid: u32, slice: u32, h: u32, real: bool, acc: vec4<f32>, ml: vec2<f32>) {{
+    sh_red[tid] = acc;
+    workgroupBarrier();
+    if (real && tid < V4) {{
+        var sum = vec4<f32>(0.0);
+        for (var r = 0u; r < PV_ROWS; r = r + 1u) {{
+            sum = sum + sh_red[r * V4 + tid];
+        }}
+        part_o[part_o_index(slice, h) + tid] = sum;
+        if (tid == 0u) {{
+            part_ml[ml_index(0u, slice, h)] = ml.x;
+            part_ml[ml_index(1u, slice, h)] = ml.y;
+        }}
+    }}
+    workgroupBarrier();
+}}
+
+@compute @workgroup_size(WG)
+fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {{
+    batch = wg.z;
+    let slice = wg.x;
+    // Workgroup y serves query heads head0.. of KV head kv_h, TILE at a time.
+    let groups = (q_per_kv() + TILE - 1u) / TILE;
+    let kv_h = wg.y / groups;
+    let head0 = kv_h * q_per_kv() + (wg.y % groups) * TILE;
+    let n_here = min(TILE, (kv_h + 1u) * q_per_kv() - head0);
+    let lo = slice * dims.slice_len;
+    let hi = min(lo + dims.slice_len, dims.cache_len);
+    let first = max(lo, first_key());
+
+    // Absent heads get q = 0; their results are never written.
+    for (var i = tid; i < TILE * V4; i = i + WG) {{
+        let hq = i / V4;
+        var x = vec4<f32>(0.0);
+        if (hq < n_here) {{
+            x = q[q4_index(head0 + hq) + i % V4];
+        }}
+        sh_q[i] = x;
+    }}
+    workgroupBarrier();
+
+    // Scores: LANES invocations per key, each a strided share of its vec4 columns. Each
+    // invocation carries its share of the next key tile in registers, fetched before this
+    // tile's products and reduction, so the loads' latency hides behind them.
+    let lane = tid % LANES;
+    let kr = tid / LANES;
+{first_fetch}    for (var t0 = first; t0 < hi; t0 = t0 + KEY_TILE) {{
+{next_fetch}{accs}{fmas}        sh_red[tid] = vec4<f32>({d0}, {d1}, {d2}, {d3});
+        workgroupBarrier();
+        if (tid < KEY_TILE) {{
+            let j = t0 + tid;
+            if (j < hi) {{
+                var s = vec4<f32>(0.0);
+                for (var l = 0u; l < LANES; l = l + 1u) {{
+                    s = s + sh_red[tid * LANES + l];
+                }}
+                var x = vec4<f32>(NEG_BIG);
+{scores}                sh_s[j - lo] = x;
+            }}
+        }}
+        workgroupBarrier();
+{rotate}    }}
+
+    // The slice's exact max and sum: no rescaling within a slice.
+    var mx = vec4<f32>(NEG_BIG);
+    for (var i = first - lo + tid; i < hi - lo; i = i + WG) {{
+        mx = max(mx, sh_s[i]);
+    }}
+    let m = wg_max4(tid, mx);
+    var ls = vec4<f32>(0.0);
+    for (var i = first - lo + tid; i < hi - lo; i = i + WG) {{
+        let p = exp4(sh_s[i] - m);
+        sh_s[i] = p;
+        ls = ls + p;
+    }}
+    let l = wg_sum4(tid, ls);
+
+    // P·V: invocation (r, c) sums vec4 column c over rows r, r + PV_ROWS, .., PV_UNROLL
+    // rows' loads issued together so that several are in flight.
+    let c = tid % V4;
+    let r = tid / V4;
+{pv_accs}    if (r < PV_ROWS) {{
+        for (var i = first - lo + r; i < hi - lo; i = i + PV_UNROLL * PV_ROWS) {{
+{pv_loads}{pv_fmas}        }}
+    }}
+{flush}}}
+"#,
+        name = spec.name,
+        d0 = dots[0],
+        d1 = dots[1],
+        d2 = dots[2],
+        d3 = dots[3],
+    );
+}
+
+fn reduce(out: &mut String, name: &str) {
+    let _ = write!(
+        out,
+        r#"// Slices summed in turn by each of PARTS groups of V4 invocations.
+const PARTS: u32 = WG / V4;
+
+fn o4_index(h: u32) -> u32 {{
+    return (batch * dims.n_heads + h) * V4;
+}}
+
+@compute @workgroup_size(WG)
+fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {{
+    batch = wg.y;
+    let h = wg.x;
+    var mx = NEG_BIG;
+    for (var s = tid; s < dims.n_slices; s = s + WG) {{
+        mx = max(mx, part_ml[ml_index(0u, s, h)]);
+    }}
+    let m = wg_max4(tid, vec4<f32>(mx)).x;
+    // l = Σ e^(m_s − m)·l_s. A slice the window hides has m_s = NEG_BIG, l_s = 0.
+    var ls = 0.0;
+    for (var s = tid; s < dims.n_slices; s = s + WG) {{
+        ls = ls + exp_f32(part_ml[ml_index(0u, s, h)] - m) * part_ml[ml_index(1u, s, h)];
+    }}
+    let l = wg_sum4(tid, vec4<f32>(ls)).x;
+    let c = tid % V4;
+    let part = tid / V4;
+    var acc = vec4<f32>(0.0);
+    if (part < PARTS) {{
+        for (var s = part; s < dims.n_slices; s = s + PARTS) {{
+            let w = exp_f32(part_ml[ml_index(0u, s, h)] - m);
+            acc = fma(vec4<f32>(w), part_o[part_o_index(s, h) + c], acc);
+        }}
+    }}
+    sh_red[tid] = acc;
+    workgroupBarrier();
+    if (tid < V4) {{
+        var sum = vec4<f32>(0.0);
+        for (var p = 0u; p < PARTS; p = p + 1u) {{
+            sum = sum + sh_red[p * V4 + tid];
+        }}
+        var result = vec4<f32>(0.0);
+        if (l != 0.0) {{
+            result = sum / l;
+        }}
+        o[o4_index(h) + tid] = result;
+    }}
+}}
+"#
+    );
+}

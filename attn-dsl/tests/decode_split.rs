@@ -1,0 +1,92 @@
+//! Split-K decode in the IR: both passes compile and validate at head_dims 64 to 256 under
+//! WebGPU's defaults, and the ownership and source checks hold.
+
+use attn_dsl::{Gqa, Grid, KernelSpec, Major, Masks, Op, Source, WriteMode};
+
+fn split(head_dim: u32, heads: u32, masks: Masks) -> KernelSpec {
+    KernelSpec {
+        grid: Grid::rows(Major::Slice, heads),
+        writes: vec![
+            ("part_o".into(), WriteMode::ScratchFlush),
+            ("part_ml".into(), WriteMode::ScratchFlush),
+        ],
+        ..KernelSpec::standard("split", Op::DecodeSplit, head_dim, masks)
+    }
+}
+
+fn reduce(head_dim: u32) -> KernelSpec {
+    KernelSpec {
+        source: Source::Scratch,
+        ..KernelSpec::standard("reduce", Op::DecodeReduce, head_dim, Masks::default())
+    }
+}
+
+#[test]
+fn both_passes_compile_under_webgpu_defaults() {
+    let mods = Masks {
+        window: true,
+        alibi: true,
+        softcap: true,
+        ..Masks::default()
+    };
+    for hd in [32, 64, 80, 96, 128, 256] {
+        for heads in 1..=4 {
+            for masks in [Masks::default(), mods] {
+                let abi = attn_dsl::compile(&split(hd, heads, masks))
+                    .unwrap_or_else(|e| panic!("split d{hd} x{heads}: {e}"));
+                assert!(abi.workgroup_storage_bytes <= 16384, "d{hd}");
+                assert!(abi.storage_buffers() <= 8);
+            }
+        }
+        attn_dsl::compile(&reduce(hd)).unwrap_or_else(|e| panic!("reduce d{hd}: {e}"));
+    }
+}
+
+#[test]
+fn a_slice_holds_whole_key_tiles() {
+    for hd in [64, 128, 256] {
+        let spec = split(hd, 4, Masks::default());
+        let (tile, max) = (
+            attn_dsl::emit::split_key_tile(&spec),
+            attn_dsl::emit::split_max_slice(&spec),
+        );
+        assert!(
+            max.is_multiple_of(tile) && max >= tile,
+            "d{hd}: {max} / {tile}"
+        );
+    }
+}
+
+#[test]
+fn owned_partials_and_named_producer_are_required() {
+    let mut owned = split(64, 4, Masks::default());
+    owned.writes[0].1 = WriteMode::Owned;
+    let e = attn_dsl::compile(&owned).unwrap_err().to_string();
+    assert!(e.contains("scratch"), "{e}");
+    let mut no_source = reduce(64);
+    no_source.source = Source::Recompute;
+    let e = attn_dsl::compile(&no_source).unwrap_err().to_string();
+    assert!(e.contains("source: scratch"), "{e}");
+    let mut too_many = split(64, 5, Masks::default());
+    too_many.gqa = Gqa::Any;
+    assert!(attn_dsl::compile(&too_many).is_err());
+    let causal = split(64, 4, Masks::new(true, false));
+    assert!(attn_dsl::compile(&causal).is_err());
+}
+
+#[test]
+fn only_the_split_pass_reads_a_paged_cache() {
+    let paged = KernelSpec {
+        cache: attn_dsl::Cache::Paged,
+        ..split(128, 4, Masks::default())
+    };
+    let abi = attn_dsl::compile(&paged).unwrap();
+    assert!(abi.binding("block_table").is_some());
+    assert!(abi.storage_buffers() <= 8);
+    let plain = KernelSpec {
+        cache: attn_dsl::Cache::Paged,
+        ..KernelSpec::standard("d", Op::Decode, 64, Masks::default())
+    };
+    let e = attn_dsl::compile(&plain).unwrap_err();
+    assert_eq!(e.field(), Some(&attn_dsl::Field::Cache), "{e}");
+}

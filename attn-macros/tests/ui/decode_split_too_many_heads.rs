@@ -1,0 +1,11 @@
+// A split workgroup carries its query heads in the four components of a vec4.
+attn_macros::attention_kernel! {
+    pub split_wide {
+        op: decode_split,
+        grid: slice_major(tile = 8),
+        head_dim: 64,
+        writes: { part_o: scratch, part_ml: scratch },
+    }
+}
+
+fn main() {}

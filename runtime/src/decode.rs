@@ -1,0 +1,564 @@
+//! Split-K decode: the two kernels (`decode_split`, then `decode_reduce`), the rule that
+//! cuts the cache into slices, and the planner's choice between it and the plain decode.
+//!
+//! The plain decode runs one workgroup per (head, sequence): 32 heads make 32 workgroups,
+//! a fraction of a GPU's cores, each walking the whole cache alone. Split-K gives every
+//! (slice, KV head, sequence) a workgroup, so the cache is read by hundreds of workgroups at
+//! once, each reading its slice of K and V once for the query heads of its KV head.
+
+use attn_dsl::{Cache, Grid, KernelAbi, KernelSpec, Major, Masks, Op, Source, WriteMode};
+
+use crate::attention::{
+    DecodeInput, Heads, binding_size, checked_grid, expect_op, length, modified_uniforms,
+    submit_steps, validate_cache, validate_query,
+};
+use crate::buffers;
+use crate::error::{Error, InputError};
+use crate::gpu::Gpu;
+use crate::kernel::{Kernel, Step};
+
+/// Workgroups the split pass aims for: 4 per SM of an H100 (132 SMs), enough for every SM to
+/// hide its loads' latency behind other workgroups, and a few waves on smaller GPUs.
+pub const TARGET_WORKGROUPS: u32 = 4 * 132;
+
+/// How a cache is cut: `n_slices` slices of `slice_len` keys (the last may be shorter).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Slicing {
+    pub slice_len: u32,
+    pub n_slices: u32,
+}
+
+/// The slicing rule, the one place it is decided: enough slices that
+/// `slices × other_workgroups` reaches [`TARGET_WORKGROUPS`], each a whole number of the
+/// split kernel's key tiles, at least one tile and at most `max_slice` keys (what its
+/// workgroup memory holds).
+pub fn plan_slices(
+    cache_len: u32,
+    other_workgroups: u32,
+    key_tile: u32,
+    max_slice: u32,
+) -> Slicing {
+    let key_tile = key_tile.max(1);
+    let wanted = TARGET_WORKGROUPS.div_ceil(other_workgroups.max(1)).max(1);
+    // Saturating: the rule is public, and a cache_len near u32::MAX must not overflow.
+    let len = cache_len
+        .div_ceil(wanted)
+        .div_ceil(key_tile)
+        .saturating_mul(key_tile);
+    let slice_len = len.clamp(key_tile, max_slice.max(key_tile));
+    Slicing {
+        slice_len,
+        n_slices: cache_len.div_ceil(slice_len).max(1),
+    }
+}
+
+/// A paged KV cache: `DecodeInput::k_cache` and `v_cache` hold a pool of pages
+/// `[n_pages, page_size, n_kv_heads, head_dim]`, and row `b` of `block_table`
+/// (`[batch, pages_per_seq]`) names the pool page of sequence b's keys
+/// `p·page_size..(p + 1)·page_size` (vLLM's PagedAttention layout). Entries past the
+/// pages `cache_len` needs are never read.
+#[derive(Clone, Copy, Debug)]
+pub struct Pages<'a> {
+    pub block_table: &'a [u32],
+    pub page_size: u32,
+}
+
+/// The two kernels of split-K decode for one head_dim and mask set.
+pub struct SplitDecode {
+    split: Kernel,
+    reduce: Kernel,
+    key_tile: u32,
+    max_slice: u32,
+}
+
+impl SplitDecode {
+    /// From the ABIs of a `decode_split` kernel and the `decode_reduce` that reads it.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn new(gpu: &Gpu, split: &KernelAbi, reduce: &KernelAbi) -> Result<SplitDecode, Error> {
+        pollster::block_on(SplitDecode::new_async(gpu, split, reduce))
+    }
+
+    /// [`SplitDecode::new`] for an async caller (the browser).
+    pub async fn new_async(
+        gpu: &Gpu,
+        split: &KernelAbi,
+        reduce: &KernelAbi,
+    ) -> Result<SplitDecode, Error> {
+        expect_op(split, Op::DecodeSplit)?;
+        expect_op(reduce, Op::DecodeReduce)?;
+        if reduce.head_dim != split.head_dim {
+            return Err(InputError::HeadDim {
+                kernel: reduce.name.to_string(),
+                kernel_head_dim: reduce.head_dim,
+                given: split.head_dim,
+            }
+            .into());
+        }
+        // The split kernel's layout as its description had it: the key tile and the longest
+        // slice follow from its head_dim, heads, workgroup size and target.
+        let spec = KernelSpec {
+            workgroup_size: split.workgroup_size[0],
+            target: split.target,
+            ..split_spec(&split.name, split.head_dim, split.masks, split.grid.tile)
+        };
+        Ok(SplitDecode {
+            split: Kernel::new_async(gpu, split).await?,
+            reduce: Kernel::new_async(gpu, reduce).await?,
+            key_tile: attn_dsl::emit::split_key_tile(&spec),
+            max_slice: attn_dsl::emit::split_max_slice(&spec),
+        })
+    }
+
+    /// The family's kernels for `head_dim` and `masks`, compiled from the same
+    /// descriptions for any head_dim (a multiple of 4) or mask set the family lacks.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn for_shape(
+        gpu: &Gpu,
+        head_dim: u32,
+        masks: Masks,
+        cache: Cache,
+    ) -> Result<SplitDecode, Error> {
+        pollster::block_on(SplitDecode::for_shape_async(gpu, head_dim, masks, cache))
+    }
+
+    /// [`SplitDecode::for_shape`] for an async caller (the browser).
+    pub async fn for_shape_async(
+        gpu: &Gpu,
+        head_dim: u32,
+        masks: Masks,
+        cache: Cache,
+    ) -> Result<SplitDecode, Error> {
+        let family = match cache {
+            Cache::Contiguous => &crate::kernels::DECODE_SPLIT,
+            Cache::Paged => &crate::kernels::DECODE_SPLIT_PAGED,
+        };
+        if let Some((s, r)) = family
+            .iter()
+            .find(|(s, _)| s.head_dim == head_dim && s.masks == masks)
+        {
+            return SplitDecode::new_async(gpu, s, r).await;
+        }
+        let base = match cache {
+            Cache::Contiguous => "attention_decode_split",
+            Cache::Paged => "attention_decode_split_paged",
+        };
+        let name = crate::tuning::family_name(base, head_dim);
+        let split = compile(&KernelSpec {
+            cache,
+            ..split_spec(&name, head_dim, masks, attn_dsl::emit::MAX_SPLIT_HEADS)
+        })?;
+        let name = crate::tuning::family_name("attention_decode_reduce", head_dim);
+        let reduce = compile(&KernelSpec {
+            source: Source::Scratch,
+            ..KernelSpec::standard(&name, Op::DecodeReduce, head_dim, Masks::default())
+        })?;
+        SplitDecode::new_async(gpu, &split, &reduce).await
+    }
+
+    /// The longest slice the split kernel's workgroup memory holds.
+    pub fn max_slice(&self) -> u32 {
+        self.max_slice
+    }
+
+    /// Keys the split kernel scores per step; a slice is a whole number of them.
+    pub fn key_tile(&self) -> u32 {
+        self.key_tile
+    }
+
+    pub fn split_kernel(&self) -> &Kernel {
+        &self.split
+    }
+
+    pub fn reduce_kernel(&self) -> &Kernel {
+        &self.reduce
+    }
+
+    /// The slicing [`plan_slices`] picks for this input.
+    pub fn slicing(&self, input: &DecodeInput) -> Slicing {
+        self.slicing_of(input.heads, input.batch, input.cache_len)
+    }
+
+    /// The slicing [`plan_slices`] picks for a shape.
+    pub fn slicing_of(&self, h: Heads, batch: u32, cache_len: u32) -> Slicing {
+        let per_kv = h.n_heads / h.n_kv_heads.max(1);
+        let groups = h.n_kv_heads * per_kv.div_ceil(self.split.abi().grid.tile);
+        plan_slices(cache_len, groups * batch, self.key_tile, self.max_slice)
+    }
+
+    /// Validates, uploads and runs both passes; `slice_len` overrides the rule (a multiple of
+    /// the key tile, at most the kernel's longest slice). Returns O, `[batch, n_heads, head_dim]`.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn run(
+        &self,
+        gpu: &Gpu,
+        input: &DecodeInput,
+        slice_len: Option<u32>,
+    ) -> Result<Vec<f32>, Error> {
+        pollster::block_on(self.run_async(gpu, input, slice_len))
+    }
+
+    /// [`SplitDecode::run`] for an async caller (the browser).
+    pub async fn run_async(
+        &self,
+        gpu: &Gpu,
+        input: &DecodeInput<'_>,
+        slice_len: Option<u32>,
+    ) -> Result<Vec<f32>, Error> {
+        let prepared = self.prepare(gpu, input, None, slice_len)?;
+        submit_steps(gpu, &prepared.steps(self))?;
+        buffers::read_async(gpu, &prepared.o, prepared.o_len).await
+    }
+
+    /// [`SplitDecode::run`] on a paged cache (kernels described with `cache: paged`).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn run_paged(
+        &self,
+        gpu: &Gpu,
+        input: &DecodeInput,
+        pages: &Pages,
+        slice_len: Option<u32>,
+    ) -> Result<Vec<f32>, Error> {
+        pollster::block_on(self.run_paged_async(gpu, input, pages, slice_len))
+    }
+
+    /// [`SplitDecode::run_paged`] for an async caller (the browser).
+    pub async fn run_paged_async(
+        &self,
+        gpu: &Gpu,
+        input: &DecodeInput<'_>,
+        pages: &Pages<'_>,
+        slice_len: Option<u32>,
+    ) -> Result<Vec<f32>, Error> {
+        let prepared = self.prepare(gpu, input, Some(pages), slice_len)?;
+        submit_steps(gpu, &prepared.steps(self))?;
+        buffers::read_async(gpu, &prepared.o, prepared.o_len).await
+    }
+
+    /// Whether the split kernel reads a paged cache.
+    pub fn paged(&self) -> bool {
+        self.split.abi().binding("block_table").is_some()
+    }
+
+    /// The cache layout checks: contiguous as the plain decode's, or the pool and table of
+    /// `pages`; a kernel of the other layout is refused.
+    fn validate_layout(
+        &self,
+        gpu: &Gpu,
+        input: &DecodeInput,
+        pages: Option<&Pages>,
+    ) -> Result<(), InputError> {
+        let abi = self.split.abi();
+        let name = |paged| if paged { "paged" } else { "contiguous" };
+        if self.paged() != pages.is_some() {
+            return Err(InputError::CacheLayout {
+                kernel: abi.name.to_string(),
+                reads: name(self.paged()),
+                given: name(pages.is_some()),
+            });
+        }
+        match pages {
+            None => validate_cache(abi, gpu.limits(), input),
+            Some(p) => {
+                validate_query(abi, input)?;
+                validate_pages(gpu.limits(), input, p)
+            }
+        }
+    }
+
+    /// Buffers and grids of both passes for `input`, validated.
+    pub fn prepare(
+        &self,
+        gpu: &Gpu,
+        input: &DecodeInput,
+        pages: Option<&Pages>,
+        slice_len: Option<u32>,
+    ) -> Result<Prepared, Error> {
+        let (split, reduce) = (self.split.abi(), self.reduce.abi());
+        self.validate_layout(gpu, input, pages)?;
+        let slicing = match slice_len {
+            None => self.slicing(input),
+            Some(len) => self.checked_slice(input.cache_len, len)?,
+        };
+        let h = input.heads;
+        let row = u64::from(input.batch) * u64::from(h.n_kv_heads) * u64::from(h.head_dim);
+        let dims = [
+            ("cache_len", input.cache_len),
+            ("n_heads", h.n_heads),
+            ("n_kv_heads", h.n_kv_heads),
+            ("head_dim", h.head_dim),
+            ("batch", input.batch),
+            ("capacity", (input.k_cache.len() as u64 / row) as u32),
+            ("slice_len", slicing.slice_len),
+            ("n_slices", slicing.n_slices),
+            ("page_size", pages.map_or(0, |p| p.page_size)),
+            (
+                "pages_per_seq",
+                pages.map_or(0, |p| p.block_table.len() as u32 / input.batch),
+            ),
+        ];
+        let split_grid = checked_grid(split, gpu.limits(), &dims)?;
+        let reduce_grid = checked_grid(reduce, gpu.limits(), &dims)?;
+        let parts = (input.batch * slicing.n_slices * h.n_heads) as usize;
+        let (dims, params) = modified_uniforms(gpu, split, &dims, input.scale, h, &input.mods)?;
+        let o_len = input.q.len();
+        Ok(Prepared {
+            q: buffers::storage(gpu, "q", input.q),
+            k: buffers::storage(gpu, "k_cache", input.k_cache),
+            v: buffers::storage(gpu, "v_cache", input.v_cache),
+            part_o: buffers::output::<f32>(gpu, "part_o", parts * h.head_dim as usize),
+            part_ml: buffers::output::<f32>(gpu, "part_ml", 2 * parts),
+            o: buffers::output::<f32>(gpu, "o", o_len),
+            o_len,
+            dims,
+            params,
+            mods: input.mods.buffers(gpu),
+            block_table: buffers::storage(
+                gpu,
+                "block_table",
+                pages.map_or(&[0][..], |p| p.block_table),
+            ),
+            split_grid,
+            reduce_grid,
+            slicing,
+        })
+    }
+
+    fn checked_slice(&self, cache_len: u32, len: u32) -> Result<Slicing, InputError> {
+        if len == 0 || !len.is_multiple_of(self.key_tile) || len > self.max_slice {
+            return Err(InputError::SliceLen {
+                slice_len: len,
+                key_tile: self.key_tile,
+                max: self.max_slice,
+            });
+        }
+        Ok(Slicing {
+            slice_len: len,
+            n_slices: cache_len.div_ceil(len),
+        })
+    }
+}
+
+/// The block table against the pool: whole rows per sequence, pages enough for
+/// `cache_len`, and every page a row uses inside the pool.
+fn validate_pages(
+    limits: &wgpu::Limits,
+    input: &DecodeInput,
+    pages: &Pages,
+) -> Result<(), InputError> {
+    let h = input.heads;
+    let page_size = u64::from(pages.page_size);
+    if page_size == 0 {
+        return Err(InputError::ZeroDim { name: "page_size" });
+    }
+    let page = page_size * u64::from(h.n_kv_heads) * u64::from(h.head_dim);
+    let pool = input.k_cache.len() as u64;
+    if !pool.is_multiple_of(page) || pool == 0 {
+        return Err(InputError::Pages(format!(
+            "k_cache holds {pool} floats, not a whole number of pages of page_size × n_kv_heads              × head_dim = {page}"
+        )));
+    }
+    length(
+        "v_cache",
+        input.v_cache.len(),
+        pool,
+        "the same pages as k_cache",
+    )?;
+    let table = pages.block_table;
+    let batch = input.batch as usize;
+    if table.is_empty() || !table.len().is_multiple_of(batch) {
+        return Err(InputError::Pages(format!(
+            "block_table has {} entries, not batch ({batch}) rows of pages_per_seq",
+            table.len()
+        )));
+    }
+    let per_seq = table.len() / batch;
+    let capacity = per_seq as u64 * page_size;
+    if u64::from(input.cache_len) > capacity {
+        return Err(InputError::CacheTooShort {
+            cache_len: input.cache_len,
+            capacity,
+        });
+    }
+    let n_pages = pool / page;
+    let used = u64::from(input.cache_len).div_ceil(page_size) as usize;
+    for (b, row) in table.chunks(per_seq).enumerate() {
+        if let Some((p, &page)) = row[..used]
+            .iter()
+            .enumerate()
+            .find(|(_, x)| u64::from(**x) >= n_pages)
+        {
+            return Err(InputError::Pages(format!(
+                "block_table[{b}, {p}] = {page} is past the pool's {n_pages} pages"
+            )));
+        }
+    }
+    binding_size(limits, pool * 4)
+}
+
+/// The description of a split pass: `heads` query heads of one KV head per workgroup,
+/// partials flushed to scratch.
+fn split_spec(name: &str, head_dim: u32, masks: Masks, heads: u32) -> KernelSpec {
+    KernelSpec {
+        grid: Grid::rows(Major::Slice, heads),
+        writes: vec![
+            ("part_o".into(), WriteMode::ScratchFlush),
+            ("part_ml".into(), WriteMode::ScratchFlush),
+        ],
+        ..KernelSpec::standard(name, Op::DecodeSplit, head_dim, masks)
+    }
+}
+
+fn compile(spec: &KernelSpec) -> Result<KernelAbi, Error> {
+    attn_dsl::compile(spec).map_err(|e| Error::Pipeline {
+        kernel: spec.name.clone(),
+        message: e.to_string(),
+    })
+}
+
+/// Both passes' buffers and grids, for running or timing.
+pub struct Prepared {
+    q: wgpu::Buffer,
+    k: wgpu::Buffer,
+    v: wgpu::Buffer,
+    part_o: wgpu::Buffer,
+    part_ml: wgpu::Buffer,
+    pub o: wgpu::Buffer,
+    pub o_len: usize,
+    dims: wgpu::Buffer,
+    params: wgpu::Buffer,
+    mods: [(&'static str, wgpu::Buffer); 2],
+    block_table: wgpu::Buffer,
+    split_grid: [u32; 3],
+    reduce_grid: [u32; 3],
+    pub slicing: Slicing,
+}
+
+impl Prepared {
+    /// Workgroups of the split pass.
+    pub fn split_workgroups(&self) -> u32 {
+        self.split_grid.iter().product()
+    }
+
+    /// The query and the cache, uploaded once, for another decode kernel to read (bench).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub(crate) fn inputs(&self) -> [(&'static str, &wgpu::Buffer); 3] {
+        [("q", &self.q), ("k_cache", &self.k), ("v_cache", &self.v)]
+    }
+
+    /// The split pass, then the reduce, as dispatch steps.
+    pub fn steps<'a>(&'a self, kernels: &'a SplitDecode) -> [Step<'a>; 2] {
+        let mut split = vec![
+            ("q", &self.q),
+            ("k_cache", &self.k),
+            ("v_cache", &self.v),
+            ("part_o", &self.part_o),
+            ("part_ml", &self.part_ml),
+            ("dims", &self.dims),
+            ("params", &self.params),
+            ("block_table", &self.block_table),
+        ];
+        split.extend(self.mods.iter().map(|(n, b)| (*n, b)));
+        let reduce = vec![
+            ("part_o", &self.part_o),
+            ("part_ml", &self.part_ml),
+            ("o", &self.o),
+            ("dims", &self.dims),
+        ];
+        [
+            Step {
+                kernel: &kernels.split,
+                bound: split,
+                grid: self.split_grid,
+            },
+            Step {
+                kernel: &kernels.reduce,
+                bound: reduce,
+                grid: self.reduce_grid,
+            },
+        ]
+    }
+}
+
+/// The decode the planner runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodePath {
+    /// One workgroup per head over the whole cache.
+    Plain,
+    /// Split-K with this slicing, then the reduce.
+    Split(Slicing),
+}
+
+/// Which decode the planner runs for `input`: split-K, except for a cache of one slice
+/// whose KV heads each serve one query head, where split-K would run the plain decode's
+/// workgroups plus a reduce pass. On lavapipe split-K was as fast or faster at every other
+/// shape measured, down to a 7-row cache (GQA sharing alone: 32 heads over 8, 3.8x).
+pub fn plan_decode(split: &SplitDecode, input: &DecodeInput) -> DecodePath {
+    let slicing = split.slicing(input);
+    let h = input.heads;
+    if slicing.n_slices == 1 && h.n_heads == h.n_kv_heads {
+        DecodePath::Plain
+    } else {
+        DecodePath::Split(slicing)
+    }
+}
+
+/// Decode with the planner's choice between the plain kernel and split-K, both for one
+/// head_dim and mask set.
+pub struct Decoder {
+    plain: Kernel,
+    split: SplitDecode,
+}
+
+impl Decoder {
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn new(gpu: &Gpu, plain: &KernelAbi, split: SplitDecode) -> Result<Decoder, Error> {
+        pollster::block_on(Decoder::new_async(gpu, plain, split))
+    }
+
+    /// [`Decoder::new`] for an async caller (the browser).
+    pub async fn new_async(
+        gpu: &Gpu,
+        plain: &KernelAbi,
+        split: SplitDecode,
+    ) -> Result<Decoder, Error> {
+        expect_op(plain, Op::Decode)?;
+        let s = split.split.abi();
+        if plain.head_dim != s.head_dim || plain.masks != s.masks {
+            return Err(InputError::HeadDim {
+                kernel: plain.name.to_string(),
+                kernel_head_dim: plain.head_dim,
+                given: s.head_dim,
+            }
+            .into());
+        }
+        Ok(Decoder {
+            plain: Kernel::new_async(gpu, plain).await?,
+            split,
+        })
+    }
+
+    /// The path [`plan_decode`] picks for `input`.
+    pub fn plan(&self, input: &DecodeInput) -> DecodePath {
+        plan_decode(&self.split, input)
+    }
+
+    /// Runs the planned decode; returns O, `[batch, n_heads, head_dim]`, and the path taken.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn run(&self, gpu: &Gpu, input: &DecodeInput) -> Result<(Vec<f32>, DecodePath), Error> {
+        pollster::block_on(self.run_async(gpu, input))
+    }
+
+    /// [`Decoder::run`] for an async caller (the browser).
+    pub async fn run_async(
+        &self,
+        gpu: &Gpu,
+        input: &DecodeInput<'_>,
+    ) -> Result<(Vec<f32>, DecodePath), Error> {
+        let path = self.plan(input);
+        let o = match path {
+            DecodePath::Plain => crate::attention::decode_async(gpu, &self.plain, input).await?,
+            DecodePath::Split(s) => self.split.run_async(gpu, input, Some(s.slice_len)).await?,
+        };
+        Ok((o, path))
+    }
+}

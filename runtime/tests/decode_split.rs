@@ -1,0 +1,144 @@
+//! Split-K decode: the slicing rule, the planner's choice, and its input errors.
+
+use runtime::decode::{
+    DecodePath, Decoder, SplitDecode, TARGET_WORKGROUPS, plan_decode, plan_slices,
+};
+use runtime::{DecodeInput, Gpu, Heads, InputError, kernels};
+
+#[test]
+fn slices_are_whole_key_tiles_and_cover_the_cache() {
+    // The rule never panics, even for lengths no buffer could hold.
+    let huge = plan_slices(u32::MAX, 1, 32, 512);
+    assert_eq!(huge.slice_len, 512);
+    for cache_len in [1, 7, 31, 32, 33, 300, 4099, 32768, 1 << 20] {
+        for others in [1, 8, 64, 1024] {
+            let s = plan_slices(cache_len, others, 32, 512);
+            assert!(
+                s.slice_len.is_multiple_of(32) && s.slice_len <= 512,
+                "{s:?}"
+            );
+            assert!(s.n_slices * s.slice_len >= cache_len, "{cache_len}: {s:?}");
+            assert!(
+                (s.n_slices - 1) * s.slice_len < cache_len,
+                "{cache_len}: {s:?}"
+            );
+        }
+    }
+    // The shape: 8 KV heads (4 query heads each) over a 32768-row cache want 66
+    // slices for the target; the longest slice, 512 keys, makes 64 (512 workgroups).
+    let s = plan_slices(32768, 8, 32, 512);
+    assert_eq!((s.n_slices, s.slice_len), (64, 512));
+    assert!(TARGET_WORKGROUPS.div_ceil(8) > s.n_slices);
+}
+
+fn input<'a>(cache_len: u32, q: &'a [f32], kv: &'a [f32]) -> DecodeInput<'a> {
+    DecodeInput {
+        batch: 1,
+        cache_len,
+        heads: Heads {
+            n_heads: 8,
+            n_kv_heads: 2,
+            head_dim: 64,
+        },
+        q,
+        k_cache: kv,
+        v_cache: kv,
+        scale: None,
+        mods: Default::default(),
+    }
+}
+
+#[test]
+fn planner_splits_caches_longer_than_a_slice_and_refuses_bad_slices() {
+    let gpu = Gpu::new(kernels::FAMILY.iter().copied()).unwrap_or_else(|e| panic!("{e}"));
+    let (split, reduce) = kernels::DECODE_SPLIT[0];
+    let split = SplitDecode::new(&gpu, split, reduce).unwrap();
+    let q = vec![0.5f32; 8 * 64];
+    let kv = vec![0.25f32; 4099 * 2 * 64];
+    // 4 query heads per KV head: split-K shares each K and V read, even over one slice.
+    assert!(matches!(
+        plan_decode(&split, &input(7, &q, &kv)),
+        DecodePath::Split(s) if s.n_slices == 1
+    ));
+    assert!(matches!(
+        plan_decode(&split, &input(4099, &q, &kv)),
+        DecodePath::Split(s) if s.n_slices > 1
+    ));
+    let mha = DecodeInput {
+        heads: Heads {
+            n_heads: 2,
+            ..input(7, &q, &kv).heads
+        },
+        q: &q[..2 * 64],
+        k_cache: &kv[..7 * 2 * 64],
+        v_cache: &kv[..7 * 2 * 64],
+        ..input(7, &q, &kv)
+    };
+    assert_eq!(plan_decode(&split, &mha), DecodePath::Plain);
+    let bad = split.key_tile() + 1;
+    let err = split
+        .run(&gpu, &input(4099, &q, &kv), Some(bad))
+        .unwrap_err();
+    assert!(
+        matches!(err, runtime::Error::Input(InputError::SliceLen { .. })),
+        "{err}"
+    );
+    // Equal keys and values: every head's output is the value row itself, on either path.
+    let o = split.run(&gpu, &input(4099, &q, &kv), None).unwrap();
+    assert!(o.iter().all(|x| (x - 0.25).abs() < 1e-6));
+    let decoder = Decoder::new(&gpu, &kernels::attention_decode::ABI, split).unwrap();
+    for inp in [input(4099, &q, &kv), mha] {
+        let (o, path) = decoder.run(&gpu, &inp).unwrap();
+        assert_eq!(path, decoder.plan(&inp));
+        assert!(o.iter().all(|x| (x - 0.25).abs() < 1e-6));
+    }
+}
+
+#[test]
+fn paged_input_errors_come_before_any_dispatch() {
+    use runtime::decode::Pages;
+    let gpu = Gpu::new(kernels::FAMILY.iter().copied()).unwrap_or_else(|e| panic!("{e}"));
+    let (split, reduce) = kernels::DECODE_SPLIT_PAGED[0];
+    let paged = SplitDecode::new(&gpu, split, reduce).unwrap();
+    let q = vec![0.5f32; 8 * 64];
+    // A pool of 4 pages of 16 keys, 2 KV heads.
+    let pool = vec![0.25f32; 4 * 16 * 2 * 64];
+    let ok = Pages {
+        block_table: &[3, 1],
+        page_size: 16,
+    };
+    let o = paged
+        .run_paged(&gpu, &input(20, &q, &pool), &ok, None)
+        .unwrap();
+    assert!(o.iter().all(|x| (x - 0.25).abs() < 1e-6));
+    let past = Pages {
+        block_table: &[3, 4],
+        ..ok
+    };
+    let err = paged
+        .run_paged(&gpu, &input(20, &q, &pool), &past, None)
+        .unwrap_err();
+    assert!(err.to_string().contains("past the pool's 4 pages"), "{err}");
+    // Only the pages cache_len needs are read, so a stale entry after them is fine.
+    paged
+        .run_paged(&gpu, &input(16, &q, &pool), &past, None)
+        .unwrap();
+    let short = paged
+        .run_paged(&gpu, &input(33, &q, &pool), &ok, None)
+        .unwrap_err();
+    assert!(
+        matches!(
+            short,
+            runtime::Error::Input(InputError::CacheTooShort { .. })
+        ),
+        "{short}"
+    );
+    let contiguous = paged.run(&gpu, &input(20, &q, &pool), None).unwrap_err();
+    assert!(
+        matches!(
+            contiguous,
+            runtime::Error::Input(InputError::CacheLayout { .. })
+        ),
+        "{contiguous}"
+    );
+}
