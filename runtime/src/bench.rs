@@ -379,11 +379,20 @@ pub fn tune(gpu: &Gpu, rows: &[BenchRow], failed: &[String]) -> Table {
     head_dims.sort_unstable();
     head_dims.dedup();
     for head_dim in head_dims {
-        let forward = fastest("forward flash ", head_dim).and_then(|r| {
-            tuning::forward_candidates(head_dim)
-                .into_iter()
-                .find(|c| r.kernel == format!("forward flash {}", c.label()))
-        });
+        // The f32 configurations only: the f16 and bf16 rows (suffixed) are other kernels.
+        let candidates = tuning::forward_candidates(head_dim);
+        let forward = rows
+            .iter()
+            .filter(|r| r.shape.heads.head_dim == head_dim)
+            .filter(passed)
+            .filter_map(|r| {
+                let c = candidates
+                    .iter()
+                    .find(|c| r.kernel == format!("forward flash {}", c.label()))?;
+                Some((r.timing.map_or(f64::INFINITY, |t| t.median_ms), *c))
+            })
+            .min_by(|a, b| a.0.total_cmp(&b.0))
+            .map(|(_, c)| c);
         if let Some(config) = forward {
             table.forward.insert(head_dim, config);
         }
