@@ -22,7 +22,17 @@ const roomy = await adapter.requestDevice({
     maxComputeInvocationsPerWorkgroup: adapter.limits.maxComputeInvocationsPerWorkgroup,
   },
 });
-function deviceFor(target) {
+// `dtype: f16` kernels need WebGPU's optional shader-f16 feature (WebGPU's defaults
+// otherwise); Dawn's null adapter has it.
+const halfAdapter = await gpu.requestAdapter();
+const half = halfAdapter.features.has('shader-f16')
+  ? await halfAdapter.requestDevice({ requiredFeatures: ['shader-f16'] })
+  : null;
+function deviceFor(target, usesF16) {
+  if (usesF16) {
+    if (!half) throw new Error('the adapter lacks shader-f16 for an f16 kernel');
+    return { device: half, pipeline: target === 'webgpu' };
+  }
   if (target === 'webgpu') return { device: portable, pipeline: true };
   const l = target.native;
   const fits = l.storage_buffers_per_stage <= roomy.limits.maxStorageBuffersPerShaderStage
@@ -35,7 +45,7 @@ const bufferType = { read: 'read-only-storage', read_write: 'storage', uniform: 
 let passed = 0, failed = 0;
 for (const k of manifest.kernels) {
   const code = readFileSync(join(dir, k.wgsl_file), 'utf8');
-  const { device, pipeline } = deviceFor(k.target);
+  const { device, pipeline } = deviceFor(k.target, k.bindings.some((b) => b.scalar === 'f16'));
   device.pushErrorScope('validation');
   const module = device.createShaderModule({ label: k.name, code });
   const errors = (await module.getCompilationInfo()).messages

@@ -370,6 +370,36 @@ attention_kernel! {
 }
 
 attention_kernel! {
+    /// Flash forward, head_dim 64, with f16 Q, K, V and O (f32 arithmetic and LSE): needs
+    /// WebGPU's optional shader-f16 feature.
+    pub attention_forward_flash_f16 {
+        op: forward,
+        grid: s_major(flash),
+        head_dim: 64,
+        gqa: any,
+        masks: [causal, document],
+        target: webgpu,
+        dtype: f16,
+        writes: { o: owned, lse: owned },
+    }
+}
+
+attention_kernel! {
+    /// Flash forward, head_dim 64, with bf16 Q, K, V and O packed two to a u32 word (core
+    /// WebGPU: no feature needed).
+    pub attention_forward_flash_bf16 {
+        op: forward,
+        grid: s_major(flash),
+        head_dim: 64,
+        gqa: any,
+        masks: [causal, document],
+        target: webgpu,
+        dtype: bf16,
+        writes: { o: owned, lse: owned },
+    }
+}
+
+attention_kernel! {
     /// Flash forward, head_dim 128, in WebGPU's defaults (candidate 0).
     pub attention_forward_flash_d128 {
         op: forward,
@@ -602,7 +632,7 @@ pub static ROPE: [(&attn_dsl::KernelAbi, &attn_dsl::KernelAbi); 2] = [
 /// lists them. (The native-f32-atomic variants are left out: browsers have no
 /// `atomic<f32>`; so is streaming at head_dim 128, whose tiles of 16 rows need more than
 /// WebGPU's 16 KiB of workgroup memory.)
-pub static FAMILY: [&attn_dsl::KernelAbi; 31] = [
+pub static FAMILY: [&attn_dsl::KernelAbi; 33] = [
     &attention_forward::ABI,
     &attention_forward_d128::ABI,
     &attention_decode::ABI,
@@ -630,6 +660,8 @@ pub static FAMILY: [&attn_dsl::KernelAbi; 31] = [
     &rope_backward_d128::ABI,
     &attention_forward_flash::ABI,
     &attention_forward_flash_d128::ABI,
+    &attention_forward_flash_f16::ABI,
+    &attention_forward_flash_bf16::ABI,
     &attention_backward_dq_flash::ABI,
     &attention_backward_dkdv_flash::ABI,
     &attention_backward_dq_flash_d128::ABI,
