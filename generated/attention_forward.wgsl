@@ -181,12 +181,24 @@ fn query_at(i: u32) -> f32 {
     return q[i];
 }
 
+fn query4_at(i: u32) -> vec4<f32> {
+    return vec4<f32>(q[i], q[i + 1u], q[i + 2u], q[i + 3u]);
+}
+
 fn key_at(i: u32) -> f32 {
     return k[i];
 }
 
+fn key4_at(i: u32) -> vec4<f32> {
+    return vec4<f32>(k[i], k[i + 1u], k[i + 2u], k[i + 3u]);
+}
+
 fn value_at(i: u32) -> f32 {
     return v[i];
+}
+
+fn value4_at(i: u32) -> vec4<f32> {
+    return vec4<f32>(v[i], v[i + 1u], v[i + 2u], v[i + 3u]);
 }
 
 fn store_out(i: u32, x: f32) {

@@ -150,12 +150,24 @@ fn query_at(i: u32) -> f32 {
     return q[i];
 }
 
+fn query4_at(i: u32) -> vec4<f32> {
+    return vec4<f32>(q[i], q[i + 1u], q[i + 2u], q[i + 3u]);
+}
+
 fn key_at(i: u32) -> f32 {
     return k[i];
 }
 
+fn key4_at(i: u32) -> vec4<f32> {
+    return vec4<f32>(k[i], k[i + 1u], k[i + 2u], k[i + 3u]);
+}
+
 fn value_at(i: u32) -> f32 {
     return v[i];
+}
+
+fn value4_at(i: u32) -> vec4<f32> {
+    return vec4<f32>(v[i], v[i + 1u], v[i + 2u], v[i + 3u]);
 }
 
 fn store_out(i: u32, x: f32) {
@@ -193,7 +205,7 @@ fn stage_q(r0: u32, h: u32, tid: u32) {
         var x = vec4<f32>(0.0);
         if (r < dims.seq_len) {
             let i = q_index(r, h) + c4 * 4u;
-            x = vec4<f32>(query_at(i + 0u), query_at(i + 1u), query_at(i + 2u), query_at(i + 3u));
+            x = query4_at(i);
         }
         sh_q[(e / D4) * ROW4 + c4] = x;
     }
@@ -204,7 +216,7 @@ fn fetch_k(r0: u32, h: u32, e: u32) -> vec4<f32> {
     var x = vec4<f32>(0.0);
     if (e < BC * D4 && r < dims.seq_len) {
         let i = kv_index(r, h) + (e % D4) * 4u;
-        x = vec4<f32>(key_at(i + 0u), key_at(i + 1u), key_at(i + 2u), key_at(i + 3u));
+        x = key4_at(i);
     }
     return x;
 }
@@ -214,7 +226,7 @@ fn fetch_v(r0: u32, h: u32, e: u32) -> vec4<f32> {
     var x = vec4<f32>(0.0);
     if (e < BC * D4 && r < dims.seq_len) {
         let i = kv_index(r, h) + (e % D4) * 4u;
-        x = vec4<f32>(value_at(i + 0u), value_at(i + 1u), value_at(i + 2u), value_at(i + 3u));
+        x = value4_at(i);
     }
     return x;
 }

@@ -151,14 +151,32 @@ fn query_at(i: u32) -> f32 {
     return bitcast<f32>(select(w << 16u, w & 0xffff0000u, (i & 1u) == 1u));
 }
 
+fn query4_at(i: u32) -> vec4<f32> {
+    let a = q[i >> 1u];
+    let b = q[(i >> 1u) + 1u];
+    return bitcast<vec4<f32>>(vec4<u32>(a << 16u, a & 0xffff0000u, b << 16u, b & 0xffff0000u));
+}
+
 fn key_at(i: u32) -> f32 {
     let w = k[i >> 1u];
     return bitcast<f32>(select(w << 16u, w & 0xffff0000u, (i & 1u) == 1u));
 }
 
+fn key4_at(i: u32) -> vec4<f32> {
+    let a = k[i >> 1u];
+    let b = k[(i >> 1u) + 1u];
+    return bitcast<vec4<f32>>(vec4<u32>(a << 16u, a & 0xffff0000u, b << 16u, b & 0xffff0000u));
+}
+
 fn value_at(i: u32) -> f32 {
     let w = v[i >> 1u];
     return bitcast<f32>(select(w << 16u, w & 0xffff0000u, (i & 1u) == 1u));
+}
+
+fn value4_at(i: u32) -> vec4<f32> {
+    let a = v[i >> 1u];
+    let b = v[(i >> 1u) + 1u];
+    return bitcast<vec4<f32>>(vec4<u32>(a << 16u, a & 0xffff0000u, b << 16u, b & 0xffff0000u));
 }
 
 // Round to nearest even; a NaN keeps a mantissa bit so that it stays NaN.
@@ -200,7 +218,7 @@ fn stage_q(r0: u32, h: u32, tid: u32) {
         var x = vec4<f32>(0.0);
         if (r < dims.seq_len) {
             let i = q_index(r, h) + c4 * 4u;
-            x = vec4<f32>(query_at(i + 0u), query_at(i + 1u), query_at(i + 2u), query_at(i + 3u));
+            x = query4_at(i);
         }
         sh_q[(e / D4) * ROW4 + c4] = x;
     }
@@ -211,7 +229,7 @@ fn fetch_k(r0: u32, h: u32, e: u32) -> vec4<f32> {
     var x = vec4<f32>(0.0);
     if (e < BC * D4 && r < dims.seq_len) {
         let i = kv_index(r, h) + (e % D4) * 4u;
-        x = vec4<f32>(key_at(i + 0u), key_at(i + 1u), key_at(i + 2u), key_at(i + 3u));
+        x = key4_at(i);
     }
     return x;
 }
@@ -221,7 +239,7 @@ fn fetch_v(r0: u32, h: u32, e: u32) -> vec4<f32> {
     var x = vec4<f32>(0.0);
     if (e < BC * D4 && r < dims.seq_len) {
         let i = kv_index(r, h) + (e % D4) * 4u;
-        x = vec4<f32>(value_at(i + 0u), value_at(i + 1u), value_at(i + 2u), value_at(i + 3u));
+        x = value4_at(i);
     }
     return x;
 }

@@ -34,10 +34,10 @@ struct Params {
 
 // The sequence of the batch this workgroup works on, set by the entry point.
 var<private> batch: u32;
-@group(0) @binding(0) var<storage, read> q: array<f16>;
-@group(0) @binding(1) var<storage, read> k: array<f16>;
-@group(0) @binding(2) var<storage, read> v: array<f16>;
-@group(0) @binding(3) var<storage, read_write> o: array<f16>;
+@group(0) @binding(0) var<storage, read> q: array<vec4<f16>>;
+@group(0) @binding(1) var<storage, read> k: array<vec4<f16>>;
+@group(0) @binding(2) var<storage, read> v: array<vec4<f16>>;
+@group(0) @binding(3) var<storage, read_write> o: array<vec4<f16>>;
 @group(0) @binding(4) var<storage, read_write> lse: array<f32>;
 @group(0) @binding(5) var<uniform> dims: Dims;
 @group(0) @binding(6) var<uniform> params: Params;
@@ -149,27 +149,35 @@ fn dropped(row: u32, h: u32, j: u32, p: f32) -> f32 {
 }
 
 fn query_at(i: u32) -> f32 {
-    return f32(q[i]);
+    return f32(q[i >> 2u][i & 3u]);
+}
+
+fn query4_at(i: u32) -> vec4<f32> {
+    return vec4<f32>(q[i >> 2u]);
 }
 
 fn key_at(i: u32) -> f32 {
-    return f32(k[i]);
+    return f32(k[i >> 2u][i & 3u]);
+}
+
+fn key4_at(i: u32) -> vec4<f32> {
+    return vec4<f32>(k[i >> 2u]);
 }
 
 fn value_at(i: u32) -> f32 {
-    return f32(v[i]);
+    return f32(v[i >> 2u][i & 3u]);
+}
+
+fn value4_at(i: u32) -> vec4<f32> {
+    return vec4<f32>(v[i >> 2u]);
 }
 
 fn store_out(i: u32, x: f32) {
-    o[i] = f16(x);
+    o[i >> 2u][i & 3u] = f16(x);
 }
 
 fn store_out4(i: u32, x: vec4<f32>) {
-    let y = vec4<f16>(x);
-    o[i] = y.x;
-    o[i + 1u] = y.y;
-    o[i + 2u] = y.z;
-    o[i + 3u] = y.w;
+    o[i >> 2u] = vec4<f16>(x);
 }
 
 fn positive_inf() -> f32 {
@@ -196,7 +204,7 @@ fn stage_q(r0: u32, h: u32, tid: u32) {
         var x = vec4<f32>(0.0);
         if (r < dims.seq_len) {
             let i = q_index(r, h) + c4 * 4u;
-            x = vec4<f32>(query_at(i + 0u), query_at(i + 1u), query_at(i + 2u), query_at(i + 3u));
+            x = query4_at(i);
         }
         sh_q[(e / D4) * ROW4 + c4] = x;
     }
@@ -207,7 +215,7 @@ fn fetch_k(r0: u32, h: u32, e: u32) -> vec4<f32> {
     var x = vec4<f32>(0.0);
     if (e < BC * D4 && r < dims.seq_len) {
         let i = kv_index(r, h) + (e % D4) * 4u;
-        x = vec4<f32>(key_at(i + 0u), key_at(i + 1u), key_at(i + 2u), key_at(i + 3u));
+        x = key4_at(i);
     }
     return x;
 }
@@ -217,7 +225,7 @@ fn fetch_v(r0: u32, h: u32, e: u32) -> vec4<f32> {
     var x = vec4<f32>(0.0);
     if (e < BC * D4 && r < dims.seq_len) {
         let i = kv_index(r, h) + (e % D4) * 4u;
-        x = vec4<f32>(value_at(i + 0u), value_at(i + 1u), value_at(i + 2u), value_at(i + 3u));
+        x = value4_at(i);
     }
     return x;
 }

@@ -219,6 +219,7 @@ fn array_type(e: Elem, scalar: Scalar, scatter: Option<Scatter>) -> Cow<'static,
         (None, Elem::F32x4, _) => "array<vec4<f32>>",
         (None, _, Scalar::F32) => "array<f32>",
         (None, _, Scalar::U32 | Scalar::Bf16) => "array<u32>",
-        (None, _, Scalar::F16) => "array<f16>",
+        // Four halves per element: one 8-byte load per vec4 of a row.
+        (None, _, Scalar::F16) => "array<vec4<f16>>",
     })
 }

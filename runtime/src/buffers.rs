@@ -57,7 +57,9 @@ pub fn rounded(data: &[f32], scalar: Scalar) -> Vec<f32> {
 pub fn storage_as(gpu: &Gpu, label: &str, data: &[f32], scalar: Scalar) -> wgpu::Buffer {
     match scalar {
         Scalar::F16 => {
-            let h: Vec<f16> = data.iter().map(|&x| f16::from_f32(x)).collect();
+            // Whole vec4<f16> elements: a binding's last partial element would be cut off.
+            let mut h: Vec<f16> = data.iter().map(|&x| f16::from_f32(x)).collect();
+            h.resize(h.len().next_multiple_of(4), f16::ZERO);
             storage(gpu, label, &h)
         }
         Scalar::Bf16 => {
@@ -71,7 +73,8 @@ pub fn storage_as(gpu: &Gpu, label: &str, data: &[f32], scalar: Scalar) -> wgpu:
 /// A zero-filled output of `len` elements of `scalar`.
 pub fn output_as(gpu: &Gpu, label: &str, len: usize, scalar: Scalar) -> wgpu::Buffer {
     match scalar {
-        Scalar::F16 | Scalar::Bf16 => output::<u16>(gpu, label, len),
+        Scalar::F16 => output::<u16>(gpu, label, len.next_multiple_of(4)),
+        Scalar::Bf16 => output::<u16>(gpu, label, len),
         Scalar::F32 | Scalar::U32 => output::<f32>(gpu, label, len),
     }
 }

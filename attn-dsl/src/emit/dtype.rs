@@ -18,18 +18,43 @@ pub(super) fn directive(out: &mut String, spec: &KernelSpec) {
     }
 }
 
-/// `{name}_at(i) -> f32` for each (accessor, tensor), and the stores into `o`.
+/// `{name}_at(i) -> f32` and `{name}4_at(i) -> vec4<f32>` (elements i..i+4, `i` a
+/// multiple of 4) for each (accessor, tensor), and the stores into `o`. f16 tensors are
+/// `array<vec4<f16>>` (a vec4 in one 8-byte load; WGSL's memory locations are scalars, so
+/// invocations writing different halves of one vec4 do not race); bf16 vec4s are two
+/// word loads.
 pub(super) fn accessors(out: &mut String, spec: &KernelSpec, loads: &[(&str, &str)]) {
     for (name, tensor) in loads {
-        let body = match spec.dtype {
-            Dtype::F32 => format!("return {tensor}[i];"),
-            Dtype::F16 => format!("return f32({tensor}[i]);"),
-            Dtype::Bf16 => format!(
-                "let w = {tensor}[i >> 1u];\n    \
-                 return bitcast<f32>(select(w << 16u, w & 0xffff0000u, (i & 1u) == 1u));"
+        let (one, four) = match spec.dtype {
+            Dtype::F32 => (
+                format!("return {tensor}[i];"),
+                format!(
+                    "return vec4<f32>({tensor}[i], {tensor}[i + 1u], {tensor}[i + 2u], \
+                     {tensor}[i + 3u]);"
+                ),
+            ),
+            Dtype::F16 => (
+                format!("return f32({tensor}[i >> 2u][i & 3u]);"),
+                format!("return vec4<f32>({tensor}[i >> 2u]);"),
+            ),
+            Dtype::Bf16 => (
+                format!(
+                    "let w = {tensor}[i >> 1u];\n    \
+                     return bitcast<f32>(select(w << 16u, w & 0xffff0000u, (i & 1u) == 1u));"
+                ),
+                format!(
+                    "let a = {tensor}[i >> 1u];\n    let b = {tensor}[(i >> 1u) + 1u];\n    \
+                     return bitcast<vec4<f32>>(vec4<u32>(a << 16u, a & 0xffff0000u, b << 16u, \
+                     b & 0xffff0000u));"
+                ),
             ),
         };
-        let _ = write!(out, "fn {name}(i: u32) -> f32 {{\n    {body}\n}}\n\n");
+        let stem = name.strip_suffix("_at").unwrap_or(name);
+        let _ = write!(
+            out,
+            "fn {name}(i: u32) -> f32 {{\n    {one}\n}}\n\n\
+             fn {stem}4_at(i: u32) -> vec4<f32> {{\n    {four}\n}}\n\n"
+        );
     }
     stores(out, spec.dtype);
 }
@@ -42,9 +67,8 @@ fn stores(out: &mut String, dtype: Dtype) {
              o[i + 2u] = x.z;\n    o[i + 3u] = x.w;\n}\n\n",
         ),
         Dtype::F16 => out.push_str(
-            "fn store_out(i: u32, x: f32) {\n    o[i] = f16(x);\n}\n\n\
-             fn store_out4(i: u32, x: vec4<f32>) {\n    let y = vec4<f16>(x);\n    o[i] = y.x;\n    \
-             o[i + 1u] = y.y;\n    o[i + 2u] = y.z;\n    o[i + 3u] = y.w;\n}\n\n",
+            "fn store_out(i: u32, x: f32) {\n    o[i >> 2u][i & 3u] = f16(x);\n}\n\n\
+             fn store_out4(i: u32, x: vec4<f32>) {\n    o[i >> 2u] = vec4<f16>(x);\n}\n\n",
         ),
         Dtype::Bf16 => out.push_str(
             r#"// Round to nearest even; a NaN keeps a mantissa bit so that it stays NaN.

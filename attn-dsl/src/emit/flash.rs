@@ -152,8 +152,12 @@ pub(super) fn fetch(out: &mut String, name: &str, rows: &str, index: &str, src: 
     );
 }
 
-/// The vec4 at flat index `i` of `src`: an array, or an accessor function (`key_at`).
+/// The vec4 at flat index `i` of `src`: an array, or an accessor function (`key_at`,
+/// whose vec4 form `key4_at` loads in the tensor's dtype).
 fn vec4_at(src: &str) -> String {
+    if let Some(stem) = src.strip_suffix("_at") {
+        return format!("{stem}4_at(i)");
+    }
     let read = |k: u32| match src.ends_with("_at") {
         true => format!("{src}(i + {k}u)"),
         false => format!("{src}[i + {k}u]"),
