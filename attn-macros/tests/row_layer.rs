@@ -38,14 +38,17 @@ fn the_backward_binds_partials_per_row_tile_and_spreads_dw_over_grid_rows() {
         ]
     );
     assert_eq!(k::ABI.storage_buffers(), 12);
-    // 74 rows in tiles of 16; one workgroup row for dx, then 768·3072 / 2048 dW chunks.
+    // 74 rows in tiles of 16; one dx block (of up to 64 rows) per tile, then one
+    // workgroup per 64×64 tile of dW: 48 · 12.
     let grid = k::dispatch_grid(&k::Dims {
         rows: 74,
         hidden: 768,
         out: 3072,
         n_tiles: 5,
+        n_blocks: 5,
+        ..Default::default()
     });
-    assert_eq!(grid, [5, 1 + 1152, 1]);
+    assert_eq!(grid, [5, 1 + 48 * 12, 1]);
 }
 
 #[test]
@@ -53,7 +56,7 @@ fn the_seed_forward_is_portable() {
     use layernorm_linear as k;
     assert_eq!(k::ABI.target, attn_dsl::Target::Webgpu);
     assert_eq!(k::ABI.storage_buffers(), 8);
-    assert!(k::WGSL.contains("fn row_stats"));
+    assert!(k::WGSL.contains("fn tile_stats"));
 }
 
 attention_kernel! {
@@ -75,6 +78,8 @@ fn the_reduce_owns_every_element_of_the_four_sums() {
         hidden: 768,
         out: 3072,
         n_tiles: 5,
+        n_blocks: 5,
+        ..Default::default()
     });
     // dγ, dβ (768 each), dW (768·3072) and db (3072), 256 per workgroup.
     assert_eq!(grid, [(2 * 768 + 768 * 3072 + 3072u32).div_ceil(256), 1, 1]);

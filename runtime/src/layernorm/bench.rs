@@ -59,13 +59,12 @@ pub fn run(
     let mut rows_out = Vec::new();
     for sums in [RowSums::Atomic, RowSums::TwoPass] {
         let layer = LayerNormLinear::new(gpu, rows, hidden, out, sums)?;
-        let tile = layer.backward.abi().grid.tile;
-        let parts = match sums {
-            RowSums::Atomic => 1,
-            RowSums::TwoPass => rows.div_ceil(tile) as usize,
-        };
+        let parts = layer.partials(rows);
         let grads = [("dgamma", h), ("dbeta", h), ("dw", o * h), ("db", o)]
-            .map(|(n, len)| (n, buffers::output::<f32>(gpu, n, len * parts)));
+            .into_iter()
+            .zip(parts)
+            .map(|((n, len), p)| (n, buffers::output::<f32>(gpu, n, len * p)))
+            .collect::<Vec<_>>();
         let finals = [("dgamma", h), ("dbeta", h), ("dw", o * h), ("db", o)]
             .map(|(n, len)| (n, buffers::output::<f32>(gpu, n, len)));
         let dims = layer.dims(layer.backward.abi(), rows);

@@ -26,7 +26,8 @@ pub const SCRATCH_BUDGET: u64 = 64 << 20;
 
 /// Rows a backward tile takes at least: fewer rows per atomic add or partial only adds
 /// adds (and rounding) without adding parallelism worth having.
-const MIN_BACKWARD_TILE: u32 = 16;
+/// One dx block (64 rows): a smaller tile leaves the products' workgroups part empty.
+const MIN_BACKWARD_TILE: u32 = row_layer::DX_ROWS;
 
 /// The forward, backward and (two-pass) reduce kernels of one `hidden -> out` layer,
 /// compiled for this device and a number of rows.
@@ -117,14 +118,28 @@ impl LayerNormLinear {
     }
 
     #[cfg(not(target_arch = "wasm32"))]
-    fn dims(&self, abi: &KernelAbi, rows: u32) -> [(&'static str, u32); 4] {
-        let n_tiles = rows.div_ceil(abi.grid.tile.max(1));
+    fn dims(&self, abi: &KernelAbi, rows: u32) -> [(&'static str, u32); 5] {
+        let tile = abi.grid.tile.max(1);
+        let n_tiles = rows.div_ceil(tile);
         [
             ("rows", rows),
             ("hidden", self.hidden),
             ("out", self.out),
             ("n_tiles", n_tiles),
+            ("n_blocks", n_tiles * row_layer::blocks_per_tile(tile)),
         ]
+    }
+
+    /// How many partials of each row sum (dγ, dβ, dW, db) the backward writes: one under
+    /// atomics; under two-pass one per dx block, and one per row tile for dW.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn partials(&self, rows: u32) -> [usize; 4] {
+        if self.reduce.is_none() {
+            return [1; 4];
+        }
+        let dims = self.dims(self.backward.abi(), rows);
+        let (tiles, blocks) = (dims[3].1 as usize, dims[4].1 as usize);
+        [blocks, blocks, tiles, blocks]
     }
 }
 
@@ -204,11 +219,10 @@ pub fn layernorm_linear_backward(
     length("rstd", saved.rstd.len(), rows as u64, "rows")?;
     let abi = layer.backward.abi();
     let dims = layer.dims(abi, input.rows);
-    let n_tiles = dims[3].1 as usize;
     let grid = checked_grid(abi, gpu.limits(), &dims)?;
     let (dims_buf, params) = uniforms(gpu, abi, &dims, &[("eps", input.eps)])?;
-    let parts = if layer.reduce.is_some() { n_tiles } else { 1 };
-    binding_size(gpu.limits(), 4 * (parts * out * hidden) as u64)?;
+    let parts = layer.partials(input.rows);
+    binding_size(gpu.limits(), 4 * (parts[2] * out * hidden) as u64)?;
     let ins = [
         ("x", input.x),
         ("gamma", input.gamma),
@@ -226,9 +240,11 @@ pub fn layernorm_linear_backward(
         ("dw", out * hidden),
         ("db", out),
     ];
+    let counts = [1, parts[0], parts[1], parts[2], parts[3]];
+    let mut i = 0;
     let outs = sizes.map(|(name, len)| {
-        let len = if name == "dx" { len } else { len * parts };
-        (name, buffers::output::<f32>(gpu, name, len))
+        i += 1;
+        (name, buffers::output::<f32>(gpu, name, len * counts[i - 1]))
     });
     let mut bound: Vec<(&str, &wgpu::Buffer)> =
         ins.iter().chain(&outs).map(|(n, b)| (*n, b)).collect();
