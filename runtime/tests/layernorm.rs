@@ -92,3 +92,21 @@ fn both_schedules_pass_at_the_seed_shape() {
         assert!(row.pass(), "{}: {:?}", row.label, row.verdicts);
     }
 }
+
+#[test]
+fn the_planner_takes_the_table_else_the_size_rule() {
+    use runtime::layernorm::{backward_tile, plan_sums, sums_by_size};
+    use runtime::tuning::Table;
+    let one_tile = backward_tile(64, 768, 3072);
+    assert_eq!(sums_by_size(one_tile, 768, 3072), RowSums::Atomic);
+    assert_eq!(sums_by_size(8192, 768, 3072), RowSums::TwoPass);
+    let mut table = Table::default();
+    assert_eq!(plan_sums(&table, 8192, 768, 3072), RowSums::TwoPass);
+    table
+        .layernorm
+        .entry(runtime::tuning::layernorm_key(768, 3072))
+        .or_default()
+        .insert(4096, "atomic".into());
+    assert_eq!(plan_sums(&table, 8192, 768, 3072), RowSums::Atomic);
+    assert_eq!(plan_sums(&table, 8192, 768, 768), RowSums::TwoPass);
+}

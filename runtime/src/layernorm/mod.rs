@@ -7,6 +7,8 @@
 #![cfg_attr(target_arch = "wasm32", allow(unused_imports, dead_code))]
 
 #[cfg(not(target_arch = "wasm32"))]
+pub mod baseline;
+#[cfg(not(target_arch = "wasm32"))]
 pub mod bench;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod check;
@@ -28,6 +30,26 @@ pub const SCRATCH_BUDGET: u64 = 64 << 20;
 /// adds (and rounding) without adding parallelism worth having.
 /// One dx block (64 rows): a smaller tile leaves the products' workgroups part empty.
 const MIN_BACKWARD_TILE: u32 = row_layer::DX_ROWS;
+
+/// The backward's row-sum schedule for `rows` rows of `hidden -> out` on an adapter
+/// whose tuning table is `table`: the table's measured choice (`bench --layernorm ROWS
+/// --tune`, nearest measured row count), else [`sums_by_size`].
+pub fn plan_sums(table: &crate::tuning::Table, rows: u32, hidden: u32, out: u32) -> RowSums {
+    table
+        .layernorm(rows, hidden, out)
+        .unwrap_or_else(|| sums_by_size(rows, hidden, out))
+}
+
+/// The size rule when nothing was measured: atomic adds when every row is in one row tile
+/// (each dW element gets one add, so there is nothing to reorder and a second pass would
+/// only copy), the deterministic two-pass schedule otherwise.
+pub fn sums_by_size(rows: u32, hidden: u32, out: u32) -> RowSums {
+    if rows <= backward_tile(rows, hidden, out) {
+        RowSums::Atomic
+    } else {
+        RowSums::TwoPass
+    }
+}
 
 /// The forward, backward and (two-pass) reduce kernels of one `hidden -> out` layer,
 /// compiled for this device and a number of rows.
@@ -108,6 +130,23 @@ impl LayerNormLinear {
             hidden,
             out,
         })
+    }
+
+    /// [`LayerNormLinear::new`] with the row-sum schedule the planner picks for this
+    /// adapter ([`plan_sums`] over its tuning table).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn planned(gpu: &Gpu, rows: u32, hidden: u32, out: u32) -> Result<Self, Error> {
+        let table = crate::tuning::Table::for_gpu(gpu)?;
+        LayerNormLinear::new(gpu, rows, hidden, out, plan_sums(&table, rows, hidden, out))
+    }
+
+    /// How this layer's backward sums dγ, dβ, dW and db over rows.
+    pub fn sums(&self) -> RowSums {
+        if self.reduce.is_some() {
+            RowSums::TwoPass
+        } else {
+            RowSums::Atomic
+        }
     }
 
     /// The kernels, forward first: for the bench and for reports.
