@@ -182,13 +182,18 @@ impl LayerNormLinear {
     }
 }
 
-/// Rows per backward tile: at least [`MIN_BACKWARD_TILE`], and enough that the tiles'
-/// partial dW fit the scratch budget.
+/// Rows per backward tile: at least [`MIN_BACKWARD_TILE`], enough that the tiles'
+/// partial dW fit the scratch budget, and a whole number of dx blocks (a tile of 74 rows
+/// would give each tile a second dx block of 10 rows costing as much as a full one).
 pub fn backward_tile(rows: u32, hidden: u32, out: u32) -> u32 {
     let per_tile = 4 * u64::from(hidden) * u64::from(out);
     let max_tiles = (SCRATCH_BUDGET / per_tile.max(1)).max(1);
-    let tile = u64::from(rows).div_ceil(max_tiles);
-    (tile as u32).clamp(MIN_BACKWARD_TILE, row_layer::MAX_ROW_TILE)
+    let block = u64::from(row_layer::DX_ROWS);
+    let tile = u64::from(rows).div_ceil(max_tiles).div_ceil(block) * block;
+    tile.clamp(
+        u64::from(MIN_BACKWARD_TILE),
+        u64::from(row_layer::MAX_ROW_TILE),
+    ) as u32
 }
 
 /// `y = W·LN(x) + b`, with each row's mean and 1/std for the backward.
