@@ -119,7 +119,13 @@ impl KernelAbi {
             Major::Head => [at(1), at(4), 1],
             Major::R => [
                 at(0).div_ceil(self.grid.tile),
-                crate::row_layer::grid_y(self.op, at(1), at(2), self.grid.tile),
+                crate::row_layer::grid_y(
+                    self.op,
+                    at(1),
+                    at(2),
+                    self.grid.tile,
+                    self.binding("dgamma").and_then(|b| b.write) == Some(WriteMode::AtomicScatter),
+                ),
                 1,
             ],
             Major::Elem => {

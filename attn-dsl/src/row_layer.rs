@@ -172,12 +172,16 @@ pub(crate) fn check_row_sums(spec: &KernelSpec) -> Result<(), DslError> {
 }
 
 /// The second grid dimension of a row op: the forward's 64-wide blocks of outputs; the
-/// backward's dx blocks of a row tile, then one workgroup per 64×64 tile of dW.
-pub fn grid_y(op: Op, hidden: u32, out: u32, tile: u32) -> u32 {
+/// backward's dx blocks of a row tile, (`atomic`: one workgroup per 64 columns of dγ and
+/// dβ,) then one workgroup per 64×64 tile of dW.
+pub fn grid_y(op: Op, hidden: u32, out: u32, tile: u32, atomic: bool) -> u32 {
+    let k_tiles = hidden.div_ceil(GEMM_TILE);
     match op {
         Op::LayernormLinear => out.div_ceil(GEMM_TILE),
         Op::LayernormLinearBackward => {
-            blocks_per_tile(tile) + out.div_ceil(GEMM_TILE) * hidden.div_ceil(GEMM_TILE)
+            blocks_per_tile(tile)
+                + if atomic { k_tiles } else { 0 }
+                + out.div_ceil(GEMM_TILE) * k_tiles
         }
         _ => 1,
     }

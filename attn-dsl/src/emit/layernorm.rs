@@ -289,12 +289,39 @@ fn flush(spec: &KernelSpec, t: &str, part: &str, size: &str, index: &str, value:
     }
 }
 
+/// Whether the backward adds its row sums by atomics (else it flushes partials).
+fn atomic(spec: &KernelSpec) -> bool {
+    spec.write_mode("dgamma") == Some(WriteMode::AtomicScatter)
+}
+
 fn backward(out: &mut String, spec: &KernelSpec) {
     atomic_adds(out, spec);
     gemm_core(out);
     backward_staging(out);
     dx_block(out, spec);
     dw_tile(out, spec);
+    if atomic(spec) {
+        gb_tile(out, spec);
+        let _ = write!(
+            out,
+            r#"// Grid row y < SUBS of row tile x: dx of rows x·TILE + y·DXR.. (one block); rows
+// SUBS..SUBS + KT: dγ and dβ of 64 columns summed over the row tile; the rest: one 64×64
+// tile of dW (and, in the tiles of column 0, 64 columns of db) summed over the tile.
+@compute @workgroup_size(WG)
+fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {{
+    if (wg.y < SUBS) {{
+        dx_block(wg.x, wg.y, tid);
+    }} else if (wg.y < SUBS + KT) {{
+        gb_tile(wg.x, wg.y - SUBS, tid);
+    }} else {{
+        dw_tile(wg.x, wg.y - SUBS - KT, tid);
+    }}
+}}
+"#,
+            name = spec.name
+        );
+        return;
+    }
     let _ = write!(
         out,
         r#"// Grid row y < SUBS of row tile x: dx, and the dγ, dβ, db partials, of rows
@@ -309,6 +336,73 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
 }}
 "#,
         name = spec.name
+    );
+}
+
+/// The atomic schedule's dγ and dβ: one workgroup per (row tile, 64 columns) recomputes
+/// dx̂ₙ = dy·W block by block over the tile's rows and sums them, so that each element gets
+/// one atomic add per row tile (as dW does), not one per dx block.
+fn gb_tile(out: &mut String, spec: &KernelSpec) {
+    let product = product_loop("n0", "OUT", "stage_dx(first, count, n0, k0, tid)");
+    let dgamma = flush(spec, "dgamma", "tile", "HIDDEN", "k", "ga");
+    let dbeta = flush(spec, "dbeta", "tile", "HIDDEN", "k", "gb");
+    let _ = write!(
+        out,
+        r#"// dγ = Σ dx̂ₙ·x̂ and dβ = Σ dx̂ₙ of columns kt·64.. over the row tile's rows: each dx
+// block's sums (4 rows per invocation, then the 16 row groups) are fresh partials, added
+// block by block, then added once into the gradients.
+fn gb_tile(tile: u32, kt: u32, tid: u32) {{
+    let tx = tid % 16u;
+    let ty = tid / 16u;
+    let k0 = kt * TN;
+    var ga = 0.0;
+    var gb = 0.0;
+    for (var sub = 0u; sub < SUBS && tile * TILE + sub * DXR < dims.rows; sub = sub + 1u) {{
+        let first = tile * TILE + sub * DXR;
+        let count = min(min(DXR, TILE - sub * DXR), dims.rows - first);
+        {product}
+        var g1 = vec4<f32>(0.0);
+        var g2 = vec4<f32>(0.0);
+        for (var i = 0u; i < 4u; i = i + 1u) {{
+            let row = first + ty * 4u + i;
+            if (ty * 4u + i < count) {{
+                let mu = mean[row];
+                let rs = rstd[row];
+                for (var j = 0u; j < 4u; j = j + 1u) {{
+                    let k = k0 + tx * 4u + j;
+                    if (k < HIDDEN) {{
+                        let xhat = (x[row * HIDDEN + k] - mu) * rs;
+                        let g = acc[i][j];
+                        g1[j] = fma(g, xhat, g1[j]);
+                        g2[j] = g2[j] + g;
+                    }}
+                }}
+            }}
+        }}
+        sh_a[ty * 16u + tx] = g1;
+        sh_b[ty * 16u + tx] = g2;
+        workgroupBarrier();
+        if (tid < TN) {{
+            var pa = 0.0;
+            var pb = 0.0;
+            for (var t = 0u; t < 16u; t = t + 1u) {{
+                pa = pa + sh_a[t * 16u + tid / 4u][tid % 4u];
+                pb = pb + sh_b[t * 16u + tid / 4u][tid % 4u];
+            }}
+            ga = ga + pa;
+            gb = gb + pb;
+        }}
+        // The next block stages into sh_a and sh_b.
+        workgroupBarrier();
+    }}
+    let k = k0 + tid;
+    if (tid < TN && k < HIDDEN) {{
+        {dgamma}
+        {dbeta}
+    }}
+}}
+
+"#
     );
 }
 
@@ -383,12 +477,43 @@ fn dx_block(out: &mut String, spec: &KernelSpec) {
     } else {
         ""
     };
+    let gsum = if atomic(spec) {
+        String::new()
+    } else {
+        format!(r#"// dγ and dβ of this k tile: the 16 row groups' sums, through the slices' memory.
+        sh_a[ty * 16u + tx] = g1;
+        sh_b[ty * 16u + tx] = g2;
+        workgroupBarrier();
+        if (tid < TN && k0 + tid < HIDDEN) {{
+            let k = k0 + tid;
+            var ga = 0.0;
+            var gb = 0.0;
+            for (var t = 0u; t < 16u; t = t + 1u) {{
+                ga = ga + sh_a[t * 16u + tid / 4u][tid % 4u];
+                gb = gb + sh_b[t * 16u + tid / 4u][tid % 4u];
+            }}
+            {dgamma}
+            {dbeta}
+        }}
+        // The next k tile stages into sh_a and sh_b.
+        workgroupBarrier();"#)
+    };
+    let dbsum = if atomic(spec) {
+        String::new()
+    } else {
+        format!(r#"// db = Σ dy over the block's rows.
+    for (var n = tid; n < OUT; n = n + WG) {{
+        {db_sum}
+        {db}
+    }}"#)
+    };
     let _ = write!(
         out,
         r#"// dx of one block of DXR rows, over every k tile in turn: dx̂ₙ = dy·W (tiled), then the
 // LayerNorm chain rule dx = rstd·(dx̂ − mean(dx̂) − x̂·mean(dx̂·x̂)), dx̂ = dx̂ₙ·γ. dx̂ is
 // kept in dx until the row means are known; each invocation rereads only what it wrote.
-// dγ, dβ and db of the block's rows leave as partial `blk` (or atomic adds).
+// Under two-pass, dγ, dβ and db of the block's rows leave as partial `blk` (the atomic
+// schedule sums them over the whole row tile in gb_tile and dw_tile instead).
 fn dx_block(tile: u32, sub: u32, tid: u32) {{
     let tx = tid % 16u;
     let ty = tid / 16u;
@@ -439,23 +564,7 @@ fn dx_block(tile: u32, sub: u32, tid: u32) {{
         }}
         s1 = s1 + p1;
         s2 = s2 + p2;
-        // dγ and dβ of this k tile: the 16 row groups' sums, through the slices' memory.
-        sh_a[ty * 16u + tx] = g1;
-        sh_b[ty * 16u + tx] = g2;
-        workgroupBarrier();
-        if (tid < TN && k0 + tid < HIDDEN) {{
-            let k = k0 + tid;
-            var ga = 0.0;
-            var gb = 0.0;
-            for (var t = 0u; t < 16u; t = t + 1u) {{
-                ga = ga + sh_a[t * 16u + tid / 4u][tid % 4u];
-                gb = gb + sh_b[t * 16u + tid / 4u][tid % 4u];
-            }}
-            {dgamma}
-            {dbeta}
-        }}
-        // The next k tile stages into sh_a and sh_b.
-        workgroupBarrier();
+        {gsum}
     }}
     // The row means: this row group's 16 column groups' sums.
     sh_a[ty * 16u + tx] = s1;
@@ -484,11 +593,7 @@ fn dx_block(tile: u32, sub: u32, tid: u32) {{
             }}
         }}
     }}
-    // db = Σ dy over the block's rows.
-    for (var n = tid; n < OUT; n = n + WG) {{
-        {db_sum}
-        {db}
-    }}
+    {dbsum}
 }}
 
 "#
@@ -505,6 +610,22 @@ fn dw_tile(out: &mut String, spec: &KernelSpec) {
         "n * HIDDEN + k",
         "acc[i][j]",
     );
+    // The atomic schedule's db: the dW tiles of k column 0 sum their 64 columns of dy over
+    // the row tile (one add per row tile, as dW).
+    let db = if atomic(spec) {
+        let sum = blocked_sum("dbs", "count", "dy[(first + i) * OUT + n]");
+        let add = flush(spec, "db", "tile", "OUT", "n", "dbs");
+        format!(
+            r#"
+    let n = n0 + tid;
+    if (k0 == 0u && tid < TN && n < OUT) {{
+        {sum}
+        {add}
+    }}"#
+        )
+    } else {
+        String::new()
+    };
     let _ = write!(
         out,
         r#"// dW[n0.., k0..] (64×64, tile t of the KT-wide grid of them) summed over the row
@@ -525,7 +646,7 @@ fn dw_tile(tile: u32, t: u32, tid: u32) {{
                 {dw}
             }}
         }}
-    }}
+    }}{db}
 }}
 
 "#
