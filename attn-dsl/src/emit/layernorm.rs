@@ -90,6 +90,20 @@ fn blocked_sum(result: &str, count: &str, term: &str) -> String {
     )
 }
 
+/// [`blocked_sum`] with one more level: BLOCK branches into a trunk (BLOCK³ terms), the
+/// trunks in turn: for the atomic schedule's db, summed over a whole row tile.
+fn tree_sum(result: &str, count: &str, term: &str) -> String {
+    let inner = blocked_sum("trunk", &format!("min(i0 + BLOCK * BLOCK * BLOCK, {count})"), term)
+        .replace("for (var i1 = 0u;", "for (var i1 = i0;");
+    format!(
+        r#"var {result} = 0.0;
+        for (var i0 = 0u; i0 < {count}; i0 = i0 + BLOCK * BLOCK * BLOCK) {{
+            {inner}
+            {result} = {result} + trunk;
+        }}"#
+    )
+}
+
 /// The staged slices (k-major: `sh_*[kk * 16 + c]` holds outputs 4c..4c+3 at reduction
 /// index kk, so an invocation reads its four rows or columns as one vec4) and the product
 /// of one staged pair into the invocation's 4×4 block.
@@ -349,14 +363,17 @@ fn gb_tile(out: &mut String, spec: &KernelSpec) {
     let _ = write!(
         out,
         r#"// dγ = Σ dx̂ₙ·x̂ and dβ = Σ dx̂ₙ of columns kt·64.. over the row tile's rows: each dx
-// block's sums (4 rows per invocation, then the 16 row groups) are fresh partials, added
-// block by block, then added once into the gradients.
+// block's sums (4 rows per invocation, then the 16 row groups) are fresh partials, BLOCK
+// of them into a branch, the branches into the total, added once into the gradients.
 fn gb_tile(tile: u32, kt: u32, tid: u32) {{
     let tx = tid % 16u;
     let ty = tid / 16u;
     let k0 = kt * TN;
     var ga = 0.0;
     var gb = 0.0;
+    // BLOCK blocks' sums into a branch, the branches into ga and gb.
+    var ma = 0.0;
+    var mb = 0.0;
     for (var sub = 0u; sub < SUBS && tile * TILE + sub * DXR < dims.rows; sub = sub + 1u) {{
         let first = tile * TILE + sub * DXR;
         let count = min(min(DXR, TILE - sub * DXR), dims.rows - first);
@@ -389,12 +406,20 @@ fn gb_tile(tile: u32, kt: u32, tid: u32) {{
                 pa = pa + sh_a[t * 16u + tid / 4u][tid % 4u];
                 pb = pb + sh_b[t * 16u + tid / 4u][tid % 4u];
             }}
-            ga = ga + pa;
-            gb = gb + pb;
+            ma = ma + pa;
+            mb = mb + pb;
+            if (sub % BLOCK == BLOCK - 1u) {{
+                ga = ga + ma;
+                gb = gb + mb;
+                ma = 0.0;
+                mb = 0.0;
+            }}
         }}
         // The next block stages into sh_a and sh_b.
         workgroupBarrier();
     }}
+    ga = ga + ma;
+    gb = gb + mb;
     let k = k0 + tid;
     if (tid < TN && k < HIDDEN) {{
         {dgamma}
@@ -613,7 +638,7 @@ fn dw_tile(out: &mut String, spec: &KernelSpec) {
     // The atomic schedule's db: the dW tiles of k column 0 sum their 64 columns of dy over
     // the row tile (one add per row tile, as dW).
     let db = if atomic(spec) {
-        let sum = blocked_sum("dbs", "count", "dy[(first + i) * OUT + n]");
+        let sum = tree_sum("dbs", "count", "dy[(first + i) * OUT + n]");
         let add = flush(spec, "db", "tile", "OUT", "n", "dbs");
         format!(
             r#"
