@@ -136,7 +136,7 @@ impl KernelAbi {
     pub fn dispatch_grid(&self, dims: &[u32]) -> [u32; 3] {
         let at = |i: usize| dims.get(i).copied().unwrap_or(0);
         // Field 4 is `batch` (the number of sequences) in every attention op's dims; the
-        // row-wise layers' dims are (rows, hidden, out, n_tiles).
+        // row-wise layers' dims are (rows, hidden, out, n_tiles, n_blocks).
         match self.grid.major {
             Major::S => [at(0).div_ceil(self.grid.tile), at(1), at(4)],
             Major::J => [at(0).div_ceil(self.grid.tile), at(2), at(4)],
@@ -153,7 +153,13 @@ impl KernelAbi {
             ],
             Major::R => [
                 at(0).div_ceil(self.grid.tile),
-                crate::row_layer::grid_y(self.op, at(1), at(2), self.workgroup_size[0]),
+                crate::row_layer::grid_y(
+                    self.op,
+                    at(1),
+                    at(2),
+                    self.grid.tile,
+                    self.binding("dgamma").and_then(|b| b.write) == Some(WriteMode::AtomicScatter),
+                ),
                 1,
             ],
             Major::Elem => {

@@ -53,10 +53,29 @@ pub fn spec(name: &str, op: Op, hidden: u32, out: u32, tile: u32, sums: RowSums)
     spec
 }
 
-/// The most rows of a forward tile: their normalized rows fill at most `budget` bytes of
-/// workgroup memory (beside the reductions' 1 KiB), and no more than 8 share a W row read.
-pub fn forward_tile(hidden: u32, budget: u32) -> u32 {
-    (budget.saturating_sub(1024) / (4 * hidden.max(1))).clamp(1, 8)
+/// Outputs per side of the products' workgroup tile: 16×16 invocations, 4×4 each.
+pub const GEMM_TILE: u32 = 64;
+
+/// Reduction indices per staged slice of the products (two leaves of the blocked sum).
+pub const BK: u32 = 16;
+
+/// Rows of one dx block of the backward: a row tile's rows are taken DX_ROWS at a time,
+/// each block by its own workgroup, so that the dx product has parallelism whatever the
+/// row tile (sized for the dW partials) is.
+pub const DX_ROWS: u32 = 64;
+
+/// The invocations the tiled products are written for.
+pub const WORKGROUP: u32 = 256;
+
+/// Rows of a forward tile: one products' tile. `_budget` (the adapter's workgroup memory)
+/// is kept for callers: the tiled forward needs under 10 KiB whatever the widths.
+pub fn forward_tile(_hidden: u32, _budget: u32) -> u32 {
+    GEMM_TILE
+}
+
+/// dx blocks per backward row tile of `tile` rows.
+pub fn blocks_per_tile(tile: u32) -> u32 {
+    tile.div_ceil(DX_ROWS)
 }
 
 /// The most rows one backward tile (one workgroup) may sum.
@@ -86,6 +105,27 @@ pub(crate) fn check_sizes(spec: &KernelSpec) -> Result<(), DslError> {
                 format!("{key} {size} is outside 1..={MAX_ROW_WIDTH}"),
             ));
         }
+    }
+    if spec.op != Op::LayernormLinearReduce && spec.workgroup_size != WORKGROUP {
+        return Err(DslError::spec(
+            Field::WorkgroupSize,
+            format!(
+                "op {} tiles its products over 16×16 invocations: workgroup_size must be \
+                 {WORKGROUP}, not {}",
+                spec.op.name(),
+                spec.workgroup_size
+            ),
+        ));
+    }
+    if spec.op == Op::LayernormLinear && spec.grid.tile > GEMM_TILE {
+        return Err(DslError::spec(
+            Field::Grid,
+            format!(
+                "a layernorm_linear workgroup owns at most {GEMM_TILE} rows (one products' \
+                 tile); tile {} is more",
+                spec.grid.tile
+            ),
+        ));
     }
     Ok(())
 }
@@ -131,17 +171,18 @@ pub(crate) fn check_row_sums(spec: &KernelSpec) -> Result<(), DslError> {
     Ok(())
 }
 
-/// dW elements one backward workgroup sums over its row tile: 8 per invocation.
-pub fn dw_chunk(workgroup_size: u32) -> u32 {
-    8 * workgroup_size
-}
-
-/// The second grid dimension of a row op: the forward's blocks of `workgroup_size`
-/// outputs; the backward's one workgroup for dx, dγ, dβ and db, then one per dW chunk.
-pub fn grid_y(op: Op, hidden: u32, out: u32, workgroup_size: u32) -> u32 {
+/// The second grid dimension of a row op: the forward's 64-wide blocks of outputs; the
+/// backward's dx blocks of a row tile, (`atomic`: one workgroup per 64 columns of dγ and
+/// dβ,) then one workgroup per 64×64 tile of dW.
+pub fn grid_y(op: Op, hidden: u32, out: u32, tile: u32, atomic: bool) -> u32 {
+    let k_tiles = hidden.div_ceil(GEMM_TILE);
     match op {
-        Op::LayernormLinear => out.div_ceil(workgroup_size.max(1)),
-        Op::LayernormLinearBackward => 1 + (hidden * out).div_ceil(dw_chunk(workgroup_size.max(1))),
+        Op::LayernormLinear => out.div_ceil(GEMM_TILE),
+        Op::LayernormLinearBackward => {
+            blocks_per_tile(tile)
+                + if atomic { k_tiles } else { 0 }
+                + out.div_ceil(GEMM_TILE) * k_tiles
+        }
         _ => 1,
     }
 }

@@ -242,7 +242,8 @@ const LAYERNORM_LINEAR: &[Tensor] = &[
 ];
 
 /// A gradient of a parameter, summed over every row: the whole tensor (atomic) or one
-/// partial sum per row tile (scratch, for [`Op::LayernormLinearReduce`]).
+/// partial sum per row tile (scratch, for [`Op::LayernormLinearReduce`]): dW's per row
+/// tile, dγ's, dβ's and db's per dx block of the tile (`row_layer::DX_ROWS` rows).
 macro_rules! row_sum {
     ($name:literal, $($axis:ident),*) => {
         [
@@ -400,10 +401,11 @@ pub fn dims(op: Op) -> UniformBlock {
             "_pad1",
             "_pad2",
         ],
-        // rows: batch·seq; n_tiles: row tiles of the backward's grid (the partials' count).
-        Op::LayernormLinear | Op::LayernormLinearBackward | Op::LayernormLinearReduce => {
-            &["rows", "hidden", "out", "n_tiles"]
-        }
+        // rows: batch·seq; n_tiles: row tiles of the backward's grid (dW's partials);
+        // n_blocks: its dx blocks (dγ's, dβ's and db's partials).
+        Op::LayernormLinear | Op::LayernormLinearBackward | Op::LayernormLinearReduce => &[
+            "rows", "hidden", "out", "n_tiles", "n_blocks", "_pad0", "_pad1", "_pad2",
+        ],
         // window: the sliding window; seed_lo, seed_hi, rng_offset: dropout's Philox key and
         // counter word; drop_threshold: p·2^32, under which a Philox word drops.
         _ => &[

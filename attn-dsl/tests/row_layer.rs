@@ -79,7 +79,7 @@ fn row_sums_bind_the_whole_gradient_when_atomic_and_a_partial_per_tile_when_two_
     assert!(
         matches!(atomic.target, attn_dsl::Target::Native(l) if l.storage_buffers_per_stage == 12)
     );
-    assert_eq!(row_layer::forward_tile(768, 16384), 5);
+    assert_eq!(row_layer::forward_tile(768, 16384), row_layer::GEMM_TILE);
     assert_eq!(storage(&two_pass), 12);
     let forward = row_layer::spec("ln", Op::LayernormLinear, 8, 16, 4, RowSums::Atomic);
     assert_eq!(storage(&forward), 8);

@@ -503,6 +503,37 @@ attention_kernel! {
     }
 }
 
+attention_kernel! {
+    /// The fused LayerNorm + Linear forward (seed 003) at a real layer's widths, 768 -> 3072:
+    /// 64 rows × 64 outputs per workgroup. Portable (8 storage buffers, under 10 KiB of
+    /// workgroup memory). The runtime compiles the same description for other widths
+    /// (`runtime::layernorm`).
+    pub layernorm_linear {
+        op: layernorm_linear,
+        grid: r_major(tile = 64),
+        hidden: 768,
+        out: 3072,
+        target: webgpu,
+        workgroup_size: 256,
+        writes: { y: owned, mean: owned, rstd: owned },
+    }
+}
+
+attention_kernel! {
+    /// The second pass of the LayerNorm + Linear backward's two-pass schedule, 768 -> 3072:
+    /// one invocation per element of dγ, dβ, dW and db sums its partials. Portable. (The
+    /// backward itself binds 12 storage buffers, so it is native only and not in FAMILY.)
+    pub layernorm_linear_reduce {
+        op: layernorm_linear_reduce,
+        grid: elementwise,
+        hidden: 768,
+        out: 3072,
+        target: webgpu,
+        workgroup_size: 256,
+        writes: { dgamma: owned, dbeta: owned, dw: owned, db: owned },
+    }
+}
+
 /// The kernels of one backward specialization (one head_dim and mask set), by schedule:
 /// borrowed from the family's statics, or compiled at run time by [`BackwardKernels::compile`].
 pub struct BackwardKernels {
@@ -631,8 +662,9 @@ pub static ROPE: [(&attn_dsl::KernelAbi, &attn_dsl::KernelAbi); 2] = [
 /// Every portable kernel of the default family, in the order `generated/manifest.json`
 /// lists them. (The native-f32-atomic variants are left out: browsers have no
 /// `atomic<f32>`; so is streaming at head_dim 128, whose tiles of 16 rows need more than
-/// WebGPU's 16 KiB of workgroup memory.)
-pub static FAMILY: [&attn_dsl::KernelAbi; 33] = [
+/// WebGPU's 16 KiB of workgroup memory; and so is the LayerNorm + Linear backward, which
+/// binds 12 storage buffers.)
+pub static FAMILY: [&attn_dsl::KernelAbi; 35] = [
     &attention_forward::ABI,
     &attention_forward_d128::ABI,
     &attention_decode::ABI,
@@ -666,4 +698,6 @@ pub static FAMILY: [&attn_dsl::KernelAbi; 33] = [
     &attention_backward_dkdv_flash::ABI,
     &attention_backward_dq_flash_d128::ABI,
     &attention_backward_dkdv_flash_d128::ABI,
+    &layernorm_linear::ABI,
+    &layernorm_linear_reduce::ABI,
 ];

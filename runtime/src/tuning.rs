@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use attn_dsl::row_layer::RowSums;
 use attn_dsl::{DslError, FlashConfig, KernelAbi, KernelSpec, Masks, Op};
 use serde::{Deserialize, Serialize};
 
@@ -173,6 +174,31 @@ pub struct Table {
     /// Backward schedule by head_dim, by [`crate::Schedule`]'s display name.
     #[serde(default)]
     pub backward: BTreeMap<u32, String>,
+    /// The LayerNorm + Linear backward's row-sum schedule ("atomic" or "two-pass"), by
+    /// `{hidden}x{out}`, then by the row count it was measured at (`bench --layernorm ROWS
+    /// --tune`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub layernorm: BTreeMap<String, BTreeMap<u32, String>>,
+}
+
+/// The key of a LayerNorm + Linear entry in [`Table::layernorm`].
+pub fn layernorm_key(hidden: u32, out: u32) -> String {
+    format!("{hidden}x{out}")
+}
+
+/// The row-sum schedule a table names; None for a name it cannot hold.
+pub fn row_sums_named(name: &str) -> Option<RowSums> {
+    [RowSums::Atomic, RowSums::TwoPass]
+        .into_iter()
+        .find(|s| row_sums_name(*s) == name)
+}
+
+/// The table's (and the bench's) name of a row-sum schedule.
+pub fn row_sums_name(sums: RowSums) -> &'static str {
+    match sums {
+        RowSums::Atomic => "atomic",
+        RowSums::TwoPass => "two-pass",
+    }
 }
 
 /// Tables measured with `bench --tune` on known adapters, used when `ATTN_TUNING` names none.
@@ -198,6 +224,15 @@ pub enum TuningError {
         path: PathBuf,
         head_dim: u32,
         config: String,
+    },
+    #[error(
+        "tuning table {path} names row-sum schedule `{name}` for LayerNorm + Linear {key}; \
+         the schedules are `atomic` and `two-pass`"
+    )]
+    RowSums {
+        path: PathBuf,
+        key: String,
+        name: String,
     },
 }
 
@@ -225,7 +260,39 @@ impl Table {
                 });
             }
         }
+        for (key, by_rows) in &table.layernorm {
+            if let Some(name) = by_rows.values().find(|n| row_sums_named(n).is_none()) {
+                return Err(TuningError::RowSums {
+                    path: path.into(),
+                    key: key.clone(),
+                    name: name.clone(),
+                });
+            }
+        }
         Ok(table)
+    }
+
+    /// The table at `path`, or an empty one for `adapter` when there is no file yet.
+    pub fn read_or_new(path: &Path, adapter: &str) -> Result<Table, TuningError> {
+        if path.exists() {
+            return Table::read(path);
+        }
+        Ok(Table {
+            adapter: adapter.to_string(),
+            ..Table::default()
+        })
+    }
+
+    /// The measured row-sum schedule of the LayerNorm + Linear backward `hidden -> out` on
+    /// `rows` rows: the one measured at the most rows up to `rows` (else at the fewest);
+    /// None when the table has no measurement at these widths.
+    pub fn layernorm(&self, rows: u32, hidden: u32, out: u32) -> Option<RowSums> {
+        let by_rows = self.layernorm.get(&layernorm_key(hidden, out))?;
+        let (_, name) = by_rows
+            .range(..=rows)
+            .next_back()
+            .or_else(|| by_rows.iter().next())?;
+        row_sums_named(name)
     }
 
     pub fn write(&self, path: &Path) -> std::io::Result<()> {
@@ -383,6 +450,20 @@ mod tests {
         for text in BUILT_IN {
             Table::parse(text, Path::new("(built in)")).unwrap();
         }
+    }
+
+    #[test]
+    fn layernorm_entries_pick_the_nearest_measurement_below_and_refuse_unknown_names() {
+        let text = r#"{"adapter": "x", "forward": {},
+            "layernorm": {"768x3072": {"512": "atomic", "8192": "two-pass"}}}"#;
+        let table = Table::parse(text, Path::new("t.json")).unwrap();
+        assert_eq!(table.layernorm(100, 768, 3072), Some(RowSums::Atomic));
+        assert_eq!(table.layernorm(4096, 768, 3072), Some(RowSums::Atomic));
+        assert_eq!(table.layernorm(9000, 768, 3072), Some(RowSums::TwoPass));
+        assert_eq!(table.layernorm(9000, 768, 768), None);
+        let bad = text.replace("two-pass", "scatter");
+        let err = Table::parse(&bad, Path::new("t.json")).unwrap_err();
+        assert!(err.to_string().contains("`scatter`"), "{err}");
     }
 
     #[test]

@@ -92,3 +92,54 @@ fn both_schedules_pass_at_the_seed_shape() {
         assert!(row.pass(), "{}: {:?}", row.label, row.verdicts);
     }
 }
+
+/// generated/ holds what the runtime runs: the family's forward and reduce are the kernels
+/// `LayerNormLinear` compiles for 768 -> 3072.
+#[test]
+fn the_family_kernels_are_the_ones_the_runtime_compiles() {
+    use attn_dsl::Op;
+    use attn_dsl::row_layer::{self, spec};
+    let tile = row_layer::forward_tile(768, 16384);
+    let forward = spec(
+        "layernorm_linear",
+        Op::LayernormLinear,
+        768,
+        3072,
+        tile,
+        RowSums::Atomic,
+    );
+    let reduce = spec(
+        "layernorm_linear_reduce",
+        Op::LayernormLinearReduce,
+        768,
+        3072,
+        1,
+        RowSums::TwoPass,
+    );
+    assert_eq!(
+        &attn_dsl::compile(&forward).unwrap(),
+        &kernels::layernorm_linear::ABI
+    );
+    assert_eq!(
+        &attn_dsl::compile(&reduce).unwrap(),
+        &kernels::layernorm_linear_reduce::ABI
+    );
+}
+
+#[test]
+fn the_planner_takes_the_table_else_the_size_rule() {
+    use runtime::layernorm::{backward_tile, plan_sums, sums_by_size};
+    use runtime::tuning::Table;
+    let one_tile = backward_tile(64, 768, 3072);
+    assert_eq!(sums_by_size(one_tile, 768, 3072), RowSums::Atomic);
+    assert_eq!(sums_by_size(8192, 768, 3072), RowSums::TwoPass);
+    let mut table = Table::default();
+    assert_eq!(plan_sums(&table, 8192, 768, 3072), RowSums::TwoPass);
+    table
+        .layernorm
+        .entry(runtime::tuning::layernorm_key(768, 3072))
+        .or_default()
+        .insert(4096, "atomic".into());
+    assert_eq!(plan_sums(&table, 8192, 768, 3072), RowSums::Atomic);
+    assert_eq!(plan_sums(&table, 8192, 768, 768), RowSums::TwoPass);
+}

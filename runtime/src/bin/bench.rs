@@ -175,7 +175,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         gpu = gpu.unchecked();
     }
     if let Some(rows) = args.layernorm {
-        return layernorm(&gpu, rows, args.runs);
+        return layernorm(&gpu, rows, args.runs, args.tune.as_deref());
     }
     if let Some(cache_len) = args.decode {
         return decode(&gpu, &args, cache_len);
@@ -217,7 +217,12 @@ fn run(args: Args) -> anyhow::Result<()> {
             "tune: {} kernel(s) failed the check: {failed:?}",
             failed.len()
         );
-        let table = bench::tune(&gpu, &all, &failed);
+        let mut table = bench::tune(&gpu, &all, &failed);
+        // Keep the LayerNorm + Linear measurements a table already holds (written by
+        // `--layernorm ROWS --tune`, a separate run).
+        if path.exists() {
+            table.layernorm = runtime::tuning::Table::read(path)?.layernorm;
+        }
         table
             .write(path)
             .with_context(|| format!("writing {}", path.display()))?;
@@ -276,7 +281,12 @@ fn json(gpu: &Gpu, r: &BenchRow) -> serde_json::Value {
 }
 
 /// The fused LayerNorm + Linear rows: median time, TFLOP/s and effective bandwidth.
-fn layernorm(gpu: &Gpu, rows: u32, runs: usize) -> anyhow::Result<()> {
+fn layernorm(
+    gpu: &Gpu,
+    rows: u32,
+    runs: usize,
+    tune: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
     anyhow::ensure!(rows > 0, "--layernorm needs at least 1 row");
     println!("adapter: {}", gpu.describe());
     println!(
@@ -284,7 +294,8 @@ fn layernorm(gpu: &Gpu, rows: u32, runs: usize) -> anyhow::Result<()> {
         "shape", "kernel", "median ms", "min ms", "TFLOP/s", "GB/s"
     );
     let shape = format!("[{rows}, 768] -> 3072");
-    for row in runtime::layernorm::bench::run(gpu, rows, 768, 3072, runs)? {
+    let measured = runtime::layernorm::bench::run(gpu, rows, 768, 3072, runs)?;
+    for row in &measured {
         println!(
             "{:<40} {:<40} {:>10.3} {:>10.3} {:>9.2} {:>9.1}",
             shape,
@@ -293,6 +304,21 @@ fn layernorm(gpu: &Gpu, rows: u32, runs: usize) -> anyhow::Result<()> {
             row.timing.min_ms,
             row.tflops(),
             row.gbps()
+        );
+    }
+    if let (Some(path), Some(sums)) = (tune, runtime::layernorm::bench::fastest_sums(&measured)) {
+        use runtime::tuning::{Table, layernorm_key, row_sums_name};
+        let mut table = Table::read_or_new(path, &gpu.info().name)?;
+        let name = row_sums_name(sums);
+        table
+            .layernorm
+            .entry(layernorm_key(768, 3072))
+            .or_default()
+            .insert(rows, name.to_string());
+        table.write(path)?;
+        println!(
+            "tuned: {rows} rows of 768 -> 3072 use the {name} backward; wrote {}",
+            path.display()
         );
     }
     Ok(())

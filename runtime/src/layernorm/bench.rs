@@ -1,10 +1,12 @@
 //! GPU time of the fused LayerNorm + Linear: the forward, and the backward under each
 //! row-sum schedule (the two-pass one with its reduce), with effective bandwidth and
-//! TFLOP/s. The unfused baseline (separate LayerNorm and matmul kernels) is not built yet.
+//! TFLOP/s; beside them the unfused baseline (separate LayerNorm and matmul kernels,
+//! [`super::baseline`]) doing the same work, timed the same way.
 
 use attn_dsl::row_layer::RowSums;
 
 use super::LayerNormLinear;
+use super::baseline::{Baseline, Shape, matmul_grid};
 use crate::attention::{checked_grid, uniforms};
 use crate::buffers;
 use crate::cases::random;
@@ -20,6 +22,16 @@ pub struct LnBenchRow {
     pub flops: f64,
     /// Bytes every kernel of the row must read or write at least once.
     pub bytes: f64,
+    /// The fused backward's row-sum schedule; None for the other rows.
+    pub sums: Option<RowSums>,
+}
+
+/// The faster fused backward schedule among `rows` (for `bench --tune`).
+pub fn fastest_sums(rows: &[LnBenchRow]) -> Option<RowSums> {
+    rows.iter()
+        .filter(|r| r.sums.is_some())
+        .min_by(|a, b| a.timing.median_ms.total_cmp(&b.timing.median_ms))
+        .and_then(|r| r.sums)
 }
 
 impl LnBenchRow {
@@ -59,13 +71,12 @@ pub fn run(
     let mut rows_out = Vec::new();
     for sums in [RowSums::Atomic, RowSums::TwoPass] {
         let layer = LayerNormLinear::new(gpu, rows, hidden, out, sums)?;
-        let tile = layer.backward.abi().grid.tile;
-        let parts = match sums {
-            RowSums::Atomic => 1,
-            RowSums::TwoPass => rows.div_ceil(tile) as usize,
-        };
+        let parts = layer.partials(rows);
         let grads = [("dgamma", h), ("dbeta", h), ("dw", o * h), ("db", o)]
-            .map(|(n, len)| (n, buffers::output::<f32>(gpu, n, len * parts)));
+            .into_iter()
+            .zip(parts)
+            .map(|((n, len), p)| (n, buffers::output::<f32>(gpu, n, len * p)))
+            .collect::<Vec<_>>();
         let finals = [("dgamma", h), ("dbeta", h), ("dw", o * h), ("db", o)]
             .map(|(n, len)| (n, buffers::output::<f32>(gpu, n, len)));
         let dims = layer.dims(layer.backward.abi(), rows);
@@ -80,6 +91,7 @@ pub fn run(
                 timing: t,
                 flops: matmul,
                 bytes: io(r * h + o * h + r * o + 2 * r),
+                sums: None,
             });
         }
         let mut steps = vec![step(gpu, &layer.backward, &dims, &all)?];
@@ -103,9 +115,129 @@ pub fn run(
             timing: t,
             flops: 2.0 * matmul,
             bytes: io(2 * r * h + o * h + r * o + 2 * r + o * h + o),
+            sums: Some(sums),
         });
     }
+    let like = LayerNormLinear::new(gpu, rows, hidden, out, RowSums::Atomic)?;
+    rows_out.extend(baseline(gpu, like.forward.abi(), &ins, (r, h, o), runs)?);
     Ok(rows_out)
+}
+
+/// The unfused baseline's forward and backward rows, on the fused rows' inputs (`ins`),
+/// with the same FLOP and byte counts so that the columns compare time.
+fn baseline(
+    gpu: &Gpu,
+    like: &attn_dsl::KernelAbi,
+    ins: &[(&str, wgpu::Buffer)],
+    (r, h, o): (usize, usize, usize),
+    runs: usize,
+) -> Result<Vec<LnBenchRow>, Error> {
+    let base = Baseline::new(gpu, like)?;
+    let input = |name: &str| {
+        ins.iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, b)| b)
+            .ok_or_else(|| Error::Readback(format!("bench input {name}")))
+    };
+    let [x, gamma, beta, w, b, dy, y, mean, rstd, dx] = [
+        "x", "gamma", "beta", "w", "b", "dy", "y", "mean", "rstd", "dx",
+    ]
+    .map(input);
+    let (x, gamma, beta, w, b, dy, y) = (x?, gamma?, beta?, w?, b?, dy?, y?);
+    let (mean, rstd, dx) = (mean?, rstd?, dx?);
+    let scratch = |name: &str, len: usize| buffers::output::<f32>(gpu, name, len);
+    let (xn, dxn, t) = (
+        scratch("xn", r * h),
+        scratch("dxn", r * h),
+        scratch("t", r * h),
+    );
+    let (dw, db) = (scratch("dw", o * h), scratch("db", o));
+    let (dgamma, dbeta) = (scratch("dgamma", h), scratch("dbeta", h));
+    // A of the column sums: one 1.0 read at every (m, k) through zero strides.
+    let ones = buffers::storage(gpu, "ones", &[1.0f32]);
+    let (ru, hu, ou) = (r as u32, h as u32, o as u32);
+    let shape = |s: Shape| buffers::uniform(gpu, "shape", bytemuck::bytes_of(&s));
+    let rows_shape = Shape {
+        m: ru,
+        k: hu,
+        ..Shape::default()
+    };
+    let mm = |m, n, k, (sam, sak), (sbk, sbn), bias| Shape {
+        m,
+        n,
+        k,
+        sam,
+        sak,
+        sbk,
+        sbn,
+        bias,
+    };
+    // y = x̂ₙ·Wᵀ + b; dx̂ₙ = dy·W; dW = dyᵀ·x̂ₙ; db, dβ, dγ = 1ᵀ·(dy, dx̂ₙ, t).
+    let s_fwd = mm(ru, ou, hu, (hu, 1), (1, hu), 1);
+    let s_dxn = mm(ru, hu, ou, (ou, 1), (hu, 1), 0);
+    let s_dw = mm(ou, hu, ru, (1, ou), (hu, 1), 0);
+    let s_db = mm(1, ou, ru, (0, 0), (ou, 1), 0);
+    let s_dh = mm(1, hu, ru, (0, 0), (hu, 1), 0);
+    let u = [rows_shape, s_fwd, s_dxn, s_dw, s_db, s_dh].map(shape);
+    let matmul = |a, bm, bias, c, sh: &Shape, u| Step {
+        kernel: &base.matmul,
+        bound: vec![("a", a), ("b", bm), ("bias", bias), ("c", c), ("shape", u)],
+        grid: matmul_grid(sh),
+    };
+    let ln_fwd = Step {
+        kernel: &base.ln_forward,
+        bound: vec![
+            ("x", x),
+            ("gamma", gamma),
+            ("beta", beta),
+            ("xn", &xn),
+            ("mean", mean),
+            ("rstd", rstd),
+            ("shape", &u[0]),
+        ],
+        grid: [ru, 1, 1],
+    };
+    let ln_bwd = Step {
+        kernel: &base.ln_backward,
+        bound: vec![
+            ("x", x),
+            ("gamma", gamma),
+            ("dxn", &dxn),
+            ("mean", mean),
+            ("rstd", rstd),
+            ("dx", dx),
+            ("t", &t),
+            ("shape", &u[0]),
+        ],
+        grid: [ru, 1, 1],
+    };
+    let forward = [ln_fwd, matmul(&xn, w, b, y, &s_fwd, &u[1])];
+    let backward = [
+        matmul(dy, w, b, &dxn, &s_dxn, &u[2]),
+        matmul(dy, &xn, b, &dw, &s_dw, &u[3]),
+        ln_bwd,
+        matmul(&ones, dy, b, &db, &s_db, &u[4]),
+        matmul(&ones, &dxn, b, &dbeta, &s_dh, &u[5]),
+        matmul(&ones, &t, b, &dgamma, &s_dh, &u[5]),
+    ];
+    let matmul_flops = 2.0 * (r * h * o) as f64;
+    let io = |elements: usize| 4.0 * elements as f64;
+    Ok(vec![
+        LnBenchRow {
+            label: "baseline: layernorm, matmul forward".into(),
+            timing: timing::time(gpu, &forward, 2, runs)?,
+            flops: matmul_flops,
+            bytes: io(r * h + o * h + r * o + 2 * r),
+            sums: None,
+        },
+        LnBenchRow {
+            label: "baseline: matmuls, layernorm backward".into(),
+            timing: timing::time(gpu, &backward, 2, runs)?,
+            flops: 2.0 * matmul_flops,
+            bytes: io(2 * r * h + o * h + r * o + 2 * r + o * h + o),
+            sums: None,
+        },
+    ])
 }
 
 /// A dispatch of `kernel` binding each of its bindings from `pool` by name.

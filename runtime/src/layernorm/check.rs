@@ -188,8 +188,5 @@ pub fn run(gpu: &Gpu, c: LnCase, seed: u64) -> Result<Vec<LnRow>, Error> {
 }
 
 pub fn schedule_name(sums: RowSums) -> &'static str {
-    match sums {
-        RowSums::Atomic => "atomic",
-        RowSums::TwoPass => "two-pass",
-    }
+    crate::tuning::row_sums_name(sums)
 }

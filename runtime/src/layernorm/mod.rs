@@ -7,6 +7,8 @@
 #![cfg_attr(target_arch = "wasm32", allow(unused_imports, dead_code))]
 
 #[cfg(not(target_arch = "wasm32"))]
+pub mod baseline;
+#[cfg(not(target_arch = "wasm32"))]
 pub mod bench;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod check;
@@ -26,7 +28,28 @@ pub const SCRATCH_BUDGET: u64 = 64 << 20;
 
 /// Rows a backward tile takes at least: fewer rows per atomic add or partial only adds
 /// adds (and rounding) without adding parallelism worth having.
-const MIN_BACKWARD_TILE: u32 = 16;
+/// One dx block (64 rows): a smaller tile leaves the products' workgroups part empty.
+const MIN_BACKWARD_TILE: u32 = row_layer::DX_ROWS;
+
+/// The backward's row-sum schedule for `rows` rows of `hidden -> out` on an adapter
+/// whose tuning table is `table`: the table's measured choice (`bench --layernorm ROWS
+/// --tune`, nearest measured row count), else [`sums_by_size`].
+pub fn plan_sums(table: &crate::tuning::Table, rows: u32, hidden: u32, out: u32) -> RowSums {
+    table
+        .layernorm(rows, hidden, out)
+        .unwrap_or_else(|| sums_by_size(rows, hidden, out))
+}
+
+/// The size rule when nothing was measured: atomic adds when every row is in one row tile
+/// (each dW element gets one add, so there is nothing to reorder and a second pass would
+/// only copy), the deterministic two-pass schedule otherwise.
+pub fn sums_by_size(rows: u32, hidden: u32, out: u32) -> RowSums {
+    if rows <= backward_tile(rows, hidden, out) {
+        RowSums::Atomic
+    } else {
+        RowSums::TwoPass
+    }
+}
 
 /// The forward, backward and (two-pass) reduce kernels of one `hidden -> out` layer,
 /// compiled for this device and a number of rows.
@@ -109,6 +132,23 @@ impl LayerNormLinear {
         })
     }
 
+    /// [`LayerNormLinear::new`] with the row-sum schedule the planner picks for this
+    /// adapter ([`plan_sums`] over its tuning table).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn planned(gpu: &Gpu, rows: u32, hidden: u32, out: u32) -> Result<Self, Error> {
+        let table = crate::tuning::Table::for_gpu(gpu)?;
+        LayerNormLinear::new(gpu, rows, hidden, out, plan_sums(&table, rows, hidden, out))
+    }
+
+    /// How this layer's backward sums dγ, dβ, dW and db over rows.
+    pub fn sums(&self) -> RowSums {
+        if self.reduce.is_some() {
+            RowSums::TwoPass
+        } else {
+            RowSums::Atomic
+        }
+    }
+
     /// The kernels, forward first: for the bench and for reports.
     pub fn kernels(&self) -> impl Iterator<Item = &Kernel> {
         [&self.forward, &self.backward]
@@ -117,24 +157,43 @@ impl LayerNormLinear {
     }
 
     #[cfg(not(target_arch = "wasm32"))]
-    fn dims(&self, abi: &KernelAbi, rows: u32) -> [(&'static str, u32); 4] {
-        let n_tiles = rows.div_ceil(abi.grid.tile.max(1));
+    fn dims(&self, abi: &KernelAbi, rows: u32) -> [(&'static str, u32); 5] {
+        let tile = abi.grid.tile.max(1);
+        let n_tiles = rows.div_ceil(tile);
         [
             ("rows", rows),
             ("hidden", self.hidden),
             ("out", self.out),
             ("n_tiles", n_tiles),
+            ("n_blocks", n_tiles * row_layer::blocks_per_tile(tile)),
         ]
+    }
+
+    /// How many partials of each row sum (dγ, dβ, dW, db) the backward writes: one under
+    /// atomics; under two-pass one per dx block, and one per row tile for dW.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn partials(&self, rows: u32) -> [usize; 4] {
+        if self.reduce.is_none() {
+            return [1; 4];
+        }
+        let dims = self.dims(self.backward.abi(), rows);
+        let (tiles, blocks) = (dims[3].1 as usize, dims[4].1 as usize);
+        [blocks, blocks, tiles, blocks]
     }
 }
 
-/// Rows per backward tile: at least [`MIN_BACKWARD_TILE`], and enough that the tiles'
-/// partial dW fit the scratch budget.
+/// Rows per backward tile: at least [`MIN_BACKWARD_TILE`], enough that the tiles'
+/// partial dW fit the scratch budget, and a whole number of dx blocks (a tile of 74 rows
+/// would give each tile a second dx block of 10 rows costing as much as a full one).
 pub fn backward_tile(rows: u32, hidden: u32, out: u32) -> u32 {
     let per_tile = 4 * u64::from(hidden) * u64::from(out);
     let max_tiles = (SCRATCH_BUDGET / per_tile.max(1)).max(1);
-    let tile = u64::from(rows).div_ceil(max_tiles);
-    (tile as u32).clamp(MIN_BACKWARD_TILE, row_layer::MAX_ROW_TILE)
+    let block = u64::from(row_layer::DX_ROWS);
+    let tile = u64::from(rows).div_ceil(max_tiles).div_ceil(block) * block;
+    tile.clamp(
+        u64::from(MIN_BACKWARD_TILE),
+        u64::from(row_layer::MAX_ROW_TILE),
+    ) as u32
 }
 
 /// `y = W·LN(x) + b`, with each row's mean and 1/std for the backward.
@@ -204,11 +263,10 @@ pub fn layernorm_linear_backward(
     length("rstd", saved.rstd.len(), rows as u64, "rows")?;
     let abi = layer.backward.abi();
     let dims = layer.dims(abi, input.rows);
-    let n_tiles = dims[3].1 as usize;
     let grid = checked_grid(abi, gpu.limits(), &dims)?;
     let (dims_buf, params) = uniforms(gpu, abi, &dims, &[("eps", input.eps)])?;
-    let parts = if layer.reduce.is_some() { n_tiles } else { 1 };
-    binding_size(gpu.limits(), 4 * (parts * out * hidden) as u64)?;
+    let parts = layer.partials(input.rows);
+    binding_size(gpu.limits(), 4 * (parts[2] * out * hidden) as u64)?;
     let ins = [
         ("x", input.x),
         ("gamma", input.gamma),
@@ -226,9 +284,11 @@ pub fn layernorm_linear_backward(
         ("dw", out * hidden),
         ("db", out),
     ];
+    let counts = [1, parts[0], parts[1], parts[2], parts[3]];
+    let mut i = 0;
     let outs = sizes.map(|(name, len)| {
-        let len = if name == "dx" { len } else { len * parts };
-        (name, buffers::output::<f32>(gpu, name, len))
+        i += 1;
+        (name, buffers::output::<f32>(gpu, name, len * counts[i - 1]))
     });
     let mut bound: Vec<(&str, &wgpu::Buffer)> =
         ins.iter().chain(&outs).map(|(n, b)| (*n, b)).collect();
