@@ -106,8 +106,7 @@ fn from_menu(ops: &[Op], head_dim: u32, menu: &[(u32, u32)]) -> Vec<FlashConfig>
     let mut out: Vec<FlashConfig> = portable.into_iter().collect();
     let add = |shapes: &[(u32, u32)], exact: bool, out: &mut Vec<FlashConfig>| {
         for &shape in shapes {
-            if let Some(c) =
-                best_of_shape(ops, head_dim, shape, CANDIDATE_WORKGROUP_BYTES, exact)
+            if let Some(c) = best_of_shape(ops, head_dim, shape, CANDIDATE_WORKGROUP_BYTES, exact)
                 && !out.contains(&c)
             {
                 out.push(c);
@@ -287,7 +286,11 @@ mod tests {
         assert!(small.count() >= 2);
         // More than a quarter of padding is refused: 16 invocations for 20 columns.
         let c = FlashConfig::from_label("32x32/2@256").unwrap();
-        assert!(workgroup_bytes(Op::Forward, 80, c).unwrap_err().contains("padding"));
+        assert!(
+            workgroup_bytes(Op::Forward, 80, c)
+                .unwrap_err()
+                .contains("padding")
+        );
     }
 
     #[test]

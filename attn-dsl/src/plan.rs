@@ -10,7 +10,9 @@ use std::borrow::Cow;
 use serde::Serialize;
 
 use crate::signature::{self, Elem, Role};
-use crate::spec::{Axis, Dtype, Gqa, Grid, KernelSpec, Major, Masks, Op, Scatter, Target, WriteMode};
+use crate::spec::{
+    Axis, Dtype, Gqa, Grid, KernelSpec, Major, Masks, Op, Scatter, Target, WriteMode,
+};
 
 /// How a shader may touch a binding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -52,14 +54,6 @@ impl Scalar {
             (Elem::U32, _) => Scalar::U32,
             (Elem::Data, Dtype::F16) => Scalar::F16,
             (Elem::Data, Dtype::Bf16) => Scalar::Bf16,
-        }
-    }
-
-    /// Bytes per element on the host.
-    pub fn bytes(self) -> u64 {
-        match self {
-            Scalar::F32 | Scalar::U32 => 4,
-            Scalar::F16 | Scalar::Bf16 => 2,
         }
     }
 }
@@ -199,7 +193,11 @@ pub fn bindings(spec: &KernelSpec) -> Vec<Binding> {
                     array_type(t.elem, scalar, Some(spec.scatter)),
                     Vec::new(),
                 ),
-                Role::Output => (Access::ReadWrite, array_type(t.elem, scalar, None), Vec::new()),
+                Role::Output => (
+                    Access::ReadWrite,
+                    array_type(t.elem, scalar, None),
+                    Vec::new(),
+                ),
             };
             Binding {
                 group: 0,

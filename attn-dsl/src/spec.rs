@@ -456,14 +456,6 @@ impl Dtype {
             .into_iter()
             .find(|d| d.name() == word)
     }
-
-    /// Bytes per element on the host and in the buffer.
-    pub fn bytes(self) -> u32 {
-        match self {
-            Dtype::F32 => 4,
-            Dtype::F16 | Dtype::Bf16 => 2,
-        }
-    }
 }
 
 /// How the workgroups of a kernel reach an output tensor.

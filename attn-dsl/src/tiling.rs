@@ -93,7 +93,9 @@ impl Tiling {
             ));
         }
         if !head_dim.is_multiple_of(4) {
-            return Err(format!("head_dim {head_dim} must be a multiple of 4 (vec4 columns)"));
+            return Err(format!(
+                "head_dim {head_dim} must be a multiple of 4 (vec4 columns)"
+            ));
         }
         let (tn, d4) = (bc / tx, head_dim / 4);
         let dn = d4.div_ceil(tx);

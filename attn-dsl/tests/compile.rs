@@ -387,7 +387,11 @@ fn half_precision_forwards_compile_and_other_ops_refuse_a_dtype() {
         };
         let abi = compile(&flash).unwrap_or_else(|e| panic!("{dtype:?}: {e}"));
         let scalar = |name: &str| abi.binding(name).unwrap().scalar;
-        let want = if dtype == Dtype::F16 { Scalar::F16 } else { Scalar::Bf16 };
+        let want = if dtype == Dtype::F16 {
+            Scalar::F16
+        } else {
+            Scalar::Bf16
+        };
         for name in ["q", "k", "v", "o"] {
             assert_eq!(scalar(name), want, "{name}");
         }

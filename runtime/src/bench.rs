@@ -425,7 +425,13 @@ fn half_forwards(
         }
         let spec = KernelSpec {
             dtype,
-            ..KernelSpec::flash("attention_forward_flash", Op::Forward, head_dim, masks, planned)
+            ..KernelSpec::flash(
+                "attention_forward_flash",
+                Op::Forward,
+                head_dim,
+                masks,
+                planned,
+            )
         };
         let abi = attn_dsl::compile(&spec).map_err(|e| Error::Pipeline {
             kernel: format!("forward flash {} {}", planned.label(), dtype.name()),

@@ -88,14 +88,12 @@ pub async fn read_as_async(
 ) -> Result<Vec<f32>, Error> {
     let widen = |bits: Vec<u16>, f: fn(u16) -> f32| bits.into_iter().map(f).collect();
     match scalar {
-        Scalar::F16 => Ok(widen(
-            read_async::<u16>(gpu, buffer, len).await?,
-            |b| f16::from_bits(b).to_f32(),
-        )),
-        Scalar::Bf16 => Ok(widen(
-            read_async::<u16>(gpu, buffer, len).await?,
-            |b| bf16::from_bits(b).to_f32(),
-        )),
+        Scalar::F16 => Ok(widen(read_async::<u16>(gpu, buffer, len).await?, |b| {
+            f16::from_bits(b).to_f32()
+        })),
+        Scalar::Bf16 => Ok(widen(read_async::<u16>(gpu, buffer, len).await?, |b| {
+            bf16::from_bits(b).to_f32()
+        })),
         Scalar::F32 | Scalar::U32 => read_async::<f32>(gpu, buffer, len).await,
     }
 }

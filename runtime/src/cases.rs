@@ -694,7 +694,10 @@ impl Runner {
                     dtype,
                     ..KernelSpec::standard(&name, Op::Forward, head_dim, masks)
                 };
-                set.push((format!("forward {}", dtype.name()), Kernel::new(gpu, &compile(&spec)?)?));
+                set.push((
+                    format!("forward {}", dtype.name()),
+                    Kernel::new(gpu, &compile(&spec)?)?,
+                ));
             }
             for config in &configs {
                 let abi = compile(&KernelSpec {
@@ -1013,7 +1016,13 @@ impl Job {
         let out = attention::forward(gpu, kernel, &input)?;
         if dtype != attn_dsl::Scalar::F32 {
             let p = self.problem();
-            return Ok(judge_half_attention(&p, [&q, &k, &v], &out.o, &out.lse, dtype));
+            return Ok(judge_half_attention(
+                &p,
+                [&q, &k, &v],
+                &out.o,
+                &out.lse,
+                dtype,
+            ));
         }
         Ok(judge_attention(
             &self.problem(),

@@ -484,9 +484,7 @@ fn finish(b: &mut String, t: &Tiling) {
              let base = q_index(row_{i}, h);\n"
         );
         for n in 0..dn {
-            let store = format!(
-                "store_out4(base + (tx + {n}u * TX) * 4u, acc_{i}_{n} * inv);"
-            );
+            let store = format!("store_out4(base + (tx + {n}u * TX) * 4u, acc_{i}_{n} * inv);");
             let _ = writeln!(b, "        {}", t.guarded(n, &store, "        "));
         }
         let _ = write!(

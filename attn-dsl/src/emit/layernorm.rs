@@ -93,8 +93,12 @@ fn blocked_sum(result: &str, count: &str, term: &str) -> String {
 /// [`blocked_sum`] with one more level: BLOCK branches into a trunk (BLOCK³ terms), the
 /// trunks in turn: for the atomic schedule's db, summed over a whole row tile.
 fn tree_sum(result: &str, count: &str, term: &str) -> String {
-    let inner = blocked_sum("trunk", &format!("min(i0 + BLOCK * BLOCK * BLOCK, {count})"), term)
-        .replace("for (var i1 = 0u;", "for (var i1 = i0;");
+    let inner = blocked_sum(
+        "trunk",
+        &format!("min(i0 + BLOCK * BLOCK * BLOCK, {count})"),
+        term,
+    )
+    .replace("for (var i1 = 0u;", "for (var i1 = i0;");
     format!(
         r#"var {result} = 0.0;
         for (var i0 = 0u; i0 < {count}; i0 = i0 + BLOCK * BLOCK * BLOCK) {{
@@ -505,7 +509,8 @@ fn dx_block(out: &mut String, spec: &KernelSpec) {
     let gsum = if atomic(spec) {
         String::new()
     } else {
-        format!(r#"// dγ and dβ of this k tile: the 16 row groups' sums, through the slices' memory.
+        format!(
+            r#"// dγ and dβ of this k tile: the 16 row groups' sums, through the slices' memory.
         sh_a[ty * 16u + tx] = g1;
         sh_b[ty * 16u + tx] = g2;
         workgroupBarrier();
@@ -521,16 +526,19 @@ fn dx_block(out: &mut String, spec: &KernelSpec) {
             {dbeta}
         }}
         // The next k tile stages into sh_a and sh_b.
-        workgroupBarrier();"#)
+        workgroupBarrier();"#
+        )
     };
     let dbsum = if atomic(spec) {
         String::new()
     } else {
-        format!(r#"// db = Σ dy over the block's rows.
+        format!(
+            r#"// db = Σ dy over the block's rows.
     for (var n = tid; n < OUT; n = n + WG) {{
         {db_sum}
         {db}
-    }}"#)
+    }}"#
+        )
     };
     let _ = write!(
         out,

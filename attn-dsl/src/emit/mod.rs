@@ -3,9 +3,9 @@
 //! helpers, and a schedule body shared by every op that runs it.
 
 mod attend;
-mod dtype;
 mod backward;
 mod decode_split;
+mod dtype;
 mod flash;
 mod flash_backward;
 mod index;
