@@ -42,6 +42,14 @@ fn exp_f32(x: f32) -> f32 {
     return fma(p, e * 0.6931471806, p);
 }
 
+fn widen4(x: vec4<f32>) -> vec4<f32> {
+    return x;
+}
+
+fn narrow4(x: vec4<f32>) -> vec4<f32> {
+    return x;
+}
+
 var<workgroup> sh_red: array<vec4<f32>, WG>;
 
 fn wg_max4(tid: u32, x: vec4<f32>) -> vec4<f32> {
@@ -128,6 +136,6 @@ fn attention_decode_reduce(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_
         if (l != 0.0) {
             result = sum / l;
         }
-        o[o4_index(h) + tid] = result;
+        o[o4_index(h) + tid] = narrow4(result);
     }
 }

@@ -69,6 +69,14 @@ fn exp_f32(x: f32) -> f32 {
     return fma(p, e * 0.6931471806, p);
 }
 
+fn widen4(x: vec4<f32>) -> vec4<f32> {
+    return x;
+}
+
+fn narrow4(x: vec4<f32>) -> vec4<f32> {
+    return x;
+}
+
 var<workgroup> sh_red: array<vec4<f32>, WG>;
 
 fn wg_max4(tid: u32, x: vec4<f32>) -> vec4<f32> {
@@ -169,7 +177,7 @@ fn q4_index(h: u32) -> u32 {
 fn fetch_k(j: u32, hi: u32, c: u32, kv_h: u32) -> vec4<f32> {
     var x = vec4<f32>(0.0);
     if (j < hi) {
-        x = k_cache[kv4_index(j, kv_h) + c];
+        x = widen4(k_cache[kv4_index(j, kv_h) + c]);
     }
     return x;
 }
@@ -177,7 +185,7 @@ fn fetch_k(j: u32, hi: u32, c: u32, kv_h: u32) -> vec4<f32> {
 fn fetch_v(j: u32, hi: u32, c: u32, kv_h: u32) -> vec4<f32> {
     var x = vec4<f32>(0.0);
     if (j < hi) {
-        x = v_cache[kv4_index(j, kv_h) + c];
+        x = widen4(v_cache[kv4_index(j, kv_h) + c]);
     }
     return x;
 }
@@ -224,7 +232,7 @@ fn attention_decode_split_paged(@builtin(workgroup_id) wg: vec3<u32>, @builtin(l
         let hq = i / V4;
         var x = vec4<f32>(0.0);
         if (hq < n_here) {
-            x = q[q4_index(head0 + hq) + i % V4];
+            x = widen4(q[q4_index(head0 + hq) + i % V4]);
         }
         sh_q[i] = x;
     }

@@ -30,24 +30,26 @@ pub fn check_spec(spec: &KernelSpec) -> Result<(), DslError> {
     check_source(spec)
 }
 
-/// Half-precision data tensors are emitted for the forward; bf16 only where each
-/// invocation stores whole u32 words of O (the flash grid's vec4 stores).
+/// Half-precision data tensors are emitted for the forward and the split-K decode; bf16
+/// only where each invocation stores whole u32 words of O (vec4 stores: the flash grid's
+/// and the decode reduce's).
 fn check_dtype(spec: &KernelSpec) -> Result<(), DslError> {
     if spec.dtype == crate::spec::Dtype::F32 {
         return Ok(());
     }
-    if spec.op != Op::Forward {
+    if !matches!(spec.op, Op::Forward | Op::DecodeSplit | Op::DecodeReduce) {
         return Err(DslError::spec(
             Field::Dtype,
             format!(
-                "dtype {} is emitted for op forward only so far; op {} reads and writes f32 \
-                 (drop `dtype`)",
+                "dtype {} is emitted for ops forward, decode_split and decode_reduce only so \
+                 far; op {} reads and writes f32 (drop `dtype`)",
                 spec.dtype.name(),
                 spec.op.name()
             ),
         ));
     }
-    if spec.dtype == crate::spec::Dtype::Bf16 && spec.grid.flash.is_none() {
+    if spec.dtype == crate::spec::Dtype::Bf16 && spec.op == Op::Forward && spec.grid.flash.is_none()
+    {
         return Err(DslError::spec(
             Field::Dtype,
             "dtype bf16 needs a flash grid (`grid: s_major(flash)`): the per-row forward \
@@ -318,6 +320,9 @@ fn check_flash(spec: &KernelSpec) -> Result<(), DslError> {
             ),
         ));
     }
+    if spec.grid.uses_coop() {
+        return check_coop(spec);
+    }
     match Tiling::of(spec) {
         Some(Err(problem)) => Err(DslError::spec(
             Field::Grid,
@@ -325,6 +330,37 @@ fn check_flash(spec: &KernelSpec) -> Result<(), DslError> {
         )),
         Some(Ok(t)) if spec.grid.uses_subgroups() => check_subgroups(spec, &t),
         _ => Ok(()),
+    }
+}
+
+/// Cooperative-matrix products: the forward's two products so far, in f16, under a
+/// native target (no browser exposes cooperative matrices).
+fn check_coop(spec: &KernelSpec) -> Result<(), DslError> {
+    let refuse = |problem: String| Err(DslError::spec(Field::Matrix, problem));
+    if spec.op != Op::Forward {
+        return refuse(format!(
+            "`matrix = coop16` is emitted for op forward only so far; drop it for op {}",
+            spec.op.name()
+        ));
+    }
+    if spec.target == Target::Webgpu {
+        return refuse(
+            "cooperative matrices are not in WebGPU; use `target: native(..)` (the runtime \
+             runs the kernel only on adapters with EXPERIMENTAL_COOPERATIVE_MATRIX)"
+                .into(),
+        );
+    }
+    if spec.dtype != crate::spec::Dtype::F16 {
+        return refuse(format!(
+            "`matrix = coop16` multiplies f16 operands; add `dtype: f16` (this description \
+             reads {})",
+            spec.dtype.name()
+        ));
+    }
+    let t = emit::coop::CoopTiling::of(spec).expect("a coop grid");
+    match t.problem(spec) {
+        Some(problem) => Err(DslError::spec(Field::Grid, problem)),
+        None => Ok(()),
     }
 }
 

@@ -9,7 +9,7 @@
 //! 64 and 128 (64×256 and 64×128 forward, 16×128 and 32×128 backward) and small ones that
 //! fit WebGPU's default 16 KiB; candidate 0 is the best that fits those defaults.
 
-use crate::spec::{FlashConfig, KernelSpec, Limits, Masks, Op};
+use crate::spec::{FlashConfig, KernelSpec, Limits, Masks, Matrix, Op};
 use crate::tiling::Tiling;
 
 /// Workgroup memory no candidate exceeds: the most that common GPUs give one workgroup
@@ -83,6 +83,7 @@ fn best_of_shape(
                 rows_per_thread,
                 workgroup_size: wg,
                 subgroups: false,
+                matrix: Matrix::Scalar,
             };
             ((!exact || !pads(head_dim, config)) && fits(ops, head_dim, config, bytes))
                 .then_some(config)
@@ -139,6 +140,49 @@ pub fn forward(head_dim: u32) -> Vec<FlashConfig> {
     out
 }
 
+/// (query rows, keys per block, subgroups per 16 rows) of the cooperative-matrix forward,
+/// in order of preference: more rows per workgroup reuse each staged key more; 32 keys
+/// keep Q, K, V, S and P of head_dim 128 within 32 KiB (64 keys would need 52 KiB); two
+/// subgroups per 16 rows halve each one's accumulators.
+const COOP_MENU: &[(u32, u32, u32)] = &[
+    (64, 32, 2),
+    (64, 32, 1),
+    (32, 32, 2),
+    (32, 32, 1),
+    (64, 16, 1),
+    (32, 16, 1),
+    (16, 16, 1),
+];
+
+/// The cooperative-matrix forward configurations for `head_dim` (a multiple of 16) within
+/// `bytes` of workgroup memory, best first; empty for other head_dims.
+pub fn coop_forward(head_dim: u32, bytes: u32) -> Vec<FlashConfig> {
+    use crate::emit::coop::{CoopTiling, FRAG};
+    if head_dim == 0 || !head_dim.is_multiple_of(FRAG) {
+        return Vec::new();
+    }
+    let halves = |n: u32| (n / FRAG).is_multiple_of(2);
+    COOP_MENU
+        .iter()
+        .filter(|&&(_, bc, split)| split == 1 || (halves(bc) && halves(head_dim)))
+        .map(|&(br, bc, split)| CoopTiling {
+            br,
+            bc,
+            head_dim,
+            split,
+        })
+        .filter(|t| t.bytes() <= bytes)
+        .map(|t| FlashConfig {
+            tile: t.br,
+            inner: t.bc,
+            rows_per_thread: FRAG,
+            workgroup_size: t.workgroup_size(),
+            subgroups: false,
+            matrix: Matrix::Coop16,
+        })
+        .collect()
+}
+
 /// Every flash backward configuration for `head_dim`, each valid for both halves (the
 /// query-major dQ kernel and the key-major dK/dV kernel), candidate 0 first.
 pub fn backward(head_dim: u32) -> Vec<FlashConfig> {
@@ -177,6 +221,7 @@ fn scaled_block(
         rows_per_thread: tm,
         workgroup_size,
         subgroups: false,
+        matrix: Matrix::Scalar,
     })
 }
 

@@ -19,6 +19,8 @@ pub enum Field {
     Dtype,
     /// The KV cache layout of a decode (`cache: paged`).
     Cache,
+    /// The flash grid's `matrix` argument (cooperative-matrix products).
+    Matrix,
     /// The `writes` entry of the named output (or the `writes` block when it is missing).
     Write(String),
 }
@@ -39,6 +41,7 @@ impl fmt::Display for Field {
             Field::Source => f.write_str("source"),
             Field::Dtype => f.write_str("dtype"),
             Field::Cache => f.write_str("cache"),
+            Field::Matrix => f.write_str("grid.matrix"),
             Field::Write(name) => write!(f, "writes.{name}"),
         }
     }

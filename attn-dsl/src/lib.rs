@@ -36,7 +36,7 @@ pub const DKV_LANES: u32 = 4;
 pub use plan::{Access, Binding, KernelAbi, Scalar};
 pub use spec::{
     Axis, BiasHeads, Cache, Dtype, Flash, FlashConfig, Gqa, Grid, KernelSpec, Limits, Major, Masks,
-    Op, Scatter, Source, Target, WriteMode,
+    Matrix, Op, Scatter, Source, Target, WriteMode,
 };
 pub use validate::ValidateError;
 

@@ -50,10 +50,10 @@ impl Scalar {
     /// The element of tensor kind `e` in a kernel whose data tensors are `dtype`.
     pub fn of(e: Elem, dtype: Dtype) -> Scalar {
         match (e, dtype) {
-            (Elem::F32 | Elem::F32x4, _) | (Elem::Data, Dtype::F32) => Scalar::F32,
+            (Elem::F32 | Elem::F32x4, _) | (Elem::Data | Elem::Data4, Dtype::F32) => Scalar::F32,
             (Elem::U32, _) => Scalar::U32,
-            (Elem::Data, Dtype::F16) => Scalar::F16,
-            (Elem::Data, Dtype::Bf16) => Scalar::Bf16,
+            (Elem::Data | Elem::Data4, Dtype::F16) => Scalar::F16,
+            (Elem::Data | Elem::Data4, Dtype::Bf16) => Scalar::Bf16,
         }
     }
 }
@@ -220,7 +220,9 @@ fn array_type(e: Elem, scalar: Scalar, scatter: Option<Scatter>) -> Cow<'static,
     Cow::Borrowed(match (scatter, e, scalar) {
         (Some(Scatter::Cas), _, _) => "array<atomic<u32>>",
         (Some(Scatter::F32Atomic), _, _) => "array<atomic<f32>>",
-        (None, Elem::F32x4, _) => "array<vec4<f32>>",
+        (None, Elem::F32x4, _) | (None, Elem::Data4, Scalar::F32) => "array<vec4<f32>>",
+        // Four bf16 halves in two words.
+        (None, Elem::Data4, Scalar::Bf16) => "array<vec2<u32>>",
         (None, _, Scalar::F32) => "array<f32>",
         (None, _, Scalar::U32 | Scalar::Bf16) => "array<u32>",
         // Four halves per element: one 8-byte load per vec4 of a row.

@@ -21,6 +21,9 @@ pub enum Elem {
     /// f32 data the kernel reads and writes as vec4 (`array<vec4<f32>>`): one 16-byte
     /// load per four elements. The row length must be a multiple of 4.
     F32x4,
+    /// A data tensor in the spec's dtype, read and written four elements at a time:
+    /// `array<vec4<f32>>`, `array<vec4<f16>>`, or bf16 as `array<vec2<u32>>`.
+    Data4,
 }
 
 /// When a tensor of the signature is bound.
@@ -84,7 +87,7 @@ const fn when(t: Tensor, presence: Presence) -> Tensor {
 }
 
 use Axis::{B, D, H, J, KvH, Page, Part, S, Slice};
-use Elem::{Data, F32, F32x4, U32};
+use Elem::{Data, Data4, F32, F32x4, U32};
 use Presence::{IfAlibi, IfBias, IfBiasWritten, IfDocument, IfRecompute, IfScratch, IfWritten};
 use Role::{Input, Output, Uniform};
 
@@ -126,21 +129,21 @@ const FORWARD: &[Tensor] = &[
 // output (part_o) and its running max and sum (part_ml: m is part 0, l part 1) for the reduce.
 // A paged cache is a pool of pages (J: the key within its page) and a block table.
 const DECODE_SPLIT: &[Tensor] = &[
-    t("q", Input, F32x4, &[B, H, D]),
+    t("q", Input, Data4, &[B, H, D]),
     when(
-        t("k_cache", Input, F32x4, &[B, J, KvH, D]),
+        t("k_cache", Input, Data4, &[B, J, KvH, D]),
         Presence::IfCache(Cache::Contiguous),
     ),
     when(
-        t("v_cache", Input, F32x4, &[B, J, KvH, D]),
+        t("v_cache", Input, Data4, &[B, J, KvH, D]),
         Presence::IfCache(Cache::Contiguous),
     ),
     when(
-        t("k_cache", Input, F32x4, &[Page, J, KvH, D]),
+        t("k_cache", Input, Data4, &[Page, J, KvH, D]),
         Presence::IfCache(Cache::Paged),
     ),
     when(
-        t("v_cache", Input, F32x4, &[Page, J, KvH, D]),
+        t("v_cache", Input, Data4, &[Page, J, KvH, D]),
         Presence::IfCache(Cache::Paged),
     ),
     t("part_o", Output, F32x4, &[B, Slice, H, D]),
@@ -157,7 +160,7 @@ const DECODE_SPLIT: &[Tensor] = &[
 const DECODE_REDUCE: &[Tensor] = &[
     t("part_o", Input, F32x4, &[B, Slice, H, D]),
     t("part_ml", Input, F32, &[Part, B, Slice, H]),
-    t("o", Output, F32x4, &[B, H, D]),
+    t("o", Output, Data4, &[B, H, D]),
     DIMS,
 ];
 

@@ -243,7 +243,13 @@ pub struct Grid {
 impl Grid {
     /// Whether the grid's row reductions use subgroup operations.
     pub fn uses_subgroups(&self) -> bool {
-        self.flash.is_some_and(|f| f.subgroups)
+        self.flash
+            .is_some_and(|f| f.subgroups || f.matrix == Matrix::Coop16)
+    }
+
+    /// Whether the grid's products are cooperative-matrix products.
+    pub fn uses_coop(&self) -> bool {
+        self.flash.is_some_and(|f| f.matrix == Matrix::Coop16)
     }
 
     /// The seeds' per-row grid over `major`, `tile` rows walked in turn.
@@ -270,6 +276,42 @@ pub struct Flash {
     /// adapter's subgroups cover whole row groups and falls back to workgroup memory when
     /// they do not, so it is right for any subgroup size.
     pub subgroups: bool,
+    /// How the tile's matrix products are computed.
+    #[serde(default, skip_serializing_if = "Matrix::is_scalar")]
+    pub matrix: Matrix,
+}
+
+/// How a flash grid computes its matrix products (Q·Kᵀ and P·V).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Matrix {
+    /// Per-invocation register blocks of f32 fused multiply-adds: every adapter.
+    #[default]
+    Scalar,
+    /// 16x16x16 cooperative-matrix products (tensor cores): f16 operands, f32
+    /// accumulators, one subgroup of 32 invocations per 16 query rows. Native only
+    /// (wgpu's EXPERIMENTAL_COOPERATIVE_MATRIX, on adapters that list f16 x f16 -> f32
+    /// at 16x16x16 and run subgroups of exactly 32).
+    Coop16,
+}
+
+impl Matrix {
+    pub fn name(self) -> &'static str {
+        match self {
+            Matrix::Scalar => "scalar",
+            Matrix::Coop16 => "coop16",
+        }
+    }
+
+    pub fn parse(word: &str) -> Option<Matrix> {
+        [Matrix::Scalar, Matrix::Coop16]
+            .into_iter()
+            .find(|m| m.name() == word)
+    }
+
+    pub fn is_scalar(&self) -> bool {
+        *self == Matrix::Scalar
+    }
 }
 
 /// Query heads per KV head.
@@ -577,11 +619,18 @@ pub struct FlashConfig {
     /// Row reductions by subgroup shuffles ([`Flash::subgroups`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub subgroups: bool,
+    /// Cooperative-matrix products ([`Matrix::Coop16`]).
+    #[serde(default, skip_serializing_if = "Matrix::is_scalar")]
+    pub matrix: Matrix,
 }
 
 impl FlashConfig {
     /// The configuration a [`FlashConfig::label`] names, e.g. `32x32/4@128+sg`.
     pub fn from_label(label: &str) -> Option<FlashConfig> {
+        let (label, matrix) = match label.strip_suffix("+tc") {
+            Some(rest) => (rest, Matrix::Coop16),
+            None => (label, Matrix::Scalar),
+        };
         let (label, subgroups) = match label.strip_suffix("+sg") {
             Some(rest) => (rest, true),
             None => (label, false),
@@ -595,19 +644,26 @@ impl FlashConfig {
             rows_per_thread: rows_per_thread.parse().ok()?,
             workgroup_size: workgroup_size.parse().ok()?,
             subgroups,
+            matrix,
         })
     }
 
     /// `tile x inner / rows_per_thread @ workgroup_size`, e.g. `32x32/4@128`, with `+sg`
-    /// when the reductions use subgroups.
+    /// when the reductions use subgroups and `+tc` for cooperative-matrix (tensor core)
+    /// products.
     pub fn label(&self) -> String {
         format!(
-            "{}x{}/{}@{}{}",
+            "{}x{}/{}@{}{}{}",
             self.tile,
             self.inner,
             self.rows_per_thread,
             self.workgroup_size,
-            if self.subgroups { "+sg" } else { "" }
+            if self.subgroups { "+sg" } else { "" },
+            if self.matrix == Matrix::Coop16 {
+                "+tc"
+            } else {
+                ""
+            }
         )
     }
 }
@@ -630,6 +686,7 @@ impl KernelSpec {
                     inner: config.inner,
                     rows_per_thread: config.rows_per_thread,
                     subgroups: config.subgroups,
+                    matrix: config.matrix,
                 }),
             },
             workgroup_size: config.workgroup_size,
@@ -653,6 +710,7 @@ impl KernelSpec {
         if bytes > base.workgroup_storage_bytes
             || storage > base.storage_buffers_per_stage
             || self.grid.uses_subgroups()
+            || self.grid.uses_coop()
         {
             self.target = Target::Native(Limits {
                 workgroup_storage_bytes: bytes.max(base.workgroup_storage_bytes),

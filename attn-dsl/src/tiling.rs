@@ -49,9 +49,10 @@ pub const MAX_REGISTER_BLOCK: u32 = 128;
 
 impl Tiling {
     /// The layout of `spec`'s flash grid, or what is wrong with it. `None` when the grid is
-    /// not a flash grid.
+    /// not a flash grid of scalar products (cooperative matrices have their own layout,
+    /// [`crate::emit::coop::CoopTiling`]).
     pub fn of(spec: &KernelSpec) -> Option<Result<Tiling, String>> {
-        let flash = spec.grid.flash?;
+        let flash = spec.grid.flash.filter(|f| f.matrix.is_scalar())?;
         let tiling = Tiling::new(
             spec.op,
             spec.grid.tile,
@@ -149,7 +150,7 @@ impl Tiling {
             None => code.to_string(),
             Some(cond) => format!(
                 "if ({cond}) {{\n{ind}    {}\n{ind}}}",
-                code.replace('\n', &format!("\n    "))
+                code.replace('\n', "\n    ")
             ),
         }
     }

@@ -249,6 +249,7 @@ fn flash_forward_compiles_for_every_mask() {
         rows_per_thread: 2,
         workgroup_size: 64,
         subgroups: false,
+        matrix: attn_dsl::Matrix::Scalar,
     };
     for head_dim in [64, 128] {
         for (causal, document) in [(true, true), (true, false), (false, true), (false, false)] {
@@ -278,6 +279,7 @@ fn flash_backward_halves_compile_for_every_mask() {
         rows_per_thread: 2,
         workgroup_size: 64,
         subgroups: false,
+        matrix: attn_dsl::Matrix::Scalar,
     };
     for head_dim in [64, 128] {
         for (causal, document) in [(true, true), (true, false), (false, true), (false, false)] {
@@ -409,4 +411,66 @@ fn half_precision_forwards_compile_and_other_ops_refuse_a_dtype() {
     let abi = compile(&per_row(Dtype::F16)).unwrap();
     assert!(abi.wgsl.starts_with("//") && abi.wgsl.contains("enable f16;"));
     assert_eq!(field_of(&per_row(Dtype::Bf16)), Field::Dtype);
+}
+
+/// The cooperative-matrix forward: f16, native, one subgroup of 32 per 16 query rows.
+fn coop_spec(head_dim: u32, masks: Masks) -> KernelSpec {
+    let config = attn_dsl::FlashConfig::from_label("64x32/16@128+tc").unwrap();
+    KernelSpec {
+        dtype: attn_dsl::Dtype::F16,
+        ..KernelSpec::flash("fwd_tc", Op::Forward, head_dim, masks, config)
+    }
+}
+
+#[test]
+fn coop_forward_compiles_for_every_mask_and_modifier() {
+    let every = Masks {
+        window: true,
+        alibi: true,
+        bias: Some(attn_dsl::BiasHeads::PerHead),
+        softcap: true,
+        dropout: true,
+        ..Masks::new(true, true)
+    };
+    for head_dim in [16, 64, 128, 256] {
+        for masks in [Masks::default(), Masks::new(true, false), every] {
+            let abi = compile(&coop_spec(head_dim, masks)).unwrap_or_else(|e| panic!("{e}"));
+            assert!(abi.wgsl.contains("coopMultiplyAdd"));
+            assert!(matches!(abi.target, attn_dsl::Target::Native(_)));
+            assert_eq!(abi.workgroup_size, [128, 1, 1]);
+            // Two subgroups per 16 rows, splitting keys and head_dim in halves.
+            if head_dim >= 32 {
+                let config = attn_dsl::FlashConfig::from_label("64x32/16@256+tc").unwrap();
+                let split = KernelSpec {
+                    dtype: attn_dsl::Dtype::F16,
+                    ..KernelSpec::flash("fwd_tc2", Op::Forward, head_dim, masks, config)
+                };
+                let abi = compile(&split).unwrap_or_else(|e| panic!("{e}"));
+                assert!(abi.wgsl.contains("const SPLIT: u32 = 2u;"));
+            }
+        }
+    }
+}
+
+#[test]
+fn coop_forward_refusals_name_the_matrix_and_what_to_change() {
+    let base = coop_spec(64, Masks::default());
+    let refused = |spec: KernelSpec| compile(&spec).expect_err("refused").to_string();
+    let webgpu = refused(KernelSpec {
+        target: attn_dsl::Target::Webgpu,
+        ..base.clone()
+    });
+    assert!(webgpu.contains("not in WebGPU"), "{webgpu}");
+    let f32 = refused(KernelSpec {
+        dtype: attn_dsl::Dtype::F32,
+        ..base.clone()
+    });
+    assert!(f32.contains("dtype: f16"), "{f32}");
+    let wg = refused(KernelSpec {
+        workgroup_size: 192,
+        ..base.clone()
+    });
+    assert!(wg.contains("needs workgroup_size 128 or 256"), "{wg}");
+    let d = refused(coop_spec(72, Masks::default()));
+    assert!(d.contains("multiples of 16"), "{d}");
 }

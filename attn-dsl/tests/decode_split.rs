@@ -90,3 +90,31 @@ fn only_the_split_pass_reads_a_paged_cache() {
     let e = attn_dsl::compile(&plain).unwrap_err();
     assert_eq!(e.field(), Some(&attn_dsl::Field::Cache), "{e}");
 }
+
+/// In f16 and bf16 the query, the cache and O are 16-bit (four to a vec4 element: f16
+/// `vec4<f16>`, bf16 two words); the partials stay f32.
+#[test]
+fn both_passes_compile_in_half_precision() {
+    for (dtype, wgsl) in [
+        (attn_dsl::Dtype::F16, "array<vec4<f16>>"),
+        (attn_dsl::Dtype::Bf16, "array<vec2<u32>>"),
+    ] {
+        for hd in [32, 128, 256] {
+            let s = attn_dsl::compile(&KernelSpec {
+                dtype,
+                ..split(hd, 4, Masks::default())
+            })
+            .unwrap_or_else(|e| panic!("split {dtype:?} d{hd}: {e}"));
+            for name in ["q", "k_cache", "v_cache"] {
+                assert_eq!(s.binding(name).unwrap().wgsl_type, wgsl, "{name}");
+            }
+            assert_eq!(s.binding("part_o").unwrap().wgsl_type, "array<vec4<f32>>");
+            let r = attn_dsl::compile(&KernelSpec {
+                dtype,
+                ..reduce(hd)
+            })
+            .unwrap_or_else(|e| panic!("reduce {dtype:?} d{hd}: {e}"));
+            assert_eq!(r.binding("o").unwrap().wgsl_type, wgsl);
+        }
+    }
+}

@@ -199,8 +199,12 @@ fn abi_const(abi: &KernelAbi, wgsl: TokenStream) -> TokenStream {
         None => quote!(::core::option::Option::None),
         Some(f) => {
             let (inner, rows, subgroups) = (f.inner, f.rows_per_thread, f.subgroups);
+            let matrix = match f.matrix {
+                attn_dsl::Matrix::Scalar => quote!(::attn_dsl::Matrix::Scalar),
+                attn_dsl::Matrix::Coop16 => quote!(::attn_dsl::Matrix::Coop16),
+            };
             quote!(::core::option::Option::Some(::attn_dsl::Flash {
-                inner: #inner, rows_per_thread: #rows, subgroups: #subgroups,
+                inner: #inner, rows_per_thread: #rows, subgroups: #subgroups, matrix: #matrix,
             }))
         }
     };

@@ -3,7 +3,7 @@
 
 use attn_dsl::{
     BiasHeads, Cache, DslError, Dtype, Field, Flash, Gqa, Grid, KernelSpec, Limits, Major, Masks,
-    Op, Scatter, Source, Target, WriteMode,
+    Matrix, Op, Scatter, Source, Target, WriteMode,
 };
 use proc_macro2::Span;
 use syn::Ident;
@@ -46,7 +46,7 @@ pub fn lower(d: &Description) -> syn::Result<Lowered> {
     };
     let op = op(require(d, get("op", Field::Op), "op")?)?;
     let grid_value = require(d, get("grid", Field::Grid), "grid")?;
-    let (mut grid, auto_flash) = grid(grid_value)?;
+    let (mut grid, auto_flash, matrix_span) = grid(grid_value)?;
     // A row-wise layer's row width is `hidden` (carried where attention carries head_dim).
     let (width_key, out_dim) = if op.is_row_layer() {
         let out = require(d, get("out", Field::OutDim), "out")?;
@@ -100,6 +100,7 @@ pub fn lower(d: &Description) -> syn::Result<Lowered> {
             inner: config.inner,
             rows_per_thread: config.rows_per_thread,
             subgroups: false,
+            matrix: Matrix::Scalar,
         });
         workgroup_size = config.workgroup_size;
     }
@@ -134,6 +135,7 @@ pub fn lower(d: &Description) -> syn::Result<Lowered> {
         scatter: Scatter::Cas,
         cache,
     };
+    spans.extend(matrix_span.map(|span| (Field::Matrix, span)));
     Ok(Lowered {
         spec,
         producer,
@@ -201,9 +203,10 @@ fn op(v: &Value) -> syn::Result<Op> {
     )
 }
 
-/// The grid, and whether it asks for the flash configuration the rules pick
-/// (`s_major(flash)`), which depends on the op, head_dim and target lowered after it.
-fn grid(v: &Value) -> syn::Result<(Grid, bool)> {
+/// The grid, whether it asks for the flash configuration the rules pick
+/// (`s_major(flash)`), which depends on the op, head_dim and target lowered after it, and
+/// where its `matrix` argument is.
+fn grid(v: &Value) -> syn::Result<(Grid, bool, Option<Span>)> {
     const EXPECTED: &str = "s_major(tile = N), j_major(tile = N), s_major(flash), \
                             j_major(flash), head_major, slice_major(tile = N), r_major(tile = N) or elementwise";
     let (name, args) = match v {
@@ -231,7 +234,7 @@ fn grid(v: &Value) -> syn::Result<(Grid, bool)> {
                     );
                 }
             };
-            return Ok((Grid::rows(major, 1), true));
+            return Ok((Grid::rows(major, 1), true, None));
         }
         Value::Call(Call { name, args, .. }) => (name, args.as_slice()),
         other => return err(other.span(), format!("`grid` takes {EXPECTED}")),
@@ -253,18 +256,20 @@ fn grid(v: &Value) -> syn::Result<(Grid, bool)> {
         }
     };
     let (mut tile, mut inner, mut rows, mut subgroups) = (1, None, None, None);
+    let mut matrix = None;
     for (key, v) in args {
         match key.to_string().as_str() {
             "tile" => tile = arg_number(key, v)?,
             k if k == inner_key => inner = Some(arg_number(key, v)?),
             "rows_per_thread" => rows = Some(arg_number(key, v)?),
             "subgroups" => subgroups = Some((arg_flag(key, v)?, key.span())),
+            "matrix" => matrix = Some((arg_matrix(key, v)?, key.span())),
             _ => {
                 return err(
                     key.span(),
                     format!(
                         "unknown grid argument `{key}`; expected `tile`, and for the flash \
-                         schedule `{inner_key}`, `rows_per_thread` and `subgroups`"
+                         schedule `{inner_key}`, `rows_per_thread`, `subgroups` and `matrix`"
                     ),
                 );
             }
@@ -276,6 +281,7 @@ fn grid(v: &Value) -> syn::Result<(Grid, bool)> {
             inner,
             rows_per_thread,
             subgroups: subgroups.is_some_and(|(on, _)| on),
+            matrix: matrix.map_or(Matrix::Scalar, |(m, _)| m),
         }),
         _ => {
             return err(
@@ -296,13 +302,38 @@ fn grid(v: &Value) -> syn::Result<(Grid, bool)> {
             ),
         );
     }
-    Ok((Grid { major, tile, flash }, false))
+    if let (None, Some((_, span))) = (flash, matrix) {
+        return err(
+            span,
+            format!(
+                "`matrix` chooses how the flash schedule multiplies its tiles; the per-row \
+                 grid has no such choice. Add `{inner_key}` and `rows_per_thread`, or drop it"
+            ),
+        );
+    }
+    Ok((
+        Grid { major, tile, flash },
+        false,
+        matrix.map(|(_, span)| span),
+    ))
+}
+
+fn arg_matrix(key: &Ident, v: &ArgValue) -> syn::Result<Matrix> {
+    let expected = format!("`{key}` takes `scalar` or `coop16`");
+    match v {
+        ArgValue::Word(w) => {
+            Matrix::parse(&w.to_string()).ok_or_else(|| syn::Error::new(w.span(), expected))
+        }
+        ArgValue::Number(n) => err(n.span, expected),
+        ArgValue::Flag(b) => err(b.span, expected),
+    }
 }
 
 fn arg_number(key: &Ident, v: &ArgValue) -> syn::Result<u32> {
     match v {
         ArgValue::Number(n) => Ok(n.value),
         ArgValue::Flag(b) => err(b.span, format!("`{key}` takes a number, not `{}`", b.value)),
+        ArgValue::Word(w) => err(w.span(), format!("`{key}` takes a number, not `{w}`")),
     }
 }
 
@@ -310,6 +341,7 @@ fn arg_flag(key: &Ident, v: &ArgValue) -> syn::Result<bool> {
     match v {
         ArgValue::Flag(b) => Ok(b.value),
         ArgValue::Number(n) => err(n.span, format!("`{key}` takes `true` or `false`")),
+        ArgValue::Word(w) => err(w.span(), format!("`{key}` takes `true` or `false`")),
     }
 }
 

@@ -5,7 +5,8 @@
 //! #[attrs] vis NAME {
 //!     op: forward | decode | backward_q | backward_kv | rope | rope_backward,
 //!     grid: s_major(tile = N) | j_major(tile = N) | head_major,
-//!           flash: s_major(tile = N, key_tile = N, rows_per_thread = N, subgroups = BOOL)
+//!           flash: s_major(tile = N, key_tile = N, rows_per_thread = N, subgroups = BOOL,
+//!                          matrix = scalar | coop16)
 //!     head_dim: N,
 //!     gqa: any | N,                        (default any)
 //!     masks: [causal, document] | none,    (default none)
@@ -60,6 +61,8 @@ pub struct Number {
 pub enum ArgValue {
     Number(Number),
     Flag(LitBool),
+    /// `matrix = coop16`.
+    Word(Ident),
 }
 
 /// `name`, `name(key = N, ..)` or `name(path)`.
@@ -226,6 +229,8 @@ impl Parse for Arg {
         input.parse::<Token![=]>()?;
         let value = if input.peek(LitBool) {
             ArgValue::Flag(input.parse()?)
+        } else if input.peek(Ident) {
+            ArgValue::Word(input.parse()?)
         } else {
             ArgValue::Number(input.parse()?)
         };

@@ -120,6 +120,8 @@ pub enum Parts {
     All,
     Forward,
     Backward,
+    /// The half-precision forwards alone (f16 where the device has it, bf16).
+    Half,
 }
 
 /// Times the forward and each backward schedule the device runs on `shape` (or only one
@@ -232,7 +234,7 @@ pub fn run(
     };
 
     let mut rows = Vec::new();
-    if parts != Parts::Backward {
+    if matches!(parts, Parts::All | Parts::Forward) {
         let baseline = timing::time(gpu, &[step(&forward)?], warmup, runs)?;
         rows.push(BenchRow {
             shape: shape.clone(),
@@ -257,6 +259,8 @@ pub fn run(
             }
             rows.push(row);
         }
+    }
+    if parts != Parts::Backward {
         let half = half_forwards(gpu, h.head_dim, masks)?;
         // The half kernels read and write 16-bit copies of the same data.
         let copies: Vec<(&str, wgpu::Buffer)> = data[..3]
@@ -288,11 +292,11 @@ pub fn run(
                 timing: Some(timing::time(gpu, &[step], warmup, runs)?),
                 flops: shape.forward_flops(),
                 note: String::new(),
-                baseline_ms: Some(rows[0].timing.map_or(0.0, |t| t.median_ms)),
+                baseline_ms: rows.first().and_then(|r| r.timing.map(|t| t.median_ms)),
             });
         }
     }
-    if parts == Parts::Forward {
+    if matches!(parts, Parts::Forward | Parts::Half) {
         return Ok(rows);
     }
     let compiled = crate::backward::schedule_kernels(gpu, &set)?;
@@ -407,39 +411,42 @@ pub fn tune(gpu: &Gpu, rows: &[BenchRow], failed: &[String]) -> Table {
     table
 }
 
-/// The planned flash forward (the tuning table's, else candidate 0) in f16, where the
-/// device has SHADER_F16, and in bf16: (row label, dtype, kernel).
+/// The planned flash forward in f16, where the device has SHADER_F16 (on tensor cores
+/// where it has cooperative matrices, then the other tensor-core configurations and the
+/// scalar plan beside it), and in bf16:
+/// (row label, dtype, kernel).
 fn half_forwards(
     gpu: &Gpu,
     head_dim: u32,
     masks: Masks,
 ) -> Result<Vec<(String, Scalar, Kernel)>, Error> {
-    let planned = tuning::Table::for_gpu(gpu)
-        .ok()
-        .and_then(|t| t.forward(gpu, head_dim))
+    let table = tuning::Table::for_gpu(gpu).unwrap_or_default();
+    let scalar = table
+        .forward(gpu, head_dim)
         .unwrap_or(tuning::forward_candidates(head_dim)[0]);
     let mut out = Vec::new();
     for dtype in [Dtype::F16, Dtype::Bf16] {
         if dtype == Dtype::F16 && !gpu.has_f16() {
             continue;
         }
-        let spec = KernelSpec {
-            dtype,
-            ..KernelSpec::flash(
-                "attention_forward_flash",
-                Op::Forward,
-                head_dim,
-                masks,
-                planned,
-            )
-        };
-        let abi = attn_dsl::compile(&spec).map_err(|e| Error::Pipeline {
-            kernel: format!("forward flash {} {}", planned.label(), dtype.name()),
-            message: e.to_string(),
-        })?;
-        if tuning::fits(gpu, &abi) {
-            let label = format!("forward flash {} {}", planned.label(), dtype.name());
-            out.push((label, abi.scalar("o"), Kernel::new(gpu, &abi)?));
+        let planned = table.forward_in(gpu, head_dim, dtype).unwrap_or(scalar);
+        let mut configs = vec![planned];
+        if dtype == Dtype::F16 {
+            let coop = tuning::coop_candidates(gpu, head_dim);
+            configs.extend(coop.into_iter().filter(|c| *c != planned));
+        }
+        configs.extend((planned != scalar).then_some(scalar));
+        for config in configs {
+            let kernel = format!("forward flash {} {}", config.label(), dtype.name());
+            let abi = tuning::flash_forward_in(head_dim, masks, config, dtype).map_err(|e| {
+                Error::Pipeline {
+                    kernel: kernel.clone(),
+                    message: e.to_string(),
+                }
+            })?;
+            if tuning::fits(gpu, &abi) {
+                out.push((kernel, abi.scalar("o"), Kernel::new(gpu, &abi)?));
+            }
         }
     }
     Ok(out)
@@ -472,10 +479,15 @@ impl DecodeShape {
 
     /// Bytes a decode must move at least once: K and V of the cache read, Q read, O written.
     pub fn bytes(&self) -> f64 {
+        self.bytes_in(4.0)
+    }
+
+    /// [`DecodeShape::bytes`] with elements of `size` bytes.
+    pub fn bytes_in(&self, size: f64) -> f64 {
         let h = self.heads;
         let kv = 2.0 * f64::from(self.cache_len) * f64::from(h.n_kv_heads);
         let qo = 2.0 * f64::from(h.n_heads);
-        4.0 * f64::from(self.batch) * f64::from(h.head_dim) * (kv + qo)
+        size * f64::from(self.batch) * f64::from(h.head_dim) * (kv + qo)
     }
 }
 
@@ -604,7 +616,7 @@ pub fn decode(
         ..input
     };
     let paged_prepared = paged.prepare(gpu, &paged_input, Some(&pages), slice_len)?;
-    Ok(vec![
+    let mut rows = vec![
         DecodeRow {
             kernel: format!("decode plain ({} workgroups)", h.n_heads * shape.batch),
             timing: timing::time(gpu, &[plain_step], warmup, runs)?,
@@ -628,5 +640,31 @@ pub fn decode(
             timing: timing::time(gpu, &paged_prepared.steps(&paged), warmup, runs)?,
             bytes,
         },
-    ])
+    ];
+    // The same step with the query, the cache and O in half precision: half the bytes.
+    for dtype in [Dtype::F16, Dtype::Bf16] {
+        if dtype == Dtype::F16 && !gpu.has_f16() {
+            continue;
+        }
+        let half = crate::decode::SplitDecode::for_shape_in(
+            gpu,
+            h.head_dim,
+            masks,
+            Cache::Contiguous,
+            dtype,
+        )?;
+        let prepared = half.prepare(gpu, &input, None, slice_len)?;
+        let s = prepared.slicing;
+        rows.push(DecodeRow {
+            kernel: format!(
+                "decode split-K {}x{} + reduce, {}",
+                s.n_slices,
+                s.slice_len,
+                dtype.name()
+            ),
+            timing: timing::time(gpu, &prepared.steps(&half), warmup, runs)?,
+            bytes: shape.bytes_in(2.0),
+        });
+    }
+    Ok(rows)
 }

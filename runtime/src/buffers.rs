@@ -44,10 +44,15 @@ pub fn output<T: Pod>(gpu: &Gpu, label: &str, len: usize) -> wgpu::Buffer {
 /// f32 host data rounded (to nearest even) to a binding's element type and back: what a
 /// half-precision kernel reads when given `data`.
 pub fn rounded(data: &[f32], scalar: Scalar) -> Vec<f32> {
+    data.iter().map(|&x| round_to(x, scalar)).collect()
+}
+
+/// `x` rounded (to nearest even) to `scalar` and back.
+pub fn round_to(x: f32, scalar: Scalar) -> f32 {
     match scalar {
-        Scalar::F16 => data.iter().map(|&x| f16::from_f32(x).to_f32()).collect(),
-        Scalar::Bf16 => data.iter().map(|&x| bf16::from_f32(x).to_f32()).collect(),
-        Scalar::F32 | Scalar::U32 => data.to_vec(),
+        Scalar::F16 => f16::from_f32(x).to_f32(),
+        Scalar::Bf16 => bf16::from_f32(x).to_f32(),
+        Scalar::F32 | Scalar::U32 => x,
     }
 }
 

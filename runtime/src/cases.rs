@@ -561,7 +561,7 @@ pub struct Runner {
     half: Vec<(u32, Masks, HalfSet)>,
     rope: Vec<(Kernel, Kernel)>,
     /// Split-K decode kernels, by head_dim and masks, made when a case first needs them.
-    split: Vec<(u32, Masks, Cache, SplitDecode)>,
+    split: Vec<(u32, Masks, Cache, Dtype, SplitDecode)>,
     /// The causal backward (with documents), every head_dim compiled so far.
     pub backward: Backward,
     /// The backwards of other masks (non-causal, score modifiers), made when a case needs
@@ -595,28 +595,29 @@ impl Runner {
         })
     }
 
-    /// Split-K decode for `head_dim` and `masks`: the family's, else compiled from its
-    /// descriptions.
+    /// Split-K decode for `head_dim` and `masks` in `dtype`: the family's, else compiled
+    /// from its descriptions.
     fn split(
         &mut self,
         gpu: &Gpu,
         head_dim: u32,
         masks: Masks,
-        cache: Cache,
+        (cache, dtype): (Cache, Dtype),
     ) -> Result<&SplitDecode, Error> {
+        let key = (head_dim, masks, cache, dtype);
         let at = match self
             .split
             .iter()
-            .position(|(d, m, c, _)| *d == head_dim && *m == masks && *c == cache)
+            .position(|(d, m, c, t, _)| (*d, *m, *c, *t) == key)
         {
             Some(at) => at,
             None => {
-                let kernels = SplitDecode::for_shape(gpu, head_dim, masks, cache)?;
-                self.split.push((head_dim, masks, cache, kernels));
+                let kernels = SplitDecode::for_shape_in(gpu, head_dim, masks, cache, dtype)?;
+                self.split.push((head_dim, masks, cache, dtype, kernels));
                 self.split.len() - 1
             }
         };
-        Ok(&self.split[at].3)
+        Ok(&self.split[at].4)
     }
 
     /// The per-row kernel of `op` for `head_dim` and `masks`: the family's, else compiled
@@ -671,7 +672,8 @@ impl Runner {
     }
 
     /// The forward in f16 (where the device has SHADER_F16) and bf16: per row (f16) and
-    /// flash candidate 0 and the planned configuration, each that fits the device.
+    /// flash candidate 0 and the planned configuration, each that fits the device, and in
+    /// f16 every cooperative-matrix configuration where the device has them.
     fn half(&mut self, gpu: &Gpu, head_dim: u32, masks: Masks) -> Result<&HalfSet, Error> {
         if let Some(at) = self
             .half
@@ -680,13 +682,17 @@ impl Runner {
         {
             return Ok(&self.half[at].2);
         }
-        let planned = self.backward.table.forward(gpu, head_dim);
-        let mut configs = vec![tuning::forward_candidates(head_dim)[0]];
-        configs.extend(planned.filter(|p| *p != configs[0]));
         let mut set = Vec::new();
         for dtype in [Dtype::F16, Dtype::Bf16] {
             if dtype == Dtype::F16 && !gpu.has_f16() {
                 continue;
+            }
+            let planned = self.backward.table.forward_in(gpu, head_dim, dtype);
+            let mut configs = vec![tuning::forward_candidates(head_dim)[0]];
+            configs.extend(planned.filter(|p| *p != configs[0]));
+            if dtype == Dtype::F16 {
+                let coop = tuning::coop_candidates(gpu, head_dim);
+                configs.extend(coop.into_iter().filter(|c| Some(*c) != planned));
             }
             let name = tuning::family_name("attention_forward", head_dim);
             if dtype == Dtype::F16 {
@@ -700,10 +706,13 @@ impl Runner {
                 ));
             }
             for config in &configs {
-                let abi = compile(&KernelSpec {
-                    dtype,
-                    ..KernelSpec::flash(&name, Op::Forward, head_dim, masks, *config)
-                })?;
+                let abi =
+                    tuning::flash_forward_in(head_dim, masks, *config, dtype).map_err(|e| {
+                        Error::Pipeline {
+                            kernel: format!("forward flash {} {}", config.label(), dtype.name()),
+                            message: e.to_string(),
+                        }
+                    })?;
                 if tuning::fits(gpu, &abi) {
                     let mut label = format!("forward flash {} {}", config.label(), dtype.name());
                     if planned == Some(*config) {
@@ -886,12 +895,12 @@ pub fn run_case(gpu: &Gpu, runner: &mut Runner, case: &Case, seed: u64) -> Resul
             let mods = ModData::new(case.mods, h, batch, 1, seed);
             let masks = mods.mods().masks(false, false);
             let shape = (batch, cache_len, capacity);
-            let split = runner.split(gpu, h.head_dim, masks, Cache::Contiguous)?;
+            let split = runner.split(gpu, h.head_dim, masks, (Cache::Contiguous, Dtype::F32))?;
             let plain_planned = split_plan(split, h, batch, cache_len) == DecodePath::Plain;
             let kernel = runner.per_row(gpu, Op::Decode, h.head_dim, masks)?;
             let verdicts = run_decode(gpu, Decoder::Plain(kernel), h, shape, &mods, seed)?;
             let mut rows = vec![row(&planned(kernel.name(), plain_planned), verdicts)];
-            let split = runner.split(gpu, h.head_dim, masks, Cache::Contiguous)?;
+            let split = runner.split(gpu, h.head_dim, masks, (Cache::Contiguous, Dtype::F32))?;
             // The rule's slicing, then the longest slice the kernel holds.
             for slice_len in [None, Some(split.max_slice())] {
                 let decoder = Decoder::Split(split, slice_len);
@@ -904,9 +913,19 @@ pub fn run_case(gpu: &Gpu, runner: &mut Runner, case: &Case, seed: u64) -> Resul
             }
             // A paged cache: pages of 16 keys (vLLM's default) and of 7, which no key tile
             // or slice lines up with, shuffled through the pool.
-            let paged = runner.split(gpu, h.head_dim, masks, Cache::Paged)?;
+            let paged = runner.split(gpu, h.head_dim, masks, (Cache::Paged, Dtype::F32))?;
             for page_size in [16, 7] {
                 let decoder = Decoder::Paged(paged, page_size);
+                let verdicts = run_decode(gpu, decoder, h, shape, &mods, seed)?;
+                rows.push(row(&decoder.label(cache_len, h, batch), verdicts));
+            }
+            // The cache, the query and O in half precision (the rule's slicing).
+            for dtype in [Dtype::F16, Dtype::Bf16] {
+                if dtype == Dtype::F16 && !gpu.has_f16() {
+                    continue;
+                }
+                let half = runner.split(gpu, h.head_dim, masks, (Cache::Contiguous, dtype))?;
+                let decoder = Decoder::Split(half, None);
                 let verdicts = run_decode(gpu, decoder, h, shape, &mods, seed)?;
                 rows.push(row(&decoder.label(cache_len, h, batch), verdicts));
             }
@@ -1020,7 +1039,7 @@ impl Job {
                 &p,
                 [&q, &k, &v],
                 &out.o,
-                &out.lse,
+                Some(&out.lse),
                 dtype,
             ));
         }
@@ -1207,8 +1226,13 @@ impl Decoder<'_> {
                     (None, DecodePath::Split(planned)) => planned,
                     (None, DecodePath::Plain) => s.slicing_of(h, batch, cache_len),
                 };
+                let dtype = match s.reduce_kernel().abi().scalar("o") {
+                    attn_dsl::Scalar::F16 => " f16",
+                    attn_dsl::Scalar::Bf16 => " bf16",
+                    _ => "",
+                };
                 format!(
-                    "{} split {}x{}",
+                    "{} split {}x{}{dtype}",
                     s.split_kernel().name(),
                     slicing.n_slices,
                     slicing.slice_len,
@@ -1228,6 +1252,12 @@ fn run_decode(
 ) -> Result<Vec<(&'static str, Verdict)>, Error> {
     let [q, k, v, _] = qkv(h, batch * capacity, seed);
     let q = q[..(batch * h.n_heads * h.head_dim) as usize].to_vec();
+    // A half-precision decode is judged on the inputs it reads: rounded to its dtype.
+    let dtype = match decoder {
+        Decoder::Split(s, _) | Decoder::Paged(s, _) => s.reduce_kernel().abi().scalar("o"),
+        Decoder::Plain(k) => k.abi().scalar("o"),
+    };
+    let [q, k, v] = [q, k, v].map(|x| crate::buffers::rounded(&x, dtype));
     let input = DecodeInput {
         batch,
         cache_len,
@@ -1268,6 +1298,9 @@ fn run_decode(
         q_pos: cache_len as usize - 1,
         ..problem(h, batch, [1, cache_len], false, None)
     };
+    if dtype != attn_dsl::Scalar::F32 {
+        return Ok(judge_half_attention(&p, [&q, &k, &v], &o, None, dtype));
+    }
     Ok(judge_attention(&p, [&q, &k, &v], &o, None))
 }
 

@@ -6,7 +6,7 @@
 //! (slice, KV head, sequence) a workgroup, so the cache is read by hundreds of workgroups at
 //! once, each reading its slice of K and V once for the query heads of its KV head.
 
-use attn_dsl::{Cache, Grid, KernelAbi, KernelSpec, Major, Masks, Op, Source, WriteMode};
+use attn_dsl::{Cache, Dtype, Grid, KernelAbi, KernelSpec, Major, Masks, Op, Source, WriteMode};
 
 use crate::attention::{
     DecodeInput, Heads, binding_size, checked_grid, expect_op, length, modified_uniforms,
@@ -128,14 +128,41 @@ impl SplitDecode {
         masks: Masks,
         cache: Cache,
     ) -> Result<SplitDecode, Error> {
+        SplitDecode::for_shape_in_async(gpu, head_dim, masks, cache, Dtype::F32).await
+    }
+
+    /// [`SplitDecode::for_shape`] with the query, the cache and O in `dtype` (f16 needs
+    /// SHADER_F16): half the bytes of K and V to read per step.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn for_shape_in(
+        gpu: &Gpu,
+        head_dim: u32,
+        masks: Masks,
+        cache: Cache,
+        dtype: Dtype,
+    ) -> Result<SplitDecode, Error> {
+        pollster::block_on(SplitDecode::for_shape_in_async(
+            gpu, head_dim, masks, cache, dtype,
+        ))
+    }
+
+    /// [`SplitDecode::for_shape_in`] for an async caller (the browser).
+    pub async fn for_shape_in_async(
+        gpu: &Gpu,
+        head_dim: u32,
+        masks: Masks,
+        cache: Cache,
+        dtype: Dtype,
+    ) -> Result<SplitDecode, Error> {
         let family = match cache {
             Cache::Contiguous => &crate::kernels::DECODE_SPLIT,
             Cache::Paged => &crate::kernels::DECODE_SPLIT_PAGED,
         };
-        if let Some((s, r)) = family
+        // The family's kernels are f32.
+        let found = family
             .iter()
-            .find(|(s, _)| s.head_dim == head_dim && s.masks == masks)
-        {
+            .find(|(s, _)| s.head_dim == head_dim && s.masks == masks);
+        if let (Some((s, r)), Dtype::F32) = (found, dtype) {
             return SplitDecode::new_async(gpu, s, r).await;
         }
         let base = match cache {
@@ -145,11 +172,13 @@ impl SplitDecode {
         let name = crate::tuning::family_name(base, head_dim);
         let split = compile(&KernelSpec {
             cache,
+            dtype,
             ..split_spec(&name, head_dim, masks, attn_dsl::emit::MAX_SPLIT_HEADS)
         })?;
         let name = crate::tuning::family_name("attention_decode_reduce", head_dim);
         let reduce = compile(&KernelSpec {
             source: Source::Scratch,
+            dtype,
             ..KernelSpec::standard(&name, Op::DecodeReduce, head_dim, Masks::default())
         })?;
         SplitDecode::new_async(gpu, &split, &reduce).await
@@ -206,7 +235,8 @@ impl SplitDecode {
     ) -> Result<Vec<f32>, Error> {
         let prepared = self.prepare(gpu, input, None, slice_len)?;
         submit_steps(gpu, &prepared.steps(self))?;
-        buffers::read_async(gpu, &prepared.o, prepared.o_len).await
+        let o = self.reduce.abi().scalar("o");
+        buffers::read_as_async(gpu, &prepared.o, prepared.o_len, o).await
     }
 
     /// [`SplitDecode::run`] on a paged cache (kernels described with `cache: paged`).
@@ -231,7 +261,8 @@ impl SplitDecode {
     ) -> Result<Vec<f32>, Error> {
         let prepared = self.prepare(gpu, input, Some(pages), slice_len)?;
         submit_steps(gpu, &prepared.steps(self))?;
-        buffers::read_async(gpu, &prepared.o, prepared.o_len).await
+        let o = self.reduce.abi().scalar("o");
+        buffers::read_as_async(gpu, &prepared.o, prepared.o_len, o).await
     }
 
     /// Whether the split kernel reads a paged cache.
@@ -302,12 +333,12 @@ impl SplitDecode {
         let (dims, params) = modified_uniforms(gpu, split, &dims, input.scale, h, &input.mods)?;
         let o_len = input.q.len();
         Ok(Prepared {
-            q: buffers::storage(gpu, "q", input.q),
-            k: buffers::storage(gpu, "k_cache", input.k_cache),
-            v: buffers::storage(gpu, "v_cache", input.v_cache),
+            q: buffers::storage_as(gpu, "q", input.q, split.scalar("q")),
+            k: buffers::storage_as(gpu, "k_cache", input.k_cache, split.scalar("k_cache")),
+            v: buffers::storage_as(gpu, "v_cache", input.v_cache, split.scalar("v_cache")),
             part_o: buffers::output::<f32>(gpu, "part_o", parts * h.head_dim as usize),
             part_ml: buffers::output::<f32>(gpu, "part_ml", 2 * parts),
-            o: buffers::output::<f32>(gpu, "o", o_len),
+            o: buffers::output_as(gpu, "o", o_len, reduce.scalar("o")),
             o_len,
             dims,
             params,

@@ -10,8 +10,9 @@ pub enum Error {
     Device(#[from] crate::gpu::DeviceError),
     #[error(
         "kernel `{kernel}` needs a feature that {adapter} lacks (SUBGROUP for `subgroups = true`, \
-         SHADER_FLOAT32_ATOMIC for an f32 scatter, SHADER_F16 for `dtype: f16`); use a \
-         configuration without it (bf16 needs no feature)"
+         SHADER_FLOAT32_ATOMIC for an f32 scatter, SHADER_F16 for `dtype: f16`, \
+         EXPERIMENTAL_COOPERATIVE_MATRIX with f16 16x16x16 products and subgroups of 32 for \
+         `matrix = coop16`); use a configuration without it (bf16 needs no feature)"
     )]
     Feature { kernel: String, adapter: String },
     #[error("creating the pipeline of kernel `{kernel}` failed: {message}")]

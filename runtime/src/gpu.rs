@@ -130,6 +130,8 @@ pub struct Gpu {
     info: wgpu::AdapterInfo,
     limits: wgpu::Limits,
     features: wgpu::Features,
+    /// Whether `matrix = coop16` kernels run here (see [`coop16_capable`]).
+    coop16: bool,
     runtime_checks: bool,
 }
 
@@ -205,11 +207,17 @@ impl Gpu {
         self.features.contains(wgpu::Features::SUBGROUP)
     }
 
+    /// Whether kernels with cooperative-matrix products (`matrix = coop16`) can run here.
+    pub fn has_coop16(&self) -> bool {
+        self.coop16
+    }
+
     /// Whether the device has every feature `abi` needs.
     pub fn supports(&self, abi: &KernelAbi) -> bool {
         (!abi.f32_atomics || self.has_f32_atomics())
             && (!abi.grid.uses_subgroups() || self.has_subgroups())
             && (!abi.uses_f16() || self.has_f16())
+            && (!abi.grid.uses_coop() || self.has_coop16())
     }
 
     /// The optional features the device has, for reports.
@@ -222,6 +230,7 @@ impl Gpu {
             (self.has_f32_atomics(), "f32 atomics".to_string()),
             (self.has_subgroups(), subgroups),
             (self.has_f16(), "f16".to_string()),
+            (self.has_coop16(), "cooperative matrices".to_string()),
             (self.has_timestamps(), "timestamps".to_string()),
         ]
         .into_iter()
@@ -259,13 +268,42 @@ const OPTIONAL_FEATURES: wgpu::Features = wgpu::Features::SHADER_FLOAT32_ATOMIC
     .union(wgpu::Features::SUBGROUP)
     .union(wgpu::Features::SHADER_F16);
 
+/// Whether `matrix = coop16` kernels can run on `adapter`: cooperative matrices with the
+/// product they use (16x16x16, f16 operands, f32 accumulators), f16 and subgroups, and
+/// subgroups of exactly 32 invocations, the layout the kernels assume.
+fn coop16_capable(adapter: &wgpu::Adapter) -> bool {
+    use wgpu::wgt::CooperativeScalarType as T;
+    let needed = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
+        | wgpu::Features::SHADER_F16
+        | wgpu::Features::SUBGROUP;
+    let info = adapter.get_info();
+    adapter.features().contains(needed)
+        && (info.subgroup_min_size, info.subgroup_max_size) == (32, 32)
+        && adapter.cooperative_matrix_properties().iter().any(|p| {
+            (p.m_size, p.n_size, p.k_size) == (16, 16, 16)
+                && p.ab_type == T::F16
+                && p.cr_type == T::F32
+        })
+}
+
 async fn request(adapter: wgpu::Adapter, limits: wgpu::Limits) -> Result<Gpu, DeviceError> {
     let info = adapter.get_info();
-    let features = adapter.features() & OPTIONAL_FEATURES;
+    let coop16 = coop16_capable(&adapter);
+    let mut features = adapter.features() & OPTIONAL_FEATURES;
+    if coop16 {
+        features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+    }
     let desc = wgpu::DeviceDescriptor {
         label: Some("attn runtime"),
         required_features: features,
         required_limits: limits.clone(),
+        // SAFETY: the one experimental feature taken is cooperative matrices, used only by
+        // `matrix = coop16` kernels, which naga validated and which run only where
+        // `coop16_capable` found the exact product they use.
+        experimental_features: match coop16 {
+            true => unsafe { wgpu::ExperimentalFeatures::enabled() },
+            false => wgpu::ExperimentalFeatures::disabled(),
+        },
         ..Default::default()
     };
     let (device, queue) =
@@ -282,6 +320,7 @@ async fn request(adapter: wgpu::Adapter, limits: wgpu::Limits) -> Result<Gpu, De
         info,
         limits,
         features,
+        coop16,
         runtime_checks: true,
     })
 }

@@ -431,6 +431,26 @@ attention_kernel! {
 }
 
 attention_kernel! {
+    /// Flash forward on tensor cores, head_dim 128, f16: Q·Kᵀ and P·V as 16x16x16
+    /// cooperative-matrix products (f32 accumulators), two subgroups of 32 per 16 query
+    /// rows (splitting the block's keys, then head_dim), 32 keys per block. Needs EXPERIMENTAL_COOPERATIVE_MATRIX with f16 x f16 -> f32
+    /// at 16x16x16, SHADER_F16, and subgroups of exactly 32 (`Gpu::has_coop16`); the
+    /// runtime plans it for f16 forwards where the device has them
+    /// (`tuning::Table::forward_in`).
+    pub attention_forward_flash_tc_d128 {
+        op: forward,
+        grid: s_major(tile = 64, key_tile = 32, rows_per_thread = 16, matrix = coop16),
+        head_dim: 128,
+        gqa: any,
+        masks: [causal, document],
+        target: native(workgroup_storage = 32276),
+        workgroup_size: 256,
+        dtype: f16,
+        writes: { o: owned, lse: owned },
+    }
+}
+
+attention_kernel! {
     /// Tiled recompute split, dQ half, head_dim 64: query tiles with Q and dO staged, K and
     /// V staged a block of keys at a time (candidate 0 of the backward configurations).
     pub attention_backward_dq_flash {

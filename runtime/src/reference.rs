@@ -256,6 +256,18 @@ fn recomputed_probabilities<T: Float>(
 
 /// `softmax(scale · q kᵀ) v` row by row, in `T`, for every sequence of the batch.
 pub fn attention<T: Real>(p: &Problem, q: &[T], k: &[T], v: &[T]) -> Attention<T> {
+    attention_rounding_p(p, q, k, v, &|x| x)
+}
+
+/// [`attention`] with each softmax probability passed through `round_p` before P·V: what
+/// a framework in half precision does (P rounded to half, then an f32-accumulated product).
+pub fn attention_rounding_p<T: Real>(
+    p: &Problem,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    round_p: &(dyn Fn(T) -> T + Sync),
+) -> Attention<T> {
     let mut out = Attention {
         o: Vec::new(),
         lse: Vec::new(),
@@ -267,6 +279,7 @@ pub fn attention<T: Real>(p: &Problem, q: &[T], k: &[T], v: &[T]) -> Attention<T
             &q[qb..][..p.q_len()],
             &k[kb..][..p.kv_len()],
             &v[kb..][..p.kv_len()],
+            round_p,
         );
         out.o.extend(one.o);
         out.lse.extend(one.lse);
@@ -274,7 +287,13 @@ pub fn attention<T: Real>(p: &Problem, q: &[T], k: &[T], v: &[T]) -> Attention<T
     out
 }
 
-fn attention_one<T: Real>(p: &Problem, q: &[T], k: &[T], v: &[T]) -> Attention<T> {
+fn attention_one<T: Real>(
+    p: &Problem,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    round_p: &(dyn Fn(T) -> T + Sync),
+) -> Attention<T> {
     let d = p.head_dim;
     let mut o = vec![T::zero(); p.n_q * p.n_heads * d];
     let mut lse = vec![T::zero(); p.n_q * p.n_heads];
@@ -289,7 +308,7 @@ fn attention_one<T: Real>(p: &Problem, q: &[T], k: &[T], v: &[T]) -> Attention<T
             out.copy_from_slice(&pairwise_rows(
                 p.n_k,
                 d,
-                &|j| probs[j] * p.keep(s, h, j),
+                &|j| round_p(probs[j]) * p.keep(s, h, j),
                 &|j| p.kv_row(v, j, h),
             ));
         });

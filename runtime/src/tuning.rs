@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use attn_dsl::row_layer::RowSums;
-use attn_dsl::{DslError, FlashConfig, KernelAbi, KernelSpec, Masks, Op};
+use attn_dsl::{DslError, Dtype, FlashConfig, KernelAbi, KernelSpec, Masks, Op};
 use serde::{Deserialize, Serialize};
 
 use crate::gpu::Gpu;
@@ -324,6 +324,46 @@ impl Table {
         });
         tuned.or(portable)
     }
+
+    /// The forward's configuration for `head_dim` in `dtype`: in f16 on a device with
+    /// cooperative matrices, the first `coop16` configuration that fits it (tensor cores
+    /// run f16 products several times faster than any scalar layout); otherwise
+    /// [`Table::forward`].
+    pub fn forward_in(&self, gpu: &Gpu, head_dim: u32, dtype: Dtype) -> Option<FlashConfig> {
+        let coop = (dtype == Dtype::F16 && gpu.has_coop16())
+            .then(|| coop_candidates(gpu, head_dim).into_iter().next())
+            .flatten();
+        coop.or_else(|| self.forward(gpu, head_dim))
+    }
+}
+
+/// The cooperative-matrix forward configurations for `head_dim` that fit `gpu`'s
+/// workgroup memory, best first (empty without cooperative matrices).
+pub fn coop_candidates(gpu: &Gpu, head_dim: u32) -> Vec<FlashConfig> {
+    match gpu.has_coop16() {
+        true => attn_dsl::configs::coop_forward(
+            head_dim,
+            gpu.limits().max_compute_workgroup_storage_size,
+        ),
+        false => Vec::new(),
+    }
+}
+
+/// The flash forward for `head_dim`, `masks` and `config` with data tensors in `dtype`,
+/// compiled now.
+pub fn flash_forward_in(
+    head_dim: u32,
+    masks: Masks,
+    config: FlashConfig,
+    dtype: Dtype,
+) -> Result<KernelAbi, DslError> {
+    let name = family_name("attention_forward_flash", head_dim);
+    let mut spec = KernelSpec {
+        dtype,
+        ..KernelSpec::flash(&name, Op::Forward, head_dim, masks, config)
+    };
+    spec.fit_target();
+    attn_dsl::compile(&spec)
 }
 
 #[cfg(test)]
@@ -430,6 +470,31 @@ mod tests {
     }
 
     #[test]
+    fn family_tensor_core_forward_is_the_first_coop_candidate() {
+        let first =
+            attn_dsl::configs::coop_forward(128, attn_dsl::configs::CANDIDATE_WORKGROUP_BYTES)[0];
+        assert_eq!(first.label(), "64x32/16@256+tc");
+        let mut spec = KernelSpec {
+            dtype: Dtype::F16,
+            ..KernelSpec::flash(
+                "attention_forward_flash_tc_d128",
+                Op::Forward,
+                128,
+                Masks::new(true, true),
+                first,
+            )
+        };
+        spec.fit_target();
+        let compiled = attn_dsl::compile(&spec).unwrap();
+        assert_eq!(
+            &compiled,
+            &crate::kernels::attention_forward_flash_tc_d128::ABI
+        );
+        // Labels round-trip, so a tuning table can name the configuration.
+        assert_eq!(FlashConfig::from_label(&first.label()), Some(first));
+    }
+
+    #[test]
     fn family_subgroup_forward_is_a_candidate() {
         let masks = Masks::new(true, true);
         let sg = FlashConfig {
@@ -438,6 +503,7 @@ mod tests {
             rows_per_thread: 4,
             workgroup_size: 128,
             subgroups: true,
+            matrix: attn_dsl::Matrix::Scalar,
         };
         assert!(forward_candidates(64).contains(&sg));
         let spec = KernelSpec::flash("attention_forward_flash_sg", Op::Forward, 64, masks, sg);

@@ -191,6 +191,7 @@ fn subgroup_forward_shuffles_only_where_subgroups_hold_a_row_group() {
             rows_per_thread: rows,
             workgroup_size: wg,
             subgroups: true,
+            matrix: attn_dsl::Matrix::Scalar,
         };
         let label = config.label();
         let tx = wg / (tile / rows);
@@ -264,4 +265,21 @@ fn forward_is_right(gpu: &Gpu, abi: &attn_dsl::KernelAbi) -> bool {
     judge_attention(&p, [&q, &k, &v], &out.o, Some(&out.lse))
         .iter()
         .all(|(_, v)| v.pass())
+}
+
+/// The tensor-core forward needs cooperative matrices (lavapipe has none): elsewhere its
+/// creation is refused with the feature to look for; where they exist `check` proves it.
+#[test]
+fn tensor_core_forward_is_refused_without_cooperative_matrices() {
+    let gpu = gpu();
+    let abi = &kernels::attention_forward_flash_tc_d128::ABI;
+    let made = Kernel::new(&gpu, abi);
+    match gpu.has_coop16() {
+        true => assert!(made.is_ok(), "{:?}", made.err()),
+        false => {
+            let err = made.err().expect("refused").to_string();
+            assert!(err.contains("matrix = coop16"), "{err}");
+            assert!(err.contains("EXPERIMENTAL_COOPERATIVE_MATRIX"), "{err}");
+        }
+    }
 }

@@ -93,6 +93,7 @@ pub(super) fn constants(out: &mut String, spec: &KernelSpec) {
 }
 
 pub(super) fn body(out: &mut String, spec: &KernelSpec) {
+    super::dtype::vec4_codec(out, spec.dtype);
     out.push_str(REDUCE4);
     match spec.op {
         Op::DecodeSplit => split(out, spec),
@@ -245,7 +246,7 @@ fn q4_index(h: u32) -> u32 {{
 fn fetch_k(j: u32, hi: u32, c: u32, kv_h: u32) -> vec4<f32> {{
     var x = vec4<f32>(0.0);
     if (j < hi) {{
-        x = k_cache[kv4_index(j, kv_h) + c];
+        x = widen4(k_cache[kv4_index(j, kv_h) + c]);
     }}
     return x;
 }}
@@ -253,7 +254,7 @@ fn fetch_k(j: u32, hi: u32, c: u32, kv_h: u32) -> vec4<f32> {{
 fn fetch_v(j: u32, hi: u32, c: u32, kv_h: u32) -> vec4<f32> {{
     var x = vec4<f32>(0.0);
     if (j < hi) {{
-        x = v_cache[kv4_index(j, kv_h) + c];
+        x = widen4(v_cache[kv4_index(j, kv_h) + c]);
     }}
     return x;
 }}
@@ -300,7 +301,7 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         let hq = i / V4;
         var x = vec4<f32>(0.0);
         if (hq < n_here) {{
-            x = q[q4_index(head0 + hq) + i % V4];
+            x = widen4(q[q4_index(head0 + hq) + i % V4]);
         }}
         sh_q[i] = x;
     }}
@@ -405,7 +406,7 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         if (l != 0.0) {{
             result = sum / l;
         }}
-        o[o4_index(h) + tid] = result;
+        o[o4_index(h) + tid] = narrow4(result);
     }}
 }}
 "#

@@ -59,6 +59,39 @@ pub(super) fn accessors(out: &mut String, spec: &KernelSpec, loads: &[(&str, &st
     stores(out, spec.dtype);
 }
 
+/// `widen4(x) -> vec4<f32>` and `narrow4(x: vec4<f32>)`: an element of an `Elem::Data4`
+/// tensor (four values) to and from f32, for kernels that move data four at a time.
+pub(super) fn vec4_codec(out: &mut String, dtype: Dtype) {
+    let (t, widen, narrow) = match dtype {
+        Dtype::F32 => ("vec4<f32>", "x", "x"),
+        Dtype::F16 => ("vec4<f16>", "vec4<f32>(x)", "vec4<f16>(x)"),
+        Dtype::Bf16 => (
+            "vec2<u32>",
+            "bitcast<vec4<f32>>(vec4<u32>(x.x << 16u, x.x & 0xffff0000u, x.y << 16u, x.y & 0xffff0000u))",
+            "vec2<u32>(bf16_bits(x.x) | (bf16_bits(x.y) << 16u), bf16_bits(x.z) | (bf16_bits(x.w) << 16u))",
+        ),
+    };
+    if dtype == Dtype::Bf16 {
+        out.push_str(BF16_BITS);
+    }
+    let _ = write!(
+        out,
+        "fn widen4(x: {t}) -> vec4<f32> {{\n    return {widen};\n}}\n\n\
+         fn narrow4(x: vec4<f32>) -> {t} {{\n    return {narrow};\n}}\n\n"
+    );
+}
+
+const BF16_BITS: &str = r#"// Round to nearest even; a NaN keeps a mantissa bit so that it stays NaN.
+fn bf16_bits(x: f32) -> u32 {
+    let b = bitcast<u32>(x);
+    if ((b & 0x7fffffffu) > 0x7f800000u) {
+        return (b >> 16u) | 0x40u;
+    }
+    return (b + 0x7fffu + ((b >> 16u) & 1u)) >> 16u;
+}
+
+"#;
+
 fn stores(out: &mut String, dtype: Dtype) {
     match dtype {
         Dtype::F32 => out.push_str(
@@ -70,23 +103,17 @@ fn stores(out: &mut String, dtype: Dtype) {
             "fn store_out(i: u32, x: f32) {\n    o[i >> 2u][i & 3u] = f16(x);\n}\n\n\
              fn store_out4(i: u32, x: vec4<f32>) {\n    o[i >> 2u] = vec4<f16>(x);\n}\n\n",
         ),
-        Dtype::Bf16 => out.push_str(
-            r#"// Round to nearest even; a NaN keeps a mantissa bit so that it stays NaN.
-fn bf16_bits(x: f32) -> u32 {
-    let b = bitcast<u32>(x);
-    if ((b & 0x7fffffffu) > 0x7f800000u) {
-        return (b >> 16u) | 0x40u;
-    }
-    return (b + 0x7fffu + ((b >> 16u) & 1u)) >> 16u;
-}
-
-// `i` is a multiple of 4: the vec4 fills two whole words.
+        Dtype::Bf16 => {
+            out.push_str(BF16_BITS);
+            out.push_str(
+                r#"// `i` is a multiple of 4: the vec4 fills two whole words.
 fn store_out4(i: u32, x: vec4<f32>) {
     o[i >> 1u] = bf16_bits(x.x) | (bf16_bits(x.y) << 16u);
     o[(i >> 1u) + 1u] = bf16_bits(x.z) | (bf16_bits(x.w) << 16u);
 }
 
 "#,
-        ),
+            );
+        }
     }
 }

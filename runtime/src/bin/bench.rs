@@ -74,7 +74,8 @@ struct Args {
     /// head_dim to this tuning table. Point ATTN_TUNING at it to use it.
     #[arg(long, value_name = "PATH")]
     tune: Option<std::path::PathBuf>,
-    /// Time only the forward kernels or only the backward schedules.
+    /// Time only the forward kernels, only the backward schedules, or only the
+    /// half-precision (f16, bf16) forwards.
     #[arg(long, value_enum)]
     only: Option<Only>,
 }
@@ -83,6 +84,7 @@ struct Args {
 enum Only {
     Forward,
     Backward,
+    Half,
 }
 
 fn main() -> ExitCode {
@@ -169,6 +171,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         None => bench::Parts::All,
         Some(Only::Forward) => bench::Parts::Forward,
         Some(Only::Backward) => bench::Parts::Backward,
+        Some(Only::Half) => bench::Parts::Half,
     };
     let mut gpu = Gpu::new(kernels::FAMILY.iter().copied())?;
     if args.unchecked {

@@ -25,7 +25,7 @@ use runtime::{Gpu, kernels, layernorm};
 #[command(name = "check")]
 struct Args {
     /// Run only cases whose kind, shape or masks contain this text (e.g. `decode`,
-    /// `backward`, `seq=300`).
+    /// `backward`, `seq=300`); several words must each appear (`"forward seq=300"`).
     #[arg(long)]
     filter: Option<String>,
     /// Seed for the random inputs.
@@ -218,10 +218,12 @@ fn layernorm_rows(gpu: &Gpu, args: &Args) -> anyhow::Result<(u32, u32)> {
     Ok((passed, failed))
 }
 
+/// Every word of `filter` is in the case's kind, shape or masks.
 fn matches(c: &Case, filter: &str) -> bool {
-    [c.kind().to_string(), c.shape_label(), c.mask_label()]
-        .iter()
-        .any(|s| s.contains(filter))
+    let fields = [c.kind().to_string(), c.shape_label(), c.mask_label()];
+    filter
+        .split_whitespace()
+        .all(|word| fields.iter().any(|s| s.contains(word)))
 }
 
 fn print_row(r: &Row) {

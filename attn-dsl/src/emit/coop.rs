@@ -1,0 +1,539 @@
+//! The flash forward on cooperative matrices (tensor cores): S = Q·Kᵀ and O += P·V are
+//! 16x16x16 products of f16 operands into f32 accumulators, one subgroup of 32 invocations
+//! per 16 query rows; the softmax between them runs on S in workgroup memory, two
+//! invocations per row.
+//!
+//! A cooperative matrix has no element access, so O cannot be rescaled row by row in
+//! registers. The softmax therefore keeps a reference max per row and moves it only when a
+//! block's max passes it by more than `TAU` (FlashAttention-4's lazy rescale): P is then at
+//! most e^TAU, well inside f16, and the rare rescale goes through workgroup memory. The
+//! decision is workgroup-uniform (a flag in workgroup memory), so every barrier is a
+//! workgroup barrier.
+//!
+//! Workgroup memory: Q and each block's K and V as f16 rows of head_dim (padded by 8
+//! halves, so that 8 consecutive rows start on different banks; K and V over Q where Q
+//! lives in registers); S as f32 (each subgroup's 16 rows, reused for rescales and the
+//! output); P as f16.
+
+use std::fmt::Write;
+
+use crate::spec::KernelSpec;
+
+/// Rows of a cooperative matrix, and so of a subgroup's share of the tile.
+pub const FRAG: u32 = 16;
+/// Invocations per subgroup the layout assumes: the runtime runs the kernel only on
+/// adapters whose subgroups are exactly this size.
+pub const SUBGROUP: u32 = 32;
+
+/// The layout of a cooperative-matrix flash forward.
+#[derive(Clone, Copy, Debug)]
+pub struct CoopTiling {
+    /// Query rows per workgroup.
+    pub br: u32,
+    /// Keys per staged block.
+    pub bc: u32,
+    pub head_dim: u32,
+    /// Subgroups per 16 query rows (1 or 2): two split each block's keys in Q·Kᵀ and
+    /// head_dim in P·V, so each holds half the accumulators and a workgroup twice the
+    /// subgroups to hide latency with.
+    pub split: u32,
+}
+
+impl CoopTiling {
+    pub fn of(spec: &KernelSpec) -> Option<CoopTiling> {
+        let flash = spec.grid.flash?;
+        let per_split = spec.grid.tile / FRAG * SUBGROUP;
+        spec.grid.uses_coop().then_some(CoopTiling {
+            br: spec.grid.tile,
+            bc: flash.inner,
+            head_dim: spec.head_dim,
+            split: (spec.workgroup_size / per_split.max(1)).max(1),
+        })
+    }
+
+    /// Row strides, in elements, of the staged f16 rows, of S (f32) and of P (f16): each
+    /// a multiple of 8 elements, so that every 16x16 load starts 16-byte aligned.
+    fn strides(&self) -> (u32, u32, u32) {
+        (self.head_dim + 8, self.bc + 4, self.bc + 8)
+    }
+
+    /// Whether Q stays in workgroup memory, each subgroup reloading its fragments per
+    /// block, rather than in registers: wherever Q, K and V fit side by side within
+    /// [`crate::configs::CANDIDATE_WORKGROUP_BYTES`]. Measured on an H100 (seq 512,
+    /// 12 heads, head_dim 64), registers freed that way made the kernel 4.6x faster; at
+    /// head_dim 128 only 64x32 holds 64 more keys' rows beside Q's, and it keeps Q in
+    /// registers (1.25 ms against 64x16's 1.43 with Q in memory, seq 4096).
+    fn q_in_memory(&self) -> bool {
+        self.bytes_with(self.br + 2 * self.bc) <= crate::configs::CANDIDATE_WORKGROUP_BYTES
+    }
+
+    /// Rows the f16 staging area holds: Q, then K and V of a block; or, with Q in
+    /// registers, Q at the start and K and V over it once Q is loaded.
+    fn staged_rows(&self) -> u32 {
+        match self.q_in_memory() {
+            true => self.br + 2 * self.bc,
+            false => self.br.max(2 * self.bc),
+        }
+    }
+
+    /// The first staged rows of K and of V.
+    fn kv_rows(&self) -> (u32, u32) {
+        match self.q_in_memory() {
+            true => (self.br, self.br + self.bc),
+            false => (0, self.bc),
+        }
+    }
+
+    pub fn workgroup_size(&self) -> u32 {
+        self.br / FRAG * SUBGROUP * self.split
+    }
+
+    pub fn bytes(&self) -> u32 {
+        self.bytes_with(self.staged_rows())
+    }
+
+    /// Workgroup memory with `staged` f16 rows: the staging area, S, P, the tile's key
+    /// range and the rescale flag.
+    fn bytes_with(&self, staged: u32) -> u32 {
+        let (ks, ss, ps) = self.strides();
+        // The last two rows' terms: each row's rescale factor and sum (sh_c, sh_l).
+        2 * staged * ks + 4 * self.br * ss + 2 * self.br * ps + 16 + 4 + 8 * self.br
+    }
+
+    /// What is wrong with this layout under `spec` (its workgroup size, its rows per
+    /// thread: the rows of one subgroup), if anything.
+    pub fn problem(&self, spec: &KernelSpec) -> Option<String> {
+        let workgroup_size = spec.workgroup_size;
+        let rows = spec.grid.flash.map_or(0, |f| f.rows_per_thread);
+        let multiple = |what: &str, n: u32| {
+            (!n.is_multiple_of(FRAG) || n == 0).then(|| {
+                format!("cooperative-matrix products take {what} in multiples of {FRAG}, not {n}")
+            })
+        };
+        multiple("the tile", self.br)
+            .or_else(|| multiple("the key tile", self.bc))
+            .or_else(|| multiple("head_dim", self.head_dim))
+            .or_else(|| {
+                (rows != FRAG).then(|| {
+                    format!(
+                        "with cooperative matrices each subgroup owns {FRAG} query rows: use \
+                         rows_per_thread = {FRAG}, not {rows}"
+                    )
+                })
+            })
+            .or_else(|| {
+                let one = self.br / FRAG * SUBGROUP;
+                (workgroup_size != one && workgroup_size != 2 * one).then(|| {
+                    format!(
+                        "with cooperative matrices one or two subgroups of {SUBGROUP} \
+                         invocations own {FRAG} query rows: tile {} needs workgroup_size {one} \
+                         or {}, not {workgroup_size}",
+                        self.br,
+                        2 * one
+                    )
+                })
+            })
+            .or_else(|| {
+                let halves = |n: u32| (n / FRAG).is_multiple_of(self.split);
+                (!halves(self.bc) || !halves(self.head_dim)).then(|| {
+                    format!(
+                        "two subgroups per {FRAG} rows split the key tile and head_dim in \
+                         halves of whole {FRAG}-column fragments: key tile {} and head_dim {} \
+                         must be multiples of {}",
+                        self.bc,
+                        self.head_dim,
+                        2 * FRAG
+                    )
+                })
+            })
+    }
+}
+
+pub(super) fn directive(out: &mut String) {
+    out.push_str("enable wgpu_cooperative_matrix;\n\n");
+}
+
+pub(super) fn kernel(out: &mut String, spec: &KernelSpec, t: &CoopTiling) {
+    constants(out, t);
+    workgroup_memory(out, t);
+    fetch(out, "q", "q", "q_index(r, h)", "BR");
+    fetch(out, "k", "k", "kv_index(r, h)", "BC");
+    fetch(out, "v", "v", "kv_index(r, h)", "BC");
+    put(out);
+    super::flash::tile_key_range(out);
+    body(out, t);
+    entry(out, spec);
+}
+
+fn constants(out: &mut String, t: &CoopTiling) {
+    let (ks, ss, ps) = t.strides();
+    let _ = write!(
+        out,
+        "// Cooperative-matrix tiling: BR query rows per workgroup, {FRAG} per subgroup; BC keys\n\
+         // per staged block; row strides KS (staged f16 rows), SS (S, f32), PS (P, f16).\n\
+         const BR: u32 = {}u;\nconst BC: u32 = {}u;\n\
+         // Row groups of 16 query rows, and subgroups per row group.\n\
+         const NRG: u32 = {}u;\nconst SPLIT: u32 = {}u;\n\
+         const KS: u32 = {ks}u;\nconst SS: u32 = {ss}u;\nconst PS: u32 = {ps}u;\n\
+         // The first staged rows of K and of V.\nconst KB: u32 = {}u;\nconst VB: u32 = {}u;\n\
+         // The reference max moves only when a block's max passes it by more than TAU, so\n\
+         // P = exp(s - m) stays below e^TAU.\nconst TAU: f32 = 5.5;\n\n",
+        t.br,
+        t.bc,
+        t.br / FRAG,
+        t.split,
+        t.kv_rows().0,
+        t.kv_rows().1,
+    );
+}
+
+fn workgroup_memory(out: &mut String, t: &CoopTiling) {
+    let (ks, ss, ps) = t.strides();
+    let _ = write!(
+        out,
+        "// Q in rows 0..BR; the current block's K from row KB, V from row VB.\n\
+         var<workgroup> sh_kv: array<f16, {}>;\nvar<workgroup> sh_s: array<f32, {}>;\n\
+         var<workgroup> sh_p: array<f16, {}>;\nvar<workgroup> sh_range: vec4<u32>;\n\
+         // Each row's rescale factor in the current block, and its sum at the end.\n\
+         var<workgroup> sh_c: array<f32, BR>;\nvar<workgroup> sh_l: array<f32, BR>;\n\
+         // Nonzero when some row of the tile moved its reference max in this block.\n\
+         var<workgroup> sh_rescale: atomic<u32>;\n\n",
+        t.staged_rows() * ks,
+        t.br * ss,
+        t.br * ps,
+    );
+}
+
+/// `fetch_{name}(r0, h, e)`: vec4 `e` of `rows` rows of `tensor` from r0 (zeros past the
+/// sequence and past the block), into registers ahead of its store.
+fn fetch(out: &mut String, name: &str, tensor: &str, index: &str, rows: &str) {
+    let _ = write!(
+        out,
+        r#"fn fetch_{name}(r0: u32, h: u32, e: u32) -> vec4<f16> {{
+    let r = r0 + e / (HEAD_DIM / 4u);
+    var x = vec4<f16>(0.0);
+    if (e < {rows} * (HEAD_DIM / 4u) && r < dims.seq_len) {{
+        x = {tensor}[({index} + (e % (HEAD_DIM / 4u)) * 4u) >> 2u];
+    }}
+    return x;
+}}
+
+"#
+    );
+}
+
+/// `put(e, base, x)`: a fetched vec4 into staged row `base + e / (HEAD_DIM / 4)`.
+fn put(out: &mut String) {
+    // (Words of two halves, stored whole, would halve the stores, but NVIDIA's compiler
+    // refuses cooperative loads of f16 through a u32 pointer.)
+    let store = "sh_kv[at] = x.x;\n        sh_kv[at + 1u] = x.y;\n        sh_kv[at + 2u] = x.z;\n        sh_kv[at + 3u] = x.w;";
+    let _ = write!(
+        out,
+        r#"fn put(e: u32, base: u32, x: vec4<f16>) {{
+    if (e < BC * (HEAD_DIM / 4u)) {{
+        let at = (base + e / (HEAD_DIM / 4u)) * KS + (e % (HEAD_DIM / 4u)) * 4u;
+        {store}
+    }}
+}}
+
+fn stage_q(r0: u32, h: u32, tid: u32) {{
+    for (var e = tid; e < BR * (HEAD_DIM / 4u); e = e + WG) {{
+        let x = fetch_q(r0, h, e);
+        let at = e / (HEAD_DIM / 4u) * KS + (e % (HEAD_DIM / 4u)) * 4u;
+        {store}
+    }}
+}}
+
+"#
+    );
+}
+
+const A: &str = "coop_mat16x16<f16, A>";
+const B: &str = "coop_mat16x16<f16, B>";
+const C: &str = "coop_mat16x16<f32, C>";
+
+/// A pointer to staged half `i` (an expression in halves).
+fn staged(i: &str) -> String {
+    format!("&sh_kv[{i}]")
+}
+
+/// How the softmax spreads a block's S over the workgroup: rows per subgroup, invocations
+/// per row, keys per invocation.
+fn softmax_layout(t: &CoopTiling) -> (u32, u32, u32) {
+    let rows = FRAG / t.split;
+    let lanes = SUBGROUP / rows;
+    (rows, lanes, t.bc / lanes)
+}
+
+fn body(out: &mut String, t: &CoopTiling) {
+    let dk = t.head_dim / FRAG;
+    let (rows, lanes, keys) = softmax_layout(t);
+    let mut b = String::new();
+    b.push_str(
+        "fn flash_forward_coop(tile: u32, h: u32, tid: u32, sg: u32, lane: u32) {\n    \
+         let kv_h = kv_head(h);\n    let row0 = tile * BR;\n    \
+         // The subgroup's 16 rows (row group) and its half of their products, if split.\n    \
+         let rg = sg % NRG;\n    let part = sg / NRG;\n    \
+         if (tid == 0u) {\n        sh_range = tile_key_range(row0);\n    }\n    \
+         stage_q(row0, h, tid);\n    workgroupBarrier();\n",
+    );
+    if !t.q_in_memory() {
+        for k in 0..dk {
+            let _ = writeln!(b, "    let qa_{k} = {};", q_fragment(k));
+        }
+    }
+    for n in 0..dk / t.split {
+        let _ = writeln!(b, "    var o_{n} = {C}();");
+    }
+    // The softmax's rows: `lanes` invocations per row, each `keys` keys of a block.
+    let _ = write!(
+        b,
+        "    let r = sg * {rows}u + lane / {lanes}u;\n    let row = row0 + r;\n    \
+         let k0 = (lane % {lanes}u) * {keys}u;\n    var lo = 0u;\n    var hi = 0u;\n    \
+         if (row < dims.seq_len) {{\n        let range = key_range(row);\n        \
+         lo = range.x;\n        hi = range.y;\n    }}\n    var m = NEG_BIG;\n    var l = 0.0;\n    \
+         // The row of P·V's fragments this invocation rescales and stores.\n    \
+         let pr = rg * {FRAG}u + lane / 2u;\n    \
+         let range = workgroupUniformLoad(&sh_range);\n    \
+         let kt_end = (range.y + BC - 1u) / BC;\n    \
+         for (var kt = range.x / BC; kt < kt_end; kt = kt + 1u) {{\n        let j0 = kt * BC;\n        \
+         // The previous block is done with sh_kv, sh_s, sh_p and sh_c.\n        \
+         workgroupBarrier();\n        if (tid == 0u) {{\n            atomicStore(&sh_rescale, 0u);\n        }}\n"
+    );
+    stage_block(&mut b, t);
+    scores(&mut b, t);
+    softmax(&mut b, lanes, keys);
+    rescale(&mut b, dk / t.split);
+    accumulate(&mut b, t);
+    b.push_str("    }\n");
+    finish(&mut b, t, lanes);
+    out.push_str(&b);
+}
+
+/// Row group `rg`'s Q fragment `k` (head_dim columns 16k..16k + 16), from workgroup memory.
+fn q_fragment(k: u32) -> String {
+    format!(
+        "coopLoadT<{A}>({}, KS)",
+        staged(&format!("rg * {FRAG}u * KS + {}u", k * FRAG))
+    )
+}
+
+/// The block's K and V into workgroup memory: every load issued before any store, so
+/// that their latencies overlap. (Loading the next block during this one's products
+/// instead held 32 more registers and was 1.1-1.3x slower on an H100; a loop of
+/// load-store pairs was 1.9x slower.)
+fn stage_block(b: &mut String, t: &CoopTiling) {
+    let carried = (t.bc * t.head_dim / 4).div_ceil(t.workgroup_size());
+    for i in 0..carried {
+        let _ = writeln!(
+            b,
+            "        let pk_{i} = fetch_k(j0, kv_h, tid + {i}u * WG);\n        \
+             let pv_{i} = fetch_v(j0, kv_h, tid + {i}u * WG);"
+        );
+    }
+    for i in 0..carried {
+        let _ = writeln!(
+            b,
+            "        put(tid + {i}u * WG, KB, pk_{i});\n        put(tid + {i}u * WG, VB, pv_{i});"
+        );
+    }
+    b.push_str("        workgroupBarrier();\n");
+}
+
+/// Independent accumulation chains of each score fragment: a tensor core's f32 sums are
+/// not IEEE (products are aligned and truncated), so one chain over head_dim / 16 steps
+/// left the LSE at 0.89 of the pass bound on an H100 at head_dim 256 (seed 1); two
+/// chains, summed at the end, at most 0.64 over seeds 1-2 (four: 0.60 over seeds 1-3,
+/// for more registers), at the same speed.
+const SCORE_CHAINS: u32 = 2;
+
+/// S = Q·Kᵀ for the row group's 16 rows, the subgroup's share of the block's key
+/// fragments, into sh_s; then a barrier.
+fn scores(b: &mut String, t: &CoopTiling) {
+    let dk = t.head_dim / FRAG;
+    let chains = SCORE_CHAINS.min(dk);
+    let mine = t.bc / FRAG / t.split;
+    for n in 0..mine {
+        let _ = writeln!(b, "        let n{n} = (part * {mine}u + {n}u) * {FRAG}u;");
+        for c in 0..chains {
+            let _ = writeln!(b, "        var sm_{n}_{c} = {C}();");
+        }
+        for k in 0..dk {
+            let q = match t.q_in_memory() {
+                true => q_fragment(k),
+                false => format!("qa_{k}"),
+            };
+            let key = staged(&format!("(KB + n{n}) * KS + {}u", k * FRAG));
+            let acc = format!("sm_{n}_{}", k % chains);
+            let _ = writeln!(
+                b,
+                "        {acc} = coopMultiplyAdd({q}, coopLoad<{B}>({key}, KS), {acc});"
+            );
+        }
+        let _ = writeln!(
+            b,
+            "        coopStoreT({}, &sh_s[rg * {FRAG}u * SS + n{n}], SS);",
+            pairwise(
+                &(0..chains)
+                    .map(|c| format!("sm_{n}_{c}"))
+                    .collect::<Vec<_>>()
+            ),
+        );
+    }
+    b.push_str("        workgroupBarrier();\n");
+}
+
+/// `terms` summed in pairs: ((a + b) + (c + d)).
+fn pairwise(terms: &[String]) -> String {
+    match terms.len() {
+        1 => terms[0].clone(),
+        n => format!(
+            "({} + {})",
+            pairwise(&terms[..n / 2]),
+            pairwise(&terms[n / 2..])
+        ),
+    }
+}
+
+/// O += P·V for the row group's 16 rows, the subgroup's share of head_dim.
+fn accumulate(b: &mut String, t: &CoopTiling) {
+    let mine = t.head_dim / FRAG / t.split;
+    for k in 0..t.bc / FRAG {
+        let _ = writeln!(
+            b,
+            "        let pa_{k} = coopLoadT<{A}>(&sh_p[rg * {FRAG}u * PS + {}u], PS);",
+            k * FRAG
+        );
+        for n in 0..mine {
+            let value = staged(&format!(
+                "(VB + {}u) * KS + (part * {mine}u + {n}u) * {FRAG}u",
+                k * FRAG
+            ));
+            let _ = writeln!(
+                b,
+                "        o_{n} = coopMultiplyAdd(pa_{k}, coopLoadT<{B}>({value}, KS), o_{n});"
+            );
+        }
+    }
+}
+
+/// Row max or sum over the row's `lanes` invocations (consecutive lanes).
+fn row_reduce(x: &str, op: &str, lanes: u32) -> String {
+    let mut out = String::new();
+    let mut mask = 1;
+    while mask < lanes {
+        let shuffled = format!("subgroupShuffleXor({x}, {mask}u)");
+        let _ = writeln!(
+            out,
+            "        {x} = {};",
+            match op {
+                "max" => format!("max({x}, {shuffled})"),
+                _ => format!("{x} + {shuffled}"),
+            }
+        );
+        mask *= 2;
+    }
+    out
+}
+
+/// The invocation's share of a row of S: masked and modified scores, the lazy max, P into
+/// sh_p, the row's rescale factor into sh_c. Ends with the rescale flag read, a workgroup
+/// barrier that also publishes P and sh_c.
+fn softmax(b: &mut String, lanes: u32, keys: u32) {
+    for c in 0..keys {
+        let _ = writeln!(
+            b,
+            "        let j_{c} = j0 + k0 + {c}u;\n        \
+             let v_{c} = j_{c} >= lo && j_{c} < hi && key_visible(row, j_{c});\n        \
+             let s_{c} = select(NEG_BIG, score(row, h, j_{c}, sh_s[r * SS + k0 + {c}u]), v_{c});"
+        );
+    }
+    let max = (1..keys).fold("s_0".to_string(), |acc, c| format!("max({acc}, s_{c})"));
+    let _ = write!(
+        b,
+        "        var rm = {max};\n{}        \
+         // An empty row keeps NEG_BIG; a first visible key always moves it.\n        \
+         let moved = rm > m + TAU;\n        \
+         // O holds nothing to rescale before the row's first visible key.\n        \
+         let rescales = moved && m != NEG_BIG;\n        \
+         let mn = select(m, rm, moved);\n        let c = exp_f32(m - mn);\n        m = mn;\n        \
+         l = l * c;\n        if (rescales) {{\n            \
+         atomicStore(&sh_rescale, 1u);\n        }}\n        \
+         if (k0 == 0u) {{\n            sh_c[r] = c;\n        }}\n",
+        row_reduce("rm", "max", lanes)
+    );
+    for c in 0..keys {
+        let _ = writeln!(
+            b,
+            "        let p_{c} = select(0.0, exp_f32(s_{c} - m), v_{c});\n        l = l + p_{c};\n        \
+             sh_p[r * PS + k0 + {c}u] = f16(dropped(row, h, j_{c}, p_{c}));"
+        );
+    }
+}
+
+/// O *= c row by row, through the subgroup's 16x16 corner of sh_s, in a block where some
+/// row moved its reference max (rare: the max of a causal row settles within a few blocks).
+fn rescale(b: &mut String, frags: u32) {
+    b.push_str(
+        "        if (workgroupUniformLoad(&sh_rescale) != 0u) {\n            \
+         let cr = sh_c[pr];\n            let at = pr * SS + part * 16u + (lane % 2u) * 8u;\n",
+    );
+    for n in 0..frags {
+        let _ = write!(
+            b,
+            "            coopStoreT(o_{n}, &sh_s[rg * {FRAG}u * SS + part * 16u], SS);\n            \
+             workgroupBarrier();\n            \
+             for (var e = 0u; e < 8u; e = e + 1u) {{\n                \
+             sh_s[at + e] = sh_s[at + e] * cr;\n            \
+             }}\n            workgroupBarrier();\n            \
+             o_{n} = coopLoadT<{C}>(&sh_s[rg * {FRAG}u * SS + part * 16u], SS);\n            \
+             workgroupBarrier();\n"
+        );
+    }
+    b.push_str("        }\n");
+}
+
+/// O / l into the output through the subgroup's corner of sh_s, a 16-column fragment at a
+/// time, and the LSE.
+fn finish(b: &mut String, t: &CoopTiling, lanes: u32) {
+    let mine = t.head_dim / FRAG / t.split;
+    let _ = write!(
+        b,
+        "    var lt = l;\n{}    if (k0 == 0u) {{\n        sh_l[r] = lt;\n    }}\n    \
+         if (row < dims.seq_len && k0 == 0u) {{\n        store_lse(row, h, m, lt);\n    }}\n    \
+         workgroupBarrier();\n    var inv = 0.0;\n    if (sh_l[pr] != 0.0) {{\n        \
+         inv = 1.0 / sh_l[pr];\n    }}\n    let out_row = row0 + pr;\n    \
+         let base = q_index(out_row, h);\n    let c8 = (lane % 2u) * 8u;\n    \
+         let x = pr * SS + part * 16u + c8;\n",
+        row_reduce("lt", "sum", lanes).replace("        ", "    ")
+    );
+    for n in 0..mine {
+        let _ = write!(
+            b,
+            "    workgroupBarrier();\n    coopStoreT(o_{n}, &sh_s[rg * {FRAG}u * SS + part * 16u], SS);\n    \
+             workgroupBarrier();\n    if (out_row < dims.seq_len) {{\n        \
+             let col = (part * {mine}u + {n}u) * {FRAG}u + c8;\n        \
+             store_out4(base + col, vec4<f32>(sh_s[x], sh_s[x + 1u], sh_s[x + 2u], sh_s[x + 3u]) * inv);\n        \
+             store_out4(base + col + 4u, vec4<f32>(sh_s[x + 4u], sh_s[x + 5u], sh_s[x + 6u], sh_s[x + 7u]) * inv);\n    \
+             }}\n"
+        );
+    }
+    b.push_str("}\n\n");
+}
+
+/// Workgroup (x, y, z): query tile x of head y of sequence z. The layout assumes subgroups
+/// of exactly [`SUBGROUP`] invocations; the runtime refuses adapters whose subgroups may
+/// be any other size.
+fn entry(out: &mut String, spec: &KernelSpec) {
+    let _ = write!(
+        out,
+        r#"@compute @workgroup_size(WG)
+fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32,
+    @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {{
+    batch = wg.z;
+    flash_forward_coop(wg.x, wg.y, tid, sg, lane);
+}}
+"#,
+        name = spec.name
+    );
+}
