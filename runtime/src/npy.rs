@@ -4,6 +4,8 @@ use std::fs::File;
 use std::io::{BufReader, BufWriter};
 use std::path::{Path, PathBuf};
 
+use attn_dsl::Dtype;
+use half::{bf16, f16};
 use npyz::WriterBuilder;
 use thiserror::Error;
 
@@ -72,6 +74,49 @@ pub fn read_f32(path: &Path, ranks: &[usize]) -> Result<(Vec<u64>, Vec<f32>), Np
             expected: "float32 (<f4)",
         });
     }
+    let shape = checked_shape(path, &npy, ranks)?;
+    let data = npy.into_vec::<f32>().map_err(io(path))?;
+    Ok((shape, data))
+}
+
+/// A float array in f32, f16 (`<f2`) or bf16 (a `<u2` view of the bits, as
+/// `x.view(np.uint16)` saves a bf16 tensor: NumPy has no bf16), widened to f32, with its
+/// shape (one of `ranks` dimensions) and the element type it was stored in.
+pub fn read_float(path: &Path, ranks: &[usize]) -> Result<(Vec<u64>, Vec<f32>, Dtype), NpyError> {
+    let npy = open(path)?;
+    let found = descr(&npy);
+    let dtype = match found.as_str() {
+        "<f4" => Dtype::F32,
+        "<f2" => Dtype::F16,
+        "<u2" => Dtype::Bf16,
+        _ => {
+            return Err(NpyError::DType {
+                path: path.to_path_buf(),
+                found,
+                expected: "float32 (<f4), float16 (<f2) or bf16 bits as uint16 (<u2)",
+            });
+        }
+    };
+    let shape = checked_shape(path, &npy, ranks)?;
+    let data = match dtype {
+        Dtype::F32 => npy.into_vec::<f32>().map_err(io(path))?,
+        Dtype::F16 => widen(npy.into_vec::<f16>().map_err(io(path))?, f16::to_f32),
+        Dtype::Bf16 => widen(npy.into_vec::<u16>().map_err(io(path))?, |b| {
+            bf16::from_bits(b).to_f32()
+        }),
+    };
+    Ok((shape, data, dtype))
+}
+
+fn widen<T>(data: Vec<T>, f: impl Fn(T) -> f32) -> Vec<f32> {
+    data.into_iter().map(f).collect()
+}
+
+fn checked_shape(
+    path: &Path,
+    npy: &npyz::NpyFile<BufReader<File>>,
+    ranks: &[usize],
+) -> Result<Vec<u64>, NpyError> {
     let shape = npy.shape().to_vec();
     if !ranks.contains(&shape.len()) {
         let ranks: Vec<String> = ranks.iter().map(usize::to_string).collect();
@@ -81,8 +126,7 @@ pub fn read_f32(path: &Path, ranks: &[usize]) -> Result<(Vec<u64>, Vec<f32>), Np
             expected: format!("{} dimensions", ranks.join(" or ")),
         });
     }
-    let data = npy.into_vec::<f32>().map_err(io(path))?;
-    Ok((shape, data))
+    Ok(shape)
 }
 
 /// A 1-D or 2-D array of row indices of any little-endian integer type, as u32 in row
@@ -146,6 +190,28 @@ pub fn read_indices(path: &Path) -> Result<(Vec<u64>, Vec<u32>), NpyError> {
 
 /// Writes `data` as a little-endian f32 array of `shape`.
 pub fn write_f32(path: &Path, shape: &[u64], data: &[f32]) -> Result<(), NpyError> {
+    write_values(path, shape, data.iter().copied())
+}
+
+/// Writes `data` rounded to `dtype` (to nearest even) in the layout [`read_float`] reads:
+/// f32, f16, or bf16 bits as uint16.
+pub fn write_as(path: &Path, shape: &[u64], data: &[f32], dtype: Dtype) -> Result<(), NpyError> {
+    match dtype {
+        Dtype::F32 => write_f32(path, shape, data),
+        Dtype::F16 => write_values(path, shape, data.iter().map(|&x| f16::from_f32(x))),
+        Dtype::Bf16 => write_values(
+            path,
+            shape,
+            data.iter().map(|&x| bf16::from_f32(x).to_bits()),
+        ),
+    }
+}
+
+fn write_values<T: npyz::AutoSerialize>(
+    path: &Path,
+    shape: &[u64],
+    values: impl Iterator<Item = T>,
+) -> Result<(), NpyError> {
     let file = File::create(path).map_err(io(path))?;
     let mut writer = npyz::WriteOptions::new()
         .default_dtype()
@@ -153,6 +219,6 @@ pub fn write_f32(path: &Path, shape: &[u64], data: &[f32]) -> Result<(), NpyErro
         .writer(BufWriter::new(file))
         .begin_nd()
         .map_err(io(path))?;
-    writer.extend(data.iter().copied()).map_err(io(path))?;
+    writer.extend(values).map_err(io(path))?;
     writer.finish().map_err(io(path))
 }

@@ -429,3 +429,79 @@ fn modifier_flags_match_the_reference_and_write_dbias() {
         "bad_bias.npy: shape [2, 24, 24], expected [4 or 1, 24, 24]",
     );
 }
+
+/// float16 inputs (and bf16 as uint16 bits) give O in the same type, judged by the rule
+/// for half precision on the rounded inputs; LSE stays float32; mixing types is refused.
+#[test]
+fn half_precision_inputs_give_outputs_in_their_type() {
+    let (seq, h, kv, d) = (40usize, 4usize, 2usize, 32usize);
+    for dtype in [attn_dsl::Dtype::F16, attn_dsl::Dtype::Bf16] {
+        let dir = scratch_dir(&format!("half_{}", dtype.name()));
+        let scalar = match dtype {
+            attn_dsl::Dtype::F16 => attn_dsl::Scalar::F16,
+            _ => attn_dsl::Scalar::Bf16,
+        };
+        let rounded = |n, seed| runtime::buffers::rounded(&random(n, seed), scalar);
+        let (q, k, v) = (
+            rounded(seq * h * d, 1),
+            rounded(seq * kv * d, 2),
+            rounded(seq * kv * d, 3),
+        );
+        for (name, data, heads) in [("q", &q, h), ("k", &k, kv), ("v", &v, kv)] {
+            let shape = [seq as u64, heads as u64, d as u64];
+            npy::write_as(&dir.join(format!("{name}.npy")), &shape, data, dtype).unwrap();
+        }
+        let f = |n: &str| dir.join(n).to_string_lossy().into_owned();
+        let out = f("out");
+        let result = attn(&[
+            "--q",
+            &f("q.npy"),
+            "--k",
+            &f("k.npy"),
+            "--v",
+            &f("v.npy"),
+            "--causal",
+            "--out",
+            &out,
+        ]);
+        assert!(
+            result.status.success(),
+            "{}",
+            String::from_utf8_lossy(&result.stderr)
+        );
+        let (_, o, o_type) = npy::read_float(&dir.join("out/o.npy"), &[3]).unwrap();
+        assert_eq!(o_type, dtype);
+        let (_, lse, lse_type) = npy::read_float(&dir.join("out/lse.npy"), &[2]).unwrap();
+        assert_eq!(lse_type, attn_dsl::Dtype::F32);
+        let p = Problem {
+            batch: 1,
+            n_q: seq,
+            n_k: seq,
+            n_heads: h,
+            n_kv_heads: kv,
+            head_dim: d,
+            scale: f64::from(1.0 / (d as f32).sqrt()),
+            causal: true,
+            ..Default::default()
+        };
+        let verdicts =
+            runtime::compare::judge_half_attention(&p, [&q, &k, &v], &o, Some(&lse), scalar);
+        assert!(
+            verdicts.iter().all(|(_, v)| v.pass()),
+            "{dtype:?}: {verdicts:?}"
+        );
+        // k in float32 beside a half q: one error line naming the file and both types.
+        npy::write_f32(&dir.join("k.npy"), &[seq as u64, kv as u64, d as u64], &k).unwrap();
+        let mixed = attn(&[
+            "--q",
+            &f("q.npy"),
+            "--k",
+            &f("k.npy"),
+            "--v",
+            &f("v.npy"),
+            "--out",
+            &out,
+        ]);
+        assert_one_line_error(&mixed, "share one element type");
+    }
+}

@@ -11,7 +11,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{Context, bail};
-use attn_dsl::{BiasHeads, KernelSpec, Op};
+use attn_dsl::{BiasHeads, Dtype, KernelSpec, Op};
 use clap::Parser;
 use runtime::kernels::BackwardKernels;
 use runtime::npy;
@@ -20,10 +20,12 @@ use runtime::{
     Backward, BackwardInput, Bias, Dropout, ForwardInput, Gpu, Heads, Kernel, Modifiers, Schedule,
 };
 
-/// Runs attention on tensors from `.npy` files (float32, layout [batch, seq, heads,
-/// head_dim], or [seq, heads, head_dim] for one sequence; K and V may have fewer heads, for
-/// GQA) and writes o.npy (Q's shape) and lse.npy ([batch,] seq, heads) to the output
-/// folder; with --do, also dq.npy, dk.npy and dv.npy. Kernels are specialized for the
+/// Runs attention on tensors from `.npy` files (float32, float16, or bf16 saved as its
+/// uint16 bits with `x.view(np.uint16)`; layout [batch, seq, heads, head_dim], or [seq,
+/// heads, head_dim] for one sequence; K and V may have fewer heads, for GQA) and writes
+/// o.npy (Q's shape and element type) and lse.npy ([batch,] seq, heads; float32) to the
+/// output folder; with --do, also dq.npy, dk.npy and dv.npy (the inputs' element type;
+/// computed in f32 from half inputs: there is no half-precision backward yet). Kernels are specialized for the
 /// tensors' head_dim and masks when the tool starts.
 #[derive(Parser)]
 #[command(name = "attn")]
@@ -183,6 +185,8 @@ struct Tensors {
     v: Vec<f32>,
     d_o: Option<Vec<f32>>,
     seg: Option<Vec<u32>>,
+    /// The element type Q, K, V (and dO) were stored in; the outputs are written in it.
+    dtype: Dtype,
 }
 
 fn run(args: Args) -> anyhow::Result<()> {
@@ -228,16 +232,27 @@ fn run(args: Args) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.out).with_context(|| format!("{}", args.out.display()))?;
 
     let started = Instant::now();
-    // The tuned flash forward where this head_dim has candidates, else the per-row one.
-    let tuned = Table::for_gpu(&gpu)?.forward(&gpu, d);
+    // The tuned flash forward where this head_dim has candidates (on tensor cores for f16
+    // where the device has them), else the per-row one.
+    if t.dtype == Dtype::F16 && !gpu.has_f16() {
+        bail!(
+            "{} has no SHADER_F16 for float16 inputs; save them as float32",
+            gpu.describe()
+        );
+    }
+    let tuned = Table::for_gpu(&gpu)?.forward_in(&gpu, d, t.dtype);
     let forward = match tuned {
         Some(config) => {
-            let abi = tuning::flash_forward(d, masks, config)
+            let abi = tuning::flash_forward_in(d, masks, config, t.dtype)
                 .with_context(|| format!("flash forward {}", config.label()))?;
-            println!("forward: flash {}", config.label());
+            println!("forward: flash {} {}", config.label(), t.dtype.name());
             Kernel::new(&gpu, &abi)?
         }
-        None => Kernel::new(&gpu, &forward_abi)?,
+        None if t.dtype == Dtype::F32 => Kernel::new(&gpu, &forward_abi)?,
+        None => bail!(
+            "no {} forward for head_dim {d}; save the inputs as float32",
+            t.dtype.name()
+        ),
     };
     let input = ForwardInput {
         batch: t.batch,
@@ -262,11 +277,21 @@ fn run(args: Args) -> anyhow::Result<()> {
         shape(t.heads.n_heads, Some(d)),
         shape(t.heads.n_kv_heads, Some(d)),
     );
-    write(&args.out, "o", &q_shape, &out.o)?;
-    write(&args.out, "lse", &shape(t.heads.n_heads, None), &out.lse)?;
+    write(&args.out, "o", &q_shape, &out.o, t.dtype)?;
+    // LSE is f32 in every dtype, as frameworks keep it.
+    let lse_shape = shape(t.heads.n_heads, None);
+    write(&args.out, "lse", &lse_shape, &out.lse, Dtype::F32)?;
     println!("forward: {:.1} ms", started.elapsed().as_secs_f64() * 1e3);
 
     if let (Some(d_o), Some(kernels)) = (&t.d_o, backward) {
+        if t.dtype != Dtype::F32 {
+            println!(
+                "backward: f32 arithmetic on the {} inputs and O (no half-precision backward \
+                 yet); gradients rounded to {}",
+                t.dtype.name(),
+                t.dtype.name()
+            );
+        }
         let started = Instant::now();
         let mut backward = Backward::new(&gpu, &[kernels])?;
         let input = BackwardInput {
@@ -294,11 +319,11 @@ fn run(args: Args) -> anyhow::Result<()> {
         for (schedule, dir) in runs {
             std::fs::create_dir_all(&dir).with_context(|| format!("{}", dir.display()))?;
             let (g, ran) = backward.run(&gpu, &input, schedule)?;
-            write(&dir, "dq", &q_shape, &g.dq)?;
-            write(&dir, "dk", &kv_shape, &g.dk)?;
-            write(&dir, "dv", &kv_shape, &g.dv)?;
+            write(&dir, "dq", &q_shape, &g.dq, t.dtype)?;
+            write(&dir, "dk", &kv_shape, &g.dk, t.dtype)?;
+            write(&dir, "dv", &kv_shape, &g.dv, t.dtype)?;
             if let Some((shape, _, _)) = &values.bias {
-                write(&dir, "dbias", shape, &g.dbias)?;
+                write(&dir, "dbias", shape, &g.dbias, Dtype::F32)?;
             }
             println!(
                 "backward ({ran}): {:.1} ms",
@@ -309,21 +334,32 @@ fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A Q/K/V-shaped tensor as `[batch, seq, heads, head_dim]` (3-D is batch 1), and
-/// whether it was 4-D.
-fn read_tensor(path: &Path) -> anyhow::Result<([u64; 4], bool, Vec<f32>)> {
-    let (shape, data) = npy::read_f32(path, &[3, 4])?;
+/// A Q/K/V-shaped tensor as `[batch, seq, heads, head_dim]` (3-D is batch 1),
+/// and whether it was 4-D, in the element type `dtype` (the first tensor's: all share it).
+fn read_tensor(
+    path: &Path,
+    dtype: Option<Dtype>,
+) -> anyhow::Result<([u64; 4], bool, Vec<f32>, Dtype)> {
+    let (shape, data, found) = npy::read_float(path, &[3, 4])?;
+    if let Some(expected) = dtype.filter(|d| *d != found) {
+        bail!(
+            "{}: {} data, but q is {}; q, k, v and dO share one element type",
+            path.display(),
+            found.name(),
+            expected.name()
+        );
+    }
     Ok(match shape[..] {
-        [s, h, d] => ([1, s, h, d], false, data),
-        [b, s, h, d] => ([b, s, h, d], true, data),
-        _ => unreachable!("read_f32 checked the rank"),
+        [s, h, d] => ([1, s, h, d], false, data, found),
+        [b, s, h, d] => ([b, s, h, d], true, data, found),
+        _ => unreachable!("read_float checked the rank"),
     })
 }
 
 fn load(args: &Args) -> anyhow::Result<Tensors> {
-    let (q_shape, batched, q) = read_tensor(&args.q)?;
-    let (k_shape, k_batched, k) = read_tensor(&args.k)?;
-    let (v_shape, _, v) = read_tensor(&args.v)?;
+    let (q_shape, batched, q, dtype) = read_tensor(&args.q, None)?;
+    let (k_shape, k_batched, k, _) = read_tensor(&args.k, Some(dtype))?;
+    let (v_shape, _, v, _) = read_tensor(&args.v, Some(dtype))?;
     let [batch, seq, n_heads, head_dim] = q_shape;
     if k_batched != batched || k_shape[..2] != q_shape[..2] || k_shape[3] != head_dim {
         bail!(
@@ -340,7 +376,7 @@ fn load(args: &Args) -> anyhow::Result<Tensors> {
     }
     let d_o = match &args.d_o {
         Some(path) => {
-            let (shape, _, data) = read_tensor(path)?;
+            let (shape, _, data, _) = read_tensor(path, Some(dtype))?;
             if shape != q_shape {
                 bail!(
                     "{}: shape {shape:?}, expected q's shape {q_shape:?}",
@@ -368,6 +404,7 @@ fn load(args: &Args) -> anyhow::Result<Tensors> {
         v,
         d_o,
         seg,
+        dtype,
     })
 }
 
@@ -414,9 +451,9 @@ fn load_seg(args: &Args, batch: u64, seq: u64) -> anyhow::Result<Option<Vec<u32>
     }))
 }
 
-fn write(dir: &Path, name: &str, shape: &[u64], data: &[f32]) -> anyhow::Result<()> {
+fn write(dir: &Path, name: &str, shape: &[u64], data: &[f32], dtype: Dtype) -> anyhow::Result<()> {
     let path = dir.join(format!("{name}.npy"));
-    npy::write_f32(&path, shape, data)?;
+    npy::write_as(&path, shape, data, dtype)?;
     println!("wrote {}", path.display());
     Ok(())
 }
