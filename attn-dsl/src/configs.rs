@@ -142,7 +142,7 @@ pub fn forward(head_dim: u32) -> Vec<FlashConfig> {
 
 /// (query rows, keys per block, subgroups per 16 rows) of the cooperative-matrix forward,
 /// in order of preference: more rows per workgroup reuse each staged key more; 32 keys
-/// keep Q, K, V, S and P of head_dim 128 within 32 KiB (64 keys would need 52 KiB); two
+/// keep K, V, S and P of head_dim 128 within 32 KiB (64 keys would need 60.5 KiB); two
 /// subgroups per 16 rows halve each one's accumulators.
 const COOP_MENU: &[(u32, u32, u32)] = &[
     (64, 32, 2),

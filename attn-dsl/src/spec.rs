@@ -697,8 +697,8 @@ impl KernelSpec {
     }
 
     /// WebGPU's defaults when the kernel fits them, else a `native` target with just the
-    /// workgroup memory and storage buffers it needs (always `native` with subgroups,
-    /// which core WebGPU lacks).
+    /// workgroup memory and storage buffers it needs (always `native` with subgroups or
+    /// cooperative matrices, which core WebGPU lacks).
     pub fn fit_target(&mut self) {
         self.target = Target::Webgpu;
         let bytes = crate::emit::workgroup_bytes(self);
@@ -710,7 +710,6 @@ impl KernelSpec {
         if bytes > base.workgroup_storage_bytes
             || storage > base.storage_buffers_per_stage
             || self.grid.uses_subgroups()
-            || self.grid.uses_coop()
         {
             self.target = Target::Native(Limits {
                 workgroup_storage_bytes: bytes.max(base.workgroup_storage_bytes),

@@ -368,7 +368,10 @@ pub(crate) fn validate_sequence(
         s * nkv * d,
         "batch × seq_len × n_kv_heads × head_dim",
     )?;
-    binding_size(limits, (s * nh * d).max(s * nkv * d) * 4)?;
+    binding_size(
+        limits,
+        (s * nh * d).max(s * nkv * d) * element_bytes(abi, "q"),
+    )?;
     validate_scale(input.scale)?;
     input
         .mods
@@ -446,8 +449,19 @@ pub(crate) fn validate_cache(
             capacity,
         });
     }
-    binding_size(limits, input.k_cache.len() as u64 * 4)?;
+    binding_size(
+        limits,
+        input.k_cache.len() as u64 * element_bytes(abi, "k_cache"),
+    )?;
     Ok(())
+}
+
+/// Bytes per element of binding `name` as the kernel stores it (2 for f16 and bf16).
+fn element_bytes(abi: &KernelAbi, name: &str) -> u64 {
+    match abi.scalar(name) {
+        attn_dsl::Scalar::F16 | attn_dsl::Scalar::Bf16 => 2,
+        attn_dsl::Scalar::F32 | attn_dsl::Scalar::U32 => 4,
+    }
 }
 
 /// What every decode checks whatever its cache's layout: dims, heads, Q's length, the

@@ -261,6 +261,11 @@ pub fn run(
         }
     }
     if parts != Parts::Backward {
+        // The per-query baseline, where this run timed it (not with `--only half`).
+        let tile1 = rows
+            .first()
+            .filter(|r| r.kernel == "forward tile-1")
+            .and_then(|r| r.timing.map(|t| t.median_ms));
         let half = half_forwards(gpu, h.head_dim, masks)?;
         // The half kernels read and write 16-bit copies of the same data.
         let copies: Vec<(&str, wgpu::Buffer)> = data[..3]
@@ -292,7 +297,7 @@ pub fn run(
                 timing: Some(timing::time(gpu, &[step], warmup, runs)?),
                 flops: shape.forward_flops(),
                 note: String::new(),
-                baseline_ms: rows.first().and_then(|r| r.timing.map(|t| t.median_ms)),
+                baseline_ms: tile1,
             });
         }
     }

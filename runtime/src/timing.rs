@@ -13,8 +13,9 @@ pub struct Timing {
     pub runs: usize,
 }
 
-/// Runs `steps` `warmup` times (at least once) untimed, back to back for about
-/// [`SPIN_UP_MS`] of GPU time, then `runs` times timed; each run's time is from
+/// Runs `steps` `warmup` times untimed (at least once: that run's time sizes the
+/// spin-up), then for about [`SPIN_UP_MS`] of GPU time back to back, then `runs` times
+/// timed; each run's time is from
 /// the first pass's start to the last pass's end.
 pub fn time(gpu: &Gpu, steps: &[Step], warmup: usize, runs: usize) -> Result<Timing, Error> {
     let count = 2 * steps.len() as u32;
@@ -48,10 +49,10 @@ pub fn time(gpu: &Gpu, steps: &[Step], warmup: usize, runs: usize) -> Result<Tim
 /// GPU time the steps run back to back before the timed runs.
 const SPIN_UP_MS: f64 = 200.0;
 
-/// Keeps the GPU busy with `steps` for about [`SPIN_UP_MS`] (`run_ms` is one run's time):
-/// a GPU left idle while pipelines compile drops its clocks, and a few short warm-up runs
-/// with a read-back between each do not raise them again. On an H100 a 0.035 ms forward
-/// measured 0.156 ms after such a pause, 4.5x slow, in one of two runs of the same bench.
+/// Keeps the GPU busy with `steps` for about [`SPIN_UP_MS`] (`run_ms` is one run's time),
+/// so that a row starts on a busy GPU rather than one that idled while pipelines
+/// compiled. (It did not remove the slow first tensor-core row the README describes; on
+/// an H100 a 0.035 ms forward measured 0.156 ms in one of two runs of the same bench.)
 fn spin_up(gpu: &Gpu, steps: &[Step], run_ms: f64) -> Result<(), Error> {
     let repeats = (SPIN_UP_MS / run_ms.max(1e-3)).ceil().min(10_000.0) as usize;
     let mut encoder = gpu.device.create_command_encoder(&Default::default());

@@ -1,7 +1,8 @@
 //! The flash forward on cooperative matrices (tensor cores): S = Q·Kᵀ and O += P·V are
-//! 16x16x16 products of f16 operands into f32 accumulators, one subgroup of 32 invocations
-//! per 16 query rows; the softmax between them runs on S in workgroup memory, two
-//! invocations per row.
+//! 16x16x16 products of f16 operands into f32 accumulators, one or two subgroups of 32
+//! invocations per 16 query rows (two split the block's keys in Q·Kᵀ and head_dim in
+//! P·V); the softmax between them runs on S in workgroup memory, two or four invocations
+//! per row.
 //!
 //! A cooperative matrix has no element access, so O cannot be rescaled row by row in
 //! registers. The softmax therefore keeps a reference max per row and moves it only when a
@@ -51,18 +52,18 @@ impl CoopTiling {
         })
     }
 
-    /// Row strides, in elements, of the staged f16 rows, of S (f32) and of P (f16): each
-    /// a multiple of 8 elements, so that every 16x16 load starts 16-byte aligned.
+    /// Row strides, in elements, of the staged f16 rows, of S (f32) and of P (f16): each a
+    /// multiple of 16 bytes, so that every 16x16 load and store starts 16-byte aligned.
     fn strides(&self) -> (u32, u32, u32) {
         (self.head_dim + 8, self.bc + 4, self.bc + 8)
     }
 
     /// Whether Q stays in workgroup memory, each subgroup reloading its fragments per
     /// block, rather than in registers: wherever Q, K and V fit side by side within
-    /// [`crate::configs::CANDIDATE_WORKGROUP_BYTES`]. Measured on an H100 (seq 512,
-    /// 12 heads, head_dim 64), registers freed that way made the kernel 4.6x faster; at
-    /// head_dim 128 only 64x32 holds 64 more keys' rows beside Q's, and it keeps Q in
-    /// registers (1.25 ms against 64x16's 1.43 with Q in memory, seq 4096).
+    /// [`crate::configs::CANDIDATE_WORKGROUP_BYTES`], which frees head_dim / 4 registers
+    /// per invocation for the whole key loop. At head_dim 128 the 64x32 tile does not fit
+    /// that way and keeps Q in registers (measured on an H100 at seq 4096: 1.25 ms, against
+    /// 1.43 for 64x16 with Q in memory).
     fn q_in_memory(&self) -> bool {
         self.bytes_with(self.br + 2 * self.bc) <= crate::configs::CANDIDATE_WORKGROUP_BYTES
     }
@@ -191,7 +192,8 @@ fn workgroup_memory(out: &mut String, t: &CoopTiling) {
     let (ks, ss, ps) = t.strides();
     let _ = write!(
         out,
-        "// Q in rows 0..BR; the current block's K from row KB, V from row VB.\n\
+        "// Q in rows 0..BR until its fragments are loaded; the current block's K from row\n\
+         // KB, V from row VB (over Q when Q lives in registers).\n\
          var<workgroup> sh_kv: array<f16, {}>;\nvar<workgroup> sh_s: array<f32, {}>;\n\
          var<workgroup> sh_p: array<f16, {}>;\nvar<workgroup> sh_range: vec4<u32>;\n\
          // Each row's rescale factor in the current block, and its sum at the end.\n\
