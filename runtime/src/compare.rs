@@ -71,8 +71,8 @@ pub fn judge_backward(
 /// Judges a half-precision forward or decode (`inputs` already rounded to the kernel's dtype, as the
 /// kernel read them) by the rule for half precision: the f64 reference on the same
 /// inputs; the baseline what a framework gives in that dtype (f32 arithmetic on the half
-/// inputs, the softmax's P rounded to the dtype before an f32-accumulated P·V, O rounded
-/// to the dtype; LSE kept in f32); pass at twice the baseline's error plus 1e-6 of the
+/// inputs, the softmax's weights exp(score − max) rounded to the dtype before an
+/// f32-accumulated P·V, as FlashAttention does, O rounded to the dtype; LSE kept in f32); pass at twice the baseline's error plus 1e-6 of the
 /// output's scale. (The tensor-core kernels round P to f16 as frameworks do; before them
 /// the baseline kept P in f32, a bound they cannot meet by construction.)
 pub fn judge_half_attention(

@@ -216,6 +216,13 @@ pub struct Attention<T> {
 /// The softmax row P[s, h, ·] (0 where masked) and its log-sum-exp; an empty row is all
 /// zeros with LSE = +inf, as the GPU kernels store it.
 fn probabilities<T: Float>(p: &Problem, q: &[T], k: &[T], s: usize, h: usize) -> (Vec<T>, T) {
+    let (w, sum, lse) = weights(p, q, k, s, h);
+    (w.iter().map(|x| *x / sum).collect(), lse)
+}
+
+/// The softmax's unnormalized weights exp(score − max) of row `s` (zero where masked),
+/// their sum and the LSE; an empty row has sum 1 and LSE +inf.
+fn weights<T: Float>(p: &Problem, q: &[T], k: &[T], s: usize, h: usize) -> (Vec<T>, T, T) {
     let scores: Vec<Option<T>> = (0..p.n_k)
         .map(|j| {
             p.visible(s, j)
@@ -227,14 +234,14 @@ fn probabilities<T: Float>(p: &Problem, q: &[T], k: &[T], s: usize, h: usize) ->
         .flatten()
         .fold(T::neg_infinity(), |m, x| m.max(*x));
     if max == T::neg_infinity() {
-        return (vec![T::zero(); p.n_k], T::infinity());
+        return (vec![T::zero(); p.n_k], T::one(), T::infinity());
     }
     let w: Vec<T> = scores
         .iter()
         .map(|x| x.map_or(T::zero(), |x| (x - max).exp()))
         .collect();
     let sum = pairwise(w.len(), &|j| w[j]);
-    (w.iter().map(|x| *x / sum).collect(), max + sum.ln())
+    (w, sum, max + sum.ln())
 }
 
 /// P[s, h, ·] recomputed from a saved LSE.
@@ -259,8 +266,9 @@ pub fn attention<T: Real>(p: &Problem, q: &[T], k: &[T], v: &[T]) -> Attention<T
     attention_rounding_p(p, q, k, v, &|x| x)
 }
 
-/// [`attention`] with each softmax probability passed through `round_p` before P·V: what
-/// a framework in half precision does (P rounded to half, then an f32-accumulated product).
+/// [`attention`] with each softmax weight exp(score − max) passed through `round_p` before
+/// P·V: what FlashAttention does in half precision (P rounded to half before an
+/// f32-accumulated product; the sum that normalizes O is of the unrounded weights).
 pub fn attention_rounding_p<T: Real>(
     p: &Problem,
     q: &[T],
@@ -302,13 +310,13 @@ fn attention_one<T: Real>(
         .enumerate()
         .for_each(|(row, (out, row_lse))| {
             let (s, h) = (row / p.n_heads, row % p.n_heads);
-            let (probs, l) = probabilities(p, q, k, s, h);
+            let (w, sum, l) = weights(p, q, k, s, h);
             *row_lse = l;
             // l sums P before dropout; P·V takes it after.
             out.copy_from_slice(&pairwise_rows(
                 p.n_k,
                 d,
-                &|j| round_p(probs[j]) * p.keep(s, h, j),
+                &|j| round_p(w[j]) / sum * p.keep(s, h, j),
                 &|j| p.kv_row(v, j, h),
             ));
         });
