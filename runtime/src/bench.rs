@@ -430,10 +430,7 @@ fn half_forwards(
         .forward(gpu, head_dim)
         .unwrap_or(tuning::forward_candidates(head_dim)[0]);
     let mut out = Vec::new();
-    for dtype in [Dtype::F16, Dtype::Bf16] {
-        if dtype == Dtype::F16 && !gpu.has_f16() {
-            continue;
-        }
+    for dtype in gpu.half_dtypes() {
         let planned = table.forward_in(gpu, head_dim, dtype).unwrap_or(scalar);
         let mut configs = vec![planned];
         if dtype == Dtype::F16 {
@@ -647,10 +644,7 @@ pub fn decode(
         },
     ];
     // The same step with the query, the cache and O in half precision: half the bytes.
-    for dtype in [Dtype::F16, Dtype::Bf16] {
-        if dtype == Dtype::F16 && !gpu.has_f16() {
-            continue;
-        }
+    for dtype in gpu.half_dtypes() {
         let half = crate::decode::SplitDecode::for_shape_in(
             gpu,
             h.head_dim,

@@ -683,10 +683,7 @@ impl Runner {
             return Ok(&self.half[at].2);
         }
         let mut set = Vec::new();
-        for dtype in [Dtype::F16, Dtype::Bf16] {
-            if dtype == Dtype::F16 && !gpu.has_f16() {
-                continue;
-            }
+        for dtype in gpu.half_dtypes() {
             let planned = self.backward.table.forward_in(gpu, head_dim, dtype);
             let mut configs = vec![tuning::forward_candidates(head_dim)[0]];
             configs.extend(planned.filter(|p| *p != configs[0]));
@@ -920,10 +917,7 @@ pub fn run_case(gpu: &Gpu, runner: &mut Runner, case: &Case, seed: u64) -> Resul
                 rows.push(row(&decoder.label(cache_len, h, batch), verdicts));
             }
             // The cache, the query and O in half precision (the rule's slicing).
-            for dtype in [Dtype::F16, Dtype::Bf16] {
-                if dtype == Dtype::F16 && !gpu.has_f16() {
-                    continue;
-                }
+            for dtype in gpu.half_dtypes() {
                 let half = runner.split(gpu, h.head_dim, masks, (Cache::Contiguous, dtype))?;
                 let decoder = Decoder::Split(half, None);
                 let verdicts = run_decode(gpu, decoder, h, shape, &mods, seed)?;

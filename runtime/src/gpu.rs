@@ -207,6 +207,13 @@ impl Gpu {
         self.features.contains(wgpu::Features::SUBGROUP)
     }
 
+    /// The half-precision dtypes kernels can read and write here: f16 where the device has
+    /// SHADER_F16, bf16 (u32 words) everywhere.
+    pub fn half_dtypes(&self) -> Vec<attn_dsl::Dtype> {
+        let f16 = self.has_f16().then_some(attn_dsl::Dtype::F16);
+        f16.into_iter().chain([attn_dsl::Dtype::Bf16]).collect()
+    }
+
     /// Whether kernels with cooperative-matrix products (`matrix = coop16`) can run here.
     pub fn has_coop16(&self) -> bool {
         self.coop16

@@ -137,14 +137,7 @@ pub fn flash_forward(
     masks: Masks,
     config: FlashConfig,
 ) -> Result<KernelAbi, DslError> {
-    let name = family_name("attention_forward_flash", head_dim);
-    attn_dsl::compile(&KernelSpec::flash(
-        &name,
-        Op::Forward,
-        head_dim,
-        masks,
-        config,
-    ))
+    flash_forward_in(head_dim, masks, config, Dtype::F32)
 }
 
 /// The family's naming: head_dim 64 unsuffixed, others `_d{head_dim}`.
