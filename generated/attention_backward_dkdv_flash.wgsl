@@ -177,6 +177,38 @@ fn dkv_part1() -> u32 {
     return dims.batch * dims.seq_len * dims.n_kv_heads * HEAD_DIM;
 }
 
+fn query_at(i: u32) -> f32 {
+    return q[i];
+}
+
+fn query4_at(i: u32) -> vec4<f32> {
+    return vec4<f32>(q[i], q[i + 1u], q[i + 2u], q[i + 3u]);
+}
+
+fn key_at(i: u32) -> f32 {
+    return k[i];
+}
+
+fn key4_at(i: u32) -> vec4<f32> {
+    return vec4<f32>(k[i], k[i + 1u], k[i + 2u], k[i + 3u]);
+}
+
+fn value_at(i: u32) -> f32 {
+    return v[i];
+}
+
+fn value4_at(i: u32) -> vec4<f32> {
+    return vec4<f32>(v[i], v[i + 1u], v[i + 2u], v[i + 3u]);
+}
+
+fn grad_out_at(i: u32) -> f32 {
+    return d_o[i];
+}
+
+fn grad_out4_at(i: u32) -> vec4<f32> {
+    return vec4<f32>(d_o[i], d_o[i + 1u], d_o[i + 2u], d_o[i + 3u]);
+}
+
 fn stage_k(r0: u32, h: u32, tid: u32) {
     for (var e = tid; e < BR * D4; e = e + WG) {
         let r = r0 + e / D4;
@@ -184,7 +216,7 @@ fn stage_k(r0: u32, h: u32, tid: u32) {
         var x = vec4<f32>(0.0);
         if (r < dims.seq_len) {
             let i = kv_index(r, h) + c4 * 4u;
-            x = vec4<f32>(k[i + 0u], k[i + 1u], k[i + 2u], k[i + 3u]);
+            x = key4_at(i);
         }
         sh_k[(e / D4) * ROW4 + c4] = x;
     }
@@ -197,7 +229,7 @@ fn stage_v(r0: u32, h: u32, tid: u32) {
         var x = vec4<f32>(0.0);
         if (r < dims.seq_len) {
             let i = kv_index(r, h) + c4 * 4u;
-            x = vec4<f32>(v[i + 0u], v[i + 1u], v[i + 2u], v[i + 3u]);
+            x = value4_at(i);
         }
         sh_v[(e / D4) * ROW4 + c4] = x;
     }
@@ -208,7 +240,7 @@ fn fetch_q(r0: u32, h: u32, e: u32) -> vec4<f32> {
     var x = vec4<f32>(0.0);
     if (e < BC * D4 && r < dims.seq_len) {
         let i = q_index(r, h) + (e % D4) * 4u;
-        x = vec4<f32>(q[i + 0u], q[i + 1u], q[i + 2u], q[i + 3u]);
+        x = query4_at(i);
     }
     return x;
 }
@@ -224,7 +256,7 @@ fn fetch_do(r0: u32, h: u32, e: u32) -> vec4<f32> {
     var x = vec4<f32>(0.0);
     if (e < BC * D4 && r < dims.seq_len) {
         let i = q_index(r, h) + (e % D4) * 4u;
-        x = vec4<f32>(d_o[i + 0u], d_o[i + 1u], d_o[i + 2u], d_o[i + 3u]);
+        x = grad_out4_at(i);
     }
     return x;
 }

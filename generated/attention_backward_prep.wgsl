@@ -65,6 +65,22 @@ fn dkv_part1() -> u32 {
     return dims.batch * dims.seq_len * dims.n_kv_heads * HEAD_DIM;
 }
 
+fn out_at(i: u32) -> f32 {
+    return o[i];
+}
+
+fn out4_at(i: u32) -> vec4<f32> {
+    return vec4<f32>(o[i], o[i + 1u], o[i + 2u], o[i + 3u]);
+}
+
+fn grad_out_at(i: u32) -> f32 {
+    return d_o[i];
+}
+
+fn grad_out4_at(i: u32) -> vec4<f32> {
+    return vec4<f32>(d_o[i], d_o[i + 1u], d_o[i + 2u], d_o[i + 3u]);
+}
+
 fn prep_row(row: u32, h: u32, tid: u32) {
     if (tid == 0u) {
         let qi = q_index(row, h);
@@ -72,7 +88,7 @@ fn prep_row(row: u32, h: u32, tid: u32) {
         for (var d0 = 0u; d0 < 16u; d0 = d0 + 8u) {
             var delta_b = vec4<f32>(0.0);
             for (var c4 = d0; c4 < d0 + 8u; c4 = c4 + 1u) {
-                delta_b = fma(vec4<f32>(d_o[qi + 4u * c4], d_o[qi + 4u * c4 + 1u], d_o[qi + 4u * c4 + 2u], d_o[qi + 4u * c4 + 3u]), vec4<f32>(o[qi + 4u * c4], o[qi + 4u * c4 + 1u], o[qi + 4u * c4 + 2u], o[qi + 4u * c4 + 3u]), delta_b);
+                delta_b = fma(vec4<f32>(grad_out_at(qi + 4u * c4), grad_out_at(qi + 4u * c4 + 1u), grad_out_at(qi + 4u * c4 + 2u), grad_out_at(qi + 4u * c4 + 3u)), vec4<f32>(out_at(qi + 4u * c4), out_at(qi + 4u * c4 + 1u), out_at(qi + 4u * c4 + 2u), out_at(qi + 4u * c4 + 3u)), delta_b);
             }
             delta_4 = delta_4 + delta_b;
         }

@@ -37,12 +37,17 @@ fn check_dtype(spec: &KernelSpec) -> Result<(), DslError> {
     if spec.dtype == crate::spec::Dtype::F32 {
         return Ok(());
     }
-    if !matches!(spec.op, Op::Forward | Op::DecodeSplit | Op::DecodeReduce) {
+    let flash_backward =
+        matches!(spec.op, Op::BackwardQ | Op::BackwardKv) && spec.grid.flash.is_some();
+    let ops = [Op::Forward, Op::DecodeSplit, Op::DecodeReduce, Op::BackwardPrep];
+    if !ops.contains(&spec.op) && !flash_backward {
         return Err(DslError::spec(
             Field::Dtype,
             format!(
-                "dtype {} is emitted for ops forward, decode_split and decode_reduce only so \
-                 far; op {} reads and writes f32 (drop `dtype`)",
+                "dtype {} is emitted for ops forward, decode_split, decode_reduce, \
+                 backward_prep, and backward_q and backward_kv on flash grids; op {} on this \
+                 grid reads and writes f32 (drop `dtype`, or use `grid: s_major(flash)` / \
+                 `j_major(flash)`)",
                 spec.dtype.name(),
                 spec.op.name()
             ),
@@ -61,6 +66,16 @@ fn check_dtype(spec: &KernelSpec) -> Result<(), DslError> {
 
 /// Limits that depend on the finished plan (buffers, workgroup memory).
 pub fn check_limits(spec: &KernelSpec, abi: &KernelAbi) -> Result<(), DslError> {
+    if abi.binding(&spec.name).is_some() {
+        return Err(DslError::spec(
+            Field::Name,
+            format!(
+                "kernel name `{0}` is also the name of one of its bindings, and WGSL has one \
+                 namespace for both: rename the kernel (e.g. `{0}_kernel`)",
+                spec.name
+            ),
+        ));
+    }
     let limits = spec.target.limits();
     let storage = abi.storage_buffers() as u32;
     if storage > limits.storage_buffers_per_stage {
@@ -333,14 +348,25 @@ fn check_flash(spec: &KernelSpec) -> Result<(), DslError> {
     }
 }
 
-/// Cooperative-matrix products: the forward's two products so far, in f16, under a
-/// native target (no browser exposes cooperative matrices).
+/// Cooperative-matrix products: the forward's two and the tiled backward's halves (owned
+/// outputs only), in f16, under a native target (no browser exposes cooperative matrices).
 fn check_coop(spec: &KernelSpec) -> Result<(), DslError> {
     let refuse = |problem: String| Err(DslError::spec(Field::Matrix, problem));
-    if spec.op != Op::Forward {
+    if !matches!(spec.op, Op::Forward | Op::BackwardQ | Op::BackwardKv) {
         return refuse(format!(
-            "`matrix = coop16` is emitted for op forward only so far; drop it for op {}",
+            "`matrix = coop16` is emitted for ops forward, backward_q and backward_kv; drop \
+             it for op {}",
             spec.op.name()
+        ));
+    }
+    let scattered = ["dq", "dkv"]
+        .into_iter()
+        .find(|name| spec.op != Op::Forward && spec.write_mode(name) == Some(crate::spec::WriteMode::AtomicScatter));
+    if let Some(name) = scattered {
+        return refuse(format!(
+            "the cooperative-matrix backward owns its outputs (the tiled schedule); `{name}` by \
+             atomic scatter is emitted on scalar tiles only: drop `matrix = coop16` or write \
+             `{name}` owned by the other half"
         ));
     }
     if spec.target == Target::Webgpu {

@@ -157,26 +157,57 @@ const COOP_MENU: &[(u32, u32, u32)] = &[
 /// The cooperative-matrix forward configurations for `head_dim` (a multiple of 16) within
 /// `bytes` of workgroup memory, best first; empty for other head_dims.
 pub fn coop_forward(head_dim: u32, bytes: u32) -> Vec<FlashConfig> {
+    coop_configs(COOP_MENU, &[Op::Forward], head_dim, bytes)
+}
+
+/// (owned rows, rows per staged block, subgroups per 16 rows) of the cooperative-matrix
+/// tiled backward. Each subgroup holds the A fragments of both its owned tensors for the
+/// whole pass, and the key-major half two sets of accumulators, so every layout but the
+/// last splits each 16 rows between two subgroups.
+const COOP_BACKWARD_MENU: &[(u32, u32, u32)] = &[
+    (64, 32, 2),
+    (32, 32, 2),
+    (32, 32, 1),
+    (16, 32, 2),
+    (16, 16, 1),
+];
+
+/// The cooperative-matrix tiled backward configurations for `head_dim` (a multiple of 16)
+/// within `bytes` of workgroup memory, each valid for both halves, best first.
+pub fn coop_backward(head_dim: u32, bytes: u32) -> Vec<FlashConfig> {
+    let ops = [Op::BackwardQ, Op::BackwardKv];
+    coop_configs(COOP_BACKWARD_MENU, &ops, head_dim, bytes)
+}
+
+fn coop_configs(
+    menu: &[(u32, u32, u32)],
+    ops: &[Op],
+    head_dim: u32,
+    bytes: u32,
+) -> Vec<FlashConfig> {
     use crate::emit::coop::{CoopTiling, FRAG};
     if head_dim == 0 || !head_dim.is_multiple_of(FRAG) {
         return Vec::new();
     }
     let halves = |n: u32| (n / FRAG).is_multiple_of(2);
-    COOP_MENU
-        .iter()
+    let tiling = |br, bc, split, op| CoopTiling {
+        br,
+        bc,
+        head_dim,
+        split,
+        op,
+    };
+    menu.iter()
         .filter(|&&(_, bc, split)| split == 1 || (halves(bc) && halves(head_dim)))
-        .map(|&(br, bc, split)| CoopTiling {
-            br,
-            bc,
-            head_dim,
-            split,
+        .filter(|&&(br, bc, split)| {
+            ops.iter()
+                .all(|&op| tiling(br, bc, split, op).bytes() <= bytes)
         })
-        .filter(|t| t.bytes() <= bytes)
-        .map(|t| FlashConfig {
-            tile: t.br,
-            inner: t.bc,
+        .map(|&(br, bc, split)| FlashConfig {
+            tile: br,
+            inner: bc,
             rows_per_thread: FRAG,
-            workgroup_size: t.workgroup_size(),
+            workgroup_size: tiling(br, bc, split, ops[0]).workgroup_size(),
             subgroups: false,
             matrix: Matrix::Coop16,
         })

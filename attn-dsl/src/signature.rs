@@ -177,20 +177,22 @@ const DECODE: &[Tensor] = &[
 // The backward binds at most 8 storage buffers, WebGPU's default, by packing: LSE with D in
 // `stats` [2, b, s, h], P with dS in the scratch `p_ds` [2, b, s, h, j], and dK with dV in
 // the atomic `dkv` [2·DKV_LANES, b, j, kv_h, d]. Part 0 is the first named, part 1 the
-// second; `dkv` repeats the pair per lane (see `DKV_LANES`).
+// second; `dkv` repeats the pair per lane (see `DKV_LANES`). In a half-precision backward the
+// forward's tensors and dO are in the dtype, the gradients f32: the kernels add into them
+// across flushes and calls, and a half-precision sum would round at every add.
 const BACKWARD_PREP: &[Tensor] = &[
-    t("o", Input, F32, &[B, S, H, D]),
-    t("d_o", Input, F32, &[B, S, H, D]),
+    t("o", Input, Data, &[B, S, H, D]),
+    t("d_o", Input, Data, &[B, S, H, D]),
     t("lse", Input, F32, &[B, S, H]),
     t("stats", Output, F32, &[Part, B, S, H]),
     DIMS,
 ];
 
 const BACKWARD_Q: &[Tensor] = &[
-    t("q", Input, F32, &[B, S, H, D]),
-    t("k", Input, F32, &[B, J, KvH, D]),
-    t("v", Input, F32, &[B, J, KvH, D]),
-    t("d_o", Input, F32, &[B, S, H, D]),
+    t("q", Input, Data, &[B, S, H, D]),
+    t("k", Input, Data, &[B, J, KvH, D]),
+    t("v", Input, Data, &[B, J, KvH, D]),
+    t("d_o", Input, Data, &[B, S, H, D]),
     t("stats", Input, F32, &[Part, B, S, H]),
     t("dq", Output, F32, &[B, S, H, D]),
     when(t("p_ds", Output, F32, &[Part, B, S, H, J]), IfWritten),
@@ -206,10 +208,10 @@ const BACKWARD_Q: &[Tensor] = &[
 ];
 
 const BACKWARD_KV: &[Tensor] = &[
-    t("q", Input, F32, &[B, S, H, D]),
-    when(t("k", Input, F32, &[B, J, KvH, D]), IfRecompute),
-    when(t("v", Input, F32, &[B, J, KvH, D]), IfRecompute),
-    t("d_o", Input, F32, &[B, S, H, D]),
+    t("q", Input, Data, &[B, S, H, D]),
+    when(t("k", Input, Data, &[B, J, KvH, D]), IfRecompute),
+    when(t("v", Input, Data, &[B, J, KvH, D]), IfRecompute),
+    t("d_o", Input, Data, &[B, S, H, D]),
     when(t("stats", Input, F32, &[Part, B, S, H]), IfRecompute),
     when(t("p_ds", Input, F32, &[Part, B, S, H, J]), IfScratch),
     t("dk", Output, F32, &[B, J, KvH, D]),

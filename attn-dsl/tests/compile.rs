@@ -413,6 +413,46 @@ fn half_precision_forwards_compile_and_other_ops_refuse_a_dtype() {
     assert_eq!(field_of(&per_row(Dtype::Bf16)), Field::Dtype);
 }
 
+/// The half-precision backward: prep and both flash halves read the forward's tensors and
+/// dO in the dtype and add into f32 gradients.
+#[test]
+fn half_precision_backwards_read_the_dtype_and_write_f32_gradients() {
+    use attn_dsl::{Dtype, Scalar};
+    let config = attn_dsl::configs::backward(64)[0];
+    for dtype in [Dtype::F16, Dtype::Bf16] {
+        let want = match dtype {
+            Dtype::F16 => Scalar::F16,
+            _ => Scalar::Bf16,
+        };
+        let q = KernelSpec {
+            dtype,
+            ..KernelSpec::flash("bq", Op::BackwardQ, 64, CAUSAL_DOC, config)
+        };
+        let kv = KernelSpec {
+            dtype,
+            writes: vec![("dk".into(), WriteMode::Owned), ("dv".into(), WriteMode::Owned)],
+            ..KernelSpec::flash("bkv", Op::BackwardKv, 64, CAUSAL_DOC, config)
+        };
+        let prep = KernelSpec {
+            dtype,
+            ..KernelSpec::standard("prep", Op::BackwardPrep, 64, Masks::default())
+        };
+        for (spec, data, grads) in [
+            (q, &["q", "k", "v", "d_o"][..], &["dq"][..]),
+            (kv, &["q", "k", "v", "d_o"], &["dk", "dv"]),
+            (prep, &["o", "d_o"], &[]),
+        ] {
+            let abi = compile(&spec).unwrap_or_else(|e| panic!("{} {dtype:?}: {e}", spec.name));
+            for name in data {
+                assert_eq!(abi.binding(name).unwrap().scalar, want, "{} {name}", spec.name);
+            }
+            for name in grads {
+                assert_eq!(abi.binding(name).unwrap().scalar, Scalar::F32, "{name}");
+            }
+        }
+    }
+}
+
 /// The cooperative-matrix forward: f16, native, one subgroup of 32 per 16 query rows.
 fn coop_spec(head_dim: u32, masks: Masks) -> KernelSpec {
     let config = attn_dsl::FlashConfig::from_label("64x32/16@128+tc").unwrap();
@@ -450,6 +490,57 @@ fn coop_forward_compiles_for_every_mask_and_modifier() {
             }
         }
     }
+}
+
+/// The tiled backward's halves on cooperative matrices, for every mask and modifier.
+#[test]
+fn coop_backward_halves_compile_for_every_mask_and_modifier() {
+    let every = Masks {
+        window: true,
+        alibi: true,
+        bias: Some(attn_dsl::BiasHeads::PerHead),
+        softcap: true,
+        dropout: true,
+        ..Masks::new(true, true)
+    };
+    for label in ["32x32/16@64+tc", "32x32/16@128+tc"] {
+        let config = attn_dsl::FlashConfig::from_label(label).unwrap();
+        for head_dim in [32, 64, 128] {
+            for masks in [Masks::default(), Masks::new(true, false), every] {
+                let mut q = KernelSpec {
+                    dtype: attn_dsl::Dtype::F16,
+                    ..KernelSpec::flash("bq_tc", Op::BackwardQ, head_dim, masks, config)
+                };
+                if let Some(mode) = masks.dbias_mode() {
+                    q.writes.push(("dbias".into(), mode));
+                }
+                let kv = KernelSpec {
+                    dtype: attn_dsl::Dtype::F16,
+                    writes: vec![("dk".into(), WriteMode::Owned), ("dv".into(), WriteMode::Owned)],
+                    ..KernelSpec::flash("bkv_tc", Op::BackwardKv, head_dim, masks, config)
+                };
+                for mut spec in [q, kv] {
+                    spec.fit_target();
+                    let abi = compile(&spec)
+                        .unwrap_or_else(|e| panic!("{} {label} d{head_dim}: {e}", spec.name));
+                    assert!(abi.wgsl.contains("coopMultiplyAdd"));
+                    assert!(matches!(abi.target, attn_dsl::Target::Native(_)));
+                }
+            }
+        }
+    }
+    // dQ by atomic scatter is the scalar flash schedule's.
+    let config = attn_dsl::FlashConfig::from_label("32x32/16@64+tc").unwrap();
+    let scatter = KernelSpec {
+        dtype: attn_dsl::Dtype::F16,
+        writes: vec![
+            ("dk".into(), WriteMode::Owned),
+            ("dv".into(), WriteMode::Owned),
+            ("dq".into(), WriteMode::AtomicScatter),
+        ],
+        ..KernelSpec::flash("bkv_tc", Op::BackwardKv, 64, Masks::default(), config)
+    };
+    assert_eq!(field_of(&scatter), Field::Matrix);
 }
 
 #[test]

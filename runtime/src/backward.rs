@@ -4,7 +4,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use attn_dsl::{FlashConfig, KernelAbi, Scatter};
+use attn_dsl::{Dtype, FlashConfig, KernelAbi, Masks, Scatter};
 
 use crate::attention::{self, ForwardInput, Heads, length, submit};
 use crate::buffers;
@@ -119,9 +119,11 @@ pub struct Gradients {
     pub dbias: Vec<f32>,
 }
 
-/// The kernels of one head_dim, compiled.
+/// The kernels of one head_dim and dtype, compiled.
 struct Compiled {
     head_dim: u32,
+    /// What the kernels read Q, K, V, O and dO in (the gradients are f32 in every dtype).
+    dtype: Dtype,
     prep: Kernel,
     /// Every schedule the device runs, with its kernels in dispatch order (after prep).
     schedules: Vec<(Schedule, Vec<Kernel>)>,
@@ -178,23 +180,77 @@ impl Backward {
 
     /// [`Backward::add`] for an async caller (the browser).
     pub async fn add_async(&mut self, gpu: &Gpu, set: &BackwardKernels) -> Result<(), Error> {
-        let head_dim = set.prep.head_dim;
         let compiled = Compiled {
-            head_dim,
+            head_dim: set.prep.head_dim,
+            dtype: Dtype::F32,
             prep: Kernel::new_async(gpu, &set.prep).await?,
             schedules: schedule_kernels_async(gpu, set).await?,
         };
-        self.compiled.retain(|c| c.head_dim != head_dim);
-        self.compiled.push(compiled);
+        self.hold(compiled);
         Ok(())
+    }
+
+    /// Compiles the half-precision backward for `head_dim`, `masks` and `dtype` (f16 or
+    /// bf16): the tiled schedule in each configuration that fits the device, on tensor
+    /// cores first where the adapter has cooperative matrices and the dtype is f16.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn add_in(
+        &mut self,
+        gpu: &Gpu,
+        head_dim: u32,
+        masks: Masks,
+        dtype: Dtype,
+    ) -> Result<(), Error> {
+        pollster::block_on(self.add_in_async(gpu, head_dim, masks, dtype))
+    }
+
+    /// [`Backward::add_in`] for an async caller (the browser).
+    pub async fn add_in_async(
+        &mut self,
+        gpu: &Gpu,
+        head_dim: u32,
+        masks: Masks,
+        dtype: Dtype,
+    ) -> Result<(), Error> {
+        let dsl = |e: attn_dsl::DslError| Error::Pipeline {
+            kernel: format!("backward d{head_dim} {}", dtype.name()),
+            message: e.to_string(),
+        };
+        let prep = tuning::backward_prep_in(head_dim, dtype).map_err(dsl)?;
+        let mut schedules = Vec::new();
+        for config in tuning::backward_candidates_in(gpu, head_dim, dtype) {
+            let [q, kv] = tuning::flash_backward_in(head_dim, masks, config, dtype).map_err(dsl)?;
+            if tuning::fits(gpu, &q) && tuning::fits(gpu, &kv) {
+                schedules.push((Schedule::Tiled(config), compile(gpu, &[&q, &kv]).await?));
+            }
+        }
+        self.hold(Compiled {
+            head_dim,
+            dtype,
+            prep: Kernel::new_async(gpu, &prep).await?,
+            schedules,
+        });
+        Ok(())
+    }
+
+    /// Keeps `compiled`, replacing any set of its head_dim and dtype.
+    fn hold(&mut self, compiled: Compiled) {
+        self.compiled
+            .retain(|c| (c.head_dim, c.dtype) != (compiled.head_dim, compiled.dtype));
+        self.compiled.push(compiled);
     }
 
     /// The schedules this device can run for `head_dim` (no tiled ones for a head_dim
     /// without a backward set).
-    pub fn schedules(&self, _gpu: &Gpu, head_dim: u32) -> Vec<Schedule> {
+    pub fn schedules(&self, gpu: &Gpu, head_dim: u32) -> Vec<Schedule> {
+        self.schedules_in(gpu, head_dim, Dtype::F32)
+    }
+
+    /// The schedules compiled for `head_dim` in `dtype`, best first.
+    pub fn schedules_in(&self, _gpu: &Gpu, head_dim: u32, dtype: Dtype) -> Vec<Schedule> {
         self.compiled
             .iter()
-            .filter(|c| c.head_dim == head_dim)
+            .filter(|c| (c.head_dim, c.dtype) == (head_dim, dtype))
             .flat_map(|c| c.schedules.iter().map(|(s, _)| *s))
             .collect()
     }
@@ -203,6 +259,23 @@ impl Backward {
     /// split, when its scratch fits the budget and the largest binding); else the tiled
     /// schedule in its portable configuration, which needs neither scratch nor atomics.
     pub fn plan(&self, gpu: &Gpu, batch: u32, seq_len: u32, heads: Heads) -> Schedule {
+        self.plan_in(gpu, batch, seq_len, heads, Dtype::F32)
+    }
+
+    /// [`Backward::plan`] in `dtype`: in half precision the first compiled schedule (the
+    /// tiled one on tensor cores where the adapter has them; not yet measured per adapter).
+    pub fn plan_in(
+        &self,
+        gpu: &Gpu,
+        batch: u32,
+        seq_len: u32,
+        heads: Heads,
+        dtype: Dtype,
+    ) -> Schedule {
+        if dtype != Dtype::F32 {
+            let first = self.schedules_in(gpu, heads.head_dim, dtype).first().copied();
+            return first.unwrap_or(Schedule::RecomputeSplit);
+        }
         let runnable = self.schedules(gpu, heads.head_dim);
         let bytes = Schedule::Split.scratch_bytes(batch, seq_len, heads.n_heads);
         let fits =
@@ -275,14 +348,48 @@ impl Backward {
         schedule: Option<Schedule>,
         grads: Gradients,
     ) -> Result<(Gradients, Schedule), Error> {
-        let set = self.validate(gpu, input, &grads)?;
-        let schedule =
-            schedule.unwrap_or_else(|| self.plan(gpu, input.batch, input.seq_len, input.heads));
+        self.accumulate_in_async(gpu, input, schedule, grads, Dtype::F32)
+            .await
+    }
+
+    /// Fresh gradients of `input` from the kernels of `dtype` (see [`Backward::add_in`]):
+    /// Q, K, V, O and dO are rounded to it on upload; the gradients come back f32.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn run_in(
+        &mut self,
+        gpu: &Gpu,
+        input: &BackwardInput,
+        schedule: Option<Schedule>,
+        dtype: Dtype,
+    ) -> Result<(Gradients, Schedule), Error> {
+        let zeros = Gradients {
+            dq: vec![0.0; input.q.len()],
+            dk: vec![0.0; input.k.len()],
+            dv: vec![0.0; input.v.len()],
+            dbias: vec![0.0; input.mods.bias.map_or(0, |b| b.values.len())],
+        };
+        pollster::block_on(self.accumulate_in_async(gpu, input, schedule, zeros, dtype))
+    }
+
+    /// [`Backward::accumulate_async`] with the kernels of `dtype`.
+    pub async fn accumulate_in_async(
+        &mut self,
+        gpu: &Gpu,
+        input: &BackwardInput<'_>,
+        schedule: Option<Schedule>,
+        grads: Gradients,
+        dtype: Dtype,
+    ) -> Result<(Gradients, Schedule), Error> {
+        let set = self.validate(gpu, input, &grads, dtype)?;
+        let schedule = schedule.unwrap_or_else(|| {
+            self.plan_in(gpu, input.batch, input.seq_len, input.heads, dtype)
+        });
         let h = input.heads;
         let dims = attention::sequence_dims(input.batch, input.seq_len, h);
         let rows = (input.batch * input.seq_len * h.n_heads) as usize;
         // Refuse what this device cannot run before uploading anything.
         let kernels = self.kernels_for(set, schedule)?;
+        let data_scalar = self.compiled[set].prep.abi().scalar("o");
         // The streaming kernel adds dK and dV into one packed atomic binding, in lanes.
         let packed = kernels.iter().any(|k| k.abi().binding("dkv").is_some());
         let lanes = attn_dsl::DKV_LANES as usize;
@@ -315,7 +422,14 @@ impl Backward {
             ("dbias", dbias_or_word(&grads.dbias)),
         ]
         .into_iter()
-        .map(|(name, data)| (name, buffers::storage(gpu, name, data), data.len()))
+        .map(|(name, data)| {
+            // The forward's tensors and dO in the kernels' dtype; everything else f32.
+            let scalar = match ["q", "k", "v", "o", "d_o"].contains(&name) {
+                true => data_scalar,
+                false => attn_dsl::Scalar::F32,
+            };
+            (name, buffers::storage_as(gpu, name, data, scalar), data.len())
+        })
         .collect();
         if schedule == Schedule::Split {
             self.reserve_scratch(gpu, scratch_elems(input.batch, input.seq_len, h.n_heads));
@@ -384,18 +498,30 @@ impl Backward {
         gpu: &Gpu,
         input: &BackwardInput,
         grads: &Gradients,
+        dtype: Dtype,
     ) -> Result<usize, InputError> {
         let h = input.heads;
         let set = self
             .compiled
             .iter()
-            .position(|c| c.head_dim == h.head_dim)
+            .position(|c| (c.head_dim, c.dtype) == (h.head_dim, dtype))
             .ok_or_else(|| InputError::HeadDim {
-                kernel: "backward".into(),
-                kernel_head_dim: self.compiled.first().map_or(0, |c| c.head_dim),
+                kernel: format!("backward {}", dtype.name()),
+                kernel_head_dim: self
+                    .compiled
+                    .iter()
+                    .find(|c| c.dtype == dtype)
+                    .map_or(0, |c| c.head_dim),
                 given: h.head_dim,
             })?;
-        let abi: &KernelAbi = self.compiled[set].schedules[0].1[0].abi();
+        let Some((_, first)) = self.compiled[set].schedules.first() else {
+            return Err(InputError::Schedule {
+                schedule: format!("a {} schedule", dtype.name()),
+                head_dim: h.head_dim,
+                available: "none (no tiled configuration fits this device)".into(),
+            });
+        };
+        let abi: &KernelAbi = first[0].abi();
         let view = ForwardInput {
             batch: input.batch,
             seq_len: input.seq_len,

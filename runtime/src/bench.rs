@@ -268,24 +268,33 @@ pub fn run(
             .and_then(|r| r.timing.map(|t| t.median_ms));
         let half = half_forwards(gpu, h.head_dim, masks)?;
         // The half kernels read and write 16-bit copies of the same data.
-        let copies: Vec<(&str, wgpu::Buffer)> = data[..3]
+        // (and the backward reads a saved O in the dtype).
+        let copies: Vec<(&str, Scalar, wgpu::Buffer)> = data
             .iter()
+            .chain(&[("o", q_len, 5)])
             .map(|(n, len, seed)| (*n, random(*len, *seed)))
             .flat_map(|(n, x)| {
-                [Scalar::F16, Scalar::Bf16].map(|s| (n, buffers::storage_as(gpu, n, &x, s)))
+                [Scalar::F16, Scalar::Bf16].map(|s| (n, s, buffers::storage_as(gpu, n, &x, s)))
             })
             .collect();
         let o_half = buffers::output::<u16>(gpu, "o", q_len);
-        for (label, dtype, kernel) in &half {
+        // `bound` with the data tensors in `dtype`: O the output of a forward, or the copy
+        // a backward reads.
+        let in_dtype = |dtype: Scalar, o_out: bool| {
             let mut half_bound = bound.clone();
             for (name, buffer) in half_bound.iter_mut() {
-                if *name == "o" {
+                if *name == "o" && o_out {
                     *buffer = &o_half;
-                } else if let Some(at) = ["q", "k", "v"].iter().position(|n| n == name) {
-                    // copies: (q f16, q bf16, k f16, k bf16, v f16, v bf16)
-                    *buffer = &copies[2 * at + usize::from(*dtype == Scalar::Bf16)].1;
+                } else if let Some((.., b)) =
+                    copies.iter().find(|(n, s, _)| n == name && *s == dtype)
+                {
+                    *buffer = b;
                 }
             }
+            half_bound
+        };
+        for (label, dtype, kernel) in &half {
+            let half_bound = in_dtype(*dtype, true);
             let step = Step {
                 kernel,
                 bound: half_bound,
@@ -299,6 +308,29 @@ pub fn run(
                 note: String::new(),
                 baseline_ms: tile1,
             });
+        }
+        if parts != Parts::Forward {
+            for (label, kernels) in half_backwards(gpu, h.head_dim, masks)? {
+                let bound = in_dtype(kernels[0].abi().scalar("o"), false);
+                let steps = kernels
+                    .iter()
+                    .map(|kernel| {
+                        Ok(Step {
+                            kernel,
+                            bound: bound.clone(),
+                            grid: checked_grid(kernel.abi(), gpu.limits(), &dims)?,
+                        })
+                    })
+                    .collect::<Result<Vec<_>, Error>>()?;
+                rows.push(BenchRow {
+                    shape: shape.clone(),
+                    kernel: label,
+                    timing: Some(timing::time(gpu, &steps, warmup, runs)?),
+                    flops: 2.5 * shape.forward_flops(),
+                    note: String::new(),
+                    baseline_ms: None,
+                });
+            }
         }
     }
     if matches!(parts, Parts::Forward | Parts::Half) {
@@ -371,8 +403,11 @@ pub fn tune(gpu: &Gpu, rows: &[BenchRow], failed: &[String]) -> Table {
                 .iter()
                 .any(|f| f.strip_suffix(" (planned)").unwrap_or(f) == r.kernel)
     };
+    // The table plans f32 kernels: the f16 and bf16 rows (suffixed) are other kernels.
+    let f32_row = |r: &&BenchRow| !r.kernel.ends_with(" f16") && !r.kernel.ends_with(" bf16");
     let fastest = |prefix: &str, head_dim: u32| {
         rows.iter()
+            .filter(f32_row)
             .filter(|r| r.shape.heads.head_dim == head_dim && r.kernel.starts_with(prefix))
             .filter(passed)
             .min_by(|a, b| {
@@ -448,6 +483,35 @@ fn half_forwards(
             })?;
             if tuning::fits(gpu, &abi) {
                 out.push((kernel, abi.scalar("o"), Kernel::new(gpu, &abi)?));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The half-precision tiled backward in each dtype the device has, in each configuration
+/// [`tuning::backward_candidates_in`] gives that fits: (row label, prep and the two halves).
+fn half_backwards(
+    gpu: &Gpu,
+    head_dim: u32,
+    masks: Masks,
+) -> Result<Vec<(String, Vec<Kernel>)>, Error> {
+    let mut out = Vec::new();
+    for dtype in gpu.half_dtypes() {
+        for config in tuning::backward_candidates_in(gpu, head_dim, dtype) {
+            let label = format!("backward {} {}", Schedule::Tiled(config), dtype.name());
+            let dsl = |e: attn_dsl::DslError| Error::Pipeline {
+                kernel: label.clone(),
+                message: e.to_string(),
+            };
+            let prep = tuning::backward_prep_in(head_dim, dtype).map_err(dsl)?;
+            let [q, kv] = tuning::flash_backward_in(head_dim, masks, config, dtype).map_err(dsl)?;
+            if tuning::fits(gpu, &q) && tuning::fits(gpu, &kv) {
+                let kernels = [prep, q, kv]
+                    .iter()
+                    .map(|abi| Kernel::new(gpu, abi))
+                    .collect::<Result<Vec<_>, Error>>()?;
+                out.push((label, kernels));
             }
         }
     }

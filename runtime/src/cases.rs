@@ -7,7 +7,8 @@ use rand::{Rng, SeedableRng, rngs::StdRng};
 use crate::attention::{self, DecodeInput, ForwardInput, Heads};
 use crate::backward::{Backward, BackwardInput, Gradients, Schedule};
 use crate::compare::{
-    Verdict, judge, judge_attention, judge_backward, judge_half_attention, max_abs_error,
+    Verdict, judge, judge_attention, judge_backward, judge_half_attention, judge_half_backward,
+    max_abs_error,
 };
 use crate::decode::{DecodePath, Pages, Slicing, SplitDecode};
 use crate::error::Error;
@@ -1102,6 +1103,66 @@ impl Job {
             results.push((schedule, g));
         }
         rows.push(agreement(case, &rows[0], &results));
+        if self.batch == 1 {
+            for dtype in gpu.half_dtypes() {
+                rows.extend(self.half_backward(gpu, runner, case, &input, dtype)?);
+            }
+        }
+        Ok(rows)
+    }
+
+    /// One row per half-precision schedule of `dtype`, judged on the inputs the kernels
+    /// read: Q, K, V, dO and O rounded to the dtype.
+    fn half_backward(
+        &self,
+        gpu: &Gpu,
+        runner: &mut Runner,
+        case: &Case,
+        input: &BackwardInput,
+        dtype: Dtype,
+    ) -> Result<Vec<Row>, Error> {
+        let h = self.h;
+        let scalar = attn_dsl::Scalar::of(attn_dsl::signature::Elem::Data, dtype);
+        let [q, k, v, d_o] = [input.q, input.k, input.v, input.d_o]
+            .map(|x| crate::buffers::rounded(x, scalar));
+        // The forward a framework saves on these inputs: O in the dtype, LSE in f32.
+        let fwd = reference::attention::<f64>(&self.problem(), &cast(&q), &cast(&k), &cast(&v));
+        let o: Vec<f32> = fwd.o.iter().map(|x| crate::buffers::round_to(*x as f32, scalar)).collect();
+        let lse: Vec<f32> = fwd.lse.iter().map(|x| *x as f32).collect();
+        let input = BackwardInput {
+            q: &q,
+            k: &k,
+            v: &v,
+            o: &o,
+            lse: &lse,
+            d_o: &d_o,
+            ..*input
+        };
+        let backward = runner.backward_for(gpu, h.head_dim, self.masks())?;
+        if backward.schedules_in(gpu, h.head_dim, dtype).is_empty() {
+            backward.add_in(gpu, h.head_dim, self.masks(), dtype)?;
+        }
+        let plan = backward.plan_in(gpu, self.batch, self.seq, h, dtype);
+        let mut rows = Vec::new();
+        for schedule in backward.schedules_in(gpu, h.head_dim, dtype) {
+            let (g, _) = backward.run_in(gpu, &input, Some(schedule), dtype)?;
+            let verdicts = judge_half_backward(
+                &self.problem(),
+                [&q, &k, &v, &d_o],
+                (&o, &lse),
+                [&g.dq, &g.dk, &g.dv],
+                &g.dbias,
+                scalar,
+            );
+            rows.push(Row {
+                case: *case,
+                label: planned(
+                    &format!("backward {schedule} {}", dtype.name()),
+                    schedule == plan,
+                ),
+                verdicts,
+            });
+        }
         Ok(rows)
     }
 }

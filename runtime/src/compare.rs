@@ -98,6 +98,43 @@ pub fn judge_half_attention(
     verdicts
 }
 
+/// Judges a half-precision backward (`inputs` Q, K, V, dO and the saved O already rounded
+/// to the kernels' dtype) by the rule for half precision: the f64 reference on the same
+/// inputs; the baseline what FlashAttention gives in that dtype (f32 arithmetic on the
+/// half inputs, P and dS rounded to the dtype as the products' operands, the gradients
+/// rounded to the dtype); pass at twice the baseline's error plus 1e-6 of each gradient's
+/// scale. The kernels return f32 gradients.
+pub fn judge_half_backward(
+    problem: &Problem,
+    inputs: [&[f32]; 4],
+    saved: (&[f32], &[f32]),
+    got: [&[f32]; 3],
+    got_dbias: &[f32],
+    dtype: Scalar,
+) -> Vec<(&'static str, Verdict)> {
+    let [q, k, v, d_o] = inputs.map(reference::cast::<f64>);
+    let r64 = reference::attention_backward(problem, [&q, &k, &v, &d_o], None);
+    let round = |x: f32| crate::buffers::round_to(x, dtype);
+    let r32 = reference::attention_backward_rounding(problem, inputs, Some(saved), &round);
+    let verdict = |got: &[f32], exact: &[f64], framework: &[f32]| {
+        let scale = exact.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+        let v = judge(got, exact, &crate::buffers::rounded(framework, dtype));
+        Verdict {
+            bound: v.bound - 1e-6 + 1e-6 * scale.max(1.0),
+            ..v
+        }
+    };
+    let mut verdicts = vec![
+        ("dq", verdict(got[0], &r64.dq, &r32.dq)),
+        ("dk", verdict(got[1], &r64.dk, &r32.dk)),
+        ("dv", verdict(got[2], &r64.dv, &r32.dv)),
+    ];
+    if problem.mods.bias.is_some() {
+        verdicts.push(("dbias", verdict(got_dbias, &r64.dbias, &r32.dbias)));
+    }
+    verdicts
+}
+
 pub fn judge(gpu: &[f32], reference: &[f64], cpu32: &[f32]) -> Verdict {
     let bound = 2.0 * max_abs_error(cpu32, reference) + 1e-6;
     Verdict {

@@ -338,8 +338,20 @@ pub struct Gradients<T> {
 /// saved tensors.
 pub fn attention_backward<T: Real>(
     p: &Problem,
+    inputs: [&[T]; 4],
+    saved: Option<(&[T], &[T])>,
+) -> Gradients<T> {
+    attention_backward_rounding(p, inputs, saved, &|x| x)
+}
+
+/// [`attention_backward`] with P (after dropout) and scale·dS passed through `round`
+/// before they weight the sums of dV, dK and dQ: what FlashAttention does in half
+/// precision (the products' operands in half, accumulated in f32). dBias stays unrounded.
+pub fn attention_backward_rounding<T: Real>(
+    p: &Problem,
     [q, k, v, d_o]: [&[T]; 4],
     saved: Option<(&[T], &[T])>,
+    round: &(dyn Fn(T) -> T + Sync),
 ) -> Gradients<T> {
     let mut g = Gradients {
         dq: Vec::new(),
@@ -353,7 +365,7 @@ pub fn attention_backward<T: Real>(
         let qs = |x| slice(x, qb, p.q_len());
         let ks = |x| slice(x, kb, p.kv_len());
         let saved = saved.map(|(o, lse)| (qs(o), &lse[b * rows..][..rows]));
-        let one = backward_one(&p.sequence(b), [qs(q), ks(k), ks(v), qs(d_o)], saved);
+        let one = backward_one(&p.sequence(b), [qs(q), ks(k), ks(v), qs(d_o)], saved, round);
         g.dq.extend(one.dq);
         g.dk.extend(one.dk);
         g.dv.extend(one.dv);
@@ -370,6 +382,7 @@ fn backward_one<T: Real>(
     p: &Problem,
     [q, k, v, d_o]: [&[T]; 4],
     saved: Option<(&[T], &[T])>,
+    round: &(dyn Fn(T) -> T + Sync),
 ) -> Gradients<T> {
     let (d, scale) = (p.head_dim, T::from(p.scale).expect("scale fits"));
     // P after dropout, dS (with respect to the pre-cap score, dBias's) of every (query
@@ -399,7 +412,7 @@ fn backward_one<T: Real>(
                     false => T::zero(),
                 })
                 .collect();
-            let dropped = (0..p.n_k).map(|j| probs[j] * p.keep(s, h, j)).collect();
+            let dropped = (0..p.n_k).map(|j| round(probs[j] * p.keep(s, h, j))).collect();
             (dropped, ds)
         })
         .collect();
@@ -415,7 +428,7 @@ fn backward_one<T: Real>(
         .for_each(|(row, out)| {
             let (s, h) = (row / p.n_heads, row % p.n_heads);
             let ds = &at(s, h).1;
-            out.copy_from_slice(&pairwise_rows(p.n_k, d, &|j| scale * ds[j], &|j| {
+            out.copy_from_slice(&pairwise_rows(p.n_k, d, &|j| round(scale * ds[j]), &|j| {
                 p.kv_row(k, j, h)
             }));
         });
@@ -427,7 +440,9 @@ fn backward_one<T: Real>(
             let (j, kv_h) = (row / p.n_kv_heads, row % p.n_kv_heads);
             // Per query head a sum over the query rows, then over the group's heads.
             let per_head = |h: usize| {
-                let dk = pairwise_rows(p.n_q, d, &|s| scale * at(s, h).1[j], &|s| p.q_row(q, s, h));
+                let dk = pairwise_rows(p.n_q, d, &|s| round(scale * at(s, h).1[j]), &|s| {
+                    p.q_row(q, s, h)
+                });
                 let dv = pairwise_rows(p.n_q, d, &|s| at(s, h).0[j], &|s| p.q_row(d_o, s, h));
                 (dk, dv)
             };

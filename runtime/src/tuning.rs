@@ -35,17 +35,31 @@ pub fn flash_backward(
     masks: Masks,
     config: FlashConfig,
 ) -> Result<[KernelAbi; 2], DslError> {
-    let mut q = KernelSpec::flash(
-        &family_name("attention_backward_dq_flash", head_dim),
-        Op::BackwardQ,
-        head_dim,
-        masks,
-        config,
-    );
+    flash_backward_in(head_dim, masks, config, Dtype::F32)
+}
+
+/// [`flash_backward`] reading Q, K, V and dO in `dtype` (the gradients stay f32).
+pub fn flash_backward_in(
+    head_dim: u32,
+    masks: Masks,
+    config: FlashConfig,
+    dtype: Dtype,
+) -> Result<[KernelAbi; 2], DslError> {
+    let mut q = KernelSpec {
+        dtype,
+        ..KernelSpec::flash(
+            &family_name("attention_backward_dq_flash", head_dim),
+            Op::BackwardQ,
+            head_dim,
+            masks,
+            config,
+        )
+    };
     q.writes
         .extend(dbias(masks).map(|(n, m)| (n.to_string(), m)));
     q.fit_target();
-    let kv = KernelSpec {
+    let mut kv = KernelSpec {
+        dtype,
         writes: vec![
             ("dk".into(), attn_dsl::WriteMode::Owned),
             ("dv".into(), attn_dsl::WriteMode::Owned),
@@ -58,7 +72,41 @@ pub fn flash_backward(
             config,
         )
     };
+    kv.fit_target();
     Ok([attn_dsl::compile(&q)?, attn_dsl::compile(&kv)?])
+}
+
+/// The backward's prep (D = rowsum(dO ∘ O), packed with LSE) reading O and dO in `dtype`.
+pub fn backward_prep_in(head_dim: u32, dtype: Dtype) -> Result<KernelAbi, DslError> {
+    let mut spec = KernelSpec {
+        dtype,
+        workgroup_size: head_dim.next_power_of_two().max(32),
+        ..KernelSpec::standard(
+            &family_name("attention_backward_prep", head_dim),
+            Op::BackwardPrep,
+            head_dim,
+            Masks::default(),
+        )
+    };
+    spec.fit_target();
+    attn_dsl::compile(&spec)
+}
+
+/// The tiled backward's configurations in `dtype`, best first: the cooperative-matrix
+/// ones that fit `gpu` where the adapter has them and the dtype is f16, then the first
+/// scalar candidate (the portable one; half precision has no measured table to choose
+/// among the others by).
+pub fn backward_candidates_in(gpu: &Gpu, head_dim: u32, dtype: Dtype) -> Vec<FlashConfig> {
+    let coop = match dtype == Dtype::F16 && gpu.has_coop16() {
+        true => attn_dsl::configs::coop_backward(
+            head_dim,
+            gpu.limits().max_compute_workgroup_storage_size,
+        ),
+        false => Vec::new(),
+    };
+    coop.into_iter()
+        .chain(backward_candidates(head_dim).into_iter().take(1))
+        .collect()
 }
 
 /// The flash backward (schedule (c)) for `head_dim` and `masks`: the key-major kernel of

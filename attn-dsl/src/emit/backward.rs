@@ -47,12 +47,13 @@ fn dkv_part1() -> u32 {
 pub(super) fn backward_prep(out: &mut String, spec: &KernelSpec) {
     index::row_indexing(out, spec);
     out.push_str(PACKING);
+    super::dtype::loads(out, spec, &[("out_at", "o"), ("grad_out_at", "d_o")]);
     // D = dO·O in the order the backward kernels sum dP = dO·V.
     let delta = super::numerics::dot(
         "delta",
         spec.head_dim,
-        |i| format!("d_o[qi + {i}]"),
-        |i| format!("o[qi + {i}]"),
+        |i| format!("grad_out_at(qi + {i})"),
+        |i| format!("out_at(qi + {i})"),
         "        ",
     );
     let _ = write!(

@@ -18,7 +18,7 @@
 
 use std::fmt::Write;
 
-use crate::spec::KernelSpec;
+use crate::spec::{KernelSpec, Op};
 
 /// Rows of a cooperative matrix, and so of a subgroup's share of the tile.
 pub const FRAG: u32 = 16;
@@ -38,6 +38,8 @@ pub struct CoopTiling {
     /// head_dim in P·V, so each holds half the accumulators and a workgroup twice the
     /// subgroups to hide latency with.
     pub split: u32,
+    /// The forward, or a half of the tiled backward ([`super::coop_backward`]).
+    pub op: Op,
 }
 
 impl CoopTiling {
@@ -49,12 +51,13 @@ impl CoopTiling {
             bc: flash.inner,
             head_dim: spec.head_dim,
             split: (spec.workgroup_size / per_split.max(1)).max(1),
+            op: spec.op,
         })
     }
 
     /// Row strides, in elements, of the staged f16 rows, of S (f32) and of P (f16): each a
     /// multiple of 16 bytes, so that every 16x16 load and store starts 16-byte aligned.
-    fn strides(&self) -> (u32, u32, u32) {
+    pub(super) fn strides(&self) -> (u32, u32, u32) {
         (self.head_dim + 8, self.bc + 4, self.bc + 8)
     }
 
@@ -90,7 +93,10 @@ impl CoopTiling {
     }
 
     pub fn bytes(&self) -> u32 {
-        self.bytes_with(self.staged_rows())
+        match self.op {
+            Op::Forward => self.bytes_with(self.staged_rows()),
+            _ => super::coop_backward::bytes(self),
+        }
     }
 
     /// Workgroup memory with `staged` f16 rows: the staging area, S, P, the tile's key
@@ -161,9 +167,10 @@ pub(super) fn kernel(out: &mut String, spec: &KernelSpec, t: &CoopTiling) {
     fetch(out, "k", "k", "kv_index(r, h)", "BC");
     fetch(out, "v", "v", "kv_index(r, h)", "BC");
     put(out);
+    stage_rows(out, "stage_q", "BR", &[("q", "0u")]);
     super::flash::tile_key_range(out);
     body(out, t);
-    entry(out, spec);
+    entry(out, spec, "flash_forward_coop");
 }
 
 fn constants(out: &mut String, t: &CoopTiling) {
@@ -208,7 +215,7 @@ fn workgroup_memory(out: &mut String, t: &CoopTiling) {
 
 /// `fetch_{name}(r0, h, e)`: vec4 `e` of `rows` rows of `tensor` from r0 (zeros past the
 /// sequence and past the block), into registers ahead of its store.
-fn fetch(out: &mut String, name: &str, tensor: &str, index: &str, rows: &str) {
+pub(super) fn fetch(out: &mut String, name: &str, tensor: &str, index: &str, rows: &str) {
     let _ = write!(
         out,
         r#"fn fetch_{name}(r0: u32, h: u32, e: u32) -> vec4<f16> {{
@@ -224,44 +231,62 @@ fn fetch(out: &mut String, name: &str, tensor: &str, index: &str, rows: &str) {
     );
 }
 
-/// `put(e, base, x)`: a fetched vec4 into staged row `base + e / (HEAD_DIM / 4)`.
-fn put(out: &mut String) {
+/// `put_row4(row, c4, x)`: four halves into staged row `row` at vec4 column `c4`;
+/// `put(e, base, x)`: a fetched vec4 of a block of BC rows into staged row
+/// `base + e / (HEAD_DIM / 4)`.
+pub(super) fn put(out: &mut String) {
     // (Words of two halves, stored whole, would halve the stores, but NVIDIA's compiler
     // refuses cooperative loads of f16 through a u32 pointer.)
-    let store = "sh_kv[at] = x.x;\n        sh_kv[at + 1u] = x.y;\n        sh_kv[at + 2u] = x.z;\n        sh_kv[at + 3u] = x.w;";
-    let _ = write!(
-        out,
-        r#"fn put(e: u32, base: u32, x: vec4<f16>) {{
-    if (e < BC * (HEAD_DIM / 4u)) {{
-        let at = (base + e / (HEAD_DIM / 4u)) * KS + (e % (HEAD_DIM / 4u)) * 4u;
-        {store}
-    }}
-}}
+    out.push_str(
+        r#"fn put_row4(row: u32, c4: u32, x: vec4<f16>) {
+    let at = row * KS + c4 * 4u;
+    sh_kv[at] = x.x;
+    sh_kv[at + 1u] = x.y;
+    sh_kv[at + 2u] = x.z;
+    sh_kv[at + 3u] = x.w;
+}
 
-fn stage_q(r0: u32, h: u32, tid: u32) {{
-    for (var e = tid; e < BR * (HEAD_DIM / 4u); e = e + WG) {{
-        let x = fetch_q(r0, h, e);
-        let at = e / (HEAD_DIM / 4u) * KS + (e % (HEAD_DIM / 4u)) * 4u;
-        {store}
-    }}
-}}
+fn put(e: u32, base: u32, x: vec4<f16>) {
+    if (e < BC * (HEAD_DIM / 4u)) {
+        put_row4(base + e / (HEAD_DIM / 4u), e % (HEAD_DIM / 4u), x);
+    }
+}
 
-"#
+"#,
     );
 }
 
-const A: &str = "coop_mat16x16<f16, A>";
-const B: &str = "coop_mat16x16<f16, B>";
-const C: &str = "coop_mat16x16<f32, C>";
+/// `{name}(r0, h, tid)`: `rows` rows of each fetched tensor from r0 into the staged rows
+/// from its base, once per workgroup (not per block).
+pub(super) fn stage_rows(out: &mut String, name: &str, rows: &str, tensors: &[(&str, &str)]) {
+    let puts: String = tensors
+        .iter()
+        .map(|(fetch, base)| {
+            format!(
+                "        put_row4({base} + e / (HEAD_DIM / 4u), e % (HEAD_DIM / 4u), \
+                 fetch_{fetch}(r0, h, e));\n"
+            )
+        })
+        .collect();
+    let _ = write!(
+        out,
+        "fn {name}(r0: u32, h: u32, tid: u32) {{\n    \
+         for (var e = tid; e < {rows} * (HEAD_DIM / 4u); e = e + WG) {{\n{puts}    }}\n}}\n\n"
+    );
+}
+
+pub(super) const A: &str = "coop_mat16x16<f16, A>";
+pub(super) const B: &str = "coop_mat16x16<f16, B>";
+pub(super) const C: &str = "coop_mat16x16<f32, C>";
 
 /// A pointer to staged half `i` (an expression in halves).
-fn staged(i: &str) -> String {
+pub(super) fn staged(i: &str) -> String {
     format!("&sh_kv[{i}]")
 }
 
 /// How the softmax spreads a block's S over the workgroup: rows per subgroup, invocations
 /// per row, keys per invocation.
-fn softmax_layout(t: &CoopTiling) -> (u32, u32, u32) {
+pub(super) fn softmax_layout(t: &CoopTiling) -> (u32, u32, u32) {
     let rows = FRAG / t.split;
     let lanes = SUBGROUP / rows;
     (rows, lanes, t.bc / lanes)
@@ -302,7 +327,7 @@ fn body(out: &mut String, t: &CoopTiling) {
          // The previous block is done with sh_kv, sh_s, sh_p and sh_c.\n        \
          workgroupBarrier();\n        if (tid == 0u) {{\n            atomicStore(&sh_rescale, 0u);\n        }}\n"
     );
-    stage_block(&mut b, t);
+    stage_block(&mut b, t, &[("k", "KB"), ("v", "VB")], "j0", "kv_h");
     scores(&mut b, t);
     softmax(&mut b, lanes, keys);
     rescale(&mut b, dk / t.split);
@@ -324,20 +349,26 @@ fn q_fragment(k: u32) -> String {
 /// that their latencies overlap. (Loading the next block during this one's products
 /// instead held 32 more registers and was 1.1-1.3x slower on an H100; a loop of
 /// load-store pairs was 1.9x slower.)
-fn stage_block(b: &mut String, t: &CoopTiling) {
+pub(super) fn stage_block(
+    b: &mut String,
+    t: &CoopTiling,
+    tensors: &[(&str, &str)],
+    r0: &str,
+    head: &str,
+) {
     let carried = (t.bc * t.head_dim / 4).div_ceil(t.workgroup_size());
     for i in 0..carried {
-        let _ = writeln!(
-            b,
-            "        let pk_{i} = fetch_k(j0, kv_h, tid + {i}u * WG);\n        \
-             let pv_{i} = fetch_v(j0, kv_h, tid + {i}u * WG);"
-        );
+        for (name, _) in tensors {
+            let _ = writeln!(
+                b,
+                "        let p{name}_{i} = fetch_{name}({r0}, {head}, tid + {i}u * WG);"
+            );
+        }
     }
     for i in 0..carried {
-        let _ = writeln!(
-            b,
-            "        put(tid + {i}u * WG, KB, pk_{i});\n        put(tid + {i}u * WG, VB, pv_{i});"
-        );
+        for (name, base) in tensors {
+            let _ = writeln!(b, "        put(tid + {i}u * WG, {base}, p{name}_{i});");
+        }
     }
     b.push_str("        workgroupBarrier();\n");
 }
@@ -352,41 +383,63 @@ const SCORE_CHAINS: u32 = 2;
 /// S = Q·Kᵀ for the row group's 16 rows, the subgroup's share of the block's key
 /// fragments, into sh_s; then a barrier.
 fn scores(b: &mut String, t: &CoopTiling) {
-    let dk = t.head_dim / FRAG;
-    let chains = SCORE_CHAINS.min(dk);
+    key_fragments(b, t);
+    let q = |k: u32| match t.q_in_memory() {
+        true => q_fragment(k),
+        false => format!("qa_{k}"),
+    };
+    transposed_product(b, t, &q, "KB", "sh_s", "sm");
+    b.push_str("        workgroupBarrier();\n");
+}
+
+/// `n{n}`: the first column of each of the subgroup's share of the block's fragments.
+pub(super) fn key_fragments(b: &mut String, t: &CoopTiling) {
     let mine = t.bc / FRAG / t.split;
     for n in 0..mine {
         let _ = writeln!(b, "        let n{n} = (part * {mine}u + {n}u) * {FRAG}u;");
+    }
+}
+
+/// `dest` = own · (staged rows from `base`)ᵀ for the row group's 16 rows and the
+/// subgroup's key fragments `n{n}`, over head_dim: `own(k)` is the row group's A fragment
+/// of head_dim columns 16k..16k + 16; accumulators are named from `tag`.
+pub(super) fn transposed_product(
+    b: &mut String,
+    t: &CoopTiling,
+    own: &dyn Fn(u32) -> String,
+    base: &str,
+    dest: &str,
+    tag: &str,
+) {
+    let dk = t.head_dim / FRAG;
+    let chains = SCORE_CHAINS.min(dk);
+    for n in 0..t.bc / FRAG / t.split {
         for c in 0..chains {
-            let _ = writeln!(b, "        var sm_{n}_{c} = {C}();");
+            let _ = writeln!(b, "        var {tag}_{n}_{c} = {C}();");
         }
         for k in 0..dk {
-            let q = match t.q_in_memory() {
-                true => q_fragment(k),
-                false => format!("qa_{k}"),
-            };
-            let key = staged(&format!("(KB + n{n}) * KS + {}u", k * FRAG));
-            let acc = format!("sm_{n}_{}", k % chains);
+            let key = staged(&format!("({base} + n{n}) * KS + {}u", k * FRAG));
+            let acc = format!("{tag}_{n}_{}", k % chains);
             let _ = writeln!(
                 b,
-                "        {acc} = coopMultiplyAdd({q}, coopLoad<{B}>({key}, KS), {acc});"
+                "        {acc} = coopMultiplyAdd({}, coopLoad<{B}>({key}, KS), {acc});",
+                own(k)
             );
         }
         let _ = writeln!(
             b,
-            "        coopStoreT({}, &sh_s[rg * {FRAG}u * SS + n{n}], SS);",
+            "        coopStoreT({}, &{dest}[rg * {FRAG}u * SS + n{n}], SS);",
             pairwise(
                 &(0..chains)
-                    .map(|c| format!("sm_{n}_{c}"))
+                    .map(|c| format!("{tag}_{n}_{c}"))
                     .collect::<Vec<_>>()
             ),
         );
     }
-    b.push_str("        workgroupBarrier();\n");
 }
 
 /// `terms` summed in pairs: ((a + b) + (c + d)).
-fn pairwise(terms: &[String]) -> String {
+pub(super) fn pairwise(terms: &[String]) -> String {
     match terms.len() {
         1 => terms[0].clone(),
         n => format!(
@@ -399,21 +452,35 @@ fn pairwise(terms: &[String]) -> String {
 
 /// O += P·V for the row group's 16 rows, the subgroup's share of head_dim.
 fn accumulate(b: &mut String, t: &CoopTiling) {
+    weighted_sum(b, t, "sh_p", "p", "VB", "o");
+}
+
+/// `acc_n` += src · (staged rows from `base`) for the row group's 16 rows: `src` holds
+/// 16-bit weights (rows of the tile, PS apart, a column per staged row), its A fragments
+/// named from `tag`; the subgroup takes its share of head_dim.
+pub(super) fn weighted_sum(
+    b: &mut String,
+    t: &CoopTiling,
+    src: &str,
+    tag: &str,
+    base: &str,
+    acc: &str,
+) {
     let mine = t.head_dim / FRAG / t.split;
     for k in 0..t.bc / FRAG {
         let _ = writeln!(
             b,
-            "        let pa_{k} = coopLoadT<{A}>(&sh_p[rg * {FRAG}u * PS + {}u], PS);",
+            "        let {tag}a_{k} = coopLoadT<{A}>(&{src}[rg * {FRAG}u * PS + {}u], PS);",
             k * FRAG
         );
         for n in 0..mine {
             let value = staged(&format!(
-                "(VB + {}u) * KS + (part * {mine}u + {n}u) * {FRAG}u",
+                "({base} + {}u) * KS + (part * {mine}u + {n}u) * {FRAG}u",
                 k * FRAG
             ));
             let _ = writeln!(
                 b,
-                "        o_{n} = coopMultiplyAdd(pa_{k}, coopLoadT<{B}>({value}, KS), o_{n});"
+                "        {acc}_{n} = coopMultiplyAdd({tag}a_{k}, coopLoadT<{B}>({value}, KS), {acc}_{n});"
             );
         }
     }
@@ -523,17 +590,18 @@ fn finish(b: &mut String, t: &CoopTiling, lanes: u32) {
     b.push_str("}\n\n");
 }
 
-/// Workgroup (x, y, z): query tile x of head y of sequence z. The layout assumes subgroups
+/// Workgroup (x, y, z): row tile x of head y (the KV head for a key-major backward half) of
+/// sequence z, into `body`. The layout assumes subgroups
 /// of exactly [`SUBGROUP`] invocations; the runtime refuses adapters whose subgroups may
 /// be any other size.
-fn entry(out: &mut String, spec: &KernelSpec) {
+pub(super) fn entry(out: &mut String, spec: &KernelSpec, body: &str) {
     let _ = write!(
         out,
         r#"@compute @workgroup_size(WG)
 fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32,
     @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {{
     batch = wg.z;
-    flash_forward_coop(wg.x, wg.y, tid, sg, lane);
+    {body}(wg.x, wg.y, tid, sg, lane);
 }}
 "#,
         name = spec.name

@@ -18,13 +18,19 @@ pub(super) fn directive(out: &mut String, spec: &KernelSpec) {
     }
 }
 
-/// `{name}_at(i) -> f32` and `{name}4_at(i) -> vec4<f32>` (elements i..i+4, `i` a
-/// multiple of 4) for each (accessor, tensor), and the stores into `o`. f16 tensors are
+/// [`loads`] and the stores into `o`.
+pub(super) fn accessors(out: &mut String, spec: &KernelSpec, names: &[(&str, &str)]) {
+    loads(out, spec, names);
+    stores(out, spec.dtype);
+}
+
+/// `{name}_at(i) -> f32` and `{stem}4_at(i) -> vec4<f32>` (elements i..i+4, `i` a
+/// multiple of 4) for each (accessor, tensor). f16 tensors are
 /// `array<vec4<f16>>` (a vec4 in one 8-byte load; WGSL's memory locations are scalars, so
 /// invocations writing different halves of one vec4 do not race); bf16 vec4s are two
 /// word loads.
-pub(super) fn accessors(out: &mut String, spec: &KernelSpec, loads: &[(&str, &str)]) {
-    for (name, tensor) in loads {
+pub(super) fn loads(out: &mut String, spec: &KernelSpec, names: &[(&str, &str)]) {
+    for (name, tensor) in names {
         let (one, four) = match spec.dtype {
             Dtype::F32 => (
                 format!("return {tensor}[i];"),
@@ -56,7 +62,6 @@ pub(super) fn accessors(out: &mut String, spec: &KernelSpec, loads: &[(&str, &st
              fn {stem}4_at(i: u32) -> vec4<f32> {{\n    {four}\n}}\n\n"
         );
     }
-    stores(out, spec.dtype);
 }
 
 /// `widen4(x) -> vec4<f32>` and `narrow4(x: vec4<f32>)`: an element of an `Elem::Data4`

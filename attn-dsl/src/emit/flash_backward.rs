@@ -29,12 +29,23 @@ fn head_rows(out: &mut String, names: &[&str], rows: u32, t: &Tiling) {
     }
 }
 
-/// Head indexing, the masks and the packed `stats` offsets both halves read.
-fn helpers(out: &mut String, spec: &KernelSpec) {
+/// Head indexing, the masks, the packed `stats` offsets both halves read, and the loads of
+/// Q, K, V and dO in the dtype.
+pub(super) fn helpers(out: &mut String, spec: &KernelSpec) {
     index::kv_head(out, spec);
     index::row_indexing(out, spec);
     index::masks(out, spec);
     out.push_str(backward::PACKING);
+    super::dtype::loads(
+        out,
+        spec,
+        &[
+            ("query_at", "q"),
+            ("key_at", "k"),
+            ("value_at", "v"),
+            ("grad_out_at", "d_o"),
+        ],
+    );
 }
 
 pub(super) fn backward_q(out: &mut String, spec: &KernelSpec, t: &Tiling) {
@@ -57,9 +68,9 @@ pub(super) fn backward_q(out: &mut String, spec: &KernelSpec, t: &Tiling) {
     if scatter_kv {
         super::scatter::atomic_add(out, spec, "dkv");
     }
-    stage(out, "stage_q", "BR", "q_index(r, h)", "sh_q", "q");
-    stage(out, "stage_do", "BR", "q_index(r, h)", "sh_do", "d_o");
-    for (name, src, dst) in [("k", "k", "sh_k"), ("v", "v", "sh_v")] {
+    stage(out, "stage_q", "BR", "q_index(r, h)", "sh_q", "query_at");
+    stage(out, "stage_do", "BR", "q_index(r, h)", "sh_do", "grad_out_at");
+    for (name, src, dst) in [("k", "key_at", "sh_k"), ("v", "value_at", "sh_v")] {
         fetch(out, name, "BC", "kv_index(r, h)", src);
         put(out, name, "BC", dst);
     }
@@ -189,40 +200,13 @@ pub(super) fn backward_kv(out: &mut String, spec: &KernelSpec, t: &Tiling) {
         tile = t.br * (t.bc + 1)
     );
     helpers(out, spec);
-    stage(out, "stage_k", "BR", "kv_index(r, h)", "sh_k", "k");
-    stage(out, "stage_v", "BR", "kv_index(r, h)", "sh_v", "v");
-    for (name, src, dst) in [("q", "q", "sh_q"), ("do", "d_o", "sh_do")] {
+    stage(out, "stage_k", "BR", "kv_index(r, h)", "sh_k", "key_at");
+    stage(out, "stage_v", "BR", "kv_index(r, h)", "sh_v", "value_at");
+    for (name, src, dst) in [("q", "query_at", "sh_q"), ("do", "grad_out_at", "sh_do")] {
         fetch(out, name, "BC", "q_index(r, h)", src);
         put(out, name, "BC", dst);
     }
-    let _ = write!(
-        out,
-        r#"// query_range is monotone in the key (document starts and ends never decrease, causal
-// starts grow), so the first and last keys of the tile bound the queries that see any key
-// of it, and those in [last.x, first.y) see all of them.
-fn tile_query_range(col0: u32) -> vec4<u32> {{
-    let first = query_range(col0);
-    let last = query_range(min(col0 + BR, dims.seq_len) - 1u);
-    return vec4<u32>(first.x, last.y, last.x, first.y);
-}}
-
-fn fetch_stats(s0: u32, h: u32, e: u32) -> vec2<f32> {{
-    let s = s0 + e;
-    var x = vec2<f32>(0.0);
-    if (e < BC && s < dims.seq_len) {{
-        x = vec2<f32>(stats[stats_part(0u, s, h)], stats[stats_part(1u, s, h)]);
-    }}
-    return x;
-}}
-
-fn put_stats(e: u32, x: vec2<f32>) {{
-    if (e < BC) {{
-        sh_stats[e] = x;
-    }}
-}}
-
-"#
-    );
+    query_tiles(out);
     let scatter = spec.write_mode("dq").is_some();
     if scatter {
         super::scatter::atomic_add(out, spec, "dq");
@@ -230,6 +214,38 @@ fn put_stats(e: u32, x: vec2<f32>) {{
     kv_body(out, t, scatter, spec.write_mode("dbias").is_some());
     super::flash::entry(out, spec, t, "flash_backward_kv");
 }
+
+/// `tile_query_range(col0)`, the queries that see a key tile (`.xy`) and those that see
+/// all of it (`.zw`); `fetch_stats`/`put_stats`: (LSE, D) of a block of BC query rows.
+pub(super) fn query_tiles(out: &mut String) {
+    out.push_str(QUERY_TILES);
+}
+
+const QUERY_TILES: &str = r#"// query_range is monotone in the key (document starts and ends never decrease, causal
+// starts grow), so the first and last keys of the tile bound the queries that see any key
+// of it, and those in [last.x, first.y) see all of them.
+fn tile_query_range(col0: u32) -> vec4<u32> {
+    let first = query_range(col0);
+    let last = query_range(min(col0 + BR, dims.seq_len) - 1u);
+    return vec4<u32>(first.x, last.y, last.x, first.y);
+}
+
+fn fetch_stats(s0: u32, h: u32, e: u32) -> vec2<f32> {
+    let s = s0 + e;
+    var x = vec2<f32>(0.0);
+    if (e < BC && s < dims.seq_len) {
+        x = vec2<f32>(stats[stats_part(0u, s, h)], stats[stats_part(1u, s, h)]);
+    }
+    return x;
+}
+
+fn put_stats(e: u32, x: vec2<f32>) {
+    if (e < BC) {
+        sh_stats[e] = x;
+    }
+}
+
+"#;
 
 fn kv_body(out: &mut String, t: &Tiling, scatter_dq: bool, dbias: bool) {
     let (tm, tn, dn) = (t.tm, t.tn, t.dn);

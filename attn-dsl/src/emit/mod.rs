@@ -5,6 +5,7 @@
 mod attend;
 mod backward;
 pub mod coop;
+mod coop_backward;
 mod decode_split;
 mod dtype;
 mod flash;
@@ -50,8 +51,12 @@ pub fn emit(spec: &KernelSpec, bindings: &[Binding]) -> String {
 /// schedule.
 fn emit_body(out: &mut String, spec: &KernelSpec) {
     if let Some(t) = coop::CoopTiling::of(spec) {
-        attend::forward_helpers(out, spec);
-        coop::kernel(out, spec, &t);
+        if spec.op == Op::Forward {
+            attend::forward_helpers(out, spec);
+            coop::kernel(out, spec, &t);
+        } else {
+            coop_backward::kernel(out, spec, &t);
+        }
         return;
     }
     if let Some(Ok(t)) = Tiling::of(spec) {

@@ -1,0 +1,312 @@
+//! The tiled recompute backward (schedule (d)) on cooperative matrices: the five products
+//! of the flash backward as 16x16x16 products of f16 operands into f32 accumulators, in
+//! the two halves of [`super::flash_backward`]:
+//!
+//! - `backward_q` (s-major) owns BR query rows: per block of BC keys, S = Q·Kᵀ and
+//!   dP = dO·Vᵀ, then dS = scale·P·(dP − D) with P = exp(S − LSE) elementwise, then
+//!   dQ += dS·K.
+//! - `backward_kv` (j-major) owns BR key rows: per block of BC query rows of each query
+//!   head of its KV head (K and V loaded once for the group), Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ,
+//!   then Pᵀ and dSᵀ, then dV += Pᵀ·dO and dK += dSᵀ·Q.
+//!
+//! Each subgroup holds its 16 owned rows of both operand tensors as A fragments for the
+//! whole pass (staged once through workgroup memory, which the blocks then reuse). P and
+//! dS are rounded to f16 as the products' operands, as FlashAttention does; S and dP stay
+//! f32 in workgroup memory for the elementwise step. The gradients are summed in the
+//! accumulators over every block and added into the f32 outputs once, at the end.
+
+use std::fmt::Write;
+
+use super::coop::{self, A, C, CoopTiling, FRAG};
+use crate::spec::{KernelSpec, Op};
+
+/// Rows of the f16 staging area: each owned tensor in turn (loaded into fragments before
+/// the next), then each block's two tensors over them.
+fn staged_rows(t: &CoopTiling) -> u32 {
+    t.br.max(2 * t.bc)
+}
+
+/// Bytes of workgroup memory: the f16 staging area, S and dP (f32), dS (and for the
+/// key-major half P and the block's (LSE, D)) and the tile's range.
+pub(super) fn bytes(t: &CoopTiling) -> u32 {
+    let (ks, ss, ps) = t.strides();
+    let staged = staged_rows(t) * ks * 2;
+    let weights = match t.op {
+        Op::BackwardKv => 2 * (2 * t.br * ps) + 8 * t.bc,
+        _ => 2 * t.br * ps,
+    };
+    staged + 2 * 4 * t.br * ss + weights + 16
+}
+
+/// The half's names: its body, the owned and streamed (fetch name, tensor, index)
+/// triples, the row and head of an owned row, and the accumulators with their outputs.
+struct Half {
+    body: &'static str,
+    own: [(&'static str, &'static str, &'static str); 2],
+    streamed: [(&'static str, &'static str, &'static str); 2],
+    /// (accumulator, output tensor, weights in workgroup memory, their fragments' tag,
+    /// the staged tensor they multiply: 0 the block's first, 1 its second)
+    sums: &'static [(&'static str, &'static str, &'static str, &'static str, u32)],
+}
+
+const Q_HALF: Half = Half {
+    body: "coop_backward_q",
+    own: [("q", "q", "q_index(r, h)"), ("do", "d_o", "q_index(r, h)")],
+    streamed: [("k", "k", "kv_index(r, h)"), ("v", "v", "kv_index(r, h)")],
+    sums: &[("dq", "dq", "sh_ds", "ds", 0)],
+};
+
+const KV_HALF: Half = Half {
+    body: "coop_backward_kv",
+    own: [("k", "k", "kv_index(r, h)"), ("v", "v", "kv_index(r, h)")],
+    streamed: [("q", "q", "q_index(r, h)"), ("do", "d_o", "q_index(r, h)")],
+    sums: &[
+        ("dv", "dv", "sh_p", "p", 1),
+        ("dk", "dk", "sh_ds", "ds", 0),
+    ],
+};
+
+pub(super) fn kernel(out: &mut String, spec: &KernelSpec, t: &CoopTiling) {
+    let kv = spec.op == Op::BackwardKv;
+    let half = if kv { &KV_HALF } else { &Q_HALF };
+    constants(out, t);
+    workgroup_memory(out, t, kv);
+    super::flash_backward::helpers(out, spec);
+    let (own_rows, block_rows) = ("BR", "BC");
+    for (name, tensor, index) in half.own {
+        coop::fetch(out, name, tensor, index, own_rows);
+    }
+    for (name, tensor, index) in half.streamed {
+        coop::fetch(out, name, tensor, index, block_rows);
+    }
+    coop::put(out);
+    for (i, (name, ..)) in half.own.iter().enumerate() {
+        coop::stage_rows(out, &format!("stage_own{i}"), "BR", &[(name, "0u")]);
+    }
+    match kv {
+        true => super::flash_backward::query_tiles(out),
+        false => super::flash::tile_key_range(out),
+    }
+    let mut b = String::new();
+    prologue(&mut b, t, half, kv);
+    match kv {
+        true => kv_loop(&mut b, t),
+        false => q_loop(&mut b, t),
+    }
+    let elementwise = match kv {
+        true => KV_ELEMENTWISE.replace("DBIAS\n", ""),
+        false => with_dbias(Q_ELEMENTWISE, spec.write_mode("dbias").is_some()),
+    };
+    products(&mut b, t, half, &elementwise);
+    finish(&mut b, t, half, kv);
+    out.push_str(&b);
+    coop::entry(out, spec, half.body);
+}
+
+fn constants(out: &mut String, t: &CoopTiling) {
+    let (ks, ss, ps) = t.strides();
+    let (rows, lanes, keys) = coop::softmax_layout(t);
+    let _ = write!(
+        out,
+        "// Cooperative-matrix tiling: BR owned rows per workgroup, {FRAG} per subgroup; BC rows\n\
+         // per staged block; row strides KS (staged f16 rows), SS (S and dP, f32), PS (P and\n\
+         // dS, f16).\n\
+         const BR: u32 = {}u;\nconst BC: u32 = {}u;\n\
+         // Row groups of 16 owned rows, and subgroups per row group.\n\
+         const NRG: u32 = {}u;\nconst SPLIT: u32 = {}u;\n\
+         const KS: u32 = {ks}u;\nconst SS: u32 = {ss}u;\nconst PS: u32 = {ps}u;\n\
+         // The elementwise step: rows per subgroup, invocations per row, columns each\n\
+         // (interleaved, so that the row's invocations read consecutive words).\n\
+         const EROWS: u32 = {rows}u;\nconst ELANES: u32 = {lanes}u;\nconst ECOLS: u32 = {keys}u;\n\n",
+        t.br,
+        t.bc,
+        t.br / FRAG,
+        t.split,
+    );
+}
+
+fn workgroup_memory(out: &mut String, t: &CoopTiling, kv: bool) {
+    let (ks, ss, ps) = t.strides();
+    let _ = write!(
+        out,
+        "// Each owned tensor (rows 0..BR) in turn until its fragments are loaded; then each\n\
+         // block's two tensors, from rows 0 and BC.\n\
+         var<workgroup> sh_kv: array<f16, {}>;\n\
+         var<workgroup> sh_s: array<f32, {}>;\nvar<workgroup> sh_dp: array<f32, {}>;\n\
+         var<workgroup> sh_ds: array<f16, {}>;\nvar<workgroup> sh_range: vec4<u32>;\n",
+        staged_rows(t) * ks,
+        t.br * ss,
+        t.br * ss,
+        t.br * ps,
+    );
+    if kv {
+        let _ = write!(
+            out,
+            "var<workgroup> sh_p: array<f16, {}>;\n\
+             // (LSE, D) of each staged query row.\nvar<workgroup> sh_stats: array<vec2<f32>, BC>;\n",
+            t.br * ps
+        );
+    }
+    out.push('\n');
+}
+
+/// The owned rows' fragments, the accumulators, the elementwise step's row and the block
+/// range, up to the block loop.
+fn prologue(b: &mut String, t: &CoopTiling, half: &Half, kv: bool) {
+    let (head, row0) = match kv {
+        true => ("kv_h", "col0"),
+        false => ("h", "row0"),
+    };
+    let _ = write!(
+        b,
+        "fn {}(tile: u32, {head}: u32, tid: u32, sg: u32, lane: u32) {{\n    \
+         let {row0} = tile * BR;\n    \
+         // The subgroup's 16 owned rows (row group) and its half of their products, if split.\n    \
+         let rg = sg % NRG;\n    let part = sg / NRG;\n    \
+         if (tid == 0u) {{\n        sh_range = {}({row0});\n    }}\n",
+        half.body,
+        if kv { "tile_query_range" } else { "tile_key_range" },
+    );
+    for (i, tag) in ["oa", "ob"].into_iter().enumerate() {
+        let _ = writeln!(
+            b,
+            "    workgroupBarrier();\n    stage_own{i}({row0}, {head}, tid);\n    workgroupBarrier();"
+        );
+        for k in 0..t.head_dim / FRAG {
+            let _ = writeln!(
+                b,
+                "    let {tag}_{k} = coopLoadT<{A}>(&sh_kv[rg * {FRAG}u * KS + {}u], KS);",
+                k * FRAG
+            );
+        }
+    }
+    for (acc, ..) in half.sums {
+        for n in 0..t.head_dim / FRAG / t.split {
+            let _ = writeln!(b, "    var {acc}_{n} = {C}();");
+        }
+    }
+    let _ = write!(
+        b,
+        "    // The elementwise step's row of the tile and its first column.\n    \
+         let r = sg * EROWS + lane / ELANES;\n    let c0 = lane % ELANES;\n    \
+         let range = workgroupUniformLoad(&sh_range);\n"
+    );
+}
+
+/// The query-major loop head: the row's key range and statistics, then per block of keys
+/// its K and V staged.
+fn q_loop(b: &mut String, t: &CoopTiling) {
+    b.push_str(
+        "    let kv_h = kv_head(h);\n    let row = row0 + r;\n    var lo = 0u;\n    var hi = 0u;\n    \
+         var lse = 0.0;\n    var delta = 0.0;\n    if (row < dims.seq_len) {\n        \
+         let keys = key_range(row);\n        lo = keys.x;\n        hi = keys.y;\n        \
+         lse = stats[stats_part(0u, row, h)];\n        delta = stats[stats_part(1u, row, h)];\n    }\n    \
+         let kt_end = (range.y + BC - 1u) / BC;\n    \
+         for (var kt = range.x / BC; kt < kt_end; kt = kt + 1u) {\n        let j0 = kt * BC;\n        \
+         // The previous block is done with sh_kv, sh_s, sh_dp and sh_ds.\n        \
+         workgroupBarrier();\n",
+    );
+    coop::stage_block(b, t, &[("k", "0u"), ("v", "BC")], "j0", "kv_h");
+}
+
+/// The key-major loop head: every block of queries that sees the tile, last first, and
+/// within a block every query head of the KV head (the weights of a key shrink with the
+/// query's distance under a causal mask, so the small terms are added first), each with
+/// its Q, dO and (LSE, D) staged.
+fn kv_loop(b: &mut String, t: &CoopTiling) {
+    b.push_str(
+        "    let col = col0 + r;\n    let group = q_per_kv();\n    let first = range.x / BC;\n    \
+         let blocks = (range.y + BC - 1u) / BC - first;\n    \
+         for (var it = 0u; it < group * blocks; it = it + 1u) {\n        \
+         let h = kv_h * group + it % group;\n        \
+         let s0 = (first + blocks - 1u - it / group) * BC;\n        \
+         // The previous block is done with sh_kv, sh_s, sh_dp, sh_p, sh_ds and sh_stats.\n        \
+         workgroupBarrier();\n        \
+         for (var e = tid; e < BC; e = e + WG) {\n            \
+         put_stats(e, fetch_stats(s0, h, e));\n        }\n",
+    );
+    coop::stage_block(b, t, &[("q", "0u"), ("do", "BC")], "s0", "h");
+}
+
+/// The block's two transposed products, the elementwise step and the weighted sums; closes
+/// the loop.
+fn products(b: &mut String, t: &CoopTiling, half: &Half, elementwise: &str) {
+    coop::key_fragments(b, t);
+    coop::transposed_product(b, t, &|k| format!("oa_{k}"), "0u", "sh_s", "sm");
+    coop::transposed_product(b, t, &|k| format!("ob_{k}"), "BC", "sh_dp", "dm");
+    b.push_str("        workgroupBarrier();\n");
+    b.push_str(elementwise);
+    b.push_str("        workgroupBarrier();\n");
+    for (acc, _, src, tag, which) in half.sums {
+        let base = if *which == 0 { "0u" } else { "BC" };
+        coop::weighted_sum(b, t, src, tag, base, acc);
+    }
+    b.push_str("    }\n");
+}
+
+/// P = exp(S − LSE) and dS = scale·P·(dP − D) for the invocation's ECOLS keys of its row.
+const Q_ELEMENTWISE: &str = r#"        for (var i = 0u; i < ECOLS; i = i + 1u) {
+            let c = c0 + i * ELANES;
+            let j = j0 + c;
+            let v = j >= lo && j < hi && key_visible(row, j);
+            let x = scored(row, h, j, sh_s[r * SS + c]);
+            let p = exp_f32(x.x - lse);
+            let g = select(0.0, score_grad(x, p * (dropped(row, h, j, sh_dp[r * SS + c]) - delta)), v);
+            sh_ds[r * PS + c] = f16(params.scale * g);
+            DBIAS
+        }
+"#;
+
+/// Pᵀ (dropped) and dSᵀ for the invocation's ECOLS queries of its key.
+const KV_ELEMENTWISE: &str = r#"        for (var i = 0u; i < ECOLS; i = i + 1u) {
+            let c = c0 + i * ELANES;
+            let q = s0 + c;
+            let st = sh_stats[c];
+            let v = q < dims.seq_len && col < dims.seq_len && visible(q, col);
+            let x = scored(q, h, col, sh_s[r * SS + c]);
+            let p = select(0.0, exp_f32(x.x - st.x), v);
+            let g = select(0.0, score_grad(x, p * (dropped(q, h, col, sh_dp[r * SS + c]) - st.y)), v);
+            sh_p[r * PS + c] = f16(dropped(q, h, col, p));
+            sh_ds[r * PS + c] = f16(params.scale * g);
+        }
+"#;
+
+/// Each accumulator into its output through the subgroup's 16x16 corner of sh_s, a
+/// fragment at a time, added to what the output holds.
+fn finish(b: &mut String, t: &CoopTiling, half: &Half, kv: bool) {
+    let mine = t.head_dim / FRAG / t.split;
+    let (row0, index) = match kv {
+        true => ("col0", "kv_index(out_row, kv_h)"),
+        false => ("row0", "q_index(out_row, h)"),
+    };
+    let _ = write!(
+        b,
+        "    let pr = rg * {FRAG}u + lane / 2u;\n    let out_row = {row0} + pr;\n    \
+         let base = {index};\n    let c8 = (lane % 2u) * 8u;\n    \
+         let x = pr * SS + part * 16u + c8;\n"
+    );
+    for (acc, output, ..) in half.sums {
+        for n in 0..mine {
+            let _ = write!(
+                b,
+                "    workgroupBarrier();\n    \
+                 coopStoreT({acc}_{n}, &sh_s[rg * {FRAG}u * SS + part * 16u], SS);\n    \
+                 workgroupBarrier();\n    if (out_row < dims.seq_len) {{\n        \
+                 let at = base + (part * {mine}u + {n}u) * {FRAG}u + c8;\n        \
+                 for (var e = 0u; e < 8u; e = e + 1u) {{\n            \
+                 {output}[at + e] = {output}[at + e] + sh_s[x + e];\n        }}\n    }}\n"
+            );
+        }
+    }
+    b.push_str("}\n\n");
+}
+
+/// The query-major elementwise step with the dBias store where the description writes one
+/// (the dQ half sees every dS, so it writes dBias).
+fn with_dbias(body: &str, dbias: bool) -> String {
+    let store = match dbias {
+        true => "            if (v) {\n                store_dbias(row, h, j, g);\n            }\n",
+        false => "",
+    };
+    body.replace("            DBIAS\n", store)
+}
