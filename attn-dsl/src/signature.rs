@@ -49,6 +49,8 @@ pub enum Presence {
     /// When the description declares this output with this write mode (a gradient summed
     /// over rows: the whole tensor when atomic, one partial per row tile when scratch).
     IfWrittenAs(WriteMode),
+    /// With cooperative-matrix products (`true`) or without them.
+    IfCoop(bool),
 }
 
 /// One tensor (or uniform block) an op touches.
@@ -88,7 +90,9 @@ const fn when(t: Tensor, presence: Presence) -> Tensor {
 
 use Axis::{B, D, H, J, KvH, Page, Part, S, Slice};
 use Elem::{Data, Data4, F32, F32x4, U32};
-use Presence::{IfAlibi, IfBias, IfBiasWritten, IfDocument, IfRecompute, IfScratch, IfWritten};
+use Presence::{
+    IfAlibi, IfBias, IfBiasWritten, IfCoop, IfDocument, IfRecompute, IfScratch, IfWritten,
+};
 use Role::{Input, Output, Uniform};
 
 const DIMS: Tensor = t("dims", Uniform, U32, &[]);
@@ -188,15 +192,22 @@ const BACKWARD_PREP: &[Tensor] = &[
     DIMS,
 ];
 
+// On cooperative matrices the dQ half does the prep's work itself: it reads O and the LSE,
+// computes D = dO·O on the tensor cores (the order in which they sum dP = dO·V, so that
+// dP − D cancels exactly where a row attends to one key) and packs both into `stats` for
+// the dK/dV half.
 const BACKWARD_Q: &[Tensor] = &[
     t("q", Input, Data, &[B, S, H, D]),
     t("k", Input, Data, &[B, J, KvH, D]),
     t("v", Input, Data, &[B, J, KvH, D]),
     t("d_o", Input, Data, &[B, S, H, D]),
-    t("stats", Input, F32, &[Part, B, S, H]),
+    when(t("stats", Input, F32, &[Part, B, S, H]), IfCoop(false)),
+    when(t("stats", Output, F32, &[Part, B, S, H]), IfCoop(true)),
     t("dq", Output, F32, &[B, S, H, D]),
     when(t("p_ds", Output, F32, &[Part, B, S, H, J]), IfWritten),
     when(t("dkv", Output, F32, &[Part, B, J, KvH, D]), IfWritten),
+    when(t("o", Input, Data, &[B, S, H, D]), IfCoop(true)),
+    when(t("lse", Input, F32, &[B, S, H]), IfCoop(true)),
     DIMS,
     PARAMS_T,
     SEG,
@@ -344,6 +355,7 @@ pub fn tensors(spec: &KernelSpec) -> Vec<Tensor> {
             }
             Presence::IfWrittenAs(mode) => spec.write_mode(t.name) == Some(mode),
             Presence::IfCache(cache) => spec.cache == cache,
+            Presence::IfCoop(coop) => spec.grid.uses_coop() == coop,
         })
         .copied()
         .collect()

@@ -457,7 +457,8 @@ impl Backward {
         if let (Schedule::Split, Some(scratch)) = (schedule, &self.scratch) {
             bound.push(("p_ds", &scratch.p_ds));
         }
-        for kernel in std::iter::once(&self.compiled[set].prep).chain(kernels.iter().copied()) {
+        let prep = needs_prep(&kernels).then_some(&self.compiled[set].prep);
+        for kernel in prep.into_iter().chain(kernels.iter().copied()) {
             let grid = attention::checked_grid(kernel.abi(), gpu.limits(), &dims)?;
             submit(gpu, kernel, &bound, grid)?;
         }
@@ -595,6 +596,14 @@ impl Backward {
             });
         }
     }
+}
+
+/// Whether a schedule's kernels need the prep to pack LSE and D into `stats`: not where
+/// the first reads the LSE itself (the dQ half on cooperative matrices packs them).
+pub fn needs_prep(kernels: &[&Kernel]) -> bool {
+    kernels
+        .first()
+        .is_none_or(|k| k.abi().binding("lse").is_none())
 }
 
 /// The dBias so far, or one word to bind where the kernels write no dBias.

@@ -451,6 +451,42 @@ attention_kernel! {
 }
 
 attention_kernel! {
+    /// The tiled recompute split on tensor cores, dQ half, head_dim 128: S = Q·Kᵀ, dP = dO·Vᵀ
+    /// and dQ += dS·K as f16 cooperative-matrix products into f32, 64 query rows by two
+    /// subgroups per 16; it packs LSE and D (dO·O on the tensor cores) into `stats` itself,
+    /// so the schedule runs without the prep. The planner's first half-precision backward
+    /// where the device has cooperative matrices (`tuning::backward_candidates_in`).
+    pub attention_backward_dq_flash_tc_d128 {
+        op: backward_q,
+        grid: s_major(tile = 64, key_tile = 32, rows_per_thread = 16, matrix = coop16),
+        head_dim: 128,
+        gqa: any,
+        masks: [causal, document],
+        target: native(workgroup_storage = 40976, storage_buffers = 9),
+        workgroup_size: 256,
+        dtype: f16,
+        writes: { dq: owned },
+    }
+}
+
+attention_kernel! {
+    /// Its dK/dV half: 64 key rows, K and V held as fragments for every query head of the
+    /// KV head, Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ, dV += Pᵀ·dO and dK += dSᵀ·Q.
+    pub attention_backward_dkdv_flash_tc_d128 {
+        op: backward_kv,
+        grid: j_major(tile = 64, query_tile = 32, rows_per_thread = 16, matrix = coop16),
+        head_dim: 128,
+        gqa: any,
+        masks: [causal, document],
+        target: native(workgroup_storage = 46352),
+        workgroup_size: 256,
+        dtype: f16,
+        source: recompute,
+        writes: { dk: owned, dv: owned },
+    }
+}
+
+attention_kernel! {
     /// Tiled recompute split, dQ half, head_dim 64: query tiles with Q and dO staged, K and
     /// V staged a block of keys at a time (candidate 0 of the backward configurations).
     pub attention_backward_dq_flash {

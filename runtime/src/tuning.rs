@@ -536,6 +536,24 @@ mod tests {
     }
 
     #[test]
+    fn family_tensor_core_backward_is_the_first_coop_candidate() {
+        let first =
+            attn_dsl::configs::coop_backward(128, attn_dsl::configs::CANDIDATE_WORKGROUP_BYTES)[0];
+        assert_eq!(first.label(), "64x32/16@256+tc");
+        let [q, kv] = flash_backward_in(128, Masks::new(true, true), first, Dtype::F16).unwrap();
+        let family = [
+            &crate::kernels::attention_backward_dq_flash_tc_d128::ABI,
+            &crate::kernels::attention_backward_dkdv_flash_tc_d128::ABI,
+        ];
+        // The same kernels but for their names (the runtime's omit `_tc`).
+        for (compiled, family) in [q, kv].iter().zip(family) {
+            assert_eq!(compiled.target, family.target, "{}", family.name);
+            let text = |abi: &KernelAbi| abi.wgsl.replace(&*abi.name, "NAME");
+            assert_eq!(text(compiled), text(family), "{}", family.name);
+        }
+    }
+
+    #[test]
     fn family_subgroup_forward_is_a_candidate() {
         let masks = Masks::new(true, true);
         let sg = FlashConfig {

@@ -411,31 +411,43 @@ pub(super) fn transposed_product(
     dest: &str,
     tag: &str,
 ) {
-    let dk = t.head_dim / FRAG;
-    let chains = SCORE_CHAINS.min(dk);
     for n in 0..t.bc / FRAG / t.split {
-        for c in 0..chains {
-            let _ = writeln!(b, "        var {tag}_{n}_{c} = {C}();");
-        }
-        for k in 0..dk {
-            let key = staged(&format!("({base} + n{n}) * KS + {}u", k * FRAG));
-            let acc = format!("{tag}_{n}_{}", k % chains);
-            let _ = writeln!(
-                b,
-                "        {acc} = coopMultiplyAdd({}, coopLoad<{B}>({key}, KS), {acc});",
-                own(k)
-            );
-        }
+        let rows = |k: u32| staged(&format!("({base} + n{n}) * KS + {}u", k * FRAG));
+        let sum = chained_product(b, t, own, &rows, &format!("{tag}_{n}"), "        ");
         let _ = writeln!(
             b,
-            "        coopStoreT({}, &{dest}[rg * {FRAG}u * SS + n{n}], SS);",
-            pairwise(
-                &(0..chains)
-                    .map(|c| format!("{tag}_{n}_{c}"))
-                    .collect::<Vec<_>>()
-            ),
+            "        coopStoreT({sum}, &{dest}[rg * {FRAG}u * SS + n{n}], SS);"
         );
     }
+}
+
+/// own · (the 16 staged rows at `rows(k)`, column block k)ᵀ over head_dim in
+/// [`SCORE_CHAINS`] chains named from `tag`: declares and accumulates them, and returns
+/// their pairwise sum. Every product over head_dim goes through here, so that two of them
+/// on equal operands agree to the bit.
+pub(super) fn chained_product(
+    b: &mut String,
+    t: &CoopTiling,
+    own: &dyn Fn(u32) -> String,
+    rows: &dyn Fn(u32) -> String,
+    tag: &str,
+    ind: &str,
+) -> String {
+    let dk = t.head_dim / FRAG;
+    let chains = SCORE_CHAINS.min(dk);
+    for c in 0..chains {
+        let _ = writeln!(b, "{ind}var {tag}_{c} = {C}();");
+    }
+    for k in 0..dk {
+        let acc = format!("{tag}_{}", k % chains);
+        let _ = writeln!(
+            b,
+            "{ind}{acc} = coopMultiplyAdd({}, coopLoad<{B}>({}, KS), {acc});",
+            own(k),
+            rows(k)
+        );
+    }
+    pairwise(&(0..chains).map(|c| format!("{tag}_{c}")).collect::<Vec<_>>())
 }
 
 /// `terms` summed in pairs: ((a + b) + (c + d)).

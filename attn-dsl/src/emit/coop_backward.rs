@@ -42,7 +42,8 @@ pub(super) fn bytes(t: &CoopTiling) -> u32 {
 /// triples, the row and head of an owned row, and the accumulators with their outputs.
 struct Half {
     body: &'static str,
-    own: [(&'static str, &'static str, &'static str); 2],
+    /// The two owned operands, and for the dQ half O, for D.
+    own: &'static [(&'static str, &'static str, &'static str)],
     streamed: [(&'static str, &'static str, &'static str); 2],
     /// (accumulator, output tensor, weights in workgroup memory, their fragments' tag,
     /// the staged tensor they multiply: 0 the block's first, 1 its second)
@@ -51,14 +52,18 @@ struct Half {
 
 const Q_HALF: Half = Half {
     body: "coop_backward_q",
-    own: [("q", "q", "q_index(r, h)"), ("do", "d_o", "q_index(r, h)")],
+    own: &[
+        ("q", "q", "q_index(r, h)"),
+        ("do", "d_o", "q_index(r, h)"),
+        ("o", "o", "q_index(r, h)"),
+    ],
     streamed: [("k", "k", "kv_index(r, h)"), ("v", "v", "kv_index(r, h)")],
     sums: &[("dq", "dq", "sh_ds", "ds", 0)],
 };
 
 const KV_HALF: Half = Half {
     body: "coop_backward_kv",
-    own: [("k", "k", "kv_index(r, h)"), ("v", "v", "kv_index(r, h)")],
+    own: &[("k", "k", "kv_index(r, h)"), ("v", "v", "kv_index(r, h)")],
     streamed: [("q", "q", "q_index(r, h)"), ("do", "d_o", "q_index(r, h)")],
     sums: &[
         ("dv", "dv", "sh_p", "p", 1),
@@ -73,7 +78,7 @@ pub(super) fn kernel(out: &mut String, spec: &KernelSpec, t: &CoopTiling) {
     workgroup_memory(out, t, kv);
     super::flash_backward::helpers(out, spec);
     let (own_rows, block_rows) = ("BR", "BC");
-    for (name, tensor, index) in half.own {
+    for (name, tensor, index) in half.own.iter().copied() {
         coop::fetch(out, name, tensor, index, own_rows);
     }
     for (name, tensor, index) in half.streamed {
@@ -180,6 +185,9 @@ fn prologue(b: &mut String, t: &CoopTiling, half: &Half, kv: bool) {
             );
         }
     }
+    if !kv {
+        tensor_core_delta(b, t);
+    }
     for (acc, ..) in half.sums {
         for n in 0..t.head_dim / FRAG / t.split {
             let _ = writeln!(b, "    var {acc}_{n} = {C}();");
@@ -193,20 +201,60 @@ fn prologue(b: &mut String, t: &CoopTiling, half: &Half, kv: bool) {
     );
 }
 
-/// The query-major loop head: the row's key range and statistics, then per block of keys
-/// its K and V staged.
+/// D = rowsum(dO ∘ O) of the row group's rows, as the diagonal of dO·Oᵀ on the tensor
+/// cores, into the diagonal of the row group's 16x16 corner of sh_s: summed as dP = dO·Vᵀ
+/// is, so that dP − D is exactly 0 where O equals the one key's V a row attends to (the
+/// prep's D, summed otherwise, left dK off by rounding where it should be 0).
+fn tensor_core_delta(b: &mut String, t: &CoopTiling) {
+    // Cooperative operations need workgroup-uniform control flow, so both subgroups of a
+    // split row group compute D, each into its own 16 columns.
+    let _ = writeln!(
+        b,
+        "    workgroupBarrier();\n    stage_own2(row0, h, tid);\n    workgroupBarrier();"
+    );
+    let rows = |k: u32| coop::staged(&format!("rg * {FRAG}u * KS + {}u", k * FRAG));
+    let sum = coop::chained_product(b, t, &|k| format!("ob_{k}"), &rows, "dd", "    ");
+    let _ = writeln!(
+        b,
+        "    coopStoreT({sum}, &sh_s[rg * {FRAG}u * SS + part * {FRAG}u], SS);\n    workgroupBarrier();"
+    );
+}
+
+/// The query-major loop head: the row's key range and statistics (LSE and D from the
+/// tensor cores, packed into `stats` for the key-major half: this half runs without the
+/// prep), then per block of keys its K and V staged.
 fn q_loop(b: &mut String, t: &CoopTiling) {
     b.push_str(
         "    let kv_h = kv_head(h);\n    let row = row0 + r;\n    var lo = 0u;\n    var hi = 0u;\n    \
-         var lse = 0.0;\n    var delta = 0.0;\n    if (row < dims.seq_len) {\n        \
+         var row_lse = 0.0;\n    var delta = 0.0;\n    if (row < dims.seq_len) {\n        \
          let keys = key_range(row);\n        lo = keys.x;\n        hi = keys.y;\n        \
-         lse = stats[stats_part(0u, row, h)];\n        delta = stats[stats_part(1u, row, h)];\n    }\n    \
-         let kt_end = (range.y + BC - 1u) / BC;\n    \
-         for (var kt = range.x / BC; kt < kt_end; kt = kt + 1u) {\n        let j0 = kt * BC;\n        \
-         // The previous block is done with sh_kv, sh_s, sh_dp and sh_ds.\n        \
-         workgroupBarrier();\n",
+         row_lse = lse[row_index(row, h)];\n        delta = sh_s[r * SS + r % 16u];\n        \
+         if (c0 == 0u) {\n            stats[stats_part(0u, row, h)] = row_lse;\n            \
+         stats[stats_part(1u, row, h)] = delta;\n        }\n    }\n    \
+         let kt_end = (range.y + BC - 1u) / BC;\n",
     );
-    coop::stage_block(b, t, &[("k", "0u"), ("v", "BC")], "j0", "kv_h");
+    let tensors = [("k", "0u"), ("v", "BC")];
+    if !prefetch(t) {
+        b.push_str(
+            "    for (var kt = range.x / BC; kt < kt_end; kt = kt + 1u) {\n        let j0 = kt * BC;\n        \
+             // The previous block is done with sh_kv, sh_s, sh_dp and sh_ds.\n        \
+             workgroupBarrier();\n",
+        );
+        coop::stage_block(b, t, &tensors, "j0", "kv_h");
+        return;
+    }
+    let fetch = |ind: &str, r0: &str| fetches(t, &tensors, r0, "kv_h", ind);
+    let _ = write!(
+        b,
+        "{}    for (var kt = range.x / BC; kt < kt_end; kt = kt + 1u) {{\n        let j0 = kt * BC;\n        \
+         // The previous block is done with sh_kv, sh_s, sh_dp and sh_ds.\n        \
+         workgroupBarrier();\n{}        workgroupBarrier();\n        \
+         // The next block's loads are in flight during this one's products.\n        \
+         if (kt + 1u < kt_end) {{\n{}        }}\n",
+        fetch("    var ", "(range.x / BC) * BC"),
+        puts(t, &tensors),
+        fetch("            ", "j0 + BC"),
+    );
 }
 
 /// The key-major loop head: every block of queries that sees the tile, last first, and
@@ -216,16 +264,75 @@ fn q_loop(b: &mut String, t: &CoopTiling) {
 fn kv_loop(b: &mut String, t: &CoopTiling) {
     b.push_str(
         "    let col = col0 + r;\n    let group = q_per_kv();\n    let first = range.x / BC;\n    \
-         let blocks = (range.y + BC - 1u) / BC - first;\n    \
-         for (var it = 0u; it < group * blocks; it = it + 1u) {\n        \
-         let h = kv_h * group + it % group;\n        \
-         let s0 = (first + blocks - 1u - it / group) * BC;\n        \
-         // The previous block is done with sh_kv, sh_s, sh_dp, sh_p, sh_ds and sh_stats.\n        \
-         workgroupBarrier();\n        \
-         for (var e = tid; e < BC; e = e + WG) {\n            \
-         put_stats(e, fetch_stats(s0, h, e));\n        }\n",
+         let blocks = (range.y + BC - 1u) / BC - first;\n",
     );
-    coop::stage_block(b, t, &[("q", "0u"), ("do", "BC")], "s0", "h");
+    let tensors = [("q", "0u"), ("do", "BC")];
+    if !prefetch(t) {
+        b.push_str(
+            "    for (var it = 0u; it < group * blocks; it = it + 1u) {\n        \
+             let h = kv_h * group + it % group;\n        \
+             let s0 = (first + blocks - 1u - it / group) * BC;\n        \
+             // The previous block is done with sh_kv, sh_s, sh_dp, sh_p, sh_ds and sh_stats.\n        \
+             workgroupBarrier();\n        \
+             for (var e = tid; e < BC; e = e + WG) {\n            \
+             put_stats(e, fetch_stats(s0, h, e));\n        }\n",
+        );
+        coop::stage_block(b, t, &tensors, "s0", "h");
+        return;
+    }
+    let stats = t.bc.div_ceil(t.workgroup_size());
+    let fetch = |prefix: &str| {
+        let mut f = fetches(t, &tensors, "next_s0", "next_h", prefix);
+        for i in 0..stats {
+            let _ = writeln!(f, "{prefix}ps_{i} = fetch_stats(next_s0, next_h, tid + {i}u * WG);");
+        }
+        f
+    };
+    let puts_stats: String = (0..stats)
+        .map(|i| format!("        put_stats(tid + {i}u * WG, ps_{i});\n"))
+        .collect();
+    b.push_str(&super::flash_backward::query_blocks_ahead(
+        &fetch("    var "),
+        "sh_kv, sh_s, sh_dp, sh_p, sh_ds and sh_stats",
+        &(puts_stats + &puts(t, &tensors)),
+        &fetch("            "),
+    ));
+}
+
+/// Whether each block's tensors are fetched into registers during the previous block's
+/// products: where they take few registers. On an H100 (fetched ahead / not): at the seeds'
+/// shape (d 64, 2 vec4s each) 0.141 / 0.153 ms for 64x32/16@256; at seq 4096, d 128 (4
+/// vec4s) 2.836 / 2.739 ms, and 10.6 / 7.6 ms for 32x32/16@64 (16).
+fn prefetch(t: &CoopTiling) -> bool {
+    carried(t) <= 2
+}
+
+/// `{prefix}p{name}_{i} = fetch_{name}(r0, head, ..)` for each carried vec4 of each tensor
+/// (`prefix` the indent, and `var ` where the registers are declared).
+fn fetches(t: &CoopTiling, tensors: &[(&str, &str)], r0: &str, head: &str, prefix: &str) -> String {
+    let mut f = String::new();
+    for i in 0..carried(t) {
+        for (name, _) in tensors {
+            let _ = writeln!(f, "{prefix}p{name}_{i} = fetch_{name}({r0}, {head}, tid + {i}u * WG);");
+        }
+    }
+    f
+}
+
+/// The carried vec4s into the staged rows.
+fn puts(t: &CoopTiling, tensors: &[(&str, &str)]) -> String {
+    let mut f = String::new();
+    for i in 0..carried(t) {
+        for (name, base) in tensors {
+            let _ = writeln!(f, "        put(tid + {i}u * WG, {base}, p{name}_{i});");
+        }
+    }
+    f
+}
+
+/// Vec4s of each block tensor an invocation carries.
+fn carried(t: &CoopTiling) -> u32 {
+    (t.bc * t.head_dim / 4).div_ceil(t.workgroup_size())
 }
 
 /// The block's two transposed products, the elementwise step and the weighted sums; closes
@@ -250,7 +357,7 @@ const Q_ELEMENTWISE: &str = r#"        for (var i = 0u; i < ECOLS; i = i + 1u) {
             let j = j0 + c;
             let v = j >= lo && j < hi && key_visible(row, j);
             let x = scored(row, h, j, sh_s[r * SS + c]);
-            let p = exp_f32(x.x - lse);
+            let p = exp_f32(x.x - row_lse);
             let g = select(0.0, score_grad(x, p * (dropped(row, h, j, sh_dp[r * SS + c]) - delta)), v);
             sh_ds[r * PS + c] = f16(params.scale * g);
             DBIAS

@@ -281,32 +281,21 @@ fn kv_body(out: &mut String, t: &Tiling, scatter_dq: bool, dbias: bool) {
     let _ = write!(
         b,
         "    let range = workgroupUniformLoad(&sh_range);\n    let group = q_per_kv();\n    \
-         let first = range.x / BC;\n    let blocks = (range.y + BC - 1u) / BC - first;\n{}{}    \
-         var next_h = kv_h * group;\n    var next_s0 = (first + blocks - 1u) * BC;\n{}    \
-         // Every block of queries that sees the tile, last first, and within a block every\n    \
-         // query head of this KV head: under a causal or document mask a key's weights\n    \
-         // shrink with the query's distance, so the small terms are added while the sums\n    \
-         // are small (summed the other way, the error grew with the sequence).\n    \
-         for (var it = 0u; it < group * blocks; it = it + 1u) {{\n        \
-         let h = next_h;\n        let s0 = next_s0;\n        \
-         // The previous block is done with sh_q, sh_do, sh_p and sh_ds.\n        \
-         workgroupBarrier();\n{}{}        workgroupBarrier();\n        \
-         // The next block's loads are in flight during this one's products.\n        \
-         if (it + 1u < group * blocks) {{\n            \
-         next_h = kv_h * group + (it + 1u) % group;\n            \
-         next_s0 = (first + blocks - 1u - (it + 1u) / group) * BC;\n{}        }}\n",
+         let first = range.x / BC;\n    let blocks = (range.y + BC - 1u) / BC - first;\n{}{}{}",
         per_vec4(pf, "    ", |i| format!(
             "var pq_{i} = vec4<f32>(0.0);\n    var pd_{i} = vec4<f32>(0.0);"
         )),
         per_vec4(ps, "    ", |i| format!("var ps_{i} = vec2<f32>(0.0);")),
-        fetch("    "),
-        per_vec4(pf, "        ", |i| format!(
-            "put_q(tid + {i}u * WG, pq_{i});\n        put_do(tid + {i}u * WG, pd_{i});"
-        )),
-        per_vec4(ps, "        ", |i| format!(
-            "put_stats(tid + {i}u * WG, ps_{i});"
-        )),
-        fetch("            "),
+        query_blocks_ahead(
+            &fetch("    "),
+            "sh_q, sh_do, sh_p and sh_ds",
+            &(per_vec4(pf, "        ", |i| format!(
+                "put_q(tid + {i}u * WG, pq_{i});\n        put_do(tid + {i}u * WG, pd_{i});"
+            )) + &per_vec4(ps, "        ", |i| format!(
+                "put_stats(tid + {i}u * WG, ps_{i});"
+            ))),
+            &fetch("            "),
+        ),
     );
     products(
         &mut b,
@@ -358,6 +347,28 @@ fn kv_body(out: &mut String, t: &Tiling, scatter_dq: bool, dbias: bool) {
     );
     b.push_str("    }\n}\n\n");
     out.push_str(&b);
+}
+
+/// The key-major loop head over every block of queries that sees the tile (`first` and
+/// `blocks` of them) and every query head of the KV head, with the next block's loads in
+/// flight: `first_fetch` loads the first block into the carried registers, `puts` stores
+/// them, `fetch` loads the next; `done_with` names the workgroup memory a block uses.
+pub(super) fn query_blocks_ahead(first_fetch: &str, done_with: &str, puts: &str, fetch: &str) -> String {
+    format!(
+        "    var next_h = kv_h * group;\n    var next_s0 = (first + blocks - 1u) * BC;\n{first_fetch}    \
+         // Every block of queries that sees the tile, last first, and within a block every\n    \
+         // query head of this KV head: under a causal or document mask a key's weights\n    \
+         // shrink with the query's distance, so the small terms are added while the sums\n    \
+         // are small (summed the other way, the error grew with the sequence).\n    \
+         for (var it = 0u; it < group * blocks; it = it + 1u) {{\n        \
+         let h = next_h;\n        let s0 = next_s0;\n        \
+         // The previous block is done with {done_with}.\n        \
+         workgroupBarrier();\n{puts}        workgroupBarrier();\n        \
+         // The next block's loads are in flight during this one's products.\n        \
+         if (it + 1u < group * blocks) {{\n            \
+         next_h = kv_h * group + (it + 1u) % group;\n            \
+         next_s0 = (first + blocks - 1u - (it + 1u) / group) * BC;\n{fetch}        }}\n"
+    )
 }
 
 /// Every `every` rows of the other axis (step `done` of `steps`, BC rows a step), and
