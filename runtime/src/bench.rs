@@ -107,8 +107,10 @@ impl BenchRow {
         Some(self.baseline_ms? / self.timing?.median_ms)
     }
 
+    /// None without a timing, or for a part of a kernel sequence (no FLOP count).
     pub fn tflops(&self) -> Option<f64> {
         self.timing
+            .filter(|_| self.flops > 0.0)
             .map(|t| self.flops / (t.median_ms * 1e-3) / 1e12)
     }
 }
@@ -324,12 +326,25 @@ pub fn run(
                     .collect::<Result<Vec<_>, Error>>()?;
                 rows.push(BenchRow {
                     shape: shape.clone(),
-                    kernel: label,
+                    kernel: label.clone(),
                     timing: Some(timing::time(gpu, &steps, warmup, runs)?),
                     flops: 2.5 * shape.forward_flops(),
                     note: String::new(),
                     baseline_ms: None,
                 });
+                // Where the planned (first) schedule's time goes, kernel by kernel.
+                if rows.iter().filter(|r| r.kernel.starts_with("backward")).count() == 1 {
+                    for step in &steps {
+                        rows.push(BenchRow {
+                            shape: shape.clone(),
+                            kernel: format!("part: {}", step.kernel.name()),
+                            timing: Some(timing::time(gpu, std::slice::from_ref(step), warmup, runs)?),
+                            flops: 0.0,
+                            note: String::new(),
+                            baseline_ms: None,
+                        });
+                    }
+                }
             }
         }
     }
@@ -490,7 +505,8 @@ fn half_forwards(
 }
 
 /// The half-precision tiled backward in each dtype the device has, in each configuration
-/// [`tuning::backward_candidates_in`] gives that fits: (row label, prep and the two halves).
+/// [`tuning::backward_candidates_in`] gives that fits: (row label, the prep where the
+/// schedule needs it and the two halves).
 fn half_backwards(
     gpu: &Gpu,
     head_dim: u32,
@@ -507,10 +523,10 @@ fn half_backwards(
             let prep = tuning::backward_prep_in(head_dim, dtype).map_err(dsl)?;
             let [q, kv] = tuning::flash_backward_in(head_dim, masks, config, dtype).map_err(dsl)?;
             if tuning::fits(gpu, &q) && tuning::fits(gpu, &kv) {
-                let kernels = [prep, q, kv]
-                    .iter()
-                    .map(|abi| Kernel::new(gpu, abi))
-                    .collect::<Result<Vec<_>, Error>>()?;
+                let mut kernels = vec![Kernel::new(gpu, &q)?, Kernel::new(gpu, &kv)?];
+                if crate::backward::needs_prep(&kernels.iter().collect::<Vec<_>>()) {
+                    kernels.insert(0, Kernel::new(gpu, &prep)?);
+                }
                 out.push((label, kernels));
             }
         }

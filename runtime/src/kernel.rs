@@ -76,6 +76,8 @@ impl Kernel {
                 message: e.to_string(),
             });
         }
+        #[cfg(not(target_arch = "wasm32"))]
+        crate::timing::pipeline_created();
         Ok(Kernel {
             abi: abi.clone(),
             layout,

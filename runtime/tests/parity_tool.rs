@@ -430,8 +430,9 @@ fn modifier_flags_match_the_reference_and_write_dbias() {
     );
 }
 
-/// float16 inputs (and bf16 as uint16 bits) give O in the same type, judged by the rule
-/// for half precision on the rounded inputs; LSE stays float32; mixing types is refused.
+/// float16 inputs (and bf16 as uint16 bits) give O and the gradients in the same type,
+/// judged by the rule for half precision on the rounded inputs; LSE stays float32; mixing
+/// types is refused.
 #[test]
 fn half_precision_inputs_give_outputs_in_their_type() {
     let (seq, h, kv, d) = (40usize, 4usize, 2usize, 32usize);
@@ -442,12 +443,14 @@ fn half_precision_inputs_give_outputs_in_their_type() {
             _ => attn_dsl::Scalar::Bf16,
         };
         let rounded = |n, seed| runtime::buffers::rounded(&random(n, seed), scalar);
-        let (q, k, v) = (
+        let (q, k, v, d_o) = (
             rounded(seq * h * d, 1),
             rounded(seq * kv * d, 2),
             rounded(seq * kv * d, 3),
+            rounded(seq * h * d, 4),
         );
-        for (name, data, heads) in [("q", &q, h), ("k", &k, kv), ("v", &v, kv)] {
+        let tensors = [("q", &q, h), ("k", &k, kv), ("v", &v, kv), ("do", &d_o, h)];
+        for (name, data, heads) in tensors {
             let shape = [seq as u64, heads as u64, d as u64];
             npy::write_as(&dir.join(format!("{name}.npy")), &shape, data, dtype).unwrap();
         }
@@ -460,6 +463,8 @@ fn half_precision_inputs_give_outputs_in_their_type() {
             &f("k.npy"),
             "--v",
             &f("v.npy"),
+            "--do",
+            &f("do.npy"),
             "--causal",
             "--out",
             &out,
@@ -469,6 +474,12 @@ fn half_precision_inputs_give_outputs_in_their_type() {
             "{}",
             String::from_utf8_lossy(&result.stderr)
         );
+        let grad = |name: &str| {
+            let (_, g, g_type) = npy::read_float(&dir.join(format!("out/{name}.npy")), &[3]).unwrap();
+            assert_eq!(g_type, dtype, "{name}");
+            g
+        };
+        let grads = [grad("dq"), grad("dk"), grad("dv")];
         let (_, o, o_type) = npy::read_float(&dir.join("out/o.npy"), &[3]).unwrap();
         assert_eq!(o_type, dtype);
         let (_, lse, lse_type) = npy::read_float(&dir.join("out/lse.npy"), &[2]).unwrap();
@@ -489,6 +500,18 @@ fn half_precision_inputs_give_outputs_in_their_type() {
         assert!(
             verdicts.iter().all(|(_, v)| v.pass()),
             "{dtype:?}: {verdicts:?}"
+        );
+        let verdicts = runtime::compare::judge_half_backward(
+            &p,
+            [&q, &k, &v, &d_o],
+            (&o, &lse),
+            [&grads[0], &grads[1], &grads[2]],
+            &[],
+            scalar,
+        );
+        assert!(
+            verdicts.iter().all(|(_, v)| v.pass()),
+            "backward {dtype:?}: {verdicts:?}"
         );
         // k in float32 beside a half q: one error line naming the file and both types.
         npy::write_f32(&dir.join("k.npy"), &[seq as u64, kv as u64, d as u64], &k).unwrap();

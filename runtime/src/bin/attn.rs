@@ -24,9 +24,9 @@ use runtime::{
 /// uint16 bits with `x.view(np.uint16)`; layout [batch, seq, heads, head_dim], or [seq,
 /// heads, head_dim] for one sequence; K and V may have fewer heads, for GQA) and writes
 /// o.npy (Q's shape and element type) and lse.npy ([batch,] seq, heads; float32) to the
-/// output folder; with --do, also dq.npy, dk.npy and dv.npy (the inputs' element type;
-/// computed in f32 from half inputs: there is no half-precision backward yet). Kernels are specialized for the
-/// tensors' head_dim and masks when the tool starts.
+/// output folder; with --do, also dq.npy, dk.npy and dv.npy (the inputs' element type:
+/// half inputs run the half-precision backward, on tensor cores where the device has
+/// them). Kernels are specialized for the tensors' head_dim and masks when the tool starts.
 #[derive(Parser)]
 #[command(name = "attn")]
 struct Args {
@@ -57,7 +57,8 @@ struct Args {
     /// flash-C with C a configuration of runtime::tuning::backward_candidates for the
     /// tensors' head_dim (e.g. tiled-16x8/2@64; a wrong one lists those that run); or
     /// `all`: every schedule the adapter runs, each writing its gradients to a subfolder
-    /// of --out named for it (`/` as `_`, e.g. tiled-16x8_2@64/dq.npy).
+    /// of --out named for it (`/` as `_`, e.g. tiled-16x8_2@64/dq.npy). Half-precision
+    /// inputs run tiled-C only, C of runtime::tuning::backward_candidates_in.
     #[arg(long, default_value = "auto")]
     schedule: String,
     /// Folder for the outputs (created if missing).
@@ -284,16 +285,11 @@ fn run(args: Args) -> anyhow::Result<()> {
     println!("forward: {:.1} ms", started.elapsed().as_secs_f64() * 1e3);
 
     if let (Some(d_o), Some(kernels)) = (&t.d_o, backward) {
-        if t.dtype != Dtype::F32 {
-            println!(
-                "backward: f32 arithmetic on the {} inputs and O (no half-precision backward \
-                 yet); gradients rounded to {}",
-                t.dtype.name(),
-                t.dtype.name()
-            );
-        }
         let started = Instant::now();
         let mut backward = Backward::new(&gpu, &[kernels])?;
+        if t.dtype != Dtype::F32 {
+            backward.add_in(&gpu, d, masks, t.dtype)?;
+        }
         let input = BackwardInput {
             batch: t.batch,
             seq_len: t.seq,
@@ -310,7 +306,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         };
         let runs: Vec<(Option<Schedule>, PathBuf)> = match args.schedule.as_str() {
             "all" => backward
-                .schedules(&gpu, d)
+                .schedules_in(&gpu, d, t.dtype)
                 .into_iter()
                 .map(|s| (Some(s), args.out.join(s.to_string().replace('/', "_"))))
                 .collect(),
@@ -318,7 +314,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         };
         for (schedule, dir) in runs {
             std::fs::create_dir_all(&dir).with_context(|| format!("{}", dir.display()))?;
-            let (g, ran) = backward.run(&gpu, &input, schedule)?;
+            let (g, ran) = backward.run_in(&gpu, &input, schedule, t.dtype)?;
             write(&dir, "dq", &q_shape, &g.dq, t.dtype)?;
             write(&dir, "dk", &kv_shape, &g.dk, t.dtype)?;
             write(&dir, "dv", &kv_shape, &g.dv, t.dtype)?;

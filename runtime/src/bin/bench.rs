@@ -245,14 +245,11 @@ fn run(args: Args) -> anyhow::Result<()> {
 }
 
 fn print_row(r: &BenchRow) {
-    let (median, min, tflops) = match (r.timing, r.tflops()) {
-        (Some(t), Some(f)) => (
-            format!("{:.3}", t.median_ms),
-            format!("{:.3}", t.min_ms),
-            format!("{f:.4}"),
-        ),
-        _ => ("-".into(), "-".into(), "-".into()),
+    let (median, min) = match r.timing {
+        Some(t) => (format!("{:.3}", t.median_ms), format!("{:.3}", t.min_ms)),
+        None => ("-".into(), "-".into()),
     };
+    let tflops = r.tflops().map_or("-".into(), |f| format!("{f:.4}"));
     let speedup = r.speedup().map_or("-".into(), |x| format!("{x:.2}"));
     println!(
         "{:<40} {:<50} {median:>10} {min:>10} {tflops:>9} {speedup:>9}  {}",
