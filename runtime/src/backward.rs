@@ -216,6 +216,11 @@ impl Backward {
             kernel: format!("backward d{head_dim} {}", dtype.name()),
             message: e.to_string(),
         };
+        if dtype == Dtype::F32 {
+            // Every f32 schedule, as `add` compiles them.
+            let set = BackwardKernels::compile(head_dim, masks).map_err(dsl)?;
+            return self.add_async(gpu, &set).await;
+        }
         let prep = tuning::backward_prep_in(head_dim, dtype).map_err(dsl)?;
         let mut schedules = Vec::new();
         for config in tuning::backward_candidates_in(gpu, head_dim, dtype) {
@@ -502,6 +507,16 @@ impl Backward {
         dtype: Dtype,
     ) -> Result<usize, InputError> {
         let h = input.heads;
+        if !self.compiled.iter().any(|c| c.dtype == dtype) {
+            return Err(InputError::Schedule {
+                schedule: format!("any {} schedule", dtype.name()),
+                head_dim: h.head_dim,
+                available: format!(
+                    "none in {}; compile them first with Backward::add_in",
+                    dtype.name()
+                ),
+            });
+        }
         let set = self
             .compiled
             .iter()

@@ -101,9 +101,10 @@ pub fn judge_half_attention(
 /// Judges a half-precision backward (`inputs` Q, K, V, dO and the saved O already rounded
 /// to the kernels' dtype) by the rule for half precision: the f64 reference on the same
 /// inputs; the baseline what FlashAttention gives in that dtype (f32 arithmetic on the
-/// half inputs, P and dS rounded to the dtype as the products' operands, the gradients
-/// rounded to the dtype); pass at twice the baseline's error plus 1e-6 of each gradient's
-/// scale. The kernels return f32 gradients.
+/// half inputs, P and dS rounded to the dtype as the products' operands, every gradient,
+/// dBias included, returned in the dtype); pass at twice the baseline's error
+/// plus 1e-6 of each gradient's scale (at least 1e-6, the f32 rule's floor). The kernels
+/// return f32 gradients.
 pub fn judge_half_backward(
     problem: &Problem,
     inputs: [&[f32]; 4],
@@ -118,19 +119,20 @@ pub fn judge_half_backward(
     let r32 = reference::attention_backward_rounding(problem, inputs, Some(saved), &round);
     let verdict = |got: &[f32], exact: &[f64], framework: &[f32]| {
         let scale = exact.iter().fold(0.0f64, |m, x| m.max(x.abs()));
-        let v = judge(got, exact, &crate::buffers::rounded(framework, dtype));
+        let v = judge(got, exact, framework);
         Verdict {
             bound: v.bound - 1e-6 + 1e-6 * scale.max(1.0),
             ..v
         }
     };
+    let half = |g: &[f32]| crate::buffers::rounded(g, dtype);
     let mut verdicts = vec![
-        ("dq", verdict(got[0], &r64.dq, &r32.dq)),
-        ("dk", verdict(got[1], &r64.dk, &r32.dk)),
-        ("dv", verdict(got[2], &r64.dv, &r32.dv)),
+        ("dq", verdict(got[0], &r64.dq, &half(&r32.dq))),
+        ("dk", verdict(got[1], &r64.dk, &half(&r32.dk))),
+        ("dv", verdict(got[2], &r64.dv, &half(&r32.dv))),
     ];
     if problem.mods.bias.is_some() {
-        verdicts.push(("dbias", verdict(got_dbias, &r64.dbias, &r32.dbias)));
+        verdicts.push(("dbias", verdict(got_dbias, &r64.dbias, &half(&r32.dbias))));
     }
     verdicts
 }

@@ -346,7 +346,8 @@ pub fn attention_backward<T: Real>(
 
 /// [`attention_backward`] with P (after dropout) and scale·dS passed through `round`
 /// before they weight the sums of dV, dK and dQ: what FlashAttention does in half
-/// precision (the products' operands in half, accumulated in f32). dBias stays unrounded.
+/// precision (the products' operands in half, accumulated in f32). dBias, which no
+/// product takes as an operand, is summed from the unrounded dS.
 pub fn attention_backward_rounding<T: Real>(
     p: &Problem,
     [q, k, v, d_o]: [&[T]; 4],

@@ -18,7 +18,7 @@ pub struct Timing {
 /// timed; each run's time is from the first pass's start to the last pass's end.
 ///
 /// An attempt whose median is over [`UNSTEADY`] times its fastest run is made again (at
-/// most twice more) and the steadiest kept: on an H100 the first rows timed after a batch
+/// most twice more) and the one with the lowest median kept: on an H100 the first rows timed after a batch
 /// of pipelines was created ran 3-4x slow in most of their runs, and those runs alone.
 pub fn time(gpu: &Gpu, steps: &[Step], warmup: usize, runs: usize) -> Result<Timing, Error> {
     let mut best = time_once(gpu, steps, warmup, runs)?;

@@ -473,3 +473,39 @@ fn long_rows_keep_blocked_accuracy_in_every_schedule() {
         assert!(ran.contains(&wanted), "{wanted} did not run");
     }
 }
+
+/// The half-precision backward needs `add_in` first (else a message that says so), plans
+/// one of its own schedules, and `add_in` in f32 keeps every f32 schedule.
+#[test]
+fn half_precision_sets_sit_beside_the_f32_ones() {
+    use attn_dsl::{Dtype, Masks};
+    let gpu = gpu();
+    let mut backward = Backward::new(&gpu, &kernels::BACKWARD).unwrap();
+    let heads = Heads {
+        n_heads: 2,
+        n_kv_heads: 1,
+        head_dim: 64,
+    };
+    let data = Data::new(&gpu, heads, 20, 2, 5);
+    let missing = backward
+        .run_in(&gpu, &data.input(), None, Dtype::Bf16)
+        .expect_err("no bf16 set yet")
+        .to_string();
+    assert!(missing.contains("add_in"), "{missing}");
+    let f32_schedules = backward.schedules(&gpu, 64);
+    backward
+        .add_in(&gpu, 64, Masks::new(true, true), Dtype::Bf16)
+        .unwrap();
+    let half = backward.schedules_in(&gpu, 64, Dtype::Bf16);
+    assert!(!half.is_empty());
+    assert_eq!(backward.schedules(&gpu, 64), f32_schedules);
+    let (grads, ran) = backward
+        .run_in(&gpu, &data.input(), None, Dtype::Bf16)
+        .unwrap();
+    assert_eq!(ran, half[0]);
+    assert!(grads.dq.iter().chain(&grads.dk).all(|x| x.is_finite()));
+    backward
+        .add_in(&gpu, 64, Masks::new(true, true), Dtype::F32)
+        .unwrap();
+    assert_eq!(backward.schedules(&gpu, 64), f32_schedules);
+}
