@@ -1103,10 +1103,8 @@ impl Job {
             results.push((schedule, g));
         }
         rows.push(agreement(case, &rows[0], &results));
-        if self.batch == 1 {
-            for dtype in gpu.half_dtypes() {
-                rows.extend(self.half_backward(gpu, runner, case, &input, dtype)?);
-            }
+        for dtype in gpu.half_dtypes() {
+            rows.extend(self.half_backward(gpu, runner, case, &input, dtype)?);
         }
         Ok(rows)
     }
