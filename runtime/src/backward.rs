@@ -222,13 +222,8 @@ impl Backward {
             return self.add_async(gpu, &set).await;
         }
         let prep = tuning::backward_prep_in(head_dim, dtype).map_err(dsl)?;
-        let mut schedules = Vec::new();
-        for config in tuning::backward_candidates_in(gpu, head_dim, dtype) {
-            let [q, kv] = tuning::flash_backward_in(head_dim, masks, config, dtype).map_err(dsl)?;
-            if tuning::fits(gpu, &q) && tuning::fits(gpu, &kv) {
-                schedules.push((Schedule::Tiled(config), compile(gpu, &[&q, &kv]).await?));
-            }
-        }
+        let configs = tuning::backward_candidates_in(gpu, head_dim, dtype);
+        let schedules = tiled_schedules_async(gpu, (head_dim, masks, dtype), &configs).await?;
         self.hold(Compiled {
             head_dim,
             dtype,
@@ -278,7 +273,10 @@ impl Backward {
         dtype: Dtype,
     ) -> Schedule {
         if dtype != Dtype::F32 {
-            let first = self.schedules_in(gpu, heads.head_dim, dtype).first().copied();
+            let first = self
+                .schedules_in(gpu, heads.head_dim, dtype)
+                .first()
+                .copied();
             return first.unwrap_or(Schedule::RecomputeSplit);
         }
         let runnable = self.schedules(gpu, heads.head_dim);
@@ -386,9 +384,8 @@ impl Backward {
         dtype: Dtype,
     ) -> Result<(Gradients, Schedule), Error> {
         let set = self.validate(gpu, input, &grads, dtype)?;
-        let schedule = schedule.unwrap_or_else(|| {
-            self.plan_in(gpu, input.batch, input.seq_len, input.heads, dtype)
-        });
+        let schedule = schedule
+            .unwrap_or_else(|| self.plan_in(gpu, input.batch, input.seq_len, input.heads, dtype));
         let h = input.heads;
         let dims = attention::sequence_dims(input.batch, input.seq_len, h);
         let rows = (input.batch * input.seq_len * h.n_heads) as usize;
@@ -433,7 +430,11 @@ impl Backward {
                 true => data_scalar,
                 false => attn_dsl::Scalar::F32,
             };
-            (name, buffers::storage_as(gpu, name, data, scalar), data.len())
+            (
+                name,
+                buffers::storage_as(gpu, name, data, scalar),
+                data.len(),
+            )
         })
         .collect();
         if schedule == Schedule::Split {
@@ -657,6 +658,38 @@ async fn compile(gpu: &Gpu, abis: &[&KernelAbi]) -> Result<Vec<Kernel>, Error> {
     Ok(kernels)
 }
 
+/// The tiled schedule in each of `configs` that fits `gpu`, its two halves compiled for
+/// (head_dim, masks, dtype).
+#[cfg(not(target_arch = "wasm32"))]
+pub fn tiled_schedules(
+    gpu: &Gpu,
+    kind: (u32, Masks, Dtype),
+    configs: &[FlashConfig],
+) -> Result<Vec<(Schedule, Vec<Kernel>)>, Error> {
+    pollster::block_on(tiled_schedules_async(gpu, kind, configs))
+}
+
+/// [`tiled_schedules`] for an async caller (the browser).
+pub async fn tiled_schedules_async(
+    gpu: &Gpu,
+    (head_dim, masks, dtype): (u32, Masks, Dtype),
+    configs: &[FlashConfig],
+) -> Result<Vec<(Schedule, Vec<Kernel>)>, Error> {
+    let mut out = Vec::new();
+    for config in configs {
+        let [q, kv] = tuning::flash_backward_in(head_dim, masks, *config, dtype).map_err(|e| {
+            Error::Pipeline {
+                kernel: format!("tiled backward d{head_dim} {}", dtype.name()),
+                message: e.to_string(),
+            }
+        })?;
+        if tuning::fits(gpu, &q) && tuning::fits(gpu, &kv) {
+            out.push((Schedule::Tiled(*config), compile(gpu, &[&q, &kv]).await?));
+        }
+    }
+    Ok(out)
+}
+
 /// [`schedule_kernels`] for an async caller (the browser).
 pub async fn schedule_kernels_async(
     gpu: &Gpu,
@@ -682,13 +715,7 @@ pub async fn schedule_kernels_async(
         message: e.to_string(),
     };
     let candidates = tuning::backward_candidates(head_dim);
-    for config in &candidates {
-        let [q, kv] =
-            tuning::flash_backward(head_dim, masks, *config).map_err(|e| dsl("tiled", e))?;
-        if tuning::fits(gpu, &q) && tuning::fits(gpu, &kv) {
-            out.push((Schedule::Tiled(*config), compile(gpu, &[&q, &kv]).await?));
-        }
-    }
+    out.extend(tiled_schedules_async(gpu, (head_dim, masks, Dtype::F32), &candidates).await?);
     let streaming = candidates
         .iter()
         .filter(|c| c.tile >= attn_dsl::check::MIN_STREAMING_TILE);

@@ -333,12 +333,22 @@ pub fn run(
                     baseline_ms: None,
                 });
                 // Where the planned (first) schedule's time goes, kernel by kernel.
-                if rows.iter().filter(|r| r.kernel.starts_with("backward")).count() == 1 {
+                if rows
+                    .iter()
+                    .filter(|r| r.kernel.starts_with("backward"))
+                    .count()
+                    == 1
+                {
                     for step in &steps {
                         rows.push(BenchRow {
                             shape: shape.clone(),
                             kernel: format!("part: {}", step.kernel.name()),
-                            timing: Some(timing::time(gpu, std::slice::from_ref(step), warmup, runs)?),
+                            timing: Some(timing::time(
+                                gpu,
+                                std::slice::from_ref(step),
+                                warmup,
+                                runs,
+                            )?),
                             flops: 0.0,
                             note: String::new(),
                             baseline_ms: None,
@@ -514,21 +524,19 @@ fn half_backwards(
 ) -> Result<Vec<(String, Vec<Kernel>)>, Error> {
     let mut out = Vec::new();
     for dtype in gpu.half_dtypes() {
-        for config in tuning::backward_candidates_in(gpu, head_dim, dtype) {
-            let label = format!("backward {} {}", Schedule::Tiled(config), dtype.name());
-            let dsl = |e: attn_dsl::DslError| Error::Pipeline {
-                kernel: label.clone(),
-                message: e.to_string(),
-            };
-            let prep = tuning::backward_prep_in(head_dim, dtype).map_err(dsl)?;
-            let [q, kv] = tuning::flash_backward_in(head_dim, masks, config, dtype).map_err(dsl)?;
-            if tuning::fits(gpu, &q) && tuning::fits(gpu, &kv) {
-                let mut kernels = vec![Kernel::new(gpu, &q)?, Kernel::new(gpu, &kv)?];
-                if crate::backward::needs_prep(&kernels.iter().collect::<Vec<_>>()) {
-                    kernels.insert(0, Kernel::new(gpu, &prep)?);
-                }
-                out.push((label, kernels));
+        let prep = tuning::backward_prep_in(head_dim, dtype).map_err(|e| Error::Pipeline {
+            kernel: format!("backward prep {}", dtype.name()),
+            message: e.to_string(),
+        })?;
+        let configs = tuning::backward_candidates_in(gpu, head_dim, dtype);
+        for (schedule, halves) in
+            crate::backward::tiled_schedules(gpu, (head_dim, masks, dtype), &configs)?
+        {
+            let mut kernels: Vec<Kernel> = halves;
+            if crate::backward::needs_prep(&kernels.iter().collect::<Vec<_>>()) {
+                kernels.insert(0, Kernel::new(gpu, &prep)?);
             }
+            out.push((format!("backward {schedule} {}", dtype.name()), kernels));
         }
     }
     Ok(out)

@@ -1121,11 +1121,15 @@ impl Job {
     ) -> Result<Vec<Row>, Error> {
         let h = self.h;
         let scalar = attn_dsl::Scalar::of(attn_dsl::signature::Elem::Data, dtype);
-        let [q, k, v, d_o] = [input.q, input.k, input.v, input.d_o]
-            .map(|x| crate::buffers::rounded(x, scalar));
+        let [q, k, v, d_o] =
+            [input.q, input.k, input.v, input.d_o].map(|x| crate::buffers::rounded(x, scalar));
         // The forward a framework saves on these inputs: O in the dtype, LSE in f32.
         let fwd = reference::attention::<f64>(&self.problem(), &cast(&q), &cast(&k), &cast(&v));
-        let o: Vec<f32> = fwd.o.iter().map(|x| crate::buffers::round_to(*x as f32, scalar)).collect();
+        let o: Vec<f32> = fwd
+            .o
+            .iter()
+            .map(|x| crate::buffers::round_to(*x as f32, scalar))
+            .collect();
         let lse: Vec<f32> = fwd.lse.iter().map(|x| *x as f32).collect();
         let input = BackwardInput {
             q: &q,

@@ -413,7 +413,9 @@ fn backward_one<T: Real>(
                     false => T::zero(),
                 })
                 .collect();
-            let dropped = (0..p.n_k).map(|j| round(probs[j] * p.keep(s, h, j))).collect();
+            let dropped = (0..p.n_k)
+                .map(|j| round(probs[j] * p.keep(s, h, j)))
+                .collect();
             (dropped, ds)
         })
         .collect();

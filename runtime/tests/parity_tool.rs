@@ -475,7 +475,8 @@ fn half_precision_inputs_give_outputs_in_their_type() {
             String::from_utf8_lossy(&result.stderr)
         );
         let grad = |name: &str| {
-            let (_, g, g_type) = npy::read_float(&dir.join(format!("out/{name}.npy")), &[3]).unwrap();
+            let (_, g, g_type) =
+                npy::read_float(&dir.join(format!("out/{name}.npy")), &[3]).unwrap();
             assert_eq!(g_type, dtype, "{name}");
             g
         };
