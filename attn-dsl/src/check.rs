@@ -369,6 +369,13 @@ fn check_coop(spec: &KernelSpec) -> Result<(), DslError> {
              `{name}` owned by the other half"
         ));
     }
+    if spec.op == Op::BackwardKv && spec.write_mode("dk") != spec.write_mode("dv") {
+        return Err(DslError::spec(
+            Field::Write("dv".into()),
+            "the cooperative-matrix backward_kv writes dk and dv the same way: both `owned` \
+             (a workgroup per KV head) or both `atomic` (a workgroup per query head)",
+        ));
+    }
     if spec.target == Target::Webgpu {
         return refuse(
             "cooperative matrices are not in WebGPU; use `target: native(..)` (the runtime \
@@ -649,6 +656,11 @@ fn supported_mode(spec: &KernelSpec, tensor: &str) -> WriteMode {
         (Op::BackwardQ, "p_ds") => WriteMode::ScratchFlush,
         (Op::DecodeSplit, "part_o" | "part_ml") => WriteMode::ScratchFlush,
         (Op::BackwardQ, "dkv") => WriteMode::AtomicScatter,
+        // The tensor-core key-major half owns dK and dV per KV head, or adds them by
+        // atomics from a workgroup per query head.
+        (Op::BackwardKv, "dk" | "dv") if spec.grid.uses_coop() => spec
+            .write_mode(tensor)
+            .unwrap_or(WriteMode::Owned),
         (Op::BackwardKv, "dq") => WriteMode::AtomicScatter,
         _ => WriteMode::Owned,
     }

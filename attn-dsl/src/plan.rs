@@ -133,6 +133,10 @@ impl KernelAbi {
         // row-wise layers' dims are (rows, hidden, out, n_tiles, n_blocks).
         match self.grid.major {
             Major::S => [at(0).div_ceil(self.grid.tile), at(1), at(4)],
+            // A key-major kernel that adds dK by atomics serves one query head a workgroup.
+            Major::J if self.binding("dk").and_then(|b| b.write) == Some(WriteMode::AtomicScatter) => {
+                [at(0).div_ceil(self.grid.tile), at(1), at(4)]
+            }
             Major::J => [at(0).div_ceil(self.grid.tile), at(2), at(4)],
             Major::Head => [at(1), at(4), 1],
             // Field 9 is n_slices; each KV head's query heads in groups of `tile`.

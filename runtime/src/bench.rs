@@ -312,7 +312,7 @@ pub fn run(
             });
         }
         if parts != Parts::Forward {
-            for (label, kernels) in half_backwards(gpu, h.head_dim, masks)? {
+            for (label, kernels) in half_backwards(gpu, h, masks)? {
                 let bound = in_dtype(kernels[0].abi().scalar("o"), false);
                 let steps = kernels
                     .iter()
@@ -515,13 +515,14 @@ fn half_forwards(
 }
 
 /// The half-precision tiled backward in each dtype the device has, in each configuration
-/// [`tuning::backward_candidates_in`] gives that fits: (row label, the prep where the
-/// schedule needs it and the two halves).
+/// [`tuning::backward_candidates_in`] gives that fits, the planned one first: (row label,
+/// the prep where the schedule needs it and the two halves).
 fn half_backwards(
     gpu: &Gpu,
-    head_dim: u32,
+    heads: Heads,
     masks: Masks,
 ) -> Result<Vec<(String, Vec<Kernel>)>, Error> {
+    let head_dim = heads.head_dim;
     let mut out = Vec::new();
     for dtype in gpu.half_dtypes() {
         let prep = tuning::backward_prep_in(head_dim, dtype).map_err(|e| Error::Pipeline {
@@ -529,9 +530,15 @@ fn half_backwards(
             message: e.to_string(),
         })?;
         let configs = tuning::backward_candidates_in(gpu, head_dim, dtype);
-        for (schedule, halves) in
-            crate::backward::tiled_schedules(gpu, (head_dim, masks, dtype), &configs)?
-        {
+        let mut schedules =
+            crate::backward::tiled_schedules(gpu, (head_dim, masks, dtype), &configs)?;
+        let names: Vec<_> = schedules.iter().map(|(s, _)| *s).collect();
+        let planned = crate::backward::half_plan(&names, heads);
+        if let Some(at) = names.iter().position(|s| *s == planned) {
+            let first = schedules.remove(at);
+            schedules.insert(0, first);
+        }
+        for (schedule, halves) in schedules {
             let mut kernels: Vec<Kernel> = halves;
             if crate::backward::needs_prep(&kernels.iter().collect::<Vec<_>>()) {
                 kernels.insert(0, Kernel::new(gpu, &prep)?);

@@ -487,6 +487,25 @@ attention_kernel! {
 }
 
 attention_kernel! {
+    /// The tiled backward's dK/dV half on tensor cores spread over query heads (the
+    /// `scattered` schedule), head_dim 64: a workgroup per 64 key rows and query head adds
+    /// its dK and dV by atomics (a compare-exchange loop in `ABI`, native f32 atomics in
+    /// `ABI_F32_ATOMIC`), so the seeds' 12 heads over 4 fill three times the workgroups.
+    pub attention_backward_dkdv_flash_scattered_tc {
+        op: backward_kv,
+        grid: j_major(tile = 64, query_tile = 32, rows_per_thread = 16, matrix = coop16),
+        head_dim: 64,
+        gqa: any,
+        masks: [causal, document],
+        target: native(workgroup_storage = 38160),
+        workgroup_size: 256,
+        dtype: f16,
+        source: recompute,
+        writes: { dk: atomic, dv: atomic },
+    }
+}
+
+attention_kernel! {
     /// Tiled recompute split, dQ half, head_dim 64: query tiles with Q and dO staged, K and
     /// V staged a block of keys at a time (candidate 0 of the backward configurations).
     pub attention_backward_dq_flash {

@@ -76,6 +76,36 @@ pub fn flash_backward_in(
     Ok([attn_dsl::compile(&q)?, attn_dsl::compile(&kv)?])
 }
 
+/// The key-major half of [`flash_backward_in`] on tensor cores (f16) with dK and dV added
+/// by `scatter` atomics from a workgroup per query head ([`crate::Schedule::Scattered`]).
+pub fn flash_backward_scattered(
+    head_dim: u32,
+    masks: Masks,
+    config: FlashConfig,
+    scatter: attn_dsl::Scatter,
+) -> Result<KernelAbi, DslError> {
+    let name = family_name("attention_backward_dkdv_flash_scattered", head_dim);
+    attn_dsl::compile(&scattered_spec(&name, head_dim, masks, config, scatter))
+}
+
+fn scattered_spec(
+    name: &str,
+    head_dim: u32,
+    masks: Masks,
+    config: FlashConfig,
+    scatter: attn_dsl::Scatter,
+) -> KernelSpec {
+    use attn_dsl::WriteMode::AtomicScatter;
+    let mut kv = KernelSpec {
+        dtype: Dtype::F16,
+        writes: vec![("dk".into(), AtomicScatter), ("dv".into(), AtomicScatter)],
+        scatter,
+        ..KernelSpec::flash(name, Op::BackwardKv, head_dim, masks, config)
+    };
+    kv.fit_target();
+    kv
+}
+
 /// The backward's prep (D = rowsum(dO ∘ O), packed with LSE) reading O and dO in `dtype`.
 pub fn backward_prep_in(head_dim: u32, dtype: Dtype) -> Result<KernelAbi, DslError> {
     let mut spec = KernelSpec {
@@ -536,6 +566,49 @@ mod tests {
     }
 
     #[test]
+    fn family_scattered_half_is_the_first_coop_candidate_at_head_dim_64() {
+        use crate::kernels::attention_backward_dkdv_flash_scattered_tc as family;
+        let first =
+            attn_dsl::configs::coop_backward(64, attn_dsl::configs::CANDIDATE_WORKGROUP_BYTES)[0];
+        for (scatter, abi) in [
+            (attn_dsl::Scatter::Cas, &family::ABI),
+            (attn_dsl::Scatter::F32Atomic, &family::ABI_F32_ATOMIC),
+        ] {
+            let spec = scattered_spec(&abi.name, 64, Masks::new(true, true), first, scatter);
+            assert_eq!(&attn_dsl::compile(&spec).unwrap(), abi);
+        }
+    }
+
+    #[test]
+    fn scattered_key_major_half_walks_query_heads_and_adds_by_atomics() {
+        let masks = Masks::new(true, true);
+        for head_dim in [64, 128] {
+            let configs = attn_dsl::configs::coop_backward(
+                head_dim,
+                attn_dsl::configs::CANDIDATE_WORKGROUP_BYTES,
+            );
+            for config in configs {
+                for scatter in [attn_dsl::Scatter::Cas, attn_dsl::Scatter::F32Atomic] {
+                    let abi = flash_backward_scattered(head_dim, masks, config, scatter).unwrap();
+                    let owned = flash_backward_in(head_dim, masks, config, Dtype::F16).unwrap();
+                    // seq 512, 12 query heads over 4 KV heads, batch 2.
+                    let dims = [512, 12, 4, head_dim, 2];
+                    let tiles = 512 / config.tile;
+                    assert_eq!(abi.dispatch_grid(&dims), [tiles, 12, 2]);
+                    assert_eq!(owned[1].dispatch_grid(&dims), [tiles, 4, 2]);
+                    let add = match scatter {
+                        attn_dsl::Scatter::Cas => "atomicCompareExchangeWeak(&dk[i]",
+                        attn_dsl::Scatter::F32Atomic => "atomicAdd(&dk[i], x)",
+                    };
+                    assert!(abi.wgsl.contains(add), "{}", config.label());
+                    assert!(abi.wgsl.contains("add_dv(at + e, sh_s[x + e]);"));
+                    assert!(abi.wgsl.contains("let kv_h = kv_head(qh);"));
+                }
+            }
+        }
+    }
+
+    #[test]
     fn family_tensor_core_backward_is_the_first_coop_candidate() {
         let first =
             attn_dsl::configs::coop_backward(128, attn_dsl::configs::CANDIDATE_WORKGROUP_BYTES)[0];
@@ -599,3 +672,4 @@ mod tests {
         assert!(err.to_string().contains("not a candidate"), "{err}");
     }
 }
+

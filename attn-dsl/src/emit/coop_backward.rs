@@ -18,7 +18,7 @@
 use std::fmt::Write;
 
 use super::coop::{self, A, C, CoopTiling, FRAG};
-use crate::spec::{KernelSpec, Op};
+use crate::spec::{KernelSpec, Op, WriteMode};
 
 /// Rows of the f16 staging area: each owned tensor in turn (loaded into fragments before
 /// the next), then each block's two tensors over them.
@@ -71,12 +71,26 @@ const KV_HALF: Half = Half {
     ],
 };
 
+/// Whether the key-major half adds dK and dV by atomics: then each workgroup serves one
+/// query head (the grid walks query heads, not KV heads), so a small problem spreads over
+/// `n_heads / n_kv_heads` times the workgroups, at the price of loading K and V per query
+/// head.
+pub(crate) fn scatters(spec: &KernelSpec) -> bool {
+    spec.op == Op::BackwardKv && spec.write_mode("dk") == Some(WriteMode::AtomicScatter)
+}
+
 pub(super) fn kernel(out: &mut String, spec: &KernelSpec, t: &CoopTiling) {
     let kv = spec.op == Op::BackwardKv;
     let half = if kv { &KV_HALF } else { &Q_HALF };
+    let scattered = scatters(spec);
     constants(out, t);
     workgroup_memory(out, t, kv);
     super::flash_backward::helpers(out, spec);
+    if scattered {
+        for (_, output, ..) in half.sums {
+            super::scatter::atomic_add(out, spec, output);
+        }
+    }
     let (own_rows, block_rows) = ("BR", "BC");
     for (name, tensor, index) in half.own.iter().copied() {
         coop::fetch(out, name, tensor, index, own_rows);
@@ -93,9 +107,9 @@ pub(super) fn kernel(out: &mut String, spec: &KernelSpec, t: &CoopTiling) {
         false => super::flash::tile_key_range(out),
     }
     let mut b = String::new();
-    prologue(&mut b, t, half, kv);
+    prologue(&mut b, t, half, kv, scattered);
     match kv {
-        true => kv_loop(&mut b, t),
+        true => kv_loop(&mut b, t, scattered),
         false => q_loop(&mut b, t),
     }
     let elementwise = match kv {
@@ -103,7 +117,7 @@ pub(super) fn kernel(out: &mut String, spec: &KernelSpec, t: &CoopTiling) {
         false => with_dbias(Q_ELEMENTWISE, spec.write_mode("dbias").is_some()),
     };
     products(&mut b, t, half, &elementwise);
-    finish(&mut b, t, half, kv);
+    finish(&mut b, t, half, kv, scattered);
     out.push_str(&b);
     coop::entry(out, spec, half.body);
 }
@@ -157,14 +171,18 @@ fn workgroup_memory(out: &mut String, t: &CoopTiling, kv: bool) {
 
 /// The owned rows' fragments, the accumulators, the elementwise step's row and the block
 /// range, up to the block loop.
-fn prologue(b: &mut String, t: &CoopTiling, half: &Half, kv: bool) {
+fn prologue(b: &mut String, t: &CoopTiling, half: &Half, kv: bool, scattered: bool) {
     let (head, row0) = match kv {
         true => ("kv_h", "col0"),
         false => ("h", "row0"),
     };
+    let (param, kv_head) = match scattered {
+        true => ("qh", "    let kv_h = kv_head(qh);\n"),
+        false => (head, ""),
+    };
     let _ = write!(
         b,
-        "fn {}(tile: u32, {head}: u32, tid: u32, sg: u32, lane: u32) {{\n    \
+        "fn {}(tile: u32, {param}: u32, tid: u32, sg: u32, lane: u32) {{\n{kv_head}    \
          let {row0} = tile * BR;\n    \
          // The subgroup's 16 owned rows (row group) and its half of their products, if split.\n    \
          let rg = sg % NRG;\n    let part = sg / NRG;\n    \
@@ -261,21 +279,28 @@ fn q_loop(b: &mut String, t: &CoopTiling) {
 /// within a block every query head of the KV head (the weights of a key shrink with the
 /// query's distance under a causal mask, so the small terms are added first), each with
 /// its Q, dO and (LSE, D) staged.
-fn kv_loop(b: &mut String, t: &CoopTiling) {
-    b.push_str(
-        "    let col = col0 + r;\n    let group = q_per_kv();\n    let first = range.x / BC;\n    \
+fn kv_loop(b: &mut String, t: &CoopTiling, scattered: bool) {
+    // (A scattering workgroup walks its one query head.)
+    let (group, h0) = match scattered {
+        true => ("1u", "qh"),
+        false => ("q_per_kv()", "kv_h * group"),
+    };
+    let _ = write!(
+        b,
+        "    let col = col0 + r;\n    let group = {group};\n    let first = range.x / BC;\n    \
          let blocks = (range.y + BC - 1u) / BC - first;\n",
     );
     let tensors = [("q", "0u"), ("do", "BC")];
     if !prefetch(t) {
-        b.push_str(
-            "    for (var it = 0u; it < group * blocks; it = it + 1u) {\n        \
-             let h = kv_h * group + it % group;\n        \
+        let _ = write!(
+            b,
+            "    for (var it = 0u; it < group * blocks; it = it + 1u) {{\n        \
+             let h = {h0} + it % group;\n        \
              let s0 = (first + blocks - 1u - it / group) * BC;\n        \
              // The previous block is done with sh_kv, sh_s, sh_dp, sh_p, sh_ds and sh_stats.\n        \
              workgroupBarrier();\n        \
-             for (var e = tid; e < BC; e = e + WG) {\n            \
-             put_stats(e, fetch_stats(s0, h, e));\n        }\n",
+             for (var e = tid; e < BC; e = e + WG) {{\n            \
+             put_stats(e, fetch_stats(s0, h, e));\n        }}\n",
         );
         coop::stage_block(b, t, &tensors, "s0", "h");
         return;
@@ -292,6 +317,7 @@ fn kv_loop(b: &mut String, t: &CoopTiling) {
         .map(|i| format!("        put_stats(tid + {i}u * WG, ps_{i});\n"))
         .collect();
     b.push_str(&super::flash_backward::query_blocks_ahead(
+        h0,
         &fetch("    var "),
         "sh_kv, sh_s, sh_dp, sh_p, sh_ds and sh_stats",
         &(puts_stats + &puts(t, &tensors)),
@@ -380,7 +406,7 @@ const KV_ELEMENTWISE: &str = r#"        for (var i = 0u; i < ECOLS; i = i + 1u) 
 
 /// Each accumulator into its output through the subgroup's 16x16 corner of sh_s, a
 /// fragment at a time, added to what the output holds.
-fn finish(b: &mut String, t: &CoopTiling, half: &Half, kv: bool) {
+fn finish(b: &mut String, t: &CoopTiling, half: &Half, kv: bool, scattered: bool) {
     let mine = t.head_dim / FRAG / t.split;
     let (row0, index) = match kv {
         true => ("col0", "kv_index(out_row, kv_h)"),
@@ -393,6 +419,10 @@ fn finish(b: &mut String, t: &CoopTiling, half: &Half, kv: bool) {
          let x = pr * SS + part * 16u + c8;\n"
     );
     for (acc, output, ..) in half.sums {
+        let add = match scattered {
+            true => format!("add_{output}(at + e, sh_s[x + e]);"),
+            false => format!("{output}[at + e] = {output}[at + e] + sh_s[x + e];"),
+        };
         for n in 0..mine {
             let _ = write!(
                 b,
@@ -401,7 +431,7 @@ fn finish(b: &mut String, t: &CoopTiling, half: &Half, kv: bool) {
                  workgroupBarrier();\n    if (out_row < dims.seq_len) {{\n        \
                  let at = base + (part * {mine}u + {n}u) * {FRAG}u + c8;\n        \
                  for (var e = 0u; e < 8u; e = e + 1u) {{\n            \
-                 {output}[at + e] = {output}[at + e] + sh_s[x + e];\n        }}\n    }}\n"
+                 {add}\n        }}\n    }}\n"
             );
         }
     }

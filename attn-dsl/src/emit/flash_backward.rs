@@ -287,6 +287,7 @@ fn kv_body(out: &mut String, t: &Tiling, scatter_dq: bool, dbias: bool) {
         )),
         per_vec4(ps, "    ", |i| format!("var ps_{i} = vec2<f32>(0.0);")),
         query_blocks_ahead(
+            "kv_h * group",
             &fetch("    "),
             "sh_q, sh_do, sh_p and sh_ds",
             &(per_vec4(pf, "        ", |i| format!(
@@ -353,9 +354,16 @@ fn kv_body(out: &mut String, t: &Tiling, scatter_dq: bool, dbias: bool) {
 /// `blocks` of them) and every query head of the KV head, with the next block's loads in
 /// flight: `first_fetch` loads the first block into the carried registers, `puts` stores
 /// them, `fetch` loads the next; `done_with` names the workgroup memory a block uses.
-pub(super) fn query_blocks_ahead(first_fetch: &str, done_with: &str, puts: &str, fetch: &str) -> String {
+/// `h0` is the first query head the workgroup walks (`group` of them from there).
+pub(super) fn query_blocks_ahead(
+    h0: &str,
+    first_fetch: &str,
+    done_with: &str,
+    puts: &str,
+    fetch: &str,
+) -> String {
     format!(
-        "    var next_h = kv_h * group;\n    var next_s0 = (first + blocks - 1u) * BC;\n{first_fetch}    \
+        "    var next_h = {h0};\n    var next_s0 = (first + blocks - 1u) * BC;\n{first_fetch}    \
          // Every block of queries that sees the tile, last first, and within a block every\n    \
          // query head of this KV head: under a causal or document mask a key's weights\n    \
          // shrink with the query's distance, so the small terms are added while the sums\n    \
@@ -366,7 +374,7 @@ pub(super) fn query_blocks_ahead(first_fetch: &str, done_with: &str, puts: &str,
          workgroupBarrier();\n{puts}        workgroupBarrier();\n        \
          // The next block's loads are in flight during this one's products.\n        \
          if (it + 1u < group * blocks) {{\n            \
-         next_h = kv_h * group + (it + 1u) % group;\n            \
+         next_h = {h0} + (it + 1u) % group;\n            \
          next_s0 = (first + blocks - 1u - (it + 1u) / group) * BC;\n{fetch}        }}\n"
     )
 }

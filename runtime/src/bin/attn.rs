@@ -58,7 +58,8 @@ struct Args {
     /// tensors' head_dim (e.g. tiled-16x8/2@64; a wrong one lists those that run); or
     /// `all`: every schedule the adapter runs, each writing its gradients to a subfolder
     /// of --out named for it (`/` as `_`, e.g. tiled-16x8_2@64/dq.npy). Half-precision
-    /// inputs run tiled-C only, C of runtime::tuning::backward_candidates_in.
+    /// inputs run tiled-C, C of runtime::tuning::backward_candidates_in, and on tensor
+    /// cores scattered-C (the dK/dV half spread over query heads).
     #[arg(long, default_value = "auto")]
     schedule: String,
     /// Folder for the outputs (created if missing).
