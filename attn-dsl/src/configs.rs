@@ -143,7 +143,10 @@ pub fn forward(head_dim: u32) -> Vec<FlashConfig> {
 /// (query rows, keys per block, subgroups per 16 rows) of the cooperative-matrix forward,
 /// in order of preference: more rows per workgroup reuse each staged key more; 32 keys
 /// keep K, V, S and P of head_dim 128 within 32 KiB (64 keys would need 60.5 KiB); two
-/// subgroups per 16 rows halve each one's accumulators.
+/// subgroups per 16 rows halve each one's accumulators. The last, 128 rows (Q staged in
+/// column passes), halves the staging per key again but gives a grid half the
+/// workgroups: the runtime picks it only for problems with workgroups to spare
+/// (`tuning::Table::forward_for`).
 const COOP_MENU: &[(u32, u32, u32)] = &[
     (64, 32, 2),
     (64, 32, 1),
@@ -152,6 +155,7 @@ const COOP_MENU: &[(u32, u32, u32)] = &[
     (64, 16, 1),
     (32, 16, 1),
     (16, 16, 1),
+    (128, 32, 1),
 ];
 
 /// The cooperative-matrix forward configurations for `head_dim` (a multiple of 16) within
@@ -283,6 +287,34 @@ mod tests {
 
     fn label(c: &[FlashConfig]) -> Vec<String> {
         c.iter().map(FlashConfig::label).collect()
+    }
+
+    /// Every tensor-core forward configuration the rule gives, at every head_dim it
+    /// takes, compiles (naga validates it), Q staged whole or in column passes.
+    #[test]
+    fn every_coop_forward_configuration_compiles() {
+        let mut passes = 0;
+        for head_dim in (16..=256).step_by(16) {
+            for config in coop_forward(head_dim, CANDIDATE_WORKGROUP_BYTES) {
+                let mut spec = crate::KernelSpec {
+                    dtype: crate::Dtype::F16,
+                    ..crate::KernelSpec::flash(
+                        "coop_forward",
+                        Op::Forward,
+                        head_dim,
+                        crate::Masks::new(true, true),
+                        config,
+                    )
+                };
+                spec.fit_target();
+                let abi = crate::compile(&spec)
+                    .unwrap_or_else(|e| panic!("d{head_dim} {}: {e}", config.label()));
+                assert!(abi.workgroup_storage_bytes <= CANDIDATE_WORKGROUP_BYTES);
+                passes += usize::from(abi.wgsl.contains("const QC: u32"));
+            }
+        }
+        // The 128-row tile stages Q in column passes wherever it fits.
+        assert!(passes >= 10, "{passes}");
     }
 
     /// The rule reproduces the configurations that won on an H100 when they were listed

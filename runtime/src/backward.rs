@@ -271,7 +271,7 @@ impl Backward {
 
     /// [`Backward::plan`] in `dtype`: in half precision the first compiled schedule (the
     /// tiled one on tensor cores where the adapter has them; not yet measured per adapter),
-    /// spread over query heads ([`Schedule::Scattered`]) where a KV head serves several.
+    /// its key-major half spread over query heads ([`Schedule::Scattered`]) where compiled.
     pub fn plan_in(
         &self,
         gpu: &Gpu,
@@ -281,7 +281,7 @@ impl Backward {
         dtype: Dtype,
     ) -> Schedule {
         if dtype != Dtype::F32 {
-            return half_plan(&self.schedules_in(gpu, heads.head_dim, dtype), heads);
+            return half_plan(&self.schedules_in(gpu, heads.head_dim, dtype));
         }
         let runnable = self.schedules(gpu, heads.head_dim);
         let bytes = Schedule::Split.scratch_bytes(batch, seq_len, heads.n_heads);
@@ -701,18 +701,18 @@ pub async fn tiled_schedules_async(
     Ok(out)
 }
 
-/// The half-precision plan among the `compiled` schedules (best first): the first,
-/// spread over query heads where a KV head serves several and that variant is compiled.
-pub(crate) fn half_plan(compiled: &[Schedule], heads: Heads) -> Schedule {
+/// The half-precision plan among the `compiled` schedules (best first): the first, with
+/// its key-major half spread over query heads where that variant is compiled.
+pub(crate) fn half_plan(compiled: &[Schedule]) -> Schedule {
     let first = compiled.first().copied();
-    // On an H100 the key-major half spread over query heads ran 1.7x faster at the seeds'
-    // shape (seq 512, 12 heads over 4, d 64: 0.082 against 0.143 ms) and 1.16x at seq
-    // 2048, 32 heads over 8, d 128 (1.534 against 1.786 ms): a workgroup per KV head walks
-    // its group in turn, too few workgroups for the GPU.
+    // On an H100 the spread key-major half was the faster at every shape measured, by 1.7x
+    // at the seeds' (seq 512, 12 heads over 4, d 64: 0.081 against 0.140 ms), where a
+    // workgroup per KV head walks its group in turn and the grid is too small for the
+    // GPU; 1.16x at seq 2048 with 32 heads over 8, d 128 (1.534 against 1.786 ms); 1.07x
+    // at seq 4096 with 32 over 8 (4.777 against 5.104); and 1.03x without GQA, seq 4096
+    // with 16 heads (2.599 against 2.685), where each dK element gets one add.
     let spread = match first {
-        Some(Schedule::Tiled(c)) if heads.n_heads > heads.n_kv_heads => {
-            Some(Schedule::Scattered(c)).filter(|s| compiled.contains(s))
-        }
+        Some(Schedule::Tiled(c)) => Some(Schedule::Scattered(c)).filter(|s| compiled.contains(s)),
         _ => None,
     };
     spread.or(first).unwrap_or(Schedule::RecomputeSplit)
@@ -774,7 +774,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn half_plan_spreads_over_query_heads_only_under_gqa() {
+    fn half_plan_spreads_the_tensor_core_schedule_over_query_heads() {
         let configs = attn_dsl::configs::coop_backward(64, attn_dsl::configs::CANDIDATE_WORKGROUP_BYTES);
         let (first, second) = (configs[0], configs[1]);
         let compiled = [
@@ -783,17 +783,11 @@ mod tests {
             Schedule::Scattered(first),
             Schedule::Scattered(second),
         ];
-        let heads = |n_heads, n_kv_heads| Heads {
-            n_heads,
-            n_kv_heads,
-            head_dim: 64,
-        };
-        assert_eq!(half_plan(&compiled, heads(12, 4)), Schedule::Scattered(first));
-        assert_eq!(half_plan(&compiled, heads(4, 4)), Schedule::Tiled(first));
-        // Without tensor cores there is no spread variant: the first, whatever the heads.
+        assert_eq!(half_plan(&compiled), Schedule::Scattered(first));
+        // Without tensor cores there is no spread variant: the first.
         let scalar = [Schedule::Tiled(tuning::backward_candidates(64)[0])];
-        assert_eq!(half_plan(&scalar, heads(12, 4)), scalar[0]);
-        assert_eq!(half_plan(&[], heads(12, 4)), Schedule::RecomputeSplit);
+        assert_eq!(half_plan(&scalar), scalar[0]);
+        assert_eq!(half_plan(&[]), Schedule::RecomputeSplit);
         // The name round-trips, so a tuning table or `--schedule` can give it.
         let name = Schedule::Scattered(first).to_string();
         assert_eq!(name, "scattered-64x32/16@256+tc");

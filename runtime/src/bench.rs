@@ -268,7 +268,7 @@ pub fn run(
             .first()
             .filter(|r| r.kernel == "forward tile-1")
             .and_then(|r| r.timing.map(|t| t.median_ms));
-        let half = half_forwards(gpu, h.head_dim, masks)?;
+        let half = half_forwards(gpu, h, (shape.batch, shape.seq), masks)?;
         // The half kernels read and write 16-bit copies of the same data.
         // (and the backward reads a saved O in the dtype).
         let copies: Vec<(&str, Scalar, wgpu::Buffer)> = data
@@ -482,16 +482,18 @@ pub fn tune(gpu: &Gpu, rows: &[BenchRow], failed: &[String]) -> Table {
 /// (row label, dtype, kernel).
 fn half_forwards(
     gpu: &Gpu,
-    head_dim: u32,
+    heads: Heads,
+    problem: (u32, u32),
     masks: Masks,
 ) -> Result<Vec<(String, Scalar, Kernel)>, Error> {
+    let head_dim = heads.head_dim;
     let table = tuning::Table::for_gpu(gpu).unwrap_or_default();
     let scalar = table
         .forward(gpu, head_dim)
         .unwrap_or(tuning::forward_candidates(head_dim)[0]);
     let mut out = Vec::new();
     for dtype in gpu.half_dtypes() {
-        let planned = table.forward_in(gpu, head_dim, dtype).unwrap_or(scalar);
+        let planned = table.forward_for(gpu, heads, problem, dtype).unwrap_or(scalar);
         let mut configs = vec![planned];
         if dtype == Dtype::F16 {
             let coop = tuning::coop_candidates(gpu, head_dim);
@@ -533,7 +535,7 @@ fn half_backwards(
         let mut schedules =
             crate::backward::tiled_schedules(gpu, (head_dim, masks, dtype), &configs)?;
         let names: Vec<_> = schedules.iter().map(|(s, _)| *s).collect();
-        let planned = crate::backward::half_plan(&names, heads);
+        let planned = crate::backward::half_plan(&names);
         if let Some(at) = names.iter().position(|s| *s == planned) {
             let first = schedules.remove(at);
             schedules.insert(0, first);

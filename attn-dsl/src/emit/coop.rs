@@ -72,12 +72,37 @@ impl CoopTiling {
     }
 
     /// Rows the f16 staging area holds: Q, then K and V of a block; or, with Q in
-    /// registers, Q at the start and K and V over it once Q is loaded.
+    /// registers, Q at the start (in column passes where its rows outnumber K's and V's)
+    /// and K and V over it once Q is loaded.
     fn staged_rows(&self) -> u32 {
         match self.q_in_memory() {
             true => self.br + 2 * self.bc,
+            false if self.q_in_passes() => 2 * self.bc,
             false => self.br.max(2 * self.bc),
         }
+    }
+
+    /// Columns of Q staged per pass when Q lives in registers: all of head_dim where BR
+    /// rows of it fit beside nothing larger than K and V, else the widest multiple of 16
+    /// dividing head_dim whose BR rows (padded by 8 halves) fit in K's and V's rows (where
+    /// none does, head_dim: one pass, the staging area then sized for BR rows). Every
+    /// subgroup loads its fragments of each pass's columns, so the loads stay in
+    /// workgroup-uniform control flow (a pass per row group would not).
+    pub(super) fn q_columns(&self) -> u32 {
+        if self.br <= 2 * self.bc {
+            return self.head_dim;
+        }
+        let room = 2 * self.bc * (self.head_dim + 8);
+        (1..=self.head_dim / FRAG)
+            .rev()
+            .map(|n| n * FRAG)
+            .find(|&cols| self.head_dim.is_multiple_of(cols) && self.br * (cols + 8) <= room)
+            .unwrap_or(self.head_dim)
+    }
+
+    /// Whether Q is staged in column passes (then loaded into registers).
+    fn q_in_passes(&self) -> bool {
+        !self.q_in_memory() && self.q_columns() < self.head_dim
     }
 
     /// The first staged rows of K and of V.
@@ -167,7 +192,10 @@ pub(super) fn kernel(out: &mut String, spec: &KernelSpec, t: &CoopTiling) {
     fetch(out, "k", "k", "kv_index(r, h)", "BC");
     fetch(out, "v", "v", "kv_index(r, h)", "BC");
     put(out);
-    stage_rows(out, "stage_q", "BR", &[("q", "0u")]);
+    match t.q_in_passes() {
+        true => stage_q_columns(out, t.q_columns()),
+        false => stage_rows(out, "stage_q", "BR", &[("q", "0u")]),
+    }
     super::flash::tile_key_range(out);
     body(out, t);
     entry(out, spec, "flash_forward_coop");
@@ -231,19 +259,23 @@ pub(super) fn fetch(out: &mut String, name: &str, tensor: &str, index: &str, row
     );
 }
 
-/// `put_row4(row, c4, x)`: four halves into staged row `row` at vec4 column `c4`;
+/// `put4(at, x)`: four halves into the staging area from half `at`;
+/// `put_row4(row, c4, x)`: into staged row `row` at vec4 column `c4`;
 /// `put(e, base, x)`: a fetched vec4 of a block of BC rows into staged row
 /// `base + e / (HEAD_DIM / 4)`.
 pub(super) fn put(out: &mut String) {
     // (Words of two halves, stored whole, would halve the stores, but NVIDIA's compiler
     // refuses cooperative loads of f16 through a u32 pointer.)
     out.push_str(
-        r#"fn put_row4(row: u32, c4: u32, x: vec4<f16>) {
-    let at = row * KS + c4 * 4u;
+        r#"fn put4(at: u32, x: vec4<f16>) {
     sh_kv[at] = x.x;
     sh_kv[at + 1u] = x.y;
     sh_kv[at + 2u] = x.z;
     sh_kv[at + 3u] = x.w;
+}
+
+fn put_row4(row: u32, c4: u32, x: vec4<f16>) {
+    put4(row * KS + c4 * 4u, x);
 }
 
 fn put(e: u32, base: u32, x: vec4<f16>) {
@@ -275,6 +307,31 @@ pub(super) fn stage_rows(out: &mut String, name: &str, rows: &str, tensors: &[(&
     );
 }
 
+/// `stage_q(r0, h, tid, c0)`: columns c0..c0 + QC of the tile's BR rows of Q into the
+/// staging area, rows QS halves apart.
+fn stage_q_columns(out: &mut String, cols: u32) {
+    let _ = write!(
+        out,
+        r#"// Q is staged QC columns at a time, rows QS halves apart.
+const QC: u32 = {cols}u;
+const QS: u32 = {}u;
+
+fn stage_q(r0: u32, h: u32, tid: u32, c0: u32) {{
+    for (var e = tid; e < BR * (QC / 4u); e = e + WG) {{
+        let r = r0 + e / (QC / 4u);
+        var x = vec4<f16>(0.0);
+        if (r < dims.seq_len) {{
+            x = q[(q_index(r, h) + c0 + (e % (QC / 4u)) * 4u) >> 2u];
+        }}
+        put4((e / (QC / 4u)) * QS + (e % (QC / 4u)) * 4u, x);
+    }}
+}}
+
+"#,
+        cols + 8
+    );
+}
+
 pub(super) const A: &str = "coop_mat16x16<f16, A>";
 pub(super) const B: &str = "coop_mat16x16<f16, B>";
 pub(super) const C: &str = "coop_mat16x16<f32, C>";
@@ -301,14 +358,9 @@ fn body(out: &mut String, t: &CoopTiling) {
          let kv_h = kv_head(h);\n    let row0 = tile * BR;\n    \
          // The subgroup's 16 rows (row group) and its half of their products, if split.\n    \
          let rg = sg % NRG;\n    let part = sg / NRG;\n    \
-         if (tid == 0u) {\n        sh_range = tile_key_range(row0);\n    }\n    \
-         stage_q(row0, h, tid);\n    workgroupBarrier();\n",
+         if (tid == 0u) {\n        sh_range = tile_key_range(row0);\n    }\n",
     );
-    if !t.q_in_memory() {
-        for k in 0..dk {
-            let _ = writeln!(b, "    let qa_{k} = {};", q_fragment(k));
-        }
-    }
+    stage_q(&mut b, t);
     for n in 0..dk / t.split {
         let _ = writeln!(b, "    var o_{n} = {C}();");
     }
@@ -335,6 +387,32 @@ fn body(out: &mut String, t: &CoopTiling) {
     b.push_str("    }\n");
     finish(&mut b, t, lanes);
     out.push_str(&b);
+}
+
+/// Q into workgroup memory, and with Q in registers its fragments `qa_k` loaded: whole,
+/// or in column passes, each pass's fragments loaded before the next overwrites them.
+fn stage_q(b: &mut String, t: &CoopTiling) {
+    if !t.q_in_passes() {
+        b.push_str("    stage_q(row0, h, tid);\n    workgroupBarrier();\n");
+        if !t.q_in_memory() {
+            for k in 0..t.head_dim / FRAG {
+                let _ = writeln!(b, "    let qa_{k} = {};", q_fragment(k));
+            }
+        }
+        return;
+    }
+    let cols = t.q_columns();
+    for pass in 0..t.head_dim / cols {
+        let _ = writeln!(
+            b,
+            "    workgroupBarrier();\n    stage_q(row0, h, tid, {}u);\n    workgroupBarrier();",
+            pass * cols
+        );
+        for k in 0..cols / FRAG {
+            let at = staged(&format!("rg * {FRAG}u * QS + {}u", k * FRAG));
+            let _ = writeln!(b, "    let qa_{} = coopLoadT<{A}>({at}, QS);", pass * cols / FRAG + k);
+        }
+    }
 }
 
 /// Row group `rg`'s Q fragment `k` (head_dim columns 16k..16k + 16), from workgroup memory.

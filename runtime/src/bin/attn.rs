@@ -242,7 +242,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             gpu.describe()
         );
     }
-    let tuned = Table::for_gpu(&gpu)?.forward_in(&gpu, d, t.dtype);
+    let tuned = Table::for_gpu(&gpu)?.forward_for(&gpu, t.heads, (t.batch, t.seq), t.dtype);
     let forward = match tuned {
         Some(config) => {
             let abi = tuning::flash_forward_in(d, masks, config, t.dtype)
