@@ -72,6 +72,14 @@ function devtools(proc, onEvent) {
   const pending = new Map();
   let nextId = 1;
   let buffered = '';
+  let closed = false;
+  // A browser that exits (after `Browser.close`, say) may not answer what is pending: fail
+  // those calls rather than wait for ever (a CI run once hung here, the page passed).
+  proc.stdio[4].on('close', () => {
+    closed = true;
+    for (const { fail } of pending.values()) fail(new Error('the browser closed its pipe'));
+    pending.clear();
+  });
   proc.stdio[4].on('data', (chunk) => {
     buffered += chunk.toString('utf8');
     let end;
@@ -89,6 +97,10 @@ function devtools(proc, onEvent) {
   });
   return (method, params = {}, sessionId) =>
     new Promise((ok, fail) => {
+      if (closed) {
+        fail(new Error('the browser closed its pipe'));
+        return;
+      }
       const id = nextId++;
       pending.set(id, { ok, fail });
       proc.stdio[3].write(JSON.stringify({ id, method, params, sessionId }) + '\0');
@@ -187,14 +199,14 @@ async function main() {
     });
     const shot = await call('Page.captureScreenshot', { format: 'png' });
     writeFileSync(join(out, 'page.png'), Buffer.from(shot.data, 'base64'));
-    await send('Browser.close').catch(() => {});
+    await Promise.race([send('Browser.close').catch(() => {}), exited, sleep(10_000)]);
   } catch (e) {
     problem = `driving the browser failed: ${e.message}`;
   } finally {
     server.close();
     const killed = setTimeout(() => proc.kill('SIGKILL'), 5000);
     proc.kill();
-    await exited;
+    await Promise.race([exited, sleep(6000)]);
     clearTimeout(killed);
   }
   writeFileSync(join(out, 'console.log'), log.join('\n') + '\n');
