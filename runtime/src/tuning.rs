@@ -444,9 +444,9 @@ fn widest_filling(
 }
 
 /// Workgroups a forward grid needs before [`Table::forward_for`] trades them for wider
-/// tiles. On an H100 (132 SMs) the 128-row tensor-core forward took 0.926 ms against
-/// 1.023 for 64 rows at seq 4096 with 16 heads, d 128 (512 workgroups against 1024), and
-/// 0.045 against 0.030 ms at seq 512 with 12 heads, d 64 (48 against 96).
+/// tiles. On an H100 (132 SMs) the 128-row tensor-core forward took 0.864 ms against
+/// 0.930 for 64 rows at seq 4096 with 16 heads, d 128 (512 workgroups against 1024), and
+/// 0.041 against 0.028 ms at seq 512 with 12 heads, d 64 (48 against 96).
 pub const FULL_GRID: u32 = 256;
 
 /// The cooperative-matrix forward configurations for `head_dim` that fit `gpu`'s
