@@ -75,7 +75,7 @@ const KV_HALF: Half = Half {
 /// query head (the grid walks query heads, not KV heads), so a small problem spreads over
 /// `n_heads / n_kv_heads` times the workgroups, at the price of loading K and V per query
 /// head.
-pub(crate) fn scatters(spec: &KernelSpec) -> bool {
+fn scatters(spec: &KernelSpec) -> bool {
     spec.op == Op::BackwardKv && spec.write_mode("dk") == Some(WriteMode::AtomicScatter)
 }
 
