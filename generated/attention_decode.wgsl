@@ -124,9 +124,14 @@ fn row_index(row: u32, h: u32) -> u32 {
     return (batch * 1u + row) * dims.n_heads + h;
 }
 
+// Keys in the cache: one length for every sequence.
+fn cache_len() -> u32 {
+    return dims.cache_len;
+}
+
 // The query follows the cache's last row.
 fn key_range(row: u32) -> vec2<u32> {
-    return vec2<u32>(0u, dims.cache_len);
+    return vec2<u32>(0u, cache_len());
 }
 
 // The score of query `row` (head h) against key j from the raw dot product q·k (scaled,

@@ -51,6 +51,7 @@ var<private> batch: u32;
 @group(0) @binding(5) var<uniform> dims: Dims;
 @group(0) @binding(6) var<uniform> params: Params;
 @group(0) @binding(7) var<storage, read> block_table: array<u32>;
+@group(0) @binding(8) var<storage, read> seq_lens: array<u32>;
 
 // The four chains of a vec4 dot product, summed pairwise.
 fn hsum(v: vec4<f32>) -> f32 {
@@ -128,6 +129,11 @@ fn q_per_kv() -> u32 {
 
 fn kv_head(h: u32) -> u32 {
     return h / q_per_kv();
+}
+
+// Keys in this sequence's cache.
+fn cache_len() -> u32 {
+    return seq_lens[batch];
 }
 
 // The score of query `row` (head h) against key j from the raw dot product q·k (scaled,
@@ -224,7 +230,8 @@ fn attention_decode_split_paged(@builtin(workgroup_id) wg: vec3<u32>, @builtin(l
     let head0 = kv_h * q_per_kv() + (wg.y % groups) * TILE;
     let n_here = min(TILE, (kv_h + 1u) * q_per_kv() - head0);
     let lo = slice * dims.slice_len;
-    let hi = min(lo + dims.slice_len, dims.cache_len);
+    // A slice past this sequence's length (a shorter sequence of a ragged batch) is empty.
+    let hi = max(lo, min(lo + dims.slice_len, cache_len()));
     let first = max(lo, first_key());
 
     // Absent heads get q = 0; their results are never written.

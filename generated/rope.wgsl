@@ -15,7 +15,7 @@ const NEG_BIG: f32 = -3.0e38;
 struct Dims {
     seq_len: u32,
     n_heads: u32,
-    pos_offset: u32,
+    _pad3: u32,
     head_dim: u32,
     batch: u32,
     _pad0: u32,
@@ -28,6 +28,7 @@ var<private> batch: u32;
 @group(0) @binding(0) var<storage, read_write> x: array<f32>;
 @group(0) @binding(1) var<storage, read> inv_freq: array<f32>;
 @group(0) @binding(2) var<uniform> dims: Dims;
+@group(0) @binding(3) var<storage, read> positions: array<u32>;
 
 // +1 rotates forward; -1 applies the transpose (the backward).
 const SIGN: f32 = 1.0;
@@ -46,7 +47,7 @@ fn reduce_angle(a: f32) -> f32 {
 
 fn rope_row(row: u32, h: u32, tid: u32) {
     let base = ((batch * dims.seq_len + row) * dims.n_heads + h) * HEAD_DIM;
-    let pos = f32(row + dims.pos_offset);
+    let pos = f32(row + positions[batch]);
     for (var i = tid; i < HALF; i = i + WG) {
         let angle = reduce_angle(SIGN * pos * inv_freq[i]);
         // GPU sin and cos may be approximations with c² + s² a few 1e-7 off 1, which

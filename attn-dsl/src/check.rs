@@ -39,13 +39,19 @@ fn check_dtype(spec: &KernelSpec) -> Result<(), DslError> {
     }
     let flash_backward =
         matches!(spec.op, Op::BackwardQ | Op::BackwardKv) && spec.grid.flash.is_some();
-    let ops = [Op::Forward, Op::DecodeSplit, Op::DecodeReduce, Op::BackwardPrep];
+    let ops = [
+        Op::Forward,
+        Op::DecodeSplit,
+        Op::DecodeReduce,
+        Op::BackwardPrep,
+        Op::CacheAppend,
+    ];
     if !ops.contains(&spec.op) && !flash_backward {
         return Err(DslError::spec(
             Field::Dtype,
             format!(
                 "dtype {} is emitted for ops forward, decode_split, decode_reduce, \
-                 backward_prep, and backward_q and backward_kv on flash grids; op {} on this \
+                 backward_prep, cache_append, and backward_q and backward_kv on flash grids; op {} on this \
                  grid reads and writes f32 (drop `dtype`, or use `grid: s_major(flash)` / \
                  `j_major(flash)`)",
                 spec.dtype.name(),
@@ -359,9 +365,10 @@ fn check_coop(spec: &KernelSpec) -> Result<(), DslError> {
             spec.op.name()
         ));
     }
-    let scattered = ["dq", "dkv"]
-        .into_iter()
-        .find(|name| spec.op != Op::Forward && spec.write_mode(name) == Some(crate::spec::WriteMode::AtomicScatter));
+    let scattered = ["dq", "dkv"].into_iter().find(|name| {
+        spec.op != Op::Forward
+            && spec.write_mode(name) == Some(crate::spec::WriteMode::AtomicScatter)
+    });
     if let Some(name) = scattered {
         return refuse(format!(
             "the cooperative-matrix backward owns its outputs (the tiled schedule); `{name}` by \
@@ -482,6 +489,13 @@ fn cannot_honour(op: Op, word: &str) -> Option<&'static str> {
             "it is a row-wise layer (LayerNorm + Linear): no query meets a key, so no mask or \
              score modifier applies",
         ),
+        (Op::CacheAppend, _) => Some(
+            "it copies new rows of K and V into the cache; the masks and modifiers belong to \
+             the decode that reads them",
+        ),
+        (Op::DkvReduce, _) => Some(
+            "it sums the lanes of gradients in which the masks and modifiers are already applied",
+        ),
         (Op::Rope | Op::RopeBackward, _) => Some(
             "it rotates each row on its own and never compares a query with a key, so no \
              mask or score modifier applies",
@@ -513,12 +527,12 @@ fn cannot_honour(op: Op, word: &str) -> Option<&'static str> {
 /// Only split-K decode reads a paged cache: its key index is the one place that walks the
 /// block table.
 fn check_cache(spec: &KernelSpec) -> Result<(), DslError> {
-    if spec.cache == Cache::Paged && spec.op != Op::DecodeSplit {
+    if spec.cache == Cache::Paged && !matches!(spec.op, Op::DecodeSplit | Op::CacheAppend) {
         return Err(DslError::spec(
             Field::Cache,
             format!(
                 "op {} reads no paged cache; `cache: paged` belongs to a decode_split kernel \
-                 (run it with its decode_reduce)",
+                 (run it with its decode_reduce) or a cache_append",
                 spec.op.name()
             ),
         ));
@@ -658,9 +672,9 @@ fn supported_mode(spec: &KernelSpec, tensor: &str) -> WriteMode {
         (Op::BackwardQ, "dkv") => WriteMode::AtomicScatter,
         // The tensor-core key-major half owns dK and dV per KV head, or adds them by
         // atomics from a workgroup per query head.
-        (Op::BackwardKv, "dk" | "dv") if spec.grid.uses_coop() => spec
-            .write_mode(tensor)
-            .unwrap_or(WriteMode::Owned),
+        (Op::BackwardKv, "dk" | "dv") if spec.grid.uses_coop() => {
+            spec.write_mode(tensor).unwrap_or(WriteMode::Owned)
+        }
         (Op::BackwardKv, "dq") => WriteMode::AtomicScatter,
         _ => WriteMode::Owned,
     }

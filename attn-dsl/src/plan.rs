@@ -131,10 +131,21 @@ impl KernelAbi {
         let at = |i: usize| dims.get(i).copied().unwrap_or(0);
         // Field 4 is `batch` (the number of sequences) in every attention op's dims; the
         // row-wise layers' dims are (rows, hidden, out, n_tiles, n_blocks).
+        let wg = self.workgroup_size[0].max(1);
+        let strided = |n: u32| n.div_ceil(wg).clamp(1, crate::emit::MAX_STRIDE_WORKGROUPS);
+        match self.op {
+            // vec4s of one sequence's new rows (n_new · n_kv_heads · head_dim / 4), by
+            // sequence; workgroup 0 writes the lengths even when no row is new.
+            Op::CacheAppend => return [strided(at(0) * at(2) * (at(3) / 4)), at(4), 1],
+            Op::DkvReduce => return [strided(at(0)), 1, 1],
+            _ => {}
+        }
         match self.grid.major {
             Major::S => [at(0).div_ceil(self.grid.tile), at(1), at(4)],
             // A key-major kernel that adds dK by atomics serves one query head a workgroup.
-            Major::J if self.binding("dk").and_then(|b| b.write) == Some(WriteMode::AtomicScatter) => {
+            Major::J
+                if self.binding("dk").and_then(|b| b.write) == Some(WriteMode::AtomicScatter) =>
+            {
                 [at(0).div_ceil(self.grid.tile), at(1), at(4)]
             }
             Major::J => [at(0).div_ceil(self.grid.tile), at(2), at(4)],

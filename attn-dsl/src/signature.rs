@@ -159,6 +159,9 @@ const DECODE_SPLIT: &[Tensor] = &[
         t("block_table", Input, U32, &[B, Page]),
         Presence::IfCache(Cache::Paged),
     ),
+    // Keys in each sequence's cache: per sequence, and on the device, so that a ragged
+    // batch decodes in one dispatch and a decode loop's uniforms never change.
+    t("seq_lens", Input, U32, &[B]),
 ];
 
 const DECODE_REDUCE: &[Tensor] = &[
@@ -315,9 +318,53 @@ const LAYERNORM_LINEAR_REDUCE: &[Tensor] = &[
     DIMS,
 ];
 
+// Row s of sequence b is at position positions[b] + s: per sequence and on the device,
+// so that a decode step rotates at each sequence's cache length without a new uniform.
 const ROPE: &[Tensor] = &[
     t("x", Output, F32, &[B, S, H, D]),
     t("inv_freq", Input, F32, &[D]),
+    DIMS,
+    t("positions", Input, U32, &[B]),
+];
+
+// New rows of K and V appended to a cache (contiguous: [slot, capacity, kv_h, d]; paged:
+// a pool of pages through the block table), at each slot's length, which `seq_lens` holds
+// and `seq_lens_next` receives advanced: two buffers, so that one dispatch both reads
+// where the rows go and moves the lengths on.
+const CACHE_APPEND: &[Tensor] = &[
+    t("k_new", Input, Data4, &[B, S, KvH, D]),
+    t("v_new", Input, Data4, &[B, S, KvH, D]),
+    when(
+        t("k_cache", Output, Data4, &[B, J, KvH, D]),
+        Presence::IfCache(Cache::Contiguous),
+    ),
+    when(
+        t("v_cache", Output, Data4, &[B, J, KvH, D]),
+        Presence::IfCache(Cache::Contiguous),
+    ),
+    when(
+        t("k_cache", Output, Data4, &[Page, J, KvH, D]),
+        Presence::IfCache(Cache::Paged),
+    ),
+    when(
+        t("v_cache", Output, Data4, &[Page, J, KvH, D]),
+        Presence::IfCache(Cache::Paged),
+    ),
+    t("seq_lens", Input, U32, &[B]),
+    t("seq_lens_next", Output, U32, &[B]),
+    DIMS,
+    when(
+        t("block_table", Input, U32, &[B, Page]),
+        Presence::IfCache(Cache::Paged),
+    ),
+];
+
+// The streaming backward's lanes of dK and dV (see BACKWARD_KV's note on `dkv`), summed
+// into the gradients.
+const DKV_REDUCE: &[Tensor] = &[
+    t("dkv", Input, F32x4, &[Part, B, J, KvH, D]),
+    t("dk", Output, F32x4, &[B, J, KvH, D]),
+    t("dv", Output, F32x4, &[B, J, KvH, D]),
     DIMS,
 ];
 
@@ -335,6 +382,8 @@ pub fn all_tensors(op: Op) -> &'static [Tensor] {
         Op::LayernormLinear => LAYERNORM_LINEAR,
         Op::LayernormLinearBackward => LAYERNORM_LINEAR_BACKWARD,
         Op::LayernormLinearReduce => LAYERNORM_LINEAR_REDUCE,
+        Op::CacheAppend => CACHE_APPEND,
+        Op::DkvReduce => DKV_REDUCE,
     }
 }
 
@@ -409,15 +458,27 @@ pub fn dims(op: Op) -> UniformBlock {
             "_pad0",
         ],
         Op::Rope | Op::RopeBackward => &[
-            "seq_len",
-            "n_heads",
-            "pos_offset",
+            "seq_len", "n_heads", "_pad3", "head_dim", "batch", "_pad0", "_pad1", "_pad2",
+        ],
+        // n_new rows for each of `batch` sequences, appended to slots slot0..slot0 + batch
+        // of n_slots; a contiguous cache holds `capacity` rows a slot, a paged one
+        // pages_per_seq pages of page_size rows.
+        Op::CacheAppend => &[
+            "n_new",
+            "n_slots",
+            "n_kv_heads",
             "head_dim",
             "batch",
+            "capacity",
+            "page_size",
+            "pages_per_seq",
+            "slot0",
             "_pad0",
             "_pad1",
             "_pad2",
         ],
+        // vec4s of dK (and of dV) to sum.
+        Op::DkvReduce => &["len4", "_pad0", "_pad1", "_pad2"],
         // rows: batch·seq; n_tiles: row tiles of the backward's grid (dW's partials);
         // n_blocks: its dx blocks (dγ's, dβ's and db's partials).
         Op::LayernormLinear | Op::LayernormLinearBackward | Op::LayernormLinearReduce => &[

@@ -98,10 +98,17 @@ pub enum Op {
     /// The second pass of the two-pass schedule: sums the row tiles' partials into dγ,
     /// dβ, dW and db, each element owned by one invocation (no atomics, deterministic).
     LayernormLinearReduce,
+    /// Appends rows of K and V to a KV cache on the device: row `s` of sequence `b` lands
+    /// at position `seq_lens[slot0 + b] + s` of its slot (through the block table when
+    /// paged), and the slots' lengths, advanced, are written to `seq_lens_next`.
+    CacheAppend,
+    /// Sums the streaming backward's `dkv` lanes (pairwise, in a fixed order) into dK and
+    /// dV: one invocation per vec4 of the result, so the sum is deterministic.
+    DkvReduce,
 }
 
 impl Op {
-    pub const ALL: [Op; 12] = [
+    pub const ALL: [Op; 14] = [
         Op::Forward,
         Op::Decode,
         Op::DecodeSplit,
@@ -114,6 +121,8 @@ impl Op {
         Op::LayernormLinear,
         Op::LayernormLinearBackward,
         Op::LayernormLinearReduce,
+        Op::CacheAppend,
+        Op::DkvReduce,
     ];
 
     pub fn name(self) -> &'static str {
@@ -130,6 +139,8 @@ impl Op {
             Op::LayernormLinear => "layernorm_linear",
             Op::LayernormLinearBackward => "layernorm_linear_backward",
             Op::LayernormLinearReduce => "layernorm_linear_reduce",
+            Op::CacheAppend => "cache_append",
+            Op::DkvReduce => "dkv_reduce",
         }
     }
 
@@ -143,7 +154,7 @@ impl Op {
             Op::DecodeSplit => Major::Slice,
             Op::BackwardKv => Major::J,
             Op::LayernormLinear | Op::LayernormLinearBackward => Major::R,
-            Op::LayernormLinearReduce => Major::Elem,
+            Op::LayernormLinearReduce | Op::CacheAppend | Op::DkvReduce => Major::Elem,
         }
     }
 

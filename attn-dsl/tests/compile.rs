@@ -228,7 +228,7 @@ fn rope_compiles_and_needs_an_even_head_dim() {
     for op in [Op::Rope, Op::RopeBackward] {
         let abi = compile(&KernelSpec::standard("rope", op, 64, Masks::default())).unwrap();
         let names: Vec<_> = abi.bindings.iter().map(|b| b.name.as_ref()).collect();
-        assert_eq!(names, ["x", "inv_freq", "dims"]);
+        assert_eq!(names, ["x", "inv_freq", "dims", "positions"]);
         assert_eq!(
             field_of(&KernelSpec::standard("rope", op, 63, Masks::default())),
             Field::HeadDim
@@ -430,7 +430,10 @@ fn half_precision_backwards_read_the_dtype_and_write_f32_gradients() {
         };
         let kv = KernelSpec {
             dtype,
-            writes: vec![("dk".into(), WriteMode::Owned), ("dv".into(), WriteMode::Owned)],
+            writes: vec![
+                ("dk".into(), WriteMode::Owned),
+                ("dv".into(), WriteMode::Owned),
+            ],
             ..KernelSpec::flash("bkv", Op::BackwardKv, 64, CAUSAL_DOC, config)
         };
         let prep = KernelSpec {
@@ -444,7 +447,12 @@ fn half_precision_backwards_read_the_dtype_and_write_f32_gradients() {
         ] {
             let abi = compile(&spec).unwrap_or_else(|e| panic!("{} {dtype:?}: {e}", spec.name));
             for name in data {
-                assert_eq!(abi.binding(name).unwrap().scalar, want, "{} {name}", spec.name);
+                assert_eq!(
+                    abi.binding(name).unwrap().scalar,
+                    want,
+                    "{} {name}",
+                    spec.name
+                );
             }
             for name in grads {
                 assert_eq!(abi.binding(name).unwrap().scalar, Scalar::F32, "{name}");
@@ -516,7 +524,10 @@ fn coop_backward_halves_compile_for_every_mask_and_modifier() {
                 }
                 let kv = KernelSpec {
                     dtype: attn_dsl::Dtype::F16,
-                    writes: vec![("dk".into(), WriteMode::Owned), ("dv".into(), WriteMode::Owned)],
+                    writes: vec![
+                        ("dk".into(), WriteMode::Owned),
+                        ("dv".into(), WriteMode::Owned),
+                    ],
                     ..KernelSpec::flash("bkv_tc", Op::BackwardKv, head_dim, masks, config)
                 };
                 for mut spec in [q, kv] {

@@ -190,6 +190,8 @@ fn abi_const(abi: &KernelAbi, wgsl: TokenStream) -> TokenStream {
         Op::LayernormLinear => quote!(LayernormLinear),
         Op::LayernormLinearBackward => quote!(LayernormLinearBackward),
         Op::LayernormLinearReduce => quote!(LayernormLinearReduce),
+        Op::CacheAppend => quote!(CacheAppend),
+        Op::DkvReduce => quote!(DkvReduce),
     };
     let f32_atomics = abi.f32_atomics;
     let [wx, wy, wz] = abi.workgroup_size;

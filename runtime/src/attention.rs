@@ -3,10 +3,11 @@
 use attn_dsl::{Access, Binding, Gqa, KernelAbi, Op, Scalar};
 
 use crate::buffers;
+use crate::device::Gpu;
 use crate::error::{Error, InputError};
-use crate::gpu::Gpu;
 use crate::kernel::Kernel;
 use crate::modifiers::Modifiers;
+use crate::tensor::Tensor;
 
 /// Head counts and head size, shared by queries and keys.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -110,7 +111,8 @@ pub fn forward(gpu: &Gpu, kernel: &Kernel, input: &ForwardInput) -> Result<Forwa
     pollster::block_on(forward_async(gpu, kernel, input))
 }
 
-/// [`forward`] for an async caller (the browser).
+/// [`forward`] for an async caller (the browser): the input checked, uploaded, run
+/// through [`crate::ops::forward::Forward`] and read back.
 pub async fn forward_async(
     gpu: &Gpu,
     kernel: &Kernel,
@@ -119,41 +121,38 @@ pub async fn forward_async(
     let abi = kernel.abi();
     validate_forward(abi, gpu.limits(), input)?;
     let h = input.heads;
-    let dims = sequence_dims(input.batch, input.seq_len, h);
-    let grid = checked_grid(abi, gpu.limits(), &dims)?;
+    let (b, s) = (input.batch, input.seq_len);
     // Half-precision kernels get the inputs rounded to their dtype; O comes back widened.
     let data = abi.scalar("o");
-    let q = buffers::storage_as(gpu, "q", input.q, data);
-    let k = buffers::storage_as(gpu, "k", input.k, data);
-    let v = buffers::storage_as(gpu, "v", input.v, data);
-    let seg = seg_buffer(gpu, input.seg, input.batch, input.seq_len);
-    let o_len = input.q.len();
-    let lse_len = (input.batch * input.seq_len * h.n_heads) as usize;
-    let o = buffers::output_as(gpu, "o", o_len, data);
-    let lse = buffers::output::<f32>(gpu, "lse", lse_len);
-    let (dims, params) = modified_uniforms(gpu, abi, &dims, input.scale, h, &input.mods)?;
-    let mods = input.mods.buffers(gpu);
-    let mut bound = vec![
-        ("q", &q),
-        ("k", &k),
-        ("v", &v),
-        ("o", &o),
-        ("lse", &lse),
-        ("dims", &dims),
-        ("params", &params),
-        ("seg", &seg),
-    ];
-    bound.extend(mods.iter().map(|(n, b)| (*n, b)));
-    submit(gpu, kernel, &bound, grid)?;
-    if data != Scalar::F32 {
-        let o = buffers::read_as_async(gpu, &o, o_len, data).await?;
-        let lse = buffers::read_async(gpu, &lse, lse_len).await?;
-        return Ok(ForwardOutput { o, lse });
-    }
-    let mut out = buffers::read_many_async::<f32>(gpu, &[(&o, o_len), (&lse, lse_len)]).await?;
-    let lse = out.pop().unwrap_or_default();
-    let o = out.pop().unwrap_or_default();
-    Ok(ForwardOutput { o, lse })
+    let q_shape = [b, s, h.n_heads, h.head_dim];
+    let kv_shape = [b, s, h.n_kv_heads, h.head_dim];
+    let q = Tensor::from_f32(gpu, &q_shape, data, input.q)?;
+    let k = Tensor::from_f32(gpu, &kv_shape, data, input.k)?;
+    let v = Tensor::from_f32(gpu, &kv_shape, data, input.v)?;
+    let o = Tensor::zeros(gpu, &q_shape, data);
+    let lse = Tensor::zeros(gpu, &[b, s, h.n_heads], Scalar::F32);
+    let seg = match input.seg {
+        Some(seg) => Some(crate::ops::forward::documents(gpu, seg, b, s)?),
+        None => None,
+    };
+    let uploaded = input.mods.upload(gpu, b, s)?;
+    let args = crate::ops::forward::ForwardArgs {
+        q: &q,
+        k: &k,
+        v: &v,
+        o: &o,
+        lse: &lse,
+        seg: seg.as_ref(),
+        scale: input.scale,
+        mods: uploaded.view(&input.mods),
+    };
+    let mut encoder = gpu.device.create_command_encoder(&Default::default());
+    crate::ops::forward::Forward::from_kernel(kernel)?.record(gpu, &mut encoder, &args)?;
+    gpu.queue.submit([encoder.finish()]);
+    Ok(ForwardOutput {
+        o: o.to_f32_async(gpu).await?,
+        lse: lse.to_f32_async(gpu).await?,
+    })
 }
 
 #[cfg(not(target_arch = "wasm32"))]
@@ -226,16 +225,6 @@ pub fn seg_with_ends(seg: Option<&[u32]>, batch: u32, seq_len: u32) -> Vec<u32> 
         }
     }
     starts.into_iter().chain(ends).collect()
-}
-
-/// Records `steps` in order in one command buffer and submits it.
-pub(crate) fn submit_steps(gpu: &Gpu, steps: &[crate::kernel::Step]) -> Result<(), Error> {
-    let mut encoder = gpu.device.create_command_encoder(&Default::default());
-    for s in steps {
-        s.kernel.record(gpu, &mut encoder, &s.bound, s.grid)?;
-    }
-    gpu.queue.submit([encoder.finish()]);
-    Ok(())
 }
 
 pub(crate) fn submit(

@@ -6,13 +6,14 @@ use std::str::FromStr;
 
 use attn_dsl::{Dtype, FlashConfig, KernelAbi, Masks, Scatter};
 
-use crate::attention::{self, ForwardInput, Heads, length, submit};
-use crate::buffers;
+use crate::attention::{self, ForwardInput, Heads, length};
+use crate::device::Gpu;
 use crate::error::{Error, InputError};
-use crate::gpu::Gpu;
 use crate::kernel::Kernel;
 use crate::kernels::BackwardKernels;
 use crate::modifiers::Modifiers;
+use crate::record::Pipeline;
+use crate::tensor::Tensor;
 use crate::tuning::{self, Table};
 
 /// How dQ, dK and dV are produced (DESIGN.md §4).
@@ -126,27 +127,30 @@ pub struct Gradients {
     pub dbias: Vec<f32>,
 }
 
-/// The kernels of one head_dim and dtype, compiled.
-struct Compiled {
-    head_dim: u32,
+/// One schedule's kernels in dispatch order (after prep): their ABIs, and their pipelines
+/// once the schedule has run.
+pub(crate) struct Scheduled {
+    pub schedule: Schedule,
+    pub abis: Vec<KernelAbi>,
+    pub pipelines: Option<Vec<Pipeline>>,
+}
+
+/// The schedules of one head_dim and dtype.
+pub(crate) struct Compiled {
+    pub head_dim: u32,
     /// What the kernels read Q, K, V, O and dO in (the gradients are f32 in every dtype).
-    dtype: Dtype,
-    prep: Kernel,
-    /// Every schedule the device runs, with its kernels in dispatch order (after prep).
-    schedules: Vec<(Schedule, Vec<Kernel>)>,
+    pub dtype: Dtype,
+    pub prep_abi: KernelAbi,
+    pub prep: Option<Pipeline>,
+    /// Every schedule the device runs.
+    pub schedules: Vec<Scheduled>,
 }
 
-/// Scratch for the split schedule, grown on demand and reused.
-struct Scratch {
-    /// P then dS, `elems` each, in one binding.
-    p_ds: wgpu::Buffer,
-    elems: u64,
-}
-
-/// Runs the backward; owns its kernels and the split schedule's scratch.
+/// Runs the backward; owns its kernels (each schedule's compiled on the first call that
+/// runs it) and its scratch (grown on demand and reused).
 pub struct Backward {
-    compiled: Vec<Compiled>,
-    scratch: Option<Scratch>,
+    pub(crate) compiled: Vec<Compiled>,
+    pub(crate) scratch: crate::ops::backward::Scratch,
     /// Most bytes of scratch the planner may give the split schedule.
     pub scratch_budget: u64,
     /// The tuning table the planner follows for this adapter.
@@ -157,18 +161,19 @@ pub struct Backward {
 pub const DEFAULT_SCRATCH_BUDGET: u64 = 256 << 20;
 
 impl Backward {
-    /// Compiles the backward kernels for each head_dim in `sets`; the native f32-atomic
-    /// streaming variant only where the device has SHADER_FLOAT32_ATOMIC.
+    /// The backward for each head_dim in `sets`; the native f32-atomic streaming variant
+    /// only where the device has SHADER_FLOAT32_ATOMIC. Pipelines are created when a
+    /// schedule first runs.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn new(gpu: &Gpu, sets: &[BackwardKernels]) -> Result<Backward, Error> {
-        pollster::block_on(Backward::new_async(gpu, sets))
+        crate::block_on(Backward::new_async(gpu, sets))
     }
 
     /// [`Backward::new`] for an async caller (the browser).
     pub async fn new_async(gpu: &Gpu, sets: &[BackwardKernels]) -> Result<Backward, Error> {
         let mut backward = Backward {
             compiled: Vec::new(),
-            scratch: None,
+            scratch: Default::default(),
             scratch_budget: DEFAULT_SCRATCH_BUDGET,
             table: Table::for_gpu(gpu)?,
         };
@@ -178,11 +183,11 @@ impl Backward {
         Ok(backward)
     }
 
-    /// Compiles `set`'s schedules for its head_dim (e.g. a set from
+    /// Adds `set`'s schedules for its head_dim (e.g. a set from
     /// [`BackwardKernels::compile`] for a head_dim the family lacks); replaces any held.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn add(&mut self, gpu: &Gpu, set: &BackwardKernels) -> Result<(), Error> {
-        pollster::block_on(self.add_async(gpu, set))
+        crate::block_on(self.add_async(gpu, set))
     }
 
     /// [`Backward::add`] for an async caller (the browser).
@@ -190,14 +195,15 @@ impl Backward {
         let compiled = Compiled {
             head_dim: set.prep.head_dim,
             dtype: Dtype::F32,
-            prep: Kernel::new_async(gpu, &set.prep).await?,
-            schedules: schedule_kernels_async(gpu, set).await?,
+            prep_abi: set.prep.clone().into_owned(),
+            prep: None,
+            schedules: lazy(schedule_abis(gpu, set)?),
         };
         self.hold(compiled);
         Ok(())
     }
 
-    /// Compiles the half-precision backward for `head_dim`, `masks` and `dtype` (f16 or
+    /// Adds the half-precision backward for `head_dim`, `masks` and `dtype` (f16 or
     /// bf16): the tiled schedule in each configuration that fits the device, on tensor
     /// cores first where the adapter has cooperative matrices and the dtype is f16.
     #[cfg(not(target_arch = "wasm32"))]
@@ -208,7 +214,7 @@ impl Backward {
         masks: Masks,
         dtype: Dtype,
     ) -> Result<(), Error> {
-        pollster::block_on(self.add_in_async(gpu, head_dim, masks, dtype))
+        crate::block_on(self.add_in_async(gpu, head_dim, masks, dtype))
     }
 
     /// [`Backward::add_in`] for an async caller (the browser).
@@ -224,18 +230,19 @@ impl Backward {
             message: e.to_string(),
         };
         if dtype == Dtype::F32 {
-            // Every f32 schedule, as `add` compiles them.
+            // Every f32 schedule, as `add` has them.
             let set = BackwardKernels::compile(head_dim, masks).map_err(dsl)?;
             return self.add_async(gpu, &set).await;
         }
         let prep = tuning::backward_prep_in(head_dim, dtype).map_err(dsl)?;
         let configs = tuning::backward_candidates_in(gpu, head_dim, dtype);
-        let schedules = tiled_schedules_async(gpu, (head_dim, masks, dtype), &configs).await?;
+        let schedules = tiled_abis(gpu, (head_dim, masks, dtype), &configs)?;
         self.hold(Compiled {
             head_dim,
             dtype,
-            prep: Kernel::new_async(gpu, &prep).await?,
-            schedules,
+            prep_abi: prep,
+            prep: None,
+            schedules: lazy(schedules),
         });
         Ok(())
     }
@@ -258,7 +265,7 @@ impl Backward {
         self.compiled
             .iter()
             .filter(|c| (c.head_dim, c.dtype) == (head_dim, dtype))
-            .flat_map(|c| c.schedules.iter().map(|(s, _)| *s))
+            .flat_map(|c| c.schedules.iter().map(|s| s.schedule))
             .collect()
     }
 
@@ -305,7 +312,7 @@ impl Backward {
 
     /// Bytes of scratch held for reuse.
     pub fn scratch_held(&self) -> u64 {
-        self.scratch.as_ref().map_or(0, |s| 2 * s.elems * 4)
+        self.scratch.held()
     }
 
     /// Fresh gradients of `input`, by `schedule` or the planner's choice.
@@ -378,7 +385,8 @@ impl Backward {
         pollster::block_on(self.accumulate_in_async(gpu, input, schedule, zeros, dtype))
     }
 
-    /// [`Backward::accumulate_async`] with the kernels of `dtype`.
+    /// [`Backward::accumulate_async`] with the kernels of `dtype`: the host data checked,
+    /// uploaded, run through [`Backward::record`] and the gradients read back.
     pub async fn accumulate_in_async(
         &mut self,
         gpu: &Gpu,
@@ -388,120 +396,100 @@ impl Backward {
         dtype: Dtype,
     ) -> Result<(Gradients, Schedule), Error> {
         let set = self.validate(gpu, input, &grads, dtype)?;
-        let schedule = schedule
-            .unwrap_or_else(|| self.plan_in(gpu, input.batch, input.seq_len, input.heads, dtype));
         let h = input.heads;
-        let dims = attention::sequence_dims(input.batch, input.seq_len, h);
-        let rows = (input.batch * input.seq_len * h.n_heads) as usize;
+        let (b, s) = (input.batch, input.seq_len);
         // Refuse what this device cannot run before uploading anything.
-        let kernels = self.kernels_for(set, schedule)?;
-        let data_scalar = self.compiled[set].prep.abi().scalar("o");
-        // The streaming kernel adds dK and dV into one packed atomic binding, in lanes.
-        let packed = kernels.iter().any(|k| k.abi().binding("dkv").is_some());
-        let lanes = attn_dsl::DKV_LANES as usize;
-        if packed {
-            attention::binding_size(gpu.limits(), (8 * lanes * input.k.len()) as u64)?;
-        }
-        if schedule == Schedule::Split {
-            let elems = scratch_elems(input.batch, input.seq_len, h.n_heads);
-            attention::binding_size(gpu.limits(), 2 * elems * 4)?;
-        }
-        // dK and dV packed for the streaming kernel's one atomic binding: lane 0 holds the
-        // gradients so far (dK first), the other lanes start at 0.
-        let dkv: Vec<f32> = match packed {
-            true => (grads.dk.iter().chain(&grads.dv).copied())
-                .chain(std::iter::repeat_n(0.0, (lanes - 1) * 2 * grads.dk.len()))
-                .collect(),
-            false => vec![0.0; 4],
+        let schedule = schedule.unwrap_or_else(|| self.plan_in(gpu, b, s, h, dtype));
+        self.compiled[set].kernels_for(schedule)?;
+        let data = self.compiled[set].prep_abi.scalar("o");
+        let q_shape = [b, s, h.n_heads, h.head_dim];
+        let kv_shape = [b, s, h.n_kv_heads, h.head_dim];
+        let up = |shape: &[u32], scalar, data: &[f32]| Tensor::from_f32(gpu, shape, scalar, data);
+        let f32 = attn_dsl::Scalar::F32;
+        let q = up(&q_shape, data, input.q)?;
+        let k = up(&kv_shape, data, input.k)?;
+        let v = up(&kv_shape, data, input.v)?;
+        let o = up(&q_shape, data, input.o)?;
+        let d_o = up(&q_shape, data, input.d_o)?;
+        let lse = up(&[b, s, h.n_heads], f32, input.lse)?;
+        let dq = up(&q_shape, f32, &grads.dq)?;
+        let dk = up(&kv_shape, f32, &grads.dk)?;
+        let dv = up(&kv_shape, f32, &grads.dv)?;
+        let uploaded = input.mods.upload(gpu, b, s)?;
+        let mods = uploaded.view(&input.mods);
+        let dbias = match mods.bias {
+            Some(bias) => Some(up(bias.values.shape(), f32, &grads.dbias)?),
+            None => None,
         };
-        let named: Vec<(&str, wgpu::Buffer, usize)> = [
-            ("q", input.q),
-            ("k", input.k),
-            ("v", input.v),
-            ("o", input.o),
-            ("lse", input.lse),
-            ("d_o", input.d_o),
-            ("dq", &grads.dq),
-            ("dk", &grads.dk),
-            ("dv", &grads.dv),
-            ("dkv", &dkv),
-            ("dbias", dbias_or_word(&grads.dbias)),
-        ]
-        .into_iter()
-        .map(|(name, data)| {
-            // The forward's tensors and dO in the kernels' dtype; everything else f32.
-            let scalar = match ["q", "k", "v", "o", "d_o"].contains(&name) {
-                true => data_scalar,
-                false => attn_dsl::Scalar::F32,
-            };
-            (
-                name,
-                buffers::storage_as(gpu, name, data, scalar),
-                data.len(),
-            )
-        })
-        .collect();
-        if schedule == Schedule::Split {
-            self.reserve_scratch(gpu, scratch_elems(input.batch, input.seq_len, h.n_heads));
-        }
-        let kernels = self.kernels_for(set, schedule)?;
-        let seg = attention::seg_buffer(gpu, input.seg, input.batch, input.seq_len);
-        let stats = buffers::output::<f32>(gpu, "stats", 2 * rows);
-        let (dims_buf, params_buf) = attention::modified_uniforms(
-            gpu,
-            kernels[0].abi(),
-            &dims,
-            input.scale,
-            h,
-            &input.mods,
-        )?;
-        let mods = input.mods.buffers(gpu);
-        let mut bound: Vec<(&str, &wgpu::Buffer)> = named.iter().map(|(n, b, _)| (*n, b)).collect();
-        bound.extend([
-            ("seg", &seg),
-            ("stats", &stats),
-            ("dims", &dims_buf),
-            ("params", &params_buf),
-        ]);
-        bound.extend(mods.iter().map(|(n, b)| (*n, b)));
-        if let (Schedule::Split, Some(scratch)) = (schedule, &self.scratch) {
-            bound.push(("p_ds", &scratch.p_ds));
-        }
-        let prep = needs_prep(&kernels).then_some(&self.compiled[set].prep);
-        for kernel in prep.into_iter().chain(kernels.iter().copied()) {
-            let grid = attention::checked_grid(kernel.abi(), gpu.limits(), &dims)?;
-            submit(gpu, kernel, &bound, grid)?;
-        }
-        let mut outputs = match packed {
-            true => vec!["dq", "dkv"],
-            false => vec!["dq", "dk", "dv"],
+        let seg = match input.seg {
+            Some(seg) => Some(crate::ops::forward::documents(gpu, seg, b, s)?),
+            None => None,
         };
-        let with_dbias = !grads.dbias.is_empty();
-        if with_dbias {
-            outputs.push("dbias");
+        let args = crate::ops::backward::BackwardArgs {
+            q: &q,
+            k: &k,
+            v: &v,
+            o: &o,
+            lse: &lse,
+            d_o: &d_o,
+            dq: &dq,
+            dk: &dk,
+            dv: &dv,
+            dbias: dbias.as_ref(),
+            seg: seg.as_ref(),
+            scale: input.scale,
+            mods,
+            accumulate: true,
+        };
+        let mut encoder = gpu.device.create_command_encoder(&Default::default());
+        let ran = self.record(gpu, &mut encoder, &args, Some(schedule))?;
+        gpu.queue.submit([encoder.finish()]);
+        let dbias = match &dbias {
+            Some(t) => t.to_f32_async(gpu).await?,
+            None => Vec::new(),
+        };
+        let grads = Gradients {
+            dq: dq.to_f32_async(gpu).await?,
+            dk: dk.to_f32_async(gpu).await?,
+            dv: dv.to_f32_async(gpu).await?,
+            dbias,
+        };
+        Ok((grads, ran))
+    }
+
+    /// The set of `head_dim` in `dtype`, or why there is none.
+    pub(crate) fn set_of(&self, head_dim: u32, dtype: Dtype) -> Result<usize, InputError> {
+        if !self.compiled.iter().any(|c| c.dtype == dtype) {
+            return Err(InputError::Schedule {
+                schedule: format!("any {} schedule", dtype.name()),
+                head_dim,
+                available: format!(
+                    "none in {}; add them first with Backward::add_in",
+                    dtype.name()
+                ),
+            });
         }
-        let reads: Vec<(&wgpu::Buffer, usize)> = outputs
+        let set = self
+            .compiled
             .iter()
-            .map(|name| {
-                let (_, buffer, len) = named.iter().find(|(n, _, _)| n == name).expect("bound");
-                (buffer, *len)
-            })
-            .collect();
-        let mut out = buffers::read_many_async::<f32>(gpu, &reads).await?;
-        let dbias = match with_dbias {
-            true => out.pop().unwrap_or_default(),
-            false => Vec::new(),
-        };
-        if packed {
-            let mut dk = sum_lanes(&out[1], lanes);
-            let dv = dk.split_off(grads.dk.len());
-            out[1] = dk;
-            out.push(dv);
+            .position(|c| (c.head_dim, c.dtype) == (head_dim, dtype))
+            .ok_or_else(|| InputError::HeadDim {
+                kernel: format!("backward {}", dtype.name()),
+                kernel_head_dim: self
+                    .compiled
+                    .iter()
+                    .find(|c| c.dtype == dtype)
+                    .map_or(0, |c| c.head_dim),
+                given: head_dim,
+            })?;
+        if self.compiled[set].schedules.is_empty() {
+            return Err(InputError::Schedule {
+                schedule: format!("a {} schedule", dtype.name()),
+                head_dim,
+                available: "none (no tiled configuration fits this device)".into(),
+            });
         }
-        let dv = out.pop().unwrap_or_default();
-        let dk = out.pop().unwrap_or_default();
-        let dq = out.pop().unwrap_or_default();
-        Ok((Gradients { dq, dk, dv, dbias }, schedule))
+        Ok(set)
     }
 
     fn validate(
@@ -512,37 +500,8 @@ impl Backward {
         dtype: Dtype,
     ) -> Result<usize, InputError> {
         let h = input.heads;
-        if !self.compiled.iter().any(|c| c.dtype == dtype) {
-            return Err(InputError::Schedule {
-                schedule: format!("any {} schedule", dtype.name()),
-                head_dim: h.head_dim,
-                available: format!(
-                    "none in {}; compile them first with Backward::add_in",
-                    dtype.name()
-                ),
-            });
-        }
-        let set = self
-            .compiled
-            .iter()
-            .position(|c| (c.head_dim, c.dtype) == (h.head_dim, dtype))
-            .ok_or_else(|| InputError::HeadDim {
-                kernel: format!("backward {}", dtype.name()),
-                kernel_head_dim: self
-                    .compiled
-                    .iter()
-                    .find(|c| c.dtype == dtype)
-                    .map_or(0, |c| c.head_dim),
-                given: h.head_dim,
-            })?;
-        let Some((_, first)) = self.compiled[set].schedules.first() else {
-            return Err(InputError::Schedule {
-                schedule: format!("a {} schedule", dtype.name()),
-                head_dim: h.head_dim,
-                available: "none (no tiled configuration fits this device)".into(),
-            });
-        };
-        let abi: &KernelAbi = first[0].abi();
+        let set = self.set_of(h.head_dim, dtype)?;
+        let abi: &KernelAbi = &self.compiled[set].schedules[0].abis[0];
         let view = ForwardInput {
             batch: input.batch,
             seq_len: input.seq_len,
@@ -583,86 +542,63 @@ impl Backward {
         )?;
         Ok(set)
     }
+}
 
-    /// The kernels of `schedule`, in dispatch order.
-    fn kernels_for(&self, set: usize, schedule: Schedule) -> Result<Vec<&Kernel>, Error> {
-        let found = self.compiled[set]
-            .schedules
+impl Compiled {
+    /// The kernels of `schedule`, in dispatch order, or which schedules there are.
+    pub(crate) fn kernels_for(&self, schedule: Schedule) -> Result<usize, InputError> {
+        self.schedules
             .iter()
-            .find(|(s, _)| *s == schedule);
-        match found {
-            Some((_, kernels)) => Ok(kernels.iter().collect()),
-            None => Err(InputError::Schedule {
+            .position(|s| s.schedule == schedule)
+            .ok_or_else(|| InputError::Schedule {
                 schedule: schedule.to_string(),
-                head_dim: self.compiled[set].head_dim,
-                available: self.compiled[set]
+                head_dim: self.head_dim,
+                available: self
                     .schedules
                     .iter()
-                    .map(|(s, _)| s.to_string())
+                    .map(|s| s.schedule.to_string())
                     .collect::<Vec<_>>()
                     .join(", "),
-            }
-            .into()),
-        }
-    }
-
-    /// Scratch of at least `elems` per buffer, reusing what is held.
-    fn reserve_scratch(&mut self, gpu: &Gpu, elems: u64) {
-        if self.scratch.as_ref().is_none_or(|s| s.elems < elems) {
-            self.scratch = None; // free the old buffer before allocating the new one
-            self.scratch = Some(Scratch {
-                p_ds: buffers::output::<f32>(gpu, "p_ds scratch", 2 * elems as usize),
-                elems,
-            });
-        }
+            })
     }
 }
 
 /// Whether a schedule's kernels need the prep to pack LSE and D into `stats`: not where
 /// the first reads the LSE itself (the dQ half on cooperative matrices packs them).
-pub fn needs_prep(kernels: &[&Kernel]) -> bool {
-    kernels
-        .first()
-        .is_none_or(|k| k.abi().binding("lse").is_none())
+pub fn needs_prep(kernels: &[&KernelAbi]) -> bool {
+    kernels.first().is_none_or(|k| k.binding("lse").is_none())
 }
 
-/// The dBias so far, or one word to bind where the kernels write no dBias.
-fn dbias_or_word(dbias: &[f32]) -> &[f32] {
-    match dbias.is_empty() {
-        true => &[0.0],
-        false => dbias,
-    }
-}
-
-/// The streaming kernel's `dkv` lanes summed pairwise: dK then dV, packed.
-fn sum_lanes(dkv: &[f32], lanes: usize) -> Vec<f32> {
-    let len = dkv.len() / lanes;
-    (0..len)
-        .map(|i| crate::reference::pairwise(lanes, &|l| dkv[l * len + i]))
+fn lazy(schedules: Vec<(Schedule, Vec<KernelAbi>)>) -> Vec<Scheduled> {
+    schedules
+        .into_iter()
+        .map(|(schedule, abis)| Scheduled {
+            schedule,
+            abis,
+            pipelines: None,
+        })
         .collect()
 }
 
-/// Every schedule `gpu` runs for `set`'s head_dim and masks, with its kernels in dispatch
-/// order (after prep): the per-row ones from `set`, streaming-f32 where the adapter has
-/// SHADER_FLOAT32_ATOMIC, and each tiled and flash candidate that fits the device.
+/// The pipelines of `abis`, in order.
+fn compile(gpu: &Gpu, abis: &[KernelAbi]) -> Result<Vec<Kernel>, Error> {
+    abis.iter().map(|abi| Kernel::now(gpu, abi)).collect()
+}
+
+/// Every schedule `gpu` runs for `set`'s head_dim and masks, each compiled now, with its
+/// kernels in dispatch order (after prep): for timing every schedule.
 #[cfg(not(target_arch = "wasm32"))]
 pub fn schedule_kernels(
     gpu: &Gpu,
     set: &BackwardKernels,
 ) -> Result<Vec<(Schedule, Vec<Kernel>)>, Error> {
-    pollster::block_on(schedule_kernels_async(gpu, set))
+    schedule_abis(gpu, set)?
+        .into_iter()
+        .map(|(s, abis)| Ok((s, compile(gpu, &abis)?)))
+        .collect()
 }
 
-/// The pipelines of `abis`, in order.
-async fn compile(gpu: &Gpu, abis: &[&KernelAbi]) -> Result<Vec<Kernel>, Error> {
-    let mut kernels = Vec::with_capacity(abis.len());
-    for abi in abis {
-        kernels.push(Kernel::new_async(gpu, abi).await?);
-    }
-    Ok(kernels)
-}
-
-/// The tiled schedule in each of `configs` that fits `gpu`, its two halves compiled for
+/// The tiled schedule in each of `configs` that fits `gpu`, both halves compiled now for
 /// (head_dim, masks, dtype).
 #[cfg(not(target_arch = "wasm32"))]
 pub fn tiled_schedules(
@@ -670,15 +606,19 @@ pub fn tiled_schedules(
     kind: (u32, Masks, Dtype),
     configs: &[FlashConfig],
 ) -> Result<Vec<(Schedule, Vec<Kernel>)>, Error> {
-    pollster::block_on(tiled_schedules_async(gpu, kind, configs))
+    tiled_abis(gpu, kind, configs)?
+        .into_iter()
+        .map(|(s, abis)| Ok((s, compile(gpu, &abis)?)))
+        .collect()
 }
 
-/// [`tiled_schedules`] for an async caller (the browser).
-pub async fn tiled_schedules_async(
+/// The tiled schedule in each of `configs` that fits `gpu`, its two halves' kernels for
+/// (head_dim, masks, dtype); on tensor cores also its spread (scattered) variant.
+pub fn tiled_abis(
     gpu: &Gpu,
     (head_dim, masks, dtype): (u32, Masks, Dtype),
     configs: &[FlashConfig],
-) -> Result<Vec<(Schedule, Vec<Kernel>)>, Error> {
+) -> Result<Vec<(Schedule, Vec<KernelAbi>)>, Error> {
     let mut out = Vec::new();
     let dsl = |e: attn_dsl::DslError| Error::Pipeline {
         kernel: format!("tiled backward d{head_dim} {}", dtype.name()),
@@ -690,12 +630,12 @@ pub async fn tiled_schedules_async(
         if !(tuning::fits(gpu, &q) && tuning::fits(gpu, &kv)) {
             continue;
         }
-        out.push((Schedule::Tiled(*config), compile(gpu, &[&q, &kv]).await?));
         if config.matrix == attn_dsl::Matrix::Coop16 {
-            let kv = tuning::flash_backward_scattered(head_dim, masks, *config, scatter(gpu))
+            let spread = tuning::flash_backward_scattered(head_dim, masks, *config, scatter(gpu))
                 .map_err(dsl)?;
-            scattered.push((Schedule::Scattered(*config), compile(gpu, &[&q, &kv]).await?));
+            scattered.push((Schedule::Scattered(*config), vec![q.clone(), spread]));
         }
+        out.push((Schedule::Tiled(*config), vec![q, kv]));
     }
     out.extend(scattered);
     Ok(out)
@@ -719,26 +659,26 @@ pub(crate) fn half_plan(compiled: &[Schedule]) -> Schedule {
 }
 
 /// How atomic outputs are added on `gpu`: native f32 atomics where it has them.
-fn scatter(gpu: &Gpu) -> Scatter {
+pub(crate) fn scatter(gpu: &Gpu) -> Scatter {
     match gpu.has_f32_atomics() {
         true => Scatter::F32Atomic,
         false => Scatter::Cas,
     }
 }
 
-/// [`schedule_kernels`] for an async caller (the browser).
-pub async fn schedule_kernels_async(
+/// Every schedule `gpu` runs for `set`'s head_dim and masks, its kernels in dispatch order
+/// (after prep): the per-row ones from `set`, streaming-f32 where the adapter has
+/// SHADER_FLOAT32_ATOMIC, and each tiled and flash candidate that fits the device.
+pub fn schedule_abis(
     gpu: &Gpu,
     set: &BackwardKernels,
-) -> Result<Vec<(Schedule, Vec<Kernel>)>, Error> {
+) -> Result<Vec<(Schedule, Vec<KernelAbi>)>, Error> {
+    let own = |a: &std::borrow::Cow<'static, KernelAbi>| a.clone().into_owned();
     let mut out = vec![
-        (
-            Schedule::Split,
-            compile(gpu, &[&set.split_q, &set.split_kv]).await?,
-        ),
+        (Schedule::Split, vec![own(&set.split_q), own(&set.split_kv)]),
         (
             Schedule::RecomputeSplit,
-            compile(gpu, &[&set.recompute_q, &set.recompute_kv]).await?,
+            vec![own(&set.recompute_q), own(&set.recompute_kv)],
         ),
     ];
     let (head_dim, masks) = (set.recompute_q.head_dim, set.recompute_q.masks);
@@ -748,7 +688,7 @@ pub async fn schedule_kernels_async(
         message: e.to_string(),
     };
     let candidates = tuning::backward_candidates(head_dim);
-    out.extend(tiled_schedules_async(gpu, (head_dim, masks, Dtype::F32), &candidates).await?);
+    out.extend(tiled_abis(gpu, (head_dim, masks, Dtype::F32), &candidates)?);
     let streaming = candidates
         .iter()
         .filter(|c| c.tile >= attn_dsl::check::MIN_STREAMING_TILE);
@@ -756,14 +696,14 @@ pub async fn schedule_kernels_async(
         let q = tuning::flash_streaming(head_dim, masks, *config, scatter)
             .map_err(|e| dsl("streaming", e))?;
         if tuning::fits(gpu, &q) {
-            out.push((Schedule::Streaming(*config), compile(gpu, &[&q]).await?));
+            out.push((Schedule::Streaming(*config), vec![q]));
         }
     }
     for config in &candidates {
         let kv = tuning::flash_scatter(head_dim, masks, *config, scatter)
             .map_err(|e| dsl("flash", e))?;
         if tuning::fits(gpu, &kv) {
-            out.push((Schedule::Flash(*config), compile(gpu, &[&kv]).await?));
+            out.push((Schedule::Flash(*config), vec![kv]));
         }
     }
     Ok(out)
@@ -775,7 +715,8 @@ mod tests {
 
     #[test]
     fn half_plan_spreads_the_tensor_core_schedule_over_query_heads() {
-        let configs = attn_dsl::configs::coop_backward(64, attn_dsl::configs::CANDIDATE_WORKGROUP_BYTES);
+        let configs =
+            attn_dsl::configs::coop_backward(64, attn_dsl::configs::CANDIDATE_WORKGROUP_BYTES);
         let (first, second) = (configs[0], configs[1]);
         let compiled = [
             Schedule::Tiled(first),

@@ -9,8 +9,8 @@ use crate::backward::Schedule;
 use crate::buffers;
 use crate::cases::random;
 use crate::cases::{self, Runner, Shape};
+use crate::device::Gpu;
 use crate::error::Error;
-use crate::gpu::Gpu;
 use crate::kernel::Kernel;
 use crate::kernels;
 use crate::kernels::BackwardKernels;
@@ -493,7 +493,9 @@ fn half_forwards(
         .unwrap_or(tuning::forward_candidates(head_dim)[0]);
     let mut out = Vec::new();
     for dtype in gpu.half_dtypes() {
-        let planned = table.forward_for(gpu, heads, problem, dtype).unwrap_or(scalar);
+        let planned = table
+            .forward_for(gpu, heads, problem, dtype)
+            .unwrap_or(scalar);
         let mut configs = vec![planned];
         if dtype == Dtype::F16 {
             let coop = tuning::coop_candidates(gpu, head_dim);
@@ -542,7 +544,7 @@ fn half_backwards(
         }
         for (schedule, halves) in schedules {
             let mut kernels: Vec<Kernel> = halves;
-            if crate::backward::needs_prep(&kernels.iter().collect::<Vec<_>>()) {
+            if crate::backward::needs_prep(&kernels.iter().map(|k| k.abi()).collect::<Vec<_>>()) {
                 kernels.insert(0, Kernel::new(gpu, &prep)?);
             }
             out.push((format!("backward {schedule} {}", dtype.name()), kernels));

@@ -5,8 +5,8 @@ use bytemuck::Pod;
 use half::{bf16, f16};
 use wgpu::util::DeviceExt;
 
+use crate::device::Gpu;
 use crate::error::Error;
-use crate::gpu::Gpu;
 
 /// A storage buffer holding `data`. Empty data still gets 4 bytes: wgpu refuses
 /// zero-sized bindings.
@@ -136,6 +136,55 @@ pub async fn read_async<T: Pod>(
     read_many_async(gpu, &[(buffer, len)])
         .await
         .map(|mut v| v.remove(0))
+}
+
+/// `size` bytes of `buffer` from byte `offset` (both multiples of 4), after the GPU has
+/// run everything submitted so far.
+pub async fn read_range_async(
+    gpu: &Gpu,
+    buffer: &wgpu::Buffer,
+    offset: u64,
+    size: u64,
+) -> Result<Vec<u8>, Error> {
+    if !buffer.usage().contains(wgpu::BufferUsages::COPY_SRC) {
+        return Err(crate::tensor::TensorError::Usage {
+            name: "the tensor read back".into(),
+            missing: "COPY_SRC",
+            has: format!("{:?}", buffer.usage()),
+        }
+        .into());
+    }
+    let staging = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("readback"),
+        size,
+        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let mut encoder = gpu.device.create_command_encoder(&Default::default());
+    encoder.copy_buffer_to_buffer(buffer, offset, &staging, 0, size);
+    gpu.queue.submit([encoder.finish()]);
+    map_read(gpu, &staging).await
+}
+
+/// The contents of a MAP_READ buffer once the GPU has written it.
+async fn map_read(gpu: &Gpu, staging: &wgpu::Buffer) -> Result<Vec<u8>, Error> {
+    let (tx, rx) = futures_channel::oneshot::channel();
+    staging.map_async(wgpu::MapMode::Read, .., move |r| {
+        let _ = tx.send(r);
+    });
+    gpu.device
+        .poll(wgpu::PollType::wait_indefinitely())
+        .map_err(|e| Error::Readback(e.to_string()))?;
+    rx.await
+        .map_err(|_| Error::Readback("the device dropped a buffer map".into()))?
+        .map_err(|e| Error::Readback(e.to_string()))?;
+    let view = staging
+        .get_mapped_range(..)
+        .map_err(|e| Error::Readback(e.to_string()))?;
+    let out = view.to_vec();
+    drop(view);
+    staging.unmap();
+    Ok(out)
 }
 
 /// [`read_many`] for an async caller. Natively it blocks in `poll` until the maps are

@@ -11,8 +11,8 @@ use crate::compare::{
     max_abs_error,
 };
 use crate::decode::{DecodePath, Pages, Slicing, SplitDecode};
+use crate::device::Gpu;
 use crate::error::Error;
-use crate::gpu::Gpu;
 use crate::kernel::Kernel;
 use crate::kernels::{BackwardKernels, ROPE};
 use crate::modifiers::{Bias, Dropout, Modifiers};
@@ -127,7 +127,7 @@ impl ModData {
             window: c.window,
             alibi: c.alibi.then_some(&self.slopes[..]),
             bias: c.bias.map(|heads| Bias {
-                values: &self.bias,
+                values: &self.bias[..],
                 heads,
             }),
             softcap: c.softcap.map(|x| x as f32),

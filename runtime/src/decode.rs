@@ -6,16 +6,17 @@
 //! (slice, KV head, sequence) a workgroup, so the cache is read by hundreds of workgroups at
 //! once, each reading its slice of K and V once for the query heads of its KV head.
 
-use attn_dsl::{Cache, Dtype, Grid, KernelAbi, KernelSpec, Major, Masks, Op, Source, WriteMode};
+use attn_dsl::{Cache, Dtype, KernelAbi, KernelSpec, Masks, Op};
 
 use crate::attention::{
     DecodeInput, Heads, binding_size, checked_grid, expect_op, length, modified_uniforms,
-    submit_steps, validate_cache, validate_query,
+    validate_cache, validate_query,
 };
 use crate::buffers;
+use crate::device::Gpu;
 use crate::error::{Error, InputError};
-use crate::gpu::Gpu;
 use crate::kernel::{Kernel, Step};
+use crate::tensor::Tensor;
 
 /// Workgroups the split pass aims for: 4 per SM of an H100 (132 SMs), enough for every SM to
 /// hide its loads' latency behind other workgroups, and a few waves on smaller GPUs.
@@ -99,7 +100,12 @@ impl SplitDecode {
         let spec = KernelSpec {
             workgroup_size: split.workgroup_size[0],
             target: split.target,
-            ..split_spec(&split.name, split.head_dim, split.masks, split.grid.tile)
+            ..crate::ops::decode::split_spec(
+                &split.name,
+                split.head_dim,
+                split.masks,
+                split.grid.tile,
+            )
         };
         Ok(SplitDecode {
             split: Kernel::new_async(gpu, split).await?,
@@ -165,22 +171,13 @@ impl SplitDecode {
         if let (Some((s, r)), Dtype::F32) = (found, dtype) {
             return SplitDecode::new_async(gpu, s, r).await;
         }
-        let base = match cache {
-            Cache::Contiguous => "attention_decode_split",
-            Cache::Paged => "attention_decode_split_paged",
-        };
-        let name = crate::tuning::family_name(base, head_dim);
-        let split = compile(&KernelSpec {
+        let spec = crate::ops::decode::DecodeSpec {
+            head_dim,
+            masks,
+            dtype,
             cache,
-            dtype,
-            ..split_spec(&name, head_dim, masks, attn_dsl::emit::MAX_SPLIT_HEADS)
-        })?;
-        let name = crate::tuning::family_name("attention_decode_reduce", head_dim);
-        let reduce = compile(&KernelSpec {
-            source: Source::Scratch,
-            dtype,
-            ..KernelSpec::standard(&name, Op::DecodeReduce, head_dim, Masks::default())
-        })?;
+        };
+        let [split, reduce] = crate::ops::decode::abis(&spec)?;
         SplitDecode::new_async(gpu, &split, &reduce).await
     }
 
@@ -233,10 +230,7 @@ impl SplitDecode {
         input: &DecodeInput<'_>,
         slice_len: Option<u32>,
     ) -> Result<Vec<f32>, Error> {
-        let prepared = self.prepare(gpu, input, None, slice_len)?;
-        submit_steps(gpu, &prepared.steps(self))?;
-        let o = self.reduce.abi().scalar("o");
-        buffers::read_as_async(gpu, &prepared.o, prepared.o_len, o).await
+        self.run_on_device(gpu, input, None, slice_len).await
     }
 
     /// [`SplitDecode::run`] on a paged cache (kernels described with `cache: paged`).
@@ -259,10 +253,68 @@ impl SplitDecode {
         pages: &Pages<'_>,
         slice_len: Option<u32>,
     ) -> Result<Vec<f32>, Error> {
-        let prepared = self.prepare(gpu, input, Some(pages), slice_len)?;
-        submit_steps(gpu, &prepared.steps(self))?;
-        let o = self.reduce.abi().scalar("o");
-        buffers::read_as_async(gpu, &prepared.o, prepared.o_len, o).await
+        self.run_on_device(gpu, input, Some(pages), slice_len).await
+    }
+
+    /// The host input checked, uploaded, decoded through [`crate::ops::decode`] (every
+    /// sequence at `cache_len`) and read back.
+    async fn run_on_device(
+        &self,
+        gpu: &Gpu,
+        input: &DecodeInput<'_>,
+        pages: Option<&Pages<'_>>,
+        slice_len: Option<u32>,
+    ) -> Result<Vec<f32>, Error> {
+        self.validate_layout(gpu, input, pages)?;
+        let h = input.heads;
+        let b = input.batch;
+        let (split, reduce) = (self.split.abi(), self.reduce.abi());
+        let data = split.scalar("q");
+        let kv_row = u64::from(h.n_kv_heads) * u64::from(h.head_dim);
+        let cache_shape = match pages {
+            None => {
+                let capacity = input.k_cache.len() as u64 / (u64::from(b) * kv_row);
+                [b, capacity as u32, h.n_kv_heads, h.head_dim]
+            }
+            Some(p) => {
+                let n_pages = input.k_cache.len() as u64 / (u64::from(p.page_size) * kv_row);
+                [n_pages as u32, p.page_size, h.n_kv_heads, h.head_dim]
+            }
+        };
+        let q_shape = [b, h.n_heads, h.head_dim];
+        let q = Tensor::from_f32(gpu, &q_shape, data, input.q)?;
+        let k = Tensor::from_f32(gpu, &cache_shape, data, input.k_cache)?;
+        let v = Tensor::from_f32(gpu, &cache_shape, data, input.v_cache)?;
+        let seq_lens = Tensor::from_u32(gpu, &[b], &vec![input.cache_len; b as usize])?;
+        let table = match pages {
+            None => None,
+            Some(p) => {
+                let per_seq = p.block_table.len() as u32 / b;
+                Some(Tensor::from_u32(gpu, &[b, per_seq], p.block_table)?)
+            }
+        };
+        let o = Tensor::zeros(gpu, &q_shape, reduce.scalar("o"));
+        let uploaded = input.mods.upload(gpu, b, 1)?;
+        let args = crate::ops::decode::DecodeArgs {
+            q: &q,
+            cache: crate::ops::decode::CacheView {
+                k: &k,
+                v: &v,
+                seq_lens: &seq_lens,
+                max_len: input.cache_len,
+                block_table: table.as_ref(),
+            },
+            o: &o,
+            scale: input.scale,
+            mods: uploaded.view(&input.mods),
+            slice_len,
+        };
+        let mut passes = crate::ops::decode::Passes::new(self.split.clone(), self.reduce.clone());
+        let mut scratch = crate::ops::decode::Scratch::default();
+        let mut encoder = gpu.device.create_command_encoder(&Default::default());
+        crate::ops::decode::record(gpu, &mut passes, &mut scratch, &mut encoder, &args)?;
+        gpu.queue.submit([encoder.finish()]);
+        o.to_f32_async(gpu).await
     }
 
     /// Whether the split kernel reads a paged cache.
@@ -348,6 +400,11 @@ impl SplitDecode {
                 "block_table",
                 pages.map_or(&[0][..], |p| p.block_table),
             ),
+            seq_lens: buffers::storage(
+                gpu,
+                "seq_lens",
+                &vec![input.cache_len; input.batch as usize],
+            ),
             split_grid,
             reduce_grid,
             slicing,
@@ -426,26 +483,6 @@ fn validate_pages(
     binding_size(limits, pool * 4)
 }
 
-/// The description of a split pass: `heads` query heads of one KV head per workgroup,
-/// partials flushed to scratch.
-fn split_spec(name: &str, head_dim: u32, masks: Masks, heads: u32) -> KernelSpec {
-    KernelSpec {
-        grid: Grid::rows(Major::Slice, heads),
-        writes: vec![
-            ("part_o".into(), WriteMode::ScratchFlush),
-            ("part_ml".into(), WriteMode::ScratchFlush),
-        ],
-        ..KernelSpec::standard(name, Op::DecodeSplit, head_dim, masks)
-    }
-}
-
-fn compile(spec: &KernelSpec) -> Result<KernelAbi, Error> {
-    attn_dsl::compile(spec).map_err(|e| Error::Pipeline {
-        kernel: spec.name.clone(),
-        message: e.to_string(),
-    })
-}
-
 /// Both passes' buffers and grids, for running or timing.
 pub struct Prepared {
     q: wgpu::Buffer,
@@ -459,6 +496,7 @@ pub struct Prepared {
     params: wgpu::Buffer,
     mods: [(&'static str, wgpu::Buffer); 2],
     block_table: wgpu::Buffer,
+    seq_lens: wgpu::Buffer,
     split_grid: [u32; 3],
     reduce_grid: [u32; 3],
     pub slicing: Slicing,
@@ -487,6 +525,7 @@ impl Prepared {
             ("dims", &self.dims),
             ("params", &self.params),
             ("block_table", &self.block_table),
+            ("seq_lens", &self.seq_lens),
         ];
         split.extend(self.mods.iter().map(|(n, b)| (*n, b)));
         let reduce = vec![

@@ -7,7 +7,7 @@ pub enum Error {
     #[error(transparent)]
     Input(#[from] InputError),
     #[error(transparent)]
-    Device(#[from] crate::gpu::DeviceError),
+    Device(#[from] crate::device::DeviceError),
     #[error(
         "kernel `{kernel}` needs a feature that {adapter} lacks (SUBGROUP for `subgroups = true`, \
          SHADER_FLOAT32_ATOMIC for an f32 scatter, SHADER_F16 for `dtype: f16`, \
@@ -25,6 +25,12 @@ pub enum Error {
     Readback(String),
     #[error(transparent)]
     Tuning(#[from] crate::tuning::TuningError),
+}
+
+impl From<crate::tensor::TensorError> for Error {
+    fn from(e: crate::tensor::TensorError) -> Error {
+        Error::Input(InputError::Tensor(e))
+    }
 }
 
 /// Input that does not fit the kernel or the adapter.
@@ -144,6 +150,10 @@ pub enum InputError {
         built: u32,
         given: u32,
     },
+    #[error(transparent)]
+    Tensor(#[from] crate::tensor::TensorError),
+    #[error(transparent)]
+    Cache(#[from] crate::ops::cache::CacheError),
     #[error("{what} is {value}, over the adapter's limit of {limit}")]
     OverLimit {
         what: &'static str,

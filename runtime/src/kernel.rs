@@ -3,11 +3,13 @@
 
 use attn_dsl::{Access, KernelAbi};
 
+use crate::device::Gpu;
 use crate::error::Error;
-use crate::gpu::Gpu;
 
+/// Cloning shares the pipeline.
+#[derive(Clone)]
 pub struct Kernel {
-    abi: KernelAbi,
+    abi: std::sync::Arc<KernelAbi>,
     layout: wgpu::BindGroupLayout,
     pipeline: wgpu::ComputePipeline,
 }
@@ -16,20 +18,45 @@ impl Kernel {
     /// Creates the pipeline; wgpu's validation errors come back as [`Error::Pipeline`].
     #[cfg(not(target_arch = "wasm32"))]
     pub fn new(gpu: &Gpu, abi: &KernelAbi) -> Result<Kernel, Error> {
-        pollster::block_on(Kernel::new_async(gpu, abi))
+        crate::block_on(Kernel::new_async(gpu, abi))
     }
 
     /// [`Kernel::new`] for an async caller: a browser reports a pipeline's validation
     /// errors through a promise.
     pub async fn new_async(gpu: &Gpu, abi: &KernelAbi) -> Result<Kernel, Error> {
+        let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let kernel = Kernel::create(gpu, abi)?;
+        if let Some(e) = scope.pop().await {
+            return Err(Error::Pipeline {
+                kernel: abi.name.to_string(),
+                message: e.to_string(),
+            });
+        }
+        Ok(kernel)
+    }
+
+    /// The pipeline, created now on this thread, for an op compiling on first use inside a
+    /// synchronous `record`. Natively wgpu reports a validation error at once, as
+    /// [`Kernel::new`] does; in a browser, where that report is a promise, it goes to the
+    /// device's uncaptured-error handler instead (an op's `prepare` awaits it).
+    pub(crate) fn now(gpu: &Gpu, abi: &KernelAbi) -> Result<Kernel, Error> {
+        #[cfg(not(target_arch = "wasm32"))]
+        return Kernel::new(gpu, abi);
+        #[cfg(target_arch = "wasm32")]
+        return Kernel::create(gpu, abi);
+    }
+
+    /// The pipeline, errors left to the caller's error scope.
+    fn create(gpu: &Gpu, abi: &KernelAbi) -> Result<Kernel, Error> {
         if !gpu.supports(abi) {
             return Err(Error::Feature {
                 kernel: abi.name.to_string(),
                 adapter: gpu.describe(),
             });
         }
+        // Over a limit: wgpu would report it as a validation error, or panic without a scope.
+        gpu.require(abi)?;
         let device = &gpu.device;
-        let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
         let label = Some(abi.name.as_ref());
         let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
             label,
@@ -68,18 +95,16 @@ impl Kernel {
             module: &module,
             entry_point: Some(&abi.entry_point),
             compilation_options: Default::default(),
+            #[cfg(not(target_arch = "wasm32"))]
+            cache: gpu.wgpu_pipeline_cache(),
+            #[cfg(target_arch = "wasm32")]
             cache: None,
         });
-        if let Some(e) = scope.pop().await {
-            return Err(Error::Pipeline {
-                kernel: abi.name.to_string(),
-                message: e.to_string(),
-            });
-        }
+        gpu.pipeline_created();
         #[cfg(not(target_arch = "wasm32"))]
         crate::timing::pipeline_created();
         Ok(Kernel {
-            abi: abi.clone(),
+            abi: std::sync::Arc::new(abi.clone()),
             layout,
             pipeline,
         })
@@ -91,6 +116,14 @@ impl Kernel {
 
     pub fn name(&self) -> &str {
         &self.abi.name
+    }
+
+    pub(crate) fn layout(&self) -> &wgpu::BindGroupLayout {
+        &self.layout
+    }
+
+    pub(crate) fn pipeline(&self) -> &wgpu::ComputePipeline {
+        &self.pipeline
     }
 
     /// Records one dispatch of `grid` workgroups with `buffers` bound by binding name.

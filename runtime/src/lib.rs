@@ -16,29 +16,41 @@ pub mod buffers;
 pub mod cases;
 pub mod compare;
 pub mod decode;
+pub mod device;
 mod error;
-pub mod gpu;
 pub mod kernel;
 pub mod kernels;
 pub mod layernorm;
 pub mod modifiers;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod npy;
+pub mod ops;
+mod record;
 pub mod reference;
 pub mod rope;
+pub mod tensor;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod timing;
 pub mod tuning;
 
+/// Runs a future to completion on this thread: the one blocking shim over the async API
+/// (native only; a browser awaits).
+#[cfg(not(target_arch = "wasm32"))]
+pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    pollster::block_on(future)
+}
+
 pub use attention::{DecodeInput, ForwardInput, ForwardOutput, Heads, decode_async, forward_async};
 #[cfg(not(target_arch = "wasm32"))]
 pub use attention::{decode, forward};
+pub use attn_dsl::{Dtype, Scalar};
 pub use backward::{Backward, BackwardInput, Gradients, Schedule};
 pub use decode::{DecodePath, Decoder, SplitDecode};
+pub use device::{DeviceError, Gpu};
 pub use error::{Error, InputError};
-pub use gpu::{DeviceError, Gpu};
 pub use kernel::Kernel;
-pub use modifiers::{Bias, Dropout, Modifiers};
+pub use modifiers::{Bias, DeviceBias, DeviceModifiers, Dropout, Modifiers};
 #[cfg(not(target_arch = "wasm32"))]
 pub use rope::rope;
 pub use rope::{RopeInput, rope_async};
+pub use tensor::{Tensor, TensorError};

@@ -2,19 +2,34 @@
 //! `masks` words): the sliding window, ALiBi slopes, an additive bias, the soft cap and
 //! dropout. One struct for the forward, the decode, the backward and the references.
 
-use attn_dsl::{BiasHeads, KernelAbi, Masks};
+use attn_dsl::{BiasHeads, KernelAbi, Masks, Scalar};
 
 use crate::buffers;
+use crate::device::Gpu;
 use crate::error::InputError;
-use crate::gpu::Gpu;
+use crate::tensor::{Tensor, TensorError};
 
 /// An additive bias, `[batch, n_heads, seq, seq]` (per head) or `[batch, 1, seq, seq]`
-/// (shared by the heads); batch 1 for a 3-D tensor.
-#[derive(Clone, Copy, Debug)]
-pub struct Bias<'a> {
-    pub values: &'a [f32],
+/// (shared by the heads); batch 1 for a 3-D tensor. Its values are a host slice
+/// ([`Bias`]) or a device [`Tensor`] of that shape ([`DeviceBias`]).
+#[derive(Debug)]
+pub struct BiasOf<'a, T: ?Sized> {
+    pub values: &'a T,
     pub heads: BiasHeads,
 }
+
+impl<T: ?Sized> Clone for BiasOf<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T: ?Sized> Copy for BiasOf<'_, T> {}
+
+/// A bias given as a host slice.
+pub type Bias<'a> = BiasOf<'a, [f32]>;
+/// A bias given as a device tensor.
+pub type DeviceBias<'a> = BiasOf<'a, Tensor>;
 
 /// Dropout on P with probability `p`, its mask drawn by Philox-4x32-10 under key `seed`
 /// at counter word `offset` (advance it between calls that need fresh masks).
@@ -68,22 +83,166 @@ pub fn philox4x32_10(counter: [u32; 4], key: [u32; 2]) -> [u32; 4] {
     c
 }
 
-/// The values of the modifiers a kernel was built with; `None` for those it was not.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Modifiers<'a> {
+/// The values of the modifiers a kernel was built with; `None` for those it was not. The
+/// ALiBi slopes and the bias are host slices ([`Modifiers`], the host-slice API) or device
+/// tensors ([`DeviceModifiers`], the recording API).
+#[derive(Debug)]
+pub struct ModifiersOf<'a, T: ?Sized> {
     /// Keys within this many positions of the query (`masks: [window]`).
     pub window: Option<u32>,
     /// ALiBi slopes, one per query head (`alibi`).
-    pub alibi: Option<&'a [f32]>,
+    pub alibi: Option<&'a T>,
     /// `bias` or `shared_bias`.
-    pub bias: Option<Bias<'a>>,
+    pub bias: Option<BiasOf<'a, T>>,
     /// The soft cap (`softcap`), positive.
     pub softcap: Option<f32>,
     /// `dropout`.
     pub dropout: Option<Dropout>,
 }
 
-impl Modifiers<'_> {
+impl<T: ?Sized> Clone for ModifiersOf<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T: ?Sized> Copy for ModifiersOf<'_, T> {}
+
+/// Modifier values for the host-slice API.
+pub type Modifiers<'a> = ModifiersOf<'a, [f32]>;
+/// Modifier values for the recording API: slopes and bias on the device.
+pub type DeviceModifiers<'a> = ModifiersOf<'a, Tensor>;
+
+impl<T: ?Sized> Default for ModifiersOf<'_, T> {
+    fn default() -> Self {
+        ModifiersOf {
+            window: None,
+            alibi: None,
+            bias: None,
+            softcap: None,
+            dropout: None,
+        }
+    }
+}
+
+/// The device tensors of a host [`Modifiers`], uploaded once.
+pub struct Uploaded {
+    alibi: Option<Tensor>,
+    bias: Option<Tensor>,
+}
+
+impl Uploaded {
+    /// `mods` with its slices replaced by these tensors.
+    pub fn view<'a>(&'a self, mods: &Modifiers<'_>) -> DeviceModifiers<'a> {
+        ModifiersOf {
+            window: mods.window,
+            alibi: self.alibi.as_ref(),
+            bias: mods.bias.zip(self.bias.as_ref()).map(|(b, values)| BiasOf {
+                values,
+                heads: b.heads,
+            }),
+            softcap: mods.softcap,
+            dropout: mods.dropout,
+        }
+    }
+}
+
+impl<'a> Modifiers<'a> {
+    /// The slopes and the bias as device tensors (`[n_heads]`, and the bias's 4-D layout
+    /// for `q_rows` query rows of `batch` sequences).
+    pub fn upload(&self, gpu: &Gpu, batch: u32, q_rows: u32) -> Result<Uploaded, TensorError> {
+        let alibi = self
+            .alibi
+            .map(|a| Tensor::from_f32(gpu, &[a.len() as u32], Scalar::F32, a))
+            .transpose()?;
+        let bias = self
+            .bias
+            .map(|b| {
+                let heads = (b.values.len() as u64
+                    / (u64::from(batch) * u64::from(q_rows).pow(2)).max(1))
+                    as u32;
+                Tensor::from_f32(gpu, &[batch, heads, q_rows, q_rows], Scalar::F32, b.values)
+            })
+            .transpose()?;
+        Ok(Uploaded { alibi, bias })
+    }
+}
+
+impl<'a> DeviceModifiers<'a> {
+    /// The shapes of the slopes (`[n_heads]`) and the bias (`[batch, n_heads or 1, q_rows,
+    /// q_rows]`), f32, besides what every modifier set checks.
+    pub(crate) fn validate(
+        &self,
+        abi: &KernelAbi,
+        batch: u32,
+        q_rows: u32,
+        n_heads: u32,
+    ) -> Result<(), InputError> {
+        self.check_words(abi)?;
+        self.check_scalars()?;
+        if let Some(slopes) = self.alibi {
+            expect(slopes, "alibi", &[n_heads], Scalar::F32, "[n_heads]")?;
+        }
+        if let Some(b) = self.bias {
+            let heads = match b.heads {
+                BiasHeads::PerHead => n_heads,
+                BiasHeads::Shared => 1,
+            };
+            expect(
+                b.values,
+                "bias",
+                &[batch, heads, q_rows, q_rows],
+                Scalar::F32,
+                "[batch, n_heads or 1, seq_len, seq_len]",
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The modifiers' tensors by binding name.
+    pub(crate) fn tensors(&self) -> impl Iterator<Item = (&'static str, &'a Tensor)> + use<'a> {
+        [("alibi", self.alibi), ("bias", self.bias.map(|b| b.values))]
+            .into_iter()
+            .filter_map(|(n, t)| t.map(|t| (n, t)))
+    }
+}
+
+/// `tensor`'s shape and element type as an op needs them.
+pub(crate) fn expect(
+    tensor: &Tensor,
+    name: &str,
+    shape: &[u32],
+    scalar: Scalar,
+    layout: &'static str,
+) -> Result<(), TensorError> {
+    if tensor.scalar() != scalar {
+        return Err(TensorError::Dtype {
+            name: name.into(),
+            got: scalar_name(tensor.scalar()),
+            want: scalar_name(scalar),
+        });
+    }
+    if tensor.shape() != shape {
+        return Err(TensorError::Shape {
+            name: name.into(),
+            got: tensor.shape().to_vec(),
+            want: shape.to_vec(),
+            layout,
+        });
+    }
+    Ok(())
+}
+
+pub(crate) fn scalar_name(s: Scalar) -> &'static str {
+    match s {
+        Scalar::F32 => "f32",
+        Scalar::U32 => "u32",
+        Scalar::F16 => "f16",
+        Scalar::Bf16 => "bf16",
+    }
+}
+
+impl<T: ?Sized> ModifiersOf<'_, T> {
     /// The kernels' masks for these modifiers, with the causal and document masks.
     pub fn masks(&self, causal: bool, document: bool) -> Masks {
         Masks {
@@ -119,26 +278,8 @@ impl Modifiers<'_> {
         ]
     }
 
-    /// The modifiers' input buffers, by binding name (a placeholder word where absent:
-    /// a kernel without the modifier does not bind it).
-    pub(crate) fn buffers(&self, gpu: &Gpu) -> [(&'static str, wgpu::Buffer); 2] {
-        let alibi = self.alibi.unwrap_or(&[0.0]);
-        let bias = self.bias.map_or(&[0.0][..], |b| b.values);
-        [
-            ("alibi", buffers::storage(gpu, "alibi", alibi)),
-            ("bias", buffers::storage(gpu, "bias", bias)),
-        ]
-    }
-
-    /// These values against the masks `abi` was built with, and their shapes against the
-    /// dims: `q_rows` query rows per sequence (the bias is `[batch, heads, q_rows, q_rows]`).
-    pub(crate) fn validate(
-        &self,
-        abi: &KernelAbi,
-        batch: u32,
-        q_rows: u32,
-        n_heads: u32,
-    ) -> Result<(), InputError> {
+    /// Every value given for a word `abi` was built with, and none for a word it was not.
+    fn check_words(&self, abi: &KernelAbi) -> Result<(), InputError> {
         let given = self.masks(abi.masks.causal, abi.masks.document);
         for (word, built, wanted) in [
             ("window", abi.masks.window, given.window),
@@ -160,10 +301,11 @@ impl Modifiers<'_> {
                 kernel: abi.name.to_string(),
             });
         }
-        self.validate_values(batch, q_rows, n_heads)
+        Ok(())
     }
 
-    fn validate_values(&self, batch: u32, q_rows: u32, n_heads: u32) -> Result<(), InputError> {
+    /// The window, the soft cap and dropout's p.
+    fn check_scalars(&self) -> Result<(), InputError> {
         let bad = |what: &'static str, value: f64, needs: &'static str| InputError::BadValue {
             what,
             value,
@@ -186,10 +328,45 @@ impl Modifiers<'_> {
         {
             return Err(bad("dropout p", f64::from(d.p), "0 <= p < 1"));
         }
+        Ok(())
+    }
+}
+
+impl Modifiers<'_> {
+    /// The modifiers' input buffers, by binding name (a placeholder word where absent:
+    /// a kernel without the modifier does not bind it).
+    pub(crate) fn buffers(&self, gpu: &Gpu) -> [(&'static str, wgpu::Buffer); 2] {
+        let alibi = self.alibi.unwrap_or(&[0.0]);
+        let bias = self.bias.map_or(&[0.0][..], |b| b.values);
+        [
+            ("alibi", buffers::storage(gpu, "alibi", alibi)),
+            ("bias", buffers::storage(gpu, "bias", bias)),
+        ]
+    }
+
+    /// These values against the masks `abi` was built with, and their shapes against the
+    /// dims: `q_rows` query rows per sequence (the bias is `[batch, heads, q_rows, q_rows]`).
+    pub(crate) fn validate(
+        &self,
+        abi: &KernelAbi,
+        batch: u32,
+        q_rows: u32,
+        n_heads: u32,
+    ) -> Result<(), InputError> {
+        self.check_words(abi)?;
+        self.check_scalars()?;
+        self.validate_values(batch, q_rows, n_heads)
+    }
+
+    fn validate_values(&self, batch: u32, q_rows: u32, n_heads: u32) -> Result<(), InputError> {
         if let Some(slopes) = self.alibi {
             crate::attention::length("alibi", slopes.len(), u64::from(n_heads), "n_heads")?;
             if let Some(x) = slopes.iter().find(|x| !x.is_finite()) {
-                return Err(bad("an ALiBi slope", f64::from(*x), "a finite number"));
+                return Err(InputError::BadValue {
+                    what: "an ALiBi slope",
+                    value: f64::from(*x),
+                    needs: "a finite number",
+                });
             }
         }
         if let Some(b) = self.bias {

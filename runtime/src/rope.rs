@@ -3,11 +3,13 @@
 
 use attn_dsl::Op;
 
-use crate::attention::{checked_grid, length, nonzero, submit, uniform_dims};
-use crate::buffers;
+use attn_dsl::Scalar;
+
+use crate::attention::{length, nonzero};
+use crate::device::Gpu;
 use crate::error::{Error, InputError};
-use crate::gpu::Gpu;
 use crate::kernel::Kernel;
+use crate::tensor::Tensor;
 
 #[derive(Clone, Copy, Debug)]
 pub struct RopeInput<'a> {
@@ -30,32 +32,30 @@ pub fn rope(gpu: &Gpu, kernel: &Kernel, input: &RopeInput) -> Result<Vec<f32>, E
     pollster::block_on(rope_async(gpu, kernel, input))
 }
 
-/// [`rope`] for an async caller (the browser).
+/// [`rope`] for an async caller (the browser): uploaded, rotated through
+/// [`crate::ops::rope::Rope`] at positions `pos_offset + s`, read back.
 pub async fn rope_async(
     gpu: &Gpu,
     kernel: &Kernel,
     input: &RopeInput<'_>,
 ) -> Result<Vec<f32>, Error> {
-    let abi = kernel.abi();
     validate(kernel, input)?;
-    let dims = [
-        ("seq_len", input.seq_len),
-        ("n_heads", input.heads),
-        ("pos_offset", input.pos_offset),
-        ("head_dim", input.head_dim),
-        ("batch", input.batch),
-    ];
-    let grid = checked_grid(abi, gpu.limits(), &dims)?;
-    let x = buffers::storage(gpu, "x", input.x);
-    let inv_freq = buffers::storage(gpu, "inv_freq", &inv_freq(input.base, input.head_dim));
-    let dims_buf = uniform_dims(gpu, abi, &dims)?;
-    submit(
+    let shape = [input.batch, input.seq_len, input.heads, input.head_dim];
+    let x = Tensor::from_f32(gpu, &shape, Scalar::F32, input.x)?;
+    let positions = Tensor::from_u32(
         gpu,
-        kernel,
-        &[("x", &x), ("inv_freq", &inv_freq), ("dims", &dims_buf)],
-        grid,
+        &[input.batch],
+        &vec![input.pos_offset; input.batch as usize],
     )?;
-    buffers::read_async(gpu, &x, input.x.len()).await
+    let args = crate::ops::rope::RopeArgs {
+        x: &x,
+        positions: &positions,
+        base: input.base,
+    };
+    let mut encoder = gpu.device.create_command_encoder(&Default::default());
+    crate::ops::rope::Rope::from_kernel(kernel)?.record(gpu, &mut encoder, &args)?;
+    gpu.queue.submit([encoder.finish()]);
+    x.to_f32_async(gpu).await
 }
 
 /// `base^(-2i/head_dim)` for each pair, in f64.

@@ -1,8 +1,8 @@
 //! GPU time of a sequence of dispatches, from timestamp queries written at the start and
 //! end of each compute pass (never wall clock around submit).
 
+use crate::device::Gpu;
 use crate::error::{Error, InputError};
-use crate::gpu::Gpu;
 
 pub use crate::kernel::Step;
 

@@ -14,7 +14,7 @@ use attn_dsl::{DslError, Dtype, FlashConfig, KernelAbi, KernelSpec, Masks, Matri
 use serde::{Deserialize, Serialize};
 
 use crate::Heads;
-use crate::gpu::Gpu;
+use crate::device::Gpu;
 
 /// Every flash forward configuration the planner may pick for `head_dim`, derived by
 /// rule (`attn_dsl::configs`): candidate 0 fits WebGPU's defaults and is the default; the
@@ -420,7 +420,12 @@ impl Table {
     ) -> Option<FlashConfig> {
         let planned = self.forward_in(gpu, heads.head_dim, dtype)?;
         let candidates = coop_candidates(gpu, heads.head_dim);
-        Some(widest_filling(planned, &candidates, heads.n_heads * batch, seq_len))
+        Some(widest_filling(
+            planned,
+            &candidates,
+            heads.n_heads * batch,
+            seq_len,
+        ))
     }
 }
 
@@ -625,7 +630,10 @@ mod tests {
         let coop =
             attn_dsl::configs::coop_forward(128, attn_dsl::configs::CANDIDATE_WORKGROUP_BYTES);
         let first = coop[0];
-        let wide = *coop.iter().find(|c| c.tile == 128).expect("a 128-row candidate");
+        let wide = *coop
+            .iter()
+            .find(|c| c.tile == 128)
+            .expect("a 128-row candidate");
         assert_eq!(wide.label(), "128x32/16@256+tc");
         // seq 4096, 16 heads: 512 workgroups of 128 rows.
         assert_eq!(widest_filling(first, &coop, 16, 4096), wide);

@@ -63,14 +63,16 @@ pub(super) fn decode_helpers(out: &mut String, spec: &KernelSpec) {
     index::kv_head(out, spec);
     index::row_indexing(out, spec);
     let start = if spec.masks.window {
-        "select(0u, dims.cache_len - dims.window, dims.cache_len > dims.window)"
+        "select(0u, cache_len() - dims.window, cache_len() > dims.window)"
     } else {
         "0u"
     };
     let _ = write!(
         out,
-        "// The query follows the cache's last row.\nfn key_range(row: u32) -> vec2<u32> {{\n    \
-         return vec2<u32>({start}, dims.cache_len);\n}}\n\n"
+        "// Keys in the cache: one length for every sequence.\nfn cache_len() -> u32 {{\n    \
+         return dims.cache_len;\n}}\n\n\
+         // The query follows the cache's last row.\nfn key_range(row: u32) -> vec2<u32> {{\n    \
+         return vec2<u32>({start}, cache_len());\n}}\n\n"
     );
     super::scores::helpers(out, spec);
     out.push_str(

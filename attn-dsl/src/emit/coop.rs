@@ -416,7 +416,11 @@ fn stage_q(b: &mut String, t: &CoopTiling) {
         );
         for k in 0..cols / FRAG {
             let at = staged(&format!("rg * {FRAG}u * QS + {}u", k * FRAG));
-            let _ = writeln!(b, "    let qa_{} = coopLoadT<{A}>({at}, QS);", pass * cols / FRAG + k);
+            let _ = writeln!(
+                b,
+                "    let qa_{} = coopLoadT<{A}>({at}, QS);",
+                pass * cols / FRAG + k
+            );
         }
     }
 }
@@ -531,7 +535,11 @@ pub(super) fn chained_product(
             rows(k)
         );
     }
-    pairwise(&(0..chains).map(|c| format!("{tag}_{c}")).collect::<Vec<_>>())
+    pairwise(
+        &(0..chains)
+            .map(|c| format!("{tag}_{c}"))
+            .collect::<Vec<_>>(),
+    )
 }
 
 /// `terms` summed in pairs: ((a + b) + (c + d)).

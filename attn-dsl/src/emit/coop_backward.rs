@@ -65,10 +65,7 @@ const KV_HALF: Half = Half {
     body: "coop_backward_kv",
     own: &[("k", "k", "kv_index(r, h)"), ("v", "v", "kv_index(r, h)")],
     streamed: [("q", "q", "q_index(r, h)"), ("do", "d_o", "q_index(r, h)")],
-    sums: &[
-        ("dv", "dv", "sh_p", "p", 1),
-        ("dk", "dk", "sh_ds", "ds", 0),
-    ],
+    sums: &[("dv", "dv", "sh_p", "p", 1), ("dk", "dk", "sh_ds", "ds", 0)],
 };
 
 /// Whether the key-major half adds dK and dV by atomics: then each workgroup serves one
@@ -188,7 +185,11 @@ fn prologue(b: &mut String, t: &CoopTiling, half: &Half, kv: bool, scattered: bo
          let rg = sg % NRG;\n    let part = sg / NRG;\n    \
          if (tid == 0u) {{\n        sh_range = {}({row0});\n    }}\n",
         half.body,
-        if kv { "tile_query_range" } else { "tile_key_range" },
+        if kv {
+            "tile_query_range"
+        } else {
+            "tile_key_range"
+        },
     );
     for (i, tag) in ["oa", "ob"].into_iter().enumerate() {
         let _ = writeln!(
@@ -309,7 +310,10 @@ fn kv_loop(b: &mut String, t: &CoopTiling, scattered: bool) {
     let fetch = |prefix: &str| {
         let mut f = fetches(t, &tensors, "next_s0", "next_h", prefix);
         for i in 0..stats {
-            let _ = writeln!(f, "{prefix}ps_{i} = fetch_stats(next_s0, next_h, tid + {i}u * WG);");
+            let _ = writeln!(
+                f,
+                "{prefix}ps_{i} = fetch_stats(next_s0, next_h, tid + {i}u * WG);"
+            );
         }
         f
     };
@@ -339,7 +343,10 @@ fn fetches(t: &CoopTiling, tensors: &[(&str, &str)], r0: &str, head: &str, prefi
     let mut f = String::new();
     for i in 0..carried(t) {
         for (name, _) in tensors {
-            let _ = writeln!(f, "{prefix}p{name}_{i} = fetch_{name}({r0}, {head}, tid + {i}u * WG);");
+            let _ = writeln!(
+                f,
+                "{prefix}p{name}_{i} = fetch_{name}({r0}, {head}, tid + {i}u * WG);"
+            );
         }
     }
     f

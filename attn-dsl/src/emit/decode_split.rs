@@ -168,9 +168,12 @@ fn kv4_index(j: u32, kv_h: u32) -> u32 {
 
 fn split(out: &mut String, spec: &KernelSpec) {
     super::index::kv_head(out, spec);
+    out.push_str(
+        "// Keys in this sequence's cache.\nfn cache_len() -> u32 {\n    return seq_lens[batch];\n}\n\n",
+    );
     super::scores::helpers(out, spec);
     let start = if spec.masks.window {
-        "select(0u, dims.cache_len - dims.window, dims.cache_len > dims.window)"
+        "select(0u, cache_len() - dims.window, cache_len() > dims.window)"
     } else {
         "0u"
     };
@@ -293,7 +296,8 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     let head0 = kv_h * q_per_kv() + (wg.y % groups) * TILE;
     let n_here = min(TILE, (kv_h + 1u) * q_per_kv() - head0);
     let lo = slice * dims.slice_len;
-    let hi = min(lo + dims.slice_len, dims.cache_len);
+    // A slice past this sequence's length (a shorter sequence of a ragged batch) is empty.
+    let hi = max(lo, min(lo + dims.slice_len, cache_len()));
     let first = max(lo, first_key());
 
     // Absent heads get q = 0; their results are never written.

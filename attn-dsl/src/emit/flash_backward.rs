@@ -69,7 +69,14 @@ pub(super) fn backward_q(out: &mut String, spec: &KernelSpec, t: &Tiling) {
         super::scatter::atomic_add(out, spec, "dkv");
     }
     stage(out, "stage_q", "BR", "q_index(r, h)", "sh_q", "query_at");
-    stage(out, "stage_do", "BR", "q_index(r, h)", "sh_do", "grad_out_at");
+    stage(
+        out,
+        "stage_do",
+        "BR",
+        "q_index(r, h)",
+        "sh_do",
+        "grad_out_at",
+    );
     for (name, src, dst) in [("k", "key_at", "sh_k"), ("v", "value_at", "sh_v")] {
         fetch(out, name, "BC", "kv_index(r, h)", src);
         put(out, name, "BC", dst);

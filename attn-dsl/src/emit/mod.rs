@@ -4,6 +4,7 @@
 
 mod attend;
 mod backward;
+mod cache;
 pub mod coop;
 mod coop_backward;
 mod decode_split;
@@ -11,6 +12,7 @@ mod dtype;
 mod flash;
 mod flash_backward;
 mod index;
+mod lanes;
 mod layernorm;
 mod numerics;
 mod reduce;
@@ -18,6 +20,7 @@ mod rope;
 mod scatter;
 pub(crate) mod scores;
 
+pub use cache::MAX_STRIDE_WORKGROUPS;
 pub use decode_split::{MAX_SPLIT_HEADS, key_tile as split_key_tile, max_slice as split_max_slice};
 
 use std::fmt::Write;
@@ -35,6 +38,10 @@ pub fn emit(spec: &KernelSpec, bindings: &[Binding]) -> String {
         layernorm::constants(&mut out, spec);
     } else if matches!(spec.op, Op::DecodeSplit | Op::DecodeReduce) {
         decode_split::constants(&mut out, spec);
+    } else if spec.op == Op::CacheAppend {
+        cache::constants(&mut out, spec);
+    } else if spec.op == Op::DkvReduce {
+        lanes::constants(&mut out, spec);
     } else {
         constants(&mut out, spec);
     }
@@ -86,6 +93,14 @@ fn emit_body(out: &mut String, spec: &KernelSpec) {
             layernorm::body(out, spec);
             return;
         }
+        Op::CacheAppend => {
+            cache::append(out, spec);
+            return;
+        }
+        Op::DkvReduce => {
+            lanes::reduce(out, spec);
+            return;
+        }
     }
     match spec.op {
         Op::Forward => tile_entry(out, &spec.name, "attend_row"),
@@ -99,7 +114,9 @@ fn emit_body(out: &mut String, spec: &KernelSpec) {
         | Op::DecodeReduce
         | Op::LayernormLinear
         | Op::LayernormLinearBackward
-        | Op::LayernormLinearReduce => {}
+        | Op::LayernormLinearReduce
+        | Op::CacheAppend
+        | Op::DkvReduce => {}
     }
 }
 
@@ -133,7 +150,7 @@ pub fn workgroup_bytes(spec: &KernelSpec) -> u32 {
         Op::BackwardPrep => 0,
         Op::BackwardQ => backward::q_workgroup_bytes(hd, wg),
         Op::BackwardKv => backward::kv_workgroup_bytes(hd, wg),
-        Op::Rope | Op::RopeBackward => 0,
+        Op::Rope | Op::RopeBackward | Op::CacheAppend | Op::DkvReduce => 0,
         Op::DecodeSplit | Op::DecodeReduce => decode_split::workgroup_bytes(spec),
         Op::LayernormLinear | Op::LayernormLinearBackward | Op::LayernormLinearReduce => {
             layernorm::workgroup_bytes(spec)

@@ -1,5 +1,5 @@
 //! Rotary position embedding, in place on `x: [b, s, h, d]`: element pairs (i, i + d/2) of
-//! row `s` are rotated by `(s + pos_offset) · inv_freq[i]`, `inv_freq[i] = base^(-2i/d)`. The backward is the same
+//! row `s` of sequence `b` are rotated by `(positions[b] + s) · inv_freq[i]`, `inv_freq[i] = base^(-2i/d)`. The backward is the same
 //! rotation by minus the angle (the rotation is orthonormal, so Rᵀ = R(-θ)).
 
 use std::fmt::Write;
@@ -27,7 +27,7 @@ fn reduce_angle(a: f32) -> f32 {
 
 fn rope_row(row: u32, h: u32, tid: u32) {
     let base = ((batch * dims.seq_len + row) * dims.n_heads + h) * HEAD_DIM;
-    let pos = f32(row + dims.pos_offset);
+    let pos = f32(row + positions[batch]);
     for (var i = tid; i < HALF; i = i + WG) {
         let angle = reduce_angle(SIGN * pos * inv_freq[i]);
         // GPU sin and cos may be approximations with c² + s² a few 1e-7 off 1, which

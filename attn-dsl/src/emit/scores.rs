@@ -14,7 +14,7 @@ pub(super) fn helpers(out: &mut String, spec: &KernelSpec) {
     let m = spec.masks;
     // A decode's one query sits after the cache's last row.
     let pos = if spec.op.is_decode() {
-        "dims.cache_len - 1u"
+        "cache_len() - 1u"
     } else {
         "row"
     };

@@ -153,7 +153,7 @@ impl ModifierValues {
             window: args.window,
             alibi: self.slopes.as_deref(),
             bias: self.bias.as_ref().map(|(_, heads, values)| Bias {
-                values,
+                values: &values[..],
                 heads: *heads,
             }),
             softcap: args.softcap,

@@ -13,8 +13,8 @@ use std::borrow::Cow;
 
 use attn_dsl::plan::{Access, Binding, KernelAbi, Scalar};
 
+use crate::device::Gpu;
 use crate::error::Error;
-use crate::gpu::Gpu;
 use crate::kernel::Kernel;
 
 /// The shape uniform every baseline kernel binds: C[m, n] = Σ_k A[m·sam + k·sak] ·

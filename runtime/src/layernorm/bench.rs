@@ -10,8 +10,8 @@ use super::baseline::{Baseline, Shape, matmul_grid};
 use crate::attention::{checked_grid, uniforms};
 use crate::buffers;
 use crate::cases::random;
+use crate::device::Gpu;
 use crate::error::Error;
-use crate::gpu::Gpu;
 use crate::kernel::Kernel;
 use crate::timing::{self, Step, Timing};
 

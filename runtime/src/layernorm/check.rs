@@ -8,8 +8,8 @@ use super::reference::{self as lnref, Shape};
 use super::{Input, LayerNormLinear, layernorm_linear, layernorm_linear_backward};
 use crate::cases::random;
 use crate::compare::{Verdict, judge};
+use crate::device::Gpu;
 use crate::error::Error;
-use crate::gpu::Gpu;
 use crate::reference::cast;
 
 /// `[batch, seq, hidden] -> [batch, seq, out]`.

@@ -17,11 +17,13 @@ pub mod reference;
 use attn_dsl::row_layer::{self, RowSums};
 use attn_dsl::{KernelAbi, Op};
 
-use crate::attention::{binding_size, checked_grid, length, nonzero, submit, uniforms};
-use crate::buffers;
+use attn_dsl::Scalar;
+
+use crate::attention::{binding_size, length, nonzero};
+use crate::device::Gpu;
 use crate::error::{Error, InputError};
-use crate::gpu::Gpu;
 use crate::kernel::Kernel;
+use crate::tensor::Tensor;
 
 /// The most bytes the two-pass schedule's partials may take (one dW per row tile).
 pub const SCRATCH_BUDGET: u64 = 64 << 20;
@@ -59,6 +61,8 @@ pub struct LayerNormLinear {
     reduce: Option<Kernel>,
     hidden: u32,
     out: u32,
+    /// Pipelines and scratch of the recording API ([`crate::ops::layernorm`]).
+    pub(crate) recording: crate::ops::layernorm::Recording,
 }
 
 /// The forward's inputs; `eps` is LayerNorm's epsilon (1e-5 in most models).
@@ -129,7 +133,37 @@ impl LayerNormLinear {
             reduce,
             hidden,
             out,
+            recording: Default::default(),
         })
+    }
+
+    /// The same kernels with recording state of its own.
+    pub(crate) fn fresh(&self) -> LayerNormLinear {
+        LayerNormLinear {
+            forward: self.forward.clone(),
+            backward: self.backward.clone(),
+            reduce: self.reduce.clone(),
+            hidden: self.hidden,
+            out: self.out,
+            recording: Default::default(),
+        }
+    }
+
+    /// `(hidden, out)`.
+    pub fn widths(&self) -> (u32, u32) {
+        (self.hidden, self.out)
+    }
+
+    pub(crate) fn forward_kernel(&self) -> &Kernel {
+        &self.forward
+    }
+
+    pub(crate) fn backward_kernel(&self) -> &Kernel {
+        &self.backward
+    }
+
+    pub(crate) fn backward_reduce(&self) -> Option<&Kernel> {
+        self.reduce.as_ref()
     }
 
     /// [`LayerNormLinear::new`] with the row-sum schedule the planner picks for this
@@ -156,8 +190,7 @@ impl LayerNormLinear {
             .chain(self.reduce.as_ref())
     }
 
-    #[cfg(not(target_arch = "wasm32"))]
-    fn dims(&self, abi: &KernelAbi, rows: u32) -> [(&'static str, u32); 5] {
+    pub(crate) fn dims(&self, abi: &KernelAbi, rows: u32) -> [(&'static str, u32); 5] {
         let tile = abi.grid.tile.max(1);
         let n_tiles = rows.div_ceil(tile);
         [
@@ -171,8 +204,7 @@ impl LayerNormLinear {
 
     /// How many partials of each row sum (dγ, dβ, dW, db) the backward writes: one under
     /// atomics; under two-pass one per dx block, and one per row tile for dW.
-    #[cfg(not(target_arch = "wasm32"))]
-    fn partials(&self, rows: u32) -> [usize; 4] {
+    pub(crate) fn partials(&self, rows: u32) -> [usize; 4] {
         if self.reduce.is_none() {
             return [1; 4];
         }
@@ -196,7 +228,8 @@ pub fn backward_tile(rows: u32, hidden: u32, out: u32) -> u32 {
     ) as u32
 }
 
-/// `y = W·LN(x) + b`, with each row's mean and 1/std for the backward.
+/// `y = W·LN(x) + b`, with each row's mean and 1/std for the backward: the host data
+/// checked, uploaded, run through [`LayerNormLinear::record_forward`], read back.
 #[cfg(not(target_arch = "wasm32"))]
 pub fn layernorm_linear(
     gpu: &Gpu,
@@ -204,43 +237,25 @@ pub fn layernorm_linear(
     input: &Input,
 ) -> Result<Output, Error> {
     validate(gpu, layer, input)?;
-    let abi = layer.forward.abi();
-    let dims = layer.dims(abi, input.rows);
-    let grid = checked_grid(abi, gpu.limits(), &dims)?;
-    let (dims_buf, params) = uniforms(gpu, abi, &dims, &[("eps", input.eps)])?;
-    let rows = input.rows as usize;
-    let bufs = [
-        ("x", input.x),
-        ("gamma", input.gamma),
-        ("beta", input.beta),
-        ("w", input.w),
-        ("b", input.b),
-    ]
-    .map(|(name, data)| (name, buffers::storage(gpu, name, data)));
-    let y = buffers::output::<f32>(gpu, "y", rows * input.out as usize);
-    let mean = buffers::output::<f32>(gpu, "mean", rows);
-    let rstd = buffers::output::<f32>(gpu, "rstd", rows);
-    let mut bound: Vec<(&str, &wgpu::Buffer)> = bufs.iter().map(|(n, b)| (*n, b)).collect();
-    bound.extend([
-        ("y", &y),
-        ("mean", &mean),
-        ("rstd", &rstd),
-        ("dims", &dims_buf),
-        ("params", &params),
-    ]);
-    submit(gpu, &layer.forward, &bound, grid)?;
-    let out = buffers::read_many::<f32>(
-        gpu,
-        &[
-            (&y, rows * input.out as usize),
-            (&mean, rows),
-            (&rstd, rows),
-        ],
-    )?;
-    let [y, mean, rstd]: [Vec<f32>; 3] = out
-        .try_into()
-        .map_err(|_| Error::Readback("three outputs".into()))?;
-    Ok(Output { y, mean, rstd })
+    let up = Uploaded::new(gpu, input)?;
+    let (rows, out) = (input.rows, input.out);
+    let y = Tensor::zeros(gpu, &[rows, out], Scalar::F32);
+    let mean = Tensor::zeros(gpu, &[rows], Scalar::F32);
+    let rstd = Tensor::zeros(gpu, &[rows], Scalar::F32);
+    let saved = crate::ops::layernorm::Saved {
+        mean: &mean,
+        rstd: &rstd,
+    };
+    let mut encoder = gpu.device.create_command_encoder(&Default::default());
+    layer
+        .fresh()
+        .record_forward(gpu, &mut encoder, &up.args(input.eps), &y, saved)?;
+    gpu.queue.submit([encoder.finish()]);
+    Ok(Output {
+        y: crate::block_on(y.to_f32_async(gpu))?,
+        mean: crate::block_on(mean.to_f32_async(gpu))?,
+        rstd: crate::block_on(rstd.to_f32_async(gpu))?,
+    })
 }
 
 /// The gradients of `L` for `dy = ∂L/∂y`, from the forward's saved `mean` and `rstd`.
@@ -253,110 +268,85 @@ pub fn layernorm_linear_backward(
     dy: &[f32],
 ) -> Result<Grads, Error> {
     validate(gpu, layer, input)?;
-    let (rows, hidden, out) = (
-        input.rows as usize,
-        input.hidden as usize,
-        input.out as usize,
-    );
-    length("dy", dy.len(), (rows * out) as u64, "rows × out")?;
-    length("mean", saved.mean.len(), rows as u64, "rows")?;
-    length("rstd", saved.rstd.len(), rows as u64, "rows")?;
-    let abi = layer.backward.abi();
-    let dims = layer.dims(abi, input.rows);
-    let grid = checked_grid(abi, gpu.limits(), &dims)?;
-    let (dims_buf, params) = uniforms(gpu, abi, &dims, &[("eps", input.eps)])?;
-    let parts = layer.partials(input.rows);
-    binding_size(gpu.limits(), 4 * (parts[2] * out * hidden) as u64)?;
-    let ins = [
-        ("x", input.x),
-        ("gamma", input.gamma),
-        ("beta", input.beta),
-        ("w", input.w),
-        ("dy", dy),
-        ("mean", &saved.mean[..]),
-        ("rstd", &saved.rstd[..]),
-    ]
-    .map(|(name, data)| (name, buffers::storage(gpu, name, data)));
-    let sizes = [
-        ("dx", rows * hidden),
-        ("dgamma", hidden),
-        ("dbeta", hidden),
-        ("dw", out * hidden),
-        ("db", out),
-    ];
-    let counts = [1, parts[0], parts[1], parts[2], parts[3]];
-    let mut i = 0;
-    let outs = sizes.map(|(name, len)| {
-        i += 1;
-        (name, buffers::output::<f32>(gpu, name, len * counts[i - 1]))
-    });
-    let mut bound: Vec<(&str, &wgpu::Buffer)> =
-        ins.iter().chain(&outs).map(|(n, b)| (*n, b)).collect();
-    bound.extend([("dims", &dims_buf), ("params", &params)]);
-    submit(gpu, &layer.backward, &bound, grid)?;
-    let finals = match &layer.reduce {
-        None => None,
-        Some(reduce) => Some(run_reduce(
-            gpu,
-            layer,
-            reduce,
-            &outs[1..],
-            &sizes[1..],
-            input.rows,
-        )?),
+    let (rows, hidden, out) = (input.rows, input.hidden, input.out);
+    length(
+        "dy",
+        dy.len(),
+        u64::from(rows) * u64::from(out),
+        "rows × out",
+    )?;
+    length("mean", saved.mean.len(), rows.into(), "rows")?;
+    length("rstd", saved.rstd.len(), rows.into(), "rows")?;
+    let up = Uploaded::new(gpu, input)?;
+    let f = Scalar::F32;
+    let dy = Tensor::from_f32(gpu, &[rows, out], f, dy)?;
+    let mean = Tensor::from_f32(gpu, &[rows], f, &saved.mean)?;
+    let rstd = Tensor::from_f32(gpu, &[rows], f, &saved.rstd)?;
+    let dx = Tensor::zeros(gpu, &[rows, hidden], f);
+    let dgamma = Tensor::zeros(gpu, &[hidden], f);
+    let dbeta = Tensor::zeros(gpu, &[hidden], f);
+    let dw = Tensor::zeros(gpu, &[out, hidden], f);
+    let db = Tensor::zeros(gpu, &[out], f);
+    let grads = crate::ops::layernorm::LayerNormGrads {
+        dx: &dx,
+        dgamma: &dgamma,
+        dbeta: &dbeta,
+        dw: &dw,
+        db: &db,
     };
-    let read: Vec<(&wgpu::Buffer, usize)> = std::iter::once((&outs[0].1, rows * hidden))
-        .chain(sizes[1..].iter().enumerate().map(|(i, (_, len))| {
-            (
-                finals
-                    .as_ref()
-                    .map_or(&outs[i + 1].1, |f: &Vec<wgpu::Buffer>| &f[i]),
-                *len,
-            )
-        }))
-        .collect();
-    let mut got = buffers::read_many::<f32>(gpu, &read)?.into_iter();
-    let mut next = || {
-        got.next()
-            .ok_or_else(|| Error::Readback("five gradients".into()))
+    let saved = crate::ops::layernorm::Saved {
+        mean: &mean,
+        rstd: &rstd,
     };
+    let mut encoder = gpu.device.create_command_encoder(&Default::default());
+    layer
+        .fresh()
+        .record_backward(gpu, &mut encoder, &up.args(input.eps), saved, &dy, &grads)?;
+    gpu.queue.submit([encoder.finish()]);
+    let read = |t: &Tensor| crate::block_on(t.to_f32_async(gpu));
     Ok(Grads {
-        dx: next()?,
-        dgamma: next()?,
-        dbeta: next()?,
-        dw: next()?,
-        db: next()?,
+        dx: read(&dx)?,
+        dgamma: read(&dgamma)?,
+        dbeta: read(&dbeta)?,
+        dw: read(&dw)?,
+        db: read(&db)?,
     })
 }
 
-/// The second pass: sums the row tiles' partials into dγ, dβ, dW and db.
+/// The layer's input and parameters on the device.
 #[cfg(not(target_arch = "wasm32"))]
-fn run_reduce(
-    gpu: &Gpu,
-    layer: &LayerNormLinear,
-    reduce: &Kernel,
-    partials: &[(&str, wgpu::Buffer)],
-    sizes: &[(&str, usize)],
-    rows: u32,
-) -> Result<Vec<wgpu::Buffer>, Error> {
-    let abi = reduce.abi();
-    let dims = layer.dims(layer.backward.abi(), rows);
-    let grid = checked_grid(abi, gpu.limits(), &dims)?;
-    let dims_buf = crate::attention::uniform_dims(gpu, abi, &dims)?;
-    let finals: Vec<wgpu::Buffer> = sizes
-        .iter()
-        .map(|(n, len)| buffers::output::<f32>(gpu, n, *len))
-        .collect();
-    let part_names = ["dgamma_part", "dbeta_part", "dw_part", "db_part"];
-    let mut bound: Vec<(&str, &wgpu::Buffer)> = part_names
-        .iter()
-        .zip(partials)
-        .map(|(n, (_, b))| (*n, b))
-        .collect();
-    bound.extend(sizes.iter().zip(&finals).map(|((n, _), b)| (*n, b)));
-    bound.push(("dims", &dims_buf));
-    submit(gpu, reduce, &bound, grid)?;
-    Ok(finals)
+struct Uploaded {
+    x: Tensor,
+    gamma: Tensor,
+    beta: Tensor,
+    w: Tensor,
+    b: Tensor,
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+impl Uploaded {
+    fn new(gpu: &Gpu, input: &Input) -> Result<Uploaded, Error> {
+        let f = Scalar::F32;
+        let (rows, hidden, out) = (input.rows, input.hidden, input.out);
+        Ok(Uploaded {
+            x: Tensor::from_f32(gpu, &[rows, hidden], f, input.x)?,
+            gamma: Tensor::from_f32(gpu, &[hidden], f, input.gamma)?,
+            beta: Tensor::from_f32(gpu, &[hidden], f, input.beta)?,
+            w: Tensor::from_f32(gpu, &[out, hidden], f, input.w)?,
+            b: Tensor::from_f32(gpu, &[out], f, input.b)?,
+        })
+    }
+
+    fn args(&self, eps: f32) -> crate::ops::layernorm::LayerNormArgs<'_> {
+        crate::ops::layernorm::LayerNormArgs {
+            x: &self.x,
+            gamma: &self.gamma,
+            beta: &self.beta,
+            w: &self.w,
+            b: &self.b,
+            eps,
+        }
+    }
 }
 
 #[cfg(not(target_arch = "wasm32"))]

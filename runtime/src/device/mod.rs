@@ -1,7 +1,20 @@
-//! Adapter choice and device setup.
+//! The device layer: the context every op records against ([`Gpu`]), built on an adapter
+//! the runtime picks or on the caller's own wgpu device, with what each kernel needs
+//! checked against what the device has; its uniform cache and its pipeline cache.
+
+#[cfg(not(target_arch = "wasm32"))]
+mod pipeline_cache;
+mod uniforms;
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use attn_dsl::KernelAbi;
 use thiserror::Error;
+
+#[cfg(not(target_arch = "wasm32"))]
+pub use pipeline_cache::{PIPELINE_CACHE_ENV, PipelineCacheFile, default_pipeline_cache_dir};
+use uniforms::UniformCache;
 
 #[cfg(not(target_arch = "wasm32"))]
 const INSTALL_HINT: &str = "install a Vulkan driver: on Debian or Ubuntu, \
@@ -32,6 +45,25 @@ pub enum DeviceError {
     Request {
         adapter: String,
         source: wgpu::RequestDeviceError,
+    },
+    #[error(
+        "the device was created with {what} = {has}, but kernel `{kernel}` needs {needed}; \
+         request at least {needed} in DeviceDescriptor::required_limits"
+    )]
+    DeviceLimit {
+        kernel: String,
+        what: &'static str,
+        needed: u64,
+        has: u64,
+    },
+    #[error(
+        "kernel `{kernel}` needs the {feature} feature, which the device was created without; \
+         add it to DeviceDescriptor::required_features where the adapter has it, or use a \
+         kernel without it"
+    )]
+    MissingFeature {
+        kernel: String,
+        feature: &'static str,
     },
 }
 
@@ -123,7 +155,8 @@ impl Requirements {
     }
 }
 
-/// A device and queue on the best adapter this machine has.
+/// The device the runtime records on, its queue, and what it can run: a device of the
+/// runtime's choosing ([`Gpu::new_async`]) or the caller's own ([`Gpu::from_wgpu`]).
 pub struct Gpu {
     pub device: wgpu::Device,
     pub queue: wgpu::Queue,
@@ -133,14 +166,23 @@ pub struct Gpu {
     /// Whether `matrix = coop16` kernels run here (see [`coop16_capable`]).
     coop16: bool,
     runtime_checks: bool,
+    /// The `dims` and `params` uniforms of every op, one buffer per distinct content.
+    uniforms: Mutex<UniformCache>,
+    #[cfg(not(target_arch = "wasm32"))]
+    pipeline_cache: Option<PipelineCacheFile>,
+    /// Pipelines created on this device: compile on first use is visible in tests, and the
+    /// pipeline cache is saved only when it grew.
+    pipelines: AtomicU64,
 }
 
 impl Gpu {
     /// Picks a discrete GPU, else any GPU, else a CPU adapter (lavapipe), among those that
     /// meet what `kernels` need. `WGPU_BACKEND` (e.g. `vulkan`) narrows the backends tried.
+    /// Pipelines are cached on disk where the backend has a pipeline cache (Vulkan), in
+    /// [`default_pipeline_cache_dir`] unless [`PIPELINE_CACHE_ENV`] says otherwise.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn new<'a>(kernels: impl IntoIterator<Item = &'a KernelAbi>) -> Result<Gpu, DeviceError> {
-        pollster::block_on(Gpu::new_async(kernels))
+        crate::block_on(Gpu::new_async(kernels))
     }
 
     /// [`Gpu::new`] for an async caller. In a browser the one adapter is the browser's
@@ -159,13 +201,162 @@ impl Gpu {
         let mut refusal = None;
         for adapter in adapters {
             match requirements.limits(&adapter) {
-                Ok(limits) => return request(adapter, limits).await,
+                Ok(limits) => {
+                    let gpu = request(adapter, limits).await?;
+                    #[cfg(not(target_arch = "wasm32"))]
+                    let gpu = gpu.with_pipeline_cache(pipeline_cache::dir_from_env().as_deref());
+                    return Ok(gpu);
+                }
                 Err(e) => refusal = refusal.or(Some(e)),
             }
         }
         Err(refusal.unwrap_or(DeviceError::NoAdapter {
             backends: format!("{backends:?}"),
         }))
+    }
+
+    /// The runtime on the caller's own device (a Burn or Bevy app's, an inference
+    /// engine's): nothing is copied, tensors are shared. The device keeps the features
+    /// and limits it was created with; each of `kernels` is checked against them, and a
+    /// kernel that needs more is refused with the feature or limit it lacks. Ops compiled
+    /// later check their own kernels the same way. `adapter` is the one the device came
+    /// from: it tells which cooperative-matrix products the hardware has.
+    pub fn from_wgpu<'a>(
+        adapter: &wgpu::Adapter,
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        kernels: impl IntoIterator<Item = &'a KernelAbi>,
+    ) -> Result<Gpu, DeviceError> {
+        let features = device.features();
+        let coop16 = coop16_capable(adapter)
+            && features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX);
+        let gpu = Gpu::assemble(adapter.get_info(), device, queue, features, coop16);
+        for abi in kernels {
+            gpu.require(abi)?;
+        }
+        Ok(gpu)
+    }
+
+    fn assemble(
+        info: wgpu::AdapterInfo,
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        features: wgpu::Features,
+        coop16: bool,
+    ) -> Gpu {
+        Gpu {
+            limits: device.limits(),
+            device,
+            queue,
+            info,
+            features,
+            coop16,
+            runtime_checks: true,
+            uniforms: Mutex::new(UniformCache::default()),
+            #[cfg(not(target_arch = "wasm32"))]
+            pipeline_cache: None,
+            pipelines: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn pipeline_created(&self) {
+        self.pipelines.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Compute pipelines created on this device so far (ops compile on first use).
+    pub fn pipelines_created(&self) -> u64 {
+        self.pipelines.load(Ordering::Relaxed)
+    }
+
+    /// Uniform buffers created so far: flat once every shape in use has been seen.
+    pub fn uniforms_created(&self) -> u64 {
+        self.uniforms
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .created()
+    }
+
+    /// Whether this device can run `abi`: every feature it needs, and its storage
+    /// buffers, uniform buffers, workgroup memory and invocations within the limits the
+    /// device was created with. The error names the first that is missing.
+    pub fn require(&self, abi: &KernelAbi) -> Result<(), DeviceError> {
+        let kernel = || abi.name.to_string();
+        let adapter_features = self.features;
+        let missing = [
+            (
+                abi.f32_atomics,
+                wgpu::Features::SHADER_FLOAT32_ATOMIC,
+                "SHADER_FLOAT32_ATOMIC",
+            ),
+            (
+                abi.grid.uses_subgroups(),
+                wgpu::Features::SUBGROUP,
+                "SUBGROUP",
+            ),
+            (abi.uses_f16(), wgpu::Features::SHADER_F16, "SHADER_F16"),
+        ]
+        .into_iter()
+        .find(|(needed, feature, _)| *needed && !adapter_features.contains(*feature));
+        if let Some((_, _, feature)) = missing {
+            return Err(DeviceError::MissingFeature {
+                kernel: kernel(),
+                feature,
+            });
+        }
+        if abi.grid.uses_coop() && !self.coop16 {
+            return Err(DeviceError::MissingFeature {
+                kernel: kernel(),
+                feature: "EXPERIMENTAL_COOPERATIVE_MATRIX (f16 16x16x16 products, f32 \
+                          accumulators, subgroups of 32)",
+            });
+        }
+        let needs = Requirements::of([abi]);
+        let l = &self.limits;
+        for (what, needed, has) in [
+            (
+                "max_storage_buffers_per_shader_stage",
+                needs.storage_buffers_per_stage,
+                l.max_storage_buffers_per_shader_stage,
+            ),
+            (
+                "max_uniform_buffers_per_shader_stage",
+                needs.uniform_buffers_per_stage,
+                l.max_uniform_buffers_per_shader_stage,
+            ),
+            (
+                "max_compute_workgroup_storage_size",
+                needs.workgroup_storage_bytes,
+                l.max_compute_workgroup_storage_size,
+            ),
+            (
+                "max_compute_invocations_per_workgroup",
+                needs.invocations_per_workgroup,
+                l.max_compute_invocations_per_workgroup,
+            ),
+            (
+                "max_compute_workgroup_size_x",
+                abi.workgroup_size[0],
+                l.max_compute_workgroup_size_x,
+            ),
+        ] {
+            if needed > has {
+                return Err(DeviceError::DeviceLimit {
+                    kernel: kernel(),
+                    what,
+                    needed: needed.into(),
+                    has: has.into(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The uniform buffer holding `bytes`: one per distinct content, created once and never
+    /// written again, so that a command recorded with it reads what it was recorded with
+    /// however many calls come before the submit.
+    pub(crate) fn uniform(&self, bytes: &[u8]) -> wgpu::Buffer {
+        let mut cache = self.uniforms.lock().unwrap_or_else(|e| e.into_inner());
+        cache.get_or_create(&self.device, bytes)
     }
 
     pub fn info(&self) -> &wgpu::AdapterInfo {
@@ -275,6 +466,12 @@ const OPTIONAL_FEATURES: wgpu::Features = wgpu::Features::SHADER_FLOAT32_ATOMIC
     .union(wgpu::Features::SUBGROUP)
     .union(wgpu::Features::SHADER_F16);
 
+/// Native-only optional features: a pipeline cache on disk (Vulkan).
+const NATIVE_FEATURES: wgpu::Features = match cfg!(target_arch = "wasm32") {
+    true => wgpu::Features::empty(),
+    false => wgpu::Features::PIPELINE_CACHE,
+};
+
 /// Whether `matrix = coop16` kernels can run on `adapter`: cooperative matrices with the
 /// product they use (16x16x16, f16 operands, f32 accumulators), f16 and subgroups, and
 /// subgroups of exactly 32 invocations, the layout the kernels assume.
@@ -296,7 +493,7 @@ fn coop16_capable(adapter: &wgpu::Adapter) -> bool {
 async fn request(adapter: wgpu::Adapter, limits: wgpu::Limits) -> Result<Gpu, DeviceError> {
     let info = adapter.get_info();
     let coop16 = coop16_capable(&adapter);
-    let mut features = adapter.features() & OPTIONAL_FEATURES;
+    let mut features = adapter.features() & (OPTIONAL_FEATURES | NATIVE_FEATURES);
     if coop16 {
         features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
     }
@@ -321,13 +518,8 @@ async fn request(adapter: wgpu::Adapter, limits: wgpu::Limits) -> Result<Gpu, De
                 adapter: info.name.clone(),
                 source,
             })?;
-    Ok(Gpu {
-        device,
-        queue,
-        info,
-        limits,
-        features,
-        coop16,
-        runtime_checks: true,
-    })
+    let mut gpu = Gpu::assemble(info, device, queue, features, coop16);
+    // The limits requested: what the device reports may be higher.
+    gpu.limits = limits;
+    Ok(gpu)
 }

@@ -1,0 +1,74 @@
+//! Appending rows of K and V to a KV cache on the device (`cache_append`): each new row is
+//! copied, vec4 by vec4 of its dtype, to its slot's position `seq_lens[slot] + s`, through
+//! the block table when the cache is paged; workgroup 0 also writes every slot's length,
+//! advanced for the slots appended to, into `seq_lens_next`. No conversion: the new rows
+//! and the cache share the kernel's dtype.
+
+use std::fmt::Write;
+
+use crate::spec::{Cache, KernelSpec};
+
+/// The most workgroups along a grid-stride loop's axis: enough for every core of a large
+/// GPU several times over; longer work loops.
+pub const MAX_STRIDE_WORKGROUPS: u32 = 4096;
+
+pub(super) fn constants(out: &mut String, spec: &KernelSpec) {
+    let _ = write!(
+        out,
+        "const WG: u32 = {}u;\nconst HEAD_DIM: u32 = {}u;\n// vec4s of a row.\nconst V4: u32 = HEAD_DIM / 4u;\n\n",
+        spec.workgroup_size, spec.head_dim
+    );
+}
+
+const CONTIGUOUS: &str =
+    "// Row j of slot `slot`, KV head kv_h, in vec4s: [slot, capacity, kv_h, d].
+fn cache4_index(slot: u32, j: u32, kv_h: u32) -> u32 {
+    return ((slot * dims.capacity + j) * dims.n_kv_heads + kv_h) * V4;
+}
+";
+
+const PAGED: &str =
+    "// Row j of slot `slot` lives in page block_table[slot, j / page_size] of the pool
+// [page, row, kv_h, d], at row j % page_size; in vec4s.
+fn cache4_index(slot: u32, j: u32, kv_h: u32) -> u32 {
+    let page = block_table[slot * dims.pages_per_seq + j / dims.page_size];
+    let row = page * dims.page_size + j % dims.page_size;
+    return (row * dims.n_kv_heads + kv_h) * V4;
+}
+";
+
+pub(super) fn append(out: &mut String, spec: &KernelSpec) {
+    out.push_str(match spec.cache {
+        Cache::Contiguous => CONTIGUOUS,
+        Cache::Paged => PAGED,
+    });
+    let _ = write!(
+        out,
+        r#"
+@compute @workgroup_size(WG)
+fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>, @builtin(local_invocation_index) tid: u32) {{
+    batch = wg.y;
+    let slot = dims.slot0 + batch;
+    let start = seq_lens[slot];
+    let per_row = dims.n_kv_heads * V4;
+    let total = dims.n_new * per_row;
+    for (var i = wg.x * WG + tid; i < total; i = i + groups.x * WG) {{
+        let s = i / per_row;
+        let rest = i % per_row;
+        let to = cache4_index(slot, start + s, rest / V4) + rest % V4;
+        let src = (batch * dims.n_new + s) * per_row + rest;
+        k_cache[to] = k_new[src];
+        v_cache[to] = v_new[src];
+    }}
+    // Every slot's length moves on in one place, so that seq_lens_next is whole.
+    if (wg.x == 0u && wg.y == 0u) {{
+        for (var t = tid; t < dims.n_slots; t = t + WG) {{
+            let appended = t >= dims.slot0 && t < dims.slot0 + dims.batch;
+            seq_lens_next[t] = seq_lens[t] + select(0u, dims.n_new, appended);
+        }}
+    }}
+}}
+"#,
+        name = spec.name
+    );
+}

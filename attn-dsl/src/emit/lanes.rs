@@ -1,0 +1,53 @@
+//! The streaming backward's lanes of dK and dV summed into the gradients (`dkv_reduce`):
+//! `dkv` holds, for each of `DKV_LANES` lanes, dK then dV (see the signature), and each
+//! invocation adds one vec4 of every lane, pairwise in a fixed order, to dK or dV. One
+//! owner per element and one order: the sum is the same on every run.
+
+use std::fmt::Write;
+
+use crate::spec::KernelSpec;
+
+pub(super) fn constants(out: &mut String, spec: &KernelSpec) {
+    let _ = write!(
+        out,
+        "const WG: u32 = {}u;\nconst LANES: u32 = {}u;\n\n",
+        spec.workgroup_size,
+        crate::DKV_LANES
+    );
+}
+
+/// `lane(l, part)` for lanes `lo..hi`, summed pairwise.
+fn tree(lo: u32, hi: u32) -> String {
+    match hi - lo {
+        1 => format!("lane({lo}u, part, i)"),
+        n => {
+            let mid = lo + n / 2;
+            format!("({} + {})", tree(lo, mid), tree(mid, hi))
+        }
+    }
+}
+
+pub(super) fn reduce(out: &mut String, spec: &KernelSpec) {
+    let _ = write!(
+        out,
+        r#"// vec4 i of part `part` (0: dK, 1: dV) of lane l.
+fn lane(l: u32, part: u32, i: u32) -> vec4<f32> {{
+    return dkv[(l * 2u + part) * dims.len4 + i];
+}}
+
+fn lanes_of(part: u32, i: u32) -> vec4<f32> {{
+    return {sum};
+}}
+
+@compute @workgroup_size(WG)
+fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>, @builtin(local_invocation_index) tid: u32) {{
+    for (var i = wg.x * WG + tid; i < dims.len4; i = i + groups.x * WG) {{
+        dk[i] = dk[i] + lanes_of(0u, i);
+        dv[i] = dv[i] + lanes_of(1u, i);
+    }}
+}}
+"#,
+        sum = tree(0, crate::DKV_LANES),
+        name = spec.name
+    );
+}

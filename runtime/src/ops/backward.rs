@@ -1,0 +1,310 @@
+//! The backward on device tensors, in any schedule, recorded into the caller's encoder:
+//! dQ, dK, dV (and dBias) of a forward's Q, K, V, O, LSE and the upstream dO. The op's
+//! scratch (the packed LSE and D, the split schedule's P and dS, the streaming schedule's
+//! dK/dV lanes) is its own, grown on demand and reused.
+
+use attn_dsl::{Dtype, KernelSpec, Masks, Op, Scalar};
+
+use super::{attention_shape, expect_all, grid};
+use crate::attention::{Heads, sequence_dims, validate_heads, validate_scale};
+use crate::backward::{Backward, Schedule, needs_prep};
+use crate::device::Gpu;
+use crate::error::{Error, InputError};
+use crate::kernel::Kernel;
+use crate::modifiers::DeviceModifiers;
+use crate::record::{Dispatch, Pipeline};
+use crate::tensor::{Tensor, TensorError, elements};
+
+/// One call's tensors, laid out as the forward's: Q, O and dO `[batch, seq, n_heads,
+/// head_dim]`, K and V `[batch, seq, n_kv_heads, head_dim]` in the backward's dtype; LSE
+/// `[batch, seq, n_heads]` and the gradients in f32 (dQ like Q, dK and dV like K).
+#[derive(Clone, Copy, Debug)]
+pub struct BackwardArgs<'a> {
+    pub q: &'a Tensor,
+    pub k: &'a Tensor,
+    pub v: &'a Tensor,
+    pub o: &'a Tensor,
+    pub lse: &'a Tensor,
+    pub d_o: &'a Tensor,
+    pub dq: &'a Tensor,
+    pub dk: &'a Tensor,
+    pub dv: &'a Tensor,
+    /// dBias, in the bias's layout, with a bias.
+    pub dbias: Option<&'a Tensor>,
+    /// As the forward's: `[2, batch, seq]` u32, or one document per sequence.
+    pub seg: Option<&'a Tensor>,
+    pub scale: Option<f32>,
+    /// The forward's modifier values (the same dropout seed and offset regenerate its mask).
+    pub mods: DeviceModifiers<'a>,
+    /// Add into the gradients (micro-steps); `false` overwrites them (cleared first, so
+    /// their buffers need COPY_DST).
+    pub accumulate: bool,
+}
+
+/// The backward's scratch, each grown to the largest call.
+#[derive(Default)]
+pub struct Scratch {
+    /// LSE and D, `[2, batch, seq, n_heads]`.
+    stats: Option<Tensor>,
+    /// The split schedule's P and dS, `[2, batch, seq, n_heads, seq]`.
+    p_ds: Option<Tensor>,
+    /// The streaming schedule's dK/dV lanes.
+    dkv: Option<Tensor>,
+    /// The kernel that sums the lanes into dK and dV.
+    lanes: Option<Pipeline>,
+}
+
+impl Scratch {
+    /// Bytes held (the split schedule's P and dS).
+    pub fn held(&self) -> u64 {
+        self.p_ds.as_ref().map_or(0, |t| t.bytes())
+    }
+
+    fn view(held: &mut Option<Tensor>, gpu: &Gpu, shape: &[u32]) -> Result<Tensor, TensorError> {
+        let n = elements(shape);
+        if held.as_ref().is_none_or(|t| t.len() < n) {
+            *held = None; // free the old buffer before allocating the new one
+            let len = u32::try_from(n).map_err(|_| TensorError::TooLarge {
+                name: "scratch".into(),
+                bytes: 4 * n,
+                limit: gpu.limits().max_storage_buffer_binding_size,
+            })?;
+            *held = Some(Tensor::zeros(gpu, &[len], Scalar::F32));
+        }
+        held.as_ref().expect("made above").view(shape)
+    }
+
+    fn lanes(&mut self, gpu: &Gpu) -> Result<&mut Pipeline, Error> {
+        if self.lanes.is_none() {
+            let spec =
+                KernelSpec::standard("attention_dkv_reduce", Op::DkvReduce, 4, Masks::default());
+            let abi = attn_dsl::compile(&spec).map_err(|e| Error::Pipeline {
+                kernel: spec.name.clone(),
+                message: e.to_string(),
+            })?;
+            self.lanes = Some(Pipeline::new(Kernel::now(gpu, &abi)?));
+        }
+        Ok(self.lanes.as_mut().expect("made above"))
+    }
+}
+
+/// The dtype a tensor of the forward's holds.
+fn dtype_of(t: &Tensor) -> Result<Dtype, TensorError> {
+    match t.scalar() {
+        Scalar::F32 => Ok(Dtype::F32),
+        Scalar::F16 => Ok(Dtype::F16),
+        Scalar::Bf16 => Ok(Dtype::Bf16),
+        Scalar::U32 => Err(TensorError::Dtype {
+            name: "q".into(),
+            got: "u32",
+            want: "f32, f16 or bf16",
+        }),
+    }
+}
+
+impl Backward {
+    /// Records the backward of `args` into `encoder` by `schedule`, or the planner's choice;
+    /// returns the schedule recorded. The schedule's pipelines are created on its first
+    /// call; the dtype is Q's (half precision needs [`Backward::add_in`] first).
+    pub fn record(
+        &mut self,
+        gpu: &Gpu,
+        encoder: &mut wgpu::CommandEncoder,
+        args: &BackwardArgs,
+        schedule: Option<Schedule>,
+    ) -> Result<Schedule, Error> {
+        let (batch, seq, h) = attention_shape(args.q, args.k)?;
+        let dtype = dtype_of(args.q)?;
+        let set = self.set_of(h.head_dim, dtype)?;
+        let schedule = schedule.unwrap_or_else(|| self.plan_in(gpu, batch, seq, h, dtype));
+        let at = self.compiled[set].kernels_for(schedule)?;
+        check(
+            &self.compiled[set].schedules[at].abis[0],
+            args,
+            batch,
+            seq,
+            h,
+        )?;
+        if schedule == Schedule::Split {
+            let bytes = schedule.scratch_bytes(batch, seq, h.n_heads);
+            crate::attention::binding_size(gpu.limits(), bytes)?;
+        }
+        // Pipelines first: a schedule that does not compile records nothing.
+        let c = &mut self.compiled[set];
+        let prep_needed = needs_prep(&c.schedules[at].abis.iter().collect::<Vec<_>>());
+        if prep_needed && c.prep.is_none() {
+            c.prep = Some(Pipeline::new(Kernel::now(gpu, &c.prep_abi)?));
+        }
+        if c.schedules[at].pipelines.is_none() {
+            let compiled = c.schedules[at]
+                .abis
+                .iter()
+                .map(|abi| Ok(Pipeline::new(Kernel::now(gpu, abi)?)))
+                .collect::<Result<Vec<_>, Error>>()?;
+            c.schedules[at].pipelines = Some(compiled);
+        }
+        let packed = c.schedules[at]
+            .abis
+            .iter()
+            .any(|a| a.binding("dkv").is_some());
+        if packed {
+            self.scratch.lanes(gpu)?;
+        }
+        let rows = [batch, seq, h.n_heads];
+        let stats = Scratch::view(
+            &mut self.scratch.stats,
+            gpu,
+            &[2, rows[0], rows[1], rows[2]],
+        )?;
+        let p_ds = match schedule {
+            Schedule::Split => Some(Scratch::view(
+                &mut self.scratch.p_ds,
+                gpu,
+                &[2, batch, seq, h.n_heads, seq],
+            )?),
+            _ => None,
+        };
+        let lanes = attn_dsl::DKV_LANES;
+        let dkv = match packed {
+            true => Some(Scratch::view(
+                &mut self.scratch.dkv,
+                gpu,
+                &[2 * lanes, batch, seq, h.n_kv_heads, h.head_dim],
+            )?),
+            false => None,
+        };
+        let whole;
+        let seg = match args.seg {
+            Some(s) => s,
+            None => {
+                let ends = crate::attention::seg_with_ends(None, batch, seq);
+                whole = Tensor::from_u32(gpu, &[2, batch, seq], &ends)?;
+                &whole
+            }
+        };
+        if !args.accumulate {
+            for (name, t) in [("dq", args.dq), ("dk", args.dk), ("dv", args.dv)]
+                .into_iter()
+                .chain(args.dbias.map(|t| ("dbias", t)))
+            {
+                t.check_copy_dst(name)?;
+            }
+        }
+        let mut tensors = vec![
+            ("q", args.q),
+            ("k", args.k),
+            ("v", args.v),
+            ("o", args.o),
+            ("lse", args.lse),
+            ("d_o", args.d_o),
+            ("dq", args.dq),
+            ("dk", args.dk),
+            ("dv", args.dv),
+            ("seg", seg),
+            ("stats", &stats),
+        ];
+        tensors.extend(args.dbias.map(|t| ("dbias", t)));
+        tensors.extend(p_ds.as_ref().map(|t| ("p_ds", t)));
+        tensors.extend(dkv.as_ref().map(|t| ("dkv", t)));
+        tensors.extend(args.mods.tensors());
+        let mut d = Dispatch::new(tensors);
+        d.dims = sequence_dims(batch, seq, h).to_vec();
+        d.dims.extend(args.mods.dims());
+        d.params = vec![("scale", args.scale.unwrap_or(h.default_scale()))];
+        d.params.extend(args.mods.params());
+        if !args.accumulate {
+            for t in [args.dq, args.dk, args.dv].into_iter().chain(args.dbias) {
+                t.record_clear(encoder);
+            }
+        }
+        if let Some(t) = &dkv {
+            t.record_clear(encoder);
+        }
+        let c = &mut self.compiled[set];
+        let prep = c.prep.as_mut().filter(|_| prep_needed);
+        let pipelines = c.schedules[at].pipelines.as_mut().expect("compiled above");
+        for pipeline in prep.into_iter().chain(pipelines.iter_mut()) {
+            let g = grid(pipeline.abi(), &d.dims);
+            pipeline.record(gpu, encoder, &d, g)?;
+        }
+        if let Some(dkv) = &dkv {
+            let len4 = elements(args.dk.shape()) / 4;
+            let reduce = Dispatch {
+                tensors: vec![("dkv", dkv), ("dk", args.dk), ("dv", args.dv)],
+                dims: vec![("len4", len4 as u32)],
+                params: Vec::new(),
+            };
+            let lanes = self.scratch.lanes(gpu)?;
+            let g = grid(lanes.abi(), &reduce.dims);
+            lanes.record(gpu, encoder, &reduce, g)?;
+        }
+        Ok(schedule)
+    }
+}
+
+/// Shapes and dtypes of every tensor, the heads, the scale, the modifiers and `seg`
+/// against the schedule's first kernel.
+fn check(
+    abi: &attn_dsl::KernelAbi,
+    args: &BackwardArgs,
+    batch: u32,
+    seq: u32,
+    h: Heads,
+) -> Result<(), InputError> {
+    validate_heads(abi, h)?;
+    validate_scale(args.scale)?;
+    let q = vec![batch, seq, h.n_heads, h.head_dim];
+    let kv = vec![batch, seq, h.n_kv_heads, h.head_dim];
+    let (ql, kvl) = (
+        "[batch, seq, n_heads, head_dim]",
+        "[batch, seq, n_kv_heads, head_dim]",
+    );
+    let data = abi.scalar("q");
+    let f32 = Scalar::F32;
+    use crate::modifiers::expect;
+    expect(args.q, "q", &q, data, ql)?;
+    expect(args.k, "k", &kv, data, kvl)?;
+    expect(args.v, "v", &kv, data, kvl)?;
+    expect(args.o, "o", &q, data, ql)?;
+    expect(args.d_o, "d_o", &q, data, ql)?;
+    expect(
+        args.lse,
+        "lse",
+        &[batch, seq, h.n_heads],
+        f32,
+        "[batch, seq, n_heads]",
+    )?;
+    expect(args.dq, "dq", &q, f32, ql)?;
+    expect(args.dk, "dk", &kv, f32, kvl)?;
+    expect(args.dv, "dv", &kv, f32, kvl)?;
+    args.mods.validate(abi, batch, seq, h.n_heads)?;
+    match (args.mods.bias, args.dbias) {
+        (Some(b), Some(db)) => expect(db, "dbias", b.values.shape(), f32, "the bias's layout")?,
+        (None, Some(_)) => {
+            return Err(InputError::Modifier {
+                kernel: abi.name.to_string(),
+                word: "bias",
+                built: abi.masks.bias.is_some(),
+            });
+        }
+        (Some(_), None) => {
+            return Err(TensorError::Data {
+                name: "dbias".into(),
+                got: 0,
+                want: elements(args.mods.bias.map(|b| b.values.shape()).unwrap_or(&[])),
+            }
+            .into());
+        }
+        (None, None) => {}
+    }
+    match args.seg {
+        Some(_) if !abi.masks.document => Err(InputError::SegWithoutDocumentMask {
+            kernel: abi.name.to_string(),
+        }),
+        Some(seg) => Ok(expect_all(
+            abi,
+            &[("seg", seg, vec![2, batch, seq], "[2, batch, seq]")],
+        )?),
+        None => Ok(()),
+    }
+}

@@ -1,0 +1,461 @@
+//! A KV cache on the device: K and V rows of `slots` sequences, contiguous
+//! (`[slots, capacity, n_kv_heads, head_dim]`) or paged (vLLM's layout: a pool of pages
+//! `[n_pages, page_size, n_kv_heads, head_dim]` and a block table `[slots,
+//! pages_per_seq]`), with each slot's length on the device.
+//!
+//! Every change is recorded into the caller's encoder, in order with the ops around it:
+//! an append copies the new rows and moves the lengths on in one dispatch (it reads one
+//! of two length buffers and writes the other), opening or freeing a slot clears its
+//! length, a new page's block-table entry is copied in. The host keeps a mirror of the
+//! lengths and pages (what the device will hold once the recorded commands run, in the
+//! order recorded): it refuses an append past the capacity, to a free slot, or beyond the
+//! free pages before anything is recorded, so a refused call leaves the cache as it was.
+
+use std::ops::Range;
+
+use attn_dsl::{Cache, Dtype, KernelSpec, Masks, Op, Scalar};
+use thiserror::Error;
+use wgpu::util::DeviceExt;
+
+use super::decode::CacheView;
+use super::forward::{Forward, ForwardArgs};
+use super::{grid, rank4};
+use crate::device::Gpu;
+use crate::error::{Error, InputError};
+use crate::kernel::Kernel;
+use crate::modifiers::expect;
+use crate::record::{Dispatch, Pipeline};
+use crate::tensor::Tensor;
+
+/// How the rows are laid out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CacheLayout {
+    /// `capacity` rows per slot, in one block.
+    Contiguous { capacity: u32 },
+    /// A pool of `n_pages` pages of `page_size` rows, shared by the slots; a slot holds at
+    /// most `pages_per_seq` of them.
+    Paged {
+        page_size: u32,
+        n_pages: u32,
+        pages_per_seq: u32,
+    },
+}
+
+/// What a cache holds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CacheSpec {
+    /// Sequences held at once (the decode's batch).
+    pub slots: u32,
+    pub n_kv_heads: u32,
+    pub head_dim: u32,
+    /// f32, f16 or bf16: what the appended rows and the decode's Q and O hold too.
+    pub dtype: Dtype,
+    pub layout: CacheLayout,
+}
+
+/// Why the cache refused a change; nothing was recorded.
+#[derive(Debug, Error, PartialEq)]
+pub enum CacheError {
+    #[error("slots {first}..{end} are past the cache's {slots} slots")]
+    Slots { first: u32, end: u32, slots: u32 },
+    #[error("slot {slot} is free; open it (KvCache::open) before appending to it")]
+    Free { slot: u32 },
+    #[error("slot {slot} is already open; free it first to start a new sequence there")]
+    Open { slot: u32 },
+    #[error("slot {slot} holds {len} rows and {adding} more would pass its capacity of {capacity}")]
+    Full {
+        slot: u32,
+        len: u32,
+        adding: u32,
+        capacity: u32,
+    },
+    #[error("the append needs {needed} new pages and the pool has {free} free; free a sequence")]
+    OutOfPages { needed: u32, free: u32 },
+    #[error("prefill writes a whole prompt, and slot {slot} already holds {len} rows")]
+    NotEmpty { slot: u32, len: u32 },
+    #[error("the cache's {what} is 0; every dimension must be at least 1")]
+    Zero { what: &'static str },
+}
+
+/// A slot's length and pages, as the device will hold them.
+#[derive(Clone, Debug, Default)]
+struct Slot {
+    open: bool,
+    len: u32,
+    pages: Vec<u32>,
+}
+
+pub struct KvCache {
+    spec: CacheSpec,
+    k: Tensor,
+    v: Tensor,
+    /// The lengths, `[slots]` u32, twice: appends read `lens[current]` and write the other.
+    lens: [Tensor; 2],
+    current: usize,
+    table: Option<Tensor>,
+    slots: Vec<Slot>,
+    free_pages: Vec<u32>,
+    append_abi: attn_dsl::KernelAbi,
+    append: Option<Pipeline>,
+}
+
+impl KvCache {
+    /// A cache with every slot free, its buffers allocated now (zeroed).
+    pub fn new(gpu: &Gpu, spec: CacheSpec) -> Result<KvCache, Error> {
+        for (what, n) in [
+            ("slots", spec.slots),
+            ("n_kv_heads", spec.n_kv_heads),
+            ("head_dim", spec.head_dim),
+        ] {
+            if n == 0 {
+                return Err(InputError::Cache(CacheError::Zero { what }).into());
+            }
+        }
+        let (rows, per, cache) = match spec.layout {
+            CacheLayout::Contiguous { capacity } => (spec.slots, capacity, Cache::Contiguous),
+            CacheLayout::Paged {
+                page_size, n_pages, ..
+            } => (n_pages, page_size, Cache::Paged),
+        };
+        if let CacheLayout::Paged { pages_per_seq, .. } = spec.layout
+            && pages_per_seq == 0
+        {
+            return Err(InputError::Cache(CacheError::Zero {
+                what: "pages_per_seq",
+            })
+            .into());
+        }
+        if rows == 0 || per == 0 {
+            return Err(InputError::Cache(CacheError::Zero {
+                what: "capacity (rows or pages)",
+            })
+            .into());
+        }
+        let append_spec = KernelSpec {
+            cache,
+            dtype: spec.dtype,
+            ..KernelSpec::standard(
+                &crate::tuning::family_name("attention_cache_append", spec.head_dim),
+                Op::CacheAppend,
+                spec.head_dim,
+                Masks::default(),
+            )
+        };
+        let append_abi = attn_dsl::compile(&append_spec).map_err(|e| Error::Pipeline {
+            kernel: append_spec.name.clone(),
+            message: e.to_string(),
+        })?;
+        let shape = [rows, per, spec.n_kv_heads, spec.head_dim];
+        let bytes =
+            crate::tensor::elements(&shape) * crate::tensor::element_bytes(scalar(spec.dtype));
+        crate::attention::binding_size(gpu.limits(), bytes)?;
+        let table = match spec.layout {
+            CacheLayout::Paged { pages_per_seq, .. } => Some(Tensor::zeros(
+                gpu,
+                &[spec.slots, pages_per_seq],
+                Scalar::U32,
+            )),
+            CacheLayout::Contiguous { .. } => None,
+        };
+        let free_pages = match spec.layout {
+            // Taken from the end, so the first pages go first.
+            CacheLayout::Paged { n_pages, .. } => (0..n_pages).rev().collect(),
+            CacheLayout::Contiguous { .. } => Vec::new(),
+        };
+        Ok(KvCache {
+            k: Tensor::zeros(gpu, &shape, scalar(spec.dtype)),
+            v: Tensor::zeros(gpu, &shape, scalar(spec.dtype)),
+            lens: [
+                Tensor::zeros(gpu, &[spec.slots], Scalar::U32),
+                Tensor::zeros(gpu, &[spec.slots], Scalar::U32),
+            ],
+            current: 0,
+            table,
+            slots: vec![Slot::default(); spec.slots as usize],
+            free_pages,
+            append_abi,
+            append: None,
+            spec,
+        })
+    }
+
+    pub fn spec(&self) -> &CacheSpec {
+        &self.spec
+    }
+
+    /// Rows slot `slot` holds; `None` for a free slot (or one past the cache).
+    pub fn len(&self, slot: u32) -> Option<u32> {
+        self.slots
+            .get(slot as usize)
+            .filter(|s| s.open)
+            .map(|s| s.len)
+    }
+
+    /// Pages of the pool no slot holds (0 for a contiguous cache).
+    pub fn free_pages(&self) -> u32 {
+        self.free_pages.len() as u32
+    }
+
+    /// The slots' lengths on the device, `[slots]` u32: RoPE's positions for new rows
+    /// (before they are appended).
+    pub fn lengths(&self) -> &Tensor {
+        &self.lens[self.current]
+    }
+
+    /// The most rows one slot can hold.
+    pub fn capacity(&self) -> u32 {
+        match self.spec.layout {
+            CacheLayout::Contiguous { capacity } => capacity,
+            CacheLayout::Paged {
+                page_size,
+                pages_per_seq,
+                ..
+            } => page_size.saturating_mul(pages_per_seq),
+        }
+    }
+
+    /// Starts a sequence in free slot `slot`, empty.
+    pub fn open(
+        &mut self,
+        encoder: &mut wgpu::CommandEncoder,
+        slot: u32,
+    ) -> Result<(), CacheError> {
+        self.check_slots(slot..slot + 1)?;
+        if self.slots[slot as usize].open {
+            return Err(CacheError::Open { slot });
+        }
+        self.slots[slot as usize] = Slot {
+            open: true,
+            len: 0,
+            pages: Vec::new(),
+        };
+        self.clear_length(encoder, slot);
+        Ok(())
+    }
+
+    /// Ends the sequence in slot `slot`: its pages go back to the pool, its length to 0 (a
+    /// decode of a free slot gives zeros).
+    pub fn free(
+        &mut self,
+        encoder: &mut wgpu::CommandEncoder,
+        slot: u32,
+    ) -> Result<(), CacheError> {
+        self.check_slots(slot..slot + 1)?;
+        let s = &mut self.slots[slot as usize];
+        if !s.open {
+            return Err(CacheError::Free { slot });
+        }
+        self.free_pages.extend(s.pages.drain(..).rev());
+        *s = Slot::default();
+        self.clear_length(encoder, slot);
+        Ok(())
+    }
+
+    fn clear_length(&self, encoder: &mut wgpu::CommandEncoder, slot: u32) {
+        let lens = &self.lens[self.current];
+        encoder.clear_buffer(lens.buffer(), lens.offset() + 4 * u64::from(slot), Some(4));
+    }
+
+    fn check_slots(&self, slots: Range<u32>) -> Result<(), CacheError> {
+        if slots.end > self.spec.slots || slots.start > slots.end {
+            return Err(CacheError::Slots {
+                first: slots.start,
+                end: slots.end,
+                slots: self.spec.slots,
+            });
+        }
+        Ok(())
+    }
+
+    /// Appends `k_new` and `v_new`, `[batch, n, n_kv_heads, head_dim]` in the cache's
+    /// dtype, to slots `first_slot..first_slot + batch`, each at its length.
+    pub fn append(
+        &mut self,
+        gpu: &Gpu,
+        encoder: &mut wgpu::CommandEncoder,
+        first_slot: u32,
+        k_new: &Tensor,
+        v_new: &Tensor,
+    ) -> Result<(), Error> {
+        let layout = "[batch, n, n_kv_heads, head_dim]";
+        let [batch, n, _, _] = rank4(k_new, "k_new", layout)?;
+        let shape = [batch, n, self.spec.n_kv_heads, self.spec.head_dim];
+        let dtype = scalar(self.spec.dtype);
+        expect(k_new, "k_new", &shape, dtype, layout)?;
+        expect(v_new, "v_new", &shape, dtype, layout)?;
+        let range = first_slot..first_slot.saturating_add(batch);
+        let pages = self
+            .plan_append(range.clone(), n)
+            .map_err(InputError::Cache)?;
+        if self.append.is_none() {
+            self.append = Some(Pipeline::new(Kernel::now(gpu, &self.append_abi)?));
+        }
+        // Checked and compiled: from here on the call only records.
+        self.record_pages(gpu, encoder, range.clone(), &pages);
+        let (next, current) = (&self.lens[1 - self.current], &self.lens[self.current]);
+        let mut tensors = vec![
+            ("k_new", k_new),
+            ("v_new", v_new),
+            ("k_cache", &self.k),
+            ("v_cache", &self.v),
+            ("seq_lens", current),
+            ("seq_lens_next", next),
+        ];
+        tensors.extend(self.table.as_ref().map(|t| ("block_table", t)));
+        let (capacity, page_size, pages_per_seq) = match self.spec.layout {
+            CacheLayout::Contiguous { capacity } => (capacity, 0, 0),
+            CacheLayout::Paged {
+                page_size,
+                pages_per_seq,
+                ..
+            } => (0, page_size, pages_per_seq),
+        };
+        let mut d = Dispatch::new(tensors);
+        d.dims = vec![
+            ("n_new", n),
+            ("n_slots", self.spec.slots),
+            ("n_kv_heads", self.spec.n_kv_heads),
+            ("head_dim", self.spec.head_dim),
+            ("batch", batch),
+            ("capacity", capacity),
+            ("page_size", page_size),
+            ("pages_per_seq", pages_per_seq),
+            ("slot0", first_slot),
+        ];
+        let pipeline = self.append.as_mut().expect("compiled above");
+        let g = grid(pipeline.abi(), &d.dims);
+        pipeline.record(gpu, encoder, &d, g)?;
+        self.current = 1 - self.current;
+        for (slot, new_pages) in range.zip(pages) {
+            let s = &mut self.slots[slot as usize];
+            s.len += n;
+            s.pages.extend(new_pages);
+        }
+        Ok(())
+    }
+
+    /// The pages each slot of `slots` needs for `n` more rows, taken from the pool only
+    /// once every check has passed.
+    fn plan_append(&mut self, slots: Range<u32>, n: u32) -> Result<Vec<Vec<u32>>, CacheError> {
+        self.check_slots(slots.clone())?;
+        let capacity = self.capacity();
+        let mut needed = Vec::new();
+        for slot in slots.clone() {
+            let s = &self.slots[slot as usize];
+            if !s.open {
+                return Err(CacheError::Free { slot });
+            }
+            if u64::from(s.len) + u64::from(n) > u64::from(capacity) {
+                return Err(CacheError::Full {
+                    slot,
+                    len: s.len,
+                    adding: n,
+                    capacity,
+                });
+            }
+            let pages = match self.spec.layout {
+                CacheLayout::Paged { page_size, .. } => {
+                    (s.len + n).div_ceil(page_size) - s.pages.len() as u32
+                }
+                CacheLayout::Contiguous { .. } => 0,
+            };
+            needed.push(pages);
+        }
+        let total: u32 = needed.iter().sum();
+        if total as usize > self.free_pages.len() {
+            return Err(CacheError::OutOfPages {
+                needed: total,
+                free: self.free_pages.len() as u32,
+            });
+        }
+        Ok(needed
+            .into_iter()
+            .map(|k| {
+                (0..k)
+                    .map(|_| self.free_pages.pop().expect("counted above"))
+                    .collect()
+            })
+            .zip(slots)
+            .map(|(pages, _)| pages)
+            .collect())
+    }
+
+    /// Records the block-table entries of new pages (one copy per slot that got some).
+    fn record_pages(
+        &self,
+        gpu: &Gpu,
+        encoder: &mut wgpu::CommandEncoder,
+        slots: Range<u32>,
+        pages: &[Vec<u32>],
+    ) {
+        let (Some(table), CacheLayout::Paged { pages_per_seq, .. }) =
+            (&self.table, self.spec.layout)
+        else {
+            return;
+        };
+        for (slot, new) in slots.zip(pages) {
+            if new.is_empty() {
+                continue;
+            }
+            let held = self.slots[slot as usize].pages.len() as u64;
+            let src = gpu
+                .device
+                .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                    label: Some("attn block table entries"),
+                    contents: bytemuck::cast_slice(new),
+                    usage: wgpu::BufferUsages::COPY_SRC,
+                });
+            let at = table.offset() + 4 * (u64::from(slot) * u64::from(pages_per_seq) + held);
+            encoder.copy_buffer_to_buffer(&src, 0, table.buffer(), at, 4 * new.len() as u64);
+        }
+    }
+
+    /// The cache as the decode reads it: every slot (a free one decodes to zeros), the
+    /// grid sized for the longest slot rounded up to a power of two, so that a decode
+    /// loop's uniforms change only when that bound doubles.
+    pub fn view(&self) -> CacheView<'_> {
+        let longest = self.slots.iter().map(|s| s.len).max().unwrap_or(0);
+        CacheView {
+            k: &self.k,
+            v: &self.v,
+            seq_lens: &self.lens[self.current],
+            max_len: longest.max(1).next_power_of_two().min(self.capacity()),
+            block_table: self.table.as_ref(),
+        }
+    }
+
+    /// Appends a prompt's K and V to slots `first_slot..` (each open and empty) and
+    /// records the forward over the prompt: the prompt's rows see only each other, as in
+    /// `args` (causal or not, as `forward` was built).
+    pub fn prefill(
+        &mut self,
+        gpu: &Gpu,
+        encoder: &mut wgpu::CommandEncoder,
+        forward: &mut Forward,
+        first_slot: u32,
+        args: &ForwardArgs,
+    ) -> Result<(), Error> {
+        let batch = args.k.shape().first().copied().unwrap_or(0);
+        let range = first_slot..first_slot.saturating_add(batch);
+        self.check_slots(range.clone()).map_err(InputError::Cache)?;
+        if let Some((slot, s)) = range
+            .clone()
+            .map(|slot| (slot, &self.slots[slot as usize]))
+            .find(|(_, s)| s.open && s.len > 0)
+        {
+            return Err(InputError::Cache(CacheError::NotEmpty { slot, len: s.len }).into());
+        }
+        // The forward's own checks first, so that a refused prefill appends nothing.
+        forward.check(gpu, args)?;
+        self.append(gpu, encoder, first_slot, args.k, args.v)?;
+        forward.record(gpu, encoder, args)
+    }
+}
+
+fn scalar(dtype: Dtype) -> Scalar {
+    match dtype {
+        Dtype::F32 => Scalar::F32,
+        Dtype::F16 => Scalar::F16,
+        Dtype::Bf16 => Scalar::Bf16,
+    }
+}

@@ -1,0 +1,392 @@
+//! Decode on device tensors: one query row per head and sequence against a KV cache on the
+//! device (contiguous or paged), each sequence at its own length, read from a `seq_lens`
+//! tensor on the device. Split-K: the split pass flushes each cache slice's partial
+//! softmax to scratch the op owns, the reduce pass combines them into O.
+//!
+//! Nothing in a call's uniforms depends on the lengths themselves, only on the longest
+//! length the grid must cover: a decode loop whose caches grow a row per step records the
+//! same uniforms step after step, and its lengths move on the device.
+
+use attn_dsl::{Cache, Dtype, KernelAbi, KernelSpec, Masks, Op, Scalar, Source};
+
+use super::{expect_all, grid};
+use crate::attention::{Heads, nonzero, validate_heads, validate_scale};
+use crate::decode::{Slicing, plan_slices};
+use crate::device::Gpu;
+use crate::error::{Error, InputError};
+use crate::kernel::Kernel;
+use crate::modifiers::DeviceModifiers;
+use crate::record::{Dispatch, Pipeline};
+use crate::tensor::{Tensor, TensorError, elements};
+
+/// What a decode op computes: head_dim, the modifiers its kernels take (`window`, `alibi`,
+/// `softcap`), the dtype of Q, the cache and O, and the cache's layout.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DecodeSpec {
+    pub head_dim: u32,
+    pub masks: Masks,
+    pub dtype: Dtype,
+    pub cache: Cache,
+}
+
+/// A KV cache as device tensors.
+#[derive(Clone, Copy, Debug)]
+pub struct CacheView<'a> {
+    /// Contiguous: `[batch, capacity, n_kv_heads, head_dim]`; paged: the pool, `[n_pages,
+    /// page_size, n_kv_heads, head_dim]`.
+    pub k: &'a Tensor,
+    pub v: &'a Tensor,
+    /// Rows in each sequence's cache, `[batch]` u32.
+    pub seq_lens: &'a Tensor,
+    /// At least every value of `seq_lens`: the length the grid covers. A bound that moves
+    /// rarely (a power of two) keeps the uniforms the same from call to call.
+    pub max_len: u32,
+    /// Paged: the page of each sequence's keys `p·page_size..`, `[batch, pages_per_seq]`.
+    pub block_table: Option<&'a Tensor>,
+}
+
+/// One call: Q and O are `[batch, n_heads, head_dim]` in the op's dtype.
+#[derive(Clone, Copy, Debug)]
+pub struct DecodeArgs<'a> {
+    pub q: &'a Tensor,
+    pub cache: CacheView<'a>,
+    pub o: &'a Tensor,
+    pub scale: Option<f32>,
+    /// The window (over each cache's last rows), ALiBi slopes and soft cap.
+    pub mods: DeviceModifiers<'a>,
+    /// The keys per slice; `None` follows the slicing rule ([`plan_slices`]).
+    pub slice_len: Option<u32>,
+}
+
+/// The two passes' pipelines and the split kernel's layout.
+pub(crate) struct Passes {
+    pub split: Pipeline,
+    pub reduce: Pipeline,
+    pub key_tile: u32,
+    pub max_slice: u32,
+}
+
+impl Passes {
+    /// From compiled kernels: a `decode_split` and the `decode_reduce` of its partials.
+    pub fn new(split: Kernel, reduce: Kernel) -> Passes {
+        let abi = split.abi();
+        let spec = KernelSpec {
+            workgroup_size: abi.workgroup_size[0],
+            target: abi.target,
+            ..split_spec(&abi.name, abi.head_dim, abi.masks, abi.grid.tile)
+        };
+        Passes {
+            key_tile: attn_dsl::emit::split_key_tile(&spec),
+            max_slice: attn_dsl::emit::split_max_slice(&spec),
+            split: Pipeline::new(split),
+            reduce: Pipeline::new(reduce),
+        }
+    }
+
+    /// The slicing of a cache of `len` rows: the rule's, or `slice_len` checked.
+    pub fn slicing(
+        &self,
+        h: Heads,
+        batch: u32,
+        len: u32,
+        slice_len: Option<u32>,
+    ) -> Result<Slicing, InputError> {
+        let Some(slice_len) = slice_len else {
+            let per_kv = h.n_heads / h.n_kv_heads.max(1);
+            let groups = h.n_kv_heads * per_kv.div_ceil(self.split.abi().grid.tile);
+            return Ok(plan_slices(
+                len,
+                groups * batch,
+                self.key_tile,
+                self.max_slice,
+            ));
+        };
+        if slice_len == 0 || !slice_len.is_multiple_of(self.key_tile) || slice_len > self.max_slice
+        {
+            return Err(InputError::SliceLen {
+                slice_len,
+                key_tile: self.key_tile,
+                max: self.max_slice,
+            });
+        }
+        Ok(Slicing {
+            slice_len,
+            n_slices: len.div_ceil(slice_len).max(1),
+        })
+    }
+}
+
+/// The description of a split pass: `heads` query heads of one KV head per workgroup,
+/// partials flushed to scratch.
+pub(crate) fn split_spec(name: &str, head_dim: u32, masks: Masks, heads: u32) -> KernelSpec {
+    KernelSpec {
+        grid: attn_dsl::Grid::rows(attn_dsl::Major::Slice, heads),
+        writes: vec![
+            ("part_o".into(), attn_dsl::WriteMode::ScratchFlush),
+            ("part_ml".into(), attn_dsl::WriteMode::ScratchFlush),
+        ],
+        ..KernelSpec::standard(name, Op::DecodeSplit, head_dim, masks)
+    }
+}
+
+/// The family's split and reduce kernels for a spec (compiled by the DSL now; the
+/// pipelines are created later).
+pub(crate) fn abis(spec: &DecodeSpec) -> Result<[KernelAbi; 2], Error> {
+    let base = match spec.cache {
+        Cache::Contiguous => "attention_decode_split",
+        Cache::Paged => "attention_decode_split_paged",
+    };
+    let compile = |s: &KernelSpec| {
+        attn_dsl::compile(s).map_err(|e| Error::Pipeline {
+            kernel: s.name.clone(),
+            message: e.to_string(),
+        })
+    };
+    let name = crate::tuning::family_name(base, spec.head_dim);
+    let split = compile(&KernelSpec {
+        cache: spec.cache,
+        dtype: spec.dtype,
+        ..split_spec(
+            &name,
+            spec.head_dim,
+            spec.masks,
+            attn_dsl::emit::MAX_SPLIT_HEADS,
+        )
+    })?;
+    let name = crate::tuning::family_name("attention_decode_reduce", spec.head_dim);
+    let reduce = compile(&KernelSpec {
+        source: Source::Scratch,
+        dtype: spec.dtype,
+        ..KernelSpec::standard(&name, Op::DecodeReduce, spec.head_dim, Masks::default())
+    })?;
+    Ok([split, reduce])
+}
+
+/// Decode against a device cache, recorded into the caller's encoder.
+pub struct Decode {
+    abis: [KernelAbi; 2],
+    passes: Option<Passes>,
+    scratch: Scratch,
+}
+
+impl Decode {
+    /// Checks `spec` and builds its kernels' WGSL; the pipelines are created on the first
+    /// call.
+    pub fn new(spec: DecodeSpec) -> Result<Decode, Error> {
+        Ok(Decode {
+            abis: abis(&spec)?,
+            passes: None,
+            scratch: Scratch::default(),
+        })
+    }
+
+    /// Creates both pipelines now, awaiting the device's report (in a browser, before the
+    /// first `record`).
+    pub async fn prepare(&mut self, gpu: &Gpu) -> Result<(), Error> {
+        if self.passes.is_none() {
+            let [s, r] = &self.abis;
+            let split = Kernel::new_async(gpu, s).await?;
+            let reduce = Kernel::new_async(gpu, r).await?;
+            self.passes = Some(Passes::new(split, reduce));
+        }
+        Ok(())
+    }
+
+    fn passes(&mut self, gpu: &Gpu) -> Result<&mut Passes, Error> {
+        if self.passes.is_none() {
+            let [s, r] = &self.abis;
+            self.passes = Some(Passes::new(Kernel::now(gpu, s)?, Kernel::now(gpu, r)?));
+        }
+        Ok(self.passes.as_mut().expect("created above"))
+    }
+
+    /// The slicing a call of this shape gets.
+    pub fn slicing(
+        &mut self,
+        gpu: &Gpu,
+        h: Heads,
+        batch: u32,
+        max_len: u32,
+    ) -> Result<Slicing, Error> {
+        Ok(self.passes(gpu)?.slicing(h, batch, max_len, None)?)
+    }
+
+    /// Records both passes: O overwritten. Returns the slicing it ran.
+    pub fn record(
+        &mut self,
+        gpu: &Gpu,
+        encoder: &mut wgpu::CommandEncoder,
+        args: &DecodeArgs,
+    ) -> Result<Slicing, Error> {
+        self.passes(gpu)?;
+        let passes = self.passes.as_mut().expect("created above");
+        record(gpu, passes, &mut self.scratch, encoder, args)
+    }
+}
+
+/// The partials of the split pass, grown to the largest call and reused.
+#[derive(Default)]
+pub(crate) struct Scratch {
+    part_o: Option<Tensor>,
+    part_ml: Option<Tensor>,
+}
+
+impl Scratch {
+    /// Views of at least `o` and `ml` f32 elements.
+    fn views(&mut self, gpu: &Gpu, o: &[u32], ml: &[u32]) -> Result<(Tensor, Tensor), TensorError> {
+        let grow = |held: &mut Option<Tensor>, shape: &[u32]| -> Result<Tensor, TensorError> {
+            if held.as_ref().is_none_or(|t| t.len() < elements(shape)) {
+                *held = Some(Tensor::zeros(gpu, &[elements(shape) as u32], Scalar::F32));
+            }
+            held.as_ref().expect("grown above").view(shape)
+        };
+        Ok((grow(&mut self.part_o, o)?, grow(&mut self.part_ml, ml)?))
+    }
+}
+
+/// Records split-K decode of `args` with `passes`, its partials in `scratch`.
+pub(crate) fn record(
+    gpu: &Gpu,
+    passes: &mut Passes,
+    scratch: &mut Scratch,
+    encoder: &mut wgpu::CommandEncoder,
+    args: &DecodeArgs,
+) -> Result<Slicing, Error> {
+    let (batch, h) = check(passes.split.abi(), passes.reduce.abi(), args)?;
+    let c = &args.cache;
+    let slicing = passes.slicing(h, batch, c.max_len, args.slice_len)?;
+    let (capacity, page_size, pages_per_seq) = match c.block_table {
+        None => (c.k.shape()[1], 0, 0),
+        Some(t) => (0, c.k.shape()[1], t.shape()[1]),
+    };
+    let parts = [batch, slicing.n_slices, h.n_heads];
+    let (part_o, part_ml) = scratch.views(
+        gpu,
+        &[parts[0], parts[1], parts[2], h.head_dim],
+        &[2, parts[0], parts[1], parts[2]],
+    )?;
+    let mut dims = vec![
+        ("cache_len", c.max_len),
+        ("n_heads", h.n_heads),
+        ("n_kv_heads", h.n_kv_heads),
+        ("head_dim", h.head_dim),
+        ("batch", batch),
+        ("capacity", capacity),
+        ("page_size", page_size),
+        ("slice_len", slicing.slice_len),
+        ("n_slices", slicing.n_slices),
+        ("pages_per_seq", pages_per_seq),
+    ];
+    dims.extend(args.mods.dims());
+    let mut params = vec![("scale", args.scale.unwrap_or(h.default_scale()))];
+    params.extend(args.mods.params());
+    let mut tensors = vec![
+        ("q", args.q),
+        ("k_cache", c.k),
+        ("v_cache", c.v),
+        ("part_o", &part_o),
+        ("part_ml", &part_ml),
+        ("seq_lens", c.seq_lens),
+    ];
+    tensors.extend(c.block_table.map(|t| ("block_table", t)));
+    tensors.extend(args.mods.tensors());
+    let split = Dispatch {
+        tensors,
+        dims: dims.clone(),
+        params,
+    };
+    let g = grid(passes.split.abi(), &dims);
+    passes.split.record(gpu, encoder, &split, g)?;
+    let reduce = Dispatch {
+        tensors: vec![("part_o", &part_o), ("part_ml", &part_ml), ("o", args.o)],
+        dims: dims.clone(),
+        params: Vec::new(),
+    };
+    let g = grid(passes.reduce.abi(), &dims);
+    passes.reduce.record(gpu, encoder, &reduce, g)?;
+    Ok(slicing)
+}
+
+/// Shapes, dtypes, heads, scale and modifiers of a decode call against its split kernel;
+/// the batch and heads.
+fn check(
+    abi: &KernelAbi,
+    reduce: &KernelAbi,
+    args: &DecodeArgs,
+) -> Result<(u32, Heads), InputError> {
+    let c = &args.cache;
+    let layout = "[batch, n_heads, head_dim]";
+    let [batch, n_heads, head_dim] =
+        <[u32; 3]>::try_from(args.q.shape()).map_err(|_| TensorError::Rank {
+            name: "q".into(),
+            got: args.q.shape().to_vec(),
+            rank: 3,
+            layout,
+        })?;
+    let kv_layout = match c.block_table {
+        None => "[batch, capacity, n_kv_heads, head_dim]",
+        Some(_) => "[n_pages, page_size, n_kv_heads, head_dim]",
+    };
+    let [rows, per, n_kv_heads, _] = super::rank4(c.k, "k_cache", kv_layout)?;
+    let h = Heads {
+        n_heads,
+        n_kv_heads,
+        head_dim,
+    };
+    nonzero("batch", batch)?;
+    validate_heads(abi, h)?;
+    validate_scale(args.scale)?;
+    let paged = abi.binding("block_table").is_some();
+    if paged != c.block_table.is_some() {
+        let name = |paged| if paged { "paged" } else { "contiguous" };
+        return Err(InputError::CacheLayout {
+            kernel: abi.name.to_string(),
+            reads: name(paged),
+            given: name(c.block_table.is_some()),
+        });
+    }
+    let kv = vec![rows, per, n_kv_heads, head_dim];
+    let mut tensors = vec![
+        ("q", args.q, vec![batch, n_heads, head_dim], layout),
+        ("k_cache", c.k, kv.clone(), kv_layout),
+        ("v_cache", c.v, kv, kv_layout),
+        ("seq_lens", c.seq_lens, vec![batch], "[batch]"),
+    ];
+    let capacity = match c.block_table {
+        None => {
+            if rows != batch {
+                return Err(TensorError::Shape {
+                    name: "k_cache".into(),
+                    got: c.k.shape().to_vec(),
+                    want: vec![batch, per, n_kv_heads, head_dim],
+                    layout: kv_layout,
+                }
+                .into());
+            }
+            u64::from(per)
+        }
+        Some(table) => {
+            let pages_per_seq = table.shape().get(1).copied().unwrap_or(0);
+            tensors.push((
+                "block_table",
+                table,
+                vec![batch, pages_per_seq],
+                "[batch, pages_per_seq]",
+            ));
+            u64::from(pages_per_seq) * u64::from(per)
+        }
+    };
+    expect_all(abi, &tensors)?;
+    expect_all(
+        reduce,
+        &[("o", args.o, vec![batch, n_heads, head_dim], layout)],
+    )?;
+    if u64::from(c.max_len) > capacity {
+        return Err(InputError::CacheTooShort {
+            cache_len: c.max_len,
+            capacity,
+        });
+    }
+    args.mods.validate(abi, batch, 1, n_heads)?;
+    Ok((batch, h))
+}

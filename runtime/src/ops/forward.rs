@@ -1,0 +1,366 @@
+//! The forward on device tensors: O and LSE of Q, K, V, recorded into the caller's
+//! encoder. A [`Forward`] built from a [`ForwardSpec`] picks the flash configuration per
+//! problem (the adapter's tuning table, tensor cores where the dtype and the adapter allow)
+//! and compiles each configuration on the first call that needs it; one built from a
+//! kernel runs that kernel.
+
+use attn_dsl::{Dtype, FlashConfig, KernelAbi, Masks, Op};
+
+use super::{attention_shape, expect_all, grid};
+use crate::attention::{Heads, expect_op, sequence_dims, validate_heads, validate_scale};
+use crate::device::Gpu;
+use crate::error::{Error, InputError};
+use crate::kernel::Kernel;
+use crate::modifiers::DeviceModifiers;
+use crate::record::{Dispatch, Pipeline};
+use crate::tensor::{Tensor, TensorError};
+use crate::tuning::{self, Table};
+
+/// What a planned forward computes: head_dim, the masks and modifiers its kernels are
+/// built with (the values come with each call), and the dtype of Q, K, V and O.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ForwardSpec {
+    pub head_dim: u32,
+    pub masks: Masks,
+    pub dtype: Dtype,
+}
+
+/// One call's tensors: Q and O `[batch, seq, n_heads, head_dim]`, K and V `[batch, seq,
+/// n_kv_heads, head_dim]` (all in the kernel's dtype), LSE `[batch, seq, n_heads]` f32.
+#[derive(Clone, Copy, Debug)]
+pub struct ForwardArgs<'a> {
+    pub q: &'a Tensor,
+    pub k: &'a Tensor,
+    pub v: &'a Tensor,
+    pub o: &'a Tensor,
+    pub lse: &'a Tensor,
+    /// Each row's document start and end, `[2, batch, seq]` u32 (see
+    /// [`crate::ops::forward::documents`]); `None` is one document per sequence. Only for
+    /// kernels built with the document mask.
+    pub seg: Option<&'a Tensor>,
+    /// Defaults to `1 / sqrt(head_dim)`.
+    pub scale: Option<f32>,
+    pub mods: DeviceModifiers<'a>,
+}
+
+enum Kernels {
+    /// Configurations planned per problem, compiled on first use.
+    Planned {
+        spec: ForwardSpec,
+        table: Table,
+        plans: Vec<((u32, u32, u32), FlashConfig)>,
+        compiled: Vec<(FlashConfig, Pipeline)>,
+    },
+    Fixed(Pipeline),
+}
+
+pub struct Forward {
+    kernels: Kernels,
+    /// One document per sequence, for kernels with the document mask called without `seg`.
+    whole: Option<Tensor>,
+}
+
+impl Forward {
+    /// A forward that plans its kernel per problem; nothing is compiled yet, but the spec
+    /// is checked (a head_dim without a configuration, masks the op cannot take).
+    pub fn new(gpu: &Gpu, spec: ForwardSpec) -> Result<Forward, Error> {
+        let config = tuning::forward_candidates(spec.head_dim)
+            .first()
+            .copied()
+            .ok_or(InputError::Unsupported {
+                what: "the flash forward at this head_dim",
+                needs: "a head_dim that is a multiple of 4, from 4 to 256",
+            })?;
+        tuning::flash_forward_in(spec.head_dim, spec.masks, config, spec.dtype).map_err(|e| {
+            Error::Pipeline {
+                kernel: format!("forward d{}", spec.head_dim),
+                message: e.to_string(),
+            }
+        })?;
+        Ok(Forward {
+            kernels: Kernels::Planned {
+                spec,
+                table: Table::for_gpu(gpu)?,
+                plans: Vec::new(),
+                compiled: Vec::new(),
+            },
+            whole: None,
+        })
+    }
+
+    /// A forward that runs `kernel` (a user's `attention_kernel!` with `op: forward`).
+    pub fn from_kernel(kernel: &Kernel) -> Result<Forward, Error> {
+        expect_op(kernel.abi(), Op::Forward)?;
+        Ok(Forward {
+            kernels: Kernels::Fixed(Pipeline::new(kernel.clone())),
+            whole: None,
+        })
+    }
+
+    /// The kernel a problem of this shape runs, compiled now if it was not yet.
+    pub fn kernel_for(
+        &mut self,
+        gpu: &Gpu,
+        batch: u32,
+        seq_len: u32,
+        heads: Heads,
+    ) -> Result<&Kernel, Error> {
+        Ok(self.pipeline(gpu, batch, seq_len, heads)?.kernel())
+    }
+
+    /// Compiles the kernel a problem of this shape runs, awaiting the device's report:
+    /// in a browser, where `record` cannot wait for it, call this first.
+    pub async fn prepare(
+        &mut self,
+        gpu: &Gpu,
+        batch: u32,
+        seq_len: u32,
+        heads: Heads,
+    ) -> Result<(), Error> {
+        if let Some(abi) = self.uncompiled(gpu, batch, seq_len, heads)? {
+            let kernel = Kernel::new_async(gpu, &abi).await?;
+            self.hold(kernel, batch, seq_len, heads);
+        }
+        Ok(())
+    }
+
+    /// Checks `args` as [`Forward::record`] would (compiling its kernel), recording
+    /// nothing.
+    pub fn check(&mut self, gpu: &Gpu, args: &ForwardArgs) -> Result<(), Error> {
+        let (batch, seq, heads) = attention_shape(args.q, args.k)?;
+        let seg = self.seg(gpu, args.seg, batch, seq);
+        let pipeline = self.pipeline(gpu, batch, seq, heads)?;
+        check(pipeline.abi(), args, batch, seq, heads, seg.as_ref())?;
+        Ok(())
+    }
+
+    /// Records the forward of `args` into `encoder`: O and LSE overwritten.
+    pub fn record(
+        &mut self,
+        gpu: &Gpu,
+        encoder: &mut wgpu::CommandEncoder,
+        args: &ForwardArgs,
+    ) -> Result<(), Error> {
+        let (batch, seq, heads) = attention_shape(args.q, args.k)?;
+        let seg = self.seg(gpu, args.seg, batch, seq);
+        let pipeline = self.pipeline(gpu, batch, seq, heads)?;
+        let abi = pipeline.abi();
+        check(abi, args, batch, seq, heads, seg.as_ref())?;
+        let mut tensors = vec![
+            ("q", args.q),
+            ("k", args.k),
+            ("v", args.v),
+            ("o", args.o),
+            ("lse", args.lse),
+        ];
+        tensors.extend(
+            seg.as_ref()
+                .filter(|_| abi.masks.document)
+                .map(|s| ("seg", s)),
+        );
+        tensors.extend(args.mods.tensors());
+        let mut d = Dispatch::new(tensors);
+        d.dims = sequence_dims(batch, seq, heads).to_vec();
+        d.dims.extend(args.mods.dims());
+        d.params = vec![("scale", args.scale.unwrap_or(heads.default_scale()))];
+        d.params.extend(args.mods.params());
+        let g = grid(abi, &d.dims);
+        pipeline.record(gpu, encoder, &d, g)
+    }
+
+    /// The `seg` to bind: the caller's, or one document per sequence.
+    fn seg(&mut self, gpu: &Gpu, given: Option<&Tensor>, batch: u32, seq: u32) -> Option<Tensor> {
+        if let Some(s) = given {
+            return Some(s.clone());
+        }
+        let shape = [2, batch, seq];
+        if self.whole.as_ref().is_none_or(|w| w.shape() != shape) {
+            let ends = crate::attention::seg_with_ends(None, batch, seq);
+            self.whole = Tensor::from_u32(gpu, &shape, &ends).ok();
+        }
+        self.whole.clone()
+    }
+
+    /// The ABI a shape runs when its pipeline is not compiled yet.
+    fn uncompiled(
+        &mut self,
+        gpu: &Gpu,
+        batch: u32,
+        seq: u32,
+        heads: Heads,
+    ) -> Result<Option<KernelAbi>, Error> {
+        let config = match &self.kernels {
+            Kernels::Fixed(_) => return Ok(None),
+            Kernels::Planned { .. } => plan(&mut self.kernels, gpu, batch, seq, heads)?,
+        };
+        let Kernels::Planned { spec, compiled, .. } = &self.kernels else {
+            return Ok(None);
+        };
+        if compiled.iter().any(|(c, _)| *c == config) {
+            return Ok(None);
+        }
+        let abi = tuning::flash_forward_in(spec.head_dim, spec.masks, config, spec.dtype).map_err(
+            |e| Error::Pipeline {
+                kernel: format!("forward d{} {}", spec.head_dim, config.label()),
+                message: e.to_string(),
+            },
+        )?;
+        Ok(Some(abi))
+    }
+
+    fn hold(&mut self, kernel: Kernel, batch: u32, seq: u32, heads: Heads) {
+        let key = (batch, seq, heads.n_heads);
+        if let Kernels::Planned {
+            plans, compiled, ..
+        } = &mut self.kernels
+            && let Some((_, config)) = plans.iter().find(|(k, _)| *k == key)
+        {
+            compiled.push((*config, Pipeline::new(kernel)));
+        }
+    }
+
+    fn pipeline(
+        &mut self,
+        gpu: &Gpu,
+        batch: u32,
+        seq: u32,
+        heads: Heads,
+    ) -> Result<&mut Pipeline, Error> {
+        if let Some(abi) = self.uncompiled(gpu, batch, seq, heads)? {
+            let kernel = Kernel::now(gpu, &abi)?;
+            self.hold(kernel, batch, seq, heads);
+        }
+        match &mut self.kernels {
+            Kernels::Fixed(p) => Ok(p),
+            Kernels::Planned {
+                plans, compiled, ..
+            } => {
+                let key = (batch, seq, heads.n_heads);
+                let config = plans
+                    .iter()
+                    .find(|(k, _)| *k == key)
+                    .map(|(_, c)| *c)
+                    .expect("planned above");
+                Ok(compiled
+                    .iter_mut()
+                    .find(|(c, _)| *c == config)
+                    .map(|(_, p)| p)
+                    .expect("compiled above"))
+            }
+        }
+    }
+}
+
+/// The configuration of a planned forward for a shape, decided once per shape.
+fn plan(
+    kernels: &mut Kernels,
+    gpu: &Gpu,
+    batch: u32,
+    seq: u32,
+    heads: Heads,
+) -> Result<FlashConfig, Error> {
+    let Kernels::Planned {
+        spec, table, plans, ..
+    } = kernels
+    else {
+        unreachable!("only planned forwards plan");
+    };
+    if heads.head_dim != spec.head_dim {
+        return Err(InputError::HeadDim {
+            kernel: format!("forward d{}", spec.head_dim),
+            kernel_head_dim: spec.head_dim,
+            given: heads.head_dim,
+        }
+        .into());
+    }
+    let key = (batch, seq, heads.n_heads);
+    if let Some((_, c)) = plans.iter().find(|(k, _)| *k == key) {
+        return Ok(*c);
+    }
+    let config = table
+        .forward_for(gpu, heads, (batch, seq), spec.dtype)
+        .ok_or(InputError::Unsupported {
+            what: "the flash forward at this head_dim",
+            needs: "a head_dim that is a multiple of 4, from 4 to 256",
+        })?;
+    plans.push((key, config));
+    Ok(config)
+}
+
+/// Every tensor's shape and dtype, the heads, the scale, the modifiers and `seg` against
+/// the kernel.
+fn check(
+    abi: &KernelAbi,
+    args: &ForwardArgs,
+    batch: u32,
+    seq: u32,
+    h: Heads,
+    seg: Option<&Tensor>,
+) -> Result<(), InputError> {
+    validate_heads(abi, h)?;
+    validate_scale(args.scale)?;
+    let q = vec![batch, seq, h.n_heads, h.head_dim];
+    let kv = vec![batch, seq, h.n_kv_heads, h.head_dim];
+    let (q_layout, kv_layout) = (
+        "[batch, seq, n_heads, head_dim]",
+        "[batch, seq, n_kv_heads, head_dim]",
+    );
+    expect_all(
+        abi,
+        &[
+            ("q", args.q, q.clone(), q_layout),
+            ("k", args.k, kv.clone(), kv_layout),
+            ("v", args.v, kv, kv_layout),
+            ("o", args.o, q, q_layout),
+            (
+                "lse",
+                args.lse,
+                vec![batch, seq, h.n_heads],
+                "[batch, seq, n_heads]",
+            ),
+        ],
+    )?;
+    args.mods.validate(abi, batch, seq, h.n_heads)?;
+    match (args.seg, abi.masks.document) {
+        (Some(_), false) => Err(InputError::SegWithoutDocumentMask {
+            kernel: abi.name.to_string(),
+        }),
+        (_, true) => {
+            let seg = seg.ok_or(TensorError::Data {
+                name: "seg".into(),
+                got: 0,
+                want: 2 * u64::from(batch) * u64::from(seq),
+            })?;
+            expect_all(abi, &[("seg", seg, vec![2, batch, seq], "[2, batch, seq]")])?;
+            Ok(())
+        }
+        (None, false) => Ok(()),
+    }
+}
+
+/// The `seg` tensor of documents given by their starts (`[batch, seq]`, as
+/// [`crate::ForwardInput::seg`]), checked and uploaded with each row's document end.
+pub fn documents(gpu: &Gpu, starts: &[u32], batch: u32, seq: u32) -> Result<Tensor, InputError> {
+    crate::attention::length(
+        "seg",
+        starts.len(),
+        u64::from(batch) * u64::from(seq),
+        "batch × seq",
+    )?;
+    for (b, rows) in starts.chunks(seq.max(1) as usize).enumerate() {
+        crate::attention::validate_seg(rows).map_err(|e| match e {
+            InputError::Seg {
+                index,
+                value,
+                reason,
+            } => InputError::Seg {
+                index: b * seq as usize + index,
+                value,
+                reason,
+            },
+            other => other,
+        })?;
+    }
+    let ends = crate::attention::seg_with_ends(Some(starts), batch, seq);
+    Ok(Tensor::from_u32(gpu, &[2, batch, seq], &ends)?)
+}

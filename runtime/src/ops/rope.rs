@@ -1,0 +1,139 @@
+//! RoPE on a device tensor, in place: row `s` of sequence `b` rotated at position
+//! `positions[b] + s`, the positions on the device (a KV cache's lengths, in a decode
+//! loop), so that a step's uniforms never change.
+
+use attn_dsl::{KernelSpec, Masks, Op, Scalar};
+
+use super::grid;
+use crate::device::Gpu;
+use crate::error::{Error, InputError};
+use crate::kernel::Kernel;
+use crate::modifiers::expect;
+use crate::record::{Dispatch, Pipeline};
+use crate::tensor::Tensor;
+
+/// One call: `x` is `[batch, seq, heads, head_dim]` f32 (Q with n_heads, K with
+/// n_kv_heads), `positions` `[batch]` u32; `base` is the frequency base (10000 in most
+/// models).
+#[derive(Clone, Copy, Debug)]
+pub struct RopeArgs<'a> {
+    pub x: &'a Tensor,
+    pub positions: &'a Tensor,
+    pub base: f32,
+}
+
+/// RoPE (or its backward, the rotation by minus the angle) for one head_dim.
+pub struct Rope {
+    abi: attn_dsl::KernelAbi,
+    pipeline: Option<Pipeline>,
+    /// The frequency table of the last base.
+    inv_freq: Option<(f32, Tensor)>,
+}
+
+impl Rope {
+    /// The family's RoPE kernel for `head_dim` (even); its pipeline is created on the
+    /// first call.
+    pub fn new(head_dim: u32, backward: bool) -> Result<Rope, Error> {
+        let (op, base) = match backward {
+            false => (Op::Rope, "rope"),
+            true => (Op::RopeBackward, "rope_backward"),
+        };
+        let spec = KernelSpec {
+            workgroup_size: head_dim.next_power_of_two().clamp(32, 256),
+            ..KernelSpec::standard(
+                &crate::tuning::family_name(base, head_dim),
+                op,
+                head_dim,
+                Masks::default(),
+            )
+        };
+        let abi = attn_dsl::compile(&spec).map_err(|e| Error::Pipeline {
+            kernel: spec.name.clone(),
+            message: e.to_string(),
+        })?;
+        Ok(Rope {
+            abi,
+            pipeline: None,
+            inv_freq: None,
+        })
+    }
+
+    /// A RoPE op running `kernel` (`op: rope` or `rope_backward`).
+    pub fn from_kernel(kernel: &Kernel) -> Result<Rope, Error> {
+        if !matches!(kernel.abi().op, Op::Rope | Op::RopeBackward) {
+            return Err(InputError::WrongOp {
+                kernel: kernel.name().to_string(),
+                actual: kernel.abi().op.name(),
+                wanted: "rope",
+            }
+            .into());
+        }
+        Ok(Rope {
+            abi: kernel.abi().clone(),
+            pipeline: Some(Pipeline::new(kernel.clone())),
+            inv_freq: None,
+        })
+    }
+
+    /// Records the rotation of `args.x`, in place.
+    pub fn record(
+        &mut self,
+        gpu: &Gpu,
+        encoder: &mut wgpu::CommandEncoder,
+        args: &RopeArgs,
+    ) -> Result<(), Error> {
+        let [batch, seq, heads, head_dim] =
+            super::rank4(args.x, "x", "[batch, seq, heads, head_dim]")?;
+        for (name, value) in [("batch", batch), ("seq_len", seq), ("heads", heads)] {
+            crate::attention::nonzero(name, value)?;
+        }
+        if head_dim != self.abi.head_dim {
+            return Err(InputError::HeadDim {
+                kernel: self.abi.name.to_string(),
+                kernel_head_dim: self.abi.head_dim,
+                given: head_dim,
+            }
+            .into());
+        }
+        if !(args.base.is_finite() && args.base > 0.0) {
+            return Err(InputError::Scale(args.base).into());
+        }
+        expect(
+            args.x,
+            "x",
+            args.x.shape(),
+            Scalar::F32,
+            "[batch, seq, heads, head_dim]",
+        )?;
+        expect(
+            args.positions,
+            "positions",
+            &[batch],
+            Scalar::U32,
+            "[batch]",
+        )?;
+        if self.inv_freq.as_ref().is_none_or(|(b, _)| *b != args.base) {
+            let table = crate::rope::inv_freq(args.base, head_dim);
+            let t = Tensor::from_f32(gpu, &[table.len() as u32], Scalar::F32, &table)?;
+            self.inv_freq = Some((args.base, t));
+        }
+        if self.pipeline.is_none() {
+            self.pipeline = Some(Pipeline::new(Kernel::now(gpu, &self.abi)?));
+        }
+        let inv_freq = &self.inv_freq.as_ref().expect("made above").1;
+        let pipeline = self.pipeline.as_mut().expect("made above");
+        let mut d = Dispatch::new(vec![
+            ("x", args.x),
+            ("inv_freq", inv_freq),
+            ("positions", args.positions),
+        ]);
+        d.dims = vec![
+            ("seq_len", seq),
+            ("n_heads", heads),
+            ("head_dim", head_dim),
+            ("batch", batch),
+        ];
+        let g = grid(pipeline.abi(), &d.dims);
+        pipeline.record(gpu, encoder, &d, g)
+    }
+}

@@ -1,0 +1,224 @@
+//! Recording one dispatch into the caller's encoder: a kernel's bindings resolved by name
+//! to device tensors and uniform contents, every tensor checked against its binding
+//! (element type, bounds, usage, alignment, aliasing) before anything is recorded, the
+//! bind group made once per set of buffers and reused.
+
+use attn_dsl::{Access, Binding, KernelAbi};
+
+use crate::device::Gpu;
+use crate::error::{Error, InputError};
+use crate::kernel::Kernel;
+use crate::modifiers::scalar_name;
+use crate::tensor::{Tensor, TensorError};
+
+/// Bind groups kept per kernel: an op alternates between a few sets of buffers (a layer
+/// stack's layers, a cache's two length buffers), and each group keeps its buffers alive.
+const GROUPS: usize = 8;
+
+/// A dispatch: the tensors bound by name, the uniform fields by name (fields not given
+/// are 0), and the grid.
+pub(crate) struct Dispatch<'a> {
+    pub tensors: Vec<(&'a str, &'a Tensor)>,
+    pub dims: Vec<(&'a str, u32)>,
+    pub params: Vec<(&'a str, f32)>,
+}
+
+impl<'a> Dispatch<'a> {
+    pub fn new(tensors: Vec<(&'a str, &'a Tensor)>) -> Dispatch<'a> {
+        Dispatch {
+            tensors,
+            dims: Vec::new(),
+            params: Vec::new(),
+        }
+    }
+
+    fn tensor(&self, name: &str) -> Option<&'a Tensor> {
+        self.tensors
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, t)| *t)
+    }
+}
+
+/// A compiled kernel with the bind groups of its recent calls.
+pub(crate) struct Pipeline {
+    kernel: Kernel,
+    /// Most recently used last.
+    groups: Vec<(Vec<(wgpu::Buffer, u64, u64)>, wgpu::BindGroup)>,
+}
+
+impl Pipeline {
+    pub fn new(kernel: Kernel) -> Pipeline {
+        Pipeline {
+            kernel,
+            groups: Vec::new(),
+        }
+    }
+
+    pub fn kernel(&self) -> &Kernel {
+        &self.kernel
+    }
+
+    pub fn abi(&self) -> &KernelAbi {
+        self.kernel.abi()
+    }
+
+    /// Checks `d` against the kernel and records it with `grid` into `encoder`.
+    pub fn record(
+        &mut self,
+        gpu: &Gpu,
+        encoder: &mut wgpu::CommandEncoder,
+        d: &Dispatch,
+        grid: [u32; 3],
+    ) -> Result<(), Error> {
+        self.record_timed(gpu, encoder, d, grid, None)
+    }
+
+    /// [`Pipeline::record`] with the pass's start and end written to timestamp queries.
+    pub fn record_timed(
+        &mut self,
+        gpu: &Gpu,
+        encoder: &mut wgpu::CommandEncoder,
+        d: &Dispatch,
+        grid: [u32; 3],
+        timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
+    ) -> Result<(), Error> {
+        check_grid(gpu, grid)?;
+        let resolved = self.resolve(gpu, d)?;
+        let group = self.group(gpu, &resolved);
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some(&self.kernel.abi().name),
+            timestamp_writes: timestamps,
+        });
+        pass.set_pipeline(self.kernel.pipeline());
+        pass.set_bind_group(0, &group, &[]);
+        pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
+        Ok(())
+    }
+
+    /// Every binding's buffer range, in binding order: tensors checked, uniforms filled.
+    fn resolve(&self, gpu: &Gpu, d: &Dispatch) -> Result<Vec<(wgpu::Buffer, u64, u64)>, Error> {
+        let abi = self.kernel.abi();
+        let mut out = Vec::with_capacity(abi.bindings.len());
+        for b in abi.bindings.iter() {
+            let range = match b.access {
+                Access::Uniform => {
+                    let bytes = uniform_bytes(b, d);
+                    let size = bytes.len() as u64;
+                    (gpu.uniform(&bytes), 0, size)
+                }
+                _ => {
+                    let t = d.tensor(&b.name).ok_or_else(|| Error::Binding {
+                        kernel: abi.name.to_string(),
+                        binding: b.name.to_string(),
+                    })?;
+                    check_tensor(gpu, b, t)?;
+                    (t.buffer().clone(), t.offset(), t.binding_bytes())
+                }
+            };
+            out.push(range);
+        }
+        check_aliasing(abi, &out)?;
+        Ok(out)
+    }
+
+    fn group(&mut self, gpu: &Gpu, key: &[(wgpu::Buffer, u64, u64)]) -> wgpu::BindGroup {
+        if let Some(i) = self.groups.iter().position(|(k, _)| k == key) {
+            let entry = self.groups.remove(i);
+            let group = entry.1.clone();
+            self.groups.push(entry);
+            return group;
+        }
+        let abi = self.kernel.abi();
+        let entries: Vec<_> = abi
+            .bindings
+            .iter()
+            .zip(key)
+            .map(|(b, (buffer, offset, size))| wgpu::BindGroupEntry {
+                binding: b.binding,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer,
+                    offset: *offset,
+                    size: wgpu::BufferSize::new(*size),
+                }),
+            })
+            .collect();
+        let group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(&abi.name),
+            layout: self.kernel.layout(),
+            entries: &entries,
+        });
+        if self.groups.len() >= GROUPS {
+            self.groups.remove(0);
+        }
+        self.groups.push((key.to_vec(), group.clone()));
+        group
+    }
+}
+
+/// The uniform block `b` filled from `d` by field name.
+fn uniform_bytes(b: &Binding, d: &Dispatch) -> Vec<u8> {
+    let find = |values: &[(&str, u32)], field: &str| {
+        values
+            .iter()
+            .find(|(n, _)| *n == field)
+            .map_or(0, |(_, v)| *v)
+    };
+    let params: Vec<(&str, u32)> = d.params.iter().map(|(n, v)| (*n, v.to_bits())).collect();
+    let values = match b.name.as_ref() {
+        "dims" => &d.dims[..],
+        _ => &params[..],
+    };
+    b.fields
+        .iter()
+        .flat_map(|field| find(values, field).to_le_bytes())
+        .collect()
+}
+
+/// The tensor's element type against the binding's, and its range against the device.
+fn check_tensor(gpu: &Gpu, b: &Binding, t: &Tensor) -> Result<(), TensorError> {
+    if t.scalar() != b.scalar {
+        return Err(TensorError::Dtype {
+            name: b.name.to_string(),
+            got: scalar_name(t.scalar()),
+            want: scalar_name(b.scalar),
+        });
+    }
+    t.check_binding(gpu, &b.name)
+}
+
+/// A binding the kernel writes may share its buffer with no other binding: WebGPU refuses
+/// a buffer bound read-write and bound again in one dispatch.
+fn check_aliasing(abi: &KernelAbi, ranges: &[(wgpu::Buffer, u64, u64)]) -> Result<(), TensorError> {
+    for (i, b) in abi.bindings.iter().enumerate() {
+        if b.access != Access::ReadWrite {
+            continue;
+        }
+        let other = abi
+            .bindings
+            .iter()
+            .zip(ranges)
+            .enumerate()
+            .find(|(j, (_, r))| *j != i && r.0 == ranges[i].0);
+        if let Some((_, (o, _))) = other {
+            return Err(TensorError::Aliased {
+                name: b.name.to_string(),
+                other: o.name.to_string(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Each grid dimension within the device's limit.
+fn check_grid(gpu: &Gpu, grid: [u32; 3]) -> Result<(), InputError> {
+    let limit = gpu.limits().max_compute_workgroups_per_dimension;
+    match grid.iter().find(|g| **g > limit) {
+        Some(&g) => Err(InputError::OverLimit {
+            what: "workgroups in one grid dimension",
+            value: g.into(),
+            limit: limit.into(),
+        }),
+        None => Ok(()),
+    }
+}

@@ -1,0 +1,436 @@
+//! Tensors on the device: a typed view (byte offset, shape, element type) of a wgpu buffer,
+//! the caller's own or one the runtime made. Nothing is copied to wrap a buffer; every op
+//! checks the views it is given (shape, element type, size, usage, alignment) before it
+//! records anything.
+
+use attn_dsl::Scalar;
+use half::{bf16, f16};
+use thiserror::Error;
+use wgpu::util::DeviceExt;
+
+use crate::device::Gpu;
+use crate::error::Error;
+
+/// Why a tensor does not fit where it was given.
+#[derive(Debug, Error, PartialEq)]
+pub enum TensorError {
+    #[error("`{name}` holds {got} elements; this op needs {want}")]
+    Dtype {
+        name: String,
+        got: &'static str,
+        want: &'static str,
+    },
+    #[error("`{name}` has shape {got:?}; this op needs {rank} dims, {layout}")]
+    Rank {
+        name: String,
+        got: Vec<u32>,
+        rank: usize,
+        layout: &'static str,
+    },
+    #[error("`{name}` has shape {got:?}; this op needs {want:?} ({layout})")]
+    Shape {
+        name: String,
+        got: Vec<u32>,
+        want: Vec<u32>,
+        layout: &'static str,
+    },
+    #[error(
+        "`{name}`: {bytes} bytes from byte offset {offset} run past the end of its buffer of \
+         {size} bytes"
+    )]
+    OutOfBounds {
+        name: String,
+        offset: u64,
+        bytes: u64,
+        size: u64,
+    },
+    #[error(
+        "`{name}`'s buffer lacks usage {missing} (it has {has}); create the buffer with \
+         BufferUsages::{missing}"
+    )]
+    Usage {
+        name: String,
+        missing: &'static str,
+        has: String,
+    },
+    #[error(
+        "`{name}` starts at byte offset {offset}, which is not a multiple of the device's \
+         min_storage_buffer_offset_alignment ({align}); place it at an aligned offset"
+    )]
+    Alignment {
+        name: String,
+        offset: u64,
+        align: u64,
+    },
+    #[error(
+        "`{name}` is {bytes} bytes, over the device's max_storage_buffer_binding_size \
+         ({limit}); split the problem"
+    )]
+    TooLarge {
+        name: String,
+        bytes: u64,
+        limit: u64,
+    },
+    #[error(
+        "`{name}` and `{other}` lie in one buffer, and this op writes `{name}`: a dispatch \
+         cannot read and write one buffer through two bindings; give `{name}` a buffer of \
+         its own"
+    )]
+    Aliased { name: String, other: String },
+    #[error("`{name}`'s buffer belongs to another device: {message}")]
+    Device { name: String, message: String },
+    #[error("`{name}` has {got} values for a shape of {want} elements")]
+    Data { name: String, got: usize, want: u64 },
+}
+
+/// A tensor on the device: `shape` elements of `scalar`, row-major, from byte `offset` of
+/// `buffer`. Cloning shares the buffer.
+#[derive(Clone, Debug)]
+pub struct Tensor {
+    buffer: wgpu::Buffer,
+    offset: u64,
+    shape: Vec<u32>,
+    scalar: Scalar,
+}
+
+/// Bytes of one element (bf16 and f16: 2).
+pub fn element_bytes(scalar: Scalar) -> u64 {
+    match scalar {
+        Scalar::F32 | Scalar::U32 => 4,
+        Scalar::F16 | Scalar::Bf16 => 2,
+    }
+}
+
+/// The usages the runtime gives the buffers it creates: storage for the kernels, copies
+/// for uploads, readbacks and clears.
+pub const USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
+    .union(wgpu::BufferUsages::COPY_SRC)
+    .union(wgpu::BufferUsages::COPY_DST);
+
+impl Tensor {
+    /// A view of the caller's `buffer` (no copy), checked against the device: in bounds,
+    /// STORAGE usage, `offset` aligned for a storage binding, and (natively) a buffer of
+    /// `gpu`'s device.
+    pub fn wrap(
+        gpu: &Gpu,
+        buffer: &wgpu::Buffer,
+        offset: u64,
+        shape: &[u32],
+        scalar: Scalar,
+    ) -> Result<Tensor, TensorError> {
+        let tensor = Tensor {
+            buffer: buffer.clone(),
+            offset,
+            shape: shape.to_vec(),
+            scalar,
+        };
+        tensor.check_binding(gpu, "tensor")?;
+        #[cfg(not(target_arch = "wasm32"))]
+        probe_device(gpu, &tensor)?;
+        Ok(tensor)
+    }
+
+    /// A new zero-filled tensor of its own buffer.
+    pub fn zeros(gpu: &Gpu, shape: &[u32], scalar: Scalar) -> Tensor {
+        let bytes = padded(elements(shape) * element_bytes(scalar));
+        let buffer = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("attn tensor"),
+            size: bytes,
+            usage: USAGE,
+            mapped_at_creation: false,
+        });
+        Tensor {
+            buffer,
+            offset: 0,
+            shape: shape.to_vec(),
+            scalar,
+        }
+    }
+
+    /// A new tensor holding `data` (row-major) rounded to `scalar` (to nearest even).
+    pub fn from_f32(
+        gpu: &Gpu,
+        shape: &[u32],
+        scalar: Scalar,
+        data: &[f32],
+    ) -> Result<Tensor, TensorError> {
+        check_data("data", data.len(), shape)?;
+        let bytes: Vec<u8> = match scalar {
+            Scalar::F32 => bytemuck::cast_slice(data).to_vec(),
+            Scalar::U32 => data
+                .iter()
+                .flat_map(|x| (*x as u32).to_le_bytes())
+                .collect(),
+            Scalar::F16 => data
+                .iter()
+                .flat_map(|x| f16::from_f32(*x).to_le_bytes())
+                .collect(),
+            Scalar::Bf16 => data
+                .iter()
+                .flat_map(|x| bf16::from_f32(*x).to_le_bytes())
+                .collect(),
+        };
+        Ok(Tensor::from_bytes(gpu, shape, scalar, &bytes))
+    }
+
+    /// A new u32 tensor holding `data` (lengths, positions, block tables).
+    pub fn from_u32(gpu: &Gpu, shape: &[u32], data: &[u32]) -> Result<Tensor, TensorError> {
+        check_data("data", data.len(), shape)?;
+        Ok(Tensor::from_bytes(
+            gpu,
+            shape,
+            Scalar::U32,
+            bytemuck::cast_slice(data),
+        ))
+    }
+
+    fn from_bytes(gpu: &Gpu, shape: &[u32], scalar: Scalar, bytes: &[u8]) -> Tensor {
+        let mut contents = bytes.to_vec();
+        contents.resize(padded(bytes.len() as u64) as usize, 0);
+        let buffer = gpu
+            .device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("attn tensor"),
+                contents: &contents,
+                usage: USAGE,
+            });
+        Tensor {
+            buffer,
+            offset: 0,
+            shape: shape.to_vec(),
+            scalar,
+        }
+    }
+
+    /// The same bytes seen with another shape of as many elements.
+    pub fn reshape(&self, shape: &[u32]) -> Result<Tensor, TensorError> {
+        if elements(shape) != self.len() {
+            return Err(TensorError::Shape {
+                name: "reshape".into(),
+                got: self.shape.clone(),
+                want: shape.to_vec(),
+                layout: "as many elements",
+            });
+        }
+        Ok(Tensor {
+            shape: shape.to_vec(),
+            ..self.clone()
+        })
+    }
+
+    /// The first elements of this tensor seen with `shape` (no more than it holds): a
+    /// smaller problem in a buffer sized for a larger one.
+    pub fn view(&self, shape: &[u32]) -> Result<Tensor, TensorError> {
+        if elements(shape) > self.len() {
+            return Err(TensorError::Shape {
+                name: "view".into(),
+                got: self.shape.clone(),
+                want: shape.to_vec(),
+                layout: "no more elements than the tensor holds",
+            });
+        }
+        Ok(Tensor {
+            shape: shape.to_vec(),
+            ..self.clone()
+        })
+    }
+
+    pub fn buffer(&self) -> &wgpu::Buffer {
+        &self.buffer
+    }
+
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    pub fn shape(&self) -> &[u32] {
+        &self.shape
+    }
+
+    pub fn scalar(&self) -> Scalar {
+        self.scalar
+    }
+
+    /// Elements in the tensor.
+    pub fn len(&self) -> u64 {
+        elements(&self.shape)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes of the elements.
+    pub fn bytes(&self) -> u64 {
+        self.len() * element_bytes(self.scalar)
+    }
+
+    /// Bytes a binding of it spans: the elements, rounded up to whole words.
+    pub(crate) fn binding_bytes(&self) -> u64 {
+        padded(self.bytes())
+    }
+
+    pub(crate) fn binding(&self) -> wgpu::BufferBinding<'_> {
+        wgpu::BufferBinding {
+            buffer: &self.buffer,
+            offset: self.offset,
+            size: wgpu::BufferSize::new(self.binding_bytes()),
+        }
+    }
+
+    /// Bounds, usage, alignment and size of a storage binding of this tensor on `gpu`.
+    pub(crate) fn check_binding(&self, gpu: &Gpu, name: &str) -> Result<(), TensorError> {
+        let size = self.buffer.size();
+        let bytes = self.binding_bytes();
+        if self.offset.checked_add(bytes).is_none_or(|end| end > size) {
+            return Err(TensorError::OutOfBounds {
+                name: name.into(),
+                offset: self.offset,
+                bytes,
+                size,
+            });
+        }
+        if !self.buffer.usage().contains(wgpu::BufferUsages::STORAGE) {
+            return Err(TensorError::Usage {
+                name: name.into(),
+                missing: "STORAGE",
+                has: format!("{:?}", self.buffer.usage()),
+            });
+        }
+        let align = u64::from(gpu.limits().min_storage_buffer_offset_alignment);
+        if !self.offset.is_multiple_of(align) {
+            return Err(TensorError::Alignment {
+                name: name.into(),
+                offset: self.offset,
+                align,
+            });
+        }
+        let limit = gpu.limits().max_storage_buffer_binding_size;
+        if bytes > limit {
+            return Err(TensorError::TooLarge {
+                name: name.into(),
+                bytes,
+                limit,
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether the buffer can be cleared or copied into (ops that overwrite an output
+    /// clear it first).
+    pub(crate) fn check_copy_dst(&self, name: &str) -> Result<(), TensorError> {
+        match self.buffer.usage().contains(wgpu::BufferUsages::COPY_DST) {
+            true => Ok(()),
+            false => Err(TensorError::Usage {
+                name: name.into(),
+                missing: "COPY_DST",
+                has: format!("{:?}", self.buffer.usage()),
+            }),
+        }
+    }
+
+    /// Records a clear of the tensor's bytes to zero (words past an odd f16 or bf16 count
+    /// included: they belong to the binding).
+    pub(crate) fn record_clear(&self, encoder: &mut wgpu::CommandEncoder) {
+        encoder.clear_buffer(&self.buffer, self.offset, Some(self.binding_bytes()));
+    }
+
+    /// The elements, widened to f32 (u32 elements converted), after the GPU has run
+    /// everything submitted so far.
+    pub async fn to_f32_async(&self, gpu: &Gpu) -> Result<Vec<f32>, Error> {
+        let bytes = self.read_bytes(gpu).await?;
+        Ok(match self.scalar {
+            Scalar::F32 => bytemuck::pod_collect_to_vec(&bytes),
+            Scalar::U32 => words(&bytes).map(|w| w as f32).collect(),
+            Scalar::F16 => halves(&bytes).map(|h| f16::from_bits(h).to_f32()).collect(),
+            Scalar::Bf16 => halves(&bytes)
+                .map(|h| bf16::from_bits(h).to_f32())
+                .collect(),
+        })
+    }
+
+    /// The elements of a u32 tensor.
+    pub async fn to_u32_async(&self, gpu: &Gpu) -> Result<Vec<u32>, Error> {
+        let bytes = self.read_bytes(gpu).await?;
+        Ok(words(&bytes).collect())
+    }
+
+    async fn read_bytes(&self, gpu: &Gpu) -> Result<Vec<u8>, Error> {
+        let mut bytes =
+            crate::buffers::read_range_async(gpu, &self.buffer, self.offset, self.binding_bytes())
+                .await?;
+        bytes.truncate(self.bytes() as usize);
+        Ok(bytes)
+    }
+}
+
+fn words(bytes: &[u8]) -> impl Iterator<Item = u32> + '_ {
+    bytes
+        .chunks_exact(4)
+        .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+}
+
+fn halves(bytes: &[u8]) -> impl Iterator<Item = u16> + '_ {
+    bytes
+        .chunks_exact(2)
+        .map(|h| u16::from_le_bytes([h[0], h[1]]))
+}
+
+/// Elements of a shape (1 for a scalar's empty shape).
+pub fn elements(shape: &[u32]) -> u64 {
+    shape.iter().map(|d| u64::from(*d)).product()
+}
+
+/// Bytes rounded up to whole words, at least one: wgpu binds neither empty ranges nor
+/// ranges that end mid-word.
+fn padded(bytes: u64) -> u64 {
+    bytes.next_multiple_of(4).max(4)
+}
+
+fn check_data(name: &str, got: usize, shape: &[u32]) -> Result<(), TensorError> {
+    let want = elements(shape);
+    match got as u64 == want {
+        true => Ok(()),
+        false => Err(TensorError::Data {
+            name: name.into(),
+            got,
+            want,
+        }),
+    }
+}
+
+/// Whether `tensor`'s buffer belongs to `gpu`'s device: a bind group of it, made under an
+/// error scope, which on native wgpu reports at once.
+#[cfg(not(target_arch = "wasm32"))]
+fn probe_device(gpu: &Gpu, tensor: &Tensor) -> Result<(), TensorError> {
+    let device = &gpu.device;
+    let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+    let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+        label: Some("attn probe"),
+        entries: &[wgpu::BindGroupLayoutEntry {
+            binding: 0,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty: wgpu::BufferBindingType::Storage { read_only: true },
+                has_dynamic_offset: false,
+                min_binding_size: None,
+            },
+            count: None,
+        }],
+    });
+    let _group = device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some("attn probe"),
+        layout: &layout,
+        entries: &[wgpu::BindGroupEntry {
+            binding: 0,
+            resource: wgpu::BindingResource::Buffer(tensor.binding()),
+        }],
+    });
+    match crate::block_on(scope.pop()) {
+        None => Ok(()),
+        Some(e) => Err(TensorError::Device {
+            name: "tensor".into(),
+            message: e.to_string(),
+        }),
+    }
+}

@@ -1,0 +1,614 @@
+//! The recording API on this machine's adapter: the caller's buffers wrapped without a
+//! copy, several ops in one encoder, a KV cache on the device (append + decode equals the
+//! forward's last row; paged equals contiguous), the steady state that creates nothing,
+//! compile on first use, and every typed refusal leaving the device untouched.
+
+use attn_dsl::{Cache, Dtype, Masks, Scalar};
+use runtime::cases::random;
+use runtime::compare::judge_attention;
+use runtime::ops::backward::BackwardArgs;
+use runtime::ops::cache::{CacheError, CacheLayout, CacheSpec, KvCache};
+use runtime::ops::decode::{Decode, DecodeArgs, DecodeSpec};
+use runtime::ops::forward::{Forward, ForwardArgs, ForwardSpec};
+use runtime::ops::rope::{Rope, RopeArgs};
+use runtime::reference::Problem;
+use runtime::{
+    Backward, BackwardInput, DeviceError, Error, ForwardInput, Gpu, Heads, InputError, Kernel,
+    Tensor, TensorError, kernels,
+};
+use wgpu::util::DeviceExt;
+
+fn gpu() -> Gpu {
+    Gpu::new(kernels::FAMILY.iter().copied()).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn read(gpu: &Gpu, t: &Tensor) -> Vec<f32> {
+    runtime::block_on(t.to_f32_async(gpu)).unwrap()
+}
+
+const HEADS: Heads = Heads {
+    n_heads: 4,
+    n_kv_heads: 2,
+    head_dim: 64,
+};
+
+fn upload(gpu: &Gpu, shape: &[u32], seed: u64) -> (Vec<f32>, Tensor) {
+    let n = shape.iter().product::<u32>() as usize;
+    let data = random(n, seed);
+    let t = Tensor::from_f32(gpu, shape, Scalar::F32, &data).unwrap();
+    (data, t)
+}
+
+fn submit(gpu: &Gpu, encoder: wgpu::CommandEncoder) {
+    gpu.queue.submit([encoder.finish()]);
+}
+
+/// A buffer of the caller's own making holding `data`, with the usages a framework gives
+/// its tensors.
+fn caller_buffer(gpu: &Gpu, data: &[f32]) -> wgpu::Buffer {
+    gpu.device
+        .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("caller's"),
+            contents: bytemuck::cast_slice(data),
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+        })
+}
+
+#[test]
+fn wrapped_caller_buffers_are_read_and_written_in_place() {
+    let gpu = gpu();
+    let (b, s, h) = (2, 37, HEADS);
+    let q_shape = [b, s, h.n_heads, h.head_dim];
+    let kv_shape = [b, s, h.n_kv_heads, h.head_dim];
+    let len = |shape: &[u32]| shape.iter().product::<u32>() as usize;
+    let (q, k, v) = (
+        random(len(&q_shape), 1),
+        random(len(&kv_shape), 2),
+        random(len(&kv_shape), 3),
+    );
+    // One buffer holds Q, K and V at aligned offsets, as a framework's pool might.
+    let align = u64::from(gpu.limits().min_storage_buffer_offset_alignment);
+    let k_at = (4 * q.len() as u64).next_multiple_of(align);
+    let v_at = (k_at + 4 * k.len() as u64).next_multiple_of(align);
+    let mut packed = vec![0.0f32; (v_at / 4) as usize + v.len()];
+    packed[..q.len()].copy_from_slice(&q);
+    packed[(k_at / 4) as usize..][..k.len()].copy_from_slice(&k);
+    packed[(v_at / 4) as usize..][..v.len()].copy_from_slice(&v);
+    let qkv = caller_buffer(&gpu, &packed);
+    let out = caller_buffer(&gpu, &vec![0.0; len(&q_shape)]);
+    let lse_buf = caller_buffer(&gpu, &vec![0.0; (b * s * h.n_heads) as usize]);
+    let wrap = |buf: &wgpu::Buffer, at, shape: &[u32]| {
+        Tensor::wrap(&gpu, buf, at, shape, Scalar::F32).unwrap()
+    };
+    let (qt, kt, vt) = (
+        wrap(&qkv, 0, &q_shape),
+        wrap(&qkv, k_at, &kv_shape),
+        wrap(&qkv, v_at, &kv_shape),
+    );
+    let (ot, lset) = (
+        wrap(&out, 0, &q_shape),
+        wrap(&lse_buf, 0, &[b, s, h.n_heads]),
+    );
+    let spec = ForwardSpec {
+        head_dim: 64,
+        masks: Masks::new(true, false),
+        dtype: Dtype::F32,
+    };
+    let mut fwd = Forward::new(&gpu, spec).unwrap();
+    let mut encoder = gpu.device.create_command_encoder(&Default::default());
+    let args = ForwardArgs {
+        q: &qt,
+        k: &kt,
+        v: &vt,
+        o: &ot,
+        lse: &lset,
+        seg: None,
+        scale: None,
+        mods: Default::default(),
+    };
+    fwd.record(&gpu, &mut encoder, &args).unwrap();
+    submit(&gpu, encoder);
+    // The result is in the caller's own buffer; the inputs are untouched.
+    let o = read(&gpu, &ot);
+    let problem = Problem {
+        batch: b as usize,
+        n_q: s as usize,
+        n_k: s as usize,
+        n_heads: 4,
+        n_kv_heads: 2,
+        head_dim: 64,
+        scale: f64::from(h.default_scale()),
+        causal: true,
+        ..Problem::default()
+    };
+    let lse = read(&gpu, &lset);
+    for (name, verdict) in judge_attention(&problem, [&q, &k, &v], &o, Some(&lse)) {
+        assert!(verdict.pass(), "{name}: {verdict:?}");
+    }
+    assert_eq!(read(&gpu, &kt), k);
+    // Writing O into the buffer that holds Q would bind it twice in one dispatch.
+    let aliased = ForwardArgs { o: &qt, ..args };
+    let mut encoder = gpu.device.create_command_encoder(&Default::default());
+    match fwd.record(&gpu, &mut encoder, &aliased) {
+        Err(Error::Input(InputError::Tensor(TensorError::Aliased { name, .. }))) => {
+            assert_eq!(name, "o")
+        }
+        other => panic!("expected an aliasing error, got {other:?}"),
+    }
+}
+
+#[test]
+fn wrapping_checks_bounds_usage_alignment_and_device() {
+    let gpu = gpu();
+    let buffer = caller_buffer(&gpu, &[0.0; 64]);
+    let err = Tensor::wrap(&gpu, &buffer, 0, &[65], Scalar::F32).unwrap_err();
+    assert!(matches!(err, TensorError::OutOfBounds { .. }), "{err}");
+    let err = Tensor::wrap(&gpu, &buffer, 4, &[8], Scalar::F32).unwrap_err();
+    assert!(matches!(err, TensorError::Alignment { .. }), "{err}");
+    let uniform = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+        label: None,
+        size: 256,
+        usage: wgpu::BufferUsages::UNIFORM,
+        mapped_at_creation: false,
+    });
+    let err = Tensor::wrap(&gpu, &uniform, 0, &[8], Scalar::F32).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            TensorError::Usage {
+                missing: "STORAGE",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // A buffer of another device of the same instance. (Objects of another wgpu Instance
+    // cannot be told apart: wgpu exposes no buffer's device.)
+    let (adapter, [a, b]) = two_devices();
+    let gpu = Gpu::from_wgpu(&adapter, a.0, a.1, []).unwrap();
+    let foreign = b.0.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+        label: None,
+        contents: &[0; 256],
+        usage: wgpu::BufferUsages::STORAGE,
+    });
+    let err = Tensor::wrap(&gpu, &foreign, 0, &[64], Scalar::F32).unwrap_err();
+    assert!(matches!(err, TensorError::Device { .. }), "{err}");
+}
+
+/// An adapter and two devices on it with WebGPU's default limits and no optional feature:
+/// what a browser page's device has.
+fn two_devices() -> (wgpu::Adapter, [(wgpu::Device, wgpu::Queue); 2]) {
+    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
+        backends: wgpu::Backends::from_env().unwrap_or(wgpu::Backends::PRIMARY),
+        ..wgpu::InstanceDescriptor::new_without_display_handle_from_env()
+    });
+    let adapter = runtime::block_on(instance.request_adapter(&Default::default())).unwrap();
+    let device = || runtime::block_on(adapter.request_device(&Default::default())).unwrap();
+    let pair = [device(), device()];
+    (adapter, pair)
+}
+
+#[test]
+fn a_training_step_records_forward_and_backward_in_one_encoder() {
+    let gpu = gpu();
+    let (b, s, h) = (1, 50, HEADS);
+    let q_shape = [b, s, h.n_heads, h.head_dim];
+    let kv_shape = [b, s, h.n_kv_heads, h.head_dim];
+    let (q, qt) = upload(&gpu, &q_shape, 11);
+    let (k, kt) = upload(&gpu, &kv_shape, 12);
+    let (v, vt) = upload(&gpu, &kv_shape, 13);
+    let (d_o, dot) = upload(&gpu, &q_shape, 14);
+    let f = Scalar::F32;
+    let (ot, lset) = (
+        Tensor::zeros(&gpu, &q_shape, f),
+        Tensor::zeros(&gpu, &[b, s, h.n_heads], f),
+    );
+    let (dq, dk, dv) = (
+        Tensor::zeros(&gpu, &q_shape, f),
+        Tensor::zeros(&gpu, &kv_shape, f),
+        Tensor::zeros(&gpu, &kv_shape, f),
+    );
+    let masks = Masks::new(true, false);
+    let mut fwd = Forward::new(
+        &gpu,
+        ForwardSpec {
+            head_dim: 64,
+            masks,
+            dtype: Dtype::F32,
+        },
+    )
+    .unwrap();
+    let set = kernels::BackwardKernels::compile(64, masks).unwrap();
+    let mut bwd = Backward::new(&gpu, &[set]).unwrap();
+    let before = gpu.pipelines_created();
+    let mut encoder = gpu.device.create_command_encoder(&Default::default());
+    let fargs = ForwardArgs {
+        q: &qt,
+        k: &kt,
+        v: &vt,
+        o: &ot,
+        lse: &lset,
+        seg: None,
+        scale: None,
+        mods: Default::default(),
+    };
+    fwd.record(&gpu, &mut encoder, &fargs).unwrap();
+    let bargs = BackwardArgs {
+        q: &qt,
+        k: &kt,
+        v: &vt,
+        o: &ot,
+        lse: &lset,
+        d_o: &dot,
+        dq: &dq,
+        dk: &dk,
+        dv: &dv,
+        dbias: None,
+        seg: None,
+        scale: None,
+        mods: Default::default(),
+        accumulate: false,
+    };
+    let ran = bwd.record(&gpu, &mut encoder, &bargs, None).unwrap();
+    // Compiled on first use: the forward's kernel, the schedule's kernels and (where the
+    // schedule needs it) the prep, nothing else.
+    let created = gpu.pipelines_created() - before;
+    assert!((2..=4).contains(&created), "{created} pipelines for {ran}");
+    submit(&gpu, encoder);
+    // The same step through the host-slice API.
+    let host_fwd = runtime::forward(
+        &gpu,
+        &Kernel::new(&gpu, fwd.kernel_for(&gpu, b, s, h).unwrap().abi()).unwrap(),
+        &ForwardInput {
+            batch: b,
+            seq_len: s,
+            heads: h,
+            q: &q,
+            k: &k,
+            v: &v,
+            seg: None,
+            scale: None,
+            mods: Default::default(),
+        },
+    )
+    .unwrap();
+    assert_eq!(read(&gpu, &ot), host_fwd.o);
+    let input = BackwardInput {
+        batch: b,
+        seq_len: s,
+        heads: h,
+        q: &q,
+        k: &k,
+        v: &v,
+        o: &host_fwd.o,
+        lse: &host_fwd.lse,
+        d_o: &d_o,
+        seg: None,
+        scale: None,
+        mods: Default::default(),
+    };
+    let (host, _) = bwd.run(&gpu, &input, Some(ran)).unwrap();
+    let close = |a: &[f32], b: &[f32]| {
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0f32, f32::max)
+    };
+    assert!(close(&read(&gpu, &dq), &host.dq) < 1e-5);
+    assert!(close(&read(&gpu, &dk), &host.dk) < 1e-5);
+    assert!(close(&read(&gpu, &dv), &host.dv) < 1e-5);
+    // Overwrite means overwrite: a second step gives the same gradients, not twice them.
+    let mut encoder = gpu.device.create_command_encoder(&Default::default());
+    bwd.record(&gpu, &mut encoder, &bargs, Some(ran)).unwrap();
+    submit(&gpu, encoder);
+    assert!(close(&read(&gpu, &dq), &host.dq) < 1e-5);
+}
+
+/// A cache of `slots` sequences, K and V `[slots, len, kv, d]` appended a row at a time
+/// after a prefill of `prompt` rows; returns the decode of `q` against it.
+fn decode_after_appends(
+    gpu: &Gpu,
+    layout: CacheLayout,
+    (k, v, q): (&[f32], &[f32], &[f32]),
+    (slots, len, prompt): (u32, u32, u32),
+) -> Vec<f32> {
+    let h = HEADS;
+    let spec = CacheSpec {
+        slots,
+        n_kv_heads: h.n_kv_heads,
+        head_dim: h.head_dim,
+        dtype: Dtype::F32,
+        layout,
+    };
+    let mut cache = KvCache::new(gpu, spec).unwrap();
+    let mut encoder = gpu.device.create_command_encoder(&Default::default());
+    for slot in 0..slots {
+        cache.open(&mut encoder, slot).unwrap();
+    }
+    let row = (h.n_kv_heads * h.head_dim) as usize;
+    let rows = |data: &[f32], from: u32, n: u32| -> Tensor {
+        let mut out = Vec::new();
+        for b in 0..slots as usize {
+            let seq = &data[b * len as usize * row..][..len as usize * row];
+            out.extend_from_slice(&seq[from as usize * row..][..n as usize * row]);
+        }
+        let shape = [slots, n, h.n_kv_heads, h.head_dim];
+        Tensor::from_f32(gpu, &shape, Scalar::F32, &out).unwrap()
+    };
+    cache
+        .append(
+            gpu,
+            &mut encoder,
+            0,
+            &rows(k, 0, prompt),
+            &rows(v, 0, prompt),
+        )
+        .unwrap();
+    for t in prompt..len {
+        cache
+            .append(gpu, &mut encoder, 0, &rows(k, t, 1), &rows(v, t, 1))
+            .unwrap();
+    }
+    assert_eq!(cache.len(slots - 1), Some(len));
+    let cache_kind = match layout {
+        CacheLayout::Contiguous { .. } => Cache::Contiguous,
+        CacheLayout::Paged { .. } => Cache::Paged,
+    };
+    let mut decode = Decode::new(DecodeSpec {
+        head_dim: 64,
+        masks: Masks::default(),
+        dtype: Dtype::F32,
+        cache: cache_kind,
+    })
+    .unwrap();
+    let q_shape = [slots, h.n_heads, h.head_dim];
+    let qt = Tensor::from_f32(gpu, &q_shape, Scalar::F32, q).unwrap();
+    let ot = Tensor::zeros(gpu, &q_shape, Scalar::F32);
+    let args = DecodeArgs {
+        q: &qt,
+        cache: cache.view(),
+        o: &ot,
+        scale: None,
+        mods: Default::default(),
+        slice_len: None,
+    };
+    decode.record(gpu, &mut encoder, &args).unwrap();
+    submit(gpu, encoder);
+    read(gpu, &ot)
+}
+
+#[test]
+fn appends_then_decode_equal_the_forwards_last_row_and_paged_equals_contiguous() {
+    let gpu = gpu();
+    let h = HEADS;
+    let (slots, len, prompt) = (2, 45, 30);
+    let kv = (slots * len * h.n_kv_heads * h.head_dim) as usize;
+    let (k, v) = (random(kv, 21), random(kv, 22));
+    let q = random((slots * h.n_heads * h.head_dim) as usize, 23);
+    let contiguous = decode_after_appends(
+        &gpu,
+        CacheLayout::Contiguous { capacity: 64 },
+        (&k, &v, &q),
+        (slots, len, prompt),
+    );
+    // The query as the last row of a causal forward over the whole sequence.
+    let problem = Problem {
+        batch: slots as usize,
+        n_q: 1,
+        n_k: len as usize,
+        n_heads: 4,
+        n_kv_heads: 2,
+        head_dim: 64,
+        scale: f64::from(h.default_scale()),
+        q_pos: len as usize - 1,
+        ..Problem::default()
+    };
+    for (name, verdict) in judge_attention(&problem, [&q, &k, &v], &contiguous, None) {
+        assert!(verdict.pass(), "{name}: {verdict:?}");
+    }
+    let paged = decode_after_appends(
+        &gpu,
+        CacheLayout::Paged {
+            page_size: 16,
+            n_pages: 8,
+            pages_per_seq: 4,
+        },
+        (&k, &v, &q),
+        (slots, len, prompt),
+    );
+    assert_eq!(paged, contiguous, "the same rows in pages decode the same");
+}
+
+#[test]
+fn refused_cache_changes_leave_it_as_it_was() {
+    let gpu = gpu();
+    let h = HEADS;
+    let spec = CacheSpec {
+        slots: 2,
+        n_kv_heads: h.n_kv_heads,
+        head_dim: h.head_dim,
+        dtype: Dtype::F32,
+        layout: CacheLayout::Paged {
+            page_size: 4,
+            n_pages: 3,
+            pages_per_seq: 2,
+        },
+    };
+    let mut cache = KvCache::new(&gpu, spec).unwrap();
+    let mut enc = gpu.device.create_command_encoder(&Default::default());
+    let rows = |slots, n| Tensor::zeros(&gpu, &[slots, n, 2, 64], Scalar::F32);
+    let cache_err = |r: Result<(), Error>| match r {
+        Err(Error::Input(InputError::Cache(e))) => e,
+        other => panic!("expected a cache error, got {other:?}"),
+    };
+    // A free slot takes no rows.
+    let e = cache_err(cache.append(&gpu, &mut enc, 0, &rows(1, 1), &rows(1, 1)));
+    assert_eq!(e, CacheError::Free { slot: 0 });
+    cache.open(&mut enc, 0).unwrap();
+    cache.open(&mut enc, 1).unwrap();
+    assert_eq!(cache.open(&mut enc, 1), Err(CacheError::Open { slot: 1 }));
+    cache
+        .append(&gpu, &mut enc, 0, &rows(2, 3), &rows(2, 3))
+        .unwrap();
+    assert_eq!((cache.len(0), cache.free_pages()), (Some(3), 1));
+    // Past a slot's capacity (2 pages of 4): refused, nothing taken.
+    let e = cache_err(cache.append(&gpu, &mut enc, 1, &rows(1, 6), &rows(1, 6)));
+    assert!(
+        matches!(
+            e,
+            CacheError::Full {
+                slot: 1,
+                len: 3,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // Both slots need a second page and one is free: refused, nothing taken.
+    let e = cache_err(cache.append(&gpu, &mut enc, 0, &rows(2, 2), &rows(2, 2)));
+    assert_eq!(e, CacheError::OutOfPages { needed: 2, free: 1 });
+    assert_eq!(
+        (cache.len(0), cache.len(1), cache.free_pages()),
+        (Some(3), Some(3), 1)
+    );
+    // Past the slots.
+    let e = cache_err(cache.append(&gpu, &mut enc, 1, &rows(2, 1), &rows(2, 1)));
+    assert!(matches!(e, CacheError::Slots { .. }), "{e}");
+    // Wrong dtype.
+    let half = Tensor::zeros(&gpu, &[1, 1, 2, 64], Scalar::F16);
+    match cache.append(&gpu, &mut enc, 0, &half, &half) {
+        Err(Error::Input(InputError::Tensor(TensorError::Dtype { .. }))) => {}
+        other => panic!("expected a dtype error, got {other:?}"),
+    }
+    // Freed: its pages return, and it takes no more rows.
+    cache.free(&mut enc, 1).unwrap();
+    assert_eq!((cache.len(1), cache.free_pages()), (None, 2));
+    let e = cache_err(cache.append(&gpu, &mut enc, 1, &rows(1, 1), &rows(1, 1)));
+    assert_eq!(e, CacheError::Free { slot: 1 });
+    submit(&gpu, enc);
+    assert_eq!(
+        runtime::block_on(cache.lengths().to_u32_async(&gpu)).unwrap(),
+        [3, 0]
+    );
+}
+
+#[test]
+fn a_decode_loop_creates_nothing_in_its_steady_state() {
+    let gpu = gpu();
+    let h = HEADS;
+    let slots = 2;
+    let spec = CacheSpec {
+        slots,
+        n_kv_heads: h.n_kv_heads,
+        head_dim: h.head_dim,
+        dtype: Dtype::F32,
+        layout: CacheLayout::Contiguous { capacity: 128 },
+    };
+    let mut cache = KvCache::new(&gpu, spec).unwrap();
+    let mut decode = Decode::new(DecodeSpec {
+        head_dim: 64,
+        masks: Masks::default(),
+        dtype: Dtype::F32,
+        cache: Cache::Contiguous,
+    })
+    .unwrap();
+    let mut rope = Rope::new(64, false).unwrap();
+    let q = Tensor::zeros(&gpu, &[slots, 1, h.n_heads, h.head_dim], Scalar::F32);
+    let k = Tensor::zeros(&gpu, &[slots, 1, h.n_kv_heads, h.head_dim], Scalar::F32);
+    let o = Tensor::zeros(&gpu, &[slots, h.n_heads, h.head_dim], Scalar::F32);
+    let q3 = q.reshape(&[slots, h.n_heads, h.head_dim]).unwrap();
+    let mut enc = gpu.device.create_command_encoder(&Default::default());
+    cache.open(&mut enc, 0).unwrap();
+    cache.open(&mut enc, 1).unwrap();
+    submit(&gpu, enc);
+    let mut counts = Vec::new();
+    // Steps 33..64 share the grid bound 64: the same uniforms, the same bind groups.
+    for step in 0..64 {
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        for x in [&q, &k] {
+            let args = RopeArgs {
+                x,
+                positions: cache.lengths(),
+                base: 10000.0,
+            };
+            rope.record(&gpu, &mut enc, &args).unwrap();
+        }
+        cache.append(&gpu, &mut enc, 0, &k, &k).unwrap();
+        let args = DecodeArgs {
+            q: &q3,
+            cache: cache.view(),
+            o: &o,
+            scale: None,
+            mods: Default::default(),
+            slice_len: None,
+        };
+        decode.record(&gpu, &mut enc, &args).unwrap();
+        submit(&gpu, enc);
+        if step >= 33 {
+            counts.push((gpu.uniforms_created(), gpu.pipelines_created()));
+        }
+    }
+    assert!(counts.windows(2).all(|w| w[0] == w[1]), "{counts:?}");
+    assert_eq!(cache.len(1), Some(64));
+}
+
+#[test]
+fn a_callers_device_is_checked_for_what_each_kernel_needs() {
+    let (adapter, [(device, queue), _]) = two_devices();
+    let gpu = Gpu::from_wgpu(
+        &adapter,
+        device.clone(),
+        queue.clone(),
+        [&kernels::attention_forward::ABI],
+    )
+    .unwrap();
+    // The flash backward (c) binds 9 storage buffers, one over the default.
+    match Gpu::from_wgpu(
+        &adapter,
+        device.clone(),
+        queue.clone(),
+        [&kernels::attention_backward_flash::ABI],
+    ) {
+        Err(DeviceError::DeviceLimit { what, .. }) => {
+            assert_eq!(what, "max_storage_buffers_per_shader_stage")
+        }
+        Err(e) => panic!("expected a limit error, got {e}"),
+        Ok(_) => panic!("expected a limit error"),
+    }
+    match Gpu::from_wgpu(
+        &adapter,
+        device,
+        queue,
+        [&kernels::attention_forward_flash_f16::ABI],
+    ) {
+        Err(DeviceError::MissingFeature { feature, .. }) => assert_eq!(feature, "SHADER_F16"),
+        Err(e) => panic!("expected a feature error, got {e}"),
+        Ok(_) => panic!("expected a feature error"),
+    }
+    // The page's device runs the portable forward.
+    let (b, s, h) = (1, 9, HEADS);
+    let (_, q) = upload(&gpu, &[b, s, 4, 64], 1);
+    let (_, k) = upload(&gpu, &[b, s, 2, 64], 2);
+    let o = Tensor::zeros(&gpu, &[b, s, 4, 64], Scalar::F32);
+    let lse = Tensor::zeros(&gpu, &[b, s, 4], Scalar::F32);
+    let mut fwd =
+        Forward::from_kernel(&Kernel::new(&gpu, &kernels::attention_forward::ABI).unwrap())
+            .unwrap();
+    let mut enc = gpu.device.create_command_encoder(&Default::default());
+    let args = ForwardArgs {
+        q: &q,
+        k: &k,
+        v: &k,
+        o: &o,
+        lse: &lse,
+        seg: None,
+        scale: None,
+        mods: Default::default(),
+    };
+    fwd.record(&gpu, &mut enc, &args).unwrap();
+    submit(&gpu, enc);
+    assert!(read(&gpu, &lse).iter().all(|x| x.is_finite()));
+    let _ = h;
+}
