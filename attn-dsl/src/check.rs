@@ -45,13 +45,15 @@ fn check_dtype(spec: &KernelSpec) -> Result<(), DslError> {
         Op::DecodeReduce,
         Op::BackwardPrep,
         Op::CacheAppend,
+        Op::ToDtype,
+        Op::FromDtype,
     ];
     if !ops.contains(&spec.op) && !flash_backward {
         return Err(DslError::spec(
             Field::Dtype,
             format!(
                 "dtype {} is emitted for ops forward, decode_split, decode_reduce, \
-                 backward_prep, cache_append, and backward_q and backward_kv on flash grids; op {} on this \
+                 backward_prep, cache_append, to_dtype, from_dtype, and backward_q and backward_kv on flash grids; op {} on this \
                  grid reads and writes f32 (drop `dtype`, or use `grid: s_major(flash)` / \
                  `j_major(flash)`)",
                 spec.dtype.name(),
@@ -493,6 +495,9 @@ fn cannot_honour(op: Op, word: &str) -> Option<&'static str> {
             "it copies new rows of K and V into the cache; the masks and modifiers belong to \
              the decode that reads them",
         ),
+        (Op::ToDtype | Op::FromDtype, _) => {
+            Some("it converts values one by one; no query meets a key")
+        }
         (Op::DkvReduce, _) => Some(
             "it sums the lanes of gradients in which the masks and modifiers are already applied",
         ),

@@ -361,6 +361,20 @@ const CACHE_APPEND: &[Tensor] = &[
 
 // The streaming backward's lanes of dK and dV (see BACKWARD_KV's note on `dkv`), summed
 // into the gradients.
+// Conversions between f32 and the kernel's dtype, four elements at a time (R: any
+// element count that is a multiple of 4).
+const TO_DTYPE: &[Tensor] = &[
+    t("src", Input, F32x4, &[R]),
+    t("dst", Output, Data4, &[R]),
+    DIMS,
+];
+
+const FROM_DTYPE: &[Tensor] = &[
+    t("src", Input, Data4, &[R]),
+    t("dst", Output, F32x4, &[R]),
+    DIMS,
+];
+
 const DKV_REDUCE: &[Tensor] = &[
     t("dkv", Input, F32x4, &[Part, B, J, KvH, D]),
     t("dk", Output, F32x4, &[B, J, KvH, D]),
@@ -384,6 +398,8 @@ pub fn all_tensors(op: Op) -> &'static [Tensor] {
         Op::LayernormLinearReduce => LAYERNORM_LINEAR_REDUCE,
         Op::CacheAppend => CACHE_APPEND,
         Op::DkvReduce => DKV_REDUCE,
+        Op::ToDtype => TO_DTYPE,
+        Op::FromDtype => FROM_DTYPE,
     }
 }
 
@@ -478,7 +494,7 @@ pub fn dims(op: Op) -> UniformBlock {
             "_pad2",
         ],
         // vec4s of dK (and of dV) to sum.
-        Op::DkvReduce => &["len4", "_pad0", "_pad1", "_pad2"],
+        Op::DkvReduce | Op::ToDtype | Op::FromDtype => &["len4", "_pad0", "_pad1", "_pad2"],
         // rows: batch·seq; n_tiles: row tiles of the backward's grid (dW's partials);
         // n_blocks: its dx blocks (dγ's, dβ's and db's partials).
         Op::LayernormLinear | Op::LayernormLinearBackward | Op::LayernormLinearReduce => &[

@@ -105,10 +105,15 @@ pub enum Op {
     /// Sums the streaming backward's `dkv` lanes (pairwise, in a fixed order) into dK and
     /// dV: one invocation per vec4 of the result, so the sum is deterministic.
     DkvReduce,
+    /// f32 values rounded (to nearest even) to the kernel's dtype: f32 activations into a
+    /// half-precision cache or kernel.
+    ToDtype,
+    /// Values of the kernel's dtype widened to f32.
+    FromDtype,
 }
 
 impl Op {
-    pub const ALL: [Op; 14] = [
+    pub const ALL: [Op; 16] = [
         Op::Forward,
         Op::Decode,
         Op::DecodeSplit,
@@ -123,6 +128,8 @@ impl Op {
         Op::LayernormLinearReduce,
         Op::CacheAppend,
         Op::DkvReduce,
+        Op::ToDtype,
+        Op::FromDtype,
     ];
 
     pub fn name(self) -> &'static str {
@@ -141,6 +148,8 @@ impl Op {
             Op::LayernormLinearReduce => "layernorm_linear_reduce",
             Op::CacheAppend => "cache_append",
             Op::DkvReduce => "dkv_reduce",
+            Op::ToDtype => "to_dtype",
+            Op::FromDtype => "from_dtype",
         }
     }
 
@@ -154,7 +163,11 @@ impl Op {
             Op::DecodeSplit => Major::Slice,
             Op::BackwardKv => Major::J,
             Op::LayernormLinear | Op::LayernormLinearBackward => Major::R,
-            Op::LayernormLinearReduce | Op::CacheAppend | Op::DkvReduce => Major::Elem,
+            Op::LayernormLinearReduce
+            | Op::CacheAppend
+            | Op::DkvReduce
+            | Op::ToDtype
+            | Op::FromDtype => Major::Elem,
         }
     }
 

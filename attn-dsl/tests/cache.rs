@@ -69,3 +69,20 @@ fn the_new_ops_take_no_masks() {
         assert!(err.contains("cannot honour `causal`"), "{err}");
     }
 }
+
+#[test]
+fn conversions_compile_for_every_dtype() {
+    for op in [Op::ToDtype, Op::FromDtype] {
+        for dtype in [Dtype::F32, Dtype::F16, Dtype::Bf16] {
+            let spec = KernelSpec {
+                dtype,
+                ..KernelSpec::standard("convert", op, 4, Masks::default())
+            };
+            let abi = attn_dsl::compile(&spec).unwrap_or_else(|e| panic!("{op:?} {dtype:?}: {e}"));
+            assert_eq!(
+                abi.dispatch_grid(&[1 << 30]),
+                [attn_dsl::emit::MAX_STRIDE_WORKGROUPS, 1, 1]
+            );
+        }
+    }
+}

@@ -192,6 +192,8 @@ fn abi_const(abi: &KernelAbi, wgsl: TokenStream) -> TokenStream {
         Op::LayernormLinearReduce => quote!(LayernormLinearReduce),
         Op::CacheAppend => quote!(CacheAppend),
         Op::DkvReduce => quote!(DkvReduce),
+        Op::ToDtype => quote!(ToDtype),
+        Op::FromDtype => quote!(FromDtype),
     };
     let f32_atomics = abi.f32_atomics;
     let [wx, wy, wz] = abi.workgroup_size;

@@ -199,13 +199,6 @@ pub async fn decode_async(
     buffers::read_async(gpu, &o, input.q.len()).await
 }
 
-/// The `seg` binding, `[2, batch, seq]`: each row's document start, then its end (the
-/// next document's start, or the sequence's length); without `seg`, one document per
-/// sequence.
-pub(crate) fn seg_buffer(gpu: &Gpu, seg: Option<&[u32]>, batch: u32, seq_len: u32) -> wgpu::Buffer {
-    buffers::storage(gpu, "seg", &seg_with_ends(seg, batch, seq_len))
-}
-
 /// Starts and ends of every row's document, as the `seg` binding holds them.
 pub fn seg_with_ends(seg: Option<&[u32]>, batch: u32, seq_len: u32) -> Vec<u32> {
     let (batch, seq) = (batch as usize, seq_len as usize);

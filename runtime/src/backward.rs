@@ -9,6 +9,7 @@ use attn_dsl::{Dtype, FlashConfig, KernelAbi, Masks, Scatter};
 use crate::attention::{self, ForwardInput, Heads, length};
 use crate::device::Gpu;
 use crate::error::{Error, InputError};
+#[cfg(not(target_arch = "wasm32"))]
 use crate::kernel::Kernel;
 use crate::kernels::BackwardKernels;
 use crate::modifiers::Modifiers;
@@ -581,6 +582,7 @@ fn lazy(schedules: Vec<(Schedule, Vec<KernelAbi>)>) -> Vec<Scheduled> {
 }
 
 /// The pipelines of `abis`, in order.
+#[cfg(not(target_arch = "wasm32"))]
 fn compile(gpu: &Gpu, abis: &[KernelAbi]) -> Result<Vec<Kernel>, Error> {
     abis.iter().map(|abi| Kernel::now(gpu, abi)).collect()
 }

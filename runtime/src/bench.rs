@@ -212,7 +212,11 @@ pub fn run(
     dims.push(("window", shape.window.unwrap_or(0)));
     let (dims_buf, params_buf) =
         uniforms(gpu, forward.abi(), &dims, &[("scale", h.default_scale())])?;
-    let seg_buf = crate::attention::seg_buffer(gpu, shape.seg().as_deref(), shape.batch, shape.seq);
+    let seg_buf = crate::buffers::storage(
+        gpu,
+        "seg",
+        &crate::attention::seg_with_ends(shape.seg().as_deref(), shape.batch, shape.seq),
+    );
     let scratch_bytes = Schedule::Split.scratch_bytes(shape.batch, shape.seq, h.n_heads);
     let scratch = (scratch_bytes <= gpu.limits().max_storage_buffer_binding_size)
         .then(|| buffers::output::<f32>(gpu, "p_ds", (scratch_bytes / 4) as usize));

@@ -270,7 +270,8 @@ impl Tensor {
         padded(self.bytes())
     }
 
-    pub(crate) fn binding(&self) -> wgpu::BufferBinding<'_> {
+    #[cfg(not(target_arch = "wasm32"))]
+    fn binding(&self) -> wgpu::BufferBinding<'_> {
         wgpu::BufferBinding {
             buffer: &self.buffer,
             offset: self.offset,

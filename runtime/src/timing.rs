@@ -114,34 +114,77 @@ pub fn time_encoded(
     gpu: &Gpu,
     warmup: usize,
     runs: usize,
-    record: impl Fn(&mut wgpu::CommandEncoder),
+    mut record: impl FnMut(&mut wgpu::CommandEncoder),
 ) -> Result<Timing, Error> {
-    let (queries, resolved) = query_set(gpu, 2)?;
-    let period_ns = f64::from(gpu.queue.get_timestamp_period());
+    let spans = Spans::new(gpu, 1).ok_or(InputError::Unsupported {
+        what: "GPU timing",
+        needs: "an adapter with TIMESTAMP_QUERY",
+    })?;
     let mut times = Vec::with_capacity(runs);
     for run in 0..warmup + runs {
         let mut encoder = gpu.device.create_command_encoder(&Default::default());
-        let mark = |encoder: &mut wgpu::CommandEncoder, index| {
-            encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some("timestamp"),
-                timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
-                    query_set: &queries,
-                    beginning_of_pass_write_index: None,
-                    end_of_pass_write_index: Some(index),
-                }),
-            });
-        };
-        mark(&mut encoder, 0);
+        spans.mark(&mut encoder, 0, false);
         record(&mut encoder);
-        mark(&mut encoder, 1);
-        encoder.resolve_query_set(&queries, 0..2, &resolved, 0);
+        spans.mark(&mut encoder, 0, true);
         gpu.queue.submit([encoder.finish()]);
-        let ticks = crate::buffers::read::<u64>(gpu, &resolved, 2)?;
+        let ms = spans.read_ms(gpu)?[0];
         if run >= warmup {
-            times.push(ticks[1].saturating_sub(ticks[0]) as f64 * period_ns / 1e6);
+            times.push(ms);
         }
     }
     Ok(summarize(times, runs))
+}
+
+/// GPU time of spans of recorded commands (a decode step, a training step): a pair of
+/// timestamps per span, each written after every command recorded before it (by an empty
+/// compute pass's end, at the bottom of the pipe), read once at the end.
+pub struct Spans {
+    queries: wgpu::QuerySet,
+    resolved: wgpu::Buffer,
+    spans: u32,
+}
+
+impl Spans {
+    /// Room for `spans` spans; `None` where the adapter has no timestamps or a query set
+    /// would be too large.
+    pub fn new(gpu: &Gpu, spans: u32) -> Option<Spans> {
+        let count = 2 * spans;
+        if count == 0 || count > wgpu::QUERY_SET_MAX_QUERIES {
+            return None;
+        }
+        let (queries, resolved) = query_set(gpu, count).ok()?;
+        Some(Spans {
+            queries,
+            resolved,
+            spans,
+        })
+    }
+
+    /// Records the start (`end: false`) or the end of span `span`.
+    pub fn mark(&self, encoder: &mut wgpu::CommandEncoder, span: u32, end: bool) {
+        encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some("timestamp"),
+            timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                query_set: &self.queries,
+                beginning_of_pass_write_index: None,
+                end_of_pass_write_index: Some(2 * span + u32::from(end)),
+            }),
+        });
+    }
+
+    /// Each span's GPU time in ms, once the GPU has run them all.
+    pub fn read_ms(&self, gpu: &Gpu) -> Result<Vec<f64>, Error> {
+        let count = 2 * self.spans;
+        let mut encoder = gpu.device.create_command_encoder(&Default::default());
+        encoder.resolve_query_set(&self.queries, 0..count, &self.resolved, 0);
+        gpu.queue.submit([encoder.finish()]);
+        let ticks = crate::buffers::read::<u64>(gpu, &self.resolved, count as usize)?;
+        let period_ns = f64::from(gpu.queue.get_timestamp_period());
+        Ok(ticks
+            .chunks(2)
+            .map(|t| t[1].saturating_sub(t[0]) as f64 * period_ns / 1e6)
+            .collect())
+    }
 }
 
 /// A query set of `count` timestamps and the buffer they resolve into.

@@ -612,3 +612,35 @@ fn a_callers_device_is_checked_for_what_each_kernel_needs() {
     assert!(read(&gpu, &lse).iter().all(|x| x.is_finite()));
     let _ = h;
 }
+
+#[test]
+fn conversions_round_to_nearest_even_and_widen_back() {
+    let gpu = gpu();
+    let data = random(64, 31);
+    let src = Tensor::from_f32(&gpu, &[4, 16], Scalar::F32, &data).unwrap();
+    for dtype in [Dtype::Bf16, Dtype::F16] {
+        if dtype == Dtype::F16 && !gpu.has_f16() {
+            continue;
+        }
+        let scalar = match dtype {
+            Dtype::F16 => Scalar::F16,
+            _ => Scalar::Bf16,
+        };
+        let mut convert = runtime::ops::convert::Convert::new(dtype);
+        let half = Tensor::zeros(&gpu, &[4, 16], scalar);
+        let back = Tensor::zeros(&gpu, &[4, 16], Scalar::F32);
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        convert.record_to(&gpu, &mut enc, &src, &half).unwrap();
+        convert.record_from(&gpu, &mut enc, &half, &back).unwrap();
+        submit(&gpu, enc);
+        let want: Vec<f32> = data
+            .iter()
+            .map(|x| match dtype {
+                Dtype::F16 => half::f16::from_f32(*x).to_f32(),
+                _ => half::bf16::from_f32(*x).to_f32(),
+            })
+            .collect();
+        assert_eq!(read(&gpu, &back), want, "{dtype:?}");
+        assert_eq!(read(&gpu, &half), want, "{dtype:?}");
+    }
+}

@@ -1,7 +1,9 @@
-//! The streaming backward's lanes of dK and dV summed into the gradients (`dkv_reduce`):
+//! Element-wise kernels over vec4s, in grid-stride loops. The streaming backward's lanes
+//! of dK and dV summed into the gradients (`dkv_reduce`):
 //! `dkv` holds, for each of `DKV_LANES` lanes, dK then dV (see the signature), and each
 //! invocation adds one vec4 of every lane, pairwise in a fixed order, to dK or dV. One
-//! owner per element and one order: the sum is the same on every run.
+//! owner per element and one order: the sum is the same on every run. And conversions
+//! between f32 and the kernel's dtype (`to_dtype`, `from_dtype`).
 
 use std::fmt::Write;
 
@@ -48,6 +50,27 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups:
 }}
 "#,
         sum = tree(0, crate::DKV_LANES),
+        name = spec.name
+    );
+}
+
+/// `to_dtype` and `from_dtype`: one vec4 per step of a grid-stride loop, through the
+/// dtype's codec (rounding to nearest even on the way in).
+pub(super) fn convert(out: &mut String, spec: &KernelSpec, to_dtype: bool) {
+    super::dtype::vec4_codec(out, spec.dtype);
+    let body = match to_dtype {
+        true => "dst[i] = narrow4(src[i]);",
+        false => "dst[i] = widen4(src[i]);",
+    };
+    let _ = write!(
+        out,
+        r#"@compute @workgroup_size(WG)
+fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>, @builtin(local_invocation_index) tid: u32) {{
+    for (var i = wg.x * WG + tid; i < dims.len4; i = i + groups.x * WG) {{
+        {body}
+    }}
+}}
+"#,
         name = spec.name
     );
 }

@@ -40,7 +40,7 @@ pub fn emit(spec: &KernelSpec, bindings: &[Binding]) -> String {
         decode_split::constants(&mut out, spec);
     } else if spec.op == Op::CacheAppend {
         cache::constants(&mut out, spec);
-    } else if spec.op == Op::DkvReduce {
+    } else if matches!(spec.op, Op::DkvReduce | Op::ToDtype | Op::FromDtype) {
         lanes::constants(&mut out, spec);
     } else {
         constants(&mut out, spec);
@@ -101,6 +101,10 @@ fn emit_body(out: &mut String, spec: &KernelSpec) {
             lanes::reduce(out, spec);
             return;
         }
+        Op::ToDtype | Op::FromDtype => {
+            lanes::convert(out, spec, spec.op == Op::ToDtype);
+            return;
+        }
     }
     match spec.op {
         Op::Forward => tile_entry(out, &spec.name, "attend_row"),
@@ -116,7 +120,9 @@ fn emit_body(out: &mut String, spec: &KernelSpec) {
         | Op::LayernormLinearBackward
         | Op::LayernormLinearReduce
         | Op::CacheAppend
-        | Op::DkvReduce => {}
+        | Op::DkvReduce
+        | Op::ToDtype
+        | Op::FromDtype => {}
     }
 }
 
@@ -150,7 +156,12 @@ pub fn workgroup_bytes(spec: &KernelSpec) -> u32 {
         Op::BackwardPrep => 0,
         Op::BackwardQ => backward::q_workgroup_bytes(hd, wg),
         Op::BackwardKv => backward::kv_workgroup_bytes(hd, wg),
-        Op::Rope | Op::RopeBackward | Op::CacheAppend | Op::DkvReduce => 0,
+        Op::Rope
+        | Op::RopeBackward
+        | Op::CacheAppend
+        | Op::DkvReduce
+        | Op::ToDtype
+        | Op::FromDtype => 0,
         Op::DecodeSplit | Op::DecodeReduce => decode_split::workgroup_bytes(spec),
         Op::LayernormLinear | Op::LayernormLinearBackward | Op::LayernormLinearReduce => {
             layernorm::workgroup_bytes(spec)

@@ -17,6 +17,7 @@ use attn_dsl::{Cache, Dtype, KernelSpec, Masks, Op, Scalar};
 use thiserror::Error;
 use wgpu::util::DeviceExt;
 
+use super::convert::scalar;
 use super::decode::CacheView;
 use super::forward::{Forward, ForwardArgs};
 use super::{grid, rank4};
@@ -449,13 +450,5 @@ impl KvCache {
         forward.check(gpu, args)?;
         self.append(gpu, encoder, first_slot, args.k, args.v)?;
         forward.record(gpu, encoder, args)
-    }
-}
-
-fn scalar(dtype: Dtype) -> Scalar {
-    match dtype {
-        Dtype::F32 => Scalar::F32,
-        Dtype::F16 => Scalar::F16,
-        Dtype::Bf16 => Scalar::Bf16,
     }
 }

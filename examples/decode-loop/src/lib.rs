@@ -1,0 +1,566 @@
+//! Token-by-token decode on the device, as an engine runs it: a random-weight attention
+//! layer (LayerNorm + Linear projections to Q, K and V, RoPE, attention against a KV cache
+//! on the device, LayerNorm + Linear back to the model width) prefills a prompt, then each
+//! step feeds its output back as the next token's input, so no step waits on the host.
+//! Every op records into one encoder per step; the cache's lengths and RoPE's positions
+//! live on the device, so a step records the same commands every time.
+//!
+//! The host reference runs the same layer in f64 (the device's roundings to the cache's
+//! dtype included) and the final outputs must agree.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use attn_dsl::{Cache, Dtype, Masks, Scalar};
+use rand::{Rng, SeedableRng, rngs::StdRng};
+use runtime::layernorm::LayerNormLinear;
+use runtime::layernorm::reference as ln_ref;
+use runtime::ops::cache::{CacheLayout, CacheSpec, KvCache};
+use runtime::ops::convert::Convert;
+use runtime::ops::decode::{Decode, DecodeArgs, DecodeSpec};
+use runtime::ops::forward::{Forward, ForwardArgs, ForwardSpec};
+use runtime::ops::layernorm::{LayerNormArgs, Saved};
+use runtime::ops::rope::{Rope, RopeArgs};
+use runtime::reference::{self, Problem};
+use runtime::{Gpu, Heads, Tensor};
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Sequences decoded together (the cache's slots).
+    pub slots: u32,
+    pub prompt: u32,
+    pub tokens: u32,
+    /// Rows each sequence's cache holds.
+    pub capacity: u32,
+    pub heads: Heads,
+    pub dtype: Dtype,
+    /// Pages of this many rows; `None`: contiguous.
+    pub page_size: Option<u32>,
+    /// Wait for every step (latency); otherwise steps are submitted back to back.
+    pub sync: bool,
+    /// Compare with the f64 host reference.
+    pub check: bool,
+    pub seed: u64,
+}
+
+/// What a run measured.
+#[derive(Clone, Debug)]
+pub struct Report {
+    pub adapter: String,
+    /// Wall time of the prefill (record, submit and wait).
+    pub prefill: Duration,
+    /// Wall time of each decode step: record and submit, and with `sync` the wait.
+    pub step_wall: Vec<Duration>,
+    /// Wall time of all decode steps, from the first record to the last result.
+    pub decode_wall: Duration,
+    /// GPU time of each step's commands (timestamp queries), where the adapter has them.
+    pub step_gpu_ms: Option<Vec<f64>>,
+    /// Largest difference from the host reference, and the tolerance it is held to.
+    pub check: Option<(f64, f64)>,
+    /// Pipelines compiled for the whole run.
+    pub pipelines: u64,
+}
+
+impl Report {
+    pub fn tokens_per_second(&self, c: &Config) -> f64 {
+        f64::from(c.slots * c.tokens) / self.decode_wall.as_secs_f64()
+    }
+
+    pub fn passed(&self) -> bool {
+        self.check.is_none_or(|(err, tol)| err <= tol)
+    }
+}
+
+/// The layer's weights, on the host (the reference reads them) and on the device.
+struct Projection {
+    w: Vec<f32>,
+    b: Vec<f32>,
+    gamma: Vec<f32>,
+    beta: Vec<f32>,
+    device: [Tensor; 4],
+    op: LayerNormLinear,
+    hidden: u32,
+    out: u32,
+}
+
+const EPS: f32 = 1e-5;
+
+impl Projection {
+    fn new(gpu: &Gpu, rng: &mut StdRng, hidden: u32, out: u32, rows: u32) -> Result<Projection> {
+        let scale = 1.0 / (hidden as f32).sqrt();
+        let mut draw = |n: u32, lo: f32, hi: f32| -> Vec<f32> {
+            (0..n).map(|_| rng.random_range(lo..hi)).collect()
+        };
+        let w: Vec<f32> = draw(out * hidden, -scale, scale);
+        let b = draw(out, -0.1, 0.1);
+        let gamma = draw(hidden, 0.8, 1.2);
+        let beta = draw(hidden, -0.1, 0.1);
+        let up = |shape: &[u32], data: &[f32]| Tensor::from_f32(gpu, shape, Scalar::F32, data);
+        let device = [
+            up(&[hidden], &gamma)?,
+            up(&[hidden], &beta)?,
+            up(&[out, hidden], &w)?,
+            up(&[out], &b)?,
+        ];
+        let op = LayerNormLinear::planned(gpu, rows, hidden, out)?;
+        Ok(Projection {
+            w,
+            b,
+            gamma,
+            beta,
+            device,
+            op,
+            hidden,
+            out,
+        })
+    }
+
+    /// Records `y = W·LN(x) + b`; the statistics go to `saved`, sized for the most rows.
+    fn record(
+        &mut self,
+        gpu: &Gpu,
+        enc: &mut wgpu::CommandEncoder,
+        x: &Tensor,
+        y: &Tensor,
+        saved: &[Tensor; 2],
+    ) -> Result<()> {
+        let rows = x.shape()[0];
+        let [gamma, beta, w, b] = &self.device;
+        let args = LayerNormArgs {
+            x,
+            gamma,
+            beta,
+            w,
+            b,
+            eps: EPS,
+        };
+        let (mean, rstd) = (saved[0].view(&[rows])?, saved[1].view(&[rows])?);
+        let saved = Saved {
+            mean: &mean,
+            rstd: &rstd,
+        };
+        Ok(self.op.record_forward(gpu, enc, &args, y, saved)?)
+    }
+
+    fn reference(&self, x: &[f64]) -> Vec<f64> {
+        let rows = x.len() / self.hidden as usize;
+        let shape = ln_ref::Shape {
+            rows,
+            hidden: self.hidden as usize,
+            out: self.out as usize,
+            eps: f64::from(EPS),
+        };
+        let c = reference::cast::<f64>;
+        ln_ref::forward(
+            shape,
+            x,
+            &c(&self.gamma),
+            &c(&self.beta),
+            &c(&self.w),
+            &c(&self.b),
+        )
+        .y
+    }
+}
+
+/// The layer: projections, RoPE, attention, and the conversions to the cache's dtype.
+struct Layer {
+    q: Projection,
+    k: Projection,
+    v: Projection,
+    o: Projection,
+    rope: Rope,
+    convert: Convert,
+    /// LayerNorm statistics of the widest call (the prompt's rows).
+    saved: [Tensor; 2],
+}
+
+/// Rounds to the dtype the device stores, as the device rounds (to nearest even).
+fn round(x: &[f64], dtype: Dtype) -> Vec<f64> {
+    x.iter()
+        .map(|v| match dtype {
+            Dtype::F32 => f64::from(*v as f32),
+            Dtype::F16 => f64::from(half::f16::from_f64(*v).to_f32()),
+            Dtype::Bf16 => f64::from(half::bf16::from_f64(*v).to_f32()),
+        })
+        .collect()
+}
+
+fn scalar(dtype: Dtype) -> Scalar {
+    match dtype {
+        Dtype::F32 => Scalar::F32,
+        Dtype::F16 => Scalar::F16,
+        Dtype::Bf16 => Scalar::Bf16,
+    }
+}
+
+/// A tensor in the cache's dtype holding `x` (f32) rounded, or `x` itself in f32.
+fn in_dtype(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    convert: &mut Convert,
+    x: &Tensor,
+    dtype: Dtype,
+    held: &Tensor,
+) -> Result<Tensor> {
+    if dtype == Dtype::F32 {
+        return Ok(x.clone());
+    }
+    let out = held.view(x.shape())?;
+    convert.record_to(gpu, enc, x, &out)?;
+    Ok(out)
+}
+
+pub fn run(c: &Config) -> Result<Report> {
+    let h = c.heads;
+    if c.prompt == 0 || c.tokens == 0 || c.slots == 0 {
+        bail!("--prompt, --tokens and --slots must be at least 1");
+    }
+    if c.prompt + c.tokens > c.capacity {
+        bail!(
+            "the prompt ({}) and the tokens ({}) need {} rows; raise --capacity (now {})",
+            c.prompt,
+            c.tokens,
+            c.prompt + c.tokens,
+            c.capacity
+        );
+    }
+    let gpu = Gpu::new([]).context("no adapter")?;
+    if c.dtype == Dtype::F16 && !gpu.has_f16() {
+        bail!(
+            "{} has no shader-f16; use --dtype bf16 or f32",
+            gpu.describe()
+        );
+    }
+    let width = h.n_heads * h.head_dim;
+    let kv_width = h.n_kv_heads * h.head_dim;
+    let rows = c.slots * c.prompt;
+    let mut rng = StdRng::seed_from_u64(c.seed);
+    let mut layer = Layer {
+        q: Projection::new(&gpu, &mut rng, width, width, rows)?,
+        k: Projection::new(&gpu, &mut rng, width, kv_width, rows)?,
+        v: Projection::new(&gpu, &mut rng, width, kv_width, rows)?,
+        o: Projection::new(&gpu, &mut rng, width, width, rows)?,
+        rope: Rope::new(h.head_dim, false)?,
+        convert: Convert::new(c.dtype),
+        saved: [
+            Tensor::zeros(&gpu, &[rows], Scalar::F32),
+            Tensor::zeros(&gpu, &[rows], Scalar::F32),
+        ],
+    };
+    let layout = match c.page_size {
+        None => CacheLayout::Contiguous {
+            capacity: c.capacity,
+        },
+        Some(page_size) => {
+            let per_seq = c.capacity.div_ceil(page_size);
+            CacheLayout::Paged {
+                page_size,
+                n_pages: per_seq * c.slots,
+                pages_per_seq: per_seq,
+            }
+        }
+    };
+    let mut cache = KvCache::new(
+        &gpu,
+        CacheSpec {
+            slots: c.slots,
+            n_kv_heads: h.n_kv_heads,
+            head_dim: h.head_dim,
+            dtype: c.dtype,
+            layout,
+        },
+    )?;
+    let mut forward = Forward::new(
+        &gpu,
+        ForwardSpec {
+            head_dim: h.head_dim,
+            masks: Masks::new(true, false),
+            dtype: c.dtype,
+        },
+    )?;
+    let mut decode = Decode::new(DecodeSpec {
+        head_dim: h.head_dim,
+        masks: Masks::default(),
+        dtype: c.dtype,
+        cache: match c.page_size {
+            None => Cache::Contiguous,
+            Some(_) => Cache::Paged,
+        },
+    })?;
+    let x0: Vec<f32> = (0..rows * width)
+        .map(|_| rng.random_range(-1.0..1.0))
+        .collect();
+
+    // Prefill.
+    let t0 = Instant::now();
+    let f = Scalar::F32;
+    let data = scalar(c.dtype);
+    let (b, p) = (c.slots, c.prompt);
+    let x = Tensor::from_f32(&gpu, &[rows, width], f, &x0)?;
+    let q32 = Tensor::zeros(&gpu, &[rows, width], f);
+    let k32 = Tensor::zeros(&gpu, &[rows, kv_width], f);
+    let v32 = Tensor::zeros(&gpu, &[rows, kv_width], f);
+    // Half-precision staging of the widest call, viewed smaller for decode steps.
+    let (qh, kh, vh, oh) = (
+        Tensor::zeros(&gpu, &[rows * width], data),
+        Tensor::zeros(&gpu, &[rows * kv_width], data),
+        Tensor::zeros(&gpu, &[rows * kv_width], data),
+        Tensor::zeros(&gpu, &[rows * width], data),
+    );
+    let o32 = Tensor::zeros(&gpu, &[rows, width], f);
+    let lse = Tensor::zeros(&gpu, &[b, p, h.n_heads], f);
+    let mut enc = gpu.device.create_command_encoder(&Default::default());
+    for slot in 0..b {
+        cache.open(&mut enc, slot)?;
+    }
+    layer.q.record(&gpu, &mut enc, &x, &q32, &layer.saved)?;
+    layer.k.record(&gpu, &mut enc, &x, &k32, &layer.saved)?;
+    layer.v.record(&gpu, &mut enc, &x, &v32, &layer.saved)?;
+    let q4 = q32.reshape(&[b, p, h.n_heads, h.head_dim])?;
+    let k4 = k32.reshape(&[b, p, h.n_kv_heads, h.head_dim])?;
+    let v4 = v32.reshape(&[b, p, h.n_kv_heads, h.head_dim])?;
+    for t in [&q4, &k4] {
+        let args = RopeArgs {
+            x: t,
+            positions: cache.lengths(),
+            base: 10000.0,
+        };
+        layer.rope.record(&gpu, &mut enc, &args)?;
+    }
+    let qd = in_dtype(&gpu, &mut enc, &mut layer.convert, &q4, c.dtype, &qh)?;
+    let kd = in_dtype(&gpu, &mut enc, &mut layer.convert, &k4, c.dtype, &kh)?;
+    let vd = in_dtype(&gpu, &mut enc, &mut layer.convert, &v4, c.dtype, &vh)?;
+    let od = match c.dtype {
+        Dtype::F32 => o32.reshape(&[b, p, h.n_heads, h.head_dim])?,
+        _ => oh.view(&[b, p, h.n_heads, h.head_dim])?,
+    };
+    let args = ForwardArgs {
+        q: &qd,
+        k: &kd,
+        v: &vd,
+        o: &od,
+        lse: &lse,
+        seg: None,
+        scale: None,
+        mods: Default::default(),
+    };
+    cache.prefill(&gpu, &mut enc, &mut forward, 0, &args)?;
+    if c.dtype != Dtype::F32 {
+        layer
+            .convert
+            .record_from(&gpu, &mut enc, &od, &o32.reshape(od.shape())?)?;
+    }
+    // Each sequence's last prompt row goes on: a copy of its row of O.
+    let row_bytes = u64::from(width) * 4;
+    let last = Tensor::zeros(&gpu, &[b, width], f);
+    for s in 0..u64::from(b) {
+        let from = o32.offset() + (s * u64::from(p) + u64::from(p) - 1) * row_bytes;
+        enc.copy_buffer_to_buffer(o32.buffer(), from, last.buffer(), s * row_bytes, row_bytes);
+    }
+    let xs = [
+        Tensor::zeros(&gpu, &[b, width], f),
+        Tensor::zeros(&gpu, &[b, width], f),
+    ];
+    layer
+        .o
+        .record(&gpu, &mut enc, &last, &xs[0], &layer.saved)?;
+    gpu.queue.submit([enc.finish()]);
+    wait(&gpu)?;
+    let prefill = t0.elapsed();
+
+    // Decode: step t reads xs[t % 2] and writes xs[(t + 1) % 2].
+    let (q1, k1, v1, o1) = (
+        q32.view(&[b, width])?,
+        k32.view(&[b, kv_width])?,
+        v32.view(&[b, kv_width])?,
+        o32.view(&[b, width])?,
+    );
+    let stamps = runtime::timing::Spans::new(&gpu, c.tokens);
+    let mut step_wall = Vec::with_capacity(c.tokens as usize);
+    let start = Instant::now();
+    for t in 0..c.tokens {
+        let t_step = Instant::now();
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        if let Some(spans) = &stamps {
+            spans.mark(&mut enc, t, false);
+        }
+        let x = &xs[(t % 2) as usize];
+        layer.q.record(&gpu, &mut enc, x, &q1, &layer.saved)?;
+        layer.k.record(&gpu, &mut enc, x, &k1, &layer.saved)?;
+        layer.v.record(&gpu, &mut enc, x, &v1, &layer.saved)?;
+        let q4 = q1.reshape(&[b, 1, h.n_heads, h.head_dim])?;
+        let k4 = k1.reshape(&[b, 1, h.n_kv_heads, h.head_dim])?;
+        let v4 = v1.reshape(&[b, 1, h.n_kv_heads, h.head_dim])?;
+        for x in [&q4, &k4] {
+            let args = RopeArgs {
+                x,
+                positions: cache.lengths(),
+                base: 10000.0,
+            };
+            layer.rope.record(&gpu, &mut enc, &args)?;
+        }
+        let qd = in_dtype(&gpu, &mut enc, &mut layer.convert, &q4, c.dtype, &qh)?;
+        let kd = in_dtype(&gpu, &mut enc, &mut layer.convert, &k4, c.dtype, &kh)?;
+        let vd = in_dtype(&gpu, &mut enc, &mut layer.convert, &v4, c.dtype, &vh)?;
+        cache.append(&gpu, &mut enc, 0, &kd, &vd)?;
+        let o3 = match c.dtype {
+            Dtype::F32 => o1.reshape(&[b, h.n_heads, h.head_dim])?,
+            _ => oh.view(&[b, h.n_heads, h.head_dim])?,
+        };
+        let args = DecodeArgs {
+            q: &qd.reshape(&[b, h.n_heads, h.head_dim])?,
+            cache: cache.view(),
+            o: &o3,
+            scale: None,
+            mods: Default::default(),
+            slice_len: None,
+        };
+        decode.record(&gpu, &mut enc, &args)?;
+        if c.dtype != Dtype::F32 {
+            layer
+                .convert
+                .record_from(&gpu, &mut enc, &o3, &o1.reshape(o3.shape())?)?;
+        }
+        layer.o.record(
+            &gpu,
+            &mut enc,
+            &o1,
+            &xs[((t + 1) % 2) as usize],
+            &layer.saved,
+        )?;
+        if let Some(spans) = &stamps {
+            spans.mark(&mut enc, t, true);
+        }
+        gpu.queue.submit([enc.finish()]);
+        if c.sync {
+            wait(&gpu)?;
+        }
+        step_wall.push(t_step.elapsed());
+    }
+    wait(&gpu)?;
+    let decode_wall = start.elapsed();
+    let step_gpu_ms = match &stamps {
+        Some(spans) => Some(spans.read_ms(&gpu)?),
+        None => None,
+    };
+    let out = runtime::block_on(xs[(c.tokens % 2) as usize].to_f32_async(&gpu))?;
+    let check = match c.check {
+        true => Some(compare(&out, &host_reference(c, &layer, &x0))),
+        false => None,
+    };
+    Ok(Report {
+        adapter: gpu.describe(),
+        prefill,
+        step_wall,
+        decode_wall,
+        step_gpu_ms,
+        check,
+        pipelines: gpu.pipelines_created(),
+    }
+    .with_tolerance(c.dtype))
+}
+
+impl Report {
+    fn with_tolerance(mut self, dtype: Dtype) -> Report {
+        // The reference rounds where the device does; what remains is f32 arithmetic
+        // against f64 (and the device's exp), through every step.
+        let tol = match dtype {
+            Dtype::F32 => 1e-5,
+            Dtype::F16 => 5e-3,
+            Dtype::Bf16 => 3e-2,
+        };
+        self.check = self.check.map(|(err, _)| (err, tol));
+        self
+    }
+}
+
+fn compare(got: &[f32], want: &[f64]) -> (f64, f64) {
+    let scale = want.iter().fold(1.0f64, |m, x| m.max(x.abs()));
+    let err = got
+        .iter()
+        .zip(want)
+        .map(|(g, w)| (f64::from(*g) - w).abs())
+        .fold(0.0, f64::max);
+    (err / scale, 0.0)
+}
+
+fn wait(gpu: &Gpu) -> Result<()> {
+    gpu.device
+        .poll(wgpu::PollType::wait_indefinitely())
+        .map_err(|e| anyhow::anyhow!("waiting for the GPU: {e}"))?;
+    Ok(())
+}
+
+/// The whole run in f64 on the host, rounding where the device stores the cache's dtype.
+fn host_reference(c: &Config, layer: &Layer, x0: &[f32]) -> Vec<f64> {
+    let h = c.heads;
+    let (b, p) = (c.slots as usize, c.prompt as usize);
+    let (nh, nkv, d) = (
+        h.n_heads as usize,
+        h.n_kv_heads as usize,
+        h.head_dim as usize,
+    );
+    let inv: Vec<f64> = runtime::rope::inv_freq(10000.0, h.head_dim)
+        .iter()
+        .map(|x| f64::from(*x))
+        .collect();
+    let x = reference::cast::<f64>(x0);
+    let rot = |x: &[f64], seq: usize, heads: usize, pos: u32| {
+        reference::rope(x, seq, heads, d, pos, &inv, 1.0)
+    };
+    let q = round(&rot(&layer.q.reference(&x), p, nh, 0), c.dtype);
+    let mut k = round(&rot(&layer.k.reference(&x), p, nkv, 0), c.dtype);
+    let mut v = round(&layer.v.reference(&x), c.dtype);
+    let scale = f64::from(h.default_scale());
+    let problem = Problem {
+        batch: b,
+        n_q: p,
+        n_k: p,
+        n_heads: nh,
+        n_kv_heads: nkv,
+        head_dim: d,
+        scale,
+        causal: true,
+        ..Problem::default()
+    };
+    let o = round(&reference::attention(&problem, &q, &k, &v).o, c.dtype);
+    let last: Vec<f64> = (0..b)
+        .flat_map(|s| o[(s * p + p - 1) * nh * d..][..nh * d].to_vec())
+        .collect();
+    let mut x = layer.o.reference(&last);
+    let kv_row = nkv * d;
+    for t in 0..c.tokens as usize {
+        let len = p + t;
+        let q = round(&rot(&layer.q.reference(&x), 1, nh, len as u32), c.dtype);
+        let kn = round(&rot(&layer.k.reference(&x), 1, nkv, len as u32), c.dtype);
+        let vn = round(&layer.v.reference(&x), c.dtype);
+        // Each sequence's cache grows by its new row.
+        let grow = |cache: &[f64], new: &[f64]| -> Vec<f64> {
+            (0..b)
+                .flat_map(|s| {
+                    let mut rows = cache[s * len * kv_row..][..len * kv_row].to_vec();
+                    rows.extend_from_slice(&new[s * kv_row..][..kv_row]);
+                    rows
+                })
+                .collect()
+        };
+        k = grow(&k, &kn);
+        v = grow(&v, &vn);
+        let problem = Problem {
+            batch: b,
+            n_q: 1,
+            n_k: len + 1,
+            n_heads: nh,
+            n_kv_heads: nkv,
+            head_dim: d,
+            scale,
+            q_pos: len,
+            ..Problem::default()
+        };
+        let o = round(&reference::attention(&problem, &q, &k, &v).o, c.dtype);
+        x = layer.o.reference(&o);
+    }
+    x
+}

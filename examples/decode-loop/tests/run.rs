@@ -1,0 +1,49 @@
+//! The decode loop on this machine's adapter, at small shapes: it agrees with the f64 host
+//! reference in every cache layout and dtype the adapter runs.
+
+use attn_dsl::Dtype;
+use decode_loop::{Config, run};
+use runtime::Heads;
+
+fn config(dtype: Dtype, page_size: Option<u32>) -> Config {
+    Config {
+        slots: 2,
+        prompt: 9,
+        tokens: 12,
+        capacity: 40,
+        heads: Heads {
+            n_heads: 4,
+            n_kv_heads: 2,
+            head_dim: 32,
+        },
+        dtype,
+        page_size,
+        sync: false,
+        check: true,
+        seed: 3,
+    }
+}
+
+#[test]
+fn decode_loop_agrees_with_the_host_reference() {
+    for (dtype, pages) in [
+        (Dtype::F32, None),
+        (Dtype::F32, Some(8)),
+        (Dtype::Bf16, Some(8)),
+    ] {
+        let report = run(&config(dtype, pages)).unwrap();
+        let (err, tol) = report.check.unwrap();
+        assert!(err <= tol, "{dtype:?} pages {pages:?}: {err} over {tol}");
+        assert_eq!(report.step_wall.len(), 12);
+    }
+}
+
+#[test]
+fn a_cache_too_short_for_the_run_is_refused() {
+    let c = Config {
+        capacity: 20,
+        ..config(Dtype::F32, None)
+    };
+    let err = run(&c).unwrap_err().to_string();
+    assert!(err.contains("raise --capacity"), "{err}");
+}

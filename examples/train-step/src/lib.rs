@@ -1,0 +1,292 @@
+//! A training step on device tensors, as a framework runs one: RoPE on Q and K, the
+//! attention forward, its backward, and RoPE's backward on dQ and dK, all recorded into
+//! one encoder and submitted once; the host reads back one scalar at the end. Steps run
+//! back to back and are timed on the GPU.
+//!
+//! The host reference runs the same step in f64 (Q, K, V and dO rounded to the dtype as
+//! the device rounds them) and the gradients must agree.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use attn_dsl::{Dtype, Masks, Scalar};
+use rand::{Rng, SeedableRng, rngs::StdRng};
+use runtime::ops::backward::BackwardArgs;
+use runtime::ops::convert::Convert;
+use runtime::ops::forward::{Forward, ForwardArgs, ForwardSpec};
+use runtime::ops::rope::{Rope, RopeArgs};
+use runtime::reference::{self, Problem};
+use runtime::{Backward, Gpu, Heads, Schedule, Tensor, kernels};
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub batch: u32,
+    pub seq: u32,
+    pub heads: Heads,
+    pub dtype: Dtype,
+    pub causal: bool,
+    pub steps: u32,
+    /// A backward schedule by name; `None`: the planner's.
+    pub schedule: Option<Schedule>,
+    pub check: bool,
+    pub seed: u64,
+}
+
+#[derive(Clone, Debug)]
+pub struct Report {
+    pub adapter: String,
+    pub schedule: Schedule,
+    /// The scalar read back: dQ's last element.
+    pub scalar: f32,
+    /// Wall time of all steps, from the first record to the scalar on the host.
+    pub wall: Duration,
+    /// GPU time of each step, where the adapter has timestamps.
+    pub step_gpu_ms: Option<Vec<f64>>,
+    /// Largest difference of dQ, dK, dV from the reference, as a fraction of each one's
+    /// largest value, and the tolerance.
+    pub check: Option<(f64, f64)>,
+}
+
+impl Report {
+    pub fn passed(&self) -> bool {
+        self.check.is_none_or(|(e, t)| e <= t)
+    }
+}
+
+fn scalar(dtype: Dtype) -> Scalar {
+    match dtype {
+        Dtype::F32 => Scalar::F32,
+        Dtype::F16 => Scalar::F16,
+        Dtype::Bf16 => Scalar::Bf16,
+    }
+}
+
+pub fn run(c: &Config) -> Result<Report> {
+    let h = c.heads;
+    if c.steps == 0 {
+        bail!("--steps must be at least 1");
+    }
+    let gpu = Gpu::new(kernels::FAMILY.iter().copied()).context("no adapter")?;
+    if c.dtype == Dtype::F16 && !gpu.has_f16() {
+        bail!(
+            "{} has no shader-f16; use --dtype bf16 or f32",
+            gpu.describe()
+        );
+    }
+    let (b, s) = (c.batch, c.seq);
+    let q_shape = [b, s, h.n_heads, h.head_dim];
+    let kv_shape = [b, s, h.n_kv_heads, h.head_dim];
+    let n = |shape: &[u32]| shape.iter().map(|d| *d as usize).product::<usize>();
+    let mut rng = StdRng::seed_from_u64(c.seed);
+    let mut draw =
+        |len: usize| -> Vec<f32> { (0..len).map(|_| rng.random_range(-2.0..2.0)).collect() };
+    let (q, k, v, d_o) = (
+        draw(n(&q_shape)),
+        draw(n(&kv_shape)),
+        draw(n(&kv_shape)),
+        draw(n(&q_shape)),
+    );
+    let f = Scalar::F32;
+    let data = scalar(c.dtype);
+    let up = |shape: &[u32], x: &[f32]| Tensor::from_f32(&gpu, shape, f, x);
+    // The step's inputs, as a framework holds them: f32, before RoPE.
+    let (q0, k0, v0, do0) = (
+        up(&q_shape, &q)?,
+        up(&kv_shape, &k)?,
+        up(&kv_shape, &v)?,
+        up(&q_shape, &d_o)?,
+    );
+    let rotated = [
+        Tensor::zeros(&gpu, &q_shape, f),
+        Tensor::zeros(&gpu, &kv_shape, f),
+    ];
+    let [qd, kd, vd, dod, od] = [&q_shape, &kv_shape, &kv_shape, &q_shape, &q_shape]
+        .map(|shape| Tensor::zeros(&gpu, shape, data));
+    let lse = Tensor::zeros(&gpu, &[b, s, h.n_heads], f);
+    let (dq, dk, dv) = (
+        Tensor::zeros(&gpu, &q_shape, f),
+        Tensor::zeros(&gpu, &kv_shape, f),
+        Tensor::zeros(&gpu, &kv_shape, f),
+    );
+    let positions = Tensor::from_u32(&gpu, &[b], &vec![0; b as usize])?;
+    let masks = Masks::new(c.causal, false);
+    let mut forward = Forward::new(
+        &gpu,
+        ForwardSpec {
+            head_dim: h.head_dim,
+            masks,
+            dtype: c.dtype,
+        },
+    )?;
+    let mut backward = Backward::new(&gpu, &[])?;
+    backward.add_in(&gpu, h.head_dim, masks, c.dtype)?;
+    let mut rope = Rope::new(h.head_dim, false)?;
+    let mut rope_back = Rope::new(h.head_dim, true)?;
+    let mut convert = Convert::new(c.dtype);
+    let stamps = runtime::timing::Spans::new(&gpu, c.steps);
+    let start = Instant::now();
+    let mut ran = None;
+    for step in 0..c.steps {
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        if let Some(spans) = &stamps {
+            spans.mark(&mut enc, step, false);
+        }
+        // RoPE in place on copies, so that every step starts from the same inputs.
+        enc.copy_buffer_to_buffer(q0.buffer(), 0, rotated[0].buffer(), 0, q0.bytes());
+        enc.copy_buffer_to_buffer(k0.buffer(), 0, rotated[1].buffer(), 0, k0.bytes());
+        for x in &rotated {
+            rope.record(
+                &gpu,
+                &mut enc,
+                &RopeArgs {
+                    x,
+                    positions: &positions,
+                    base: 10000.0,
+                },
+            )?;
+        }
+        let [qx, kx] = &rotated;
+        for (from, to) in [(qx, &qd), (kx, &kd), (&v0, &vd), (&do0, &dod)] {
+            match c.dtype {
+                Dtype::F32 => {
+                    enc.copy_buffer_to_buffer(from.buffer(), 0, to.buffer(), 0, from.bytes())
+                }
+                _ => convert.record_to(&gpu, &mut enc, from, to)?,
+            }
+        }
+        let fargs = ForwardArgs {
+            q: &qd,
+            k: &kd,
+            v: &vd,
+            o: &od,
+            lse: &lse,
+            seg: None,
+            scale: None,
+            mods: Default::default(),
+        };
+        forward.record(&gpu, &mut enc, &fargs)?;
+        let bargs = BackwardArgs {
+            q: &qd,
+            k: &kd,
+            v: &vd,
+            o: &od,
+            lse: &lse,
+            d_o: &dod,
+            dq: &dq,
+            dk: &dk,
+            dv: &dv,
+            dbias: None,
+            seg: None,
+            scale: None,
+            mods: Default::default(),
+            accumulate: false,
+        };
+        ran = Some(backward.record(&gpu, &mut enc, &bargs, c.schedule)?);
+        for x in [&dq, &dk] {
+            rope_back.record(
+                &gpu,
+                &mut enc,
+                &RopeArgs {
+                    x,
+                    positions: &positions,
+                    base: 10000.0,
+                },
+            )?;
+        }
+        if let Some(spans) = &stamps {
+            spans.mark(&mut enc, step, true);
+        }
+        gpu.queue.submit([enc.finish()]);
+    }
+    let at = dq.offset() + dq.bytes() - 4;
+    let word = runtime::block_on(runtime::buffers::read_range_async(&gpu, dq.buffer(), at, 4))?;
+    let scalar = f32::from_le_bytes([word[0], word[1], word[2], word[3]]);
+    let wall = start.elapsed();
+    let step_gpu_ms = match &stamps {
+        Some(spans) => Some(spans.read_ms(&gpu)?),
+        None => None,
+    };
+    let check = match c.check {
+        true => {
+            let got = [&dq, &dk, &dv].map(|t| runtime::block_on(t.to_f32_async(&gpu)));
+            let got = [got[0].as_ref(), got[1].as_ref(), got[2].as_ref()];
+            let got: Vec<&Vec<f32>> = got
+                .into_iter()
+                .collect::<Result<_, _>>()
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            let want = host_reference(c, [&q, &k, &v, &d_o]);
+            let err = got
+                .iter()
+                .zip(&want)
+                .map(|(g, w)| relative(g, w))
+                .fold(0.0, f64::max);
+            let tol = match c.dtype {
+                Dtype::F32 => 1e-4,
+                Dtype::F16 => 5e-3,
+                Dtype::Bf16 => 3e-2,
+            };
+            Some((err, tol))
+        }
+        false => None,
+    };
+    Ok(Report {
+        adapter: gpu.describe(),
+        schedule: ran.expect("at least one step"),
+        scalar,
+        wall,
+        step_gpu_ms,
+        check,
+    })
+}
+
+fn relative(got: &[f32], want: &[f64]) -> f64 {
+    let scale = want.iter().fold(1e-30f64, |m, x| m.max(x.abs()));
+    got.iter()
+        .zip(want)
+        .map(|(g, w)| (f64::from(*g) - w).abs())
+        .fold(0.0, f64::max)
+        / scale
+}
+
+fn round(x: &[f64], dtype: Dtype) -> Vec<f64> {
+    x.iter()
+        .map(|v| match dtype {
+            Dtype::F32 => f64::from(*v as f32),
+            Dtype::F16 => f64::from(half::f16::from_f64(*v).to_f32()),
+            Dtype::Bf16 => f64::from(half::bf16::from_f64(*v).to_f32()),
+        })
+        .collect()
+}
+
+/// dQ, dK and dV of the step in f64: RoPE, the exact attention backward, RoPE's backward.
+fn host_reference(c: &Config, [q, k, v, d_o]: [&[f32]; 4]) -> [Vec<f64>; 3] {
+    let h = c.heads;
+    let (nh, nkv, d) = (
+        h.n_heads as usize,
+        h.n_kv_heads as usize,
+        h.head_dim as usize,
+    );
+    let s = c.seq as usize;
+    let inv: Vec<f64> = runtime::rope::inv_freq(10000.0, h.head_dim)
+        .iter()
+        .map(|x| f64::from(*x))
+        .collect();
+    let rot = |x: &[f64], heads: usize, sign: f64| reference::rope(x, s, heads, d, 0, &inv, sign);
+    let c64 = reference::cast::<f64>;
+    let qr = round(&rot(&c64(q), nh, 1.0), c.dtype);
+    let kr = round(&rot(&c64(k), nkv, 1.0), c.dtype);
+    let (vr, dor) = (round(&c64(v), c.dtype), round(&c64(d_o), c.dtype));
+    let problem = Problem {
+        batch: c.batch as usize,
+        n_q: s,
+        n_k: s,
+        n_heads: nh,
+        n_kv_heads: nkv,
+        head_dim: d,
+        scale: f64::from(h.default_scale()),
+        causal: c.causal,
+        ..Problem::default()
+    };
+    let g = reference::attention_backward(&problem, [&qr, &kr, &vr, &dor], None);
+    [rot(&g.dq, nh, -1.0), rot(&g.dk, nkv, -1.0), g.dv]
+}
