@@ -159,11 +159,12 @@ fn dropped(row: u32, h: u32, j: u32, p: f32) -> f32 {
 }
 
 var<workgroup> sh_q: array<vec4<f32>, TILE * V4>;
+var<workgroup> sh_len: u32;
 // The slice's scores, then its P, one vec4 (the served heads) per key.
 var<workgroup> sh_s: array<vec4<f32>, MAX_SLICE>;
 
 // The first key the query sees: the cache's start, or its window's.
-fn first_key() -> u32 {
+fn first_key(len: u32) -> u32 {
     return 0u;
 }
 
@@ -231,8 +232,14 @@ fn attention_decode_split_paged(@builtin(workgroup_id) wg: vec3<u32>, @builtin(l
     let n_here = min(TILE, (kv_h + 1u) * q_per_kv() - head0);
     let lo = slice * dims.slice_len;
     // A slice past this sequence's length (a shorter sequence of a ragged batch) is empty.
-    let hi = max(lo, min(lo + dims.slice_len, cache_len()));
-    let first = max(lo, first_key());
+    // The length as a workgroup-uniform value: the loops below hold barriers, and WGSL
+    // requires their bounds uniform (a storage read is not, to the uniformity analysis).
+    if (tid == 0u) {
+        sh_len = cache_len();
+    }
+    let len = workgroupUniformLoad(&sh_len);
+    let hi = max(lo, min(lo + dims.slice_len, len));
+    let first = max(lo, first_key(len));
 
     // Absent heads get q = 0; their results are never written.
     for (var i = tid; i < TILE * V4; i = i + WG) {

@@ -27,6 +27,12 @@ pub enum Error {
     Tuning(#[from] crate::tuning::TuningError),
 }
 
+impl From<crate::ops::cache::CacheError> for Error {
+    fn from(e: crate::ops::cache::CacheError) -> Error {
+        Error::Input(InputError::Cache(e))
+    }
+}
+
 impl From<crate::tensor::TensorError> for Error {
     fn from(e: crate::tensor::TensorError) -> Error {
         Error::Input(InputError::Tensor(e))

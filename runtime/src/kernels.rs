@@ -609,6 +609,33 @@ attention_kernel! {
     }
 }
 
+attention_kernel! {
+    /// Appends rows of K and V to a contiguous KV cache on the device, head_dim 64: row s of
+    /// sequence b lands at `seq_lens[slot0 + b] + s`, and every slot's length, advanced, is
+    /// written to `seq_lens_next` in the same dispatch (`runtime::ops::cache::KvCache`).
+    pub attention_cache_append {
+        op: cache_append,
+        grid: elementwise,
+        head_dim: 64,
+        target: webgpu,
+        workgroup_size: 256,
+        writes: { k_cache: owned, v_cache: owned, seq_lens_next: owned },
+    }
+}
+
+attention_kernel! {
+    /// The same append into a paged cache (a pool of pages and a block table), head_dim 64.
+    pub attention_cache_append_paged {
+        op: cache_append,
+        grid: elementwise,
+        head_dim: 64,
+        target: webgpu,
+        workgroup_size: 256,
+        cache: paged,
+        writes: { k_cache: owned, v_cache: owned, seq_lens_next: owned },
+    }
+}
+
 /// The kernels of one backward specialization (one head_dim and mask set), by schedule:
 /// borrowed from the family's statics, or compiled at run time by [`BackwardKernels::compile`].
 pub struct BackwardKernels {
@@ -739,7 +766,7 @@ pub static ROPE: [(&attn_dsl::KernelAbi, &attn_dsl::KernelAbi); 2] = [
 /// `atomic<f32>`; so is streaming at head_dim 128, whose tiles of 16 rows need more than
 /// WebGPU's 16 KiB of workgroup memory; and so is the LayerNorm + Linear backward, which
 /// binds 12 storage buffers.)
-pub static FAMILY: [&attn_dsl::KernelAbi; 35] = [
+pub static FAMILY: [&attn_dsl::KernelAbi; 37] = [
     &attention_forward::ABI,
     &attention_forward_d128::ABI,
     &attention_decode::ABI,
@@ -775,4 +802,6 @@ pub static FAMILY: [&attn_dsl::KernelAbi; 35] = [
     &attention_backward_dkdv_flash_d128::ABI,
     &layernorm_linear::ABI,
     &layernorm_linear_reduce::ABI,
+    &attention_cache_append::ABI,
+    &attention_cache_append_paged::ABI,
 ];

@@ -41,10 +41,10 @@ pub fn key_tile(spec: &KernelSpec) -> u32 {
     spec.workgroup_size / lanes(spec.head_dim)
 }
 
-/// Workgroup memory besides the staged scores: Q of the served heads, and one vec4 per
-/// invocation for the reductions.
+/// Workgroup memory besides the staged scores: Q of the served heads, one vec4 per
+/// invocation for the reductions, and the sequence's length.
 fn fixed_bytes(spec: &KernelSpec) -> u32 {
-    4 * spec.grid.tile * spec.head_dim + 16 * spec.workgroup_size
+    4 * spec.grid.tile * spec.head_dim + 16 * spec.workgroup_size + 4
 }
 
 /// The longest slice (a multiple of [`key_tile`]) whose scores fit the target's workgroup
@@ -173,7 +173,7 @@ fn split(out: &mut String, spec: &KernelSpec) {
     );
     super::scores::helpers(out, spec);
     let start = if spec.masks.window {
-        "select(0u, cache_len() - dims.window, cache_len() > dims.window)"
+        "select(0u, len - dims.window, len > dims.window)"
     } else {
         "0u"
     };
@@ -232,11 +232,12 @@ fn split(out: &mut String, spec: &KernelSpec) {
     let _ = write!(
         out,
         r#"var<workgroup> sh_q: array<vec4<f32>, TILE * V4>;
+var<workgroup> sh_len: u32;
 // The slice's scores, then its P, one vec4 (the served heads) per key.
 var<workgroup> sh_s: array<vec4<f32>, MAX_SLICE>;
 
 // The first key the query sees: the cache's start, or its window's.
-fn first_key() -> u32 {{
+fn first_key(len: u32) -> u32 {{
     return {start};
 }}
 
@@ -297,8 +298,14 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     let n_here = min(TILE, (kv_h + 1u) * q_per_kv() - head0);
     let lo = slice * dims.slice_len;
     // A slice past this sequence's length (a shorter sequence of a ragged batch) is empty.
-    let hi = max(lo, min(lo + dims.slice_len, cache_len()));
-    let first = max(lo, first_key());
+    // The length as a workgroup-uniform value: the loops below hold barriers, and WGSL
+    // requires their bounds uniform (a storage read is not, to the uniformity analysis).
+    if (tid == 0u) {{
+        sh_len = cache_len();
+    }}
+    let len = workgroupUniformLoad(&sh_len);
+    let hi = max(lo, min(lo + dims.slice_len, len));
+    let first = max(lo, first_key(len));
 
     // Absent heads get q = 0; their results are never written.
     for (var i = tid; i < TILE * V4; i = i + WG) {{

@@ -38,7 +38,12 @@ pub struct Report {
     pub schedule: Schedule,
     /// The scalar read back: dQ's last element.
     pub scalar: f32,
-    /// Wall time of all steps, from the first record to the scalar on the host.
+    /// Wall time to a ready device and ops (nothing compiled yet).
+    pub setup: Duration,
+    /// Wall time of the first step, waited for: its kernels compile here (or come from the
+    /// pipeline caches).
+    pub first_step: Duration,
+    /// Wall time of the other steps, from the first record to the scalar on the host.
     pub wall: Duration,
     /// GPU time of each step, where the adapter has timestamps.
     pub step_gpu_ms: Option<Vec<f64>>,
@@ -66,6 +71,7 @@ pub fn run(c: &Config) -> Result<Report> {
     if c.steps == 0 {
         bail!("--steps must be at least 1");
     }
+    let setup = Instant::now();
     let gpu = Gpu::new(kernels::FAMILY.iter().copied()).context("no adapter")?;
     if c.dtype == Dtype::F16 && !gpu.has_f16() {
         bail!(
@@ -124,9 +130,18 @@ pub fn run(c: &Config) -> Result<Report> {
     let mut rope_back = Rope::new(h.head_dim, true)?;
     let mut convert = Convert::new(c.dtype);
     let stamps = runtime::timing::Spans::new(&gpu, c.steps);
-    let start = Instant::now();
+    let setup = setup.elapsed();
+    let mut start = Instant::now();
+    let mut first_step = Duration::ZERO;
     let mut ran = None;
     for step in 0..c.steps {
+        if step == 1 {
+            gpu.device
+                .poll(wgpu::PollType::wait_indefinitely())
+                .map_err(|e| anyhow::anyhow!("waiting for the GPU: {e}"))?;
+            first_step = start.elapsed();
+            start = Instant::now();
+        }
         let mut enc = gpu.device.create_command_encoder(&Default::default());
         if let Some(spans) = &stamps {
             spans.mark(&mut enc, step, false);
@@ -202,6 +217,9 @@ pub fn run(c: &Config) -> Result<Report> {
     let word = runtime::block_on(runtime::buffers::read_range_async(&gpu, dq.buffer(), at, 4))?;
     let scalar = f32::from_le_bytes([word[0], word[1], word[2], word[3]]);
     let wall = start.elapsed();
+    if c.steps == 1 {
+        first_step = wall;
+    }
     let step_gpu_ms = match &stamps {
         Some(spans) => Some(spans.read_ms(&gpu)?),
         None => None,
@@ -233,6 +251,8 @@ pub fn run(c: &Config) -> Result<Report> {
         adapter: gpu.describe(),
         schedule: ran.expect("at least one step"),
         scalar,
+        setup,
+        first_step,
         wall,
         step_gpu_ms,
         check,

@@ -75,7 +75,8 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let wall = r.wall.as_secs_f64() * 1e3 / f64::from(c.steps);
+    let later = (c.steps - 1).max(1);
+    let wall = r.wall.as_secs_f64() * 1e3 / f64::from(later);
     println!("adapter: {}", r.adapter);
     println!(
         "step: batch {}, seq {}, {} heads over {}, head_dim {}, {}, backward {}",
@@ -93,8 +94,14 @@ fn main() -> ExitCode {
         t[t.len() / 2]
     });
     println!(
-        "{} steps: {wall:.3} ms wall per step{}; read back dq[last] = {}",
-        c.steps,
+        "setup (device, ops; nothing compiled): {:.1} ms; first step (its kernels compiled \
+         or loaded from the pipeline caches): {:.1} ms",
+        r.setup.as_secs_f64() * 1e3,
+        r.first_step.as_secs_f64() * 1e3
+    );
+    println!(
+        "{} later steps: {wall:.3} ms wall per step{}; read back dq[last] = {}",
+        c.steps - 1,
         gpu.map_or(String::new(), |g| format!(", {g:.3} ms GPU (median)")),
         r.scalar
     );

@@ -7,12 +7,16 @@
 //! test runs the same rows on lavapipe.
 
 use attn_dsl::Masks;
+use attn_dsl::{Cache, Dtype, Scalar};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use runtime::compare::{Verdict, judge};
+use runtime::ops::cache::{CacheLayout, CacheSpec, KvCache};
+use runtime::ops::decode::{Decode, DecodeArgs, DecodeSpec};
+use runtime::ops::forward::{Forward, ForwardArgs, ForwardSpec};
 use runtime::reference::{self, Problem, cast};
 use runtime::{
     Backward, BackwardInput, Error, ForwardInput, ForwardOutput, Gpu, Gradients, Heads, Kernel,
-    Schedule, kernels, tuning,
+    Schedule, Tensor, kernels, tuning,
 };
 use serde::Serialize;
 use web_time::Instant;
@@ -240,7 +244,107 @@ pub async fn run_layer(
         on_row(&row);
         rows.push(row);
     }
+    if seq > 1 {
+        let row = decode_loop_row(gpu, &layer, (seq - 1).min(DECODE_STEPS)).await?;
+        on_row(&row);
+        rows.push(row);
+    }
     Ok(rows)
+}
+
+/// Tokens the page's decode loop generates.
+pub const DECODE_STEPS: u32 = 16;
+
+/// The layer as a decode loop on the page's device: the first rows prefilled into a KV
+/// cache on the device (the prompt's forward and its append), then each later row appended
+/// and decoded against the cache, one step at a time. Row s of the result is the
+/// forward's row s, judged as the forward is.
+async fn decode_loop_row(gpu: &Gpu, layer: &Layer, steps: u32) -> Result<Row, Error> {
+    let h = HEADS;
+    let prompt = layer.seq - steps;
+    let f = Scalar::F32;
+    let q_row = (h.n_heads * h.head_dim) as usize;
+    let kv_row = (h.n_kv_heads * h.head_dim) as usize;
+    let rows = |data: &[f32], width: usize, from: u32, n: u32, heads: u32| {
+        let slice = &data[from as usize * width..][..n as usize * width];
+        Tensor::from_f32(gpu, &[1, n, heads, h.head_dim], f, slice)
+    };
+    let mut cache = KvCache::new(
+        gpu,
+        CacheSpec {
+            slots: 1,
+            n_kv_heads: h.n_kv_heads,
+            head_dim: h.head_dim,
+            dtype: Dtype::F32,
+            layout: CacheLayout::Contiguous {
+                capacity: layer.seq,
+            },
+        },
+    )?;
+    let spec = ForwardSpec {
+        head_dim: h.head_dim,
+        masks: Masks::new(true, false),
+        dtype: Dtype::F32,
+    };
+    let mut forward = Forward::new(gpu, spec)?;
+    forward.prepare(gpu, 1, prompt, h).await?;
+    let mut decode = Decode::new(DecodeSpec {
+        head_dim: h.head_dim,
+        masks: Masks::default(),
+        dtype: Dtype::F32,
+        cache: Cache::Contiguous,
+    })?;
+    decode.prepare(gpu).await?;
+    let q = rows(&layer.q, q_row, 0, prompt, h.n_heads)?;
+    let k = rows(&layer.k, kv_row, 0, prompt, h.n_kv_heads)?;
+    let v = rows(&layer.v, kv_row, 0, prompt, h.n_kv_heads)?;
+    let o = Tensor::zeros(gpu, q.shape(), f);
+    let lse = Tensor::zeros(gpu, &[1, prompt, h.n_heads], f);
+    let mut enc = gpu.device.create_command_encoder(&Default::default());
+    cache.open(&mut enc, 0)?;
+    let args = ForwardArgs {
+        q: &q,
+        k: &k,
+        v: &v,
+        o: &o,
+        lse: &lse,
+        seg: None,
+        scale: None,
+        mods: Default::default(),
+    };
+    cache.prefill(gpu, &mut enc, &mut forward, 0, &args)?;
+    gpu.queue.submit([enc.finish()]);
+    let mut out = o.to_f32_async(gpu).await?;
+    let o_step = Tensor::zeros(gpu, &[1, h.n_heads, h.head_dim], f);
+    let start = Instant::now();
+    for t in prompt..layer.seq {
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        let (k, v) = (
+            rows(&layer.k, kv_row, t, 1, h.n_kv_heads)?,
+            rows(&layer.v, kv_row, t, 1, h.n_kv_heads)?,
+        );
+        cache.append(gpu, &mut enc, 0, &k, &v)?;
+        let q = rows(&layer.q, q_row, t, 1, h.n_heads)?.reshape(&[1, h.n_heads, h.head_dim])?;
+        let args = DecodeArgs {
+            q: &q,
+            cache: cache.view(),
+            o: &o_step,
+            scale: None,
+            mods: Default::default(),
+            slice_len: None,
+        };
+        decode.record(gpu, &mut enc, &args)?;
+        gpu.queue.submit([enc.finish()]);
+        out.extend(o_step.to_f32_async(gpu).await?);
+    }
+    let ms = start.elapsed().as_secs_f64() * 1e3 / f64::from(steps);
+    let (r64, r32) = (&layer.forward64, &layer.forward32);
+    Ok(Row::new(
+        format!("decode loop: prefill {prompt}, then {steps} steps (KV cache on the device)"),
+        layer.shape(),
+        &[("o", judge(&out, &r64.o, &r32.o))],
+        ms,
+    ))
 }
 
 /// The family's per-row forward and the flash forward candidates that fit the device,

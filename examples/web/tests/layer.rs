@@ -18,6 +18,10 @@ fn every_row_of_the_page_passes_natively() {
     }
     assert!(kernels.iter().any(|k| k.starts_with("forward flash")));
     assert!(kernels.iter().any(|k| k.starts_with("backward tiled")));
+    assert!(
+        kernels.iter().any(|k| k.starts_with("decode loop")),
+        "the decode loop on a device cache: {kernels:?}"
+    );
     assert_eq!(
         rows.iter()
             .filter(|r| r.kernel.ends_with("(planned)"))

@@ -63,6 +63,12 @@ struct Args {
     /// the split kernel's key tile, 32 at head_dim 128, up to 512).
     #[arg(long, value_name = "KEYS", requires = "decode")]
     slice_len: Option<u32>,
+    /// Time end-to-end steps through the recording API instead: decode steps at caches of
+    /// 4096 and 32768 rows (32 heads over 8, d 128; f16 and f32), wall time per step
+    /// against its GPU time; a 4096-row prefill; a forward + backward step at 4096 (16
+    /// heads, d 128, f16). --decode CACHE_LEN narrows the decode rows to one cache.
+    #[arg(long)]
+    e2e: bool,
     /// One JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
@@ -179,6 +185,9 @@ fn run(args: Args) -> anyhow::Result<()> {
     }
     if let Some(rows) = args.layernorm {
         return layernorm(&gpu, rows, args.runs, args.tune.as_deref());
+    }
+    if args.e2e {
+        return e2e(&gpu, &args);
     }
     if let Some(cache_len) = args.decode {
         return decode(&gpu, &args, cache_len);
@@ -379,5 +388,60 @@ fn decode(gpu: &Gpu, args: &Args, cache_len: u32) -> anyhow::Result<()> {
             100.0 * r.gbps() / copy.gbps()
         );
     }
+    Ok(())
+}
+
+/// The end-to-end rows (see `--e2e`).
+fn e2e(gpu: &Gpu, args: &Args) -> anyhow::Result<()> {
+    use attn_dsl::Dtype;
+    use runtime::bench::e2e;
+    let decode_heads = Heads {
+        n_heads: args.heads.unwrap_or(32),
+        n_kv_heads: args.kv_heads.unwrap_or(8),
+        head_dim: args.head_dim.first().copied().unwrap_or(128),
+    };
+    let caches = match args.decode {
+        Some(len) => vec![len],
+        None => vec![4096, 32768],
+    };
+    let steps = (args.runs as u32).max(50);
+    let dtypes: Vec<Dtype> = [Dtype::F16, Dtype::F32]
+        .into_iter()
+        .filter(|d| *d != Dtype::F16 || gpu.has_f16())
+        .collect();
+    println!("adapter: {}", gpu.describe());
+    println!(
+        "wall: per step, steps submitted back to back; waited: each step's result awaited \
+         before the next is recorded; GPU: the step's commands between two timestamps"
+    );
+    println!(
+        "{:<56} {:>10} {:>10} {:>10} {:>11}",
+        "step", "wall ms", "waited ms", "GPU ms", "wall / GPU"
+    );
+    let print = |r: &e2e::Row| {
+        println!(
+            "{:<56} {:>10.3} {:>10} {:>10.3} {:>11.2}",
+            r.what,
+            r.wall_ms,
+            r.waited_ms.map_or("-".into(), |w| format!("{w:.3}")),
+            r.gpu_ms,
+            r.wall_ms / r.gpu_ms
+        );
+    };
+    for &cache in &caches {
+        for &dtype in &dtypes {
+            print(&e2e::decode(gpu, decode_heads, cache, dtype, steps).context("decode")?);
+        }
+    }
+    let long = Heads {
+        n_heads: 16,
+        n_kv_heads: 16,
+        head_dim: 128,
+    };
+    let seq = args.seq.unwrap_or(4096);
+    let runs = args.runs as u32;
+    let dtype = dtypes[0];
+    print(&e2e::prefill(gpu, long, seq, dtype, runs).context("prefill")?);
+    print(&e2e::train_step(gpu, long, seq, dtype, runs).context("training step")?);
     Ok(())
 }

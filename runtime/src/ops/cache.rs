@@ -132,11 +132,15 @@ impl KvCache {
             })
             .into());
         }
+        let base = match cache {
+            Cache::Contiguous => "attention_cache_append",
+            Cache::Paged => "attention_cache_append_paged",
+        };
         let append_spec = KernelSpec {
             cache,
             dtype: spec.dtype,
             ..KernelSpec::standard(
-                &crate::tuning::family_name("attention_cache_append", spec.head_dim),
+                &crate::tuning::family_name(base, spec.head_dim),
                 Op::CacheAppend,
                 spec.head_dim,
                 Masks::default(),

@@ -2,6 +2,8 @@
 //! with FLOPs by FlashAttention's convention (forward 4·S²·H·D, halved when causal;
 //! backward 2.5× forward).
 
+pub mod e2e;
+
 use attn_dsl::{Cache, Dtype, KernelSpec, Masks, Op, Scalar};
 
 use crate::attention::{Heads, checked_grid, uniforms};

@@ -1,0 +1,323 @@
+//! End-to-end rows through the recording API, as an engine runs the kernels: wall time per
+//! step (record, submit, and the GPU's work) against the GPU time of the same commands.
+//!
+//! - decode: each step records RoPE on the new query and key rows (positions from the
+//!   cache's lengths), the cache append and split-K decode into one encoder; steps are
+//!   submitted back to back (what a loop that samples on the GPU does) and, separately,
+//!   waited for one by one (a loop that reads every token back).
+//! - prefill: the prompt's forward and its append into the cache.
+//! - training step: the forward and the backward in one encoder, waited for.
+
+use std::time::Instant;
+
+use attn_dsl::{Cache, Dtype, Masks, Scalar};
+
+use crate::attention::Heads;
+use crate::device::Gpu;
+use crate::error::Error;
+use crate::ops::backward::BackwardArgs;
+use crate::ops::cache::{CacheLayout, CacheSpec, KvCache};
+use crate::ops::decode::{Decode, DecodeArgs, DecodeSpec};
+use crate::ops::forward::{Forward, ForwardArgs, ForwardSpec};
+use crate::ops::rope::{Rope, RopeArgs};
+use crate::tensor::Tensor;
+use crate::timing::Spans;
+
+/// One end-to-end row.
+#[derive(Clone, Debug)]
+pub struct Row {
+    pub what: String,
+    /// Wall ms per step, steps submitted back to back.
+    pub wall_ms: f64,
+    /// Wall ms per step, each waited for.
+    pub waited_ms: Option<f64>,
+    /// GPU ms per step (median of the steps' timestamp spans).
+    pub gpu_ms: f64,
+}
+
+fn scalar(dtype: Dtype) -> Scalar {
+    crate::ops::convert::scalar(dtype)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn wait(gpu: &Gpu) -> Result<(), Error> {
+    gpu.device
+        .poll(wgpu::PollType::wait_indefinitely())
+        .map(|_| ())
+        .map_err(|e| Error::Readback(e.to_string()))
+}
+
+/// Random values in [-1, 1) for a tensor of `shape` in `dtype`.
+fn random(gpu: &Gpu, shape: &[u32], dtype: Dtype, seed: u64) -> Result<Tensor, Error> {
+    let n = shape.iter().map(|d| *d as usize).product();
+    let data: Vec<f32> = crate::cases::random(n, seed)
+        .iter()
+        .map(|x| x / 2.0)
+        .collect();
+    Ok(Tensor::from_f32(gpu, shape, scalar(dtype), &data)?)
+}
+
+/// Decode steps against a cache filled to `cache_len` rows (one sequence): `steps` back to
+/// back, then `steps` waited for.
+pub fn decode(gpu: &Gpu, h: Heads, cache_len: u32, dtype: Dtype, steps: u32) -> Result<Row, Error> {
+    let spec = CacheSpec {
+        slots: 1,
+        n_kv_heads: h.n_kv_heads,
+        head_dim: h.head_dim,
+        dtype,
+        layout: CacheLayout::Contiguous {
+            capacity: cache_len + 3 * steps,
+        },
+    };
+    let mut cache = KvCache::new(gpu, spec)?;
+    let mut enc = gpu.device.create_command_encoder(&Default::default());
+    cache.open(&mut enc, 0)?;
+    // Fill the cache a block of rows at a time.
+    let block = 1024.min(cache_len);
+    let rows = random(gpu, &[1, block, h.n_kv_heads, h.head_dim], dtype, 1)?;
+    let mut filled = 0;
+    while filled < cache_len {
+        let n = block.min(cache_len - filled);
+        let r = rows.view(&[1, n, h.n_kv_heads, h.head_dim])?;
+        cache.append(gpu, &mut enc, 0, &r, &r)?;
+        filled += n;
+    }
+    gpu.queue.submit([enc.finish()]);
+    let mut decode = Decode::new(DecodeSpec {
+        head_dim: h.head_dim,
+        masks: Masks::default(),
+        dtype,
+        cache: Cache::Contiguous,
+    })?;
+    let mut rope = Rope::new(h.head_dim, false)?;
+    // RoPE runs on f32 rows; the half-precision step rotates f32 copies it does not feed
+    // on (the cost of the dispatch is what is measured).
+    let q32 = random(gpu, &[1, 1, h.n_heads, h.head_dim], Dtype::F32, 2)?;
+    let k32 = random(gpu, &[1, 1, h.n_kv_heads, h.head_dim], Dtype::F32, 3)?;
+    let q = random(gpu, &[1, h.n_heads, h.head_dim], dtype, 4)?;
+    let kv = random(gpu, &[1, 1, h.n_kv_heads, h.head_dim], dtype, 5)?;
+    let o = Tensor::zeros(gpu, &[1, h.n_heads, h.head_dim], scalar(dtype));
+    let spans = Spans::new(gpu, steps).ok_or(crate::error::InputError::Unsupported {
+        what: "GPU timing",
+        needs: "an adapter with TIMESTAMP_QUERY",
+    })?;
+    let mut step = |spans: Option<&Spans>, t: u32| -> Result<(), Error> {
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        if let Some(s) = spans {
+            s.mark(&mut enc, t, false);
+        }
+        for x in [&q32, &k32] {
+            let args = RopeArgs {
+                x,
+                positions: cache.lengths(),
+                base: 10000.0,
+            };
+            rope.record(gpu, &mut enc, &args)?;
+        }
+        cache.append(gpu, &mut enc, 0, &kv, &kv)?;
+        let args = DecodeArgs {
+            q: &q,
+            cache: cache.view(),
+            o: &o,
+            scale: None,
+            mods: Default::default(),
+            slice_len: None,
+        };
+        decode.record(gpu, &mut enc, &args)?;
+        if let Some(s) = spans {
+            s.mark(&mut enc, t, true);
+        }
+        gpu.queue.submit([enc.finish()]);
+        Ok(())
+    };
+    // Warm up: pipelines, bind groups, the GPU's clocks.
+    for _ in 0..steps.min(20) {
+        step(None, 0)?;
+    }
+    wait(gpu)?;
+    let start = Instant::now();
+    for t in 0..steps {
+        step(Some(&spans), t)?;
+    }
+    wait(gpu)?;
+    let wall_ms = start.elapsed().as_secs_f64() * 1e3 / f64::from(steps);
+    let gpu_ms = median(spans.read_ms(gpu)?);
+    let start = Instant::now();
+    for _ in 0..steps {
+        step(None, 0)?;
+        wait(gpu)?;
+    }
+    let waited_ms = start.elapsed().as_secs_f64() * 1e3 / f64::from(steps);
+    Ok(Row {
+        what: format!(
+            "decode step, cache {cache_len}, {}/{}/{} {}",
+            h.n_heads,
+            h.n_kv_heads,
+            h.head_dim,
+            dtype.name()
+        ),
+        wall_ms,
+        waited_ms: Some(waited_ms),
+        gpu_ms,
+    })
+}
+
+/// Recorded steps, each waited for: wall against GPU time.
+fn waited(
+    gpu: &Gpu,
+    runs: u32,
+    mut record: impl FnMut(&mut wgpu::CommandEncoder) -> Result<(), Error>,
+) -> Result<(f64, f64), Error> {
+    let spans = Spans::new(gpu, runs).ok_or(crate::error::InputError::Unsupported {
+        what: "GPU timing",
+        needs: "an adapter with TIMESTAMP_QUERY",
+    })?;
+    for warm in 0..2 {
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        record(&mut enc)?;
+        gpu.queue.submit([enc.finish()]);
+        wait(gpu)?;
+        let _ = warm;
+    }
+    let mut walls = Vec::new();
+    for t in 0..runs {
+        let start = Instant::now();
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        spans.mark(&mut enc, t, false);
+        record(&mut enc)?;
+        spans.mark(&mut enc, t, true);
+        gpu.queue.submit([enc.finish()]);
+        wait(gpu)?;
+        walls.push(start.elapsed().as_secs_f64() * 1e3);
+    }
+    Ok((median(walls), median(spans.read_ms(gpu)?)))
+}
+
+/// The prompt's forward (causal) and its append into a fresh cache, waited for.
+pub fn prefill(gpu: &Gpu, h: Heads, seq: u32, dtype: Dtype, runs: u32) -> Result<Row, Error> {
+    let q = random(gpu, &[1, seq, h.n_heads, h.head_dim], dtype, 1)?;
+    let k = random(gpu, &[1, seq, h.n_kv_heads, h.head_dim], dtype, 2)?;
+    let o = Tensor::zeros(gpu, q.shape(), scalar(dtype));
+    let lse = Tensor::zeros(gpu, &[1, seq, h.n_heads], Scalar::F32);
+    let spec = ForwardSpec {
+        head_dim: h.head_dim,
+        masks: Masks::new(true, false),
+        dtype,
+    };
+    let mut forward = Forward::new(gpu, spec)?;
+    let cache_spec = CacheSpec {
+        slots: 1,
+        n_kv_heads: h.n_kv_heads,
+        head_dim: h.head_dim,
+        dtype,
+        layout: CacheLayout::Contiguous { capacity: seq },
+    };
+    let mut cache = KvCache::new(gpu, cache_spec)?;
+    let (wall_ms, gpu_ms) = waited(gpu, runs, |enc| {
+        // Each run starts the sequence over.
+        if cache.len(0).is_some() {
+            cache.free(enc, 0)?;
+        }
+        cache.open(enc, 0)?;
+        let args = ForwardArgs {
+            q: &q,
+            k: &k,
+            v: &k,
+            o: &o,
+            lse: &lse,
+            seg: None,
+            scale: None,
+            mods: Default::default(),
+        };
+        cache.prefill(gpu, enc, &mut forward, 0, &args)
+    })?;
+    Ok(Row {
+        what: format!(
+            "prefill {seq} rows, {}/{}/{} {}",
+            h.n_heads,
+            h.n_kv_heads,
+            h.head_dim,
+            dtype.name()
+        ),
+        wall_ms,
+        waited_ms: None,
+        gpu_ms,
+    })
+}
+
+/// A training step's forward and backward (causal) in one encoder, waited for.
+pub fn train_step(gpu: &Gpu, h: Heads, seq: u32, dtype: Dtype, runs: u32) -> Result<Row, Error> {
+    let q_shape = [1, seq, h.n_heads, h.head_dim];
+    let kv_shape = [1, seq, h.n_kv_heads, h.head_dim];
+    let q = random(gpu, &q_shape, dtype, 1)?;
+    let k = random(gpu, &kv_shape, dtype, 2)?;
+    let d_o = random(gpu, &q_shape, dtype, 3)?;
+    let o = Tensor::zeros(gpu, &q_shape, scalar(dtype));
+    let f = Scalar::F32;
+    let lse = Tensor::zeros(gpu, &[1, seq, h.n_heads], f);
+    let (dq, dk, dv) = (
+        Tensor::zeros(gpu, &q_shape, f),
+        Tensor::zeros(gpu, &kv_shape, f),
+        Tensor::zeros(gpu, &kv_shape, f),
+    );
+    let masks = Masks::new(true, false);
+    let mut forward = Forward::new(
+        gpu,
+        ForwardSpec {
+            head_dim: h.head_dim,
+            masks,
+            dtype,
+        },
+    )?;
+    let mut backward = crate::Backward::new(gpu, &[])?;
+    backward.add_in(gpu, h.head_dim, masks, dtype)?;
+    let mut schedule = None;
+    let (wall_ms, gpu_ms) = waited(gpu, runs, |enc| {
+        let fargs = ForwardArgs {
+            q: &q,
+            k: &k,
+            v: &k,
+            o: &o,
+            lse: &lse,
+            seg: None,
+            scale: None,
+            mods: Default::default(),
+        };
+        forward.record(gpu, enc, &fargs)?;
+        let bargs = BackwardArgs {
+            q: &q,
+            k: &k,
+            v: &k,
+            o: &o,
+            lse: &lse,
+            d_o: &d_o,
+            dq: &dq,
+            dk: &dk,
+            dv: &dv,
+            dbias: None,
+            seg: None,
+            scale: None,
+            mods: Default::default(),
+            accumulate: false,
+        };
+        schedule = Some(backward.record(gpu, enc, &bargs, None)?);
+        Ok(())
+    })?;
+    Ok(Row {
+        what: format!(
+            "forward + backward {seq}, {}/{}/{} {} ({})",
+            h.n_heads,
+            h.n_kv_heads,
+            h.head_dim,
+            dtype.name(),
+            schedule.map_or(String::new(), |s| s.to_string())
+        ),
+        wall_ms,
+        waited_ms: None,
+        gpu_ms,
+    })
+}
