@@ -49,14 +49,15 @@ fn check_dtype(spec: &KernelSpec) -> Result<(), DslError> {
         Op::FromDtype,
     ];
     if !ops.contains(&spec.op) && !flash_backward {
+        let names: Vec<&str> = ops.iter().map(|o| o.name()).collect();
         return Err(DslError::spec(
             Field::Dtype,
             format!(
-                "dtype {} is emitted for ops forward, decode_split, decode_reduce, \
-                 backward_prep, cache_append, to_dtype, from_dtype, and backward_q and backward_kv on flash grids; op {} on this \
-                 grid reads and writes f32 (drop `dtype`, or use `grid: s_major(flash)` / \
-                 `j_major(flash)`)",
+                "dtype {} is emitted for ops {}, and backward_q and backward_kv on flash \
+                 grids; op {} on this grid reads and writes f32 (drop `dtype`, or use \
+                 `grid: s_major(flash)` / `j_major(flash)`)",
                 spec.dtype.name(),
+                names.join(", "),
                 spec.op.name()
             ),
         ));

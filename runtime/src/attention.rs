@@ -106,14 +106,9 @@ pub(crate) fn sequence_dims(batch: u32, seq_len: u32, h: Heads) -> [(&'static st
     ]
 }
 
-#[cfg(not(target_arch = "wasm32"))]
-pub fn forward(gpu: &Gpu, kernel: &Kernel, input: &ForwardInput) -> Result<ForwardOutput, Error> {
-    pollster::block_on(forward_async(gpu, kernel, input))
-}
-
-/// [`forward`] for an async caller (the browser): the input checked, uploaded, run
-/// through [`crate::ops::forward::Forward`] and read back.
-pub async fn forward_async(
+/// O and LSE of host data: the input checked, uploaded, run through
+/// [`crate::ops::forward::Forward`] and read back.
+pub async fn forward(
     gpu: &Gpu,
     kernel: &Kernel,
     input: &ForwardInput<'_>,
@@ -150,18 +145,13 @@ pub async fn forward_async(
     crate::ops::forward::Forward::from_kernel(kernel)?.record(gpu, &mut encoder, &args)?;
     gpu.queue.submit([encoder.finish()]);
     Ok(ForwardOutput {
-        o: o.to_f32_async(gpu).await?,
-        lse: lse.to_f32_async(gpu).await?,
+        o: o.to_f32(gpu).await?,
+        lse: lse.to_f32(gpu).await?,
     })
 }
 
-#[cfg(not(target_arch = "wasm32"))]
-pub fn decode(gpu: &Gpu, kernel: &Kernel, input: &DecodeInput) -> Result<Vec<f32>, Error> {
-    pollster::block_on(decode_async(gpu, kernel, input))
-}
-
-/// [`decode`] for an async caller (the browser).
-pub async fn decode_async(
+/// The plain decode of host data (one workgroup per head), read back.
+pub async fn decode(
     gpu: &Gpu,
     kernel: &Kernel,
     input: &DecodeInput<'_>,
@@ -196,7 +186,7 @@ pub async fn decode_async(
     ];
     bound.extend(mods.iter().map(|(n, b)| (*n, b)));
     submit(gpu, kernel, &bound, grid)?;
-    buffers::read_async(gpu, &o, input.q.len()).await
+    buffers::read(gpu, &o, input.q.len()).await
 }
 
 /// Starts and ends of every row's document, as the `seg` binding holds them.

@@ -163,15 +163,9 @@ pub const DEFAULT_SCRATCH_BUDGET: u64 = 256 << 20;
 
 impl Backward {
     /// The backward for each head_dim in `sets`; the native f32-atomic streaming variant
-    /// only where the device has SHADER_FLOAT32_ATOMIC. Pipelines are created when a
-    /// schedule first runs.
-    #[cfg(not(target_arch = "wasm32"))]
+    /// only where the device has SHADER_FLOAT32_ATOMIC. Nothing is compiled yet: a
+    /// schedule's pipelines are created when it first runs.
     pub fn new(gpu: &Gpu, sets: &[BackwardKernels]) -> Result<Backward, Error> {
-        crate::block_on(Backward::new_async(gpu, sets))
-    }
-
-    /// [`Backward::new`] for an async caller (the browser).
-    pub async fn new_async(gpu: &Gpu, sets: &[BackwardKernels]) -> Result<Backward, Error> {
         let mut backward = Backward {
             compiled: Vec::new(),
             scratch: Default::default(),
@@ -179,20 +173,14 @@ impl Backward {
             table: Table::for_gpu(gpu)?,
         };
         for set in sets {
-            backward.add_async(gpu, set).await?;
+            backward.add(gpu, set)?;
         }
         Ok(backward)
     }
 
     /// Adds `set`'s schedules for its head_dim (e.g. a set from
     /// [`BackwardKernels::compile`] for a head_dim the family lacks); replaces any held.
-    #[cfg(not(target_arch = "wasm32"))]
     pub fn add(&mut self, gpu: &Gpu, set: &BackwardKernels) -> Result<(), Error> {
-        crate::block_on(self.add_async(gpu, set))
-    }
-
-    /// [`Backward::add`] for an async caller (the browser).
-    pub async fn add_async(&mut self, gpu: &Gpu, set: &BackwardKernels) -> Result<(), Error> {
         let compiled = Compiled {
             head_dim: set.prep.head_dim,
             dtype: Dtype::F32,
@@ -207,19 +195,7 @@ impl Backward {
     /// Adds the half-precision backward for `head_dim`, `masks` and `dtype` (f16 or
     /// bf16): the tiled schedule in each configuration that fits the device, on tensor
     /// cores first where the adapter has cooperative matrices and the dtype is f16.
-    #[cfg(not(target_arch = "wasm32"))]
     pub fn add_in(
-        &mut self,
-        gpu: &Gpu,
-        head_dim: u32,
-        masks: Masks,
-        dtype: Dtype,
-    ) -> Result<(), Error> {
-        crate::block_on(self.add_in_async(gpu, head_dim, masks, dtype))
-    }
-
-    /// [`Backward::add_in`] for an async caller (the browser).
-    pub async fn add_in_async(
         &mut self,
         gpu: &Gpu,
         head_dim: u32,
@@ -233,7 +209,7 @@ impl Backward {
         if dtype == Dtype::F32 {
             // Every f32 schedule, as `add` has them.
             let set = BackwardKernels::compile(head_dim, masks).map_err(dsl)?;
-            return self.add_async(gpu, &set).await;
+            return self.add(gpu, &set);
         }
         let prep = tuning::backward_prep_in(head_dim, dtype).map_err(dsl)?;
         let configs = tuning::backward_candidates_in(gpu, head_dim, dtype);
@@ -316,19 +292,8 @@ impl Backward {
         self.scratch.held()
     }
 
-    /// Fresh gradients of `input`, by `schedule` or the planner's choice.
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn run(
-        &mut self,
-        gpu: &Gpu,
-        input: &BackwardInput,
-        schedule: Option<Schedule>,
-    ) -> Result<(Gradients, Schedule), Error> {
-        pollster::block_on(self.run_async(gpu, input, schedule))
-    }
-
-    /// [`Backward::run`] for an async caller (the browser).
-    pub async fn run_async(
+    /// Fresh gradients of host data, by `schedule` or the planner's choice.
+    pub async fn run(
         &mut self,
         gpu: &Gpu,
         input: &BackwardInput<'_>,
@@ -340,40 +305,27 @@ impl Backward {
             dv: vec![0.0; input.v.len()],
             dbias: vec![0.0; input.mods.bias.map_or(0, |b| b.values.len())],
         };
-        self.accumulate_async(gpu, input, schedule, zeros).await
+        self.accumulate(gpu, input, schedule, zeros).await
     }
 
     /// `grads` plus the gradients of `input`: micro-steps add up.
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn accumulate(
-        &mut self,
-        gpu: &Gpu,
-        input: &BackwardInput,
-        schedule: Option<Schedule>,
-        grads: Gradients,
-    ) -> Result<(Gradients, Schedule), Error> {
-        pollster::block_on(self.accumulate_async(gpu, input, schedule, grads))
-    }
-
-    /// [`Backward::accumulate`] for an async caller (the browser).
-    pub async fn accumulate_async(
+    pub async fn accumulate(
         &mut self,
         gpu: &Gpu,
         input: &BackwardInput<'_>,
         schedule: Option<Schedule>,
         grads: Gradients,
     ) -> Result<(Gradients, Schedule), Error> {
-        self.accumulate_in_async(gpu, input, schedule, grads, Dtype::F32)
+        self.accumulate_in(gpu, input, schedule, grads, Dtype::F32)
             .await
     }
 
     /// Fresh gradients of `input` from the kernels of `dtype` (see [`Backward::add_in`]):
     /// Q, K, V, O and dO are rounded to it on upload; the gradients come back f32.
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn run_in(
+    pub async fn run_in(
         &mut self,
         gpu: &Gpu,
-        input: &BackwardInput,
+        input: &BackwardInput<'_>,
         schedule: Option<Schedule>,
         dtype: Dtype,
     ) -> Result<(Gradients, Schedule), Error> {
@@ -383,12 +335,12 @@ impl Backward {
             dv: vec![0.0; input.v.len()],
             dbias: vec![0.0; input.mods.bias.map_or(0, |b| b.values.len())],
         };
-        pollster::block_on(self.accumulate_in_async(gpu, input, schedule, zeros, dtype))
+        self.accumulate_in(gpu, input, schedule, zeros, dtype).await
     }
 
-    /// [`Backward::accumulate_async`] with the kernels of `dtype`: the host data checked,
+    /// [`Backward::accumulate`] with the kernels of `dtype`: the host data checked,
     /// uploaded, run through [`Backward::record`] and the gradients read back.
-    pub async fn accumulate_in_async(
+    pub async fn accumulate_in(
         &mut self,
         gpu: &Gpu,
         input: &BackwardInput<'_>,
@@ -446,13 +398,13 @@ impl Backward {
         let ran = self.record(gpu, &mut encoder, &args, Some(schedule))?;
         gpu.queue.submit([encoder.finish()]);
         let dbias = match &dbias {
-            Some(t) => t.to_f32_async(gpu).await?,
+            Some(t) => t.to_f32(gpu).await?,
             None => Vec::new(),
         };
         let grads = Gradients {
-            dq: dq.to_f32_async(gpu).await?,
-            dk: dk.to_f32_async(gpu).await?,
-            dv: dv.to_f32_async(gpu).await?,
+            dq: dq.to_f32(gpu).await?,
+            dk: dk.to_f32(gpu).await?,
+            dv: dv.to_f32(gpu).await?,
             dbias,
         };
         Ok((grads, ran))

@@ -85,7 +85,7 @@ pub fn output_as(gpu: &Gpu, label: &str, len: usize, scalar: Scalar) -> wgpu::Bu
 }
 
 /// Reads `len` elements of `scalar` back, widened to f32.
-pub async fn read_as_async(
+pub async fn read_as(
     gpu: &Gpu,
     buffer: &wgpu::Buffer,
     len: usize,
@@ -93,13 +93,13 @@ pub async fn read_as_async(
 ) -> Result<Vec<f32>, Error> {
     let widen = |bits: Vec<u16>, f: fn(u16) -> f32| bits.into_iter().map(f).collect();
     match scalar {
-        Scalar::F16 => Ok(widen(read_async::<u16>(gpu, buffer, len).await?, |b| {
+        Scalar::F16 => Ok(widen(read::<u16>(gpu, buffer, len).await?, |b| {
             f16::from_bits(b).to_f32()
         })),
-        Scalar::Bf16 => Ok(widen(read_async::<u16>(gpu, buffer, len).await?, |b| {
+        Scalar::Bf16 => Ok(widen(read::<u16>(gpu, buffer, len).await?, |b| {
             bf16::from_bits(b).to_f32()
         })),
-        Scalar::F32 | Scalar::U32 => read_async::<f32>(gpu, buffer, len).await,
+        Scalar::F32 | Scalar::U32 => read::<f32>(gpu, buffer, len).await,
     }
 }
 
@@ -112,35 +112,17 @@ pub fn uniform(gpu: &Gpu, label: &str, bytes: &[u8]) -> wgpu::Buffer {
         })
 }
 
-/// Copies the first `len` elements of `buffer` back to the host, waiting for the GPU.
-#[cfg(not(target_arch = "wasm32"))]
-pub fn read<T: Pod>(gpu: &Gpu, buffer: &wgpu::Buffer, len: usize) -> Result<Vec<T>, Error> {
-    read_many(gpu, &[(buffer, len)]).map(|mut v| v.remove(0))
-}
-
-/// Reads several buffers with one submission and one wait.
-#[cfg(not(target_arch = "wasm32"))]
-pub fn read_many<T: Pod>(
-    gpu: &Gpu,
-    buffers: &[(&wgpu::Buffer, usize)],
-) -> Result<Vec<Vec<T>>, Error> {
-    pollster::block_on(read_many_async(gpu, buffers))
-}
-
-/// [`read`] for an async caller (the browser, where the GPU's answer is a promise).
-pub async fn read_async<T: Pod>(
-    gpu: &Gpu,
-    buffer: &wgpu::Buffer,
-    len: usize,
-) -> Result<Vec<T>, Error> {
-    read_many_async(gpu, &[(buffer, len)])
+/// Copies the first `len` elements of `buffer` back to the host once the GPU has run
+/// everything submitted so far.
+pub async fn read<T: Pod>(gpu: &Gpu, buffer: &wgpu::Buffer, len: usize) -> Result<Vec<T>, Error> {
+    read_many(gpu, &[(buffer, len)])
         .await
         .map(|mut v| v.remove(0))
 }
 
 /// `size` bytes of `buffer` from byte `offset` (both multiples of 4), after the GPU has
 /// run everything submitted so far.
-pub async fn read_range_async(
+pub async fn read_range(
     gpu: &Gpu,
     buffer: &wgpu::Buffer,
     offset: u64,
@@ -187,10 +169,10 @@ async fn map_read(gpu: &Gpu, staging: &wgpu::Buffer) -> Result<Vec<u8>, Error> {
     Ok(out)
 }
 
-/// [`read_many`] for an async caller. Natively it blocks in `poll` until the maps are
-/// done (the futures are then ready); in a browser `poll` does nothing and the maps
-/// resolve from the event loop while this future waits.
-pub async fn read_many_async<T: Pod>(
+/// Reads several buffers with one submission and one wait. Natively it blocks in `poll`
+/// until the maps are done (the futures are then ready); in a browser `poll` does nothing
+/// and the maps resolve from the event loop while this future waits.
+pub async fn read_many<T: Pod>(
     gpu: &Gpu,
     buffers: &[(&wgpu::Buffer, usize)],
 ) -> Result<Vec<Vec<T>>, Error> {

@@ -1,6 +1,7 @@
 //! The case matrix that `check` and the tests run: each case is a shape and mask set, run
 //! on the GPU and judged against the f64 reference by the pass rule, as one or more rows.
 
+use crate::BlockOn;
 use attn_dsl::{BiasHeads, Cache, Dtype, FlashConfig, KernelAbi, KernelSpec, Masks, Op};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
@@ -434,6 +435,59 @@ pub fn default_matrix() -> Vec<Case> {
     cases
 }
 
+/// The quick matrix `check` runs by default: cases of the default matrix chosen so that
+/// every op, every backward schedule (each backward case runs them all), both dtypes'
+/// half-precision rows, every modifier, both cache layouts, head_dims by hand (64, 128)
+/// and by rule (80), GQA, a batch and packed sequences each run at least once, at sizes
+/// that a CPU adapter answers in about a minute.
+pub const QUICK: &[(&str, &str, &str)] = &[
+    ("forward", "seq=1 h=2 kv=2 d=64", "causal"),
+    ("forward", "seq=64 h=6 kv=2 d=64", "causal+3docs"),
+    ("forward", "seq=300 h=8 kv=2 d=128", "causal"),
+    ("forward", "seq=7 h=6 kv=2 d=80", "causal"),
+    ("forward", "seq=64 b=3 h=6 kv=2 d=64", "causal+2docs"),
+    ("forward", "seq=308 h=6 kv=2 d=64", "packed 1+7+300"),
+    ("decode", "cache=300/320 h=6 kv=2 d=64", "none"),
+    ("decode", "cache=4099/4100 b=2 h=16 kv=2 d=64", "none"),
+    (
+        "decode",
+        "cache=300/320 h=6 kv=2 d=64",
+        "window5+alibi+softcap2",
+    ),
+    ("backward", "seq=64 h=6 kv=2 d=64", "causal"),
+    ("backward", "seq=7 h=8 kv=2 d=128", "causal"),
+    ("backward", "seq=64 b=3 h=6 kv=2 d=64", "causal+2docs"),
+    ("rope", "seq=7+4093 h=4 kv=4 d=64", "none"),
+    (
+        "forward",
+        "seq=64 h=6 kv=2 d=64",
+        "causal+2docs+window24+alibi+bias+dropout10%",
+    ),
+    (
+        "backward",
+        "seq=64 h=6 kv=2 d=64",
+        "causal+2docs+window24+alibi+bias+dropout10%",
+    ),
+    ("backward", "seq=64 h=6 kv=2 d=64", "causal+2docs+softcap2"),
+    (
+        "forward",
+        "seq=64 h=6 kv=2 d=128",
+        "2docs+window24+alibi+shared_bias+dropout10%",
+    ),
+];
+
+/// The cases of [`QUICK`], in the default matrix's order.
+pub fn quick_matrix() -> Vec<Case> {
+    default_matrix()
+        .into_iter()
+        .filter(|c| {
+            QUICK.iter().any(|(k, s, m)| {
+                (c.kind(), c.shape_label(), c.mask_label()) == (*k, s.to_string(), m.to_string())
+            })
+        })
+        .collect()
+}
+
 /// Each score modifier alone (causal, with documents, GQA 3), then all at once, causal
 /// and not, at head_dims 64 and 128, forward and backward; decode with those it takes.
 fn modifier_cases() -> Vec<Case> {
@@ -579,11 +633,11 @@ impl Runner {
         let per_row = attention
             .into_iter()
             .filter(|abi| matches!(abi.op, Op::Forward | Op::Decode) && abi.grid.flash.is_none())
-            .map(|abi| Kernel::new(gpu, abi))
+            .map(|abi| Kernel::now(gpu, abi))
             .collect::<Result<_, _>>()?;
         let rope = ROPE
             .iter()
-            .map(|(f, b)| Ok((Kernel::new(gpu, f)?, Kernel::new(gpu, b)?)))
+            .map(|(f, b)| Ok((Kernel::now(gpu, f)?, Kernel::now(gpu, b)?)))
             .collect::<Result<_, Error>>()?;
         Ok(Runner {
             per_row,
@@ -641,7 +695,7 @@ impl Runner {
             };
             let spec =
                 KernelSpec::standard(&tuning::family_name(base, head_dim), op, head_dim, masks);
-            self.per_row.push(Kernel::new(gpu, &compile(&spec)?)?);
+            self.per_row.push(Kernel::now(gpu, &compile(&spec)?)?);
         }
         Ok(self
             .per_row
@@ -700,7 +754,7 @@ impl Runner {
                 };
                 set.push((
                     format!("forward {}", dtype.name()),
-                    Kernel::new(gpu, &compile(&spec)?)?,
+                    Kernel::now(gpu, &compile(&spec)?)?,
                 ));
             }
             for config in &configs {
@@ -716,7 +770,7 @@ impl Runner {
                     if planned == Some(*config) {
                         label += " (planned)";
                     }
-                    set.push((label, Kernel::new(gpu, &abi)?));
+                    set.push((label, Kernel::now(gpu, &abi)?));
                 }
             }
         }
@@ -740,7 +794,7 @@ impl Runner {
             let fwd = compile(&spec("rope", Op::Rope))?;
             let bwd = compile(&spec("rope_backward", Op::RopeBackward))?;
             self.rope
-                .push((Kernel::new(gpu, &fwd)?, Kernel::new(gpu, &bwd)?));
+                .push((Kernel::now(gpu, &fwd)?, Kernel::now(gpu, &bwd)?));
         }
         Ok(self.rope.iter().find(|p| found(p)).expect("just compiled"))
     }
@@ -797,7 +851,7 @@ fn flash_kernels(
             message: e.to_string(),
         })?;
         if tuning::fits(gpu, &abi) {
-            out.push((config, Kernel::new(gpu, &abi)?));
+            out.push((config, Kernel::now(gpu, &abi)?));
         }
     }
     Ok(out)
@@ -1027,7 +1081,7 @@ impl Job {
             scale: None,
             mods: self.mods.mods(),
         };
-        let out = attention::forward(gpu, kernel, &input)?;
+        let out = attention::forward(gpu, kernel, &input).block_on()?;
         if dtype != attn_dsl::Scalar::F32 {
             let p = self.problem();
             return Ok(judge_half_attention(
@@ -1083,7 +1137,7 @@ impl Job {
         let mut rows = Vec::new();
         let mut results: Vec<(Schedule, Gradients)> = Vec::new();
         for schedule in backward.schedules(gpu, h.head_dim) {
-            let (g, _) = backward.run(gpu, &input, Some(schedule))?;
+            let (g, _) = backward.run(gpu, &input, Some(schedule)).block_on()?;
             let verdicts = judge_backward(
                 &p,
                 [&q, &k, &v, &d_o],
@@ -1147,7 +1201,9 @@ impl Job {
         let plan = backward.plan_in(gpu, self.batch, self.seq, h, dtype);
         let mut rows = Vec::new();
         for schedule in backward.schedules_in(gpu, h.head_dim, dtype) {
-            let (g, _) = backward.run_in(gpu, &input, Some(schedule), dtype)?;
+            let (g, _) = backward
+                .run_in(gpu, &input, Some(schedule), dtype)
+                .block_on()?;
             let verdicts = judge_half_backward(
                 &self.problem(),
                 [&q, &k, &v, &d_o],
@@ -1326,8 +1382,8 @@ fn run_decode(
         mods: mods.mods(),
     };
     let o = match decoder {
-        Decoder::Plain(kernel) => attention::decode(gpu, kernel, &input)?,
-        Decoder::Split(split, slice_len) => split.run(gpu, &input, slice_len)?,
+        Decoder::Plain(kernel) => attention::decode(gpu, kernel, &input).block_on()?,
+        Decoder::Split(split, slice_len) => split.run(gpu, &input, slice_len).block_on()?,
         Decoder::Paged(split, page_size) => {
             let (table, k_pool, v_pool) = page_cache(h, (batch, capacity), page_size, 2, [&k, &v]);
             let pages = Pages {
@@ -1339,7 +1395,7 @@ fn run_decode(
                 v_cache: &v_pool,
                 ..input
             };
-            split.run_paged(gpu, &paged, &pages, None)?
+            split.run_paged(gpu, &paged, &pages, None).block_on()?
         }
     };
     // The reference reads each sequence's first `cache_len` rows, packed.
@@ -1381,7 +1437,7 @@ fn run_rope(
         pos_offset,
         base: 10000.0,
     };
-    let rotated = rope::rope(gpu, fwd, &input)?;
+    let rotated = rope::rope(gpu, fwd, &input).block_on()?;
     let back = rope::rope(
         gpu,
         bwd,
@@ -1389,7 +1445,8 @@ fn run_rope(
             x: &rotated,
             ..input
         },
-    )?;
+    )
+    .block_on()?;
     let (seq, heads, d) = (seq as usize, h.n_heads as usize, h.head_dim as usize);
     let freqs = rope::inv_freq(10000.0, h.head_dim);
     let exact = rope::inv_freq_exact(10000.0, h.head_dim);

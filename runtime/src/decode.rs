@@ -73,18 +73,10 @@ pub struct SplitDecode {
 }
 
 impl SplitDecode {
-    /// From the ABIs of a `decode_split` kernel and the `decode_reduce` that reads it.
-    #[cfg(not(target_arch = "wasm32"))]
+    /// From the ABIs of a `decode_split` kernel and the `decode_reduce` that reads it; the
+    /// pipelines are created now (in a browser their validation goes to the device's
+    /// uncaptured-error handler).
     pub fn new(gpu: &Gpu, split: &KernelAbi, reduce: &KernelAbi) -> Result<SplitDecode, Error> {
-        pollster::block_on(SplitDecode::new_async(gpu, split, reduce))
-    }
-
-    /// [`SplitDecode::new`] for an async caller (the browser).
-    pub async fn new_async(
-        gpu: &Gpu,
-        split: &KernelAbi,
-        reduce: &KernelAbi,
-    ) -> Result<SplitDecode, Error> {
         expect_op(split, Op::DecodeSplit)?;
         expect_op(reduce, Op::DecodeReduce)?;
         if reduce.head_dim != split.head_dim {
@@ -108,8 +100,8 @@ impl SplitDecode {
             )
         };
         Ok(SplitDecode {
-            split: Kernel::new_async(gpu, split).await?,
-            reduce: Kernel::new_async(gpu, reduce).await?,
+            split: Kernel::now(gpu, split)?,
+            reduce: Kernel::now(gpu, reduce)?,
             key_tile: attn_dsl::emit::split_key_tile(&spec),
             max_slice: attn_dsl::emit::split_max_slice(&spec),
         })
@@ -117,43 +109,18 @@ impl SplitDecode {
 
     /// The family's kernels for `head_dim` and `masks`, compiled from the same
     /// descriptions for any head_dim (a multiple of 4) or mask set the family lacks.
-    #[cfg(not(target_arch = "wasm32"))]
     pub fn for_shape(
         gpu: &Gpu,
         head_dim: u32,
         masks: Masks,
         cache: Cache,
     ) -> Result<SplitDecode, Error> {
-        pollster::block_on(SplitDecode::for_shape_async(gpu, head_dim, masks, cache))
-    }
-
-    /// [`SplitDecode::for_shape`] for an async caller (the browser).
-    pub async fn for_shape_async(
-        gpu: &Gpu,
-        head_dim: u32,
-        masks: Masks,
-        cache: Cache,
-    ) -> Result<SplitDecode, Error> {
-        SplitDecode::for_shape_in_async(gpu, head_dim, masks, cache, Dtype::F32).await
+        SplitDecode::for_shape_in(gpu, head_dim, masks, cache, Dtype::F32)
     }
 
     /// [`SplitDecode::for_shape`] with the query, the cache and O in `dtype` (f16 needs
     /// SHADER_F16): half the bytes of K and V to read per step.
-    #[cfg(not(target_arch = "wasm32"))]
     pub fn for_shape_in(
-        gpu: &Gpu,
-        head_dim: u32,
-        masks: Masks,
-        cache: Cache,
-        dtype: Dtype,
-    ) -> Result<SplitDecode, Error> {
-        pollster::block_on(SplitDecode::for_shape_in_async(
-            gpu, head_dim, masks, cache, dtype,
-        ))
-    }
-
-    /// [`SplitDecode::for_shape_in`] for an async caller (the browser).
-    pub async fn for_shape_in_async(
         gpu: &Gpu,
         head_dim: u32,
         masks: Masks,
@@ -169,7 +136,7 @@ impl SplitDecode {
             .iter()
             .find(|(s, _)| s.head_dim == head_dim && s.masks == masks);
         if let (Some((s, r)), Dtype::F32) = (found, dtype) {
-            return SplitDecode::new_async(gpu, s, r).await;
+            return SplitDecode::new(gpu, s, r);
         }
         let spec = crate::ops::decode::DecodeSpec {
             head_dim,
@@ -178,7 +145,7 @@ impl SplitDecode {
             cache,
         };
         let [split, reduce] = crate::ops::decode::abis(&spec)?;
-        SplitDecode::new_async(gpu, &split, &reduce).await
+        SplitDecode::new(gpu, &split, &reduce)
     }
 
     /// The longest slice the split kernel's workgroup memory holds.
@@ -213,18 +180,7 @@ impl SplitDecode {
 
     /// Validates, uploads and runs both passes; `slice_len` overrides the rule (a multiple of
     /// the key tile, at most the kernel's longest slice). Returns O, `[batch, n_heads, head_dim]`.
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn run(
-        &self,
-        gpu: &Gpu,
-        input: &DecodeInput,
-        slice_len: Option<u32>,
-    ) -> Result<Vec<f32>, Error> {
-        pollster::block_on(self.run_async(gpu, input, slice_len))
-    }
-
-    /// [`SplitDecode::run`] for an async caller (the browser).
-    pub async fn run_async(
+    pub async fn run(
         &self,
         gpu: &Gpu,
         input: &DecodeInput<'_>,
@@ -234,19 +190,7 @@ impl SplitDecode {
     }
 
     /// [`SplitDecode::run`] on a paged cache (kernels described with `cache: paged`).
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn run_paged(
-        &self,
-        gpu: &Gpu,
-        input: &DecodeInput,
-        pages: &Pages,
-        slice_len: Option<u32>,
-    ) -> Result<Vec<f32>, Error> {
-        pollster::block_on(self.run_paged_async(gpu, input, pages, slice_len))
-    }
-
-    /// [`SplitDecode::run_paged`] for an async caller (the browser).
-    pub async fn run_paged_async(
+    pub async fn run_paged(
         &self,
         gpu: &Gpu,
         input: &DecodeInput<'_>,
@@ -314,7 +258,7 @@ impl SplitDecode {
         let mut encoder = gpu.device.create_command_encoder(&Default::default());
         crate::ops::decode::record(gpu, &mut passes, &mut scratch, &mut encoder, &args)?;
         gpu.queue.submit([encoder.finish()]);
-        o.to_f32_async(gpu).await
+        o.to_f32(gpu).await
     }
 
     /// Whether the split kernel reads a paged cache.
@@ -580,17 +524,7 @@ pub struct Decoder {
 }
 
 impl Decoder {
-    #[cfg(not(target_arch = "wasm32"))]
     pub fn new(gpu: &Gpu, plain: &KernelAbi, split: SplitDecode) -> Result<Decoder, Error> {
-        pollster::block_on(Decoder::new_async(gpu, plain, split))
-    }
-
-    /// [`Decoder::new`] for an async caller (the browser).
-    pub async fn new_async(
-        gpu: &Gpu,
-        plain: &KernelAbi,
-        split: SplitDecode,
-    ) -> Result<Decoder, Error> {
         expect_op(plain, Op::Decode)?;
         let s = split.split.abi();
         if plain.head_dim != s.head_dim || plain.masks != s.masks {
@@ -602,7 +536,7 @@ impl Decoder {
             .into());
         }
         Ok(Decoder {
-            plain: Kernel::new_async(gpu, plain).await?,
+            plain: Kernel::now(gpu, plain)?,
             split,
         })
     }
@@ -613,21 +547,15 @@ impl Decoder {
     }
 
     /// Runs the planned decode; returns O, `[batch, n_heads, head_dim]`, and the path taken.
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn run(&self, gpu: &Gpu, input: &DecodeInput) -> Result<(Vec<f32>, DecodePath), Error> {
-        pollster::block_on(self.run_async(gpu, input))
-    }
-
-    /// [`Decoder::run`] for an async caller (the browser).
-    pub async fn run_async(
+    pub async fn run(
         &self,
         gpu: &Gpu,
         input: &DecodeInput<'_>,
     ) -> Result<(Vec<f32>, DecodePath), Error> {
         let path = self.plan(input);
         let o = match path {
-            DecodePath::Plain => crate::attention::decode_async(gpu, &self.plain, input).await?,
-            DecodePath::Split(s) => self.split.run_async(gpu, input, Some(s.slice_len)).await?,
+            DecodePath::Plain => crate::attention::decode(gpu, &self.plain, input).await?,
+            DecodePath::Split(s) => self.split.run(gpu, input, Some(s.slice_len)).await?,
         };
         Ok((o, path))
     }

@@ -15,15 +15,9 @@ pub struct Kernel {
 }
 
 impl Kernel {
-    /// Creates the pipeline; wgpu's validation errors come back as [`Error::Pipeline`].
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn new(gpu: &Gpu, abi: &KernelAbi) -> Result<Kernel, Error> {
-        crate::block_on(Kernel::new_async(gpu, abi))
-    }
-
-    /// [`Kernel::new`] for an async caller: a browser reports a pipeline's validation
-    /// errors through a promise.
-    pub async fn new_async(gpu: &Gpu, abi: &KernelAbi) -> Result<Kernel, Error> {
+    /// Creates the pipeline; wgpu's validation errors come back as [`Error::Pipeline`]
+    /// (awaited: a browser reports them through a promise).
+    pub async fn new(gpu: &Gpu, abi: &KernelAbi) -> Result<Kernel, Error> {
         let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let kernel = Kernel::create(gpu, abi)?;
         if let Some(e) = scope.pop().await {
@@ -37,11 +31,11 @@ impl Kernel {
 
     /// The pipeline, created now on this thread, for an op compiling on first use inside a
     /// synchronous `record`. Natively wgpu reports a validation error at once, as
-    /// [`Kernel::new`] does; in a browser, where that report is a promise, it goes to the
+    /// [`Kernel::new`] reports it; in a browser, where that report is a promise, it goes to the
     /// device's uncaptured-error handler instead (an op's `prepare` awaits it).
     pub(crate) fn now(gpu: &Gpu, abi: &KernelAbi) -> Result<Kernel, Error> {
         #[cfg(not(target_arch = "wasm32"))]
-        return Kernel::new(gpu, abi);
+        return crate::block_on(Kernel::new(gpu, abi));
         #[cfg(target_arch = "wasm32")]
         return Kernel::create(gpu, abi);
     }

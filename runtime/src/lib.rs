@@ -2,10 +2,12 @@
 //! kernel's ABI, validated forward and decode dispatch, CPU references and the checks that
 //! prove the kernels right on whatever adapter the machine has.
 //!
-//! The same runtime builds for `wasm32-unknown-unknown` on the browser's WebGPU: there each
-//! step that waits on the GPU is async (`Gpu::new_async`, `forward_async`,
-//! `Backward::run_async`, ...), and the blocking forms, the case matrix, GPU timing, `.npy`
-//! files and the binaries are native only.
+//! The API is async where it waits on the GPU (`Gpu::new`, `Kernel::new`, an op's
+//! `prepare`, readbacks such as `Tensor::to_f32` and the host-slice calls `forward`,
+//! `Backward::run`, ...), and synchronous everywhere else: recording never waits.
+//! Natively, [`block_on`] (or the [`BlockOn`] method `.block_on()`) runs any of them; in a
+//! browser (`wasm32-unknown-unknown` on its WebGPU) they are awaited. The case matrix, GPU
+//! timing, `.npy` files and the binaries are native only.
 
 pub mod attention;
 pub mod backward;
@@ -40,9 +42,12 @@ pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
     pollster::block_on(future)
 }
 
-pub use attention::{DecodeInput, ForwardInput, ForwardOutput, Heads, decode_async, forward_async};
+/// `.block_on()` on any future: [`block_on`] as a method, for chains such as
+/// `Gpu::new([]).block_on()?` (native only).
 #[cfg(not(target_arch = "wasm32"))]
-pub use attention::{decode, forward};
+pub use pollster::FutureExt as BlockOn;
+
+pub use attention::{DecodeInput, ForwardInput, ForwardOutput, Heads, decode, forward};
 pub use attn_dsl::{Dtype, Scalar};
 pub use backward::{Backward, BackwardInput, Gradients, Schedule};
 pub use decode::{DecodePath, Decoder, SplitDecode};
@@ -50,7 +55,5 @@ pub use device::{DeviceError, Gpu};
 pub use error::{Error, InputError};
 pub use kernel::Kernel;
 pub use modifiers::{Bias, DeviceBias, DeviceModifiers, Dropout, Modifiers};
-#[cfg(not(target_arch = "wasm32"))]
-pub use rope::rope;
-pub use rope::{RopeInput, rope_async};
+pub use rope::{RopeInput, rope};
 pub use tensor::{Tensor, TensorError};

@@ -26,19 +26,9 @@ pub struct RopeInput<'a> {
     pub base: f32,
 }
 
-/// `x` rotated (forward kernel) or rotated back (backward kernel).
-#[cfg(not(target_arch = "wasm32"))]
-pub fn rope(gpu: &Gpu, kernel: &Kernel, input: &RopeInput) -> Result<Vec<f32>, Error> {
-    pollster::block_on(rope_async(gpu, kernel, input))
-}
-
-/// [`rope`] for an async caller (the browser): uploaded, rotated through
-/// [`crate::ops::rope::Rope`] at positions `pos_offset + s`, read back.
-pub async fn rope_async(
-    gpu: &Gpu,
-    kernel: &Kernel,
-    input: &RopeInput<'_>,
-) -> Result<Vec<f32>, Error> {
+/// `x` rotated (forward kernel) or rotated back (backward kernel): uploaded, rotated
+/// through [`crate::ops::rope::Rope`] at positions `pos_offset + s`, read back.
+pub async fn rope(gpu: &Gpu, kernel: &Kernel, input: &RopeInput<'_>) -> Result<Vec<f32>, Error> {
     validate(kernel, input)?;
     let shape = [input.batch, input.seq_len, input.heads, input.head_dim];
     let x = Tensor::from_f32(gpu, &shape, Scalar::F32, input.x)?;
@@ -55,7 +45,7 @@ pub async fn rope_async(
     let mut encoder = gpu.device.create_command_encoder(&Default::default());
     crate::ops::rope::Rope::from_kernel(kernel)?.record(gpu, &mut encoder, &args)?;
     gpu.queue.submit([encoder.finish()]);
-    x.to_f32_async(gpu).await
+    x.to_f32(gpu).await
 }
 
 /// `base^(-2i/head_dim)` for each pair, in f64.

@@ -338,7 +338,7 @@ impl Tensor {
 
     /// The elements, widened to f32 (u32 elements converted), after the GPU has run
     /// everything submitted so far.
-    pub async fn to_f32_async(&self, gpu: &Gpu) -> Result<Vec<f32>, Error> {
+    pub async fn to_f32(&self, gpu: &Gpu) -> Result<Vec<f32>, Error> {
         let bytes = self.read_bytes(gpu).await?;
         Ok(match self.scalar {
             Scalar::F32 => bytemuck::pod_collect_to_vec(&bytes),
@@ -351,14 +351,14 @@ impl Tensor {
     }
 
     /// The elements of a u32 tensor.
-    pub async fn to_u32_async(&self, gpu: &Gpu) -> Result<Vec<u32>, Error> {
+    pub async fn to_u32(&self, gpu: &Gpu) -> Result<Vec<u32>, Error> {
         let bytes = self.read_bytes(gpu).await?;
         Ok(words(&bytes).collect())
     }
 
     async fn read_bytes(&self, gpu: &Gpu) -> Result<Vec<u8>, Error> {
         let mut bytes =
-            crate::buffers::read_range_async(gpu, &self.buffer, self.offset, self.binding_bytes())
+            crate::buffers::read_range(gpu, &self.buffer, self.offset, self.binding_bytes())
                 .await?;
         bytes.truncate(self.bytes() as usize);
         Ok(bytes)

@@ -1,6 +1,7 @@
 //! GPU time of a sequence of dispatches, from timestamp queries written at the start and
 //! end of each compute pass (never wall clock around submit).
 
+use crate::BlockOn;
 use crate::device::Gpu;
 use crate::error::{Error, InputError};
 
@@ -59,7 +60,7 @@ fn time_once(gpu: &Gpu, steps: &[Step], warmup: usize, runs: usize) -> Result<Ti
         }
         encoder.resolve_query_set(&queries, 0..count, &resolved, 0);
         gpu.queue.submit([encoder.finish()]);
-        let ticks = crate::buffers::read::<u64>(gpu, &resolved, count as usize)?;
+        let ticks = crate::buffers::read::<u64>(gpu, &resolved, count as usize).block_on()?;
         let span = ticks[count as usize - 1].saturating_sub(ticks[0]);
         times.push(span as f64 * period_ns / 1e6);
     }
@@ -178,7 +179,7 @@ impl Spans {
         let mut encoder = gpu.device.create_command_encoder(&Default::default());
         encoder.resolve_query_set(&self.queries, 0..count, &self.resolved, 0);
         gpu.queue.submit([encoder.finish()]);
-        let ticks = crate::buffers::read::<u64>(gpu, &self.resolved, count as usize)?;
+        let ticks = crate::buffers::read::<u64>(gpu, &self.resolved, count as usize).block_on()?;
         let period_ns = f64::from(gpu.queue.get_timestamp_period());
         Ok(ticks
             .chunks(2)

@@ -1,6 +1,7 @@
 //! The backward in every schedule, on this machine's adapter, against the f64 reference,
 //! against each other, and the reference itself against finite differences.
 
+use runtime::BlockOn;
 use runtime::backward::DEFAULT_SCRATCH_BUDGET;
 use runtime::cases::{documents, random};
 use runtime::compare::{judge_backward, max_abs_error};
@@ -9,7 +10,9 @@ use runtime::tuning::backward_candidates;
 use runtime::{Backward, BackwardInput, ForwardInput, Gpu, Heads, Kernel, Schedule, kernels};
 
 fn gpu() -> Gpu {
-    Gpu::new(kernels::FAMILY.iter().copied()).unwrap_or_else(|e| panic!("{e}"))
+    Gpu::new(kernels::FAMILY.iter().copied())
+        .block_on()
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 struct Data {
@@ -45,7 +48,7 @@ impl Data {
         } else {
             &kernels::attention_forward_d128::ABI
         };
-        let fwd = Kernel::new(gpu, abi).unwrap();
+        let fwd = Kernel::new(gpu, abi).block_on().unwrap();
         let input = ForwardInput {
             batch: 1,
             seq_len: seq,
@@ -57,7 +60,7 @@ impl Data {
             scale: None,
             mods: Default::default(),
         };
-        let out = runtime::forward(gpu, &fwd, &input).unwrap();
+        let out = runtime::forward(gpu, &fwd, &input).block_on().unwrap();
         Data {
             heads,
             seq,
@@ -132,7 +135,10 @@ fn every_schedule_matches_the_reference_and_the_others() {
         let data = Data::new(&gpu, heads, seq, docs, 11);
         let mut results = Vec::new();
         for schedule in backward.schedules(&gpu, heads.head_dim) {
-            let (g, ran) = backward.run(&gpu, &data.input(), Some(schedule)).unwrap();
+            let (g, ran) = backward
+                .run(&gpu, &data.input(), Some(schedule))
+                .block_on()
+                .unwrap();
             assert_eq!(ran, schedule);
             let verdicts = judge_backward(
                 &data.problem(),
@@ -180,9 +186,13 @@ fn gradients_accumulate_across_micro_steps() {
         3,
     );
     for schedule in backward.schedules(&gpu, 64) {
-        let (once, _) = backward.run(&gpu, &data.input(), Some(schedule)).unwrap();
+        let (once, _) = backward
+            .run(&gpu, &data.input(), Some(schedule))
+            .block_on()
+            .unwrap();
         let (twice, _) = backward
             .accumulate(&gpu, &data.input(), Some(schedule), once.clone())
+            .block_on()
             .unwrap();
         for (a, b) in [
             (&twice.dq, &once.dq),
@@ -211,11 +221,13 @@ fn scratch_is_reused_and_grown_only_when_needed() {
     let small = Data::new(&gpu, heads, 10, 2, 6);
     backward
         .run(&gpu, &big.input(), Some(Schedule::Split))
+        .block_on()
         .unwrap();
     let held = backward.scratch_held();
     assert_eq!(held, Schedule::Split.scratch_bytes(1, 20, 2));
     backward
         .run(&gpu, &small.input(), Some(Schedule::Split))
+        .block_on()
         .unwrap();
     assert_eq!(
         backward.scratch_held(),
@@ -224,6 +236,7 @@ fn scratch_is_reused_and_grown_only_when_needed() {
     );
     backward
         .run(&gpu, &small.input(), Some(Schedule::RecomputeSplit))
+        .block_on()
         .unwrap();
     assert_eq!(backward.scratch_held(), held);
 }
@@ -328,7 +341,7 @@ fn reference_matches_finite_differences_and_gpu_matches_reference() {
         "reference backward is off finite differences by {worst}"
     );
     let mut backward = Backward::new(&gpu, &kernels::BACKWARD).unwrap();
-    let (g, _) = backward.run(&gpu, &data.input(), None).unwrap();
+    let (g, _) = backward.run(&gpu, &data.input(), None).block_on().unwrap();
     let verdicts = judge_backward(
         &p,
         [&data.q, &data.k, &data.v, &data.d_o],
@@ -344,8 +357,8 @@ fn rope_backward_undoes_rope_and_both_match_the_reference() {
     let gpu = gpu();
     for (fwd_abi, bwd_abi) in kernels::ROPE {
         let (fwd, bwd) = (
-            Kernel::new(&gpu, fwd_abi).unwrap(),
-            Kernel::new(&gpu, bwd_abi).unwrap(),
+            Kernel::new(&gpu, fwd_abi).block_on().unwrap(),
+            Kernel::new(&gpu, bwd_abi).block_on().unwrap(),
         );
         let (seq, heads, d) = (37u32, 3u32, fwd_abi.head_dim);
         let x = random((seq * heads * d) as usize, 21);
@@ -358,7 +371,7 @@ fn rope_backward_undoes_rope_and_both_match_the_reference() {
             pos_offset: 5,
             base: 10000.0,
         };
-        let rotated = runtime::rope(&gpu, &fwd, &input).unwrap();
+        let rotated = runtime::rope(&gpu, &fwd, &input).block_on().unwrap();
         let back = runtime::rope(
             &gpu,
             &bwd,
@@ -367,6 +380,7 @@ fn rope_backward_undoes_rope_and_both_match_the_reference() {
                 ..input
             },
         )
+        .block_on()
         .unwrap();
         let identity = max_abs_error(&back, &cast::<f64>(&x));
         assert!(
@@ -447,7 +461,10 @@ fn long_rows_keep_blocked_accuracy_in_every_schedule() {
         {
             continue; // configuration 0 of each shares its accumulation with the others
         }
-        let (g, _) = backward.run(&gpu, &data.input(), Some(schedule)).unwrap();
+        let (g, _) = backward
+            .run(&gpu, &data.input(), Some(schedule))
+            .block_on()
+            .unwrap();
         let verdicts = judge_backward(
             &data.problem(),
             [&data.q, &data.k, &data.v, &data.d_o],
@@ -489,6 +506,7 @@ fn half_precision_sets_sit_beside_the_f32_ones() {
     let data = Data::new(&gpu, heads, 20, 2, 5);
     let missing = backward
         .run_in(&gpu, &data.input(), None, Dtype::Bf16)
+        .block_on()
         .expect_err("no bf16 set yet")
         .to_string();
     assert!(missing.contains("add_in"), "{missing}");
@@ -501,6 +519,7 @@ fn half_precision_sets_sit_beside_the_f32_ones() {
     assert_eq!(backward.schedules(&gpu, 64), f32_schedules);
     let (grads, ran) = backward
         .run_in(&gpu, &data.input(), None, Dtype::Bf16)
+        .block_on()
         .unwrap();
     assert_eq!(ran, half[0]);
     assert!(grads.dq.iter().chain(&grads.dk).all(|x| x.is_finite()));

@@ -1,6 +1,7 @@
 //! `bench`'s measurements: GPU-timed, every schedule present, FLOPs by FlashAttention's
 //! convention.
 
+use runtime::BlockOn;
 use runtime::bench::{self, BenchShape};
 use runtime::{Gpu, Heads, kernels};
 
@@ -36,7 +37,9 @@ fn flops_follow_flash_attention_convention() {
 
 #[test]
 fn every_kernel_and_schedule_is_gpu_timed() {
-    let gpu = Gpu::new(kernels::FAMILY.iter().copied()).unwrap_or_else(|e| panic!("{e}"));
+    let gpu = Gpu::new(kernels::FAMILY.iter().copied())
+        .block_on()
+        .unwrap_or_else(|e| panic!("{e}"));
     assert!(
         gpu.has_timestamps(),
         "{} has no TIMESTAMP_QUERY",
@@ -126,7 +129,9 @@ fn decode_rows_count_the_cache_and_time_every_decode_and_the_copy() {
     };
     // K and V: 300 rows of 2 KV heads; Q and O: 8 heads; 64 floats of 4 bytes each.
     assert_eq!(shape.bytes(), 4.0 * 64.0 * (2.0 * 300.0 * 2.0 + 2.0 * 8.0));
-    let gpu = Gpu::new(kernels::FAMILY.iter().copied()).unwrap_or_else(|e| panic!("{e}"));
+    let gpu = Gpu::new(kernels::FAMILY.iter().copied())
+        .block_on()
+        .unwrap_or_else(|e| panic!("{e}"));
     let copy = bench::copy_bandwidth(&gpu, 0, 1).unwrap();
     assert!(copy.timing.median_ms > 0.0 && copy.gbps() > 0.0);
     let rows = bench::decode(&gpu, shape, None, 0, 1).unwrap();

@@ -1,5 +1,6 @@
 //! Split-K decode: the slicing rule, the planner's choice, and its input errors.
 
+use runtime::BlockOn;
 use runtime::decode::{
     DecodePath, Decoder, SplitDecode, TARGET_WORKGROUPS, plan_decode, plan_slices,
 };
@@ -50,7 +51,9 @@ fn input<'a>(cache_len: u32, q: &'a [f32], kv: &'a [f32]) -> DecodeInput<'a> {
 
 #[test]
 fn planner_splits_caches_longer_than_a_slice_and_refuses_bad_slices() {
-    let gpu = Gpu::new(kernels::FAMILY.iter().copied()).unwrap_or_else(|e| panic!("{e}"));
+    let gpu = Gpu::new(kernels::FAMILY.iter().copied())
+        .block_on()
+        .unwrap_or_else(|e| panic!("{e}"));
     let (split, reduce) = kernels::DECODE_SPLIT[0];
     let split = SplitDecode::new(&gpu, split, reduce).unwrap();
     let q = vec![0.5f32; 8 * 64];
@@ -78,17 +81,21 @@ fn planner_splits_caches_longer_than_a_slice_and_refuses_bad_slices() {
     let bad = split.key_tile() + 1;
     let err = split
         .run(&gpu, &input(4099, &q, &kv), Some(bad))
+        .block_on()
         .unwrap_err();
     assert!(
         matches!(err, runtime::Error::Input(InputError::SliceLen { .. })),
         "{err}"
     );
     // Equal keys and values: every head's output is the value row itself, on either path.
-    let o = split.run(&gpu, &input(4099, &q, &kv), None).unwrap();
+    let o = split
+        .run(&gpu, &input(4099, &q, &kv), None)
+        .block_on()
+        .unwrap();
     assert!(o.iter().all(|x| (x - 0.25).abs() < 1e-6));
     let decoder = Decoder::new(&gpu, &kernels::attention_decode::ABI, split).unwrap();
     for inp in [input(4099, &q, &kv), mha] {
-        let (o, path) = decoder.run(&gpu, &inp).unwrap();
+        let (o, path) = decoder.run(&gpu, &inp).block_on().unwrap();
         assert_eq!(path, decoder.plan(&inp));
         assert!(o.iter().all(|x| (x - 0.25).abs() < 1e-6));
     }
@@ -97,7 +104,9 @@ fn planner_splits_caches_longer_than_a_slice_and_refuses_bad_slices() {
 #[test]
 fn paged_input_errors_come_before_any_dispatch() {
     use runtime::decode::Pages;
-    let gpu = Gpu::new(kernels::FAMILY.iter().copied()).unwrap_or_else(|e| panic!("{e}"));
+    let gpu = Gpu::new(kernels::FAMILY.iter().copied())
+        .block_on()
+        .unwrap_or_else(|e| panic!("{e}"));
     let (split, reduce) = kernels::DECODE_SPLIT_PAGED[0];
     let paged = SplitDecode::new(&gpu, split, reduce).unwrap();
     let q = vec![0.5f32; 8 * 64];
@@ -109,6 +118,7 @@ fn paged_input_errors_come_before_any_dispatch() {
     };
     let o = paged
         .run_paged(&gpu, &input(20, &q, &pool), &ok, None)
+        .block_on()
         .unwrap();
     assert!(o.iter().all(|x| (x - 0.25).abs() < 1e-6));
     let past = Pages {
@@ -117,14 +127,17 @@ fn paged_input_errors_come_before_any_dispatch() {
     };
     let err = paged
         .run_paged(&gpu, &input(20, &q, &pool), &past, None)
+        .block_on()
         .unwrap_err();
     assert!(err.to_string().contains("past the pool's 4 pages"), "{err}");
     // Only the pages cache_len needs are read, so a stale entry after them is fine.
     paged
         .run_paged(&gpu, &input(16, &q, &pool), &past, None)
+        .block_on()
         .unwrap();
     let short = paged
         .run_paged(&gpu, &input(33, &q, &pool), &ok, None)
+        .block_on()
         .unwrap_err();
     assert!(
         matches!(
@@ -133,7 +146,10 @@ fn paged_input_errors_come_before_any_dispatch() {
         ),
         "{short}"
     );
-    let contiguous = paged.run(&gpu, &input(20, &q, &pool), None).unwrap_err();
+    let contiguous = paged
+        .run(&gpu, &input(20, &q, &pool), None)
+        .block_on()
+        .unwrap_err();
     assert!(
         matches!(
             contiguous,

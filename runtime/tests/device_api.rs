@@ -4,6 +4,7 @@
 //! compile on first use, and every typed refusal leaving the device untouched.
 
 use attn_dsl::{Cache, Dtype, Masks, Scalar};
+use runtime::BlockOn;
 use runtime::cases::random;
 use runtime::compare::judge_attention;
 use runtime::ops::backward::BackwardArgs;
@@ -19,11 +20,13 @@ use runtime::{
 use wgpu::util::DeviceExt;
 
 fn gpu() -> Gpu {
-    Gpu::new(kernels::FAMILY.iter().copied()).unwrap_or_else(|e| panic!("{e}"))
+    Gpu::new(kernels::FAMILY.iter().copied())
+        .block_on()
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn read(gpu: &Gpu, t: &Tensor) -> Vec<f32> {
-    runtime::block_on(t.to_f32_async(gpu)).unwrap()
+    runtime::block_on(t.to_f32(gpu)).unwrap()
 }
 
 const HEADS: Heads = Heads {
@@ -260,7 +263,9 @@ fn a_training_step_records_forward_and_backward_in_one_encoder() {
     // The same step through the host-slice API.
     let host_fwd = runtime::forward(
         &gpu,
-        &Kernel::new(&gpu, fwd.kernel_for(&gpu, b, s, h).unwrap().abi()).unwrap(),
+        &Kernel::new(&gpu, fwd.kernel_for(&gpu, b, s, h).unwrap().abi())
+            .block_on()
+            .unwrap(),
         &ForwardInput {
             batch: b,
             seq_len: s,
@@ -273,6 +278,7 @@ fn a_training_step_records_forward_and_backward_in_one_encoder() {
             mods: Default::default(),
         },
     )
+    .block_on()
     .unwrap();
     assert_eq!(read(&gpu, &ot), host_fwd.o);
     let input = BackwardInput {
@@ -289,7 +295,7 @@ fn a_training_step_records_forward_and_backward_in_one_encoder() {
         scale: None,
         mods: Default::default(),
     };
-    let (host, _) = bwd.run(&gpu, &input, Some(ran)).unwrap();
+    let (host, _) = bwd.run(&gpu, &input, Some(ran)).block_on().unwrap();
     let close = |a: &[f32], b: &[f32]| {
         a.iter()
             .zip(b)
@@ -489,7 +495,7 @@ fn refused_cache_changes_leave_it_as_it_was() {
     assert_eq!(e, CacheError::Free { slot: 1 });
     submit(&gpu, enc);
     assert_eq!(
-        runtime::block_on(cache.lengths().to_u32_async(&gpu)).unwrap(),
+        runtime::block_on(cache.lengths().to_u32(&gpu)).unwrap(),
         [3, 0]
     );
 }
@@ -593,9 +599,12 @@ fn a_callers_device_is_checked_for_what_each_kernel_needs() {
     let (_, k) = upload(&gpu, &[b, s, 2, 64], 2);
     let o = Tensor::zeros(&gpu, &[b, s, 4, 64], Scalar::F32);
     let lse = Tensor::zeros(&gpu, &[b, s, 4], Scalar::F32);
-    let mut fwd =
-        Forward::from_kernel(&Kernel::new(&gpu, &kernels::attention_forward::ABI).unwrap())
-            .unwrap();
+    let mut fwd = Forward::from_kernel(
+        &Kernel::new(&gpu, &kernels::attention_forward::ABI)
+            .block_on()
+            .unwrap(),
+    )
+    .unwrap();
     let mut enc = gpu.device.create_command_encoder(&Default::default());
     let args = ForwardArgs {
         q: &q,

@@ -2,13 +2,16 @@
 //! the install command, never a silent skip.
 
 use attn_dsl::{Gqa, KernelSpec, Masks, Op};
+use runtime::BlockOn;
 use runtime::cases::{self, Runner, documents, random};
 use runtime::compare::judge_attention;
 use runtime::reference::Problem;
 use runtime::{ForwardInput, Gpu, Heads, Kernel, kernels};
 
 fn gpu() -> Gpu {
-    Gpu::new(kernels::FAMILY.iter().copied()).unwrap_or_else(|e| panic!("{e}"))
+    Gpu::new(kernels::FAMILY.iter().copied())
+        .block_on()
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 #[test]
@@ -92,7 +95,9 @@ fn empty_row_stores_zero_and_infinite_lse_through_generated_bindings() {
         pass.dispatch_workgroups(x, y, z);
     }
     gpu.queue.submit([encoder.finish()]);
-    let out = buffers::read_many::<f32>(&gpu, &[(&o, n), (&lse, (seq * heads) as usize)]).unwrap();
+    let out = buffers::read_many::<f32>(&gpu, &[(&o, n), (&lse, (seq * heads) as usize)])
+        .block_on()
+        .unwrap();
     let (o, lse) = (&out[0], &out[1]);
     let row = |s: u32, h: u32| ((s * heads + h) * d) as usize..((s * heads + h + 1) * d) as usize;
     for h in 0..heads {
@@ -128,7 +133,7 @@ fn spec_compiled_at_run_time_runs_and_matches_the_reference() {
     spec.gqa = Gqa::Ratio(3);
     spec.grid.tile = 4;
     let abi = attn_dsl::compile(&spec).unwrap();
-    let kernel = Kernel::new(&gpu, &abi).unwrap();
+    let kernel = Kernel::new(&gpu, &abi).block_on().unwrap();
     let heads = Heads {
         n_heads: 6,
         n_kv_heads: 2,
@@ -152,7 +157,7 @@ fn spec_compiled_at_run_time_runs_and_matches_the_reference() {
         scale: Some(0.2),
         mods: Default::default(),
     };
-    let out = runtime::forward(&gpu, &kernel, &input).unwrap();
+    let out = runtime::forward(&gpu, &kernel, &input).block_on().unwrap();
     let p = Problem {
         batch: 1,
         n_q: 45,
@@ -237,7 +242,7 @@ fn forward_is_right(gpu: &Gpu, abi: &attn_dsl::KernelAbi) -> bool {
     let seq = 70usize;
     let n = seq * 2 * 64;
     let (q, k, v) = (random(n, 11), random(n, 12), random(n, 13));
-    let kernel = Kernel::new(gpu, abi).unwrap();
+    let kernel = Kernel::new(gpu, abi).block_on().unwrap();
     let input = ForwardInput {
         batch: 1,
         seq_len: seq as u32,
@@ -249,7 +254,7 @@ fn forward_is_right(gpu: &Gpu, abi: &attn_dsl::KernelAbi) -> bool {
         scale: None,
         mods: Default::default(),
     };
-    let out = runtime::forward(gpu, &kernel, &input).unwrap();
+    let out = runtime::forward(gpu, &kernel, &input).block_on().unwrap();
     let p = Problem {
         batch: 1,
         n_q: seq,
@@ -273,7 +278,7 @@ fn forward_is_right(gpu: &Gpu, abi: &attn_dsl::KernelAbi) -> bool {
 fn tensor_core_forward_is_refused_without_cooperative_matrices() {
     let gpu = gpu();
     let abi = &kernels::attention_forward_flash_tc_d128::ABI;
-    let made = Kernel::new(&gpu, abi);
+    let made = Kernel::new(&gpu, abi).block_on();
     match gpu.has_coop16() {
         true => assert!(made.is_ok(), "{:?}", made.err()),
         false => {

@@ -2,12 +2,15 @@
 //! before any dispatch, and both backward schedules pass the rule at the seed's shape.
 
 use attn_dsl::row_layer::RowSums;
+use runtime::BlockOn;
 use runtime::layernorm::check::{LnCase, run};
 use runtime::layernorm::{Input, LayerNormLinear, layernorm_linear};
 use runtime::{Error, Gpu, InputError, kernels};
 
 fn gpu() -> Gpu {
-    Gpu::new(kernels::FAMILY.iter().copied()).expect("an adapter (lavapipe at least)")
+    Gpu::new(kernels::FAMILY.iter().copied())
+        .block_on()
+        .expect("an adapter (lavapipe at least)")
 }
 
 #[test]
@@ -31,7 +34,7 @@ fn bad_input_is_a_typed_error() {
         b: &b,
         eps: 1e-5,
     };
-    let input_error = |input: Input| match layernorm_linear(&gpu, &layer, &input) {
+    let input_error = |input: Input| match layernorm_linear(&gpu, &layer, &input).block_on() {
         Err(Error::Input(e)) => e,
         other => panic!(
             "expected an input error, got {:?}",
@@ -72,7 +75,11 @@ fn bad_input_is_a_typed_error() {
         InputError::ZeroDim { name: "rows" }
     );
     assert_eq!(
-        layernorm_linear(&gpu, &layer, &good).unwrap().y.len(),
+        layernorm_linear(&gpu, &layer, &good)
+            .block_on()
+            .unwrap()
+            .y
+            .len(),
         16 * 16
     );
 }

@@ -1,6 +1,7 @@
 //! Non-finite inputs stay where they are: a NaN or Inf in Q[s] reaches only row s, one in
 //! K[j] or V[j] only the rows that see key j. Every other row is unchanged and correct.
 
+use runtime::BlockOn;
 use runtime::cases::random;
 use runtime::compare::judge;
 use runtime::reference::{self, Problem, cast};
@@ -8,8 +9,12 @@ use runtime::{ForwardInput, Gpu, Heads, Kernel, kernels};
 
 #[test]
 fn nan_and_inf_stay_in_the_rows_that_read_them() {
-    let gpu = Gpu::new(kernels::FAMILY.iter().copied()).unwrap_or_else(|e| panic!("{e}"));
-    let kernel = Kernel::new(&gpu, &kernels::attention_forward::ABI).unwrap();
+    let gpu = Gpu::new(kernels::FAMILY.iter().copied())
+        .block_on()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let kernel = Kernel::new(&gpu, &kernels::attention_forward::ABI)
+        .block_on()
+        .unwrap();
     let (seq, heads, d) = (16usize, 2usize, 64usize);
     let (mut q, mut k, mut v) = (
         random(seq * heads * d, 1),
@@ -35,7 +40,7 @@ fn nan_and_inf_stay_in_the_rows_that_read_them() {
         scale: None,
         mods: Default::default(),
     };
-    let out = runtime::forward(&gpu, &kernel, &input).unwrap();
+    let out = runtime::forward(&gpu, &kernel, &input).block_on().unwrap();
 
     // Causal: rows before 10 never see key 10 or 12; row 5 head 0 has a NaN query.
     let clean = |s: usize, hh: usize| s < 10 && !(s == 5 && hh == 0);

@@ -1,6 +1,7 @@
 //! The `attn` parity tool, run as a user runs it: `.npy` in, `.npy` out, compared with the
 //! reference; and bad files give one error line and a non-zero exit, never a panic.
 
+use runtime::BlockOn;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -192,7 +193,7 @@ fn every_schedule_matches_the_reference_at_head_dims_without_family_kernels() {
         // Every schedule this adapter runs at this head_dim, as the tool names its folders.
         let masks = attn_dsl::Masks::new(true, true);
         let set = runtime::kernels::BackwardKernels::compile(head_dim as u32, masks).unwrap();
-        let gpu = runtime::Gpu::new(set.all()).unwrap();
+        let gpu = runtime::Gpu::new(set.all()).block_on().unwrap();
         let backward = runtime::Backward::new(&gpu, &[set]).unwrap();
         let mut runs: Vec<String> = backward
             .schedules(&gpu, head_dim as u32)

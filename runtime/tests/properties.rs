@@ -2,6 +2,7 @@
 //! judged against the f64 reference by the pass rule. A fixed seed and case budget keep
 //! CI fast and failures reproducible.
 
+use runtime::BlockOn;
 use std::sync::LazyLock;
 
 use attn_dsl::{KernelSpec, Masks, Op};
@@ -20,23 +21,27 @@ struct Ctx {
 }
 
 static CTX: LazyLock<Ctx> = LazyLock::new(|| {
-    let gpu = Gpu::new(kernels::FAMILY.iter().copied()).unwrap_or_else(|e| panic!("{e}"));
+    let gpu = Gpu::new(kernels::FAMILY.iter().copied())
+        .block_on()
+        .unwrap_or_else(|e| panic!("{e}"));
     let doc_only = |d| {
         let spec = KernelSpec::standard("fwd_doc", Op::Forward, d, Masks::new(false, true));
-        Kernel::new(&gpu, &attn_dsl::compile(&spec).unwrap()).unwrap()
+        Kernel::new(&gpu, &attn_dsl::compile(&spec).unwrap())
+            .block_on()
+            .unwrap()
     };
     Ctx {
         causal: [
             &kernels::attention_forward::ABI,
             &kernels::attention_forward_d128::ABI,
         ]
-        .map(|a| Kernel::new(&gpu, a).unwrap()),
+        .map(|a| Kernel::new(&gpu, a).block_on().unwrap()),
         document_only: [doc_only(64), doc_only(128)],
         decode: [
             &kernels::attention_decode::ABI,
             &kernels::attention_decode_d128::ABI,
         ]
-        .map(|a| Kernel::new(&gpu, a).unwrap()),
+        .map(|a| Kernel::new(&gpu, a).block_on().unwrap()),
         gpu,
     }
 });
@@ -70,7 +75,7 @@ proptest! {
         let (q, k, v) = (random(s * nh * d, seed), random(s * nkv * d, seed + 1), random(s * nkv * d, seed + 2));
         let seg = documents(seq, docs);
         let input = ForwardInput { batch: 1, seq_len: seq, heads, q: &q, k: &k, v: &v, seg: Some(&seg), scale: None, mods: Default::default(), };
-        let out = runtime::forward(&ctx.gpu, kernel, &input).unwrap();
+        let out = runtime::forward(&ctx.gpu, kernel, &input).block_on().unwrap();
         let p = Problem { batch: 1, n_q: s, n_k: s, n_heads: nh, n_kv_heads: nkv, head_dim: d,
             scale: f64::from(heads.default_scale()), causal, seg: Some(&seg),
             ..Default::default()
@@ -87,12 +92,51 @@ proptest! {
         let capacity = (cache_len + spare) as usize;
         let (q, k, v) = (random(nh * d, seed), random(capacity * nkv * d, seed + 1), random(capacity * nkv * d, seed + 2));
         let input = DecodeInput { batch: 1, cache_len, heads, q: &q, k_cache: &k, v_cache: &v, scale: None, mods: Default::default(), };
-        let o = runtime::decode(&ctx.gpu, kernel, &input).unwrap();
+        let o = runtime::decode(&ctx.gpu, kernel, &input).block_on().unwrap();
         let p = Problem { batch: 1, n_q: 1, n_k: cache_len as usize, n_heads: nh, n_kv_heads: nkv, head_dim: d,
             scale: f64::from(heads.default_scale()), causal: false, seg: None,
             ..Default::default()
 };
         let verdicts = judge_attention(&p, [&q, &k, &v], &o, None);
         prop_assert!(verdicts.iter().all(|(_, v)| v.pass()), "{:?}", verdicts);
+    }
+}
+
+/// The quick matrix `check` runs by default is a subset of the whole one that still runs
+/// every op, modifier and head_dim class, a batch, packed sequences and both GQA and not.
+#[test]
+fn the_quick_matrix_covers_every_op_and_modifier() {
+    use runtime::cases::{QUICK, default_matrix, quick_matrix};
+    let quick = quick_matrix();
+    assert_eq!(quick.len(), QUICK.len(), "every QUICK entry names a case");
+    assert!(quick.len() * 5 < default_matrix().len());
+    let labels: Vec<String> = quick
+        .iter()
+        .map(|c| format!("{} {} {}", c.kind(), c.shape_label(), c.mask_label()))
+        .collect();
+    let has = |word: &str| labels.iter().any(|l| l.contains(word));
+    for word in [
+        "forward",
+        "decode",
+        "backward",
+        "rope",
+        "window",
+        "alibi",
+        "+bias",
+        "shared_bias",
+        "softcap",
+        "dropout",
+        "docs",
+        "packed",
+        "b=3",
+        "d=64",
+        "d=128",
+        "d=80",
+        "kv=2",
+    ] {
+        assert!(
+            has(word),
+            "the quick matrix has no {word} case: {labels:#?}"
+        );
     }
 }

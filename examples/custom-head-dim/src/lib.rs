@@ -3,6 +3,7 @@
 //! and dispatched through the runtime.
 
 use attn_macros::attention_kernel;
+use runtime::BlockOn;
 use runtime::{DecodeInput, ForwardInput, ForwardOutput, Gpu, Heads, Kernel};
 
 attention_kernel! {
@@ -46,9 +47,9 @@ pub struct Model {
 impl Model {
     pub fn new() -> Result<Model, runtime::Error> {
         let abis = [&forward_h8_kv2_d128::ABI, &decode_h8_kv2_d128::ABI];
-        let gpu = Gpu::new(abis)?;
-        let forward = Kernel::new(&gpu, &forward_h8_kv2_d128::ABI)?;
-        let decode = Kernel::new(&gpu, &decode_h8_kv2_d128::ABI)?;
+        let gpu = Gpu::new(abis).block_on()?;
+        let forward = Kernel::new(&gpu, &forward_h8_kv2_d128::ABI).block_on()?;
+        let decode = Kernel::new(&gpu, &decode_h8_kv2_d128::ABI).block_on()?;
         Ok(Model {
             gpu,
             forward,
@@ -75,7 +76,7 @@ impl Model {
             scale: None,
             mods: Default::default(),
         };
-        runtime::forward(&self.gpu, &self.forward, &input)
+        runtime::forward(&self.gpu, &self.forward, &input).block_on()
     }
 
     /// One new query row against the first `cache_len` rows of the cache.
@@ -96,6 +97,6 @@ impl Model {
             scale: None,
             mods: Default::default(),
         };
-        runtime::decode(&self.gpu, &self.decode, &input)
+        runtime::decode(&self.gpu, &self.decode, &input).block_on()
     }
 }

@@ -1,4 +1,5 @@
 use custom_head_dim::{HEADS, Model, forward_h8_kv2_d128};
+use runtime::BlockOn;
 use runtime::cases::random;
 use runtime::compare::judge_attention;
 use runtime::reference::Problem;
@@ -77,8 +78,12 @@ fn heads_that_break_the_fixed_gqa_ratio_are_refused() {
         scale: None,
         mods: Default::default(),
     };
-    let kernel = runtime::Kernel::new(&model.gpu, &forward_h8_kv2_d128::ABI).unwrap();
-    let err = runtime::forward(&model.gpu, &kernel, &input).unwrap_err();
+    let kernel = runtime::Kernel::new(&model.gpu, &forward_h8_kv2_d128::ABI)
+        .block_on()
+        .unwrap();
+    let err = runtime::forward(&model.gpu, &kernel, &input)
+        .block_on()
+        .unwrap_err();
     assert!(
         matches!(
             err,

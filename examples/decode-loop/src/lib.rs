@@ -8,6 +8,7 @@
 //! The host reference runs the same layer in f64 (the device's roundings to the cache's
 //! dtype included) and the final outputs must agree.
 
+use runtime::BlockOn;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -226,7 +227,7 @@ pub fn run(c: &Config) -> Result<Report> {
             c.capacity
         );
     }
-    let gpu = Gpu::new([]).context("no adapter")?;
+    let gpu = Gpu::new([]).block_on().context("no adapter")?;
     if c.dtype == Dtype::F16 && !gpu.has_f16() {
         bail!(
             "{} has no shader-f16; use --dtype bf16 or f32",
@@ -445,7 +446,7 @@ pub fn run(c: &Config) -> Result<Report> {
         Some(spans) => Some(spans.read_ms(&gpu)?),
         None => None,
     };
-    let out = runtime::block_on(xs[(c.tokens % 2) as usize].to_f32_async(&gpu))?;
+    let out = runtime::block_on(xs[(c.tokens % 2) as usize].to_f32(&gpu))?;
     let check = match c.check {
         true => Some(compare(&out, &host_reference(c, &layer, &x0))),
         false => None,

@@ -6,6 +6,7 @@
 //! The host reference runs the same step in f64 (Q, K, V and dO rounded to the dtype as
 //! the device rounds them) and the gradients must agree.
 
+use runtime::BlockOn;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -72,7 +73,9 @@ pub fn run(c: &Config) -> Result<Report> {
         bail!("--steps must be at least 1");
     }
     let setup = Instant::now();
-    let gpu = Gpu::new(kernels::FAMILY.iter().copied()).context("no adapter")?;
+    let gpu = Gpu::new(kernels::FAMILY.iter().copied())
+        .block_on()
+        .context("no adapter")?;
     if c.dtype == Dtype::F16 && !gpu.has_f16() {
         bail!(
             "{} has no shader-f16; use --dtype bf16 or f32",
@@ -214,7 +217,7 @@ pub fn run(c: &Config) -> Result<Report> {
         gpu.queue.submit([enc.finish()]);
     }
     let at = dq.offset() + dq.bytes() - 4;
-    let word = runtime::block_on(runtime::buffers::read_range_async(&gpu, dq.buffer(), at, 4))?;
+    let word = runtime::block_on(runtime::buffers::read_range(&gpu, dq.buffer(), at, 4))?;
     let scalar = f32::from_le_bytes([word[0], word[1], word[2], word[3]]);
     let wall = start.elapsed();
     if c.steps == 1 {
@@ -226,7 +229,7 @@ pub fn run(c: &Config) -> Result<Report> {
     };
     let check = match c.check {
         true => {
-            let got = [&dq, &dk, &dv].map(|t| runtime::block_on(t.to_f32_async(&gpu)));
+            let got = [&dq, &dk, &dv].map(|t| runtime::block_on(t.to_f32(&gpu)));
             let got = [got[0].as_ref(), got[1].as_ref(), got[2].as_ref()];
             let got: Vec<&Vec<f32>> = got
                 .into_iter()

@@ -231,7 +231,7 @@ pub async fn run_layer(
     mut on_row: impl FnMut(&Row),
 ) -> Result<Vec<Row>, Error> {
     let layer = Layer::new(seq);
-    let mut backward = Backward::new_async(gpu, &kernels::BACKWARD[..1]).await?;
+    let mut backward = Backward::new(gpu, &kernels::BACKWARD[..1])?;
     let mut rows = Vec::new();
     for (label, kernel) in forward_kernels(gpu, &backward.table).await? {
         let row = forward_row(gpu, &layer, label, &kernel).await?;
@@ -314,7 +314,7 @@ async fn decode_loop_row(gpu: &Gpu, layer: &Layer, steps: u32) -> Result<Row, Er
     };
     cache.prefill(gpu, &mut enc, &mut forward, 0, &args)?;
     gpu.queue.submit([enc.finish()]);
-    let mut out = o.to_f32_async(gpu).await?;
+    let mut out = o.to_f32(gpu).await?;
     let o_step = Tensor::zeros(gpu, &[1, h.n_heads, h.head_dim], f);
     let start = Instant::now();
     for t in prompt..layer.seq {
@@ -335,7 +335,7 @@ async fn decode_loop_row(gpu: &Gpu, layer: &Layer, steps: u32) -> Result<Row, Er
         };
         decode.record(gpu, &mut enc, &args)?;
         gpu.queue.submit([enc.finish()]);
-        out.extend(o_step.to_f32_async(gpu).await?);
+        out.extend(o_step.to_f32(gpu).await?);
     }
     let ms = start.elapsed().as_secs_f64() * 1e3 / f64::from(steps);
     let (r64, r32) = (&layer.forward64, &layer.forward32);
@@ -350,7 +350,7 @@ async fn decode_loop_row(gpu: &Gpu, layer: &Layer, steps: u32) -> Result<Row, Er
 /// The family's per-row forward and the flash forward candidates that fit the device,
 /// labelled as `check` labels them.
 async fn forward_kernels(gpu: &Gpu, table: &tuning::Table) -> Result<Vec<(String, Kernel)>, Error> {
-    let per_row = Kernel::new_async(gpu, &kernels::attention_forward::ABI).await?;
+    let per_row = Kernel::new(gpu, &kernels::attention_forward::ABI).await?;
     let mut out = vec![(per_row.name().to_string(), per_row)];
     let planned = table.forward(gpu, HEADS.head_dim);
     for config in tuning::forward_candidates(HEADS.head_dim) {
@@ -366,7 +366,7 @@ async fn forward_kernels(gpu: &Gpu, table: &tuning::Table) -> Result<Vec<(String
             if planned == Some(config) {
                 label += " (planned)";
             }
-            out.push((label, Kernel::new_async(gpu, &abi).await?));
+            out.push((label, Kernel::new(gpu, &abi).await?));
         }
     }
     Ok(out)
@@ -379,9 +379,9 @@ async fn forward_row(
     kernel: &Kernel,
 ) -> Result<Row, Error> {
     let input = layer.forward_input();
-    runtime::forward_async(gpu, kernel, &input).await?;
+    runtime::forward(gpu, kernel, &input).await?;
     let start = Instant::now();
-    let out = runtime::forward_async(gpu, kernel, &input).await?;
+    let out = runtime::forward(gpu, kernel, &input).await?;
     let ms = start.elapsed().as_secs_f64() * 1e3;
     Ok(Row::new(
         label,
@@ -399,9 +399,9 @@ async fn backward_row(
     planned: Schedule,
 ) -> Result<Row, Error> {
     let input = layer.backward_input();
-    backward.run_async(gpu, &input, Some(schedule)).await?;
+    backward.run(gpu, &input, Some(schedule)).await?;
     let start = Instant::now();
-    let (grads, _) = backward.run_async(gpu, &input, Some(schedule)).await?;
+    let (grads, _) = backward.run(gpu, &input, Some(schedule)).await?;
     let ms = start.elapsed().as_secs_f64() * 1e3;
     let mut label = format!("backward {schedule}");
     if schedule == planned {

@@ -59,7 +59,7 @@ fn has_webgpu(window: &Window) -> Result<bool, JsValue> {
 }
 
 async fn run_rows(window: &Window, document: &Document, seq: u32) -> Report {
-    let gpu = match Gpu::new_async(kernels::FAMILY.iter().copied()).await {
+    let gpu = match Gpu::new(kernels::FAMILY.iter().copied()).await {
         Ok(gpu) => gpu,
         Err(e) => return failed(format!("No WebGPU device: {e}")),
     };

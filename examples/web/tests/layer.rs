@@ -2,11 +2,14 @@
 //! the browser runs.
 
 use attn_web::{HEADS, random, run_layer};
+use runtime::BlockOn;
 use runtime::{Gpu, kernels};
 
 #[test]
 fn every_row_of_the_page_passes_natively() {
-    let gpu = Gpu::new(kernels::FAMILY.iter().copied()).unwrap_or_else(|e| panic!("{e}"));
+    let gpu = Gpu::new(kernels::FAMILY.iter().copied())
+        .block_on()
+        .unwrap_or_else(|e| panic!("{e}"));
     let mut seen = 0;
     let rows = pollster::block_on(run_layer(&gpu, 33, |_| seen += 1)).unwrap();
     assert_eq!(seen, rows.len());

@@ -148,7 +148,7 @@ pub fn run(
             message: e.to_string(),
         })
     };
-    let forward = Kernel::new(
+    let forward = Kernel::now(
         gpu,
         &compile(&KernelSpec::standard(
             "attention_forward",
@@ -171,7 +171,7 @@ pub fn run(
                     message: e.to_string(),
                 })?;
             let kernel = match (tuning::fits(gpu, &abi), gpu.supports(&abi)) {
-                (true, _) => Ok(Kernel::new(gpu, &abi)?),
+                (true, _) => Ok(Kernel::now(gpu, &abi)?),
                 (false, false) => Err("needs SUBGROUP, which the device lacks".to_string()),
                 (false, true) => Err(format!(
                     "needs {} B of workgroup memory, over the device's",
@@ -368,7 +368,7 @@ pub fn run(
         return Ok(rows);
     }
     let compiled = crate::backward::schedule_kernels(gpu, &set)?;
-    let prep = Kernel::new(gpu, &set.prep)?;
+    let prep = Kernel::now(gpu, &set.prep)?;
     let flops = 2.5 * shape.forward_flops();
     // The baseline is the per-row recompute split: the same schedule family as the tiled
     // and flash ones, and steady between runs (the per-row split's 24 MiB of scratch
@@ -517,7 +517,7 @@ fn half_forwards(
                 }
             })?;
             if tuning::fits(gpu, &abi) {
-                out.push((kernel, abi.scalar("o"), Kernel::new(gpu, &abi)?));
+                out.push((kernel, abi.scalar("o"), Kernel::now(gpu, &abi)?));
             }
         }
     }
@@ -551,7 +551,7 @@ fn half_backwards(
         for (schedule, halves) in schedules {
             let mut kernels: Vec<Kernel> = halves;
             if crate::backward::needs_prep(&kernels.iter().map(|k| k.abi()).collect::<Vec<_>>()) {
-                kernels.insert(0, Kernel::new(gpu, &prep)?);
+                kernels.insert(0, Kernel::now(gpu, &prep)?);
             }
             out.push((format!("backward {schedule} {}", dtype.name()), kernels));
         }
@@ -666,7 +666,7 @@ pub fn decode(
         h.head_dim,
         masks,
     );
-    let plain = Kernel::new(
+    let plain = Kernel::now(
         gpu,
         &attn_dsl::compile(&plain_spec).map_err(|e| Error::Pipeline {
             kernel: plain_spec.name.clone(),

@@ -6,6 +6,7 @@
 #![cfg_attr(target_arch = "wasm32", no_main)]
 #![cfg(not(target_arch = "wasm32"))]
 
+use runtime::BlockOn;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
@@ -217,7 +218,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     };
     let mut abis = vec![&forward_abi];
     abis.extend(backward.iter().flat_map(|b| b.all()));
-    let gpu = Gpu::new(abis)?;
+    let gpu = Gpu::new(abis).block_on()?;
     println!("adapter: {}", gpu.describe());
     println!(
         "shape: batch={} seq={} heads={} kv_heads={} head_dim={}; masks: causal={} documents={}",
@@ -248,9 +249,9 @@ fn run(args: Args) -> anyhow::Result<()> {
             let abi = tuning::flash_forward_in(d, masks, config, t.dtype)
                 .with_context(|| format!("flash forward {}", config.label()))?;
             println!("forward: flash {} {}", config.label(), t.dtype.name());
-            Kernel::new(&gpu, &abi)?
+            Kernel::new(&gpu, &abi).block_on()?
         }
-        None if t.dtype == Dtype::F32 => Kernel::new(&gpu, &forward_abi)?,
+        None if t.dtype == Dtype::F32 => Kernel::new(&gpu, &forward_abi).block_on()?,
         None => bail!(
             "no {} forward for head_dim {d}; save the inputs as float32",
             t.dtype.name()
@@ -267,7 +268,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         scale: args.scale,
         mods,
     };
-    let out = runtime::forward(&gpu, &forward, &input)?;
+    let out = runtime::forward(&gpu, &forward, &input).block_on()?;
     let shape = |heads: u32, dim: Option<u32>| -> Vec<u64> {
         let lead = t.batched.then_some(t.batch).into_iter();
         lead.chain([t.seq, heads])
@@ -315,7 +316,9 @@ fn run(args: Args) -> anyhow::Result<()> {
         };
         for (schedule, dir) in runs {
             std::fs::create_dir_all(&dir).with_context(|| format!("{}", dir.display()))?;
-            let (g, ran) = backward.run_in(&gpu, &input, schedule, t.dtype)?;
+            let (g, ran) = backward
+                .run_in(&gpu, &input, schedule, t.dtype)
+                .block_on()?;
             write(&dir, "dq", &q_shape, &g.dq, t.dtype)?;
             write(&dir, "dk", &kv_shape, &g.dk, t.dtype)?;
             write(&dir, "dv", &kv_shape, &g.dv, t.dtype)?;

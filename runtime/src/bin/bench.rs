@@ -5,6 +5,7 @@
 #![cfg_attr(target_arch = "wasm32", no_main)]
 #![cfg(not(target_arch = "wasm32"))]
 
+use runtime::BlockOn;
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -179,7 +180,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         Some(Only::Backward) => bench::Parts::Backward,
         Some(Only::Half) => bench::Parts::Half,
     };
-    let mut gpu = Gpu::new(kernels::FAMILY.iter().copied())?;
+    let mut gpu = Gpu::new(kernels::FAMILY.iter().copied()).block_on()?;
     if args.unchecked {
         gpu = gpu.unchecked();
     }

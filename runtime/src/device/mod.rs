@@ -156,7 +156,7 @@ impl Requirements {
 }
 
 /// The device the runtime records on, its queue, and what it can run: a device of the
-/// runtime's choosing ([`Gpu::new_async`]) or the caller's own ([`Gpu::from_wgpu`]).
+/// runtime's choosing ([`Gpu::new`]) or the caller's own ([`Gpu::from_wgpu`]).
 pub struct Gpu {
     pub device: wgpu::Device,
     pub queue: wgpu::Queue,
@@ -177,17 +177,11 @@ pub struct Gpu {
 
 impl Gpu {
     /// Picks a discrete GPU, else any GPU, else a CPU adapter (lavapipe), among those that
-    /// meet what `kernels` need. `WGPU_BACKEND` (e.g. `vulkan`) narrows the backends tried.
-    /// Pipelines are cached on disk where the backend has a pipeline cache (Vulkan), in
-    /// [`default_pipeline_cache_dir`] unless [`PIPELINE_CACHE_ENV`] says otherwise.
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn new<'a>(kernels: impl IntoIterator<Item = &'a KernelAbi>) -> Result<Gpu, DeviceError> {
-        crate::block_on(Gpu::new_async(kernels))
-    }
-
-    /// [`Gpu::new`] for an async caller. In a browser the one adapter is the browser's
-    /// WebGPU adapter.
-    pub async fn new_async<'a>(
+    /// meet what `kernels` need (in a browser: the browser's adapter). `WGPU_BACKEND`
+    /// (e.g. `vulkan`) narrows the backends tried. Natively, pipelines are cached on disk
+    /// where the backend has a pipeline cache (Vulkan), in [`default_pipeline_cache_dir`]
+    /// unless [`PIPELINE_CACHE_ENV`] says otherwise.
+    pub async fn new<'a>(
         kernels: impl IntoIterator<Item = &'a KernelAbi>,
     ) -> Result<Gpu, DeviceError> {
         let requirements = Requirements::of(kernels);

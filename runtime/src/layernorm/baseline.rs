@@ -204,7 +204,7 @@ impl Baseline {
         ];
         let matmul = [("a", r), ("b", r), ("bias", r), ("c", w)];
         let kernel = |name: &'static str, body: &str, bindings: &[(&'static str, Access)]| {
-            Kernel::new(gpu, &abi(like, name, body, bindings))
+            Kernel::now(gpu, &abi(like, name, body, bindings))
         };
         Ok(Baseline {
             ln_forward: kernel("ln_forward", &format!("{SUM256}{LN_FORWARD}"), &forward)?,

@@ -2,6 +2,7 @@
 //! schedule on one shape, judged by the pass rule of DESIGN.md §7 against the f64
 //! reference, with the pairwise-summed f32 reference as the framework-grade baseline.
 
+use crate::BlockOn;
 use attn_dsl::row_layer::RowSums;
 
 use super::reference::{self as lnref, Shape};
@@ -147,7 +148,7 @@ pub fn run(gpu: &Gpu, c: LnCase, seed: u64) -> Result<Vec<LnRow>, Error> {
     let mut saved = None;
     for sums in [RowSums::Atomic, RowSums::TwoPass] {
         let layer = LayerNormLinear::new(gpu, c.rows(), c.hidden, c.out, sums)?;
-        let fwd = layernorm_linear(gpu, &layer, &data.input(c))?;
+        let fwd = layernorm_linear(gpu, &layer, &data.input(c)).block_on()?;
         if saved.is_none() {
             rows.push(LnRow {
                 label: "layernorm_linear".into(),
@@ -163,7 +164,8 @@ pub fn run(gpu: &Gpu, c: LnCase, seed: u64) -> Result<Vec<LnRow>, Error> {
         let saved = saved
             .as_ref()
             .ok_or_else(|| Error::Readback("forward".into()))?;
-        let got = layernorm_linear_backward(gpu, &layer, &data.input(c), saved, &data.dy)?;
+        let got =
+            layernorm_linear_backward(gpu, &layer, &data.input(c), saved, &data.dy).block_on()?;
         // The baseline gets the statistics the kernels got, as a framework's backward does.
         let g32 = g32.get_or_insert_with(|| {
             lnref::backward(

@@ -2,10 +2,6 @@
 //! `[rows, hidden] -> [rows, out]` (rows = batch · seq), and its backward with dγ, dβ, dW
 //! and db summed over rows by atomics or by the two-pass schedule.
 
-// The entry points block on the GPU, so they are native only for now; on wasm32 the
-// module keeps its reference and types.
-#![cfg_attr(target_arch = "wasm32", allow(unused_imports, dead_code))]
-
 #[cfg(not(target_arch = "wasm32"))]
 pub mod baseline;
 #[cfg(not(target_arch = "wasm32"))]
@@ -99,7 +95,6 @@ impl LayerNormLinear {
     /// Compiles the kernels of `hidden -> out`, the row sums by `sums`, for problems of
     /// about `rows` rows (any number runs; the backward tile is sized so that `rows` rows'
     /// two-pass partials fit [`SCRATCH_BUDGET`]).
-    #[cfg(not(target_arch = "wasm32"))]
     pub fn new(gpu: &Gpu, rows: u32, hidden: u32, out: u32, sums: RowSums) -> Result<Self, Error> {
         nonzero("rows", rows)?;
         nonzero("hidden", hidden)?;
@@ -113,7 +108,7 @@ impl LayerNormLinear {
                 kernel: spec.name.clone(),
                 message: e.to_string(),
             })?;
-            Kernel::new(gpu, &abi)
+            Kernel::now(gpu, &abi)
         };
         let reduce = match sums {
             RowSums::Atomic => None,
@@ -168,7 +163,6 @@ impl LayerNormLinear {
 
     /// [`LayerNormLinear::new`] with the row-sum schedule the planner picks for this
     /// adapter ([`plan_sums`] over its tuning table).
-    #[cfg(not(target_arch = "wasm32"))]
     pub fn planned(gpu: &Gpu, rows: u32, hidden: u32, out: u32) -> Result<Self, Error> {
         let table = crate::tuning::Table::for_gpu(gpu)?;
         LayerNormLinear::new(gpu, rows, hidden, out, plan_sums(&table, rows, hidden, out))
@@ -230,11 +224,10 @@ pub fn backward_tile(rows: u32, hidden: u32, out: u32) -> u32 {
 
 /// `y = W·LN(x) + b`, with each row's mean and 1/std for the backward: the host data
 /// checked, uploaded, run through [`LayerNormLinear::record_forward`], read back.
-#[cfg(not(target_arch = "wasm32"))]
-pub fn layernorm_linear(
+pub async fn layernorm_linear(
     gpu: &Gpu,
     layer: &LayerNormLinear,
-    input: &Input,
+    input: &Input<'_>,
 ) -> Result<Output, Error> {
     validate(gpu, layer, input)?;
     let up = Uploaded::new(gpu, input)?;
@@ -252,18 +245,17 @@ pub fn layernorm_linear(
         .record_forward(gpu, &mut encoder, &up.args(input.eps), &y, saved)?;
     gpu.queue.submit([encoder.finish()]);
     Ok(Output {
-        y: crate::block_on(y.to_f32_async(gpu))?,
-        mean: crate::block_on(mean.to_f32_async(gpu))?,
-        rstd: crate::block_on(rstd.to_f32_async(gpu))?,
+        y: y.to_f32(gpu).await?,
+        mean: mean.to_f32(gpu).await?,
+        rstd: rstd.to_f32(gpu).await?,
     })
 }
 
 /// The gradients of `L` for `dy = ∂L/∂y`, from the forward's saved `mean` and `rstd`.
-#[cfg(not(target_arch = "wasm32"))]
-pub fn layernorm_linear_backward(
+pub async fn layernorm_linear_backward(
     gpu: &Gpu,
     layer: &LayerNormLinear,
-    input: &Input,
+    input: &Input<'_>,
     saved: &Output,
     dy: &[f32],
 ) -> Result<Grads, Error> {
@@ -303,18 +295,16 @@ pub fn layernorm_linear_backward(
         .fresh()
         .record_backward(gpu, &mut encoder, &up.args(input.eps), saved, &dy, &grads)?;
     gpu.queue.submit([encoder.finish()]);
-    let read = |t: &Tensor| crate::block_on(t.to_f32_async(gpu));
     Ok(Grads {
-        dx: read(&dx)?,
-        dgamma: read(&dgamma)?,
-        dbeta: read(&dbeta)?,
-        dw: read(&dw)?,
-        db: read(&db)?,
+        dx: dx.to_f32(gpu).await?,
+        dgamma: dgamma.to_f32(gpu).await?,
+        dbeta: dbeta.to_f32(gpu).await?,
+        dw: dw.to_f32(gpu).await?,
+        db: db.to_f32(gpu).await?,
     })
 }
 
 /// The layer's input and parameters on the device.
-#[cfg(not(target_arch = "wasm32"))]
 struct Uploaded {
     x: Tensor,
     gamma: Tensor,
@@ -323,7 +313,6 @@ struct Uploaded {
     b: Tensor,
 }
 
-#[cfg(not(target_arch = "wasm32"))]
 impl Uploaded {
     fn new(gpu: &Gpu, input: &Input) -> Result<Uploaded, Error> {
         let f = Scalar::F32;
@@ -349,7 +338,6 @@ impl Uploaded {
     }
 }
 
-#[cfg(not(target_arch = "wasm32"))]
 fn validate(gpu: &Gpu, layer: &LayerNormLinear, input: &Input) -> Result<(), InputError> {
     let name = layer.forward.abi().name.to_string();
     nonzero("rows", input.rows)?;

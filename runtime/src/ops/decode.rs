@@ -185,8 +185,8 @@ impl Decode {
     pub async fn prepare(&mut self, gpu: &Gpu) -> Result<(), Error> {
         if self.passes.is_none() {
             let [s, r] = &self.abis;
-            let split = Kernel::new_async(gpu, s).await?;
-            let reduce = Kernel::new_async(gpu, r).await?;
+            let split = Kernel::new(gpu, s).await?;
+            let reduce = Kernel::new(gpu, r).await?;
             self.passes = Some(Passes::new(split, reduce));
         }
         Ok(())

@@ -118,7 +118,7 @@ impl Forward {
         heads: Heads,
     ) -> Result<(), Error> {
         if let Some(abi) = self.uncompiled(gpu, batch, seq_len, heads)? {
-            let kernel = Kernel::new_async(gpu, &abi).await?;
+            let kernel = Kernel::new(gpu, &abi).await?;
             self.hold(kernel, batch, seq_len, heads);
         }
         Ok(())
