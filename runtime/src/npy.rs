@@ -11,8 +11,17 @@ use thiserror::Error;
 
 #[derive(Debug, Error)]
 pub enum NpyError {
-    #[error("{path}: {source}")]
+    #[error("cannot read {path}")]
     Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path} is not a .npy file: {reason}")]
+    NotNpy { path: PathBuf, reason: String },
+    #[error(
+        "{path} has a malformed .npy header (its dictionary of descr, fortran_order and shape)"
+    )]
+    Header {
         path: PathBuf,
         source: std::io::Error,
     },
@@ -45,9 +54,62 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> NpyError + '_ {
     }
 }
 
+/// The preamble every .npy file starts with: the magic, the version and the header's
+/// length, checked against the file, so that a file of another kind or a truncated one is
+/// named as such rather than reported as a failed read.
+fn check_preamble(path: &Path, bytes: &[u8], len: u64) -> Result<(), NpyError> {
+    let not = |reason: String| NpyError::NotNpy {
+        path: path.to_path_buf(),
+        reason,
+    };
+    if len < 10 {
+        return Err(not(format!(
+            "it is {len} bytes, shorter than a .npy preamble (10)"
+        )));
+    }
+    if !bytes.starts_with(b"\x93NUMPY") {
+        return Err(not(
+            "it does not start with the .npy magic \\x93NUMPY".into()
+        ));
+    }
+    let (major, header_len, preamble) = match bytes[6] {
+        1 => (1, u64::from(u16::from_le_bytes([bytes[8], bytes[9]])), 10),
+        v @ (2 | 3) if bytes.len() >= 12 => (
+            v,
+            u64::from(u32::from_le_bytes([
+                bytes[8], bytes[9], bytes[10], bytes[11],
+            ])),
+            12,
+        ),
+        v => {
+            return Err(not(format!(
+                "format version {v}.{} is not 1, 2 or 3",
+                bytes[7]
+            )));
+        }
+    };
+    if preamble + header_len > len {
+        return Err(not(format!(
+            "its version {major} header claims {header_len} bytes, but the file ends {} bytes \
+             after the preamble (truncated?)",
+            len - preamble
+        )));
+    }
+    Ok(())
+}
+
 fn open(path: &Path) -> Result<npyz::NpyFile<BufReader<File>>, NpyError> {
+    use std::io::Read;
+    let mut file = File::open(path).map_err(io(path))?;
+    let len = file.metadata().map_err(io(path))?.len();
+    let mut preamble = [0u8; 12];
+    let got = file.read(&mut preamble).map_err(io(path))?;
+    check_preamble(path, &preamble[..got], len)?;
     let file = File::open(path).map_err(io(path))?;
-    let npy = npyz::NpyFile::new(BufReader::new(file)).map_err(io(path))?;
+    let npy = npyz::NpyFile::new(BufReader::new(file)).map_err(|source| NpyError::Header {
+        path: path.to_path_buf(),
+        source,
+    })?;
     if npy.order() == npyz::Order::Fortran {
         return Err(NpyError::FortranOrder {
             path: path.to_path_buf(),

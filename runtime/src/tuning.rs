@@ -278,12 +278,12 @@ const BUILT_IN: &[&str] = &[include_str!("../tuning/nvidia-h100.json")];
 
 #[derive(Debug, thiserror::Error)]
 pub enum TuningError {
-    #[error("cannot read tuning table {path}: {source}")]
+    #[error("cannot read tuning table {path}")]
     Read {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("tuning table {path} is not valid JSON for a table: {source}")]
+    #[error("tuning table {path} is not valid JSON for a table")]
     Parse {
         path: PathBuf,
         source: serde_json::Error,

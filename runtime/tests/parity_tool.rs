@@ -266,7 +266,16 @@ fn bad_files_give_one_error_line() {
     };
     let (q, k) = (f("q.npy"), f("k.npy"));
     assert_one_line_error(&run(&f("missing.npy"), &k, &[]), "missing.npy");
-    assert_one_line_error(&run(&f("junk.npy"), &k, &[]), "junk.npy");
+    // Each cause once: the OS's reason follows the file's name, and is not repeated.
+    let missing = run(&f("missing.npy"), &k, &[]);
+    let stderr = String::from_utf8_lossy(&missing.stderr);
+    assert_eq!(stderr.matches("No such file").count(), 1, "{stderr}");
+    assert_one_line_error(&run(&f("junk.npy"), &k, &[]), "junk.npy is not a .npy file");
+    assert_one_line_error(&run(&f("junk.npy"), &k, &[]), "magic");
+    let mut truncated = b"\x93NUMPY\x01\x00\x76\x00{'descr': '<f4'".to_vec();
+    truncated.resize(40, b' ');
+    std::fs::write(dir.join("truncated.npy"), truncated).unwrap();
+    assert_one_line_error(&run(&f("truncated.npy"), &k, &[]), "truncated");
     assert_one_line_error(&run(&f("ints.npy"), &k, &[]), "dtype <i8, expected float32");
     assert_one_line_error(&run(&f("flat.npy"), &k, &[]), "expected 3 or 4 dimensions");
     assert_one_line_error(&run(&q, &f("k_wide.npy"), &[]), "does not fit q's");

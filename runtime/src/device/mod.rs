@@ -41,7 +41,7 @@ pub enum DeviceError {
         needed: u64,
         offered: u64,
     },
-    #[error("adapter `{adapter}` refused the device request: {source}")]
+    #[error("adapter `{adapter}` refused the device request")]
     Request {
         adapter: String,
         source: wgpu::RequestDeviceError,
