@@ -55,7 +55,7 @@ pub enum DslError {
     Spec { field: Field, problem: String },
     /// naga rejected the WGSL the emitter produced: a bug in the emitter for this spec.
     #[error(transparent)]
-    Wgsl(#[from] crate::validate::ValidateError),
+    Wgsl(#[from] ValidateError),
 }
 
 impl DslError {
@@ -73,4 +73,15 @@ impl DslError {
             DslError::Wgsl(_) => None,
         }
     }
+}
+
+/// Why naga refused the emitted WGSL, or why it does not declare the plan's bindings.
+#[derive(Debug, thiserror::Error)]
+pub enum ValidateError {
+    #[error("naga could not parse the emitted WGSL:\n{rendered}")]
+    Parse { rendered: String },
+    #[error("naga rejected the emitted WGSL:\n{rendered}")]
+    Invalid { rendered: String },
+    #[error("the emitted WGSL does not match the binding plan: {0}")]
+    PlanMismatch(String),
 }

@@ -2,6 +2,13 @@
 //! validation and the binding plan. Pure: no wgpu and no proc-macro types, so a build
 //! script, a test, a CLI or a runtime can all drive it.
 //!
+//! Layers, each using only those before it (`tests/layers.rs` fails on an edge that points
+//! back): `spec` (the IR) and `signature` (each op's tensors) → `error` → `layout` (the
+//! rules every size follows: workgroup bytes, flash and tensor-core tilings, the
+//! configurations derived from the limits, split-K slices, row tiles, targets) → `plan`
+//! (the bindings) → `check` (before any WGSL) and `emit` (the WGSL) → `validate` (naga).
+//! [`compile`] runs them in that order.
+//!
 //! ```
 //! use attn_dsl::{compile, KernelSpec, Masks, Op};
 //! let spec = KernelSpec::standard("fwd", Op::Forward, 64, Masks::new(true, true));
@@ -11,17 +18,19 @@
 //! ```
 
 pub mod check;
-pub mod configs;
 pub mod contract;
 pub mod emit;
 mod error;
+pub mod layout;
 pub mod manifest;
 pub mod plan;
 pub mod row_layer;
 pub mod signature;
 pub mod spec;
-pub mod tiling;
 pub mod validate;
+
+// The layout rules' modules under the paths they had before the `layout` layer.
+pub use layout::{configs, tiling};
 
 use std::borrow::Cow;
 
@@ -59,7 +68,7 @@ pub fn compile(spec: &KernelSpec) -> Result<KernelAbi, DslError> {
         masks: spec.masks,
         target: spec.target,
         f32_atomics: spec.has_atomics() && spec.scatter == Scatter::F32Atomic,
-        workgroup_storage_bytes: emit::workgroup_bytes(spec),
+        workgroup_storage_bytes: layout::workgroup_bytes(spec),
         bindings: Cow::Owned(bindings),
         wgsl: Cow::Owned(wgsl),
     };

@@ -132,7 +132,10 @@ impl KernelAbi {
         // Field 4 is `batch` (the number of sequences) in every attention op's dims; the
         // row-wise layers' dims are (rows, hidden, out, n_tiles, n_blocks).
         let wg = self.workgroup_size[0].max(1);
-        let strided = |n: u32| n.div_ceil(wg).clamp(1, crate::emit::MAX_STRIDE_WORKGROUPS);
+        let strided = |n: u32| {
+            n.div_ceil(wg)
+                .clamp(1, crate::layout::MAX_STRIDE_WORKGROUPS)
+        };
         match self.op {
             // vec4s of one sequence's new rows (n_new · n_kv_heads · head_dim / 4), by
             // sequence; workgroup 0 writes the lengths even when no row is new.
@@ -162,7 +165,7 @@ impl KernelAbi {
             ],
             Major::R => [
                 at(0).div_ceil(self.grid.tile),
-                crate::row_layer::grid_y(
+                crate::layout::rows::grid_y(
                     self.op,
                     at(1),
                     at(2),

@@ -3,7 +3,10 @@
 //! Binding order follows the seeds' bind-group tables, which are the reference ABI, with
 //! the tensors an op only needs in some schedules present only there.
 
-use crate::spec::{Axis, BiasHeads, Cache, KernelSpec, Op, Source, WriteMode};
+use crate::spec::{
+    Axis, BiasHeads, Cache, Dtype, Gqa, Grid, KernelSpec, Masks, Op, Scatter, Source, Target,
+    WriteMode,
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
@@ -539,5 +542,35 @@ pub fn uniform_block(op: Op, binding: &str) -> Option<UniformBlock> {
         ("params", op) if op.is_row_layer() => Some(LN_PARAMS),
         ("params", _) => Some(PARAMS),
         _ => None,
+    }
+}
+
+impl KernelSpec {
+    /// The usual description of an op, for tests and tools: default grid for the op,
+    /// 256 invocations, `webgpu` target, every output owned.
+    /// Optional outputs (scratch, atomics) are left out.
+    pub fn standard(name: &str, op: Op, head_dim: u32, masks: Masks) -> KernelSpec {
+        let writes = all_tensors(op)
+            .iter()
+            .filter(|t| t.role == Role::Output)
+            .filter(|t| t.presence == Presence::Always)
+            .map(|t| (t.name.to_string(), WriteMode::Owned))
+            .collect();
+        KernelSpec {
+            name: name.to_string(),
+            op,
+            grid: Grid::rows(op.major(), 1),
+            head_dim,
+            out_dim: 0,
+            gqa: Gqa::Any,
+            masks,
+            target: Target::Webgpu,
+            dtype: Dtype::F32,
+            workgroup_size: 256,
+            writes,
+            source: Source::default(),
+            scatter: Scatter::default(),
+            cache: Cache::default(),
+        }
     }
 }

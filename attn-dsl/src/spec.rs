@@ -60,7 +60,7 @@ impl Axis {
 }
 
 /// The computation a kernel performs. Each op has a fixed tensor signature
-/// ([`crate::signature`]); the description decides grid, specialization and write modes,
+/// (the `signature` module); the description decides grid, specialization and write modes,
 /// and the outputs it declares pick the schedule (a backward_q that declares `p` and `ds`
 /// as scratch is the producer of the split backward; one that declares `dk` and `dv` as
 /// atomic is the streaming backward).
@@ -603,36 +603,6 @@ impl KernelSpec {
     }
 }
 
-impl KernelSpec {
-    /// The usual description of an op, for tests and tools: default grid for the op,
-    /// 256 invocations, `webgpu` target, every output owned.
-    /// Optional outputs (scratch, atomics) are left out.
-    pub fn standard(name: &str, op: Op, head_dim: u32, masks: Masks) -> KernelSpec {
-        let writes = crate::signature::all_tensors(op)
-            .iter()
-            .filter(|t| t.role == crate::signature::Role::Output)
-            .filter(|t| t.presence == crate::signature::Presence::Always)
-            .map(|t| (t.name.to_string(), WriteMode::Owned))
-            .collect();
-        KernelSpec {
-            name: name.to_string(),
-            op,
-            grid: Grid::rows(op.major(), 1),
-            head_dim,
-            out_dim: 0,
-            gqa: Gqa::Any,
-            masks,
-            target: Target::Webgpu,
-            dtype: Dtype::F32,
-            workgroup_size: 256,
-            writes,
-            source: Source::default(),
-            scatter: Scatter::default(),
-            cache: Cache::default(),
-        }
-    }
-}
-
 /// A flash configuration: the tiling parameters of a flash grid, with the workgroup size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 pub struct FlashConfig {
@@ -689,57 +659,5 @@ impl FlashConfig {
                 ""
             }
         )
-    }
-}
-
-impl KernelSpec {
-    /// [`KernelSpec::standard`] on the flash grid of `config`, targeting WebGPU's defaults
-    /// when its workgroup memory fits them and a `native` target with just enough otherwise.
-    pub fn flash(
-        name: &str,
-        op: Op,
-        head_dim: u32,
-        masks: Masks,
-        config: FlashConfig,
-    ) -> KernelSpec {
-        let mut spec = KernelSpec {
-            grid: Grid {
-                major: op.major(),
-                tile: config.tile,
-                flash: Some(Flash {
-                    inner: config.inner,
-                    rows_per_thread: config.rows_per_thread,
-                    subgroups: config.subgroups,
-                    matrix: config.matrix,
-                }),
-            },
-            workgroup_size: config.workgroup_size,
-            ..KernelSpec::standard(name, op, head_dim, masks)
-        };
-        spec.fit_target();
-        spec
-    }
-
-    /// WebGPU's defaults when the kernel fits them, else a `native` target with just the
-    /// workgroup memory and storage buffers it needs (always `native` with subgroups or
-    /// cooperative matrices, which core WebGPU lacks).
-    pub fn fit_target(&mut self) {
-        self.target = Target::Webgpu;
-        let bytes = crate::emit::workgroup_bytes(self);
-        let storage = crate::signature::tensors(self)
-            .iter()
-            .filter(|t| t.role != crate::signature::Role::Uniform)
-            .count() as u32;
-        let base = Limits::WEBGPU;
-        if bytes > base.workgroup_storage_bytes
-            || storage > base.storage_buffers_per_stage
-            || self.grid.uses_subgroups()
-        {
-            self.target = Target::Native(Limits {
-                workgroup_storage_bytes: bytes.max(base.workgroup_storage_bytes),
-                storage_buffers_per_stage: storage.max(base.storage_buffers_per_stage),
-                ..base
-            });
-        }
     }
 }

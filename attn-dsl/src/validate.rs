@@ -3,18 +3,9 @@
 
 use naga::valid::{Capabilities, ValidationFlags, Validator};
 
+pub use crate::error::ValidateError;
 use crate::plan::{Access, Binding};
 use crate::spec::{KernelSpec, Scatter, Target};
-
-#[derive(Debug, thiserror::Error)]
-pub enum ValidateError {
-    #[error("naga could not parse the emitted WGSL:\n{rendered}")]
-    Parse { rendered: String },
-    #[error("naga rejected the emitted WGSL:\n{rendered}")]
-    Invalid { rendered: String },
-    #[error("the emitted WGSL does not match the binding plan: {0}")]
-    PlanMismatch(String),
-}
 
 /// Shader capabilities a kernel may use: none beyond core WGSL for `webgpu`, all of naga's
 /// for `native`, plus f32 atomics wherever the kernel's scatter asks for them (the runtime

@@ -8,11 +8,6 @@ use std::fmt::Write;
 use super::index;
 use crate::spec::KernelSpec;
 
-pub(super) fn workgroup_bytes(head_dim: u32, wg: u32) -> u32 {
-    // sh_q + sh_acc, sh_p + sh_partial, sh_state + sh_range, and the reductions' sh_red.
-    4 * (2 * head_dim + 2 * wg) + 8 + 8 + super::reduce::workgroup_bytes(wg)
-}
-
 pub(super) fn workgroup_memory(out: &mut String) {
     out.push_str(
         r#"var<workgroup> sh_q: array<f32, HEAD_DIM>;

@@ -18,16 +18,6 @@ use std::fmt::Write;
 use super::index;
 use crate::spec::{KernelSpec, Source, WriteMode};
 
-pub(super) fn q_workgroup_bytes(head_dim: u32, wg: u32) -> u32 {
-    // sh_q, sh_do, sh_acc; sh_ds, sh_partial; sh_range.
-    4 * (3 * head_dim + 2 * wg) + 8
-}
-
-pub(super) fn kv_workgroup_bytes(head_dim: u32, wg: u32) -> u32 {
-    // sh_k, sh_v, sh_dk, sh_dv; sh_p, sh_ds, sh_pk, sh_pv; sh_range.
-    4 * (4 * head_dim + 4 * wg) + 8
-}
-
 /// Offsets of the packed parts: part 1 of `stats` and `p_ds` starts after part 0.
 pub(super) const PACKING: &str = r#"fn stats_part(part: u32, row: u32, h: u32) -> u32 {
     return ((part * dims.batch + batch) * dims.seq_len + row) * dims.n_heads + h;

@@ -8,10 +8,6 @@ use std::fmt::Write;
 
 use crate::spec::{Cache, KernelSpec};
 
-/// The most workgroups along a grid-stride loop's axis: enough for every core of a large
-/// GPU several times over; longer work loops.
-pub const MAX_STRIDE_WORKGROUPS: u32 = 4096;
-
 pub(super) fn constants(out: &mut String, spec: &KernelSpec) {
     let _ = write!(
         out,

@@ -20,24 +20,6 @@ use std::fmt::Write;
 use super::coop::{self, A, C, CoopTiling, FRAG};
 use crate::spec::{KernelSpec, Op, WriteMode};
 
-/// Rows of the f16 staging area: each owned tensor in turn (loaded into fragments before
-/// the next), then each block's two tensors over them.
-fn staged_rows(t: &CoopTiling) -> u32 {
-    t.br.max(2 * t.bc)
-}
-
-/// Bytes of workgroup memory: the f16 staging area, S and dP (f32), dS (and for the
-/// key-major half P and the block's (LSE, D)) and the tile's range.
-pub(super) fn bytes(t: &CoopTiling) -> u32 {
-    let (ks, ss, ps) = t.strides();
-    let staged = staged_rows(t) * ks * 2;
-    let weights = match t.op {
-        Op::BackwardKv => 2 * (2 * t.br * ps) + 8 * t.bc,
-        _ => 2 * t.br * ps,
-    };
-    staged + 2 * 4 * t.br * ss + weights + 16
-}
-
 /// The half's names: its body, the owned and streamed (fetch name, tensor, index)
 /// triples, the row and head of an owned row, and the accumulators with their outputs.
 struct Half {
@@ -150,7 +132,7 @@ fn workgroup_memory(out: &mut String, t: &CoopTiling, kv: bool) {
          var<workgroup> sh_kv: array<f16, {}>;\n\
          var<workgroup> sh_s: array<f32, {}>;\nvar<workgroup> sh_dp: array<f32, {}>;\n\
          var<workgroup> sh_ds: array<f16, {}>;\nvar<workgroup> sh_range: vec4<u32>;\n",
-        staged_rows(t) * ks,
+        t.backward_staged_rows() * ks,
         t.br * ss,
         t.br * ss,
         t.br * ps,

@@ -16,52 +16,10 @@ use std::fmt::Write;
 
 use crate::spec::{Cache, KernelSpec, Op};
 
-/// Query heads one split workgroup serves: the four components of a vec4.
-pub const MAX_SPLIT_HEADS: u32 = 4;
-
 /// Rows of V each invocation loads at once in P·V: several loads in flight per invocation.
 const PV_UNROLL: u32 = 4;
 
-/// The most keys one slice holds (its scores are staged in workgroup memory); fewer where
-/// the workgroup memory of the target does not hold that many.
-const SLICE_CAP: u32 = 512;
-
-/// Invocations that share one key's dot products in the scores pass: the largest of
-/// 8, 4, 2, 1 dividing head_dim / 4, so each reads a strided share of the key's vec4s.
-pub fn lanes(head_dim: u32) -> u32 {
-    [8, 4, 2, 1]
-        .into_iter()
-        .find(|l| (head_dim / 4).is_multiple_of(*l))
-        .unwrap_or(1)
-}
-
-/// Keys scored per step: the workgroup's invocations in groups of [`lanes`]. A slice's
-/// length is a multiple of it.
-pub fn key_tile(spec: &KernelSpec) -> u32 {
-    spec.workgroup_size / lanes(spec.head_dim)
-}
-
-/// Workgroup memory besides the staged scores: Q of the served heads, one vec4 per
-/// invocation for the reductions, and the sequence's length.
-fn fixed_bytes(spec: &KernelSpec) -> u32 {
-    4 * spec.grid.tile * spec.head_dim + 16 * spec.workgroup_size + 4
-}
-
-/// The longest slice (a multiple of [`key_tile`]) whose scores fit the target's workgroup
-/// memory beside the rest, at most 512 keys.
-pub fn max_slice(spec: &KernelSpec) -> u32 {
-    let limit = spec.target.limits().workgroup_storage_bytes;
-    let room = limit.saturating_sub(fixed_bytes(spec)) / 16;
-    let tile = key_tile(spec).max(1);
-    (room.min(SLICE_CAP) / tile * tile).max(tile)
-}
-
-pub(super) fn workgroup_bytes(spec: &KernelSpec) -> u32 {
-    match spec.op {
-        Op::DecodeSplit => fixed_bytes(spec) + 16 * max_slice(spec),
-        _ => 16 * spec.workgroup_size,
-    }
-}
+use crate::layout::decode::{lanes, max_slice};
 
 pub(super) fn constants(out: &mut String, spec: &KernelSpec) {
     let _ = write!(

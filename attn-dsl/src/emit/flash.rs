@@ -10,8 +10,8 @@
 use std::fmt::Write;
 
 use super::numerics::dot_loop;
+use crate::layout::tiling::Tiling;
 use crate::spec::KernelSpec;
-use crate::tiling::Tiling;
 
 /// One generated register name per (row, column) of an invocation's block.
 pub(super) fn regs(rows: u32, cols: u32) -> impl Iterator<Item = (u32, u32)> {

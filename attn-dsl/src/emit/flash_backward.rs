@@ -16,8 +16,8 @@ use std::fmt::Write;
 use super::flash::{accumulate, carried, fetch, per_vec4, put, regs, stage, tile_key_range};
 use super::numerics::dot_loop;
 use super::{backward, index};
+use crate::layout::tiling::Tiling;
 use crate::spec::KernelSpec;
-use crate::tiling::Tiling;
 
 fn head_rows(out: &mut String, names: &[&str], rows: u32, t: &Tiling) {
     for name in names {

@@ -15,22 +15,8 @@
 use std::fmt::Write;
 
 use super::scatter;
-use crate::row_layer::{BK, DX_ROWS, GEMM_TILE};
+use crate::layout::rows::{BK, DX_ROWS, GEMM_TILE};
 use crate::spec::{KernelSpec, Op, WriteMode};
-
-/// Floats of one staged operand slice: BK reduction indices × 64 outputs.
-const SLICE: u32 = BK * GEMM_TILE;
-
-/// The staged operand slices, and the forward's per-row statistics.
-pub(super) fn workgroup_bytes(spec: &KernelSpec) -> u32 {
-    let slices = 2 * 4 * SLICE;
-    match spec.op {
-        // + one partial per invocation and (mean, rstd) of each of the 64 rows.
-        Op::LayernormLinear => slices + 4 * spec.workgroup_size + 8 * GEMM_TILE,
-        Op::LayernormLinearBackward => slices,
-        _ => 0,
-    }
-}
 
 pub(super) fn constants(out: &mut String, spec: &KernelSpec) {
     let _ = write!(
@@ -688,7 +674,7 @@ fn dw_tile(tile: u32, t: u32, tid: u32) {{
 
 /// The atomic adds the backward's atomic row sums need.
 fn atomic_adds(out: &mut String, spec: &KernelSpec) {
-    for t in crate::row_layer::ROW_SUMS {
+    for t in crate::layout::rows::ROW_SUMS {
         if spec.write_mode(t) == Some(WriteMode::AtomicScatter) {
             scatter::atomic_add(out, spec, t);
         }

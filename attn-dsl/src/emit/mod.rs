@@ -20,15 +20,18 @@ mod rope;
 mod scatter;
 pub(crate) mod scores;
 
-pub use cache::MAX_STRIDE_WORKGROUPS;
-pub use decode_split::{MAX_SPLIT_HEADS, key_tile as split_key_tile, max_slice as split_max_slice};
+pub use crate::layout::MAX_STRIDE_WORKGROUPS;
+pub use crate::layout::decode::{
+    MAX_SPLIT_HEADS, key_tile as split_key_tile, max_slice as split_max_slice,
+};
+pub use crate::layout::workgroup_bytes;
 
 use std::fmt::Write;
 
+use crate::layout::tiling::Tiling;
 use crate::plan::{Access, Binding};
 use crate::signature;
 use crate::spec::{KernelSpec, Op};
-use crate::tiling::Tiling;
 
 /// WGSL source for `spec`, declaring exactly `bindings`.
 pub fn emit(spec: &KernelSpec, bindings: &[Binding]) -> String {
@@ -138,33 +141,6 @@ fn emit_flash(out: &mut String, spec: &KernelSpec, t: &Tiling) {
             flash::helpers(out, t);
             flash::forward_body(out, t);
             flash::entry(out, spec, t, "flash_forward");
-        }
-    }
-}
-
-/// Bytes of `var<workgroup>` memory the emitted kernel declares.
-pub fn workgroup_bytes(spec: &KernelSpec) -> u32 {
-    if let Some(t) = coop::CoopTiling::of(spec) {
-        return t.bytes();
-    }
-    if let Some(Ok(t)) = Tiling::of(spec) {
-        return t.bytes(spec.op);
-    }
-    let (hd, wg) = (spec.head_dim, spec.workgroup_size);
-    match spec.op {
-        Op::Forward | Op::Decode => attend::workgroup_bytes(hd, wg),
-        Op::BackwardPrep => 0,
-        Op::BackwardQ => backward::q_workgroup_bytes(hd, wg),
-        Op::BackwardKv => backward::kv_workgroup_bytes(hd, wg),
-        Op::Rope
-        | Op::RopeBackward
-        | Op::CacheAppend
-        | Op::DkvReduce
-        | Op::ToDtype
-        | Op::FromDtype => 0,
-        Op::DecodeSplit | Op::DecodeReduce => decode_split::workgroup_bytes(spec),
-        Op::LayernormLinear | Op::LayernormLinearBackward | Op::LayernormLinearReduce => {
-            layernorm::workgroup_bytes(spec)
         }
     }
 }

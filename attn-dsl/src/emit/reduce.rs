@@ -1,10 +1,6 @@
 //! Workgroup-wide reductions through workgroup memory: portable to every target, and the
 //! same result in every invocation.
 
-pub(super) fn workgroup_bytes(wg: u32) -> u32 {
-    4 * wg
-}
-
 /// `wg_reduce_max` and `wg_reduce_sum`, with the workgroup memory they use.
 pub(super) fn reductions(out: &mut String) {
     out.push_str("var<workgroup> sh_red: array<f32, WG>;\n\n");

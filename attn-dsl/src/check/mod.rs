@@ -1,12 +1,13 @@
 //! Checks on a [`KernelSpec`] made before any WGSL exists. Each failure names the field at
 //! fault and says what to change.
 
-use crate::emit;
+mod rows;
+
 use crate::error::{DslError, Field};
+use crate::layout::tiling::Tiling;
 use crate::plan::KernelAbi;
 use crate::signature::{self, Presence, Role};
 use crate::spec::{Axis, BiasHeads, Cache, Gqa, KernelSpec, Major, Op, Source, Target, WriteMode};
-use crate::tiling::Tiling;
 
 /// The largest head_dim the per-row schedule holds: one invocation per element of a row.
 pub const MAX_HEAD_DIM: u32 = 256;
@@ -15,7 +16,7 @@ pub fn check_spec(spec: &KernelSpec) -> Result<(), DslError> {
     check_name(spec)?;
     check_workgroup(spec)?;
     if spec.op.is_row_layer() {
-        crate::row_layer::check_sizes(spec)?;
+        rows::check_sizes(spec)?;
     } else {
         check_head_dim(spec)?;
     }
@@ -242,10 +243,10 @@ fn check_grid(spec: &KernelSpec) -> Result<(), DslError> {
     let wanted = spec.op.major();
     let tile_max = match spec.op {
         Op::Decode | Op::DecodeReduce => 1,
-        Op::DecodeSplit => crate::emit::MAX_SPLIT_HEADS,
+        Op::DecodeSplit => crate::layout::decode::MAX_SPLIT_HEADS,
         // A backward row tile sums its rows in one workgroup: large tiles keep the
         // two-pass scratch (one partial per tile) and the atomic adds few.
-        op if op.is_row_layer() => crate::row_layer::MAX_ROW_TILE,
+        op if op.is_row_layer() => crate::layout::rows::MAX_ROW_TILE,
         _ => 64,
     };
     if spec.grid.major != wanted {
@@ -400,7 +401,7 @@ fn check_coop(spec: &KernelSpec) -> Result<(), DslError> {
             spec.dtype.name()
         ));
     }
-    let t = emit::coop::CoopTiling::of(spec).expect("a coop grid");
+    let t = crate::layout::coop::CoopTiling::of(spec).expect("a coop grid");
     match t.problem(spec) {
         Some(problem) => Err(DslError::spec(Field::Grid, problem)),
         None => Ok(()),
@@ -445,7 +446,8 @@ fn check_subgroups(spec: &KernelSpec, t: &Tiling) -> Result<(), DslError> {
 /// pick for this op, head_dim and target, for an error about one that does not fit.
 fn fitting_hint(spec: &KernelSpec) -> String {
     let limits = spec.target.limits();
-    let Some(c) = crate::configs::for_description(spec.op, spec.head_dim, &limits, None) else {
+    let Some(c) = crate::layout::configs::for_description(spec.op, spec.head_dim, &limits, None)
+    else {
         return String::new();
     };
     let (major, inner) = match spec.grid.major {
@@ -595,7 +597,7 @@ fn check_writes(spec: &KernelSpec) -> Result<(), DslError> {
         }
     }
     check_dbias(spec)?;
-    crate::row_layer::check_row_sums(spec)?;
+    rows::check_row_sums(spec)?;
     let present = signature::tensors(spec);
     for t in tensors.iter().filter(|t| t.role == Role::Output) {
         // A tensor listed twice (dbias, per head and shared) is checked in its present form.
@@ -768,5 +770,5 @@ fn output_names(spec: &KernelSpec) -> Vec<&'static str> {
 
 /// Workgroup memory of the kernel, as the emitter lays it out.
 pub fn workgroup_bytes(spec: &KernelSpec) -> u32 {
-    emit::workgroup_bytes(spec)
+    crate::layout::workgroup_bytes(spec)
 }

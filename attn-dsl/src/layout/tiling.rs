@@ -50,7 +50,7 @@ pub const MAX_REGISTER_BLOCK: u32 = 128;
 impl Tiling {
     /// The layout of `spec`'s flash grid, or what is wrong with it. `None` when the grid is
     /// not a flash grid of scalar products (cooperative matrices have their own layout,
-    /// [`crate::emit::coop::CoopTiling`]).
+    /// [`super::coop::CoopTiling`]).
     pub fn of(spec: &KernelSpec) -> Option<Result<Tiling, String>> {
         let flash = spec.grid.flash.filter(|f| f.matrix.is_scalar())?;
         let tiling = Tiling::new(

@@ -9,8 +9,8 @@
 //! 64 and 128 (64×256 and 64×128 forward, 16×128 and 32×128 backward) and small ones that
 //! fit WebGPU's default 16 KiB; candidate 0 is the best that fits those defaults.
 
+use crate::layout::tiling::Tiling;
 use crate::spec::{FlashConfig, KernelSpec, Limits, Masks, Matrix, Op};
-use crate::tiling::Tiling;
 
 /// Workgroup memory no candidate exceeds: the most that common GPUs give one workgroup
 /// (48 KiB on NVIDIA's Vulkan driver). A device with less runs the candidates that fit.
@@ -189,7 +189,7 @@ fn coop_configs(
     head_dim: u32,
     bytes: u32,
 ) -> Vec<FlashConfig> {
-    use crate::emit::coop::{CoopTiling, FRAG};
+    use super::coop::{CoopTiling, FRAG};
     if head_dim == 0 || !head_dim.is_multiple_of(FRAG) {
         return Vec::new();
     }

@@ -1,0 +1,184 @@
+//! The layout of the cooperative-matrix (tensor-core) flash kernels: fragment and subgroup
+//! sizes, tile shapes, row strides, what lives in workgroup memory and how many bytes it
+//! takes. The emitter (`emit::coop`, `emit::coop_backward`) writes WGSL to this layout.
+
+use crate::spec::{KernelSpec, Op};
+
+/// Rows of a cooperative matrix, and so of a subgroup's share of the tile.
+pub const FRAG: u32 = 16;
+/// Invocations per subgroup the layout assumes: the runtime runs the kernel only on
+/// adapters whose subgroups are exactly this size.
+pub const SUBGROUP: u32 = 32;
+
+/// The layout of a cooperative-matrix flash forward.
+#[derive(Clone, Copy, Debug)]
+pub struct CoopTiling {
+    /// Query rows per workgroup.
+    pub br: u32,
+    /// Keys per staged block.
+    pub bc: u32,
+    pub head_dim: u32,
+    /// Subgroups per 16 query rows (1 or 2): two split each block's keys in Q·Kᵀ and
+    /// head_dim in P·V, so each holds half the accumulators and a workgroup twice the
+    /// subgroups to hide latency with.
+    pub split: u32,
+    /// The forward, or a half of the tiled backward (the emitter's `coop_backward`).
+    pub op: Op,
+}
+
+impl CoopTiling {
+    pub fn of(spec: &KernelSpec) -> Option<CoopTiling> {
+        let flash = spec.grid.flash?;
+        let per_split = spec.grid.tile / FRAG * SUBGROUP;
+        spec.grid.uses_coop().then_some(CoopTiling {
+            br: spec.grid.tile,
+            bc: flash.inner,
+            head_dim: spec.head_dim,
+            split: (spec.workgroup_size / per_split.max(1)).max(1),
+            op: spec.op,
+        })
+    }
+
+    /// Row strides, in elements, of the staged f16 rows, of S (f32) and of P (f16): each a
+    /// multiple of 16 bytes, so that every 16x16 load and store starts 16-byte aligned.
+    pub(crate) fn strides(&self) -> (u32, u32, u32) {
+        (self.head_dim + 8, self.bc + 4, self.bc + 8)
+    }
+
+    /// Whether Q stays in workgroup memory, each subgroup reloading its fragments per
+    /// block, rather than in registers: wherever Q, K and V fit side by side within
+    /// [`super::configs::CANDIDATE_WORKGROUP_BYTES`], which frees head_dim / 4 registers
+    /// per invocation for the whole key loop. At head_dim 128 the 64x32 tile does not fit
+    /// that way and keeps Q in registers (measured on an H100 at seq 4096: 1.25 ms, against
+    /// 1.43 for 64x16 with Q in memory).
+    pub(crate) fn q_in_memory(&self) -> bool {
+        self.bytes_with(self.br + 2 * self.bc) <= super::configs::CANDIDATE_WORKGROUP_BYTES
+    }
+
+    /// Rows the f16 staging area holds: Q, then K and V of a block; or, with Q in
+    /// registers, Q at the start (in column passes where its rows outnumber K's and V's)
+    /// and K and V over it once Q is loaded.
+    pub(crate) fn staged_rows(&self) -> u32 {
+        match self.q_in_memory() {
+            true => self.br + 2 * self.bc,
+            false if self.q_in_passes() => 2 * self.bc,
+            false => self.br.max(2 * self.bc),
+        }
+    }
+
+    /// Columns of Q staged per pass when Q lives in registers: all of head_dim where BR
+    /// rows of it fit beside nothing larger than K and V, else the widest multiple of 16
+    /// dividing head_dim whose BR rows (padded by 8 halves) fit in K's and V's rows (where
+    /// none does, head_dim: one pass, the staging area then sized for BR rows). Every
+    /// subgroup loads its fragments of each pass's columns, so the loads stay in
+    /// workgroup-uniform control flow (a pass per row group would not).
+    pub(crate) fn q_columns(&self) -> u32 {
+        if self.br <= 2 * self.bc {
+            return self.head_dim;
+        }
+        let room = 2 * self.bc * (self.head_dim + 8);
+        (1..=self.head_dim / FRAG)
+            .rev()
+            .map(|n| n * FRAG)
+            .find(|&cols| self.head_dim.is_multiple_of(cols) && self.br * (cols + 8) <= room)
+            .unwrap_or(self.head_dim)
+    }
+
+    /// Whether Q is staged in column passes (then loaded into registers).
+    pub(crate) fn q_in_passes(&self) -> bool {
+        !self.q_in_memory() && self.q_columns() < self.head_dim
+    }
+
+    /// The first staged rows of K and of V.
+    pub(crate) fn kv_rows(&self) -> (u32, u32) {
+        match self.q_in_memory() {
+            true => (self.br, self.br + self.bc),
+            false => (0, self.bc),
+        }
+    }
+
+    pub fn workgroup_size(&self) -> u32 {
+        self.br / FRAG * SUBGROUP * self.split
+    }
+
+    pub fn bytes(&self) -> u32 {
+        match self.op {
+            Op::Forward => self.bytes_with(self.staged_rows()),
+            _ => self.backward_bytes(),
+        }
+    }
+
+    /// Workgroup memory with `staged` f16 rows: the staging area, S, P, the tile's key
+    /// range and the rescale flag.
+    fn bytes_with(&self, staged: u32) -> u32 {
+        let (ks, ss, ps) = self.strides();
+        // The last two rows' terms: each row's rescale factor and sum (sh_c, sh_l).
+        2 * staged * ks + 4 * self.br * ss + 2 * self.br * ps + 16 + 4 + 8 * self.br
+    }
+
+    /// What is wrong with this layout under `spec` (its workgroup size, its rows per
+    /// thread: the rows of one subgroup), if anything.
+    pub fn problem(&self, spec: &KernelSpec) -> Option<String> {
+        let workgroup_size = spec.workgroup_size;
+        let rows = spec.grid.flash.map_or(0, |f| f.rows_per_thread);
+        let multiple = |what: &str, n: u32| {
+            (!n.is_multiple_of(FRAG) || n == 0).then(|| {
+                format!("cooperative-matrix products take {what} in multiples of {FRAG}, not {n}")
+            })
+        };
+        multiple("the tile", self.br)
+            .or_else(|| multiple("the key tile", self.bc))
+            .or_else(|| multiple("head_dim", self.head_dim))
+            .or_else(|| {
+                (rows != FRAG).then(|| {
+                    format!(
+                        "with cooperative matrices each subgroup owns {FRAG} query rows: use \
+                         rows_per_thread = {FRAG}, not {rows}"
+                    )
+                })
+            })
+            .or_else(|| {
+                let one = self.br / FRAG * SUBGROUP;
+                (workgroup_size != one && workgroup_size != 2 * one).then(|| {
+                    format!(
+                        "with cooperative matrices one or two subgroups of {SUBGROUP} \
+                         invocations own {FRAG} query rows: tile {} needs workgroup_size {one} \
+                         or {}, not {workgroup_size}",
+                        self.br,
+                        2 * one
+                    )
+                })
+            })
+            .or_else(|| {
+                let halves = |n: u32| (n / FRAG).is_multiple_of(self.split);
+                (!halves(self.bc) || !halves(self.head_dim)).then(|| {
+                    format!(
+                        "two subgroups per {FRAG} rows split the key tile and head_dim in \
+                         halves of whole {FRAG}-column fragments: key tile {} and head_dim {} \
+                         must be multiples of {}",
+                        self.bc,
+                        self.head_dim,
+                        2 * FRAG
+                    )
+                })
+            })
+    }
+
+    /// Rows of the backward's f16 staging area: each owned tensor in turn (loaded into
+    /// fragments before the next), then each block's two tensors over them.
+    pub(crate) fn backward_staged_rows(&self) -> u32 {
+        self.br.max(2 * self.bc)
+    }
+
+    /// The backward's workgroup memory: the f16 staging area, S and dP (f32), dS (and for
+    /// the key-major half P and the block's (LSE, D)) and the tile's range.
+    fn backward_bytes(&self) -> u32 {
+        let (ks, ss, ps) = self.strides();
+        let staged = self.backward_staged_rows() * ks * 2;
+        let weights = match self.op {
+            Op::BackwardKv => 2 * (2 * self.br * ps) + 8 * self.bc,
+            _ => 2 * self.br * ps,
+        };
+        staged + 2 * 4 * self.br * ss + weights + 16
+    }
+}

@@ -1,0 +1,106 @@
+//! The layout rules: what each kernel keeps in workgroup memory and how many bytes that
+//! takes, the flash and tensor-core tilings and the configurations derived from the
+//! limits, split-K decode's slices, the row layers' tiles, the target a description needs.
+//! Below the checks and the emitter, which both read them; above the IR alone.
+
+pub mod configs;
+pub mod coop;
+pub mod decode;
+pub mod rows;
+pub mod tiling;
+
+use crate::signature::{self, Role};
+use crate::spec::{Flash, FlashConfig, Grid, KernelSpec, Limits, Masks, Op, Target};
+use coop::CoopTiling;
+use tiling::Tiling;
+
+/// The most workgroups along a grid-stride loop's axis (`cache_append`, `dkv_reduce`, the
+/// conversions): enough for every core of a large GPU several times over; longer work
+/// loops.
+pub const MAX_STRIDE_WORKGROUPS: u32 = 4096;
+
+/// Bytes of `var<workgroup>` memory the emitted kernel declares.
+pub fn workgroup_bytes(spec: &KernelSpec) -> u32 {
+    if let Some(t) = CoopTiling::of(spec) {
+        return t.bytes();
+    }
+    if let Some(Ok(t)) = Tiling::of(spec) {
+        return t.bytes(spec.op);
+    }
+    let (hd, wg) = (spec.head_dim, spec.workgroup_size);
+    // The per-row schedules' reductions: one f32 per invocation.
+    let reduce = 4 * wg;
+    match spec.op {
+        // sh_q + sh_acc, sh_p + sh_partial, sh_state + sh_range, and the reductions.
+        Op::Forward | Op::Decode => 4 * (2 * hd + 2 * wg) + 8 + 8 + reduce,
+        Op::BackwardPrep => 0,
+        // sh_q, sh_do, sh_acc; sh_ds, sh_partial; sh_range.
+        Op::BackwardQ => 4 * (3 * hd + 2 * wg) + 8,
+        // sh_k, sh_v, sh_dk, sh_dv; sh_p, sh_ds, sh_pk, sh_pv; sh_range.
+        Op::BackwardKv => 4 * (4 * hd + 4 * wg) + 8,
+        Op::Rope
+        | Op::RopeBackward
+        | Op::CacheAppend
+        | Op::DkvReduce
+        | Op::ToDtype
+        | Op::FromDtype => 0,
+        Op::DecodeSplit | Op::DecodeReduce => decode::workgroup_bytes(spec),
+        Op::LayernormLinear | Op::LayernormLinearBackward | Op::LayernormLinearReduce => {
+            rows::workgroup_bytes(spec)
+        }
+    }
+}
+
+impl KernelSpec {
+    /// WebGPU's defaults when the kernel fits them, else a `native` target with just the
+    /// workgroup memory and storage buffers it needs (always `native` with subgroups or
+    /// cooperative matrices, which core WebGPU lacks).
+    pub fn fit_target(&mut self) {
+        self.target = Target::Webgpu;
+        let bytes = workgroup_bytes(self);
+        let storage = signature::tensors(self)
+            .iter()
+            .filter(|t| t.role != Role::Uniform)
+            .count() as u32;
+        let base = Limits::WEBGPU;
+        if bytes > base.workgroup_storage_bytes
+            || storage > base.storage_buffers_per_stage
+            || self.grid.uses_subgroups()
+        {
+            self.target = Target::Native(Limits {
+                workgroup_storage_bytes: bytes.max(base.workgroup_storage_bytes),
+                storage_buffers_per_stage: storage.max(base.storage_buffers_per_stage),
+                ..base
+            });
+        }
+    }
+}
+
+impl KernelSpec {
+    /// [`KernelSpec::standard`] on the flash grid of `config`, targeting WebGPU's defaults
+    /// when its workgroup memory fits them and a `native` target with just enough otherwise.
+    pub fn flash(
+        name: &str,
+        op: Op,
+        head_dim: u32,
+        masks: Masks,
+        config: FlashConfig,
+    ) -> KernelSpec {
+        let mut spec = KernelSpec {
+            grid: Grid {
+                major: op.major(),
+                tile: config.tile,
+                flash: Some(Flash {
+                    inner: config.inner,
+                    rows_per_thread: config.rows_per_thread,
+                    subgroups: config.subgroups,
+                    matrix: config.matrix,
+                }),
+            },
+            workgroup_size: config.workgroup_size,
+            ..KernelSpec::standard(name, op, head_dim, masks)
+        };
+        spec.fit_target();
+        spec
+    }
+}

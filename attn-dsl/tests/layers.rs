@@ -1,0 +1,124 @@
+//! attn-dsl is layered, one way: the IR (`spec`, its op signatures, contracts) ← the errors
+//! ← the layout rules ← the binding plan ← the checks and the emitter (which never meet) ←
+//! naga validation ←
+//! the manifest, with `lib.rs` and the `row_layer` facade on top. This test reads every
+//! source file's `crate::` paths and fails on an edge that points up (or sideways between
+//! modules not allowed to meet), so a new cycle cannot creep in.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// Each top-level module and its layer; a module may use modules of lower layers only.
+const LAYERS: &[(&str, u32)] = &[
+    ("spec", 0),
+    ("signature", 1),
+    ("contract", 1),
+    ("error", 2),
+    ("layout", 3),
+    ("plan", 4),
+    ("check", 5),
+    ("emit", 5),
+    ("validate", 6),
+    ("manifest", 6),
+    ("row_layer", 7),
+];
+
+fn files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The top-level module a file belongs to (`None` for lib.rs).
+fn module_of(src: &Path, file: &Path) -> Option<String> {
+    let rel = file.strip_prefix(src).unwrap();
+    let first = rel
+        .components()
+        .next()?
+        .as_os_str()
+        .to_string_lossy()
+        .into_owned();
+    match first.as_str() {
+        "lib.rs" => None,
+        f => Some(f.trim_end_matches(".rs").to_string()),
+    }
+}
+
+/// Top-level modules a source text names through `crate::` (test modules left out: a
+/// test may compile a whole kernel).
+fn uses(text: &str) -> Vec<String> {
+    let text = text.split("#[cfg(test)]").next().unwrap_or(text);
+    let mut out = Vec::new();
+    for (i, _) in text.match_indices("crate::") {
+        let rest = &text[i + "crate::".len()..];
+        if let Some(group) = rest.strip_prefix('{') {
+            let inner = &group[..group.find('}').unwrap_or(group.len())];
+            out.extend(inner.split(',').map(|p| head(p.trim())));
+        } else {
+            out.push(head(rest));
+        }
+    }
+    out.retain(|m| !m.is_empty());
+    out
+}
+
+fn head(path: &str) -> String {
+    path.chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+        .collect()
+}
+
+#[test]
+fn every_module_uses_only_lower_layers() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut all = Vec::new();
+    files(&src, &mut all);
+    let layer: BTreeMap<&str, u32> = LAYERS.iter().copied().collect();
+    let mut violations = Vec::new();
+    for file in &all {
+        let Some(module) = module_of(&src, file) else {
+            continue;
+        };
+        let own = *layer
+            .get(module.as_str())
+            .unwrap_or_else(|| panic!("module `{module}` has no layer in LAYERS; add it"));
+        let text = std::fs::read_to_string(file).unwrap();
+        for used in uses(&text) {
+            if used == module {
+                continue;
+            }
+            // Re-exported items of the crate root (`crate::compile`, `crate::Dtype`, ...).
+            let Some(&theirs) = layer.get(used.as_str()) else {
+                if used.chars().next().is_some_and(|c| c.is_lowercase()) {
+                    violations.push(format!(
+                        "{}: uses crate::{used} (lib.rs, the top)",
+                        file.display()
+                    ));
+                }
+                continue;
+            };
+            if theirs >= own {
+                violations.push(format!(
+                    "{}: `{module}` (layer {own}) uses `{used}` (layer {theirs})",
+                    file.strip_prefix(&src).unwrap().display()
+                ));
+            }
+        }
+    }
+    assert!(
+        violations.is_empty(),
+        "layering violations:\n{}",
+        violations.join("\n")
+    );
+}
+
+#[test]
+fn the_reader_sees_paths_in_both_forms() {
+    let text = "use crate::{spec::Op, layout::rows};\nlet x = crate::emit::emit(a);";
+    assert_eq!(uses(text), ["spec", "layout", "emit"]);
+}
