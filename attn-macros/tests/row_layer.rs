@@ -1,4 +1,4 @@
-//! The README's LayerNorm + Linear descriptions expand: ABI, bindings and grid as described.
+//! The LayerNorm + Linear descriptions of docs/layernorm-linear.md expand: ABI, bindings and grid as described.
 
 use attn_macros::attention_kernel;
 

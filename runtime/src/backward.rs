@@ -6,16 +6,15 @@ use std::str::FromStr;
 
 use attn_dsl::{Dtype, FlashConfig, KernelAbi, Masks, Scatter};
 
-use crate::attention::{self, ForwardInput, Heads, length};
 use crate::device::Gpu;
-use crate::error::{Error, InputError};
 #[cfg(not(target_arch = "wasm32"))]
-use crate::kernel::Kernel;
+use crate::dispatch::kernel::Kernel;
+use crate::dispatch::record::Pipeline;
+use crate::error::{Error, InputError};
+pub use crate::host::backward::{BackwardInput, Gradients};
 use crate::kernels::BackwardKernels;
-use crate::modifiers::Modifiers;
-use crate::record::Pipeline;
-use crate::tensor::Tensor;
-use crate::tuning::{self, Table};
+use crate::plan::tuning::{self, Table};
+use crate::shape::Heads;
 
 /// How dQ, dK and dV are produced (DESIGN.md §4).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -97,35 +96,6 @@ impl FromStr for Schedule {
                 )
             })
     }
-}
-
-/// The backward's inputs: the forward's Q, K, V, its saved O and LSE, and the upstream
-/// gradient dO, laid out as for the forward (`[batch, seq, heads, head_dim]`).
-#[derive(Clone, Copy, Debug)]
-pub struct BackwardInput<'a> {
-    pub batch: u32,
-    pub seq_len: u32,
-    pub heads: Heads,
-    pub q: &'a [f32],
-    pub k: &'a [f32],
-    pub v: &'a [f32],
-    pub o: &'a [f32],
-    pub lse: &'a [f32],
-    pub d_o: &'a [f32],
-    pub seg: Option<&'a [u32]>,
-    pub scale: Option<f32>,
-    /// The forward's modifier values (the same dropout seed and offset regenerate its mask).
-    pub mods: Modifiers<'a>,
-}
-
-/// dQ `[batch, seq, n_heads, d]`, dK and dV `[batch, seq, n_kv_heads, d]`, and with a
-/// bias, dBias in the bias's layout (empty without one).
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Gradients {
-    pub dq: Vec<f32>,
-    pub dk: Vec<f32>,
-    pub dv: Vec<f32>,
-    pub dbias: Vec<f32>,
 }
 
 /// One schedule's kernels in dispatch order (after prep): their ABIs, and their pipelines
@@ -292,124 +262,6 @@ impl Backward {
         self.scratch.held()
     }
 
-    /// Fresh gradients of host data, by `schedule` or the planner's choice.
-    pub async fn run(
-        &mut self,
-        gpu: &Gpu,
-        input: &BackwardInput<'_>,
-        schedule: Option<Schedule>,
-    ) -> Result<(Gradients, Schedule), Error> {
-        let zeros = Gradients {
-            dq: vec![0.0; input.q.len()],
-            dk: vec![0.0; input.k.len()],
-            dv: vec![0.0; input.v.len()],
-            dbias: vec![0.0; input.mods.bias.map_or(0, |b| b.values.len())],
-        };
-        self.accumulate(gpu, input, schedule, zeros).await
-    }
-
-    /// `grads` plus the gradients of `input`: micro-steps add up.
-    pub async fn accumulate(
-        &mut self,
-        gpu: &Gpu,
-        input: &BackwardInput<'_>,
-        schedule: Option<Schedule>,
-        grads: Gradients,
-    ) -> Result<(Gradients, Schedule), Error> {
-        self.accumulate_in(gpu, input, schedule, grads, Dtype::F32)
-            .await
-    }
-
-    /// Fresh gradients of `input` from the kernels of `dtype` (see [`Backward::add_in`]):
-    /// Q, K, V, O and dO are rounded to it on upload; the gradients come back f32.
-    pub async fn run_in(
-        &mut self,
-        gpu: &Gpu,
-        input: &BackwardInput<'_>,
-        schedule: Option<Schedule>,
-        dtype: Dtype,
-    ) -> Result<(Gradients, Schedule), Error> {
-        let zeros = Gradients {
-            dq: vec![0.0; input.q.len()],
-            dk: vec![0.0; input.k.len()],
-            dv: vec![0.0; input.v.len()],
-            dbias: vec![0.0; input.mods.bias.map_or(0, |b| b.values.len())],
-        };
-        self.accumulate_in(gpu, input, schedule, zeros, dtype).await
-    }
-
-    /// [`Backward::accumulate`] with the kernels of `dtype`: the host data checked,
-    /// uploaded, run through [`Backward::record`] and the gradients read back.
-    pub async fn accumulate_in(
-        &mut self,
-        gpu: &Gpu,
-        input: &BackwardInput<'_>,
-        schedule: Option<Schedule>,
-        grads: Gradients,
-        dtype: Dtype,
-    ) -> Result<(Gradients, Schedule), Error> {
-        let set = self.validate(gpu, input, &grads, dtype)?;
-        let h = input.heads;
-        let (b, s) = (input.batch, input.seq_len);
-        // Refuse what this device cannot run before uploading anything.
-        let schedule = schedule.unwrap_or_else(|| self.plan_in(gpu, b, s, h, dtype));
-        self.compiled[set].kernels_for(schedule)?;
-        let data = self.compiled[set].prep_abi.scalar("o");
-        let q_shape = [b, s, h.n_heads, h.head_dim];
-        let kv_shape = [b, s, h.n_kv_heads, h.head_dim];
-        let up = |shape: &[u32], scalar, data: &[f32]| Tensor::from_f32(gpu, shape, scalar, data);
-        let f32 = attn_dsl::Scalar::F32;
-        let q = up(&q_shape, data, input.q)?;
-        let k = up(&kv_shape, data, input.k)?;
-        let v = up(&kv_shape, data, input.v)?;
-        let o = up(&q_shape, data, input.o)?;
-        let d_o = up(&q_shape, data, input.d_o)?;
-        let lse = up(&[b, s, h.n_heads], f32, input.lse)?;
-        let dq = up(&q_shape, f32, &grads.dq)?;
-        let dk = up(&kv_shape, f32, &grads.dk)?;
-        let dv = up(&kv_shape, f32, &grads.dv)?;
-        let uploaded = input.mods.upload(gpu, b, s)?;
-        let mods = uploaded.view(&input.mods);
-        let dbias = match mods.bias {
-            Some(bias) => Some(up(bias.values.shape(), f32, &grads.dbias)?),
-            None => None,
-        };
-        let seg = match input.seg {
-            Some(seg) => Some(crate::ops::forward::documents(gpu, seg, b, s)?),
-            None => None,
-        };
-        let args = crate::ops::backward::BackwardArgs {
-            q: &q,
-            k: &k,
-            v: &v,
-            o: &o,
-            lse: &lse,
-            d_o: &d_o,
-            dq: &dq,
-            dk: &dk,
-            dv: &dv,
-            dbias: dbias.as_ref(),
-            seg: seg.as_ref(),
-            scale: input.scale,
-            mods,
-            accumulate: true,
-        };
-        let mut encoder = gpu.device.create_command_encoder(&Default::default());
-        let ran = self.record(gpu, &mut encoder, &args, Some(schedule))?;
-        gpu.queue.submit([encoder.finish()]);
-        let dbias = match &dbias {
-            Some(t) => t.to_f32(gpu).await?,
-            None => Vec::new(),
-        };
-        let grads = Gradients {
-            dq: dq.to_f32(gpu).await?,
-            dk: dk.to_f32(gpu).await?,
-            dv: dv.to_f32(gpu).await?,
-            dbias,
-        };
-        Ok((grads, ran))
-    }
-
     /// The set of `head_dim` in `dtype`, or why there is none.
     pub(crate) fn set_of(&self, head_dim: u32, dtype: Dtype) -> Result<usize, InputError> {
         if !self.compiled.iter().any(|c| c.dtype == dtype) {
@@ -442,57 +294,6 @@ impl Backward {
                 available: "none (no tiled configuration fits this device)".into(),
             });
         }
-        Ok(set)
-    }
-
-    fn validate(
-        &self,
-        gpu: &Gpu,
-        input: &BackwardInput,
-        grads: &Gradients,
-        dtype: Dtype,
-    ) -> Result<usize, InputError> {
-        let h = input.heads;
-        let set = self.set_of(h.head_dim, dtype)?;
-        let abi: &KernelAbi = &self.compiled[set].schedules[0].abis[0];
-        let view = ForwardInput {
-            batch: input.batch,
-            seq_len: input.seq_len,
-            heads: h,
-            q: input.q,
-            k: input.k,
-            v: input.v,
-            seg: input.seg,
-            scale: input.scale,
-            mods: input.mods,
-        };
-        attention::validate_sequence(abi, gpu.limits(), &view)?;
-        let dbias_len = input.mods.bias.map_or(0, |b| b.values.len());
-        length(
-            "dbias",
-            grads.dbias.len(),
-            dbias_len as u64,
-            "the length of bias",
-        )?;
-        let rows = u64::from(input.batch) * u64::from(input.seq_len) * u64::from(h.n_heads);
-        let q_len = rows * u64::from(h.head_dim);
-        let q_layout = "batch × seq_len × n_heads × head_dim";
-        length("o", input.o.len(), q_len, q_layout)?;
-        length("d_o", input.d_o.len(), q_len, q_layout)?;
-        length("lse", input.lse.len(), rows, "batch × seq_len × n_heads")?;
-        length("dq", grads.dq.len(), q_len, q_layout)?;
-        length(
-            "dk",
-            grads.dk.len(),
-            input.k.len() as u64,
-            "the length of k",
-        )?;
-        length(
-            "dv",
-            grads.dv.len(),
-            input.v.len() as u64,
-            "the length of v",
-        )?;
         Ok(set)
     }
 }

@@ -24,7 +24,7 @@ pub enum Error {
     #[error("reading results back from the GPU failed: {0}")]
     Readback(String),
     #[error(transparent)]
-    Tuning(#[from] crate::tuning::TuningError),
+    Tuning(#[from] crate::plan::tuning::TuningError),
 }
 
 impl From<crate::ops::cache::CacheError> for Error {

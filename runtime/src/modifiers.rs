@@ -4,7 +4,6 @@
 
 use attn_dsl::{BiasHeads, KernelAbi, Masks, Scalar};
 
-use crate::buffers;
 use crate::device::Gpu;
 use crate::error::InputError;
 use crate::tensor::{Tensor, TensorError};
@@ -333,17 +332,6 @@ impl<T: ?Sized> ModifiersOf<'_, T> {
 }
 
 impl Modifiers<'_> {
-    /// The modifiers' input buffers, by binding name (a placeholder word where absent:
-    /// a kernel without the modifier does not bind it).
-    pub(crate) fn buffers(&self, gpu: &Gpu) -> [(&'static str, wgpu::Buffer); 2] {
-        let alibi = self.alibi.unwrap_or(&[0.0]);
-        let bias = self.bias.map_or(&[0.0][..], |b| b.values);
-        [
-            ("alibi", buffers::storage(gpu, "alibi", alibi)),
-            ("bias", buffers::storage(gpu, "bias", bias)),
-        ]
-    }
-
     /// These values against the masks `abi` was built with, and their shapes against the
     /// dims: `q_rows` query rows per sequence (the bias is `[batch, heads, q_rows, q_rows]`).
     pub(crate) fn validate(
@@ -360,7 +348,7 @@ impl Modifiers<'_> {
 
     fn validate_values(&self, batch: u32, q_rows: u32, n_heads: u32) -> Result<(), InputError> {
         if let Some(slopes) = self.alibi {
-            crate::attention::length("alibi", slopes.len(), u64::from(n_heads), "n_heads")?;
+            crate::shape::length("alibi", slopes.len(), u64::from(n_heads), "n_heads")?;
             if let Some(x) = slopes.iter().find(|x| !x.is_finite()) {
                 return Err(InputError::BadValue {
                     what: "an ALiBi slope",
@@ -380,7 +368,7 @@ impl Modifiers<'_> {
                 BiasHeads::Shared => "batch × 1 × seq_len × seq_len",
             };
             let want = u64::from(batch) * heads * rows * rows;
-            crate::attention::length("bias", b.values.len(), want, layout)?;
+            crate::shape::length("bias", b.values.len(), want, layout)?;
         }
         Ok(())
     }

@@ -357,9 +357,13 @@ impl Tensor {
     }
 
     async fn read_bytes(&self, gpu: &Gpu) -> Result<Vec<u8>, Error> {
-        let mut bytes =
-            crate::buffers::read_range(gpu, &self.buffer, self.offset, self.binding_bytes())
-                .await?;
+        let mut bytes = crate::device::readback::read_range(
+            gpu,
+            &self.buffer,
+            self.offset,
+            self.binding_bytes(),
+        )
+        .await?;
         bytes.truncate(self.bytes() as usize);
         Ok(bytes)
     }

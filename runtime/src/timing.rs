@@ -5,7 +5,7 @@ use crate::BlockOn;
 use crate::device::Gpu;
 use crate::error::{Error, InputError};
 
-pub use crate::kernel::Step;
+pub use crate::dispatch::kernel::Step;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Timing {
@@ -60,7 +60,8 @@ fn time_once(gpu: &Gpu, steps: &[Step], warmup: usize, runs: usize) -> Result<Ti
         }
         encoder.resolve_query_set(&queries, 0..count, &resolved, 0);
         gpu.queue.submit([encoder.finish()]);
-        let ticks = crate::buffers::read::<u64>(gpu, &resolved, count as usize).block_on()?;
+        let ticks =
+            crate::device::readback::read::<u64>(gpu, &resolved, count as usize).block_on()?;
         let span = ticks[count as usize - 1].saturating_sub(ticks[0]);
         times.push(span as f64 * period_ns / 1e6);
     }
@@ -179,7 +180,8 @@ impl Spans {
         let mut encoder = gpu.device.create_command_encoder(&Default::default());
         encoder.resolve_query_set(&self.queries, 0..count, &self.resolved, 0);
         gpu.queue.submit([encoder.finish()]);
-        let ticks = crate::buffers::read::<u64>(gpu, &self.resolved, count as usize).block_on()?;
+        let ticks =
+            crate::device::readback::read::<u64>(gpu, &self.resolved, count as usize).block_on()?;
         let period_ns = f64::from(gpu.queue.get_timestamp_period());
         Ok(ticks
             .chunks(2)

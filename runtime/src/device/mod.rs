@@ -4,6 +4,7 @@
 
 #[cfg(not(target_arch = "wasm32"))]
 mod pipeline_cache;
+pub mod readback;
 mod uniforms;
 
 use std::sync::Mutex;

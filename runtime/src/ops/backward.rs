@@ -6,13 +6,13 @@
 use attn_dsl::{Dtype, KernelSpec, Masks, Op, Scalar};
 
 use super::{attention_shape, expect_all, grid};
-use crate::attention::{Heads, sequence_dims, validate_heads, validate_scale};
 use crate::backward::{Backward, Schedule, needs_prep};
 use crate::device::Gpu;
+use crate::dispatch::kernel::Kernel;
+use crate::dispatch::record::{Dispatch, Pipeline};
 use crate::error::{Error, InputError};
-use crate::kernel::Kernel;
 use crate::modifiers::DeviceModifiers;
-use crate::record::{Dispatch, Pipeline};
+use crate::shape::{Heads, sequence_dims, validate_heads, validate_scale};
 use crate::tensor::{Tensor, TensorError, elements};
 
 /// One call's tensors, laid out as the forward's: Q, O and dO `[batch, seq, n_heads,
@@ -127,7 +127,7 @@ impl Backward {
         )?;
         if schedule == Schedule::Split {
             let bytes = schedule.scratch_bytes(batch, seq, h.n_heads);
-            crate::attention::binding_size(gpu.limits(), bytes)?;
+            crate::shape::binding_size(gpu.limits(), bytes)?;
         }
         // Pipelines first: a schedule that does not compile records nothing.
         let c = &mut self.compiled[set];
@@ -177,7 +177,7 @@ impl Backward {
         let seg = match args.seg {
             Some(s) => s,
             None => {
-                let ends = crate::attention::seg_with_ends(None, batch, seq);
+                let ends = crate::shape::seg_with_ends(None, batch, seq);
                 whole = Tensor::from_u32(gpu, &[2, batch, seq], &ends)?;
                 &whole
             }

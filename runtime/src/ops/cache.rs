@@ -22,10 +22,10 @@ use super::decode::CacheView;
 use super::forward::{Forward, ForwardArgs};
 use super::{grid, rank4};
 use crate::device::Gpu;
+use crate::dispatch::kernel::Kernel;
+use crate::dispatch::record::{Dispatch, Pipeline};
 use crate::error::{Error, InputError};
-use crate::kernel::Kernel;
 use crate::modifiers::expect;
-use crate::record::{Dispatch, Pipeline};
 use crate::tensor::Tensor;
 
 /// How the rows are laid out.
@@ -140,7 +140,7 @@ impl KvCache {
             cache,
             dtype: spec.dtype,
             ..KernelSpec::standard(
-                &crate::tuning::family_name(base, spec.head_dim),
+                &crate::plan::tuning::family_name(base, spec.head_dim),
                 Op::CacheAppend,
                 spec.head_dim,
                 Masks::default(),
@@ -153,7 +153,7 @@ impl KvCache {
         let shape = [rows, per, spec.n_kv_heads, spec.head_dim];
         let bytes =
             crate::tensor::elements(&shape) * crate::tensor::element_bytes(scalar(spec.dtype));
-        crate::attention::binding_size(gpu.limits(), bytes)?;
+        crate::shape::binding_size(gpu.limits(), bytes)?;
         let table = match spec.layout {
             CacheLayout::Paged { pages_per_seq, .. } => Some(Tensor::zeros(
                 gpu,

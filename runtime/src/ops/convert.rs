@@ -6,10 +6,10 @@ use attn_dsl::{Dtype, KernelSpec, Masks, Op, Scalar};
 
 use super::grid;
 use crate::device::Gpu;
+use crate::dispatch::kernel::Kernel;
+use crate::dispatch::record::{Dispatch, Pipeline};
 use crate::error::Error;
-use crate::kernel::Kernel;
 use crate::modifiers::expect;
-use crate::record::{Dispatch, Pipeline};
 use crate::tensor::{Tensor, TensorError};
 
 /// Conversions to and from one dtype; each kernel compiled on its first use.

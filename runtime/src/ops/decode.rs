@@ -10,13 +10,13 @@
 use attn_dsl::{Cache, Dtype, KernelAbi, KernelSpec, Masks, Op, Scalar, Source};
 
 use super::{expect_all, grid};
-use crate::attention::{Heads, nonzero, validate_heads, validate_scale};
-use crate::decode::{Slicing, plan_slices};
 use crate::device::Gpu;
+use crate::dispatch::kernel::Kernel;
+use crate::dispatch::record::{Dispatch, Pipeline};
 use crate::error::{Error, InputError};
-use crate::kernel::Kernel;
 use crate::modifiers::DeviceModifiers;
-use crate::record::{Dispatch, Pipeline};
+use crate::plan::decode::{Slicing, plan_slices};
+use crate::shape::{Heads, nonzero, validate_heads, validate_scale};
 use crate::tensor::{Tensor, TensorError, elements};
 
 /// What a decode op computes: head_dim, the modifiers its kernels take (`window`, `alibi`,
@@ -142,7 +142,7 @@ pub(crate) fn abis(spec: &DecodeSpec) -> Result<[KernelAbi; 2], Error> {
             message: e.to_string(),
         })
     };
-    let name = crate::tuning::family_name(base, spec.head_dim);
+    let name = crate::plan::tuning::family_name(base, spec.head_dim);
     let split = compile(&KernelSpec {
         cache: spec.cache,
         dtype: spec.dtype,
@@ -153,7 +153,7 @@ pub(crate) fn abis(spec: &DecodeSpec) -> Result<[KernelAbi; 2], Error> {
             attn_dsl::emit::MAX_SPLIT_HEADS,
         )
     })?;
-    let name = crate::tuning::family_name("attention_decode_reduce", spec.head_dim);
+    let name = crate::plan::tuning::family_name("attention_decode_reduce", spec.head_dim);
     let reduce = compile(&KernelSpec {
         source: Source::Scratch,
         dtype: spec.dtype,

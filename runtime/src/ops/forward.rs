@@ -7,14 +7,14 @@
 use attn_dsl::{Dtype, FlashConfig, KernelAbi, Masks, Op};
 
 use super::{attention_shape, expect_all, grid};
-use crate::attention::{Heads, expect_op, sequence_dims, validate_heads, validate_scale};
 use crate::device::Gpu;
+use crate::dispatch::kernel::Kernel;
+use crate::dispatch::record::{Dispatch, Pipeline};
 use crate::error::{Error, InputError};
-use crate::kernel::Kernel;
 use crate::modifiers::DeviceModifiers;
-use crate::record::{Dispatch, Pipeline};
+use crate::plan::tuning::{self, Table};
+use crate::shape::{Heads, expect_op, sequence_dims, validate_heads, validate_scale};
 use crate::tensor::{Tensor, TensorError};
-use crate::tuning::{self, Table};
 
 /// What a planned forward computes: head_dim, the masks and modifiers its kernels are
 /// built with (the values come with each call), and the dtype of Q, K, V and O.
@@ -175,7 +175,7 @@ impl Forward {
         }
         let shape = [2, batch, seq];
         if self.whole.as_ref().is_none_or(|w| w.shape() != shape) {
-            let ends = crate::attention::seg_with_ends(None, batch, seq);
+            let ends = crate::shape::seg_with_ends(None, batch, seq);
             self.whole = Tensor::from_u32(gpu, &shape, &ends).ok();
         }
         self.whole.clone()
@@ -341,14 +341,14 @@ fn check(
 /// The `seg` tensor of documents given by their starts (`[batch, seq]`, as
 /// [`crate::ForwardInput::seg`]), checked and uploaded with each row's document end.
 pub fn documents(gpu: &Gpu, starts: &[u32], batch: u32, seq: u32) -> Result<Tensor, InputError> {
-    crate::attention::length(
+    crate::shape::length(
         "seg",
         starts.len(),
         u64::from(batch) * u64::from(seq),
         "batch × seq",
     )?;
     for (b, rows) in starts.chunks(seq.max(1) as usize).enumerate() {
-        crate::attention::validate_seg(rows).map_err(|e| match e {
+        crate::shape::validate_seg(rows).map_err(|e| match e {
             InputError::Seg {
                 index,
                 value,
@@ -361,6 +361,6 @@ pub fn documents(gpu: &Gpu, starts: &[u32], batch: u32, seq: u32) -> Result<Tens
             other => other,
         })?;
     }
-    let ends = crate::attention::seg_with_ends(Some(starts), batch, seq);
+    let ends = crate::shape::seg_with_ends(Some(starts), batch, seq);
     Ok(Tensor::from_u32(gpu, &[2, batch, seq], &ends)?)
 }

@@ -6,10 +6,10 @@ use attn_dsl::Scalar;
 
 use super::grid;
 use crate::device::Gpu;
+use crate::dispatch::record::{Dispatch, Pipeline};
 use crate::error::{Error, InputError};
 use crate::layernorm::LayerNormLinear;
 use crate::modifiers::expect;
-use crate::record::{Dispatch, Pipeline};
 use crate::tensor::{Tensor, elements};
 
 /// The layer's parameters and input: x `[rows, hidden]`, γ and β `[hidden]`, W `[out,
@@ -56,7 +56,7 @@ impl LayerNormLinear {
     /// The rows of `args`, checked against the layer's widths.
     fn rows_of(&self, args: &LayerNormArgs) -> Result<u32, Error> {
         let rows = args.x.shape().first().copied().unwrap_or(0);
-        crate::attention::nonzero("rows", rows)?;
+        crate::shape::nonzero("rows", rows)?;
         let (hidden, out) = self.widths();
         let f = Scalar::F32;
         expect(args.x, "x", &[rows, hidden], f, "[rows, hidden]")?;
@@ -148,7 +148,7 @@ impl LayerNormLinear {
             match two_pass {
                 true => {
                     let n = parts[i] as u64 * elements(shape);
-                    crate::attention::binding_size(gpu.limits(), 4 * n)?;
+                    crate::shape::binding_size(gpu.limits(), 4 * n)?;
                     let held = &mut self.recording.partials[i];
                     if held.as_ref().is_none_or(|h| h.len() < n) {
                         *held = Some(Tensor::zeros(gpu, &[n as u32], f));

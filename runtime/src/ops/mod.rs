@@ -14,9 +14,9 @@ pub mod rope;
 
 use attn_dsl::{KernelAbi, Scalar};
 
-use crate::attention::Heads;
 use crate::error::InputError;
 use crate::modifiers::expect;
+use crate::shape::Heads;
 use crate::tensor::{Tensor, TensorError};
 
 /// Batch, sequence length and heads of an attention problem, read off Q `[batch, seq,
@@ -31,7 +31,7 @@ pub(crate) fn attention_shape(q: &Tensor, k: &Tensor) -> Result<(u32, u32, Heads
         ("n_kv_heads", n_kv_heads),
         ("head_dim", head_dim),
     ] {
-        crate::attention::nonzero(name, value)?;
+        crate::shape::nonzero(name, value)?;
     }
     let heads = Heads {
         n_heads,

@@ -6,10 +6,10 @@ use attn_dsl::{KernelSpec, Masks, Op, Scalar};
 
 use super::grid;
 use crate::device::Gpu;
+use crate::dispatch::kernel::Kernel;
+use crate::dispatch::record::{Dispatch, Pipeline};
 use crate::error::{Error, InputError};
-use crate::kernel::Kernel;
 use crate::modifiers::expect;
-use crate::record::{Dispatch, Pipeline};
 use crate::tensor::Tensor;
 
 /// One call: `x` is `[batch, seq, heads, head_dim]` f32 (Q with n_heads, K with
@@ -41,7 +41,7 @@ impl Rope {
         let spec = KernelSpec {
             workgroup_size: head_dim.next_power_of_two().clamp(32, 256),
             ..KernelSpec::standard(
-                &crate::tuning::family_name(base, head_dim),
+                &crate::plan::tuning::family_name(base, head_dim),
                 op,
                 head_dim,
                 Masks::default(),
@@ -85,7 +85,7 @@ impl Rope {
         let [batch, seq, heads, head_dim] =
             super::rank4(args.x, "x", "[batch, seq, heads, head_dim]")?;
         for (name, value) in [("batch", batch), ("seq_len", seq), ("heads", heads)] {
-            crate::attention::nonzero(name, value)?;
+            crate::shape::nonzero(name, value)?;
         }
         if head_dim != self.abi.head_dim {
             return Err(InputError::HeadDim {
@@ -113,7 +113,7 @@ impl Rope {
             "[batch]",
         )?;
         if self.inv_freq.as_ref().is_none_or(|(b, _)| *b != args.base) {
-            let table = crate::rope::inv_freq(args.base, head_dim);
+            let table = inv_freq(args.base, head_dim);
             let t = Tensor::from_f32(gpu, &[table.len() as u32], Scalar::F32, &table)?;
             self.inv_freq = Some((args.base, t));
         }
@@ -136,4 +136,19 @@ impl Rope {
         let g = grid(pipeline.abi(), &d.dims);
         pipeline.record(gpu, encoder, &d, g)
     }
+}
+
+/// `base^(-2i/head_dim)` for each pair, in f64.
+pub fn inv_freq_exact(base: f32, head_dim: u32) -> Vec<f64> {
+    (0..head_dim / 2)
+        .map(|i| f64::from(base).powf(-2.0 * f64::from(i) / f64::from(head_dim)))
+        .collect()
+}
+
+/// [`inv_freq_exact`] rounded once to f32: the table the kernel reads.
+pub fn inv_freq(base: f32, head_dim: u32) -> Vec<f32> {
+    inv_freq_exact(base, head_dim)
+        .iter()
+        .map(|x| *x as f32)
+        .collect()
 }

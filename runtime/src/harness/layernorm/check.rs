@@ -6,11 +6,11 @@ use crate::BlockOn;
 use attn_dsl::row_layer::RowSums;
 
 use super::reference::{self as lnref, Shape};
-use super::{Input, LayerNormLinear, layernorm_linear, layernorm_linear_backward};
 use crate::cases::random;
 use crate::compare::{Verdict, judge};
 use crate::device::Gpu;
 use crate::error::Error;
+use crate::layernorm::{Input, LayerNormLinear, layernorm_linear, layernorm_linear_backward};
 use crate::reference::cast;
 
 /// `[batch, seq, hidden] -> [batch, seq, out]`.
@@ -190,5 +190,5 @@ pub fn run(gpu: &Gpu, c: LnCase, seed: u64) -> Result<Vec<LnRow>, Error> {
 }
 
 pub fn schedule_name(sums: RowSums) -> &'static str {
-    crate::tuning::row_sums_name(sums)
+    crate::plan::tuning::row_sums_name(sums)
 }

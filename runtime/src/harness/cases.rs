@@ -13,13 +13,13 @@ use crate::compare::{
 };
 use crate::decode::{DecodePath, Pages, Slicing, SplitDecode};
 use crate::device::Gpu;
+use crate::dispatch::kernel::Kernel;
 use crate::error::Error;
-use crate::kernel::Kernel;
 use crate::kernels::{BackwardKernels, ROPE};
 use crate::modifiers::{Bias, Dropout, Modifiers};
+use crate::plan::tuning;
 use crate::reference::{self, Problem, cast};
 use crate::rope::{self, RopeInput};
-use crate::tuning;
 
 /// How a case's rows split into documents.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -14,8 +14,8 @@ use std::borrow::Cow;
 use attn_dsl::plan::{Access, Binding, KernelAbi, Scalar};
 
 use crate::device::Gpu;
+use crate::dispatch::kernel::Kernel;
 use crate::error::Error;
-use crate::kernel::Kernel;
 
 /// The shape uniform every baseline kernel binds: C[m, n] = Σ_k A[m·sam + k·sak] ·
 /// B[k·sbk + n·sbn] (+ bias[n] when `bias` ≠ 0); the LayerNorm kernels read m (rows) and

@@ -5,14 +5,14 @@
 
 use attn_dsl::row_layer::RowSums;
 
-use super::LayerNormLinear;
 use super::baseline::{Baseline, Shape, matmul_grid};
 use crate::attention::{checked_grid, uniforms};
 use crate::buffers;
 use crate::cases::random;
 use crate::device::Gpu;
+use crate::dispatch::kernel::Kernel;
 use crate::error::Error;
-use crate::kernel::Kernel;
+use crate::layernorm::LayerNormLinear;
 use crate::timing::{self, Step, Timing};
 
 pub struct LnBenchRow {
@@ -79,13 +79,19 @@ pub fn run(
             .collect::<Vec<_>>();
         let finals = [("dgamma", h), ("dbeta", h), ("dw", o * h), ("db", o)]
             .map(|(n, len)| (n, buffers::output::<f32>(gpu, n, len)));
-        let dims = layer.dims(layer.backward.abi(), rows);
-        let (dims_buf, params) = uniforms(gpu, layer.forward.abi(), &dims, &[("eps", 1e-5)])?;
+        let dims = layer.dims(layer.backward_kernel().abi(), rows);
+        let (dims_buf, params) =
+            uniforms(gpu, layer.forward_kernel().abi(), &dims, &[("eps", 1e-5)])?;
         let mut all: Vec<(&str, &wgpu::Buffer)> =
             ins.iter().chain(&grads).map(|(n, b)| (*n, b)).collect();
         all.extend([("dims", &dims_buf), ("params", &params)]);
         if rows_out.is_empty() {
-            let t = timing::time(gpu, &[step(gpu, &layer.forward, &dims, &all)?], 2, runs)?;
+            let t = timing::time(
+                gpu,
+                &[step(gpu, layer.forward_kernel(), &dims, &all)?],
+                2,
+                runs,
+            )?;
             rows_out.push(LnBenchRow {
                 label: "layernorm_linear forward".into(),
                 timing: t,
@@ -94,8 +100,8 @@ pub fn run(
                 sums: None,
             });
         }
-        let mut steps = vec![step(gpu, &layer.backward, &dims, &all)?];
-        if let Some(reduce) = &layer.reduce {
+        let mut steps = vec![step(gpu, layer.backward_kernel(), &dims, &all)?];
+        if let Some(reduce) = layer.backward_reduce() {
             let names = ["dgamma_part", "dbeta_part", "dw_part", "db_part"];
             let pool: Vec<(&str, &wgpu::Buffer)> = names
                 .iter()
@@ -119,7 +125,13 @@ pub fn run(
         });
     }
     let like = LayerNormLinear::new(gpu, rows, hidden, out, RowSums::Atomic)?;
-    rows_out.extend(baseline(gpu, like.forward.abi(), &ins, (r, h, o), runs)?);
+    rows_out.extend(baseline(
+        gpu,
+        like.forward_kernel().abi(),
+        &ins,
+        (r, h, o),
+        runs,
+    )?);
     Ok(rows_out)
 }
 

@@ -1,27 +1,17 @@
 //! The forward and decode operations: validate, upload, dispatch, read back.
 
-use attn_dsl::{Access, Binding, Gqa, KernelAbi, Op, Scalar};
+use attn_dsl::{Access, Binding, KernelAbi, Op, Scalar};
 
 use crate::buffers;
 use crate::device::Gpu;
+use crate::dispatch::kernel::Kernel;
 use crate::error::{Error, InputError};
-use crate::kernel::Kernel;
 use crate::modifiers::Modifiers;
+pub use crate::shape::{Heads, seg_from_cu_seqlens, seg_from_lengths, seg_with_ends, validate_seg};
+pub(crate) use crate::shape::{
+    binding_size, expect_op, length, nonzero, validate_heads, validate_scale,
+};
 use crate::tensor::Tensor;
-
-/// Head counts and head size, shared by queries and keys.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Heads {
-    pub n_heads: u32,
-    pub n_kv_heads: u32,
-    pub head_dim: u32,
-}
-
-impl Heads {
-    pub fn default_scale(&self) -> f32 {
-        1.0 / (self.head_dim as f32).sqrt()
-    }
-}
 
 /// Inputs of the forward, laid out `[batch, seq, heads, head_dim]` (K and V with
 /// `n_kv_heads`); a 3-D `[seq, heads, head_dim]` tensor is batch 1.
@@ -66,44 +56,6 @@ pub struct DecodeInput<'a> {
     pub scale: Option<f32>,
     /// The window (over the cache's last rows), ALiBi slopes and soft cap the kernel takes.
     pub mods: Modifiers<'a>,
-}
-
-/// The `seg` of sequences packed along one axis, FlashAttention's `cu_seqlens`: row `s` of
-/// sequence `i` (rows `cu[i]..cu[i + 1]`) starts its document at `cu[i]`. `None` unless
-/// `cu` starts at 0 and never decreases.
-pub fn seg_from_cu_seqlens(cu_seqlens: &[u32]) -> Option<Vec<u32>> {
-    if cu_seqlens.first() != Some(&0) || cu_seqlens.windows(2).any(|w| w[1] < w[0]) {
-        return None;
-    }
-    Some(
-        cu_seqlens
-            .windows(2)
-            .flat_map(|w| std::iter::repeat_n(w[0], (w[1] - w[0]) as usize))
-            .collect(),
-    )
-}
-
-/// The `seg` of sequences of these lengths packed along one axis.
-pub fn seg_from_lengths(lengths: &[u32]) -> Vec<u32> {
-    let cu: Vec<u32> = std::iter::once(0)
-        .chain(lengths.iter().scan(0, |at, l| {
-            *at += l;
-            Some(*at)
-        }))
-        .collect();
-    seg_from_cu_seqlens(&cu).expect("running sums start at 0 and never decrease")
-}
-
-/// The dims of a dispatch over `batch` sequences of `seq_len` rows (field names of the
-/// kernels' `dims` block; fields a kernel lacks are ignored, fields not given are 0).
-pub(crate) fn sequence_dims(batch: u32, seq_len: u32, h: Heads) -> [(&'static str, u32); 5] {
-    [
-        ("seq_len", seq_len),
-        ("n_heads", h.n_heads),
-        ("n_kv_heads", h.n_kv_heads),
-        ("head_dim", h.head_dim),
-        ("batch", batch),
-    ]
 }
 
 /// O and LSE of host data: the input checked, uploaded, run through
@@ -187,27 +139,6 @@ pub async fn decode(
     bound.extend(mods.iter().map(|(n, b)| (*n, b)));
     submit(gpu, kernel, &bound, grid)?;
     buffers::read(gpu, &o, input.q.len()).await
-}
-
-/// Starts and ends of every row's document, as the `seg` binding holds them.
-pub fn seg_with_ends(seg: Option<&[u32]>, batch: u32, seq_len: u32) -> Vec<u32> {
-    let (batch, seq) = (batch as usize, seq_len as usize);
-    let starts = match seg {
-        Some(seg) => seg.to_vec(),
-        None => vec![0; batch * seq],
-    };
-    let mut ends = vec![0u32; batch * seq];
-    for b in 0..batch {
-        let rows = &starts[b * seq..][..seq];
-        let mut end = seq_len;
-        for s in (0..seq).rev() {
-            ends[b * seq + s] = end;
-            if rows[s] as usize == s {
-                end = s as u32;
-            }
-        }
-    }
-    starts.into_iter().chain(ends).collect()
 }
 
 pub(crate) fn submit(
@@ -453,112 +384,6 @@ pub(crate) fn validate_query(abi: &KernelAbi, input: &DecodeInput) -> Result<(),
     input.mods.validate(abi, input.batch, 1, h.n_heads)
 }
 
-pub(crate) fn expect_op(abi: &KernelAbi, wanted: Op) -> Result<(), InputError> {
-    if abi.op == wanted {
-        Ok(())
-    } else {
-        Err(InputError::WrongOp {
-            kernel: abi.name.to_string(),
-            actual: abi.op.name(),
-            wanted: wanted.name(),
-        })
-    }
-}
-
-pub(crate) fn nonzero(name: &'static str, value: u32) -> Result<(), InputError> {
-    if value == 0 {
-        Err(InputError::ZeroDim { name })
-    } else {
-        Ok(())
-    }
-}
-
-pub(crate) fn validate_heads(abi: &KernelAbi, h: Heads) -> Result<(), InputError> {
-    nonzero("n_heads", h.n_heads)?;
-    nonzero("n_kv_heads", h.n_kv_heads)?;
-    nonzero("head_dim", h.head_dim)?;
-    if h.head_dim != abi.head_dim {
-        return Err(InputError::HeadDim {
-            kernel: abi.name.to_string(),
-            kernel_head_dim: abi.head_dim,
-            given: h.head_dim,
-        });
-    }
-    if !h.n_heads.is_multiple_of(h.n_kv_heads) {
-        return Err(InputError::HeadsNotDivisible {
-            n_heads: h.n_heads,
-            n_kv_heads: h.n_kv_heads,
-        });
-    }
-    match abi.gqa {
-        Gqa::Ratio(ratio) if ratio != h.n_heads / h.n_kv_heads => Err(InputError::GqaRatio {
-            kernel: abi.name.to_string(),
-            ratio,
-            given: h.n_heads / h.n_kv_heads,
-        }),
-        _ => Ok(()),
-    }
-}
-
-pub(crate) fn length(
-    name: &'static str,
-    got: usize,
-    expected: u64,
-    layout: &str,
-) -> Result<(), InputError> {
-    if got as u64 == expected {
-        Ok(())
-    } else {
-        Err(InputError::Length {
-            name,
-            expected,
-            got: got as u64,
-            layout: layout.into(),
-        })
-    }
-}
-
-pub(crate) fn validate_scale(scale: Option<f32>) -> Result<(), InputError> {
-    match scale {
-        Some(s) if !s.is_finite() => Err(InputError::Scale(s)),
-        _ => Ok(()),
-    }
-}
-
-/// `seg[s]` is the start of query `s`'s document: at most `s`, never decreasing, and a
-/// document start itself (`seg[seg[s]] == seg[s]`).
-pub fn validate_seg(seg: &[u32]) -> Result<(), InputError> {
-    for (s, &value) in seg.iter().enumerate() {
-        let reason = if value as usize > s {
-            "a document cannot start after its own query (need seg[s] <= s)"
-        } else if s > 0 && value < seg[s - 1] {
-            "document starts must not decrease"
-        } else if seg[value as usize] != value {
-            "seg[s] must be a document start, i.e. seg[seg[s]] == seg[s]"
-        } else {
-            continue;
-        };
-        return Err(InputError::Seg {
-            index: s,
-            value,
-            reason,
-        });
-    }
-    Ok(())
-}
-
-pub(crate) fn binding_size(limits: &wgpu::Limits, bytes: u64) -> Result<(), InputError> {
-    let limit = limits.max_storage_buffer_binding_size;
-    if bytes > limit {
-        return Err(InputError::OverLimit {
-            what: "the largest buffer (bytes)",
-            value: bytes,
-            limit,
-        });
-    }
-    Ok(())
-}
-
 pub(crate) fn checked_grid(
     abi: &KernelAbi,
     limits: &wgpu::Limits,
@@ -577,5 +402,18 @@ pub(crate) fn checked_grid(
             limit: limit.into(),
         }),
         None => Ok(grid),
+    }
+}
+
+impl Modifiers<'_> {
+    /// The modifiers' input buffers, by binding name (a placeholder word where absent:
+    /// a kernel without the modifier does not bind it).
+    pub(crate) fn buffers(&self, gpu: &Gpu) -> [(&'static str, wgpu::Buffer); 2] {
+        let alibi = self.alibi.unwrap_or(&[0.0]);
+        let bias = self.bias.map_or(&[0.0][..], |b| b.values);
+        [
+            ("alibi", buffers::storage(gpu, "alibi", alibi)),
+            ("bias", buffers::storage(gpu, "bias", bias)),
+        ]
     }
 }

@@ -274,7 +274,7 @@ pub fn row_sums_name(sums: RowSums) -> &'static str {
 }
 
 /// Tables measured with `bench --tune` on known adapters, used when `ATTN_TUNING` names none.
-const BUILT_IN: &[&str] = &[include_str!("../tuning/nvidia-h100.json")];
+const BUILT_IN: &[&str] = &[include_str!("../../tuning/nvidia-h100.json")];
 
 #[derive(Debug, thiserror::Error)]
 pub enum TuningError {

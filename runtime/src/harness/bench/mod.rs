@@ -12,12 +12,12 @@ use crate::buffers;
 use crate::cases::random;
 use crate::cases::{self, Runner, Shape};
 use crate::device::Gpu;
+use crate::dispatch::kernel::Kernel;
 use crate::error::Error;
-use crate::kernel::Kernel;
 use crate::kernels;
 use crate::kernels::BackwardKernels;
+use crate::plan::tuning::{self, Table};
 use crate::timing::{self, Step, Timing};
-use crate::tuning::{self, Table};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BenchShape {
@@ -210,7 +210,7 @@ pub fn run(
     .into_iter()
     .map(|(n, len)| (n, buffers::output::<f32>(gpu, n, len)))
     .collect();
-    let mut dims = crate::attention::sequence_dims(shape.batch, shape.seq, h).to_vec();
+    let mut dims = crate::shape::sequence_dims(shape.batch, shape.seq, h).to_vec();
     dims.push(("window", shape.window.unwrap_or(0)));
     let (dims_buf, params_buf) =
         uniforms(gpu, forward.abi(), &dims, &[("scale", h.default_scale())])?;

@@ -7,8 +7,8 @@ use attn_dsl::Scalar;
 
 use crate::attention::{length, nonzero};
 use crate::device::Gpu;
+use crate::dispatch::kernel::Kernel;
 use crate::error::{Error, InputError};
-use crate::kernel::Kernel;
 use crate::tensor::Tensor;
 
 #[derive(Clone, Copy, Debug)]
@@ -48,20 +48,7 @@ pub async fn rope(gpu: &Gpu, kernel: &Kernel, input: &RopeInput<'_>) -> Result<V
     x.to_f32(gpu).await
 }
 
-/// `base^(-2i/head_dim)` for each pair, in f64.
-pub fn inv_freq_exact(base: f32, head_dim: u32) -> Vec<f64> {
-    (0..head_dim / 2)
-        .map(|i| f64::from(base).powf(-2.0 * f64::from(i) / f64::from(head_dim)))
-        .collect()
-}
-
-/// [`inv_freq_exact`] rounded once to f32: the table the kernel reads.
-pub fn inv_freq(base: f32, head_dim: u32) -> Vec<f32> {
-    inv_freq_exact(base, head_dim)
-        .iter()
-        .map(|x| *x as f32)
-        .collect()
-}
+pub use crate::ops::rope::{inv_freq, inv_freq_exact};
 
 fn validate(kernel: &Kernel, input: &RopeInput) -> Result<(), InputError> {
     let abi = kernel.abi();

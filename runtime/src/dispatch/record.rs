@@ -6,8 +6,8 @@
 use attn_dsl::{Access, Binding, KernelAbi};
 
 use crate::device::Gpu;
+use crate::dispatch::kernel::Kernel;
 use crate::error::{Error, InputError};
-use crate::kernel::Kernel;
 use crate::modifiers::scalar_name;
 use crate::tensor::{Tensor, TensorError};
 

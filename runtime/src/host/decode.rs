@@ -14,44 +14,11 @@ use crate::attention::{
 };
 use crate::buffers;
 use crate::device::Gpu;
+use crate::dispatch::kernel::{Kernel, Step};
 use crate::error::{Error, InputError};
-use crate::kernel::{Kernel, Step};
 use crate::tensor::Tensor;
 
-/// Workgroups the split pass aims for: 4 per SM of an H100 (132 SMs), enough for every SM to
-/// hide its loads' latency behind other workgroups, and a few waves on smaller GPUs.
-pub const TARGET_WORKGROUPS: u32 = 4 * 132;
-
-/// How a cache is cut: `n_slices` slices of `slice_len` keys (the last may be shorter).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Slicing {
-    pub slice_len: u32,
-    pub n_slices: u32,
-}
-
-/// The slicing rule, the one place it is decided: enough slices that
-/// `slices × other_workgroups` reaches [`TARGET_WORKGROUPS`], each a whole number of the
-/// split kernel's key tiles, at least one tile and at most `max_slice` keys (what its
-/// workgroup memory holds).
-pub fn plan_slices(
-    cache_len: u32,
-    other_workgroups: u32,
-    key_tile: u32,
-    max_slice: u32,
-) -> Slicing {
-    let key_tile = key_tile.max(1);
-    let wanted = TARGET_WORKGROUPS.div_ceil(other_workgroups.max(1)).max(1);
-    // Saturating: the rule is public, and a cache_len near u32::MAX must not overflow.
-    let len = cache_len
-        .div_ceil(wanted)
-        .div_ceil(key_tile)
-        .saturating_mul(key_tile);
-    let slice_len = len.clamp(key_tile, max_slice.max(key_tile));
-    Slicing {
-        slice_len,
-        n_slices: cache_len.div_ceil(slice_len).max(1),
-    }
-}
+pub use crate::plan::decode::{Slicing, TARGET_WORKGROUPS, plan_slices};
 
 /// A paged KV cache: `DecodeInput::k_cache` and `v_cache` hold a pool of pages
 /// `[n_pages, page_size, n_kv_heads, head_dim]`, and row `b` of `block_table`

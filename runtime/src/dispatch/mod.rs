@@ -1,0 +1,6 @@
+//! A compiled kernel ([`kernel::Kernel`], from any `KernelAbi`) and the recording of one
+//! dispatch of it: tensors checked against their bindings and bound by name, uniforms by
+//! content, bind groups reused.
+
+pub mod kernel;
+pub(crate) mod record;

@@ -1,0 +1,5 @@
+//! Which configuration and schedule run on this adapter: the candidates `check` proves
+//! right and the tuning table `bench --tune` writes.
+
+pub mod decode;
+pub mod tuning;

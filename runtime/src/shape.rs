@@ -1,0 +1,186 @@
+//! The shape of an attention problem (heads, documents) and the checks every entry point
+//! makes on it, recording op or host call alike: dims, heads against a kernel, the scale,
+//! document starts, binding sizes.
+
+use attn_dsl::{Gqa, KernelAbi, Op};
+
+use crate::error::InputError;
+
+/// Head counts and head size, shared by queries and keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Heads {
+    pub n_heads: u32,
+    pub n_kv_heads: u32,
+    pub head_dim: u32,
+}
+
+impl Heads {
+    pub fn default_scale(&self) -> f32 {
+        1.0 / (self.head_dim as f32).sqrt()
+    }
+}
+
+/// The `seg` of sequences packed along one axis, FlashAttention's `cu_seqlens`: row `s` of
+/// sequence `i` (rows `cu[i]..cu[i + 1]`) starts its document at `cu[i]`. `None` unless
+/// `cu` starts at 0 and never decreases.
+pub fn seg_from_cu_seqlens(cu_seqlens: &[u32]) -> Option<Vec<u32>> {
+    if cu_seqlens.first() != Some(&0) || cu_seqlens.windows(2).any(|w| w[1] < w[0]) {
+        return None;
+    }
+    Some(
+        cu_seqlens
+            .windows(2)
+            .flat_map(|w| std::iter::repeat_n(w[0], (w[1] - w[0]) as usize))
+            .collect(),
+    )
+}
+
+/// The `seg` of sequences of these lengths packed along one axis.
+pub fn seg_from_lengths(lengths: &[u32]) -> Vec<u32> {
+    let cu: Vec<u32> = std::iter::once(0)
+        .chain(lengths.iter().scan(0, |at, l| {
+            *at += l;
+            Some(*at)
+        }))
+        .collect();
+    seg_from_cu_seqlens(&cu).expect("running sums start at 0 and never decrease")
+}
+
+/// The dims of a dispatch over `batch` sequences of `seq_len` rows (field names of the
+/// kernels' `dims` block; fields a kernel lacks are ignored, fields not given are 0).
+pub(crate) fn sequence_dims(batch: u32, seq_len: u32, h: Heads) -> [(&'static str, u32); 5] {
+    [
+        ("seq_len", seq_len),
+        ("n_heads", h.n_heads),
+        ("n_kv_heads", h.n_kv_heads),
+        ("head_dim", h.head_dim),
+        ("batch", batch),
+    ]
+}
+
+/// Starts and ends of every row's document, as the `seg` binding holds them.
+pub fn seg_with_ends(seg: Option<&[u32]>, batch: u32, seq_len: u32) -> Vec<u32> {
+    let (batch, seq) = (batch as usize, seq_len as usize);
+    let starts = match seg {
+        Some(seg) => seg.to_vec(),
+        None => vec![0; batch * seq],
+    };
+    let mut ends = vec![0u32; batch * seq];
+    for b in 0..batch {
+        let rows = &starts[b * seq..][..seq];
+        let mut end = seq_len;
+        for s in (0..seq).rev() {
+            ends[b * seq + s] = end;
+            if rows[s] as usize == s {
+                end = s as u32;
+            }
+        }
+    }
+    starts.into_iter().chain(ends).collect()
+}
+
+pub(crate) fn expect_op(abi: &KernelAbi, wanted: Op) -> Result<(), InputError> {
+    if abi.op == wanted {
+        Ok(())
+    } else {
+        Err(InputError::WrongOp {
+            kernel: abi.name.to_string(),
+            actual: abi.op.name(),
+            wanted: wanted.name(),
+        })
+    }
+}
+
+pub(crate) fn nonzero(name: &'static str, value: u32) -> Result<(), InputError> {
+    if value == 0 {
+        Err(InputError::ZeroDim { name })
+    } else {
+        Ok(())
+    }
+}
+
+pub(crate) fn validate_heads(abi: &KernelAbi, h: Heads) -> Result<(), InputError> {
+    nonzero("n_heads", h.n_heads)?;
+    nonzero("n_kv_heads", h.n_kv_heads)?;
+    nonzero("head_dim", h.head_dim)?;
+    if h.head_dim != abi.head_dim {
+        return Err(InputError::HeadDim {
+            kernel: abi.name.to_string(),
+            kernel_head_dim: abi.head_dim,
+            given: h.head_dim,
+        });
+    }
+    if !h.n_heads.is_multiple_of(h.n_kv_heads) {
+        return Err(InputError::HeadsNotDivisible {
+            n_heads: h.n_heads,
+            n_kv_heads: h.n_kv_heads,
+        });
+    }
+    match abi.gqa {
+        Gqa::Ratio(ratio) if ratio != h.n_heads / h.n_kv_heads => Err(InputError::GqaRatio {
+            kernel: abi.name.to_string(),
+            ratio,
+            given: h.n_heads / h.n_kv_heads,
+        }),
+        _ => Ok(()),
+    }
+}
+
+pub(crate) fn length(
+    name: &'static str,
+    got: usize,
+    expected: u64,
+    layout: &str,
+) -> Result<(), InputError> {
+    if got as u64 == expected {
+        Ok(())
+    } else {
+        Err(InputError::Length {
+            name,
+            expected,
+            got: got as u64,
+            layout: layout.into(),
+        })
+    }
+}
+
+pub(crate) fn validate_scale(scale: Option<f32>) -> Result<(), InputError> {
+    match scale {
+        Some(s) if !s.is_finite() => Err(InputError::Scale(s)),
+        _ => Ok(()),
+    }
+}
+
+/// `seg[s]` is the start of query `s`'s document: at most `s`, never decreasing, and a
+/// document start itself (`seg[seg[s]] == seg[s]`).
+pub fn validate_seg(seg: &[u32]) -> Result<(), InputError> {
+    for (s, &value) in seg.iter().enumerate() {
+        let reason = if value as usize > s {
+            "a document cannot start after its own query (need seg[s] <= s)"
+        } else if s > 0 && value < seg[s - 1] {
+            "document starts must not decrease"
+        } else if seg[value as usize] != value {
+            "seg[s] must be a document start, i.e. seg[seg[s]] == seg[s]"
+        } else {
+            continue;
+        };
+        return Err(InputError::Seg {
+            index: s,
+            value,
+            reason,
+        });
+    }
+    Ok(())
+}
+
+pub(crate) fn binding_size(limits: &wgpu::Limits, bytes: u64) -> Result<(), InputError> {
+    let limit = limits.max_storage_buffer_binding_size;
+    if bytes > limit {
+        return Err(InputError::OverLimit {
+            what: "the largest buffer (bytes)",
+            value: bytes,
+            limit,
+        });
+    }
+    Ok(())
+}
