@@ -186,29 +186,29 @@ fn backward_col(col: u32, kv_h: u32, tid: u32) {
             var p_s = 0.0;
             var ds_s = 0.0;
             if (s >= range.x && s < range.y && visible(s, col)) {
-            let qi = q_index(s, h);
-            var dot_4 = vec4<f32>(0.0);
-            for (var d0 = 0u; d0 < 16u; d0 = d0 + 8u) {
-                var dot_b = vec4<f32>(0.0);
-                for (var c4 = d0; c4 < d0 + 8u; c4 = c4 + 1u) {
-                    dot_b = fma(vec4<f32>(q[qi + 4u * c4], q[qi + 4u * c4 + 1u], q[qi + 4u * c4 + 2u], q[qi + 4u * c4 + 3u]), vec4<f32>(sh_k[4u * c4], sh_k[4u * c4 + 1u], sh_k[4u * c4 + 2u], sh_k[4u * c4 + 3u]), dot_b);
+                let qi = q_index(s, h);
+                var dot_4 = vec4<f32>(0.0);
+                for (var d0 = 0u; d0 < 16u; d0 = d0 + 8u) {
+                    var dot_b = vec4<f32>(0.0);
+                    for (var c4 = d0; c4 < d0 + 8u; c4 = c4 + 1u) {
+                        dot_b = fma(vec4<f32>(q[qi + 4u * c4], q[qi + 4u * c4 + 1u], q[qi + 4u * c4 + 2u], q[qi + 4u * c4 + 3u]), vec4<f32>(sh_k[4u * c4], sh_k[4u * c4 + 1u], sh_k[4u * c4 + 2u], sh_k[4u * c4 + 3u]), dot_b);
+                    }
+                    dot_4 = dot_4 + dot_b;
                 }
-                dot_4 = dot_4 + dot_b;
-            }
-            var dot = hsum(dot_4);
-            var dp_4 = vec4<f32>(0.0);
-            for (var d0 = 0u; d0 < 16u; d0 = d0 + 8u) {
-                var dp_b = vec4<f32>(0.0);
-                for (var c4 = d0; c4 < d0 + 8u; c4 = c4 + 1u) {
-                    dp_b = fma(vec4<f32>(d_o[qi + 4u * c4], d_o[qi + 4u * c4 + 1u], d_o[qi + 4u * c4 + 2u], d_o[qi + 4u * c4 + 3u]), vec4<f32>(sh_v[4u * c4], sh_v[4u * c4 + 1u], sh_v[4u * c4 + 2u], sh_v[4u * c4 + 3u]), dp_b);
+                var dot = hsum(dot_4);
+                var dp_4 = vec4<f32>(0.0);
+                for (var d0 = 0u; d0 < 16u; d0 = d0 + 8u) {
+                    var dp_b = vec4<f32>(0.0);
+                    for (var c4 = d0; c4 < d0 + 8u; c4 = c4 + 1u) {
+                        dp_b = fma(vec4<f32>(d_o[qi + 4u * c4], d_o[qi + 4u * c4 + 1u], d_o[qi + 4u * c4 + 2u], d_o[qi + 4u * c4 + 3u]), vec4<f32>(sh_v[4u * c4], sh_v[4u * c4 + 1u], sh_v[4u * c4 + 2u], sh_v[4u * c4 + 3u]), dp_b);
+                    }
+                    dp_4 = dp_4 + dp_b;
                 }
-                dp_4 = dp_4 + dp_b;
-            }
-            var dp = hsum(dp_4);
-            let x_s = scored(s, h, col, dot);
-            p_s = exp_f32(x_s.x - stats[stats_part(0u, s, h)]);
-            ds_s = params.scale * score_grad(x_s, p_s * (dropped(s, h, col, dp) - stats[stats_part(1u, s, h)]));
-            p_s = dropped(s, h, col, p_s);
+                var dp = hsum(dp_4);
+                let x_s = scored(s, h, col, dot);
+                p_s = exp_f32(x_s.x - stats[stats_part(0u, s, h)]);
+                ds_s = params.scale * score_grad(x_s, p_s * (dropped(s, h, col, dp) - stats[stats_part(1u, s, h)]));
+                p_s = dropped(s, h, col, p_s);
             }
             sh_p[tid] = p_s;
             sh_ds[tid] = ds_s;

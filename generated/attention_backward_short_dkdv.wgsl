@@ -165,8 +165,8 @@ fn backward_col(col: u32, kv_h: u32, tid: u32) {
             var p_s = 0.0;
             var ds_s = 0.0;
             if (s >= range.x && s < range.y && visible(s, col)) {
-            p_s = p_ds[p_ds_part(0u, s, h, col)];
-            ds_s = p_ds[p_ds_part(1u, s, h, col)];
+                p_s = p_ds[p_ds_part(0u, s, h, col)];
+                ds_s = p_ds[p_ds_part(1u, s, h, col)];
             }
             sh_p[tid] = p_s;
             sh_ds[tid] = ds_s;

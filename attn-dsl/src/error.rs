@@ -84,4 +84,9 @@ pub enum ValidateError {
     Invalid { rendered: String },
     #[error("the emitted WGSL does not match the binding plan: {0}")]
     PlanMismatch(String),
+    #[error(
+        "the emitted WGSL defines the helper `{0}` but nothing calls it: an emitter declares \
+         a helper its fragment does not use"
+    )]
+    UnusedHelper(String),
 }

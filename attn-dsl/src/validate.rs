@@ -43,7 +43,51 @@ pub fn validate(
         .map_err(|e| ValidateError::Invalid {
             rendered: e.emit_to_string(wgsl),
         })?;
-    check_globals(&module, bindings)
+    check_globals(&module, bindings)?;
+    check_helpers(&module)
+}
+
+/// Every numerics helper the module defines is called: the emitters declare the helpers
+/// their fragments call, and a declaration without a call is a stale one.
+fn check_helpers(module: &naga::Module) -> Result<(), ValidateError> {
+    let mut called = vec![false; module.functions.len()];
+    let bodies = module
+        .functions
+        .iter()
+        .map(|(_, f)| &f.body)
+        .chain(module.entry_points.iter().map(|e| &e.function.body));
+    for body in bodies {
+        mark_calls(body, &mut called);
+    }
+    for ((_, f), called) in module.functions.iter().zip(called) {
+        let name = f.name.as_deref().unwrap_or_default();
+        if !called && crate::emit::helper_names().any(|h| h == name) {
+            return Err(ValidateError::UnusedHelper(name.to_string()));
+        }
+    }
+    Ok(())
+}
+
+fn mark_calls(block: &naga::Block, called: &mut [bool]) {
+    use naga::Statement as S;
+    for statement in block.iter() {
+        match statement {
+            S::Call { function, .. } => called[function.index()] = true,
+            S::Block(b) => mark_calls(b, called),
+            S::If { accept, reject, .. } => {
+                mark_calls(accept, called);
+                mark_calls(reject, called);
+            }
+            S::Switch { cases, .. } => cases.iter().for_each(|c| mark_calls(&c.body, called)),
+            S::Loop {
+                body, continuing, ..
+            } => {
+                mark_calls(body, called);
+                mark_calls(continuing, called);
+            }
+            _ => {}
+        }
+    }
 }
 
 fn check_globals(module: &naga::Module, bindings: &[Binding]) -> Result<(), ValidateError> {

@@ -38,7 +38,16 @@ pub fn attention_kernel(input: TokenStream) -> TokenStream {
 /// The whole expansion, on proc_macro2 types so that tests can drive it.
 fn expand(input: proc_macro2::TokenStream) -> syn::Result<proc_macro2::TokenStream> {
     let description: parse::Description = syn::parse2(input)?;
-    let lowered = lower::lower(&description)?;
+    let mut out = proc_macro2::TokenStream::new();
+    for d in description.per_head_dim()? {
+        out.extend(expand_one(&d)?);
+    }
+    Ok(out)
+}
+
+/// The module of one description with one head_dim.
+fn expand_one(description: &parse::Description) -> syn::Result<proc_macro2::TokenStream> {
+    let lowered = lower::lower(description)?;
     let abi = attn_dsl::compile(&lowered.spec).map_err(|e| lowered.error(e))?;
     // Atomic scatter comes in two variants from one description: the portable
     // compare-exchange loop (`ABI`) and native f32 atomics (`ABI_F32_ATOMIC`).
@@ -53,7 +62,7 @@ fn expand(input: proc_macro2::TokenStream) -> syn::Result<proc_macro2::TokenStre
     };
     let contract = generate::scratch_contract(&lowered, &abi);
     Ok(generate::module(
-        &description,
+        description,
         &abi,
         native.as_ref(),
         contract,

@@ -71,8 +71,13 @@ pub fn lower(d: &Description) -> syn::Result<Lowered> {
         .map(target)
         .transpose()?
         .unwrap_or(Target::Webgpu);
+    // `workgroup_size: head_dim`: one invocation per element of a row, whatever the head_dim
+    // of a `head_dim: [..]` list.
     let given_workgroup_size = get("workgroup_size", Field::WorkgroupSize)
-        .map(|v| number(v, "workgroup_size"))
+        .map(|v| match v {
+            Value::Word(w) if w == "head_dim" => Ok(head_dim),
+            v => number(v, "workgroup_size"),
+        })
         .transpose()?;
     let mut workgroup_size = given_workgroup_size.unwrap_or(256);
     if auto_flash {

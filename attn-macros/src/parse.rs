@@ -7,16 +7,20 @@
 //!     grid: s_major(tile = N) | j_major(tile = N) | head_major,
 //!           flash: s_major(tile = N, key_tile = N, rows_per_thread = N, subgroups = BOOL,
 //!                          matrix = scalar | coop16)
-//!     head_dim: N,
+//!     head_dim: N | [N, N, ..],          (a list: one kernel per head_dim, see below)
 //!     gqa: any | N,                        (default any)
 //!     masks: [causal, document] | none,    (default none)
 //!     target: webgpu | native(key = N, ..),(default webgpu)
-//!     workgroup_size: N,                   (default 256)
+//!     workgroup_size: N | head_dim,        (default 256)
 //!     dtype: f32 | f16 | bf16,             (default f32: the data tensors' element type)
 //!     source: recompute | scratch(PRODUCER), (backward_kv; default recompute)
 //!     writes: { NAME: owned | atomic | scratch, .. },
 //! }
 //! ```
+//!
+//! `head_dim: [64, 128]` declares the kernel once per head_dim: the first keeps NAME, each
+//! other is NAME_d{head_dim}, and a `scratch(PRODUCER)` source names PRODUCER's kernel of
+//! the same head_dim (PRODUCER_d{head_dim}).
 
 use proc_macro2::Span;
 use syn::parse::{Parse, ParseStream};
@@ -39,6 +43,7 @@ pub const KEYS: &[&str] = &[
     "writes",
 ];
 
+#[derive(Clone)]
 pub struct Description {
     pub attrs: Vec<Attribute>,
     pub vis: Visibility,
@@ -46,18 +51,21 @@ pub struct Description {
     pub entries: Vec<Entry>,
 }
 
+#[derive(Clone)]
 pub struct Entry {
     pub key: Ident,
     pub value: Value,
 }
 
 /// A number with where it was written.
+#[derive(Clone)]
 pub struct Number {
     pub value: u32,
     pub span: Span,
 }
 
 /// The value of a `key = value` argument.
+#[derive(Clone)]
 pub enum ArgValue {
     Number(Number),
     Flag(LitBool),
@@ -66,6 +74,7 @@ pub enum ArgValue {
 }
 
 /// `name`, `name(key = N, ..)` or `name(path)`.
+#[derive(Clone)]
 pub struct Call {
     pub name: Ident,
     pub args: Vec<(Ident, ArgValue)>,
@@ -73,12 +82,15 @@ pub struct Call {
     pub path: Option<syn::Path>,
 }
 
+#[derive(Clone)]
 pub enum Value {
     Word(Ident),
     Number(Number),
     Call(Call),
     /// `[a, b]`, with the span of the brackets.
     List(Vec<Ident>, Span),
+    /// `[64, 128]`, with the span of the brackets.
+    Numbers(Vec<Number>, Span),
     /// `{ name: mode, .. }`, with the span of the braces.
     Map(Vec<(Ident, Ident)>, Span),
 }
@@ -89,7 +101,7 @@ impl Value {
             Value::Word(w) => w.span(),
             Value::Number(n) => n.span,
             Value::Call(c) => c.name.span(),
-            Value::List(_, s) | Value::Map(_, s) => *s,
+            Value::List(_, s) | Value::Numbers(_, s) | Value::Map(_, s) => *s,
         }
     }
 }
@@ -149,6 +161,13 @@ impl Parse for Value {
         if input.peek(syn::token::Bracket) {
             let inner;
             let bracket = bracketed!(inner in input);
+            if inner.peek(LitInt) {
+                let items = Punctuated::<Number, Token![,]>::parse_terminated(&inner)?;
+                return Ok(Value::Numbers(
+                    items.into_iter().collect(),
+                    bracket.span.join(),
+                ));
+            }
             let items = Punctuated::<Ident, Token![,]>::parse_terminated(&inner)?;
             return Ok(Value::List(
                 items.into_iter().collect(),
@@ -235,5 +254,97 @@ impl Parse for Arg {
             ArgValue::Number(input.parse()?)
         };
         Ok(Arg(name, value))
+    }
+}
+
+impl Description {
+    /// One description per head_dim of a `head_dim: [..]` list (the description itself
+    /// where head_dim is one number).
+    pub fn per_head_dim(&self) -> syn::Result<Vec<Description>> {
+        let Some(at) = self.entries.iter().position(|e| e.key == "head_dim") else {
+            return Ok(vec![self.clone()]);
+        };
+        let Value::Numbers(dims, span) = &self.entries[at].value else {
+            return Ok(vec![self.clone()]);
+        };
+        if dims.is_empty() {
+            return Err(syn::Error::new(*span, "`head_dim: []` names no head_dim"));
+        }
+        let mut out: Vec<Description> = Vec::with_capacity(dims.len());
+        for (i, dim) in dims.iter().enumerate() {
+            if dims[..i].iter().any(|d| d.value == dim.value) {
+                return Err(syn::Error::new(
+                    dim.span,
+                    format!("head_dim {} is listed twice", dim.value),
+                ));
+            }
+            let suffix = match i {
+                0 => String::new(),
+                _ => format!("_d{}", dim.value),
+            };
+            let mut d = self.clone();
+            d.name = Ident::new(&format!("{}{suffix}", self.name), self.name.span());
+            d.entries[at].value = Value::Number(dim.clone());
+            for entry in d.entries.iter_mut().filter(|e| e.key == "source") {
+                if let Value::Call(Call {
+                    path: Some(path), ..
+                }) = &mut entry.value
+                    && let Some(last) = path.segments.last_mut()
+                {
+                    last.ident = Ident::new(&format!("{}{suffix}", last.ident), last.ident.span());
+                }
+            }
+            out.push(d);
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quote::quote;
+
+    fn names(d: &[Description]) -> Vec<String> {
+        d.iter().map(|d| d.name.to_string()).collect()
+    }
+
+    #[test]
+    fn a_head_dim_list_declares_one_kernel_per_head_dim() {
+        let d: Description = syn::parse2(quote! {
+            pub consumer {
+                op: backward_kv,
+                grid: j_major(tile = 1),
+                head_dim: [64, 128, 96],
+                source: scratch(super::producer),
+                writes: { dk: owned, dv: owned },
+            }
+        })
+        .unwrap();
+        let each = d.per_head_dim().unwrap();
+        assert_eq!(names(&each), ["consumer", "consumer_d128", "consumer_d96"]);
+        let producer = |d: &Description| match &d.entries[3].value {
+            Value::Call(Call { path: Some(p), .. }) => quote!(#p).to_string(),
+            _ => panic!("source is a call"),
+        };
+        assert_eq!(producer(&each[0]), "super :: producer");
+        assert_eq!(producer(&each[1]), "super :: producer_d128");
+        let head_dim = |d: &Description| match &d.entries[2].value {
+            Value::Number(n) => n.value,
+            _ => panic!("head_dim is one number"),
+        };
+        assert_eq!(each.iter().map(head_dim).collect::<Vec<_>>(), [64, 128, 96]);
+        // The grid's `flash`-style words are not renamed: only the producer is.
+        assert!(matches!(&each[1].entries[1].value, Value::Call(c) if c.name == "j_major"));
+    }
+
+    #[test]
+    fn a_head_dim_listed_twice_is_an_error_at_the_second() {
+        let d: Description = syn::parse2(quote! {
+            k { op: forward, grid: s_major(tile = 1), head_dim: [64, 64], writes: {} }
+        })
+        .unwrap();
+        let err = d.per_head_dim().err().expect("a duplicate is refused");
+        assert_eq!(err.to_string(), "head_dim 64 is listed twice");
     }
 }

@@ -52,11 +52,16 @@ fn elide_wgsl(rust: &str) -> String {
 fn every_declared_kernel_matches_its_snapshots() {
     let mut count = 0;
     for source in SOURCES {
-        for tokens in invocations(&workspace().join(source)) {
-            let description: crate::parse::Description = syn::parse2(tokens.clone()).unwrap();
+        let descriptions = invocations(&workspace().join(source))
+            .into_iter()
+            .flat_map(|tokens| {
+                let d: crate::parse::Description = syn::parse2(tokens).unwrap();
+                d.per_head_dim().unwrap()
+            });
+        for description in descriptions {
             let lowered = crate::lower::lower(&description).unwrap();
             let abi = attn_dsl::compile(&lowered.spec).unwrap();
-            let expanded = crate::expand(tokens).unwrap();
+            let expanded = crate::expand_one(&description).unwrap();
             let file: syn::File = syn::parse2(expanded).expect("the expansion is a Rust file");
             let rust = elide_wgsl(&prettyplease::unparse(&file));
             let name = description.name.to_string();

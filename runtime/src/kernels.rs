@@ -1,5 +1,6 @@
 //! The default kernel family, described once with `attention_kernel!`. The WGSL of each is
-//! written to `generated/` and its expansion is snapshot-tested in `snapshots/`.
+//! written to `generated/` and its expansion is snapshot-tested in `snapshots/`. A
+//! description with `head_dim: [64, 128]` declares NAME (head_dim 64) and NAME_d128.
 
 use std::borrow::Cow;
 
@@ -7,11 +8,11 @@ use attn_dsl::{DslError, KernelAbi, KernelSpec, Masks, Op, Source, WriteMode};
 use attn_macros::attention_kernel;
 
 attention_kernel! {
-    /// Causal forward with document masking, head_dim 64: the seeds' production layer.
+    /// Causal forward with document masking, head_dim 64 and 128: the seeds' production layer.
     pub attention_forward {
         op: forward,
         grid: s_major(tile = 1),
-        head_dim: 64,
+        head_dim: [64, 128],
         gqa: any,
         masks: [causal, document],
         target: webgpu,
@@ -21,25 +22,11 @@ attention_kernel! {
 }
 
 attention_kernel! {
-    /// The same forward specialized for head_dim 128.
-    pub attention_forward_d128 {
-        op: forward,
-        grid: s_major(tile = 1),
-        head_dim: 128,
-        gqa: any,
-        masks: [causal, document],
-        target: webgpu,
-        workgroup_size: 256,
-        writes: { o: owned, lse: owned },
-    }
-}
-
-attention_kernel! {
-    /// One query row per head against a KV cache, head_dim 64.
+    /// One query row per head against a KV cache, head_dim 64 and 128.
     pub attention_decode {
         op: decode,
         grid: head_major,
-        head_dim: 64,
+        head_dim: [64, 128],
         gqa: any,
         target: webgpu,
         workgroup_size: 256,
@@ -48,26 +35,13 @@ attention_kernel! {
 }
 
 attention_kernel! {
-    /// Decode specialized for head_dim 128.
-    pub attention_decode_d128 {
-        op: decode,
-        grid: head_major,
-        head_dim: 128,
-        gqa: any,
-        target: webgpu,
-        workgroup_size: 256,
-        writes: { o: owned },
-    }
-}
-
-attention_kernel! {
-    /// Split-K decode, pass 1, head_dim 64: one workgroup per (cache slice, KV head) for up
+    /// Split-K decode, pass 1, head_dim 64 and 128: one workgroup per (cache slice, KV head) for up
     /// to 4 of its query heads, so each slice of K and V is read once for all of them; it
     /// flushes each head's partial softmax (unnormalized output, max, sum) to scratch.
     pub attention_decode_split {
         op: decode_split,
         grid: slice_major(tile = 4),
-        head_dim: 64,
+        head_dim: [64, 128],
         gqa: any,
         target: webgpu,
         workgroup_size: 256,
@@ -76,12 +50,12 @@ attention_kernel! {
 }
 
 attention_kernel! {
-    /// Split-K decode, pass 2, head_dim 64: each head's output owned by one workgroup,
+    /// Split-K decode, pass 2, head_dim 64 and 128: each head's output owned by one workgroup,
     /// combined from the slices' partials.
     pub attention_decode_reduce {
         op: decode_reduce,
         grid: head_major,
-        head_dim: 64,
+        head_dim: [64, 128],
         gqa: any,
         target: webgpu,
         workgroup_size: 256,
@@ -91,39 +65,12 @@ attention_kernel! {
 }
 
 attention_kernel! {
-    /// Split-K decode, pass 1, head_dim 128.
-    pub attention_decode_split_d128 {
-        op: decode_split,
-        grid: slice_major(tile = 4),
-        head_dim: 128,
-        gqa: any,
-        target: webgpu,
-        workgroup_size: 256,
-        writes: { part_o: scratch, part_ml: scratch },
-    }
-}
-
-attention_kernel! {
-    /// Split-K decode, pass 2, head_dim 128.
-    pub attention_decode_reduce_d128 {
-        op: decode_reduce,
-        grid: head_major,
-        head_dim: 128,
-        gqa: any,
-        target: webgpu,
-        workgroup_size: 256,
-        source: scratch(attention_decode_split_d128),
-        writes: { o: owned },
-    }
-}
-
-attention_kernel! {
-    /// Split-K decode, pass 1, head_dim 64, reading a paged cache through a block table
+    /// Split-K decode, pass 1, head_dim 64 and 128, reading a paged cache through a block table
     /// (its pass 2 is `attention_decode_reduce`).
     pub attention_decode_split_paged {
         op: decode_split,
         grid: slice_major(tile = 4),
-        head_dim: 64,
+        head_dim: [64, 128],
         gqa: any,
         target: webgpu,
         workgroup_size: 256,
@@ -133,39 +80,25 @@ attention_kernel! {
 }
 
 attention_kernel! {
-    /// Split-K decode over a paged cache, pass 1, head_dim 128.
-    pub attention_decode_split_paged_d128 {
-        op: decode_split,
-        grid: slice_major(tile = 4),
-        head_dim: 128,
-        gqa: any,
-        target: webgpu,
-        workgroup_size: 256,
-        cache: paged,
-        writes: { part_o: scratch, part_ml: scratch },
-    }
-}
-
-attention_kernel! {
-    /// Backward preparation, head_dim 64: packs LSE and D = rowsum(dO ∘ O) into `stats`
+    /// Backward preparation, head_dim 64 and 128: packs LSE and D = rowsum(dO ∘ O) into `stats`
     /// [2, s, h] for every backward schedule.
     pub attention_backward_prep {
         op: backward_prep,
         grid: s_major(tile = 1),
-        head_dim: 64,
+        head_dim: [64, 128],
         target: webgpu,
-        workgroup_size: 64,
+        workgroup_size: head_dim,
         writes: { stats: owned },
     }
 }
 
 attention_kernel! {
-    /// Split schedule (a), producer, head_dim 64: dQ owned, P and dS flushed to the scratch
+    /// Split schedule (a), producer, head_dim 64 and 128: dQ owned, P and dS flushed to the scratch
     /// `p_ds` [2, s, h, j].
     pub attention_backward_short {
         op: backward_q,
         grid: s_major(tile = 1),
-        head_dim: 64,
+        head_dim: [64, 128],
         gqa: any,
         masks: [causal, document],
         target: webgpu,
@@ -175,11 +108,11 @@ attention_kernel! {
 }
 
 attention_kernel! {
-    /// Split schedule (a), consumer, head_dim 64: dK and dV owned from the scratch P and dS.
+    /// Split schedule (a), consumer, head_dim 64 and 128: dK and dV owned from the scratch P and dS.
     pub attention_backward_short_dkdv {
         op: backward_kv,
         grid: j_major(tile = 1),
-        head_dim: 64,
+        head_dim: [64, 128],
         gqa: any,
         masks: [causal, document],
         target: webgpu,
@@ -207,11 +140,11 @@ attention_kernel! {
 }
 
 attention_kernel! {
-    /// Recompute-split schedule (d), dQ half, head_dim 64: recomputes P; no scratch, no atomics.
+    /// Recompute-split schedule (d), dQ half, head_dim 64 and 128: recomputes P; no scratch, no atomics.
     pub attention_backward_dq {
         op: backward_q,
         grid: s_major(tile = 1),
-        head_dim: 64,
+        head_dim: [64, 128],
         gqa: any,
         masks: [causal, document],
         target: webgpu,
@@ -221,11 +154,11 @@ attention_kernel! {
 }
 
 attention_kernel! {
-    /// Recompute-split schedule (d), dK/dV half, head_dim 64: recomputes P and dS per key row.
+    /// Recompute-split schedule (d), dK/dV half, head_dim 64 and 128: recomputes P and dS per key row.
     pub attention_backward_dkdv {
         op: backward_kv,
         grid: j_major(tile = 1),
-        head_dim: 64,
+        head_dim: [64, 128],
         gqa: any,
         masks: [causal, document],
         target: webgpu,
@@ -236,132 +169,36 @@ attention_kernel! {
 }
 
 attention_kernel! {
-    /// Backward preparation, head_dim 128: packs LSE and D = rowsum(dO ∘ O) into `stats`
-    /// [2, s, h] for every backward schedule.
-    pub attention_backward_prep_d128 {
-        op: backward_prep,
-        grid: s_major(tile = 1),
-        head_dim: 128,
-        target: webgpu,
-        workgroup_size: 128,
-        writes: { stats: owned },
-    }
-}
-
-attention_kernel! {
-    /// Split schedule (a), producer, head_dim 128: dQ owned, P and dS flushed to the scratch
-    /// `p_ds` [2, s, h, j].
-    pub attention_backward_short_d128 {
-        op: backward_q,
-        grid: s_major(tile = 1),
-        head_dim: 128,
-        gqa: any,
-        masks: [causal, document],
-        target: webgpu,
-        workgroup_size: 256,
-        writes: { dq: owned, p_ds: scratch },
-    }
-}
-
-attention_kernel! {
-    /// Split schedule (a), consumer, head_dim 128: dK and dV owned from the scratch P and dS.
-    pub attention_backward_short_dkdv_d128 {
-        op: backward_kv,
-        grid: j_major(tile = 1),
-        head_dim: 128,
-        gqa: any,
-        masks: [causal, document],
-        target: webgpu,
-        workgroup_size: 256,
-        source: scratch(attention_backward_short_d128),
-        writes: { dk: owned, dv: owned },
-    }
-}
-
-attention_kernel! {
-    /// Recompute-split schedule (d), dQ half, head_dim 128: recomputes P; no scratch, no atomics.
-    pub attention_backward_dq_d128 {
-        op: backward_q,
-        grid: s_major(tile = 1),
-        head_dim: 128,
-        gqa: any,
-        masks: [causal, document],
-        target: webgpu,
-        workgroup_size: 256,
-        writes: { dq: owned },
-    }
-}
-
-attention_kernel! {
-    /// Recompute-split schedule (d), dK/dV half, head_dim 128: recomputes P and dS per key row.
-    pub attention_backward_dkdv_d128 {
-        op: backward_kv,
-        grid: j_major(tile = 1),
-        head_dim: 128,
-        gqa: any,
-        masks: [causal, document],
-        target: webgpu,
-        workgroup_size: 256,
-        source: recompute,
-        writes: { dk: owned, dv: owned },
-    }
-}
-
-attention_kernel! {
-    /// RoPE, in place on Q (`n_heads`) or K (`n_kv_heads`), head_dim 64.
+    /// RoPE, in place on Q (`n_heads`) or K (`n_kv_heads`), head_dim 64 and 128.
     pub rope {
         op: rope,
         grid: s_major(tile = 1),
-        head_dim: 64,
+        head_dim: [64, 128],
         target: webgpu,
-        workgroup_size: 64,
+        workgroup_size: head_dim,
         writes: { x: owned },
     }
 }
 
 attention_kernel! {
-    /// The backward of RoPE (rotation by minus the angle), head_dim 64.
+    /// The backward of RoPE (rotation by minus the angle), head_dim 64 and 128.
     pub rope_backward {
         op: rope_backward,
         grid: s_major(tile = 1),
-        head_dim: 64,
+        head_dim: [64, 128],
         target: webgpu,
-        workgroup_size: 64,
+        workgroup_size: head_dim,
         writes: { x: owned },
     }
 }
 
 attention_kernel! {
-    /// RoPE, in place on Q (`n_heads`) or K (`n_kv_heads`), head_dim 128.
-    pub rope_d128 {
-        op: rope,
-        grid: s_major(tile = 1),
-        head_dim: 128,
-        target: webgpu,
-        workgroup_size: 128,
-        writes: { x: owned },
-    }
-}
-
-attention_kernel! {
-    /// The backward of RoPE (rotation by minus the angle), head_dim 128.
-    pub rope_backward_d128 {
-        op: rope_backward,
-        grid: s_major(tile = 1),
-        head_dim: 128,
-        target: webgpu,
-        workgroup_size: 128,
-        writes: { x: owned },
-    }
-}
-
-attention_kernel! {
-    /// Flash forward, head_dim 64, the tiling the rules pick for WebGPU's defaults:
+    /// Flash forward, head_dim 64 and 128, the tiling the rules pick for WebGPU's defaults:
     /// candidate 0 of `tuning::forward_candidates(64)`, within 16 KiB of workgroup memory.
     pub attention_forward_flash {
         op: forward,
         grid: s_major(flash),
-        head_dim: 64,
+        head_dim: [64, 128],
         gqa: any,
         masks: [causal, document],
         target: webgpu,
@@ -395,19 +232,6 @@ attention_kernel! {
         masks: [causal, document],
         target: webgpu,
         dtype: bf16,
-        writes: { o: owned, lse: owned },
-    }
-}
-
-attention_kernel! {
-    /// Flash forward, head_dim 128, in WebGPU's defaults (candidate 0).
-    pub attention_forward_flash_d128 {
-        op: forward,
-        grid: s_major(flash),
-        head_dim: 128,
-        gqa: any,
-        masks: [causal, document],
-        target: webgpu,
         writes: { o: owned, lse: owned },
     }
 }
@@ -506,12 +330,12 @@ attention_kernel! {
 }
 
 attention_kernel! {
-    /// Tiled recompute split, dQ half, head_dim 64: query tiles with Q and dO staged, K and
+    /// Tiled recompute split, dQ half, head_dim 64 and 128: query tiles with Q and dO staged, K and
     /// V staged a block of keys at a time (candidate 0 of the backward configurations).
     pub attention_backward_dq_flash {
         op: backward_q,
         grid: s_major(flash),
-        head_dim: 64,
+        head_dim: [64, 128],
         gqa: any,
         masks: [causal, document],
         target: webgpu,
@@ -520,39 +344,12 @@ attention_kernel! {
 }
 
 attention_kernel! {
-    /// Tiled recompute split, dK/dV half, head_dim 64: key tiles with K and V staged, Q and
+    /// Tiled recompute split, dK/dV half, head_dim 64 and 128: key tiles with K and V staged, Q and
     /// dO staged a block of queries at a time (candidate 0).
     pub attention_backward_dkdv_flash {
         op: backward_kv,
         grid: j_major(flash),
-        head_dim: 64,
-        gqa: any,
-        masks: [causal, document],
-        target: webgpu,
-        source: recompute,
-        writes: { dk: owned, dv: owned },
-    }
-}
-
-attention_kernel! {
-    /// Tiled recompute split, dQ half, head_dim 128, in WebGPU's defaults.
-    pub attention_backward_dq_flash_d128 {
-        op: backward_q,
-        grid: s_major(flash),
-        head_dim: 128,
-        gqa: any,
-        masks: [causal, document],
-        target: webgpu,
-        writes: { dq: owned },
-    }
-}
-
-attention_kernel! {
-    /// Tiled recompute split, dK/dV half, head_dim 128, in WebGPU's defaults.
-    pub attention_backward_dkdv_flash_d128 {
-        op: backward_kv,
-        grid: j_major(flash),
-        head_dim: 128,
+        head_dim: [64, 128],
         gqa: any,
         masks: [causal, document],
         target: webgpu,

@@ -3,12 +3,14 @@
 //! of WG, keeps the running max `m`, sum `l` and accumulator, and writes `O = acc / l` and
 //! `LSE = m + log(l)`. Forward and decode share it; they differ only in the index helpers.
 
+use super::numerics::Helper;
+use super::writer::{Template, Wgsl};
 use std::fmt::Write;
 
 use super::index;
 use crate::spec::KernelSpec;
 
-pub(super) fn workgroup_memory(out: &mut String) {
+pub(super) fn workgroup_memory(out: &mut Wgsl) {
     out.push_str(
         r#"var<workgroup> sh_q: array<f32, HEAD_DIM>;
 var<workgroup> sh_acc: array<f32, HEAD_DIM>;
@@ -23,7 +25,7 @@ var<workgroup> sh_range: vec2<u32>;
     );
 }
 
-pub(super) fn forward_helpers(out: &mut String, spec: &KernelSpec) {
+pub(super) fn forward_helpers(out: &mut Wgsl, spec: &KernelSpec) {
     index::kv_head(out, spec);
     index::row_indexing(out, spec);
     index::masks(out, spec);
@@ -54,7 +56,7 @@ fn store_lse(row: u32, h: u32, m: f32, l: f32) {
 
 "#;
 
-pub(super) fn decode_helpers(out: &mut String, spec: &KernelSpec) {
+pub(super) fn decode_helpers(out: &mut Wgsl, spec: &KernelSpec) {
     index::kv_head(out, spec);
     index::row_indexing(out, spec);
     let start = if spec.masks.window {
@@ -99,18 +101,21 @@ fn store_lse(row: u32, h: u32, m: f32, l: f32) {
     );
 }
 
-pub(super) fn attend_row(out: &mut String, spec: &KernelSpec) {
+pub(super) fn attend_row(out: &mut Wgsl, spec: &KernelSpec) {
     let dot = super::numerics::dot(
         "dot",
         spec.head_dim,
         |i| format!("sh_q[{i}]"),
         |i| format!("key_at(ki + {i})"),
-        "            ",
+        "",
     );
-    out.push_str(&ATTEND_ROW.replace("            //DOT\n", &dot));
+    out.put(ATTEND_ROW.fill([("dot", dot)]));
 }
 
-const ATTEND_ROW: &str = r#"fn attend_row(row: u32, h: u32, tid: u32) {
+const ATTEND_ROW: Template = Template {
+    name: "attend_row",
+    needs: &[Helper::Exp],
+    text: r#"fn attend_row(row: u32, h: u32, tid: u32) {
     let kv_h = kv_head(h);
     if (tid == 0u) {
         sh_range = key_range(row);
@@ -138,7 +143,7 @@ const ATTEND_ROW: &str = r#"fn attend_row(row: u32, h: u32, tid: u32) {
         var x = NEG_BIG;
         if (visible) {
             let ki = kv_index(j, kv_h);
-            //DOT
+            $dot
             x = score(row, h, j, dot);
         }
 
@@ -194,9 +199,10 @@ const ATTEND_ROW: &str = r#"fn attend_row(row: u32, h: u32, tid: u32) {
     }
 }
 
-"#;
+"#,
+};
 
-pub(super) fn decode_entry(out: &mut String, name: &str) {
+pub(super) fn decode_entry(out: &mut Wgsl, name: &str) {
     let _ = write!(
         out,
         r#"@compute @workgroup_size(WG)

@@ -13,7 +13,8 @@
 //!
 //! Packing keeps every backward kernel within WebGPU's default of 8 storage buffers.
 
-use std::fmt::Write;
+use super::numerics::Helper;
+use super::writer::{Fragment, Template, Wgsl};
 
 use super::index;
 use crate::spec::{KernelSpec, Source, WriteMode};
@@ -34,7 +35,7 @@ fn dkv_part1() -> u32 {
 
 "#;
 
-pub(super) fn backward_prep(out: &mut String, spec: &KernelSpec) {
+pub(super) fn backward_prep(out: &mut Wgsl, spec: &KernelSpec) {
     index::row_indexing(out, spec);
     out.push_str(PACKING);
     super::dtype::loads(out, spec, &[("out_at", "o"), ("grad_out_at", "d_o")]);
@@ -44,23 +45,27 @@ pub(super) fn backward_prep(out: &mut String, spec: &KernelSpec) {
         spec.head_dim,
         |i| format!("grad_out_at(qi + {i})"),
         |i| format!("out_at(qi + {i})"),
-        "        ",
+        "",
     );
-    let _ = write!(
-        out,
-        r#"fn prep_row(row: u32, h: u32, tid: u32) {{
-    if (tid == 0u) {{
-        let qi = q_index(row, h);
-{delta}        stats[stats_part(0u, row, h)] = lse[row_index(row, h)];
-        stats[stats_part(1u, row, h)] = delta;
-    }}
-}}
-
-"#
-    );
+    out.put(PREP_ROW.fill([("delta", delta)]));
 }
 
-pub(super) fn backward_q(out: &mut String, spec: &KernelSpec) {
+const PREP_ROW: Template = Template {
+    name: "prep_row",
+    needs: &[],
+    text: r#"fn prep_row(row: u32, h: u32, tid: u32) {
+    if (tid == 0u) {
+        let qi = q_index(row, h);
+        $delta
+        stats[stats_part(0u, row, h)] = lse[row_index(row, h)];
+        stats[stats_part(1u, row, h)] = delta;
+    }
+}
+
+"#,
+};
+
+pub(super) fn backward_q(out: &mut Wgsl, spec: &KernelSpec) {
     index::kv_head(out, spec);
     index::row_indexing(out, spec);
     index::masks(out, spec);
@@ -80,18 +85,18 @@ var<workgroup> sh_range: vec2<u32>;
         super::scatter::atomic_add(out, spec, "dkv");
     }
     let flush = if spec.write_mode("p_ds").is_some() {
-        "            p_ds[p_ds_part(0u, row, h, j)] = dropped(row, h, j, pj);\n            p_ds[p_ds_part(1u, row, h, j)] = dsj;\n"
+        "p_ds[p_ds_part(0u, row, h, j)] = dropped(row, h, j, pj);\np_ds[p_ds_part(1u, row, h, j)] = dsj;\n"
     } else {
         ""
     };
     let scatter_lines = if scatter {
         concat!(
-            "            // dK is part 0 of dkv, dV part 1.\n",
-            "            let dv_at = dkv_part1() + ki;\n",
-            "            for (var dd = 0u; dd < HEAD_DIM; dd = dd + 1u) {\n",
-            "                add_dkv(ki + dd, dsj * sh_q[dd]);\n",
-            "                add_dkv(dv_at + dd, dropped(row, h, j, pj) * sh_do[dd]);\n",
-            "            }\n",
+            "// dK is part 0 of dkv, dV part 1.\n",
+            "let dv_at = dkv_part1() + ki;\n",
+            "for (var dd = 0u; dd < HEAD_DIM; dd = dd + 1u) {\n",
+            "    add_dkv(ki + dd, dsj * sh_q[dd]);\n",
+            "    add_dkv(dv_at + dd, dropped(row, h, j, pj) * sh_do[dd]);\n",
+            "}\n",
         )
     } else {
         ""
@@ -101,24 +106,27 @@ var<workgroup> sh_range: vec2<u32>;
         spec.head_dim,
         |i| format!("sh_q[{i}]"),
         |i| format!("k[ki + {i}]"),
-        "            ",
-    ) + &super::numerics::dot(
+        "",
+    )
+    .then(super::numerics::dot(
         "dp",
         spec.head_dim,
         |i| format!("sh_do[{i}]"),
         |i| format!("v[ki + {i}]"),
-        "            ",
-    );
-    out.push_str(
-        &BACKWARD_ROW
-            .replace("            //DOTS\n", &dots)
-            .replace("        //FLUSH\n", flush)
-            .replace("        //SCATTER\n", scatter_lines)
-            .replace("            //DBIAS\n", dbias_line(spec)),
-    );
+        "",
+    ));
+    out.put(BACKWARD_ROW.fill([
+        ("dots", dots),
+        ("flush", flush.into()),
+        ("scatter", scatter_lines.into()),
+        ("dbias", dbias_line(spec).into()),
+    ]));
 }
 
-const BACKWARD_ROW: &str = r#"fn backward_row(row: u32, h: u32, tid: u32) {
+const BACKWARD_ROW: Template = Template {
+    name: "backward_row",
+    needs: &[Helper::Exp],
+    text: r#"fn backward_row(row: u32, h: u32, tid: u32) {
     let kv_h = kv_head(h);
     let qi = q_index(row, h);
     if (tid == 0u) {
@@ -144,15 +152,15 @@ const BACKWARD_ROW: &str = r#"fn backward_row(row: u32, h: u32, tid: u32) {
         var dsj = 0.0;
         if (j >= range.x && j < range.y && key_visible(row, j)) {
             let ki = kv_index(j, kv_h);
-            //DOTS
+            $dots
             let xj = scored(row, h, j, dot);
             let pj = exp_f32(xj.x - row_lse);
             // dS with respect to the pre-cap score: dBias, and dS/scale for dQ and dK.
             let gj = score_grad(xj, pj * (dropped(row, h, j, dp) - delta));
-            //DBIAS
+            $dbias
             dsj = params.scale * gj;
-        //FLUSH
-        //SCATTER
+            $flush
+            $scatter
         }
         sh_ds[tid] = dsj;
         workgroupBarrier();
@@ -186,9 +194,10 @@ const BACKWARD_ROW: &str = r#"fn backward_row(row: u32, h: u32, tid: u32) {
     }
 }
 
-"#;
+"#,
+};
 
-pub(super) fn backward_kv(out: &mut String, spec: &KernelSpec) {
+pub(super) fn backward_kv(out: &mut Wgsl, spec: &KernelSpec) {
     index::kv_head(out, spec);
     index::row_indexing(out, spec);
     index::masks(out, spec);
@@ -208,54 +217,57 @@ var<workgroup> sh_range: vec2<u32>;
     );
     let (load_kv, p_ds) = match spec.source {
         Source::Recompute => (RECOMPUTE_LOAD, recompute_p_ds(spec.head_dim)),
-        Source::Scratch => ("", SCRATCH_P_DS.to_string()),
+        Source::Scratch => ("", SCRATCH_P_DS.into()),
     };
-    out.push_str(
-        &BACKWARD_COL
-            .replace("    //LOAD_KV\n", load_kv)
-            .replace("            //P_DS\n", &p_ds),
-    );
+    out.put(BACKWARD_COL.fill([("load_kv", load_kv.into()), ("p_ds", p_ds)]));
 }
 
-const RECOMPUTE_LOAD: &str = "        sh_k[tid] = k[ki + tid];\n        sh_v[tid] = v[ki + tid];\n";
+const RECOMPUTE_LOAD: &str = "sh_k[tid] = k[ki + tid];\nsh_v[tid] = v[ki + tid];\n";
 
 /// P and dS of query `s` against the staged key row, recomputed.
-fn recompute_p_ds(head_dim: u32) -> String {
-    let ind = "            ";
-    let dot = super::numerics::dot(
-        "dot",
-        head_dim,
-        |i| format!("q[qi + {i}]"),
-        |i| format!("sh_k[{i}]"),
-        ind,
-    );
-    let dp = super::numerics::dot(
-        "dp",
-        head_dim,
-        |i| format!("d_o[qi + {i}]"),
-        |i| format!("sh_v[{i}]"),
-        ind,
-    );
-    format!(
-        "{ind}let qi = q_index(s, h);\n{dot}{dp}\
-         {ind}let x_s = scored(s, h, col, dot);\n\
-         {ind}p_s = exp_f32(x_s.x - stats[stats_part(0u, s, h)]);\n\
-         {ind}ds_s = params.scale * score_grad(x_s, p_s * (dropped(s, h, col, dp) - stats[stats_part(1u, s, h)]));\n\
-         {ind}p_s = dropped(s, h, col, p_s);\n"
-    )
+fn recompute_p_ds(head_dim: u32) -> Fragment {
+    let dot = |acc: &str, row: &str, staged: &str| {
+        super::numerics::dot(
+            acc,
+            head_dim,
+            |i| format!("{row}[qi + {i}]"),
+            |i| format!("{staged}[{i}]"),
+            "",
+        )
+    };
+    RECOMPUTE_P_DS.fill([
+        ("dot", dot("dot", "q", "sh_k")),
+        ("dp", dot("dp", "d_o", "sh_v")),
+    ])
 }
 
-const SCRATCH_P_DS: &str = r#"            p_s = p_ds[p_ds_part(0u, s, h, col)];
-            ds_s = p_ds[p_ds_part(1u, s, h, col)];
+const RECOMPUTE_P_DS: Template = Template {
+    name: "recompute_p_ds",
+    needs: &[Helper::Exp],
+    text: r#"let qi = q_index(s, h);
+$dot
+$dp
+let x_s = scored(s, h, col, dot);
+p_s = exp_f32(x_s.x - stats[stats_part(0u, s, h)]);
+ds_s = params.scale * score_grad(x_s, p_s * (dropped(s, h, col, dp) - stats[stats_part(1u, s, h)]));
+p_s = dropped(s, h, col, p_s);
+"#,
+};
+
+const SCRATCH_P_DS: &str = r#"p_s = p_ds[p_ds_part(0u, s, h, col)];
+ds_s = p_ds[p_ds_part(1u, s, h, col)];
 "#;
 
-const BACKWARD_COL: &str = r#"fn backward_col(col: u32, kv_h: u32, tid: u32) {
+const BACKWARD_COL: Template = Template {
+    name: "backward_col",
+    needs: &[],
+    text: r#"fn backward_col(col: u32, kv_h: u32, tid: u32) {
     let ki = kv_index(col, kv_h);
     if (tid == 0u) {
         sh_range = query_range(col);
     }
     if (tid < HEAD_DIM) {
-    //LOAD_KV
+        $load_kv
         sh_dk[tid] = 0.0;
         sh_dv[tid] = 0.0;
     }
@@ -279,7 +291,7 @@ const BACKWARD_COL: &str = r#"fn backward_col(col: u32, kv_h: u32, tid: u32) {
             var p_s = 0.0;
             var ds_s = 0.0;
             if (s >= range.x && s < range.y && visible(s, col)) {
-            //P_DS
+                $p_ds
             }
             sh_p[tid] = p_s;
             sh_ds[tid] = ds_s;
@@ -326,12 +338,13 @@ const BACKWARD_COL: &str = r#"fn backward_col(col: u32, kv_h: u32, tid: u32) {
     }
 }
 
-"#;
+"#,
+};
 
 /// Where the kernel writes dBias, the statement that stores it for key `j` of `row`.
 fn dbias_line(spec: &KernelSpec) -> &'static str {
     match spec.write_mode("dbias") {
-        Some(_) => "            store_dbias(row, h, j, gj);\n",
+        Some(_) => "store_dbias(row, h, j, gj);\n",
         None => "",
     }
 }

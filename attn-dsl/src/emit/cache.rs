@@ -4,11 +4,12 @@
 //! advanced for the slots appended to, into `seq_lens_next`. No conversion: the new rows
 //! and the cache share the kernel's dtype.
 
+use super::writer::Wgsl;
 use std::fmt::Write;
 
 use crate::spec::{Cache, KernelSpec};
 
-pub(super) fn constants(out: &mut String, spec: &KernelSpec) {
+pub(super) fn constants(out: &mut Wgsl, spec: &KernelSpec) {
     let _ = write!(
         out,
         "const WG: u32 = {}u;\nconst HEAD_DIM: u32 = {}u;\n// vec4s of a row.\nconst V4: u32 = HEAD_DIM / 4u;\n\n",
@@ -33,7 +34,7 @@ fn cache4_index(slot: u32, j: u32, kv_h: u32) -> u32 {
 }
 ";
 
-pub(super) fn append(out: &mut String, spec: &KernelSpec) {
+pub(super) fn append(out: &mut Wgsl, spec: &KernelSpec) {
     out.push_str(match spec.cache {
         Cache::Contiguous => CONTIGUOUS,
         Cache::Paged => PAGED,

@@ -16,17 +16,19 @@
 //! lives in registers); S as f32 (each subgroup's 16 rows, reused for rescales and the
 //! output); P as f16.
 
+use super::numerics::Helper;
+use super::writer::{Fragment, Wgsl};
 use std::fmt::Write;
 
 use crate::spec::KernelSpec;
 
 pub use crate::layout::coop::{CoopTiling, FRAG, SUBGROUP};
 
-pub(super) fn directive(out: &mut String) {
+pub(super) fn directive(out: &mut Wgsl) {
     out.push_str("enable wgpu_cooperative_matrix;\n\n");
 }
 
-pub(super) fn kernel(out: &mut String, spec: &KernelSpec, t: &CoopTiling) {
+pub(super) fn kernel(out: &mut Wgsl, spec: &KernelSpec, t: &CoopTiling) {
     constants(out, t);
     workgroup_memory(out, t);
     fetch(out, "q", "q", "q_index(r, h)", "BR");
@@ -42,7 +44,7 @@ pub(super) fn kernel(out: &mut String, spec: &KernelSpec, t: &CoopTiling) {
     entry(out, spec, "flash_forward_coop");
 }
 
-fn constants(out: &mut String, t: &CoopTiling) {
+fn constants(out: &mut Wgsl, t: &CoopTiling) {
     let (ks, ss, ps) = t.strides();
     let _ = write!(
         out,
@@ -64,7 +66,7 @@ fn constants(out: &mut String, t: &CoopTiling) {
     );
 }
 
-fn workgroup_memory(out: &mut String, t: &CoopTiling) {
+fn workgroup_memory(out: &mut Wgsl, t: &CoopTiling) {
     let (ks, ss, ps) = t.strides();
     let _ = write!(
         out,
@@ -84,7 +86,7 @@ fn workgroup_memory(out: &mut String, t: &CoopTiling) {
 
 /// `fetch_{name}(r0, h, e)`: vec4 `e` of `rows` rows of `tensor` from r0 (zeros past the
 /// sequence and past the block), into registers ahead of its store.
-pub(super) fn fetch(out: &mut String, name: &str, tensor: &str, index: &str, rows: &str) {
+pub(super) fn fetch(out: &mut Wgsl, name: &str, tensor: &str, index: &str, rows: &str) {
     let _ = write!(
         out,
         r#"fn fetch_{name}(r0: u32, h: u32, e: u32) -> vec4<f16> {{
@@ -104,7 +106,7 @@ pub(super) fn fetch(out: &mut String, name: &str, tensor: &str, index: &str, row
 /// `put_row4(row, c4, x)`: into staged row `row` at vec4 column `c4`;
 /// `put(e, base, x)`: a fetched vec4 of a block of BC rows into staged row
 /// `base + e / (HEAD_DIM / 4)`.
-pub(super) fn put(out: &mut String) {
+pub(super) fn put(out: &mut Wgsl) {
     // (Words of two halves, stored whole, would halve the stores, but NVIDIA's compiler
     // refuses cooperative loads of f16 through a u32 pointer. Storing the second word
     // first in the upper half of each subgroup, so that no two invocations of a store hit
@@ -133,7 +135,7 @@ fn put(e: u32, base: u32, x: vec4<f16>) {
 
 /// `{name}(r0, h, tid)`: `rows` rows of each fetched tensor from r0 into the staged rows
 /// from its base, once per workgroup (not per block).
-pub(super) fn stage_rows(out: &mut String, name: &str, rows: &str, tensors: &[(&str, &str)]) {
+pub(super) fn stage_rows(out: &mut Wgsl, name: &str, rows: &str, tensors: &[(&str, &str)]) {
     let puts: String = tensors
         .iter()
         .map(|(fetch, base)| {
@@ -152,7 +154,7 @@ pub(super) fn stage_rows(out: &mut String, name: &str, rows: &str, tensors: &[(&
 
 /// `stage_q(r0, h, tid, c0)`: columns c0..c0 + QC of the tile's BR rows of Q into the
 /// staging area, rows QS halves apart.
-fn stage_q_columns(out: &mut String, cols: u32) {
+fn stage_q_columns(out: &mut Wgsl, cols: u32) {
     let _ = write!(
         out,
         r#"// Q is staged QC columns at a time, rows QS halves apart.
@@ -192,7 +194,7 @@ pub(super) fn softmax_layout(t: &CoopTiling) -> (u32, u32, u32) {
     (rows, lanes, t.bc / lanes)
 }
 
-fn body(out: &mut String, t: &CoopTiling) {
+fn body(out: &mut Wgsl, t: &CoopTiling) {
     let dk = t.head_dim / FRAG;
     let (rows, lanes, keys) = softmax_layout(t);
     let mut b = String::new();
@@ -233,7 +235,8 @@ fn body(out: &mut String, t: &CoopTiling) {
     accumulate(&mut b, t);
     b.push_str("    }\n");
     finish(&mut b, t, lanes);
-    out.push_str(&b);
+    // `softmax` exponentiates.
+    out.put(Fragment::new(b, &[Helper::Exp]));
 }
 
 /// Q into workgroup memory, and with Q in registers its fragments `qa_k` loaded: whole,
@@ -432,14 +435,14 @@ pub(super) fn weighted_sum(
 }
 
 /// Row max or sum over the row's `lanes` invocations (consecutive lanes).
-fn row_reduce(x: &str, op: &str, lanes: u32) -> String {
+fn row_reduce(x: &str, op: &str, lanes: u32, ind: &str) -> String {
     let mut out = String::new();
     let mut mask = 1;
     while mask < lanes {
         let shuffled = format!("subgroupShuffleXor({x}, {mask}u)");
         let _ = writeln!(
             out,
-            "        {x} = {};",
+            "{ind}{x} = {};",
             match op {
                 "max" => format!("max({x}, {shuffled})"),
                 _ => format!("{x} + {shuffled}"),
@@ -475,7 +478,7 @@ fn softmax(b: &mut String, lanes: u32, keys: u32) {
          l = l * c;\n        if (rescales) {{\n            \
          atomicStore(&sh_rescale, 1u);\n        }}\n        \
          if (k0 == 0u) {{\n            sh_c[r] = c;\n        }}\n",
-        row_reduce("rm", "max", lanes)
+        row_reduce("rm", "max", lanes, "        ")
     );
     for c in 0..keys {
         let _ = writeln!(
@@ -521,7 +524,7 @@ fn finish(b: &mut String, t: &CoopTiling, lanes: u32) {
          inv = 1.0 / sh_l[pr];\n    }}\n    let out_row = row0 + pr;\n    \
          let base = q_index(out_row, h);\n    let c8 = (lane % 2u) * 8u;\n    \
          let x = pr * SS + part * 16u + c8;\n",
-        row_reduce("lt", "sum", lanes).replace("        ", "    ")
+        row_reduce("lt", "sum", lanes, "    ")
     );
     for n in 0..mine {
         let _ = write!(
@@ -541,7 +544,7 @@ fn finish(b: &mut String, t: &CoopTiling, lanes: u32) {
 /// sequence z, into `body`. The layout assumes subgroups
 /// of exactly [`SUBGROUP`] invocations; the runtime refuses adapters whose subgroups may
 /// be any other size.
-pub(super) fn entry(out: &mut String, spec: &KernelSpec, body: &str) {
+pub(super) fn entry(out: &mut Wgsl, spec: &KernelSpec, body: &str) {
     let _ = write!(
         out,
         r#"@compute @workgroup_size(WG)

@@ -15,6 +15,8 @@
 //! f32 in workgroup memory for the elementwise step. The gradients are summed in the
 //! accumulators over every block and added into the f32 outputs once, at the end.
 
+use super::numerics::Helper;
+use super::writer::{Fragment, Template, Wgsl};
 use std::fmt::Write;
 
 use super::coop::{self, A, C, CoopTiling, FRAG};
@@ -58,7 +60,7 @@ fn scatters(spec: &KernelSpec) -> bool {
     spec.op == Op::BackwardKv && spec.write_mode("dk") == Some(WriteMode::AtomicScatter)
 }
 
-pub(super) fn kernel(out: &mut String, spec: &KernelSpec, t: &CoopTiling) {
+pub(super) fn kernel(out: &mut Wgsl, spec: &KernelSpec, t: &CoopTiling) {
     let kv = spec.op == Op::BackwardKv;
     let half = if kv { &KV_HALF } else { &Q_HALF };
     let scattered = scatters(spec);
@@ -92,16 +94,19 @@ pub(super) fn kernel(out: &mut String, spec: &KernelSpec, t: &CoopTiling) {
         false => q_loop(&mut b, t),
     }
     let elementwise = match kv {
-        true => KV_ELEMENTWISE.replace("DBIAS\n", ""),
+        true => KV_ELEMENTWISE.plain(),
         false => with_dbias(Q_ELEMENTWISE, spec.write_mode("dbias").is_some()),
     };
-    products(&mut b, t, half, &elementwise);
+    products(&mut b, t, half, &elementwise.text);
     finish(&mut b, t, half, kv, scattered);
-    out.push_str(&b);
+    out.put(Fragment {
+        text: b,
+        needs: elementwise.needs,
+    });
     coop::entry(out, spec, half.body);
 }
 
-fn constants(out: &mut String, t: &CoopTiling) {
+fn constants(out: &mut Wgsl, t: &CoopTiling) {
     let (ks, ss, ps) = t.strides();
     let (rows, lanes, keys) = coop::softmax_layout(t);
     let _ = write!(
@@ -123,7 +128,7 @@ fn constants(out: &mut String, t: &CoopTiling) {
     );
 }
 
-fn workgroup_memory(out: &mut String, t: &CoopTiling, kv: bool) {
+fn workgroup_memory(out: &mut Wgsl, t: &CoopTiling, kv: bool) {
     let (ks, ss, ps) = t.strides();
     let _ = write!(
         out,
@@ -367,7 +372,10 @@ fn products(b: &mut String, t: &CoopTiling, half: &Half, elementwise: &str) {
 }
 
 /// P = exp(S − LSE) and dS = scale·P·(dP − D) for the invocation's ECOLS keys of its row.
-const Q_ELEMENTWISE: &str = r#"        for (var i = 0u; i < ECOLS; i = i + 1u) {
+const Q_ELEMENTWISE: Template = Template {
+    name: "q_elementwise",
+    needs: &[Helper::Exp],
+    text: r#"        for (var i = 0u; i < ECOLS; i = i + 1u) {
             let c = c0 + i * ELANES;
             let j = j0 + c;
             let v = j >= lo && j < hi && key_visible(row, j);
@@ -375,12 +383,16 @@ const Q_ELEMENTWISE: &str = r#"        for (var i = 0u; i < ECOLS; i = i + 1u) {
             let p = exp_f32(x.x - row_lse);
             let g = select(0.0, score_grad(x, p * (dropped(row, h, j, sh_dp[r * SS + c]) - delta)), v);
             sh_ds[r * PS + c] = f16(params.scale * g);
-            DBIAS
+            $dbias
         }
-"#;
+"#,
+};
 
 /// Pᵀ (dropped) and dSᵀ for the invocation's ECOLS queries of its key.
-const KV_ELEMENTWISE: &str = r#"        for (var i = 0u; i < ECOLS; i = i + 1u) {
+const KV_ELEMENTWISE: Template = Template {
+    name: "kv_elementwise",
+    needs: &[Helper::Exp],
+    text: r#"        for (var i = 0u; i < ECOLS; i = i + 1u) {
             let c = c0 + i * ELANES;
             let q = s0 + c;
             let st = sh_stats[c];
@@ -391,7 +403,8 @@ const KV_ELEMENTWISE: &str = r#"        for (var i = 0u; i < ECOLS; i = i + 1u) 
             sh_p[r * PS + c] = f16(dropped(q, h, col, p));
             sh_ds[r * PS + c] = f16(params.scale * g);
         }
-"#;
+"#,
+};
 
 /// Each accumulator into its output through the subgroup's 16x16 corner of sh_s, a
 /// fragment at a time, added to what the output holds.
@@ -429,10 +442,10 @@ fn finish(b: &mut String, t: &CoopTiling, half: &Half, kv: bool, scattered: bool
 
 /// The query-major elementwise step with the dBias store where the description writes one
 /// (the dQ half sees every dS, so it writes dBias).
-fn with_dbias(body: &str, dbias: bool) -> String {
+fn with_dbias(body: Template, dbias: bool) -> Fragment {
     let store = match dbias {
-        true => "            if (v) {\n                store_dbias(row, h, j, g);\n            }\n",
+        true => "if (v) {\n    store_dbias(row, h, j, g);\n}\n",
         false => "",
     };
-    body.replace("            DBIAS\n", store)
+    body.fill([("dbias", store.into())])
 }

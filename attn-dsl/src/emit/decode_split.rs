@@ -12,6 +12,8 @@
 //! `decode_reduce`: one workgroup per (head, batch) owns the head's output:
 //! `O = Σ_s e^(m_s − M)·o_s / Σ_s e^(m_s − M)·l_s`, M the largest m_s.
 
+use super::numerics::Helper;
+use super::writer::{Template, Wgsl};
 use std::fmt::Write;
 
 use crate::spec::{Cache, KernelSpec, Op};
@@ -21,7 +23,7 @@ const PV_UNROLL: u32 = 4;
 
 use crate::layout::decode::{lanes, max_slice};
 
-pub(super) fn constants(out: &mut String, spec: &KernelSpec) {
+pub(super) fn constants(out: &mut Wgsl, spec: &KernelSpec) {
     let _ = write!(
         out,
         "const WG: u32 = {wg}u;\nconst HEAD_DIM: u32 = {hd}u;\n\
@@ -50,9 +52,9 @@ pub(super) fn constants(out: &mut String, spec: &KernelSpec) {
     out.push('\n');
 }
 
-pub(super) fn body(out: &mut String, spec: &KernelSpec) {
+pub(super) fn body(out: &mut Wgsl, spec: &KernelSpec) {
     super::dtype::vec4_codec(out, spec.dtype);
-    out.push_str(REDUCE4);
+    out.put(REDUCE4.plain());
     match spec.op {
         Op::DecodeSplit => split(out, spec),
         _ => reduce(out, &spec.name),
@@ -60,7 +62,10 @@ pub(super) fn body(out: &mut String, spec: &KernelSpec) {
 }
 
 /// Tree reductions of one vec4 per invocation (a value per served head), pairwise.
-const REDUCE4: &str = r#"var<workgroup> sh_red: array<vec4<f32>, WG>;
+const REDUCE4: Template = Template {
+    name: "reduce4",
+    needs: &[Helper::Exp],
+    text: r#"var<workgroup> sh_red: array<vec4<f32>, WG>;
 
 fn wg_max4(tid: u32, x: vec4<f32>) -> vec4<f32> {
     sh_red[tid] = x;
@@ -104,7 +109,8 @@ fn part_o_index(slice: u32, h: u32) -> u32 {
     return ((batch * dims.n_slices + slice) * dims.n_heads + h) * V4;
 }
 
-"#;
+"#,
+};
 
 const COMPONENTS: [&str; 4] = ["x", "y", "z", "w"];
 
@@ -124,7 +130,9 @@ fn kv4_index(j: u32, kv_h: u32) -> u32 {
 }
 ";
 
-fn split(out: &mut String, spec: &KernelSpec) {
+fn split(out: &mut Wgsl, spec: &KernelSpec) {
+    // The scores are hsum of four chains.
+    out.need(&[Helper::Hsum]);
     super::index::kv_head(out, spec);
     out.push_str(
         "// Keys in this sequence's cache.\nfn cache_len() -> u32 {\n    return seq_lens[batch];\n}\n\n",
@@ -330,7 +338,9 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     );
 }
 
-fn reduce(out: &mut String, name: &str) {
+fn reduce(out: &mut Wgsl, name: &str) {
+    // The slices' weights are exponentials.
+    out.need(&[Helper::Exp]);
     let _ = write!(
         out,
         r#"// Slices summed in turn by each of PARTS groups of V4 invocations.

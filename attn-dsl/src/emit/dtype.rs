@@ -7,19 +7,20 @@
 //! words, so `store_out` (one element) does not exist for bf16: two invocations writing
 //! the halves of one word would race.
 
+use super::writer::Wgsl;
 use std::fmt::Write;
 
 use crate::spec::{Dtype, KernelSpec};
 
 /// The `enable` directive the dtype needs, before any declaration.
-pub(super) fn directive(out: &mut String, spec: &KernelSpec) {
+pub(super) fn directive(out: &mut Wgsl, spec: &KernelSpec) {
     if spec.dtype == Dtype::F16 {
         out.push_str("enable f16;\n\n");
     }
 }
 
 /// [`loads`] and the stores into `o`.
-pub(super) fn accessors(out: &mut String, spec: &KernelSpec, names: &[(&str, &str)]) {
+pub(super) fn accessors(out: &mut Wgsl, spec: &KernelSpec, names: &[(&str, &str)]) {
     loads(out, spec, names);
     stores(out, spec.dtype);
 }
@@ -29,7 +30,7 @@ pub(super) fn accessors(out: &mut String, spec: &KernelSpec, names: &[(&str, &st
 /// `array<vec4<f16>>` (a vec4 in one 8-byte load; WGSL's memory locations are scalars, so
 /// invocations writing different halves of one vec4 do not race); bf16 vec4s are two
 /// word loads.
-pub(super) fn loads(out: &mut String, spec: &KernelSpec, names: &[(&str, &str)]) {
+pub(super) fn loads(out: &mut Wgsl, spec: &KernelSpec, names: &[(&str, &str)]) {
     for (name, tensor) in names {
         let (one, four) = match spec.dtype {
             Dtype::F32 => (
@@ -66,7 +67,7 @@ pub(super) fn loads(out: &mut String, spec: &KernelSpec, names: &[(&str, &str)])
 
 /// `widen4(x) -> vec4<f32>` and `narrow4(x: vec4<f32>)`: an element of an `Elem::Data4`
 /// tensor (four values) to and from f32, for kernels that move data four at a time.
-pub(super) fn vec4_codec(out: &mut String, dtype: Dtype) {
+pub(super) fn vec4_codec(out: &mut Wgsl, dtype: Dtype) {
     let (t, widen, narrow) = match dtype {
         Dtype::F32 => ("vec4<f32>", "x", "x"),
         Dtype::F16 => ("vec4<f16>", "vec4<f32>(x)", "vec4<f16>(x)"),
@@ -97,7 +98,7 @@ fn bf16_bits(x: f32) -> u32 {
 
 "#;
 
-fn stores(out: &mut String, dtype: Dtype) {
+fn stores(out: &mut Wgsl, dtype: Dtype) {
     match dtype {
         Dtype::F32 => out.push_str(
             "fn store_out(i: u32, x: f32) {\n    o[i] = x;\n}\n\n\

@@ -7,6 +7,8 @@
 //! above the diagonal, blocks before the document start); blocks that some row of the tile
 //! sees only in part are masked element by element.
 
+use super::numerics::Helper;
+use super::writer::{Fragment, Wgsl};
 use std::fmt::Write;
 
 use super::numerics::dot_loop;
@@ -18,7 +20,7 @@ pub(super) fn regs(rows: u32, cols: u32) -> impl Iterator<Item = (u32, u32)> {
     (0..rows).flat_map(move |i| (0..cols).map(move |n| (i, n)))
 }
 
-pub(super) fn constants(out: &mut String, t: &Tiling) {
+pub(super) fn constants(out: &mut Wgsl, t: &Tiling) {
     let _ = write!(
         out,
         "// Flash tiling: BR query rows per workgroup, BC keys per staged block; row groups of\n\
@@ -37,7 +39,7 @@ pub(super) fn constants(out: &mut String, t: &Tiling) {
     );
 }
 
-pub(super) fn workgroup_memory(out: &mut String, t: &Tiling) {
+pub(super) fn workgroup_memory(out: &mut Wgsl, t: &Tiling) {
     let _ = write!(
         out,
         r#"var<workgroup> sh_q: array<vec4<f32>, {q}>;
@@ -64,7 +66,7 @@ var<workgroup> sh_range: vec4<u32>;
 }
 
 /// Staging loops, the tile's key range and the row reductions of the forward.
-pub(super) fn helpers(out: &mut String, t: &Tiling) {
+pub(super) fn helpers(out: &mut Wgsl, t: &Tiling) {
     stage(out, "stage_q", "BR", "q_index(r, h)", "sh_q", "query_at");
     fetch(out, "k", "BC", "kv_index(r, h)", "key_at");
     fetch(out, "v", "BC", "kv_index(r, h)", "value_at");
@@ -79,18 +81,23 @@ pub(super) fn helpers(out: &mut String, t: &Tiling) {
 /// Butterflies over the `tx` invocations of a row group, and the test that they may run:
 /// the row group must sit in one subgroup at consecutive invocation ids. Vulkan does not
 /// promise that layout, and subgroup sizes run from 4 to 128, so each workgroup checks.
-fn subgroup_reductions(out: &mut String, tx: u32) {
+fn subgroup_reductions(out: &mut Wgsl, tx: u32) {
     let _ = write!(
         out,
         "fn subgroups_cover_row_groups(tid: u32, sg_size: u32, sg_id: u32) -> bool {{\n    \
          return sg_size >= TX && WG % sg_size == 0u && sg_id == tid % sg_size;\n}}\n\n"
     );
-    for (name, op) in [("group_max", "max(y, {})"), ("group_sum", "y + {}")] {
+    type Combine = fn(&str) -> String;
+    let ops: [(&str, Combine); 2] = [
+        ("group_max", |x| format!("max(y, {x})")),
+        ("group_sum", |x| format!("y + {x}")),
+    ];
+    for (name, op) in ops {
         let _ = write!(out, "fn {name}(x: f32) -> f32 {{\n    var y = x;\n");
         let mut mask = 1;
         while mask < tx {
             let shuffled = format!("subgroupShuffleXor(y, {mask}u)");
-            let _ = writeln!(out, "    y = {};", op.replace("{}", &shuffled));
+            let _ = writeln!(out, "    y = {};", op(&shuffled));
             mask *= 2;
         }
         out.push_str("    return y;\n}\n\n");
@@ -99,7 +106,7 @@ fn subgroup_reductions(out: &mut String, tx: u32) {
 
 /// `tile_key_range(row0)`: x..y holds every key a row of the tile sees, z..w the keys every
 /// row of it sees (empty when the rows' ranges do not overlap).
-pub(super) fn tile_key_range(out: &mut String) {
+pub(super) fn tile_key_range(out: &mut Wgsl) {
     out.push_str(
         r#"// key_range is monotone in the row (document starts and ends never decrease, causal
 // ends grow), so the first and last rows of the tile bound every row's range.
@@ -134,7 +141,7 @@ fn row_sum(r: u32) -> f32 {
 /// `fetch_{name}(r0, h, e)`: vec4 `e` of the block of `rows` rows from r0 (zeros past the
 /// sequence), loaded into registers a phase ahead of its use so that its latency hides
 /// behind the products; `put_{name}(e, x)` stores it into `dst`.
-pub(super) fn fetch(out: &mut String, name: &str, rows: &str, index: &str, src: &str) {
+pub(super) fn fetch(out: &mut Wgsl, name: &str, rows: &str, index: &str, src: &str) {
     let _ = write!(
         out,
         r#"fn fetch_{name}(r0: u32, h: u32, e: u32) -> vec4<f32> {{
@@ -172,7 +179,7 @@ fn vec4_at(src: &str) -> String {
 }
 
 /// `put_{name}(e, x)`: stores a fetched vec4 `e` of a block of `rows` rows into `dst`.
-pub(super) fn put(out: &mut String, name: &str, rows: &str, dst: &str) {
+pub(super) fn put(out: &mut Wgsl, name: &str, rows: &str, dst: &str) {
     let _ = write!(
         out,
         r#"fn put_{name}(e: u32, x: vec4<f32>) {{
@@ -197,7 +204,7 @@ pub(super) fn per_vec4(n: u32, ind: &str, stmt: impl Fn(u32) -> String) -> Strin
 
 /// `name(r0, h, tid)`: `rows` rows from r0 (zeros past the sequence) into `dst`, one vec4 per
 /// invocation per step, consecutive invocations on consecutive addresses.
-pub(super) fn stage(out: &mut String, name: &str, rows: &str, index: &str, dst: &str, src: &str) {
+pub(super) fn stage(out: &mut Wgsl, name: &str, rows: &str, index: &str, dst: &str, src: &str) {
     let _ = write!(
         out,
         r#"fn {name}(r0: u32, h: u32, tid: u32) {{
@@ -218,7 +225,7 @@ pub(super) fn stage(out: &mut String, name: &str, rows: &str, index: &str, dst: 
     );
 }
 
-pub(super) fn forward_body(out: &mut String, t: &Tiling) {
+pub(super) fn forward_body(out: &mut Wgsl, t: &Tiling) {
     let (tm, tn, dn) = (t.tm, t.tn, t.dn);
     let mut b = String::new();
     let (params, reset) = match t.subgroups {
@@ -299,7 +306,8 @@ pub(super) fn forward_body(out: &mut String, t: &Tiling) {
     accumulate(&mut b, tm, dn, &[("acc", "sh_p", "sh_kv")], true, false);
     b.push_str("        }\n    }\n");
     finish(&mut b, t);
-    out.push_str(&b);
+    // `scores` sums with hsum, `softmax` exponentiates.
+    out.put(Fragment::new(b, &[Helper::Hsum, Helper::Exp]));
 }
 
 /// S = Q·Kᵀ for the invocation's block, then the mask and the score's modifiers.
@@ -502,7 +510,7 @@ fn finish(b: &mut String, t: &Tiling) {
 /// the tiles run, and a key's weights shrink with the query's distance under a causal
 /// mask, so the far tiles, with the small partial sums, go first, the heads of a tile
 /// one after the other.)
-pub(super) fn entry(out: &mut String, spec: &KernelSpec, t: &Tiling, body: &str) {
+pub(super) fn entry(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling, body: &str) {
     let (builtins, args) = match t.subgroups {
         true => (
             ",\n    @builtin(subgroup_size) sg_size: u32, @builtin(subgroup_invocation_id) sg_id: u32",

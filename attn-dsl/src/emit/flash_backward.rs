@@ -11,6 +11,8 @@
 //! Both own their outputs (no atomics, no scratch) and add into them, as every backward
 //! kernel does: the host zeroes the gradients for a fresh pass.
 
+use super::numerics::Helper;
+use super::writer::{Fragment, Wgsl};
 use std::fmt::Write;
 
 use super::flash::{accumulate, carried, fetch, per_vec4, put, regs, stage, tile_key_range};
@@ -19,7 +21,7 @@ use super::{backward, index};
 use crate::layout::tiling::Tiling;
 use crate::spec::KernelSpec;
 
-fn head_rows(out: &mut String, names: &[&str], rows: u32, t: &Tiling) {
+fn head_rows(out: &mut Wgsl, names: &[&str], rows: u32, t: &Tiling) {
     for name in names {
         let _ = writeln!(
             out,
@@ -31,7 +33,7 @@ fn head_rows(out: &mut String, names: &[&str], rows: u32, t: &Tiling) {
 
 /// Head indexing, the masks, the packed `stats` offsets both halves read, and the loads of
 /// Q, K, V and dO in the dtype.
-pub(super) fn helpers(out: &mut String, spec: &KernelSpec) {
+pub(super) fn helpers(out: &mut Wgsl, spec: &KernelSpec) {
     index::kv_head(out, spec);
     index::row_indexing(out, spec);
     index::masks(out, spec);
@@ -48,7 +50,7 @@ pub(super) fn helpers(out: &mut String, spec: &KernelSpec) {
     );
 }
 
-pub(super) fn backward_q(out: &mut String, spec: &KernelSpec, t: &Tiling) {
+pub(super) fn backward_q(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling) {
     super::flash::constants(out, t);
     head_rows(out, &["sh_q", "sh_do"], t.br, t);
     head_rows(out, &["sh_k", "sh_v"], t.bc, t);
@@ -86,7 +88,7 @@ pub(super) fn backward_q(out: &mut String, spec: &KernelSpec, t: &Tiling) {
     super::flash::entry(out, spec, t, "flash_backward_q");
 }
 
-fn q_body(out: &mut String, t: &Tiling, scatter_kv: bool, dbias: bool) {
+fn q_body(out: &mut Wgsl, t: &Tiling, scatter_kv: bool, dbias: bool) {
     let (tm, tn, dn) = (t.tm, t.tn, t.dn);
     let mut b = String::from(
         "fn flash_backward_q(tile: u32, h: u32, tid: u32) {\n    let kv_h = kv_head(h);\n    \
@@ -139,8 +141,8 @@ fn q_body(out: &mut String, t: &Tiling, scatter_kv: bool, dbias: bool) {
     products(
         &mut b,
         t,
-        ("sh_q", "sh_do", "(g * TM + I)"),
-        ("sh_k", "sh_v", "(tx + N * TX)"),
+        ("sh_q", "sh_do", &|i| format!("(g * TM + {i}u)")),
+        ("sh_k", "sh_v", &|n| format!("(tx + {n}u * TX)")),
     );
     for n in 0..tn {
         let _ = writeln!(b, "        let j_{n} = j0 + tx + {n}u * TX;");
@@ -187,14 +189,18 @@ fn q_body(out: &mut String, t: &Tiling, scatter_kv: bool, dbias: bool) {
         "kt + 1u - range.x / BC",
         "kt_end - range.x / BC",
         "row",
-        "q_index(row_I, h)",
+        &|i| format!("q_index(row_{i}, h)"),
         &["dq"],
     );
     b.push_str("    }\n}\n\n");
-    out.push_str(&b);
+    // `products` sums with hsum, P is exponentiated, `flush` compensates with TwoSum.
+    out.put(Fragment::new(
+        b,
+        &[Helper::Hsum, Helper::Exp, Helper::TwoSumErr4],
+    ));
 }
 
-pub(super) fn backward_kv(out: &mut String, spec: &KernelSpec, t: &Tiling) {
+pub(super) fn backward_kv(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling) {
     super::flash::constants(out, t);
     head_rows(out, &["sh_k", "sh_v"], t.br, t);
     head_rows(out, &["sh_q", "sh_do"], t.bc, t);
@@ -224,7 +230,7 @@ pub(super) fn backward_kv(out: &mut String, spec: &KernelSpec, t: &Tiling) {
 
 /// `tile_query_range(col0)`, the queries that see a key tile (`.xy`) and those that see
 /// all of it (`.zw`); `fetch_stats`/`put_stats`: (LSE, D) of a block of BC query rows.
-pub(super) fn query_tiles(out: &mut String) {
+pub(super) fn query_tiles(out: &mut Wgsl) {
     out.push_str(QUERY_TILES);
 }
 
@@ -254,7 +260,7 @@ fn put_stats(e: u32, x: vec2<f32>) {
 
 "#;
 
-fn kv_body(out: &mut String, t: &Tiling, scatter_dq: bool, dbias: bool) {
+fn kv_body(out: &mut Wgsl, t: &Tiling, scatter_dq: bool, dbias: bool) {
     let (tm, tn, dn) = (t.tm, t.tn, t.dn);
     let mut b = String::from(
         "fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {\n    let g = tid / TX;\n    \
@@ -308,8 +314,8 @@ fn kv_body(out: &mut String, t: &Tiling, scatter_dq: bool, dbias: bool) {
     products(
         &mut b,
         t,
-        ("sh_k", "sh_v", "(g * TM + I)"),
-        ("sh_q", "sh_do", "(tx + N * TX)"),
+        ("sh_k", "sh_v", &|i| format!("(g * TM + {i}u)")),
+        ("sh_q", "sh_do", &|n| format!("(tx + {n}u * TX)")),
     );
     for n in 0..tn {
         let _ = writeln!(
@@ -350,11 +356,15 @@ fn kv_body(out: &mut String, t: &Tiling, scatter_dq: bool, dbias: bool) {
         "it + 1u",
         "group * blocks",
         "col",
-        "kv_index(col_I, kv_h)",
+        &|i| format!("kv_index(col_{i}, kv_h)"),
         &["dk", "dv"],
     );
     b.push_str("    }\n}\n\n");
-    out.push_str(&b);
+    // `products` sums with hsum, P is exponentiated, `flush` compensates with TwoSum.
+    out.put(Fragment::new(
+        b,
+        &[Helper::Hsum, Helper::Exp, Helper::TwoSumErr4],
+    ));
 }
 
 /// The key-major loop head over every block of queries that sees the tile (`first` and
@@ -388,7 +398,7 @@ pub(super) fn query_blocks_ahead(
 
 /// Every `every` rows of the other axis (step `done` of `steps`, BC rows a step), and
 /// after the last, each invocation adds its register accumulators of `tensors` into its
-/// rows (`{row}_I`, at `base` with `I` the row) of the outputs, compensated.
+/// rows (`{row}_i`, at `base(i)`) of the outputs, compensated.
 #[allow(clippy::too_many_arguments)]
 fn flush(
     b: &mut String,
@@ -397,7 +407,7 @@ fn flush(
     done: &str,
     steps: &str,
     row: &str,
-    base: &str,
+    base: &dyn Fn(u32) -> String,
     tensors: &[&str],
 ) {
     let _ = writeln!(
@@ -412,7 +422,7 @@ fn flush(
         let _ = writeln!(
             b,
             "            if ({row}_{i} < dims.seq_len) {{\n                let base = {};",
-            base.replace('I', &i.to_string())
+            base(i)
         );
         for t_name in tensors {
             flush_add(b, t, t_name, i);
@@ -510,13 +520,16 @@ const SCATTER_DKV: &str = r#"        for (var e = tid; e < BC * D4; e = e + WG) 
         }
 "#;
 
+/// A tensor read by `products`: its two arrays and the index of register `i`'s row in them.
+type Operand<'a> = (&'a str, &'a str, &'a dyn Fn(u32) -> String);
+
 /// `s = a·bᵀ` and `dp = a2·b2ᵀ` over head_dim for the invocation's block: `own` rows
-/// (index with `I`) against `staged` columns (index with `N`).
-fn products(b: &mut String, t: &Tiling, own: (&str, &str, &str), staged: (&str, &str, &str)) {
+/// against `staged` columns.
+fn products(b: &mut String, t: &Tiling, own: Operand, staged: Operand) {
     let (tm, tn) = (t.tm, t.tn);
     let mut body = String::new();
     for i in 0..tm {
-        let at = own.2.replace('I', &format!("{i}u"));
+        let at = (own.2)(i);
         let _ = writeln!(
             body,
             "let a_{i} = {}[{at} * ROW4 + d4];\nlet a2_{i} = {}[{at} * ROW4 + d4];",
@@ -524,7 +537,7 @@ fn products(b: &mut String, t: &Tiling, own: (&str, &str, &str), staged: (&str, 
         );
     }
     for n in 0..tn {
-        let at = staged.2.replace('N', &format!("{n}u"));
+        let at = (staged.2)(n);
         let _ = writeln!(
             body,
             "let b_{n} = {}[{at} * ROW4 + d4];\nlet b2_{n} = {}[{at} * ROW4 + d4];",

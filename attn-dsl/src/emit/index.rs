@@ -2,11 +2,12 @@
 //! rows. One definition of "query `s` sees key `j`" serves both majors, so the s-major and
 //! j-major kernels of one backward can never disagree about the mask.
 
+use super::writer::Wgsl;
 use std::fmt::Write;
 
 use crate::spec::{Gqa, KernelSpec, Op};
 
-pub(super) fn kv_head(out: &mut String, spec: &KernelSpec) {
+pub(super) fn kv_head(out: &mut Wgsl, spec: &KernelSpec) {
     let _ = writeln!(
         out,
         "// GQA: query heads h share KV head h / (n_heads / n_kv_heads)."
@@ -25,7 +26,7 @@ pub(super) fn kv_head(out: &mut String, spec: &KernelSpec) {
 /// Row-major `[b, row, head, d]` and `[b, j, kv_head, d]` offsets (for decode, the query is
 /// `[b, head, d]` and the cache `[b, capacity, kv_head, d]`), and the `[b, row, head]` offset
 /// of a row's statistics. `batch` is the sequence the workgroup works on.
-pub(super) fn row_indexing(out: &mut String, spec: &KernelSpec) {
+pub(super) fn row_indexing(out: &mut Wgsl, spec: &KernelSpec) {
     let (q_rows, kv_rows) = match spec.op {
         Op::Decode => ("1u", "dims.capacity"),
         _ => ("dims.seq_len", "dims.seq_len"),
@@ -52,7 +53,7 @@ fn row_index(row: u32, h: u32) -> u32 {{
 /// test within it; `query_range(j)` and `visible(s, j)`: the same mask seen from a key.
 /// With documents, `seg` holds each row's document start and end, so both ranges are
 /// exact and tiles outside a document are never visited, causal or not.
-pub(super) fn masks(out: &mut String, spec: &KernelSpec) {
+pub(super) fn masks(out: &mut Wgsl, spec: &KernelSpec) {
     let (causal, document) = (spec.masks.causal, spec.masks.document);
     if document {
         out.push_str(

@@ -5,11 +5,12 @@
 //! owner per element and one order: the sum is the same on every run. And conversions
 //! between f32 and the kernel's dtype (`to_dtype`, `from_dtype`).
 
+use super::writer::Wgsl;
 use std::fmt::Write;
 
 use crate::spec::KernelSpec;
 
-pub(super) fn constants(out: &mut String, spec: &KernelSpec) {
+pub(super) fn constants(out: &mut Wgsl, spec: &KernelSpec) {
     let _ = write!(
         out,
         "const WG: u32 = {}u;\nconst LANES: u32 = {}u;\n\n",
@@ -29,7 +30,7 @@ fn tree(lo: u32, hi: u32) -> String {
     }
 }
 
-pub(super) fn reduce(out: &mut String, spec: &KernelSpec) {
+pub(super) fn reduce(out: &mut Wgsl, spec: &KernelSpec) {
     let _ = write!(
         out,
         r#"// vec4 i of part `part` (0: dK, 1: dV) of lane l.
@@ -56,7 +57,7 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups:
 
 /// `to_dtype` and `from_dtype`: one vec4 per step of a grid-stride loop, through the
 /// dtype's codec (rounding to nearest even on the way in).
-pub(super) fn convert(out: &mut String, spec: &KernelSpec, to_dtype: bool) {
+pub(super) fn convert(out: &mut Wgsl, spec: &KernelSpec, to_dtype: bool) {
     super::dtype::vec4_codec(out, spec.dtype);
     let body = match to_dtype {
         true => "dst[i] = narrow4(src[i]);",

@@ -12,13 +12,14 @@
 //! Statistics are f32 with the two-pass variance (mean first, then the mean of squared
 //! deviations).
 
+use super::writer::Wgsl;
 use std::fmt::Write;
 
 use super::scatter;
 use crate::layout::rows::{BK, DX_ROWS, GEMM_TILE};
 use crate::spec::{KernelSpec, Op, WriteMode};
 
-pub(super) fn constants(out: &mut String, spec: &KernelSpec) {
+pub(super) fn constants(out: &mut Wgsl, spec: &KernelSpec) {
     let _ = write!(
         out,
         "const WG: u32 = {}u;\nconst HIDDEN: u32 = {}u;\nconst OUT: u32 = {}u;\n\
@@ -41,7 +42,7 @@ pub(super) fn constants(out: &mut String, spec: &KernelSpec) {
     );
 }
 
-pub(super) fn body(out: &mut String, spec: &KernelSpec) {
+pub(super) fn body(out: &mut Wgsl, spec: &KernelSpec) {
     match spec.op {
         Op::LayernormLinear => forward(out, spec),
         Op::LayernormLinearBackward => backward(out, spec),
@@ -51,14 +52,15 @@ pub(super) fn body(out: &mut String, spec: &KernelSpec) {
 
 /// `sum_{i in 0..count} TERM(i)` as a WGSL statement block leaving the sum in `result`:
 /// leaves of BLOCK terms (written out, so that a leaf is one loop trip: llvmpipe stops any
-/// invocation after 65535 loop trips), BLOCK leaves per branch, then the branches in turn.
-fn blocked_sum(result: &str, count: &str, term: &str) -> String {
+/// invocation after 65535 loop trips), BLOCK leaves per branch, then the branches in turn,
+/// from index `start` (a WGSL u32 expression).
+fn blocked_sum(result: &str, start: &str, count: &str, term: &str) -> String {
     let leaf: String = (0..super::numerics::DOT_BLOCK)
         .map(|j| format!("{{ let i = i2 + {j}u; leaf = leaf + {term}; }}\n                    "))
         .collect();
     format!(
         r#"var {result} = 0.0;
-        for (var i1 = 0u; i1 < {count}; i1 = i1 + BLOCK * BLOCK) {{
+        for (var i1 = {start}; i1 < {count}; i1 = i1 + BLOCK * BLOCK) {{
             var mid = 0.0;
             for (var i2 = i1; i2 < min(i1 + BLOCK * BLOCK, {count}); i2 = i2 + BLOCK) {{
                 var leaf = 0.0;
@@ -81,10 +83,10 @@ fn blocked_sum(result: &str, count: &str, term: &str) -> String {
 fn tree_sum(result: &str, count: &str, term: &str) -> String {
     let inner = blocked_sum(
         "trunk",
+        "i0",
         &format!("min(i0 + BLOCK * BLOCK * BLOCK, {count})"),
         term,
-    )
-    .replace("for (var i1 = 0u;", "for (var i1 = i0;");
+    );
     format!(
         r#"var {result} = 0.0;
         for (var i0 = 0u; i0 < {count}; i0 = i0 + BLOCK * BLOCK * BLOCK) {{
@@ -97,7 +99,7 @@ fn tree_sum(result: &str, count: &str, term: &str) -> String {
 /// The staged slices (k-major: `sh_*[kk * 16 + c]` holds outputs 4c..4c+3 at reduction
 /// index kk, so an invocation reads its four rows or columns as one vec4) and the product
 /// of one staged pair into the invocation's 4×4 block.
-fn gemm_core(out: &mut String) {
+fn gemm_core(out: &mut Wgsl) {
     let leaf: String = (0..super::numerics::DOT_BLOCK)
         .map(|c| {
             format!(
@@ -163,7 +165,7 @@ fn product_loop(step: &str, count: &str, stage: &str) -> String {
     )
 }
 
-fn forward(out: &mut String, spec: &KernelSpec) {
+fn forward(out: &mut Wgsl, spec: &KernelSpec) {
     gemm_core(out);
     out.push_str(
         r#"// Four lanes per row of the tile: their partial sums, and each row's (mean, 1/std).
@@ -298,7 +300,7 @@ fn atomic(spec: &KernelSpec) -> bool {
     spec.write_mode("dgamma") == Some(WriteMode::AtomicScatter)
 }
 
-fn backward(out: &mut String, spec: &KernelSpec) {
+fn backward(out: &mut Wgsl, spec: &KernelSpec) {
     atomic_adds(out, spec);
     gemm_core(out);
     backward_staging(out);
@@ -346,7 +348,7 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
 /// The atomic schedule's dγ and dβ: one workgroup per (row tile, 64 columns) recomputes
 /// dx̂ₙ = dy·W block by block over the tile's rows and sums them, so that each element gets
 /// one atomic add per row tile (as dW does), not one per dx block.
-fn gb_tile(out: &mut String, spec: &KernelSpec) {
+fn gb_tile(out: &mut Wgsl, spec: &KernelSpec) {
     let product = product_loop("n0", "OUT", "stage_dx(first, count, n0, k0, tid)");
     let dgamma = flush(spec, "dgamma", "tile", "HIDDEN", "k", "ga");
     let dbeta = flush(spec, "dbeta", "tile", "HIDDEN", "k", "gb");
@@ -421,7 +423,7 @@ fn gb_tile(tile: u32, kt: u32, tid: u32) {{
     );
 }
 
-fn backward_staging(out: &mut String) {
+fn backward_staging(out: &mut Wgsl) {
     out.push_str(
         r#"// dy[first + m, n0..n0 + BK] into sh_a (rows m < count) and W[n0.., k0..k0 + 64]
 // into sh_b: a slice of dx̂ₙ = dy·W.
@@ -473,11 +475,11 @@ fn stage_dw(first: u32, count: u32, r0: u32, n0: u32, k0: u32, tid: u32) {
     );
 }
 
-fn dx_block(out: &mut String, spec: &KernelSpec) {
+fn dx_block(out: &mut Wgsl, spec: &KernelSpec) {
     let product = product_loop("n0", "OUT", "stage_dx(first, count, n0, k0, tid)");
     let dgamma = flush(spec, "dgamma", "blk", "HIDDEN", "k", "ga");
     let dbeta = flush(spec, "dbeta", "blk", "HIDDEN", "k", "gb");
-    let db_sum = blocked_sum("acc", "count", "dy[(first + i) * OUT + n]");
+    let db_sum = blocked_sum("acc", "0u", "count", "dy[(first + i) * OUT + n]");
     let db = flush(spec, "db", "blk", "OUT", "n", "acc");
     // A block past the rows has no rows to add: its partials stay zero, written here
     // because the reduce sums every block's.
@@ -619,7 +621,7 @@ fn dx_block(tile: u32, sub: u32, tid: u32) {{
     );
 }
 
-fn dw_tile(out: &mut String, spec: &KernelSpec) {
+fn dw_tile(out: &mut Wgsl, spec: &KernelSpec) {
     let product = product_loop("r0", "count", "stage_dw(first, count, r0, n0, k0, tid)");
     let dw = flush(
         spec,
@@ -673,7 +675,7 @@ fn dw_tile(tile: u32, t: u32, tid: u32) {{
 }
 
 /// The atomic adds the backward's atomic row sums need.
-fn atomic_adds(out: &mut String, spec: &KernelSpec) {
+fn atomic_adds(out: &mut Wgsl, spec: &KernelSpec) {
     for t in crate::layout::rows::ROW_SUMS {
         if spec.write_mode(t) == Some(WriteMode::AtomicScatter) {
             scatter::atomic_add(out, spec, t);
@@ -681,9 +683,9 @@ fn atomic_adds(out: &mut String, spec: &KernelSpec) {
     }
 }
 
-fn reduce_partials(out: &mut String, spec: &KernelSpec) {
+fn reduce_partials(out: &mut Wgsl, spec: &KernelSpec) {
     let sum = |part: &str, count: &str, size: &str| {
-        blocked_sum("acc", count, &format!("{part}[i * {size} + e]"))
+        blocked_sum("acc", "0u", count, &format!("{part}[i * {size} + e]"))
     };
     let dgamma = sum("dgamma_part", "dims.n_blocks", "HIDDEN");
     let dbeta = sum("dbeta_part", "dims.n_blocks", "HIDDEN");

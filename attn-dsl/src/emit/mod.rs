@@ -19,6 +19,7 @@ mod reduce;
 mod rope;
 mod scatter;
 pub(crate) mod scores;
+mod writer;
 
 pub use crate::layout::MAX_STRIDE_WORKGROUPS;
 pub use crate::layout::decode::{
@@ -27,6 +28,7 @@ pub use crate::layout::decode::{
 pub use crate::layout::workgroup_bytes;
 
 use std::fmt::Write;
+use writer::Wgsl;
 
 use crate::layout::tiling::Tiling;
 use crate::plan::{Access, Binding};
@@ -35,31 +37,38 @@ use crate::spec::{KernelSpec, Op};
 
 /// WGSL source for `spec`, declaring exactly `bindings`.
 pub fn emit(spec: &KernelSpec, bindings: &[Binding]) -> String {
-    let mut out = String::new();
-    header(&mut out, spec);
+    let mut head = Wgsl::new();
+    header(&mut head, spec);
     if spec.op.is_row_layer() {
-        layernorm::constants(&mut out, spec);
+        layernorm::constants(&mut head, spec);
     } else if matches!(spec.op, Op::DecodeSplit | Op::DecodeReduce) {
-        decode_split::constants(&mut out, spec);
+        decode_split::constants(&mut head, spec);
     } else if spec.op == Op::CacheAppend {
-        cache::constants(&mut out, spec);
+        cache::constants(&mut head, spec);
     } else if matches!(spec.op, Op::DkvReduce | Op::ToDtype | Op::FromDtype) {
-        lanes::constants(&mut out, spec);
+        lanes::constants(&mut head, spec);
     } else {
-        constants(&mut out, spec);
+        constants(&mut head, spec);
     }
-    uniform_structs(&mut out, spec, bindings);
-    declarations(&mut out, bindings);
-    let mut body = String::new();
+    uniform_structs(&mut head, spec, bindings);
+    declarations(&mut head, bindings);
+    let mut body = Wgsl::new();
     emit_body(&mut body, spec);
-    out.push_str(&numerics::helpers_for(&body, spec.op));
+    let (mut out, head_needs) = head.into_parts();
+    let (body, body_needs) = body.into_parts();
+    out.push_str(&numerics::helpers(head_needs.union(body_needs), spec.op));
     out.push_str(&body);
     out
 }
 
+/// The names of the numerics helpers, which a kernel defines only where it calls them.
+pub fn helper_names() -> impl Iterator<Item = &'static str> {
+    numerics::Helper::ALL.into_iter().map(|h| h.name())
+}
+
 /// Everything after the declarations and the numerics helpers: the op's helpers and its
 /// schedule.
-fn emit_body(out: &mut String, spec: &KernelSpec) {
+fn emit_body(out: &mut Wgsl, spec: &KernelSpec) {
     if let Some(t) = coop::CoopTiling::of(spec) {
         if spec.op == Op::Forward {
             attend::forward_helpers(out, spec);
@@ -130,7 +139,7 @@ fn emit_body(out: &mut String, spec: &KernelSpec) {
 }
 
 /// The flash schedule of a checked spec.
-fn emit_flash(out: &mut String, spec: &KernelSpec, t: &Tiling) {
+fn emit_flash(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling) {
     match spec.op {
         Op::BackwardQ => flash_backward::backward_q(out, spec, t),
         Op::BackwardKv => flash_backward::backward_kv(out, spec, t),
@@ -147,7 +156,7 @@ fn emit_flash(out: &mut String, spec: &KernelSpec, t: &Tiling) {
 
 /// The entry of a tiled grid: workgroup (x, y, z) takes rows x·TILE.. of the walked axis,
 /// for head (or KV head) y of sequence z, one row at a time.
-fn tile_entry(out: &mut String, name: &str, row_fn: &str) {
+fn tile_entry(out: &mut Wgsl, name: &str, row_fn: &str) {
     let _ = write!(
         out,
         r#"@compute @workgroup_size(WG)
@@ -166,7 +175,7 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     );
 }
 
-fn header(out: &mut String, spec: &KernelSpec) {
+fn header(out: &mut Wgsl, spec: &KernelSpec) {
     let masks = match (spec.masks.causal, spec.masks.document) {
         (true, true) => "causal + document",
         (true, false) => "causal",
@@ -192,7 +201,7 @@ fn header(out: &mut String, spec: &KernelSpec) {
     }
 }
 
-fn constants(out: &mut String, spec: &KernelSpec) {
+fn constants(out: &mut Wgsl, spec: &KernelSpec) {
     let _ = writeln!(out, "const WG: u32 = {}u;", spec.workgroup_size);
     let _ = writeln!(out, "const HEAD_DIM: u32 = {}u;", spec.head_dim);
     let _ = writeln!(out, "const TILE: u32 = {}u;", spec.grid.tile);
@@ -211,7 +220,7 @@ fn constants(out: &mut String, spec: &KernelSpec) {
     ));
 }
 
-fn uniform_structs(out: &mut String, spec: &KernelSpec, bindings: &[Binding]) {
+fn uniform_structs(out: &mut Wgsl, spec: &KernelSpec, bindings: &[Binding]) {
     for b in bindings.iter().filter(|b| b.access == Access::Uniform) {
         let block = signature::uniform_block(spec.op, &b.name).expect("uniform has a block");
         let _ = writeln!(out, "struct {} {{", block.struct_name);
@@ -222,7 +231,7 @@ fn uniform_structs(out: &mut String, spec: &KernelSpec, bindings: &[Binding]) {
     }
 }
 
-fn declarations(out: &mut String, bindings: &[Binding]) {
+fn declarations(out: &mut Wgsl, bindings: &[Binding]) {
     out.push_str("// The sequence of the batch this workgroup works on, set by the entry point.\nvar<private> batch: u32;\n");
     for b in bindings {
         let space = match b.access {

@@ -18,29 +18,87 @@
 
 use std::fmt::Write;
 
+use super::writer::{Fragment, Needs, Template};
 use crate::spec::Op;
 
-/// A WGSL helper function: its name, its text, and the helpers it calls.
-struct Helper {
-    name: &'static str,
-    text: &'static str,
-    calls: &'static [&'static str],
+/// A WGSL helper function of the numerics, emitted once per kernel whose fragments declare
+/// they call it (or call a helper that does).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Helper {
+    Hsum,
+    Exp,
+    Tanh,
+    Opaque4,
+    TwoSumErr4,
 }
 
-const HELPERS: &[Helper] = &[
-    Helper {
-        name: "hsum",
-        calls: &[],
-        text: r#"// The four chains of a vec4 dot product, summed pairwise.
+impl Helper {
+    /// In the order they are emitted: each after the helpers it calls.
+    pub const ALL: [Helper; 5] = [
+        Helper::Hsum,
+        Helper::Exp,
+        Helper::Tanh,
+        Helper::Opaque4,
+        Helper::TwoSumErr4,
+    ];
+
+    /// The WGSL function's name.
+    pub fn name(self) -> &'static str {
+        self.template().name
+    }
+
+    fn calls(self) -> &'static [Helper] {
+        self.template().needs
+    }
+
+    fn template(self) -> &'static Template {
+        match self {
+            Helper::Hsum => &HSUM,
+            Helper::Exp => &EXP,
+            Helper::Tanh => &TANH,
+            Helper::Opaque4 => &OPAQUE4,
+            Helper::TwoSumErr4 => &TWO_SUM_ERR4,
+        }
+    }
+}
+
+/// The helpers in `needs`, with the ones they call, for a kernel of `op`.
+pub(super) fn helpers(needs: Needs, op: Op) -> String {
+    let needed = |h: Helper| {
+        needs.has(h)
+            || Helper::ALL
+                .iter()
+                .any(|user| user.calls().contains(&h) && needs.has(*user))
+    };
+    // The dims field the grid walks: nonzero in every dispatch that runs an invocation.
+    let walked = Fragment::from(crate::signature::dims(op).fields[0]);
+    let mut out = String::new();
+    for h in Helper::ALL.into_iter().filter(|h| needed(*h)) {
+        let t = h.template();
+        let text = match h {
+            Helper::Opaque4 => t.fill([("walked", walked.clone())]).text,
+            _ => t.plain().text,
+        };
+        out.push_str(&text);
+        out.push('\n');
+    }
+    out
+}
+
+const HSUM: Template = Template {
+    name: "hsum",
+    needs: &[],
+    text: r#"// The four chains of a vec4 dot product, summed pairwise.
 fn hsum(v: vec4<f32>) -> f32 {
     return (v.x + v.y) + (v.z + v.w);
 }
 "#,
-    },
-    Helper {
-        name: "exp_f32",
-        calls: &[],
-        text: r#"// exp(x) = 2^(x·log2 e) with the product split exactly: t = x·L rounded, and its
+};
+
+const EXP: Template = Template {
+    name: "exp_f32",
+    needs: &[],
+    text: r#"// exp(x) = 2^(x·log2 e) with the product split exactly: t = x·L rounded, and its
 // rounding error (and that of L itself) e, by fma; 2^t by the hardware and the factor
 // 2^e = 1 + e·ln 2 by one more fma. The hardware's exp(x) rounds x·L first, which costs
 // |x|·2^-24 of relative error (several ulp) before its own error.
@@ -52,11 +110,12 @@ fn exp_f32(x: f32) -> f32 {
     return fma(p, e * 0.6931471806, p);
 }
 "#,
-    },
-    Helper {
-        name: "tanh_f32",
-        calls: &["exp_f32"],
-        text: r#"// (tanh x, 1 - tanh² x), each within a few ulp, where the hardware's tanh loses the
+};
+
+const TANH: Template = Template {
+    name: "tanh_f32",
+    needs: &[Helper::Exp],
+    text: r#"// (tanh x, 1 - tanh² x), each within a few ulp, where the hardware's tanh loses the
 // digits of small arguments and 1 - t² from a rounded t loses those of large ones (at
 // x = 2, an ulp of t is 40 ulp of 1 - t²: soft-capped gradients went over twice a
 // framework's error). Below 0.75, an odd polynomial (least squares for relative error,
@@ -77,22 +136,24 @@ fn tanh_f32(x: f32) -> vec2<f32> {
     return vec2<f32>(sign(x) * ((1.0 - e) / d), 4.0 * e / (d * d));
 }
 "#,
-    },
-    Helper {
-        name: "opaque4",
-        calls: &[],
-        text: r#"// x, through a select the compiler cannot decide (the walked length is nonzero in every
+};
+
+const OPAQUE4: Template = Template {
+    name: "opaque4",
+    needs: &[],
+    text: r#"// x, through a select the compiler cannot decide (the walked length is nonzero in every
 // dispatch that runs, but unknown at compile time), so that it cannot simplify an
 // error-free transformation away: Mesa rewrites (a + b) - a as b, which zeroes TwoSum.
 fn opaque4(x: vec4<f32>) -> vec4<f32> {
-    return select(vec4<f32>(0.0), x, dims.WALKED != 0u);
+    return select(vec4<f32>(0.0), x, dims.$walked != 0u);
 }
 "#,
-    },
-    Helper {
-        name: "two_sum_err4",
-        calls: &["opaque4"],
-        text: r#"// The rounding error of t = a + b (Knuth's TwoSum): a + b == t + two_sum_err4(a, b, t).
+};
+
+const TWO_SUM_ERR4: Template = Template {
+    name: "two_sum_err4",
+    needs: &[Helper::Opaque4],
+    text: r#"// The rounding error of t = a + b (Knuth's TwoSum): a + b == t + two_sum_err4(a, b, t).
 fn two_sum_err4(a: vec4<f32>, b: vec4<f32>, t: vec4<f32>) -> vec4<f32> {
     let to = opaque4(t);
     let bp = opaque4(to - a);
@@ -100,27 +161,7 @@ fn two_sum_err4(a: vec4<f32>, b: vec4<f32>, t: vec4<f32>) -> vec4<f32> {
     return (a - ap) + (b - bp);
 }
 "#,
-    },
-];
-
-/// The helpers that `body` (a kernel's WGSL after its declarations) calls, with the ones
-/// they call, in a fixed order, for a kernel of `op`.
-pub(super) fn helpers_for(body: &str, op: Op) -> String {
-    let calls = |name: &str| body.contains(&format!("{name}("));
-    let needed = |h: &Helper| {
-        calls(h.name)
-            || HELPERS
-                .iter()
-                .any(|user| user.calls.contains(&h.name) && calls(user.name))
-    };
-    // The dims field the grid walks: nonzero in every dispatch that runs an invocation.
-    let walked = crate::signature::dims(op).fields[0];
-    HELPERS
-        .iter()
-        .filter(|h| needed(h))
-        .map(|h| h.text.replace("WALKED", walked) + "\n")
-        .collect()
-}
+};
 
 /// vec4 columns summed one after another before a block's partial joins the total: chains
 /// of at most 8 terms, as a framework's pairwise sum has leaves of 8. (Chains over all of
@@ -185,7 +226,7 @@ pub(super) fn dot(
     a: impl Fn(&str) -> String,
     b: impl Fn(&str) -> String,
     ind: &str,
-) -> String {
+) -> Fragment {
     let vec4 = |f: &dyn Fn(&str) -> String| {
         format!(
             "vec4<f32>({}, {}, {}, {})",
@@ -202,5 +243,5 @@ pub(super) fn dot(
         let i = format!("{i}u");
         let _ = writeln!(out, "{ind}{acc} = fma({}, {}, {acc});", a(&i), b(&i));
     }
-    out
+    Fragment::new(out, &[Helper::Hsum])
 }

@@ -2,9 +2,10 @@
 //! row `s` of sequence `b` are rotated by `(positions[b] + s) · inv_freq[i]`, `inv_freq[i] = base^(-2i/d)`. The backward is the same
 //! rotation by minus the angle (the rotation is orthonormal, so Rᵀ = R(-θ)).
 
+use super::writer::Wgsl;
 use std::fmt::Write;
 
-pub(super) fn rope(out: &mut String, backward: bool) {
+pub(super) fn rope(out: &mut Wgsl, backward: bool) {
     let sign = if backward { "-1.0" } else { "1.0" };
     let _ = writeln!(
         out,

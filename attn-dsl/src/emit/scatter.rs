@@ -4,13 +4,14 @@
 //! the atomic returns, was tried: a returning atomic waits on memory, and the flash
 //! backward ran 25% slower on an H100, for accuracy the rule did not need.)
 
+use super::writer::Wgsl;
 use std::fmt::Write;
 
 use crate::spec::{KernelSpec, Scatter};
 
 /// `add_<t>(i, x)`: `t[i] += x` from many workgroups at once, by `spec`'s scatter (native
 /// f32 atomics, or a compare-exchange loop on the f32 bits).
-pub(super) fn atomic_add(out: &mut String, spec: &KernelSpec, t: &str) {
+pub(super) fn atomic_add(out: &mut Wgsl, spec: &KernelSpec, t: &str) {
     match spec.scatter {
         Scatter::F32Atomic => {
             let _ = write!(

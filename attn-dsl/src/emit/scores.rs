@@ -5,12 +5,14 @@
 //! or dO: so a forward, a decode and every backward schedule agree on the modified scores
 //! and regenerate the same dropout mask whatever their tile order.
 
+use super::numerics::Helper;
+use super::writer::Wgsl;
 use std::fmt::Write;
 
 use crate::spec::{BiasHeads, KernelSpec, WriteMode};
 
 /// `score`, `score_grad`, `dropped` and what they need, for `spec`'s masks.
-pub(super) fn helpers(out: &mut String, spec: &KernelSpec) {
+pub(super) fn helpers(out: &mut Wgsl, spec: &KernelSpec) {
     let m = spec.masks;
     // A decode's one query sits after the cache's last row.
     let pos = if spec.op.is_decode() {
@@ -40,6 +42,7 @@ pub(super) fn helpers(out: &mut String, spec: &KernelSpec) {
         let _ = writeln!(score, "    x = fma(alibi[h], f32(j) - f32({pos}), x);");
     }
     let slope = if m.softcap {
+        out.need(&[Helper::Tanh]);
         // cap·tanh(y/cap), and its slope 1 - tanh²(y/cap).
         "    let t = tanh_f32(x / params.softcap);\n    \
          return vec2<f32>(params.softcap * t.x, t.y);\n"
@@ -63,7 +66,7 @@ pub(super) fn helpers(out: &mut String, spec: &KernelSpec) {
 }
 
 /// `dropped(row, h, j, p)`: P after dropout.
-fn dropout(out: &mut String, on: bool) {
+fn dropout(out: &mut Wgsl, on: bool) {
     if !on {
         out.push_str("fn dropped(row: u32, h: u32, j: u32, p: f32) -> f32 {\n    return p;\n}\n\n");
         return;
@@ -84,7 +87,7 @@ fn dropped(row: u32, h: u32, j: u32, p: f32) -> f32 {
 
 /// `store_dbias(row, h, j, g)`: `dbias += g`, owned where the grid owns the bias's element
 /// (gradients accumulate, as dQ's do), else by atomics (a shared bias sums over heads).
-fn dbias_store(out: &mut String, spec: &KernelSpec, mode: WriteMode) {
+fn dbias_store(out: &mut Wgsl, spec: &KernelSpec, mode: WriteMode) {
     if mode == WriteMode::AtomicScatter {
         super::scatter::atomic_add(out, spec, "dbias");
         out.push_str(
