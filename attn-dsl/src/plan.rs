@@ -56,6 +56,23 @@ impl Scalar {
             (Elem::Data | Elem::Data4, Dtype::Bf16) => Scalar::Bf16,
         }
     }
+
+    /// The data type whose tensors hold this element (none for `u32`).
+    pub fn dtype(self) -> Option<Dtype> {
+        match self {
+            Scalar::F32 => Some(Dtype::F32),
+            Scalar::F16 => Some(Dtype::F16),
+            Scalar::Bf16 => Some(Dtype::Bf16),
+            Scalar::U32 => None,
+        }
+    }
+}
+
+/// The element of a data tensor (Q, K, V, O) in `dtype`.
+impl From<Dtype> for Scalar {
+    fn from(dtype: Dtype) -> Scalar {
+        Scalar::of(Elem::Data, dtype)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]

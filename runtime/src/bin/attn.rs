@@ -237,7 +237,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     let started = Instant::now();
     // The tuned flash forward where this head_dim has candidates (on tensor cores for f16
     // where the device has them), else the per-row one.
-    if t.dtype == Dtype::F16 && !gpu.has_f16() {
+    if !gpu.supports_dtype(t.dtype) {
         bail!(
             "{} has no SHADER_F16 for float16 inputs; save them as float32",
             gpu.describe()

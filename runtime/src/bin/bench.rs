@@ -408,7 +408,7 @@ fn e2e(gpu: &Gpu, args: &Args) -> anyhow::Result<()> {
     let steps = (args.runs as u32).max(50);
     let dtypes: Vec<Dtype> = [Dtype::F16, Dtype::F32]
         .into_iter()
-        .filter(|d| *d != Dtype::F16 || gpu.has_f16())
+        .filter(|d| gpu.supports_dtype(*d))
         .collect();
     println!("adapter: {}", gpu.describe());
     println!(

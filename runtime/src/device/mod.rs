@@ -396,13 +396,32 @@ impl Gpu {
     /// The half-precision dtypes kernels can read and write here: f16 where the device has
     /// SHADER_F16, bf16 (u32 words) everywhere.
     pub fn half_dtypes(&self) -> Vec<attn_dsl::Dtype> {
-        let f16 = self.has_f16().then_some(attn_dsl::Dtype::F16);
-        f16.into_iter().chain([attn_dsl::Dtype::Bf16]).collect()
+        [attn_dsl::Dtype::F16, attn_dsl::Dtype::Bf16]
+            .into_iter()
+            .filter(|d| self.supports_dtype(*d))
+            .collect()
+    }
+
+    /// Whether kernels on `dtype` tensors can run here.
+    pub fn supports_dtype(&self, dtype: attn_dsl::Dtype) -> bool {
+        match dtype {
+            attn_dsl::Dtype::F32 | attn_dsl::Dtype::Bf16 => true,
+            attn_dsl::Dtype::F16 => self.has_f16(),
+        }
     }
 
     /// Whether kernels with cooperative-matrix products (`matrix = coop16`) can run here.
     pub fn has_coop16(&self) -> bool {
         self.coop16
+    }
+
+    /// Whether `dtype` has a tensor-core (`matrix = coop16`) path here: f16 operands only,
+    /// bf16 has none yet.
+    pub fn coop16_for(&self, dtype: attn_dsl::Dtype) -> bool {
+        match dtype {
+            attn_dsl::Dtype::F16 => self.has_coop16(),
+            attn_dsl::Dtype::F32 | attn_dsl::Dtype::Bf16 => false,
+        }
     }
 
     /// Whether the device has every feature `abi` needs.

@@ -90,16 +90,11 @@ impl Scratch {
 
 /// The dtype a tensor of the forward's holds.
 fn dtype_of(t: &Tensor) -> Result<Dtype, TensorError> {
-    match t.scalar() {
-        Scalar::F32 => Ok(Dtype::F32),
-        Scalar::F16 => Ok(Dtype::F16),
-        Scalar::Bf16 => Ok(Dtype::Bf16),
-        Scalar::U32 => Err(TensorError::Dtype {
-            name: "q".into(),
-            got: "u32",
-            want: "f32, f16 or bf16",
-        }),
-    }
+    t.scalar().dtype().ok_or(TensorError::Dtype {
+        name: "q".into(),
+        got: "u32",
+        want: "f32, f16 or bf16",
+    })
 }
 
 impl Backward {

@@ -17,7 +17,6 @@ use attn_dsl::{Cache, Dtype, KernelSpec, Masks, Op, Scalar};
 use thiserror::Error;
 use wgpu::util::DeviceExt;
 
-use super::convert::scalar;
 use super::decode::CacheView;
 use super::forward::{Forward, ForwardArgs};
 use super::{grid, rank4};
@@ -151,8 +150,8 @@ impl KvCache {
             message: e.to_string(),
         })?;
         let shape = [rows, per, spec.n_kv_heads, spec.head_dim];
-        let bytes =
-            crate::tensor::elements(&shape) * crate::tensor::element_bytes(scalar(spec.dtype));
+        let bytes = crate::tensor::elements(&shape)
+            * crate::tensor::element_bytes(Scalar::from(spec.dtype));
         crate::shape::binding_size(gpu.limits(), bytes)?;
         let table = match spec.layout {
             CacheLayout::Paged { pages_per_seq, .. } => Some(Tensor::zeros(
@@ -168,8 +167,8 @@ impl KvCache {
             CacheLayout::Contiguous { .. } => Vec::new(),
         };
         Ok(KvCache {
-            k: Tensor::zeros(gpu, &shape, scalar(spec.dtype)),
-            v: Tensor::zeros(gpu, &shape, scalar(spec.dtype)),
+            k: Tensor::zeros(gpu, &shape, Scalar::from(spec.dtype)),
+            v: Tensor::zeros(gpu, &shape, Scalar::from(spec.dtype)),
             lens: [
                 Tensor::zeros(gpu, &[spec.slots], Scalar::U32),
                 Tensor::zeros(gpu, &[spec.slots], Scalar::U32),
@@ -285,7 +284,7 @@ impl KvCache {
         let layout = "[batch, n, n_kv_heads, head_dim]";
         let [batch, n, _, _] = rank4(k_new, "k_new", layout)?;
         let shape = [batch, n, self.spec.n_kv_heads, self.spec.head_dim];
-        let dtype = scalar(self.spec.dtype);
+        let dtype = Scalar::from(self.spec.dtype);
         expect(k_new, "k_new", &shape, dtype, layout)?;
         expect(v_new, "v_new", &shape, dtype, layout)?;
         let range = first_slot..first_slot.saturating_add(batch);

@@ -59,7 +59,7 @@ impl Convert {
         dst: &Tensor,
         to_dtype: bool,
     ) -> Result<(), Error> {
-        let data = scalar(self.dtype);
+        let data = Scalar::from(self.dtype);
         let (s, d) = match to_dtype {
             true => (Scalar::F32, data),
             false => (data, Scalar::F32),
@@ -94,13 +94,5 @@ impl Convert {
         dispatch.dims = vec![("len4", (src.len() / 4) as u32)];
         let g = grid(pipeline.abi(), &dispatch.dims);
         pipeline.record(gpu, encoder, &dispatch, g)
-    }
-}
-
-pub(crate) fn scalar(dtype: Dtype) -> Scalar {
-    match dtype {
-        Dtype::F32 => Scalar::F32,
-        Dtype::F16 => Scalar::F16,
-        Dtype::Bf16 => Scalar::Bf16,
     }
 }

@@ -128,7 +128,7 @@ pub fn backward_prep_in(head_dim: u32, dtype: Dtype) -> Result<KernelAbi, DslErr
 /// scalar candidate (the portable one; half precision has no measured table to choose
 /// among the others by).
 pub fn backward_candidates_in(gpu: &Gpu, head_dim: u32, dtype: Dtype) -> Vec<FlashConfig> {
-    let coop = match dtype == Dtype::F16 && gpu.has_coop16() {
+    let coop = match gpu.coop16_for(dtype) {
         true => attn_dsl::configs::coop_backward(
             head_dim,
             gpu.limits().max_compute_workgroup_storage_size,
@@ -402,7 +402,8 @@ impl Table {
     /// run f16 products several times faster than any scalar layout); otherwise
     /// [`Table::forward`].
     pub fn forward_in(&self, gpu: &Gpu, head_dim: u32, dtype: Dtype) -> Option<FlashConfig> {
-        let coop = (dtype == Dtype::F16 && gpu.has_coop16())
+        let coop = gpu
+            .coop16_for(dtype)
             .then(|| coop_candidates(gpu, head_dim).into_iter().next())
             .flatten();
         coop.or_else(|| self.forward(gpu, head_dim))

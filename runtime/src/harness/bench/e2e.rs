@@ -35,10 +35,6 @@ pub struct Row {
     pub gpu_ms: f64,
 }
 
-fn scalar(dtype: Dtype) -> Scalar {
-    crate::ops::convert::scalar(dtype)
-}
-
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -58,7 +54,7 @@ fn random(gpu: &Gpu, shape: &[u32], dtype: Dtype, seed: u64) -> Result<Tensor, E
         .iter()
         .map(|x| x / 2.0)
         .collect();
-    Ok(Tensor::from_f32(gpu, shape, scalar(dtype), &data)?)
+    Ok(Tensor::from_f32(gpu, shape, Scalar::from(dtype), &data)?)
 }
 
 /// Decode steps against a cache filled to `cache_len` rows (one sequence): `steps` back to
@@ -100,7 +96,7 @@ pub fn decode(gpu: &Gpu, h: Heads, cache_len: u32, dtype: Dtype, steps: u32) -> 
     let k32 = random(gpu, &[1, 1, h.n_kv_heads, h.head_dim], Dtype::F32, 3)?;
     let q = random(gpu, &[1, h.n_heads, h.head_dim], dtype, 4)?;
     let kv = random(gpu, &[1, 1, h.n_kv_heads, h.head_dim], dtype, 5)?;
-    let o = Tensor::zeros(gpu, &[1, h.n_heads, h.head_dim], scalar(dtype));
+    let o = Tensor::zeros(gpu, &[1, h.n_heads, h.head_dim], Scalar::from(dtype));
     let spans = Spans::new(gpu, steps).ok_or(crate::error::InputError::Unsupported {
         what: "GPU timing",
         needs: "an adapter with TIMESTAMP_QUERY",
@@ -201,7 +197,7 @@ fn waited(
 pub fn prefill(gpu: &Gpu, h: Heads, seq: u32, dtype: Dtype, runs: u32) -> Result<Row, Error> {
     let q = random(gpu, &[1, seq, h.n_heads, h.head_dim], dtype, 1)?;
     let k = random(gpu, &[1, seq, h.n_kv_heads, h.head_dim], dtype, 2)?;
-    let o = Tensor::zeros(gpu, q.shape(), scalar(dtype));
+    let o = Tensor::zeros(gpu, q.shape(), Scalar::from(dtype));
     let lse = Tensor::zeros(gpu, &[1, seq, h.n_heads], Scalar::F32);
     let spec = ForwardSpec {
         head_dim: h.head_dim,
@@ -256,7 +252,7 @@ pub fn train_step(gpu: &Gpu, h: Heads, seq: u32, dtype: Dtype, runs: u32) -> Res
     let q = random(gpu, &q_shape, dtype, 1)?;
     let k = random(gpu, &kv_shape, dtype, 2)?;
     let d_o = random(gpu, &q_shape, dtype, 3)?;
-    let o = Tensor::zeros(gpu, &q_shape, scalar(dtype));
+    let o = Tensor::zeros(gpu, &q_shape, Scalar::from(dtype));
     let f = Scalar::F32;
     let lse = Tensor::zeros(gpu, &[1, seq, h.n_heads], f);
     let (dq, dk, dv) = (
