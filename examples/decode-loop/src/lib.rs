@@ -64,8 +64,22 @@ pub struct Report {
 }
 
 impl Report {
+    /// Tokens per second after the first step, which compiles the decode's pipelines on
+    /// first use (over every step where there is only one).
     pub fn tokens_per_second(&self, c: &Config) -> f64 {
-        f64::from(c.slots * c.tokens) / self.decode_wall.as_secs_f64()
+        let (steps, wall) = self.steady();
+        f64::from(c.slots) * steps as f64 / wall.as_secs_f64()
+    }
+
+    /// The steps after the first and their wall time (all steps where there is only one).
+    pub fn steady(&self) -> (usize, Duration) {
+        match self.step_wall.first() {
+            Some(first) if self.step_wall.len() > 1 => (
+                self.step_wall.len() - 1,
+                self.decode_wall.saturating_sub(*first),
+            ),
+            _ => (self.step_wall.len(), self.decode_wall),
+        }
     }
 
     pub fn passed(&self) -> bool {

@@ -131,12 +131,12 @@ fn print(c: &Config, r: &Report) {
             ms(r.step_wall[t])
         );
     }
-    let steps = r.step_wall.len() as f64;
-    let per_step = ms(r.decode_wall) / steps;
+    let (steps, wall) = r.steady();
+    let per_step = ms(wall) / steps as f64;
     println!(
-        "decode: {} tokens in {:.1} ms: {:.1} tokens/s, {:.3} ms wall per step{}",
-        c.slots * c.tokens,
-        ms(r.decode_wall),
+        "decode: {} tokens in {:.1} ms after the first step: {:.1} tokens/s, {:.3} ms wall per step{}",
+        c.slots * steps as u32,
+        ms(wall),
         r.tokens_per_second(c),
         per_step,
         if c.sync {
