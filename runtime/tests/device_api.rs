@@ -101,16 +101,7 @@ fn wrapped_caller_buffers_are_read_and_written_in_place() {
     };
     let mut fwd = Forward::new(&gpu, spec).unwrap();
     let mut encoder = gpu.device.create_command_encoder(&Default::default());
-    let args = ForwardArgs {
-        q: &qt,
-        k: &kt,
-        v: &vt,
-        o: &ot,
-        lse: &lset,
-        seg: None,
-        scale: None,
-        mods: Default::default(),
-    };
+    let args = ForwardArgs::new(&qt, &kt, &vt, &ot, &lset);
     fwd.record(&gpu, &mut encoder, &args).unwrap();
     submit(&gpu, encoder);
     // The result is in the caller's own buffer; the inputs are untouched.
@@ -227,16 +218,7 @@ fn a_training_step_records_forward_and_backward_in_one_encoder() {
     let mut bwd = Backward::new(&gpu, &[set]).unwrap();
     let before = gpu.pipelines_created();
     let mut encoder = gpu.device.create_command_encoder(&Default::default());
-    let fargs = ForwardArgs {
-        q: &qt,
-        k: &kt,
-        v: &vt,
-        o: &ot,
-        lse: &lset,
-        seg: None,
-        scale: None,
-        mods: Default::default(),
-    };
+    let fargs = ForwardArgs::new(&qt, &kt, &vt, &ot, &lset);
     fwd.record(&gpu, &mut encoder, &fargs).unwrap();
     let bargs = BackwardArgs {
         q: &qt,
@@ -606,16 +588,7 @@ fn a_callers_device_is_checked_for_what_each_kernel_needs() {
     )
     .unwrap();
     let mut enc = gpu.device.create_command_encoder(&Default::default());
-    let args = ForwardArgs {
-        q: &q,
-        k: &k,
-        v: &k,
-        o: &o,
-        lse: &lse,
-        seg: None,
-        scale: None,
-        mods: Default::default(),
-    };
+    let args = ForwardArgs::new(&q, &k, &k, &o, &lse);
     fwd.record(&gpu, &mut enc, &args).unwrap();
     submit(&gpu, enc);
     assert!(read(&gpu, &lse).iter().all(|x| x.is_finite()));

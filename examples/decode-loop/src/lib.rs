@@ -351,16 +351,7 @@ pub fn run(c: &Config) -> Result<Report> {
         Dtype::F32 => o32.reshape(&[b, p, h.n_heads, h.head_dim])?,
         _ => oh.view(&[b, p, h.n_heads, h.head_dim])?,
     };
-    let args = ForwardArgs {
-        q: &qd,
-        k: &kd,
-        v: &vd,
-        o: &od,
-        lse: &lse,
-        seg: None,
-        scale: None,
-        mods: Default::default(),
-    };
+    let args = ForwardArgs::new(&qd, &kd, &vd, &od, &lse);
     cache.prefill(&gpu, &mut enc, &mut forward, 0, &args)?;
     if c.dtype != Dtype::F32 {
         layer

@@ -172,16 +172,7 @@ pub fn run(c: &Config) -> Result<Report> {
                 _ => convert.record_to(&gpu, &mut enc, from, to)?,
             }
         }
-        let fargs = ForwardArgs {
-            q: &qd,
-            k: &kd,
-            v: &vd,
-            o: &od,
-            lse: &lse,
-            seg: None,
-            scale: None,
-            mods: Default::default(),
-        };
+        let fargs = ForwardArgs::new(&qd, &kd, &vd, &od, &lse);
         forward.record(&gpu, &mut enc, &fargs)?;
         let bargs = BackwardArgs {
             q: &qd,

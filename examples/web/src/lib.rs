@@ -302,16 +302,7 @@ async fn decode_loop_row(gpu: &Gpu, layer: &Layer, steps: u32) -> Result<Row, Er
     let lse = Tensor::zeros(gpu, &[1, prompt, h.n_heads], f);
     let mut enc = gpu.device.create_command_encoder(&Default::default());
     cache.open(&mut enc, 0)?;
-    let args = ForwardArgs {
-        q: &q,
-        k: &k,
-        v: &v,
-        o: &o,
-        lse: &lse,
-        seg: None,
-        scale: None,
-        mods: Default::default(),
-    };
+    let args = ForwardArgs::new(&q, &k, &v, &o, &lse);
     cache.prefill(gpu, &mut enc, &mut forward, 0, &args)?;
     gpu.queue.submit([enc.finish()]);
     let mut out = o.to_f32(gpu).await?;

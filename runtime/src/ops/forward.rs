@@ -43,6 +43,28 @@ pub struct ForwardArgs<'a> {
     pub mods: DeviceModifiers<'a>,
 }
 
+impl<'a> ForwardArgs<'a> {
+    /// The tensors, with one document per sequence, the default scale and no modifiers.
+    pub fn new(
+        q: &'a Tensor,
+        k: &'a Tensor,
+        v: &'a Tensor,
+        o: &'a Tensor,
+        lse: &'a Tensor,
+    ) -> ForwardArgs<'a> {
+        ForwardArgs {
+            q,
+            k,
+            v,
+            o,
+            lse,
+            seg: None,
+            scale: None,
+            mods: DeviceModifiers::default(),
+        }
+    }
+}
+
 enum Kernels {
     /// Configurations planned per problem, compiled on first use.
     Planned {

@@ -219,16 +219,7 @@ pub fn prefill(gpu: &Gpu, h: Heads, seq: u32, dtype: Dtype, runs: u32) -> Result
             cache.free(enc, 0)?;
         }
         cache.open(enc, 0)?;
-        let args = ForwardArgs {
-            q: &q,
-            k: &k,
-            v: &k,
-            o: &o,
-            lse: &lse,
-            seg: None,
-            scale: None,
-            mods: Default::default(),
-        };
+        let args = ForwardArgs::new(&q, &k, &k, &o, &lse);
         cache.prefill(gpu, enc, &mut forward, 0, &args)
     })?;
     Ok(Row {
@@ -273,16 +264,7 @@ pub fn train_step(gpu: &Gpu, h: Heads, seq: u32, dtype: Dtype, runs: u32) -> Res
     backward.add_in(gpu, h.head_dim, masks, dtype)?;
     let mut schedule = None;
     let (wall_ms, gpu_ms) = waited(gpu, runs, |enc| {
-        let fargs = ForwardArgs {
-            q: &q,
-            k: &k,
-            v: &k,
-            o: &o,
-            lse: &lse,
-            seg: None,
-            scale: None,
-            mods: Default::default(),
-        };
+        let fargs = ForwardArgs::new(&q, &k, &k, &o, &lse);
         forward.record(gpu, enc, &fargs)?;
         let bargs = BackwardArgs {
             q: &q,
