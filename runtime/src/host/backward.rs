@@ -48,13 +48,7 @@ impl Backward {
         input: &BackwardInput<'_>,
         schedule: Option<Schedule>,
     ) -> Result<(Gradients, Schedule), Error> {
-        let zeros = Gradients {
-            dq: vec![0.0; input.q.len()],
-            dk: vec![0.0; input.k.len()],
-            dv: vec![0.0; input.v.len()],
-            dbias: vec![0.0; input.mods.bias.map_or(0, |b| b.values.len())],
-        };
-        self.accumulate(gpu, input, schedule, zeros).await
+        self.run_in(gpu, input, schedule, Dtype::F32).await
     }
 
     /// `grads` plus the gradients of `input`: micro-steps add up.
