@@ -45,7 +45,7 @@ pub const DKV_LANES: u32 = 4;
 pub use plan::{Access, Binding, KernelAbi, Scalar};
 pub use spec::{
     Axis, BiasHeads, Cache, Dtype, Flash, FlashConfig, Gqa, Grid, KernelSpec, Limits, Major, Masks,
-    Matrix, Op, Scatter, Source, Target, WriteMode,
+    Matrix, Modifier, Op, Scatter, Source, Target, WriteMode,
 };
 pub use validate::ValidateError;
 
@@ -64,6 +64,7 @@ pub fn compile(spec: &KernelSpec) -> Result<KernelAbi, DslError> {
         workgroup_size: [spec.workgroup_size, 1, 1],
         grid: spec.grid,
         head_dim: spec.head_dim,
+        out_dim: spec.out_dim,
         gqa: spec.gqa,
         masks: spec.masks,
         target: spec.target,

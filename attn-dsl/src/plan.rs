@@ -108,6 +108,9 @@ pub struct KernelAbi {
     pub workgroup_size: [u32; 3],
     pub grid: Grid,
     pub head_dim: u32,
+    /// The Linear's output width of a row-wise layer; 0 for attention.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub out_dim: u32,
     pub gqa: Gqa,
     pub masks: Masks,
     pub target: Target,
@@ -118,6 +121,10 @@ pub struct KernelAbi {
     /// The kernel's WGSL (kept out of the manifest: it has a file of its own).
     #[serde(skip)]
     pub wgsl: Cow<'static, str>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl KernelAbi {

@@ -4,7 +4,6 @@
 
 pub use crate::layout::rows::*;
 
-use crate::plan::KernelAbi;
 use crate::spec::{Grid, KernelSpec, Major, Masks, Op, WriteMode};
 
 /// How the backward sums dγ, dβ, dW and db over rows.
@@ -52,11 +51,4 @@ pub fn spec(name: &str, op: Op, hidden: u32, out: u32, tile: u32, sums: RowSums)
     };
     spec.fit_target();
     spec
-}
-
-/// The out width a row layer's kernel is specialized for, read off its WGSL: the ABI
-/// carries the row width (`head_dim`) for every op, and leaves attention's ABI as it was.
-pub fn out_dim(abi: &KernelAbi) -> Option<u32> {
-    let rest = abi.wgsl.split("const OUT: u32 = ").nth(1)?;
-    rest.split('u').next()?.parse().ok()
 }

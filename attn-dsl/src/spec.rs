@@ -384,6 +384,95 @@ pub enum BiasHeads {
     Shared,
 }
 
+/// One word of a description's `masks` list: the single place a mask or score modifier
+/// is declared. The macro parses these words, the checks ask which ops honour each, the
+/// runtime compares a kernel's words with the values it is given, and the case matrix
+/// covers each; their `match`es are exhaustive, so a new variant is listed by the compiler
+/// wherever it needs an answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Modifier {
+    Causal,
+    Document,
+    Window,
+    Alibi,
+    Bias,
+    SharedBias,
+    Softcap,
+    Dropout,
+}
+
+impl Modifier {
+    /// In the order descriptions list them and labels print them.
+    pub const ALL: [Modifier; 8] = [
+        Modifier::Causal,
+        Modifier::Document,
+        Modifier::Window,
+        Modifier::Alibi,
+        Modifier::Bias,
+        Modifier::SharedBias,
+        Modifier::Softcap,
+        Modifier::Dropout,
+    ];
+
+    pub fn word(self) -> &'static str {
+        match self {
+            Modifier::Causal => "causal",
+            Modifier::Document => "document",
+            Modifier::Window => "window",
+            Modifier::Alibi => "alibi",
+            Modifier::Bias => "bias",
+            Modifier::SharedBias => "shared_bias",
+            Modifier::Softcap => "softcap",
+            Modifier::Dropout => "dropout",
+        }
+    }
+
+    pub fn parse(word: &str) -> Option<Modifier> {
+        Modifier::ALL.into_iter().find(|m| m.word() == word)
+    }
+
+    /// Every word, as an error message lists them: "`causal`, ... or `dropout`".
+    pub fn expected() -> String {
+        let words: Vec<String> = Modifier::ALL
+            .iter()
+            .map(|m| format!("`{}`", m.word()))
+            .collect();
+        let (last, rest) = words.split_last().expect("there are modifiers");
+        format!("{} or {last}", rest.join(", "))
+    }
+
+    /// Whether the kernel needs a value for this word at run time (a window, slopes, a
+    /// bias, a cap, dropout's p and seed), which the runtime checks is given exactly when
+    /// the kernel was built with the word. The causal mask needs none; the document mask
+    /// reads `seg`, which every kernel binds.
+    pub fn takes_value(self) -> bool {
+        match self {
+            Modifier::Causal | Modifier::Document => false,
+            Modifier::Window
+            | Modifier::Alibi
+            | Modifier::Bias
+            | Modifier::SharedBias
+            | Modifier::Softcap
+            | Modifier::Dropout => true,
+        }
+    }
+
+    /// The words a kernel cannot take together with this one.
+    pub fn excludes(self) -> Option<Modifier> {
+        match self {
+            Modifier::Bias => Some(Modifier::SharedBias),
+            Modifier::SharedBias => Some(Modifier::Bias),
+            Modifier::Causal
+            | Modifier::Document
+            | Modifier::Window
+            | Modifier::Alibi
+            | Modifier::Softcap
+            | Modifier::Dropout => None,
+        }
+    }
+}
+
 impl Masks {
     /// Only the causal and document masks, as the kernels had before the modifiers.
     pub const fn new(causal: bool, document: bool) -> Masks {
@@ -398,23 +487,42 @@ impl Masks {
         }
     }
 
+    pub fn has(&self, m: Modifier) -> bool {
+        match m {
+            Modifier::Causal => self.causal,
+            Modifier::Document => self.document,
+            Modifier::Window => self.window,
+            Modifier::Alibi => self.alibi,
+            Modifier::Bias => self.bias == Some(BiasHeads::PerHead),
+            Modifier::SharedBias => self.bias == Some(BiasHeads::Shared),
+            Modifier::Softcap => self.softcap,
+            Modifier::Dropout => self.dropout,
+        }
+    }
+
+    /// These masks with `m` turned on (a bias replaces the other bias layout).
+    pub fn with(mut self, m: Modifier) -> Masks {
+        match m {
+            Modifier::Causal => self.causal = true,
+            Modifier::Document => self.document = true,
+            Modifier::Window => self.window = true,
+            Modifier::Alibi => self.alibi = true,
+            Modifier::Bias => self.bias = Some(BiasHeads::PerHead),
+            Modifier::SharedBias => self.bias = Some(BiasHeads::Shared),
+            Modifier::Softcap => self.softcap = true,
+            Modifier::Dropout => self.dropout = true,
+        }
+        self
+    }
+
+    /// The words turned on, in [`Modifier::ALL`]'s order.
+    pub fn modifiers(&self) -> impl Iterator<Item = Modifier> + '_ {
+        Modifier::ALL.into_iter().filter(|m| self.has(*m))
+    }
+
     /// The description's words for these masks, in the order the macro takes them.
     pub fn words(&self) -> Vec<&'static str> {
-        let flags = [
-            (self.causal, "causal"),
-            (self.document, "document"),
-            (self.window, "window"),
-            (self.alibi, "alibi"),
-            (self.bias == Some(BiasHeads::PerHead), "bias"),
-            (self.bias == Some(BiasHeads::Shared), "shared_bias"),
-            (self.softcap, "softcap"),
-            (self.dropout, "dropout"),
-        ];
-        flags
-            .iter()
-            .filter(|(on, _)| *on)
-            .map(|(_, w)| *w)
-            .collect()
+        self.modifiers().map(Modifier::word).collect()
     }
 
     /// How the backward kernel that computes dS writes dBias: owned with a bias per head
@@ -509,6 +617,8 @@ pub enum Dtype {
 }
 
 impl Dtype {
+    pub const ALL: [Dtype; 3] = [Dtype::F32, Dtype::F16, Dtype::Bf16];
+
     pub fn name(self) -> &'static str {
         match self {
             Dtype::F32 => "f32",
@@ -517,10 +627,16 @@ impl Dtype {
         }
     }
 
+    /// Bytes per element in memory.
+    pub fn bytes(self) -> u32 {
+        match self {
+            Dtype::F32 => 4,
+            Dtype::F16 | Dtype::Bf16 => 2,
+        }
+    }
+
     pub fn parse(word: &str) -> Option<Dtype> {
-        [Dtype::F32, Dtype::F16, Dtype::Bf16]
-            .into_iter()
-            .find(|d| d.name() == word)
+        Dtype::ALL.into_iter().find(|d| d.name() == word)
     }
 }
 

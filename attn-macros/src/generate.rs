@@ -234,6 +234,7 @@ fn abi_const(abi: &KernelAbi, wgsl: TokenStream) -> TokenStream {
         }
     };
     let wg_bytes = abi.workgroup_storage_bytes;
+    let out_dim = abi.out_dim;
     let bindings = abi.bindings.iter().map(binding_const);
     quote! {
         ::attn_dsl::KernelAbi {
@@ -243,6 +244,7 @@ fn abi_const(abi: &KernelAbi, wgsl: TokenStream) -> TokenStream {
             workgroup_size: [#wx, #wy, #wz],
             grid: ::attn_dsl::Grid { major: #major, tile: #tile, flash: #flash },
             head_dim: #head_dim,
+            out_dim: #out_dim,
             gqa: #gqa,
             masks: #masks,
             target: #target,

@@ -2,8 +2,8 @@
 //! error points at the token that caused it.
 
 use attn_dsl::{
-    BiasHeads, Cache, DslError, Dtype, Field, Flash, Gqa, Grid, KernelSpec, Limits, Major, Masks,
-    Matrix, Op, Scatter, Source, Target, WriteMode,
+    Cache, DslError, Dtype, Field, Flash, Gqa, Grid, KernelSpec, Limits, Major, Masks, Matrix,
+    Modifier, Op, Scatter, Source, Target, WriteMode,
 };
 use proc_macro2::Span;
 use syn::Ident;
@@ -361,9 +361,6 @@ fn gqa(v: &Value) -> syn::Result<Gqa> {
     }
 }
 
-const MASK_WORDS: &str =
-    "`causal`, `document`, `window`, `alibi`, `bias`, `shared_bias`, `softcap` or `dropout`";
-
 fn masks(v: &Value, spans: &mut Vec<(Field, Span)>) -> syn::Result<Masks> {
     let items = match v {
         Value::List(items, _) => items.as_slice(),
@@ -377,39 +374,27 @@ fn masks(v: &Value, spans: &mut Vec<(Field, Span)>) -> syn::Result<Masks> {
     };
     let mut masks = Masks::default();
     for m in items {
-        let word = m.to_string();
-        let listed = match word.as_str() {
-            "causal" => std::mem::replace(&mut masks.causal, true),
-            "document" => std::mem::replace(&mut masks.document, true),
-            "window" => std::mem::replace(&mut masks.window, true),
-            "alibi" => std::mem::replace(&mut masks.alibi, true),
-            "softcap" => std::mem::replace(&mut masks.softcap, true),
-            "dropout" => std::mem::replace(&mut masks.dropout, true),
-            "bias" | "shared_bias" => {
-                let heads = match word.as_str() {
-                    "bias" => BiasHeads::PerHead,
-                    _ => BiasHeads::Shared,
-                };
-                masks.bias.replace(heads).is_some()
-            }
-            _ => {
-                return err(
-                    m.span(),
-                    format!("unknown mask `{m}`; expected {MASK_WORDS}"),
-                );
-            }
+        let Some(modifier) = Modifier::parse(&m.to_string()) else {
+            return err(
+                m.span(),
+                format!("unknown mask `{m}`; expected {}", Modifier::expected()),
+            );
         };
-        if listed {
-            let hint = match word.as_str() {
-                "bias" | "shared_bias" => {
-                    "; a kernel takes one bias: `bias` ([batch, heads, seq, seq]) or \
-                     `shared_bias` ([batch, 1, seq, seq])"
-                }
-                _ => "",
-            };
-            return err(m.span(), format!("mask `{m}` is listed twice{hint}"));
+        if masks.has(modifier) {
+            return err(m.span(), format!("mask `{m}` is listed twice"));
         }
-        spans.push((Field::Mask(word), m.span()));
+        if let Some(other) = modifier.excludes().filter(|o| masks.has(*o)) {
+            return err(
+                m.span(),
+                format!(
+                    "mask `{m}` is listed beside `{}`; a kernel takes one bias: `bias` \
+                     ([batch, heads, seq, seq]) or `shared_bias` ([batch, 1, seq, seq])",
+                    other.word()
+                ),
+            );
+        }
+        masks = masks.with(modifier);
+        spans.push((Field::Mask(modifier.word().to_string()), m.span()));
     }
     Ok(masks)
 }

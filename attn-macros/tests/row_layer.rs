@@ -27,7 +27,7 @@ attention_kernel! {
 fn the_backward_binds_partials_per_row_tile_and_spreads_dw_over_grid_rows() {
     use layernorm_linear_backward as k;
     assert_eq!(k::HEAD_DIM, 768);
-    assert_eq!(attn_dsl::row_layer::out_dim(&k::ABI), Some(3072));
+    assert_eq!(k::ABI.out_dim, 3072);
     let dw = k::ABI.binding("dw").unwrap();
     assert_eq!(
         dw.layout.as_ref(),

@@ -2,7 +2,7 @@
 //! `masks` words): the sliding window, ALiBi slopes, an additive bias, the soft cap and
 //! dropout. One struct for the forward, the decode, the backward and the references.
 
-use attn_dsl::{BiasHeads, KernelAbi, Masks, Scalar};
+use attn_dsl::{BiasHeads, KernelAbi, Masks, Modifier, Scalar};
 
 use crate::device::Gpu;
 use crate::error::InputError;
@@ -244,13 +244,23 @@ pub(crate) fn scalar_name(s: Scalar) -> &'static str {
 impl<T: ?Sized> ModifiersOf<'_, T> {
     /// The kernels' masks for these modifiers, with the causal and document masks.
     pub fn masks(&self, causal: bool, document: bool) -> Masks {
-        Masks {
-            window: self.window.is_some(),
-            alibi: self.alibi.is_some(),
-            bias: self.bias.map(|b| b.heads),
-            softcap: self.softcap.is_some(),
-            dropout: self.dropout.is_some(),
-            ..Masks::new(causal, document)
+        Modifier::ALL
+            .into_iter()
+            .filter(|m| self.gives(*m))
+            .fold(Masks::new(causal, document), Masks::with)
+    }
+
+    /// Whether these values include one for `m` (never for the words that take none).
+    fn gives(&self, m: Modifier) -> bool {
+        let bias = |heads| self.bias.is_some_and(|b| b.heads == heads);
+        match m {
+            Modifier::Causal | Modifier::Document => false,
+            Modifier::Window => self.window.is_some(),
+            Modifier::Alibi => self.alibi.is_some(),
+            Modifier::Bias => bias(BiasHeads::PerHead),
+            Modifier::SharedBias => bias(BiasHeads::Shared),
+            Modifier::Softcap => self.softcap.is_some(),
+            Modifier::Dropout => self.dropout.is_some(),
         }
     }
 
@@ -279,26 +289,22 @@ impl<T: ?Sized> ModifiersOf<'_, T> {
 
     /// Every value given for a word `abi` was built with, and none for a word it was not.
     fn check_words(&self, abi: &KernelAbi) -> Result<(), InputError> {
-        let given = self.masks(abi.masks.causal, abi.masks.document);
-        for (word, built, wanted) in [
-            ("window", abi.masks.window, given.window),
-            ("alibi", abi.masks.alibi, given.alibi),
-            ("bias", abi.masks.bias.is_some(), given.bias.is_some()),
-            ("softcap", abi.masks.softcap, given.softcap),
-            ("dropout", abi.masks.dropout, given.dropout),
-        ] {
-            if built != wanted {
-                return Err(InputError::Modifier {
-                    kernel: abi.name.to_string(),
-                    word,
-                    built,
-                });
-            }
-        }
-        if abi.masks.bias != given.bias {
+        if let (Some(built), Some(given)) = (abi.masks.bias, self.bias)
+            && built != given.heads
+        {
             return Err(InputError::BiasHeads {
                 kernel: abi.name.to_string(),
             });
+        }
+        for m in Modifier::ALL.into_iter().filter(|m| m.takes_value()) {
+            let built = abi.masks.has(m);
+            if built != self.gives(m) {
+                return Err(InputError::Modifier {
+                    kernel: abi.name.to_string(),
+                    word: m.word(),
+                    built,
+                });
+            }
         }
         Ok(())
     }
@@ -377,6 +383,83 @@ impl Modifiers<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each word a kernel was built with needs its value, each value its word, and the
+    /// bias its layout: one row per word of `Modifier::ALL` that takes a value.
+    #[test]
+    fn values_must_match_the_kernel_words() {
+        let slopes = [0.5f32; 2];
+        let bias = [0.0f32; 4];
+        let none = Modifiers::default();
+        let given = |m: Modifier| match m {
+            Modifier::Window => Modifiers {
+                window: Some(3),
+                ..none
+            },
+            Modifier::Alibi => Modifiers {
+                alibi: Some(&slopes[..]),
+                ..none
+            },
+            Modifier::Bias | Modifier::SharedBias => {
+                let heads = match m {
+                    Modifier::Bias => BiasHeads::PerHead,
+                    _ => BiasHeads::Shared,
+                };
+                Modifiers {
+                    bias: Some(Bias {
+                        values: &bias[..],
+                        heads,
+                    }),
+                    ..none
+                }
+            }
+            Modifier::Softcap => Modifiers {
+                softcap: Some(2.0),
+                ..none
+            },
+            Modifier::Dropout => Modifiers {
+                dropout: Some(Dropout {
+                    p: 0.1,
+                    seed: 1,
+                    offset: 0,
+                }),
+                ..none
+            },
+            Modifier::Causal | Modifier::Document => none,
+        };
+        let abi = |masks: Masks| {
+            let spec = attn_dsl::KernelSpec::standard("fwd", attn_dsl::Op::Forward, 64, masks);
+            attn_dsl::compile(&spec).expect("compiles")
+        };
+        let plain = abi(Masks::new(true, true));
+        for m in Modifier::ALL.into_iter().filter(|m| m.takes_value()) {
+            let built = abi(Masks::new(true, true).with(m));
+            assert_eq!(given(m).masks(true, true), built.masks, "{m:?}");
+            given(m)
+                .check_words(&built)
+                .expect("the value its word needs");
+            match none.check_words(&built) {
+                Err(InputError::Modifier {
+                    word, built: true, ..
+                }) => assert_eq!(word, m.word()),
+                other => panic!("{m:?} built, no value: {other:?}"),
+            }
+            match given(m).check_words(&plain) {
+                Err(InputError::Modifier {
+                    word, built: false, ..
+                }) => {
+                    assert_eq!(word, m.word())
+                }
+                other => panic!("{m:?} given to a kernel without it: {other:?}"),
+            }
+            if let Some(other) = m.excludes() {
+                assert!(matches!(
+                    given(other).check_words(&built),
+                    Err(InputError::BiasHeads { .. })
+                ));
+            }
+        }
+    }
 
     /// Random123's known-answer vectors for Philox-4x32-10.
     #[test]

@@ -7,7 +7,9 @@ use crate::error::{DslError, Field};
 use crate::layout::tiling::Tiling;
 use crate::plan::KernelAbi;
 use crate::signature::{self, Presence, Role};
-use crate::spec::{Axis, BiasHeads, Cache, Gqa, KernelSpec, Major, Op, Source, Target, WriteMode};
+use crate::spec::{
+    Axis, BiasHeads, Cache, Gqa, KernelSpec, Major, Modifier, Op, Source, Target, WriteMode,
+};
 
 /// The largest head_dim the per-row schedule holds: one invocation per element of a row.
 pub const MAX_HEAD_DIM: u32 = 256;
@@ -473,8 +475,9 @@ fn grid_unit(major: Major) -> &'static str {
 }
 
 fn check_masks(spec: &KernelSpec) -> Result<(), DslError> {
-    for word in spec.masks.words() {
-        if let Some(why) = cannot_honour(spec.op, word) {
+    for m in spec.masks.modifiers() {
+        let word = m.word();
+        if let Some(why) = cannot_honour(spec.op, m) {
             return Err(DslError::spec(
                 Field::Mask(word.to_string()),
                 format!(
@@ -487,10 +490,11 @@ fn check_masks(spec: &KernelSpec) -> Result<(), DslError> {
     Ok(())
 }
 
-/// Why `op` cannot honour the mask or modifier `word`, if it cannot.
-fn cannot_honour(op: Op, word: &str) -> Option<&'static str> {
-    match (op, word) {
-        (op, _) if op.is_row_layer() => Some(
+/// Why `op` cannot honour the mask or modifier `m`, if it cannot.
+fn cannot_honour(op: Op, m: Modifier) -> Option<&'static str> {
+    use Modifier::*;
+    match (op, m) {
+        (Op::LayernormLinear | Op::LayernormLinearBackward | Op::LayernormLinearReduce, _) => Some(
             "it is a row-wise layer (LayerNorm + Linear): no query meets a key, so no mask or \
              score modifier applies",
         ),
@@ -516,19 +520,20 @@ fn cannot_honour(op: Op, word: &str) -> Option<&'static str> {
             "it reads the forward's O and LSE, in which the masks and modifiers are already \
              applied",
         ),
-        (Op::Decode | Op::DecodeSplit, "causal" | "document") => Some(
+        (Op::Decode | Op::DecodeSplit, Causal | Document) => Some(
             "its one query row attends to the whole KV cache, whose length is the run-time \
              `cache_len`; limit the keys with cache_len (or `window`)",
         ),
-        (Op::Decode | Op::DecodeSplit, "bias" | "shared_bias") => Some(
+        (Op::Decode | Op::DecodeSplit, Bias | SharedBias) => Some(
             "a bias is a [seq, seq] tensor over a sequence's own queries, and a decode's query \
              is not one of its cache's rows",
         ),
-        (Op::Decode | Op::DecodeSplit, "dropout") => Some(
+        (Op::Decode | Op::DecodeSplit, Dropout) => Some(
             "dropout belongs to training, and a decode step runs inference; it has no \
              backward to regenerate the mask",
         ),
-        _ => None,
+        (Op::Decode | Op::DecodeSplit, Window | Alibi | Softcap)
+        | (Op::Forward | Op::BackwardQ | Op::BackwardKv, _) => None,
     }
 }
 

@@ -14,8 +14,10 @@ use crate::spec::{Dtype, KernelSpec};
 
 /// The `enable` directive the dtype needs, before any declaration.
 pub(super) fn directive(out: &mut Wgsl, spec: &KernelSpec) {
-    if spec.dtype == Dtype::F16 {
-        out.push_str("enable f16;\n\n");
+    match spec.dtype {
+        Dtype::F16 => out.push_str("enable f16;\n\n"),
+        // bf16 travels as u32 words: WGSL has no type to enable for it.
+        Dtype::F32 | Dtype::Bf16 => {}
     }
 }
 
@@ -68,11 +70,11 @@ pub(super) fn loads(out: &mut Wgsl, spec: &KernelSpec, names: &[(&str, &str)]) {
 /// `widen4(x) -> vec4<f32>` and `narrow4(x: vec4<f32>)`: an element of an `Elem::Data4`
 /// tensor (four values) to and from f32, for kernels that move data four at a time.
 pub(super) fn vec4_codec(out: &mut Wgsl, dtype: Dtype) {
-    let (t, widen, narrow) = match dtype {
-        Dtype::F32 => ("vec4<f32>", "x", "x"),
-        Dtype::F16 => ("vec4<f16>", "vec4<f32>(x)", "vec4<f16>(x)"),
+    let t = vec4_type(dtype);
+    let (widen, narrow) = match dtype {
+        Dtype::F32 => ("x", "x"),
+        Dtype::F16 => ("vec4<f32>(x)", "vec4<f16>(x)"),
         Dtype::Bf16 => (
-            "vec2<u32>",
             "bitcast<vec4<f32>>(vec4<u32>(x.x << 16u, x.x & 0xffff0000u, x.y << 16u, x.y & 0xffff0000u))",
             "vec2<u32>(bf16_bits(x.x) | (bf16_bits(x.y) << 16u), bf16_bits(x.z) | (bf16_bits(x.w) << 16u))",
         ),
@@ -85,6 +87,15 @@ pub(super) fn vec4_codec(out: &mut Wgsl, dtype: Dtype) {
         "fn widen4(x: {t}) -> vec4<f32> {{\n    return {widen};\n}}\n\n\
          fn narrow4(x: vec4<f32>) -> {t} {{\n    return {narrow};\n}}\n\n"
     );
+}
+
+/// The WGSL type of four elements of a `Elem::Data4` tensor as stored.
+pub(super) fn vec4_type(dtype: Dtype) -> &'static str {
+    match dtype {
+        Dtype::F32 => "vec4<f32>",
+        Dtype::F16 => "vec4<f16>",
+        Dtype::Bf16 => "vec2<u32>",
+    }
 }
 
 const BF16_BITS: &str = r#"// Round to nearest even; a NaN keeps a mantissa bit so that it stays NaN.

@@ -40,11 +40,14 @@ impl<'a> Dispatch<'a> {
     }
 }
 
+/// A bind group with the (buffer, offset, size) of each binding, by which it is reused.
+type CachedGroup = (Vec<(wgpu::Buffer, u64, u64)>, wgpu::BindGroup);
+
 /// A compiled kernel with the bind groups of its recent calls.
 pub(crate) struct Pipeline {
     kernel: Kernel,
     /// Most recently used last.
-    groups: Vec<(Vec<(wgpu::Buffer, u64, u64)>, wgpu::BindGroup)>,
+    groups: Vec<CachedGroup>,
 }
 
 impl Pipeline {

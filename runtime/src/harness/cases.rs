@@ -2,7 +2,7 @@
 //! on the GPU and judged against the f64 reference by the pass rule, as one or more rows.
 
 use crate::BlockOn;
-use attn_dsl::{BiasHeads, Cache, Dtype, FlashConfig, KernelAbi, KernelSpec, Masks, Op};
+use attn_dsl::{BiasHeads, Cache, Dtype, FlashConfig, KernelAbi, KernelSpec, Masks, Modifier, Op};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 use crate::attention::{self, DecodeInput, ForwardInput, Heads};
@@ -69,25 +69,34 @@ pub struct ModCase {
 
 impl ModCase {
     fn label(&self) -> String {
-        let mut parts = Vec::new();
-        if let Some(w) = self.window {
-            parts.push(format!("window{w}"));
+        let words: Vec<String> = Modifier::ALL
+            .into_iter()
+            .filter_map(|m| self.word(m))
+            .collect();
+        words.join("+")
+    }
+
+    /// `m`'s part of the label, with its value, when the case turns it on (the causal and
+    /// document masks belong to the case's shape).
+    fn word(&self, m: Modifier) -> Option<String> {
+        let on = |on: bool| on.then(|| m.word().to_string());
+        match m {
+            Modifier::Causal | Modifier::Document => None,
+            Modifier::Window => self.window.map(|w| format!("window{w}")),
+            Modifier::Alibi => on(self.alibi),
+            Modifier::Bias => on(self.bias == Some(BiasHeads::PerHead)),
+            Modifier::SharedBias => on(self.bias == Some(BiasHeads::Shared)),
+            Modifier::Softcap => self.softcap.map(|c| format!("softcap{c}")),
+            Modifier::Dropout => self.dropout_percent.map(|p| format!("dropout{p}%")),
         }
-        if self.alibi {
-            parts.push("alibi".into());
-        }
-        match self.bias {
-            Some(BiasHeads::PerHead) => parts.push("bias".into()),
-            Some(BiasHeads::Shared) => parts.push("shared_bias".into()),
-            None => {}
-        }
-        if let Some(c) = self.softcap {
-            parts.push(format!("softcap{c}"));
-        }
-        if let Some(p) = self.dropout_percent {
-            parts.push(format!("dropout{p}%"));
-        }
-        parts.join("+")
+    }
+
+    /// The masks of a kernel that runs this case, with the shape's causal and document masks.
+    pub fn masks(&self, causal: bool, document: bool) -> Masks {
+        Modifier::ALL
+            .into_iter()
+            .filter(|m| self.word(*m).is_some())
+            .fold(Masks::new(causal, document), Masks::with)
     }
 }
 
@@ -169,6 +178,17 @@ impl Case {
             "{rows}{batch} h={} kv={} d={}",
             h.n_heads, h.n_kv_heads, h.head_dim
         )
+    }
+
+    /// The modifiers this case exercises: its own, the causal mask where its shape is
+    /// causal and the document mask where its rows split into several documents.
+    pub fn masks(&self) -> Masks {
+        match self.shape {
+            Shape::Forward { docs, causal, .. } | Shape::Backward { docs, causal, .. } => {
+                self.mods.masks(causal, docs != Docs::Even(1))
+            }
+            Shape::Decode { .. } | Shape::Rope { .. } => self.mods.masks(false, false),
+        }
     }
 
     pub fn mask_label(&self) -> String {
@@ -742,7 +762,7 @@ impl Runner {
             let planned = self.backward.table.forward_in(gpu, head_dim, dtype);
             let mut configs = vec![tuning::forward_candidates(head_dim)[0]];
             configs.extend(planned.filter(|p| *p != configs[0]));
-            if dtype == Dtype::F16 {
+            if gpu.coop16_for(dtype) {
                 let coop = tuning::coop_candidates(gpu, head_dim);
                 configs.extend(coop.into_iter().filter(|c| Some(*c) != planned));
             }
