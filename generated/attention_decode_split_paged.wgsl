@@ -18,6 +18,7 @@ const MAX_SLICE: u32 = 512u;
 // groups of them whose loads each invocation issues together.
 const PV_ROWS: u32 = WG / V4;
 const PV_UNROLL: u32 = 4u;
+const PV_STEP: u32 = PV_UNROLL * PV_ROWS;
 
 struct Dims {
     cache_len: u32,
@@ -180,19 +181,20 @@ fn q4_index(h: u32) -> u32 {
     return (batch * dims.n_heads + h) * V4;
 }
 
-// vec4 column c of key j of the slice, zeros past its end.
+// vec4 column c of key j of the slice as stored, zeros past its end: the loads in
+// flight are held narrow (half the registers in f16 and bf16) and widened at use.
 fn fetch_k(j: u32, hi: u32, c: u32, kv_h: u32) -> vec4<f32> {
-    var x = vec4<f32>(0.0);
+    var x = vec4<f32>();
     if (j < hi) {
-        x = widen4(k_cache[kv4_index(j, kv_h) + c]);
+        x = k_cache[kv4_index(j, kv_h) + c];
     }
     return x;
 }
 
 fn fetch_v(j: u32, hi: u32, c: u32, kv_h: u32) -> vec4<f32> {
-    var x = vec4<f32>(0.0);
+    var x = vec4<f32>();
     if (j < hi) {
-        x = widen4(v_cache[kv4_index(j, kv_h) + c]);
+        x = v_cache[kv4_index(j, kv_h) + c];
     }
     return x;
 }
@@ -262,18 +264,20 @@ fn attention_decode_split_paged(@builtin(workgroup_id) wg: vec3<u32>, @builtin(l
     for (var t0 = first; t0 < hi; t0 = t0 + KEY_TILE) {
         let n0 = fetch_k(t0 + KEY_TILE + kr, hi, lane + 0u * LANES, kv_h);
         let n1 = fetch_k(t0 + KEY_TILE + kr, hi, lane + 1u * LANES, kv_h);
+        let w0 = widen4(k0);
+        let w1 = widen4(k1);
         var a0 = vec4<f32>(0.0);
         var a1 = vec4<f32>(0.0);
         var a2 = vec4<f32>(0.0);
         var a3 = vec4<f32>(0.0);
-        a0 = fma(sh_q[0u * V4 + lane + 0u * LANES], k0, a0);
-        a1 = fma(sh_q[1u * V4 + lane + 0u * LANES], k0, a1);
-        a2 = fma(sh_q[2u * V4 + lane + 0u * LANES], k0, a2);
-        a3 = fma(sh_q[3u * V4 + lane + 0u * LANES], k0, a3);
-        a0 = fma(sh_q[0u * V4 + lane + 1u * LANES], k1, a0);
-        a1 = fma(sh_q[1u * V4 + lane + 1u * LANES], k1, a1);
-        a2 = fma(sh_q[2u * V4 + lane + 1u * LANES], k1, a2);
-        a3 = fma(sh_q[3u * V4 + lane + 1u * LANES], k1, a3);
+        a0 = fma(sh_q[0u * V4 + lane + 0u * LANES], w0, a0);
+        a1 = fma(sh_q[1u * V4 + lane + 0u * LANES], w0, a1);
+        a2 = fma(sh_q[2u * V4 + lane + 0u * LANES], w0, a2);
+        a3 = fma(sh_q[3u * V4 + lane + 0u * LANES], w0, a3);
+        a0 = fma(sh_q[0u * V4 + lane + 1u * LANES], w1, a0);
+        a1 = fma(sh_q[1u * V4 + lane + 1u * LANES], w1, a1);
+        a2 = fma(sh_q[2u * V4 + lane + 1u * LANES], w1, a2);
+        a3 = fma(sh_q[3u * V4 + lane + 1u * LANES], w1, a3);
         sh_red[tid] = vec4<f32>(hsum(a0), hsum(a1), hsum(a2), hsum(a3));
         workgroupBarrier();
         if (tid < KEY_TILE) {
@@ -304,6 +308,16 @@ fn attention_decode_split_paged(@builtin(workgroup_id) wg: vec3<u32>, @builtin(l
         k1 = n1;
     }
 
+    // P·V's first rows of V, fetched now so that their latency hides behind the max and
+    // the sum: invocation (r, c) reads vec4 column c of rows r, r + PV_ROWS, ..
+    let c = tid % V4;
+    let r = tid / V4;
+    let i0 = first - lo + r;
+    var v0 = fetch_v(lo + i0 + 0u * PV_ROWS, hi, c, kv_h);
+    var v1 = fetch_v(lo + i0 + 1u * PV_ROWS, hi, c, kv_h);
+    var v2 = fetch_v(lo + i0 + 2u * PV_ROWS, hi, c, kv_h);
+    var v3 = fetch_v(lo + i0 + 3u * PV_ROWS, hi, c, kv_h);
+
     // The slice's exact max and sum: no rescaling within a slice.
     var mx = vec4<f32>(NEG_BIG);
     for (var i = first - lo + tid; i < hi - lo; i = i + WG) {
@@ -318,40 +332,46 @@ fn attention_decode_split_paged(@builtin(workgroup_id) wg: vec3<u32>, @builtin(l
     }
     let l = wg_sum4(tid, ls);
 
-    // P·V: invocation (r, c) sums vec4 column c over rows r, r + PV_ROWS, .., PV_UNROLL
-    // rows' loads issued together so that several are in flight.
-    let c = tid % V4;
-    let r = tid / V4;
+    // P·V: invocation (r, c) sums vec4 column c over its rows, PV_UNROLL rows a step,
+    // the next step's rows fetched before this step's products.
     var o0 = vec4<f32>(0.0);
     var o1 = vec4<f32>(0.0);
     var o2 = vec4<f32>(0.0);
     var o3 = vec4<f32>(0.0);
     if (r < PV_ROWS) {
-        for (var i = first - lo + r; i < hi - lo; i = i + PV_UNROLL * PV_ROWS) {
-            let v0 = fetch_v(lo + i + 0u * PV_ROWS, hi, c, kv_h);
+        for (var i = i0; i < hi - lo; i = i + PV_STEP) {
+            let n0 = fetch_v(lo + i + PV_STEP + 0u * PV_ROWS, hi, c, kv_h);
+            let n1 = fetch_v(lo + i + PV_STEP + 1u * PV_ROWS, hi, c, kv_h);
+            let n2 = fetch_v(lo + i + PV_STEP + 2u * PV_ROWS, hi, c, kv_h);
+            let n3 = fetch_v(lo + i + PV_STEP + 3u * PV_ROWS, hi, c, kv_h);
             let p0 = p_at(i + 0u * PV_ROWS, hi - lo);
-            let v1 = fetch_v(lo + i + 1u * PV_ROWS, hi, c, kv_h);
+            let w0 = widen4(v0);
+            o0 = fma(vec4<f32>(p0.x), w0, o0);
+            o1 = fma(vec4<f32>(p0.y), w0, o1);
+            o2 = fma(vec4<f32>(p0.z), w0, o2);
+            o3 = fma(vec4<f32>(p0.w), w0, o3);
             let p1 = p_at(i + 1u * PV_ROWS, hi - lo);
-            let v2 = fetch_v(lo + i + 2u * PV_ROWS, hi, c, kv_h);
+            let w1 = widen4(v1);
+            o0 = fma(vec4<f32>(p1.x), w1, o0);
+            o1 = fma(vec4<f32>(p1.y), w1, o1);
+            o2 = fma(vec4<f32>(p1.z), w1, o2);
+            o3 = fma(vec4<f32>(p1.w), w1, o3);
             let p2 = p_at(i + 2u * PV_ROWS, hi - lo);
-            let v3 = fetch_v(lo + i + 3u * PV_ROWS, hi, c, kv_h);
+            let w2 = widen4(v2);
+            o0 = fma(vec4<f32>(p2.x), w2, o0);
+            o1 = fma(vec4<f32>(p2.y), w2, o1);
+            o2 = fma(vec4<f32>(p2.z), w2, o2);
+            o3 = fma(vec4<f32>(p2.w), w2, o3);
             let p3 = p_at(i + 3u * PV_ROWS, hi - lo);
-            o0 = fma(vec4<f32>(p0.x), v0, o0);
-            o1 = fma(vec4<f32>(p0.y), v0, o1);
-            o2 = fma(vec4<f32>(p0.z), v0, o2);
-            o3 = fma(vec4<f32>(p0.w), v0, o3);
-            o0 = fma(vec4<f32>(p1.x), v1, o0);
-            o1 = fma(vec4<f32>(p1.y), v1, o1);
-            o2 = fma(vec4<f32>(p1.z), v1, o2);
-            o3 = fma(vec4<f32>(p1.w), v1, o3);
-            o0 = fma(vec4<f32>(p2.x), v2, o0);
-            o1 = fma(vec4<f32>(p2.y), v2, o1);
-            o2 = fma(vec4<f32>(p2.z), v2, o2);
-            o3 = fma(vec4<f32>(p2.w), v2, o3);
-            o0 = fma(vec4<f32>(p3.x), v3, o0);
-            o1 = fma(vec4<f32>(p3.y), v3, o1);
-            o2 = fma(vec4<f32>(p3.z), v3, o2);
-            o3 = fma(vec4<f32>(p3.w), v3, o3);
+            let w3 = widen4(v3);
+            o0 = fma(vec4<f32>(p3.x), w3, o0);
+            o1 = fma(vec4<f32>(p3.y), w3, o1);
+            o2 = fma(vec4<f32>(p3.z), w3, o2);
+            o3 = fma(vec4<f32>(p3.w), w3, o3);
+            v0 = n0;
+            v1 = n1;
+            v2 = n2;
+            v3 = n3;
         }
     }
     flush_head(tid, slice, head0 + 0u, 0u < n_here, o0, vec2<f32>(m.x, l.x));

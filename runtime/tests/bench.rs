@@ -132,8 +132,17 @@ fn decode_rows_count_the_cache_and_time_every_decode_and_the_copy() {
     let gpu = Gpu::new(kernels::FAMILY.iter().copied())
         .block_on()
         .unwrap_or_else(|e| panic!("{e}"));
-    let copy = bench::copy_bandwidth(&gpu, 0, 1).unwrap();
-    assert!(copy.timing.median_ms > 0.0 && copy.gbps() > 0.0);
+    let copies = bench::copy_bandwidth(&gpu, 0, 1).unwrap();
+    assert!(copies[0].kernel.starts_with("copy kernel"));
+    assert!(copies[1].kernel.starts_with("copy_buffer_to_buffer"));
+    for copy in &copies {
+        assert!(copy.timing.median_ms > 0.0 && copy.gbps() > 0.0);
+        assert_eq!(
+            copy.bytes % (2.0 * 4.0 * 16384.0),
+            0.0,
+            "whole workgroups, read + written"
+        );
+    }
     let rows = bench::decode(&gpu, shape, None, 0, 1).unwrap();
     let kernels: Vec<&str> = rows.iter().map(|r| r.kernel.as_str()).collect();
     assert!(kernels[0].starts_with("decode plain"), "{kernels:?}");

@@ -18,10 +18,7 @@ use std::fmt::Write;
 
 use crate::spec::{Cache, KernelSpec, Op};
 
-/// Rows of V each invocation loads at once in P·V: several loads in flight per invocation.
-const PV_UNROLL: u32 = 4;
-
-use crate::layout::decode::{lanes, max_slice};
+use crate::layout::decode::{lanes, max_slice, pv_unroll};
 
 pub(super) fn constants(out: &mut Wgsl, spec: &KernelSpec) {
     let _ = write!(
@@ -43,9 +40,11 @@ pub(super) fn constants(out: &mut Wgsl, spec: &KernelSpec) {
              const MAX_SLICE: u32 = {max}u;\n\
              // Rows of V read at once in P·V, one vec4 column per invocation, and the\n\
              // groups of them whose loads each invocation issues together.\n\
-             const PV_ROWS: u32 = WG / V4;\nconst PV_UNROLL: u32 = {PV_UNROLL}u;\n",
+             const PV_ROWS: u32 = WG / V4;\nconst PV_UNROLL: u32 = {unroll}u;\n\
+             const PV_STEP: u32 = PV_UNROLL * PV_ROWS;\n",
             tile = spec.grid.tile,
-            lanes = lanes(spec.head_dim),
+            lanes = lanes(spec),
+            unroll = pv_unroll(spec),
             max = max_slice(spec),
         );
     }
@@ -148,8 +147,9 @@ fn split(out: &mut Wgsl, spec: &KernelSpec) {
         (0..heads).map(|i| f(i, COMPONENTS[i])).collect()
     };
     // Each invocation's vec4s of a key: V4 / LANES of them, `lane` apart by LANES.
-    let per_lane = spec.head_dim / 4 / lanes(spec.head_dim);
+    let per_lane = spec.head_dim / 4 / lanes(spec);
     let each_vec = |f: &dyn Fn(u32) -> String| -> String { (0..per_lane).map(f).collect() };
+    let widen_k = each_vec(&|e| format!("        let w{e} = widen4(k{e});\n"));
     let first_fetch = each_vec(&|e| {
         format!("    var k{e} = fetch_k(first + kr, hi, lane + {e}u * LANES, kv_h);\n")
     });
@@ -159,7 +159,7 @@ fn split(out: &mut Wgsl, spec: &KernelSpec) {
     let accs = each(&|i, _| format!("        var a{i} = vec4<f32>(0.0);\n"));
     let fmas = each_vec(&|e| {
         each(&|i, _| {
-            format!("        a{i} = fma(sh_q[{i}u * V4 + lane + {e}u * LANES], k{e}, a{i});\n")
+            format!("        a{i} = fma(sh_q[{i}u * V4 + lane + {e}u * LANES], w{e}, a{i});\n")
         })
     });
     let rotate = each_vec(&|e| format!("        k{e} = n{e};\n"));
@@ -173,19 +173,21 @@ fn split(out: &mut Wgsl, spec: &KernelSpec) {
         )
     });
     let pv_accs = each(&|i, _| format!("    var o{i} = vec4<f32>(0.0);\n"));
-    let pv_loads: String = (0..PV_UNROLL)
-        .map(|u| {
-            format!(
-                "            let v{u} = fetch_v(lo + i + {u}u * PV_ROWS, hi, c, kv_h);\n            \
-                 let p{u} = p_at(i + {u}u * PV_ROWS, hi - lo);\n"
-            )
-        })
-        .collect();
-    let pv_fmas: String = (0..PV_UNROLL)
-        .map(|u| {
-            each(&|i, c| format!("            o{i} = fma(vec4<f32>(p{u}.{c}), v{u}, o{i});\n"))
-        })
-        .collect();
+    let each_row = |f: &dyn Fn(u32) -> String| -> String { (0..pv_unroll(spec)).map(f).collect() };
+    let first_v =
+        each_row(&|u| format!("    var v{u} = fetch_v(lo + i0 + {u}u * PV_ROWS, hi, c, kv_h);\n"));
+    let pv_loads = each_row(&|u| {
+        format!("            let n{u} = fetch_v(lo + i + PV_STEP + {u}u * PV_ROWS, hi, c, kv_h);\n")
+    });
+    let pv_fmas = each_row(&|u| {
+        format!(
+            "            let p{u} = p_at(i + {u}u * PV_ROWS, hi - lo);\n            \
+             let w{u} = widen4(v{u});\n{}",
+            each(&|i, c| format!("            o{i} = fma(vec4<f32>(p{u}.{c}), w{u}, o{i});\n"))
+        )
+    });
+    let pv_rotate = each_row(&|u| format!("            v{u} = n{u};\n"));
+    let raw = super::dtype::vec4_type(spec.dtype);
     let flush = each(&|i, c| {
         format!(
             "    flush_head(tid, slice, head0 + {i}u, {i}u < n_here, o{i}, vec2<f32>(m.{c}, l.{c}));\n"
@@ -212,19 +214,20 @@ fn q4_index(h: u32) -> u32 {{
     return (batch * dims.n_heads + h) * V4;
 }}
 
-// vec4 column c of key j of the slice, zeros past its end.
-fn fetch_k(j: u32, hi: u32, c: u32, kv_h: u32) -> vec4<f32> {{
-    var x = vec4<f32>(0.0);
+// vec4 column c of key j of the slice as stored, zeros past its end: the loads in
+// flight are held narrow (half the registers in f16 and bf16) and widened at use.
+fn fetch_k(j: u32, hi: u32, c: u32, kv_h: u32) -> {raw} {{
+    var x = {raw}();
     if (j < hi) {{
-        x = widen4(k_cache[kv4_index(j, kv_h) + c]);
+        x = k_cache[kv4_index(j, kv_h) + c];
     }}
     return x;
 }}
 
-fn fetch_v(j: u32, hi: u32, c: u32, kv_h: u32) -> vec4<f32> {{
-    var x = vec4<f32>(0.0);
+fn fetch_v(j: u32, hi: u32, c: u32, kv_h: u32) -> {raw} {{
+    var x = {raw}();
     if (j < hi) {{
-        x = widen4(v_cache[kv4_index(j, kv_h) + c]);
+        x = v_cache[kv4_index(j, kv_h) + c];
     }}
     return x;
 }}
@@ -290,7 +293,7 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     let lane = tid % LANES;
     let kr = tid / LANES;
 {first_fetch}    for (var t0 = first; t0 < hi; t0 = t0 + KEY_TILE) {{
-{next_fetch}{accs}{fmas}        sh_red[tid] = vec4<f32>({d0}, {d1}, {d2}, {d3});
+{next_fetch}{widen_k}{accs}{fmas}        sh_red[tid] = vec4<f32>({d0}, {d1}, {d2}, {d3});
         workgroupBarrier();
         if (tid < KEY_TILE) {{
             let j = t0 + tid;
@@ -306,6 +309,12 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         workgroupBarrier();
 {rotate}    }}
 
+    // P·V's first rows of V, fetched now so that their latency hides behind the max and
+    // the sum: invocation (r, c) reads vec4 column c of rows r, r + PV_ROWS, ..
+    let c = tid % V4;
+    let r = tid / V4;
+    let i0 = first - lo + r;
+{first_v}
     // The slice's exact max and sum: no rescaling within a slice.
     var mx = vec4<f32>(NEG_BIG);
     for (var i = first - lo + tid; i < hi - lo; i = i + WG) {{
@@ -320,13 +329,11 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     }}
     let l = wg_sum4(tid, ls);
 
-    // P·V: invocation (r, c) sums vec4 column c over rows r, r + PV_ROWS, .., PV_UNROLL
-    // rows' loads issued together so that several are in flight.
-    let c = tid % V4;
-    let r = tid / V4;
+    // P·V: invocation (r, c) sums vec4 column c over its rows, PV_UNROLL rows a step,
+    // the next step's rows fetched before this step's products.
 {pv_accs}    if (r < PV_ROWS) {{
-        for (var i = first - lo + r; i < hi - lo; i = i + PV_UNROLL * PV_ROWS) {{
-{pv_loads}{pv_fmas}        }}
+        for (var i = i0; i < hi - lo; i = i + PV_STEP) {{
+{pv_loads}{pv_fmas}{pv_rotate}        }}
     }}
 {flush}}}
 "#,

@@ -10,19 +10,33 @@ pub const MAX_SPLIT_HEADS: u32 = 4;
 /// the workgroup memory of the target does not hold that many.
 pub const SLICE_CAP: u32 = 512;
 
-/// Invocations that share one key's dot products in the scores pass: the largest of
-/// 8, 4, 2, 1 dividing head_dim / 4, so each reads a strided share of the key's vec4s.
-pub fn lanes(head_dim: u32) -> u32 {
-    [8, 4, 2, 1]
+/// Invocations that share one key's dot products in the scores pass, each reading a
+/// strided share of the key's vec4s: in f32 the largest of 8, 4, 2, 1 dividing
+/// head_dim / 4; in half precision a vec4 is half the bytes, so half as many invocations
+/// share a key and each keeps the same bytes in flight. A decode is bound by the loads in
+/// flight: with f32's lanes, f16 moved half the bytes in the same time (H100, 32k cache).
+pub fn lanes(spec: &KernelSpec) -> u32 {
+    let f32_lanes = [8, 4, 2, 1]
         .into_iter()
-        .find(|l| (head_dim / 4).is_multiple_of(*l))
-        .unwrap_or(1)
+        .find(|l| (spec.head_dim / 4).is_multiple_of(*l))
+        .unwrap_or(1);
+    (f32_lanes * vec4_bytes(spec) / 16).max(1)
+}
+
+/// Rows of V each invocation loads at once in P·V: four f32 vec4s (64 bytes) in flight,
+/// the same bytes in half precision.
+pub fn pv_unroll(spec: &KernelSpec) -> u32 {
+    4 * 16 / vec4_bytes(spec)
+}
+
+fn vec4_bytes(spec: &KernelSpec) -> u32 {
+    4 * spec.dtype.bytes()
 }
 
 /// Keys scored per step: the workgroup's invocations in groups of [`lanes`]. A slice's
 /// length is a multiple of it.
 pub fn key_tile(spec: &KernelSpec) -> u32 {
-    spec.workgroup_size / lanes(spec.head_dim)
+    spec.workgroup_size / lanes(spec)
 }
 
 /// Workgroup memory besides the staged scores: Q of the served heads, one vec4 per

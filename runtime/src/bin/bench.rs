@@ -347,11 +347,12 @@ fn decode(gpu: &Gpu, args: &Args, cache_len: u32) -> anyhow::Result<()> {
             head_dim: args.head_dim.first().copied().unwrap_or(128),
         },
     };
-    let copy = bench::copy_bandwidth(gpu, args.warmup, args.runs)?;
+    let [copy, buffer_copy] = bench::copy_bandwidth(gpu, args.warmup, args.runs)?;
     let rows =
         bench::decode(gpu, shape, args.slice_len, args.warmup, args.runs).context(shape.label())?;
+    let all = || [&copy, &buffer_copy].into_iter().chain(&rows);
     if args.json {
-        for r in std::iter::once(&copy).chain(&rows) {
+        for r in all() {
             println!(
                 "{}",
                 serde_json::json!({
@@ -372,13 +373,13 @@ fn decode(gpu: &Gpu, args: &Args, cache_len: u32) -> anyhow::Result<()> {
     println!("adapter: {}", gpu.describe());
     println!(
         "GB/s: bytes moved (decode: K and V read, Q read, O written; copy: read + written) \
-         per second of GPU time; of copy: that over the copy's GB/s"
+         per second of GPU time; of copy: that over the copy kernel's GB/s"
     );
     println!(
         "{:<32} {:<52} {:>10} {:>10} {:>9} {:>8}",
         "shape", "kernel", "median ms", "min ms", "GB/s", "of copy"
     );
-    for r in std::iter::once(&copy).chain(&rows) {
+    for r in all() {
         println!(
             "{:<32} {:<52} {:>10.3} {:>10.3} {:>9.1} {:>7.0}%",
             shape.label(),

@@ -4,7 +4,7 @@
 
 pub mod e2e;
 
-use attn_dsl::{Cache, Dtype, KernelSpec, Masks, Op, Scalar};
+use attn_dsl::{Cache, KernelSpec, Masks, Op, Scalar};
 
 use crate::attention::{Heads, checked_grid, uniforms};
 use crate::backward::Schedule;
@@ -503,7 +503,7 @@ fn half_forwards(
             .forward_for(gpu, heads, problem, dtype)
             .unwrap_or(scalar);
         let mut configs = vec![planned];
-        if dtype == Dtype::F16 {
+        if gpu.coop16_for(dtype) {
             let coop = tuning::coop_candidates(gpu, head_dim);
             configs.extend(coop.into_iter().filter(|c| *c != planned));
         }
@@ -617,31 +617,113 @@ const COPY_BYTES: u64 = 256 << 20;
 /// granularity.
 const COPIES: u32 = 4;
 
+/// A copy kernel: each invocation loads `UNROLL` vec4<u32>s, `WG` apart, before storing
+/// any, so several loads are in flight per invocation as in a decode.
+const COPY_WGSL: &str = "
+const WG: u32 = 256u;
+const UNROLL: u32 = 4u;
+@group(0) @binding(0) var<storage, read> src: array<vec4<u32>>;
+@group(0) @binding(1) var<storage, read_write> dst: array<vec4<u32>>;
+
+@compute @workgroup_size(WG)
+fn copy4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    let base = wg.x * UNROLL * WG + t;
+    let x0 = src[base];
+    let x1 = src[base + WG];
+    let x2 = src[base + 2u * WG];
+    let x3 = src[base + 3u * WG];
+    dst[base] = x0;
+    dst[base + WG] = x1;
+    dst[base + 2u * WG] = x2;
+    dst[base + 3u * WG] = x3;
+}
+";
+
+/// Bytes one workgroup of [`COPY_WGSL`] copies.
+const COPY_PER_WORKGROUP: u64 = 256 * 4 * 16;
+
 /// The adapter's copy bandwidth in the same units as [`DecodeRow::gbps`] (bytes read plus
-/// bytes written per second): `copy_buffer_to_buffer` of a large buffer, timed by
-/// timestamps written by empty compute passes before and after the copies (wgpu writes
-/// them at the bottom of the pipe, after every earlier command).
-pub fn copy_bandwidth(gpu: &Gpu, warmup: usize, runs: usize) -> Result<DecodeRow, Error> {
-    let bytes = COPY_BYTES.min(gpu.limits().max_buffer_size) / 4 * 4;
+/// bytes written per second), two ways: a copy kernel (the reference a decode is judged
+/// by: it reads and writes through the same load and store path), and
+/// `copy_buffer_to_buffer` (which on the H100's driver moves a third of what the kernel
+/// does, so it is no bandwidth test), each timed by timestamps written by empty compute
+/// passes before and after the copies.
+pub fn copy_bandwidth(gpu: &Gpu, warmup: usize, runs: usize) -> Result<[DecodeRow; 2], Error> {
+    let limits = gpu.limits();
+    let bytes = COPY_BYTES
+        .min(limits.max_buffer_size)
+        .min(u64::from(limits.max_storage_buffer_binding_size))
+        .min(u64::from(limits.max_compute_workgroups_per_dimension) * COPY_PER_WORKGROUP)
+        / COPY_PER_WORKGROUP
+        * COPY_PER_WORKGROUP;
     let make = |label| {
         gpu.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
             size: bytes,
-            usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            usage: wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST
+                | wgpu::BufferUsages::STORAGE,
             mapped_at_creation: false,
         })
     };
     let (src, dst) = (make("copy src"), make("copy dst"));
-    let timing = timing::time_encoded(gpu, warmup, runs, |encoder| {
+    let module = gpu
+        .device
+        .create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some("copy4"),
+            source: wgpu::ShaderSource::Wgsl(COPY_WGSL.into()),
+        });
+    let pipeline = gpu
+        .device
+        .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some("copy4"),
+            layout: None,
+            module: &module,
+            entry_point: Some("copy4"),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+    let group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some("copy4"),
+        layout: &pipeline.get_bind_group_layout(0),
+        entries: &[
+            wgpu::BindGroupEntry {
+                binding: 0,
+                resource: src.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 1,
+                resource: dst.as_entire_binding(),
+            },
+        ],
+    });
+    let groups = (bytes / COPY_PER_WORKGROUP) as u32;
+    let kernel = timing::time_encoded(gpu, warmup, runs, |encoder| {
+        let mut pass = encoder.begin_compute_pass(&Default::default());
+        pass.set_pipeline(&pipeline);
+        pass.set_bind_group(0, &group, &[]);
+        for _ in 0..COPIES {
+            pass.dispatch_workgroups(groups, 1, 1);
+        }
+    })?;
+    let copied = timing::time_encoded(gpu, warmup, runs, |encoder| {
         for _ in 0..COPIES {
             encoder.copy_buffer_to_buffer(&src, 0, &dst, 0, bytes);
         }
     })?;
-    Ok(DecodeRow {
-        kernel: format!("copy_buffer_to_buffer {} MiB x{COPIES}", bytes >> 20),
-        timing,
-        bytes: 2.0 * bytes as f64 * f64::from(COPIES),
-    })
+    let moved = 2.0 * bytes as f64 * f64::from(COPIES);
+    Ok([
+        DecodeRow {
+            kernel: format!("copy kernel {} MiB x{COPIES}", bytes >> 20),
+            timing: kernel,
+            bytes: moved,
+        },
+        DecodeRow {
+            kernel: format!("copy_buffer_to_buffer {} MiB x{COPIES}", bytes >> 20),
+            timing: copied,
+            bytes: moved,
+        },
+    ])
 }
 
 /// Keys per page of the paged decode row: vLLM's default.
@@ -759,6 +841,8 @@ pub fn decode(
         )?;
         let prepared = half.prepare(gpu, &input, None, slice_len)?;
         let s = prepared.slicing;
+        let steps = prepared.steps(&half);
+        let bytes = shape.bytes_in(2.0);
         rows.push(DecodeRow {
             kernel: format!(
                 "decode split-K {}x{} + reduce, {}",
@@ -766,9 +850,19 @@ pub fn decode(
                 s.slice_len,
                 dtype.name()
             ),
-            timing: timing::time(gpu, &prepared.steps(&half), warmup, runs)?,
-            bytes: shape.bytes_in(2.0),
+            timing: timing::time(gpu, &steps, warmup, runs)?,
+            bytes,
         });
+        // Each pass alone: what the split pass's streaming costs beside the fixed cost of
+        // the reduce and of a second dispatch.
+        let (split_pass, reduce_pass) = steps.split_at(1);
+        for (part, steps, bytes) in [("split", split_pass, bytes), ("reduce", reduce_pass, 0.0)] {
+            rows.push(DecodeRow {
+                kernel: format!("  part: {part} pass alone, {}", dtype.name()),
+                timing: timing::time(gpu, steps, warmup, runs)?,
+                bytes,
+            });
+        }
     }
     Ok(rows)
 }
