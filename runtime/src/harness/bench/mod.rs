@@ -6,6 +6,7 @@ pub mod e2e;
 
 use attn_dsl::{Cache, KernelSpec, Masks, Op, Scalar};
 
+use crate::BlockOn;
 use crate::attention::{Heads, checked_grid, uniforms};
 use crate::backward::Schedule;
 use crate::buffers;
@@ -667,6 +668,12 @@ pub fn copy_bandwidth(gpu: &Gpu, warmup: usize, runs: usize) -> Result<[DecodeRo
         })
     };
     let (src, dst) = (make("copy src"), make("copy dst"));
+    // A pattern in the source, so that the kernel's copy can be checked, not just timed.
+    let word = |i: u64| (i as u32).wrapping_mul(0x9E37_79B9) ^ 0x5bd1_e995;
+    let words: Vec<u32> = (0..bytes / 4).map(word).collect();
+    gpu.queue
+        .write_buffer(&src, 0, bytemuck::cast_slice(&words));
+    drop(words);
     let module = gpu
         .device
         .create_shader_module(wgpu::ShaderModuleDescriptor {
@@ -706,6 +713,18 @@ pub fn copy_bandwidth(gpu: &Gpu, warmup: usize, runs: usize) -> Result<[DecodeRo
             pass.dispatch_workgroups(groups, 1, 1);
         }
     })?;
+    // Its first and last workgroups' bytes: a wrong index would leave either stale.
+    let span = COPY_PER_WORKGROUP.min(bytes);
+    for offset in [0, bytes - span] {
+        let got = crate::device::readback::read_range(gpu, &dst, offset, span).block_on()?;
+        let want = (offset / 4..(offset + span) / 4).flat_map(|i| word(i).to_le_bytes());
+        if !got.into_iter().eq(want) {
+            return Err(Error::Readback(format!(
+                "the copy kernel did not copy bytes {offset}..{}",
+                offset + span
+            )));
+        }
+    }
     let copied = timing::time_encoded(gpu, warmup, runs, |encoder| {
         for _ in 0..COPIES {
             encoder.copy_buffer_to_buffer(&src, 0, &dst, 0, bytes);
