@@ -653,7 +653,7 @@ pub fn copy_bandwidth(gpu: &Gpu, warmup: usize, runs: usize) -> Result<[DecodeRo
     let limits = gpu.limits();
     let bytes = COPY_BYTES
         .min(limits.max_buffer_size)
-        .min(u64::from(limits.max_storage_buffer_binding_size))
+        .min(limits.max_storage_buffer_binding_size)
         .min(u64::from(limits.max_compute_workgroups_per_dimension) * COPY_PER_WORKGROUP)
         / COPY_PER_WORKGROUP
         * COPY_PER_WORKGROUP;
