@@ -54,9 +54,16 @@ pub const PHILOX_WGSL: &str = emit::scores::PHILOX;
 
 /// Checks `spec`, plans its bindings, emits its WGSL and validates it with naga.
 pub fn compile(spec: &KernelSpec) -> Result<KernelAbi, DslError> {
+    compile_phases(spec, emit::coop::Phases::ALL)
+}
+
+/// [`compile`] with a tensor-core forward's key loop cut to the phases in `keep`: a
+/// measuring instrument (`bench --phases`), whose output is not attention unless `keep`
+/// is [`emit::coop::Phases::ALL`].
+pub fn compile_phases(spec: &KernelSpec, keep: emit::coop::Phases) -> Result<KernelAbi, DslError> {
     check::check_spec(spec)?;
     let bindings = plan::bindings(spec);
-    let wgsl = emit::emit(spec, &bindings);
+    let wgsl = emit::emit_phases(spec, &bindings, keep);
     let abi = KernelAbi {
         name: Cow::Owned(spec.name.clone()),
         op: spec.op,

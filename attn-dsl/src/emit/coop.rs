@@ -28,7 +28,82 @@ pub(super) fn directive(out: &mut Wgsl) {
     out.push_str("enable wgpu_cooperative_matrix;\n\n");
 }
 
-pub(super) fn kernel(out: &mut Wgsl, spec: &KernelSpec, t: &CoopTiling) {
+/// The phases of one key block of the forward, each of which the phase model times alone
+/// (`bench --phases`): a kernel built without one keeps its barriers, so what it saves is
+/// the phase's own work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Phases {
+    /// The block's K and V from global memory into workgroup memory.
+    pub stage: bool,
+    /// S = Q·Kᵀ on cooperative matrices, stored to workgroup memory as f32.
+    pub scores: bool,
+    /// Masks, the row max and sum, P = exp(S − m) stored as f16.
+    pub softmax: bool,
+    /// O += P·V on cooperative matrices.
+    pub accumulate: bool,
+}
+
+impl Phases {
+    pub const ALL: Phases = Phases {
+        stage: true,
+        scores: true,
+        softmax: true,
+        accumulate: true,
+    };
+    pub const NONE: Phases = Phases {
+        stage: false,
+        scores: false,
+        softmax: false,
+        accumulate: false,
+    };
+
+    /// Each phase's name, with the set holding only it.
+    pub fn each() -> [(&'static str, Phases); 4] {
+        let none = Phases::NONE;
+        [
+            (
+                "stage",
+                Phases {
+                    stage: true,
+                    ..none
+                },
+            ),
+            (
+                "scores",
+                Phases {
+                    scores: true,
+                    ..none
+                },
+            ),
+            (
+                "softmax",
+                Phases {
+                    softmax: true,
+                    ..none
+                },
+            ),
+            (
+                "accumulate",
+                Phases {
+                    accumulate: true,
+                    ..none
+                },
+            ),
+        ]
+    }
+
+    /// Every phase but those in `other`.
+    pub fn without(self, other: Phases) -> Phases {
+        Phases {
+            stage: self.stage && !other.stage,
+            scores: self.scores && !other.scores,
+            softmax: self.softmax && !other.softmax,
+            accumulate: self.accumulate && !other.accumulate,
+        }
+    }
+}
+
+pub(super) fn kernel(out: &mut Wgsl, spec: &KernelSpec, t: &CoopTiling, keep: Phases) {
     constants(out, t);
     workgroup_memory(out, t);
     fetch(out, "q", "q", "q_index(r, h)", "BR");
@@ -40,7 +115,7 @@ pub(super) fn kernel(out: &mut Wgsl, spec: &KernelSpec, t: &CoopTiling) {
         false => stage_rows(out, "stage_q", "BR", &[("q", "0u")]),
     }
     super::flash::tile_key_range(out);
-    body(out, t);
+    body(out, t, keep);
     entry(out, spec, "flash_forward_coop");
 }
 
@@ -56,7 +131,10 @@ fn constants(out: &mut Wgsl, t: &CoopTiling) {
          const KS: u32 = {ks}u;\nconst SS: u32 = {ss}u;\nconst PS: u32 = {ps}u;\n\
          // The first staged rows of K and of V.\nconst KB: u32 = {}u;\nconst VB: u32 = {}u;\n\
          // The reference max moves only when a block's max passes it by more than TAU, so\n\
-         // P = exp(s - m) stays below e^TAU.\nconst TAU: f32 = 5.5;\n\n",
+         // P = exp(s - m) stays below e^TAU.\nconst TAU: f32 = 5.5;\n\
+         // P = 2^(s·LOG2E − m·LOG2E), rounded to f16 (2^-11) on its way to P·V, needs no\n\
+         // more than the hardware's exp2: the exactly split exp_f32 (0.5 ulp of f32) took a\n\
+         // quarter of the softmax's time on an H100.\nconst LOG2E: f32 = 1.442695041;\n\n",
         t.br,
         t.bc,
         t.br / FRAG,
@@ -194,7 +272,7 @@ pub(super) fn softmax_layout(t: &CoopTiling) -> (u32, u32, u32) {
     (rows, lanes, t.bc / lanes)
 }
 
-fn body(out: &mut Wgsl, t: &CoopTiling) {
+fn body(out: &mut Wgsl, t: &CoopTiling, keep: Phases) {
     let dk = t.head_dim / FRAG;
     let (rows, lanes, keys) = softmax_layout(t);
     let mut b = String::new();
@@ -224,19 +302,42 @@ fn body(out: &mut Wgsl, t: &CoopTiling) {
          let pr = rg * {FRAG}u + lane / 2u;\n    \
          let range = workgroupUniformLoad(&sh_range);\n    \
          let kt_end = (range.y + BC - 1u) / BC;\n    \
-         for (var kt = range.x / BC; kt < kt_end; kt = kt + 1u) {{\n        let j0 = kt * BC;\n        \
-         // The previous block is done with sh_kv, sh_s, sh_p and sh_c.\n        \
-         workgroupBarrier();\n        if (tid == 0u) {{\n            atomicStore(&sh_rescale, 0u);\n        }}\n"
+         for (var kt = range.x / BC; kt < kt_end; kt = kt + 1u) {{\n        let j0 = kt * BC;\n"
     );
-    stage_block(&mut b, t, &[("k", "KB"), ("v", "VB")], "j0", "kv_h");
-    scores(&mut b, t);
-    softmax(&mut b, lanes, keys);
+    let kv = [("k", "KB"), ("v", "VB")];
+    let barrier = "        workgroupBarrier();\n";
+    // The block's loads are issued before the barrier that waits for the previous block
+    // to be done with workgroup memory, so that their latency overlaps the wait.
+    if keep.stage {
+        fetch_block(&mut b, t, &kv, "j0", "kv_h");
+    }
+    b.push_str(
+        "        // The previous block is done with sh_kv, sh_s, sh_p and sh_c.\n        \
+         workgroupBarrier();\n        if (tid == 0u) {\n            atomicStore(&sh_rescale, 0u);\n        }\n",
+    );
+    match keep.stage {
+        true => put_block(&mut b, t, &kv),
+        false => b.push_str(barrier),
+    }
+    match keep.scores {
+        true => scores(&mut b, t),
+        false => b.push_str(barrier),
+    }
+    if keep.softmax {
+        softmax(&mut b, lanes, keys);
+    }
     rescale(&mut b, dk / t.split);
-    accumulate(&mut b, t);
+    if keep.accumulate {
+        accumulate(&mut b, t);
+    }
     b.push_str("    }\n");
     finish(&mut b, t, lanes);
     // `softmax` exponentiates.
-    out.put(Fragment::new(b, &[Helper::Exp]));
+    let helpers: &[Helper] = match keep.softmax {
+        true => &[Helper::Exp],
+        false => &[],
+    };
+    out.put(Fragment::new(b, helpers));
 }
 
 /// Q into workgroup memory, and with Q in registers its fragments `qa_k` loaded: whole,
@@ -288,8 +389,18 @@ pub(super) fn stage_block(
     r0: &str,
     head: &str,
 ) {
-    let carried = (t.bc * t.head_dim / 4).div_ceil(t.workgroup_size());
-    for i in 0..carried {
+    fetch_block(b, t, tensors, r0, head);
+    put_block(b, t, tensors);
+}
+
+/// Vec4s of the block's rows each invocation carries from global to workgroup memory.
+fn carried(t: &CoopTiling) -> u32 {
+    (t.bc * t.head_dim / 4).div_ceil(t.workgroup_size())
+}
+
+/// The loads of [`stage_block`], into `p{name}_{i}`.
+fn fetch_block(b: &mut String, t: &CoopTiling, tensors: &[(&str, &str)], r0: &str, head: &str) {
+    for i in 0..carried(t) {
         for (name, _) in tensors {
             let _ = writeln!(
                 b,
@@ -297,7 +408,11 @@ pub(super) fn stage_block(
             );
         }
     }
-    for i in 0..carried {
+}
+
+/// The stores of [`stage_block`], then a barrier.
+fn put_block(b: &mut String, t: &CoopTiling, tensors: &[(&str, &str)]) {
+    for i in 0..carried(t) {
         for (name, base) in tensors {
             let _ = writeln!(b, "        put(tid + {i}u * WG, {base}, p{name}_{i});");
         }
@@ -460,10 +575,10 @@ fn softmax(b: &mut String, lanes: u32, keys: u32) {
     for c in 0..keys {
         let _ = writeln!(
             b,
-            "        let j_{c} = j0 + k0 + {col}u;\n        \
+            "        let x_{c} = k0 + {}u;\n        let j_{c} = j0 + x_{c};\n        \
              let v_{c} = j_{c} >= lo && j_{c} < hi && key_visible(row, j_{c});\n        \
-             let s_{c} = select(NEG_BIG, score(row, h, j_{c}, sh_s[r * SS + k0 + {col}u]), v_{c});",
-            col = c * lanes
+             let s_{c} = select(NEG_BIG, score(row, h, j_{c}, sh_s[r * SS + x_{c}]), v_{c});",
+            c * lanes
         );
     }
     let max = (1..keys).fold("s_0".to_string(), |acc, c| format!("max({acc}, s_{c})"));
@@ -477,15 +592,14 @@ fn softmax(b: &mut String, lanes: u32, keys: u32) {
          let mn = select(m, rm, moved);\n        let c = exp_f32(m - mn);\n        m = mn;\n        \
          l = l * c;\n        if (rescales) {{\n            \
          atomicStore(&sh_rescale, 1u);\n        }}\n        \
-         if (k0 == 0u) {{\n            sh_c[r] = c;\n        }}\n",
+         if (k0 == 0u) {{\n            sh_c[r] = c;\n        }}\n        let ml = m * LOG2E;\n",
         row_reduce("rm", "max", lanes, "        ")
     );
     for c in 0..keys {
         let _ = writeln!(
             b,
-            "        let p_{c} = select(0.0, exp_f32(s_{c} - m), v_{c});\n        l = l + p_{c};\n        \
-             sh_p[r * PS + k0 + {}u] = f16(dropped(row, h, j_{c}, p_{c}));",
-            c * lanes
+            "        let p_{c} = select(0.0, exp2(fma(s_{c}, LOG2E, -ml)), v_{c});\n        l = l + p_{c};\n        \
+             sh_p[r * PS + x_{c}] = f16(dropped(row, h, j_{c}, p_{c}));",
         );
     }
 }

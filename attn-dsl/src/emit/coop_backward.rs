@@ -15,7 +15,6 @@
 //! f32 in workgroup memory for the elementwise step. The gradients are summed in the
 //! accumulators over every block and added into the f32 outputs once, at the end.
 
-use super::numerics::Helper;
 use super::writer::{Fragment, Template, Wgsl};
 use std::fmt::Write;
 
@@ -120,7 +119,9 @@ fn constants(out: &mut Wgsl, t: &CoopTiling) {
          const KS: u32 = {ks}u;\nconst SS: u32 = {ss}u;\nconst PS: u32 = {ps}u;\n\
          // The elementwise step: rows per subgroup, invocations per row, columns each\n\
          // (interleaved, so that the row's invocations read consecutive words).\n\
-         const EROWS: u32 = {rows}u;\nconst ELANES: u32 = {lanes}u;\nconst ECOLS: u32 = {keys}u;\n\n",
+         const EROWS: u32 = {rows}u;\nconst ELANES: u32 = {lanes}u;\nconst ECOLS: u32 = {keys}u;\n\
+         // P = 2^((s − LSE)·LOG2E) by the hardware's exp2: P and dS are rounded to f16\n\
+         // (2^-11) before their products, far above its error.\nconst LOG2E: f32 = 1.442695041;\n\n",
         t.br,
         t.bc,
         t.br / FRAG,
@@ -374,13 +375,13 @@ fn products(b: &mut String, t: &CoopTiling, half: &Half, elementwise: &str) {
 /// P = exp(S − LSE) and dS = scale·P·(dP − D) for the invocation's ECOLS keys of its row.
 const Q_ELEMENTWISE: Template = Template {
     name: "q_elementwise",
-    needs: &[Helper::Exp],
+    needs: &[],
     text: r#"        for (var i = 0u; i < ECOLS; i = i + 1u) {
             let c = c0 + i * ELANES;
             let j = j0 + c;
             let v = j >= lo && j < hi && key_visible(row, j);
             let x = scored(row, h, j, sh_s[r * SS + c]);
-            let p = exp_f32(x.x - row_lse);
+            let p = exp2((x.x - row_lse) * LOG2E);
             let g = select(0.0, score_grad(x, p * (dropped(row, h, j, sh_dp[r * SS + c]) - delta)), v);
             sh_ds[r * PS + c] = f16(params.scale * g);
             $dbias
@@ -391,14 +392,14 @@ const Q_ELEMENTWISE: Template = Template {
 /// Pᵀ (dropped) and dSᵀ for the invocation's ECOLS queries of its key.
 const KV_ELEMENTWISE: Template = Template {
     name: "kv_elementwise",
-    needs: &[Helper::Exp],
+    needs: &[],
     text: r#"        for (var i = 0u; i < ECOLS; i = i + 1u) {
             let c = c0 + i * ELANES;
             let q = s0 + c;
             let st = sh_stats[c];
             let v = q < dims.seq_len && col < dims.seq_len && visible(q, col);
             let x = scored(q, h, col, sh_s[r * SS + c]);
-            let p = select(0.0, exp_f32(x.x - st.x), v);
+            let p = select(0.0, exp2((x.x - st.x) * LOG2E), v);
             let g = select(0.0, score_grad(x, p * (dropped(q, h, col, sh_dp[r * SS + c]) - st.y)), v);
             sh_p[r * PS + c] = f16(dropped(q, h, col, p));
             sh_ds[r * PS + c] = f16(params.scale * g);

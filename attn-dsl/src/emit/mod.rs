@@ -37,6 +37,13 @@ use crate::spec::{KernelSpec, Op};
 
 /// WGSL source for `spec`, declaring exactly `bindings`.
 pub fn emit(spec: &KernelSpec, bindings: &[Binding]) -> String {
+    emit_phases(spec, bindings, coop::Phases::ALL)
+}
+
+/// [`emit`], with a tensor-core forward's key loop running only the phases in `keep` (its
+/// barriers stay): the instrument behind the phase model in docs/performance.md. Every
+/// other kernel ignores `keep`.
+pub fn emit_phases(spec: &KernelSpec, bindings: &[Binding], keep: coop::Phases) -> String {
     let mut head = Wgsl::new();
     header(&mut head, spec);
     if spec.op.is_row_layer() {
@@ -53,7 +60,7 @@ pub fn emit(spec: &KernelSpec, bindings: &[Binding]) -> String {
     uniform_structs(&mut head, spec, bindings);
     declarations(&mut head, bindings);
     let mut body = Wgsl::new();
-    emit_body(&mut body, spec);
+    emit_body(&mut body, spec, keep);
     let (mut out, head_needs) = head.into_parts();
     let (body, body_needs) = body.into_parts();
     out.push_str(&numerics::helpers(head_needs.union(body_needs), spec.op));
@@ -68,11 +75,11 @@ pub fn helper_names() -> impl Iterator<Item = &'static str> {
 
 /// Everything after the declarations and the numerics helpers: the op's helpers and its
 /// schedule.
-fn emit_body(out: &mut Wgsl, spec: &KernelSpec) {
+fn emit_body(out: &mut Wgsl, spec: &KernelSpec, keep: coop::Phases) {
     if let Some(t) = coop::CoopTiling::of(spec) {
         if spec.op == Op::Forward {
             attend::forward_helpers(out, spec);
-            coop::kernel(out, spec, &t);
+            coop::kernel(out, spec, &t, keep);
         } else {
             coop_backward::kernel(out, spec, &t);
         }

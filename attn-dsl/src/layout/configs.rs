@@ -317,6 +317,40 @@ mod tests {
         assert!(passes >= 10, "{passes}");
     }
 
+    /// The phase model's kernels (`bench --only phases`) compile with every phase set, and
+    /// cutting a phase removes its work: only the whole set multiplies S by V.
+    #[test]
+    fn every_phase_set_compiles() {
+        use crate::emit::coop::Phases;
+        let config = coop_forward(128, CANDIDATE_WORKGROUP_BYTES)[0];
+        let spec = crate::KernelSpec {
+            dtype: crate::Dtype::F16,
+            ..crate::KernelSpec::flash(
+                "phases",
+                Op::Forward,
+                128,
+                crate::Masks::new(true, false),
+                config,
+            )
+        };
+        let products = |keep| {
+            let abi =
+                crate::compile_phases(&spec, keep).unwrap_or_else(|e| panic!("{keep:?}: {e}"));
+            abi.wgsl.matches("coopMultiplyAdd").count()
+        };
+        let all = products(Phases::ALL);
+        assert_eq!(products(Phases::NONE), 0);
+        for (name, only) in Phases::each() {
+            let cut = products(Phases::ALL.without(only));
+            assert_eq!(
+                cut < all,
+                name == "scores" || name == "accumulate",
+                "{name}"
+            );
+            assert_eq!(products(only) > 0, cut < all, "{name}");
+        }
+    }
+
     /// The rule reproduces the configurations that won on an H100 when they were listed
     /// by hand, and candidate 0 fits WebGPU's defaults.
     #[test]

@@ -81,8 +81,10 @@ struct Args {
     /// head_dim to this tuning table. Point ATTN_TUNING at it to use it.
     #[arg(long, value_name = "PATH")]
     tune: Option<std::path::PathBuf>,
-    /// Time only the forward kernels, only the backward schedules, or only the
-    /// half-precision (f16, bf16) forwards.
+    /// Time only the forward kernels, only the backward schedules, only the
+    /// half-precision (f16, bf16) forwards, or the phases of the planned f16 tensor-core
+    /// forward (its key loop cut to each phase alone, and to all but each: the phase model
+    /// of docs/performance.md).
     #[arg(long, value_enum)]
     only: Option<Only>,
 }
@@ -92,6 +94,7 @@ enum Only {
     Forward,
     Backward,
     Half,
+    Phases,
 }
 
 fn main() -> ExitCode {
@@ -179,6 +182,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         Some(Only::Forward) => bench::Parts::Forward,
         Some(Only::Backward) => bench::Parts::Backward,
         Some(Only::Half) => bench::Parts::Half,
+        Some(Only::Phases) => bench::Parts::Phases,
     };
     let mut gpu = Gpu::new(kernels::FAMILY.iter().copied()).block_on()?;
     if args.unchecked {

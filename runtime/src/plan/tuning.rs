@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use attn_dsl::emit::coop::Phases;
 use attn_dsl::row_layer::RowSums;
 use attn_dsl::{DslError, Dtype, FlashConfig, KernelAbi, KernelSpec, Masks, Matrix, Op};
 use serde::{Deserialize, Serialize};
@@ -475,13 +476,25 @@ pub fn flash_forward_in(
     config: FlashConfig,
     dtype: Dtype,
 ) -> Result<KernelAbi, DslError> {
+    flash_forward_phases(head_dim, masks, config, dtype, Phases::ALL)
+}
+
+/// [`flash_forward_in`] with a tensor-core forward's key loop cut to the phases in `keep`
+/// (`bench --phases`; not attention unless `keep` is [`Phases::ALL`]).
+pub fn flash_forward_phases(
+    head_dim: u32,
+    masks: Masks,
+    config: FlashConfig,
+    dtype: Dtype,
+    keep: Phases,
+) -> Result<KernelAbi, DslError> {
     let name = family_name("attention_forward_flash", head_dim);
     let mut spec = KernelSpec {
         dtype,
         ..KernelSpec::flash(&name, Op::Forward, head_dim, masks, config)
     };
     spec.fit_target();
-    attn_dsl::compile(&spec)
+    attn_dsl::compile_phases(&spec, keep)
 }
 
 #[cfg(test)]

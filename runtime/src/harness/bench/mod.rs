@@ -4,7 +4,8 @@
 
 pub mod e2e;
 
-use attn_dsl::{Cache, KernelSpec, Masks, Op, Scalar};
+use attn_dsl::emit::coop::Phases;
+use attn_dsl::{Cache, Dtype, KernelSpec, Masks, Op, Scalar};
 
 use crate::BlockOn;
 use crate::attention::{Heads, checked_grid, uniforms};
@@ -127,6 +128,9 @@ pub enum Parts {
     Backward,
     /// The half-precision forwards alone (f16 where the device has it, bf16).
     Half,
+    /// The planned f16 tensor-core forward whole, with no phase, with each phase alone
+    /// and without each ([`attn_dsl::emit::coop::Phases`]).
+    Phases,
 }
 
 /// Times the forward and each backward schedule the device runs on `shape` (or only one
@@ -275,7 +279,10 @@ pub fn run(
             .first()
             .filter(|r| r.kernel == "forward tile-1")
             .and_then(|r| r.timing.map(|t| t.median_ms));
-        let half = half_forwards(gpu, h, (shape.batch, shape.seq), masks)?;
+        let half = match parts {
+            Parts::Phases => phase_forwards(gpu, h, (shape.batch, shape.seq), masks)?,
+            _ => half_forwards(gpu, h, (shape.batch, shape.seq), masks)?,
+        };
         // The half kernels read and write 16-bit copies of the same data.
         // (and the backward reads a saved O in the dtype).
         let copies: Vec<(&str, Scalar, wgpu::Buffer)> = data
@@ -318,7 +325,7 @@ pub fn run(
                 baseline_ms: tile1,
             });
         }
-        if parts != Parts::Forward {
+        if !matches!(parts, Parts::Forward | Parts::Phases) {
             for (label, kernels) in half_backwards(gpu, h, masks)? {
                 let bound = in_dtype(kernels[0].abi().scalar("o"), false);
                 let steps = kernels
@@ -365,7 +372,7 @@ pub fn run(
             }
         }
     }
-    if matches!(parts, Parts::Forward | Parts::Half) {
+    if matches!(parts, Parts::Forward | Parts::Half | Parts::Phases) {
         return Ok(rows);
     }
     let compiled = crate::backward::schedule_kernels(gpu, &set)?;
@@ -523,6 +530,43 @@ fn half_forwards(
         }
     }
     Ok(out)
+}
+
+/// The planned f16 tensor-core forward with its key loop cut to phases: whole, none, each
+/// alone, all but each (row label, dtype, kernel); empty where f16 does not run on tensor
+/// cores.
+fn phase_forwards(
+    gpu: &Gpu,
+    heads: Heads,
+    problem: (u32, u32),
+    masks: Masks,
+) -> Result<Vec<(String, Scalar, Kernel)>, Error> {
+    let table = tuning::Table::for_gpu(gpu).unwrap_or_default();
+    let Some(config) = table
+        .forward_for(gpu, heads, problem, Dtype::F16)
+        .filter(|c| c.matrix == attn_dsl::Matrix::Coop16)
+    else {
+        return Ok(Vec::new());
+    };
+    let mut sets = vec![
+        ("all".to_string(), Phases::ALL),
+        ("none".into(), Phases::NONE),
+    ];
+    for (name, only) in Phases::each() {
+        sets.push((format!("only {name}"), only));
+        sets.push((format!("without {name}"), Phases::ALL.without(only)));
+    }
+    sets.into_iter()
+        .map(|(name, keep)| {
+            let kernel = format!("phases {}: {name}", config.label());
+            let abi = tuning::flash_forward_phases(heads.head_dim, masks, config, Dtype::F16, keep)
+                .map_err(|e| Error::Pipeline {
+                    kernel: kernel.clone(),
+                    message: e.to_string(),
+                })?;
+            Ok((kernel, Scalar::F16, Kernel::now(gpu, &abi)?))
+        })
+        .collect()
 }
 
 /// The half-precision tiled backward in each dtype the device has, in each configuration
