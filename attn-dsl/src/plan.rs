@@ -134,7 +134,7 @@ impl KernelAbi {
 
     /// Whether a binding holds f16 (the kernel needs `enable f16`).
     pub fn uses_f16(&self) -> bool {
-        self.bindings.iter().any(|b| b.scalar == Scalar::F16)
+        self.bindings.iter().any(|b| b.scalar == Scalar::F16) || self.grid.uses_coop()
     }
 
     /// The element type of binding `name` (f32 when there is none).

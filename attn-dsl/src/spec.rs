@@ -619,6 +619,18 @@ pub enum Dtype {
 impl Dtype {
     pub const ALL: [Dtype; 3] = [Dtype::F32, Dtype::F16, Dtype::Bf16];
 
+    /// Whether `op` runs its products on cooperative matrices (`matrix = coop16`, f16
+    /// operands) in this dtype: f16 as it is; bf16 in the forward, each row of Q, K and V
+    /// scaled by a power of two into f16's range (exact for every value within 2^38 of its
+    /// row's largest; see `emit::coop`).
+    pub fn on_tensor_cores(self, op: Op) -> bool {
+        match self {
+            Dtype::F16 => true,
+            Dtype::Bf16 => op == Op::Forward,
+            Dtype::F32 => false,
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Dtype::F32 => "f32",
@@ -710,6 +722,12 @@ impl KernelSpec {
             .iter()
             .find(|(n, _)| n == tensor)
             .map(|(_, m)| *m)
+    }
+
+    /// Whether the kernel computes in f16 (needs SHADER_F16): f16 data, or f16 operands
+    /// of cooperative matrices (bf16 data scaled into them).
+    pub fn uses_f16(&self) -> bool {
+        self.dtype == Dtype::F16 || self.grid.uses_coop()
     }
 
     pub fn has_atomics(&self) -> bool {

@@ -21,9 +21,9 @@ pub fn capabilities(spec: &KernelSpec) -> Capabilities {
     };
     // f16 is an optional WebGPU feature (`shader-f16`): the runtime creates such a kernel
     // only on a device with SHADER_F16, under either target.
-    let half = match spec.dtype {
-        crate::spec::Dtype::F16 => Capabilities::SHADER_FLOAT16,
-        _ => Capabilities::empty(),
+    let half = match spec.uses_f16() {
+        true => Capabilities::SHADER_FLOAT16,
+        false => Capabilities::empty(),
     };
     base | atomics | half
 }

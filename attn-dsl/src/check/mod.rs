@@ -396,11 +396,12 @@ fn check_coop(spec: &KernelSpec) -> Result<(), DslError> {
                 .into(),
         );
     }
-    if spec.dtype != crate::spec::Dtype::F16 {
+    if !spec.dtype.on_tensor_cores(spec.op) {
         return refuse(format!(
-            "`matrix = coop16` multiplies f16 operands; add `dtype: f16` (this description \
-             reads {})",
-            spec.dtype.name()
+            "`matrix = coop16` multiplies f16 operands (bf16 ones scaled into f16 in the \
+             forward only); add `dtype: f16` (this description reads {} for op {})",
+            spec.dtype.name(),
+            spec.op.name()
         ));
     }
     let t = crate::layout::coop::CoopTiling::of(spec).expect("a coop grid");

@@ -16,6 +16,7 @@
 //! lives in registers); S as f32 (each subgroup's 16 rows, reused for rescales and the
 //! output); P as f16.
 
+use super::coop_scale;
 use super::numerics::Helper;
 use super::writer::{Fragment, Wgsl};
 use std::fmt::Write;
@@ -106,13 +107,26 @@ impl Phases {
 pub(super) fn kernel(out: &mut Wgsl, spec: &KernelSpec, t: &CoopTiling, keep: Phases) {
     constants(out, t);
     workgroup_memory(out, t);
-    fetch(out, "q", "q", "q_index(r, h)", "BR");
-    fetch(out, "k", "k", "kv_index(r, h)", "BC");
-    fetch(out, "v", "v", "kv_index(r, h)", "BC");
+    let fetches = [
+        ("q", "q_index(r, h)", "BR"),
+        ("k", "kv_index(r, h)", "BC"),
+        ("v", "kv_index(r, h)", "BC"),
+    ];
+    for (name, index, rows) in fetches {
+        match t.scaled {
+            true => coop_scale::fetch(out, name, name, index, rows),
+            false => fetch(out, name, name, index, rows),
+        }
+    }
+    if t.scaled {
+        coop_scale::workgroup_memory(out);
+        coop_scale::helpers(out);
+    }
     put(out);
-    match t.q_in_passes() {
-        true => stage_q_columns(out, t.q_columns()),
-        false => stage_rows(out, "stage_q", "BR", &[("q", "0u")]),
+    match (t.q_in_passes(), t.scaled) {
+        (true, _) => stage_q_columns(out, t.q_columns(), t.scaled),
+        (false, false) => stage_rows(out, "stage_q", "BR", &[("q", "0u")]),
+        (false, true) => stage_q_scaled(out),
     }
     super::flash::tile_key_range(out);
     body(out, t, keep);
@@ -232,7 +246,24 @@ pub(super) fn stage_rows(out: &mut Wgsl, name: &str, rows: &str, tensors: &[(&st
 
 /// `stage_q(r0, h, tid, c0)`: columns c0..c0 + QC of the tile's BR rows of Q into the
 /// staging area, rows QS halves apart.
-fn stage_q_columns(out: &mut Wgsl, cols: u32) {
+fn stage_q_columns(out: &mut Wgsl, cols: u32, scaled: bool) {
+    let (zero, load) = match scaled {
+        true => (
+            "vec2<u32>(0u)",
+            format!(
+                "let i = (q_index(r, h) + c0 + (e % (QC / 4u)) * 4u) >> 1u;\n            \
+                 w = vec2<u32>(q[i], q[i + 1u]);"
+            ),
+        ),
+        false => (
+            "vec4<f16>(0.0)",
+            "w = q[(q_index(r, h) + c0 + (e % (QC / 4u)) * 4u) >> 2u];".to_string(),
+        ),
+    };
+    let x = match scaled {
+        true => coop_scale::q_half("w", "e / (QC / 4u)"),
+        false => "w".to_string(),
+    };
     let _ = write!(
         out,
         r#"// Q is staged QC columns at a time, rows QS halves apart.
@@ -242,16 +273,27 @@ const QS: u32 = {}u;
 fn stage_q(r0: u32, h: u32, tid: u32, c0: u32) {{
     for (var e = tid; e < BR * (QC / 4u); e = e + WG) {{
         let r = r0 + e / (QC / 4u);
-        var x = vec4<f16>(0.0);
+        var w = {zero};
         if (r < dims.seq_len) {{
-            x = q[(q_index(r, h) + c0 + (e % (QC / 4u)) * 4u) >> 2u];
+            {load}
         }}
-        put4((e / (QC / 4u)) * QS + (e % (QC / 4u)) * 4u, x);
+        put4((e / (QC / 4u)) * QS + (e % (QC / 4u)) * 4u, {x});
     }}
 }}
 
 "#,
         cols + 8
+    );
+}
+
+/// `stage_q(r0, h, tid)` for bf16 Q: each vec4 scaled by its row's power of two.
+fn stage_q_scaled(out: &mut Wgsl) {
+    let _ = write!(
+        out,
+        "fn stage_q(r0: u32, h: u32, tid: u32) {{\n    \
+         for (var e = tid; e < BR * (HEAD_DIM / 4u); e = e + WG) {{\n        \
+         put_row4(e / (HEAD_DIM / 4u), e % (HEAD_DIM / 4u), {});\n    }}\n}}\n\n",
+        coop_scale::q_half("fetch_q(r0, h, e)", "e / (HEAD_DIM / 4u)")
     );
 }
 
@@ -292,18 +334,26 @@ fn body(out: &mut Wgsl, t: &CoopTiling, keep: Phases) {
     // subgroup's rows, SS words apart, fall in distinct banks; in runs of `keys`
     // consecutive keys four invocations shared each bank, and the H100's forward at seq
     // 4096, d 128 took 1.017 ms against 0.931 interleaved).
+    // With bf16 operands: O's own reference max (log2 units) and the row's Q scale.
+    let scaled = match t.scaled {
+        true => "    var mo = NEG_BIG;\n    let qs = from_half(atomicLoad(&sh_qmax[r]));\n",
+        false => "",
+    };
     let _ = write!(
         b,
         "    let r = sg * {rows}u + lane / {lanes}u;\n    let row = row0 + r;\n    \
          let k0 = lane % {lanes}u;\n    var lo = 0u;\n    var hi = 0u;\n    \
          if (row < dims.seq_len) {{\n        let range = key_range(row);\n        \
-         lo = range.x;\n        hi = range.y;\n    }}\n    var m = NEG_BIG;\n    var l = 0.0;\n    \
+         lo = range.x;\n        hi = range.y;\n    }}\n    var m = NEG_BIG;\n    var l = 0.0;\n{scaled}    \
          // The row of P·V's fragments this invocation rescales and stores.\n    \
          let pr = rg * {FRAG}u + lane / 2u;\n    \
          let range = workgroupUniformLoad(&sh_range);\n    \
          let kt_end = (range.y + BC - 1u) / BC;\n    \
          for (var kt = range.x / BC; kt < kt_end; kt = kt + 1u) {{\n        let j0 = kt * BC;\n"
     );
+    if t.scaled {
+        b.push_str("        let slot = kt % 2u;\n");
+    }
     let kv = [("k", "KB"), ("v", "VB")];
     let barrier = "        workgroupBarrier();\n";
     // The block's loads are issued before the barrier that waits for the previous block
@@ -316,6 +366,11 @@ fn body(out: &mut Wgsl, t: &CoopTiling, keep: Phases) {
          workgroupBarrier();\n        if (tid == 0u) {\n            atomicStore(&sh_rescale, 0u);\n        }\n",
     );
     match keep.stage {
+        true if t.scaled => {
+            coop_scale::key_scales(&mut b);
+            put_block(&mut b, t, &kv);
+            coop_scale::clear_slot(&mut b);
+        }
         true => put_block(&mut b, t, &kv),
         false => b.push_str(barrier),
     }
@@ -324,7 +379,7 @@ fn body(out: &mut Wgsl, t: &CoopTiling, keep: Phases) {
         false => b.push_str(barrier),
     }
     if keep.softmax {
-        softmax(&mut b, lanes, keys);
+        softmax(&mut b, lanes, keys, t.scaled);
     }
     rescale(&mut b, dk / t.split);
     if keep.accumulate {
@@ -343,6 +398,10 @@ fn body(out: &mut Wgsl, t: &CoopTiling, keep: Phases) {
 /// Q into workgroup memory, and with Q in registers its fragments `qa_k` loaded: whole,
 /// or in column passes, each pass's fragments loaded before the next overwrites them.
 fn stage_q(b: &mut String, t: &CoopTiling) {
+    if t.scaled {
+        coop_scale::q_maxima(b);
+        b.push_str("    workgroupBarrier();\n");
+    }
     if !t.q_in_passes() {
         b.push_str("    stage_q(row0, h, tid);\n    workgroupBarrier();\n");
         if !t.q_in_memory() {
@@ -406,6 +465,12 @@ fn fetch_block(b: &mut String, t: &CoopTiling, tensors: &[(&str, &str)], r0: &st
                 b,
                 "        let p{name}_{i} = fetch_{name}({r0}, {head}, tid + {i}u * WG);"
             );
+            if t.scaled {
+                let _ = writeln!(
+                    b,
+                    "        note_{name}(tid + {i}u * WG, slot * BC, p{name}_{i});"
+                );
+            }
         }
     }
 }
@@ -414,7 +479,12 @@ fn fetch_block(b: &mut String, t: &CoopTiling, tensors: &[(&str, &str)], r0: &st
 fn put_block(b: &mut String, t: &CoopTiling, tensors: &[(&str, &str)]) {
     for i in 0..carried(t) {
         for (name, base) in tensors {
-            let _ = writeln!(b, "        put(tid + {i}u * WG, {base}, p{name}_{i});");
+            let e = format!("tid + {i}u * WG");
+            let x = match t.scaled {
+                true => format!("half_{name}({e}, slot, p{name}_{i})"),
+                false => format!("p{name}_{i}"),
+            };
+            let _ = writeln!(b, "        put({e}, {base}, {x});");
         }
     }
     b.push_str("        workgroupBarrier();\n");
@@ -571,35 +641,91 @@ fn row_reduce(x: &str, op: &str, lanes: u32, ind: &str) -> String {
 /// The invocation's share of a row of S: masked and modified scores, the lazy max, P into
 /// sh_p, the row's rescale factor into sh_c. Ends with the rescale flag read, a workgroup
 /// barrier that also publishes P and sh_c.
-fn softmax(b: &mut String, lanes: u32, keys: u32) {
+fn softmax(b: &mut String, lanes: u32, keys: u32, scaled: bool) {
+    // With bf16 operands S holds Q'·K'ᵀ: each row's and each key's scale undo the
+    // conversion.
+    let scale = match scaled {
+        true => " * qs * sh_ks[x_{c}]",
+        false => "",
+    };
     for c in 0..keys {
         let _ = writeln!(
             b,
             "        let x_{c} = k0 + {}u;\n        let j_{c} = j0 + x_{c};\n        \
              let v_{c} = j_{c} >= lo && j_{c} < hi && key_visible(row, j_{c});\n        \
-             let s_{c} = select(NEG_BIG, score(row, h, j_{c}, sh_s[r * SS + x_{c}]), v_{c});",
-            c * lanes
+             let s_{c} = select(NEG_BIG, score(row, h, j_{c}, sh_s[r * SS + x_{c}]{}), v_{c});",
+            c * lanes,
+            scale.replace("{c}", &c.to_string())
         );
     }
-    let max = (1..keys).fold("s_0".to_string(), |acc, c| format!("max({acc}, s_{c})"));
     let _ = write!(
         b,
-        "        var rm = {max};\n{}        \
-         // An empty row keeps NEG_BIG; a first visible key always moves it.\n        \
+        "        var rm = {};\n{}",
+        max_of("s", keys),
+        row_reduce("rm", "max", lanes, "        ")
+    );
+    match scaled {
+        true => scaled_weights(b, lanes, keys),
+        false => weights(b, keys),
+    }
+}
+
+/// `max(max({v}_0, {v}_1), ..)` over `keys` values.
+fn max_of(v: &str, keys: u32) -> String {
+    (1..keys).fold(format!("{v}_0"), |acc, c| format!("max({acc}, {v}_{c})"))
+}
+
+/// The lazy max of S (the rescale factor of O into sh_c), l, and P into sh_p.
+fn weights(b: &mut String, keys: u32) {
+    b.push_str(
+        "        // An empty row keeps NEG_BIG; a first visible key always moves it.\n        \
          let moved = rm > m + TAU;\n        \
          // O holds nothing to rescale before the row's first visible key.\n        \
          let rescales = moved && m != NEG_BIG;\n        \
          let mn = select(m, rm, moved);\n        let c = exp_f32(m - mn);\n        m = mn;\n        \
-         l = l * c;\n        if (rescales) {{\n            \
-         atomicStore(&sh_rescale, 1u);\n        }}\n        \
-         if (k0 == 0u) {{\n            sh_c[r] = c;\n        }}\n        let ml = m * LOG2E;\n",
-        row_reduce("rm", "max", lanes, "        ")
+         l = l * c;\n        if (rescales) {\n            \
+         atomicStore(&sh_rescale, 1u);\n        }\n        \
+         if (k0 == 0u) {\n            sh_c[r] = c;\n        }\n        let ml = m * LOG2E;\n",
     );
     for c in 0..keys {
         let _ = writeln!(
             b,
             "        let p_{c} = select(0.0, exp2(fma(s_{c}, LOG2E, -ml)), v_{c});\n        l = l + p_{c};\n        \
              sh_p[r * PS + x_{c}] = f16(dropped(row, h, j_{c}, p_{c}));",
+        );
+    }
+}
+
+/// With bf16 operands (see `coop_scale`): l follows the max of S in registers, block by
+/// block; O's weights 2^(s·log2 e + v_j − mo), with V's row scales v_j, follow their own
+/// lazy max `mo`, whose moves rescale O.
+fn scaled_weights(b: &mut String, lanes: u32, keys: u32) {
+    b.push_str(
+        "        let mn = max(m, rm);\n        l = l * exp_f32(m - mn);\n        m = mn;\n        \
+         let ml = m * LOG2E;\n",
+    );
+    for c in 0..keys {
+        let _ = writeln!(
+            b,
+            "        let t_{c} = select(NEG_BIG, fma(s_{c}, LOG2E, sh_vs[x_{c}]), v_{c});"
+        );
+    }
+    let _ = write!(
+        b,
+        "        var rt = {};\n{}        \
+         let moved = rt > mo + TAU * LOG2E;\n        let rescales = moved && mo != NEG_BIG;\n        \
+         let mon = select(mo, rt, moved);\n        let c = exp2(mo - mon);\n        mo = mon;\n        \
+         if (rescales) {{\n            atomicStore(&sh_rescale, 1u);\n        }}\n        \
+         if (k0 == 0u) {{\n            sh_c[r] = c;\n        }}\n",
+        max_of("t", keys),
+        row_reduce("rt", "max", lanes, "        ")
+    );
+    for c in 0..keys {
+        let _ = writeln!(
+            b,
+            "        let p_{c} = select(0.0, exp2(fma(s_{c}, LOG2E, -ml)), v_{c});\n        l = l + p_{c};\n        \
+             let w_{c} = select(0.0, exp2(t_{c} - mo), v_{c});\n        \
+             sh_p[r * PS + x_{c}] = f16(dropped(row, h, j_{c}, w_{c}));",
         );
     }
 }
@@ -630,12 +756,23 @@ fn rescale(b: &mut String, frags: u32) {
 /// time, and the LSE.
 fn finish(b: &mut String, t: &CoopTiling, lanes: u32) {
     let mine = t.head_dim / FRAG / t.split;
+    // The row's factor from O's accumulators to O: 1 / l, or with bf16 operands
+    // 2^(mo − m·log2 e) / l (O's weights were taken against mo); 0 for an empty row.
+    let (slot, factor) = match t.scaled {
+        true => (
+            "select(0.0, exp2(mo - m * LOG2E - log2(lt)), lt != 0.0)",
+            "    let inv = sh_l[pr];\n",
+        ),
+        false => (
+            "lt",
+            "    var inv = 0.0;\n    if (sh_l[pr] != 0.0) {\n        inv = 1.0 / sh_l[pr];\n    }\n",
+        ),
+    };
     let _ = write!(
         b,
-        "    var lt = l;\n{}    if (k0 == 0u) {{\n        sh_l[r] = lt;\n    }}\n    \
+        "    var lt = l;\n{}    if (k0 == 0u) {{\n        sh_l[r] = {slot};\n    }}\n    \
          if (row < dims.seq_len && k0 == 0u) {{\n        store_lse(row, h, m, lt);\n    }}\n    \
-         workgroupBarrier();\n    var inv = 0.0;\n    if (sh_l[pr] != 0.0) {{\n        \
-         inv = 1.0 / sh_l[pr];\n    }}\n    let out_row = row0 + pr;\n    \
+         workgroupBarrier();\n{factor}    let out_row = row0 + pr;\n    \
          let base = q_index(out_row, h);\n    let c8 = (lane % 2u) * 8u;\n    \
          let x = pr * SS + part * 16u + c8;\n",
         row_reduce("lt", "sum", lanes, "    ")

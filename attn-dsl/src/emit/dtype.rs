@@ -13,11 +13,11 @@ use std::fmt::Write;
 use crate::spec::{Dtype, KernelSpec};
 
 /// The `enable` directive the dtype needs, before any declaration.
+/// (bf16 travels as u32 words: WGSL has no type to enable for it; but a tensor-core
+/// kernel multiplies f16 operands whatever its data.)
 pub(super) fn directive(out: &mut Wgsl, spec: &KernelSpec) {
-    match spec.dtype {
-        Dtype::F16 => out.push_str("enable f16;\n\n"),
-        // bf16 travels as u32 words: WGSL has no type to enable for it.
-        Dtype::F32 | Dtype::Bf16 => {}
+    if spec.uses_f16() {
+        out.push_str("enable f16;\n\n");
     }
 }
 

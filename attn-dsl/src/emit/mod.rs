@@ -7,6 +7,7 @@ mod backward;
 mod cache;
 pub mod coop;
 mod coop_backward;
+mod coop_scale;
 mod decode_split;
 mod dtype;
 mod flash;

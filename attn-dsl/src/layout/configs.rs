@@ -161,7 +161,13 @@ const COOP_MENU: &[(u32, u32, u32)] = &[
 /// The cooperative-matrix forward configurations for `head_dim` (a multiple of 16) within
 /// `bytes` of workgroup memory, best first; empty for other head_dims.
 pub fn coop_forward(head_dim: u32, bytes: u32) -> Vec<FlashConfig> {
-    coop_configs(COOP_MENU, &[Op::Forward], head_dim, bytes)
+    coop_forward_in(head_dim, bytes, crate::Dtype::F16)
+}
+
+/// [`coop_forward`] with operands in `dtype`: bf16's row scales take workgroup memory.
+pub fn coop_forward_in(head_dim: u32, bytes: u32, dtype: crate::Dtype) -> Vec<FlashConfig> {
+    let scaled = dtype == crate::Dtype::Bf16;
+    coop_configs(COOP_MENU, &[Op::Forward], head_dim, bytes, scaled)
 }
 
 /// (owned rows, rows per staged block, subgroups per 16 rows) of the cooperative-matrix
@@ -180,7 +186,7 @@ const COOP_BACKWARD_MENU: &[(u32, u32, u32)] = &[
 /// within `bytes` of workgroup memory, each valid for both halves, best first.
 pub fn coop_backward(head_dim: u32, bytes: u32) -> Vec<FlashConfig> {
     let ops = [Op::BackwardQ, Op::BackwardKv];
-    coop_configs(COOP_BACKWARD_MENU, &ops, head_dim, bytes)
+    coop_configs(COOP_BACKWARD_MENU, &ops, head_dim, bytes, false)
 }
 
 fn coop_configs(
@@ -188,6 +194,7 @@ fn coop_configs(
     ops: &[Op],
     head_dim: u32,
     bytes: u32,
+    scaled: bool,
 ) -> Vec<FlashConfig> {
     use super::coop::{CoopTiling, FRAG};
     if head_dim == 0 || !head_dim.is_multiple_of(FRAG) {
@@ -200,6 +207,7 @@ fn coop_configs(
         head_dim,
         split,
         op,
+        scaled,
     };
     menu.iter()
         .filter(|&&(_, bc, split)| split == 1 || (halves(bc) && halves(head_dim)))
@@ -290,14 +298,18 @@ mod tests {
     }
 
     /// Every tensor-core forward configuration the rule gives, at every head_dim it
-    /// takes, compiles (naga validates it), Q staged whole or in column passes.
+    /// takes, compiles (naga validates it), Q staged whole or in column passes, with f16
+    /// operands and with bf16 ones scaled into f16.
     #[test]
     fn every_coop_forward_configuration_compiles() {
         let mut passes = 0;
-        for head_dim in (16..=256).step_by(16) {
-            for config in coop_forward(head_dim, CANDIDATE_WORKGROUP_BYTES) {
+        for (head_dim, dtype) in (16..=256)
+            .step_by(16)
+            .flat_map(|d| [(d, crate::Dtype::F16), (d, crate::Dtype::Bf16)])
+        {
+            for config in coop_forward_in(head_dim, CANDIDATE_WORKGROUP_BYTES, dtype) {
                 let mut spec = crate::KernelSpec {
-                    dtype: crate::Dtype::F16,
+                    dtype,
                     ..crate::KernelSpec::flash(
                         "coop_forward",
                         Op::Forward,
@@ -307,14 +319,15 @@ mod tests {
                     )
                 };
                 spec.fit_target();
-                let abi = crate::compile(&spec)
-                    .unwrap_or_else(|e| panic!("d{head_dim} {}: {e}", config.label()));
+                let abi = crate::compile(&spec).unwrap_or_else(|e| {
+                    panic!("d{head_dim} {} {}: {e}", config.label(), dtype.name())
+                });
                 assert!(abi.workgroup_storage_bytes <= CANDIDATE_WORKGROUP_BYTES);
                 passes += usize::from(abi.wgsl.contains("const QC: u32"));
             }
         }
         // The 128-row tile stages Q in column passes wherever it fits.
-        assert!(passes >= 10, "{passes}");
+        assert!(passes >= 20, "{passes}");
     }
 
     /// The phase model's kernels (`bench --only phases`) compile with every phase set, and

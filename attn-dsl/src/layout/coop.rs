@@ -2,7 +2,7 @@
 //! sizes, tile shapes, row strides, what lives in workgroup memory and how many bytes it
 //! takes. The emitter (`emit::coop`, `emit::coop_backward`) writes WGSL to this layout.
 
-use crate::spec::{KernelSpec, Op};
+use crate::spec::{Dtype, KernelSpec, Op};
 
 /// Rows of a cooperative matrix, and so of a subgroup's share of the tile.
 pub const FRAG: u32 = 16;
@@ -24,6 +24,9 @@ pub struct CoopTiling {
     pub split: u32,
     /// The forward, or a half of the tiled backward (the emitter's `coop_backward`).
     pub op: Op,
+    /// Whether the operands are bf16, scaled into f16 by a power of two per row of Q, K
+    /// and V (the forward only): the row maxima and the scales take workgroup memory.
+    pub scaled: bool,
 }
 
 impl CoopTiling {
@@ -36,6 +39,7 @@ impl CoopTiling {
             head_dim: spec.head_dim,
             split: (spec.workgroup_size / per_split.max(1)).max(1),
             op: spec.op,
+            scaled: spec.dtype == Dtype::Bf16 && spec.op == Op::Forward,
         })
     }
 
@@ -113,7 +117,22 @@ impl CoopTiling {
     fn bytes_with(&self, staged: u32) -> u32 {
         let (ks, ss, ps) = self.strides();
         // The last two rows' terms: each row's rescale factor and sum (sh_c, sh_l).
-        2 * staged * ks + 4 * self.br * ss + 2 * self.br * ps + 16 + 4 + 8 * self.br
+        2 * staged * ks
+            + 4 * self.br * ss
+            + 2 * self.br * ps
+            + 16
+            + 4
+            + 8 * self.br
+            + self.scale_bytes()
+    }
+
+    /// With scaled operands: the row maxima of Q and of two blocks of K and of V (a block's
+    /// are gathered while the previous one's are still read), and each key's scales.
+    fn scale_bytes(&self) -> u32 {
+        match self.scaled {
+            true => 4 * (self.br + 2 * 2 * self.bc + 2 * self.bc),
+            false => 0,
+        }
     }
 
     /// What is wrong with this layout under `spec` (its workgroup size, its rows per

@@ -415,13 +415,10 @@ impl Gpu {
         self.coop16
     }
 
-    /// Whether `dtype` has a tensor-core (`matrix = coop16`) path here: f16 operands only,
-    /// bf16 has none yet.
-    pub fn coop16_for(&self, dtype: attn_dsl::Dtype) -> bool {
-        match dtype {
-            attn_dsl::Dtype::F16 => self.has_coop16(),
-            attn_dsl::Dtype::F32 | attn_dsl::Dtype::Bf16 => false,
-        }
+    /// Whether `op` in `dtype` has a tensor-core (`matrix = coop16`) path here
+    /// ([`attn_dsl::Dtype::on_tensor_cores`]).
+    pub fn coop16_for(&self, dtype: attn_dsl::Dtype, op: attn_dsl::Op) -> bool {
+        self.has_coop16() && dtype.on_tensor_cores(op)
     }
 
     /// Whether the device has every feature `abi` needs.

@@ -762,8 +762,8 @@ impl Runner {
             let planned = self.backward.table.forward_in(gpu, head_dim, dtype);
             let mut configs = vec![tuning::forward_candidates(head_dim)[0]];
             configs.extend(planned.filter(|p| *p != configs[0]));
-            if gpu.coop16_for(dtype) {
-                let coop = tuning::coop_candidates(gpu, head_dim);
+            if gpu.coop16_for(dtype, Op::Forward) {
+                let coop = tuning::coop_candidates(gpu, head_dim, dtype);
                 configs.extend(coop.into_iter().filter(|c| Some(*c) != planned));
             }
             let name = tuning::family_name("attention_forward", head_dim);
@@ -943,19 +943,24 @@ pub fn run_case(gpu: &Gpu, runner: &mut Runner, case: &Case, seed: u64) -> Resul
             };
             let masks = job.masks();
             let kernel = runner.per_row(gpu, Op::Forward, h.head_dim, masks)?;
-            let mut rows = vec![row(kernel.name(), job.forward(gpu, kernel, seed)?)];
+            let mut rows = vec![row(kernel.name(), job.forward(gpu, kernel, seed, false)?)];
             let planned = runner.backward.table.forward(gpu, h.head_dim);
             for (config, kernel) in runner.flash(gpu, h.head_dim, masks)? {
                 let mut label = format!("forward flash {}", config.label());
                 if planned == Some(*config) {
                     label += " (planned)";
                 }
-                rows.push(row(&label, job.forward(gpu, kernel, seed)?));
+                rows.push(row(&label, job.forward(gpu, kernel, seed, false)?));
             }
             // Half precision on the plain cases (no score modifiers) of one batch.
             if case.mods == ModCase::default() && batch == 1 {
                 for (label, kernel) in runner.half(gpu, h.head_dim, masks)? {
-                    rows.push(row(label, job.forward(gpu, kernel, seed)?));
+                    rows.push(row(label, job.forward(gpu, kernel, seed, false)?));
+                    // bf16's range, past f16's: what its tensor-core path scales by rows.
+                    if kernel.abi().scalar("o") == attn_dsl::Scalar::Bf16 && seq >= 64 {
+                        let verdicts = job.forward(gpu, kernel, seed, true)?;
+                        rows.push(row(&format!("{label}, rows 1e-20..1e20 and 0"), verdicts));
+                    }
                 }
             }
             rows
@@ -1040,6 +1045,17 @@ fn problem(
     }
 }
 
+/// Row magnitudes for Q, K and V, cycling row by row (a row is head_dim values of one
+/// position and head): rows of 1e-20 beside rows of 1e20 and all-zero rows in Q and in V,
+/// bf16's range past f16's. K's rows are small where Q's are large, so that the scores
+/// stay near 1: with scores of 1e18 every LSE is its max score to an ulp, and the rule
+/// would compare two roundings of 1e18 (the scalar bf16 path's reached 1.5 of the bound).
+const RANGES: [[f32; 5]; 3] = [
+    [1.0, 1e-20, 1e20, 0.0, 1e-3],
+    [1e-20, 1e-20, 0.0, 1e-20, 1e-30],
+    [1.0, 1e20, 1e-20, 0.0, 1e5],
+];
+
 /// Random Q, K, V (and dO) for `rows` rows.
 fn qkv(h: Heads, rows: u32, seed: u64) -> [Vec<f32>; 4] {
     let q_len = (rows * h.n_heads * h.head_dim) as usize;
@@ -1080,13 +1096,23 @@ impl Job {
         self.mods.mods().masks(self.causal, true)
     }
 
+    /// The forward on random inputs, or with `ranges` on rows scaled by [`RANGES`].
     fn forward(
         &self,
         gpu: &Gpu,
         kernel: &Kernel,
         seed: u64,
+        ranges: bool,
     ) -> Result<Vec<(&'static str, Verdict)>, Error> {
-        let [q, k, v, _] = qkv(self.h, self.batch * self.seq, seed);
+        let [mut q, mut k, mut v, _] = qkv(self.h, self.batch * self.seq, seed);
+        if ranges {
+            for (x, factors) in [&mut q, &mut k, &mut v].into_iter().zip(RANGES) {
+                for (i, row) in x.chunks_mut(self.h.head_dim as usize).enumerate() {
+                    row.iter_mut()
+                        .for_each(|e| *e *= factors[i % factors.len()]);
+                }
+            }
+        }
         // A half-precision kernel is judged on the inputs it reads: rounded to its dtype.
         let dtype = kernel.abi().scalar("o");
         let [q, k, v] = [q, k, v].map(|x| crate::buffers::rounded(&x, dtype));

@@ -129,7 +129,7 @@ pub fn backward_prep_in(head_dim: u32, dtype: Dtype) -> Result<KernelAbi, DslErr
 /// scalar candidate (the portable one; half precision has no measured table to choose
 /// among the others by).
 pub fn backward_candidates_in(gpu: &Gpu, head_dim: u32, dtype: Dtype) -> Vec<FlashConfig> {
-    let coop = match gpu.coop16_for(dtype) {
+    let coop = match gpu.coop16_for(dtype, Op::BackwardQ) {
         true => attn_dsl::configs::coop_backward(
             head_dim,
             gpu.limits().max_compute_workgroup_storage_size,
@@ -404,8 +404,8 @@ impl Table {
     /// [`Table::forward`].
     pub fn forward_in(&self, gpu: &Gpu, head_dim: u32, dtype: Dtype) -> Option<FlashConfig> {
         let coop = gpu
-            .coop16_for(dtype)
-            .then(|| coop_candidates(gpu, head_dim).into_iter().next())
+            .coop16_for(dtype, Op::Forward)
+            .then(|| coop_candidates(gpu, head_dim, dtype).into_iter().next())
             .flatten();
         coop.or_else(|| self.forward(gpu, head_dim))
     }
@@ -421,7 +421,7 @@ impl Table {
         dtype: Dtype,
     ) -> Option<FlashConfig> {
         let planned = self.forward_in(gpu, heads.head_dim, dtype)?;
-        let candidates = coop_candidates(gpu, heads.head_dim);
+        let candidates = coop_candidates(gpu, heads.head_dim, dtype);
         Some(widest_filling(
             planned,
             &candidates,
@@ -456,13 +456,14 @@ fn widest_filling(
 /// 0.041 against 0.028 ms at seq 512 with 12 heads, d 64 (48 against 96).
 pub const FULL_GRID: u32 = 256;
 
-/// The cooperative-matrix forward configurations for `head_dim` that fit `gpu`'s
-/// workgroup memory, best first (empty without cooperative matrices).
-pub fn coop_candidates(gpu: &Gpu, head_dim: u32) -> Vec<FlashConfig> {
+/// The cooperative-matrix forward configurations for `head_dim` in `dtype` that fit
+/// `gpu`'s workgroup memory, best first (empty without cooperative matrices).
+pub fn coop_candidates(gpu: &Gpu, head_dim: u32, dtype: Dtype) -> Vec<FlashConfig> {
     match gpu.has_coop16() {
-        true => attn_dsl::configs::coop_forward(
+        true => attn_dsl::configs::coop_forward_in(
             head_dim,
             gpu.limits().max_compute_workgroup_storage_size,
+            dtype,
         ),
         false => Vec::new(),
     }

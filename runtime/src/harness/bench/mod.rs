@@ -511,8 +511,8 @@ fn half_forwards(
             .forward_for(gpu, heads, problem, dtype)
             .unwrap_or(scalar);
         let mut configs = vec![planned];
-        if gpu.coop16_for(dtype) {
-            let coop = tuning::coop_candidates(gpu, head_dim);
+        if gpu.coop16_for(dtype, Op::Forward) {
+            let coop = tuning::coop_candidates(gpu, head_dim, dtype);
             configs.extend(coop.into_iter().filter(|c| *c != planned));
         }
         configs.extend((planned != scalar).then_some(scalar));

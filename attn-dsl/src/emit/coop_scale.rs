@@ -1,0 +1,161 @@
+//! bf16 operands on f16 tensor cores (the forward's `CoopTiling::scaled`). naga has no
+//! bf16 cooperative matrix, but a bf16 value (8 significant bits) is an f16 one (11)
+//! wherever its magnitude lies in f16's range. So each row of Q, of K and of V is scaled
+//! by a power of two that puts its largest magnitude in [2^14, 2^15): every value within
+//! 2^38 of its row's largest converts exactly (f16's subnormals hold 8 bits down to 2^-17),
+//! and the scales come back exactly, as powers of two:
+//!
+//! - Q's row scale and K's row scale multiply S = Q·Kᵀ element by element before the
+//!   softmax (in f32, where the score lives anyway);
+//! - V's row scale 2^v_j joins the softmax's weights: O accumulates
+//!   2^(s·log2 e + v_j − mo)·V'_j, where `mo` is a second lazy reference max per row (that
+//!   of s·log2 e + v_j), so that the f16 weights stay below e^TAU whatever V's range, and
+//!   O = O_acc · 2^(mo − m·log2 e) / l at the end. The row sum l keeps its own max.
+//!
+//! A row's largest magnitude is gathered with `atomicMax` on the f32 bits (monotone for
+//! non-negative floats) in workgroup memory: for Q once per tile, for K and V per block,
+//! into one of two slots by the block's parity, so that the next block's maxima gather
+//! while this block's are still read; a slot is cleared after the barrier that ends its
+//! reads.
+
+use std::fmt::Write;
+
+use super::writer::Wgsl;
+
+/// Where a row's largest magnitude lands: [2^TOP, 2^(TOP + 1)).
+const TOP: i32 = 14;
+/// Log2 of the scale of an all-zero V row: far below any weight that survives f16.
+const ZERO_ROW: f32 = -256.0;
+
+/// The row maxima and the block's key scales.
+pub(super) fn workgroup_memory(out: &mut Wgsl) {
+    out.push_str(
+        "// bf16 operands: each row's largest magnitude (f32 bits) of Q, and of K and V for\n\
+         // two blocks (slot kt % 2); each key's scale of S (2^e) and log2 of its V scale.\n\
+         var<workgroup> sh_qmax: array<atomic<u32>, BR>;\n\
+         var<workgroup> sh_kmax: array<atomic<u32>, 2 * BC>;\n\
+         var<workgroup> sh_vmax: array<atomic<u32>, 2 * BC>;\n\
+         var<workgroup> sh_ks: array<f32, BC>;\nvar<workgroup> sh_vs: array<f32, BC>;\n\n",
+    );
+}
+
+/// Widening, the row exponent and the scaled conversion; `note_{name}` (a fetched vec4
+/// into its row's max) for Q, K and V, and `half_{name}` (into f16 by its row's scale)
+/// for K and V.
+pub(super) fn helpers(out: &mut Wgsl) {
+    let _ = write!(
+        out,
+        r#"fn bf16x4(w: vec2<u32>) -> vec4<f32> {{
+    return bitcast<vec4<f32>>(vec4<u32>(w.x << 16u, w.x & 0xffff0000u, w.y << 16u, w.y & 0xffff0000u));
+}}
+
+fn max_bits(w: vec2<u32>) -> u32 {{
+    let a = abs(bf16x4(w));
+    return bitcast<u32>(max(max(a.x, a.y), max(a.z, a.w)));
+}}
+
+// The exponent of a row's largest magnitude (its f32 bits), kept where 2^(±e ± {TOP}) is
+// a normal f32 (a NaN or an infinity still converts to itself).
+fn row_exp(bits: u32) -> i32 {{
+    return clamp(i32(bits >> 23u) - 127, -100, 127);
+}}
+
+fn pow2(e: i32) -> f32 {{
+    return bitcast<f32>(u32(e + 127) << 23u);
+}}
+
+// Four values of a row whose largest magnitude has f32 bits `bits`, scaled into f16.
+fn to_half(w: vec2<u32>, bits: u32) -> vec4<f16> {{
+    return vec4<f16>(bf16x4(w) * pow2({TOP} - row_exp(bits)));
+}}
+
+// The factor that undoes `to_half` for a row.
+fn from_half(bits: u32) -> f32 {{
+    return pow2(row_exp(bits) - {TOP});
+}}
+
+"#
+    );
+    // (Each invocation adds its own max: taking a row's max among the invocations that
+    // hold it first, by shuffles, and one atomic per row and subgroup, made the bf16
+    // forward slower on an H200, 1.717 -> 2.335 ms at seq 4096, d 128.)
+    for (name, rows) in [("q", "BR"), ("k", "BC"), ("v", "BC")] {
+        let _ = write!(
+            out,
+            r#"fn note_{name}(e: u32, base: u32, w: vec2<u32>) {{
+    if (e < {rows} * (HEAD_DIM / 4u)) {{
+        atomicMax(&sh_{name}max[base + e / (HEAD_DIM / 4u)], max_bits(w));
+    }}
+}}
+
+"#
+        );
+    }
+    for name in ["k", "v"] {
+        let _ = write!(
+            out,
+            r#"fn half_{name}(e: u32, slot: u32, w: vec2<u32>) -> vec4<f16> {{
+    let row = min(e / (HEAD_DIM / 4u), BC - 1u);
+    return to_half(w, atomicLoad(&sh_{name}max[slot * BC + row]));
+}}
+
+"#
+        );
+    }
+}
+
+/// `fetch_{name}(r0, h, e)`: vec4 `e` of `rows` rows of bf16 `tensor` from r0 as its two
+/// words (zeros past the sequence and past the block), held narrow until its store.
+pub(super) fn fetch(out: &mut Wgsl, name: &str, tensor: &str, index: &str, rows: &str) {
+    let _ = write!(
+        out,
+        r#"fn fetch_{name}(r0: u32, h: u32, e: u32) -> vec2<u32> {{
+    let r = r0 + e / (HEAD_DIM / 4u);
+    var x = vec2<u32>(0u);
+    if (e < {rows} * (HEAD_DIM / 4u) && r < dims.seq_len) {{
+        let i = ({index} + (e % (HEAD_DIM / 4u)) * 4u) >> 1u;
+        x = vec2<u32>({tensor}[i], {tensor}[i + 1u]);
+    }}
+    return x;
+}}
+
+"#
+    );
+}
+
+/// Clears every slot, then gathers the maxima of the tile's Q rows (before Q is staged).
+pub(super) fn q_maxima(b: &mut String) {
+    b.push_str(
+        "    for (var e = tid; e < 2u * BC; e = e + WG) {\n        \
+         atomicStore(&sh_kmax[e], 0u);\n        atomicStore(&sh_vmax[e], 0u);\n    }\n    \
+         for (var e = tid; e < BR; e = e + WG) {\n        atomicStore(&sh_qmax[e], 0u);\n    }\n    \
+         workgroupBarrier();\n    \
+         for (var e = tid; e < BR * (HEAD_DIM / 4u); e = e + WG) {\n        \
+         note_q(e, 0u, fetch_q(row0, h, e));\n    }\n",
+    );
+}
+
+/// Q's raw words `w` in f16, scaled by the power of two of its tile row `row`.
+pub(super) fn q_half(w: &str, row: &str) -> String {
+    format!("to_half({w}, atomicLoad(&sh_qmax[{row}]))")
+}
+
+/// Before the block's loads are stored: each key's scales, from the gathered maxima.
+pub(super) fn key_scales(b: &mut String) {
+    let _ = write!(
+        b,
+        "        if (tid < BC) {{\n            \
+         sh_ks[tid] = from_half(atomicLoad(&sh_kmax[slot * BC + tid]));\n            \
+         let vb = atomicLoad(&sh_vmax[slot * BC + tid]);\n            \
+         sh_vs[tid] = select(f32(row_exp(vb) - {TOP}), {ZERO_ROW:.1}, vb == 0u);\n        }}\n"
+    );
+}
+
+/// After the barrier that ends the block's reads of its slot: the slot cleared for the
+/// block after next.
+pub(super) fn clear_slot(b: &mut String) {
+    b.push_str(
+        "        if (tid < BC) {\n            atomicStore(&sh_kmax[slot * BC + tid], 0u);\n            \
+         atomicStore(&sh_vmax[slot * BC + tid], 0u);\n        }\n",
+    );
+}
