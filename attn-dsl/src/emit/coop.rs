@@ -250,10 +250,9 @@ fn stage_q_columns(out: &mut Wgsl, cols: u32, scaled: bool) {
     let (zero, load) = match scaled {
         true => (
             "vec2<u32>(0u)",
-            format!(
-                "let i = (q_index(r, h) + c0 + (e % (QC / 4u)) * 4u) >> 1u;\n            \
-                 w = vec2<u32>(q[i], q[i + 1u]);"
-            ),
+            "let i = (q_index(r, h) + c0 + (e % (QC / 4u)) * 4u) >> 1u;\n            \
+             w = vec2<u32>(q[i], q[i + 1u]);"
+                .to_string(),
         ),
         false => (
             "vec4<f16>(0.0)",
