@@ -82,7 +82,7 @@ struct Args {
     #[arg(long, value_name = "PATH")]
     tune: Option<std::path::PathBuf>,
     /// Time only the forward kernels, only the backward schedules, only the
-    /// half-precision (f16, bf16) forwards, or the phases of the planned f16 tensor-core
+    /// half-precision (f16, bf16) forwards, or the phases of the planned tensor-core
     /// forward (its key loop cut to each phase alone, and to all but each: the phase model
     /// of docs/performance.md).
     #[arg(long, value_enum)]

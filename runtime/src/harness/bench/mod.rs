@@ -5,7 +5,7 @@
 pub mod e2e;
 
 use attn_dsl::emit::coop::Phases;
-use attn_dsl::{Cache, Dtype, KernelSpec, Masks, Op, Scalar};
+use attn_dsl::{Cache, KernelSpec, Masks, Op, Scalar};
 
 use crate::BlockOn;
 use crate::attention::{Heads, checked_grid, uniforms};
@@ -128,8 +128,8 @@ pub enum Parts {
     Backward,
     /// The half-precision forwards alone (f16 where the device has it, bf16).
     Half,
-    /// The planned f16 tensor-core forward whole, with no phase, with each phase alone
-    /// and without each ([`attn_dsl::emit::coop::Phases`]).
+    /// The planned tensor-core forward in each half dtype whole, with no phase, with each
+    /// phase alone and without each ([`attn_dsl::emit::coop::Phases`]).
     Phases,
 }
 
@@ -532,9 +532,9 @@ fn half_forwards(
     Ok(out)
 }
 
-/// The planned f16 tensor-core forward with its key loop cut to phases: whole, none, each
-/// alone, all but each (row label, dtype, kernel); empty where f16 does not run on tensor
-/// cores.
+/// The planned tensor-core forward in each half dtype with its key loop cut to phases:
+/// whole, none, each alone, all but each (row label, dtype, kernel); empty where no half
+/// dtype runs on tensor cores.
 fn phase_forwards(
     gpu: &Gpu,
     heads: Heads,
@@ -542,12 +542,6 @@ fn phase_forwards(
     masks: Masks,
 ) -> Result<Vec<(String, Scalar, Kernel)>, Error> {
     let table = tuning::Table::for_gpu(gpu).unwrap_or_default();
-    let Some(config) = table
-        .forward_for(gpu, heads, problem, Dtype::F16)
-        .filter(|c| c.matrix == attn_dsl::Matrix::Coop16)
-    else {
-        return Ok(Vec::new());
-    };
     let mut sets = vec![
         ("all".to_string(), Phases::ALL),
         ("none".into(), Phases::NONE),
@@ -556,17 +550,25 @@ fn phase_forwards(
         sets.push((format!("only {name}"), only));
         sets.push((format!("without {name}"), Phases::ALL.without(only)));
     }
-    sets.into_iter()
-        .map(|(name, keep)| {
-            let kernel = format!("phases {}: {name}", config.label());
-            let abi = tuning::flash_forward_phases(heads.head_dim, masks, config, Dtype::F16, keep)
+    let mut out = Vec::new();
+    for dtype in gpu.half_dtypes() {
+        let Some(config) = table
+            .forward_for(gpu, heads, problem, dtype)
+            .filter(|c| c.matrix == attn_dsl::Matrix::Coop16)
+        else {
+            continue;
+        };
+        for (name, keep) in &sets {
+            let kernel = format!("phases {} {}: {name}", config.label(), dtype.name());
+            let abi = tuning::flash_forward_phases(heads.head_dim, masks, config, dtype, *keep)
                 .map_err(|e| Error::Pipeline {
                     kernel: kernel.clone(),
                     message: e.to_string(),
                 })?;
-            Ok((kernel, Scalar::F16, Kernel::now(gpu, &abi)?))
-        })
-        .collect()
+            out.push((kernel, Scalar::from(dtype), Kernel::now(gpu, &abi)?));
+        }
+    }
+    Ok(out)
 }
 
 /// The half-precision tiled backward in each dtype the device has, in each configuration
