@@ -57,9 +57,9 @@ pub fn compile(spec: &KernelSpec) -> Result<KernelAbi, DslError> {
     compile_phases(spec, emit::coop::Phases::ALL)
 }
 
-/// [`compile`] with a tensor-core forward's key loop cut to the phases in `keep`: a
-/// measuring instrument (`bench --phases`), whose output is not attention unless `keep`
-/// is [`emit::coop::Phases::ALL`].
+/// [`compile`] with a tensor-core kernel's block loop cut to the phases in `keep`: a
+/// measuring instrument (`bench --only phases`), whose output is not attention unless
+/// `keep` is [`emit::coop::Phases::ALL`].
 pub fn compile_phases(spec: &KernelSpec, keep: emit::coop::Phases) -> Result<KernelAbi, DslError> {
     check::check_spec(spec)?;
     let bindings = plan::bindings(spec);

@@ -29,9 +29,12 @@ pub(super) fn directive(out: &mut Wgsl) {
     out.push_str("enable wgpu_cooperative_matrix;\n\n");
 }
 
-/// The phases of one key block of the forward, each of which the phase model times alone
-/// (`bench --phases`): a kernel built without one keeps its barriers, so what it saves is
-/// the phase's own work.
+/// The phases of one block of a tensor-core kernel, each of which the phase model times
+/// alone (`bench --only phases`): a kernel built without one keeps its barriers, so what it
+/// saves is the phase's own work. The backward halves read `scores` as S (or Sᵀ), `grads`
+/// as dP, `softmax` as the elementwise step (P and dS) and `accumulate` as the weighted
+/// sums; they always stage (their loads run ahead of the products). The forward has no
+/// dP.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Phases {
     /// The block's K and V from global memory into workgroup memory.
@@ -42,6 +45,8 @@ pub struct Phases {
     pub softmax: bool,
     /// O += P·V on cooperative matrices.
     pub accumulate: bool,
+    /// The backward's dP = dO·Vᵀ (dPᵀ in the key-major half).
+    pub grads: bool,
 }
 
 impl Phases {
@@ -50,15 +55,17 @@ impl Phases {
         scores: true,
         softmax: true,
         accumulate: true,
+        grads: true,
     };
     pub const NONE: Phases = Phases {
         stage: false,
         scores: false,
         softmax: false,
         accumulate: false,
+        grads: false,
     };
 
-    /// Each phase's name, with the set holding only it.
+    /// Each phase of the forward by name, with the set holding only it.
     pub fn each() -> [(&'static str, Phases); 4] {
         let none = Phases::NONE;
         [
@@ -93,6 +100,42 @@ impl Phases {
         ]
     }
 
+    /// Each phase of a backward half by name (staging is not one), with the set holding
+    /// only it.
+    pub fn each_backward() -> [(&'static str, Phases); 4] {
+        let none = Phases::NONE;
+        [
+            (
+                "S",
+                Phases {
+                    scores: true,
+                    ..none
+                },
+            ),
+            (
+                "dP",
+                Phases {
+                    grads: true,
+                    ..none
+                },
+            ),
+            (
+                "elementwise",
+                Phases {
+                    softmax: true,
+                    ..none
+                },
+            ),
+            (
+                "sums",
+                Phases {
+                    accumulate: true,
+                    ..none
+                },
+            ),
+        ]
+    }
+
     /// Every phase but those in `other`.
     pub fn without(self, other: Phases) -> Phases {
         Phases {
@@ -100,6 +143,7 @@ impl Phases {
             scores: self.scores && !other.scores,
             softmax: self.softmax && !other.softmax,
             accumulate: self.accumulate && !other.accumulate,
+            grads: self.grads && !other.grads,
         }
     }
 }

@@ -18,7 +18,7 @@
 use super::writer::{Fragment, Template, Wgsl};
 use std::fmt::Write;
 
-use super::coop::{self, A, C, CoopTiling, FRAG};
+use super::coop::{self, A, C, CoopTiling, FRAG, Phases};
 use crate::spec::{KernelSpec, Op, WriteMode};
 
 /// The half's names: its body, the owned and streamed (fetch name, tensor, index)
@@ -59,7 +59,7 @@ fn scatters(spec: &KernelSpec) -> bool {
     spec.op == Op::BackwardKv && spec.write_mode("dk") == Some(WriteMode::AtomicScatter)
 }
 
-pub(super) fn kernel(out: &mut Wgsl, spec: &KernelSpec, t: &CoopTiling) {
+pub(super) fn kernel(out: &mut Wgsl, spec: &KernelSpec, t: &CoopTiling, keep: Phases) {
     let kv = spec.op == Op::BackwardKv;
     let half = if kv { &KV_HALF } else { &Q_HALF };
     let scattered = scatters(spec);
@@ -92,11 +92,17 @@ pub(super) fn kernel(out: &mut Wgsl, spec: &KernelSpec, t: &CoopTiling) {
         true => kv_loop(&mut b, t, scattered),
         false => q_loop(&mut b, t),
     }
-    let elementwise = match kv {
+    let mut elementwise = match kv {
         true => KV_ELEMENTWISE.plain(),
         false => with_dbias(Q_ELEMENTWISE, spec.write_mode("dbias").is_some()),
     };
-    products(&mut b, t, half, &elementwise.text);
+    if !keep.softmax {
+        elementwise = Fragment {
+            text: String::new(),
+            needs: super::writer::Needs::NONE,
+        };
+    }
+    products(&mut b, t, half, &elementwise.text, keep);
     finish(&mut b, t, half, kv, scattered);
     out.put(Fragment {
         text: b,
@@ -358,16 +364,22 @@ fn carried(t: &CoopTiling) -> u32 {
 
 /// The block's two transposed products, the elementwise step and the weighted sums; closes
 /// the loop.
-fn products(b: &mut String, t: &CoopTiling, half: &Half, elementwise: &str) {
+fn products(b: &mut String, t: &CoopTiling, half: &Half, elementwise: &str, keep: Phases) {
     coop::key_fragments(b, t);
-    coop::transposed_product(b, t, &|k| format!("oa_{k}"), "0u", "sh_s", "sm");
-    coop::transposed_product(b, t, &|k| format!("ob_{k}"), "BC", "sh_dp", "dm");
+    if keep.scores {
+        coop::transposed_product(b, t, &|k| format!("oa_{k}"), "0u", "sh_s", "sm");
+    }
+    if keep.grads {
+        coop::transposed_product(b, t, &|k| format!("ob_{k}"), "BC", "sh_dp", "dm");
+    }
     b.push_str("        workgroupBarrier();\n");
     b.push_str(elementwise);
     b.push_str("        workgroupBarrier();\n");
-    for (acc, _, src, tag, which) in half.sums {
-        let base = if *which == 0 { "0u" } else { "BC" };
-        coop::weighted_sum(b, t, src, tag, base, acc);
+    if keep.accumulate {
+        for (acc, _, src, tag, which) in half.sums {
+            let base = if *which == 0 { "0u" } else { "BC" };
+            coop::weighted_sum(b, t, src, tag, base, acc);
+        }
     }
     b.push_str("    }\n");
 }

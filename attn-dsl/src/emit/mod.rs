@@ -41,7 +41,7 @@ pub fn emit(spec: &KernelSpec, bindings: &[Binding]) -> String {
     emit_phases(spec, bindings, coop::Phases::ALL)
 }
 
-/// [`emit`], with a tensor-core forward's key loop running only the phases in `keep` (its
+/// [`emit`], with a tensor-core kernel's block loop running only the phases in `keep` (its
 /// barriers stay): the instrument behind the phase model in docs/performance.md. Every
 /// other kernel ignores `keep`.
 pub fn emit_phases(spec: &KernelSpec, bindings: &[Binding], keep: coop::Phases) -> String {
@@ -82,7 +82,7 @@ fn emit_body(out: &mut Wgsl, spec: &KernelSpec, keep: coop::Phases) {
             attend::forward_helpers(out, spec);
             coop::kernel(out, spec, &t, keep);
         } else {
-            coop_backward::kernel(out, spec, &t);
+            coop_backward::kernel(out, spec, &t, keep);
         }
         return;
     }

@@ -364,6 +364,45 @@ mod tests {
         }
     }
 
+    /// The backward halves' phase kernels compile with every phase set, and cutting S, dP
+    /// or the sums removes exactly their products.
+    #[test]
+    fn every_backward_phase_set_compiles() {
+        use crate::emit::coop::Phases;
+        let config = coop_backward(128, CANDIDATE_WORKGROUP_BYTES)[0];
+        for op in [Op::BackwardQ, Op::BackwardKv] {
+            let mut spec = crate::KernelSpec {
+                dtype: crate::Dtype::F16,
+                ..crate::KernelSpec::flash(
+                    "phases",
+                    op,
+                    128,
+                    crate::Masks::new(true, false),
+                    config,
+                )
+            };
+            if op == Op::BackwardKv {
+                spec.writes = vec![
+                    ("dk".into(), crate::WriteMode::Owned),
+                    ("dv".into(), crate::WriteMode::Owned),
+                ];
+            }
+            spec.fit_target();
+            let products = |keep| {
+                let abi = crate::compile_phases(&spec, keep)
+                    .unwrap_or_else(|e| panic!("{op:?} {keep:?}: {e}"));
+                abi.wgsl.matches("coopMultiplyAdd").count()
+            };
+            // (The dQ half's D = rowsum(dO ∘ O) is a product before the loop.)
+            let (all, outside) = (products(Phases::ALL), products(Phases::NONE));
+            for (name, only) in Phases::each_backward() {
+                let cut = products(Phases::ALL.without(only));
+                assert_eq!(cut < all, name != "elementwise", "{op:?} {name}");
+                assert_eq!(products(only) - outside + cut, all, "{op:?} {name}");
+            }
+        }
+    }
+
     /// The rule reproduces the configurations that won on an H100 when they were listed
     /// by hand, and candidate 0 fits WebGPU's defaults.
     #[test]

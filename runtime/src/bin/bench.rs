@@ -82,9 +82,9 @@ struct Args {
     #[arg(long, value_name = "PATH")]
     tune: Option<std::path::PathBuf>,
     /// Time only the forward kernels, only the backward schedules, only the
-    /// half-precision (f16, bf16) forwards, or the phases of the planned tensor-core
-    /// forward (its key loop cut to each phase alone, and to all but each: the phase model
-    /// of docs/performance.md).
+    /// half-precision (f16, bf16) forwards, or the phases of the tensor-core kernels: the
+    /// planned forward in each half dtype and the f16 tiled backward, their block loops cut
+    /// to each phase alone and to all but each (the phase model of docs/performance.md).
     #[arg(long, value_enum)]
     only: Option<Only>,
 }

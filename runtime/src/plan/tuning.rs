@@ -47,6 +47,18 @@ pub fn flash_backward_in(
     config: FlashConfig,
     dtype: Dtype,
 ) -> Result<[KernelAbi; 2], DslError> {
+    flash_backward_phases(head_dim, masks, config, dtype, Phases::ALL)
+}
+
+/// [`flash_backward_in`] with a tensor-core configuration's block loops cut to the phases
+/// in `keep` (`bench --only phases`; not a backward unless `keep` is [`Phases::ALL`]).
+pub fn flash_backward_phases(
+    head_dim: u32,
+    masks: Masks,
+    config: FlashConfig,
+    dtype: Dtype,
+    keep: Phases,
+) -> Result<[KernelAbi; 2], DslError> {
     let mut q = KernelSpec {
         dtype,
         ..KernelSpec::flash(
@@ -75,7 +87,10 @@ pub fn flash_backward_in(
         )
     };
     kv.fit_target();
-    Ok([attn_dsl::compile(&q)?, attn_dsl::compile(&kv)?])
+    Ok([
+        attn_dsl::compile_phases(&q, keep)?,
+        attn_dsl::compile_phases(&kv, keep)?,
+    ])
 }
 
 /// The key-major half of [`flash_backward_in`] on tensor cores (f16) with dK and dV added

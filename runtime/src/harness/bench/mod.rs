@@ -128,8 +128,9 @@ pub enum Parts {
     Backward,
     /// The half-precision forwards alone (f16 where the device has it, bf16).
     Half,
-    /// The planned tensor-core forward in each half dtype whole, with no phase, with each
-    /// phase alone and without each ([`attn_dsl::emit::coop::Phases`]).
+    /// The planned tensor-core forward in each half dtype and the f16 tiled backward,
+    /// whole, with no phase, with each phase alone and without each
+    /// ([`attn_dsl::emit::coop::Phases`]).
     Phases,
 }
 
@@ -325,8 +326,12 @@ pub fn run(
                 baseline_ms: tile1,
             });
         }
-        if !matches!(parts, Parts::Forward | Parts::Phases) {
-            for (label, kernels) in half_backwards(gpu, h, masks)? {
+        if parts != Parts::Forward {
+            let backwards = match parts {
+                Parts::Phases => phase_backwards(gpu, h, masks)?,
+                _ => half_backwards(gpu, h, masks)?,
+            };
+            for (label, kernels) in backwards {
                 let bound = in_dtype(kernels[0].abi().scalar("o"), false);
                 let steps = kernels
                     .iter()
@@ -569,6 +574,46 @@ fn phase_forwards(
         }
     }
     Ok(out)
+}
+
+/// The first tensor-core tiled backward configuration in f16 (both halves, the dK/dV
+/// half owning its outputs) with its block loops cut to phases: whole, none, each alone,
+/// all but each (row label, kernels); empty without tensor cores.
+fn phase_backwards(
+    gpu: &Gpu,
+    heads: Heads,
+    masks: Masks,
+) -> Result<Vec<(String, Vec<Kernel>)>, Error> {
+    let dtype = attn_dsl::Dtype::F16;
+    let Some(config) = tuning::backward_candidates_in(gpu, heads.head_dim, dtype)
+        .into_iter()
+        .find(|c| c.matrix == attn_dsl::Matrix::Coop16)
+    else {
+        return Ok(Vec::new());
+    };
+    let mut sets = vec![
+        ("all".to_string(), Phases::ALL),
+        ("none".into(), Phases::NONE),
+    ];
+    for (name, only) in Phases::each_backward() {
+        sets.push((format!("only {name}"), only));
+        sets.push((format!("without {name}"), Phases::ALL.without(only)));
+    }
+    sets.into_iter()
+        .map(|(name, keep)| {
+            let label = format!("phases backward tiled-{} f16: {name}", config.label());
+            let abis = tuning::flash_backward_phases(heads.head_dim, masks, config, dtype, keep)
+                .map_err(|e| Error::Pipeline {
+                    kernel: label.clone(),
+                    message: e.to_string(),
+                })?;
+            let kernels = abis
+                .iter()
+                .map(|abi| Kernel::now(gpu, abi))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok((label, kernels))
+        })
+        .collect()
 }
 
 /// The half-precision tiled backward in each dtype the device has, in each configuration
