@@ -70,6 +70,13 @@ struct Args {
     /// heads, d 128, f16). --decode CACHE_LEN narrows the decode rows to one cache.
     #[arg(long)]
     e2e: bool,
+    /// Every row of issue 27's table in one run (16 heads, causal): f16 and bf16 forwards
+    /// (every tensor-core configuration) and backward schedules at seq 4096, 8192 and 16384
+    /// with head_dim 128 and at 4096 with 64 and 256; f32 (every kernel) at 4096, d 128;
+    /// decode at a 32768-row cache; LayerNorm + Linear at [8192, 768] -> 3072.
+    #[arg(long, conflicts_with_all = ["seq", "heads", "kv_heads", "head_dim", "batch", "packed",
+        "no_causal", "window", "layernorm", "decode", "e2e", "tune", "only"])]
+    suite: bool,
     /// One JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
@@ -197,7 +204,20 @@ fn run(args: Args) -> anyhow::Result<()> {
     if let Some(cache_len) = args.decode {
         return decode(&gpu, &args, cache_len);
     }
+    if args.suite {
+        return suite(&gpu, &args);
+    }
     let shapes = shapes(&args)?;
+    header(&gpu, &args);
+    let mut all = Vec::new();
+    for shape in shapes {
+        all.extend(shape_rows(&gpu, &args, shape, parts)?);
+    }
+    tune(&gpu, &args, &all)
+}
+
+/// The table's header (none with `--json`).
+fn header(gpu: &Gpu, args: &Args) {
     if !args.json {
         println!("adapter: {}", gpu.describe());
         println!(
@@ -209,52 +229,92 @@ fn run(args: Args) -> anyhow::Result<()> {
             "shape", "kernel", "median ms", "min ms", "TFLOP/s", "x tile-1"
         );
     }
-    let mut all = Vec::new();
-    for shape in shapes {
-        let label = shape.label();
-        let rows = bench::run(&gpu, shape, args.warmup, args.runs, parts).context(label)?;
-        for row in &rows {
-            if args.json {
-                println!("{}", json(&gpu, row));
-            } else {
-                print_row(row);
-            }
+}
+
+/// Times `shape`'s `parts` and prints each row as it is measured.
+fn shape_rows(
+    gpu: &Gpu,
+    args: &Args,
+    shape: BenchShape,
+    parts: bench::Parts,
+) -> anyhow::Result<Vec<BenchRow>> {
+    let label = shape.label();
+    let rows = bench::run(gpu, shape, args.warmup, args.runs, parts).context(label)?;
+    for row in &rows {
+        match args.json {
+            true => println!("{}", json(gpu, row)),
+            false => print_row(row),
         }
-        all.extend(rows);
     }
-    if let Some(path) = &args.tune {
-        // Checked after timing: on the H100 the check's many small dispatches left the
-        // next few milliseconds of kernels several times slower.
-        let mut head_dims: Vec<u32> = all.iter().map(|r| r.shape.heads.head_dim).collect();
-        head_dims.sort_unstable();
-        head_dims.dedup();
-        eprintln!("tune: checking every candidate for head_dim {head_dims:?} on this adapter");
-        let failed = bench::failing_kernels(&gpu, &head_dims)?;
-        eprintln!(
-            "tune: {} kernel(s) failed the check: {failed:?}",
-            failed.len()
-        );
-        let mut table = bench::tune(&gpu, &all, &failed);
-        // Keep the LayerNorm + Linear measurements a table already holds (written by
-        // `--layernorm ROWS --tune`, a separate run).
-        if path.exists() {
-            table.layernorm = runtime::tuning::Table::read(path)?.layernorm;
-        }
+    Ok(rows)
+}
+
+/// `--suite`: the attention shapes, then decode, then LayerNorm + Linear.
+fn suite(gpu: &Gpu, args: &Args) -> anyhow::Result<()> {
+    header(gpu, args);
+    let shape = |seq, head_dim| BenchShape {
+        seq,
+        batch: 1,
+        packed: None,
+        heads: Heads {
+            n_heads: 16,
+            n_kv_heads: 16,
+            head_dim,
+        },
+        causal: true,
+        window: None,
+    };
+    let half = bench::Parts::Half;
+    let runs = [
+        (shape(4096, 128), bench::Parts::All),
+        (shape(8192, 128), half),
+        (shape(16384, 128), half),
+        (shape(4096, 64), half),
+        (shape(4096, 256), half),
+    ];
+    for (shape, parts) in runs {
+        shape_rows(gpu, args, shape, parts)?;
+    }
+    decode(gpu, args, 32768)?;
+    layernorm(gpu, 8192, args.runs, None)
+}
+
+/// With `--tune`, checks every candidate and writes the fastest that passed to the table.
+fn tune(gpu: &Gpu, args: &Args, all: &[BenchRow]) -> anyhow::Result<()> {
+    let Some(path) = &args.tune else {
+        return Ok(());
+    };
+    // Checked after timing: on the H100 the check's many small dispatches left the
+    // next few milliseconds of kernels several times slower.
+    let mut head_dims: Vec<u32> = all.iter().map(|r| r.shape.heads.head_dim).collect();
+    head_dims.sort_unstable();
+    head_dims.dedup();
+    eprintln!("tune: checking every candidate for head_dim {head_dims:?} on this adapter");
+    let failed = bench::failing_kernels(gpu, &head_dims)?;
+    eprintln!(
+        "tune: {} kernel(s) failed the check: {failed:?}",
+        failed.len()
+    );
+    let mut table = bench::tune(gpu, all, &failed);
+    // Keep the LayerNorm + Linear measurements a table already holds (written by
+    // `--layernorm ROWS --tune`, a separate run).
+    if path.exists() {
+        table.layernorm = runtime::tuning::Table::read(path)?.layernorm;
+    }
+    table
+        .write(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    eprintln!(
+        "tune: wrote {} (forward {:?}, backward {:?}); set ATTN_TUNING={} to use it",
+        path.display(),
         table
-            .write(path)
-            .with_context(|| format!("writing {}", path.display()))?;
-        eprintln!(
-            "tune: wrote {} (forward {:?}, backward {:?}); set ATTN_TUNING={} to use it",
-            path.display(),
-            table
-                .forward
-                .iter()
-                .map(|(d, c)| (d, c.label()))
-                .collect::<Vec<_>>(),
-            table.backward,
-            path.display()
-        );
-    }
+            .forward
+            .iter()
+            .map(|(d, c)| (d, c.label()))
+            .collect::<Vec<_>>(),
+        table.backward,
+        path.display()
+    );
     Ok(())
 }
 
