@@ -21,6 +21,7 @@ pub mod check;
 pub mod contract;
 pub mod emit;
 mod error;
+pub mod flex;
 pub mod layout;
 pub mod manifest;
 pub mod plan;

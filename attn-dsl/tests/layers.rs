@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 /// Each top-level module and its layer; a module may use modules of lower layers only.
 const LAYERS: &[(&str, u32)] = &[
     ("spec", 0),
+    ("flex", 0),
     ("signature", 1),
     ("contract", 1),
     ("error", 2),

@@ -12,6 +12,7 @@ mod decode_split;
 mod dtype;
 mod flash;
 mod flash_backward;
+pub mod flex;
 mod index;
 mod lanes;
 mod layernorm;

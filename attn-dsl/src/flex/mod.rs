@@ -1,0 +1,521 @@
+//! FlexAttention-style modifier expressions (issue 28): the small, closed language of a
+//! user's `score_mod: |score, b, h, q, k| ..` and `mask_mod: |b, h, q, k| ..`. This module
+//! holds the expression tree, its types ([`typing`]), its derivative with respect to the
+//! score ([`derive`]) and an f64 evaluator ([`eval`]) for the CPU reference; the WGSL
+//! lowering is the emitter's (`emit::flex`). The macro parses Rust syntax into [`Expr`],
+//! carrying each token's span as `S`, so that every error points at its token.
+//!
+//! The variables: `score` (f32, score modifiers only), and `b`, `h`, `q`, `k` (i32: the
+//! sequence of the batch, the query head, the query's and the key's positions; signed, so
+//! that `q - k` is a distance). Tensors declared beside the modifiers are read by indexing
+//! (`rel_bias[h, q - k + 127]`).
+
+pub mod derive;
+pub mod eval;
+pub mod typing;
+
+/// A value's type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ty {
+    F32,
+    I32,
+    U32,
+    Bool,
+}
+
+impl Ty {
+    pub fn name(self) -> &'static str {
+        match self {
+            Ty::F32 => "f32",
+            Ty::I32 => "i32",
+            Ty::U32 => "u32",
+            Ty::Bool => "bool",
+        }
+    }
+
+    pub fn is_number(self) -> bool {
+        self != Ty::Bool
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Lit {
+    Float(f64),
+    Int(i64),
+    Bool(bool),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BinOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+    Eq,
+    Ne,
+    And,
+    Or,
+}
+
+impl BinOp {
+    pub fn symbol(self) -> &'static str {
+        match self {
+            BinOp::Add => "+",
+            BinOp::Sub => "-",
+            BinOp::Mul => "*",
+            BinOp::Div => "/",
+            BinOp::Lt => "<",
+            BinOp::Le => "<=",
+            BinOp::Gt => ">",
+            BinOp::Ge => ">=",
+            BinOp::Eq => "==",
+            BinOp::Ne => "!=",
+            BinOp::And => "&&",
+            BinOp::Or => "||",
+        }
+    }
+
+    pub fn compares(self) -> bool {
+        matches!(
+            self,
+            BinOp::Lt | BinOp::Le | BinOp::Gt | BinOp::Ge | BinOp::Eq | BinOp::Ne
+        )
+    }
+
+    pub fn logical(self) -> bool {
+        matches!(self, BinOp::And | BinOp::Or)
+    }
+}
+
+/// The functions an expression may call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Func {
+    Min,
+    Max,
+    Abs,
+    Clamp,
+    Exp,
+    Log,
+    Tanh,
+    Sqrt,
+    Select,
+}
+
+impl Func {
+    pub const ALL: [Func; 9] = [
+        Func::Min,
+        Func::Max,
+        Func::Abs,
+        Func::Clamp,
+        Func::Exp,
+        Func::Log,
+        Func::Tanh,
+        Func::Sqrt,
+        Func::Select,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Func::Min => "min",
+            Func::Max => "max",
+            Func::Abs => "abs",
+            Func::Clamp => "clamp",
+            Func::Exp => "exp",
+            Func::Log => "log",
+            Func::Tanh => "tanh",
+            Func::Sqrt => "sqrt",
+            Func::Select => "select",
+        }
+    }
+
+    pub fn named(name: &str) -> Option<Func> {
+        Func::ALL.into_iter().find(|f| f.name() == name)
+    }
+
+    pub fn arity(self) -> usize {
+        match self {
+            Func::Abs | Func::Exp | Func::Log | Func::Tanh | Func::Sqrt => 1,
+            Func::Min | Func::Max => 2,
+            Func::Clamp | Func::Select => 3,
+        }
+    }
+}
+
+/// An expression node and where it came from (a span in the macro, `()` elsewhere).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Expr<S = ()> {
+    pub kind: Kind<S>,
+    pub at: S,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Kind<S> {
+    Lit(Lit),
+    Var(String),
+    Neg(Box<Expr<S>>),
+    Not(Box<Expr<S>>),
+    Bin(BinOp, Box<Expr<S>>, Box<Expr<S>>),
+    Call(Func, Vec<Expr<S>>),
+    Cast(Box<Expr<S>>, Ty),
+    /// A declared tensor read at one index per dimension.
+    Index(String, Vec<Expr<S>>),
+    /// `let name = value; body`.
+    Let(String, Box<Expr<S>>, Box<Expr<S>>),
+}
+
+/// A tensor a modifier may read: its dimensions (row-major) and element type.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorDecl {
+    pub name: String,
+    pub dims: Vec<Dim>,
+    pub ty: Ty,
+}
+
+/// A dimension of a declared tensor: a constant or one of the problem's sizes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dim {
+    Const(u32),
+    Heads,
+    Batch,
+    Seq,
+}
+
+/// The variables of a modifier, and their types.
+pub fn variables(score: bool) -> Vec<(&'static str, Ty)> {
+    let mut vars = vec![
+        ("b", Ty::I32),
+        ("h", Ty::I32),
+        ("q", Ty::I32),
+        ("k", Ty::I32),
+    ];
+    if score {
+        vars.insert(0, ("score", Ty::F32));
+    }
+    vars
+}
+
+impl<S: Clone> Expr<S> {
+    pub fn new(kind: Kind<S>, at: S) -> Expr<S> {
+        Expr { kind, at }
+    }
+
+    /// The same tree with every `let` substituted into its body.
+    pub fn inlined(&self) -> Expr<S> {
+        match &self.kind {
+            Kind::Let(name, value, body) => body.inlined().substituted(name, &value.inlined()),
+            _ => self.map_children(|e| e.inlined()),
+        }
+    }
+
+    /// Every free occurrence of `name` replaced by `value` (lets already inlined).
+    fn substituted(&self, name: &str, value: &Expr<S>) -> Expr<S> {
+        match &self.kind {
+            Kind::Var(v) if v == name => value.clone(),
+            _ => self.map_children(|e| e.substituted(name, value)),
+        }
+    }
+
+    /// This node with `f` applied to each direct child.
+    fn map_children(&self, f: impl Fn(&Expr<S>) -> Expr<S>) -> Expr<S> {
+        let b = |e: &Expr<S>| Box::new(f(e));
+        let kind = match &self.kind {
+            Kind::Lit(_) | Kind::Var(_) => self.kind.clone(),
+            Kind::Neg(a) => Kind::Neg(b(a)),
+            Kind::Not(a) => Kind::Not(b(a)),
+            Kind::Bin(op, l, r) => Kind::Bin(*op, b(l), b(r)),
+            Kind::Call(func, args) => Kind::Call(*func, args.iter().map(&f).collect()),
+            Kind::Cast(a, ty) => Kind::Cast(b(a), *ty),
+            Kind::Index(t, idx) => Kind::Index(t.clone(), idx.iter().map(&f).collect()),
+            Kind::Let(n, v, body) => Kind::Let(n.clone(), b(v), b(body)),
+        };
+        Expr::new(kind, self.at.clone())
+    }
+
+    /// Whether `name` occurs in the tree.
+    pub fn mentions(&self, name: &str) -> bool {
+        match &self.kind {
+            Kind::Lit(_) => false,
+            Kind::Var(v) => v == name,
+            Kind::Neg(a) | Kind::Not(a) | Kind::Cast(a, _) => a.mentions(name),
+            Kind::Bin(_, l, r) => l.mentions(name) || r.mentions(name),
+            Kind::Call(_, args) | Kind::Index(_, args) => args.iter().any(|a| a.mentions(name)),
+            Kind::Let(_, v, body) => v.mentions(name) || body.mentions(name),
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::eval::{Env, Tensors, Value, eval};
+    use super::typing::{Scope, type_of};
+    use super::*;
+
+    pub fn v(name: &str) -> Expr {
+        Expr::new(Kind::Var(name.into()), ())
+    }
+    pub fn f(x: f64) -> Expr {
+        Expr::new(Kind::Lit(Lit::Float(x)), ())
+    }
+    pub fn i(x: i64) -> Expr {
+        Expr::new(Kind::Lit(Lit::Int(x)), ())
+    }
+    pub fn bin(op: BinOp, l: Expr, r: Expr) -> Expr {
+        Expr::new(Kind::Bin(op, Box::new(l), Box::new(r)), ())
+    }
+    pub fn call(func: Func, args: Vec<Expr>) -> Expr {
+        Expr::new(Kind::Call(func, args), ())
+    }
+    pub fn cast(a: Expr, ty: Ty) -> Expr {
+        Expr::new(Kind::Cast(Box::new(a), ty), ())
+    }
+    pub fn idx(name: &str, at: Vec<Expr>) -> Expr {
+        Expr::new(Kind::Index(name.into(), at), ())
+    }
+    pub fn let_(name: &str, value: Expr, body: Expr) -> Expr {
+        Expr::new(Kind::Let(name.into(), Box::new(value), Box::new(body)), ())
+    }
+
+    /// The declared tensors of the examples: ALiBi slopes, a T5 relative bias and
+    /// per-sequence prefix lengths.
+    pub fn decls() -> Vec<TensorDecl> {
+        vec![
+            TensorDecl {
+                name: "slopes".into(),
+                dims: vec![Dim::Heads],
+                ty: Ty::F32,
+            },
+            TensorDecl {
+                name: "rel_bias".into(),
+                dims: vec![Dim::Heads, Dim::Const(255)],
+                ty: Ty::F32,
+            },
+            TensorDecl {
+                name: "prefix".into(),
+                dims: vec![Dim::Batch],
+                ty: Ty::I32,
+            },
+        ]
+    }
+
+    /// The score modifiers of issue 28's examples.
+    pub fn score_mods() -> Vec<(&'static str, Expr)> {
+        use BinOp::*;
+        let distance = call(Func::Abs, vec![bin(Sub, v("q"), v("k"))]);
+        vec![
+            (
+                "softcap",
+                bin(
+                    Mul,
+                    f(30.0),
+                    call(Func::Tanh, vec![bin(Div, v("score"), f(30.0))]),
+                ),
+            ),
+            (
+                "alibi",
+                bin(
+                    Sub,
+                    v("score"),
+                    bin(Mul, idx("slopes", vec![v("h")]), cast(distance, Ty::F32)),
+                ),
+            ),
+            (
+                "t5",
+                let_(
+                    "d",
+                    call(Func::Clamp, vec![bin(Sub, v("q"), v("k")), i(-127), i(127)]),
+                    bin(
+                        Add,
+                        v("score"),
+                        idx("rel_bias", vec![v("h"), bin(Add, v("d"), i(127))]),
+                    ),
+                ),
+            ),
+            (
+                "softcap over alibi",
+                let_(
+                    "s",
+                    bin(
+                        Sub,
+                        v("score"),
+                        bin(Mul, idx("slopes", vec![v("h")]), f(0.5)),
+                    ),
+                    bin(
+                        Mul,
+                        f(20.0),
+                        call(Func::Tanh, vec![bin(Div, v("s"), f(20.0))]),
+                    ),
+                ),
+            ),
+            (
+                "piecewise",
+                call(
+                    Func::Select,
+                    vec![
+                        bin(Gt, v("score"), f(0.0)),
+                        call(Func::Sqrt, vec![bin(Add, v("score"), f(1.0))]),
+                        bin(
+                            Add,
+                            call(Func::Exp, vec![v("score")]),
+                            call(Func::Max, vec![v("score"), f(-2.0)]),
+                        ),
+                    ],
+                ),
+            ),
+        ]
+    }
+
+    /// Mask modifiers: prefix-LM, sliding window with sink tokens, block-diagonal.
+    pub fn mask_mods() -> Vec<(&'static str, Expr)> {
+        use BinOp::*;
+        vec![
+            (
+                "prefix lm",
+                bin(
+                    Or,
+                    bin(Le, v("k"), v("q")),
+                    bin(Lt, v("k"), idx("prefix", vec![v("b")])),
+                ),
+            ),
+            (
+                "window + sinks",
+                bin(
+                    Or,
+                    bin(
+                        And,
+                        bin(Le, v("k"), v("q")),
+                        bin(Lt, bin(Sub, v("q"), v("k")), i(256)),
+                    ),
+                    bin(Lt, v("k"), i(4)),
+                ),
+            ),
+            (
+                "block diagonal",
+                bin(Eq, bin(Div, v("q"), i(64)), bin(Div, v("k"), i(64))),
+            ),
+        ]
+    }
+
+    pub struct Data;
+    impl Tensors for Data {
+        fn read(&self, name: &str, at: &[i64]) -> Option<Value> {
+            let flat = at.iter().fold(0i64, |acc, &i| acc * 255 + i);
+            match name {
+                "prefix" => Some(Value::I(7 + at[0] as i32)),
+                _ => Some(Value::F(0.01 * flat as f64 - 0.3)),
+            }
+        }
+    }
+
+    fn ty(e: &Expr, score: bool) -> Result<Ty, String> {
+        let decls = decls();
+        type_of(e, &mut Scope::modifier(score, &decls)).map_err(|e| e.message)
+    }
+
+    #[test]
+    fn the_examples_type_check() {
+        for (name, e) in score_mods() {
+            assert_eq!(ty(&e, true), Ok(Ty::F32), "{name}");
+        }
+        for (name, e) in mask_mods() {
+            assert_eq!(ty(&e, false), Ok(Ty::Bool), "{name}");
+        }
+    }
+
+    /// Each error names what to change.
+    #[test]
+    fn errors_say_what_is_wrong() {
+        use BinOp::*;
+        let cases = [
+            (bin(Add, v("score"), v("scor")), "unknown name `scor`"),
+            (bin(Add, v("score"), v("q")), "cast one with `as`"),
+            (
+                idx("rel_bias", vec![v("h")]),
+                "has 2 dimension(s), read here at 1",
+            ),
+            (idx("bias", vec![v("h")]), "`bias` is not a declared tensor"),
+            (
+                idx("slopes", vec![v("score")]),
+                "indexed by i32 or u32, not f32",
+            ),
+            (
+                call(Func::Exp, vec![v("score"), f(1.0)]),
+                "takes 1 argument(s), not 2",
+            ),
+            (call(Func::Exp, vec![v("q")]), "takes an f32, not i32"),
+            (bin(And, v("q"), v("k")), "joins two bools"),
+            (i(1 << 40), "past i32's range"),
+        ];
+        for (e, want) in cases {
+            let got = ty(&e, true).unwrap_err();
+            assert!(got.contains(want), "{got:?} lacks {want:?}");
+        }
+        // `score` is not a mask's variable.
+        assert!(
+            ty(&v("score"), false)
+                .unwrap_err()
+                .contains("unknown name `score`")
+        );
+    }
+
+    /// The symbolic derivative agrees with central differences of the evaluated
+    /// expression, at points away from each example's kinks.
+    #[test]
+    fn the_derivative_matches_finite_differences() {
+        for (name, e) in score_mods() {
+            let de = derive::d_score(&e).unwrap();
+            for (s, q, k) in [(-3.7, 5, 2), (0.4, 9, 9), (2.9, 300, 12), (11.0, 3, 40)] {
+                let at = |score: f64, e: &Expr| {
+                    let mut env = Env::new(Some(score), [1, 2, q, k], &Data);
+                    match eval(e, &mut env).unwrap() {
+                        Value::F(x) => x,
+                        v => panic!("{name}: {v:?}"),
+                    }
+                };
+                let h = 1e-6;
+                let fd = (at(s + h, &e) - at(s - h, &e)) / (2.0 * h);
+                let got = at(s, &de);
+                assert!(
+                    (got - fd).abs() <= 1e-6 * (1.0 + fd.abs()),
+                    "{name} at {s}: {got} vs {fd}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_derivative_refuses_a_cast_of_the_score() {
+        let e = bin(
+            BinOp::Add,
+            v("score"),
+            cast(cast(v("score"), Ty::I32), Ty::F32),
+        );
+        assert!(ty(&e, true).is_ok());
+        let err = derive::d_score(&e).unwrap_err();
+        assert!(
+            err.message.contains("cannot differentiate"),
+            "{}",
+            err.message
+        );
+    }
+
+    #[test]
+    fn masks_evaluate_as_written() {
+        let at = |e: &Expr, q, k| {
+            let mut env = Env::new(None, [0, 0, q, k], &Data);
+            eval(e, &mut env).unwrap()
+        };
+        let masks = mask_mods();
+        // prefix[0] = 7: key 6 is visible to query 2, key 8 is not.
+        assert_eq!(at(&masks[0].1, 2, 6), Value::B(true));
+        assert_eq!(at(&masks[0].1, 2, 8), Value::B(false));
+        assert_eq!(at(&masks[1].1, 1000, 2), Value::B(true));
+        assert_eq!(at(&masks[1].1, 1000, 600), Value::B(false));
+        assert_eq!(at(&masks[1].1, 1000, 800), Value::B(true));
+        assert_eq!(at(&masks[2].1, 70, 127), Value::B(true));
+        assert_eq!(at(&masks[2].1, 70, 128), Value::B(false));
+    }
+}
