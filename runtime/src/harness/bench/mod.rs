@@ -537,6 +537,19 @@ fn half_forwards(
     Ok(out)
 }
 
+/// The phase sets a kernel is timed with: all, none, and each of `each` alone and cut.
+fn phase_sets(each: [(&str, Phases); 4]) -> Vec<(String, Phases)> {
+    let mut sets = vec![
+        ("all".to_string(), Phases::ALL),
+        ("none".into(), Phases::NONE),
+    ];
+    for (name, only) in each {
+        sets.push((format!("only {name}"), only));
+        sets.push((format!("without {name}"), Phases::ALL.without(only)));
+    }
+    sets
+}
+
 /// The planned tensor-core forward in each half dtype with its key loop cut to phases:
 /// whole, none, each alone, all but each (row label, dtype, kernel); empty where no half
 /// dtype runs on tensor cores.
@@ -547,14 +560,7 @@ fn phase_forwards(
     masks: Masks,
 ) -> Result<Vec<(String, Scalar, Kernel)>, Error> {
     let table = tuning::Table::for_gpu(gpu).unwrap_or_default();
-    let mut sets = vec![
-        ("all".to_string(), Phases::ALL),
-        ("none".into(), Phases::NONE),
-    ];
-    for (name, only) in Phases::each() {
-        sets.push((format!("only {name}"), only));
-        sets.push((format!("without {name}"), Phases::ALL.without(only)));
-    }
+    let sets = phase_sets(Phases::each());
     let mut out = Vec::new();
     for dtype in gpu.half_dtypes() {
         let Some(config) = table
@@ -591,15 +597,8 @@ fn phase_backwards(
     else {
         return Ok(Vec::new());
     };
-    let mut sets = vec![
-        ("all".to_string(), Phases::ALL),
-        ("none".into(), Phases::NONE),
-    ];
-    for (name, only) in Phases::each_backward() {
-        sets.push((format!("only {name}"), only));
-        sets.push((format!("without {name}"), Phases::ALL.without(only)));
-    }
-    sets.into_iter()
+    phase_sets(Phases::each_backward())
+        .into_iter()
         .map(|(name, keep)| {
             let label = format!("phases backward tiled-{} f16: {name}", config.label());
             let abis = tuning::flash_backward_phases(heads.head_dim, masks, config, dtype, keep)
