@@ -851,3 +851,81 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         name = spec.name
     );
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Phases;
+
+    /// The phase model's kernels (`bench --only phases`) compile with every phase set, and
+    /// cutting a phase removes its work: only the whole set multiplies S by V.
+    #[test]
+    fn every_phase_set_compiles() {
+        let config =
+            crate::configs::coop_forward(128, crate::configs::CANDIDATE_WORKGROUP_BYTES)[0];
+        let spec = crate::KernelSpec {
+            dtype: crate::Dtype::F16,
+            ..crate::KernelSpec::flash(
+                "phases",
+                crate::Op::Forward,
+                128,
+                crate::Masks::new(true, false),
+                config,
+            )
+        };
+        let products = |keep| {
+            let abi =
+                crate::compile_phases(&spec, keep).unwrap_or_else(|e| panic!("{keep:?}: {e}"));
+            abi.wgsl.matches("coopMultiplyAdd").count()
+        };
+        let all = products(Phases::ALL);
+        assert_eq!(products(Phases::NONE), 0);
+        for (name, only) in Phases::each() {
+            let cut = products(Phases::ALL.without(only));
+            assert_eq!(
+                cut < all,
+                name == "scores" || name == "accumulate",
+                "{name}"
+            );
+            assert_eq!(products(only) > 0, cut < all, "{name}");
+        }
+    }
+
+    /// The backward halves' phase kernels compile with every phase set, and cutting S, dP
+    /// or the sums removes exactly their products.
+    #[test]
+    fn every_backward_phase_set_compiles() {
+        let config =
+            crate::configs::coop_backward(128, crate::configs::CANDIDATE_WORKGROUP_BYTES)[0];
+        for op in [crate::Op::BackwardQ, crate::Op::BackwardKv] {
+            let mut spec = crate::KernelSpec {
+                dtype: crate::Dtype::F16,
+                ..crate::KernelSpec::flash(
+                    "phases",
+                    op,
+                    128,
+                    crate::Masks::new(true, false),
+                    config,
+                )
+            };
+            if op == crate::Op::BackwardKv {
+                spec.writes = vec![
+                    ("dk".into(), crate::WriteMode::Owned),
+                    ("dv".into(), crate::WriteMode::Owned),
+                ];
+            }
+            spec.fit_target();
+            let products = |keep| {
+                let abi = crate::compile_phases(&spec, keep)
+                    .unwrap_or_else(|e| panic!("{op:?} {keep:?}: {e}"));
+                abi.wgsl.matches("coopMultiplyAdd").count()
+            };
+            // (The dQ half's D = rowsum(dO ∘ O) is a product before the loop.)
+            let (all, outside) = (products(Phases::ALL), products(Phases::NONE));
+            for (name, only) in Phases::each_backward() {
+                let cut = products(Phases::ALL.without(only));
+                assert_eq!(cut < all, name != "elementwise", "{op:?} {name}");
+                assert_eq!(products(only) - outside + cut, all, "{op:?} {name}");
+            }
+        }
+    }
+}
