@@ -132,6 +132,15 @@ impl KernelAbi {
         self.bindings.iter().find(|b| b.name == name)
     }
 
+    /// The first output the kernel adds by atomics, whose order (and so the f32 sum) can
+    /// change from run to run.
+    pub fn atomic_output(&self) -> Option<&str> {
+        self.bindings
+            .iter()
+            .find(|b| b.write == Some(WriteMode::AtomicScatter))
+            .map(|b| &*b.name)
+    }
+
     /// Whether a binding holds f16 (the kernel needs `enable f16`).
     pub fn uses_f16(&self) -> bool {
         self.bindings.iter().any(|b| b.scalar == Scalar::F16) || self.grid.uses_coop()

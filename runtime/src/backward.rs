@@ -106,6 +106,17 @@ pub(crate) struct Scheduled {
     pub pipelines: Option<Vec<Pipeline>>,
 }
 
+impl Scheduled {
+    /// The first kernel (and its output) that adds by atomics: none in a deterministic
+    /// schedule.
+    fn atomic_output(&self) -> Option<(String, String)> {
+        self.abis.iter().find_map(|abi| {
+            abi.atomic_output()
+                .map(|o| (abi.name.to_string(), o.to_string()))
+        })
+    }
+}
+
 /// The schedules of one head_dim and dtype.
 pub(crate) struct Compiled {
     pub head_dim: u32,
@@ -126,6 +137,10 @@ pub struct Backward {
     pub scratch_budget: u64,
     /// The tuning table the planner follows for this adapter.
     pub table: Table,
+    /// Bit-identical gradients run to run: the planner picks only schedules whose kernels
+    /// own every output (no atomic adds, whose order changes the f32 sums), and a schedule
+    /// asked for that adds by atomics is refused ([`InputError::NotDeterministic`]).
+    pub deterministic: bool,
 }
 
 /// The default scratch budget: 256 MiB.
@@ -141,6 +156,7 @@ impl Backward {
             scratch: Default::default(),
             scratch_budget: DEFAULT_SCRATCH_BUDGET,
             table: Table::for_gpu(gpu)?,
+            deterministic: false,
         };
         for set in sets {
             backward.add(gpu, set)?;
@@ -207,12 +223,15 @@ impl Backward {
         self.schedules_in(gpu, head_dim, Dtype::F32)
     }
 
-    /// The schedules compiled for `head_dim` in `dtype`, best first.
+    /// The schedules compiled for `head_dim` in `dtype`, best first (with
+    /// [`Backward::deterministic`], those that own every output).
     pub fn schedules_in(&self, _gpu: &Gpu, head_dim: u32, dtype: Dtype) -> Vec<Schedule> {
         self.compiled
             .iter()
             .filter(|c| (c.head_dim, c.dtype) == (head_dim, dtype))
-            .flat_map(|c| c.schedules.iter().map(|s| s.schedule))
+            .flat_map(|c| c.schedules.iter())
+            .filter(|s| !self.deterministic || s.atomic_output().is_none())
+            .map(|s| s.schedule)
             .collect()
     }
 
@@ -227,6 +246,81 @@ impl Backward {
     /// tiled one on tensor cores where the adapter has them; not yet measured per adapter),
     /// its key-major half spread over query heads ([`Schedule::Scattered`]) where compiled.
     pub fn plan_in(
+        &self,
+        gpu: &Gpu,
+        batch: u32,
+        seq_len: u32,
+        heads: Heads,
+        dtype: Dtype,
+    ) -> Schedule {
+        let planned = self.fastest_plan(gpu, batch, seq_len, heads, dtype);
+        match self.deterministic {
+            true => self.deterministic_plan(heads.head_dim, dtype, planned),
+            false => planned,
+        }
+    }
+
+    /// With [`Backward::deterministic`], `planned` where it owns every output, else the
+    /// first compiled tiled schedule that does, else recompute (split's scratch is left out:
+    /// it may not fit). A set where every schedule adds by atomics (a shared bias's dBias)
+    /// keeps `planned`, which [`Backward::record`] then refuses with the reason.
+    fn deterministic_plan(&self, head_dim: u32, dtype: Dtype, planned: Schedule) -> Schedule {
+        let Some(c) = self
+            .compiled
+            .iter()
+            .find(|c| (c.head_dim, c.dtype) == (head_dim, dtype))
+        else {
+            return planned;
+        };
+        let owned: Vec<Schedule> = c
+            .schedules
+            .iter()
+            .filter(|s| s.atomic_output().is_none())
+            .map(|s| s.schedule)
+            .collect();
+        let rank = |s: &Schedule| match s {
+            s if *s == planned => 0,
+            Schedule::Tiled(_) => 1,
+            Schedule::RecomputeSplit => 2,
+            _ => 3,
+        };
+        owned
+            .iter()
+            .filter(|s| rank(s) < 3)
+            .min_by_key(|s| rank(s))
+            .copied()
+            .unwrap_or(planned)
+    }
+
+    /// Schedule `given`, or the planner's, for this call; refused where it cannot be
+    /// deterministic and [`Backward::deterministic`] asks for that.
+    pub(crate) fn schedule_for(
+        &self,
+        gpu: &Gpu,
+        set: usize,
+        given: Option<Schedule>,
+        shape: (u32, u32, Heads),
+        dtype: Dtype,
+    ) -> Result<(Schedule, usize), Error> {
+        let (batch, seq, heads) = shape;
+        let schedule = given.unwrap_or_else(|| self.plan_in(gpu, batch, seq, heads, dtype));
+        let c = &self.compiled[set];
+        let at = c.kernels_for(schedule)?;
+        if let Some((kernel, output)) = c.schedules[at].atomic_output()
+            && self.deterministic
+        {
+            return Err(InputError::NotDeterministic {
+                schedule: schedule.to_string(),
+                kernel,
+                output,
+            }
+            .into());
+        }
+        Ok((schedule, at))
+    }
+
+    /// The fastest schedule by the tuning table and the rules, atomics or not.
+    fn fastest_plan(
         &self,
         gpu: &Gpu,
         batch: u32,

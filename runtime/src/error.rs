@@ -116,6 +116,21 @@ pub enum InputError {
         needs: &'static str,
     },
     #[error(
+        "backward schedule `{schedule}` is not deterministic: kernel `{kernel}` adds \
+         `{output}` by atomics{}",
+        if output == "dbias" {
+            "; with a bias shared by the heads every schedule does: pass a bias per head \
+             (`bias`) and sum its gradient over the heads, or turn `deterministic` off"
+        } else {
+            "; leave the schedule to the planner, which picks one that owns its outputs"
+        }
+    )]
+    NotDeterministic {
+        schedule: String,
+        kernel: String,
+        output: String,
+    },
+    #[error(
         "backward schedule `{schedule}` does not run here for head_dim {head_dim}; this \
          device runs: {available}"
     )]

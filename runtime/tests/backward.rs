@@ -303,6 +303,60 @@ fn planner_follows_the_table_and_falls_back_to_the_portable_tiled_schedule() {
 
 /// The f64 reference backward agrees with central differences of L = Σ dO ∘ O, and the
 /// GPU agrees with the reference, on a shape small enough to difference every input.
+/// `deterministic` plans only schedules that own every output, repeats them bit for bit,
+/// and refuses one that adds by atomics with what to do instead.
+#[test]
+fn deterministic_backward_owns_its_outputs_and_repeats_bit_for_bit() {
+    let gpu = gpu();
+    let mut backward = Backward::new(&gpu, &kernels::BACKWARD).unwrap();
+    let heads = Heads {
+        n_heads: 4,
+        n_kv_heads: 2,
+        head_dim: 64,
+    };
+    let data = Data::new(&gpu, heads, 37, 1, 21);
+    let streaming = *backward
+        .schedules(&gpu, 64)
+        .iter()
+        .find(|s| matches!(s, Schedule::Streaming(_)))
+        .expect("lavapipe runs a streaming schedule at head_dim 64");
+    backward.table.backward.insert(64, streaming.to_string());
+    assert_eq!(backward.plan(&gpu, 1, 37, heads), streaming);
+
+    backward.deterministic = true;
+    let plan = backward.plan(&gpu, 1, 37, heads);
+    assert_eq!(plan, Schedule::Tiled(backward_candidates(64)[0]));
+    let atomic = |s: &Schedule| {
+        matches!(
+            s,
+            Schedule::Streaming(_) | Schedule::Flash(_) | Schedule::Scattered(_)
+        )
+    };
+    let listed = backward.schedules(&gpu, 64);
+    assert!(listed.contains(&plan) && listed.contains(&Schedule::RecomputeSplit));
+    assert!(!listed.iter().any(atomic), "{listed:?}");
+    let bits = |g: &runtime::Gradients| {
+        [&g.dq, &g.dk, &g.dv].map(|x| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>())
+    };
+    let (first, ran) = backward.run(&gpu, &data.input(), None).block_on().unwrap();
+    let (again, _) = backward.run(&gpu, &data.input(), None).block_on().unwrap();
+    assert_eq!(ran, plan);
+    assert!(bits(&first) == bits(&again), "two runs differ");
+
+    let refused = backward
+        .run(&gpu, &data.input(), Some(streaming))
+        .block_on()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("is not deterministic")
+            && refused.contains("by atomics; leave the schedule to the planner"),
+        "{refused}"
+    );
+    backward.deterministic = false;
+    assert_eq!(backward.plan(&gpu, 1, 37, heads), streaming);
+}
+
 #[test]
 fn reference_matches_finite_differences_and_gpu_matches_reference() {
     let gpu = gpu();

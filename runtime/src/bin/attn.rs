@@ -87,6 +87,10 @@ struct Args {
     /// The dropout mask's key.
     #[arg(long, default_value_t = 0, requires = "dropout")]
     seed: u64,
+    /// Bit-identical gradients run to run: only schedules that own every output (no
+    /// atomic adds); a --schedule that adds by atomics is refused.
+    #[arg(long, requires = "d_o")]
+    deterministic: bool,
 }
 
 /// The score modifiers' values read from the flags.
@@ -289,6 +293,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     if let (Some(d_o), Some(kernels)) = (&t.d_o, backward) {
         let started = Instant::now();
         let mut backward = Backward::new(&gpu, &[kernels])?;
+        backward.deterministic = args.deterministic;
         if t.dtype != Dtype::F32 {
             backward.add_in(&gpu, d, masks, t.dtype)?;
         }

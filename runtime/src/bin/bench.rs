@@ -246,7 +246,40 @@ fn shape_rows(
             false => print_row(row),
         }
     }
+    if !args.json {
+        deterministic_cost(&rows);
+    }
     Ok(rows)
+}
+
+/// Per dtype, the fastest backward that owns its outputs (what `Backward::deterministic`
+/// may plan) beside the fastest of all.
+fn deterministic_cost(rows: &[BenchRow]) {
+    fn dtype(r: &BenchRow) -> &'static str {
+        match r.kernel.rsplit(' ').next() {
+            Some("f16") => "f16",
+            Some("bf16") => "bf16",
+            _ => "f32",
+        }
+    }
+    for name in ["f32", "f16", "bf16"] {
+        let fastest = |deterministic: bool| {
+            rows.iter()
+                .filter(|r| r.kernel.starts_with("backward") && dtype(r) == name)
+                .filter(|r| !deterministic || r.note == bench::DETERMINISTIC)
+                .filter_map(|r| Some((r.timing?.median_ms, r)))
+                .min_by(|a, b| a.0.total_cmp(&b.0))
+        };
+        if let (Some((f, fr)), Some((d, dr))) = (fastest(false), fastest(true)) {
+            println!(
+                "{:<40} backward deterministic, {name}: {} {d:.3} ms, {:.2}x the fastest ({} {f:.3} ms)",
+                dr.shape.label(),
+                dr.kernel.trim_start_matches("backward "),
+                d / f,
+                fr.kernel.trim_start_matches("backward "),
+            );
+        }
+    }
 }
 
 /// `--suite`: the attention shapes, then decode, then LayerNorm + Linear.

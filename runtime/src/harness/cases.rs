@@ -1203,6 +1203,14 @@ impl Job {
             results.push((schedule, g));
         }
         rows.push(agreement(case, &rows[0], &results));
+        rows.extend(rerun_deterministic(
+            gpu,
+            backward,
+            case,
+            &input,
+            Dtype::F32,
+            &results,
+        )?);
         for dtype in gpu.half_dtypes() {
             rows.extend(self.half_backward(gpu, runner, case, &input, dtype)?);
         }
@@ -1246,6 +1254,7 @@ impl Job {
         }
         let plan = backward.plan_in(gpu, self.batch, self.seq, h, dtype);
         let mut rows = Vec::new();
+        let mut results = Vec::new();
         for schedule in backward.schedules_in(gpu, h.head_dim, dtype) {
             let (g, _) = backward
                 .run_in(gpu, &input, Some(schedule), dtype)
@@ -1266,9 +1275,61 @@ impl Job {
                 ),
                 verdicts,
             });
+            results.push((schedule, g));
         }
+        rows.extend(rerun_deterministic(
+            gpu, backward, case, &input, dtype, &results,
+        )?);
         Ok(rows)
     }
+}
+
+/// The deterministic plan (`Backward::deterministic`) run once more: its gradients must
+/// equal those of its run among `results` bit for bit (the row's error counts the elements
+/// that differ). None where no schedule of the set owns every output (a shared bias).
+fn rerun_deterministic(
+    gpu: &Gpu,
+    backward: &mut Backward,
+    case: &Case,
+    input: &BackwardInput,
+    dtype: Dtype,
+    results: &[(Schedule, Gradients)],
+) -> Result<Option<Row>, Error> {
+    backward.deterministic = true;
+    let h = input.heads;
+    let plan = backward.plan_in(gpu, input.batch, input.seq_len, h, dtype);
+    let again = backward.run_in(gpu, input, Some(plan), dtype).block_on();
+    backward.deterministic = false;
+    let again = match again {
+        Ok((g, _)) => g,
+        Err(Error::Input(crate::error::InputError::NotDeterministic { .. })) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let Some((_, first)) = results.iter().find(|(s, _)| *s == plan) else {
+        return Ok(None);
+    };
+    let differ = |a: &[f32], b: &[f32]| {
+        let n = a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits());
+        (n.count() + a.len().abs_diff(b.len())) as f64
+    };
+    let pairs = [
+        ("dq", &first.dq, &again.dq),
+        ("dk", &first.dk, &again.dk),
+        ("dv", &first.dv, &again.dv),
+        ("dbias", &first.dbias, &again.dbias),
+    ];
+    let verdicts = pairs
+        .into_iter()
+        .filter(|(name, a, _)| *name != "dbias" || !a.is_empty())
+        .map(|(name, a, b)| {
+            let error = differ(a, b);
+            (name, Verdict { error, bound: 0.5 })
+        });
+    Ok(Some(Row {
+        case: *case,
+        label: format!("backward deterministic, run twice, {}", dtype.name()),
+        verdicts: verdicts.collect(),
+    }))
 }
 
 /// Each schedule is within `bound` of the reference, so two may differ by up to twice it

@@ -95,8 +95,7 @@ impl Backward {
         let h = input.heads;
         let (b, s) = (input.batch, input.seq_len);
         // Refuse what this device cannot run before uploading anything.
-        let schedule = schedule.unwrap_or_else(|| self.plan_in(gpu, b, s, h, dtype));
-        self.compiled[set].kernels_for(schedule)?;
+        let (schedule, _) = self.schedule_for(gpu, set, schedule, (b, s, h), dtype)?;
         let data = self.compiled[set].prep_abi.scalar("o");
         let q_shape = [b, s, h.n_heads, h.head_dim];
         let kv_shape = [b, s, h.n_kv_heads, h.head_dim];

@@ -111,8 +111,7 @@ impl Backward {
         let (batch, seq, h) = attention_shape(args.q, args.k)?;
         let dtype = dtype_of(args.q)?;
         let set = self.set_of(h.head_dim, dtype)?;
-        let schedule = schedule.unwrap_or_else(|| self.plan_in(gpu, batch, seq, h, dtype));
-        let at = self.compiled[set].kernels_for(schedule)?;
+        let (schedule, at) = self.schedule_for(gpu, set, schedule, (batch, seq, h), dtype)?;
         check(
             &self.compiled[set].schedules[at].abis[0],
             args,

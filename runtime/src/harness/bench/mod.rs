@@ -348,7 +348,7 @@ pub fn run(
                     kernel: label.clone(),
                     timing: Some(timing::time(gpu, &steps, warmup, runs)?),
                     flops: 2.5 * shape.forward_flops(),
-                    note: String::new(),
+                    note: determinism(kernels.iter().map(Kernel::abi)),
                     baseline_ms: None,
                 });
                 // Where the planned (first) schedule's time goes, kernel by kernel.
@@ -394,7 +394,7 @@ pub fn run(
             kernel,
             timing: None,
             flops,
-            note: String::new(),
+            note: determinism(kernels.iter().map(Kernel::abi)),
             baseline_ms: None,
         };
         if *schedule == Schedule::Split && scratch.is_none() {
@@ -613,6 +613,17 @@ fn phase_backwards(
             Ok((label, kernels))
         })
         .collect()
+}
+
+/// The note of a backward row whose kernels own every output (`Backward::deterministic`
+/// may plan it).
+pub const DETERMINISTIC: &str = "deterministic";
+
+fn determinism<'a>(mut abis: impl Iterator<Item = &'a attn_dsl::KernelAbi>) -> String {
+    match abis.all(|abi| abi.atomic_output().is_none()) {
+        true => DETERMINISTIC.into(),
+        false => String::new(),
+    }
 }
 
 /// The half-precision tiled backward in each dtype the device has, in each configuration
