@@ -174,6 +174,8 @@ impl KernelAbi {
             // sequence; workgroup 0 writes the lengths even when no row is new.
             Op::CacheAppend => return [strided(at(0) * at(2) * (at(3) / 4)), at(4), 1],
             Op::DkvReduce | Op::ToDtype | Op::FromDtype => return [strided(at(0)), 1, 1],
+            // One workgroup per head walks every sequence, so that it owns dsinks[h].
+            Op::SinkGrad => return [at(1), 1, 1],
             _ => {}
         }
         match self.grid.major {

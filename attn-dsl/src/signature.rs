@@ -43,6 +43,8 @@ pub enum Presence {
     IfScratch,
     /// With ALiBi (the slopes).
     IfAlibi,
+    /// With attention sinks (the per-head logits).
+    IfSinks,
     /// With a bias of these heads.
     IfBias(BiasHeads),
     /// When written, with a bias of these heads.
@@ -94,7 +96,7 @@ const fn when(t: Tensor, presence: Presence) -> Tensor {
 use Axis::{B, D, H, J, KvH, Page, Part, S, Slice};
 use Elem::{Data, Data4, F32, F32x4, U32};
 use Presence::{
-    IfAlibi, IfBias, IfBiasWritten, IfCoop, IfDocument, IfRecompute, IfScratch, IfWritten,
+    IfAlibi, IfBias, IfBiasWritten, IfCoop, IfDocument, IfRecompute, IfScratch, IfSinks, IfWritten,
 };
 use Role::{Input, Output, Uniform};
 
@@ -109,6 +111,7 @@ const BIAS: Tensor = when(
     IfBias(BiasHeads::PerHead),
 );
 const SHARED_BIAS: Tensor = when(t("bias", Input, F32, &[B, S, J]), IfBias(BiasHeads::Shared));
+const SINKS: Tensor = when(t("sinks", Input, F32, &[H]), IfSinks);
 const DBIAS: Tensor = when(
     t("dbias", Output, F32, &[B, H, S, J]),
     IfBiasWritten(BiasHeads::PerHead),
@@ -130,6 +133,7 @@ const FORWARD: &[Tensor] = &[
     ALIBI,
     BIAS,
     SHARED_BIAS,
+    SINKS,
 ];
 
 // Split-K decode: slice `slice` of the cache flushes, per query head, its unnormalized
@@ -172,6 +176,7 @@ const DECODE_REDUCE: &[Tensor] = &[
     t("part_ml", Input, F32, &[Part, B, Slice, H]),
     t("o", Output, Data4, &[B, H, D]),
     DIMS,
+    SINKS,
 ];
 
 const DECODE: &[Tensor] = &[
@@ -182,6 +187,19 @@ const DECODE: &[Tensor] = &[
     DIMS,
     PARAMS_T,
     ALIBI,
+    SINKS,
+];
+
+// dsinks[h] sums a term of every row of head h (over the batch), each with its own
+// D = dO·O from O and dO in double-f32: the schedules' f32 D in `stats` carries as much
+// rounding as a framework's, which a sum of a few values per head cannot average out.
+const SINK_GRAD: &[Tensor] = &[
+    t("o", Input, Data, &[B, S, H, D]),
+    t("d_o", Input, Data, &[B, S, H, D]),
+    t("lse", Input, F32, &[B, S, H]),
+    t("sinks", Input, F32, &[H]),
+    t("dsinks", Output, F32, &[H]),
+    DIMS,
 ];
 
 // The backward binds at most 8 storage buffers, WebGPU's default, by packing: LSE with D in
@@ -403,6 +421,7 @@ pub fn all_tensors(op: Op) -> &'static [Tensor] {
         Op::DkvReduce => DKV_REDUCE,
         Op::ToDtype => TO_DTYPE,
         Op::FromDtype => FROM_DTYPE,
+        Op::SinkGrad => SINK_GRAD,
     }
 }
 
@@ -417,6 +436,7 @@ pub fn tensors(spec: &KernelSpec) -> Vec<Tensor> {
             Presence::IfRecompute => spec.source == Source::Recompute,
             Presence::IfScratch => spec.source == Source::Scratch,
             Presence::IfAlibi => spec.masks.alibi,
+            Presence::IfSinks => spec.masks.sinks,
             Presence::IfBias(heads) => spec.masks.bias == Some(heads),
             Presence::IfBiasWritten(heads) => {
                 spec.masks.bias == Some(heads) && spec.write_mode(t.name).is_some()

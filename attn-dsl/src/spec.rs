@@ -110,10 +110,13 @@ pub enum Op {
     ToDtype,
     /// Values of the kernel's dtype widened to f32.
     FromDtype,
+    /// The sinks' gradient, `dsinks[h] += −Σ_rows e^(sinks[h] − LSE)·D` with D = dO·O,
+    /// summed over every row and sequence of head h by one workgroup (owned, no atomics).
+    SinkGrad,
 }
 
 impl Op {
-    pub const ALL: [Op; 16] = [
+    pub const ALL: [Op; 17] = [
         Op::Forward,
         Op::Decode,
         Op::DecodeSplit,
@@ -130,6 +133,7 @@ impl Op {
         Op::DkvReduce,
         Op::ToDtype,
         Op::FromDtype,
+        Op::SinkGrad,
     ];
 
     pub fn name(self) -> &'static str {
@@ -150,6 +154,7 @@ impl Op {
             Op::DkvReduce => "dkv_reduce",
             Op::ToDtype => "to_dtype",
             Op::FromDtype => "from_dtype",
+            Op::SinkGrad => "sink_grad",
         }
     }
 
@@ -167,7 +172,9 @@ impl Op {
             | Op::CacheAppend
             | Op::DkvReduce
             | Op::ToDtype
-            | Op::FromDtype => Major::Elem,
+            | Op::FromDtype
+            // A reduce: each workgroup owns one head's dsinks, walking every sequence.
+            | Op::SinkGrad => Major::Elem,
         }
     }
 
@@ -372,6 +379,11 @@ pub struct Masks {
     /// `1 / (1 - p)`, by a counter-based RNG keyed by `(seed, offset, batch, head, s, j)`
     /// (Philox-4x32-10), so every kernel regenerates the same mask whatever its tile order.
     pub dropout: bool,
+    /// Attention sinks (gpt-oss): a per-head logit `sinks[h]` joins every row's softmax
+    /// denominator, a key with no value. The LSE includes it, so the backward's P needs
+    /// nothing more; its gradient, `dsinks[h] = −Σ_rows e^(sink − LSE)·D`, is the
+    /// `sink_grad` op's.
+    pub sinks: bool,
 }
 
 /// The head axis of an additive bias: `[n_heads, seq, seq]` or `[1, seq, seq]`.
@@ -400,11 +412,12 @@ pub enum Modifier {
     SharedBias,
     Softcap,
     Dropout,
+    Sinks,
 }
 
 impl Modifier {
     /// In the order descriptions list them and labels print them.
-    pub const ALL: [Modifier; 8] = [
+    pub const ALL: [Modifier; 9] = [
         Modifier::Causal,
         Modifier::Document,
         Modifier::Window,
@@ -413,6 +426,7 @@ impl Modifier {
         Modifier::SharedBias,
         Modifier::Softcap,
         Modifier::Dropout,
+        Modifier::Sinks,
     ];
 
     pub fn word(self) -> &'static str {
@@ -425,6 +439,7 @@ impl Modifier {
             Modifier::SharedBias => "shared_bias",
             Modifier::Softcap => "softcap",
             Modifier::Dropout => "dropout",
+            Modifier::Sinks => "sinks",
         }
     }
 
@@ -432,7 +447,7 @@ impl Modifier {
         Modifier::ALL.into_iter().find(|m| m.word() == word)
     }
 
-    /// Every word, as an error message lists them: "`causal`, ... or `dropout`".
+    /// Every word, as an error message lists them: "`causal`, ... or `sinks`".
     pub fn expected() -> String {
         let words: Vec<String> = Modifier::ALL
             .iter()
@@ -454,7 +469,8 @@ impl Modifier {
             | Modifier::Bias
             | Modifier::SharedBias
             | Modifier::Softcap
-            | Modifier::Dropout => true,
+            | Modifier::Dropout
+            | Modifier::Sinks => true,
         }
     }
 
@@ -468,7 +484,8 @@ impl Modifier {
             | Modifier::Window
             | Modifier::Alibi
             | Modifier::Softcap
-            | Modifier::Dropout => None,
+            | Modifier::Dropout
+            | Modifier::Sinks => None,
         }
     }
 }
@@ -484,6 +501,7 @@ impl Masks {
             bias: None,
             softcap: false,
             dropout: false,
+            sinks: false,
         }
     }
 
@@ -497,6 +515,7 @@ impl Masks {
             Modifier::SharedBias => self.bias == Some(BiasHeads::Shared),
             Modifier::Softcap => self.softcap,
             Modifier::Dropout => self.dropout,
+            Modifier::Sinks => self.sinks,
         }
     }
 
@@ -511,6 +530,7 @@ impl Masks {
             Modifier::SharedBias => self.bias = Some(BiasHeads::Shared),
             Modifier::Softcap => self.softcap = true,
             Modifier::Dropout => self.dropout = true,
+            Modifier::Sinks => self.sinks = true,
         }
         self
     }

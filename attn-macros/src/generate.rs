@@ -194,6 +194,7 @@ fn abi_const(abi: &KernelAbi, wgsl: TokenStream) -> TokenStream {
         Op::DkvReduce => quote!(DkvReduce),
         Op::ToDtype => quote!(ToDtype),
         Op::FromDtype => quote!(FromDtype),
+        Op::SinkGrad => quote!(SinkGrad),
     };
     let f32_atomics = abi.f32_atomics;
     let [wx, wy, wz] = abi.workgroup_size;
@@ -455,6 +456,7 @@ fn masks_tokens(m: &attn_dsl::Masks) -> TokenStream {
         bias,
         softcap,
         dropout,
+        sinks,
     } = *m;
     let bias = match bias {
         None => quote!(::core::option::Option::None),
@@ -473,5 +475,6 @@ fn masks_tokens(m: &attn_dsl::Masks) -> TokenStream {
         bias: #bias,
         softcap: #softcap,
         dropout: #dropout,
+        sinks: #sinks,
     })
 }

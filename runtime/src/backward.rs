@@ -7,7 +7,6 @@ use std::str::FromStr;
 use attn_dsl::{Dtype, FlashConfig, KernelAbi, Masks, Scatter};
 
 use crate::device::Gpu;
-#[cfg(not(target_arch = "wasm32"))]
 use crate::dispatch::kernel::Kernel;
 use crate::dispatch::record::Pipeline;
 use crate::error::{Error, InputError};
@@ -126,6 +125,8 @@ pub(crate) struct Compiled {
     pub prep: Option<Pipeline>,
     /// Every schedule the device runs.
     pub schedules: Vec<Scheduled>,
+    /// dSinks after any schedule, with sinks (compiled on first use).
+    pub sink_grad: Option<Pipeline>,
 }
 
 /// Runs the backward; owns its kernels (each schedule's compiled on the first call that
@@ -173,6 +174,7 @@ impl Backward {
             prep_abi: set.prep.clone().into_owned(),
             prep: None,
             schedules: lazy(schedule_abis(gpu, set)?),
+            sink_grad: None,
         };
         self.hold(compiled);
         Ok(())
@@ -206,6 +208,7 @@ impl Backward {
             prep_abi: prep,
             prep: None,
             schedules: lazy(schedules),
+            sink_grad: None,
         });
         Ok(())
     }
@@ -393,6 +396,15 @@ impl Backward {
 }
 
 impl Compiled {
+    /// The `sink_grad` kernel of this set's head_dim and dtype, created on first use.
+    pub(crate) fn sink_grad(&mut self, gpu: &Gpu) -> Result<&mut Pipeline, Error> {
+        if self.sink_grad.is_none() {
+            let abi = sink_grad_abi(self.head_dim, self.dtype)?;
+            self.sink_grad = Some(Pipeline::new(Kernel::now(gpu, &abi)?));
+        }
+        Ok(self.sink_grad.as_mut().expect("made above"))
+    }
+
     /// The kernels of `schedule`, in dispatch order, or which schedules there are.
     pub(crate) fn kernels_for(&self, schedule: Schedule) -> Result<usize, InputError> {
         self.schedules
@@ -409,6 +421,29 @@ impl Compiled {
                     .join(", "),
             })
     }
+}
+
+/// The `sink_grad` kernel for `head_dim` with O and dO in `dtype`, compiled now: dSinks
+/// after any schedule.
+pub(crate) fn sink_grad_abi(head_dim: u32, dtype: Dtype) -> Result<KernelAbi, Error> {
+    let masks = Masks {
+        sinks: true,
+        ..Masks::default()
+    };
+    let spec = attn_dsl::KernelSpec {
+        dtype,
+        ..attn_dsl::KernelSpec::standard(
+            "attention_sink_grad",
+            attn_dsl::Op::SinkGrad,
+            head_dim,
+            masks,
+        )
+    };
+
+    attn_dsl::compile(&spec).map_err(|e| Error::Pipeline {
+        kernel: spec.name.clone(),
+        message: e.to_string(),
+    })
 }
 
 /// Whether a schedule's kernels need the prep to pack LSE and D into `stats`: not where

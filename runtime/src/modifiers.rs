@@ -97,6 +97,9 @@ pub struct ModifiersOf<'a, T: ?Sized> {
     pub softcap: Option<f32>,
     /// `dropout`.
     pub dropout: Option<Dropout>,
+    /// Attention sinks (`sinks`): one logit per query head, joined to every row's softmax
+    /// denominator.
+    pub sinks: Option<&'a T>,
 }
 
 impl<T: ?Sized> Clone for ModifiersOf<'_, T> {
@@ -120,6 +123,7 @@ impl<T: ?Sized> Default for ModifiersOf<'_, T> {
             bias: None,
             softcap: None,
             dropout: None,
+            sinks: None,
         }
     }
 }
@@ -128,6 +132,7 @@ impl<T: ?Sized> Default for ModifiersOf<'_, T> {
 pub struct Uploaded {
     alibi: Option<Tensor>,
     bias: Option<Tensor>,
+    sinks: Option<Tensor>,
 }
 
 impl Uploaded {
@@ -142,18 +147,20 @@ impl Uploaded {
             }),
             softcap: mods.softcap,
             dropout: mods.dropout,
+            sinks: self.sinks.as_ref(),
         }
     }
 }
 
 impl<'a> Modifiers<'a> {
-    /// The slopes and the bias as device tensors (`[n_heads]`, and the bias's 4-D layout
-    /// for `q_rows` query rows of `batch` sequences).
+    /// The slopes, the sinks and the bias as device tensors (`[n_heads]`, and the bias's
+    /// 4-D layout for `q_rows` query rows of `batch` sequences).
     pub fn upload(&self, gpu: &Gpu, batch: u32, q_rows: u32) -> Result<Uploaded, TensorError> {
-        let alibi = self
-            .alibi
-            .map(|a| Tensor::from_f32(gpu, &[a.len() as u32], Scalar::F32, a))
-            .transpose()?;
+        let per_head = |a: Option<&[f32]>| {
+            a.map(|a| Tensor::from_f32(gpu, &[a.len() as u32], Scalar::F32, a))
+                .transpose()
+        };
+        let (alibi, sinks) = (per_head(self.alibi)?, per_head(self.sinks)?);
         let bias = self
             .bias
             .map(|b| {
@@ -163,7 +170,7 @@ impl<'a> Modifiers<'a> {
                 Tensor::from_f32(gpu, &[batch, heads, q_rows, q_rows], Scalar::F32, b.values)
             })
             .transpose()?;
-        Ok(Uploaded { alibi, bias })
+        Ok(Uploaded { alibi, bias, sinks })
     }
 }
 
@@ -179,8 +186,10 @@ impl<'a> DeviceModifiers<'a> {
     ) -> Result<(), InputError> {
         self.check_words(abi)?;
         self.check_scalars()?;
-        if let Some(slopes) = self.alibi {
-            expect(slopes, "alibi", &[n_heads], Scalar::F32, "[n_heads]")?;
+        for (name, t) in [("alibi", self.alibi), ("sinks", self.sinks)] {
+            if let Some(t) = t {
+                expect(t, name, &[n_heads], Scalar::F32, "[n_heads]")?;
+            }
         }
         if let Some(b) = self.bias {
             let heads = match b.heads {
@@ -200,9 +209,13 @@ impl<'a> DeviceModifiers<'a> {
 
     /// The modifiers' tensors by binding name.
     pub(crate) fn tensors(&self) -> impl Iterator<Item = (&'static str, &'a Tensor)> + use<'a> {
-        [("alibi", self.alibi), ("bias", self.bias.map(|b| b.values))]
-            .into_iter()
-            .filter_map(|(n, t)| t.map(|t| (n, t)))
+        [
+            ("alibi", self.alibi),
+            ("bias", self.bias.map(|b| b.values)),
+            ("sinks", self.sinks),
+        ]
+        .into_iter()
+        .filter_map(|(n, t)| t.map(|t| (n, t)))
     }
 }
 
@@ -261,6 +274,7 @@ impl<T: ?Sized> ModifiersOf<'_, T> {
             Modifier::SharedBias => bias(BiasHeads::Shared),
             Modifier::Softcap => self.softcap.is_some(),
             Modifier::Dropout => self.dropout.is_some(),
+            Modifier::Sinks => self.sinks.is_some(),
         }
     }
 
@@ -353,11 +367,16 @@ impl Modifiers<'_> {
     }
 
     fn validate_values(&self, batch: u32, q_rows: u32, n_heads: u32) -> Result<(), InputError> {
-        if let Some(slopes) = self.alibi {
-            crate::shape::length("alibi", slopes.len(), u64::from(n_heads), "n_heads")?;
-            if let Some(x) = slopes.iter().find(|x| !x.is_finite()) {
+        let per_head = [
+            (self.alibi, "alibi", "an ALiBi slope"),
+            (self.sinks, "sinks", "a sink logit"),
+        ];
+        for (values, name, what) in per_head {
+            let Some(values) = values else { continue };
+            crate::shape::length(name, values.len(), u64::from(n_heads), "n_heads")?;
+            if let Some(x) = values.iter().find(|x| !x.is_finite()) {
                 return Err(InputError::BadValue {
-                    what: "an ALiBi slope",
+                    what,
                     value: f64::from(*x),
                     needs: "a finite number",
                 });
@@ -423,6 +442,10 @@ mod tests {
                     seed: 1,
                     offset: 0,
                 }),
+                ..none
+            },
+            Modifier::Sinks => Modifiers {
+                sinks: Some(&slopes[..]),
                 ..none
             },
             Modifier::Causal | Modifier::Document => none,

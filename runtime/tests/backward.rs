@@ -145,7 +145,7 @@ fn every_schedule_matches_the_reference_and_the_others() {
                 [&data.q, &data.k, &data.v, &data.d_o],
                 (&data.o, &data.lse),
                 [&g.dq, &g.dk, &g.dv],
-                &g.dbias,
+                [&g.dbias, &g.dsinks],
             );
             assert!(
                 verdicts.iter().all(|(_, v)| v.pass()),
@@ -401,7 +401,7 @@ fn reference_matches_finite_differences_and_gpu_matches_reference() {
         [&data.q, &data.k, &data.v, &data.d_o],
         (&data.o, &data.lse),
         [&g.dq, &g.dk, &g.dv],
-        &g.dbias,
+        [&g.dbias, &g.dsinks],
     );
     assert!(verdicts.iter().all(|(_, v)| v.pass()), "{verdicts:?}");
 }
@@ -524,7 +524,7 @@ fn long_rows_keep_blocked_accuracy_in_every_schedule() {
             [&data.q, &data.k, &data.v, &data.d_o],
             (&data.o, &data.lse),
             [&g.dq, &g.dk, &g.dv],
-            &g.dbias,
+            [&g.dbias, &g.dsinks],
         );
         for (name, v) in &verdicts {
             assert!(

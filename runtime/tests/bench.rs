@@ -18,6 +18,7 @@ fn flops_follow_flash_attention_convention() {
         },
         causal: true,
         window: None,
+        sinks: false,
     };
     assert_eq!(
         seeds.forward_flops(),
@@ -56,6 +57,8 @@ fn every_kernel_and_schedule_is_gpu_timed() {
         },
         causal: true,
         window: None,
+        // With sinks, so that every backward row times the dSinks kernel too.
+        sinks: true,
     };
     let rows = bench::run(&gpu, shape.clone(), 1, 3, bench::Parts::All).unwrap();
     let names: Vec<&str> = rows.iter().map(|r| r.kernel.as_str()).collect();

@@ -231,6 +231,7 @@ fn a_training_step_records_forward_and_backward_in_one_encoder() {
         dk: &dk,
         dv: &dv,
         dbias: None,
+        dsinks: None,
         seg: None,
         scale: None,
         mods: Default::default(),

@@ -27,6 +27,17 @@ fn attn(args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// `attn` with `args`, which must succeed.
+fn attn_ok(args: &[&str]) -> Output {
+    let run = attn(args);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    run
+}
+
 fn write_i64(path: &Path, data: &[i64]) {
     let file = std::fs::File::create(path).unwrap();
     let mut w = npyz::WriteOptions::new()
@@ -164,7 +175,7 @@ fn round_trip(name: &str, t: &Inputs, schedule: &str) -> Vec<String> {
             [&q, &k, &v, &d_o],
             (&o, &lse),
             [&grads[0], &grads[1], &grads[2]],
-            &[],
+            [&[], &[]],
         );
         let label = dir.file_name().unwrap().to_string_lossy().into_owned();
         assert!(
@@ -232,6 +243,18 @@ fn four_dimensional_inputs_with_packed_sequences_match_the_reference() {
             .0;
         assert_eq!(o, [2, 12, 4, 64]);
     }
+}
+
+/// Random Q, K, V and dO `[seq, heads, d]` (seeds 1 to 4), written to q.npy, k.npy, v.npy
+/// and do.npy in `dir`.
+fn random_qkv_do(dir: &Path, seq: usize, (nh, nkv): (usize, usize), d: usize) -> [Vec<f32>; 4] {
+    let data = [(nh, 1), (nkv, 2), (nkv, 3), (nh, 4)].map(|(h, s)| random(seq * h * d, s));
+    for (name, x) in ["q", "k", "v", "do"].into_iter().zip(&data) {
+        let h = x.len() / (seq * d);
+        let shape = [seq as u64, h as u64, d as u64];
+        npy::write_f32(&dir.join(format!("{name}.npy")), &shape, x).unwrap();
+    }
+    data
 }
 
 fn scratch_dir_path(name: &str) -> PathBuf {
@@ -308,21 +331,7 @@ fn modifier_flags_match_the_reference_and_write_dbias() {
     let dir = scratch_dir("parity_modifiers");
     let f = |n: &str| dir.join(n).to_string_lossy().into_owned();
     let (seq, nh, nkv, d) = (24usize, 4usize, 2usize, 32usize);
-    let [q, k, v, d_o] =
-        [(nh, 1), (nkv, 2), (nkv, 3), (nh, 4)].map(|(h, s)| random(seq * h * d, s));
-    for (name, h, x) in [
-        ("q", nh, &q),
-        ("k", nkv, &k),
-        ("v", nkv, &v),
-        ("do", nh, &d_o),
-    ] {
-        npy::write_f32(
-            &dir.join(format!("{name}.npy")),
-            &[seq as u64, h as u64, d as u64],
-            x,
-        )
-        .unwrap();
-    }
+    let [q, k, v, _] = random_qkv_do(&dir, seq, (nh, nkv), d);
     let slopes: Vec<f32> = (0..nh).map(|h| (-2.0 * (h + 1) as f32).exp2()).collect();
     npy::write_f32(&dir.join("slopes.npy"), &[nh as u64], &slopes).unwrap();
     let bias = random(seq * seq, 5);
@@ -365,12 +374,7 @@ fn modifier_flags_match_the_reference_and_write_dbias() {
         "--out",
         &out,
     ]);
-    let run = attn(&args);
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
+    attn_ok(&args);
 
     let mods = Modifiers {
         window: Some(9),
@@ -385,6 +389,7 @@ fn modifier_flags_match_the_reference_and_write_dbias() {
             seed: 11,
             offset: 0,
         }),
+        sinks: None,
     };
     let problem = Problem {
         batch: 1,
@@ -538,7 +543,7 @@ fn half_precision_inputs_give_outputs_in_their_type() {
             [&q, &k, &v, &d_o],
             (&o, &lse),
             [&grads[0], &grads[1], &grads[2]],
-            &[],
+            [&[], &[]],
             scalar,
         );
         assert!(
@@ -559,4 +564,83 @@ fn half_precision_inputs_give_outputs_in_their_type() {
         ]);
         assert_one_line_error(&mixed, "share one element type");
     }
+}
+
+/// `--sinks` reaches the forward and the backward: O, LSE and every gradient match the
+/// reference with the same logits, dsinks.npy is written in [heads] (here under
+/// `--deterministic`, whose schedule owns it), and logits of the wrong shape are one error
+/// line.
+#[test]
+fn sinks_flag_matches_the_reference_and_writes_dsinks() {
+    let dir = scratch_dir("parity_sinks");
+    let f = |n: &str| dir.join(n).to_string_lossy().into_owned();
+    let (seq, nh, nkv, d) = (20usize, 4usize, 2usize, 32usize);
+    let [q, k, v, d_o] = random_qkv_do(&dir, seq, (nh, nkv), d);
+    let sinks = [1.5f32, -0.5, 3.0, 0.25];
+    npy::write_f32(&dir.join("sinks.npy"), &[nh as u64], &sinks).unwrap();
+    npy::write_f32(&dir.join("bad_sinks.npy"), &[2], &[0.0, 1.0]).unwrap();
+    let out = f("out");
+    let common = [
+        "--q",
+        &f("q.npy"),
+        "--k",
+        &f("k.npy"),
+        "--v",
+        &f("v.npy"),
+        "--causal",
+    ];
+    let mut args = common.to_vec();
+    let (do_path, sinks_path) = (f("do.npy"), f("sinks.npy"));
+    args.extend([
+        "--do",
+        &do_path,
+        "--sinks",
+        &sinks_path,
+        "--deterministic",
+        "--out",
+        &out,
+    ]);
+    attn_ok(&args);
+
+    let p = Problem {
+        batch: 1,
+        n_q: seq,
+        n_k: seq,
+        n_heads: nh,
+        n_kv_heads: nkv,
+        head_dim: d,
+        scale: f64::from(1.0 / (d as f32).sqrt()),
+        causal: true,
+        mods: Modifiers {
+            sinks: Some(&sinks),
+            ..Modifiers::default()
+        },
+        ..Problem::default()
+    };
+    let out_dir = Path::new(&out);
+    let (o, lse) = (read(out_dir, "o"), read(out_dir, "lse"));
+    let fwd = judge_attention(&p, [&q, &k, &v], &o, Some(&lse));
+    assert!(fwd.iter().all(|(_, v)| v.pass()), "forward: {fwd:?}");
+    let (shape, dsinks) = npy::read_f32(&out_dir.join("dsinks.npy"), &[1]).unwrap();
+    assert_eq!(shape, [nh as u64]);
+    assert!(dsinks.iter().all(|x| *x != 0.0), "{dsinks:?}");
+    let grads = [
+        read(out_dir, "dq"),
+        read(out_dir, "dk"),
+        read(out_dir, "dv"),
+    ];
+    let bwd = judge_backward(
+        &p,
+        [&q, &k, &v, &d_o],
+        (&o, &lse),
+        [&grads[0], &grads[1], &grads[2]],
+        [&[], &dsinks],
+    );
+    assert_eq!(bwd.len(), 4, "{bwd:?}");
+    assert!(bwd.iter().all(|(_, v)| v.pass()), "backward: {bwd:?}");
+
+    let mut bad = common.to_vec();
+    let bad_sinks = f("bad_sinks.npy");
+    bad.extend(["--sinks", &bad_sinks, "--out", &out]);
+    assert_one_line_error(&attn(&bad), "bad_sinks.npy: shape [2], expected [4]");
 }

@@ -50,6 +50,7 @@ fn check_dtype(spec: &KernelSpec) -> Result<(), DslError> {
         Op::CacheAppend,
         Op::ToDtype,
         Op::FromDtype,
+        Op::SinkGrad,
     ];
     if !ops.contains(&spec.op) && !flash_backward {
         let names: Vec<&str> = ops.iter().map(|o| o.name()).collect();
@@ -513,6 +514,13 @@ fn cannot_honour(op: Op, m: Modifier) -> Option<&'static str> {
             "it rotates each row on its own and never compares a query with a key, so no \
              mask or score modifier applies",
         ),
+        // The partials carry no sink: the reduce joins it to the denominator once.
+        (Op::DecodeReduce, Sinks) => None,
+        (Op::SinkGrad, Sinks) => None,
+        (Op::SinkGrad, _) => Some(
+            "it reads the forward's O and LSE, in which the masks and modifiers are already \
+             applied; it needs only `sinks`",
+        ),
         (Op::DecodeReduce, _) => Some(
             "it combines the slices' partial softmaxes, in which the masks and modifiers are \
              already applied; give them to the decode_split kernel",
@@ -533,7 +541,7 @@ fn cannot_honour(op: Op, m: Modifier) -> Option<&'static str> {
             "dropout belongs to training, and a decode step runs inference; it has no \
              backward to regenerate the mask",
         ),
-        (Op::Decode | Op::DecodeSplit, Window | Alibi | Softcap)
+        (Op::Decode | Op::DecodeSplit, Window | Alibi | Softcap | Sinks)
         | (Op::Forward | Op::BackwardQ | Op::BackwardKv, _) => None,
     }
 }

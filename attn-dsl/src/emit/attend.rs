@@ -4,7 +4,7 @@
 //! `LSE = m + log(l)`. Forward and decode share it; they differ only in the index helpers.
 
 use super::numerics::Helper;
-use super::writer::{Template, Wgsl};
+use super::writer::{Fragment, Template, Wgsl};
 use std::fmt::Write;
 
 use super::index;
@@ -35,6 +35,7 @@ pub(super) fn forward_helpers(out: &mut Wgsl, spec: &KernelSpec) {
         &[("query_at", "q"), ("key_at", "k"), ("value_at", "v")],
     );
     out.push_str(FORWARD_STATS);
+    super::sinks::helpers(out, spec);
 }
 
 const FORWARD_STATS: &str = r#"fn positive_inf() -> f32 {
@@ -72,6 +73,7 @@ pub(super) fn decode_helpers(out: &mut Wgsl, spec: &KernelSpec) {
          return vec2<u32>({start}, cache_len());\n}}\n\n"
     );
     super::scores::helpers(out, spec);
+    super::sinks::helpers(out, spec);
     out.push_str(
         r#"fn key_visible(row: u32, j: u32) -> bool {
     return true;
@@ -109,7 +111,25 @@ pub(super) fn attend_row(out: &mut Wgsl, spec: &KernelSpec) {
         |i| format!("key_at(ki + {i})"),
         "",
     );
-    out.put(ATTEND_ROW.fill([("dot", dot)]));
+    // The row's state, with the sink joined where the kernel has one.
+    let (state, result, m) = match super::sinks::join(spec.masks.sinks, "h", "m", "l", "corr") {
+        Some(join) => (
+            format!("var m = sh_state.x;\nvar l = sh_state.y;\n{join}"),
+            "sh_acc[tid] * (corr / l)",
+            "m",
+        ),
+        None => (
+            "let l = sh_state.y;\n".into(),
+            "sh_acc[tid] / l",
+            "sh_state.x",
+        ),
+    };
+    out.put(ATTEND_ROW.fill([
+        ("dot", dot),
+        ("state", Fragment::from(state)),
+        ("result", Fragment::from(result)),
+        ("m", Fragment::from(m)),
+    ]));
 }
 
 const ATTEND_ROW: Template = Template {
@@ -186,16 +206,16 @@ const ATTEND_ROW: Template = Template {
         workgroupBarrier();
     }
 
-    let l = sh_state.y;
+    $state
     if (tid < HEAD_DIM) {
         var result = 0.0;
         if (l != 0.0) {
-            result = sh_acc[tid] / l;
+            result = $result;
         }
         store_out(qi + tid, result);
     }
     if (tid == 0u) {
-        store_lse(row, h, sh_state.x, l);
+        store_lse(row, h, $m, l);
     }
 }
 

@@ -173,7 +173,7 @@ pub(super) fn kernel(out: &mut Wgsl, spec: &KernelSpec, t: &CoopTiling, keep: Ph
         (false, true) => stage_q_scaled(out),
     }
     super::flash::tile_key_range(out);
-    body(out, t, keep);
+    body(out, t, keep, spec.masks.sinks);
     entry(out, spec, "flash_forward_coop");
 }
 
@@ -357,7 +357,7 @@ pub(super) fn softmax_layout(t: &CoopTiling) -> (u32, u32, u32) {
     (rows, lanes, t.bc / lanes)
 }
 
-fn body(out: &mut Wgsl, t: &CoopTiling, keep: Phases) {
+fn body(out: &mut Wgsl, t: &CoopTiling, keep: Phases, sinks: bool) {
     let dk = t.head_dim / FRAG;
     let (rows, lanes, keys) = softmax_layout(t);
     let mut b = String::new();
@@ -429,7 +429,7 @@ fn body(out: &mut Wgsl, t: &CoopTiling, keep: Phases) {
         accumulate(&mut b, t);
     }
     b.push_str("    }\n");
-    finish(&mut b, t, lanes);
+    finish(&mut b, t, lanes, sinks);
     // `softmax` exponentiates.
     let helpers: &[Helper] = match keep.softmax {
         true => &[Helper::Exp],
@@ -797,28 +797,36 @@ fn rescale(b: &mut String, frags: u32) {
 
 /// O / l into the output through the subgroup's corner of sh_s, a 16-column fragment at a
 /// time, and the LSE.
-fn finish(b: &mut String, t: &CoopTiling, lanes: u32) {
+fn finish(b: &mut String, t: &CoopTiling, lanes: u32, sinks: bool) {
     let mine = t.head_dim / FRAG / t.split;
     // The row's factor from O's accumulators to O: 1 / l, or with bf16 operands
-    // 2^(mo − m·log2 e) / l (O's weights were taken against mo); 0 for an empty row.
-    let (slot, factor) = match t.scaled {
-        true => (
+    // 2^(mo − m·log2 e) / l (O's weights were taken against mo); 0 for an empty row. With a
+    // sink joined, m and l include it: the f16 factor gains e^(m_old − m), and the bf16
+    // one, 2^(mo − m·log2 e) / l on the new m and l, already has it.
+    let join = super::sinks::join(sinks, "h", "m", "lt", "corr");
+    let (slot, factor) = match (t.scaled, join.is_some()) {
+        (true, _) => (
             "select(0.0, exp2(mo - m * LOG2E - log2(lt)), lt != 0.0)",
             "    let inv = sh_l[pr];\n",
         ),
-        false => (
+        (false, true) => (
+            "select(0.0, corr / lt, lt != 0.0)",
+            "    let inv = sh_l[pr];\n",
+        ),
+        (false, false) => (
             "lt",
             "    var inv = 0.0;\n    if (sh_l[pr] != 0.0) {\n        inv = 1.0 / sh_l[pr];\n    }\n",
         ),
     };
     let _ = write!(
         b,
-        "    var lt = l;\n{}    if (k0 == 0u) {{\n        sh_l[r] = {slot};\n    }}\n    \
+        "    var lt = l;\n{}{}    if (k0 == 0u) {{\n        sh_l[r] = {slot};\n    }}\n    \
          if (row < dims.seq_len && k0 == 0u) {{\n        store_lse(row, h, m, lt);\n    }}\n    \
          workgroupBarrier();\n{factor}    let out_row = row0 + pr;\n    \
          let base = q_index(out_row, h);\n    let c8 = (lane % 2u) * 8u;\n    \
          let x = pr * SS + part * 16u + c8;\n",
-        row_reduce("lt", "sum", lanes, "    ")
+        row_reduce("lt", "sum", lanes, "    "),
+        join.map(|j| format!("    {j}")).unwrap_or_default(),
     );
     for n in 0..mine {
         let _ = write!(

@@ -56,7 +56,7 @@ pub(super) fn body(out: &mut Wgsl, spec: &KernelSpec) {
     out.put(REDUCE4.plain());
     match spec.op {
         Op::DecodeSplit => split(out, spec),
-        _ => reduce(out, &spec.name),
+        _ => reduce(out, &spec.name, spec.masks.sinks),
     }
 }
 
@@ -345,9 +345,21 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     );
 }
 
-fn reduce(out: &mut Wgsl, name: &str) {
+fn reduce(out: &mut Wgsl, name: &str, sinks: bool) {
     // The slices' weights are exponentials.
     out.need(&[Helper::Exp]);
+    // A sink joins the denominator once per head, here where the slices' maxima meet (the
+    // partials carry none): as a slice of max `sinks[h]` and sum 1 with no value.
+    let (max, sum) = match sinks {
+        true => (
+            "max(wg_max4(tid, vec4<f32>(mx)).x, sinks[h])",
+            "wg_sum4(tid, vec4<f32>(ls)).x + exp_f32(sinks[h] - m)",
+        ),
+        false => (
+            "wg_max4(tid, vec4<f32>(mx)).x",
+            "wg_sum4(tid, vec4<f32>(ls)).x",
+        ),
+    };
     let _ = write!(
         out,
         r#"// Slices summed in turn by each of PARTS groups of V4 invocations.
@@ -365,13 +377,13 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     for (var s = tid; s < dims.n_slices; s = s + WG) {{
         mx = max(mx, part_ml[ml_index(0u, s, h)]);
     }}
-    let m = wg_max4(tid, vec4<f32>(mx)).x;
+    let m = {max};
     // l = Σ e^(m_s − m)·l_s. A slice the window hides has m_s = NEG_BIG, l_s = 0.
     var ls = 0.0;
     for (var s = tid; s < dims.n_slices; s = s + WG) {{
         ls = ls + exp_f32(part_ml[ml_index(0u, s, h)] - m) * part_ml[ml_index(1u, s, h)];
     }}
-    let l = wg_sum4(tid, vec4<f32>(ls)).x;
+    let l = {sum};
     let c = tid % V4;
     let part = tid / V4;
     var acc = vec4<f32>(0.0);

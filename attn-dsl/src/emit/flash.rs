@@ -225,7 +225,7 @@ pub(super) fn stage(out: &mut Wgsl, name: &str, rows: &str, index: &str, dst: &s
     );
 }
 
-pub(super) fn forward_body(out: &mut Wgsl, t: &Tiling) {
+pub(super) fn forward_body(out: &mut Wgsl, t: &Tiling, sinks: bool) {
     let (tm, tn, dn) = (t.tm, t.tn, t.dn);
     let mut b = String::new();
     let (params, reset) = match t.subgroups {
@@ -305,7 +305,7 @@ pub(super) fn forward_body(out: &mut Wgsl, t: &Tiling) {
     b.push_str("        } else {\n");
     accumulate(&mut b, tm, dn, &[("acc", "sh_p", "sh_kv")], true, false);
     b.push_str("        }\n    }\n");
-    finish(&mut b, t);
+    finish(&mut b, t, sinks);
     // `scores` sums with hsum, `softmax` exponentiates.
     out.put(Fragment::new(b, &[Helper::Hsum, Helper::Exp]));
 }
@@ -476,7 +476,7 @@ pub(super) fn accumulate(
 }
 
 /// Sums each row's shares of l, then stores O = acc / l and the LSE.
-fn finish(b: &mut String, t: &Tiling) {
+fn finish(b: &mut String, t: &Tiling, sinks: bool) {
     let (tm, dn) = (t.tm, t.dn);
     // The last block's reads of sh_red are done before the shares overwrite it.
     b.push_str("    workgroupBarrier();\n");
@@ -485,10 +485,15 @@ fn finish(b: &mut String, t: &Tiling) {
     }
     reduce_rows(b, t, "lt", "group_sum", "row_sum", "    ");
     for i in 0..tm {
+        let (m, l) = (format!("m_{i}"), format!("lt_{i}"));
+        let (join, num) = match super::sinks::join(sinks, "h", &m, &l, &format!("corr_{i}")) {
+            Some(join) => (format!("        {join}"), format!("corr_{i}")),
+            None => (String::new(), "1.0".into()),
+        };
         let _ = write!(
             b,
-            "    if (row_{i} < dims.seq_len) {{\n        \
-             var inv = 0.0;\n        if (lt_{i} != 0.0) {{\n            inv = 1.0 / lt_{i};\n        }}\n        \
+            "    if (row_{i} < dims.seq_len) {{\n{join}        \
+             var inv = 0.0;\n        if (lt_{i} != 0.0) {{\n            inv = {num} / lt_{i};\n        }}\n        \
              let base = q_index(row_{i}, h);\n"
         );
         for n in 0..dn {

@@ -21,6 +21,7 @@ mod reduce;
 mod rope;
 mod scatter;
 pub(crate) mod scores;
+mod sinks;
 mod writer;
 
 pub use crate::layout::MAX_STRIDE_WORKGROUPS;
@@ -126,6 +127,10 @@ fn emit_body(out: &mut Wgsl, spec: &KernelSpec, keep: coop::Phases) {
             lanes::convert(out, spec, spec.op == Op::ToDtype);
             return;
         }
+        Op::SinkGrad => {
+            sinks::grad(out, spec);
+            return;
+        }
     }
     match spec.op {
         Op::Forward => tile_entry(out, &spec.name, "attend_row"),
@@ -143,7 +148,8 @@ fn emit_body(out: &mut Wgsl, spec: &KernelSpec, keep: coop::Phases) {
         | Op::CacheAppend
         | Op::DkvReduce
         | Op::ToDtype
-        | Op::FromDtype => {}
+        | Op::FromDtype
+        | Op::SinkGrad => {}
     }
 }
 
@@ -157,7 +163,7 @@ fn emit_flash(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling) {
             flash::workgroup_memory(out, t);
             attend::forward_helpers(out, spec);
             flash::helpers(out, t);
-            flash::forward_body(out, t);
+            flash::forward_body(out, t, spec.masks.sinks);
             flash::entry(out, spec, t, "flash_forward");
         }
     }

@@ -34,6 +34,8 @@ pub fn workgroup_bytes(spec: &KernelSpec) -> u32 {
         // sh_q + sh_acc, sh_p + sh_partial, sh_state + sh_range, and the reductions.
         Op::Forward | Op::Decode => 4 * (2 * hd + 2 * wg) + 8 + 8 + reduce,
         Op::BackwardPrep => 0,
+        // Two f32 (a double-f32) per invocation for the sum's tree.
+        Op::SinkGrad => 2 * reduce,
         // sh_q, sh_do, sh_acc; sh_ds, sh_partial; sh_range.
         Op::BackwardQ => 4 * (3 * hd + 2 * wg) + 8,
         // sh_k, sh_v, sh_dk, sh_dv; sh_p, sh_ds, sh_pk, sh_pv; sh_range.

@@ -322,6 +322,7 @@ impl Ours {
                 dk: t.get("dk"),
                 dv: t.get("dv"),
                 dbias: None,
+                dsinks: None,
                 seg: None,
                 scale: None,
                 mods: Default::default(),

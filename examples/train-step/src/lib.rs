@@ -185,6 +185,7 @@ pub fn run(c: &Config) -> Result<Report> {
             dk: &dk,
             dv: &dv,
             dbias: None,
+            dsinks: None,
             seg: None,
             scale: None,
             mods: Default::default(),

@@ -73,6 +73,10 @@ struct Args {
     /// ALiBi: one slope per query head (float32 [heads]), adding slope·(j − s) to scores.
     #[arg(long, value_name = "SLOPES.npy")]
     alibi: Option<PathBuf>,
+    /// Attention sinks: one logit per query head (float32 [heads]) joined to every row's
+    /// softmax denominator; with --do, its gradient is written to dsinks.npy.
+    #[arg(long, value_name = "SINKS.npy")]
+    sinks: Option<PathBuf>,
     /// An additive bias, float32 [batch,] heads or 1, seq, seq (1: shared by the heads);
     /// with --do, its gradient is written to dbias.npy in the same shape.
     #[arg(long, value_name = "BIAS.npy")]
@@ -97,24 +101,29 @@ struct Args {
 struct ModifierValues {
     slopes: Option<Vec<f32>>,
     bias: Option<(Vec<u64>, BiasHeads, Vec<f32>)>,
+    sinks: Option<Vec<f32>>,
+}
+
+/// A `[heads]` float32 file (ALiBi's slopes, the sinks).
+fn per_head(path: Option<&PathBuf>, t: &Tensors) -> anyhow::Result<Option<Vec<f32>>> {
+    let Some(path) = path else {
+        return Ok(None);
+    };
+    let (shape, values) = npy::read_f32(path, &[1])?;
+    if shape != [u64::from(t.heads.n_heads)] {
+        bail!(
+            "{}: shape {shape:?}, expected [{}]",
+            path.display(),
+            t.heads.n_heads
+        );
+    }
+    Ok(Some(values))
 }
 
 impl ModifierValues {
     fn load(args: &Args, t: &Tensors) -> anyhow::Result<ModifierValues> {
-        let slopes = match &args.alibi {
-            Some(path) => {
-                let (shape, slopes) = npy::read_f32(path, &[1])?;
-                if shape != [u64::from(t.heads.n_heads)] {
-                    bail!(
-                        "{}: shape {shape:?}, expected [{}]",
-                        path.display(),
-                        t.heads.n_heads
-                    );
-                }
-                Some(slopes)
-            }
-            None => None,
-        };
+        let slopes = per_head(args.alibi.as_ref(), t)?;
+        let sinks = per_head(args.sinks.as_ref(), t)?;
         let bias = match &args.bias {
             Some(path) => {
                 let (shape, values) = npy::read_f32(path, &[3, 4])?;
@@ -150,7 +159,11 @@ impl ModifierValues {
             }
             None => None,
         };
-        Ok(ModifierValues { slopes, bias })
+        Ok(ModifierValues {
+            slopes,
+            bias,
+            sinks,
+        })
     }
 
     fn mods(&self, args: &Args) -> Modifiers<'_> {
@@ -167,6 +180,7 @@ impl ModifierValues {
                 seed: args.seed,
                 offset: 0,
             }),
+            sinks: self.sinks.as_deref(),
         }
     }
 }
@@ -329,6 +343,10 @@ fn run(args: Args) -> anyhow::Result<()> {
             write(&dir, "dv", &kv_shape, &g.dv, t.dtype)?;
             if let Some((shape, _, _)) = &values.bias {
                 write(&dir, "dbias", shape, &g.dbias, Dtype::F32)?;
+            }
+            if values.sinks.is_some() {
+                let heads = [u64::from(t.heads.n_heads)];
+                write(&dir, "dsinks", &heads, &g.dsinks, Dtype::F32)?;
             }
             println!(
                 "backward ({ran}): {:.1} ms",

@@ -46,6 +46,10 @@ struct Args {
     /// --no-causal); kernels built with `masks: [window]`
     #[arg(long)]
     window: Option<u32>,
+    /// Attention sinks: kernels built with `masks: [sinks]`, the backward followed by the
+    /// kernel that writes dSinks.
+    #[arg(long)]
+    sinks: bool,
     #[arg(long, default_value_t = 3)]
     warmup: usize,
     #[arg(long, default_value_t = 10)]
@@ -127,6 +131,7 @@ fn shapes(args: &Args) -> anyhow::Result<Vec<BenchShape>> {
         },
         causal,
         window: args.window,
+        sinks: args.sinks,
     };
     let shape_flags = args.seq.is_some()
         || args.heads.is_some()
@@ -134,7 +139,8 @@ fn shapes(args: &Args) -> anyhow::Result<Vec<BenchShape>> {
         || !args.head_dim.is_empty()
         || args.batch.is_some()
         || !args.packed.is_empty()
-        || args.window.is_some();
+        || args.window.is_some()
+        || args.sinks;
     if !shape_flags {
         let long = BenchShape {
             seq: 4096,
@@ -174,6 +180,7 @@ fn shapes(args: &Args) -> anyhow::Result<Vec<BenchShape>> {
             },
             causal,
             window: args.window,
+            sinks: args.sinks,
         })
         .collect())
 }
@@ -296,6 +303,7 @@ fn suite(gpu: &Gpu, args: &Args) -> anyhow::Result<()> {
         },
         causal: true,
         window: None,
+        sinks: false,
     };
     let half = bench::Parts::Half;
     let runs = [

@@ -65,6 +65,8 @@ pub struct ModCase {
     pub softcap: Option<u32>,
     /// Dropout probability in percent.
     pub dropout_percent: Option<u32>,
+    /// Attention sinks, one logit per head from the seed.
+    pub sinks: bool,
 }
 
 impl ModCase {
@@ -88,6 +90,7 @@ impl ModCase {
             Modifier::SharedBias => on(self.bias == Some(BiasHeads::Shared)),
             Modifier::Softcap => self.softcap.map(|c| format!("softcap{c}")),
             Modifier::Dropout => self.dropout_percent.map(|p| format!("dropout{p}%")),
+            Modifier::Sinks => on(self.sinks),
         }
     }
 
@@ -105,6 +108,7 @@ struct ModData {
     case: ModCase,
     slopes: Vec<f32>,
     bias: Vec<f32>,
+    sinks: Vec<f32>,
     seed: u64,
 }
 
@@ -123,10 +127,16 @@ impl ModData {
             None => 0,
         };
         let bias_len = (batch * heads * seq * seq) as usize;
+        // Logits about the scores' size, so that the sink takes a real share of each row.
+        let sinks = random(n as usize, seed + 11)
+            .into_iter()
+            .map(|x| 2.0 * x + 0.5)
+            .collect();
         ModData {
             case,
             slopes,
             bias: random(bias_len, seed + 7),
+            sinks,
             seed,
         }
     }
@@ -146,6 +156,7 @@ impl ModData {
                 seed: self.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15),
                 offset: 3,
             }),
+            sinks: c.sinks.then_some(&self.sinks[..]),
         }
     }
 }
@@ -472,7 +483,7 @@ pub const QUICK: &[(&str, &str, &str)] = &[
     (
         "decode",
         "cache=300/320 h=6 kv=2 d=64",
-        "window5+alibi+softcap2",
+        "window5+alibi+softcap2+sinks",
     ),
     ("backward", "seq=64 h=6 kv=2 d=64", "causal"),
     ("backward", "seq=7 h=8 kv=2 d=128", "causal"),
@@ -489,6 +500,8 @@ pub const QUICK: &[(&str, &str, &str)] = &[
         "causal+2docs+window24+alibi+bias+dropout10%",
     ),
     ("backward", "seq=64 h=6 kv=2 d=64", "causal+2docs+softcap2"),
+    ("forward", "seq=64 h=6 kv=2 d=64", "causal+2docs+sinks"),
+    ("backward", "seq=64 h=6 kv=2 d=64", "causal+2docs+sinks"),
     (
         "forward",
         "seq=64 h=6 kv=2 d=128",
@@ -536,6 +549,10 @@ fn modifier_cases() -> Vec<Case> {
             dropout_percent: Some(20),
             ..ModCase::default()
         },
+        ModCase {
+            sinks: true,
+            ..ModCase::default()
+        },
     ];
     let all = |bias| ModCase {
         window: Some(24),
@@ -547,6 +564,7 @@ fn modifier_cases() -> Vec<Case> {
         // and GQA.
         softcap: None,
         dropout_percent: Some(10),
+        sinks: false,
     };
     let mut cases = Vec::new();
     for head_dim in [64, 128] {
@@ -602,6 +620,7 @@ fn modifier_cases() -> Vec<Case> {
             window: Some(5),
             alibi: true,
             softcap: Some(2),
+            sinks: true,
             ..ModCase::default()
         };
         push(
@@ -952,8 +971,13 @@ pub fn run_case(gpu: &Gpu, runner: &mut Runner, case: &Case, seed: u64) -> Resul
                 }
                 rows.push(row(&label, job.forward(gpu, kernel, seed, false)?));
             }
-            // Half precision on the plain cases (no score modifiers) of one batch.
-            if case.mods == ModCase::default() && batch == 1 {
+            // Half precision on the plain cases of one batch, and with sinks alone (which
+            // change how each schedule finishes a row, the tensor-core ones included).
+            let sinks = ModCase {
+                sinks: true,
+                ..ModCase::default()
+            };
+            if (case.mods == ModCase::default() || case.mods == sinks) && batch == 1 {
                 for (label, kernel) in runner.half(gpu, h.head_dim, masks)? {
                     rows.push(row(label, job.forward(gpu, kernel, seed, false)?));
                     // bf16's range, past f16's: what its tensor-core path scales by rows.
@@ -1189,7 +1213,7 @@ impl Job {
                 [&q, &k, &v, &d_o],
                 (&o, &lse),
                 [&g.dq, &g.dk, &g.dv],
-                &g.dbias,
+                [&g.dbias, &g.dsinks],
             );
             let mut label = format!("backward {schedule}");
             if schedule == planned {
@@ -1264,7 +1288,7 @@ impl Job {
                 [&q, &k, &v, &d_o],
                 (&o, &lse),
                 [&g.dq, &g.dk, &g.dv],
-                &g.dbias,
+                [&g.dbias, &g.dsinks],
                 scalar,
             );
             rows.push(Row {
@@ -1298,6 +1322,11 @@ fn rerun_deterministic(
     backward.deterministic = true;
     let h = input.heads;
     let plan = backward.plan_in(gpu, input.batch, input.seq_len, h, dtype);
+    // No first run to compare with where the device ran no schedule of this dtype.
+    let Some((_, first)) = results.iter().find(|(s, _)| *s == plan) else {
+        backward.deterministic = false;
+        return Ok(None);
+    };
     let again = backward.run_in(gpu, input, Some(plan), dtype).block_on();
     backward.deterministic = false;
     let again = match again {
@@ -1305,24 +1334,15 @@ fn rerun_deterministic(
         Err(Error::Input(crate::error::InputError::NotDeterministic { .. })) => return Ok(None),
         Err(e) => return Err(e),
     };
-    let Some((_, first)) = results.iter().find(|(s, _)| *s == plan) else {
-        return Ok(None);
-    };
     let differ = |a: &[f32], b: &[f32]| {
         let n = a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits());
         (n.count() + a.len().abs_diff(b.len())) as f64
     };
-    let pairs = [
-        ("dq", &first.dq, &again.dq),
-        ("dk", &first.dk, &again.dk),
-        ("dv", &first.dv, &again.dv),
-        ("dbias", &first.dbias, &again.dbias),
-    ];
-    let verdicts = pairs
+    let verdicts = ["dq", "dk", "dv", "dbias", "dsinks"]
         .into_iter()
-        .filter(|(name, a, _)| *name != "dbias" || !a.is_empty())
-        .map(|(name, a, b)| {
-            let error = differ(a, b);
+        .filter(|name| !gradient(first, name).is_empty())
+        .map(|name| {
+            let error = differ(gradient(first, name), gradient(&again, name));
             (name, Verdict { error, bound: 0.5 })
         });
     Ok(Some(Row {
@@ -1335,20 +1355,18 @@ fn rerun_deterministic(
 /// Each schedule is within `bound` of the reference, so two may differ by up to twice it
 /// (atomic scatter adds in a different order on every run).
 fn agreement(case: &Case, first: &Row, results: &[(Schedule, Gradients)]) -> Row {
-    let bounds: Vec<f64> = first.verdicts.iter().map(|(_, v)| 2.0 * v.bound).collect();
     let (_, base) = &results[0];
-    let names = ["dq", "dk", "dv", "dbias"];
-    let agree = names[..bounds.len()].iter().enumerate().map(|(i, &name)| {
-        let pick = |g: &Gradients| [&g.dq, &g.dk, &g.dv, &g.dbias][i].clone();
+    let agree = first.verdicts.iter().map(|(name, v)| {
+        let pick = |g: &Gradients| gradient(g, name).to_vec();
         let error = results[1..]
             .iter()
             .map(|(_, g)| max_abs_error(&pick(g), &cast(&pick(base))))
             .fold(0.0, f64::max);
         (
-            name,
+            *name,
             Verdict {
                 error,
-                bound: bounds[i],
+                bound: 2.0 * v.bound,
             },
         )
     });
@@ -1356,6 +1374,18 @@ fn agreement(case: &Case, first: &Row, results: &[(Schedule, Gradients)]) -> Row
         case: *case,
         label: "backward schedules agree".into(),
         verdicts: agree.collect(),
+    }
+}
+
+/// The gradient a verdict names.
+fn gradient<'g>(g: &'g Gradients, name: &str) -> &'g [f32] {
+    match name {
+        "dq" => &g.dq,
+        "dk" => &g.dk,
+        "dv" => &g.dv,
+        "dbias" => &g.dbias,
+        "dsinks" => &g.dsinks,
+        _ => unreachable!("no gradient {name}"),
     }
 }
 

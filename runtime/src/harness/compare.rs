@@ -52,10 +52,10 @@ pub fn judge_backward(
     inputs: [&[f32]; 4],
     saved: (&[f32], &[f32]),
     got: [&[f32]; 3],
-    got_dbias: &[f32],
+    [got_dbias, got_dsinks]: [&[f32]; 2],
 ) -> Vec<(&'static str, Verdict)> {
-    let [q, k, v, d_o] = inputs.map(reference::cast::<f64>);
-    let r64 = reference::attention_backward(problem, [&q, &k, &v, &d_o], None);
+    let [q, k, v_, d_o] = inputs.map(reference::cast::<f64>);
+    let r64 = reference::attention_backward(problem, [&q, &k, &v_, &d_o], None);
     let r32 = reference::attention_backward(problem, inputs, Some(saved));
     let mut verdicts = vec![
         ("dq", judge(got[0], &r64.dq, &r32.dq)),
@@ -65,7 +65,43 @@ pub fn judge_backward(
     if problem.mods.bias.is_some() {
         verdicts.push(("dbias", judge(got_dbias, &r64.dbias, &r32.dbias)));
     }
+    if problem.mods.sinks.is_some() {
+        let v = judge(got_dsinks, &r64.dsinks, &r32.dsinks);
+        let inputs = [&q[..], &k, &v_, &d_o];
+        verdicts.push((
+            "dsinks",
+            over_saved_floor(v, problem, inputs, saved, &r64.dsinks),
+        ));
+    }
     verdicts
+}
+
+/// `v` with its bound raised to twice dSinks' floor. A head's dSinks sums one term per row, e^(sink − LSE)·D, built from the
+/// saved O and LSE, whose rounding every implementation reads, and from a sink weight that
+/// any f32 kernel holds rounded (its exp within an ulp, 2^-23 of each term): per head, the
+/// error of exact arithmetic on the saved tensors plus an ulp of every term. With a
+/// handful of values (one per head) the f32 baseline's own errors can cancel that shared
+/// part by chance and leave twice its error under what any f32 kernel reaches.
+fn over_saved_floor(
+    v: Verdict,
+    problem: &Problem,
+    inputs: [&[f64]; 4],
+    (o, lse): (&[f32], &[f32]),
+    exact: &[f64],
+) -> Verdict {
+    let (o, lse) = (reference::cast::<f64>(o), reference::cast::<f64>(lse));
+    let from_saved = reference::attention_backward(problem, inputs, Some((&o, &lse)));
+    let floor = from_saved
+        .dsinks
+        .iter()
+        .zip(&from_saved.dsinks_terms)
+        .zip(exact)
+        .map(|((a, terms), b)| (a - b).abs() + terms * f64::from(f32::EPSILON))
+        .fold(0.0, f64::max);
+    Verdict {
+        bound: v.bound.max(2.0 * floor + 1e-6),
+        ..v
+    }
 }
 
 /// Judges a half-precision forward or decode (`inputs` already rounded to the kernel's dtype, as the
@@ -102,7 +138,7 @@ pub fn judge_half_attention(
 /// to the kernels' dtype) by the rule for half precision: the f64 reference on the same
 /// inputs; the baseline what FlashAttention gives in that dtype (f32 arithmetic on the
 /// half inputs, P and dS rounded to the dtype as the products' operands, every gradient,
-/// dBias included, returned in the dtype); pass at twice the baseline's error
+/// dBias included, returned in the dtype; dSinks in f32, see below); pass at twice the baseline's error
 /// plus 1e-6 of each gradient's scale (at least 1e-6, the f32 rule's floor). The kernels
 /// return f32 gradients.
 pub fn judge_half_backward(
@@ -110,11 +146,11 @@ pub fn judge_half_backward(
     inputs: [&[f32]; 4],
     saved: (&[f32], &[f32]),
     got: [&[f32]; 3],
-    got_dbias: &[f32],
+    [got_dbias, got_dsinks]: [&[f32]; 2],
     dtype: Scalar,
 ) -> Vec<(&'static str, Verdict)> {
-    let [q, k, v, d_o] = inputs.map(reference::cast::<f64>);
-    let r64 = reference::attention_backward(problem, [&q, &k, &v, &d_o], None);
+    let [q, k, v_, d_o] = inputs.map(reference::cast::<f64>);
+    let r64 = reference::attention_backward(problem, [&q, &k, &v_, &d_o], None);
     let round = |x: f32| crate::buffers::round_to(x, dtype);
     let r32 = reference::attention_backward_rounding(problem, inputs, Some(saved), &round);
     let verdict = |got: &[f32], exact: &[f64], framework: &[f32]| {
@@ -133,6 +169,18 @@ pub fn judge_half_backward(
     ];
     if problem.mods.bias.is_some() {
         verdicts.push(("dbias", verdict(got_dbias, &r64.dbias, &half(&r32.dbias))));
+    }
+    // dSinks is one sum per head over every row, accumulated in f32 by a fused kernel (and
+    // by ours): the framework's f32 sum is the baseline. Rounded to the dtype, the few
+    // elements' rounding can land nearer the exact value by chance and leave a bound below
+    // the error that the f32 sum and every schedule share (D from the saved, rounded O).
+    if problem.mods.sinks.is_some() {
+        let v = verdict(got_dsinks, &r64.dsinks, &r32.dsinks);
+        let inputs = [&q[..], &k, &v_, &d_o];
+        verdicts.push((
+            "dsinks",
+            over_saved_floor(v, problem, inputs, saved, &r64.dsinks),
+        ));
     }
     verdicts
 }

@@ -123,6 +123,13 @@ impl Problem<'_> {
         }
     }
 
+    /// Head h's sink logit, with sinks.
+    fn sink<T: Float>(&self, h: usize) -> Option<T> {
+        self.mods
+            .sinks
+            .map(|s| T::from(s[h]).expect("f32 fits every float type"))
+    }
+
     /// Dropout's factor for (s, h, j): 0, or 1 / (1 - p) where kept.
     fn keep<T: Float>(&self, s: usize, h: usize, j: usize) -> T {
         match self.mods.dropout {
@@ -221,7 +228,8 @@ fn probabilities<T: Float>(p: &Problem, q: &[T], k: &[T], s: usize, h: usize) ->
 }
 
 /// The softmax's unnormalized weights exp(score − max) of row `s` (zero where masked),
-/// their sum and the LSE; an empty row has sum 1 and LSE +inf.
+/// their sum and the LSE; an empty row has sum 1 and LSE +inf. A sink joins the max and
+/// the sum (a key with no value), after the keys' pairwise sum, as the kernels add it.
 fn weights<T: Float>(p: &Problem, q: &[T], k: &[T], s: usize, h: usize) -> (Vec<T>, T, T) {
     let scores: Vec<Option<T>> = (0..p.n_k)
         .map(|j| {
@@ -229,9 +237,11 @@ fn weights<T: Float>(p: &Problem, q: &[T], k: &[T], s: usize, h: usize) -> (Vec<
                 .then(|| p.score(s, h, j, dot(p.q_row(q, s, h), p.kv_row(k, j, h))))
         })
         .collect();
+    let sink = p.sink(h);
     let max = scores
         .iter()
         .flatten()
+        .chain(&sink)
         .fold(T::neg_infinity(), |m, x| m.max(*x));
     if max == T::neg_infinity() {
         return (vec![T::zero(); p.n_k], T::one(), T::infinity());
@@ -240,7 +250,8 @@ fn weights<T: Float>(p: &Problem, q: &[T], k: &[T], s: usize, h: usize) -> (Vec<
         .iter()
         .map(|x| x.map_or(T::zero(), |x| (x - max).exp()))
         .collect();
-    let sum = pairwise(w.len(), &|j| w[j]);
+    let keys = pairwise(w.len(), &|j| w[j]);
+    let sum = sink.map_or(keys, |x| keys + (x - max).exp());
     (w, sum, max + sum.ln())
 }
 
@@ -329,6 +340,11 @@ pub struct Gradients<T> {
     pub dv: Vec<T>,
     /// In the bias's layout; empty without a bias.
     pub dbias: Vec<T>,
+    /// `[n_heads]`; empty without sinks.
+    pub dsinks: Vec<T>,
+    /// Per head, the sum of its rows' terms of dSinks in absolute value (what a rounding
+    /// of each term's sink weight can move it by, relatively); empty without sinks.
+    pub dsinks_terms: Vec<T>,
 }
 
 /// The backward of [`attention`] for upstream gradient `d_o`:
@@ -359,6 +375,8 @@ pub fn attention_backward_rounding<T: Real>(
         dk: Vec::new(),
         dv: Vec::new(),
         dbias: Vec::new(),
+        dsinks: Vec::new(),
+        dsinks_terms: Vec::new(),
     };
     let rows = p.n_q * p.n_heads;
     for b in 0..p.batch {
@@ -371,6 +389,15 @@ pub fn attention_backward_rounding<T: Real>(
         g.dk.extend(one.dk);
         g.dv.extend(one.dv);
         g.dbias.extend(one.dbias);
+        // dsinks sums over the sequences too.
+        g.dsinks.resize(one.dsinks.len(), T::zero());
+        g.dsinks_terms.resize(one.dsinks.len(), T::zero());
+        for (a, b) in g.dsinks.iter_mut().zip(one.dsinks) {
+            *a = *a + b;
+        }
+        for (a, b) in g.dsinks_terms.iter_mut().zip(one.dsinks_terms) {
+            *a = *a + b;
+        }
     }
     g
 }
@@ -388,13 +415,15 @@ fn backward_one<T: Real>(
     let (d, scale) = (p.head_dim, T::from(p.scale).expect("scale fits"));
     // P after dropout, dS (with respect to the pre-cap score, dBias's) of every (query
     // row, head), over the keys.
-    let rows: Vec<(Vec<T>, Vec<T>)> = (0..p.n_q * p.n_heads)
+    // Each row's term of dsinks too: the sink has no value (dP_sink = 0), so
+    // dS_sink = P_sink·(0 − D) with P_sink = e^(sink − LSE).
+    let rows: Vec<(Vec<T>, Vec<T>, T)> = (0..p.n_q * p.n_heads)
         .into_par_iter()
         .map(|row| {
             let (s, h) = (row / p.n_heads, row % p.n_heads);
-            let probs = match saved {
-                Some((_, lse)) => recomputed_probabilities(p, q, k, s, h, lse[row]),
-                None => probabilities(p, q, k, s, h).0,
+            let (probs, row_lse) = match saved {
+                Some((_, lse)) => (recomputed_probabilities(p, q, k, s, h, lse[row]), lse[row]),
+                None => probabilities(p, q, k, s, h),
             };
             let g_o = p.q_row(d_o, s, h);
             let dp: Vec<T> = (0..p.n_k)
@@ -416,7 +445,11 @@ fn backward_one<T: Real>(
             let dropped = (0..p.n_k)
                 .map(|j| round(probs[j] * p.keep(s, h, j)))
                 .collect();
-            (dropped, ds)
+            let sink = p
+                .sink::<T>(h)
+                .filter(|_| row_lse != T::infinity())
+                .map_or(T::zero(), |x| -(x - row_lse).exp() * big_d);
+            (dropped, ds, sink)
         })
         .collect();
     let at = |s: usize, h: usize| &rows[s * p.n_heads + h];
@@ -425,6 +458,18 @@ fn backward_one<T: Real>(
         dk: vec![T::zero(); k.len()],
         dv: vec![T::zero(); v.len()],
         dbias: dbias(p, &|s, h| &rows[s * p.n_heads + h].1),
+        dsinks: match p.mods.sinks {
+            Some(_) => (0..p.n_heads)
+                .map(|h| pairwise(p.n_q, &|s| rows[s * p.n_heads + h].2))
+                .collect(),
+            None => Vec::new(),
+        },
+        dsinks_terms: match p.mods.sinks {
+            Some(_) => (0..p.n_heads)
+                .map(|h| pairwise(p.n_q, &|s| rows[s * p.n_heads + h].2.abs()))
+                .collect(),
+            None => Vec::new(),
+        },
     };
     g.dq.par_chunks_mut(d.max(1))
         .enumerate()

@@ -408,12 +408,14 @@ pub(crate) fn checked_grid(
 impl Modifiers<'_> {
     /// The modifiers' input buffers, by binding name (a placeholder word where absent:
     /// a kernel without the modifier does not bind it).
-    pub(crate) fn buffers(&self, gpu: &Gpu) -> [(&'static str, wgpu::Buffer); 2] {
+    pub(crate) fn buffers(&self, gpu: &Gpu) -> [(&'static str, wgpu::Buffer); 3] {
         let alibi = self.alibi.unwrap_or(&[0.0]);
         let bias = self.bias.map_or(&[0.0][..], |b| b.values);
+        let sinks = self.sinks.unwrap_or(&[0.0]);
         [
             ("alibi", buffers::storage(gpu, "alibi", alibi)),
             ("bias", buffers::storage(gpu, "bias", bias)),
+            ("sinks", buffers::storage(gpu, "sinks", sinks)),
         ]
     }
 }

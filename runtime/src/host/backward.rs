@@ -30,14 +30,15 @@ pub struct BackwardInput<'a> {
     pub mods: Modifiers<'a>,
 }
 
-/// dQ `[batch, seq, n_heads, d]`, dK and dV `[batch, seq, n_kv_heads, d]`, and with a
-/// bias, dBias in the bias's layout (empty without one).
+/// dQ `[batch, seq, n_heads, d]`, dK and dV `[batch, seq, n_kv_heads, d]`, with a bias
+/// dBias in the bias's layout, with sinks dSinks `[n_heads]` (each empty without).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Gradients {
     pub dq: Vec<f32>,
     pub dk: Vec<f32>,
     pub dv: Vec<f32>,
     pub dbias: Vec<f32>,
+    pub dsinks: Vec<f32>,
 }
 
 impl Backward {
@@ -77,6 +78,7 @@ impl Backward {
             dk: vec![0.0; input.k.len()],
             dv: vec![0.0; input.v.len()],
             dbias: vec![0.0; input.mods.bias.map_or(0, |b| b.values.len())],
+            dsinks: vec![0.0; input.mods.sinks.map_or(0, <[f32]>::len)],
         };
         self.accumulate_in(gpu, input, schedule, zeros, dtype).await
     }
@@ -116,6 +118,10 @@ impl Backward {
             Some(bias) => Some(up(bias.values.shape(), f32, &grads.dbias)?),
             None => None,
         };
+        let dsinks = match mods.sinks {
+            Some(sinks) => Some(up(sinks.shape(), f32, &grads.dsinks)?),
+            None => None,
+        };
         let seg = match input.seg {
             Some(seg) => Some(crate::ops::forward::documents(gpu, seg, b, s)?),
             None => None,
@@ -131,6 +137,7 @@ impl Backward {
             dk: &dk,
             dv: &dv,
             dbias: dbias.as_ref(),
+            dsinks: dsinks.as_ref(),
             seg: seg.as_ref(),
             scale: input.scale,
             mods,
@@ -139,15 +146,16 @@ impl Backward {
         let mut encoder = gpu.device.create_command_encoder(&Default::default());
         let ran = self.record(gpu, &mut encoder, &args, Some(schedule))?;
         gpu.queue.submit([encoder.finish()]);
-        let dbias = match &dbias {
-            Some(t) => t.to_f32(gpu).await?,
-            None => Vec::new(),
+        let read = async |t: Option<Tensor>| match t {
+            Some(t) => t.to_f32(gpu).await,
+            None => Ok(Vec::new()),
         };
         let grads = Gradients {
             dq: dq.to_f32(gpu).await?,
             dk: dk.to_f32(gpu).await?,
             dv: dv.to_f32(gpu).await?,
-            dbias,
+            dbias: read(dbias).await?,
+            dsinks: read(dsinks).await?,
         };
         Ok((grads, ran))
     }
@@ -180,6 +188,13 @@ impl Backward {
             grads.dbias.len(),
             dbias_len as u64,
             "the length of bias",
+        )?;
+        let dsinks_len = input.mods.sinks.map_or(0, <[f32]>::len);
+        length(
+            "dsinks",
+            grads.dsinks.len(),
+            dsinks_len as u64,
+            "the length of sinks",
         )?;
         let rows = u64::from(input.batch) * u64::from(input.seq_len) * u64::from(h.n_heads);
         let q_len = rows * u64::from(h.head_dim);

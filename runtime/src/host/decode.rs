@@ -405,7 +405,7 @@ pub struct Prepared {
     pub o_len: usize,
     dims: wgpu::Buffer,
     params: wgpu::Buffer,
-    mods: [(&'static str, wgpu::Buffer); 2],
+    mods: [(&'static str, wgpu::Buffer); 3],
     block_table: wgpu::Buffer,
     seq_lens: wgpu::Buffer,
     split_grid: [u32; 3],

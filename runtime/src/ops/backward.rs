@@ -31,6 +31,9 @@ pub struct BackwardArgs<'a> {
     pub dv: &'a Tensor,
     /// dBias, in the bias's layout, with a bias.
     pub dbias: Option<&'a Tensor>,
+    /// dSinks `[n_heads]` f32, with sinks (summed over the batch and rows by the
+    /// `sink_grad` kernel after the schedule's, so owned: no atomics).
+    pub dsinks: Option<&'a Tensor>,
     /// As the forward's: `[2, batch, seq]` u32, or one document per sequence.
     pub seg: Option<&'a Tensor>,
     pub scale: Option<f32>,
@@ -180,6 +183,7 @@ impl Backward {
             for (name, t) in [("dq", args.dq), ("dk", args.dk), ("dv", args.dv)]
                 .into_iter()
                 .chain(args.dbias.map(|t| ("dbias", t)))
+                .chain(args.dsinks.map(|t| ("dsinks", t)))
             {
                 t.check_copy_dst(name)?;
             }
@@ -207,7 +211,8 @@ impl Backward {
         d.params = vec![("scale", args.scale.unwrap_or(h.default_scale()))];
         d.params.extend(args.mods.params());
         if !args.accumulate {
-            for t in [args.dq, args.dk, args.dv].into_iter().chain(args.dbias) {
+            let grads = [args.dq, args.dk, args.dv].into_iter();
+            for t in grads.chain(args.dbias).chain(args.dsinks) {
                 t.record_clear(encoder);
             }
         }
@@ -220,6 +225,20 @@ impl Backward {
         for pipeline in prep.into_iter().chain(pipelines.iter_mut()) {
             let g = grid(pipeline.abi(), &d.dims);
             pipeline.record(gpu, encoder, &d, g)?;
+        }
+        if let Some(dsinks) = args.dsinks {
+            let sinks = args.mods.sinks.expect("checked: dsinks comes with sinks");
+            let grad = self.compiled[set].sink_grad(gpu)?;
+            let mut s = Dispatch::new(vec![
+                ("o", args.o),
+                ("d_o", args.d_o),
+                ("lse", args.lse),
+                ("sinks", sinks),
+                ("dsinks", dsinks),
+            ]);
+            s.dims = sequence_dims(batch, seq, h).to_vec();
+            let g = grid(grad.abi(), &s.dims);
+            grad.record(gpu, encoder, &s, g)?;
         }
         if let Some(dkv) = &dkv {
             let len4 = elements(args.dk.shape()) / 4;
@@ -286,6 +305,25 @@ fn check(
                 name: "dbias".into(),
                 got: 0,
                 want: elements(args.mods.bias.map(|b| b.values.shape()).unwrap_or(&[])),
+            }
+            .into());
+        }
+        (None, None) => {}
+    }
+    match (args.mods.sinks, args.dsinks) {
+        (Some(s), Some(ds)) => expect(ds, "dsinks", s.shape(), f32, "[n_heads]")?,
+        (None, Some(_)) => {
+            return Err(InputError::Modifier {
+                kernel: abi.name.to_string(),
+                word: "sinks",
+                built: abi.masks.sinks,
+            });
+        }
+        (Some(_), None) => {
+            return Err(TensorError::Data {
+                name: "dsinks".into(),
+                got: 0,
+                want: u64::from(h.n_heads),
             }
             .into());
         }

@@ -129,6 +129,15 @@ pub(crate) fn split_spec(name: &str, head_dim: u32, masks: Masks, heads: u32) ->
     }
 }
 
+/// The masks of the reduce of a split-K decode built with `masks`: the sinks alone, which
+/// join the denominator where the slices meet.
+pub(crate) fn reduce_masks(masks: Masks) -> Masks {
+    Masks {
+        sinks: masks.sinks,
+        ..Masks::default()
+    }
+}
+
 /// The family's split and reduce kernels for a spec (compiled by the DSL now; the
 /// pipelines are created later).
 pub(crate) fn abis(spec: &DecodeSpec) -> Result<[KernelAbi; 2], Error> {
@@ -157,7 +166,13 @@ pub(crate) fn abis(spec: &DecodeSpec) -> Result<[KernelAbi; 2], Error> {
     let reduce = compile(&KernelSpec {
         source: Source::Scratch,
         dtype: spec.dtype,
-        ..KernelSpec::standard(&name, Op::DecodeReduce, spec.head_dim, Masks::default())
+        // The reduce joins the sinks (of the split's masks, only they apply there).
+        ..KernelSpec::standard(
+            &name,
+            Op::DecodeReduce,
+            spec.head_dim,
+            reduce_masks(spec.masks),
+        )
     })?;
     Ok([split, reduce])
 }
@@ -297,8 +312,10 @@ pub(crate) fn record(
     };
     let g = grid(passes.split.abi(), &dims);
     passes.split.record(gpu, encoder, &split, g)?;
+    let mut tensors = vec![("part_o", &part_o), ("part_ml", &part_ml), ("o", args.o)];
+    tensors.extend(args.mods.sinks.map(|t| ("sinks", t)));
     let reduce = Dispatch {
-        tensors: vec![("part_o", &part_o), ("part_ml", &part_ml), ("o", args.o)],
+        tensors,
         dims: dims.clone(),
         params: Vec::new(),
     };

@@ -277,6 +277,7 @@ pub fn train_step(gpu: &Gpu, h: Heads, seq: u32, dtype: Dtype, runs: u32) -> Res
             dk: &dk,
             dv: &dv,
             dbias: None,
+            dsinks: None,
             seg: None,
             scale: None,
             mods: Default::default(),

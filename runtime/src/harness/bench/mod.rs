@@ -33,6 +33,9 @@ pub struct BenchShape {
     pub causal: bool,
     /// A sliding window (`masks: [window]`): each query sees this many keys at most.
     pub window: Option<u32>,
+    /// Attention sinks (`masks: [sinks]`): the backward's rows include the `sink_grad`
+    /// kernel that writes dSinks.
+    pub sinks: bool,
 }
 
 impl BenchShape {
@@ -83,8 +86,8 @@ impl BenchShape {
             h.head_dim,
             if self.causal { " causal" } else { "" },
             self.window
-                .map_or(String::new(), |w| format!(" window={w}"))
-        )
+                .map_or(String::new(), |w| format!(" window={w}")),
+        ) + if self.sinks { " sinks" } else { "" }
     }
 
     /// Document starts of the packed sequences, the same in every sequence of the batch.
@@ -146,6 +149,7 @@ pub fn run(
     let h = shape.heads;
     let masks = Masks {
         window: shape.window.is_some(),
+        sinks: shape.sinks,
         ..Masks::new(shape.causal, shape.packed.is_some())
     };
     let compile = |spec: &KernelSpec| {
@@ -212,6 +216,7 @@ pub fn run(
         ("dk", kv_len),
         ("dv", kv_len),
         ("dkv", 2 * attn_dsl::DKV_LANES as usize * kv_len),
+        ("dsinks", nh),
     ]
     .into_iter()
     .map(|(n, len)| (n, buffers::output::<f32>(gpu, n, len)))
@@ -239,6 +244,10 @@ pub fn run(
         ("seg", &seg_buf),
     ]);
     bound.extend(scratch.as_ref().map(|b| ("p_ds", b)));
+    let sinks_buf = buffers::storage(gpu, "sinks", &vec![0.5f32; nh]);
+    if shape.sinks {
+        bound.push(("sinks", &sinks_buf));
+    }
     let step = |kernel| -> Result<Step, Error> {
         Ok(Step {
             kernel,
@@ -381,6 +390,14 @@ pub fn run(
         return Ok(rows);
     }
     let compiled = crate::backward::schedule_kernels(gpu, &set)?;
+    // With sinks every schedule is followed by dSinks' kernel.
+    let sink_grad = match shape.sinks {
+        true => Some(Kernel::now(
+            gpu,
+            &crate::backward::sink_grad_abi(h.head_dim, attn_dsl::Dtype::F32)?,
+        )?),
+        false => None,
+    };
     let prep = Kernel::now(gpu, &set.prep)?;
     let flops = 2.5 * shape.forward_flops();
     // The baseline is the per-row recompute split: the same schedule family as the tiled
@@ -402,6 +419,7 @@ pub fn run(
         } else {
             let steps = std::iter::once(&prep)
                 .chain(kernels)
+                .chain(&sink_grad)
                 .map(step)
                 .collect::<Result<Vec<_>, _>>()?;
             let timing = timing::time(gpu, &steps, warmup, runs)?;
@@ -654,6 +672,10 @@ fn half_backwards(
             let mut kernels: Vec<Kernel> = halves;
             if crate::backward::needs_prep(&kernels.iter().map(|k| k.abi()).collect::<Vec<_>>()) {
                 kernels.insert(0, Kernel::now(gpu, &prep)?);
+            }
+            if masks.sinks {
+                let abi = crate::backward::sink_grad_abi(head_dim, dtype)?;
+                kernels.push(Kernel::now(gpu, &abi)?);
             }
             out.push((format!("backward {schedule} {}", dtype.name()), kernels));
         }

@@ -1,0 +1,145 @@
+//! Attention sinks (`masks: [.., sinks]`, gpt-oss): a per-head logit `sinks[h]` that joins
+//! every row's softmax denominator as a key with no value. Each schedule finishes a row
+//! from its running max m and sum l; with sinks it first calls `join_sink`, which moves m
+//! to the sink where the sink is larger, adds e^(sink − m) to l and returns the factor
+//! e^(m_old − m) by which O's accumulators (taken against the old max) shrink. The LSE
+//! then includes the sink, so the backward's P = e^(S − LSE) needs nothing more; the
+//! sinks' own gradient is `sink_grad`'s (below). Split-K decode joins the sink in its
+//! reduce, once per head, where the slices' maxima meet.
+
+use std::fmt::Write;
+
+use super::numerics::Helper;
+use super::writer::Wgsl;
+use crate::spec::KernelSpec;
+
+/// `join_sink`, where the kernel has sinks.
+pub(super) fn helpers(out: &mut Wgsl, spec: &KernelSpec) {
+    if !spec.masks.sinks {
+        return;
+    }
+    out.need(&[Helper::Exp]);
+    out.push_str(
+        r#"// The row's max *m and sum *l with head h's sink joined to the denominator; returns
+// e^(m_old − m), the factor from accumulators taken against the old max. An empty row
+// (m = NEG_BIG, l = 0) ends with m = the sink and l = 1: O = 0, LSE = the sink.
+fn join_sink(h: u32, m: ptr<function, f32>, l: ptr<function, f32>) -> f32 {
+    let s = sinks[h];
+    let m_new = max(*m, s);
+    let corr = exp_f32(*m - m_new);
+    *l = fma(*l, corr, exp_f32(s - m_new));
+    *m = m_new;
+    return corr;
+}
+
+"#,
+    );
+}
+
+/// The statement that joins the sink into the row state `m`, `l` of head `h`, binding the
+/// accumulators' factor to `corr`; `None` without sinks (the factor is 1).
+pub(super) fn join(sinks: bool, h: &str, m: &str, l: &str, corr: &str) -> Option<String> {
+    sinks.then(|| format!("let {corr} = join_sink({h}, &{m}, &{l});\n"))
+}
+
+/// The `sink_grad` kernel: one workgroup per head h sums, over every sequence and row,
+/// −e^(sinks[h] − LSE)·D with D = dO·O (the gradient of the sink logit: it has no value,
+/// so dP_sink = 0 and dS_sink = P_sink·(0 − D)), and adds it to dsinks[h]. D and the sum
+/// are kept as double-f32 (hi + lo, Dekker's exact products and Knuth's two-sum): a head's
+/// few values average no rounding out, so the f32 sums a framework does (and the
+/// schedules' D in `stats`) would leave it no more accurate than that framework, and
+/// the rule asks for half its error. A row whose LSE is +inf (none visible, no sink) adds
+/// nothing.
+pub(super) fn grad(out: &mut Wgsl, spec: &KernelSpec) {
+    out.need(&[Helper::Exp, Helper::TwoSumErr4]);
+    super::dtype::loads(out, spec, &[("out_at", "o"), ("grad_out_at", "d_o")]);
+    let _ = write!(
+        out,
+        r#"var<workgroup> sh_hi: array<f32, WG>;
+var<workgroup> sh_lo: array<f32, WG>;
+
+fn positive_inf() -> f32 {{
+    var bits = 0x7f800000u;
+    return bitcast<f32>(bits);
+}}
+
+// a + b = s.x + s.y exactly (through `two_sum_err4`, which Mesa cannot fold to 0).
+fn two_sum(a: f32, b: f32) -> vec2<f32> {{
+    let s = a + b;
+    return vec2<f32>(s, two_sum_err4(vec4<f32>(a), vec4<f32>(b), vec4<f32>(s)).x);
+}}
+
+fn opaque(x: f32) -> f32 {{
+    return opaque4(vec4<f32>(x)).x;
+}}
+
+// a = hi + lo with 12 significant bits each (Dekker), so that products of halves are exact;
+// the steps pass through `opaque`, or c − (c − a) folds to a.
+fn split(a: f32) -> vec2<f32> {{
+    let c = opaque(4097.0 * a);
+    let hi = c - opaque(c - a);
+    return vec2<f32>(hi, a - hi);
+}}
+
+// a·b = p.x + p.y exactly, without fma (which lavapipe does not fuse).
+fn two_prod(a: f32, b: f32) -> vec2<f32> {{
+    let p = opaque(a * b);
+    let x = split(a);
+    let y = split(b);
+    return vec2<f32>(p, ((x.x * y.x - p) + x.x * y.y + x.y * y.x) + x.y * y.y);
+}}
+
+// (s.x + s.y) + (t.x + t.y), renormalized.
+fn dd_add(s: vec2<f32>, t: vec2<f32>) -> vec2<f32> {{
+    let u = two_sum(s.x, t.x);
+    return two_sum(u.x, u.y + (s.y + t.y));
+}}
+
+// Row r of every sequence, head h: its term of dsinks[h], as hi + lo.
+fn sink_term(r: u32, h: u32) -> vec2<f32> {{
+    let at = r * dims.n_heads + h;
+    let lse_r = lse[at];
+    if (lse_r == positive_inf()) {{
+        return vec2<f32>(0.0);
+    }}
+    let qi = at * HEAD_DIM;
+    var delta = vec2<f32>(0.0);
+    for (var d = 0u; d < HEAD_DIM; d = d + 4u) {{
+        let g = grad_out4_at(qi + d);
+        let o4 = out4_at(qi + d);
+        for (var c = 0u; c < 4u; c = c + 1u) {{
+            delta = dd_add(delta, two_prod(g[c], o4[c]));
+        }}
+    }}
+    let p = -exp_f32(sinks[h] - lse_r);
+    return dd_add(two_prod(p, delta.x), vec2<f32>(p * delta.y, 0.0));
+}}
+
+@compute @workgroup_size(WG)
+fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {{
+    let h = wg.x;
+    let rows = dims.batch * dims.seq_len;
+    var total = vec2<f32>(0.0);
+    for (var r = tid; r < rows; r = r + WG) {{
+        total = dd_add(total, sink_term(r, h));
+    }}
+    sh_hi[tid] = total.x;
+    sh_lo[tid] = total.y;
+    workgroupBarrier();
+    for (var stride = WG / 2u; stride > 0u; stride = stride / 2u) {{
+        if (tid < stride) {{
+            let t = dd_add(vec2<f32>(sh_hi[tid], sh_lo[tid]), vec2<f32>(sh_hi[tid + stride], sh_lo[tid + stride]));
+            sh_hi[tid] = t.x;
+            sh_lo[tid] = t.y;
+        }}
+        workgroupBarrier();
+    }}
+    if (tid == 0u) {{
+        let t = dd_add(vec2<f32>(dsinks[h], 0.0), vec2<f32>(sh_hi[0], sh_lo[0]));
+        dsinks[h] = t.x + t.y;
+    }}
+}}
+"#,
+        name = spec.name,
+    );
+}
