@@ -174,7 +174,9 @@ impl KernelAbi {
             // sequence; workgroup 0 writes the lengths even when no row is new.
             Op::CacheAppend => return [strided(at(0) * at(2) * (at(3) / 4)), at(4), 1],
             Op::DkvReduce | Op::ToDtype | Op::FromDtype => return [strided(at(0)), 1, 1],
-            // One workgroup per head walks every sequence, so that it owns dsinks[h].
+            // Pass 0: a workgroup per (head, block of rows); pass 1: one per head, which
+            // owns dsinks[h].
+            Op::SinkGrad if at(6) == 0 => return [at(1), at(5), 1],
             Op::SinkGrad => return [at(1), 1, 1],
             _ => {}
         }

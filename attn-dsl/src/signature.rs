@@ -192,12 +192,15 @@ const DECODE: &[Tensor] = &[
 
 // dsinks[h] sums a term of every row of head h (over the batch), each with its own
 // D = dO·O from O and dO in double-f32: the schedules' f32 D in `stats` carries as much
-// rounding as a framework's, which a sum of a few values per head cannot average out.
+// rounding as a framework's, which a sum of a few values per head cannot average out. Two
+// dispatches of one kernel: pass 0 sums blocks of rows (slices) into `dsinks_part` (hi and
+// lo, part 0 and 1), pass 1 sums a head's slices in order into dsinks.
 const SINK_GRAD: &[Tensor] = &[
     t("o", Input, Data, &[B, S, H, D]),
     t("d_o", Input, Data, &[B, S, H, D]),
     t("lse", Input, F32, &[B, S, H]),
     t("sinks", Input, F32, &[H]),
+    t("dsinks_part", Output, F32, &[Part, H, Slice]),
     t("dsinks", Output, F32, &[H]),
     DIMS,
 ];
@@ -515,6 +518,18 @@ pub fn dims(op: Op) -> UniformBlock {
             "_pad0",
             "_pad1",
             "_pad2",
+        ],
+        // n_slices: blocks of WG rows (all sequences'); sink_pass 0 sums each block, 1 the
+        // blocks of a head.
+        Op::SinkGrad => &[
+            "seq_len",
+            "n_heads",
+            "n_kv_heads",
+            "head_dim",
+            "batch",
+            "n_slices",
+            "sink_pass",
+            "_pad0",
         ],
         // vec4s of dK (and of dV) to sum.
         Op::DkvReduce | Op::ToDtype | Op::FromDtype => &["len4", "_pad0", "_pad1", "_pad2"],

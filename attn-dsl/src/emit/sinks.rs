@@ -42,13 +42,15 @@ pub(super) fn join(sinks: bool, h: &str, m: &str, l: &str, corr: &str) -> Option
     sinks.then(|| format!("let {corr} = join_sink({h}, &{m}, &{l});\n"))
 }
 
-/// The `sink_grad` kernel: one workgroup per head h sums, over every sequence and row,
-/// −e^(sinks[h] − LSE)·D with D = dO·O (the gradient of the sink logit: it has no value,
-/// so dP_sink = 0 and dS_sink = P_sink·(0 − D)), and adds it to dsinks[h]. D and the sum
-/// are kept as double-f32 (hi + lo, Dekker's exact products and Knuth's two-sum): a head's
-/// few values average no rounding out, so the f32 sums a framework does (and the
-/// schedules' D in `stats`) would leave it no more accurate than that framework, and
-/// the rule asks for half its error. A row whose LSE is +inf (none visible, no sink) adds
+/// The `sink_grad` kernel: dsinks[h] += −Σ e^(sinks[h] − LSE)·D over every sequence and
+/// row, D = dO·O (the gradient of the sink logit: it has no value, so dP_sink = 0 and
+/// dS_sink = P_sink·(0 − D)). D and the sums are kept as double-f32 (hi + lo, Dekker's
+/// exact products and Knuth's two-sum): a head's few values average no rounding out, so
+/// the f32 sums a framework does (and the schedules' D in `stats`) would leave it no more
+/// accurate than that framework, and the rule asks for half its error. Two dispatches, so
+/// that every SM takes part and nothing is added by atomics: pass 0, a workgroup per (head,
+/// block of WG rows) writes its block's sum to `dsinks_part`; pass 1, a workgroup per head
+/// sums its blocks in a fixed order. A row whose LSE is +inf (none visible, no sink) adds
 /// nothing.
 pub(super) fn grad(out: &mut Wgsl, spec: &KernelSpec) {
     out.need(&[Helper::Exp, Helper::TwoSumErr4]);
@@ -115,16 +117,10 @@ fn sink_term(r: u32, h: u32) -> vec2<f32> {{
     return dd_add(two_prod(p, delta.x), vec2<f32>(p * delta.y, 0.0));
 }}
 
-@compute @workgroup_size(WG)
-fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {{
-    let h = wg.x;
-    let rows = dims.batch * dims.seq_len;
-    var total = vec2<f32>(0.0);
-    for (var r = tid; r < rows; r = r + WG) {{
-        total = dd_add(total, sink_term(r, h));
-    }}
-    sh_hi[tid] = total.x;
-    sh_lo[tid] = total.y;
+// The workgroup's double-f32 values summed as a tree; the total in invocation 0.
+fn tree_sum(tid: u32, x: vec2<f32>) -> vec2<f32> {{
+    sh_hi[tid] = x.x;
+    sh_lo[tid] = x.y;
     workgroupBarrier();
     for (var stride = WG / 2u; stride > 0u; stride = stride / 2u) {{
         if (tid < stride) {{
@@ -134,8 +130,36 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         }}
         workgroupBarrier();
     }}
+    return vec2<f32>(sh_hi[0], sh_lo[0]);
+}}
+
+fn part_index(part: u32, h: u32, blk: u32) -> u32 {{
+    return (part * dims.n_heads + h) * dims.n_slices + blk;
+}}
+
+@compute @workgroup_size(WG)
+fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {{
+    let h = wg.x;
+    if (dims.sink_pass == 0u) {{
+        let r = wg.y * WG + tid;
+        var term = vec2<f32>(0.0);
+        if (r < dims.batch * dims.seq_len) {{
+            term = sink_term(r, h);
+        }}
+        let total = tree_sum(tid, term);
+        if (tid == 0u) {{
+            dsinks_part[part_index(0u, h, wg.y)] = total.x;
+            dsinks_part[part_index(1u, h, wg.y)] = total.y;
+        }}
+        return;
+    }}
+    var total = vec2<f32>(0.0);
+    for (var blk = tid; blk < dims.n_slices; blk = blk + WG) {{
+        total = dd_add(total, vec2<f32>(dsinks_part[part_index(0u, h, blk)], dsinks_part[part_index(1u, h, blk)]));
+    }}
+    let sum = tree_sum(tid, total);
     if (tid == 0u) {{
-        let t = dd_add(vec2<f32>(dsinks[h], 0.0), vec2<f32>(sh_hi[0], sh_lo[0]));
+        let t = dd_add(vec2<f32>(dsinks[h], 0.0), sum);
         dsinks[h] = t.x + t.y;
     }}
 }}

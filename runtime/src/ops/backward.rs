@@ -53,6 +53,8 @@ pub struct Scratch {
     p_ds: Option<Tensor>,
     /// The streaming schedule's dK/dV lanes.
     dkv: Option<Tensor>,
+    /// dSinks' sums per block of rows, `[2, n_heads, n_blocks]` (hi, lo).
+    sink_parts: Option<Tensor>,
     /// The kernel that sums the lanes into dK and dV.
     lanes: Option<Pipeline>,
 }
@@ -229,16 +231,23 @@ impl Backward {
         if let Some(dsinks) = args.dsinks {
             let sinks = args.mods.sinks.expect("checked: dsinks comes with sinks");
             let grad = self.compiled[set].sink_grad(gpu)?;
-            let mut s = Dispatch::new(vec![
-                ("o", args.o),
-                ("d_o", args.d_o),
-                ("lse", args.lse),
-                ("sinks", sinks),
-                ("dsinks", dsinks),
-            ]);
-            s.dims = sequence_dims(batch, seq, h).to_vec();
-            let g = grid(grad.abi(), &s.dims);
-            grad.record(gpu, encoder, &s, g)?;
+            let blocks = (batch * seq).div_ceil(grad.abi().workgroup_size[0]);
+            let parts = Scratch::view(&mut self.scratch.sink_parts, gpu, &[2, h.n_heads, blocks])?;
+            // Pass 0 sums each block of rows, pass 1 each head's blocks in order.
+            for pass in [0, 1] {
+                let mut s = Dispatch::new(vec![
+                    ("o", args.o),
+                    ("d_o", args.d_o),
+                    ("lse", args.lse),
+                    ("sinks", sinks),
+                    ("dsinks_part", &parts),
+                    ("dsinks", dsinks),
+                ]);
+                s.dims = sequence_dims(batch, seq, h).to_vec();
+                s.dims.extend([("n_slices", blocks), ("sink_pass", pass)]);
+                let g = grid(grad.abi(), &s.dims);
+                grad.record(gpu, encoder, &s, g)?;
+            }
         }
         if let Some(dkv) = &dkv {
             let len4 = elements(args.dk.shape()) / 4;

@@ -248,6 +248,7 @@ pub fn run(
     if shape.sinks {
         bound.push(("sinks", &sinks_buf));
     }
+    let sink = SinkPasses::new(gpu, &shape)?;
     let step = |kernel| -> Result<Step, Error> {
         Ok(Step {
             kernel,
@@ -342,16 +343,7 @@ pub fn run(
             };
             for (label, kernels) in backwards {
                 let bound = in_dtype(kernels[0].abi().scalar("o"), false);
-                let steps = kernels
-                    .iter()
-                    .map(|kernel| {
-                        Ok(Step {
-                            kernel,
-                            bound: bound.clone(),
-                            grid: checked_grid(kernel.abi(), gpu.limits(), &dims)?,
-                        })
-                    })
-                    .collect::<Result<Vec<_>, Error>>()?;
+                let steps = sink.steps_of(gpu, kernels.iter(), &bound, &dims)?;
                 rows.push(BenchRow {
                     shape: shape.clone(),
                     kernel: label.clone(),
@@ -417,11 +409,8 @@ pub fn run(
         if *schedule == Schedule::Split && scratch.is_none() {
             row.note = format!("scratch {scratch_bytes} B over the adapter's largest binding");
         } else {
-            let steps = std::iter::once(&prep)
-                .chain(kernels)
-                .chain(&sink_grad)
-                .map(step)
-                .collect::<Result<Vec<_>, _>>()?;
+            let all = std::iter::once(&prep).chain(kernels).chain(&sink_grad);
+            let steps = sink.steps_of(gpu, all, &bound, &dims)?;
             let timing = timing::time(gpu, &steps, warmup, runs)?;
             if *schedule == Schedule::RecomputeSplit {
                 baseline_ms = Some(timing.median_ms);
@@ -631,6 +620,87 @@ fn phase_backwards(
             Ok((label, kernels))
         })
         .collect()
+}
+
+/// The sink kernel's two dispatches: each pass's dims (the blocks of rows, `pass`) and the
+/// blocks' partial sums.
+struct SinkPasses {
+    dims: [Vec<(&'static str, u32)>; 2],
+    uniforms: Vec<wgpu::Buffer>,
+    parts: wgpu::Buffer,
+}
+
+impl SinkPasses {
+    fn new(gpu: &Gpu, shape: &BenchShape) -> Result<SinkPasses, Error> {
+        let h = shape.heads;
+        let abi = crate::backward::sink_grad_abi(h.head_dim, attn_dsl::Dtype::F32)?;
+        let blocks = (shape.batch * shape.seq).div_ceil(abi.workgroup_size[0]);
+        let dims = [0, 1].map(|pass| {
+            let mut d = crate::shape::sequence_dims(shape.batch, shape.seq, h).to_vec();
+            d.extend([("n_slices", blocks), ("sink_pass", pass)]);
+            d
+        });
+        let uniforms = match shape.sinks {
+            true => dims
+                .iter()
+                .map(|d| crate::attention::uniform_dims(gpu, &abi, d))
+                .collect::<Result<Vec<_>, _>>()?,
+            false => Vec::new(),
+        };
+        let len = 2 * h.n_heads * blocks;
+        let parts = buffers::output::<f32>(gpu, "dsinks_part", len as usize);
+        Ok(SinkPasses {
+            dims,
+            uniforms,
+            parts,
+        })
+    }
+
+    /// A backward's kernels as steps: the sink kernel's two passes each with its dims.
+    fn steps_of<'a>(
+        &'a self,
+        gpu: &Gpu,
+        kernels: impl IntoIterator<Item = &'a Kernel>,
+        bound: &[(&'a str, &'a wgpu::Buffer)],
+        dims: &[(&str, u32)],
+    ) -> Result<Vec<Step<'a>>, Error> {
+        let mut steps = Vec::new();
+        for kernel in kernels {
+            if kernel.abi().op == Op::SinkGrad {
+                steps.extend(self.steps(gpu, kernel, bound)?);
+                continue;
+            }
+            steps.push(Step {
+                kernel,
+                bound: bound.to_vec(),
+                grid: checked_grid(kernel.abi(), gpu.limits(), dims)?,
+            });
+        }
+        Ok(steps)
+    }
+
+    fn steps<'a>(
+        &'a self,
+        gpu: &Gpu,
+        kernel: &'a Kernel,
+        bound: &[(&'a str, &'a wgpu::Buffer)],
+    ) -> Result<Vec<Step<'a>>, Error> {
+        (0..2)
+            .map(|pass| {
+                let mut bound: Vec<_> = bound
+                    .iter()
+                    .filter(|(n, _)| *n != "dims")
+                    .copied()
+                    .collect();
+                bound.extend([("dims", &self.uniforms[pass]), ("dsinks_part", &self.parts)]);
+                Ok(Step {
+                    kernel,
+                    bound,
+                    grid: checked_grid(kernel.abi(), gpu.limits(), &self.dims[pass])?,
+                })
+            })
+            .collect()
+    }
 }
 
 /// The note of a backward row whose kernels own every output (`Backward::deterministic`
