@@ -301,8 +301,6 @@ fn planner_follows_the_table_and_falls_back_to_the_portable_tiled_schedule() {
     );
 }
 
-/// The f64 reference backward agrees with central differences of L = Σ dO ∘ O, and the
-/// GPU agrees with the reference, on a shape small enough to difference every input.
 /// `deterministic` plans only schedules that own every output, repeats them bit for bit,
 /// and refuses one that adds by atomics with what to do instead.
 #[test]
@@ -357,6 +355,8 @@ fn deterministic_backward_owns_its_outputs_and_repeats_bit_for_bit() {
     assert_eq!(backward.plan(&gpu, 1, 37, heads), streaming);
 }
 
+/// The f64 reference backward agrees with central differences of L = Σ dO ∘ O, and the
+/// GPU agrees with the reference, on a shape small enough to difference every input.
 #[test]
 fn reference_matches_finite_differences_and_gpu_matches_reference() {
     let gpu = gpu();
