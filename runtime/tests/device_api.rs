@@ -627,3 +627,110 @@ fn conversions_round_to_nearest_even_and_widen_back() {
         assert_eq!(read(&gpu, &half), want, "{dtype:?}");
     }
 }
+
+/// With sinks the recording API asks for dSinks and refuses what does not match, naming
+/// it; given both, dSinks on the device equals the host-slice call's.
+#[test]
+fn sinks_need_dsinks_on_the_device_and_match_the_host_call() {
+    let gpu = gpu();
+    let (b, s, h) = (1, 30, HEADS);
+    let q_shape = [b, s, h.n_heads, h.head_dim];
+    let kv_shape = [b, s, h.n_kv_heads, h.head_dim];
+    let [(q, qt), (k, kt), (v, vt), (d_o, dot)] = [
+        (&q_shape, 31),
+        (&kv_shape, 32),
+        (&kv_shape, 33),
+        (&q_shape, 34),
+    ]
+    .map(|(shape, seed)| upload(&gpu, shape, seed));
+    let logits = [0.5f32, -1.0, 2.0, 0.0];
+    let f = Scalar::F32;
+    let sinks = Tensor::from_f32(&gpu, &[h.n_heads], f, &logits).unwrap();
+    let dsinks = Tensor::zeros(&gpu, &[h.n_heads], f);
+    let masks = Masks {
+        sinks: true,
+        ..Masks::new(true, false)
+    };
+    let mods = runtime::DeviceModifiers {
+        sinks: Some(&sinks),
+        ..Default::default()
+    };
+    let (ot, lset) = (
+        Tensor::zeros(&gpu, &q_shape, f),
+        Tensor::zeros(&gpu, &[b, s, h.n_heads], f),
+    );
+    let spec = ForwardSpec {
+        head_dim: 64,
+        masks,
+        dtype: Dtype::F32,
+    };
+    let mut fwd = Forward::new(&gpu, spec).unwrap();
+    let mut encoder = gpu.device.create_command_encoder(&Default::default());
+    let fargs = ForwardArgs {
+        mods,
+        ..ForwardArgs::new(&qt, &kt, &vt, &ot, &lset)
+    };
+    fwd.record(&gpu, &mut encoder, &fargs).unwrap();
+    submit(&gpu, encoder);
+    let grads = [&q_shape, &kv_shape, &kv_shape].map(|shape| Tensor::zeros(&gpu, shape, f));
+    let set = kernels::BackwardKernels::compile(64, masks).unwrap();
+    let mut bwd = Backward::new(&gpu, &[set]).unwrap();
+    let bargs = |with_dsinks: bool, with_sinks: bool| BackwardArgs {
+        q: &qt,
+        k: &kt,
+        v: &vt,
+        o: &ot,
+        lse: &lset,
+        d_o: &dot,
+        dq: &grads[0],
+        dk: &grads[1],
+        dv: &grads[2],
+        dbias: None,
+        dsinks: with_dsinks.then_some(&dsinks),
+        seg: None,
+        scale: None,
+        mods: if with_sinks { mods } else { Default::default() },
+        accumulate: false,
+    };
+    let mut encoder = gpu.device.create_command_encoder(&Default::default());
+    let missing = bwd.record(&gpu, &mut encoder, &bargs(false, true), None);
+    assert!(
+        missing
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("dsinks")),
+        "{missing:?}"
+    );
+    let unasked = bwd.record(&gpu, &mut encoder, &bargs(true, false), None);
+    assert!(
+        unasked
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("sinks")),
+        "{unasked:?}"
+    );
+    bwd.record(&gpu, &mut encoder, &bargs(true, true), None)
+        .unwrap();
+    submit(&gpu, encoder);
+    let on_device = read(&gpu, &dsinks);
+    assert!(on_device.iter().all(|x| *x != 0.0), "{on_device:?}");
+
+    let (o, lse) = (read(&gpu, &ot), read(&gpu, &lset));
+    let input = BackwardInput {
+        batch: b,
+        seq_len: s,
+        heads: h,
+        q: &q,
+        k: &k,
+        v: &v,
+        o: &o,
+        lse: &lse,
+        d_o: &d_o,
+        seg: None,
+        scale: None,
+        mods: runtime::Modifiers {
+            sinks: Some(&logits),
+            ..Default::default()
+        },
+    };
+    let (host, _) = bwd.run(&gpu, &input, None).block_on().unwrap();
+    assert_eq!(host.dsinks, on_device);
+}
