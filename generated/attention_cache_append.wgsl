@@ -46,7 +46,8 @@ fn attention_cache_append(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wor
     for (var i = wg.x * WG + tid; i < total; i = i + groups.x * WG) {
         let s = i / per_row;
         let rest = i % per_row;
-        let to = cache4_index(slot, start + s, rest / V4) + rest % V4;
+        let kv_h = rest / V4;
+        let to = cache4_index(slot, start + s, kv_h) + rest % V4;
         let src = (batch * dims.n_new + s) * per_row + rest;
         k_cache[to] = k_new[src];
         v_cache[to] = v_new[src];

@@ -45,8 +45,8 @@ pub use error::{DslError, Field};
 pub const DKV_LANES: u32 = 4;
 pub use plan::{Access, Binding, KernelAbi, Scalar};
 pub use spec::{
-    Axis, BiasHeads, Cache, Dtype, Flash, FlashConfig, Gqa, Grid, KernelSpec, Limits, Major, Masks,
-    Matrix, Modifier, Op, Scatter, Source, Target, WriteMode,
+    Axis, BiasHeads, Cache, Dtype, Flash, FlashConfig, Fp8, Gqa, Grid, KernelSpec, Limits, Major,
+    Masks, Matrix, Modifier, Op, Scatter, Source, Target, WriteMode,
 };
 pub use validate::ValidateError;
 

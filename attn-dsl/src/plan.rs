@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use crate::signature::{self, Elem, Role};
 use crate::spec::{
-    Axis, Dtype, Gqa, Grid, KernelSpec, Major, Masks, Op, Scatter, Target, WriteMode,
+    Axis, Dtype, Fp8, Gqa, Grid, KernelSpec, Major, Masks, Op, Scatter, Target, WriteMode,
 };
 
 /// How a shader may touch a binding.
@@ -35,6 +35,9 @@ pub enum Scalar {
     F16,
     /// bfloat16 halves, two to a `u32` word.
     Bf16,
+    /// 8-bit floats of a KV cache ([`Fp8`]), four to a `u32` word.
+    E4m3,
+    E5m2,
 }
 
 impl Scalar {
@@ -42,18 +45,34 @@ impl Scalar {
     pub fn wgsl(self) -> &'static str {
         match self {
             Scalar::F32 => "f32",
-            Scalar::U32 | Scalar::Bf16 => "u32",
+            Scalar::U32 | Scalar::Bf16 | Scalar::E4m3 | Scalar::E5m2 => "u32",
             Scalar::F16 => "f16",
         }
     }
 
-    /// The element of tensor kind `e` in a kernel whose data tensors are `dtype`.
-    pub fn of(e: Elem, dtype: Dtype) -> Scalar {
+    /// The 8-bit float format of this element, if it is one.
+    pub fn fp8(self) -> Option<Fp8> {
+        match self {
+            Scalar::E4m3 => Some(Fp8::E4m3),
+            Scalar::E5m2 => Some(Fp8::E5m2),
+            _ => None,
+        }
+    }
+
+    /// The element of tensor kind `e` in a kernel whose data tensors are `dtype` and whose
+    /// KV cache (if it reads or writes one) is in `kv_fp8` when given.
+    pub fn of(e: Elem, dtype: Dtype, kv_fp8: Option<Fp8>) -> Scalar {
+        match (e, kv_fp8) {
+            (Elem::Cache4, Some(f)) => return Scalar::from(f),
+            (Elem::Cache4, None) => return Scalar::of(Elem::Data4, dtype, None),
+            _ => {}
+        }
         match (e, dtype) {
             (Elem::F32 | Elem::F32x4, _) | (Elem::Data | Elem::Data4, Dtype::F32) => Scalar::F32,
             (Elem::U32, _) => Scalar::U32,
             (Elem::Data | Elem::Data4, Dtype::F16) => Scalar::F16,
             (Elem::Data | Elem::Data4, Dtype::Bf16) => Scalar::Bf16,
+            (Elem::Cache4, _) => unreachable!("answered above"),
         }
     }
 
@@ -63,7 +82,16 @@ impl Scalar {
             Scalar::F32 => Some(Dtype::F32),
             Scalar::F16 => Some(Dtype::F16),
             Scalar::Bf16 => Some(Dtype::Bf16),
-            Scalar::U32 => None,
+            Scalar::U32 | Scalar::E4m3 | Scalar::E5m2 => None,
+        }
+    }
+}
+
+impl From<Fp8> for Scalar {
+    fn from(f: Fp8) -> Scalar {
+        match f {
+            Fp8::E4m3 => Scalar::E4m3,
+            Fp8::E5m2 => Scalar::E5m2,
         }
     }
 }
@@ -71,7 +99,7 @@ impl Scalar {
 /// The element of a data tensor (Q, K, V, O) in `dtype`.
 impl From<Dtype> for Scalar {
     fn from(dtype: Dtype) -> Scalar {
-        Scalar::of(Elem::Data, dtype)
+        Scalar::of(Elem::Data, dtype, None)
     }
 }
 
@@ -234,7 +262,7 @@ pub fn bindings(spec: &KernelSpec) -> Vec<Binding> {
         .enumerate()
         .map(|(i, t)| {
             let write = spec.write_mode(t.name);
-            let scalar = Scalar::of(t.elem, spec.dtype);
+            let scalar = Scalar::of(t.elem, spec.dtype, spec.kv_fp8);
             let (access, wgsl_type, fields) = match t.role {
                 Role::Uniform => {
                     let block = signature::uniform_block(spec.op, t.name)
@@ -272,6 +300,8 @@ pub fn bindings(spec: &KernelSpec) -> Vec<Binding> {
 /// `array<f32>`, or the atomic array an atomic-scatter output is added into: `u32` words
 /// holding f32 bits for the compare-exchange loop, or `f32` for native atomic adds.
 fn array_type(e: Elem, scalar: Scalar, scatter: Option<Scatter>) -> Cow<'static, str> {
+    // A cache in the kernel's dtype is its data, four at a time.
+    let e = if e == Elem::Cache4 { Elem::Data4 } else { e };
     Cow::Borrowed(match (scatter, e, scalar) {
         (Some(Scatter::Cas), _, _) => "array<atomic<u32>>",
         (Some(Scatter::F32Atomic), _, _) => "array<atomic<f32>>",
@@ -279,7 +309,8 @@ fn array_type(e: Elem, scalar: Scalar, scatter: Option<Scatter>) -> Cow<'static,
         // Four bf16 halves in two words.
         (None, Elem::Data4, Scalar::Bf16) => "array<vec2<u32>>",
         (None, _, Scalar::F32) => "array<f32>",
-        (None, _, Scalar::U32 | Scalar::Bf16) => "array<u32>",
+        // Four fp8 values per word, as vec4 loads of the other dtypes.
+        (None, _, Scalar::U32 | Scalar::Bf16 | Scalar::E4m3 | Scalar::E5m2) => "array<u32>",
         // Four halves per element: one 8-byte load per vec4 of a row.
         (None, _, Scalar::F16) => "array<vec4<f16>>",
     })

@@ -27,6 +27,9 @@ pub enum Elem {
     /// A data tensor in the spec's dtype, read and written four elements at a time:
     /// `array<vec4<f32>>`, `array<vec4<f16>>`, or bf16 as `array<vec2<u32>>`.
     Data4,
+    /// A KV cache: [`Elem::Data4`], or four 8-bit floats per `u32` when the spec's
+    /// `kv_fp8` says so.
+    Cache4,
 }
 
 /// When a tensor of the signature is bound.
@@ -51,6 +54,8 @@ pub enum Presence {
     IfBiasWritten(BiasHeads),
     /// With this KV cache layout.
     IfCache(Cache),
+    /// With a KV cache in 8-bit floats (its scales).
+    IfFp8,
     /// When the description declares this output with this write mode (a gradient summed
     /// over rows: the whole tensor when atomic, one partial per row tile when scratch).
     IfWrittenAs(WriteMode),
@@ -94,7 +99,7 @@ const fn when(t: Tensor, presence: Presence) -> Tensor {
 }
 
 use Axis::{B, D, H, J, KvH, Page, Part, S, Slice};
-use Elem::{Data, Data4, F32, F32x4, U32};
+use Elem::{Cache4, Data, Data4, F32, F32x4, U32};
 use Presence::{
     IfAlibi, IfBias, IfBiasWritten, IfCoop, IfDocument, IfRecompute, IfScratch, IfSinks, IfWritten,
 };
@@ -142,19 +147,19 @@ const FORWARD: &[Tensor] = &[
 const DECODE_SPLIT: &[Tensor] = &[
     t("q", Input, Data4, &[B, H, D]),
     when(
-        t("k_cache", Input, Data4, &[B, J, KvH, D]),
+        t("k_cache", Input, Cache4, &[B, J, KvH, D]),
         Presence::IfCache(Cache::Contiguous),
     ),
     when(
-        t("v_cache", Input, Data4, &[B, J, KvH, D]),
+        t("v_cache", Input, Cache4, &[B, J, KvH, D]),
         Presence::IfCache(Cache::Contiguous),
     ),
     when(
-        t("k_cache", Input, Data4, &[Page, J, KvH, D]),
+        t("k_cache", Input, Cache4, &[Page, J, KvH, D]),
         Presence::IfCache(Cache::Paged),
     ),
     when(
-        t("v_cache", Input, Data4, &[Page, J, KvH, D]),
+        t("v_cache", Input, Cache4, &[Page, J, KvH, D]),
         Presence::IfCache(Cache::Paged),
     ),
     t("part_o", Output, F32x4, &[B, Slice, H, D]),
@@ -169,7 +174,12 @@ const DECODE_SPLIT: &[Tensor] = &[
     // Keys in each sequence's cache: per sequence, and on the device, so that a ragged
     // batch decodes in one dispatch and a decode loop's uniforms never change.
     t("seq_lens", Input, U32, &[B]),
+    KV_SCALES,
 ];
+
+// An fp8 cache's scales: part 0 K's, part 1 V's, one per KV head (a per-tensor scale is
+// the same value in every head). Run-time values, read on the device.
+const KV_SCALES: Tensor = when(t("kv_scales", Input, F32, &[Part, KvH]), Presence::IfFp8);
 
 const DECODE_REDUCE: &[Tensor] = &[
     t("part_o", Input, F32x4, &[B, Slice, H, D]),
@@ -359,19 +369,19 @@ const CACHE_APPEND: &[Tensor] = &[
     t("k_new", Input, Data4, &[B, S, KvH, D]),
     t("v_new", Input, Data4, &[B, S, KvH, D]),
     when(
-        t("k_cache", Output, Data4, &[B, J, KvH, D]),
+        t("k_cache", Output, Cache4, &[B, J, KvH, D]),
         Presence::IfCache(Cache::Contiguous),
     ),
     when(
-        t("v_cache", Output, Data4, &[B, J, KvH, D]),
+        t("v_cache", Output, Cache4, &[B, J, KvH, D]),
         Presence::IfCache(Cache::Contiguous),
     ),
     when(
-        t("k_cache", Output, Data4, &[Page, J, KvH, D]),
+        t("k_cache", Output, Cache4, &[Page, J, KvH, D]),
         Presence::IfCache(Cache::Paged),
     ),
     when(
-        t("v_cache", Output, Data4, &[Page, J, KvH, D]),
+        t("v_cache", Output, Cache4, &[Page, J, KvH, D]),
         Presence::IfCache(Cache::Paged),
     ),
     t("seq_lens", Input, U32, &[B]),
@@ -381,6 +391,7 @@ const CACHE_APPEND: &[Tensor] = &[
         t("block_table", Input, U32, &[B, Page]),
         Presence::IfCache(Cache::Paged),
     ),
+    KV_SCALES,
 ];
 
 // The streaming backward's lanes of dK and dV (see BACKWARD_KV's note on `dkv`), summed
@@ -446,6 +457,7 @@ pub fn tensors(spec: &KernelSpec) -> Vec<Tensor> {
             }
             Presence::IfWrittenAs(mode) => spec.write_mode(t.name) == Some(mode),
             Presence::IfCache(cache) => spec.cache == cache,
+            Presence::IfFp8 => spec.kv_fp8.is_some(),
             Presence::IfCoop(coop) => spec.grid.uses_coop() == coop,
         })
         .copied()
@@ -606,6 +618,7 @@ impl KernelSpec {
             source: Source::default(),
             scatter: Scatter::default(),
             cache: Cache::default(),
+            kv_fp8: None,
         }
     }
 }

@@ -583,6 +583,59 @@ impl Cache {
     }
 }
 
+/// An 8-bit float format of a decode's KV cache: four values packed in a u32 word (element
+/// 4i + t in byte t), each the value divided by its KV head's scale (`kv_scales`, f32 run-time
+/// values), rounded to nearest even and saturated to the largest finite value (no NaN, no
+/// infinity is ever stored). The kernel widens them exactly and applies the scales to q·k
+/// and to the P·V sum (so a head's scale costs two multiplies per row, not one per value).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Fp8 {
+    /// 4 exponent bits (bias 7), 3 mantissa bits; largest 448 (FlashAttention 3, vLLM).
+    E4m3,
+    /// 5 exponent bits (bias 15), 2 mantissa bits; largest 57344: range over precision.
+    E5m2,
+}
+
+impl Fp8 {
+    pub const ALL: [Fp8; 2] = [Fp8::E4m3, Fp8::E5m2];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Fp8::E4m3 => "e4m3",
+            Fp8::E5m2 => "e5m2",
+        }
+    }
+
+    pub fn parse(word: &str) -> Option<Fp8> {
+        Fp8::ALL.into_iter().find(|f| f.name() == word)
+    }
+
+    /// Mantissa bits.
+    pub fn mantissa_bits(self) -> u32 {
+        match self {
+            Fp8::E4m3 => 3,
+            Fp8::E5m2 => 2,
+        }
+    }
+
+    /// The exponent bias.
+    pub fn bias(self) -> u32 {
+        match self {
+            Fp8::E4m3 => 7,
+            Fp8::E5m2 => 15,
+        }
+    }
+
+    /// The largest finite value (what larger magnitudes saturate to).
+    pub fn max(self) -> f32 {
+        match self {
+            Fp8::E4m3 => 448.0,
+            Fp8::E5m2 => 57344.0,
+        }
+    }
+}
+
 /// Where the kernel must run, and so which limits and shader capabilities apply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -722,6 +775,9 @@ pub struct KernelSpec {
     /// How a decode's KV cache is laid out.
     #[serde(skip_serializing_if = "is_contiguous")]
     pub cache: Cache,
+    /// A decode's (and a cache append's) KV cache in 8-bit floats; `None`: in `dtype`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_fp8: Option<Fp8>,
 }
 
 fn is_contiguous(c: &Cache) -> bool {

@@ -118,3 +118,52 @@ fn both_passes_compile_in_half_precision() {
         }
     }
 }
+
+/// An fp8 cache: the split pass and the append read and write it as u32 words of four
+/// values with the scales bound, in every dtype of Q and O and both layouts, within
+/// WebGPU's 8 storage buffers; the other ops refuse it at the cache field.
+#[test]
+fn fp8_caches_are_words_of_four_with_their_scales() {
+    use attn_dsl::{Cache, Dtype, Fp8, Scalar};
+    for f in Fp8::ALL {
+        for dtype in Dtype::ALL {
+            for cache in [Cache::Contiguous, Cache::Paged] {
+                let specs = [
+                    split(128, 4, Masks::default()),
+                    KernelSpec::standard("append", Op::CacheAppend, 128, Masks::default()),
+                ];
+                for spec in specs {
+                    let spec = KernelSpec {
+                        kv_fp8: Some(f),
+                        dtype,
+                        cache,
+                        ..spec
+                    };
+                    let abi = attn_dsl::compile(&spec)
+                        .unwrap_or_else(|e| panic!("{:?} {f:?} {dtype:?} {cache:?}: {e}", spec.op));
+                    for name in ["k_cache", "v_cache"] {
+                        let b = abi.binding(name).unwrap();
+                        assert_eq!(b.scalar, Scalar::from(f));
+                        assert_eq!(b.wgsl_type, "array<u32>");
+                    }
+                    assert_eq!(abi.binding("kv_scales").unwrap().scalar, Scalar::F32);
+                    assert!(abi.storage_buffers() <= 8, "{:?}", spec.op);
+                    assert!(abi.wgsl.contains("fn widen_kv4") || spec.op == Op::CacheAppend);
+                }
+            }
+        }
+    }
+    // Without fp8 the cache is the dtype's vec4s and no scales are bound.
+    let abi = attn_dsl::compile(&split(128, 4, Masks::default())).unwrap();
+    assert_eq!(
+        abi.binding("k_cache").unwrap().wgsl_type,
+        "array<vec4<f32>>"
+    );
+    assert!(abi.binding("kv_scales").is_none());
+    let forward = KernelSpec {
+        kv_fp8: Some(Fp8::E4m3),
+        ..KernelSpec::standard("f", Op::Forward, 64, Masks::default())
+    };
+    let e = attn_dsl::compile(&forward).unwrap_err();
+    assert_eq!(e.field(), Some(&attn_dsl::Field::Cache), "{e}");
+}

@@ -280,6 +280,8 @@ fn binding_const(b: &Binding) -> TokenStream {
         Scalar::U32 => quote!(U32),
         Scalar::F16 => quote!(F16),
         Scalar::Bf16 => quote!(Bf16),
+        Scalar::E4m3 => quote!(E4m3),
+        Scalar::E5m2 => quote!(E5m2),
     };
     let fields = b.fields.iter().map(|f| f.as_ref());
     let layout = b.layout.iter().map(|a| axis(*a));
@@ -318,7 +320,7 @@ fn scalar_type(s: Scalar) -> TokenStream {
     match s {
         Scalar::F32 => quote!(f32),
         // Uniform blocks hold f32 or u32 only; the 16-bit scalars name storage elements.
-        Scalar::U32 | Scalar::F16 | Scalar::Bf16 => quote!(u32),
+        Scalar::U32 | Scalar::F16 | Scalar::Bf16 | Scalar::E4m3 | Scalar::E5m2 => quote!(u32),
     }
 }
 

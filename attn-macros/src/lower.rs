@@ -2,7 +2,7 @@
 //! error points at the token that caused it.
 
 use attn_dsl::{
-    Cache, DslError, Dtype, Field, Flash, Gqa, Grid, KernelSpec, Limits, Major, Masks, Matrix,
+    Cache, DslError, Dtype, Field, Flash, Fp8, Gqa, Grid, KernelSpec, Limits, Major, Masks, Matrix,
     Modifier, Op, Scatter, Source, Target, WriteMode,
 };
 use proc_macro2::Span;
@@ -121,6 +121,7 @@ pub fn lower(d: &Description) -> syn::Result<Lowered> {
         .map(cache)
         .transpose()?
         .unwrap_or_default();
+    let kv_fp8 = get("kv_cache", Field::Cache).map(kv_cache).transpose()?;
     let writes_value = require(d, get("writes", Field::Write(String::new())), "writes")?;
     spans.extend(mask_spans);
     let writes = writes(writes_value, &mut spans)?;
@@ -139,6 +140,7 @@ pub fn lower(d: &Description) -> syn::Result<Lowered> {
         source,
         scatter: Scatter::Cas,
         cache,
+        kv_fp8,
     };
     spans.extend(matrix_span.map(|span| (Field::Matrix, span)));
     Ok(Lowered {
@@ -438,6 +440,17 @@ fn cache(v: &Value) -> syn::Result<Cache> {
             format!("unknown cache layout `{w}`; expected `contiguous` or `paged`"),
         ),
     }
+}
+
+/// `kv_cache: e4m3 | e5m2`: a KV cache of 8-bit floats (absent: the kernel's dtype).
+fn kv_cache(v: &Value) -> syn::Result<Fp8> {
+    let w = word(v, "kv_cache", "e4m3 | e5m2")?;
+    Fp8::parse(&w.to_string()).ok_or_else(|| {
+        syn::Error::new(
+            w.span(),
+            format!("unknown KV cache format `{w}`; expected `e4m3` or `e5m2`"),
+        )
+    })
 }
 
 fn source(v: &Value) -> syn::Result<(Source, Option<syn::Path>)> {

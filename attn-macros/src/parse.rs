@@ -40,6 +40,7 @@ pub const KEYS: &[&str] = &[
     "dtype",
     "source",
     "cache",
+    "kv_cache",
     "writes",
 ];
 

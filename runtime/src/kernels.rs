@@ -80,6 +80,23 @@ attention_kernel! {
 }
 
 attention_kernel! {
+    /// Split-K decode, pass 1, head_dim 128, Q and O in f16, the cache in e4m3 bytes (four
+    /// to a word) with a scale per KV head for K and for V (`runtime::ops::cache::KvCache`
+    /// with `kv_fp8`); its pass 2 is the f16 `attention_decode_reduce`.
+    pub attention_decode_split_e4m3 {
+        op: decode_split,
+        grid: slice_major(tile = 4),
+        head_dim: 128,
+        gqa: any,
+        target: webgpu,
+        workgroup_size: 256,
+        dtype: f16,
+        kv_cache: e4m3,
+        writes: { part_o: scratch, part_ml: scratch },
+    }
+}
+
+attention_kernel! {
     /// Backward preparation, head_dim 64 and 128: packs LSE and D = rowsum(dO ∘ O) into `stats`
     /// [2, s, h] for every backward schedule.
     pub attention_backward_prep {
@@ -421,6 +438,21 @@ attention_kernel! {
 }
 
 attention_kernel! {
+    /// Appends f16 rows to an e4m3 cache, head_dim 128: each value over its KV head's scale,
+    /// rounded to nearest even and saturated, four to a word.
+    pub attention_cache_append_e4m3 {
+        op: cache_append,
+        grid: elementwise,
+        head_dim: 128,
+        target: webgpu,
+        workgroup_size: 256,
+        dtype: f16,
+        kv_cache: e4m3,
+        writes: { k_cache: owned, v_cache: owned, seq_lens_next: owned },
+    }
+}
+
+attention_kernel! {
     /// The same append into a paged cache (a pool of pages and a block table), head_dim 64.
     pub attention_cache_append_paged {
         op: cache_append,
@@ -563,7 +595,7 @@ pub static ROPE: [(&attn_dsl::KernelAbi, &attn_dsl::KernelAbi); 2] = [
 /// `atomic<f32>`; so is streaming at head_dim 128, whose tiles of 16 rows need more than
 /// WebGPU's 16 KiB of workgroup memory; and so is the LayerNorm + Linear backward, which
 /// binds 12 storage buffers.)
-pub static FAMILY: [&attn_dsl::KernelAbi; 37] = [
+pub static FAMILY: [&attn_dsl::KernelAbi; 39] = [
     &attention_forward::ABI,
     &attention_forward_d128::ABI,
     &attention_decode::ABI,
@@ -601,4 +633,6 @@ pub static FAMILY: [&attn_dsl::KernelAbi; 37] = [
     &layernorm_linear_reduce::ABI,
     &attention_cache_append::ABI,
     &attention_cache_append_paged::ABI,
+    &attention_decode_split_e4m3::ABI,
+    &attention_cache_append_e4m3::ABI,
 ];

@@ -30,6 +30,7 @@ pub mod backward;
 pub mod device;
 pub mod dispatch;
 mod error;
+pub mod fp8;
 pub mod host;
 pub mod kernels;
 pub mod layernorm;
@@ -48,7 +49,7 @@ pub mod harness;
 pub use dispatch::kernel;
 #[cfg(not(target_arch = "wasm32"))]
 #[doc(hidden)]
-pub use harness::{bench, cases, npy};
+pub use harness::{bench, cases, kv_fp8, npy};
 #[doc(hidden)]
 pub use harness::{compare, reference};
 pub use host::{attention, buffers, decode, rope};

@@ -251,6 +251,8 @@ pub(crate) fn scalar_name(s: Scalar) -> &'static str {
         Scalar::U32 => "u32",
         Scalar::F16 => "f16",
         Scalar::Bf16 => "bf16",
+        Scalar::E4m3 => "e4m3",
+        Scalar::E5m2 => "e5m2",
     }
 }
 

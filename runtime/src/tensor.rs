@@ -98,6 +98,7 @@ pub fn element_bytes(scalar: Scalar) -> u64 {
     match scalar {
         Scalar::F32 | Scalar::U32 => 4,
         Scalar::F16 | Scalar::Bf16 => 2,
+        Scalar::E4m3 | Scalar::E5m2 => 1,
     }
 }
 
@@ -169,6 +170,10 @@ impl Tensor {
                 .iter()
                 .flat_map(|x| bf16::from_f32(*x).to_le_bytes())
                 .collect(),
+            Scalar::E4m3 | Scalar::E5m2 => {
+                let f = scalar.fp8().expect("an fp8 scalar");
+                data.iter().map(|&x| crate::fp8::to_bits(f, x)).collect()
+            }
         };
         Ok(Tensor::from_bytes(gpu, shape, scalar, &bytes))
     }
@@ -347,6 +352,10 @@ impl Tensor {
             Scalar::Bf16 => halves(&bytes)
                 .map(|h| bf16::from_bits(h).to_f32())
                 .collect(),
+            Scalar::E4m3 | Scalar::E5m2 => {
+                let f = self.scalar.fp8().expect("an fp8 scalar");
+                bytes.iter().map(|&b| crate::fp8::to_f32(f, b)).collect()
+            }
         })
     }
 

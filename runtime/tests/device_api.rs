@@ -3,10 +3,11 @@
 //! forward's last row; paged equals contiguous), the steady state that creates nothing,
 //! compile on first use, and every typed refusal leaving the device untouched.
 
-use attn_dsl::{Cache, Dtype, Masks, Scalar};
+use attn_dsl::{Cache, Dtype, Fp8, Masks, Scalar};
 use runtime::BlockOn;
 use runtime::cases::random;
 use runtime::compare::judge_attention;
+use runtime::kv_fp8::{self, Fp8Case};
 use runtime::ops::backward::BackwardArgs;
 use runtime::ops::cache::{CacheError, CacheLayout, CacheSpec, KvCache};
 use runtime::ops::decode::{Decode, DecodeArgs, DecodeSpec};
@@ -310,6 +311,7 @@ fn decode_after_appends(
         head_dim: h.head_dim,
         dtype: Dtype::F32,
         layout,
+        kv_fp8: None,
     };
     let mut cache = KvCache::new(gpu, spec).unwrap();
     let mut encoder = gpu.device.create_command_encoder(&Default::default());
@@ -350,6 +352,7 @@ fn decode_after_appends(
         masks: Masks::default(),
         dtype: Dtype::F32,
         cache: cache_kind,
+        kv_fp8: None,
     })
     .unwrap();
     let q_shape = [slots, h.n_heads, h.head_dim];
@@ -366,6 +369,82 @@ fn decode_after_appends(
     decode.record(gpu, &mut encoder, &args).unwrap();
     submit(gpu, encoder);
     read(gpu, &ot)
+}
+
+/// An fp8 cache (both formats, both layouts): the append stores each value over its
+/// head's scale exactly as the float8 crate (CUDA's conversions) rounds it, the decode of
+/// what the cache holds passes the check's rule against the f64 reference, and the paged
+/// cache decodes to the same bits.
+#[test]
+fn fp8_cache_appends_round_as_cuda_and_decode_what_it_holds() {
+    let gpu = gpu();
+    let h = HEADS;
+    let (slots, len, prompt) = (2, 45, 30);
+    let kv = (slots * len * h.n_kv_heads * h.head_dim) as usize;
+    // Values over e4m3's range after the scale (saturated), and tiny ones (subnormal).
+    let mut k = random(kv, 31);
+    k[0] = 900.0;
+    k[1] = -1e-4;
+    let v = random(kv, 32);
+    let q = random((slots * h.n_heads * h.head_dim) as usize, 33);
+    let problem = Problem {
+        batch: slots as usize,
+        n_q: 1,
+        n_k: len as usize,
+        n_heads: 4,
+        n_kv_heads: 2,
+        head_dim: 64,
+        scale: f64::from(h.default_scale()),
+        q_pos: len as usize - 1,
+        ..Problem::default()
+    };
+    let row = (h.n_kv_heads * h.head_dim) as usize;
+    // Powers of two, so that x / scale is exact on every device and the bytes can be
+    // compared: K's by KV head, V's for the whole tensor.
+    let (k_scales, v_scales) = ([0.5, 0.25], [0.125]);
+    for f in Fp8::ALL {
+        let run = |layout| {
+            let case = Fp8Case {
+                heads: h,
+                dtype: Dtype::F32,
+                fp8: f,
+                layout,
+                batch: slots,
+                len,
+                prompt,
+                scales: (&k_scales, &v_scales),
+                mods: Default::default(),
+            };
+            kv_fp8::decode(&gpu, &case, [&q, &k, &v]).unwrap()
+        };
+        let held = run(CacheLayout::Contiguous { capacity: 64 });
+        let paged = run(CacheLayout::Paged {
+            page_size: 16,
+            n_pages: 8,
+            pages_per_seq: 4,
+        });
+        assert_eq!(
+            paged.o, held.o,
+            "{f:?}: the same rows in pages decode the same"
+        );
+        assert_eq!(
+            (paged.k.clone(), paged.v.clone()),
+            (held.k.clone(), held.v.clone())
+        );
+        for (i, (&x, &got)) in k.iter().zip(&held.k).enumerate() {
+            let s = k_scales[(i % row) / h.head_dim as usize];
+            assert_eq!(got, runtime::fp8::round(f, x / s) * s, "{f:?} K[{i}] = {x}");
+        }
+        for (&x, &got) in v.iter().zip(&held.v) {
+            assert_eq!(got, runtime::fp8::round(f, x / 0.125) * 0.125, "{f:?} V");
+        }
+        if f == Fp8::E4m3 {
+            assert_eq!(held.k[0], 448.0 * 0.5, "1800 saturates to e4m3's largest");
+        }
+        for (name, verdict) in judge_attention(&problem, [&q, &held.k, &held.v], &held.o, None) {
+            assert!(verdict.pass(), "{f:?} {name}: {verdict:?}");
+        }
+    }
 }
 
 #[test]
@@ -424,6 +503,7 @@ fn refused_cache_changes_leave_it_as_it_was() {
             n_pages: 3,
             pages_per_seq: 2,
         },
+        kv_fp8: None,
     };
     let mut cache = KvCache::new(&gpu, spec).unwrap();
     let mut enc = gpu.device.create_command_encoder(&Default::default());
@@ -494,6 +574,7 @@ fn a_decode_loop_creates_nothing_in_its_steady_state() {
         head_dim: h.head_dim,
         dtype: Dtype::F32,
         layout: CacheLayout::Contiguous { capacity: 128 },
+        kv_fp8: None,
     };
     let mut cache = KvCache::new(&gpu, spec).unwrap();
     let mut decode = Decode::new(DecodeSpec {
@@ -501,6 +582,7 @@ fn a_decode_loop_creates_nothing_in_its_steady_state() {
         masks: Masks::default(),
         dtype: Dtype::F32,
         cache: Cache::Contiguous,
+        kv_fp8: None,
     })
     .unwrap();
     let mut rope = Rope::new(64, false).unwrap();

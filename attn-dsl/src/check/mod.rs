@@ -546,8 +546,8 @@ fn cannot_honour(op: Op, m: Modifier) -> Option<&'static str> {
     }
 }
 
-/// Only split-K decode reads a paged cache: its key index is the one place that walks the
-/// block table.
+/// Only split-K decode reads a paged or fp8 cache: its key index is the one place that
+/// walks the block table, its loads the one place that widens fp8.
 fn check_cache(spec: &KernelSpec) -> Result<(), DslError> {
     if spec.cache == Cache::Paged && !matches!(spec.op, Op::DecodeSplit | Op::CacheAppend) {
         return Err(DslError::spec(
@@ -556,6 +556,19 @@ fn check_cache(spec: &KernelSpec) -> Result<(), DslError> {
                 "op {} reads no paged cache; `cache: paged` belongs to a decode_split kernel \
                  (run it with its decode_reduce) or a cache_append",
                 spec.op.name()
+            ),
+        ));
+    }
+    if let Some(f) = spec.kv_fp8
+        && !matches!(spec.op, Op::DecodeSplit | Op::CacheAppend)
+    {
+        return Err(DslError::spec(
+            Field::Cache,
+            format!(
+                "op {} reads no KV cache; an {} cache belongs to a decode_split kernel or a \
+                 cache_append",
+                spec.op.name(),
+                f.name()
             ),
         ));
     }

@@ -1,8 +1,9 @@
 //! Appending rows of K and V to a KV cache on the device (`cache_append`): each new row is
 //! copied, vec4 by vec4 of its dtype, to its slot's position `seq_lens[slot] + s`, through
 //! the block table when the cache is paged; workgroup 0 also writes every slot's length,
-//! advanced for the slots appended to, into `seq_lens_next`. No conversion: the new rows
-//! and the cache share the kernel's dtype.
+//! advanced for the slots appended to, into `seq_lens_next`. A cache in the kernel's dtype
+//! takes the rows as they are; an fp8 cache takes each value divided by its KV head's scale,
+//! rounded to nearest even and saturated (`narrow_kv4`).
 
 use super::writer::Wgsl;
 use std::fmt::Write;
@@ -39,6 +40,17 @@ pub(super) fn append(out: &mut Wgsl, spec: &KernelSpec) {
         Cache::Contiguous => CONTIGUOUS,
         Cache::Paged => PAGED,
     });
+    let (k, v) = match spec.kv_fp8 {
+        Some(_) => {
+            super::dtype::vec4_codec(out, spec.dtype);
+            super::dtype::cache_codec(out, spec);
+            (
+                "narrow_kv4(widen4(k_new[src]) / kv_scales[kv_h])",
+                "narrow_kv4(widen4(v_new[src]) / kv_scales[dims.n_kv_heads + kv_h])",
+            )
+        }
+        None => ("k_new[src]", "v_new[src]"),
+    };
     let _ = write!(
         out,
         r#"
@@ -52,10 +64,11 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups:
     for (var i = wg.x * WG + tid; i < total; i = i + groups.x * WG) {{
         let s = i / per_row;
         let rest = i % per_row;
-        let to = cache4_index(slot, start + s, rest / V4) + rest % V4;
+        let kv_h = rest / V4;
+        let to = cache4_index(slot, start + s, kv_h) + rest % V4;
         let src = (batch * dims.n_new + s) * per_row + rest;
-        k_cache[to] = k_new[src];
-        v_cache[to] = v_new[src];
+        k_cache[to] = {k};
+        v_cache[to] = {v};
     }}
     // Every slot's length moves on in one place, so that seq_lens_next is whole.
     if (wg.x == 0u && wg.y == 0u) {{

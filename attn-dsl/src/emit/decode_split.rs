@@ -53,6 +53,9 @@ pub(super) fn constants(out: &mut Wgsl, spec: &KernelSpec) {
 
 pub(super) fn body(out: &mut Wgsl, spec: &KernelSpec) {
     super::dtype::vec4_codec(out, spec.dtype);
+    if spec.op == Op::DecodeSplit {
+        super::dtype::cache_codec(out, spec);
+    }
     out.put(REDUCE4.plain());
     match spec.op {
         Op::DecodeSplit => split(out, spec),
@@ -149,7 +152,8 @@ fn split(out: &mut Wgsl, spec: &KernelSpec) {
     // Each invocation's vec4s of a key: V4 / LANES of them, `lane` apart by LANES.
     let per_lane = spec.head_dim / 4 / lanes(spec);
     let each_vec = |f: &dyn Fn(u32) -> String| -> String { (0..per_lane).map(f).collect() };
-    let widen_k = each_vec(&|e| format!("        let w{e} = widen4(k{e});\n"));
+    let widen_kv = super::dtype::cache_widen(spec);
+    let widen_k = each_vec(&|e| format!("        let w{e} = {widen_kv}(k{e});\n"));
     let first_fetch = each_vec(&|e| {
         format!("    var k{e} = fetch_k(first + kr, hi, lane + {e}u * LANES, kv_h);\n")
     });
@@ -182,15 +186,21 @@ fn split(out: &mut Wgsl, spec: &KernelSpec) {
     let pv_fmas = each_row(&|u| {
         format!(
             "            let p{u} = p_at(i + {u}u * PV_ROWS, hi - lo);\n            \
-             let w{u} = widen4(v{u});\n{}",
+             let w{u} = {widen_kv}(v{u});\n{}",
             each(&|i, c| format!("            o{i} = fma(vec4<f32>(p{u}.{c}), w{u}, o{i});\n"))
         )
     });
     let pv_rotate = each_row(&|u| format!("            v{u} = n{u};\n"));
-    let raw = super::dtype::vec4_type(spec.dtype);
+    let raw = super::dtype::cache4_type(spec);
+    // An fp8 cache's scales: K's folds into the staged query (s = (q·σ_K)·k), V's into the
+    // P·V sums as they leave.
+    let (q_scale, v_scale) = match spec.kv_fp8 {
+        Some(_) => (" * kv_scales[kv_h]", " * kv_scales[dims.n_kv_heads + kv_h]"),
+        None => ("", ""),
+    };
     let flush = each(&|i, c| {
         format!(
-            "    flush_head(tid, slice, head0 + {i}u, {i}u < n_here, o{i}, vec2<f32>(m.{c}, l.{c}));\n"
+            "    flush_head(tid, slice, head0 + {i}u, {i}u < n_here, o{i}{v_scale}, vec2<f32>(m.{c}, l.{c}));\n"
         )
     });
     let kv_index = match spec.cache {
@@ -281,7 +291,7 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         let hq = i / V4;
         var x = vec4<f32>(0.0);
         if (hq < n_here) {{
-            x = widen4(q[q4_index(head0 + hq) + i % V4]);
+            x = widen4(q[q4_index(head0 + hq) + i % V4]){q_scale};
         }}
         sh_q[i] = x;
     }}

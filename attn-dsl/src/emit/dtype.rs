@@ -134,3 +134,84 @@ fn store_out4(i: u32, x: vec4<f32>) {
         }
     }
 }
+
+/// The type of four cache elements as stored: the dtype's vec4, or one word of four fp8.
+pub(super) fn cache4_type(spec: &KernelSpec) -> &'static str {
+    match spec.kv_fp8 {
+        Some(_) => "u32",
+        None => vec4_type(spec.dtype),
+    }
+}
+
+/// The function that widens four cache elements as stored to f32 (before the cache's
+/// scales): the dtype's `widen4`, or [`cache_codec`]'s `widen_kv4`.
+pub(super) fn cache_widen(spec: &KernelSpec) -> &'static str {
+    match spec.kv_fp8 {
+        Some(_) => "widen_kv4",
+        None => "widen4",
+    }
+}
+
+/// With an fp8 cache: `widen_kv4(w: u32) -> vec4<f32>`, four values exactly, and
+/// `narrow_kv4(x: vec4<f32>) -> u32`, four values rounded to nearest even, saturated and
+/// packed (NaN stored as 0). Nothing for a cache in the kernel's dtype.
+pub(super) fn cache_codec(out: &mut Wgsl, spec: &KernelSpec) {
+    let Some(f) = spec.kv_fp8 else {
+        return;
+    };
+    let m = f.mantissa_bits();
+    let shift = 23 - m;
+    let rebias = 127 - f.bias();
+    // The subnormals' quantum 2^(1 − bias − M), and the smallest normal 2^(1 − bias).
+    let quantum = 2f32.powi(1 - (f.bias() + m) as i32);
+    let _ = write!(
+        out,
+        r#"// {name}: {m} mantissa bits, exponent bias {bias}, largest {max:?}.
+const FP8_SHIFT: u32 = {shift}u;
+const FP8_REBIAS: u32 = {rebias}u;
+const FP8_QUANTUM: f32 = {quantum:e};
+const FP8_MIN_NORMAL: f32 = {min_normal:e};
+const FP8_MAX: f32 = {max:?};
+
+// Four {name} values of a word (element t in byte t), exactly: a normal value's exponent
+// rebiased into f32's, a subnormal (exponent 0) as its mantissa times the quantum.
+fn widen_kv4(w: u32) -> vec4<f32> {{
+    let b = (vec4<u32>(w) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(0xffu);
+    let mag = b & vec4<u32>(0x7fu);
+    let normal = bitcast<vec4<f32>>((mag << vec4<u32>(FP8_SHIFT)) + vec4<u32>(FP8_REBIAS << 23u));
+    let sub = vec4<f32>(mag) * FP8_QUANTUM;
+    let v = select(normal, sub, mag < vec4<u32>({first_normal}u));
+    return bitcast<vec4<f32>>(bitcast<vec4<u32>>(v) | ((b & vec4<u32>(0x80u)) << vec4<u32>(24u)));
+}}
+
+// x rounded to nearest even, saturated to ±FP8_MAX; NaN (tested on the bits: a compiler
+// may fold x != x away) stored as 0, so the cache never holds a NaN or an infinity.
+fn fp8_bits(x: f32) -> u32 {{
+    let u = bitcast<u32>(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) {{
+        return 0u;
+    }}
+    let a = min(abs(x), FP8_MAX);
+    var bits = 0u;
+    if (a < FP8_MIN_NORMAL) {{
+        bits = u32(round(a / FP8_QUANTUM));
+    }} else {{
+        let f = bitcast<u32>(a);
+        bits = ((f + ((1u << (FP8_SHIFT - 1u)) - 1u) + ((f >> FP8_SHIFT) & 1u)) >> FP8_SHIFT) - (FP8_REBIAS << {m}u);
+    }}
+    return bits | ((u >> 24u) & 0x80u);
+}}
+
+fn narrow_kv4(x: vec4<f32>) -> u32 {{
+    return fp8_bits(x.x) | (fp8_bits(x.y) << 8u) | (fp8_bits(x.z) << 16u) | (fp8_bits(x.w) << 24u);
+}}
+
+"#,
+        name = f.name(),
+        bias = f.bias(),
+        max = f.max(),
+        quantum = quantum,
+        min_normal = 2f32.powi(1 - f.bias() as i32),
+        first_normal = 1u32 << m,
+    );
+}

@@ -285,6 +285,7 @@ pub fn run(c: &Config) -> Result<Report> {
             head_dim: h.head_dim,
             dtype: c.dtype,
             layout,
+            kv_fp8: None,
         },
     )?;
     let mut forward = Forward::new(
@@ -303,6 +304,7 @@ pub fn run(c: &Config) -> Result<Report> {
             None => Cache::Contiguous,
             Some(_) => Cache::Paged,
         },
+        kv_fp8: None,
     })?;
     let x0: Vec<f32> = (0..rows * width)
         .map(|_| rng.random_range(-1.0..1.0))

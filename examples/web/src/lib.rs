@@ -279,6 +279,7 @@ async fn decode_loop_row(gpu: &Gpu, layer: &Layer, steps: u32) -> Result<Row, Er
             layout: CacheLayout::Contiguous {
                 capacity: layer.seq,
             },
+            kv_fp8: None,
         },
     )?;
     let spec = ForwardSpec {
@@ -293,6 +294,7 @@ async fn decode_loop_row(gpu: &Gpu, layer: &Layer, steps: u32) -> Result<Row, Er
         masks: Masks::default(),
         dtype: Dtype::F32,
         cache: Cache::Contiguous,
+        kv_fp8: None,
     })?;
     decode.prepare(gpu).await?;
     let q = rows(&layer.q, q_row, 0, prompt, h.n_heads)?;

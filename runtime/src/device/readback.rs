@@ -25,6 +25,15 @@ pub async fn read_as(
             bf16::from_bits(b).to_f32()
         })),
         Scalar::F32 | Scalar::U32 => read::<f32>(gpu, buffer, len).await,
+        Scalar::E4m3 | Scalar::E5m2 => {
+            let f = scalar.fp8().expect("an fp8 scalar");
+            let words = read::<u32>(gpu, buffer, len.div_ceil(4)).await?;
+            let bytes: &[u8] = bytemuck::cast_slice(&words);
+            Ok(bytes[..len]
+                .iter()
+                .map(|&b| crate::fp8::to_f32(f, b))
+                .collect())
+        }
     }
 }
 

@@ -2,7 +2,9 @@
 //! on the GPU and judged against the f64 reference by the pass rule, as one or more rows.
 
 use crate::BlockOn;
-use attn_dsl::{BiasHeads, Cache, Dtype, FlashConfig, KernelAbi, KernelSpec, Masks, Modifier, Op};
+use attn_dsl::{
+    BiasHeads, Cache, Dtype, FlashConfig, Fp8, KernelAbi, KernelSpec, Masks, Modifier, Op, Scalar,
+};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 use crate::attention::{self, DecodeInput, ForwardInput, Heads};
@@ -16,7 +18,9 @@ use crate::device::Gpu;
 use crate::dispatch::kernel::Kernel;
 use crate::error::Error;
 use crate::kernels::{BackwardKernels, ROPE};
+use crate::kv_fp8;
 use crate::modifiers::{Bias, Dropout, Modifiers};
+use crate::ops::cache::CacheLayout;
 use crate::plan::tuning;
 use crate::reference::{self, Problem, cast};
 use crate::rope::{self, RopeInput};
@@ -1027,6 +1031,29 @@ pub fn run_case(gpu: &Gpu, runner: &mut Runner, case: &Case, seed: u64) -> Resul
                 let verdicts = run_decode(gpu, decoder, h, shape, &mods, seed)?;
                 rows.push(row(&decoder.label(cache_len, h, batch), verdicts));
             }
+            // The cache in 8-bit floats, filled by appends (the kernel quantizes) and decoded
+            // as a user runs it: both formats, a paged pool, half-precision queries.
+            let paged = CacheLayout::Paged {
+                page_size: 16,
+                n_pages: batch * capacity.div_ceil(16),
+                pages_per_seq: capacity.div_ceil(16),
+            };
+            let contiguous = CacheLayout::Contiguous { capacity };
+            let mut fp8_runs = vec![
+                (Fp8::E4m3, contiguous, Dtype::F32),
+                (Fp8::E5m2, contiguous, Dtype::F32),
+                (Fp8::E4m3, paged, Dtype::F32),
+            ];
+            fp8_runs.extend(
+                gpu.half_dtypes()
+                    .into_iter()
+                    .map(|d| (Fp8::E4m3, contiguous, d)),
+            );
+            for (fp8, layout, dtype) in fp8_runs {
+                let (label, verdicts) =
+                    run_fp8_decode(gpu, (fp8, layout, dtype), h, shape, &mods, seed)?;
+                rows.push(row(&label, verdicts));
+            }
             rows
         }
         Shape::Backward { seq, docs, causal } => {
@@ -1252,7 +1279,7 @@ impl Job {
         dtype: Dtype,
     ) -> Result<Vec<Row>, Error> {
         let h = self.h;
-        let scalar = attn_dsl::Scalar::of(attn_dsl::signature::Elem::Data, dtype);
+        let scalar = attn_dsl::Scalar::from(dtype);
         let [q, k, v, d_o] =
             [input.q, input.k, input.v, input.d_o].map(|x| crate::buffers::rounded(x, scalar));
         // The forward a framework saves on these inputs: O in the dtype, LSE in f32.
@@ -1552,6 +1579,74 @@ fn run_decode(
         return Ok(judge_half_attention(&p, [&q, &k, &v], &o, None, dtype));
     }
     Ok(judge_attention(&p, [&q, &k, &v], &o, None))
+}
+
+/// A row's label and its outputs' verdicts.
+type Labelled = (String, Vec<(&'static str, Verdict)>);
+
+/// A decode through an fp8 [`crate::ops::cache::KvCache`] (K's scales per KV head, V's
+/// for the whole tensor, from their largest magnitudes), judged on what the cache holds.
+fn run_fp8_decode(
+    gpu: &Gpu,
+    (fp8, layout, dtype): (Fp8, CacheLayout, Dtype),
+    h: Heads,
+    (batch, cache_len, capacity): (u32, u32, u32),
+    mods: &ModData,
+    seed: u64,
+) -> Result<Labelled, Error> {
+    let [q, k, v, _] = qkv(h, batch * capacity, seed);
+    let row = (h.n_kv_heads * h.head_dim) as usize;
+    let filled = |x: &[f32]| -> Vec<f32> {
+        x.chunks(capacity as usize * row)
+            .flat_map(|c| c[..cache_len as usize * row].to_vec())
+            .collect()
+    };
+    let scalar = Scalar::from(dtype);
+    let q = crate::buffers::rounded(&q[..(batch * h.n_heads * h.head_dim) as usize], scalar);
+    let [k, v] = [&k, &v].map(|x| crate::buffers::rounded(&filled(x), scalar));
+    let k_scales = kv_fp8::amax_scales(&k, h, fp8);
+    let v_amax = v.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+    let v_scales = [if v_amax > 0.0 {
+        v_amax / fp8.max()
+    } else {
+        1.0
+    }];
+    let case = kv_fp8::Fp8Case {
+        heads: h,
+        dtype,
+        fp8,
+        layout,
+        batch,
+        len: cache_len,
+        prompt: cache_len.saturating_sub(2),
+        scales: (&k_scales, &v_scales),
+        mods: mods.mods(),
+    };
+    let run = kv_fp8::decode(gpu, &case, [&q, &k, &v])?;
+    let p = Problem {
+        mods: mods.mods(),
+        q_pos: cache_len as usize - 1,
+        ..problem(h, batch, [1, cache_len], false, None)
+    };
+    let layout = match layout {
+        CacheLayout::Contiguous { .. } => String::new(),
+        CacheLayout::Paged { page_size, .. } => format!(" page={page_size}"),
+    };
+    let half = match dtype {
+        Dtype::F32 => String::new(),
+        d => format!(" {}", d.name()),
+    };
+    let label = format!(
+        "{} {} cache{layout}{half}",
+        crate::plan::tuning::family_name("attention_decode_split", h.head_dim),
+        fp8.name()
+    );
+    let inputs = [q.as_slice(), &run.k, &run.v];
+    let verdicts = match dtype {
+        Dtype::F32 => judge_attention(&p, inputs, &run.o, None),
+        _ => judge_half_attention(&p, inputs, &run.o, None, scalar),
+    };
+    Ok((label, verdicts))
 }
 
 /// RoPE against the reference, and backward(forward(x)) against x within 1e-6.

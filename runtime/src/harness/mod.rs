@@ -8,6 +8,8 @@ pub mod bench;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod cases;
 pub mod compare;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod kv_fp8;
 pub mod layernorm;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod npy;

@@ -364,6 +364,7 @@ fn element_bytes(abi: &KernelAbi, name: &str) -> u64 {
     match abi.scalar(name) {
         attn_dsl::Scalar::F16 | attn_dsl::Scalar::Bf16 => 2,
         attn_dsl::Scalar::F32 | attn_dsl::Scalar::U32 => 4,
+        attn_dsl::Scalar::E4m3 | attn_dsl::Scalar::E5m2 => 1,
     }
 }
 

@@ -52,6 +52,7 @@ pub fn round_to(x: f32, scalar: Scalar) -> f32 {
     match scalar {
         Scalar::F16 => f16::from_f32(x).to_f32(),
         Scalar::Bf16 => bf16::from_f32(x).to_f32(),
+        Scalar::E4m3 | Scalar::E5m2 => crate::fp8::round(scalar.fp8().expect("fp8"), x),
         Scalar::F32 | Scalar::U32 => x,
     }
 }
@@ -71,6 +72,12 @@ pub fn storage_as(gpu: &Gpu, label: &str, data: &[f32], scalar: Scalar) -> wgpu:
             let h: Vec<bf16> = data.iter().map(|&x| bf16::from_f32(x)).collect();
             storage(gpu, label, &h)
         }
+        Scalar::E4m3 | Scalar::E5m2 => {
+            let f = scalar.fp8().expect("an fp8 scalar");
+            let mut b: Vec<u8> = data.iter().map(|&x| crate::fp8::to_bits(f, x)).collect();
+            b.resize(b.len().next_multiple_of(4), 0);
+            storage(gpu, label, &b)
+        }
         Scalar::F32 | Scalar::U32 => storage(gpu, label, data),
     }
 }
@@ -80,6 +87,7 @@ pub fn output_as(gpu: &Gpu, label: &str, len: usize, scalar: Scalar) -> wgpu::Bu
     match scalar {
         Scalar::F16 => output::<u16>(gpu, label, len.next_multiple_of(4)),
         Scalar::Bf16 => output::<u16>(gpu, label, len),
+        Scalar::E4m3 | Scalar::E5m2 => output::<u32>(gpu, label, len.div_ceil(4)),
         Scalar::F32 | Scalar::U32 => output::<f32>(gpu, label, len),
     }
 }

@@ -6,7 +6,7 @@
 //! (slice, KV head, sequence) a workgroup, so the cache is read by hundreds of workgroups at
 //! once, each reading its slice of K and V once for the query heads of its KV head.
 
-use attn_dsl::{Cache, Dtype, KernelAbi, KernelSpec, Masks, Op};
+use attn_dsl::{Cache, Dtype, KernelAbi, KernelSpec, Masks, Op, Scalar};
 
 use crate::attention::{
     DecodeInput, Heads, binding_size, checked_grid, expect_op, length, modified_uniforms,
@@ -105,13 +105,25 @@ impl SplitDecode {
         if let (Some((s, r)), Dtype::F32) = (found, dtype) {
             return SplitDecode::new(gpu, s, r);
         }
-        let spec = crate::ops::decode::DecodeSpec {
-            head_dim,
-            masks,
-            dtype,
-            cache,
-        };
-        let [split, reduce] = crate::ops::decode::abis(&spec)?;
+        SplitDecode::from_spec(
+            gpu,
+            &crate::ops::decode::DecodeSpec {
+                head_dim,
+                masks,
+                dtype,
+                cache,
+                kv_fp8: None,
+            },
+        )
+    }
+
+    /// The kernels of `spec`, built now (an fp8 cache included: the host calls upload the
+    /// cache rounded to it, with scales of 1).
+    pub fn from_spec(
+        gpu: &Gpu,
+        spec: &crate::ops::decode::DecodeSpec,
+    ) -> Result<SplitDecode, Error> {
+        let [split, reduce] = crate::ops::decode::abis(spec)?;
         SplitDecode::new(gpu, &split, &reduce)
     }
 
@@ -194,8 +206,19 @@ impl SplitDecode {
         };
         let q_shape = [b, h.n_heads, h.head_dim];
         let q = Tensor::from_f32(gpu, &q_shape, data, input.q)?;
-        let k = Tensor::from_f32(gpu, &cache_shape, data, input.k_cache)?;
-        let v = Tensor::from_f32(gpu, &cache_shape, data, input.v_cache)?;
+        let cache = split.scalar("k_cache");
+        let k = Tensor::from_f32(gpu, &cache_shape, cache, input.k_cache)?;
+        let v = Tensor::from_f32(gpu, &cache_shape, cache, input.v_cache)?;
+        let ones = vec![1.0; 2 * h.n_kv_heads as usize];
+        let scales = match cache.fp8() {
+            Some(_) => Some(Tensor::from_f32(
+                gpu,
+                &[2, h.n_kv_heads],
+                Scalar::F32,
+                &ones,
+            )?),
+            None => None,
+        };
         let seq_lens = Tensor::from_u32(gpu, &[b], &vec![input.cache_len; b as usize])?;
         let table = match pages {
             None => None,
@@ -214,6 +237,7 @@ impl SplitDecode {
                 seq_lens: &seq_lens,
                 max_len: input.cache_len,
                 block_table: table.as_ref(),
+                scales: scales.as_ref(),
             },
             o: &o,
             scale: input.scale,
@@ -316,6 +340,7 @@ impl SplitDecode {
                 "seq_lens",
                 &vec![input.cache_len; input.batch as usize],
             ),
+            kv_scales: buffers::storage(gpu, "kv_scales", &vec![1.0f32; 2 * h.n_kv_heads as usize]),
             split_grid,
             reduce_grid,
             slicing,
@@ -408,6 +433,8 @@ pub struct Prepared {
     mods: [(&'static str, wgpu::Buffer); 3],
     block_table: wgpu::Buffer,
     seq_lens: wgpu::Buffer,
+    /// An fp8 cache's scales: all 1 (the host values were rounded as they are).
+    kv_scales: wgpu::Buffer,
     split_grid: [u32; 3],
     reduce_grid: [u32; 3],
     pub slicing: Slicing,
@@ -437,6 +464,7 @@ impl Prepared {
             ("params", &self.params),
             ("block_table", &self.block_table),
             ("seq_lens", &self.seq_lens),
+            ("kv_scales", &self.kv_scales),
         ];
         split.extend(self.mods.iter().map(|(n, b)| (*n, b)));
         let reduce = vec![

@@ -13,7 +13,7 @@
 
 use std::ops::Range;
 
-use attn_dsl::{Cache, Dtype, KernelSpec, Masks, Op, Scalar};
+use attn_dsl::{Cache, Dtype, Fp8, KernelSpec, Masks, Op, Scalar};
 use thiserror::Error;
 use wgpu::util::DeviceExt;
 
@@ -51,6 +51,10 @@ pub struct CacheSpec {
     /// f32, f16 or bf16: what the appended rows and the decode's Q and O hold too.
     pub dtype: Dtype,
     pub layout: CacheLayout,
+    /// `Some`: the cache holds 8-bit floats (half an f16 cache's bytes), each value divided
+    /// by its KV head's scale ([`KvCache::set_scales`], 1 until set) when appended, rounded
+    /// to nearest even and saturated; a decode multiplies the scales back. `None`: `dtype`.
+    pub kv_fp8: Option<Fp8>,
 }
 
 /// Why the cache refused a change; nothing was recorded.
@@ -75,6 +79,18 @@ pub enum CacheError {
     NotEmpty { slot: u32, len: u32 },
     #[error("the cache's {what} is 0; every dimension must be at least 1")]
     Zero { what: &'static str },
+    #[error(
+        "an fp8 cache takes {given} {what} scales; give 1 (the whole tensor) or {n_kv_heads} (one per KV head)"
+    )]
+    Scales {
+        what: &'static str,
+        given: usize,
+        n_kv_heads: u32,
+    },
+    #[error("a scale of {value} cannot scale an fp8 cache; each must be finite and > 0")]
+    BadScale { value: f32 },
+    #[error("the cache holds {dtype}, not 8-bit floats: it has no scales to set")]
+    NotFp8 { dtype: &'static str },
 }
 
 /// A slot's length and pages, as the device will hold them.
@@ -93,6 +109,8 @@ pub struct KvCache {
     lens: [Tensor; 2],
     current: usize,
     table: Option<Tensor>,
+    /// An fp8 cache's scales, `[2, n_kv_heads]` f32: K's, then V's.
+    scales: Option<Tensor>,
     slots: Vec<Slot>,
     free_pages: Vec<u32>,
     append_abi: attn_dsl::KernelAbi,
@@ -135,11 +153,16 @@ impl KvCache {
             Cache::Contiguous => "attention_cache_append",
             Cache::Paged => "attention_cache_append_paged",
         };
+        let base = match spec.kv_fp8 {
+            Some(f) => format!("{base}_{}", f.name()),
+            None => base.to_string(),
+        };
         let append_spec = KernelSpec {
             cache,
             dtype: spec.dtype,
+            kv_fp8: spec.kv_fp8,
             ..KernelSpec::standard(
-                &crate::plan::tuning::family_name(base, spec.head_dim),
+                &crate::plan::tuning::family_name(&base, spec.head_dim),
                 Op::CacheAppend,
                 spec.head_dim,
                 Masks::default(),
@@ -150,8 +173,8 @@ impl KvCache {
             message: e.to_string(),
         })?;
         let shape = [rows, per, spec.n_kv_heads, spec.head_dim];
-        let bytes = crate::tensor::elements(&shape)
-            * crate::tensor::element_bytes(Scalar::from(spec.dtype));
+        let scalar = spec.kv_fp8.map_or(Scalar::from(spec.dtype), Scalar::from);
+        let bytes = crate::tensor::elements(&shape) * crate::tensor::element_bytes(scalar);
         crate::shape::binding_size(gpu.limits(), bytes)?;
         let table = match spec.layout {
             CacheLayout::Paged { pages_per_seq, .. } => Some(Tensor::zeros(
@@ -166,9 +189,20 @@ impl KvCache {
             CacheLayout::Paged { n_pages, .. } => (0..n_pages).rev().collect(),
             CacheLayout::Contiguous { .. } => Vec::new(),
         };
+        let ones = vec![1.0; 2 * spec.n_kv_heads as usize];
+        let scales = match spec.kv_fp8 {
+            Some(_) => Some(Tensor::from_f32(
+                gpu,
+                &[2, spec.n_kv_heads],
+                Scalar::F32,
+                &ones,
+            )?),
+            None => None,
+        };
         Ok(KvCache {
-            k: Tensor::zeros(gpu, &shape, Scalar::from(spec.dtype)),
-            v: Tensor::zeros(gpu, &shape, Scalar::from(spec.dtype)),
+            k: Tensor::zeros(gpu, &shape, scalar),
+            v: Tensor::zeros(gpu, &shape, scalar),
+            scales,
             lens: [
                 Tensor::zeros(gpu, &[spec.slots], Scalar::U32),
                 Tensor::zeros(gpu, &[spec.slots], Scalar::U32),
@@ -185,6 +219,40 @@ impl KvCache {
 
     pub fn spec(&self) -> &CacheSpec {
         &self.spec
+    }
+
+    /// Sets an fp8 cache's scales: `k` and `v` hold one value (the whole tensor) or one per
+    /// KV head, each finite and > 0. Written through the queue, so they hold for every
+    /// command buffer submitted after this call, appends recorded earlier included: set
+    /// them before the first append (rows already stored keep the scale they were stored
+    /// with).
+    pub fn set_scales(&self, gpu: &Gpu, k: &[f32], v: &[f32]) -> Result<(), CacheError> {
+        let Some(scales) = &self.scales else {
+            return Err(CacheError::NotFp8 {
+                dtype: self.spec.dtype.name(),
+            });
+        };
+        let n = self.spec.n_kv_heads as usize;
+        let mut values = Vec::with_capacity(2 * n);
+        for (what, given) in [("K", k), ("V", v)] {
+            if given.len() != 1 && given.len() != n {
+                return Err(CacheError::Scales {
+                    what,
+                    given: given.len(),
+                    n_kv_heads: self.spec.n_kv_heads,
+                });
+            }
+            if let Some(&value) = given.iter().find(|s| !(s.is_finite() && **s > 0.0)) {
+                return Err(CacheError::BadScale { value });
+            }
+            values.extend((0..n).map(|h| given[h % given.len()]));
+        }
+        gpu.queue.write_buffer(
+            scales.buffer(),
+            scales.offset(),
+            bytemuck::cast_slice(&values),
+        );
+        Ok(())
     }
 
     /// Rows slot `slot` holds; `None` for a free slot (or one past the cache).
@@ -291,6 +359,10 @@ impl KvCache {
         let pages = self
             .plan_append(range.clone(), n)
             .map_err(InputError::Cache)?;
+        if n == 0 {
+            // Nothing to store, and a binding of no rows is smaller than the kernel's vec4.
+            return Ok(());
+        }
         if self.append.is_none() {
             self.append = Some(Pipeline::new(Kernel::now(gpu, &self.append_abi)?));
         }
@@ -306,6 +378,7 @@ impl KvCache {
             ("seq_lens_next", next),
         ];
         tensors.extend(self.table.as_ref().map(|t| ("block_table", t)));
+        tensors.extend(self.scales.as_ref().map(|t| ("kv_scales", t)));
         let (capacity, page_size, pages_per_seq) = match self.spec.layout {
             CacheLayout::Contiguous { capacity } => (capacity, 0, 0),
             CacheLayout::Paged {
@@ -425,6 +498,7 @@ impl KvCache {
             seq_lens: &self.lens[self.current],
             max_len: longest.max(1).next_power_of_two().min(self.capacity()),
             block_table: self.table.as_ref(),
+            scales: self.scales.as_ref(),
         }
     }
 

@@ -27,6 +27,9 @@ pub struct DecodeSpec {
     pub masks: Masks,
     pub dtype: Dtype,
     pub cache: Cache,
+    /// `Some`: the cache holds 8-bit floats with scales ([`CacheView::scales`]); Q and O
+    /// stay in `dtype`.
+    pub kv_fp8: Option<attn_dsl::Fp8>,
 }
 
 /// A KV cache as device tensors.
@@ -43,6 +46,9 @@ pub struct CacheView<'a> {
     pub max_len: u32,
     /// Paged: the page of each sequence's keys `p·page_size..`, `[batch, pages_per_seq]`.
     pub block_table: Option<&'a Tensor>,
+    /// An fp8 cache's scales, `[2, n_kv_heads]` f32 (K's, then V's): a value is its byte's
+    /// value times its KV head's scale.
+    pub scales: Option<&'a Tensor>,
 }
 
 /// One call: Q and O are `[batch, n_heads, head_dim]` in the op's dtype.
@@ -151,17 +157,29 @@ pub(crate) fn abis(spec: &DecodeSpec) -> Result<[KernelAbi; 2], Error> {
             message: e.to_string(),
         })
     };
-    let name = crate::plan::tuning::family_name(base, spec.head_dim);
-    let split = compile(&KernelSpec {
+    // An fp8 cache's split pass is a kernel of its own name.
+    let base = match spec.kv_fp8 {
+        Some(f) => format!("{base}_{}", f.name()),
+        None => base.to_string(),
+    };
+    let name = crate::plan::tuning::family_name(&base, spec.head_dim);
+    let mut split = KernelSpec {
         cache: spec.cache,
         dtype: spec.dtype,
+        kv_fp8: spec.kv_fp8,
         ..split_spec(
             &name,
             spec.head_dim,
             spec.masks,
             attn_dsl::emit::MAX_SPLIT_HEADS,
         )
-    })?;
+    };
+    // A paged fp8 cache with ALiBi binds a ninth storage buffer (the scales): such a kernel
+    // needs an adapter with more than WebGPU's default 8, and says so where it has not.
+    if spec.kv_fp8.is_some() {
+        split.fit_target();
+    }
+    let split = compile(&split)?;
     let name = crate::plan::tuning::family_name("attention_decode_reduce", spec.head_dim);
     let reduce = compile(&KernelSpec {
         source: Source::Scratch,
@@ -304,6 +322,7 @@ pub(crate) fn record(
         ("seq_lens", c.seq_lens),
     ];
     tensors.extend(c.block_table.map(|t| ("block_table", t)));
+    tensors.extend(c.scales.map(|t| ("kv_scales", t)));
     tensors.extend(args.mods.tensors());
     let split = Dispatch {
         tensors,
@@ -362,6 +381,15 @@ fn check(
             given: name(c.block_table.is_some()),
         });
     }
+    let fp8 = abi.binding("kv_scales").is_some();
+    if fp8 != c.scales.is_some() {
+        let name = |fp8| if fp8 { "fp8 (with scales)" } else { "unscaled" };
+        return Err(InputError::CacheLayout {
+            kernel: abi.name.to_string(),
+            reads: name(fp8),
+            given: name(c.scales.is_some()),
+        });
+    }
     let kv = vec![rows, per, n_kv_heads, head_dim];
     let mut tensors = vec![
         ("q", args.q, vec![batch, n_heads, head_dim], layout),
@@ -369,6 +397,9 @@ fn check(
         ("v_cache", c.v, kv, kv_layout),
         ("seq_lens", c.seq_lens, vec![batch], "[batch]"),
     ];
+    if let Some(scales) = c.scales {
+        tensors.push(("kv_scales", scales, vec![2, n_kv_heads], "[2, n_kv_heads]"));
+    }
     let capacity = match c.block_table {
         None => {
             if rows != batch {

@@ -68,6 +68,7 @@ pub fn decode(gpu: &Gpu, h: Heads, cache_len: u32, dtype: Dtype, steps: u32) -> 
         layout: CacheLayout::Contiguous {
             capacity: cache_len + 3 * steps,
         },
+        kv_fp8: None,
     };
     let mut cache = KvCache::new(gpu, spec)?;
     let mut enc = gpu.device.create_command_encoder(&Default::default());
@@ -88,6 +89,7 @@ pub fn decode(gpu: &Gpu, h: Heads, cache_len: u32, dtype: Dtype, steps: u32) -> 
         masks: Masks::default(),
         dtype,
         cache: Cache::Contiguous,
+        kv_fp8: None,
     })?;
     let mut rope = Rope::new(h.head_dim, false)?;
     // RoPE runs on f32 rows; the half-precision step rotates f32 copies it does not feed
@@ -211,6 +213,7 @@ pub fn prefill(gpu: &Gpu, h: Heads, seq: u32, dtype: Dtype, runs: u32) -> Result
         head_dim: h.head_dim,
         dtype,
         layout: CacheLayout::Contiguous { capacity: seq },
+        kv_fp8: None,
     };
     let mut cache = KvCache::new(gpu, cache_spec)?;
     let (wall_ms, gpu_ms) = waited(gpu, runs, |enc| {

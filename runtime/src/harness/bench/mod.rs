@@ -5,7 +5,7 @@
 pub mod e2e;
 
 use attn_dsl::emit::coop::Phases;
-use attn_dsl::{Cache, KernelSpec, Masks, Op, Scalar};
+use attn_dsl::{Cache, Dtype, Fp8, KernelSpec, Masks, Op, Scalar};
 
 use crate::BlockOn;
 use crate::attention::{Heads, checked_grid, uniforms};
@@ -785,10 +785,16 @@ impl DecodeShape {
 
     /// [`DecodeShape::bytes`] with elements of `size` bytes.
     pub fn bytes_in(&self, size: f64) -> f64 {
+        self.bytes_of(size, size)
+    }
+
+    /// Bytes moved with the cache's elements of `kv` bytes and Q's and O's of `qo` (an fp8
+    /// cache's scales are a few bytes per KV head, left out).
+    pub fn bytes_of(&self, kv: f64, qo: f64) -> f64 {
         let h = self.heads;
-        let kv = 2.0 * f64::from(self.cache_len) * f64::from(h.n_kv_heads);
-        let qo = 2.0 * f64::from(h.n_heads);
-        size * f64::from(self.batch) * f64::from(h.head_dim) * (kv + qo)
+        let cache = 2.0 * f64::from(self.cache_len) * f64::from(h.n_kv_heads);
+        let ends = 2.0 * f64::from(h.n_heads);
+        f64::from(self.batch) * f64::from(h.head_dim) * (kv * cache + qo * ends)
     }
 }
 
@@ -1076,5 +1082,36 @@ pub fn decode(
             });
         }
     }
+    // The cache in 8-bit floats (Q and O in the first half dtype, else f32): a quarter of
+    // f32's cache bytes, half of f16's.
+    let ends = gpu.half_dtypes().first().copied().unwrap_or(Dtype::F32);
+    for fp8 in Fp8::ALL {
+        let kernels = crate::decode::SplitDecode::from_spec(
+            gpu,
+            &crate::ops::decode::DecodeSpec {
+                head_dim: h.head_dim,
+                masks,
+                dtype: ends,
+                cache: Cache::Contiguous,
+                kv_fp8: Some(fp8),
+            },
+        )?;
+        let prepared = kernels.prepare(gpu, &input, None, slice_len)?;
+        let s = prepared.slicing;
+        rows.push(DecodeRow {
+            kernel: format!(
+                "decode split-K {}x{} + reduce, {} cache{FP8_ROW}{}",
+                s.n_slices,
+                s.slice_len,
+                fp8.name(),
+                ends.name()
+            ),
+            timing: timing::time(gpu, &prepared.steps(&kernels), warmup, runs)?,
+            bytes: shape.bytes_of(1.0, f64::from(ends.bytes())),
+        });
+    }
     Ok(rows)
 }
+
+/// What an fp8 decode row's label says before the dtype of Q and O.
+pub const FP8_ROW: &str = ", Q and O ";

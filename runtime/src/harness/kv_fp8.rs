@@ -1,0 +1,161 @@
+//! fp8 KV caches as a user runs them, for `check`, `bench` and the tests: a [`KvCache`]
+//! filled by appends (the kernel quantizes), a split-K [`Decode`] of it, and what the cache
+//! then holds read back and scaled, so that the reference judges the decode on the values
+//! it read.
+
+use attn_dsl::{Cache, Dtype, Fp8, Masks, Scalar};
+
+use crate::BlockOn;
+use crate::device::Gpu;
+use crate::error::Error;
+use crate::modifiers::Modifiers;
+use crate::ops::cache::{CacheLayout, CacheSpec, KvCache};
+use crate::ops::decode::{Decode, DecodeArgs, DecodeSpec};
+use crate::shape::Heads;
+use crate::tensor::Tensor;
+
+/// One decode of an fp8 cache.
+pub struct Fp8Run {
+    /// `[batch, n_heads, head_dim]`.
+    pub o: Vec<f32>,
+    /// K and V as the cache holds them, `[batch, len, n_kv_heads, head_dim]`: each byte's
+    /// value times its KV head's scale (in f32, as the decode's inputs are judged).
+    pub k: Vec<f32>,
+    pub v: Vec<f32>,
+}
+
+/// What to decode: `batch` sequences of `len` rows, the first `prompt` appended at once,
+/// the rest a row at a time; the scales of K and V (one, or one per KV head).
+pub struct Fp8Case<'a> {
+    pub heads: Heads,
+    pub dtype: Dtype,
+    pub fp8: Fp8,
+    pub layout: CacheLayout,
+    pub batch: u32,
+    pub len: u32,
+    pub prompt: u32,
+    pub scales: (&'a [f32], &'a [f32]),
+    pub mods: Modifiers<'a>,
+}
+
+/// Per KV head, the scale that maps the head's largest magnitude of `x` (`[.., n_kv_heads,
+/// head_dim]`) to the format's largest value (as vLLM's and FlashAttention 3's calibrated
+/// scales do); 1 for an all-zero head.
+pub fn amax_scales(x: &[f32], heads: Heads, fp8: Fp8) -> Vec<f32> {
+    let d = heads.head_dim as usize;
+    let mut amax = vec![0.0f32; heads.n_kv_heads as usize];
+    for (i, v) in x.iter().enumerate() {
+        let h = (i / d) % amax.len();
+        amax[h] = amax[h].max(v.abs());
+    }
+    amax.iter()
+        .map(|&a| if a > 0.0 { a / fp8.max() } else { 1.0 })
+        .collect()
+}
+
+/// Appends `k` and `v` (`[batch, len, n_kv_heads, head_dim]`) to a new fp8 cache and
+/// decodes `q` (`[batch, n_heads, head_dim]`) against it.
+pub fn decode(gpu: &Gpu, case: &Fp8Case, [q, k, v]: [&[f32]; 3]) -> Result<Fp8Run, Error> {
+    let h = case.heads;
+    let spec = CacheSpec {
+        slots: case.batch,
+        n_kv_heads: h.n_kv_heads,
+        head_dim: h.head_dim,
+        dtype: case.dtype,
+        layout: case.layout,
+        kv_fp8: Some(case.fp8),
+    };
+    let mut cache = KvCache::new(gpu, spec)?;
+    cache
+        .set_scales(gpu, case.scales.0, case.scales.1)
+        .map_err(crate::error::InputError::Cache)?;
+    let mut encoder = gpu.device.create_command_encoder(&Default::default());
+    for slot in 0..case.batch {
+        cache
+            .open(&mut encoder, slot)
+            .map_err(crate::error::InputError::Cache)?;
+    }
+    let data = Scalar::from(case.dtype);
+    let row = (h.n_kv_heads * h.head_dim) as usize;
+    let rows = |x: &[f32], from: u32, n: u32| -> Result<Tensor, Error> {
+        let mut out = Vec::new();
+        for seq in x.chunks(case.len as usize * row) {
+            out.extend_from_slice(&seq[from as usize * row..][..n as usize * row]);
+        }
+        let shape = [case.batch, n, h.n_kv_heads, h.head_dim];
+        Ok(Tensor::from_f32(gpu, &shape, data, &out)?)
+    };
+    let prompt = case.prompt.min(case.len);
+    cache.append(
+        gpu,
+        &mut encoder,
+        0,
+        &rows(k, 0, prompt)?,
+        &rows(v, 0, prompt)?,
+    )?;
+    for t in prompt..case.len {
+        cache.append(gpu, &mut encoder, 0, &rows(k, t, 1)?, &rows(v, t, 1)?)?;
+    }
+    let masks: Masks = case.mods.masks(false, false);
+    let kind = match case.layout {
+        CacheLayout::Contiguous { .. } => Cache::Contiguous,
+        CacheLayout::Paged { .. } => Cache::Paged,
+    };
+    let mut decode = Decode::new(DecodeSpec {
+        head_dim: h.head_dim,
+        masks,
+        dtype: case.dtype,
+        cache: kind,
+        kv_fp8: Some(case.fp8),
+    })?;
+    let q_shape = [case.batch, h.n_heads, h.head_dim];
+    let qt = Tensor::from_f32(gpu, &q_shape, data, q)?;
+    let o = Tensor::zeros(gpu, &q_shape, data);
+    let uploaded = case.mods.upload(gpu, case.batch, 1)?;
+    let args = DecodeArgs {
+        q: &qt,
+        cache: cache.view(),
+        o: &o,
+        scale: None,
+        mods: uploaded.view(&case.mods),
+        slice_len: None,
+    };
+    decode.record(gpu, &mut encoder, &args)?;
+    gpu.queue.submit([encoder.finish()]);
+    let view = cache.view();
+    let table = match view.block_table {
+        Some(t) => t.to_u32(gpu).block_on()?,
+        None => Vec::new(),
+    };
+    let held = |t: &Tensor, scales: &[f32]| -> Result<Vec<f32>, Error> {
+        let all = t.to_f32(gpu).block_on()?;
+        let mut out = Vec::with_capacity(case.batch as usize * case.len as usize * row);
+        for b in 0..case.batch {
+            for j in 0..case.len {
+                let at = stored_row(case.layout, &table, b, j) as usize * row;
+                let values = all[at..][..row].iter().enumerate();
+                out.extend(
+                    values.map(|(i, x)| x * scales[(i / h.head_dim as usize) % scales.len()]),
+                );
+            }
+        }
+        Ok(out)
+    };
+    Ok(Fp8Run {
+        o: o.to_f32(gpu).block_on()?,
+        k: held(view.k, case.scales.0)?,
+        v: held(view.v, case.scales.1)?,
+    })
+}
+
+/// The cache row (of `[rows, n_kv_heads, head_dim]`) that holds row `j` of slot `b`.
+fn stored_row(layout: CacheLayout, table: &[u32], b: u32, j: u32) -> u32 {
+    match layout {
+        CacheLayout::Contiguous { capacity } => b * capacity + j,
+        CacheLayout::Paged {
+            page_size,
+            pages_per_seq,
+            ..
+        } => table[(b * pages_per_seq + j / page_size) as usize] * page_size + j % page_size,
+    }
+}
