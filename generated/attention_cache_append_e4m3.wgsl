@@ -47,21 +47,22 @@ fn narrow4(x: vec4<f32>) -> vec4<f16> {
 }
 
 // e4m3: 3 mantissa bits, exponent bias 7, largest 448.0.
+// widen_kv4 gives the values over FP8_UNIT; the scales carry it back.
+const FP8_UNIT: f32 = 256.0;
 const FP8_SHIFT: u32 = 20u;
 const FP8_REBIAS: u32 = 120u;
 const FP8_QUANTUM: f32 = 1.953125e-3;
 const FP8_MIN_NORMAL: f32 = 1.5625e-2;
 const FP8_MAX: f32 = 448.0;
 
-// Four e4m3 values of a word (element t in byte t), exactly: a normal value's exponent
-// rebiased into f32's, a subnormal (exponent 0) as its mantissa times the quantum.
+// Four e4m3 values of a word (element t in byte t), exactly, over FP8_UNIT: each byte
+// becomes the f16 whose bits carry its sign, exponent and mantissa (e4m3's bias is 8 below f16's: the f16 is the value / 256),
+// and one conversion widens two f16 at once.
 fn widen_kv4(w: u32) -> vec4<f32> {
-    let b = (vec4<u32>(w) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(0xffu);
-    let mag = b & vec4<u32>(0x7fu);
-    let normal = bitcast<vec4<f32>>((mag << vec4<u32>(FP8_SHIFT)) + vec4<u32>(FP8_REBIAS << 23u));
-    let sub = vec4<f32>(mag) * FP8_QUANTUM;
-    let v = select(normal, sub, mag < vec4<u32>(8u));
-    return bitcast<vec4<f32>>(bitcast<vec4<u32>>(v) | ((b & vec4<u32>(0x80u)) << vec4<u32>(24u)));
+    let hi = w >> 8u;
+    let even = unpack2x16float(((w & 0x007f007fu) << 7u) | ((w & 0x00800080u) << 8u));
+    let odd = unpack2x16float(((hi & 0x007f007fu) << 7u) | ((hi & 0x00800080u) << 8u));
+    return vec4<f32>(even.x, odd.x, even.y, odd.y);
 }
 
 // x rounded to nearest even, saturated to ±FP8_MAX; NaN (tested on the bits: a compiler

@@ -12,14 +12,14 @@ const NEG_BIG: f32 = -3.0e38;
 // Query heads per workgroup, one per vec4 component.
 const TILE: u32 = 4u;
 // Invocations per key in the scores pass, each summing V4 / LANES columns.
-const LANES: u32 = 4u;
+const LANES: u32 = 2u;
 const KEY_TILE: u32 = WG / LANES;
 // Keys a slice may hold (dims.slice_len is at most this).
 const MAX_SLICE: u32 = 512u;
 // Rows of V read at once in P·V, one vec4 column per invocation, and the
 // groups of them whose loads each invocation issues together.
 const PV_ROWS: u32 = WG / V4;
-const PV_UNROLL: u32 = 8u;
+const PV_UNROLL: u32 = 16u;
 const PV_STEP: u32 = PV_UNROLL * PV_ROWS;
 
 struct Dims {
@@ -82,21 +82,22 @@ fn narrow4(x: vec4<f32>) -> vec4<f16> {
 }
 
 // e4m3: 3 mantissa bits, exponent bias 7, largest 448.0.
+// widen_kv4 gives the values over FP8_UNIT; the scales carry it back.
+const FP8_UNIT: f32 = 256.0;
 const FP8_SHIFT: u32 = 20u;
 const FP8_REBIAS: u32 = 120u;
 const FP8_QUANTUM: f32 = 1.953125e-3;
 const FP8_MIN_NORMAL: f32 = 1.5625e-2;
 const FP8_MAX: f32 = 448.0;
 
-// Four e4m3 values of a word (element t in byte t), exactly: a normal value's exponent
-// rebiased into f32's, a subnormal (exponent 0) as its mantissa times the quantum.
+// Four e4m3 values of a word (element t in byte t), exactly, over FP8_UNIT: each byte
+// becomes the f16 whose bits carry its sign, exponent and mantissa (e4m3's bias is 8 below f16's: the f16 is the value / 256),
+// and one conversion widens two f16 at once.
 fn widen_kv4(w: u32) -> vec4<f32> {
-    let b = (vec4<u32>(w) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(0xffu);
-    let mag = b & vec4<u32>(0x7fu);
-    let normal = bitcast<vec4<f32>>((mag << vec4<u32>(FP8_SHIFT)) + vec4<u32>(FP8_REBIAS << 23u));
-    let sub = vec4<f32>(mag) * FP8_QUANTUM;
-    let v = select(normal, sub, mag < vec4<u32>(8u));
-    return bitcast<vec4<f32>>(bitcast<vec4<u32>>(v) | ((b & vec4<u32>(0x80u)) << vec4<u32>(24u)));
+    let hi = w >> 8u;
+    let even = unpack2x16float(((w & 0x007f007fu) << 7u) | ((w & 0x00800080u) << 8u));
+    let odd = unpack2x16float(((hi & 0x007f007fu) << 7u) | ((hi & 0x00800080u) << 8u));
+    return vec4<f32>(even.x, odd.x, even.y, odd.y);
 }
 
 // x rounded to nearest even, saturated to ±FP8_MAX; NaN (tested on the bits: a compiler
@@ -287,7 +288,7 @@ fn attention_decode_split_e4m3(@builtin(workgroup_id) wg: vec3<u32>, @builtin(lo
         let hq = i / V4;
         var x = vec4<f32>(0.0);
         if (hq < n_here) {
-            x = widen4(q[q4_index(head0 + hq) + i % V4]) * kv_scales[kv_h];
+            x = widen4(q[q4_index(head0 + hq) + i % V4]) * (kv_scales[kv_h] * FP8_UNIT);
         }
         sh_q[i] = x;
     }
@@ -306,6 +307,14 @@ fn attention_decode_split_e4m3(@builtin(workgroup_id) wg: vec3<u32>, @builtin(lo
     var k5 = fetch_k(first + kr, hi, lane + 5u * LANES, kv_h);
     var k6 = fetch_k(first + kr, hi, lane + 6u * LANES, kv_h);
     var k7 = fetch_k(first + kr, hi, lane + 7u * LANES, kv_h);
+    var k8 = fetch_k(first + kr, hi, lane + 8u * LANES, kv_h);
+    var k9 = fetch_k(first + kr, hi, lane + 9u * LANES, kv_h);
+    var k10 = fetch_k(first + kr, hi, lane + 10u * LANES, kv_h);
+    var k11 = fetch_k(first + kr, hi, lane + 11u * LANES, kv_h);
+    var k12 = fetch_k(first + kr, hi, lane + 12u * LANES, kv_h);
+    var k13 = fetch_k(first + kr, hi, lane + 13u * LANES, kv_h);
+    var k14 = fetch_k(first + kr, hi, lane + 14u * LANES, kv_h);
+    var k15 = fetch_k(first + kr, hi, lane + 15u * LANES, kv_h);
     for (var t0 = first; t0 < hi; t0 = t0 + KEY_TILE) {
         let n0 = fetch_k(t0 + KEY_TILE + kr, hi, lane + 0u * LANES, kv_h);
         let n1 = fetch_k(t0 + KEY_TILE + kr, hi, lane + 1u * LANES, kv_h);
@@ -315,6 +324,14 @@ fn attention_decode_split_e4m3(@builtin(workgroup_id) wg: vec3<u32>, @builtin(lo
         let n5 = fetch_k(t0 + KEY_TILE + kr, hi, lane + 5u * LANES, kv_h);
         let n6 = fetch_k(t0 + KEY_TILE + kr, hi, lane + 6u * LANES, kv_h);
         let n7 = fetch_k(t0 + KEY_TILE + kr, hi, lane + 7u * LANES, kv_h);
+        let n8 = fetch_k(t0 + KEY_TILE + kr, hi, lane + 8u * LANES, kv_h);
+        let n9 = fetch_k(t0 + KEY_TILE + kr, hi, lane + 9u * LANES, kv_h);
+        let n10 = fetch_k(t0 + KEY_TILE + kr, hi, lane + 10u * LANES, kv_h);
+        let n11 = fetch_k(t0 + KEY_TILE + kr, hi, lane + 11u * LANES, kv_h);
+        let n12 = fetch_k(t0 + KEY_TILE + kr, hi, lane + 12u * LANES, kv_h);
+        let n13 = fetch_k(t0 + KEY_TILE + kr, hi, lane + 13u * LANES, kv_h);
+        let n14 = fetch_k(t0 + KEY_TILE + kr, hi, lane + 14u * LANES, kv_h);
+        let n15 = fetch_k(t0 + KEY_TILE + kr, hi, lane + 15u * LANES, kv_h);
         let w0 = widen_kv4(k0);
         let w1 = widen_kv4(k1);
         let w2 = widen_kv4(k2);
@@ -323,6 +340,14 @@ fn attention_decode_split_e4m3(@builtin(workgroup_id) wg: vec3<u32>, @builtin(lo
         let w5 = widen_kv4(k5);
         let w6 = widen_kv4(k6);
         let w7 = widen_kv4(k7);
+        let w8 = widen_kv4(k8);
+        let w9 = widen_kv4(k9);
+        let w10 = widen_kv4(k10);
+        let w11 = widen_kv4(k11);
+        let w12 = widen_kv4(k12);
+        let w13 = widen_kv4(k13);
+        let w14 = widen_kv4(k14);
+        let w15 = widen_kv4(k15);
         var a0 = vec4<f32>(0.0);
         var a1 = vec4<f32>(0.0);
         var a2 = vec4<f32>(0.0);
@@ -359,6 +384,38 @@ fn attention_decode_split_e4m3(@builtin(workgroup_id) wg: vec3<u32>, @builtin(lo
         a1 = fma(sh_q[1u * V4 + lane + 7u * LANES], w7, a1);
         a2 = fma(sh_q[2u * V4 + lane + 7u * LANES], w7, a2);
         a3 = fma(sh_q[3u * V4 + lane + 7u * LANES], w7, a3);
+        a0 = fma(sh_q[0u * V4 + lane + 8u * LANES], w8, a0);
+        a1 = fma(sh_q[1u * V4 + lane + 8u * LANES], w8, a1);
+        a2 = fma(sh_q[2u * V4 + lane + 8u * LANES], w8, a2);
+        a3 = fma(sh_q[3u * V4 + lane + 8u * LANES], w8, a3);
+        a0 = fma(sh_q[0u * V4 + lane + 9u * LANES], w9, a0);
+        a1 = fma(sh_q[1u * V4 + lane + 9u * LANES], w9, a1);
+        a2 = fma(sh_q[2u * V4 + lane + 9u * LANES], w9, a2);
+        a3 = fma(sh_q[3u * V4 + lane + 9u * LANES], w9, a3);
+        a0 = fma(sh_q[0u * V4 + lane + 10u * LANES], w10, a0);
+        a1 = fma(sh_q[1u * V4 + lane + 10u * LANES], w10, a1);
+        a2 = fma(sh_q[2u * V4 + lane + 10u * LANES], w10, a2);
+        a3 = fma(sh_q[3u * V4 + lane + 10u * LANES], w10, a3);
+        a0 = fma(sh_q[0u * V4 + lane + 11u * LANES], w11, a0);
+        a1 = fma(sh_q[1u * V4 + lane + 11u * LANES], w11, a1);
+        a2 = fma(sh_q[2u * V4 + lane + 11u * LANES], w11, a2);
+        a3 = fma(sh_q[3u * V4 + lane + 11u * LANES], w11, a3);
+        a0 = fma(sh_q[0u * V4 + lane + 12u * LANES], w12, a0);
+        a1 = fma(sh_q[1u * V4 + lane + 12u * LANES], w12, a1);
+        a2 = fma(sh_q[2u * V4 + lane + 12u * LANES], w12, a2);
+        a3 = fma(sh_q[3u * V4 + lane + 12u * LANES], w12, a3);
+        a0 = fma(sh_q[0u * V4 + lane + 13u * LANES], w13, a0);
+        a1 = fma(sh_q[1u * V4 + lane + 13u * LANES], w13, a1);
+        a2 = fma(sh_q[2u * V4 + lane + 13u * LANES], w13, a2);
+        a3 = fma(sh_q[3u * V4 + lane + 13u * LANES], w13, a3);
+        a0 = fma(sh_q[0u * V4 + lane + 14u * LANES], w14, a0);
+        a1 = fma(sh_q[1u * V4 + lane + 14u * LANES], w14, a1);
+        a2 = fma(sh_q[2u * V4 + lane + 14u * LANES], w14, a2);
+        a3 = fma(sh_q[3u * V4 + lane + 14u * LANES], w14, a3);
+        a0 = fma(sh_q[0u * V4 + lane + 15u * LANES], w15, a0);
+        a1 = fma(sh_q[1u * V4 + lane + 15u * LANES], w15, a1);
+        a2 = fma(sh_q[2u * V4 + lane + 15u * LANES], w15, a2);
+        a3 = fma(sh_q[3u * V4 + lane + 15u * LANES], w15, a3);
         sh_red[tid] = vec4<f32>(hsum(a0), hsum(a1), hsum(a2), hsum(a3));
         workgroupBarrier();
         if (tid < KEY_TILE) {
@@ -393,6 +450,14 @@ fn attention_decode_split_e4m3(@builtin(workgroup_id) wg: vec3<u32>, @builtin(lo
         k5 = n5;
         k6 = n6;
         k7 = n7;
+        k8 = n8;
+        k9 = n9;
+        k10 = n10;
+        k11 = n11;
+        k12 = n12;
+        k13 = n13;
+        k14 = n14;
+        k15 = n15;
     }
 
     // P·V's first rows of V, fetched now so that their latency hides behind the max and
@@ -408,6 +473,14 @@ fn attention_decode_split_e4m3(@builtin(workgroup_id) wg: vec3<u32>, @builtin(lo
     var v5 = fetch_v(lo + i0 + 5u * PV_ROWS, hi, c, kv_h);
     var v6 = fetch_v(lo + i0 + 6u * PV_ROWS, hi, c, kv_h);
     var v7 = fetch_v(lo + i0 + 7u * PV_ROWS, hi, c, kv_h);
+    var v8 = fetch_v(lo + i0 + 8u * PV_ROWS, hi, c, kv_h);
+    var v9 = fetch_v(lo + i0 + 9u * PV_ROWS, hi, c, kv_h);
+    var v10 = fetch_v(lo + i0 + 10u * PV_ROWS, hi, c, kv_h);
+    var v11 = fetch_v(lo + i0 + 11u * PV_ROWS, hi, c, kv_h);
+    var v12 = fetch_v(lo + i0 + 12u * PV_ROWS, hi, c, kv_h);
+    var v13 = fetch_v(lo + i0 + 13u * PV_ROWS, hi, c, kv_h);
+    var v14 = fetch_v(lo + i0 + 14u * PV_ROWS, hi, c, kv_h);
+    var v15 = fetch_v(lo + i0 + 15u * PV_ROWS, hi, c, kv_h);
 
     // The slice's exact max and sum: no rescaling within a slice.
     var mx = vec4<f32>(NEG_BIG);
@@ -439,6 +512,14 @@ fn attention_decode_split_e4m3(@builtin(workgroup_id) wg: vec3<u32>, @builtin(lo
             let n5 = fetch_v(lo + i + PV_STEP + 5u * PV_ROWS, hi, c, kv_h);
             let n6 = fetch_v(lo + i + PV_STEP + 6u * PV_ROWS, hi, c, kv_h);
             let n7 = fetch_v(lo + i + PV_STEP + 7u * PV_ROWS, hi, c, kv_h);
+            let n8 = fetch_v(lo + i + PV_STEP + 8u * PV_ROWS, hi, c, kv_h);
+            let n9 = fetch_v(lo + i + PV_STEP + 9u * PV_ROWS, hi, c, kv_h);
+            let n10 = fetch_v(lo + i + PV_STEP + 10u * PV_ROWS, hi, c, kv_h);
+            let n11 = fetch_v(lo + i + PV_STEP + 11u * PV_ROWS, hi, c, kv_h);
+            let n12 = fetch_v(lo + i + PV_STEP + 12u * PV_ROWS, hi, c, kv_h);
+            let n13 = fetch_v(lo + i + PV_STEP + 13u * PV_ROWS, hi, c, kv_h);
+            let n14 = fetch_v(lo + i + PV_STEP + 14u * PV_ROWS, hi, c, kv_h);
+            let n15 = fetch_v(lo + i + PV_STEP + 15u * PV_ROWS, hi, c, kv_h);
             let p0 = p_at(i + 0u * PV_ROWS, hi - lo);
             let w0 = widen_kv4(v0);
             o0 = fma(vec4<f32>(p0.x), w0, o0);
@@ -487,6 +568,54 @@ fn attention_decode_split_e4m3(@builtin(workgroup_id) wg: vec3<u32>, @builtin(lo
             o1 = fma(vec4<f32>(p7.y), w7, o1);
             o2 = fma(vec4<f32>(p7.z), w7, o2);
             o3 = fma(vec4<f32>(p7.w), w7, o3);
+            let p8 = p_at(i + 8u * PV_ROWS, hi - lo);
+            let w8 = widen_kv4(v8);
+            o0 = fma(vec4<f32>(p8.x), w8, o0);
+            o1 = fma(vec4<f32>(p8.y), w8, o1);
+            o2 = fma(vec4<f32>(p8.z), w8, o2);
+            o3 = fma(vec4<f32>(p8.w), w8, o3);
+            let p9 = p_at(i + 9u * PV_ROWS, hi - lo);
+            let w9 = widen_kv4(v9);
+            o0 = fma(vec4<f32>(p9.x), w9, o0);
+            o1 = fma(vec4<f32>(p9.y), w9, o1);
+            o2 = fma(vec4<f32>(p9.z), w9, o2);
+            o3 = fma(vec4<f32>(p9.w), w9, o3);
+            let p10 = p_at(i + 10u * PV_ROWS, hi - lo);
+            let w10 = widen_kv4(v10);
+            o0 = fma(vec4<f32>(p10.x), w10, o0);
+            o1 = fma(vec4<f32>(p10.y), w10, o1);
+            o2 = fma(vec4<f32>(p10.z), w10, o2);
+            o3 = fma(vec4<f32>(p10.w), w10, o3);
+            let p11 = p_at(i + 11u * PV_ROWS, hi - lo);
+            let w11 = widen_kv4(v11);
+            o0 = fma(vec4<f32>(p11.x), w11, o0);
+            o1 = fma(vec4<f32>(p11.y), w11, o1);
+            o2 = fma(vec4<f32>(p11.z), w11, o2);
+            o3 = fma(vec4<f32>(p11.w), w11, o3);
+            let p12 = p_at(i + 12u * PV_ROWS, hi - lo);
+            let w12 = widen_kv4(v12);
+            o0 = fma(vec4<f32>(p12.x), w12, o0);
+            o1 = fma(vec4<f32>(p12.y), w12, o1);
+            o2 = fma(vec4<f32>(p12.z), w12, o2);
+            o3 = fma(vec4<f32>(p12.w), w12, o3);
+            let p13 = p_at(i + 13u * PV_ROWS, hi - lo);
+            let w13 = widen_kv4(v13);
+            o0 = fma(vec4<f32>(p13.x), w13, o0);
+            o1 = fma(vec4<f32>(p13.y), w13, o1);
+            o2 = fma(vec4<f32>(p13.z), w13, o2);
+            o3 = fma(vec4<f32>(p13.w), w13, o3);
+            let p14 = p_at(i + 14u * PV_ROWS, hi - lo);
+            let w14 = widen_kv4(v14);
+            o0 = fma(vec4<f32>(p14.x), w14, o0);
+            o1 = fma(vec4<f32>(p14.y), w14, o1);
+            o2 = fma(vec4<f32>(p14.z), w14, o2);
+            o3 = fma(vec4<f32>(p14.w), w14, o3);
+            let p15 = p_at(i + 15u * PV_ROWS, hi - lo);
+            let w15 = widen_kv4(v15);
+            o0 = fma(vec4<f32>(p15.x), w15, o0);
+            o1 = fma(vec4<f32>(p15.y), w15, o1);
+            o2 = fma(vec4<f32>(p15.z), w15, o2);
+            o3 = fma(vec4<f32>(p15.w), w15, o3);
             v0 = n0;
             v1 = n1;
             v2 = n2;
@@ -495,10 +624,18 @@ fn attention_decode_split_e4m3(@builtin(workgroup_id) wg: vec3<u32>, @builtin(lo
             v5 = n5;
             v6 = n6;
             v7 = n7;
+            v8 = n8;
+            v9 = n9;
+            v10 = n10;
+            v11 = n11;
+            v12 = n12;
+            v13 = n13;
+            v14 = n14;
+            v15 = n15;
         }
     }
-    flush_head(tid, slice, head0 + 0u, 0u < n_here, o0 * kv_scales[dims.n_kv_heads + kv_h], vec2<f32>(m.x, l.x));
-    flush_head(tid, slice, head0 + 1u, 1u < n_here, o1 * kv_scales[dims.n_kv_heads + kv_h], vec2<f32>(m.y, l.y));
-    flush_head(tid, slice, head0 + 2u, 2u < n_here, o2 * kv_scales[dims.n_kv_heads + kv_h], vec2<f32>(m.z, l.z));
-    flush_head(tid, slice, head0 + 3u, 3u < n_here, o3 * kv_scales[dims.n_kv_heads + kv_h], vec2<f32>(m.w, l.w));
+    flush_head(tid, slice, head0 + 0u, 0u < n_here, o0 * (kv_scales[dims.n_kv_heads + kv_h] * FP8_UNIT), vec2<f32>(m.x, l.x));
+    flush_head(tid, slice, head0 + 1u, 1u < n_here, o1 * (kv_scales[dims.n_kv_heads + kv_h] * FP8_UNIT), vec2<f32>(m.y, l.y));
+    flush_head(tid, slice, head0 + 2u, 2u < n_here, o2 * (kv_scales[dims.n_kv_heads + kv_h] * FP8_UNIT), vec2<f32>(m.z, l.z));
+    flush_head(tid, slice, head0 + 3u, 3u < n_here, o3 * (kv_scales[dims.n_kv_heads + kv_h] * FP8_UNIT), vec2<f32>(m.w, l.w));
 }

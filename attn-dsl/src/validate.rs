@@ -7,12 +7,13 @@ pub use crate::error::ValidateError;
 use crate::plan::{Access, Binding};
 use crate::spec::{KernelSpec, Scatter, Target};
 
-/// Shader capabilities a kernel may use: none beyond core WGSL for `webgpu`, all of naga's
-/// for `native`, plus f32 atomics wherever the kernel's scatter asks for them (the runtime
+/// Shader capabilities a kernel may use: core WGSL for `webgpu` (naga gates the core
+/// `pack2x16float` / `unpack2x16float` behind a capability of their own, which every wgpu
+/// backend but old GLES has), all of naga's for `native`, plus f32 atomics wherever the kernel's scatter asks for them (the runtime
 /// only creates such a kernel on a device with SHADER_FLOAT32_ATOMIC).
 pub fn capabilities(spec: &KernelSpec) -> Capabilities {
     let base = match spec.target {
-        Target::Webgpu => Capabilities::empty(),
+        Target::Webgpu => Capabilities::SHADER_FLOAT16_IN_FLOAT32,
         Target::Native(_) => Capabilities::all(),
     };
     let atomics = match spec.has_atomics() && spec.scatter == Scatter::F32Atomic {

@@ -444,6 +444,29 @@ fn fp8_cache_appends_round_as_cuda_and_decode_what_it_holds() {
         for (name, verdict) in judge_attention(&problem, [&q, &held.k, &held.v], &held.o, None) {
             assert!(verdict.pass(), "{f:?} {name}: {verdict:?}");
         }
+        // One key: O is its V, so V's subnormal bytes must widen exactly (no flush to 0).
+        let quantum = runtime::fp8::to_f32(f, 1);
+        let tiny: Vec<f32> = (0..row).map(|i| 0.125 * quantum * (1 + i % 7) as f32).collect();
+        let one = Fp8Case {
+            heads: h,
+            dtype: Dtype::F32,
+            fp8: f,
+            layout: CacheLayout::Contiguous { capacity: 4 },
+            batch: 1,
+            len: 1,
+            prompt: 1,
+            scales: (&k_scales, &v_scales),
+            mods: Default::default(),
+        };
+        let q1 = &q[..(h.n_heads * h.head_dim) as usize];
+        let run = kv_fp8::decode(&gpu, &one, [q1, &tiny[..row], &tiny[..row]]).unwrap();
+        assert_eq!(run.v, tiny, "{f:?}: subnormals stored exactly");
+        let per_kv = (h.n_heads / h.n_kv_heads) as usize;
+        for (i, o) in run.o.iter().enumerate() {
+            let (head, c) = (i / h.head_dim as usize, i % h.head_dim as usize);
+            let want = tiny[(head / per_kv) * h.head_dim as usize + c];
+            assert_eq!(*o, want, "{f:?}: O[{i}] is its key's subnormal V");
+        }
     }
 }
 

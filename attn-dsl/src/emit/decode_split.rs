@@ -195,7 +195,10 @@ fn split(out: &mut Wgsl, spec: &KernelSpec) {
     // An fp8 cache's scales: K's folds into the staged query (s = (q·σ_K)·k), V's into the
     // P·V sums as they leave.
     let (q_scale, v_scale) = match spec.kv_fp8 {
-        Some(_) => (" * kv_scales[kv_h]", " * kv_scales[dims.n_kv_heads + kv_h]"),
+        Some(_) => (
+            " * (kv_scales[kv_h] * FP8_UNIT)",
+            " * (kv_scales[dims.n_kv_heads + kv_h] * FP8_UNIT)",
+        ),
         None => ("", ""),
     };
     let flush = each(&|i, c| {

@@ -10,7 +10,7 @@
 use super::writer::Wgsl;
 use std::fmt::Write;
 
-use crate::spec::{Dtype, KernelSpec};
+use crate::spec::{Dtype, Fp8, KernelSpec};
 
 /// The `enable` directive the dtype needs, before any declaration.
 /// (bf16 travels as u32 words: WGSL has no type to enable for it; but a tensor-core
@@ -143,6 +143,31 @@ pub(super) fn cache4_type(spec: &KernelSpec) -> &'static str {
     }
 }
 
+/// What [`cache_codec`]'s `widen_kv4` divides the values by: the power of two between an
+/// fp8 byte read as the upper bits of an f16 and its value.
+fn fp8_unit(f: Fp8) -> f32 {
+    match f {
+        Fp8::E5m2 => 1.0,
+        Fp8::E4m3 => 256.0,
+    }
+}
+
+/// The statements that leave elements 0, 2 of word `w` in `even` and 1, 3 in `odd`.
+fn widen_halves(f: Fp8) -> &'static str {
+    match f {
+        Fp8::E5m2 => {
+            "    let even = unpack2x16float((w << 8u) & 0xff00ff00u);\n    \
+             let odd = unpack2x16float(w & 0xff00ff00u);\n"
+        }
+        // Magnitude bits 0..6 to f16 bits 7..13, the sign bit 7 to bit 15.
+        Fp8::E4m3 => {
+            "    let hi = w >> 8u;\n    \
+             let even = unpack2x16float(((w & 0x007f007fu) << 7u) | ((w & 0x00800080u) << 8u));\n    \
+             let odd = unpack2x16float(((hi & 0x007f007fu) << 7u) | ((hi & 0x00800080u) << 8u));\n"
+        }
+    }
+}
+
 /// The function that widens four cache elements as stored to f32 (before the cache's
 /// scales): the dtype's `widen4`, or [`cache_codec`]'s `widen_kv4`.
 pub(super) fn cache_widen(spec: &KernelSpec) -> &'static str {
@@ -167,21 +192,19 @@ pub(super) fn cache_codec(out: &mut Wgsl, spec: &KernelSpec) {
     let _ = write!(
         out,
         r#"// {name}: {m} mantissa bits, exponent bias {bias}, largest {max:?}.
+// widen_kv4 gives the values over FP8_UNIT; the scales carry it back.
+const FP8_UNIT: f32 = {unit:?};
 const FP8_SHIFT: u32 = {shift}u;
 const FP8_REBIAS: u32 = {rebias}u;
 const FP8_QUANTUM: f32 = {quantum:e};
 const FP8_MIN_NORMAL: f32 = {min_normal:e};
 const FP8_MAX: f32 = {max:?};
 
-// Four {name} values of a word (element t in byte t), exactly: a normal value's exponent
-// rebiased into f32's, a subnormal (exponent 0) as its mantissa times the quantum.
+// Four {name} values of a word (element t in byte t), exactly, over FP8_UNIT: each byte
+// becomes the f16 whose bits carry its sign, exponent and mantissa ({f16_note}),
+// and one conversion widens two f16 at once.
 fn widen_kv4(w: u32) -> vec4<f32> {{
-    let b = (vec4<u32>(w) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(0xffu);
-    let mag = b & vec4<u32>(0x7fu);
-    let normal = bitcast<vec4<f32>>((mag << vec4<u32>(FP8_SHIFT)) + vec4<u32>(FP8_REBIAS << 23u));
-    let sub = vec4<f32>(mag) * FP8_QUANTUM;
-    let v = select(normal, sub, mag < vec4<u32>({first_normal}u));
-    return bitcast<vec4<f32>>(bitcast<vec4<u32>>(v) | ((b & vec4<u32>(0x80u)) << vec4<u32>(24u)));
+{widen}    return vec4<f32>(even.x, odd.x, even.y, odd.y);
 }}
 
 // x rounded to nearest even, saturated to ±FP8_MAX; NaN (tested on the bits: a compiler
@@ -212,6 +235,11 @@ fn narrow_kv4(x: vec4<f32>) -> u32 {{
         max = f.max(),
         quantum = quantum,
         min_normal = 2f32.powi(1 - f.bias() as i32),
-        first_normal = 1u32 << m,
+        unit = fp8_unit(f),
+        widen = widen_halves(f),
+        f16_note = match f {
+            Fp8::E5m2 => "e5m2 is the upper byte of an f16",
+            Fp8::E4m3 => "e4m3's bias is 8 below f16's: the f16 is the value / 256",
+        },
     );
 }

@@ -29,8 +29,12 @@ pub fn pv_unroll(spec: &KernelSpec) -> u32 {
     4 * 16 / vec4_bytes(spec)
 }
 
+/// Bytes of four cached elements: the dtype's, or one word of four fp8 values.
 fn vec4_bytes(spec: &KernelSpec) -> u32 {
-    4 * spec.dtype.bytes()
+    match spec.kv_fp8 {
+        Some(_) => 4,
+        None => 4 * spec.dtype.bytes(),
+    }
 }
 
 /// Keys scored per step: the workgroup's invocations in groups of [`lanes`]. A slice's

@@ -6,7 +6,7 @@
 //! (slice, KV head, sequence) a workgroup, so the cache is read by hundreds of workgroups at
 //! once, each reading its slice of K and V once for the query heads of its KV head.
 
-use attn_dsl::{Cache, Dtype, KernelAbi, KernelSpec, Masks, Op, Scalar};
+use attn_dsl::{Cache, Dtype, KernelAbi, Masks, Op, Scalar};
 
 use crate::attention::{
     DecodeInput, Heads, binding_size, checked_grid, expect_op, length, modified_uniforms,
@@ -54,23 +54,12 @@ impl SplitDecode {
             }
             .into());
         }
-        // The split kernel's layout as its description had it: the key tile and the longest
-        // slice follow from its head_dim, heads, workgroup size and target.
-        let spec = KernelSpec {
-            workgroup_size: split.workgroup_size[0],
-            target: split.target,
-            ..crate::ops::decode::split_spec(
-                &split.name,
-                split.head_dim,
-                split.masks,
-                split.grid.tile,
-            )
-        };
+        let (key_tile, max_slice) = crate::ops::decode::split_layout(split);
         Ok(SplitDecode {
             split: Kernel::now(gpu, split)?,
             reduce: Kernel::now(gpu, reduce)?,
-            key_tile: attn_dsl::emit::split_key_tile(&spec),
-            max_slice: attn_dsl::emit::split_max_slice(&spec),
+            key_tile,
+            max_slice,
         })
     }
 

@@ -75,15 +75,10 @@ pub(crate) struct Passes {
 impl Passes {
     /// From compiled kernels: a `decode_split` and the `decode_reduce` of its partials.
     pub fn new(split: Kernel, reduce: Kernel) -> Passes {
-        let abi = split.abi();
-        let spec = KernelSpec {
-            workgroup_size: abi.workgroup_size[0],
-            target: abi.target,
-            ..split_spec(&abi.name, abi.head_dim, abi.masks, abi.grid.tile)
-        };
+        let (key_tile, max_slice) = split_layout(split.abi());
         Passes {
-            key_tile: attn_dsl::emit::split_key_tile(&spec),
-            max_slice: attn_dsl::emit::split_max_slice(&spec),
+            key_tile,
+            max_slice,
             split: Pipeline::new(split),
             reduce: Pipeline::new(reduce),
         }
@@ -133,6 +128,23 @@ pub(crate) fn split_spec(name: &str, head_dim: u32, masks: Masks, heads: u32) ->
         ],
         ..KernelSpec::standard(name, Op::DecodeSplit, head_dim, masks)
     }
+}
+
+/// A split kernel's key tile and longest slice, from its description as the ABI keeps it:
+/// head_dim, heads, workgroup size, target, and the bytes of the cache's elements (the
+/// lanes per key follow them).
+pub(crate) fn split_layout(abi: &KernelAbi) -> (u32, u32) {
+    let spec = KernelSpec {
+        workgroup_size: abi.workgroup_size[0],
+        target: abi.target,
+        dtype: abi.scalar("q").dtype().unwrap_or_default(),
+        kv_fp8: abi.scalar("k_cache").fp8(),
+        ..split_spec(&abi.name, abi.head_dim, abi.masks, abi.grid.tile)
+    };
+    (
+        attn_dsl::emit::split_key_tile(&spec),
+        attn_dsl::emit::split_max_slice(&spec),
+    )
 }
 
 /// The masks of the reduce of a split-K decode built with `masks`: the sinks alone, which
