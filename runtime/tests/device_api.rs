@@ -446,7 +446,9 @@ fn fp8_cache_appends_round_as_cuda_and_decode_what_it_holds() {
         }
         // One key: O is its V, so V's subnormal bytes must widen exactly (no flush to 0).
         let quantum = runtime::fp8::to_f32(f, 1);
-        let tiny: Vec<f32> = (0..row).map(|i| 0.125 * quantum * (1 + i % 7) as f32).collect();
+        let tiny: Vec<f32> = (0..row)
+            .map(|i| 0.125 * quantum * (1 + i % 7) as f32)
+            .collect();
         let one = Fp8Case {
             heads: h,
             dtype: Dtype::F32,
