@@ -1,19 +1,18 @@
 //! Split-K decode: the slicing rule, the planner's choice, and its input errors.
 
 use runtime::BlockOn;
-use runtime::decode::{
-    DecodePath, Decoder, SplitDecode, TARGET_WORKGROUPS, plan_decode, plan_slices,
-};
+use runtime::decode::{Calibration, DecodePath, Decoder, SplitDecode, plan_decode, plan_slices};
 use runtime::{DecodeInput, Gpu, Heads, InputError, kernels};
 
 #[test]
 fn slices_are_whole_key_tiles_and_cover_the_cache() {
     // The rule never panics, even for lengths no buffer could hold.
-    let huge = plan_slices(u32::MAX, 1, 32, 512);
+    let target = Calibration::default().decode_workgroups();
+    let huge = plan_slices(u32::MAX, 1, 32, 512, target);
     assert_eq!(huge.slice_len, 512);
     for cache_len in [1, 7, 31, 32, 33, 300, 4099, 32768, 1 << 20] {
         for others in [1, 8, 64, 1024] {
-            let s = plan_slices(cache_len, others, 32, 512);
+            let s = plan_slices(cache_len, others, 32, 512, target);
             assert!(
                 s.slice_len.is_multiple_of(32) && s.slice_len <= 512,
                 "{s:?}"
@@ -27,9 +26,21 @@ fn slices_are_whole_key_tiles_and_cover_the_cache() {
     }
     // The shape: 8 KV heads (4 query heads each) over a 32768-row cache want 66
     // slices for the target; the longest slice, 512 keys, makes 64 (512 workgroups).
-    let s = plan_slices(32768, 8, 32, 512);
+    let s = plan_slices(32768, 8, 32, 512, target);
     assert_eq!((s.n_slices, s.slice_len), (64, 512));
-    assert!(TARGET_WORKGROUPS.div_ceil(8) > s.n_slices);
+    assert!(target.div_ceil(8) > s.n_slices);
+    // An adapter that runs a quarter as many workgroups at once gets longer slices.
+    let quarter = Calibration {
+        resident: Some(runtime::plan::calibration::H100_RESIDENT / 4),
+    };
+    let s = plan_slices(32768, 8, 32, 512, quarter.decode_workgroups());
+    assert_eq!(
+        (s.n_slices, s.slice_len),
+        (64, 512),
+        "17 slices wanted, 512 keys at most"
+    );
+    let s = plan_slices(4096, 8, 32, 512, quarter.decode_workgroups());
+    assert_eq!((s.n_slices, s.slice_len), (16, 256));
 }
 
 fn input<'a>(cache_len: u32, q: &'a [f32], kv: &'a [f32]) -> DecodeInput<'a> {

@@ -92,6 +92,10 @@ struct Args {
     /// head_dim to this tuning table. Point ATTN_TUNING at it to use it.
     #[arg(long, value_name = "PATH")]
     tune: Option<std::path::PathBuf>,
+    /// Measure how many workgroups of 256 invocations the adapter runs at once (what
+    /// --tune stores, and the planner's workgroup targets scale by), print it and exit.
+    #[arg(long, conflicts_with_all = ["suite", "decode", "e2e", "layernorm", "tune"])]
+    probe: bool,
     /// Time only the forward kernels, only the backward schedules, only the
     /// half-precision (f16, bf16) forwards, or the phases of the tensor-core kernels: the
     /// planned forward in each half dtype and the f16 tiled backward, their block loops cut
@@ -201,6 +205,12 @@ fn run(args: Args) -> anyhow::Result<()> {
     let mut gpu = Gpu::new(kernels::FAMILY.iter().copied()).block_on()?;
     if args.unchecked {
         gpu = gpu.unchecked();
+    }
+    if args.probe {
+        let resident = bench::probe::resident_workgroups(&gpu)?;
+        println!("adapter: {}", gpu.describe());
+        println!("resident workgroups (256 invocations): {resident}");
+        return Ok(());
     }
     if let Some(rows) = args.layernorm {
         return layernorm(&gpu, rows, args.runs, args.tune.as_deref());
@@ -337,6 +347,9 @@ fn tune(gpu: &Gpu, args: &Args, all: &[BenchRow]) -> anyhow::Result<()> {
         failed.len()
     );
     let mut table = bench::tune(gpu, all, &failed);
+    let resident = bench::probe::resident_workgroups(gpu)?;
+    eprintln!("tune: the adapter runs {resident} workgroups of 256 invocations at once");
+    table.resident_workgroups = Some(resident);
     // Keep the LayerNorm + Linear measurements a table already holds (written by
     // `--layernorm ROWS --tune`, a separate run).
     if path.exists() {

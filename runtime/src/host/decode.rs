@@ -18,7 +18,8 @@ use crate::dispatch::kernel::{Kernel, Step};
 use crate::error::{Error, InputError};
 use crate::tensor::Tensor;
 
-pub use crate::plan::decode::{Slicing, TARGET_WORKGROUPS, plan_slices};
+pub use crate::plan::calibration::Calibration;
+pub use crate::plan::decode::{Slicing, plan_slices};
 
 /// A paged KV cache: `DecodeInput::k_cache` and `v_cache` hold a pool of pages
 /// `[n_pages, page_size, n_kv_heads, head_dim]`, and row `b` of `block_table`
@@ -37,6 +38,7 @@ pub struct SplitDecode {
     reduce: Kernel,
     key_tile: u32,
     max_slice: u32,
+    calibration: Calibration,
 }
 
 impl SplitDecode {
@@ -60,6 +62,7 @@ impl SplitDecode {
             reduce: Kernel::now(gpu, reduce)?,
             key_tile,
             max_slice,
+            calibration: crate::plan::tuning::Table::for_gpu(gpu)?.calibration(),
         })
     }
 
@@ -143,7 +146,13 @@ impl SplitDecode {
     pub fn slicing_of(&self, h: Heads, batch: u32, cache_len: u32) -> Slicing {
         let per_kv = h.n_heads / h.n_kv_heads.max(1);
         let groups = h.n_kv_heads * per_kv.div_ceil(self.split.abi().grid.tile);
-        plan_slices(cache_len, groups * batch, self.key_tile, self.max_slice)
+        plan_slices(
+            cache_len,
+            groups * batch,
+            self.key_tile,
+            self.max_slice,
+            self.calibration.decode_workgroups(),
+        )
     }
 
     /// Validates, uploads and runs both passes; `slice_len` overrides the rule (a multiple of
@@ -233,7 +242,11 @@ impl SplitDecode {
             mods: uploaded.view(&input.mods),
             slice_len,
         };
-        let mut passes = crate::ops::decode::Passes::new(self.split.clone(), self.reduce.clone());
+        let mut passes = crate::ops::decode::Passes::new(
+            self.split.clone(),
+            self.reduce.clone(),
+            self.calibration,
+        );
         let mut scratch = crate::ops::decode::Scratch::default();
         let mut encoder = gpu.device.create_command_encoder(&Default::default());
         crate::ops::decode::record(gpu, &mut passes, &mut scratch, &mut encoder, &args)?;

@@ -15,7 +15,9 @@ use crate::dispatch::kernel::Kernel;
 use crate::dispatch::record::{Dispatch, Pipeline};
 use crate::error::{Error, InputError};
 use crate::modifiers::DeviceModifiers;
+use crate::plan::calibration::Calibration;
 use crate::plan::decode::{Slicing, plan_slices};
+use crate::plan::tuning::Table;
 use crate::shape::{Heads, nonzero, validate_heads, validate_scale};
 use crate::tensor::{Tensor, TensorError, elements};
 
@@ -70,15 +72,19 @@ pub(crate) struct Passes {
     pub reduce: Pipeline,
     pub key_tile: u32,
     pub max_slice: u32,
+    /// The slicing rule's target workgroups on this adapter.
+    pub target: u32,
 }
 
 impl Passes {
-    /// From compiled kernels: a `decode_split` and the `decode_reduce` of its partials.
-    pub fn new(split: Kernel, reduce: Kernel) -> Passes {
+    /// From compiled kernels: a `decode_split` and the `decode_reduce` of its partials,
+    /// sliced for an adapter of this calibration.
+    pub fn new(split: Kernel, reduce: Kernel, calibration: Calibration) -> Passes {
         let (key_tile, max_slice) = split_layout(split.abi());
         Passes {
             key_tile,
             max_slice,
+            target: calibration.decode_workgroups(),
             split: Pipeline::new(split),
             reduce: Pipeline::new(reduce),
         }
@@ -100,6 +106,7 @@ impl Passes {
                 groups * batch,
                 self.key_tile,
                 self.max_slice,
+                self.target,
             ));
         };
         if slice_len == 0 || !slice_len.is_multiple_of(self.key_tile) || slice_len > self.max_slice
@@ -232,7 +239,8 @@ impl Decode {
             let [s, r] = &self.abis;
             let split = Kernel::new(gpu, s).await?;
             let reduce = Kernel::new(gpu, r).await?;
-            self.passes = Some(Passes::new(split, reduce));
+            let calibration = Table::for_gpu(gpu)?.calibration();
+            self.passes = Some(Passes::new(split, reduce, calibration));
         }
         Ok(())
     }
@@ -240,7 +248,9 @@ impl Decode {
     fn passes(&mut self, gpu: &Gpu) -> Result<&mut Passes, Error> {
         if self.passes.is_none() {
             let [s, r] = &self.abis;
-            self.passes = Some(Passes::new(Kernel::now(gpu, s)?, Kernel::now(gpu, r)?));
+            let calibration = Table::for_gpu(gpu)?.calibration();
+            let (split, reduce) = (Kernel::now(gpu, s)?, Kernel::now(gpu, r)?);
+            self.passes = Some(Passes::new(split, reduce, calibration));
         }
         Ok(self.passes.as_mut().expect("created above"))
     }

@@ -1,9 +1,5 @@
 //! How split-K decode cuts a cache into slices: the one place the rule is decided.
 
-/// Workgroups the split pass aims for: 4 per SM of an H100 (132 SMs), enough for every SM to
-/// hide its loads' latency behind other workgroups, and a few waves on smaller GPUs.
-pub const TARGET_WORKGROUPS: u32 = 4 * 132;
-
 /// How a cache is cut: `n_slices` slices of `slice_len` keys (the last may be shorter).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Slicing {
@@ -12,7 +8,8 @@ pub struct Slicing {
 }
 
 /// The slicing rule, the one place it is decided: enough slices that
-/// `slices × other_workgroups` reaches [`TARGET_WORKGROUPS`], each a whole number of the
+/// `slices × other_workgroups` reaches `target` workgroups (the adapter's
+/// [`super::calibration::Calibration::decode_workgroups`]), each a whole number of the
 /// split kernel's key tiles, at least one tile and at most `max_slice` keys (what its
 /// workgroup memory holds).
 pub fn plan_slices(
@@ -20,9 +17,10 @@ pub fn plan_slices(
     other_workgroups: u32,
     key_tile: u32,
     max_slice: u32,
+    target: u32,
 ) -> Slicing {
     let key_tile = key_tile.max(1);
-    let wanted = TARGET_WORKGROUPS.div_ceil(other_workgroups.max(1)).max(1);
+    let wanted = target.div_ceil(other_workgroups.max(1)).max(1);
     // Saturating: the rule is public, and a cache_len near u32::MAX must not overflow.
     let len = cache_len
         .div_ceil(wanted)

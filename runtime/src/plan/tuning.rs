@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::Heads;
 use crate::device::Gpu;
+use crate::plan::calibration::Calibration;
 
 /// Every flash forward configuration the planner may pick for `head_dim`, derived by
 /// rule (`attn_dsl::configs`): candidate 0 fits WebGPU's defaults and is the default; the
@@ -267,6 +268,10 @@ pub struct Table {
     /// --tune`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub layernorm: BTreeMap<String, BTreeMap<u32, String>>,
+    /// Workgroups of 256 invocations the adapter runs at once, measured by `bench --tune`
+    /// (`harness::bench::probe`): what the planner's counts of workgroups scale by.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resident_workgroups: Option<u32>,
 }
 
 /// The key of a LayerNorm + Linear entry in [`Table::layernorm`].
@@ -371,6 +376,13 @@ impl Table {
         })
     }
 
+    /// The planner's counts of workgroups for this adapter.
+    pub fn calibration(&self) -> Calibration {
+        Calibration {
+            resident: self.resident_workgroups,
+        }
+    }
+
     /// The measured row-sum schedule of the LayerNorm + Linear backward `hidden -> out` on
     /// `rows` rows: the one measured at the most rows up to `rows` (else at the fewest);
     /// None when the table has no measurement at these widths.
@@ -427,7 +439,7 @@ impl Table {
 
     /// [`Table::forward_in`] for a problem of `batch` sequences of `seq_len` rows: where a
     /// tensor-core configuration with more rows per workgroup than the first still gives
-    /// the grid [`FULL_GRID`] workgroups, the one with the most rows.
+    /// the grid [`Calibration::full_grid`] workgroups, the one with the most rows.
     pub fn forward_for(
         &self,
         gpu: &Gpu,
@@ -440,36 +452,30 @@ impl Table {
         Some(widest_filling(
             planned,
             &candidates,
-            heads.n_heads * batch,
-            seq_len,
+            (heads.n_heads * batch, seq_len),
+            self.calibration().full_grid(),
         ))
     }
 }
 
 /// `planned`, or the tensor-core candidate with the most rows per workgroup (more than
 /// `planned`'s) whose grid over `seq_len` rows of `heads` heads (all sequences) still has
-/// [`FULL_GRID`] workgroups.
+/// `full_grid` workgroups ([`Calibration::full_grid`]).
 fn widest_filling(
     planned: FlashConfig,
     candidates: &[FlashConfig],
-    heads: u32,
-    seq_len: u32,
+    (heads, seq_len): (u32, u32),
+    full_grid: u32,
 ) -> FlashConfig {
     let grid = |c: &FlashConfig| seq_len.div_ceil(c.tile) * heads;
     candidates
         .iter()
         .filter(|c| planned.matrix == Matrix::Coop16 && c.tile > planned.tile)
-        .filter(|c| grid(c) >= FULL_GRID)
+        .filter(|c| grid(c) >= full_grid)
         .max_by_key(|c| c.tile)
         .copied()
         .unwrap_or(planned)
 }
-
-/// Workgroups a forward grid needs before [`Table::forward_for`] trades them for wider
-/// tiles. On an H100 (132 SMs) the 128-row tensor-core forward took 0.864 ms against
-/// 0.930 for 64 rows at seq 4096 with 16 heads, d 128 (512 workgroups against 1024), and
-/// 0.041 against 0.028 ms at seq 512 with 12 heads, d 64 (48 against 96).
-pub const FULL_GRID: u32 = 256;
 
 /// The cooperative-matrix forward configurations for `head_dim` in `dtype` that fit
 /// `gpu`'s workgroup memory, best first (empty without cooperative matrices).
@@ -666,14 +672,14 @@ mod tests {
             .expect("a 128-row candidate");
         assert_eq!(wide.label(), "128x32/16@256+tc");
         // seq 4096, 16 heads: 512 workgroups of 128 rows.
-        assert_eq!(widest_filling(first, &coop, 16, 4096), wide);
+        assert_eq!(widest_filling(first, &coop, (16, 4096), 256), wide);
         // The seeds' layer, seq 512 with 12 heads: 48 of 128 rows, too few.
-        assert_eq!(widest_filling(first, &coop, 12, 512), first);
-        assert_eq!(widest_filling(first, &coop, 2 * 12, 1024), first);
-        assert_eq!(widest_filling(first, &coop, 4 * 16, 1024), wide);
+        assert_eq!(widest_filling(first, &coop, (12, 512), 256), first);
+        assert_eq!(widest_filling(first, &coop, (2 * 12, 1024), 256), first);
+        assert_eq!(widest_filling(first, &coop, (4 * 16, 1024), 256), wide);
         // A scalar plan stays scalar.
         let scalar = forward_candidates(128)[0];
-        assert_eq!(widest_filling(scalar, &coop, 16, 4096), scalar);
+        assert_eq!(widest_filling(scalar, &coop, (16, 4096), 256), scalar);
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! backward 2.5× forward).
 
 pub mod e2e;
+pub mod probe;
 
 use attn_dsl::emit::coop::Phases;
 use attn_dsl::{Cache, Dtype, Fp8, KernelSpec, Masks, Op, Scalar};
