@@ -8,6 +8,7 @@ pub mod bench;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod cases;
 pub mod compare;
+pub mod inputs;
 pub mod layernorm;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod npy;

@@ -3,11 +3,11 @@
 //! dγ and dβ, then dW and db) with the row sums added by atomics or by the two-pass
 //! schedule.
 
-#[doc(hidden)]
-pub use crate::harness::layernorm::reference;
 #[cfg(not(target_arch = "wasm32"))]
 #[doc(hidden)]
 pub use crate::harness::layernorm::{baseline, bench, check};
+#[doc(hidden)]
+pub use crate::harness::layernorm::{judge, reference};
 
 use attn_dsl::row_layer::{self, RowSums};
 use attn_dsl::{KernelAbi, Op};
