@@ -25,22 +25,23 @@ impl RowSums {
 }
 
 /// The usual description of a row-wise op: a row grid of `tile` rows (elementwise for the
-/// reduce), 256 invocations, dx and the forward's outputs owned, the row sums as `sums`
-/// says, the least target that holds its bindings.
+/// reduce), 256 invocations, dx and the forward's outputs owned, the backward's row sums
+/// as `sums` says, the least target that holds its bindings.
 pub fn spec(name: &str, op: Op, hidden: u32, out: u32, tile: u32, sums: RowSums) -> KernelSpec {
+    let owned = |n: &str| (n.to_string(), WriteMode::Owned);
     let writes: Vec<(String, WriteMode)> = match op {
-        Op::LayernormLinear => vec![
-            ("y".into(), WriteMode::Owned),
-            ("mean".into(), WriteMode::Owned),
-            ("rstd".into(), WriteMode::Owned),
-        ],
-        Op::LayernormLinearBackward => std::iter::once(("dx".to_string(), WriteMode::Owned))
-            .chain(ROW_SUMS.iter().map(|n| (n.to_string(), sums.write_mode())))
-            .collect(),
-        _ => ROW_SUMS
-            .iter()
-            .map(|n| (n.to_string(), WriteMode::Owned))
-            .collect(),
+        Op::LayernormLinear => ["y", "mean", "rstd"].map(owned).to_vec(),
+        Op::LayernormLinearBackward | Op::LayernormLinearWeightGrad => {
+            let dx = (op == Op::LayernormLinearBackward).then(|| owned("dx"));
+            dx.into_iter()
+                .chain(
+                    row_sums(op)
+                        .iter()
+                        .map(|n| (n.to_string(), sums.write_mode())),
+                )
+                .collect()
+        }
+        _ => ROW_SUMS.map(owned).to_vec(),
     };
     let tile = if op.major() == Major::Elem { 1 } else { tile };
     let mut spec = KernelSpec {

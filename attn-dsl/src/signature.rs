@@ -295,8 +295,8 @@ const LAYERNORM_LINEAR: &[Tensor] = &[
 ];
 
 /// A gradient of a parameter, summed over every row: the whole tensor (atomic) or one
-/// partial sum per row tile (scratch, for [`Op::LayernormLinearReduce`]): dW's per row
-/// tile, dγ's, dβ's and db's per dx block of the tile (`row_layer::DX_ROWS` rows).
+/// partial sum per row tile (scratch, for [`Op::LayernormLinearReduce`]): dW's and db's
+/// per row tile, dγ's and dβ's per dx block of the tile (`row_layer::DX_ROWS` rows).
 macro_rules! row_sum {
     ($name:literal, $($axis:ident),*) => {
         [
@@ -317,27 +317,36 @@ const DBETA: [Tensor; 2] = row_sum!("dbeta", K);
 const DW: [Tensor; 2] = row_sum!("dw", N, K);
 const DB: [Tensor; 2] = row_sum!("db", N);
 
-// 12 storage buffers: past WebGPU's default 8, so the backward needs a `native` target.
-// β is read for dW = dyᵀ·(x̂·γ + β), the Linear's input.
+// The backward in two kernels of at most 8 storage buffers, WebGPU's default (one would
+// bind 12). dx, dγ and dβ: 7, the rows' mean and 1/std recomputed from x as the forward
+// computes them, since binding the saved ones would make 9.
 const LAYERNORM_LINEAR_BACKWARD: &[Tensor] = &[
     t("x", Input, F32, &[R, K]),
     t("gamma", Input, F32, &[K]),
-    t("beta", Input, F32, &[K]),
     t("w", Input, F32, &[N, K]),
     t("dy", Input, F32, &[R, N]),
-    t("mean", Input, F32, &[R]),
-    t("rstd", Input, F32, &[R]),
     t("dx", Output, F32, &[R, K]),
     DGAMMA[0],
     DGAMMA[1],
     DBETA[0],
     DBETA[1],
+    DIMS,
+    LN_PARAMS_T,
+];
+
+// dW and db: 8. β is read for dW = dyᵀ·(x̂·γ + β), the Linear's input.
+const LAYERNORM_LINEAR_WEIGHT_GRAD: &[Tensor] = &[
+    t("x", Input, F32, &[R, K]),
+    t("gamma", Input, F32, &[K]),
+    t("beta", Input, F32, &[K]),
+    t("dy", Input, F32, &[R, N]),
+    t("mean", Input, F32, &[R]),
+    t("rstd", Input, F32, &[R]),
     DW[0],
     DW[1],
     DB[0],
     DB[1],
     DIMS,
-    LN_PARAMS_T,
 ];
 
 const LAYERNORM_LINEAR_REDUCE: &[Tensor] = &[
@@ -430,6 +439,7 @@ pub fn all_tensors(op: Op) -> &'static [Tensor] {
         Op::Rope | Op::RopeBackward => ROPE,
         Op::LayernormLinear => LAYERNORM_LINEAR,
         Op::LayernormLinearBackward => LAYERNORM_LINEAR_BACKWARD,
+        Op::LayernormLinearWeightGrad => LAYERNORM_LINEAR_WEIGHT_GRAD,
         Op::LayernormLinearReduce => LAYERNORM_LINEAR_REDUCE,
         Op::CacheAppend => CACHE_APPEND,
         Op::DkvReduce => DKV_REDUCE,
@@ -545,9 +555,12 @@ pub fn dims(op: Op) -> UniformBlock {
         ],
         // vec4s of dK (and of dV) to sum.
         Op::DkvReduce | Op::ToDtype | Op::FromDtype => &["len4", "_pad0", "_pad1", "_pad2"],
-        // rows: batch·seq; n_tiles: row tiles of the backward's grid (dW's partials);
-        // n_blocks: its dx blocks (dγ's, dβ's and db's partials).
-        Op::LayernormLinear | Op::LayernormLinearBackward | Op::LayernormLinearReduce => &[
+        // rows: batch·seq; n_tiles: row tiles of the backward's grid (dW's and db's
+        // partials); n_blocks: its dx blocks (dγ's and dβ's partials).
+        Op::LayernormLinear
+        | Op::LayernormLinearBackward
+        | Op::LayernormLinearWeightGrad
+        | Op::LayernormLinearReduce => &[
             "rows", "hidden", "out", "n_tiles", "n_blocks", "_pad0", "_pad1", "_pad2",
         ],
         // window: the sliding window; seed_lo, seed_hi, rng_offset: dropout's Philox key and

@@ -92,9 +92,14 @@ pub enum Op {
     RopeBackward,
     /// y = W·LN(x; γ, β) + b per row, saving each row's mean and 1/std for the backward.
     LayernormLinear,
-    /// The backward of [`Op::LayernormLinear`]: dx per row (owned); dγ, dβ, dW and db are
-    /// sums over every row, added by atomics or flushed as per-row-tile partial sums.
+    /// The backward of [`Op::LayernormLinear`], first half: dx per row (owned); dγ and dβ,
+    /// sums over every row, added by atomics or flushed as partial sums. It recomputes the
+    /// rows' statistics from x instead of binding the saved ones: 7 storage buffers.
     LayernormLinearBackward,
+    /// The backward's second half: dW and db, sums over every row, added by atomics or
+    /// flushed as one partial sum per row tile, from the forward's saved statistics: 8
+    /// storage buffers.
+    LayernormLinearWeightGrad,
     /// The second pass of the two-pass schedule: sums the row tiles' partials into dγ,
     /// dβ, dW and db, each element owned by one invocation (no atomics, deterministic).
     LayernormLinearReduce,
@@ -116,7 +121,7 @@ pub enum Op {
 }
 
 impl Op {
-    pub const ALL: [Op; 17] = [
+    pub const ALL: [Op; 18] = [
         Op::Forward,
         Op::Decode,
         Op::DecodeSplit,
@@ -128,6 +133,7 @@ impl Op {
         Op::RopeBackward,
         Op::LayernormLinear,
         Op::LayernormLinearBackward,
+        Op::LayernormLinearWeightGrad,
         Op::LayernormLinearReduce,
         Op::CacheAppend,
         Op::DkvReduce,
@@ -149,6 +155,7 @@ impl Op {
             Op::RopeBackward => "rope_backward",
             Op::LayernormLinear => "layernorm_linear",
             Op::LayernormLinearBackward => "layernorm_linear_backward",
+            Op::LayernormLinearWeightGrad => "layernorm_linear_weight_grad",
             Op::LayernormLinearReduce => "layernorm_linear_reduce",
             Op::CacheAppend => "cache_append",
             Op::DkvReduce => "dkv_reduce",
@@ -167,7 +174,9 @@ impl Op {
             Op::Decode | Op::DecodeReduce => Major::Head,
             Op::DecodeSplit => Major::Slice,
             Op::BackwardKv => Major::J,
-            Op::LayernormLinear | Op::LayernormLinearBackward => Major::R,
+            Op::LayernormLinear | Op::LayernormLinearBackward | Op::LayernormLinearWeightGrad => {
+                Major::R
+            }
             Op::LayernormLinearReduce
             | Op::CacheAppend
             | Op::DkvReduce
@@ -188,7 +197,10 @@ impl Op {
     pub fn is_row_layer(self) -> bool {
         matches!(
             self,
-            Op::LayernormLinear | Op::LayernormLinearBackward | Op::LayernormLinearReduce
+            Op::LayernormLinear
+                | Op::LayernormLinearBackward
+                | Op::LayernormLinearWeightGrad
+                | Op::LayernormLinearReduce
         )
     }
 }

@@ -4,10 +4,31 @@
 use attn_dsl::row_layer::{self, RowSums};
 use attn_dsl::signature::{self, Role};
 use attn_dsl::spec::Axis;
-use attn_dsl::{DslError, Field, KernelSpec, Op, WriteMode, compile};
+use attn_dsl::{DslError, Field, KernelSpec, Limits, Op, Target, WriteMode, compile};
 
+/// The backward's first kernel: dx, dγ, dβ.
 fn backward(sums: RowSums) -> KernelSpec {
-    row_layer::spec("ln_bwd", Op::LayernormLinearBackward, 8, 16, 16, sums)
+    backward_of(8, 16, sums)
+}
+
+/// The backward's second kernel: dW, db.
+fn weight_grad(sums: RowSums) -> KernelSpec {
+    weight_grad_of(8, 16, sums)
+}
+
+fn backward_of(hidden: u32, out: u32, sums: RowSums) -> KernelSpec {
+    row_layer::spec("ln_bwd", Op::LayernormLinearBackward, hidden, out, 16, sums)
+}
+
+fn weight_grad_of(hidden: u32, out: u32, sums: RowSums) -> KernelSpec {
+    row_layer::spec(
+        "ln_wgrad",
+        Op::LayernormLinearWeightGrad,
+        hidden,
+        out,
+        16,
+        sums,
+    )
 }
 
 fn problem(spec: &KernelSpec) -> (Field, String) {
@@ -25,11 +46,19 @@ fn layout(spec: &KernelSpec, name: &str) -> Vec<Axis> {
         .unwrap_or_default()
 }
 
+fn bound(spec: &KernelSpec) -> Vec<&'static str> {
+    signature::tensors(spec)
+        .iter()
+        .filter(|t| t.role != Role::Uniform)
+        .map(|t| t.name)
+        .collect()
+}
+
 #[test]
 fn dw_owned_under_a_row_grid_is_a_race_at_dw() {
-    let mut spec = backward(RowSums::Atomic);
-    spec.writes[3].1 = WriteMode::Owned;
-    assert_eq!(spec.writes[3].0, "dw");
+    let mut spec = weight_grad(RowSums::Atomic);
+    spec.writes[0].1 = WriteMode::Owned;
+    assert_eq!(spec.writes[0].0, "dw");
     let (field, message) = problem(&spec);
     assert_eq!(field, Field::Write("dw".into()));
     assert!(message.contains("lacks axis `row_tile`"), "{message}");
@@ -45,9 +74,16 @@ fn every_row_kernel_compiles_through_naga_at_the_seed_and_the_real_shape() {
         for sums in [RowSums::Atomic, RowSums::TwoPass] {
             let abi = compile(&backward_of(hidden, out, sums))
                 .unwrap_or_else(|e| panic!("{hidden}->{out} {sums:?}: {e}"));
-            let atomic = abi.binding("dw").unwrap().wgsl_type.contains("atomic");
+            let atomic = abi.binding("dgamma").unwrap().wgsl_type.contains("atomic");
             assert_eq!(atomic, sums == RowSums::Atomic);
             assert!(abi.binding("dx").is_some());
+            // The statistics are recomputed with the forward's own function.
+            assert!(abi.wgsl.contains("fn tile_stats"));
+            let abi = compile(&weight_grad_of(hidden, out, sums))
+                .unwrap_or_else(|e| panic!("weight grad {hidden}->{out} {sums:?}: {e}"));
+            let atomic = abi.binding("dw").unwrap().wgsl_type.contains("atomic");
+            assert_eq!(atomic, sums == RowSums::Atomic);
+            assert!(abi.binding("db").is_some());
         }
         for op in [Op::LayernormLinear, Op::LayernormLinearReduce] {
             let spec = row_layer::spec("ln", op, hidden, out, 4, RowSums::Atomic);
@@ -58,31 +94,23 @@ fn every_row_kernel_compiles_through_naga_at_the_seed_and_the_real_shape() {
     }
 }
 
-fn backward_of(hidden: u32, out: u32, sums: RowSums) -> KernelSpec {
-    row_layer::spec("ln_bwd", Op::LayernormLinearBackward, hidden, out, 16, sums)
-}
-
 #[test]
-fn row_sums_bind_the_whole_gradient_when_atomic_and_a_partial_per_tile_when_two_pass() {
-    let atomic = backward(RowSums::Atomic);
-    let two_pass = backward(RowSums::TwoPass);
-    assert_eq!(layout(&atomic, "dw"), [Axis::N, Axis::K]);
+fn row_sums_bind_the_whole_gradient_when_atomic_and_partials_when_two_pass() {
+    let two_pass = weight_grad(RowSums::TwoPass);
+    assert_eq!(
+        layout(&weight_grad(RowSums::Atomic), "dw"),
+        [Axis::N, Axis::K]
+    );
     assert_eq!(layout(&two_pass, "dw"), [Axis::RowTile, Axis::N, Axis::K]);
     assert_eq!(layout(&two_pass, "db"), [Axis::RowTile, Axis::N]);
-    let storage = |s: &KernelSpec| {
-        signature::tensors(s)
-            .iter()
-            .filter(|t| t.role != Role::Uniform)
-            .count()
-    };
-    assert_eq!(storage(&atomic), 12);
-    assert!(
-        matches!(atomic.target, attn_dsl::Target::Native(l) if l.storage_buffers_per_stage == 12)
+    assert_eq!(
+        layout(&backward(RowSums::TwoPass), "dgamma"),
+        [Axis::RowTile, Axis::K]
     );
+    assert_eq!(layout(&backward(RowSums::Atomic), "dbeta"), [Axis::K]);
     assert_eq!(row_layer::forward_tile(768, 16384), row_layer::GEMM_TILE);
-    assert_eq!(storage(&two_pass), 12);
     let forward = row_layer::spec("ln", Op::LayernormLinear, 8, 16, 4, RowSums::Atomic);
-    assert_eq!(storage(&forward), 8);
+    assert_eq!(bound(&forward).len(), 8);
     let reduce = row_layer::spec(
         "ln_red",
         Op::LayernormLinearReduce,
@@ -91,20 +119,83 @@ fn row_sums_bind_the_whole_gradient_when_atomic_and_a_partial_per_tile_when_two_
         4,
         RowSums::Atomic,
     );
-    assert_eq!(storage(&reduce), 8);
+    assert_eq!(bound(&reduce).len(), 8);
     assert_eq!(reduce.grid.tile, 1);
+}
+
+/// The backward is two kernels so that each fits WebGPU's default 8 storage buffers: dx,
+/// dγ and dβ recompute the statistics (no mean, rstd or β bound); dW and db read them.
+#[test]
+fn both_backward_kernels_fit_webgpus_default_8_storage_buffers() {
+    let limits = Limits::WEBGPU;
+    assert_eq!(limits.storage_buffers_per_stage, 8);
+    for (hidden, out) in [(8, 16), (768, 3072)] {
+        for sums in [RowSums::Atomic, RowSums::TwoPass] {
+            let a = backward_of(hidden, out, sums);
+            assert_eq!(
+                bound(&a),
+                ["x", "gamma", "w", "dy", "dx", "dgamma", "dbeta"]
+            );
+            let b = weight_grad_of(hidden, out, sums);
+            assert_eq!(
+                bound(&b),
+                ["x", "gamma", "beta", "dy", "mean", "rstd", "dw", "db"]
+            );
+            for spec in [a, b] {
+                assert_eq!(spec.target, Target::Webgpu, "{} {sums:?}", spec.name);
+                let abi = compile(&spec).unwrap();
+                assert!(abi.storage_buffers() as u32 <= limits.storage_buffers_per_stage);
+                assert!(abi.workgroup_storage_bytes <= limits.workgroup_storage_bytes);
+            }
+        }
+    }
+}
+
+#[test]
+fn the_backward_grids_split_the_roles() {
+    let dims = |spec: &KernelSpec| {
+        let abi = compile(spec).unwrap();
+        // 74 rows in tiles of 16, hidden 8 and out 16: one dx block per tile, one k tile.
+        abi.dispatch_grid(&[74, 8, 16, 5, 5, 0, 0, 0])
+    };
+    // dx blocks, then (atomic) one dγβ tile per 64 columns.
+    assert_eq!(dims(&backward(RowSums::TwoPass)), [5, 1, 1]);
+    assert_eq!(dims(&backward(RowSums::Atomic)), [5, 2, 1]);
+    // One 64×64 tile of dW per grid row, whatever the schedule.
+    assert_eq!(dims(&weight_grad(RowSums::Atomic)), [5, 1, 1]);
+    let wide = weight_grad_of(768, 3072, RowSums::TwoPass);
+    let abi = compile(&wide).unwrap();
+    assert_eq!(
+        abi.dispatch_grid(&[74, 768, 3072, 5, 5, 0, 0, 0]),
+        [5, 48 * 12, 1]
+    );
 }
 
 #[test]
 fn mixed_row_sum_schedules_are_rejected_at_the_odd_one() {
     let mut spec = backward(RowSums::Atomic);
-    spec.writes[4].1 = WriteMode::ScratchFlush;
+    spec.writes[2].1 = WriteMode::ScratchFlush;
     let (field, message) = problem(&spec);
-    assert_eq!(field, Field::Write("db".into()));
+    assert_eq!(field, Field::Write("dbeta".into()));
     assert!(
         message.contains("all `atomic` or all `scratch`"),
         "{message}"
     );
+    let mut spec = weight_grad(RowSums::TwoPass);
+    spec.writes[1].1 = WriteMode::AtomicScatter;
+    assert_eq!(problem(&spec).0, Field::Write("db".into()));
+}
+
+#[test]
+fn each_backward_kernel_writes_only_its_own_row_sums() {
+    let mut spec = backward(RowSums::Atomic);
+    spec.writes.push(("dw".into(), WriteMode::AtomicScatter));
+    let (field, message) = problem(&spec);
+    assert_eq!(field, Field::Write("dw".into()));
+    assert!(message.contains("has no tensor `dw`"), "{message}");
+    let mut spec = weight_grad(RowSums::Atomic);
+    spec.writes.push(("dx".into(), WriteMode::Owned));
+    assert_eq!(problem(&spec).0, Field::Write("dx".into()));
 }
 
 #[test]
@@ -113,6 +204,10 @@ fn a_missing_row_sum_and_zero_sizes_are_named() {
     spec.writes.retain(|(n, _)| n != "dgamma");
     let (_, message) = problem(&spec);
     assert!(message.contains("`dgamma: atomic`"), "{message}");
+    let mut spec = weight_grad(RowSums::TwoPass);
+    spec.writes.retain(|(n, _)| n != "db");
+    let (_, message) = problem(&spec);
+    assert!(message.contains("`db: atomic`"), "{message}");
     let zero_out = row_layer::spec("ln", Op::LayernormLinear, 8, 0, 4, RowSums::Atomic);
     assert_eq!(problem(&zero_out).0, Field::OutDim);
     let zero_hidden = row_layer::spec("ln", Op::LayernormLinear, 0, 16, 4, RowSums::Atomic);
@@ -122,6 +217,9 @@ fn a_missing_row_sum_and_zero_sizes_are_named() {
 #[test]
 fn masks_do_not_apply_to_a_row_layer() {
     let mut spec = row_layer::spec("ln", Op::LayernormLinear, 8, 16, 4, RowSums::Atomic);
+    spec.masks.causal = true;
+    assert_eq!(problem(&spec).0, Field::Mask("causal".into()));
+    let mut spec = weight_grad(RowSums::Atomic);
     spec.masks.causal = true;
     assert_eq!(problem(&spec).0, Field::Mask("causal".into()));
 }

@@ -189,6 +189,7 @@ fn abi_const(abi: &KernelAbi, wgsl: TokenStream) -> TokenStream {
         Op::RopeBackward => quote!(RopeBackward),
         Op::LayernormLinear => quote!(LayernormLinear),
         Op::LayernormLinearBackward => quote!(LayernormLinearBackward),
+        Op::LayernormLinearWeightGrad => quote!(LayernormLinearWeightGrad),
         Op::LayernormLinearReduce => quote!(LayernormLinearReduce),
         Op::CacheAppend => quote!(CacheAppend),
         Op::DkvReduce => quote!(DkvReduce),

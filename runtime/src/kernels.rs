@@ -409,9 +409,38 @@ attention_kernel! {
 }
 
 attention_kernel! {
+    /// The LayerNorm + Linear backward's first kernel, 768 -> 3072, two-pass: dx, and dγ
+    /// and dβ as one partial per dx block, for row tiles of 64 rows (what the runtime
+    /// compiles for up to 448 rows at these widths). Portable: 7 storage buffers, the rows'
+    /// statistics recomputed from x rather than bound.
+    pub layernorm_linear_backward {
+        op: layernorm_linear_backward,
+        grid: r_major(tile = 64),
+        hidden: 768,
+        out: 3072,
+        target: webgpu,
+        workgroup_size: 256,
+        writes: { dx: owned, dgamma: scratch, dbeta: scratch },
+    }
+}
+
+attention_kernel! {
+    /// The backward's second kernel, beside the first: dW and db as one partial per row
+    /// tile of 64 rows. Portable: 8 storage buffers.
+    pub layernorm_linear_weight_grad {
+        op: layernorm_linear_weight_grad,
+        grid: r_major(tile = 64),
+        hidden: 768,
+        out: 3072,
+        target: webgpu,
+        workgroup_size: 256,
+        writes: { dw: scratch, db: scratch },
+    }
+}
+
+attention_kernel! {
     /// The second pass of the LayerNorm + Linear backward's two-pass schedule, 768 -> 3072:
-    /// one invocation per element of dγ, dβ, dW and db sums its partials. Portable. (The
-    /// backward itself binds 12 storage buffers, so it is native only and not in FAMILY.)
+    /// one invocation per element of dγ, dβ, dW and db sums its partials. Portable.
     pub layernorm_linear_reduce {
         op: layernorm_linear_reduce,
         grid: elementwise,
@@ -593,9 +622,8 @@ pub static ROPE: [(&attn_dsl::KernelAbi, &attn_dsl::KernelAbi); 2] = [
 /// Every portable kernel of the default family, in the order `generated/manifest.json`
 /// lists them. (The native-f32-atomic variants are left out: browsers have no
 /// `atomic<f32>`; so is streaming at head_dim 128, whose tiles of 16 rows need more than
-/// WebGPU's 16 KiB of workgroup memory; and so is the LayerNorm + Linear backward, which
-/// binds 12 storage buffers.)
-pub static FAMILY: [&attn_dsl::KernelAbi; 39] = [
+/// WebGPU's 16 KiB of workgroup memory.)
+pub static FAMILY: [&attn_dsl::KernelAbi; 41] = [
     &attention_forward::ABI,
     &attention_forward_d128::ABI,
     &attention_decode::ABI,
@@ -630,6 +658,8 @@ pub static FAMILY: [&attn_dsl::KernelAbi; 39] = [
     &attention_backward_dq_flash_d128::ABI,
     &attention_backward_dkdv_flash_d128::ABI,
     &layernorm_linear::ABI,
+    &layernorm_linear_backward::ABI,
+    &layernorm_linear_weight_grad::ABI,
     &layernorm_linear_reduce::ABI,
     &attention_cache_append::ABI,
     &attention_cache_append_paged::ABI,

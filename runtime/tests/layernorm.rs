@@ -100,37 +100,43 @@ fn both_schedules_pass_at_the_seed_shape() {
     }
 }
 
-/// generated/ holds what the runtime runs: the family's forward and reduce are the kernels
-/// `LayerNormLinear` compiles for 768 -> 3072.
+/// generated/ holds what the runtime runs: the family's forward, reduce and two-pass
+/// backward kernels are the ones `LayerNormLinear` compiles for 768 -> 3072 (the backward
+/// at up to 448 rows, whose row tile is 64).
 #[test]
 fn the_family_kernels_are_the_ones_the_runtime_compiles() {
     use attn_dsl::Op;
     use attn_dsl::row_layer::{self, spec};
-    let tile = row_layer::forward_tile(768, 16384);
-    let forward = spec(
-        "layernorm_linear",
-        Op::LayernormLinear,
-        768,
-        3072,
-        tile,
-        RowSums::Atomic,
-    );
-    let reduce = spec(
-        "layernorm_linear_reduce",
-        Op::LayernormLinearReduce,
-        768,
-        3072,
-        1,
-        RowSums::TwoPass,
-    );
-    assert_eq!(
-        &attn_dsl::compile(&forward).unwrap(),
-        &kernels::layernorm_linear::ABI
-    );
-    assert_eq!(
-        &attn_dsl::compile(&reduce).unwrap(),
-        &kernels::layernorm_linear_reduce::ABI
-    );
+    use runtime::layernorm::backward_tile;
+    let forward_tile = row_layer::forward_tile(768, 16384);
+    let tile = backward_tile(448, 768, 3072);
+    assert_eq!(tile, 64);
+    let expected = [
+        (
+            Op::LayernormLinear,
+            forward_tile,
+            &kernels::layernorm_linear::ABI,
+        ),
+        (
+            Op::LayernormLinearBackward,
+            tile,
+            &kernels::layernorm_linear_backward::ABI,
+        ),
+        (
+            Op::LayernormLinearWeightGrad,
+            tile,
+            &kernels::layernorm_linear_weight_grad::ABI,
+        ),
+        (
+            Op::LayernormLinearReduce,
+            1,
+            &kernels::layernorm_linear_reduce::ABI,
+        ),
+    ];
+    for (op, tile, family) in expected {
+        let spec = spec(op.name(), op, 768, 3072, tile, RowSums::TwoPass);
+        assert_eq!(&attn_dsl::compile(&spec).unwrap(), family, "{}", op.name());
+    }
 }
 
 #[test]

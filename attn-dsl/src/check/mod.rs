@@ -496,7 +496,13 @@ fn check_masks(spec: &KernelSpec) -> Result<(), DslError> {
 fn cannot_honour(op: Op, m: Modifier) -> Option<&'static str> {
     use Modifier::*;
     match (op, m) {
-        (Op::LayernormLinear | Op::LayernormLinearBackward | Op::LayernormLinearReduce, _) => Some(
+        (
+            Op::LayernormLinear
+            | Op::LayernormLinearBackward
+            | Op::LayernormLinearWeightGrad
+            | Op::LayernormLinearReduce,
+            _,
+        ) => Some(
             "it is a row-wise layer (LayerNorm + Linear): no query meets a key, so no mask or \
              score modifier applies",
         ),
@@ -697,7 +703,8 @@ fn check_pairs(spec: &KernelSpec) -> Result<(), DslError> {
 fn supported_mode(spec: &KernelSpec, tensor: &str) -> WriteMode {
     match (spec.op, tensor) {
         // Either schedule of a sum over rows; an owned one is caught as a race first.
-        (Op::LayernormLinearBackward, "dgamma" | "dbeta" | "dw" | "db") => spec
+        (Op::LayernormLinearBackward, "dgamma" | "dbeta")
+        | (Op::LayernormLinearWeightGrad, "dw" | "db") => spec
             .write_mode(tensor)
             .filter(|m| *m != WriteMode::Owned)
             .unwrap_or(WriteMode::AtomicScatter),

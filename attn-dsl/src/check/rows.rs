@@ -2,7 +2,7 @@
 //! every row (one schedule for all four).
 
 use crate::error::{DslError, Field};
-use crate::layout::rows::{GEMM_TILE, MAX_ROW_WIDTH, ROW_SUMS, WORKGROUP};
+use crate::layout::rows::{GEMM_TILE, MAX_ROW_WIDTH, WORKGROUP, row_sums};
 use crate::spec::{KernelSpec, Op, WriteMode};
 
 pub(crate) fn check_sizes(spec: &KernelSpec) -> Result<(), DslError> {
@@ -41,14 +41,15 @@ pub(crate) fn check_sizes(spec: &KernelSpec) -> Result<(), DslError> {
     Ok(())
 }
 
-/// dγ, dβ, dW and db are one schedule: all scattered, or all flushed as row-tile partials
-/// for one reduce kernel. An `owned` one is left to the ownership rule, which names the race.
+/// The row sums a backward kernel writes are one schedule: all scattered, or all flushed
+/// as partials for one reduce kernel. An `owned` one is left to the ownership rule, which
+/// names the race.
 pub(crate) fn check_row_sums(spec: &KernelSpec) -> Result<(), DslError> {
-    if spec.op != Op::LayernormLinearBackward {
+    if spec.op == Op::LayernormLinearReduce {
         return Ok(());
     }
     let mut first: Option<(&str, WriteMode)> = None;
-    for name in ROW_SUMS {
+    for &name in row_sums(spec.op) {
         let mode = match spec.write_mode(name) {
             None => {
                 return Err(DslError::spec(

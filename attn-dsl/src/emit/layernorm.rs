@@ -1,6 +1,6 @@
-//! The fused LayerNorm + Linear of seed 003: the forward, its backward (dx owned per row;
-//! dγ, dβ, dW and db summed over rows, then added by atomics or flushed as partials for
-//! the reduce kernel), and that reduce.
+//! The fused LayerNorm + Linear of seed 003: the forward, its backward in two kernels (dx
+//! owned per row, with dγ and dβ; then dW and db), the four row sums added by atomics or
+//! flushed as partials for the reduce kernel, and that reduce.
 //!
 //! The Linear's three products (y = x̂ₙ·Wᵀ, dx̂ₙ = dy·W, dW = dyᵀ·x̂ₙ) are tiled as a GEMM:
 //! a workgroup of 16×16 invocations owns a 64×64 block of outputs, stages `BK` slices of
@@ -46,6 +46,7 @@ pub(super) fn body(out: &mut Wgsl, spec: &KernelSpec) {
     match spec.op {
         Op::LayernormLinear => forward(out, spec),
         Op::LayernormLinearBackward => backward(out, spec),
+        Op::LayernormLinearWeightGrad => weight_grad(out, spec),
         _ => reduce_partials(out, spec),
     }
 }
@@ -79,7 +80,7 @@ fn blocked_sum(result: &str, start: &str, count: &str, term: &str) -> String {
 }
 
 /// [`blocked_sum`] with one more level: BLOCK branches into a trunk (BLOCK³ terms), the
-/// trunks in turn: for the atomic schedule's db, summed over a whole row tile.
+/// trunks in turn: for db, summed over a whole row tile.
 fn tree_sum(result: &str, count: &str, term: &str) -> String {
     let inner = blocked_sum(
         "trunk",
@@ -165,8 +166,10 @@ fn product_loop(step: &str, count: &str, stage: &str) -> String {
     )
 }
 
-fn forward(out: &mut Wgsl, spec: &KernelSpec) {
-    gemm_core(out);
+/// Each row's (mean, 1/std) of a tile of up to 64 rows, in workgroup memory: the forward
+/// computes them, and the backward recomputes them with the same code, so its numbers are
+/// the forward's.
+fn row_stats(out: &mut Wgsl) {
     out.push_str(
         r#"// Four lanes per row of the tile: their partial sums, and each row's (mean, 1/std).
 const LANES: u32 = WG / TN;
@@ -224,7 +227,15 @@ fn tile_stats(first: u32, tid: u32) {
     }
 }
 
-// Slice k0.. of the normalized rows (x̂·γ + β) into sh_a and of W's rows n0.. into sh_b;
+"#,
+    );
+}
+
+fn forward(out: &mut Wgsl, spec: &KernelSpec) {
+    gemm_core(out);
+    row_stats(out);
+    out.push_str(
+        r#"// Slice k0.. of the normalized rows (x̂·γ + β) into sh_a and of W's rows n0.. into sh_b;
 // zero past the rows, HIDDEN or OUT.
 fn stage_forward(first: u32, n0: u32, k0: u32, tid: u32) {
     for (var q = 0u; q < 4u; q = q + 1u) {
@@ -295,32 +306,32 @@ fn flush(spec: &KernelSpec, t: &str, part: &str, size: &str, index: &str, value:
     }
 }
 
-/// Whether the backward adds its row sums by atomics (else it flushes partials).
+/// Whether the backward adds dγ and dβ by atomics (else it flushes partials).
 fn atomic(spec: &KernelSpec) -> bool {
     spec.write_mode("dgamma") == Some(WriteMode::AtomicScatter)
 }
 
+/// The backward's first kernel: dx, dγ and dβ. It binds neither the saved statistics nor
+/// β (the budget of 8 storage buffers): each dx block recomputes its rows' statistics.
 fn backward(out: &mut Wgsl, spec: &KernelSpec) {
     atomic_adds(out, spec);
     gemm_core(out);
-    backward_staging(out);
+    row_stats(out);
+    block_stats(out);
+    stage_dx(out);
     dx_block(out, spec);
-    dw_tile(out, spec);
     if atomic(spec) {
         gb_tile(out, spec);
         let _ = write!(
             out,
-            r#"// Grid row y < SUBS of row tile x: dx of rows x·TILE + y·DXR.. (one block); rows
-// SUBS..SUBS + KT: dγ and dβ of 64 columns summed over the row tile; the rest: one 64×64
-// tile of dW (and, in the tiles of column 0, 64 columns of db) summed over the tile.
+            r#"// Grid row y < SUBS of row tile x: dx of rows x·TILE + y·DXR.. (one block); the
+// rest: dγ and dβ of 64 columns summed over the row tile.
 @compute @workgroup_size(WG)
 fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {{
     if (wg.y < SUBS) {{
         dx_block(wg.x, wg.y, tid);
-    }} else if (wg.y < SUBS + KT) {{
-        gb_tile(wg.x, wg.y - SUBS, tid);
     }} else {{
-        dw_tile(wg.x, wg.y - SUBS - KT, tid);
+        gb_tile(wg.x, wg.y - SUBS, tid);
     }}
 }}
 "#,
@@ -330,18 +341,56 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     }
     let _ = write!(
         out,
-        r#"// Grid row y < SUBS of row tile x: dx, and the dγ, dβ, db partials, of rows
-// x·TILE + y·DXR.. (one block); rows SUBS..: one 64×64 tile of dW summed over the tile.
+        r#"// Grid row y of row tile x: dx, and the dγ and dβ partials, of rows x·TILE + y·DXR..
+// (one block).
 @compute @workgroup_size(WG)
 fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {{
-    if (wg.y < SUBS) {{
-        dx_block(wg.x, wg.y, tid);
-    }} else {{
-        dw_tile(wg.x, wg.y - SUBS, tid);
-    }}
+    dx_block(wg.x, wg.y, tid);
 }}
 "#,
         name = spec.name
+    );
+}
+
+/// The backward's second kernel: dW, and db in the tiles of k column 0.
+fn weight_grad(out: &mut Wgsl, spec: &KernelSpec) {
+    atomic_adds(out, spec);
+    gemm_core(out);
+    stage_dw(out);
+    dw_tile(out, spec);
+    let _ = write!(
+        out,
+        r#"// Grid row y of row tile x: one 64×64 tile of dW (and, in the tiles of column 0, 64
+// columns of db) summed over the row tile.
+@compute @workgroup_size(WG)
+fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {{
+    dw_tile(wg.x, wg.y, tid);
+}}
+"#,
+        name = spec.name
+    );
+}
+
+/// A dx block's statistics in the invocation's registers, by [`row_stats`].
+fn block_stats(out: &mut Wgsl) {
+    out.push_str(
+        r#"// (mean, 1/std) of this invocation's rows first + 4·ty.. (of `count`) into mu and rs,
+// computed as the forward computes them. Rows of sh_stat past the block (a row tile that
+// is not a whole number of blocks) are computed and never read.
+fn block_stats(first: u32, count: u32, tid: u32, mu: ptr<function, vec4<f32>>,
+               rs: ptr<function, vec4<f32>>) {
+    tile_stats(first, tid);
+    workgroupBarrier();
+    let ty = tid / 16u;
+    for (var i = 0u; i < 4u; i = i + 1u) {
+        if (ty * 4u + i < count) {
+            (*mu)[i] = sh_stat[ty * 4u + i].x;
+            (*rs)[i] = sh_stat[ty * 4u + i].y;
+        }
+    }
+}
+
+"#,
     );
 }
 
@@ -369,18 +418,19 @@ fn gb_tile(tile: u32, kt: u32, tid: u32) {{
     for (var sub = 0u; sub < SUBS && tile * TILE + sub * DXR < dims.rows; sub = sub + 1u) {{
         let first = tile * TILE + sub * DXR;
         let count = min(min(DXR, TILE - sub * DXR), dims.rows - first);
+        var mu = vec4<f32>(0.0);
+        var rs = vec4<f32>(0.0);
+        block_stats(first, count, tid, &mu, &rs);
         {product}
         var g1 = vec4<f32>(0.0);
         var g2 = vec4<f32>(0.0);
         for (var i = 0u; i < 4u; i = i + 1u) {{
             let row = first + ty * 4u + i;
             if (ty * 4u + i < count) {{
-                let mu = mean[row];
-                let rs = rstd[row];
                 for (var j = 0u; j < 4u; j = j + 1u) {{
                     let k = k0 + tx * 4u + j;
                     if (k < HIDDEN) {{
-                        let xhat = (x[row * HIDDEN + k] - mu) * rs;
+                        let xhat = (x[row * HIDDEN + k] - mu[i]) * rs[i];
                         let g = acc[i][j];
                         g1[j] = fma(g, xhat, g1[j]);
                         g2[j] = g2[j] + g;
@@ -423,7 +473,7 @@ fn gb_tile(tile: u32, kt: u32, tid: u32) {{
     );
 }
 
-fn backward_staging(out: &mut Wgsl) {
+fn stage_dx(out: &mut Wgsl) {
     out.push_str(
         r#"// dy[first + m, n0..n0 + BK] into sh_a (rows m < count) and W[n0.., k0..k0 + 64]
 // into sh_b: a slice of dx̂ₙ = dy·W.
@@ -448,7 +498,13 @@ fn stage_dx(first: u32, count: u32, n0: u32, k0: u32, tid: u32) {
     }
 }
 
-// dy[first + r0.., n0..n0 + 64] into sh_a and the Linear's input x̂·γ + β at the same rows,
+"#,
+    );
+}
+
+fn stage_dw(out: &mut Wgsl) {
+    out.push_str(
+        r#"// dy[first + r0.., n0..n0 + 64] into sh_a and the Linear's input x̂·γ + β at the same rows,
 // k0..k0 + 64, into sh_b: a slice of dW = dyᵀ·(x̂·γ + β).
 fn stage_dw(first: u32, count: u32, r0: u32, n0: u32, k0: u32, tid: u32) {
     for (var q = 0u; q < 4u; q = q + 1u) {
@@ -479,17 +535,12 @@ fn dx_block(out: &mut Wgsl, spec: &KernelSpec) {
     let product = product_loop("n0", "OUT", "stage_dx(first, count, n0, k0, tid)");
     let dgamma = flush(spec, "dgamma", "blk", "HIDDEN", "k", "ga");
     let dbeta = flush(spec, "dbeta", "blk", "HIDDEN", "k", "gb");
-    let db_sum = blocked_sum("acc", "0u", "count", "dy[(first + i) * OUT + n]");
-    let db = flush(spec, "db", "blk", "OUT", "n", "acc");
     // A block past the rows has no rows to add: its partials stay zero, written here
     // because the reduce sums every block's.
-    let empty = if spec.write_mode("db") == Some(WriteMode::ScratchFlush) {
+    let empty = if spec.write_mode("dgamma") == Some(WriteMode::ScratchFlush) {
         "for (var k = tid; k < HIDDEN; k = k + WG) {
             dgamma[blk * HIDDEN + k] = 0.0;
             dbeta[blk * HIDDEN + k] = 0.0;
-        }
-        for (var n = tid; n < OUT; n = n + WG) {
-            db[blk * OUT + n] = 0.0;
         }"
     } else {
         ""
@@ -517,24 +568,13 @@ fn dx_block(out: &mut Wgsl, spec: &KernelSpec) {
         workgroupBarrier();"#
         )
     };
-    let dbsum = if atomic(spec) {
-        String::new()
-    } else {
-        format!(
-            r#"// db = Σ dy over the block's rows.
-    for (var n = tid; n < OUT; n = n + WG) {{
-        {db_sum}
-        {db}
-    }}"#
-        )
-    };
     let _ = write!(
         out,
         r#"// dx of one block of DXR rows, over every k tile in turn: dx̂ₙ = dy·W (tiled), then the
 // LayerNorm chain rule dx = rstd·(dx̂ − mean(dx̂) − x̂·mean(dx̂·x̂)), dx̂ = dx̂ₙ·γ. dx̂ is
 // kept in dx until the row means are known; each invocation rereads only what it wrote.
-// Under two-pass, dγ, dβ and db of the block's rows leave as partial `blk` (the atomic
-// schedule sums them over the whole row tile in gb_tile and dw_tile instead).
+// Under two-pass, dγ and dβ of the block's rows leave as partial `blk` (the atomic
+// schedule sums them over the whole row tile in gb_tile instead).
 fn dx_block(tile: u32, sub: u32, tid: u32) {{
     let tx = tid % 16u;
     let ty = tid / 16u;
@@ -550,12 +590,7 @@ fn dx_block(tile: u32, sub: u32, tid: u32) {{
     }}
     var mu = vec4<f32>(0.0);
     var rs = vec4<f32>(0.0);
-    for (var i = 0u; i < 4u; i = i + 1u) {{
-        if (ty * 4u + i < count) {{
-            mu[i] = mean[first + ty * 4u + i];
-            rs[i] = rstd[first + ty * 4u + i];
-        }}
-    }}
+    block_stats(first, count, tid, &mu, &rs);
     // Σ dx̂ and Σ dx̂·x̂ of this invocation's rows: a fresh partial per k tile.
     var s1 = vec4<f32>(0.0);
     var s2 = vec4<f32>(0.0);
@@ -614,7 +649,6 @@ fn dx_block(tile: u32, sub: u32, tid: u32) {{
             }}
         }}
     }}
-    {dbsum}
 }}
 
 "#
@@ -631,26 +665,13 @@ fn dw_tile(out: &mut Wgsl, spec: &KernelSpec) {
         "n * HIDDEN + k",
         "acc[i][j]",
     );
-    // The atomic schedule's db: the dW tiles of k column 0 sum their 64 columns of dy over
-    // the row tile (one add per row tile, as dW).
-    let db = if atomic(spec) {
-        let sum = tree_sum("dbs", "count", "dy[(first + i) * OUT + n]");
-        let add = flush(spec, "db", "tile", "OUT", "n", "dbs");
-        format!(
-            r#"
-    let n = n0 + tid;
-    if (k0 == 0u && tid < TN && n < OUT) {{
-        {sum}
-        {add}
-    }}"#
-        )
-    } else {
-        String::new()
-    };
+    let db_sum = tree_sum("dbs", "count", "dy[(first + i) * OUT + n]");
+    let db = flush(spec, "db", "tile", "OUT", "n", "dbs");
     let _ = write!(
         out,
         r#"// dW[n0.., k0..] (64×64, tile t of the KT-wide grid of them) summed over the row
-// tile's rows, leaving as partial `tile` (or atomic adds).
+// tile's rows, leaving as partial `tile` (or atomic adds); the tiles of k column 0 also
+// sum their 64 columns of db = Σ dy over the tile (one add or partial per row tile, as dW).
 fn dw_tile(tile: u32, t: u32, tid: u32) {{
     let tx = tid % 16u;
     let ty = tid / 16u;
@@ -667,7 +688,12 @@ fn dw_tile(tile: u32, t: u32, tid: u32) {{
                 {dw}
             }}
         }}
-    }}{db}
+    }}
+    let n = n0 + tid;
+    if (k0 == 0u && tid < TN && n < OUT) {{
+        {db_sum}
+        {db}
+    }}
 }}
 
 "#
@@ -690,11 +716,11 @@ fn reduce_partials(out: &mut Wgsl, spec: &KernelSpec) {
     let dgamma = sum("dgamma_part", "dims.n_blocks", "HIDDEN");
     let dbeta = sum("dbeta_part", "dims.n_blocks", "HIDDEN");
     let dw = sum("dw_part", "dims.n_tiles", "(OUT * HIDDEN)");
-    let db = sum("db_part", "dims.n_blocks", "OUT");
+    let db = sum("db_part", "dims.n_tiles", "OUT");
     let _ = write!(
         out,
         r#"// One invocation per element of dγ | dβ | dW | db, summing its partials: one per row
-// tile for dW, one per dx block (DXR rows) for the others.
+// tile for dW and db, one per dx block (DXR rows) for dγ and dβ.
 @compute @workgroup_size(WG)
 fn {name}(@builtin(global_invocation_id) gid: vec3<u32>) {{
     var e = gid.x;

@@ -111,7 +111,10 @@ fn emit_body(out: &mut Wgsl, spec: &KernelSpec, keep: coop::Phases) {
             decode_split::body(out, spec);
             return;
         }
-        Op::LayernormLinear | Op::LayernormLinearBackward | Op::LayernormLinearReduce => {
+        Op::LayernormLinear
+        | Op::LayernormLinearBackward
+        | Op::LayernormLinearWeightGrad
+        | Op::LayernormLinearReduce => {
             layernorm::body(out, spec);
             return;
         }
@@ -144,6 +147,7 @@ fn emit_body(out: &mut Wgsl, spec: &KernelSpec, keep: coop::Phases) {
         | Op::DecodeReduce
         | Op::LayernormLinear
         | Op::LayernormLinearBackward
+        | Op::LayernormLinearWeightGrad
         | Op::LayernormLinearReduce
         | Op::CacheAppend
         | Op::DkvReduce

@@ -47,9 +47,10 @@ pub fn workgroup_bytes(spec: &KernelSpec) -> u32 {
         | Op::ToDtype
         | Op::FromDtype => 0,
         Op::DecodeSplit | Op::DecodeReduce => decode::workgroup_bytes(spec),
-        Op::LayernormLinear | Op::LayernormLinearBackward | Op::LayernormLinearReduce => {
-            rows::workgroup_bytes(spec)
-        }
+        Op::LayernormLinear
+        | Op::LayernormLinearBackward
+        | Op::LayernormLinearWeightGrad
+        | Op::LayernormLinearReduce => rows::workgroup_bytes(spec),
     }
 }
 

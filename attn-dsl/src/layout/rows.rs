@@ -37,18 +37,26 @@ pub const MAX_ROW_WIDTH: u32 = 16384;
 /// The gradients of the backward that sum over rows, in binding order.
 pub const ROW_SUMS: [&str; 4] = ["dgamma", "dbeta", "dw", "db"];
 
+/// The row sums `op` writes: the backward's two kernels split them (dγ and dβ beside dx,
+/// dW and db in the weight gradient), the reduce finishes all four.
+pub fn row_sums(op: Op) -> &'static [&'static str] {
+    match op {
+        Op::LayernormLinearBackward => &ROW_SUMS[..2],
+        Op::LayernormLinearWeightGrad => &ROW_SUMS[2..],
+        Op::LayernormLinearReduce => &ROW_SUMS,
+        _ => &[],
+    }
+}
+
 /// The second grid dimension of a row op: the forward's 64-wide blocks of outputs; the
-/// backward's dx blocks of a row tile, (`atomic`: one workgroup per 64 columns of dγ and
-/// dβ,) then one workgroup per 64×64 tile of dW.
+/// backward's dx blocks of a row tile, then (`atomic`) one workgroup per 64 columns of dγ
+/// and dβ; the weight gradient's 64×64 tiles of dW.
 pub fn grid_y(op: Op, hidden: u32, out: u32, tile: u32, atomic: bool) -> u32 {
     let k_tiles = hidden.div_ceil(GEMM_TILE);
     match op {
         Op::LayernormLinear => out.div_ceil(GEMM_TILE),
-        Op::LayernormLinearBackward => {
-            blocks_per_tile(tile)
-                + if atomic { k_tiles } else { 0 }
-                + out.div_ceil(GEMM_TILE) * k_tiles
-        }
+        Op::LayernormLinearBackward => blocks_per_tile(tile) + if atomic { k_tiles } else { 0 },
+        Op::LayernormLinearWeightGrad => out.div_ceil(GEMM_TILE) * k_tiles,
         _ => 1,
     }
 }
@@ -56,13 +64,15 @@ pub fn grid_y(op: Op, hidden: u32, out: u32, tile: u32, atomic: bool) -> u32 {
 /// Floats of one staged operand slice: BK reduction indices × 64 outputs.
 pub const SLICE: u32 = BK * GEMM_TILE;
 
-/// The staged operand slices, and the forward's per-row statistics.
+/// The staged operand slices, and the per-row statistics of the kernels that compute them.
 pub fn workgroup_bytes(spec: &KernelSpec) -> u32 {
     let slices = 2 * 4 * SLICE;
     match spec.op {
         // + one partial per invocation and (mean, rstd) of each of the 64 rows.
-        Op::LayernormLinear => slices + 4 * spec.workgroup_size + 8 * GEMM_TILE,
-        Op::LayernormLinearBackward => slices,
+        Op::LayernormLinear | Op::LayernormLinearBackward => {
+            slices + 4 * spec.workgroup_size + 8 * GEMM_TILE
+        }
+        Op::LayernormLinearWeightGrad => slices,
         _ => 0,
     }
 }

@@ -1,13 +1,12 @@
 // dW = dyᵀ·x̂ sums over every row, and its index [n, k] has no row: under a row grid every
 // row tile's workgroup would write the same elements.
 attn_macros::attention_kernel! {
-    pub racy_layernorm_backward {
-        op: layernorm_linear_backward,
+    pub racy_layernorm_weight_grad {
+        op: layernorm_linear_weight_grad,
         grid: r_major(tile = 16),
         hidden: 8,
         out: 16,
-        target: native(storage_buffers = 12),
-        writes: { dx: owned, dgamma: atomic, dbeta: atomic, dw: owned, db: atomic },
+        writes: { dw: owned, db: atomic },
     }
 }
 

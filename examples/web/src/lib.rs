@@ -1,15 +1,19 @@
 //! The runtime in a browser: the seeds' layer (12 query heads over 4 KV heads, head_dim 64,
-//! causal) through the forward and every backward schedule the adapter runs, each judged
-//! against the runtime's CPU reference, computed in the same wasm module, by the pass rule of
-//! `check` (error at most 2× the f32 baseline's, plus 1e-6).
+//! causal) through the forward and every backward schedule the adapter runs, and the fused
+//! LayerNorm + Linear's forward and backward, each judged against the runtime's CPU
+//! reference, computed in the same wasm module, by the pass rule of `check` (error at most
+//! 2× the f32 baseline's, plus 1e-6).
 //!
 //! Everything but the page itself (`page.rs`, wasm only) is target-independent, so a native
 //! test runs the same rows on lavapipe.
 
 use attn_dsl::Masks;
+use attn_dsl::row_layer::RowSums;
 use attn_dsl::{Cache, Dtype, Scalar};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use runtime::compare::{Verdict, judge};
+use runtime::layernorm::judge::{LnCase, LnJudge};
+use runtime::layernorm::{LayerNormLinear, layernorm_linear, layernorm_linear_backward};
 use runtime::ops::cache::{CacheLayout, CacheSpec, KvCache};
 use runtime::ops::decode::{Decode, DecodeArgs, DecodeSpec};
 use runtime::ops::forward::{Forward, ForwardArgs, ForwardSpec};
@@ -39,6 +43,15 @@ pub const DEFAULT_SEQ: u32 = 128;
 pub const MAX_SEQ: u32 = 1024;
 
 const SEED: u64 = 7;
+
+/// The LayerNorm + Linear rows' shape: two row tiles of the backward (so both schedules sum
+/// over tiles), and an `out` that is not a whole number of the kernels' 64-wide tiles.
+pub const LAYERNORM: LnCase = LnCase {
+    batch: 1,
+    seq: 128,
+    hidden: 64,
+    out: 96,
+};
 
 /// One line of the table.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -244,12 +257,64 @@ pub async fn run_layer(
         on_row(&row);
         rows.push(row);
     }
+    for row in layernorm_rows(gpu).await? {
+        on_row(&row);
+        rows.push(row);
+    }
     if seq > 1 {
         let row = decode_loop_row(gpu, &layer, (seq - 1).min(DECODE_STEPS)).await?;
         on_row(&row);
         rows.push(row);
     }
     Ok(rows)
+}
+
+/// The fused LayerNorm + Linear at [`LAYERNORM`]: the forward, then the backward (its two
+/// kernels, and the reduce under two-pass) under each row-sum schedule, judged by `check`'s
+/// judge and labelled as `check` labels them.
+async fn layernorm_rows(gpu: &Gpu) -> Result<Vec<Row>, Error> {
+    let c = LAYERNORM;
+    let mut judge = LnJudge::new(c, SEED);
+    let layer = |sums| LayerNormLinear::new(gpu, c.rows(), c.hidden, c.out, sums);
+    let layers = [layer(RowSums::Atomic)?, layer(RowSums::TwoPass)?];
+    // The forward is one kernel whatever the schedule: timed and judged once, and its
+    // statistics saved for every backward.
+    let (saved, ms) = {
+        let input = judge.input();
+        warm_then_time(|| layernorm_linear(gpu, &layers[0], &input)).await?
+    };
+    let verdicts = judge.forward(&saved);
+    let mut rows = vec![Row::new(
+        "layernorm_linear".into(),
+        c.label(),
+        &verdicts,
+        ms,
+    )];
+    for layer in &layers {
+        let (grads, ms) = {
+            let input = judge.input();
+            let run = || layernorm_linear_backward(gpu, layer, &input, &saved, judge.dy());
+            warm_then_time(run).await?
+        };
+        let label = format!(
+            "layernorm_linear_backward ({})",
+            tuning::row_sums_name(layer.sums())
+        );
+        let verdicts = judge.backward(&saved, &grads);
+        rows.push(Row::new(label, c.label(), &verdicts, ms));
+    }
+    Ok(rows)
+}
+
+/// What `run` returns, and the wall-clock ms of that call, made after a warm-up call.
+async fn warm_then_time<T, F>(run: impl Fn() -> F) -> Result<(T, f64), Error>
+where
+    F: Future<Output = Result<T, Error>>,
+{
+    run().await?;
+    let start = Instant::now();
+    let out = run().await?;
+    Ok((out, start.elapsed().as_secs_f64() * 1e3))
 }
 
 /// Tokens the page's decode loop generates.

@@ -32,9 +32,25 @@ fn every_row_of_the_page_passes_natively() {
         2,
         "one planned forward and one planned backward: {kernels:?}"
     );
+    let (layernorm, attention): (Vec<_>, Vec<_>) =
+        rows.iter().partition(|r| r.kernel.starts_with("layernorm"));
     assert!(
-        rows.iter()
+        attention
+            .iter()
             .all(|r| r.shape == "seq 33, 12/4 heads, d 64, causal")
+    );
+    let layernorm: Vec<(&str, &str)> = layernorm
+        .iter()
+        .map(|r| (r.kernel.as_str(), r.shape.as_str()))
+        .collect();
+    let shape = "[1, 128, 64] -> 96";
+    assert_eq!(
+        layernorm,
+        [
+            ("layernorm_linear", shape),
+            ("layernorm_linear_backward (atomic)", shape),
+            ("layernorm_linear_backward (two-pass)", shape),
+        ]
     );
     assert_eq!((HEADS.n_heads, HEADS.n_kv_heads), (12, 4));
 }

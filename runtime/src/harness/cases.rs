@@ -5,7 +5,6 @@ use crate::BlockOn;
 use attn_dsl::{
     BiasHeads, Cache, Dtype, FlashConfig, Fp8, KernelAbi, KernelSpec, Masks, Modifier, Op, Scalar,
 };
-use rand::{Rng, SeedableRng, rngs::StdRng};
 
 use crate::attention::{self, DecodeInput, ForwardInput, Heads};
 use crate::backward::{Backward, BackwardInput, Gradients, Schedule};
@@ -24,6 +23,9 @@ use crate::ops::cache::CacheLayout;
 use crate::plan::tuning;
 use crate::reference::{self, Problem, cast};
 use crate::rope::{self, RopeInput};
+
+// The inputs' generator, where the matrix's users have always found it.
+pub use super::inputs::random;
 
 /// How a case's rows split into documents.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -911,12 +913,6 @@ impl Row {
     pub fn pass(&self) -> bool {
         self.verdicts.iter().all(|(_, v)| v.pass())
     }
-}
-
-/// Uniform values in [-2, 2), reproducible from `seed`.
-pub fn random(len: usize, seed: u64) -> Vec<f32> {
-    let mut rng = StdRng::seed_from_u64(seed);
-    (0..len).map(|_| rng.random_range(-2.0f32..2.0)).collect()
 }
 
 /// `seg` for `seq` rows in `docs` documents of near-equal length.

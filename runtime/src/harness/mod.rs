@@ -8,6 +8,7 @@ pub mod bench;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod cases;
 pub mod compare;
+pub mod inputs;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod kv_fp8;
 pub mod layernorm;

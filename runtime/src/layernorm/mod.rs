@@ -1,12 +1,13 @@
 //! The fused LayerNorm + Linear of seed 003 on the GPU: `y = W·LN(x; γ, β) + b` over
-//! `[rows, hidden] -> [rows, out]` (rows = batch · seq), and its backward with dγ, dβ, dW
-//! and db summed over rows by atomics or by the two-pass schedule.
+//! `[rows, hidden] -> [rows, out]` (rows = batch · seq), and its backward (two kernels: dx,
+//! dγ and dβ, then dW and db) with the row sums added by atomics or by the two-pass
+//! schedule.
 
-#[doc(hidden)]
-pub use crate::harness::layernorm::reference;
 #[cfg(not(target_arch = "wasm32"))]
 #[doc(hidden)]
 pub use crate::harness::layernorm::{baseline, bench, check};
+#[doc(hidden)]
+pub use crate::harness::layernorm::{judge, reference};
 
 use attn_dsl::row_layer::{self, RowSums};
 use attn_dsl::{KernelAbi, Op};
@@ -47,11 +48,14 @@ pub fn sums_by_size(rows: u32, hidden: u32, out: u32) -> RowSums {
     }
 }
 
-/// The forward, backward and (two-pass) reduce kernels of one `hidden -> out` layer,
-/// compiled for this device and a number of rows.
+/// The forward, backward (two kernels) and (two-pass) reduce kernels of one `hidden ->
+/// out` layer, compiled for this device and a number of rows.
 pub struct LayerNormLinear {
     forward: Kernel,
+    /// dx, dγ and dβ.
     backward: Kernel,
+    /// dW and db.
+    weight_grad: Kernel,
     reduce: Option<Kernel>,
     hidden: u32,
     out: u32,
@@ -93,6 +97,11 @@ impl LayerNormLinear {
                 Op::LayernormLinearBackward,
                 bwd_tile,
             )?,
+            weight_grad: kernel(
+                "layernorm_linear_weight_grad",
+                Op::LayernormLinearWeightGrad,
+                bwd_tile,
+            )?,
             reduce,
             hidden,
             out,
@@ -105,6 +114,7 @@ impl LayerNormLinear {
         LayerNormLinear {
             forward: self.forward.clone(),
             backward: self.backward.clone(),
+            weight_grad: self.weight_grad.clone(),
             reduce: self.reduce.clone(),
             hidden: self.hidden,
             out: self.out,
@@ -121,8 +131,9 @@ impl LayerNormLinear {
         &self.forward
     }
 
-    pub(crate) fn backward_kernel(&self) -> &Kernel {
-        &self.backward
+    /// The backward's kernels in dispatch order: dx, dγ and dβ; then dW and db.
+    pub(crate) fn backward_kernels(&self) -> [&Kernel; 2] {
+        [&self.backward, &self.weight_grad]
     }
 
     pub(crate) fn backward_reduce(&self) -> Option<&Kernel> {
@@ -145,9 +156,9 @@ impl LayerNormLinear {
         }
     }
 
-    /// The kernels, forward first: for the bench and for reports.
+    /// The kernels in dispatch order, forward first: for the bench and for reports.
     pub fn kernels(&self) -> impl Iterator<Item = &Kernel> {
-        [&self.forward, &self.backward]
+        [&self.forward, &self.backward, &self.weight_grad]
             .into_iter()
             .chain(self.reduce.as_ref())
     }
@@ -165,14 +176,15 @@ impl LayerNormLinear {
     }
 
     /// How many partials of each row sum (dγ, dβ, dW, db) the backward writes: one under
-    /// atomics; under two-pass one per dx block, and one per row tile for dW.
+    /// atomics; under two-pass one per dx block for dγ and dβ, one per row tile for dW and
+    /// db (the weight gradient's grid).
     pub(crate) fn partials(&self, rows: u32) -> [usize; 4] {
         if self.reduce.is_none() {
             return [1; 4];
         }
         let dims = self.dims(self.backward.abi(), rows);
         let (tiles, blocks) = (dims[3].1 as usize, dims[4].1 as usize);
-        [blocks, blocks, tiles, blocks]
+        [blocks, blocks, tiles, tiles]
     }
 }
 

@@ -6,6 +6,7 @@ use attn_dsl::Scalar;
 
 use super::grid;
 use crate::device::Gpu;
+use crate::dispatch::kernel::Kernel;
 use crate::dispatch::record::{Dispatch, Pipeline};
 use crate::error::{Error, InputError};
 use crate::layernorm::LayerNormLinear;
@@ -46,7 +47,8 @@ pub struct LayerNormGrads<'a> {
 #[derive(Default)]
 pub(crate) struct Recording {
     forward: Option<Pipeline>,
-    backward: Option<Pipeline>,
+    /// The backward's two kernels (dx, dγ, dβ; dW, db).
+    backward: [Option<Pipeline>; 2],
     reduce: Option<Pipeline>,
     /// The two-pass schedule's partials of dγ, dβ, dW and db.
     partials: [Option<Tensor>; 4],
@@ -115,7 +117,7 @@ impl LayerNormLinear {
     }
 
     /// Records the backward for `dy = ∂L/∂y` `[rows, out]` from the forward's saved
-    /// statistics.
+    /// statistics: dx, dγ and dβ, then dW and db (then, under two-pass, the reduce).
     pub fn record_backward(
         &mut self,
         gpu: &Gpu,
@@ -169,8 +171,10 @@ impl LayerNormLinear {
             ("dx", grads.dx),
         ]);
         tensors.extend(partials.iter().map(|(n, t)| (*n, t)));
+        // Each kernel binds its own part of these by name.
         let mut d = Dispatch::new(tensors);
-        d.dims = self.dims(self.backward_kernel().abi(), rows).to_vec();
+        let [backward, weight_grad] = self.backward_kernels().map(Kernel::clone);
+        d.dims = self.dims(backward.abi(), rows).to_vec();
         d.params = vec![("eps", args.eps)];
         if !two_pass {
             // The atomic schedule adds every row tile's sum into the final tensors.
@@ -178,13 +182,14 @@ impl LayerNormLinear {
                 t.record_clear(encoder);
             }
         }
-        let kernel = self.backward_kernel().clone();
-        let pipeline = self
-            .recording
-            .backward
-            .get_or_insert_with(|| Pipeline::new(kernel));
-        let g = grid(pipeline.abi(), &d.dims);
-        pipeline.record(gpu, encoder, &d, g)?;
+        for (kernel, held) in [backward, weight_grad]
+            .into_iter()
+            .zip(&mut self.recording.backward)
+        {
+            let pipeline = held.get_or_insert_with(|| Pipeline::new(kernel));
+            let g = grid(pipeline.abi(), &d.dims);
+            pipeline.record(gpu, encoder, &d, g)?;
+        }
         let Some(reduce) = self.backward_reduce().cloned() else {
             return Ok(());
         };

@@ -1,7 +1,7 @@
 //! GPU time of the fused LayerNorm + Linear: the forward, and the backward under each
-//! row-sum schedule (the two-pass one with its reduce), with effective bandwidth and
-//! TFLOP/s; beside them the unfused baseline (separate LayerNorm and matmul kernels,
-//! [`super::baseline`]) doing the same work, timed the same way.
+//! row-sum schedule (its two kernels, and the two-pass one's reduce), with effective
+//! bandwidth and TFLOP/s; beside them the unfused baseline (separate LayerNorm and matmul
+//! kernels, [`super::baseline`]) doing the same work, timed the same way.
 
 use attn_dsl::row_layer::RowSums;
 
@@ -79,7 +79,8 @@ pub fn run(
             .collect::<Vec<_>>();
         let finals = [("dgamma", h), ("dbeta", h), ("dw", o * h), ("db", o)]
             .map(|(n, len)| (n, buffers::output::<f32>(gpu, n, len)));
-        let dims = layer.dims(layer.backward_kernel().abi(), rows);
+        let backward = layer.backward_kernels();
+        let dims = layer.dims(backward[0].abi(), rows);
         let (dims_buf, params) =
             uniforms(gpu, layer.forward_kernel().abi(), &dims, &[("eps", 1e-5)])?;
         let mut all: Vec<(&str, &wgpu::Buffer)> =
@@ -100,7 +101,10 @@ pub fn run(
                 sums: None,
             });
         }
-        let mut steps = vec![step(gpu, layer.backward_kernel(), &dims, &all)?];
+        let mut steps = backward
+            .into_iter()
+            .map(|k| step(gpu, k, &dims, &all))
+            .collect::<Result<Vec<_>, Error>>()?;
         if let Some(reduce) = layer.backward_reduce() {
             let names = ["dgamma_part", "dbeta_part", "dw_part", "db_part"];
             let pool: Vec<(&str, &wgpu::Buffer)> = names

@@ -1,0 +1,158 @@
+//! One LayerNorm + Linear problem, its references, and the judging of a run's outputs by
+//! the pass rule of DESIGN.md §7 against the f64 reference, with the pairwise-summed f32
+//! reference as the framework-grade baseline: shared by `check` and the browser page.
+
+use super::reference::{self as lnref, Shape};
+use crate::compare::{Verdict, judge};
+use crate::harness::inputs::random;
+use crate::layernorm::{Grads, Input, Output};
+use crate::reference::cast;
+
+/// `[batch, seq, hidden] -> [batch, seq, out]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LnCase {
+    pub batch: u32,
+    pub seq: u32,
+    pub hidden: u32,
+    pub out: u32,
+}
+
+impl LnCase {
+    pub fn label(&self) -> String {
+        format!(
+            "[{}, {}, {}] -> {}",
+            self.batch, self.seq, self.hidden, self.out
+        )
+    }
+
+    pub fn rows(&self) -> u32 {
+        self.batch * self.seq
+    }
+}
+
+/// The seed's epsilon.
+pub const EPS: f32 = 1e-5;
+
+struct Data {
+    x: Vec<f32>,
+    gamma: Vec<f32>,
+    beta: Vec<f32>,
+    w: Vec<f32>,
+    b: Vec<f32>,
+    dy: Vec<f32>,
+}
+
+impl Data {
+    /// Uniform inputs; W scaled by 1/√hidden as a layer's initialization is.
+    fn random(c: LnCase, seed: u64) -> Data {
+        let (rows, hidden, out) = (c.rows() as usize, c.hidden as usize, c.out as usize);
+        let scale = 1.0 / (hidden as f32).sqrt();
+        Data {
+            x: random(rows * hidden, seed),
+            gamma: random(hidden, seed + 1),
+            beta: random(hidden, seed + 2),
+            w: random(out * hidden, seed + 3)
+                .iter()
+                .map(|v| v * scale)
+                .collect(),
+            b: random(out, seed + 4),
+            dy: random(rows * out, seed + 5),
+        }
+    }
+}
+
+/// A case's random inputs and the references its outputs are judged against.
+pub struct LnJudge {
+    case: LnCase,
+    shape: Shape,
+    data: Data,
+    forward64: lnref::Forward<f64>,
+    forward32: lnref::Forward<f32>,
+    backward64: lnref::Grads<f64>,
+    /// The f32 baseline of the backward and the statistics it was computed from.
+    backward32: Option<(Vec<f32>, Vec<f32>, lnref::Grads<f32>)>,
+}
+
+impl LnJudge {
+    pub fn new(case: LnCase, seed: u64) -> LnJudge {
+        let data = Data::random(case, seed);
+        let shape = Shape {
+            rows: case.rows() as usize,
+            hidden: case.hidden as usize,
+            out: case.out as usize,
+            eps: f64::from(EPS),
+        };
+        let p64 = [&data.x, &data.gamma, &data.beta, &data.w, &data.b].map(|v| cast::<f64>(v));
+        let p32 = [&data.x, &data.gamma, &data.beta, &data.w, &data.b].map(|v| cast::<f32>(v));
+        let forward64 = lnref::forward(shape, &p64[0], &p64[1], &p64[2], &p64[3], &p64[4]);
+        let forward32 = lnref::forward(shape, &p32[0], &p32[1], &p32[2], &p32[3], &p32[4]);
+        let dy64 = cast::<f64>(&data.dy);
+        let backward64 = lnref::backward(shape, [&p64[0], &p64[1], &p64[2], &p64[3], &dy64], None);
+        LnJudge {
+            case,
+            shape,
+            data,
+            forward64,
+            forward32,
+            backward64,
+            backward32: None,
+        }
+    }
+
+    /// The forward's inputs.
+    pub fn input(&self) -> Input<'_> {
+        let (c, d) = (self.case, &self.data);
+        Input {
+            rows: c.rows(),
+            hidden: c.hidden,
+            out: c.out,
+            x: &d.x,
+            gamma: &d.gamma,
+            beta: &d.beta,
+            w: &d.w,
+            b: &d.b,
+            eps: EPS,
+        }
+    }
+
+    /// The backward's `dy`.
+    pub fn dy(&self) -> &[f32] {
+        &self.data.dy
+    }
+
+    pub fn forward(&self, got: &Output) -> Vec<(&'static str, Verdict)> {
+        let (r64, r32) = (&self.forward64, &self.forward32);
+        vec![
+            ("y", judge(&got.y, &r64.y, &r32.y)),
+            ("mean", judge(&got.mean, &r64.mean, &r32.mean)),
+            ("rstd", judge(&got.rstd, &r64.rstd, &r32.rstd)),
+        ]
+    }
+
+    /// The backward's verdicts for a run from `saved`, the forward's output: the baseline
+    /// gets the statistics the kernels got, as a framework's backward does.
+    pub fn backward(&mut self, saved: &Output, got: &Grads) -> Vec<(&'static str, Verdict)> {
+        let fresh = self
+            .backward32
+            .as_ref()
+            .is_some_and(|(mean, rstd, _)| *mean == saved.mean && *rstd == saved.rstd);
+        if !fresh {
+            let d = &self.data;
+            let g = lnref::backward(
+                self.shape,
+                [&d.x, &d.gamma, &d.beta, &d.w, &d.dy],
+                Some((&saved.mean, &saved.rstd)),
+            );
+            self.backward32 = Some((saved.mean.clone(), saved.rstd.clone(), g));
+        }
+        let g32 = &self.backward32.as_ref().expect("computed above").2;
+        let g64 = &self.backward64;
+        vec![
+            ("dx", judge(&got.dx, &g64.dx, &g32.dx)),
+            ("dgamma", judge(&got.dgamma, &g64.dgamma, &g32.dgamma)),
+            ("dbeta", judge(&got.dbeta, &g64.dbeta, &g32.dbeta)),
+            ("dw", judge(&got.dw, &g64.dw, &g32.dw)),
+            ("db", judge(&got.db, &g64.db, &g32.db)),
+        ]
+    }
+}
