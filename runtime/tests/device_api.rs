@@ -387,17 +387,7 @@ fn fp8_cache_appends_round_as_cuda_and_decode_what_it_holds() {
     k[1] = -1e-4;
     let v = random(kv, 32);
     let q = random((slots * h.n_heads * h.head_dim) as usize, 33);
-    let problem = Problem {
-        batch: slots as usize,
-        n_q: 1,
-        n_k: len as usize,
-        n_heads: 4,
-        n_kv_heads: 2,
-        head_dim: 64,
-        scale: f64::from(h.default_scale()),
-        q_pos: len as usize - 1,
-        ..Problem::default()
-    };
+    let problem = last_row(slots, len);
     let row = (h.n_kv_heads * h.head_dim) as usize;
     // Powers of two, so that x / scale is exact on every device and the bytes can be
     // compared: K's by KV head, V's for the whole tensor.
@@ -472,6 +462,22 @@ fn fp8_cache_appends_round_as_cuda_and_decode_what_it_holds() {
     }
 }
 
+/// The decode of `slots` sequences of `len` keys as the reference sees it: the query as
+/// the last row of a causal forward over the whole sequence.
+fn last_row(slots: u32, len: u32) -> Problem<'static> {
+    Problem {
+        batch: slots as usize,
+        n_q: 1,
+        n_k: len as usize,
+        n_heads: HEADS.n_heads as usize,
+        n_kv_heads: HEADS.n_kv_heads as usize,
+        head_dim: HEADS.head_dim as usize,
+        scale: f64::from(HEADS.default_scale()),
+        q_pos: len as usize - 1,
+        ..Problem::default()
+    }
+}
+
 #[test]
 fn appends_then_decode_equal_the_forwards_last_row_and_paged_equals_contiguous() {
     let gpu = gpu();
@@ -487,17 +493,7 @@ fn appends_then_decode_equal_the_forwards_last_row_and_paged_equals_contiguous()
         (slots, len, prompt),
     );
     // The query as the last row of a causal forward over the whole sequence.
-    let problem = Problem {
-        batch: slots as usize,
-        n_q: 1,
-        n_k: len as usize,
-        n_heads: 4,
-        n_kv_heads: 2,
-        head_dim: 64,
-        scale: f64::from(h.default_scale()),
-        q_pos: len as usize - 1,
-        ..Problem::default()
-    };
+    let problem = last_row(slots, len);
     for (name, verdict) in judge_attention(&problem, [&q, &k, &v], &contiguous, None) {
         assert!(verdict.pass(), "{name}: {verdict:?}");
     }

@@ -6,7 +6,7 @@
 //! (slice, KV head, sequence) a workgroup, so the cache is read by hundreds of workgroups at
 //! once, each reading its slice of K and V once for the query heads of its KV head.
 
-use attn_dsl::{Cache, Dtype, KernelAbi, Masks, Op, Scalar};
+use attn_dsl::{Cache, Dtype, KernelAbi, Masks, Op};
 
 use crate::attention::{
     DecodeInput, Heads, binding_size, checked_grid, expect_op, length, modified_uniforms,
@@ -207,14 +207,8 @@ impl SplitDecode {
         let cache = split.scalar("k_cache");
         let k = Tensor::from_f32(gpu, &cache_shape, cache, input.k_cache)?;
         let v = Tensor::from_f32(gpu, &cache_shape, cache, input.v_cache)?;
-        let ones = vec![1.0; 2 * h.n_kv_heads as usize];
         let scales = match cache.fp8() {
-            Some(_) => Some(Tensor::from_f32(
-                gpu,
-                &[2, h.n_kv_heads],
-                Scalar::F32,
-                &ones,
-            )?),
+            Some(_) => Some(crate::ops::cache::unit_scales(gpu, h.n_kv_heads)?),
             None => None,
         };
         let seq_lens = Tensor::from_u32(gpu, &[b], &vec![input.cache_len; b as usize])?;

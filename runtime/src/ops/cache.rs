@@ -25,7 +25,7 @@ use crate::dispatch::kernel::Kernel;
 use crate::dispatch::record::{Dispatch, Pipeline};
 use crate::error::{Error, InputError};
 use crate::modifiers::expect;
-use crate::tensor::Tensor;
+use crate::tensor::{Tensor, TensorError};
 
 /// How the rows are laid out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,6 +55,12 @@ pub struct CacheSpec {
     /// by its KV head's scale ([`KvCache::set_scales`], 1 until set) when appended, rounded
     /// to nearest even and saturated; a decode multiplies the scales back. `None`: `dtype`.
     pub kv_fp8: Option<Fp8>,
+}
+
+/// An fp8 cache's scales, all 1: `[2, n_kv_heads]` f32 (K's, then V's).
+pub(crate) fn unit_scales(gpu: &Gpu, n_kv_heads: u32) -> Result<Tensor, TensorError> {
+    let ones = vec![1.0; 2 * n_kv_heads as usize];
+    Tensor::from_f32(gpu, &[2, n_kv_heads], Scalar::F32, &ones)
 }
 
 /// Why the cache refused a change; nothing was recorded.
@@ -189,14 +195,8 @@ impl KvCache {
             CacheLayout::Paged { n_pages, .. } => (0..n_pages).rev().collect(),
             CacheLayout::Contiguous { .. } => Vec::new(),
         };
-        let ones = vec![1.0; 2 * spec.n_kv_heads as usize];
         let scales = match spec.kv_fp8 {
-            Some(_) => Some(Tensor::from_f32(
-                gpu,
-                &[2, spec.n_kv_heads],
-                Scalar::F32,
-                &ones,
-            )?),
+            Some(_) => Some(unit_scales(gpu, spec.n_kv_heads)?),
             None => None,
         };
         Ok(KvCache {
