@@ -159,16 +159,12 @@ impl KvCache {
             Cache::Contiguous => "attention_cache_append",
             Cache::Paged => "attention_cache_append_paged",
         };
-        let base = match spec.kv_fp8 {
-            Some(f) => format!("{base}_{}", f.name()),
-            None => base.to_string(),
-        };
         let append_spec = KernelSpec {
             cache,
             dtype: spec.dtype,
             kv_fp8: spec.kv_fp8,
             ..KernelSpec::standard(
-                &crate::plan::tuning::family_name(&base, spec.head_dim),
+                &crate::plan::tuning::cache_family_name(base, spec.kv_fp8, spec.head_dim),
                 Op::CacheAppend,
                 spec.head_dim,
                 Masks::default(),

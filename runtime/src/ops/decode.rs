@@ -176,12 +176,7 @@ pub(crate) fn abis(spec: &DecodeSpec) -> Result<[KernelAbi; 2], Error> {
             message: e.to_string(),
         })
     };
-    // An fp8 cache's split pass is a kernel of its own name.
-    let base = match spec.kv_fp8 {
-        Some(f) => format!("{base}_{}", f.name()),
-        None => base.to_string(),
-    };
-    let name = crate::plan::tuning::family_name(&base, spec.head_dim);
+    let name = crate::plan::tuning::cache_family_name(base, spec.kv_fp8, spec.head_dim);
     let mut split = KernelSpec {
         cache: spec.cache,
         dtype: spec.dtype,

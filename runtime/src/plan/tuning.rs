@@ -236,6 +236,15 @@ pub fn flash_forward(
     flash_forward_in(head_dim, masks, config, Dtype::F32)
 }
 
+/// [`family_name`] of a kernel that reads or writes a KV cache: an fp8 cache's kernel is
+/// one of its own, `{base}_{format}`.
+pub fn cache_family_name(base: &str, kv_fp8: Option<attn_dsl::Fp8>, head_dim: u32) -> String {
+    match kv_fp8 {
+        Some(f) => family_name(&format!("{base}_{}", f.name()), head_dim),
+        None => family_name(base, head_dim),
+    }
+}
+
 /// The family's naming: head_dim 64 unsuffixed, others `_d{head_dim}`.
 pub fn family_name(base: &str, head_dim: u32) -> String {
     match head_dim {
