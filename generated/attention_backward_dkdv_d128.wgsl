@@ -97,17 +97,17 @@ fn key_range(row: u32) -> vec2<u32> {
     return vec2<u32>(doc_start(row), row + 1u);
 }
 
-fn key_visible(row: u32, j: u32) -> bool {
-    return true;
-}
-
-fn visible(row: u32, j: u32) -> bool {
+fn visible(row: u32, h: u32, j: u32) -> bool {
     let range = key_range(row);
-    return j >= range.x && j < range.y && key_visible(row, j);
+    return j >= range.x && j < range.y && key_visible(row, h, j);
 }
 
 fn query_range(col: u32) -> vec2<u32> {
     return vec2<u32>(col, doc_end(col));
+}
+
+fn key_visible(row: u32, h: u32, j: u32) -> bool {
+    return true;
 }
 
 // The score of query `row` (head h) against key j from the raw dot product q·k (scaled,
@@ -115,7 +115,8 @@ fn query_range(col: u32) -> vec2<u32> {
 // a gradient with respect to the score becomes one with respect to the bias.
 fn scored(row: u32, h: u32, j: u32, dot: f32) -> vec2<f32> {
     var x = dot * params.scale;
-    return vec2<f32>(x, 1.0);
+    var s = vec2<f32>(x, 1.0);
+    return s;
 }
 
 fn score(row: u32, h: u32, j: u32, dot: f32) -> f32 {
@@ -185,7 +186,7 @@ fn backward_col(col: u32, kv_h: u32, tid: u32) {
             let s = s_start + tid;
             var p_s = 0.0;
             var ds_s = 0.0;
-            if (s >= range.x && s < range.y && visible(s, col)) {
+            if (s >= range.x && s < range.y && visible(s, h, col)) {
                 let qi = q_index(s, h);
                 var dot_4 = vec4<f32>(0.0);
                 for (var d0 = 0u; d0 < 32u; d0 = d0 + 8u) {

@@ -125,17 +125,17 @@ fn key_range(row: u32) -> vec2<u32> {
     return vec2<u32>(doc_start(row), row + 1u);
 }
 
-fn key_visible(row: u32, j: u32) -> bool {
-    return true;
-}
-
-fn visible(row: u32, j: u32) -> bool {
+fn visible(row: u32, h: u32, j: u32) -> bool {
     let range = key_range(row);
-    return j >= range.x && j < range.y && key_visible(row, j);
+    return j >= range.x && j < range.y && key_visible(row, h, j);
 }
 
 fn query_range(col: u32) -> vec2<u32> {
     return vec2<u32>(col, doc_end(col));
+}
+
+fn key_visible(row: u32, h: u32, j: u32) -> bool {
+    return true;
 }
 
 // The score of query `row` (head h) against key j from the raw dot product q·k (scaled,
@@ -143,7 +143,8 @@ fn query_range(col: u32) -> vec2<u32> {
 // a gradient with respect to the score becomes one with respect to the bias.
 fn scored(row: u32, h: u32, j: u32, dot: f32) -> vec2<f32> {
     var x = dot * params.scale;
-    return vec2<f32>(x, 1.0);
+    var s = vec2<f32>(x, 1.0);
+    return s;
 }
 
 fn score(row: u32, h: u32, j: u32, dot: f32) -> f32 {
@@ -366,12 +367,12 @@ fn flash_backward_q(tile: u32, h: u32, tid: u32) {
         let s_1_0 = hsum(s_1_0_4);
         let dp_1_0 = hsum(dp_1_0_4);
         let j_0 = j0 + tx + 0u * TX;
-        let v_0_0 = j_0 >= lo_0 && j_0 < hi_0 && key_visible(row_0, j_0);
+        let v_0_0 = j_0 >= lo_0 && j_0 < hi_0 && key_visible(row_0, h, j_0);
         let x_0_0 = scored(row_0, h, j_0, s_0_0);
         let p_0_0 = exp_f32(x_0_0.x - lse_0);
         let g_0_0 = select(0.0, score_grad(x_0_0, p_0_0 * (dropped(row_0, h, j_0, dp_0_0) - delta_0)), v_0_0);
         sh_ds[(g * TM + 0u) * PSTRIDE + tx + 0u * TX] = params.scale * g_0_0;
-        let v_1_0 = j_0 >= lo_1 && j_0 < hi_1 && key_visible(row_1, j_0);
+        let v_1_0 = j_0 >= lo_1 && j_0 < hi_1 && key_visible(row_1, h, j_0);
         let x_1_0 = scored(row_1, h, j_0, s_1_0);
         let p_1_0 = exp_f32(x_1_0.x - lse_1);
         let g_1_0 = select(0.0, score_grad(x_1_0, p_1_0 * (dropped(row_1, h, j_0, dp_1_0) - delta_1)), v_1_0);

@@ -134,12 +134,17 @@ fn key_range(row: u32) -> vec2<u32> {
     return vec2<u32>(0u, cache_len());
 }
 
+fn key_visible(row: u32, h: u32, j: u32) -> bool {
+    return true;
+}
+
 // The score of query `row` (head h) against key j from the raw dot product q·k (scaled,
 // then biased, then capped), and its slope with respect to the pre-cap score, by which
 // a gradient with respect to the score becomes one with respect to the bias.
 fn scored(row: u32, h: u32, j: u32, dot: f32) -> vec2<f32> {
     var x = dot * params.scale;
-    return vec2<f32>(x, 1.0);
+    var s = vec2<f32>(x, 1.0);
+    return s;
 }
 
 fn score(row: u32, h: u32, j: u32, dot: f32) -> f32 {
@@ -154,10 +159,6 @@ fn score_grad(s: vec2<f32>, g: f32) -> f32 {
 
 fn dropped(row: u32, h: u32, j: u32, p: f32) -> f32 {
     return p;
-}
-
-fn key_visible(row: u32, j: u32) -> bool {
-    return true;
 }
 
 fn query_at(i: u32) -> f32 {
@@ -203,7 +204,7 @@ fn attend_row(row: u32, h: u32, tid: u32) {
     for (var blk = first_blk; blk < n_blocks; blk = blk + 1u) {
         let k_start = blk * WG;
         let j = k_start + tid;
-        let visible = j >= range.x && j < range.y && key_visible(row, j);
+        let visible = j >= range.x && j < range.y && key_visible(row, h, j);
 
         var x = NEG_BIG;
         if (visible) {

@@ -137,12 +137,17 @@ fn cache_len() -> u32 {
     return seq_lens[batch];
 }
 
+fn key_visible(row: u32, h: u32, j: u32) -> bool {
+    return true;
+}
+
 // The score of query `row` (head h) against key j from the raw dot product q·k (scaled,
 // then biased, then capped), and its slope with respect to the pre-cap score, by which
 // a gradient with respect to the score becomes one with respect to the bias.
 fn scored(row: u32, h: u32, j: u32, dot: f32) -> vec2<f32> {
     var x = dot * params.scale;
-    return vec2<f32>(x, 1.0);
+    var s = vec2<f32>(x, 1.0);
+    return s;
 }
 
 fn score(row: u32, h: u32, j: u32, dot: f32) -> f32 {
@@ -288,16 +293,16 @@ fn attention_decode_split_paged(@builtin(workgroup_id) wg: vec3<u32>, @builtin(l
                     s = s + sh_red[tid * LANES + l];
                 }
                 var x = vec4<f32>(NEG_BIG);
-                if (0u < n_here) {
+                if (0u < n_here && key_visible(0u, head0 + 0u, j)) {
                     x.x = score(0u, head0 + 0u, j, s.x);
                 }
-                if (1u < n_here) {
+                if (1u < n_here && key_visible(0u, head0 + 1u, j)) {
                     x.y = score(0u, head0 + 1u, j, s.y);
                 }
-                if (2u < n_here) {
+                if (2u < n_here && key_visible(0u, head0 + 2u, j)) {
                     x.z = score(0u, head0 + 2u, j, s.z);
                 }
-                if (3u < n_here) {
+                if (3u < n_here && key_visible(0u, head0 + 3u, j)) {
                     x.w = score(0u, head0 + 3u, j, s.w);
                 }
                 sh_s[j - lo] = x;

@@ -111,17 +111,17 @@ fn key_range(row: u32) -> vec2<u32> {
     return vec2<u32>(doc_start(row), row + 1u);
 }
 
-fn key_visible(row: u32, j: u32) -> bool {
-    return true;
-}
-
-fn visible(row: u32, j: u32) -> bool {
+fn visible(row: u32, h: u32, j: u32) -> bool {
     let range = key_range(row);
-    return j >= range.x && j < range.y && key_visible(row, j);
+    return j >= range.x && j < range.y && key_visible(row, h, j);
 }
 
 fn query_range(col: u32) -> vec2<u32> {
     return vec2<u32>(col, doc_end(col));
+}
+
+fn key_visible(row: u32, h: u32, j: u32) -> bool {
+    return true;
 }
 
 // The score of query `row` (head h) against key j from the raw dot product q·k (scaled,
@@ -129,7 +129,8 @@ fn query_range(col: u32) -> vec2<u32> {
 // a gradient with respect to the score becomes one with respect to the bias.
 fn scored(row: u32, h: u32, j: u32, dot: f32) -> vec2<f32> {
     var x = dot * params.scale;
-    return vec2<f32>(x, 1.0);
+    var s = vec2<f32>(x, 1.0);
+    return s;
 }
 
 fn score(row: u32, h: u32, j: u32, dot: f32) -> f32 {
@@ -340,9 +341,9 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
         var s_0_0 = hsum(s_0_0_4);
         var s_1_0 = hsum(s_1_0_4);
         let j_0 = j0 + tx + 0u * TX;
-        let v_0_0 = j_0 >= lo_0 && j_0 < hi_0 && key_visible(row_0, j_0);
+        let v_0_0 = j_0 >= lo_0 && j_0 < hi_0 && key_visible(row_0, h, j_0);
         s_0_0 = select(NEG_BIG, score(row_0, h, j_0, s_0_0), v_0_0);
-        let v_1_0 = j_0 >= lo_1 && j_0 < hi_1 && key_visible(row_1, j_0);
+        let v_1_0 = j_0 >= lo_1 && j_0 < hi_1 && key_visible(row_1, h, j_0);
         s_1_0 = select(NEG_BIG, score(row_1, h, j_0, s_1_0), v_1_0);
         var rm_0 = s_0_0;
         var rm_1 = s_1_0;

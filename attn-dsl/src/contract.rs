@@ -4,6 +4,7 @@
 //! consumer, so naming a kernel that flushes nothing, or one with another layout or masks,
 //! is a compile error.
 
+use crate::flex::same_str;
 use crate::spec::{Axis, Masks};
 
 /// What a producer flushes: the tensor, its layout, and the masks that decide which
@@ -22,6 +23,7 @@ pub const fn compatible(producer: &Scratch, consumer: &Scratch) -> bool {
         && same_axes(producer.layout, consumer.layout)
         && producer.masks.causal == consumer.masks.causal
         && producer.masks.document == consumer.masks.document
+        && crate::flex::FlexRef::same(producer.masks.flex, consumer.masks.flex)
 }
 
 const fn same_axes(a: &[Axis], b: &[Axis]) -> bool {
@@ -38,20 +40,6 @@ const fn same_axes(a: &[Axis], b: &[Axis]) -> bool {
     true
 }
 
-const fn same_str(a: &str, b: &str) -> bool {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
-    if a.len() != b.len() {
-        return false;
-    }
-    let mut i = 0;
-    while i < a.len() {
-        if a[i] != b[i] {
-            return false;
-        }
-        i += 1;
-    }
-    true
-}
 
 #[cfg(test)]
 mod tests {

@@ -23,6 +23,8 @@ pub enum Field {
     Matrix,
     /// The `writes` entry of the named output (or the `writes` block when it is missing).
     Write(String),
+    /// The user-written modifiers: `score_mod`, `mask_mod` or `tensors`.
+    Flex(&'static str),
 }
 
 impl fmt::Display for Field {
@@ -43,6 +45,7 @@ impl fmt::Display for Field {
             Field::Cache => f.write_str("cache"),
             Field::Matrix => f.write_str("grid.matrix"),
             Field::Write(name) => write!(f, "writes.{name}"),
+            Field::Flex(key) => f.write_str(key),
         }
     }
 }

@@ -255,8 +255,46 @@ impl KernelAbi {
     }
 }
 
-/// The bindings of `spec`, all in group 0, in the op's signature order.
+/// The bindings of `spec`, all in group 0, in the op's signature order, then the tensors
+/// its user-written modifiers read (read-only, in declaration order).
 pub fn bindings(spec: &KernelSpec) -> Vec<Binding> {
+    let mut out = signature_bindings(spec);
+    out.extend(flex_bindings(spec, out.len() as u32));
+    out
+}
+
+fn flex_bindings(spec: &KernelSpec, first: u32) -> Vec<Binding> {
+    let Some(flex) = spec.flex() else {
+        return Vec::new();
+    };
+    flex.tensors
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let scalar = match t.ty {
+                crate::flex::Ty::F32 => Scalar::F32,
+                _ => Scalar::U32,
+            };
+            Binding {
+                group: 0,
+                binding: first + i as u32,
+                name: Cow::Owned(t.name),
+                access: Access::Read,
+                scalar,
+                wgsl_type: Cow::Borrowed(if scalar == Scalar::F32 {
+                    "array<f32>"
+                } else {
+                    "array<u32>"
+                }),
+                fields: Cow::Borrowed(&[]),
+                layout: Cow::Borrowed(&[]),
+                write: None,
+            }
+        })
+        .collect()
+}
+
+fn signature_bindings(spec: &KernelSpec) -> Vec<Binding> {
     signature::tensors(spec)
         .iter()
         .enumerate()

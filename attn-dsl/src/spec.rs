@@ -188,6 +188,15 @@ impl Op {
     }
 
     /// Whether this op reads a KV cache with one query row per head (plain or split-K).
+    /// Whether this op's kernels compute a score for a (query, key) pair, and so take a
+    /// description's `score_mod`, `mask_mod` and `tensors`.
+    pub fn takes_modifiers(self) -> bool {
+        matches!(
+            self,
+            Op::Forward | Op::Decode | Op::DecodeSplit | Op::BackwardQ | Op::BackwardKv
+        )
+    }
+
     pub fn is_decode(self) -> bool {
         matches!(self, Op::Decode | Op::DecodeSplit | Op::DecodeReduce)
     }
@@ -396,6 +405,11 @@ pub struct Masks {
     /// nothing more; its gradient, `dsinks[h] = −Σ_rows e^(sink − LSE)·D`, is the
     /// `sink_grad` op's.
     pub sinks: bool,
+    /// User-written modifiers (`score_mod`, `mask_mod` and the tensors they read), applied
+    /// after the built-in ones: the score modifier to the scaled, biased, capped score, the
+    /// mask within the built-in masks' key range.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flex: Option<crate::flex::FlexRef>,
 }
 
 /// The head axis of an additive bias: `[n_heads, seq, seq]` or `[1, seq, seq]`.
@@ -514,6 +528,7 @@ impl Masks {
             softcap: false,
             dropout: false,
             sinks: false,
+            flex: None,
         }
     }
 
@@ -805,6 +820,15 @@ fn is_f32(d: &Dtype) -> bool {
 }
 
 impl KernelSpec {
+    /// The user-written modifiers this kernel applies: its masks' for an op that compares
+    /// queries with keys, none for the others (a backward's prep, a decode's reduce).
+    pub fn flex(&self) -> Option<crate::flex::Flex> {
+        self.masks
+            .flex
+            .filter(|_| self.op.takes_modifiers())
+            .map(|f| f.get())
+    }
+
     pub fn write_mode(&self, tensor: &str) -> Option<WriteMode> {
         self.writes
             .iter()

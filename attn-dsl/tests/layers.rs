@@ -1,4 +1,4 @@
-//! attn-dsl is layered, one way: the IR (`spec`, its op signatures, contracts) ← the errors
+//! attn-dsl is layered, one way: the modifier language (`flex`) ← the IR (`spec`, its op signatures, contracts) ← the errors
 //! ← the layout rules ← the binding plan ← the checks and the emitter (which never meet) ←
 //! naga validation ←
 //! the manifest, with `lib.rs` and the `row_layer` facade on top. This test reads every
@@ -10,18 +10,18 @@ use std::path::{Path, PathBuf};
 
 /// Each top-level module and its layer; a module may use modules of lower layers only.
 const LAYERS: &[(&str, u32)] = &[
-    ("spec", 0),
     ("flex", 0),
-    ("signature", 1),
-    ("contract", 1),
-    ("error", 2),
-    ("layout", 3),
-    ("plan", 4),
-    ("check", 5),
-    ("emit", 5),
-    ("validate", 6),
-    ("manifest", 6),
-    ("row_layer", 7),
+    ("spec", 1),
+    ("signature", 2),
+    ("contract", 2),
+    ("error", 3),
+    ("layout", 4),
+    ("plan", 5),
+    ("check", 6),
+    ("emit", 6),
+    ("validate", 7),
+    ("manifest", 7),
+    ("row_layer", 8),
 ];
 
 fn files(dir: &Path, out: &mut Vec<PathBuf>) {

@@ -258,6 +258,80 @@ impl Parser {
     }
 }
 
+/// The `tensors` block: each name, dims and element type, errors at the token.
+pub fn tensors(items: &[crate::parse::TensorItem]) -> syn::Result<Vec<TensorDecl>> {
+    items
+        .iter()
+        .map(|item| {
+            let ty = ty(&item.ty)?;
+            if !TensorDecl::declarable(ty) {
+                return Err(syn::Error::new(
+                    item.ty.span(),
+                    "a tensor holds f32 or u32 (read a u32 `as i32` where a signed value is \
+                     needed)",
+                ));
+            }
+            let dims = item.dims.iter().map(dim).collect::<syn::Result<Vec<_>>>()?;
+            if dims.is_empty() {
+                return Err(syn::Error::new(
+                    item.name.span(),
+                    "a tensor needs a dimension, e.g. `[heads]`",
+                ));
+            }
+            Ok(TensorDecl {
+                name: item.name.to_string(),
+                dims,
+                ty,
+            })
+        })
+        .collect()
+}
+
+/// A dimension: `heads`, `batch`, `seq`, or a positive constant of integer literals.
+fn dim(e: &syn::Expr) -> syn::Result<attn_dsl::flex::Dim> {
+    use attn_dsl::flex::Dim;
+    if let syn::Expr::Path(p) = e
+        && let Some(id) = p.path.get_ident()
+    {
+        return match id.to_string().as_str() {
+            "heads" => Ok(Dim::Heads),
+            "batch" => Ok(Dim::Batch),
+            "seq" => Ok(Dim::Seq),
+            other => Err(syn::Error::new(
+                id.span(),
+                format!("unknown size `{other}`; a dimension is `heads`, `batch`, `seq` or a number"),
+            )),
+        };
+    }
+    let n = constant(e)?;
+    u32::try_from(n)
+        .ok()
+        .filter(|&n| n > 0)
+        .map(Dim::Const)
+        .ok_or_else(|| syn::Error::new(e.span(), format!("a dimension of {n} elements; give one of 1 to {}", u32::MAX)))
+}
+
+/// The value of an integer-literal expression (`2 * 128 - 1`).
+fn constant(e: &syn::Expr) -> syn::Result<i64> {
+    let bad = || syn::Error::new(e.span(), "a dimension is `heads`, `batch`, `seq` or whole numbers with + - * /");
+    match e {
+        syn::Expr::Lit(syn::ExprLit { lit: syn::Lit::Int(i), .. }) => i.base10_parse().map_err(|_| bad()),
+        syn::Expr::Paren(p) => constant(&p.expr),
+        syn::Expr::Binary(b) => {
+            let (l, r) = (constant(&b.left)?, constant(&b.right)?);
+            let v = match b.op {
+                syn::BinOp::Add(_) => l.checked_add(r),
+                syn::BinOp::Sub(_) => l.checked_sub(r),
+                syn::BinOp::Mul(_) => l.checked_mul(r),
+                syn::BinOp::Div(_) => l.checked_div(r),
+                _ => None,
+            };
+            v.ok_or_else(bad)
+        }
+        _ => Err(bad()),
+    }
+}
+
 fn ty(t: &syn::Type) -> syn::Result<Ty> {
     let name = match t {
         syn::Type::Path(p) => p.path.get_ident().map(|i| i.to_string()),

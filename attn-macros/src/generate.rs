@@ -460,7 +460,15 @@ fn masks_tokens(m: &attn_dsl::Masks) -> TokenStream {
         softcap,
         dropout,
         sinks,
+        flex,
     } = *m;
+    let flex = match flex {
+        None => quote!(::core::option::Option::None),
+        Some(f) => {
+            let json = f.json();
+            quote!(::core::option::Option::Some(::attn_dsl::flex::FlexRef::from_json(#json)))
+        }
+    };
     let bias = match bias {
         None => quote!(::core::option::Option::None),
         Some(attn_dsl::BiasHeads::PerHead) => {
@@ -479,5 +487,6 @@ fn masks_tokens(m: &attn_dsl::Masks) -> TokenStream {
         softcap: #softcap,
         dropout: #dropout,
         sinks: #sinks,
+        flex: #flex,
     })
 }

@@ -67,6 +67,7 @@ pub fn lower(d: &Description) -> syn::Result<Lowered> {
         .map(|v| masks(v, &mut mask_spans))
         .transpose()?
         .unwrap_or_default();
+    let masks = with_modifiers(masks, &mut get)?;
     let target = get("target", Field::Target)
         .map(target)
         .transpose()?
@@ -148,6 +149,39 @@ pub fn lower(d: &Description) -> syn::Result<Lowered> {
         producer,
         spans,
         name_span: d.name.span(),
+    })
+}
+
+/// `masks` with the description's `tensors`, `score_mod` and `mask_mod`, if it has any.
+fn with_modifiers<'a>(
+    masks: Masks,
+    get: &mut impl FnMut(&str, Field) -> Option<&'a Value>,
+) -> syn::Result<Masks> {
+    let tensors = match get("tensors", Field::Flex("tensors")) {
+        Some(Value::Tensors(items, _)) => crate::flex::tensors(items)?,
+        Some(other) => return err(other.span(), "`tensors` takes `{ name: [dims] f32, .. }`"),
+        None => Vec::new(),
+    };
+    let mut closure = |key: &'static str, score: bool| -> syn::Result<_> {
+        match get(key, Field::Flex(key)) {
+            Some(Value::Closure(c)) => Ok(Some(crate::flex::modifier(c, score, &tensors)?.erased())),
+            Some(other) => err(other.span(), format!("`{key}` takes a closure")),
+            None => Ok(None),
+        }
+    };
+    let score_mod = closure("score_mod", true)?;
+    let mask_mod = closure("mask_mod", false)?;
+    if score_mod.is_none() && mask_mod.is_none() && tensors.is_empty() {
+        return Ok(masks);
+    }
+    let flex = attn_dsl::flex::Flex {
+        score_mod,
+        mask_mod,
+        tensors,
+    };
+    Ok(Masks {
+        flex: Some(flex.intern()),
+        ..masks
     })
 }
 

@@ -41,6 +41,9 @@ pub const KEYS: &[&str] = &[
     "source",
     "cache",
     "kv_cache",
+    "tensors",
+    "score_mod",
+    "mask_mod",
     "writes",
 ];
 
@@ -94,6 +97,35 @@ pub enum Value {
     Numbers(Vec<Number>, Span),
     /// `{ name: mode, .. }`, with the span of the braces.
     Map(Vec<(Ident, Ident)>, Span),
+    /// `|score, b, h, q, k| expr` (`score_mod`) or `|b, h, q, k| cond` (`mask_mod`).
+    Closure(Box<syn::ExprClosure>),
+    /// `{ name: [dims] type, .. }` (`tensors`), with the span of the braces.
+    Tensors(Vec<TensorItem>, Span),
+}
+
+/// One declared tensor: `rel_bias: [heads, 2 * 128 - 1] f32`.
+#[derive(Clone)]
+pub struct TensorItem {
+    pub name: Ident,
+    /// Each dimension as written: a size word (`heads`, `batch`, `seq`) or a constant
+    /// expression of integer literals.
+    pub dims: Vec<syn::Expr>,
+    pub ty: syn::Type,
+}
+
+impl Parse for TensorItem {
+    fn parse(input: ParseStream) -> syn::Result<Self> {
+        let name = input.parse()?;
+        input.parse::<Token![:]>()?;
+        let inner;
+        bracketed!(inner in input);
+        let dims = Punctuated::<syn::Expr, Token![,]>::parse_terminated(&inner)?;
+        Ok(TensorItem {
+            name,
+            dims: dims.into_iter().collect(),
+            ty: input.parse()?,
+        })
+    }
 }
 
 impl Value {
@@ -103,6 +135,8 @@ impl Value {
             Value::Number(n) => n.span,
             Value::Call(c) => c.name.span(),
             Value::List(_, s) | Value::Numbers(_, s) | Value::Map(_, s) => *s,
+            Value::Tensors(_, s) => *s,
+            Value::Closure(c) => c.or1_token.span,
         }
     }
 }
@@ -135,7 +169,21 @@ impl Parse for Description {
                 ));
             }
             body.parse::<Token![:]>()?;
-            let value = body.parse()?;
+            let value = match key.to_string().as_str() {
+                "score_mod" | "mask_mod" => Value::Closure(Box::new(body.parse().map_err(|e| {
+                    syn::Error::new(
+                        e.span(),
+                        format!("`{key}` is a closure, e.g. `|score, b, h, q, k| score * 0.5`"),
+                    )
+                })?)),
+                "tensors" => {
+                    let inner;
+                    let brace = braced!(inner in body);
+                    let items = Punctuated::<TensorItem, Token![,]>::parse_terminated(&inner)?;
+                    Value::Tensors(items.into_iter().collect(), brace.span.join())
+                }
+                _ => body.parse()?,
+            };
             entries.push(Entry { key, value });
             if body.is_empty() {
                 break;

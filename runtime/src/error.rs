@@ -42,6 +42,8 @@ impl From<crate::tensor::TensorError> for Error {
 /// Input that does not fit the kernel or the adapter.
 #[derive(Debug, Error, PartialEq)]
 pub enum InputError {
+    #[error("kernel `{kernel}`: {message}")]
+    Flex { kernel: String, message: String },
     #[error(
         "kernel `{kernel}` runs op {actual}, not {wanted}; pass a kernel built with `op: {wanted}`"
     )]

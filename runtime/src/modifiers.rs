@@ -2,6 +2,7 @@
 //! `masks` words): the sliding window, ALiBi slopes, an additive bias, the soft cap and
 //! dropout. One struct for the forward, the decode, the backward and the references.
 
+use attn_dsl::flex::{Flex, FlexRef, Ty};
 use attn_dsl::{BiasHeads, KernelAbi, Masks, Modifier, Scalar};
 
 use crate::device::Gpu;
@@ -29,6 +30,57 @@ impl<T: ?Sized> Copy for BiasOf<'_, T> {}
 pub type Bias<'a> = BiasOf<'a, [f32]>;
 /// A bias given as a device tensor.
 pub type DeviceBias<'a> = BiasOf<'a, Tensor>;
+
+/// A kernel's user-written modifiers (`score_mod`, `mask_mod`; a description's, or
+/// [`attn_dsl::flex::Flex::intern`]ed) and the tensors they read, by declared name: host
+/// slices of f32 values (a `u32` tensor's values whole numbers) or device tensors of the
+/// declared element type and shape.
+#[derive(Debug)]
+pub struct FlexOf<'a, T: ?Sized> {
+    pub modifiers: FlexRef,
+    pub tensors: &'a [(&'a str, &'a T)],
+}
+
+impl<T: ?Sized> Clone for FlexOf<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T: ?Sized> Copy for FlexOf<'_, T> {}
+
+impl<'a, T: ?Sized> FlexOf<'a, T> {
+    /// The values given for tensor `name`.
+    pub fn tensor(&self, name: &str) -> Option<&'a T> {
+        self.tensors.iter().find(|(n, _)| *n == name).map(|(_, t)| *t)
+    }
+
+    /// Each declared tensor given once, nothing undeclared.
+    fn check_names(&self, kernel: &str, flex: &Flex) -> Result<(), InputError> {
+        let refuse = |message: String| {
+            Err(InputError::Flex {
+                kernel: kernel.to_string(),
+                message,
+            })
+        };
+        for (n, (name, _)) in self.tensors.iter().enumerate() {
+            if flex.tensor(name).is_none() {
+                return refuse(format!("tensor `{name}` is not declared by the kernel's `tensors`"));
+            }
+            if self.tensors[..n].iter().any(|(m, _)| m == name) {
+                return refuse(format!("tensor `{name}` is given twice"));
+            }
+        }
+        if let Some(t) = flex.tensors.iter().find(|t| self.tensor(&t.name).is_none()) {
+            return refuse(format!(
+                "tensor `{}` ({}) is declared but not given",
+                t.name,
+                t.describe()
+            ));
+        }
+        Ok(())
+    }
+}
 
 /// Dropout on P with probability `p`, its mask drawn by Philox-4x32-10 under key `seed`
 /// at counter word `offset` (advance it between calls that need fresh masks).
@@ -100,6 +152,8 @@ pub struct ModifiersOf<'a, T: ?Sized> {
     /// Attention sinks (`sinks`): one logit per query head, joined to every row's softmax
     /// denominator.
     pub sinks: Option<&'a T>,
+    /// User-written modifiers (`score_mod`, `mask_mod`) and their tensors.
+    pub flex: Option<FlexOf<'a, T>>,
 }
 
 impl<T: ?Sized> Clone for ModifiersOf<'_, T> {
@@ -124,6 +178,7 @@ impl<T: ?Sized> Default for ModifiersOf<'_, T> {
             softcap: None,
             dropout: None,
             sinks: None,
+            flex: None,
         }
     }
 }
@@ -133,11 +188,21 @@ pub struct Uploaded {
     alibi: Option<Tensor>,
     bias: Option<Tensor>,
     sinks: Option<Tensor>,
+    flex: Vec<(String, Tensor)>,
 }
 
 impl Uploaded {
-    /// `mods` with its slices replaced by these tensors.
-    pub fn view<'a>(&'a self, mods: &Modifiers<'_>) -> DeviceModifiers<'a> {
+    /// The user-written modifiers' tensors by name, for [`Uploaded::view`].
+    pub fn flex_tensors(&self) -> Vec<(&str, &Tensor)> {
+        self.flex.iter().map(|(n, t)| (n.as_str(), t)).collect()
+    }
+
+    /// `mods` with its slices replaced by these tensors (`flex`: [`Uploaded::flex_tensors`]).
+    pub fn view<'a>(
+        &'a self,
+        mods: &Modifiers<'_>,
+        flex: &'a [(&'a str, &'a Tensor)],
+    ) -> DeviceModifiers<'a> {
         ModifiersOf {
             window: mods.window,
             alibi: self.alibi.as_ref(),
@@ -148,6 +213,10 @@ impl Uploaded {
             softcap: mods.softcap,
             dropout: mods.dropout,
             sinks: self.sinks.as_ref(),
+            flex: mods.flex.map(|f| FlexOf {
+                modifiers: f.modifiers,
+                tensors: flex,
+            }),
         }
     }
 }
@@ -170,8 +239,50 @@ impl<'a> Modifiers<'a> {
                 Tensor::from_f32(gpu, &[batch, heads, q_rows, q_rows], Scalar::F32, b.values)
             })
             .transpose()?;
-        Ok(Uploaded { alibi, bias, sinks })
+        let flex = match self.flex {
+            Some(f) => upload_flex(gpu, f, batch, q_rows)?,
+            None => Vec::new(),
+        };
+        Ok(Uploaded {
+            alibi,
+            bias,
+            sinks,
+            flex,
+        })
     }
+}
+
+/// Each declared tensor of `f` on the device, in its element type and shape (heads from
+/// the values' length: the host slices are checked against the dims before any upload).
+fn upload_flex(
+    gpu: &Gpu,
+    f: FlexOf<'_, [f32]>,
+    batch: u32,
+    q_rows: u32,
+) -> Result<Vec<(String, Tensor)>, TensorError> {
+    let flex = f.modifiers.get();
+    let mut out = Vec::new();
+    for t in &flex.tensors {
+        let Some(values) = f.tensor(&t.name) else { continue };
+        let shape = flat_shape(t, values.len() as u64, batch, q_rows);
+        let tensor = match t.ty {
+            Ty::F32 => Tensor::from_f32(gpu, &shape, Scalar::F32, values)?,
+            _ => {
+                let words: Vec<u32> = values.iter().map(|&x| x as u32).collect();
+                Tensor::from_u32(gpu, &shape, &words)?
+            }
+        };
+        out.push((t.name.clone(), tensor));
+    }
+    Ok(out)
+}
+
+/// The declared shape of `t`, its head count read off `len` (the host API takes no
+/// n_heads here; the length was checked against it).
+fn flat_shape(t: &attn_dsl::flex::TensorDecl, len: u64, batch: u32, seq: u32) -> Vec<u32> {
+    let others = t.len(batch, 1, seq).max(1);
+    let heads = (len / others) as u32;
+    t.shape(batch, heads, seq)
 }
 
 impl<'a> DeviceModifiers<'a> {
@@ -186,6 +297,19 @@ impl<'a> DeviceModifiers<'a> {
     ) -> Result<(), InputError> {
         self.check_words(abi)?;
         self.check_scalars()?;
+        if let Some(f) = self.flex {
+            let flex = f.modifiers.get();
+            f.check_names(&abi.name, &flex)?;
+            for t in &flex.tensors {
+                let given = f.tensor(&t.name).expect("checked: every declared tensor is given");
+                let scalar = match t.ty {
+                    Ty::F32 => Scalar::F32,
+                    _ => Scalar::U32,
+                };
+                let shape = t.shape(batch, n_heads, q_rows);
+                expect(given, &t.name, &shape, scalar, "as the kernel's `tensors` declare it")?;
+            }
+        }
         for (name, t) in [("alibi", self.alibi), ("sinks", self.sinks)] {
             if let Some(t) = t {
                 expect(t, name, &[n_heads], Scalar::F32, "[n_heads]")?;
@@ -208,7 +332,8 @@ impl<'a> DeviceModifiers<'a> {
     }
 
     /// The modifiers' tensors by binding name.
-    pub(crate) fn tensors(&self) -> impl Iterator<Item = (&'static str, &'a Tensor)> + use<'a> {
+    pub(crate) fn tensors(&self) -> impl Iterator<Item = (&'a str, &'a Tensor)> + use<'a> {
+        let flex = self.flex.map_or(&[][..], |f| f.tensors);
         [
             ("alibi", self.alibi),
             ("bias", self.bias.map(|b| b.values)),
@@ -216,6 +341,7 @@ impl<'a> DeviceModifiers<'a> {
         ]
         .into_iter()
         .filter_map(|(n, t)| t.map(|t| (n, t)))
+        .chain(flex.iter().copied())
     }
 }
 
@@ -259,10 +385,14 @@ pub(crate) fn scalar_name(s: Scalar) -> &'static str {
 impl<T: ?Sized> ModifiersOf<'_, T> {
     /// The kernels' masks for these modifiers, with the causal and document masks.
     pub fn masks(&self, causal: bool, document: bool) -> Masks {
-        Modifier::ALL
+        let masks = Modifier::ALL
             .into_iter()
             .filter(|m| self.gives(*m))
-            .fold(Masks::new(causal, document), Masks::with)
+            .fold(Masks::new(causal, document), Masks::with);
+        Masks {
+            flex: self.flex.map(|f| f.modifiers),
+            ..masks
+        }
     }
 
     /// Whether these values include one for `m` (never for the words that take none).
@@ -310,6 +440,22 @@ impl<T: ?Sized> ModifiersOf<'_, T> {
         {
             return Err(InputError::BiasHeads {
                 kernel: abi.name.to_string(),
+            });
+        }
+        let given = self.flex.map(|f| f.modifiers);
+        if abi.masks.flex != given {
+            let message = match (abi.masks.flex, given) {
+                (Some(_), None) => "it was built with score_mod / mask_mod; give their tensors in \
+                                    `mods.flex`"
+                    .to_string(),
+                (None, Some(_)) => "it was built without score_mod / mask_mod; leave `mods.flex` \
+                                    empty or build the kernel with them"
+                    .to_string(),
+                _ => "`mods.flex` names other modifiers than the kernel was built with".to_string(),
+            };
+            return Err(InputError::Flex {
+                kernel: abi.name.to_string(),
+                message,
             });
         }
         for m in Modifier::ALL.into_iter().filter(|m| m.takes_value()) {
@@ -365,6 +511,9 @@ impl Modifiers<'_> {
     ) -> Result<(), InputError> {
         self.check_words(abi)?;
         self.check_scalars()?;
+        if let Some(f) = self.flex {
+            validate_flex(&abi.name, f, batch, q_rows, n_heads)?;
+        }
         self.validate_values(batch, q_rows, n_heads)
     }
 
@@ -399,6 +548,46 @@ impl Modifiers<'_> {
         }
         Ok(())
     }
+}
+
+/// Host values of the user-written modifiers' tensors: each declared one given, of its
+/// declared length; a `u32` tensor's values whole numbers in u32's range.
+fn validate_flex(
+    kernel: &str,
+    f: FlexOf<'_, [f32]>,
+    batch: u32,
+    q_rows: u32,
+    n_heads: u32,
+) -> Result<(), InputError> {
+    let flex = f.modifiers.get();
+    f.check_names(kernel, &flex)?;
+    for t in &flex.tensors {
+        let values = f.tensor(&t.name).expect("checked: every declared tensor is given");
+        let want = t.len(batch, n_heads, q_rows);
+        if values.len() as u64 != want {
+            return Err(InputError::Flex {
+                kernel: kernel.to_string(),
+                message: format!(
+                    "tensor `{}` has {} values; its declared shape {} holds {want} here",
+                    t.name,
+                    values.len(),
+                    t.describe()
+                ),
+            });
+        }
+        if t.ty == Ty::U32
+            && let Some(x) = values
+                .iter()
+                .find(|x| !(x.fract() == 0.0 && (0.0..4294967296.0).contains(*x)))
+        {
+            return Err(InputError::BadValue {
+                what: "a u32 tensor's value",
+                value: f64::from(*x),
+                needs: "a whole number from 0 to 2^32 - 1",
+            });
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! Checks on a [`KernelSpec`] made before any WGSL exists. Each failure names the field at
 //! fault and says what to change.
 
+mod flex;
 mod rows;
 
 use crate::error::{DslError, Field};
@@ -477,6 +478,9 @@ fn grid_unit(major: Major) -> &'static str {
 }
 
 fn check_masks(spec: &KernelSpec) -> Result<(), DslError> {
+    if let Some(flex) = spec.masks.flex {
+        flex::check(spec.op, &flex.get())?;
+    }
     for m in spec.masks.modifiers() {
         let word = m.word();
         if let Some(why) = cannot_honour(spec.op, m) {

@@ -72,14 +72,11 @@ pub(super) fn decode_helpers(out: &mut Wgsl, spec: &KernelSpec) {
          // The query follows the cache's last row.\nfn key_range(row: u32) -> vec2<u32> {{\n    \
          return vec2<u32>({start}, cache_len());\n}}\n\n"
     );
+    index::key_visible(out, spec);
     super::scores::helpers(out, spec);
     super::sinks::helpers(out, spec);
     out.push_str(
-        r#"fn key_visible(row: u32, j: u32) -> bool {
-    return true;
-}
-
-fn query_at(i: u32) -> f32 {
+        r#"fn query_at(i: u32) -> f32 {
     return q[i];
 }
 
@@ -158,7 +155,7 @@ const ATTEND_ROW: Template = Template {
     for (var blk = first_blk; blk < n_blocks; blk = blk + 1u) {
         let k_start = blk * WG;
         let j = k_start + tid;
-        let visible = j >= range.x && j < range.y && key_visible(row, j);
+        let visible = j >= range.x && j < range.y && key_visible(row, h, j);
 
         var x = NEG_BIG;
         if (visible) {

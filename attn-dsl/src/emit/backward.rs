@@ -150,7 +150,7 @@ const BACKWARD_ROW: Template = Template {
         let k_start = blk * WG;
         let j = k_start + tid;
         var dsj = 0.0;
-        if (j >= range.x && j < range.y && key_visible(row, j)) {
+        if (j >= range.x && j < range.y && key_visible(row, h, j)) {
             let ki = kv_index(j, kv_h);
             $dots
             let xj = scored(row, h, j, dot);
@@ -290,7 +290,7 @@ const BACKWARD_COL: Template = Template {
             let s = s_start + tid;
             var p_s = 0.0;
             var ds_s = 0.0;
-            if (s >= range.x && s < range.y && visible(s, col)) {
+            if (s >= range.x && s < range.y && visible(s, h, col)) {
                 $p_ds
             }
             sh_p[tid] = p_s;

@@ -695,7 +695,7 @@ fn softmax(b: &mut String, lanes: u32, keys: u32, scaled: bool) {
         let _ = writeln!(
             b,
             "        let x_{c} = k0 + {}u;\n        let j_{c} = j0 + x_{c};\n        \
-             let v_{c} = j_{c} >= lo && j_{c} < hi && key_visible(row, j_{c});\n        \
+             let v_{c} = j_{c} >= lo && j_{c} < hi && key_visible(row, h, j_{c});\n        \
              let s_{c} = select(NEG_BIG, score(row, h, j_{c}, sh_s[r * SS + x_{c}]{}), v_{c});",
             c * lanes,
             scale.replace("{c}", &c.to_string())

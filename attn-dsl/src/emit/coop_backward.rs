@@ -391,7 +391,7 @@ const Q_ELEMENTWISE: Template = Template {
     text: r#"        for (var i = 0u; i < ECOLS; i = i + 1u) {
             let c = c0 + i * ELANES;
             let j = j0 + c;
-            let v = j >= lo && j < hi && key_visible(row, j);
+            let v = j >= lo && j < hi && key_visible(row, h, j);
             let x = scored(row, h, j, sh_s[r * SS + c]);
             let p = exp2((x.x - row_lse) * LOG2E);
             let g = select(0.0, score_grad(x, p * (dropped(row, h, j, sh_dp[r * SS + c]) - delta)), v);
@@ -409,7 +409,7 @@ const KV_ELEMENTWISE: Template = Template {
             let c = c0 + i * ELANES;
             let q = s0 + c;
             let st = sh_stats[c];
-            let v = q < dims.seq_len && col < dims.seq_len && visible(q, col);
+            let v = q < dims.seq_len && col < dims.seq_len && visible(q, h, col);
             let x = scored(q, h, col, sh_s[r * SS + c]);
             let p = select(0.0, exp2((x.x - st.x) * LOG2E), v);
             let g = select(0.0, score_grad(x, p * (dropped(q, h, col, sh_dp[r * SS + c]) - st.y)), v);

@@ -139,6 +139,7 @@ fn split(out: &mut Wgsl, spec: &KernelSpec) {
     out.push_str(
         "// Keys in this sequence's cache.\nfn cache_len() -> u32 {\n    return seq_lens[batch];\n}\n\n",
     );
+    super::index::key_visible(out, spec);
     super::scores::helpers(out, spec);
     let start = if spec.masks.window {
         "select(0u, len - dims.window, len > dims.window)"
@@ -173,7 +174,7 @@ fn split(out: &mut Wgsl, spec: &KernelSpec) {
     }
     let scores = each(&|i, c| {
         format!(
-            "                if ({i}u < n_here) {{\n                    x.{c} = score(0u, head0 + {i}u, j, s.{c});\n                }}\n"
+            "                if ({i}u < n_here && key_visible(0u, head0 + {i}u, j)) {{\n                    x.{c} = score(0u, head0 + {i}u, j, s.{c});\n                }}\n"
         )
     });
     let pv_accs = each(&|i, _| format!("    var o{i} = vec4<f32>(0.0);\n"));

@@ -334,7 +334,7 @@ fn scores(b: &mut String, tm: u32, tn: u32, d4: u32) {
     for (i, n) in regs(tm, tn) {
         let _ = writeln!(
             b,
-            "        let v_{i}_{n} = j_{n} >= lo_{i} && j_{n} < hi_{i} && key_visible(row_{i}, j_{n});\n        \
+            "        let v_{i}_{n} = j_{n} >= lo_{i} && j_{n} < hi_{i} && key_visible(row_{i}, h, j_{n});\n        \
              s_{i}_{n} = select(NEG_BIG, score(row_{i}, h, j_{n}, s_{i}_{n}), v_{i}_{n});"
         );
     }

@@ -150,7 +150,7 @@ fn q_body(out: &mut Wgsl, t: &Tiling, scatter_kv: bool, dbias: bool) {
     for (i, n) in regs(tm, tn) {
         let _ = write!(
             b,
-            "        let v_{i}_{n} = j_{n} >= lo_{i} && j_{n} < hi_{i} && key_visible(row_{i}, j_{n});\n        \
+            "        let v_{i}_{n} = j_{n} >= lo_{i} && j_{n} < hi_{i} && key_visible(row_{i}, h, j_{n});\n        \
              let x_{i}_{n} = scored(row_{i}, h, j_{n}, s_{i}_{n});\n        \
              let p_{i}_{n} = exp_f32(x_{i}_{n}.x - lse_{i});\n        \
              let g_{i}_{n} = select(0.0, score_grad(x_{i}_{n}, p_{i}_{n} * (dropped(row_{i}, h, j_{n}, dp_{i}_{n}) - delta_{i})), v_{i}_{n});\n        \
@@ -326,7 +326,7 @@ fn kv_body(out: &mut Wgsl, t: &Tiling, scatter_dq: bool, dbias: bool) {
     for (i, n) in regs(tm, tn) {
         let _ = write!(
             b,
-            "        let v_{i}_{n} = q_{n} < dims.seq_len && col_{i} < dims.seq_len && visible(q_{n}, col_{i});\n        \
+            "        let v_{i}_{n} = q_{n} < dims.seq_len && col_{i} < dims.seq_len && visible(q_{n}, h, col_{i});\n        \
              let x_{i}_{n} = scored(q_{n}, h, col_{i}, s_{i}_{n});\n        \
              let p_{i}_{n} = select(0.0, exp_f32(x_{i}_{n}.x - st_{n}.x), v_{i}_{n});\n        \
              let g_{i}_{n} = select(0.0, score_grad(x_{i}_{n}, p_{i}_{n} * (dropped(q_{n}, h, col_{i}, dp_{i}_{n}) - st_{n}.y)), v_{i}_{n});\n        \

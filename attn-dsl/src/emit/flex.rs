@@ -2,21 +2,30 @@
 //! lets inlined (WGSL has no let-expressions), `select(cond, a, b)` as WGSL's
 //! `select(b, a, cond)`, a tensor read at its row-major offset.
 
-use crate::flex::{Dim, Expr, Func, Kind, Lit, TensorDecl};
+use std::fmt::Write;
 
-/// `e` (typed) as a WGSL expression; `var(name)` spells each variable (`score`, b, h, q,
-/// k) in the kernel, e.g. `i32(row)` for q.
-pub fn wgsl<S: Clone>(e: &Expr<S>, tensors: &[TensorDecl], var: &dyn Fn(&str) -> String) -> String {
-    lower(&e.inlined(), tensors, var)
+use super::writer::Wgsl;
+use crate::flex::{Dim, Expr, Flex, Func, Kind, Lit, TensorDecl, derive};
+
+/// How a kernel spells what a modifier names: each variable (`score`, b, h, q, k), e.g.
+/// `i32(row)` for q, and the length of a `seq` dimension.
+pub struct Spelling<'a> {
+    pub var: &'a dyn Fn(&str) -> String,
+    pub seq: &'a str,
 }
 
-fn lower<S>(e: &Expr<S>, tensors: &[TensorDecl], var: &dyn Fn(&str) -> String) -> String {
-    let go = |e: &Expr<S>| lower(e, tensors, var);
+/// `e` (typed) as a WGSL expression.
+pub fn wgsl<S: Clone>(e: &Expr<S>, tensors: &[TensorDecl], sp: &Spelling) -> String {
+    lower(&e.inlined(), tensors, sp)
+}
+
+fn lower<S>(e: &Expr<S>, tensors: &[TensorDecl], sp: &Spelling) -> String {
+    let go = |e: &Expr<S>| lower(e, tensors, sp);
     match &e.kind {
         Kind::Lit(Lit::Float(x)) => format!("f32({x:?})"),
         Kind::Lit(Lit::Int(x)) => format!("i32({x})"),
         Kind::Lit(Lit::Bool(x)) => x.to_string(),
-        Kind::Var(name) => var(name),
+        Kind::Var(name) => (sp.var)(name),
         Kind::Neg(a) => format!("(-{})", go(a)),
         Kind::Not(a) => format!("(!{})", go(a)),
         Kind::Bin(op, l, r) => format!("({} {} {})", go(l), op.symbol(), go(r)),
@@ -40,7 +49,7 @@ fn lower<S>(e: &Expr<S>, tensors: &[TensorDecl], var: &dyn Fn(&str) -> String) -
                 let i = format!("u32({})", go(i));
                 match acc.is_empty() {
                     true => i,
-                    false => format!("({acc} * {} + {i})", dim_expr(*dim)),
+                    false => format!("({acc} * {} + {i})", dim_expr(*dim, sp.seq)),
                 }
             });
             format!("{name}[{offset}]")
@@ -49,13 +58,51 @@ fn lower<S>(e: &Expr<S>, tensors: &[TensorDecl], var: &dyn Fn(&str) -> String) -
     }
 }
 
+/// The WGSL functions of `flex`'s modifiers: `score_mod(score, row, h, j)` and its
+/// derivative `d_score_mod`, `mask_mod(row, h, j)`; the query's position is `pos` (in
+/// terms of `row`: a decode's query follows its cache).
+pub(super) fn functions(out: &mut Wgsl, flex: &Flex, decode: bool) {
+    let (pos, seq) = match decode {
+        true => ("cache_len() - 1u", "dims.capacity"),
+        false => ("flex_row", "dims.seq_len"),
+    };
+    let var = |name: &str| match name {
+        "score" => "flex_s".to_string(),
+        "b" => "i32(batch)".to_string(),
+        "h" => "i32(flex_h)".to_string(),
+        "q" => format!("i32({pos})"),
+        "k" => "i32(flex_j)".to_string(),
+        other => other.to_string(),
+    };
+    let sp = Spelling { var: &var, seq };
+    let args = "flex_row: u32, flex_h: u32, flex_j: u32";
+    if let Some(e) = &flex.score_mod {
+        let d = derive::d_score(e).expect("checked: the score modifier differentiates");
+        let _ = write!(
+            out,
+            "// The description's score_mod, and its derivative with respect to the score.\n\
+             fn score_mod(flex_s: f32, {args}) -> f32 {{\n    return {};\n}}\n\n\
+             fn d_score_mod(flex_s: f32, {args}) -> f32 {{\n    return {};\n}}\n\n",
+            wgsl(e, &flex.tensors, &sp),
+            wgsl(&d, &flex.tensors, &sp)
+        );
+    }
+    if let Some(e) = &flex.mask_mod {
+        let _ = write!(
+            out,
+            "// The description's mask_mod.\nfn mask_mod({args}) -> bool {{\n    return {};\n}}\n\n",
+            wgsl(e, &flex.tensors, &sp)
+        );
+    }
+}
+
 /// A dimension's size in the kernel.
-fn dim_expr(dim: Dim) -> String {
+fn dim_expr(dim: Dim, seq: &str) -> String {
     match dim {
         Dim::Const(n) => format!("{n}u"),
         Dim::Heads => "dims.n_heads".into(),
         Dim::Batch => "dims.batch".into(),
-        Dim::Seq => "dims.seq_len".into(),
+        Dim::Seq => seq.into(),
     }
 }
 
@@ -90,19 +137,23 @@ mod tests {
              var<private> batch: u32;\n\n",
         );
         let args = "s: f32, head: u32, row: u32, j: u32";
+        let sp = super::Spelling {
+            var: &var,
+            seq: "dims.seq_len",
+        };
         for (n, (_, e)) in score_mods().iter().enumerate() {
             let d = d_score(e).unwrap();
             wgsl += &format!(
                 "fn score_mod_{n}({args}) -> f32 {{\n    return {};\n}}\n\n\
                  fn d_score_mod_{n}({args}) -> f32 {{\n    return {};\n}}\n\n",
-                super::wgsl(e, &decls, &var),
-                super::wgsl(&d, &decls, &var)
+                super::wgsl(e, &decls, &sp),
+                super::wgsl(&d, &decls, &sp)
             );
         }
         for (n, (_, e)) in mask_mods().iter().enumerate() {
             wgsl += &format!(
                 "fn mask_mod_{n}(head: u32, row: u32, j: u32) -> bool {{\n    return {};\n}}\n\n",
-                super::wgsl(e, &decls, &var)
+                super::wgsl(e, &decls, &sp)
             );
         }
         let module = naga::front::wgsl::parse_str(&wgsl)
@@ -119,5 +170,67 @@ mod tests {
             wgsl.contains("rel_bias[(u32(i32(head)) * 255u + u32("),
             "{wgsl}"
         );
+    }
+
+    /// Each library example reaches every schedule: the per-row kernels of every op that
+    /// takes modifiers, the flash forward and backward, and both on tensor cores; each
+    /// validates in naga, binds its tensors after the signature's, and calls the modifier
+    /// it declares.
+    #[test]
+    fn every_example_compiles_into_every_schedule() {
+        use crate::configs;
+        use crate::{Dtype, KernelSpec, Masks, Op, WriteMode};
+        for ex in crate::flex::library::examples() {
+            let masks = Masks {
+                flex: Some(ex.flex.intern()),
+                ..Masks::default()
+            };
+            let mut specs = Vec::new();
+            for op in [Op::Forward, Op::Decode, Op::DecodeSplit, Op::BackwardQ, Op::BackwardKv] {
+                let mut spec = KernelSpec::standard("flex", op, 64, masks);
+                if op == Op::DecodeSplit {
+                    for (_, mode) in &mut spec.writes {
+                        *mode = WriteMode::ScratchFlush;
+                    }
+                }
+                specs.push(spec);
+            }
+            let f = |op, c| KernelSpec::flash("flex", op, 64, masks, c);
+            specs.push(f(Op::Forward, configs::forward(64)[0]));
+            specs.push(f(Op::BackwardQ, configs::backward(64)[0]));
+            specs.push(f(Op::BackwardKv, configs::backward(64)[0]));
+            let bytes = configs::CANDIDATE_WORKGROUP_BYTES;
+            specs.push(KernelSpec {
+                dtype: Dtype::F16,
+                ..f(Op::Forward, configs::coop_forward(64, bytes)[0])
+            });
+            for op in [Op::BackwardQ, Op::BackwardKv] {
+                let mut spec = KernelSpec {
+                    dtype: Dtype::F16,
+                    ..f(op, configs::coop_backward(64, bytes)[0])
+                };
+                if op == Op::BackwardKv {
+                    spec.writes = vec![
+                        ("dk".into(), WriteMode::Owned),
+                        ("dv".into(), WriteMode::Owned),
+                    ];
+                }
+                spec.fit_target();
+                specs.push(spec);
+            }
+            for spec in specs {
+                let what = format!("{} {:?} {:?}", ex.name, spec.op, spec.grid);
+                let abi = crate::compile(&spec).unwrap_or_else(|e| panic!("{what}: {e}"));
+                let names: Vec<&str> = abi.bindings.iter().map(|b| b.name.as_ref()).collect();
+                let declared: Vec<&str> = ex.flex.tensors.iter().map(|t| t.name.as_str()).collect();
+                assert_eq!(&names[names.len() - declared.len()..], &declared[..], "{what}");
+                for (f, on) in [
+                    ("score_mod(", ex.flex.score_mod.is_some()),
+                    ("mask_mod(", ex.flex.mask_mod.is_some()),
+                ] {
+                    assert_eq!(abi.wgsl.contains(f), on, "{what}: {f}");
+                }
+            }
+        }
     }
 }

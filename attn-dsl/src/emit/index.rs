@@ -49,8 +49,8 @@ fn row_index(row: u32, h: u32) -> u32 {{
     );
 }
 
-/// `key_range(s)`: the keys query `s` may see, `[start, end)`; `key_visible(s, j)`: the
-/// test within it; `query_range(j)` and `visible(s, j)`: the same mask seen from a key.
+/// `key_range(s)`: the keys query `s` may see, `[start, end)`; `key_visible(s, h, j)`: the
+/// test within it; `query_range(j)` and `visible(s, h, j)`: the same mask seen from a key.
 /// With documents, `seg` holds each row's document start and end, so both ranges are
 /// exact and tiles outside a document are never visited, causal or not.
 pub(super) fn masks(out: &mut Wgsl, spec: &KernelSpec) {
@@ -105,13 +105,9 @@ fn window_back(row: u32) -> u32 {
     return vec2<u32>({start}, {end});
 }}
 
-fn key_visible(row: u32, j: u32) -> bool {{
-    return true;
-}}
-
-fn visible(row: u32, j: u32) -> bool {{
+fn visible(row: u32, h: u32, j: u32) -> bool {{
     let range = key_range(row);
-    return j >= range.x && j < range.y && key_visible(row, j);
+    return j >= range.x && j < range.y && key_visible(row, h, j);
 }}
 
 fn query_range(col: u32) -> vec2<u32> {{
@@ -120,5 +116,17 @@ fn query_range(col: u32) -> vec2<u32> {{
 
 "#
     );
+    key_visible(out, spec);
     super::scores::helpers(out, spec);
+}
+
+/// `key_visible(row, h, j)`: the test within a row's key range, the description's
+/// `mask_mod` where it has one.
+pub(super) fn key_visible(out: &mut Wgsl, spec: &KernelSpec) {
+    let has_mask = spec.flex().is_some_and(|f| f.mask_mod.is_some());
+    let test = if has_mask { "mask_mod(row, h, j)" } else { "true" };
+    let _ = write!(
+        out,
+        "fn key_visible(row: u32, h: u32, j: u32) -> bool {{\n    return {test};\n}}\n\n"
+    );
 }

@@ -41,14 +41,26 @@ pub(super) fn helpers(out: &mut Wgsl, spec: &KernelSpec) {
         // Positions below 2^24 convert exactly, and so does their difference.
         let _ = writeln!(score, "    x = fma(alibi[h], f32(j) - f32({pos}), x);");
     }
-    let slope = if m.softcap {
+    let mut slope = if m.softcap {
         out.need(&[Helper::Tanh]);
         // cap·tanh(y/cap), and its slope 1 - tanh²(y/cap).
         "    let t = tanh_f32(x / params.softcap);\n    \
-         return vec2<f32>(params.softcap * t.x, t.y);\n"
+         var s = vec2<f32>(params.softcap * t.x, t.y);\n"
+            .to_string()
     } else {
-        "    return vec2<f32>(x, 1.0);\n"
+        "    var s = vec2<f32>(x, 1.0);\n".to_string()
     };
+    let flex = spec.flex();
+    if let Some(flex) = &flex {
+        super::flex::functions(out, flex, spec.op.is_decode());
+        if flex.score_mod.is_some() {
+            // The user's modifier last, and the chain rule through it.
+            slope.push_str(
+                "    s = vec2<f32>(score_mod(s.x, row, h, j), d_score_mod(s.x, row, h, j) * s.y);\n",
+            );
+        }
+    }
+    slope.push_str("    return s;\n");
     let _ = write!(
         out,
         "// The score of query `row` (head h) against key j from the raw dot product q·k (scaled,\n\

@@ -22,6 +22,9 @@ pub trait Tensors {
 pub struct Env<'a> {
     vars: Vec<(String, Value)>,
     tensors: &'a dyn Tensors,
+    /// Applied to every float a node computes: the identity for f64, or a rounding to f32
+    /// for the f32 baseline that computes the modifier as a kernel does.
+    round: fn(f64) -> f64,
 }
 
 impl<'a> Env<'a> {
@@ -31,13 +34,30 @@ impl<'a> Env<'a> {
             .map(|(n, v)| (n.to_string(), Value::I(v)))
             .collect();
         vars.extend(score.map(|s| ("score".to_string(), Value::F(s))));
-        Env { vars, tensors }
+        Env {
+            vars,
+            tensors,
+            round: |x| x,
+        }
+    }
+
+    /// Every float node's value passed through `round`.
+    pub fn rounding(mut self, round: fn(f64) -> f64) -> Env<'a> {
+        self.round = round;
+        self
     }
 }
 
 /// `e`'s value (an expression that passed [`super::typing::type_of`]); an error names an
 /// out-of-range tensor read.
 pub fn eval<S>(e: &Expr<S>, env: &mut Env) -> Result<Value, String> {
+    Ok(match node(e, env)? {
+        Value::F(x) => Value::F((env.round)(x)),
+        v => v,
+    })
+}
+
+fn node<S>(e: &Expr<S>, env: &mut Env) -> Result<Value, String> {
     use Value::*;
     Ok(match &e.kind {
         Kind::Lit(Lit::Float(x)) => F(*x),

@@ -12,10 +12,15 @@
 
 pub mod derive;
 pub mod eval;
+pub mod library;
+mod modifiers;
 pub mod typing;
 
+pub use modifiers::{Flex, FlexRef, same_str};
+use serde::{Deserialize, Serialize};
+
 /// A value's type.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Ty {
     F32,
     I32,
@@ -38,14 +43,14 @@ impl Ty {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Lit {
     Float(f64),
     Int(i64),
     Bool(bool),
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum BinOp {
     Add,
     Sub,
@@ -92,7 +97,7 @@ impl BinOp {
 }
 
 /// The functions an expression may call.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Func {
     Min,
     Max,
@@ -146,13 +151,16 @@ impl Func {
 }
 
 /// An expression node and where it came from (a span in the macro, `()` elsewhere).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(bound(serialize = "", deserialize = "S: Default"))]
 pub struct Expr<S = ()> {
     pub kind: Kind<S>,
+    #[serde(skip)]
     pub at: S,
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(bound(serialize = "", deserialize = "S: Default"))]
 pub enum Kind<S> {
     Lit(Lit),
     Var(String),
@@ -168,7 +176,7 @@ pub enum Kind<S> {
 }
 
 /// A tensor a modifier may read: its dimensions (row-major) and element type.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TensorDecl {
     pub name: String,
     pub dims: Vec<Dim>,
@@ -176,7 +184,7 @@ pub struct TensorDecl {
 }
 
 /// A dimension of a declared tensor: a constant or one of the problem's sizes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Dim {
     Const(u32),
     Heads,
@@ -254,30 +262,7 @@ pub(crate) mod tests {
     use super::typing::{Scope, type_of};
     use super::*;
 
-    pub fn v(name: &str) -> Expr {
-        Expr::new(Kind::Var(name.into()), ())
-    }
-    pub fn f(x: f64) -> Expr {
-        Expr::new(Kind::Lit(Lit::Float(x)), ())
-    }
-    pub fn i(x: i64) -> Expr {
-        Expr::new(Kind::Lit(Lit::Int(x)), ())
-    }
-    pub fn bin(op: BinOp, l: Expr, r: Expr) -> Expr {
-        Expr::new(Kind::Bin(op, Box::new(l), Box::new(r)), ())
-    }
-    pub fn call(func: Func, args: Vec<Expr>) -> Expr {
-        Expr::new(Kind::Call(func, args), ())
-    }
-    pub fn cast(a: Expr, ty: Ty) -> Expr {
-        Expr::new(Kind::Cast(Box::new(a), ty), ())
-    }
-    pub fn idx(name: &str, at: Vec<Expr>) -> Expr {
-        Expr::new(Kind::Index(name.into(), at), ())
-    }
-    pub fn let_(name: &str, value: Expr, body: Expr) -> Expr {
-        Expr::new(Kind::Let(name.into(), Box::new(value), Box::new(body)), ())
-    }
+    pub use super::library::build::*;
 
     /// The declared tensors of the examples: ALiBi slopes, a T5 relative bias and
     /// per-sequence prefix lengths.

@@ -64,7 +64,8 @@ impl KernelSpec {
         let storage = signature::tensors(self)
             .iter()
             .filter(|t| t.role != Role::Uniform)
-            .count() as u32;
+            .count() as u32
+            + self.flex().map_or(0, |f| f.tensors.len() as u32);
         let base = Limits::WEBGPU;
         if bytes > base.workgroup_storage_bytes
             || storage > base.storage_buffers_per_stage

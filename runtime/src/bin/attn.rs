@@ -181,6 +181,7 @@ impl ModifierValues {
                 offset: 0,
             }),
             sinks: self.sinks.as_deref(),
+            flex: None,
         }
     }
 }

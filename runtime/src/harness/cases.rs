@@ -2,6 +2,7 @@
 //! on the GPU and judged against the f64 reference by the pass rule, as one or more rows.
 
 use crate::BlockOn;
+use crate::modifiers::FlexOf;
 use attn_dsl::{
     BiasHeads, Cache, Dtype, FlashConfig, Fp8, KernelAbi, KernelSpec, Masks, Modifier, Op, Scalar,
 };
@@ -73,6 +74,9 @@ pub struct ModCase {
     pub dropout_percent: Option<u32>,
     /// Attention sinks, one logit per head from the seed.
     pub sinks: bool,
+    /// A user-written modifier: the name of an `attn_dsl::flex::library` example, its
+    /// tensors' values from the seed.
+    pub flex: Option<&'static str>,
 }
 
 impl ModCase {
@@ -80,8 +84,19 @@ impl ModCase {
         let words: Vec<String> = Modifier::ALL
             .into_iter()
             .filter_map(|m| self.word(m))
+            .chain(self.flex.map(|f| format!("flex:{f}")))
             .collect();
         words.join("+")
+    }
+
+    /// The example's modifiers, if the case has one.
+    pub fn flex(&self) -> Option<attn_dsl::flex::FlexRef> {
+        let name = self.flex?;
+        let example = attn_dsl::flex::library::examples()
+            .into_iter()
+            .find(|e| e.name == name)
+            .unwrap_or_else(|| panic!("no flex example `{name}`"));
+        Some(example.flex.intern())
     }
 
     /// `m`'s part of the label, with its value, when the case turns it on (the causal and
@@ -102,10 +117,14 @@ impl ModCase {
 
     /// The masks of a kernel that runs this case, with the shape's causal and document masks.
     pub fn masks(&self, causal: bool, document: bool) -> Masks {
-        Modifier::ALL
+        let masks = Modifier::ALL
             .into_iter()
             .filter(|m| self.word(*m).is_some())
-            .fold(Masks::new(causal, document), Masks::with)
+            .fold(Masks::new(causal, document), Masks::with);
+        Masks {
+            flex: self.flex(),
+            ..masks
+        }
     }
 }
 
@@ -115,6 +134,8 @@ struct ModData {
     slopes: Vec<f32>,
     bias: Vec<f32>,
     sinks: Vec<f32>,
+    /// The example's tensors by name (kept for the process: `Modifiers` borrows the pairs).
+    flex: &'static [(&'static str, &'static [f32])],
     seed: u64,
 }
 
@@ -143,6 +164,7 @@ impl ModData {
             slopes,
             bias: random(bias_len, seed + 7),
             sinks,
+            flex: flex_values(case, h, batch, seq, seed),
             seed,
         }
     }
@@ -163,8 +185,42 @@ impl ModData {
                 offset: 3,
             }),
             sinks: c.sinks.then_some(&self.sinks[..]),
+            flex: c.flex().map(|modifiers| FlexOf {
+                modifiers,
+                tensors: self.flex,
+            }),
         }
     }
+}
+
+/// Values for each tensor the case's modifier declares: f32 values of a tenth of the
+/// inputs' range (a bias or a slope), u32 positions within the sequence.
+fn flex_values(
+    case: ModCase,
+    h: Heads,
+    batch: u32,
+    seq: u32,
+    seed: u64,
+) -> &'static [(&'static str, &'static [f32])] {
+    let Some(flex) = case.flex() else {
+        return &[];
+    };
+    let pairs: Vec<(&'static str, &'static [f32])> = flex
+        .parsed()
+        .tensors
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let len = t.len(batch, h.n_heads, seq) as usize;
+            let raw = random(len, seed + 31 + i as u64);
+            let values: Vec<f32> = match t.ty {
+                attn_dsl::flex::Ty::F32 => raw.iter().map(|x| 0.1 * x).collect(),
+                _ => raw.iter().map(|x| ((x + 2.0) / 4.0 * seq as f32).floor()).collect(),
+            };
+            (t.name.as_str(), &*Box::leak(values.into_boxed_slice()))
+        })
+        .collect();
+    Box::leak(pairs.into_boxed_slice())
 }
 
 impl Case {
@@ -469,6 +525,7 @@ pub fn default_matrix() -> Vec<Case> {
         },
     );
     cases.extend(modifier_cases());
+    cases.extend(flex_cases());
     cases
 }
 
@@ -527,6 +584,48 @@ pub fn quick_matrix() -> Vec<Case> {
         .collect()
 }
 
+/// Each user-written example of `attn_dsl::flex::library` (its own masks, no built-in
+/// ones), forward, backward and decode, at head_dim 64 with GQA 3.
+fn flex_cases() -> Vec<Case> {
+    let heads = Heads {
+        n_heads: 6,
+        n_kv_heads: 2,
+        head_dim: 64,
+    };
+    let mut cases = Vec::new();
+    for example in attn_dsl::flex::library::examples() {
+        let mods = ModCase {
+            flex: Some(example.name),
+            ..ModCase::default()
+        };
+        let shapes = [
+            Shape::Forward {
+                seq: 64,
+                docs: Docs::Even(1),
+                causal: false,
+            },
+            Shape::Backward {
+                seq: 64,
+                docs: Docs::Even(1),
+                causal: false,
+            },
+            Shape::Decode {
+                cache_len: 300,
+                capacity: 320,
+            },
+        ];
+        for shape in shapes {
+            cases.push(Case {
+                heads,
+                batch: 1,
+                shape,
+                mods,
+            });
+        }
+    }
+    cases
+}
+
 /// Each score modifier alone (causal, with documents, GQA 3), then all at once, causal
 /// and not, at head_dims 64 and 128, forward and backward; decode with those it takes.
 fn modifier_cases() -> Vec<Case> {
@@ -571,6 +670,7 @@ fn modifier_cases() -> Vec<Case> {
         softcap: None,
         dropout_percent: Some(10),
         sinks: false,
+        flex: None,
     };
     let mut cases = Vec::new();
     for head_dim in [64, 128] {
@@ -971,13 +1071,19 @@ pub fn run_case(gpu: &Gpu, runner: &mut Runner, case: &Case, seed: u64) -> Resul
                 }
                 rows.push(row(&label, job.forward(gpu, kernel, seed, false)?));
             }
-            // Half precision on the plain cases of one batch, and with sinks alone (which
-            // change how each schedule finishes a row, the tensor-core ones included).
+            // Half precision on the plain cases of one batch, with sinks alone (which
+            // change how each schedule finishes a row, the tensor-core ones included), and
+            // with a user-written modifier (the tensor-core kernels apply it too).
             let sinks = ModCase {
                 sinks: true,
                 ..ModCase::default()
             };
-            if (case.mods == ModCase::default() || case.mods == sinks) && batch == 1 {
+            let flex_alone = ModCase {
+                flex: case.mods.flex,
+                ..ModCase::default()
+            };
+            let half = case.mods == ModCase::default() || case.mods == sinks || case.mods == flex_alone;
+            if half && batch == 1 {
                 for (label, kernel) in runner.half(gpu, h.head_dim, masks)? {
                     rows.push(row(label, job.forward(gpu, kernel, seed, false)?));
                     // bf16's range, past f16's: what its tensor-core path scales by rows.

@@ -112,12 +112,13 @@ pub fn decode(gpu: &Gpu, case: &Fp8Case, [q, k, v]: [&[f32]; 3]) -> Result<Fp8Ru
     let qt = Tensor::from_f32(gpu, &q_shape, data, q)?;
     let o = Tensor::zeros(gpu, &q_shape, data);
     let uploaded = case.mods.upload(gpu, case.batch, 1)?;
+    let flex = uploaded.flex_tensors();
     let args = DecodeArgs {
         q: &qt,
         cache: cache.view(),
         o: &o,
         scale: None,
-        mods: uploaded.view(&case.mods),
+        mods: uploaded.view(&case.mods, &flex),
         slice_len: None,
     };
     decode.record(gpu, &mut encoder, &args)?;

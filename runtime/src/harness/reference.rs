@@ -12,7 +12,11 @@
 use attn_dsl::BiasHeads;
 use num_traits::Float;
 
-use crate::modifiers::{Bias, Modifiers};
+use attn_dsl::flex::FlexRef;
+use attn_dsl::flex::derive;
+use attn_dsl::flex::eval::{Env, Tensors, Value, eval};
+
+use crate::modifiers::{Bias, FlexOf, Modifiers};
 use rayon::prelude::*;
 
 /// The float types the references run in, row by row on every core.
@@ -72,7 +76,10 @@ impl Problem<'_> {
 
     /// Query `s` sees key `j` when `j <= s` (causal) and `j >= seg[s]` (document); without
     /// the causal mask, keys past the document end are cut by `seg[j] == seg[s]`.
-    pub fn visible(&self, s: usize, j: usize) -> bool {
+    pub fn visible(&self, s: usize, h: usize, j: usize) -> bool {
+        if !self.flex_visible(s, h, j) {
+            return false;
+        }
         let pos = s + self.q_pos;
         if self.causal && j > pos {
             return false;
@@ -89,8 +96,9 @@ impl Problem<'_> {
     }
 
     /// The score of query `s` (head h) against key `j` from the dot product: scaled,
-    /// biased, ALiBi's slope added, capped, as the kernels compute it.
-    fn score<T: Float>(&self, s: usize, h: usize, j: usize, dot: T) -> T {
+    /// biased, ALiBi's slope added, capped, then the user's `score_mod`, as the kernels
+    /// compute it; and d score / d (pre-cap score), by which dS reaches the bias.
+    fn scored<T: Float>(&self, s: usize, h: usize, j: usize, dot: T) -> (T, T) {
         let f = |x: f64| T::from(x).expect("fits");
         let mut x = dot * f(self.scale);
         if let Some(bias) = self.mods.bias {
@@ -106,21 +114,57 @@ impl Problem<'_> {
             let distance = j as f64 - (s + self.q_pos) as f64;
             x = x + f(f64::from(slopes[h])) * f(distance);
         }
-        if let Some(cap) = self.mods.softcap {
-            x = f(f64::from(cap)) * (x / f(f64::from(cap))).tanh();
+        let (mut x, mut slope) = match self.mods.softcap {
+            Some(cap) => {
+                let t = (x / f(f64::from(cap))).tanh();
+                (f(f64::from(cap)) * t, (T::one() - t) * (T::one() + t))
+            }
+            None => (x, T::one()),
+        };
+        if let Some((y, dy)) = self.flex_score::<T>(s, h, j, x) {
+            (x, slope) = (y, dy * slope);
         }
-        x
+        (x, slope)
     }
 
-    /// d score / d (pre-cap score), from the score.
-    fn cap_slope<T: Float>(&self, x: T) -> T {
-        match self.mods.softcap {
-            Some(cap) => {
-                let t = x / T::from(cap).expect("fits");
-                (T::one() - t) * (T::one() + t)
+    fn score<T: Float>(&self, s: usize, h: usize, j: usize, dot: T) -> T {
+        self.scored(s, h, j, dot).0
+    }
+
+    /// The user's `score_mod` and its derivative at score `x`, evaluated in `T`'s
+    /// precision (each float node rounded to f32 for the f32 baseline, as a kernel computes
+    /// it), if the kernel has one.
+    fn flex_score<T: Float>(&self, s: usize, h: usize, j: usize, x: T) -> Option<(T, T)> {
+        let flex = self.mods.flex?;
+        let parsed = flex.modifiers.parsed();
+        let e = parsed.score_mod.as_ref()?;
+        let d = flex_derivative(flex.modifiers);
+        let read = FlexTensors::new(self, flex);
+        let at = |e: &attn_dsl::flex::Expr| {
+            let mut env = Env::new(x.to_f64(), self.flex_vars(s, h, j), &read).rounding(rounding::<T>());
+            match eval(e, &mut env) {
+                Ok(Value::F(v)) => T::from(v).expect("fits"),
+                other => panic!("score_mod evaluated to {other:?}"),
             }
-            None => T::one(),
+        };
+        Some((at(e), at(&d)))
+    }
+
+    /// The user's `mask_mod` for (s, h, j); true without one.
+    fn flex_visible(&self, s: usize, h: usize, j: usize) -> bool {
+        let Some(flex) = self.mods.flex else { return true };
+        let Some(e) = &flex.modifiers.parsed().mask_mod else { return true };
+        let read = FlexTensors::new(self, flex);
+        let mut env = Env::new(None, self.flex_vars(s, h, j), &read);
+        match eval(e, &mut env) {
+            Ok(Value::B(b)) => b,
+            other => panic!("mask_mod evaluated to {other:?}"),
         }
+    }
+
+    /// b, h, q, k as a modifier sees them: q is the query's position among the keys.
+    fn flex_vars(&self, s: usize, h: usize, j: usize) -> [i32; 4] {
+        [self.batch_index, h, s + self.q_pos, j].map(|x| x as i32)
     }
 
     /// Head h's sink logit, with sinks.
@@ -146,6 +190,68 @@ impl Problem<'_> {
     fn kv_row<'x, T>(&self, x: &'x [T], j: usize, h: usize) -> &'x [T] {
         let kv_h = h / (self.n_heads / self.n_kv_heads);
         &x[(j * self.n_kv_heads + kv_h) * self.head_dim..][..self.head_dim]
+    }
+}
+
+/// How the evaluator rounds the floats of a modifier computed in `T`: to f32 for a 4-byte
+/// float, not at all for f64.
+fn rounding<T: Float>() -> fn(f64) -> f64 {
+    match std::mem::size_of::<T>() {
+        4 => |x| x as f32 as f64,
+        _ => |x| x,
+    }
+}
+
+/// d score_mod / d score of `flex`, derived once per process.
+fn flex_derivative(flex: FlexRef) -> &'static attn_dsl::flex::Expr {
+    type Held = std::collections::HashMap<&'static str, &'static attn_dsl::flex::Expr>;
+    static HELD: std::sync::Mutex<Option<Held>> = std::sync::Mutex::new(None);
+    let mut held = HELD.lock().unwrap_or_else(|e| e.into_inner());
+    held.get_or_insert_with(Default::default)
+        .entry(flex.json())
+        .or_insert_with(|| {
+            let e = flex.parsed().score_mod.as_ref().expect("a score modifier");
+            Box::leak(Box::new(derive::d_score(e).expect("checked: it differentiates")))
+        })
+}
+
+/// The declared tensors of a modifier, read from the host values as a kernel reads them:
+/// row-major in the declared shape (the batch taken from the values' length).
+struct FlexTensors<'a> {
+    flex: FlexOf<'a, [f32]>,
+    heads: u32,
+    seq: u32,
+}
+
+impl<'a> FlexTensors<'a> {
+    fn new(p: &Problem, flex: FlexOf<'a, [f32]>) -> FlexTensors<'a> {
+        FlexTensors {
+            flex,
+            heads: p.n_heads as u32,
+            seq: p.n_k as u32,
+        }
+    }
+}
+
+impl Tensors for FlexTensors<'_> {
+    fn read(&self, name: &str, at: &[i64]) -> Option<Value> {
+        let decl = self.flex.modifiers.parsed().tensor(name)?;
+        let values = self.flex.tensor(name)?;
+        let others = decl.len(1, self.heads, self.seq).max(1);
+        let batch = (values.len() as u64 / others) as u32;
+        let shape = decl.shape(batch, self.heads, self.seq);
+        let mut flat = 0i64;
+        for (&i, &n) in at.iter().zip(&shape) {
+            if i < 0 || i >= i64::from(n) {
+                return None;
+            }
+            flat = flat * i64::from(n) + i;
+        }
+        let x = *values.get(flat as usize)?;
+        Some(match decl.ty {
+            attn_dsl::flex::Ty::F32 => Value::F(f64::from(x)),
+            _ => Value::U(x as u32),
+        })
     }
 }
 
@@ -233,7 +339,7 @@ fn probabilities<T: Float>(p: &Problem, q: &[T], k: &[T], s: usize, h: usize) ->
 fn weights<T: Float>(p: &Problem, q: &[T], k: &[T], s: usize, h: usize) -> (Vec<T>, T, T) {
     let scores: Vec<Option<T>> = (0..p.n_k)
         .map(|j| {
-            p.visible(s, j)
+            p.visible(s, h, j)
                 .then(|| p.score(s, h, j, dot(p.q_row(q, s, h), p.kv_row(k, j, h))))
         })
         .collect();
@@ -265,7 +371,7 @@ fn recomputed_probabilities<T: Float>(
     lse: T,
 ) -> Vec<T> {
     (0..p.n_k)
-        .map(|j| match p.visible(s, j) {
+        .map(|j| match p.visible(s, h, j) {
             true => (p.score(s, h, j, dot(p.q_row(q, s, h), p.kv_row(k, j, h))) - lse).exp(),
             false => T::zero(),
         })
@@ -434,10 +540,10 @@ fn backward_one<T: Real>(
                 None => pairwise(p.n_k, &|j| probs[j] * dp[j]),
             };
             let ds = (0..p.n_k)
-                .map(|j| match p.visible(s, j) {
+                .map(|j| match p.visible(s, h, j) {
                     true => {
-                        let x = p.score(s, h, j, dot(p.q_row(q, s, h), p.kv_row(k, j, h)));
-                        probs[j] * (dp[j] - big_d) * p.cap_slope(x)
+                        let (_, slope) = p.scored(s, h, j, dot(p.q_row(q, s, h), p.kv_row(k, j, h)));
+                        probs[j] * (dp[j] - big_d) * slope
                     }
                     false => T::zero(),
                 })

@@ -83,6 +83,7 @@ pub async fn forward(
         None => None,
     };
     let uploaded = input.mods.upload(gpu, b, s)?;
+    let flex = uploaded.flex_tensors();
     let args = crate::ops::forward::ForwardArgs {
         q: &q,
         k: &k,
@@ -91,7 +92,7 @@ pub async fn forward(
         lse: &lse,
         seg: seg.as_ref(),
         scale: input.scale,
-        mods: uploaded.view(&input.mods),
+        mods: uploaded.view(&input.mods, &flex),
     };
     let mut encoder = gpu.device.create_command_encoder(&Default::default());
     crate::ops::forward::Forward::from_kernel(kernel)?.record(gpu, &mut encoder, &args)?;
@@ -136,7 +137,7 @@ pub async fn decode(
         ("dims", &dims),
         ("params", &params),
     ];
-    bound.extend(mods.iter().map(|(n, b)| (*n, b)));
+    bound.extend(mods.iter().map(|(n, b)| (n.as_str(), b)));
     submit(gpu, kernel, &bound, grid)?;
     buffers::read(gpu, &o, input.q.len()).await
 }
@@ -408,15 +409,29 @@ pub(crate) fn checked_grid(
 
 impl Modifiers<'_> {
     /// The modifiers' input buffers, by binding name (a placeholder word where absent:
-    /// a kernel without the modifier does not bind it).
-    pub(crate) fn buffers(&self, gpu: &Gpu) -> [(&'static str, wgpu::Buffer); 3] {
+    /// a kernel without the modifier does not bind it), then the user-written modifiers'
+    /// tensors in their declared element types.
+    pub(crate) fn buffers(&self, gpu: &Gpu) -> Vec<(String, wgpu::Buffer)> {
         let alibi = self.alibi.unwrap_or(&[0.0]);
         let bias = self.bias.map_or(&[0.0][..], |b| b.values);
         let sinks = self.sinks.unwrap_or(&[0.0]);
-        [
-            ("alibi", buffers::storage(gpu, "alibi", alibi)),
-            ("bias", buffers::storage(gpu, "bias", bias)),
-            ("sinks", buffers::storage(gpu, "sinks", sinks)),
-        ]
+        let mut out = vec![
+            ("alibi".to_string(), buffers::storage(gpu, "alibi", alibi)),
+            ("bias".to_string(), buffers::storage(gpu, "bias", bias)),
+            ("sinks".to_string(), buffers::storage(gpu, "sinks", sinks)),
+        ];
+        let Some(flex) = self.flex else { return out };
+        for t in &flex.modifiers.parsed().tensors {
+            let Some(values) = flex.tensor(&t.name) else { continue };
+            let buffer = match t.ty {
+                attn_dsl::flex::Ty::F32 => buffers::storage(gpu, &t.name, values),
+                _ => {
+                    let words: Vec<u32> = values.iter().map(|&x| x as u32).collect();
+                    buffers::storage(gpu, &t.name, &words)
+                }
+            };
+            out.push((t.name.clone(), buffer));
+        }
+        out
     }
 }

@@ -113,7 +113,8 @@ impl Backward {
         let dk = up(&kv_shape, f32, &grads.dk)?;
         let dv = up(&kv_shape, f32, &grads.dv)?;
         let uploaded = input.mods.upload(gpu, b, s)?;
-        let mods = uploaded.view(&input.mods);
+        let flex = uploaded.flex_tensors();
+        let mods = uploaded.view(&input.mods, &flex);
         let dbias = match mods.bias {
             Some(bias) => Some(up(bias.values.shape(), f32, &grads.dbias)?),
             None => None,

@@ -221,6 +221,7 @@ impl SplitDecode {
         };
         let o = Tensor::zeros(gpu, &q_shape, reduce.scalar("o"));
         let uploaded = input.mods.upload(gpu, b, 1)?;
+        let flex = uploaded.flex_tensors();
         let args = crate::ops::decode::DecodeArgs {
             q: &q,
             cache: crate::ops::decode::CacheView {
@@ -233,7 +234,7 @@ impl SplitDecode {
             },
             o: &o,
             scale: input.scale,
-            mods: uploaded.view(&input.mods),
+            mods: uploaded.view(&input.mods, &flex),
             slice_len,
         };
         let mut passes = crate::ops::decode::Passes::new(
@@ -426,7 +427,7 @@ pub struct Prepared {
     pub o_len: usize,
     dims: wgpu::Buffer,
     params: wgpu::Buffer,
-    mods: [(&'static str, wgpu::Buffer); 3],
+    mods: Vec<(String, wgpu::Buffer)>,
     block_table: wgpu::Buffer,
     seq_lens: wgpu::Buffer,
     /// An fp8 cache's scales: all 1 (the host values were rounded as they are).
@@ -462,7 +463,7 @@ impl Prepared {
             ("seq_lens", &self.seq_lens),
             ("kv_scales", &self.kv_scales),
         ];
-        split.extend(self.mods.iter().map(|(n, b)| (*n, b)));
+        split.extend(self.mods.iter().map(|(n, b)| (n.as_str(), b)));
         let reduce = vec![
             ("part_o", &self.part_o),
             ("part_ml", &self.part_ml),
