@@ -11,6 +11,8 @@ use proc_macro2::TokenStream;
 const SOURCES: &[&str] = &[
     "runtime/src/kernels.rs",
     "examples/custom-head-dim/src/lib.rs",
+    // User-written score and mask modifiers.
+    "examples/flex-modifiers/src/lib.rs",
     // The fused LayerNorm + Linear, described in a test rather than the default family.
     "attn-macros/tests/row_layer.rs",
 ];

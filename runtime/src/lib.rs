@@ -74,6 +74,6 @@ pub use decode::{DecodePath, Decoder, SplitDecode};
 pub use device::{DeviceError, Gpu};
 pub use error::{Error, InputError};
 pub use kernel::Kernel;
-pub use modifiers::{Bias, DeviceBias, DeviceModifiers, Dropout, Modifiers};
+pub use modifiers::{Bias, DeviceBias, DeviceModifiers, Dropout, FlexOf, Modifiers};
 pub use rope::{RopeInput, rope};
 pub use tensor::{Tensor, TensorError};

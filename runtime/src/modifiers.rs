@@ -382,6 +382,17 @@ pub(crate) fn scalar_name(s: Scalar) -> &'static str {
     }
 }
 
+impl<'a, T: ?Sized> ModifiersOf<'a, T> {
+    /// The values of a kernel built with user-written modifiers (`masks`: its
+    /// `ABI.masks`, or the masks it was compiled from): the tensors they read by name.
+    pub fn with_flex(masks: Masks, tensors: &'a [(&'a str, &'a T)]) -> Self {
+        ModifiersOf {
+            flex: masks.flex.map(|modifiers| FlexOf { modifiers, tensors }),
+            ..ModifiersOf::default()
+        }
+    }
+}
+
 impl<T: ?Sized> ModifiersOf<'_, T> {
     /// The kernels' masks for these modifiers, with the causal and document masks.
     pub fn masks(&self, causal: bool, document: bool) -> Masks {

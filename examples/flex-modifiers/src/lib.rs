@@ -1,0 +1,226 @@
+//! `attention_kernel!` with user-written modifiers, as a crate outside the runtime writes
+//! them: two kernels whose scores and masks are closures, run forward and backward by the
+//! runtime, and this crate's own CPU code for the same attention to compare with.
+
+use attn_macros::attention_kernel;
+use runtime::{Backward, BackwardInput, BlockOn, ForwardInput, Gpu, Heads, Kernel, Modifiers};
+
+attention_kernel! {
+    /// T5's relative-position bias (a learned table per head, clamped at ±32 positions)
+    /// over a prefix-LM mask: each query sees the keys before it and its sequence's first
+    /// `prefix[b]` keys.
+    pub t5_prefix_lm {
+        op: forward,
+        grid: s_major(flash),
+        head_dim: 64,
+        tensors: { rel_bias: [heads, 2 * 32 + 1] f32, prefix: [batch] u32 },
+        score_mod: |score, _b, h, q, k| score + rel_bias[h][clamp(q - k, -32, 32) + 32],
+        mask_mod: |b, _h, q, k| k <= q || k < prefix[b] as i32,
+        writes: { o: owned, lse: owned },
+    }
+}
+
+attention_kernel! {
+    /// Gemma 2's soft cap over StreamingLLM's mask: a causal window of 16 keys plus the
+    /// first 4 keys of the stream.
+    pub capped_window_sinks {
+        op: forward,
+        grid: s_major(flash),
+        head_dim: 64,
+        score_mod: |score, _b, _h, _q, _k| 20.0 * tanh(score / 20.0),
+        mask_mod: |_b, _h, q, k| k <= q && (q - k < 16 || k < 4),
+        writes: { o: owned, lse: owned },
+    }
+}
+
+/// The same modifiers in plain Rust, for the CPU: the score and its derivative with
+/// respect to the score, and the mask, each of (b, h, q, k).
+pub struct CpuModifiers<'a> {
+    pub score: Box<dyn Fn(f64, usize, usize, usize, usize) -> (f64, f64) + 'a>,
+    pub visible: Box<dyn Fn(usize, usize, usize, usize) -> bool + 'a>,
+}
+
+/// The T5 table and prefix lengths of `t5_prefix_lm`, as CPU modifiers.
+pub fn t5_prefix_lm_cpu<'a>(rel_bias: &'a [f32], prefix: &'a [f32]) -> CpuModifiers<'a> {
+    CpuModifiers {
+        score: Box::new(move |s, _b, h, q, k| {
+            let d = (q as i64 - k as i64).clamp(-32, 32) + 32;
+            (s + f64::from(rel_bias[h * 65 + d as usize]), 1.0)
+        }),
+        visible: Box::new(move |b, _h, q, k| k <= q || (k as f32) < prefix[b]),
+    }
+}
+
+pub fn capped_window_sinks_cpu() -> CpuModifiers<'static> {
+    CpuModifiers {
+        score: Box::new(|s, _, _, _, _| {
+            let t = (s / 20.0).tanh();
+            (20.0 * t, 1.0 - t * t)
+        }),
+        visible: Box::new(|_, _, q, k| k <= q && (q - k < 16 || k < 4)),
+    }
+}
+
+/// Attention's outputs and gradients, `[batch, seq, heads, 64]` (LSE `[batch, seq, heads]`).
+#[derive(Default)]
+pub struct Results {
+    pub o: Vec<f32>,
+    pub lse: Vec<f32>,
+    pub dq: Vec<f32>,
+    pub dk: Vec<f32>,
+    pub dv: Vec<f32>,
+}
+
+/// Random inputs of one problem: Q, K, V and dO.
+pub struct Problem {
+    pub batch: u32,
+    pub seq: u32,
+    pub heads: Heads,
+    pub q: Vec<f32>,
+    pub k: Vec<f32>,
+    pub v: Vec<f32>,
+    pub d_o: Vec<f32>,
+}
+
+impl Problem {
+    pub fn new(batch: u32, seq: u32, n_heads: u32, n_kv_heads: u32) -> Problem {
+        let heads = Heads {
+            n_heads,
+            n_kv_heads,
+            head_dim: 64,
+        };
+        let rows = (batch * seq) as usize * 64;
+        let q = runtime::cases::random(rows * n_heads as usize, 1);
+        let k = runtime::cases::random(rows * n_kv_heads as usize, 2);
+        let v = runtime::cases::random(rows * n_kv_heads as usize, 3);
+        let d_o = runtime::cases::random(rows * n_heads as usize, 4);
+        Problem {
+            batch,
+            seq,
+            heads,
+            q,
+            k,
+            v,
+            d_o,
+        }
+    }
+
+    /// Forward on `kernel`, then the backward (every schedule compiled with the kernel's
+    /// modifiers; the planner's pick), with `tensors` for the modifiers.
+    pub fn run_gpu(
+        &self,
+        gpu: &Gpu,
+        abi: &'static attn_dsl::KernelAbi,
+        tensors: &[(&str, &[f32])],
+    ) -> anyhow::Result<Results> {
+        let kernel = Kernel::new(gpu, abi).block_on()?;
+        let mods = Modifiers::with_flex(abi.masks, tensors);
+        let out = runtime::forward(
+            gpu,
+            &kernel,
+            &ForwardInput {
+                batch: self.batch,
+                seq_len: self.seq,
+                heads: self.heads,
+                q: &self.q,
+                k: &self.k,
+                v: &self.v,
+                seg: None,
+                scale: None,
+                mods,
+            },
+        )
+        .block_on()?;
+        let mut backward = Backward::new(gpu, &[])?;
+        backward.add_in(gpu, 64, abi.masks, runtime::Dtype::F32)?;
+        let input = BackwardInput {
+            batch: self.batch,
+            seq_len: self.seq,
+            heads: self.heads,
+            q: &self.q,
+            k: &self.k,
+            v: &self.v,
+            o: &out.o,
+            lse: &out.lse,
+            d_o: &self.d_o,
+            seg: None,
+            scale: None,
+            mods,
+        };
+        let (g, _) = backward.run(gpu, &input, None).block_on()?;
+        Ok(Results {
+            o: out.o,
+            lse: out.lse,
+            dq: g.dq,
+            dk: g.dk,
+            dv: g.dv,
+        })
+    }
+
+    /// The same attention on the CPU in f64: softmax(score_mod(q·k / 8)) masked, its
+    /// LSE, and the gradients by the chain rule through the modifier.
+    pub fn run_cpu(&self, m: &CpuModifiers) -> Results {
+        let (nh, nkv) = (self.heads.n_heads as usize, self.heads.n_kv_heads as usize);
+        let (batch, seq, d) = (self.batch as usize, self.seq as usize, 64);
+        let mut r = Results {
+            o: vec![0.0; self.q.len()],
+            lse: vec![0.0; batch * seq * nh],
+            dq: vec![0.0; self.q.len()],
+            dk: vec![0.0; self.k.len()],
+            dv: vec![0.0; self.v.len()],
+        };
+        let at = |rows: usize, b: usize, s: usize, h: usize| ((b * seq + s) * rows + h) * d;
+        for b in 0..batch {
+            for h in 0..nh {
+                let kh = h / (nh / nkv);
+                for s in 0..seq {
+                    let qi = at(nh, b, s, h);
+                    let row: Vec<Option<(f64, f64)>> = (0..seq)
+                        .map(|j| {
+                            let ki = at(nkv, b, j, kh);
+                            let dot: f64 = (0..d)
+                                .map(|i| f64::from(self.q[qi + i]) * f64::from(self.k[ki + i]))
+                                .sum();
+                            (m.visible)(b, h, s, j).then(|| (m.score)(dot / 8.0, b, h, s, j))
+                        })
+                        .collect();
+                    let max = row.iter().flatten().map(|x| x.0).fold(f64::MIN, f64::max);
+                    let w: Vec<f64> = row.iter().map(|x| x.map_or(0.0, |x| (x.0 - max).exp())).collect();
+                    let sum: f64 = w.iter().sum();
+                    r.lse[(b * seq + s) * nh + h] = (max + sum.ln()) as f32;
+                    let p: Vec<f64> = w.iter().map(|x| x / sum).collect();
+                    let dp: Vec<f64> = (0..seq)
+                        .map(|j| {
+                            let vi = at(nkv, b, j, kh);
+                            (0..d).map(|i| f64::from(self.d_o[qi + i]) * f64::from(self.v[vi + i])).sum()
+                        })
+                        .collect();
+                    let big_d: f64 = (0..seq).map(|j| p[j] * dp[j]).sum();
+                    for j in 0..seq {
+                        let (vi, slope) = (at(nkv, b, j, kh), row[j].map_or(0.0, |x| x.1));
+                        let ds = p[j] * (dp[j] - big_d) * slope / 8.0;
+                        for i in 0..d {
+                            r.o[qi + i] += (p[j] * f64::from(self.v[vi + i])) as f32;
+                            r.dv[vi + i] += (p[j] * f64::from(self.d_o[qi + i])) as f32;
+                            r.dq[qi + i] += (ds * f64::from(self.k[vi + i])) as f32;
+                            r.dk[vi + i] += (ds * f64::from(self.q[qi + i])) as f32;
+                        }
+                    }
+                }
+            }
+        }
+        r
+    }
+}
+
+/// The largest absolute difference of each output, by name.
+pub fn max_errors(gpu: &Results, cpu: &Results) -> Vec<(&'static str, f32)> {
+    let worst = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max);
+    vec![
+        ("o", worst(&gpu.o, &cpu.o)),
+        ("lse", worst(&gpu.lse, &cpu.lse)),
+        ("dq", worst(&gpu.dq, &cpu.dq)),
+        ("dk", worst(&gpu.dk, &cpu.dk)),
+        ("dv", worst(&gpu.dv, &cpu.dv)),
+    ]
+}
