@@ -24,12 +24,55 @@ fn expected() -> Vec<(String, String)> {
     files
 }
 
+/// The library's user-written modifier examples (`attn_dsl::flex::library`) in the flash
+/// forward, both flash backward halves and the per-row forward: checked by Tint in CI
+/// (the key loops that skip tiles must keep their barriers in uniform control flow).
+fn flex_expected() -> Vec<(String, String)> {
+    use attn_dsl::{KernelSpec, Masks, Op, configs};
+    let mut abis = Vec::new();
+    for ex in attn_dsl::flex::library::examples() {
+        let masks = Masks {
+            flex: Some(ex.flex.intern()),
+            ..Masks::default()
+        };
+        let n = ex.name.replace('-', "_");
+        let flash = |suffix: &str, op, c| KernelSpec::flash(&format!("flex_{n}_{suffix}"), op, 64, masks, c);
+        let mut kv = flash("backward_kv", Op::BackwardKv, configs::backward(64)[0]);
+        kv.fit_target();
+        let specs = [
+            flash("forward", Op::Forward, configs::forward(64)[0]),
+            flash("backward_q", Op::BackwardQ, configs::backward(64)[0]),
+            kv,
+            KernelSpec::standard(&format!("flex_{n}_forward_rows"), Op::Forward, 64, masks),
+        ];
+        for spec in specs {
+            abis.push(attn_dsl::compile(&spec).unwrap_or_else(|e| panic!("{}: {e}", spec.name)));
+        }
+    }
+    let mut files: Vec<(String, String)> = abis
+        .iter()
+        .map(|abi| (format!("{}.wgsl", abi.name), abi.wgsl.to_string()))
+        .collect();
+    let refs: Vec<&attn_dsl::KernelAbi> = abis.iter().collect();
+    files.push(("manifest.json".into(), attn_dsl::manifest::manifest_json(&refs)));
+    files
+}
+
 #[test]
 fn generated_files_are_fresh() {
-    let dir = dir();
-    let expected = expected();
+    check_fresh(&dir(), &expected());
+}
+
+#[test]
+fn generated_flex_files_are_fresh() {
+    let dir = dir().join("flex");
+    std::fs::create_dir_all(&dir).unwrap();
+    check_fresh(&dir, &flex_expected());
+}
+
+fn check_fresh(dir: &Path, expected: &[(String, String)]) {
     if std::env::var_os("UPDATE_GENERATED").is_some() {
-        for (name, text) in &expected {
+        for (name, text) in expected {
             std::fs::write(dir.join(name), text).unwrap();
         }
     }
@@ -39,7 +82,7 @@ fn generated_files_are_fresh() {
         .map(|(name, _)| name.clone())
         .collect();
     let known: BTreeSet<&str> = expected.iter().map(|(n, _)| n.as_str()).collect();
-    for entry in std::fs::read_dir(&dir).unwrap() {
+    for entry in std::fs::read_dir(dir).unwrap() {
         let name = entry.unwrap().file_name().to_string_lossy().into_owned();
         if name.ends_with(".wgsl") && !known.contains(name.as_str()) {
             stale.push(format!(

@@ -173,7 +173,7 @@ pub(super) fn kernel(out: &mut Wgsl, spec: &KernelSpec, t: &CoopTiling, keep: Ph
         (false, true) => stage_q_scaled(out),
     }
     super::flash::tile_key_range(out);
-    body(out, t, keep, spec.masks.sinks);
+    body(out, spec, t, keep);
     entry(out, spec, "flash_forward_coop");
 }
 
@@ -357,7 +357,10 @@ pub(super) fn softmax_layout(t: &CoopTiling) -> (u32, u32, u32) {
     (rows, lanes, t.bc / lanes)
 }
 
-fn body(out: &mut Wgsl, t: &CoopTiling, keep: Phases, sinks: bool) {
+fn body(out: &mut Wgsl, spec: &crate::KernelSpec, t: &CoopTiling, keep: Phases) {
+    let sinks = spec.masks.sinks;
+    // bf16's K/V scales alternate by the tile's parity: every tile in order there.
+    let lp = super::tiles::KeyLoop::of(spec, !t.scaled);
     let dk = t.head_dim / FRAG;
     let (rows, lanes, keys) = softmax_layout(t);
     let mut b = String::new();
@@ -391,8 +394,9 @@ fn body(out: &mut Wgsl, t: &CoopTiling, keep: Phases, sinks: bool) {
          // The row of P·V's fragments this invocation rescales and stores.\n    \
          let pr = rg * {FRAG}u + lane / 2u;\n    \
          let range = workgroupUniformLoad(&sh_range);\n    \
-         let kt_end = (range.y + BC - 1u) / BC;\n    \
-         for (var kt = range.x / BC; kt < kt_end; kt = kt + 1u) {{\n        let j0 = kt * BC;\n"
+         let kt_end = (range.y + BC - 1u) / BC;\n{}    {}        let j0 = kt * BC;\n",
+        lp.pre,
+        lp.head
     );
     if t.scaled {
         b.push_str("        let slot = kt % 2u;\n");

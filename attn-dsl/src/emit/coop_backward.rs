@@ -90,7 +90,7 @@ pub(super) fn kernel(out: &mut Wgsl, spec: &KernelSpec, t: &CoopTiling, keep: Ph
     prologue(&mut b, t, half, kv, scattered);
     match kv {
         true => kv_loop(&mut b, t, scattered),
-        false => q_loop(&mut b, t),
+        false => q_loop(&mut b, t, &super::tiles::KeyLoop::of(spec, true)),
     }
     let mut elementwise = match kv {
         true => KV_ELEMENTWISE.plain(),
@@ -236,7 +236,7 @@ fn tensor_core_delta(b: &mut String, t: &CoopTiling) {
 /// The query-major loop head: the row's key range and statistics (LSE and D from the
 /// tensor cores, packed into `stats` for the key-major half: this half runs without the
 /// prep), then per block of keys its K and V staged.
-fn q_loop(b: &mut String, t: &CoopTiling) {
+fn q_loop(b: &mut String, t: &CoopTiling, lp: &super::tiles::KeyLoop) {
     b.push_str(
         "    let kv_h = kv_head(h);\n    let row = row0 + r;\n    var lo = 0u;\n    var hi = 0u;\n    \
          var row_lse = 0.0;\n    var delta = 0.0;\n    if (row < dims.seq_len) {\n        \
@@ -247,11 +247,14 @@ fn q_loop(b: &mut String, t: &CoopTiling) {
          let kt_end = (range.y + BC - 1u) / BC;\n",
     );
     let tensors = [("k", "0u"), ("v", "BC")];
+    b.push_str(lp.pre);
     if !prefetch(t) {
-        b.push_str(
-            "    for (var kt = range.x / BC; kt < kt_end; kt = kt + 1u) {\n        let j0 = kt * BC;\n        \
+        let _ = write!(
+            b,
+            "    {}        let j0 = kt * BC;\n        \
              // The previous block is done with sh_kv, sh_s, sh_dp and sh_ds.\n        \
              workgroupBarrier();\n",
+            lp.head
         );
         coop::stage_block(b, t, &tensors, "j0", "kv_h");
         return;
@@ -259,14 +262,16 @@ fn q_loop(b: &mut String, t: &CoopTiling) {
     let fetch = |ind: &str, r0: &str| fetches(t, &tensors, r0, "kv_h", ind);
     let _ = write!(
         b,
-        "{}    for (var kt = range.x / BC; kt < kt_end; kt = kt + 1u) {{\n        let j0 = kt * BC;\n        \
+        "{}    {}        let j0 = kt * BC;\n        \
          // The previous block is done with sh_kv, sh_s, sh_dp and sh_ds.\n        \
          workgroupBarrier();\n{}        workgroupBarrier();\n        \
          // The next block's loads are in flight during this one's products.\n        \
-         if (kt + 1u < kt_end) {{\n{}        }}\n",
-        fetch("    var ", "(range.x / BC) * BC"),
+         if ({}) {{\n{}        }}\n",
+        fetch("    var ", lp.first),
+        lp.head,
         puts(t, &tensors),
-        fetch("            ", "j0 + BC"),
+        lp.has_next,
+        fetch("            ", lp.next),
     );
 }
 

@@ -225,7 +225,8 @@ pub(super) fn stage(out: &mut Wgsl, name: &str, rows: &str, index: &str, dst: &s
     );
 }
 
-pub(super) fn forward_body(out: &mut Wgsl, t: &Tiling, sinks: bool) {
+pub(super) fn forward_body(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling) {
+    let sinks = spec.masks.sinks;
     let (tm, tn, dn) = (t.tm, t.tn, t.dn);
     let mut b = String::new();
     let (params, reset) = match t.subgroups {
@@ -272,19 +273,22 @@ pub(super) fn forward_body(out: &mut Wgsl, t: &Tiling, sinks: bool) {
             format!("pf_{i} = fetch_{what}({r0}, kv_h, tid + {i}u * WG);")
         })
     };
+    let lp = super::tiles::KeyLoop::of(spec, true);
     let _ = write!(
         b,
-        "    let kt_end = (range.y + BC - 1u) / BC;\n{}{}",
+        "    let kt_end = (range.y + BC - 1u) / BC;\n{}{}{}",
+        lp.pre,
         per_vec4(pf, "    ", |i| format!("var pf_{i} = vec4<f32>(0.0);")),
-        fetch("k", "(range.x / BC) * BC", "    ")
+        fetch("k", lp.first, "    ")
     );
     let _ = write!(
         b,
-        "    for (var kt = range.x / BC; kt < kt_end; kt = kt + 1u) {{\n        \
+        "    {}        \
          let j0 = kt * BC;\n        \
          // The previous block is done with sh_kv, sh_p and sh_red.\n        \
          workgroupBarrier();\n{put_kv}        workgroupBarrier();\n        \
          // V's loads are in flight while the scores are computed.\n{}",
+        lp.head,
         fetch("v", "j0", "        "),
     );
     scores(&mut b, tm, tn, t.d4);
@@ -293,8 +297,9 @@ pub(super) fn forward_body(out: &mut Wgsl, t: &Tiling, sinks: bool) {
         b,
         "{put_kv}        workgroupBarrier();\n        \
          // The next block's K loads are in flight during P·V.\n        \
-         if (kt + 1u < kt_end) {{\n{}        }}\n",
-        fetch("k", "j0 + BC", "            "),
+         if ({}) {{\n{}        }}\n",
+        lp.has_next,
+        fetch("k", lp.next, "            "),
     );
     b.push_str(
         "        // A block every row sees in full has p == 0 only by underflow, so it needs no\n        \

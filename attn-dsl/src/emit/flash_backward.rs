@@ -84,11 +84,18 @@ pub(super) fn backward_q(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling) {
         put(out, name, "BC", dst);
     }
     tile_key_range(out);
-    q_body(out, t, scatter_kv, spec.write_mode("dbias").is_some());
+    let lp = super::tiles::KeyLoop::of(spec, true);
+    q_body(out, t, &lp, scatter_kv, spec.write_mode("dbias").is_some());
     super::flash::entry(out, spec, t, "flash_backward_q");
 }
 
-fn q_body(out: &mut Wgsl, t: &Tiling, scatter_kv: bool, dbias: bool) {
+fn q_body(
+    out: &mut Wgsl,
+    t: &Tiling,
+    lp: &super::tiles::KeyLoop,
+    scatter_kv: bool,
+    dbias: bool,
+) {
     let (tm, tn, dn) = (t.tm, t.tn, t.dn);
     let mut b = String::from(
         "fn flash_backward_q(tile: u32, h: u32, tid: u32) {\n    let kv_h = kv_head(h);\n    \
@@ -122,21 +129,24 @@ fn q_body(out: &mut Wgsl, t: &Tiling, scatter_kv: bool, dbias: bool) {
     let _ = write!(
         b,
         "    let range = workgroupUniformLoad(&sh_range);\n    \
-         let kt_end = (range.y + BC - 1u) / BC;\n{}{}    \
-         for (var kt = range.x / BC; kt < kt_end; kt = kt + 1u) {{\n        \
+         let kt_end = (range.y + BC - 1u) / BC;\n{}{}{}    \
+         {}        \
          let j0 = kt * BC;\n        \
          // The previous block is done with sh_k and sh_ds.\n        workgroupBarrier();\n{}        \
          workgroupBarrier();\n        \
          // The next block's loads are in flight during this one's products.\n        \
-         if (kt + 1u < kt_end) {{\n{}        }}\n",
+         if ({}) {{\n{}        }}\n",
+        lp.pre,
         per_vec4(pf, "    ", |i| format!(
             "var pk_{i} = vec4<f32>(0.0);\n    var pv_{i} = vec4<f32>(0.0);"
         )),
-        fetch("(range.x / BC) * BC", "    "),
+        fetch(lp.first, "    "),
+        lp.head,
         per_vec4(pf, "        ", |i| format!(
             "put_k(tid + {i}u * WG, pk_{i});\n        put_v(tid + {i}u * WG, pv_{i});"
         )),
-        fetch("j0 + BC", "            "),
+        lp.has_next,
+        fetch(lp.next, "            "),
     );
     products(
         &mut b,
@@ -187,7 +197,7 @@ fn q_body(out: &mut Wgsl, t: &Tiling, scatter_kv: bool, dbias: bool) {
         t,
         FLUSH_KEYS,
         "kt + 1u - range.x / BC",
-        "kt_end - range.x / BC",
+        lp.steps,
         "row",
         &|i| format!("q_index(row_{i}, h)"),
         &["dq"],

@@ -93,6 +93,7 @@ pub(super) fn functions(out: &mut Wgsl, flex: &Flex, decode: bool) {
             "// The description's mask_mod.\nfn mask_mod({args}) -> bool {{\n    return {};\n}}\n\n",
             wgsl(e, &flex.tensors, &sp)
         );
+        super::tiles::functions(out, e);
     }
 }
 

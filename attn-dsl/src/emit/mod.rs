@@ -22,6 +22,7 @@ mod rope;
 mod scatter;
 pub(crate) mod scores;
 mod sinks;
+mod tiles;
 mod writer;
 
 pub use crate::layout::MAX_STRIDE_WORKGROUPS;
@@ -167,7 +168,7 @@ fn emit_flash(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling) {
             flash::workgroup_memory(out, t);
             attend::forward_helpers(out, spec);
             flash::helpers(out, t);
-            flash::forward_body(out, t, spec.masks.sinks);
+            flash::forward_body(out, spec, t);
             flash::entry(out, spec, t, "flash_forward");
         }
     }

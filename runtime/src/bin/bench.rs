@@ -92,6 +92,12 @@ struct Args {
     /// head_dim to this tuning table. Point ATTN_TUNING at it to use it.
     #[arg(long, value_name = "PATH")]
     tune: Option<std::path::PathBuf>,
+    /// Time the forward with user-written modifiers instead: each built-in mask or score
+    /// modifier beside the `mask_mod` / `score_mod` that writes it, and a sliding window
+    /// with 4 sink tokens beside the dense and causal forwards (f16 and f32; --seq default
+    /// 16384, --heads 16, --head-dim 128, --window 256).
+    #[arg(long, conflicts_with_all = ["suite", "decode", "e2e", "layernorm", "tune", "only"])]
+    flex: bool,
     /// Measure how many workgroups of 256 invocations the adapter runs at once (what
     /// --tune stores, and the planner's workgroup targets scale by), print it and exit.
     #[arg(long, conflicts_with_all = ["suite", "decode", "e2e", "layernorm", "tune"])]
@@ -189,6 +195,42 @@ fn shapes(args: &Args) -> anyhow::Result<Vec<BenchShape>> {
         .collect())
 }
 
+/// `--flex`: every variant of `bench::flex` in f16 and f32, with its time against the
+/// dense forward's and the share of pairs its mask keeps.
+fn flex(gpu: &Gpu, args: &Args) -> anyhow::Result<()> {
+    let seq = args.seq.unwrap_or(16384);
+    let heads = args.heads.unwrap_or(16);
+    let h = Heads {
+        n_heads: heads,
+        n_kv_heads: args.kv_heads.unwrap_or(heads),
+        head_dim: args.head_dim.first().copied().unwrap_or(128),
+    };
+    let window = args.window.unwrap_or(256);
+    println!("adapter: {}", gpu.describe());
+    for dtype in [runtime::Dtype::F16, runtime::Dtype::F32] {
+        println!(
+            "forward, seq {seq}, {}/{}/{}, {}:",
+            h.n_heads,
+            h.n_kv_heads,
+            h.head_dim,
+            dtype.name()
+        );
+        println!("  {:<38} {:>10} {:>9} {:>9}", "mask / modifier", "ms", "/ dense", "visible");
+        let rows = bench::flex::flex(gpu, h, seq, window, dtype, (args.warmup, args.runs))?;
+        let dense = rows.first().map_or(1.0, |r| r.ms);
+        for r in &rows {
+            println!(
+                "  {:<38} {:>10.3} {:>9.3} {:>9.3}",
+                r.what,
+                r.ms,
+                r.ms / dense,
+                r.visible
+            );
+        }
+    }
+    Ok(())
+}
+
 fn run(args: Args) -> anyhow::Result<()> {
     anyhow::ensure!(args.runs > 0, "--runs must be at least 1");
     anyhow::ensure!(
@@ -223,6 +265,9 @@ fn run(args: Args) -> anyhow::Result<()> {
     }
     if args.suite {
         return suite(&gpu, &args);
+    }
+    if args.flex {
+        return flex(&gpu, &args);
     }
     let shapes = shapes(&args)?;
     header(&gpu, &args);

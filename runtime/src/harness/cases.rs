@@ -614,7 +614,13 @@ fn flex_cases() -> Vec<Case> {
                 capacity: 320,
             },
         ];
-        for shape in shapes {
+        // A long sequence where the key loops skip most tiles.
+        let long = (example.name == "window-sinks").then_some(Shape::Backward {
+            seq: 300,
+            docs: Docs::Even(1),
+            causal: false,
+        });
+        for shape in shapes.into_iter().chain(long) {
             cases.push(Case {
                 heads,
                 batch: 1,

@@ -3,6 +3,7 @@
 //! backward 2.5× forward).
 
 pub mod e2e;
+pub mod flex;
 pub mod probe;
 
 use attn_dsl::emit::coop::Phases;

@@ -1,0 +1,236 @@
+//! Block sparsity from the description's `mask_mod`, decided in the kernel: interval
+//! arithmetic over the mask bounds what it can be for every (query, key) pair of a tile,
+//! so a query-major kernel's key loop steps from one tile that may hold a visible key to
+//! the next, and tiles that cannot are never loaded. The test is conservative (whatever
+//! the arithmetic cannot bound, a tensor read or a float, may be visible): a skipped tile
+//! is one where no pair can be visible. It reads only the tile's bounds and the head, which
+//! are the same for the whole workgroup, so the loops keep their barriers in uniform
+//! control flow.
+
+use std::fmt::Write;
+
+use crate::flex::{BinOp, Expr, Func, Kind, Lit};
+
+/// An integer's bounds as two WGSL expressions (inclusive), or unknown.
+#[derive(Clone)]
+enum Iv {
+    Int(String, String),
+    /// Whether the value may be true, and whether it may be false.
+    Bool(String, String),
+    Unknown,
+}
+
+struct Lower {
+    lines: String,
+    next: usize,
+}
+
+impl Lower {
+    /// Binds `lo` and `hi` to fresh names.
+    fn int(&mut self, lo: String, hi: String) -> Iv {
+        let n = self.next;
+        self.next += 1;
+        let _ = writeln!(self.lines, "    let lo{n} = {lo};\n    let hi{n} = {hi};");
+        Iv::Int(format!("lo{n}"), format!("hi{n}"))
+    }
+
+    fn bool(&mut self, t: String, f: String) -> Iv {
+        let n = self.next;
+        self.next += 1;
+        let _ = writeln!(self.lines, "    let t{n} = {t};\n    let f{n} = {f};");
+        Iv::Bool(format!("t{n}"), format!("f{n}"))
+    }
+
+    fn node<S>(&mut self, e: &Expr<S>) -> Iv {
+        match &e.kind {
+            Kind::Lit(Lit::Int(c)) => Iv::Int(format!("i32({c})"), format!("i32({c})")),
+            Kind::Lit(Lit::Bool(x)) => Iv::Bool(x.to_string(), (!x).to_string()),
+            Kind::Lit(Lit::Float(_)) => Iv::Unknown,
+            Kind::Var(v) => match v.as_str() {
+                "q" => Iv::Int("q_lo".into(), "q_hi".into()),
+                "k" => Iv::Int("k_lo".into(), "k_hi".into()),
+                "h" => Iv::Int("hh".into(), "hh".into()),
+                // The sequence is a private variable, which the uniformity analysis does
+                // not follow: left unbounded.
+                _ => Iv::Unknown,
+            },
+            Kind::Neg(a) => match self.node(a) {
+                Iv::Int(lo, hi) => self.int(format!("-{hi}"), format!("-{lo}")),
+                _ => Iv::Unknown,
+            },
+            Kind::Not(a) => match self.node(a) {
+                Iv::Bool(t, f) => Iv::Bool(f, t),
+                _ => maybe(),
+            },
+            Kind::Bin(op, l, r) => {
+                let (l, r) = (self.node(l), self.node(r));
+                self.binary(*op, l, r)
+            }
+            Kind::Call(func, args) => {
+                let args: Vec<Iv> = args.iter().map(|a| self.node(a)).collect();
+                self.call(*func, args)
+            }
+            // i32 and u32 positions are the same small numbers; floats are not followed.
+            Kind::Cast(a, ty) => match (self.node(a), ty) {
+                (iv @ Iv::Int(..), crate::flex::Ty::I32 | crate::flex::Ty::U32) => iv,
+                (iv @ Iv::Bool(..), crate::flex::Ty::Bool) => iv,
+                _ => Iv::Unknown,
+            },
+            Kind::Index(..) => Iv::Unknown,
+            Kind::Let(..) => unreachable!("lets are inlined first"),
+        }
+    }
+
+    fn binary(&mut self, op: BinOp, l: Iv, r: Iv) -> Iv {
+        use BinOp::*;
+        match (op, l, r) {
+            (And, Iv::Bool(t1, f1), Iv::Bool(t2, f2)) => {
+                self.bool(format!("{t1} && {t2}"), format!("{f1} || {f2}"))
+            }
+            (Or, Iv::Bool(t1, f1), Iv::Bool(t2, f2)) => {
+                self.bool(format!("{t1} || {t2}"), format!("{f1} && {f2}"))
+            }
+            // One side unknown: the known side still decides one way.
+            (And, Iv::Bool(t, _), _) | (And, _, Iv::Bool(t, _)) => self.bool(t, "true".into()),
+            (Or, Iv::Bool(_, f), _) | (Or, _, Iv::Bool(_, f)) => self.bool("true".into(), f),
+            (Add, Iv::Int(a, b), Iv::Int(c, d)) => self.int(format!("{a} + {c}"), format!("{b} + {d}")),
+            (Sub, Iv::Int(a, b), Iv::Int(c, d)) => self.int(format!("{a} - {d}"), format!("{b} - {c}")),
+            (Mul, Iv::Int(a, b), Iv::Int(c, d)) => {
+                let p = [(&a, &c), (&a, &d), (&b, &c), (&b, &d)].map(|(x, y)| format!("{x} * {y}"));
+                let fold = |f: &str| format!("{f}({f}({}, {}), {f}({}, {}))", p[0], p[1], p[2], p[3]);
+                self.int(fold("min"), fold("max"))
+            }
+            // Truncating division by a constant is monotone in the dividend.
+            (Div, Iv::Int(a, b), Iv::Int(c, d)) if c == d && c != "i32(0)" => {
+                let positive = !c.contains('-');
+                match positive {
+                    true => self.int(format!("{a} / {c}"), format!("{b} / {c}")),
+                    false => self.int(format!("{b} / {c}"), format!("{a} / {c}")),
+                }
+            }
+            (op, Iv::Int(a, b), Iv::Int(c, d)) if op.compares() => {
+                let (t, f) = match op {
+                    Lt => (format!("{a} < {d}"), format!("{b} >= {c}")),
+                    Le => (format!("{a} <= {d}"), format!("{b} > {c}")),
+                    Gt => (format!("{b} > {c}"), format!("{a} <= {d}")),
+                    Ge => (format!("{b} >= {c}"), format!("{a} < {d}")),
+                    Eq | Ne => {
+                        let overlap = format!("{a} <= {d} && {c} <= {b}");
+                        let single = format!("!({a} == {b} && {c} == {d} && {a} == {c})");
+                        match op {
+                            Eq => (overlap, single),
+                            _ => (single, overlap),
+                        }
+                    }
+                    _ => unreachable!("a comparison"),
+                };
+                self.bool(t, f)
+            }
+            (op, _, _) if op.compares() || op.logical() => maybe(),
+            _ => Iv::Unknown,
+        }
+    }
+
+    fn call(&mut self, func: Func, args: Vec<Iv>) -> Iv {
+        match (func, args.as_slice()) {
+            (Func::Min | Func::Max, [Iv::Int(a, b), Iv::Int(c, d)]) => {
+                let f = func.name();
+                self.int(format!("{f}({a}, {c})"), format!("{f}({b}, {d})"))
+            }
+            (Func::Clamp, [Iv::Int(a, b), Iv::Int(c, d), Iv::Int(e, g)]) => self.int(
+                format!("min(max({a}, {c}), {e})"),
+                format!("min(max({b}, {d}), {g})"),
+            ),
+            (Func::Abs, [Iv::Int(a, b)]) => self.int(
+                format!("select(select(0, -{b}, {b} < 0), {a}, {a} >= 0)"),
+                format!("max(abs({a}), abs({b}))"),
+            ),
+            (Func::Select, [_, Iv::Int(a, b), Iv::Int(c, d)]) => {
+                self.int(format!("min({a}, {c})"), format!("max({b}, {d})"))
+            }
+            (Func::Select, [_, Iv::Bool(t1, f1), Iv::Bool(t2, f2)]) => {
+                self.bool(format!("{t1} || {t2}"), format!("{f1} || {f2}"))
+            }
+            (Func::Select, [_, _, _]) if matches!(args[1], Iv::Bool(..)) => maybe(),
+            _ => Iv::Unknown,
+        }
+    }
+}
+
+fn maybe() -> Iv {
+    Iv::Bool("true".into(), "true".into())
+}
+
+/// `mask_tile(q_lo, q_hi, k_lo, k_hi, h)`: whether some pair of the tile (bounds
+/// inclusive) may be visible (x) and whether some may be hidden (y); and
+/// `next_key_tile(t, end, q_lo, q_hi, h, bc)`: the first key tile from `t` (of `bc` keys)
+/// before `end` that may hold a visible key, or `end`.
+pub(super) fn functions<S: Clone>(out: &mut impl Write, mask: &Expr<S>) {
+    let mut l = Lower {
+        lines: String::new(),
+        next: 0,
+    };
+    let (t, f) = match l.node(&mask.inlined()) {
+        Iv::Bool(t, f) => (t, f),
+        _ => ("true".into(), "true".into()),
+    };
+    let _ = write!(
+        out,
+        "// Whether the mask may be true (x) and may be false (y) somewhere on a tile of queries\n\
+         // [q0, q1] and keys [k0, k1], by interval arithmetic over mask_mod.\n\
+         fn mask_tile(q0: u32, q1: u32, k0: u32, k1: u32, h: u32) -> vec2<bool> {{\n    \
+         let q_lo = i32(q0);\n    let q_hi = i32(q1);\n    let k_lo = i32(k0);\n    let k_hi = i32(k1);\n    \
+         let hh = i32(h);\n{}    return vec2<bool>({t}, {f});\n}}\n\n\
+         fn next_key_tile(t0: u32, end: u32, q0: u32, q1: u32, h: u32, bc: u32) -> u32 {{\n    \
+         var t = t0;\n    while (t < end && !mask_tile(q0, q1, t * bc, t * bc + bc - 1u, h).x) {{\n        \
+         t = t + 1u;\n    }}\n    return t;\n}}\n\n",
+        l.lines
+    );
+}
+
+/// A query-major kernel's loop over key tiles `kt` (of `BC` keys, from the uniform
+/// `range`, up to `kt_end`), and how its prefetch names the first and the next tile: every
+/// tile in order, or with a mask_mod only those that may hold a visible key.
+pub(super) struct KeyLoop {
+    /// Statements before the first prefetch.
+    pub pre: &'static str,
+    /// The first tile's first key.
+    pub first: &'static str,
+    /// `for (..) {` and the statements that open the body.
+    pub head: &'static str,
+    /// Whether a next tile exists, and its first key.
+    pub has_next: &'static str,
+    pub next: &'static str,
+    /// Tiles from the first to the last visited, counted from `range.x / BC`: equal to
+    /// `kt + 1u - range.x / BC` on the last one (where a kernel flushes its sums).
+    pub steps: &'static str,
+}
+
+impl KeyLoop {
+    /// `allowed`: whether the kernel's loop may skip tiles (not where state alternates by
+    /// the tile's parity).
+    pub fn of(spec: &crate::KernelSpec, allowed: bool) -> KeyLoop {
+        let sparse = allowed && spec.flex().is_some_and(|f| f.mask_mod.is_some());
+        match sparse {
+            false => KeyLoop {
+                pre: "",
+                first: "(range.x / BC) * BC",
+                head: "for (var kt = range.x / BC; kt < kt_end; kt = kt + 1u) {\n",
+                has_next: "kt + 1u < kt_end",
+                next: "j0 + BC",
+                steps: "kt_end - range.x / BC",
+            },
+            true => KeyLoop {
+                pre: "    let q_last = min(row0 + BR, dims.seq_len) - 1u;\n    \
+                      let kt_first = next_key_tile(range.x / BC, kt_end, row0, q_last, h, BC);\n    \
+                      var kt_next = kt_first;\n",
+                first: "kt_first * BC",
+                head: "for (var kt = kt_first; kt < kt_end; kt = kt_next) {\n        \
+                       kt_next = next_key_tile(kt + 1u, kt_end, row0, q_last, h, BC);\n",
+                has_next: "kt_next < kt_end",
+                next: "kt_next * BC",
+                steps: "select(kt_end - range.x / BC, kt + 1u - range.x / BC, kt_next >= kt_end)",
+            },
+        }
+    }
+}
