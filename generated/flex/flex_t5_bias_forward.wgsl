@@ -366,6 +366,7 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
     pf_7 = fetch_k(kt_first * BC, kv_h, tid + 7u * WG);
     for (var kt = kt_first; kt < kt_end; kt = kt_next) {
         kt_next = next_key_tile(kt + 1u, kt_end, row0, q_last, h, BC);
+        let tile_full = !mask_tile(row0, q_last, kt * BC, kt * BC + BC - 1u, h).y;
         let j0 = kt * BC;
         // The previous block is done with sh_kv, sh_p and sh_red.
         workgroupBarrier();
@@ -439,21 +440,21 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
         var s_3_1 = hsum(s_3_1_4);
         let j_0 = j0 + tx + 0u * TX;
         let j_1 = j0 + tx + 1u * TX;
-        let v_0_0 = j_0 >= lo_0 && j_0 < hi_0 && key_visible(row_0, h, j_0);
+        let v_0_0 = j_0 >= lo_0 && j_0 < hi_0 && (tile_full || key_visible(row_0, h, j_0));
         s_0_0 = select(NEG_BIG, score(row_0, h, j_0, s_0_0), v_0_0);
-        let v_0_1 = j_1 >= lo_0 && j_1 < hi_0 && key_visible(row_0, h, j_1);
+        let v_0_1 = j_1 >= lo_0 && j_1 < hi_0 && (tile_full || key_visible(row_0, h, j_1));
         s_0_1 = select(NEG_BIG, score(row_0, h, j_1, s_0_1), v_0_1);
-        let v_1_0 = j_0 >= lo_1 && j_0 < hi_1 && key_visible(row_1, h, j_0);
+        let v_1_0 = j_0 >= lo_1 && j_0 < hi_1 && (tile_full || key_visible(row_1, h, j_0));
         s_1_0 = select(NEG_BIG, score(row_1, h, j_0, s_1_0), v_1_0);
-        let v_1_1 = j_1 >= lo_1 && j_1 < hi_1 && key_visible(row_1, h, j_1);
+        let v_1_1 = j_1 >= lo_1 && j_1 < hi_1 && (tile_full || key_visible(row_1, h, j_1));
         s_1_1 = select(NEG_BIG, score(row_1, h, j_1, s_1_1), v_1_1);
-        let v_2_0 = j_0 >= lo_2 && j_0 < hi_2 && key_visible(row_2, h, j_0);
+        let v_2_0 = j_0 >= lo_2 && j_0 < hi_2 && (tile_full || key_visible(row_2, h, j_0));
         s_2_0 = select(NEG_BIG, score(row_2, h, j_0, s_2_0), v_2_0);
-        let v_2_1 = j_1 >= lo_2 && j_1 < hi_2 && key_visible(row_2, h, j_1);
+        let v_2_1 = j_1 >= lo_2 && j_1 < hi_2 && (tile_full || key_visible(row_2, h, j_1));
         s_2_1 = select(NEG_BIG, score(row_2, h, j_1, s_2_1), v_2_1);
-        let v_3_0 = j_0 >= lo_3 && j_0 < hi_3 && key_visible(row_3, h, j_0);
+        let v_3_0 = j_0 >= lo_3 && j_0 < hi_3 && (tile_full || key_visible(row_3, h, j_0));
         s_3_0 = select(NEG_BIG, score(row_3, h, j_0, s_3_0), v_3_0);
-        let v_3_1 = j_1 >= lo_3 && j_1 < hi_3 && key_visible(row_3, h, j_1);
+        let v_3_1 = j_1 >= lo_3 && j_1 < hi_3 && (tile_full || key_visible(row_3, h, j_1));
         s_3_1 = select(NEG_BIG, score(row_3, h, j_1, s_3_1), v_3_1);
         var rm_0 = max(s_0_0, s_0_1);
         var rm_1 = max(s_1_0, s_1_1);

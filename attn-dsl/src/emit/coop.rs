@@ -426,7 +426,7 @@ fn body(out: &mut Wgsl, spec: &crate::KernelSpec, t: &CoopTiling, keep: Phases) 
         false => b.push_str(barrier),
     }
     if keep.softmax {
-        softmax(&mut b, lanes, keys, t.scaled);
+        softmax(&mut b, lanes, keys, t.scaled, lp.full);
     }
     rescale(&mut b, dk / t.split);
     if keep.accumulate {
@@ -688,7 +688,8 @@ fn row_reduce(x: &str, op: &str, lanes: u32, ind: &str) -> String {
 /// The invocation's share of a row of S: masked and modified scores, the lazy max, P into
 /// sh_p, the row's rescale factor into sh_c. Ends with the rescale flag read, a workgroup
 /// barrier that also publishes P and sh_c.
-fn softmax(b: &mut String, lanes: u32, keys: u32, scaled: bool) {
+fn softmax(b: &mut String, lanes: u32, keys: u32, scaled: bool, full: &str) {
+    let close = if full.is_empty() { "" } else { ")" };
     // With bf16 operands S holds Q'·K'ᵀ: each row's and each key's scale undo the
     // conversion.
     let scale = match scaled {
@@ -699,7 +700,7 @@ fn softmax(b: &mut String, lanes: u32, keys: u32, scaled: bool) {
         let _ = writeln!(
             b,
             "        let x_{c} = k0 + {}u;\n        let j_{c} = j0 + x_{c};\n        \
-             let v_{c} = j_{c} >= lo && j_{c} < hi && key_visible(row, h, j_{c});\n        \
+             let v_{c} = j_{c} >= lo && j_{c} < hi && {full}key_visible(row, h, j_{c}){close};\n        \
              let s_{c} = select(NEG_BIG, score(row, h, j_{c}, sh_s[r * SS + x_{c}]{}), v_{c});",
             c * lanes,
             scale.replace("{c}", &c.to_string())

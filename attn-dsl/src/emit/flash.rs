@@ -291,7 +291,7 @@ pub(super) fn forward_body(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling) {
         lp.head,
         fetch("v", "j0", "        "),
     );
-    scores(&mut b, tm, tn, t.d4);
+    scores(&mut b, tm, tn, t.d4, lp.full);
     softmax(&mut b, t);
     let _ = write!(
         b,
@@ -316,7 +316,8 @@ pub(super) fn forward_body(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling) {
 }
 
 /// S = Q·Kᵀ for the invocation's block, then the mask and the score's modifiers.
-fn scores(b: &mut String, tm: u32, tn: u32, d4: u32) {
+fn scores(b: &mut String, tm: u32, tn: u32, d4: u32, full: &str) {
+    let close = if full.is_empty() { "" } else { ")" };
     let mut body = String::new();
     for i in 0..tm {
         let _ = writeln!(body, "let q_{i} = sh_q[(g * TM + {i}u) * ROW4 + d4];");
@@ -339,7 +340,7 @@ fn scores(b: &mut String, tm: u32, tn: u32, d4: u32) {
     for (i, n) in regs(tm, tn) {
         let _ = writeln!(
             b,
-            "        let v_{i}_{n} = j_{n} >= lo_{i} && j_{n} < hi_{i} && key_visible(row_{i}, h, j_{n});\n        \
+            "        let v_{i}_{n} = j_{n} >= lo_{i} && j_{n} < hi_{i} && {full}key_visible(row_{i}, h, j_{n}){close};\n        \
              s_{i}_{n} = select(NEG_BIG, score(row_{i}, h, j_{n}, s_{i}_{n}), v_{i}_{n});"
         );
     }

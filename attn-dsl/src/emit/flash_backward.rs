@@ -160,11 +160,13 @@ fn q_body(
     for (i, n) in regs(tm, tn) {
         let _ = write!(
             b,
-            "        let v_{i}_{n} = j_{n} >= lo_{i} && j_{n} < hi_{i} && key_visible(row_{i}, h, j_{n});\n        \
+            "        let v_{i}_{n} = j_{n} >= lo_{i} && j_{n} < hi_{i} && {}key_visible(row_{i}, h, j_{n}){};\n        \
              let x_{i}_{n} = scored(row_{i}, h, j_{n}, s_{i}_{n});\n        \
              let p_{i}_{n} = exp_f32(x_{i}_{n}.x - lse_{i});\n        \
              let g_{i}_{n} = select(0.0, score_grad(x_{i}_{n}, p_{i}_{n} * (dropped(row_{i}, h, j_{n}, dp_{i}_{n}) - delta_{i})), v_{i}_{n});\n        \
-             sh_ds[(g * TM + {i}u) * PSTRIDE + tx + {n}u * TX] = params.scale * g_{i}_{n};\n"
+             sh_ds[(g * TM + {i}u) * PSTRIDE + tx + {n}u * TX] = params.scale * g_{i}_{n};\n",
+            lp.full,
+            if lp.full.is_empty() { "" } else { ")" },
         );
         if dbias {
             let _ = writeln!(

@@ -201,6 +201,9 @@ pub(super) struct KeyLoop {
     /// Whether a next tile exists, and its first key.
     pub has_next: &'static str,
     pub next: &'static str,
+    /// Put before a pair's `key_visible(..)`: in a tile where the mask holds for every
+    /// pair (`tile_full`, set by `head`), the per-element mask is not evaluated.
+    pub full: &'static str,
     /// Tiles from the first to the last visited, counted from `range.x / BC`: equal to
     /// `kt + 1u - range.x / BC` on the last one (where a kernel flushes its sums).
     pub steps: &'static str,
@@ -219,6 +222,7 @@ impl KeyLoop {
                 has_next: "kt + 1u < kt_end",
                 next: "j0 + BC",
                 steps: "kt_end - range.x / BC",
+                full: "",
             },
             true => KeyLoop {
                 pre: "    let q_last = min(row0 + BR, dims.seq_len) - 1u;\n    \
@@ -226,10 +230,12 @@ impl KeyLoop {
                       var kt_next = kt_first;\n",
                 first: "kt_first * BC",
                 head: "for (var kt = kt_first; kt < kt_end; kt = kt_next) {\n        \
-                       kt_next = next_key_tile(kt + 1u, kt_end, row0, q_last, h, BC);\n",
+                       kt_next = next_key_tile(kt + 1u, kt_end, row0, q_last, h, BC);\n        \
+                       let tile_full = !mask_tile(row0, q_last, kt * BC, kt * BC + BC - 1u, h).y;\n",
                 has_next: "kt_next < kt_end",
                 next: "kt_next * BC",
                 steps: "select(kt_end - range.x / BC, kt + 1u - range.x / BC, kt_next >= kt_end)",
+                full: "(tile_full || ",
             },
         }
     }
