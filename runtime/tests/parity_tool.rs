@@ -390,6 +390,7 @@ fn modifier_flags_match_the_reference_and_write_dbias() {
             offset: 0,
         }),
         sinks: None,
+        flex: None,
     };
     let problem = Problem {
         batch: 1,
@@ -643,4 +644,69 @@ fn sinks_flag_matches_the_reference_and_writes_dsinks() {
     let bad_sinks = f("bad_sinks.npy");
     bad.extend(["--sinks", &bad_sinks, "--out", &out]);
     assert_one_line_error(&attn(&bad), "bad_sinks.npy: shape [2], expected [4]");
+}
+
+/// `--flex` runs a library preset with its parameters and its `--tensor` files, forward
+/// and backward, matching the reference that evaluates the same modifier; a missing
+/// tensor and an unknown preset are one error line each.
+#[test]
+fn flex_presets_match_the_reference() {
+    let dir = scratch_dir("parity_flex");
+    let f = |n: &str| dir.join(n).to_string_lossy().into_owned();
+    let (seq, nh, nkv, d) = (40usize, 4usize, 2usize, 32usize);
+    let [q, k, v, d_o] = random_qkv_do(&dir, seq, (nh, nkv), d);
+    let rel_bias: Vec<f32> = (0..nh * 9).map(|i| 0.05 * (i % 7) as f32 - 0.1).collect();
+    npy::write_f32(&dir.join("rel_bias.npy"), &[nh as u64, 9], &rel_bias).unwrap();
+    let common = ["--q", &f("q.npy"), "--k", &f("k.npy"), "--v", &f("v.npy")];
+    let (do_path, out, tensor) = (f("do.npy"), f("out"), format!("rel_bias={}", f("rel_bias.npy")));
+    for (preset, tensors) in [("t5-bias:4", vec![tensor.as_str()]), ("window-sinks:8,2", vec![])] {
+        let mut args = common.to_vec();
+        args.extend(["--do", &do_path, "--flex", preset, "--out", &out]);
+        for t in &tensors {
+            args.extend(["--tensor", t]);
+        }
+        attn_ok(&args);
+        let flex = attn_dsl::flex::library::preset(preset).unwrap();
+        let pairs: Vec<(&str, &[f32])> = match tensors.is_empty() {
+            true => vec![],
+            false => vec![("rel_bias", &rel_bias[..])],
+        };
+        let p = Problem {
+            batch: 1,
+            n_q: seq,
+            n_k: seq,
+            n_heads: nh,
+            n_kv_heads: nkv,
+            head_dim: d,
+            scale: f64::from(1.0 / (d as f32).sqrt()),
+            causal: false,
+            mods: Modifiers {
+                flex: Some(runtime::FlexOf {
+                    modifiers: flex.intern(),
+                    tensors: &pairs,
+                }),
+                ..Modifiers::default()
+            },
+            ..Problem::default()
+        };
+        let out_dir = Path::new(&out);
+        let (o, lse) = (read(out_dir, "o"), read(out_dir, "lse"));
+        let fwd = judge_attention(&p, [&q, &k, &v], &o, Some(&lse));
+        assert!(fwd.iter().all(|(_, v)| v.pass()), "{preset} forward: {fwd:?}");
+        let grads = [read(out_dir, "dq"), read(out_dir, "dk"), read(out_dir, "dv")];
+        let bwd = judge_backward(
+            &p,
+            [&q, &k, &v, &d_o],
+            (&o, &lse),
+            [&grads[0], &grads[1], &grads[2]],
+            [&[], &[]],
+        );
+        assert!(bwd.iter().all(|(_, v)| v.pass()), "{preset} backward: {bwd:?}");
+    }
+    let mut missing = common.to_vec();
+    missing.extend(["--flex", "t5-bias:4", "--out", &out]);
+    assert_one_line_error(&attn(&missing), "give --tensor rel_bias=FILE.npy");
+    let mut unknown = common.to_vec();
+    unknown.extend(["--flex", "sliding", "--out", &out]);
+    assert_one_line_error(&attn(&unknown), "unknown preset `sliding`");
 }

@@ -122,55 +122,87 @@ pub fn block_diagonal(n: i64) -> Expr {
     bin(Eq, bin(Div, v("q"), i(n)), bin(Div, v("k"), i(n)))
 }
 
-/// A named example: its modifiers and a description of each tensor's values.
+/// A named example: its modifiers.
 pub struct Example {
     pub name: &'static str,
     pub flex: Flex,
 }
 
-/// The examples of issue 28 that `check` runs and `attn` offers as presets.
-pub fn examples() -> Vec<Example> {
+/// The presets by name, each with its parameters' meaning and defaults.
+pub const PRESETS: &[(&str, &str)] = &[
+    ("t5-bias", "t5-bias[:R]: causal, T5 bias rel_bias [heads, 2R+1] f32 over distances clamped at R (31)"),
+    ("prefix-lm", "prefix-lm: causal, and each sequence's first prefix[b] keys (prefix [batch] u32)"),
+    ("window-sinks", "window-sinks[:W,S]: causal window of W keys and the first S keys (24, 4)"),
+    ("softcap-alibi", "softcap-alibi[:C]: ALiBi (slopes [heads] f32), then C·tanh(score / C) (5)"),
+    ("block-diagonal", "block-diagonal[:N]: blocks of N positions see only themselves (16)"),
+];
+
+/// The preset `spec` (`name` or `name:p1,p2`), its parameters defaulted.
+pub fn preset(spec: &str) -> Result<Flex, String> {
+    let (name, params) = spec.split_once(':').unwrap_or((spec, ""));
+    let params: Vec<i64> = params
+        .split(',')
+        .filter(|p| !p.is_empty())
+        .map(|p| p.trim().parse().map_err(|_| format!("preset `{name}`: `{p}` is not a whole number")))
+        .collect::<Result<_, _>>()?;
+    let at = |i: usize, default: i64| params.get(i).copied().unwrap_or(default);
+    let positive = |x: i64, what: &str| match x > 0 && x < 1 << 24 {
+        true => Ok(x),
+        false => Err(format!("preset `{name}`: {what} {x} must be from 1 to 2^24")),
+    };
     let heads = |name: &str| tensor(name, &[Dim::Heads], Ty::F32);
-    vec![
-        Example {
-            name: "t5-bias",
-            flex: Flex {
-                score_mod: Some(relative_bias("rel_bias", 31)),
+    let usage = PRESETS.iter().find(|(n, _)| *n == name).map(|(_, u)| *u);
+    let most = match name {
+        "t5-bias" | "softcap-alibi" | "block-diagonal" => 1,
+        "window-sinks" => 2,
+        _ => 0,
+    };
+    let Some(usage) = usage else {
+        let names: Vec<&str> = PRESETS.iter().map(|(n, _)| *n).collect();
+        return Err(format!("unknown preset `{name}`; expected one of {}", names.join(", ")));
+    };
+    if params.len() > most {
+        return Err(format!("preset {usage}: {} parameter(s) given", params.len()));
+    }
+    Ok(match name {
+        "t5-bias" => {
+            let r = positive(at(0, 31), "R")?;
+            Flex {
+                score_mod: Some(relative_bias("rel_bias", r)),
                 mask_mod: Some(causal()),
-                tensors: vec![tensor("rel_bias", &[Dim::Heads, Dim::Const(63)], Ty::F32)],
-            },
+                tensors: vec![tensor("rel_bias", &[Dim::Heads, Dim::Const(2 * r as u32 + 1)], Ty::F32)],
+            }
+        }
+        "prefix-lm" => Flex {
+            score_mod: None,
+            mask_mod: Some(prefix_lm("prefix")),
+            tensors: vec![tensor("prefix", &[Dim::Batch], Ty::U32)],
         },
-        Example {
-            name: "prefix-lm",
-            flex: Flex {
-                score_mod: None,
-                mask_mod: Some(prefix_lm("prefix")),
-                tensors: vec![tensor("prefix", &[Dim::Batch], Ty::U32)],
-            },
+        "window-sinks" => Flex {
+            score_mod: None,
+            mask_mod: Some(window_with_sinks(positive(at(0, 24), "W")?, at(1, 4).max(0))),
+            tensors: vec![],
         },
-        Example {
-            name: "window-sinks",
-            flex: Flex {
-                score_mod: None,
-                mask_mod: Some(window_with_sinks(24, 4)),
-                tensors: vec![],
-            },
+        "softcap-alibi" => Flex {
+            score_mod: Some(let_("s", alibi("slopes"), softcap_of(v("s"), positive(at(0, 5), "C")? as f64))),
+            mask_mod: None,
+            tensors: vec![heads("slopes")],
         },
-        Example {
-            name: "softcap-alibi",
-            flex: Flex {
-                score_mod: Some(let_("s", alibi("slopes"), softcap_of(v("s"), 5.0))),
-                mask_mod: None,
-                tensors: vec![heads("slopes")],
-            },
+        _ => Flex {
+            score_mod: None,
+            mask_mod: Some(block_diagonal(positive(at(0, 16), "N")?)),
+            tensors: vec![],
         },
-        Example {
-            name: "block-diagonal",
-            flex: Flex {
-                score_mod: None,
-                mask_mod: Some(block_diagonal(16)),
-                tensors: vec![],
-            },
-        },
-    ]
+    })
+}
+
+/// The presets with their default parameters: what `check` runs.
+pub fn examples() -> Vec<Example> {
+    PRESETS
+        .iter()
+        .map(|(name, _)| Example {
+            name,
+            flex: preset(name).expect("every preset builds with its defaults"),
+        })
+        .collect()
 }

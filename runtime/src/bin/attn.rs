@@ -91,6 +91,15 @@ struct Args {
     /// The dropout mask's key.
     #[arg(long, default_value_t = 0, requires = "dropout")]
     seed: u64,
+    /// A user-written modifier preset of attn_dsl::flex::library, with its parameters
+    /// (`t5-bias:31`, `prefix-lm`, `window-sinks:256,4`, `softcap-alibi:5`,
+    /// `block-diagonal:16`); its tensors come from --tensor.
+    #[arg(long, value_name = "PRESET[:P,..]")]
+    flex: Option<String>,
+    /// A tensor the --flex preset reads, float32 in its declared shape (a u32 tensor's
+    /// values as whole numbers), e.g. `--tensor rel_bias=rel_bias.npy`; repeat per tensor.
+    #[arg(long, value_name = "NAME=FILE.npy", requires = "flex")]
+    tensor: Vec<String>,
     /// Bit-identical gradients run to run: only schedules that own every output (no
     /// atomic adds); a --schedule that adds by atomics is refused.
     #[arg(long, requires = "d_o")]
@@ -102,6 +111,34 @@ struct ModifierValues {
     slopes: Option<Vec<f32>>,
     bias: Option<(Vec<u64>, BiasHeads, Vec<f32>)>,
     sinks: Option<Vec<f32>>,
+    /// The --flex preset and its --tensor values by name.
+    flex: Option<(attn_dsl::flex::FlexRef, Vec<(String, Vec<f32>)>)>,
+}
+
+/// The --flex preset and the --tensor files it reads, each in its declared rank.
+fn flex_values(
+    args: &Args,
+) -> anyhow::Result<Option<(attn_dsl::flex::FlexRef, Vec<(String, Vec<f32>)>)>> {
+    let Some(spec) = &args.flex else {
+        return Ok(None);
+    };
+    let flex = attn_dsl::flex::library::preset(spec).map_err(anyhow::Error::msg)?;
+    let mut tensors = Vec::new();
+    for given in &args.tensor {
+        let Some((name, path)) = given.split_once('=') else {
+            bail!("--tensor {given}: write NAME=FILE.npy");
+        };
+        let Some(decl) = flex.tensor(name) else {
+            let names: Vec<&str> = flex.tensors.iter().map(|t| t.name.as_str()).collect();
+            bail!("--tensor {name}: preset {spec} reads {}", if names.is_empty() { "no tensor".to_string() } else { names.join(", ") });
+        };
+        let (_, values) = npy::read_f32(Path::new(path), &[decl.dims.len()])?;
+        tensors.push((name.to_string(), values));
+    }
+    if let Some(t) = flex.tensors.iter().find(|t| !tensors.iter().any(|(n, _)| *n == t.name)) {
+        bail!("preset {spec} reads {} {}: give --tensor {}=FILE.npy", t.name, t.describe(), t.name);
+    }
+    Ok(Some((flex.intern(), tensors)))
 }
 
 /// A `[heads]` float32 file (ALiBi's slopes, the sinks).
@@ -163,10 +200,16 @@ impl ModifierValues {
             slopes,
             bias,
             sinks,
+            flex: flex_values(args)?,
         })
     }
 
-    fn mods(&self, args: &Args) -> Modifiers<'_> {
+    /// The --tensor values by name, for [`ModifierValues::mods`].
+    fn flex_tensors(&self) -> Vec<(&str, &[f32])> {
+        self.flex.iter().flat_map(|(_, t)| t.iter().map(|(n, v)| (n.as_str(), &v[..]))).collect()
+    }
+
+    fn mods<'a>(&'a self, args: &Args, tensors: &'a [(&'a str, &'a [f32])]) -> Modifiers<'a> {
         Modifiers {
             window: args.window,
             alibi: self.slopes.as_deref(),
@@ -181,7 +224,10 @@ impl ModifierValues {
                 offset: 0,
             }),
             sinks: self.sinks.as_deref(),
-            flex: None,
+            flex: self.flex.as_ref().map(|(modifiers, _)| runtime::FlexOf {
+                modifiers: *modifiers,
+                tensors,
+            }),
         }
     }
 }
@@ -218,7 +264,8 @@ fn run(args: Args) -> anyhow::Result<()> {
     };
     let t = load(&args)?;
     let values = ModifierValues::load(&args, &t)?;
-    let mods = values.mods(&args);
+    let flex_tensors = values.flex_tensors();
+    let mods = values.mods(&args, &flex_tensors);
     let masks = mods.masks(args.causal, t.seg.is_some());
     let d = t.heads.head_dim;
     let forward_abi = attn_dsl::compile(&KernelSpec::standard(
