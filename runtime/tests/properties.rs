@@ -122,6 +122,14 @@ fn the_quick_matrix_covers_every_op_and_modifier() {
         );
     }
     let has = |word: &str| labels.iter().any(|l| l.contains(word));
+    // Every user-written modifier preset, at least once.
+    for ex in attn_dsl::flex::library::examples() {
+        assert!(
+            has(&format!("flex:{}", ex.name)),
+            "the quick matrix has no flex:{} case: {labels:#?}",
+            ex.name
+        );
+    }
     for word in [
         "forward", "decode", "backward", "rope", "packed", "b=3", "d=64", "d=128", "d=80", "kv=2",
     ] {

@@ -570,6 +570,14 @@ pub const QUICK: &[(&str, &str, &str)] = &[
         "seq=64 h=6 kv=2 d=128",
         "2docs+window24+alibi+shared_bias+dropout10%",
     ),
+    ("forward", "seq=64 h=6 kv=2 d=64", "flex:t5-bias"),
+    ("backward", "seq=64 h=6 kv=2 d=64", "flex:t5-bias"),
+    ("decode", "cache=300/320 h=6 kv=2 d=64", "flex:t5-bias"),
+    ("forward", "seq=64 h=6 kv=2 d=64", "flex:prefix-lm"),
+    ("backward", "seq=64 h=6 kv=2 d=64", "flex:window-sinks"),
+    ("decode", "cache=300/320 h=6 kv=2 d=64", "flex:window-sinks"),
+    ("backward", "seq=64 h=6 kv=2 d=64", "flex:softcap-alibi"),
+    ("forward", "seq=64 h=6 kv=2 d=64", "flex:block-diagonal"),
 ];
 
 /// The cases of [`QUICK`], in the default matrix's order.
