@@ -688,8 +688,8 @@ fn row_reduce(x: &str, op: &str, lanes: u32, ind: &str) -> String {
 /// The invocation's share of a row of S: masked and modified scores, the lazy max, P into
 /// sh_p, the row's rescale factor into sh_c. Ends with the rescale flag read, a workgroup
 /// barrier that also publishes P and sh_c.
-fn softmax(b: &mut String, lanes: u32, keys: u32, scaled: bool, full: &str) {
-    let close = if full.is_empty() { "" } else { ")" };
+fn softmax(b: &mut String, lanes: u32, keys: u32, scaled: bool, full: (&str, &str)) {
+    let (full, close) = full;
     // With bf16 operands S holds Q'·K'ᵀ: each row's and each key's scale undo the
     // conversion.
     let scale = match scaled {

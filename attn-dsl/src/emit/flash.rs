@@ -316,8 +316,8 @@ pub(super) fn forward_body(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling) {
 }
 
 /// S = Q·Kᵀ for the invocation's block, then the mask and the score's modifiers.
-fn scores(b: &mut String, tm: u32, tn: u32, d4: u32, full: &str) {
-    let close = if full.is_empty() { "" } else { ")" };
+fn scores(b: &mut String, tm: u32, tn: u32, d4: u32, full: (&str, &str)) {
+    let (full, close) = full;
     let mut body = String::new();
     for i in 0..tm {
         let _ = writeln!(body, "let q_{i} = sh_q[(g * TM + {i}u) * ROW4 + d4];");

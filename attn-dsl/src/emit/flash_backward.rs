@@ -165,8 +165,8 @@ fn q_body(
              let p_{i}_{n} = exp_f32(x_{i}_{n}.x - lse_{i});\n        \
              let g_{i}_{n} = select(0.0, score_grad(x_{i}_{n}, p_{i}_{n} * (dropped(row_{i}, h, j_{n}, dp_{i}_{n}) - delta_{i})), v_{i}_{n});\n        \
              sh_ds[(g * TM + {i}u) * PSTRIDE + tx + {n}u * TX] = params.scale * g_{i}_{n};\n",
-            lp.full,
-            if lp.full.is_empty() { "" } else { ")" },
+            lp.full.0,
+            lp.full.1,
         );
         if dbias {
             let _ = writeln!(

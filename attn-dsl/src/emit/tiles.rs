@@ -201,9 +201,9 @@ pub(super) struct KeyLoop {
     /// Whether a next tile exists, and its first key.
     pub has_next: &'static str,
     pub next: &'static str,
-    /// Put before a pair's `key_visible(..)`: in a tile where the mask holds for every
-    /// pair (`tile_full`, set by `head`), the per-element mask is not evaluated.
-    pub full: &'static str,
+    /// Put around a pair's `key_visible(..)`: true in a tile where the mask holds for
+    /// every pair (`tile_full`, set by `head`), without a branch per pair.
+    pub full: (&'static str, &'static str),
     /// Tiles from the first to the last visited, counted from `range.x / BC`: equal to
     /// `kt + 1u - range.x / BC` on the last one (where a kernel flushes its sums).
     pub steps: &'static str,
@@ -222,7 +222,7 @@ impl KeyLoop {
                 has_next: "kt + 1u < kt_end",
                 next: "j0 + BC",
                 steps: "kt_end - range.x / BC",
-                full: "",
+                full: ("", ""),
             },
             true => KeyLoop {
                 pre: "    let q_last = min(row0 + BR, dims.seq_len) - 1u;\n    \
@@ -235,7 +235,7 @@ impl KeyLoop {
                 has_next: "kt_next < kt_end",
                 next: "kt_next * BC",
                 steps: "select(kt_end - range.x / BC, kt + 1u - range.x / BC, kt_next >= kt_end)",
-                full: "(tile_full || ",
+                full: ("select(", ", true, tile_full)"),
             },
         }
     }

@@ -68,6 +68,16 @@ fn variants(seq: u32, window: u32) -> Vec<Variant> {
         plain("dense (no mask)", Masks::default(), 1.0),
         plain("causal, built-in", built(true, false), causal_frac),
         plain("causal, mask_mod k <= q", flex(Some(library::causal()), None, vec![]), causal_frac),
+        // Both: the built-in word's key range with the modifier's per-pair test and tile
+        // loop, to tell the two costs apart.
+        plain(
+            "causal built-in + mask_mod k <= q",
+            Masks {
+                causal: true,
+                ..flex(Some(library::causal()), None, vec![])
+            },
+            causal_frac,
+        ),
         Variant {
             window: Some(window),
             ..plain(&format!("window {window}, built-in"), built(true, true), window_frac)
