@@ -267,14 +267,16 @@ fn upload_flex(
         let shape = flat_shape(t, values.len() as u64, batch, q_rows);
         let tensor = match t.ty {
             Ty::F32 => Tensor::from_f32(gpu, &shape, Scalar::F32, values)?,
-            _ => {
-                let words: Vec<u32> = values.iter().map(|&x| x as u32).collect();
-                Tensor::from_u32(gpu, &shape, &words)?
-            }
+            _ => Tensor::from_u32(gpu, &shape, &u32_words(values))?,
         };
         out.push((t.name.clone(), tensor));
     }
     Ok(out)
+}
+
+/// A `u32` tensor's host values (whole numbers, checked by `validate`) as its words.
+pub(crate) fn u32_words(values: &[f32]) -> Vec<u32> {
+    values.iter().map(|&x| x as u32).collect()
 }
 
 /// The declared shape of `t`, its head count read off `len` (the host API takes no

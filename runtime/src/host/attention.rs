@@ -425,10 +425,7 @@ impl Modifiers<'_> {
             let Some(values) = flex.tensor(&t.name) else { continue };
             let buffer = match t.ty {
                 attn_dsl::flex::Ty::F32 => buffers::storage(gpu, &t.name, values),
-                _ => {
-                    let words: Vec<u32> = values.iter().map(|&x| x as u32).collect();
-                    buffers::storage(gpu, &t.name, &words)
-                }
+                _ => buffers::storage(gpu, &t.name, &crate::modifiers::u32_words(values)),
             };
             out.push((t.name.clone(), buffer));
         }
