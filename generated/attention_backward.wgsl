@@ -165,6 +165,13 @@ fn dropped(row: u32, h: u32, j: u32, p: f32) -> f32 {
     return p;
 }
 
+// dS with respect to the pre-cap score, from gf, that with respect to the score x (0 where
+// the pair is hidden); and the gradients every dS adds to, where this kernel writes them.
+fn score_grads(row: u32, h: u32, j: u32, dot: f32, x: vec2<f32>, gf: f32, v: bool) -> f32 {
+    let g = select(0.0, score_grad(x, gf), v);
+    return g;
+}
+
 fn stats_part(part: u32, row: u32, h: u32) -> u32 {
     return ((part * dims.batch + batch) * dims.seq_len + row) * dims.n_heads + h;
 }
@@ -387,13 +394,13 @@ fn flash_backward_q(tile: u32, h: u32, tid: u32) {
         let v_0_0 = j_0 >= lo_0 && j_0 < hi_0 && key_visible(row_0, h, j_0);
         let x_0_0 = scored(row_0, h, j_0, s_0_0);
         let p_0_0 = exp_f32(x_0_0.x - lse_0);
-        let g_0_0 = select(0.0, score_grad(x_0_0, p_0_0 * (dropped(row_0, h, j_0, dp_0_0) - delta_0)), v_0_0);
+        let g_0_0 = score_grads(row_0, h, j_0, s_0_0, x_0_0, p_0_0 * (dropped(row_0, h, j_0, dp_0_0) - delta_0), v_0_0);
         sh_ds[(g * TM + 0u) * PSTRIDE + tx + 0u * TX] = params.scale * g_0_0;
         sh_p[(g * TM + 0u) * PSTRIDE + tx + 0u * TX] = select(0.0, dropped(row_0, h, j_0, p_0_0), v_0_0);
         let v_1_0 = j_0 >= lo_1 && j_0 < hi_1 && key_visible(row_1, h, j_0);
         let x_1_0 = scored(row_1, h, j_0, s_1_0);
         let p_1_0 = exp_f32(x_1_0.x - lse_1);
-        let g_1_0 = select(0.0, score_grad(x_1_0, p_1_0 * (dropped(row_1, h, j_0, dp_1_0) - delta_1)), v_1_0);
+        let g_1_0 = score_grads(row_1, h, j_0, s_1_0, x_1_0, p_1_0 * (dropped(row_1, h, j_0, dp_1_0) - delta_1), v_1_0);
         sh_ds[(g * TM + 1u) * PSTRIDE + tx + 0u * TX] = params.scale * g_1_0;
         sh_p[(g * TM + 1u) * PSTRIDE + tx + 0u * TX] = select(0.0, dropped(row_1, h, j_0, p_1_0), v_1_0);
         workgroupBarrier();

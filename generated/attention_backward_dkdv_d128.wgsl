@@ -133,6 +133,13 @@ fn dropped(row: u32, h: u32, j: u32, p: f32) -> f32 {
     return p;
 }
 
+// dS with respect to the pre-cap score, from gf, that with respect to the score x (0 where
+// the pair is hidden); and the gradients every dS adds to, where this kernel writes them.
+fn score_grads(row: u32, h: u32, j: u32, dot: f32, x: vec2<f32>, gf: f32, v: bool) -> f32 {
+    let g = select(0.0, score_grad(x, gf), v);
+    return g;
+}
+
 fn stats_part(part: u32, row: u32, h: u32) -> u32 {
     return ((part * dims.batch + batch) * dims.seq_len + row) * dims.n_heads + h;
 }
@@ -208,7 +215,7 @@ fn backward_col(col: u32, kv_h: u32, tid: u32) {
                 var dp = hsum(dp_4);
                 let x_s = scored(s, h, col, dot);
                 p_s = exp_f32(x_s.x - stats[stats_part(0u, s, h)]);
-                ds_s = params.scale * score_grad(x_s, p_s * (dropped(s, h, col, dp) - stats[stats_part(1u, s, h)]));
+                ds_s = params.scale * score_grads(s, h, col, dot, x_s, p_s * (dropped(s, h, col, dp) - stats[stats_part(1u, s, h)]), true);
                 p_s = dropped(s, h, col, p_s);
             }
             sh_p[tid] = p_s;

@@ -133,6 +133,13 @@ fn dropped(row: u32, h: u32, j: u32, p: f32) -> f32 {
     return p;
 }
 
+// dS with respect to the pre-cap score, from gf, that with respect to the score x (0 where
+// the pair is hidden); and the gradients every dS adds to, where this kernel writes them.
+fn score_grads(row: u32, h: u32, j: u32, dot: f32, x: vec2<f32>, gf: f32, v: bool) -> f32 {
+    let g = select(0.0, score_grad(x, gf), v);
+    return g;
+}
+
 fn stats_part(part: u32, row: u32, h: u32) -> u32 {
     return ((part * dims.batch + batch) * dims.seq_len + row) * dims.n_heads + h;
 }
@@ -200,7 +207,7 @@ fn backward_row(row: u32, h: u32, tid: u32) {
             let xj = scored(row, h, j, dot);
             let pj = exp_f32(xj.x - row_lse);
             // dS with respect to the pre-cap score: dBias, and dS/scale for dQ and dK.
-            let gj = score_grad(xj, pj * (dropped(row, h, j, dp) - delta));
+            let gj = score_grads(row, h, j, dot, xj, pj * (dropped(row, h, j, dp) - delta), true);
             dsj = params.scale * gj;
             p_ds[p_ds_part(0u, row, h, j)] = dropped(row, h, j, pj);
             p_ds[p_ds_part(1u, row, h, j)] = dsj;

@@ -40,7 +40,6 @@ const fn same_axes(a: &[Axis], b: &[Axis]) -> bool {
     true
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

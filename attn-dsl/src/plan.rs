@@ -201,7 +201,9 @@ impl KernelAbi {
             // vec4s of one sequence's new rows (n_new · n_kv_heads · head_dim / 4), by
             // sequence; workgroup 0 writes the lengths even when no row is new.
             Op::CacheAppend => return [strided(at(0) * at(2) * (at(3) / 4)), at(4), 1],
-            Op::DkvReduce | Op::ToDtype | Op::FromDtype => return [strided(at(0)), 1, 1],
+            Op::DkvReduce | Op::ToDtype | Op::FromDtype | Op::GradFold => {
+                return [strided(at(0)), 1, 1];
+            }
             // Pass 0: a workgroup per (head, block of rows); pass 1: one per head, which
             // owns dsinks[h].
             Op::SinkGrad if at(6) == 0 => return [at(1), at(5), 1],
@@ -267,29 +269,39 @@ fn flex_bindings(spec: &KernelSpec, first: u32) -> Vec<Binding> {
     let Some(flex) = spec.flex() else {
         return Vec::new();
     };
-    flex.tensors
-        .into_iter()
+    let read = flex.tensors.iter().map(|t| {
+        let scalar = match t.ty {
+            crate::flex::Ty::F32 => Scalar::F32,
+            _ => Scalar::U32,
+        };
+        (
+            t.name.clone(),
+            Access::Read,
+            scalar,
+            array_type(Elem::F32, scalar, None),
+            None,
+        )
+    });
+    // The gradients of tensors declared `grad`, where this kernel writes them.
+    let grads = flex.tensors.iter().filter_map(|t| {
+        let name = t.grad_name()?;
+        let write = spec.write_mode(&name)?;
+        let scatter = (write == WriteMode::AtomicScatter).then_some(spec.scatter);
+        let wgsl_type = array_type(Elem::F32, Scalar::F32, scatter);
+        Some((name, Access::ReadWrite, Scalar::F32, wgsl_type, Some(write)))
+    });
+    read.chain(grads)
         .enumerate()
-        .map(|(i, t)| {
-            let scalar = match t.ty {
-                crate::flex::Ty::F32 => Scalar::F32,
-                _ => Scalar::U32,
-            };
-            Binding {
-                group: 0,
-                binding: first + i as u32,
-                name: Cow::Owned(t.name),
-                access: Access::Read,
-                scalar,
-                wgsl_type: Cow::Borrowed(if scalar == Scalar::F32 {
-                    "array<f32>"
-                } else {
-                    "array<u32>"
-                }),
-                fields: Cow::Borrowed(&[]),
-                layout: Cow::Borrowed(&[]),
-                write: None,
-            }
+        .map(|(i, (name, access, scalar, wgsl_type, write))| Binding {
+            group: 0,
+            binding: first + i as u32,
+            name: Cow::Owned(name),
+            access,
+            scalar,
+            wgsl_type,
+            fields: Cow::Borrowed(&[]),
+            layout: Cow::Borrowed(&[]),
+            write,
         })
         .collect()
 }

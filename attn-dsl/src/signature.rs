@@ -426,6 +426,13 @@ const DKV_REDUCE: &[Tensor] = &[
     DIMS,
 ];
 
+// A compensated sum (part 0 the sum, part 1 its rounding errors) and the gradient it adds to.
+const GRAD_FOLD: &[Tensor] = &[
+    t("pair", Input, F32, &[Part, R]),
+    t("grad", Output, F32, &[R]),
+    DIMS,
+];
+
 /// Every tensor `op` may bind, whatever the description.
 pub fn all_tensors(op: Op) -> &'static [Tensor] {
     match op {
@@ -446,6 +453,7 @@ pub fn all_tensors(op: Op) -> &'static [Tensor] {
         Op::ToDtype => TO_DTYPE,
         Op::FromDtype => FROM_DTYPE,
         Op::SinkGrad => SINK_GRAD,
+        Op::GradFold => GRAD_FOLD,
     }
 }
 
@@ -555,6 +563,8 @@ pub fn dims(op: Op) -> UniformBlock {
         ],
         // vec4s of dK (and of dV) to sum.
         Op::DkvReduce | Op::ToDtype | Op::FromDtype => &["len4", "_pad0", "_pad1", "_pad2"],
+        // elements of the gradient.
+        Op::GradFold => &["len", "_pad0", "_pad1", "_pad2"],
         // rows: batch·seq; n_tiles: row tiles of the backward's grid (dW's and db's
         // partials); n_blocks: its dx blocks (dγ's and dβ's partials).
         Op::LayernormLinear

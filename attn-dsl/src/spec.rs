@@ -118,10 +118,14 @@ pub enum Op {
     /// The sinks' gradient, `dsinks[h] += −Σ_rows e^(sinks[h] − LSE)·D` with D = dO·O,
     /// summed over every row and sequence of head h by one workgroup (owned, no atomics).
     SinkGrad,
+    /// Adds a compensated sum into a gradient: `grad[i] += pair[0, i] + pair[1, i]`, the
+    /// sum and its rounding errors that a backward scattered by atomics (a modifier
+    /// tensor's gradient), one owner per element.
+    GradFold,
 }
 
 impl Op {
-    pub const ALL: [Op; 18] = [
+    pub const ALL: [Op; 19] = [
         Op::Forward,
         Op::Decode,
         Op::DecodeSplit,
@@ -140,6 +144,7 @@ impl Op {
         Op::ToDtype,
         Op::FromDtype,
         Op::SinkGrad,
+        Op::GradFold,
     ];
 
     pub fn name(self) -> &'static str {
@@ -162,6 +167,7 @@ impl Op {
             Op::ToDtype => "to_dtype",
             Op::FromDtype => "from_dtype",
             Op::SinkGrad => "sink_grad",
+            Op::GradFold => "grad_fold",
         }
     }
 
@@ -182,6 +188,7 @@ impl Op {
             | Op::DkvReduce
             | Op::ToDtype
             | Op::FromDtype
+            | Op::GradFold
             // A reduce: each workgroup owns one head's dsinks, walking every sequence.
             | Op::SinkGrad => Major::Elem,
         }
@@ -581,6 +588,22 @@ impl Masks {
         })
     }
 
+    /// The gradients a backward kernel that sees every dS writes beside dQ, dK and dV:
+    /// dBias (see [`Masks::dbias_mode`]) and, for each tensor a score modifier declares
+    /// `grad`, `d<name>` by atomics (its reads land anywhere in the table).
+    pub fn score_grad_writes(&self) -> Vec<(String, WriteMode)> {
+        let flex = self.flex.map(|f| f.get());
+        let flex_grads = flex
+            .iter()
+            .flat_map(|f| f.tensors.iter().filter_map(|t| t.grad_name()))
+            .map(|name| (name, WriteMode::AtomicScatter));
+        self.dbias_mode()
+            .map(|m| ("dbias".to_string(), m))
+            .into_iter()
+            .chain(flex_grads)
+            .collect()
+    }
+
     /// Whether a score is anything but `scale · q·k`.
     pub fn modifies_scores(&self) -> bool {
         self.alibi || self.bias.is_some() || self.softcap
@@ -820,6 +843,15 @@ fn is_f32(d: &Dtype) -> bool {
 }
 
 impl KernelSpec {
+    /// The storage buffers the modifiers add: the tensors they read, and the gradients of
+    /// those declared `grad` that this kernel writes.
+    pub fn flex_buffers(&self) -> u32 {
+        self.flex().map_or(0, |f| {
+            let grads = f.tensors.iter().filter_map(|t| t.grad_name());
+            (f.tensors.len() + grads.filter(|g| self.write_mode(g).is_some()).count()) as u32
+        })
+    }
+
     /// The user-written modifiers this kernel applies: its masks' for an op that compares
     /// queries with keys, none for the others (a backward's prep, a decode's reduce).
     pub fn flex(&self) -> Option<crate::flex::Flex> {

@@ -34,6 +34,9 @@ pub fn modifier(
     }
     if score {
         derive::d_score(&body).map_err(at)?;
+        for t in tensors.iter().filter(|t| t.grad) {
+            derive::d_tensor(&body, &t.name).map_err(at)?;
+        }
     }
     Ok(body)
 }
@@ -271,6 +274,14 @@ pub fn tensors(items: &[crate::parse::TensorItem]) -> syn::Result<Vec<TensorDecl
                      needed)",
                 ));
             }
+            if let Some(grad) = &item.grad
+                && ty != Ty::F32
+            {
+                return Err(syn::Error::new(
+                    grad.span(),
+                    "only an f32 tensor has a gradient: drop `grad` or declare it f32",
+                ));
+            }
             let dims = item.dims.iter().map(dim).collect::<syn::Result<Vec<_>>>()?;
             if dims.is_empty() {
                 return Err(syn::Error::new(
@@ -282,6 +293,7 @@ pub fn tensors(items: &[crate::parse::TensorItem]) -> syn::Result<Vec<TensorDecl
                 name: item.name.to_string(),
                 dims,
                 ty,
+                grad: item.grad.is_some(),
             })
         })
         .collect()
@@ -299,7 +311,9 @@ fn dim(e: &syn::Expr) -> syn::Result<attn_dsl::flex::Dim> {
             "seq" => Ok(Dim::Seq),
             other => Err(syn::Error::new(
                 id.span(),
-                format!("unknown size `{other}`; a dimension is `heads`, `batch`, `seq` or a number"),
+                format!(
+                    "unknown size `{other}`; a dimension is `heads`, `batch`, `seq` or a number"
+                ),
             )),
         };
     }
@@ -308,14 +322,27 @@ fn dim(e: &syn::Expr) -> syn::Result<attn_dsl::flex::Dim> {
         .ok()
         .filter(|&n| n > 0)
         .map(Dim::Const)
-        .ok_or_else(|| syn::Error::new(e.span(), format!("a dimension of {n} elements; give one of 1 to {}", u32::MAX)))
+        .ok_or_else(|| {
+            syn::Error::new(
+                e.span(),
+                format!("a dimension of {n} elements; give one of 1 to {}", u32::MAX),
+            )
+        })
 }
 
 /// The value of an integer-literal expression (`2 * 128 - 1`).
 fn constant(e: &syn::Expr) -> syn::Result<i64> {
-    let bad = || syn::Error::new(e.span(), "a dimension is `heads`, `batch`, `seq` or whole numbers with + - * /");
+    let bad = || {
+        syn::Error::new(
+            e.span(),
+            "a dimension is `heads`, `batch`, `seq` or whole numbers with + - * /",
+        )
+    };
     match e {
-        syn::Expr::Lit(syn::ExprLit { lit: syn::Lit::Int(i), .. }) => i.base10_parse().map_err(|_| bad()),
+        syn::Expr::Lit(syn::ExprLit {
+            lit: syn::Lit::Int(i),
+            ..
+        }) => i.base10_parse().map_err(|_| bad()),
         syn::Expr::Paren(p) => constant(&p.expr),
         syn::Expr::Binary(b) => {
             let (l, r) = (constant(&b.left)?, constant(&b.right)?);
@@ -357,11 +384,13 @@ mod tests {
                 name: "rel_bias".into(),
                 dims: vec![Dim::Heads, Dim::Const(255)],
                 ty: Ty::F32,
+                grad: true,
             },
             TensorDecl {
                 name: "prefix".into(),
                 dims: vec![Dim::Batch],
                 ty: Ty::I32,
+                grad: false,
             },
         ]
     }

@@ -195,6 +195,7 @@ fn abi_const(abi: &KernelAbi, wgsl: TokenStream) -> TokenStream {
         Op::DkvReduce => quote!(DkvReduce),
         Op::ToDtype => quote!(ToDtype),
         Op::FromDtype => quote!(FromDtype),
+        Op::GradFold => quote!(GradFold),
         Op::SinkGrad => quote!(SinkGrad),
     };
     let f32_atomics = abi.f32_atomics;

@@ -164,13 +164,32 @@ fn with_modifiers<'a>(
     };
     let mut closure = |key: &'static str, score: bool| -> syn::Result<_> {
         match get(key, Field::Flex(key)) {
-            Some(Value::Closure(c)) => Ok(Some(crate::flex::modifier(c, score, &tensors)?.erased())),
+            Some(Value::Closure(c)) => {
+                Ok(Some(crate::flex::modifier(c, score, &tensors)?.erased()))
+            }
             Some(other) => err(other.span(), format!("`{key}` takes a closure")),
             None => Ok(None),
         }
     };
     let score_mod = closure("score_mod", true)?;
     let mask_mod = closure("mask_mod", false)?;
+    if let Some(Value::Tensors(items, _)) = get("tensors", Field::Flex("tensors")) {
+        for (item, t) in items.iter().zip(&tensors) {
+            let read = score_mod
+                .as_ref()
+                .is_some_and(|e| e.mentions_tensor(&t.name));
+            if let Some(grad) = item.grad.as_ref().filter(|_| !read) {
+                return err(
+                    grad.span(),
+                    format!(
+                        "`{}` is declared `grad`, but score_mod does not read it: a gradient \
+                         reaches only what the score depends on; drop `grad`",
+                        t.name
+                    ),
+                );
+            }
+        }
+    }
     if score_mod.is_none() && mask_mod.is_none() && tensors.is_empty() {
         return Ok(masks);
     }

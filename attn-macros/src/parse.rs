@@ -103,7 +103,8 @@ pub enum Value {
     Tensors(Vec<TensorItem>, Span),
 }
 
-/// One declared tensor: `rel_bias: [heads, 2 * 128 - 1] f32`.
+/// One declared tensor: `rel_bias: [heads, 2 * 128 - 1] f32`, `grad` after the type where
+/// the backward writes its gradient.
 #[derive(Clone)]
 pub struct TensorItem {
     pub name: Ident,
@@ -111,6 +112,7 @@ pub struct TensorItem {
     /// expression of integer literals.
     pub dims: Vec<syn::Expr>,
     pub ty: syn::Type,
+    pub grad: Option<Ident>,
 }
 
 impl Parse for TensorItem {
@@ -120,10 +122,25 @@ impl Parse for TensorItem {
         let inner;
         bracketed!(inner in input);
         let dims = Punctuated::<syn::Expr, Token![,]>::parse_terminated(&inner)?;
+        let ty = input.parse()?;
+        let grad = match input.peek(Ident) {
+            true => {
+                let word: Ident = input.parse()?;
+                if word != "grad" {
+                    return Err(syn::Error::new(
+                        word.span(),
+                        "after a tensor's type, only `grad` (the backward writes its gradient)",
+                    ));
+                }
+                Some(word)
+            }
+            false => None,
+        };
         Ok(TensorItem {
             name,
             dims: dims.into_iter().collect(),
-            ty: input.parse()?,
+            ty,
+            grad,
         })
     }
 }
@@ -170,12 +187,14 @@ impl Parse for Description {
             }
             body.parse::<Token![:]>()?;
             let value = match key.to_string().as_str() {
-                "score_mod" | "mask_mod" => Value::Closure(Box::new(body.parse().map_err(|e| {
-                    syn::Error::new(
-                        e.span(),
-                        format!("`{key}` is a closure, e.g. `|score, b, h, q, k| score * 0.5`"),
-                    )
-                })?)),
+                "score_mod" | "mask_mod" => {
+                    Value::Closure(Box::new(body.parse().map_err(|e| {
+                        syn::Error::new(
+                            e.span(),
+                            format!("`{key}` is a closure, e.g. `|score, b, h, q, k| score * 0.5`"),
+                        )
+                    })?))
+                }
                 "tensors" => {
                     let inner;
                     let brace = braced!(inner in body);

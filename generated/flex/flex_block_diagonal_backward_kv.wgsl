@@ -186,6 +186,13 @@ fn dropped(row: u32, h: u32, j: u32, p: f32) -> f32 {
     return p;
 }
 
+// dS with respect to the pre-cap score, from gf, that with respect to the score x (0 where
+// the pair is hidden); and the gradients every dS adds to, where this kernel writes them.
+fn score_grads(row: u32, h: u32, j: u32, dot: f32, x: vec2<f32>, gf: f32, v: bool) -> f32 {
+    let g = select(0.0, score_grad(x, gf), v);
+    return g;
+}
+
 fn stats_part(part: u32, row: u32, h: u32) -> u32 {
     return ((part * dims.batch + batch) * dims.seq_len + row) * dims.n_heads + h;
 }
@@ -408,13 +415,13 @@ fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {
         let v_0_0 = q_0 < dims.seq_len && col_0 < dims.seq_len && visible(q_0, h, col_0);
         let x_0_0 = scored(q_0, h, col_0, s_0_0);
         let p_0_0 = select(0.0, exp_f32(x_0_0.x - st_0.x), v_0_0);
-        let g_0_0 = select(0.0, score_grad(x_0_0, p_0_0 * (dropped(q_0, h, col_0, dp_0_0) - st_0.y)), v_0_0);
+        let g_0_0 = score_grads(q_0, h, col_0, s_0_0, x_0_0, p_0_0 * (dropped(q_0, h, col_0, dp_0_0) - st_0.y), v_0_0);
         sh_p[(g * TM + 0u) * PSTRIDE + tx + 0u * TX] = dropped(q_0, h, col_0, p_0_0);
         sh_ds[(g * TM + 0u) * PSTRIDE + tx + 0u * TX] = params.scale * g_0_0;
         let v_1_0 = q_0 < dims.seq_len && col_1 < dims.seq_len && visible(q_0, h, col_1);
         let x_1_0 = scored(q_0, h, col_1, s_1_0);
         let p_1_0 = select(0.0, exp_f32(x_1_0.x - st_0.x), v_1_0);
-        let g_1_0 = select(0.0, score_grad(x_1_0, p_1_0 * (dropped(q_0, h, col_1, dp_1_0) - st_0.y)), v_1_0);
+        let g_1_0 = score_grads(q_0, h, col_1, s_1_0, x_1_0, p_1_0 * (dropped(q_0, h, col_1, dp_1_0) - st_0.y), v_1_0);
         sh_p[(g * TM + 1u) * PSTRIDE + tx + 0u * TX] = dropped(q_0, h, col_1, p_1_0);
         sh_ds[(g * TM + 1u) * PSTRIDE + tx + 0u * TX] = params.scale * g_1_0;
         workgroupBarrier();

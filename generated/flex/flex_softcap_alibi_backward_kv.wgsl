@@ -143,12 +143,19 @@ fn d_score_mod(flex_s: f32, flex_row: u32, flex_h: u32, flex_j: u32) -> f32 {
     return (f32(5.0) * ((f32(1.0) - (tanh(((flex_s + (slopes[u32(i32(flex_h))] * f32((i32(flex_j) - i32(flex_row))))) / f32(5.0))) * tanh(((flex_s + (slopes[u32(i32(flex_h))] * f32((i32(flex_j) - i32(flex_row))))) / f32(5.0))))) * (f32(1.0) / f32(5.0))));
 }
 
+// The score before the description's score_mod, and its slope with respect to the
+// pre-cap score.
+fn pre_score(row: u32, h: u32, j: u32, dot: f32) -> vec2<f32> {
+    var x = dot * params.scale;
+    var s = vec2<f32>(x, 1.0);
+    return s;
+}
+
 // The score of query `row` (head h) against key j from the raw dot product q·k (scaled,
 // then biased, then capped), and its slope with respect to the pre-cap score, by which
 // a gradient with respect to the score becomes one with respect to the bias.
 fn scored(row: u32, h: u32, j: u32, dot: f32) -> vec2<f32> {
-    var x = dot * params.scale;
-    var s = vec2<f32>(x, 1.0);
+    var s = pre_score(row, h, j, dot);
     s = vec2<f32>(score_mod(s.x, row, h, j), d_score_mod(s.x, row, h, j) * s.y);
     return s;
 }
@@ -165,6 +172,13 @@ fn score_grad(s: vec2<f32>, g: f32) -> f32 {
 
 fn dropped(row: u32, h: u32, j: u32, p: f32) -> f32 {
     return p;
+}
+
+// dS with respect to the pre-cap score, from gf, that with respect to the score x (0 where
+// the pair is hidden); and the gradients every dS adds to, where this kernel writes them.
+fn score_grads(row: u32, h: u32, j: u32, dot: f32, x: vec2<f32>, gf: f32, v: bool) -> f32 {
+    let g = select(0.0, score_grad(x, gf), v);
+    return g;
 }
 
 fn stats_part(part: u32, row: u32, h: u32) -> u32 {
@@ -389,13 +403,13 @@ fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {
         let v_0_0 = q_0 < dims.seq_len && col_0 < dims.seq_len && visible(q_0, h, col_0);
         let x_0_0 = scored(q_0, h, col_0, s_0_0);
         let p_0_0 = select(0.0, exp_f32(x_0_0.x - st_0.x), v_0_0);
-        let g_0_0 = select(0.0, score_grad(x_0_0, p_0_0 * (dropped(q_0, h, col_0, dp_0_0) - st_0.y)), v_0_0);
+        let g_0_0 = score_grads(q_0, h, col_0, s_0_0, x_0_0, p_0_0 * (dropped(q_0, h, col_0, dp_0_0) - st_0.y), v_0_0);
         sh_p[(g * TM + 0u) * PSTRIDE + tx + 0u * TX] = dropped(q_0, h, col_0, p_0_0);
         sh_ds[(g * TM + 0u) * PSTRIDE + tx + 0u * TX] = params.scale * g_0_0;
         let v_1_0 = q_0 < dims.seq_len && col_1 < dims.seq_len && visible(q_0, h, col_1);
         let x_1_0 = scored(q_0, h, col_1, s_1_0);
         let p_1_0 = select(0.0, exp_f32(x_1_0.x - st_0.x), v_1_0);
-        let g_1_0 = select(0.0, score_grad(x_1_0, p_1_0 * (dropped(q_0, h, col_1, dp_1_0) - st_0.y)), v_1_0);
+        let g_1_0 = score_grads(q_0, h, col_1, s_1_0, x_1_0, p_1_0 * (dropped(q_0, h, col_1, dp_1_0) - st_0.y), v_1_0);
         sh_p[(g * TM + 1u) * PSTRIDE + tx + 0u * TX] = dropped(q_0, h, col_1, p_1_0);
         sh_ds[(g * TM + 1u) * PSTRIDE + tx + 0u * TX] = params.scale * g_1_0;
         workgroupBarrier();

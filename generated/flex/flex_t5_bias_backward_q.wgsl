@@ -41,6 +41,7 @@ var<private> batch: u32;
 @group(0) @binding(6) var<uniform> dims: Dims;
 @group(0) @binding(7) var<uniform> params: Params;
 @group(0) @binding(8) var<storage, read> rel_bias: array<f32>;
+@group(0) @binding(9) var<storage, read_write> drel_bias: array<atomic<u32>>;
 
 // The four chains of a vec4 dot product, summed pairwise.
 fn hsum(v: vec4<f32>) -> f32 {
@@ -165,12 +166,19 @@ fn next_key_tile(t0: u32, end: u32, q0: u32, q1: u32, h: u32, bc: u32) -> u32 {
     return t;
 }
 
+// The score before the description's score_mod, and its slope with respect to the
+// pre-cap score.
+fn pre_score(row: u32, h: u32, j: u32, dot: f32) -> vec2<f32> {
+    var x = dot * params.scale;
+    var s = vec2<f32>(x, 1.0);
+    return s;
+}
+
 // The score of query `row` (head h) against key j from the raw dot product q·k (scaled,
 // then biased, then capped), and its slope with respect to the pre-cap score, by which
 // a gradient with respect to the score becomes one with respect to the bias.
 fn scored(row: u32, h: u32, j: u32, dot: f32) -> vec2<f32> {
-    var x = dot * params.scale;
-    var s = vec2<f32>(x, 1.0);
+    var s = pre_score(row, h, j, dot);
     s = vec2<f32>(score_mod(s.x, row, h, j), d_score_mod(s.x, row, h, j) * s.y);
     return s;
 }
@@ -187,6 +195,41 @@ fn score_grad(s: vec2<f32>, g: f32) -> f32 {
 
 fn dropped(row: u32, h: u32, j: u32, p: f32) -> f32 {
     return p;
+}
+
+// f32 add on u32 words (see add_), returning the value added to.
+fn fetch_add_drel_bias(i: u32, x: f32) -> f32 {
+    var old = atomicLoad(&drel_bias[i]);
+    loop {
+        let r = atomicCompareExchangeWeak(&drel_bias[i], old, bitcast<u32>(bitcast<f32>(old) + x));
+        if (r.exchanged) {
+            break;
+        }
+        old = r.old_value;
+    }
+    return bitcast<f32>(old);
+}
+
+fn add_drel_bias(i: u32, x: f32) {
+    let old = fetch_add_drel_bias(i, x);
+    let e = two_sum_err4(vec4<f32>(old), vec4<f32>(x), vec4<f32>(old + x)).x;
+    fetch_add_drel_bias(arrayLength(&drel_bias) / 2u + i, e);
+}
+
+// dS into the gradients of the tensors declared `grad`, at each read of them.
+fn flex_grads(flex_row: u32, flex_h: u32, flex_j: u32, dot: f32, gf: f32) {
+    let flex_s = pre_score(flex_row, flex_h, flex_j, dot).x;
+    add_drel_bias((u32(i32(flex_h)) * 63u + u32((clamp((i32(flex_row) - i32(flex_j)), i32(-31), i32(31)) + i32(31)))), gf * f32(1.0));
+}
+
+// dS with respect to the pre-cap score, from gf, that with respect to the score x (0 where
+// the pair is hidden); and the gradients every dS adds to, where this kernel writes them.
+fn score_grads(row: u32, h: u32, j: u32, dot: f32, x: vec2<f32>, gf: f32, v: bool) -> f32 {
+    let g = select(0.0, score_grad(x, gf), v);
+    if (v) {
+        flex_grads(row, h, j, dot, gf);
+    }
+    return g;
 }
 
 fn stats_part(part: u32, row: u32, h: u32) -> u32 {
@@ -403,12 +446,12 @@ fn flash_backward_q(tile: u32, h: u32, tid: u32) {
         let v_0_0 = j_0 >= lo_0 && j_0 < hi_0 && select(key_visible(row_0, h, j_0), true, tile_full);
         let x_0_0 = scored(row_0, h, j_0, s_0_0);
         let p_0_0 = exp_f32(x_0_0.x - lse_0);
-        let g_0_0 = select(0.0, score_grad(x_0_0, p_0_0 * (dropped(row_0, h, j_0, dp_0_0) - delta_0)), v_0_0);
+        let g_0_0 = score_grads(row_0, h, j_0, s_0_0, x_0_0, p_0_0 * (dropped(row_0, h, j_0, dp_0_0) - delta_0), v_0_0);
         sh_ds[(g * TM + 0u) * PSTRIDE + tx + 0u * TX] = params.scale * g_0_0;
         let v_1_0 = j_0 >= lo_1 && j_0 < hi_1 && select(key_visible(row_1, h, j_0), true, tile_full);
         let x_1_0 = scored(row_1, h, j_0, s_1_0);
         let p_1_0 = exp_f32(x_1_0.x - lse_1);
-        let g_1_0 = select(0.0, score_grad(x_1_0, p_1_0 * (dropped(row_1, h, j_0, dp_1_0) - delta_1)), v_1_0);
+        let g_1_0 = score_grads(row_1, h, j_0, s_1_0, x_1_0, p_1_0 * (dropped(row_1, h, j_0, dp_1_0) - delta_1), v_1_0);
         sh_ds[(g * TM + 1u) * PSTRIDE + tx + 0u * TX] = params.scale * g_1_0;
         workgroupBarrier();
         // As in the forward: only blocks some row sees in part need the guard on dS == 0.

@@ -182,12 +182,19 @@ fn next_key_tile(t0: u32, end: u32, q0: u32, q1: u32, h: u32, bc: u32) -> u32 {
     return t;
 }
 
+// The score before the description's score_mod, and its slope with respect to the
+// pre-cap score.
+fn pre_score(row: u32, h: u32, j: u32, dot: f32) -> vec2<f32> {
+    var x = dot * params.scale;
+    var s = vec2<f32>(x, 1.0);
+    return s;
+}
+
 // The score of query `row` (head h) against key j from the raw dot product q·k (scaled,
 // then biased, then capped), and its slope with respect to the pre-cap score, by which
 // a gradient with respect to the score becomes one with respect to the bias.
 fn scored(row: u32, h: u32, j: u32, dot: f32) -> vec2<f32> {
-    var x = dot * params.scale;
-    var s = vec2<f32>(x, 1.0);
+    var s = pre_score(row, h, j, dot);
     s = vec2<f32>(score_mod(s.x, row, h, j), d_score_mod(s.x, row, h, j) * s.y);
     return s;
 }

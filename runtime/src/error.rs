@@ -123,6 +123,9 @@ pub enum InputError {
         if output == "dbias" {
             "; with a bias shared by the heads every schedule does: pass a bias per head \
              (`bias`) and sum its gradient over the heads, or turn `deterministic` off"
+        } else if !matches!(output.as_str(), "dq" | "dk" | "dv" | "dkv") {
+            "; every schedule adds the gradient of a modifier tensor declared `grad` by \
+             (compensated) atomics: drop `grad`, or turn `deterministic` off"
         } else {
             "; leave the schedule to the planner, which picks one that owns its outputs"
         }

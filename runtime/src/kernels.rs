@@ -520,16 +520,16 @@ impl BackwardKernels {
     /// naga-validated) now.
     pub fn compile(head_dim: u32, masks: Masks) -> Result<BackwardKernels, DslError> {
         use WriteMode::{Owned, ScratchFlush};
-        // The dQ kernels see every dS, so they write dBias.
+        // The dQ kernels see every dS, so they write dBias and the modifiers' gradients.
         let spec = |name: &str, op, writes: &[(&str, WriteMode)], source| KernelSpec {
             writes: writes
                 .iter()
                 .map(|(n, m)| (n.to_string(), *m))
                 .chain(
                     masks
-                        .dbias_mode()
-                        .filter(|_| op == Op::BackwardQ)
-                        .map(|m| ("dbias".to_string(), m)),
+                        .score_grad_writes()
+                        .into_iter()
+                        .filter(|_| op == Op::BackwardQ),
                 )
                 .collect(),
             source,

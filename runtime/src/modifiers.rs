@@ -52,7 +52,10 @@ impl<T: ?Sized> Copy for FlexOf<'_, T> {}
 impl<'a, T: ?Sized> FlexOf<'a, T> {
     /// The values given for tensor `name`.
     pub fn tensor(&self, name: &str) -> Option<&'a T> {
-        self.tensors.iter().find(|(n, _)| *n == name).map(|(_, t)| *t)
+        self.tensors
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, t)| *t)
     }
 
     /// Each declared tensor given once, nothing undeclared.
@@ -65,7 +68,9 @@ impl<'a, T: ?Sized> FlexOf<'a, T> {
         };
         for (n, (name, _)) in self.tensors.iter().enumerate() {
             if flex.tensor(name).is_none() {
-                return refuse(format!("tensor `{name}` is not declared by the kernel's `tensors`"));
+                return refuse(format!(
+                    "tensor `{name}` is not declared by the kernel's `tensors`"
+                ));
             }
             if self.tensors[..n].iter().any(|(m, _)| m == name) {
                 return refuse(format!("tensor `{name}` is given twice"));
@@ -263,7 +268,9 @@ fn upload_flex(
     let flex = f.modifiers.get();
     let mut out = Vec::new();
     for t in &flex.tensors {
-        let Some(values) = f.tensor(&t.name) else { continue };
+        let Some(values) = f.tensor(&t.name) else {
+            continue;
+        };
         let shape = flat_shape(t, values.len() as u64, batch, q_rows);
         let tensor = match t.ty {
             Ty::F32 => Tensor::from_f32(gpu, &shape, Scalar::F32, values)?,
@@ -303,13 +310,21 @@ impl<'a> DeviceModifiers<'a> {
             let flex = f.modifiers.get();
             f.check_names(&abi.name, &flex)?;
             for t in &flex.tensors {
-                let given = f.tensor(&t.name).expect("checked: every declared tensor is given");
+                let given = f
+                    .tensor(&t.name)
+                    .expect("checked: every declared tensor is given");
                 let scalar = match t.ty {
                     Ty::F32 => Scalar::F32,
                     _ => Scalar::U32,
                 };
                 let shape = t.shape(batch, n_heads, q_rows);
-                expect(given, &t.name, &shape, scalar, "as the kernel's `tensors` declare it")?;
+                expect(
+                    given,
+                    &t.name,
+                    &shape,
+                    scalar,
+                    "as the kernel's `tensors` declare it",
+                )?;
             }
         }
         for (name, t) in [("alibi", self.alibi), ("sinks", self.sinks)] {
@@ -575,7 +590,9 @@ fn validate_flex(
     let flex = f.modifiers.get();
     f.check_names(kernel, &flex)?;
     for t in &flex.tensors {
-        let values = f.tensor(&t.name).expect("checked: every declared tensor is given");
+        let values = f
+            .tensor(&t.name)
+            .expect("checked: every declared tensor is given");
         let want = t.len(batch, n_heads, q_rows);
         if values.len() as u64 != want {
             return Err(InputError::Flex {

@@ -146,6 +146,7 @@ fn every_schedule_matches_the_reference_and_the_others() {
                 (&data.o, &data.lse),
                 [&g.dq, &g.dk, &g.dv],
                 [&g.dbias, &g.dsinks],
+                &g.dflex,
             );
             assert!(
                 verdicts.iter().all(|(_, v)| v.pass()),
@@ -402,6 +403,7 @@ fn reference_matches_finite_differences_and_gpu_matches_reference() {
         (&data.o, &data.lse),
         [&g.dq, &g.dk, &g.dv],
         [&g.dbias, &g.dsinks],
+        &g.dflex,
     );
     assert!(verdicts.iter().all(|(_, v)| v.pass()), "{verdicts:?}");
 }
@@ -525,6 +527,7 @@ fn long_rows_keep_blocked_accuracy_in_every_schedule() {
             (&data.o, &data.lse),
             [&g.dq, &g.dk, &g.dv],
             [&g.dbias, &g.dsinks],
+            &g.dflex,
         );
         for (name, v) in &verdicts {
             assert!(

@@ -36,12 +36,18 @@ fn flex_expected() -> Vec<(String, String)> {
             ..Masks::default()
         };
         let n = ex.name.replace('-', "_");
-        let flash = |suffix: &str, op, c| KernelSpec::flash(&format!("flex_{n}_{suffix}"), op, 64, masks, c);
+        let flash = |suffix: &str, op, c| {
+            KernelSpec::flash(&format!("flex_{n}_{suffix}"), op, 64, masks, c)
+        };
         let mut kv = flash("backward_kv", Op::BackwardKv, configs::backward(64)[0]);
         kv.fit_target();
+        // The dQ half writes the gradients of the tensors declared `grad`.
+        let mut q = flash("backward_q", Op::BackwardQ, configs::backward(64)[0]);
+        q.writes.extend(masks.score_grad_writes());
+        q.fit_target();
         let specs = [
             flash("forward", Op::Forward, configs::forward(64)[0]),
-            flash("backward_q", Op::BackwardQ, configs::backward(64)[0]),
+            q,
             kv,
             KernelSpec::standard(&format!("flex_{n}_forward_rows"), Op::Forward, 64, masks),
         ];
@@ -54,7 +60,10 @@ fn flex_expected() -> Vec<(String, String)> {
         .map(|abi| (format!("{}.wgsl", abi.name), abi.wgsl.to_string()))
         .collect();
     let refs: Vec<&attn_dsl::KernelAbi> = abis.iter().collect();
-    files.push(("manifest.json".into(), attn_dsl::manifest::manifest_json(&refs)));
+    files.push((
+        "manifest.json".into(),
+        attn_dsl::manifest::manifest_json(&refs),
+    ));
     files
 }
 

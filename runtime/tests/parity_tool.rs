@@ -176,6 +176,7 @@ fn round_trip(name: &str, t: &Inputs, schedule: &str) -> Vec<String> {
             (&o, &lse),
             [&grads[0], &grads[1], &grads[2]],
             [&[], &[]],
+            &[],
         );
         let label = dir.file_name().unwrap().to_string_lossy().into_owned();
         assert!(
@@ -545,6 +546,7 @@ fn half_precision_inputs_give_outputs_in_their_type() {
             (&o, &lse),
             [&grads[0], &grads[1], &grads[2]],
             [&[], &[]],
+            &[],
             scalar,
         );
         assert!(
@@ -636,6 +638,7 @@ fn sinks_flag_matches_the_reference_and_writes_dsinks() {
         (&o, &lse),
         [&grads[0], &grads[1], &grads[2]],
         [&[], &dsinks],
+        &[],
     );
     assert_eq!(bwd.len(), 4, "{bwd:?}");
     assert!(bwd.iter().all(|(_, v)| v.pass()), "backward: {bwd:?}");
@@ -658,8 +661,15 @@ fn flex_presets_match_the_reference() {
     let rel_bias: Vec<f32> = (0..nh * 9).map(|i| 0.05 * (i % 7) as f32 - 0.1).collect();
     npy::write_f32(&dir.join("rel_bias.npy"), &[nh as u64, 9], &rel_bias).unwrap();
     let common = ["--q", &f("q.npy"), "--k", &f("k.npy"), "--v", &f("v.npy")];
-    let (do_path, out, tensor) = (f("do.npy"), f("out"), format!("rel_bias={}", f("rel_bias.npy")));
-    for (preset, tensors) in [("t5-bias:4", vec![tensor.as_str()]), ("window-sinks:8,2", vec![])] {
+    let (do_path, out, tensor) = (
+        f("do.npy"),
+        f("out"),
+        format!("rel_bias={}", f("rel_bias.npy")),
+    );
+    for (preset, tensors) in [
+        ("t5-bias:4", vec![tensor.as_str()]),
+        ("window-sinks:8,2", vec![]),
+    ] {
         let mut args = common.to_vec();
         args.extend(["--do", &do_path, "--flex", preset, "--out", &out]);
         for t in &tensors {
@@ -692,16 +702,34 @@ fn flex_presets_match_the_reference() {
         let out_dir = Path::new(&out);
         let (o, lse) = (read(out_dir, "o"), read(out_dir, "lse"));
         let fwd = judge_attention(&p, [&q, &k, &v], &o, Some(&lse));
-        assert!(fwd.iter().all(|(_, v)| v.pass()), "{preset} forward: {fwd:?}");
-        let grads = [read(out_dir, "dq"), read(out_dir, "dk"), read(out_dir, "dv")];
+        assert!(
+            fwd.iter().all(|(_, v)| v.pass()),
+            "{preset} forward: {fwd:?}"
+        );
+        let grads = [
+            read(out_dir, "dq"),
+            read(out_dir, "dk"),
+            read(out_dir, "dv"),
+        ];
+        // t5-bias's table is learnable: its gradient comes back as drel_bias.npy.
+        let dflex: Vec<(String, Vec<f32>)> = match tensors.is_empty() {
+            true => vec![],
+            false => vec![("drel_bias".into(), read(out_dir, "drel_bias"))],
+        };
         let bwd = judge_backward(
             &p,
             [&q, &k, &v, &d_o],
             (&o, &lse),
             [&grads[0], &grads[1], &grads[2]],
             [&[], &[]],
+            &dflex,
         );
-        assert!(bwd.iter().all(|(_, v)| v.pass()), "{preset} backward: {bwd:?}");
+        assert!(
+            bwd.iter().all(|(_, v)| v.pass()),
+            "{preset} backward: {bwd:?}"
+        );
+        let judged = bwd.iter().any(|(n, _)| *n == "drel_bias");
+        assert_eq!(judged, !tensors.is_empty(), "{preset}: {bwd:?}");
     }
     let mut missing = common.to_vec();
     missing.extend(["--flex", "t5-bias:4", "--out", &out]);

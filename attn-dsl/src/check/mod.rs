@@ -517,9 +517,9 @@ fn cannot_honour(op: Op, m: Modifier) -> Option<&'static str> {
         (Op::ToDtype | Op::FromDtype, _) => {
             Some("it converts values one by one; no query meets a key")
         }
-        (Op::DkvReduce, _) => Some(
-            "it sums the lanes of gradients in which the masks and modifiers are already applied",
-        ),
+        (Op::DkvReduce | Op::GradFold, _) => {
+            Some("it sums parts of gradients in which the masks and modifiers are already applied")
+        }
         (Op::Rope | Op::RopeBackward, _) => Some(
             "it rotates each row on its own and never compares a query with a key, so no \
              mask or score modifier applies",
@@ -608,7 +608,17 @@ fn check_source(spec: &KernelSpec) -> Result<(), DslError> {
 
 fn check_writes(spec: &KernelSpec) -> Result<(), DslError> {
     let tensors = signature::all_tensors(spec.op);
-    for (name, _) in &spec.writes {
+    let flex = spec.flex();
+    for (name, mode) in &spec.writes {
+        let grad_of = flex
+            .iter()
+            .flat_map(|f| &f.tensors)
+            .find(|t| t.grad_name().as_ref() == Some(name));
+        // A name of the op's own is the op's (the flex check refuses the clash).
+        if let Some(t) = grad_of.filter(|_| tensors.iter().all(|t| t.name != name)) {
+            check_flex_grad(spec, &t.name, name, *mode)?;
+            continue;
+        }
         match tensors.iter().find(|t| t.name == name) {
             None => {
                 return Err(DslError::spec(
@@ -675,6 +685,34 @@ fn check_dbias(spec: &KernelSpec) -> Result<(), DslError> {
         return Ok(());
     };
     Err(DslError::spec(Field::Write("dbias".into()), why))
+}
+
+/// The gradient `grad` of a modifier's tensor `tensor`: written by a backward kernel that
+/// sees every dS, by atomics (many pairs read one element).
+fn check_flex_grad(
+    spec: &KernelSpec,
+    tensor: &str,
+    grad: &str,
+    mode: WriteMode,
+) -> Result<(), DslError> {
+    let why = if !matches!(spec.op, Op::BackwardQ | Op::BackwardKv) {
+        format!(
+            "`{grad}` is the gradient of `{tensor}`: only a backward_q or backward_kv writes it"
+        )
+    } else if spec.op == Op::BackwardKv && spec.grid.flash.is_none() {
+        format!(
+            "the per-row backward_kv sums dS over queries without keeping it; write `{grad}` in \
+             the schedule's backward_q (or in a flash backward_kv)"
+        )
+    } else if mode != WriteMode::AtomicScatter {
+        format!(
+            "`{grad}` gathers the gradient of every (query, key) pair that reads an element of \
+             `{tensor}`, from many workgroups: write it `atomic`"
+        )
+    } else {
+        return Ok(());
+    };
+    Err(DslError::spec(Field::Write(grad.into()), why))
 }
 
 /// Schedules that exclude each other.

@@ -119,7 +119,6 @@ var<workgroup> sh_range: vec2<u32>;
         ("dots", dots),
         ("flush", flush.into()),
         ("scatter", scatter_lines.into()),
-        ("dbias", dbias_line(spec).into()),
     ]));
 }
 
@@ -156,8 +155,7 @@ const BACKWARD_ROW: Template = Template {
             let xj = scored(row, h, j, dot);
             let pj = exp_f32(xj.x - row_lse);
             // dS with respect to the pre-cap score: dBias, and dS/scale for dQ and dK.
-            let gj = score_grad(xj, pj * (dropped(row, h, j, dp) - delta));
-            $dbias
+            let gj = score_grads(row, h, j, dot, xj, pj * (dropped(row, h, j, dp) - delta), true);
             dsj = params.scale * gj;
             $flush
             $scatter
@@ -249,7 +247,7 @@ $dot
 $dp
 let x_s = scored(s, h, col, dot);
 p_s = exp_f32(x_s.x - stats[stats_part(0u, s, h)]);
-ds_s = params.scale * score_grad(x_s, p_s * (dropped(s, h, col, dp) - stats[stats_part(1u, s, h)]));
+ds_s = params.scale * score_grads(s, h, col, dot, x_s, p_s * (dropped(s, h, col, dp) - stats[stats_part(1u, s, h)]), true);
 p_s = dropped(s, h, col, p_s);
 "#,
 };
@@ -340,11 +338,3 @@ const BACKWARD_COL: Template = Template {
 
 "#,
 };
-
-/// Where the kernel writes dBias, the statement that stores it for key `j` of `row`.
-fn dbias_line(spec: &KernelSpec) -> &'static str {
-    match spec.write_mode("dbias") {
-        Some(_) => "store_dbias(row, h, j, gj);\n",
-        None => "",
-    }
-}

@@ -395,8 +395,7 @@ fn body(out: &mut Wgsl, spec: &crate::KernelSpec, t: &CoopTiling, keep: Phases) 
          let pr = rg * {FRAG}u + lane / 2u;\n    \
          let range = workgroupUniformLoad(&sh_range);\n    \
          let kt_end = (range.y + BC - 1u) / BC;\n{}    {}        let j0 = kt * BC;\n",
-        lp.pre,
-        lp.head
+        lp.pre, lp.head
     );
     if t.scaled {
         b.push_str("        let slot = kt % 2u;\n");

@@ -94,7 +94,7 @@ pub(super) fn kernel(out: &mut Wgsl, spec: &KernelSpec, t: &CoopTiling, keep: Ph
     }
     let mut elementwise = match kv {
         true => KV_ELEMENTWISE.plain(),
-        false => with_dbias(Q_ELEMENTWISE, spec.write_mode("dbias").is_some()),
+        false => Q_ELEMENTWISE.plain(),
     };
     if !keep.softmax {
         elementwise = Fragment {
@@ -399,9 +399,8 @@ const Q_ELEMENTWISE: Template = Template {
             let v = j >= lo && j < hi && key_visible(row, h, j);
             let x = scored(row, h, j, sh_s[r * SS + c]);
             let p = exp2((x.x - row_lse) * LOG2E);
-            let g = select(0.0, score_grad(x, p * (dropped(row, h, j, sh_dp[r * SS + c]) - delta)), v);
+            let g = score_grads(row, h, j, sh_s[r * SS + c], x, p * (dropped(row, h, j, sh_dp[r * SS + c]) - delta), v);
             sh_ds[r * PS + c] = f16(params.scale * g);
-            $dbias
         }
 "#,
 };
@@ -417,7 +416,7 @@ const KV_ELEMENTWISE: Template = Template {
             let v = q < dims.seq_len && col < dims.seq_len && visible(q, h, col);
             let x = scored(q, h, col, sh_s[r * SS + c]);
             let p = select(0.0, exp2((x.x - st.x) * LOG2E), v);
-            let g = select(0.0, score_grad(x, p * (dropped(q, h, col, sh_dp[r * SS + c]) - st.y)), v);
+            let g = score_grads(q, h, col, sh_s[r * SS + c], x, p * (dropped(q, h, col, sh_dp[r * SS + c]) - st.y), v);
             sh_p[r * PS + c] = f16(dropped(q, h, col, p));
             sh_ds[r * PS + c] = f16(params.scale * g);
         }
@@ -456,14 +455,4 @@ fn finish(b: &mut String, t: &CoopTiling, half: &Half, kv: bool, scattered: bool
         }
     }
     b.push_str("}\n\n");
-}
-
-/// The query-major elementwise step with the dBias store where the description writes one
-/// (the dQ half sees every dS, so it writes dBias).
-fn with_dbias(body: Template, dbias: bool) -> Fragment {
-    let store = match dbias {
-        true => "if (v) {\n    store_dbias(row, h, j, g);\n}\n",
-        false => "",
-    };
-    body.fill([("dbias", store.into())])
 }

@@ -85,17 +85,11 @@ pub(super) fn backward_q(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling) {
     }
     tile_key_range(out);
     let lp = super::tiles::KeyLoop::of(spec, true);
-    q_body(out, t, &lp, scatter_kv, spec.write_mode("dbias").is_some());
+    q_body(out, t, &lp, scatter_kv);
     super::flash::entry(out, spec, t, "flash_backward_q");
 }
 
-fn q_body(
-    out: &mut Wgsl,
-    t: &Tiling,
-    lp: &super::tiles::KeyLoop,
-    scatter_kv: bool,
-    dbias: bool,
-) {
+fn q_body(out: &mut Wgsl, t: &Tiling, lp: &super::tiles::KeyLoop, scatter_kv: bool) {
     let (tm, tn, dn) = (t.tm, t.tn, t.dn);
     let mut b = String::from(
         "fn flash_backward_q(tile: u32, h: u32, tid: u32) {\n    let kv_h = kv_head(h);\n    \
@@ -163,17 +157,10 @@ fn q_body(
             "        let v_{i}_{n} = j_{n} >= lo_{i} && j_{n} < hi_{i} && {}key_visible(row_{i}, h, j_{n}){};\n        \
              let x_{i}_{n} = scored(row_{i}, h, j_{n}, s_{i}_{n});\n        \
              let p_{i}_{n} = exp_f32(x_{i}_{n}.x - lse_{i});\n        \
-             let g_{i}_{n} = select(0.0, score_grad(x_{i}_{n}, p_{i}_{n} * (dropped(row_{i}, h, j_{n}, dp_{i}_{n}) - delta_{i})), v_{i}_{n});\n        \
+             let g_{i}_{n} = score_grads(row_{i}, h, j_{n}, s_{i}_{n}, x_{i}_{n}, p_{i}_{n} * (dropped(row_{i}, h, j_{n}, dp_{i}_{n}) - delta_{i}), v_{i}_{n});\n        \
              sh_ds[(g * TM + {i}u) * PSTRIDE + tx + {n}u * TX] = params.scale * g_{i}_{n};\n",
-            lp.full.0,
-            lp.full.1,
+            lp.full.0, lp.full.1,
         );
-        if dbias {
-            let _ = writeln!(
-                b,
-                "        if (v_{i}_{n}) {{\n            store_dbias(row_{i}, h, j_{n}, g_{i}_{n});\n        }}"
-            );
-        }
         if scatter_kv {
             let _ = writeln!(
                 b,
@@ -236,7 +223,7 @@ pub(super) fn backward_kv(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling) {
     if scatter {
         super::scatter::atomic_add(out, spec, "dq");
     }
-    kv_body(out, t, scatter, spec.write_mode("dbias").is_some());
+    kv_body(out, t, scatter);
     super::flash::entry(out, spec, t, "flash_backward_kv");
 }
 
@@ -272,7 +259,7 @@ fn put_stats(e: u32, x: vec2<f32>) {
 
 "#;
 
-fn kv_body(out: &mut Wgsl, t: &Tiling, scatter_dq: bool, dbias: bool) {
+fn kv_body(out: &mut Wgsl, t: &Tiling, scatter_dq: bool) {
     let (tm, tn, dn) = (t.tm, t.tn, t.dn);
     let mut b = String::from(
         "fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {\n    let g = tid / TX;\n    \
@@ -341,16 +328,10 @@ fn kv_body(out: &mut Wgsl, t: &Tiling, scatter_dq: bool, dbias: bool) {
             "        let v_{i}_{n} = q_{n} < dims.seq_len && col_{i} < dims.seq_len && visible(q_{n}, h, col_{i});\n        \
              let x_{i}_{n} = scored(q_{n}, h, col_{i}, s_{i}_{n});\n        \
              let p_{i}_{n} = select(0.0, exp_f32(x_{i}_{n}.x - st_{n}.x), v_{i}_{n});\n        \
-             let g_{i}_{n} = select(0.0, score_grad(x_{i}_{n}, p_{i}_{n} * (dropped(q_{n}, h, col_{i}, dp_{i}_{n}) - st_{n}.y)), v_{i}_{n});\n        \
+             let g_{i}_{n} = score_grads(q_{n}, h, col_{i}, s_{i}_{n}, x_{i}_{n}, p_{i}_{n} * (dropped(q_{n}, h, col_{i}, dp_{i}_{n}) - st_{n}.y), v_{i}_{n});\n        \
              sh_p[(g * TM + {i}u) * PSTRIDE + tx + {n}u * TX] = dropped(q_{n}, h, col_{i}, p_{i}_{n});\n        \
              sh_ds[(g * TM + {i}u) * PSTRIDE + tx + {n}u * TX] = params.scale * g_{i}_{n};\n"
         );
-        if dbias {
-            let _ = writeln!(
-                b,
-                "        if (v_{i}_{n}) {{\n            store_dbias(q_{n}, h, col_{i}, g_{i}_{n});\n        }}"
-            );
-        }
     }
     b.push_str("        workgroupBarrier();\n        if (range.z <= s0 && s0 + BC <= range.w) {\n");
     let pairs = [("dv", "sh_p", "sh_do"), ("dk", "sh_ds", "sh_q")];

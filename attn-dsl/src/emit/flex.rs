@@ -42,20 +42,84 @@ fn lower<S>(e: &Expr<S>, tensors: &[TensorDecl], sp: &Spelling) -> String {
             format!("{}({})", func.name(), args.join(", "))
         }
         Kind::Cast(a, ty) => format!("{}({})", ty.name(), go(a)),
-        Kind::Index(name, idx) => {
-            let decl = tensors.iter().find(|t| &t.name == name);
-            let dims = decl.map_or(&[][..], |d| &d.dims[..]);
-            let offset = idx.iter().zip(dims).fold(String::new(), |acc, (i, dim)| {
-                let i = format!("u32({})", go(i));
-                match acc.is_empty() {
-                    true => i,
-                    false => format!("({acc} * {} + {i})", dim_expr(*dim, sp.seq)),
-                }
-            });
-            format!("{name}[{offset}]")
-        }
+        Kind::Index(name, idx) => format!("{name}[{}]", offset(name, idx, tensors, sp)),
         Kind::Let(..) => unreachable!("lets are inlined before lowering"),
     }
+}
+
+/// The row-major offset of `name[idx]` (index expressions lowered with lets inlined).
+fn offset<S>(name: &str, idx: &[Expr<S>], tensors: &[TensorDecl], sp: &Spelling) -> String {
+    let decl = tensors.iter().find(|t| t.name == name);
+    let dims = decl.map_or(&[][..], |d| &d.dims[..]);
+    idx.iter().zip(dims).fold(String::new(), |acc, (i, dim)| {
+        let i = format!("u32({})", lower(i, tensors, sp));
+        match acc.is_empty() {
+            true => i,
+            false => format!("({acc} * {} + {i})", dim_expr(*dim, sp.seq)),
+        }
+    })
+}
+
+/// How a modifier's variables read in the functions this module writes: the score is
+/// `flex_s`, the position `pos` the query's.
+fn variable(name: &str, pos: &str) -> String {
+    match name {
+        "score" => "flex_s".to_string(),
+        "b" => "i32(batch)".to_string(),
+        "h" => "i32(flex_h)".to_string(),
+        "q" => format!("i32({pos})"),
+        "k" => "i32(flex_j)".to_string(),
+        other => other.to_string(),
+    }
+}
+
+const ARGS: &str = "flex_row: u32, flex_h: u32, flex_j: u32";
+
+/// `flex_grads(row, h, j, dot, gf)`: for every tensor declared `grad` that `spec` writes,
+/// `d<name>[index] += gf · d score_mod / d name[index]` at each read of it, by
+/// compensated atomics (`d<name>` binds the sum and its errors, which the runtime folds);
+/// `gf` is dS with respect to the modified score, the read's slope evaluated at the score
+/// before `score_mod` (`pre_score`). Returns whether it wrote any.
+pub(super) fn grad_functions(out: &mut Wgsl, spec: &crate::spec::KernelSpec, flex: &Flex) -> bool {
+    let Some(e) = &flex.score_mod else {
+        return false;
+    };
+    let written: Vec<(&TensorDecl, String)> = flex
+        .tensors
+        .iter()
+        .filter_map(|t| {
+            t.grad_name()
+                .filter(|g| spec.write_mode(g).is_some())
+                .map(|g| (t, g))
+        })
+        .collect();
+    if written.is_empty() {
+        return false;
+    }
+    let var = |name: &str| variable(name, "flex_row");
+    let sp = Spelling {
+        var: &var,
+        seq: "dims.seq_len",
+    };
+    let mut body = String::new();
+    for (t, grad) in &written {
+        super::scatter::compensated_add(out, spec, grad);
+        for read in derive::d_tensor(e, &t.name).expect("checked: the tensor differentiates") {
+            let _ = write!(
+                body,
+                "\n    add_{grad}({}, gf * {});",
+                offset(&t.name, &read.index, &flex.tensors, &sp),
+                wgsl(&read.slope, &flex.tensors, &sp)
+            );
+        }
+    }
+    let _ = write!(
+        out,
+        "// dS into the gradients of the tensors declared `grad`, at each read of them.\n\
+         fn flex_grads({ARGS}, dot: f32, gf: f32) {{\n    \
+         let flex_s = pre_score(flex_row, flex_h, flex_j, dot).x;{body}\n}}\n\n"
+    );
+    true
 }
 
 /// The WGSL functions of `flex`'s modifiers: `score_mod(score, row, h, j)` and its
@@ -66,16 +130,9 @@ pub(super) fn functions(out: &mut Wgsl, flex: &Flex, decode: bool) {
         true => ("cache_len() - 1u", "dims.capacity"),
         false => ("flex_row", "dims.seq_len"),
     };
-    let var = |name: &str| match name {
-        "score" => "flex_s".to_string(),
-        "b" => "i32(batch)".to_string(),
-        "h" => "i32(flex_h)".to_string(),
-        "q" => format!("i32({pos})"),
-        "k" => "i32(flex_j)".to_string(),
-        other => other.to_string(),
-    };
+    let var = |name: &str| variable(name, pos);
     let sp = Spelling { var: &var, seq };
-    let args = "flex_row: u32, flex_h: u32, flex_j: u32";
+    let args = ARGS;
     if let Some(e) = &flex.score_mod {
         let d = derive::d_score(e).expect("checked: the score modifier differentiates");
         let _ = write!(
@@ -187,7 +244,13 @@ mod tests {
                 ..Masks::default()
             };
             let mut specs = Vec::new();
-            for op in [Op::Forward, Op::Decode, Op::DecodeSplit, Op::BackwardQ, Op::BackwardKv] {
+            for op in [
+                Op::Forward,
+                Op::Decode,
+                Op::DecodeSplit,
+                Op::BackwardQ,
+                Op::BackwardKv,
+            ] {
                 let mut spec = KernelSpec::standard("flex", op, 64, masks);
                 if op == Op::DecodeSplit {
                     for (_, mode) in &mut spec.writes {
@@ -224,7 +287,11 @@ mod tests {
                 let abi = crate::compile(&spec).unwrap_or_else(|e| panic!("{what}: {e}"));
                 let names: Vec<&str> = abi.bindings.iter().map(|b| b.name.as_ref()).collect();
                 let declared: Vec<&str> = ex.flex.tensors.iter().map(|t| t.name.as_str()).collect();
-                assert_eq!(&names[names.len() - declared.len()..], &declared[..], "{what}");
+                assert_eq!(
+                    &names[names.len() - declared.len()..],
+                    &declared[..],
+                    "{what}"
+                );
                 for (f, on) in [
                     ("score_mod(", ex.flex.score_mod.is_some()),
                     ("mask_mod(", ex.flex.mask_mod.is_some()),

@@ -124,7 +124,11 @@ fn query_range(col: u32) -> vec2<u32> {{
 /// `mask_mod` where it has one.
 pub(super) fn key_visible(out: &mut Wgsl, spec: &KernelSpec) {
     let has_mask = spec.flex().is_some_and(|f| f.mask_mod.is_some());
-    let test = if has_mask { "mask_mod(row, h, j)" } else { "true" };
+    let test = if has_mask {
+        "mask_mod(row, h, j)"
+    } else {
+        "true"
+    };
     let _ = write!(
         out,
         "fn key_visible(row: u32, h: u32, j: u32) -> bool {{\n    return {test};\n}}\n\n"

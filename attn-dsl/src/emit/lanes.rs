@@ -55,6 +55,22 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups:
     );
 }
 
+/// `grad_fold`: a compensated sum, its sum and its errors added in that order, into the
+/// gradient, one element per step of a grid-stride loop.
+pub(super) fn fold(out: &mut Wgsl, spec: &KernelSpec) {
+    let _ = write!(
+        out,
+        r#"@compute @workgroup_size(WG)
+fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>, @builtin(local_invocation_index) tid: u32) {{
+    for (var i = wg.x * WG + tid; i < dims.len; i = i + groups.x * WG) {{
+        grad[i] = grad[i] + (pair[i] + pair[dims.len + i]);
+    }}
+}}
+"#,
+        name = spec.name
+    );
+}
+
 /// `to_dtype` and `from_dtype`: one vec4 per step of a grid-stride loop, through the
 /// dtype's codec (rounding to nearest even on the way in).
 pub(super) fn convert(out: &mut Wgsl, spec: &KernelSpec, to_dtype: bool) {

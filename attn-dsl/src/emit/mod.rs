@@ -56,7 +56,10 @@ pub fn emit_phases(spec: &KernelSpec, bindings: &[Binding], keep: coop::Phases) 
         decode_split::constants(&mut head, spec);
     } else if spec.op == Op::CacheAppend {
         cache::constants(&mut head, spec);
-    } else if matches!(spec.op, Op::DkvReduce | Op::ToDtype | Op::FromDtype) {
+    } else if matches!(
+        spec.op,
+        Op::DkvReduce | Op::ToDtype | Op::FromDtype | Op::GradFold
+    ) {
         lanes::constants(&mut head, spec);
     } else {
         constants(&mut head, spec);
@@ -135,6 +138,10 @@ fn emit_body(out: &mut Wgsl, spec: &KernelSpec, keep: coop::Phases) {
             sinks::grad(out, spec);
             return;
         }
+        Op::GradFold => {
+            lanes::fold(out, spec);
+            return;
+        }
     }
     match spec.op {
         Op::Forward => tile_entry(out, &spec.name, "attend_row"),
@@ -154,7 +161,8 @@ fn emit_body(out: &mut Wgsl, spec: &KernelSpec, keep: coop::Phases) {
         | Op::DkvReduce
         | Op::ToDtype
         | Op::FromDtype
-        | Op::SinkGrad => {}
+        | Op::SinkGrad
+        | Op::GradFold => {}
     }
 }
 

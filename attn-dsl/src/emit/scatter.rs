@@ -9,6 +9,49 @@ use std::fmt::Write;
 
 use crate::spec::{KernelSpec, Scatter};
 
+/// `add_<t>(i, x)` for a compensated sum in `t` = [sum, errors] (two halves): `x` added
+/// to the sum by atomics, and the add's rounding error (TwoSum on the value the atomic
+/// returns) to the errors, which a fold adds to the sum in the end. For a gradient of many
+/// terms per element in whatever order the workgroups run (a modifier tensor's): the sum
+/// then carries about double f32 precision, far inside the error of a pairwise f32 sum.
+pub(super) fn compensated_add(out: &mut Wgsl, spec: &KernelSpec, t: &str) {
+    out.need(&[super::numerics::Helper::TwoSumErr4]);
+    match spec.scatter {
+        Scatter::F32Atomic => {
+            let _ = write!(
+                out,
+                "fn fetch_add_{t}(i: u32, x: f32) -> f32 {{\n    return atomicAdd(&{t}[i], x);\n}}\n\n"
+            );
+        }
+        Scatter::Cas => {
+            let _ = write!(
+                out,
+                r#"// f32 add on u32 words (see add_), returning the value added to.
+fn fetch_add_{t}(i: u32, x: f32) -> f32 {{
+    var old = atomicLoad(&{t}[i]);
+    loop {{
+        let r = atomicCompareExchangeWeak(&{t}[i], old, bitcast<u32>(bitcast<f32>(old) + x));
+        if (r.exchanged) {{
+            break;
+        }}
+        old = r.old_value;
+    }}
+    return bitcast<f32>(old);
+}}
+
+"#
+            );
+        }
+    }
+    let _ = write!(
+        out,
+        "fn add_{t}(i: u32, x: f32) {{\n    \
+         let old = fetch_add_{t}(i, x);\n    \
+         let e = two_sum_err4(vec4<f32>(old), vec4<f32>(x), vec4<f32>(old + x)).x;\n    \
+         fetch_add_{t}(arrayLength(&{t}) / 2u + i, e);\n}}\n\n"
+    );
+}
+
 /// `add_<t>(i, x)`: `t[i] += x` from many workgroups at once, by `spec`'s scatter (native
 /// f32 atomics, or a compare-exchange loop on the f32 bits).
 pub(super) fn atomic_add(out: &mut Wgsl, spec: &KernelSpec, t: &str) {

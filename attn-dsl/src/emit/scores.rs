@@ -9,7 +9,7 @@ use super::numerics::Helper;
 use super::writer::Wgsl;
 use std::fmt::Write;
 
-use crate::spec::{BiasHeads, KernelSpec, WriteMode};
+use crate::spec::{BiasHeads, KernelSpec, Op, WriteMode};
 
 /// `score`, `score_grad`, `dropped` and what they need, for `spec`'s masks.
 pub(super) fn helpers(out: &mut Wgsl, spec: &KernelSpec) {
@@ -51,15 +51,26 @@ pub(super) fn helpers(out: &mut Wgsl, spec: &KernelSpec) {
         "    var s = vec2<f32>(x, 1.0);\n".to_string()
     };
     let flex = spec.flex();
+    let mut user = "";
     if let Some(flex) = &flex {
         super::flex::functions(out, flex, spec.op.is_decode());
         if flex.score_mod.is_some() {
-            // The user's modifier last, and the chain rule through it.
-            slope.push_str(
-                "    s = vec2<f32>(score_mod(s.x, row, h, j), d_score_mod(s.x, row, h, j) * s.y);\n",
+            // The user's modifier last, and the chain rule through it; what it is given is
+            // `pre_score`, where a tensor's gradient reads its slope.
+            let _ = write!(
+                out,
+                "// The score before the description's score_mod, and its slope with respect to the\n\
+                 // pre-cap score.\nfn pre_score(row: u32, h: u32, j: u32, dot: f32) -> vec2<f32> {{\n\
+                 {score}{slope}    return s;\n}}\n\n"
             );
+            (score, slope) = (
+                String::new(),
+                "    var s = pre_score(row, h, j, dot);\n".to_string(),
+            );
+            user = "    s = vec2<f32>(score_mod(s.x, row, h, j), d_score_mod(s.x, row, h, j) * s.y);\n";
         }
     }
+    slope.push_str(user);
     slope.push_str("    return s;\n");
     let _ = write!(
         out,
@@ -75,6 +86,33 @@ pub(super) fn helpers(out: &mut Wgsl, spec: &KernelSpec) {
     if let Some(mode) = spec.write_mode("dbias") {
         dbias_store(out, spec, mode);
     }
+    if matches!(spec.op, Op::BackwardQ | Op::BackwardKv) {
+        score_grads(out, spec, flex.as_ref());
+    }
+}
+
+/// `score_grads(row, h, j, dot, x, gf, v)`: dS with respect to the pre-cap score (zero
+/// where the pair is hidden) from `gf`, that with respect to the score `x = scored(..)`;
+/// and, where this kernel writes them, the gradients every dS adds to: dBias and the
+/// tensors a score modifier declares `grad`. Every backward schedule takes this one step.
+fn score_grads(out: &mut Wgsl, spec: &KernelSpec, flex: Option<&crate::flex::Flex>) {
+    let mut stores = String::new();
+    if spec.write_mode("dbias").is_some() {
+        stores.push_str("        store_dbias(row, h, j, g);\n");
+    }
+    if flex.is_some_and(|f| super::flex::grad_functions(out, spec, f)) {
+        stores.push_str("        flex_grads(row, h, j, dot, gf);\n");
+    }
+    if !stores.is_empty() {
+        stores = format!("    if (v) {{\n{stores}    }}\n");
+    }
+    let _ = write!(
+        out,
+        "// dS with respect to the pre-cap score, from gf, that with respect to the score x (0 where\n\
+         // the pair is hidden); and the gradients every dS adds to, where this kernel writes them.\n\
+         fn score_grads(row: u32, h: u32, j: u32, dot: f32, x: vec2<f32>, gf: f32, v: bool) -> f32 {{\n    \
+         let g = select(0.0, score_grad(x, gf), v);\n{stores}    return g;\n}}\n\n"
+    );
 }
 
 /// `dropped(row, h, j, p)`: P after dropout.

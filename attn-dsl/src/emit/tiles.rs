@@ -93,11 +93,16 @@ impl Lower {
             // One side unknown: the known side still decides one way.
             (And, Iv::Bool(t, _), _) | (And, _, Iv::Bool(t, _)) => self.bool(t, "true".into()),
             (Or, Iv::Bool(_, f), _) | (Or, _, Iv::Bool(_, f)) => self.bool("true".into(), f),
-            (Add, Iv::Int(a, b), Iv::Int(c, d)) => self.int(format!("{a} + {c}"), format!("{b} + {d}")),
-            (Sub, Iv::Int(a, b), Iv::Int(c, d)) => self.int(format!("{a} - {d}"), format!("{b} - {c}")),
+            (Add, Iv::Int(a, b), Iv::Int(c, d)) => {
+                self.int(format!("{a} + {c}"), format!("{b} + {d}"))
+            }
+            (Sub, Iv::Int(a, b), Iv::Int(c, d)) => {
+                self.int(format!("{a} - {d}"), format!("{b} - {c}"))
+            }
             (Mul, Iv::Int(a, b), Iv::Int(c, d)) => {
                 let p = [(&a, &c), (&a, &d), (&b, &c), (&b, &d)].map(|(x, y)| format!("{x} * {y}"));
-                let fold = |f: &str| format!("{f}({f}({}, {}), {f}({}, {}))", p[0], p[1], p[2], p[3]);
+                let fold =
+                    |f: &str| format!("{f}({f}({}, {}), {f}({}, {}))", p[0], p[1], p[2], p[3]);
                 self.int(fold("min"), fold("max"))
             }
             // Truncating division by a constant is monotone in the dividend.

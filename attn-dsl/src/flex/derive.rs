@@ -1,6 +1,8 @@
 //! d(score_mod)/d(score), symbolically: the chain rule over the expression, piecewise
 //! through `select`, `min`, `max`, `abs` and `clamp` (the branch the value takes), zero
-//! for whatever does not mention the score. The backward multiplies dS by it.
+//! for whatever does not mention the score. The backward multiplies dS by it. The same
+//! rule, with respect to each read of a tensor declared `grad`, gives that tensor's
+//! gradient ([`d_tensor`]).
 
 use super::typing::FlexError;
 use super::{BinOp, Expr, Func, Kind, Lit};
@@ -8,15 +10,52 @@ use super::{BinOp, Expr, Func, Kind, Lit};
 /// The derivative of `e` (lets inlined first) with respect to `score`; an error at a
 /// node the derivative cannot pass (a cast of something that depends on the score).
 pub fn d_score<S: Clone>(e: &Expr<S>) -> Result<Expr<S>, FlexError<S>> {
-    d(&e.inlined())
+    d(&e.inlined(), "score")
 }
 
-fn d<S: Clone>(e: &Expr<S>) -> Result<Expr<S>, FlexError<S>> {
+/// One read of a tensor in a score modifier: where it reads (one index per dimension) and
+/// d score_mod / d (the value read), lets inlined.
+#[derive(Clone, Debug)]
+pub struct Read<S> {
+    pub index: Vec<Expr<S>>,
+    pub slope: Expr<S>,
+}
+
+/// The gradient of `e` with respect to tensor `name`, one [`Read`] per place the
+/// expression reads it: a backward adds `dS · slope` into `d<name>[index]` for each. An
+/// error where a read of it sits where the chain rule cannot pass (inside an index or a
+/// cast).
+pub fn d_tensor<S: Clone>(e: &Expr<S>, name: &str) -> Result<Vec<Read<S>>, FlexError<S>> {
+    let e = e.inlined();
+    let mut reads = Vec::new();
+    e.visit(&mut |node| {
+        if let Kind::Index(t, index) = &node.kind
+            && t == name
+        {
+            reads.push(index.clone());
+        }
+    });
+    reads
+        .into_iter()
+        .enumerate()
+        .map(|(n, index)| {
+            // The n-th read as a variable of its own, differentiated, then read again.
+            let var = format!("{name}#{n}");
+            let marked = e.marking(name, n, &var);
+            let read = Expr::new(Kind::Index(name.into(), index.clone()), marked.at.clone());
+            let slope = d(&marked, &var)?.substituted(&var, &read);
+            Ok(Read { index, slope })
+        })
+        .collect()
+}
+
+fn d<S: Clone>(e: &Expr<S>, wrt: &str) -> Result<Expr<S>, FlexError<S>> {
     let at = e.at.clone();
     let b = Build { at: at.clone() };
-    if !e.mentions("score") {
+    if !e.mentions(wrt) {
         return Ok(b.float(0.0));
     }
+    let d = |e: &Expr<S>| d(e, wrt);
     Ok(match &e.kind {
         Kind::Var(_) => b.float(1.0),
         Kind::Neg(a) => b.neg(d(a)?),
@@ -37,13 +76,18 @@ fn d<S: Clone>(e: &Expr<S>) -> Result<Expr<S>, FlexError<S>> {
                 b.bin(BinOp::Mul, (**r).clone(), (**r).clone()),
             ),
         ),
-        Kind::Call(func, args) => call(&b, *func, args)?,
+        Kind::Call(func, args) => call(&b, *func, args, wrt)?,
         Kind::Cast(..) | Kind::Index(..) | Kind::Bin(..) | Kind::Not(_) => {
+            let what = match wrt.split_once('#') {
+                Some((tensor, _)) => format!("a read of `{tensor}`, declared `grad`"),
+                None => format!("`{wrt}`"),
+            };
             return Err(FlexError {
                 at,
-                message: "the backward cannot differentiate this with respect to `score`: keep \
-                          the score out of casts, indices and conditions other than select's"
-                    .into(),
+                message: format!(
+                    "the backward cannot differentiate this with respect to {what}: keep it \
+                     out of casts, indices and conditions other than select's"
+                ),
             });
         }
         Kind::Lit(_) | Kind::Let(..) => {
@@ -52,9 +96,14 @@ fn d<S: Clone>(e: &Expr<S>) -> Result<Expr<S>, FlexError<S>> {
     })
 }
 
-fn call<S: Clone>(b: &Build<S>, func: Func, args: &[Expr<S>]) -> Result<Expr<S>, FlexError<S>> {
+fn call<S: Clone>(
+    b: &Build<S>,
+    func: Func,
+    args: &[Expr<S>],
+    wrt: &str,
+) -> Result<Expr<S>, FlexError<S>> {
     let arg = |i: usize| args[i].clone();
-    let da = |i: usize| d(&args[i]);
+    let da = |i: usize| d(&args[i], wrt);
     Ok(match func {
         Func::Exp => b.bin(BinOp::Mul, b.call(Func::Exp, vec![arg(0)]), da(0)?),
         Func::Log => b.bin(BinOp::Div, da(0)?, arg(0)),

@@ -35,8 +35,8 @@ pub mod build {
     }
 }
 
-use build::*;
 use BinOp::*;
+use build::*;
 
 /// A declared tensor.
 pub fn tensor(name: &str, dims: &[Dim], ty: Ty) -> TensorDecl {
@@ -44,6 +44,7 @@ pub fn tensor(name: &str, dims: &[Dim], ty: Ty) -> TensorDecl {
         name: name.into(),
         dims: dims.to_vec(),
         ty,
+        grad: false,
     }
 }
 
@@ -130,11 +131,26 @@ pub struct Example {
 
 /// The presets by name, each with its parameters' meaning and defaults.
 pub const PRESETS: &[(&str, &str)] = &[
-    ("t5-bias", "t5-bias[:R]: causal, T5 bias rel_bias [heads, 2R+1] f32 over distances clamped at R (31)"),
-    ("prefix-lm", "prefix-lm: causal, and each sequence's first prefix[b] keys (prefix [batch] u32)"),
-    ("window-sinks", "window-sinks[:W,S]: causal window of W keys and the first S keys (24, 4)"),
-    ("softcap-alibi", "softcap-alibi[:C]: ALiBi (slopes [heads] f32), then C·tanh(score / C) (5)"),
-    ("block-diagonal", "block-diagonal[:N]: blocks of N positions see only themselves (16)"),
+    (
+        "t5-bias",
+        "t5-bias[:R]: causal, T5 bias rel_bias [heads, 2R+1] f32 over distances clamped at R (31), learnable (drel_bias)",
+    ),
+    (
+        "prefix-lm",
+        "prefix-lm: causal, and each sequence's first prefix[b] keys (prefix [batch] u32)",
+    ),
+    (
+        "window-sinks",
+        "window-sinks[:W,S]: causal window of W keys and the first S keys (24, 4)",
+    ),
+    (
+        "softcap-alibi",
+        "softcap-alibi[:C]: ALiBi (slopes [heads] f32), then C·tanh(score / C) (5)",
+    ),
+    (
+        "block-diagonal",
+        "block-diagonal[:N]: blocks of N positions see only themselves (16)",
+    ),
 ];
 
 /// The preset `spec` (`name` or `name:p1,p2`), its parameters defaulted.
@@ -143,12 +159,18 @@ pub fn preset(spec: &str) -> Result<Flex, String> {
     let params: Vec<i64> = params
         .split(',')
         .filter(|p| !p.is_empty())
-        .map(|p| p.trim().parse().map_err(|_| format!("preset `{name}`: `{p}` is not a whole number")))
+        .map(|p| {
+            p.trim()
+                .parse()
+                .map_err(|_| format!("preset `{name}`: `{p}` is not a whole number"))
+        })
         .collect::<Result<_, _>>()?;
     let at = |i: usize, default: i64| params.get(i).copied().unwrap_or(default);
     let positive = |x: i64, what: &str| match x > 0 && x < 1 << 24 {
         true => Ok(x),
-        false => Err(format!("preset `{name}`: {what} {x} must be from 1 to 2^24")),
+        false => Err(format!(
+            "preset `{name}`: {what} {x} must be from 1 to 2^24"
+        )),
     };
     let heads = |name: &str| tensor(name, &[Dim::Heads], Ty::F32);
     let usage = PRESETS.iter().find(|(n, _)| *n == name).map(|(_, u)| *u);
@@ -159,10 +181,16 @@ pub fn preset(spec: &str) -> Result<Flex, String> {
     };
     let Some(usage) = usage else {
         let names: Vec<&str> = PRESETS.iter().map(|(n, _)| *n).collect();
-        return Err(format!("unknown preset `{name}`; expected one of {}", names.join(", ")));
+        return Err(format!(
+            "unknown preset `{name}`; expected one of {}",
+            names.join(", ")
+        ));
     };
     if params.len() > most {
-        return Err(format!("preset {usage}: {} parameter(s) given", params.len()));
+        return Err(format!(
+            "preset {usage}: {} parameter(s) given",
+            params.len()
+        ));
     }
     Ok(match name {
         "t5-bias" => {
@@ -170,7 +198,14 @@ pub fn preset(spec: &str) -> Result<Flex, String> {
             Flex {
                 score_mod: Some(relative_bias("rel_bias", r)),
                 mask_mod: Some(causal()),
-                tensors: vec![tensor("rel_bias", &[Dim::Heads, Dim::Const(2 * r as u32 + 1)], Ty::F32)],
+                tensors: vec![
+                    tensor(
+                        "rel_bias",
+                        &[Dim::Heads, Dim::Const(2 * r as u32 + 1)],
+                        Ty::F32,
+                    )
+                    .learnable(),
+                ],
             }
         }
         "prefix-lm" => Flex {
@@ -180,11 +215,18 @@ pub fn preset(spec: &str) -> Result<Flex, String> {
         },
         "window-sinks" => Flex {
             score_mod: None,
-            mask_mod: Some(window_with_sinks(positive(at(0, 24), "W")?, at(1, 4).max(0))),
+            mask_mod: Some(window_with_sinks(
+                positive(at(0, 24), "W")?,
+                at(1, 4).max(0),
+            )),
             tensors: vec![],
         },
         "softcap-alibi" => Flex {
-            score_mod: Some(let_("s", alibi("slopes"), softcap_of(v("s"), positive(at(0, 5), "C")? as f64))),
+            score_mod: Some(let_(
+                "s",
+                alibi("slopes"),
+                softcap_of(v("s"), positive(at(0, 5), "C")? as f64),
+            )),
             mask_mod: None,
             tensors: vec![heads("slopes")],
         },

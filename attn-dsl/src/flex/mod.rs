@@ -181,6 +181,11 @@ pub struct TensorDecl {
     pub name: String,
     pub dims: Vec<Dim>,
     pub ty: Ty,
+    /// Declared `grad`: the backward writes its gradient, `d<name>` of the same shape
+    /// (learnable, like a T5 relative bias). Left out of the JSON when off, so that a
+    /// description without it keeps its canonical text.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub grad: bool,
 }
 
 /// A dimension of a declared tensor: a constant or one of the problem's sizes.
@@ -220,7 +225,7 @@ impl<S: Clone> Expr<S> {
     }
 
     /// Every free occurrence of `name` replaced by `value` (lets already inlined).
-    fn substituted(&self, name: &str, value: &Expr<S>) -> Expr<S> {
+    pub(crate) fn substituted(&self, name: &str, value: &Expr<S>) -> Expr<S> {
         match &self.kind {
             Kind::Var(v) if v == name => value.clone(),
             _ => self.map_children(|e| e.substituted(name, value)),
@@ -241,6 +246,52 @@ impl<S: Clone> Expr<S> {
             Kind::Let(n, v, body) => Kind::Let(n.clone(), b(v), b(body)),
         };
         Expr::new(kind, self.at.clone())
+    }
+
+    /// `f` on every node, parents before children, left to right.
+    pub fn visit(&self, f: &mut impl FnMut(&Expr<S>)) {
+        f(self);
+        match &self.kind {
+            Kind::Lit(_) | Kind::Var(_) => {}
+            Kind::Neg(a) | Kind::Not(a) | Kind::Cast(a, _) => a.visit(f),
+            Kind::Bin(_, l, r) => {
+                l.visit(f);
+                r.visit(f);
+            }
+            Kind::Call(_, args) | Kind::Index(_, args) => args.iter().for_each(|a| a.visit(f)),
+            Kind::Let(_, v, body) => {
+                v.visit(f);
+                body.visit(f);
+            }
+        }
+    }
+
+    /// The tree with the `n`-th read of tensor `name` (in [`Expr::visit`]'s order) replaced
+    /// by the variable `var`.
+    pub(crate) fn marking(&self, name: &str, n: usize, var: &str) -> Expr<S> {
+        let mut seen = 0;
+        self.marking_from(name, n, var, &mut seen)
+    }
+
+    fn marking_from(&self, name: &str, n: usize, var: &str, seen: &mut usize) -> Expr<S> {
+        if let Kind::Index(t, _) = &self.kind
+            && t == name
+        {
+            *seen += 1;
+            if *seen == n + 1 {
+                return Expr::new(Kind::Var(var.into()), self.at.clone());
+            }
+        }
+        // Children in visit order: a node's own read counts before those in its indices.
+        let seen = std::cell::RefCell::new(seen);
+        self.map_children(|c| c.marking_from(name, n, var, &mut seen.borrow_mut()))
+    }
+
+    /// Whether the tree reads tensor `name`.
+    pub fn mentions_tensor(&self, name: &str) -> bool {
+        let mut found = false;
+        self.visit(&mut |e| found |= matches!(&e.kind, Kind::Index(t, _) if t == name));
+        found
     }
 
     /// Whether `name` occurs in the tree.
@@ -272,16 +323,19 @@ pub(crate) mod tests {
                 name: "slopes".into(),
                 dims: vec![Dim::Heads],
                 ty: Ty::F32,
+                grad: false,
             },
             TensorDecl {
                 name: "rel_bias".into(),
                 dims: vec![Dim::Heads, Dim::Const(255)],
                 ty: Ty::F32,
+                grad: true,
             },
             TensorDecl {
                 name: "prefix".into(),
                 dims: vec![Dim::Batch],
                 ty: Ty::I32,
+                grad: false,
             },
         ]
     }
@@ -469,6 +523,113 @@ pub(crate) mod tests {
                 );
             }
         }
+    }
+
+    /// `Data` with one element of one tensor moved by `by`.
+    struct Nudged<'a> {
+        name: &'a str,
+        at: Vec<i64>,
+        by: f64,
+    }
+    impl Tensors for Nudged<'_> {
+        fn read(&self, name: &str, at: &[i64]) -> Option<Value> {
+            match Data.read(name, at)? {
+                Value::F(x) if name == self.name && at == &self.at[..] => {
+                    Some(Value::F(x + self.by))
+                }
+                v => Some(v),
+            }
+        }
+    }
+
+    /// d score_mod / d tensor[e], summed over the reads that land on element e, agrees
+    /// with central differences in that element, for every example that reads a tensor,
+    /// and for an expression that reads one table twice.
+    #[test]
+    fn the_tensor_gradient_matches_finite_differences() {
+        use BinOp::*;
+        let mut cases = score_mods();
+        cases.push((
+            "two reads",
+            bin(
+                Mul,
+                idx("rel_bias", vec![v("h"), i(3)]),
+                call(
+                    Func::Tanh,
+                    vec![bin(
+                        Add,
+                        v("score"),
+                        idx("rel_bias", vec![v("h"), bin(Add, v("k"), i(1))]),
+                    )],
+                ),
+            ),
+        ));
+        let mut checked = 0;
+        for (name, e) in cases {
+            for tensor in ["rel_bias", "slopes"] {
+                let reads = derive::d_tensor(&e, tensor).unwrap();
+                for (s, q, k) in [(-0.7, 5, 2), (1.3, 9, 2), (0.2, 30, 12)] {
+                    let vars = [1, 2, q, k];
+                    let ints =
+                        |e: &Expr| match eval(e, &mut Env::new(Some(s), vars, &Data)).unwrap() {
+                            Value::I(x) => i64::from(x),
+                            Value::U(x) => i64::from(x),
+                            v => panic!("{v:?}"),
+                        };
+                    let float =
+                        |e: &Expr, t: &dyn Tensors| match eval(e, &mut Env::new(Some(s), vars, t))
+                            .unwrap()
+                        {
+                            Value::F(x) => x,
+                            v => panic!("{v:?}"),
+                        };
+                    let places: Vec<Vec<i64>> = reads
+                        .iter()
+                        .map(|r| r.index.iter().map(ints).collect())
+                        .collect();
+                    for at in &places {
+                        let got: f64 = reads
+                            .iter()
+                            .zip(&places)
+                            .filter(|(_, p)| *p == at)
+                            .map(|(r, _)| float(&r.slope, &Data))
+                            .sum();
+                        let h = 1e-6;
+                        let nudged = |by| Nudged {
+                            name: tensor,
+                            at: at.clone(),
+                            by,
+                        };
+                        let fd = (float(&e, &nudged(h)) - float(&e, &nudged(-h))) / (2.0 * h);
+                        assert!(
+                            (got - fd).abs() <= 1e-6 * (1.0 + fd.abs()),
+                            "{name} d{tensor}{at:?}: {got} vs {fd}"
+                        );
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        // t5, alibi, softcap over alibi, two reads (twice) at three points each.
+        assert_eq!(checked, 3 * 5, "reads checked");
+    }
+
+    #[test]
+    fn a_read_inside_an_index_does_not_differentiate() {
+        let e = bin(
+            BinOp::Add,
+            v("score"),
+            idx(
+                "rel_bias",
+                vec![v("h"), cast(idx("rel_bias", vec![v("h"), i(0)]), Ty::I32)],
+            ),
+        );
+        let err = derive::d_tensor(&e, "rel_bias").unwrap_err();
+        assert!(
+            err.message.contains("a read of `rel_bias`"),
+            "{}",
+            err.message
+        );
     }
 
     #[test]

@@ -126,7 +126,18 @@ impl TensorDecl {
                 Dim::Seq => "seq".into(),
             })
             .collect();
-        format!("[{}] {}", dims.join(", "), self.ty.name())
+        let grad = if self.grad { " grad" } else { "" };
+        format!("[{}] {}{grad}", dims.join(", "), self.ty.name())
+    }
+
+    /// The name of its gradient, a backward's output, where declared `grad`.
+    pub fn grad_name(&self) -> Option<String> {
+        self.grad.then(|| format!("d{}", self.name))
+    }
+
+    /// The same tensor declared `grad`.
+    pub fn learnable(self) -> TensorDecl {
+        TensorDecl { grad: true, ..self }
     }
 
     /// The tensor element types a description may declare: WGSL storage of f32 or u32

@@ -45,7 +45,8 @@ pub fn workgroup_bytes(spec: &KernelSpec) -> u32 {
         | Op::CacheAppend
         | Op::DkvReduce
         | Op::ToDtype
-        | Op::FromDtype => 0,
+        | Op::FromDtype
+        | Op::GradFold => 0,
         Op::DecodeSplit | Op::DecodeReduce => decode::workgroup_bytes(spec),
         Op::LayernormLinear
         | Op::LayernormLinearBackward
@@ -65,7 +66,7 @@ impl KernelSpec {
             .iter()
             .filter(|t| t.role != Role::Uniform)
             .count() as u32
-            + self.flex().map_or(0, |f| f.tensors.len() as u32);
+            + self.flex_buffers();
         let base = Limits::WEBGPU;
         if bytes > base.workgroup_storage_bytes
             || storage > base.storage_buffers_per_stage

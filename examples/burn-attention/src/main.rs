@@ -323,6 +323,7 @@ impl Ours {
                 dv: t.get("dv"),
                 dbias: None,
                 dsinks: None,
+                flex_grads: &[],
                 seg: None,
                 scale: None,
                 mods: Default::default(),

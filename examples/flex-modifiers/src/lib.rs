@@ -6,14 +6,14 @@ use attn_macros::attention_kernel;
 use runtime::{Backward, BackwardInput, BlockOn, ForwardInput, Gpu, Heads, Kernel, Modifiers};
 
 attention_kernel! {
-    /// T5's relative-position bias (a learned table per head, clamped at ±32 positions)
-    /// over a prefix-LM mask: each query sees the keys before it and its sequence's first
-    /// `prefix[b]` keys.
+    /// T5's relative-position bias (a learned table per head, clamped at ±32 positions:
+    /// `grad`, so the backward returns its gradient, `drel_bias`) over a prefix-LM mask:
+    /// each query sees the keys before it and its sequence's first `prefix[b]` keys.
     pub t5_prefix_lm {
         op: forward,
         grid: s_major(flash),
         head_dim: 64,
-        tensors: { rel_bias: [heads, 2 * 32 + 1] f32, prefix: [batch] u32 },
+        tensors: { rel_bias: [heads, 2 * 32 + 1] f32 grad, prefix: [batch] u32 },
         score_mod: |score, _b, h, q, k| score + rel_bias[h][clamp(q - k, -32, 32) + 32],
         mask_mod: |b, _h, q, k| k <= q || k < prefix[b] as i32,
         writes: { o: owned, lse: owned },
@@ -34,10 +34,12 @@ attention_kernel! {
 }
 
 /// The same modifiers in plain Rust, for the CPU: the score and its derivative with
-/// respect to the score, and the mask, each of (b, h, q, k).
+/// respect to the score, and the mask, each of (b, h, q, k); with a learnable table, its
+/// length and the element a pair's score adds (with slope 1).
 pub struct CpuModifiers<'a> {
     pub score: Box<dyn Fn(f64, usize, usize, usize, usize) -> (f64, f64) + 'a>,
     pub visible: Box<dyn Fn(usize, usize, usize, usize) -> bool + 'a>,
+    pub table: Option<(usize, Box<dyn Fn(usize, usize, usize, usize) -> usize + 'a>)>,
 }
 
 /// The T5 table and prefix lengths of `t5_prefix_lm`, as CPU modifiers.
@@ -48,6 +50,10 @@ pub fn t5_prefix_lm_cpu<'a>(rel_bias: &'a [f32], prefix: &'a [f32]) -> CpuModifi
             (s + f64::from(rel_bias[h * 65 + d as usize]), 1.0)
         }),
         visible: Box::new(move |b, _h, q, k| k <= q || (k as f32) < prefix[b]),
+        table: Some((
+            rel_bias.len(),
+            Box::new(|_b, h, q, k| h * 65 + ((q as i64 - k as i64).clamp(-32, 32) + 32) as usize),
+        )),
     }
 }
 
@@ -58,6 +64,7 @@ pub fn capped_window_sinks_cpu() -> CpuModifiers<'static> {
             (20.0 * t, 1.0 - t * t)
         }),
         visible: Box::new(|_, _, q, k| k <= q && (q - k < 16 || k < 4)),
+        table: None,
     }
 }
 
@@ -69,6 +76,8 @@ pub struct Results {
     pub dq: Vec<f32>,
     pub dk: Vec<f32>,
     pub dv: Vec<f32>,
+    /// The learnable table's gradient (`drel_bias`), where the kernel has one.
+    pub dtable: Vec<f32>,
 }
 
 /// Random inputs of one problem: Q, K, V and dO.
@@ -149,6 +158,7 @@ impl Problem {
         };
         let (g, _) = backward.run(gpu, &input, None).block_on()?;
         Ok(Results {
+            dtable: g.flex("drel_bias").unwrap_or(&[]).to_vec(),
             o: out.o,
             lse: out.lse,
             dq: g.dq,
@@ -168,7 +178,9 @@ impl Problem {
             dq: vec![0.0; self.q.len()],
             dk: vec![0.0; self.k.len()],
             dv: vec![0.0; self.v.len()],
+            dtable: vec![0.0; m.table.as_ref().map_or(0, |t| t.0)],
         };
+        let mut dtable = vec![0.0f64; r.dtable.len()];
         let at = |rows: usize, b: usize, s: usize, h: usize| ((b * seq + s) * rows + h) * d;
         for b in 0..batch {
             for h in 0..nh {
@@ -185,20 +197,32 @@ impl Problem {
                         })
                         .collect();
                     let max = row.iter().flatten().map(|x| x.0).fold(f64::MIN, f64::max);
-                    let w: Vec<f64> = row.iter().map(|x| x.map_or(0.0, |x| (x.0 - max).exp())).collect();
+                    let w: Vec<f64> = row
+                        .iter()
+                        .map(|x| x.map_or(0.0, |x| (x.0 - max).exp()))
+                        .collect();
                     let sum: f64 = w.iter().sum();
                     r.lse[(b * seq + s) * nh + h] = (max + sum.ln()) as f32;
                     let p: Vec<f64> = w.iter().map(|x| x / sum).collect();
                     let dp: Vec<f64> = (0..seq)
                         .map(|j| {
                             let vi = at(nkv, b, j, kh);
-                            (0..d).map(|i| f64::from(self.d_o[qi + i]) * f64::from(self.v[vi + i])).sum()
+                            (0..d)
+                                .map(|i| f64::from(self.d_o[qi + i]) * f64::from(self.v[vi + i]))
+                                .sum()
                         })
                         .collect();
                     let big_d: f64 = (0..seq).map(|j| p[j] * dp[j]).sum();
                     for j in 0..seq {
                         let (vi, slope) = (at(nkv, b, j, kh), row[j].map_or(0.0, |x| x.1));
-                        let ds = p[j] * (dp[j] - big_d) * slope / 8.0;
+                        // dS with respect to the modified score: the table's gradient.
+                        let g = p[j] * (dp[j] - big_d);
+                        if let Some((_, element)) = &m.table
+                            && row[j].is_some()
+                        {
+                            dtable[element(b, h, s, j)] += g;
+                        }
+                        let ds = g * slope / 8.0;
                         for i in 0..d {
                             r.o[qi + i] += (p[j] * f64::from(self.v[vi + i])) as f32;
                             r.dv[vi + i] += (p[j] * f64::from(self.d_o[qi + i])) as f32;
@@ -209,18 +233,30 @@ impl Problem {
                 }
             }
         }
+        r.dtable = dtable.iter().map(|&x| x as f32).collect();
         r
     }
 }
 
 /// The largest absolute difference of each output, by name.
 pub fn max_errors(gpu: &Results, cpu: &Results) -> Vec<(&'static str, f32)> {
-    let worst = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max);
+    let worst = |a: &[f32], b: &[f32]| match a.len() == b.len() {
+        true => a
+            .iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f32::max),
+        false => f32::INFINITY,
+    };
     vec![
         ("o", worst(&gpu.o, &cpu.o)),
         ("lse", worst(&gpu.lse, &cpu.lse)),
         ("dq", worst(&gpu.dq, &cpu.dq)),
         ("dk", worst(&gpu.dk, &cpu.dk)),
         ("dv", worst(&gpu.dv, &cpu.dv)),
+        ("drel_bias", worst(&gpu.dtable, &cpu.dtable)),
     ]
+    .into_iter()
+    .filter(|(name, _)| *name != "drel_bias" || !cpu.dtable.is_empty())
+    .collect()
 }

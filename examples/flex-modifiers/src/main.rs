@@ -8,12 +8,19 @@ fn main() -> anyhow::Result<()> {
     let seq = std::env::args().nth(1).map_or(Ok(40), |s| s.parse())?;
     let gpu = Gpu::new([&t5_prefix_lm::ABI, &capped_window_sinks::ABI]).block_on()?;
     let p = Problem::new(2, seq, 4, 2);
-    let rel_bias: Vec<f32> = runtime::cases::random(4 * 65, 5).iter().map(|x| 0.5 * x).collect();
+    let rel_bias: Vec<f32> = runtime::cases::random(4 * 65, 5)
+        .iter()
+        .map(|x| 0.5 * x)
+        .collect();
     let prefix = [5.0, 12.0];
     let runs = [
         (
             "t5_prefix_lm",
-            p.run_gpu(&gpu, &t5_prefix_lm::ABI, &[("rel_bias", &rel_bias), ("prefix", &prefix)])?,
+            p.run_gpu(
+                &gpu,
+                &t5_prefix_lm::ABI,
+                &[("rel_bias", &rel_bias), ("prefix", &prefix)],
+            )?,
             p.run_cpu(&flex_modifiers::t5_prefix_lm_cpu(&rel_bias, &prefix)),
         ),
         (

@@ -7,5 +7,8 @@ fn both_kernels_match_the_cpu() {
         .arg("33")
         .status()
         .expect("the example runs");
-    assert!(status.success(), "the example's GPU results are off its CPU code");
+    assert!(
+        status.success(),
+        "the example's GPU results are off its CPU code"
+    );
 }

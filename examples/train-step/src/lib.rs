@@ -186,6 +186,7 @@ pub fn run(c: &Config) -> Result<Report> {
             dv: &dv,
             dbias: None,
             dsinks: None,
+            flex_grads: &[],
             seg: None,
             scale: None,
             mods: Default::default(),

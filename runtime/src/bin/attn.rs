@@ -98,6 +98,8 @@ struct Args {
     flex: Option<String>,
     /// A tensor the --flex preset reads, float32 in its declared shape (a u32 tensor's
     /// values as whole numbers), e.g. `--tensor rel_bias=rel_bias.npy`; repeat per tensor.
+    /// With --do, the gradient of one the preset declares learnable (t5-bias's rel_bias) is
+    /// written to d<name>.npy (drel_bias.npy) in the same shape.
     #[arg(long, value_name = "NAME=FILE.npy", requires = "flex")]
     tensor: Vec<String>,
     /// Bit-identical gradients run to run: only schedules that own every output (no
@@ -130,13 +132,29 @@ fn flex_values(
         };
         let Some(decl) = flex.tensor(name) else {
             let names: Vec<&str> = flex.tensors.iter().map(|t| t.name.as_str()).collect();
-            bail!("--tensor {name}: preset {spec} reads {}", if names.is_empty() { "no tensor".to_string() } else { names.join(", ") });
+            bail!(
+                "--tensor {name}: preset {spec} reads {}",
+                if names.is_empty() {
+                    "no tensor".to_string()
+                } else {
+                    names.join(", ")
+                }
+            );
         };
         let (_, values) = npy::read_f32(Path::new(path), &[decl.dims.len()])?;
         tensors.push((name.to_string(), values));
     }
-    if let Some(t) = flex.tensors.iter().find(|t| !tensors.iter().any(|(n, _)| *n == t.name)) {
-        bail!("preset {spec} reads {} {}: give --tensor {}=FILE.npy", t.name, t.describe(), t.name);
+    if let Some(t) = flex
+        .tensors
+        .iter()
+        .find(|t| !tensors.iter().any(|(n, _)| *n == t.name))
+    {
+        bail!(
+            "preset {spec} reads {} {}: give --tensor {}=FILE.npy",
+            t.name,
+            t.describe(),
+            t.name
+        );
     }
     Ok(Some((flex.intern(), tensors)))
 }
@@ -206,7 +224,10 @@ impl ModifierValues {
 
     /// The --tensor values by name, for [`ModifierValues::mods`].
     fn flex_tensors(&self) -> Vec<(&str, &[f32])> {
-        self.flex.iter().flat_map(|(_, t)| t.iter().map(|(n, v)| (n.as_str(), &v[..]))).collect()
+        self.flex
+            .iter()
+            .flat_map(|(_, t)| t.iter().map(|(n, v)| (n.as_str(), &v[..])))
+            .collect()
     }
 
     fn mods<'a>(&'a self, args: &Args, tensors: &'a [(&'a str, &'a [f32])]) -> Modifiers<'a> {
@@ -395,6 +416,17 @@ fn run(args: Args) -> anyhow::Result<()> {
             if values.sinks.is_some() {
                 let heads = [u64::from(t.heads.n_heads)];
                 write(&dir, "dsinks", &heads, &g.dsinks, Dtype::F32)?;
+            }
+            // A preset's tensor declared `grad` (t5-bias's rel_bias): d<name>.npy, its shape.
+            if let Some((flex, _)) = &values.flex {
+                for decl in &flex.get().tensors {
+                    if let Some(grad) = decl.grad_name() {
+                        let shape = decl.shape(t.batch, t.heads.n_heads, t.seq);
+                        let shape: Vec<u64> = shape.into_iter().map(u64::from).collect();
+                        let data = g.flex(&grad).unwrap_or(&[]);
+                        write(&dir, &grad, &shape, data, Dtype::F32)?;
+                    }
+                }
             }
             println!(
                 "backward ({ran}): {:.1} ms",

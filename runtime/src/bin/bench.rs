@@ -215,7 +215,10 @@ fn flex(gpu: &Gpu, args: &Args) -> anyhow::Result<()> {
             h.head_dim,
             dtype.name()
         );
-        println!("  {:<38} {:>10} {:>9} {:>9}", "mask / modifier", "ms", "/ dense", "visible");
+        println!(
+            "  {:<38} {:>10} {:>9} {:>9}",
+            "mask / modifier", "ms", "/ dense", "visible"
+        );
         let rows = bench::flex::flex(gpu, h, seq, window, dtype, (args.warmup, args.runs))?;
         let dense = rows.first().map_or(1.0, |r| r.ms);
         for r in &rows {

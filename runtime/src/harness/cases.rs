@@ -215,7 +215,10 @@ fn flex_values(
             let raw = random(len, seed + 31 + i as u64);
             let values: Vec<f32> = match t.ty {
                 attn_dsl::flex::Ty::F32 => raw.iter().map(|x| 0.1 * x).collect(),
-                _ => raw.iter().map(|x| ((x + 2.0) / 4.0 * seq as f32).floor()).collect(),
+                _ => raw
+                    .iter()
+                    .map(|x| ((x + 2.0) / 4.0 * seq as f32).floor())
+                    .collect(),
             };
             (t.name.as_str(), &*Box::leak(values.into_boxed_slice()))
         })
@@ -1096,7 +1099,8 @@ pub fn run_case(gpu: &Gpu, runner: &mut Runner, case: &Case, seed: u64) -> Resul
                 flex: case.mods.flex,
                 ..ModCase::default()
             };
-            let half = case.mods == ModCase::default() || case.mods == sinks || case.mods == flex_alone;
+            let half =
+                case.mods == ModCase::default() || case.mods == sinks || case.mods == flex_alone;
             if half && batch == 1 {
                 for (label, kernel) in runner.half(gpu, h.head_dim, masks)? {
                     rows.push(row(label, job.forward(gpu, kernel, seed, false)?));
@@ -1357,6 +1361,7 @@ impl Job {
                 (&o, &lse),
                 [&g.dq, &g.dk, &g.dv],
                 [&g.dbias, &g.dsinks],
+                &g.dflex,
             );
             let mut label = format!("backward {schedule}");
             if schedule == planned {
@@ -1432,6 +1437,7 @@ impl Job {
                 (&o, &lse),
                 [&g.dq, &g.dk, &g.dv],
                 [&g.dbias, &g.dsinks],
+                &g.dflex,
                 scalar,
             );
             rows.push(Row {
@@ -1528,7 +1534,9 @@ fn gradient<'g>(g: &'g Gradients, name: &str) -> &'g [f32] {
         "dv" => &g.dv,
         "dbias" => &g.dbias,
         "dsinks" => &g.dsinks,
-        _ => unreachable!("no gradient {name}"),
+        flex => g
+            .flex(flex)
+            .unwrap_or_else(|| unreachable!("no gradient {flex}")),
     }
 }
 

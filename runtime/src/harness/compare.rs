@@ -53,6 +53,7 @@ pub fn judge_backward(
     saved: (&[f32], &[f32]),
     got: [&[f32]; 3],
     [got_dbias, got_dsinks]: [&[f32]; 2],
+    got_flex: &[(String, Vec<f32>)],
 ) -> Vec<(&'static str, Verdict)> {
     let [q, k, v_, d_o] = inputs.map(reference::cast::<f64>);
     let r64 = reference::attention_backward(problem, [&q, &k, &v_, &d_o], None);
@@ -65,6 +66,7 @@ pub fn judge_backward(
     if problem.mods.bias.is_some() {
         verdicts.push(("dbias", judge(got_dbias, &r64.dbias, &r32.dbias)));
     }
+    verdicts.extend(flex_verdicts(got_flex, &r64.dflex, &r32.dflex, judge));
     if problem.mods.sinks.is_some() {
         let v = judge(got_dsinks, &r64.dsinks, &r32.dsinks);
         let inputs = [&q[..], &k, &v_, &d_o];
@@ -147,6 +149,7 @@ pub fn judge_half_backward(
     saved: (&[f32], &[f32]),
     got: [&[f32]; 3],
     [got_dbias, got_dsinks]: [&[f32]; 2],
+    got_flex: &[(String, Vec<f32>)],
     dtype: Scalar,
 ) -> Vec<(&'static str, Verdict)> {
     let [q, k, v_, d_o] = inputs.map(reference::cast::<f64>);
@@ -170,6 +173,13 @@ pub fn judge_half_backward(
     if problem.mods.bias.is_some() {
         verdicts.push(("dbias", verdict(got_dbias, &r64.dbias, &half(&r32.dbias))));
     }
+    // A modifier tensor's gradient, like dBias, is returned in the dtype by a framework.
+    let halved: Vec<(String, Vec<f32>)> = r32
+        .dflex
+        .iter()
+        .map(|(n, g)| (n.clone(), half(g)))
+        .collect();
+    verdicts.extend(flex_verdicts(got_flex, &r64.dflex, &halved, verdict));
     // dSinks is one sum per head over every row, accumulated in f32 by a fused kernel (and
     // by ours): the framework's f32 sum is the baseline. Rounded to the dtype, the few
     // elements' rounding can land nearer the exact value by chance and leave a bound below
@@ -183,6 +193,39 @@ pub fn judge_half_backward(
         ));
     }
     verdicts
+}
+
+/// A verdict per modifier tensor's gradient, by `judge`; a gradient missing from `got`
+/// fails.
+fn flex_verdicts(
+    got: &[(String, Vec<f32>)],
+    r64: &[(String, Vec<f64>)],
+    r32: &[(String, Vec<f32>)],
+    judge: impl Fn(&[f32], &[f64], &[f32]) -> Verdict,
+) -> Vec<(&'static str, Verdict)> {
+    r64.iter()
+        .zip(r32)
+        .map(|((name, exact), (_, framework))| {
+            let gpu = got
+                .iter()
+                .find(|(n, _)| n == name)
+                .map_or(&[][..], |(_, g)| &g[..]);
+            (interned(name), judge(gpu, exact, framework))
+        })
+        .collect()
+}
+
+/// `name` as a `&'static str` (a verdict's name), leaked once per distinct name: a
+/// process checks a handful of modifier tensors.
+pub fn interned(name: &str) -> &'static str {
+    static NAMES: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
+    let mut names = NAMES.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(n) = names.iter().find(|n| **n == name) {
+        return n;
+    }
+    let leaked: &'static str = Box::leak(name.to_string().into_boxed_str());
+    names.push(leaked);
+    leaked
 }
 
 pub fn judge(gpu: &[f32], reference: &[f64], cpu32: &[f32]) -> Verdict {

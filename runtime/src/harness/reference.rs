@@ -99,6 +99,16 @@ impl Problem<'_> {
     /// biased, ALiBi's slope added, capped, then the user's `score_mod`, as the kernels
     /// compute it; and d score / d (pre-cap score), by which dS reaches the bias.
     fn scored<T: Float>(&self, s: usize, h: usize, j: usize, dot: T) -> (T, T) {
+        let (mut x, mut slope) = self.pre_score(s, h, j, dot);
+        if let Some((y, dy)) = self.flex_score::<T>(s, h, j, x) {
+            (x, slope) = (y, dy * slope);
+        }
+        (x, slope)
+    }
+
+    /// The score before the user's `score_mod`, and its slope with respect to the pre-cap
+    /// score.
+    fn pre_score<T: Float>(&self, s: usize, h: usize, j: usize, dot: T) -> (T, T) {
         let f = |x: f64| T::from(x).expect("fits");
         let mut x = dot * f(self.scale);
         if let Some(bias) = self.mods.bias {
@@ -114,17 +124,60 @@ impl Problem<'_> {
             let distance = j as f64 - (s + self.q_pos) as f64;
             x = x + f(f64::from(slopes[h])) * f(distance);
         }
-        let (mut x, mut slope) = match self.mods.softcap {
+        match self.mods.softcap {
             Some(cap) => {
                 let t = (x / f(f64::from(cap))).tanh();
                 (f(f64::from(cap)) * t, (T::one() - t) * (T::one() + t))
             }
             None => (x, T::one()),
-        };
-        if let Some((y, dy)) = self.flex_score::<T>(s, h, j, x) {
-            (x, slope) = (y, dy * slope);
         }
-        (x, slope)
+    }
+
+    /// The terms dS (with respect to the modified score, `gf`) adds to the gradients of the
+    /// tensors declared `grad`: (gradient, element, term) for each read of them, its slope
+    /// evaluated at the score before `score_mod`, in `T`'s precision.
+    fn flex_grad_terms<T: Float>(
+        &self,
+        s: usize,
+        h: usize,
+        j: usize,
+        dot: T,
+        gf: T,
+    ) -> Vec<(usize, usize, T)> {
+        let Some(flex) = self.mods.flex else {
+            return Vec::new();
+        };
+        let derived = flex_derived(flex.modifiers);
+        if derived.reads.is_empty() {
+            return Vec::new();
+        }
+        let x = self.pre_score(s, h, j, dot).0;
+        let read = FlexTensors::new(self, flex);
+        let vars = self.flex_vars(s, h, j);
+        let mut terms = Vec::new();
+        for (n, (tensor, reads)) in derived.reads.iter().enumerate() {
+            for r in reads {
+                let mut env = Env::new(x.to_f64(), vars, &read).rounding(rounding::<T>());
+                let at: Vec<i64> = r
+                    .index
+                    .iter()
+                    .map(|e| match eval(e, &mut env) {
+                        Ok(Value::I(i)) => i64::from(i),
+                        Ok(Value::U(i)) => i64::from(i),
+                        other => panic!("an index evaluated to {other:?}"),
+                    })
+                    .collect();
+                let slope = match eval(&r.slope, &mut env) {
+                    Ok(Value::F(v)) => T::from(v).expect("fits"),
+                    other => panic!("a tensor's slope evaluated to {other:?}"),
+                };
+                let flat = read
+                    .flat(tensor, &at)
+                    .expect("a modifier reads inside its tensor");
+                terms.push((n, flat, gf * slope));
+            }
+        }
+        terms
     }
 
     fn score<T: Float>(&self, s: usize, h: usize, j: usize, dot: T) -> T {
@@ -138,10 +191,14 @@ impl Problem<'_> {
         let flex = self.mods.flex?;
         let parsed = flex.modifiers.parsed();
         let e = parsed.score_mod.as_ref()?;
-        let d = flex_derivative(flex.modifiers);
+        let d = flex_derived(flex.modifiers)
+            .d_score
+            .as_ref()
+            .expect("a score modifier");
         let read = FlexTensors::new(self, flex);
         let at = |e: &attn_dsl::flex::Expr| {
-            let mut env = Env::new(x.to_f64(), self.flex_vars(s, h, j), &read).rounding(rounding::<T>());
+            let mut env =
+                Env::new(x.to_f64(), self.flex_vars(s, h, j), &read).rounding(rounding::<T>());
             match eval(e, &mut env) {
                 Ok(Value::F(v)) => T::from(v).expect("fits"),
                 other => panic!("score_mod evaluated to {other:?}"),
@@ -152,8 +209,12 @@ impl Problem<'_> {
 
     /// The user's `mask_mod` for (s, h, j); true without one.
     fn flex_visible(&self, s: usize, h: usize, j: usize) -> bool {
-        let Some(flex) = self.mods.flex else { return true };
-        let Some(e) = &flex.modifiers.parsed().mask_mod else { return true };
+        let Some(flex) = self.mods.flex else {
+            return true;
+        };
+        let Some(e) = &flex.modifiers.parsed().mask_mod else {
+            return true;
+        };
         let read = FlexTensors::new(self, flex);
         let mut env = Env::new(None, self.flex_vars(s, h, j), &read);
         match eval(e, &mut env) {
@@ -202,16 +263,35 @@ fn rounding<T: Float>() -> fn(f64) -> f64 {
     }
 }
 
-/// d score_mod / d score of `flex`, derived once per process.
-fn flex_derivative(flex: FlexRef) -> &'static attn_dsl::flex::Expr {
-    type Held = std::collections::HashMap<&'static str, &'static attn_dsl::flex::Expr>;
+/// What the backward reference needs of a score modifier, derived once per process.
+struct Derived {
+    /// d score_mod / d score.
+    d_score: Option<attn_dsl::flex::Expr>,
+    /// Per tensor declared `grad` (in declaration order): its name and reads.
+    reads: Vec<(String, Vec<derive::Read<()>>)>,
+}
+
+fn flex_derived(flex: FlexRef) -> &'static Derived {
+    type Held = std::collections::HashMap<&'static str, &'static Derived>;
     static HELD: std::sync::Mutex<Option<Held>> = std::sync::Mutex::new(None);
     let mut held = HELD.lock().unwrap_or_else(|e| e.into_inner());
     held.get_or_insert_with(Default::default)
         .entry(flex.json())
         .or_insert_with(|| {
-            let e = flex.parsed().score_mod.as_ref().expect("a score modifier");
-            Box::leak(Box::new(derive::d_score(e).expect("checked: it differentiates")))
+            let parsed = flex.parsed();
+            let e = parsed.score_mod.as_ref();
+            let d_score = e.map(|e| derive::d_score(e).expect("checked: it differentiates"));
+            let reads = parsed
+                .tensors
+                .iter()
+                .filter(|t| t.grad)
+                .map(|t| {
+                    let e = e.expect("checked: a `grad` tensor is read by score_mod");
+                    let reads = derive::d_tensor(e, &t.name).expect("checked: it differentiates");
+                    (t.name.clone(), reads)
+                })
+                .collect();
+            Box::leak(Box::new(Derived { d_score, reads }))
         })
 }
 
@@ -233,8 +313,9 @@ impl<'a> FlexTensors<'a> {
     }
 }
 
-impl Tensors for FlexTensors<'_> {
-    fn read(&self, name: &str, at: &[i64]) -> Option<Value> {
+impl FlexTensors<'_> {
+    /// The row-major offset of `name[at]`; `None` outside the tensor.
+    fn flat(&self, name: &str, at: &[i64]) -> Option<usize> {
         let decl = self.flex.modifiers.parsed().tensor(name)?;
         let values = self.flex.tensor(name)?;
         let others = decl.len(1, self.heads, self.seq).max(1);
@@ -247,7 +328,15 @@ impl Tensors for FlexTensors<'_> {
             }
             flat = flat * i64::from(n) + i;
         }
-        let x = *values.get(flat as usize)?;
+        Some(flat as usize)
+    }
+}
+
+impl Tensors for FlexTensors<'_> {
+    fn read(&self, name: &str, at: &[i64]) -> Option<Value> {
+        let decl = self.flex.modifiers.parsed().tensor(name)?;
+        let values = self.flex.tensor(name)?;
+        let x = *values.get(self.flat(name, at)?)?;
         Some(match decl.ty {
             attn_dsl::flex::Ty::F32 => Value::F(f64::from(x)),
             _ => Value::U(x as u32),
@@ -451,6 +540,10 @@ pub struct Gradients<T> {
     /// Per head, the sum of its rows' terms of dSinks in absolute value (what a rounding
     /// of each term's sink weight can move it by, relatively); empty without sinks.
     pub dsinks_terms: Vec<T>,
+    /// The gradient of each modifier tensor declared `grad`, by gradient name
+    /// (`drel_bias`), in its tensor's layout: per element, its terms over every sequence,
+    /// row and key summed pairwise.
+    pub dflex: Vec<(String, Vec<T>)>,
 }
 
 /// The backward of [`attention`] for upstream gradient `d_o`:
@@ -483,14 +576,18 @@ pub fn attention_backward_rounding<T: Real>(
         dbias: Vec::new(),
         dsinks: Vec::new(),
         dsinks_terms: Vec::new(),
+        dflex: Vec::new(),
     };
     let rows = p.n_q * p.n_heads;
+    let mut flex_terms = Vec::new();
     for b in 0..p.batch {
         let (qb, kb) = (b * p.q_len(), b * p.kv_len());
         let qs = |x| slice(x, qb, p.q_len());
         let ks = |x| slice(x, kb, p.kv_len());
         let saved = saved.map(|(o, lse)| (qs(o), &lse[b * rows..][..rows]));
-        let one = backward_one(&p.sequence(b), [qs(q), ks(k), ks(v), qs(d_o)], saved, round);
+        let (one, terms) =
+            backward_one(&p.sequence(b), [qs(q), ks(k), ks(v), qs(d_o)], saved, round);
+        flex_terms.extend(terms);
         g.dq.extend(one.dq);
         g.dk.extend(one.dk);
         g.dv.extend(one.dv);
@@ -505,25 +602,54 @@ pub fn attention_backward_rounding<T: Real>(
             *a = *a + b;
         }
     }
+    g.dflex = flex_grads(p, flex_terms);
     g
+}
+
+/// Each `grad` tensor's gradient from its (gradient, element, term) terms, in the order
+/// given, summed pairwise per element.
+fn flex_grads<T: Real>(p: &Problem, terms: Vec<(usize, usize, T)>) -> Vec<(String, Vec<T>)> {
+    let Some(flex) = p.mods.flex else {
+        return Vec::new();
+    };
+    let derived = flex_derived(flex.modifiers);
+    derived
+        .reads
+        .iter()
+        .enumerate()
+        .map(|(n, (name, _))| {
+            let len = flex.tensor(name).map_or(0, <[f32]>::len);
+            let mut buckets = vec![Vec::new(); len];
+            for &(_, at, term) in terms.iter().filter(|t| t.0 == n) {
+                buckets[at].push(term);
+            }
+            let sums = buckets
+                .iter()
+                .map(|b| pairwise(b.len(), &|i| b[i]))
+                .collect();
+            (format!("d{name}"), sums)
+        })
+        .collect()
 }
 
 fn slice<T>(x: &[T], at: usize, len: usize) -> &[T] {
     &x[at..][..len]
 }
 
+/// One sequence's gradients, and the terms of its modifier tensors' gradients (see
+/// [`Problem::flex_grad_terms`]), row by row.
 fn backward_one<T: Real>(
     p: &Problem,
     [q, k, v, d_o]: [&[T]; 4],
     saved: Option<(&[T], &[T])>,
     round: &(dyn Fn(T) -> T + Sync),
-) -> Gradients<T> {
+) -> (Gradients<T>, Vec<(usize, usize, T)>) {
     let (d, scale) = (p.head_dim, T::from(p.scale).expect("scale fits"));
     // P after dropout, dS (with respect to the pre-cap score, dBias's) of every (query
     // row, head), over the keys.
     // Each row's term of dsinks too: the sink has no value (dP_sink = 0), so
     // dS_sink = P_sink·(0 − D) with P_sink = e^(sink − LSE).
-    let rows: Vec<(Vec<T>, Vec<T>, T)> = (0..p.n_q * p.n_heads)
+    let rows: Vec<(Vec<T>, Vec<T>, T, Vec<(usize, usize, T)>)> = (0..p.n_q * p.n_heads)
         .into_par_iter()
         .map(|row| {
             let (s, h) = (row / p.n_heads, row % p.n_heads);
@@ -539,11 +665,15 @@ fn backward_one<T: Real>(
                 Some((o, _)) => dot(g_o, p.q_row(o, s, h)),
                 None => pairwise(p.n_k, &|j| probs[j] * dp[j]),
             };
+            let mut terms = Vec::new();
             let ds = (0..p.n_k)
                 .map(|j| match p.visible(s, h, j) {
                     true => {
-                        let (_, slope) = p.scored(s, h, j, dot(p.q_row(q, s, h), p.kv_row(k, j, h)));
-                        probs[j] * (dp[j] - big_d) * slope
+                        let x = dot(p.q_row(q, s, h), p.kv_row(k, j, h));
+                        let (_, slope) = p.scored(s, h, j, x);
+                        let gf = probs[j] * (dp[j] - big_d);
+                        terms.extend(p.flex_grad_terms(s, h, j, x, gf));
+                        gf * slope
                     }
                     false => T::zero(),
                 })
@@ -555,7 +685,7 @@ fn backward_one<T: Real>(
                 .sink::<T>(h)
                 .filter(|_| row_lse != T::infinity())
                 .map_or(T::zero(), |x| -(x - row_lse).exp() * big_d);
-            (dropped, ds, sink)
+            (dropped, ds, sink, terms)
         })
         .collect();
     let at = |s: usize, h: usize| &rows[s * p.n_heads + h];
@@ -576,6 +706,7 @@ fn backward_one<T: Real>(
                 .collect(),
             None => Vec::new(),
         },
+        dflex: Vec::new(),
     };
     g.dq.par_chunks_mut(d.max(1))
         .enumerate()
@@ -604,7 +735,8 @@ fn backward_one<T: Real>(
             dk.copy_from_slice(&pairwise_rows(group, d, &|_| T::one(), &|gi| &heads[gi].0));
             dv.copy_from_slice(&pairwise_rows(group, d, &|_| T::one(), &|gi| &heads[gi].1));
         });
-    g
+    let terms = rows.into_iter().flat_map(|r| r.3).collect();
+    (g, terms)
 }
 
 /// dBias of one sequence from each (query, head)'s dS row: per head, or summed over the

@@ -422,7 +422,9 @@ impl Modifiers<'_> {
         ];
         let Some(flex) = self.flex else { return out };
         for t in &flex.modifiers.parsed().tensors {
-            let Some(values) = flex.tensor(&t.name) else { continue };
+            let Some(values) = flex.tensor(&t.name) else {
+                continue;
+            };
             let buffer = match t.ty {
                 attn_dsl::flex::Ty::F32 => buffers::storage(gpu, &t.name, values),
                 _ => buffers::storage(gpu, &t.name, &crate::modifiers::u32_words(values)),

@@ -31,7 +31,9 @@ pub struct BackwardInput<'a> {
 }
 
 /// dQ `[batch, seq, n_heads, d]`, dK and dV `[batch, seq, n_kv_heads, d]`, with a bias
-/// dBias in the bias's layout, with sinks dSinks `[n_heads]` (each empty without).
+/// dBias in the bias's layout, with sinks dSinks `[n_heads]` (each empty without), and
+/// the gradient of each modifier tensor declared `grad`, by gradient name (`drel_bias`), in
+/// its tensor's layout.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Gradients {
     pub dq: Vec<f32>,
@@ -39,6 +41,35 @@ pub struct Gradients {
     pub dv: Vec<f32>,
     pub dbias: Vec<f32>,
     pub dsinks: Vec<f32>,
+    pub dflex: Vec<(String, Vec<f32>)>,
+}
+
+impl Gradients {
+    /// The gradient `name` of a modifier tensor (`drel_bias`), if there is one.
+    pub fn flex(&self, name: &str) -> Option<&[f32]> {
+        self.dflex
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, g)| &g[..])
+    }
+}
+
+/// Zeros for the gradient of each tensor `mods`' score modifier declares `grad`.
+fn flex_zeros(mods: &Modifiers) -> Vec<(String, Vec<f32>)> {
+    let Some(f) = mods.flex else {
+        return Vec::new();
+    };
+    f.modifiers
+        .get()
+        .tensors
+        .iter()
+        .filter_map(|t| {
+            Some((
+                t.grad_name()?,
+                vec![0.0; f.tensor(&t.name).map_or(0, <[f32]>::len)],
+            ))
+        })
+        .collect()
 }
 
 impl Backward {
@@ -79,6 +110,7 @@ impl Backward {
             dv: vec![0.0; input.v.len()],
             dbias: vec![0.0; input.mods.bias.map_or(0, |b| b.values.len())],
             dsinks: vec![0.0; input.mods.sinks.map_or(0, <[f32]>::len)],
+            dflex: flex_zeros(&input.mods),
         };
         self.accumulate_in(gpu, input, schedule, zeros, dtype).await
     }
@@ -127,6 +159,18 @@ impl Backward {
             Some(seg) => Some(crate::ops::forward::documents(gpu, seg, b, s)?),
             None => None,
         };
+        let dflex = grads
+            .dflex
+            .iter()
+            .map(|(name, g)| {
+                let t = mods
+                    .flex
+                    .and_then(|f| f.tensor(&name[1..]))
+                    .expect("validated");
+                Ok((name.as_str(), up(t.shape(), f32, g)?))
+            })
+            .collect::<Result<Vec<_>, crate::tensor::TensorError>>()?;
+        let flex_grads: Vec<(&str, &Tensor)> = dflex.iter().map(|(n, t)| (*n, t)).collect();
         let args = crate::ops::backward::BackwardArgs {
             q: &q,
             k: &k,
@@ -139,6 +183,7 @@ impl Backward {
             dv: &dv,
             dbias: dbias.as_ref(),
             dsinks: dsinks.as_ref(),
+            flex_grads: &flex_grads,
             seg: seg.as_ref(),
             scale: input.scale,
             mods,
@@ -157,7 +202,12 @@ impl Backward {
             dv: dv.to_f32(gpu).await?,
             dbias: read(dbias).await?,
             dsinks: read(dsinks).await?,
+            dflex: Vec::new(),
         };
+        let mut grads = grads;
+        for (name, t) in dflex {
+            grads.dflex.push((name.to_string(), t.to_f32(gpu).await?));
+        }
         Ok((grads, ran))
     }
 
@@ -190,6 +240,33 @@ impl Backward {
             dbias_len as u64,
             "the length of bias",
         )?;
+        let want = flex_zeros(&input.mods);
+        let names = |g: &[(String, Vec<f32>)]| g.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
+        if names(&grads.dflex) != names(&want) {
+            return Err(InputError::Flex {
+                kernel: abi.name.to_string(),
+                message: format!(
+                    "the gradients given ({:?}) are not those of the tensors declared `grad` ({:?})",
+                    names(&grads.dflex),
+                    names(&want)
+                ),
+            });
+        }
+        if let Some(((name, g), (_, w))) = grads
+            .dflex
+            .iter()
+            .zip(&want)
+            .find(|((_, g), (_, w))| g.len() != w.len())
+        {
+            return Err(InputError::Flex {
+                kernel: abi.name.to_string(),
+                message: format!(
+                    "`{name}` has {} values; its tensor has {}",
+                    g.len(),
+                    w.len()
+                ),
+            });
+        }
         let dsinks_len = input.mods.sinks.map_or(0, <[f32]>::len);
         length(
             "dsinks",

@@ -34,6 +34,9 @@ pub struct BackwardArgs<'a> {
     /// dSinks `[n_heads]` f32, with sinks (summed over the batch and rows by the
     /// `sink_grad` kernel after the schedule's, so owned: no atomics).
     pub dsinks: Option<&'a Tensor>,
+    /// The gradients of the modifier tensors declared `grad`, by gradient name
+    /// (`d<name>`, e.g. `drel_bias`), each f32 in its tensor's shape; empty without any.
+    pub flex_grads: &'a [(&'a str, &'a Tensor)],
     /// As the forward's: `[2, batch, seq]` u32, or one document per sequence.
     pub seg: Option<&'a Tensor>,
     pub scale: Option<f32>,
@@ -57,6 +60,10 @@ pub struct Scratch {
     sink_parts: Option<Tensor>,
     /// The kernel that sums the lanes into dK and dV.
     lanes: Option<Pipeline>,
+    /// Per modifier tensor's gradient, in order: its compensated sum `[2, len]`.
+    flex_pairs: Vec<Option<Tensor>>,
+    /// The kernel that adds a compensated sum into its gradient.
+    fold: Option<Pipeline>,
 }
 
 impl Scratch {
@@ -80,16 +87,59 @@ impl Scratch {
     }
 
     fn lanes(&mut self, gpu: &Gpu) -> Result<&mut Pipeline, Error> {
-        if self.lanes.is_none() {
-            let spec =
-                KernelSpec::standard("attention_dkv_reduce", Op::DkvReduce, 4, Masks::default());
-            let abi = attn_dsl::compile(&spec).map_err(|e| Error::Pipeline {
-                kernel: spec.name.clone(),
-                message: e.to_string(),
-            })?;
-            self.lanes = Some(Pipeline::new(Kernel::now(gpu, &abi)?));
+        let name = "attention_dkv_reduce";
+        helper(
+            gpu,
+            &mut self.lanes,
+            KernelSpec::standard(name, Op::DkvReduce, 4, Masks::default()),
+        )
+    }
+
+    fn fold(&mut self, gpu: &Gpu) -> Result<&mut Pipeline, Error> {
+        let name = "attention_grad_fold";
+        helper(
+            gpu,
+            &mut self.fold,
+            KernelSpec::standard(name, Op::GradFold, 4, Masks::default()),
+        )
+    }
+}
+
+/// The pipeline `held`, compiled from `spec` on first use.
+fn helper<'p>(
+    gpu: &Gpu,
+    held: &'p mut Option<Pipeline>,
+    spec: KernelSpec,
+) -> Result<&'p mut Pipeline, Error> {
+    if held.is_none() {
+        let abi = attn_dsl::compile(&spec).map_err(|e| Error::Pipeline {
+            kernel: spec.name.clone(),
+            message: e.to_string(),
+        })?;
+        *held = Some(Pipeline::new(Kernel::now(gpu, &abi)?));
+    }
+    Ok(held.as_mut().expect("made above"))
+}
+
+impl Scratch {
+    /// The compensated sums of `grads` (cleared in `encoder`), in order.
+    fn flex_pairs(
+        &mut self,
+        gpu: &Gpu,
+        encoder: &mut wgpu::CommandEncoder,
+        grads: &[(&str, &Tensor)],
+    ) -> Result<Vec<Tensor>, TensorError> {
+        self.flex_pairs
+            .resize_with(self.flex_pairs.len().max(grads.len()), || None);
+        let pairs = grads
+            .iter()
+            .zip(&mut self.flex_pairs)
+            .map(|((_, g), held)| Scratch::view(held, gpu, &[2, g.len() as u32]))
+            .collect::<Result<Vec<_>, _>>()?;
+        for p in &pairs {
+            p.record_clear(encoder);
         }
-        Ok(self.lanes.as_mut().expect("made above"))
+        Ok(pairs)
     }
 }
 
@@ -186,10 +236,14 @@ impl Backward {
                 .into_iter()
                 .chain(args.dbias.map(|t| ("dbias", t)))
                 .chain(args.dsinks.map(|t| ("dsinks", t)))
+                .chain(args.flex_grads.iter().copied())
             {
                 t.check_copy_dst(name)?;
             }
         }
+        // The kernels add a modifier tensor's gradient into a compensated sum, folded into the
+        // caller's gradient after them.
+        let pairs = self.scratch.flex_pairs(gpu, encoder, args.flex_grads)?;
         let mut tensors = vec![
             ("q", args.q),
             ("k", args.k),
@@ -207,6 +261,12 @@ impl Backward {
         tensors.extend(p_ds.as_ref().map(|t| ("p_ds", t)));
         tensors.extend(dkv.as_ref().map(|t| ("dkv", t)));
         tensors.extend(args.mods.tensors());
+        tensors.extend(
+            args.flex_grads
+                .iter()
+                .zip(&pairs)
+                .map(|((n, _), p)| (*n, p)),
+        );
         let mut d = Dispatch::new(tensors);
         d.dims = sequence_dims(batch, seq, h).to_vec();
         d.dims.extend(args.mods.dims());
@@ -214,7 +274,8 @@ impl Backward {
         d.params.extend(args.mods.params());
         if !args.accumulate {
             let grads = [args.dq, args.dk, args.dv].into_iter();
-            for t in grads.chain(args.dbias).chain(args.dsinks) {
+            let flex = args.flex_grads.iter().map(|(_, t)| *t);
+            for t in grads.chain(args.dbias).chain(args.dsinks).chain(flex) {
                 t.record_clear(encoder);
             }
         }
@@ -248,6 +309,16 @@ impl Backward {
                 let g = grid(grad.abi(), &s.dims);
                 grad.record(gpu, encoder, &s, g)?;
             }
+        }
+        for ((_, grad), pair) in args.flex_grads.iter().zip(&pairs) {
+            let fold = Dispatch {
+                tensors: vec![("pair", pair), ("grad", grad)],
+                dims: vec![("len", grad.len() as u32)],
+                params: Vec::new(),
+            };
+            let fold_pipeline = self.scratch.fold(gpu)?;
+            let g = grid(fold_pipeline.abi(), &fold.dims);
+            fold_pipeline.record(gpu, encoder, &fold, g)?;
         }
         if let Some(dkv) = &dkv {
             let len4 = elements(args.dk.shape()) / 4;
@@ -319,6 +390,7 @@ fn check(
         }
         (None, None) => {}
     }
+    check_flex_grads(abi, args)?;
     match (args.mods.sinks, args.dsinks) {
         (Some(s), Some(ds)) => expect(ds, "dsinks", s.shape(), f32, "[n_heads]")?,
         (None, Some(_)) => {
@@ -348,4 +420,59 @@ fn check(
         )?),
         None => Ok(()),
     }
+}
+
+/// One gradient per tensor the modifiers declare `grad`, in that tensor's shape, f32, and
+/// nothing else.
+fn check_flex_grads(abi: &attn_dsl::KernelAbi, args: &BackwardArgs) -> Result<(), InputError> {
+    let refuse = |message: String| {
+        Err(InputError::Flex {
+            kernel: abi.name.to_string(),
+            message,
+        })
+    };
+    let declared = args.mods.flex.map(|f| (f, f.modifiers.get()));
+    let grad_of = |name: &str| {
+        let (f, flex) = declared.as_ref()?;
+        let t = flex
+            .tensors
+            .iter()
+            .find(|t| t.grad_name().as_deref() == Some(name))?;
+        Some((t.name.clone(), f.tensor(&t.name)?))
+    };
+    for (n, (name, grad)) in args.flex_grads.iter().enumerate() {
+        let Some((tensor, values)) = grad_of(name) else {
+            return refuse(format!(
+                "`{name}` is not the gradient of a tensor the kernel's `tensors` declare `grad`"
+            ));
+        };
+        if args.flex_grads[..n].iter().any(|(m, _)| m == name) {
+            return refuse(format!("gradient `{name}` is given twice"));
+        }
+        crate::modifiers::expect(
+            grad,
+            name,
+            values.shape(),
+            Scalar::F32,
+            "its tensor's shape, f32",
+        )
+        .map_err(|e| InputError::Flex {
+            kernel: abi.name.to_string(),
+            message: format!("the gradient of `{tensor}`: {e}"),
+        })?;
+    }
+    if let Some((_, flex)) = &declared
+        && let Some(t) = flex.tensors.iter().find(|t| {
+            t.grad_name()
+                .is_some_and(|g| !args.flex_grads.iter().any(|(n, _)| *n == g))
+        })
+    {
+        return refuse(format!(
+            "tensor `{}` is declared `grad`: pass its gradient `d{}` ({}) in `flex_grads`",
+            t.name,
+            t.name,
+            t.describe()
+        ));
+    }
+    Ok(())
 }

@@ -70,8 +70,7 @@ pub fn flash_backward_phases(
             config,
         )
     };
-    q.writes
-        .extend(dbias(masks).map(|(n, m)| (n.to_string(), m)));
+    q.writes.extend(masks.score_grad_writes());
     q.fit_target();
     let mut kv = KernelSpec {
         dtype,
@@ -167,7 +166,6 @@ pub fn flash_scatter(
 ) -> Result<KernelAbi, DslError> {
     use attn_dsl::WriteMode::{AtomicScatter, Owned};
     let writes = [("dk", Owned), ("dv", Owned), ("dq", AtomicScatter)];
-    let writes: Vec<_> = writes.into_iter().chain(dbias(masks)).collect();
     let name = family_name("attention_backward_flash", head_dim);
     atomic_kernel(
         &name,
@@ -190,7 +188,6 @@ pub fn flash_streaming(
 ) -> Result<KernelAbi, DslError> {
     use attn_dsl::WriteMode::{AtomicScatter, Owned};
     let writes = [("dq", Owned), ("dkv", AtomicScatter)];
-    let writes: Vec<_> = writes.into_iter().chain(dbias(masks)).collect();
     let name = family_name("attention_backward", head_dim);
     atomic_kernel(
         &name,
@@ -203,12 +200,8 @@ pub fn flash_streaming(
     )
 }
 
-/// dBias's write, for the kernel of a schedule that sees every dS.
-fn dbias(masks: Masks) -> Option<(&'static str, attn_dsl::WriteMode)> {
-    masks.dbias_mode().map(|m| ("dbias", m))
-}
-
-/// A flash kernel of `op` with `writes`, its atomic outputs added by `scatter`.
+/// A flash kernel of `op` with `writes` and the gradients every dS adds to (it sees every
+/// dS), its atomic outputs added by `scatter`.
 fn atomic_kernel(
     name: &str,
     op: Op,
@@ -219,7 +212,11 @@ fn atomic_kernel(
     scatter: attn_dsl::Scatter,
 ) -> Result<KernelAbi, DslError> {
     let mut spec = KernelSpec {
-        writes: writes.iter().map(|(n, m)| (n.to_string(), *m)).collect(),
+        writes: writes
+            .iter()
+            .map(|(n, m)| (n.to_string(), *m))
+            .chain(masks.score_grad_writes())
+            .collect(),
         scatter,
         ..KernelSpec::flash(name, op, head_dim, masks, config)
     };

@@ -281,6 +281,7 @@ pub fn train_step(gpu: &Gpu, h: Heads, seq: u32, dtype: Dtype, runs: u32) -> Res
             dv: &dv,
             dbias: None,
             dsinks: None,
+            flex_grads: &[],
             seg: None,
             scale: None,
             mods: Default::default(),

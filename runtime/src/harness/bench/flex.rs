@@ -67,7 +67,11 @@ fn variants(seq: u32, window: u32) -> Vec<Variant> {
     vec![
         plain("dense (no mask)", Masks::default(), 1.0),
         plain("causal, built-in", built(true, false), causal_frac),
-        plain("causal, mask_mod k <= q", flex(Some(library::causal()), None, vec![]), causal_frac),
+        plain(
+            "causal, mask_mod k <= q",
+            flex(Some(library::causal()), None, vec![]),
+            causal_frac,
+        ),
         // Both: the built-in word's key range with the modifier's per-pair test and tile
         // loop, to tell the two costs apart.
         plain(
@@ -80,34 +84,68 @@ fn variants(seq: u32, window: u32) -> Vec<Variant> {
         ),
         Variant {
             window: Some(window),
-            ..plain(&format!("window {window}, built-in"), built(true, true), window_frac)
+            ..plain(
+                &format!("window {window}, built-in"),
+                built(true, true),
+                window_frac,
+            )
         },
         plain(
             &format!("window {window}, mask_mod"),
-            flex(Some(library::sliding_window(i64::from(window))), None, vec![]),
+            flex(
+                Some(library::sliding_window(i64::from(window))),
+                None,
+                vec![],
+            ),
             window_frac,
         ),
         plain(
             &format!("window {window} + 4 sinks, mask_mod"),
-            flex(Some(library::window_with_sinks(i64::from(window), 4)), None, vec![]),
+            flex(
+                Some(library::window_with_sinks(i64::from(window), 4)),
+                None,
+                vec![],
+            ),
             sink_frac,
         ),
         Variant {
             softcap: Some(30.0),
-            ..plain("causal + softcap 30, built-in", Masks { softcap: true, ..built(true, false) }, causal_frac)
+            ..plain(
+                "causal + softcap 30, built-in",
+                Masks {
+                    softcap: true,
+                    ..built(true, false)
+                },
+                causal_frac,
+            )
         },
         plain(
             "causal + softcap 30, score_mod",
-            flex(Some(library::causal()), Some(library::softcap(30.0)), vec![]),
+            flex(
+                Some(library::causal()),
+                Some(library::softcap(30.0)),
+                vec![],
+            ),
             causal_frac,
         ),
         Variant {
             alibi: true,
-            ..plain("causal + ALiBi, built-in", Masks { alibi: true, ..built(true, false) }, causal_frac)
+            ..plain(
+                "causal + ALiBi, built-in",
+                Masks {
+                    alibi: true,
+                    ..built(true, false)
+                },
+                causal_frac,
+            )
         },
         plain(
             "causal + ALiBi, score_mod",
-            flex(Some(library::causal()), Some(library::alibi("slopes")), slopes),
+            flex(
+                Some(library::causal()),
+                Some(library::alibi("slopes")),
+                slopes,
+            ),
             causal_frac,
         ),
     ]
@@ -126,7 +164,12 @@ pub fn flex(
     let kv_shape = [1, seq, h.n_kv_heads, h.head_dim];
     let data = |shape: &[u32], seed| {
         let n = shape.iter().map(|&d| d as usize).product();
-        Tensor::from_f32(gpu, shape, Scalar::from(dtype), &crate::cases::random(n, seed))
+        Tensor::from_f32(
+            gpu,
+            shape,
+            Scalar::from(dtype),
+            &crate::cases::random(n, seed),
+        )
     };
     let (q, k, v) = (data(&q_shape, 1)?, data(&kv_shape, 2)?, data(&kv_shape, 3)?);
     let o = Tensor::zeros(gpu, &q_shape, Scalar::from(dtype));
@@ -152,7 +195,10 @@ pub fn flex(
             window: variant.window,
             softcap: variant.softcap,
             alibi: variant.alibi.then_some(&slopes),
-            flex: variant.masks.flex.map(|modifiers| FlexOf { modifiers, tensors }),
+            flex: variant
+                .masks
+                .flex
+                .map(|modifiers| FlexOf { modifiers, tensors }),
             ..DeviceModifiers::default()
         };
         let args = ForwardArgs {
