@@ -426,9 +426,10 @@ const DKV_REDUCE: &[Tensor] = &[
     DIMS,
 ];
 
-// A compensated sum (part 0 the sum, part 1 its rounding errors) and the gradient it adds to.
+// Compensated sums in lanes (per lane part 0 the sum, part 1 its rounding errors) and the
+// gradient they add to.
 const GRAD_FOLD: &[Tensor] = &[
-    t("pair", Input, F32, &[Part, R]),
+    t("pair", Input, F32, &[Slice, Part, R]),
     t("grad", Output, F32, &[R]),
     DIMS,
 ];
@@ -563,8 +564,8 @@ pub fn dims(op: Op) -> UniformBlock {
         ],
         // vec4s of dK (and of dV) to sum.
         Op::DkvReduce | Op::ToDtype | Op::FromDtype => &["len4", "_pad0", "_pad1", "_pad2"],
-        // elements of the gradient.
-        Op::GradFold => &["len", "_pad0", "_pad1", "_pad2"],
+        // elements of the gradient, and the lanes of the compensated sums.
+        Op::GradFold => &["len", "lanes", "_pad0", "_pad1"],
         // rows: batch·seq; n_tiles: row tiles of the backward's grid (dW's and db's
         // partials); n_blocks: its dx blocks (dγ's and dβ's partials).
         Op::LayernormLinear

@@ -118,9 +118,9 @@ pub enum Op {
     /// The sinks' gradient, `dsinks[h] += −Σ_rows e^(sinks[h] − LSE)·D` with D = dO·O,
     /// summed over every row and sequence of head h by one workgroup (owned, no atomics).
     SinkGrad,
-    /// Adds a compensated sum into a gradient: `grad[i] += pair[0, i] + pair[1, i]`, the
-    /// sum and its rounding errors that a backward scattered by atomics (a modifier
-    /// tensor's gradient), one owner per element.
+    /// Adds compensated sums into a gradient: `grad[i] += Σ_lanes pair[l, 0, i] + pair[l,
+    /// 1, i]`, the sums and their rounding errors that a backward scattered by atomics (a
+    /// modifier tensor's gradient), one owner per element.
     GradFold,
 }
 

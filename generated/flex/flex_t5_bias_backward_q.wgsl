@@ -210,16 +210,45 @@ fn fetch_add_drel_bias(i: u32, x: f32) -> f32 {
     return bitcast<f32>(old);
 }
 
-fn add_drel_bias(i: u32, x: f32) {
-    let old = fetch_add_drel_bias(i, x);
-    let e = two_sum_err4(vec4<f32>(old), vec4<f32>(x), vec4<f32>(old + x)).x;
-    fetch_add_drel_bias(arrayLength(&drel_bias) / 2u + i, e);
+fn add_drel_bias(i: u32, x: vec2<f32>, lane: u32) {
+    let len = dims.n_heads * 63u;
+    let at = lane % (arrayLength(&drel_bias) / (2u * len)) * 2u * len + i;
+    let old = fetch_add_drel_bias(at, x.x);
+    let e = two_sum_err4(vec4<f32>(old), vec4<f32>(x.x), vec4<f32>(old + x.x)).x;
+    fetch_add_drel_bias(at + len, e + x.y);
+}
+
+var<private> flex_drel_bias_0_at: u32 = 0xffffffffu;
+var<private> flex_drel_bias_0_lane: u32;
+var<private> flex_drel_bias_0_sum: vec2<f32>;
+
+fn flex_drel_bias_0_add(i: u32, x: f32, lane: u32) {
+    if (i != flex_drel_bias_0_at) {
+        flex_drel_bias_0_flush();
+        flex_drel_bias_0_at = i;
+        flex_drel_bias_0_lane = lane;
+    }
+    let s = flex_drel_bias_0_sum.x + x;
+    flex_drel_bias_0_sum = vec2<f32>(s, flex_drel_bias_0_sum.y + two_sum_err4(vec4<f32>(flex_drel_bias_0_sum.x), vec4<f32>(x), vec4<f32>(s)).x);
+}
+
+fn flex_drel_bias_0_flush() {
+    if (flex_drel_bias_0_at != 0xffffffffu) {
+        add_drel_bias(flex_drel_bias_0_at, flex_drel_bias_0_sum, flex_drel_bias_0_lane);
+    }
+    flex_drel_bias_0_at = 0xffffffffu;
+    flex_drel_bias_0_sum = vec2<f32>(0.0);
 }
 
 // dS into the gradients of the tensors declared `grad`, at each read of them.
 fn flex_grads(flex_row: u32, flex_h: u32, flex_j: u32, dot: f32, gf: f32) {
     let flex_s = pre_score(flex_row, flex_h, flex_j, dot).x;
-    add_drel_bias((u32(i32(flex_h)) * 63u + u32((clamp((i32(flex_row) - i32(flex_j)), i32(-31), i32(31)) + i32(31)))), gf * f32(1.0));
+    flex_drel_bias_0_add((u32(i32(flex_h)) * 63u + u32((clamp((i32(flex_row) - i32(flex_j)), i32(-31), i32(31)) + i32(31)))), gf * f32(1.0), flex_row);
+}
+
+// What each invocation still holds, added; at the end of the kernel.
+fn flex_flush() {
+    flex_drel_bias_0_flush();
 }
 
 // dS with respect to the pre-cap score, from gf, that with respect to the score x (0 where
@@ -533,4 +562,5 @@ fn flash_backward_q(tile: u32, h: u32, tid: u32) {
 fn flex_t5_bias_backward_q(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     batch = wg.z;
     flash_backward_q(wg.x, wg.y, tid);
+    flex_flush();
 }

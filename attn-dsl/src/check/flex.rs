@@ -160,11 +160,15 @@ mod tests {
             (&*last.name, last.write),
             ("drel_bias", Some(WriteMode::AtomicScatter))
         );
+        // The entry adds what each invocation still holds once its loop is done.
+        let entry = &abi.wgsl[abi.wgsl.find("@compute").unwrap()..];
+        assert!(entry.contains("flex_flush();"), "{entry}");
         for needed in [
             "fn flex_grads(",
             "flex_grads(row, h, j, dot, gf)",
             "fn add_drel_bias(",
             "two_sum_err4(",
+            "fn flex_drel_bias_0_flush(",
         ] {
             assert!(abi.wgsl.contains(needed), "{needed}");
         }

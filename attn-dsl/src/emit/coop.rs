@@ -857,10 +857,11 @@ pub(super) fn entry(out: &mut Wgsl, spec: &KernelSpec, body: &str) {
 fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32,
     @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {{
     batch = wg.z;
-    {body}(wg.x, wg.y, tid, sg, lane);
+    {body}(wg.x, wg.y, tid, sg, lane);{flush}
 }}
 "#,
-        name = spec.name
+        name = spec.name,
+        flush = super::flex::flush_call(spec),
     );
 }
 

@@ -542,9 +542,10 @@ pub(super) fn entry(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling, body: &str) {
         r#"@compute @workgroup_size(WG)
 fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32{tiles}{builtins}) {{
     batch = wg.z;{order}
-    {body}({at}, tid{args});
+    {body}({at}, tid{args});{flush}
 }}
 "#,
-        name = spec.name
+        name = spec.name,
+        flush = super::flex::flush_call(spec),
     );
 }

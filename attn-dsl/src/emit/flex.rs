@@ -77,7 +77,7 @@ const ARGS: &str = "flex_row: u32, flex_h: u32, flex_j: u32";
 
 /// `flex_grads(row, h, j, dot, gf)`: for every tensor declared `grad` that `spec` writes,
 /// `d<name>[index] += gf · d score_mod / d name[index]` at each read of it, by
-/// compensated atomics (`d<name>` binds the sum and its errors, which the runtime folds);
+/// compensated atomics in lanes (`d<name>` binds them, and the runtime folds them);
 /// `gf` is dS with respect to the modified score, the read's slope evaluated at the score
 /// before `score_mod` (`pre_score`). Returns whether it wrote any.
 pub(super) fn grad_functions(out: &mut Wgsl, spec: &crate::spec::KernelSpec, flex: &Flex) -> bool {
@@ -101,25 +101,78 @@ pub(super) fn grad_functions(out: &mut Wgsl, spec: &crate::spec::KernelSpec, fle
         var: &var,
         seq: "dims.seq_len",
     };
-    let mut body = String::new();
+    let (mut body, mut flush) = (String::new(), String::new());
     for (t, grad) in &written {
-        super::scatter::compensated_add(out, spec, grad);
-        for read in derive::d_tensor(e, &t.name).expect("checked: the tensor differentiates") {
+        let len: Vec<String> = t.dims.iter().map(|d| dim_expr(*d, sp.seq)).collect();
+        super::scatter::compensated_add(out, spec, grad, &len.join(" * "));
+        let reads = derive::d_tensor(e, &t.name).expect("checked: the tensor differentiates");
+        for (r, read) in reads.iter().enumerate() {
+            let p = format!("flex_{grad}_{r}");
+            out.push_str(&HELD.replace("$p", &p).replace("$grad", grad));
+            // Lanes by query row: the pairs of one element in a tile sit on different rows.
             let _ = write!(
                 body,
-                "\n    add_{grad}({}, gf * {});",
+                "\n    {p}_add({}, gf * {}, flex_row);",
                 offset(&t.name, &read.index, &flex.tensors, &sp),
                 wgsl(&read.slope, &flex.tensors, &sp)
             );
+            let _ = write!(flush, "\n    {p}_flush();");
         }
     }
     let _ = write!(
         out,
         "// dS into the gradients of the tensors declared `grad`, at each read of them.\n\
          fn flex_grads({ARGS}, dot: f32, gf: f32) {{\n    \
-         let flex_s = pre_score(flex_row, flex_h, flex_j, dot).x;{body}\n}}\n\n"
+         let flex_s = pre_score(flex_row, flex_h, flex_j, dot).x;{body}\n}}\n\n\
+         // What each invocation still holds, added; at the end of the kernel.\n\
+         fn flex_flush() {{{flush}\n}}\n\n"
     );
     true
+}
+
+/// One read's gradient as an invocation gathers it: the element it last added to, that
+/// add's lane, and the sum not yet added (a value and its rounding errors), kept while the
+/// invocation's pairs land on one element (most of a T5 table's pairs land on its last
+/// distance) and added by atomics when they move on. The atomics on one element fall from
+/// one per pair to about one per invocation.
+const HELD: &str = "var<private> $p_at: u32 = 0xffffffffu;
+var<private> $p_lane: u32;
+var<private> $p_sum: vec2<f32>;
+
+fn $p_add(i: u32, x: f32, lane: u32) {
+    if (i != $p_at) {
+        $p_flush();
+        $p_at = i;
+        $p_lane = lane;
+    }
+    let s = $p_sum.x + x;
+    $p_sum = vec2<f32>(s, $p_sum.y + two_sum_err4(vec4<f32>($p_sum.x), vec4<f32>(x), vec4<f32>(s)).x);
+}
+
+fn $p_flush() {
+    if ($p_at != 0xffffffffu) {
+        add_$grad($p_at, $p_sum, $p_lane);
+    }
+    $p_at = 0xffffffffu;
+    $p_sum = vec2<f32>(0.0);
+}
+
+";
+
+/// The call that adds what an invocation still holds of the modifier tensors' gradients,
+/// for the end of a backward kernel's entry point; empty where `spec` writes none.
+pub(super) fn flush_call(spec: &crate::spec::KernelSpec) -> &'static str {
+    let writes = spec.flex().is_some_and(|f| {
+        f.score_mod.is_some()
+            && f.tensors
+                .iter()
+                .filter_map(|t| t.grad_name())
+                .any(|g| spec.write_mode(&g).is_some())
+    });
+    match writes {
+        true => "\n    flex_flush();",
+        false => "",
+    }
 }
 
 /// The WGSL functions of `flex`'s modifiers: `score_mod(score, row, h, j)` and its

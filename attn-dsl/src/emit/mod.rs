@@ -144,12 +144,12 @@ fn emit_body(out: &mut Wgsl, spec: &KernelSpec, keep: coop::Phases) {
         }
     }
     match spec.op {
-        Op::Forward => tile_entry(out, &spec.name, "attend_row"),
+        Op::Forward => tile_entry(out, spec, "attend_row"),
         Op::Decode => attend::decode_entry(out, &spec.name),
-        Op::BackwardPrep => tile_entry(out, &spec.name, "prep_row"),
-        Op::BackwardQ => tile_entry(out, &spec.name, "backward_row"),
-        Op::BackwardKv => tile_entry(out, &spec.name, "backward_col"),
-        Op::Rope | Op::RopeBackward => tile_entry(out, &spec.name, "rope_row"),
+        Op::BackwardPrep => tile_entry(out, spec, "prep_row"),
+        Op::BackwardQ => tile_entry(out, spec, "backward_row"),
+        Op::BackwardKv => tile_entry(out, spec, "backward_col"),
+        Op::Rope | Op::RopeBackward => tile_entry(out, spec, "rope_row"),
         // These bodies carry their own entry points.
         Op::DecodeSplit
         | Op::DecodeReduce
@@ -184,7 +184,7 @@ fn emit_flash(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling) {
 
 /// The entry of a tiled grid: workgroup (x, y, z) takes rows x·TILE.. of the walked axis,
 /// for head (or KV head) y of sequence z, one row at a time.
-fn tile_entry(out: &mut Wgsl, name: &str, row_fn: &str) {
+fn tile_entry(out: &mut Wgsl, spec: &KernelSpec, row_fn: &str) {
     let _ = write!(
         out,
         r#"@compute @workgroup_size(WG)
@@ -197,9 +197,11 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         }}
         // The next row reuses the workgroup memory.
         workgroupBarrier();
-    }}
+    }}{flush}
 }}
-"#
+"#,
+        name = spec.name,
+        flush = flex::flush_call(spec),
     );
 }
 

@@ -9,12 +9,16 @@ use std::fmt::Write;
 
 use crate::spec::{KernelSpec, Scatter};
 
-/// `add_<t>(i, x)` for a compensated sum in `t` = [sum, errors] (two halves): `x` added
-/// to the sum by atomics, and the add's rounding error (TwoSum on the value the atomic
-/// returns) to the errors, which a fold adds to the sum in the end. For a gradient of many
-/// terms per element in whatever order the workgroups run (a modifier tensor's): the sum
-/// then carries about double f32 precision, far inside the error of a pairwise f32 sum.
-pub(super) fn compensated_add(out: &mut Wgsl, spec: &KernelSpec, t: &str) {
+/// `add_<t>(i, x, lane)` for compensated sums in lanes, `t` = [lanes, 2, len] (each lane a
+/// sum and its errors; `len` = the WGSL expression `len`, the lane count what the binding
+/// holds): `x` (a value and the rounding errors it carries) added to lane `lane % lanes`
+/// by atomics, the value to the sum and the add's rounding error (TwoSum on the value the
+/// atomic returns) with the carried errors to its errors; a fold adds every lane to the
+/// gradient in the end. For a gradient of many terms per element in whatever order the
+/// workgroups run (a modifier tensor's): each sum carries about double f32 precision, far
+/// inside the error of a pairwise f32 sum, and the lanes spread the atomics of one element
+/// (a T5 table's diagonal: every pair at one distance) over as many addresses.
+pub(super) fn compensated_add(out: &mut Wgsl, spec: &KernelSpec, t: &str, len: &str) {
     out.need(&[super::numerics::Helper::TwoSumErr4]);
     match spec.scatter {
         Scatter::F32Atomic => {
@@ -45,10 +49,12 @@ fn fetch_add_{t}(i: u32, x: f32) -> f32 {{
     }
     let _ = write!(
         out,
-        "fn add_{t}(i: u32, x: f32) {{\n    \
-         let old = fetch_add_{t}(i, x);\n    \
-         let e = two_sum_err4(vec4<f32>(old), vec4<f32>(x), vec4<f32>(old + x)).x;\n    \
-         fetch_add_{t}(arrayLength(&{t}) / 2u + i, e);\n}}\n\n"
+        "fn add_{t}(i: u32, x: vec2<f32>, lane: u32) {{\n    \
+         let len = {len};\n    \
+         let at = lane % (arrayLength(&{t}) / (2u * len)) * 2u * len + i;\n    \
+         let old = fetch_add_{t}(at, x.x);\n    \
+         let e = two_sum_err4(vec4<f32>(old), vec4<f32>(x.x), vec4<f32>(old + x.x)).x;\n    \
+         fetch_add_{t}(at + len, e + x.y);\n}}\n\n"
     );
 }
 

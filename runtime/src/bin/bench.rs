@@ -95,7 +95,9 @@ struct Args {
     /// Time the forward with user-written modifiers instead: each built-in mask or score
     /// modifier beside the `mask_mod` / `score_mod` that writes it, and a sliding window
     /// with 4 sink tokens beside the dense and causal forwards (f16 and f32; --seq default
-    /// 16384, --heads 16, --head-dim 128, --window 256).
+    /// 16384, --heads 16, --head-dim 128, --window 256); then the backward of a causal T5
+    /// bias at a quarter of --seq, its table fixed and learnable (`grad`), beside the
+    /// built-in causal backward.
     #[arg(long, conflicts_with_all = ["suite", "decode", "e2e", "layernorm", "tune", "only"])]
     flex: bool,
     /// Measure how many workgroups of 256 invocations the adapter runs at once (what
@@ -216,22 +218,45 @@ fn flex(gpu: &Gpu, args: &Args) -> anyhow::Result<()> {
             dtype.name()
         );
         println!(
-            "  {:<38} {:>10} {:>9} {:>9}",
+            "  {:<64} {:>10} {:>9} {:>9}",
             "mask / modifier", "ms", "/ dense", "visible"
         );
         let rows = bench::flex::flex(gpu, h, seq, window, dtype, (args.warmup, args.runs))?;
-        let dense = rows.first().map_or(1.0, |r| r.ms);
-        for r in &rows {
+        flex_table(&rows);
+    }
+    // The backward of a learnable T5 table beside the fixed one, at a quarter of the
+    // sequence (its runs take longer), twice: a few-millisecond backward after the
+    // pipelines' compilation needs more warm-up than --warmup for the clocks to settle.
+    let seq = (seq / 4).max(64);
+    let warmup = args.warmup.max(20);
+    for dtype in [runtime::Dtype::F16, runtime::Dtype::F32] {
+        for round in 1..=2 {
             println!(
-                "  {:<38} {:>10.3} {:>9.3} {:>9.3}",
-                r.what,
-                r.ms,
-                r.ms / dense,
-                r.visible
+                "backward, seq {seq}, {}/{}/{}, {}, round {round} (/ the first row):",
+                h.n_heads,
+                h.n_kv_heads,
+                h.head_dim,
+                dtype.name()
             );
+            let rows = bench::flex::t5_backward(gpu, h, seq, dtype, (warmup, args.runs))?;
+            flex_table(&rows);
         }
     }
     Ok(())
+}
+
+/// Rows of `bench --flex`, each against the first.
+fn flex_table(rows: &[bench::flex::FlexRow]) {
+    let first = rows.first().map_or(1.0, |r| r.ms);
+    for r in rows {
+        println!(
+            "  {:<64} {:>10.3} {:>9.3} {:>9.3}",
+            r.what,
+            r.ms,
+            r.ms / first,
+            r.visible
+        );
+    }
 }
 
 fn run(args: Args) -> anyhow::Result<()> {

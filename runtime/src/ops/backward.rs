@@ -47,6 +47,13 @@ pub struct BackwardArgs<'a> {
     pub accumulate: bool,
 }
 
+/// Most lanes of a modifier tensor's compensated sums: the atomics on one element spread
+/// over as many addresses (a T5 table's few hundred elements take every pair's add).
+pub const FLEX_LANES: u64 = 64;
+
+/// Bytes the lanes of one modifier tensor's gradient may take.
+pub const FLEX_SCRATCH: u64 = 16 << 20;
+
 /// The backward's scratch, each grown to the largest call.
 #[derive(Default)]
 pub struct Scratch {
@@ -60,7 +67,7 @@ pub struct Scratch {
     sink_parts: Option<Tensor>,
     /// The kernel that sums the lanes into dK and dV.
     lanes: Option<Pipeline>,
-    /// Per modifier tensor's gradient, in order: its compensated sum `[2, len]`.
+    /// Per modifier tensor's gradient, in order: its compensated sums `[lanes, 2, len]`.
     flex_pairs: Vec<Option<Tensor>>,
     /// The kernel that adds a compensated sum into its gradient.
     fold: Option<Pipeline>,
@@ -122,21 +129,26 @@ fn helper<'p>(
 }
 
 impl Scratch {
-    /// The compensated sums of `grads` (cleared in `encoder`), in order.
+    /// The compensated sums of `grads` (cleared in `encoder`), in order, each with its
+    /// lanes: as many as [`FLEX_LANES`] where the scratch stays within [`FLEX_SCRATCH`].
     fn flex_pairs(
         &mut self,
         gpu: &Gpu,
         encoder: &mut wgpu::CommandEncoder,
         grads: &[(&str, &Tensor)],
-    ) -> Result<Vec<Tensor>, TensorError> {
+    ) -> Result<Vec<(Tensor, u32)>, TensorError> {
         self.flex_pairs
             .resize_with(self.flex_pairs.len().max(grads.len()), || None);
         let pairs = grads
             .iter()
             .zip(&mut self.flex_pairs)
-            .map(|((_, g), held)| Scratch::view(held, gpu, &[2, g.len() as u32]))
-            .collect::<Result<Vec<_>, _>>()?;
-        for p in &pairs {
+            .map(|((_, g), held)| {
+                let len = g.len().max(1);
+                let lanes = (FLEX_SCRATCH / (8 * len)).clamp(1, FLEX_LANES) as u32;
+                Ok((Scratch::view(held, gpu, &[lanes, 2, len as u32])?, lanes))
+            })
+            .collect::<Result<Vec<_>, TensorError>>()?;
+        for (p, _) in &pairs {
             p.record_clear(encoder);
         }
         Ok(pairs)
@@ -265,7 +277,7 @@ impl Backward {
             args.flex_grads
                 .iter()
                 .zip(&pairs)
-                .map(|((n, _), p)| (*n, p)),
+                .map(|((n, _), (p, _))| (*n, p)),
         );
         let mut d = Dispatch::new(tensors);
         d.dims = sequence_dims(batch, seq, h).to_vec();
@@ -310,10 +322,10 @@ impl Backward {
                 grad.record(gpu, encoder, &s, g)?;
             }
         }
-        for ((_, grad), pair) in args.flex_grads.iter().zip(&pairs) {
+        for ((_, grad), (pair, lanes)) in args.flex_grads.iter().zip(&pairs) {
             let fold = Dispatch {
                 tensors: vec![("pair", pair), ("grad", grad)],
-                dims: vec![("len", grad.len() as u32)],
+                dims: vec![("len", grad.len() as u32), ("lanes", *lanes)],
                 params: Vec::new(),
             };
             let fold_pipeline = self.scratch.fold(gpu)?;

@@ -226,3 +226,121 @@ pub fn flex(
     }
     Ok(rows)
 }
+
+/// The backward of a T5 relative bias under a causal mask (issue 28, item 3), the
+/// planner's schedule at `seq` (batch 1, `h`), in `dtype`: the built-in causal word alone,
+/// the bias table fixed, and the table learnable (`grad`: every dS also added into
+/// `drel_bias` by compensated atomics, then folded).
+pub fn t5_backward(
+    gpu: &Gpu,
+    h: Heads,
+    seq: u32,
+    dtype: Dtype,
+    (warmup, runs): (usize, usize),
+) -> Result<Vec<FlexRow>, Error> {
+    let q_shape = [1, seq, h.n_heads, h.head_dim];
+    let kv_shape = [1, seq, h.n_kv_heads, h.head_dim];
+    let scalar = Scalar::from(dtype);
+    let data = |shape: &[u32], seed| {
+        let n = shape.iter().map(|&d| d as usize).product();
+        Tensor::from_f32(gpu, shape, scalar, &crate::cases::random(n, seed))
+    };
+    let (q, k, v, d_o) = (
+        data(&q_shape, 1)?,
+        data(&kv_shape, 2)?,
+        data(&kv_shape, 3)?,
+        data(&q_shape, 4)?,
+    );
+    let grads = [&q_shape, &kv_shape, &kv_shape].map(|s| Tensor::zeros(gpu, s, Scalar::F32));
+    let (o, lse) = (
+        Tensor::zeros(gpu, &q_shape, scalar),
+        Tensor::zeros(gpu, &[1, seq, h.n_heads], Scalar::F32),
+    );
+    let r = 31;
+    let table: Vec<f32> = crate::cases::random((h.n_heads * (2 * r + 1)) as usize, 5);
+    let rel_bias = Tensor::from_f32(gpu, &[h.n_heads, 2 * r + 1], Scalar::F32, &table)?;
+    let drel_bias = Tensor::zeros(gpu, &[h.n_heads, 2 * r + 1], Scalar::F32);
+    let t5 = |learnable: bool| {
+        let mut flex = library::preset(&format!("t5-bias:{r}")).expect("a preset");
+        flex.tensors[0].grad = learnable;
+        Masks {
+            flex: Some(flex.intern()),
+            ..Masks::default()
+        }
+    };
+    let variants = [
+        ("causal, built-in", Masks::new(true, false)),
+        ("causal + T5 bias, table fixed", t5(false)),
+        ("causal + T5 bias, table learnable", t5(true)),
+    ];
+    let flex_tensors = [("rel_bias", &rel_bias)];
+    let flex_grads = [("drel_bias", &drel_bias)];
+    let mut rows = Vec::new();
+    for (what, masks) in variants {
+        let flex = masks.flex.map(|modifiers| FlexOf {
+            modifiers,
+            tensors: &flex_tensors[..],
+        });
+        let mods = DeviceModifiers {
+            flex,
+            ..DeviceModifiers::default()
+        };
+        // The forward's O and LSE, so that P is what training sees.
+        let mut forward = Forward::new(
+            gpu,
+            ForwardSpec {
+                head_dim: h.head_dim,
+                masks,
+                dtype,
+            },
+        )?;
+        let mut encoder = gpu.device.create_command_encoder(&Default::default());
+        forward.record(
+            gpu,
+            &mut encoder,
+            &ForwardArgs {
+                mods,
+                ..ForwardArgs::new(&q, &k, &v, &o, &lse)
+            },
+        )?;
+        gpu.queue.submit([encoder.finish()]);
+        let mut backward = crate::Backward::new(gpu, &[])?;
+        backward.add_in(gpu, h.head_dim, masks, dtype)?;
+        let learnable = masks.flex.is_some_and(|f| f.parsed().tensors[0].grad);
+        let args = crate::ops::backward::BackwardArgs {
+            q: &q,
+            k: &k,
+            v: &v,
+            o: &o,
+            lse: &lse,
+            d_o: &d_o,
+            dq: &grads[0],
+            dk: &grads[1],
+            dv: &grads[2],
+            dbias: None,
+            dsinks: None,
+            flex_grads: if learnable { &flex_grads } else { &[] },
+            seg: None,
+            scale: None,
+            mods,
+            accumulate: true,
+        };
+        let (mut failed, mut ran) = (None, None);
+        let t = timing::time_encoded(gpu, warmup, runs, |enc| {
+            match backward.record(gpu, enc, &args, None) {
+                Ok(s) => ran = Some(s),
+                Err(e) => failed = Some(e),
+            }
+        })?;
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        let ran = ran.map_or(String::new(), |s| format!(" ({s})"));
+        rows.push(FlexRow {
+            what: format!("{what}{ran}"),
+            ms: t.median_ms,
+            visible: (f64::from(seq) + 1.0) / (2.0 * f64::from(seq)),
+        });
+    }
+    Ok(rows)
+}
