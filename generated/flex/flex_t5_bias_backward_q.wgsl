@@ -197,7 +197,8 @@ fn dropped(row: u32, h: u32, j: u32, p: f32) -> f32 {
     return p;
 }
 
-// f32 add on u32 words (see add_), returning the value added to.
+// f32 add on u32 words: retry until no other invocation changed the word between
+// our load and our exchange.
 fn fetch_add_drel_bias(i: u32, x: f32) -> f32 {
     var old = atomicLoad(&drel_bias[i]);
     loop {

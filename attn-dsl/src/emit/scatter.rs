@@ -27,25 +27,7 @@ pub(super) fn compensated_add(out: &mut Wgsl, spec: &KernelSpec, t: &str, len: &
                 "fn fetch_add_{t}(i: u32, x: f32) -> f32 {{\n    return atomicAdd(&{t}[i], x);\n}}\n\n"
             );
         }
-        Scatter::Cas => {
-            let _ = write!(
-                out,
-                r#"// f32 add on u32 words (see add_), returning the value added to.
-fn fetch_add_{t}(i: u32, x: f32) -> f32 {{
-    var old = atomicLoad(&{t}[i]);
-    loop {{
-        let r = atomicCompareExchangeWeak(&{t}[i], old, bitcast<u32>(bitcast<f32>(old) + x));
-        if (r.exchanged) {{
-            break;
-        }}
-        old = r.old_value;
-    }}
-    return bitcast<f32>(old);
-}}
-
-"#
-            );
-        }
+        Scatter::Cas => out.push_str(&cas_add("fetch_add", t, true)),
     }
     let _ = write!(
         out,
@@ -68,12 +50,21 @@ pub(super) fn atomic_add(out: &mut Wgsl, spec: &KernelSpec, t: &str) {
                 "fn add_{t}(i: u32, x: f32) {{\n    atomicAdd(&{t}[i], x);\n}}\n\n"
             );
         }
-        Scatter::Cas => {
-            let _ = write!(
-                out,
-                r#"// f32 add on u32 words: retry until no other invocation changed the word between
+        Scatter::Cas => out.push_str(&cas_add("add", t, false)),
+    }
+}
+
+/// `{name}_{t}(i, x)`: `t[i] += x` on u32 words holding f32 bits, by a compare-exchange
+/// loop; returning the value added to where `returns`.
+fn cas_add(name: &str, t: &str, returns: bool) -> String {
+    let (ty, ret) = match returns {
+        true => (" -> f32", "    return bitcast<f32>(old);\n"),
+        false => ("", ""),
+    };
+    format!(
+        r#"// f32 add on u32 words: retry until no other invocation changed the word between
 // our load and our exchange.
-fn add_{t}(i: u32, x: f32) {{
+fn {name}_{t}(i: u32, x: f32){ty} {{
     var old = atomicLoad(&{t}[i]);
     loop {{
         let r = atomicCompareExchangeWeak(&{t}[i], old, bitcast<u32>(bitcast<f32>(old) + x));
@@ -82,10 +73,8 @@ fn add_{t}(i: u32, x: f32) {{
         }}
         old = r.old_value;
     }}
-}}
+{ret}}}
 
 "#
-            );
-        }
-    }
+    )
 }

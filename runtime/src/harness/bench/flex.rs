@@ -151,6 +151,17 @@ fn variants(seq: u32, window: u32) -> Vec<Variant> {
     ]
 }
 
+/// A tensor of `shape` holding random values (of the check's generator, from `seed`).
+fn random(
+    gpu: &Gpu,
+    shape: &[u32],
+    scalar: Scalar,
+    seed: u64,
+) -> Result<Tensor, crate::tensor::TensorError> {
+    let n = shape.iter().map(|&d| d as usize).product();
+    Tensor::from_f32(gpu, shape, scalar, &crate::cases::random(n, seed))
+}
+
 /// Every variant's forward at `seq` (batch 1, `h`), in `dtype`.
 pub fn flex(
     gpu: &Gpu,
@@ -162,15 +173,7 @@ pub fn flex(
 ) -> Result<Vec<FlexRow>, Error> {
     let q_shape = [1, seq, h.n_heads, h.head_dim];
     let kv_shape = [1, seq, h.n_kv_heads, h.head_dim];
-    let data = |shape: &[u32], seed| {
-        let n = shape.iter().map(|&d| d as usize).product();
-        Tensor::from_f32(
-            gpu,
-            shape,
-            Scalar::from(dtype),
-            &crate::cases::random(n, seed),
-        )
-    };
+    let data = |shape: &[u32], seed| random(gpu, shape, Scalar::from(dtype), seed);
     let (q, k, v) = (data(&q_shape, 1)?, data(&kv_shape, 2)?, data(&kv_shape, 3)?);
     let o = Tensor::zeros(gpu, &q_shape, Scalar::from(dtype));
     let lse = Tensor::zeros(gpu, &[1, seq, h.n_heads], Scalar::F32);
@@ -241,10 +244,7 @@ pub fn t5_backward(
     let q_shape = [1, seq, h.n_heads, h.head_dim];
     let kv_shape = [1, seq, h.n_kv_heads, h.head_dim];
     let scalar = Scalar::from(dtype);
-    let data = |shape: &[u32], seed| {
-        let n = shape.iter().map(|&d| d as usize).product();
-        Tensor::from_f32(gpu, shape, scalar, &crate::cases::random(n, seed))
-    };
+    let data = |shape: &[u32], seed| random(gpu, shape, scalar, seed);
     let (q, k, v, d_o) = (
         data(&q_shape, 1)?,
         data(&kv_shape, 2)?,
