@@ -320,6 +320,18 @@ fn put_stats(e: u32, x: vec2<f32>) {
     }
 }
 
+fn next_block(it0: u32, end: u32, k0: u32, k1: u32, h0: u32, group: u32, first: u32, blocks: u32) -> u32 {
+    var it = it0;
+    while (it < end) {
+        let s0 = (first + blocks - 1u - it / group) * BC;
+        if (mask_tile(s0, min(s0 + BC, dims.seq_len) - 1u, k0, k1, h0 + it % group).x) {
+            break;
+        }
+        it = it + 1u;
+    }
+    return it;
+}
+
 fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {
     let g = tid / TX;
     let tx = tid % TX;
@@ -348,20 +360,21 @@ fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {
     var pq_1 = vec4<f32>(0.0);
     var pd_1 = vec4<f32>(0.0);
     var ps_0 = vec2<f32>(0.0);
-    var next_h = kv_h * group;
-    var next_s0 = (first + blocks - 1u) * BC;
+    let it_end = group * blocks;
+    let col_last = min(col0 + BR, dims.seq_len) - 1u;
+    var it_next = next_block(0u, it_end, col0, col_last, kv_h * group, group, first, blocks);
+    var next_h = kv_h * group + it_next % group;
+    var next_s0 = (first + blocks - 1u - it_next / group) * BC;
     pq_0 = fetch_q(next_s0, next_h, tid + 0u * WG);
     pd_0 = fetch_do(next_s0, next_h, tid + 0u * WG);
     pq_1 = fetch_q(next_s0, next_h, tid + 1u * WG);
     pd_1 = fetch_do(next_s0, next_h, tid + 1u * WG);
     ps_0 = fetch_stats(next_s0, next_h, tid + 0u * WG);
-    // Every block of queries that sees the tile, last first, and within a block every
-    // query head of this KV head: under a causal or document mask a key's weights
-    // shrink with the query's distance, so the small terms are added while the sums
-    // are small (summed the other way, the error grew with the sequence).
-    for (var it = 0u; it < group * blocks; it = it + 1u) {
+    // Every block of queries that may see the tile, last first (see query_blocks_ahead).
+    for (var it = it_next; it < it_end; it = it_next) {
         let h = next_h;
         let s0 = next_s0;
+        it_next = next_block(it + 1u, it_end, col0, col_last, kv_h * group, group, first, blocks);
         // The previous block is done with sh_q, sh_do, sh_p and sh_ds.
         workgroupBarrier();
         put_q(tid + 0u * WG, pq_0);
@@ -371,9 +384,9 @@ fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {
         put_stats(tid + 0u * WG, ps_0);
         workgroupBarrier();
         // The next block's loads are in flight during this one's products.
-        if (it + 1u < group * blocks) {
-            next_h = kv_h * group + (it + 1u) % group;
-            next_s0 = (first + blocks - 1u - (it + 1u) / group) * BC;
+        if (it_next < it_end) {
+            next_h = kv_h * group + it_next % group;
+            next_s0 = (first + blocks - 1u - it_next / group) * BC;
             pq_0 = fetch_q(next_s0, next_h, tid + 0u * WG);
             pd_0 = fetch_do(next_s0, next_h, tid + 0u * WG);
             pq_1 = fetch_q(next_s0, next_h, tid + 1u * WG);
@@ -508,7 +521,7 @@ fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {
         }
         // Every 128 rows summed, and after the last, the registers' partial sums are added
         // into the output, their rounding error carried into the next partial (a compensated sum).
-        if ((it + 1u) % 16u == 0u || it + 1u == group * blocks) {
+        if ((it + 1u) % 16u == 0u || it + 1u == select(group * blocks, it + 1u, it_next >= group * blocks)) {
             if (col_0 < dims.seq_len) {
                 let base = kv_index(col_0, kv_h);
                 let dkat_0 = base + (tx + 0u * TX) * 4u;

@@ -83,13 +83,13 @@ pub(super) fn kernel(out: &mut Wgsl, spec: &KernelSpec, t: &CoopTiling, keep: Ph
         coop::stage_rows(out, &format!("stage_own{i}"), "BR", &[(name, "0u")]);
     }
     match kv {
-        true => super::flash_backward::query_tiles(out),
+        true => super::flash_backward::query_tiles(out, spec),
         false => super::flash::tile_key_range(out),
     }
     let mut b = String::new();
     prologue(&mut b, t, half, kv, scattered);
     match kv {
-        true => kv_loop(&mut b, t, scattered),
+        true => kv_loop(&mut b, t, scattered, super::tiles::sparse(spec)),
         false => q_loop(&mut b, t, &super::tiles::KeyLoop::of(spec, true)),
     }
     let mut elementwise = match kv {
@@ -279,7 +279,7 @@ fn q_loop(b: &mut String, t: &CoopTiling, lp: &super::tiles::KeyLoop) {
 /// within a block every query head of the KV head (the weights of a key shrink with the
 /// query's distance under a causal mask, so the small terms are added first), each with
 /// its Q, dO and (LSE, D) staged.
-fn kv_loop(b: &mut String, t: &CoopTiling, scattered: bool) {
+fn kv_loop(b: &mut String, t: &CoopTiling, scattered: bool, sparse: bool) {
     // (A scattering workgroup walks its one query head.)
     let (group, h0) = match scattered {
         true => ("1u", "qh"),
@@ -292,9 +292,22 @@ fn kv_loop(b: &mut String, t: &CoopTiling, scattered: bool) {
     );
     let tensors = [("q", "0u"), ("do", "BC")];
     if !prefetch(t) {
+        // With a mask_mod, only the blocks whose tile it may show.
+        let (start, step) = match sparse {
+            true => {
+                let next = format!(
+                    "group * blocks, col0, min(col0 + BR, dims.seq_len) - 1u, {h0}, group, first, blocks)"
+                );
+                (
+                    format!("next_block(0u, {next}"),
+                    format!("next_block(it + 1u, {next}"),
+                )
+            }
+            false => ("0u".to_string(), "it + 1u".to_string()),
+        };
         let _ = write!(
             b,
-            "    for (var it = 0u; it < group * blocks; it = it + 1u) {{\n        \
+            "    for (var it = {start}; it < group * blocks; it = {step}) {{\n        \
              let h = {h0} + it % group;\n        \
              let s0 = (first + blocks - 1u - it / group) * BC;\n        \
              // The previous block is done with sh_kv, sh_s, sh_dp, sh_p, sh_ds and sh_stats.\n        \
@@ -320,6 +333,7 @@ fn kv_loop(b: &mut String, t: &CoopTiling, scattered: bool) {
         .map(|i| format!("        put_stats(tid + {i}u * WG, ps_{i});\n"))
         .collect();
     b.push_str(&super::flash_backward::query_blocks_ahead(
+        sparse,
         h0,
         &fetch("    var "),
         "sh_kv, sh_s, sh_dp, sh_p, sh_ds and sh_stats",

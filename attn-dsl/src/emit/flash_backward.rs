@@ -218,19 +218,23 @@ pub(super) fn backward_kv(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling) {
         fetch(out, name, "BC", "q_index(r, h)", src);
         put(out, name, "BC", dst);
     }
-    query_tiles(out);
+    query_tiles(out, spec);
     let scatter = spec.write_mode("dq").is_some();
     if scatter {
         super::scatter::atomic_add(out, spec, "dq");
     }
-    kv_body(out, t, scatter);
+    kv_body(out, t, scatter, super::tiles::sparse(spec));
     super::flash::entry(out, spec, t, "flash_backward_kv");
 }
 
 /// `tile_query_range(col0)`, the queries that see a key tile (`.xy`) and those that see
-/// all of it (`.zw`); `fetch_stats`/`put_stats`: (LSE, D) of a block of BC query rows.
-pub(super) fn query_tiles(out: &mut Wgsl) {
+/// all of it (`.zw`); `fetch_stats`/`put_stats`: (LSE, D) of a block of BC query rows;
+/// with a mask_mod, `next_block` (see [`super::tiles::block_functions`]).
+pub(super) fn query_tiles(out: &mut Wgsl, spec: &KernelSpec) {
     out.push_str(QUERY_TILES);
+    if super::tiles::sparse(spec) {
+        super::tiles::block_functions(out);
+    }
 }
 
 const QUERY_TILES: &str = r#"// query_range is monotone in the key (document starts and ends never decrease, causal
@@ -259,7 +263,7 @@ fn put_stats(e: u32, x: vec2<f32>) {
 
 "#;
 
-fn kv_body(out: &mut Wgsl, t: &Tiling, scatter_dq: bool) {
+fn kv_body(out: &mut Wgsl, t: &Tiling, scatter_dq: bool, sparse: bool) {
     let (tm, tn, dn) = (t.tm, t.tn, t.dn);
     let mut b = String::from(
         "fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {\n    let g = tid / TX;\n    \
@@ -299,6 +303,7 @@ fn kv_body(out: &mut Wgsl, t: &Tiling, scatter_dq: bool) {
         )),
         per_vec4(ps, "    ", |i| format!("var ps_{i} = vec2<f32>(0.0);")),
         query_blocks_ahead(
+            sparse,
             "kv_h * group",
             &fetch("    "),
             "sh_q, sh_do, sh_p and sh_ds",
@@ -342,12 +347,17 @@ fn kv_body(out: &mut Wgsl, t: &Tiling, scatter_dq: bool) {
     if scatter_dq {
         b.push_str(SCATTER_DQ);
     }
+    // Skipping blocks, the last one visited is the last step.
+    let steps = match sparse {
+        true => "select(group * blocks, it + 1u, it_next >= group * blocks)",
+        false => "group * blocks",
+    };
     flush(
         &mut b,
         t,
         FLUSH_ROWS,
         "it + 1u",
-        "group * blocks",
+        steps,
         "col",
         &|i| format!("kv_index(col_{i}, kv_h)"),
         &["dk", "dv"],
@@ -366,12 +376,16 @@ fn kv_body(out: &mut Wgsl, t: &Tiling, scatter_dq: bool) {
 /// them, `fetch` loads the next; `done_with` names the workgroup memory a block uses.
 /// `h0` is the first query head the workgroup walks (`group` of them from there).
 pub(super) fn query_blocks_ahead(
+    sparse: bool,
     h0: &str,
     first_fetch: &str,
     done_with: &str,
     puts: &str,
     fetch: &str,
 ) -> String {
+    if sparse {
+        return sparse_blocks_ahead(h0, first_fetch, done_with, puts, fetch);
+    }
     format!(
         "    var next_h = {h0};\n    var next_s0 = (first + blocks - 1u) * BC;\n{first_fetch}    \
          // Every block of queries that sees the tile, last first, and within a block every\n    \
@@ -386,6 +400,35 @@ pub(super) fn query_blocks_ahead(
          if (it + 1u < group * blocks) {{\n            \
          next_h = {h0} + (it + 1u) % group;\n            \
          next_s0 = (first + blocks - 1u - (it + 1u) / group) * BC;\n{fetch}        }}\n"
+    )
+}
+
+/// [`query_blocks_ahead`] over only the blocks (and heads) whose tile the mask may show:
+/// `next_block` steps past those where no pair can be visible, and the prefetch fetches the
+/// next one visited; `it_next` is the step after `it`.
+fn sparse_blocks_ahead(
+    h0: &str,
+    first_fetch: &str,
+    done_with: &str,
+    puts: &str,
+    fetch: &str,
+) -> String {
+    format!(
+        "    let it_end = group * blocks;\n    \
+         let col_last = min(col0 + BR, dims.seq_len) - 1u;\n    \
+         var it_next = next_block(0u, it_end, col0, col_last, {h0}, group, first, blocks);\n    \
+         var next_h = {h0} + it_next % group;\n    \
+         var next_s0 = (first + blocks - 1u - it_next / group) * BC;\n{first_fetch}    \
+         // Every block of queries that may see the tile, last first (see query_blocks_ahead).\n    \
+         for (var it = it_next; it < it_end; it = it_next) {{\n        \
+         let h = next_h;\n        let s0 = next_s0;\n        \
+         it_next = next_block(it + 1u, it_end, col0, col_last, {h0}, group, first, blocks);\n        \
+         // The previous block is done with {done_with}.\n        \
+         workgroupBarrier();\n{puts}        workgroupBarrier();\n        \
+         // The next block's loads are in flight during this one's products.\n        \
+         if (it_next < it_end) {{\n            \
+         next_h = {h0} + it_next % group;\n            \
+         next_s0 = (first + blocks - 1u - it_next / group) * BC;\n{fetch}        }}\n"
     )
 }
 

@@ -193,6 +193,25 @@ pub(super) fn functions<S: Clone>(out: &mut impl Write, mask: &Expr<S>) {
     );
 }
 
+/// Whether `spec`'s loops may skip tiles: it has a mask_mod to bound.
+pub(super) fn sparse(spec: &crate::KernelSpec) -> bool {
+    spec.flex().is_some_and(|f| f.mask_mod.is_some())
+}
+
+/// `next_block(it, end, k0, k1, h0, group, first, blocks)`: a key-major kernel's first step
+/// from `it` (steps walk query blocks of BC rows from the last, `group` heads from `h0` each)
+/// before `end` whose block may see a key of [k0, k1], or `end`.
+pub(super) fn block_functions(out: &mut impl Write) {
+    out.write_str(
+        "fn next_block(it0: u32, end: u32, k0: u32, k1: u32, h0: u32, group: u32, first: u32, blocks: u32) -> u32 {\n    \
+         var it = it0;\n    while (it < end) {\n        \
+         let s0 = (first + blocks - 1u - it / group) * BC;\n        \
+         if (mask_tile(s0, min(s0 + BC, dims.seq_len) - 1u, k0, k1, h0 + it % group).x) {\n            \
+         break;\n        }\n        it = it + 1u;\n    }\n    return it;\n}\n\n",
+    )
+    .expect("writing to a string");
+}
+
 /// A query-major kernel's loop over key tiles `kt` (of `BC` keys, from the uniform
 /// `range`, up to `kt_end`), and how its prefetch names the first and the next tile: every
 /// tile in order, or with a mask_mod only those that may hold a visible key.
@@ -218,7 +237,7 @@ impl KeyLoop {
     /// `allowed`: whether the kernel's loop may skip tiles (not where state alternates by
     /// the tile's parity).
     pub fn of(spec: &crate::KernelSpec, allowed: bool) -> KeyLoop {
-        let sparse = allowed && spec.flex().is_some_and(|f| f.mask_mod.is_some());
+        let sparse = allowed && sparse(spec);
         match sparse {
             false => KeyLoop {
                 pre: "",
