@@ -211,6 +211,9 @@ impl Backward {
         if packed {
             self.scratch.lanes(gpu)?;
         }
+        if !args.flex_grads.is_empty() {
+            self.scratch.fold(gpu)?;
+        }
         let rows = [batch, seq, h.n_heads];
         let stats = Scratch::view(
             &mut self.scratch.stats,
