@@ -109,6 +109,14 @@ fn kv_index(j: u32, kv_h: u32) -> u32 {
     return ((batch * dims.seq_len + j) * dims.n_kv_heads + kv_h) * HEAD_DIM;
 }
 
+fn o_index(row: u32, h: u32) -> u32 {
+    return ((batch * dims.seq_len + row) * dims.n_heads + h) * HEAD_DIM;
+}
+
+fn v_index(j: u32, kv_h: u32) -> u32 {
+    return ((batch * dims.seq_len + j) * dims.n_kv_heads + kv_h) * HEAD_DIM;
+}
+
 fn row_index(row: u32, h: u32) -> u32 {
     return (batch * dims.seq_len + row) * dims.n_heads + h;
 }
@@ -232,7 +240,7 @@ fn stage_do(r0: u32, h: u32, tid: u32) {
         let c4 = e % D4;
         var x = vec4<f32>(0.0);
         if (r < dims.seq_len) {
-            let i = q_index(r, h) + c4 * 4u;
+            let i = o_index(r, h) + c4 * 4u;
             x = grad_out4_at(i);
         }
         sh_do[(e / D4) * ROW4 + c4] = x;
@@ -241,9 +249,10 @@ fn stage_do(r0: u32, h: u32, tid: u32) {
 
 fn fetch_k(r0: u32, h: u32, e: u32) -> vec4<f32> {
     let r = r0 + e / D4;
+    let c4 = e % D4;
     var x = vec4<f32>(0.0);
     if (e < BC * D4 && r < dims.seq_len) {
-        let i = kv_index(r, h) + (e % D4) * 4u;
+        let i = kv_index(r, h) + c4 * 4u;
         x = key4_at(i);
     }
     return x;
@@ -257,9 +266,10 @@ fn put_k(e: u32, x: vec4<f32>) {
 
 fn fetch_v(r0: u32, h: u32, e: u32) -> vec4<f32> {
     let r = r0 + e / D4;
+    let c4 = e % D4;
     var x = vec4<f32>(0.0);
     if (e < BC * D4 && r < dims.seq_len) {
-        let i = kv_index(r, h) + (e % D4) * 4u;
+        let i = v_index(r, h) + c4 * 4u;
         x = value4_at(i);
     }
     return x;

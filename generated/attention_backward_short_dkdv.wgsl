@@ -62,6 +62,14 @@ fn kv_index(j: u32, kv_h: u32) -> u32 {
     return ((batch * dims.seq_len + j) * dims.n_kv_heads + kv_h) * HEAD_DIM;
 }
 
+fn o_index(row: u32, h: u32) -> u32 {
+    return ((batch * dims.seq_len + row) * dims.n_heads + h) * HEAD_DIM;
+}
+
+fn v_index(j: u32, kv_h: u32) -> u32 {
+    return ((batch * dims.seq_len + j) * dims.n_kv_heads + kv_h) * HEAD_DIM;
+}
+
 fn row_index(row: u32, h: u32) -> u32 {
     return (batch * dims.seq_len + row) * dims.n_heads + h;
 }

@@ -126,6 +126,14 @@ fn kv_index(j: u32, kv_h: u32) -> u32 {
     return ((batch * dims.seq_len + j) * dims.n_kv_heads + kv_h) * HEAD_DIM;
 }
 
+fn o_index(row: u32, h: u32) -> u32 {
+    return ((batch * dims.seq_len + row) * dims.n_heads + h) * HEAD_DIM;
+}
+
+fn v_index(j: u32, kv_h: u32) -> u32 {
+    return ((batch * dims.seq_len + j) * dims.n_kv_heads + kv_h) * HEAD_DIM;
+}
+
 fn row_index(row: u32, h: u32) -> u32 {
     return (batch * dims.seq_len + row) * dims.n_heads + h;
 }
@@ -238,8 +246,7 @@ fn attend_row(row: u32, h: u32, tid: u32) {
     }
     let qi = q_index(row, h);
     if (tid < HEAD_DIM) {
-        sh_q[tid] = query_at(qi + tid);
-        sh_acc[tid] = 0.0;
+        sh_q[tid] = query_at(qi + tid);        sh_acc[tid] = 0.0;
     }
     workgroupBarrier();
     let range = workgroupUniformLoad(&sh_range);
@@ -290,7 +297,7 @@ fn attend_row(row: u32, h: u32, tid: u32) {
             for (var jl = lo; jl < hi; jl = jl + 1u) {
                 let pj = sh_p[jl];
                 if (pj != 0.0) {
-                    part = fma(pj, value_at(kv_index(k_start + jl, kv_h) + d_local), part);
+                    part = fma(pj, value_at(v_index(k_start + jl, kv_h) + d_local), part);
                 }
             }
             sh_partial[tid] = part;
@@ -315,7 +322,7 @@ fn attend_row(row: u32, h: u32, tid: u32) {
         if (l != 0.0) {
             result = sh_acc[tid] / l;
         }
-        store_out(qi + tid, result);
+        store_out(o_index(row, h) + tid, result);
     }
     if (tid == 0u) {
         store_lse(row, h, sh_state.x, l);

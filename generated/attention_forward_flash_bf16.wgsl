@@ -95,6 +95,14 @@ fn kv_index(j: u32, kv_h: u32) -> u32 {
     return ((batch * dims.seq_len + j) * dims.n_kv_heads + kv_h) * HEAD_DIM;
 }
 
+fn o_index(row: u32, h: u32) -> u32 {
+    return ((batch * dims.seq_len + row) * dims.n_heads + h) * HEAD_DIM;
+}
+
+fn v_index(j: u32, kv_h: u32) -> u32 {
+    return ((batch * dims.seq_len + j) * dims.n_kv_heads + kv_h) * HEAD_DIM;
+}
+
 fn row_index(row: u32, h: u32) -> u32 {
     return (batch * dims.seq_len + row) * dims.n_heads + h;
 }
@@ -227,9 +235,10 @@ fn stage_q(r0: u32, h: u32, tid: u32) {
 
 fn fetch_k(r0: u32, h: u32, e: u32) -> vec4<f32> {
     let r = r0 + e / D4;
+    let c4 = e % D4;
     var x = vec4<f32>(0.0);
     if (e < BC * D4 && r < dims.seq_len) {
-        let i = kv_index(r, h) + (e % D4) * 4u;
+        let i = kv_index(r, h) + c4 * 4u;
         x = key4_at(i);
     }
     return x;
@@ -237,9 +246,10 @@ fn fetch_k(r0: u32, h: u32, e: u32) -> vec4<f32> {
 
 fn fetch_v(r0: u32, h: u32, e: u32) -> vec4<f32> {
     let r = r0 + e / D4;
+    let c4 = e % D4;
     var x = vec4<f32>(0.0);
     if (e < BC * D4 && r < dims.seq_len) {
-        let i = kv_index(r, h) + (e % D4) * 4u;
+        let i = v_index(r, h) + c4 * 4u;
         x = value4_at(i);
     }
     return x;
@@ -562,7 +572,7 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
         if (lt_0 != 0.0) {
             inv = 1.0 / lt_0;
         }
-        let base = q_index(row_0, h);
+        let base = o_index(row_0, h);
         store_out4(base + (tx + 0u * TX) * 4u, acc_0_0 * inv);
         if (tx == 0u) {
             store_lse(row_0, h, m_0, lt_0);
@@ -573,7 +583,7 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
         if (lt_1 != 0.0) {
             inv = 1.0 / lt_1;
         }
-        let base = q_index(row_1, h);
+        let base = o_index(row_1, h);
         store_out4(base + (tx + 0u * TX) * 4u, acc_1_0 * inv);
         if (tx == 0u) {
             store_lse(row_1, h, m_1, lt_1);
@@ -584,7 +594,7 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
         if (lt_2 != 0.0) {
             inv = 1.0 / lt_2;
         }
-        let base = q_index(row_2, h);
+        let base = o_index(row_2, h);
         store_out4(base + (tx + 0u * TX) * 4u, acc_2_0 * inv);
         if (tx == 0u) {
             store_lse(row_2, h, m_2, lt_2);
@@ -595,7 +605,7 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
         if (lt_3 != 0.0) {
             inv = 1.0 / lt_3;
         }
-        let base = q_index(row_3, h);
+        let base = o_index(row_3, h);
         store_out4(base + (tx + 0u * TX) * 4u, acc_3_0 * inv);
         if (tx == 0u) {
             store_lse(row_3, h, m_3, lt_3);

@@ -7,6 +7,8 @@ pub enum Field {
     Op,
     Grid,
     HeadDim,
+    /// The width of attention's V and O rows, where it is not head_dim's.
+    HeadDimV,
     /// The Linear's output width of a row-wise layer.
     OutDim,
     Gqa,
@@ -34,6 +36,7 @@ impl fmt::Display for Field {
             Field::Op => f.write_str("op"),
             Field::Grid => f.write_str("grid"),
             Field::HeadDim => f.write_str("head_dim"),
+            Field::HeadDimV => f.write_str("head_dim_v"),
             Field::OutDim => f.write_str("out"),
             Field::Gqa => f.write_str("gqa"),
             Field::Masks => f.write_str("masks"),

@@ -156,6 +156,14 @@ fn is_zero(n: &u32) -> bool {
 }
 
 impl KernelAbi {
+    /// The width of V, O, dO and dV rows (attention's `head_dim_v`).
+    pub fn head_dim_v(&self) -> u32 {
+        match self.out_dim {
+            0 => self.head_dim,
+            d => d,
+        }
+    }
+
     pub fn binding(&self, name: &str) -> Option<&Binding> {
         self.bindings.iter().find(|b| b.name == name)
     }

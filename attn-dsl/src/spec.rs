@@ -806,7 +806,9 @@ pub struct KernelSpec {
     pub grid: Grid,
     /// The compile-time width of a row: head_dim of attention, hidden of a row-wise layer.
     pub head_dim: u32,
-    /// The Linear's output width of a row-wise layer; 0 for attention.
+    /// The width of an output row: the Linear's output of a row-wise layer; of attention,
+    /// `head_dim_v`, the width of V, O, dO and dV rows (MLA's 128 beside Q and K's 192),
+    /// 0 where it equals `head_dim`.
     #[serde(skip_serializing_if = "is_zero")]
     pub out_dim: u32,
     pub gqa: Gqa,
@@ -843,6 +845,39 @@ fn is_f32(d: &Dtype) -> bool {
 }
 
 impl KernelSpec {
+    /// The width of V, O, dO and dV rows (attention) or of the Linear's output row.
+    pub fn v_dim(&self) -> u32 {
+        match self.out_dim {
+            0 => self.head_dim,
+            d => d,
+        }
+    }
+
+    /// This attention kernel with V and O rows `head_dim_v` wide, named with `_v{dv}` where
+    /// that differs from head_dim.
+    pub fn with_head_dim_v(mut self, head_dim_v: u32) -> KernelSpec {
+        if head_dim_v != self.head_dim {
+            self.out_dim = head_dim_v;
+            self.name = format!("{}_v{head_dim_v}", self.name);
+        }
+        self
+    }
+
+    /// Whether attention's V rows are narrower or wider than its Q and K rows.
+    pub fn split_dims(&self) -> bool {
+        !self.op.is_row_layer() && self.v_dim() != self.head_dim
+    }
+
+    /// The width at which the kernel's tiles and registers hold a row: the wider of Q/K's
+    /// and V/O's, the narrower read as zeros past its end. Zero columns add nothing to
+    /// Q·Kᵀ and come out of P·V as zero columns that are never stored.
+    pub fn width(&self) -> u32 {
+        match self.split_dims() {
+            true => self.head_dim.max(self.v_dim()),
+            false => self.head_dim,
+        }
+    }
+
     /// The storage buffers the modifiers add: the tensors they read, and the gradients of
     /// those declared `grad` that this kernel writes.
     pub fn flex_buffers(&self) -> u32 {

@@ -576,3 +576,30 @@ fn coop_forward_refusals_name_the_matrix_and_what_to_change() {
     let d = refused(coop_spec(72, Masks::default()));
     assert!(d.contains("multiples of 16"), "{d}");
 }
+
+/// Rows of two widths: MLA's 192/128 and V wider than Q and K, on every forward grid;
+/// another op, or a narrower row that ends inside a vec4, names the field at fault.
+#[test]
+fn forward_takes_v_rows_of_another_width() {
+    let limits = attn_dsl::Limits::WEBGPU;
+    for (head_dim, head_dim_v) in [(192, 128), (64, 128), (128, 64)] {
+        let per_row = forward(head_dim, CAUSAL_DOC).with_head_dim_v(head_dim_v);
+        let abi = compile(&per_row).unwrap_or_else(|e| panic!("{head_dim}/{head_dim_v}: {e}"));
+        assert_eq!((abi.head_dim, abi.head_dim_v()), (head_dim, head_dim_v));
+        assert!(abi.wgsl.contains(&format!("const V_DIM: u32 = {head_dim_v}u;")));
+        assert!(abi.name.ends_with(&format!("_v{head_dim_v}")));
+        let width = head_dim.max(head_dim_v);
+        let config = attn_dsl::configs::for_description(Op::Forward, width, &limits, None)
+            .expect("a flash configuration at the width");
+        let flash = KernelSpec::flash("f", Op::Forward, head_dim, CAUSAL_DOC, config)
+            .with_head_dim_v(head_dim_v);
+        compile(&flash).unwrap_or_else(|e| panic!("flash {head_dim}/{head_dim_v}: {e}"));
+    }
+    let equal = forward(64, CAUSAL_DOC).with_head_dim_v(64);
+    assert_eq!(equal.out_dim, 0, "an equal width is no second width");
+    let backward = KernelSpec::standard("b", Op::BackwardQ, 192, CAUSAL_DOC).with_head_dim_v(128);
+    assert_eq!(field_of(&backward), Field::HeadDimV);
+    let config = attn_dsl::configs::for_description(Op::Forward, 128, &limits, None).unwrap();
+    let ragged = KernelSpec::flash("r", Op::Forward, 128, CAUSAL_DOC, config).with_head_dim_v(62);
+    assert_eq!(field_of(&ragged), Field::HeadDimV);
+}

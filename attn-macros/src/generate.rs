@@ -23,6 +23,7 @@ pub fn module(
     let entry = abi.entry_point.as_ref();
     let [wx, wy, wz] = abi.workgroup_size.map(Literal::u32_unsuffixed);
     let head_dim = Literal::u32_unsuffixed(abi.head_dim);
+    let head_dim_v = Literal::u32_unsuffixed(abi.head_dim_v());
     let tile = Literal::u32_unsuffixed(abi.grid.tile);
     let abi_item = abi_const(abi, quote!(WGSL));
     let native_items = native.map(|n| {
@@ -51,8 +52,10 @@ pub fn module(
             pub const NAME: &str = #name_str;
             pub const ENTRY_POINT: &str = #entry;
             pub const WORKGROUP_SIZE: [u32; 3] = [#wx, #wy, #wz];
-            /// The head dimension this kernel is specialized for.
+            /// The head dimension this kernel is specialized for (of Q and K).
             pub const HEAD_DIM: u32 = #head_dim;
+            /// The width of V and O rows: `head_dim_v` where the description sets it.
+            pub const HEAD_DIM_V: u32 = #head_dim_v;
             /// Rows of the major axis per workgroup.
             pub const TILE: u32 = #tile;
             /// Everything a host needs to bind and dispatch this kernel, from the same plan

@@ -49,15 +49,34 @@ pub fn lower(d: &Description) -> syn::Result<Lowered> {
     let (mut grid, auto_flash, matrix_span) = grid(grid_value)?;
     // A row-wise layer's row width is `hidden` (carried where attention carries head_dim).
     let (width_key, out_dim) = if op.is_row_layer() {
+        if let Some(v) = d.entries.iter().find(|e| e.key == "head_dim_v") {
+            return Err(syn::Error::new(
+                v.value.span(),
+                "head_dim_v is the width of attention's V rows; a row-wise layer's output \
+                 width is `out`",
+            ));
+        }
         let out = require(d, get("out", Field::OutDim), "out")?;
         ("hidden", number(out, "out")?)
     } else {
-        ("head_dim", 0)
+        // V and O rows `head_dim_v` wide (MLA); 0: as wide as Q and K's.
+        let v = get("head_dim_v", Field::HeadDimV).map(|v| number(v, "head_dim_v"));
+        ("head_dim", v.transpose()?.unwrap_or(0))
     };
     let head_dim = number(
         require(d, get(width_key, Field::HeadDim), width_key)?,
         width_key,
     )?;
+    let out_dim = match op.is_row_layer() || out_dim != head_dim {
+        true => out_dim,
+        false => 0,
+    };
+    // The flash configurations are laid out for the wider of the two rows.
+    let width = if out_dim != 0 && !op.is_row_layer() {
+        head_dim.max(out_dim)
+    } else {
+        head_dim
+    };
     let gqa = get("gqa", Field::Gqa)
         .map(gqa)
         .transpose()?
@@ -76,7 +95,7 @@ pub fn lower(d: &Description) -> syn::Result<Lowered> {
     // of a `head_dim: [..]` list.
     let given_workgroup_size = get("workgroup_size", Field::WorkgroupSize)
         .map(|v| match v {
-            Value::Word(w) if w == "head_dim" => Ok(head_dim),
+            Value::Word(w) if w == "head_dim" => Ok(width),
             v => number(v, "workgroup_size"),
         })
         .transpose()?;
@@ -84,7 +103,7 @@ pub fn lower(d: &Description) -> syn::Result<Lowered> {
     if auto_flash {
         let config = attn_dsl::configs::for_description(
             op,
-            head_dim,
+            width,
             &target.limits(),
             given_workgroup_size,
         )
@@ -92,7 +111,7 @@ pub fn lower(d: &Description) -> syn::Result<Lowered> {
             syn::Error::new(
                 grid_value.span(),
                 format!(
-                    "no flash configuration of op {} fits head_dim {head_dim} under this \
+                    "no flash configuration of op {} fits head_dim {width} under this \
                      target{}; use the per-row grid (`tile = 1`), a `native(..)` target with \
                      more workgroup memory, or another head_dim",
                     op.name(),

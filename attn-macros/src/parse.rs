@@ -31,6 +31,7 @@ pub const KEYS: &[&str] = &[
     "op",
     "grid",
     "head_dim",
+    "head_dim_v",
     "hidden",
     "out",
     "gqa",

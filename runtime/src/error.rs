@@ -63,6 +63,14 @@ pub enum InputError {
         given: u32,
     },
     #[error(
+        "V's rows are {given} wide, but kernel `{kernel}` is specialized for head_dim_v {kernel_head_dim_v}; use a kernel built with `head_dim_v: {given}` (or a V as wide as that)"
+    )]
+    HeadDimV {
+        kernel: String,
+        kernel_head_dim_v: u32,
+        given: u32,
+    },
+    #[error(
         "n_heads {n_heads} is not a multiple of n_kv_heads {n_kv_heads}; GQA needs each KV head to serve the same number of query heads"
     )]
     HeadsNotDivisible { n_heads: u32, n_kv_heads: u32 },

@@ -6,17 +6,35 @@ use attn_dsl::{Gqa, KernelAbi, Op};
 
 use crate::error::InputError;
 
-/// Head counts and head size, shared by queries and keys.
+/// Head counts and head sizes: `head_dim` of Q and K rows, `head_dim_v` of V and O rows
+/// (equal but in MLA-style attention).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Heads {
     pub n_heads: u32,
     pub n_kv_heads: u32,
     pub head_dim: u32,
+    pub head_dim_v: u32,
 }
 
 impl Heads {
+    /// Heads whose V and O rows are as wide as Q and K's.
+    pub fn new(n_heads: u32, n_kv_heads: u32, head_dim: u32) -> Heads {
+        Heads {
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            head_dim_v: head_dim,
+        }
+    }
+
+    /// Softmax scale over Q·K, whose rows are `head_dim` wide.
     pub fn default_scale(&self) -> f32 {
         1.0 / (self.head_dim as f32).sqrt()
+    }
+
+    /// The width a kernel holds rows at: the wider of `head_dim` and `head_dim_v`.
+    pub fn width(&self) -> u32 {
+        self.head_dim.max(self.head_dim_v)
     }
 }
 
@@ -108,6 +126,13 @@ pub(crate) fn validate_heads(abi: &KernelAbi, h: Heads) -> Result<(), InputError
             kernel: abi.name.to_string(),
             kernel_head_dim: abi.head_dim,
             given: h.head_dim,
+        });
+    }
+    if h.head_dim_v != abi.head_dim_v() {
+        return Err(InputError::HeadDimV {
+            kernel: abi.name.to_string(),
+            kernel_head_dim_v: abi.head_dim_v(),
+            given: h.head_dim_v,
         });
     }
     if !h.n_heads.is_multiple_of(h.n_kv_heads) {

@@ -117,6 +117,7 @@ fn every_schedule_matches_the_reference_and_the_others() {
                 n_heads: 6,
                 n_kv_heads: 2,
                 head_dim: 64,
+                head_dim_v: 64,
             },
             45,
             3,
@@ -126,6 +127,7 @@ fn every_schedule_matches_the_reference_and_the_others() {
                 n_heads: 4,
                 n_kv_heads: 1,
                 head_dim: 128,
+                head_dim_v: 128,
             },
             9,
             1,
@@ -181,6 +183,7 @@ fn gradients_accumulate_across_micro_steps() {
             n_heads: 2,
             n_kv_heads: 2,
             head_dim: 64,
+            head_dim_v: 64,
         },
         12,
         1,
@@ -217,6 +220,7 @@ fn scratch_is_reused_and_grown_only_when_needed() {
         n_heads: 2,
         n_kv_heads: 1,
         head_dim: 64,
+        head_dim_v: 64,
     };
     let big = Data::new(&gpu, heads, 20, 1, 5);
     let small = Data::new(&gpu, heads, 10, 2, 6);
@@ -250,6 +254,7 @@ fn planner_follows_the_table_and_falls_back_to_the_portable_tiled_schedule() {
         n_heads,
         n_kv_heads: n_heads,
         head_dim,
+        head_dim_v: head_dim,
     };
     backward.table = Default::default();
     assert_eq!(
@@ -312,6 +317,7 @@ fn deterministic_backward_owns_its_outputs_and_repeats_bit_for_bit() {
         n_heads: 4,
         n_kv_heads: 2,
         head_dim: 64,
+        head_dim_v: 64,
     };
     let data = Data::new(&gpu, heads, 37, 1, 21);
     let streaming = *backward
@@ -365,6 +371,7 @@ fn reference_matches_finite_differences_and_gpu_matches_reference() {
         n_heads: 2,
         n_kv_heads: 1,
         head_dim: 64,
+        head_dim_v: 64,
     };
     let data = Data::new(&gpu, heads, 4, 2, 9);
     let p = data.problem();
@@ -508,6 +515,7 @@ fn long_rows_keep_blocked_accuracy_in_every_schedule() {
         n_heads: 8,
         n_kv_heads: 2,
         head_dim: 64,
+        head_dim_v: 64,
     };
     let data = Data::new(&gpu, heads, 512, 1, 21);
     let mut ran = Vec::new();
@@ -559,6 +567,7 @@ fn half_precision_sets_sit_beside_the_f32_ones() {
         n_heads: 2,
         n_kv_heads: 1,
         head_dim: 64,
+        head_dim_v: 64,
     };
     let data = Data::new(&gpu, heads, 20, 2, 5);
     let missing = backward

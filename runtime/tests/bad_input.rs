@@ -8,6 +8,7 @@ const HEADS: Heads = Heads {
     n_heads: 4,
     n_kv_heads: 2,
     head_dim: 64,
+    head_dim_v: 64,
 };
 
 fn limits() -> wgpu::Limits {
@@ -58,6 +59,7 @@ fn shapes_that_do_not_fit_are_refused() {
     let d = data(8);
     let wrong_head_dim = Heads {
         head_dim: 128,
+        head_dim_v: 128,
         ..HEADS
     };
     assert!(matches!(

@@ -15,6 +15,7 @@ fn flops_follow_flash_attention_convention() {
             n_heads: 12,
             n_kv_heads: 4,
             head_dim: 64,
+            head_dim_v: 64,
         },
         causal: true,
         window: None,
@@ -54,6 +55,7 @@ fn every_kernel_and_schedule_is_gpu_timed() {
             n_heads: 4,
             n_kv_heads: 2,
             head_dim: 64,
+            head_dim_v: 64,
         },
         causal: true,
         window: None,
@@ -128,6 +130,7 @@ fn decode_rows_count_the_cache_and_time_every_decode_and_the_copy() {
             n_heads: 8,
             n_kv_heads: 2,
             head_dim: 64,
+            head_dim_v: 64,
         },
     };
     // K and V: 300 rows of 2 KV heads; Q and O: 8 heads; 64 floats of 4 bytes each.

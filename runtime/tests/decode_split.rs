@@ -51,6 +51,7 @@ fn input<'a>(cache_len: u32, q: &'a [f32], kv: &'a [f32]) -> DecodeInput<'a> {
             n_heads: 8,
             n_kv_heads: 2,
             head_dim: 64,
+            head_dim_v: 64,
         },
         q,
         k_cache: kv,

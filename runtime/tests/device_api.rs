@@ -34,6 +34,7 @@ const HEADS: Heads = Heads {
     n_heads: 4,
     n_kv_heads: 2,
     head_dim: 64,
+    head_dim_v: 64,
 };
 
 fn upload(gpu: &Gpu, shape: &[u32], seed: u64) -> (Vec<f32>, Tensor) {
@@ -97,6 +98,7 @@ fn wrapped_caller_buffers_are_read_and_written_in_place() {
     );
     let spec = ForwardSpec {
         head_dim: 64,
+        head_dim_v: 64,
         masks: Masks::new(true, false),
         dtype: Dtype::F32,
     };
@@ -210,6 +212,7 @@ fn a_training_step_records_forward_and_backward_in_one_encoder() {
         &gpu,
         ForwardSpec {
             head_dim: 64,
+            head_dim_v: 64,
             masks,
             dtype: Dtype::F32,
         },
@@ -765,6 +768,7 @@ fn sinks_need_dsinks_on_the_device_and_match_the_host_call() {
     );
     let spec = ForwardSpec {
         head_dim: 64,
+        head_dim_v: 64,
         masks,
         dtype: Dtype::F32,
     };

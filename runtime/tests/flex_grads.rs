@@ -19,6 +19,7 @@ const HEADS: Heads = Heads {
     n_heads: 4,
     n_kv_heads: 2,
     head_dim: 64,
+    head_dim_v: 64,
 };
 const BATCH: u32 = 2;
 const SEQ: u32 = 40;
@@ -55,6 +56,7 @@ fn inputs(gpu: &Gpu) -> Inputs {
 fn forward(gpu: &Gpu, x: &Inputs) -> (Tensor, Tensor) {
     let spec = ForwardSpec {
         head_dim: 64,
+        head_dim_v: 64,
         masks: masks(),
         dtype: Dtype::F32,
     };

@@ -138,6 +138,7 @@ fn spec_compiled_at_run_time_runs_and_matches_the_reference() {
         n_heads: 6,
         n_kv_heads: 2,
         head_dim: 32,
+        head_dim_v: 32,
     };
     let seq = 45u32; // not a multiple of the tile
     let (q, k, v) = (
@@ -238,6 +239,7 @@ fn forward_is_right(gpu: &Gpu, abi: &attn_dsl::KernelAbi) -> bool {
         n_heads: 2,
         n_kv_heads: 2,
         head_dim: 64,
+        head_dim_v: 64,
     };
     let seq = 70usize;
     let n = seq * 2 * 64;

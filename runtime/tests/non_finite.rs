@@ -28,6 +28,7 @@ fn nan_and_inf_stay_in_the_rows_that_read_them() {
         n_heads: heads as u32,
         n_kv_heads: heads as u32,
         head_dim: d as u32,
+        head_dim_v: d as u32,
     };
     let input = ForwardInput {
         batch: 1,

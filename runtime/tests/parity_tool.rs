@@ -405,6 +405,7 @@ fn modifier_flags_match_the_reference_and_write_dbias() {
                 n_heads: nh as u32,
                 n_kv_heads: nkv as u32,
                 head_dim: d as u32,
+                head_dim_v: d as u32,
             }
             .default_scale(),
         ),
@@ -737,4 +738,60 @@ fn flex_presets_match_the_reference() {
     let mut unknown = common.to_vec();
     unknown.extend(["--flex", "sliding", "--out", &out]);
     assert_one_line_error(&attn(&unknown), "unknown preset `sliding`");
+}
+
+/// V narrower than Q and K (MLA's shape, small): O and LSE match the reference and O has
+/// V's width; a V of other rows, and a backward of two widths, are one error line each.
+#[test]
+fn v_of_another_width_gives_o_of_its_width() {
+    let dir = scratch_dir("parity_head_dim_v");
+    let (seq, nh, nkv, d, dv) = (40, 4, 2, 48, 32);
+    let (q, k, v) = (
+        random(seq * nh * d, 1),
+        random(seq * nkv * d, 2),
+        random(seq * nkv * dv, 3),
+    );
+    let f = |n: &str| dir.join(n).to_string_lossy().into_owned();
+    let write = |name: &str, heads: usize, width: usize, data: &[f32]| {
+        let shape = [seq as u64, heads as u64, width as u64];
+        npy::write_f32(&dir.join(format!("{name}.npy")), &shape, data).unwrap();
+    };
+    write("q", nh, d, &q);
+    write("k", nkv, d, &k);
+    write("v", nkv, dv, &v);
+    write("do", nh, dv, &random(seq * nh * dv, 4));
+    npy::write_f32(&dir.join("v_short.npy"), &[seq as u64 - 1, nkv as u64, dv as u64], &v[..(seq - 1) * nkv * dv]).unwrap();
+    let out = f("out");
+    let base = ["--q", &f("q.npy"), "--k", &f("k.npy"), "--out", &out, "--causal"].map(String::from);
+    let run = |v: &str, extra: &[&str]| {
+        let mut args: Vec<&str> = base.iter().map(String::as_str).collect();
+        args.extend(["--v", v]);
+        args.extend_from_slice(extra);
+        attn(&args)
+    };
+    let ok = run(&f("v.npy"), &[]);
+    let stdout = String::from_utf8_lossy(&ok.stdout);
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    assert!(stdout.contains("head_dim=48 head_dim_v=32"), "{stdout}");
+    let p = Problem {
+        batch: 1,
+        n_q: seq,
+        n_k: seq,
+        n_heads: nh,
+        n_kv_heads: nkv,
+        head_dim: d,
+        head_dim_v: dv,
+        scale: f64::from(1.0 / (d as f32).sqrt()),
+        causal: true,
+        ..Default::default()
+    };
+    let (o, lse) = (read(Path::new(&out), "o"), read(Path::new(&out), "lse"));
+    assert_eq!(o.len(), seq * nh * dv);
+    let verdicts = judge_attention(&p, [&q, &k, &v], &o, Some(&lse));
+    assert!(verdicts.iter().all(|(_, v)| v.pass()), "{verdicts:?}");
+    assert_one_line_error(&run(&f("v_short.npy"), &[]), "does not fit k's");
+    assert_one_line_error(
+        &run(&f("v.npy"), &["--do", &f("do.npy")]),
+        "the backward takes rows of one width so far",
+    );
 }

@@ -60,6 +60,7 @@ fn heads() -> impl Strategy<Value = Heads> {
         n_heads: kv * ratio,
         n_kv_heads: kv,
         head_dim: if wide { 128 } else { 64 },
+        head_dim_v: if wide { 128 } else { 64 },
     })
 }
 

@@ -190,7 +190,8 @@ fn check_workgroup(spec: &KernelSpec) -> Result<(), DslError> {
 }
 
 fn check_head_dim(spec: &KernelSpec) -> Result<(), DslError> {
-    let hd = spec.head_dim;
+    check_head_dim_v(spec)?;
+    let hd = spec.width();
     if hd == 0 || hd > MAX_HEAD_DIM {
         return Err(DslError::spec(
             Field::HeadDim,
@@ -228,6 +229,44 @@ fn check_head_dim(spec: &KernelSpec) -> Result<(), DslError> {
                 hd.next_power_of_two()
             ),
         ));
+    }
+    Ok(())
+}
+
+/// Rows of two widths (Q and K `head_dim`, V and O `head_dim_v`): the forward's schedules
+/// take them; the narrower must fill whole vec4s (flash) or 16-column fragments (tensor
+/// cores), since its end is tested a vec4 or a fragment at a time.
+fn check_head_dim_v(spec: &KernelSpec) -> Result<(), DslError> {
+    if !spec.split_dims() {
+        return Ok(());
+    }
+    let (hd, dv) = (spec.head_dim, spec.v_dim());
+    if spec.op != Op::Forward {
+        return Err(DslError::spec(
+            Field::HeadDimV,
+            format!(
+                "head_dim_v {dv} differs from head_dim {hd}, and op {} does not take rows of \
+                 two widths yet (the forward does); drop head_dim_v",
+                spec.op.name()
+            ),
+        ));
+    }
+    let step = match (spec.grid.uses_coop(), spec.grid.flash.is_some()) {
+        (true, _) => 16,
+        (false, true) => 4,
+        (false, false) => 1,
+    };
+    for (dim, field, name) in [(hd, Field::HeadDim, "head_dim"), (dv, Field::HeadDimV, "head_dim_v")] {
+        if dim == 0 || !dim.is_multiple_of(step) {
+            return Err(DslError::spec(
+                field,
+                format!(
+                    "{name} {dim} must be a nonzero multiple of {step} for this grid: the \
+                     narrower of head_dim and head_dim_v ends at a whole {}",
+                    if step == 16 { "16-column fragment" } else { "vec4" }
+                ),
+            ));
+        }
     }
     Ok(())
 }
@@ -451,7 +490,7 @@ fn check_subgroups(spec: &KernelSpec, t: &Tiling) -> Result<(), DslError> {
 /// pick for this op, head_dim and target, for an error about one that does not fit.
 fn fitting_hint(spec: &KernelSpec) -> String {
     let limits = spec.target.limits();
-    let Some(c) = crate::layout::configs::for_description(spec.op, spec.head_dim, &limits, None)
+    let Some(c) = crate::layout::configs::for_description(spec.op, spec.width(), &limits, None)
     else {
         return String::new();
     };

@@ -101,6 +101,7 @@ fn store_lse(row: u32, h: u32, m: f32, l: f32) {
 }
 
 pub(super) fn attend_row(out: &mut Wgsl, spec: &KernelSpec) {
+    // Over Q and K's head_dim: past it both read as zeros.
     let dot = super::numerics::dot(
         "dot",
         spec.head_dim,
@@ -108,6 +109,10 @@ pub(super) fn attend_row(out: &mut Wgsl, spec: &KernelSpec) {
         |i| format!("key_at(ki + {i})"),
         "",
     );
+    let stage_q = match index::within(spec, index::Row::Qk, "tid") {
+        Some(c) => format!("sh_q[tid] = 0.0;\n        if ({c}) {{\n            sh_q[tid] = query_at(qi + tid);\n        }}"),
+        None => "sh_q[tid] = query_at(qi + tid);".into(),
+    };
     // The row's state, with the sink joined where the kernel has one.
     let (state, result, m) = match super::sinks::join(spec.masks.sinks, "h", "m", "l", "corr") {
         Some(join) => (
@@ -126,6 +131,9 @@ pub(super) fn attend_row(out: &mut Wgsl, spec: &KernelSpec) {
         ("state", Fragment::from(state)),
         ("result", Fragment::from(result)),
         ("m", Fragment::from(m)),
+        ("stage_q", Fragment::from(stage_q)),
+        ("v_in", Fragment::from(index::and_within(spec, "tid < N_ACTIVE", index::Row::V, "d_local"))),
+        ("o_in", Fragment::from(index::and_within(spec, "tid < HEAD_DIM", index::Row::V, "tid"))),
     ]));
 }
 
@@ -140,7 +148,7 @@ const ATTEND_ROW: Template = Template {
     }
     let qi = q_index(row, h);
     if (tid < HEAD_DIM) {
-        sh_q[tid] = query_at(qi + tid);
+        $stage_q
         sh_acc[tid] = 0.0;
     }
     workgroupBarrier();
@@ -177,14 +185,14 @@ const ATTEND_ROW: Template = Template {
 
         // P·V: invocation (d_local, kc) sums chunk kc of the block for element d_local.
         // Keys with p == 0 (masked, or underflowed) add nothing and are not read.
-        if (tid < N_ACTIVE) {
+        if ($v_in) {
             let lo = kc * CHUNK;
             let hi = min(lo + CHUNK, WG);
             var part = 0.0;
             for (var jl = lo; jl < hi; jl = jl + 1u) {
                 let pj = sh_p[jl];
                 if (pj != 0.0) {
-                    part = fma(pj, value_at(kv_index(k_start + jl, kv_h) + d_local), part);
+                    part = fma(pj, value_at(v_index(k_start + jl, kv_h) + d_local), part);
                 }
             }
             sh_partial[tid] = part;
@@ -204,12 +212,12 @@ const ATTEND_ROW: Template = Template {
     }
 
     $state
-    if (tid < HEAD_DIM) {
+    if ($o_in) {
         var result = 0.0;
         if (l != 0.0) {
             result = $result;
         }
-        store_out(qi + tid, result);
+        store_out(o_index(row, h) + tid, result);
     }
     if (tid == 0u) {
         store_lse(row, h, $m, l);

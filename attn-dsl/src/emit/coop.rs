@@ -21,6 +21,7 @@ use super::numerics::Helper;
 use super::writer::{Fragment, Wgsl};
 use std::fmt::Write;
 
+use super::index::{Row, Rows, and_within};
 use crate::spec::KernelSpec;
 
 pub use crate::layout::coop::{CoopTiling, FRAG, SUBGROUP};
@@ -152,14 +153,14 @@ pub(super) fn kernel(out: &mut Wgsl, spec: &KernelSpec, t: &CoopTiling, keep: Ph
     constants(out, t);
     workgroup_memory(out, t);
     let fetches = [
-        ("q", "q_index(r, h)", "BR"),
-        ("k", "kv_index(r, h)", "BC"),
-        ("v", "kv_index(r, h)", "BC"),
+        ("q", Rows::Q, "BR"),
+        ("k", Rows::K, "BC"),
+        ("v", Rows::V, "BC"),
     ];
-    for (name, index, rows) in fetches {
+    for (name, of, rows) in fetches {
         match t.scaled {
-            true => coop_scale::fetch(out, name, name, index, rows),
-            false => fetch(out, name, name, index, rows),
+            true => coop_scale::fetch(out, spec, name, name, of, rows),
+            false => fetch(out, spec, name, name, of, rows),
         }
     }
     if t.scaled {
@@ -168,7 +169,7 @@ pub(super) fn kernel(out: &mut Wgsl, spec: &KernelSpec, t: &CoopTiling, keep: Ph
     }
     put(out);
     match (t.q_in_passes(), t.scaled) {
-        (true, _) => stage_q_columns(out, t.q_columns(), t.scaled),
+        (true, _) => stage_q_columns(out, spec, t.q_columns(), t.scaled),
         (false, false) => stage_rows(out, "stage_q", "BR", &[("q", "0u")]),
         (false, true) => stage_q_scaled(out),
     }
@@ -222,19 +223,29 @@ fn workgroup_memory(out: &mut Wgsl, t: &CoopTiling) {
 
 /// `fetch_{name}(r0, h, e)`: vec4 `e` of `rows` rows of `tensor` from r0 (zeros past the
 /// sequence and past the block), into registers ahead of its store.
-pub(super) fn fetch(out: &mut Wgsl, name: &str, tensor: &str, index: &str, rows: &str) {
+pub(super) fn fetch(
+    out: &mut Wgsl,
+    spec: &KernelSpec,
+    name: &str,
+    tensor: &str,
+    of: Rows,
+    rows: &str,
+) {
     let _ = write!(
         out,
         r#"fn fetch_{name}(r0: u32, h: u32, e: u32) -> vec4<f16> {{
     let r = r0 + e / (HEAD_DIM / 4u);
+    let c = (e % (HEAD_DIM / 4u)) * 4u;
     var x = vec4<f16>(0.0);
-    if (e < {rows} * (HEAD_DIM / 4u) && r < dims.seq_len) {{
-        x = {tensor}[({index} + (e % (HEAD_DIM / 4u)) * 4u) >> 2u];
+    if ({cond}) {{
+        x = {tensor}[({index} + c) >> 2u];
     }}
     return x;
 }}
 
-"#
+"#,
+        cond = and_within(spec, &format!("e < {rows} * (HEAD_DIM / 4u) && r < dims.seq_len"), of.row(), "c"),
+        index = of.index("r", "h"),
     );
 }
 
@@ -290,7 +301,7 @@ pub(super) fn stage_rows(out: &mut Wgsl, name: &str, rows: &str, tensors: &[(&st
 
 /// `stage_q(r0, h, tid, c0)`: columns c0..c0 + QC of the tile's BR rows of Q into the
 /// staging area, rows QS halves apart.
-fn stage_q_columns(out: &mut Wgsl, cols: u32, scaled: bool) {
+fn stage_q_columns(out: &mut Wgsl, spec: &KernelSpec, cols: u32, scaled: bool) {
     let (zero, load) = match scaled {
         true => (
             "vec2<u32>(0u)",
@@ -317,7 +328,7 @@ fn stage_q(r0: u32, h: u32, tid: u32, c0: u32) {{
     for (var e = tid; e < BR * (QC / 4u); e = e + WG) {{
         let r = r0 + e / (QC / 4u);
         var w = {zero};
-        if (r < dims.seq_len) {{
+        if ({cond}) {{
             {load}
         }}
         put4((e / (QC / 4u)) * QS + (e % (QC / 4u)) * 4u, {x});
@@ -325,7 +336,8 @@ fn stage_q(r0: u32, h: u32, tid: u32, c0: u32) {{
 }}
 
 "#,
-        cols + 8
+        cols + 8,
+        cond = and_within(spec, "r < dims.seq_len", Row::Qk, "c0 + (e % (QC / 4u)) * 4u"),
     );
 }
 
@@ -358,10 +370,9 @@ pub(super) fn softmax_layout(t: &CoopTiling) -> (u32, u32, u32) {
 }
 
 fn body(out: &mut Wgsl, spec: &crate::KernelSpec, t: &CoopTiling, keep: Phases) {
-    let sinks = spec.masks.sinks;
     // bf16's K/V scales alternate by the tile's parity: every tile in order there.
     let lp = super::tiles::KeyLoop::of(spec, !t.scaled);
-    let dk = t.head_dim / FRAG;
+    let dv = t.v_frags;
     let (rows, lanes, keys) = softmax_layout(t);
     let mut b = String::new();
     b.push_str(
@@ -372,7 +383,7 @@ fn body(out: &mut Wgsl, spec: &crate::KernelSpec, t: &CoopTiling, keep: Phases) 
          if (tid == 0u) {\n        sh_range = tile_key_range(row0);\n    }\n",
     );
     stage_q(&mut b, t);
-    for n in 0..dk / t.split {
+    for n in 0..dv / t.split {
         let _ = writeln!(b, "    var o_{n} = {C}();");
     }
     // The softmax's rows: `lanes` invocations per row, each `keys` keys of a block, `lanes`
@@ -427,12 +438,12 @@ fn body(out: &mut Wgsl, spec: &crate::KernelSpec, t: &CoopTiling, keep: Phases) 
     if keep.softmax {
         softmax(&mut b, lanes, keys, t.scaled, lp.full);
     }
-    rescale(&mut b, dk / t.split);
+    rescale(&mut b, dv / t.split);
     if keep.accumulate {
         accumulate(&mut b, t);
     }
     b.push_str("    }\n");
-    finish(&mut b, t, lanes, sinks);
+    finish(&mut b, spec, t, lanes);
     // `softmax` exponentiates.
     let helpers: &[Helper] = match keep.softmax {
         true => &[Helper::Exp],
@@ -451,7 +462,7 @@ fn stage_q(b: &mut String, t: &CoopTiling) {
     if !t.q_in_passes() {
         b.push_str("    stage_q(row0, h, tid);\n    workgroupBarrier();\n");
         if !t.q_in_memory() {
-            for k in 0..t.head_dim / FRAG {
+            for k in 0..t.qk_frags {
                 let _ = writeln!(b, "    let qa_{k} = {};", q_fragment(k));
             }
         }
@@ -464,7 +475,7 @@ fn stage_q(b: &mut String, t: &CoopTiling) {
             "    workgroupBarrier();\n    stage_q(row0, h, tid, {}u);\n    workgroupBarrier();",
             pass * cols
         );
-        for k in 0..cols / FRAG {
+        for k in (0..cols / FRAG).filter(|k| pass * cols / FRAG + k < t.qk_frags) {
             let at = staged(&format!("rg * {FRAG}u * QS + {}u", k * FRAG));
             let _ = writeln!(
                 b,
@@ -551,7 +562,7 @@ fn scores(b: &mut String, t: &CoopTiling) {
         true => q_fragment(k),
         false => format!("qa_{k}"),
     };
-    transposed_product(b, t, &q, "KB", "sh_s", "sm");
+    transposed_product(b, t, (t.qk_frags, &q), "KB", "sh_s", "sm");
     b.push_str("        workgroupBarrier();\n");
 }
 
@@ -569,14 +580,14 @@ pub(super) fn key_fragments(b: &mut String, t: &CoopTiling) {
 pub(super) fn transposed_product(
     b: &mut String,
     t: &CoopTiling,
-    own: &dyn Fn(u32) -> String,
+    (depth, own): (u32, &dyn Fn(u32) -> String),
     base: &str,
     dest: &str,
     tag: &str,
 ) {
     for n in 0..t.bc / FRAG / t.split {
         let rows = |k: u32| staged(&format!("({base} + n{n}) * KS + {}u", k * FRAG));
-        let sum = chained_product(b, t, own, &rows, &format!("{tag}_{n}"), "        ");
+        let sum = chained_product(b, (depth, own), &rows, &format!("{tag}_{n}"), "        ");
         let _ = writeln!(
             b,
             "        coopStoreT({sum}, &{dest}[rg * {FRAG}u * SS + n{n}], SS);"
@@ -590,13 +601,11 @@ pub(super) fn transposed_product(
 /// on equal operands agree to the bit.
 pub(super) fn chained_product(
     b: &mut String,
-    t: &CoopTiling,
-    own: &dyn Fn(u32) -> String,
+    (dk, own): (u32, &dyn Fn(u32) -> String),
     rows: &dyn Fn(u32) -> String,
     tag: &str,
     ind: &str,
 ) -> String {
-    let dk = t.head_dim / FRAG;
     let chains = SCORE_CHAINS.min(dk);
     for c in 0..chains {
         let _ = writeln!(b, "{ind}var {tag}_{c} = {C}();");
@@ -631,7 +640,7 @@ pub(super) fn pairwise(terms: &[String]) -> String {
 
 /// O += P·V for the row group's 16 rows, the subgroup's share of head_dim.
 fn accumulate(b: &mut String, t: &CoopTiling) {
-    weighted_sum(b, t, "sh_p", "p", "VB", "o");
+    weighted_sum(b, t, t.v_frags, ("sh_p", "p"), "VB", "o");
 }
 
 /// `acc_n` += src · (staged rows from `base`) for the row group's 16 rows: `src` holds
@@ -640,12 +649,12 @@ fn accumulate(b: &mut String, t: &CoopTiling) {
 pub(super) fn weighted_sum(
     b: &mut String,
     t: &CoopTiling,
-    src: &str,
-    tag: &str,
+    frags: u32,
+    (src, tag): (&str, &str),
     base: &str,
     acc: &str,
 ) {
-    let mine = t.head_dim / FRAG / t.split;
+    let mine = frags / t.split;
     for k in 0..t.bc / FRAG {
         let _ = writeln!(
             b,
@@ -801,8 +810,9 @@ fn rescale(b: &mut String, frags: u32) {
 
 /// O / l into the output through the subgroup's corner of sh_s, a 16-column fragment at a
 /// time, and the LSE.
-fn finish(b: &mut String, t: &CoopTiling, lanes: u32, sinks: bool) {
-    let mine = t.head_dim / FRAG / t.split;
+fn finish(b: &mut String, spec: &KernelSpec, t: &CoopTiling, lanes: u32) {
+    let sinks = spec.masks.sinks;
+    let mine = t.v_frags / t.split;
     // The row's factor from O's accumulators to O: 1 / l, or with bf16 operands
     // 2^(mo − m·log2 e) / l (O's weights were taken against mo); 0 for an empty row. With a
     // sink joined, m and l include it: the f16 factor gains e^(m_old − m), and the bf16
@@ -827,7 +837,7 @@ fn finish(b: &mut String, t: &CoopTiling, lanes: u32, sinks: bool) {
         "    var lt = l;\n{}{}    if (k0 == 0u) {{\n        sh_l[r] = {slot};\n    }}\n    \
          if (row < dims.seq_len && k0 == 0u) {{\n        store_lse(row, h, m, lt);\n    }}\n    \
          workgroupBarrier();\n{factor}    let out_row = row0 + pr;\n    \
-         let base = q_index(out_row, h);\n    let c8 = (lane % 2u) * 8u;\n    \
+         let base = o_index(out_row, h);\n    let c8 = (lane % 2u) * 8u;\n    \
          let x = pr * SS + part * 16u + c8;\n",
         row_reduce("lt", "sum", lanes, "    "),
         join.map(|j| format!("    {j}")).unwrap_or_default(),
@@ -836,11 +846,12 @@ fn finish(b: &mut String, t: &CoopTiling, lanes: u32, sinks: bool) {
         let _ = write!(
             b,
             "    workgroupBarrier();\n    coopStoreT(o_{n}, &sh_s[rg * {FRAG}u * SS + part * 16u], SS);\n    \
-             workgroupBarrier();\n    if (out_row < dims.seq_len) {{\n        \
-             let col = (part * {mine}u + {n}u) * {FRAG}u + c8;\n        \
+             workgroupBarrier();\n    let col_{n} = (part * {mine}u + {n}u) * {FRAG}u + c8;\n    \
+             if ({}) {{\n        let col = col_{n};\n        \
              store_out4(base + col, vec4<f32>(sh_s[x], sh_s[x + 1u], sh_s[x + 2u], sh_s[x + 3u]) * inv);\n        \
              store_out4(base + col + 4u, vec4<f32>(sh_s[x + 4u], sh_s[x + 5u], sh_s[x + 6u], sh_s[x + 7u]) * inv);\n    \
-             }}\n"
+             }}\n",
+            and_within(spec, "out_row < dims.seq_len", Row::V, &format!("col_{n}")),
         );
     }
     b.push_str("}\n\n");

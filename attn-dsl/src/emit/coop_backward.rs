@@ -19,6 +19,7 @@ use super::writer::{Fragment, Template, Wgsl};
 use std::fmt::Write;
 
 use super::coop::{self, A, C, CoopTiling, FRAG, Phases};
+use super::index::Rows;
 use crate::spec::{KernelSpec, Op, WriteMode};
 
 /// The half's names: its body, the owned and streamed (fetch name, tensor, index)
@@ -26,8 +27,8 @@ use crate::spec::{KernelSpec, Op, WriteMode};
 struct Half {
     body: &'static str,
     /// The two owned operands, and for the dQ half O, for D.
-    own: &'static [(&'static str, &'static str, &'static str)],
-    streamed: [(&'static str, &'static str, &'static str); 2],
+    own: &'static [(&'static str, &'static str, Rows)],
+    streamed: [(&'static str, &'static str, Rows); 2],
     /// (accumulator, output tensor, weights in workgroup memory, their fragments' tag,
     /// the staged tensor they multiply: 0 the block's first, 1 its second)
     sums: &'static [(&'static str, &'static str, &'static str, &'static str, u32)],
@@ -36,18 +37,18 @@ struct Half {
 const Q_HALF: Half = Half {
     body: "coop_backward_q",
     own: &[
-        ("q", "q", "q_index(r, h)"),
-        ("do", "d_o", "q_index(r, h)"),
-        ("o", "o", "q_index(r, h)"),
+        ("q", "q", Rows::Q),
+        ("do", "d_o", Rows::O),
+        ("o", "o", Rows::O),
     ],
-    streamed: [("k", "k", "kv_index(r, h)"), ("v", "v", "kv_index(r, h)")],
+    streamed: [("k", "k", Rows::K), ("v", "v", Rows::V)],
     sums: &[("dq", "dq", "sh_ds", "ds", 0)],
 };
 
 const KV_HALF: Half = Half {
     body: "coop_backward_kv",
-    own: &[("k", "k", "kv_index(r, h)"), ("v", "v", "kv_index(r, h)")],
-    streamed: [("q", "q", "q_index(r, h)"), ("do", "d_o", "q_index(r, h)")],
+    own: &[("k", "k", Rows::K), ("v", "v", Rows::V)],
+    streamed: [("q", "q", Rows::Q), ("do", "d_o", Rows::O)],
     sums: &[("dv", "dv", "sh_p", "p", 1), ("dk", "dk", "sh_ds", "ds", 0)],
 };
 
@@ -72,11 +73,11 @@ pub(super) fn kernel(out: &mut Wgsl, spec: &KernelSpec, t: &CoopTiling, keep: Ph
         }
     }
     let (own_rows, block_rows) = ("BR", "BC");
-    for (name, tensor, index) in half.own.iter().copied() {
-        coop::fetch(out, name, tensor, index, own_rows);
+    for (name, tensor, of) in half.own.iter().copied() {
+        coop::fetch(out, spec, name, tensor, of, own_rows);
     }
-    for (name, tensor, index) in half.streamed {
-        coop::fetch(out, name, tensor, index, block_rows);
+    for (name, tensor, of) in half.streamed {
+        coop::fetch(out, spec, name, tensor, of, block_rows);
     }
     coop::put(out);
     for (i, (name, ..)) in half.own.iter().enumerate() {
@@ -226,7 +227,7 @@ fn tensor_core_delta(b: &mut String, t: &CoopTiling) {
         "    workgroupBarrier();\n    stage_own2(row0, h, tid);\n    workgroupBarrier();"
     );
     let rows = |k: u32| coop::staged(&format!("rg * {FRAG}u * KS + {}u", k * FRAG));
-    let sum = coop::chained_product(b, t, &|k| format!("ob_{k}"), &rows, "dd", "    ");
+    let sum = coop::chained_product(b, (t.v_frags, &|k| format!("ob_{k}")), &rows, "dd", "    ");
     let _ = writeln!(
         b,
         "    coopStoreT({sum}, &sh_s[rg * {FRAG}u * SS + part * {FRAG}u], SS);\n    workgroupBarrier();"
@@ -386,10 +387,10 @@ fn carried(t: &CoopTiling) -> u32 {
 fn products(b: &mut String, t: &CoopTiling, half: &Half, elementwise: &str, keep: Phases) {
     coop::key_fragments(b, t);
     if keep.scores {
-        coop::transposed_product(b, t, &|k| format!("oa_{k}"), "0u", "sh_s", "sm");
+        coop::transposed_product(b, t, (t.qk_frags, &|k| format!("oa_{k}")), "0u", "sh_s", "sm");
     }
     if keep.grads {
-        coop::transposed_product(b, t, &|k| format!("ob_{k}"), "BC", "sh_dp", "dm");
+        coop::transposed_product(b, t, (t.v_frags, &|k| format!("ob_{k}")), "BC", "sh_dp", "dm");
     }
     b.push_str("        workgroupBarrier();\n");
     b.push_str(elementwise);
@@ -397,7 +398,7 @@ fn products(b: &mut String, t: &CoopTiling, half: &Half, elementwise: &str, keep
     if keep.accumulate {
         for (acc, _, src, tag, which) in half.sums {
             let base = if *which == 0 { "0u" } else { "BC" };
-            coop::weighted_sum(b, t, src, tag, base, acc);
+            coop::weighted_sum(b, t, t.head_dim / FRAG, (src, tag), base, acc);
         }
     }
     b.push_str("    }\n");

@@ -20,7 +20,9 @@
 
 use std::fmt::Write;
 
+use super::index::{Rows, and_within};
 use super::writer::Wgsl;
+use crate::spec::KernelSpec;
 
 /// Where a row's largest magnitude lands: [2^TOP, 2^(TOP + 1)).
 const TOP: i32 = 14;
@@ -106,20 +108,30 @@ fn from_half(bits: u32) -> f32 {{
 
 /// `fetch_{name}(r0, h, e)`: vec4 `e` of `rows` rows of bf16 `tensor` from r0 as its two
 /// words (zeros past the sequence and past the block), held narrow until its store.
-pub(super) fn fetch(out: &mut Wgsl, name: &str, tensor: &str, index: &str, rows: &str) {
+pub(super) fn fetch(
+    out: &mut Wgsl,
+    spec: &KernelSpec,
+    name: &str,
+    tensor: &str,
+    of: Rows,
+    rows: &str,
+) {
     let _ = write!(
         out,
         r#"fn fetch_{name}(r0: u32, h: u32, e: u32) -> vec2<u32> {{
     let r = r0 + e / (HEAD_DIM / 4u);
+    let c = (e % (HEAD_DIM / 4u)) * 4u;
     var x = vec2<u32>(0u);
-    if (e < {rows} * (HEAD_DIM / 4u) && r < dims.seq_len) {{
-        let i = ({index} + (e % (HEAD_DIM / 4u)) * 4u) >> 1u;
+    if ({cond}) {{
+        let i = ({index} + c) >> 1u;
         x = vec2<u32>({tensor}[i], {tensor}[i + 1u]);
     }}
     return x;
 }}
 
-"#
+"#,
+        cond = and_within(spec, &format!("e < {rows} * (HEAD_DIM / 4u) && r < dims.seq_len"), of.row(), "c"),
+        index = of.index("r", "h"),
     );
 }
 

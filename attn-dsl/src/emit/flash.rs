@@ -13,6 +13,7 @@ use std::fmt::Write;
 
 use super::numerics::dot_loop;
 use crate::layout::tiling::Tiling;
+use super::index::{Row, Rows, and_within, within};
 use crate::spec::KernelSpec;
 
 /// One generated register name per (row, column) of an invocation's block.
@@ -66,10 +67,10 @@ var<workgroup> sh_range: vec4<u32>;
 }
 
 /// Staging loops, the tile's key range and the row reductions of the forward.
-pub(super) fn helpers(out: &mut Wgsl, t: &Tiling) {
-    stage(out, "stage_q", "BR", "q_index(r, h)", "sh_q", "query_at");
-    fetch(out, "k", "BC", "kv_index(r, h)", "key_at");
-    fetch(out, "v", "BC", "kv_index(r, h)", "value_at");
+pub(super) fn helpers(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling) {
+    stage(out, spec, "stage_q", Rows::Q, "sh_q", "query_at");
+    fetch(out, spec, "k", Rows::K, "key_at");
+    fetch(out, spec, "v", Rows::V, "value_at");
     put(out, "kv", "BC", "sh_kv");
     tile_key_range(out);
     out.push_str(ROW_REDUCTIONS);
@@ -141,21 +142,24 @@ fn row_sum(r: u32) -> f32 {
 /// `fetch_{name}(r0, h, e)`: vec4 `e` of the block of `rows` rows from r0 (zeros past the
 /// sequence), loaded into registers a phase ahead of its use so that its latency hides
 /// behind the products; `put_{name}(e, x)` stores it into `dst`.
-pub(super) fn fetch(out: &mut Wgsl, name: &str, rows: &str, index: &str, src: &str) {
+pub(super) fn fetch(out: &mut Wgsl, spec: &KernelSpec, name: &str, of: Rows, src: &str) {
     let _ = write!(
         out,
         r#"fn fetch_{name}(r0: u32, h: u32, e: u32) -> vec4<f32> {{
     let r = r0 + e / D4;
+    let c4 = e % D4;
     var x = vec4<f32>(0.0);
-    if (e < {rows} * D4 && r < dims.seq_len) {{
-        let i = {index} + (e % D4) * 4u;
+    if ({cond}) {{
+        let i = {index} + c4 * 4u;
         x = {};
     }}
     return x;
 }}
 
 "#,
-        vec4_at(src)
+        vec4_at(src),
+        cond = and_within(spec, "e < BC * D4 && r < dims.seq_len", of.row(), "c4 * 4u"),
+        index = of.index("r", "h"),
     );
 }
 
@@ -204,15 +208,15 @@ pub(super) fn per_vec4(n: u32, ind: &str, stmt: impl Fn(u32) -> String) -> Strin
 
 /// `name(r0, h, tid)`: `rows` rows from r0 (zeros past the sequence) into `dst`, one vec4 per
 /// invocation per step, consecutive invocations on consecutive addresses.
-pub(super) fn stage(out: &mut Wgsl, name: &str, rows: &str, index: &str, dst: &str, src: &str) {
+pub(super) fn stage(out: &mut Wgsl, spec: &KernelSpec, name: &str, of: Rows, dst: &str, src: &str) {
     let _ = write!(
         out,
         r#"fn {name}(r0: u32, h: u32, tid: u32) {{
-    for (var e = tid; e < {rows} * D4; e = e + WG) {{
+    for (var e = tid; e < BR * D4; e = e + WG) {{
         let r = r0 + e / D4;
         let c4 = e % D4;
         var x = vec4<f32>(0.0);
-        if (r < dims.seq_len) {{
+        if ({cond}) {{
             let i = {index} + c4 * 4u;
             x = {};
         }}
@@ -221,12 +225,13 @@ pub(super) fn stage(out: &mut Wgsl, name: &str, rows: &str, index: &str, dst: &s
 }}
 
 "#,
-        vec4_at(src)
+        vec4_at(src),
+        cond = and_within(spec, "r < dims.seq_len", of.row(), "c4 * 4u"),
+        index = of.index("r", "h"),
     );
 }
 
 pub(super) fn forward_body(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling) {
-    let sinks = spec.masks.sinks;
     let (tm, tn, dn) = (t.tm, t.tn, t.dn);
     let mut b = String::new();
     let (params, reset) = match t.subgroups {
@@ -310,7 +315,7 @@ pub(super) fn forward_body(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling) {
     b.push_str("        } else {\n");
     accumulate(&mut b, tm, dn, &[("acc", "sh_p", "sh_kv")], true, false);
     b.push_str("        }\n    }\n");
-    finish(&mut b, t, sinks);
+    finish(&mut b, spec, t);
     // `scores` sums with hsum, `softmax` exponentiates.
     out.put(Fragment::new(b, &[Helper::Hsum, Helper::Exp]));
 }
@@ -482,7 +487,8 @@ pub(super) fn accumulate(
 }
 
 /// Sums each row's shares of l, then stores O = acc / l and the LSE.
-fn finish(b: &mut String, t: &Tiling, sinks: bool) {
+fn finish(b: &mut String, spec: &KernelSpec, t: &Tiling) {
+    let sinks = spec.masks.sinks;
     let (tm, dn) = (t.tm, t.dn);
     // The last block's reads of sh_red are done before the shares overwrite it.
     b.push_str("    workgroupBarrier();\n");
@@ -500,10 +506,14 @@ fn finish(b: &mut String, t: &Tiling, sinks: bool) {
             b,
             "    if (row_{i} < dims.seq_len) {{\n{join}        \
              var inv = 0.0;\n        if (lt_{i} != 0.0) {{\n            inv = {num} / lt_{i};\n        }}\n        \
-             let base = q_index(row_{i}, h);\n"
+             let base = o_index(row_{i}, h);\n"
         );
         for n in 0..dn {
-            let store = format!("store_out4(base + (tx + {n}u * TX) * 4u, acc_{i}_{n} * inv);");
+            let c = format!("(tx + {n}u * TX) * 4u");
+            let mut store = format!("store_out4(base + {c}, acc_{i}_{n} * inv);");
+            if let Some(within) = within(spec, Row::V, &c) {
+                store = format!("if ({within}) {{\n            {store}\n        }}");
+            }
             let _ = writeln!(b, "        {}", t.guarded(n, &store, "        "));
         }
         let _ = write!(

@@ -17,6 +17,7 @@ use std::fmt::Write;
 
 use super::flash::{accumulate, carried, fetch, per_vec4, put, regs, stage, tile_key_range};
 use super::numerics::dot_loop;
+use super::index::Rows;
 use super::{backward, index};
 use crate::layout::tiling::Tiling;
 use crate::spec::KernelSpec;
@@ -70,17 +71,13 @@ pub(super) fn backward_q(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling) {
     if scatter_kv {
         super::scatter::atomic_add(out, spec, "dkv");
     }
-    stage(out, "stage_q", "BR", "q_index(r, h)", "sh_q", "query_at");
-    stage(
-        out,
-        "stage_do",
-        "BR",
-        "q_index(r, h)",
-        "sh_do",
-        "grad_out_at",
-    );
-    for (name, src, dst) in [("k", "key_at", "sh_k"), ("v", "value_at", "sh_v")] {
-        fetch(out, name, "BC", "kv_index(r, h)", src);
+    stage(out, spec, "stage_q", Rows::Q, "sh_q", "query_at");
+    stage(out, spec, "stage_do", Rows::O, "sh_do", "grad_out_at");
+    for (name, of, src, dst) in [
+        ("k", Rows::K, "key_at", "sh_k"),
+        ("v", Rows::V, "value_at", "sh_v"),
+    ] {
+        fetch(out, spec, name, of, src);
         put(out, name, "BC", dst);
     }
     tile_key_range(out);
@@ -212,10 +209,13 @@ pub(super) fn backward_kv(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling) {
         tile = t.br * (t.bc + 1)
     );
     helpers(out, spec);
-    stage(out, "stage_k", "BR", "kv_index(r, h)", "sh_k", "key_at");
-    stage(out, "stage_v", "BR", "kv_index(r, h)", "sh_v", "value_at");
-    for (name, src, dst) in [("q", "query_at", "sh_q"), ("do", "grad_out_at", "sh_do")] {
-        fetch(out, name, "BC", "q_index(r, h)", src);
+    stage(out, spec, "stage_k", Rows::K, "sh_k", "key_at");
+    stage(out, spec, "stage_v", Rows::V, "sh_v", "value_at");
+    for (name, of, src, dst) in [
+        ("q", Rows::Q, "query_at", "sh_q"),
+        ("do", Rows::O, "grad_out_at", "sh_do"),
+    ] {
+        fetch(out, spec, name, of, src);
         put(out, name, "BC", dst);
     }
     query_tiles(out, spec);

@@ -25,20 +25,34 @@ pub(super) fn kv_head(out: &mut Wgsl, spec: &KernelSpec) {
 
 /// Row-major `[b, row, head, d]` and `[b, j, kv_head, d]` offsets (for decode, the query is
 /// `[b, head, d]` and the cache `[b, capacity, kv_head, d]`), and the `[b, row, head]` offset
-/// of a row's statistics. `batch` is the sequence the workgroup works on.
+/// of a row's statistics. `batch` is the sequence the workgroup works on. Q and K rows
+/// (`q_index`, `kv_index`) are `head_dim` wide, O and V rows (`o_index`, `v_index`)
+/// `head_dim_v` wide.
 pub(super) fn row_indexing(out: &mut Wgsl, spec: &KernelSpec) {
     let (q_rows, kv_rows) = match spec.op {
         Op::Decode => ("1u", "dims.capacity"),
         _ => ("dims.seq_len", "dims.seq_len"),
     };
+    let (qk, v) = match spec.split_dims() {
+        true => ("QK_DIM", "V_DIM"),
+        false => ("HEAD_DIM", "HEAD_DIM"),
+    };
     let _ = write!(
         out,
         r#"fn q_index(row: u32, h: u32) -> u32 {{
-    return ((batch * {q_rows} + row) * dims.n_heads + h) * HEAD_DIM;
+    return ((batch * {q_rows} + row) * dims.n_heads + h) * {qk};
 }}
 
 fn kv_index(j: u32, kv_h: u32) -> u32 {{
-    return ((batch * {kv_rows} + j) * dims.n_kv_heads + kv_h) * HEAD_DIM;
+    return ((batch * {kv_rows} + j) * dims.n_kv_heads + kv_h) * {qk};
+}}
+
+fn o_index(row: u32, h: u32) -> u32 {{
+    return ((batch * {q_rows} + row) * dims.n_heads + h) * {v};
+}}
+
+fn v_index(j: u32, kv_h: u32) -> u32 {{
+    return ((batch * {kv_rows} + j) * dims.n_kv_heads + kv_h) * {v};
 }}
 
 fn row_index(row: u32, h: u32) -> u32 {{
@@ -47,6 +61,66 @@ fn row_index(row: u32, h: u32) -> u32 {{
 
 "#
     );
+}
+
+/// Which of attention's two row widths a tensor has.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Row {
+    /// Q, K and their gradients: `head_dim`.
+    Qk,
+    /// V, O, dO and dV: `head_dim_v`.
+    V,
+}
+
+/// The test that column `c` (a WGSL expression, the first of a vec4 where `c` steps by 4)
+/// lies within a `row` of its tensor; `None` where that row fills the kernel's width.
+pub(super) fn within(spec: &KernelSpec, row: Row, c: &str) -> Option<String> {
+    let dim = match row {
+        Row::Qk => spec.head_dim,
+        Row::V => spec.v_dim(),
+    };
+    (spec.split_dims() && dim < spec.width()).then(|| match row {
+        Row::Qk => format!("{c} < QK_DIM"),
+        Row::V => format!("{c} < V_DIM"),
+    })
+}
+
+/// The rows a staging loop reads, by the index function of their tensor.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Rows {
+    Q,
+    K,
+    V,
+    /// O and dO.
+    O,
+}
+
+impl Rows {
+    /// The flat index of row `r` of head `h` (a KV head for K and V).
+    pub(super) fn index(self, r: &str, h: &str) -> String {
+        let f = match self {
+            Rows::Q => "q_index",
+            Rows::K => "kv_index",
+            Rows::V => "v_index",
+            Rows::O => "o_index",
+        };
+        format!("{f}({r}, {h})")
+    }
+
+    pub(super) fn row(self) -> Row {
+        match self {
+            Rows::Q | Rows::K => Row::Qk,
+            Rows::V | Rows::O => Row::V,
+        }
+    }
+}
+
+/// `cond && (c within row)`, or `cond` where the row fills the kernel's width.
+pub(super) fn and_within(spec: &KernelSpec, cond: &str, row: Row, c: &str) -> String {
+    match within(spec, row, c) {
+        Some(w) => format!("{cond} && {w}"),
+        None => cond.to_string(),
+    }
 }
 
 /// `key_range(s)`: the keys query `s` may see, `[start, end)`; `key_visible(s, h, j)`: the

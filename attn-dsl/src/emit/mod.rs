@@ -175,7 +175,7 @@ fn emit_flash(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling) {
             flash::constants(out, t);
             flash::workgroup_memory(out, t);
             attend::forward_helpers(out, spec);
-            flash::helpers(out, t);
+            flash::helpers(out, spec, t);
             flash::forward_body(out, spec, t);
             flash::entry(out, spec, t, "flash_forward");
         }
@@ -214,12 +214,16 @@ fn header(out: &mut Wgsl, spec: &KernelSpec) {
     };
     let _ = writeln!(
         out,
-        "// {}: op {}, {} tile {}, head_dim {}, masks {}.",
+        "// {}: op {}, {} tile {}, head_dim {}{}, masks {}.",
         spec.name,
         spec.op.name(),
         spec.grid.major.name(),
         spec.grid.tile,
         spec.head_dim,
+        match spec.split_dims() {
+            true => format!(" (v {})", spec.v_dim()),
+            false => String::new(),
+        },
         masks
     );
     out.push_str(
@@ -233,7 +237,16 @@ fn header(out: &mut Wgsl, spec: &KernelSpec) {
 
 fn constants(out: &mut Wgsl, spec: &KernelSpec) {
     let _ = writeln!(out, "const WG: u32 = {}u;", spec.workgroup_size);
-    let _ = writeln!(out, "const HEAD_DIM: u32 = {}u;", spec.head_dim);
+    let _ = writeln!(out, "const HEAD_DIM: u32 = {}u;", spec.width());
+    if spec.split_dims() {
+        let _ = writeln!(
+            out,
+            "// Q and K rows, V and O rows: the narrower reads as zeros to HEAD_DIM.\n\
+             const QK_DIM: u32 = {}u;\nconst V_DIM: u32 = {}u;",
+            spec.head_dim,
+            spec.v_dim()
+        );
+    }
     let _ = writeln!(out, "const TILE: u32 = {}u;", spec.grid.tile);
     if spec.grid.flash.is_none() {
         out.push_str(concat!(

@@ -206,6 +206,8 @@ fn coop_configs(
         bc,
         head_dim,
         split,
+        qk_frags: head_dim / FRAG,
+        v_frags: head_dim / FRAG,
         op,
         scaled,
     };

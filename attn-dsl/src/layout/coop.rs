@@ -22,6 +22,11 @@ pub struct CoopTiling {
     /// head_dim in P·V, so each holds half the accumulators and a workgroup twice the
     /// subgroups to hide latency with.
     pub split: u32,
+    /// 16-column fragments of a Q or K row, and those of a V or O row P·V sums over: the
+    /// kernel's width but where attention's rows are narrower (MLA's 192 and 128); V's
+    /// count stays the width's where the split cannot share its fragments evenly.
+    pub qk_frags: u32,
+    pub v_frags: u32,
     /// The forward, or a half of the tiled backward (the emitter's `coop_backward`).
     pub op: Op,
     /// Whether the operands are bf16, scaled into f16 by a power of two per row of Q, K
@@ -33,11 +38,18 @@ impl CoopTiling {
     pub fn of(spec: &KernelSpec) -> Option<CoopTiling> {
         let flash = spec.grid.flash?;
         let per_split = spec.grid.tile / FRAG * SUBGROUP;
+        let split = (spec.workgroup_size / per_split.max(1)).max(1);
+        let v_frags = match (spec.v_dim() / FRAG).is_multiple_of(split) {
+            true => spec.v_dim() / FRAG,
+            false => spec.width() / FRAG,
+        };
         spec.grid.uses_coop().then_some(CoopTiling {
             br: spec.grid.tile,
             bc: flash.inner,
-            head_dim: spec.head_dim,
-            split: (spec.workgroup_size / per_split.max(1)).max(1),
+            head_dim: spec.width(),
+            split,
+            qk_frags: spec.head_dim / FRAG,
+            v_frags,
             op: spec.op,
             scaled: spec.dtype == Dtype::Bf16 && spec.op == Op::Forward,
         })

@@ -18,7 +18,7 @@ pub const SLICE_CAP: u32 = 512;
 pub fn lanes(spec: &KernelSpec) -> u32 {
     let f32_lanes = [8, 4, 2, 1]
         .into_iter()
-        .find(|l| (spec.head_dim / 4).is_multiple_of(*l))
+        .find(|l| (spec.width() / 4).is_multiple_of(*l))
         .unwrap_or(1);
     (f32_lanes * vec4_bytes(spec) / 16).max(1)
 }
@@ -46,7 +46,7 @@ pub fn key_tile(spec: &KernelSpec) -> u32 {
 /// Workgroup memory besides the staged scores: Q of the served heads, one vec4 per
 /// invocation for the reductions, and the sequence's length.
 pub fn fixed_bytes(spec: &KernelSpec) -> u32 {
-    4 * spec.grid.tile * spec.head_dim + 16 * spec.workgroup_size + 4
+    4 * spec.grid.tile * spec.width() + 16 * spec.workgroup_size + 4
 }
 
 /// The longest slice (a multiple of [`key_tile`]) whose scores fit the target's workgroup

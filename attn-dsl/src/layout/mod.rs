@@ -27,7 +27,7 @@ pub fn workgroup_bytes(spec: &KernelSpec) -> u32 {
     if let Some(Ok(t)) = Tiling::of(spec) {
         return t.bytes(spec.op);
     }
-    let (hd, wg) = (spec.head_dim, spec.workgroup_size);
+    let (hd, wg) = (spec.width(), spec.workgroup_size);
     // The per-row schedules' reductions: one f32 per invocation.
     let reduce = 4 * wg;
     match spec.op {

@@ -59,7 +59,7 @@ impl Tiling {
             flash.inner,
             flash.rows_per_thread,
             spec.workgroup_size,
-            spec.head_dim,
+            spec.width(),
         );
         Some(tiling.map(|t| Tiling {
             subgroups: flash.subgroups,

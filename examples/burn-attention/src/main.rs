@@ -475,12 +475,14 @@ fn run(a: &Args) -> Result<bool> {
         n_heads: a.heads,
         n_kv_heads: a.heads,
         head_dim: a.head_dim,
+        head_dim_v: a.head_dim,
     };
     let mut mine = Ours {
         forward: Forward::new(
             &gpu,
             ForwardSpec {
                 head_dim: a.head_dim,
+                head_dim_v: a.head_dim,
                 masks,
                 dtype: Dtype::F32,
             },

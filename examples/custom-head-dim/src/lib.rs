@@ -35,6 +35,7 @@ pub const HEADS: Heads = Heads {
     n_heads: 8,
     n_kv_heads: 2,
     head_dim: 128,
+    head_dim_v: 128,
 };
 
 /// The model's two kernels on one device.

@@ -70,6 +70,7 @@ fn heads_that_break_the_fixed_gqa_ratio_are_refused() {
             n_heads: 8,
             n_kv_heads: 4,
             head_dim: 128,
+            head_dim_v: 128,
         },
         q: &[0.0; 2 * 8 * 128],
         k: &[0.0; 2 * 4 * 128],

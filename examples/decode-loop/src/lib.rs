@@ -292,6 +292,7 @@ pub fn run(c: &Config) -> Result<Report> {
         &gpu,
         ForwardSpec {
             head_dim: h.head_dim,
+            head_dim_v: h.head_dim,
             masks: Masks::new(true, false),
             dtype: c.dtype,
         },

@@ -71,6 +71,7 @@ fn main() -> ExitCode {
             n_heads: args.heads,
             n_kv_heads: args.kv_heads,
             head_dim: args.head_dim,
+            head_dim_v: args.head_dim,
         },
         dtype: args.dtype,
         page_size: args.page_size,

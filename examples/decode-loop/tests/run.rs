@@ -15,6 +15,7 @@ fn config(dtype: Dtype, page_size: Option<u32>) -> Config {
             n_heads: 4,
             n_kv_heads: 2,
             head_dim: 32,
+            head_dim_v: 32,
         },
         dtype,
         page_size,

@@ -97,6 +97,7 @@ impl Problem {
             n_heads,
             n_kv_heads,
             head_dim: 64,
+            head_dim_v: 64,
         };
         let rows = (batch * seq) as usize * 64;
         let q = runtime::cases::random(rows * n_heads as usize, 1);

@@ -123,6 +123,7 @@ pub fn run(c: &Config) -> Result<Report> {
         &gpu,
         ForwardSpec {
             head_dim: h.head_dim,
+            head_dim_v: h.head_dim,
             masks,
             dtype: c.dtype,
         },

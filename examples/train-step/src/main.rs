@@ -60,6 +60,7 @@ fn main() -> ExitCode {
             n_heads: a.heads,
             n_kv_heads: a.kv_heads,
             head_dim: a.head_dim,
+            head_dim_v: a.head_dim,
         },
         dtype: a.dtype,
         causal: !a.bidirectional,

@@ -13,6 +13,7 @@ fn config(dtype: Dtype, schedule: Option<Schedule>) -> Config {
             n_heads: 4,
             n_kv_heads: 2,
             head_dim: 32,
+            head_dim_v: 32,
         },
         dtype,
         causal: true,

@@ -33,6 +33,7 @@ pub const HEADS: Heads = Heads {
     n_heads: 12,
     n_kv_heads: 4,
     head_dim: 64,
+    head_dim_v: 64,
 };
 
 /// Small enough that SwiftShader, the CPU adapter of a headless Chromium, runs the page in
@@ -349,6 +350,7 @@ async fn decode_loop_row(gpu: &Gpu, layer: &Layer, steps: u32) -> Result<Row, Er
     )?;
     let spec = ForwardSpec {
         head_dim: h.head_dim,
+        head_dim_v: h.head_dim,
         masks: Masks::new(true, false),
         dtype: Dtype::F32,
     };

@@ -288,14 +288,17 @@ fn run(args: Args) -> anyhow::Result<()> {
     let flex_tensors = values.flex_tensors();
     let mods = values.mods(&args, &flex_tensors);
     let masks = mods.masks(args.causal, t.seg.is_some());
-    let d = t.heads.head_dim;
-    let forward_abi = attn_dsl::compile(&KernelSpec::standard(
-        "attention_forward",
-        Op::Forward,
-        d,
-        masks,
-    ))
-    .with_context(|| format!("no forward kernel for head_dim {d}"))?;
+    let (d, dv) = (t.heads.head_dim, t.heads.head_dim_v);
+    let forward_abi = attn_dsl::compile(
+        &KernelSpec::standard("attention_forward", Op::Forward, d, masks).with_head_dim_v(dv),
+    )
+    .with_context(|| format!("no forward kernel for head_dim {d}, head_dim_v {dv}"))?;
+    if t.d_o.is_some() && dv != d {
+        bail!(
+            "v's rows are {dv} wide and q's {d}: the backward takes rows of one width so far; \
+             drop --do to run the forward"
+        );
+    }
     let backward = match &t.d_o {
         Some(_) => Some(
             BackwardKernels::compile(d, masks)
@@ -308,12 +311,16 @@ fn run(args: Args) -> anyhow::Result<()> {
     let gpu = Gpu::new(abis).block_on()?;
     println!("adapter: {}", gpu.describe());
     println!(
-        "shape: batch={} seq={} heads={} kv_heads={} head_dim={}; masks: causal={} documents={}",
+        "shape: batch={} seq={} heads={} kv_heads={} head_dim={}{}; masks: causal={} documents={}",
         t.batch,
         t.seq,
         t.heads.n_heads,
         t.heads.n_kv_heads,
         d,
+        match dv == d {
+            true => String::new(),
+            false => format!(" head_dim_v={dv}"),
+        },
         masks.causal,
         t.seg
             .as_ref()
@@ -333,7 +340,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     let tuned = Table::for_gpu(&gpu)?.forward_for(&gpu, t.heads, (t.batch, t.seq), t.dtype);
     let forward = match tuned {
         Some(config) => {
-            let abi = tuning::flash_forward_in(d, masks, config, t.dtype)
+            let abi = tuning::flash_forward_dims((d, dv), masks, config, t.dtype)
                 .with_context(|| format!("flash forward {}", config.label()))?;
             println!("forward: flash {} {}", config.label(), t.dtype.name());
             Kernel::new(&gpu, &abi).block_on()?
@@ -367,7 +374,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         shape(t.heads.n_heads, Some(d)),
         shape(t.heads.n_kv_heads, Some(d)),
     );
-    write(&args.out, "o", &q_shape, &out.o, t.dtype)?;
+    write(&args.out, "o", &shape(t.heads.n_heads, Some(dv)), &out.o, t.dtype)?;
     // LSE is f32 in every dtype, as frameworks keep it.
     let lse_shape = shape(t.heads.n_heads, None);
     write(&args.out, "lse", &lse_shape, &out.lse, Dtype::F32)?;
@@ -471,18 +478,25 @@ fn load(args: &Args) -> anyhow::Result<Tensors> {
             args.k.display()
         );
     }
-    if v_shape != k_shape {
+    // V may be wider or narrower than K (MLA: head_dim 192, head_dim_v 128).
+    if v_shape[..3] != k_shape[..3] {
         bail!(
-            "{}: shape {v_shape:?}, expected k's shape {k_shape:?}",
-            args.v.display()
+            "{}: shape {v_shape:?} does not fit k's {k_shape:?}: v needs [{}, {}, {}, \
+             head_dim_v]",
+            args.v.display(),
+            k_shape[0],
+            k_shape[1],
+            k_shape[2]
         );
     }
+    let head_dim_v = v_shape[3];
     let d_o = match &args.d_o {
         Some(path) => {
             let (shape, _, data, _) = read_tensor(path, Some(dtype))?;
-            if shape != q_shape {
+            let o_shape = [batch, seq, n_heads, head_dim_v];
+            if shape != o_shape {
                 bail!(
-                    "{}: shape {shape:?}, expected q's shape {q_shape:?}",
+                    "{}: shape {shape:?}, expected o's shape {o_shape:?}",
                     path.display()
                 );
             }
@@ -501,6 +515,7 @@ fn load(args: &Args) -> anyhow::Result<Tensors> {
             n_heads: small(n_heads, "heads")?,
             n_kv_heads: small(k_shape[2], "kv_heads")?,
             head_dim: small(head_dim, "head_dim")?,
+            head_dim_v: small(head_dim_v, "head_dim_v")?,
         },
         q,
         k,

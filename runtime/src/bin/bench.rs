@@ -100,6 +100,12 @@ struct Args {
     /// built-in causal backward.
     #[arg(long, conflicts_with_all = ["suite", "decode", "e2e", "layernorm", "tune", "only"])]
     flex: bool,
+    /// Time the forward with V and O rows this wide beside Q and K's --head-dim (MLA: 192
+    /// and 128), and beside the same problem at one width (all at --head-dim, all at
+    /// --head-dim-v), causal, in f32 and each half dtype the adapter has (--seq default
+    /// 4096, --heads 16).
+    #[arg(long, conflicts_with_all = ["suite", "decode", "e2e", "layernorm", "tune", "only", "flex"])]
+    head_dim_v: Option<u32>,
     /// Measure how many workgroups of 256 invocations the adapter runs at once (what
     /// --tune stores, and the planner's workgroup targets scale by), print it and exit.
     #[arg(long, conflicts_with_all = ["suite", "decode", "e2e", "layernorm", "tune"])]
@@ -140,6 +146,7 @@ fn shapes(args: &Args) -> anyhow::Result<Vec<BenchShape>> {
             n_heads: 12,
             n_kv_heads: 4,
             head_dim: 64,
+            head_dim_v: 64,
         },
         causal,
         window: args.window,
@@ -160,6 +167,7 @@ fn shapes(args: &Args) -> anyhow::Result<Vec<BenchShape>> {
                 n_heads: 16,
                 n_kv_heads: 16,
                 head_dim: 128,
+                head_dim_v: 128,
             },
             ..seeds.clone()
         };
@@ -189,6 +197,7 @@ fn shapes(args: &Args) -> anyhow::Result<Vec<BenchShape>> {
                 n_heads: args.heads.unwrap_or(h.n_heads),
                 n_kv_heads: args.kv_heads.unwrap_or(h.n_kv_heads),
                 head_dim,
+                head_dim_v: head_dim,
             },
             causal,
             window: args.window,
@@ -206,6 +215,7 @@ fn flex(gpu: &Gpu, args: &Args) -> anyhow::Result<()> {
         n_heads: heads,
         n_kv_heads: args.kv_heads.unwrap_or(heads),
         head_dim: args.head_dim.first().copied().unwrap_or(128),
+        head_dim_v: args.head_dim.first().copied().unwrap_or(128),
     };
     let window = args.window.unwrap_or(256);
     println!("adapter: {}", gpu.describe());
@@ -240,6 +250,43 @@ fn flex(gpu: &Gpu, args: &Args) -> anyhow::Result<()> {
             );
             let rows = bench::flex::t5_backward(gpu, h, seq, dtype, (warmup, args.runs))?;
             flex_table(&rows);
+        }
+    }
+    Ok(())
+}
+
+/// `--head-dim-v`: the forward with V rows of another width, beside one width.
+fn widths(gpu: &Gpu, args: &Args, head_dim_v: u32) -> anyhow::Result<()> {
+    anyhow::ensure!(args.head_dim.len() <= 1, "--head-dim-v takes one --head-dim");
+    let seq = args.seq.unwrap_or(4096);
+    let heads = args.heads.unwrap_or(16);
+    let head_dim = args.head_dim.first().copied().unwrap_or(192);
+    let at = |head_dim, head_dim_v| Heads {
+        n_heads: heads,
+        n_kv_heads: args.kv_heads.unwrap_or(heads),
+        head_dim,
+        head_dim_v,
+    };
+    println!("adapter: {}", gpu.describe());
+    println!("forward, seq {seq}, {heads} heads, causal (TFLOP/s: 2·S²·H·(d + dv) / 2):");
+    println!(
+        "  {:<10} {:>6} {:>6} {:>10} {:>8}  planned",
+        "dtype", "d", "dv", "ms", "TFLOP/s"
+    );
+    let mut dtypes = vec![runtime::Dtype::F32];
+    dtypes.extend(gpu.half_dtypes());
+    for dtype in dtypes {
+        for h in [at(head_dim, head_dim_v), at(head_dim, head_dim), at(head_dim_v, head_dim_v)] {
+            let r = bench::head_dim_v::forward(gpu, h, seq, (true, dtype), (args.warmup, args.runs))?;
+            println!(
+                "  {:<10} {:>6} {:>6} {:>10.3} {:>8.1}  {}",
+                r.dtype.name(),
+                r.heads.head_dim,
+                r.heads.head_dim_v,
+                r.ms,
+                r.tflops,
+                r.config
+            );
         }
     }
     Ok(())
@@ -296,6 +343,9 @@ fn run(args: Args) -> anyhow::Result<()> {
     }
     if args.flex {
         return flex(&gpu, &args);
+    }
+    if let Some(head_dim_v) = args.head_dim_v {
+        return widths(&gpu, &args, head_dim_v);
     }
     let shapes = shapes(&args)?;
     header(&gpu, &args);
@@ -383,6 +433,7 @@ fn suite(gpu: &Gpu, args: &Args) -> anyhow::Result<()> {
             n_heads: 16,
             n_kv_heads: 16,
             head_dim,
+            head_dim_v: head_dim,
         },
         causal: true,
         window: None,
@@ -536,6 +587,7 @@ fn decode(gpu: &Gpu, args: &Args, cache_len: u32) -> anyhow::Result<()> {
             n_heads: args.heads.unwrap_or(32),
             n_kv_heads: args.kv_heads.unwrap_or(8),
             head_dim: args.head_dim.first().copied().unwrap_or(128),
+            head_dim_v: args.head_dim.first().copied().unwrap_or(128),
         },
     };
     let [copy, buffer_copy] = bench::copy_bandwidth(gpu, args.warmup, args.runs)?;
@@ -619,6 +671,7 @@ fn e2e(gpu: &Gpu, args: &Args) -> anyhow::Result<()> {
         n_heads: args.heads.unwrap_or(32),
         n_kv_heads: args.kv_heads.unwrap_or(8),
         head_dim: args.head_dim.first().copied().unwrap_or(128),
+        head_dim_v: args.head_dim.first().copied().unwrap_or(128),
     };
     let caches = match args.decode {
         Some(len) => vec![len],
@@ -657,6 +710,7 @@ fn e2e(gpu: &Gpu, args: &Args) -> anyhow::Result<()> {
         n_heads: 16,
         n_kv_heads: 16,
         head_dim: 128,
+        head_dim_v: 128,
     };
     let seq = args.seq.unwrap_or(4096);
     let runs = args.runs as u32;

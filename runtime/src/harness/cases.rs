@@ -250,10 +250,11 @@ impl Case {
             1 => String::new(),
             b => format!(" b={b}"),
         };
-        format!(
-            "{rows}{batch} h={} kv={} d={}",
-            h.n_heads, h.n_kv_heads, h.head_dim
-        )
+        let d = match h.head_dim_v == h.head_dim {
+            true => h.head_dim.to_string(),
+            false => format!("{}/{}", h.head_dim, h.head_dim_v),
+        };
+        format!("{rows}{batch} h={} kv={} d={d}", h.n_heads, h.n_kv_heads)
     }
 
     /// The modifiers this case exercises: its own, the causal mask where its shape is
@@ -326,6 +327,7 @@ pub fn default_matrix() -> Vec<Case> {
         n_heads,
         n_kv_heads,
         head_dim,
+        head_dim_v: head_dim,
     };
     for head_dim in [64, 128] {
         for (n_heads, n_kv_heads) in head_sets {
@@ -387,6 +389,18 @@ pub fn default_matrix() -> Vec<Case> {
             capacity: 4100,
         },
     );
+    // Rows of two widths, d=qk/v: MLA's 192/128 (DeepSeek-V2/V3), and V wider or narrower
+    // than Q and K. The forward's schedules (per row, flash, tensor cores in half precision).
+    for (head_dim, head_dim_v) in [(192, 128), (64, 128), (128, 64)] {
+        let h = Heads {
+            head_dim_v,
+            ..heads(6, 2, head_dim)
+        };
+        for (seq, docs) in [(7, 1), (300, 3)] {
+            let docs = Docs::Even(docs);
+            push(h, 1, Shape::Forward { seq, docs, causal: true });
+        }
+    }
     // Head_dims with no hand-written kernel: every op through the configurations by rule.
     // At 28 (7 vec4 columns) and 80 (20) most layouts pad the rows to a multiple of the
     // invocations per row; at 28 the padded backward layouts fit any adapter.
@@ -542,6 +556,7 @@ pub const QUICK: &[(&str, &str, &str)] = &[
     ("forward", "seq=64 h=6 kv=2 d=64", "causal+3docs"),
     ("forward", "seq=300 h=8 kv=2 d=128", "causal"),
     ("forward", "seq=7 h=6 kv=2 d=80", "causal"),
+    ("forward", "seq=300 h=6 kv=2 d=192/128", "causal+3docs"),
     ("forward", "seq=64 b=3 h=6 kv=2 d=64", "causal+2docs"),
     ("forward", "seq=308 h=6 kv=2 d=64", "packed 1+7+300"),
     ("decode", "cache=300/320 h=6 kv=2 d=64", "none"),
@@ -602,6 +617,7 @@ fn flex_cases() -> Vec<Case> {
         n_heads: 6,
         n_kv_heads: 2,
         head_dim: 64,
+        head_dim_v: 64,
     };
     let mut cases = Vec::new();
     for example in attn_dsl::flex::library::examples() {
@@ -695,6 +711,7 @@ fn modifier_cases() -> Vec<Case> {
             n_heads: 6,
             n_kv_heads: 2,
             head_dim,
+            head_dim_v: head_dim,
         };
         let mut push = |shape, mods| {
             cases.push(Case {
@@ -774,8 +791,8 @@ pub struct Runner {
     /// Per-row forward and decode kernels.
     per_row: Vec<Kernel>,
     /// Every flash forward candidate this device holds, by head_dim and masks.
-    flash: Vec<(u32, Masks, FlashSet)>,
-    half: Vec<(u32, Masks, HalfSet)>,
+    flash: Vec<((u32, u32), Masks, FlashSet)>,
+    half: Vec<((u32, u32), Masks, HalfSet)>,
     rope: Vec<(Kernel, Kernel)>,
     /// Split-K decode kernels, by head_dim and masks, made when a case first needs them.
     split: Vec<(u32, Masks, Cache, Dtype, SplitDecode)>,
@@ -843,12 +860,15 @@ impl Runner {
         &mut self,
         gpu: &Gpu,
         op: Op,
-        head_dim: u32,
+        (head_dim, head_dim_v): (u32, u32),
         masks: Masks,
     ) -> Result<&Kernel, Error> {
         let found = |k: &Kernel| {
             let abi = k.abi();
-            abi.op == op && abi.head_dim == head_dim && abi.masks == masks
+            abi.op == op
+                && abi.head_dim == head_dim
+                && abi.head_dim_v() == head_dim_v
+                && abi.masks == masks
         };
         if !self.per_row.iter().any(found) {
             let base = match op {
@@ -856,7 +876,8 @@ impl Runner {
                 _ => "attention_forward",
             };
             let spec =
-                KernelSpec::standard(&tuning::family_name(base, head_dim), op, head_dim, masks);
+                KernelSpec::standard(&tuning::family_name(base, head_dim), op, head_dim, masks)
+                    .with_head_dim_v(head_dim_v);
             self.per_row.push(Kernel::now(gpu, &compile(&spec)?)?);
         }
         Ok(self
@@ -870,18 +891,18 @@ impl Runner {
     fn flash(
         &mut self,
         gpu: &Gpu,
-        head_dim: u32,
+        dims: (u32, u32),
         masks: Masks,
     ) -> Result<&[(FlashConfig, Kernel)], Error> {
         let at = match self
             .flash
             .iter()
-            .position(|(d, m, _)| *d == head_dim && *m == masks)
+            .position(|(d, m, _)| *d == dims && *m == masks)
         {
             Some(at) => at,
             None => {
                 self.flash
-                    .push((head_dim, masks, flash_kernels(gpu, head_dim, masks)?));
+                    .push((dims, masks, flash_kernels(gpu, dims, masks)?));
                 self.flash.len() - 1
             }
         };
@@ -891,21 +912,22 @@ impl Runner {
     /// The forward in f16 (where the device has SHADER_F16) and bf16: per row (f16) and
     /// flash candidate 0 and the planned configuration, each that fits the device, and in
     /// f16 every cooperative-matrix configuration where the device has them.
-    fn half(&mut self, gpu: &Gpu, head_dim: u32, masks: Masks) -> Result<&HalfSet, Error> {
+    fn half(&mut self, gpu: &Gpu, dims: (u32, u32), masks: Masks) -> Result<&HalfSet, Error> {
         if let Some(at) = self
             .half
             .iter()
-            .position(|(d, m, _)| *d == head_dim && *m == masks)
+            .position(|(d, m, _)| *d == dims && *m == masks)
         {
             return Ok(&self.half[at].2);
         }
+        let (head_dim, width) = (dims.0, dims.0.max(dims.1));
         let mut set = Vec::new();
         for dtype in gpu.half_dtypes() {
-            let planned = self.backward.table.forward_in(gpu, head_dim, dtype);
-            let mut configs = vec![tuning::forward_candidates(head_dim)[0]];
+            let planned = self.backward.table.forward_in(gpu, width, dtype);
+            let mut configs = vec![tuning::forward_candidates(width)[0]];
             configs.extend(planned.filter(|p| *p != configs[0]));
             if gpu.coop16_for(dtype, Op::Forward) {
-                let coop = tuning::coop_candidates(gpu, head_dim, dtype);
+                let coop = tuning::coop_candidates(gpu, width, dtype);
                 configs.extend(coop.into_iter().filter(|c| Some(*c) != planned));
             }
             let name = tuning::family_name("attention_forward", head_dim);
@@ -913,7 +935,8 @@ impl Runner {
                 let spec = KernelSpec {
                     dtype,
                     ..KernelSpec::standard(&name, Op::Forward, head_dim, masks)
-                };
+                }
+                .with_head_dim_v(dims.1);
                 set.push((
                     format!("forward {}", dtype.name()),
                     Kernel::now(gpu, &compile(&spec)?)?,
@@ -921,7 +944,7 @@ impl Runner {
             }
             for config in &configs {
                 let abi =
-                    tuning::flash_forward_in(head_dim, masks, *config, dtype).map_err(|e| {
+                    tuning::flash_forward_dims(dims, masks, *config, dtype).map_err(|e| {
                         Error::Pipeline {
                             kernel: format!("forward flash {} {}", config.label(), dtype.name()),
                             message: e.to_string(),
@@ -936,7 +959,7 @@ impl Runner {
                 }
             }
         }
-        self.half.push((head_dim, masks, set));
+        self.half.push((dims, masks, set));
         Ok(&self.half.last().expect("just pushed").2)
     }
 
@@ -1003,14 +1026,16 @@ fn compile(spec: &KernelSpec) -> Result<KernelAbi, Error> {
 /// The flash forward candidates of `head_dim` under `masks` that fit the device.
 fn flash_kernels(
     gpu: &Gpu,
-    head_dim: u32,
+    dims: (u32, u32),
     masks: Masks,
 ) -> Result<Vec<(FlashConfig, Kernel)>, Error> {
     let mut out = Vec::new();
-    for config in tuning::forward_candidates(head_dim) {
-        let abi = tuning::flash_forward(head_dim, masks, config).map_err(|e| Error::Pipeline {
-            kernel: format!("flash d{head_dim} {}", config.label()),
-            message: e.to_string(),
+    for config in tuning::forward_candidates(dims.0.max(dims.1)) {
+        let abi = tuning::flash_forward_dims(dims, masks, config, Dtype::F32).map_err(|e| {
+            Error::Pipeline {
+                kernel: format!("flash d{} {}", dims.0, config.label()),
+                message: e.to_string(),
+            }
         })?;
         if tuning::fits(gpu, &abi) {
             out.push((config, Kernel::now(gpu, &abi)?));
@@ -1078,10 +1103,11 @@ pub fn run_case(gpu: &Gpu, runner: &mut Runner, case: &Case, seed: u64) -> Resul
                 mods: ModData::new(case.mods, h, batch, seq, seed),
             };
             let masks = job.masks();
-            let kernel = runner.per_row(gpu, Op::Forward, h.head_dim, masks)?;
+            let dims = (h.head_dim, h.head_dim_v);
+            let kernel = runner.per_row(gpu, Op::Forward, dims, masks)?;
             let mut rows = vec![row(kernel.name(), job.forward(gpu, kernel, seed, false)?)];
-            let planned = runner.backward.table.forward(gpu, h.head_dim);
-            for (config, kernel) in runner.flash(gpu, h.head_dim, masks)? {
+            let planned = runner.backward.table.forward(gpu, h.width());
+            for (config, kernel) in runner.flash(gpu, dims, masks)? {
                 let mut label = format!("forward flash {}", config.label());
                 if planned == Some(*config) {
                     label += " (planned)";
@@ -1102,7 +1128,7 @@ pub fn run_case(gpu: &Gpu, runner: &mut Runner, case: &Case, seed: u64) -> Resul
             let half =
                 case.mods == ModCase::default() || case.mods == sinks || case.mods == flex_alone;
             if half && batch == 1 {
-                for (label, kernel) in runner.half(gpu, h.head_dim, masks)? {
+                for (label, kernel) in runner.half(gpu, dims, masks)? {
                     rows.push(row(label, job.forward(gpu, kernel, seed, false)?));
                     // bf16's range, past f16's: what its tensor-core path scales by rows.
                     if kernel.abi().scalar("o") == attn_dsl::Scalar::Bf16 && seq >= 64 {
@@ -1122,7 +1148,7 @@ pub fn run_case(gpu: &Gpu, runner: &mut Runner, case: &Case, seed: u64) -> Resul
             let shape = (batch, cache_len, capacity);
             let split = runner.split(gpu, h.head_dim, masks, (Cache::Contiguous, Dtype::F32))?;
             let plain_planned = split_plan(split, h, batch, cache_len) == DecodePath::Plain;
-            let kernel = runner.per_row(gpu, Op::Decode, h.head_dim, masks)?;
+            let kernel = runner.per_row(gpu, Op::Decode, (h.head_dim, h.head_dim), masks)?;
             let verdicts = run_decode(gpu, Decoder::Plain(kernel), h, shape, &mods, seed)?;
             let mut rows = vec![row(&planned(kernel.name(), plain_planned), verdicts)];
             let split = runner.split(gpu, h.head_dim, masks, (Cache::Contiguous, Dtype::F32))?;
@@ -1209,6 +1235,7 @@ fn problem(
         n_heads: h.n_heads as usize,
         n_kv_heads: h.n_kv_heads as usize,
         head_dim: h.head_dim as usize,
+        head_dim_v: h.head_dim_v as usize,
         scale: f64::from(h.default_scale()),
         causal,
         seg,
@@ -1231,11 +1258,13 @@ const RANGES: [[f32; 5]; 3] = [
 fn qkv(h: Heads, rows: u32, seed: u64) -> [Vec<f32>; 4] {
     let q_len = (rows * h.n_heads * h.head_dim) as usize;
     let kv_len = (rows * h.n_kv_heads * h.head_dim) as usize;
+    let v_len = (rows * h.n_kv_heads * h.head_dim_v) as usize;
+    let o_len = (rows * h.n_heads * h.head_dim_v) as usize;
     [
         random(q_len, seed),
         random(kv_len, seed + 1),
-        random(kv_len, seed + 2),
-        random(q_len, seed + 3),
+        random(v_len, seed + 2),
+        random(o_len, seed + 3),
     ]
 }
 
@@ -1277,8 +1306,9 @@ impl Job {
     ) -> Result<Vec<(&'static str, Verdict)>, Error> {
         let [mut q, mut k, mut v, _] = qkv(self.h, self.batch * self.seq, seed);
         if ranges {
-            for (x, factors) in [&mut q, &mut k, &mut v].into_iter().zip(RANGES) {
-                for (i, row) in x.chunks_mut(self.h.head_dim as usize).enumerate() {
+            let widths = [self.h.head_dim, self.h.head_dim, self.h.head_dim_v];
+            for ((x, factors), width) in [&mut q, &mut k, &mut v].into_iter().zip(RANGES).zip(widths) {
+                for (i, row) in x.chunks_mut(width as usize).enumerate() {
                     row.iter_mut()
                         .for_each(|e| *e *= factors[i % factors.len()]);
                 }

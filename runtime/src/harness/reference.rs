@@ -33,6 +33,8 @@ pub struct Problem<'a> {
     pub n_heads: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
+    /// The width of V, O and dO rows; 0: `head_dim`.
+    pub head_dim_v: usize,
     pub scale: f64,
     /// Query `s` sees keys `j <= s`.
     pub causal: bool,
@@ -72,6 +74,22 @@ impl Problem<'_> {
 
     fn kv_len(&self) -> usize {
         self.n_k * self.n_kv_heads * self.head_dim
+    }
+
+    /// The width of V, O and dO rows.
+    pub fn dv(&self) -> usize {
+        match self.head_dim_v {
+            0 => self.head_dim,
+            d => d,
+        }
+    }
+
+    fn o_len(&self) -> usize {
+        self.n_q * self.n_heads * self.dv()
+    }
+
+    fn v_len(&self) -> usize {
+        self.n_k * self.n_kv_heads * self.dv()
     }
 
     /// Query `s` sees key `j` when `j <= s` (causal) and `j >= seg[s]` (document); without
@@ -251,6 +269,16 @@ impl Problem<'_> {
     fn kv_row<'x, T>(&self, x: &'x [T], j: usize, h: usize) -> &'x [T] {
         let kv_h = h / (self.n_heads / self.n_kv_heads);
         &x[(j * self.n_kv_heads + kv_h) * self.head_dim..][..self.head_dim]
+    }
+
+    /// Row `s` of head `h` of O or dO.
+    fn o_row<'x, T>(&self, x: &'x [T], s: usize, h: usize) -> &'x [T] {
+        &x[(s * self.n_heads + h) * self.dv()..][..self.dv()]
+    }
+
+    fn v_row<'x, T>(&self, x: &'x [T], j: usize, h: usize) -> &'x [T] {
+        let kv_h = h / (self.n_heads / self.n_kv_heads);
+        &x[(j * self.n_kv_heads + kv_h) * self.dv()..][..self.dv()]
     }
 }
 
@@ -492,7 +520,7 @@ pub fn attention_rounding_p<T: Real>(
             &p.sequence(b),
             &q[qb..][..p.q_len()],
             &k[kb..][..p.kv_len()],
-            &v[kb..][..p.kv_len()],
+            &v[b * p.v_len()..][..p.v_len()],
             round_p,
         );
         out.o.extend(one.o);
@@ -508,7 +536,7 @@ fn attention_one<T: Real>(
     v: &[T],
     round_p: &(dyn Fn(T) -> T + Sync),
 ) -> Attention<T> {
-    let d = p.head_dim;
+    let d = p.dv();
     let mut o = vec![T::zero(); p.n_q * p.n_heads * d];
     let mut lse = vec![T::zero(); p.n_q * p.n_heads];
     o.par_chunks_mut(d.max(1))
@@ -523,7 +551,7 @@ fn attention_one<T: Real>(
                 p.n_k,
                 d,
                 &|j| round_p(w[j]) / sum * p.keep(s, h, j),
-                &|j| p.kv_row(v, j, h),
+                &|j| p.v_row(v, j, h),
             ));
         });
     Attention { o, lse }
@@ -584,9 +612,11 @@ pub fn attention_backward_rounding<T: Real>(
         let (qb, kb) = (b * p.q_len(), b * p.kv_len());
         let qs = |x| slice(x, qb, p.q_len());
         let ks = |x| slice(x, kb, p.kv_len());
-        let saved = saved.map(|(o, lse)| (qs(o), &lse[b * rows..][..rows]));
+        let os = |x| slice(x, b * p.o_len(), p.o_len());
+        let vs = |x| slice(x, b * p.v_len(), p.v_len());
+        let saved = saved.map(|(o, lse)| (os(o), &lse[b * rows..][..rows]));
         let (one, terms) =
-            backward_one(&p.sequence(b), [qs(q), ks(k), ks(v), qs(d_o)], saved, round);
+            backward_one(&p.sequence(b), [qs(q), ks(k), vs(v), os(d_o)], saved, round);
         flex_terms.extend(terms);
         g.dq.extend(one.dq);
         g.dk.extend(one.dk);
@@ -657,12 +687,12 @@ fn backward_one<T: Real>(
                 Some((_, lse)) => (recomputed_probabilities(p, q, k, s, h, lse[row]), lse[row]),
                 None => probabilities(p, q, k, s, h),
             };
-            let g_o = p.q_row(d_o, s, h);
+            let g_o = p.o_row(d_o, s, h);
             let dp: Vec<T> = (0..p.n_k)
-                .map(|j| dot(g_o, p.kv_row(v, j, h)) * p.keep(s, h, j))
+                .map(|j| dot(g_o, p.v_row(v, j, h)) * p.keep(s, h, j))
                 .collect();
             let big_d = match saved {
-                Some((o, _)) => dot(g_o, p.q_row(o, s, h)),
+                Some((o, _)) => dot(g_o, p.o_row(o, s, h)),
                 None => pairwise(p.n_k, &|j| probs[j] * dp[j]),
             };
             let mut terms = Vec::new();
@@ -718,8 +748,9 @@ fn backward_one<T: Real>(
             }));
         });
     let group = p.n_heads / p.n_kv_heads;
+    let dv_width = p.dv();
     g.dk.par_chunks_mut(d.max(1))
-        .zip(g.dv.par_chunks_mut(d.max(1)))
+        .zip(g.dv.par_chunks_mut(dv_width.max(1)))
         .enumerate()
         .for_each(|(row, (dk, dv))| {
             let (j, kv_h) = (row / p.n_kv_heads, row % p.n_kv_heads);
@@ -728,12 +759,14 @@ fn backward_one<T: Real>(
                 let dk = pairwise_rows(p.n_q, d, &|s| round(scale * at(s, h).1[j]), &|s| {
                     p.q_row(q, s, h)
                 });
-                let dv = pairwise_rows(p.n_q, d, &|s| at(s, h).0[j], &|s| p.q_row(d_o, s, h));
+                let dv = pairwise_rows(p.n_q, dv_width, &|s| at(s, h).0[j], &|s| {
+                    p.o_row(d_o, s, h)
+                });
                 (dk, dv)
             };
             let heads: Vec<_> = (0..group).map(|gi| per_head(kv_h * group + gi)).collect();
             dk.copy_from_slice(&pairwise_rows(group, d, &|_| T::one(), &|gi| &heads[gi].0));
-            dv.copy_from_slice(&pairwise_rows(group, d, &|_| T::one(), &|gi| &heads[gi].1));
+            dv.copy_from_slice(&pairwise_rows(group, dv_width, &|_| T::one(), &|gi| &heads[gi].1));
         });
     let terms = rows.into_iter().flat_map(|r| r.3).collect();
     (g, terms)

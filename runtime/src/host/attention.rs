@@ -75,8 +75,8 @@ pub async fn forward(
     let kv_shape = [b, s, h.n_kv_heads, h.head_dim];
     let q = Tensor::from_f32(gpu, &q_shape, data, input.q)?;
     let k = Tensor::from_f32(gpu, &kv_shape, data, input.k)?;
-    let v = Tensor::from_f32(gpu, &kv_shape, data, input.v)?;
-    let o = Tensor::zeros(gpu, &q_shape, data);
+    let v = Tensor::from_f32(gpu, &[b, s, h.n_kv_heads, h.head_dim_v], data, input.v)?;
+    let o = Tensor::zeros(gpu, &[b, s, h.n_heads, h.head_dim_v], data);
     let lse = Tensor::zeros(gpu, &[b, s, h.n_heads], Scalar::F32);
     let seg = match input.seg {
         Some(seg) => Some(crate::ops::forward::documents(gpu, seg, b, s)?),
@@ -266,15 +266,16 @@ pub(crate) fn validate_sequence(
         s * nkv * d,
         "batch × seq_len × n_kv_heads × head_dim",
     )?;
+    let dv = u64::from(h.head_dim_v);
     length(
         "v",
         input.v.len(),
-        s * nkv * d,
-        "batch × seq_len × n_kv_heads × head_dim",
+        s * nkv * dv,
+        "batch × seq_len × n_kv_heads × head_dim_v",
     )?;
     binding_size(
         limits,
-        (s * nh * d).max(s * nkv * d) * element_bytes(abi, "q"),
+        (s * nh * d.max(dv)).max(s * nkv * d.max(dv)) * element_bytes(abi, "q"),
     )?;
     validate_scale(input.scale)?;
     input

@@ -175,7 +175,7 @@ impl Backward {
         args: &BackwardArgs,
         schedule: Option<Schedule>,
     ) -> Result<Schedule, Error> {
-        let (batch, seq, h) = attention_shape(args.q, args.k)?;
+        let (batch, seq, h) = attention_shape(args.q, args.k, args.v)?;
         let dtype = dtype_of(args.q)?;
         let set = self.set_of(h.head_dim, dtype)?;
         let (schedule, at) = self.schedule_for(gpu, set, schedule, (batch, seq, h), dtype)?;

@@ -385,6 +385,7 @@ fn check(
         n_heads,
         n_kv_heads,
         head_dim,
+        head_dim_v: head_dim,
     };
     nonzero("batch", batch)?;
     validate_heads(abi, h)?;

@@ -21,12 +21,44 @@ use crate::tensor::{Tensor, TensorError};
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ForwardSpec {
     pub head_dim: u32,
+    /// The width of V and O rows: `head_dim` but in MLA-style attention (192 and 128).
+    pub head_dim_v: u32,
     pub masks: Masks,
     pub dtype: Dtype,
 }
 
-/// One call's tensors: Q and O `[batch, seq, n_heads, head_dim]`, K and V `[batch, seq,
-/// n_kv_heads, head_dim]` (all in the kernel's dtype), LSE `[batch, seq, n_heads]` f32.
+impl ForwardSpec {
+    /// Q, K, V and O rows `head_dim` wide.
+    pub fn new(head_dim: u32, masks: Masks, dtype: Dtype) -> ForwardSpec {
+        ForwardSpec {
+            head_dim,
+            head_dim_v: head_dim,
+            masks,
+            dtype,
+        }
+    }
+
+    fn heads_width(&self) -> u32 {
+        self.head_dim.max(self.head_dim_v)
+    }
+
+    fn compile(&self, config: FlashConfig) -> Result<KernelAbi, Error> {
+        tuning::flash_forward_dims(
+            (self.head_dim, self.head_dim_v),
+            self.masks,
+            config,
+            self.dtype,
+        )
+        .map_err(|e| Error::Pipeline {
+            kernel: format!("forward d{} {}", self.head_dim, config.label()),
+            message: e.to_string(),
+        })
+    }
+}
+
+/// One call's tensors: Q `[batch, seq, n_heads, head_dim]`, K `[batch, seq, n_kv_heads,
+/// head_dim]`, V `[batch, seq, n_kv_heads, head_dim_v]`, O `[batch, seq, n_heads,
+/// head_dim_v]` (all in the kernel's dtype), LSE `[batch, seq, n_heads]` f32.
 #[derive(Clone, Copy, Debug)]
 pub struct ForwardArgs<'a> {
     pub q: &'a Tensor,
@@ -86,19 +118,14 @@ impl Forward {
     /// A forward that plans its kernel per problem; nothing is compiled yet, but the spec
     /// is checked (a head_dim without a configuration, masks the op cannot take).
     pub fn new(gpu: &Gpu, spec: ForwardSpec) -> Result<Forward, Error> {
-        let config = tuning::forward_candidates(spec.head_dim)
+        let config = tuning::forward_candidates(spec.heads_width())
             .first()
             .copied()
             .ok_or(InputError::Unsupported {
                 what: "the flash forward at this head_dim",
                 needs: "a head_dim that is a multiple of 4, from 4 to 256",
             })?;
-        tuning::flash_forward_in(spec.head_dim, spec.masks, config, spec.dtype).map_err(|e| {
-            Error::Pipeline {
-                kernel: format!("forward d{}", spec.head_dim),
-                message: e.to_string(),
-            }
-        })?;
+        spec.compile(config)?;
         Ok(Forward {
             kernels: Kernels::Planned {
                 spec,
@@ -149,7 +176,7 @@ impl Forward {
     /// Checks `args` as [`Forward::record`] would (compiling its kernel), recording
     /// nothing.
     pub fn check(&mut self, gpu: &Gpu, args: &ForwardArgs) -> Result<(), Error> {
-        let (batch, seq, heads) = attention_shape(args.q, args.k)?;
+        let (batch, seq, heads) = attention_shape(args.q, args.k, args.v)?;
         let seg = self.seg(gpu, args.seg, batch, seq);
         let pipeline = self.pipeline(gpu, batch, seq, heads)?;
         check(pipeline.abi(), args, batch, seq, heads, seg.as_ref())?;
@@ -163,7 +190,7 @@ impl Forward {
         encoder: &mut wgpu::CommandEncoder,
         args: &ForwardArgs,
     ) -> Result<(), Error> {
-        let (batch, seq, heads) = attention_shape(args.q, args.k)?;
+        let (batch, seq, heads) = attention_shape(args.q, args.k, args.v)?;
         let seg = self.seg(gpu, args.seg, batch, seq);
         let pipeline = self.pipeline(gpu, batch, seq, heads)?;
         let abi = pipeline.abi();
@@ -221,13 +248,7 @@ impl Forward {
         if compiled.iter().any(|(c, _)| *c == config) {
             return Ok(None);
         }
-        let abi = tuning::flash_forward_in(spec.head_dim, spec.masks, config, spec.dtype).map_err(
-            |e| Error::Pipeline {
-                kernel: format!("forward d{} {}", spec.head_dim, config.label()),
-                message: e.to_string(),
-            },
-        )?;
-        Ok(Some(abi))
+        Ok(Some(spec.compile(config)?))
     }
 
     fn hold(&mut self, kernel: Kernel, batch: u32, seq: u32, heads: Heads) {
@@ -295,6 +316,14 @@ fn plan(
         }
         .into());
     }
+    if heads.head_dim_v != spec.head_dim_v {
+        return Err(InputError::HeadDimV {
+            kernel: format!("forward d{}", spec.head_dim),
+            kernel_head_dim_v: spec.head_dim_v,
+            given: heads.head_dim_v,
+        }
+        .into());
+    }
     let key = (batch, seq, heads.n_heads);
     if let Some((_, c)) = plans.iter().find(|(k, _)| *k == key) {
         return Ok(*c);
@@ -322,18 +351,16 @@ fn check(
     validate_heads(abi, h)?;
     validate_scale(args.scale)?;
     let q = vec![batch, seq, h.n_heads, h.head_dim];
-    let kv = vec![batch, seq, h.n_kv_heads, h.head_dim];
-    let (q_layout, kv_layout) = (
-        "[batch, seq, n_heads, head_dim]",
-        "[batch, seq, n_kv_heads, head_dim]",
-    );
+    let k = vec![batch, seq, h.n_kv_heads, h.head_dim];
+    let v = vec![batch, seq, h.n_kv_heads, h.head_dim_v];
+    let o = vec![batch, seq, h.n_heads, h.head_dim_v];
     expect_all(
         abi,
         &[
-            ("q", args.q, q.clone(), q_layout),
-            ("k", args.k, kv.clone(), kv_layout),
-            ("v", args.v, kv, kv_layout),
-            ("o", args.o, q, q_layout),
+            ("q", args.q, q, "[batch, seq, n_heads, head_dim]"),
+            ("k", args.k, k, "[batch, seq, n_kv_heads, head_dim]"),
+            ("v", args.v, v, "[batch, seq, n_kv_heads, head_dim_v]"),
+            ("o", args.o, o, "[batch, seq, n_heads, head_dim_v]"),
             (
                 "lse",
                 args.lse,

@@ -21,15 +21,22 @@ use crate::tensor::{Tensor, TensorError};
 
 /// Batch, sequence length and heads of an attention problem, read off Q `[batch, seq,
 /// n_heads, head_dim]` and K `[batch, seq, n_kv_heads, head_dim]`.
-pub(crate) fn attention_shape(q: &Tensor, k: &Tensor) -> Result<(u32, u32, Heads), InputError> {
+/// `head_dim_v` is V's last dim: checking V against it is the kernel's check.
+pub(crate) fn attention_shape(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+) -> Result<(u32, u32, Heads), InputError> {
     let [batch, seq, n_heads, head_dim] = rank4(q, "q", "[batch, seq, n_heads, head_dim]")?;
     let [_, _, n_kv_heads, _] = rank4(k, "k", "[batch, seq, n_kv_heads, head_dim]")?;
+    let [.., head_dim_v] = rank4(v, "v", "[batch, seq, n_kv_heads, head_dim_v]")?;
     for (name, value) in [
         ("batch", batch),
         ("seq_len", seq),
         ("n_heads", n_heads),
         ("n_kv_heads", n_kv_heads),
         ("head_dim", head_dim),
+        ("head_dim_v", head_dim_v),
     ] {
         crate::shape::nonzero(name, value)?;
     }
@@ -37,6 +44,7 @@ pub(crate) fn attention_shape(q: &Tensor, k: &Tensor) -> Result<(u32, u32, Heads
         n_heads,
         n_kv_heads,
         head_dim,
+        head_dim_v,
     };
     Ok((batch, seq, heads))
 }

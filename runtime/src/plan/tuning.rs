@@ -453,8 +453,8 @@ impl Table {
         (batch, seq_len): (u32, u32),
         dtype: Dtype,
     ) -> Option<FlashConfig> {
-        let planned = self.forward_in(gpu, heads.head_dim, dtype)?;
-        let candidates = coop_candidates(gpu, heads.head_dim, dtype);
+        let planned = self.forward_in(gpu, heads.width(), dtype)?;
+        let candidates = coop_candidates(gpu, heads.width(), dtype);
         Some(widest_filling(
             planned,
             &candidates,
@@ -505,6 +505,24 @@ pub fn flash_forward_in(
     dtype: Dtype,
 ) -> Result<KernelAbi, DslError> {
     flash_forward_phases(head_dim, masks, config, dtype, Phases::ALL)
+}
+
+/// [`flash_forward_in`] with V and O rows `head_dim_v` wide: `dims` is (head_dim,
+/// head_dim_v), and `config` one for the wider of the two.
+pub fn flash_forward_dims(
+    (head_dim, head_dim_v): (u32, u32),
+    masks: Masks,
+    config: FlashConfig,
+    dtype: Dtype,
+) -> Result<KernelAbi, DslError> {
+    let name = family_name("attention_forward_flash", head_dim);
+    let mut spec = KernelSpec {
+        dtype,
+        ..KernelSpec::flash(&name, Op::Forward, head_dim, masks, config)
+    }
+    .with_head_dim_v(head_dim_v);
+    spec.fit_target();
+    attn_dsl::compile(&spec)
 }
 
 /// [`flash_forward_in`] with a tensor-core forward's key loop cut to the phases in `keep`

@@ -203,6 +203,7 @@ pub fn prefill(gpu: &Gpu, h: Heads, seq: u32, dtype: Dtype, runs: u32) -> Result
     let lse = Tensor::zeros(gpu, &[1, seq, h.n_heads], Scalar::F32);
     let spec = ForwardSpec {
         head_dim: h.head_dim,
+        head_dim_v: h.head_dim,
         masks: Masks::new(true, false),
         dtype,
     };
@@ -259,6 +260,7 @@ pub fn train_step(gpu: &Gpu, h: Heads, seq: u32, dtype: Dtype, runs: u32) -> Res
         gpu,
         ForwardSpec {
             head_dim: h.head_dim,
+            head_dim_v: h.head_dim,
             masks,
             dtype,
         },

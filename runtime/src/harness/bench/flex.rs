@@ -186,6 +186,7 @@ pub fn flex(
     for variant in variants(seq, window) {
         let spec = ForwardSpec {
             head_dim: h.head_dim,
+            head_dim_v: h.head_dim,
             masks: variant.masks,
             dtype,
         };
@@ -290,6 +291,7 @@ pub fn t5_backward(
             gpu,
             ForwardSpec {
                 head_dim: h.head_dim,
+                head_dim_v: h.head_dim,
                 masks,
                 dtype,
             },

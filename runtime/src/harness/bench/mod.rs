@@ -4,6 +4,7 @@
 
 pub mod e2e;
 pub mod flex;
+pub mod head_dim_v;
 pub mod probe;
 
 use attn_dsl::emit::coop::Phases;

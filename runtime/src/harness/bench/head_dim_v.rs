@@ -1,0 +1,80 @@
+//! The forward with V and O rows of another width than Q and K (issue 29, item 1): MLA's
+//! 192/128 beside the same problem at one width (Q, K and V all at head_dim, and all at
+//! head_dim_v), through the recording API with the planner's kernel in each dtype.
+
+use attn_dsl::{Dtype, Masks, Scalar};
+
+use crate::attention::Heads;
+use crate::error::Error;
+use crate::ops::forward::{Forward, ForwardArgs, ForwardSpec};
+use crate::tensor::Tensor;
+use crate::{Gpu, timing};
+
+/// One forward timed: its widths, dtype, median GPU time and FLOP rate.
+pub struct WidthRow {
+    pub heads: Heads,
+    pub dtype: Dtype,
+    /// The planner's configuration.
+    pub config: String,
+    pub ms: f64,
+    pub tflops: f64,
+}
+
+/// FlashAttention's count for rows of two widths: `2·S²·H·(head_dim + head_dim_v)`,
+/// halved when causal.
+pub fn flops(h: Heads, seq: u32, causal: bool) -> f64 {
+    let pairs = f64::from(seq).powi(2) * if causal { 0.5 } else { 1.0 };
+    2.0 * pairs * f64::from(h.n_heads) * f64::from(h.head_dim + h.head_dim_v)
+}
+
+/// The forward of `h` at `seq` (batch 1) in `dtype`, causal or not.
+pub fn forward(
+    gpu: &Gpu,
+    h: Heads,
+    seq: u32,
+    (causal, dtype): (bool, Dtype),
+    (warmup, runs): (usize, usize),
+) -> Result<WidthRow, Error> {
+    let scalar = Scalar::from(dtype);
+    let tensor = |heads: u32, width: u32, seed| {
+        let shape = [1, seq, heads, width];
+        let n = shape.iter().map(|&d| d as usize).product();
+        Tensor::from_f32(gpu, &shape, scalar, &crate::cases::random(n, seed))
+    };
+    let q = tensor(h.n_heads, h.head_dim, 1)?;
+    let k = tensor(h.n_kv_heads, h.head_dim, 2)?;
+    let v = tensor(h.n_kv_heads, h.head_dim_v, 3)?;
+    let o = Tensor::zeros(gpu, &[1, seq, h.n_heads, h.head_dim_v], scalar);
+    let lse = Tensor::zeros(gpu, &[1, seq, h.n_heads], Scalar::F32);
+    let spec = ForwardSpec {
+        head_dim: h.head_dim,
+        head_dim_v: h.head_dim_v,
+        masks: Masks::new(causal, false),
+        dtype,
+    };
+    let config = crate::plan::tuning::Table::for_gpu(gpu)?
+        .forward_for(gpu, h, (1, seq), dtype)
+        .map_or("per row".into(), |c| c.label());
+    let mut forward = Forward::new(gpu, spec)?;
+    let args = ForwardArgs::new(&q, &k, &v, &o, &lse);
+    // Compiled before timing.
+    let mut encoder = gpu.device.create_command_encoder(&Default::default());
+    forward.record(gpu, &mut encoder, &args)?;
+    gpu.queue.submit([encoder.finish()]);
+    let mut failed = None;
+    let t = timing::time_encoded(gpu, warmup, runs, |enc| {
+        if let Err(e) = forward.record(gpu, enc, &args) {
+            failed = Some(e);
+        }
+    })?;
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    Ok(WidthRow {
+        heads: h,
+        dtype,
+        config,
+        ms: t.median_ms,
+        tflops: flops(h, seq, causal) / (t.median_ms * 1e-3) / 1e12,
+    })
+}
