@@ -136,7 +136,8 @@ pub struct KernelAbi {
     pub workgroup_size: [u32; 3],
     pub grid: Grid,
     pub head_dim: u32,
-    /// The Linear's output width of a row-wise layer; 0 for attention.
+    /// The width of an output row: the Linear's of a row-wise layer; attention's V and O
+    /// rows (`head_dim_v`) where they differ from head_dim, else 0.
     #[serde(skip_serializing_if = "is_zero")]
     pub out_dim: u32,
     pub gqa: Gqa,

@@ -254,6 +254,21 @@ attention_kernel! {
 }
 
 attention_kernel! {
+    /// Flash forward with MLA's widths (DeepSeek-V2/V3): Q and K rows of 192, V and O rows of
+    /// 128 (`head_dim_v`), under WebGPU's defaults.
+    pub attention_forward_flash_mla {
+        op: forward,
+        grid: s_major(flash),
+        head_dim: 192,
+        head_dim_v: 128,
+        gqa: any,
+        masks: [causal, document],
+        target: webgpu,
+        writes: { o: owned, lse: owned },
+    }
+}
+
+attention_kernel! {
     /// Flash forward, head_dim 64, with row reductions by subgroup shuffles: 64 query rows
     /// per workgroup, 4 per invocation, 8 invocations per row. Needs SUBGROUP and 36,628
     /// bytes of workgroup memory; on adapters whose subgroups are narrower than 8 it
@@ -623,7 +638,7 @@ pub static ROPE: [(&attn_dsl::KernelAbi, &attn_dsl::KernelAbi); 2] = [
 /// lists them. (The native-f32-atomic variants are left out: browsers have no
 /// `atomic<f32>`; so is streaming at head_dim 128, whose tiles of 16 rows need more than
 /// WebGPU's 16 KiB of workgroup memory.)
-pub static FAMILY: [&attn_dsl::KernelAbi; 41] = [
+pub static FAMILY: [&attn_dsl::KernelAbi; 42] = [
     &attention_forward::ABI,
     &attention_forward_d128::ABI,
     &attention_decode::ABI,
@@ -653,6 +668,7 @@ pub static FAMILY: [&attn_dsl::KernelAbi; 41] = [
     &attention_forward_flash_d128::ABI,
     &attention_forward_flash_f16::ABI,
     &attention_forward_flash_bf16::ABI,
+    &attention_forward_flash_mla::ABI,
     &attention_backward_dq_flash::ABI,
     &attention_backward_dkdv_flash::ABI,
     &attention_backward_dq_flash_d128::ABI,
