@@ -586,7 +586,10 @@ fn forward_takes_v_rows_of_another_width() {
         let per_row = forward(head_dim, CAUSAL_DOC).with_head_dim_v(head_dim_v);
         let abi = compile(&per_row).unwrap_or_else(|e| panic!("{head_dim}/{head_dim_v}: {e}"));
         assert_eq!((abi.head_dim, abi.head_dim_v()), (head_dim, head_dim_v));
-        assert!(abi.wgsl.contains(&format!("const V_DIM: u32 = {head_dim_v}u;")));
+        assert!(
+            abi.wgsl
+                .contains(&format!("const V_DIM: u32 = {head_dim_v}u;"))
+        );
         assert!(abi.name.ends_with(&format!("_v{head_dim_v}")));
         let width = head_dim.max(head_dim_v);
         let config = attn_dsl::configs::for_description(Op::Forward, width, &limits, None)

@@ -101,25 +101,21 @@ pub fn lower(d: &Description) -> syn::Result<Lowered> {
         .transpose()?;
     let mut workgroup_size = given_workgroup_size.unwrap_or(256);
     if auto_flash {
-        let config = attn_dsl::configs::for_description(
-            op,
-            width,
-            &target.limits(),
-            given_workgroup_size,
-        )
-        .ok_or_else(|| {
-            syn::Error::new(
-                grid_value.span(),
-                format!(
-                    "no flash configuration of op {} fits head_dim {width} under this \
+        let config =
+            attn_dsl::configs::for_description(op, width, &target.limits(), given_workgroup_size)
+                .ok_or_else(|| {
+                syn::Error::new(
+                    grid_value.span(),
+                    format!(
+                        "no flash configuration of op {} fits head_dim {width} under this \
                      target{}; use the per-row grid (`tile = 1`), a `native(..)` target with \
                      more workgroup memory, or another head_dim",
-                    op.name(),
-                    given_workgroup_size
-                        .map_or(String::new(), |wg| format!(" with workgroup_size {wg}"))
-                ),
-            )
-        })?;
+                        op.name(),
+                        given_workgroup_size
+                            .map_or(String::new(), |wg| format!(" with workgroup_size {wg}"))
+                    ),
+                )
+            })?;
         grid.tile = config.tile;
         grid.flash = Some(Flash {
             inner: config.inner,

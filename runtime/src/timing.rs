@@ -137,6 +137,29 @@ pub fn time_encoded(
     Ok(summarize(times, runs))
 }
 
+/// [`time_encoded`] of a recording that can fail (an op's `record`), run once untimed
+/// first so that its pipelines compile outside the timing; the first error it gives ends
+/// the timing.
+pub fn time_recorded<T>(
+    gpu: &Gpu,
+    warmup: usize,
+    runs: usize,
+    mut record: impl FnMut(&mut wgpu::CommandEncoder) -> Result<T, Error>,
+) -> Result<(Timing, T), Error> {
+    let mut encoder = gpu.device.create_command_encoder(&Default::default());
+    let mut last = record(&mut encoder)?;
+    gpu.queue.submit([encoder.finish()]);
+    let mut failed = None;
+    let t = time_encoded(gpu, warmup, runs, |enc| match record(enc) {
+        Ok(x) => last = x,
+        Err(e) => failed = failed.take().or(Some(e)),
+    })?;
+    match failed {
+        Some(e) => Err(e),
+        None => Ok((t, last)),
+    }
+}
+
 /// GPU time of spans of recorded commands (a decode step, a training step): a pair of
 /// timestamps per span, each written after every command recorded before it (by an empty
 /// compute pass's end, at the bottom of the pipe), read once at the end.

@@ -760,9 +760,23 @@ fn v_of_another_width_gives_o_of_its_width() {
     write("k", nkv, d, &k);
     write("v", nkv, dv, &v);
     write("do", nh, dv, &random(seq * nh * dv, 4));
-    npy::write_f32(&dir.join("v_short.npy"), &[seq as u64 - 1, nkv as u64, dv as u64], &v[..(seq - 1) * nkv * dv]).unwrap();
+    npy::write_f32(
+        &dir.join("v_short.npy"),
+        &[seq as u64 - 1, nkv as u64, dv as u64],
+        &v[..(seq - 1) * nkv * dv],
+    )
+    .unwrap();
     let out = f("out");
-    let base = ["--q", &f("q.npy"), "--k", &f("k.npy"), "--out", &out, "--causal"].map(String::from);
+    let base = [
+        "--q",
+        &f("q.npy"),
+        "--k",
+        &f("k.npy"),
+        "--out",
+        &out,
+        "--causal",
+    ]
+    .map(String::from);
     let run = |v: &str, extra: &[&str]| {
         let mut args: Vec<&str> = base.iter().map(String::as_str).collect();
         args.extend(["--v", v]);
@@ -771,7 +785,11 @@ fn v_of_another_width_gives_o_of_its_width() {
     };
     let ok = run(&f("v.npy"), &[]);
     let stdout = String::from_utf8_lossy(&ok.stdout);
-    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
     assert!(stdout.contains("head_dim=48 head_dim_v=32"), "{stdout}");
     let p = Problem {
         batch: 1,

@@ -256,14 +256,21 @@ fn check_head_dim_v(spec: &KernelSpec) -> Result<(), DslError> {
         (false, true) => 4,
         (false, false) => 1,
     };
-    for (dim, field, name) in [(hd, Field::HeadDim, "head_dim"), (dv, Field::HeadDimV, "head_dim_v")] {
+    for (dim, field, name) in [
+        (hd, Field::HeadDim, "head_dim"),
+        (dv, Field::HeadDimV, "head_dim_v"),
+    ] {
         if dim == 0 || !dim.is_multiple_of(step) {
             return Err(DslError::spec(
                 field,
                 format!(
                     "{name} {dim} must be a nonzero multiple of {step} for this grid: the \
                      narrower of head_dim and head_dim_v ends at a whole {}",
-                    if step == 16 { "16-column fragment" } else { "vec4" }
+                    if step == 16 {
+                        "16-column fragment"
+                    } else {
+                        "vec4"
+                    }
                 ),
             ));
         }

@@ -110,7 +110,9 @@ pub(super) fn attend_row(out: &mut Wgsl, spec: &KernelSpec) {
         "",
     );
     let stage_q = match index::within(spec, index::Row::Qk, "tid") {
-        Some(c) => format!("sh_q[tid] = 0.0;\n        if ({c}) {{\n            sh_q[tid] = query_at(qi + tid);\n        }}"),
+        Some(c) => format!(
+            "sh_q[tid] = 0.0;\n        if ({c}) {{\n            sh_q[tid] = query_at(qi + tid);\n        }}"
+        ),
         None => "sh_q[tid] = query_at(qi + tid);".into(),
     };
     // The row's state, with the sink joined where the kernel has one.
@@ -132,8 +134,24 @@ pub(super) fn attend_row(out: &mut Wgsl, spec: &KernelSpec) {
         ("result", Fragment::from(result)),
         ("m", Fragment::from(m)),
         ("stage_q", Fragment::from(stage_q)),
-        ("v_in", Fragment::from(index::and_within(spec, "tid < N_ACTIVE", index::Row::V, "d_local"))),
-        ("o_in", Fragment::from(index::and_within(spec, "tid < HEAD_DIM", index::Row::V, "tid"))),
+        (
+            "v_in",
+            Fragment::from(index::and_within(
+                spec,
+                "tid < N_ACTIVE",
+                index::Row::V,
+                "d_local",
+            )),
+        ),
+        (
+            "o_in",
+            Fragment::from(index::and_within(
+                spec,
+                "tid < HEAD_DIM",
+                index::Row::V,
+                "tid",
+            )),
+        ),
     ]));
 }
 

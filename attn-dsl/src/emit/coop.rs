@@ -244,9 +244,16 @@ pub(super) fn fetch(
 }}
 
 "#,
-        cond = and_within(spec, &format!("e < {rows} * (HEAD_DIM / 4u) && r < dims.seq_len"), of.row(), "c"),
+        cond = fetch_guard(spec, of, rows),
         index = of.index("r", "h"),
     );
+}
+
+/// The test that vec4 `e` (row `r`, first column `c`) of a block of `rows` rows of `of`
+/// lies in the block, the sequence and its tensor's row.
+pub(super) fn fetch_guard(spec: &KernelSpec, of: Rows, rows: &str) -> String {
+    let within_block = format!("e < {rows} * (HEAD_DIM / 4u) && r < dims.seq_len");
+    and_within(spec, &within_block, of.row(), "c")
 }
 
 /// `put4(at, x)`: four halves into the staging area from half `at`;
@@ -337,7 +344,12 @@ fn stage_q(r0: u32, h: u32, tid: u32, c0: u32) {{
 
 "#,
         cols + 8,
-        cond = and_within(spec, "r < dims.seq_len", Row::Qk, "c0 + (e % (QC / 4u)) * 4u"),
+        cond = and_within(
+            spec,
+            "r < dims.seq_len",
+            Row::Qk,
+            "c0 + (e % (QC / 4u)) * 4u"
+        ),
     );
 }
 

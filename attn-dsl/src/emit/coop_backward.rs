@@ -387,10 +387,24 @@ fn carried(t: &CoopTiling) -> u32 {
 fn products(b: &mut String, t: &CoopTiling, half: &Half, elementwise: &str, keep: Phases) {
     coop::key_fragments(b, t);
     if keep.scores {
-        coop::transposed_product(b, t, (t.qk_frags, &|k| format!("oa_{k}")), "0u", "sh_s", "sm");
+        coop::transposed_product(
+            b,
+            t,
+            (t.qk_frags, &|k| format!("oa_{k}")),
+            "0u",
+            "sh_s",
+            "sm",
+        );
     }
     if keep.grads {
-        coop::transposed_product(b, t, (t.v_frags, &|k| format!("ob_{k}")), "BC", "sh_dp", "dm");
+        coop::transposed_product(
+            b,
+            t,
+            (t.v_frags, &|k| format!("ob_{k}")),
+            "BC",
+            "sh_dp",
+            "dm",
+        );
     }
     b.push_str("        workgroupBarrier();\n");
     b.push_str(elementwise);

@@ -20,7 +20,7 @@
 
 use std::fmt::Write;
 
-use super::index::{Rows, and_within};
+use super::index::Rows;
 use super::writer::Wgsl;
 use crate::spec::KernelSpec;
 
@@ -130,7 +130,7 @@ pub(super) fn fetch(
 }}
 
 "#,
-        cond = and_within(spec, &format!("e < {rows} * (HEAD_DIM / 4u) && r < dims.seq_len"), of.row(), "c"),
+        cond = super::coop::fetch_guard(spec, of, rows),
         index = of.index("r", "h"),
     );
 }

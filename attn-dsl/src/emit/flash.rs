@@ -11,9 +11,9 @@ use super::numerics::Helper;
 use super::writer::{Fragment, Wgsl};
 use std::fmt::Write;
 
+use super::index::{Row, Rows, and_within, within};
 use super::numerics::dot_loop;
 use crate::layout::tiling::Tiling;
-use super::index::{Row, Rows, and_within, within};
 use crate::spec::KernelSpec;
 
 /// One generated register name per (row, column) of an invocation's block.

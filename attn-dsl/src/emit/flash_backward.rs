@@ -16,8 +16,8 @@ use super::writer::{Fragment, Wgsl};
 use std::fmt::Write;
 
 use super::flash::{accumulate, carried, fetch, per_vec4, put, regs, stage, tile_key_range};
-use super::numerics::dot_loop;
 use super::index::Rows;
+use super::numerics::dot_loop;
 use super::{backward, index};
 use crate::layout::tiling::Tiling;
 use crate::spec::KernelSpec;

@@ -374,7 +374,13 @@ fn run(args: Args) -> anyhow::Result<()> {
         shape(t.heads.n_heads, Some(d)),
         shape(t.heads.n_kv_heads, Some(d)),
     );
-    write(&args.out, "o", &shape(t.heads.n_heads, Some(dv)), &out.o, t.dtype)?;
+    write(
+        &args.out,
+        "o",
+        &shape(t.heads.n_heads, Some(dv)),
+        &out.o,
+        t.dtype,
+    )?;
     // LSE is f32 in every dtype, as frameworks keep it.
     let lse_shape = shape(t.heads.n_heads, None);
     write(&args.out, "lse", &lse_shape, &out.lse, Dtype::F32)?;

@@ -257,7 +257,10 @@ fn flex(gpu: &Gpu, args: &Args) -> anyhow::Result<()> {
 
 /// `--head-dim-v`: the forward with V rows of another width, beside one width.
 fn widths(gpu: &Gpu, args: &Args, head_dim_v: u32) -> anyhow::Result<()> {
-    anyhow::ensure!(args.head_dim.len() <= 1, "--head-dim-v takes one --head-dim");
+    anyhow::ensure!(
+        args.head_dim.len() <= 1,
+        "--head-dim-v takes one --head-dim"
+    );
     let seq = args.seq.unwrap_or(4096);
     let heads = args.heads.unwrap_or(16);
     let head_dim = args.head_dim.first().copied().unwrap_or(192);
@@ -276,8 +279,13 @@ fn widths(gpu: &Gpu, args: &Args, head_dim_v: u32) -> anyhow::Result<()> {
     let mut dtypes = vec![runtime::Dtype::F32];
     dtypes.extend(gpu.half_dtypes());
     for dtype in dtypes {
-        for h in [at(head_dim, head_dim_v), at(head_dim, head_dim), at(head_dim_v, head_dim_v)] {
-            let r = bench::head_dim_v::forward(gpu, h, seq, (true, dtype), (args.warmup, args.runs))?;
+        for h in [
+            at(head_dim, head_dim_v),
+            at(head_dim, head_dim),
+            at(head_dim_v, head_dim_v),
+        ] {
+            let r =
+                bench::head_dim_v::forward(gpu, h, seq, (true, dtype), (args.warmup, args.runs))?;
             println!(
                 "  {:<10} {:>6} {:>6} {:>10.3} {:>8.1}  {}",
                 r.dtype.name(),

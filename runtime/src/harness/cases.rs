@@ -398,7 +398,15 @@ pub fn default_matrix() -> Vec<Case> {
         };
         for (seq, docs) in [(7, 1), (300, 3)] {
             let docs = Docs::Even(docs);
-            push(h, 1, Shape::Forward { seq, docs, causal: true });
+            push(
+                h,
+                1,
+                Shape::Forward {
+                    seq,
+                    docs,
+                    causal: true,
+                },
+            );
         }
     }
     // Head_dims with no hand-written kernel: every op through the configurations by rule.
@@ -943,13 +951,12 @@ impl Runner {
                 ));
             }
             for config in &configs {
-                let abi =
-                    tuning::flash_forward_dims(dims, masks, *config, dtype).map_err(|e| {
-                        Error::Pipeline {
-                            kernel: format!("forward flash {} {}", config.label(), dtype.name()),
-                            message: e.to_string(),
-                        }
-                    })?;
+                let abi = tuning::flash_forward_dims(dims, masks, *config, dtype).map_err(|e| {
+                    Error::Pipeline {
+                        kernel: format!("forward flash {} {}", config.label(), dtype.name()),
+                        message: e.to_string(),
+                    }
+                })?;
                 if tuning::fits(gpu, &abi) {
                     let mut label = format!("forward flash {} {}", config.label(), dtype.name());
                     if planned == Some(*config) {
@@ -1307,7 +1314,9 @@ impl Job {
         let [mut q, mut k, mut v, _] = qkv(self.h, self.batch * self.seq, seed);
         if ranges {
             let widths = [self.h.head_dim, self.h.head_dim, self.h.head_dim_v];
-            for ((x, factors), width) in [&mut q, &mut k, &mut v].into_iter().zip(RANGES).zip(widths) {
+            for ((x, factors), width) in
+                [&mut q, &mut k, &mut v].into_iter().zip(RANGES).zip(widths)
+            {
                 for (i, row) in x.chunks_mut(width as usize).enumerate() {
                     row.iter_mut()
                         .for_each(|e| *e *= factors[i % factors.len()]);

@@ -759,14 +759,15 @@ fn backward_one<T: Real>(
                 let dk = pairwise_rows(p.n_q, d, &|s| round(scale * at(s, h).1[j]), &|s| {
                     p.q_row(q, s, h)
                 });
-                let dv = pairwise_rows(p.n_q, dv_width, &|s| at(s, h).0[j], &|s| {
-                    p.o_row(d_o, s, h)
-                });
+                let dv =
+                    pairwise_rows(p.n_q, dv_width, &|s| at(s, h).0[j], &|s| p.o_row(d_o, s, h));
                 (dk, dv)
             };
             let heads: Vec<_> = (0..group).map(|gi| per_head(kv_h * group + gi)).collect();
             dk.copy_from_slice(&pairwise_rows(group, d, &|_| T::one(), &|gi| &heads[gi].0));
-            dv.copy_from_slice(&pairwise_rows(group, dv_width, &|_| T::one(), &|gi| &heads[gi].1));
+            dv.copy_from_slice(&pairwise_rows(group, dv_width, &|_| T::one(), &|gi| {
+                &heads[gi].1
+            }));
         });
     let terms = rows.into_iter().flat_map(|r| r.3).collect();
     (g, terms)

@@ -209,19 +209,8 @@ pub fn flex(
             mods,
             ..ForwardArgs::new(&q, &k, &v, &o, &lse)
         };
-        // Compiled before timing.
-        let mut encoder = gpu.device.create_command_encoder(&Default::default());
-        forward.record(gpu, &mut encoder, &args)?;
-        gpu.queue.submit([encoder.finish()]);
-        let mut failed = None;
-        let t = timing::time_encoded(gpu, warmup, runs, |enc| {
-            if let Err(e) = forward.record(gpu, enc, &args) {
-                failed = Some(e);
-            }
-        })?;
-        if let Some(e) = failed {
-            return Err(e);
-        }
+        let (t, ()) =
+            timing::time_recorded(gpu, warmup, runs, |enc| forward.record(gpu, enc, &args))?;
         rows.push(FlexRow {
             what: variant.what,
             ms: t.median_ms,
@@ -327,17 +316,10 @@ pub fn t5_backward(
             mods,
             accumulate: true,
         };
-        let (mut failed, mut ran) = (None, None);
-        let t = timing::time_encoded(gpu, warmup, runs, |enc| {
-            match backward.record(gpu, enc, &args, None) {
-                Ok(s) => ran = Some(s),
-                Err(e) => failed = Some(e),
-            }
+        let (t, ran) = timing::time_recorded(gpu, warmup, runs, |enc| {
+            backward.record(gpu, enc, &args, None)
         })?;
-        if let Some(e) = failed {
-            return Err(e);
-        }
-        let ran = ran.map_or(String::new(), |s| format!(" ({s})"));
+        let ran = format!(" ({ran})");
         rows.push(FlexRow {
             what: format!("{what}{ran}"),
             ms: t.median_ms,

@@ -57,19 +57,7 @@ pub fn forward(
         .map_or("per row".into(), |c| c.label());
     let mut forward = Forward::new(gpu, spec)?;
     let args = ForwardArgs::new(&q, &k, &v, &o, &lse);
-    // Compiled before timing.
-    let mut encoder = gpu.device.create_command_encoder(&Default::default());
-    forward.record(gpu, &mut encoder, &args)?;
-    gpu.queue.submit([encoder.finish()]);
-    let mut failed = None;
-    let t = timing::time_encoded(gpu, warmup, runs, |enc| {
-        if let Err(e) = forward.record(gpu, enc, &args) {
-            failed = Some(e);
-        }
-    })?;
-    if let Some(e) = failed {
-        return Err(e);
-    }
+    let (t, ()) = timing::time_recorded(gpu, warmup, runs, |enc| forward.record(gpu, enc, &args))?;
     Ok(WidthRow {
         heads: h,
         dtype,
