@@ -510,19 +510,12 @@ pub fn flash_forward_in(
 /// [`flash_forward_in`] with V and O rows `head_dim_v` wide: `dims` is (head_dim,
 /// head_dim_v), and `config` one for the wider of the two.
 pub fn flash_forward_dims(
-    (head_dim, head_dim_v): (u32, u32),
+    dims: (u32, u32),
     masks: Masks,
     config: FlashConfig,
     dtype: Dtype,
 ) -> Result<KernelAbi, DslError> {
-    let name = family_name("attention_forward_flash", head_dim);
-    let mut spec = KernelSpec {
-        dtype,
-        ..KernelSpec::flash(&name, Op::Forward, head_dim, masks, config)
-    }
-    .with_head_dim_v(head_dim_v);
-    spec.fit_target();
-    attn_dsl::compile(&spec)
+    attn_dsl::compile(&forward_spec(dims, masks, config, dtype))
 }
 
 /// [`flash_forward_in`] with a tensor-core forward's key loop cut to the phases in `keep`
@@ -534,13 +527,26 @@ pub fn flash_forward_phases(
     dtype: Dtype,
     keep: Phases,
 ) -> Result<KernelAbi, DslError> {
+    let spec = forward_spec((head_dim, head_dim), masks, config, dtype);
+    attn_dsl::compile_phases(&spec, keep)
+}
+
+/// The family's flash forward for (head_dim, head_dim_v) under `config` in `dtype`, on the
+/// smallest target that holds it.
+fn forward_spec(
+    (head_dim, head_dim_v): (u32, u32),
+    masks: Masks,
+    config: FlashConfig,
+    dtype: Dtype,
+) -> KernelSpec {
     let name = family_name("attention_forward_flash", head_dim);
     let mut spec = KernelSpec {
         dtype,
         ..KernelSpec::flash(&name, Op::Forward, head_dim, masks, config)
-    };
+    }
+    .with_head_dim_v(head_dim_v);
     spec.fit_target();
-    attn_dsl::compile_phases(&spec, keep)
+    spec
 }
 
 #[cfg(test)]
