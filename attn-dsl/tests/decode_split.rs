@@ -167,3 +167,47 @@ fn fp8_caches_are_words_of_four_with_their_scales() {
     let e = attn_dsl::compile(&forward).unwrap_err();
     assert_eq!(e.field(), Some(&attn_dsl::Field::Cache), "{e}");
 }
+
+/// MLA's rows of two widths: every decode op and the append compile with K rows
+/// `head_dim` wide and V rows `head_dim_v`, in every dtype, cache layout and fp8, and name
+/// each width; a V row that ends within a vec4 is refused at head_dim_v.
+#[test]
+fn decode_ops_take_v_rows_of_another_width() {
+    use attn_dsl::{Cache, Dtype, Field, Fp8};
+    for (hd, dv) in [(192, 128), (64, 128), (128, 64)] {
+        for dtype in Dtype::ALL {
+            for cache in [Cache::Contiguous, Cache::Paged] {
+                for fp8 in [None, Some(Fp8::E4m3)] {
+                    let specs = [
+                        split(hd, 4, Masks::default()),
+                        KernelSpec::standard("append", Op::CacheAppend, hd, Masks::default()),
+                    ];
+                    for spec in specs {
+                        let spec = KernelSpec {
+                            dtype,
+                            cache,
+                            kv_fp8: fp8,
+                            ..spec
+                        }
+                        .with_head_dim_v(dv);
+                        let abi = attn_dsl::compile(&spec).unwrap_or_else(|e| {
+                            panic!("{:?} {hd}/{dv} {dtype:?} {cache:?} {fp8:?}: {e}", spec.op)
+                        });
+                        assert_eq!((abi.head_dim, abi.head_dim_v()), (hd, dv));
+                        assert!(abi.wgsl.contains(&format!("const V_DIM: u32 = {dv}u;")));
+                        assert!(abi.wgsl.contains("const QK4: u32 = QK_DIM / 4u;"));
+                    }
+                }
+            }
+        }
+        let one_row = KernelSpec::standard("d", Op::Decode, hd, Masks::default());
+        for spec in [one_row, reduce(hd)] {
+            let abi = attn_dsl::compile(&spec.with_head_dim_v(dv))
+                .unwrap_or_else(|e| panic!("{hd}/{dv}: {e}"));
+            assert_eq!(abi.head_dim_v(), dv);
+        }
+    }
+    let ragged = split(128, 4, Masks::default()).with_head_dim_v(62);
+    let e = attn_dsl::compile(&ragged).unwrap_err();
+    assert_eq!(e.field(), Some(&Field::HeadDimV), "{e}");
+}

@@ -509,6 +509,36 @@ attention_kernel! {
     }
 }
 
+attention_kernel! {
+    /// Split-K decode, pass 1, with MLA's widths: K rows of 192 and V rows of 128 in a paged
+    /// cache (its pass 2 is `attention_decode_reduce_d128`'s description at these widths).
+    pub attention_decode_split_paged_mla {
+        op: decode_split,
+        grid: slice_major(tile = 4),
+        head_dim: 192,
+        head_dim_v: 128,
+        gqa: any,
+        target: webgpu,
+        workgroup_size: 256,
+        cache: paged,
+        writes: { part_o: scratch, part_ml: scratch },
+    }
+}
+
+attention_kernel! {
+    /// The append into a paged cache of MLA's widths: K rows of 192, V rows of 128.
+    pub attention_cache_append_paged_mla {
+        op: cache_append,
+        grid: elementwise,
+        head_dim: 192,
+        head_dim_v: 128,
+        target: webgpu,
+        workgroup_size: 256,
+        cache: paged,
+        writes: { k_cache: owned, v_cache: owned, seq_lens_next: owned },
+    }
+}
+
 /// The kernels of one backward specialization (one head_dim and mask set), by schedule:
 /// borrowed from the family's statics, or compiled at run time by [`BackwardKernels::compile`].
 pub struct BackwardKernels {
@@ -638,7 +668,7 @@ pub static ROPE: [(&attn_dsl::KernelAbi, &attn_dsl::KernelAbi); 2] = [
 /// lists them. (The native-f32-atomic variants are left out: browsers have no
 /// `atomic<f32>`; so is streaming at head_dim 128, whose tiles of 16 rows need more than
 /// WebGPU's 16 KiB of workgroup memory.)
-pub static FAMILY: [&attn_dsl::KernelAbi; 42] = [
+pub static FAMILY: [&attn_dsl::KernelAbi; 44] = [
     &attention_forward::ABI,
     &attention_forward_d128::ABI,
     &attention_decode::ABI,
@@ -681,4 +711,6 @@ pub static FAMILY: [&attn_dsl::KernelAbi; 42] = [
     &attention_cache_append_paged::ABI,
     &attention_decode_split_e4m3::ABI,
     &attention_cache_append_e4m3::ABI,
+    &attention_decode_split_paged_mla::ABI,
+    &attention_cache_append_paged_mla::ABI,
 ];

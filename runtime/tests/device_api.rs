@@ -300,19 +300,20 @@ fn a_training_step_records_forward_and_backward_in_one_encoder() {
     assert!(close(&read(&gpu, &dq), &host.dq) < 1e-5);
 }
 
-/// A cache of `slots` sequences, K and V `[slots, len, kv, d]` appended a row at a time
-/// after a prefill of `prompt` rows; returns the decode of `q` against it.
+/// A cache of `slots` sequences, K `[slots, len, kv, head_dim]` and V `[slots, len, kv,
+/// head_dim_v]` appended a row at a time after a prefill of `prompt` rows; returns the
+/// decode of `q` against it.
 fn decode_after_appends(
     gpu: &Gpu,
-    layout: CacheLayout,
+    (h, layout): (Heads, CacheLayout),
     (k, v, q): (&[f32], &[f32], &[f32]),
     (slots, len, prompt): (u32, u32, u32),
 ) -> Vec<f32> {
-    let h = HEADS;
     let spec = CacheSpec {
         slots,
         n_kv_heads: h.n_kv_heads,
         head_dim: h.head_dim,
+        head_dim_v: h.head_dim_v,
         dtype: Dtype::F32,
         layout,
         kv_fp8: None,
@@ -322,29 +323,22 @@ fn decode_after_appends(
     for slot in 0..slots {
         cache.open(&mut encoder, slot).unwrap();
     }
-    let row = (h.n_kv_heads * h.head_dim) as usize;
-    let rows = |data: &[f32], from: u32, n: u32| -> Tensor {
+    let rows = |data: &[f32], width: u32, from: u32, n: u32| -> Tensor {
+        let row = (h.n_kv_heads * width) as usize;
         let mut out = Vec::new();
         for b in 0..slots as usize {
             let seq = &data[b * len as usize * row..][..len as usize * row];
             out.extend_from_slice(&seq[from as usize * row..][..n as usize * row]);
         }
-        let shape = [slots, n, h.n_kv_heads, h.head_dim];
+        let shape = [slots, n, h.n_kv_heads, width];
         Tensor::from_f32(gpu, &shape, Scalar::F32, &out).unwrap()
     };
-    cache
-        .append(
-            gpu,
-            &mut encoder,
-            0,
-            &rows(k, 0, prompt),
-            &rows(v, 0, prompt),
-        )
-        .unwrap();
+    let (dk, dv) = (h.head_dim, h.head_dim_v);
+    let (k0, v0) = (rows(k, dk, 0, prompt), rows(v, dv, 0, prompt));
+    cache.append(gpu, &mut encoder, 0, &k0, &v0).unwrap();
     for t in prompt..len {
-        cache
-            .append(gpu, &mut encoder, 0, &rows(k, t, 1), &rows(v, t, 1))
-            .unwrap();
+        let (kt, vt) = (rows(k, dk, t, 1), rows(v, dv, t, 1));
+        cache.append(gpu, &mut encoder, 0, &kt, &vt).unwrap();
     }
     assert_eq!(cache.len(slots - 1), Some(len));
     let cache_kind = match layout {
@@ -352,7 +346,8 @@ fn decode_after_appends(
         CacheLayout::Paged { .. } => Cache::Paged,
     };
     let mut decode = Decode::new(DecodeSpec {
-        head_dim: 64,
+        head_dim: dk,
+        head_dim_v: dv,
         masks: Masks::default(),
         dtype: Dtype::F32,
         cache: cache_kind,
@@ -361,7 +356,7 @@ fn decode_after_appends(
     .unwrap();
     let q_shape = [slots, h.n_heads, h.head_dim];
     let qt = Tensor::from_f32(gpu, &q_shape, Scalar::F32, q).unwrap();
-    let ot = Tensor::zeros(gpu, &q_shape, Scalar::F32);
+    let ot = Tensor::zeros(gpu, &[slots, h.n_heads, dv], Scalar::F32);
     let args = DecodeArgs {
         q: &qt,
         cache: cache.view(),
@@ -469,14 +464,19 @@ fn fp8_cache_appends_round_as_cuda_and_decode_what_it_holds() {
 /// The decode of `slots` sequences of `len` keys as the reference sees it: the query as
 /// the last row of a causal forward over the whole sequence.
 fn last_row(slots: u32, len: u32) -> Problem<'static> {
+    last_row_of(HEADS, slots, len)
+}
+
+fn last_row_of(h: Heads, slots: u32, len: u32) -> Problem<'static> {
     Problem {
         batch: slots as usize,
         n_q: 1,
         n_k: len as usize,
-        n_heads: HEADS.n_heads as usize,
-        n_kv_heads: HEADS.n_kv_heads as usize,
-        head_dim: HEADS.head_dim as usize,
-        scale: f64::from(HEADS.default_scale()),
+        n_heads: h.n_heads as usize,
+        n_kv_heads: h.n_kv_heads as usize,
+        head_dim: h.head_dim as usize,
+        head_dim_v: h.head_dim_v as usize,
+        scale: f64::from(h.default_scale()),
         q_pos: len as usize - 1,
         ..Problem::default()
     }
@@ -492,7 +492,7 @@ fn appends_then_decode_equal_the_forwards_last_row_and_paged_equals_contiguous()
     let q = random((slots * h.n_heads * h.head_dim) as usize, 23);
     let contiguous = decode_after_appends(
         &gpu,
-        CacheLayout::Contiguous { capacity: 64 },
+        (h, CacheLayout::Contiguous { capacity: 64 }),
         (&k, &v, &q),
         (slots, len, prompt),
     );
@@ -503,15 +503,68 @@ fn appends_then_decode_equal_the_forwards_last_row_and_paged_equals_contiguous()
     }
     let paged = decode_after_appends(
         &gpu,
-        CacheLayout::Paged {
-            page_size: 16,
-            n_pages: 8,
-            pages_per_seq: 4,
-        },
+        (
+            h,
+            CacheLayout::Paged {
+                page_size: 16,
+                n_pages: 8,
+                pages_per_seq: 4,
+            },
+        ),
         (&k, &v, &q),
         (slots, len, prompt),
     );
     assert_eq!(paged, contiguous, "the same rows in pages decode the same");
+}
+
+/// MLA's widths: K rows of 192 beside V rows of 128 appended to a cache (each tensor at its
+/// own width, contiguous and paged) decode to the reference's O of 128 columns; a V of K's
+/// width is refused with the width named.
+#[test]
+fn a_cache_of_two_widths_appends_and_decodes() {
+    let gpu = gpu();
+    let h = Heads {
+        head_dim: 192,
+        head_dim_v: 128,
+        ..HEADS
+    };
+    let (slots, len, prompt) = (2, 45, 30);
+    let rows = slots * len * h.n_kv_heads;
+    let (k, v) = (
+        random((rows * h.head_dim) as usize, 41),
+        random((rows * h.head_dim_v) as usize, 42),
+    );
+    let q = random((slots * h.n_heads * h.head_dim) as usize, 43);
+    let run = |layout| decode_after_appends(&gpu, (h, layout), (&k, &v, &q), (slots, len, prompt));
+    let contiguous = run(CacheLayout::Contiguous { capacity: 64 });
+    assert_eq!(contiguous.len(), (slots * h.n_heads * h.head_dim_v) as usize);
+    let problem = last_row_of(h, slots, len);
+    for (name, verdict) in judge_attention(&problem, [&q, &k, &v], &contiguous, None) {
+        assert!(verdict.pass(), "{name}: {verdict:?}");
+    }
+    let paged = run(CacheLayout::Paged {
+        page_size: 16,
+        n_pages: 8,
+        pages_per_seq: 4,
+    });
+    assert_eq!(paged, contiguous, "the same rows in pages decode the same");
+    let spec = CacheSpec {
+        slots,
+        n_kv_heads: h.n_kv_heads,
+        head_dim: h.head_dim,
+        head_dim_v: h.head_dim_v,
+        dtype: Dtype::F32,
+        layout: CacheLayout::Contiguous { capacity: 64 },
+        kv_fp8: None,
+    };
+    let mut cache = KvCache::new(&gpu, spec).unwrap();
+    let mut encoder = gpu.device.create_command_encoder(&Default::default());
+    cache.open(&mut encoder, 0).unwrap();
+    let wide = Tensor::zeros(&gpu, &[1, 1, h.n_kv_heads, h.head_dim], Scalar::F32);
+    let e = cache.append(&gpu, &mut encoder, 0, &wide, &wide).unwrap_err();
+    assert!(e.to_string().contains("v_new"), "{e}");
+    assert!(e.to_string().contains("head_dim_v"), "{e}");
+    assert_eq!(cache.len(0), Some(0), "a refused append leaves the cache as it was");
 }
 
 #[test]
@@ -522,6 +575,7 @@ fn refused_cache_changes_leave_it_as_it_was() {
         slots: 2,
         n_kv_heads: h.n_kv_heads,
         head_dim: h.head_dim,
+        head_dim_v: h.head_dim_v,
         dtype: Dtype::F32,
         layout: CacheLayout::Paged {
             page_size: 4,
@@ -597,6 +651,7 @@ fn a_decode_loop_creates_nothing_in_its_steady_state() {
         slots,
         n_kv_heads: h.n_kv_heads,
         head_dim: h.head_dim,
+        head_dim_v: h.head_dim_v,
         dtype: Dtype::F32,
         layout: CacheLayout::Contiguous { capacity: 128 },
         kv_fp8: None,
@@ -604,6 +659,7 @@ fn a_decode_loop_creates_nothing_in_its_steady_state() {
     let mut cache = KvCache::new(&gpu, spec).unwrap();
     let mut decode = Decode::new(DecodeSpec {
         head_dim: 64,
+        head_dim_v: 64,
         masks: Masks::default(),
         dtype: Dtype::F32,
         cache: Cache::Contiguous,

@@ -233,25 +233,31 @@ fn check_head_dim(spec: &KernelSpec) -> Result<(), DslError> {
     Ok(())
 }
 
-/// Rows of two widths (Q and K `head_dim`, V and O `head_dim_v`): the forward's schedules
-/// take them; the narrower must fill whole vec4s (flash) or 16-column fragments (tensor
-/// cores), since its end is tested a vec4 or a fragment at a time.
+/// Rows of two widths (Q and K `head_dim`, V and O `head_dim_v`): the forward's and the
+/// decode's schedules and the cache append take them; the narrower must fill whole vec4s
+/// (flash, split-K decode, the append) or 16-column fragments (tensor cores), since its end
+/// is tested a vec4 or a fragment at a time.
 fn check_head_dim_v(spec: &KernelSpec) -> Result<(), DslError> {
     if !spec.split_dims() {
         return Ok(());
     }
     let (hd, dv) = (spec.head_dim, spec.v_dim());
-    if spec.op != Op::Forward {
+    let vec4_op = matches!(
+        spec.op,
+        Op::DecodeSplit | Op::DecodeReduce | Op::CacheAppend
+    );
+    if !(vec4_op || matches!(spec.op, Op::Forward | Op::Decode)) {
         return Err(DslError::spec(
             Field::HeadDimV,
             format!(
                 "head_dim_v {dv} differs from head_dim {hd}, and op {} does not take rows of \
-                 two widths yet (the forward does); drop head_dim_v",
+                 two widths yet (the forward, the decode and the cache append do); drop \
+                 head_dim_v",
                 spec.op.name()
             ),
         ));
     }
-    let step = match (spec.grid.uses_coop(), spec.grid.flash.is_some()) {
+    let step = match (spec.grid.uses_coop(), spec.grid.flash.is_some() || vec4_op) {
         (true, _) => 16,
         (false, true) => 4,
         (false, false) => 1,

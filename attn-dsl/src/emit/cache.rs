@@ -11,11 +11,22 @@ use std::fmt::Write;
 use crate::spec::{Cache, KernelSpec};
 
 pub(super) fn constants(out: &mut Wgsl, spec: &KernelSpec) {
-    let _ = write!(
-        out,
-        "const WG: u32 = {}u;\nconst HEAD_DIM: u32 = {}u;\n// vec4s of a row.\nconst V4: u32 = HEAD_DIM / 4u;\n\n",
-        spec.workgroup_size, spec.head_dim
-    );
+    let _ = writeln!(out, "const WG: u32 = {}u;", spec.workgroup_size);
+    let _ = match spec.split_dims() {
+        false => write!(
+            out,
+            "const HEAD_DIM: u32 = {}u;\n// vec4s of a row.\nconst V4: u32 = HEAD_DIM / 4u;\n\n",
+            spec.head_dim
+        ),
+        true => write!(
+            out,
+            "// K rows, V rows.\nconst QK_DIM: u32 = {}u;\nconst V_DIM: u32 = {}u;\n\
+             // vec4s of a K row, of a V row, of the two.\nconst QK4: u32 = QK_DIM / 4u;\n\
+             const V4: u32 = V_DIM / 4u;\nconst KV4: u32 = QK4 + V4;\n\n",
+            spec.head_dim,
+            spec.v_dim()
+        ),
+    };
 }
 
 const CONTIGUOUS: &str =
@@ -35,10 +46,52 @@ fn cache4_index(slot: u32, j: u32, kv_h: u32) -> u32 {
 }
 ";
 
+/// Rows of two widths: the row of key j of slot `slot`, KV head kv_h, counted in rows of
+/// either tensor, so that K's offset is it times QK4 and V's times V4.
+const CONTIGUOUS_ROW: &str = "// Row j of slot `slot`, KV head kv_h: [slot, capacity, kv_h, d].
+fn cache_row(slot: u32, j: u32, kv_h: u32) -> u32 {
+    return (slot * dims.capacity + j) * dims.n_kv_heads + kv_h;
+}
+";
+
+const PAGED_ROW: &str =
+    "// Row j of slot `slot` lives in page block_table[slot, j / page_size] of the pool
+// [page, row, kv_h, d], at row j % page_size.
+fn cache_row(slot: u32, j: u32, kv_h: u32) -> u32 {
+    let page = block_table[slot * dims.pages_per_seq + j / dims.page_size];
+    let row = page * dims.page_size + j % dims.page_size;
+    return row * dims.n_kv_heads + kv_h;
+}
+";
+
+/// One new row's vec4 `rest` of `[kv_h, d]`: where it goes and what it stores, for one width.
+const ONE_WIDTH_COPY: &str = "        let kv_h = rest / V4;
+        let to = cache4_index(slot, start + s, kv_h) + rest % V4;
+        let src = (batch * dims.n_new + s) * per_row + rest;
+        k_cache[to] = $k;
+        v_cache[to] = $v;
+";
+
+/// Rows of two widths: vec4 `rest` of `[kv_h, K's QK4 then V's V4]`, the K or the V one.
+const TWO_WIDTH_COPY: &str = "        let kv_h = rest / KV4;
+        let c = rest % KV4;
+        let row = cache_row(slot, start + s, kv_h);
+        if (c < QK4) {
+            let src = ((batch * dims.n_new + s) * dims.n_kv_heads + kv_h) * QK4 + c;
+            k_cache[row * QK4 + c] = $k;
+        } else {
+            let src = ((batch * dims.n_new + s) * dims.n_kv_heads + kv_h) * V4 + c - QK4;
+            v_cache[row * V4 + c - QK4] = $v;
+        }
+";
+
 pub(super) fn append(out: &mut Wgsl, spec: &KernelSpec) {
-    out.push_str(match spec.cache {
-        Cache::Contiguous => CONTIGUOUS,
-        Cache::Paged => PAGED,
+    let split = spec.split_dims();
+    out.push_str(match (split, spec.cache) {
+        (false, Cache::Contiguous) => CONTIGUOUS,
+        (false, Cache::Paged) => PAGED,
+        (true, Cache::Contiguous) => CONTIGUOUS_ROW,
+        (true, Cache::Paged) => PAGED_ROW,
     });
     let (k, v) = match spec.kv_fp8 {
         Some(_) => {
@@ -51,6 +104,11 @@ pub(super) fn append(out: &mut Wgsl, spec: &KernelSpec) {
         }
         None => ("k_new[src]", "v_new[src]"),
     };
+    let (per_row, copy) = match split {
+        false => ("V4", ONE_WIDTH_COPY),
+        true => ("KV4", TWO_WIDTH_COPY),
+    };
+    let copy = copy.replace("$k", k).replace("$v", v);
     let _ = write!(
         out,
         r#"
@@ -59,17 +117,12 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups:
     batch = wg.y;
     let slot = dims.slot0 + batch;
     let start = seq_lens[slot];
-    let per_row = dims.n_kv_heads * V4;
+    let per_row = dims.n_kv_heads * {per_row};
     let total = dims.n_new * per_row;
     for (var i = wg.x * WG + tid; i < total; i = i + groups.x * WG) {{
         let s = i / per_row;
         let rest = i % per_row;
-        let kv_h = rest / V4;
-        let to = cache4_index(slot, start + s, kv_h) + rest % V4;
-        let src = (batch * dims.n_new + s) * per_row + rest;
-        k_cache[to] = {k};
-        v_cache[to] = {v};
-    }}
+{copy}    }}
     // Every slot's length moves on in one place, so that seq_lens_next is whole.
     if (wg.x == 0u && wg.y == 0u) {{
         for (var t = tid; t < dims.n_slots; t = t + WG) {{

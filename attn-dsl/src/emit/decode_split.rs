@@ -21,20 +21,17 @@ use crate::spec::{Cache, KernelSpec, Op};
 use crate::layout::decode::{lanes, max_slice, pv_unroll};
 
 pub(super) fn constants(out: &mut Wgsl, spec: &KernelSpec) {
-    let _ = write!(
-        out,
-        "const WG: u32 = {wg}u;\nconst HEAD_DIM: u32 = {hd}u;\n\
-         // vec4 columns of a row.\nconst V4: u32 = HEAD_DIM / 4u;\n\
-         // A finite stand-in for -inf: exp(NEG_BIG - m) is 0 for any real m.\n\
+    let _ = writeln!(out, "const WG: u32 = {}u;", spec.workgroup_size);
+    out.push_str(&widths(spec));
+    out.push_str(
+        "// A finite stand-in for -inf: exp(NEG_BIG - m) is 0 for any real m.\n\
          const NEG_BIG: f32 = -3.0e38;\n",
-        wg = spec.workgroup_size,
-        hd = spec.head_dim,
     );
     if spec.op == Op::DecodeSplit {
         let _ = write!(
             out,
             "// Query heads per workgroup, one per vec4 component.\nconst TILE: u32 = {tile}u;\n\
-             // Invocations per key in the scores pass, each summing V4 / LANES columns.\n\
+             // Invocations per key in the scores pass, each summing {qk4} / LANES columns.\n\
              const LANES: u32 = {lanes}u;\nconst KEY_TILE: u32 = WG / LANES;\n\
              // Keys a slice may hold (dims.slice_len is at most this).\n\
              const MAX_SLICE: u32 = {max}u;\n\
@@ -46,9 +43,36 @@ pub(super) fn constants(out: &mut Wgsl, spec: &KernelSpec) {
             lanes = lanes(spec),
             unroll = pv_unroll(spec),
             max = max_slice(spec),
+            qk4 = qk_names(spec).0,
         );
     }
     out.push('\n');
+}
+
+/// The rows' widths in vec4s: `V4` of V, O and the partials; of Q and K `QK4` where it
+/// differs (MLA's 192 beside V's 128), else `V4` too.
+fn widths(spec: &KernelSpec) -> String {
+    match spec.split_dims() {
+        false => format!(
+            "const HEAD_DIM: u32 = {}u;\n// vec4 columns of a row.\nconst V4: u32 = HEAD_DIM / 4u;\n",
+            spec.head_dim
+        ),
+        true => format!(
+            "// Q and K rows, V and O rows.\nconst QK_DIM: u32 = {}u;\nconst V_DIM: u32 = {}u;\n\
+             // vec4 columns of a Q or K row and of a V or O row.\n\
+             const QK4: u32 = QK_DIM / 4u;\nconst V4: u32 = V_DIM / 4u;\n",
+            spec.head_dim,
+            spec.v_dim()
+        ),
+    }
+}
+
+/// The vec4 width of a Q or K row, and the index functions of K and of V rows.
+fn qk_names(spec: &KernelSpec) -> (&'static str, &'static str, &'static str) {
+    match spec.split_dims() {
+        false => ("V4", "kv4_index", "kv4_index"),
+        true => ("QK4", "k4_index", "v4_index"),
+    }
 }
 
 pub(super) fn body(out: &mut Wgsl, spec: &KernelSpec) {
@@ -132,6 +156,44 @@ fn kv4_index(j: u32, kv_h: u32) -> u32 {
 }
 ";
 
+/// Rows of two widths: the cache row of key j (head kv_h), then K's and V's offsets in it.
+const CONTIGUOUS_ROW: &str = "// [b, j, kv_h, d] in vec4s of each tensor's width; the query [b, h, d] likewise.
+fn kv_row(j: u32, kv_h: u32) -> u32 {
+    return (batch * dims.capacity + j) * dims.n_kv_heads + kv_h;
+}
+";
+
+const PAGED_ROW: &str =
+    "// Key j of this sequence lives in page block_table[b, j / page_size] of the pool
+// [page, row, kv_h, d], at row j % page_size; in vec4s of each tensor's width. The query
+// [b, h, d] likewise.
+fn kv_row(j: u32, kv_h: u32) -> u32 {
+    let page = block_table[batch * dims.pages_per_seq + j / dims.page_size];
+    let row = page * dims.page_size + j % dims.page_size;
+    return row * dims.n_kv_heads + kv_h;
+}
+";
+
+const SPLIT_INDEX: &str = "
+fn k4_index(j: u32, kv_h: u32) -> u32 {
+    return kv_row(j, kv_h) * QK4;
+}
+
+fn v4_index(j: u32, kv_h: u32) -> u32 {
+    return kv_row(j, kv_h) * V4;
+}
+";
+
+/// The index functions of the cache's K and V rows.
+fn cache_index(spec: &KernelSpec) -> String {
+    match (spec.split_dims(), spec.cache) {
+        (false, Cache::Contiguous) => CONTIGUOUS_INDEX.into(),
+        (false, Cache::Paged) => PAGED_INDEX.into(),
+        (true, Cache::Contiguous) => format!("{CONTIGUOUS_ROW}{SPLIT_INDEX}"),
+        (true, Cache::Paged) => format!("{PAGED_ROW}{SPLIT_INDEX}"),
+    }
+}
+
 fn split(out: &mut Wgsl, spec: &KernelSpec) {
     // The scores are hsum of four chains.
     out.need(&[Helper::Hsum]);
@@ -150,7 +212,8 @@ fn split(out: &mut Wgsl, spec: &KernelSpec) {
     let each = |f: &dyn Fn(usize, &str) -> String| -> String {
         (0..heads).map(|i| f(i, COMPONENTS[i])).collect()
     };
-    // Each invocation's vec4s of a key: V4 / LANES of them, `lane` apart by LANES.
+    let (qk4, k_index, v_index) = qk_names(spec);
+    // Each invocation's vec4s of a key: QK4 / LANES of them, `lane` apart by LANES.
     let per_lane = spec.head_dim / 4 / lanes(spec);
     let each_vec = |f: &dyn Fn(u32) -> String| -> String { (0..per_lane).map(f).collect() };
     let widen_kv = super::dtype::cache_widen(spec);
@@ -164,7 +227,7 @@ fn split(out: &mut Wgsl, spec: &KernelSpec) {
     let accs = each(&|i, _| format!("        var a{i} = vec4<f32>(0.0);\n"));
     let fmas = each_vec(&|e| {
         each(&|i, _| {
-            format!("        a{i} = fma(sh_q[{i}u * V4 + lane + {e}u * LANES], w{e}, a{i});\n")
+            format!("        a{i} = fma(sh_q[{i}u * {qk4} + lane + {e}u * LANES], w{e}, a{i});\n")
         })
     });
     let rotate = each_vec(&|e| format!("        k{e} = n{e};\n"));
@@ -207,13 +270,10 @@ fn split(out: &mut Wgsl, spec: &KernelSpec) {
             "    flush_head(tid, slice, head0 + {i}u, {i}u < n_here, o{i}{v_scale}, vec2<f32>(m.{c}, l.{c}));\n"
         )
     });
-    let kv_index = match spec.cache {
-        Cache::Contiguous => CONTIGUOUS_INDEX,
-        Cache::Paged => PAGED_INDEX,
-    };
+    let kv_index = cache_index(spec);
     let _ = write!(
         out,
-        r#"var<workgroup> sh_q: array<vec4<f32>, TILE * V4>;
+        r#"var<workgroup> sh_q: array<vec4<f32>, TILE * {qk4}>;
 var<workgroup> sh_len: u32;
 // The slice's scores, then its P, one vec4 (the served heads) per key.
 var<workgroup> sh_s: array<vec4<f32>, MAX_SLICE>;
@@ -225,7 +285,7 @@ fn first_key(len: u32) -> u32 {{
 
 {kv_index}
 fn q4_index(h: u32) -> u32 {{
-    return (batch * dims.n_heads + h) * V4;
+    return (batch * dims.n_heads + h) * {qk4};
 }}
 
 // vec4 column c of key j of the slice as stored, zeros past its end: the loads in
@@ -233,7 +293,7 @@ fn q4_index(h: u32) -> u32 {{
 fn fetch_k(j: u32, hi: u32, c: u32, kv_h: u32) -> {raw} {{
     var x = {raw}();
     if (j < hi) {{
-        x = k_cache[kv4_index(j, kv_h) + c];
+        x = k_cache[{k_index}(j, kv_h) + c];
     }}
     return x;
 }}
@@ -241,7 +301,7 @@ fn fetch_k(j: u32, hi: u32, c: u32, kv_h: u32) -> {raw} {{
 fn fetch_v(j: u32, hi: u32, c: u32, kv_h: u32) -> {raw} {{
     var x = {raw}();
     if (j < hi) {{
-        x = v_cache[kv4_index(j, kv_h) + c];
+        x = v_cache[{v_index}(j, kv_h) + c];
     }}
     return x;
 }}
@@ -291,11 +351,11 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     let first = max(lo, first_key(len));
 
     // Absent heads get q = 0; their results are never written.
-    for (var i = tid; i < TILE * V4; i = i + WG) {{
-        let hq = i / V4;
+    for (var i = tid; i < TILE * {qk4}; i = i + WG) {{
+        let hq = i / {qk4};
         var x = vec4<f32>(0.0);
         if (hq < n_here) {{
-            x = widen4(q[q4_index(head0 + hq) + i % V4]){q_scale};
+            x = widen4(q[q4_index(head0 + hq) + i % {qk4}]){q_scale};
         }}
         sh_q[i] = x;
     }}

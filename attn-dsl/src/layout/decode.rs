@@ -12,13 +12,13 @@ pub const SLICE_CAP: u32 = 512;
 
 /// Invocations that share one key's dot products in the scores pass, each reading a
 /// strided share of the key's vec4s: in f32 the largest of 8, 4, 2, 1 dividing
-/// head_dim / 4; in half precision a vec4 is half the bytes, so half as many invocations
+/// head_dim / 4 (Q and K's width); in half precision a vec4 is half the bytes, so half as many invocations
 /// share a key and each keeps the same bytes in flight. A decode is bound by the loads in
 /// flight: with f32's lanes, f16 moved half the bytes in the same time (H100, 32k cache).
 pub fn lanes(spec: &KernelSpec) -> u32 {
     let f32_lanes = [8, 4, 2, 1]
         .into_iter()
-        .find(|l| (spec.width() / 4).is_multiple_of(*l))
+        .find(|l| (spec.head_dim / 4).is_multiple_of(*l))
         .unwrap_or(1);
     (f32_lanes * vec4_bytes(spec) / 16).max(1)
 }
@@ -43,10 +43,10 @@ pub fn key_tile(spec: &KernelSpec) -> u32 {
     spec.workgroup_size / lanes(spec)
 }
 
-/// Workgroup memory besides the staged scores: Q of the served heads, one vec4 per
+/// Workgroup memory besides the staged scores: Q of the served heads (Q's width), one vec4 per
 /// invocation for the reductions, and the sequence's length.
 pub fn fixed_bytes(spec: &KernelSpec) -> u32 {
-    4 * spec.grid.tile * spec.width() + 16 * spec.workgroup_size + 4
+    4 * spec.grid.tile * spec.head_dim + 16 * spec.workgroup_size + 4
 }
 
 /// The longest slice (a multiple of [`key_tile`]) whose scores fit the target's workgroup

@@ -283,6 +283,7 @@ pub fn run(c: &Config) -> Result<Report> {
             slots: c.slots,
             n_kv_heads: h.n_kv_heads,
             head_dim: h.head_dim,
+            head_dim_v: h.head_dim_v,
             dtype: c.dtype,
             layout,
             kv_fp8: None,
@@ -299,6 +300,7 @@ pub fn run(c: &Config) -> Result<Report> {
     )?;
     let mut decode = Decode::new(DecodeSpec {
         head_dim: h.head_dim,
+        head_dim_v: h.head_dim_v,
         masks: Masks::default(),
         dtype: c.dtype,
         cache: match c.page_size {

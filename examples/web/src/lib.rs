@@ -341,6 +341,7 @@ async fn decode_loop_row(gpu: &Gpu, layer: &Layer, steps: u32) -> Result<Row, Er
             slots: 1,
             n_kv_heads: h.n_kv_heads,
             head_dim: h.head_dim,
+            head_dim_v: h.head_dim_v,
             dtype: Dtype::F32,
             layout: CacheLayout::Contiguous {
                 capacity: layer.seq,
@@ -358,6 +359,7 @@ async fn decode_loop_row(gpu: &Gpu, layer: &Layer, steps: u32) -> Result<Row, Er
     forward.prepare(gpu, 1, prompt, h).await?;
     let mut decode = Decode::new(DecodeSpec {
         head_dim: h.head_dim,
+        head_dim_v: h.head_dim_v,
         masks: Masks::default(),
         dtype: Dtype::F32,
         cache: Cache::Contiguous,

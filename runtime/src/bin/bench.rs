@@ -103,8 +103,9 @@ struct Args {
     /// Time the forward with V and O rows this wide beside Q and K's --head-dim (MLA: 192
     /// and 128), and beside the same problem at one width (all at --head-dim, all at
     /// --head-dim-v), causal, in f32 and each half dtype the adapter has (--seq default
-    /// 4096, --heads 16).
-    #[arg(long, conflicts_with_all = ["suite", "decode", "e2e", "layernorm", "tune", "only", "flex"])]
+    /// 4096, --heads 16). With --decode: the decode's V and O rows this wide (its rows as
+    /// they are, each beside the same cache's bytes).
+    #[arg(long, conflicts_with_all = ["suite", "e2e", "layernorm", "tune", "only", "flex"])]
     head_dim_v: Option<u32>,
     /// Measure how many workgroups of 256 invocations the adapter runs at once (what
     /// --tune stores, and the planner's workgroup targets scale by), print it and exit.
@@ -595,7 +596,10 @@ fn decode(gpu: &Gpu, args: &Args, cache_len: u32) -> anyhow::Result<()> {
             n_heads: args.heads.unwrap_or(32),
             n_kv_heads: args.kv_heads.unwrap_or(8),
             head_dim: args.head_dim.first().copied().unwrap_or(128),
-            head_dim_v: args.head_dim.first().copied().unwrap_or(128),
+            head_dim_v: args
+                .head_dim_v
+                .or(args.head_dim.first().copied())
+                .unwrap_or(128),
         },
     };
     let [copy, buffer_copy] = bench::copy_bandwidth(gpu, args.warmup, args.runs)?;

@@ -390,7 +390,9 @@ pub fn default_matrix() -> Vec<Case> {
         },
     );
     // Rows of two widths, d=qk/v: MLA's 192/128 (DeepSeek-V2/V3), and V wider or narrower
-    // than Q and K. The forward's schedules (per row, flash, tensor cores in half precision).
+    // than Q and K. The forward's schedules (per row, flash, tensor cores in half precision)
+    // and the decode's (per row, split-K contiguous and paged, half precision, fp8 caches
+    // filled by the append).
     for (head_dim, head_dim_v) in [(192, 128), (64, 128), (128, 64)] {
         let h = Heads {
             head_dim_v,
@@ -408,6 +410,14 @@ pub fn default_matrix() -> Vec<Case> {
                 },
             );
         }
+        push(
+            h,
+            2,
+            Shape::Decode {
+                cache_len: 300,
+                capacity: 320,
+            },
+        );
     }
     // Head_dims with no hand-written kernel: every op through the configurations by rule.
     // At 28 (7 vec4 columns) and 80 (20) most layouts pad the rows to a multiple of the
@@ -569,6 +579,7 @@ pub const QUICK: &[(&str, &str, &str)] = &[
     ("forward", "seq=308 h=6 kv=2 d=64", "packed 1+7+300"),
     ("decode", "cache=300/320 h=6 kv=2 d=64", "none"),
     ("decode", "cache=4099/4100 b=2 h=16 kv=2 d=64", "none"),
+    ("decode", "cache=300/320 b=2 h=6 kv=2 d=192/128", "none"),
     (
         "decode",
         "cache=300/320 h=6 kv=2 d=64",
@@ -779,6 +790,27 @@ fn modifier_cases() -> Vec<Case> {
             decode,
         );
     }
+    // The modifiers of a decode with V rows narrower than K's (MLA's widths).
+    cases.push(Case {
+        heads: Heads {
+            n_heads: 6,
+            n_kv_heads: 2,
+            head_dim: 192,
+            head_dim_v: 128,
+        },
+        batch: 1,
+        shape: Shape::Decode {
+            cache_len: 300,
+            capacity: 320,
+        },
+        mods: ModCase {
+            window: Some(5),
+            alibi: true,
+            softcap: Some(2),
+            sinks: true,
+            ..ModCase::default()
+        },
+    });
     cases
 }
 
@@ -802,8 +834,9 @@ pub struct Runner {
     flash: Vec<((u32, u32), Masks, FlashSet)>,
     half: Vec<((u32, u32), Masks, HalfSet)>,
     rope: Vec<(Kernel, Kernel)>,
-    /// Split-K decode kernels, by head_dim and masks, made when a case first needs them.
-    split: Vec<(u32, Masks, Cache, Dtype, SplitDecode)>,
+    /// Split-K decode kernels, by (head_dim, head_dim_v) and masks, made when a case first
+    /// needs them.
+    split: Vec<((u32, u32), Masks, Cache, Dtype, SplitDecode)>,
     /// The causal backward (with documents), every head_dim compiled so far.
     pub backward: Backward,
     /// The backwards of other masks (non-causal, score modifiers), made when a case needs
@@ -837,16 +870,17 @@ impl Runner {
         })
     }
 
-    /// Split-K decode for `head_dim` and `masks` in `dtype`: the family's, else compiled
-    /// from its descriptions.
+    /// Split-K decode for the heads' widths and `masks` in `dtype`: the family's, else
+    /// compiled from its descriptions.
     fn split(
         &mut self,
         gpu: &Gpu,
-        head_dim: u32,
+        h: Heads,
         masks: Masks,
         (cache, dtype): (Cache, Dtype),
     ) -> Result<&SplitDecode, Error> {
-        let key = (head_dim, masks, cache, dtype);
+        let dims = (h.head_dim, h.head_dim_v);
+        let key = (dims, masks, cache, dtype);
         let at = match self
             .split
             .iter()
@@ -854,8 +888,8 @@ impl Runner {
         {
             Some(at) => at,
             None => {
-                let kernels = SplitDecode::for_shape_in(gpu, head_dim, masks, cache, dtype)?;
-                self.split.push((head_dim, masks, cache, dtype, kernels));
+                let kernels = SplitDecode::for_dims_in(gpu, dims, masks, cache, dtype)?;
+                self.split.push((dims, masks, cache, dtype, kernels));
                 self.split.len() - 1
             }
         };
@@ -1153,12 +1187,12 @@ pub fn run_case(gpu: &Gpu, runner: &mut Runner, case: &Case, seed: u64) -> Resul
             let mods = ModData::new(case.mods, h, batch, 1, seed);
             let masks = mods.mods().masks(false, false);
             let shape = (batch, cache_len, capacity);
-            let split = runner.split(gpu, h.head_dim, masks, (Cache::Contiguous, Dtype::F32))?;
+            let split = runner.split(gpu, h, masks, (Cache::Contiguous, Dtype::F32))?;
             let plain_planned = split_plan(split, h, batch, cache_len) == DecodePath::Plain;
-            let kernel = runner.per_row(gpu, Op::Decode, (h.head_dim, h.head_dim), masks)?;
+            let kernel = runner.per_row(gpu, Op::Decode, (h.head_dim, h.head_dim_v), masks)?;
             let verdicts = run_decode(gpu, Decoder::Plain(kernel), h, shape, &mods, seed)?;
             let mut rows = vec![row(&planned(kernel.name(), plain_planned), verdicts)];
-            let split = runner.split(gpu, h.head_dim, masks, (Cache::Contiguous, Dtype::F32))?;
+            let split = runner.split(gpu, h, masks, (Cache::Contiguous, Dtype::F32))?;
             // The rule's slicing, then the longest slice the kernel holds.
             for slice_len in [None, Some(split.max_slice())] {
                 let decoder = Decoder::Split(split, slice_len);
@@ -1171,7 +1205,7 @@ pub fn run_case(gpu: &Gpu, runner: &mut Runner, case: &Case, seed: u64) -> Resul
             }
             // A paged cache: pages of 16 keys (vLLM's default) and of 7, which no key tile
             // or slice lines up with, shuffled through the pool.
-            let paged = runner.split(gpu, h.head_dim, masks, (Cache::Paged, Dtype::F32))?;
+            let paged = runner.split(gpu, h, masks, (Cache::Paged, Dtype::F32))?;
             for page_size in [16, 7] {
                 let decoder = Decoder::Paged(paged, page_size);
                 let verdicts = run_decode(gpu, decoder, h, shape, &mods, seed)?;
@@ -1179,7 +1213,7 @@ pub fn run_case(gpu: &Gpu, runner: &mut Runner, case: &Case, seed: u64) -> Resul
             }
             // The cache, the query and O in half precision (the rule's slicing).
             for dtype in gpu.half_dtypes() {
-                let half = runner.split(gpu, h.head_dim, masks, (Cache::Contiguous, dtype))?;
+                let half = runner.split(gpu, h, masks, (Cache::Contiguous, dtype))?;
                 let decoder = Decoder::Split(half, None);
                 let verdicts = run_decode(gpu, decoder, h, shape, &mods, seed)?;
                 rows.push(row(&decoder.label(cache_len, h, batch), verdicts));
@@ -1599,14 +1633,14 @@ pub(crate) fn page_cache(
     spare: usize,
     caches: [&[f32]; 2],
 ) -> (Vec<u32>, Vec<f32>, Vec<f32>) {
-    let row = (h.n_kv_heads * h.head_dim) as usize;
     let per_seq = capacity.div_ceil(page_size) as usize;
     let n_pages = spare + batch as usize * per_seq;
-    let page = page_size as usize * row;
     let table: Vec<u32> = (0..batch as usize * per_seq)
         .map(|i| (n_pages - 1 - i) as u32)
         .collect();
-    let pool = |cache: &[f32]| {
+    let pool = |cache: &[f32], width: u32| {
+        let row = (h.n_kv_heads * width) as usize;
+        let page = page_size as usize * row;
         let mut pool = vec![0.0f32; n_pages * page];
         for (i, &p) in table.iter().enumerate() {
             let (b, first) = (i / per_seq, (i % per_seq) * page_size as usize);
@@ -1617,7 +1651,7 @@ pub(crate) fn page_cache(
         }
         pool
     };
-    let (k, v) = (pool(caches[0]), pool(caches[1]));
+    let (k, v) = (pool(caches[0], h.head_dim), pool(caches[1], h.head_dim_v));
     (table, k, v)
 }
 
@@ -1726,13 +1760,8 @@ fn run_decode(
         }
     };
     // The reference reads each sequence's first `cache_len` rows, packed.
-    let row = (h.n_kv_heads * h.head_dim) as usize;
-    let filled = |x: &[f32]| -> Vec<f32> {
-        x.chunks(capacity as usize * row)
-            .flat_map(|c| c[..cache_len as usize * row].to_vec())
-            .collect()
-    };
-    let (k, v) = (filled(&k), filled(&v));
+    let fill = filled(h, capacity, cache_len);
+    let (k, v) = (fill(&k, h.head_dim), fill(&v, h.head_dim_v));
     let p = Problem {
         mods: mods.mods(),
         q_pos: cache_len as usize - 1,
@@ -1742,6 +1771,17 @@ fn run_decode(
         return Ok(judge_half_attention(&p, [&q, &k, &v], &o, None, dtype));
     }
     Ok(judge_attention(&p, [&q, &k, &v], &o, None))
+}
+
+/// Each sequence's first `cache_len` rows of a cache of `capacity` rows per sequence,
+/// packed, for the reference; `width` is the tensor's row width.
+fn filled(h: Heads, capacity: u32, cache_len: u32) -> impl Fn(&[f32], u32) -> Vec<f32> {
+    move |x, width| {
+        let row = (h.n_kv_heads * width) as usize;
+        x.chunks(capacity as usize * row)
+            .flat_map(|c| c[..cache_len as usize * row].to_vec())
+            .collect()
+    }
 }
 
 /// A row's label and its outputs' verdicts.
@@ -1758,15 +1798,11 @@ fn run_fp8_decode(
     seed: u64,
 ) -> Result<Labelled, Error> {
     let [q, k, v, _] = qkv(h, batch * capacity, seed);
-    let row = (h.n_kv_heads * h.head_dim) as usize;
-    let filled = |x: &[f32]| -> Vec<f32> {
-        x.chunks(capacity as usize * row)
-            .flat_map(|c| c[..cache_len as usize * row].to_vec())
-            .collect()
-    };
+    let fill = filled(h, capacity, cache_len);
     let scalar = Scalar::from(dtype);
     let q = crate::buffers::rounded(&q[..(batch * h.n_heads * h.head_dim) as usize], scalar);
-    let [k, v] = [&k, &v].map(|x| crate::buffers::rounded(&filled(x), scalar));
+    let [k, v] = [(&k, h.head_dim), (&v, h.head_dim_v)]
+        .map(|(x, width)| crate::buffers::rounded(&fill(x, width), scalar));
     let k_scales = kv_fp8::amax_scales(&k, h, fp8);
     let v_amax = v.iter().fold(0.0f32, |m, x| m.max(x.abs()));
     let v_scales = [if v_amax > 0.0 {
@@ -1799,11 +1835,12 @@ fn run_fp8_decode(
         Dtype::F32 => String::new(),
         d => format!(" {}", d.name()),
     };
-    let label = format!(
-        "{} {} cache{layout}{half}",
-        crate::plan::tuning::family_name("attention_decode_split", h.head_dim),
-        fp8.name()
-    );
+    let kernel = crate::plan::tuning::family_name("attention_decode_split", h.head_dim);
+    let v = match h.head_dim_v == h.head_dim {
+        true => String::new(),
+        false => format!("_v{}", h.head_dim_v),
+    };
+    let label = format!("{kernel}{v} {} cache{layout}{half}", fp8.name());
     let inputs = [q.as_slice(), &run.k, &run.v];
     let verdicts = match dtype {
         Dtype::F32 => judge_attention(&p, inputs, &run.o, None),

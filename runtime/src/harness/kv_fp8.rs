@@ -61,6 +61,7 @@ pub fn decode(gpu: &Gpu, case: &Fp8Case, [q, k, v]: [&[f32]; 3]) -> Result<Fp8Ru
         slots: case.batch,
         n_kv_heads: h.n_kv_heads,
         head_dim: h.head_dim,
+        head_dim_v: h.head_dim_v,
         dtype: case.dtype,
         layout: case.layout,
         kv_fp8: Some(case.fp8),
@@ -76,25 +77,28 @@ pub fn decode(gpu: &Gpu, case: &Fp8Case, [q, k, v]: [&[f32]; 3]) -> Result<Fp8Ru
             .map_err(crate::error::InputError::Cache)?;
     }
     let data = Scalar::from(case.dtype);
-    let row = (h.n_kv_heads * h.head_dim) as usize;
-    let rows = |x: &[f32], from: u32, n: u32| -> Result<Tensor, Error> {
+    // Rows `from..from + n` of each sequence of `x`, its rows `width` wide.
+    let rows = |x: &[f32], width: u32, from: u32, n: u32| -> Result<Tensor, Error> {
+        let row = (h.n_kv_heads * width) as usize;
         let mut out = Vec::new();
         for seq in x.chunks(case.len as usize * row) {
             out.extend_from_slice(&seq[from as usize * row..][..n as usize * row]);
         }
-        let shape = [case.batch, n, h.n_kv_heads, h.head_dim];
+        let shape = [case.batch, n, h.n_kv_heads, width];
         Ok(Tensor::from_f32(gpu, &shape, data, &out)?)
     };
+    let (dk, dv) = (h.head_dim, h.head_dim_v);
     let prompt = case.prompt.min(case.len);
     cache.append(
         gpu,
         &mut encoder,
         0,
-        &rows(k, 0, prompt)?,
-        &rows(v, 0, prompt)?,
+        &rows(k, dk, 0, prompt)?,
+        &rows(v, dv, 0, prompt)?,
     )?;
     for t in prompt..case.len {
-        cache.append(gpu, &mut encoder, 0, &rows(k, t, 1)?, &rows(v, t, 1)?)?;
+        let (kt, vt) = (rows(k, dk, t, 1)?, rows(v, dv, t, 1)?);
+        cache.append(gpu, &mut encoder, 0, &kt, &vt)?;
     }
     let masks: Masks = case.mods.masks(false, false);
     let kind = match case.layout {
@@ -103,6 +107,7 @@ pub fn decode(gpu: &Gpu, case: &Fp8Case, [q, k, v]: [&[f32]; 3]) -> Result<Fp8Ru
     };
     let mut decode = Decode::new(DecodeSpec {
         head_dim: h.head_dim,
+        head_dim_v: h.head_dim_v,
         masks,
         dtype: case.dtype,
         cache: kind,
@@ -110,7 +115,7 @@ pub fn decode(gpu: &Gpu, case: &Fp8Case, [q, k, v]: [&[f32]; 3]) -> Result<Fp8Ru
     })?;
     let q_shape = [case.batch, h.n_heads, h.head_dim];
     let qt = Tensor::from_f32(gpu, &q_shape, data, q)?;
-    let o = Tensor::zeros(gpu, &q_shape, data);
+    let o = Tensor::zeros(gpu, &[case.batch, h.n_heads, dv], data);
     let uploaded = case.mods.upload(gpu, case.batch, 1)?;
     let flex = uploaded.flex_tensors();
     let args = DecodeArgs {
@@ -128,7 +133,8 @@ pub fn decode(gpu: &Gpu, case: &Fp8Case, [q, k, v]: [&[f32]; 3]) -> Result<Fp8Ru
         Some(t) => t.to_u32(gpu).block_on()?,
         None => Vec::new(),
     };
-    let held = |t: &Tensor, scales: &[f32]| -> Result<Vec<f32>, Error> {
+    let held = |t: &Tensor, scales: &[f32], width: u32| -> Result<Vec<f32>, Error> {
+        let row = (h.n_kv_heads * width) as usize;
         let all = t.to_f32(gpu).block_on()?;
         let mut out = Vec::with_capacity(case.batch as usize * case.len as usize * row);
         for b in 0..case.batch {
@@ -136,7 +142,7 @@ pub fn decode(gpu: &Gpu, case: &Fp8Case, [q, k, v]: [&[f32]; 3]) -> Result<Fp8Ru
                 let at = stored_row(case.layout, &table, b, j) as usize * row;
                 let values = all[at..][..row].iter().enumerate();
                 out.extend(
-                    values.map(|(i, x)| x * scales[(i / h.head_dim as usize) % scales.len()]),
+                    values.map(|(i, x)| x * scales[(i / width as usize) % scales.len()]),
                 );
             }
         }
@@ -144,8 +150,8 @@ pub fn decode(gpu: &Gpu, case: &Fp8Case, [q, k, v]: [&[f32]; 3]) -> Result<Fp8Ru
     };
     Ok(Fp8Run {
         o: o.to_f32(gpu).block_on()?,
-        k: held(view.k, case.scales.0)?,
-        v: held(view.v, case.scales.1)?,
+        k: held(view.k, case.scales.0, dk)?,
+        v: held(view.v, case.scales.1, dv)?,
     })
 }
 

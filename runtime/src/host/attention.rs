@@ -126,7 +126,8 @@ pub async fn decode(
     let q = buffers::storage(gpu, "q", input.q);
     let k = buffers::storage(gpu, "k_cache", input.k_cache);
     let v = buffers::storage(gpu, "v_cache", input.v_cache);
-    let o = buffers::output::<f32>(gpu, "o", input.q.len());
+    let o_len = (u64::from(input.batch) * u64::from(h.n_heads) * u64::from(h.head_dim_v)) as usize;
+    let o = buffers::output::<f32>(gpu, "o", o_len);
     let (dims, params) = modified_uniforms(gpu, abi, &dims, input.scale, h, &input.mods)?;
     let mods = input.mods.buffers(gpu);
     let mut bound = vec![
@@ -139,7 +140,7 @@ pub async fn decode(
     ];
     bound.extend(mods.iter().map(|(n, b)| (n.as_str(), b)));
     submit(gpu, kernel, &bound, grid)?;
-    buffers::read(gpu, &o, input.q.len()).await
+    buffers::read(gpu, &o, o_len).await
 }
 
 pub(crate) fn submit(
@@ -345,8 +346,8 @@ pub(crate) fn validate_cache(
     length(
         "v_cache",
         input.v_cache.len(),
-        capacity * row,
-        "the same rows as k_cache",
+        capacity * row / d * u64::from(h.head_dim_v),
+        "the same rows as k_cache, head_dim_v wide",
     )?;
     if u64::from(input.cache_len) > capacity {
         return Err(InputError::CacheTooShort {

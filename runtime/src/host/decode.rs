@@ -56,6 +56,14 @@ impl SplitDecode {
             }
             .into());
         }
+        if reduce.head_dim_v() != split.head_dim_v() {
+            return Err(InputError::HeadDimV {
+                kernel: reduce.name.to_string(),
+                kernel_head_dim_v: reduce.head_dim_v(),
+                given: split.head_dim_v(),
+            }
+            .into());
+        }
         let (key_tile, max_slice) = crate::ops::decode::split_layout(split);
         Ok(SplitDecode {
             split: Kernel::now(gpu, split)?,
@@ -86,6 +94,18 @@ impl SplitDecode {
         cache: Cache,
         dtype: Dtype,
     ) -> Result<SplitDecode, Error> {
+        SplitDecode::for_dims_in(gpu, (head_dim, head_dim), masks, cache, dtype)
+    }
+
+    /// [`SplitDecode::for_shape_in`] with K rows `dims.0` wide and V and O rows `dims.1`
+    /// (MLA's 192 and 128).
+    pub fn for_dims_in(
+        gpu: &Gpu,
+        (head_dim, head_dim_v): (u32, u32),
+        masks: Masks,
+        cache: Cache,
+        dtype: Dtype,
+    ) -> Result<SplitDecode, Error> {
         let family = match cache {
             Cache::Contiguous => &crate::kernels::DECODE_SPLIT,
             Cache::Paged => &crate::kernels::DECODE_SPLIT_PAGED,
@@ -94,13 +114,14 @@ impl SplitDecode {
         let found = family
             .iter()
             .find(|(s, _)| s.head_dim == head_dim && s.masks == masks);
-        if let (Some((s, r)), Dtype::F32) = (found, dtype) {
+        if let (Some((s, r)), Dtype::F32, true) = (found, dtype, head_dim == head_dim_v) {
             return SplitDecode::new(gpu, s, r);
         }
         SplitDecode::from_spec(
             gpu,
             &crate::ops::decode::DecodeSpec {
                 head_dim,
+                head_dim_v,
                 masks,
                 dtype,
                 cache,
@@ -156,7 +177,8 @@ impl SplitDecode {
     }
 
     /// Validates, uploads and runs both passes; `slice_len` overrides the rule (a multiple of
-    /// the key tile, at most the kernel's longest slice). Returns O, `[batch, n_heads, head_dim]`.
+    /// the key tile, at most the kernel's longest slice). Returns O, `[batch, n_heads,
+    /// head_dim_v]`.
     pub async fn run(
         &self,
         gpu: &Gpu,
@@ -202,11 +224,12 @@ impl SplitDecode {
                 [n_pages as u32, p.page_size, h.n_kv_heads, h.head_dim]
             }
         };
+        let [rows, per, n_kv, _] = cache_shape;
         let q_shape = [b, h.n_heads, h.head_dim];
         let q = Tensor::from_f32(gpu, &q_shape, data, input.q)?;
         let cache = split.scalar("k_cache");
         let k = Tensor::from_f32(gpu, &cache_shape, cache, input.k_cache)?;
-        let v = Tensor::from_f32(gpu, &cache_shape, cache, input.v_cache)?;
+        let v = Tensor::from_f32(gpu, &[rows, per, n_kv, h.head_dim_v], cache, input.v_cache)?;
         let scales = match cache.fp8() {
             Some(_) => Some(crate::ops::cache::unit_scales(gpu, h.n_kv_heads)?),
             None => None,
@@ -219,7 +242,7 @@ impl SplitDecode {
                 Some(Tensor::from_u32(gpu, &[b, per_seq], p.block_table)?)
             }
         };
-        let o = Tensor::zeros(gpu, &q_shape, reduce.scalar("o"));
+        let o = Tensor::zeros(gpu, &[b, h.n_heads, h.head_dim_v], reduce.scalar("o"));
         let uploaded = input.mods.upload(gpu, b, 1)?;
         let flex = uploaded.flex_tensors();
         let args = crate::ops::decode::DecodeArgs {
@@ -315,12 +338,12 @@ impl SplitDecode {
         let reduce_grid = checked_grid(reduce, gpu.limits(), &dims)?;
         let parts = (input.batch * slicing.n_slices * h.n_heads) as usize;
         let (dims, params) = modified_uniforms(gpu, split, &dims, input.scale, h, &input.mods)?;
-        let o_len = input.q.len();
+        let o_len = input.q.len() / h.head_dim as usize * h.head_dim_v as usize;
         Ok(Prepared {
             q: buffers::storage_as(gpu, "q", input.q, split.scalar("q")),
             k: buffers::storage_as(gpu, "k_cache", input.k_cache, split.scalar("k_cache")),
             v: buffers::storage_as(gpu, "v_cache", input.v_cache, split.scalar("v_cache")),
-            part_o: buffers::output::<f32>(gpu, "part_o", parts * h.head_dim as usize),
+            part_o: buffers::output::<f32>(gpu, "part_o", parts * h.head_dim_v as usize),
             part_ml: buffers::output::<f32>(gpu, "part_ml", 2 * parts),
             o: buffers::output_as(gpu, "o", o_len, reduce.scalar("o")),
             o_len,
@@ -381,8 +404,8 @@ fn validate_pages(
     length(
         "v_cache",
         input.v_cache.len(),
-        pool,
-        "the same pages as k_cache",
+        pool / u64::from(h.head_dim) * u64::from(h.head_dim_v),
+        "the same pages as k_cache, head_dim_v wide",
     )?;
     let table = pages.block_table;
     let batch = input.batch as usize;
@@ -519,7 +542,10 @@ impl Decoder {
     pub fn new(gpu: &Gpu, plain: &KernelAbi, split: SplitDecode) -> Result<Decoder, Error> {
         expect_op(plain, Op::Decode)?;
         let s = split.split.abi();
-        if plain.head_dim != s.head_dim || plain.masks != s.masks {
+        if plain.head_dim != s.head_dim
+            || plain.head_dim_v() != s.head_dim_v()
+            || plain.masks != s.masks
+        {
             return Err(InputError::HeadDim {
                 kernel: plain.name.to_string(),
                 kernel_head_dim: plain.head_dim,
@@ -538,7 +564,8 @@ impl Decoder {
         plan_decode(&self.split, input)
     }
 
-    /// Runs the planned decode; returns O, `[batch, n_heads, head_dim]`, and the path taken.
+    /// Runs the planned decode; returns O, `[batch, n_heads, head_dim_v]`, and the path
+    /// taken.
     pub async fn run(
         &self,
         gpu: &Gpu,

@@ -1,7 +1,8 @@
 //! A KV cache on the device: K and V rows of `slots` sequences, contiguous
 //! (`[slots, capacity, n_kv_heads, head_dim]`) or paged (vLLM's layout: a pool of pages
 //! `[n_pages, page_size, n_kv_heads, head_dim]` and a block table `[slots,
-//! pages_per_seq]`), with each slot's length on the device.
+//! pages_per_seq]`), with each slot's length on the device. V rows are `head_dim_v` wide
+//! (MLA's 128 beside K's 192), `head_dim` but where a model says otherwise.
 //!
 //! Every change is recorded into the caller's encoder, in order with the ops around it:
 //! an append copies the new rows and moves the lengths on in one dispatch (it reads one
@@ -48,6 +49,8 @@ pub struct CacheSpec {
     pub slots: u32,
     pub n_kv_heads: u32,
     pub head_dim: u32,
+    /// The width of V rows: `head_dim` but in MLA-style attention.
+    pub head_dim_v: u32,
     /// f32, f16 or bf16: what the appended rows and the decode's Q and O hold too.
     pub dtype: Dtype,
     pub layout: CacheLayout,
@@ -130,6 +133,7 @@ impl KvCache {
             ("slots", spec.slots),
             ("n_kv_heads", spec.n_kv_heads),
             ("head_dim", spec.head_dim),
+            ("head_dim_v", spec.head_dim_v),
         ] {
             if n == 0 {
                 return Err(InputError::Cache(CacheError::Zero { what }).into());
@@ -169,15 +173,19 @@ impl KvCache {
                 spec.head_dim,
                 Masks::default(),
             )
-        };
+        }
+        .with_head_dim_v(spec.head_dim_v);
         let append_abi = attn_dsl::compile(&append_spec).map_err(|e| Error::Pipeline {
             kernel: append_spec.name.clone(),
             message: e.to_string(),
         })?;
         let shape = [rows, per, spec.n_kv_heads, spec.head_dim];
+        let v_shape = [rows, per, spec.n_kv_heads, spec.head_dim_v];
         let scalar = spec.kv_fp8.map_or(Scalar::from(spec.dtype), Scalar::from);
-        let bytes = crate::tensor::elements(&shape) * crate::tensor::element_bytes(scalar);
-        crate::shape::binding_size(gpu.limits(), bytes)?;
+        for s in [&shape, &v_shape] {
+            let bytes = crate::tensor::elements(s) * crate::tensor::element_bytes(scalar);
+            crate::shape::binding_size(gpu.limits(), bytes)?;
+        }
         let table = match spec.layout {
             CacheLayout::Paged { pages_per_seq, .. } => Some(Tensor::zeros(
                 gpu,
@@ -197,7 +205,7 @@ impl KvCache {
         };
         Ok(KvCache {
             k: Tensor::zeros(gpu, &shape, scalar),
-            v: Tensor::zeros(gpu, &shape, scalar),
+            v: Tensor::zeros(gpu, &v_shape, scalar),
             scales,
             lens: [
                 Tensor::zeros(gpu, &[spec.slots], Scalar::U32),
@@ -335,8 +343,9 @@ impl KvCache {
         Ok(())
     }
 
-    /// Appends `k_new` and `v_new`, `[batch, n, n_kv_heads, head_dim]` in the cache's
-    /// dtype, to slots `first_slot..first_slot + batch`, each at its length.
+    /// Appends `k_new`, `[batch, n, n_kv_heads, head_dim]`, and `v_new`, `[batch, n,
+    /// n_kv_heads, head_dim_v]`, in the cache's dtype, to slots `first_slot..first_slot +
+    /// batch`, each at its length.
     pub fn append(
         &mut self,
         gpu: &Gpu,
@@ -348,9 +357,11 @@ impl KvCache {
         let layout = "[batch, n, n_kv_heads, head_dim]";
         let [batch, n, _, _] = rank4(k_new, "k_new", layout)?;
         let shape = [batch, n, self.spec.n_kv_heads, self.spec.head_dim];
+        let v_shape = [batch, n, self.spec.n_kv_heads, self.spec.head_dim_v];
         let dtype = Scalar::from(self.spec.dtype);
         expect(k_new, "k_new", &shape, dtype, layout)?;
-        expect(v_new, "v_new", &shape, dtype, layout)?;
+        let v_layout = "[batch, n, n_kv_heads, head_dim_v]";
+        expect(v_new, "v_new", &v_shape, dtype, v_layout)?;
         let range = first_slot..first_slot.saturating_add(batch);
         let pages = self
             .plan_append(range.clone(), n)

@@ -21,11 +21,14 @@ use crate::plan::tuning::Table;
 use crate::shape::{Heads, nonzero, validate_heads, validate_scale};
 use crate::tensor::{Tensor, TensorError, elements};
 
-/// What a decode op computes: head_dim, the modifiers its kernels take (`window`, `alibi`,
-/// `softcap`), the dtype of Q, the cache and O, and the cache's layout.
+/// What a decode op computes: head_dim (of Q and K) and head_dim_v (of V and O), the
+/// modifiers its kernels take (`window`, `alibi`, `softcap`), the dtype of Q, the cache
+/// and O, and the cache's layout.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct DecodeSpec {
     pub head_dim: u32,
+    /// The width of V and O rows: `head_dim` but in MLA-style attention.
+    pub head_dim_v: u32,
     pub masks: Masks,
     pub dtype: Dtype,
     pub cache: Cache,
@@ -38,7 +41,7 @@ pub struct DecodeSpec {
 #[derive(Clone, Copy, Debug)]
 pub struct CacheView<'a> {
     /// Contiguous: `[batch, capacity, n_kv_heads, head_dim]`; paged: the pool, `[n_pages,
-    /// page_size, n_kv_heads, head_dim]`.
+    /// page_size, n_kv_heads, head_dim]`; V's rows `head_dim_v` wide.
     pub k: &'a Tensor,
     pub v: &'a Tensor,
     /// Rows in each sequence's cache, `[batch]` u32.
@@ -53,7 +56,8 @@ pub struct CacheView<'a> {
     pub scales: Option<&'a Tensor>,
 }
 
-/// One call: Q and O are `[batch, n_heads, head_dim]` in the op's dtype.
+/// One call: Q is `[batch, n_heads, head_dim]`, O `[batch, n_heads, head_dim_v]`, in the
+/// op's dtype.
 #[derive(Clone, Copy, Debug)]
 pub struct DecodeArgs<'a> {
     pub q: &'a Tensor,
@@ -147,7 +151,8 @@ pub(crate) fn split_layout(abi: &KernelAbi) -> (u32, u32) {
         dtype: abi.scalar("q").dtype().unwrap_or_default(),
         kv_fp8: abi.scalar("k_cache").fp8(),
         ..split_spec(&abi.name, abi.head_dim, abi.masks, abi.grid.tile)
-    };
+    }
+    .with_head_dim_v(abi.head_dim_v());
     (
         attn_dsl::emit::split_key_tile(&spec),
         attn_dsl::emit::split_max_slice(&spec),
@@ -187,7 +192,8 @@ pub(crate) fn abis(spec: &DecodeSpec) -> Result<[KernelAbi; 2], Error> {
             spec.masks,
             attn_dsl::emit::MAX_SPLIT_HEADS,
         )
-    };
+    }
+    .with_head_dim_v(spec.head_dim_v);
     // A paged fp8 cache with ALiBi binds a ninth storage buffer (the scales): such a kernel
     // needs an adapter with more than WebGPU's default 8, and says so where it has not.
     if spec.kv_fp8.is_some() {
@@ -205,7 +211,8 @@ pub(crate) fn abis(spec: &DecodeSpec) -> Result<[KernelAbi; 2], Error> {
             spec.head_dim,
             reduce_masks(spec.masks),
         )
-    })?;
+    }
+    .with_head_dim_v(spec.head_dim_v))?;
     Ok([split, reduce])
 }
 
@@ -312,7 +319,7 @@ pub(crate) fn record(
     let parts = [batch, slicing.n_slices, h.n_heads];
     let (part_o, part_ml) = scratch.views(
         gpu,
-        &[parts[0], parts[1], parts[2], h.head_dim],
+        &[parts[0], parts[1], parts[2], h.head_dim_v],
         &[2, parts[0], parts[1], parts[2]],
     )?;
     let mut dims = vec![
@@ -369,6 +376,7 @@ fn check(
 ) -> Result<(u32, Heads), InputError> {
     let c = &args.cache;
     let layout = "[batch, n_heads, head_dim]";
+    let o_layout = "[batch, n_heads, head_dim_v]";
     let [batch, n_heads, head_dim] =
         <[u32; 3]>::try_from(args.q.shape()).map_err(|_| TensorError::Rank {
             name: "q".into(),
@@ -381,11 +389,16 @@ fn check(
         Some(_) => "[n_pages, page_size, n_kv_heads, head_dim]",
     };
     let [rows, per, n_kv_heads, _] = super::rank4(c.k, "k_cache", kv_layout)?;
+    let v_layout = match c.block_table {
+        None => "[batch, capacity, n_kv_heads, head_dim_v]",
+        Some(_) => "[n_pages, page_size, n_kv_heads, head_dim_v]",
+    };
+    let [.., head_dim_v] = super::rank4(c.v, "v_cache", v_layout)?;
     let h = Heads {
         n_heads,
         n_kv_heads,
         head_dim,
-        head_dim_v: head_dim,
+        head_dim_v,
     };
     nonzero("batch", batch)?;
     validate_heads(abi, h)?;
@@ -411,8 +424,8 @@ fn check(
     let kv = vec![rows, per, n_kv_heads, head_dim];
     let mut tensors = vec![
         ("q", args.q, vec![batch, n_heads, head_dim], layout),
-        ("k_cache", c.k, kv.clone(), kv_layout),
-        ("v_cache", c.v, kv, kv_layout),
+        ("k_cache", c.k, kv, kv_layout),
+        ("v_cache", c.v, vec![rows, per, n_kv_heads, head_dim_v], v_layout),
         ("seq_lens", c.seq_lens, vec![batch], "[batch]"),
     ];
     if let Some(scales) = c.scales {
@@ -445,7 +458,7 @@ fn check(
     expect_all(abi, &tensors)?;
     expect_all(
         reduce,
-        &[("o", args.o, vec![batch, n_heads, head_dim], layout)],
+        &[("o", args.o, vec![batch, n_heads, head_dim_v], o_layout)],
     )?;
     if u64::from(c.max_len) > capacity {
         return Err(InputError::CacheTooShort {

@@ -64,6 +64,7 @@ pub fn decode(gpu: &Gpu, h: Heads, cache_len: u32, dtype: Dtype, steps: u32) -> 
         slots: 1,
         n_kv_heads: h.n_kv_heads,
         head_dim: h.head_dim,
+        head_dim_v: h.head_dim_v,
         dtype,
         layout: CacheLayout::Contiguous {
             capacity: cache_len + 3 * steps,
@@ -86,6 +87,7 @@ pub fn decode(gpu: &Gpu, h: Heads, cache_len: u32, dtype: Dtype, steps: u32) -> 
     gpu.queue.submit([enc.finish()]);
     let mut decode = Decode::new(DecodeSpec {
         head_dim: h.head_dim,
+        head_dim_v: h.head_dim_v,
         masks: Masks::default(),
         dtype,
         cache: Cache::Contiguous,
@@ -212,6 +214,7 @@ pub fn prefill(gpu: &Gpu, h: Heads, seq: u32, dtype: Dtype, runs: u32) -> Result
         slots: 1,
         n_kv_heads: h.n_kv_heads,
         head_dim: h.head_dim,
+        head_dim_v: h.head_dim_v,
         dtype,
         layout: CacheLayout::Contiguous { capacity: seq },
         kv_fp8: None,

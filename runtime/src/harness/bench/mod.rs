@@ -767,8 +767,12 @@ pub struct DecodeShape {
 impl DecodeShape {
     pub fn label(&self) -> String {
         let h = self.heads;
+        let d = match h.head_dim_v == h.head_dim {
+            true => h.head_dim.to_string(),
+            false => format!("{}/{}", h.head_dim, h.head_dim_v),
+        };
         format!(
-            "cache={}{} h={} kv={} d={}",
+            "cache={}{} h={} kv={} d={d}",
             self.cache_len,
             if self.batch > 1 {
                 format!(" b={}", self.batch)
@@ -777,7 +781,6 @@ impl DecodeShape {
             },
             h.n_heads,
             h.n_kv_heads,
-            h.head_dim
         )
     }
 
@@ -792,12 +795,14 @@ impl DecodeShape {
     }
 
     /// Bytes moved with the cache's elements of `kv` bytes and Q's and O's of `qo` (an fp8
-    /// cache's scales are a few bytes per KV head, left out).
+    /// cache's scales are a few bytes per KV head, left out); K and Q rows `head_dim` wide,
+    /// V and O rows `head_dim_v`.
     pub fn bytes_of(&self, kv: f64, qo: f64) -> f64 {
         let h = self.heads;
-        let cache = 2.0 * f64::from(self.cache_len) * f64::from(h.n_kv_heads);
-        let ends = 2.0 * f64::from(h.n_heads);
-        f64::from(self.batch) * f64::from(h.head_dim) * (kv * cache + qo * ends)
+        let widths = f64::from(h.head_dim) + f64::from(h.head_dim_v);
+        let cache = f64::from(self.cache_len) * f64::from(h.n_kv_heads) * widths;
+        let ends = f64::from(h.n_heads) * widths;
+        f64::from(self.batch) * (kv * cache + qo * ends)
     }
 }
 
@@ -962,13 +967,17 @@ pub fn decode(
 ) -> Result<Vec<DecodeRow>, Error> {
     let h = shape.heads;
     let masks = Masks::default();
-    let split = crate::decode::SplitDecode::for_shape(gpu, h.head_dim, masks, Cache::Contiguous)?;
+    let widths = (h.head_dim, h.head_dim_v);
+    let f32_split =
+        |cache| crate::decode::SplitDecode::for_dims_in(gpu, widths, masks, cache, Dtype::F32);
+    let split = f32_split(Cache::Contiguous)?;
     let plain_spec = KernelSpec::standard(
         &tuning::family_name("attention_decode", h.head_dim),
         Op::Decode,
         h.head_dim,
         masks,
-    );
+    )
+    .with_head_dim_v(h.head_dim_v);
     let plain = Kernel::now(
         gpu,
         &attn_dsl::compile(&plain_spec).map_err(|e| Error::Pipeline {
@@ -977,9 +986,10 @@ pub fn decode(
         })?,
     )?;
     let (b, len) = (shape.batch as usize, shape.cache_len as usize);
-    let kv_len = b * len * (h.n_kv_heads * h.head_dim) as usize;
+    let rows = b * len * h.n_kv_heads as usize;
     let q = random(b * (h.n_heads * h.head_dim) as usize, 1);
-    let (k, v) = (random(kv_len, 2), random(kv_len, 3));
+    let k = random(rows * h.head_dim as usize, 2);
+    let v = random(rows * h.head_dim_v as usize, 3);
     let input = crate::attention::DecodeInput {
         batch: shape.batch,
         cache_len: shape.cache_len,
@@ -1001,7 +1011,7 @@ pub fn decode(
     ];
     let (dims_buf, params_buf) =
         uniforms(gpu, plain.abi(), &dims, &[("scale", h.default_scale())])?;
-    let o = buffers::output::<f32>(gpu, "o", q.len());
+    let o = buffers::output::<f32>(gpu, "o", b * (h.n_heads * h.head_dim_v) as usize);
     let mut bound = prepared.inputs().to_vec();
     bound.extend([("o", &o), ("dims", &dims_buf), ("params", &params_buf)]);
     let plain_step = Step {
@@ -1013,7 +1023,7 @@ pub fn decode(
     let bytes = shape.bytes();
     // The same cache paged, in pages of PAGE keys in reverse order in a pool of just those
     // pages (so it fits wherever the contiguous cache does).
-    let paged = crate::decode::SplitDecode::for_shape(gpu, h.head_dim, masks, Cache::Paged)?;
+    let paged = f32_split(Cache::Paged)?;
     let (table, k_pool, v_pool) =
         crate::cases::page_cache(h, (shape.batch, shape.cache_len), PAGE, 0, [&k, &v]);
     let pages = crate::decode::Pages {
@@ -1053,13 +1063,8 @@ pub fn decode(
     ];
     // The same step with the query, the cache and O in half precision: half the bytes.
     for dtype in gpu.half_dtypes() {
-        let half = crate::decode::SplitDecode::for_shape_in(
-            gpu,
-            h.head_dim,
-            masks,
-            Cache::Contiguous,
-            dtype,
-        )?;
+        let half =
+            crate::decode::SplitDecode::for_dims_in(gpu, widths, masks, Cache::Contiguous, dtype)?;
         let prepared = half.prepare(gpu, &input, None, slice_len)?;
         let s = prepared.slicing;
         let steps = prepared.steps(&half);
@@ -1093,6 +1098,7 @@ pub fn decode(
             gpu,
             &crate::ops::decode::DecodeSpec {
                 head_dim: h.head_dim,
+                head_dim_v: h.head_dim_v,
                 masks,
                 dtype: ends,
                 cache: Cache::Contiguous,
