@@ -116,9 +116,11 @@ impl Scheduled {
     }
 }
 
-/// The schedules of one head_dim and dtype.
+/// The schedules of one head_dim, head_dim_v and dtype.
 pub(crate) struct Compiled {
     pub head_dim: u32,
+    /// The width of V, O, dO and dV rows (MLA's 128 beside 192).
+    pub head_dim_v: u32,
     /// What the kernels read Q, K, V, O and dO in (the gradients are f32 in every dtype).
     pub dtype: Dtype,
     pub prep_abi: KernelAbi,
@@ -169,7 +171,8 @@ impl Backward {
     /// [`BackwardKernels::compile`] for a head_dim the family lacks); replaces any held.
     pub fn add(&mut self, gpu: &Gpu, set: &BackwardKernels) -> Result<(), Error> {
         let compiled = Compiled {
-            head_dim: set.prep.head_dim,
+            head_dim: set.recompute_q.head_dim,
+            head_dim_v: set.recompute_q.head_dim_v(),
             dtype: Dtype::F32,
             prep_abi: set.prep.clone().into_owned(),
             prep: None,
@@ -204,6 +207,7 @@ impl Backward {
         let schedules = tiled_abis(gpu, (head_dim, masks, dtype), &configs)?;
         self.hold(Compiled {
             head_dim,
+            head_dim_v: head_dim,
             dtype,
             prep_abi: prep,
             prep: None,
@@ -213,10 +217,10 @@ impl Backward {
         Ok(())
     }
 
-    /// Keeps `compiled`, replacing any set of its head_dim and dtype.
+    /// Keeps `compiled`, replacing any set of its widths and dtype.
     fn hold(&mut self, compiled: Compiled) {
         self.compiled
-            .retain(|c| (c.head_dim, c.dtype) != (compiled.head_dim, compiled.dtype));
+            .retain(|c| (c.dims(), c.dtype) != (compiled.dims(), compiled.dtype));
         self.compiled.push(compiled);
     }
 
@@ -229,9 +233,15 @@ impl Backward {
     /// The schedules compiled for `head_dim` in `dtype`, best first (with
     /// [`Backward::deterministic`], those that own every output).
     pub fn schedules_in(&self, _gpu: &Gpu, head_dim: u32, dtype: Dtype) -> Vec<Schedule> {
+        self.schedules_of((head_dim, head_dim), dtype)
+    }
+
+    /// The schedules compiled for rows of Q and K `dims.0` wide and of V and O `dims.1`
+    /// in `dtype`, best first: on two widths, the per-row schedules alone so far.
+    pub fn schedules_of(&self, dims: (u32, u32), dtype: Dtype) -> Vec<Schedule> {
         self.compiled
             .iter()
-            .filter(|c| (c.head_dim, c.dtype) == (head_dim, dtype))
+            .filter(|c| (c.dims(), c.dtype) == (dims, dtype))
             .flat_map(|c| c.schedules.iter())
             .filter(|s| !self.deterministic || s.atomic_output().is_none())
             .map(|s| s.schedule)
@@ -258,7 +268,7 @@ impl Backward {
     ) -> Schedule {
         let planned = self.fastest_plan(gpu, batch, seq_len, heads, dtype);
         match self.deterministic {
-            true => self.deterministic_plan(heads.head_dim, dtype, planned),
+            true => self.deterministic_plan(heads.dims(), dtype, planned),
             false => planned,
         }
     }
@@ -267,11 +277,11 @@ impl Backward {
     /// first compiled tiled schedule that does, else recompute (split's scratch is left out:
     /// it may not fit). A set where every schedule adds by atomics (a shared bias's dBias)
     /// keeps `planned`, which [`Backward::record`] then refuses with the reason.
-    fn deterministic_plan(&self, head_dim: u32, dtype: Dtype, planned: Schedule) -> Schedule {
+    fn deterministic_plan(&self, dims: (u32, u32), dtype: Dtype, planned: Schedule) -> Schedule {
         let Some(c) = self
             .compiled
             .iter()
-            .find(|c| (c.head_dim, c.dtype) == (head_dim, dtype))
+            .find(|c| (c.dims(), c.dtype) == (dims, dtype))
         else {
             return planned;
         };
@@ -332,9 +342,9 @@ impl Backward {
         dtype: Dtype,
     ) -> Schedule {
         if dtype != Dtype::F32 {
-            return half_plan(&self.schedules_in(gpu, heads.head_dim, dtype));
+            return half_plan(&self.schedules_of(heads.dims(), dtype));
         }
-        let runnable = self.schedules(gpu, heads.head_dim);
+        let runnable = self.schedules_of(heads.dims(), Dtype::F32);
         let bytes = Schedule::Split.scratch_bytes(batch, seq_len, heads.n_heads);
         let fits =
             bytes <= self.scratch_budget && bytes <= gpu.limits().max_storage_buffer_binding_size;
@@ -359,8 +369,9 @@ impl Backward {
         self.scratch.held()
     }
 
-    /// The set of `head_dim` in `dtype`, or why there is none.
-    pub(crate) fn set_of(&self, head_dim: u32, dtype: Dtype) -> Result<usize, InputError> {
+    /// The set of rows `dims` wide (Q and K's, V and O's) in `dtype`, or why there is none.
+    pub(crate) fn set_of(&self, dims: (u32, u32), dtype: Dtype) -> Result<usize, InputError> {
+        let head_dim = dims.0;
         if !self.compiled.iter().any(|c| c.dtype == dtype) {
             return Err(InputError::Schedule {
                 schedule: format!("any {} schedule", dtype.name()),
@@ -371,10 +382,22 @@ impl Backward {
                 ),
             });
         }
+        if let Some(c) = self
+            .compiled
+            .iter()
+            .find(|c| (c.head_dim, c.dtype) == (head_dim, dtype) && c.head_dim_v != dims.1)
+            .filter(|_| !self.compiled.iter().any(|c| (c.dims(), c.dtype) == (dims, dtype)))
+        {
+            return Err(InputError::HeadDimV {
+                kernel: format!("backward {}", dtype.name()),
+                kernel_head_dim_v: c.head_dim_v,
+                given: dims.1,
+            });
+        }
         let set = self
             .compiled
             .iter()
-            .position(|c| (c.head_dim, c.dtype) == (head_dim, dtype))
+            .position(|c| (c.dims(), c.dtype) == (dims, dtype))
             .ok_or_else(|| InputError::HeadDim {
                 kernel: format!("backward {}", dtype.name()),
                 kernel_head_dim: self
@@ -396,10 +419,16 @@ impl Backward {
 }
 
 impl Compiled {
-    /// The `sink_grad` kernel of this set's head_dim and dtype, created on first use.
+    /// Q and K's width, V and O's.
+    fn dims(&self) -> (u32, u32) {
+        (self.head_dim, self.head_dim_v)
+    }
+
+    /// The `sink_grad` kernel of this set's head_dim and dtype, created on first use (it
+    /// reads O and dO rows, `head_dim_v` wide).
     pub(crate) fn sink_grad(&mut self, gpu: &Gpu) -> Result<&mut Pipeline, Error> {
         if self.sink_grad.is_none() {
-            let abi = sink_grad_abi(self.head_dim, self.dtype)?;
+            let abi = sink_grad_abi(self.head_dim_v, self.dtype)?;
             self.sink_grad = Some(Pipeline::new(Kernel::now(gpu, &abi)?));
         }
         Ok(self.sink_grad.as_mut().expect("made above"))
@@ -566,6 +595,10 @@ pub fn schedule_abis(
         ),
     ];
     let (head_dim, masks) = (set.recompute_q.head_dim, set.recompute_q.masks);
+    // Rows of two widths: the per-row schedules alone, so far.
+    if set.recompute_q.head_dim_v() != head_dim {
+        return Ok(out);
+    }
     let scatter = scatter(gpu);
     let dsl = |what: &str, e: attn_dsl::DslError| Error::Pipeline {
         kernel: format!("{what} backward d{head_dim}"),

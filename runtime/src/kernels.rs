@@ -564,6 +564,15 @@ impl BackwardKernels {
     /// The same set as the family's descriptions, for any head_dim and masks, compiled (and
     /// naga-validated) now.
     pub fn compile(head_dim: u32, masks: Masks) -> Result<BackwardKernels, DslError> {
+        BackwardKernels::compile_dims((head_dim, head_dim), masks)
+    }
+
+    /// [`BackwardKernels::compile`] with Q and K rows `dims.0` wide and V, O, dO and dV rows
+    /// `dims.1` (MLA's 192 and 128).
+    pub fn compile_dims(
+        (head_dim, head_dim_v): (u32, u32),
+        masks: Masks,
+    ) -> Result<BackwardKernels, DslError> {
         use WriteMode::{Owned, ScratchFlush};
         // The dQ kernels see every dS, so they write dBias and the modifiers' gradients.
         let spec = |name: &str, op, writes: &[(&str, WriteMode)], source| KernelSpec {
@@ -579,16 +588,18 @@ impl BackwardKernels {
                 .collect(),
             source,
             ..KernelSpec::standard(name, op, head_dim, masks)
-        };
+        }
+        .with_head_dim_v(head_dim_v);
         let prep = KernelSpec {
-            workgroup_size: head_dim.next_power_of_two().max(32),
+            workgroup_size: head_dim.max(head_dim_v).next_power_of_two().max(32),
             ..KernelSpec::standard(
                 "attention_backward_prep",
                 Op::BackwardPrep,
                 head_dim,
                 Masks::default(),
             )
-        };
+        }
+        .with_head_dim_v(head_dim_v);
         let (bq, bkv) = (Op::BackwardQ, Op::BackwardKv);
         let (rec, scr) = (Source::Recompute, Source::Scratch);
         let scratch = [("dq", Owned), ("p_ds", ScratchFlush)];

@@ -32,6 +32,11 @@ impl Heads {
         1.0 / (self.head_dim as f32).sqrt()
     }
 
+    /// Q and K's width, V and O's.
+    pub fn dims(&self) -> (u32, u32) {
+        (self.head_dim, self.head_dim_v)
+    }
+
     /// The width a kernel holds rows at: the wider of `head_dim` and `head_dim_v`.
     pub fn width(&self) -> u32 {
         self.head_dim.max(self.head_dim_v)

@@ -35,16 +35,34 @@ fn dkv_part1() -> u32 {
 
 "#;
 
+/// The offset of a row of O, dO or V: `same`, that of Q's or K's row, where the rows are
+/// of one width, else `own` (rows of two widths have strides of their own).
+fn o_rows(spec: &KernelSpec, same: &str, own: &str) -> String {
+    match spec.split_dims() {
+        true => format!("({own})"),
+        false => same.to_string(),
+    }
+}
+
+/// `dst[tid] = src[at + tid]`, zero past the end of a `row` narrower than the kernel's width.
+fn stage_row(spec: &KernelSpec, row: index::Row, dst: &str, src: &str, at: &str) -> String {
+    match index::within(spec, row, "tid") {
+        Some(c) => format!("{dst}[tid] = 0.0;\nif ({c}) {{\n    {dst}[tid] = {src}[{at} + tid];\n}}\n"),
+        None => format!("{dst}[tid] = {src}[{at} + tid];\n"),
+    }
+}
+
 pub(super) fn backward_prep(out: &mut Wgsl, spec: &KernelSpec) {
     index::row_indexing(out, spec);
     out.push_str(PACKING);
     super::dtype::loads(out, spec, &[("out_at", "o"), ("grad_out_at", "d_o")]);
-    // D = dO·O in the order the backward kernels sum dP = dO·V.
+    // D = dO·O in the order the backward kernels sum dP = dO·V, over V's width.
+    let oi = o_rows(spec, "qi", "o_index(row, h)");
     let delta = super::numerics::dot(
         "delta",
-        spec.head_dim,
-        |i| format!("grad_out_at(qi + {i})"),
-        |i| format!("out_at(qi + {i})"),
+        spec.v_dim(),
+        |i| format!("grad_out_at({oi} + {i})"),
+        |i| format!("out_at({oi} + {i})"),
         "",
     );
     out.put(PREP_ROW.fill([("delta", delta)]));
@@ -101,6 +119,8 @@ var<workgroup> sh_range: vec2<u32>;
     } else {
         ""
     };
+    // S = Q·K over Q and K's width, dP = dO·V over V's.
+    let vi = o_rows(spec, "ki", "v_index(j, kv_h)");
     let dots = super::numerics::dot(
         "dot",
         spec.head_dim,
@@ -110,15 +130,22 @@ var<workgroup> sh_range: vec2<u32>;
     )
     .then(super::numerics::dot(
         "dp",
-        spec.head_dim,
+        spec.v_dim(),
         |i| format!("sh_do[{i}]"),
-        |i| format!("v[ki + {i}]"),
+        |i| format!("v[{vi} + {i}]"),
         "",
     ));
+    let oi = o_rows(spec, "qi", "o_index(row, h)");
+    let stage = stage_row(spec, index::Row::Qk, "sh_q", "q", "qi")
+        + &stage_row(spec, index::Row::V, "sh_do", "d_o", &oi);
+    let qk_in = |cond: &str, c: &str| index::and_within(spec, cond, index::Row::Qk, c);
     out.put(BACKWARD_ROW.fill([
         ("dots", dots),
         ("flush", flush.into()),
         ("scatter", scatter_lines.into()),
+        ("stage", stage.into()),
+        ("dq_in", qk_in("tid < N_ACTIVE", "d_local").into()),
+        ("dq_out", qk_in("tid < HEAD_DIM", "tid").into()),
     ]));
 }
 
@@ -132,8 +159,7 @@ const BACKWARD_ROW: Template = Template {
         sh_range = key_range(row);
     }
     if (tid < HEAD_DIM) {
-        sh_q[tid] = q[qi + tid];
-        sh_do[tid] = d_o[qi + tid];
+        $stage
         sh_acc[tid] = 0.0;
     }
     workgroupBarrier();
@@ -164,7 +190,7 @@ const BACKWARD_ROW: Template = Template {
         workgroupBarrier();
 
         // dQ += dS·K: invocation (d_local, kc) sums chunk kc of the block for element d_local.
-        if (tid < N_ACTIVE) {
+        if ($dq_in) {
             let lo = kc * CHUNK;
             let hi = min(lo + CHUNK, WG);
             var part = 0.0;
@@ -187,7 +213,7 @@ const BACKWARD_ROW: Template = Template {
         workgroupBarrier();
     }
     // Gradients accumulate: the host zeroes dq for a fresh gradient.
-    if (tid < HEAD_DIM) {
+    if ($dq_out) {
         dq[qi + tid] = dq[qi + tid] + sh_acc[tid];
     }
 }
@@ -213,29 +239,58 @@ var<workgroup> sh_range: vec2<u32>;
 
 "#,
     );
+    let vi = o_rows(spec, "ki", "v_index(col, kv_h)");
     let (load_kv, p_ds) = match spec.source {
-        Source::Recompute => (RECOMPUTE_LOAD, recompute_p_ds(spec.head_dim)),
-        Source::Scratch => ("", SCRATCH_P_DS.into()),
+        Source::Recompute => (
+            stage_row(spec, index::Row::Qk, "sh_k", "k", "ki")
+                + &stage_row(spec, index::Row::V, "sh_v", "v", &vi),
+            recompute_p_ds(spec),
+        ),
+        Source::Scratch => (String::new(), SCRATCH_P_DS.into()),
     };
-    out.put(BACKWARD_COL.fill([("load_kv", load_kv.into()), ("p_ds", p_ds)]));
+    // dK += dSᵀ·Q and dV += Pᵀ·dO for element d_local of each row; past the end of the
+    // narrower row nothing is read.
+    let oi = o_rows(spec, "qi", "o_index(s_start + sl, h) + d_local");
+    let pk = "pk = fma(dsj, q[qi], pk);".to_string();
+    let pv = format!("pv = fma(pj, d_o[{oi}], pv);");
+    let guard = |row, line: String| match index::within(spec, row, "d_local") {
+        Some(c) => format!("if ({c}) {{\n    {line}\n}}\n"),
+        None => format!("{line}\n"),
+    };
+    let products = guard(index::Row::Qk, pk) + &guard(index::Row::V, pv);
+    let store = |row, line: &str| match index::within(spec, row, "tid") {
+        Some(c) => format!("if ({c}) {{\n    {line}\n}}\n"),
+        None => format!("{line}\n"),
+    };
+    let stores = store(index::Row::Qk, "dk[ki + tid] = dk[ki + tid] + sh_dk[tid];")
+        + &store(
+            index::Row::V,
+            &format!("dv[{vi} + tid] = dv[{vi} + tid] + sh_dv[tid];"),
+        );
+    out.put(BACKWARD_COL.fill([
+        ("load_kv", load_kv.into()),
+        ("p_ds", p_ds),
+        ("products", products.into()),
+        ("stores", stores.into()),
+    ]));
 }
 
-const RECOMPUTE_LOAD: &str = "sh_k[tid] = k[ki + tid];\nsh_v[tid] = v[ki + tid];\n";
-
-/// P and dS of query `s` against the staged key row, recomputed.
-fn recompute_p_ds(head_dim: u32) -> Fragment {
-    let dot = |acc: &str, row: &str, staged: &str| {
+/// P and dS of query `s` against the staged key row, recomputed: S over Q and K's width, dP
+/// over V's.
+fn recompute_p_ds(spec: &KernelSpec) -> Fragment {
+    let oi = o_rows(spec, "qi", "o_index(s, h)");
+    let dot = |acc: &str, width: u32, row: &str, at: &str, staged: &str| {
         super::numerics::dot(
             acc,
-            head_dim,
-            |i| format!("{row}[qi + {i}]"),
+            width,
+            |i| format!("{row}[{at} + {i}]"),
             |i| format!("{staged}[{i}]"),
             "",
         )
     };
     RECOMPUTE_P_DS.fill([
-        ("dot", dot("dot", "q", "sh_k")),
-        ("dp", dot("dp", "d_o", "sh_v")),
+        ("dot", dot("dot", spec.head_dim, "q", "qi", "sh_k")),
+        ("dp", dot("dp", spec.v_dim(), "d_o", &oi, "sh_v")),
     ])
 }
 
@@ -308,8 +363,7 @@ const BACKWARD_COL: Template = Template {
                     // A dropped P is 0 where dS is not.
                     if (pj != 0.0 || dsj != 0.0) {
                         let qi = q_index(s_start + sl, h) + d_local;
-                        pk = fma(dsj, q[qi], pk);
-                        pv = fma(pj, d_o[qi], pv);
+                        $products
                     }
                 }
                 sh_pk[tid] = pk;
@@ -331,8 +385,7 @@ const BACKWARD_COL: Template = Template {
     }
     // Gradients accumulate: the host zeroes dk and dv for a fresh gradient.
     if (tid < HEAD_DIM) {
-        dk[ki + tid] = dk[ki + tid] + sh_dk[tid];
-        dv[ki + tid] = dv[ki + tid] + sh_dv[tid];
+        $stores
     }
 }
 

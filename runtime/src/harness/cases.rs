@@ -390,9 +390,9 @@ pub fn default_matrix() -> Vec<Case> {
         },
     );
     // Rows of two widths, d=qk/v: MLA's 192/128 (DeepSeek-V2/V3), and V wider or narrower
-    // than Q and K. The forward's schedules (per row, flash, tensor cores in half precision)
-    // and the decode's (per row, split-K contiguous and paged, half precision, fp8 caches
-    // filled by the append).
+    // than Q and K. The forward's schedules (per row, flash, tensor cores in half precision),
+    // the decode's (per row, split-K contiguous and paged, half precision, fp8 caches filled
+    // by the append) and the backward's per-row schedules.
     for (head_dim, head_dim_v) in [(192, 128), (64, 128), (128, 64)] {
         let h = Heads {
             head_dim_v,
@@ -416,6 +416,15 @@ pub fn default_matrix() -> Vec<Case> {
             Shape::Decode {
                 cache_len: 300,
                 capacity: 320,
+            },
+        );
+        push(
+            h,
+            1,
+            Shape::Backward {
+                seq: 64,
+                docs: Docs::Even(2),
+                causal: true,
             },
         );
     }
@@ -790,7 +799,26 @@ fn modifier_cases() -> Vec<Case> {
             decode,
         );
     }
-    // The modifiers of a decode with V rows narrower than K's (MLA's widths).
+    // The modifiers of a backward and a decode with V rows narrower than K's (MLA's widths).
+    let mla = Heads {
+        n_heads: 6,
+        n_kv_heads: 2,
+        head_dim: 192,
+        head_dim_v: 128,
+    };
+    cases.push(Case {
+        heads: mla,
+        batch: 1,
+        shape: Shape::Backward {
+            seq: 64,
+            docs: Docs::Even(2),
+            causal: true,
+        },
+        mods: ModCase {
+            sinks: true,
+            ..all(BiasHeads::PerHead)
+        },
+    });
     cases.push(Case {
         heads: Heads {
             n_heads: 6,
@@ -1029,7 +1057,7 @@ impl Runner {
     pub fn backward_for(
         &mut self,
         gpu: &Gpu,
-        head_dim: u32,
+        dims: (u32, u32),
         masks: Masks,
     ) -> Result<&mut Backward, Error> {
         let standard = masks == self::masks(true);
@@ -1046,9 +1074,9 @@ impl Runner {
                 &mut self.others[at.expect("made above")].1
             }
         };
-        if backward.schedules(gpu, head_dim).is_empty() {
-            let set = BackwardKernels::compile(head_dim, masks).map_err(|e| Error::Pipeline {
-                kernel: format!("backward d{head_dim}"),
+        if backward.schedules_of(dims, Dtype::F32).is_empty() {
+            let set = BackwardKernels::compile_dims(dims, masks).map_err(|e| Error::Pipeline {
+                kernel: format!("backward d{}/{}", dims.0, dims.1),
                 message: e.to_string(),
             })?;
             backward.add(gpu, &set)?;
@@ -1422,11 +1450,11 @@ impl Job {
             scale: None,
             mods: self.mods.mods(),
         };
-        let backward = runner.backward_for(gpu, h.head_dim, self.masks())?;
+        let backward = runner.backward_for(gpu, h.dims(), self.masks())?;
         let planned = backward.plan(gpu, self.batch, self.seq, h);
         let mut rows = Vec::new();
         let mut results: Vec<(Schedule, Gradients)> = Vec::new();
-        for schedule in backward.schedules(gpu, h.head_dim) {
+        for schedule in backward.schedules_of(h.dims(), Dtype::F32) {
             let (g, _) = backward.run(gpu, &input, Some(schedule)).block_on()?;
             let verdicts = judge_backward(
                 &p,
@@ -1456,8 +1484,11 @@ impl Job {
             Dtype::F32,
             &results,
         )?);
-        for dtype in gpu.half_dtypes() {
-            rows.extend(self.half_backward(gpu, runner, case, &input, dtype)?);
+        // Half precision has its tiled schedules only, which take one width so far.
+        if h.head_dim_v == h.head_dim {
+            for dtype in gpu.half_dtypes() {
+                rows.extend(self.half_backward(gpu, runner, case, &input, dtype)?);
+            }
         }
         Ok(rows)
     }
@@ -1493,7 +1524,7 @@ impl Job {
             d_o: &d_o,
             ..*input
         };
-        let backward = runner.backward_for(gpu, h.head_dim, self.masks())?;
+        let backward = runner.backward_for(gpu, h.dims(), self.masks())?;
         if backward.schedules_in(gpu, h.head_dim, dtype).is_empty() {
             backward.add_in(gpu, h.head_dim, self.masks(), dtype)?;
         }

@@ -133,17 +133,19 @@ impl Backward {
         let data = self.compiled[set].prep_abi.scalar("o");
         let q_shape = [b, s, h.n_heads, h.head_dim];
         let kv_shape = [b, s, h.n_kv_heads, h.head_dim];
+        let o_shape = [b, s, h.n_heads, h.head_dim_v];
+        let v_shape = [b, s, h.n_kv_heads, h.head_dim_v];
         let up = |shape: &[u32], scalar, data: &[f32]| Tensor::from_f32(gpu, shape, scalar, data);
         let f32 = attn_dsl::Scalar::F32;
         let q = up(&q_shape, data, input.q)?;
         let k = up(&kv_shape, data, input.k)?;
-        let v = up(&kv_shape, data, input.v)?;
-        let o = up(&q_shape, data, input.o)?;
-        let d_o = up(&q_shape, data, input.d_o)?;
+        let v = up(&v_shape, data, input.v)?;
+        let o = up(&o_shape, data, input.o)?;
+        let d_o = up(&o_shape, data, input.d_o)?;
         let lse = up(&[b, s, h.n_heads], f32, input.lse)?;
         let dq = up(&q_shape, f32, &grads.dq)?;
         let dk = up(&kv_shape, f32, &grads.dk)?;
-        let dv = up(&kv_shape, f32, &grads.dv)?;
+        let dv = up(&v_shape, f32, &grads.dv)?;
         let uploaded = input.mods.upload(gpu, b, s)?;
         let flex = uploaded.flex_tensors();
         let mods = uploaded.view(&input.mods, &flex);
@@ -219,7 +221,7 @@ impl Backward {
         dtype: Dtype,
     ) -> Result<usize, InputError> {
         let h = input.heads;
-        let set = self.set_of(h.head_dim, dtype)?;
+        let set = self.set_of(h.dims(), dtype)?;
         let abi: &KernelAbi = &self.compiled[set].schedules[0].abis[0];
         let view = ForwardInput {
             batch: input.batch,
@@ -277,8 +279,12 @@ impl Backward {
         let rows = u64::from(input.batch) * u64::from(input.seq_len) * u64::from(h.n_heads);
         let q_len = rows * u64::from(h.head_dim);
         let q_layout = "batch × seq_len × n_heads × head_dim";
-        length("o", input.o.len(), q_len, q_layout)?;
-        length("d_o", input.d_o.len(), q_len, q_layout)?;
+        let (o_len, o_layout) = (
+            rows * u64::from(h.head_dim_v),
+            "batch × seq_len × n_heads × head_dim_v",
+        );
+        length("o", input.o.len(), o_len, o_layout)?;
+        length("d_o", input.d_o.len(), o_len, o_layout)?;
         length("lse", input.lse.len(), rows, "batch × seq_len × n_heads")?;
         length("dq", grads.dq.len(), q_len, q_layout)?;
         length(

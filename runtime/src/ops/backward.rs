@@ -15,9 +15,10 @@ use crate::modifiers::DeviceModifiers;
 use crate::shape::{Heads, sequence_dims, validate_heads, validate_scale};
 use crate::tensor::{Tensor, TensorError, elements};
 
-/// One call's tensors, laid out as the forward's: Q, O and dO `[batch, seq, n_heads,
-/// head_dim]`, K and V `[batch, seq, n_kv_heads, head_dim]` in the backward's dtype; LSE
-/// `[batch, seq, n_heads]` and the gradients in f32 (dQ like Q, dK and dV like K).
+/// One call's tensors, laid out as the forward's: Q `[batch, seq, n_heads, head_dim]`, K
+/// `[batch, seq, n_kv_heads, head_dim]`, V `[batch, seq, n_kv_heads, head_dim_v]`, O and dO
+/// `[batch, seq, n_heads, head_dim_v]` in the backward's dtype; LSE `[batch, seq, n_heads]`
+/// and the gradients in f32 (dQ like Q, dK like K, dV like V).
 #[derive(Clone, Copy, Debug)]
 pub struct BackwardArgs<'a> {
     pub q: &'a Tensor,
@@ -177,7 +178,7 @@ impl Backward {
     ) -> Result<Schedule, Error> {
         let (batch, seq, h) = attention_shape(args.q, args.k, args.v)?;
         let dtype = dtype_of(args.q)?;
-        let set = self.set_of(h.head_dim, dtype)?;
+        let set = self.set_of(h.dims(), dtype)?;
         let (schedule, at) = self.schedule_for(gpu, set, schedule, (batch, seq, h), dtype)?;
         check(
             &self.compiled[set].schedules[at].abis[0],
@@ -363,18 +364,24 @@ fn check(
     validate_scale(args.scale)?;
     let q = vec![batch, seq, h.n_heads, h.head_dim];
     let kv = vec![batch, seq, h.n_kv_heads, h.head_dim];
+    let o = vec![batch, seq, h.n_heads, h.head_dim_v];
+    let v = vec![batch, seq, h.n_kv_heads, h.head_dim_v];
     let (ql, kvl) = (
         "[batch, seq, n_heads, head_dim]",
         "[batch, seq, n_kv_heads, head_dim]",
+    );
+    let (ol, vl) = (
+        "[batch, seq, n_heads, head_dim_v]",
+        "[batch, seq, n_kv_heads, head_dim_v]",
     );
     let data = abi.scalar("q");
     let f32 = Scalar::F32;
     use crate::modifiers::expect;
     expect(args.q, "q", &q, data, ql)?;
     expect(args.k, "k", &kv, data, kvl)?;
-    expect(args.v, "v", &kv, data, kvl)?;
-    expect(args.o, "o", &q, data, ql)?;
-    expect(args.d_o, "d_o", &q, data, ql)?;
+    expect(args.v, "v", &v, data, vl)?;
+    expect(args.o, "o", &o, data, ol)?;
+    expect(args.d_o, "d_o", &o, data, ol)?;
     expect(
         args.lse,
         "lse",
@@ -384,7 +391,7 @@ fn check(
     )?;
     expect(args.dq, "dq", &q, f32, ql)?;
     expect(args.dk, "dk", &kv, f32, kvl)?;
-    expect(args.dv, "dv", &kv, f32, kvl)?;
+    expect(args.dv, "dv", &v, f32, vl)?;
     args.mods.validate(abi, batch, seq, h.n_heads)?;
     match (args.mods.bias, args.dbias) {
         (Some(b), Some(db)) => expect(db, "dbias", b.values.shape(), f32, "the bias's layout")?,
