@@ -204,7 +204,7 @@ impl Backward {
         }
         let prep = tuning::backward_prep_in(head_dim, dtype).map_err(dsl)?;
         let configs = tuning::backward_candidates_in(gpu, head_dim, dtype);
-        let schedules = tiled_abis(gpu, (head_dim, masks, dtype), &configs)?;
+        let schedules = tiled_abis(gpu, ((head_dim, head_dim), masks, dtype), &configs)?;
         self.hold(Compiled {
             head_dim,
             head_dim_v: head_dim,
@@ -348,13 +348,14 @@ impl Backward {
         let bytes = Schedule::Split.scratch_bytes(batch, seq_len, heads.n_heads);
         let fits =
             bytes <= self.scratch_budget && bytes <= gpu.limits().max_storage_buffer_binding_size;
+        // Rows of two widths run the tilings of the wider.
         let tuned = self
             .table
             .backward
-            .get(&heads.head_dim)
+            .get(&heads.width())
             .and_then(|name| name.parse::<Schedule>().ok())
             .filter(|s| runnable.contains(s) && (*s != Schedule::Split || fits));
-        let portable = tuning::backward_candidates(heads.head_dim)
+        let portable = tuning::backward_candidates(heads.width())
             .first()
             .map(|c| Schedule::Tiled(*c));
         match tuned {
@@ -519,7 +520,8 @@ pub fn tiled_schedules(
     kind: (u32, Masks, Dtype),
     configs: &[FlashConfig],
 ) -> Result<Vec<(Schedule, Vec<Kernel>)>, Error> {
-    tiled_abis(gpu, kind, configs)?
+    let (head_dim, masks, dtype) = kind;
+    tiled_abis(gpu, ((head_dim, head_dim), masks, dtype), configs)?
         .into_iter()
         .map(|(s, abis)| Ok((s, compile(gpu, &abis)?)))
         .collect()
@@ -529,9 +531,10 @@ pub fn tiled_schedules(
 /// (head_dim, masks, dtype); on tensor cores also its spread (scattered) variant.
 pub fn tiled_abis(
     gpu: &Gpu,
-    (head_dim, masks, dtype): (u32, Masks, Dtype),
+    (dims, masks, dtype): ((u32, u32), Masks, Dtype),
     configs: &[FlashConfig],
 ) -> Result<Vec<(Schedule, Vec<KernelAbi>)>, Error> {
+    let head_dim = dims.0;
     let mut out = Vec::new();
     let dsl = |e: attn_dsl::DslError| Error::Pipeline {
         kernel: format!("tiled backward d{head_dim} {}", dtype.name()),
@@ -539,7 +542,7 @@ pub fn tiled_abis(
     };
     let mut scattered = Vec::new();
     for config in configs {
-        let [q, kv] = tuning::flash_backward_in(head_dim, masks, *config, dtype).map_err(dsl)?;
+        let [q, kv] = tuning::flash_backward_dims(dims, masks, *config, dtype).map_err(dsl)?;
         if !(tuning::fits(gpu, &q) && tuning::fits(gpu, &kv)) {
             continue;
         }
@@ -595,19 +598,20 @@ pub fn schedule_abis(
         ),
     ];
     let (head_dim, masks) = (set.recompute_q.head_dim, set.recompute_q.masks);
-    // Rows of two widths: the per-row schedules alone, so far.
-    if set.recompute_q.head_dim_v() != head_dim {
-        return Ok(out);
-    }
+    let dims = (head_dim, set.recompute_q.head_dim_v());
     let scatter = scatter(gpu);
     let dsl = |what: &str, e: attn_dsl::DslError| Error::Pipeline {
         kernel: format!("{what} backward d{head_dim}"),
         message: e.to_string(),
     };
-    let candidates = tuning::backward_candidates(head_dim);
-    out.extend(tiled_abis(gpu, (head_dim, masks, Dtype::F32), &candidates)?);
+    // The tilings of the wider row.
+    let candidates = tuning::backward_candidates(dims.0.max(dims.1));
+    out.extend(tiled_abis(gpu, (dims, masks, Dtype::F32), &candidates)?);
+    // Rows of two widths: not the streaming schedule, whose lanes hold dK and dV at one
+    // width, so far.
     let streaming = candidates
         .iter()
+        .filter(|_| dims.0 == dims.1)
         .filter(|c| c.tile >= attn_dsl::check::MIN_STREAMING_TILE);
     for config in streaming {
         let q = tuning::flash_streaming(head_dim, masks, *config, scatter)
@@ -617,7 +621,7 @@ pub fn schedule_abis(
         }
     }
     for config in &candidates {
-        let kv = tuning::flash_scatter(head_dim, masks, *config, scatter)
+        let kv = tuning::flash_scatter_dims(dims, masks, *config, scatter)
             .map_err(|e| dsl("flash", e))?;
         if tuning::fits(gpu, &kv) {
             out.push((Schedule::Flash(*config), vec![kv]));

@@ -246,17 +246,18 @@ fn check_head_dim_v(spec: &KernelSpec) -> Result<(), DslError> {
         spec.op,
         Op::DecodeSplit | Op::DecodeReduce | Op::CacheAppend
     );
-    // The backward takes them on the per-row grids, each output owned.
-    let per_row_backward = matches!(spec.op, Op::BackwardPrep | Op::BackwardQ | Op::BackwardKv)
-        && spec.grid.flash.is_none()
+    // The backward takes them on the per-row and the scalar flash grids, without the
+    // streaming schedule's `dkv` lanes (one buffer holding dK and dV at one width).
+    let backward = matches!(spec.op, Op::BackwardPrep | Op::BackwardQ | Op::BackwardKv)
+        && !spec.grid.uses_coop()
         && spec.write_mode("dkv").is_none();
-    if !(vec4_op || per_row_backward || matches!(spec.op, Op::Forward | Op::Decode)) {
+    if !(vec4_op || backward || matches!(spec.op, Op::Forward | Op::Decode)) {
         return Err(DslError::spec(
             Field::HeadDimV,
             format!(
                 "head_dim_v {dv} differs from head_dim {hd}, and op {} on this grid does not \
                  take rows of two widths yet (the forward, the decode, the cache append and \
-                 the per-row backward without a `dkv` scatter do); drop head_dim_v",
+                 the backward on scalar grids without a `dkv` scatter do); drop head_dim_v",
                 spec.op.name()
             ),
         ));

@@ -12,11 +12,11 @@
 //! kernel does: the host zeroes the gradients for a fresh pass.
 
 use super::numerics::Helper;
-use super::writer::{Fragment, Wgsl};
+use super::writer::{Fragment, Template, Wgsl};
 use std::fmt::Write;
 
 use super::flash::{accumulate, carried, fetch, per_vec4, put, regs, stage, tile_key_range};
-use super::index::Rows;
+use super::index::{Row, Rows};
 use super::numerics::dot_loop;
 use super::{backward, index};
 use crate::layout::tiling::Tiling;
@@ -82,11 +82,17 @@ pub(super) fn backward_q(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling) {
     }
     tile_key_range(out);
     let lp = super::tiles::KeyLoop::of(spec, true);
-    q_body(out, t, &lp, scatter_kv);
+    q_body(out, spec, t, &lp, scatter_kv);
     super::flash::entry(out, spec, t, "flash_backward_q");
 }
 
-fn q_body(out: &mut Wgsl, t: &Tiling, lp: &super::tiles::KeyLoop, scatter_kv: bool) {
+fn q_body(
+    out: &mut Wgsl,
+    spec: &KernelSpec,
+    t: &Tiling,
+    lp: &super::tiles::KeyLoop,
+    scatter_kv: bool,
+) {
     let (tm, tn, dn) = (t.tm, t.tn, t.dn);
     let mut b = String::from(
         "fn flash_backward_q(tile: u32, h: u32, tid: u32) {\n    let kv_h = kv_head(h);\n    \
@@ -180,13 +186,12 @@ fn q_body(out: &mut Wgsl, t: &Tiling, lp: &super::tiles::KeyLoop, scatter_kv: bo
     }
     flush(
         &mut b,
-        t,
+        (spec, t),
         FLUSH_KEYS,
         "kt + 1u - range.x / BC",
         lp.steps,
         "row",
-        &|i| format!("q_index(row_{i}, h)"),
-        &["dq"],
+        &[("dq", &|i| format!("q_index(row_{i}, h)"), Row::Qk)],
     );
     b.push_str("    }\n}\n\n");
     // `products` sums with hsum, P is exponentiated, `flush` compensates with TwoSum.
@@ -223,7 +228,7 @@ pub(super) fn backward_kv(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling) {
     if scatter {
         super::scatter::atomic_add(out, spec, "dq");
     }
-    kv_body(out, t, scatter, super::tiles::sparse(spec));
+    kv_body(out, spec, t, scatter);
     super::flash::entry(out, spec, t, "flash_backward_kv");
 }
 
@@ -263,7 +268,8 @@ fn put_stats(e: u32, x: vec2<f32>) {
 
 "#;
 
-fn kv_body(out: &mut Wgsl, t: &Tiling, scatter_dq: bool, sparse: bool) {
+fn kv_body(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling, scatter_dq: bool) {
+    let sparse = super::tiles::sparse(spec);
     let (tm, tn, dn) = (t.tm, t.tn, t.dn);
     let mut b = String::from(
         "fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {\n    let g = tid / TX;\n    \
@@ -345,22 +351,30 @@ fn kv_body(out: &mut Wgsl, t: &Tiling, scatter_dq: bool, sparse: bool) {
     accumulate(&mut b, tm, dn, &pairs, true, true);
     b.push_str("        }\n");
     if scatter_dq {
-        b.push_str(SCATTER_DQ);
+        let cond = "s < dims.seq_len && any(acc != vec4<f32>(0.0))";
+        let fill = index::and_within(spec, cond, Row::Qk, "c4 * 4u");
+        b.push_str(&SCATTER_DQ.fill([("cond", fill.into())]).text);
     }
     // Skipping blocks, the last one visited is the last step.
     let steps = match sparse {
         true => "select(group * blocks, it + 1u, it_next >= group * blocks)",
         false => "group * blocks",
     };
+    let v_index = match spec.split_dims() {
+        true => "v_index",
+        false => "kv_index",
+    };
     flush(
         &mut b,
-        t,
+        (spec, t),
         FLUSH_ROWS,
         "it + 1u",
         steps,
         "col",
-        &|i| format!("kv_index(col_{i}, kv_h)"),
-        &["dk", "dv"],
+        &[
+            ("dk", &|i| format!("kv_index(col_{i}, kv_h)"), Row::Qk),
+            ("dv", &|i| format!("{v_index}(col_{i}, kv_h)"), Row::V),
+        ],
     );
     b.push_str("    }\n}\n\n");
     // `products` sums with hsum, P is exponentiated, `flush` compensates with TwoSum.
@@ -432,19 +446,21 @@ fn sparse_blocks_ahead(
     )
 }
 
+/// An output a flush adds into: its name, the flat index of register row `i`'s row in it,
+/// and the width of its rows.
+type Output<'a> = (&'a str, &'a dyn Fn(u32) -> String, Row);
+
 /// Every `every` rows of the other axis (step `done` of `steps`, BC rows a step), and
-/// after the last, each invocation adds its register accumulators of `tensors` into its
-/// rows (`{row}_i`, at `base(i)`) of the outputs, compensated.
-#[allow(clippy::too_many_arguments)]
+/// after the last, each invocation adds its register accumulators of `outputs` into its
+/// rows (`{row}_i`) of the outputs, compensated.
 fn flush(
     b: &mut String,
-    t: &Tiling,
+    (spec, t): (&KernelSpec, &Tiling),
     every: u32,
     done: &str,
     steps: &str,
     row: &str,
-    base: &dyn Fn(u32) -> String,
-    tensors: &[&str],
+    outputs: &[Output],
 ) {
     let _ = writeln!(
         b,
@@ -455,13 +471,22 @@ fn flush(
         every.div_ceil(t.bc)
     );
     for i in 0..t.tm {
-        let _ = writeln!(
-            b,
-            "            if ({row}_{i} < dims.seq_len) {{\n                let base = {};",
-            base(i)
-        );
-        for t_name in tensors {
-            flush_add(b, t, t_name, i);
+        let bases: Vec<String> = outputs.iter().map(|o| (o.1)(i)).collect();
+        // Rows of one width share their offset (dK and dV of a key row).
+        let shared = bases.iter().all(|x| *x == bases[0]);
+        let _ = writeln!(b, "            if ({row}_{i} < dims.seq_len) {{");
+        if shared {
+            let _ = writeln!(b, "                let base = {};", bases[0]);
+        }
+        for ((name, _, width), at) in outputs.iter().zip(&bases) {
+            let base = match shared {
+                true => "base".to_string(),
+                false => {
+                    let _ = writeln!(b, "                let base_{name} = {at};");
+                    format!("base_{name}")
+                }
+            };
+            flush_add(b, (spec, t), (name, *width), i, &base);
         }
         b.push_str("            }\n");
     }
@@ -479,12 +504,13 @@ const FLUSH_ROWS: u32 = 128;
 const FLUSH_KEYS: u32 = 256;
 
 /// `t[base + columns] += acc` for row `i` of the invocation, compensated: `acc` keeps the
-/// rounding error of the add, so that the next flush adds it back.
-fn flush_add(b: &mut String, tiling: &Tiling, t: &str, i: u32) {
+/// rounding error of the add, so that the next flush adds it back. Only columns within the
+/// tensor's row are added (a narrower row of two widths ends before the tiling's).
+fn flush_add(b: &mut String, (spec, tiling): (&KernelSpec, &Tiling), (t, width): (&str, Row), i: u32, base: &str) {
     let ind = "                ";
     for n in 0..tiling.dn {
         let mut add = format!(
-            "let {t}at_{n} = base + (tx + {n}u * TX) * 4u;\n\
+            "let {t}at_{n} = {base} + (tx + {n}u * TX) * 4u;\n\
              {ind}let {t}old_{n} = vec4<f32>({t}[{t}at_{n}], {t}[{t}at_{n} + 1u], {t}[{t}at_{n} + 2u], {t}[{t}at_{n} + 3u]);\n\
              {ind}let {t}new_{n} = {t}old_{n} + {t}_{i}_{n};\n\
              {ind}{t}_{i}_{n} = two_sum_err4({t}old_{n}, {t}_{i}_{n}, {t}new_{n});"
@@ -492,14 +518,27 @@ fn flush_add(b: &mut String, tiling: &Tiling, t: &str, i: u32) {
         for (k, c) in ["x", "y", "z", "w"].iter().enumerate() {
             let _ = write!(add, "\n{ind}{t}[{t}at_{n} + {k}u] = {t}new_{n}.{c};");
         }
-        let _ = writeln!(b, "{ind}{}", tiling.guarded(n, &add, ind));
+        let guarded = match index::within(spec, width, &format!("(tx + {n}u * TX) * 4u")) {
+            None => tiling.guarded(n, &add, ind),
+            Some(c) => {
+                let cond = match tiling.column_guard(n) {
+                    Some(g) => format!("{g} && {c}"),
+                    None => c,
+                };
+                format!("if ({cond}) {{\n{ind}    {}\n{ind}}}", add.replace('\n', "\n    "))
+            }
+        };
+        let _ = writeln!(b, "{ind}{guarded}");
     }
 }
 
 /// Schedule (c): dQ += dS·K for the staged queries, added into `dq` by atomics. Each
 /// invocation takes (query, vec4 column) pairs, so a warp reads one dS entry (broadcast)
 /// and consecutive rows of K.
-const SCATTER_DQ: &str = r#"        for (var e = tid; e < BC * D4; e = e + WG) {
+const SCATTER_DQ: Template = Template {
+    name: "scatter_dq",
+    needs: &[],
+    text: r#"        for (var e = tid; e < BC * D4; e = e + WG) {
             let qq = e / D4;
             let c4 = e % D4;
             let s = s0 + qq;
@@ -510,7 +549,7 @@ const SCATTER_DQ: &str = r#"        for (var e = tid; e < BC * D4; e = e + WG) {
                     acc = fma(vec4<f32>(w), sh_k[r * ROW4 + c4], acc);
                 }
             }
-            if (s < dims.seq_len && any(acc != vec4<f32>(0.0))) {
+            if ($cond) {
                 let at = q_index(s, h) + c4 * 4u;
                 add_dq(at, acc.x);
                 add_dq(at + 1u, acc.y);
@@ -518,7 +557,8 @@ const SCATTER_DQ: &str = r#"        for (var e = tid; e < BC * D4; e = e + WG) {
                 add_dq(at + 3u, acc.w);
             }
         }
-"#;
+"#,
+};
 
 /// Schedule (b): dK += dSᵀ·Q and dV += Pᵀ·dO for the staged keys, summed over the tile's
 /// query rows and added into `dkv` by atomics, once per block (not once per product).

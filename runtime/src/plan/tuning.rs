@@ -48,13 +48,24 @@ pub fn flash_backward_in(
     config: FlashConfig,
     dtype: Dtype,
 ) -> Result<[KernelAbi; 2], DslError> {
-    flash_backward_phases(head_dim, masks, config, dtype, Phases::ALL)
+    flash_backward_dims((head_dim, head_dim), masks, config, dtype)
+}
+
+/// [`flash_backward_in`] with Q and K rows `dims.0` wide and V, O, dO and dV rows `dims.1`
+/// (MLA's 192 and 128), the tiling laid out for the wider.
+pub fn flash_backward_dims(
+    dims: (u32, u32),
+    masks: Masks,
+    config: FlashConfig,
+    dtype: Dtype,
+) -> Result<[KernelAbi; 2], DslError> {
+    flash_backward_phases(dims, masks, config, dtype, Phases::ALL)
 }
 
 /// [`flash_backward_in`] with a tensor-core configuration's block loops cut to the phases
 /// in `keep` (`bench --only phases`; not a backward unless `keep` is [`Phases::ALL`]).
 pub fn flash_backward_phases(
-    head_dim: u32,
+    (head_dim, head_dim_v): (u32, u32),
     masks: Masks,
     config: FlashConfig,
     dtype: Dtype,
@@ -69,7 +80,8 @@ pub fn flash_backward_phases(
             masks,
             config,
         )
-    };
+    }
+    .with_head_dim_v(head_dim_v);
     q.writes.extend(masks.score_grad_writes());
     q.fit_target();
     let mut kv = KernelSpec {
@@ -85,7 +97,8 @@ pub fn flash_backward_phases(
             masks,
             config,
         )
-    };
+    }
+    .with_head_dim_v(head_dim_v);
     kv.fit_target();
     Ok([
         attn_dsl::compile_phases(&q, keep)?,
@@ -164,13 +177,23 @@ pub fn flash_scatter(
     config: FlashConfig,
     scatter: attn_dsl::Scatter,
 ) -> Result<KernelAbi, DslError> {
+    flash_scatter_dims((head_dim, head_dim), masks, config, scatter)
+}
+
+/// [`flash_scatter`] with Q and K rows `dims.0` wide and V, O, dO and dV rows `dims.1`.
+pub fn flash_scatter_dims(
+    dims: (u32, u32),
+    masks: Masks,
+    config: FlashConfig,
+    scatter: attn_dsl::Scatter,
+) -> Result<KernelAbi, DslError> {
     use attn_dsl::WriteMode::{AtomicScatter, Owned};
     let writes = [("dk", Owned), ("dv", Owned), ("dq", AtomicScatter)];
-    let name = family_name("attention_backward_flash", head_dim);
+    let name = family_name("attention_backward_flash", dims.0);
     atomic_kernel(
         &name,
         Op::BackwardKv,
-        head_dim,
+        dims,
         masks,
         config,
         &writes,
@@ -192,7 +215,7 @@ pub fn flash_streaming(
     atomic_kernel(
         &name,
         Op::BackwardQ,
-        head_dim,
+        (head_dim, head_dim),
         masks,
         config,
         &writes,
@@ -205,7 +228,7 @@ pub fn flash_streaming(
 fn atomic_kernel(
     name: &str,
     op: Op,
-    head_dim: u32,
+    (head_dim, head_dim_v): (u32, u32),
     masks: Masks,
     config: FlashConfig,
     writes: &[(&str, attn_dsl::WriteMode)],
@@ -219,7 +242,8 @@ fn atomic_kernel(
             .collect(),
         scatter,
         ..KernelSpec::flash(name, op, head_dim, masks, config)
-    };
+    }
+    .with_head_dim_v(head_dim_v);
     spec.fit_target();
     attn_dsl::compile(&spec)
 }

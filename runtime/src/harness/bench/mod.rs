@@ -611,7 +611,7 @@ fn phase_backwards(
         .into_iter()
         .map(|(name, keep)| {
             let label = format!("phases backward tiled-{} f16: {name}", config.label());
-            let abis = tuning::flash_backward_phases(heads.head_dim, masks, config, dtype, keep)
+            let abis = tuning::flash_backward_phases(heads.dims(), masks, config, dtype, keep)
                 .map_err(|e| Error::Pipeline {
                     kernel: label.clone(),
                     message: e.to_string(),
