@@ -193,21 +193,34 @@ impl Backward {
         masks: Masks,
         dtype: Dtype,
     ) -> Result<(), Error> {
+        self.add_in_dims(gpu, (head_dim, head_dim), masks, dtype)
+    }
+
+    /// [`Backward::add_in`] with Q and K rows `dims.0` wide and V, O, dO and dV rows
+    /// `dims.1` (MLA's 192 and 128): the tilings of the wider row.
+    pub fn add_in_dims(
+        &mut self,
+        gpu: &Gpu,
+        (head_dim, head_dim_v): (u32, u32),
+        masks: Masks,
+        dtype: Dtype,
+    ) -> Result<(), Error> {
+        let dims = (head_dim, head_dim_v);
         let dsl = |e: attn_dsl::DslError| Error::Pipeline {
-            kernel: format!("backward d{head_dim} {}", dtype.name()),
+            kernel: format!("backward d{head_dim}/{head_dim_v} {}", dtype.name()),
             message: e.to_string(),
         };
         if dtype == Dtype::F32 {
             // Every f32 schedule, as `add` has them.
-            let set = BackwardKernels::compile(head_dim, masks).map_err(dsl)?;
+            let set = BackwardKernels::compile_dims(dims, masks).map_err(dsl)?;
             return self.add(gpu, &set);
         }
-        let prep = tuning::backward_prep_in(head_dim, dtype).map_err(dsl)?;
-        let configs = tuning::backward_candidates_in(gpu, head_dim, dtype);
-        let schedules = tiled_abis(gpu, ((head_dim, head_dim), masks, dtype), &configs)?;
+        let prep = tuning::backward_prep_dims(dims, dtype).map_err(dsl)?;
+        let configs = tuning::backward_candidates_in(gpu, head_dim.max(head_dim_v), dtype);
+        let schedules = tiled_abis(gpu, (dims, masks, dtype), &configs)?;
         self.hold(Compiled {
             head_dim,
-            head_dim_v: head_dim,
+            head_dim_v,
             dtype,
             prep_abi: prep,
             prep: None,
@@ -547,7 +560,7 @@ pub fn tiled_abis(
             continue;
         }
         if config.matrix == attn_dsl::Matrix::Coop16 {
-            let spread = tuning::flash_backward_scattered(head_dim, masks, *config, scatter(gpu))
+            let spread = tuning::flash_backward_scattered_dims(dims, masks, *config, scatter(gpu))
                 .map_err(dsl)?;
             scattered.push((Schedule::Scattered(*config), vec![q.clone(), spread]));
         }

@@ -246,10 +246,9 @@ fn check_head_dim_v(spec: &KernelSpec) -> Result<(), DslError> {
         spec.op,
         Op::DecodeSplit | Op::DecodeReduce | Op::CacheAppend
     );
-    // The backward takes them on the per-row and the scalar flash grids, without the
-    // streaming schedule's `dkv` lanes (one buffer holding dK and dV at one width).
+    // The backward takes them on every grid, without the streaming schedule's `dkv` lanes
+    // (one buffer holding dK and dV at one width).
     let backward = matches!(spec.op, Op::BackwardPrep | Op::BackwardQ | Op::BackwardKv)
-        && !spec.grid.uses_coop()
         && spec.write_mode("dkv").is_none();
     if !(vec4_op || backward || matches!(spec.op, Op::Forward | Op::Decode)) {
         return Err(DslError::spec(
@@ -257,7 +256,8 @@ fn check_head_dim_v(spec: &KernelSpec) -> Result<(), DslError> {
             format!(
                 "head_dim_v {dv} differs from head_dim {hd}, and op {} on this grid does not \
                  take rows of two widths yet (the forward, the decode, the cache append and \
-                 the backward on scalar grids without a `dkv` scatter do); drop head_dim_v",
+                 the backward without the streaming schedule's `dkv` scatter do); drop \
+                 head_dim_v",
                 spec.op.name()
             ),
         ));

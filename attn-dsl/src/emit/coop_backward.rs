@@ -19,7 +19,7 @@ use super::writer::{Fragment, Template, Wgsl};
 use std::fmt::Write;
 
 use super::coop::{self, A, C, CoopTiling, FRAG, Phases};
-use super::index::Rows;
+use super::index::{self, Row, Rows};
 use crate::spec::{KernelSpec, Op, WriteMode};
 
 /// The half's names: its body, the owned and streamed (fetch name, tensor, index)
@@ -51,6 +51,11 @@ const KV_HALF: Half = Half {
     streamed: [("q", "q", Rows::Q), ("do", "d_o", Rows::O)],
     sums: &[("dv", "dv", "sh_p", "p", 1), ("dk", "dk", "sh_ds", "ds", 0)],
 };
+
+/// Whether an accumulator's output has V's rows (dV) rather than Q's and K's (dQ, dK).
+fn v_rows(output: &str) -> bool {
+    output == "dv"
+}
 
 /// Whether the key-major half adds dK and dV by atomics: then each workgroup serves one
 /// query head (the grid walks query heads, not KV heads), so a small problem spreads over
@@ -104,7 +109,7 @@ pub(super) fn kernel(out: &mut Wgsl, spec: &KernelSpec, t: &CoopTiling, keep: Ph
         };
     }
     products(&mut b, t, half, &elementwise.text, keep);
-    finish(&mut b, t, half, kv, scattered);
+    finish(&mut b, (spec, t), half, kv, scattered);
     out.put(Fragment {
         text: b,
         needs: elementwise.needs,
@@ -186,12 +191,13 @@ fn prologue(b: &mut String, t: &CoopTiling, half: &Half, kv: bool, scattered: bo
             "tile_key_range"
         },
     );
-    for (i, tag) in ["oa", "ob"].into_iter().enumerate() {
+    // The first owned tensor is Q or K (S's operand), the second dO or V (dP's).
+    for (i, (tag, frags)) in [("oa", t.qk_frags), ("ob", t.v_frags)].into_iter().enumerate() {
         let _ = writeln!(
             b,
             "    workgroupBarrier();\n    stage_own{i}({row0}, {head}, tid);\n    workgroupBarrier();"
         );
-        for k in 0..t.head_dim / FRAG {
+        for k in 0..frags {
             let _ = writeln!(
                 b,
                 "    let {tag}_{k} = coopLoadT<{A}>(&sh_kv[rg * {FRAG}u * KS + {}u], KS);",
@@ -202,8 +208,8 @@ fn prologue(b: &mut String, t: &CoopTiling, half: &Half, kv: bool, scattered: bo
     if !kv {
         tensor_core_delta(b, t);
     }
-    for (acc, ..) in half.sums {
-        for n in 0..t.head_dim / FRAG / t.split {
+    for (acc, output, ..) in half.sums {
+        for n in 0..t.sum_frags(v_rows(output)) / t.split {
             let _ = writeln!(b, "    var {acc}_{n} = {C}();");
         }
     }
@@ -410,9 +416,10 @@ fn products(b: &mut String, t: &CoopTiling, half: &Half, elementwise: &str, keep
     b.push_str(elementwise);
     b.push_str("        workgroupBarrier();\n");
     if keep.accumulate {
-        for (acc, _, src, tag, which) in half.sums {
+        for (acc, output, src, tag, which) in half.sums {
             let base = if *which == 0 { "0u" } else { "BC" };
-            coop::weighted_sum(b, t, t.head_dim / FRAG, (src, tag), base, acc);
+            let frags = t.sum_frags(v_rows(output));
+            coop::weighted_sum(b, t, frags, (src, tag), base, acc);
         }
     }
     b.push_str("    }\n");
@@ -454,8 +461,13 @@ const KV_ELEMENTWISE: Template = Template {
 
 /// Each accumulator into its output through the subgroup's 16x16 corner of sh_s, a
 /// fragment at a time, added to what the output holds.
-fn finish(b: &mut String, t: &CoopTiling, half: &Half, kv: bool, scattered: bool) {
-    let mine = t.head_dim / FRAG / t.split;
+fn finish(
+    b: &mut String,
+    (spec, t): (&KernelSpec, &CoopTiling),
+    half: &Half,
+    kv: bool,
+    scattered: bool,
+) {
     let (row0, index) = match kv {
         true => ("col0", "kv_index(out_row, kv_h)"),
         false => ("row0", "q_index(out_row, h)"),
@@ -466,18 +478,37 @@ fn finish(b: &mut String, t: &CoopTiling, half: &Half, kv: bool, scattered: bool
          let base = {index};\n    let c8 = (lane % 2u) * 8u;\n    \
          let x = pr * SS + part * 16u + c8;\n"
     );
+    // dV's rows have their own width and offsets where the widths differ.
+    let split_v = spec.split_dims() && half.sums.iter().any(|(_, o, ..)| v_rows(o));
+    if split_v {
+        b.push_str("    let base_v = v_index(out_row, kv_h);\n");
+    }
     for (acc, output, ..) in half.sums {
+        let row = match v_rows(output) {
+            true => Row::V,
+            false => Row::Qk,
+        };
+        let mine = t.sum_frags(row == Row::V) / t.split;
+        let base = if split_v && row == Row::V {
+            "base_v"
+        } else {
+            "base"
+        };
         let add = match scattered {
             true => format!("add_{output}(at + e, sh_s[x + e]);"),
             false => format!("{output}[at + e] = {output}[at + e] + sh_s[x + e];"),
         };
         for n in 0..mine {
+            // A fragment past the end of its tensor's row (the width's fragments summed
+            // where the split cannot share the row's evenly) is not stored.
+            let first = format!("(part * {mine}u + {n}u) * {FRAG}u");
+            let stored = index::and_within(spec, "out_row < dims.seq_len", row, &first);
             let _ = write!(
                 b,
                 "    workgroupBarrier();\n    \
                  coopStoreT({acc}_{n}, &sh_s[rg * {FRAG}u * SS + part * 16u], SS);\n    \
-                 workgroupBarrier();\n    if (out_row < dims.seq_len) {{\n        \
-                 let at = base + (part * {mine}u + {n}u) * {FRAG}u + c8;\n        \
+                 workgroupBarrier();\n    if ({stored}) {{\n        \
+                 let at = {base} + {first} + c8;\n        \
                  for (var e = 0u; e < 8u; e = e + 1u) {{\n            \
                  {add}\n        }}\n    }}\n"
             );

@@ -55,6 +55,17 @@ impl CoopTiling {
         })
     }
 
+    /// Fragments of a backward accumulator (dQ, dK: `v_rows` false; dV: true): its
+    /// tensor's row where the subgroups of a split share them evenly, else the width's (the
+    /// columns past the row sum zeros and are not stored).
+    pub fn sum_frags(&self, v_rows: bool) -> u32 {
+        match v_rows {
+            true => self.v_frags,
+            false if self.qk_frags.is_multiple_of(self.split) => self.qk_frags,
+            false => self.head_dim / FRAG,
+        }
+    }
+
     /// Row strides, in elements, of the staged f16 rows, of S (f32) and of P (f16): each a
     /// multiple of 16 bytes, so that every 16x16 load and store starts 16-byte aligned.
     pub(crate) fn strides(&self) -> (u32, u32, u32) {

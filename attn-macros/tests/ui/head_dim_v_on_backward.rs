@@ -1,17 +1,14 @@
-// Rows of two widths (head_dim_v) reach the backward's scalar grids, not yet the tensor
-// cores' (nor the streaming schedule's `dkv` lanes).
+// Rows of two widths (head_dim_v) reach every backward schedule but the streaming one, whose
+// `dkv` lanes hold dK and dV in one buffer at one width.
 attn_macros::attention_kernel! {
-    pub dkdv_mla {
-        op: backward_kv,
-        grid: j_major(tile = 64, query_tile = 32, rows_per_thread = 16, matrix = coop16),
+    pub streaming_mla {
+        op: backward_q,
+        grid: s_major(flash),
         head_dim: 128,
         head_dim_v: 64,
         masks: [causal],
-        target: native(workgroup_storage = 38160),
-        workgroup_size: 256,
-        dtype: f16,
-        source: recompute,
-        writes: { dk: owned, dv: owned },
+        target: webgpu,
+        writes: { dq: owned, dkv: atomic },
     }
 }
 

@@ -1484,11 +1484,8 @@ impl Job {
             Dtype::F32,
             &results,
         )?);
-        // Half precision has its tiled schedules only, which take one width so far.
-        if h.head_dim_v == h.head_dim {
-            for dtype in gpu.half_dtypes() {
-                rows.extend(self.half_backward(gpu, runner, case, &input, dtype)?);
-            }
+        for dtype in gpu.half_dtypes() {
+            rows.extend(self.half_backward(gpu, runner, case, &input, dtype)?);
         }
         Ok(rows)
     }
@@ -1525,13 +1522,13 @@ impl Job {
             ..*input
         };
         let backward = runner.backward_for(gpu, h.dims(), self.masks())?;
-        if backward.schedules_in(gpu, h.head_dim, dtype).is_empty() {
-            backward.add_in(gpu, h.head_dim, self.masks(), dtype)?;
+        if backward.schedules_of(h.dims(), dtype).is_empty() {
+            backward.add_in_dims(gpu, h.dims(), self.masks(), dtype)?;
         }
         let plan = backward.plan_in(gpu, self.batch, self.seq, h, dtype);
         let mut rows = Vec::new();
         let mut results = Vec::new();
-        for schedule in backward.schedules_in(gpu, h.head_dim, dtype) {
+        for schedule in backward.schedules_of(h.dims(), dtype) {
             let (g, _) = backward
                 .run_in(gpu, &input, Some(schedule), dtype)
                 .block_on()?;

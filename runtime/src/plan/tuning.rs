@@ -114,13 +114,24 @@ pub fn flash_backward_scattered(
     config: FlashConfig,
     scatter: attn_dsl::Scatter,
 ) -> Result<KernelAbi, DslError> {
-    let name = family_name("attention_backward_dkdv_flash_scattered", head_dim);
-    attn_dsl::compile(&scattered_spec(&name, head_dim, masks, config, scatter))
+    flash_backward_scattered_dims((head_dim, head_dim), masks, config, scatter)
+}
+
+/// [`flash_backward_scattered`] with Q and K rows `dims.0` wide and V, dO and dV rows
+/// `dims.1`.
+pub fn flash_backward_scattered_dims(
+    dims: (u32, u32),
+    masks: Masks,
+    config: FlashConfig,
+    scatter: attn_dsl::Scatter,
+) -> Result<KernelAbi, DslError> {
+    let name = family_name("attention_backward_dkdv_flash_scattered", dims.0);
+    attn_dsl::compile(&scattered_spec(&name, dims, masks, config, scatter))
 }
 
 fn scattered_spec(
     name: &str,
-    head_dim: u32,
+    (head_dim, head_dim_v): (u32, u32),
     masks: Masks,
     config: FlashConfig,
     scatter: attn_dsl::Scatter,
@@ -131,23 +142,33 @@ fn scattered_spec(
         writes: vec![("dk".into(), AtomicScatter), ("dv".into(), AtomicScatter)],
         scatter,
         ..KernelSpec::flash(name, Op::BackwardKv, head_dim, masks, config)
-    };
+    }
+    .with_head_dim_v(head_dim_v);
     kv.fit_target();
     kv
 }
 
 /// The backward's prep (D = rowsum(dO ∘ O), packed with LSE) reading O and dO in `dtype`.
 pub fn backward_prep_in(head_dim: u32, dtype: Dtype) -> Result<KernelAbi, DslError> {
+    backward_prep_dims((head_dim, head_dim), dtype)
+}
+
+/// [`backward_prep_in`] with O and dO rows `dims.1` wide beside Q's `dims.0`.
+pub fn backward_prep_dims(
+    (head_dim, head_dim_v): (u32, u32),
+    dtype: Dtype,
+) -> Result<KernelAbi, DslError> {
     let mut spec = KernelSpec {
         dtype,
-        workgroup_size: head_dim.next_power_of_two().max(32),
+        workgroup_size: head_dim.max(head_dim_v).next_power_of_two().max(32),
         ..KernelSpec::standard(
             &family_name("attention_backward_prep", head_dim),
             Op::BackwardPrep,
             head_dim,
             Masks::default(),
         )
-    };
+    }
+    .with_head_dim_v(head_dim_v);
     spec.fit_target();
     attn_dsl::compile(&spec)
 }
@@ -710,7 +731,7 @@ mod tests {
             (attn_dsl::Scatter::Cas, &family::ABI),
             (attn_dsl::Scatter::F32Atomic, &family::ABI_F32_ATOMIC),
         ] {
-            let spec = scattered_spec(&abi.name, 64, Masks::new(true, true), first, scatter);
+            let spec = scattered_spec(&abi.name, (64, 64), Masks::new(true, true), first, scatter);
             assert_eq!(&attn_dsl::compile(&spec).unwrap(), abi);
         }
     }
@@ -761,6 +782,30 @@ mod tests {
                     assert!(abi.wgsl.contains("add_dv(at + e, sh_s[x + e]);"));
                     assert!(abi.wgsl.contains("let kv_h = kv_head(qh);"));
                 }
+            }
+        }
+    }
+
+    /// The tensor-core backward at two widths: every candidate of the wider width compiles
+    /// (naga-validated) in both halves and the scattered key-major half, dV stored at its
+    /// own offsets and dK, dQ at theirs.
+    #[test]
+    fn tensor_core_backward_takes_rows_of_two_widths() {
+        let masks = Masks::new(true, true);
+        for dims in [(192, 128), (64, 128), (128, 64)] {
+            let width = dims.0.max(dims.1);
+            let configs =
+                attn_dsl::configs::coop_backward(width, attn_dsl::configs::CANDIDATE_WORKGROUP_BYTES);
+            assert!(!configs.is_empty(), "{dims:?}");
+            for config in configs {
+                let what = format!("{dims:?} {}", config.label());
+                let [q, kv] = flash_backward_dims(dims, masks, config, Dtype::F16)
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert_eq!((q.head_dim, q.head_dim_v()), dims);
+                assert!(kv.wgsl.contains("let base_v = v_index(out_row, kv_h);"), "{what}");
+                let scatter = attn_dsl::Scatter::Cas;
+                flash_backward_scattered_dims(dims, masks, config, scatter)
+                    .unwrap_or_else(|e| panic!("scattered {what}: {e}"));
             }
         }
     }
