@@ -610,11 +610,17 @@ fn forward_takes_v_rows_of_another_width() {
             let mut spec = KernelSpec::standard("b", op, head_dim, masks);
             spec.workgroup_size = spec.workgroup_size.max(head_dim.max(head_dim_v));
             if op == Op::BackwardKv {
-                spec.writes = vec![("dk".into(), WriteMode::Owned), ("dv".into(), WriteMode::Owned)];
+                spec.writes = vec![
+                    ("dk".into(), WriteMode::Owned),
+                    ("dv".into(), WriteMode::Owned),
+                ];
             }
             let abi = compile(&spec.with_head_dim_v(head_dim_v))
                 .unwrap_or_else(|e| panic!("{op:?} {head_dim}/{head_dim_v}: {e}"));
-            assert!(abi.wgsl.contains(&format!("const V_DIM: u32 = {head_dim_v}u;")));
+            assert!(
+                abi.wgsl
+                    .contains(&format!("const V_DIM: u32 = {head_dim_v}u;"))
+            );
         }
     }
     // The scalar flash backward takes them too; the streaming schedule's `dkv` lanes (dK and

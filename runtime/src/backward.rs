@@ -400,7 +400,12 @@ impl Backward {
             .compiled
             .iter()
             .find(|c| (c.head_dim, c.dtype) == (head_dim, dtype) && c.head_dim_v != dims.1)
-            .filter(|_| !self.compiled.iter().any(|c| (c.dims(), c.dtype) == (dims, dtype)))
+            .filter(|_| {
+                !self
+                    .compiled
+                    .iter()
+                    .any(|c| (c.dims(), c.dtype) == (dims, dtype))
+            })
         {
             return Err(InputError::HeadDimV {
                 kernel: format!("backward {}", dtype.name()),

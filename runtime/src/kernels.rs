@@ -575,21 +575,23 @@ impl BackwardKernels {
     ) -> Result<BackwardKernels, DslError> {
         use WriteMode::{Owned, ScratchFlush};
         // The dQ kernels see every dS, so they write dBias and the modifiers' gradients.
-        let spec = |name: &str, op, writes: &[(&str, WriteMode)], source| KernelSpec {
-            writes: writes
-                .iter()
-                .map(|(n, m)| (n.to_string(), *m))
-                .chain(
-                    masks
-                        .score_grad_writes()
-                        .into_iter()
-                        .filter(|_| op == Op::BackwardQ),
-                )
-                .collect(),
-            source,
-            ..KernelSpec::standard(name, op, head_dim, masks)
-        }
-        .with_head_dim_v(head_dim_v);
+        let spec = |name: &str, op, writes: &[(&str, WriteMode)], source| {
+            KernelSpec {
+                writes: writes
+                    .iter()
+                    .map(|(n, m)| (n.to_string(), *m))
+                    .chain(
+                        masks
+                            .score_grad_writes()
+                            .into_iter()
+                            .filter(|_| op == Op::BackwardQ),
+                    )
+                    .collect(),
+                source,
+                ..KernelSpec::standard(name, op, head_dim, masks)
+            }
+            .with_head_dim_v(head_dim_v)
+        };
         let prep = KernelSpec {
             workgroup_size: head_dim.max(head_dim_v).next_power_of_two().max(32),
             ..KernelSpec::standard(

@@ -537,7 +537,10 @@ fn a_cache_of_two_widths_appends_and_decodes() {
     let q = random((slots * h.n_heads * h.head_dim) as usize, 43);
     let run = |layout| decode_after_appends(&gpu, (h, layout), (&k, &v, &q), (slots, len, prompt));
     let contiguous = run(CacheLayout::Contiguous { capacity: 64 });
-    assert_eq!(contiguous.len(), (slots * h.n_heads * h.head_dim_v) as usize);
+    assert_eq!(
+        contiguous.len(),
+        (slots * h.n_heads * h.head_dim_v) as usize
+    );
     let problem = last_row_of(h, slots, len);
     for (name, verdict) in judge_attention(&problem, [&q, &k, &v], &contiguous, None) {
         assert!(verdict.pass(), "{name}: {verdict:?}");
@@ -561,10 +564,16 @@ fn a_cache_of_two_widths_appends_and_decodes() {
     let mut encoder = gpu.device.create_command_encoder(&Default::default());
     cache.open(&mut encoder, 0).unwrap();
     let wide = Tensor::zeros(&gpu, &[1, 1, h.n_kv_heads, h.head_dim], Scalar::F32);
-    let e = cache.append(&gpu, &mut encoder, 0, &wide, &wide).unwrap_err();
+    let e = cache
+        .append(&gpu, &mut encoder, 0, &wide, &wide)
+        .unwrap_err();
     assert!(e.to_string().contains("v_new"), "{e}");
     assert!(e.to_string().contains("head_dim_v"), "{e}");
-    assert_eq!(cache.len(0), Some(0), "a refused append leaves the cache as it was");
+    assert_eq!(
+        cache.len(0),
+        Some(0),
+        "a refused append leaves the cache as it was"
+    );
 }
 
 #[test]

@@ -47,7 +47,9 @@ fn o_rows(spec: &KernelSpec, same: &str, own: &str) -> String {
 /// `dst[tid] = src[at + tid]`, zero past the end of a `row` narrower than the kernel's width.
 fn stage_row(spec: &KernelSpec, row: index::Row, dst: &str, src: &str, at: &str) -> String {
     match index::within(spec, row, "tid") {
-        Some(c) => format!("{dst}[tid] = 0.0;\nif ({c}) {{\n    {dst}[tid] = {src}[{at} + tid];\n}}\n"),
+        Some(c) => {
+            format!("{dst}[tid] = 0.0;\nif ({c}) {{\n    {dst}[tid] = {src}[{at} + tid];\n}}\n")
+        }
         None => format!("{dst}[tid] = {src}[{at} + tid];\n"),
     }
 }

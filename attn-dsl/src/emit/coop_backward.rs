@@ -192,7 +192,10 @@ fn prologue(b: &mut String, t: &CoopTiling, half: &Half, kv: bool, scattered: bo
         },
     );
     // The first owned tensor is Q or K (S's operand), the second dO or V (dP's).
-    for (i, (tag, frags)) in [("oa", t.qk_frags), ("ob", t.v_frags)].into_iter().enumerate() {
+    for (i, (tag, frags)) in [("oa", t.qk_frags), ("ob", t.v_frags)]
+        .into_iter()
+        .enumerate()
+    {
         let _ = writeln!(
             b,
             "    workgroupBarrier();\n    stage_own{i}({row0}, {head}, tid);\n    workgroupBarrier();"

@@ -157,7 +157,8 @@ fn kv4_index(j: u32, kv_h: u32) -> u32 {
 ";
 
 /// Rows of two widths: the cache row of key j (head kv_h), then K's and V's offsets in it.
-const CONTIGUOUS_ROW: &str = "// [b, j, kv_h, d] in vec4s of each tensor's width; the query [b, h, d] likewise.
+const CONTIGUOUS_ROW: &str =
+    "// [b, j, kv_h, d] in vec4s of each tensor's width; the query [b, h, d] likewise.
 fn kv_row(j: u32, kv_h: u32) -> u32 {
     return (batch * dims.capacity + j) * dims.n_kv_heads + kv_h;
 }

@@ -506,7 +506,13 @@ const FLUSH_KEYS: u32 = 256;
 /// `t[base + columns] += acc` for row `i` of the invocation, compensated: `acc` keeps the
 /// rounding error of the add, so that the next flush adds it back. Only columns within the
 /// tensor's row are added (a narrower row of two widths ends before the tiling's).
-fn flush_add(b: &mut String, (spec, tiling): (&KernelSpec, &Tiling), (t, width): (&str, Row), i: u32, base: &str) {
+fn flush_add(
+    b: &mut String,
+    (spec, tiling): (&KernelSpec, &Tiling),
+    (t, width): (&str, Row),
+    i: u32,
+    base: &str,
+) {
     let ind = "                ";
     for n in 0..tiling.dn {
         let mut add = format!(
@@ -525,7 +531,10 @@ fn flush_add(b: &mut String, (spec, tiling): (&KernelSpec, &Tiling), (t, width):
                     Some(g) => format!("{g} && {c}"),
                     None => c,
                 };
-                format!("if ({cond}) {{\n{ind}    {}\n{ind}}}", add.replace('\n', "\n    "))
+                format!(
+                    "if ({cond}) {{\n{ind}    {}\n{ind}}}",
+                    add.replace('\n', "\n    ")
+                )
             }
         };
         let _ = writeln!(b, "{ind}{guarded}");

@@ -293,16 +293,11 @@ fn run(args: Args) -> anyhow::Result<()> {
         &KernelSpec::standard("attention_forward", Op::Forward, d, masks).with_head_dim_v(dv),
     )
     .with_context(|| format!("no forward kernel for head_dim {d}, head_dim_v {dv}"))?;
-    if t.d_o.is_some() && dv != d {
-        bail!(
-            "v's rows are {dv} wide and q's {d}: the backward takes rows of one width so far; \
-             drop --do to run the forward"
-        );
-    }
     let backward = match &t.d_o {
         Some(_) => Some(
-            BackwardKernels::compile(d, masks)
-                .with_context(|| format!("no backward kernels for head_dim {d}"))?,
+            BackwardKernels::compile_dims((d, dv), masks).with_context(|| {
+                format!("no backward kernels for head_dim {d}, head_dim_v {dv}")
+            })?,
         ),
         None => None,
     };
@@ -370,9 +365,10 @@ fn run(args: Args) -> anyhow::Result<()> {
             .map(u64::from)
             .collect()
     };
-    let (q_shape, kv_shape) = (
+    let (q_shape, kv_shape, v_shape) = (
         shape(t.heads.n_heads, Some(d)),
         shape(t.heads.n_kv_heads, Some(d)),
+        shape(t.heads.n_kv_heads, Some(dv)),
     );
     write(
         &args.out,
@@ -391,7 +387,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         let mut backward = Backward::new(&gpu, &[kernels])?;
         backward.deterministic = args.deterministic;
         if t.dtype != Dtype::F32 {
-            backward.add_in(&gpu, d, masks, t.dtype)?;
+            backward.add_in_dims(&gpu, (d, dv), masks, t.dtype)?;
         }
         let input = BackwardInput {
             batch: t.batch,
@@ -409,7 +405,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         };
         let runs: Vec<(Option<Schedule>, PathBuf)> = match args.schedule.as_str() {
             "all" => backward
-                .schedules_in(&gpu, d, t.dtype)
+                .schedules_of((d, dv), t.dtype)
                 .into_iter()
                 .map(|s| (Some(s), args.out.join(s.to_string().replace('/', "_"))))
                 .collect(),
@@ -422,7 +418,7 @@ fn run(args: Args) -> anyhow::Result<()> {
                 .block_on()?;
             write(&dir, "dq", &q_shape, &g.dq, t.dtype)?;
             write(&dir, "dk", &kv_shape, &g.dk, t.dtype)?;
-            write(&dir, "dv", &kv_shape, &g.dv, t.dtype)?;
+            write(&dir, "dv", &v_shape, &g.dv, t.dtype)?;
             if let Some((shape, _, _)) = &values.bias {
                 write(&dir, "dbias", shape, &g.dbias, Dtype::F32)?;
             }

@@ -256,7 +256,20 @@ fn flex(gpu: &Gpu, args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `--head-dim-v`: the forward with V rows of another width, beside one width.
+fn print_width_row(r: &bench::head_dim_v::WidthRow) {
+    println!(
+        "  {:<10} {:>6} {:>6} {:>10.3} {:>8.1}  {}",
+        r.dtype.name(),
+        r.heads.head_dim,
+        r.heads.head_dim_v,
+        r.ms,
+        r.tflops,
+        r.config
+    );
+}
+
+/// `--head-dim-v`: the forward and the backward with V rows of another width, beside one
+/// width.
 fn widths(gpu: &Gpu, args: &Args, head_dim_v: u32) -> anyhow::Result<()> {
     anyhow::ensure!(
         args.head_dim.len() <= 1,
@@ -287,15 +300,29 @@ fn widths(gpu: &Gpu, args: &Args, head_dim_v: u32) -> anyhow::Result<()> {
         ] {
             let r =
                 bench::head_dim_v::forward(gpu, h, seq, (true, dtype), (args.warmup, args.runs))?;
-            println!(
-                "  {:<10} {:>6} {:>6} {:>10.3} {:>8.1}  {}",
-                r.dtype.name(),
-                r.heads.head_dim,
-                r.heads.head_dim_v,
-                r.ms,
-                r.tflops,
-                r.config
-            );
+            print_width_row(&r);
+        }
+    }
+    println!("backward, the same shapes (TFLOP/s: 2·S²·H·(3·d + 2·dv) / 2):");
+    let mut dtypes = vec![runtime::Dtype::F32];
+    dtypes.extend(gpu.half_dtypes());
+    for dtype in dtypes {
+        for h in [
+            at(head_dim, head_dim_v),
+            at(head_dim, head_dim),
+            at(head_dim_v, head_dim_v),
+        ] {
+            let timed =
+                bench::head_dim_v::backward(gpu, h, seq, (true, dtype), (args.warmup, args.runs));
+            match timed {
+                Ok(r) => print_width_row(&r),
+                Err(e) => println!(
+                    "  {:<10} {:>6} {:>6}  {e}",
+                    dtype.name(),
+                    h.head_dim,
+                    h.head_dim_v
+                ),
+            }
         }
     }
     Ok(())

@@ -141,9 +141,7 @@ pub fn decode(gpu: &Gpu, case: &Fp8Case, [q, k, v]: [&[f32]; 3]) -> Result<Fp8Ru
             for j in 0..case.len {
                 let at = stored_row(case.layout, &table, b, j) as usize * row;
                 let values = all[at..][..row].iter().enumerate();
-                out.extend(
-                    values.map(|(i, x)| x * scales[(i / width as usize) % scales.len()]),
-                );
+                out.extend(values.map(|(i, x)| x * scales[(i / width as usize) % scales.len()]));
             }
         }
         Ok(out)

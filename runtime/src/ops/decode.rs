@@ -201,18 +201,20 @@ pub(crate) fn abis(spec: &DecodeSpec) -> Result<[KernelAbi; 2], Error> {
     }
     let split = compile(&split)?;
     let name = crate::plan::tuning::family_name("attention_decode_reduce", spec.head_dim);
-    let reduce = compile(&KernelSpec {
-        source: Source::Scratch,
-        dtype: spec.dtype,
-        // The reduce joins the sinks (of the split's masks, only they apply there).
-        ..KernelSpec::standard(
-            &name,
-            Op::DecodeReduce,
-            spec.head_dim,
-            reduce_masks(spec.masks),
-        )
-    }
-    .with_head_dim_v(spec.head_dim_v))?;
+    let reduce = compile(
+        &KernelSpec {
+            source: Source::Scratch,
+            dtype: spec.dtype,
+            // The reduce joins the sinks (of the split's masks, only they apply there).
+            ..KernelSpec::standard(
+                &name,
+                Op::DecodeReduce,
+                spec.head_dim,
+                reduce_masks(spec.masks),
+            )
+        }
+        .with_head_dim_v(spec.head_dim_v),
+    )?;
     Ok([split, reduce])
 }
 
@@ -425,7 +427,12 @@ fn check(
     let mut tensors = vec![
         ("q", args.q, vec![batch, n_heads, head_dim], layout),
         ("k_cache", c.k, kv, kv_layout),
-        ("v_cache", c.v, vec![rows, per, n_kv_heads, head_dim_v], v_layout),
+        (
+            "v_cache",
+            c.v,
+            vec![rows, per, n_kv_heads, head_dim_v],
+            v_layout,
+        ),
         ("seq_lens", c.seq_lens, vec![batch], "[batch]"),
     ];
     if let Some(scales) = c.scales {

@@ -211,15 +211,7 @@ pub fn flash_scatter_dims(
     use attn_dsl::WriteMode::{AtomicScatter, Owned};
     let writes = [("dk", Owned), ("dv", Owned), ("dq", AtomicScatter)];
     let name = family_name("attention_backward_flash", dims.0);
-    atomic_kernel(
-        &name,
-        Op::BackwardKv,
-        dims,
-        masks,
-        config,
-        &writes,
-        scatter,
-    )
+    atomic_kernel(&name, Op::BackwardKv, dims, masks, config, &writes, scatter)
 }
 
 /// The streaming backward (schedule (b)) for `head_dim` and `masks`: the query-major kernel
@@ -794,15 +786,20 @@ mod tests {
         let masks = Masks::new(true, true);
         for dims in [(192, 128), (64, 128), (128, 64)] {
             let width = dims.0.max(dims.1);
-            let configs =
-                attn_dsl::configs::coop_backward(width, attn_dsl::configs::CANDIDATE_WORKGROUP_BYTES);
+            let configs = attn_dsl::configs::coop_backward(
+                width,
+                attn_dsl::configs::CANDIDATE_WORKGROUP_BYTES,
+            );
             assert!(!configs.is_empty(), "{dims:?}");
             for config in configs {
                 let what = format!("{dims:?} {}", config.label());
                 let [q, kv] = flash_backward_dims(dims, masks, config, Dtype::F16)
                     .unwrap_or_else(|e| panic!("{what}: {e}"));
                 assert_eq!((q.head_dim, q.head_dim_v()), dims);
-                assert!(kv.wgsl.contains("let base_v = v_index(out_row, kv_h);"), "{what}");
+                assert!(
+                    kv.wgsl.contains("let base_v = v_index(out_row, kv_h);"),
+                    "{what}"
+                );
                 let scatter = attn_dsl::Scatter::Cas;
                 flash_backward_scattered_dims(dims, masks, config, scatter)
                     .unwrap_or_else(|e| panic!("scattered {what}: {e}"));

@@ -1,20 +1,23 @@
-//! The forward with V and O rows of another width than Q and K (issue 29, item 1): MLA's
-//! 192/128 beside the same problem at one width (Q, K and V all at head_dim, and all at
-//! head_dim_v), through the recording API with the planner's kernel in each dtype.
+//! The forward and the backward with V and O rows of another width than Q and K (issue 29,
+//! item 1): MLA's 192/128 beside the same problem at one width (Q, K and V all at head_dim,
+//! and all at head_dim_v), through the recording API with the planner's kernels in each
+//! dtype.
 
 use attn_dsl::{Dtype, Masks, Scalar};
 
 use crate::attention::Heads;
+use crate::backward::Backward;
 use crate::error::Error;
+use crate::ops::backward::BackwardArgs;
 use crate::ops::forward::{Forward, ForwardArgs, ForwardSpec};
 use crate::tensor::Tensor;
 use crate::{Gpu, timing};
 
-/// One forward timed: its widths, dtype, median GPU time and FLOP rate.
+/// One forward or backward timed: its widths, dtype, median GPU time and FLOP rate.
 pub struct WidthRow {
     pub heads: Heads,
     pub dtype: Dtype,
-    /// The planner's configuration.
+    /// The planner's configuration (forward) or schedule (backward).
     pub config: String,
     pub ms: f64,
     pub tflops: f64,
@@ -64,5 +67,80 @@ pub fn forward(
         config,
         ms: t.median_ms,
         tflops: flops(h, seq, causal) / (t.median_ms * 1e-3) / 1e12,
+    })
+}
+
+/// FlashAttention's count for the backward's five products: S = Q·Kᵀ, dQ = dS·K and
+/// dK = dSᵀ·Q over head_dim, dP = dO·Vᵀ and dV = Pᵀ·dO over head_dim_v; halved when causal.
+pub fn backward_flops(h: Heads, seq: u32, causal: bool) -> f64 {
+    let pairs = f64::from(seq).powi(2) * if causal { 0.5 } else { 1.0 };
+    2.0 * pairs * f64::from(h.n_heads) * f64::from(3 * h.head_dim + 2 * h.head_dim_v)
+}
+
+/// The backward of `h` at `seq` (batch 1) in `dtype`, causal or not, in the planner's
+/// schedule, gradients overwritten each run.
+pub fn backward(
+    gpu: &Gpu,
+    h: Heads,
+    seq: u32,
+    (causal, dtype): (bool, Dtype),
+    (warmup, runs): (usize, usize),
+) -> Result<WidthRow, Error> {
+    let scalar = Scalar::from(dtype);
+    let tensor = |heads: u32, width: u32, scalar, seed| {
+        let shape = [1, seq, heads, width];
+        let n = shape.iter().map(|&d| d as usize).product();
+        Tensor::from_f32(gpu, &shape, scalar, &crate::cases::random(n, seed))
+    };
+    let (q, k) = (
+        tensor(h.n_heads, h.head_dim, scalar, 1)?,
+        tensor(h.n_kv_heads, h.head_dim, scalar, 2)?,
+    );
+    let v = tensor(h.n_kv_heads, h.head_dim_v, scalar, 3)?;
+    let (o, d_o) = (
+        tensor(h.n_heads, h.head_dim_v, scalar, 4)?,
+        tensor(h.n_heads, h.head_dim_v, scalar, 5)?,
+    );
+    // Any finite LSE times the same work; a small one keeps P within range.
+    let lse = Tensor::from_f32(
+        gpu,
+        &[1, seq, h.n_heads],
+        Scalar::F32,
+        &vec![8.0; (seq * h.n_heads) as usize],
+    )?;
+    let f32 = Scalar::F32;
+    let dq = Tensor::zeros(gpu, &[1, seq, h.n_heads, h.head_dim], f32);
+    let dk = Tensor::zeros(gpu, &[1, seq, h.n_kv_heads, h.head_dim], f32);
+    let dv = Tensor::zeros(gpu, &[1, seq, h.n_kv_heads, h.head_dim_v], f32);
+    let masks = Masks::new(causal, false);
+    let mut backward = Backward::new(gpu, &[])?;
+    backward.add_in_dims(gpu, h.dims(), masks, dtype)?;
+    let args = BackwardArgs {
+        q: &q,
+        k: &k,
+        v: &v,
+        o: &o,
+        lse: &lse,
+        d_o: &d_o,
+        dq: &dq,
+        dk: &dk,
+        dv: &dv,
+        dbias: None,
+        dsinks: None,
+        flex_grads: &[],
+        seg: None,
+        scale: None,
+        mods: Default::default(),
+        accumulate: false,
+    };
+    let (t, schedule) = timing::time_recorded(gpu, warmup, runs, |enc| {
+        backward.record(gpu, enc, &args, None)
+    })?;
+    Ok(WidthRow {
+        heads: h,
+        dtype,
+        config: schedule.to_string(),
+        ms: t.median_ms,
+        tflops: backward_flops(h, seq, causal) / (t.median_ms * 1e-3) / 1e12,
     })
 }
