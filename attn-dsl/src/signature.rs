@@ -563,7 +563,9 @@ pub fn dims(op: Op) -> UniformBlock {
             "_pad0",
         ],
         // vec4s of dK (and of dV) to sum.
-        Op::DkvReduce | Op::ToDtype | Op::FromDtype => &["len4", "_pad0", "_pad1", "_pad2"],
+        // len4_v: dV's vec4s beside dK's len4 (they differ where V's rows do).
+        Op::DkvReduce => &["len4", "len4_v", "_pad0", "_pad1"],
+        Op::ToDtype | Op::FromDtype => &["len4", "_pad0", "_pad1", "_pad2"],
         // elements of the gradient, and the lanes of the compensated sums.
         Op::GradFold => &["len", "lanes", "_pad0", "_pad1"],
         // rows: batch·seq; n_tiles: row tiles of the backward's grid (dW's and db's

@@ -623,19 +623,29 @@ fn forward_takes_v_rows_of_another_width() {
             );
         }
     }
-    // The scalar flash backward takes them too; the streaming schedule's `dkv` lanes (dK and
-    // dV in one buffer at one width) refuse them, for now.
+    // The flash backward takes them too, the streaming schedule's `dkv` lanes included
+    // (each lane dK's rows, then dV's, at their widths); a per-row `dkv` scatter refuses them.
     let config = attn_dsl::configs::for_description(Op::BackwardQ, 128, &limits, None).unwrap();
     let flash = KernelSpec::flash("b", Op::BackwardQ, 128, CAUSAL_DOC, config).with_head_dim_v(64);
     compile(&flash).unwrap_or_else(|e| panic!("flash backward 128/64: {e}"));
+    let dkv = vec![
+        ("dq".into(), WriteMode::Owned),
+        ("dkv".into(), WriteMode::AtomicScatter),
+    ];
+    let config = attn_dsl::configs::for_description(Op::BackwardQ, 64, &limits, None).unwrap();
     let streaming = KernelSpec {
-        writes: vec![
-            ("dq".into(), WriteMode::Owned),
-            ("dkv".into(), WriteMode::AtomicScatter),
-        ],
-        ..flash
-    };
-    assert_eq!(field_of(&streaming), Field::HeadDimV);
+        writes: dkv.clone(),
+        ..KernelSpec::flash("s", Op::BackwardQ, 64, CAUSAL_DOC, config)
+    }
+    .with_head_dim_v(32);
+    let abi = compile(&streaming).unwrap_or_else(|e| panic!("streaming 64/32: {e}"));
+    assert!(abi.wgsl.contains("fn dkv_lane() -> u32"));
+    let per_row = KernelSpec {
+        writes: dkv,
+        ..KernelSpec::standard("s", Op::BackwardQ, 128, CAUSAL_DOC)
+    }
+    .with_head_dim_v(64);
+    assert_eq!(field_of(&per_row), Field::HeadDimV);
     let config = attn_dsl::configs::for_description(Op::Forward, 128, &limits, None).unwrap();
     let ragged = KernelSpec::flash("r", Op::Forward, 128, CAUSAL_DOC, config).with_head_dim_v(62);
     assert_eq!(field_of(&ragged), Field::HeadDimV);

@@ -625,14 +625,11 @@ pub fn schedule_abis(
     // The tilings of the wider row.
     let candidates = tuning::backward_candidates(dims.0.max(dims.1));
     out.extend(tiled_abis(gpu, (dims, masks, Dtype::F32), &candidates)?);
-    // Rows of two widths: not the streaming schedule, whose lanes hold dK and dV at one
-    // width, so far.
     let streaming = candidates
         .iter()
-        .filter(|_| dims.0 == dims.1)
         .filter(|c| c.tile >= attn_dsl::check::MIN_STREAMING_TILE);
     for config in streaming {
-        let q = tuning::flash_streaming(head_dim, masks, *config, scatter)
+        let q = tuning::flash_streaming_dims(dims, masks, *config, scatter)
             .map_err(|e| dsl("streaming", e))?;
         if tuning::fits(gpu, &q) {
             out.push((Schedule::Streaming(*config), vec![q]));

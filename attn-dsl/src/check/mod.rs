@@ -246,18 +246,17 @@ fn check_head_dim_v(spec: &KernelSpec) -> Result<(), DslError> {
         spec.op,
         Op::DecodeSplit | Op::DecodeReduce | Op::CacheAppend
     );
-    // The backward takes them on every grid, without the streaming schedule's `dkv` lanes
-    // (one buffer holding dK and dV at one width).
+    // The backward takes them on every grid; a `dkv` scatter (dK and dV rows in one
+    // buffer, each at its width) on the flash grid only.
     let backward = matches!(spec.op, Op::BackwardPrep | Op::BackwardQ | Op::BackwardKv)
-        && spec.write_mode("dkv").is_none();
+        && (spec.write_mode("dkv").is_none() || spec.grid.flash.is_some());
     if !(vec4_op || backward || matches!(spec.op, Op::Forward | Op::Decode)) {
         return Err(DslError::spec(
             Field::HeadDimV,
             format!(
                 "head_dim_v {dv} differs from head_dim {hd}, and op {} on this grid does not \
                  take rows of two widths yet (the forward, the decode, the cache append and \
-                 the backward without the streaming schedule's `dkv` scatter do); drop \
-                 head_dim_v",
+                 the backward do, a `dkv` scatter on the flash grid only); drop head_dim_v",
                 spec.op.name()
             ),
         ));

@@ -20,7 +20,7 @@ use super::index;
 use crate::spec::{KernelSpec, Source, WriteMode};
 
 /// Offsets of the packed parts: part 1 of `stats` and `p_ds` starts after part 0.
-pub(super) const PACKING: &str = r#"fn stats_part(part: u32, row: u32, h: u32) -> u32 {
+const PACKING: &str = r#"fn stats_part(part: u32, row: u32, h: u32) -> u32 {
     return ((part * dims.batch + batch) * dims.seq_len + row) * dims.n_heads + h;
 }
 
@@ -28,12 +28,37 @@ fn p_ds_part(part: u32, row: u32, h: u32, j: u32) -> u32 {
     return (((part * dims.batch + batch) * dims.seq_len + row) * dims.n_heads + h) * dims.seq_len + j;
 }
 
-// Where part 1 (dV) of `dkv` starts.
+"#;
+
+/// Where part 1 (dV) of a lane of `dkv` starts, one width: lanes of dK then dV rows.
+const DKV_ONE_WIDTH: &str = r#"// Where part 1 (dV) of `dkv` starts.
 fn dkv_part1() -> u32 {
     return dims.batch * dims.seq_len * dims.n_kv_heads * HEAD_DIM;
 }
 
 "#;
+
+/// Rows of two widths: a lane of `dkv` holds dK's rows (QK_DIM wide), then dV's (V_DIM).
+const DKV_TWO_WIDTHS: &str = r#"// Where part 1 (dV, rows V_DIM wide) of a lane of `dkv` starts: after dK's rows.
+fn dkv_part1() -> u32 {
+    return dims.batch * dims.seq_len * dims.n_kv_heads * QK_DIM;
+}
+
+// Elements of one lane of `dkv`: dK's rows and dV's.
+fn dkv_lane() -> u32 {
+    return dims.batch * dims.seq_len * dims.n_kv_heads * (QK_DIM + V_DIM);
+}
+
+"#;
+
+/// The packed parts' offsets: `stats`, `p_ds` and the lanes of `dkv`.
+pub(super) fn packing(out: &mut Wgsl, spec: &KernelSpec) {
+    out.push_str(PACKING);
+    out.push_str(match spec.split_dims() {
+        false => DKV_ONE_WIDTH,
+        true => DKV_TWO_WIDTHS,
+    });
+}
 
 /// The offset of a row of O, dO or V: `same`, that of Q's or K's row, where the rows are
 /// of one width, else `own` (rows of two widths have strides of their own).
@@ -56,7 +81,7 @@ fn stage_row(spec: &KernelSpec, row: index::Row, dst: &str, src: &str, at: &str)
 
 pub(super) fn backward_prep(out: &mut Wgsl, spec: &KernelSpec) {
     index::row_indexing(out, spec);
-    out.push_str(PACKING);
+    packing(out, spec);
     super::dtype::loads(out, spec, &[("out_at", "o"), ("grad_out_at", "d_o")]);
     // D = dO·O in the order the backward kernels sum dP = dO·V, over V's width.
     let oi = o_rows(spec, "qi", "o_index(row, h)");
@@ -89,7 +114,7 @@ pub(super) fn backward_q(out: &mut Wgsl, spec: &KernelSpec) {
     index::kv_head(out, spec);
     index::row_indexing(out, spec);
     index::masks(out, spec);
-    out.push_str(PACKING);
+    packing(out, spec);
     out.push_str(
         r#"var<workgroup> sh_q: array<f32, HEAD_DIM>;
 var<workgroup> sh_do: array<f32, HEAD_DIM>;
@@ -227,7 +252,7 @@ pub(super) fn backward_kv(out: &mut Wgsl, spec: &KernelSpec) {
     index::kv_head(out, spec);
     index::row_indexing(out, spec);
     index::masks(out, spec);
-    out.push_str(PACKING);
+    packing(out, spec);
     out.push_str(
         r#"var<workgroup> sh_k: array<f32, HEAD_DIM>;
 var<workgroup> sh_v: array<f32, HEAD_DIM>;

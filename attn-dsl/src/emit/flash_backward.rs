@@ -38,7 +38,7 @@ pub(super) fn helpers(out: &mut Wgsl, spec: &KernelSpec) {
     index::kv_head(out, spec);
     index::row_indexing(out, spec);
     index::masks(out, spec);
-    out.push_str(backward::PACKING);
+    backward::packing(out, spec);
     super::dtype::loads(
         out,
         spec,
@@ -182,7 +182,7 @@ fn q_body(
     b.push_str("        }\n");
     if scatter_kv {
         let _ = writeln!(b, "        const DKV_LANES: u32 = {}u;", crate::DKV_LANES);
-        b.push_str(SCATTER_DKV);
+        b.push_str(&SCATTER_DKV.fill([("adds", scatter_dkv_adds(spec))]).text);
     }
     flush(
         &mut b,
@@ -572,7 +572,10 @@ const SCATTER_DQ: Template = Template {
 /// Schedule (b): dK += dSᵀ·Q and dV += Pᵀ·dO for the staged keys, summed over the tile's
 /// query rows and added into `dkv` by atomics, once per block (not once per product).
 /// Each invocation takes (key, vec4 column) pairs, as in [`SCATTER_DQ`].
-const SCATTER_DKV: &str = r#"        for (var e = tid; e < BC * D4; e = e + WG) {
+const SCATTER_DKV: Template = Template {
+    name: "scatter_dkv",
+    needs: &[],
+    text: r#"        for (var e = tid; e < BC * D4; e = e + WG) {
             let kk = e / D4;
             let c4 = e % D4;
             let j = j0 + kk;
@@ -590,20 +593,59 @@ const SCATTER_DKV: &str = r#"        for (var e = tid; e < BC * D4; e = e + WG) 
                 }
             }
             if (j < dims.seq_len && (any(gk != vec4<f32>(0.0)) || any(gv != vec4<f32>(0.0)))) {
-                // dK is part 0 of the tile's lane of dkv, dV part 1.
-                let at = (tile % DKV_LANES) * 2u * dkv_part1() + kv_index(j, kv_h) + c4 * 4u;
-                let dv_at = dkv_part1() + at;
-                add_dkv(at, gk.x);
-                add_dkv(at + 1u, gk.y);
-                add_dkv(at + 2u, gk.z);
-                add_dkv(at + 3u, gk.w);
-                add_dkv(dv_at, gv.x);
-                add_dkv(dv_at + 1u, gv.y);
-                add_dkv(dv_at + 2u, gv.z);
-                add_dkv(dv_at + 3u, gv.w);
+                $adds
             }
         }
-"#;
+"#,
+};
+
+/// The adds of [`SCATTER_DKV`]: gk into dK's row and gv into dV's, of the tile's lane.
+fn scatter_dkv_adds(spec: &KernelSpec) -> Fragment {
+    let adds = |at: &str, g: &str| -> String {
+        ["x", "y", "z", "w"]
+            .iter()
+            .enumerate()
+            .map(|(k, c)| match k {
+                0 => format!("add_dkv({at}, {g}.{c});\n"),
+                _ => format!("add_dkv({at} + {k}u, {g}.{c});\n"),
+            })
+            .collect()
+    };
+    if !spec.split_dims() {
+        return format!(
+            "// dK is part 0 of the tile's lane of dkv, dV part 1.\n\
+             let at = (tile % DKV_LANES) * 2u * dkv_part1() + kv_index(j, kv_h) + c4 * 4u;\n\
+             let dv_at = dkv_part1() + at;\n{}{}",
+            adds("at", "gk"),
+            adds("dv_at", "gv")
+        )
+        .into();
+    }
+    // Each within its own row: dK's QK_DIM columns, dV's V_DIM.
+    let guarded = |row, line: String| match index::within(spec, row, "c4 * 4u") {
+        Some(c) => format!("if ({c}) {{\n{}}}\n", indent(&line)),
+        None => line,
+    };
+    let k = format!(
+        "let at = lane0 + kv_index(j, kv_h) + c4 * 4u;\n{}",
+        adds("at", "gk")
+    );
+    let v = format!(
+        "let dv_at = lane0 + dkv_part1() + v_index(j, kv_h) + c4 * 4u;\n{}",
+        adds("dv_at", "gv")
+    );
+    format!(
+        "// dK is part 0 of the tile's lane of dkv (rows QK_DIM wide), dV part 1 (V_DIM).\n\
+         let lane0 = (tile % DKV_LANES) * dkv_lane();\n{}{}",
+        guarded(Row::Qk, k),
+        guarded(Row::V, v)
+    )
+    .into()
+}
+
+fn indent(lines: &str) -> String {
+    lines.lines().map(|l| format!("    {l}\n")).collect()
+}
 
 /// A tensor read by `products`: its two arrays and the index of register `i`'s row in them.
 type Operand<'a> = (&'a str, &'a str, &'a dyn Fn(u32) -> String);

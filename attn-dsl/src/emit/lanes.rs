@@ -1,6 +1,6 @@
 //! Element-wise kernels over vec4s, in grid-stride loops. The streaming backward's lanes
 //! of dK and dV summed into the gradients (`dkv_reduce`):
-//! `dkv` holds, for each of `DKV_LANES` lanes, dK then dV (see the signature), and each
+//! `dkv` holds, for each of `DKV_LANES` lanes, dK then dV (each at its own width), and each
 //! invocation adds one vec4 of every lane, pairwise in a fixed order, to dK or dV. One
 //! owner per element and one order: the sum is the same on every run. And conversions
 //! between f32 and the kernel's dtype (`to_dtype`, `from_dtype`).
@@ -33,9 +33,9 @@ fn tree(lo: u32, hi: u32) -> String {
 pub(super) fn reduce(out: &mut Wgsl, spec: &KernelSpec) {
     let _ = write!(
         out,
-        r#"// vec4 i of part `part` (0: dK, 1: dV) of lane l.
+        r#"// vec4 i of part `part` (0: dK, len4 vec4s; 1: dV, len4_v) of lane l.
 fn lane(l: u32, part: u32, i: u32) -> vec4<f32> {{
-    return dkv[(l * 2u + part) * dims.len4 + i];
+    return dkv[l * (dims.len4 + dims.len4_v) + part * dims.len4 + i];
 }}
 
 fn lanes_of(part: u32, i: u32) -> vec4<f32> {{
@@ -44,9 +44,15 @@ fn lanes_of(part: u32, i: u32) -> vec4<f32> {{
 
 @compute @workgroup_size(WG)
 fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>, @builtin(local_invocation_index) tid: u32) {{
-    for (var i = wg.x * WG + tid; i < dims.len4; i = i + groups.x * WG) {{
-        dk[i] = dk[i] + lanes_of(0u, i);
-        dv[i] = dv[i] + lanes_of(1u, i);
+    // dK and dV differ in length where V's rows are narrower or wider than K's.
+    let n = max(dims.len4, dims.len4_v);
+    for (var i = wg.x * WG + tid; i < n; i = i + groups.x * WG) {{
+        if (i < dims.len4) {{
+            dk[i] = dk[i] + lanes_of(0u, i);
+        }}
+        if (i < dims.len4_v) {{
+            dv[i] = dv[i] + lanes_of(1u, i);
+        }}
     }}
 }}
 "#,

@@ -428,6 +428,20 @@ pub fn default_matrix() -> Vec<Case> {
             },
         );
     }
+    // Two widths whose wider is 64, where every backward schedule's tilings fit WebGPU's
+    // defaults (the streaming schedule's dK and dV lanes included).
+    for (head_dim, head_dim_v) in [(64, 32), (32, 64)] {
+        let h = Heads {
+            head_dim_v,
+            ..heads(6, 2, head_dim)
+        };
+        let shape = Shape::Backward {
+            seq: 64,
+            docs: Docs::Even(2),
+            causal: true,
+        };
+        push(h, 1, shape);
+    }
     // Head_dims with no hand-written kernel: every op through the configurations by rule.
     // At 28 (7 vec4 columns) and 80 (20) most layouts pad the rows to a multiple of the
     // invocations per row; at 28 the padded backward layouts fit any adapter.

@@ -62,7 +62,8 @@ pub struct Scratch {
     stats: Option<Tensor>,
     /// The split schedule's P and dS, `[2, batch, seq, n_heads, seq]`.
     p_ds: Option<Tensor>,
-    /// The streaming schedule's dK/dV lanes.
+    /// The streaming schedule's dK/dV lanes, `[lanes, batch, seq, n_kv_heads, head_dim +
+    /// head_dim_v]`: each lane dK's rows, then dV's.
     dkv: Option<Tensor>,
     /// dSinks' sums per block of rows, `[2, n_heads, n_blocks]` (hi, lo).
     sink_parts: Option<Tensor>,
@@ -230,11 +231,12 @@ impl Backward {
             _ => None,
         };
         let lanes = attn_dsl::DKV_LANES;
+        // Each lane holds dK's rows, then dV's, each at its width.
         let dkv = match packed {
             true => Some(Scratch::view(
                 &mut self.scratch.dkv,
                 gpu,
-                &[2 * lanes, batch, seq, h.n_kv_heads, h.head_dim],
+                &[lanes, batch, seq, h.n_kv_heads, h.head_dim + h.head_dim_v],
             )?),
             false => None,
         };
@@ -337,10 +339,10 @@ impl Backward {
             fold_pipeline.record(gpu, encoder, &fold, g)?;
         }
         if let Some(dkv) = &dkv {
-            let len4 = elements(args.dk.shape()) / 4;
+            let len4 = |t: &Tensor| (elements(t.shape()) / 4) as u32;
             let reduce = Dispatch {
                 tensors: vec![("dkv", dkv), ("dk", args.dk), ("dv", args.dv)],
-                dims: vec![("len4", len4 as u32)],
+                dims: vec![("len4", len4(args.dk)), ("len4_v", len4(args.dv))],
                 params: Vec::new(),
             };
             let lanes = self.scratch.lanes(gpu)?;

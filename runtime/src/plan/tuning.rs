@@ -222,18 +222,21 @@ pub fn flash_streaming(
     config: FlashConfig,
     scatter: attn_dsl::Scatter,
 ) -> Result<KernelAbi, DslError> {
+    flash_streaming_dims((head_dim, head_dim), masks, config, scatter)
+}
+
+/// [`flash_streaming`] with Q and K rows `dims.0` wide and V, O, dO and dV rows `dims.1`:
+/// each lane of `dkv` holds dK's rows, then dV's, at their widths.
+pub fn flash_streaming_dims(
+    dims: (u32, u32),
+    masks: Masks,
+    config: FlashConfig,
+    scatter: attn_dsl::Scatter,
+) -> Result<KernelAbi, DslError> {
     use attn_dsl::WriteMode::{AtomicScatter, Owned};
     let writes = [("dq", Owned), ("dkv", AtomicScatter)];
-    let name = family_name("attention_backward", head_dim);
-    atomic_kernel(
-        &name,
-        Op::BackwardQ,
-        (head_dim, head_dim),
-        masks,
-        config,
-        &writes,
-        scatter,
-    )
+    let name = family_name("attention_backward", dims.0);
+    atomic_kernel(&name, Op::BackwardQ, dims, masks, config, &writes, scatter)
 }
 
 /// A flash kernel of `op` with `writes` and the gradients every dS adds to (it sees every
