@@ -285,43 +285,38 @@ fn widths(gpu: &Gpu, args: &Args, head_dim_v: u32) -> anyhow::Result<()> {
         head_dim_v,
     };
     println!("adapter: {}", gpu.describe());
-    println!("forward, seq {seq}, {heads} heads, causal (TFLOP/s: 2·S²·H·(d + dv) / 2):");
-    println!(
-        "  {:<10} {:>6} {:>6} {:>10} {:>8}  planned",
-        "dtype", "d", "dv", "ms", "TFLOP/s"
-    );
     let mut dtypes = vec![runtime::Dtype::F32];
     dtypes.extend(gpu.half_dtypes());
-    for dtype in dtypes {
-        for h in [
-            at(head_dim, head_dim_v),
-            at(head_dim, head_dim),
-            at(head_dim_v, head_dim_v),
-        ] {
-            let r =
-                bench::head_dim_v::forward(gpu, h, seq, (true, dtype), (args.warmup, args.runs))?;
-            print_width_row(&r);
-        }
-    }
-    println!("backward, the same shapes (TFLOP/s: 2·S²·H·(3·d + 2·dv) / 2):");
-    let mut dtypes = vec![runtime::Dtype::F32];
-    dtypes.extend(gpu.half_dtypes());
-    for dtype in dtypes {
-        for h in [
-            at(head_dim, head_dim_v),
-            at(head_dim, head_dim),
-            at(head_dim_v, head_dim_v),
-        ] {
-            let timed =
-                bench::head_dim_v::backward(gpu, h, seq, (true, dtype), (args.warmup, args.runs));
-            match timed {
-                Ok(r) => print_width_row(&r),
-                Err(e) => println!(
-                    "  {:<10} {:>6} {:>6}  {e}",
-                    dtype.name(),
-                    h.head_dim,
-                    h.head_dim_v
-                ),
+    let shapes = [
+        at(head_dim, head_dim_v),
+        at(head_dim, head_dim),
+        at(head_dim_v, head_dim_v),
+    ];
+    let passes: [(&str, &str, bench::head_dim_v::Timer); 2] = [
+        ("forward", "2·S²·H·(d + dv) / 2", bench::head_dim_v::forward),
+        (
+            "backward",
+            "2·S²·H·(3·d + 2·dv) / 2",
+            bench::head_dim_v::backward,
+        ),
+    ];
+    for (pass, flops, time) in passes {
+        println!("{pass}, seq {seq}, {heads} heads, causal (TFLOP/s: {flops}):");
+        println!(
+            "  {:<10} {:>6} {:>6} {:>10} {:>8}  planned",
+            "dtype", "d", "dv", "ms", "TFLOP/s"
+        );
+        for &dtype in &dtypes {
+            for &h in &shapes {
+                match time(gpu, h, seq, (true, dtype), (args.warmup, args.runs)) {
+                    Ok(r) => print_width_row(&r),
+                    Err(e) => println!(
+                        "  {:<10} {:>6} {:>6}  {e}",
+                        dtype.name(),
+                        h.head_dim,
+                        h.head_dim_v
+                    ),
+                }
             }
         }
     }

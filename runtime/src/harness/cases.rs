@@ -861,6 +861,9 @@ fn masks(causal: bool) -> Masks {
     Masks::new(causal, true)
 }
 
+/// What a split-K decode is compiled for: (head_dim, head_dim_v), masks, cache, dtype.
+type SplitKey = ((u32, u32), Masks, Cache, Dtype);
+
 /// The flash forward candidates of one head_dim and mask set, compiled.
 type FlashSet = Vec<(FlashConfig, Kernel)>;
 
@@ -878,7 +881,7 @@ pub struct Runner {
     rope: Vec<(Kernel, Kernel)>,
     /// Split-K decode kernels, by (head_dim, head_dim_v) and masks, made when a case first
     /// needs them.
-    split: Vec<((u32, u32), Masks, Cache, Dtype, SplitDecode)>,
+    split: Vec<(SplitKey, SplitDecode)>,
     /// The causal backward (with documents), every head_dim compiled so far.
     pub backward: Backward,
     /// The backwards of other masks (non-causal, score modifiers), made when a case needs
@@ -923,19 +926,15 @@ impl Runner {
     ) -> Result<&SplitDecode, Error> {
         let dims = (h.head_dim, h.head_dim_v);
         let key = (dims, masks, cache, dtype);
-        let at = match self
-            .split
-            .iter()
-            .position(|(d, m, c, t, _)| (*d, *m, *c, *t) == key)
-        {
+        let at = match self.split.iter().position(|(k, _)| *k == key) {
             Some(at) => at,
             None => {
                 let kernels = SplitDecode::for_dims_in(gpu, dims, masks, cache, dtype)?;
-                self.split.push((dims, masks, cache, dtype, kernels));
+                self.split.push((key, kernels));
                 self.split.len() - 1
             }
         };
-        Ok(&self.split[at].4)
+        Ok(&self.split[at].1)
     }
 
     /// The per-row kernel of `op` for `head_dim` and `masks`: the family's, else compiled

@@ -30,6 +30,23 @@ pub fn flops(h: Heads, seq: u32, causal: bool) -> f64 {
     2.0 * pairs * f64::from(h.n_heads) * f64::from(h.head_dim + h.head_dim_v)
 }
 
+/// A forward or backward timer: `(gpu, heads, seq, (causal, dtype), (warmup, runs))`.
+pub type Timer = fn(&Gpu, Heads, u32, (bool, Dtype), (usize, usize)) -> Result<WidthRow, Error>;
+
+/// Random rows `[1, seq, heads, width]` in `dtype`, from `seed`.
+fn rows(
+    gpu: &Gpu,
+    seq: u32,
+    (heads, width): (u32, u32),
+    dtype: Dtype,
+    seed: u64,
+) -> Result<Tensor, Error> {
+    let shape = [1, seq, heads, width];
+    let n = shape.iter().map(|&d| d as usize).product();
+    let data = crate::cases::random(n, seed);
+    Ok(Tensor::from_f32(gpu, &shape, Scalar::from(dtype), &data)?)
+}
+
 /// The forward of `h` at `seq` (batch 1) in `dtype`, causal or not.
 pub fn forward(
     gpu: &Gpu,
@@ -39,14 +56,9 @@ pub fn forward(
     (warmup, runs): (usize, usize),
 ) -> Result<WidthRow, Error> {
     let scalar = Scalar::from(dtype);
-    let tensor = |heads: u32, width: u32, seed| {
-        let shape = [1, seq, heads, width];
-        let n = shape.iter().map(|&d| d as usize).product();
-        Tensor::from_f32(gpu, &shape, scalar, &crate::cases::random(n, seed))
-    };
-    let q = tensor(h.n_heads, h.head_dim, 1)?;
-    let k = tensor(h.n_kv_heads, h.head_dim, 2)?;
-    let v = tensor(h.n_kv_heads, h.head_dim_v, 3)?;
+    let q = rows(gpu, seq, (h.n_heads, h.head_dim), dtype, 1)?;
+    let k = rows(gpu, seq, (h.n_kv_heads, h.head_dim), dtype, 2)?;
+    let v = rows(gpu, seq, (h.n_kv_heads, h.head_dim_v), dtype, 3)?;
     let o = Tensor::zeros(gpu, &[1, seq, h.n_heads, h.head_dim_v], scalar);
     let lse = Tensor::zeros(gpu, &[1, seq, h.n_heads], Scalar::F32);
     let spec = ForwardSpec {
@@ -86,22 +98,11 @@ pub fn backward(
     (causal, dtype): (bool, Dtype),
     (warmup, runs): (usize, usize),
 ) -> Result<WidthRow, Error> {
-    let scalar = Scalar::from(dtype);
-    let tensor = |heads: u32, width: u32, scalar, seed| {
-        let shape = [1, seq, heads, width];
-        let n = shape.iter().map(|&d| d as usize).product();
-        Tensor::from_f32(gpu, &shape, scalar, &crate::cases::random(n, seed))
-    };
-    let (q, k) = (
-        tensor(h.n_heads, h.head_dim, scalar, 1)?,
-        tensor(h.n_kv_heads, h.head_dim, scalar, 2)?,
-    );
-    let v = tensor(h.n_kv_heads, h.head_dim_v, scalar, 3)?;
-    let (o, d_o) = (
-        tensor(h.n_heads, h.head_dim_v, scalar, 4)?,
-        tensor(h.n_heads, h.head_dim_v, scalar, 5)?,
-    );
-    // Any finite LSE times the same work; a small one keeps P within range.
+    let q = rows(gpu, seq, (h.n_heads, h.head_dim), dtype, 1)?;
+    let k = rows(gpu, seq, (h.n_kv_heads, h.head_dim), dtype, 2)?;
+    let v = rows(gpu, seq, (h.n_kv_heads, h.head_dim_v), dtype, 3)?;
+    let o = rows(gpu, seq, (h.n_heads, h.head_dim_v), dtype, 4)?;
+    let d_o = rows(gpu, seq, (h.n_heads, h.head_dim_v), dtype, 5)?;
     let lse = Tensor::from_f32(
         gpu,
         &[1, seq, h.n_heads],
