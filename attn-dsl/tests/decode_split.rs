@@ -211,3 +211,52 @@ fn decode_ops_take_v_rows_of_another_width() {
     let e = attn_dsl::compile(&ragged).unwrap_err();
     assert_eq!(e.field(), Some(&Field::HeadDimV), "{e}");
 }
+
+/// A `mask_mod` bounds which tiles of a slice the decode row can see: both loops step
+/// from one such tile to the next (a mask that names `h` asks each served head), the
+/// skipped keys' scores stay `NEG_BIG`; without a mask both loops visit every key.
+#[test]
+fn a_mask_mod_decode_skips_the_tiles_it_cannot_see() {
+    use attn_dsl::flex::library::{self, build};
+    use attn_dsl::flex::{BinOp, Flex};
+    let with = |mask_mod| Masks {
+        flex: Some(
+            Flex {
+                score_mod: None,
+                mask_mod: Some(mask_mod),
+                tensors: vec![],
+            }
+            .intern(),
+        ),
+        ..Masks::default()
+    };
+    let window = attn_dsl::compile(&split(64, 4, with(library::window_with_sinks(256, 4))))
+        .expect("a window decode compiles");
+    for step in [
+        "k_next = next_tile(t0 + KEY_TILE, hi, KEY_TILE, q_pos, head0, n_here);",
+        "v_next = next_tile(t + PV_STEP, hi, PV_STEP, q_pos, head0, n_here);",
+        "sh_s[i] = vec4<f32>(NEG_BIG);",
+        "return mask_tile(q, q, k0, k1, head0).x;",
+    ] {
+        assert!(window.wgsl.contains(step), "missing `{step}`");
+    }
+    // Head h sees only keys of its parity: a tile is visited if any served head sees it.
+    let by_head = build::bin(
+        BinOp::Eq,
+        build::bin(BinOp::Sub, build::v("k"), build::v("h")),
+        build::i(0),
+    );
+    let heads = attn_dsl::compile(&split(64, 4, with(by_head))).expect("compiles");
+    assert!(
+        heads
+            .wgsl
+            .contains("seen = seen || mask_tile(q, q, k0, k1, head0 + i).x;")
+    );
+    let plain = attn_dsl::compile(&split(64, 4, Masks::default())).expect("compiles");
+    assert!(!plain.wgsl.contains("next_tile"));
+    assert!(
+        plain
+            .wgsl
+            .contains("for (var t0 = first; t0 < hi; t0 = t0 + KEY_TILE) {")
+    );
+}

@@ -126,7 +126,9 @@ fn row_index(row: u32, h: u32) -> u32 {
 }
 
 fn key_range(row: u32) -> vec2<u32> {
-    return vec2<u32>(0u, dims.seq_len);
+    // Narrowed by mask_mod's bounds, which move with the position.
+    let s = 0u;
+    return vec2<u32>(s, max(s, min(dims.seq_len, u32(max(i32(row) + 1, 0)))));
 }
 
 fn visible(row: u32, h: u32, j: u32) -> bool {
@@ -135,11 +137,13 @@ fn visible(row: u32, h: u32, j: u32) -> bool {
 }
 
 fn query_range(col: u32) -> vec2<u32> {
-    return vec2<u32>(0u, dims.seq_len);
+    // Narrowed by mask_mod's bounds, which move with the position.
+    let s = min(max(0u, u32(max(i32(col), 0))), dims.seq_len);
+    return vec2<u32>(s, max(s, dims.seq_len));
 }
 
 fn key_visible(row: u32, h: u32, j: u32) -> bool {
-    return mask_mod(row, h, j);
+    return true;
 }
 
 // The description's score_mod, and its derivative with respect to the score.
@@ -344,18 +348,6 @@ fn put_stats(e: u32, x: vec2<f32>) {
     }
 }
 
-fn next_block(it0: u32, end: u32, k0: u32, k1: u32, h0: u32, group: u32, first: u32, blocks: u32) -> u32 {
-    var it = it0;
-    while (it < end) {
-        let s0 = (first + blocks - 1u - it / group) * BC;
-        if (mask_tile(s0, min(s0 + BC, dims.seq_len) - 1u, k0, k1, h0 + it % group).x) {
-            break;
-        }
-        it = it + 1u;
-    }
-    return it;
-}
-
 fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {
     let g = tid / TX;
     let tx = tid % TX;
@@ -384,21 +376,20 @@ fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {
     var pq_1 = vec4<f32>(0.0);
     var pd_1 = vec4<f32>(0.0);
     var ps_0 = vec2<f32>(0.0);
-    let it_end = group * blocks;
-    let col_last = min(col0 + BR, dims.seq_len) - 1u;
-    var it_next = next_block(0u, it_end, col0, col_last, kv_h * group, group, first, blocks);
-    var next_h = kv_h * group + it_next % group;
-    var next_s0 = (first + blocks - 1u - it_next / group) * BC;
+    var next_h = kv_h * group;
+    var next_s0 = (first + blocks - 1u) * BC;
     pq_0 = fetch_q(next_s0, next_h, tid + 0u * WG);
     pd_0 = fetch_do(next_s0, next_h, tid + 0u * WG);
     pq_1 = fetch_q(next_s0, next_h, tid + 1u * WG);
     pd_1 = fetch_do(next_s0, next_h, tid + 1u * WG);
     ps_0 = fetch_stats(next_s0, next_h, tid + 0u * WG);
-    // Every block of queries that may see the tile, last first (see query_blocks_ahead).
-    for (var it = it_next; it < it_end; it = it_next) {
+    // Every block of queries that sees the tile, last first, and within a block every
+    // query head of this KV head: under a causal or document mask a key's weights
+    // shrink with the query's distance, so the small terms are added while the sums
+    // are small (summed the other way, the error grew with the sequence).
+    for (var it = 0u; it < group * blocks; it = it + 1u) {
         let h = next_h;
         let s0 = next_s0;
-        it_next = next_block(it + 1u, it_end, col0, col_last, kv_h * group, group, first, blocks);
         // The previous block is done with sh_q, sh_do, sh_p and sh_ds.
         workgroupBarrier();
         put_q(tid + 0u * WG, pq_0);
@@ -408,9 +399,9 @@ fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {
         put_stats(tid + 0u * WG, ps_0);
         workgroupBarrier();
         // The next block's loads are in flight during this one's products.
-        if (it_next < it_end) {
-            next_h = kv_h * group + it_next % group;
-            next_s0 = (first + blocks - 1u - it_next / group) * BC;
+        if (it + 1u < group * blocks) {
+            next_h = kv_h * group + (it + 1u) % group;
+            next_s0 = (first + blocks - 1u - (it + 1u) / group) * BC;
             pq_0 = fetch_q(next_s0, next_h, tid + 0u * WG);
             pd_0 = fetch_do(next_s0, next_h, tid + 0u * WG);
             pq_1 = fetch_q(next_s0, next_h, tid + 1u * WG);
@@ -545,7 +536,7 @@ fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {
         }
         // Every 128 rows summed, and after the last, the registers' partial sums are added
         // into the output, their rounding error carried into the next partial (a compensated sum).
-        if ((it + 1u) % 16u == 0u || it + 1u == select(group * blocks, it + 1u, it_next >= group * blocks)) {
+        if ((it + 1u) % 16u == 0u || it + 1u == group * blocks) {
             if (col_0 < dims.seq_len) {
                 let base = kv_index(col_0, kv_h);
                 let dkat_0 = base + (tx + 0u * TX) * 4u;

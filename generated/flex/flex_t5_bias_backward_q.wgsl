@@ -123,7 +123,9 @@ fn row_index(row: u32, h: u32) -> u32 {
 }
 
 fn key_range(row: u32) -> vec2<u32> {
-    return vec2<u32>(0u, dims.seq_len);
+    // Narrowed by mask_mod's bounds, which move with the position.
+    let s = 0u;
+    return vec2<u32>(s, max(s, min(dims.seq_len, u32(max(i32(row) + 1, 0)))));
 }
 
 fn visible(row: u32, h: u32, j: u32) -> bool {
@@ -132,11 +134,13 @@ fn visible(row: u32, h: u32, j: u32) -> bool {
 }
 
 fn query_range(col: u32) -> vec2<u32> {
-    return vec2<u32>(0u, dims.seq_len);
+    // Narrowed by mask_mod's bounds, which move with the position.
+    let s = min(max(0u, u32(max(i32(col), 0))), dims.seq_len);
+    return vec2<u32>(s, max(s, dims.seq_len));
 }
 
 fn key_visible(row: u32, h: u32, j: u32) -> bool {
-    return mask_mod(row, h, j);
+    return true;
 }
 
 // The description's score_mod, and its derivative with respect to the score.
@@ -423,20 +427,15 @@ fn flash_backward_q(tile: u32, h: u32, tid: u32) {
     var dq_1_1 = vec4<f32>(0.0);
     let range = workgroupUniformLoad(&sh_range);
     let kt_end = (range.y + BC - 1u) / BC;
-    let q_last = min(row0 + BR, dims.seq_len) - 1u;
-    let kt_first = next_key_tile(range.x / BC, kt_end, row0, q_last, h, BC);
-    var kt_next = kt_first;
     var pk_0 = vec4<f32>(0.0);
     var pv_0 = vec4<f32>(0.0);
     var pk_1 = vec4<f32>(0.0);
     var pv_1 = vec4<f32>(0.0);
-    pk_0 = fetch_k(kt_first * BC, kv_h, tid + 0u * WG);
-    pv_0 = fetch_v(kt_first * BC, kv_h, tid + 0u * WG);
-    pk_1 = fetch_k(kt_first * BC, kv_h, tid + 1u * WG);
-    pv_1 = fetch_v(kt_first * BC, kv_h, tid + 1u * WG);
-    for (var kt = kt_first; kt < kt_end; kt = kt_next) {
-        kt_next = next_key_tile(kt + 1u, kt_end, row0, q_last, h, BC);
-        let tile_full = !mask_tile(row0, q_last, kt * BC, kt * BC + BC - 1u, h).y;
+    pk_0 = fetch_k((range.x / BC) * BC, kv_h, tid + 0u * WG);
+    pv_0 = fetch_v((range.x / BC) * BC, kv_h, tid + 0u * WG);
+    pk_1 = fetch_k((range.x / BC) * BC, kv_h, tid + 1u * WG);
+    pv_1 = fetch_v((range.x / BC) * BC, kv_h, tid + 1u * WG);
+    for (var kt = range.x / BC; kt < kt_end; kt = kt + 1u) {
         let j0 = kt * BC;
         // The previous block is done with sh_k and sh_ds.
         workgroupBarrier();
@@ -446,11 +445,11 @@ fn flash_backward_q(tile: u32, h: u32, tid: u32) {
         put_v(tid + 1u * WG, pv_1);
         workgroupBarrier();
         // The next block's loads are in flight during this one's products.
-        if (kt_next < kt_end) {
-            pk_0 = fetch_k(kt_next * BC, kv_h, tid + 0u * WG);
-            pv_0 = fetch_v(kt_next * BC, kv_h, tid + 0u * WG);
-            pk_1 = fetch_k(kt_next * BC, kv_h, tid + 1u * WG);
-            pv_1 = fetch_v(kt_next * BC, kv_h, tid + 1u * WG);
+        if (kt + 1u < kt_end) {
+            pk_0 = fetch_k(j0 + BC, kv_h, tid + 0u * WG);
+            pv_0 = fetch_v(j0 + BC, kv_h, tid + 0u * WG);
+            pk_1 = fetch_k(j0 + BC, kv_h, tid + 1u * WG);
+            pv_1 = fetch_v(j0 + BC, kv_h, tid + 1u * WG);
         }
         var s_0_0_4 = vec4<f32>(0.0);
         var dp_0_0_4 = vec4<f32>(0.0);
@@ -483,12 +482,12 @@ fn flash_backward_q(tile: u32, h: u32, tid: u32) {
         let s_1_0 = hsum(s_1_0_4);
         let dp_1_0 = hsum(dp_1_0_4);
         let j_0 = j0 + tx + 0u * TX;
-        let v_0_0 = j_0 >= lo_0 && j_0 < hi_0 && select(key_visible(row_0, h, j_0), true, tile_full);
+        let v_0_0 = j_0 >= lo_0 && j_0 < hi_0 && key_visible(row_0, h, j_0);
         let x_0_0 = scored(row_0, h, j_0, s_0_0);
         let p_0_0 = exp_f32(x_0_0.x - lse_0);
         let g_0_0 = score_grads(row_0, h, j_0, s_0_0, x_0_0, p_0_0 * (dropped(row_0, h, j_0, dp_0_0) - delta_0), v_0_0);
         sh_ds[(g * TM + 0u) * PSTRIDE + tx + 0u * TX] = params.scale * g_0_0;
-        let v_1_0 = j_0 >= lo_1 && j_0 < hi_1 && select(key_visible(row_1, h, j_0), true, tile_full);
+        let v_1_0 = j_0 >= lo_1 && j_0 < hi_1 && key_visible(row_1, h, j_0);
         let x_1_0 = scored(row_1, h, j_0, s_1_0);
         let p_1_0 = exp_f32(x_1_0.x - lse_1);
         let g_1_0 = score_grads(row_1, h, j_0, s_1_0, x_1_0, p_1_0 * (dropped(row_1, h, j_0, dp_1_0) - delta_1), v_1_0);
@@ -526,7 +525,7 @@ fn flash_backward_q(tile: u32, h: u32, tid: u32) {
         }
         // Every 256 rows summed, and after the last, the registers' partial sums are added
         // into the output, their rounding error carried into the next partial (a compensated sum).
-        if ((kt + 1u - range.x / BC) % 32u == 0u || kt + 1u - range.x / BC == select(kt_end - range.x / BC, kt + 1u - range.x / BC, kt_next >= kt_end)) {
+        if ((kt + 1u - range.x / BC) % 32u == 0u || kt + 1u - range.x / BC == kt_end - range.x / BC) {
             if (row_0 < dims.seq_len) {
                 let base = q_index(row_0, h);
                 let dqat_0 = base + (tx + 0u * TX) * 4u;

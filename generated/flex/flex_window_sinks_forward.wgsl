@@ -107,7 +107,9 @@ fn row_index(row: u32, h: u32) -> u32 {
 }
 
 fn key_range(row: u32) -> vec2<u32> {
-    return vec2<u32>(0u, dims.seq_len);
+    // Narrowed by mask_mod's bounds, which move with the position.
+    let s = 0u;
+    return vec2<u32>(s, max(s, min(dims.seq_len, u32(max(i32(row) + 1, 0)))));
 }
 
 fn visible(row: u32, h: u32, j: u32) -> bool {
@@ -116,7 +118,9 @@ fn visible(row: u32, h: u32, j: u32) -> bool {
 }
 
 fn query_range(col: u32) -> vec2<u32> {
-    return vec2<u32>(0u, dims.seq_len);
+    // Narrowed by mask_mod's bounds, which move with the position.
+    let s = min(max(0u, u32(max(i32(col), 0))), dims.seq_len);
+    return vec2<u32>(s, max(s, dims.seq_len));
 }
 
 fn key_visible(row: u32, h: u32, j: u32) -> bool {

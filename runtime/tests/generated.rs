@@ -25,7 +25,7 @@ fn expected() -> Vec<(String, String)> {
 }
 
 /// The library's user-written modifier examples (`attn_dsl::flex::library`) in the flash
-/// forward, both flash backward halves and the per-row forward: checked by Tint in CI
+/// forward, both flash backward halves, the per-row forward and the split-K decode: checked by Tint in CI
 /// (the key loops that skip tiles must keep their barriers in uniform control flow).
 fn flex_expected() -> Vec<(String, String)> {
     use attn_dsl::{KernelSpec, Masks, Op, configs};
@@ -45,11 +45,15 @@ fn flex_expected() -> Vec<(String, String)> {
         let mut q = flash("backward_q", Op::BackwardQ, configs::backward(64)[0]);
         q.writes.extend(masks.score_grad_writes());
         q.fit_target();
+        // Split-K decode as the runtime builds it: four query heads per workgroup.
+        let decode =
+            runtime::ops::decode::split_spec(&format!("flex_{n}_decode_split"), 64, masks, 4);
         let specs = [
             flash("forward", Op::Forward, configs::forward(64)[0]),
             q,
             kv,
             KernelSpec::standard(&format!("flex_{n}_forward_rows"), Op::Forward, 64, masks),
+            decode,
         ];
         for spec in specs {
             abis.push(attn_dsl::compile(&spec).unwrap_or_else(|e| panic!("{}: {e}", spec.name)));

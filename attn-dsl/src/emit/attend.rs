@@ -65,12 +65,13 @@ pub(super) fn decode_helpers(out: &mut Wgsl, spec: &KernelSpec) {
     } else {
         "0u"
     };
+    let (start, end) = index::decode_bounds(spec, start, "cache_len()", "cache_len() - 1u");
     let _ = write!(
         out,
         "// Keys in the cache: one length for every sequence.\nfn cache_len() -> u32 {{\n    \
          return dims.cache_len;\n}}\n\n\
          // The query follows the cache's last row.\nfn key_range(row: u32) -> vec2<u32> {{\n    \
-         return vec2<u32>({start}, cache_len());\n}}\n\n"
+         return vec2<u32>({start}, {end});\n}}\n\n"
     );
     index::key_visible(out, spec);
     super::scores::helpers(out, spec);

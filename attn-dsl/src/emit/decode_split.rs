@@ -203,12 +203,16 @@ fn split(out: &mut Wgsl, spec: &KernelSpec) {
         "// Keys in this sequence's cache.\nfn cache_len() -> u32 {\n    return seq_lens[batch];\n}\n\n",
     );
     super::index::key_visible(out, spec);
+    if super::tiles::sparse(spec) {
+        next_tile(out, spec);
+    }
     super::scores::helpers(out, spec);
     let start = if spec.masks.window {
         "select(0u, len - dims.window, len > dims.window)"
     } else {
         "0u"
     };
+    let (start, end) = super::index::decode_bounds(spec, start, "len", "len - 1u");
     let heads = spec.grid.tile as usize;
     let each = |f: &dyn Fn(usize, &str) -> String| -> String {
         (0..heads).map(|i| f(i, COMPONENTS[i])).collect()
@@ -219,11 +223,18 @@ fn split(out: &mut Wgsl, spec: &KernelSpec) {
     let each_vec = |f: &dyn Fn(u32) -> String| -> String { (0..per_lane).map(f).collect() };
     let widen_kv = super::dtype::cache_widen(spec);
     let widen_k = each_vec(&|e| format!("        let w{e} = {widen_kv}(k{e});\n"));
+    let loops = Loops::of(spec);
     let first_fetch = each_vec(&|e| {
-        format!("    var k{e} = fetch_k(first + kr, hi, lane + {e}u * LANES, kv_h);\n")
+        format!(
+            "    var k{e} = fetch_k({} + kr, hi, lane + {e}u * LANES, kv_h);\n",
+            loops.k_first
+        )
     });
     let next_fetch = each_vec(&|e| {
-        format!("        let n{e} = fetch_k(t0 + KEY_TILE + kr, hi, lane + {e}u * LANES, kv_h);\n")
+        format!(
+            "        let n{e} = fetch_k({} + kr, hi, lane + {e}u * LANES, kv_h);\n",
+            loops.k_next
+        )
     });
     let accs = each(&|i, _| format!("        var a{i} = vec4<f32>(0.0);\n"));
     let fmas = each_vec(&|e| {
@@ -246,7 +257,10 @@ fn split(out: &mut Wgsl, spec: &KernelSpec) {
     let first_v =
         each_row(&|u| format!("    var v{u} = fetch_v(lo + i0 + {u}u * PV_ROWS, hi, c, kv_h);\n"));
     let pv_loads = each_row(&|u| {
-        format!("            let n{u} = fetch_v(lo + i + PV_STEP + {u}u * PV_ROWS, hi, c, kv_h);\n")
+        format!(
+            "            let n{u} = fetch_v({} + {u}u * PV_ROWS, hi, c, kv_h);\n",
+            loops.v_next
+        )
     });
     let pv_fmas = each_row(&|u| {
         format!(
@@ -348,7 +362,7 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         sh_len = cache_len();
     }}
     let len = workgroupUniformLoad(&sh_len);
-    let hi = max(lo, min(lo + dims.slice_len, len));
+    let hi = max(lo, min(lo + dims.slice_len, {end}));
     let first = max(lo, first_key(len));
 
     // Absent heads get q = 0; their results are never written.
@@ -360,15 +374,14 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         }}
         sh_q[i] = x;
     }}
-    workgroupBarrier();
+{fill}    workgroupBarrier();
 
     // Scores: LANES invocations per key, each a strided share of its vec4 columns. Each
     // invocation carries its share of the next key tile in registers, fetched before this
     // tile's products and reduction, so the loads' latency hides behind them.
     let lane = tid % LANES;
     let kr = tid / LANES;
-{first_fetch}    for (var t0 = first; t0 < hi; t0 = t0 + KEY_TILE) {{
-{next_fetch}{widen_k}{accs}{fmas}        sh_red[tid] = vec4<f32>({d0}, {d1}, {d2}, {d3});
+{k_pre}{first_fetch}    {k_head}{next_fetch}{widen_k}{accs}{fmas}        sh_red[tid] = vec4<f32>({d0}, {d1}, {d2}, {d3});
         workgroupBarrier();
         if (tid < KEY_TILE) {{
             let j = t0 + tid;
@@ -388,7 +401,7 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     // the sum: invocation (r, c) reads vec4 column c of rows r, r + PV_ROWS, ..
     let c = tid % V4;
     let r = tid / V4;
-    let i0 = first - lo + r;
+{v_pre}    let i0 = {v_first} - lo + r;
 {first_v}
     // The slice's exact max and sum: no rescaling within a slice.
     var mx = vec4<f32>(NEG_BIG);
@@ -407,12 +420,17 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     // P·V: invocation (r, c) sums vec4 column c over its rows, PV_UNROLL rows a step,
     // the next step's rows fetched before this step's products.
 {pv_accs}    if (r < PV_ROWS) {{
-        for (var i = i0; i < hi - lo; i = i + PV_STEP) {{
-{pv_loads}{pv_fmas}{pv_rotate}        }}
+        {v_head}{pv_loads}{pv_fmas}{pv_rotate}        }}
     }}
 {flush}}}
 "#,
         name = spec.name,
+        k_pre = loops.k_pre,
+        k_head = loops.k_head,
+        v_pre = loops.v_pre,
+        v_first = loops.v_first,
+        v_head = loops.v_head,
+        fill = loops.fill,
         d0 = dots[0],
         d1 = dots[1],
         d2 = dots[2],
@@ -483,5 +501,87 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     }}
 }}
 "#
+    );
+}
+
+/// How the split pass's two loops walk a slice: every key, or with a `mask_mod` only the
+/// tiles where a served head may see one (the K pass by `KEY_TILE` keys, P·V by `PV_STEP`
+/// rows), their scores left at `NEG_BIG` (P = 0) and their rows never loaded.
+struct Loops {
+    /// Statements before the K pass's first prefetch, the first tile's first key, the
+    /// loop's head and the next tile's first key.
+    k_pre: &'static str,
+    k_first: &'static str,
+    k_head: &'static str,
+    k_next: &'static str,
+    /// The same for P·V, whose `i` is the slice's row of this invocation's first V row.
+    v_pre: &'static str,
+    v_first: &'static str,
+    v_head: &'static str,
+    v_next: &'static str,
+    /// The staged scores' initial `NEG_BIG`, where tiles are skipped.
+    fill: &'static str,
+}
+
+impl Loops {
+    fn of(spec: &KernelSpec) -> Loops {
+        match super::tiles::sparse(spec) {
+            false => Loops {
+                k_pre: "",
+                k_first: "first",
+                k_head: "for (var t0 = first; t0 < hi; t0 = t0 + KEY_TILE) {\n",
+                k_next: "t0 + KEY_TILE",
+                v_pre: "",
+                v_first: "first",
+                v_head: "for (var i = i0; i < hi - lo; i = i + PV_STEP) {\n",
+                v_next: "lo + i + PV_STEP",
+                fill: "",
+            },
+            true => Loops {
+                k_pre: "    // The decode row's position, the query mask_mod sees.\n    \
+                        let q_pos = len - 1u;\n    \
+                        let k_first = next_tile(first, hi, KEY_TILE, q_pos, head0, n_here);\n    \
+                        var k_next = k_first;\n",
+                k_first: "k_first",
+                k_head: "for (var t0 = k_first; t0 < hi; t0 = k_next) {\n        \
+                         k_next = next_tile(t0 + KEY_TILE, hi, KEY_TILE, q_pos, head0, n_here);\n",
+                k_next: "k_next",
+                v_pre: "    let v_first = next_tile(first, hi, PV_STEP, q_pos, head0, n_here);\n",
+                v_first: "v_first",
+                v_head: "var v_next = v_first;\n        \
+                         for (var t = v_first; t < hi; t = v_next) {\n            \
+                         v_next = next_tile(t + PV_STEP, hi, PV_STEP, q_pos, head0, n_here);\n            \
+                         let i = t - lo + r;\n",
+                v_next: "v_next + r",
+                fill: "    // Keys of the tiles the loops skip keep this score: their P is 0.\n    \
+                       for (var i = tid; i < MAX_SLICE; i = i + WG) {\n        \
+                       sh_s[i] = vec4<f32>(NEG_BIG);\n    }\n",
+            },
+        }
+    }
+}
+
+/// `next_tile(t0, end, n, q, head0, n_here)`: the first tile of `n` keys from key `t0`
+/// (stepping by `n`) before `end` where one of the workgroup's heads may see a key of
+/// query `q` by `mask_tile`, or a key at or past `end`.
+fn next_tile(out: &mut Wgsl, spec: &KernelSpec) {
+    let by_head = spec
+        .flex()
+        .and_then(|f| f.mask_mod)
+        .is_some_and(|m| m.mentions("h"));
+    let seen = match by_head {
+        true => {
+            "var seen = false;\n    for (var i = 0u; i < n_here; i = i + 1u) {\n        \
+             seen = seen || mask_tile(q, q, k0, k1, head0 + i).x;\n    }\n    return seen;"
+        }
+        false => "return mask_tile(q, q, k0, k1, head0).x;",
+    };
+    let _ = write!(
+        out,
+        "// Whether a served head may see a key of [k0, k1] from query q.\n\
+         fn tile_seen(k0: u32, k1: u32, q: u32, head0: u32, n_here: u32) -> bool {{\n    {seen}\n}}\n\n\
+         fn next_tile(t0: u32, end: u32, n: u32, q: u32, head0: u32, n_here: u32) -> u32 {{\n    \
+         var t = t0;\n    while (t < end && !tile_seen(t, min(t + n, end) - 1u, q, head0, n_here)) {{\n        \
+         t = t + n;\n    }}\n    return t;\n}}\n\n"
     );
 }

@@ -354,4 +354,44 @@ mod tests {
             }
         }
     }
+
+    /// A mask_mod that is a key range moving with the query (`sliding_window`) becomes the
+    /// kernels' row ranges: no per-pair test, no tile stepping, the same loops as the
+    /// built-in causal window; a mask with another term (the sinks) keeps both, its loops
+    /// still ending at the diagonal its causal term gives.
+    #[test]
+    fn a_key_range_mask_is_the_row_range() {
+        use crate::flex::{Flex, library};
+        use crate::{KernelSpec, Masks, Op, configs};
+        let flash = |mask| {
+            let masks = Masks {
+                flex: Some(
+                    Flex {
+                        score_mod: None,
+                        mask_mod: Some(mask),
+                        tensors: vec![],
+                    }
+                    .intern(),
+                ),
+                ..Masks::default()
+            };
+            let spec = KernelSpec::flash("w", Op::Forward, 64, masks, configs::forward(64)[0]);
+            crate::compile(&spec).expect("compiles").wgsl.to_string()
+        };
+        let exact = flash(library::sliding_window(24));
+        for text in [
+            "return true;",
+            "let s = min(max(0u, u32(max(i32(row) - 23, 0))), dims.seq_len);",
+            "return vec2<u32>(s, max(s, min(dims.seq_len, u32(max(i32(row) + 1, 0)))));",
+            "return vec2<u32>(s, max(s, min(dims.seq_len, u32(max(i32(col) + 24, 0)))));",
+            "for (var kt = range.x / BC; kt < kt_end; kt = kt + 1u) {",
+        ] {
+            assert!(exact.contains(text), "missing `{text}`");
+        }
+        assert!(!exact.contains("kt_next = next_key_tile("));
+        let sinks = flash(library::window_with_sinks(24, 4));
+        assert!(sinks.contains("return mask_mod(row, h, j);"));
+        assert!(sinks.contains("kt_next = next_key_tile("));
+        assert!(sinks.contains("min(dims.seq_len, u32(max(i32(row) + 1, 0)))"));
+    }
 }

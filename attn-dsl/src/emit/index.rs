@@ -5,6 +5,7 @@
 use super::writer::Wgsl;
 use std::fmt::Write;
 
+use crate::flex::bounds::{KeyBounds, key_bounds};
 use crate::spec::{Gqa, KernelSpec, Op};
 
 pub(super) fn kv_head(out: &mut Wgsl, spec: &KernelSpec) {
@@ -173,10 +174,13 @@ fn window_back(row: u32) -> u32 {
 "#,
         );
     }
+    let b = mask_bounds(spec);
+    let key = bounded(&start, &end, &b.starts, &b.ends, &|o| at("row", o));
+    let query = bounded(&q_start, &q_end, &b.ends, &b.starts, &|o| at("col", 1 - o));
     let _ = write!(
         out,
         r#"fn key_range(row: u32) -> vec2<u32> {{
-    return vec2<u32>({start}, {end});
+{key}
 }}
 
 fn visible(row: u32, h: u32, j: u32) -> bool {{
@@ -185,7 +189,7 @@ fn visible(row: u32, h: u32, j: u32) -> bool {{
 }}
 
 fn query_range(col: u32) -> vec2<u32> {{
-    return vec2<u32>({q_start}, {q_end});
+{query}
 }}
 
 "#
@@ -194,11 +198,86 @@ fn query_range(col: u32) -> vec2<u32> {{
     super::scores::helpers(out, spec);
 }
 
+/// The key bounds of the description's `mask_mod` ([`crate::flex::bounds`]): none
+/// without one.
+pub(super) fn mask_bounds(spec: &KernelSpec) -> KeyBounds {
+    spec.flex()
+        .and_then(|f| f.mask_mod)
+        .map(|m| key_bounds(&m))
+        .unwrap_or_default()
+}
+
+/// Whether the kernel tests `mask_mod` per pair: it has one that its key ranges do not
+/// already hold exactly.
+pub(super) fn tests_pairs(spec: &KernelSpec) -> bool {
+    spec.flex().is_some_and(|f| f.mask_mod.is_some()) && !mask_bounds(spec).exact
+}
+
+/// `u32(max(pos + o, 0))`: a bound at offset `o` from a position, clamped at the first.
+pub(super) fn at(pos: &str, o: i64) -> String {
+    match o {
+        0 => format!("u32(max(i32({pos}), 0))"),
+        o if o > 0 => format!("u32(max(i32({pos}) + {o}, 0))"),
+        o => format!("u32(max(i32({pos}) - {}, 0))", o.unsigned_abs()),
+    }
+}
+
+/// The body of a range function: `[start, end)` narrowed by `lows` (each a start, written
+/// by `bound`) and `highs` (each an end); never ending before it starts, nor starting past
+/// `end`. Without lows or highs the range as it was.
+fn bounded(
+    start: &str,
+    end: &str,
+    lows: &[i64],
+    highs: &[i64],
+    bound: &dyn Fn(i64) -> String,
+) -> String {
+    if lows.is_empty() && highs.is_empty() {
+        return format!("    return vec2<u32>({start}, {end});");
+    }
+    let s = match lows.is_empty() {
+        true => start.to_string(),
+        false => {
+            let s = lows.iter().fold(start.to_string(), |acc, o| {
+                format!("max({acc}, {})", bound(*o))
+            });
+            format!("min({s}, {end})")
+        }
+    };
+    let e = highs.iter().fold(end.to_string(), |acc, o| {
+        format!("min({acc}, {})", bound(*o))
+    });
+    format!(
+        "    // Narrowed by mask_mod's bounds, which move with the position.\n    \
+         let s = {s};\n    return vec2<u32>(s, max(s, {e}));"
+    )
+}
+
+/// A decode row's first key and end, `start` and `len` narrowed by the mask_mod's bounds
+/// at the row's position `pos`; the end never before the start.
+pub(super) fn decode_bounds(
+    spec: &KernelSpec,
+    start: &str,
+    len: &str,
+    pos: &str,
+) -> (String, String) {
+    let b = mask_bounds(spec);
+    let s = b.starts.iter().fold(start.to_string(), |acc, o| {
+        format!("max({acc}, {})", at(pos, *o))
+    });
+    let e = b.ends.iter().fold(len.to_string(), |acc, o| {
+        format!("min({acc}, {})", at(pos, *o))
+    });
+    match b.ends.is_empty() {
+        true => (s, e),
+        false => (s.clone(), format!("max({e}, min({s}, {len}))")),
+    }
+}
+
 /// `key_visible(row, h, j)`: the test within a row's key range, the description's
-/// `mask_mod` where it has one.
+/// `mask_mod` where it has one that the range does not already hold.
 pub(super) fn key_visible(out: &mut Wgsl, spec: &KernelSpec) {
-    let has_mask = spec.flex().is_some_and(|f| f.mask_mod.is_some());
-    let test = if has_mask {
+    let test = if tests_pairs(spec) {
         "mask_mod(row, h, j)"
     } else {
         "true"

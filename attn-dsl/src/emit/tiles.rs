@@ -193,9 +193,10 @@ pub(super) fn functions<S: Clone>(out: &mut impl Write, mask: &Expr<S>) {
     );
 }
 
-/// Whether `spec`'s loops may skip tiles: it has a mask_mod to bound.
+/// Whether `spec`'s loops may skip tiles: it has a mask_mod to bound that its key ranges
+/// do not already hold exactly (those loops visit only the range's tiles).
 pub(super) fn sparse(spec: &crate::KernelSpec) -> bool {
-    spec.flex().is_some_and(|f| f.mask_mod.is_some())
+    super::index::tests_pairs(spec)
 }
 
 /// `next_block(it, end, k0, k1, h0, group, first, blocks)`: a key-major kernel's first step

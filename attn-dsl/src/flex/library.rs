@@ -144,6 +144,10 @@ pub const PRESETS: &[(&str, &str)] = &[
         "window-sinks[:W,S]: causal window of W keys and the first S keys (24, 4)",
     ),
     (
+        "sliding-window",
+        "sliding-window[:W]: causal window of W keys (24), a key range the kernels derive",
+    ),
+    (
         "softcap-alibi",
         "softcap-alibi[:C]: ALiBi (slopes [heads] f32), then C·tanh(score / C) (5)",
     ),
@@ -175,7 +179,7 @@ pub fn preset(spec: &str) -> Result<Flex, String> {
     let heads = |name: &str| tensor(name, &[Dim::Heads], Ty::F32);
     let usage = PRESETS.iter().find(|(n, _)| *n == name).map(|(_, u)| *u);
     let most = match name {
-        "t5-bias" | "softcap-alibi" | "block-diagonal" => 1,
+        "t5-bias" | "sliding-window" | "softcap-alibi" | "block-diagonal" => 1,
         "window-sinks" => 2,
         _ => 0,
     };
@@ -219,6 +223,11 @@ pub fn preset(spec: &str) -> Result<Flex, String> {
                 positive(at(0, 24), "W")?,
                 at(1, 4).max(0),
             )),
+            tensors: vec![],
+        },
+        "sliding-window" => Flex {
+            score_mod: None,
+            mask_mod: Some(sliding_window(positive(at(0, 24), "W")?)),
             tensors: vec![],
         },
         "softcap-alibi" => Flex {

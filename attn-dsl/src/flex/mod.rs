@@ -10,6 +10,7 @@
 //! that `q - k` is a distance). Tensors declared beside the modifiers are read by indexing
 //! (`rel_bias[h, q - k + 127]`).
 
+pub mod bounds;
 pub mod derive;
 pub mod eval;
 pub mod library;

@@ -92,7 +92,7 @@ struct Args {
     #[arg(long, default_value_t = 0, requires = "dropout")]
     seed: u64,
     /// A user-written modifier preset of attn_dsl::flex::library, with its parameters
-    /// (`t5-bias:31`, `prefix-lm`, `window-sinks:256,4`, `softcap-alibi:5`,
+    /// (`t5-bias:31`, `prefix-lm`, `window-sinks:256,4`, `sliding-window:256`, `softcap-alibi:5`,
     /// `block-diagonal:16`); its tensors come from --tensor.
     #[arg(long, value_name = "PRESET[:P,..]")]
     flex: Option<String>,

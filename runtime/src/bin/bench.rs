@@ -97,8 +97,9 @@ struct Args {
     /// with 4 sink tokens beside the dense and causal forwards (f16 and f32; --seq default
     /// 16384, --heads 16, --head-dim 128, --window 256); then the backward of a causal T5
     /// bias at a quarter of --seq, its table fixed and learnable (`grad`), beside the
-    /// built-in causal backward.
-    #[arg(long, conflicts_with_all = ["suite", "decode", "e2e", "layernorm", "tune", "only"])]
+    /// built-in causal backward. Between them the same variants' decodes (split-K, one row
+    /// per head against a cache of --decode rows, default 32768; 32 heads over 8).
+    #[arg(long, conflicts_with_all = ["suite", "e2e", "layernorm", "tune", "only"])]
     flex: bool,
     /// Time the forward with V and O rows this wide beside Q and K's --head-dim (MLA: 192
     /// and 128), and beside the same problem at one width (all at --head-dim, all at
@@ -235,6 +236,29 @@ fn flex(gpu: &Gpu, args: &Args) -> anyhow::Result<()> {
         let rows = bench::flex::flex(gpu, h, seq, window, dtype, (args.warmup, args.runs))?;
         flex_table(&rows);
     }
+    // Decode: one row per head against a long cache, where a window's time should follow
+    // the slices it visits.
+    let cache_len = args.decode.unwrap_or(32768);
+    let h = Heads {
+        n_heads: args.heads.unwrap_or(32),
+        n_kv_heads: args.kv_heads.unwrap_or(8),
+        ..h
+    };
+    for dtype in [runtime::Dtype::F16, runtime::Dtype::F32] {
+        println!(
+            "decode, cache {cache_len}, {}/{}/{}, {}:",
+            h.n_heads,
+            h.n_kv_heads,
+            h.head_dim,
+            dtype.name()
+        );
+        println!(
+            "  {:<64} {:>10} {:>9} {:>9}",
+            "mask / modifier", "ms", "/ dense", "visible"
+        );
+        let rows = bench::flex::decode(gpu, h, cache_len, window, dtype, (args.warmup, args.runs))?;
+        flex_table(&rows);
+    }
     // The backward of a learnable T5 table beside the fixed one, at a quarter of the
     // sequence (its runs take longer), twice: a few-millisecond backward after the
     // pipelines' compilation needs more warm-up than --warmup for the clocks to settle.
@@ -366,14 +390,14 @@ fn run(args: Args) -> anyhow::Result<()> {
     if args.e2e {
         return e2e(&gpu, &args);
     }
+    if args.flex {
+        return flex(&gpu, &args);
+    }
     if let Some(cache_len) = args.decode {
         return decode(&gpu, &args, cache_len);
     }
     if args.suite {
         return suite(&gpu, &args);
-    }
-    if args.flex {
-        return flex(&gpu, &args);
     }
     if let Some(head_dim_v) = args.head_dim_v {
         return widths(&gpu, &args, head_dim_v);

@@ -636,6 +636,7 @@ pub const QUICK: &[(&str, &str, &str)] = &[
     ("forward", "seq=64 h=6 kv=2 d=64", "flex:prefix-lm"),
     ("backward", "seq=64 h=6 kv=2 d=64", "flex:window-sinks"),
     ("decode", "cache=300/320 h=6 kv=2 d=64", "flex:window-sinks"),
+    ("backward", "seq=64 h=6 kv=2 d=64", "flex:sliding-window"),
     ("backward", "seq=64 h=6 kv=2 d=64", "flex:softcap-alibi"),
     ("forward", "seq=64 h=6 kv=2 d=64", "flex:block-diagonal"),
 ];
@@ -684,11 +685,12 @@ fn flex_cases() -> Vec<Case> {
             },
         ];
         // A long sequence where the key loops skip most tiles.
-        let long = (example.name == "window-sinks").then_some(Shape::Backward {
-            seq: 300,
-            docs: Docs::Even(1),
-            causal: false,
-        });
+        let long =
+            matches!(example.name, "window-sinks" | "sliding-window").then_some(Shape::Backward {
+                seq: 300,
+                docs: Docs::Even(1),
+                causal: false,
+            });
         for shape in shapes.into_iter().chain(long) {
             cases.push(Case {
                 heads,

@@ -130,7 +130,7 @@ impl Passes {
 
 /// The description of a split pass: `heads` query heads of one KV head per workgroup,
 /// partials flushed to scratch.
-pub(crate) fn split_spec(name: &str, head_dim: u32, masks: Masks, heads: u32) -> KernelSpec {
+pub fn split_spec(name: &str, head_dim: u32, masks: Masks, heads: u32) -> KernelSpec {
     KernelSpec {
         grid: attn_dsl::Grid::rows(attn_dsl::Major::Slice, heads),
         writes: vec![

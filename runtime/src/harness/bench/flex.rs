@@ -11,6 +11,7 @@ use attn_dsl::{Dtype, Masks, Scalar};
 use crate::attention::Heads;
 use crate::error::Error;
 use crate::modifiers::{DeviceModifiers, FlexOf};
+use crate::ops::decode::{CacheView, Decode, DecodeArgs, DecodeSpec};
 use crate::ops::forward::{Forward, ForwardArgs, ForwardSpec};
 use crate::tensor::Tensor;
 use crate::{Gpu, timing};
@@ -33,13 +34,20 @@ struct Variant {
     visible: f64,
 }
 
-fn variants(seq: u32, window: u32) -> Vec<Variant> {
+/// The variants of a forward at `seq`, or with `decode` of one decode row at a cache of
+/// `seq` rows (whose last row every key precedes: its causal words are no mask).
+fn variants(seq: u32, window: u32, decode: bool) -> Vec<Variant> {
     let n = f64::from(seq);
-    let causal_frac = (n + 1.0) / (2.0 * n);
     let w = f64::from(window.min(seq));
-    let window_frac = (w * n - w * (w - 1.0) / 2.0) / (n * n);
     let sinks = 4.0;
-    let sink_frac = window_frac + sinks * (n - w).max(0.0) / (n * n);
+    let (causal_frac, window_frac, sink_frac) = match decode {
+        false => {
+            let window_frac = (w * n - w * (w - 1.0) / 2.0) / (n * n);
+            let sink_frac = window_frac + sinks * (n - w).max(0.0) / (n * n);
+            ((n + 1.0) / (2.0 * n), window_frac, sink_frac)
+        }
+        true => (1.0, w / n, (w + sinks.min((n - w).max(0.0))) / n),
+    };
     let flex = |mask, score: Option<attn_dsl::flex::Expr>, tensors| Masks {
         flex: Some(
             Flex {
@@ -51,9 +59,9 @@ fn variants(seq: u32, window: u32) -> Vec<Variant> {
         ),
         ..Masks::default()
     };
-    let built = |causal, window: bool| Masks {
+    let built = |causal: bool, window: bool| Masks {
         window,
-        ..Masks::new(causal, false)
+        ..Masks::new(causal && !decode, false)
     };
     let slopes = vec![library::tensor("slopes", &[Dim::Heads], Ty::F32)];
     let plain = |what: &str, masks, visible| Variant {
@@ -64,7 +72,7 @@ fn variants(seq: u32, window: u32) -> Vec<Variant> {
         alibi: false,
         visible,
     };
-    vec![
+    let mut all = vec![
         plain("dense (no mask)", Masks::default(), 1.0),
         plain("causal, built-in", built(true, false), causal_frac),
         plain(
@@ -77,7 +85,7 @@ fn variants(seq: u32, window: u32) -> Vec<Variant> {
         plain(
             "causal built-in + mask_mod k <= q",
             Masks {
-                causal: true,
+                causal: !decode,
                 ..flex(Some(library::causal()), None, vec![])
             },
             causal_frac,
@@ -148,7 +156,45 @@ fn variants(seq: u32, window: u32) -> Vec<Variant> {
             ),
             causal_frac,
         ),
-    ]
+    ];
+    // In a decode the causal word is no mask: a variant that is then another's is dropped.
+    let mut seen = Vec::new();
+    all.retain(|v| {
+        let key = (v.masks, v.window, v.softcap.map(f32::to_bits), v.alibi);
+        let new = !seen.contains(&key);
+        seen.push(key);
+        new
+    });
+    all
+}
+
+impl Variant {
+    /// The values of its modifiers: the window, the cap, and `slopes` (one named tensor,
+    /// `[heads]`) for ALiBi, built in or as a `score_mod`.
+    fn modifiers<'a>(&self, slopes: &'a [(&'a str, &'a Tensor); 1]) -> DeviceModifiers<'a> {
+        let tensors: &[(&str, &Tensor)] = match self.masks.flex {
+            Some(f) if !f.parsed().tensors.is_empty() => slopes,
+            _ => &[],
+        };
+        DeviceModifiers {
+            window: self.window,
+            softcap: self.softcap,
+            alibi: self.alibi.then_some(slopes[0].1),
+            flex: self
+                .masks
+                .flex
+                .map(|modifiers| FlexOf { modifiers, tensors }),
+            ..DeviceModifiers::default()
+        }
+    }
+}
+
+/// ALiBi's slopes of `h`'s heads, 2^(-8i/heads).
+fn slopes(gpu: &Gpu, h: Heads) -> Result<Tensor, crate::tensor::TensorError> {
+    let values: Vec<f32> = (0..h.n_heads)
+        .map(|i| (-8.0 * (i + 1) as f32 / h.n_heads as f32).exp2())
+        .collect();
+    Tensor::from_f32(gpu, &[h.n_heads], Scalar::F32, &values)
 }
 
 /// A tensor of `shape` holding random values (of the check's generator, from `seed`).
@@ -177,13 +223,10 @@ pub fn flex(
     let (q, k, v) = (data(&q_shape, 1)?, data(&kv_shape, 2)?, data(&kv_shape, 3)?);
     let o = Tensor::zeros(gpu, &q_shape, Scalar::from(dtype));
     let lse = Tensor::zeros(gpu, &[1, seq, h.n_heads], Scalar::F32);
-    let slope_values: Vec<f32> = (0..h.n_heads)
-        .map(|i| (-8.0 * (i + 1) as f32 / h.n_heads as f32).exp2())
-        .collect();
-    let slopes = Tensor::from_f32(gpu, &[h.n_heads], Scalar::F32, &slope_values)?;
+    let slopes = slopes(gpu, h)?;
     let flex_slopes = [("slopes", &slopes)];
     let mut rows = Vec::new();
-    for variant in variants(seq, window) {
+    for variant in variants(seq, window, false) {
         let spec = ForwardSpec {
             head_dim: h.head_dim,
             head_dim_v: h.head_dim,
@@ -191,26 +234,71 @@ pub fn flex(
             dtype,
         };
         let mut forward = Forward::new(gpu, spec)?;
-        let tensors: &[(&str, &Tensor)] = match variant.masks.flex {
-            Some(f) if !f.parsed().tensors.is_empty() => &flex_slopes,
-            _ => &[],
-        };
-        let mods = DeviceModifiers {
-            window: variant.window,
-            softcap: variant.softcap,
-            alibi: variant.alibi.then_some(&slopes),
-            flex: variant
-                .masks
-                .flex
-                .map(|modifiers| FlexOf { modifiers, tensors }),
-            ..DeviceModifiers::default()
-        };
         let args = ForwardArgs {
-            mods,
+            mods: variant.modifiers(&flex_slopes),
             ..ForwardArgs::new(&q, &k, &v, &o, &lse)
         };
         let (t, ()) =
             timing::time_recorded(gpu, warmup, runs, |enc| forward.record(gpu, enc, &args))?;
+        rows.push(FlexRow {
+            what: variant.what,
+            ms: t.median_ms,
+            visible: variant.visible,
+        });
+    }
+    Ok(rows)
+}
+
+/// Every variant's decode (split-K, the planner's slicing) of one row per head against a
+/// contiguous cache of `cache_len` rows (batch 1, `h`), in `dtype`: a sparse mask's time
+/// should follow the slices and tiles it visits.
+pub fn decode(
+    gpu: &Gpu,
+    h: Heads,
+    cache_len: u32,
+    window: u32,
+    dtype: Dtype,
+    (warmup, runs): (usize, usize),
+) -> Result<Vec<FlexRow>, Error> {
+    let scalar = Scalar::from(dtype);
+    let kv_shape = [1, cache_len, h.n_kv_heads, h.head_dim];
+    let q_shape = [1, h.n_heads, h.head_dim];
+    let (q, k, v) = (
+        random(gpu, &q_shape, scalar, 1)?,
+        random(gpu, &kv_shape, scalar, 2)?,
+        random(gpu, &kv_shape, scalar, 3)?,
+    );
+    let o = Tensor::zeros(gpu, &q_shape, scalar);
+    let seq_lens = Tensor::from_u32(gpu, &[1], &[cache_len])?;
+    let slopes = slopes(gpu, h)?;
+    let flex_slopes = [("slopes", &slopes)];
+    let mut rows = Vec::new();
+    for variant in variants(cache_len, window, true) {
+        let mut decode = Decode::new(DecodeSpec {
+            head_dim: h.head_dim,
+            head_dim_v: h.head_dim,
+            masks: variant.masks,
+            dtype,
+            cache: attn_dsl::Cache::Contiguous,
+            kv_fp8: None,
+        })?;
+        let args = DecodeArgs {
+            q: &q,
+            cache: CacheView {
+                k: &k,
+                v: &v,
+                seq_lens: &seq_lens,
+                max_len: cache_len,
+                block_table: None,
+                scales: None,
+            },
+            o: &o,
+            scale: None,
+            mods: variant.modifiers(&flex_slopes),
+            slice_len: None,
+        };
+        let (t, _) =
+            timing::time_recorded(gpu, warmup, runs, |enc| decode.record(gpu, enc, &args))?;
         rows.push(FlexRow {
             what: variant.what,
             ms: t.median_ms,
