@@ -237,20 +237,20 @@ fn bounded(
     }
     let s = match lows.is_empty() {
         true => start.to_string(),
-        false => {
-            let s = lows.iter().fold(start.to_string(), |acc, o| {
-                format!("max({acc}, {})", bound(*o))
-            });
-            format!("min({s}, {end})")
-        }
+        false => format!("min({}, {end})", narrow(start, "max", lows, bound)),
     };
-    let e = highs.iter().fold(end.to_string(), |acc, o| {
-        format!("min({acc}, {})", bound(*o))
-    });
+    let e = narrow(end, "min", highs, bound);
     format!(
         "    // Narrowed by mask_mod's bounds, which move with the position.\n    \
          let s = {s};\n    return vec2<u32>(s, max(s, {e}));"
     )
+}
+
+/// `base` narrowed by each bound at `offsets` through `op` (`max` for starts, `min` for ends).
+fn narrow(base: &str, op: &str, offsets: &[i64], bound: &dyn Fn(i64) -> String) -> String {
+    offsets.iter().fold(base.to_string(), |acc, o| {
+        format!("{op}({acc}, {})", bound(*o))
+    })
 }
 
 /// A decode row's first key and end, `start` and `len` narrowed by the mask_mod's bounds
@@ -262,12 +262,8 @@ pub(super) fn decode_bounds(
     pos: &str,
 ) -> (String, String) {
     let b = mask_bounds(spec);
-    let s = b.starts.iter().fold(start.to_string(), |acc, o| {
-        format!("max({acc}, {})", at(pos, *o))
-    });
-    let e = b.ends.iter().fold(len.to_string(), |acc, o| {
-        format!("min({acc}, {})", at(pos, *o))
-    });
+    let s = narrow(start, "max", &b.starts, &|o| at(pos, o));
+    let e = narrow(len, "min", &b.ends, &|o| at(pos, o));
     match b.ends.is_empty() {
         true => (s, e),
         false => (s.clone(), format!("max({e}, min({s}, {len}))")),
