@@ -61,6 +61,8 @@ pub enum Presence {
     IfWrittenAs(WriteMode),
     /// With cooperative-matrix products (`true`) or without them.
     IfCoop(bool),
+    /// With bf16 operands on cooperative matrices in the backward (the row scales).
+    IfScaled,
 }
 
 /// One tensor (or uniform block) an op touches.
@@ -101,7 +103,8 @@ const fn when(t: Tensor, presence: Presence) -> Tensor {
 use Axis::{B, D, H, J, KvH, Page, Part, S, Slice};
 use Elem::{Cache4, Data, Data4, F32, F32x4, U32};
 use Presence::{
-    IfAlibi, IfBias, IfBiasWritten, IfCoop, IfDocument, IfRecompute, IfScratch, IfSinks, IfWritten,
+    IfAlibi, IfBias, IfBiasWritten, IfCoop, IfDocument, IfRecompute, IfScaled, IfScratch, IfSinks,
+    IfWritten,
 };
 use Role::{Input, Output, Uniform};
 
@@ -233,6 +236,11 @@ const BACKWARD_PREP: &[Tensor] = &[
 // computes D = dO·O on the tensor cores (the order in which they sum dP = dO·V, so that
 // dP − D cancels exactly where a row attends to one key) and packs both into `stats` for
 // the dK/dV half.
+// With bf16 operands on the tensor cores: each row's largest magnitude (f32 bits) of Q, K,
+// V, O and dO (parts 0-4), from the `row_scale` pass; K's and V's rows of a part are indexed
+// [b, j, kv_h] within its b·s·h words.
+const ROW_MAX: Tensor = when(t("row_max", Input, U32, &[Part, B, S, H]), IfScaled);
+
 const BACKWARD_Q: &[Tensor] = &[
     t("q", Input, Data, &[B, S, H, D]),
     t("k", Input, Data, &[B, J, KvH, D]),
@@ -253,6 +261,7 @@ const BACKWARD_Q: &[Tensor] = &[
     SHARED_BIAS,
     DBIAS,
     SHARED_DBIAS,
+    ROW_MAX,
 ];
 
 const BACKWARD_KV: &[Tensor] = &[
@@ -274,6 +283,7 @@ const BACKWARD_KV: &[Tensor] = &[
     SHARED_BIAS,
     DBIAS,
     SHARED_DBIAS,
+    ROW_MAX,
 ];
 
 use Axis::{K, N, R, RowTile};
@@ -434,6 +444,13 @@ const GRAD_FOLD: &[Tensor] = &[
     DIMS,
 ];
 
+// Each row's largest magnitude of a bf16 tensor (rows of width4 vec4s), as f32 bits.
+const ROW_SCALE: &[Tensor] = &[
+    t("src", Input, Data4, &[R]),
+    t("dst", Output, U32, &[R]),
+    DIMS,
+];
+
 /// Every tensor `op` may bind, whatever the description.
 pub fn all_tensors(op: Op) -> &'static [Tensor] {
     match op {
@@ -455,6 +472,7 @@ pub fn all_tensors(op: Op) -> &'static [Tensor] {
         Op::FromDtype => FROM_DTYPE,
         Op::SinkGrad => SINK_GRAD,
         Op::GradFold => GRAD_FOLD,
+        Op::RowScale => ROW_SCALE,
     }
 }
 
@@ -478,6 +496,7 @@ pub fn tensors(spec: &KernelSpec) -> Vec<Tensor> {
             Presence::IfCache(cache) => spec.cache == cache,
             Presence::IfFp8 => spec.kv_fp8.is_some(),
             Presence::IfCoop(coop) => spec.grid.uses_coop() == coop,
+            Presence::IfScaled => spec.dtype == Dtype::Bf16 && spec.grid.uses_coop(),
         })
         .copied()
         .collect()
@@ -568,6 +587,8 @@ pub fn dims(op: Op) -> UniformBlock {
         Op::ToDtype | Op::FromDtype => &["len4", "_pad0", "_pad1", "_pad2"],
         // elements of the gradient, and the lanes of the compensated sums.
         Op::GradFold => &["len", "lanes", "_pad0", "_pad1"],
+        // rows of width4 vec4s each; their maxima land at dst[at + row].
+        Op::RowScale => &["rows", "width4", "at", "_pad0"],
         // rows: batch·seq; n_tiles: row tiles of the backward's grid (dW's and db's
         // partials); n_blocks: its dx blocks (dγ's and dβ's partials).
         Op::LayernormLinear

@@ -122,10 +122,13 @@ pub enum Op {
     /// 1, i]`, the sums and their rounding errors that a backward scattered by atomics (a
     /// modifier tensor's gradient), one owner per element.
     GradFold,
+    /// Each row's largest magnitude of a bf16 tensor (its f32 bits), from which the
+    /// tensor-core backward takes the power of two that scales the row into f16.
+    RowScale,
 }
 
 impl Op {
-    pub const ALL: [Op; 19] = [
+    pub const ALL: [Op; 20] = [
         Op::Forward,
         Op::Decode,
         Op::DecodeSplit,
@@ -145,6 +148,7 @@ impl Op {
         Op::FromDtype,
         Op::SinkGrad,
         Op::GradFold,
+        Op::RowScale,
     ];
 
     pub fn name(self) -> &'static str {
@@ -168,6 +172,7 @@ impl Op {
             Op::FromDtype => "from_dtype",
             Op::SinkGrad => "sink_grad",
             Op::GradFold => "grad_fold",
+            Op::RowScale => "row_scale",
         }
     }
 
@@ -189,6 +194,7 @@ impl Op {
             | Op::ToDtype
             | Op::FromDtype
             | Op::GradFold
+            | Op::RowScale
             // A reduce: each workgroup owns one head's dsinks, walking every sequence.
             | Op::SinkGrad => Major::Elem,
         }
@@ -743,13 +749,13 @@ impl Dtype {
     pub const ALL: [Dtype; 3] = [Dtype::F32, Dtype::F16, Dtype::Bf16];
 
     /// Whether `op` runs its products on cooperative matrices (`matrix = coop16`, f16
-    /// operands) in this dtype: f16 as it is; bf16 in the forward, each row of Q, K and V
-    /// scaled by a power of two into f16's range (exact for every value within 2^38 of its
-    /// row's largest; see `emit::coop`).
+    /// operands) in this dtype: f16 as it is; bf16 in the forward and the backward's halves,
+    /// each row of every operand scaled by a power of two into f16's range (exact for every
+    /// value within 2^38 of its row's largest; see `emit::coop_scale`).
     pub fn on_tensor_cores(self, op: Op) -> bool {
         match self {
             Dtype::F16 => true,
-            Dtype::Bf16 => op == Op::Forward,
+            Dtype::Bf16 => matches!(op, Op::Forward | Op::BackwardQ | Op::BackwardKv),
             Dtype::F32 => false,
         }
     }

@@ -199,6 +199,7 @@ fn abi_const(abi: &KernelAbi, wgsl: TokenStream) -> TokenStream {
         Op::ToDtype => quote!(ToDtype),
         Op::FromDtype => quote!(FromDtype),
         Op::GradFold => quote!(GradFold),
+        Op::RowScale => quote!(RowScale),
         Op::SinkGrad => quote!(SinkGrad),
     };
     let f32_atomics = abi.f32_atomics;

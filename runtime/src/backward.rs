@@ -565,8 +565,9 @@ pub fn tiled_abis(
             continue;
         }
         if config.matrix == attn_dsl::Matrix::Coop16 {
-            let spread = tuning::flash_backward_scattered_dims(dims, masks, *config, scatter(gpu))
-                .map_err(dsl)?;
+            let spread =
+                tuning::flash_backward_scattered_in(dims, masks, *config, scatter(gpu), dtype)
+                    .map_err(dsl)?;
             scattered.push((Schedule::Scattered(*config), vec![q.clone(), spread]));
         }
         out.push((Schedule::Tiled(*config), vec![q, kv]));

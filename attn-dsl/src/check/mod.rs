@@ -52,6 +52,7 @@ fn check_dtype(spec: &KernelSpec) -> Result<(), DslError> {
         Op::ToDtype,
         Op::FromDtype,
         Op::SinkGrad,
+        Op::RowScale,
     ];
     if !ops.contains(&spec.op) && !flash_backward {
         let names: Vec<&str> = ops.iter().map(|o| o.name()).collect();
@@ -573,6 +574,7 @@ fn cannot_honour(op: Op, m: Modifier) -> Option<&'static str> {
         (Op::ToDtype | Op::FromDtype, _) => {
             Some("it converts values one by one; no query meets a key")
         }
+        (Op::RowScale, _) => Some("it reads each row of one tensor on its own"),
         (Op::DkvReduce | Op::GradFold, _) => {
             Some("it sums parts of gradients in which the masks and modifiers are already applied")
         }

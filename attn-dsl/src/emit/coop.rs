@@ -534,7 +534,7 @@ fn fetch_block(b: &mut String, t: &CoopTiling, tensors: &[(&str, &str)], r0: &st
                 b,
                 "        let p{name}_{i} = fetch_{name}({r0}, {head}, tid + {i}u * WG);"
             );
-            if t.scaled {
+            if t.gathers() {
                 let _ = writeln!(
                     b,
                     "        note_{name}(tid + {i}u * WG, slot * BC, p{name}_{i});"
@@ -549,7 +549,7 @@ fn put_block(b: &mut String, t: &CoopTiling, tensors: &[(&str, &str)]) {
     for i in 0..carried(t) {
         for (name, base) in tensors {
             let e = format!("tid + {i}u * WG");
-            let x = match t.scaled {
+            let x = match t.gathers() {
                 true => format!("half_{name}({e}, slot, p{name}_{i})"),
                 false => format!("p{name}_{i}"),
             };
@@ -687,7 +687,7 @@ pub(super) fn weighted_sum(
 }
 
 /// Row max or sum over the row's `lanes` invocations (consecutive lanes).
-fn row_reduce(x: &str, op: &str, lanes: u32, ind: &str) -> String {
+pub(super) fn row_reduce(x: &str, op: &str, lanes: u32, ind: &str) -> String {
     let mut out = String::new();
     let mut mask = 1;
     while mask < lanes {
@@ -801,20 +801,39 @@ fn scaled_weights(b: &mut String, lanes: u32, keys: u32) {
 /// O *= c row by row, through the subgroup's 16x16 corner of sh_s, in a block where some
 /// row moved its reference max (rare: the max of a causal row settles within a few blocks).
 fn rescale(b: &mut String, frags: u32) {
-    b.push_str(
-        "        if (workgroupUniformLoad(&sh_rescale) != 0u) {\n            \
-         let cr = sh_c[pr];\n            let at = pr * SS + part * 16u + (lane % 2u) * 8u;\n",
+    rescale_rows(b, frags, ("o", "sh_rescale", "sh_c"), false);
+}
+
+/// `acc_n` *= `factors[pr]` row by row (`pr` the row this invocation rescales), through
+/// the subgroup's 16x16 corner of sh_s, when `flag` is set; with `clear`, the flag is
+/// cleared after the last barrier that follows its reads (so the loop head need not).
+pub(super) fn rescale_rows(
+    b: &mut String,
+    frags: u32,
+    (acc, flag, factors): (&str, &str, &str),
+    clear: bool,
+) {
+    let _ = write!(
+        b,
+        "        if (workgroupUniformLoad(&{flag}) != 0u) {{\n            \
+         let cr = {factors}[pr];\n            let at = pr * SS + part * 16u + (lane % 2u) * 8u;\n"
     );
     for n in 0..frags {
         let _ = write!(
             b,
-            "            coopStoreT(o_{n}, &sh_s[rg * {FRAG}u * SS + part * 16u], SS);\n            \
+            "            coopStoreT({acc}_{n}, &sh_s[rg * {FRAG}u * SS + part * 16u], SS);\n            \
              workgroupBarrier();\n            \
              for (var e = 0u; e < 8u; e = e + 1u) {{\n                \
              sh_s[at + e] = sh_s[at + e] * cr;\n            \
              }}\n            workgroupBarrier();\n            \
-             o_{n} = coopLoadT<{C}>(&sh_s[rg * {FRAG}u * SS + part * 16u], SS);\n            \
+             {acc}_{n} = coopLoadT<{C}>(&sh_s[rg * {FRAG}u * SS + part * 16u], SS);\n            \
              workgroupBarrier();\n"
+        );
+    }
+    if clear {
+        let _ = writeln!(
+            b,
+            "            if (tid == 0u) {{\n                atomicStore(&{flag}, 0u);\n            }}"
         );
     }
     b.push_str("        }\n");

@@ -19,6 +19,7 @@ use super::writer::{Fragment, Template, Wgsl};
 use std::fmt::Write;
 
 use super::coop::{self, A, C, CoopTiling, FRAG, Phases};
+use super::coop_scale;
 use super::index::{self, Row, Rows};
 use crate::spec::{KernelSpec, Op, WriteMode};
 
@@ -78,11 +79,16 @@ pub(super) fn kernel(out: &mut Wgsl, spec: &KernelSpec, t: &CoopTiling, keep: Ph
         }
     }
     let (own_rows, block_rows) = ("BR", "BC");
-    for (name, tensor, of) in half.own.iter().copied() {
-        coop::fetch(out, spec, name, tensor, of, own_rows);
+    if t.scaled {
+        coop_scale::row_bits(out);
+        coop_scale::reference_constants(out);
     }
-    for (name, tensor, of) in half.streamed {
-        coop::fetch(out, spec, name, tensor, of, block_rows);
+    let fetches = half.own.iter().map(|f| (f, own_rows));
+    for (&(name, tensor, of), rows) in fetches.chain(half.streamed.iter().map(|f| (f, block_rows))) {
+        match t.scaled {
+            true => coop_scale::fetch_half(out, spec, (name, tensor), of, rows),
+            false => coop::fetch(out, spec, name, tensor, of, rows),
+        }
     }
     coop::put(out);
     for (i, (name, ..)) in half.own.iter().enumerate() {
@@ -98,9 +104,13 @@ pub(super) fn kernel(out: &mut Wgsl, spec: &KernelSpec, t: &CoopTiling, keep: Ph
         true => kv_loop(&mut b, t, scattered, super::tiles::sparse(spec)),
         false => q_loop(&mut b, t, &super::tiles::KeyLoop::of(spec, true)),
     }
-    let mut elementwise = match kv {
-        true => KV_ELEMENTWISE.plain(),
-        false => Q_ELEMENTWISE.plain(),
+    let mut elementwise = match (kv, t.scaled) {
+        (true, false) => KV_ELEMENTWISE.plain(),
+        (false, false) => Q_ELEMENTWISE.plain(),
+        (_, true) => Fragment {
+            text: scaled_elementwise(t, half, kv),
+            needs: super::writer::Needs::NONE,
+        },
     };
     if !keep.softmax {
         elementwise = Fragment {
@@ -109,6 +119,11 @@ pub(super) fn kernel(out: &mut Wgsl, spec: &KernelSpec, t: &CoopTiling, keep: Ph
         };
     }
     products(&mut b, t, half, &elementwise.text, keep);
+    if t.scaled {
+        for (acc, ..) in half.sums {
+            coop_scale::final_factor(&mut b, acc);
+        }
+    }
     finish(&mut b, (spec, t), half, kv, scattered);
     out.put(Fragment {
         text: b,
@@ -162,6 +177,13 @@ fn workgroup_memory(out: &mut Wgsl, t: &CoopTiling, kv: bool) {
              // (LSE, D) of each staged query row.\nvar<workgroup> sh_stats: array<vec2<f32>, BC>;\n",
             t.br * ps
         );
+    }
+    if t.scaled {
+        let accs: &[&str] = match kv {
+            true => &["dv", "dk"],
+            false => &["dq"],
+        };
+        coop_scale::reference_memory(out, accs);
     }
     out.push('\n');
 }
@@ -222,6 +244,30 @@ fn prologue(b: &mut String, t: &CoopTiling, half: &Half, kv: bool, scattered: bo
          let r = sg * EROWS + lane / ELANES;\n    let c0 = lane % ELANES;\n    \
          let range = workgroupUniformLoad(&sh_range);\n"
     );
+    if t.scaled {
+        scaled_prologue(b, half, kv);
+    }
+}
+
+/// With bf16 operands: the row each invocation rescales and stores, each accumulator's
+/// reference, and the exponents of the elementwise step's own row (Q, dO and O of a query
+/// row; K and V of a key row).
+fn scaled_prologue(b: &mut String, half: &Half, kv: bool) {
+    b.push_str("    let pr = rg * 16u + lane / 2u;\n");
+    for (acc, ..) in half.sums {
+        let _ = writeln!(b, "    var ref_{acc} = REF_LOW;");
+    }
+    b.push_str(match kv {
+        false => {
+            "    let qe = shift_of(q_bits(0u, row0 + r, h));\n    \
+             let oe = shift_of(q_bits(4u, row0 + r, h));\n    \
+             let ooe = shift_of(q_bits(3u, row0 + r, h));\n"
+        }
+        true => {
+            "    let ke = shift_of(kv_bits(1u, col0 + r, kv_h));\n    \
+             let ve = shift_of(kv_bits(2u, col0 + r, kv_h));\n"
+        }
+    });
 }
 
 /// D = rowsum(dO ∘ O) of the row group's rows, as the diagonal of dO·Oᵀ on the tensor
@@ -247,11 +293,20 @@ fn tensor_core_delta(b: &mut String, t: &CoopTiling) {
 /// tensor cores, packed into `stats` for the key-major half: this half runs without the
 /// prep), then per block of keys its K and V staged.
 fn q_loop(b: &mut String, t: &CoopTiling, lp: &super::tiles::KeyLoop) {
+    // With bf16 operands D = dO'·O' · 2^(oe + ooe).
+    let delta = match t.scaled {
+        true => "ldexp(sh_s[r * SS + r % 16u], oe + ooe)",
+        false => "sh_s[r * SS + r % 16u]",
+    };
     b.push_str(
         "    let kv_h = kv_head(h);\n    let row = row0 + r;\n    var lo = 0u;\n    var hi = 0u;\n    \
          var row_lse = 0.0;\n    var delta = 0.0;\n    if (row < dims.seq_len) {\n        \
          let keys = key_range(row);\n        lo = keys.x;\n        hi = keys.y;\n        \
-         row_lse = lse[row_index(row, h)];\n        delta = sh_s[r * SS + r % 16u];\n        \
+         row_lse = lse[row_index(row, h)];\n        delta = ",
+    );
+    b.push_str(delta);
+    b.push_str(
+        ";\n        \
          if (c0 == 0u) {\n            stats[stats_part(0u, row, h)] = row_lse;\n            \
          stats[stats_part(1u, row, h)] = delta;\n        }\n    }\n    \
          let kt_end = (range.y + BC - 1u) / BC;\n",
@@ -418,6 +473,13 @@ fn products(b: &mut String, t: &CoopTiling, half: &Half, elementwise: &str, keep
     b.push_str("        workgroupBarrier();\n");
     b.push_str(elementwise);
     b.push_str("        workgroupBarrier();\n");
+    if t.scaled && keep.softmax {
+        for (i, (acc, output, ..)) in half.sums.iter().enumerate() {
+            let frags = t.sum_frags(v_rows(output)) / t.split;
+            let names = (*acc, &*coop_scale::flag(i), &*format!("sh_c_{acc}"));
+            coop::rescale_rows(b, frags, names, true);
+        }
+    }
     if keep.accumulate {
         for (acc, output, src, tag, which) in half.sums {
             let base = if *which == 0 { "0u" } else { "BC" };
@@ -462,6 +524,81 @@ const KV_ELEMENTWISE: Template = Template {
 "#,
 };
 
+/// The elementwise step with bf16 operands: S and dP (scaled back by their rows' and
+/// keys' exponents) as in f16, then each weighted sum's weights with the row scale of the
+/// tensor they multiply folded in, kept in f32 where S (and dP) were read, and, once each
+/// row's reference has moved where it must, divided by it into f16.
+fn scaled_elementwise(t: &CoopTiling, half: &Half, kv: bool) -> String {
+    let mut b = String::new();
+    for (acc, ..) in half.sums {
+        let _ = writeln!(b, "        var wm_{acc} = 0.0;");
+    }
+    b.push_str(match kv {
+        false => SCALED_Q_WEIGHTS,
+        true => SCALED_KV_WEIGHTS,
+    });
+    let (_, lanes, _) = coop::softmax_layout(t);
+    for (i, (acc, ..)) in half.sums.iter().enumerate() {
+        coop_scale::move_reference(&mut b, (acc, i), lanes);
+    }
+    // (accumulator, where its f32 weights wait, where its f16 weights go)
+    let stores: &[(&str, &str, &str)] = match kv {
+        false => &[("dq", "sh_s", "sh_ds")],
+        true => &[("dv", "sh_s", "sh_p"), ("dk", "sh_dp", "sh_ds")],
+    };
+    b.push_str(
+        "        for (var i = 0u; i < ECOLS; i = i + 1u) {\n            let c = c0 + i * ELANES;\n",
+    );
+    for (acc, from, to) in stores {
+        let _ = writeln!(
+            b,
+            "            {to}[r * PS + c] = f16(ldexp({from}[r * SS + c], -ref_{acc}));"
+        );
+    }
+    b.push_str("        }\n");
+    b
+}
+
+/// dQ's weights scale·dS_ij·2^k_j, in sh_s, and their largest magnitude.
+const SCALED_Q_WEIGHTS: &str = r#"        for (var i = 0u; i < ECOLS; i = i + 1u) {
+            let c = c0 + i * ELANES;
+            let j = j0 + c;
+            let v = j >= lo && j < hi && key_visible(row, h, j);
+            let ke = shift_of(kv_bits(1u, j, kv_h));
+            let s = ldexp(sh_s[r * SS + c], qe + ke);
+            let x = scored(row, h, j, s);
+            let p = exp2((x.x - row_lse) * LOG2E);
+            let dp = ldexp(sh_dp[r * SS + c], oe + shift_of(kv_bits(2u, j, kv_h)));
+            let g = score_grads(row, h, j, s, x, p * (dropped(row, h, j, dp) - delta), v);
+            let w = ldexp(params.scale * g, ke);
+            wm_dq = max(wm_dq, abs(w));
+            sh_s[r * SS + c] = w;
+        }
+"#;
+
+/// dV's weights P_ij·2^do_i (dropped) in sh_s and dK's scale·dS_ij·2^q_i in sh_dp, and
+/// their largest magnitudes.
+const SCALED_KV_WEIGHTS: &str = r#"        for (var i = 0u; i < ECOLS; i = i + 1u) {
+            let c = c0 + i * ELANES;
+            let q = s0 + c;
+            let st = sh_stats[c];
+            let v = q < dims.seq_len && col < dims.seq_len && visible(q, h, col);
+            let qe = shift_of(q_bits(0u, q, h));
+            let oe = shift_of(q_bits(4u, q, h));
+            let s = ldexp(sh_s[r * SS + c], ke + qe);
+            let x = scored(q, h, col, s);
+            let p = select(0.0, exp2((x.x - st.x) * LOG2E), v);
+            let dp = ldexp(sh_dp[r * SS + c], ve + oe);
+            let g = score_grads(q, h, col, s, x, p * (dropped(q, h, col, dp) - st.y), v);
+            let wv = ldexp(dropped(q, h, col, p), oe);
+            let wk = ldexp(params.scale * g, qe);
+            wm_dv = max(wm_dv, abs(wv));
+            wm_dk = max(wm_dk, abs(wk));
+            sh_s[r * SS + c] = wv;
+            sh_dp[r * SS + c] = wk;
+        }
+"#;
+
 /// Each accumulator into its output through the subgroup's 16x16 corner of sh_s, a
 /// fragment at a time, added to what the output holds.
 fn finish(
@@ -475,9 +612,12 @@ fn finish(
         true => ("col0", "kv_index(out_row, kv_h)"),
         false => ("row0", "q_index(out_row, h)"),
     };
+    if !t.scaled {
+        let _ = writeln!(b, "    let pr = rg * {FRAG}u + lane / 2u;");
+    }
     let _ = write!(
         b,
-        "    let pr = rg * {FRAG}u + lane / 2u;\n    let out_row = {row0} + pr;\n    \
+        "    let out_row = {row0} + pr;\n    \
          let base = {index};\n    let c8 = (lane % 2u) * 8u;\n    \
          let x = pr * SS + part * 16u + c8;\n"
     );
@@ -497,9 +637,14 @@ fn finish(
         } else {
             "base"
         };
+        // With bf16 operands each row's accumulators are 2^-ref of its gradient.
+        let value = match t.scaled {
+            true => format!("sh_s[x + e] * sh_c_{acc}[pr]"),
+            false => "sh_s[x + e]".to_string(),
+        };
         let add = match scattered {
-            true => format!("add_{output}(at + e, sh_s[x + e]);"),
-            false => format!("{output}[at + e] = {output}[at + e] + sh_s[x + e];"),
+            true => format!("add_{output}(at + e, {value});"),
+            false => format!("{output}[at + e] = {output}[at + e] + {value};"),
         };
         for n in 0..mine {
             // A fragment past the end of its tensor's row (the width's fragments summed
@@ -518,4 +663,55 @@ fn finish(
         }
     }
     b.push_str("}\n\n");
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Dtype, KernelSpec, Masks, Op, Scatter, WriteMode};
+
+    /// The bf16 halves compile (naga validates them) in every configuration, owning dK and
+    /// dV or adding them by atomics, and bind the row maxima; f16's bind none.
+    #[test]
+    fn bf16_halves_compile_with_their_row_scales() {
+        let bytes = crate::configs::CANDIDATE_WORKGROUP_BYTES;
+        for head_dim in [64, 128] {
+            for config in crate::configs::coop_backward_in(head_dim, bytes, Dtype::Bf16) {
+                let halves = [
+                    (Op::BackwardQ, vec![], None),
+                    (Op::BackwardKv, vec![WriteMode::Owned; 2], None),
+                    (
+                        Op::BackwardKv,
+                        vec![WriteMode::AtomicScatter; 2],
+                        Some(Scatter::F32Atomic),
+                    ),
+                ];
+                for (op, modes, scatter) in halves {
+                    for dtype in [Dtype::Bf16, Dtype::F16] {
+                        let mut spec = KernelSpec {
+                            dtype,
+                            ..KernelSpec::flash("b", op, head_dim, Masks::new(true, false), config)
+                        };
+                        if op == Op::BackwardKv {
+                            spec.writes = ["dk", "dv"]
+                                .into_iter()
+                                .zip(modes.iter().copied())
+                                .map(|(n, m)| (n.into(), m))
+                                .collect();
+                        }
+                        if let Some(s) = scatter {
+                            spec.scatter = s;
+                        }
+                        spec.fit_target();
+                        let abi = crate::compile(&spec)
+                            .unwrap_or_else(|e| panic!("{op:?} d{head_dim} {config:?}: {e}"));
+                        assert_eq!(
+                            abi.binding("row_max").is_some(),
+                            dtype == Dtype::Bf16,
+                            "{op:?} {dtype:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 }

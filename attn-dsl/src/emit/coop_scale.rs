@@ -1,9 +1,11 @@
-//! bf16 operands on f16 tensor cores (the forward's `CoopTiling::scaled`). naga has no
-//! bf16 cooperative matrix, but a bf16 value (8 significant bits) is an f16 one (11)
-//! wherever its magnitude lies in f16's range. So each row of Q, of K and of V is scaled
-//! by a power of two that puts its largest magnitude in [2^14, 2^15): every value within
-//! 2^38 of its row's largest converts exactly (f16's subnormals hold 8 bits down to 2^-17),
-//! and the scales come back exactly, as powers of two:
+//! bf16 operands on f16 tensor cores (`CoopTiling::scaled`). naga has no bf16 cooperative
+//! matrix, but a bf16 value (8 significant bits) is an f16 one (11) wherever its magnitude
+//! lies in f16's range. So each row of every operand is scaled by a power of two that puts
+//! its largest magnitude in [2^14, 2^15): every value within 2^38 of its row's largest
+//! converts exactly (f16's subnormals hold 8 bits down to 2^-17), and the scales come back
+//! exactly, as powers of two.
+//!
+//! In the forward:
 //!
 //! - Q's row scale and K's row scale multiply S = Q·Kᵀ element by element before the
 //!   softmax (in f32, where the score lives anyway);
@@ -12,11 +14,20 @@
 //!   of s·log2 e + v_j), so that the f16 weights stay below e^TAU whatever V's range, and
 //!   O = O_acc · 2^(mo − m·log2 e) / l at the end. The row sum l keeps its own max.
 //!
-//! A row's largest magnitude is gathered with `atomicMax` on the f32 bits (monotone for
-//! non-negative floats) in workgroup memory: for Q once per tile, for K and V per block,
-//! into one of two slots by the block's parity, so that the next block's maxima gather
-//! while this block's are still read; a slot is cleared after the barrier that ends its
-//! reads.
+//! A forward row's largest magnitude is gathered with `atomicMax` on the f32 bits
+//! (monotone for non-negative floats) in workgroup memory: for Q once per tile, for K and
+//! V per block, into one of two slots by the block's parity, so that the next block's
+//! maxima gather while this block's are still read; a slot is cleared after the barrier
+//! that ends its reads.
+//!
+//! In the backward the maxima come from the `row_scale` pass (`row_max`: Q, K, V, O, dO),
+//! so staging converts each vec4 as it is fetched. S and dP (and D) are scaled back to
+//! their true values before the elementwise step, which so runs as in f16. Each weighted
+//! sum then folds the row scale of the tensor it multiplies into its weights (dQ: dS_ij ·
+//! 2^k_j; dV: P_ij · 2^do_i; dK: dS_ij · 2^q_i) and divides them by a lazy power-of-two
+//! reference per output row, moved (and the accumulator's row rescaled through workgroup
+//! memory) only when a block's largest weight would pass 2^15; the output row is multiplied
+//! by 2^reference at the end.
 
 use std::fmt::Write;
 
@@ -45,18 +56,34 @@ pub(super) fn workgroup_memory(out: &mut Wgsl) {
 /// into its row's max) for Q, K and V, and `half_{name}` (into f16 by its row's scale)
 /// for K and V.
 pub(super) fn helpers(out: &mut Wgsl) {
-    let _ = write!(
-        out,
-        r#"fn bf16x4(w: vec2<u32>) -> vec4<f32> {{
-    return bitcast<vec4<f32>>(vec4<u32>(w.x << 16u, w.x & 0xffff0000u, w.y << 16u, w.y & 0xffff0000u));
-}}
-
-fn max_bits(w: vec2<u32>) -> u32 {{
+    widen(out);
+    out.push_str(
+        r#"fn max_bits(w: vec2<u32>) -> u32 {
     let a = abs(bf16x4(w));
     return bitcast<u32>(max(max(a.x, a.y), max(a.z, a.w)));
-}}
+}
 
-// The exponent of a row's largest magnitude (its f32 bits), kept where 2^(±e ± {TOP}) is
+"#,
+    );
+    exponents(out);
+    gather(out);
+}
+
+fn widen(out: &mut Wgsl) {
+    out.push_str(
+        r#"fn bf16x4(w: vec2<u32>) -> vec4<f32> {
+    return bitcast<vec4<f32>>(vec4<u32>(w.x << 16u, w.x & 0xffff0000u, w.y << 16u, w.y & 0xffff0000u));
+}
+
+"#,
+    );
+}
+
+/// The row exponent and the conversion into f16 by a row's scale, and back.
+fn exponents(out: &mut Wgsl) {
+    let _ = write!(
+        out,
+        r#"// The exponent of a row's largest magnitude (its f32 bits), kept where 2^(±e ± {TOP}) is
 // a normal f32 (a NaN or an infinity still converts to itself).
 fn row_exp(bits: u32) -> i32 {{
     return clamp(i32(bits >> 23u) - 127, -100, 127);
@@ -78,6 +105,11 @@ fn from_half(bits: u32) -> f32 {{
 
 "#
     );
+}
+
+/// The forward's `note_{name}` and `half_{name}`, through the row maxima in workgroup
+/// memory.
+fn gather(out: &mut Wgsl) {
     // (Each invocation adds its own max: taking a row's max among the invocations that
     // hold it first, by shuffles, and one atomic per row and subgroup, made the bf16
     // forward slower on an H200, 1.717 -> 2.335 ms at seq 4096, d 128.)
@@ -169,5 +201,139 @@ pub(super) fn clear_slot(b: &mut String) {
     b.push_str(
         "        if (tid < BC) {\n            atomicStore(&sh_kmax[slot * BC + tid], 0u);\n            \
          atomicStore(&sh_vmax[slot * BC + tid], 0u);\n        }\n",
+    );
+}
+
+/// The backward's conversions and each row's maximum from `row_max` (`q_bits` for rows of
+/// Q, O and dO by query head, `kv_bits` for K and V by KV head; a row past the sequence
+/// reads the last one's).
+pub(super) fn row_bits(out: &mut Wgsl) {
+    widen(out);
+    exponents(out);
+    let _ = write!(
+        out,
+        r#"// log2 of the factor that undoes `to_half` for a row.
+fn shift_of(bits: u32) -> i32 {{
+    return row_exp(bits) - {TOP};
+}}
+
+// Part p of row_max: 0 Q, 1 K, 2 V, 3 O, 4 dO.
+fn part_at(p: u32) -> u32 {{
+    return p * dims.batch * dims.seq_len * dims.n_heads;
+}}
+
+fn q_bits(p: u32, row: u32, h: u32) -> u32 {{
+    return row_max[part_at(p) + row_index(min(row, dims.seq_len - 1u), h)];
+}}
+
+fn kv_bits(p: u32, j: u32, kv_h: u32) -> u32 {{
+    return row_max[part_at(p) + (batch * dims.seq_len + min(j, dims.seq_len - 1u)) * dims.n_kv_heads + kv_h];
+}}
+
+"#
+    );
+}
+
+/// The part of `row_max` holding the rows of fetch `name` (Q, K, V, O, dO).
+pub(super) fn part(name: &str) -> u32 {
+    match name {
+        "q" => 0,
+        "k" => 1,
+        "v" => 2,
+        "o" => 3,
+        _ => 4,
+    }
+}
+
+/// The backward's `fetch_{name}(r0, h, e)`: vec4 `e` of `rows` rows of bf16 `tensor` from
+/// r0 in f16, scaled by its row's power of two (zeros past the sequence and the block).
+pub(super) fn fetch_half(
+    out: &mut Wgsl,
+    spec: &KernelSpec,
+    (name, tensor): (&str, &str),
+    of: Rows,
+    rows: &str,
+) {
+    let bits = match of {
+        Rows::Q | Rows::O => "q_bits",
+        Rows::K | Rows::V => "kv_bits",
+    };
+    let _ = write!(
+        out,
+        r#"fn fetch_{name}(r0: u32, h: u32, e: u32) -> vec4<f16> {{
+    let r = r0 + e / (HEAD_DIM / 4u);
+    let c = (e % (HEAD_DIM / 4u)) * 4u;
+    var x = vec4<f16>(0.0);
+    if ({cond}) {{
+        let i = ({index} + c) >> 1u;
+        x = to_half(vec2<u32>({tensor}[i], {tensor}[i + 1u]), {bits}({p}u, r, h));
+    }}
+    return x;
+}}
+
+"#,
+        cond = super::coop::fetch_guard(spec, of, rows),
+        index = of.index("r", "h"),
+        p = part(name),
+    );
+}
+
+/// A weighted sum's reference moves to the exponent of a block's largest weight (which
+/// then lands in f16 at [2^0, 2^1)) when that weight would reach 2^15 against the old one:
+/// the weights may grow 2^14 between moves, and weights 2^14 below the largest stay
+/// normal f16.
+const REF_ROOM: i32 = 14;
+/// The references' range: 2^-REF_LOW .. 2^REF_HIGH scale an f32 weight without leaving f32.
+const REF_LOW: i32 = -126;
+const REF_HIGH: i32 = 111;
+
+/// The lazy references' constants.
+pub(super) fn reference_constants(out: &mut Wgsl) {
+    let _ = write!(
+        out,
+        "// bf16: a weighted sum's weights are divided by 2^ref of their output row, ref moved\n\
+         // to a block's largest weight's exponent when that passes ref + REF_ROOM.\n\
+         const REF_ROOM: i32 = {REF_ROOM};\nconst REF_LOW: i32 = {REF_LOW};\nconst REF_HIGH: i32 = {REF_HIGH};\n\n"
+    );
+}
+
+/// The workgroup memory of the accumulators' references: each row's rescale factor in a
+/// block (its final factor after the loop), and per accumulator the flag that some row
+/// moved, in one 16-byte array: with two 4-byte flags of their own, NVIDIA's driver left a
+/// later f16 array off 16-byte alignment, and cooperative loads from it read zeros.
+pub(super) fn reference_memory(out: &mut Wgsl, accs: &[&str]) {
+    for acc in accs {
+        let _ = writeln!(out, "var<workgroup> sh_c_{acc}: array<f32, BR>;");
+    }
+    out.push_str("var<workgroup> sh_rescale_of: array<atomic<u32>, 4>;\n");
+}
+
+/// Accumulator `i`'s flag.
+pub(super) fn flag(i: usize) -> String {
+    format!("sh_rescale_of[{i}]")
+}
+
+/// After a block's weights of `acc` are in `wm_{acc}` (the invocation's largest magnitude)
+/// and its row's invocations are `lanes` consecutive lanes: the row's reference moved
+/// where it must, its rescale factor into `sh_c_{acc}`, and the flag.
+pub(super) fn move_reference(b: &mut String, (acc, i): (&str, usize), lanes: u32) {
+    let _ = write!(
+        b,
+        "{}        let e_{acc} = i32(bitcast<u32>(wm_{acc}) >> 23u) - 127;\n        \
+         let moved_{acc} = wm_{acc} > 0.0 && e_{acc} > ref_{acc} + REF_ROOM;\n        \
+         let next_{acc} = select(ref_{acc}, clamp(e_{acc}, REF_LOW, REF_HIGH), moved_{acc});\n        \
+         if (moved_{acc}) {{\n            atomicStore(&{flag}, 1u);\n        }}\n        \
+         if (c0 == 0u) {{\n            sh_c_{acc}[r] = ldexp(1.0, ref_{acc} - next_{acc});\n        }}\n        \
+         ref_{acc} = next_{acc};\n",
+        super::coop::row_reduce(&format!("wm_{acc}"), "max", lanes, "        "),
+        flag = flag(i),
+    );
+}
+
+/// After the loop: each row's factor from `acc`'s accumulators to its output, 2^ref.
+pub(super) fn final_factor(b: &mut String, acc: &str) {
+    let _ = writeln!(
+        b,
+        "    if (c0 == 0u) {{\n        sh_c_{acc}[r] = ldexp(1.0, ref_{acc});\n    }}"
     );
 }

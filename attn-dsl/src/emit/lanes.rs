@@ -3,7 +3,8 @@
 //! `dkv` holds, for each of `DKV_LANES` lanes, dK then dV (each at its own width), and each
 //! invocation adds one vec4 of every lane, pairwise in a fixed order, to dK or dV. One
 //! owner per element and one order: the sum is the same on every run. And conversions
-//! between f32 and the kernel's dtype (`to_dtype`, `from_dtype`).
+//! between f32 and the kernel's dtype (`to_dtype`, `from_dtype`), and each row's largest
+//! magnitude (`row_scale`).
 
 use super::writer::Wgsl;
 use std::fmt::Write;
@@ -101,6 +102,28 @@ pub(super) fn convert(out: &mut Wgsl, spec: &KernelSpec, to_dtype: bool) {
 fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>, @builtin(local_invocation_index) tid: u32) {{
     for (var i = wg.x * WG + tid; i < dims.len4; i = i + groups.x * WG) {{
         {body}
+    }}
+}}
+"#,
+        name = spec.name
+    );
+}
+
+/// `row_scale`: each row's largest magnitude, as f32 bits (monotone for non-negative
+/// floats), one row per step of a grid-stride loop: what the bf16 tensor-core backward
+/// scales each row of its operands by (see `coop_scale`).
+pub(super) fn row_scale(out: &mut Wgsl, spec: &KernelSpec) {
+    super::dtype::vec4_codec(out, spec.dtype);
+    let _ = write!(
+        out,
+        r#"@compute @workgroup_size(WG)
+fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>, @builtin(local_invocation_index) tid: u32) {{
+    for (var row = wg.x * WG + tid; row < dims.rows; row = row + groups.x * WG) {{
+        var m = vec4<f32>(0.0);
+        for (var c = 0u; c < dims.width4; c = c + 1u) {{
+            m = max(m, abs(widen4(src[row * dims.width4 + c])));
+        }}
+        dst[dims.at + row] = bitcast<u32>(max(max(m.x, m.y), max(m.z, m.w)));
     }}
 }}
 "#,

@@ -58,7 +58,7 @@ pub fn emit_phases(spec: &KernelSpec, bindings: &[Binding], keep: coop::Phases) 
         cache::constants(&mut head, spec);
     } else if matches!(
         spec.op,
-        Op::DkvReduce | Op::ToDtype | Op::FromDtype | Op::GradFold
+        Op::DkvReduce | Op::ToDtype | Op::FromDtype | Op::GradFold | Op::RowScale
     ) {
         lanes::constants(&mut head, spec);
     } else {
@@ -142,6 +142,10 @@ fn emit_body(out: &mut Wgsl, spec: &KernelSpec, keep: coop::Phases) {
             lanes::fold(out, spec);
             return;
         }
+        Op::RowScale => {
+            lanes::row_scale(out, spec);
+            return;
+        }
     }
     match spec.op {
         Op::Forward => tile_entry(out, spec, "attend_row"),
@@ -162,7 +166,8 @@ fn emit_body(out: &mut Wgsl, spec: &KernelSpec, keep: coop::Phases) {
         | Op::ToDtype
         | Op::FromDtype
         | Op::SinkGrad
-        | Op::GradFold => {}
+        | Op::GradFold
+        | Op::RowScale => {}
     }
 }
 

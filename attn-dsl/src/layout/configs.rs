@@ -185,8 +185,15 @@ const COOP_BACKWARD_MENU: &[(u32, u32, u32)] = &[
 /// The cooperative-matrix tiled backward configurations for `head_dim` (a multiple of 16)
 /// within `bytes` of workgroup memory, each valid for both halves, best first.
 pub fn coop_backward(head_dim: u32, bytes: u32) -> Vec<FlashConfig> {
+    coop_backward_in(head_dim, bytes, crate::Dtype::F16)
+}
+
+/// [`coop_backward`] with operands in `dtype`: bf16's rescale factors take workgroup
+/// memory.
+pub fn coop_backward_in(head_dim: u32, bytes: u32, dtype: crate::Dtype) -> Vec<FlashConfig> {
     let ops = [Op::BackwardQ, Op::BackwardKv];
-    coop_configs(COOP_BACKWARD_MENU, &ops, head_dim, bytes, false)
+    let scaled = dtype == crate::Dtype::Bf16;
+    coop_configs(COOP_BACKWARD_MENU, &ops, head_dim, bytes, scaled)
 }
 
 fn coop_configs(

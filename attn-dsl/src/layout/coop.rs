@@ -29,8 +29,9 @@ pub struct CoopTiling {
     pub v_frags: u32,
     /// The forward, or a half of the tiled backward (the emitter's `coop_backward`).
     pub op: Op,
-    /// Whether the operands are bf16, scaled into f16 by a power of two per row of Q, K
-    /// and V (the forward only): the row maxima and the scales take workgroup memory.
+    /// Whether the operands are bf16, scaled into f16 by a power of two per row: the
+    /// forward gathers the row maxima in workgroup memory; the backward reads them from
+    /// the `row_scale` pass and keeps each accumulator's lazy row references.
     pub scaled: bool,
 }
 
@@ -51,8 +52,14 @@ impl CoopTiling {
             qk_frags: spec.head_dim / FRAG,
             v_frags,
             op: spec.op,
-            scaled: spec.dtype == Dtype::Bf16 && spec.op == Op::Forward,
+            scaled: spec.dtype == Dtype::Bf16,
         })
+    }
+
+    /// Whether the kernel gathers its bf16 row maxima itself, in workgroup memory (the
+    /// forward), rather than reading them from the `row_scale` pass (the backward).
+    pub fn gathers(&self) -> bool {
+        self.scaled && self.op == Op::Forward
     }
 
     /// Fragments of a backward accumulator (dQ, dK: `v_rows` false; dV: true): its
@@ -152,7 +159,7 @@ impl CoopTiling {
     /// With scaled operands: the row maxima of Q and of two blocks of K and of V (a block's
     /// are gathered while the previous one's are still read), and each key's scales.
     fn scale_bytes(&self) -> u32 {
-        match self.scaled {
+        match self.gathers() {
             true => 4 * (self.br + 2 * 2 * self.bc + 2 * self.bc),
             false => 0,
         }
@@ -221,6 +228,12 @@ impl CoopTiling {
             Op::BackwardKv => 2 * (2 * self.br * ps) + 8 * self.bc,
             _ => 2 * self.br * ps,
         };
-        staged + 2 * 4 * self.br * ss + weights + 16
+        // With bf16 operands: each accumulator's rescale factors and flag (two for the
+        // key-major half's dV and dK).
+        let scales = match self.scaled {
+            true => 2 * (4 * self.br + 4),
+            false => 0,
+        };
+        staged + 2 * 4 * self.br * ss + weights + 16 + scales
     }
 }

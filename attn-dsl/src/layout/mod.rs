@@ -46,7 +46,8 @@ pub fn workgroup_bytes(spec: &KernelSpec) -> u32 {
         | Op::DkvReduce
         | Op::ToDtype
         | Op::FromDtype
-        | Op::GradFold => 0,
+        | Op::GradFold
+        | Op::RowScale => 0,
         Op::DecodeSplit | Op::DecodeReduce => decode::workgroup_bytes(spec),
         Op::LayernormLinear
         | Op::LayernormLinearBackward

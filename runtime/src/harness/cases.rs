@@ -1338,6 +1338,26 @@ const RANGES: [[f32; 5]; 3] = [
     [1.0, 1e20, 1e-20, 0.0, 1e5],
 ];
 
+/// Row magnitudes for Q, K, V and dO in the backward, as [`RANGES`] for the forward: each
+/// tensor spans 20 decades or more with an all-zero row, past f16's range, while every
+/// score stays near 1 (Q's largest rows meet K's, 1e-15 at most) and no gradient leaves
+/// f32 (dK = dS·Q, with dP = dO·V, reaches 1e31), and each gradient's largest element is
+/// 1 or more, so that the rule's floor of 1e-6 judges none of them trivially.
+const BACKWARD_RANGES: [[f32; 5]; 4] = [
+    [1.0, 1e-20, 1e15, 0.0, 1e-3],
+    [1e-15, 1e-20, 0.0, 1e-15, 1e-30],
+    [1.0, 1e15, 1e-20, 0.0, 1e5],
+    [1.0, 1e-20, 0.0, 1e-5, 1e-10],
+];
+
+/// Each row of `width` values of `x` times its factor, cycling row by row.
+fn scale_rows(x: &mut [f32], factors: &[f32], width: u32) {
+    for (i, row) in x.chunks_mut(width as usize).enumerate() {
+        row.iter_mut()
+            .for_each(|e| *e *= factors[i % factors.len()]);
+    }
+}
+
 /// Random Q, K, V (and dO) for `rows` rows.
 fn qkv(h: Heads, rows: u32, seed: u64) -> [Vec<f32>; 4] {
     let q_len = (rows * h.n_heads * h.head_dim) as usize;
@@ -1392,12 +1412,9 @@ impl Job {
         if ranges {
             let widths = [self.h.head_dim, self.h.head_dim, self.h.head_dim_v];
             for ((x, factors), width) in
-                [&mut q, &mut k, &mut v].into_iter().zip(RANGES).zip(widths)
+                [&mut q, &mut k, &mut v].into_iter().zip(&RANGES).zip(widths)
             {
-                for (i, row) in x.chunks_mut(width as usize).enumerate() {
-                    row.iter_mut()
-                        .for_each(|e| *e *= factors[i % factors.len()]);
-                }
+                scale_rows(x, factors, width);
             }
         }
         // A half-precision kernel is judged on the inputs it reads: rounded to its dtype.
@@ -1500,13 +1517,18 @@ impl Job {
             &results,
         )?);
         for dtype in gpu.half_dtypes() {
-            rows.extend(self.half_backward(gpu, runner, case, &input, dtype)?);
+            rows.extend(self.half_backward(gpu, runner, case, &input, dtype, false)?);
+            // bf16's range, past f16's: what its tensor-core path scales by rows.
+            if dtype == Dtype::Bf16 && self.seq >= 64 {
+                rows.extend(self.half_backward(gpu, runner, case, &input, dtype, true)?);
+            }
         }
         Ok(rows)
     }
 
     /// One row per half-precision schedule of `dtype`, judged on the inputs the kernels
-    /// read: Q, K, V, dO and O rounded to the dtype.
+    /// read: Q, K, V, dO and O rounded to the dtype; with `ranges`, on rows scaled by
+    /// [`BACKWARD_RANGES`] (then without the deterministic rerun).
     fn half_backward(
         &self,
         gpu: &Gpu,
@@ -1514,11 +1536,19 @@ impl Job {
         case: &Case,
         input: &BackwardInput,
         dtype: Dtype,
+        ranges: bool,
     ) -> Result<Vec<Row>, Error> {
         let h = self.h;
         let scalar = attn_dsl::Scalar::from(dtype);
-        let [q, k, v, d_o] =
-            [input.q, input.k, input.v, input.d_o].map(|x| crate::buffers::rounded(x, scalar));
+        let mut inputs = [input.q, input.k, input.v, input.d_o].map(<[f32]>::to_vec);
+        if ranges {
+            let factors = &BACKWARD_RANGES;
+            let widths = [h.head_dim, h.head_dim, h.head_dim_v, h.head_dim_v];
+            for ((x, f), w) in inputs.iter_mut().zip(factors).zip(widths) {
+                scale_rows(x, f, w);
+            }
+        }
+        let [q, k, v, d_o] = inputs.map(|x| crate::buffers::rounded(&x, scalar));
         // The forward a framework saves on these inputs: O in the dtype, LSE in f32.
         let fwd = reference::attention::<f64>(&self.problem(), &cast(&q), &cast(&k), &cast(&v));
         let o: Vec<f32> = fwd
@@ -1556,19 +1586,25 @@ impl Job {
                 &g.dflex,
                 scalar,
             );
+            let mut label = planned(
+                &format!("backward {schedule} {}", dtype.name()),
+                schedule == plan,
+            );
+            if ranges {
+                label += ", rows 1e-30..1e15 and 0";
+            }
             rows.push(Row {
                 case: *case,
-                label: planned(
-                    &format!("backward {schedule} {}", dtype.name()),
-                    schedule == plan,
-                ),
+                label,
                 verdicts,
             });
             results.push((schedule, g));
         }
-        rows.extend(rerun_deterministic(
-            gpu, backward, case, &input, dtype, &results,
-        )?);
+        if !ranges {
+            rows.extend(rerun_deterministic(
+                gpu, backward, case, &input, dtype, &results,
+            )?);
+        }
         Ok(rows)
     }
 }

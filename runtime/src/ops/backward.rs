@@ -73,6 +73,10 @@ pub struct Scratch {
     flex_pairs: Vec<Option<Tensor>>,
     /// The kernel that adds a compensated sum into its gradient.
     fold: Option<Pipeline>,
+    /// With bf16 operands on tensor cores: each row's largest magnitude of Q, K, V, O and
+    /// dO, `[5, batch, seq, n_heads]` u32, and the kernel that finds them.
+    row_max: Option<Tensor>,
+    row_scale: Option<Pipeline>,
 }
 
 impl Scratch {
@@ -82,6 +86,15 @@ impl Scratch {
     }
 
     fn view(held: &mut Option<Tensor>, gpu: &Gpu, shape: &[u32]) -> Result<Tensor, TensorError> {
+        Scratch::view_as(held, gpu, shape, Scalar::F32)
+    }
+
+    fn view_as(
+        held: &mut Option<Tensor>,
+        gpu: &Gpu,
+        shape: &[u32],
+        scalar: Scalar,
+    ) -> Result<Tensor, TensorError> {
         let n = elements(shape);
         if held.as_ref().is_none_or(|t| t.len() < n) {
             *held = None; // free the old buffer before allocating the new one
@@ -90,7 +103,7 @@ impl Scratch {
                 bytes: 4 * n,
                 limit: gpu.limits().max_storage_buffer_binding_size,
             })?;
-            *held = Some(Tensor::zeros(gpu, &[len], Scalar::F32));
+            *held = Some(Tensor::zeros(gpu, &[len], scalar));
         }
         held.as_ref().expect("made above").view(shape)
     }
@@ -102,6 +115,40 @@ impl Scratch {
             &mut self.lanes,
             KernelSpec::standard(name, Op::DkvReduce, 4, Masks::default()),
         )
+    }
+
+    /// Records each row's largest magnitude of Q, K, V, O and dO (parts 0-4 of the
+    /// returned `[5, batch, seq, n_heads]` scratch; K's and V's rows first in theirs), for
+    /// the bf16 tensor-core backward.
+    fn row_maxima(
+        &mut self,
+        gpu: &Gpu,
+        encoder: &mut wgpu::CommandEncoder,
+        args: &BackwardArgs,
+        rows: [u32; 3],
+    ) -> Result<Tensor, Error> {
+        let held = Scratch::view_as(&mut self.row_max, gpu, &[5, rows[0], rows[1], rows[2]], Scalar::U32)?;
+        if self.row_scale.is_none() {
+            let spec = KernelSpec {
+                dtype: Dtype::Bf16,
+                ..KernelSpec::standard("attention_row_scale", Op::RowScale, 4, Masks::default())
+            };
+            helper(gpu, &mut self.row_scale, spec)?;
+        }
+        let pipeline = self.row_scale.as_mut().expect("made above");
+        let part = rows.iter().product::<u32>();
+        for (at, t) in [args.q, args.k, args.v, args.o, args.d_o].into_iter().enumerate() {
+            let width = *t.shape().last().expect("checked: rank 4");
+            let mut d = Dispatch::new(vec![("src", t), ("dst", &held)]);
+            d.dims = vec![
+                ("rows", (t.len() / u64::from(width)) as u32),
+                ("width4", width / 4),
+                ("at", at as u32 * part),
+            ];
+            let g = grid(pipeline.abi(), &d.dims);
+            pipeline.record(gpu, encoder, &d, g)?;
+        }
+        Ok(held)
     }
 
     fn fold(&mut self, gpu: &Gpu) -> Result<&mut Pipeline, Error> {
@@ -262,6 +309,11 @@ impl Backward {
         // The kernels add a modifier tensor's gradient into a compensated sum, folded into the
         // caller's gradient after them.
         let pairs = self.scratch.flex_pairs(gpu, encoder, args.flex_grads)?;
+        let scaled = binds(&self.compiled[set].schedules[at].abis, "row_max");
+        let row_max = match scaled {
+            true => Some(self.scratch.row_maxima(gpu, encoder, args, rows)?),
+            false => None,
+        };
         let mut tensors = vec![
             ("q", args.q),
             ("k", args.k),
@@ -278,6 +330,7 @@ impl Backward {
         tensors.extend(args.dbias.map(|t| ("dbias", t)));
         tensors.extend(p_ds.as_ref().map(|t| ("p_ds", t)));
         tensors.extend(dkv.as_ref().map(|t| ("dkv", t)));
+        tensors.extend(row_max.as_ref().map(|t| ("row_max", t)));
         tensors.extend(args.mods.tensors());
         tensors.extend(
             args.flex_grads
@@ -351,6 +404,11 @@ impl Backward {
         }
         Ok(schedule)
     }
+}
+
+/// Whether any of `abis` binds `name`.
+fn binds(abis: &[attn_dsl::KernelAbi], name: &str) -> bool {
+    abis.iter().any(|a| a.binding(name).is_some())
 }
 
 /// Shapes and dtypes of every tensor, the heads, the scale, the modifiers and `seg`

@@ -125,8 +125,19 @@ pub fn flash_backward_scattered_dims(
     config: FlashConfig,
     scatter: attn_dsl::Scatter,
 ) -> Result<KernelAbi, DslError> {
+    flash_backward_scattered_in(dims, masks, config, scatter, Dtype::F16)
+}
+
+/// [`flash_backward_scattered_dims`] with operands in `dtype` (f16 or bf16).
+pub fn flash_backward_scattered_in(
+    dims: (u32, u32),
+    masks: Masks,
+    config: FlashConfig,
+    scatter: attn_dsl::Scatter,
+    dtype: Dtype,
+) -> Result<KernelAbi, DslError> {
     let name = family_name("attention_backward_dkdv_flash_scattered", dims.0);
-    attn_dsl::compile(&scattered_spec(&name, dims, masks, config, scatter))
+    attn_dsl::compile(&scattered_spec(&name, dims, masks, config, (scatter, dtype)))
 }
 
 fn scattered_spec(
@@ -134,11 +145,11 @@ fn scattered_spec(
     (head_dim, head_dim_v): (u32, u32),
     masks: Masks,
     config: FlashConfig,
-    scatter: attn_dsl::Scatter,
+    (scatter, dtype): (attn_dsl::Scatter, Dtype),
 ) -> KernelSpec {
     use attn_dsl::WriteMode::AtomicScatter;
     let mut kv = KernelSpec {
-        dtype: Dtype::F16,
+        dtype,
         writes: vec![("dk".into(), AtomicScatter), ("dv".into(), AtomicScatter)],
         scatter,
         ..KernelSpec::flash(name, Op::BackwardKv, head_dim, masks, config)
@@ -179,9 +190,10 @@ pub fn backward_prep_dims(
 /// among the others by).
 pub fn backward_candidates_in(gpu: &Gpu, head_dim: u32, dtype: Dtype) -> Vec<FlashConfig> {
     let coop = match gpu.coop16_for(dtype, Op::BackwardQ) {
-        true => attn_dsl::configs::coop_backward(
+        true => attn_dsl::configs::coop_backward_in(
             head_dim,
             gpu.limits().max_compute_workgroup_storage_size,
+            dtype,
         ),
         false => Vec::new(),
     };
@@ -726,7 +738,13 @@ mod tests {
             (attn_dsl::Scatter::Cas, &family::ABI),
             (attn_dsl::Scatter::F32Atomic, &family::ABI_F32_ATOMIC),
         ] {
-            let spec = scattered_spec(&abi.name, (64, 64), Masks::new(true, true), first, scatter);
+            let spec = scattered_spec(
+                &abi.name,
+                (64, 64),
+                Masks::new(true, true),
+                first,
+                (scatter, Dtype::F16),
+            );
             assert_eq!(&attn_dsl::compile(&spec).unwrap(), abi);
         }
     }
