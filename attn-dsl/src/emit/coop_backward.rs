@@ -295,7 +295,7 @@ fn tensor_core_delta(b: &mut String, t: &CoopTiling) {
 fn q_loop(b: &mut String, t: &CoopTiling, lp: &super::tiles::KeyLoop) {
     // With bf16 operands D = dO'·O' · 2^(oe + ooe).
     let delta = match t.scaled {
-        true => "ldexp(sh_s[r * SS + r % 16u], oe + ooe)",
+        true => "scale2(sh_s[r * SS + r % 16u], oe + ooe)",
         false => "sh_s[r * SS + r % 16u]",
     };
     b.push_str(
@@ -321,6 +321,9 @@ fn q_loop(b: &mut String, t: &CoopTiling, lp: &super::tiles::KeyLoop) {
              workgroupBarrier();\n",
             lp.head
         );
+        if t.scaled {
+            b.push_str(&coop_scale::block_exponents(false));
+        }
         coop::stage_block(b, t, &tensors, "j0", "kv_h");
         return;
     }
@@ -334,7 +337,7 @@ fn q_loop(b: &mut String, t: &CoopTiling, lp: &super::tiles::KeyLoop) {
          if ({}) {{\n{}        }}\n",
         fetch("    var ", lp.first),
         lp.head,
-        puts(t, &tensors),
+        puts(t, &tensors) + &exponents(t, false),
         lp.has_next,
         fetch("            ", lp.next),
     );
@@ -378,7 +381,8 @@ fn kv_loop(b: &mut String, t: &CoopTiling, scattered: bool, sparse: bool) {
              // The previous block is done with sh_kv, sh_s, sh_dp, sh_p, sh_ds and sh_stats.\n        \
              workgroupBarrier();\n        \
              for (var e = tid; e < BC; e = e + WG) {{\n            \
-             put_stats(e, fetch_stats(s0, h, e));\n        }}\n",
+             put_stats(e, fetch_stats(s0, h, e));\n        }}\n{}",
+            exponents(t, true),
         );
         coop::stage_block(b, t, &tensors, "s0", "h");
         return;
@@ -402,7 +406,7 @@ fn kv_loop(b: &mut String, t: &CoopTiling, scattered: bool, sparse: bool) {
         h0,
         &fetch("    var "),
         "sh_kv, sh_s, sh_dp, sh_p, sh_ds and sh_stats",
-        &(puts_stats + &puts(t, &tensors)),
+        &(puts_stats + &puts(t, &tensors) + &exponents(t, true)),
         &fetch("            "),
     ));
 }
@@ -439,6 +443,14 @@ fn puts(t: &CoopTiling, tensors: &[(&str, &str)]) -> String {
         }
     }
     f
+}
+
+/// With bf16 operands, the staged block's row exponents (see `coop_scale`).
+fn exponents(t: &CoopTiling, kv: bool) -> String {
+    match t.scaled {
+        true => coop_scale::block_exponents(kv),
+        false => String::new(),
+    }
 }
 
 /// Vec4s of each block tensor an invocation carries.
@@ -552,7 +564,7 @@ fn scaled_elementwise(t: &CoopTiling, half: &Half, kv: bool) -> String {
     for (acc, from, to) in stores {
         let _ = writeln!(
             b,
-            "            {to}[r * PS + c] = f16(ldexp({from}[r * SS + c], -ref_{acc}));"
+            "            {to}[r * PS + c] = f16(scale2({from}[r * SS + c], -ref_{acc}));"
         );
     }
     b.push_str("        }\n");
@@ -564,13 +576,13 @@ const SCALED_Q_WEIGHTS: &str = r#"        for (var i = 0u; i < ECOLS; i = i + 1u
             let c = c0 + i * ELANES;
             let j = j0 + c;
             let v = j >= lo && j < hi && key_visible(row, h, j);
-            let ke = shift_of(kv_bits(1u, j, kv_h));
-            let s = ldexp(sh_s[r * SS + c], qe + ke);
+            let ke = sh_e[c].x;
+            let s = scale2(sh_s[r * SS + c], qe + ke);
             let x = scored(row, h, j, s);
             let p = exp2((x.x - row_lse) * LOG2E);
-            let dp = ldexp(sh_dp[r * SS + c], oe + shift_of(kv_bits(2u, j, kv_h)));
+            let dp = scale2(sh_dp[r * SS + c], oe + sh_e[c].y);
             let g = score_grads(row, h, j, s, x, p * (dropped(row, h, j, dp) - delta), v);
-            let w = ldexp(params.scale * g, ke);
+            let w = scale2(params.scale * g, ke);
             wm_dq = max(wm_dq, abs(w));
             sh_s[r * SS + c] = w;
         }
@@ -583,15 +595,15 @@ const SCALED_KV_WEIGHTS: &str = r#"        for (var i = 0u; i < ECOLS; i = i + 1
             let q = s0 + c;
             let st = sh_stats[c];
             let v = q < dims.seq_len && col < dims.seq_len && visible(q, h, col);
-            let qe = shift_of(q_bits(0u, q, h));
-            let oe = shift_of(q_bits(4u, q, h));
-            let s = ldexp(sh_s[r * SS + c], ke + qe);
+            let qe = sh_e[c].x;
+            let oe = sh_e[c].y;
+            let s = scale2(sh_s[r * SS + c], ke + qe);
             let x = scored(q, h, col, s);
             let p = select(0.0, exp2((x.x - st.x) * LOG2E), v);
-            let dp = ldexp(sh_dp[r * SS + c], ve + oe);
+            let dp = scale2(sh_dp[r * SS + c], ve + oe);
             let g = score_grads(q, h, col, s, x, p * (dropped(q, h, col, dp) - st.y), v);
-            let wv = ldexp(dropped(q, h, col, p), oe);
-            let wk = ldexp(params.scale * g, qe);
+            let wv = scale2(dropped(q, h, col, p), oe);
+            let wk = scale2(params.scale * g, qe);
             wm_dv = max(wm_dv, abs(wv));
             wm_dk = max(wm_dk, abs(wk));
             sh_s[r * SS + c] = wv;

@@ -228,10 +228,10 @@ impl CoopTiling {
             Op::BackwardKv => 2 * (2 * self.br * ps) + 8 * self.bc,
             _ => 2 * self.br * ps,
         };
-        // With bf16 operands: each accumulator's rescale factors and flag (two for the
-        // key-major half's dV and dK).
+        // With bf16 operands: the block rows' exponents, each accumulator's rescale
+        // factors (two for the key-major half's dV and dK) and the flags.
         let scales = match self.scaled {
-            true => 2 * (4 * self.br + 4),
+            true => 8 * self.bc + 2 * 4 * self.br + 16,
             false => 0,
         };
         staged + 2 * 4 * self.br * ss + weights + 16 + scales
