@@ -231,6 +231,18 @@ pub(super) fn fetch(
     of: Rows,
     rows: &str,
 ) {
+    let load = |index: &str| format!("x = {tensor}[({index} + c) >> 2u];");
+    fetch_with(out, spec, (name, of, rows), &load);
+}
+
+/// `fetch_{name}(r0, h, e)` whose load within the block is `load(index)`: statements that
+/// set the vec4<f16> `x` from the row's first element `index` and its column `c`.
+pub(super) fn fetch_with(
+    out: &mut Wgsl,
+    spec: &KernelSpec,
+    (name, of, rows): (&str, Rows, &str),
+    load: &dyn Fn(&str) -> String,
+) {
     let _ = write!(
         out,
         r#"fn fetch_{name}(r0: u32, h: u32, e: u32) -> vec4<f16> {{
@@ -238,14 +250,14 @@ pub(super) fn fetch(
     let c = (e % (HEAD_DIM / 4u)) * 4u;
     var x = vec4<f16>(0.0);
     if ({cond}) {{
-        x = {tensor}[({index} + c) >> 2u];
+        {load}
     }}
     return x;
 }}
 
 "#,
         cond = fetch_guard(spec, of, rows),
-        index = of.index("r", "h"),
+        load = load(&of.index("r", "h")),
     );
 }
 

@@ -266,24 +266,14 @@ pub(super) fn fetch_half(
         Rows::Q | Rows::O => "q_bits",
         Rows::K | Rows::V => "kv_bits",
     };
-    let _ = write!(
-        out,
-        r#"fn fetch_{name}(r0: u32, h: u32, e: u32) -> vec4<f16> {{
-    let r = r0 + e / (HEAD_DIM / 4u);
-    let c = (e % (HEAD_DIM / 4u)) * 4u;
-    var x = vec4<f16>(0.0);
-    if ({cond}) {{
-        let i = ({index} + c) >> 1u;
-        x = to_half(vec2<u32>({tensor}[i], {tensor}[i + 1u]), {bits}({p}u, r, h));
-    }}
-    return x;
-}}
-
-"#,
-        cond = super::coop::fetch_guard(spec, of, rows),
-        index = of.index("r", "h"),
-        p = part(name),
-    );
+    let p = part(name);
+    let load = |index: &str| {
+        format!(
+            "let i = ({index} + c) >> 1u;\n        \
+             x = to_half(vec2<u32>({tensor}[i], {tensor}[i + 1u]), {bits}({p}u, r, h));"
+        )
+    };
+    super::coop::fetch_with(out, spec, (name, of, rows), &load);
 }
 
 /// A weighted sum's reference moves to the exponent of a block's largest weight (which
