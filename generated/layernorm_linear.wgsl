@@ -47,10 +47,34 @@ var<private> batch: u32;
 @group(0) @binding(8) var<uniform> dims: Dims;
 @group(0) @binding(9) var<uniform> params: Params;
 
+fn ld_x(i: u32) -> f32 {
+    return x[i];
+}
+
+fn ld_gamma(i: u32) -> f32 {
+    return gamma[i];
+}
+
+fn ld_beta(i: u32) -> f32 {
+    return beta[i];
+}
+
+fn ld_w(i: u32) -> f32 {
+    return w[i];
+}
+
 // The staged operand slices: sh_a holds the block's 64 rows of the left operand,
 // sh_b its 64 columns of the right one, BK reduction indices each.
 var<workgroup> sh_a: array<vec4<f32>, BK * 16u>;
 var<workgroup> sh_b: array<vec4<f32>, BK * 16u>;
+
+fn put_a(kk: u32, m: u32, v: f32) {
+    sh_a[kk * 16u + m / 4u][m % 4u] = v;
+}
+
+fn put_b(kk: u32, n: u32, v: f32) {
+    sh_b[kk * 16u + n / 4u][n % 4u] = v;
+}
 
 // The staged slices' products for rows 4·ty.. and columns 4·tx..: each leaf of BLOCK
 // terms sums into a fresh partial (as a framework's pairwise leaves), then into `mid`.
@@ -120,6 +144,11 @@ fn lane_sum(tid: u32, v: f32) -> f32 {
     return s;
 }
 
+// x[row, k], or `fill` past the row's end (a term that adds nothing to its sum).
+fn x_or(row: u32, k: u32, fill: f32) -> f32 {
+    return select(fill, ld_x(row * HIDDEN + min(k, HIDDEN - 1u)), k < HIDDEN);
+}
+
 // (mean, 1/std) of the tile's rows into sh_stat: the two-pass variance, never
 // E[x²] − E[x]², each lane's terms summed in leaves of BLOCK.
 fn tile_stats(first: u32, tid: u32) {
@@ -128,65 +157,137 @@ fn tile_stats(first: u32, tid: u32) {
     let row = first + m;
     let live = m < TILE && row < dims.rows;
     var s = 0.0;
-    var leaf = 0.0;
     if (live) {
-        for (var k = lane; k < HIDDEN; k = k + LANES) {
-            leaf = leaf + x[row * HIDDEN + k];
-            if ((k / LANES) % BLOCK == BLOCK - 1u) {
-                s = s + leaf;
-                leaf = 0.0;
-            }
+        for (var k0 = lane; k0 < HIDDEN; k0 = k0 + LANES * BLOCK) {
+            let v0 = x_or(row, k0 + 0u * LANES, 0.0);
+            let v1 = x_or(row, k0 + 1u * LANES, 0.0);
+            let v2 = x_or(row, k0 + 2u * LANES, 0.0);
+            let v3 = x_or(row, k0 + 3u * LANES, 0.0);
+            let v4 = x_or(row, k0 + 4u * LANES, 0.0);
+            let v5 = x_or(row, k0 + 5u * LANES, 0.0);
+            let v6 = x_or(row, k0 + 6u * LANES, 0.0);
+            let v7 = x_or(row, k0 + 7u * LANES, 0.0);
+            var leaf = 0.0;
+            leaf = leaf + v0;
+            leaf = leaf + v1;
+            leaf = leaf + v2;
+            leaf = leaf + v3;
+            leaf = leaf + v4;
+            leaf = leaf + v5;
+            leaf = leaf + v6;
+            leaf = leaf + v7;
+            s = s + leaf;
         }
     }
-    let mu = lane_sum(tid, s + leaf) / f32(HIDDEN);
+    let mu = lane_sum(tid, s) / f32(HIDDEN);
     var q = 0.0;
-    leaf = 0.0;
     if (live) {
-        for (var k = lane; k < HIDDEN; k = k + LANES) {
-            let dev = x[row * HIDDEN + k] - mu;
-            leaf = fma(dev, dev, leaf);
-            if ((k / LANES) % BLOCK == BLOCK - 1u) {
-                q = q + leaf;
-                leaf = 0.0;
-            }
+        for (var k0 = lane; k0 < HIDDEN; k0 = k0 + LANES * BLOCK) {
+            let v0 = x_or(row, k0 + 0u * LANES, mu);
+            let v1 = x_or(row, k0 + 1u * LANES, mu);
+            let v2 = x_or(row, k0 + 2u * LANES, mu);
+            let v3 = x_or(row, k0 + 3u * LANES, mu);
+            let v4 = x_or(row, k0 + 4u * LANES, mu);
+            let v5 = x_or(row, k0 + 5u * LANES, mu);
+            let v6 = x_or(row, k0 + 6u * LANES, mu);
+            let v7 = x_or(row, k0 + 7u * LANES, mu);
+            var leaf = 0.0;
+            leaf = fma(v0 - mu, v0 - mu, leaf);
+            leaf = fma(v1 - mu, v1 - mu, leaf);
+            leaf = fma(v2 - mu, v2 - mu, leaf);
+            leaf = fma(v3 - mu, v3 - mu, leaf);
+            leaf = fma(v4 - mu, v4 - mu, leaf);
+            leaf = fma(v5 - mu, v5 - mu, leaf);
+            leaf = fma(v6 - mu, v6 - mu, leaf);
+            leaf = fma(v7 - mu, v7 - mu, leaf);
+            q = q + leaf;
         }
     }
-    let variance = lane_sum(tid, q + leaf) / f32(HIDDEN);
+    let variance = lane_sum(tid, q) / f32(HIDDEN);
     if (lane == 0u) {
         sh_stat[m] = vec2<f32>(mu, inverseSqrt(variance + params.eps));
     }
 }
 
-// Slice k0.. of the normalized rows (x̂·γ + β) into sh_a and of W's rows n0.. into sh_b;
-// zero past the rows, HIDDEN or OUT.
+// Slice k0.. of the normalized rows (x̂·γ + β) and of W's rows n0..; zero past the
+// rows, HIDDEN or OUT.
 fn stage_forward(first: u32, n0: u32, k0: u32, tid: u32) {
-    for (var q = 0u; q < 4u; q = q + 1u) {
-        let e = tid + q * WG;
-        let m = e / BK;
-        let kk = e % BK;
-        let k = k0 + kk;
-        let row = first + m;
-        var v = 0.0;
-        if (m < TILE && row < dims.rows && k < HIDDEN) {
-            let st = sh_stat[m];
-            v = fma((x[row * HIDDEN + k] - st.x) * st.y, gamma[k], beta[k]);
-        }
-        sh_a[kk * 16u + m / 4u][m % 4u] = v;
-        let n = n0 + m;
-        var wv = 0.0;
-        if (n < OUT && k < HIDDEN) {
-            wv = w[n * HIDDEN + k];
-        }
-        sh_b[kk * 16u + m / 4u][m % 4u] = wv;
+    let e_0 = tid + 0u * WG;
+    let m_0 = e_0 / (BK / 1u);
+    let kk_0 = (e_0 % (BK / 1u)) * 1u;
+    let k_0 = k0 + kk_0;
+    let row_0 = first + m_0;
+    var v_0 = 0.0;
+    if (m_0 < TILE && row_0 < dims.rows && k_0 < HIDDEN) {
+        let st = sh_stat[m_0];
+        v_0 = fma((ld_x(row_0 * HIDDEN + k_0) - st.x) * st.y, ld_gamma(k_0), ld_beta(k_0));
     }
+    let n_0 = n0 + m_0;
+    var wv_0 = 0.0;
+    if (n_0 < OUT && k_0 < HIDDEN) {
+        wv_0 = ld_w(n_0 * HIDDEN + k_0);
+    }
+    let e_1 = tid + 1u * WG;
+    let m_1 = e_1 / (BK / 1u);
+    let kk_1 = (e_1 % (BK / 1u)) * 1u;
+    let k_1 = k0 + kk_1;
+    let row_1 = first + m_1;
+    var v_1 = 0.0;
+    if (m_1 < TILE && row_1 < dims.rows && k_1 < HIDDEN) {
+        let st = sh_stat[m_1];
+        v_1 = fma((ld_x(row_1 * HIDDEN + k_1) - st.x) * st.y, ld_gamma(k_1), ld_beta(k_1));
+    }
+    let n_1 = n0 + m_1;
+    var wv_1 = 0.0;
+    if (n_1 < OUT && k_1 < HIDDEN) {
+        wv_1 = ld_w(n_1 * HIDDEN + k_1);
+    }
+    let e_2 = tid + 2u * WG;
+    let m_2 = e_2 / (BK / 1u);
+    let kk_2 = (e_2 % (BK / 1u)) * 1u;
+    let k_2 = k0 + kk_2;
+    let row_2 = first + m_2;
+    var v_2 = 0.0;
+    if (m_2 < TILE && row_2 < dims.rows && k_2 < HIDDEN) {
+        let st = sh_stat[m_2];
+        v_2 = fma((ld_x(row_2 * HIDDEN + k_2) - st.x) * st.y, ld_gamma(k_2), ld_beta(k_2));
+    }
+    let n_2 = n0 + m_2;
+    var wv_2 = 0.0;
+    if (n_2 < OUT && k_2 < HIDDEN) {
+        wv_2 = ld_w(n_2 * HIDDEN + k_2);
+    }
+    let e_3 = tid + 3u * WG;
+    let m_3 = e_3 / (BK / 1u);
+    let kk_3 = (e_3 % (BK / 1u)) * 1u;
+    let k_3 = k0 + kk_3;
+    let row_3 = first + m_3;
+    var v_3 = 0.0;
+    if (m_3 < TILE && row_3 < dims.rows && k_3 < HIDDEN) {
+        let st = sh_stat[m_3];
+        v_3 = fma((ld_x(row_3 * HIDDEN + k_3) - st.x) * st.y, ld_gamma(k_3), ld_beta(k_3));
+    }
+    let n_3 = n0 + m_3;
+    var wv_3 = 0.0;
+    if (n_3 < OUT && k_3 < HIDDEN) {
+        wv_3 = ld_w(n_3 * HIDDEN + k_3);
+    }
+    put_a(kk_0, m_0, v_0);
+    put_b(kk_0, m_0, wv_0);
+    put_a(kk_1, m_1, v_1);
+    put_b(kk_1, m_1, wv_1);
+    put_a(kk_2, m_2, v_2);
+    put_b(kk_2, m_2, wv_2);
+    put_a(kk_3, m_3, v_3);
+    put_b(kk_3, m_3, wv_3);
 }
 
-// Workgroup (x, y) owns rows x·TILE.. (TILE ≤ 64) and outputs y·64..: it computes its
-// rows' statistics (grid column 0 saves them), then its block of x̂ₙ·Wᵀ + b.
+// Workgroup (x, y) owns rows x·TILE.. (TILE ≤ 64) and outputs y·CB·64..: it computes
+// its rows' statistics (grid column 0 saves them), then its CB blocks of x̂ₙ·Wᵀ + b in turn.
+const CB: u32 = 4u;
 @compute @workgroup_size(WG)
 fn layernorm_linear(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     let first = wg.x * TILE;
-    let n0 = wg.y * TN;
     let tx = tid % 16u;
     let ty = tid / 16u;
     tile_stats(first, tid);
@@ -195,7 +296,12 @@ fn layernorm_linear(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocat
         mean[first + tid] = sh_stat[tid].x;
         rstd[first + tid] = sh_stat[tid].y;
     }
-    var acc: array<vec4<f32>, 4>;
+    // Blocks past OUT stage zeros and store nothing (an `if` around them would make the
+    // cooperative products' control flow non-uniform to naga).
+    for (var cb = 0u; cb < CB; cb = cb + 1u) {
+        let n0 = (wg.y * CB + cb) * TN;
+        {
+            var acc: array<vec4<f32>, 4>;
     var mid: array<vec4<f32>, 4>;
     for (var k0 = 0u; k0 < HIDDEN; k0 = k0 + BK) {
         stage_forward(first, n0, k0, tid);
@@ -208,14 +314,16 @@ fn layernorm_linear(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocat
         }
     }
     fold(&acc, &mid);
-    for (var i = 0u; i < 4u; i = i + 1u) {
-        let m = ty * 4u + i;
-        let row = first + m;
-        if (m < TILE && row < dims.rows) {
-            for (var j = 0u; j < 4u; j = j + 1u) {
-                let n = n0 + tx * 4u + j;
-                if (n < OUT) {
-                    y[row * OUT + n] = acc[i][j] + b[n];
+            for (var i = 0u; i < 4u; i = i + 1u) {
+                let m = ty * 4u + i;
+                let row = first + m;
+                if (m < TILE && row < dims.rows) {
+                    for (var j = 0u; j < 4u; j = j + 1u) {
+                        let n = n0 + tx * 4u + j;
+                        if (n < OUT) {
+                            y[row * OUT + n] = acc[i][j] + b[n];
+                        }
+                    }
                 }
             }
         }

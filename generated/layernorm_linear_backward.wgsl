@@ -46,10 +46,34 @@ var<private> batch: u32;
 @group(0) @binding(7) var<uniform> dims: Dims;
 @group(0) @binding(8) var<uniform> params: Params;
 
+fn ld_x(i: u32) -> f32 {
+    return x[i];
+}
+
+fn ld_gamma(i: u32) -> f32 {
+    return gamma[i];
+}
+
+fn ld_w(i: u32) -> f32 {
+    return w[i];
+}
+
+fn ld_dy(i: u32) -> f32 {
+    return dy[i];
+}
+
 // The staged operand slices: sh_a holds the block's 64 rows of the left operand,
 // sh_b its 64 columns of the right one, BK reduction indices each.
 var<workgroup> sh_a: array<vec4<f32>, BK * 16u>;
 var<workgroup> sh_b: array<vec4<f32>, BK * 16u>;
+
+fn put_a(kk: u32, m: u32, v: f32) {
+    sh_a[kk * 16u + m / 4u][m % 4u] = v;
+}
+
+fn put_b(kk: u32, n: u32, v: f32) {
+    sh_b[kk * 16u + n / 4u][n % 4u] = v;
+}
 
 // The staged slices' products for rows 4·ty.. and columns 4·tx..: each leaf of BLOCK
 // terms sums into a fresh partial (as a framework's pairwise leaves), then into `mid`.
@@ -119,6 +143,11 @@ fn lane_sum(tid: u32, v: f32) -> f32 {
     return s;
 }
 
+// x[row, k], or `fill` past the row's end (a term that adds nothing to its sum).
+fn x_or(row: u32, k: u32, fill: f32) -> f32 {
+    return select(fill, ld_x(row * HIDDEN + min(k, HIDDEN - 1u)), k < HIDDEN);
+}
+
 // (mean, 1/std) of the tile's rows into sh_stat: the two-pass variance, never
 // E[x²] − E[x]², each lane's terms summed in leaves of BLOCK.
 fn tile_stats(first: u32, tid: u32) {
@@ -127,30 +156,53 @@ fn tile_stats(first: u32, tid: u32) {
     let row = first + m;
     let live = m < TILE && row < dims.rows;
     var s = 0.0;
-    var leaf = 0.0;
     if (live) {
-        for (var k = lane; k < HIDDEN; k = k + LANES) {
-            leaf = leaf + x[row * HIDDEN + k];
-            if ((k / LANES) % BLOCK == BLOCK - 1u) {
-                s = s + leaf;
-                leaf = 0.0;
-            }
+        for (var k0 = lane; k0 < HIDDEN; k0 = k0 + LANES * BLOCK) {
+            let v0 = x_or(row, k0 + 0u * LANES, 0.0);
+            let v1 = x_or(row, k0 + 1u * LANES, 0.0);
+            let v2 = x_or(row, k0 + 2u * LANES, 0.0);
+            let v3 = x_or(row, k0 + 3u * LANES, 0.0);
+            let v4 = x_or(row, k0 + 4u * LANES, 0.0);
+            let v5 = x_or(row, k0 + 5u * LANES, 0.0);
+            let v6 = x_or(row, k0 + 6u * LANES, 0.0);
+            let v7 = x_or(row, k0 + 7u * LANES, 0.0);
+            var leaf = 0.0;
+            leaf = leaf + v0;
+            leaf = leaf + v1;
+            leaf = leaf + v2;
+            leaf = leaf + v3;
+            leaf = leaf + v4;
+            leaf = leaf + v5;
+            leaf = leaf + v6;
+            leaf = leaf + v7;
+            s = s + leaf;
         }
     }
-    let mu = lane_sum(tid, s + leaf) / f32(HIDDEN);
+    let mu = lane_sum(tid, s) / f32(HIDDEN);
     var q = 0.0;
-    leaf = 0.0;
     if (live) {
-        for (var k = lane; k < HIDDEN; k = k + LANES) {
-            let dev = x[row * HIDDEN + k] - mu;
-            leaf = fma(dev, dev, leaf);
-            if ((k / LANES) % BLOCK == BLOCK - 1u) {
-                q = q + leaf;
-                leaf = 0.0;
-            }
+        for (var k0 = lane; k0 < HIDDEN; k0 = k0 + LANES * BLOCK) {
+            let v0 = x_or(row, k0 + 0u * LANES, mu);
+            let v1 = x_or(row, k0 + 1u * LANES, mu);
+            let v2 = x_or(row, k0 + 2u * LANES, mu);
+            let v3 = x_or(row, k0 + 3u * LANES, mu);
+            let v4 = x_or(row, k0 + 4u * LANES, mu);
+            let v5 = x_or(row, k0 + 5u * LANES, mu);
+            let v6 = x_or(row, k0 + 6u * LANES, mu);
+            let v7 = x_or(row, k0 + 7u * LANES, mu);
+            var leaf = 0.0;
+            leaf = fma(v0 - mu, v0 - mu, leaf);
+            leaf = fma(v1 - mu, v1 - mu, leaf);
+            leaf = fma(v2 - mu, v2 - mu, leaf);
+            leaf = fma(v3 - mu, v3 - mu, leaf);
+            leaf = fma(v4 - mu, v4 - mu, leaf);
+            leaf = fma(v5 - mu, v5 - mu, leaf);
+            leaf = fma(v6 - mu, v6 - mu, leaf);
+            leaf = fma(v7 - mu, v7 - mu, leaf);
+            q = q + leaf;
         }
     }
-    let variance = lane_sum(tid, q + leaf) / f32(HIDDEN);
+    let variance = lane_sum(tid, q) / f32(HIDDEN);
     if (lane == 0u) {
         sh_stat[m] = vec2<f32>(mu, inverseSqrt(variance + params.eps));
     }
@@ -172,27 +224,77 @@ fn block_stats(first: u32, count: u32, tid: u32, mu: ptr<function, vec4<f32>>,
     }
 }
 
-// dy[first + m, n0..n0 + BK] into sh_a (rows m < count) and W[n0.., k0..k0 + 64]
-// into sh_b: a slice of dx̂ₙ = dy·W.
+// dy[first + m, n0..n0 + BK] (rows m < count) and W[n0.., k0..k0 + 64]: a slice of
+// dx̂ₙ = dy·W.
 fn stage_dx(first: u32, count: u32, n0: u32, k0: u32, tid: u32) {
-    for (var q = 0u; q < 4u; q = q + 1u) {
-        let e = tid + q * WG;
-        let m = e / BK;
-        let n = n0 + e % BK;
-        var v = 0.0;
-        if (m < count && n < OUT) {
-            v = dy[(first + m) * OUT + n];
-        }
-        sh_a[(e % BK) * 16u + m / 4u][m % 4u] = v;
-        let r = e / TN;
-        let c = e % TN;
-        let k = k0 + c;
-        var wv = 0.0;
-        if (n0 + r < OUT && k < HIDDEN) {
-            wv = w[(n0 + r) * HIDDEN + k];
-        }
-        sh_b[r * 16u + c / 4u][c % 4u] = wv;
+    let e_0 = tid + 0u * WG;
+    let m_0 = e_0 / (BK / 1u);
+    let kk_0 = (e_0 % (BK / 1u)) * 1u;
+    let n_0 = n0 + kk_0;
+    var v_0 = 0.0;
+    if (m_0 < count && n_0 < OUT) {
+        v_0 = ld_dy((first + m_0) * OUT + n_0);
     }
+    let r_0 = e_0 / (TN / 1u);
+    let c_0 = (e_0 % (TN / 1u)) * 1u;
+    let k_0 = k0 + c_0;
+    var wv_0 = 0.0;
+    if (n0 + r_0 < OUT && k_0 < HIDDEN) {
+        wv_0 = ld_w((n0 + r_0) * HIDDEN + k_0);
+    }
+    let e_1 = tid + 1u * WG;
+    let m_1 = e_1 / (BK / 1u);
+    let kk_1 = (e_1 % (BK / 1u)) * 1u;
+    let n_1 = n0 + kk_1;
+    var v_1 = 0.0;
+    if (m_1 < count && n_1 < OUT) {
+        v_1 = ld_dy((first + m_1) * OUT + n_1);
+    }
+    let r_1 = e_1 / (TN / 1u);
+    let c_1 = (e_1 % (TN / 1u)) * 1u;
+    let k_1 = k0 + c_1;
+    var wv_1 = 0.0;
+    if (n0 + r_1 < OUT && k_1 < HIDDEN) {
+        wv_1 = ld_w((n0 + r_1) * HIDDEN + k_1);
+    }
+    let e_2 = tid + 2u * WG;
+    let m_2 = e_2 / (BK / 1u);
+    let kk_2 = (e_2 % (BK / 1u)) * 1u;
+    let n_2 = n0 + kk_2;
+    var v_2 = 0.0;
+    if (m_2 < count && n_2 < OUT) {
+        v_2 = ld_dy((first + m_2) * OUT + n_2);
+    }
+    let r_2 = e_2 / (TN / 1u);
+    let c_2 = (e_2 % (TN / 1u)) * 1u;
+    let k_2 = k0 + c_2;
+    var wv_2 = 0.0;
+    if (n0 + r_2 < OUT && k_2 < HIDDEN) {
+        wv_2 = ld_w((n0 + r_2) * HIDDEN + k_2);
+    }
+    let e_3 = tid + 3u * WG;
+    let m_3 = e_3 / (BK / 1u);
+    let kk_3 = (e_3 % (BK / 1u)) * 1u;
+    let n_3 = n0 + kk_3;
+    var v_3 = 0.0;
+    if (m_3 < count && n_3 < OUT) {
+        v_3 = ld_dy((first + m_3) * OUT + n_3);
+    }
+    let r_3 = e_3 / (TN / 1u);
+    let c_3 = (e_3 % (TN / 1u)) * 1u;
+    let k_3 = k0 + c_3;
+    var wv_3 = 0.0;
+    if (n0 + r_3 < OUT && k_3 < HIDDEN) {
+        wv_3 = ld_w((n0 + r_3) * HIDDEN + k_3);
+    }
+    put_a(kk_0, m_0, v_0);
+    put_b(r_0, c_0, wv_0);
+    put_a(kk_1, m_1, v_1);
+    put_b(r_1, c_1, wv_1);
+    put_a(kk_2, m_2, v_2);
+    put_b(r_2, c_2, wv_2);
+    put_a(kk_3, m_3, v_3);
+    put_b(r_3, c_3, wv_3);
 }
 
 // dx of one block of DXR rows, over every k tile in turn: dx̂ₙ = dy·W (tiled), then the
@@ -200,9 +302,9 @@ fn stage_dx(first: u32, count: u32, n0: u32, k0: u32, tid: u32) {
 // kept in dx until the row means are known; each invocation rereads only what it wrote.
 // Under two-pass, dγ and dβ of the block's rows leave as partial `blk` (the atomic
 // schedule sums them over the whole row tile in gb_tile instead).
+// (No early return: cooperative products must be reached by uniform control flow, and
+// naga's analysis counts any return before them as divergence.)
 fn dx_block(tile: u32, sub: u32, tid: u32) {
-    let tx = tid % 16u;
-    let ty = tid / 16u;
     let first = tile * TILE + sub * DXR;
     let blk = tile * SUBS + sub;
     var count = 0u;
@@ -214,8 +316,15 @@ fn dx_block(tile: u32, sub: u32, tid: u32) {
             dgamma[blk * HIDDEN + k] = 0.0;
             dbeta[blk * HIDDEN + k] = 0.0;
         }
-        return;
+    } else {
+        dx_rows(first, count, blk, tid);
     }
+}
+
+// dx_block's block of `count` > 0 rows from `first`.
+fn dx_rows(first: u32, count: u32, blk: u32, tid: u32) {
+    let tx = tid % 16u;
+    let ty = tid / 16u;
     var mu = vec4<f32>(0.0);
     var rs = vec4<f32>(0.0);
     block_stats(first, count, tid, &mu, &rs);
@@ -246,9 +355,9 @@ fn dx_block(tile: u32, sub: u32, tid: u32) {
                 for (var j = 0u; j < 4u; j = j + 1u) {
                     let k = k0 + tx * 4u + j;
                     if (k < HIDDEN) {
-                        let xhat = (x[row * HIDDEN + k] - mu[i]) * rs[i];
+                        let xhat = (ld_x(row * HIDDEN + k) - mu[i]) * rs[i];
                         let g = acc[i][j];
-                        let dxhat = g * gamma[k];
+                        let dxhat = g * ld_gamma(k);
                         p1[i] = p1[i] + dxhat;
                         p2[i] = fma(dxhat, xhat, p2[i]);
                         g1[j] = fma(g, xhat, g1[j]);
@@ -297,7 +406,7 @@ fn dx_block(tile: u32, sub: u32, tid: u32) {
                 for (var j = 0u; j < 4u; j = j + 1u) {
                     let k = k0 + tx * 4u + j;
                     if (k < HIDDEN) {
-                        let xhat = (x[row * HIDDEN + k] - mu[i]) * rs[i];
+                        let xhat = (ld_x(row * HIDDEN + k) - mu[i]) * rs[i];
                         let d = dx[row * HIDDEN + k];
                         dx[row * HIDDEN + k] = rs[i] * (d - c2[i] - xhat * c1[i]);
                     }

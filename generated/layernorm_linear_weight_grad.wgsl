@@ -39,10 +39,34 @@ var<private> batch: u32;
 @group(0) @binding(7) var<storage, read_write> db: array<f32>;
 @group(0) @binding(8) var<uniform> dims: Dims;
 
+fn ld_x(i: u32) -> f32 {
+    return x[i];
+}
+
+fn ld_gamma(i: u32) -> f32 {
+    return gamma[i];
+}
+
+fn ld_beta(i: u32) -> f32 {
+    return beta[i];
+}
+
+fn ld_dy(i: u32) -> f32 {
+    return dy[i];
+}
+
 // The staged operand slices: sh_a holds the block's 64 rows of the left operand,
 // sh_b its 64 columns of the right one, BK reduction indices each.
 var<workgroup> sh_a: array<vec4<f32>, BK * 16u>;
 var<workgroup> sh_b: array<vec4<f32>, BK * 16u>;
+
+fn put_a(kk: u32, m: u32, v: f32) {
+    sh_a[kk * 16u + m / 4u][m % 4u] = v;
+}
+
+fn put_b(kk: u32, n: u32, v: f32) {
+    sh_b[kk * 16u + n / 4u][n % 4u] = v;
+}
 
 // The staged slices' products for rows 4·ty.. and columns 4·tx..: each leaf of BLOCK
 // terms sums into a fresh partial (as a framework's pairwise leaves), then into `mid`.
@@ -93,27 +117,73 @@ fn fold(acc: ptr<function, array<vec4<f32>, 4>>, mid: ptr<function, array<vec4<f
     *mid = array<vec4<f32>, 4>();
 }
 
-// dy[first + r0.., n0..n0 + 64] into sh_a and the Linear's input x̂·γ + β at the same rows,
-// k0..k0 + 64, into sh_b: a slice of dW = dyᵀ·(x̂·γ + β).
+// dy[first + r0.., n0..n0 + 64] and x̂·γ + β at the same rows, k0..k0 + 64: a slice of
+// dW = dyᵀ·(x̂·γ + β).
 fn stage_dw(first: u32, count: u32, r0: u32, n0: u32, k0: u32, tid: u32) {
-    for (var q = 0u; q < 4u; q = q + 1u) {
-        let e = tid + q * WG;
-        let rr = e / TN;
-        let c = e % TN;
-        let row = first + r0 + rr;
-        let live = r0 + rr < count;
-        var v = 0.0;
-        if (live && n0 + c < OUT) {
-            v = dy[row * OUT + n0 + c];
-        }
-        sh_a[rr * 16u + c / 4u][c % 4u] = v;
-        let k = k0 + c;
-        var xv = 0.0;
-        if (live && k < HIDDEN) {
-            xv = fma((x[row * HIDDEN + k] - mean[row]) * rstd[row], gamma[k], beta[k]);
-        }
-        sh_b[rr * 16u + c / 4u][c % 4u] = xv;
+    let e_0 = tid + 0u * WG;
+    let rr_0 = e_0 / (TN / 1u);
+    let c_0 = (e_0 % (TN / 1u)) * 1u;
+    let row_0 = first + r0 + rr_0;
+    let live_0 = r0 + rr_0 < count;
+    var v_0 = 0.0;
+    if (live_0 && n0 + c_0 < OUT) {
+        v_0 = ld_dy(row_0 * OUT + n0 + c_0);
     }
+    let k_0 = k0 + c_0;
+    var xv_0 = 0.0;
+    if (live_0 && k_0 < HIDDEN) {
+        xv_0 = fma((ld_x(row_0 * HIDDEN + k_0) - mean[row_0]) * rstd[row_0], ld_gamma(k_0), ld_beta(k_0));
+    }
+    let e_1 = tid + 1u * WG;
+    let rr_1 = e_1 / (TN / 1u);
+    let c_1 = (e_1 % (TN / 1u)) * 1u;
+    let row_1 = first + r0 + rr_1;
+    let live_1 = r0 + rr_1 < count;
+    var v_1 = 0.0;
+    if (live_1 && n0 + c_1 < OUT) {
+        v_1 = ld_dy(row_1 * OUT + n0 + c_1);
+    }
+    let k_1 = k0 + c_1;
+    var xv_1 = 0.0;
+    if (live_1 && k_1 < HIDDEN) {
+        xv_1 = fma((ld_x(row_1 * HIDDEN + k_1) - mean[row_1]) * rstd[row_1], ld_gamma(k_1), ld_beta(k_1));
+    }
+    let e_2 = tid + 2u * WG;
+    let rr_2 = e_2 / (TN / 1u);
+    let c_2 = (e_2 % (TN / 1u)) * 1u;
+    let row_2 = first + r0 + rr_2;
+    let live_2 = r0 + rr_2 < count;
+    var v_2 = 0.0;
+    if (live_2 && n0 + c_2 < OUT) {
+        v_2 = ld_dy(row_2 * OUT + n0 + c_2);
+    }
+    let k_2 = k0 + c_2;
+    var xv_2 = 0.0;
+    if (live_2 && k_2 < HIDDEN) {
+        xv_2 = fma((ld_x(row_2 * HIDDEN + k_2) - mean[row_2]) * rstd[row_2], ld_gamma(k_2), ld_beta(k_2));
+    }
+    let e_3 = tid + 3u * WG;
+    let rr_3 = e_3 / (TN / 1u);
+    let c_3 = (e_3 % (TN / 1u)) * 1u;
+    let row_3 = first + r0 + rr_3;
+    let live_3 = r0 + rr_3 < count;
+    var v_3 = 0.0;
+    if (live_3 && n0 + c_3 < OUT) {
+        v_3 = ld_dy(row_3 * OUT + n0 + c_3);
+    }
+    let k_3 = k0 + c_3;
+    var xv_3 = 0.0;
+    if (live_3 && k_3 < HIDDEN) {
+        xv_3 = fma((ld_x(row_3 * HIDDEN + k_3) - mean[row_3]) * rstd[row_3], ld_gamma(k_3), ld_beta(k_3));
+    }
+    put_a(rr_0, c_0, v_0);
+    put_b(rr_0, c_0, xv_0);
+    put_a(rr_1, c_1, v_1);
+    put_b(rr_1, c_1, xv_1);
+    put_a(rr_2, c_2, v_2);
+    put_b(rr_2, c_2, xv_2);
+    put_a(rr_3, c_3, v_3);
+    put_b(rr_3, c_3, xv_3);
 }
 
 // dW[n0.., k0..] (64×64, tile t of the KT-wide grid of them) summed over the row
@@ -158,18 +228,18 @@ fn dw_tile(tile: u32, t: u32, tid: u32) {
             for (var i2 = i1; i2 < min(i1 + BLOCK * BLOCK, min(i0 + BLOCK * BLOCK * BLOCK, count)); i2 = i2 + BLOCK) {
                 var leaf = 0.0;
                 if (i2 + BLOCK <= min(i0 + BLOCK * BLOCK * BLOCK, count)) {
-                    { let i = i2 + 0u; leaf = leaf + dy[(first + i) * OUT + n]; }
-                    { let i = i2 + 1u; leaf = leaf + dy[(first + i) * OUT + n]; }
-                    { let i = i2 + 2u; leaf = leaf + dy[(first + i) * OUT + n]; }
-                    { let i = i2 + 3u; leaf = leaf + dy[(first + i) * OUT + n]; }
-                    { let i = i2 + 4u; leaf = leaf + dy[(first + i) * OUT + n]; }
-                    { let i = i2 + 5u; leaf = leaf + dy[(first + i) * OUT + n]; }
-                    { let i = i2 + 6u; leaf = leaf + dy[(first + i) * OUT + n]; }
-                    { let i = i2 + 7u; leaf = leaf + dy[(first + i) * OUT + n]; }
+                    { let i = i2 + 0u; leaf = leaf + ld_dy((first + i) * OUT + n); }
+                    { let i = i2 + 1u; leaf = leaf + ld_dy((first + i) * OUT + n); }
+                    { let i = i2 + 2u; leaf = leaf + ld_dy((first + i) * OUT + n); }
+                    { let i = i2 + 3u; leaf = leaf + ld_dy((first + i) * OUT + n); }
+                    { let i = i2 + 4u; leaf = leaf + ld_dy((first + i) * OUT + n); }
+                    { let i = i2 + 5u; leaf = leaf + ld_dy((first + i) * OUT + n); }
+                    { let i = i2 + 6u; leaf = leaf + ld_dy((first + i) * OUT + n); }
+                    { let i = i2 + 7u; leaf = leaf + ld_dy((first + i) * OUT + n); }
                     
                 } else {
                     for (var i = i2; i < min(i0 + BLOCK * BLOCK * BLOCK, count); i = i + 1u) {
-                        leaf = leaf + dy[(first + i) * OUT + n];
+                        leaf = leaf + ld_dy((first + i) * OUT + n);
                     }
                 }
                 mid = mid + leaf;

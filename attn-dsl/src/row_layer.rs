@@ -4,7 +4,7 @@
 
 pub use crate::layout::rows::*;
 
-use crate::spec::{Grid, KernelSpec, Major, Masks, Op, WriteMode};
+use crate::spec::{Grid, KernelSpec, Major, Masks, Matrix, Op, WriteMode};
 
 /// How the backward sums dγ, dβ, dW and db over rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -51,5 +51,17 @@ pub fn spec(name: &str, op: Op, hidden: u32, out: u32, tile: u32, sums: RowSums)
         ..KernelSpec::standard(name, op, hidden, Masks::default())
     };
     spec.fit_target();
+    spec
+}
+
+/// `spec` with its products computed as `matrix` says: on cooperative matrices each operand
+/// is rounded to f16 as it is staged (what a framework's f16 autocast does to a Linear's
+/// inputs) and summed in f32; the statistics, the LayerNorm chain rule and the row sums
+/// stay f32. The reduce has no products and is returned as it is.
+pub fn with_matrix(mut spec: KernelSpec, matrix: Matrix) -> KernelSpec {
+    if spec.op != Op::LayernormLinearReduce {
+        spec.grid.matrix = matrix;
+        spec.fit_target();
+    }
     spec
 }

@@ -292,10 +292,14 @@ const LN_PARAMS_T: Tensor = t("params", Uniform, F32, &[]);
 
 // 8 storage buffers, WebGPU's default.
 const LAYERNORM_LINEAR: &[Tensor] = &[
-    t("x", Input, F32, &[R, K]),
-    t("gamma", Input, F32, &[K]),
-    t("beta", Input, F32, &[K]),
-    t("w", Input, F32, &[N, K]),
+    when(t("x", Input, F32, &[R, K]), IfCoop(false)),
+    when(t("x", Input, F32x4, &[R, K]), IfCoop(true)),
+    when(t("gamma", Input, F32, &[K]), IfCoop(false)),
+    when(t("gamma", Input, F32x4, &[K]), IfCoop(true)),
+    when(t("beta", Input, F32, &[K]), IfCoop(false)),
+    when(t("beta", Input, F32x4, &[K]), IfCoop(true)),
+    when(t("w", Input, F32, &[N, K]), IfCoop(false)),
+    when(t("w", Input, F32x4, &[N, K]), IfCoop(true)),
     t("b", Input, F32, &[N]),
     t("y", Output, F32, &[R, N]),
     t("mean", Output, F32, &[R]),
@@ -327,14 +331,21 @@ const DBETA: [Tensor; 2] = row_sum!("dbeta", K);
 const DW: [Tensor; 2] = row_sum!("dw", N, K);
 const DB: [Tensor; 2] = row_sum!("db", N);
 
+// On tensor cores x, γ, β, W and dy are read as vec4 (one 16-byte load per four elements
+// staged): hidden and out are then multiples of 4.
+
 // The backward in two kernels of at most 8 storage buffers, WebGPU's default (one would
 // bind 12). dx, dγ and dβ: 7, the rows' mean and 1/std recomputed from x as the forward
 // computes them, since binding the saved ones would make 9.
 const LAYERNORM_LINEAR_BACKWARD: &[Tensor] = &[
-    t("x", Input, F32, &[R, K]),
-    t("gamma", Input, F32, &[K]),
-    t("w", Input, F32, &[N, K]),
-    t("dy", Input, F32, &[R, N]),
+    when(t("x", Input, F32, &[R, K]), IfCoop(false)),
+    when(t("x", Input, F32x4, &[R, K]), IfCoop(true)),
+    when(t("gamma", Input, F32, &[K]), IfCoop(false)),
+    when(t("gamma", Input, F32x4, &[K]), IfCoop(true)),
+    when(t("w", Input, F32, &[N, K]), IfCoop(false)),
+    when(t("w", Input, F32x4, &[N, K]), IfCoop(true)),
+    when(t("dy", Input, F32, &[R, N]), IfCoop(false)),
+    when(t("dy", Input, F32x4, &[R, N]), IfCoop(true)),
     t("dx", Output, F32, &[R, K]),
     DGAMMA[0],
     DGAMMA[1],
@@ -346,10 +357,14 @@ const LAYERNORM_LINEAR_BACKWARD: &[Tensor] = &[
 
 // dW and db: 8. β is read for dW = dyᵀ·(x̂·γ + β), the Linear's input.
 const LAYERNORM_LINEAR_WEIGHT_GRAD: &[Tensor] = &[
-    t("x", Input, F32, &[R, K]),
-    t("gamma", Input, F32, &[K]),
-    t("beta", Input, F32, &[K]),
-    t("dy", Input, F32, &[R, N]),
+    when(t("x", Input, F32, &[R, K]), IfCoop(false)),
+    when(t("x", Input, F32x4, &[R, K]), IfCoop(true)),
+    when(t("gamma", Input, F32, &[K]), IfCoop(false)),
+    when(t("gamma", Input, F32x4, &[K]), IfCoop(true)),
+    when(t("beta", Input, F32, &[K]), IfCoop(false)),
+    when(t("beta", Input, F32x4, &[K]), IfCoop(true)),
+    when(t("dy", Input, F32, &[R, N]), IfCoop(false)),
+    when(t("dy", Input, F32x4, &[R, N]), IfCoop(true)),
     t("mean", Input, F32, &[R]),
     t("rstd", Input, F32, &[R]),
     DW[0],

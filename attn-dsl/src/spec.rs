@@ -303,18 +303,21 @@ pub struct Grid {
     /// `None`: the rows of a tile are walked one at a time (the seeds' design).
     /// `Some`: the flash schedule, all rows of the tile at once.
     pub flash: Option<Flash>,
+    /// How the tiles' matrix products are computed: the flash schedule's Q·Kᵀ and P·V,
+    /// the row layers' GEMMs.
+    #[serde(default, skip_serializing_if = "Matrix::is_scalar")]
+    pub matrix: Matrix,
 }
 
 impl Grid {
     /// Whether the grid's row reductions use subgroup operations.
     pub fn uses_subgroups(&self) -> bool {
-        self.flash
-            .is_some_and(|f| f.subgroups || f.matrix == Matrix::Coop16)
+        self.uses_coop() || self.flash.is_some_and(|f| f.subgroups)
     }
 
     /// Whether the grid's products are cooperative-matrix products.
     pub fn uses_coop(&self) -> bool {
-        self.flash.is_some_and(|f| f.matrix == Matrix::Coop16)
+        self.matrix == Matrix::Coop16
     }
 
     /// The seeds' per-row grid over `major`, `tile` rows walked in turn.
@@ -323,6 +326,7 @@ impl Grid {
             major,
             tile,
             flash: None,
+            matrix: Matrix::Scalar,
         }
     }
 }
@@ -341,12 +345,10 @@ pub struct Flash {
     /// adapter's subgroups cover whole row groups and falls back to workgroup memory when
     /// they do not, so it is right for any subgroup size.
     pub subgroups: bool,
-    /// How the tile's matrix products are computed.
-    #[serde(default, skip_serializing_if = "Matrix::is_scalar")]
-    pub matrix: Matrix,
 }
 
-/// How a flash grid computes its matrix products (Q·Kᵀ and P·V).
+/// How a grid computes its matrix products (the flash schedule's Q·Kᵀ and P·V, the row
+/// layers' GEMMs).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Matrix {

@@ -223,3 +223,56 @@ fn masks_do_not_apply_to_a_row_layer() {
     spec.masks.causal = true;
     assert_eq!(problem(&spec).0, Field::Mask("causal".into()));
 }
+
+/// Every product kernel on cooperative matrices: naga validates it (the f16 slices, the
+/// fragments' loads, the spill into the 4×4 blocks), it targets native, binds what the
+/// scalar kernel binds, and multiplies on tensor cores; the reduce has no products.
+#[test]
+fn products_compile_on_cooperative_matrices() {
+    use attn_dsl::Matrix;
+    for (hidden, out) in [(8, 16), (768, 3072), (100, 36)] {
+        for sums in [RowSums::Atomic, RowSums::TwoPass] {
+            for op in [
+                Op::LayernormLinear,
+                Op::LayernormLinearBackward,
+                Op::LayernormLinearWeightGrad,
+            ] {
+                let scalar = row_layer::spec("ln", op, hidden, out, 64, sums);
+                let spec = row_layer::with_matrix(scalar.clone(), Matrix::Coop16);
+                let abi = compile(&spec)
+                    .unwrap_or_else(|e| panic!("{op:?} {hidden}->{out} {sums:?}: {e}"));
+                assert!(matches!(abi.target, Target::Native(_)));
+                assert!(abi.wgsl.contains("coopMultiplyAdd"), "{op:?}");
+                assert!(!abi.wgsl.contains("fn block_product("), "{op:?}");
+                let names = |a: &attn_dsl::KernelAbi| -> Vec<String> {
+                    a.bindings.iter().map(|b| b.name.to_string()).collect()
+                };
+                assert_eq!(names(&abi), names(&compile(&scalar).unwrap()), "{op:?}");
+            }
+        }
+    }
+    let reduce = row_layer::spec("ln", Op::LayernormLinearReduce, 8, 16, 1, RowSums::TwoPass);
+    assert_eq!(
+        row_layer::with_matrix(reduce.clone(), Matrix::Coop16),
+        reduce
+    );
+}
+
+#[test]
+fn cooperative_products_are_refused_under_webgpu() {
+    let mut spec = row_layer::with_matrix(
+        row_layer::spec("ln", Op::LayernormLinear, 8, 16, 64, RowSums::Atomic),
+        attn_dsl::Matrix::Coop16,
+    );
+    spec.target = Target::Webgpu;
+    let (field, problem) = problem(&spec);
+    assert_eq!(field, Field::Matrix);
+    assert!(problem.contains("target: native"), "{problem}");
+    let odd = row_layer::with_matrix(
+        row_layer::spec("ln", Op::LayernormLinear, 10, 16, 64, RowSums::Atomic),
+        attn_dsl::Matrix::Coop16,
+    );
+    let (field, why) = self::problem(&odd);
+    assert_eq!(field, Field::Matrix);
+    assert!(why.contains("multiples of 4"), "{why}");
+}

@@ -210,14 +210,14 @@ fn abi_const(abi: &KernelAbi, wgsl: TokenStream) -> TokenStream {
         None => quote!(::core::option::Option::None),
         Some(f) => {
             let (inner, rows, subgroups) = (f.inner, f.rows_per_thread, f.subgroups);
-            let matrix = match f.matrix {
-                attn_dsl::Matrix::Scalar => quote!(::attn_dsl::Matrix::Scalar),
-                attn_dsl::Matrix::Coop16 => quote!(::attn_dsl::Matrix::Coop16),
-            };
             quote!(::core::option::Option::Some(::attn_dsl::Flash {
-                inner: #inner, rows_per_thread: #rows, subgroups: #subgroups, matrix: #matrix,
+                inner: #inner, rows_per_thread: #rows, subgroups: #subgroups,
             }))
         }
+    };
+    let matrix = match abi.grid.matrix {
+        attn_dsl::Matrix::Scalar => quote!(::attn_dsl::Matrix::Scalar),
+        attn_dsl::Matrix::Coop16 => quote!(::attn_dsl::Matrix::Coop16),
     };
     let head_dim = abi.head_dim;
     let gqa = match abi.gqa {
@@ -249,7 +249,7 @@ fn abi_const(abi: &KernelAbi, wgsl: TokenStream) -> TokenStream {
             op: ::attn_dsl::Op::#op,
             entry_point: ::std::borrow::Cow::Borrowed(ENTRY_POINT),
             workgroup_size: [#wx, #wy, #wz],
-            grid: ::attn_dsl::Grid { major: #major, tile: #tile, flash: #flash },
+            grid: ::attn_dsl::Grid { major: #major, tile: #tile, flash: #flash, matrix: #matrix },
             head_dim: #head_dim,
             out_dim: #out_dim,
             gqa: #gqa,

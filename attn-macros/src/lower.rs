@@ -46,7 +46,7 @@ pub fn lower(d: &Description) -> syn::Result<Lowered> {
     };
     let op = op(require(d, get("op", Field::Op), "op")?)?;
     let grid_value = require(d, get("grid", Field::Grid), "grid")?;
-    let (mut grid, auto_flash, matrix_span) = grid(grid_value)?;
+    let (mut grid, auto_flash, matrix_span) = grid(grid_value, op.is_row_layer())?;
     // A row-wise layer's row width is `hidden` (carried where attention carries head_dim).
     let (width_key, out_dim) = if op.is_row_layer() {
         if let Some(v) = d.entries.iter().find(|e| e.key == "head_dim_v") {
@@ -121,7 +121,6 @@ pub fn lower(d: &Description) -> syn::Result<Lowered> {
             inner: config.inner,
             rows_per_thread: config.rows_per_thread,
             subgroups: false,
-            matrix: Matrix::Scalar,
         });
         workgroup_size = config.workgroup_size;
     }
@@ -280,8 +279,8 @@ fn op(v: &Value) -> syn::Result<Op> {
 
 /// The grid, whether it asks for the flash configuration the rules pick
 /// (`s_major(flash)`), which depends on the op, head_dim and target lowered after it, and
-/// where its `matrix` argument is.
-fn grid(v: &Value) -> syn::Result<(Grid, bool, Option<Span>)> {
+/// where its `matrix` argument is (the flash schedule's, or a row layer's GEMMs').
+fn grid(v: &Value, row_layer: bool) -> syn::Result<(Grid, bool, Option<Span>)> {
     const EXPECTED: &str = "s_major(tile = N), j_major(tile = N), s_major(flash), \
                             j_major(flash), head_major, slice_major(tile = N), r_major(tile = N) or elementwise";
     let (name, args) = match v {
@@ -356,7 +355,6 @@ fn grid(v: &Value) -> syn::Result<(Grid, bool, Option<Span>)> {
             inner,
             rows_per_thread,
             subgroups: subgroups.is_some_and(|(on, _)| on),
-            matrix: matrix.map_or(Matrix::Scalar, |(m, _)| m),
         }),
         _ => {
             return err(
@@ -377,7 +375,7 @@ fn grid(v: &Value) -> syn::Result<(Grid, bool, Option<Span>)> {
             ),
         );
     }
-    if let (None, Some((_, span))) = (flash, matrix) {
+    if let (None, Some((_, span)), false) = (flash, matrix, row_layer) {
         return err(
             span,
             format!(
@@ -387,7 +385,12 @@ fn grid(v: &Value) -> syn::Result<(Grid, bool, Option<Span>)> {
         );
     }
     Ok((
-        Grid { major, tile, flash },
+        Grid {
+            major,
+            tile,
+            flash,
+            matrix: matrix.map_or(Matrix::Scalar, |(m, _)| m),
+        },
         false,
         matrix.map(|(_, span)| span),
     ))

@@ -94,10 +94,41 @@ fn both_schedules_pass_at_the_seed_shape() {
         out: 16,
     };
     let rows = run(&gpu, case, 3).unwrap();
-    assert_eq!(rows.len(), 3);
+    // The tensor-core rows (`+tc`) where the adapter has cooperative matrices.
+    assert_eq!(rows.len(), if gpu.has_coop16() { 6 } else { 3 });
     for row in &rows {
         assert!(row.pass(), "{}: {:?}", row.label, row.verdicts);
     }
+}
+
+/// Products on tensor cores are built where the adapter has cooperative matrices (their
+/// rows then run in `both_schedules_pass_at_the_seed_shape`) and refused by a typed error
+/// elsewhere; widths that are not multiples of 4 are refused by the rules first.
+#[test]
+fn tensor_core_products_need_the_adapter_and_vec4_widths() {
+    use attn_dsl::Matrix;
+    let gpu = gpu();
+    let made = LayerNormLinear::with_matrix(&gpu, [64, 8, 16], RowSums::Atomic, Matrix::Coop16);
+    match gpu.has_coop16() {
+        true => assert_eq!(made.unwrap().matrix(), Matrix::Coop16),
+        false => assert!(
+            matches!(made, Err(Error::Feature { .. })),
+            "{:?}",
+            made.map(|l| l.widths())
+        ),
+    }
+    let odd = LayerNormLinear::with_matrix(&gpu, [64, 10, 16], RowSums::Atomic, Matrix::Coop16);
+    match odd {
+        Err(Error::Pipeline { message, .. }) => {
+            assert!(message.contains("multiples of 4"), "{message}")
+        }
+        other => panic!(
+            "expected the rules' refusal, got {:?}",
+            other.map(|l| l.widths())
+        ),
+    }
+    let scalar = LayerNormLinear::new(&gpu, 64, 10, 16, RowSums::Atomic).unwrap();
+    assert_eq!(scalar.matrix(), Matrix::Scalar);
 }
 
 /// generated/ holds what the runtime runs: the family's forward, reduce and two-pass

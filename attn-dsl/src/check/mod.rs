@@ -325,6 +325,9 @@ fn check_grid(spec: &KernelSpec) -> Result<(), DslError> {
     if spec.grid.flash.is_some() {
         return check_flash(spec);
     }
+    if spec.grid.uses_coop() {
+        return rows::check_coop(spec);
+    }
     if spec.op == Op::DecodeSplit && !(1..=tile_max).contains(&spec.grid.tile) {
         return Err(DslError::spec(
             Field::Grid,

@@ -41,6 +41,40 @@ pub(crate) fn check_sizes(spec: &KernelSpec) -> Result<(), DslError> {
     Ok(())
 }
 
+/// Cooperative-matrix GEMMs off the flash grid: the row layers' three products (f32 in
+/// memory, each operand rounded to f16 as it is staged, f32 accumulators), native only.
+pub(crate) fn check_coop(spec: &KernelSpec) -> Result<(), DslError> {
+    let refuse = |problem: String| Err(DslError::spec(Field::Matrix, problem));
+    let gemms = [
+        Op::LayernormLinear,
+        Op::LayernormLinearBackward,
+        Op::LayernormLinearWeightGrad,
+    ];
+    if !gemms.contains(&spec.op) {
+        let names: Vec<&str> = gemms.iter().map(|o| o.name()).collect();
+        return refuse(format!(
+            "`matrix = coop16` off the flash schedule is emitted for ops {}; op {} takes it              on a flash grid (`tile`, `key_tile` and `rows_per_thread`) or not at all",
+            names.join(", "),
+            spec.op.name()
+        ));
+    }
+    if spec.target == crate::spec::Target::Webgpu {
+        return refuse(
+            "cooperative matrices are not in WebGPU; use `target: native(..)` (the runtime \
+             runs the kernel only on adapters with EXPERIMENTAL_COOPERATIVE_MATRIX)"
+                .into(),
+        );
+    }
+    if !spec.head_dim.is_multiple_of(4) || !spec.out_dim.is_multiple_of(4) {
+        return refuse(format!(
+            "the tensor-core products read x, γ, β, W and dy as vec4: hidden ({}) and out \
+             ({}) must be multiples of 4; use `matrix = scalar` for these widths",
+            spec.head_dim, spec.out_dim
+        ));
+    }
+    Ok(())
+}
+
 /// The row sums a backward kernel writes are one schedule: all scattered, or all flushed
 /// as partials for one reduce kernel. An `owned` one is left to the ownership rule, which
 /// names the race.

@@ -84,7 +84,8 @@ pub(super) fn kernel(out: &mut Wgsl, spec: &KernelSpec, t: &CoopTiling, keep: Ph
         coop_scale::reference_constants(out);
     }
     let fetches = half.own.iter().map(|f| (f, own_rows));
-    for (&(name, tensor, of), rows) in fetches.chain(half.streamed.iter().map(|f| (f, block_rows))) {
+    for (&(name, tensor, of), rows) in fetches.chain(half.streamed.iter().map(|f| (f, block_rows)))
+    {
         match t.scaled {
             true => coop_scale::fetch_half(out, spec, (name, tensor), of, rows),
             false => coop::fetch(out, spec, name, tensor, of, rows),

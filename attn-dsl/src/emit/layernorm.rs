@@ -15,9 +15,26 @@
 use super::writer::Wgsl;
 use std::fmt::Write;
 
+use super::row_gemm::{self, Contiguous, Staging};
 use super::scatter;
-use crate::layout::rows::{BK, DX_ROWS, GEMM_TILE};
+use crate::layout::rows::{DX_ROWS, GEMM_TILE};
 use crate::spec::{KernelSpec, Op, WriteMode};
+
+/// How each kernel's staging walks its operands (see `stage_forward`, `stage_dx`,
+/// `stage_dw`): consecutive invocations read along x's and W's rows in the forward, along
+/// dy's rows and W's columns for dx̂ₙ, and along the outputs for dW.
+const FORWARD: Staging = Staging {
+    a: Contiguous::Reduction,
+    b: Contiguous::Reduction,
+};
+const DX: Staging = Staging {
+    a: Contiguous::Reduction,
+    b: Contiguous::Output,
+};
+const DW: Staging = Staging {
+    a: Contiguous::Output,
+    b: Contiguous::Output,
+};
 
 pub(super) fn constants(out: &mut Wgsl, spec: &KernelSpec) {
     let _ = write!(
@@ -37,7 +54,7 @@ pub(super) fn constants(out: &mut Wgsl, spec: &KernelSpec) {
         spec.grid.tile,
         super::numerics::DOT_BLOCK,
         GEMM_TILE,
-        BK,
+        crate::layout::rows::bk(spec),
         DX_ROWS,
     );
 }
@@ -97,179 +114,207 @@ fn tree_sum(result: &str, count: &str, term: &str) -> String {
     )
 }
 
-/// The staged slices (k-major: `sh_*[kk * 16 + c]` holds outputs 4c..4c+3 at reduction
-/// index kk, so an invocation reads its four rows or columns as one vec4) and the product
-/// of one staged pair into the invocation's 4×4 block.
-fn gemm_core(out: &mut Wgsl) {
-    let leaf: String = (0..super::numerics::DOT_BLOCK)
-        .map(|c| {
-            format!(
-                "        {{ let a = sh_a[(h + {c}u) * 16u + ty]; let bv = sh_b[(h + {c}u) * 16u + tx];\n          \
-                 p0 = fma(vec4<f32>(a.x), bv, p0); p1 = fma(vec4<f32>(a.y), bv, p1);\n          \
-                 p2 = fma(vec4<f32>(a.z), bv, p2); p3 = fma(vec4<f32>(a.w), bv, p3); }}\n"
-            )
-        })
-        .collect();
-    let _ = write!(
-        out,
-        r#"// The staged operand slices: sh_a holds the block's 64 rows of the left operand,
-// sh_b its 64 columns of the right one, BK reduction indices each.
-var<workgroup> sh_a: array<vec4<f32>, BK * 16u>;
-var<workgroup> sh_b: array<vec4<f32>, BK * 16u>;
-
-// The staged slices' products for rows 4·ty.. and columns 4·tx..: each leaf of BLOCK
-// terms sums into a fresh partial (as a framework's pairwise leaves), then into `mid`.
-fn block_product(tx: u32, ty: u32, mid: ptr<function, array<vec4<f32>, 4>>) {{
-    for (var h = 0u; h < BK; h = h + BLOCK) {{
-        var p0 = vec4<f32>(0.0);
-        var p1 = vec4<f32>(0.0);
-        var p2 = vec4<f32>(0.0);
-        var p3 = vec4<f32>(0.0);
-{leaf}        (*mid)[0] = (*mid)[0] + p0;
-        (*mid)[1] = (*mid)[1] + p1;
-        (*mid)[2] = (*mid)[2] + p2;
-        (*mid)[3] = (*mid)[3] + p3;
-    }}
-}}
-
-// Adds a branch of the blocked sum into the total and starts the next one.
-// (Written out: constant indices keep both blocks in registers.)
-fn fold(acc: ptr<function, array<vec4<f32>, 4>>, mid: ptr<function, array<vec4<f32>, 4>>) {{
-    (*acc)[0] = (*acc)[0] + (*mid)[0];
-    (*acc)[1] = (*acc)[1] + (*mid)[1];
-    (*acc)[2] = (*acc)[2] + (*mid)[2];
-    (*acc)[3] = (*acc)[3] + (*mid)[3];
-    *mid = array<vec4<f32>, 4>();
-}}
-
-"#
-    );
-}
-
-/// The loop over staged slices `step` = 0, BK, .. < `count` of one product, `stage` filling
-/// sh_a and sh_b, leaving the product in `acc`.
-fn product_loop(step: &str, count: &str, stage: &str) -> String {
-    format!(
-        r#"var acc: array<vec4<f32>, 4>;
-    var mid: array<vec4<f32>, 4>;
-    for (var {step} = 0u; {step} < {count}; {step} = {step} + BK) {{
-        {stage};
-        workgroupBarrier();
-        block_product(tx, ty, &mid);
-        // The next slice overwrites sh_a and sh_b.
-        workgroupBarrier();
-        if (({step} / BK) % FOLD == FOLD - 1u) {{
-            fold(&acc, &mid);
-        }}
-    }}
-    fold(&acc, &mid);"#
-    )
-}
-
 /// Each row's (mean, 1/std) of a tile of up to 64 rows, in workgroup memory: the forward
 /// computes them, and the backward recomputes them with the same code, so its numbers are
 /// the forward's.
 fn row_stats(out: &mut Wgsl) {
-    out.push_str(
+    // One leaf of BLOCK terms per loop trip, its loads written out before its sum so that
+    // they are in flight together (one at a time, a tile's statistics took the latency of
+    // 2·HIDDEN/LANES dependent loads).
+    let loads = |fill: &str| -> String {
+        (0..super::numerics::DOT_BLOCK)
+            .map(|j| format!("let v{j} = x_or(row, k0 + {j}u * LANES, {fill});\n            "))
+            .collect()
+    };
+    let sum: String = (0..super::numerics::DOT_BLOCK)
+        .map(|j| format!("leaf = leaf + v{j};\n            "))
+        .collect();
+    let squares: String = (0..super::numerics::DOT_BLOCK)
+        .map(|j| format!("leaf = fma(v{j} - mu, v{j} - mu, leaf);\n            "))
+        .collect();
+    let (mean_loads, dev_loads) = (loads("0.0"), loads("mu"));
+    let _ = write!(
+        out,
         r#"// Four lanes per row of the tile: their partial sums, and each row's (mean, 1/std).
 const LANES: u32 = WG / TN;
 var<workgroup> sh_part: array<f32, WG>;
 var<workgroup> sh_stat: array<vec2<f32>, TN>;
 
 // The sum of `v` over the LANES lanes of this invocation's row.
-fn lane_sum(tid: u32, v: f32) -> f32 {
+fn lane_sum(tid: u32, v: f32) -> f32 {{
     sh_part[tid] = v;
     workgroupBarrier();
     let base = (tid / LANES) * LANES;
     var s = 0.0;
-    for (var l = 0u; l < LANES; l = l + 1u) {
+    for (var l = 0u; l < LANES; l = l + 1u) {{
         s = s + sh_part[base + l];
-    }
+    }}
     // sh_part is reused by the next sum.
     workgroupBarrier();
     return s;
-}
+}}
+
+// x[row, k], or `fill` past the row's end (a term that adds nothing to its sum).
+fn x_or(row: u32, k: u32, fill: f32) -> f32 {{
+    return select(fill, ld_x(row * HIDDEN + min(k, HIDDEN - 1u)), k < HIDDEN);
+}}
 
 // (mean, 1/std) of the tile's rows into sh_stat: the two-pass variance, never
 // E[x²] − E[x]², each lane's terms summed in leaves of BLOCK.
-fn tile_stats(first: u32, tid: u32) {
+fn tile_stats(first: u32, tid: u32) {{
     let m = tid / LANES;
     let lane = tid % LANES;
     let row = first + m;
     let live = m < TILE && row < dims.rows;
     var s = 0.0;
-    var leaf = 0.0;
-    if (live) {
-        for (var k = lane; k < HIDDEN; k = k + LANES) {
-            leaf = leaf + x[row * HIDDEN + k];
-            if ((k / LANES) % BLOCK == BLOCK - 1u) {
-                s = s + leaf;
-                leaf = 0.0;
-            }
-        }
-    }
-    let mu = lane_sum(tid, s + leaf) / f32(HIDDEN);
+    if (live) {{
+        for (var k0 = lane; k0 < HIDDEN; k0 = k0 + LANES * BLOCK) {{
+            {mean_loads}var leaf = 0.0;
+            {sum}s = s + leaf;
+        }}
+    }}
+    let mu = lane_sum(tid, s) / f32(HIDDEN);
     var q = 0.0;
-    leaf = 0.0;
-    if (live) {
-        for (var k = lane; k < HIDDEN; k = k + LANES) {
-            let dev = x[row * HIDDEN + k] - mu;
-            leaf = fma(dev, dev, leaf);
-            if ((k / LANES) % BLOCK == BLOCK - 1u) {
-                q = q + leaf;
-                leaf = 0.0;
-            }
-        }
-    }
-    let variance = lane_sum(tid, q + leaf) / f32(HIDDEN);
-    if (lane == 0u) {
+    if (live) {{
+        for (var k0 = lane; k0 < HIDDEN; k0 = k0 + LANES * BLOCK) {{
+            {dev_loads}var leaf = 0.0;
+            {squares}q = q + leaf;
+        }}
+    }}
+    let variance = lane_sum(tid, q) / f32(HIDDEN);
+    if (lane == 0u) {{
         sh_stat[m] = vec2<f32>(mu, inverseSqrt(variance + params.eps));
-    }
-}
+    }}
+}}
 
 "#,
     );
+}
+
+/// `ld_<t>(i)`: element i of each f32 input the kernel binds (x, γ, β, W, dy), through the
+/// vec4 view on tensor cores; there also `ld4_<t>(i)`, the four elements from i (a
+/// multiple of 4).
+fn readers(out: &mut Wgsl, spec: &KernelSpec) {
+    let coop = spec.grid.matrix == crate::spec::Matrix::Coop16;
+    for t in crate::signature::tensors(spec) {
+        if !["x", "gamma", "beta", "w", "dy"].contains(&t.name) {
+            continue;
+        }
+        let name = t.name;
+        let _ = match coop {
+            true => write!(
+                out,
+                "fn ld_{name}(i: u32) -> f32 {{\n    return {name}[i / 4u][i % 4u];\n}}\n\n\
+                 fn ld4_{name}(i: u32) -> vec4<f32> {{\n    return {name}[i / 4u];\n}}\n\n"
+            ),
+            false => write!(
+                out,
+                "fn ld_{name}(i: u32) -> f32 {{\n    return {name}[i];\n}}\n\n"
+            ),
+        };
+    }
+}
+
+/// A staging function: every element's loads (`fetch(q)`, declaring its values with
+/// suffix q) before any store (`put(q)`), so that the loads of a slice are in flight
+/// together; `elements` per invocation.
+fn staging(
+    out: &mut Wgsl,
+    (comment, signature): (&str, &str),
+    elements: u32,
+    (fetch, put): (&dyn Fn(u32) -> String, &dyn Fn(u32) -> String),
+) {
+    let fetches: String = (0..elements).map(fetch).collect();
+    let puts: String = (0..elements).map(put).collect();
+    let _ = write!(
+        out,
+        "// {comment}\nfn {signature} {{\n{fetches}{puts}}}\n\n"
+    );
+}
+
+/// What one staging slot reads and stores: one element with scalar products, four
+/// consecutive ones along the operand's contiguous index on tensor cores (the vec4 views).
+struct Slot {
+    width: u32,
+    zero: &'static str,
+    /// The reader prefix: `ld` or `ld4`.
+    ld: &'static str,
+    /// The slice writer prefix: `put` or `put4`.
+    put: &'static str,
+}
+
+impl Slot {
+    fn of(spec: &KernelSpec) -> Slot {
+        match spec.grid.matrix {
+            crate::spec::Matrix::Scalar => Slot {
+                width: 1,
+                zero: "0.0",
+                ld: "ld",
+                put: "put",
+            },
+            crate::spec::Matrix::Coop16 => Slot {
+                width: 4,
+                zero: "vec4<f32>(0.0)",
+                ld: "ld4",
+                put: "put4",
+            },
+        }
+    }
+}
+
+/// Slots of a slice each invocation stages per operand.
+fn per_invocation(spec: &KernelSpec) -> u32 {
+    crate::layout::rows::bk(spec) * GEMM_TILE / (spec.workgroup_size * Slot::of(spec).width)
 }
 
 fn forward(out: &mut Wgsl, spec: &KernelSpec) {
-    gemm_core(out);
+    readers(out, spec);
+    row_gemm::core(out, spec, FORWARD);
     row_stats(out);
-    out.push_str(
-        r#"// Slice k0.. of the normalized rows (x̂·γ + β) into sh_a and of W's rows n0.. into sh_b;
-// zero past the rows, HIDDEN or OUT.
-fn stage_forward(first: u32, n0: u32, k0: u32, tid: u32) {
-    for (var q = 0u; q < 4u; q = q + 1u) {
-        let e = tid + q * WG;
-        let m = e / BK;
-        let kk = e % BK;
-        let k = k0 + kk;
-        let row = first + m;
-        var v = 0.0;
-        if (m < TILE && row < dims.rows && k < HIDDEN) {
-            let st = sh_stat[m];
-            v = fma((x[row * HIDDEN + k] - st.x) * st.y, gamma[k], beta[k]);
-        }
-        sh_a[kk * 16u + m / 4u][m % 4u] = v;
-        let n = n0 + m;
-        var wv = 0.0;
-        if (n < OUT && k < HIDDEN) {
-            wv = w[n * HIDDEN + k];
-        }
-        sh_b[kk * 16u + m / 4u][m % 4u] = wv;
-    }
-}
-
-"#,
+    let Slot {
+        width,
+        zero,
+        ld,
+        put,
+    } = Slot::of(spec);
+    let fetch = |q: u32| {
+        format!(
+            "    let e_{q} = tid + {q}u * WG;\n    let m_{q} = e_{q} / (BK / {width}u);\n    \
+             let kk_{q} = (e_{q} % (BK / {width}u)) * {width}u;\n    \
+             let k_{q} = k0 + kk_{q};\n    let row_{q} = first + m_{q};\n    var v_{q} = {zero};\n    \
+             if (m_{q} < TILE && row_{q} < dims.rows && k_{q} < HIDDEN) {{\n        \
+             let st = sh_stat[m_{q}];\n        \
+             v_{q} = fma(({ld}_x(row_{q} * HIDDEN + k_{q}) - st.x) * st.y, {ld}_gamma(k_{q}), {ld}_beta(k_{q}));\n    }}\n    \
+             let n_{q} = n0 + m_{q};\n    var wv_{q} = {zero};\n    if (n_{q} < OUT && k_{q} < HIDDEN) {{\n        \
+             wv_{q} = {ld}_w(n_{q} * HIDDEN + k_{q});\n    }}\n"
+        )
+    };
+    let put = |q: u32| {
+        format!("    {put}_a(kk_{q}, m_{q}, v_{q});\n    {put}_b(kk_{q}, m_{q}, wv_{q});\n")
+    };
+    staging(
+        out,
+        (
+            "Slice k0.. of the normalized rows (x̂·γ + β) and of W's rows n0..; zero past the\n// rows, HIDDEN or OUT.",
+            "stage_forward(first: u32, n0: u32, k0: u32, tid: u32)",
+        ),
+        per_invocation(spec),
+        (&fetch, &put),
     );
-    let product = product_loop("k0", "HIDDEN", "stage_forward(first, n0, k0, tid)");
+    let product = row_gemm::product_loop(
+        spec,
+        FORWARD,
+        ("k0", "HIDDEN"),
+        "stage_forward(first, n0, k0, tid)",
+    );
     let _ = write!(
         out,
-        r#"// Workgroup (x, y) owns rows x·TILE.. (TILE ≤ 64) and outputs y·64..: it computes its
-// rows' statistics (grid column 0 saves them), then its block of x̂ₙ·Wᵀ + b.
+        r#"// Workgroup (x, y) owns rows x·TILE.. (TILE ≤ 64) and outputs y·CB·64..: it computes
+// its rows' statistics (grid column 0 saves them), then its CB blocks of x̂ₙ·Wᵀ + b in turn.
+const CB: u32 = {cb}u;
 @compute @workgroup_size(WG)
-fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {{
-    let first = wg.x * TILE;
-    let n0 = wg.y * TN;
+fn {name}({args}) {{
+{prologue}    let first = wg.x * TILE;
     let tx = tid % 16u;
     let ty = tid / 16u;
     tile_stats(first, tid);
@@ -278,22 +323,32 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         mean[first + tid] = sh_stat[tid].x;
         rstd[first + tid] = sh_stat[tid].y;
     }}
-    {product}
-    for (var i = 0u; i < 4u; i = i + 1u) {{
-        let m = ty * 4u + i;
-        let row = first + m;
-        if (m < TILE && row < dims.rows) {{
-            for (var j = 0u; j < 4u; j = j + 1u) {{
-                let n = n0 + tx * 4u + j;
-                if (n < OUT) {{
-                    y[row * OUT + n] = acc[i][j] + b[n];
+    // Blocks past OUT stage zeros and store nothing (an `if` around them would make the
+    // cooperative products' control flow non-uniform to naga).
+    for (var cb = 0u; cb < CB; cb = cb + 1u) {{
+        let n0 = (wg.y * CB + cb) * TN;
+        {{
+            {product}
+            for (var i = 0u; i < 4u; i = i + 1u) {{
+                let m = ty * 4u + i;
+                let row = first + m;
+                if (m < TILE && row < dims.rows) {{
+                    for (var j = 0u; j < 4u; j = j + 1u) {{
+                        let n = n0 + tx * 4u + j;
+                        if (n < OUT) {{
+                            y[row * OUT + n] = acc[i][j] + b[n];
+                        }}
+                    }}
                 }}
             }}
         }}
     }}
 }}
 "#,
-        name = spec.name
+        name = spec.name,
+        args = row_gemm::entry_args(spec),
+        prologue = row_gemm::entry_prologue(spec),
+        cb = crate::layout::rows::column_blocks(spec.out_dim),
     );
 }
 
@@ -315,10 +370,11 @@ fn atomic(spec: &KernelSpec) -> bool {
 /// β (the budget of 8 storage buffers): each dx block recomputes its rows' statistics.
 fn backward(out: &mut Wgsl, spec: &KernelSpec) {
     atomic_adds(out, spec);
-    gemm_core(out);
+    readers(out, spec);
+    row_gemm::core(out, spec, DX);
     row_stats(out);
     block_stats(out);
-    stage_dx(out);
+    stage_dx(out, spec);
     dx_block(out, spec);
     if atomic(spec) {
         gb_tile(out, spec);
@@ -327,15 +383,17 @@ fn backward(out: &mut Wgsl, spec: &KernelSpec) {
             r#"// Grid row y < SUBS of row tile x: dx of rows x·TILE + y·DXR.. (one block); the
 // rest: dγ and dβ of 64 columns summed over the row tile.
 @compute @workgroup_size(WG)
-fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {{
-    if (wg.y < SUBS) {{
+fn {name}({args}) {{
+{prologue}    if (wg.y < SUBS) {{
         dx_block(wg.x, wg.y, tid);
     }} else {{
         gb_tile(wg.x, wg.y - SUBS, tid);
     }}
 }}
 "#,
-            name = spec.name
+            name = spec.name,
+            args = row_gemm::entry_args(spec),
+            prologue = row_gemm::entry_prologue(spec),
         );
         return;
     }
@@ -344,30 +402,35 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         r#"// Grid row y of row tile x: dx, and the dγ and dβ partials, of rows x·TILE + y·DXR..
 // (one block).
 @compute @workgroup_size(WG)
-fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {{
-    dx_block(wg.x, wg.y, tid);
+fn {name}({args}) {{
+{prologue}    dx_block(wg.x, wg.y, tid);
 }}
 "#,
-        name = spec.name
+        name = spec.name,
+        args = row_gemm::entry_args(spec),
+        prologue = row_gemm::entry_prologue(spec),
     );
 }
 
 /// The backward's second kernel: dW, and db in the tiles of k column 0.
 fn weight_grad(out: &mut Wgsl, spec: &KernelSpec) {
     atomic_adds(out, spec);
-    gemm_core(out);
-    stage_dw(out);
+    readers(out, spec);
+    row_gemm::core(out, spec, DW);
+    stage_dw(out, spec);
     dw_tile(out, spec);
     let _ = write!(
         out,
         r#"// Grid row y of row tile x: one 64×64 tile of dW (and, in the tiles of column 0, 64
 // columns of db) summed over the row tile.
 @compute @workgroup_size(WG)
-fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {{
-    dw_tile(wg.x, wg.y, tid);
+fn {name}({args}) {{
+{prologue}    dw_tile(wg.x, wg.y, tid);
 }}
 "#,
-        name = spec.name
+        name = spec.name,
+        args = row_gemm::entry_args(spec),
+        prologue = row_gemm::entry_prologue(spec),
     );
 }
 
@@ -398,7 +461,12 @@ fn block_stats(first: u32, count: u32, tid: u32, mu: ptr<function, vec4<f32>>,
 /// dx̂ₙ = dy·W block by block over the tile's rows and sums them, so that each element gets
 /// one atomic add per row tile (as dW does), not one per dx block.
 fn gb_tile(out: &mut Wgsl, spec: &KernelSpec) {
-    let product = product_loop("n0", "OUT", "stage_dx(first, count, n0, k0, tid)");
+    let product = row_gemm::product_loop(
+        spec,
+        DX,
+        ("n0", "OUT"),
+        "stage_dx(first, count, n0, k0, tid)",
+    );
     let dgamma = flush(spec, "dgamma", "tile", "HIDDEN", "k", "ga");
     let dbeta = flush(spec, "dbeta", "tile", "HIDDEN", "k", "gb");
     let _ = write!(
@@ -430,7 +498,7 @@ fn gb_tile(tile: u32, kt: u32, tid: u32) {{
                 for (var j = 0u; j < 4u; j = j + 1u) {{
                     let k = k0 + tx * 4u + j;
                     if (k < HIDDEN) {{
-                        let xhat = (x[row * HIDDEN + k] - mu[i]) * rs[i];
+                        let xhat = (ld_x(row * HIDDEN + k) - mu[i]) * rs[i];
                         let g = acc[i][j];
                         g1[j] = fma(g, xhat, g1[j]);
                         g2[j] = g2[j] + g;
@@ -473,66 +541,78 @@ fn gb_tile(tile: u32, kt: u32, tid: u32) {{
     );
 }
 
-fn stage_dx(out: &mut Wgsl) {
-    out.push_str(
-        r#"// dy[first + m, n0..n0 + BK] into sh_a (rows m < count) and W[n0.., k0..k0 + 64]
-// into sh_b: a slice of dx̂ₙ = dy·W.
-fn stage_dx(first: u32, count: u32, n0: u32, k0: u32, tid: u32) {
-    for (var q = 0u; q < 4u; q = q + 1u) {
-        let e = tid + q * WG;
-        let m = e / BK;
-        let n = n0 + e % BK;
-        var v = 0.0;
-        if (m < count && n < OUT) {
-            v = dy[(first + m) * OUT + n];
-        }
-        sh_a[(e % BK) * 16u + m / 4u][m % 4u] = v;
-        let r = e / TN;
-        let c = e % TN;
-        let k = k0 + c;
-        var wv = 0.0;
-        if (n0 + r < OUT && k < HIDDEN) {
-            wv = w[(n0 + r) * HIDDEN + k];
-        }
-        sh_b[r * 16u + c / 4u][c % 4u] = wv;
-    }
-}
-
-"#,
+fn stage_dx(out: &mut Wgsl, spec: &KernelSpec) {
+    let Slot {
+        width,
+        zero,
+        ld,
+        put,
+    } = Slot::of(spec);
+    let fetch = |q: u32| {
+        format!(
+            "    let e_{q} = tid + {q}u * WG;\n    let m_{q} = e_{q} / (BK / {width}u);\n    \
+             let kk_{q} = (e_{q} % (BK / {width}u)) * {width}u;\n    let n_{q} = n0 + kk_{q};\n    \
+             var v_{q} = {zero};\n    if (m_{q} < count && n_{q} < OUT) {{\n        \
+             v_{q} = {ld}_dy((first + m_{q}) * OUT + n_{q});\n    }}\n    \
+             let r_{q} = e_{q} / (TN / {width}u);\n    let c_{q} = (e_{q} % (TN / {width}u)) * {width}u;\n    \
+             let k_{q} = k0 + c_{q};\n    \
+             var wv_{q} = {zero};\n    if (n0 + r_{q} < OUT && k_{q} < HIDDEN) {{\n        \
+             wv_{q} = {ld}_w((n0 + r_{q}) * HIDDEN + k_{q});\n    }}\n"
+        )
+    };
+    let put = |q: u32| {
+        format!("    {put}_a(kk_{q}, m_{q}, v_{q});\n    {put}_b(r_{q}, c_{q}, wv_{q});\n")
+    };
+    staging(
+        out,
+        (
+            "dy[first + m, n0..n0 + BK] (rows m < count) and W[n0.., k0..k0 + 64]: a slice of\n// dx̂ₙ = dy·W.",
+            "stage_dx(first: u32, count: u32, n0: u32, k0: u32, tid: u32)",
+        ),
+        per_invocation(spec),
+        (&fetch, &put),
     );
 }
 
-fn stage_dw(out: &mut Wgsl) {
-    out.push_str(
-        r#"// dy[first + r0.., n0..n0 + 64] into sh_a and the Linear's input x̂·γ + β at the same rows,
-// k0..k0 + 64, into sh_b: a slice of dW = dyᵀ·(x̂·γ + β).
-fn stage_dw(first: u32, count: u32, r0: u32, n0: u32, k0: u32, tid: u32) {
-    for (var q = 0u; q < 4u; q = q + 1u) {
-        let e = tid + q * WG;
-        let rr = e / TN;
-        let c = e % TN;
-        let row = first + r0 + rr;
-        let live = r0 + rr < count;
-        var v = 0.0;
-        if (live && n0 + c < OUT) {
-            v = dy[row * OUT + n0 + c];
-        }
-        sh_a[rr * 16u + c / 4u][c % 4u] = v;
-        let k = k0 + c;
-        var xv = 0.0;
-        if (live && k < HIDDEN) {
-            xv = fma((x[row * HIDDEN + k] - mean[row]) * rstd[row], gamma[k], beta[k]);
-        }
-        sh_b[rr * 16u + c / 4u][c % 4u] = xv;
-    }
-}
-
-"#,
+fn stage_dw(out: &mut Wgsl, spec: &KernelSpec) {
+    let Slot {
+        width,
+        zero,
+        ld,
+        put,
+    } = Slot::of(spec);
+    let fetch = |q: u32| {
+        format!(
+            "    let e_{q} = tid + {q}u * WG;\n    let rr_{q} = e_{q} / (TN / {width}u);\n    \
+             let c_{q} = (e_{q} % (TN / {width}u)) * {width}u;\n    \
+             let row_{q} = first + r0 + rr_{q};\n    let live_{q} = r0 + rr_{q} < count;\n    \
+             var v_{q} = {zero};\n    if (live_{q} && n0 + c_{q} < OUT) {{\n        \
+             v_{q} = {ld}_dy(row_{q} * OUT + n0 + c_{q});\n    }}\n    let k_{q} = k0 + c_{q};\n    \
+             var xv_{q} = {zero};\n    if (live_{q} && k_{q} < HIDDEN) {{\n        \
+             xv_{q} = fma(({ld}_x(row_{q} * HIDDEN + k_{q}) - mean[row_{q}]) * rstd[row_{q}], {ld}_gamma(k_{q}), {ld}_beta(k_{q}));\n    }}\n"
+        )
+    };
+    let put = |q: u32| {
+        format!("    {put}_a(rr_{q}, c_{q}, v_{q});\n    {put}_b(rr_{q}, c_{q}, xv_{q});\n")
+    };
+    staging(
+        out,
+        (
+            "dy[first + r0.., n0..n0 + 64] and x̂·γ + β at the same rows, k0..k0 + 64: a slice of\n// dW = dyᵀ·(x̂·γ + β).",
+            "stage_dw(first: u32, count: u32, r0: u32, n0: u32, k0: u32, tid: u32)",
+        ),
+        per_invocation(spec),
+        (&fetch, &put),
     );
 }
 
 fn dx_block(out: &mut Wgsl, spec: &KernelSpec) {
-    let product = product_loop("n0", "OUT", "stage_dx(first, count, n0, k0, tid)");
+    let product = row_gemm::product_loop(
+        spec,
+        DX,
+        ("n0", "OUT"),
+        "stage_dx(first, count, n0, k0, tid)",
+    );
     let dgamma = flush(spec, "dgamma", "blk", "HIDDEN", "k", "ga");
     let dbeta = flush(spec, "dbeta", "blk", "HIDDEN", "k", "gb");
     // A block past the rows has no rows to add: its partials stay zero, written here
@@ -575,9 +655,9 @@ fn dx_block(out: &mut Wgsl, spec: &KernelSpec) {
 // kept in dx until the row means are known; each invocation rereads only what it wrote.
 // Under two-pass, dγ and dβ of the block's rows leave as partial `blk` (the atomic
 // schedule sums them over the whole row tile in gb_tile instead).
+// (No early return: cooperative products must be reached by uniform control flow, and
+// naga's analysis counts any return before them as divergence.)
 fn dx_block(tile: u32, sub: u32, tid: u32) {{
-    let tx = tid % 16u;
-    let ty = tid / 16u;
     let first = tile * TILE + sub * DXR;
     let blk = tile * SUBS + sub;
     var count = 0u;
@@ -586,8 +666,15 @@ fn dx_block(tile: u32, sub: u32, tid: u32) {{
     }}
     if (count == 0u) {{
         {empty}
-        return;
+    }} else {{
+        dx_rows(first, count, blk, tid);
     }}
+}}
+
+// dx_block's block of `count` > 0 rows from `first`.
+fn dx_rows(first: u32, count: u32, blk: u32, tid: u32) {{
+    let tx = tid % 16u;
+    let ty = tid / 16u;
     var mu = vec4<f32>(0.0);
     var rs = vec4<f32>(0.0);
     block_stats(first, count, tid, &mu, &rs);
@@ -606,9 +693,9 @@ fn dx_block(tile: u32, sub: u32, tid: u32) {{
                 for (var j = 0u; j < 4u; j = j + 1u) {{
                     let k = k0 + tx * 4u + j;
                     if (k < HIDDEN) {{
-                        let xhat = (x[row * HIDDEN + k] - mu[i]) * rs[i];
+                        let xhat = (ld_x(row * HIDDEN + k) - mu[i]) * rs[i];
                         let g = acc[i][j];
-                        let dxhat = g * gamma[k];
+                        let dxhat = g * ld_gamma(k);
                         p1[i] = p1[i] + dxhat;
                         p2[i] = fma(dxhat, xhat, p2[i]);
                         g1[j] = fma(g, xhat, g1[j]);
@@ -641,7 +728,7 @@ fn dx_block(tile: u32, sub: u32, tid: u32) {{
                 for (var j = 0u; j < 4u; j = j + 1u) {{
                     let k = k0 + tx * 4u + j;
                     if (k < HIDDEN) {{
-                        let xhat = (x[row * HIDDEN + k] - mu[i]) * rs[i];
+                        let xhat = (ld_x(row * HIDDEN + k) - mu[i]) * rs[i];
                         let d = dx[row * HIDDEN + k];
                         dx[row * HIDDEN + k] = rs[i] * (d - c2[i] - xhat * c1[i]);
                     }}
@@ -656,7 +743,12 @@ fn dx_block(tile: u32, sub: u32, tid: u32) {{
 }
 
 fn dw_tile(out: &mut Wgsl, spec: &KernelSpec) {
-    let product = product_loop("r0", "count", "stage_dw(first, count, r0, n0, k0, tid)");
+    let product = row_gemm::product_loop(
+        spec,
+        DW,
+        ("r0", "count"),
+        "stage_dw(first, count, r0, n0, k0, tid)",
+    );
     let dw = flush(
         spec,
         "dw",
@@ -665,7 +757,7 @@ fn dw_tile(out: &mut Wgsl, spec: &KernelSpec) {
         "n * HIDDEN + k",
         "acc[i][j]",
     );
-    let db_sum = tree_sum("dbs", "count", "dy[(first + i) * OUT + n]");
+    let db_sum = tree_sum("dbs", "count", "ld_dy((first + i) * OUT + n)");
     let db = flush(spec, "db", "tile", "OUT", "n", "dbs");
     let _ = write!(
         out,

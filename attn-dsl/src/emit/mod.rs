@@ -19,6 +19,7 @@ mod layernorm;
 mod numerics;
 mod reduce;
 mod rope;
+mod row_gemm;
 mod scatter;
 pub(crate) mod scores;
 mod sinks;

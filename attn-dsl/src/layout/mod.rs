@@ -100,8 +100,8 @@ impl KernelSpec {
                     inner: config.inner,
                     rows_per_thread: config.rows_per_thread,
                     subgroups: config.subgroups,
-                    matrix: config.matrix,
                 }),
+                matrix: config.matrix,
             },
             workgroup_size: config.workgroup_size,
             ..KernelSpec::standard(name, op, head_dim, masks)

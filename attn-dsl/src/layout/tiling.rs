@@ -52,7 +52,7 @@ impl Tiling {
     /// not a flash grid of scalar products (cooperative matrices have their own layout,
     /// [`super::coop::CoopTiling`]).
     pub fn of(spec: &KernelSpec) -> Option<Result<Tiling, String>> {
-        let flash = spec.grid.flash.filter(|f| f.matrix.is_scalar())?;
+        let flash = spec.grid.flash.filter(|_| spec.grid.matrix.is_scalar())?;
         let tiling = Tiling::new(
             spec.op,
             spec.grid.tile,

@@ -167,15 +167,8 @@ impl Projection {
             eps: f64::from(EPS),
         };
         let c = reference::cast::<f64>;
-        ln_ref::forward(
-            shape,
-            x,
-            &c(&self.gamma),
-            &c(&self.beta),
-            &c(&self.w),
-            &c(&self.b),
-        )
-        .y
+        let (gamma, beta, w, b) = (c(&self.gamma), c(&self.beta), c(&self.w), c(&self.b));
+        ln_ref::forward(shape, [x, &gamma, &beta, &w, &b], ln_ref::exact).y
     }
 }
 

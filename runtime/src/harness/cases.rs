@@ -1411,8 +1411,10 @@ impl Job {
         let [mut q, mut k, mut v, _] = qkv(self.h, self.batch * self.seq, seed);
         if ranges {
             let widths = [self.h.head_dim, self.h.head_dim, self.h.head_dim_v];
-            for ((x, factors), width) in
-                [&mut q, &mut k, &mut v].into_iter().zip(&RANGES).zip(widths)
+            for ((x, factors), width) in [&mut q, &mut k, &mut v]
+                .into_iter()
+                .zip(&RANGES)
+                .zip(widths)
             {
                 scale_rows(x, factors, width);
             }

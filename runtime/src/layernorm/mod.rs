@@ -10,7 +10,7 @@ pub use crate::harness::layernorm::{baseline, bench, check};
 pub use crate::harness::layernorm::{judge, reference};
 
 use attn_dsl::row_layer::{self, RowSums};
-use attn_dsl::{KernelAbi, Op};
+use attn_dsl::{KernelAbi, Matrix, Op};
 
 use crate::device::Gpu;
 use crate::dispatch::kernel::Kernel;
@@ -68,6 +68,20 @@ impl LayerNormLinear {
     /// about `rows` rows (any number runs; the backward tile is sized so that `rows` rows'
     /// two-pass partials fit [`SCRATCH_BUDGET`]).
     pub fn new(gpu: &Gpu, rows: u32, hidden: u32, out: u32, sums: RowSums) -> Result<Self, Error> {
+        LayerNormLinear::with_matrix(gpu, [rows, hidden, out], sums, Matrix::Scalar)
+    }
+
+    /// [`LayerNormLinear::new`] with the products computed as `matrix` says. On
+    /// [`Matrix::Coop16`] (tensor cores: adapters with cooperative matrices, see
+    /// [`Gpu::has_coop16`]) the three GEMMs round their operands (x̂ₙ, W, dy) to f16 as they
+    /// stage them and sum in f32, as a framework's f16 autocast does; tensors stay f32 in
+    /// memory, and the statistics, the LayerNorm chain rule and the row sums stay f32.
+    pub fn with_matrix(
+        gpu: &Gpu,
+        [rows, hidden, out]: [u32; 3],
+        sums: RowSums,
+        matrix: Matrix,
+    ) -> Result<Self, Error> {
         nonzero("rows", rows)?;
         nonzero("hidden", hidden)?;
         nonzero("out", out)?;
@@ -75,7 +89,8 @@ impl LayerNormLinear {
             row_layer::forward_tile(hidden, gpu.limits().max_compute_workgroup_storage_size);
         let bwd_tile = backward_tile(rows, hidden, out);
         let kernel = |name: &str, op, tile| {
-            let spec = row_layer::spec(name, op, hidden, out, tile, sums);
+            let spec =
+                row_layer::with_matrix(row_layer::spec(name, op, hidden, out, tile, sums), matrix);
             let abi = attn_dsl::compile(&spec).map_err(|e| Error::Pipeline {
                 kernel: spec.name.clone(),
                 message: e.to_string(),
@@ -145,6 +160,11 @@ impl LayerNormLinear {
     pub fn planned(gpu: &Gpu, rows: u32, hidden: u32, out: u32) -> Result<Self, Error> {
         let table = crate::plan::tuning::Table::for_gpu(gpu)?;
         LayerNormLinear::new(gpu, rows, hidden, out, plan_sums(&table, rows, hidden, out))
+    }
+
+    /// How this layer's products are computed.
+    pub fn matrix(&self) -> Matrix {
+        self.forward.abi().grid.matrix
     }
 
     /// How this layer's backward sums dγ, dβ, dW and db over rows.

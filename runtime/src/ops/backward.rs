@@ -127,7 +127,12 @@ impl Scratch {
         args: &BackwardArgs,
         rows: [u32; 3],
     ) -> Result<Tensor, Error> {
-        let held = Scratch::view_as(&mut self.row_max, gpu, &[5, rows[0], rows[1], rows[2]], Scalar::U32)?;
+        let held = Scratch::view_as(
+            &mut self.row_max,
+            gpu,
+            &[5, rows[0], rows[1], rows[2]],
+            Scalar::U32,
+        )?;
         if self.row_scale.is_none() {
             let spec = KernelSpec {
                 dtype: Dtype::Bf16,
@@ -137,7 +142,10 @@ impl Scratch {
         }
         let pipeline = self.row_scale.as_mut().expect("made above");
         let part = rows.iter().product::<u32>();
-        for (at, t) in [args.q, args.k, args.v, args.o, args.d_o].into_iter().enumerate() {
+        for (at, t) in [args.q, args.k, args.v, args.o, args.d_o]
+            .into_iter()
+            .enumerate()
+        {
             let width = *t.shape().last().expect("checked: rank 4");
             let mut d = Dispatch::new(vec![("src", t), ("dst", &held)]);
             d.dims = vec![

@@ -137,7 +137,13 @@ pub fn flash_backward_scattered_in(
     dtype: Dtype,
 ) -> Result<KernelAbi, DslError> {
     let name = family_name("attention_backward_dkdv_flash_scattered", dims.0);
-    attn_dsl::compile(&scattered_spec(&name, dims, masks, config, (scatter, dtype)))
+    attn_dsl::compile(&scattered_spec(
+        &name,
+        dims,
+        masks,
+        config,
+        (scatter, dtype),
+    ))
 }
 
 fn scattered_spec(

@@ -3,6 +3,7 @@
 //! bandwidth and TFLOP/s; beside them the unfused baseline (separate LayerNorm and matmul
 //! kernels, [`super::baseline`]) doing the same work, timed the same way.
 
+use attn_dsl::Matrix;
 use attn_dsl::row_layer::RowSums;
 
 use super::baseline::{Baseline, Shape, matmul_grid};
@@ -69,8 +70,19 @@ pub fn run(
     let matmul = 2.0 * (r * h * o) as f64;
     let io = |elements: usize| 4.0 * elements as f64;
     let mut rows_out = Vec::new();
-    for sums in [RowSums::Atomic, RowSums::TwoPass] {
-        let layer = LayerNormLinear::new(gpu, rows, hidden, out, sums)?;
+    // Tensor cores where the adapter has them: their rows are not tuning candidates (their
+    // products round to f16, the planned layer's do not).
+    let matrices = [Matrix::Scalar, Matrix::Coop16];
+    let matrices = &matrices[..if gpu.has_coop16() { 2 } else { 1 }];
+    let schedules = matrices
+        .iter()
+        .flat_map(|&m| [(m, RowSums::Atomic), (m, RowSums::TwoPass)]);
+    for (matrix, sums) in schedules {
+        let layer = LayerNormLinear::with_matrix(gpu, [rows, hidden, out], sums, matrix)?;
+        let tc = match matrix {
+            Matrix::Scalar => "",
+            Matrix::Coop16 => "+tc",
+        };
         let parts = layer.partials(rows);
         let grads = [("dgamma", h), ("dbeta", h), ("dw", o * h), ("db", o)]
             .into_iter()
@@ -86,7 +98,7 @@ pub fn run(
         let mut all: Vec<(&str, &wgpu::Buffer)> =
             ins.iter().chain(&grads).map(|(n, b)| (*n, b)).collect();
         all.extend([("dims", &dims_buf), ("params", &params)]);
-        if rows_out.is_empty() {
+        if sums == RowSums::Atomic {
             let t = timing::time(
                 gpu,
                 &[step(gpu, layer.forward_kernel(), &dims, &all)?],
@@ -94,7 +106,7 @@ pub fn run(
                 runs,
             )?;
             rows_out.push(LnBenchRow {
-                label: "layernorm_linear forward".into(),
+                label: format!("layernorm_linear forward{tc}"),
                 timing: t,
                 flops: matmul,
                 bytes: io(r * h + o * h + r * o + 2 * r),
@@ -119,13 +131,13 @@ pub fn run(
         let t = timing::time(gpu, &steps, 2, runs)?;
         rows_out.push(LnBenchRow {
             label: format!(
-                "layernorm_linear backward ({})",
+                "layernorm_linear backward{tc} ({})",
                 super::check::schedule_name(sums)
             ),
             timing: t,
             flops: 2.0 * matmul,
             bytes: io(2 * r * h + o * h + r * o + 2 * r + o * h + o),
-            sums: Some(sums),
+            sums: matrix.is_scalar().then_some(sums),
         });
     }
     let like = LayerNormLinear::new(gpu, rows, hidden, out, RowSums::Atomic)?;

@@ -2,6 +2,7 @@
 //! schedule on one shape, judged by [`LnJudge`].
 
 use crate::BlockOn;
+use attn_dsl::Matrix;
 use attn_dsl::row_layer::RowSums;
 
 use crate::compare::Verdict;
@@ -59,16 +60,29 @@ impl LnRow {
     }
 }
 
-/// The forward row and one row per backward schedule.
+/// The forward row and one row per backward schedule, with scalar products and, where
+/// the adapter has them, on tensor cores (`+tc`).
 pub fn run(gpu: &Gpu, c: LnCase, seed: u64) -> Result<Vec<LnRow>, Error> {
-    let mut judge = LnJudge::new(c, seed);
-    let layer = |sums| LayerNormLinear::new(gpu, c.rows(), c.hidden, c.out, sums);
+    let mut rows = run_products(gpu, c, seed, Matrix::Scalar)?;
+    if gpu.has_coop16() {
+        rows.extend(run_products(gpu, c, seed, Matrix::Coop16)?);
+    }
+    Ok(rows)
+}
+
+fn run_products(gpu: &Gpu, c: LnCase, seed: u64, matrix: Matrix) -> Result<Vec<LnRow>, Error> {
+    let mut judge = LnJudge::for_products(c, seed, matrix);
+    let layer = |sums| LayerNormLinear::with_matrix(gpu, [c.rows(), c.hidden, c.out], sums, matrix);
     let layers = [layer(RowSums::Atomic)?, layer(RowSums::TwoPass)?];
+    let tc = match matrix {
+        Matrix::Scalar => "",
+        Matrix::Coop16 => "+tc",
+    };
     // The forward is one kernel whatever the schedule: judged once, and its statistics
     // saved for every backward.
     let saved = layernorm_linear(gpu, &layers[0], &judge.input()).block_on()?;
     let mut rows = vec![LnRow {
-        label: "layernorm_linear".into(),
+        label: format!("layernorm_linear{tc}"),
         case: c,
         verdicts: judge.forward(&saved),
     }];
@@ -77,7 +91,7 @@ pub fn run(gpu: &Gpu, c: LnCase, seed: u64) -> Result<Vec<LnRow>, Error> {
             layernorm_linear_backward(gpu, layer, &judge.input(), &saved, judge.dy()).block_on()?;
         rows.push(LnRow {
             label: format!(
-                "layernorm_linear_backward ({})",
+                "layernorm_linear_backward{tc} ({})",
                 schedule_name(layer.sums())
             ),
             case: c,

@@ -71,10 +71,24 @@ pub struct LnJudge {
     backward64: lnref::Grads<f64>,
     /// The f32 baseline of the backward and the statistics it was computed from.
     backward32: Option<(Vec<f32>, Vec<f32>, lnref::Grads<f32>)>,
+    /// What the baseline's products do to their operands: the kernels' own rounding.
+    operand: lnref::Operand<f32>,
 }
 
 impl LnJudge {
+    /// The judge of kernels whose products multiply f32 operands.
     pub fn new(case: LnCase, seed: u64) -> LnJudge {
+        LnJudge::for_products(case, seed, attn_dsl::Matrix::Scalar)
+    }
+
+    /// The judge of kernels whose products are `matrix`: on cooperative matrices the
+    /// baseline rounds each product's operands to f16 as the kernels (and a framework's f16
+    /// autocast) do; the f64 reference stays exact.
+    pub fn for_products(case: LnCase, seed: u64, matrix: attn_dsl::Matrix) -> LnJudge {
+        let operand: lnref::Operand<f32> = match matrix {
+            attn_dsl::Matrix::Scalar => lnref::exact,
+            attn_dsl::Matrix::Coop16 => |v| half::f16::from_f32(v).to_f32(),
+        };
         let data = Data::random(case, seed);
         let shape = Shape {
             rows: case.rows() as usize,
@@ -84,10 +98,15 @@ impl LnJudge {
         };
         let p64 = [&data.x, &data.gamma, &data.beta, &data.w, &data.b].map(|v| cast::<f64>(v));
         let p32 = [&data.x, &data.gamma, &data.beta, &data.w, &data.b].map(|v| cast::<f32>(v));
-        let forward64 = lnref::forward(shape, &p64[0], &p64[1], &p64[2], &p64[3], &p64[4]);
-        let forward32 = lnref::forward(shape, &p32[0], &p32[1], &p32[2], &p32[3], &p32[4]);
+        let forward64 = lnref::forward(shape, p64.each_ref().map(|v| &v[..]), lnref::exact);
+        let forward32 = lnref::forward(shape, p32.each_ref().map(|v| &v[..]), operand);
         let dy64 = cast::<f64>(&data.dy);
-        let backward64 = lnref::backward(shape, [&p64[0], &p64[1], &p64[2], &p64[3], &dy64], None);
+        let backward64 = lnref::backward(
+            shape,
+            [&p64[0], &p64[1], &p64[2], &p64[3], &dy64],
+            None,
+            lnref::exact,
+        );
         LnJudge {
             case,
             shape,
@@ -96,6 +115,7 @@ impl LnJudge {
             forward32,
             backward64,
             backward32: None,
+            operand,
         }
     }
 
@@ -142,6 +162,7 @@ impl LnJudge {
                 self.shape,
                 [&d.x, &d.gamma, &d.beta, &d.w, &d.dy],
                 Some((&saved.mean, &saved.rstd)),
+                self.operand,
             );
             self.backward32 = Some((saved.mean.clone(), saved.rstd.clone(), g));
         }

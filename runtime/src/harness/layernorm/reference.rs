@@ -43,22 +43,27 @@ pub fn stats<T: Real>(s: Shape, x: &[T]) -> (Vec<T>, Vec<T>) {
         .unzip()
 }
 
-/// `y = W·LN(x; γ, β) + b`, with the statistics the kernels save.
-pub fn forward<T: Real>(
-    s: Shape,
-    x: &[T],
-    gamma: &[T],
-    beta: &[T],
-    w: &[T],
-    b: &[T],
-) -> Forward<T> {
+/// What a product does to its operands before multiplying them: nothing ([`exact`]), or
+/// a rounding to f16 (the tensor-core kernels' and a framework's f16 autocast).
+pub type Operand<T> = fn(T) -> T;
+
+/// The identity [`Operand`].
+pub fn exact<T>(v: T) -> T {
+    v
+}
+
+/// `y = W·LN(x; γ, β) + b`, with the statistics the kernels save; the Linear's operands
+/// through `op`.
+pub fn forward<T: Real>(s: Shape, [x, gamma, beta, w, b]: [&[T]; 5], op: Operand<T>) -> Forward<T> {
     let (mean, rstd) = stats(s, x);
-    let xn = normalized(s, x, &mean, &rstd, |k, v| v * gamma[k] + beta[k]);
+    let xn = normalized(s, x, &mean, &rstd, |k, v| op(v * gamma[k] + beta[k]));
     let y = (0..s.rows * s.out)
         .into_par_iter()
         .map(|i| {
             let (r, n) = (i / s.out, i % s.out);
-            pairwise(s.hidden, &|k| w[n * s.hidden + k] * xn[r * s.hidden + k]) + b[n]
+            pairwise(s.hidden, &|k| {
+                op(w[n * s.hidden + k]) * xn[r * s.hidden + k]
+            }) + b[n]
         })
         .collect();
     Forward { y, mean, rstd }
@@ -81,11 +86,13 @@ fn normalized<T: Real>(
 }
 
 /// The gradients for the upstream gradient `dy`, from the statistics `saved` (the
-/// forward's, as the kernels get them) or recomputed when `None`.
+/// forward's, as the kernels get them) or recomputed when `None`; the operands of the two
+/// products (dŷ = Wᵀ·dy, dW = dyᵀ·(x̂·γ + β)) through `op`.
 pub fn backward<T: Real>(
     s: Shape,
     [x, gamma, beta, w, dy]: [&[T]; 5],
     saved: Option<(&[T], &[T])>,
+    op: Operand<T>,
 ) -> Grads<T> {
     let computed;
     let (mean, rstd) = match saved {
@@ -101,7 +108,7 @@ pub fn backward<T: Real>(
         .into_par_iter()
         .map(|i| {
             let (r, k) = (i / s.hidden, i % s.hidden);
-            pairwise(s.out, &|n| w[n * s.hidden + k] * dy[r * s.out + n])
+            pairwise(s.out, &|n| op(w[n * s.hidden + k]) * op(dy[r * s.out + n]))
         })
         .collect();
     let h = T::from(s.hidden).unwrap_or_else(T::one);
@@ -130,7 +137,7 @@ pub fn backward<T: Real>(
         // The Linear's input is x̂·γ + β.
         dw: over_rows(s.out * s.hidden, &|e, r| {
             let k = e % s.hidden;
-            dy[r * s.out + e / s.hidden] * (xhat[r * s.hidden + k] * gamma[k] + beta[k])
+            op(dy[r * s.out + e / s.hidden]) * op(xhat[r * s.hidden + k] * gamma[k] + beta[k])
         }),
         db: over_rows(s.out, &|n, r| dy[r * s.out + n]),
     }
@@ -152,7 +159,7 @@ mod tests {
     /// L = Σ y ∘ dy, whose gradient the backward computes.
     fn loss(p: [&[f64]; 5], dy: &[f64]) -> f64 {
         let [x, gamma, beta, w, b] = p;
-        let f = forward(S, x, gamma, beta, w, b);
+        let f = forward(S, [x, gamma, beta, w, b], exact);
         f.y.iter().zip(dy).map(|(y, d)| y * d).sum()
     }
 
@@ -176,6 +183,7 @@ mod tests {
             S,
             [&params[0], &params[1], &params[2], &params[3], &dy],
             None,
+            exact,
         );
         let analytic = [&g.dx, &g.dgamma, &g.dbeta, &g.dw, &g.db];
         let h = 1e-6;
