@@ -290,16 +290,33 @@ use Axis::{K, N, R, RowTile};
 
 const LN_PARAMS_T: Tensor = t("params", Uniform, F32, &[]);
 
+/// An f32 input of a row layer: scalar, or read as vec4 when its GEMMs run on tensor cores
+/// (one 16-byte load per four staged elements; hidden and out are then multiples of 4).
+macro_rules! row_input {
+    ($name:literal, $($axis:ident),*) => {
+        [
+            when(t($name, Input, F32, &[$($axis),*]), IfCoop(false)),
+            when(t($name, Input, F32x4, &[$($axis),*]), IfCoop(true)),
+        ]
+    };
+}
+
+const LN_X: [Tensor; 2] = row_input!("x", R, K);
+const LN_GAMMA: [Tensor; 2] = row_input!("gamma", K);
+const LN_BETA: [Tensor; 2] = row_input!("beta", K);
+const LN_W: [Tensor; 2] = row_input!("w", N, K);
+const LN_DY: [Tensor; 2] = row_input!("dy", R, N);
+
 // 8 storage buffers, WebGPU's default.
 const LAYERNORM_LINEAR: &[Tensor] = &[
-    when(t("x", Input, F32, &[R, K]), IfCoop(false)),
-    when(t("x", Input, F32x4, &[R, K]), IfCoop(true)),
-    when(t("gamma", Input, F32, &[K]), IfCoop(false)),
-    when(t("gamma", Input, F32x4, &[K]), IfCoop(true)),
-    when(t("beta", Input, F32, &[K]), IfCoop(false)),
-    when(t("beta", Input, F32x4, &[K]), IfCoop(true)),
-    when(t("w", Input, F32, &[N, K]), IfCoop(false)),
-    when(t("w", Input, F32x4, &[N, K]), IfCoop(true)),
+    LN_X[0],
+    LN_X[1],
+    LN_GAMMA[0],
+    LN_GAMMA[1],
+    LN_BETA[0],
+    LN_BETA[1],
+    LN_W[0],
+    LN_W[1],
     t("b", Input, F32, &[N]),
     t("y", Output, F32, &[R, N]),
     t("mean", Output, F32, &[R]),
@@ -331,21 +348,18 @@ const DBETA: [Tensor; 2] = row_sum!("dbeta", K);
 const DW: [Tensor; 2] = row_sum!("dw", N, K);
 const DB: [Tensor; 2] = row_sum!("db", N);
 
-// On tensor cores x, γ, β, W and dy are read as vec4 (one 16-byte load per four elements
-// staged): hidden and out are then multiples of 4.
-
 // The backward in two kernels of at most 8 storage buffers, WebGPU's default (one would
 // bind 12). dx, dγ and dβ: 7, the rows' mean and 1/std recomputed from x as the forward
 // computes them, since binding the saved ones would make 9.
 const LAYERNORM_LINEAR_BACKWARD: &[Tensor] = &[
-    when(t("x", Input, F32, &[R, K]), IfCoop(false)),
-    when(t("x", Input, F32x4, &[R, K]), IfCoop(true)),
-    when(t("gamma", Input, F32, &[K]), IfCoop(false)),
-    when(t("gamma", Input, F32x4, &[K]), IfCoop(true)),
-    when(t("w", Input, F32, &[N, K]), IfCoop(false)),
-    when(t("w", Input, F32x4, &[N, K]), IfCoop(true)),
-    when(t("dy", Input, F32, &[R, N]), IfCoop(false)),
-    when(t("dy", Input, F32x4, &[R, N]), IfCoop(true)),
+    LN_X[0],
+    LN_X[1],
+    LN_GAMMA[0],
+    LN_GAMMA[1],
+    LN_W[0],
+    LN_W[1],
+    LN_DY[0],
+    LN_DY[1],
     t("dx", Output, F32, &[R, K]),
     DGAMMA[0],
     DGAMMA[1],
@@ -357,14 +371,14 @@ const LAYERNORM_LINEAR_BACKWARD: &[Tensor] = &[
 
 // dW and db: 8. β is read for dW = dyᵀ·(x̂·γ + β), the Linear's input.
 const LAYERNORM_LINEAR_WEIGHT_GRAD: &[Tensor] = &[
-    when(t("x", Input, F32, &[R, K]), IfCoop(false)),
-    when(t("x", Input, F32x4, &[R, K]), IfCoop(true)),
-    when(t("gamma", Input, F32, &[K]), IfCoop(false)),
-    when(t("gamma", Input, F32x4, &[K]), IfCoop(true)),
-    when(t("beta", Input, F32, &[K]), IfCoop(false)),
-    when(t("beta", Input, F32x4, &[K]), IfCoop(true)),
-    when(t("dy", Input, F32, &[R, N]), IfCoop(false)),
-    when(t("dy", Input, F32x4, &[R, N]), IfCoop(true)),
+    LN_X[0],
+    LN_X[1],
+    LN_GAMMA[0],
+    LN_GAMMA[1],
+    LN_BETA[0],
+    LN_BETA[1],
+    LN_DY[0],
+    LN_DY[1],
     t("mean", Input, F32, &[R]),
     t("rstd", Input, F32, &[R]),
     DW[0],
