@@ -301,8 +301,10 @@ fn layernorm_linear(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocat
     for (var cb = 0u; cb < CB; cb = cb + 1u) {
         let n0 = (wg.y * CB + cb) * TN;
         {
-            var acc: array<vec4<f32>, 4>;
-    var mid: array<vec4<f32>, 4>;
+            // Initialized explicitly: the loop runs inside others (column blocks, k tiles), and
+    // in Chrome (Tint, SwiftShader) a declaration without one was zeroed once, not per trip.
+    var acc = array<vec4<f32>, 4>();
+    var mid = array<vec4<f32>, 4>();
     for (var k0 = 0u; k0 < HIDDEN; k0 = k0 + BK) {
         stage_forward(first, n0, k0, tid);
         workgroupBarrier();

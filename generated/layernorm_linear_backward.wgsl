@@ -332,8 +332,10 @@ fn dx_rows(first: u32, count: u32, blk: u32, tid: u32) {
     var s1 = vec4<f32>(0.0);
     var s2 = vec4<f32>(0.0);
     for (var k0 = 0u; k0 < HIDDEN; k0 = k0 + TN) {
-        var acc: array<vec4<f32>, 4>;
-    var mid: array<vec4<f32>, 4>;
+        // Initialized explicitly: the loop runs inside others (column blocks, k tiles), and
+    // in Chrome (Tint, SwiftShader) a declaration without one was zeroed once, not per trip.
+    var acc = array<vec4<f32>, 4>();
+    var mid = array<vec4<f32>, 4>();
     for (var n0 = 0u; n0 < OUT; n0 = n0 + BK) {
         stage_dx(first, count, n0, k0, tid);
         workgroupBarrier();

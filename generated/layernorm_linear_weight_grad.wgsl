@@ -196,8 +196,10 @@ fn dw_tile(tile: u32, t: u32, tid: u32) {
     let k0 = (t % KT) * TN;
     let first = tile * TILE;
     let count = min(TILE, dims.rows - first);
-    var acc: array<vec4<f32>, 4>;
-    var mid: array<vec4<f32>, 4>;
+    // Initialized explicitly: the loop runs inside others (column blocks, k tiles), and
+    // in Chrome (Tint, SwiftShader) a declaration without one was zeroed once, not per trip.
+    var acc = array<vec4<f32>, 4>();
+    var mid = array<vec4<f32>, 4>();
     for (var r0 = 0u; r0 < count; r0 = r0 + BK) {
         stage_dw(first, count, r0, n0, k0, tid);
         workgroupBarrier();

@@ -84,20 +84,30 @@ fn bad_input_is_a_typed_error() {
     );
 }
 
+/// The seed's shape, and the browser page's, whose 96 outputs are two 64-wide blocks of
+/// one forward workgroup, the second partial.
 #[test]
 fn both_schedules_pass_at_the_seed_shape() {
     let gpu = gpu();
-    let case = LnCase {
+    let seed = LnCase {
         batch: 4,
         seq: 4,
         hidden: 8,
         out: 16,
     };
-    let rows = run(&gpu, case, 3).unwrap();
-    // The tensor-core rows (`+tc`) where the adapter has cooperative matrices.
-    assert_eq!(rows.len(), if gpu.has_coop16() { 6 } else { 3 });
-    for row in &rows {
-        assert!(row.pass(), "{}: {:?}", row.label, row.verdicts);
+    let partial = LnCase {
+        batch: 1,
+        seq: 128,
+        hidden: 64,
+        out: 96,
+    };
+    for case in [seed, partial] {
+        let rows = run(&gpu, case, 3).unwrap();
+        // The tensor-core rows (`+tc`) where the adapter has cooperative matrices.
+        assert_eq!(rows.len(), if gpu.has_coop16() { 6 } else { 3 });
+        for row in &rows {
+            assert!(row.pass(), "{}: {:?}", row.label, row.verdicts);
+        }
     }
 }
 

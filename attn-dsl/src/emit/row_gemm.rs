@@ -141,8 +141,10 @@ fn fold(acc: ptr<function, array<vec4<f32>, 4>>, mid: ptr<function, array<vec4<f
 
 fn scalar_loop(step: &str, count: &str, stage: &str) -> String {
     format!(
-        r#"var acc: array<vec4<f32>, 4>;
-    var mid: array<vec4<f32>, 4>;
+        r#"// Initialized explicitly: the loop runs inside others (column blocks, k tiles), and
+    // in Chrome (Tint, SwiftShader) a declaration without one was zeroed once, not per trip.
+    var acc = array<vec4<f32>, 4>();
+    var mid = array<vec4<f32>, 4>();
     for (var {step} = 0u; {step} < {count}; {step} = {step} + BK) {{
         {stage};
         workgroupBarrier();
