@@ -276,3 +276,15 @@ fn cooperative_products_are_refused_under_webgpu() {
     assert_eq!(field, Field::Matrix);
     assert!(why.contains("multiples of 4"), "{why}");
 }
+
+/// Off the flash schedule only the row layers' GEMMs take cooperative matrices; the
+/// refusal says where attention takes them.
+#[test]
+fn cooperative_products_off_the_flash_grid_are_the_row_layers_only() {
+    let mut spec = KernelSpec::standard("fwd", Op::Forward, 64, attn_dsl::Masks::default());
+    spec.grid.matrix = attn_dsl::Matrix::Coop16;
+    let (field, why) = problem(&spec);
+    assert_eq!(field, Field::Matrix);
+    assert!(why.contains("on a flash grid"), "{why}");
+    assert!(why.contains("layernorm_linear_weight_grad"), "{why}");
+}

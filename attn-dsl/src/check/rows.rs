@@ -53,7 +53,8 @@ pub(crate) fn check_coop(spec: &KernelSpec) -> Result<(), DslError> {
     if !gemms.contains(&spec.op) {
         let names: Vec<&str> = gemms.iter().map(|o| o.name()).collect();
         return refuse(format!(
-            "`matrix = coop16` off the flash schedule is emitted for ops {}; op {} takes it              on a flash grid (`tile`, `key_tile` and `rows_per_thread`) or not at all",
+            "`matrix = coop16` off the flash schedule is emitted for ops {}; op {} takes it \
+             on a flash grid (`tile`, `key_tile` and `rows_per_thread`) or not at all",
             names.join(", "),
             spec.op.name()
         ));
