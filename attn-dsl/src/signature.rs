@@ -135,6 +135,7 @@ const FORWARD: &[Tensor] = &[
     t("v", Input, Data, &[B, J, KvH, D]),
     t("o", Output, Data, &[B, S, H, D]),
     t("lse", Output, F32, &[B, S, H]),
+    ROW_MAX,
     DIMS,
     PARAMS_T,
     SEG,
@@ -237,8 +238,8 @@ const BACKWARD_PREP: &[Tensor] = &[
 // dP − D cancels exactly where a row attends to one key) and packs both into `stats` for
 // the dK/dV half.
 // With bf16 operands on the tensor cores: each row's largest magnitude (f32 bits) of Q, K,
-// V, O and dO (parts 0-4), from the `row_scale` pass; K's and V's rows of a part are indexed
-// [b, j, kv_h] within its b·s·h words.
+// V (parts 0-2; the forward reads these), O and dO (parts 3-4), from the `row_scale` pass;
+// K's and V's rows of a part are indexed [b, j, kv_h] within its b·s·h words.
 const ROW_MAX: Tensor = when(t("row_max", Input, U32, &[Part, B, S, H]), IfScaled);
 
 const BACKWARD_Q: &[Tensor] = &[

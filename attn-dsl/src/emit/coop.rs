@@ -158,20 +158,18 @@ pub(super) fn kernel(out: &mut Wgsl, spec: &KernelSpec, t: &CoopTiling, keep: Ph
         ("v", Rows::V, "BC"),
     ];
     for (name, of, rows) in fetches {
-        match t.scaled {
-            true => coop_scale::fetch(out, spec, name, name, of, rows),
-            false => fetch(out, spec, name, name, of, rows),
-        }
+        let streamed = of != Rows::Q;
+        block_fetch(out, spec, t, (name, name, of, rows), streamed);
     }
     if t.scaled {
-        coop_scale::workgroup_memory(out);
-        coop_scale::helpers(out);
+        coop_scale::key_scale_memory(out);
+        coop_scale::row_bits(out);
+        coop_scale::note_scales(out, true);
     }
     put(out);
-    match (t.q_in_passes(), t.scaled) {
-        (true, _) => stage_q_columns(out, spec, t.q_columns(), t.scaled),
-        (false, false) => stage_rows(out, "stage_q", "BR", &[("q", "0u")]),
-        (false, true) => stage_q_scaled(out),
+    match t.q_in_passes() {
+        true => stage_q_columns(out, spec, t.q_columns(), t.scaled),
+        false => stage_rows(out, "stage_q", "BR", &[("q", "0u")]),
     }
     super::flash::tile_key_range(out);
     body(out, spec, t, keep);
@@ -219,6 +217,23 @@ fn workgroup_memory(out: &mut Wgsl, t: &CoopTiling) {
         t.br * ss,
         t.br * ps,
     );
+}
+
+/// `fetch_{name}` of `rows` rows of `tensor` (`of`) in the kernel's operand dtype: f16, or
+/// bf16 converted into f16 by its rows' scales as loaded, or, for a `streamed` block
+/// tensor converted at its store, raw.
+pub(super) fn block_fetch(
+    out: &mut Wgsl,
+    spec: &KernelSpec,
+    t: &CoopTiling,
+    (name, tensor, of, rows): (&str, &str, Rows, &str),
+    streamed: bool,
+) {
+    match (t.scaled, streamed && t.converts_at_store()) {
+        (true, true) => coop_scale::fetch_words(out, spec, (name, tensor), of, rows),
+        (true, false) => coop_scale::fetch_half(out, spec, (name, tensor), of, rows),
+        (false, _) => fetch(out, spec, name, tensor, of, rows),
+    }
 }
 
 /// `fetch_{name}(r0, h, e)`: vec4 `e` of `rows` rows of `tensor` from r0 (zeros past the
@@ -319,23 +334,15 @@ pub(super) fn stage_rows(out: &mut Wgsl, name: &str, rows: &str, tensors: &[(&st
 }
 
 /// `stage_q(r0, h, tid, c0)`: columns c0..c0 + QC of the tile's BR rows of Q into the
-/// staging area, rows QS halves apart.
+/// staging area, rows QS halves apart (bf16 rows scaled into f16 by their power of two).
 fn stage_q_columns(out: &mut Wgsl, spec: &KernelSpec, cols: u32, scaled: bool) {
-    let (zero, load) = match scaled {
-        true => (
-            "vec2<u32>(0u)",
-            "let i = (q_index(r, h) + c0 + (e % (QC / 4u)) * 4u) >> 1u;\n            \
-             w = vec2<u32>(q[i], q[i + 1u]);"
-                .to_string(),
+    let at = "q_index(r, h) + c0 + (e % (QC / 4u)) * 4u";
+    let load = match scaled {
+        true => format!(
+            "let i = ({at}) >> 1u;\n            \
+             w = to_half(vec2<u32>(q[i], q[i + 1u]), q_bits(0u, r, h));"
         ),
-        false => (
-            "vec4<f16>(0.0)",
-            "w = q[(q_index(r, h) + c0 + (e % (QC / 4u)) * 4u) >> 2u];".to_string(),
-        ),
-    };
-    let x = match scaled {
-        true => coop_scale::q_half("w", "e / (QC / 4u)"),
-        false => "w".to_string(),
+        false => format!("w = q[({at}) >> 2u];"),
     };
     let _ = write!(
         out,
@@ -346,11 +353,11 @@ const QS: u32 = {}u;
 fn stage_q(r0: u32, h: u32, tid: u32, c0: u32) {{
     for (var e = tid; e < BR * (QC / 4u); e = e + WG) {{
         let r = r0 + e / (QC / 4u);
-        var w = {zero};
+        var w = vec4<f16>(0.0);
         if ({cond}) {{
             {load}
         }}
-        put4((e / (QC / 4u)) * QS + (e % (QC / 4u)) * 4u, {x});
+        put4((e / (QC / 4u)) * QS + (e % (QC / 4u)) * 4u, w);
     }}
 }}
 
@@ -362,17 +369,6 @@ fn stage_q(r0: u32, h: u32, tid: u32, c0: u32) {{
             Row::Qk,
             "c0 + (e % (QC / 4u)) * 4u"
         ),
-    );
-}
-
-/// `stage_q(r0, h, tid)` for bf16 Q: each vec4 scaled by its row's power of two.
-fn stage_q_scaled(out: &mut Wgsl) {
-    let _ = write!(
-        out,
-        "fn stage_q(r0: u32, h: u32, tid: u32) {{\n    \
-         for (var e = tid; e < BR * (HEAD_DIM / 4u); e = e + WG) {{\n        \
-         put_row4(e / (HEAD_DIM / 4u), e % (HEAD_DIM / 4u), {});\n    }}\n}}\n\n",
-        coop_scale::q_half("fetch_q(r0, h, e)", "e / (HEAD_DIM / 4u)")
     );
 }
 
@@ -394,8 +390,7 @@ pub(super) fn softmax_layout(t: &CoopTiling) -> (u32, u32, u32) {
 }
 
 fn body(out: &mut Wgsl, spec: &crate::KernelSpec, t: &CoopTiling, keep: Phases) {
-    // bf16's K/V scales alternate by the tile's parity: every tile in order there.
-    let lp = super::tiles::KeyLoop::of(spec, !t.scaled);
+    let lp = super::tiles::KeyLoop::of(spec, true);
     let dv = t.v_frags;
     let (rows, lanes, keys) = softmax_layout(t);
     let mut b = String::new();
@@ -417,7 +412,7 @@ fn body(out: &mut Wgsl, spec: &crate::KernelSpec, t: &CoopTiling, keep: Phases) 
     // 4096, d 128 took 1.017 ms against 0.931 interleaved).
     // With bf16 operands: O's own reference max (log2 units) and the row's Q scale.
     let scaled = match t.scaled {
-        true => "    var mo = NEG_BIG;\n    let qs = from_half(atomicLoad(&sh_qmax[r]));\n",
+        true => "    var mo = NEG_BIG;\n    let qs = from_half(q_bits(0u, row, h));\n",
         false => "",
     };
     let _ = write!(
@@ -432,9 +427,6 @@ fn body(out: &mut Wgsl, spec: &crate::KernelSpec, t: &CoopTiling, keep: Phases) 
          let kt_end = (range.y + BC - 1u) / BC;\n{}    {}        let j0 = kt * BC;\n",
         lp.pre, lp.head
     );
-    if t.scaled {
-        b.push_str("        let slot = kt % 2u;\n");
-    }
     let kv = [("k", "KB"), ("v", "VB")];
     let barrier = "        workgroupBarrier();\n";
     // The block's loads are issued before the barrier that waits for the previous block
@@ -447,11 +439,6 @@ fn body(out: &mut Wgsl, spec: &crate::KernelSpec, t: &CoopTiling, keep: Phases) 
          workgroupBarrier();\n        if (tid == 0u) {\n            atomicStore(&sh_rescale, 0u);\n        }\n",
     );
     match keep.stage {
-        true if t.scaled => {
-            coop_scale::key_scales(&mut b);
-            put_block(&mut b, t, &kv);
-            coop_scale::clear_slot(&mut b);
-        }
         true => put_block(&mut b, t, &kv),
         false => b.push_str(barrier),
     }
@@ -479,10 +466,6 @@ fn body(out: &mut Wgsl, spec: &crate::KernelSpec, t: &CoopTiling, keep: Phases) 
 /// Q into workgroup memory, and with Q in registers its fragments `qa_k` loaded: whole,
 /// or in column passes, each pass's fragments loaded before the next overwrites them.
 fn stage_q(b: &mut String, t: &CoopTiling) {
-    if t.scaled {
-        coop_scale::q_maxima(b);
-        b.push_str("    workgroupBarrier();\n");
-    }
     if !t.q_in_passes() {
         b.push_str("    stage_q(row0, h, tid);\n    workgroupBarrier();\n");
         if !t.q_in_memory() {
@@ -533,24 +516,19 @@ pub(super) fn stage_block(
     put_block(b, t, tensors);
 }
 
-/// Vec4s of the block's rows each invocation carries from global to workgroup memory.
-fn carried(t: &CoopTiling) -> u32 {
-    (t.bc * t.head_dim / 4).div_ceil(t.workgroup_size())
-}
-
-/// The loads of [`stage_block`], into `p{name}_{i}`.
+/// The loads of [`stage_block`], into `p{name}_{i}`; where the block's bf16 words are
+/// converted at their store, each row's maximum into `b{name}_{i}` beside them.
 fn fetch_block(b: &mut String, t: &CoopTiling, tensors: &[(&str, &str)], r0: &str, head: &str) {
-    for i in 0..carried(t) {
+    for i in 0..t.carried() {
         for (name, _) in tensors {
+            let e = format!("tid + {i}u * WG");
             let _ = writeln!(
                 b,
-                "        let p{name}_{i} = fetch_{name}({r0}, {head}, tid + {i}u * WG);"
+                "        let p{name}_{i} = fetch_{name}({r0}, {head}, {e});"
             );
-            if t.gathers() {
-                let _ = writeln!(
-                    b,
-                    "        note_{name}(tid + {i}u * WG, slot * BC, p{name}_{i});"
-                );
+            if t.converts_at_store() {
+                let bits = coop_scale::block_row_bits(name, r0, head, &e);
+                let _ = writeln!(b, "        let b{name}_{i} = {bits};");
             }
         }
     }
@@ -558,14 +536,16 @@ fn fetch_block(b: &mut String, t: &CoopTiling, tensors: &[(&str, &str)], r0: &st
 
 /// The stores of [`stage_block`], then a barrier.
 fn put_block(b: &mut String, t: &CoopTiling, tensors: &[(&str, &str)]) {
-    for i in 0..carried(t) {
+    for i in 0..t.carried() {
         for (name, base) in tensors {
-            let e = format!("tid + {i}u * WG");
-            let x = match t.gathers() {
-                true => format!("half_{name}({e}, slot, p{name}_{i})"),
+            let x = match t.converts_at_store() {
+                true => format!("to_half(p{name}_{i}, b{name}_{i})"),
                 false => format!("p{name}_{i}"),
             };
-            let _ = writeln!(b, "        put({e}, {base}, {x});");
+            let _ = writeln!(b, "        put(tid + {i}u * WG, {base}, {x});");
+        }
+        if t.scaled {
+            b.push_str(&coop_scale::note_at_store([tensors[0].0, tensors[1].0], i));
         }
     }
     b.push_str("        workgroupBarrier();\n");
@@ -954,6 +934,37 @@ mod tests {
                 "{name}"
             );
             assert_eq!(products(only) > 0, cut < all, "{name}");
+        }
+    }
+
+    /// The bf16 forward compiles in every configuration (at a head_dim staged whole and one
+    /// staged in column passes), binds the row maxima and gathers nothing itself; f16's
+    /// binds none.
+    #[test]
+    fn bf16_forward_reads_its_row_scales() {
+        let bytes = crate::configs::CANDIDATE_WORKGROUP_BYTES;
+        for head_dim in [64, 128, 256] {
+            for config in crate::configs::coop_forward_in(head_dim, bytes, crate::Dtype::Bf16) {
+                for dtype in [crate::Dtype::Bf16, crate::Dtype::F16] {
+                    let mut spec = crate::KernelSpec {
+                        dtype,
+                        ..crate::KernelSpec::flash(
+                            "f",
+                            crate::Op::Forward,
+                            head_dim,
+                            crate::Masks::new(true, false),
+                            config,
+                        )
+                    };
+                    spec.fit_target();
+                    let abi = crate::compile(&spec)
+                        .unwrap_or_else(|e| panic!("d{head_dim} {config:?} {dtype:?}: {e}"));
+                    let scaled = dtype == crate::Dtype::Bf16;
+                    assert_eq!(abi.binding("row_max").is_some(), scaled, "{dtype:?}");
+                    assert_eq!(abi.wgsl.contains("kv_bits(1u"), scaled);
+                    assert!(!abi.wgsl.contains("atomicMax"));
+                }
+            }
         }
     }
 

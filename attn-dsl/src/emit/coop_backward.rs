@@ -81,15 +81,14 @@ pub(super) fn kernel(out: &mut Wgsl, spec: &KernelSpec, t: &CoopTiling, keep: Ph
     let (own_rows, block_rows) = ("BR", "BC");
     if t.scaled {
         coop_scale::row_bits(out);
+        coop_scale::note_scales(out, false);
         coop_scale::reference_constants(out);
     }
-    let fetches = half.own.iter().map(|f| (f, own_rows));
-    for (&(name, tensor, of), rows) in fetches.chain(half.streamed.iter().map(|f| (f, block_rows)))
-    {
-        match t.scaled {
-            true => coop_scale::fetch_half(out, spec, (name, tensor), of, rows),
-            false => coop::fetch(out, spec, name, tensor, of, rows),
-        }
+    for &(name, tensor, of) in half.own {
+        coop::block_fetch(out, spec, t, (name, tensor, of, own_rows), false);
+    }
+    for &(name, tensor, of) in &half.streamed {
+        coop::block_fetch(out, spec, t, (name, tensor, of, block_rows), true);
     }
     coop::put(out);
     for (i, (name, ..)) in half.own.iter().enumerate() {
@@ -314,7 +313,7 @@ fn q_loop(b: &mut String, t: &CoopTiling, lp: &super::tiles::KeyLoop) {
     );
     let tensors = [("k", "0u"), ("v", "BC")];
     b.push_str(lp.pre);
-    if !prefetch(t) {
+    if !t.prefetches() {
         let _ = write!(
             b,
             "    {}        let j0 = kt * BC;\n        \
@@ -322,9 +321,6 @@ fn q_loop(b: &mut String, t: &CoopTiling, lp: &super::tiles::KeyLoop) {
              workgroupBarrier();\n",
             lp.head
         );
-        if t.scaled {
-            b.push_str(&coop_scale::block_exponents(false));
-        }
         coop::stage_block(b, t, &tensors, "j0", "kv_h");
         return;
     }
@@ -338,7 +334,7 @@ fn q_loop(b: &mut String, t: &CoopTiling, lp: &super::tiles::KeyLoop) {
          if ({}) {{\n{}        }}\n",
         fetch("    var ", lp.first),
         lp.head,
-        puts(t, &tensors) + &exponents(t, false),
+        puts(t, &tensors),
         lp.has_next,
         fetch("            ", lp.next),
     );
@@ -360,7 +356,7 @@ fn kv_loop(b: &mut String, t: &CoopTiling, scattered: bool, sparse: bool) {
          let blocks = (range.y + BC - 1u) / BC - first;\n",
     );
     let tensors = [("q", "0u"), ("do", "BC")];
-    if !prefetch(t) {
+    if !t.prefetches() {
         // With a mask_mod, only the blocks whose tile it may show.
         let (start, step) = match sparse {
             true => {
@@ -382,8 +378,7 @@ fn kv_loop(b: &mut String, t: &CoopTiling, scattered: bool, sparse: bool) {
              // The previous block is done with sh_kv, sh_s, sh_dp, sh_p, sh_ds and sh_stats.\n        \
              workgroupBarrier();\n        \
              for (var e = tid; e < BC; e = e + WG) {{\n            \
-             put_stats(e, fetch_stats(s0, h, e));\n        }}\n{}",
-            exponents(t, true),
+             put_stats(e, fetch_stats(s0, h, e));\n        }}\n",
         );
         coop::stage_block(b, t, &tensors, "s0", "h");
         return;
@@ -407,29 +402,23 @@ fn kv_loop(b: &mut String, t: &CoopTiling, scattered: bool, sparse: bool) {
         h0,
         &fetch("    var "),
         "sh_kv, sh_s, sh_dp, sh_p, sh_ds and sh_stats",
-        &(puts_stats + &puts(t, &tensors) + &exponents(t, true)),
+        &(puts_stats + &puts(t, &tensors)),
         &fetch("            "),
     ));
-}
-
-/// Whether each block's tensors are fetched into registers during the previous block's
-/// products: where they take few registers. On an H100 (fetched ahead / not): at the seeds'
-/// shape (d 64, 2 vec4s each) 0.141 / 0.153 ms for 64x32/16@256; at seq 4096, d 128 (4
-/// vec4s) 2.836 / 2.739 ms, and 10.6 / 7.6 ms for 32x32/16@64 (16).
-fn prefetch(t: &CoopTiling) -> bool {
-    carried(t) <= 2
 }
 
 /// `{prefix}p{name}_{i} = fetch_{name}(r0, head, ..)` for each carried vec4 of each tensor
 /// (`prefix` the indent, and `var ` where the registers are declared).
 fn fetches(t: &CoopTiling, tensors: &[(&str, &str)], r0: &str, head: &str, prefix: &str) -> String {
     let mut f = String::new();
-    for i in 0..carried(t) {
+    for i in 0..t.carried() {
         for (name, _) in tensors {
-            let _ = writeln!(
-                f,
-                "{prefix}p{name}_{i} = fetch_{name}({r0}, {head}, tid + {i}u * WG);"
-            );
+            let e = format!("tid + {i}u * WG");
+            let _ = writeln!(f, "{prefix}p{name}_{i} = fetch_{name}({r0}, {head}, {e});");
+            if t.converts_at_store() {
+                let bits = coop_scale::block_row_bits(name, r0, head, &e);
+                let _ = writeln!(f, "{prefix}b{name}_{i} = {bits};");
+            }
         }
     }
     f
@@ -438,25 +427,19 @@ fn fetches(t: &CoopTiling, tensors: &[(&str, &str)], r0: &str, head: &str, prefi
 /// The carried vec4s into the staged rows.
 fn puts(t: &CoopTiling, tensors: &[(&str, &str)]) -> String {
     let mut f = String::new();
-    for i in 0..carried(t) {
+    for i in 0..t.carried() {
         for (name, base) in tensors {
-            let _ = writeln!(f, "        put(tid + {i}u * WG, {base}, p{name}_{i});");
+            let x = match t.converts_at_store() {
+                true => format!("to_half(p{name}_{i}, b{name}_{i})"),
+                false => format!("p{name}_{i}"),
+            };
+            let _ = writeln!(f, "        put(tid + {i}u * WG, {base}, {x});");
+        }
+        if t.scaled {
+            f.push_str(&coop_scale::note_at_store([tensors[0].0, tensors[1].0], i));
         }
     }
     f
-}
-
-/// With bf16 operands, the staged block's row exponents (see `coop_scale`).
-fn exponents(t: &CoopTiling, kv: bool) -> String {
-    match t.scaled {
-        true => coop_scale::block_exponents(kv),
-        false => String::new(),
-    }
-}
-
-/// Vec4s of each block tensor an invocation carries.
-fn carried(t: &CoopTiling) -> u32 {
-    (t.bc * t.head_dim / 4).div_ceil(t.workgroup_size())
 }
 
 /// The block's two transposed products, the elementwise step and the weighted sums; closes

@@ -14,14 +14,13 @@
 //!   of s·log2 e + v_j), so that the f16 weights stay below e^TAU whatever V's range, and
 //!   O = O_acc · 2^(mo − m·log2 e) / l at the end. The row sum l keeps its own max.
 //!
-//! A forward row's largest magnitude is gathered with `atomicMax` on the f32 bits
-//! (monotone for non-negative floats) in workgroup memory: for Q once per tile, for K and
-//! V per block, into one of two slots by the block's parity, so that the next block's
-//! maxima gather while this block's are still read; a slot is cleared after the barrier
-//! that ends its reads.
+//! Each row's largest magnitude comes from the `row_scale` pass (`row_max`: Q, K, V, and
+//! for the backward O and dO), so staging converts each vec4 as it is fetched. (The forward
+//! once gathered its maxima itself, with `atomicMax` on the f32 bits in workgroup memory per
+//! block and a barrier between the maxima and the conversion: on an H100 at seq 4096, d 128
+//! its staging took 0.98 ms against f16's 0.19.)
 //!
-//! In the backward the maxima come from the `row_scale` pass (`row_max`: Q, K, V, O, dO),
-//! so staging converts each vec4 as it is fetched. S and dP (and D) are scaled back to
+//! In the backward S and dP (and D) are scaled back to
 //! their true values before the elementwise step, which so runs as in f16. Each weighted
 //! sum then folds the row scale of the tensor it multiplies into its weights (dQ: dS_ij ·
 //! 2^k_j; dV: P_ij · 2^do_i; dK: dS_ij · 2^q_i) and divides them by a lazy power-of-two
@@ -40,33 +39,12 @@ const TOP: i32 = 14;
 /// Log2 of the scale of an all-zero V row: far below any weight that survives f16.
 const ZERO_ROW: f32 = -256.0;
 
-/// The row maxima and the block's key scales.
-pub(super) fn workgroup_memory(out: &mut Wgsl) {
+/// Each key's scales of the staged block.
+pub(super) fn key_scale_memory(out: &mut Wgsl) {
     out.push_str(
-        "// bf16 operands: each row's largest magnitude (f32 bits) of Q, and of K and V for\n\
-         // two blocks (slot kt % 2); each key's scale of S (2^e) and log2 of its V scale.\n\
-         var<workgroup> sh_qmax: array<atomic<u32>, BR>;\n\
-         var<workgroup> sh_kmax: array<atomic<u32>, 2 * BC>;\n\
-         var<workgroup> sh_vmax: array<atomic<u32>, 2 * BC>;\n\
+        "// bf16 operands: each staged key's scale of S (2^e) and log2 of its V scale.\n\
          var<workgroup> sh_ks: array<f32, BC>;\nvar<workgroup> sh_vs: array<f32, BC>;\n\n",
     );
-}
-
-/// Widening, the row exponent and the scaled conversion; `note_{name}` (a fetched vec4
-/// into its row's max) for Q, K and V, and `half_{name}` (into f16 by its row's scale)
-/// for K and V.
-pub(super) fn helpers(out: &mut Wgsl) {
-    widen(out);
-    out.push_str(
-        r#"fn max_bits(w: vec2<u32>) -> u32 {
-    let a = abs(bf16x4(w));
-    return bitcast<u32>(max(max(a.x, a.y), max(a.z, a.w)));
-}
-
-"#,
-    );
-    exponents(out);
-    gather(out);
 }
 
 fn widen(out: &mut Wgsl) {
@@ -107,104 +85,36 @@ fn from_half(bits: u32) -> f32 {{
     );
 }
 
-/// The forward's `note_{name}` and `half_{name}`, through the row maxima in workgroup
-/// memory.
-fn gather(out: &mut Wgsl) {
-    // (Each invocation adds its own max: taking a row's max among the invocations that
-    // hold it first, by shuffles, and one atomic per row and subgroup, made the bf16
-    // forward slower on an H200, 1.717 -> 2.335 ms at seq 4096, d 128.)
-    for (name, rows) in [("q", "BR"), ("k", "BC"), ("v", "BC")] {
-        let _ = write!(
-            out,
-            r#"fn note_{name}(e: u32, base: u32, w: vec2<u32>) {{
-    if (e < {rows} * (HEAD_DIM / 4u)) {{
-        atomicMax(&sh_{name}max[base + e / (HEAD_DIM / 4u)], max_bits(w));
-    }}
-}}
-
-"#
-        );
-    }
-    for name in ["k", "v"] {
-        let _ = write!(
-            out,
-            r#"fn half_{name}(e: u32, slot: u32, w: vec2<u32>) -> vec4<f16> {{
-    let row = min(e / (HEAD_DIM / 4u), BC - 1u);
-    return to_half(w, atomicLoad(&sh_{name}max[slot * BC + row]));
-}}
-
-"#
-        );
-    }
-}
-
-/// `fetch_{name}(r0, h, e)`: vec4 `e` of `rows` rows of bf16 `tensor` from r0 as its two
-/// words (zeros past the sequence and past the block), held narrow until its store.
-pub(super) fn fetch(
-    out: &mut Wgsl,
-    spec: &KernelSpec,
-    name: &str,
-    tensor: &str,
-    of: Rows,
-    rows: &str,
-) {
+/// `note_scales(row, a, b)`: staged block row `row`'s scales from the maxima `a` and `b` of
+/// its two tensors' rows: the forward's each key's factor of S and log2 of its V scale
+/// (`sh_ks`, `sh_vs`), a backward half's two row exponents (`sh_e`).
+pub(super) fn note_scales(out: &mut Wgsl, forward: bool) {
+    let body = match forward {
+        true => format!(
+            "sh_ks[row] = from_half(a);\n    \
+             sh_vs[row] = select(f32(row_exp(b) - {TOP}), {ZERO_ROW:.1}, b == 0u);"
+        ),
+        false => "sh_e[row] = vec2<i32>(shift_of(a), shift_of(b));".to_string(),
+    };
     let _ = write!(
         out,
-        r#"fn fetch_{name}(r0: u32, h: u32, e: u32) -> vec2<u32> {{
-    let r = r0 + e / (HEAD_DIM / 4u);
-    let c = (e % (HEAD_DIM / 4u)) * 4u;
-    var x = vec2<u32>(0u);
-    if ({cond}) {{
-        let i = ({index} + c) >> 1u;
-        x = vec2<u32>({tensor}[i], {tensor}[i + 1u]);
-    }}
-    return x;
-}}
-
-"#,
-        cond = super::coop::fetch_guard(spec, of, rows),
-        index = of.index("r", "h"),
+        "fn note_scales(row: u32, a: u32, b: u32) {{\n    {body}\n}}\n\n"
     );
 }
 
-/// Clears every slot, then gathers the maxima of the tile's Q rows (before Q is staged).
-pub(super) fn q_maxima(b: &mut String) {
-    b.push_str(
-        "    for (var e = tid; e < 2u * BC; e = e + WG) {\n        \
-         atomicStore(&sh_kmax[e], 0u);\n        atomicStore(&sh_vmax[e], 0u);\n    }\n    \
-         for (var e = tid; e < BR; e = e + WG) {\n        atomicStore(&sh_qmax[e], 0u);\n    }\n    \
-         workgroupBarrier();\n    \
-         for (var e = tid; e < BR * (HEAD_DIM / 4u); e = e + WG) {\n        \
-         note_q(e, 0u, fetch_q(row0, h, e));\n    }\n",
-    );
+/// Beside the stores of carried vec4 `i` of a block's `tensors`: where it starts a row of
+/// the block, the row's scales from the maxima held with the words (see
+/// `CoopTiling::converts_at_store`), so that no other load waits for them.
+pub(super) fn note_at_store(tensors: [&str; 2], i: u32) -> String {
+    let e = format!("tid + {i}u * WG");
+    format!(
+        "        if (({e}) % (HEAD_DIM / 4u) == 0u && {e} < BC * (HEAD_DIM / 4u)) {{\n            \
+         note_scales(({e}) / (HEAD_DIM / 4u), b{}_{i}, b{}_{i});\n        }}\n",
+        tensors[0], tensors[1]
+    )
 }
 
-/// Q's raw words `w` in f16, scaled by the power of two of its tile row `row`.
-pub(super) fn q_half(w: &str, row: &str) -> String {
-    format!("to_half({w}, atomicLoad(&sh_qmax[{row}]))")
-}
-
-/// Before the block's loads are stored: each key's scales, from the gathered maxima.
-pub(super) fn key_scales(b: &mut String) {
-    let _ = write!(
-        b,
-        "        if (tid < BC) {{\n            \
-         sh_ks[tid] = from_half(atomicLoad(&sh_kmax[slot * BC + tid]));\n            \
-         let vb = atomicLoad(&sh_vmax[slot * BC + tid]);\n            \
-         sh_vs[tid] = select(f32(row_exp(vb) - {TOP}), {ZERO_ROW:.1}, vb == 0u);\n        }}\n"
-    );
-}
-
-/// After the barrier that ends the block's reads of its slot: the slot cleared for the
-/// block after next.
-pub(super) fn clear_slot(b: &mut String) {
-    b.push_str(
-        "        if (tid < BC) {\n            atomicStore(&sh_kmax[slot * BC + tid], 0u);\n            \
-         atomicStore(&sh_vmax[slot * BC + tid], 0u);\n        }\n",
-    );
-}
-
-/// The backward's conversions and each row's maximum from `row_max` (`q_bits` for rows of
+/// The conversions and each row's maximum from `row_max` (`q_bits` for rows of
 /// Q, O and dO by query head, `kv_bits` for K and V by KV head; a row past the sequence
 /// reads the last one's).
 pub(super) fn row_bits(out: &mut Wgsl) {
@@ -253,8 +163,49 @@ pub(super) fn part(name: &str) -> u32 {
     }
 }
 
-/// The backward's `fetch_{name}(r0, h, e)`: vec4 `e` of `rows` rows of bf16 `tensor` from
-/// r0 in f16, scaled by its row's power of two (zeros past the sequence and the block).
+/// `fetch_{name}(r0, h, e)`: vec4 `e` of `rows` rows of bf16 `tensor` from r0 as its two
+/// words (zeros past the sequence and past the block), held narrow until its store.
+pub(super) fn fetch_words(
+    out: &mut Wgsl,
+    spec: &KernelSpec,
+    (name, tensor): (&str, &str),
+    of: Rows,
+    rows: &str,
+) {
+    let _ = write!(
+        out,
+        r#"fn fetch_{name}(r0: u32, h: u32, e: u32) -> vec2<u32> {{
+    let r = r0 + e / (HEAD_DIM / 4u);
+    let c = (e % (HEAD_DIM / 4u)) * 4u;
+    var x = vec2<u32>(0u);
+    if ({cond}) {{
+        let i = ({index} + c) >> 1u;
+        x = vec2<u32>({tensor}[i], {tensor}[i + 1u]);
+    }}
+    return x;
+}}
+
+"#,
+        cond = super::coop::fetch_guard(spec, of, rows),
+        index = of.index("r", "h"),
+    );
+}
+
+/// The maximum of the row of fetch `name` (Q, K, V, O, dO) that carried vec4 `e` of a
+/// block from row `r0` lies in, of head `head` (a KV head for K and V).
+pub(super) fn block_row_bits(name: &str, r0: &str, head: &str, e: &str) -> String {
+    let bits = match name {
+        "k" | "v" => "kv_bits",
+        _ => "q_bits",
+    };
+    format!(
+        "{bits}({}u, {r0} + min(({e}) / (HEAD_DIM / 4u), BC - 1u), {head})",
+        part(name)
+    )
+}
+
+/// `fetch_{name}(r0, h, e)`: vec4 `e` of `rows` rows of bf16 `tensor` from r0 in f16,
+/// scaled by its row's power of two (zeros past the sequence and the block).
 pub(super) fn fetch_half(
     out: &mut Wgsl,
     spec: &KernelSpec,
@@ -308,20 +259,6 @@ pub(super) fn reference_memory(out: &mut Wgsl, accs: &[&str]) {
         let _ = writeln!(out, "var<workgroup> sh_c_{acc}: array<f32, BR>;");
     }
     out.push_str("var<workgroup> sh_rescale_of: array<atomic<u32>, 4>;\n");
-}
-
-/// Each staged block row's two exponents into `sh_e`, beside its staging (published by
-/// the barrier that ends it): K's and V's for the query-major half (`kv` false), Q's and
-/// dO's for the key-major one.
-pub(super) fn block_exponents(kv: bool) -> String {
-    let (first, second) = match kv {
-        false => ("kv_bits(1u, j0 + e, kv_h)", "kv_bits(2u, j0 + e, kv_h)"),
-        true => ("q_bits(0u, s0 + e, h)", "q_bits(4u, s0 + e, h)"),
-    };
-    format!(
-        "        for (var e = tid; e < BC; e = e + WG) {{\n            \
-         sh_e[e] = vec2<i32>(shift_of({first}), shift_of({second}));\n        }}\n"
-    )
 }
 
 /// Accumulator `i`'s flag.

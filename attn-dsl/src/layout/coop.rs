@@ -29,9 +29,9 @@ pub struct CoopTiling {
     pub v_frags: u32,
     /// The forward, or a half of the tiled backward (the emitter's `coop_backward`).
     pub op: Op,
-    /// Whether the operands are bf16, scaled into f16 by a power of two per row: the
-    /// forward gathers the row maxima in workgroup memory; the backward reads them from
-    /// the `row_scale` pass and keeps each accumulator's lazy row references.
+    /// Whether the operands are bf16, scaled into f16 by a power of two per row, from the
+    /// row maxima of the `row_scale` pass (the backward also keeps each accumulator's lazy
+    /// row references).
     pub scaled: bool,
 }
 
@@ -56,10 +56,28 @@ impl CoopTiling {
         })
     }
 
-    /// Whether the kernel gathers its bf16 row maxima itself, in workgroup memory (the
-    /// forward), rather than reading them from the `row_scale` pass (the backward).
-    pub fn gathers(&self) -> bool {
-        self.scaled && self.op == Op::Forward
+    /// Vec4s of each staged block tensor an invocation carries from global memory.
+    pub fn carried(&self) -> u32 {
+        (self.bc * self.head_dim / 4).div_ceil(self.workgroup_size())
+    }
+
+    /// Whether a backward half fetches each block's tensors into registers during the
+    /// previous block's products: where they take few registers. On an H100 (fetched ahead
+    /// / not): at the seeds' shape (d 64, 2 vec4s each) 0.141 / 0.153 ms for 64x32/16@256;
+    /// at seq 4096, d 128 (4 vec4s) 2.836 / 2.739 ms, and 10.6 / 7.6 ms for 32x32/16@64 (16).
+    pub fn prefetches(&self) -> bool {
+        self.op != Op::Forward && self.carried() <= 2
+    }
+
+    /// Whether a block's bf16 words are held raw from their loads and converted at their
+    /// store (always, with bf16 operands): converted as loaded, each load's latency was
+    /// waited for before the next load issued (each sits in its own bounds test) or before
+    /// the barrier or products that the loads should run ahead of. On an H100 at seq 4096,
+    /// d 128 the bf16 forward took 1.81 ms converted as loaded, 1.06 at its store (f16
+    /// 0.80); the bf16 backward, without its products (the phase model's *none*), 4.19 ms
+    /// against f16's 1.20.
+    pub fn converts_at_store(&self) -> bool {
+        self.scaled
     }
 
     /// Fragments of a backward accumulator (dQ, dK: `v_rows` false; dV: true): its
@@ -156,11 +174,10 @@ impl CoopTiling {
             + self.scale_bytes()
     }
 
-    /// With scaled operands: the row maxima of Q and of two blocks of K and of V (a block's
-    /// are gathered while the previous one's are still read), and each key's scales.
+    /// With scaled operands: each staged key's two scales.
     fn scale_bytes(&self) -> u32 {
-        match self.gathers() {
-            true => 4 * (self.br + 2 * 2 * self.bc + 2 * self.bc),
+        match self.scaled {
+            true => 4 * 2 * self.bc,
             false => 0,
         }
     }

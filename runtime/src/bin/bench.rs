@@ -113,9 +113,11 @@ struct Args {
     #[arg(long, conflicts_with_all = ["suite", "decode", "e2e", "layernorm", "tune"])]
     probe: bool,
     /// Time only the forward kernels, only the backward schedules, only the
-    /// half-precision (f16, bf16) forwards, or the phases of the tensor-core kernels: the
-    /// planned forward in each half dtype and the f16 tiled backward, their block loops cut
-    /// to each phase alone and to all but each (the phase model of docs/performance.md).
+    /// half-precision (f16, bf16) forwards and tiled backwards in every configuration, only
+    /// their planned configurations, or the phases of the tensor-core kernels: the planned
+    /// forward and the first tiled backward in each half dtype, their block loops cut to
+    /// each phase alone and to all but each (the phase model of docs/performance.md). bf16
+    /// rows on tensor cores include the `row_scale` passes they read.
     #[arg(long, value_enum)]
     only: Option<Only>,
 }
@@ -125,6 +127,7 @@ enum Only {
     Forward,
     Backward,
     Half,
+    Planned,
     Phases,
 }
 
@@ -372,6 +375,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         Some(Only::Forward) => bench::Parts::Forward,
         Some(Only::Backward) => bench::Parts::Backward,
         Some(Only::Half) => bench::Parts::Half,
+        Some(Only::Planned) => bench::Parts::Planned,
         Some(Only::Phases) => bench::Parts::Phases,
     };
     let mut gpu = Gpu::new(kernels::FAMILY.iter().copied()).block_on()?;

@@ -5,7 +5,8 @@
 
 use attn_dsl::{Dtype, KernelSpec, Masks, Op, Scalar};
 
-use super::{attention_shape, expect_all, grid};
+use super::row_max::RowMaxima;
+use super::{attention_shape, expect_all, grid, helper};
 use crate::backward::{Backward, Schedule, needs_prep};
 use crate::device::Gpu;
 use crate::dispatch::kernel::Kernel;
@@ -74,9 +75,8 @@ pub struct Scratch {
     /// The kernel that adds a compensated sum into its gradient.
     fold: Option<Pipeline>,
     /// With bf16 operands on tensor cores: each row's largest magnitude of Q, K, V, O and
-    /// dO, `[5, batch, seq, n_heads]` u32, and the kernel that finds them.
-    row_max: Option<Tensor>,
-    row_scale: Option<Pipeline>,
+    /// dO.
+    row_max: RowMaxima,
 }
 
 impl Scratch {
@@ -86,26 +86,7 @@ impl Scratch {
     }
 
     fn view(held: &mut Option<Tensor>, gpu: &Gpu, shape: &[u32]) -> Result<Tensor, TensorError> {
-        Scratch::view_as(held, gpu, shape, Scalar::F32)
-    }
-
-    fn view_as(
-        held: &mut Option<Tensor>,
-        gpu: &Gpu,
-        shape: &[u32],
-        scalar: Scalar,
-    ) -> Result<Tensor, TensorError> {
-        let n = elements(shape);
-        if held.as_ref().is_none_or(|t| t.len() < n) {
-            *held = None; // free the old buffer before allocating the new one
-            let len = u32::try_from(n).map_err(|_| TensorError::TooLarge {
-                name: "scratch".into(),
-                bytes: 4 * n,
-                limit: gpu.limits().max_storage_buffer_binding_size,
-            })?;
-            *held = Some(Tensor::zeros(gpu, &[len], scalar));
-        }
-        held.as_ref().expect("made above").view(shape)
+        super::scratch(held, gpu, shape, Scalar::F32)
     }
 
     fn lanes(&mut self, gpu: &Gpu) -> Result<&mut Pipeline, Error> {
@@ -117,48 +98,6 @@ impl Scratch {
         )
     }
 
-    /// Records each row's largest magnitude of Q, K, V, O and dO (parts 0-4 of the
-    /// returned `[5, batch, seq, n_heads]` scratch; K's and V's rows first in theirs), for
-    /// the bf16 tensor-core backward.
-    fn row_maxima(
-        &mut self,
-        gpu: &Gpu,
-        encoder: &mut wgpu::CommandEncoder,
-        args: &BackwardArgs,
-        rows: [u32; 3],
-    ) -> Result<Tensor, Error> {
-        let held = Scratch::view_as(
-            &mut self.row_max,
-            gpu,
-            &[5, rows[0], rows[1], rows[2]],
-            Scalar::U32,
-        )?;
-        if self.row_scale.is_none() {
-            let spec = KernelSpec {
-                dtype: Dtype::Bf16,
-                ..KernelSpec::standard("attention_row_scale", Op::RowScale, 4, Masks::default())
-            };
-            helper(gpu, &mut self.row_scale, spec)?;
-        }
-        let pipeline = self.row_scale.as_mut().expect("made above");
-        let part = rows.iter().product::<u32>();
-        for (at, t) in [args.q, args.k, args.v, args.o, args.d_o]
-            .into_iter()
-            .enumerate()
-        {
-            let width = *t.shape().last().expect("checked: rank 4");
-            let mut d = Dispatch::new(vec![("src", t), ("dst", &held)]);
-            d.dims = vec![
-                ("rows", (t.len() / u64::from(width)) as u32),
-                ("width4", width / 4),
-                ("at", at as u32 * part),
-            ];
-            let g = grid(pipeline.abi(), &d.dims);
-            pipeline.record(gpu, encoder, &d, g)?;
-        }
-        Ok(held)
-    }
-
     fn fold(&mut self, gpu: &Gpu) -> Result<&mut Pipeline, Error> {
         let name = "attention_grad_fold";
         helper(
@@ -167,22 +106,6 @@ impl Scratch {
             KernelSpec::standard(name, Op::GradFold, 4, Masks::default()),
         )
     }
-}
-
-/// The pipeline `held`, compiled from `spec` on first use.
-fn helper<'p>(
-    gpu: &Gpu,
-    held: &'p mut Option<Pipeline>,
-    spec: KernelSpec,
-) -> Result<&'p mut Pipeline, Error> {
-    if held.is_none() {
-        let abi = attn_dsl::compile(&spec).map_err(|e| Error::Pipeline {
-            kernel: spec.name.clone(),
-            message: e.to_string(),
-        })?;
-        *held = Some(Pipeline::new(Kernel::now(gpu, &abi)?));
-    }
-    Ok(held.as_mut().expect("made above"))
 }
 
 impl Scratch {
@@ -319,7 +242,10 @@ impl Backward {
         let pairs = self.scratch.flex_pairs(gpu, encoder, args.flex_grads)?;
         let scaled = binds(&self.compiled[set].schedules[at].abis, "row_max");
         let row_max = match scaled {
-            true => Some(self.scratch.row_maxima(gpu, encoder, args, rows)?),
+            true => {
+                let operands = [args.q, args.k, args.v, args.o, args.d_o];
+                Some(self.scratch.row_max.record(gpu, encoder, &operands, rows)?)
+            }
             false => None,
         };
         let mut tensors = vec![

@@ -6,6 +6,7 @@
 
 use attn_dsl::{Dtype, FlashConfig, KernelAbi, Masks, Op};
 
+use super::row_max::RowMaxima;
 use super::{attention_shape, expect_all, grid};
 use crate::device::Gpu;
 use crate::dispatch::kernel::Kernel;
@@ -112,6 +113,8 @@ pub struct Forward {
     kernels: Kernels,
     /// One document per sequence, for kernels with the document mask called without `seg`.
     whole: Option<Tensor>,
+    /// With bf16 operands on tensor cores: each row's largest magnitude of Q, K and V.
+    row_max: RowMaxima,
 }
 
 impl Forward {
@@ -134,6 +137,7 @@ impl Forward {
                 compiled: Vec::new(),
             },
             whole: None,
+            row_max: RowMaxima::default(),
         })
     }
 
@@ -143,6 +147,7 @@ impl Forward {
         Ok(Forward {
             kernels: Kernels::Fixed(Pipeline::new(kernel.clone())),
             whole: None,
+            row_max: RowMaxima::default(),
         })
     }
 
@@ -192,9 +197,21 @@ impl Forward {
     ) -> Result<(), Error> {
         let (batch, seq, heads) = attention_shape(args.q, args.k, args.v)?;
         let seg = self.seg(gpu, args.seg, batch, seq);
+        let scaled = {
+            let abi = self.pipeline(gpu, batch, seq, heads)?.abi();
+            check(abi, args, batch, seq, heads, seg.as_ref())?;
+            abi.binding("row_max").is_some()
+        };
+        let row_max = match scaled {
+            true => {
+                let rows = [batch, seq, heads.n_heads];
+                let operands = [args.q, args.k, args.v];
+                Some(self.row_max.record(gpu, encoder, &operands, rows)?)
+            }
+            false => None,
+        };
         let pipeline = self.pipeline(gpu, batch, seq, heads)?;
         let abi = pipeline.abi();
-        check(abi, args, batch, seq, heads, seg.as_ref())?;
         let mut tensors = vec![
             ("q", args.q),
             ("k", args.k),
@@ -202,6 +219,7 @@ impl Forward {
             ("o", args.o),
             ("lse", args.lse),
         ];
+        tensors.extend(row_max.as_ref().map(|t| ("row_max", t)));
         tensors.extend(
             seg.as_ref()
                 .filter(|_| abi.masks.document)

@@ -11,13 +11,17 @@ pub mod decode;
 pub mod forward;
 pub mod layernorm;
 pub mod rope;
+mod row_max;
 
-use attn_dsl::{KernelAbi, Scalar};
+use attn_dsl::{KernelAbi, KernelSpec, Scalar};
 
-use crate::error::InputError;
+use crate::device::Gpu;
+use crate::dispatch::kernel::Kernel;
+use crate::dispatch::record::Pipeline;
+use crate::error::{Error, InputError};
 use crate::modifiers::expect;
 use crate::shape::Heads;
-use crate::tensor::{Tensor, TensorError};
+use crate::tensor::{Tensor, TensorError, elements};
 
 /// Batch, sequence length and heads of an attention problem, read off Q `[batch, seq,
 /// n_heads, head_dim]` and K `[batch, seq, n_kv_heads, head_dim]`.
@@ -88,4 +92,40 @@ pub(crate) fn grid(abi: &KernelAbi, dims: &[(&str, u32)]) -> [u32; 3] {
         })
         .unwrap_or_default();
     abi.dispatch_grid(&ordered)
+}
+
+/// A scratch tensor of `shape` in `held`, reallocated only when it must grow.
+pub(crate) fn scratch(
+    held: &mut Option<Tensor>,
+    gpu: &Gpu,
+    shape: &[u32],
+    scalar: Scalar,
+) -> Result<Tensor, TensorError> {
+    let n = elements(shape);
+    if held.as_ref().is_none_or(|t| t.len() < n) {
+        *held = None; // free the old buffer before allocating the new one
+        let len = u32::try_from(n).map_err(|_| TensorError::TooLarge {
+            name: "scratch".into(),
+            bytes: 4 * n,
+            limit: gpu.limits().max_storage_buffer_binding_size,
+        })?;
+        *held = Some(Tensor::zeros(gpu, &[len], scalar));
+    }
+    held.as_ref().expect("made above").view(shape)
+}
+
+/// The pipeline `held`, compiled from `spec` on first use.
+pub(crate) fn helper<'p>(
+    gpu: &Gpu,
+    held: &'p mut Option<Pipeline>,
+    spec: KernelSpec,
+) -> Result<&'p mut Pipeline, Error> {
+    if held.is_none() {
+        let abi = attn_dsl::compile(&spec).map_err(|e| Error::Pipeline {
+            kernel: spec.name.clone(),
+            message: e.to_string(),
+        })?;
+        *held = Some(Pipeline::new(Kernel::now(gpu, &abi)?));
+    }
+    Ok(held.as_mut().expect("made above"))
 }

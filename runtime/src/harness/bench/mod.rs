@@ -132,8 +132,12 @@ pub enum Parts {
     All,
     Forward,
     Backward,
-    /// The half-precision forwards alone (f16 where the device has it, bf16).
+    /// The half-precision forwards and tiled backwards alone (f16 where the device has
+    /// it, bf16), in every configuration.
     Half,
+    /// [`Parts::Half`] in the planned forward configuration and the first backward
+    /// candidate only.
+    Planned,
     /// The planned tensor-core forward in each half dtype and the f16 tiled backward,
     /// whole, with no phase, with each phase alone and without each
     /// ([`attn_dsl::emit::coop::Phases`]).
@@ -247,8 +251,8 @@ pub fn run(
         ("seg", &seg_buf),
     ]);
     bound.extend(scratch.as_ref().map(|b| ("p_ds", b)));
-    // The bf16 tensor-core backward's row maxima, as the `row_scale` pass finds them (that
-    // pass, five short dispatches, is not timed).
+    // The bf16 tensor-core kernels' row maxima, as the `row_scale` pass finds them (its
+    // dispatches are timed with each bf16 row that reads them, see `RowScalePasses`).
     let maxima: Vec<u32> = [(q_len, 1), (kv_len, 2), (kv_len, 3), (q_len, 5), (q_len, 4)]
         .into_iter()
         .flat_map(|(len, seed)| {
@@ -311,7 +315,13 @@ pub fn run(
             .and_then(|r| r.timing.map(|t| t.median_ms));
         let half = match parts {
             Parts::Phases => phase_forwards(gpu, h, (shape.batch, shape.seq), masks)?,
-            _ => half_forwards(gpu, h, (shape.batch, shape.seq), masks)?,
+            _ => half_forwards(
+                gpu,
+                h,
+                (shape.batch, shape.seq),
+                masks,
+                parts == Parts::Planned,
+            )?,
         };
         // The half kernels read and write 16-bit copies of the same data.
         // (and the backward reads a saved O in the dtype).
@@ -339,17 +349,36 @@ pub fn run(
             }
             half_bound
         };
+        let scale_passes = RowScalePasses::new(gpu, &shape)?;
+        // A bf16 kernel on tensor cores as a user runs it: after the row maxima of its
+        // operands (Q, K, V; and O, dO for a backward).
+        let passes = |abi: &attn_dsl::KernelAbi, parts: usize| match abi.binding("row_max") {
+            Some(_) => scale_passes.steps(gpu, &copies, &row_max_buf, parts),
+            None => Ok(Vec::new()),
+        };
+        let mut passes_timed = false;
         for (label, dtype, kernel) in &half {
             let half_bound = in_dtype(*dtype, true);
-            let step = Step {
+            let mut steps = passes(kernel.abi(), 3)?;
+            if !steps.is_empty() && !std::mem::replace(&mut passes_timed, true) {
+                rows.push(BenchRow {
+                    shape: shape.clone(),
+                    kernel: "part: row_scale of Q, K, V".into(),
+                    timing: Some(timing::time(gpu, &steps, warmup, runs)?),
+                    flops: 0.0,
+                    note: String::new(),
+                    baseline_ms: None,
+                });
+            }
+            steps.push(Step {
                 kernel,
                 bound: half_bound,
                 grid: checked_grid(kernel.abi(), gpu.limits(), &dims)?,
-            };
+            });
             rows.push(BenchRow {
                 shape: shape.clone(),
                 kernel: label.clone(),
-                timing: Some(timing::time(gpu, &[step], warmup, runs)?),
+                timing: Some(timing::time(gpu, &steps, warmup, runs)?),
                 flops: shape.forward_flops(),
                 note: String::new(),
                 baseline_ms: tile1,
@@ -358,11 +387,19 @@ pub fn run(
         if parts != Parts::Forward {
             let backwards = match parts {
                 Parts::Phases => phase_backwards(gpu, h, masks)?,
-                _ => half_backwards(gpu, h, masks)?,
+                _ => half_backwards(gpu, h, masks, parts == Parts::Planned)?,
             };
+            let mut parted = Vec::new();
             for (label, kernels) in backwards {
                 let bound = in_dtype(kernels[0].abi().scalar("o"), false);
-                let steps = sink.steps_of(gpu, kernels.iter(), &bound, &dims)?;
+                let scaled = kernels
+                    .iter()
+                    .find(|k| k.abi().binding("row_max").is_some());
+                let mut steps = match scaled {
+                    Some(k) => passes(k.abi(), 5)?,
+                    None => Vec::new(),
+                };
+                steps.extend(sink.steps_of(gpu, kernels.iter(), &bound, &dims)?);
                 rows.push(BenchRow {
                     shape: shape.clone(),
                     kernel: label.clone(),
@@ -371,13 +408,11 @@ pub fn run(
                     note: determinism(kernels.iter().map(Kernel::abi)),
                     baseline_ms: None,
                 });
-                // Where the planned (first) schedule's time goes, kernel by kernel.
-                if rows
-                    .iter()
-                    .filter(|r| r.kernel.starts_with("backward"))
-                    .count()
-                    == 1
-                {
+                // Where the planned (first) schedule of each dtype's time goes, kernel by
+                // kernel.
+                let dtype = kernels[0].abi().scalar("o");
+                if label.starts_with("backward") && !parted.contains(&dtype) {
+                    parted.push(dtype);
                     for step in &steps {
                         rows.push(BenchRow {
                             shape: shape.clone(),
@@ -397,7 +432,10 @@ pub fn run(
             }
         }
     }
-    if matches!(parts, Parts::Forward | Parts::Half | Parts::Phases) {
+    if matches!(
+        parts,
+        Parts::Forward | Parts::Half | Parts::Planned | Parts::Phases
+    ) {
         return Ok(rows);
     }
     let compiled = crate::backward::schedule_kernels(gpu, &set)?;
@@ -522,14 +560,15 @@ pub fn tune(gpu: &Gpu, rows: &[BenchRow], failed: &[String]) -> Table {
 }
 
 /// The planned flash forward in f16, where the device has SHADER_F16 (on tensor cores
-/// where it has cooperative matrices, then the other tensor-core configurations and the
-/// scalar plan beside it), and in bf16:
+/// where it has cooperative matrices, then, unless `planned_only`, the other tensor-core
+/// configurations and the scalar plan beside it), and in bf16:
 /// (row label, dtype, kernel).
 fn half_forwards(
     gpu: &Gpu,
     heads: Heads,
     problem: (u32, u32),
     masks: Masks,
+    planned_only: bool,
 ) -> Result<Vec<(String, Scalar, Kernel)>, Error> {
     let head_dim = heads.head_dim;
     let table = tuning::Table::for_gpu(gpu).unwrap_or_default();
@@ -547,6 +586,9 @@ fn half_forwards(
             configs.extend(coop.into_iter().filter(|c| *c != planned));
         }
         configs.extend((planned != scalar).then_some(scalar));
+        if planned_only {
+            configs.truncate(1);
+        }
         for config in configs {
             let kernel = format!("forward flash {} {}", config.label(), dtype.name());
             let abi = tuning::flash_forward_in(head_dim, masks, config, dtype).map_err(|e| {
@@ -616,17 +658,20 @@ fn phase_backwards(
     heads: Heads,
     masks: Masks,
 ) -> Result<Vec<(String, Vec<Kernel>)>, Error> {
-    let dtype = attn_dsl::Dtype::F16;
-    let Some(config) = tuning::backward_candidates_in(gpu, heads.head_dim, dtype)
-        .into_iter()
-        .find(|c| c.matrix == attn_dsl::Matrix::Coop16)
-    else {
-        return Ok(Vec::new());
-    };
-    phase_sets(Phases::each_backward())
-        .into_iter()
-        .map(|(name, keep)| {
-            let label = format!("phases backward tiled-{} f16: {name}", config.label());
+    let mut out = Vec::new();
+    for dtype in gpu.half_dtypes() {
+        let Some(config) = tuning::backward_candidates_in(gpu, heads.head_dim, dtype)
+            .into_iter()
+            .find(|c| c.matrix == attn_dsl::Matrix::Coop16)
+        else {
+            continue;
+        };
+        for (name, keep) in phase_sets(Phases::each_backward()) {
+            let label = format!(
+                "phases backward tiled-{} {}: {name}",
+                config.label(),
+                dtype.name()
+            );
             let abis = tuning::flash_backward_phases(heads.dims(), masks, config, dtype, keep)
                 .map_err(|e| Error::Pipeline {
                     kernel: label.clone(),
@@ -636,9 +681,81 @@ fn phase_backwards(
                 .iter()
                 .map(|abi| Kernel::now(gpu, abi))
                 .collect::<Result<Vec<_>, _>>()?;
-            Ok((label, kernels))
+            out.push((label, kernels));
+        }
+    }
+    Ok(out)
+}
+
+/// The `row_scale` pass over the bf16 copies of Q, K, V, O and dO (parts 0-4 of
+/// `row_max`), each part's dispatch with its dims.
+struct RowScalePasses {
+    kernel: Kernel,
+    dims: Vec<Vec<(&'static str, u32)>>,
+    uniforms: Vec<wgpu::Buffer>,
+}
+
+impl RowScalePasses {
+    const TENSORS: [&'static str; 5] = ["q", "k", "v", "o", "d_o"];
+
+    fn new(gpu: &Gpu, shape: &BenchShape) -> Result<RowScalePasses, Error> {
+        let spec = KernelSpec {
+            dtype: Dtype::Bf16,
+            ..KernelSpec::standard("attention_row_scale", Op::RowScale, 4, Masks::default())
+        };
+        let abi = attn_dsl::compile(&spec).map_err(|e| Error::Pipeline {
+            kernel: spec.name.clone(),
+            message: e.to_string(),
+        })?;
+        let h = shape.heads;
+        let rows = shape.batch * shape.seq;
+        let part = rows * h.n_heads;
+        let dims: Vec<Vec<(&'static str, u32)>> = [h.n_heads, h.n_kv_heads, h.n_kv_heads]
+            .into_iter()
+            .chain([h.n_heads; 2])
+            .enumerate()
+            .map(|(at, heads)| {
+                vec![
+                    ("rows", rows * heads),
+                    ("width4", h.head_dim / 4),
+                    ("at", at as u32 * part),
+                ]
+            })
+            .collect();
+        let uniforms = dims
+            .iter()
+            .map(|d| crate::attention::uniform_dims(gpu, &abi, d))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(RowScalePasses {
+            kernel: Kernel::now(gpu, &abi)?,
+            dims,
+            uniforms,
         })
-        .collect()
+    }
+
+    /// The first `parts` dispatches, reading the bf16 copies among `copies`.
+    fn steps<'a>(
+        &'a self,
+        gpu: &Gpu,
+        copies: &'a [(&str, Scalar, wgpu::Buffer)],
+        row_max: &'a wgpu::Buffer,
+        parts: usize,
+    ) -> Result<Vec<Step<'a>>, Error> {
+        (0..parts)
+            .map(|at| {
+                let src = copies
+                    .iter()
+                    .find(|(n, s, _)| *n == Self::TENSORS[at] && *s == Scalar::Bf16)
+                    .map(|(.., b)| b)
+                    .expect("a bf16 copy of every operand");
+                Ok(Step {
+                    kernel: &self.kernel,
+                    bound: vec![("src", src), ("dst", row_max), ("dims", &self.uniforms[at])],
+                    grid: checked_grid(self.kernel.abi(), gpu.limits(), &self.dims[at])?,
+                })
+            })
+            .collect()
+    }
 }
 
 /// The sink kernel's two dispatches: each pass's dims (the blocks of rows, `pass`) and the
@@ -734,12 +851,14 @@ fn determinism<'a>(mut abis: impl Iterator<Item = &'a attn_dsl::KernelAbi>) -> S
 }
 
 /// The half-precision tiled backward in each dtype the device has, in each configuration
-/// [`tuning::backward_candidates_in`] gives that fits, the planned one first: (row label,
-/// the prep where the schedule needs it and the two halves).
+/// [`tuning::backward_candidates_in`] gives that fits (only the first with
+/// `planned_only`), the planned schedule first: (row label, the prep where the schedule
+/// needs it and the two halves).
 fn half_backwards(
     gpu: &Gpu,
     heads: Heads,
     masks: Masks,
+    planned_only: bool,
 ) -> Result<Vec<(String, Vec<Kernel>)>, Error> {
     let head_dim = heads.head_dim;
     let mut out = Vec::new();
@@ -748,7 +867,10 @@ fn half_backwards(
             kernel: format!("backward prep {}", dtype.name()),
             message: e.to_string(),
         })?;
-        let configs = tuning::backward_candidates_in(gpu, head_dim, dtype);
+        let mut configs = tuning::backward_candidates_in(gpu, head_dim, dtype);
+        if planned_only {
+            configs.truncate(1);
+        }
         let mut schedules =
             crate::backward::tiled_schedules(gpu, (head_dim, masks, dtype), &configs)?;
         let names: Vec<_> = schedules.iter().map(|(s, _)| *s).collect();
