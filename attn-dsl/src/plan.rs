@@ -210,9 +210,10 @@ impl KernelAbi {
             // vec4s of one sequence's new rows (n_new · n_kv_heads · head_dim / 4), by
             // sequence; workgroup 0 writes the lengths even when no row is new.
             Op::CacheAppend => return [strided(at(0) * at(2) * (at(3) / 4)), at(4), 1],
-            Op::DkvReduce | Op::ToDtype | Op::FromDtype | Op::GradFold | Op::RowScale => {
+            Op::DkvReduce | Op::ToDtype | Op::FromDtype | Op::GradFold => {
                 return [strided(at(0)), 1, 1];
             }
+            Op::RowScale => return [strided(at(0) * crate::layout::ROW_SCALE_LANES), 1, 1],
             // Pass 0: a workgroup per (head, block of rows); pass 1: one per head, which
             // owns dsinks[h].
             Op::SinkGrad if at(6) == 0 => return [at(1), at(5), 1],

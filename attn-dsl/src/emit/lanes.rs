@@ -110,23 +110,43 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups:
 }
 
 /// `row_scale`: each row's largest magnitude, as f32 bits (monotone for non-negative
-/// floats), one row per step of a grid-stride loop: what the bf16 tensor-core backward
-/// scales each row of its operands by (see `coop_scale`).
+/// floats), ROW_LANES invocations per row in a grid-stride loop over blocks of rows: what
+/// the bf16 tensor-core kernels scale each row of their operands by (see `coop_scale`).
 pub(super) fn row_scale(out: &mut Wgsl, spec: &KernelSpec) {
     super::dtype::vec4_codec(out, spec.dtype);
     let _ = write!(
         out,
-        r#"@compute @workgroup_size(WG)
+        r#"const ROW_LANES: u32 = {lanes}u;
+
+var<workgroup> sh_m: array<f32, WG>;
+
+@compute @workgroup_size(WG)
 fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>, @builtin(local_invocation_index) tid: u32) {{
-    for (var row = wg.x * WG + tid; row < dims.rows; row = row + groups.x * WG) {{
+    let per = WG / ROW_LANES;
+    let lane = tid % ROW_LANES;
+    for (var r0 = wg.x * per; r0 < dims.rows; r0 = r0 + groups.x * per) {{
+        let row = r0 + tid / ROW_LANES;
         var m = vec4<f32>(0.0);
-        for (var c = 0u; c < dims.width4; c = c + 1u) {{
-            m = max(m, abs(widen4(src[row * dims.width4 + c])));
+        if (row < dims.rows) {{
+            for (var c = lane; c < dims.width4; c = c + ROW_LANES) {{
+                m = max(m, abs(widen4(src[row * dims.width4 + c])));
+            }}
         }}
-        dst[dims.at + row] = bitcast<u32>(max(max(m.x, m.y), max(m.z, m.w)));
+        sh_m[tid] = max(max(m.x, m.y), max(m.z, m.w));
+        workgroupBarrier();
+        if (lane == 0u && row < dims.rows) {{
+            var x = sh_m[tid];
+            for (var i = 1u; i < ROW_LANES; i = i + 1u) {{
+                x = max(x, sh_m[tid + i]);
+            }}
+            dst[dims.at + row] = bitcast<u32>(x);
+        }}
+        workgroupBarrier();
     }}
 }}
 "#,
-        name = spec.name
+        name = spec.name,
+        // (Fewer where the workgroup is not a multiple of them: each row's lanes in one.)
+        lanes = crate::layout::ROW_SCALE_LANES.min(1 << spec.workgroup_size.trailing_zeros()),
     );
 }

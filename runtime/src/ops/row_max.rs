@@ -55,3 +55,64 @@ impl RowMaxima {
         Ok(held)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::RowMaxima;
+    use crate::BlockOn;
+    use crate::device::Gpu;
+    use crate::tensor::Tensor;
+    use attn_dsl::Scalar;
+    use half::bf16;
+
+    /// Each row's largest magnitude (of the bf16 values), as f32 bits, in its part: Q's
+    /// rows by query head, K's by KV head in the first words of theirs, at widths of more
+    /// vec4s than the pass's lanes per row (160: 40, not a multiple of them) and fewer (48);
+    /// an all-zero row as 0 and a row whose largest magnitude is negative by its magnitude.
+    #[test]
+    fn each_row_gets_its_largest_magnitude() {
+        let gpu = Gpu::new(crate::kernels::FAMILY.iter().copied())
+            .block_on()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let (batch, seq, heads, kv_heads) = (2u32, 5u32, 3u32, 1u32);
+        let values = |rows: u32, width: u32, seed: u32| -> Vec<f32> {
+            (0..rows * width)
+                .map(|i| {
+                    let (row, c) = (i / width, i % width);
+                    match row % 4 {
+                        0 => 0.0,
+                        1 if c == width / 2 => -3.0e9,
+                        _ => ((i * 7919 + seed) % 1000) as f32 / 1000.0 - 0.5,
+                    }
+                })
+                .collect()
+        };
+        let q = values(batch * seq * heads, 160, 1);
+        let k = values(batch * seq * kv_heads, 48, 2);
+        let tensor = |shape: &[u32], data: &[f32]| {
+            Tensor::from_f32(&gpu, shape, Scalar::Bf16, data).unwrap_or_else(|e| panic!("{e}"))
+        };
+        let (qt, kt) = (
+            tensor(&[batch, seq, heads, 160], &q),
+            tensor(&[batch, seq, kv_heads, 48], &k),
+        );
+        let mut maxima = RowMaxima::default();
+        let mut encoder = gpu.device.create_command_encoder(&Default::default());
+        let held = maxima
+            .record(&gpu, &mut encoder, &[&qt, &kt], [batch, seq, heads])
+            .unwrap_or_else(|e| panic!("{e}"));
+        gpu.queue.submit([encoder.finish()]);
+        let got = crate::block_on(held.to_u32(&gpu)).unwrap_or_else(|e| panic!("{e}"));
+        let part = (batch * seq * heads) as usize;
+        assert_eq!(got.len(), 2 * part);
+        for (at, (data, width)) in [(&q, 160), (&k, 48)].into_iter().enumerate() {
+            for (row, x) in data.chunks(width).enumerate() {
+                let want = x
+                    .iter()
+                    .map(|v| bf16::from_f32(*v).to_f32().abs())
+                    .fold(0.0f32, f32::max);
+                assert_eq!(got[at * part + row], want.to_bits(), "part {at} row {row}");
+            }
+        }
+    }
+}
