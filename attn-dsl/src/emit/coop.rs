@@ -516,39 +516,58 @@ pub(super) fn stage_block(
     put_block(b, t, tensors);
 }
 
-/// The loads of [`stage_block`], into `p{name}_{i}`; where the block's bf16 words are
-/// converted at their store, each row's maximum into `b{name}_{i}` beside them.
+/// The loads of [`stage_block`], declared.
 fn fetch_block(b: &mut String, t: &CoopTiling, tensors: &[(&str, &str)], r0: &str, head: &str) {
+    b.push_str(&fetches(t, tensors, (r0, head), "        let "));
+}
+
+/// `{prefix}p{name}_{i} = fetch_{name}(r0, head, ..)` for each carried vec4 of each tensor
+/// (`prefix` the indent, and `let `/`var ` where the registers are declared); where the
+/// block's bf16 words are converted at their store, each row's maximum into `b{name}_{i}`
+/// beside them.
+pub(super) fn fetches(
+    t: &CoopTiling,
+    tensors: &[(&str, &str)],
+    (r0, head): (&str, &str),
+    prefix: &str,
+) -> String {
+    let mut f = String::new();
     for i in 0..t.carried() {
         for (name, _) in tensors {
             let e = format!("tid + {i}u * WG");
-            let _ = writeln!(
-                b,
-                "        let p{name}_{i} = fetch_{name}({r0}, {head}, {e});"
-            );
+            let _ = writeln!(f, "{prefix}p{name}_{i} = fetch_{name}({r0}, {head}, {e});");
             if t.converts_at_store() {
                 let bits = coop_scale::block_row_bits(name, r0, head, &e);
-                let _ = writeln!(b, "        let b{name}_{i} = {bits};");
+                let _ = writeln!(f, "{prefix}b{name}_{i} = {bits};");
             }
         }
     }
+    f
 }
 
 /// The stores of [`stage_block`], then a barrier.
 fn put_block(b: &mut String, t: &CoopTiling, tensors: &[(&str, &str)]) {
+    b.push_str(&puts(t, tensors));
+    b.push_str("        workgroupBarrier();\n");
+}
+
+/// The carried vec4s into the staged rows (converted into f16 where they are held raw),
+/// and with bf16 operands each row's scales beside them.
+pub(super) fn puts(t: &CoopTiling, tensors: &[(&str, &str)]) -> String {
+    let mut f = String::new();
     for i in 0..t.carried() {
         for (name, base) in tensors {
             let x = match t.converts_at_store() {
                 true => format!("to_half(p{name}_{i}, b{name}_{i})"),
                 false => format!("p{name}_{i}"),
             };
-            let _ = writeln!(b, "        put(tid + {i}u * WG, {base}, {x});");
+            let _ = writeln!(f, "        put(tid + {i}u * WG, {base}, {x});");
         }
         if t.scaled {
-            b.push_str(&coop_scale::note_at_store([tensors[0].0, tensors[1].0], i));
+            f.push_str(&coop_scale::note_at_store([tensors[0].0, tensors[1].0], i));
         }
     }
-    b.push_str("        workgroupBarrier();\n");
+    f
 }
 
 /// Independent accumulation chains of each score fragment: a tensor core's f32 sums are

@@ -324,7 +324,7 @@ fn q_loop(b: &mut String, t: &CoopTiling, lp: &super::tiles::KeyLoop) {
         coop::stage_block(b, t, &tensors, "j0", "kv_h");
         return;
     }
-    let fetch = |ind: &str, r0: &str| fetches(t, &tensors, r0, "kv_h", ind);
+    let fetch = |ind: &str, r0: &str| coop::fetches(t, &tensors, (r0, "kv_h"), ind);
     let _ = write!(
         b,
         "{}    {}        let j0 = kt * BC;\n        \
@@ -334,7 +334,7 @@ fn q_loop(b: &mut String, t: &CoopTiling, lp: &super::tiles::KeyLoop) {
          if ({}) {{\n{}        }}\n",
         fetch("    var ", lp.first),
         lp.head,
-        puts(t, &tensors),
+        coop::puts(t, &tensors),
         lp.has_next,
         fetch("            ", lp.next),
     );
@@ -385,7 +385,7 @@ fn kv_loop(b: &mut String, t: &CoopTiling, scattered: bool, sparse: bool) {
     }
     let stats = t.bc.div_ceil(t.workgroup_size());
     let fetch = |prefix: &str| {
-        let mut f = fetches(t, &tensors, "next_s0", "next_h", prefix);
+        let mut f = coop::fetches(t, &tensors, ("next_s0", "next_h"), prefix);
         for i in 0..stats {
             let _ = writeln!(
                 f,
@@ -402,44 +402,9 @@ fn kv_loop(b: &mut String, t: &CoopTiling, scattered: bool, sparse: bool) {
         h0,
         &fetch("    var "),
         "sh_kv, sh_s, sh_dp, sh_p, sh_ds and sh_stats",
-        &(puts_stats + &puts(t, &tensors)),
+        &(puts_stats + &coop::puts(t, &tensors)),
         &fetch("            "),
     ));
-}
-
-/// `{prefix}p{name}_{i} = fetch_{name}(r0, head, ..)` for each carried vec4 of each tensor
-/// (`prefix` the indent, and `var ` where the registers are declared).
-fn fetches(t: &CoopTiling, tensors: &[(&str, &str)], r0: &str, head: &str, prefix: &str) -> String {
-    let mut f = String::new();
-    for i in 0..t.carried() {
-        for (name, _) in tensors {
-            let e = format!("tid + {i}u * WG");
-            let _ = writeln!(f, "{prefix}p{name}_{i} = fetch_{name}({r0}, {head}, {e});");
-            if t.converts_at_store() {
-                let bits = coop_scale::block_row_bits(name, r0, head, &e);
-                let _ = writeln!(f, "{prefix}b{name}_{i} = {bits};");
-            }
-        }
-    }
-    f
-}
-
-/// The carried vec4s into the staged rows.
-fn puts(t: &CoopTiling, tensors: &[(&str, &str)]) -> String {
-    let mut f = String::new();
-    for i in 0..t.carried() {
-        for (name, base) in tensors {
-            let x = match t.converts_at_store() {
-                true => format!("to_half(p{name}_{i}, b{name}_{i})"),
-                false => format!("p{name}_{i}"),
-            };
-            let _ = writeln!(f, "        put(tid + {i}u * WG, {base}, {x});");
-        }
-        if t.scaled {
-            f.push_str(&coop_scale::note_at_store([tensors[0].0, tensors[1].0], i));
-        }
-    }
-    f
 }
 
 /// The block's two transposed products, the elementwise step and the weighted sums; closes
