@@ -513,7 +513,7 @@ fn scaled_elementwise(t: &CoopTiling, half: &Half, kv: bool) -> String {
     for (acc, from, to) in stores {
         let _ = writeln!(
             b,
-            "            {to}[r * PS + c] = f16(scale2({from}[r * SS + c], -ref_{acc}));"
+            "            {to}[r * PS + c] = f16(mulp2({from}[r * SS + c], -ref_{acc}));"
         );
     }
     b.push_str("        }\n");
@@ -526,12 +526,12 @@ const SCALED_Q_WEIGHTS: &str = r#"        for (var i = 0u; i < ECOLS; i = i + 1u
             let j = j0 + c;
             let v = j >= lo && j < hi && key_visible(row, h, j);
             let ke = sh_e[c].x;
-            let s = scale2(sh_s[r * SS + c], qe + ke);
+            let s = mulp2_sum(sh_s[r * SS + c], qe + ke);
             let x = scored(row, h, j, s);
             let p = exp2((x.x - row_lse) * LOG2E);
-            let dp = scale2(sh_dp[r * SS + c], oe + sh_e[c].y);
+            let dp = mulp2_sum(sh_dp[r * SS + c], oe + sh_e[c].y);
             let g = score_grads(row, h, j, s, x, p * (dropped(row, h, j, dp) - delta), v);
-            let w = scale2(params.scale * g, ke);
+            let w = mulp2(params.scale * g, ke);
             wm_dq = max(wm_dq, abs(w));
             sh_s[r * SS + c] = w;
         }
@@ -546,13 +546,13 @@ const SCALED_KV_WEIGHTS: &str = r#"        for (var i = 0u; i < ECOLS; i = i + 1
             let v = q < dims.seq_len && col < dims.seq_len && visible(q, h, col);
             let qe = sh_e[c].x;
             let oe = sh_e[c].y;
-            let s = scale2(sh_s[r * SS + c], ke + qe);
+            let s = mulp2_sum(sh_s[r * SS + c], ke + qe);
             let x = scored(q, h, col, s);
             let p = select(0.0, exp2((x.x - st.x) * LOG2E), v);
-            let dp = scale2(sh_dp[r * SS + c], ve + oe);
+            let dp = mulp2_sum(sh_dp[r * SS + c], ve + oe);
             let g = score_grads(q, h, col, s, x, p * (dropped(q, h, col, dp) - st.y), v);
-            let wv = scale2(dropped(q, h, col, p), oe);
-            let wk = scale2(params.scale * g, qe);
+            let wv = mulp2(dropped(q, h, col, p), oe);
+            let wk = mulp2(params.scale * g, qe);
             wm_dv = max(wm_dv, abs(wv));
             wm_dk = max(wm_dk, abs(wk));
             sh_s[r * SS + c] = wv;

@@ -135,6 +135,21 @@ fn scale2(x: f32, n: i32) -> f32 {{
     return x * pow2(a) * pow2(m - a);
 }}
 
+// x·2^n in one multiplication, for a row's or key's exponent n (shift_of: within
+// -114..113, a normal power of two) or a reference's negation.
+fn mulp2(x: f32, n: i32) -> f32 {{
+    return x * pow2(n);
+}}
+
+// x·2^n for a sum of two exponents (a score's or dP's scales) in one multiplication: zero
+// below f32's normal range, where |x·2^n| < 2^37·2^-126 lies far under the rule's 1e-6
+// floor; clamped at its top, where the true value overflows f32 as well. (With scale2's
+// two multiplications here and for the weights, the bf16 backward took 4.13 ms at seq
+// 4096, d 128 on an H100; 3.79 with these.)
+fn mulp2_sum(x: f32, n: i32) -> f32 {{
+    return select(0.0, x * pow2(min(n, 127)), n >= -126);
+}}
+
 // Part p of row_max: 0 Q, 1 K, 2 V, 3 O, 4 dO.
 fn part_at(p: u32) -> u32 {{
     return p * dims.batch * dims.seq_len * dims.n_heads;
