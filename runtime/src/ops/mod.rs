@@ -11,7 +11,7 @@ pub mod decode;
 pub mod forward;
 pub mod layernorm;
 pub mod rope;
-mod row_max;
+pub(crate) mod row_max;
 
 use attn_dsl::{KernelAbi, KernelSpec, Scalar};
 

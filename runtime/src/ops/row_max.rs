@@ -10,6 +10,14 @@ use crate::dispatch::record::{Dispatch, Pipeline};
 use crate::error::Error;
 use crate::tensor::Tensor;
 
+/// The pass over bf16 rows.
+pub(crate) fn spec() -> KernelSpec {
+    KernelSpec {
+        dtype: Dtype::Bf16,
+        ..KernelSpec::standard("attention_row_scale", Op::RowScale, 4, Masks::default())
+    }
+}
+
 /// The maxima (`[parts, batch, seq, n_heads]` u32, f32 bits) and the pass that finds them.
 #[derive(Default)]
 pub(crate) struct RowMaxima {
@@ -35,11 +43,7 @@ impl RowMaxima {
             &[parts, rows[0], rows[1], rows[2]],
             Scalar::U32,
         )?;
-        let spec = KernelSpec {
-            dtype: Dtype::Bf16,
-            ..KernelSpec::standard("attention_row_scale", Op::RowScale, 4, Masks::default())
-        };
-        let pipeline = helper(gpu, &mut self.pass, spec)?;
+        let pipeline = helper(gpu, &mut self.pass, spec())?;
         let part = rows.iter().product::<u32>();
         for (at, t) in operands.iter().enumerate() {
             let width = *t.shape().last().expect("checked: rank 4");

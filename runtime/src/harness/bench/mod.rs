@@ -699,10 +699,7 @@ impl RowScalePasses {
     const TENSORS: [&'static str; 5] = ["q", "k", "v", "o", "d_o"];
 
     fn new(gpu: &Gpu, shape: &BenchShape) -> Result<RowScalePasses, Error> {
-        let spec = KernelSpec {
-            dtype: Dtype::Bf16,
-            ..KernelSpec::standard("attention_row_scale", Op::RowScale, 4, Masks::default())
-        };
+        let spec = crate::ops::row_max::spec();
         let abi = attn_dsl::compile(&spec).map_err(|e| Error::Pipeline {
             kernel: spec.name.clone(),
             message: e.to_string(),
