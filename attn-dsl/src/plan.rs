@@ -214,6 +214,11 @@ impl KernelAbi {
                 return [strided(at(0)), 1, 1];
             }
             Op::RowScale => return [strided(at(0) * crate::layout::ROW_SCALE_LANES), 1, 1],
+            // (m, n, k, split): a workgroup per block of c and part of the reduction.
+            Op::Matmul => {
+                use crate::layout::matmul::{BM, BN};
+                return [at(1).div_ceil(BN), at(0).div_ceil(BM), at(3).max(1)];
+            }
             // Pass 0: a workgroup per (head, block of rows); pass 1: one per head, which
             // owns dsinks[h].
             Op::SinkGrad if at(6) == 0 => return [at(1), at(5), 1],

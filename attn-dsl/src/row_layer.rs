@@ -4,7 +4,7 @@
 
 pub use crate::layout::rows::*;
 
-use crate::spec::{Grid, KernelSpec, Major, Masks, Matrix, Op, WriteMode};
+use crate::spec::{Dtype, Grid, KernelSpec, Major, Masks, MatmulForm, Matrix, Op, WriteMode};
 
 /// How the backward sums dγ, dβ, dW and db over rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -63,5 +63,35 @@ pub fn with_matrix(mut spec: KernelSpec, matrix: Matrix) -> KernelSpec {
         spec.grid.matrix = matrix;
         spec.fit_target();
     }
+    spec
+}
+
+/// The LayerNorm pass of a forward whose product runs as a [`matmul`]: statistics and the
+/// normalized rows `[rows, hidden]` in `dtype` (hidden a multiple of 4), [`NORM_ROWS`] rows
+/// per workgroup.
+pub fn rows_spec(name: &str, hidden: u32, dtype: Dtype) -> KernelSpec {
+    let mut spec = KernelSpec {
+        grid: Grid::rows(Major::R, NORM_ROWS),
+        dtype,
+        ..KernelSpec::standard(name, Op::LayernormRows, hidden, Masks::default())
+    };
+    spec.fit_target();
+    spec
+}
+
+/// Rows per workgroup of the LayerNorm pass, WORKGROUP / NORM_ROWS lanes each: 512
+/// workgroups at 8192 rows, where 64 rows (the products' tile) left 128 workgroups, one per
+/// SM, each waiting on its rows' loads.
+pub const NORM_ROWS: u32 = 16;
+
+/// A product on cooperative matrices of f16 operands laid out as `form` says.
+pub fn matmul(name: &str, form: MatmulForm) -> KernelSpec {
+    let mut spec = KernelSpec {
+        dtype: Dtype::F16,
+        matmul: Some(form),
+        ..KernelSpec::standard(name, Op::Matmul, 16, Masks::default())
+    };
+    spec.grid.matrix = Matrix::Coop16;
+    spec.fit_target();
     spec
 }

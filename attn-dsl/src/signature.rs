@@ -63,6 +63,8 @@ pub enum Presence {
     IfCoop(bool),
     /// With bf16 operands on cooperative matrices in the backward (the row scales).
     IfScaled,
+    /// A matmul that adds a bias per output column.
+    IfMatmulBias,
 }
 
 /// One tensor (or uniform block) an op touches.
@@ -481,6 +483,28 @@ const ROW_SCALE: &[Tensor] = &[
     DIMS,
 ];
 
+// 6 storage buffers. xn: the normalized rows, rounded into the kernel's dtype.
+const LAYERNORM_ROWS: &[Tensor] = &[
+    LN_X[0],
+    LN_GAMMA[0],
+    LN_BETA[0],
+    t("xn", Output, Data4, &[R, K]),
+    t("mean", Output, F32, &[R]),
+    t("rstd", Output, F32, &[R]),
+    DIMS,
+    LN_PARAMS_T,
+];
+
+// a: [m, k] and b: [k, n] in the kernel's dtype, laid out as the spec's form says; c:
+// [split, m, n].
+const MATMUL: &[Tensor] = &[
+    t("a", Input, Data4, &[R, K]),
+    t("b", Input, Data4, &[K, N]),
+    when(t("bias", Input, F32, &[N]), Presence::IfMatmulBias),
+    t("c", Output, F32, &[Part, R, N]),
+    DIMS,
+];
+
 /// Every tensor `op` may bind, whatever the description.
 pub fn all_tensors(op: Op) -> &'static [Tensor] {
     match op {
@@ -503,6 +527,8 @@ pub fn all_tensors(op: Op) -> &'static [Tensor] {
         Op::SinkGrad => SINK_GRAD,
         Op::GradFold => GRAD_FOLD,
         Op::RowScale => ROW_SCALE,
+        Op::LayernormRows => LAYERNORM_ROWS,
+        Op::Matmul => MATMUL,
     }
 }
 
@@ -527,6 +553,7 @@ pub fn tensors(spec: &KernelSpec) -> Vec<Tensor> {
             Presence::IfFp8 => spec.kv_fp8.is_some(),
             Presence::IfCoop(coop) => spec.grid.uses_coop() == coop,
             Presence::IfScaled => spec.dtype == Dtype::Bf16 && spec.grid.uses_coop(),
+            Presence::IfMatmulBias => spec.matmul.is_some_and(|f| f.bias),
         })
         .copied()
         .collect()
@@ -619,12 +646,15 @@ pub fn dims(op: Op) -> UniformBlock {
         Op::GradFold => &["len", "lanes", "_pad0", "_pad1"],
         // rows of width4 vec4s each; their maxima land at dst[at + row].
         Op::RowScale => &["rows", "width4", "at", "_pad0"],
+        // c = a·b over [m, k] by [k, n], the reduction in `split` parts.
+        Op::Matmul => &["m", "n", "k", "split"],
         // rows: batch·seq; n_tiles: row tiles of the backward's grid (dW's and db's
         // partials); n_blocks: its dx blocks (dγ's and dβ's partials).
         Op::LayernormLinear
         | Op::LayernormLinearBackward
         | Op::LayernormLinearWeightGrad
-        | Op::LayernormLinearReduce => &[
+        | Op::LayernormLinearReduce
+        | Op::LayernormRows => &[
             "rows", "hidden", "out", "n_tiles", "n_blocks", "_pad0", "_pad1", "_pad2",
         ],
         // window: the sliding window; seed_lo, seed_hi, rng_offset: dropout's Philox key and
@@ -696,6 +726,7 @@ impl KernelSpec {
             scatter: Scatter::default(),
             cache: Cache::default(),
             kv_fp8: None,
+            matmul: None,
         }
     }
 }

@@ -125,10 +125,19 @@ pub enum Op {
     /// Each row's largest magnitude of a bf16 tensor (its f32 bits), from which the
     /// tensor-core backward takes the power of two that scales the row into f16.
     RowScale,
+    /// The LayerNorm half of [`Op::LayernormLinear`] when its product runs as a
+    /// [`Op::Matmul`]: each row's mean and 1/std, and its normalized row x̂·γ + β rounded
+    /// once into the kernel's dtype (the product's left operand).
+    LayernormRows,
+    /// A product on cooperative matrices, `c = a·b (+ bias)`, f16 operands in memory and
+    /// f32 sums: `[m, k]` by `[k, n]`, each operand contiguous along the reduction or the
+    /// output index as the spec's [`MatmulForm`] says, the reduction optionally cut into
+    /// `split` parts whose partial products land one after another in `c`.
+    Matmul,
 }
 
 impl Op {
-    pub const ALL: [Op; 20] = [
+    pub const ALL: [Op; 22] = [
         Op::Forward,
         Op::Decode,
         Op::DecodeSplit,
@@ -149,6 +158,8 @@ impl Op {
         Op::SinkGrad,
         Op::GradFold,
         Op::RowScale,
+        Op::LayernormRows,
+        Op::Matmul,
     ];
 
     pub fn name(self) -> &'static str {
@@ -173,6 +184,8 @@ impl Op {
             Op::SinkGrad => "sink_grad",
             Op::GradFold => "grad_fold",
             Op::RowScale => "row_scale",
+            Op::LayernormRows => "layernorm_rows",
+            Op::Matmul => "matmul",
         }
     }
 
@@ -185,9 +198,10 @@ impl Op {
             Op::Decode | Op::DecodeReduce => Major::Head,
             Op::DecodeSplit => Major::Slice,
             Op::BackwardKv => Major::J,
-            Op::LayernormLinear | Op::LayernormLinearBackward | Op::LayernormLinearWeightGrad => {
-                Major::R
-            }
+            Op::LayernormLinear
+            | Op::LayernormLinearBackward
+            | Op::LayernormLinearWeightGrad
+            | Op::LayernormRows => Major::R,
             Op::LayernormLinearReduce
             | Op::CacheAppend
             | Op::DkvReduce
@@ -195,6 +209,7 @@ impl Op {
             | Op::FromDtype
             | Op::GradFold
             | Op::RowScale
+            | Op::Matmul
             // A reduce: each workgroup owns one head's dsinks, walking every sequence.
             | Op::SinkGrad => Major::Elem,
         }
@@ -223,8 +238,27 @@ impl Op {
                 | Op::LayernormLinearBackward
                 | Op::LayernormLinearWeightGrad
                 | Op::LayernormLinearReduce
+                | Op::LayernormRows
         )
     }
+}
+
+/// Which index of a product's operand is contiguous in memory: the reduction index (the
+/// rows of x or of W in a Linear's forward) or the output index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Along {
+    Reduction,
+    Output,
+}
+
+/// The memory layout of a [`Op::Matmul`]'s operands, and whether it adds a bias per
+/// output column.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct MatmulForm {
+    pub a: Along,
+    pub b: Along,
+    pub bias: bool,
 }
 
 /// Where a key-major backward gets P and dS.
@@ -838,6 +872,9 @@ pub struct KernelSpec {
     /// A decode's (and a cache append's) KV cache in 8-bit floats; `None`: in `dtype`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kv_fp8: Option<Fp8>,
+    /// A [`Op::Matmul`]'s operand layouts; `None` for every other op.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub matmul: Option<MatmulForm>,
 }
 
 fn is_contiguous(c: &Cache) -> bool {

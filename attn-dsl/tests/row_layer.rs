@@ -288,3 +288,23 @@ fn cooperative_products_off_the_flash_grid_are_the_row_layers_only() {
     assert!(why.contains("on a flash grid"), "{why}");
     assert!(why.contains("layernorm_linear_weight_grad"), "{why}");
 }
+
+/// The split forward's two kernels compile (naga validates them) for every operand layout,
+/// with and without the bias.
+#[test]
+fn matmul_and_rows_pass_compile() {
+    use attn_dsl::spec::{Along, MatmulForm};
+    let rows = attn_dsl::row_layer::rows_spec("layernorm_rows", 768, attn_dsl::Dtype::F16);
+    let abi = attn_dsl::compile(&rows).unwrap_or_else(|e| panic!("{e}"));
+    assert!(abi.wgsl.contains("narrow4"));
+    for a in [Along::Reduction, Along::Output] {
+        for b in [Along::Reduction, Along::Output] {
+            for bias in [false, true] {
+                let spec = attn_dsl::row_layer::matmul("matmul", MatmulForm { a, b, bias });
+                let abi = attn_dsl::compile(&spec).unwrap_or_else(|e| panic!("{a:?} {b:?}: {e}"));
+                assert_eq!(abi.binding("bias").is_some(), bias);
+                assert_eq!(abi.dispatch_grid(&[300, 200, 64, 3]), [2, 3, 3]);
+            }
+        }
+    }
+}

@@ -201,6 +201,8 @@ fn abi_const(abi: &KernelAbi, wgsl: TokenStream) -> TokenStream {
         Op::GradFold => quote!(GradFold),
         Op::RowScale => quote!(RowScale),
         Op::SinkGrad => quote!(SinkGrad),
+        Op::LayernormRows => quote!(LayernormRows),
+        Op::Matmul => quote!(Matmul),
     };
     let f32_atomics = abi.f32_atomics;
     let [wx, wy, wz] = abi.workgroup_size;

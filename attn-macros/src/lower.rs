@@ -156,6 +156,7 @@ pub fn lower(d: &Description) -> syn::Result<Lowered> {
         scatter: Scatter::Cas,
         cache,
         kv_fp8,
+        matmul: None,
     };
     spans.extend(matrix_span.map(|span| (Field::Matrix, span)));
     Ok(Lowered {

@@ -53,6 +53,8 @@ fn check_dtype(spec: &KernelSpec) -> Result<(), DslError> {
         Op::FromDtype,
         Op::SinkGrad,
         Op::RowScale,
+        Op::LayernormRows,
+        Op::Matmul,
     ];
     if !ops.contains(&spec.op) && !flash_backward {
         let names: Vec<&str> = ops.iter().map(|o| o.name()).collect();
@@ -578,6 +580,8 @@ fn cannot_honour(op: Op, m: Modifier) -> Option<&'static str> {
             Some("it converts values one by one; no query meets a key")
         }
         (Op::RowScale, _) => Some("it reads each row of one tensor on its own"),
+        (Op::LayernormRows, _) => Some("it normalizes each row on its own"),
+        (Op::Matmul, _) => Some("it is a plain product: no query meets a key"),
         (Op::DkvReduce | Op::GradFold, _) => {
             Some("it sums parts of gradients in which the masks and modifiers are already applied")
         }

@@ -10,6 +10,10 @@ pub(crate) fn check_sizes(spec: &KernelSpec) -> Result<(), DslError> {
         (spec.head_dim, Field::HeadDim, "hidden"),
         (spec.out_dim, Field::OutDim, "out"),
     ] {
+        // The LayerNorm pass has no Linear, so no out size.
+        if key == "out" && spec.op == Op::LayernormRows {
+            continue;
+        }
         if size == 0 || size > MAX_ROW_WIDTH {
             return Err(DslError::spec(
                 field,
@@ -28,7 +32,17 @@ pub(crate) fn check_sizes(spec: &KernelSpec) -> Result<(), DslError> {
             ),
         ));
     }
-    if spec.op == Op::LayernormLinear && spec.grid.tile > GEMM_TILE {
+    if spec.op == Op::LayernormRows && !spec.head_dim.is_multiple_of(4) {
+        return Err(DslError::spec(
+            Field::HeadDim,
+            format!(
+                "layernorm_rows writes its normalized rows four at a time: hidden ({}) must \
+                 be a multiple of 4",
+                spec.head_dim
+            ),
+        ));
+    }
+    if matches!(spec.op, Op::LayernormLinear | Op::LayernormRows) && spec.grid.tile > GEMM_TILE {
         return Err(DslError::spec(
             Field::Grid,
             format!(
@@ -49,6 +63,7 @@ pub(crate) fn check_coop(spec: &KernelSpec) -> Result<(), DslError> {
         Op::LayernormLinear,
         Op::LayernormLinearBackward,
         Op::LayernormLinearWeightGrad,
+        Op::Matmul,
     ];
     if !gemms.contains(&spec.op) {
         let names: Vec<&str> = gemms.iter().map(|o| o.name()).collect();
@@ -66,7 +81,9 @@ pub(crate) fn check_coop(spec: &KernelSpec) -> Result<(), DslError> {
                 .into(),
         );
     }
-    if !spec.head_dim.is_multiple_of(4) || !spec.out_dim.is_multiple_of(4) {
+    if spec.op != Op::Matmul
+        && (!spec.head_dim.is_multiple_of(4) || !spec.out_dim.is_multiple_of(4))
+    {
         return refuse(format!(
             "the tensor-core products read x, γ, β, W and dy as vec4: hidden ({}) and out \
              ({}) must be multiples of 4; use `matrix = scalar` for these widths",

@@ -64,6 +64,7 @@ pub(super) fn body(out: &mut Wgsl, spec: &KernelSpec) {
         Op::LayernormLinear => forward(out, spec),
         Op::LayernormLinearBackward => backward(out, spec),
         Op::LayernormLinearWeightGrad => weight_grad(out, spec),
+        Op::LayernormRows => rows(out, spec),
         _ => reduce_partials(out, spec),
     }
 }
@@ -118,6 +119,12 @@ fn tree_sum(result: &str, count: &str, term: &str) -> String {
 /// computes them, and the backward recomputes them with the same code, so its numbers are
 /// the forward's.
 fn row_stats(out: &mut Wgsl) {
+    row_stats_of(out, "TN");
+}
+
+/// [`row_stats`] for tiles of `rows` rows (a WGSL constant dividing WG), WG / rows lanes
+/// per row.
+fn row_stats_of(out: &mut Wgsl, rows: &str) {
     // One leaf of BLOCK terms per loop trip, its loads written out before its sum so that
     // they are in flight together (one at a time, a tile's statistics took the latency of
     // 2·HIDDEN/LANES dependent loads).
@@ -135,10 +142,10 @@ fn row_stats(out: &mut Wgsl) {
     let (mean_loads, dev_loads) = (loads("0.0"), loads("mu"));
     let _ = write!(
         out,
-        r#"// Four lanes per row of the tile: their partial sums, and each row's (mean, 1/std).
-const LANES: u32 = WG / TN;
+        r#"// The lanes of each row of the tile: their partial sums, and each row's (mean, 1/std).
+const LANES: u32 = WG / {rows};
 var<workgroup> sh_part: array<f32, WG>;
-var<workgroup> sh_stat: array<vec2<f32>, TN>;
+var<workgroup> sh_stat: array<vec2<f32>, {rows}>;
 
 // The sum of `v` over the LANES lanes of this invocation's row.
 fn lane_sum(tid: u32, v: f32) -> f32 {{
@@ -349,6 +356,44 @@ fn {name}({args}) {{
         args = row_gemm::entry_args(spec),
         prologue = row_gemm::entry_prologue(spec),
         cb = crate::layout::rows::column_blocks(spec.out_dim),
+    );
+}
+
+/// The LayerNorm of a forward whose product is a separate matmul: the statistics as the
+/// fused forward computes them (`tile_stats`), each row's x̂·γ + β as it stages them,
+/// rounded once into the dtype (four per invocation: HIDDEN is a multiple of 4).
+fn rows(out: &mut Wgsl, spec: &KernelSpec) {
+    readers(out, spec);
+    row_stats_of(out, "TILE");
+    super::dtype::vec4_codec(out, spec.dtype);
+    let _ = write!(
+        out,
+        r#"@compute @workgroup_size(WG)
+fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {{
+    let first = wg.x * TILE;
+    tile_stats(first, tid);
+    workgroupBarrier();
+    if (tid < TILE && first + tid < dims.rows) {{
+        mean[first + tid] = sh_stat[tid].x;
+        rstd[first + tid] = sh_stat[tid].y;
+    }}
+    for (var e = tid; e < TILE * (HIDDEN / 4u); e = e + WG) {{
+        let m = e / (HIDDEN / 4u);
+        let k = (e % (HIDDEN / 4u)) * 4u;
+        let row = first + m;
+        if (row < dims.rows) {{
+            let st = sh_stat[m];
+            var v: vec4<f32>;
+            for (var j = 0u; j < 4u; j = j + 1u) {{
+                v[j] = fma((ld_x(row * HIDDEN + k + j) - st.x) * st.y, ld_gamma(k + j), ld_beta(k + j));
+            }}
+            xn[(row * HIDDEN + k) / 4u] = narrow4(v);
+        }}
+    }}
+}}
+
+"#,
+        name = spec.name,
     );
 }
 

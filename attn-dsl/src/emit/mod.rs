@@ -16,6 +16,7 @@ pub mod flex;
 mod index;
 mod lanes;
 mod layernorm;
+mod matmul;
 mod numerics;
 mod reduce;
 mod rope;
@@ -57,6 +58,8 @@ pub fn emit_phases(spec: &KernelSpec, bindings: &[Binding], keep: coop::Phases) 
         decode_split::constants(&mut head, spec);
     } else if spec.op == Op::CacheAppend {
         cache::constants(&mut head, spec);
+    } else if spec.op == Op::Matmul {
+        matmul::constants(&mut head, spec);
     } else if matches!(
         spec.op,
         Op::DkvReduce | Op::ToDtype | Op::FromDtype | Op::GradFold | Op::RowScale
@@ -119,8 +122,13 @@ fn emit_body(out: &mut Wgsl, spec: &KernelSpec, keep: coop::Phases) {
         Op::LayernormLinear
         | Op::LayernormLinearBackward
         | Op::LayernormLinearWeightGrad
-        | Op::LayernormLinearReduce => {
+        | Op::LayernormLinearReduce
+        | Op::LayernormRows => {
             layernorm::body(out, spec);
+            return;
+        }
+        Op::Matmul => {
+            matmul::body(out, spec);
             return;
         }
         Op::CacheAppend => {
@@ -168,7 +176,9 @@ fn emit_body(out: &mut Wgsl, spec: &KernelSpec, keep: coop::Phases) {
         | Op::FromDtype
         | Op::SinkGrad
         | Op::GradFold
-        | Op::RowScale => {}
+        | Op::RowScale
+        | Op::LayernormRows
+        | Op::Matmul => {}
     }
 }
 

@@ -6,6 +6,7 @@
 pub mod configs;
 pub mod coop;
 pub mod decode;
+pub mod matmul;
 pub mod rows;
 pub mod tiling;
 
@@ -23,6 +24,13 @@ pub const MAX_STRIDE_WORKGROUPS: u32 = 4096;
 /// invocation per row made each load touch 32 rows, with too few invocations in flight:
 /// 820 GB/s on an H100.)
 pub const ROW_SCALE_LANES: u32 = 16;
+
+/// The form of a matmul whose spec names none (a description's default).
+pub const MATMUL_DEFAULT: crate::spec::MatmulForm = crate::spec::MatmulForm {
+    a: crate::spec::Along::Reduction,
+    b: crate::spec::Along::Reduction,
+    bias: false,
+};
 
 /// Bytes of `var<workgroup>` memory the emitted kernel declares.
 pub fn workgroup_bytes(spec: &KernelSpec) -> u32 {
@@ -54,11 +62,13 @@ pub fn workgroup_bytes(spec: &KernelSpec) -> u32 {
         | Op::GradFold => 0,
         // Each invocation's partial maximum.
         Op::RowScale => reduce,
+        Op::Matmul => matmul::workgroup_bytes(spec.matmul.unwrap_or(MATMUL_DEFAULT)),
         Op::DecodeSplit | Op::DecodeReduce => decode::workgroup_bytes(spec),
         Op::LayernormLinear
         | Op::LayernormLinearBackward
         | Op::LayernormLinearWeightGrad
-        | Op::LayernormLinearReduce => rows::workgroup_bytes(spec),
+        | Op::LayernormLinearReduce
+        | Op::LayernormRows => rows::workgroup_bytes(spec),
     }
 }
 

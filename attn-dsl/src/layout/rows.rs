@@ -93,6 +93,10 @@ pub const SLICE: u32 = BK * GEMM_TILE;
 /// On cooperative matrices: two f16 slices (padded rows), the f32 block they sum into, and
 /// the f32 scratch of the row reductions.
 pub fn workgroup_bytes(spec: &KernelSpec) -> u32 {
+    if spec.op == Op::LayernormRows {
+        // One partial per invocation and (mean, rstd) of each of its rows: no products.
+        return 4 * spec.workgroup_size + 8 * spec.grid.tile;
+    }
     let slices = match spec.grid.matrix {
         Matrix::Scalar => 2 * 4 * SLICE,
         Matrix::Coop16 => {
