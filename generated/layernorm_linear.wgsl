@@ -125,7 +125,7 @@ fn fold(acc: ptr<function, array<vec4<f32>, 4>>, mid: ptr<function, array<vec4<f
     *mid = array<vec4<f32>, 4>();
 }
 
-// Four lanes per row of the tile: their partial sums, and each row's (mean, 1/std).
+// The lanes of each row of the tile: their partial sums, and each row's (mean, 1/std).
 const LANES: u32 = WG / TN;
 var<workgroup> sh_part: array<f32, WG>;
 var<workgroup> sh_stat: array<vec2<f32>, TN>;
