@@ -37,7 +37,7 @@ pub(crate) fn check_sizes(spec: &KernelSpec) -> Result<(), DslError> {
             Field::HeadDim,
             format!(
                 "layernorm_rows writes its normalized rows four at a time: hidden ({}) must \
-                 be a multiple of 4",
+                 be a multiple of 4 (for other widths, products with `matrix = scalar`)",
                 spec.head_dim
             ),
         ));

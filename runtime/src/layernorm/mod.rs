@@ -105,6 +105,17 @@ impl LayerNormLinear {
                 1,
             )?),
         };
+        // The backward first: its rules name both widths when one is not a multiple of 4.
+        let backward = kernel(
+            "layernorm_linear_backward",
+            Op::LayernormLinearBackward,
+            bwd_tile,
+        )?;
+        let weight_grad = kernel(
+            "layernorm_linear_weight_grad",
+            Op::LayernormLinearWeightGrad,
+            bwd_tile,
+        )?;
         Ok(LayerNormLinear {
             forward: match matrix {
                 Matrix::Scalar => {
@@ -112,16 +123,8 @@ impl LayerNormLinear {
                 }
                 Matrix::Coop16 => Forward::split(gpu, hidden)?,
             },
-            backward: kernel(
-                "layernorm_linear_backward",
-                Op::LayernormLinearBackward,
-                bwd_tile,
-            )?,
-            weight_grad: kernel(
-                "layernorm_linear_weight_grad",
-                Op::LayernormLinearWeightGrad,
-                bwd_tile,
-            )?,
+            backward,
+            weight_grad,
             reduce,
             hidden,
             out,
