@@ -22,7 +22,7 @@ struct Dims {
     out: u32,
     n_tiles: u32,
     n_blocks: u32,
-    _pad0: u32,
+    db_parts: u32,
     _pad1: u32,
     _pad2: u32,
 }
@@ -39,8 +39,8 @@ var<private> batch: u32;
 @group(0) @binding(7) var<storage, read_write> db: array<f32>;
 @group(0) @binding(8) var<uniform> dims: Dims;
 
-// One invocation per element of dγ | dβ | dW | db, summing its partials: one per row
-// tile for dW and db, one per dx block (DXR rows) for dγ and dβ.
+// One invocation per element of dγ | dβ | dW | db, summing its partials: n_tiles of
+// dW, n_blocks of dγ and dβ, db_parts of db.
 @compute @workgroup_size(WG)
 fn layernorm_linear_reduce(@builtin(global_invocation_id) gid: vec3<u32>) {
     var e = gid.x;
@@ -133,11 +133,11 @@ fn layernorm_linear_reduce(@builtin(global_invocation_id) gid: vec3<u32>) {
     e = e - OUT * HIDDEN;
     if (e < OUT) {
         var acc = 0.0;
-        for (var i1 = 0u; i1 < dims.n_tiles; i1 = i1 + BLOCK * BLOCK) {
+        for (var i1 = 0u; i1 < dims.db_parts; i1 = i1 + BLOCK * BLOCK) {
             var mid = 0.0;
-            for (var i2 = i1; i2 < min(i1 + BLOCK * BLOCK, dims.n_tiles); i2 = i2 + BLOCK) {
+            for (var i2 = i1; i2 < min(i1 + BLOCK * BLOCK, dims.db_parts); i2 = i2 + BLOCK) {
                 var leaf = 0.0;
-                if (i2 + BLOCK <= dims.n_tiles) {
+                if (i2 + BLOCK <= dims.db_parts) {
                     { let i = i2 + 0u; leaf = leaf + db_part[i * OUT + e]; }
                     { let i = i2 + 1u; leaf = leaf + db_part[i * OUT + e]; }
                     { let i = i2 + 2u; leaf = leaf + db_part[i * OUT + e]; }
@@ -148,7 +148,7 @@ fn layernorm_linear_reduce(@builtin(global_invocation_id) gid: vec3<u32>) {
                     { let i = i2 + 7u; leaf = leaf + db_part[i * OUT + e]; }
                     
                 } else {
-                    for (var i = i2; i < dims.n_tiles; i = i + 1u) {
+                    for (var i = i2; i < dims.db_parts; i = i + 1u) {
                         leaf = leaf + db_part[i * OUT + e];
                     }
                 }

@@ -22,7 +22,7 @@ struct Dims {
     out: u32,
     n_tiles: u32,
     n_blocks: u32,
-    _pad0: u32,
+    db_parts: u32,
     _pad1: u32,
     _pad2: u32,
 }

@@ -79,6 +79,57 @@ pub fn rows_spec(name: &str, hidden: u32, dtype: Dtype) -> KernelSpec {
     spec
 }
 
+/// The first pass of a backward whose products run as [`matmul`]s: x̂·γ + β and dy
+/// `[rows, out]` rounded into `dtype`, and db's partial sums, one per [`NORM_ROWS`] rows.
+pub fn grad_rows_spec(name: &str, hidden: u32, out: u32, dtype: Dtype) -> KernelSpec {
+    row_pass(
+        name,
+        Op::LayernormGradRows,
+        [hidden, out],
+        dtype,
+        &[("xn", WriteMode::Owned), ("dyh", WriteMode::Owned)],
+    )
+}
+
+/// That backward's LayerNorm chain rule from dx̂ₙ (the dx matmul's f32 output): dx, and
+/// dγ's and dβ's partial sums, one per [`NORM_ROWS`] rows.
+pub fn rows_backward_spec(name: &str, hidden: u32, out: u32) -> KernelSpec {
+    row_pass(
+        name,
+        Op::LayernormRowsBackward,
+        [hidden, out],
+        Dtype::F32,
+        &[("dx", WriteMode::Owned)],
+    )
+}
+
+/// A row pass of [`NORM_ROWS`] rows per workgroup writing `owned` and its row sums as
+/// partials for the reduce.
+fn row_pass(
+    name: &str,
+    op: Op,
+    [hidden, out]: [u32; 2],
+    dtype: Dtype,
+    owned: &[(&str, WriteMode)],
+) -> KernelSpec {
+    let sums = row_sums(op)
+        .iter()
+        .map(|n| (n.to_string(), WriteMode::ScratchFlush));
+    let mut spec = KernelSpec {
+        grid: Grid::rows(Major::R, NORM_ROWS),
+        out_dim: out,
+        dtype,
+        writes: owned
+            .iter()
+            .map(|(n, m)| (n.to_string(), *m))
+            .chain(sums)
+            .collect(),
+        ..KernelSpec::standard(name, op, hidden, Masks::default())
+    };
+    spec.fit_target();
+    spec
+}
+
 /// Rows per workgroup of the LayerNorm pass, WORKGROUP / NORM_ROWS lanes each: 512
 /// workgroups at 8192 rows, where 64 rows (the products' tile) left 128 workgroups, one per
 /// SM, each waiting on its rows' loads.

@@ -495,6 +495,34 @@ const LAYERNORM_ROWS: &[Tensor] = &[
     LN_PARAMS_T,
 ];
 
+// The split backward's first pass: 7 storage buffers (the statistics are recomputed, so
+// that the saved ones need no binding). x, γ, β and dy are read four at a time.
+const LAYERNORM_GRAD_ROWS: &[Tensor] = &[
+    t("x", Input, F32x4, &[R, K]),
+    t("gamma", Input, F32x4, &[K]),
+    t("beta", Input, F32x4, &[K]),
+    t("dy", Input, F32x4, &[R, N]),
+    t("xn", Output, Data4, &[R, K]),
+    t("dyh", Output, Data4, &[R, N]),
+    DB[1],
+    DIMS,
+    LN_PARAMS_T,
+];
+
+// Its chain rule: 8 storage buffers, dx̂ₙ the dx matmul's f32 output.
+const LAYERNORM_ROWS_BACKWARD: &[Tensor] = &[
+    t("x", Input, F32x4, &[R, K]),
+    t("gamma", Input, F32x4, &[K]),
+    t("mean", Input, F32, &[R]),
+    t("rstd", Input, F32, &[R]),
+    t("dxn", Input, F32x4, &[R, K]),
+    t("dx", Output, F32x4, &[R, K]),
+    DGAMMA[1],
+    DBETA[1],
+    DIMS,
+    LN_PARAMS_T,
+];
+
 // a: [m, k] and b: [k, n] in the kernel's dtype, laid out as the spec's form says; c:
 // [split, m, n].
 const MATMUL: &[Tensor] = &[
@@ -528,6 +556,8 @@ pub fn all_tensors(op: Op) -> &'static [Tensor] {
         Op::GradFold => GRAD_FOLD,
         Op::RowScale => ROW_SCALE,
         Op::LayernormRows => LAYERNORM_ROWS,
+        Op::LayernormGradRows => LAYERNORM_GRAD_ROWS,
+        Op::LayernormRowsBackward => LAYERNORM_ROWS_BACKWARD,
         Op::Matmul => MATMUL,
     }
 }
@@ -648,14 +678,18 @@ pub fn dims(op: Op) -> UniformBlock {
         Op::RowScale => &["rows", "width4", "at", "_pad0"],
         // c = a·b over [m, k] by [k, n], the reduction in `split` parts.
         Op::Matmul => &["m", "n", "k", "split"],
-        // rows: batch·seq; n_tiles: row tiles of the backward's grid (dW's and db's
-        // partials); n_blocks: its dx blocks (dγ's and dβ's partials).
+        // rows: batch·seq; the reduce's partials: n_tiles of dW (the fused backward's row
+        // tiles, the split one's matmul parts), n_blocks of dγ and dβ (the fused backward's
+        // dx blocks, the split one's row workgroups), db_parts of db (row tiles, or row
+        // workgroups).
         Op::LayernormLinear
         | Op::LayernormLinearBackward
         | Op::LayernormLinearWeightGrad
         | Op::LayernormLinearReduce
-        | Op::LayernormRows => &[
-            "rows", "hidden", "out", "n_tiles", "n_blocks", "_pad0", "_pad1", "_pad2",
+        | Op::LayernormRows
+        | Op::LayernormGradRows
+        | Op::LayernormRowsBackward => &[
+            "rows", "hidden", "out", "n_tiles", "n_blocks", "db_parts", "_pad1", "_pad2",
         ],
         // window: the sliding window; seed_lo, seed_hi, rng_offset: dropout's Philox key and
         // counter word; drop_threshold: p·2^32, under which a Philox word drops.

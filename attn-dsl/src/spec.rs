@@ -129,6 +129,15 @@ pub enum Op {
     /// [`Op::Matmul`]: each row's mean and 1/std, and its normalized row x̂·γ + β rounded
     /// once into the kernel's dtype (the product's left operand).
     LayernormRows,
+    /// The first pass of the backward whose products run as [`Op::Matmul`]s: each row's
+    /// x̂·γ + β (statistics recomputed as the forward computes them) and dy rounded once
+    /// into the kernel's dtype (the products' operands), and db's partial sum over each
+    /// workgroup's rows.
+    LayernormGradRows,
+    /// The LayerNorm chain rule of that backward, from dx̂ₙ = dy·W (an f32 matmul output)
+    /// and the saved statistics: dx, and dγ's and dβ's partial sums over each workgroup's
+    /// rows.
+    LayernormRowsBackward,
     /// A product on cooperative matrices, `c = a·b (+ bias)`, f16 operands in memory and
     /// f32 sums: `[m, k]` by `[k, n]`, each operand contiguous along the reduction or the
     /// output index as the spec's [`MatmulForm`] says, the reduction optionally cut into
@@ -137,7 +146,7 @@ pub enum Op {
 }
 
 impl Op {
-    pub const ALL: [Op; 22] = [
+    pub const ALL: [Op; 24] = [
         Op::Forward,
         Op::Decode,
         Op::DecodeSplit,
@@ -159,6 +168,8 @@ impl Op {
         Op::GradFold,
         Op::RowScale,
         Op::LayernormRows,
+        Op::LayernormGradRows,
+        Op::LayernormRowsBackward,
         Op::Matmul,
     ];
 
@@ -185,6 +196,8 @@ impl Op {
             Op::GradFold => "grad_fold",
             Op::RowScale => "row_scale",
             Op::LayernormRows => "layernorm_rows",
+            Op::LayernormGradRows => "layernorm_grad_rows",
+            Op::LayernormRowsBackward => "layernorm_rows_backward",
             Op::Matmul => "matmul",
         }
     }
@@ -201,7 +214,9 @@ impl Op {
             Op::LayernormLinear
             | Op::LayernormLinearBackward
             | Op::LayernormLinearWeightGrad
-            | Op::LayernormRows => Major::R,
+            | Op::LayernormRows
+            | Op::LayernormGradRows
+            | Op::LayernormRowsBackward => Major::R,
             Op::LayernormLinearReduce
             | Op::CacheAppend
             | Op::DkvReduce
@@ -239,6 +254,8 @@ impl Op {
                 | Op::LayernormLinearWeightGrad
                 | Op::LayernormLinearReduce
                 | Op::LayernormRows
+                | Op::LayernormGradRows
+                | Op::LayernormRowsBackward
         )
     }
 }

@@ -307,4 +307,28 @@ fn matmul_and_rows_pass_compile() {
             }
         }
     }
+    // The split backward's row passes: one workgroup per 16 rows, their row sums partials.
+    use attn_dsl::row_layer::{grad_rows_spec, rows_backward_spec};
+    for spec in [
+        grad_rows_spec("layernorm_grad_rows", 768, 3072, attn_dsl::Dtype::F16),
+        rows_backward_spec("layernorm_rows_backward", 768, 3072),
+    ] {
+        let abi = attn_dsl::compile(&spec).unwrap_or_else(|e| panic!("{}: {e}", spec.name));
+        assert_eq!(abi.dispatch_grid(&[37, 768, 3072]), [3, 1, 1]);
+        let sums = attn_dsl::layout::rows::row_sums(spec.op);
+        for s in sums {
+            assert_eq!(
+                abi.binding(s).and_then(|b| b.write),
+                Some(attn_dsl::WriteMode::ScratchFlush),
+                "{s}"
+            );
+        }
+    }
+    let odd = attn_dsl::compile(&rows_backward_spec("odd", 768, 30));
+    assert!(
+        odd.as_ref()
+            .is_err_and(|e| e.to_string().contains("multiples of 4")),
+        "{:?}",
+        odd.map(|a| a.name)
+    );
 }

@@ -202,6 +202,8 @@ fn abi_const(abi: &KernelAbi, wgsl: TokenStream) -> TokenStream {
         Op::RowScale => quote!(RowScale),
         Op::SinkGrad => quote!(SinkGrad),
         Op::LayernormRows => quote!(LayernormRows),
+        Op::LayernormGradRows => quote!(LayernormGradRows),
+        Op::LayernormRowsBackward => quote!(LayernormRowsBackward),
         Op::Matmul => quote!(Matmul),
     };
     let f32_atomics = abi.f32_atomics;

@@ -54,6 +54,7 @@ fn check_dtype(spec: &KernelSpec) -> Result<(), DslError> {
         Op::SinkGrad,
         Op::RowScale,
         Op::LayernormRows,
+        Op::LayernormGradRows,
         Op::Matmul,
     ];
     if !ops.contains(&spec.op) && !flash_backward {
@@ -580,7 +581,9 @@ fn cannot_honour(op: Op, m: Modifier) -> Option<&'static str> {
             Some("it converts values one by one; no query meets a key")
         }
         (Op::RowScale, _) => Some("it reads each row of one tensor on its own"),
-        (Op::LayernormRows, _) => Some("it normalizes each row on its own"),
+        (Op::LayernormRows | Op::LayernormGradRows | Op::LayernormRowsBackward, _) => {
+            Some("it normalizes each row on its own")
+        }
         (Op::Matmul, _) => Some("it is a plain product: no query meets a key"),
         (Op::DkvReduce | Op::GradFold, _) => {
             Some("it sums parts of gradients in which the masks and modifiers are already applied")
@@ -817,6 +820,10 @@ fn supported_mode(spec: &KernelSpec, tensor: &str) -> WriteMode {
             .unwrap_or(WriteMode::AtomicScatter),
         (_, "dbias") if spec.masks.bias == Some(BiasHeads::Shared) => WriteMode::AtomicScatter,
         (Op::BackwardQ, "p_ds") => WriteMode::ScratchFlush,
+        // The split backward's row passes leave partial sums for the reduce.
+        (Op::LayernormGradRows, "db") | (Op::LayernormRowsBackward, "dgamma" | "dbeta") => {
+            WriteMode::ScratchFlush
+        }
         (Op::DecodeSplit, "part_o" | "part_ml") => WriteMode::ScratchFlush,
         (Op::BackwardQ, "dkv") => WriteMode::AtomicScatter,
         // The tensor-core key-major half owns dK and dV per KV head, or adds them by

@@ -42,12 +42,40 @@ pub(crate) fn check_sizes(spec: &KernelSpec) -> Result<(), DslError> {
             ),
         ));
     }
-    if matches!(spec.op, Op::LayernormLinear | Op::LayernormRows) && spec.grid.tile > GEMM_TILE {
+    if matches!(spec.op, Op::LayernormGradRows | Op::LayernormRowsBackward)
+        && !(spec.head_dim.is_multiple_of(4) && spec.out_dim.is_multiple_of(4))
+    {
+        return Err(DslError::spec(
+            Field::HeadDim,
+            format!(
+                "{} reads and writes its rows four at a time: hidden ({}) and out ({}) must be \
+                 multiples of 4 (for other widths, products with `matrix = scalar`)",
+                spec.op.name(),
+                spec.head_dim,
+                spec.out_dim
+            ),
+        ));
+    }
+    let row_pass = matches!(
+        spec.op,
+        Op::LayernormRows | Op::LayernormGradRows | Op::LayernormRowsBackward
+    );
+    if (spec.op == Op::LayernormLinear || row_pass) && spec.grid.tile > GEMM_TILE {
         return Err(DslError::spec(
             Field::Grid,
             format!(
                 "a layernorm_linear workgroup owns at most {GEMM_TILE} rows (one products' \
                  tile); tile {} is more",
+                spec.grid.tile
+            ),
+        ));
+    }
+    if row_pass && !WORKGROUP.is_multiple_of(spec.grid.tile.max(1)) {
+        return Err(DslError::spec(
+            Field::Grid,
+            format!(
+                "op {} gives each row {WORKGROUP} / tile lanes: tile {} must divide {WORKGROUP}",
+                spec.op.name(),
                 spec.grid.tile
             ),
         ));

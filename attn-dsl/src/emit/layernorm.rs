@@ -65,6 +65,8 @@ pub(super) fn body(out: &mut Wgsl, spec: &KernelSpec) {
         Op::LayernormLinearBackward => backward(out, spec),
         Op::LayernormLinearWeightGrad => weight_grad(out, spec),
         Op::LayernormRows => rows(out, spec),
+        Op::LayernormGradRows => grad_rows(out, spec),
+        Op::LayernormRowsBackward => rows_backward(out, spec),
         _ => reduce_partials(out, spec),
     }
 }
@@ -198,17 +200,16 @@ fn tile_stats(first: u32, tid: u32) {{
     );
 }
 
-/// `ld_<t>(i)`: element i of each f32 input the kernel binds (x, γ, β, W, dy), through the
-/// vec4 view on tensor cores; there also `ld4_<t>(i)`, the four elements from i (a
-/// multiple of 4).
+/// `ld_<t>(i)`: element i of each f32 input the kernel binds (x, γ, β, W, dy, dx̂ₙ),
+/// through the vec4 view where the kernel binds one (tensor cores, the split backward's
+/// row passes); there also `ld4_<t>(i)`, the four elements from i (a multiple of 4).
 fn readers(out: &mut Wgsl, spec: &KernelSpec) {
-    let coop = spec.grid.matrix == crate::spec::Matrix::Coop16;
     for t in crate::signature::tensors(spec) {
-        if !["x", "gamma", "beta", "w", "dy"].contains(&t.name) {
+        if !["x", "gamma", "beta", "w", "dy", "dxn"].contains(&t.name) {
             continue;
         }
         let name = t.name;
-        let _ = match coop {
+        let _ = match t.elem == crate::signature::Elem::F32x4 {
             true => write!(
                 out,
                 "fn ld_{name}(i: u32) -> f32 {{\n    return {name}[i / 4u][i % 4u];\n}}\n\n\
@@ -388,6 +389,155 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
                 v[j] = fma((ld_x(row * HIDDEN + k + j) - st.x) * st.y, ld_gamma(k + j), ld_beta(k + j));
             }}
             xn[(row * HIDDEN + k) / 4u] = narrow4(v);
+        }}
+    }}
+}}
+
+"#,
+        name = spec.name,
+    );
+}
+
+/// The first pass of the backward whose products are matmuls: the products' operands
+/// rounded once into the dtype (x̂·γ + β, the statistics recomputed by `tile_stats` so that
+/// they are the forward's, and dy) and db's partial over the workgroup's rows.
+fn grad_rows(out: &mut Wgsl, spec: &KernelSpec) {
+    readers(out, spec);
+    row_stats_of(out, "TILE");
+    super::dtype::vec4_codec(out, spec.dtype);
+    let column_sum = column_sums(
+        &[("s", "v")],
+        "let v = ld4_dy(row * OUT + c);\n                dyh[(row * OUT + c) / 4u] = narrow4(v);",
+    );
+    let _ = write!(
+        out,
+        r#"@compute @workgroup_size(WG)
+fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {{
+    let first = wg.x * TILE;
+    tile_stats(first, tid);
+    workgroupBarrier();
+    for (var e = tid; e < TILE * (HIDDEN / 4u); e = e + WG) {{
+        let m = e / (HIDDEN / 4u);
+        let k = (e % (HIDDEN / 4u)) * 4u;
+        let row = first + m;
+        if (row < dims.rows) {{
+            let st = sh_stat[m];
+            let v = fma((ld4_x(row * HIDDEN + k) - st.x) * st.y, ld4_gamma(k), ld4_beta(k));
+            xn[(row * HIDDEN + k) / 4u] = narrow4(v);
+        }}
+    }}
+    // dy's rows in the dtype, and db's partial of this workgroup: each column's sum over
+    // its rows, four columns an invocation.
+    for (var c = tid * 4u; c < OUT; c = c + WG * 4u) {{
+        {column_sum}
+        for (var j = 0u; j < 4u; j = j + 1u) {{
+            db[wg.x * OUT + c + j] = s[j];
+        }}
+    }}
+}}
+
+"#,
+        name = spec.name,
+    );
+}
+
+/// Vec4 sums of each `(result, term)` (after `load`, at `row`) over the workgroup's rows,
+/// in leaves of BLOCK rows.
+fn column_sums(sums: &[(&str, &str)], load: &str) -> String {
+    let each = |f: &dyn Fn(&str, &str) -> String| -> String {
+        sums.iter()
+            .map(|(r, t)| f(r, t))
+            .collect::<Vec<_>>()
+            .join("\n        ")
+    };
+    let decls =
+        each(&|r, _| format!("var {r} = vec4<f32>(0.0);\n        var leaf_{r} = vec4<f32>(0.0);"));
+    let adds = each(&|r, t| format!("    leaf_{r} = leaf_{r} + {t};"));
+    let folds =
+        each(&|r, _| format!("    {r} = {r} + leaf_{r};\n            leaf_{r} = vec4<f32>(0.0);"));
+    let last = each(&|r, _| format!("{r} = {r} + leaf_{r};"));
+    format!(
+        r#"{decls}
+        for (var m = 0u; m < TILE; m = m + 1u) {{
+            let row = first + m;
+            if (row < dims.rows) {{
+                {load}
+            {adds}
+            }}
+            if (m % BLOCK == BLOCK - 1u) {{
+            {folds}
+            }}
+        }}
+        {last}"#
+    )
+}
+
+/// The split backward's chain rule: dx̂ = dx̂ₙ·γ, dx = rstd·(dx̂ − mean(dx̂) − x̂·mean(dx̂·x̂))
+/// with the saved statistics, LANES invocations a row (each row's means summed in leaves
+/// of BLOCK vec4s per invocation, then over the lanes); dγ's and dβ's partials over the
+/// workgroup's rows.
+fn rows_backward(out: &mut Wgsl, spec: &KernelSpec) {
+    readers(out, spec);
+    let sums = column_sums(
+        &[("ga", "g * xhat"), ("gb", "g")],
+        "let g = ld4_dxn(row * HIDDEN + k);\n                \
+         let xhat = (ld4_x(row * HIDDEN + k) - mean[row]) * rstd[row];",
+    );
+    let _ = write!(
+        out,
+        r#"const LANES: u32 = WG / TILE;
+var<workgroup> sh_part: array<vec2<f32>, WG>;
+
+// The sums of (a, b) over the LANES lanes of this invocation's row.
+fn lane_sums(tid: u32, v: vec2<f32>) -> vec2<f32> {{
+    sh_part[tid] = v;
+    workgroupBarrier();
+    let base = (tid / LANES) * LANES;
+    var s = vec2<f32>(0.0);
+    for (var l = 0u; l < LANES; l = l + 1u) {{
+        s = s + sh_part[base + l];
+    }}
+    return s;
+}}
+
+@compute @workgroup_size(WG)
+fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {{
+    let first = wg.x * TILE;
+    let row = first + tid / LANES;
+    let lane = tid % LANES;
+    let live = row < dims.rows;
+    var mu = 0.0;
+    var rs = 0.0;
+    if (live) {{
+        mu = mean[row];
+        rs = rstd[row];
+    }}
+    // (Σ dx̂, Σ dx̂·x̂) of this lane's columns.
+    var s = vec2<f32>(0.0);
+    if (live) {{
+        for (var k1 = lane * 4u; k1 < HIDDEN; k1 = k1 + LANES * 4u * BLOCK) {{
+            var leaf = vec2<f32>(0.0);
+            for (var k = k1; k < min(k1 + LANES * 4u * BLOCK, HIDDEN); k = k + LANES * 4u) {{
+                let d = ld4_dxn(row * HIDDEN + k) * ld4_gamma(k);
+                let xhat = (ld4_x(row * HIDDEN + k) - mu) * rs;
+                leaf = leaf + vec2<f32>((d.x + d.y) + (d.z + d.w), dot(d, xhat));
+            }}
+            s = s + leaf;
+        }}
+    }}
+    let c = lane_sums(tid, s) / f32(HIDDEN);
+    if (live) {{
+        for (var k = lane * 4u; k < HIDDEN; k = k + LANES * 4u) {{
+            let d = ld4_dxn(row * HIDDEN + k) * ld4_gamma(k);
+            let xhat = (ld4_x(row * HIDDEN + k) - mu) * rs;
+            dx[(row * HIDDEN + k) / 4u] = rs * (d - c.x - xhat * c.y);
+        }}
+    }}
+    for (var k = tid * 4u; k < HIDDEN; k = k + WG * 4u) {{
+        {sums}
+        for (var j = 0u; j < 4u; j = j + 1u) {{
+            dgamma[wg.x * HIDDEN + k + j] = ga[j];
+            dbeta[wg.x * HIDDEN + k + j] = gb[j];
         }}
     }}
 }}
@@ -853,11 +1003,11 @@ fn reduce_partials(out: &mut Wgsl, spec: &KernelSpec) {
     let dgamma = sum("dgamma_part", "dims.n_blocks", "HIDDEN");
     let dbeta = sum("dbeta_part", "dims.n_blocks", "HIDDEN");
     let dw = sum("dw_part", "dims.n_tiles", "(OUT * HIDDEN)");
-    let db = sum("db_part", "dims.n_tiles", "OUT");
+    let db = sum("db_part", "dims.db_parts", "OUT");
     let _ = write!(
         out,
-        r#"// One invocation per element of dγ | dβ | dW | db, summing its partials: one per row
-// tile for dW and db, one per dx block (DXR rows) for dγ and dβ.
+        r#"// One invocation per element of dγ | dβ | dW | db, summing its partials: n_tiles of
+// dW, n_blocks of dγ and dβ, db_parts of db.
 @compute @workgroup_size(WG)
 fn {name}(@builtin(global_invocation_id) gid: vec3<u32>) {{
     var e = gid.x;

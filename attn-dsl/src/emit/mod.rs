@@ -123,7 +123,9 @@ fn emit_body(out: &mut Wgsl, spec: &KernelSpec, keep: coop::Phases) {
         | Op::LayernormLinearBackward
         | Op::LayernormLinearWeightGrad
         | Op::LayernormLinearReduce
-        | Op::LayernormRows => {
+        | Op::LayernormRows
+        | Op::LayernormGradRows
+        | Op::LayernormRowsBackward => {
             layernorm::body(out, spec);
             return;
         }
@@ -178,6 +180,8 @@ fn emit_body(out: &mut Wgsl, spec: &KernelSpec, keep: coop::Phases) {
         | Op::GradFold
         | Op::RowScale
         | Op::LayernormRows
+        | Op::LayernormGradRows
+        | Op::LayernormRowsBackward
         | Op::Matmul => {}
     }
 }

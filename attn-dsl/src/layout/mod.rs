@@ -68,7 +68,9 @@ pub fn workgroup_bytes(spec: &KernelSpec) -> u32 {
         | Op::LayernormLinearBackward
         | Op::LayernormLinearWeightGrad
         | Op::LayernormLinearReduce
-        | Op::LayernormRows => rows::workgroup_bytes(spec),
+        | Op::LayernormRows
+        | Op::LayernormGradRows
+        | Op::LayernormRowsBackward => rows::workgroup_bytes(spec),
     }
 }
 

@@ -69,6 +69,9 @@ pub fn row_sums(op: Op) -> &'static [&'static str] {
         Op::LayernormLinearBackward => &ROW_SUMS[..2],
         Op::LayernormLinearWeightGrad => &ROW_SUMS[2..],
         Op::LayernormLinearReduce => &ROW_SUMS,
+        // The split backward's row passes: db beside dy's conversion, dγ and dβ beside dx.
+        Op::LayernormGradRows => &ROW_SUMS[3..],
+        Op::LayernormRowsBackward => &ROW_SUMS[..2],
         _ => &[],
     }
 }
@@ -93,7 +96,10 @@ pub const SLICE: u32 = BK * GEMM_TILE;
 /// On cooperative matrices: two f16 slices (padded rows), the f32 block they sum into, and
 /// the f32 scratch of the row reductions.
 pub fn workgroup_bytes(spec: &KernelSpec) -> u32 {
-    if spec.op == Op::LayernormRows {
+    if matches!(
+        spec.op,
+        Op::LayernormRows | Op::LayernormGradRows | Op::LayernormRowsBackward
+    ) {
         // One partial per invocation and (mean, rstd) of each of its rows: no products.
         return 4 * spec.workgroup_size + 8 * spec.grid.tile;
     }

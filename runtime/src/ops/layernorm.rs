@@ -9,7 +9,7 @@ use crate::device::Gpu;
 use crate::dispatch::kernel::Kernel;
 use crate::dispatch::record::{Dispatch, Pipeline};
 use crate::error::{Error, InputError};
-use crate::layernorm::{Forward, LayerNormLinear};
+use crate::layernorm::{Backward, Forward, LayerNormLinear};
 use crate::modifiers::expect;
 use crate::tensor::{Tensor, elements};
 
@@ -47,16 +47,37 @@ pub struct LayerNormGrads<'a> {
 #[derive(Default)]
 pub(crate) struct Recording {
     forward: Option<Pipeline>,
-    /// The split forward's matmul, W's conversion to f16, and their scratch: the
-    /// normalized rows and W in f16.
+    /// The split forward's matmul and W's conversion to f16.
     matmul: Option<Pipeline>,
     convert: Option<super::convert::Convert>,
-    halves: [Option<Tensor>; 2],
-    /// The backward's two kernels (dx, dγ, dβ; dW, db).
-    backward: [Option<Pipeline>; 2],
+    /// The products' f16 operands on tensor cores: x̂·γ + β, W and dy.
+    halves: [Option<Tensor>; 3],
+    /// The split backward's dx̂ₙ = dy·W (f32).
+    dxn: Option<Tensor>,
+    /// The backward's kernels in dispatch order.
+    backward: [Option<Pipeline>; 4],
     reduce: Option<Pipeline>,
     /// The two-pass schedule's partials of dγ, dβ, dW and db.
     partials: [Option<Tensor>; 4],
+    /// For the bench's breakdown: record only this stage of the tensor-core backward
+    /// ([`SPLIT_STAGES`]), every stage when `None`.
+    pub(crate) only: Option<usize>,
+}
+
+/// The tensor-core backward's stages in recording order.
+pub(crate) const SPLIT_STAGES: [&str; 6] = [
+    "W to f16",
+    "grad rows",
+    "dxn matmul",
+    "dW matmul",
+    "chain rule",
+    "reduce",
+];
+
+impl Recording {
+    fn runs(&self, stage: usize) -> bool {
+        self.only.is_none_or(|s| s == stage)
+    }
 }
 
 impl LayerNormLinear {
@@ -117,11 +138,11 @@ impl LayerNormLinear {
         };
         let mut tensors = Self::base(args);
         tensors.extend([("y", y), ("mean", saved.mean), ("rstd", saved.rstd)]);
-        if let Some([xn, _]) = &halves {
+        if let Some([xn, _, _]) = &halves {
             tensors.push(("xn", xn));
         }
         let mut d = Dispatch::new(tensors);
-        d.dims = self.dims(self.forward_kernel().abi(), rows).to_vec();
+        d.dims = self.dims(rows).to_vec();
         d.params = vec![("eps", args.eps)];
         let kernel = self.forward_kernel().clone();
         let pipeline = self
@@ -130,7 +151,7 @@ impl LayerNormLinear {
             .get_or_insert_with(|| Pipeline::new(kernel));
         let g = grid(pipeline.abi(), &d.dims);
         pipeline.record(gpu, encoder, &d, g)?;
-        let (Some(matmul), Some([xn, w16])) = (split, halves) else {
+        let (Some(matmul), Some([xn, w16, _])) = (split, halves) else {
             return Ok(());
         };
         self.recording
@@ -148,21 +169,17 @@ impl LayerNormLinear {
         pipeline.record(gpu, encoder, &m, g)
     }
 
-    /// The split forward's f16 scratch, grown to `rows`: the normalized rows `[rows,
-    /// hidden]` and W `[out, hidden]`.
-    fn half_operands(&mut self, gpu: &Gpu, rows: u32) -> Result<[Tensor; 2], Error> {
+    /// The products' f16 operands, grown to `rows`: x̂·γ + β `[rows, hidden]`, W `[out,
+    /// hidden]` and dy `[rows, out]`.
+    fn half_operands(&mut self, gpu: &Gpu, rows: u32) -> Result<[Tensor; 3], Error> {
         let (hidden, out) = self.widths();
-        let shapes = [[rows, hidden], [out, hidden]];
-        let mut made = Vec::with_capacity(2);
+        let shapes = [[rows, hidden], [out, hidden], [rows, out]];
+        let mut made = Vec::with_capacity(3);
         for (held, shape) in self.recording.halves.iter_mut().zip(shapes) {
-            let n = u64::from(shape[0]) * u64::from(shape[1]);
-            crate::shape::binding_size(gpu.limits(), 2 * n)?;
-            if held.as_ref().is_none_or(|h| h.len() < n) {
-                *held = Some(Tensor::zeros(gpu, &shape, Scalar::F16));
-            }
-            made.push(held.as_ref().expect("made above").view(&shape)?);
+            made.push(grown(gpu, held, &shape, Scalar::F16)?);
         }
-        Ok([made.remove(0), made.remove(0)])
+        let [xn, w, dy] = <[Tensor; 3]>::try_from(made).expect("three shapes");
+        Ok([xn, w, dy])
     }
 
     /// Records the backward for `dy = ∂L/∂y` `[rows, out]` from the forward's saved
@@ -199,12 +216,9 @@ impl LayerNormLinear {
             match two_pass {
                 true => {
                     let n = parts[i] as u64 * elements(shape);
-                    crate::shape::binding_size(gpu.limits(), 4 * n)?;
+                    let n = u32::try_from(n).unwrap_or(u32::MAX);
                     let held = &mut self.recording.partials[i];
-                    if held.as_ref().is_none_or(|h| h.len() < n) {
-                        *held = Some(Tensor::zeros(gpu, &[n as u32], f));
-                    }
-                    partials.push((*name, held.as_ref().expect("made above").view(&[n as u32])?));
+                    partials.push((*name, grown(gpu, held, &[n], f)?));
                 }
                 false => {
                     t.check_copy_dst(name)?;
@@ -212,36 +226,50 @@ impl LayerNormLinear {
                 }
             }
         }
-        let mut tensors = Self::base(args);
-        tensors.extend([
-            ("dy", dy),
-            ("mean", saved.mean),
-            ("rstd", saved.rstd),
-            ("dx", grads.dx),
-        ]);
-        tensors.extend(partials.iter().map(|(n, t)| (*n, t)));
-        // Each kernel binds its own part of these by name.
-        let mut d = Dispatch::new(tensors);
-        let [backward, weight_grad] = self.backward_kernels().map(Kernel::clone);
-        d.dims = self.dims(backward.abi(), rows).to_vec();
-        d.params = vec![("eps", args.eps)];
-        if !two_pass {
-            // The atomic schedule adds every row tile's sum into the final tensors.
-            for (_, t) in &partials {
-                t.record_clear(encoder);
+        let dims = self.dims(rows).to_vec();
+        let io = BackwardIo {
+            args,
+            saved,
+            dy,
+            dx: grads.dx,
+            partials: &partials,
+            dims: &dims,
+        };
+        match self.backward_kernels().clone() {
+            Backward::Fused {
+                backward,
+                weight_grad,
+            } => {
+                if !two_pass {
+                    // The atomic schedule adds every row tile's sum into the final tensors.
+                    for (_, t) in &partials {
+                        t.record_clear(encoder);
+                    }
+                }
+                let mut tensors = Self::base(args);
+                tensors.extend([
+                    ("dy", dy),
+                    ("mean", saved.mean),
+                    ("rstd", saved.rstd),
+                    ("dx", grads.dx),
+                ]);
+                tensors.extend(partials.iter().map(|(n, t)| (*n, t)));
+                // Each kernel binds its own part of these by name.
+                self.record_rows(gpu, encoder, [backward, weight_grad], [0, 1], &tensors, &io)?;
             }
-        }
-        for (kernel, held) in [backward, weight_grad]
-            .into_iter()
-            .zip(&mut self.recording.backward)
-        {
-            let pipeline = held.get_or_insert_with(|| Pipeline::new(kernel));
-            let g = grid(pipeline.abi(), &d.dims);
-            pipeline.record(gpu, encoder, &d, g)?;
+            Backward::Split {
+                grad_rows,
+                dxn,
+                dw,
+                rows: chain,
+            } => self.record_split_backward(gpu, encoder, [grad_rows, dxn, dw, chain], &io)?,
         }
         let Some(reduce) = self.backward_reduce().cloned() else {
             return Ok(());
         };
+        if self.matrix() == attn_dsl::Matrix::Coop16 && !self.recording.runs(5) {
+            return Ok(());
+        }
         let part_names = ["dgamma_part", "dbeta_part", "dw_part", "db_part"];
         let mut tensors: Vec<(&str, &Tensor)> = part_names
             .iter()
@@ -250,7 +278,7 @@ impl LayerNormLinear {
             .collect();
         tensors.extend(finals.iter().map(|(n, t, _)| (*n, *t)));
         let mut r = Dispatch::new(tensors);
-        r.dims = d.dims.clone();
+        r.dims = dims;
         let pipeline = self
             .recording
             .reduce
@@ -258,6 +286,130 @@ impl LayerNormLinear {
         let g = grid(pipeline.abi(), &r.dims);
         pipeline.record(gpu, encoder, &r, g)
     }
+
+    /// Records row kernels (pipelines `slots` of the backward's) over `tensors` with the
+    /// layer's dims and epsilon.
+    fn record_rows<const N: usize>(
+        &mut self,
+        gpu: &Gpu,
+        encoder: &mut wgpu::CommandEncoder,
+        kernels: [Kernel; N],
+        slots: [usize; N],
+        tensors: &[(&str, &Tensor)],
+        io: &BackwardIo,
+    ) -> Result<(), Error> {
+        let mut d = Dispatch::new(tensors.to_vec());
+        d.dims = io.dims.to_vec();
+        d.params = vec![("eps", io.args.eps)];
+        for (kernel, slot) in kernels.into_iter().zip(slots) {
+            let pipeline =
+                self.recording.backward[slot].get_or_insert_with(|| Pipeline::new(kernel));
+            let g = grid(pipeline.abi(), &d.dims);
+            pipeline.record(gpu, encoder, &d, g)?;
+        }
+        Ok(())
+    }
+
+    /// The backward on tensor cores: W to f16; x̂·γ + β and dy to f16 with db's partials;
+    /// dx̂ₙ = dy·W and dW's parts = dyᵀ·(x̂·γ + β) on the f16 operands; the chain rule's row
+    /// pass (dx, dγ's and dβ's partials). The reduce follows.
+    fn record_split_backward(
+        &mut self,
+        gpu: &Gpu,
+        encoder: &mut wgpu::CommandEncoder,
+        [grad_rows, dxn_product, dw_product, chain]: [Kernel; 4],
+        io: &BackwardIo,
+    ) -> Result<(), Error> {
+        let rows = io.dims[0].1;
+        let (hidden, out) = self.widths();
+        let [xn, w16, dy16] = self.half_operands(gpu, rows)?;
+        let dxn = grown(gpu, &mut self.recording.dxn, &[rows, hidden], Scalar::F32)?;
+        if self.recording.runs(0) {
+            self.recording
+                .convert
+                .get_or_insert_with(|| super::convert::Convert::new(attn_dsl::Dtype::F16))
+                .record_to(gpu, encoder, io.args.w, &w16)?;
+        }
+        let part = |name: &str| {
+            io.partials
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, t)| t)
+                .expect("the four row sums")
+        };
+        let a = io.args;
+        let tensors = [
+            ("x", a.x),
+            ("gamma", a.gamma),
+            ("beta", a.beta),
+            ("dy", io.dy),
+            ("xn", &xn),
+            ("dyh", &dy16),
+            ("db", part("db")),
+        ];
+        if self.recording.runs(1) {
+            self.record_rows(gpu, encoder, [grad_rows], [0], &tensors, io)?;
+        }
+        let dw_parts = crate::layernorm::dw_parts(rows);
+        let products = [
+            (dxn_product, 1, [&dy16, &w16, &dxn], [rows, hidden, out, 1]),
+            (
+                dw_product,
+                2,
+                [&dy16, &xn, part("dw")],
+                [out, hidden, rows, dw_parts],
+            ),
+        ];
+        for (kernel, slot, [a, b, c], [m, n, k, split]) in products {
+            if !self.recording.runs(slot + 1) {
+                continue;
+            }
+            let mut d = Dispatch::new(vec![("a", a), ("b", b), ("c", c)]);
+            d.dims = vec![("m", m), ("n", n), ("k", k), ("split", split)];
+            let pipeline =
+                self.recording.backward[slot].get_or_insert_with(|| Pipeline::new(kernel));
+            let g = grid(pipeline.abi(), &d.dims);
+            pipeline.record(gpu, encoder, &d, g)?;
+        }
+        let tensors = [
+            ("x", a.x),
+            ("gamma", a.gamma),
+            ("mean", io.saved.mean),
+            ("rstd", io.saved.rstd),
+            ("dxn", &dxn),
+            ("dx", io.dx),
+            ("dgamma", part("dgamma")),
+            ("dbeta", part("dbeta")),
+        ];
+        if self.recording.runs(4) {
+            self.record_rows(gpu, encoder, [chain], [3], &tensors, io)?;
+        }
+        Ok(())
+    }
+}
+
+/// What every kernel of one backward binds or reads: the layer's inputs, the saved
+/// statistics, dy and dx, the row sums' partials (or final tensors) by name, the dims.
+struct BackwardIo<'a> {
+    args: &'a LayerNormArgs<'a>,
+    saved: Saved<'a>,
+    dy: &'a Tensor,
+    dx: &'a Tensor,
+    partials: &'a [(&'static str, Tensor)],
+    dims: &'a [(&'static str, u32)],
+}
+
+/// A scratch tensor of `shape` in `held` (grown when it must be), after checking that it
+/// fits one binding.
+fn grown(
+    gpu: &Gpu,
+    held: &mut Option<Tensor>,
+    shape: &[u32],
+    scalar: Scalar,
+) -> Result<Tensor, Error> {
+    let bytes = crate::tensor::element_bytes(scalar) * elements(shape);
+    crate::shape::binding_size(gpu.limits(), bytes)?;
+    Ok(super::scratch(held, gpu, shape, scalar)?)
 }
 
 #[cfg(test)]
@@ -345,6 +497,170 @@ mod tests {
                     "({r}, {k})"
                 );
             }
+        }
+    }
+
+    /// Records one row pass of `spec` over `rows` rows on `tensors`.
+    fn run_pass(
+        gpu: &Gpu,
+        spec: &attn_dsl::KernelSpec,
+        tensors: Vec<(&str, &Tensor)>,
+        dims: [u32; 3],
+    ) {
+        let abi = attn_dsl::compile(spec).unwrap_or_else(|e| panic!("{e}"));
+        let kernel = Kernel::now(gpu, &abi).unwrap_or_else(|e| panic!("{e}"));
+        let mut pipeline = Pipeline::new(kernel);
+        let mut d = Dispatch::new(tensors);
+        let [rows, hidden, out] = dims;
+        let blocks = rows.div_ceil(attn_dsl::row_layer::NORM_ROWS);
+        d.dims = vec![
+            ("rows", rows),
+            ("hidden", hidden),
+            ("out", out),
+            ("n_tiles", 1),
+            ("n_blocks", blocks),
+            ("db_parts", blocks),
+        ];
+        d.params = vec![("eps", 1e-5)];
+        let mut encoder = gpu.device.create_command_encoder(&Default::default());
+        let g = super::grid(pipeline.abi(), &d.dims);
+        assert_eq!(g, [blocks, 1, 1]);
+        pipeline
+            .record(gpu, &mut encoder, &d, g)
+            .unwrap_or_else(|e| panic!("{e}"));
+        gpu.queue.submit([encoder.finish()]);
+    }
+
+    /// The tensor-core backward's two row passes (the part that runs without tensor cores)
+    /// against the host: x̂·γ + β and dy in f16 with db's partials, then from a dx̂ₙ the
+    /// LayerNorm chain rule's dx with dγ's and dβ's partials, at a row count that leaves
+    /// the last workgroup part empty and widths of odd numbers of vec4s.
+    #[test]
+    fn split_backward_row_passes_match_the_host() {
+        let gpu = Gpu::new(crate::kernels::FAMILY.iter().copied())
+            .block_on()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let (rows, hidden, out) = (37u32, 44u32, 20u32);
+        let (r, h, o) = (rows as usize, hidden as usize, out as usize);
+        let wave = |n: usize, k: usize| -> Vec<f32> {
+            (0..n)
+                .map(|i| ((i * k) % 997) as f32 / 97.0 - 5.0 + (i / 13) as f32 / 7.0)
+                .collect()
+        };
+        let (x, dy, dxn) = (wave(r * h, 7919), wave(r * o, 104_729), wave(r * h, 1299));
+        let gamma: Vec<f32> = (0..h).map(|i| 0.5 + i as f32 / 50.0).collect();
+        let beta: Vec<f32> = (0..h).map(|i| i as f32 / 10.0 - 2.0).collect();
+        let up = |shape: &[u32], d: &[f32]| {
+            Tensor::from_f32(&gpu, shape, Scalar::F32, d).unwrap_or_else(|e| panic!("{e}"))
+        };
+        let (xt, gt, bt) = (
+            up(&[rows, hidden], &x),
+            up(&[hidden], &gamma),
+            up(&[hidden], &beta),
+        );
+        let (dyt, dxnt) = (up(&[rows, out], &dy), up(&[rows, hidden], &dxn));
+        // The host's statistics, as f32 (what the forward saved).
+        let stats: Vec<(f64, f64)> = x
+            .chunks(h)
+            .map(|row| {
+                let mu = row.iter().map(|&v| f64::from(v)).sum::<f64>() / h as f64;
+                let var = row
+                    .iter()
+                    .map(|&v| (f64::from(v) - mu).powi(2))
+                    .sum::<f64>()
+                    / h as f64;
+                (mu, 1.0 / (var + 1e-5).sqrt())
+            })
+            .collect();
+        let mean = up(
+            &[rows],
+            &stats.iter().map(|s| s.0 as f32).collect::<Vec<_>>(),
+        );
+        let rstd = up(
+            &[rows],
+            &stats.iter().map(|s| s.1 as f32).collect::<Vec<_>>(),
+        );
+        let blocks = rows.div_ceil(attn_dsl::row_layer::NORM_ROWS);
+        let zeros = |shape: &[u32], s| Tensor::zeros(&gpu, shape, s);
+        let (xn, dyh) = (
+            zeros(&[rows, hidden], Scalar::F16),
+            zeros(&[rows, out], Scalar::F16),
+        );
+        let db = zeros(&[blocks, out], Scalar::F32);
+        let (dx, dgamma, dbeta) = (
+            zeros(&[rows, hidden], Scalar::F32),
+            zeros(&[blocks, hidden], Scalar::F32),
+            zeros(&[blocks, hidden], Scalar::F32),
+        );
+        use attn_dsl::row_layer::{grad_rows_spec, rows_backward_spec};
+        let grad_rows = grad_rows_spec("grad_rows", hidden, out, Dtype::F16);
+        let io = vec![("x", &xt), ("gamma", &gt), ("beta", &bt), ("dy", &dyt)];
+        let outs = [("xn", &xn), ("dyh", &dyh), ("db", &db)];
+        run_pass(
+            &gpu,
+            &grad_rows,
+            io.into_iter().chain(outs).collect(),
+            [rows, hidden, out],
+        );
+        let chain = rows_backward_spec("rows_backward", hidden, out);
+        let tensors = vec![
+            ("x", &xt),
+            ("gamma", &gt),
+            ("mean", &mean),
+            ("rstd", &rstd),
+            ("dxn", &dxnt),
+            ("dx", &dx),
+            ("dgamma", &dgamma),
+            ("dbeta", &dbeta),
+        ];
+        run_pass(&gpu, &chain, tensors, [rows, hidden, out]);
+        let read = |t: &Tensor| crate::block_on(t.to_f32(&gpu)).unwrap_or_else(|e| panic!("{e}"));
+        let close = |got: f32, want: f64, tol: f64, what: &str| {
+            assert!(
+                (f64::from(got) - want).abs() <= tol * want.abs().max(1.0),
+                "{what}: {got} against {want}"
+            );
+        };
+        let part_sum = |parts: &[f32], width: usize, e: usize| -> f32 {
+            (0..blocks as usize).map(|p| parts[p * width + e]).sum()
+        };
+        let (got_xn, got_dyh, got_db) = (read(&xn), read(&dyh), read(&db));
+        let (got_dx, got_dg, got_db2) = (read(&dx), read(&dgamma), read(&dbeta));
+        let xhat = |i: usize| (f64::from(x[i]) - stats[i / h].0) * stats[i / h].1;
+        for (i, &got) in got_xn.iter().enumerate() {
+            let k = i % h;
+            // f16 keeps 11 significant bits.
+            close(
+                got,
+                xhat(i) * f64::from(gamma[k]) + f64::from(beta[k]),
+                1e-3,
+                "xn",
+            );
+        }
+        for (i, &v) in dy.iter().enumerate() {
+            close(got_dyh[i], f64::from(v), 1e-3, "dy in f16");
+        }
+        for n in 0..o {
+            let want: f64 = (0..r).map(|row| f64::from(dy[row * o + n])).sum();
+            close(part_sum(&got_db, o, n), want, 1e-5, "db");
+        }
+        for (row, &(_, rs)) in stats.iter().enumerate() {
+            let at = |k: usize| row * h + k;
+            let dxhat = |k: usize| f64::from(dxn[at(k)]) * f64::from(gamma[k]);
+            let c2 = (0..h).map(dxhat).sum::<f64>() / h as f64;
+            let c1 = (0..h).map(|k| dxhat(k) * xhat(at(k))).sum::<f64>() / h as f64;
+            for k in 0..h {
+                let want = rs * (dxhat(k) - c2 - xhat(at(k)) * c1);
+                close(got_dx[at(k)], want, 1e-4, "dx");
+            }
+        }
+        for k in 0..h {
+            let dg: f64 = (0..r)
+                .map(|row| f64::from(dxn[row * h + k]) * xhat(row * h + k))
+                .sum();
+            let db: f64 = (0..r).map(|row| f64::from(dxn[row * h + k])).sum();
+            close(part_sum(&got_dg, h, k), dg, 1e-4, "dgamma");
+            close(part_sum(&got_db2, h, k), db, 1e-4, "dbeta");
         }
     }
 }

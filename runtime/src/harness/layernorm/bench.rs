@@ -7,14 +7,12 @@ use attn_dsl::Matrix;
 use attn_dsl::row_layer::RowSums;
 
 use super::baseline::{Baseline, Shape, matmul_grid};
-use crate::attention::{checked_grid, uniforms};
 use crate::buffers;
 use crate::cases::random;
 use crate::device::Gpu;
-use crate::dispatch::kernel::Kernel;
 use crate::error::Error;
 use crate::layernorm::LayerNormLinear;
-use crate::ops::layernorm::{LayerNormArgs, Saved};
+use crate::ops::layernorm::{LayerNormArgs, LayerNormGrads, Saved};
 use crate::tensor::Tensor;
 use crate::timing::{self, Step, Timing};
 
@@ -76,32 +74,22 @@ pub fn run(
     // products round to f16, the planned layer's do not).
     let matrices = [Matrix::Scalar, Matrix::Coop16];
     let matrices = &matrices[..if gpu.has_coop16() { 2 } else { 1 }];
-    let schedules = matrices
-        .iter()
-        .flat_map(|&m| [(m, RowSums::Atomic), (m, RowSums::TwoPass)]);
+    // On tensor cores the row sums are always the reduce's (see `with_matrix`).
+    let schedules = matrices.iter().flat_map(|&m| match m {
+        Matrix::Scalar => vec![(m, RowSums::Atomic), (m, RowSums::TwoPass)],
+        Matrix::Coop16 => vec![(m, RowSums::TwoPass)],
+    });
+    let mut timed_forward = Vec::new();
     for (matrix, sums) in schedules {
         let layer = LayerNormLinear::with_matrix(gpu, [rows, hidden, out], sums, matrix)?;
         let tc = match matrix {
             Matrix::Scalar => "",
             Matrix::Coop16 => "+tc",
         };
-        let parts = layer.partials(rows);
-        let grads = [("dgamma", h), ("dbeta", h), ("dw", o * h), ("db", o)]
-            .into_iter()
-            .zip(parts)
-            .map(|((n, len), p)| (n, buffers::output::<f32>(gpu, n, len * p)))
-            .collect::<Vec<_>>();
-        let finals = [("dgamma", h), ("dbeta", h), ("dw", o * h), ("db", o)]
-            .map(|(n, len)| (n, buffers::output::<f32>(gpu, n, len)));
-        let backward = layer.backward_kernels();
-        let dims = layer.dims(backward[0].abi(), rows);
-        let (dims_buf, params) =
-            uniforms(gpu, layer.forward_kernel().abi(), &dims, &[("eps", 1e-5)])?;
-        let mut all: Vec<(&str, &wgpu::Buffer)> =
-            ins.iter().chain(&grads).map(|(n, b)| (*n, b)).collect();
-        all.extend([("dims", &dims_buf), ("params", &params)]);
-        if sums == RowSums::Atomic {
-            let t = time_forward(gpu, layer.fresh(), &ins, [rows, hidden, out], runs)?;
+        let shape = [rows, hidden, out];
+        if !timed_forward.contains(&matrix) {
+            timed_forward.push(matrix);
+            let t = time_forward(gpu, layer.fresh(), &ins, shape, runs)?;
             rows_out.push(LnBenchRow {
                 label: format!("layernorm_linear forward{tc}"),
                 timing: t,
@@ -110,22 +98,21 @@ pub fn run(
                 sums: None,
             });
         }
-        let mut steps = backward
-            .into_iter()
-            .map(|k| step(gpu, k, &dims, &all))
-            .collect::<Result<Vec<_>, Error>>()?;
-        if let Some(reduce) = layer.backward_reduce() {
-            let names = ["dgamma_part", "dbeta_part", "dw_part", "db_part"];
-            let pool: Vec<(&str, &wgpu::Buffer)> = names
-                .iter()
-                .zip(&grads)
-                .map(|(n, (_, b))| (*n, b))
-                .chain(finals.iter().map(|(n, b)| (*n, b)))
-                .chain(all.iter().copied())
-                .collect();
-            steps.push(step(gpu, reduce, &dims, &pool)?);
+        if matrix == Matrix::Coop16 {
+            // Each stage of the backward alone: where its time goes.
+            for (i, stage) in crate::ops::layernorm::SPLIT_STAGES.iter().enumerate() {
+                let mut alone = layer.fresh();
+                alone.recording.only = Some(i);
+                rows_out.push(LnBenchRow {
+                    label: format!("  backward+tc stage: {stage}"),
+                    timing: time_backward(gpu, alone, &ins, shape, runs)?,
+                    flops: if (2..4).contains(&i) { matmul } else { 0.0 },
+                    bytes: 0.0,
+                    sums: None,
+                });
+            }
         }
-        let t = timing::time(gpu, &steps, 2, runs)?;
+        let t = time_backward(gpu, layer, &ins, shape, runs)?;
         rows_out.push(LnBenchRow {
             label: format!(
                 "layernorm_linear backward{tc} ({})",
@@ -148,48 +135,113 @@ pub fn run(
     Ok(rows_out)
 }
 
+/// The bench's f32 inputs and outputs as tensors of `[rows, hidden, out]`.
+struct Io {
+    x: Tensor,
+    gamma: Tensor,
+    beta: Tensor,
+    w: Tensor,
+    b: Tensor,
+    y: Tensor,
+    mean: Tensor,
+    rstd: Tensor,
+    dy: Tensor,
+    dx: Tensor,
+}
+
+impl Io {
+    fn wrap(
+        gpu: &Gpu,
+        ins: &[(&str, wgpu::Buffer)],
+        [rows, hidden, out]: [u32; 3],
+    ) -> Result<Io, Error> {
+        let wrap = |name: &str, shape: &[u32]| -> Result<Tensor, Error> {
+            let (_, b) = ins
+                .iter()
+                .find(|(n, _)| *n == name)
+                .ok_or_else(|| Error::Readback(format!("bench input {name}")))?;
+            Ok(Tensor::wrap(gpu, b, 0, shape, attn_dsl::Scalar::F32)?)
+        };
+        Ok(Io {
+            x: wrap("x", &[rows, hidden])?,
+            gamma: wrap("gamma", &[hidden])?,
+            beta: wrap("beta", &[hidden])?,
+            w: wrap("w", &[out, hidden])?,
+            b: wrap("b", &[out])?,
+            y: wrap("y", &[rows, out])?,
+            mean: wrap("mean", &[rows])?,
+            rstd: wrap("rstd", &[rows])?,
+            dy: wrap("dy", &[rows, out])?,
+            dx: wrap("dx", &[rows, hidden])?,
+        })
+    }
+
+    fn args(&self) -> LayerNormArgs<'_> {
+        LayerNormArgs {
+            x: &self.x,
+            gamma: &self.gamma,
+            beta: &self.beta,
+            w: &self.w,
+            b: &self.b,
+            eps: 1e-5,
+        }
+    }
+
+    fn saved(&self) -> Saved<'_> {
+        Saved {
+            mean: &self.mean,
+            rstd: &self.rstd,
+        }
+    }
+}
+
 /// The forward as a user records it ([`LayerNormLinear::record_forward`]: the fused kernel,
 /// or the split one's LayerNorm pass, W's conversion and the matmul), on the bench's inputs.
 fn time_forward(
     gpu: &Gpu,
     mut layer: LayerNormLinear,
     ins: &[(&str, wgpu::Buffer)],
+    shape: [u32; 3],
+    runs: usize,
+) -> Result<Timing, Error> {
+    let io = Io::wrap(gpu, ins, shape)?;
+    let (t, ()) = timing::time_recorded(gpu, 2, runs, |enc| {
+        layer.record_forward(gpu, enc, &io.args(), &io.y, io.saved())
+    })?;
+    Ok(t)
+}
+
+/// The backward as a user records it ([`LayerNormLinear::record_backward`]: every kernel,
+/// the reduce included) from the forward's statistics.
+fn time_backward(
+    gpu: &Gpu,
+    mut layer: LayerNormLinear,
+    ins: &[(&str, wgpu::Buffer)],
     [rows, hidden, out]: [u32; 3],
     runs: usize,
 ) -> Result<Timing, Error> {
+    let io = Io::wrap(gpu, ins, [rows, hidden, out])?;
+    let mut forward = layer.fresh();
+    let mut encoder = gpu.device.create_command_encoder(&Default::default());
+    forward.record_forward(gpu, &mut encoder, &io.args(), &io.y, io.saved())?;
+    gpu.queue.submit([encoder.finish()]);
     let f32 = attn_dsl::Scalar::F32;
-    let wrap = |name: &str, shape: &[u32]| -> Result<Tensor, Error> {
-        let (_, b) = ins
-            .iter()
-            .find(|(n, _)| *n == name)
-            .ok_or_else(|| Error::Readback(format!("bench input {name}")))?;
-        Ok(Tensor::wrap(gpu, b, 0, shape, f32)?)
-    };
-    let (x, gamma, beta) = (
-        wrap("x", &[rows, hidden])?,
-        wrap("gamma", &[hidden])?,
-        wrap("beta", &[hidden])?,
+    let grad = |shape: &[u32]| Tensor::zeros(gpu, shape, f32);
+    let (dgamma, dbeta, dw, db) = (
+        grad(&[hidden]),
+        grad(&[hidden]),
+        grad(&[out, hidden]),
+        grad(&[out]),
     );
-    let (w, b, y) = (
-        wrap("w", &[out, hidden])?,
-        wrap("b", &[out])?,
-        wrap("y", &[rows, out])?,
-    );
-    let (mean, rstd) = (wrap("mean", &[rows])?, wrap("rstd", &[rows])?);
-    let args = LayerNormArgs {
-        x: &x,
-        gamma: &gamma,
-        beta: &beta,
-        w: &w,
-        b: &b,
-        eps: 1e-5,
-    };
-    let saved = Saved {
-        mean: &mean,
-        rstd: &rstd,
+    let grads = LayerNormGrads {
+        dx: &io.dx,
+        dgamma: &dgamma,
+        dbeta: &dbeta,
+        dw: &dw,
+        db: &db,
     };
     let (t, ()) = timing::time_recorded(gpu, 2, runs, |enc| {
-        layer.record_forward(gpu, enc, &args, &y, saved)
+        layer.record_backward(gpu, enc, &io.args(), io.saved(), &io.dy, &grads)
     })?;
     Ok(t)
 }
@@ -309,25 +361,4 @@ fn baseline(
             sums: None,
         },
     ])
-}
-
-/// A dispatch of `kernel` binding each of its bindings from `pool` by name.
-fn step<'a>(
-    gpu: &Gpu,
-    kernel: &'a Kernel,
-    dims: &[(&str, u32)],
-    pool: &[(&'a str, &'a wgpu::Buffer)],
-) -> Result<Step<'a>, Error> {
-    let abi = kernel.abi();
-    let grid = checked_grid(abi, gpu.limits(), dims)?;
-    let bound = abi
-        .bindings
-        .iter()
-        .filter_map(|b| pool.iter().find(|(n, _)| *n == b.name).copied())
-        .collect();
-    Ok(Step {
-        kernel,
-        bound,
-        grid,
-    })
 }

@@ -73,7 +73,11 @@ pub fn run(gpu: &Gpu, c: LnCase, seed: u64) -> Result<Vec<LnRow>, Error> {
 fn run_products(gpu: &Gpu, c: LnCase, seed: u64, matrix: Matrix) -> Result<Vec<LnRow>, Error> {
     let mut judge = LnJudge::for_products(c, seed, matrix);
     let layer = |sums| LayerNormLinear::with_matrix(gpu, [c.rows(), c.hidden, c.out], sums, matrix);
-    let layers = [layer(RowSums::Atomic)?, layer(RowSums::TwoPass)?];
+    // On tensor cores the row sums are always the reduce's: one backward.
+    let layers = match matrix {
+        Matrix::Scalar => vec![layer(RowSums::Atomic)?, layer(RowSums::TwoPass)?],
+        Matrix::Coop16 => vec![layer(RowSums::TwoPass)?],
+    };
     let tc = match matrix {
         Matrix::Scalar => "",
         Matrix::Coop16 => "+tc",
