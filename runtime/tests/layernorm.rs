@@ -198,3 +198,18 @@ fn the_planner_takes_the_table_else_the_size_rule() {
     assert_eq!(plan_sums(&table, 8192, 768, 3072), RowSums::Atomic);
     assert_eq!(plan_sums(&table, 8192, 768, 768), RowSums::TwoPass);
 }
+
+/// The tensor-core backward cuts dW's reduction into parts of 1024 rows, at most 8, and no
+/// more than the scratch budget holds: one part for few rows or very wide layers.
+#[test]
+fn the_dw_matmul_parts_follow_the_rows_and_the_budget() {
+    use runtime::layernorm::{SCRATCH_BUDGET, dw_parts};
+    assert_eq!(dw_parts(37, 768, 3072), 1);
+    assert_eq!(dw_parts(2048, 64, 96), 2);
+    assert_eq!(dw_parts(65536, 64, 96), 8);
+    // 9 MiB a part at 768 -> 3072: seven fit 64 MiB.
+    assert_eq!(dw_parts(8192, 768, 3072), 7);
+    let parts = dw_parts(8192, 768, 3072) as u64;
+    assert!(parts * 4 * 768 * 3072 <= SCRATCH_BUDGET);
+    assert_eq!(dw_parts(8192, 16384, 16384), 1);
+}

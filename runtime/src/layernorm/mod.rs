@@ -21,7 +21,8 @@ pub use crate::host::layernorm::{
 };
 use crate::shape::nonzero;
 
-/// The most bytes the two-pass schedule's partials may take (one dW per row tile).
+/// The most bytes the two-pass schedule's partials of dW may take (one dW per row tile, or
+/// per part of the tensor-core backward's dW matmul).
 pub const SCRATCH_BUDGET: u64 = 64 << 20;
 
 /// Rows a backward tile takes at least: fewer rows per atomic add or partial only adds
@@ -294,7 +295,8 @@ impl LayerNormLinear {
             }
             Backward::Split { .. } => {
                 let blocks = rows.div_ceil(row_layer::NORM_ROWS);
-                return [blocks, blocks, dw_parts(rows), blocks].map(|p| p as usize);
+                let parts = dw_parts(rows, self.hidden, self.out);
+                return [blocks, blocks, parts, blocks].map(|p| p as usize);
             }
         };
         [blocks, blocks, tiles, tiles].map(|p| p as usize)
@@ -340,10 +342,13 @@ pub(crate) const DW_PRODUCT: MatmulForm = MatmulForm {
 /// the 24×6 blocks of dW alone leave most SMs idle.
 pub const DW_PART_ROWS: u32 = 1024;
 
-/// The dW matmul's parts for `rows` rows: one per [`DW_PART_ROWS`], at most 8 (more parts
-/// only add partials for the reduce to read).
-pub fn dw_parts(rows: u32) -> u32 {
-    rows.div_ceil(DW_PART_ROWS).clamp(1, 8)
+/// The dW matmul's parts for `rows` rows of `hidden -> out`: one per [`DW_PART_ROWS`], at
+/// most 8 (more parts only add partials for the reduce to read), and no more than
+/// [`SCRATCH_BUDGET`] of partial dW holds (at least one).
+pub fn dw_parts(rows: u32, hidden: u32, out: u32) -> u32 {
+    let per_part = 4 * u64::from(hidden) * u64::from(out);
+    let fit = (SCRATCH_BUDGET / per_part.max(1)).clamp(1, 8) as u32;
+    rows.div_ceil(DW_PART_ROWS).clamp(1, fit)
 }
 
 /// The forward's kernels. On tensor cores the forward is split: a LayerNorm pass writes

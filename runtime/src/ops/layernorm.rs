@@ -350,7 +350,7 @@ impl LayerNormLinear {
         if self.recording.runs(1) {
             self.record_rows(gpu, encoder, [grad_rows], [0], &tensors, io)?;
         }
-        let dw_parts = crate::layernorm::dw_parts(rows);
+        let dw_parts = crate::layernorm::dw_parts(rows, hidden, out);
         let products = [
             (dxn_product, 1, [&dy16, &w16, &dxn], [rows, hidden, out, 1]),
             (
