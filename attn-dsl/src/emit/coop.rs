@@ -207,13 +207,13 @@ fn workgroup_memory(out: &mut Wgsl, t: &CoopTiling) {
         out,
         "// Q in rows 0..BR until its fragments are loaded; the current block's K from row\n\
          // KB, V from row VB (over Q when Q lives in registers).\n\
-         var<workgroup> sh_kv: array<f16, {}>;\nvar<workgroup> sh_s: array<f32, {}>;\n\
+         var<workgroup> sh_kv: array<vec4<f16>, {}>;\nvar<workgroup> sh_s: array<f32, {}>;\n\
          var<workgroup> sh_p: array<f16, {}>;\nvar<workgroup> sh_range: vec4<u32>;\n\
          // Each row's rescale factor in the current block, and its sum at the end.\n\
          var<workgroup> sh_c: array<f32, BR>;\nvar<workgroup> sh_l: array<f32, BR>;\n\
          // Nonzero when some row of the tile moved its reference max in this block.\n\
          var<workgroup> sh_rescale: atomic<u32>;\n\n",
-        t.staged_rows() * ks,
+        t.staged_rows() * ks / 4,
         t.br * ss,
         t.br * ps,
     );
@@ -288,16 +288,14 @@ pub(super) fn fetch_guard(spec: &KernelSpec, of: Rows, rows: &str) -> String {
 /// `put(e, base, x)`: a fetched vec4 of a block of BC rows into staged row
 /// `base + e / (HEAD_DIM / 4)`.
 pub(super) fn put(out: &mut Wgsl) {
-    // (Words of two halves, stored whole, would halve the stores, but NVIDIA's compiler
-    // refuses cooperative loads of f16 through a u32 pointer. Storing the second word
-    // first in the upper half of each subgroup, so that no two invocations of a store hit
-    // one bank, was slower on an H100: the seq 4096 backward 2.816 ms against 2.599.)
+    // (The staging area holds vec4s of halves, so a fetched vec4 is one store and one
+    // index clamp, not four; NVIDIA's compiler refuses cooperative loads of f16 through a
+    // u32 pointer, but takes them through a vec4<f16> one. Storing the second word first
+    // in the upper half of each subgroup, so that no two invocations of a store hit one
+    // bank, was slower on an H100: the seq 4096 backward 2.816 ms against 2.599.)
     out.push_str(
         r#"fn put4(at: u32, x: vec4<f16>) {
-    sh_kv[at] = x.x;
-    sh_kv[at + 1u] = x.y;
-    sh_kv[at + 2u] = x.z;
-    sh_kv[at + 3u] = x.w;
+    sh_kv[at / 4u] = x;
 }
 
 fn put_row4(row: u32, c4: u32, x: vec4<f16>) {
@@ -376,9 +374,16 @@ pub(super) const A: &str = "coop_mat16x16<f16, A>";
 pub(super) const B: &str = "coop_mat16x16<f16, B>";
 pub(super) const C: &str = "coop_mat16x16<f32, C>";
 
-/// A pointer to staged half `i` (an expression in halves).
+/// A pointer to staged half `i` (an expression in halves, a multiple of 4: the area holds
+/// vec4s of halves). Loads through it take their stride in vec4s ([`staged_stride`]).
 pub(super) fn staged(i: &str) -> String {
-    format!("&sh_kv[{i}]")
+    format!("&sh_kv[({i}) / 4u]")
+}
+
+/// A cooperative load's stride through a [`staged`] pointer, from a stride in halves: it
+/// counts the pointer's elements, vec4s (a stride in halves reads the wrong rows).
+pub(super) fn staged_stride(halves: &str) -> String {
+    format!("{halves} / 4u")
 }
 
 /// How the softmax spreads a block's S over the workgroup: rows per subgroup, invocations
@@ -486,8 +491,9 @@ fn stage_q(b: &mut String, t: &CoopTiling) {
             let at = staged(&format!("rg * {FRAG}u * QS + {}u", k * FRAG));
             let _ = writeln!(
                 b,
-                "    let qa_{} = coopLoadT<{A}>({at}, QS);",
-                pass * cols / FRAG + k
+                "    let qa_{} = coopLoadT<{A}>({at}, {});",
+                pass * cols / FRAG + k,
+                staged_stride("QS")
             );
         }
     }
@@ -496,8 +502,9 @@ fn stage_q(b: &mut String, t: &CoopTiling) {
 /// Row group `rg`'s Q fragment `k` (head_dim columns 16k..16k + 16), from workgroup memory.
 fn q_fragment(k: u32) -> String {
     format!(
-        "coopLoadT<{A}>({}, KS)",
-        staged(&format!("rg * {FRAG}u * KS + {}u", k * FRAG))
+        "coopLoadT<{A}>({}, {})",
+        staged(&format!("rg * {FRAG}u * KS + {}u", k * FRAG)),
+        staged_stride("KS")
     )
 }
 
@@ -637,9 +644,10 @@ pub(super) fn chained_product(
         let acc = format!("{tag}_{}", k % chains);
         let _ = writeln!(
             b,
-            "{ind}{acc} = coopMultiplyAdd({}, coopLoad<{B}>({}, KS), {acc});",
+            "{ind}{acc} = coopMultiplyAdd({}, coopLoad<{B}>({}, {}), {acc});",
             own(k),
-            rows(k)
+            rows(k),
+            staged_stride("KS")
         );
     }
     pairwise(
@@ -691,7 +699,8 @@ pub(super) fn weighted_sum(
             ));
             let _ = writeln!(
                 b,
-                "        {acc}_{n} = coopMultiplyAdd({tag}a_{k}, coopLoadT<{B}>({value}, KS), {acc}_{n});"
+                "        {acc}_{n} = coopMultiplyAdd({tag}a_{k}, coopLoadT<{B}>({value}, {}), {acc}_{n});",
+                staged_stride("KS")
             );
         }
     }

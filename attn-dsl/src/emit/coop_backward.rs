@@ -162,10 +162,10 @@ fn workgroup_memory(out: &mut Wgsl, t: &CoopTiling, kv: bool) {
         out,
         "// Each owned tensor (rows 0..BR) in turn until its fragments are loaded; then each\n\
          // block's two tensors, from rows 0 and BC.\n\
-         var<workgroup> sh_kv: array<f16, {}>;\n\
+         var<workgroup> sh_kv: array<vec4<f16>, {}>;\n\
          var<workgroup> sh_s: array<f32, {}>;\nvar<workgroup> sh_dp: array<f32, {}>;\n\
          var<workgroup> sh_ds: array<f16, {}>;\nvar<workgroup> sh_range: vec4<u32>;\n",
-        t.backward_staged_rows() * ks,
+        t.backward_staged_rows() * ks / 4,
         t.br * ss,
         t.br * ss,
         t.br * ps,
@@ -225,8 +225,9 @@ fn prologue(b: &mut String, t: &CoopTiling, half: &Half, kv: bool, scattered: bo
         for k in 0..frags {
             let _ = writeln!(
                 b,
-                "    let {tag}_{k} = coopLoadT<{A}>(&sh_kv[rg * {FRAG}u * KS + {}u], KS);",
-                k * FRAG
+                "    let {tag}_{k} = coopLoadT<{A}>({}, {});",
+                coop::staged(&format!("rg * {FRAG}u * KS + {}u", k * FRAG)),
+                coop::staged_stride("KS")
             );
         }
     }
