@@ -484,10 +484,11 @@ const ROW_SCALE: &[Tensor] = &[
 ];
 
 // 6 storage buffers. xn: the normalized rows, rounded into the kernel's dtype.
+// x, γ and β are read four at a time.
 const LAYERNORM_ROWS: &[Tensor] = &[
-    LN_X[0],
-    LN_GAMMA[0],
-    LN_BETA[0],
+    t("x", Input, F32x4, &[R, K]),
+    t("gamma", Input, F32x4, &[K]),
+    t("beta", Input, F32x4, &[K]),
     t("xn", Output, Data4, &[R, K]),
     t("mean", Output, F32, &[R]),
     t("rstd", Output, F32, &[R]),

@@ -360,13 +360,36 @@ fn {name}({args}) {{
     );
 }
 
-/// The LayerNorm of a forward whose product is a separate matmul: the statistics as the
-/// fused forward computes them (`tile_stats`), each row's x̂·γ + β as it stages them,
-/// rounded once into the dtype (four per invocation: HIDDEN is a multiple of 4).
-fn rows(out: &mut Wgsl, spec: &KernelSpec) {
+/// The statistics of a row pass's TILE rows (`tile_stats`, as the fused kernels compute
+/// them) and `write_normalized`: each row's x̂·γ + β rounded once into the dtype, four
+/// elements per vec4 load (HIDDEN is a multiple of 4), into `xn`.
+fn normalized_rows(out: &mut Wgsl, spec: &KernelSpec) {
     readers(out, spec);
     row_stats_of(out, "TILE");
     super::dtype::vec4_codec(out, spec.dtype);
+    out.push_str(
+        r#"// The tile's rows from `first` as x̂·γ + β into xn, once tile_stats has run.
+fn write_normalized(first: u32, tid: u32) {
+    for (var e = tid; e < TILE * (HIDDEN / 4u); e = e + WG) {
+        let m = e / (HIDDEN / 4u);
+        let k = (e % (HIDDEN / 4u)) * 4u;
+        let row = first + m;
+        if (row < dims.rows) {
+            let st = sh_stat[m];
+            let v = fma((ld4_x(row * HIDDEN + k) - st.x) * st.y, ld4_gamma(k), ld4_beta(k));
+            xn[(row * HIDDEN + k) / 4u] = narrow4(v);
+        }
+    }
+}
+
+"#,
+    );
+}
+
+/// The LayerNorm of a forward whose product is a separate matmul: the statistics saved,
+/// and the normalized rows ([`normalized_rows`]).
+fn rows(out: &mut Wgsl, spec: &KernelSpec) {
+    normalized_rows(out, spec);
     let _ = write!(
         out,
         r#"@compute @workgroup_size(WG)
@@ -378,19 +401,7 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         mean[first + tid] = sh_stat[tid].x;
         rstd[first + tid] = sh_stat[tid].y;
     }}
-    for (var e = tid; e < TILE * (HIDDEN / 4u); e = e + WG) {{
-        let m = e / (HIDDEN / 4u);
-        let k = (e % (HIDDEN / 4u)) * 4u;
-        let row = first + m;
-        if (row < dims.rows) {{
-            let st = sh_stat[m];
-            var v: vec4<f32>;
-            for (var j = 0u; j < 4u; j = j + 1u) {{
-                v[j] = fma((ld_x(row * HIDDEN + k + j) - st.x) * st.y, ld_gamma(k + j), ld_beta(k + j));
-            }}
-            xn[(row * HIDDEN + k) / 4u] = narrow4(v);
-        }}
-    }}
+    write_normalized(first, tid);
 }}
 
 "#,
@@ -402,9 +413,7 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
 /// rounded once into the dtype (x̂·γ + β, the statistics recomputed by `tile_stats` so that
 /// they are the forward's, and dy) and db's partial over the workgroup's rows.
 fn grad_rows(out: &mut Wgsl, spec: &KernelSpec) {
-    readers(out, spec);
-    row_stats_of(out, "TILE");
-    super::dtype::vec4_codec(out, spec.dtype);
+    normalized_rows(out, spec);
     let column_sum = column_sums(
         &[("s", "v")],
         "let v = ld4_dy(row * OUT + c);\n                dyh[(row * OUT + c) / 4u] = narrow4(v);",
@@ -416,16 +425,7 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     let first = wg.x * TILE;
     tile_stats(first, tid);
     workgroupBarrier();
-    for (var e = tid; e < TILE * (HIDDEN / 4u); e = e + WG) {{
-        let m = e / (HIDDEN / 4u);
-        let k = (e % (HIDDEN / 4u)) * 4u;
-        let row = first + m;
-        if (row < dims.rows) {{
-            let st = sh_stat[m];
-            let v = fma((ld4_x(row * HIDDEN + k) - st.x) * st.y, ld4_gamma(k), ld4_beta(k));
-            xn[(row * HIDDEN + k) / 4u] = narrow4(v);
-        }}
-    }}
+    write_normalized(first, tid);
     // dy's rows in the dtype, and db's partial of this workgroup: each column's sum over
     // its rows, four columns an invocation.
     for (var c = tid * 4u; c < OUT; c = c + WG * 4u) {{

@@ -93,13 +93,10 @@ impl LayerNormLinear {
             row_layer::forward_tile(hidden, gpu.limits().max_compute_workgroup_storage_size);
         let bwd_tile = backward_tile(rows, hidden, out);
         let kernel = |name: &str, op, tile| {
-            let spec =
-                row_layer::with_matrix(row_layer::spec(name, op, hidden, out, tile, sums), matrix);
-            let abi = attn_dsl::compile(&spec).map_err(|e| Error::Pipeline {
-                kernel: spec.name.clone(),
-                message: e.to_string(),
-            })?;
-            Kernel::now(gpu, &abi)
+            compiled(
+                gpu,
+                row_layer::with_matrix(row_layer::spec(name, op, hidden, out, tile, sums), matrix),
+            )
         };
         let reduce = match sums {
             RowSums::Atomic => None,
@@ -135,13 +132,7 @@ impl LayerNormLinear {
 
     /// The layer on tensor cores: row passes and f16 matmuls, the row sums by the reduce.
     fn split(gpu: &Gpu, hidden: u32, out: u32) -> Result<Self, Error> {
-        let compile = |spec: attn_dsl::KernelSpec| {
-            let abi = attn_dsl::compile(&spec).map_err(|e| Error::Pipeline {
-                kernel: spec.name.clone(),
-                message: e.to_string(),
-            })?;
-            Kernel::now(gpu, &abi)
-        };
+        let compile = |spec| compiled(gpu, spec);
         let f16 = attn_dsl::Dtype::F16;
         // The row passes first: their rules name both widths when one is not a multiple
         // of 4, before the matmuls ask for cooperative matrices.
@@ -372,13 +363,7 @@ pub(crate) const FORWARD_PRODUCT: MatmulForm = MatmulForm {
 
 impl Forward {
     fn split(gpu: &Gpu, hidden: u32) -> Result<Forward, Error> {
-        let compile = |spec: attn_dsl::KernelSpec| {
-            let abi = attn_dsl::compile(&spec).map_err(|e| Error::Pipeline {
-                kernel: spec.name.clone(),
-                message: e.to_string(),
-            })?;
-            Kernel::now(gpu, &abi)
-        };
+        let compile = |spec| compiled(gpu, spec);
         Ok(Forward::Split {
             rows: compile(row_layer::rows_spec(
                 "layernorm_rows",
@@ -391,6 +376,16 @@ impl Forward {
             ))?,
         })
     }
+}
+
+/// `spec` compiled for this device; a description the rules refuse is a pipeline error
+/// naming the kernel.
+fn compiled(gpu: &Gpu, spec: attn_dsl::KernelSpec) -> Result<Kernel, Error> {
+    let abi = attn_dsl::compile(&spec).map_err(|e| Error::Pipeline {
+        kernel: spec.name.clone(),
+        message: e.to_string(),
+    })?;
+    Kernel::now(gpu, &abi)
 }
 
 /// Rows per backward tile: at least [`MIN_BACKWARD_TILE`], enough that the tiles'
