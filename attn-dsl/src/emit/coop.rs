@@ -821,21 +821,16 @@ fn scaled_weights(b: &mut String, lanes: u32, keys: u32) {
 /// O *= c row by row, through the subgroup's 16x16 corner of sh_s, in a block where some
 /// row moved its reference max (rare: the max of a causal row settles within a few blocks).
 fn rescale(b: &mut String, frags: u32) {
-    rescale_rows(b, frags, ("o", "sh_rescale", "sh_c"), false);
+    let moved = "workgroupUniformLoad(&sh_rescale) != 0u";
+    rescale_rows(b, frags, ("o", moved, "sh_c"));
 }
 
 /// `acc_n` *= `factors[pr]` row by row (`pr` the row this invocation rescales), through
-/// the subgroup's 16x16 corner of sh_s, when `flag` is set; with `clear`, the flag is
-/// cleared after the last barrier that follows its reads (so the loop head need not).
-pub(super) fn rescale_rows(
-    b: &mut String,
-    frags: u32,
-    (acc, flag, factors): (&str, &str, &str),
-    clear: bool,
-) {
+/// the subgroup's 16x16 corner of sh_s, when the workgroup-uniform `moved` holds.
+pub(super) fn rescale_rows(b: &mut String, frags: u32, (acc, moved, factors): (&str, &str, &str)) {
     let _ = write!(
         b,
-        "        if (workgroupUniformLoad(&{flag}) != 0u) {{\n            \
+        "        if ({moved}) {{\n            \
          let cr = {factors}[pr];\n            let at = pr * SS + part * 16u + (lane % 2u) * 8u;\n"
     );
     for n in 0..frags {
@@ -848,12 +843,6 @@ pub(super) fn rescale_rows(
              }}\n            workgroupBarrier();\n            \
              {acc}_{n} = coopLoadT<{C}>(&sh_s[rg * {FRAG}u * SS + part * 16u], SS);\n            \
              workgroupBarrier();\n"
-        );
-    }
-    if clear {
-        let _ = writeln!(
-            b,
-            "            if (tid == 0u) {{\n                atomicStore(&{flag}, 0u);\n            }}"
         );
     }
     b.push_str("        }\n");

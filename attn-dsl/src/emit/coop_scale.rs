@@ -262,9 +262,10 @@ pub(super) fn reference_constants(out: &mut Wgsl) {
 }
 
 /// The workgroup memory of the accumulators' references: each row's rescale factor in a
-/// block (its final factor after the loop), and per accumulator the flag that some row
-/// moved, in one 16-byte array: with two 4-byte flags of their own, NVIDIA's driver left a
-/// later f16 array off 16-byte alignment, and cooperative loads from it read zeros.
+/// block (its final factor after the loop), and the word whose bit `i` says that some row
+/// of accumulator `i` moved (one word, so that one uniform load reads them all), in a
+/// 16-byte array: with two 4-byte flags of their own, NVIDIA's driver left a later f16
+/// array off 16-byte alignment, and cooperative loads from it read zeros.
 pub(super) fn reference_memory(out: &mut Wgsl, accs: &[&str]) {
     out.push_str(
         "// The staged block's row exponents: K's and V's of each key (the dQ half), Q's and\n\
@@ -276,9 +277,12 @@ pub(super) fn reference_memory(out: &mut Wgsl, accs: &[&str]) {
     out.push_str("var<workgroup> sh_rescale_of: array<atomic<u32>, 4>;\n");
 }
 
-/// Accumulator `i`'s flag.
-pub(super) fn flag(i: usize) -> String {
-    format!("sh_rescale_of[{i}]")
+/// The word of the accumulators' moved bits.
+pub(super) const MOVED: &str = "sh_rescale_of[0]";
+
+/// Accumulator `i`'s bit in [`MOVED`].
+pub(super) fn moved_bit(i: usize) -> u32 {
+    1 << i
 }
 
 /// After a block's weights of `acc` are in `wm_{acc}` (the invocation's largest magnitude)
@@ -290,11 +294,11 @@ pub(super) fn move_reference(b: &mut String, (acc, i): (&str, usize), lanes: u32
         "{}        let e_{acc} = i32(bitcast<u32>(wm_{acc}) >> 23u) - 127;\n        \
          let moved_{acc} = wm_{acc} > 0.0 && e_{acc} > ref_{acc} + REF_ROOM;\n        \
          let next_{acc} = select(ref_{acc}, clamp(e_{acc}, REF_LOW, REF_HIGH), moved_{acc});\n        \
-         if (moved_{acc}) {{\n            atomicStore(&{flag}, 1u);\n        }}\n        \
+         if (moved_{acc}) {{\n            atomicOr(&{MOVED}, {bit}u);\n        }}\n        \
          if (c0 == 0u) {{\n            sh_c_{acc}[r] = scale2(1.0, ref_{acc} - next_{acc});\n        }}\n        \
          ref_{acc} = next_{acc};\n",
         super::coop::row_reduce(&format!("wm_{acc}"), "max", lanes, "        "),
-        flag = flag(i),
+        bit = moved_bit(i),
     );
 }
 
