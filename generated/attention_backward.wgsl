@@ -523,7 +523,14 @@ fn flash_backward_q(tile: u32, h: u32, tid: u32) {
 
 @compute @workgroup_size(WG)
 fn attention_backward(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32, @builtin(num_workgroups) n: vec3<u32>) {
-    batch = wg.z;
-    let id = wg.y * n.x + wg.x;
-    flash_backward_q(n.x - 1u - id / n.y, id % n.y, tid);
+    let streams = n.y * n.z;
+    let lpt = true;
+    let id = (wg.z * n.y + wg.y) * n.x + wg.x;
+    let group = streams;
+    let chunk = id / (group * n.x);
+    let here = min(group, streams - chunk * group);
+    let at = id - chunk * group * n.x;
+    let stream = chunk * group + at % here;
+    batch = select(wg.z, stream / n.y, lpt);
+    flash_backward_q(select(wg.x, n.x - 1u - at / here, lpt), select(wg.y, stream % n.y, lpt), tid);
 }

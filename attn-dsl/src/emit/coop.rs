@@ -897,21 +897,28 @@ fn finish(b: &mut String, spec: &KernelSpec, t: &CoopTiling, lanes: u32) {
     b.push_str("}\n\n");
 }
 
-/// Workgroup (x, y, z): row tile x of head y (the KV head for a key-major backward half) of
-/// sequence z, into `body`. The layout assumes subgroups
-/// of exactly [`SUBGROUP`] invocations; the runtime refuses adapters whose subgroups may
-/// be any other size.
+/// A row tile of a head (the KV head for a key-major backward half) of a sequence into
+/// `body`, the longest tiles first (see `grid_order`). The layout assumes subgroups of
+/// exactly [`SUBGROUP`] invocations; the runtime refuses adapters whose subgroups may be
+/// any other size.
 pub(super) fn entry(out: &mut Wgsl, spec: &KernelSpec, body: &str) {
+    let at = super::grid_order::mapping(
+        spec,
+        super::grid_order::Order::LongestFirst { chunked: true },
+    );
     let _ = write!(
         out,
         r#"@compute @workgroup_size(WG)
 fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32,
-    @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {{
-    batch = wg.z;
-    {body}(wg.x, wg.y, tid, sg, lane);{flush}
+    @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32{builtin}) {{{prologue}
+    {body}({tile}, {head}, tid, sg, lane);{flush}
 }}
 "#,
         name = spec.name,
+        builtin = at.builtin,
+        prologue = at.prologue,
+        tile = at.tile,
+        head = at.head,
         flush = super::flex::flush_call(spec),
     );
 }

@@ -524,14 +524,14 @@ fn finish(b: &mut String, spec: &KernelSpec, t: &Tiling) {
     b.push_str("}\n\n");
 }
 
-/// The entry of a flash kernel: workgroup (x, y) runs tile x of head (or KV head) y
-/// through `body`. (Running the causal grid's long tiles first was measured on an H100 and
-/// made the long causal shape 10% slower, so tiles run in grid order, except where
-/// `last_first`: the streaming kernel's atomic adds into a key arrive roughly in the order
-/// the tiles run, and a key's weights shrink with the query's distance under a causal
-/// mask, so the far tiles, with the small partial sums, go first, the heads of a tile
-/// one after the other.)
+/// The entry of a flash kernel: a workgroup runs a tile of a head (or KV head) through
+/// `body`. (Running the causal grid's long tiles first was measured on an H100 and made
+/// the long causal shape's scalar kernels 10% slower, so their tiles run in grid order,
+/// except where `scatters_kv`: the streaming kernel's atomic adds into a key arrive
+/// roughly in the order the tiles run, and a key's weights shrink with the query's
+/// distance under a causal mask, so the far tiles, with the small partial sums, go first.)
 pub(super) fn entry(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling, body: &str) {
+    use super::grid_order::{Order, mapping};
     let (builtins, args) = match t.subgroups {
         true => (
             ",\n    @builtin(subgroup_size) sg_size: u32, @builtin(subgroup_invocation_id) sg_id: u32",
@@ -539,23 +539,22 @@ pub(super) fn entry(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling, body: &str) {
         ),
         false => ("", ""),
     };
-    let (tiles, order, at) = match t.scatters_kv {
-        true => (
-            ", @builtin(num_workgroups) n: vec3<u32>",
-            "\n    let id = wg.y * n.x + wg.x;",
-            "n.x - 1u - id / n.y, id % n.y",
-        ),
-        false => ("", "", "wg.x, wg.y"),
+    let at = match t.scatters_kv {
+        true => mapping(spec, Order::LongestFirst { chunked: false }),
+        false => mapping(spec, Order::Grid),
     };
     let _ = write!(
         out,
         r#"@compute @workgroup_size(WG)
-fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32{tiles}{builtins}) {{
-    batch = wg.z;{order}
-    {body}({at}, tid{args});{flush}
+fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32{n}{builtins}) {{{prologue}
+    {body}({tile}, {head}, tid{args});{flush}
 }}
 "#,
         name = spec.name,
+        n = at.builtin,
+        prologue = at.prologue,
+        tile = at.tile,
+        head = at.head,
         flush = super::flex::flush_call(spec),
     );
 }

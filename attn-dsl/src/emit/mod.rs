@@ -13,6 +13,7 @@ mod dtype;
 mod flash;
 mod flash_backward;
 pub mod flex;
+mod grid_order;
 mod index;
 mod lanes;
 mod layernorm;

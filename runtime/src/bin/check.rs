@@ -27,7 +27,7 @@ use runtime::{Gpu, kernels, layernorm};
 #[derive(Parser)]
 #[command(name = "check")]
 struct Args {
-    /// Run the whole case matrix (205 cases; about 28 minutes on a 2-core CPU adapter) instead of
+    /// Run the whole case matrix (211 cases; about 35 minutes on a 2-core CPU adapter) instead of
     /// the quick one.
     #[arg(long)]
     full: bool,

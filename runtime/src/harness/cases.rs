@@ -582,6 +582,22 @@ pub fn default_matrix() -> Vec<Case> {
             causal: true,
         },
     );
+    // A grid whose heads and sequences split into chunks for the tensor-core kernels'
+    // longest-first order (48 streams of 8 tiles of 64 rows: chunks of 32 and 16).
+    for shape in [
+        Shape::Forward {
+            seq: 512,
+            docs: Docs::Even(1),
+            causal: true,
+        },
+        Shape::Backward {
+            seq: 512,
+            docs: Docs::Even(1),
+            causal: true,
+        },
+    ] {
+        push(heads(16, 4, 64), 3, shape);
+    }
     cases.extend(modifier_cases());
     cases.extend(flex_cases());
     cases
