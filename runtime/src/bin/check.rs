@@ -74,7 +74,7 @@ fn main() -> ExitCode {
 
 fn run(args: Args) -> anyhow::Result<bool> {
     let matrix = match args.full || args.filter.is_some() {
-        true => cases::default_matrix(),
+        true => cases::full_matrix(),
         false => cases::quick_matrix(),
     };
     let cases: Vec<Case> = matrix

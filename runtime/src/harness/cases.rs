@@ -582,24 +582,35 @@ pub fn default_matrix() -> Vec<Case> {
             causal: true,
         },
     );
-    // A grid whose heads and sequences split into chunks for the tensor-core kernels'
-    // longest-first order (48 streams of 8 tiles of 64 rows: chunks of 32 and 16).
-    for shape in [
-        Shape::Forward {
-            seq: 512,
-            docs: Docs::Even(1),
-            causal: true,
-        },
-        Shape::Backward {
-            seq: 512,
-            docs: Docs::Even(1),
-            causal: true,
-        },
-    ] {
-        push(heads(16, 4, 64), 3, shape);
-    }
     cases.extend(modifier_cases());
     cases.extend(flex_cases());
+    cases
+}
+
+/// `check --full`'s matrix: the default one and cases whose grids only a GPU answers in
+/// seconds (minutes on a CPU adapter, so the test suite's run of the default matrix leaves
+/// them out): grids whose heads and sequences split into chunks for the tensor-core
+/// kernels' longest-first order (48 streams of 8 tiles of 64 rows: chunks of 32 and 16).
+pub fn full_matrix() -> Vec<Case> {
+    let mut cases = default_matrix();
+    let heads = Heads {
+        n_heads: 16,
+        n_kv_heads: 4,
+        head_dim: 64,
+        head_dim_v: 64,
+    };
+    let (seq, docs, causal) = (512, Docs::Even(1), true);
+    for shape in [
+        Shape::Forward { seq, docs, causal },
+        Shape::Backward { seq, docs, causal },
+    ] {
+        cases.push(Case {
+            heads,
+            batch: 3,
+            shape,
+            mods: ModCase::default(),
+        });
+    }
     cases
 }
 
