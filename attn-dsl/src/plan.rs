@@ -335,6 +335,12 @@ fn signature_bindings(spec: &KernelSpec) -> Vec<Binding> {
                     let fields = block.fields.iter().map(|f| Cow::Borrowed(*f)).collect();
                     (Access::Uniform, Cow::Borrowed(block.struct_name), fields)
                 }
+                // The streamed decode loads its cache in words of eight elements.
+                Role::Input if t.elem == Elem::Cache4 && stream_word(spec).is_some() => (
+                    Access::Read,
+                    Cow::Borrowed(stream_word(spec).unwrap_or_default()),
+                    Vec::new(),
+                ),
                 Role::Input => (Access::Read, array_type(t.elem, scalar, None), Vec::new()),
                 Role::Output if write == Some(WriteMode::AtomicScatter) => (
                     Access::ReadWrite,
@@ -346,6 +352,7 @@ fn signature_bindings(spec: &KernelSpec) -> Vec<Binding> {
                     array_type(t.elem, scalar, None),
                     Vec::new(),
                 ),
+
             };
             Binding {
                 group: 0,
@@ -360,6 +367,15 @@ fn signature_bindings(spec: &KernelSpec) -> Vec<Binding> {
             }
         })
         .collect()
+}
+
+/// The word type of a streamed decode's cache where it differs from four elements'.
+fn stream_word(spec: &KernelSpec) -> Option<&'static str> {
+    let s = crate::layout::decode::Stream::of(spec)?.ok()?;
+    (s.word == 8).then(|| match crate::layout::decode::stream_word_type(spec, s.word) {
+        "vec2<u32>" => "array<vec2<u32>>",
+        _ => "array<vec4<u32>>",
+    })
 }
 
 /// `array<f32>`, or the atomic array an atomic-scatter output is added into: `u32` words

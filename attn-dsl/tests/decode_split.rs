@@ -260,3 +260,67 @@ fn a_mask_mod_decode_skips_the_tiles_it_cannot_see() {
             .contains("for (var t0 = first; t0 < hi; t0 = t0 + KEY_TILE) {")
     );
 }
+
+/// The streamed split pass of `split`'s description, by rule: subgroups natively, or the
+/// workgroup-memory butterfly under WebGPU's defaults.
+fn streamed(mut spec: KernelSpec, subgroups: bool) -> KernelSpec {
+    spec.grid.flash = Some(attn_dsl::layout::decode::stream_flash(&spec, subgroups));
+    spec.fit_target();
+    spec
+}
+
+#[test]
+fn the_streamed_pass_compiles_for_every_width_dtype_and_cache() {
+    use attn_dsl::{Cache, Dtype, Fp8};
+    let mods = Masks {
+        window: true,
+        alibi: true,
+        softcap: true,
+        ..Masks::default()
+    };
+    for (hd, hv) in [(32, 32), (64, 64), (80, 80), (96, 96), (128, 128), (256, 256), (192, 128), (36, 36)] {
+        for (dtype, fp8) in [
+            (Dtype::F32, None),
+            (Dtype::F16, None),
+            (Dtype::Bf16, None),
+            (Dtype::F16, Some(Fp8::E4m3)),
+            (Dtype::F32, Some(Fp8::E5m2)),
+        ] {
+            for cache in [Cache::Contiguous, Cache::Paged] {
+                for (heads, masks, sg) in [(4, Masks::default(), true), (3, mods, false)] {
+                    let spec = streamed(
+                        KernelSpec {
+                            dtype,
+                            kv_fp8: fp8,
+                            cache,
+                            ..split(hd, heads, masks)
+                        }
+                        .with_head_dim_v(hv),
+                        sg,
+                    );
+                    let abi = attn_dsl::compile(&spec).unwrap_or_else(|e| {
+                        panic!("stream d{hd}/{hv} {dtype:?} {fp8:?} {cache:?} x{heads}: {e}")
+                    });
+                    assert!(abi.workgroup_storage_bytes <= 16384, "d{hd}");
+                    let (tile, max) = (
+                        attn_dsl::emit::split_key_tile(&spec),
+                        attn_dsl::emit::split_max_slice(&spec),
+                    );
+                    assert!(max.is_multiple_of(tile) && max > 512, "d{hd}: {max} / {tile}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_streamed_grid_says_its_step() {
+    let mut spec = streamed(split(128, 4, Masks::default()), true);
+    spec.grid.flash = spec.grid.flash.map(|f| attn_dsl::Flash { inner: f.inner + 1, ..f });
+    let e = attn_dsl::compile(&spec).unwrap_err().to_string();
+    assert!(e.contains("key_tile ="), "{e}");
+    let mut webgpu = streamed(split(128, 4, Masks::default()), true);
+    webgpu.target = attn_dsl::Target::Webgpu;
+    let e = attn_dsl::compile(&webgpu).unwrap_err().to_string();
+    assert!(e.contains("native"), "{e}");
+}

@@ -100,7 +100,7 @@ pub fn lower(d: &Description) -> syn::Result<Lowered> {
         })
         .transpose()?;
     let mut workgroup_size = given_workgroup_size.unwrap_or(256);
-    if auto_flash {
+    if auto_flash && op != Op::DecodeSplit {
         let config =
             attn_dsl::configs::for_description(op, width, &target.limits(), given_workgroup_size)
                 .ok_or_else(|| {
@@ -158,6 +158,13 @@ pub fn lower(d: &Description) -> syn::Result<Lowered> {
         kv_fp8,
         matmul: None,
     };
+    let mut spec = spec;
+    if auto_flash && op == Op::DecodeSplit {
+        // The streamed pass's layout follows the widths and dtypes; its key groups sum by
+        // subgroup shuffles where the target is native.
+        let native = spec.target != Target::Webgpu;
+        spec.grid.flash = Some(attn_dsl::layout::decode::stream_flash(&spec, native));
+    }
     spans.extend(matrix_span.map(|span| (Field::Matrix, span)));
     Ok(Lowered {
         spec,
@@ -302,6 +309,11 @@ fn grid(v: &Value, row_layer: bool) -> syn::Result<(Grid, bool, Option<Span>)> {
             let major = match name.to_string().as_str() {
                 "s_major" => Major::S,
                 "j_major" => Major::J,
+                // Split-K decode's streamed pass: key groups, each an online softmax.
+                "slice_major" => {
+                    let heads = attn_dsl::layout::decode::MAX_SPLIT_HEADS;
+                    return Ok((Grid::rows(Major::Slice, heads), true, None));
+                }
                 _ => {
                     return err(
                         name.span(),
@@ -318,8 +330,9 @@ fn grid(v: &Value, row_layer: bool) -> syn::Result<(Grid, bool, Option<Span>)> {
         "s_major" => (Major::S, "key_tile"),
         "j_major" => (Major::J, "query_tile"),
         "head_major" => (Major::Head, "key_tile"),
-        // Split-K decode: `tile` is the query heads of one KV head a workgroup serves.
-        "slice_major" => (Major::Slice, "-"),
+        // Split-K decode: `tile` is the query heads of one KV head a workgroup serves; the
+        // streamed pass takes `key_tile` keys per step, `rows_per_thread` per key group.
+        "slice_major" => (Major::Slice, "key_tile"),
         // Row-wise layers: no inner axis to stage, so no flash arguments.
         "r_major" => (Major::R, "-"),
         "elementwise" => (Major::Elem, "-"),

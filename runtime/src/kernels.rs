@@ -80,6 +80,23 @@ attention_kernel! {
 }
 
 attention_kernel! {
+    /// Split-K decode, pass 1, streamed: head_dim 128, Q, the cache and O in f16, key groups
+    /// of lanes that each keep an online softmax of their keys, summing a key's dot
+    /// products by subgroup shuffles (`slice_major(flash)`: the layout by rule; native, on
+    /// adapters with SUBGROUP). Its pass 2 is the f16 `attention_decode_reduce_d128`'s
+    /// description.
+    pub attention_decode_stream_f16_d128 {
+        op: decode_split,
+        grid: slice_major(flash),
+        head_dim: 128,
+        gqa: any,
+        target: native(workgroup_storage = 16384, storage_buffers = 8),
+        dtype: f16,
+        writes: { part_o: scratch, part_ml: scratch },
+    }
+}
+
+attention_kernel! {
     /// Split-K decode, pass 1, head_dim 128, Q and O in f16, the cache in e4m3 bytes (four
     /// to a word) with a scale per KV head for K and for V (`runtime::ops::cache::KvCache`
     /// with `kv_fp8`); its pass 2 is the f16 `attention_decode_reduce`.

@@ -345,7 +345,7 @@ fn decode_after_appends(
         CacheLayout::Contiguous { .. } => Cache::Contiguous,
         CacheLayout::Paged { .. } => Cache::Paged,
     };
-    let mut decode = Decode::new(DecodeSpec {
+    let mut decode = Decode::new(&gpu, DecodeSpec {
         head_dim: dk,
         head_dim_v: dv,
         masks: Masks::default(),
@@ -666,7 +666,7 @@ fn a_decode_loop_creates_nothing_in_its_steady_state() {
         kv_fp8: None,
     };
     let mut cache = KvCache::new(&gpu, spec).unwrap();
-    let mut decode = Decode::new(DecodeSpec {
+    let mut decode = Decode::new(&gpu, DecodeSpec {
         head_dim: 64,
         head_dim_v: 64,
         masks: Masks::default(),

@@ -354,6 +354,33 @@ fn check_grid(spec: &KernelSpec) -> Result<(), DslError> {
     Ok(())
 }
 
+/// The streamed split pass (`slice_major(flash)`): its heads per workgroup as the staged
+/// pass's, its layout by [`crate::layout::decode::Stream`], subgroups only natively.
+fn check_stream(spec: &KernelSpec) -> Result<(), DslError> {
+    let tile_max = crate::layout::decode::MAX_SPLIT_HEADS;
+    if !(1..=tile_max).contains(&spec.grid.tile) {
+        return Err(DslError::spec(
+            Field::Grid,
+            format!(
+                "tile {}: a decode_split workgroup serves 1 to {tile_max} query heads of its KV \
+                 head, one per vec4 component; a KV head with more gets several workgroups",
+                spec.grid.tile
+            ),
+        ));
+    }
+    if let Some(Err(problem)) = crate::layout::decode::Stream::of(spec) {
+        return Err(DslError::spec(Field::Grid, problem));
+    }
+    if spec.grid.uses_subgroups() && spec.target == Target::Webgpu {
+        return Err(DslError::spec(
+            Field::Target,
+            "subgroup operations are not in core WebGPU; use `target: native(..)` (the \
+             runtime runs the kernel only on adapters with SUBGROUP)",
+        ));
+    }
+    Ok(())
+}
+
 /// The fewest query rows a streaming (dK/dV by atomic scatter) tile may sum per add:
 /// with 8, the adds' rounding took dV over the pass rule on lavapipe.
 pub const MIN_STREAMING_TILE: u32 = 16;
@@ -363,6 +390,9 @@ const FLASH_OPS: &[Op] = &[Op::Forward, Op::BackwardQ, Op::BackwardKv];
 const FLASH_TILE_MAX: u32 = 128;
 
 fn check_flash(spec: &KernelSpec) -> Result<(), DslError> {
+    if spec.op == Op::DecodeSplit {
+        return check_stream(spec);
+    }
     if !FLASH_OPS.contains(&spec.op) {
         return Err(DslError::spec(
             Field::Grid,

@@ -18,7 +18,7 @@ use std::fmt::Write;
 
 use crate::spec::{Cache, KernelSpec, Op};
 
-use crate::layout::decode::{lanes, max_slice, pv_unroll};
+use crate::layout::decode::{Stream, lanes, max_slice, pv_unroll};
 
 pub(super) fn constants(out: &mut Wgsl, spec: &KernelSpec) {
     let _ = writeln!(out, "const WG: u32 = {}u;", spec.workgroup_size);
@@ -27,7 +27,9 @@ pub(super) fn constants(out: &mut Wgsl, spec: &KernelSpec) {
         "// A finite stand-in for -inf: exp(NEG_BIG - m) is 0 for any real m.\n\
          const NEG_BIG: f32 = -3.0e38;\n",
     );
-    if spec.op == Op::DecodeSplit {
+    if let Some(Ok(s)) = Stream::of(spec) {
+        super::decode_stream::constants(out, spec, &s);
+    } else if spec.op == Op::DecodeSplit {
         let _ = write!(
             out,
             "// Query heads per workgroup, one per vec4 component.\nconst TILE: u32 = {tile}u;\n\
@@ -68,7 +70,7 @@ fn widths(spec: &KernelSpec) -> String {
 }
 
 /// The vec4 width of a Q or K row, and the index functions of K and of V rows.
-fn qk_names(spec: &KernelSpec) -> (&'static str, &'static str, &'static str) {
+pub(super) fn qk_names(spec: &KernelSpec) -> (&'static str, &'static str, &'static str) {
     match spec.split_dims() {
         false => ("V4", "kv4_index", "kv4_index"),
         true => ("QK4", "k4_index", "v4_index"),
@@ -80,7 +82,13 @@ pub(super) fn body(out: &mut Wgsl, spec: &KernelSpec) {
     if spec.op == Op::DecodeSplit {
         super::dtype::cache_codec(out, spec);
     }
+    if let Some(Ok(s)) = Stream::of(spec) {
+        super::decode_stream::split(out, spec, &s);
+        return;
+    }
+    out.push_str("var<workgroup> sh_red: array<vec4<f32>, WG>;\n\n");
     out.put(REDUCE4.plain());
+    out.put(PARTIALS.plain());
     match spec.op {
         Op::DecodeSplit => split(out, spec),
         _ => reduce(out, &spec.name, spec.masks.sinks),
@@ -90,10 +98,8 @@ pub(super) fn body(out: &mut Wgsl, spec: &KernelSpec) {
 /// Tree reductions of one vec4 per invocation (a value per served head), pairwise.
 const REDUCE4: Template = Template {
     name: "reduce4",
-    needs: &[Helper::Exp],
-    text: r#"var<workgroup> sh_red: array<vec4<f32>, WG>;
-
-fn wg_max4(tid: u32, x: vec4<f32>) -> vec4<f32> {
+    needs: &[],
+    text: r#"fn wg_max4(tid: u32, x: vec4<f32>) -> vec4<f32> {
     sh_red[tid] = x;
     workgroupBarrier();
     for (var stride = WG / 2u; stride > 0u; stride = stride / 2u) {
@@ -121,7 +127,14 @@ fn wg_sum4(tid: u32, x: vec4<f32>) -> vec4<f32> {
     return r;
 }
 
-fn exp4(x: vec4<f32>) -> vec4<f32> {
+"#,
+};
+
+/// The partials' indexing and the four-wide exponential, for both passes.
+const PARTIALS: Template = Template {
+    name: "partials",
+    needs: &[Helper::Exp],
+    text: r#"fn exp4(x: vec4<f32>) -> vec4<f32> {
     return vec4<f32>(exp_f32(x.x), exp_f32(x.y), exp_f32(x.z), exp_f32(x.w));
 }
 
@@ -137,6 +150,11 @@ fn part_o_index(slice: u32, h: u32) -> u32 {
 
 "#,
 };
+
+/// [`PARTIALS`], for the streamed pass.
+pub(super) fn partials() -> super::writer::Fragment {
+    PARTIALS.plain()
+}
 
 const COMPONENTS: [&str; 4] = ["x", "y", "z", "w"];
 
@@ -184,6 +202,14 @@ fn v4_index(j: u32, kv_h: u32) -> u32 {
     return kv_row(j, kv_h) * V4;
 }
 ";
+
+/// `kv_row(j, kv_h)`: the cache row of key j (head kv_h), in either layout.
+pub(super) fn cache_row(spec: &KernelSpec) -> &'static str {
+    match spec.cache {
+        Cache::Contiguous => CONTIGUOUS_ROW,
+        Cache::Paged => PAGED_ROW,
+    }
+}
 
 /// The index functions of the cache's K and V rows.
 fn cache_index(spec: &KernelSpec) -> String {
@@ -564,7 +590,7 @@ impl Loops {
 /// `next_tile(t0, end, n, q, head0, n_here)`: the first tile of `n` keys from key `t0`
 /// (stepping by `n`) before `end` where one of the workgroup's heads may see a key of
 /// query `q` by `mask_tile`, or a key at or past `end`.
-fn next_tile(out: &mut Wgsl, spec: &KernelSpec) {
+pub(super) fn next_tile(out: &mut Wgsl, spec: &KernelSpec) {
     let by_head = spec
         .flex()
         .and_then(|f| f.mask_mod)

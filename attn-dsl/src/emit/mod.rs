@@ -9,6 +9,7 @@ pub mod coop;
 mod coop_backward;
 mod coop_scale;
 mod decode_split;
+mod decode_stream;
 mod dtype;
 mod flash;
 mod flash_backward;

@@ -10,6 +10,11 @@ pub const MAX_SPLIT_HEADS: u32 = 4;
 /// the workgroup memory of the target does not hold that many.
 pub const SLICE_CAP: u32 = 512;
 
+/// The most keys one slice of the streamed pass holds: it stages nothing, so only the
+/// slicing rule bounds it; this keeps each group's chain of sums within a few hundred
+/// terms.
+pub const STREAM_SLICE_CAP: u32 = 8192;
+
 /// Invocations that share one key's dot products in the scores pass, each reading a
 /// strided share of the key's vec4s: in f32 the largest of 8, 4, 2, 1 dividing
 /// head_dim / 4 (Q and K's width); in half precision a vec4 is half the bytes, so half as many invocations
@@ -46,7 +51,10 @@ fn vec4_bytes(spec: &KernelSpec) -> u32 {
 /// Keys scored per step: the workgroup's invocations in groups of [`lanes`]. A slice's
 /// length is a multiple of it.
 pub fn key_tile(spec: &KernelSpec) -> u32 {
-    spec.workgroup_size / lanes(spec)
+    match Stream::of(spec) {
+        Some(Ok(s)) => s.step(),
+        _ => spec.workgroup_size / lanes(spec),
+    }
 }
 
 /// Workgroup memory besides the staged scores: Q of the served heads (Q's width), one vec4 per
@@ -58,6 +66,9 @@ pub fn fixed_bytes(spec: &KernelSpec) -> u32 {
 /// The longest slice (a multiple of [`key_tile`]) whose scores fit the target's workgroup
 /// memory beside the rest, at most 512 keys.
 pub fn max_slice(spec: &KernelSpec) -> u32 {
+    if let Some(Ok(s)) = Stream::of(spec) {
+        return (STREAM_SLICE_CAP / s.step()).max(1) * s.step();
+    }
     let limit = spec.target.limits().workgroup_storage_bytes;
     let room = limit.saturating_sub(fixed_bytes(spec)) / 16;
     let tile = key_tile(spec).max(1);
@@ -65,8 +76,154 @@ pub fn max_slice(spec: &KernelSpec) -> u32 {
 }
 
 pub fn workgroup_bytes(spec: &KernelSpec) -> u32 {
+    if let Some(Ok(s)) = Stream::of(spec) {
+        return s.bytes(spec);
+    }
     match spec.op {
         Op::DecodeSplit => fixed_bytes(spec) + 16 * max_slice(spec),
         _ => 16 * spec.workgroup_size,
+    }
+}
+
+/// The streamed split pass (`grid: slice_major(flash)`): no scores staged, so no slice
+/// limit from workgroup memory. Its invocations form key groups of [`Stream::lanes`]; a
+/// group takes whole keys, each lane a strided share of the key's K and V words, the key's
+/// dot products summed over the group by a butterfly (subgroup shuffles, or workgroup
+/// memory where subgroups do not cover a group), and keeps an online softmax of its keys in
+/// registers: the keys' loads, products and softmax run with no barrier, and the groups'
+/// states meet once per slice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stream {
+    /// Cache elements in the word a lane loads at once: 8 (16 bytes of halves, 8 of fp8)
+    /// where both rows' widths allow, else 4; f32 always 4 (16 bytes).
+    pub word: u32,
+    /// Words in a K row and in a V row.
+    pub k_words: u32,
+    pub v_words: u32,
+    /// Lanes per key: a power of two, at most 32 and at most either row's words.
+    pub lanes: u32,
+    /// Key groups per workgroup.
+    pub groups: u32,
+    /// Keys each group takes per step, their loads issued together.
+    pub keys: u32,
+    /// Words of a K and of a V row per lane (the last may be past the row on some lanes).
+    pub k_per_lane: u32,
+    pub v_per_lane: u32,
+}
+
+/// Keys per group per step by rule: each lane keeps about 128 bytes of K and V in flight.
+pub fn stream_keys(spec: &KernelSpec) -> u32 {
+    let s = stream_shape(spec, 1);
+    let per_key = (s.k_per_lane + s.v_per_lane) * s.word * element_bytes(spec);
+    (128 / per_key.max(1)).clamp(1, 8)
+}
+
+/// Bytes of one cache element as stored.
+fn element_bytes(spec: &KernelSpec) -> u32 {
+    match spec.kv_fp8 {
+        Some(_) => 1,
+        None => spec.dtype.bytes(),
+    }
+}
+
+fn stream_shape(spec: &KernelSpec, keys: u32) -> Stream {
+    let word = match (spec.kv_fp8.is_none() && spec.dtype.bytes() == 4, spec.head_dim % 8, spec.v_dim() % 8) {
+        (false, 0, 0) => 8,
+        _ => 4,
+    };
+    let (k_words, v_words) = (spec.head_dim / word, spec.v_dim() / word);
+    let narrow = k_words.min(v_words).max(1);
+    let lanes = (1u32 << (31 - narrow.leading_zeros())).min(32);
+    Stream {
+        word,
+        k_words,
+        v_words,
+        lanes,
+        groups: spec.workgroup_size / lanes,
+        keys,
+        k_per_lane: k_words.div_ceil(lanes),
+        v_per_lane: v_words.div_ceil(lanes),
+    }
+}
+
+impl Stream {
+    /// The layout of a streamed split pass, or what is wrong with its grid; `None` when
+    /// `spec` is not one.
+    pub fn of(spec: &KernelSpec) -> Option<Result<Stream, String>> {
+        let flash = spec.grid.flash.filter(|_| spec.op == Op::DecodeSplit)?;
+        let s = stream_shape(spec, flash.rows_per_thread);
+        Some(s.validate(spec, flash.inner))
+    }
+
+    fn validate(self, spec: &KernelSpec, inner: u32) -> Result<Stream, String> {
+        if self.keys == 0 || self.keys > 8 {
+            return Err(format!(
+                "rows_per_thread {} is the keys each key group loads per step: 1 to 8",
+                self.keys
+            ));
+        }
+        if !spec.workgroup_size.is_multiple_of(self.lanes) || self.groups == 0 {
+            return Err(format!(
+                "{} lanes share each key at head_dim {}, which does not divide workgroup_size {}",
+                self.lanes, spec.head_dim, spec.workgroup_size
+            ));
+        }
+        if inner != self.step() {
+            return Err(format!(
+                "a streamed decode takes {} keys per step ({} key groups of {} lanes, {} keys \
+                 each): write `key_tile = {}`, or `slice_major(flash)` for the rule's layout",
+                self.step(),
+                self.groups,
+                self.lanes,
+                self.keys,
+                self.step()
+            ));
+        }
+        Ok(self)
+    }
+
+    /// Keys a workgroup takes per step; a slice's length is a multiple of it.
+    pub fn step(&self) -> u32 {
+        self.groups * self.keys
+    }
+
+    /// vec4s of f32 in a word.
+    pub fn quads(&self) -> u32 {
+        self.word / 4
+    }
+
+    /// vec4 slots of the exchange buffer: the fallback butterfly's one per invocation, the
+    /// groups' partial outputs of one head when they meet.
+    pub fn exchange(&self, spec: &KernelSpec) -> u32 {
+        spec.workgroup_size.max(self.groups * spec.v_dim() / 4)
+    }
+
+    /// Workgroup memory: the exchange buffer, each group's (m, l), the length and the
+    /// subgroup flag.
+    pub fn bytes(&self, spec: &KernelSpec) -> u32 {
+        16 * (self.exchange(spec) + 2 * self.groups) + 8
+    }
+}
+
+/// The rule's streamed grid for a split pass of `spec`'s widths and dtypes.
+pub fn stream_flash(spec: &KernelSpec, subgroups: bool) -> crate::spec::Flash {
+    let keys = stream_keys(spec);
+    let s = stream_shape(spec, keys);
+    crate::spec::Flash {
+        inner: s.step(),
+        rows_per_thread: keys,
+        subgroups,
+    }
+}
+
+/// The WGSL type of the word a streamed pass loads: four or eight cache elements.
+pub fn stream_word_type(spec: &KernelSpec, word: u32) -> &'static str {
+    match (spec.kv_fp8, spec.dtype, word) {
+        (Some(_), _, 8) => "vec2<u32>",
+        (Some(_), _, _) => "u32",
+        (None, crate::spec::Dtype::F32, _) => "vec4<f32>",
+        (None, _, 8) => "vec4<u32>",
+        (None, crate::spec::Dtype::F16, _) => "vec4<f16>",
+        (None, crate::spec::Dtype::Bf16, _) => "vec2<u32>",
     }
 }

@@ -52,7 +52,11 @@ impl Tiling {
     /// not a flash grid of scalar products (cooperative matrices have their own layout,
     /// [`super::coop::CoopTiling`]).
     pub fn of(spec: &KernelSpec) -> Option<Result<Tiling, String>> {
-        let flash = spec.grid.flash.filter(|_| spec.grid.matrix.is_scalar())?;
+        // A slice-major flash grid is the streamed decode's ([`super::decode::Stream`]).
+        let flash = spec
+            .grid
+            .flash
+            .filter(|_| spec.grid.matrix.is_scalar() && spec.op != Op::DecodeSplit)?;
         let tiling = Tiling::new(
             spec.op,
             spec.grid.tile,

@@ -291,7 +291,7 @@ pub fn run(c: &Config) -> Result<Report> {
             dtype: c.dtype,
         },
     )?;
-    let mut decode = Decode::new(DecodeSpec {
+    let mut decode = Decode::new(&gpu, DecodeSpec {
         head_dim: h.head_dim,
         head_dim_v: h.head_dim_v,
         masks: Masks::default(),

@@ -357,7 +357,7 @@ async fn decode_loop_row(gpu: &Gpu, layer: &Layer, steps: u32) -> Result<Row, Er
     };
     let mut forward = Forward::new(gpu, spec)?;
     forward.prepare(gpu, 1, prompt, h).await?;
-    let mut decode = Decode::new(DecodeSpec {
+    let mut decode = Decode::new(&gpu, DecodeSpec {
         head_dim: h.head_dim,
         head_dim_v: h.head_dim_v,
         masks: Masks::default(),

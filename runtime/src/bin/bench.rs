@@ -701,21 +701,23 @@ fn decode(gpu: &Gpu, args: &Args, cache_len: u32) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Each fp8 cache's decode over the same decode with the cache in the dtype of its Q and O.
+/// Each fp8 cache's decode over the same decode (same split-pass layout) with the cache in
+/// the dtype of its Q and O.
 fn fp8_speedups(rows: &[bench::DecodeRow]) -> Vec<String> {
     let mut lines = Vec::new();
     for r in rows {
         let Some((head, dtype)) = r.kernel.split_once(bench::FP8_ROW) else {
             continue;
         };
-        let format = head.rsplit(", ").next().unwrap_or(head);
-        let suffix = format!(", {dtype}");
+        let fp8 = head.rsplit(", ").next().unwrap_or(head);
+        let layout = fp8.rsplit(' ').next().unwrap_or("");
+        let suffix = format!(", {dtype} {layout}");
         let same = rows
             .iter()
             .find(|b| b.kernel.ends_with(&suffix) && b.kernel.starts_with("decode split-K"));
         if let Some(b) = same {
             lines.push(format!(
-                "{format} over a {dtype} cache: {:.2}x ({:.3} vs {:.3} ms)",
+                "{fp8} over a {dtype} cache: {:.2}x ({:.3} vs {:.3} ms)",
                 b.timing.median_ms / r.timing.median_ms,
                 r.timing.median_ms,
                 b.timing.median_ms

@@ -21,6 +21,7 @@ use crate::kernels::{BackwardKernels, ROPE};
 use crate::kv_fp8;
 use crate::modifiers::{Bias, Dropout, Modifiers};
 use crate::ops::cache::CacheLayout;
+use crate::ops::decode::SplitLayout;
 use crate::plan::tuning;
 use crate::reference::{self, Problem, cast};
 use crate::rope::{self, RopeInput};
@@ -891,7 +892,7 @@ fn masks(causal: bool) -> Masks {
 }
 
 /// What a split-K decode is compiled for: (head_dim, head_dim_v), masks, cache, dtype.
-type SplitKey = ((u32, u32), Masks, Cache, Dtype);
+type SplitKey = ((u32, u32), Masks, Cache, Dtype, SplitLayout);
 
 /// The flash forward candidates of one head_dim and mask set, compiled.
 type FlashSet = Vec<(FlashConfig, Kernel)>;
@@ -945,7 +946,7 @@ impl Runner {
     }
 
     /// Split-K decode for the heads' widths and `masks` in `dtype`: the family's, else
-    /// compiled from its descriptions.
+    /// compiled from its descriptions, in the layout the device plans.
     fn split(
         &mut self,
         gpu: &Gpu,
@@ -953,12 +954,37 @@ impl Runner {
         masks: Masks,
         (cache, dtype): (Cache, Dtype),
     ) -> Result<&SplitDecode, Error> {
+        self.split_in(gpu, h, masks, (cache, dtype), SplitLayout::PLANNED)
+    }
+
+    /// [`Runner::split`] in `layout`.
+    fn split_in(
+        &mut self,
+        gpu: &Gpu,
+        h: Heads,
+        masks: Masks,
+        (cache, dtype): (Cache, Dtype),
+        layout: SplitLayout,
+    ) -> Result<&SplitDecode, Error> {
         let dims = (h.head_dim, h.head_dim_v);
-        let key = (dims, masks, cache, dtype);
+        let key = (dims, masks, cache, dtype, layout);
         let at = match self.split.iter().position(|(k, _)| *k == key) {
             Some(at) => at,
             None => {
-                let kernels = SplitDecode::for_dims_in(gpu, dims, masks, cache, dtype)?;
+                let kernels = match layout == SplitLayout::PLANNED {
+                    true => SplitDecode::for_dims_in(gpu, dims, masks, cache, dtype)?,
+                    false => {
+                        let spec = crate::ops::decode::DecodeSpec {
+                            head_dim: dims.0,
+                            head_dim_v: dims.1,
+                            masks,
+                            dtype,
+                            cache,
+                            kv_fp8: None,
+                        };
+                        SplitDecode::from_spec_in(gpu, &spec, layout)?
+                    }
+                };
                 self.split.push((key, kernels));
                 self.split.len() - 1
             }
@@ -1272,6 +1298,14 @@ pub fn run_case(gpu: &Gpu, runner: &mut Runner, case: &Case, seed: u64) -> Resul
                     &planned(&label, !plain_planned && slice_len.is_none()),
                     verdicts,
                 ));
+            }
+            // The streamed split pass, where the device has subgroups.
+            if gpu.has_subgroups() {
+                let layout = SplitLayout::Streamed;
+                let other = runner.split_in(gpu, h, masks, (Cache::Contiguous, Dtype::F32), layout)?;
+                let decoder = Decoder::Split(other, None);
+                let verdicts = run_decode(gpu, decoder, h, shape, &mods, seed)?;
+                rows.push(row(&decoder.label(cache_len, h, batch), verdicts));
             }
             // A paged cache: pages of 16 keys (vLLM's default) and of 7, which no key tile
             // or slice lines up with, shuffled through the pool.

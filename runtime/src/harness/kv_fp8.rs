@@ -105,7 +105,7 @@ pub fn decode(gpu: &Gpu, case: &Fp8Case, [q, k, v]: [&[f32]; 3]) -> Result<Fp8Ru
         CacheLayout::Contiguous { .. } => Cache::Contiguous,
         CacheLayout::Paged { .. } => Cache::Paged,
     };
-    let mut decode = Decode::new(DecodeSpec {
+    let mut decode = Decode::new(&gpu, DecodeSpec {
         head_dim: h.head_dim,
         head_dim_v: h.head_dim_v,
         masks,

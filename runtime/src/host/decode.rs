@@ -114,7 +114,9 @@ impl SplitDecode {
         let found = family
             .iter()
             .find(|(s, _)| s.head_dim == head_dim && s.masks == masks);
-        if let (Some((s, r)), Dtype::F32, true) = (found, dtype, head_dim == head_dim_v) {
+        let staged = crate::ops::decode::SplitLayout::PLANNED == crate::ops::decode::SplitLayout::Staged;
+        if let (Some((s, r)), Dtype::F32, true, true) = (found, dtype, head_dim == head_dim_v, staged)
+        {
             return SplitDecode::new(gpu, s, r);
         }
         SplitDecode::from_spec(
@@ -136,7 +138,17 @@ impl SplitDecode {
         gpu: &Gpu,
         spec: &crate::ops::decode::DecodeSpec,
     ) -> Result<SplitDecode, Error> {
-        let [split, reduce] = crate::ops::decode::abis(spec)?;
+        SplitDecode::from_spec_in(gpu, spec, crate::ops::decode::SplitLayout::PLANNED)
+    }
+
+    /// [`SplitDecode::from_spec`] with the split pass in `layout` (streamed needs
+    /// SUBGROUP), whatever the runtime plans: `bench` and `check` time and test each.
+    pub fn from_spec_in(
+        gpu: &Gpu,
+        spec: &crate::ops::decode::DecodeSpec,
+        layout: crate::ops::decode::SplitLayout,
+    ) -> Result<SplitDecode, Error> {
+        let [split, reduce] = crate::ops::decode::abis(spec, layout)?;
         SplitDecode::new(gpu, &split, &reduce)
     }
 
@@ -211,7 +223,7 @@ impl SplitDecode {
         self.validate_layout(gpu, input, pages)?;
         let h = input.heads;
         let b = input.batch;
-        let (split, reduce) = (self.split.abi(), self.reduce.abi());
+        let split = self.split.abi();
         let data = split.scalar("q");
         let kv_row = u64::from(h.n_kv_heads) * u64::from(h.head_dim);
         let cache_shape = match pages {
@@ -242,7 +254,7 @@ impl SplitDecode {
                 Some(Tensor::from_u32(gpu, &[b, per_seq], p.block_table)?)
             }
         };
-        let o = Tensor::zeros(gpu, &[b, h.n_heads, h.head_dim_v], reduce.scalar("o"));
+        let o = Tensor::zeros(gpu, &[b, h.n_heads, h.head_dim_v], self.reduce.abi().scalar("o"));
         let uploaded = input.mods.upload(gpu, b, 1)?;
         let flex = uploaded.flex_tensors();
         let args = crate::ops::decode::DecodeArgs {
@@ -311,7 +323,7 @@ impl SplitDecode {
         pages: Option<&Pages>,
         slice_len: Option<u32>,
     ) -> Result<Prepared, Error> {
-        let (split, reduce) = (self.split.abi(), self.reduce.abi());
+        let split = self.split.abi();
         self.validate_layout(gpu, input, pages)?;
         let slicing = match slice_len {
             None => self.slicing(input),
@@ -335,7 +347,7 @@ impl SplitDecode {
             ),
         ];
         let split_grid = checked_grid(split, gpu.limits(), &dims)?;
-        let reduce_grid = checked_grid(reduce, gpu.limits(), &dims)?;
+        let reduce_grid = checked_grid(self.reduce.abi(), gpu.limits(), &dims)?;
         let parts = (input.batch * slicing.n_slices * h.n_heads) as usize;
         let (dims, params) = modified_uniforms(gpu, split, &dims, input.scale, h, &input.mods)?;
         let o_len = input.q.len() / h.head_dim as usize * h.head_dim_v as usize;
@@ -345,7 +357,7 @@ impl SplitDecode {
             v: buffers::storage_as(gpu, "v_cache", input.v_cache, split.scalar("v_cache")),
             part_o: buffers::output::<f32>(gpu, "part_o", parts * h.head_dim_v as usize),
             part_ml: buffers::output::<f32>(gpu, "part_ml", 2 * parts),
-            o: buffers::output_as(gpu, "o", o_len, reduce.scalar("o")),
+            o: buffers::output_as(gpu, "o", o_len, self.reduce.abi().scalar("o")),
             o_len,
             dims,
             params,
@@ -487,12 +499,13 @@ impl Prepared {
             ("kv_scales", &self.kv_scales),
         ];
         split.extend(self.mods.iter().map(|(n, b)| (n.as_str(), b)));
-        let reduce = vec![
+        let mut reduce = vec![
             ("part_o", &self.part_o),
             ("part_ml", &self.part_ml),
             ("o", &self.o),
             ("dims", &self.dims),
         ];
+        reduce.extend(self.mods.iter().map(|(n, b)| (n.as_str(), b)));
         [
             Step {
                 kernel: &kernels.split,

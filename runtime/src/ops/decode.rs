@@ -150,6 +150,7 @@ pub(crate) fn split_layout(abi: &KernelAbi) -> (u32, u32) {
         target: abi.target,
         dtype: abi.scalar("q").dtype().unwrap_or_default(),
         kv_fp8: abi.scalar("k_cache").fp8(),
+        grid: abi.grid,
         ..split_spec(&abi.name, abi.head_dim, abi.masks, abi.grid.tile)
     }
     .with_head_dim_v(abi.head_dim_v());
@@ -168,12 +169,36 @@ pub(crate) fn reduce_masks(masks: Masks) -> Masks {
     }
 }
 
+/// How the split pass walks a slice.
+///
+/// Measured on an H200 (2026-11-28, `bench --decode`, 32 query heads over 8, d 128,
+/// beside each other in one process): the staged pass was the faster at a 32k cache in
+/// every dtype (f16 0.089 against 0.101 ms), at 128k in bf16, f32 and fp8, and at batch 8
+/// in bf16 and f32; the streamed pass in f16 at 128k (0.232 against 0.270) and batch 8
+/// (0.443 against 0.477). So the runtime plans the staged pass; the streamed one is a
+/// description (`slice_major(flash)`) any caller can pick.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SplitLayout {
+    /// The slice's scores staged in workgroup memory (`slice_major(tile = 4)`).
+    Staged,
+    /// Keys streamed through key groups with an online softmax each; needs SUBGROUP.
+    Streamed,
+}
+
+impl SplitLayout {
+    /// The layout the runtime plans (see the type's measurements).
+    pub const PLANNED: SplitLayout = SplitLayout::Staged;
+}
+
 /// The family's split and reduce kernels for a spec (compiled by the DSL now; the
-/// pipelines are created later).
-pub(crate) fn abis(spec: &DecodeSpec) -> Result<[KernelAbi; 2], Error> {
-    let base = match spec.cache {
-        Cache::Contiguous => "attention_decode_split",
-        Cache::Paged => "attention_decode_split_paged",
+/// pipelines are created later), the split pass in `layout`.
+pub(crate) fn abis(spec: &DecodeSpec, layout: SplitLayout) -> Result<[KernelAbi; 2], Error> {
+    let streamed = layout == SplitLayout::Streamed;
+    let base = match (spec.cache, streamed) {
+        (Cache::Contiguous, false) => "attention_decode_split",
+        (Cache::Paged, false) => "attention_decode_split_paged",
+        (Cache::Contiguous, true) => "attention_decode_stream",
+        (Cache::Paged, true) => "attention_decode_stream_paged",
     };
     let compile = |s: &KernelSpec| {
         attn_dsl::compile(s).map_err(|e| Error::Pipeline {
@@ -194,9 +219,13 @@ pub(crate) fn abis(spec: &DecodeSpec) -> Result<[KernelAbi; 2], Error> {
         )
     }
     .with_head_dim_v(spec.head_dim_v);
+    if streamed {
+        split.grid.flash = Some(attn_dsl::layout::decode::stream_flash(&split, true));
+    }
     // A paged fp8 cache with ALiBi binds a ninth storage buffer (the scales): such a kernel
-    // needs an adapter with more than WebGPU's default 8, and says so where it has not.
-    if spec.kv_fp8.is_some() {
+    // needs an adapter with more than WebGPU's default 8, and says so where it has not; a
+    // streamed pass's subgroups are native.
+    if spec.kv_fp8.is_some() || streamed {
         split.fit_target();
     }
     let split = compile(&split)?;
@@ -226,11 +255,16 @@ pub struct Decode {
 }
 
 impl Decode {
-    /// Checks `spec` and builds its kernels' WGSL; the pipelines are created on the first
-    /// call.
-    pub fn new(spec: DecodeSpec) -> Result<Decode, Error> {
+    /// Checks `spec`, builds its kernels' WGSL and checks that this device can run them
+    /// (a missing feature or limit is an error now, not at the first call); the pipelines
+    /// are created on the first call.
+    pub fn new(gpu: &Gpu, spec: DecodeSpec) -> Result<Decode, Error> {
+        let abis = abis(&spec, SplitLayout::PLANNED)?;
+        for abi in &abis {
+            gpu.require(abi)?;
+        }
         Ok(Decode {
-            abis: abis(&spec)?,
+            abis,
             passes: None,
             scratch: Scratch::default(),
         })
@@ -293,14 +327,25 @@ pub(crate) struct Scratch {
 impl Scratch {
     /// Views of at least `o` and `ml` f32 elements.
     fn views(&mut self, gpu: &Gpu, o: &[u32], ml: &[u32]) -> Result<(Tensor, Tensor), TensorError> {
-        let grow = |held: &mut Option<Tensor>, shape: &[u32]| -> Result<Tensor, TensorError> {
-            if held.as_ref().is_none_or(|t| t.len() < elements(shape)) {
-                *held = Some(Tensor::zeros(gpu, &[elements(shape) as u32], Scalar::F32));
-            }
-            held.as_ref().expect("grown above").view(shape)
-        };
-        Ok((grow(&mut self.part_o, o)?, grow(&mut self.part_ml, ml)?))
+        Ok((
+            grow(gpu, &mut self.part_o, o, Scalar::F32)?,
+            grow(gpu, &mut self.part_ml, ml, Scalar::F32)?,
+        ))
     }
+}
+
+/// `held`, replaced by a zeroed tensor of at least `shape`'s elements where it is shorter,
+/// viewed as `shape`.
+fn grow(
+    gpu: &Gpu,
+    held: &mut Option<Tensor>,
+    shape: &[u32],
+    scalar: Scalar,
+) -> Result<Tensor, TensorError> {
+    if held.as_ref().is_none_or(|t| t.len() < elements(shape)) {
+        *held = Some(Tensor::zeros(gpu, &[elements(shape) as u32], scalar));
+    }
+    held.as_ref().expect("grown above").view(shape)
 }
 
 /// Records split-K decode of `args` with `passes`, its partials in `scratch`.
@@ -350,12 +395,12 @@ pub(crate) fn record(
     tensors.extend(c.block_table.map(|t| ("block_table", t)));
     tensors.extend(c.scales.map(|t| ("kv_scales", t)));
     tensors.extend(args.mods.tensors());
+    let g = grid(passes.split.abi(), &dims);
     let split = Dispatch {
         tensors,
         dims: dims.clone(),
         params,
     };
-    let g = grid(passes.split.abi(), &dims);
     passes.split.record(gpu, encoder, &split, g)?;
     let mut tensors = vec![("part_o", &part_o), ("part_ml", &part_ml), ("o", args.o)];
     tensors.extend(args.mods.sinks.map(|t| ("sinks", t)));

@@ -85,7 +85,7 @@ pub fn decode(gpu: &Gpu, h: Heads, cache_len: u32, dtype: Dtype, steps: u32) -> 
         filled += n;
     }
     gpu.queue.submit([enc.finish()]);
-    let mut decode = Decode::new(DecodeSpec {
+    let mut decode = Decode::new(&gpu, DecodeSpec {
         head_dim: h.head_dim,
         head_dim_v: h.head_dim_v,
         masks: Masks::default(),

@@ -274,7 +274,7 @@ pub fn decode(
     let flex_slopes = [("slopes", &slopes)];
     let mut rows = Vec::new();
     for variant in variants(cache_len, window, true) {
-        let mut decode = Decode::new(DecodeSpec {
+        let mut decode = Decode::new(&gpu, DecodeSpec {
             head_dim: h.head_dim,
             head_dim_v: h.head_dim,
             masks: variant.masks,

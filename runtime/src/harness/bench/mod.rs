@@ -18,6 +18,7 @@ use crate::cases::random;
 use crate::cases::{self, Runner, Shape};
 use crate::device::Gpu;
 use crate::dispatch::kernel::Kernel;
+use crate::ops::decode::SplitLayout;
 use crate::error::Error;
 use crate::kernels;
 use crate::kernels::BackwardKernels;
@@ -1196,65 +1197,72 @@ pub fn decode(
             bytes,
         },
     ];
-    // The same step with the query, the cache and O in half precision: half the bytes.
-    for dtype in gpu.half_dtypes() {
-        let half =
-            crate::decode::SplitDecode::for_dims_in(gpu, widths, masks, Cache::Contiguous, dtype)?;
-        let prepared = half.prepare(gpu, &input, None, slice_len)?;
-        let s = prepared.slicing;
-        let steps = prepared.steps(&half);
-        let bytes = shape.bytes_in(2.0);
-        rows.push(DecodeRow {
-            kernel: format!(
-                "decode split-K {}x{} + reduce, {}",
-                s.n_slices,
-                s.slice_len,
-                dtype.name()
-            ),
-            timing: timing::time(gpu, &steps, warmup, runs)?,
-            bytes,
-        });
-        // Each pass alone: what the split pass's streaming costs beside the fixed cost of
-        // the reduce and of a second dispatch.
-        let (split_pass, reduce_pass) = steps.split_at(1);
-        for (part, steps, bytes) in [("split", split_pass, bytes), ("reduce", reduce_pass, 0.0)] {
-            rows.push(DecodeRow {
-                kernel: format!("  part: {part} pass alone, {}", dtype.name()),
-                timing: timing::time(gpu, steps, warmup, runs)?,
-                bytes,
-            });
-        }
-    }
-    // The cache in 8-bit floats (Q and O in the first half dtype, else f32): a quarter of
-    // f32's cache bytes, half of f16's.
+    // The same step in every dtype and fp8 cache, with the split pass staged and (where the
+    // device has subgroups) streamed, each followed by its split pass alone: what the
+    // streaming costs beside the reduce's fixed cost and the second dispatch's.
     let ends = gpu.half_dtypes().first().copied().unwrap_or(Dtype::F32);
-    for fp8 in Fp8::ALL {
-        let kernels = crate::decode::SplitDecode::from_spec(
-            gpu,
-            &crate::ops::decode::DecodeSpec {
+    let mut variants: Vec<(Dtype, Option<Fp8>)> = vec![(Dtype::F32, None)];
+    variants.extend(gpu.half_dtypes().into_iter().map(|d| (d, None)));
+    variants.extend(Fp8::ALL.map(|f| (ends, Some(f))));
+    for (dtype, kv_fp8) in variants {
+        for layout in decode_layouts(gpu) {
+            let spec = crate::ops::decode::DecodeSpec {
                 head_dim: h.head_dim,
                 head_dim_v: h.head_dim_v,
                 masks,
-                dtype: ends,
+                dtype,
                 cache: Cache::Contiguous,
-                kv_fp8: Some(fp8),
-            },
-        )?;
-        let prepared = kernels.prepare(gpu, &input, None, slice_len)?;
-        let s = prepared.slicing;
-        rows.push(DecodeRow {
-            kernel: format!(
-                "decode split-K {}x{} + reduce, {} cache{FP8_ROW}{}",
-                s.n_slices,
-                s.slice_len,
-                fp8.name(),
-                ends.name()
-            ),
-            timing: timing::time(gpu, &prepared.steps(&kernels), warmup, runs)?,
-            bytes: shape.bytes_of(1.0, f64::from(ends.bytes())),
-        });
+                kv_fp8,
+            };
+            let kernels = crate::decode::SplitDecode::from_spec_in(gpu, &spec, layout)?;
+            if slice_len.is_some_and(|len| len > kernels.max_slice()) {
+                continue;
+            }
+            let prepared = kernels.prepare(gpu, &input, None, slice_len)?;
+            let s = prepared.slicing;
+            let steps = prepared.steps(&kernels);
+            let (label, bytes) = match kv_fp8 {
+                None => (
+                    format!("{}{}", dtype.name(), layout_name(layout)),
+                    shape.bytes_in(f64::from(dtype.bytes())),
+                ),
+                Some(f) => (
+                    format!("{} cache{}{FP8_ROW}{}", f.name(), layout_name(layout), dtype.name()),
+                    shape.bytes_of(1.0, f64::from(dtype.bytes())),
+                ),
+            };
+            rows.push(DecodeRow {
+                kernel: format!("decode split-K {}x{} + reduce, {label}", s.n_slices, s.slice_len),
+                timing: timing::time(gpu, &steps, warmup, runs)?,
+                bytes,
+            });
+            let (split_pass, reduce_pass) = steps.split_at(1);
+            for (part, steps, bytes) in [("split", split_pass, bytes), ("reduce", reduce_pass, 0.0)] {
+                rows.push(DecodeRow {
+                    kernel: format!("  part: {part} pass alone"),
+                    timing: timing::time(gpu, steps, warmup, runs)?,
+                    bytes,
+                });
+            }
+        }
     }
     Ok(rows)
+}
+
+/// The split-pass layouts `bench --decode` times: staged, and streamed where the device has
+/// subgroups.
+fn decode_layouts(gpu: &Gpu) -> Vec<SplitLayout> {
+    match gpu.has_subgroups() {
+        true => vec![SplitLayout::Staged, SplitLayout::Streamed],
+        false => vec![SplitLayout::Staged],
+    }
+}
+
+fn layout_name(layout: SplitLayout) -> &'static str {
+    match layout {
+        SplitLayout::Staged => " staged",
+        SplitLayout::Streamed => " streamed",
+    }
 }
 
 /// What an fp8 decode row's label says before the dtype of Q and O.

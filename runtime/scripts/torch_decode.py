@@ -1,0 +1,59 @@
+"""PyTorch beside `bench --decode` and `bench --e2e` on the same shapes, in the same device
+command: decode (one query row per head against a cache), n new rows over a cache (causal
+among them, offset by the cache: `causal_lower_right`), and F.linear at decode's row counts.
+CUDA events, the median of 50 runs after 5. Run it on the device in the same command as
+bench: `python3 runtime/scripts/torch_decode.py [--quick]`."""
+import sys, statistics, torch, torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
+
+def t(f, n=50):
+    for _ in range(5): f()
+    times = []
+    for _ in range(n):
+        s = torch.cuda.Event(enable_timing=True); e = torch.cuda.Event(enable_timing=True)
+        s.record(); f(); e.record(); torch.cuda.synchronize(); times.append(s.elapsed_time(e))
+    return statistics.median(times)
+
+quick = "--quick" in sys.argv
+print("torch", torch.__version__, torch.cuda.get_device_name())
+x = torch.empty(256 * 1024 * 1024 // 4, device='cuda'); y = torch.empty_like(x)
+ms = t(lambda: y.copy_(x)); print(f"torch copy 256 MiB: {ms:.4f} ms {2 * x.numel() * 4 / ms / 1e6:.0f} GB/s")
+del x, y
+
+def decode(B, L, H, KV, D, dt):
+    q = torch.randn(B, H, 1, D, device='cuda', dtype=dt)
+    k = torch.randn(B, KV, L, D, device='cuda', dtype=dt); v = torch.randn_like(k)
+    ms = t(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
+    gb = (2 * k.numel() + 2 * q.numel()) * k.element_size() / 1e9
+    print(f"torch decode b={B} cache={L} {H}/{KV}/{D} {str(dt)[6:]}: {ms:.4f} ms {gb / ms * 1e3:.0f} GB/s")
+
+lens = [32768] if quick else [32768, 65536, 131072]
+for dt in (torch.float16, torch.bfloat16):
+    for (H, KV, D) in [(32, 8, 128), (64, 8, 128), (32, 8, 64)]:
+        for L in lens:
+            for B in (1, 8):
+                decode(B, L, H, KV, D, dt)
+
+# n new rows per sequence over a cache of L rows (L includes them): chunked prefill, the
+# next turn of a chat, speculative verification.
+for dt in (torch.float16,):
+    for n in (1, 4, 16, 512):
+        L = 32768; H, KV, D = 32, 8, 128
+        q = torch.randn(1, H, n, D, device='cuda', dtype=dt)
+        k = torch.randn(1, KV, L, D, device='cuda', dtype=dt); v = torch.randn_like(k)
+        mask = causal_lower_right(n, L)
+        ms = t(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True))
+        gb = 2 * k.numel() * k.element_size() / 1e9
+        fl = 4 * n * L * H * D
+        print(f"torch continue n={n} cache={L} {H}/{KV}/{D} {str(dt)[6:]}: {ms:.4f} ms "
+              f"{gb / ms * 1e3:.0f} GB/s {fl / ms / 1e9:.1f} TFLOP/s")
+
+# Projections at decode shapes: F.linear of [rows, 768] by [3072, 768] (and 4096 x 4096).
+for dt in (torch.float32, torch.float16, torch.bfloat16):
+    for (K, N) in [(768, 3072), (4096, 4096)]:
+        w = torch.randn(N, K, device='cuda', dtype=dt)
+        for rows in (1, 2, 8, 16):
+            a = torch.randn(rows, K, device='cuda', dtype=dt)
+            ms = t(lambda: F.linear(a, w))
+            gb = w.numel() * w.element_size() / 1e9
+            print(f"torch linear rows={rows} {K}->{N} {str(dt)[6:]}: {ms:.4f} ms {gb / ms * 1e3:.0f} GB/s of weights")
