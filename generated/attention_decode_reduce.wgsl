@@ -20,15 +20,19 @@ struct Dims {
     slice_len: u32,
     n_slices: u32,
     pages_per_seq: u32,
+    n_rows: u32,
+    slot0: u32,
     _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 // The sequence of the batch this workgroup works on, set by the entry point.
 var<private> batch: u32;
-@group(0) @binding(0) var<storage, read> part_o: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read> part_ml: array<f32>;
-@group(0) @binding(2) var<storage, read_write> o: array<vec4<f32>>;
-@group(0) @binding(3) var<uniform> dims: Dims;
+@group(0) @binding(0) var<storage, read> partials: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read_write> o: array<vec4<f32>>;
+@group(0) @binding(2) var<uniform> dims: Dims;
+@group(0) @binding(3) var<storage, read> q_starts: array<u32>;
 
 // exp(x) = 2^(x·log2 e) with the product split exactly: t = x·L rounded, and its
 // rounding error (and that of L itself) e, by fma; 2^t by the hardware and the factor
@@ -80,40 +84,63 @@ fn wg_sum4(tid: u32, x: vec4<f32>) -> vec4<f32> {
     return r;
 }
 
+// This sequence's first row in the packed Q and O, set by the entry point.
+var<private> q_row0: u32;
+
+// Queries in the partials: every sequence's rows at the longest's count.
+fn n_queries() -> u32 {
+    return dims.n_rows * dims.n_heads;
+}
+
 fn exp4(x: vec4<f32>) -> vec4<f32> {
     return vec4<f32>(exp_f32(x.x), exp_f32(x.y), exp_f32(x.z), exp_f32(x.w));
 }
 
-// [part, b, slice, h]: part 0 the slice's max m, part 1 its sum l.
-fn ml_index(part: u32, slice: u32, h: u32) -> u32 {
-    return ((part * dims.batch + batch) * dims.n_slices + slice) * dims.n_heads + h;
+// The record of query q (a row's head, row · n_heads + h) in slice `slice`, [b, slice,
+// q] in vec4s: V4 of the unnormalized output, then (m, l, 0, 0).
+fn part_index(slice: u32, q: u32) -> u32 {
+    return ((batch * dims.n_slices + slice) * n_queries() + q) * (V4 + 1u);
 }
 
-// [b, slice, h, d] in vec4s.
-fn part_o_index(slice: u32, h: u32) -> u32 {
-    return ((batch * dims.n_slices + slice) * dims.n_heads + h) * V4;
+// The slice's max m and sum l for query q.
+fn part_ml(slice: u32, q: u32) -> vec2<f32> {
+    return partials[part_index(slice, q) + V4].xy;
 }
 
 // Slices summed in turn by each of PARTS groups of V4 invocations.
 const PARTS: u32 = WG / V4;
 
-fn o4_index(h: u32) -> u32 {
-    return (batch * dims.n_heads + h) * V4;
+// [row, h, d] in vec4s, of query q (row · n_heads + h) of this sequence's rows.
+fn o4_index(q: u32) -> u32 {
+    return (q_row0 * dims.n_heads + q) * V4;
 }
+
+// This sequence's first row in O, and its rows.
+var<workgroup> sh_rows: vec2<u32>;
 
 @compute @workgroup_size(WG)
 fn attention_decode_reduce(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     batch = wg.y;
+    // Query h: row h / n_heads of the sequence's rows, head h % n_heads.
     let h = wg.x;
+    if (tid == 0u) {
+        sh_rows = vec2<u32>(q_starts[batch], q_starts[batch + 1u] - q_starts[batch]);
+    }
+    let rows = workgroupUniformLoad(&sh_rows);
+    if (h / dims.n_heads >= rows.y) {
+        return;
+    }
+    q_row0 = rows.x;
     var mx = NEG_BIG;
     for (var s = tid; s < dims.n_slices; s = s + WG) {
-        mx = max(mx, part_ml[ml_index(0u, s, h)]);
+        mx = max(mx, part_ml(s, h).x);
     }
     let m = wg_max4(tid, vec4<f32>(mx)).x;
     // l = Σ e^(m_s − m)·l_s. A slice the window hides has m_s = NEG_BIG, l_s = 0.
     var ls = 0.0;
     for (var s = tid; s < dims.n_slices; s = s + WG) {
-        ls = ls + exp_f32(part_ml[ml_index(0u, s, h)] - m) * part_ml[ml_index(1u, s, h)];
+        let ml = part_ml(s, h);
+        ls = ls + exp_f32(ml.x - m) * ml.y;
     }
     let l = wg_sum4(tid, vec4<f32>(ls)).x;
     let c = tid % V4;
@@ -121,8 +148,8 @@ fn attention_decode_reduce(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_
     var acc = vec4<f32>(0.0);
     if (part < PARTS) {
         for (var s = part; s < dims.n_slices; s = s + PARTS) {
-            let w = exp_f32(part_ml[ml_index(0u, s, h)] - m);
-            acc = fma(vec4<f32>(w), part_o[part_o_index(s, h) + c], acc);
+            let w = exp_f32(part_ml(s, h).x - m);
+            acc = fma(vec4<f32>(w), partials[part_index(s, h) + c], acc);
         }
     }
     sh_red[tid] = acc;

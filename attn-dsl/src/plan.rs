@@ -223,6 +223,8 @@ impl KernelAbi {
             // owns dsinks[h].
             Op::SinkGrad if at(6) == 0 => return [at(1), at(5), 1],
             Op::SinkGrad => return [at(1), 1, 1],
+            // Field 11 is n_rows: a workgroup per query (row, head) and sequence.
+            Op::DecodeReduce => return [at(1) * at(11).max(1), at(4), 1],
             _ => {}
         }
         match self.grid.major {
@@ -235,13 +237,12 @@ impl KernelAbi {
             }
             Major::J => [at(0).div_ceil(self.grid.tile), at(2), at(4)],
             Major::Head => [at(1), at(4), 1],
-            // Field 9 is n_slices; each KV head's query heads in groups of `tile`.
+            // Field 9 is n_slices, 11 n_rows; each KV head's query slots (rows by its query
+            // heads) in groups of `tile`.
             Major::Slice => [
                 at(9),
                 at(2)
-                    * at(1)
-                        .checked_div(at(2))
-                        .unwrap_or(0)
+                    * (at(11).max(1) * at(1).checked_div(at(2)).unwrap_or(0))
                         .div_ceil(self.grid.tile),
                 at(4),
             ],

@@ -147,8 +147,9 @@ const FORWARD: &[Tensor] = &[
     SINKS,
 ];
 
-// Split-K decode: slice `slice` of the cache flushes, per query head, its unnormalized
-// output (part_o) and its running max and sum (part_ml: m is part 0, l part 1) for the reduce.
+// Split-K decode: slice `slice` of the cache flushes, per query, its unnormalized output
+// and then its max and sum, (m, l, 0, 0), one record of head_dim_v / 4 + 1 vec4s in
+// `partials`, for the reduce.
 // A paged cache is a pool of pages (J: the key within its page) and a block table.
 const DECODE_SPLIT: &[Tensor] = &[
     t("q", Input, Data4, &[B, H, D]),
@@ -168,8 +169,7 @@ const DECODE_SPLIT: &[Tensor] = &[
         t("v_cache", Input, Cache4, &[Page, J, KvH, D]),
         Presence::IfCache(Cache::Paged),
     ),
-    t("part_o", Output, F32x4, &[B, Slice, H, D]),
-    t("part_ml", Output, F32, &[Part, B, Slice, H]),
+    t("partials", Output, F32x4, &[B, Slice, H, D]),
     DIMS,
     PARAMS_T,
     ALIBI,
@@ -181,18 +181,23 @@ const DECODE_SPLIT: &[Tensor] = &[
     // batch decodes in one dispatch and a decode loop's uniforms never change.
     t("seq_lens", Input, U32, &[B]),
     KV_SCALES,
+    Q_STARTS,
 ];
+
+// Each sequence's first query row in the packed Q and O, and (entry b + 1) its end: the
+// rows a sequence adds to its cache, one for a decode step (FlashInfer's qo_indptr).
+const Q_STARTS: Tensor = t("q_starts", Input, U32, &[B]);
 
 // An fp8 cache's scales: part 0 K's, part 1 V's, one per KV head (a per-tensor scale is
 // the same value in every head). Run-time values, read on the device.
 const KV_SCALES: Tensor = when(t("kv_scales", Input, F32, &[Part, KvH]), Presence::IfFp8);
 
 const DECODE_REDUCE: &[Tensor] = &[
-    t("part_o", Input, F32x4, &[B, Slice, H, D]),
-    t("part_ml", Input, F32, &[Part, B, Slice, H]),
+    t("partials", Input, F32x4, &[B, Slice, H, D]),
     t("o", Output, Data4, &[B, H, D]),
     DIMS,
     SINKS,
+    Q_STARTS,
 ];
 
 const DECODE: &[Tensor] = &[
@@ -622,7 +627,8 @@ pub fn dims(op: Op) -> UniformBlock {
         ],
         // Both passes of split-K decode bind one dims block: slice_len keys per slice (a
         // multiple of the split kernel's key tile), n_slices of them; a paged cache's
-        // page_size (keys per page) and pages_per_seq (a block table row's length).
+        // page_size (keys per page) and pages_per_seq (a block table row's length); the most
+        // query rows a sequence adds (n_rows) and the cache slot of sequence 0 (slot0).
         Op::DecodeSplit | Op::DecodeReduce => &[
             "cache_len",
             "n_heads",
@@ -635,7 +641,11 @@ pub fn dims(op: Op) -> UniformBlock {
             "slice_len",
             "n_slices",
             "pages_per_seq",
+            "n_rows",
+            "slot0",
             "_pad0",
+            "_pad1",
+            "_pad2",
         ],
         Op::Rope | Op::RopeBackward => &[
             "seq_len", "n_heads", "_pad3", "head_dim", "batch", "_pad0", "_pad1", "_pad2",
@@ -721,7 +731,7 @@ pub fn dims(op: Op) -> UniformBlock {
 /// backward's P and dS, split-K decode's partials): the tensor the macro checks against
 /// the producer's published layout.
 pub fn is_scratch_read(name: &str) -> bool {
-    matches!(name, "p_ds" | "part_o")
+    matches!(name, "p_ds" | "partials")
 }
 
 /// The uniform block behind a uniform binding name.

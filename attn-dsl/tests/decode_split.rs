@@ -7,8 +7,7 @@ fn split(head_dim: u32, heads: u32, masks: Masks) -> KernelSpec {
     KernelSpec {
         grid: Grid::rows(Major::Slice, heads),
         writes: vec![
-            ("part_o".into(), WriteMode::ScratchFlush),
-            ("part_ml".into(), WriteMode::ScratchFlush),
+            ("partials".into(), WriteMode::ScratchFlush),
         ],
         ..KernelSpec::standard("split", Op::DecodeSplit, head_dim, masks)
     }
@@ -108,7 +107,7 @@ fn both_passes_compile_in_half_precision() {
             for name in ["q", "k_cache", "v_cache"] {
                 assert_eq!(s.binding(name).unwrap().wgsl_type, wgsl, "{name}");
             }
-            assert_eq!(s.binding("part_o").unwrap().wgsl_type, "array<vec4<f32>>");
+            assert_eq!(s.binding("partials").unwrap().wgsl_type, "array<vec4<f32>>");
             let r = attn_dsl::compile(&KernelSpec {
                 dtype,
                 ..reduce(hd)
@@ -212,8 +211,8 @@ fn decode_ops_take_v_rows_of_another_width() {
     assert_eq!(e.field(), Some(&Field::HeadDimV), "{e}");
 }
 
-/// A `mask_mod` bounds which tiles of a slice the decode row can see: both loops step
-/// from one such tile to the next (a mask that names `h` asks each served head), the
+/// A `mask_mod` bounds which tiles of a slice the served queries can see: both loops step
+/// from one such tile to the next (a mask that names `h` asks each served query's head), the
 /// skipped keys' scores stay `NEG_BIG`; without a mask both loops visit every key.
 #[test]
 fn a_mask_mod_decode_skips_the_tiles_it_cannot_see() {
@@ -233,10 +232,10 @@ fn a_mask_mod_decode_skips_the_tiles_it_cannot_see() {
     let window = attn_dsl::compile(&split(64, 4, with(library::window_with_sinks(256, 4))))
         .expect("a window decode compiles");
     for step in [
-        "k_next = next_tile(t0 + KEY_TILE, hi, KEY_TILE, q_pos, head0, n_here);",
-        "v_next = next_tile(t + PV_STEP, hi, PV_STEP, q_pos, head0, n_here);",
+        "k_next = next_tile(t0 + KEY_TILE, hi, KEY_TILE, sv);",
+        "v_next = next_tile(t + PV_STEP, hi, PV_STEP, sv);",
         "sh_s[i] = vec4<f32>(NEG_BIG);",
-        "return mask_tile(q, q, k0, k1, head0).x;",
+        "return mask_tile(q0, q1, k0, k1, sv.h.x).x;",
     ] {
         assert!(window.wgsl.contains(step), "missing `{step}`");
     }
@@ -250,7 +249,7 @@ fn a_mask_mod_decode_skips_the_tiles_it_cannot_see() {
     assert!(
         heads
             .wgsl
-            .contains("seen = seen || mask_tile(q, q, k0, k1, head0 + i).x;")
+            .contains("seen = seen || mask_tile(q0, q1, k0, k1, sv.h[i]).x;")
     );
     let plain = attn_dsl::compile(&split(64, 4, Masks::default())).expect("compiles");
     assert!(!plain.wgsl.contains("next_tile"));

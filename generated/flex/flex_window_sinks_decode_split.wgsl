@@ -32,7 +32,11 @@ struct Dims {
     slice_len: u32,
     n_slices: u32,
     pages_per_seq: u32,
+    n_rows: u32,
+    slot0: u32,
     _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 struct Params {
@@ -47,11 +51,11 @@ var<private> batch: u32;
 @group(0) @binding(0) var<storage, read> q: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> k_cache: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> v_cache: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read_write> part_o: array<vec4<f32>>;
-@group(0) @binding(4) var<storage, read_write> part_ml: array<f32>;
-@group(0) @binding(5) var<uniform> dims: Dims;
-@group(0) @binding(6) var<uniform> params: Params;
-@group(0) @binding(7) var<storage, read> seq_lens: array<u32>;
+@group(0) @binding(3) var<storage, read_write> partials: array<vec4<f32>>;
+@group(0) @binding(4) var<uniform> dims: Dims;
+@group(0) @binding(5) var<uniform> params: Params;
+@group(0) @binding(6) var<storage, read> seq_lens: array<u32>;
+@group(0) @binding(7) var<storage, read> q_starts: array<u32>;
 
 // The four chains of a vec4 dot product, summed pairwise.
 fn hsum(v: vec4<f32>) -> f32 {
@@ -108,18 +112,27 @@ fn wg_sum4(tid: u32, x: vec4<f32>) -> vec4<f32> {
     return r;
 }
 
+// This sequence's first row in the packed Q and O, set by the entry point.
+var<private> q_row0: u32;
+
+// Queries in the partials: every sequence's rows at the longest's count.
+fn n_queries() -> u32 {
+    return dims.n_rows * dims.n_heads;
+}
+
 fn exp4(x: vec4<f32>) -> vec4<f32> {
     return vec4<f32>(exp_f32(x.x), exp_f32(x.y), exp_f32(x.z), exp_f32(x.w));
 }
 
-// [part, b, slice, h]: part 0 the slice's max m, part 1 its sum l.
-fn ml_index(part: u32, slice: u32, h: u32) -> u32 {
-    return ((part * dims.batch + batch) * dims.n_slices + slice) * dims.n_heads + h;
+// The record of query q (a row's head, row · n_heads + h) in slice `slice`, [b, slice,
+// q] in vec4s: V4 of the unnormalized output, then (m, l, 0, 0).
+fn part_index(slice: u32, q: u32) -> u32 {
+    return ((batch * dims.n_slices + slice) * n_queries() + q) * (V4 + 1u);
 }
 
-// [b, slice, h, d] in vec4s.
-fn part_o_index(slice: u32, h: u32) -> u32 {
-    return ((batch * dims.n_slices + slice) * dims.n_heads + h) * V4;
+// The slice's max m and sum l for query q.
+fn part_ml(slice: u32, q: u32) -> vec2<f32> {
+    return partials[part_index(slice, q) + V4].xy;
 }
 
 // GQA: query heads h share KV head h / (n_heads / n_kv_heads).
@@ -131,23 +144,70 @@ fn kv_head(h: u32) -> u32 {
     return h / q_per_kv();
 }
 
+// This sequence's cache length, rows added and first packed row of Q and O.
+var<workgroup> sh_seq: vec4<u32>;
+
+// The cache slot of this sequence.
+fn cache_slot() -> u32 {
+    return dims.slot0 + batch;
+}
+
 // Keys in this sequence's cache.
 fn cache_len() -> u32 {
-    return seq_lens[batch];
+    return seq_lens[cache_slot()];
+}
+
+// The sequence's (cache length, rows added, first row in Q and O), for thread 0 to share.
+fn sequence() -> vec4<u32> {
+    let start = q_starts[batch];
+    return vec4<u32>(cache_len(), q_starts[batch + 1u] - start, start, 0u);
+}
+
+// Keys [x, y) the query at position pos sees: the cache's start or its window's, to
+// itself.
+fn row_keys(pos: u32) -> vec2<u32> {
+    return vec2<u32>(0u, max(min(pos + 1u, u32(max(i32(pos) + 1, 0))), min(0u, pos + 1u)));
+}
+
+// The queries a workgroup serves, one per component: their index among the partials'
+// queries (row · n_heads + head), head and position; n of them are real.
+struct Served {
+    q: vec4<u32>,
+    h: vec4<u32>,
+    pos: vec4<u32>,
+    n: u32,
+}
+
+// Slots slot0.. of KV head kv_h (slot r · q_per_kv() + i: row r, head kv_h · q_per_kv()
+// + i) for a sequence `seq`; slots past its rows repeat its last, and are not real.
+fn served(kv_h: u32, slot0: u32, seq: vec4<u32>) -> Served {
+    var s: Served;
+    let slots = seq.y * q_per_kv();
+    s.n = select(0u, min(TILE, slots - slot0), slot0 < slots);
+    for (var i = 0u; i < TILE; i = i + 1u) {
+        let slot = min(slot0 + i, max(slots, 1u) - 1u);
+        let r = slot / q_per_kv();
+        s.h[i] = kv_h * q_per_kv() + slot % q_per_kv();
+        s.q[i] = r * dims.n_heads + s.h[i];
+        s.pos[i] = select(0u, seq.x + r - seq.y, seq.x + r >= seq.y);
+    }
+    return s;
 }
 
 fn key_visible(row: u32, h: u32, j: u32) -> bool {
     return mask_mod(row, h, j);
 }
 
-// Whether a served head may see a key of [k0, k1] from query q.
-fn tile_seen(k0: u32, k1: u32, q: u32, head0: u32, n_here: u32) -> bool {
-    return mask_tile(q, q, k0, k1, head0).x;
+// Whether a served query may see a key of [k0, k1].
+fn tile_seen(k0: u32, k1: u32, sv: Served) -> bool {
+    let q0 = sv.pos.x;
+    let q1 = sv.pos[max(sv.n, 1u) - 1u];
+    return mask_tile(q0, q1, k0, k1, sv.h.x).x;
 }
 
-fn next_tile(t0: u32, end: u32, n: u32, q: u32, head0: u32, n_here: u32) -> u32 {
+fn next_tile(t0: u32, end: u32, n: u32, sv: Served) -> u32 {
     var t = t0;
-    while (t < end && !tile_seen(t, min(t + n, end) - 1u, q, head0, n_here)) {
+    while (t < end && !tile_seen(t, min(t + n, end) - 1u, sv)) {
         t = t + n;
     }
     return t;
@@ -155,7 +215,7 @@ fn next_tile(t0: u32, end: u32, n: u32, q: u32, head0: u32, n_here: u32) -> u32 
 
 // The description's mask_mod.
 fn mask_mod(flex_row: u32, flex_h: u32, flex_j: u32) -> bool {
-    return ((i32(flex_j) <= i32(cache_len() - 1u)) && (((i32(cache_len() - 1u) - i32(flex_j)) < i32(24)) || (i32(flex_j) < i32(4))));
+    return ((i32(flex_j) <= i32(flex_row)) && (((i32(flex_row) - i32(flex_j)) < i32(24)) || (i32(flex_j) < i32(4))));
 }
 
 // Whether the mask may be true (x) and may be false (y) somewhere on a tile of queries
@@ -213,22 +273,17 @@ fn dropped(row: u32, h: u32, j: u32, p: f32) -> f32 {
 }
 
 var<workgroup> sh_q: array<vec4<f32>, TILE * V4>;
-var<workgroup> sh_len: u32;
-// The slice's scores, then its P, one vec4 (the served heads) per key.
+// The slice's scores, then its P, one vec4 (the served queries) per key.
 var<workgroup> sh_s: array<vec4<f32>, MAX_SLICE>;
 
-// The first key the query sees: the cache's start, or its window's.
-fn first_key(len: u32) -> u32 {
-    return 0u;
-}
-
-// [b, j, kv_h, d] in vec4s; the query [b, h, d] likewise.
+// [slot, j, kv_h, d] in vec4s.
 fn kv4_index(j: u32, kv_h: u32) -> u32 {
-    return ((batch * dims.capacity + j) * dims.n_kv_heads + kv_h) * V4;
+    return ((cache_slot() * dims.capacity + j) * dims.n_kv_heads + kv_h) * V4;
 }
 
-fn q4_index(h: u32) -> u32 {
-    return (batch * dims.n_heads + h) * V4;
+// [row, h, d] in vec4s, of query q (row · n_heads + h) of this sequence's rows.
+fn q4_index(q: u32) -> u32 {
+    return (q_row0 * dims.n_heads + q) * V4;
 }
 
 // vec4 column c of key j of the slice as stored, zeros past its end: the loads in
@@ -264,10 +319,9 @@ fn flush_head(tid: u32, slice: u32, h: u32, real: bool, acc: vec4<f32>, ml: vec2
         for (var r = 0u; r < PV_ROWS; r = r + 1u) {
             sum = sum + sh_red[r * V4 + tid];
         }
-        part_o[part_o_index(slice, h) + tid] = sum;
+        partials[part_index(slice, h) + tid] = sum;
         if (tid == 0u) {
-            part_ml[ml_index(0u, slice, h)] = ml.x;
-            part_ml[ml_index(1u, slice, h)] = ml.y;
+            partials[part_index(slice, h) + V4] = vec4<f32>(ml, 0.0, 0.0);
         }
     }
     workgroupBarrier();
@@ -277,28 +331,39 @@ fn flush_head(tid: u32, slice: u32, h: u32, real: bool, acc: vec4<f32>, ml: vec2
 fn flex_window_sinks_decode_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     batch = wg.z;
     let slice = wg.x;
-    // Workgroup y serves query heads head0.. of KV head kv_h, TILE at a time.
-    let groups = (q_per_kv() + TILE - 1u) / TILE;
-    let kv_h = wg.y / groups;
-    let head0 = kv_h * q_per_kv() + (wg.y % groups) * TILE;
-    let n_here = min(TILE, (kv_h + 1u) * q_per_kv() - head0);
-    let lo = slice * dims.slice_len;
-    // A slice past this sequence's length (a shorter sequence of a ragged batch) is empty.
-    // The length as a workgroup-uniform value: the loops below hold barriers, and WGSL
-    // requires their bounds uniform (a storage read is not, to the uniformity analysis).
+    // Workgroup y serves TILE query slots of KV head kv_h.
+    let groups_per_kv = (dims.n_rows * q_per_kv() + TILE - 1u) / TILE;
+    let kv_h = wg.y / groups_per_kv;
+    // The sequence as workgroup-uniform values: the loops below are bounded by them (a
+    // storage read is not uniform to WGSL's analysis).
     if (tid == 0u) {
-        sh_len = cache_len();
+        sh_seq = sequence();
     }
-    let len = workgroupUniformLoad(&sh_len);
-    let hi = max(lo, min(lo + dims.slice_len, max(min(len, u32(max(i32(len - 1u) + 1, 0))), min(0u, len))));
-    let first = max(lo, first_key(len));
+    let seq = workgroupUniformLoad(&sh_seq);
+    let len = seq.x;
+    q_row0 = seq.z;
+    let sv = served(kv_h, (wg.y % groups_per_kv) * TILE, seq);
+    let n_here = sv.n;
+    let lo = slice * dims.slice_len;
+    // Each served query's keys; the first and last of them bound the workgroup's (a
+    // sequence's rows see ever later keys). A slice past them is empty.
+    var ks = vec4<u32>(0u);
+    var ke = vec4<u32>(0u);
+    for (var i = 0u; i < TILE; i = i + 1u) {
+        let r = row_keys(sv.pos[i]);
+        ks[i] = r.x;
+        ke[i] = select(r.x, r.y, i < n_here);
+    }
+    let last = max(n_here, 1u) - 1u;
+    let hi = max(lo, min(lo + dims.slice_len, ke[last]));
+    let first = max(lo, ks[0]);
 
-    // Absent heads get q = 0; their results are never written.
+    // Absent queries get q = 0; their results are never written.
     for (var i = tid; i < TILE * V4; i = i + WG) {
         let hq = i / V4;
         var x = vec4<f32>(0.0);
         if (hq < n_here) {
-            x = widen4(q[q4_index(head0 + hq) + i % V4]);
+            x = widen4(q[q4_index(sv.q[hq]) + i % V4]);
         }
         sh_q[i] = x;
     }
@@ -313,14 +378,12 @@ fn flex_window_sinks_decode_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin
     // tile's products and reduction, so the loads' latency hides behind them.
     let lane = tid % LANES;
     let kr = tid / LANES;
-    // The decode row's position, the query mask_mod sees.
-    let q_pos = len - 1u;
-    let k_first = next_tile(first, hi, KEY_TILE, q_pos, head0, n_here);
+    let k_first = next_tile(first, hi, KEY_TILE, sv);
     var k_next = k_first;
     var k0 = fetch_k(k_first + kr, hi, lane + 0u * LANES, kv_h);
     var k1 = fetch_k(k_first + kr, hi, lane + 1u * LANES, kv_h);
     for (var t0 = k_first; t0 < hi; t0 = k_next) {
-        k_next = next_tile(t0 + KEY_TILE, hi, KEY_TILE, q_pos, head0, n_here);
+        k_next = next_tile(t0 + KEY_TILE, hi, KEY_TILE, sv);
         let n0 = fetch_k(k_next + kr, hi, lane + 0u * LANES, kv_h);
         let n1 = fetch_k(k_next + kr, hi, lane + 1u * LANES, kv_h);
         let w0 = widen4(k0);
@@ -347,17 +410,17 @@ fn flex_window_sinks_decode_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin
                     s = s + sh_red[tid * LANES + l];
                 }
                 var x = vec4<f32>(NEG_BIG);
-                if (0u < n_here && key_visible(0u, head0 + 0u, j)) {
-                    x.x = score(0u, head0 + 0u, j, s.x);
+                if (0u < n_here && j >= ks.x && j < ke.x && key_visible(sv.pos.x, sv.h.x, j)) {
+                    x.x = score(sv.pos.x, sv.h.x, j, s.x);
                 }
-                if (1u < n_here && key_visible(0u, head0 + 1u, j)) {
-                    x.y = score(0u, head0 + 1u, j, s.y);
+                if (1u < n_here && j >= ks.y && j < ke.y && key_visible(sv.pos.y, sv.h.y, j)) {
+                    x.y = score(sv.pos.y, sv.h.y, j, s.y);
                 }
-                if (2u < n_here && key_visible(0u, head0 + 2u, j)) {
-                    x.z = score(0u, head0 + 2u, j, s.z);
+                if (2u < n_here && j >= ks.z && j < ke.z && key_visible(sv.pos.z, sv.h.z, j)) {
+                    x.z = score(sv.pos.z, sv.h.z, j, s.z);
                 }
-                if (3u < n_here && key_visible(0u, head0 + 3u, j)) {
-                    x.w = score(0u, head0 + 3u, j, s.w);
+                if (3u < n_here && j >= ks.w && j < ke.w && key_visible(sv.pos.w, sv.h.w, j)) {
+                    x.w = score(sv.pos.w, sv.h.w, j, s.w);
                 }
                 sh_s[j - lo] = x;
             }
@@ -371,7 +434,7 @@ fn flex_window_sinks_decode_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin
     // the sum: invocation (r, c) reads vec4 column c of rows r, r + PV_ROWS, ..
     let c = tid % V4;
     let r = tid / V4;
-    let v_first = next_tile(first, hi, PV_STEP, q_pos, head0, n_here);
+    let v_first = next_tile(first, hi, PV_STEP, sv);
     let i0 = v_first - lo + r;
     var v0 = fetch_v(lo + i0 + 0u * PV_ROWS, hi, c, kv_h);
     var v1 = fetch_v(lo + i0 + 1u * PV_ROWS, hi, c, kv_h);
@@ -401,7 +464,7 @@ fn flex_window_sinks_decode_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin
     if (r < PV_ROWS) {
         var v_next = v_first;
         for (var t = v_first; t < hi; t = v_next) {
-            v_next = next_tile(t + PV_STEP, hi, PV_STEP, q_pos, head0, n_here);
+            v_next = next_tile(t + PV_STEP, hi, PV_STEP, sv);
             let i = t - lo + r;
             let n0 = fetch_v(v_next + r + 0u * PV_ROWS, hi, c, kv_h);
             let n1 = fetch_v(v_next + r + 1u * PV_ROWS, hi, c, kv_h);
@@ -437,8 +500,8 @@ fn flex_window_sinks_decode_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin
             v3 = n3;
         }
     }
-    flush_head(tid, slice, head0 + 0u, 0u < n_here, o0, vec2<f32>(m.x, l.x));
-    flush_head(tid, slice, head0 + 1u, 1u < n_here, o1, vec2<f32>(m.y, l.y));
-    flush_head(tid, slice, head0 + 2u, 2u < n_here, o2, vec2<f32>(m.z, l.z));
-    flush_head(tid, slice, head0 + 3u, 3u < n_here, o3, vec2<f32>(m.w, l.w));
+    flush_head(tid, slice, sv.q.x, 0u < n_here, o0, vec2<f32>(m.x, l.x));
+    flush_head(tid, slice, sv.q.y, 1u < n_here, o1, vec2<f32>(m.y, l.y));
+    flush_head(tid, slice, sv.q.z, 2u < n_here, o2, vec2<f32>(m.z, l.z));
+    flush_head(tid, slice, sv.q.w, 3u < n_here, o3, vec2<f32>(m.w, l.w));
 }

@@ -118,6 +118,8 @@ pub enum InputError {
     },
     #[error("paged KV cache: {0}")]
     Pages(String),
+    #[error("query rows: {0}")]
+    QueryRows(String),
     #[error("scale {0} is not a finite number")]
     Scale(f32),
     #[error("{what} needs {needs}")]

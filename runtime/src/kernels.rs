@@ -45,7 +45,7 @@ attention_kernel! {
         gqa: any,
         target: webgpu,
         workgroup_size: 256,
-        writes: { part_o: scratch, part_ml: scratch },
+        writes: { partials: scratch },
     }
 }
 
@@ -75,7 +75,7 @@ attention_kernel! {
         target: webgpu,
         workgroup_size: 256,
         cache: paged,
-        writes: { part_o: scratch, part_ml: scratch },
+        writes: { partials: scratch },
     }
 }
 
@@ -92,7 +92,7 @@ attention_kernel! {
         gqa: any,
         target: native(workgroup_storage = 16384, storage_buffers = 8),
         dtype: f16,
-        writes: { part_o: scratch, part_ml: scratch },
+        writes: { partials: scratch },
     }
 }
 
@@ -109,7 +109,7 @@ attention_kernel! {
         workgroup_size: 256,
         dtype: f16,
         kv_cache: e4m3,
-        writes: { part_o: scratch, part_ml: scratch },
+        writes: { partials: scratch },
     }
 }
 
@@ -538,7 +538,7 @@ attention_kernel! {
         target: webgpu,
         workgroup_size: 256,
         cache: paged,
-        writes: { part_o: scratch, part_ml: scratch },
+        writes: { partials: scratch },
     }
 }
 

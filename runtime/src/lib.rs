@@ -49,7 +49,7 @@ pub mod harness;
 pub use dispatch::kernel;
 #[cfg(not(target_arch = "wasm32"))]
 #[doc(hidden)]
-pub use harness::{bench, cases, kv_fp8, npy};
+pub use harness::{bench, cases, continued, kv_fp8, npy};
 #[doc(hidden)]
 pub use harness::{compare, reference};
 pub use host::{attention, buffers, decode, rope};

@@ -358,6 +358,7 @@ fn decode_after_appends(
     let qt = Tensor::from_f32(gpu, &q_shape, Scalar::F32, q).unwrap();
     let ot = Tensor::zeros(gpu, &[slots, h.n_heads, dv], Scalar::F32);
     let args = DecodeArgs {
+            rows: Default::default(),
         q: &qt,
         cache: cache.view(),
         o: &ot,
@@ -698,6 +699,7 @@ fn a_decode_loop_creates_nothing_in_its_steady_state() {
         }
         cache.append(&gpu, &mut enc, 0, &k, &k).unwrap();
         let args = DecodeArgs {
+            rows: Default::default(),
             q: &q3,
             cache: cache.view(),
             o: &o,
@@ -907,4 +909,102 @@ fn sinks_need_dsinks_on_the_device_and_match_the_host_call() {
     };
     let (host, _) = bwd.run(&gpu, &input, None).block_on().unwrap();
     assert_eq!(host.dsinks, on_device);
+}
+
+/// A continued cache's bad input, each a typed error before anything is recorded: n = 0,
+/// rows past a slot's capacity, Q of the wrong width or dtype, a free slot, a ragged
+/// batch whose starts decrease or overrun Q. The cache's lengths and O stay as they were.
+#[test]
+fn refused_continuations_leave_the_cache_and_o_as_they_were() {
+    use runtime::ops::cache::ExtendArgs;
+    use runtime::ops::decode::{CacheView, QueryRows};
+    let gpu = gpu();
+    let h = HEADS;
+    let spec = CacheSpec {
+        slots: 2,
+        n_kv_heads: h.n_kv_heads,
+        head_dim: h.head_dim,
+        head_dim_v: h.head_dim_v,
+        dtype: Dtype::F32,
+        layout: CacheLayout::Contiguous { capacity: 8 },
+        kv_fp8: None,
+    };
+    let mut cache = KvCache::new(&gpu, spec).unwrap();
+    let mut decode = Decode::new(&gpu, DecodeSpec {
+        head_dim: 64,
+        head_dim_v: 64,
+        masks: Masks::default(),
+        dtype: Dtype::F32,
+        cache: Cache::Contiguous,
+        kv_fp8: None,
+    })
+    .unwrap();
+    let mut enc = gpu.device.create_command_encoder(&Default::default());
+    cache.open(&mut enc, 0).unwrap();
+    let kv = |n| Tensor::zeros(&gpu, &[1, n, h.n_kv_heads, h.head_dim], Scalar::F32);
+    cache.append(&gpu, &mut enc, 0, &kv(5), &kv(5)).unwrap();
+    submit(&gpu, enc);
+    let (_, o) = upload(&gpu, &[1, 4, h.n_heads, h.head_dim], 9);
+    let before = read(&gpu, &o);
+    let q = |n, d, s| Tensor::zeros(&gpu, &[1, n, h.n_heads, d], s);
+    let extend = |cache: &mut KvCache, decode: &mut Decode, slot, n, q: &Tensor| {
+        let (k, v) = (kv(n), kv(n));
+        let args = ExtendArgs {
+            k_new: &k,
+            v_new: &v,
+            q,
+            o: &o,
+            scale: None,
+            mods: Default::default(),
+        };
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        let r = cache.extend(&gpu, &mut enc, decode, slot, &args).map(|_| ());
+        submit(&gpu, enc);
+        r
+    };
+    let input = |r: Result<(), Error>| match r {
+        Err(Error::Input(e)) => e,
+        other => panic!("expected an input error, got {other:?}"),
+    };
+    assert!(matches!(
+        input(extend(&mut cache, &mut decode, 0, 0, &q(0, 64, Scalar::F32))),
+        InputError::QueryRows(_) | InputError::Tensor(_)
+    ));
+    assert!(matches!(
+        input(extend(&mut cache, &mut decode, 0, 4, &q(4, 64, Scalar::F32))),
+        InputError::Cache(CacheError::Full { slot: 0, len: 5, adding: 4, capacity: 8 })
+    ));
+    let e = input(extend(&mut cache, &mut decode, 0, 3, &q(3, 32, Scalar::F32)));
+    assert!(matches!(e, InputError::HeadDim { .. } | InputError::Tensor(_)), "{e}");
+    assert!(matches!(
+        input(extend(&mut cache, &mut decode, 0, 3, &q(3, 64, Scalar::F16))),
+        InputError::Tensor(TensorError::Dtype { .. })
+    ));
+    assert!(matches!(
+        input(extend(&mut cache, &mut decode, 1, 3, &q(3, 64, Scalar::F32))),
+        InputError::Cache(CacheError::Free { slot: 1 })
+    ));
+    assert_eq!(cache.len(0), Some(5));
+    assert_eq!(runtime::block_on(cache.lengths().to_u32(&gpu)).unwrap(), [5, 0]);
+    // Ragged starts that decrease, or end past Q's rows.
+    let q3 = Tensor::zeros(&gpu, &[4, h.n_heads, h.head_dim], Scalar::F32);
+    let o3 = o.reshape(&[4, h.n_heads, h.head_dim]).unwrap();
+    for starts in [&[0u32, 3, 2][..], &[0, 2, 5], &[1, 4], &[0]] {
+        let args = DecodeArgs {
+            q: &q3,
+            rows: QueryRows::Ragged(starts),
+            cache: CacheView {
+                max_len: 8,
+                ..cache.view()
+            },
+            o: &o3,
+            scale: None,
+            mods: Default::default(),
+            slice_len: None,
+        };
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        let e = input(decode.record(&gpu, &mut enc, &args).map(|_| ()));
+        assert!(matches!(e, InputError::QueryRows(_)), "{starts:?}: {e}");
+    }
+    assert_eq!(read(&gpu, &o), before);
 }

@@ -854,7 +854,7 @@ fn supported_mode(spec: &KernelSpec, tensor: &str) -> WriteMode {
         (Op::LayernormGradRows, "db") | (Op::LayernormRowsBackward, "dgamma" | "dbeta") => {
             WriteMode::ScratchFlush
         }
-        (Op::DecodeSplit, "part_o" | "part_ml") => WriteMode::ScratchFlush,
+        (Op::DecodeSplit, "partials") => WriteMode::ScratchFlush,
         (Op::BackwardQ, "dkv") => WriteMode::AtomicScatter,
         // The tensor-core key-major half owns dK and dV per KV head, or adds them by
         // atomics from a workgroup per query head.

@@ -134,18 +134,27 @@ fn wg_sum4(tid: u32, x: vec4<f32>) -> vec4<f32> {
 const PARTIALS: Template = Template {
     name: "partials",
     needs: &[Helper::Exp],
-    text: r#"fn exp4(x: vec4<f32>) -> vec4<f32> {
+    text: r#"// This sequence's first row in the packed Q and O, set by the entry point.
+var<private> q_row0: u32;
+
+// Queries in the partials: every sequence's rows at the longest's count.
+fn n_queries() -> u32 {
+    return dims.n_rows * dims.n_heads;
+}
+
+fn exp4(x: vec4<f32>) -> vec4<f32> {
     return vec4<f32>(exp_f32(x.x), exp_f32(x.y), exp_f32(x.z), exp_f32(x.w));
 }
 
-// [part, b, slice, h]: part 0 the slice's max m, part 1 its sum l.
-fn ml_index(part: u32, slice: u32, h: u32) -> u32 {
-    return ((part * dims.batch + batch) * dims.n_slices + slice) * dims.n_heads + h;
+// The record of query q (a row's head, row · n_heads + h) in slice `slice`, [b, slice,
+// q] in vec4s: V4 of the unnormalized output, then (m, l, 0, 0).
+fn part_index(slice: u32, q: u32) -> u32 {
+    return ((batch * dims.n_slices + slice) * n_queries() + q) * (V4 + 1u);
 }
 
-// [b, slice, h, d] in vec4s.
-fn part_o_index(slice: u32, h: u32) -> u32 {
-    return ((batch * dims.n_slices + slice) * dims.n_heads + h) * V4;
+// The slice's max m and sum l for query q.
+fn part_ml(slice: u32, q: u32) -> vec2<f32> {
+    return partials[part_index(slice, q) + V4].xy;
 }
 
 "#,
@@ -158,17 +167,17 @@ pub(super) fn partials() -> super::writer::Fragment {
 
 const COMPONENTS: [&str; 4] = ["x", "y", "z", "w"];
 
-const CONTIGUOUS_INDEX: &str = "// [b, j, kv_h, d] in vec4s; the query [b, h, d] likewise.
+const CONTIGUOUS_INDEX: &str = "// [slot, j, kv_h, d] in vec4s.
 fn kv4_index(j: u32, kv_h: u32) -> u32 {
-    return ((batch * dims.capacity + j) * dims.n_kv_heads + kv_h) * V4;
+    return ((cache_slot() * dims.capacity + j) * dims.n_kv_heads + kv_h) * V4;
 }
 ";
 
 const PAGED_INDEX: &str =
-    "// Key j of this sequence lives in page block_table[b, j / page_size] of the pool
-// [page, row, kv_h, d], at row j % page_size; in vec4s. The query [b, h, d] likewise.
+    "// Key j of this sequence lives in page block_table[slot, j / page_size] of the pool
+// [page, row, kv_h, d], at row j % page_size; in vec4s.
 fn kv4_index(j: u32, kv_h: u32) -> u32 {
-    let page = block_table[batch * dims.pages_per_seq + j / dims.page_size];
+    let page = block_table[cache_slot() * dims.pages_per_seq + j / dims.page_size];
     let row = page * dims.page_size + j % dims.page_size;
     return (row * dims.n_kv_heads + kv_h) * V4;
 }
@@ -176,18 +185,17 @@ fn kv4_index(j: u32, kv_h: u32) -> u32 {
 
 /// Rows of two widths: the cache row of key j (head kv_h), then K's and V's offsets in it.
 const CONTIGUOUS_ROW: &str =
-    "// [b, j, kv_h, d] in vec4s of each tensor's width; the query [b, h, d] likewise.
+    "// [slot, j, kv_h, d]: the row of key j (head kv_h).
 fn kv_row(j: u32, kv_h: u32) -> u32 {
-    return (batch * dims.capacity + j) * dims.n_kv_heads + kv_h;
+    return (cache_slot() * dims.capacity + j) * dims.n_kv_heads + kv_h;
 }
 ";
 
 const PAGED_ROW: &str =
-    "// Key j of this sequence lives in page block_table[b, j / page_size] of the pool
-// [page, row, kv_h, d], at row j % page_size; in vec4s of each tensor's width. The query
-// [b, h, d] likewise.
+    "// Key j of this sequence lives in page block_table[slot, j / page_size] of the pool
+// [page, row, kv_h, d], at row j % page_size: the row of key j (head kv_h).
 fn kv_row(j: u32, kv_h: u32) -> u32 {
-    let page = block_table[batch * dims.pages_per_seq + j / dims.page_size];
+    let page = block_table[cache_slot() * dims.pages_per_seq + j / dims.page_size];
     let row = page * dims.page_size + j % dims.page_size;
     return row * dims.n_kv_heads + kv_h;
 }
@@ -225,20 +233,12 @@ fn split(out: &mut Wgsl, spec: &KernelSpec) {
     // The scores are hsum of four chains.
     out.need(&[Helper::Hsum]);
     super::index::kv_head(out, spec);
-    out.push_str(
-        "// Keys in this sequence's cache.\nfn cache_len() -> u32 {\n    return seq_lens[batch];\n}\n\n",
-    );
+    out.put(super::served::helpers(spec));
     super::index::key_visible(out, spec);
     if super::tiles::sparse(spec) {
         next_tile(out, spec);
     }
     super::scores::helpers(out, spec);
-    let start = if spec.masks.window {
-        "select(0u, len - dims.window, len > dims.window)"
-    } else {
-        "0u"
-    };
-    let (start, end) = super::index::decode_bounds(spec, start, "len", "len - 1u");
     let heads = spec.grid.tile as usize;
     let each = |f: &dyn Fn(usize, &str) -> String| -> String {
         (0..heads).map(|i| f(i, COMPONENTS[i])).collect()
@@ -275,7 +275,8 @@ fn split(out: &mut Wgsl, spec: &KernelSpec) {
     }
     let scores = each(&|i, c| {
         format!(
-            "                if ({i}u < n_here && key_visible(0u, head0 + {i}u, j)) {{\n                    x.{c} = score(0u, head0 + {i}u, j, s.{c});\n                }}\n"
+            "                if ({}) {{\n                    x.{c} = score(sv.pos.{c}, sv.h.{c}, j, s.{c});\n                }}\n",
+            super::served::sees(i, c, "j")
         )
     });
     let pv_accs = each(&|i, _| format!("    var o{i} = vec4<f32>(0.0);\n"));
@@ -308,25 +309,20 @@ fn split(out: &mut Wgsl, spec: &KernelSpec) {
     };
     let flush = each(&|i, c| {
         format!(
-            "    flush_head(tid, slice, head0 + {i}u, {i}u < n_here, o{i}{v_scale}, vec2<f32>(m.{c}, l.{c}));\n"
+            "    flush_head(tid, slice, sv.q.{c}, {i}u < n_here, o{i}{v_scale}, vec2<f32>(m.{c}, l.{c}));\n"
         )
     });
     let kv_index = cache_index(spec);
     let _ = write!(
         out,
         r#"var<workgroup> sh_q: array<vec4<f32>, TILE * {qk4}>;
-var<workgroup> sh_len: u32;
-// The slice's scores, then its P, one vec4 (the served heads) per key.
+// The slice's scores, then its P, one vec4 (the served queries) per key.
 var<workgroup> sh_s: array<vec4<f32>, MAX_SLICE>;
 
-// The first key the query sees: the cache's start, or its window's.
-fn first_key(len: u32) -> u32 {{
-    return {start};
-}}
-
 {kv_index}
-fn q4_index(h: u32) -> u32 {{
-    return (batch * dims.n_heads + h) * {qk4};
+// [row, h, d] in vec4s, of query q (row · n_heads + h) of this sequence's rows.
+fn q4_index(q: u32) -> u32 {{
+    return (q_row0 * dims.n_heads + q) * {qk4};
 }}
 
 // vec4 column c of key j of the slice as stored, zeros past its end: the loads in
@@ -362,10 +358,9 @@ fn flush_head(tid: u32, slice: u32, h: u32, real: bool, acc: vec4<f32>, ml: vec2
         for (var r = 0u; r < PV_ROWS; r = r + 1u) {{
             sum = sum + sh_red[r * V4 + tid];
         }}
-        part_o[part_o_index(slice, h) + tid] = sum;
+        partials[part_index(slice, h) + tid] = sum;
         if (tid == 0u) {{
-            part_ml[ml_index(0u, slice, h)] = ml.x;
-            part_ml[ml_index(1u, slice, h)] = ml.y;
+            partials[part_index(slice, h) + V4] = vec4<f32>(ml, 0.0, 0.0);
         }}
     }}
     workgroupBarrier();
@@ -373,30 +368,13 @@ fn flush_head(tid: u32, slice: u32, h: u32, real: bool, acc: vec4<f32>, ml: vec2
 
 @compute @workgroup_size(WG)
 fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {{
-    batch = wg.z;
-    let slice = wg.x;
-    // Workgroup y serves query heads head0.. of KV head kv_h, TILE at a time.
-    let groups = (q_per_kv() + TILE - 1u) / TILE;
-    let kv_h = wg.y / groups;
-    let head0 = kv_h * q_per_kv() + (wg.y % groups) * TILE;
-    let n_here = min(TILE, (kv_h + 1u) * q_per_kv() - head0);
-    let lo = slice * dims.slice_len;
-    // A slice past this sequence's length (a shorter sequence of a ragged batch) is empty.
-    // The length as a workgroup-uniform value: the loops below hold barriers, and WGSL
-    // requires their bounds uniform (a storage read is not, to the uniformity analysis).
-    if (tid == 0u) {{
-        sh_len = cache_len();
-    }}
-    let len = workgroupUniformLoad(&sh_len);
-    let hi = max(lo, min(lo + dims.slice_len, {end}));
-    let first = max(lo, first_key(len));
-
-    // Absent heads get q = 0; their results are never written.
+{prologue}
+    // Absent queries get q = 0; their results are never written.
     for (var i = tid; i < TILE * {qk4}; i = i + WG) {{
         let hq = i / {qk4};
         var x = vec4<f32>(0.0);
         if (hq < n_here) {{
-            x = widen4(q[q4_index(head0 + hq) + i % {qk4}]){q_scale};
+            x = widen4(q[q4_index(sv.q[hq]) + i % {qk4}]){q_scale};
         }}
         sh_q[i] = x;
     }}
@@ -451,6 +429,7 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
 {flush}}}
 "#,
         name = spec.name,
+        prologue = super::served::PROLOGUE,
         k_pre = loops.k_pre,
         k_head = loops.k_head,
         v_pre = loops.v_pre,
@@ -471,8 +450,8 @@ fn reduce(out: &mut Wgsl, name: &str, sinks: bool) {
     // partials carry none): as a slice of max `sinks[h]` and sum 1 with no value.
     let (max, sum) = match sinks {
         true => (
-            "max(wg_max4(tid, vec4<f32>(mx)).x, sinks[h])",
-            "wg_sum4(tid, vec4<f32>(ls)).x + exp_f32(sinks[h] - m)",
+            "max(wg_max4(tid, vec4<f32>(mx)).x, sinks[h % dims.n_heads])",
+            "wg_sum4(tid, vec4<f32>(ls)).x + exp_f32(sinks[h % dims.n_heads] - m)",
         ),
         false => (
             "wg_max4(tid, vec4<f32>(mx)).x",
@@ -484,23 +463,37 @@ fn reduce(out: &mut Wgsl, name: &str, sinks: bool) {
         r#"// Slices summed in turn by each of PARTS groups of V4 invocations.
 const PARTS: u32 = WG / V4;
 
-fn o4_index(h: u32) -> u32 {{
-    return (batch * dims.n_heads + h) * V4;
+// [row, h, d] in vec4s, of query q (row · n_heads + h) of this sequence's rows.
+fn o4_index(q: u32) -> u32 {{
+    return (q_row0 * dims.n_heads + q) * V4;
 }}
+
+// This sequence's first row in O, and its rows.
+var<workgroup> sh_rows: vec2<u32>;
 
 @compute @workgroup_size(WG)
 fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {{
     batch = wg.y;
+    // Query h: row h / n_heads of the sequence's rows, head h % n_heads.
     let h = wg.x;
+    if (tid == 0u) {{
+        sh_rows = vec2<u32>(q_starts[batch], q_starts[batch + 1u] - q_starts[batch]);
+    }}
+    let rows = workgroupUniformLoad(&sh_rows);
+    if (h / dims.n_heads >= rows.y) {{
+        return;
+    }}
+    q_row0 = rows.x;
     var mx = NEG_BIG;
     for (var s = tid; s < dims.n_slices; s = s + WG) {{
-        mx = max(mx, part_ml[ml_index(0u, s, h)]);
+        mx = max(mx, part_ml(s, h).x);
     }}
     let m = {max};
     // l = Σ e^(m_s − m)·l_s. A slice the window hides has m_s = NEG_BIG, l_s = 0.
     var ls = 0.0;
     for (var s = tid; s < dims.n_slices; s = s + WG) {{
-        ls = ls + exp_f32(part_ml[ml_index(0u, s, h)] - m) * part_ml[ml_index(1u, s, h)];
+        let ml = part_ml(s, h);
+        ls = ls + exp_f32(ml.x - m) * ml.y;
     }}
     let l = {sum};
     let c = tid % V4;
@@ -508,8 +501,8 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     var acc = vec4<f32>(0.0);
     if (part < PARTS) {{
         for (var s = part; s < dims.n_slices; s = s + PARTS) {{
-            let w = exp_f32(part_ml[ml_index(0u, s, h)] - m);
-            acc = fma(vec4<f32>(w), part_o[part_o_index(s, h) + c], acc);
+            let w = exp_f32(part_ml(s, h).x - m);
+            acc = fma(vec4<f32>(w), partials[part_index(s, h) + c], acc);
         }}
     }}
     sh_red[tid] = acc;
@@ -564,19 +557,17 @@ impl Loops {
                 fill: "",
             },
             true => Loops {
-                k_pre: "    // The decode row's position, the query mask_mod sees.\n    \
-                        let q_pos = len - 1u;\n    \
-                        let k_first = next_tile(first, hi, KEY_TILE, q_pos, head0, n_here);\n    \
+                k_pre: "    let k_first = next_tile(first, hi, KEY_TILE, sv);\n    \
                         var k_next = k_first;\n",
                 k_first: "k_first",
                 k_head: "for (var t0 = k_first; t0 < hi; t0 = k_next) {\n        \
-                         k_next = next_tile(t0 + KEY_TILE, hi, KEY_TILE, q_pos, head0, n_here);\n",
+                         k_next = next_tile(t0 + KEY_TILE, hi, KEY_TILE, sv);\n",
                 k_next: "k_next",
-                v_pre: "    let v_first = next_tile(first, hi, PV_STEP, q_pos, head0, n_here);\n",
+                v_pre: "    let v_first = next_tile(first, hi, PV_STEP, sv);\n",
                 v_first: "v_first",
                 v_head: "var v_next = v_first;\n        \
                          for (var t = v_first; t < hi; t = v_next) {\n            \
-                         v_next = next_tile(t + PV_STEP, hi, PV_STEP, q_pos, head0, n_here);\n            \
+                         v_next = next_tile(t + PV_STEP, hi, PV_STEP, sv);\n            \
                          let i = t - lo + r;\n",
                 v_next: "v_next + r",
                 fill: "    // Keys of the tiles the loops skip keep this score: their P is 0.\n    \
@@ -587,9 +578,9 @@ impl Loops {
     }
 }
 
-/// `next_tile(t0, end, n, q, head0, n_here)`: the first tile of `n` keys from key `t0`
-/// (stepping by `n`) before `end` where one of the workgroup's heads may see a key of
-/// query `q` by `mask_tile`, or a key at or past `end`.
+/// `next_tile(t0, end, n, sv)`: the first tile of `n` keys from key `t0` (stepping by `n`)
+/// before `end` where one of the served queries may see a key by `mask_tile` (over their
+/// positions, first to last), or a key at or past `end`.
 pub(super) fn next_tile(out: &mut Wgsl, spec: &KernelSpec) {
     let by_head = spec
         .flex()
@@ -597,17 +588,18 @@ pub(super) fn next_tile(out: &mut Wgsl, spec: &KernelSpec) {
         .is_some_and(|m| m.mentions("h"));
     let seen = match by_head {
         true => {
-            "var seen = false;\n    for (var i = 0u; i < n_here; i = i + 1u) {\n        \
-             seen = seen || mask_tile(q, q, k0, k1, head0 + i).x;\n    }\n    return seen;"
+            "var seen = false;\n    for (var i = 0u; i < sv.n; i = i + 1u) {\n        \
+             seen = seen || mask_tile(q0, q1, k0, k1, sv.h[i]).x;\n    }\n    return seen;"
         }
-        false => "return mask_tile(q, q, k0, k1, head0).x;",
+        false => "return mask_tile(q0, q1, k0, k1, sv.h.x).x;",
     };
     let _ = write!(
         out,
-        "// Whether a served head may see a key of [k0, k1] from query q.\n\
-         fn tile_seen(k0: u32, k1: u32, q: u32, head0: u32, n_here: u32) -> bool {{\n    {seen}\n}}\n\n\
-         fn next_tile(t0: u32, end: u32, n: u32, q: u32, head0: u32, n_here: u32) -> u32 {{\n    \
-         var t = t0;\n    while (t < end && !tile_seen(t, min(t + n, end) - 1u, q, head0, n_here)) {{\n        \
+        "// Whether a served query may see a key of [k0, k1].\n\
+         fn tile_seen(k0: u32, k1: u32, sv: Served) -> bool {{\n    \
+         let q0 = sv.pos.x;\n    let q1 = sv.pos[max(sv.n, 1u) - 1u];\n    {seen}\n}}\n\n\
+         fn next_tile(t0: u32, end: u32, n: u32, sv: Served) -> u32 {{\n    \
+         var t = t0;\n    while (t < end && !tile_seen(t, min(t + n, end) - 1u, sv)) {{\n        \
          t = t + n;\n    }}\n    return t;\n}}\n\n"
     );
 }

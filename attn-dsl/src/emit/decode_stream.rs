@@ -48,9 +48,7 @@ pub(super) fn constants(out: &mut Wgsl, spec: &KernelSpec, s: &Stream) {
 pub(super) fn split(out: &mut Wgsl, spec: &KernelSpec, s: &Stream) {
     out.put(super::decode_split::partials());
     super::index::kv_head(out, spec);
-    out.push_str(
-        "// Keys in this sequence's cache.\nfn cache_len() -> u32 {\n    return seq_lens[batch];\n}\n\n",
-    );
+    out.put(super::served::helpers(spec));
     super::index::key_visible(out, spec);
     let sparse = super::tiles::sparse(spec);
     if sparse {
@@ -93,8 +91,9 @@ const WORDS: Template = Template {
     name: "stream_words",
     needs: &[],
     text: r#"$row
-fn q4_index(h: u32) -> u32 {
-    return (batch * dims.n_heads + h) * $qk4;
+// [row, h, d] in vec4s, of query q (row · n_heads + h) of this sequence's rows.
+fn q4_index(q: u32) -> u32 {
+    return (q_row0 * dims.n_heads + q) * $qk4;
 }
 
 // Word w of key j's K row (of V's), zeros past the slice or the row: loads in flight stay
@@ -154,7 +153,6 @@ const GROUP_SUM: Template = Template {
 var<workgroup> sh_x: array<vec4<f32>, EXCHANGE>;
 // Each group's running max (0..GROUPS) and sum (GROUPS..).
 var<workgroup> sh_ml: array<vec4<f32>, 2u * GROUPS>;
-var<workgroup> sh_len: u32;
 // Nonzero when some key group is not inside one subgroup.
 var<workgroup> sh_subgroups_off: atomic<u32>;
 
@@ -202,12 +200,12 @@ fn entry(spec: &KernelSpec, s: &Stream, sparse: bool) -> Fragment {
     for w in 0..s.k_per_lane {
         let _ = writeln!(b, "let kw{w} = lane + {w}u * LANES;");
         let _ = writeln!(b, "if (kw{w} < K_WORDS) {{");
-        for i in 0..heads {
+        for (i, c) in COMPONENTS.iter().enumerate().take(heads) {
             let _ = writeln!(b, "    if ({i}u < n_here) {{");
             for p in quads.clone() {
                 let _ = writeln!(
                     b,
-                    "        q{i}_{w}_{p} = widen4(q[q4_index(head0 + {i}u) + kw{w} * QUADS + {p}u]){q_scale};"
+                    "        q{i}_{w}_{p} = widen4(q[q4_index(sv.q.{c}) + kw{w} * QUADS + {p}u]){q_scale};"
                 );
             }
             b.push_str("    }\n");
@@ -273,8 +271,8 @@ fn entry(spec: &KernelSpec, s: &Stream, sparse: bool) -> Fragment {
         );
         scores.push_str(&each_head(&|i, c| {
             format!(
-                "    if ({i}u < n_here && key_visible(0u, head0 + {i}u, j{u})) {{\n        \
-                 x{u}.{c} = score(0u, head0 + {i}u, j{u}, d{u}.{c});\n    }}\n"
+                "    if ({}) {{\n        x{u}.{c} = score(sv.pos.{c}, sv.h.{c}, j{u}, d{u}.{c});\n    }}\n",
+                super::served::sees(i, c, &format!("j{u}"))
             )
         }));
         scores.push_str("}\n");
@@ -344,9 +342,10 @@ fn entry(spec: &KernelSpec, s: &Stream, sparse: bool) -> Fragment {
             meet,
             "workgroupBarrier();\nif ({i}u < n_here && tid < V4) {{\n    var sum = sh_x[tid];\n    \
              for (var r = 1u; r < GROUPS; r = r + 1u) {{\n        sum = sum + sh_x[r * V4 + tid];\n    }}\n    \
-             part_o[part_o_index(slice, head0 + {i}u) + tid] = sum{v_scale};\n    \
-             if (tid == 0u) {{\n        part_ml[ml_index(0u, slice, head0 + {i}u)] = mm.{c};\n        \
-             part_ml[ml_index(1u, slice, head0 + {i}u)] = ll.{c};\n    }}\n}}\nworkgroupBarrier();\n"
+             partials[part_index(slice, sv.q.{c}) + tid] = sum{v_scale};\n    \
+             if (tid == 0u) {{\n        \
+             partials[part_index(slice, sv.q.{c}) + V4] = vec4<f32>(mm.{c}, ll.{c}, 0.0, 0.0);\n    \
+             }}\n}}\nworkgroupBarrier();\n"
         );
     }
     let (loop_pre, loop_head) = match sparse {
@@ -355,11 +354,9 @@ fn entry(spec: &KernelSpec, s: &Stream, sparse: bool) -> Fragment {
             "for (var t0 = first; t0 < hi; t0 = t0 + STEP) {\n".to_string(),
         ),
         true => (
-            "// The decode row's position, the query mask_mod sees.\nlet q_pos = len - 1u;\n\
-             let k_first = next_tile(first, hi, STEP, q_pos, head0, n_here);\nvar k_next = k_first;\n"
-                .to_string(),
+            "let k_first = next_tile(first, hi, STEP, sv);\nvar k_next = k_first;\n".to_string(),
             "for (var t0 = k_first; t0 < hi; t0 = k_next) {\n    \
-             k_next = next_tile(t0 + STEP, hi, STEP, q_pos, head0, n_here);"
+             k_next = next_tile(t0 + STEP, hi, STEP, sv);\n"
                 .to_string(),
         ),
     };
@@ -373,17 +370,10 @@ fn entry(spec: &KernelSpec, s: &Stream, sparse: bool) -> Fragment {
         ),
         false => ("", ""),
     };
-    let start = if spec.masks.window {
-        "select(0u, len - dims.window, len > dims.window)"
-    } else {
-        "0u"
-    };
-    let (start, end) = super::index::decode_bounds(spec, start, "len", "len - 1u");
     ENTRY.fill([
         ("name", Fragment::from(spec.name.as_str())),
         ("builtins", Fragment::from(builtins)),
-        ("start", Fragment::from(start)),
-        ("end", Fragment::from(end)),
+        ("prologue", Fragment::from(super::served::PROLOGUE)),
         ("sg_check", Fragment::from(sg_check)),
         ("q_regs", Fragment::from(q_regs)),
         ("o_regs", Fragment::from(o_regs)),
@@ -401,35 +391,15 @@ fn entry(spec: &KernelSpec, s: &Stream, sparse: bool) -> Fragment {
 const ENTRY: Template = Template {
     name: "stream_entry",
     needs: &[Helper::Exp],
-    text: r#"// The first key the query sees: the cache's start, or its window's.
-fn first_key(len: u32) -> u32 {
-    return $start;
-}
-
-@compute @workgroup_size(WG)
+    text: r#"@compute @workgroup_size(WG)
 fn $name(
     @builtin(workgroup_id) wg: vec3<u32>,
     @builtin(local_invocation_index) tid: u32,
     $builtins
 ) {
-    batch = wg.z;
-    let slice = wg.x;
-    // Workgroup y serves query heads head0.. of KV head kv_h, TILE at a time.
-    let groups_per_kv = (q_per_kv() + TILE - 1u) / TILE;
-    let kv_h = wg.y / groups_per_kv;
-    let head0 = kv_h * q_per_kv() + (wg.y % groups_per_kv) * TILE;
-    let n_here = min(TILE, (kv_h + 1u) * q_per_kv() - head0);
-    let lo = slice * dims.slice_len;
-    // The length as a workgroup-uniform value: the key loop's bound (a storage read is
-    // not uniform to WGSL's analysis).
-    if (tid == 0u) {
-        sh_len = cache_len();
-    }
+$prologue
     $sg_check
-    let len = workgroupUniformLoad(&sh_len);
     let use_sg = workgroupUniformLoad(&sh_subgroups_off) == 0u;
-    let hi = max(lo, min(lo + dims.slice_len, $end));
-    let first = max(lo, first_key(len));
     let g = tid / LANES;
     let lane = tid % LANES;
     $q_regs

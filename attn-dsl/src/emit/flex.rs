@@ -176,12 +176,13 @@ pub(super) fn flush_call(spec: &crate::spec::KernelSpec) -> &'static str {
 }
 
 /// The WGSL functions of `flex`'s modifiers: `score_mod(score, row, h, j)` and its
-/// derivative `d_score_mod`, `mask_mod(row, h, j)`; the query's position is `pos` (in
-/// terms of `row`: a decode's query follows its cache).
-pub(super) fn functions(out: &mut Wgsl, flex: &Flex, decode: bool) {
-    let (pos, seq) = match decode {
-        true => ("cache_len() - 1u", "dims.capacity"),
-        false => ("flex_row", "dims.seq_len"),
+/// derivative `d_score_mod`, `mask_mod(row, h, j)`; the query's position is `row`, but in
+/// the per-row decode, whose one query follows its cache.
+pub(super) fn functions(out: &mut Wgsl, flex: &Flex, op: crate::spec::Op) {
+    let (pos, seq) = match op {
+        crate::spec::Op::Decode => ("cache_len() - 1u", "dims.capacity"),
+        crate::spec::Op::DecodeSplit => ("flex_row", "dims.capacity"),
+        _ => ("flex_row", "dims.seq_len"),
     };
     let var = |name: &str| variable(name, pos);
     let sp = Spelling { var: &var, seq };

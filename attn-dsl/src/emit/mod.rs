@@ -24,6 +24,7 @@ mod reduce;
 mod rope;
 mod row_gemm;
 mod scatter;
+mod served;
 pub(crate) mod scores;
 mod sinks;
 mod tiles;

@@ -14,8 +14,9 @@ use crate::spec::{BiasHeads, KernelSpec, Op, WriteMode};
 /// `score`, `score_grad`, `dropped` and what they need, for `spec`'s masks.
 pub(super) fn helpers(out: &mut Wgsl, spec: &KernelSpec) {
     let m = spec.masks;
-    // A decode's one query sits after the cache's last row.
-    let pos = if spec.op.is_decode() {
+    // The per-row decode's one query sits after the cache's last row; split-K decode's
+    // queries pass their positions as `row`.
+    let pos = if spec.op == Op::Decode {
         "cache_len() - 1u"
     } else {
         "row"
@@ -53,7 +54,7 @@ pub(super) fn helpers(out: &mut Wgsl, spec: &KernelSpec) {
     let flex = spec.flex();
     let mut user = "";
     if let Some(flex) = &flex {
-        super::flex::functions(out, flex, spec.op.is_decode());
+        super::flex::functions(out, flex, spec.op);
         if flex.score_mod.is_some() {
             // The user's modifier last, and the chain rule through it; what it is given is
             // `pre_score`, where a tensor's gradient reads its slope.

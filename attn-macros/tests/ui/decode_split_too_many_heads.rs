@@ -4,7 +4,7 @@ attn_macros::attention_kernel! {
         op: decode_split,
         grid: slice_major(tile = 8),
         head_dim: 64,
-        writes: { part_o: scratch, part_ml: scratch },
+        writes: { partials: scratch },
     }
 }
 

@@ -5,7 +5,7 @@ attn_macros::attention_kernel! {
         grid: slice_major(tile = 4),
         head_dim: 64,
         kv_cache: e4m4,
-        writes: { part_o: scratch, part_ml: scratch },
+        writes: { partials: scratch },
     }
 }
 

@@ -414,6 +414,7 @@ pub fn run(c: &Config) -> Result<Report> {
             _ => oh.view(&[b, h.n_heads, h.head_dim])?,
         };
         let args = DecodeArgs {
+            rows: Default::default(),
             q: &qd.reshape(&[b, h.n_heads, h.head_dim])?,
             cache: cache.view(),
             o: &o3,

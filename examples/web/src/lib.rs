@@ -388,6 +388,7 @@ async fn decode_loop_row(gpu: &Gpu, layer: &Layer, steps: u32) -> Result<Row, Er
         cache.append(gpu, &mut enc, 0, &k, &v)?;
         let q = rows(&layer.q, q_row, t, 1, h.n_heads)?.reshape(&[1, h.n_heads, h.head_dim])?;
         let args = DecodeArgs {
+            rows: Default::default(),
             q: &q,
             cache: cache.view(),
             o: &o_step,

@@ -698,6 +698,45 @@ fn decode(gpu: &Gpu, args: &Args, cache_len: u32) -> anyhow::Result<()> {
     for line in fp8_speedups(&rows) {
         println!("{line}");
     }
+    continued_rows(gpu, args, shape, copy.gbps())
+}
+
+/// n new rows attended over the cache (continuing it: a prompt's next chunk, a chat's next
+/// turn, speculative drafts), n = 1, 4, 16 and 512, in the first half dtype: GPU time, the
+/// cache's bytes per second and TFLOP/s (4·n·cache·heads·head_dim).
+fn continued_rows(
+    gpu: &Gpu,
+    args: &Args,
+    shape: bench::DecodeShape,
+    copy: f64,
+) -> anyhow::Result<()> {
+    let h = shape.heads;
+    let Some(&dtype) = gpu.half_dtypes().first() else {
+        return Ok(());
+    };
+    let len = shape.cache_len;
+    println!(
+        "{:<32} {:<40} {:>10} {:>9} {:>8} {:>9}",
+        "continued cache", "rows", "GPU ms", "GB/s", "of copy", "TFLOP/s"
+    );
+    for n in [1, 4, 16, 512].into_iter().filter(|&n| n <= len) {
+        let (ms, slicing) =
+            bench::e2e::continued(gpu, h, (len, n), dtype, args.runs as u32).context("continue")?;
+        let bytes = f64::from(len) * f64::from(h.n_kv_heads) * f64::from(h.head_dim + h.head_dim_v)
+            * f64::from(dtype.bytes());
+        let gbps = bytes / (ms * 1e-3) / 1e9;
+        let flops = 2.0 * f64::from(n) * f64::from(len) * f64::from(h.n_heads)
+            * f64::from(h.head_dim + h.head_dim_v);
+        println!(
+            "{:<32} {:<40} {:>10.3} {:>9.1} {:>7.0}% {:>9.2}",
+            shape.label(),
+            format!("n={n}, {} (split-K {slicing})", dtype.name()),
+            ms,
+            gbps,
+            100.0 * gbps / copy,
+            flops / (ms * 1e-3) / 1e12
+        );
+    }
     Ok(())
 }
 

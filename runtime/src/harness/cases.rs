@@ -1345,6 +1345,11 @@ pub fn run_case(gpu: &Gpu, runner: &mut Runner, case: &Case, seed: u64) -> Resul
                     run_fp8_decode(gpu, (fp8, layout, dtype), h, shape, &mods, seed)?;
                 rows.push(row(&label, verdicts));
             }
+            // The cache continued: each sequence's next rows appended and attended over its
+            // whole cache, judged as the last rows of one causal forward over it.
+            for (label, verdicts) in continued_rows(gpu, case.mods, h, (batch, cache_len), seed)? {
+                rows.push(row(&label, verdicts));
+            }
             rows
         }
         Shape::Backward { seq, docs, causal } => {
@@ -1928,6 +1933,125 @@ fn filled(h: Heads, capacity: u32, cache_len: u32) -> impl Fn(&[f32], u32) -> Ve
 
 /// A row's label and its outputs' verdicts.
 type Labelled = (String, Vec<(&'static str, Verdict)>);
+
+/// Continued caches of `len` rows: n of them added to a cache of `len - n` (n up to 4) in
+/// the planned layout, paged, streamed (with subgroups), in half precision and in an e4m3
+/// cache; and a ragged batch of two or more, one of them a fresh slot. Each judged as the
+/// last rows of one causal forward over its whole length.
+fn continued_rows(
+    gpu: &Gpu,
+    mods: ModCase,
+    h: Heads,
+    (batch, len): (u32, u32),
+    seed: u64,
+) -> Result<Vec<Labelled>, Error> {
+    use crate::continued::ContinueCase;
+    if len < 2 {
+        return Ok(Vec::new());
+    }
+    let n = 4.min(len - 1);
+    let uniform = (vec![len - n; batch as usize], vec![n; batch as usize]);
+    let ragged_batch = batch.max(2) as usize;
+    let ragged: (Vec<u32>, Vec<u32>) = (0..ragged_batch)
+        .map(|b| match b % 2 {
+            0 => (len - n, n),
+            _ => (0, (n % 3) + 1 + u32::from(n == 2)),
+        })
+        .unzip();
+    let paged = |cap: u32, slots: u32| CacheLayout::Paged {
+        page_size: 16,
+        n_pages: slots * cap.div_ceil(16),
+        pages_per_seq: cap.div_ceil(16),
+    };
+    let half = gpu.half_dtypes().first().copied();
+    type Variant = (&'static str, Dtype, Option<Fp8>, bool, SplitLayout);
+    let mut variants: Vec<Variant> = vec![
+        ("", Dtype::F32, None, false, SplitLayout::PLANNED),
+        (" page=16", Dtype::F32, None, true, SplitLayout::PLANNED),
+        (" e4m3 cache", Dtype::F32, Some(Fp8::E4m3), false, SplitLayout::PLANNED),
+    ];
+    if let Some(d) = half {
+        variants.push(("", d, None, false, SplitLayout::PLANNED));
+    }
+    if gpu.has_subgroups() {
+        variants.push((" streamed", Dtype::F32, None, false, SplitLayout::Streamed));
+    }
+    let mut out = Vec::new();
+    let runs = variants
+        .into_iter()
+        .map(|v| (v, &uniform))
+        .chain(std::iter::once(((" ragged", Dtype::F32, None, true, SplitLayout::PLANNED), &ragged)));
+    for ((label, dtype, fp8, is_paged, split), (cached, added)) in runs {
+        let slots = cached.len() as u32;
+        let cap = cached.iter().zip(added).map(|(c, a)| c + a).max().unwrap_or(1);
+        let layout = match is_paged {
+            true => paged(cap, slots),
+            false => CacheLayout::Contiguous { capacity: cap },
+        };
+        let data = ModData::new(mods, h, slots, 1, seed);
+        let scalar = Scalar::from(dtype);
+        let total_len: u32 = cached.iter().zip(added).map(|(c, a)| c + a).sum();
+        let total_added: u32 = added.iter().sum();
+        let [q, k, v, _] = qkv(h, total_len, seed);
+        let q = crate::buffers::rounded(&q[..(total_added * h.n_heads * h.head_dim) as usize], scalar);
+        let [k, v] = [k, v].map(|x| crate::buffers::rounded(&x, scalar));
+        let scales = fp8.map(|f| {
+            let v_amax = v.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+            let vs = if v_amax > 0.0 { v_amax / f.max() } else { 1.0 };
+            (kv_fp8::amax_scales(&k, h, f), vec![vs])
+        });
+        let case = ContinueCase {
+            heads: h,
+            dtype,
+            fp8: fp8.zip(scales.as_ref()).map(|(f, (ks, vs))| (f, &ks[..], &vs[..])),
+            layout,
+            split,
+            cached,
+            added,
+            mods: data.mods(),
+        };
+        let run = crate::continued::run(gpu, &case, [&q, &k, &v])?;
+        let mut worst: Vec<(&'static str, Verdict)> = Vec::new();
+        let (mut q_at, mut kv_at) = (0usize, 0usize);
+        for b in 0..slots as usize {
+            let (c, a) = (cached[b], added[b]);
+            let p = Problem {
+                mods: data.mods(),
+                q_pos: c as usize,
+                batch_index: b,
+                ..problem(h, 1, [a, c + a], true, None)
+            };
+            let (qn, kn) = ((a * h.n_heads) as usize, ((c + a) * h.n_kv_heads) as usize);
+            let qs = &q[q_at * h.head_dim as usize..][..qn * h.head_dim as usize];
+            let ks = &run.k[kv_at * h.head_dim as usize..][..kn * h.head_dim as usize];
+            let vs = &run.v[kv_at * h.head_dim_v as usize..][..kn * h.head_dim_v as usize];
+            let os = &run.o[q_at * h.head_dim_v as usize..][..qn * h.head_dim_v as usize];
+            let verdicts = match dtype {
+                Dtype::F32 => judge_attention(&p, [qs, ks, vs], os, None),
+                _ => judge_half_attention(&p, [qs, ks, vs], os, None, scalar),
+            };
+            for (name, v) in verdicts {
+                match worst.iter_mut().find(|(n, _)| *n == name) {
+                    Some((_, w)) if v.ratio() > w.ratio() => *w = v,
+                    Some(_) => {}
+                    None => worst.push((name, v)),
+                }
+            }
+            q_at += qn;
+            kv_at += kn;
+        }
+        let dtype_label = match dtype {
+            Dtype::F32 => String::new(),
+            d => format!(" {}", d.name()),
+        };
+        let rows = match label {
+            " ragged" => format!("n={added:?} cached={cached:?}"),
+            _ => format!("n={} cached={}", added[0], cached[0]),
+        };
+        out.push((format!("decode continue {rows}{label}{dtype_label}"), worst));
+    }
+    Ok(out)
+}
 
 /// A decode through an fp8 [`crate::ops::cache::KvCache`] (K's scales per KV head, V's
 /// for the whole tensor, from their largest magnitudes), judged on what the cache holds.

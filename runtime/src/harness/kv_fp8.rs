@@ -119,6 +119,7 @@ pub fn decode(gpu: &Gpu, case: &Fp8Case, [q, k, v]: [&[f32]; 3]) -> Result<Fp8Ru
     let uploaded = case.mods.upload(gpu, case.batch, 1)?;
     let flex = uploaded.flex_tensors();
     let args = DecodeArgs {
+            rows: Default::default(),
         q: &qt,
         cache: cache.view(),
         o: &o,
@@ -139,7 +140,7 @@ pub fn decode(gpu: &Gpu, case: &Fp8Case, [q, k, v]: [&[f32]; 3]) -> Result<Fp8Ru
         let mut out = Vec::with_capacity(case.batch as usize * case.len as usize * row);
         for b in 0..case.batch {
             for j in 0..case.len {
-                let at = stored_row(case.layout, &table, b, j) as usize * row;
+                let at = crate::continued::stored_row(case.layout, &table, b, j) as usize * row;
                 let values = all[at..][..row].iter().enumerate();
                 out.extend(values.map(|(i, x)| x * scales[(i / width as usize) % scales.len()]));
             }
@@ -151,16 +152,4 @@ pub fn decode(gpu: &Gpu, case: &Fp8Case, [q, k, v]: [&[f32]; 3]) -> Result<Fp8Ru
         k: held(view.k, case.scales.0, dk)?,
         v: held(view.v, case.scales.1, dv)?,
     })
-}
-
-/// The cache row (of `[rows, n_kv_heads, head_dim]`) that holds row `j` of slot `b`.
-fn stored_row(layout: CacheLayout, table: &[u32], b: u32, j: u32) -> u32 {
-    match layout {
-        CacheLayout::Contiguous { capacity } => b * capacity + j,
-        CacheLayout::Paged {
-            page_size,
-            pages_per_seq,
-            ..
-        } => table[(b * pages_per_seq + j / page_size) as usize] * page_size + j % page_size,
-    }
 }

@@ -8,6 +8,8 @@ pub mod bench;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod cases;
 pub mod compare;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod continued;
 pub mod inputs;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod kv_fp8;

@@ -258,8 +258,10 @@ impl SplitDecode {
         let uploaded = input.mods.upload(gpu, b, 1)?;
         let flex = uploaded.flex_tensors();
         let args = crate::ops::decode::DecodeArgs {
+            rows: Default::default(),
             q: &q,
             cache: crate::ops::decode::CacheView {
+                slot0: 0,
                 k: &k,
                 v: &v,
                 seq_lens: &seq_lens,
@@ -345,18 +347,22 @@ impl SplitDecode {
                 "pages_per_seq",
                 pages.map_or(0, |p| p.block_table.len() as u32 / input.batch),
             ),
+            ("n_rows", 1),
+            ("slot0", 0),
         ];
         let split_grid = checked_grid(split, gpu.limits(), &dims)?;
         let reduce_grid = checked_grid(self.reduce.abi(), gpu.limits(), &dims)?;
         let parts = (input.batch * slicing.n_slices * h.n_heads) as usize;
+        // A record per (sequence, slice, head): the output, then (m, l, 0, 0).
+        let record = h.head_dim_v as usize + 4;
         let (dims, params) = modified_uniforms(gpu, split, &dims, input.scale, h, &input.mods)?;
         let o_len = input.q.len() / h.head_dim as usize * h.head_dim_v as usize;
         Ok(Prepared {
             q: buffers::storage_as(gpu, "q", input.q, split.scalar("q")),
             k: buffers::storage_as(gpu, "k_cache", input.k_cache, split.scalar("k_cache")),
             v: buffers::storage_as(gpu, "v_cache", input.v_cache, split.scalar("v_cache")),
-            part_o: buffers::output::<f32>(gpu, "part_o", parts * h.head_dim_v as usize),
-            part_ml: buffers::output::<f32>(gpu, "part_ml", 2 * parts),
+            partials: buffers::output::<f32>(gpu, "partials", parts * record),
+            q_starts: buffers::storage(gpu, "q_starts", &(0..=input.batch).collect::<Vec<u32>>()),
             o: buffers::output_as(gpu, "o", o_len, self.reduce.abi().scalar("o")),
             o_len,
             dims,
@@ -456,8 +462,9 @@ pub struct Prepared {
     q: wgpu::Buffer,
     k: wgpu::Buffer,
     v: wgpu::Buffer,
-    part_o: wgpu::Buffer,
-    part_ml: wgpu::Buffer,
+    partials: wgpu::Buffer,
+    /// One query row per sequence: row b of Q and O.
+    q_starts: wgpu::Buffer,
     pub o: wgpu::Buffer,
     pub o_len: usize,
     dims: wgpu::Buffer,
@@ -490,8 +497,8 @@ impl Prepared {
             ("q", &self.q),
             ("k_cache", &self.k),
             ("v_cache", &self.v),
-            ("part_o", &self.part_o),
-            ("part_ml", &self.part_ml),
+            ("partials", &self.partials),
+            ("q_starts", &self.q_starts),
             ("dims", &self.dims),
             ("params", &self.params),
             ("block_table", &self.block_table),
@@ -500,8 +507,8 @@ impl Prepared {
         ];
         split.extend(self.mods.iter().map(|(n, b)| (n.as_str(), b)));
         let mut reduce = vec![
-            ("part_o", &self.part_o),
-            ("part_ml", &self.part_ml),
+            ("partials", &self.partials),
+            ("q_starts", &self.q_starts),
             ("o", &self.o),
             ("dims", &self.dims),
         ];

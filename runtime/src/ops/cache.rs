@@ -18,12 +18,13 @@ use attn_dsl::{Cache, Dtype, Fp8, KernelSpec, Masks, Op, Scalar};
 use thiserror::Error;
 use wgpu::util::DeviceExt;
 
-use super::decode::CacheView;
+use super::decode::{CacheView, Decode, DecodeArgs, QueryRows};
 use super::forward::{Forward, ForwardArgs};
 use super::{grid, rank4};
 use crate::device::Gpu;
 use crate::dispatch::kernel::Kernel;
 use crate::dispatch::record::{Dispatch, Pipeline};
+use crate::plan::decode::Slicing;
 use crate::error::{Error, InputError};
 use crate::modifiers::expect;
 use crate::tensor::{Tensor, TensorError};
@@ -108,6 +109,22 @@ struct Slot {
     open: bool,
     len: u32,
     pages: Vec<u32>,
+}
+
+/// The new rows of [`KvCache::extend`], `n` per slot, in the cache's dtype (its Q and O
+/// dtype for an fp8 cache), RoPE applied at their positions where the model uses it.
+#[derive(Clone, Copy, Debug)]
+pub struct ExtendArgs<'a> {
+    /// `[batch, n, n_kv_heads, head_dim]` and `[batch, n, n_kv_heads, head_dim_v]`.
+    pub k_new: &'a Tensor,
+    pub v_new: &'a Tensor,
+    /// The new rows' queries, `[batch, n, n_heads, head_dim]`, and their outputs, `[batch,
+    /// n, n_heads, head_dim_v]`.
+    pub q: &'a Tensor,
+    pub o: &'a Tensor,
+    pub scale: Option<f32>,
+    /// The window, ALiBi slopes, soft cap, sinks and user tensors the decode takes.
+    pub mods: crate::modifiers::DeviceModifiers<'a>,
 }
 
 pub struct KvCache {
@@ -421,6 +438,20 @@ impl KvCache {
     /// The pages each slot of `slots` needs for `n` more rows, taken from the pool only
     /// once every check has passed.
     fn plan_append(&mut self, slots: Range<u32>, n: u32) -> Result<Vec<Vec<u32>>, CacheError> {
+        let needed = self.pages_needed(slots.clone(), n)?;
+        Ok(needed
+            .into_iter()
+            .map(|k| {
+                (0..k)
+                    .map(|_| self.free_pages.pop().expect("counted"))
+                    .collect()
+            })
+            .collect())
+    }
+
+    /// How many pages each slot of `slots` needs for `n` more rows, or why it cannot take
+    /// them: a slot out of range or free, past the capacity, or more pages than are free.
+    fn pages_needed(&self, slots: Range<u32>, n: u32) -> Result<Vec<u32>, CacheError> {
         self.check_slots(slots.clone())?;
         let capacity = self.capacity();
         let mut needed = Vec::new();
@@ -452,16 +483,7 @@ impl KvCache {
                 free: self.free_pages.len() as u32,
             });
         }
-        Ok(needed
-            .into_iter()
-            .map(|k| {
-                (0..k)
-                    .map(|_| self.free_pages.pop().expect("counted above"))
-                    .collect()
-            })
-            .zip(slots)
-            .map(|(pages, _)| pages)
-            .collect())
+        Ok(needed)
     }
 
     /// Records the block-table entries of new pages (one copy per slot that got some).
@@ -500,6 +522,7 @@ impl KvCache {
     pub fn view(&self) -> CacheView<'_> {
         let longest = self.slots.iter().map(|s| s.len).max().unwrap_or(0);
         CacheView {
+            slot0: 0,
             k: &self.k,
             v: &self.v,
             seq_lens: &self.lens[self.current],
@@ -507,6 +530,66 @@ impl KvCache {
             block_table: self.table.as_ref(),
             scales: self.scales.as_ref(),
         }
+    }
+
+    /// Continues slots `first_slot..first_slot + batch` by `n` rows each and records the
+    /// new rows' attention over each slot's whole cache: the rows it held and the new ones,
+    /// causal among the new ones (row r of n at position `len + r`). A chunk of a long
+    /// prompt, a conversation's next turn, a speculative draft to verify; an empty slot
+    /// too (its rows then see only each other). Appended and attended in one recorded
+    /// piece of work: the append moves the lengths on the device, the split-K decode
+    /// (`decode`, built for this cache's widths, dtype and layout) reads them.
+    ///
+    /// Everything is checked before anything is recorded: a refused call leaves the cache,
+    /// its lengths and `o` as they were.
+    pub fn extend(
+        &mut self,
+        gpu: &Gpu,
+        encoder: &mut wgpu::CommandEncoder,
+        decode: &mut Decode,
+        first_slot: u32,
+        args: &ExtendArgs,
+    ) -> Result<Slicing, Error> {
+        let layout = "[batch, n, n_kv_heads, head_dim]";
+        let [batch, n, _, _] = rank4(args.k_new, "k_new", layout)?;
+        if n == 0 {
+            return Err(InputError::QueryRows("n = 0: extend adds at least one row".into()).into());
+        }
+        let range = first_slot..first_slot.saturating_add(batch);
+        self.pages_needed(range.clone(), n)
+            .map_err(InputError::Cache)?;
+        let longest = range
+            .clone()
+            .map(|slot| self.slots[slot as usize].len + n)
+            .max()
+            .unwrap_or(n);
+        // The decode as it will read the cache once the append is recorded: the other
+        // length buffer, which the append writes.
+        let after = CacheView {
+            slot0: first_slot,
+            seq_lens: &self.lens[1 - self.current],
+            max_len: longest.next_power_of_two().min(self.capacity()),
+            ..self.view()
+        };
+        fn decode_args<'a>(args: &ExtendArgs<'a>, n: u32, cache: CacheView<'a>) -> DecodeArgs<'a> {
+            DecodeArgs {
+                q: args.q,
+                rows: QueryRows::Each(n),
+                cache,
+                o: args.o,
+                scale: args.scale,
+                mods: args.mods,
+                slice_len: None,
+            }
+        }
+        decode.check(gpu, &decode_args(args, n, after))?;
+        self.append(gpu, encoder, first_slot, args.k_new, args.v_new)?;
+        let view = CacheView {
+            slot0: first_slot,
+            max_len: longest.next_power_of_two().min(self.capacity()),
+            ..self.view()
+        };
+        decode.record(gpu, encoder, &decode_args(args, n, view))
     }
 
     /// Appends a prompt's K and V to slots `first_slot..` (each open and empty) and

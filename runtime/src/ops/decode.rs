@@ -40,11 +40,14 @@ pub struct DecodeSpec {
 /// A KV cache as device tensors.
 #[derive(Clone, Copy, Debug)]
 pub struct CacheView<'a> {
+    /// The cache slot of the call's sequence 0: sequence b reads slot `slot0 + b` (its
+    /// rows, its length in `seq_lens`, its row of `block_table`).
+    pub slot0: u32,
     /// Contiguous: `[batch, capacity, n_kv_heads, head_dim]`; paged: the pool, `[n_pages,
     /// page_size, n_kv_heads, head_dim]`; V's rows `head_dim_v` wide.
     pub k: &'a Tensor,
     pub v: &'a Tensor,
-    /// Rows in each sequence's cache, `[batch]` u32.
+    /// Rows in each slot's cache, `[slots]` u32 (at least `slot0 + batch`).
     pub seq_lens: &'a Tensor,
     /// At least every value of `seq_lens`: the length the grid covers. A bound that moves
     /// rarely (a power of two) keeps the uniforms the same from call to call.
@@ -56,11 +59,34 @@ pub struct CacheView<'a> {
     pub scales: Option<&'a Tensor>,
 }
 
-/// One call: Q is `[batch, n_heads, head_dim]`, O `[batch, n_heads, head_dim_v]`, in the
-/// op's dtype.
+/// The query rows a call brings per sequence. A sequence's rows are the last rows of its
+/// cache (their K and V appended before the call), so row r of n sits at position `len -
+/// n + r` and sees the keys up to itself: one row is a decode step; several continue a
+/// cache (a prompt's next chunk, a chat's next turn, speculative drafts).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QueryRows<'a> {
+    /// `n` rows per sequence: Q `[batch, n, n_heads, head_dim]`, or `[batch · n, n_heads,
+    /// head_dim]` (with one row, `[batch, n_heads, head_dim]`); O likewise.
+    Each(u32),
+    /// A ragged batch: sequence b's rows are rows `starts[b]..starts[b + 1]` of Q `[rows,
+    /// n_heads, head_dim]` (FlashInfer's `qo_indptr`, `batch + 1` entries from 0, none
+    /// decreasing, each sequence at least one row); O likewise.
+    Ragged(&'a [u32]),
+}
+
+impl Default for QueryRows<'_> {
+    fn default() -> Self {
+        QueryRows::Each(1)
+    }
+}
+
+/// One call: Q `[batch, n_heads, head_dim]` (or several rows per sequence, `rows`), O of
+/// the same rows `head_dim_v` wide, in the op's dtype.
 #[derive(Clone, Copy, Debug)]
 pub struct DecodeArgs<'a> {
     pub q: &'a Tensor,
+    /// The query rows per sequence: one (a decode step) unless said otherwise.
+    pub rows: QueryRows<'a>,
     pub cache: CacheView<'a>,
     pub o: &'a Tensor,
     pub scale: Option<f32>,
@@ -98,13 +124,14 @@ impl Passes {
     pub fn slicing(
         &self,
         h: Heads,
-        batch: u32,
+        (batch, n_rows): (u32, u32),
         len: u32,
         slice_len: Option<u32>,
     ) -> Result<Slicing, InputError> {
         let Some(slice_len) = slice_len else {
             let per_kv = h.n_heads / h.n_kv_heads.max(1);
-            let groups = h.n_kv_heads * per_kv.div_ceil(self.split.abi().grid.tile);
+            let slots = (n_rows.max(1) * per_kv).div_ceil(self.split.abi().grid.tile);
+            let groups = h.n_kv_heads * slots;
             return Ok(plan_slices(
                 len,
                 groups * batch,
@@ -134,8 +161,7 @@ pub fn split_spec(name: &str, head_dim: u32, masks: Masks, heads: u32) -> Kernel
     KernelSpec {
         grid: attn_dsl::Grid::rows(attn_dsl::Major::Slice, heads),
         writes: vec![
-            ("part_o".into(), attn_dsl::WriteMode::ScratchFlush),
-            ("part_ml".into(), attn_dsl::WriteMode::ScratchFlush),
+            ("partials".into(), attn_dsl::WriteMode::ScratchFlush),
         ],
         ..KernelSpec::standard(name, Op::DecodeSplit, head_dim, masks)
     }
@@ -259,7 +285,13 @@ impl Decode {
     /// (a missing feature or limit is an error now, not at the first call); the pipelines
     /// are created on the first call.
     pub fn new(gpu: &Gpu, spec: DecodeSpec) -> Result<Decode, Error> {
-        let abis = abis(&spec, SplitLayout::PLANNED)?;
+        Decode::with_layout(gpu, spec, SplitLayout::PLANNED)
+    }
+
+    /// [`Decode::new`] with the split pass in `layout` (streamed needs SUBGROUP), whatever
+    /// the runtime plans.
+    pub fn with_layout(gpu: &Gpu, spec: DecodeSpec, layout: SplitLayout) -> Result<Decode, Error> {
+        let abis = abis(&spec, layout)?;
         for abi in &abis {
             gpu.require(abi)?;
         }
@@ -301,7 +333,17 @@ impl Decode {
         batch: u32,
         max_len: u32,
     ) -> Result<Slicing, Error> {
-        Ok(self.passes(gpu)?.slicing(h, batch, max_len, None)?)
+        Ok(self.passes(gpu)?.slicing(h, (batch, 1), max_len, None)?)
+    }
+
+    /// Checks a call as [`Decode::record`] does, recording nothing (the pipelines are
+    /// created if they were not): for an op that records other work before this one only
+    /// if this one will be recorded too.
+    pub fn check(&mut self, gpu: &Gpu, args: &DecodeArgs) -> Result<(), Error> {
+        let passes = self.passes(gpu)?;
+        let c = check(passes.split.abi(), passes.reduce.abi(), args)?;
+        passes.slicing(c.h, (c.batch, c.n_rows), args.cache.max_len, args.slice_len)?;
+        Ok(())
     }
 
     /// Records both passes: O overwritten. Returns the slicing it ran.
@@ -317,20 +359,37 @@ impl Decode {
     }
 }
 
-/// The partials of the split pass, grown to the largest call and reused.
+/// The partials of the split pass, grown to the largest call and reused, and the query
+/// rows' starts of recent calls (by content: a decode loop's are the same every step).
 #[derive(Default)]
 pub(crate) struct Scratch {
-    part_o: Option<Tensor>,
-    part_ml: Option<Tensor>,
+    partials: Option<Tensor>,
+    starts: Vec<(Vec<u32>, Tensor)>,
 }
 
+/// Query-row starts kept per op: a loop alternates between few layouts.
+const KEPT_STARTS: usize = 8;
+
 impl Scratch {
-    /// Views of at least `o` and `ml` f32 elements.
-    fn views(&mut self, gpu: &Gpu, o: &[u32], ml: &[u32]) -> Result<(Tensor, Tensor), TensorError> {
-        Ok((
-            grow(gpu, &mut self.part_o, o, Scalar::F32)?,
-            grow(gpu, &mut self.part_ml, ml, Scalar::F32)?,
-        ))
+    /// A view of at least `shape`'s f32 elements.
+    fn partials(&mut self, gpu: &Gpu, shape: &[u32]) -> Result<Tensor, TensorError> {
+        grow(gpu, &mut self.partials, shape, Scalar::F32)
+    }
+
+    /// `starts` on the device, uploaded once.
+    fn starts(&mut self, gpu: &Gpu, starts: &[u32]) -> Result<&Tensor, TensorError> {
+        let at = match self.starts.iter().position(|(s, _)| s == starts) {
+            Some(at) => at,
+            None => {
+                if self.starts.len() == KEPT_STARTS {
+                    self.starts.remove(0);
+                }
+                let t = Tensor::from_u32(gpu, &[starts.len() as u32], starts)?;
+                self.starts.push((starts.to_vec(), t));
+                self.starts.len() - 1
+            }
+        };
+        Ok(&self.starts[at].1)
     }
 }
 
@@ -356,19 +415,18 @@ pub(crate) fn record(
     encoder: &mut wgpu::CommandEncoder,
     args: &DecodeArgs,
 ) -> Result<Slicing, Error> {
-    let (batch, h) = check(passes.split.abi(), passes.reduce.abi(), args)?;
+    let Checked { batch, h, starts, n_rows } = check(passes.split.abi(), passes.reduce.abi(), args)?;
     let c = &args.cache;
-    let slicing = passes.slicing(h, batch, c.max_len, args.slice_len)?;
+    let slicing = passes.slicing(h, (batch, n_rows), c.max_len, args.slice_len)?;
     let (capacity, page_size, pages_per_seq) = match c.block_table {
         None => (c.k.shape()[1], 0, 0),
         Some(t) => (0, c.k.shape()[1], t.shape()[1]),
     };
-    let parts = [batch, slicing.n_slices, h.n_heads];
-    let (part_o, part_ml) = scratch.views(
-        gpu,
-        &[parts[0], parts[1], parts[2], h.head_dim_v],
-        &[2, parts[0], parts[1], parts[2]],
-    )?;
+    // A record per (sequence, slice, row, head): the output, then (m, l, 0, 0).
+    let record = h.head_dim_v + 4;
+    let partials =
+        scratch.partials(gpu, &[batch, slicing.n_slices, n_rows * h.n_heads, record])?;
+    let q_starts = scratch.starts(gpu, &starts)?.clone();
     let mut dims = vec![
         ("cache_len", c.max_len),
         ("n_heads", h.n_heads),
@@ -380,6 +438,8 @@ pub(crate) fn record(
         ("slice_len", slicing.slice_len),
         ("n_slices", slicing.n_slices),
         ("pages_per_seq", pages_per_seq),
+        ("n_rows", n_rows),
+        ("slot0", c.slot0),
     ];
     dims.extend(args.mods.dims());
     let mut params = vec![("scale", args.scale.unwrap_or(h.default_scale()))];
@@ -388,9 +448,9 @@ pub(crate) fn record(
         ("q", args.q),
         ("k_cache", c.k),
         ("v_cache", c.v),
-        ("part_o", &part_o),
-        ("part_ml", &part_ml),
+        ("partials", &partials),
         ("seq_lens", c.seq_lens),
+        ("q_starts", &q_starts),
     ];
     tensors.extend(c.block_table.map(|t| ("block_table", t)));
     tensors.extend(c.scales.map(|t| ("kv_scales", t)));
@@ -402,7 +462,7 @@ pub(crate) fn record(
         params,
     };
     passes.split.record(gpu, encoder, &split, g)?;
-    let mut tensors = vec![("part_o", &part_o), ("part_ml", &part_ml), ("o", args.o)];
+    let mut tensors = vec![("partials", &partials), ("o", args.o), ("q_starts", &q_starts)];
     tensors.extend(args.mods.sinks.map(|t| ("sinks", t)));
     let reduce = Dispatch {
         tensors,
@@ -414,23 +474,84 @@ pub(crate) fn record(
     Ok(slicing)
 }
 
-/// Shapes, dtypes, heads, scale and modifiers of a decode call against its split kernel;
-/// the batch and heads.
+/// A checked call: its sequences, heads, query rows' starts and the most rows a sequence
+/// brings.
+struct Checked {
+    batch: u32,
+    h: Heads,
+    starts: Vec<u32>,
+    n_rows: u32,
+}
+
+/// The query rows of a call, from Q's shape and `rows`: the batch, the starts of each
+/// sequence's rows (`batch + 1` of them), the most rows a sequence brings, and the shape
+/// O has (Q's, `head_dim_v` wide).
+fn query_rows(q: &Tensor, rows: QueryRows) -> Result<(u32, Vec<u32>, u32, Vec<u32>), InputError> {
+    let layout = "[batch, n_heads, head_dim], [batch, n, n_heads, head_dim] or [rows, n_heads, head_dim]";
+    let shape = q.shape();
+    let rank = |r| TensorError::Rank {
+        name: "q".into(),
+        got: shape.to_vec(),
+        rank: r,
+        layout,
+    };
+    let total = match shape.len() {
+        3 => shape[0],
+        4 => shape[0].checked_mul(shape[1]).ok_or_else(|| rank(3))?,
+        _ => return Err(rank(3).into()),
+    };
+    let bad = |m: String| InputError::QueryRows(m);
+    match rows {
+        QueryRows::Each(0) => Err(bad("n = 0: a call brings at least one row per sequence".into())),
+        QueryRows::Each(n) => {
+            if shape.len() == 4 && shape[1] != n {
+                return Err(bad(format!("q is {shape:?}: its rows per sequence ({}) are not n = {n}", shape[1])));
+            }
+            if !total.is_multiple_of(n) || total == 0 {
+                return Err(bad(format!("q's {total} rows are not a whole number of sequences of {n} rows")));
+            }
+            let batch = total / n;
+            let starts = (0..=batch).map(|b| b * n).collect();
+            Ok((batch, starts, n, shape.to_vec()))
+        }
+        QueryRows::Ragged(starts) => {
+            if shape.len() != 3 {
+                return Err(rank(3).into());
+            }
+            if starts.len() < 2 || starts[0] != 0 {
+                return Err(bad(format!(
+                    "a ragged batch's starts are batch + 1 row indices from 0, not {starts:?}"
+                )));
+            }
+            if let Some(b) = starts.windows(2).position(|w| w[1] <= w[0]) {
+                return Err(bad(format!(
+                    "starts[{}] = {} is not past starts[{b}] = {}: each sequence brings at least one row",
+                    b + 1,
+                    starts[b + 1],
+                    starts[b]
+                )));
+            }
+            let last = starts[starts.len() - 1];
+            if last != total {
+                return Err(bad(format!("the starts end at row {last}, and q holds {total} rows")));
+            }
+            let n_rows = starts.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(1);
+            Ok((starts.len() as u32 - 1, starts.to_vec(), n_rows, shape.to_vec()))
+        }
+    }
+}
+
+/// Shapes, dtypes, heads, scale and modifiers of a decode call against its split kernel.
 fn check(
     abi: &KernelAbi,
     reduce: &KernelAbi,
     args: &DecodeArgs,
-) -> Result<(u32, Heads), InputError> {
+) -> Result<Checked, InputError> {
     let c = &args.cache;
+    let (batch, starts, n_rows, q_shape) = query_rows(args.q, args.rows)?;
     let layout = "[batch, n_heads, head_dim]";
-    let o_layout = "[batch, n_heads, head_dim_v]";
-    let [batch, n_heads, head_dim] =
-        <[u32; 3]>::try_from(args.q.shape()).map_err(|_| TensorError::Rank {
-            name: "q".into(),
-            got: args.q.shape().to_vec(),
-            rank: 3,
-            layout,
-        })?;
+    let o_layout = "Q's rows, head_dim_v wide";
+    let [n_heads, head_dim] = [q_shape[q_shape.len() - 2], q_shape[q_shape.len() - 1]];
     let kv_layout = match c.block_table {
         None => "[batch, capacity, n_kv_heads, head_dim]",
         Some(_) => "[n_pages, page_size, n_kv_heads, head_dim]",
@@ -469,8 +590,22 @@ fn check(
         });
     }
     let kv = vec![rows, per, n_kv_heads, head_dim];
+    let slots = c.slot0.checked_add(batch).ok_or(InputError::QueryRows(format!(
+        "slot0 {} + batch {batch} overflows",
+        c.slot0
+    )))?;
+    let lens = c.seq_lens.shape().first().copied().unwrap_or(0);
+    if c.seq_lens.shape().len() != 1 || lens < slots {
+        return Err(TensorError::Shape {
+            name: "seq_lens".into(),
+            got: c.seq_lens.shape().to_vec(),
+            want: vec![slots],
+            layout: "[slots], at least slot0 + batch",
+        }
+        .into());
+    }
     let mut tensors = vec![
-        ("q", args.q, vec![batch, n_heads, head_dim], layout),
+        ("q", args.q, q_shape.clone(), layout),
         ("k_cache", c.k, kv, kv_layout),
         (
             "v_cache",
@@ -478,40 +613,40 @@ fn check(
             vec![rows, per, n_kv_heads, head_dim_v],
             v_layout,
         ),
-        ("seq_lens", c.seq_lens, vec![batch], "[batch]"),
+        ("seq_lens", c.seq_lens, vec![lens], "[slots]"),
     ];
     if let Some(scales) = c.scales {
         tensors.push(("kv_scales", scales, vec![2, n_kv_heads], "[2, n_kv_heads]"));
     }
     let capacity = match c.block_table {
         None => {
-            if rows != batch {
+            if rows < slots {
                 return Err(TensorError::Shape {
                     name: "k_cache".into(),
                     got: c.k.shape().to_vec(),
-                    want: vec![batch, per, n_kv_heads, head_dim],
-                    layout: kv_layout,
+                    want: vec![slots, per, n_kv_heads, head_dim],
+                    layout: "[slots, capacity, n_kv_heads, head_dim], at least slot0 + batch slots",
                 }
                 .into());
             }
             u64::from(per)
         }
         Some(table) => {
-            let pages_per_seq = table.shape().get(1).copied().unwrap_or(0);
+            let [table_rows, pages_per_seq] = <[u32; 2]>::try_from(table.shape()).unwrap_or([0, 0]);
+            let table_rows = table_rows.max(slots);
             tensors.push((
                 "block_table",
                 table,
-                vec![batch, pages_per_seq],
-                "[batch, pages_per_seq]",
+                vec![table_rows, pages_per_seq],
+                "[slots, pages_per_seq], at least slot0 + batch slots",
             ));
             u64::from(pages_per_seq) * u64::from(per)
         }
     };
     expect_all(abi, &tensors)?;
-    expect_all(
-        reduce,
-        &[("o", args.o, vec![batch, n_heads, head_dim_v], o_layout)],
-    )?;
+    let mut o_shape = q_shape.clone();
+    *o_shape.last_mut().expect("q has a rank") = head_dim_v;
+    expect_all(reduce, &[("o", args.o, o_shape, o_layout)])?;
     if u64::from(c.max_len) > capacity {
         return Err(InputError::CacheTooShort {
             cache_len: c.max_len,
@@ -519,5 +654,10 @@ fn check(
         });
     }
     args.mods.validate(abi, batch, 1, n_heads)?;
-    Ok((batch, h))
+    Ok(Checked {
+        batch,
+        h,
+        starts,
+        n_rows,
+    })
 }

@@ -17,7 +17,7 @@ use crate::device::Gpu;
 use crate::error::Error;
 use crate::ops::backward::BackwardArgs;
 use crate::ops::cache::{CacheLayout, CacheSpec, KvCache};
-use crate::ops::decode::{Decode, DecodeArgs, DecodeSpec};
+use crate::ops::decode::{Decode, DecodeArgs, DecodeSpec, QueryRows};
 use crate::ops::forward::{Forward, ForwardArgs, ForwardSpec};
 use crate::ops::rope::{Rope, RopeArgs};
 use crate::tensor::Tensor;
@@ -120,6 +120,7 @@ pub fn decode(gpu: &Gpu, h: Heads, cache_len: u32, dtype: Dtype, steps: u32) -> 
         }
         cache.append(gpu, &mut enc, 0, &kv, &kv)?;
         let args = DecodeArgs {
+            rows: Default::default(),
             q: &q,
             cache: cache.view(),
             o: &o,
@@ -195,6 +196,71 @@ fn waited(
         walls.push(start.elapsed().as_secs_f64() * 1e3);
     }
     Ok((median(walls), median(spans.read_ms(gpu)?)))
+}
+
+/// `n` new rows of one sequence attended over its cache of `cache_len` rows (the new rows
+/// the last n of them, causal among themselves): what continuing a cache costs beside its
+/// append. Returns the GPU ms (median of `runs`, each waited for) and the slicing's label.
+pub fn continued(
+    gpu: &Gpu,
+    h: Heads,
+    (cache_len, n): (u32, u32),
+    dtype: Dtype,
+    runs: u32,
+) -> Result<(f64, String), Error> {
+    let spec = CacheSpec {
+        slots: 1,
+        n_kv_heads: h.n_kv_heads,
+        head_dim: h.head_dim,
+        head_dim_v: h.head_dim_v,
+        dtype,
+        layout: CacheLayout::Contiguous {
+            capacity: cache_len,
+        },
+        kv_fp8: None,
+    };
+    let mut cache = KvCache::new(gpu, spec)?;
+    let mut enc = gpu.device.create_command_encoder(&Default::default());
+    cache.open(&mut enc, 0)?;
+    let block = 1024.min(cache_len);
+    let rows = random(gpu, &[1, block, h.n_kv_heads, h.head_dim], dtype, 1)?;
+    let mut filled = 0;
+    while filled < cache_len {
+        let m = block.min(cache_len - filled);
+        let r = rows.view(&[1, m, h.n_kv_heads, h.head_dim])?;
+        cache.append(gpu, &mut enc, 0, &r, &r)?;
+        filled += m;
+    }
+    gpu.queue.submit([enc.finish()]);
+    let mut decode = Decode::new(
+        gpu,
+        DecodeSpec {
+            head_dim: h.head_dim,
+            head_dim_v: h.head_dim_v,
+            masks: Masks::default(),
+            dtype,
+            cache: Cache::Contiguous,
+            kv_fp8: None,
+        },
+    )?;
+    let q = random(gpu, &[1, n, h.n_heads, h.head_dim], dtype, 4)?;
+    let o = Tensor::zeros(gpu, &[1, n, h.n_heads, h.head_dim_v], Scalar::from(dtype));
+    let mut slicing = None;
+    let (_, gpu_ms) = waited(gpu, runs, |enc| {
+        let args = DecodeArgs {
+            q: &q,
+            rows: QueryRows::Each(n),
+            cache: cache.view(),
+            o: &o,
+            scale: None,
+            mods: Default::default(),
+            slice_len: None,
+        };
+        slicing = Some(decode.record(gpu, enc, &args)?);
+        Ok(())
+    })?;
+    let s = slicing.expect("recorded");
+    Ok((gpu_ms, format!("{}x{}", s.n_slices, s.slice_len)))
 }
 
 /// The prompt's forward (causal) and its append into a fresh cache, waited for.

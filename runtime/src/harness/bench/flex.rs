@@ -283,8 +283,10 @@ pub fn decode(
             kv_fp8: None,
         })?;
         let args = DecodeArgs {
+            rows: Default::default(),
             q: &q,
             cache: CacheView {
+                slot0: 0,
                 k: &k,
                 v: &v,
                 seq_lens: &seq_lens,
