@@ -223,6 +223,12 @@ impl KernelAbi {
             // owns dsinks[h].
             Op::SinkGrad if at(6) == 0 => return [at(1), at(5), 1],
             Op::SinkGrad => return [at(1), 1, 1],
+            // (rows, hidden, out): a workgroup per block of output columns and of rows.
+            Op::LinearRows => {
+                let block = self.workgroup_size[0] / crate::layout::rows::LINEAR_LANES
+                    * crate::layout::rows::LINEAR_COLUMNS;
+                return [at(2).div_ceil(block.max(1)), at(0).div_ceil(self.grid.tile.max(1)), 1];
+            }
             // Field 11 is n_rows: a workgroup per query (row, head) and sequence.
             Op::DecodeReduce => return [at(1) * at(11).max(1), at(4), 1],
             _ => {}

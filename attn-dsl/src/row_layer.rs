@@ -146,3 +146,23 @@ pub fn matmul(name: &str, form: MatmulForm) -> KernelSpec {
     spec.fit_target();
     spec
 }
+
+/// A Linear at up to `rows` rows ([`Op::LinearRows`]): `y = x·Wᵀ (+ b)`, x `[rows,
+/// hidden]` f32, W `[out, hidden]` in `dtype` (hidden a multiple of 4), y f32; more rows
+/// than `rows` take more workgroups, each reading W again.
+pub fn linear_rows(name: &str, [hidden, out]: [u32; 2], rows: u32, dtype: Dtype, bias: bool) -> KernelSpec {
+    let mut spec = KernelSpec {
+        grid: Grid::rows(Major::R, rows),
+        out_dim: out,
+        dtype,
+        writes: vec![("y".to_string(), WriteMode::Owned)],
+        matmul: Some(MatmulForm {
+            a: crate::spec::Along::Reduction,
+            b: crate::spec::Along::Reduction,
+            bias,
+        }),
+        ..KernelSpec::standard(name, Op::LinearRows, hidden, Masks::default())
+    };
+    spec.fit_target();
+    spec
+}

@@ -539,6 +539,15 @@ const MATMUL: &[Tensor] = &[
     DIMS,
 ];
 
+// x: [rows, hidden] f32; w: [out, hidden] in the kernel's dtype; y: [rows, out] f32.
+const LINEAR_ROWS: &[Tensor] = &[
+    t("x", Input, F32x4, &[R, K]),
+    t("w", Input, Data4, &[N, K]),
+    when(t("bias", Input, F32, &[N]), Presence::IfMatmulBias),
+    t("y", Output, F32, &[R, N]),
+    DIMS,
+];
+
 /// Every tensor `op` may bind, whatever the description.
 pub fn all_tensors(op: Op) -> &'static [Tensor] {
     match op {
@@ -565,6 +574,7 @@ pub fn all_tensors(op: Op) -> &'static [Tensor] {
         Op::LayernormGradRows => LAYERNORM_GRAD_ROWS,
         Op::LayernormRowsBackward => LAYERNORM_ROWS_BACKWARD,
         Op::Matmul => MATMUL,
+        Op::LinearRows => LINEAR_ROWS,
     }
 }
 
@@ -699,7 +709,8 @@ pub fn dims(op: Op) -> UniformBlock {
         | Op::LayernormLinearReduce
         | Op::LayernormRows
         | Op::LayernormGradRows
-        | Op::LayernormRowsBackward => &[
+        | Op::LayernormRowsBackward
+        | Op::LinearRows => &[
             "rows", "hidden", "out", "n_tiles", "n_blocks", "db_parts", "_pad1", "_pad2",
         ],
         // window: the sliding window; seed_lo, seed_hi, rng_offset: dropout's Philox key and

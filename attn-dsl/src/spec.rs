@@ -143,10 +143,16 @@ pub enum Op {
     /// output index as the spec's [`MatmulForm`] says, the reduction optionally cut into
     /// `split` parts whose partial products land one after another in `c`.
     Matmul,
+    /// A Linear at a few rows, `y = x·Wᵀ (+ b)`: `x` `[rows, hidden]` f32, `W` `[out,
+    /// hidden]` (PyTorch's layout) in the kernel's dtype, `y` f32. A decode step's
+    /// projection reads each weight once for every row, so it runs at the memory's rate:
+    /// a workgroup per block of output columns, lanes along the reduction, the grid's
+    /// `tile` rows per workgroup (more rows: more workgroups, each reading W again).
+    LinearRows,
 }
 
 impl Op {
-    pub const ALL: [Op; 24] = [
+    pub const ALL: [Op; 25] = [
         Op::Forward,
         Op::Decode,
         Op::DecodeSplit,
@@ -171,6 +177,7 @@ impl Op {
         Op::LayernormGradRows,
         Op::LayernormRowsBackward,
         Op::Matmul,
+        Op::LinearRows,
     ];
 
     pub fn name(self) -> &'static str {
@@ -199,6 +206,7 @@ impl Op {
             Op::LayernormGradRows => "layernorm_grad_rows",
             Op::LayernormRowsBackward => "layernorm_rows_backward",
             Op::Matmul => "matmul",
+            Op::LinearRows => "linear_rows",
         }
     }
 
@@ -216,7 +224,8 @@ impl Op {
             | Op::LayernormLinearWeightGrad
             | Op::LayernormRows
             | Op::LayernormGradRows
-            | Op::LayernormRowsBackward => Major::R,
+            | Op::LayernormRowsBackward
+            | Op::LinearRows => Major::R,
             Op::LayernormLinearReduce
             | Op::CacheAppend
             | Op::DkvReduce
@@ -256,6 +265,7 @@ impl Op {
                 | Op::LayernormRows
                 | Op::LayernormGradRows
                 | Op::LayernormRowsBackward
+                | Op::LinearRows
         )
     }
 }

@@ -205,6 +205,7 @@ fn abi_const(abi: &KernelAbi, wgsl: TokenStream) -> TokenStream {
         Op::LayernormGradRows => quote!(LayernormGradRows),
         Op::LayernormRowsBackward => quote!(LayernormRowsBackward),
         Op::Matmul => quote!(Matmul),
+        Op::LinearRows => quote!(LinearRows),
     };
     let f32_atomics = abi.f32_atomics;
     let [wx, wy, wz] = abi.workgroup_size;

@@ -441,6 +441,22 @@ attention_kernel! {
 }
 
 attention_kernel! {
+    /// A Linear at a decode step's few rows, 768 -> 3072, W held in f16: each weight read
+    /// once for both rows (`runtime::ops::linear::Linear` compiles the same description for
+    /// other widths, weight dtypes and row counts).
+    pub linear_rows_f16 {
+        op: linear_rows,
+        grid: r_major(tile = 2),
+        hidden: 768,
+        out: 3072,
+        target: webgpu,
+        workgroup_size: 256,
+        dtype: f16,
+        writes: { y: owned },
+    }
+}
+
+attention_kernel! {
     /// The LayerNorm + Linear backward's first kernel, 768 -> 3072, two-pass: dx, and dγ
     /// and dβ as one partial per dx block, for row tiles of 64 rows (what the runtime
     /// compiles for up to 448 rows at these widths). Portable: 7 storage buffers, the rows'

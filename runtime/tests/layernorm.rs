@@ -52,10 +52,12 @@ fn bad_input_is_a_typed_error() {
         }),
         InputError::BadValue { what: "eps", .. }
     ));
+    // Named by the layer's first kernel: at 16 rows, the LayerNorm pass of the few-rows
+    // forward.
     assert_eq!(
         input_error(Input { hidden: 9, ..good }),
         InputError::RowLayer {
-            kernel: "layernorm_linear".into(),
+            kernel: layer.kernels().next().unwrap().name().into(),
             what: "hidden",
             built: 8,
             given: 9
@@ -212,4 +214,71 @@ fn the_dw_matmul_parts_follow_the_rows_and_the_budget() {
     let parts = dw_parts(8192, 768, 3072) as u64;
     assert!(parts * 4 * 768 * 3072 <= SCRATCH_BUDGET);
     assert_eq!(dw_parts(8192, 16384, 16384), 1);
+}
+
+/// A Linear at a few rows, as an engine's projections run at a decode step: every row
+/// count the planner distinguishes (and past one workgroup's 16), weights in f32, f16
+/// (where the adapter has it) and bf16, with and without a bias, each judged against an
+/// f64 reference by the check's rule (twice a pairwise f32 sum's error plus 1e-6), the
+/// weights as the kernel reads them (rounded to their dtype).
+#[test]
+fn a_linear_at_a_few_rows_passes_the_rule_in_every_weight_dtype() {
+    use attn_dsl::{Dtype, Scalar};
+    use runtime::Tensor;
+    use runtime::cases::random;
+    use runtime::compare::judge;
+    use runtime::ops::linear::{Linear, LinearArgs, LinearSpec};
+    use runtime::reference::pairwise;
+    let gpu = gpu();
+    let (hidden, out) = (200, 37);
+    for weights in gpu.half_dtypes().into_iter().chain([Dtype::F32]) {
+        for bias in [false, true] {
+            let spec = LinearSpec {
+                hidden,
+                out,
+                weights,
+                bias,
+            };
+            let mut op = Linear::new(&gpu, spec).unwrap();
+            for rows in [1, 3, 16, 21] {
+                let x = random((rows * hidden) as usize, u64::from(rows));
+                let w = runtime::buffers::rounded(&random((out * hidden) as usize, 5), Scalar::from(weights));
+                let b = random(out as usize, 6);
+                let xt = Tensor::from_f32(&gpu, &[rows, hidden], Scalar::F32, &x).unwrap();
+                let wt = Tensor::from_f32(&gpu, &[out, hidden], Scalar::from(weights), &w).unwrap();
+                let bt = Tensor::from_f32(&gpu, &[out], Scalar::F32, &b).unwrap();
+                let yt = Tensor::zeros(&gpu, &[rows, out], Scalar::F32);
+                let mut enc = gpu.device.create_command_encoder(&Default::default());
+                let args = LinearArgs {
+                    x: &xt,
+                    w: &wt,
+                    b: bias.then_some(&bt),
+                    y: &yt,
+                };
+                op.record(&gpu, &mut enc, &args).unwrap();
+                gpu.queue.submit([enc.finish()]);
+                let y = yt.to_f32(&gpu).block_on().unwrap();
+                let h = hidden as usize;
+                let at = |i: usize| (i / out as usize, i % out as usize);
+                let bias_of = |n: usize| if bias { f64::from(b[n]) } else { 0.0 };
+                let r64: Vec<f64> = (0..(rows * out) as usize)
+                    .map(|i| {
+                        let (r, n) = at(i);
+                        pairwise(h, &|k| f64::from(x[r * h + k]) * f64::from(w[n * h + k])) + bias_of(n)
+                    })
+                    .collect();
+                let r32: Vec<f32> = (0..(rows * out) as usize)
+                    .map(|i| {
+                        let (r, n) = at(i);
+                        pairwise(h, &|k| x[r * h + k] * w[n * h + k]) + bias_of(n) as f32
+                    })
+                    .collect();
+                let v = judge(&y, &r64, &r32);
+                assert!(v.pass(), "{weights:?} bias {bias} rows {rows}: {v:?}");
+            }
+        }
+    }
+    // The kernel for each row count: the smallest of 1, 2, 4, 8 and 16 that holds them.
+    let per: Vec<u32> = [1, 2, 3, 5, 9, 16, 40].map(Linear::rows_per_workgroup).to_vec();
+    assert_eq!(per, [1, 2, 4, 8, 16, 16, 16]);
 }

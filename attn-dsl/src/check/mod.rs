@@ -56,6 +56,7 @@ fn check_dtype(spec: &KernelSpec) -> Result<(), DslError> {
         Op::LayernormRows,
         Op::LayernormGradRows,
         Op::Matmul,
+        Op::LinearRows,
     ];
     if !ops.contains(&spec.op) && !flash_backward {
         let names: Vec<&str> = ops.iter().map(|o| o.name()).collect();
@@ -614,7 +615,7 @@ fn cannot_honour(op: Op, m: Modifier) -> Option<&'static str> {
         (Op::LayernormRows | Op::LayernormGradRows | Op::LayernormRowsBackward, _) => {
             Some("it normalizes each row on its own")
         }
-        (Op::Matmul, _) => Some("it is a plain product: no query meets a key"),
+        (Op::Matmul | Op::LinearRows, _) => Some("it is a plain product: no query meets a key"),
         (Op::DkvReduce | Op::GradFold, _) => {
             Some("it sums parts of gradients in which the masks and modifiers are already applied")
         }

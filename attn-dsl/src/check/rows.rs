@@ -32,6 +32,29 @@ pub(crate) fn check_sizes(spec: &KernelSpec) -> Result<(), DslError> {
             ),
         ));
     }
+    if spec.op == Op::LinearRows {
+        use crate::layout::rows::LINEAR_MAX_ROWS;
+        if !spec.head_dim.is_multiple_of(4) {
+            return Err(DslError::spec(
+                Field::HeadDim,
+                format!(
+                    "linear_rows reads x and W four at a time: hidden ({}) must be a multiple \
+                     of 4",
+                    spec.head_dim
+                ),
+            ));
+        }
+        if !(1..=LINEAR_MAX_ROWS).contains(&spec.grid.tile) {
+            return Err(DslError::spec(
+                Field::Grid,
+                format!(
+                    "a linear_rows workgroup holds 1 to {LINEAR_MAX_ROWS} rows (its sums in \
+                     registers); tile {} is not",
+                    spec.grid.tile
+                ),
+            ));
+        }
+    }
     if spec.op == Op::LayernormRows && !spec.head_dim.is_multiple_of(4) {
         return Err(DslError::spec(
             Field::HeadDim,

@@ -18,6 +18,7 @@ mod grid_order;
 mod index;
 mod lanes;
 mod layernorm;
+mod linear_rows;
 mod matmul;
 mod numerics;
 mod reduce;
@@ -55,7 +56,9 @@ pub fn emit(spec: &KernelSpec, bindings: &[Binding]) -> String {
 pub fn emit_phases(spec: &KernelSpec, bindings: &[Binding], keep: coop::Phases) -> String {
     let mut head = Wgsl::new();
     header(&mut head, spec);
-    if spec.op.is_row_layer() {
+    if spec.op == Op::LinearRows {
+        linear_rows::constants(&mut head, spec);
+    } else if spec.op.is_row_layer() {
         layernorm::constants(&mut head, spec);
     } else if matches!(spec.op, Op::DecodeSplit | Op::DecodeReduce) {
         decode_split::constants(&mut head, spec);
@@ -136,6 +139,10 @@ fn emit_body(out: &mut Wgsl, spec: &KernelSpec, keep: coop::Phases) {
             matmul::body(out, spec);
             return;
         }
+        Op::LinearRows => {
+            linear_rows::body(out, spec);
+            return;
+        }
         Op::CacheAppend => {
             cache::append(out, spec);
             return;
@@ -185,7 +192,8 @@ fn emit_body(out: &mut Wgsl, spec: &KernelSpec, keep: coop::Phases) {
         | Op::LayernormRows
         | Op::LayernormGradRows
         | Op::LayernormRowsBackward
-        | Op::Matmul => {}
+        | Op::Matmul
+        | Op::LinearRows => {}
     }
 }
 

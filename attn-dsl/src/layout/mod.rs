@@ -70,7 +70,8 @@ pub fn workgroup_bytes(spec: &KernelSpec) -> u32 {
         | Op::LayernormLinearReduce
         | Op::LayernormRows
         | Op::LayernormGradRows
-        | Op::LayernormRowsBackward => rows::workgroup_bytes(spec),
+        | Op::LayernormRowsBackward
+        | Op::LinearRows => rows::workgroup_bytes(spec),
     }
 }
 

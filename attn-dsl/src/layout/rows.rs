@@ -89,6 +89,18 @@ pub fn grid_y(op: Op, hidden: u32, out: u32, tile: u32, atomic: bool) -> u32 {
     }
 }
 
+/// A Linear at a few rows ([`Op::LinearRows`]): lanes along the reduction per pair of
+/// output columns (each lane one 16-byte word of W in f32 at a time, 32 lanes a 512-byte
+/// run of a row), columns per lane group, and the most rows one workgroup holds.
+pub const LINEAR_LANES: u32 = 32;
+pub const LINEAR_COLUMNS: u32 = 2;
+pub const LINEAR_MAX_ROWS: u32 = 16;
+
+/// Output columns one [`Op::LinearRows`] workgroup owns.
+pub fn linear_block(spec: &KernelSpec) -> u32 {
+    spec.workgroup_size / LINEAR_LANES * LINEAR_COLUMNS
+}
+
 /// Floats of one staged operand slice: BK reduction indices × 64 outputs.
 pub const SLICE: u32 = BK * GEMM_TILE;
 
@@ -96,6 +108,10 @@ pub const SLICE: u32 = BK * GEMM_TILE;
 /// On cooperative matrices: two f16 slices (padded rows), the f32 block they sum into, and
 /// the f32 scratch of the row reductions.
 pub fn workgroup_bytes(spec: &KernelSpec) -> u32 {
+    if spec.op == Op::LinearRows {
+        // One vec4 of partial sums per invocation for the lanes' reductions.
+        return 16 * spec.workgroup_size;
+    }
     if matches!(
         spec.op,
         Op::LayernormRows | Op::LayernormGradRows | Op::LayernormRowsBackward

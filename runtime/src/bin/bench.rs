@@ -617,6 +617,24 @@ fn layernorm(
             row.gbps()
         );
     }
+    // The projections alone (an engine's Q, K, V and O have no LayerNorm in front), W held
+    // in each dtype: GB/s of weights read.
+    for (hidden, out) in [(768, 3072), (4096, 4096)] {
+        let weights = [attn_dsl::Dtype::F32].into_iter().chain(gpu.half_dtypes());
+        for dtype in weights {
+            let t = runtime::layernorm::bench::linear(gpu, [rows, hidden, out], dtype, runs)?;
+            let bytes = f64::from(hidden) * f64::from(out) * f64::from(dtype.bytes());
+            println!(
+                "{:<40} {:<40} {:>10.3} {:>10.3} {:>9.2} {:>9.1}",
+                format!("[{rows}, {hidden}] -> {out}"),
+                format!("linear, {} weights", dtype.name()),
+                t.median_ms,
+                t.min_ms,
+                2.0 * f64::from(rows) * bytes / f64::from(dtype.bytes()) / (t.median_ms * 1e-3) / 1e12,
+                bytes / (t.median_ms * 1e-3) / 1e9
+            );
+        }
+    }
     if let (Some(path), Some(sums)) = (tune, runtime::layernorm::bench::fastest_sums(&measured)) {
         use runtime::tuning::{Table, layernorm_key, row_sums_name};
         let mut table = Table::read_or_new(path, &gpu.info().name)?;

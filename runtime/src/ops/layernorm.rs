@@ -49,6 +49,9 @@ pub(crate) struct Recording {
     forward: Option<Pipeline>,
     /// The split forward's matmul and W's conversion to f16.
     matmul: Option<Pipeline>,
+    /// The few-rows forward's Linear, and its f32 normalized rows.
+    linear: Option<Pipeline>,
+    xn: Option<Tensor>,
     convert: Option<super::convert::Convert>,
     /// The products' f16 operands on tensor cores: x̂·γ + β, W and dy.
     halves: [Option<Tensor>; 3],
@@ -128,8 +131,12 @@ impl LayerNormLinear {
         expect(y, "y", &[rows, out], f, "[rows, out]")?;
         expect(saved.mean, "mean", &[rows], f, "[rows]")?;
         expect(saved.rstd, "rstd", &[rows], f, "[rows]")?;
+        if let Forward::Rows { linear, .. } = self.forward_kernels() {
+            let linear = linear.clone();
+            return self.record_forward_rows(gpu, encoder, (args, rows), y, saved, linear);
+        }
         let split = match self.forward_kernels() {
-            Forward::Fused(_) => None,
+            Forward::Fused(_) | Forward::Rows { .. } => None,
             Forward::Split { matmul, .. } => Some(matmul.clone()),
         };
         let halves = match split {
@@ -167,6 +174,45 @@ impl LayerNormLinear {
             .get_or_insert_with(|| Pipeline::new(matmul));
         let g = grid(pipeline.abi(), &m.dims);
         pipeline.record(gpu, encoder, &m, g)
+    }
+
+    /// The few-rows forward: the LayerNorm pass (x̂·γ + β in f32, the statistics saved),
+    /// then the Linear over W as the caller holds it.
+    fn record_forward_rows(
+        &mut self,
+        gpu: &Gpu,
+        encoder: &mut wgpu::CommandEncoder,
+        (args, rows): (&LayerNormArgs, u32),
+        y: &Tensor,
+        saved: Saved,
+        linear: Kernel,
+    ) -> Result<(), Error> {
+        let (hidden, out) = self.widths();
+        let held = &mut self.recording.xn;
+        if held.as_ref().is_none_or(|t| t.len() < elements(&[rows, hidden])) {
+            *held = Some(Tensor::zeros(gpu, &[rows * hidden], Scalar::F32));
+        }
+        let xn = held.as_ref().expect("grown above").view(&[rows, hidden])?;
+        let mut tensors = Self::base(args);
+        tensors.extend([("xn", &xn), ("mean", saved.mean), ("rstd", saved.rstd)]);
+        let mut d = Dispatch::new(tensors);
+        d.dims = self.dims(rows).to_vec();
+        d.params = vec![("eps", args.eps)];
+        let kernel = self.forward_kernel().clone();
+        let pipeline = self
+            .recording
+            .forward
+            .get_or_insert_with(|| Pipeline::new(kernel));
+        let g = grid(pipeline.abi(), &d.dims);
+        pipeline.record(gpu, encoder, &d, g)?;
+        let mut l = Dispatch::new(vec![("x", &xn), ("w", args.w), ("bias", args.b), ("y", y)]);
+        l.dims = vec![("rows", rows), ("hidden", hidden), ("out", out)];
+        let pipeline = self
+            .recording
+            .linear
+            .get_or_insert_with(|| Pipeline::new(linear));
+        let g = grid(pipeline.abi(), &l.dims);
+        pipeline.record(gpu, encoder, &l, g)
     }
 
     /// The products' f16 operands, grown to `rows`: x̂·γ + β `[rows, hidden]`, W `[out,

@@ -10,6 +10,7 @@ pub mod convert;
 pub mod decode;
 pub mod forward;
 pub mod layernorm;
+pub mod linear;
 pub mod rope;
 pub(crate) mod row_max;
 

@@ -362,3 +362,39 @@ fn baseline(
         },
     ])
 }
+
+/// A Linear at `rows` rows as an engine's projection records it
+/// ([`crate::ops::linear::Linear`]), W `[out, hidden]` held in `weights`, with a bias.
+pub fn linear(
+    gpu: &Gpu,
+    [rows, hidden, out]: [u32; 3],
+    weights: attn_dsl::Dtype,
+    runs: usize,
+) -> Result<Timing, Error> {
+    use crate::ops::linear::{Linear, LinearArgs, LinearSpec};
+    use crate::tensor::Tensor;
+    use attn_dsl::Scalar;
+    let spec = LinearSpec {
+        hidden,
+        out,
+        weights,
+        bias: true,
+    };
+    let mut op = Linear::new(gpu, spec)?;
+    let make = |shape: &[u32], scalar, seed| {
+        let n = shape.iter().map(|d| *d as usize).product();
+        Tensor::from_f32(gpu, shape, scalar, &random(n, seed))
+    };
+    let x = make(&[rows, hidden], Scalar::F32, 1)?;
+    let w = make(&[out, hidden], Scalar::from(weights), 2)?;
+    let b = make(&[out], Scalar::F32, 3)?;
+    let y = Tensor::zeros(gpu, &[rows, out], Scalar::F32);
+    let args = LinearArgs {
+        x: &x,
+        w: &w,
+        b: Some(&b),
+        y: &y,
+    };
+    let (t, ()) = timing::time_recorded(gpu, 2, runs, |enc| op.record(gpu, enc, &args))?;
+    Ok(t)
+}

@@ -12,7 +12,7 @@ use crate::layernorm::{LayerNormLinear, layernorm_linear, layernorm_linear_backw
 
 pub use super::judge::{LnCase, LnJudge};
 
-/// The seed's shape, its widths over several row tiles, and a real layer's widths on fewer rows (a CPU adapter and the f64
+/// The seed's shape, its widths over several row tiles, a real layer's widths on fewer rows and at a decode step's two, (a CPU adapter and the f64
 /// reference take minutes at [8, 1024, 768]; `big` adds that shape).
 pub fn cases(big: bool) -> Vec<LnCase> {
     let mut cases = vec![
@@ -32,6 +32,14 @@ pub fn cases(big: bool) -> Vec<LnCase> {
         LnCase {
             batch: 2,
             seq: 37,
+            hidden: 768,
+            out: 3072,
+        },
+        // A decode step's two rows: the few-rows forward (the LayerNorm pass, then a
+        // Linear that reads each weight once).
+        LnCase {
+            batch: 2,
+            seq: 1,
             hidden: 768,
             out: 3072,
         },
