@@ -117,12 +117,8 @@ impl LayerNormLinear {
             Op::LayernormLinearWeightGrad,
             bwd_tile,
         )?;
-        let forward = match Forward::rows(gpu, [rows, hidden, out])? {
-            Some(f) => f,
-            None => Forward::Fused(kernel("layernorm_linear", Op::LayernormLinear, fwd_tile)?),
-        };
         Ok(LayerNormLinear {
-            forward,
+            forward: Forward::Fused(kernel("layernorm_linear", Op::LayernormLinear, fwd_tile)?),
             backward: Backward::Fused {
                 backward,
                 weight_grad,
@@ -195,7 +191,7 @@ impl LayerNormLinear {
     pub(crate) fn forward_kernel(&self) -> &Kernel {
         match &self.forward {
             Forward::Fused(k) => k,
-            Forward::Split { rows, .. } | Forward::Rows { rows, .. } => rows,
+            Forward::Split { rows, .. } => rows,
         }
     }
 
@@ -241,7 +237,6 @@ impl LayerNormLinear {
         let forward: Vec<&Kernel> = match &self.forward {
             Forward::Fused(k) => vec![k],
             Forward::Split { rows, matmul } => vec![rows, matmul],
-            Forward::Rows { rows, linear } => vec![rows, linear],
         };
         let backward: Vec<&Kernel> = match &self.backward {
             Backward::Fused {
@@ -356,10 +351,6 @@ pub fn dw_parts(rows: u32, hidden: u32, out: u32) -> u32 {
 pub(crate) enum Forward {
     Fused(Kernel),
     Split { rows: Kernel, matmul: Kernel },
-    /// At a decode step's few rows: the LayerNorm pass writes x̂·γ + β in f32, then a
-    /// Linear that reads each weight once for every row (`linear_rows`, at the rate W
-    /// streams from memory, where a 64×64 product tile would be mostly empty rows).
-    Rows { rows: Kernel, linear: Kernel },
 }
 
 /// The split forward's product: the normalized rows `[rows, hidden]` by W `[out, hidden]`
@@ -371,29 +362,6 @@ pub(crate) const FORWARD_PRODUCT: MatmulForm = MatmulForm {
 };
 
 impl Forward {
-    /// The few-rows forward of a layer of scalar products (the tensor-core layer rounds its
-    /// operands to f16 as a framework's autocast does; this one reads them as they are)
-    /// for about `rows` rows, where it applies: at most
-    /// [`LINEAR_MAX_ROWS`](crate::ops::linear::LINEAR_MAX_ROWS) rows, hidden a multiple of 4.
-    fn rows(gpu: &Gpu, [rows, hidden, out]: [u32; 3]) -> Result<Option<Forward>, Error> {
-        use crate::ops::linear::{LINEAR_MAX_ROWS, Linear};
-        if rows > LINEAR_MAX_ROWS || !hidden.is_multiple_of(4) {
-            return Ok(None);
-        }
-        let compile = |spec| compiled(gpu, spec);
-        let f32 = attn_dsl::Dtype::F32;
-        Ok(Some(Forward::Rows {
-            rows: compile(row_layer::rows_spec("layernorm_rows_f32", hidden, f32))?,
-            linear: compile(row_layer::linear_rows(
-                "layernorm_linear_rows",
-                [hidden, out],
-                Linear::rows_per_workgroup(rows),
-                f32,
-                true,
-            ))?,
-        }))
-    }
-
     fn split(gpu: &Gpu, hidden: u32) -> Result<Forward, Error> {
         let compile = |spec| compiled(gpu, spec);
         Ok(Forward::Split {
@@ -412,7 +380,7 @@ impl Forward {
 
 /// `spec` compiled for this device; a description the rules refuse is a pipeline error
 /// naming the kernel.
-fn compiled(gpu: &Gpu, spec: attn_dsl::KernelSpec) -> Result<Kernel, Error> {
+pub(crate) fn compiled(gpu: &Gpu, spec: attn_dsl::KernelSpec) -> Result<Kernel, Error> {
     let abi = attn_dsl::compile(&spec).map_err(|e| Error::Pipeline {
         kernel: spec.name.clone(),
         message: e.to_string(),

@@ -49,9 +49,9 @@ pub(crate) struct Recording {
     forward: Option<Pipeline>,
     /// The split forward's matmul and W's conversion to f16.
     matmul: Option<Pipeline>,
-    /// The few-rows forward's Linear, and its f32 normalized rows.
-    linear: Option<Pipeline>,
-    xn: Option<Tensor>,
+    /// The forward at a few rows: the LayerNorm pass in f32 and a Linear that reads each
+    /// weight once for every row, compiled on the first such call.
+    few: Option<FewRows>,
     convert: Option<super::convert::Convert>,
     /// The products' f16 operands on tensor cores: x̂·γ + β, W and dy.
     halves: [Option<Tensor>; 3],
@@ -65,6 +65,16 @@ pub(crate) struct Recording {
     /// For the bench's breakdown: record only this stage of the tensor-core backward
     /// ([`SPLIT_STAGES`]), every stage when `None`.
     pub(crate) only: Option<usize>,
+}
+
+/// The forward of a call of a few rows (a decode step's projection): the LayerNorm pass
+/// writes x̂·γ + β in f32, then [`Linear`](super::linear::Linear) reads each weight once
+/// for every row, at the rate W streams from memory, where the products' 64-row tiles
+/// would be mostly empty rows.
+pub(crate) struct FewRows {
+    norm: Pipeline,
+    linear: super::linear::Linear,
+    xn: Option<Tensor>,
 }
 
 /// The tensor-core backward's stages in recording order.
@@ -131,12 +141,15 @@ impl LayerNormLinear {
         expect(y, "y", &[rows, out], f, "[rows, out]")?;
         expect(saved.mean, "mean", &[rows], f, "[rows]")?;
         expect(saved.rstd, "rstd", &[rows], f, "[rows]")?;
-        if let Forward::Rows { linear, .. } = self.forward_kernels() {
-            let linear = linear.clone();
-            return self.record_forward_rows(gpu, encoder, (args, rows), y, saved, linear);
+        let (hidden, _) = self.widths();
+        let few = rows <= super::linear::LINEAR_MAX_ROWS
+            && self.matrix() == attn_dsl::Matrix::Scalar
+            && hidden.is_multiple_of(4);
+        if few {
+            return self.record_forward_rows(gpu, encoder, (args, rows), y, saved);
         }
         let split = match self.forward_kernels() {
-            Forward::Fused(_) | Forward::Rows { .. } => None,
+            Forward::Fused(_) => None,
             Forward::Split { matmul, .. } => Some(matmul.clone()),
         };
         let halves = match split {
@@ -176,8 +189,9 @@ impl LayerNormLinear {
         pipeline.record(gpu, encoder, &m, g)
     }
 
-    /// The few-rows forward: the LayerNorm pass (x̂·γ + β in f32, the statistics saved),
-    /// then the Linear over W as the caller holds it.
+    /// The few-rows forward ([`FewRows`]), the statistics saved by its LayerNorm pass. The
+    /// tensor-core layer keeps its products (it rounds their operands to f16, as a
+    /// framework's autocast does; this path reads them as they are).
     fn record_forward_rows(
         &mut self,
         gpu: &Gpu,
@@ -185,34 +199,43 @@ impl LayerNormLinear {
         (args, rows): (&LayerNormArgs, u32),
         y: &Tensor,
         saved: Saved,
-        linear: Kernel,
     ) -> Result<(), Error> {
         let (hidden, out) = self.widths();
-        let held = &mut self.recording.xn;
-        if held.as_ref().is_none_or(|t| t.len() < elements(&[rows, hidden])) {
-            *held = Some(Tensor::zeros(gpu, &[rows * hidden], Scalar::F32));
+        if self.recording.few.is_none() {
+            let norm = attn_dsl::row_layer::rows_spec("layernorm_rows_f32", hidden, attn_dsl::Dtype::F32);
+            let norm = crate::layernorm::compiled(gpu, norm)?;
+            let spec = super::linear::LinearSpec {
+                hidden,
+                out,
+                weights: attn_dsl::Dtype::F32,
+                bias: true,
+            };
+            self.recording.few = Some(FewRows {
+                norm: Pipeline::new(norm),
+                linear: super::linear::Linear::new(gpu, spec)?,
+                xn: None,
+            });
         }
-        let xn = held.as_ref().expect("grown above").view(&[rows, hidden])?;
+        let dims = self.dims(rows).to_vec();
+        let few = self.recording.few.as_mut().expect("built above");
+        if few.xn.as_ref().is_none_or(|t| t.len() < elements(&[rows, hidden])) {
+            few.xn = Some(Tensor::zeros(gpu, &[rows * hidden], Scalar::F32));
+        }
+        let xn = few.xn.as_ref().expect("grown above").view(&[rows, hidden])?;
         let mut tensors = Self::base(args);
         tensors.extend([("xn", &xn), ("mean", saved.mean), ("rstd", saved.rstd)]);
         let mut d = Dispatch::new(tensors);
-        d.dims = self.dims(rows).to_vec();
+        d.dims = dims;
         d.params = vec![("eps", args.eps)];
-        let kernel = self.forward_kernel().clone();
-        let pipeline = self
-            .recording
-            .forward
-            .get_or_insert_with(|| Pipeline::new(kernel));
-        let g = grid(pipeline.abi(), &d.dims);
-        pipeline.record(gpu, encoder, &d, g)?;
-        let mut l = Dispatch::new(vec![("x", &xn), ("w", args.w), ("bias", args.b), ("y", y)]);
-        l.dims = vec![("rows", rows), ("hidden", hidden), ("out", out)];
-        let pipeline = self
-            .recording
-            .linear
-            .get_or_insert_with(|| Pipeline::new(linear));
-        let g = grid(pipeline.abi(), &l.dims);
-        pipeline.record(gpu, encoder, &l, g)
+        let g = grid(few.norm.abi(), &d.dims);
+        few.norm.record(gpu, encoder, &d, g)?;
+        let linear = super::linear::LinearArgs {
+            x: &xn,
+            w: args.w,
+            b: Some(args.b),
+            y,
+        };
+        few.linear.record(gpu, encoder, &linear)
     }
 
     /// The products' f16 operands, grown to `rows`: x̂·γ + β `[rows, hidden]`, W `[out,
