@@ -280,3 +280,48 @@ fn a_linear_at_a_few_rows_passes_the_rule_in_every_weight_dtype() {
     let per: Vec<u32> = [1, 2, 3, 5, 9, 16, 40].map(Linear::rows_per_workgroup).to_vec();
     assert_eq!(per, [1, 2, 4, 8, 16, 16, 16]);
 }
+
+/// A layer with its weights held in bf16 runs its forward at any rows (the LayerNorm pass
+/// and the Linear reading them as held) and refuses its backward with a typed error.
+#[test]
+fn half_precision_weights_are_for_the_forward() {
+    use attn_dsl::{Dtype, Scalar};
+    use runtime::Tensor;
+    use runtime::ops::layernorm::{LayerNormArgs, LayerNormGrads, Saved};
+    let gpu = gpu();
+    let (rows, hidden, out) = (20, 8, 12);
+    let mut layer = LayerNormLinear::new(&gpu, rows, hidden, out, RowSums::Atomic)
+        .unwrap()
+        .with_weights(&gpu, Dtype::Bf16)
+        .unwrap();
+    let t = |shape: &[u32], s| Tensor::zeros(&gpu, shape, s);
+    let f = Scalar::F32;
+    let (x, gamma, beta, b) = (t(&[rows, hidden], f), t(&[hidden], f), t(&[hidden], f), t(&[out], f));
+    let w = t(&[out, hidden], Scalar::Bf16);
+    let (y, mean, rstd) = (t(&[rows, out], f), t(&[rows], f), t(&[rows], f));
+    let args = LayerNormArgs {
+        x: &x,
+        gamma: &gamma,
+        beta: &beta,
+        w: &w,
+        b: &b,
+        eps: 1e-5,
+    };
+    let saved = Saved {
+        mean: &mean,
+        rstd: &rstd,
+    };
+    let mut enc = gpu.device.create_command_encoder(&Default::default());
+    layer.record_forward(&gpu, &mut enc, &args, &y, saved).unwrap();
+    let (dx, dw) = (t(&[rows, hidden], f), t(&[out, hidden], f));
+    let grads = LayerNormGrads {
+        dx: &dx,
+        dgamma: &gamma,
+        dbeta: &beta,
+        dw: &dw,
+        db: &b,
+    };
+    let e = layer.record_backward(&gpu, &mut enc, &args, saved, &y, &grads);
+    assert!(matches!(e, Err(Error::Input(InputError::Unsupported { .. }))), "{e:?}");
+    gpu.queue.submit([enc.finish()]);
+}

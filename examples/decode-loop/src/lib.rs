@@ -36,6 +36,9 @@ pub struct Config {
     pub capacity: u32,
     pub heads: Heads,
     pub dtype: Dtype,
+    /// The dtype the projections' weights are held in (f16 and bf16: half the bytes a
+    /// step reads).
+    pub weights: Dtype,
     /// Pages of this many rows; `None`: contiguous.
     pub page_size: Option<u32>,
     /// Wait for every step (latency); otherwise steps are submitted back to back.
@@ -102,12 +105,21 @@ struct Projection {
 const EPS: f32 = 1e-5;
 
 impl Projection {
-    fn new(gpu: &Gpu, rng: &mut StdRng, hidden: u32, out: u32, rows: u32) -> Result<Projection> {
+    fn new(
+        gpu: &Gpu,
+        rng: &mut StdRng,
+        [hidden, out, rows]: [u32; 3],
+        weights: Dtype,
+    ) -> Result<Projection> {
         let scale = 1.0 / (hidden as f32).sqrt();
         let mut draw = |n: u32, lo: f32, hi: f32| -> Vec<f32> {
             (0..n).map(|_| rng.random_range(lo..hi)).collect()
         };
-        let w: Vec<f32> = draw(out * hidden, -scale, scale);
+        // The weights as held: rounded to their dtype, which the reference reads too.
+        let w: Vec<f32> = draw(out * hidden, -scale, scale)
+            .into_iter()
+            .map(|x| round(&[f64::from(x)], weights)[0] as f32)
+            .collect();
         let b = draw(out, -0.1, 0.1);
         let gamma = draw(hidden, 0.8, 1.2);
         let beta = draw(hidden, -0.1, 0.1);
@@ -115,10 +127,10 @@ impl Projection {
         let device = [
             up(&[hidden], &gamma)?,
             up(&[hidden], &beta)?,
-            up(&[out, hidden], &w)?,
+            Tensor::from_f32(gpu, &[out, hidden], scalar(weights), &w)?,
             up(&[out], &b)?,
         ];
-        let op = LayerNormLinear::planned(gpu, rows, hidden, out)?;
+        let op = LayerNormLinear::planned(gpu, rows, hidden, out)?.with_weights(gpu, weights)?;
         Ok(Projection {
             w,
             b,
@@ -246,10 +258,10 @@ pub fn run(c: &Config) -> Result<Report> {
     let rows = c.slots * c.prompt;
     let mut rng = StdRng::seed_from_u64(c.seed);
     let mut layer = Layer {
-        q: Projection::new(&gpu, &mut rng, width, width, rows)?,
-        k: Projection::new(&gpu, &mut rng, width, kv_width, rows)?,
-        v: Projection::new(&gpu, &mut rng, width, kv_width, rows)?,
-        o: Projection::new(&gpu, &mut rng, width, width, rows)?,
+        q: Projection::new(&gpu, &mut rng, [width, width, rows], c.weights)?,
+        k: Projection::new(&gpu, &mut rng, [width, kv_width, rows], c.weights)?,
+        v: Projection::new(&gpu, &mut rng, [width, kv_width, rows], c.weights)?,
+        o: Projection::new(&gpu, &mut rng, [width, width, rows], c.weights)?,
         rope: Rope::new(h.head_dim, false)?,
         convert: Convert::new(c.dtype),
         saved: [

@@ -38,6 +38,9 @@ struct Args {
     /// The cache's (and the attention's) dtype: f32, f16 or bf16.
     #[arg(long, default_value = "f32", value_parser = parse_dtype)]
     dtype: Dtype,
+    /// The dtype the projections' weights are held in: f32, f16 or bf16.
+    #[arg(long, default_value = "f32", value_parser = parse_dtype)]
+    weights: Dtype,
     /// A paged cache with pages of this many rows (contiguous without it).
     #[arg(long)]
     page_size: Option<u32>,
@@ -74,6 +77,7 @@ fn main() -> ExitCode {
             head_dim_v: args.head_dim,
         },
         dtype: args.dtype,
+        weights: args.weights,
         page_size: args.page_size,
         sync: args.sync,
         check: !args.no_check,

@@ -18,6 +18,7 @@ fn config(dtype: Dtype, page_size: Option<u32>) -> Config {
             head_dim_v: 32,
         },
         dtype,
+        weights: Dtype::F32,
         page_size,
         sync: false,
         check: true,
@@ -37,6 +38,14 @@ fn decode_loop_agrees_with_the_host_reference() {
         assert!(err <= tol, "{dtype:?} pages {pages:?}: {err} over {tol}");
         assert_eq!(report.step_wall.len(), 12);
     }
+    // Projections with weights held in bf16: the LayerNorm pass and a Linear reading them.
+    let report = run(&Config {
+        weights: Dtype::Bf16,
+        ..config(Dtype::F32, None)
+    })
+    .unwrap();
+    let (err, tol) = report.check.unwrap();
+    assert!(err <= tol, "bf16 weights: {err} over {tol}");
 }
 
 #[test]

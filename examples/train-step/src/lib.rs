@@ -48,6 +48,10 @@ pub struct Report {
     pub wall: Duration,
     /// GPU time of each step, where the adapter has timestamps.
     pub step_gpu_ms: Option<Vec<f64>>,
+    /// CPU time of the later steps' recording (every op's `record`) and of their
+    /// `Queue::submit`, median ms: where a step's wall time goes beside its GPU time.
+    pub record_ms: f64,
+    pub submit_ms: f64,
     /// Largest difference of dQ, dK, dV from the reference, as a fraction of each one's
     /// largest value, and the tolerance.
     pub check: Option<(f64, f64)>,
@@ -138,6 +142,7 @@ pub fn run(c: &Config) -> Result<Report> {
     let mut start = Instant::now();
     let mut first_step = Duration::ZERO;
     let mut ran = None;
+    let (mut records, mut submits) = (Vec::new(), Vec::new());
     for step in 0..c.steps {
         if step == 1 {
             gpu.device
@@ -146,6 +151,7 @@ pub fn run(c: &Config) -> Result<Report> {
             first_step = start.elapsed();
             start = Instant::now();
         }
+        let recording = Instant::now();
         let mut enc = gpu.device.create_command_encoder(&Default::default());
         if let Some(spans) = &stamps {
             spans.mark(&mut enc, step, false);
@@ -208,7 +214,13 @@ pub fn run(c: &Config) -> Result<Report> {
         if let Some(spans) = &stamps {
             spans.mark(&mut enc, step, true);
         }
-        gpu.queue.submit([enc.finish()]);
+        let commands = enc.finish();
+        let submitting = Instant::now();
+        gpu.queue.submit([commands]);
+        if step > 0 {
+            records.push((submitting - recording).as_secs_f64() * 1e3);
+            submits.push(submitting.elapsed().as_secs_f64() * 1e3);
+        }
     }
     let at = dq.offset() + dq.bytes() - 4;
     let word = runtime::block_on(runtime::buffers::read_range(&gpu, dq.buffer(), at, 4))?;
@@ -252,8 +264,15 @@ pub fn run(c: &Config) -> Result<Report> {
         first_step,
         wall,
         step_gpu_ms,
+        record_ms: median(records),
+        submit_ms: median(submits),
         check,
     })
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
 fn relative(got: &[f32], want: &[f64]) -> f64 {

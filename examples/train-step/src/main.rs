@@ -106,6 +106,10 @@ fn main() -> ExitCode {
         gpu.map_or(String::new(), |g| format!(", {g:.3} ms GPU (median)")),
         r.scalar
     );
+    println!(
+        "CPU per later step (median): {:.3} ms recording, {:.3} ms in Queue::submit",
+        r.record_ms, r.submit_ms
+    );
     match r.check {
         Some((err, tol)) => println!(
             "host reference (f64): max difference {err:.2e} of each gradient's largest value, tolerance {tol:.0e}: {}",

@@ -58,6 +58,8 @@ pub struct LayerNormLinear {
     reduce: Option<Kernel>,
     hidden: u32,
     out: u32,
+    /// The dtype W is held in: f32, or f16 / bf16 for inference ([`Self::with_weights`]).
+    weights: attn_dsl::Dtype,
     /// Pipelines and scratch of the recording API ([`crate::ops::layernorm`]).
     pub(crate) recording: crate::ops::layernorm::Recording,
 }
@@ -126,6 +128,7 @@ impl LayerNormLinear {
             reduce,
             hidden,
             out,
+            weights: attn_dsl::Dtype::F32,
             recording: Default::default(),
         })
     }
@@ -165,6 +168,7 @@ impl LayerNormLinear {
             reduce: Some(compile(reduce)?),
             hidden,
             out,
+            weights: attn_dsl::Dtype::F32,
             recording: Default::default(),
         })
     }
@@ -177,8 +181,32 @@ impl LayerNormLinear {
             reduce: self.reduce.clone(),
             hidden: self.hidden,
             out: self.out,
+            weights: self.weights,
             recording: Default::default(),
         }
+    }
+
+    /// This layer with W held in `weights` (f16 needs SHADER_F16), for inference: its
+    /// forward, at any rows, is the LayerNorm pass and a Linear that reads W as held (half
+    /// the bytes of f32 in f16 or bf16); its backward takes f32 weights only.
+    pub fn with_weights(self, gpu: &Gpu, weights: attn_dsl::Dtype) -> Result<Self, Error> {
+        if !gpu.supports_dtype(weights) {
+            return Err(crate::error::InputError::Unsupported {
+                what: "f16 weights",
+                needs: "an adapter with SHADER_F16",
+            }
+            .into());
+        }
+        Ok(LayerNormLinear {
+            weights,
+            recording: Default::default(),
+            ..self
+        })
+    }
+
+    /// The dtype W is held in.
+    pub fn weights(&self) -> attn_dsl::Dtype {
+        self.weights
     }
 
     /// `(hidden, out)`.

@@ -103,7 +103,8 @@ impl LayerNormLinear {
         expect(args.x, "x", &[rows, hidden], f, "[rows, hidden]")?;
         expect(args.gamma, "gamma", &[hidden], f, "[hidden]")?;
         expect(args.beta, "beta", &[hidden], f, "[hidden]")?;
-        expect(args.w, "w", &[out, hidden], f, "[out, hidden]")?;
+        let w = Scalar::from(self.weights());
+        expect(args.w, "w", &[out, hidden], w, "[out, hidden]")?;
         expect(args.b, "b", &[out], f, "[out]")?;
         if !(args.eps.is_finite() && args.eps > 0.0) {
             return Err(InputError::BadValue {
@@ -142,9 +143,12 @@ impl LayerNormLinear {
         expect(saved.mean, "mean", &[rows], f, "[rows]")?;
         expect(saved.rstd, "rstd", &[rows], f, "[rows]")?;
         let (hidden, _) = self.widths();
-        let few = rows <= super::linear::LINEAR_MAX_ROWS
+        // At a few rows (any rows where W is held in half precision, which only this path
+        // reads).
+        let few = (rows <= super::linear::LINEAR_MAX_ROWS
             && self.matrix() == attn_dsl::Matrix::Scalar
-            && hidden.is_multiple_of(4);
+            && hidden.is_multiple_of(4))
+            || self.weights() != attn_dsl::Dtype::F32;
         if few {
             return self.record_forward_rows(gpu, encoder, (args, rows), y, saved);
         }
@@ -207,7 +211,7 @@ impl LayerNormLinear {
             let spec = super::linear::LinearSpec {
                 hidden,
                 out,
-                weights: attn_dsl::Dtype::F32,
+                weights: self.weights(),
                 bias: true,
             };
             self.recording.few = Some(FewRows {
@@ -262,6 +266,13 @@ impl LayerNormLinear {
         dy: &Tensor,
         grads: &LayerNormGrads,
     ) -> Result<(), Error> {
+        if self.weights() != attn_dsl::Dtype::F32 {
+            return Err(InputError::Unsupported {
+                what: "the backward of a layer with half-precision weights",
+                needs: "f32 weights (`with_weights` is for inference)",
+            }
+            .into());
+        }
         let rows = self.rows_of(args)?;
         let (hidden, out) = self.widths();
         let f = Scalar::F32;
