@@ -332,15 +332,8 @@ fn check_grid(spec: &KernelSpec) -> Result<(), DslError> {
     if spec.grid.uses_coop() {
         return rows::check_coop(spec);
     }
-    if spec.op == Op::DecodeSplit && !(1..=tile_max).contains(&spec.grid.tile) {
-        return Err(DslError::spec(
-            Field::Grid,
-            format!(
-                "tile {}: a decode_split workgroup serves 1 to {tile_max} query heads of its KV \
-                 head, one per vec4 component; a KV head with more gets several workgroups",
-                spec.grid.tile
-            ),
-        ));
+    if spec.op == Op::DecodeSplit {
+        return check_split_tile(spec);
     }
     if spec.grid.tile == 0 || spec.grid.tile > tile_max {
         return Err(DslError::spec(
@@ -355,9 +348,9 @@ fn check_grid(spec: &KernelSpec) -> Result<(), DslError> {
     Ok(())
 }
 
-/// The streamed split pass (`slice_major(flash)`): its heads per workgroup as the staged
-/// pass's, its layout by [`crate::layout::decode::Stream`], subgroups only natively.
-fn check_stream(spec: &KernelSpec) -> Result<(), DslError> {
+/// A split pass's workgroup serves 1 to 4 query slots, one per vec4 component, in either
+/// layout.
+fn check_split_tile(spec: &KernelSpec) -> Result<(), DslError> {
     let tile_max = crate::layout::decode::MAX_SPLIT_HEADS;
     if !(1..=tile_max).contains(&spec.grid.tile) {
         return Err(DslError::spec(
@@ -369,6 +362,13 @@ fn check_stream(spec: &KernelSpec) -> Result<(), DslError> {
             ),
         ));
     }
+    Ok(())
+}
+
+/// The streamed split pass (`slice_major(flash)`): its heads per workgroup as the staged
+/// pass's, its layout by [`crate::layout::decode::Stream`], subgroups only natively.
+fn check_stream(spec: &KernelSpec) -> Result<(), DslError> {
+    check_split_tile(spec)?;
     if let Some(Err(problem)) = crate::layout::decode::Stream::of(spec) {
         return Err(DslError::spec(Field::Grid, problem));
     }

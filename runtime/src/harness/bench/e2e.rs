@@ -57,34 +57,38 @@ fn random(gpu: &Gpu, shape: &[u32], dtype: Dtype, seed: u64) -> Result<Tensor, E
     Ok(Tensor::from_f32(gpu, shape, Scalar::from(dtype), &data)?)
 }
 
-/// Decode steps against a cache filled to `cache_len` rows (one sequence): `steps` back to
-/// back, then `steps` waited for.
-pub fn decode(gpu: &Gpu, h: Heads, cache_len: u32, dtype: Dtype, steps: u32) -> Result<Row, Error> {
+/// A one-sequence contiguous cache of `capacity` rows, filled to `len` rows of random K (V
+/// the same rows) a block at a time, the fill submitted.
+fn filled_cache(gpu: &Gpu, h: Heads, dtype: Dtype, [len, capacity]: [u32; 2]) -> Result<KvCache, Error> {
     let spec = CacheSpec {
         slots: 1,
         n_kv_heads: h.n_kv_heads,
         head_dim: h.head_dim,
         head_dim_v: h.head_dim_v,
         dtype,
-        layout: CacheLayout::Contiguous {
-            capacity: cache_len + 3 * steps,
-        },
+        layout: CacheLayout::Contiguous { capacity },
         kv_fp8: None,
     };
     let mut cache = KvCache::new(gpu, spec)?;
     let mut enc = gpu.device.create_command_encoder(&Default::default());
     cache.open(&mut enc, 0)?;
-    // Fill the cache a block of rows at a time.
-    let block = 1024.min(cache_len);
+    let block = 1024.min(len);
     let rows = random(gpu, &[1, block, h.n_kv_heads, h.head_dim], dtype, 1)?;
     let mut filled = 0;
-    while filled < cache_len {
-        let n = block.min(cache_len - filled);
+    while filled < len {
+        let n = block.min(len - filled);
         let r = rows.view(&[1, n, h.n_kv_heads, h.head_dim])?;
         cache.append(gpu, &mut enc, 0, &r, &r)?;
         filled += n;
     }
     gpu.queue.submit([enc.finish()]);
+    Ok(cache)
+}
+
+/// Decode steps against a cache filled to `cache_len` rows (one sequence): `steps` back to
+/// back, then `steps` waited for.
+pub fn decode(gpu: &Gpu, h: Heads, cache_len: u32, dtype: Dtype, steps: u32) -> Result<Row, Error> {
+    let mut cache = filled_cache(gpu, h, dtype, [cache_len, cache_len + 3 * steps])?;
     let mut decode = Decode::new(&gpu, DecodeSpec {
         head_dim: h.head_dim,
         head_dim_v: h.head_dim_v,
@@ -208,30 +212,7 @@ pub fn continued(
     dtype: Dtype,
     runs: u32,
 ) -> Result<(f64, String), Error> {
-    let spec = CacheSpec {
-        slots: 1,
-        n_kv_heads: h.n_kv_heads,
-        head_dim: h.head_dim,
-        head_dim_v: h.head_dim_v,
-        dtype,
-        layout: CacheLayout::Contiguous {
-            capacity: cache_len,
-        },
-        kv_fp8: None,
-    };
-    let mut cache = KvCache::new(gpu, spec)?;
-    let mut enc = gpu.device.create_command_encoder(&Default::default());
-    cache.open(&mut enc, 0)?;
-    let block = 1024.min(cache_len);
-    let rows = random(gpu, &[1, block, h.n_kv_heads, h.head_dim], dtype, 1)?;
-    let mut filled = 0;
-    while filled < cache_len {
-        let m = block.min(cache_len - filled);
-        let r = rows.view(&[1, m, h.n_kv_heads, h.head_dim])?;
-        cache.append(gpu, &mut enc, 0, &r, &r)?;
-        filled += m;
-    }
-    gpu.queue.submit([enc.finish()]);
+    let cache = filled_cache(gpu, h, dtype, [cache_len, cache_len])?;
     let mut decode = Decode::new(
         gpu,
         DecodeSpec {
