@@ -316,6 +316,19 @@ fn bad_files_give_one_error_line() {
         &run(&q, &k, &["--schedule", "fastest"]),
         "unknown schedule `fastest`",
     );
+    // A q of no rows with documents: refused, not a panic.
+    npy::write_f32(&dir.join("q0.npy"), &[0, 2, 8], &[]).unwrap();
+    npy::write_f32(&dir.join("k0.npy"), &[0, 1, 8], &[]).unwrap();
+    write_i64(&dir.join("cu0.npy"), &[0]);
+    assert_one_line_error(
+        &run(&f("q0.npy"), &f("k0.npy"), &["--cu-seqlens", &f("cu0.npy")]),
+        "",
+    );
+    // A negative number is a flag's value (here a scale the runtime then refuses or runs).
+    let negative = run(&q, &k, &["--scale", "-1"]);
+    let stderr = String::from_utf8_lossy(&negative.stderr);
+    assert!(!stderr.contains("unexpected argument"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
     let ok = run(&q, &k, &["--causal"]);
     assert!(
         ok.status.success(),

@@ -237,6 +237,9 @@ pub fn run(c: &Config) -> Result<Report> {
     if c.prompt == 0 || c.tokens == 0 || c.slots == 0 {
         bail!("--prompt, --tokens and --slots must be at least 1");
     }
+    if c.page_size == Some(0) {
+        bail!("--page-size must be at least 1 row (or leave it out for a contiguous cache)");
+    }
     if c.prompt + c.tokens > c.capacity {
         bail!(
             "the prompt ({}) and the tokens ({}) need {} rows; raise --capacity (now {})",

@@ -56,4 +56,6 @@ fn a_cache_too_short_for_the_run_is_refused() {
     };
     let err = run(&c).unwrap_err().to_string();
     assert!(err.contains("raise --capacity"), "{err}");
+    let err = run(&config(Dtype::F32, Some(0))).unwrap_err().to_string();
+    assert!(err.contains("--page-size must be at least 1"), "{err}");
 }

@@ -29,7 +29,7 @@ use runtime::{
 /// half inputs run the half-precision backward, on tensor cores where the device has
 /// them). Kernels are specialized for the tensors' head_dim and masks when the tool starts.
 #[derive(Parser)]
-#[command(name = "attn")]
+#[command(name = "attn", allow_negative_numbers = true)]
 struct Args {
     #[arg(long)]
     q: PathBuf,
@@ -531,6 +531,9 @@ fn load(args: &Args) -> anyhow::Result<Tensors> {
 /// `seg` for every sequence, `[batch, seq]`, from `--seg` or `--cu-seqlens`, checked
 /// before any device exists (bad input costs no GPU start-up).
 fn load_seg(args: &Args, batch: u64, seq: u64) -> anyhow::Result<Option<Vec<u32>>> {
+    if (args.seg.is_some() || args.cu_seqlens.is_some()) && (seq == 0 || batch == 0) {
+        bail!("q has {batch} sequences of {seq} rows: documents need at least one row to divide");
+    }
     let (path, one_or_all) = match (&args.seg, &args.cu_seqlens) {
         (Some(path), _) => {
             let (shape, seg) = npy::read_indices(path)?;

@@ -19,7 +19,7 @@ use runtime::{Gpu, Heads, kernels};
 /// (seq 512, 12 heads, 4 KV heads, head_dim 64, causal) and a long one (seq 4096, 16 heads,
 /// 16 KV heads, head_dim 128, causal). Needs an adapter with TIMESTAMP_QUERY.
 #[derive(Parser)]
-#[command(name = "bench")]
+#[command(name = "bench", allow_negative_numbers = true)]
 struct Args {
     /// Sequence length (with any shape flag, one shape is run; unset flags take the seeds'
     /// layer's values).

@@ -25,7 +25,7 @@ use runtime::{Gpu, kernels, layernorm};
 /// the device supports and add a row asserting the schedules agree. Exits non-zero if any
 /// row fails.
 #[derive(Parser)]
-#[command(name = "check")]
+#[command(name = "check", allow_negative_numbers = true)]
 struct Args {
     /// Run the whole case matrix (211 cases; about 35 minutes on a 2-core CPU adapter) instead of
     /// the quick one.

@@ -85,7 +85,11 @@ pub enum CacheError {
     },
     #[error("the append needs {needed} new pages and the pool has {free} free; free a sequence")]
     OutOfPages { needed: u32, free: u32 },
-    #[error("prefill writes a whole prompt, and slot {slot} already holds {len} rows")]
+    #[error(
+        "prefill writes a whole prompt (its forward sees only its own rows), and slot {slot} \
+         already holds {len} rows; continue it with `KvCache::extend`, whose rows attend over \
+         the rows it holds"
+    )]
     NotEmpty { slot: u32, len: u32 },
     #[error("the cache's {what} is 0; every dimension must be at least 1")]
     Zero { what: &'static str },
