@@ -1,4 +1,4 @@
-//! Rust closures as FlexAttention-style modifiers (issue 28): `|score, b, h, q, k| expr`
+//! Rust closures as FlexAttention-style modifiers: `|score, b, h, q, k| expr`
 //! and `|b, h, q, k| cond` into [`attn_dsl::flex::Expr`], every node carrying its token's
 //! span, then type-checked (and a score modifier differentiated) so that each error is a
 //! `syn::Error` at the token to change. Parameters may be renamed (`_` for one the

@@ -17,11 +17,6 @@
 //! (A runnable copy of this lives in `examples/custom-head-dim`.) The generated module refers to `::wgpu`, `::bytemuck` and `::attn_dsl`, so a crate that
 //! uses the macro depends on those three.
 
-#[allow(
-    dead_code,
-    reason = "attention_kernel!'s score_mod and mask_mod fields read it once the kernels lower \
-              the modifiers (issue 28); its tests run the parser and checks now"
-)]
 mod flex;
 mod generate;
 mod lower;

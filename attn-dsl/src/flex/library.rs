@@ -1,5 +1,5 @@
 //! Ready-made modifiers: the built-in masks and score modifiers written in the modifier
-//! language (issue 28, item 5), and the examples `check` and `attn` run. Each returns the
+//! language, and the examples `check` and `attn` run. Each returns the
 //! expression a description would write, so a kernel built from one is the kernel the
 //! macro makes from the same closure.
 

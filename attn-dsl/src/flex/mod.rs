@@ -1,4 +1,4 @@
-//! FlexAttention-style modifier expressions (issue 28): the small, closed language of a
+//! FlexAttention-style modifier expressions: the small, closed language of a
 //! user's `score_mod: |score, b, h, q, k| ..` and `mask_mod: |b, h, q, k| ..`. This module
 //! holds the expression tree, its types ([`typing`]), its derivative with respect to the
 //! score ([`derive`]) and an f64 evaluator ([`eval`]) for the CPU reference; the WGSL
@@ -341,7 +341,7 @@ pub(crate) mod tests {
         ]
     }
 
-    /// The score modifiers of issue 28's examples.
+    /// Example score modifiers, for the tests of the language and its WGSL.
     pub fn score_mods() -> Vec<(&'static str, Expr)> {
         use BinOp::*;
         let distance = call(Func::Abs, vec![bin(Sub, v("q"), v("k"))]);
