@@ -227,7 +227,11 @@ impl KernelAbi {
             Op::LinearRows => {
                 let block = self.workgroup_size[0] / crate::layout::rows::LINEAR_LANES
                     * crate::layout::rows::LINEAR_COLUMNS;
-                return [at(2).div_ceil(block.max(1)), at(0).div_ceil(self.grid.tile.max(1)), 1];
+                return [
+                    at(2).div_ceil(block.max(1)),
+                    at(0).div_ceil(self.grid.tile.max(1)),
+                    1,
+                ];
             }
             // Field 11 is n_rows: a workgroup per query (row, head) and sequence.
             Op::DecodeReduce => return [at(1) * at(11).max(1), at(4), 1],
@@ -359,7 +363,6 @@ fn signature_bindings(spec: &KernelSpec) -> Vec<Binding> {
                     array_type(t.elem, scalar, None),
                     Vec::new(),
                 ),
-
             };
             Binding {
                 group: 0,
@@ -379,10 +382,12 @@ fn signature_bindings(spec: &KernelSpec) -> Vec<Binding> {
 /// The word type of a streamed decode's cache where it differs from four elements'.
 fn stream_word(spec: &KernelSpec) -> Option<&'static str> {
     let s = crate::layout::decode::Stream::of(spec)?.ok()?;
-    (s.word == 8).then(|| match crate::layout::decode::stream_word_type(spec, s.word) {
-        "vec2<u32>" => "array<vec2<u32>>",
-        _ => "array<vec4<u32>>",
-    })
+    (s.word == 8).then(
+        || match crate::layout::decode::stream_word_type(spec, s.word) {
+            "vec2<u32>" => "array<vec2<u32>>",
+            _ => "array<vec4<u32>>",
+        },
+    )
 }
 
 /// `array<f32>`, or the atomic array an atomic-scatter output is added into: `u32` words

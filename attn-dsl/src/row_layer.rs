@@ -150,7 +150,13 @@ pub fn matmul(name: &str, form: MatmulForm) -> KernelSpec {
 /// A Linear at up to `rows` rows ([`Op::LinearRows`]): `y = x·Wᵀ (+ b)`, x `[rows,
 /// hidden]` f32, W `[out, hidden]` in `dtype` (hidden a multiple of 4), y f32; more rows
 /// than `rows` take more workgroups, each reading W again.
-pub fn linear_rows(name: &str, [hidden, out]: [u32; 2], rows: u32, dtype: Dtype, bias: bool) -> KernelSpec {
+pub fn linear_rows(
+    name: &str,
+    [hidden, out]: [u32; 2],
+    rows: u32,
+    dtype: Dtype,
+    bias: bool,
+) -> KernelSpec {
     let mut spec = KernelSpec {
         grid: Grid::rows(Major::R, rows),
         out_dim: out,

@@ -6,9 +6,7 @@ use attn_dsl::{Gqa, Grid, KernelSpec, Major, Masks, Op, Source, WriteMode};
 fn split(head_dim: u32, heads: u32, masks: Masks) -> KernelSpec {
     KernelSpec {
         grid: Grid::rows(Major::Slice, heads),
-        writes: vec![
-            ("partials".into(), WriteMode::ScratchFlush),
-        ],
+        writes: vec![("partials".into(), WriteMode::ScratchFlush)],
         ..KernelSpec::standard("split", Op::DecodeSplit, head_dim, masks)
     }
 }
@@ -277,7 +275,16 @@ fn the_streamed_pass_compiles_for_every_width_dtype_and_cache() {
         softcap: true,
         ..Masks::default()
     };
-    for (hd, hv) in [(32, 32), (64, 64), (80, 80), (96, 96), (128, 128), (256, 256), (192, 128), (36, 36)] {
+    for (hd, hv) in [
+        (32, 32),
+        (64, 64),
+        (80, 80),
+        (96, 96),
+        (128, 128),
+        (256, 256),
+        (192, 128),
+        (36, 36),
+    ] {
         for (dtype, fp8) in [
             (Dtype::F32, None),
             (Dtype::F16, None),
@@ -305,7 +312,10 @@ fn the_streamed_pass_compiles_for_every_width_dtype_and_cache() {
                         attn_dsl::emit::split_key_tile(&spec),
                         attn_dsl::emit::split_max_slice(&spec),
                     );
-                    assert!(max.is_multiple_of(tile) && max > 512, "d{hd}: {max} / {tile}");
+                    assert!(
+                        max.is_multiple_of(tile) && max > 512,
+                        "d{hd}: {max} / {tile}"
+                    );
                 }
             }
         }
@@ -315,7 +325,10 @@ fn the_streamed_pass_compiles_for_every_width_dtype_and_cache() {
 #[test]
 fn a_streamed_grid_says_its_step() {
     let mut spec = streamed(split(128, 4, Masks::default()), true);
-    spec.grid.flash = spec.grid.flash.map(|f| attn_dsl::Flash { inner: f.inner + 1, ..f });
+    spec.grid.flash = spec.grid.flash.map(|f| attn_dsl::Flash {
+        inner: f.inner + 1,
+        ..f
+    });
     let e = attn_dsl::compile(&spec).unwrap_err().to_string();
     assert!(e.contains("key_tile ="), "{e}");
     let mut webgpu = streamed(split(128, 4, Masks::default()), true);

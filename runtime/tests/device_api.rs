@@ -345,20 +345,23 @@ fn decode_after_appends(
         CacheLayout::Contiguous { .. } => Cache::Contiguous,
         CacheLayout::Paged { .. } => Cache::Paged,
     };
-    let mut decode = Decode::new(&gpu, DecodeSpec {
-        head_dim: dk,
-        head_dim_v: dv,
-        masks: Masks::default(),
-        dtype: Dtype::F32,
-        cache: cache_kind,
-        kv_fp8: None,
-    })
+    let mut decode = Decode::new(
+        &gpu,
+        DecodeSpec {
+            head_dim: dk,
+            head_dim_v: dv,
+            masks: Masks::default(),
+            dtype: Dtype::F32,
+            cache: cache_kind,
+            kv_fp8: None,
+        },
+    )
     .unwrap();
     let q_shape = [slots, h.n_heads, h.head_dim];
     let qt = Tensor::from_f32(gpu, &q_shape, Scalar::F32, q).unwrap();
     let ot = Tensor::zeros(gpu, &[slots, h.n_heads, dv], Scalar::F32);
     let args = DecodeArgs {
-            rows: Default::default(),
+        rows: Default::default(),
         q: &qt,
         cache: cache.view(),
         o: &ot,
@@ -667,14 +670,17 @@ fn a_decode_loop_creates_nothing_in_its_steady_state() {
         kv_fp8: None,
     };
     let mut cache = KvCache::new(&gpu, spec).unwrap();
-    let mut decode = Decode::new(&gpu, DecodeSpec {
-        head_dim: 64,
-        head_dim_v: 64,
-        masks: Masks::default(),
-        dtype: Dtype::F32,
-        cache: Cache::Contiguous,
-        kv_fp8: None,
-    })
+    let mut decode = Decode::new(
+        &gpu,
+        DecodeSpec {
+            head_dim: 64,
+            head_dim_v: 64,
+            masks: Masks::default(),
+            dtype: Dtype::F32,
+            cache: Cache::Contiguous,
+            kv_fp8: None,
+        },
+    )
     .unwrap();
     let mut rope = Rope::new(64, false).unwrap();
     let q = Tensor::zeros(&gpu, &[slots, 1, h.n_heads, h.head_dim], Scalar::F32);
@@ -930,14 +936,17 @@ fn refused_continuations_leave_the_cache_and_o_as_they_were() {
         kv_fp8: None,
     };
     let mut cache = KvCache::new(&gpu, spec).unwrap();
-    let mut decode = Decode::new(&gpu, DecodeSpec {
-        head_dim: 64,
-        head_dim_v: 64,
-        masks: Masks::default(),
-        dtype: Dtype::F32,
-        cache: Cache::Contiguous,
-        kv_fp8: None,
-    })
+    let mut decode = Decode::new(
+        &gpu,
+        DecodeSpec {
+            head_dim: 64,
+            head_dim_v: 64,
+            masks: Masks::default(),
+            dtype: Dtype::F32,
+            cache: Cache::Contiguous,
+            kv_fp8: None,
+        },
+    )
     .unwrap();
     let mut enc = gpu.device.create_command_encoder(&Default::default());
     cache.open(&mut enc, 0).unwrap();
@@ -958,7 +967,9 @@ fn refused_continuations_leave_the_cache_and_o_as_they_were() {
             mods: Default::default(),
         };
         let mut enc = gpu.device.create_command_encoder(&Default::default());
-        let r = cache.extend(&gpu, &mut enc, decode, slot, &args).map(|_| ());
+        let r = cache
+            .extend(&gpu, &mut enc, decode, slot, &args)
+            .map(|_| ());
         submit(&gpu, enc);
         r
     };
@@ -967,25 +978,66 @@ fn refused_continuations_leave_the_cache_and_o_as_they_were() {
         other => panic!("expected an input error, got {other:?}"),
     };
     assert!(matches!(
-        input(extend(&mut cache, &mut decode, 0, 0, &q(0, 64, Scalar::F32))),
+        input(extend(
+            &mut cache,
+            &mut decode,
+            0,
+            0,
+            &q(0, 64, Scalar::F32)
+        )),
         InputError::QueryRows(_) | InputError::Tensor(_)
     ));
     assert!(matches!(
-        input(extend(&mut cache, &mut decode, 0, 4, &q(4, 64, Scalar::F32))),
-        InputError::Cache(CacheError::Full { slot: 0, len: 5, adding: 4, capacity: 8 })
+        input(extend(
+            &mut cache,
+            &mut decode,
+            0,
+            4,
+            &q(4, 64, Scalar::F32)
+        )),
+        InputError::Cache(CacheError::Full {
+            slot: 0,
+            len: 5,
+            adding: 4,
+            capacity: 8
+        })
     ));
-    let e = input(extend(&mut cache, &mut decode, 0, 3, &q(3, 32, Scalar::F32)));
-    assert!(matches!(e, InputError::HeadDim { .. } | InputError::Tensor(_)), "{e}");
+    let e = input(extend(
+        &mut cache,
+        &mut decode,
+        0,
+        3,
+        &q(3, 32, Scalar::F32),
+    ));
+    assert!(
+        matches!(e, InputError::HeadDim { .. } | InputError::Tensor(_)),
+        "{e}"
+    );
     assert!(matches!(
-        input(extend(&mut cache, &mut decode, 0, 3, &q(3, 64, Scalar::F16))),
+        input(extend(
+            &mut cache,
+            &mut decode,
+            0,
+            3,
+            &q(3, 64, Scalar::F16)
+        )),
         InputError::Tensor(TensorError::Dtype { .. })
     ));
     assert!(matches!(
-        input(extend(&mut cache, &mut decode, 1, 3, &q(3, 64, Scalar::F32))),
+        input(extend(
+            &mut cache,
+            &mut decode,
+            1,
+            3,
+            &q(3, 64, Scalar::F32)
+        )),
         InputError::Cache(CacheError::Free { slot: 1 })
     ));
     assert_eq!(cache.len(0), Some(5));
-    assert_eq!(runtime::block_on(cache.lengths().to_u32(&gpu)).unwrap(), [5, 0]);
+    assert_eq!(
+        runtime::block_on(cache.lengths().to_u32(&gpu)).unwrap(),
+        [5, 0]
+    );
     // Ragged starts that decrease, or end past Q's rows.
     let q3 = Tensor::zeros(&gpu, &[4, h.n_heads, h.head_dim], Scalar::F32);
     let o3 = o.reshape(&[4, h.n_heads, h.head_dim]).unwrap();

@@ -240,7 +240,10 @@ fn a_linear_at_a_few_rows_passes_the_rule_in_every_weight_dtype() {
             let mut op = Linear::new(&gpu, spec).unwrap();
             for rows in [1, 3, 16, 21] {
                 let x = random((rows * hidden) as usize, u64::from(rows));
-                let w = runtime::buffers::rounded(&random((out * hidden) as usize, 5), Scalar::from(weights));
+                let w = runtime::buffers::rounded(
+                    &random((out * hidden) as usize, 5),
+                    Scalar::from(weights),
+                );
                 let b = random(out as usize, 6);
                 let xt = Tensor::from_f32(&gpu, &[rows, hidden], Scalar::F32, &x).unwrap();
                 let wt = Tensor::from_f32(&gpu, &[out, hidden], Scalar::from(weights), &w).unwrap();
@@ -262,7 +265,8 @@ fn a_linear_at_a_few_rows_passes_the_rule_in_every_weight_dtype() {
                 let r64: Vec<f64> = (0..(rows * out) as usize)
                     .map(|i| {
                         let (r, n) = at(i);
-                        pairwise(h, &|k| f64::from(x[r * h + k]) * f64::from(w[n * h + k])) + bias_of(n)
+                        pairwise(h, &|k| f64::from(x[r * h + k]) * f64::from(w[n * h + k]))
+                            + bias_of(n)
                     })
                     .collect();
                 let r32: Vec<f32> = (0..(rows * out) as usize)
@@ -277,7 +281,9 @@ fn a_linear_at_a_few_rows_passes_the_rule_in_every_weight_dtype() {
         }
     }
     // The kernel for each row count: the smallest of 1, 2, 4, 8 and 16 that holds them.
-    let per: Vec<u32> = [1, 2, 3, 5, 9, 16, 40].map(Linear::rows_per_workgroup).to_vec();
+    let per: Vec<u32> = [1, 2, 3, 5, 9, 16, 40]
+        .map(Linear::rows_per_workgroup)
+        .to_vec();
     assert_eq!(per, [1, 2, 4, 8, 16, 16, 16]);
 }
 
@@ -296,7 +302,12 @@ fn half_precision_weights_are_for_the_forward() {
         .unwrap();
     let t = |shape: &[u32], s| Tensor::zeros(&gpu, shape, s);
     let f = Scalar::F32;
-    let (x, gamma, beta, b) = (t(&[rows, hidden], f), t(&[hidden], f), t(&[hidden], f), t(&[out], f));
+    let (x, gamma, beta, b) = (
+        t(&[rows, hidden], f),
+        t(&[hidden], f),
+        t(&[hidden], f),
+        t(&[out], f),
+    );
     let w = t(&[out, hidden], Scalar::Bf16);
     let (y, mean, rstd) = (t(&[rows, out], f), t(&[rows], f), t(&[rows], f));
     let args = LayerNormArgs {
@@ -312,7 +323,9 @@ fn half_precision_weights_are_for_the_forward() {
         rstd: &rstd,
     };
     let mut enc = gpu.device.create_command_encoder(&Default::default());
-    layer.record_forward(&gpu, &mut enc, &args, &y, saved).unwrap();
+    layer
+        .record_forward(&gpu, &mut enc, &args, &y, saved)
+        .unwrap();
     let (dx, dw) = (t(&[rows, hidden], f), t(&[out, hidden], f));
     let grads = LayerNormGrads {
         dx: &dx,
@@ -322,6 +335,9 @@ fn half_precision_weights_are_for_the_forward() {
         db: &b,
     };
     let e = layer.record_backward(&gpu, &mut enc, &args, saved, &y, &grads);
-    assert!(matches!(e, Err(Error::Input(InputError::Unsupported { .. }))), "{e:?}");
+    assert!(
+        matches!(e, Err(Error::Input(InputError::Unsupported { .. }))),
+        "{e:?}"
+    );
     gpu.queue.submit([enc.finish()]);
 }

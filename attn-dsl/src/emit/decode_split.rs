@@ -184,8 +184,7 @@ fn kv4_index(j: u32, kv_h: u32) -> u32 {
 ";
 
 /// Rows of two widths: the cache row of key j (head kv_h), then K's and V's offsets in it.
-const CONTIGUOUS_ROW: &str =
-    "// [slot, j, kv_h, d]: the row of key j (head kv_h).
+const CONTIGUOUS_ROW: &str = "// [slot, j, kv_h, d]: the row of key j (head kv_h).
 fn kv_row(j: u32, kv_h: u32) -> u32 {
     return (cache_slot() * dims.capacity + j) * dims.n_kv_heads + kv_h;
 }

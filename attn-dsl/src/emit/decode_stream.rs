@@ -3,8 +3,8 @@
 //! loads, products and softmax wait at no barrier and a slice's length is not bounded by
 //! workgroup memory.
 //!
-//! A workgroup serves the query heads of one KV head (the components of a vec4, as in the
-//! staged pass). Its invocations form `GROUPS` key groups of `LANES`; in each step group g
+//! A workgroup serves query slots of one KV head (the components of a vec4, as in the
+//! staged pass: [`super::served`]). Its invocations form `GROUPS` key groups of `LANES`; in each step group g
 //! takes keys `t0 + u·GROUPS + g` for u < KEYS, each lane loading words `lane`,
 //! `lane + LANES`, .. of the keys' K and V rows (the next step's words in flight while
 //! this step's are used). A key's dot products are summed over its group by a butterfly
@@ -56,7 +56,10 @@ pub(super) fn split(out: &mut Wgsl, spec: &KernelSpec, s: &Stream) {
     }
     super::scores::helpers(out, spec);
     out.put(words(spec, s));
-    out.put(group_sum(spec.grid.flash.is_some_and(|f| f.subgroups), s.lanes));
+    out.put(group_sum(
+        spec.grid.flash.is_some_and(|f| f.subgroups),
+        s.lanes,
+    ));
     out.put(entry(spec, s, sparse));
 }
 
@@ -133,7 +136,10 @@ fn group_sum(subgroups: bool, lanes: u32) -> Fragment {
         mask *= 2;
     }
     let fast = match subgroups {
-        true => format!("if (use_sg) {{\n    var y = x;\n{}    return y;\n}}\n", indent(&shuffles)),
+        true => format!(
+            "if (use_sg) {{\n    var y = x;\n{}    return y;\n}}\n",
+            indent(&shuffles)
+        ),
         false => String::new(),
     };
     GROUP_SUM.fill([("fast", Fragment::from(fast))])
@@ -283,9 +289,7 @@ fn entry(spec: &KernelSpec, s: &Stream, sparse: bool) -> Fragment {
         .iter()
         .skip(1)
         .fold(xs[0].clone(), |acc, x| format!("max({acc}, {x})"));
-    let mut softmax = format!(
-        "let m_new = max(m, {step_max});\nlet corr = exp4(m - m_new);\n"
-    );
+    let mut softmax = format!("let m_new = max(m, {step_max});\nlet corr = exp4(m - m_new);\n");
     for u in keys.clone() {
         let _ = writeln!(
             softmax,

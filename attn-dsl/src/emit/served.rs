@@ -115,7 +115,9 @@ pub(super) const PROLOGUE: &str = "    batch = wg.z;
     let first = max(lo, ks[0]);
 ";
 
-/// `fetch` in WGSL: the test that served query `i` (component `c`) sees key `j`.
+/// The WGSL test that served query `i` (component `c`) sees key `j`.
 pub(super) fn sees(i: usize, c: &str, j: &str) -> String {
-    format!("{i}u < n_here && {j} >= ks.{c} && {j} < ke.{c} && key_visible(sv.pos.{c}, sv.h.{c}, {j})")
+    format!(
+        "{i}u < n_here && {j} >= ks.{c} && {j} < ke.{c} && key_visible(sv.pos.{c}, sv.h.{c}, {j})"
+    )
 }

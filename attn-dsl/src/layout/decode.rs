@@ -127,7 +127,11 @@ fn element_bytes(spec: &KernelSpec) -> u32 {
 }
 
 fn stream_shape(spec: &KernelSpec, keys: u32) -> Stream {
-    let word = match (spec.kv_fp8.is_none() && spec.dtype.bytes() == 4, spec.head_dim % 8, spec.v_dim() % 8) {
+    let word = match (
+        spec.kv_fp8.is_none() && spec.dtype.bytes() == 4,
+        spec.head_dim % 8,
+        spec.v_dim() % 8,
+    ) {
         (false, 0, 0) => 8,
         _ => 4,
     };

@@ -306,17 +306,20 @@ pub fn run(c: &Config) -> Result<Report> {
             dtype: c.dtype,
         },
     )?;
-    let mut decode = Decode::new(&gpu, DecodeSpec {
-        head_dim: h.head_dim,
-        head_dim_v: h.head_dim_v,
-        masks: Masks::default(),
-        dtype: c.dtype,
-        cache: match c.page_size {
-            None => Cache::Contiguous,
-            Some(_) => Cache::Paged,
+    let mut decode = Decode::new(
+        &gpu,
+        DecodeSpec {
+            head_dim: h.head_dim,
+            head_dim_v: h.head_dim_v,
+            masks: Masks::default(),
+            dtype: c.dtype,
+            cache: match c.page_size {
+                None => Cache::Contiguous,
+                Some(_) => Cache::Paged,
+            },
+            kv_fp8: None,
         },
-        kv_fp8: None,
-    })?;
+    )?;
     let x0: Vec<f32> = (0..rows * width)
         .map(|_| rng.random_range(-1.0..1.0))
         .collect();

@@ -630,7 +630,10 @@ fn layernorm(
                 format!("linear, {} weights", dtype.name()),
                 t.median_ms,
                 t.min_ms,
-                2.0 * f64::from(rows) * bytes / f64::from(dtype.bytes()) / (t.median_ms * 1e-3) / 1e12,
+                2.0 * f64::from(rows) * bytes
+                    / f64::from(dtype.bytes())
+                    / (t.median_ms * 1e-3)
+                    / 1e12,
                 bytes / (t.median_ms * 1e-3) / 1e9
             );
         }
@@ -740,10 +743,15 @@ fn continued_rows(
     for n in [1, 4, 16, 512].into_iter().filter(|&n| n <= len) {
         let (ms, slicing) =
             bench::e2e::continued(gpu, h, (len, n), dtype, args.runs as u32).context("continue")?;
-        let bytes = f64::from(len) * f64::from(h.n_kv_heads) * f64::from(h.head_dim + h.head_dim_v)
+        let bytes = f64::from(len)
+            * f64::from(h.n_kv_heads)
+            * f64::from(h.head_dim + h.head_dim_v)
             * f64::from(dtype.bytes());
         let gbps = bytes / (ms * 1e-3) / 1e9;
-        let flops = 2.0 * f64::from(n) * f64::from(len) * f64::from(h.n_heads)
+        let flops = 2.0
+            * f64::from(n)
+            * f64::from(len)
+            * f64::from(h.n_heads)
             * f64::from(h.head_dim + h.head_dim_v);
         println!(
             "{:<32} {:<40} {:>10.3} {:>9.1} {:>7.0}% {:>9.2}",

@@ -1302,7 +1302,8 @@ pub fn run_case(gpu: &Gpu, runner: &mut Runner, case: &Case, seed: u64) -> Resul
             // The streamed split pass, where the device has subgroups.
             if gpu.has_subgroups() {
                 let layout = SplitLayout::Streamed;
-                let other = runner.split_in(gpu, h, masks, (Cache::Contiguous, Dtype::F32), layout)?;
+                let other =
+                    runner.split_in(gpu, h, masks, (Cache::Contiguous, Dtype::F32), layout)?;
                 let decoder = Decoder::Split(other, None);
                 let verdicts = run_decode(gpu, decoder, h, shape, &mods, seed)?;
                 rows.push(row(&decoder.label(cache_len, h, batch), verdicts));
@@ -1968,7 +1969,13 @@ fn continued_rows(
     let mut variants: Vec<Variant> = vec![
         ("", Dtype::F32, None, false, SplitLayout::PLANNED),
         (" page=16", Dtype::F32, None, true, SplitLayout::PLANNED),
-        (" e4m3 cache", Dtype::F32, Some(Fp8::E4m3), false, SplitLayout::PLANNED),
+        (
+            " e4m3 cache",
+            Dtype::F32,
+            Some(Fp8::E4m3),
+            false,
+            SplitLayout::PLANNED,
+        ),
     ];
     if let Some(d) = half {
         variants.push(("", d, None, false, SplitLayout::PLANNED));
@@ -1980,10 +1987,18 @@ fn continued_rows(
     let runs = variants
         .into_iter()
         .map(|v| (v, &uniform))
-        .chain(std::iter::once(((" ragged", Dtype::F32, None, true, SplitLayout::PLANNED), &ragged)));
+        .chain(std::iter::once((
+            (" ragged", Dtype::F32, None, true, SplitLayout::PLANNED),
+            &ragged,
+        )));
     for ((label, dtype, fp8, is_paged, split), (cached, added)) in runs {
         let slots = cached.len() as u32;
-        let cap = cached.iter().zip(added).map(|(c, a)| c + a).max().unwrap_or(1);
+        let cap = cached
+            .iter()
+            .zip(added)
+            .map(|(c, a)| c + a)
+            .max()
+            .unwrap_or(1);
         let layout = match is_paged {
             true => paged(cap, slots),
             false => CacheLayout::Contiguous { capacity: cap },
@@ -1993,7 +2008,10 @@ fn continued_rows(
         let total_len: u32 = cached.iter().zip(added).map(|(c, a)| c + a).sum();
         let total_added: u32 = added.iter().sum();
         let [q, k, v, _] = qkv(h, total_len, seed);
-        let q = crate::buffers::rounded(&q[..(total_added * h.n_heads * h.head_dim) as usize], scalar);
+        let q = crate::buffers::rounded(
+            &q[..(total_added * h.n_heads * h.head_dim) as usize],
+            scalar,
+        );
         let [k, v] = [k, v].map(|x| crate::buffers::rounded(&x, scalar));
         let scales = fp8.map(|f| {
             let v_amax = v.iter().fold(0.0f32, |m, x| m.max(x.abs()));
@@ -2003,7 +2021,9 @@ fn continued_rows(
         let case = ContinueCase {
             heads: h,
             dtype,
-            fp8: fp8.zip(scales.as_ref()).map(|(f, (ks, vs))| (f, &ks[..], &vs[..])),
+            fp8: fp8
+                .zip(scales.as_ref())
+                .map(|(f, (ks, vs))| (f, &ks[..], &vs[..])),
             layout,
             split,
             cached,

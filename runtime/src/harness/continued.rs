@@ -78,13 +78,21 @@ pub fn run(gpu: &Gpu, case: &ContinueCase, [q, k, v]: [&[f32]; 3]) -> Result<Con
     let rows = |x: &[f32], width: u32, heads: u32, b: usize, from: u32, n: u32| {
         let row = (heads * width) as usize;
         let at = (case.start(b) + from) as usize * row;
-        Tensor::from_f32(gpu, &[1, n, heads, width], data, &x[at..][..n as usize * row])
+        Tensor::from_f32(
+            gpu,
+            &[1, n, heads, width],
+            data,
+            &x[at..][..n as usize * row],
+        )
     };
     let (dk, dv) = (h.head_dim, h.head_dim_v);
     for b in 0..batch as usize {
         let c = case.cached[b];
         if c > 0 {
-            let (kt, vt) = (rows(k, dk, h.n_kv_heads, b, 0, c)?, rows(v, dv, h.n_kv_heads, b, 0, c)?);
+            let (kt, vt) = (
+                rows(k, dk, h.n_kv_heads, b, 0, c)?,
+                rows(v, dv, h.n_kv_heads, b, 0, c)?,
+            );
             cache.append(gpu, &mut encoder, b as u32, &kt, &vt)?;
         }
     }
@@ -138,7 +146,10 @@ pub fn run(gpu: &Gpu, case: &ContinueCase, [q, k, v]: [&[f32]; 3]) -> Result<Con
         // Ragged: each sequence's rows appended, then one decode of all of them.
         for b in 0..batch as usize {
             let (c, n) = (case.cached[b], case.added[b]);
-            let (kt, vt) = (rows(k, dk, h.n_kv_heads, b, c, n)?, rows(v, dv, h.n_kv_heads, b, c, n)?);
+            let (kt, vt) = (
+                rows(k, dk, h.n_kv_heads, b, c, n)?,
+                rows(v, dv, h.n_kv_heads, b, c, n)?,
+            );
             cache.append(gpu, &mut encoder, b as u32, &kt, &vt)?;
         }
         let mut starts = vec![0u32];
@@ -193,7 +204,10 @@ fn held(gpu: &Gpu, case: &ContinueCase, cache: &KvCache) -> Result<(Vec<f32>, Ve
         }
         Ok(out)
     };
-    Ok((read(view.k, ks, h.head_dim)?, read(view.v, vs, h.head_dim_v)?))
+    Ok((
+        read(view.k, ks, h.head_dim)?,
+        read(view.v, vs, h.head_dim_v)?,
+    ))
 }
 
 /// The cache row (of `[rows, n_kv_heads, head_dim]`) that holds row `j` of slot `b`.

@@ -105,21 +105,24 @@ pub fn decode(gpu: &Gpu, case: &Fp8Case, [q, k, v]: [&[f32]; 3]) -> Result<Fp8Ru
         CacheLayout::Contiguous { .. } => Cache::Contiguous,
         CacheLayout::Paged { .. } => Cache::Paged,
     };
-    let mut decode = Decode::new(&gpu, DecodeSpec {
-        head_dim: h.head_dim,
-        head_dim_v: h.head_dim_v,
-        masks,
-        dtype: case.dtype,
-        cache: kind,
-        kv_fp8: Some(case.fp8),
-    })?;
+    let mut decode = Decode::new(
+        &gpu,
+        DecodeSpec {
+            head_dim: h.head_dim,
+            head_dim_v: h.head_dim_v,
+            masks,
+            dtype: case.dtype,
+            cache: kind,
+            kv_fp8: Some(case.fp8),
+        },
+    )?;
     let q_shape = [case.batch, h.n_heads, h.head_dim];
     let qt = Tensor::from_f32(gpu, &q_shape, data, q)?;
     let o = Tensor::zeros(gpu, &[case.batch, h.n_heads, dv], data);
     let uploaded = case.mods.upload(gpu, case.batch, 1)?;
     let flex = uploaded.flex_tensors();
     let args = DecodeArgs {
-            rows: Default::default(),
+        rows: Default::default(),
         q: &qt,
         cache: cache.view(),
         o: &o,

@@ -114,8 +114,10 @@ impl SplitDecode {
         let found = family
             .iter()
             .find(|(s, _)| s.head_dim == head_dim && s.masks == masks);
-        let staged = crate::ops::decode::SplitLayout::PLANNED == crate::ops::decode::SplitLayout::Staged;
-        if let (Some((s, r)), Dtype::F32, true, true) = (found, dtype, head_dim == head_dim_v, staged)
+        let staged =
+            crate::ops::decode::SplitLayout::PLANNED == crate::ops::decode::SplitLayout::Staged;
+        if let (Some((s, r)), Dtype::F32, true, true) =
+            (found, dtype, head_dim == head_dim_v, staged)
         {
             return SplitDecode::new(gpu, s, r);
         }
@@ -254,7 +256,11 @@ impl SplitDecode {
                 Some(Tensor::from_u32(gpu, &[b, per_seq], p.block_table)?)
             }
         };
-        let o = Tensor::zeros(gpu, &[b, h.n_heads, h.head_dim_v], self.reduce.abi().scalar("o"));
+        let o = Tensor::zeros(
+            gpu,
+            &[b, h.n_heads, h.head_dim_v],
+            self.reduce.abi().scalar("o"),
+        );
         let uploaded = input.mods.upload(gpu, b, 1)?;
         let flex = uploaded.flex_tensors();
         let args = crate::ops::decode::DecodeArgs {

@@ -24,9 +24,9 @@ use super::{grid, rank4};
 use crate::device::Gpu;
 use crate::dispatch::kernel::Kernel;
 use crate::dispatch::record::{Dispatch, Pipeline};
-use crate::plan::decode::Slicing;
 use crate::error::{Error, InputError};
 use crate::modifiers::expect;
+use crate::plan::decode::Slicing;
 use crate::tensor::{Tensor, TensorError};
 
 /// How the rows are laid out.

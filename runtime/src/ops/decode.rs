@@ -160,9 +160,7 @@ impl Passes {
 pub fn split_spec(name: &str, head_dim: u32, masks: Masks, heads: u32) -> KernelSpec {
     KernelSpec {
         grid: attn_dsl::Grid::rows(attn_dsl::Major::Slice, heads),
-        writes: vec![
-            ("partials".into(), attn_dsl::WriteMode::ScratchFlush),
-        ],
+        writes: vec![("partials".into(), attn_dsl::WriteMode::ScratchFlush)],
         ..KernelSpec::standard(name, Op::DecodeSplit, head_dim, masks)
     }
 }
@@ -415,7 +413,12 @@ pub(crate) fn record(
     encoder: &mut wgpu::CommandEncoder,
     args: &DecodeArgs,
 ) -> Result<Slicing, Error> {
-    let Checked { batch, h, starts, n_rows } = check(passes.split.abi(), passes.reduce.abi(), args)?;
+    let Checked {
+        batch,
+        h,
+        starts,
+        n_rows,
+    } = check(passes.split.abi(), passes.reduce.abi(), args)?;
     let c = &args.cache;
     let slicing = passes.slicing(h, (batch, n_rows), c.max_len, args.slice_len)?;
     let (capacity, page_size, pages_per_seq) = match c.block_table {
@@ -424,8 +427,7 @@ pub(crate) fn record(
     };
     // A record per (sequence, slice, row, head): the output, then (m, l, 0, 0).
     let record = h.head_dim_v + 4;
-    let partials =
-        scratch.partials(gpu, &[batch, slicing.n_slices, n_rows * h.n_heads, record])?;
+    let partials = scratch.partials(gpu, &[batch, slicing.n_slices, n_rows * h.n_heads, record])?;
     let q_starts = scratch.starts(gpu, &starts)?.clone();
     let mut dims = vec![
         ("cache_len", c.max_len),
@@ -462,7 +464,11 @@ pub(crate) fn record(
         params,
     };
     passes.split.record(gpu, encoder, &split, g)?;
-    let mut tensors = vec![("partials", &partials), ("o", args.o), ("q_starts", &q_starts)];
+    let mut tensors = vec![
+        ("partials", &partials),
+        ("o", args.o),
+        ("q_starts", &q_starts),
+    ];
     tensors.extend(args.mods.sinks.map(|t| ("sinks", t)));
     let reduce = Dispatch {
         tensors,
@@ -487,7 +493,8 @@ struct Checked {
 /// sequence's rows (`batch + 1` of them), the most rows a sequence brings, and the shape
 /// O has (Q's, `head_dim_v` wide).
 fn query_rows(q: &Tensor, rows: QueryRows) -> Result<(u32, Vec<u32>, u32, Vec<u32>), InputError> {
-    let layout = "[batch, n_heads, head_dim], [batch, n, n_heads, head_dim] or [rows, n_heads, head_dim]";
+    let layout =
+        "[batch, n_heads, head_dim], [batch, n, n_heads, head_dim] or [rows, n_heads, head_dim]";
     let shape = q.shape();
     let rank = |r| TensorError::Rank {
         name: "q".into(),
@@ -502,13 +509,20 @@ fn query_rows(q: &Tensor, rows: QueryRows) -> Result<(u32, Vec<u32>, u32, Vec<u3
     };
     let bad = |m: String| InputError::QueryRows(m);
     match rows {
-        QueryRows::Each(0) => Err(bad("n = 0: a call brings at least one row per sequence".into())),
+        QueryRows::Each(0) => Err(bad(
+            "n = 0: a call brings at least one row per sequence".into()
+        )),
         QueryRows::Each(n) => {
             if shape.len() == 4 && shape[1] != n {
-                return Err(bad(format!("q is {shape:?}: its rows per sequence ({}) are not n = {n}", shape[1])));
+                return Err(bad(format!(
+                    "q is {shape:?}: its rows per sequence ({}) are not n = {n}",
+                    shape[1]
+                )));
             }
             if !total.is_multiple_of(n) || total == 0 {
-                return Err(bad(format!("q's {total} rows are not a whole number of sequences of {n} rows")));
+                return Err(bad(format!(
+                    "q's {total} rows are not a whole number of sequences of {n} rows"
+                )));
             }
             let batch = total / n;
             let starts = (0..=batch).map(|b| b * n).collect();
@@ -533,20 +547,23 @@ fn query_rows(q: &Tensor, rows: QueryRows) -> Result<(u32, Vec<u32>, u32, Vec<u3
             }
             let last = starts[starts.len() - 1];
             if last != total {
-                return Err(bad(format!("the starts end at row {last}, and q holds {total} rows")));
+                return Err(bad(format!(
+                    "the starts end at row {last}, and q holds {total} rows"
+                )));
             }
             let n_rows = starts.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(1);
-            Ok((starts.len() as u32 - 1, starts.to_vec(), n_rows, shape.to_vec()))
+            Ok((
+                starts.len() as u32 - 1,
+                starts.to_vec(),
+                n_rows,
+                shape.to_vec(),
+            ))
         }
     }
 }
 
 /// Shapes, dtypes, heads, scale and modifiers of a decode call against its split kernel.
-fn check(
-    abi: &KernelAbi,
-    reduce: &KernelAbi,
-    args: &DecodeArgs,
-) -> Result<Checked, InputError> {
+fn check(abi: &KernelAbi, reduce: &KernelAbi, args: &DecodeArgs) -> Result<Checked, InputError> {
     let c = &args.cache;
     let (batch, starts, n_rows, q_shape) = query_rows(args.q, args.rows)?;
     let layout = "[batch, n_heads, head_dim]";
@@ -590,10 +607,13 @@ fn check(
         });
     }
     let kv = vec![rows, per, n_kv_heads, head_dim];
-    let slots = c.slot0.checked_add(batch).ok_or(InputError::QueryRows(format!(
-        "slot0 {} + batch {batch} overflows",
-        c.slot0
-    )))?;
+    let slots = c
+        .slot0
+        .checked_add(batch)
+        .ok_or(InputError::QueryRows(format!(
+            "slot0 {} + batch {batch} overflows",
+            c.slot0
+        )))?;
     let lens = c.seq_lens.shape().first().copied().unwrap_or(0);
     if c.seq_lens.shape().len() != 1 || lens < slots {
         return Err(TensorError::Shape {

@@ -206,7 +206,8 @@ impl LayerNormLinear {
     ) -> Result<(), Error> {
         let (hidden, out) = self.widths();
         if self.recording.few.is_none() {
-            let norm = attn_dsl::row_layer::rows_spec("layernorm_rows_f32", hidden, attn_dsl::Dtype::F32);
+            let norm =
+                attn_dsl::row_layer::rows_spec("layernorm_rows_f32", hidden, attn_dsl::Dtype::F32);
             let norm = crate::layernorm::compiled(gpu, norm)?;
             let spec = super::linear::LinearSpec {
                 hidden,
@@ -222,10 +223,18 @@ impl LayerNormLinear {
         }
         let dims = self.dims(rows).to_vec();
         let few = self.recording.few.as_mut().expect("built above");
-        if few.xn.as_ref().is_none_or(|t| t.len() < elements(&[rows, hidden])) {
+        if few
+            .xn
+            .as_ref()
+            .is_none_or(|t| t.len() < elements(&[rows, hidden]))
+        {
             few.xn = Some(Tensor::zeros(gpu, &[rows * hidden], Scalar::F32));
         }
-        let xn = few.xn.as_ref().expect("grown above").view(&[rows, hidden])?;
+        let xn = few
+            .xn
+            .as_ref()
+            .expect("grown above")
+            .view(&[rows, hidden])?;
         let mut tensors = Self::base(args);
         tensors.extend([("xn", &xn), ("mean", saved.mean), ("rstd", saved.rstd)]);
         let mut d = Dispatch::new(tensors);

@@ -83,7 +83,13 @@ impl Linear {
         crate::shape::nonzero("rows", rows)?;
         let f = Scalar::F32;
         expect(args.x, "x", &[rows, s.hidden], f, "[rows, hidden]")?;
-        expect(args.w, "w", &[s.out, s.hidden], Scalar::from(s.weights), "[out, hidden]")?;
+        expect(
+            args.w,
+            "w",
+            &[s.out, s.hidden],
+            Scalar::from(s.weights),
+            "[out, hidden]",
+        )?;
         expect(args.y, "y", &[rows, s.out], f, "[rows, out]")?;
         let mut tensors = vec![("x", args.x), ("w", args.w), ("y", args.y)];
         match (s.bias, args.b) {
@@ -132,7 +138,13 @@ fn compile(spec: &LinearSpec, rows: u32) -> Result<KernelAbi, Error> {
         spec.out,
         spec.weights.name()
     );
-    let k = attn_dsl::row_layer::linear_rows(&name, [spec.hidden, spec.out], rows, spec.weights, spec.bias);
+    let k = attn_dsl::row_layer::linear_rows(
+        &name,
+        [spec.hidden, spec.out],
+        rows,
+        spec.weights,
+        spec.bias,
+    );
     attn_dsl::compile(&k).map_err(|e| Error::Pipeline {
         kernel: name,
         message: e.to_string(),

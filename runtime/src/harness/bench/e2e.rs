@@ -59,7 +59,12 @@ fn random(gpu: &Gpu, shape: &[u32], dtype: Dtype, seed: u64) -> Result<Tensor, E
 
 /// A one-sequence contiguous cache of `capacity` rows, filled to `len` rows of random K (V
 /// the same rows) a block at a time, the fill submitted.
-fn filled_cache(gpu: &Gpu, h: Heads, dtype: Dtype, [len, capacity]: [u32; 2]) -> Result<KvCache, Error> {
+fn filled_cache(
+    gpu: &Gpu,
+    h: Heads,
+    dtype: Dtype,
+    [len, capacity]: [u32; 2],
+) -> Result<KvCache, Error> {
     let spec = CacheSpec {
         slots: 1,
         n_kv_heads: h.n_kv_heads,
@@ -89,14 +94,17 @@ fn filled_cache(gpu: &Gpu, h: Heads, dtype: Dtype, [len, capacity]: [u32; 2]) ->
 /// back, then `steps` waited for.
 pub fn decode(gpu: &Gpu, h: Heads, cache_len: u32, dtype: Dtype, steps: u32) -> Result<Row, Error> {
     let mut cache = filled_cache(gpu, h, dtype, [cache_len, cache_len + 3 * steps])?;
-    let mut decode = Decode::new(&gpu, DecodeSpec {
-        head_dim: h.head_dim,
-        head_dim_v: h.head_dim_v,
-        masks: Masks::default(),
-        dtype,
-        cache: Cache::Contiguous,
-        kv_fp8: None,
-    })?;
+    let mut decode = Decode::new(
+        &gpu,
+        DecodeSpec {
+            head_dim: h.head_dim,
+            head_dim_v: h.head_dim_v,
+            masks: Masks::default(),
+            dtype,
+            cache: Cache::Contiguous,
+            kv_fp8: None,
+        },
+    )?;
     let mut rope = Rope::new(h.head_dim, false)?;
     // RoPE runs on f32 rows; the half-precision step rotates f32 copies it does not feed
     // on (the cost of the dispatch is what is measured).

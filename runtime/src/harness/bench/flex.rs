@@ -274,14 +274,17 @@ pub fn decode(
     let flex_slopes = [("slopes", &slopes)];
     let mut rows = Vec::new();
     for variant in variants(cache_len, window, true) {
-        let mut decode = Decode::new(&gpu, DecodeSpec {
-            head_dim: h.head_dim,
-            head_dim_v: h.head_dim,
-            masks: variant.masks,
-            dtype,
-            cache: attn_dsl::Cache::Contiguous,
-            kv_fp8: None,
-        })?;
+        let mut decode = Decode::new(
+            &gpu,
+            DecodeSpec {
+                head_dim: h.head_dim,
+                head_dim_v: h.head_dim,
+                masks: variant.masks,
+                dtype,
+                cache: attn_dsl::Cache::Contiguous,
+                kv_fp8: None,
+            },
+        )?;
         let args = DecodeArgs {
             rows: Default::default(),
             q: &q,

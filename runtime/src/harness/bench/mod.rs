@@ -18,10 +18,10 @@ use crate::cases::random;
 use crate::cases::{self, Runner, Shape};
 use crate::device::Gpu;
 use crate::dispatch::kernel::Kernel;
-use crate::ops::decode::SplitLayout;
 use crate::error::Error;
 use crate::kernels;
 use crate::kernels::BackwardKernels;
+use crate::ops::decode::SplitLayout;
 use crate::plan::tuning::{self, Table};
 use crate::timing::{self, Step, Timing};
 
@@ -1227,17 +1227,26 @@ pub fn decode(
                     shape.bytes_in(f64::from(dtype.bytes())),
                 ),
                 Some(f) => (
-                    format!("{} cache{}{FP8_ROW}{}", f.name(), layout_name(layout), dtype.name()),
+                    format!(
+                        "{} cache{}{FP8_ROW}{}",
+                        f.name(),
+                        layout_name(layout),
+                        dtype.name()
+                    ),
                     shape.bytes_of(1.0, f64::from(dtype.bytes())),
                 ),
             };
             rows.push(DecodeRow {
-                kernel: format!("decode split-K {}x{} + reduce, {label}", s.n_slices, s.slice_len),
+                kernel: format!(
+                    "decode split-K {}x{} + reduce, {label}",
+                    s.n_slices, s.slice_len
+                ),
                 timing: timing::time(gpu, &steps, warmup, runs)?,
                 bytes,
             });
             let (split_pass, reduce_pass) = steps.split_at(1);
-            for (part, steps, bytes) in [("split", split_pass, bytes), ("reduce", reduce_pass, 0.0)] {
+            for (part, steps, bytes) in [("split", split_pass, bytes), ("reduce", reduce_pass, 0.0)]
+            {
                 rows.push(DecodeRow {
                     kernel: format!("  part: {part} pass alone"),
                     timing: timing::time(gpu, steps, warmup, runs)?,
