@@ -74,7 +74,7 @@ struct Args {
     /// heads, d 128, f16). --decode CACHE_LEN narrows the decode rows to one cache.
     #[arg(long)]
     e2e: bool,
-    /// Every row of issue 27's table in one run (16 heads, causal): f16 and bf16 forwards
+    /// Every row of the performance targets' table in one run (16 heads, causal): f16 and bf16 forwards
     /// (every tensor-core configuration) and backward schedules at seq 4096, 8192 and 16384
     /// with head_dim 128 and at 4096 with 64 and 256; f32 (every kernel) at 4096, d 128;
     /// decode at a 32768-row cache; LayerNorm + Linear at [8192, 768] -> 3072.

@@ -1,4 +1,4 @@
-//! The user-written modifiers against the built-in ones (issue 28, items 4 and 5): the
+//! The user-written modifiers against the built-in ones: the
 //! forward through the recording API with the planner's kernel, each built-in mask or
 //! score modifier beside the library modifier that writes it, and a sparse mask (a
 //! sliding window with sink tokens) beside the dense and causal forwards, whose time
@@ -313,7 +313,7 @@ pub fn decode(
     Ok(rows)
 }
 
-/// The backward of a T5 relative bias under a causal mask (issue 28, item 3), the
+/// The backward of a T5 relative bias under a causal mask, the
 /// planner's schedule at `seq` (batch 1, `h`), in `dtype`: the built-in causal word alone,
 /// the bias table fixed, and the table learnable (`grad`: every dS also added into
 /// `drel_bias` by compensated atomics, then folded).

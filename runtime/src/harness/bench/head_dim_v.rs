@@ -1,5 +1,5 @@
-//! The forward and the backward with V and O rows of another width than Q and K (issue 29,
-//! item 1): MLA's 192/128 beside the same problem at one width (Q, K and V all at head_dim,
+//! The forward and the backward with V and O rows of another width than Q and K:
+//! MLA's 192/128 beside the same problem at one width (Q, K and V all at head_dim,
 //! and all at head_dim_v), through the recording API with the planner's kernels in each
 //! dtype.
 
