@@ -348,12 +348,8 @@ fn decode_after_appends(
     let mut decode = Decode::new(
         &gpu,
         DecodeSpec {
-            head_dim: dk,
-            head_dim_v: dv,
-            masks: Masks::default(),
-            dtype: Dtype::F32,
             cache: cache_kind,
-            kv_fp8: None,
+            ..DecodeSpec::new(dk, dv, Dtype::F32)
         },
     )
     .unwrap();
@@ -670,18 +666,7 @@ fn a_decode_loop_creates_nothing_in_its_steady_state() {
         kv_fp8: None,
     };
     let mut cache = KvCache::new(&gpu, spec).unwrap();
-    let mut decode = Decode::new(
-        &gpu,
-        DecodeSpec {
-            head_dim: 64,
-            head_dim_v: 64,
-            masks: Masks::default(),
-            dtype: Dtype::F32,
-            cache: Cache::Contiguous,
-            kv_fp8: None,
-        },
-    )
-    .unwrap();
+    let mut decode = Decode::new(&gpu, DecodeSpec::new(64, 64, Dtype::F32)).unwrap();
     let mut rope = Rope::new(64, false).unwrap();
     let q = Tensor::zeros(&gpu, &[slots, 1, h.n_heads, h.head_dim], Scalar::F32);
     let k = Tensor::zeros(&gpu, &[slots, 1, h.n_kv_heads, h.head_dim], Scalar::F32);
@@ -936,18 +921,7 @@ fn refused_continuations_leave_the_cache_and_o_as_they_were() {
         kv_fp8: None,
     };
     let mut cache = KvCache::new(&gpu, spec).unwrap();
-    let mut decode = Decode::new(
-        &gpu,
-        DecodeSpec {
-            head_dim: 64,
-            head_dim_v: 64,
-            masks: Masks::default(),
-            dtype: Dtype::F32,
-            cache: Cache::Contiguous,
-            kv_fp8: None,
-        },
-    )
-    .unwrap();
+    let mut decode = Decode::new(&gpu, DecodeSpec::new(64, 64, Dtype::F32)).unwrap();
     let mut enc = gpu.device.create_command_encoder(&Default::default());
     cache.open(&mut enc, 0).unwrap();
     let kv = |n| Tensor::zeros(&gpu, &[1, n, h.n_kv_heads, h.head_dim], Scalar::F32);

@@ -309,15 +309,11 @@ pub fn run(c: &Config) -> Result<Report> {
     let mut decode = Decode::new(
         &gpu,
         DecodeSpec {
-            head_dim: h.head_dim,
-            head_dim_v: h.head_dim_v,
-            masks: Masks::default(),
-            dtype: c.dtype,
             cache: match c.page_size {
                 None => Cache::Contiguous,
                 Some(_) => Cache::Paged,
             },
-            kv_fp8: None,
+            ..DecodeSpec::new(h.head_dim, h.head_dim_v, c.dtype)
         },
     )?;
     let x0: Vec<f32> = (0..rows * width)

@@ -9,7 +9,7 @@
 
 use attn_dsl::Masks;
 use attn_dsl::row_layer::RowSums;
-use attn_dsl::{Cache, Dtype, Scalar};
+use attn_dsl::{Dtype, Scalar};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use runtime::compare::{Verdict, judge};
 use runtime::layernorm::judge::{LnCase, LnJudge};
@@ -357,17 +357,7 @@ async fn decode_loop_row(gpu: &Gpu, layer: &Layer, steps: u32) -> Result<Row, Er
     };
     let mut forward = Forward::new(gpu, spec)?;
     forward.prepare(gpu, 1, prompt, h).await?;
-    let mut decode = Decode::new(
-        &gpu,
-        DecodeSpec {
-            head_dim: h.head_dim,
-            head_dim_v: h.head_dim_v,
-            masks: Masks::default(),
-            dtype: Dtype::F32,
-            cache: Cache::Contiguous,
-            kv_fp8: None,
-        },
-    )?;
+    let mut decode = Decode::new(&gpu, DecodeSpec::new(h.head_dim, h.head_dim_v, Dtype::F32))?;
     decode.prepare(gpu).await?;
     let q = rows(&layer.q, q_row, 0, prompt, h.n_heads)?;
     let k = rows(&layer.k, kv_row, 0, prompt, h.n_kv_heads)?;

@@ -37,6 +37,21 @@ pub struct DecodeSpec {
     pub kv_fp8: Option<attn_dsl::Fp8>,
 }
 
+impl DecodeSpec {
+    /// A contiguous cache of `dtype` rows, no masks: Q and K rows `head_dim` wide, V and O
+    /// rows `head_dim_v`; set the fields for more (`DecodeSpec { cache, ..DecodeSpec::new(..) }`).
+    pub fn new(head_dim: u32, head_dim_v: u32, dtype: Dtype) -> DecodeSpec {
+        DecodeSpec {
+            head_dim,
+            head_dim_v,
+            masks: Masks::default(),
+            dtype,
+            cache: Cache::Contiguous,
+            kv_fp8: None,
+        }
+    }
+}
+
 /// A KV cache as device tensors.
 #[derive(Clone, Copy, Debug)]
 pub struct CacheView<'a> {

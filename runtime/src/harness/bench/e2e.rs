@@ -10,7 +10,7 @@
 
 use std::time::Instant;
 
-use attn_dsl::{Cache, Dtype, Masks, Scalar};
+use attn_dsl::{Dtype, Masks, Scalar};
 
 use crate::attention::Heads;
 use crate::device::Gpu;
@@ -94,17 +94,7 @@ fn filled_cache(
 /// back, then `steps` waited for.
 pub fn decode(gpu: &Gpu, h: Heads, cache_len: u32, dtype: Dtype, steps: u32) -> Result<Row, Error> {
     let mut cache = filled_cache(gpu, h, dtype, [cache_len, cache_len + 3 * steps])?;
-    let mut decode = Decode::new(
-        &gpu,
-        DecodeSpec {
-            head_dim: h.head_dim,
-            head_dim_v: h.head_dim_v,
-            masks: Masks::default(),
-            dtype,
-            cache: Cache::Contiguous,
-            kv_fp8: None,
-        },
-    )?;
+    let mut decode = Decode::new(&gpu, DecodeSpec::new(h.head_dim, h.head_dim_v, dtype))?;
     let mut rope = Rope::new(h.head_dim, false)?;
     // RoPE runs on f32 rows; the half-precision step rotates f32 copies it does not feed
     // on (the cost of the dispatch is what is measured).
@@ -221,17 +211,7 @@ pub fn continued(
     runs: u32,
 ) -> Result<(f64, String), Error> {
     let cache = filled_cache(gpu, h, dtype, [cache_len, cache_len])?;
-    let mut decode = Decode::new(
-        gpu,
-        DecodeSpec {
-            head_dim: h.head_dim,
-            head_dim_v: h.head_dim_v,
-            masks: Masks::default(),
-            dtype,
-            cache: Cache::Contiguous,
-            kv_fp8: None,
-        },
-    )?;
+    let mut decode = Decode::new(gpu, DecodeSpec::new(h.head_dim, h.head_dim_v, dtype))?;
     let q = random(gpu, &[1, n, h.n_heads, h.head_dim], dtype, 4)?;
     let o = Tensor::zeros(gpu, &[1, n, h.n_heads, h.head_dim_v], Scalar::from(dtype));
     let mut slicing = None;

@@ -277,12 +277,8 @@ pub fn decode(
         let mut decode = Decode::new(
             &gpu,
             DecodeSpec {
-                head_dim: h.head_dim,
-                head_dim_v: h.head_dim,
                 masks: variant.masks,
-                dtype,
-                cache: attn_dsl::Cache::Contiguous,
-                kv_fp8: None,
+                ..DecodeSpec::new(h.head_dim, h.head_dim, dtype)
             },
         )?;
         let args = DecodeArgs {

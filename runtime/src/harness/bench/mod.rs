@@ -1207,12 +1207,9 @@ pub fn decode(
     for (dtype, kv_fp8) in variants {
         for layout in decode_layouts(gpu) {
             let spec = crate::ops::decode::DecodeSpec {
-                head_dim: h.head_dim,
-                head_dim_v: h.head_dim_v,
                 masks,
-                dtype,
-                cache: Cache::Contiguous,
                 kv_fp8,
+                ..crate::ops::decode::DecodeSpec::new(h.head_dim, h.head_dim_v, dtype)
             };
             let kernels = crate::decode::SplitDecode::from_spec_in(gpu, &spec, layout)?;
             if slice_len.is_some_and(|len| len > kernels.max_slice()) {
