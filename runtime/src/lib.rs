@@ -11,29 +11,33 @@
 //! browser (`wasm32-unknown-unknown` on its WebGPU) they are awaited. The case matrix, GPU
 //! timing, `.npy` files and the binaries are native only.
 
-// The layers, each built on those above it:
+// The layers, each built on those before it (`tests/layers.rs` fails on an import that
+// points the other way):
+// - `fp8`, `kernels`: fp8 encodings and the default family of `attention_kernel!`
+//   descriptions, which need nothing of the runtime;
 // - `device`: the context (the caller's wgpu device or one picked), its uniform and
 //   pipeline caches, what each kernel needs of it;
-// - `tensor`, `shape`, `modifiers`: device tensors, the problem's shape, modifier values,
-//   and the checks every entry point makes on them;
+// - `error`: every refusal, composed from the device's upward;
+// - `tensor`, `shape`: device tensors and their readback, the problem's shape, and the
+//   checks every entry point makes on them;
+// - `modifiers`: the modifier values callers pass and their checks;
 // - `dispatch`: a compiled kernel and the recording of one dispatch (tensors bound by name,
 //   bind groups reused);
-// - `plan`: which configuration and schedule run, from the adapter's tuning table;
-// - `ops`: the recording API (forward, backward, decode, the KV cache, RoPE, LayerNorm +
-//   Linear, conversions) and `backward` (the schedules and their planner);
+// - `plan`, `timing`: which configuration and schedule run, from the adapter's tuning
+//   table; GPU timestamps;
+// - `ops`: the recording API, one module per op (forward, backward with its schedules and
+//   planner, decode, the KV cache, RoPE, LayerNorm + Linear, conversions);
 // - `host`: the host-slice conveniences over the ops (upload, record, submit, read back);
-// - `kernels`: the default family of `attention_kernel!` descriptions.
-// The harness of the binaries and tests (case matrix, references, the pass rule, bench,
-// .npy files) is `harness`, hidden from the documentation: it is not the library.
+// - `harness`: the binaries' and tests' case matrix, references, pass rule, bench and .npy
+//   files, hidden from the documentation: it is not the library.
+// The crate root re-exports the public paths.
 
-pub mod backward;
 pub mod device;
 pub mod dispatch;
 mod error;
 pub mod fp8;
 pub mod host;
 pub mod kernels;
-pub mod layernorm;
 pub mod modifiers;
 pub mod ops;
 pub mod plan;
@@ -45,6 +49,26 @@ pub mod timing;
 #[doc(hidden)]
 pub mod harness;
 
+/// The backward op ([`ops::backward`]: its schedules, planner and recording) and its
+/// host-slice call.
+pub mod backward {
+    pub use crate::host::backward::{BackwardInput, Gradients};
+    pub use crate::ops::backward::*;
+}
+
+/// The fused LayerNorm + Linear ([`ops::layernorm`]) and its host-slice calls.
+pub mod layernorm {
+    #[cfg(not(target_arch = "wasm32"))]
+    #[doc(hidden)]
+    pub use crate::harness::layernorm::{baseline, bench, check};
+    #[doc(hidden)]
+    pub use crate::harness::layernorm::{judge, reference};
+    pub use crate::host::layernorm::{
+        Grads, Input, Output, layernorm_linear, layernorm_linear_backward,
+    };
+    pub use crate::ops::layernorm::*;
+}
+
 // Paths the modules had before they moved to their layers.
 pub use dispatch::kernel;
 #[cfg(not(target_arch = "wasm32"))]
@@ -55,12 +79,8 @@ pub use harness::{compare, reference};
 pub use host::{attention, buffers, decode, rope};
 pub use plan::tuning;
 
-/// Runs a future to completion on this thread: the one blocking shim over the async API
-/// (native only; a browser awaits).
 #[cfg(not(target_arch = "wasm32"))]
-pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
-    pollster::block_on(future)
-}
+pub use device::block_on;
 
 /// `.block_on()` on any future: [`block_on`] as a method, for chains such as
 /// `Gpu::new([]).block_on()?` (native only).

@@ -1,9 +1,9 @@
 //! GPU time of a sequence of dispatches, from timestamp queries written at the start and
 //! end of each compute pass (never wall clock around submit).
 
-use crate::BlockOn;
 use crate::device::Gpu;
 use crate::error::{Error, InputError};
+use pollster::FutureExt as BlockOn;
 
 pub use crate::dispatch::kernel::Step;
 
@@ -68,7 +68,7 @@ fn time_once(gpu: &Gpu, steps: &[Step], warmup: usize, runs: usize) -> Result<Ti
         encoder.resolve_query_set(&queries, 0..count, &resolved, 0);
         gpu.queue.submit([encoder.finish()]);
         let ticks =
-            crate::device::readback::read::<u64>(gpu, &resolved, count as usize).block_on()?;
+            crate::tensor::readback::read::<u64>(gpu, &resolved, count as usize).block_on()?;
         let span = ticks[count as usize - 1].saturating_sub(ticks[0]);
         times.push(span as f64 * period_ns / 1e6);
     }
@@ -85,15 +85,6 @@ const SPIN_UP_MS: f64 = 200.0;
 /// 1 s spin-up before the first row of a process removed it there.
 const SETTLE_MS: f64 = 1000.0;
 
-static LAST_PIPELINE: std::sync::Mutex<Option<std::time::Instant>> = std::sync::Mutex::new(None);
-
-/// Notes that a pipeline was just created (see [`SETTLE_MS`]).
-pub(crate) fn pipeline_created() {
-    if let Ok(mut t) = LAST_PIPELINE.lock() {
-        *t = Some(std::time::Instant::now());
-    }
-}
-
 /// Keeps the GPU busy with what `record` records for about [`SPIN_UP_MS`] (`run_ms` is one
 /// run's time), and until [`SETTLE_MS`] after the last pipeline's creation, so that a row
 /// starts on a busy GPU rather than one that idled while pipelines compiled.
@@ -102,11 +93,7 @@ fn spin_up(
     run_ms: f64,
     record: &mut dyn FnMut(&mut wgpu::CommandEncoder) -> Result<(), Error>,
 ) -> Result<(), Error> {
-    let since = LAST_PIPELINE
-        .lock()
-        .ok()
-        .and_then(|t| t.map(|t| t.elapsed().as_secs_f64() * 1e3))
-        .unwrap_or(f64::INFINITY);
+    let since = crate::device::since_last_pipeline_ms();
     let spin_ms = SPIN_UP_MS.max(SETTLE_MS - since);
     let repeats = (spin_ms / run_ms.max(1e-3)).ceil().min(50_000.0) as usize;
     let mut encoder = gpu.device.create_command_encoder(&Default::default());
@@ -222,7 +209,7 @@ impl Spans {
         encoder.resolve_query_set(&self.queries, 0..count, &self.resolved, 0);
         gpu.queue.submit([encoder.finish()]);
         let ticks =
-            crate::device::readback::read::<u64>(gpu, &self.resolved, count as usize).block_on()?;
+            crate::tensor::readback::read::<u64>(gpu, &self.resolved, count as usize).block_on()?;
         let period_ns = f64::from(gpu.queue.get_timestamp_period());
         Ok(ticks
             .chunks(2)

@@ -4,7 +4,6 @@
 
 #[cfg(not(target_arch = "wasm32"))]
 mod pipeline_cache;
-pub mod readback;
 mod uniforms;
 
 use std::sync::Mutex;
@@ -16,6 +15,28 @@ use thiserror::Error;
 #[cfg(not(target_arch = "wasm32"))]
 pub use pipeline_cache::{PIPELINE_CACHE_ENV, PipelineCacheFile, default_pipeline_cache_dir};
 use uniforms::UniformCache;
+
+/// When a pipeline was last created on any device of this process: GPU timing waits for
+/// the spin-up after a batch of pipeline creations to pass.
+#[cfg(not(target_arch = "wasm32"))]
+static LAST_PIPELINE: Mutex<Option<std::time::Instant>> = Mutex::new(None);
+
+/// Milliseconds since the process last created a pipeline (infinite if it never did).
+#[cfg(not(target_arch = "wasm32"))]
+pub(crate) fn since_last_pipeline_ms() -> f64 {
+    LAST_PIPELINE
+        .lock()
+        .ok()
+        .and_then(|t| t.map(|t| t.elapsed().as_secs_f64() * 1e3))
+        .unwrap_or(f64::INFINITY)
+}
+
+/// Runs a future to completion on this thread: the one blocking shim over the async API
+/// (native only; a browser awaits).
+#[cfg(not(target_arch = "wasm32"))]
+pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    pollster::block_on(future)
+}
 
 #[cfg(not(target_arch = "wasm32"))]
 const INSTALL_HINT: &str = "install a Vulkan driver: on Debian or Ubuntu, \
@@ -256,6 +277,10 @@ impl Gpu {
 
     pub(crate) fn pipeline_created(&self) {
         self.pipelines.fetch_add(1, Ordering::Relaxed);
+        #[cfg(not(target_arch = "wasm32"))]
+        if let Ok(mut t) = LAST_PIPELINE.lock() {
+            *t = Some(std::time::Instant::now());
+        }
     }
 
     /// Compute pipelines created on this device so far (ops compile on first use).

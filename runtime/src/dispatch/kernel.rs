@@ -35,7 +35,7 @@ impl Kernel {
     /// device's uncaptured-error handler instead (an op's `prepare` awaits it).
     pub(crate) fn now(gpu: &Gpu, abi: &KernelAbi) -> Result<Kernel, Error> {
         #[cfg(not(target_arch = "wasm32"))]
-        return crate::block_on(Kernel::new(gpu, abi));
+        return crate::device::block_on(Kernel::new(gpu, abi));
         #[cfg(target_arch = "wasm32")]
         return Kernel::create(gpu, abi);
     }
@@ -95,8 +95,6 @@ impl Kernel {
             cache: None,
         });
         gpu.pipeline_created();
-        #[cfg(not(target_arch = "wasm32"))]
-        crate::timing::pipeline_created();
         Ok(Kernel {
             abi: std::sync::Arc::new(abi.clone()),
             layout,

@@ -1,30 +1,31 @@
 //! The case matrix that `check` and the tests run: each case is a shape and mask set, run
 //! on the GPU and judged against the f64 reference by the pass rule, as one or more rows.
 
-use crate::BlockOn;
 use crate::modifiers::FlexOf;
 use attn_dsl::{
     BiasHeads, Cache, Dtype, FlashConfig, Fp8, KernelAbi, KernelSpec, Masks, Modifier, Op, Scalar,
 };
+use pollster::FutureExt as BlockOn;
 
-use crate::attention::{self, DecodeInput, ForwardInput, Heads};
-use crate::backward::{Backward, BackwardInput, Gradients, Schedule};
-use crate::compare::{
-    Verdict, judge, judge_attention, judge_backward, judge_half_attention, judge_half_backward,
-    max_abs_error,
-};
-use crate::decode::{DecodePath, Pages, Slicing, SplitDecode};
 use crate::device::Gpu;
 use crate::dispatch::kernel::Kernel;
 use crate::error::Error;
+use crate::harness::compare::{
+    Verdict, judge, judge_attention, judge_backward, judge_half_attention, judge_half_backward,
+    max_abs_error,
+};
+use crate::harness::kv_fp8;
+use crate::harness::reference::{self, Problem, cast};
+use crate::host::attention::{self, DecodeInput, ForwardInput, Heads};
+use crate::host::backward::{BackwardInput, Gradients};
+use crate::host::decode::{DecodePath, Pages, Slicing, SplitDecode};
+use crate::host::rope::{self, RopeInput};
 use crate::kernels::{BackwardKernels, ROPE};
-use crate::kv_fp8;
 use crate::modifiers::{Bias, Dropout, Modifiers};
+use crate::ops::backward::{Backward, Schedule};
 use crate::ops::cache::CacheLayout;
 use crate::ops::decode::SplitLayout;
 use crate::plan::tuning;
-use crate::reference::{self, Problem, cast};
-use crate::rope::{self, RopeInput};
 
 // The inputs' generator, where the matrix's users have always found it.
 pub use super::inputs::random;
@@ -1488,7 +1489,7 @@ impl Job {
         }
         // A half-precision kernel is judged on the inputs it reads: rounded to its dtype.
         let dtype = kernel.abi().scalar("o");
-        let [q, k, v] = [q, k, v].map(|x| crate::buffers::rounded(&x, dtype));
+        let [q, k, v] = [q, k, v].map(|x| crate::host::buffers::rounded(&x, dtype));
         let input = ForwardInput {
             batch: self.batch,
             seq_len: self.seq,
@@ -1617,13 +1618,13 @@ impl Job {
                 scale_rows(x, f, w);
             }
         }
-        let [q, k, v, d_o] = inputs.map(|x| crate::buffers::rounded(&x, scalar));
+        let [q, k, v, d_o] = inputs.map(|x| crate::host::buffers::rounded(&x, scalar));
         // The forward a framework saves on these inputs: O in the dtype, LSE in f32.
         let fwd = reference::attention::<f64>(&self.problem(), &cast(&q), &cast(&k), &cast(&v));
         let o: Vec<f32> = fwd
             .o
             .iter()
-            .map(|x| crate::buffers::round_to(*x as f32, scalar))
+            .map(|x| crate::host::buffers::round_to(*x as f32, scalar))
             .collect();
         let lse: Vec<f32> = fwd.lse.iter().map(|x| *x as f32).collect();
         let input = BackwardInput {
@@ -1815,7 +1816,7 @@ fn split_plan(split: &SplitDecode, heads: Heads, batch: u32, cache_len: u32) -> 
         scale: None,
         mods: Default::default(),
     };
-    crate::decode::plan_decode(split, &input)
+    crate::host::decode::plan_decode(split, &input)
 }
 
 fn planned(label: &str, planned: bool) -> String {
@@ -1879,7 +1880,7 @@ fn run_decode(
         Decoder::Split(s, _) | Decoder::Paged(s, _) => s.reduce_kernel().abi().scalar("o"),
         Decoder::Plain(k) => k.abi().scalar("o"),
     };
-    let [q, k, v] = [q, k, v].map(|x| crate::buffers::rounded(&x, dtype));
+    let [q, k, v] = [q, k, v].map(|x| crate::host::buffers::rounded(&x, dtype));
     let input = DecodeInput {
         batch,
         cache_len,
@@ -1946,7 +1947,7 @@ fn continued_rows(
     (batch, len): (u32, u32),
     seed: u64,
 ) -> Result<Vec<Labelled>, Error> {
-    use crate::continued::ContinueCase;
+    use crate::harness::continued::ContinueCase;
     if len < 2 {
         return Ok(Vec::new());
     }
@@ -2008,11 +2009,11 @@ fn continued_rows(
         let total_len: u32 = cached.iter().zip(added).map(|(c, a)| c + a).sum();
         let total_added: u32 = added.iter().sum();
         let [q, k, v, _] = qkv(h, total_len, seed);
-        let q = crate::buffers::rounded(
+        let q = crate::host::buffers::rounded(
             &q[..(total_added * h.n_heads * h.head_dim) as usize],
             scalar,
         );
-        let [k, v] = [k, v].map(|x| crate::buffers::rounded(&x, scalar));
+        let [k, v] = [k, v].map(|x| crate::host::buffers::rounded(&x, scalar));
         let scales = fp8.map(|f| {
             let v_amax = v.iter().fold(0.0f32, |m, x| m.max(x.abs()));
             let vs = if v_amax > 0.0 { v_amax / f.max() } else { 1.0 };
@@ -2030,7 +2031,7 @@ fn continued_rows(
             added,
             mods: data.mods(),
         };
-        let run = crate::continued::run(gpu, &case, [&q, &k, &v])?;
+        let run = crate::harness::continued::run(gpu, &case, [&q, &k, &v])?;
         let mut worst: Vec<(&'static str, Verdict)> = Vec::new();
         let (mut q_at, mut kv_at) = (0usize, 0usize);
         for b in 0..slots as usize {
@@ -2086,9 +2087,9 @@ fn run_fp8_decode(
     let [q, k, v, _] = qkv(h, batch * capacity, seed);
     let fill = filled(h, capacity, cache_len);
     let scalar = Scalar::from(dtype);
-    let q = crate::buffers::rounded(&q[..(batch * h.n_heads * h.head_dim) as usize], scalar);
+    let q = crate::host::buffers::rounded(&q[..(batch * h.n_heads * h.head_dim) as usize], scalar);
     let [k, v] = [(&k, h.head_dim), (&v, h.head_dim_v)]
-        .map(|(x, width)| crate::buffers::rounded(&fill(x, width), scalar));
+        .map(|(x, width)| crate::host::buffers::rounded(&fill(x, width), scalar));
     let k_scales = kv_fp8::amax_scales(&k, h, fp8);
     let v_amax = v.iter().fold(0.0f32, |m, x| m.max(x.abs()));
     let v_scales = [if v_amax > 0.0 {

@@ -6,7 +6,6 @@
 
 use attn_dsl::{Cache, Dtype, Fp8, Scalar};
 
-use crate::BlockOn;
 use crate::device::Gpu;
 use crate::error::{Error, InputError};
 use crate::modifiers::Modifiers;
@@ -14,6 +13,7 @@ use crate::ops::cache::{CacheLayout, CacheSpec, ExtendArgs, KvCache};
 use crate::ops::decode::{CacheView, Decode, DecodeArgs, DecodeSpec, QueryRows, SplitLayout};
 use crate::shape::Heads;
 use crate::tensor::Tensor;
+use pollster::FutureExt as BlockOn;
 
 /// What to continue: sequence b holds `cached[b]` rows, then adds `added[b]`; K and V are
 /// `[rows, n_kv_heads, width]` per sequence, each sequence's `cached[b] + added[b]` rows in

@@ -5,7 +5,6 @@
 
 use attn_dsl::{Cache, Dtype, Fp8, Masks, Scalar};
 
-use crate::BlockOn;
 use crate::device::Gpu;
 use crate::error::Error;
 use crate::modifiers::Modifiers;
@@ -13,6 +12,7 @@ use crate::ops::cache::{CacheLayout, CacheSpec, KvCache};
 use crate::ops::decode::{Decode, DecodeArgs, DecodeSpec};
 use crate::shape::Heads;
 use crate::tensor::Tensor;
+use pollster::FutureExt as BlockOn;
 
 /// One decode of an fp8 cache.
 pub struct Fp8Run {
@@ -143,7 +143,8 @@ pub fn decode(gpu: &Gpu, case: &Fp8Case, [q, k, v]: [&[f32]; 3]) -> Result<Fp8Ru
         let mut out = Vec::with_capacity(case.batch as usize * case.len as usize * row);
         for b in 0..case.batch {
             for j in 0..case.len {
-                let at = crate::continued::stored_row(case.layout, &table, b, j) as usize * row;
+                let at =
+                    crate::harness::continued::stored_row(case.layout, &table, b, j) as usize * row;
                 let values = all[at..][..row].iter().enumerate();
                 out.extend(values.map(|(i, x)| x * scales[(i / width as usize) % scales.len()]));
             }

@@ -2,10 +2,10 @@
 
 use attn_dsl::{Access, Binding, KernelAbi, Op, Scalar};
 
-use crate::buffers;
 use crate::device::Gpu;
 use crate::dispatch::kernel::Kernel;
 use crate::error::{Error, InputError};
+use crate::host::buffers;
 use crate::modifiers::Modifiers;
 pub use crate::shape::{Heads, seg_from_cu_seqlens, seg_from_lengths, seg_with_ends, validate_seg};
 pub(crate) use crate::shape::{

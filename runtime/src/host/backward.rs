@@ -3,11 +3,11 @@
 
 use attn_dsl::{Dtype, KernelAbi};
 
-use crate::attention::{self, ForwardInput, length};
-use crate::backward::{Backward, Schedule};
 use crate::device::Gpu;
 use crate::error::{Error, InputError};
+use crate::host::attention::{self, ForwardInput, length};
 use crate::modifiers::Modifiers;
+use crate::ops::backward::{Backward, Schedule};
 use crate::shape::Heads;
 use crate::tensor::Tensor;
 

@@ -6,7 +6,7 @@ use half::{bf16, f16};
 use wgpu::util::DeviceExt;
 
 use crate::device::Gpu;
-pub use crate::device::readback::{read, read_as, read_many, read_range};
+pub use crate::tensor::readback::{read, read_as, read_many, read_range};
 
 /// A storage buffer holding `data`. Empty data still gets 4 bytes: wgpu refuses
 /// zero-sized bindings.

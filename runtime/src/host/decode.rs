@@ -8,14 +8,14 @@
 
 use attn_dsl::{Cache, Dtype, KernelAbi, Masks, Op};
 
-use crate::attention::{
-    DecodeInput, Heads, binding_size, checked_grid, expect_op, length, modified_uniforms,
-    validate_cache, validate_query,
-};
-use crate::buffers;
 use crate::device::Gpu;
 use crate::dispatch::kernel::{Kernel, Step};
 use crate::error::{Error, InputError};
+use crate::host::attention::{
+    DecodeInput, Heads, binding_size, checked_grid, expect_op, length, modified_uniforms,
+    validate_cache, validate_query,
+};
+use crate::host::buffers;
 use crate::tensor::Tensor;
 
 pub use crate::plan::calibration::Calibration;
@@ -599,7 +599,7 @@ impl Decoder {
     ) -> Result<(Vec<f32>, DecodePath), Error> {
         let path = self.plan(input);
         let o = match path {
-            DecodePath::Plain => crate::attention::decode(gpu, &self.plain, input).await?,
+            DecodePath::Plain => crate::host::attention::decode(gpu, &self.plain, input).await?,
             DecodePath::Split(s) => self.split.run(gpu, input, Some(s.slice_len)).await?,
         };
         Ok((o, path))

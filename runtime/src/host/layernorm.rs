@@ -5,7 +5,7 @@ use attn_dsl::Scalar;
 
 use crate::device::Gpu;
 use crate::error::{Error, InputError};
-use crate::layernorm::LayerNormLinear;
+use crate::ops::layernorm::LayerNormLinear;
 use crate::shape::{binding_size, length, nonzero};
 use crate::tensor::Tensor;
 

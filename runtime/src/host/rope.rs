@@ -5,10 +5,10 @@ use attn_dsl::Op;
 
 use attn_dsl::Scalar;
 
-use crate::attention::{length, nonzero};
 use crate::device::Gpu;
 use crate::dispatch::kernel::Kernel;
 use crate::error::{Error, InputError};
+use crate::host::attention::{length, nonzero};
 use crate::tensor::Tensor;
 
 #[derive(Clone, Copy, Debug)]

@@ -63,11 +63,11 @@ impl RowMaxima {
 #[cfg(test)]
 mod tests {
     use super::RowMaxima;
-    use crate::BlockOn;
     use crate::device::Gpu;
     use crate::tensor::Tensor;
     use attn_dsl::Scalar;
     use half::bf16;
+    use pollster::FutureExt as BlockOn;
 
     /// Each row's largest magnitude (of the bf16 values), as f32 bits, in its part: Q's
     /// rows by query head, K's by KV head in the first words of theirs, at widths of more
@@ -106,7 +106,7 @@ mod tests {
             .record(&gpu, &mut encoder, &[&qt, &kt], [batch, seq, heads])
             .unwrap_or_else(|e| panic!("{e}"));
         gpu.queue.submit([encoder.finish()]);
-        let got = crate::block_on(held.to_u32(&gpu)).unwrap_or_else(|e| panic!("{e}"));
+        let got = crate::device::block_on(held.to_u32(&gpu)).unwrap_or_else(|e| panic!("{e}"));
         let part = (batch * seq * heads) as usize;
         assert_eq!(got.len(), 2 * part);
         for (at, (data, width)) in [(&q, 160), (&k, 48)].into_iter().enumerate() {

@@ -7,16 +7,16 @@
 //! that `check` did not cover.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use attn_dsl::emit::coop::Phases;
 use attn_dsl::row_layer::RowSums;
 use attn_dsl::{DslError, Dtype, FlashConfig, KernelAbi, KernelSpec, Masks, Matrix, Op};
 use serde::{Deserialize, Serialize};
 
-use crate::Heads;
 use crate::device::Gpu;
 use crate::plan::calibration::Calibration;
+use crate::shape::Heads;
 
 /// Every flash forward configuration the planner may pick for `head_dim`, derived by
 /// rule (`attn_dsl::configs`): candidate 0 fits WebGPU's defaults and is the default; the
@@ -361,37 +361,7 @@ pub fn row_sums_name(sums: RowSums) -> &'static str {
 /// Tables measured with `bench --tune` on known adapters, used when `ATTN_TUNING` names none.
 const BUILT_IN: &[&str] = &[include_str!("../../tuning/nvidia-h100.json")];
 
-#[derive(Debug, thiserror::Error)]
-pub enum TuningError {
-    #[error("cannot read tuning table {path}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("tuning table {path} is not valid JSON for a table")]
-    Parse {
-        path: PathBuf,
-        source: serde_json::Error,
-    },
-    #[error(
-        "tuning table {path} picks {config} for head_dim {head_dim}, which is not a candidate \
-         `check` covers; rerun `bench --tune`"
-    )]
-    Unchecked {
-        path: PathBuf,
-        head_dim: u32,
-        config: String,
-    },
-    #[error(
-        "tuning table {path} names row-sum schedule `{name}` for LayerNorm + Linear {key}; \
-         the schedules are `atomic` and `two-pass`"
-    )]
-    RowSums {
-        path: PathBuf,
-        key: String,
-        name: String,
-    },
-}
+pub use crate::error::TuningError;
 
 impl Table {
     /// Reads and vets a table: every configuration must be a checked candidate.

@@ -12,9 +12,9 @@ use std::time::Instant;
 
 use attn_dsl::{Dtype, Masks, Scalar};
 
-use crate::attention::Heads;
 use crate::device::Gpu;
 use crate::error::Error;
+use crate::host::attention::Heads;
 use crate::ops::backward::BackwardArgs;
 use crate::ops::cache::{CacheLayout, CacheSpec, KvCache};
 use crate::ops::decode::{Decode, DecodeArgs, DecodeSpec, QueryRows};
@@ -50,7 +50,7 @@ fn wait(gpu: &Gpu) -> Result<(), Error> {
 /// Random values in [-1, 1) for a tensor of `shape` in `dtype`.
 fn random(gpu: &Gpu, shape: &[u32], dtype: Dtype, seed: u64) -> Result<Tensor, Error> {
     let n = shape.iter().map(|d| *d as usize).product();
-    let data: Vec<f32> = crate::cases::random(n, seed)
+    let data: Vec<f32> = crate::harness::cases::random(n, seed)
         .iter()
         .map(|x| x / 2.0)
         .collect();
@@ -303,7 +303,7 @@ pub fn train_step(gpu: &Gpu, h: Heads, seq: u32, dtype: Dtype, runs: u32) -> Res
             dtype,
         },
     )?;
-    let mut backward = crate::Backward::new(gpu, &[])?;
+    let mut backward = crate::ops::backward::Backward::new(gpu, &[])?;
     backward.add_in(gpu, h.head_dim, masks, dtype)?;
     let mut schedule = None;
     let (wall_ms, gpu_ms) = waited(gpu, runs, |enc| {

@@ -8,13 +8,14 @@ use attn_dsl::flex::library;
 use attn_dsl::flex::{Dim, Flex, Ty};
 use attn_dsl::{Dtype, Masks, Scalar};
 
-use crate::attention::Heads;
+use crate::device::Gpu;
 use crate::error::Error;
+use crate::host::attention::Heads;
 use crate::modifiers::{DeviceModifiers, FlexOf};
 use crate::ops::decode::{CacheView, Decode, DecodeArgs, DecodeSpec};
 use crate::ops::forward::{Forward, ForwardArgs, ForwardSpec};
 use crate::tensor::Tensor;
-use crate::{Gpu, timing};
+use crate::timing;
 
 /// One forward timed: what it runs, its median GPU time, and the fraction of the (query,
 /// key) pairs its mask keeps.
@@ -205,7 +206,7 @@ fn random(
     seed: u64,
 ) -> Result<Tensor, crate::tensor::TensorError> {
     let n = shape.iter().map(|&d| d as usize).product();
-    Tensor::from_f32(gpu, shape, scalar, &crate::cases::random(n, seed))
+    Tensor::from_f32(gpu, shape, scalar, &crate::harness::cases::random(n, seed))
 }
 
 /// Every variant's forward at `seq` (batch 1, `h`), in `dtype`.
@@ -336,7 +337,7 @@ pub fn t5_backward(
         Tensor::zeros(gpu, &[1, seq, h.n_heads], Scalar::F32),
     );
     let r = 31;
-    let table: Vec<f32> = crate::cases::random((h.n_heads * (2 * r + 1)) as usize, 5);
+    let table: Vec<f32> = crate::harness::cases::random((h.n_heads * (2 * r + 1)) as usize, 5);
     let rel_bias = Tensor::from_f32(gpu, &[h.n_heads, 2 * r + 1], Scalar::F32, &table)?;
     let drel_bias = Tensor::zeros(gpu, &[h.n_heads, 2 * r + 1], Scalar::F32);
     let t5 = |learnable: bool| {
@@ -384,7 +385,7 @@ pub fn t5_backward(
             },
         )?;
         gpu.queue.submit([encoder.finish()]);
-        let mut backward = crate::Backward::new(gpu, &[])?;
+        let mut backward = crate::ops::backward::Backward::new(gpu, &[])?;
         backward.add_in(gpu, h.head_dim, masks, dtype)?;
         let learnable = masks.flex.is_some_and(|f| f.parsed().tensors[0].grad);
         let args = crate::ops::backward::BackwardArgs {

@@ -5,13 +5,14 @@
 
 use attn_dsl::{Dtype, Masks, Scalar};
 
-use crate::attention::Heads;
-use crate::backward::Backward;
+use crate::device::Gpu;
 use crate::error::Error;
+use crate::host::attention::Heads;
+use crate::ops::backward::Backward;
 use crate::ops::backward::BackwardArgs;
 use crate::ops::forward::{Forward, ForwardArgs, ForwardSpec};
 use crate::tensor::Tensor;
-use crate::{Gpu, timing};
+use crate::timing;
 
 /// One forward or backward timed: its widths, dtype, median GPU time and FLOP rate.
 pub struct WidthRow {
@@ -43,7 +44,7 @@ fn rows(
 ) -> Result<Tensor, Error> {
     let shape = [1, seq, heads, width];
     let n = shape.iter().map(|&d| d as usize).product();
-    let data = crate::cases::random(n, seed);
+    let data = crate::harness::cases::random(n, seed);
     Ok(Tensor::from_f32(gpu, &shape, Scalar::from(dtype), &data)?)
 }
 

@@ -10,20 +10,20 @@ pub mod probe;
 use attn_dsl::emit::coop::Phases;
 use attn_dsl::{Cache, Dtype, Fp8, KernelSpec, Masks, Op, Scalar};
 
-use crate::BlockOn;
-use crate::attention::{Heads, checked_grid, uniforms};
-use crate::backward::Schedule;
-use crate::buffers;
-use crate::cases::random;
-use crate::cases::{self, Runner, Shape};
 use crate::device::Gpu;
 use crate::dispatch::kernel::Kernel;
 use crate::error::Error;
+use crate::harness::cases::random;
+use crate::harness::cases::{self, Runner, Shape};
+use crate::host::attention::{Heads, checked_grid, uniforms};
+use crate::host::buffers;
 use crate::kernels;
 use crate::kernels::BackwardKernels;
+use crate::ops::backward::Schedule;
 use crate::ops::decode::SplitLayout;
 use crate::plan::tuning::{self, Table};
 use crate::timing::{self, Step, Timing};
+use pollster::FutureExt as BlockOn;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BenchShape {
@@ -96,7 +96,7 @@ impl BenchShape {
 
     /// Document starts of the packed sequences, the same in every sequence of the batch.
     fn seg(&self) -> Option<Vec<u32>> {
-        let one = crate::attention::seg_from_lengths(self.packed.as_ref()?);
+        let one = crate::host::attention::seg_from_lengths(self.packed.as_ref()?);
         Some(one.repeat(self.batch as usize))
     }
 }
@@ -233,10 +233,10 @@ pub fn run(
     dims.push(("window", shape.window.unwrap_or(0)));
     let (dims_buf, params_buf) =
         uniforms(gpu, forward.abi(), &dims, &[("scale", h.default_scale())])?;
-    let seg_buf = crate::buffers::storage(
+    let seg_buf = crate::host::buffers::storage(
         gpu,
         "seg",
-        &crate::attention::seg_with_ends(shape.seg().as_deref(), shape.batch, shape.seq),
+        &crate::host::attention::seg_with_ends(shape.seg().as_deref(), shape.batch, shape.seq),
     );
     let scratch_bytes = Schedule::Split.scratch_bytes(shape.batch, shape.seq, h.n_heads);
     let scratch = (scratch_bytes <= gpu.limits().max_storage_buffer_binding_size)
@@ -439,12 +439,12 @@ pub fn run(
     ) {
         return Ok(rows);
     }
-    let compiled = crate::backward::schedule_kernels(gpu, &set)?;
+    let compiled = crate::ops::backward::schedule_kernels(gpu, &set)?;
     // With sinks every schedule is followed by dSinks' kernel.
     let sink_grad = match shape.sinks {
         true => Some(Kernel::now(
             gpu,
-            &crate::backward::sink_grad_abi(h.head_dim, attn_dsl::Dtype::F32)?,
+            &crate::ops::backward::sink_grad_abi(h.head_dim, attn_dsl::Dtype::F32)?,
         )?),
         false => None,
     };
@@ -722,7 +722,7 @@ impl RowScalePasses {
             .collect();
         let uniforms = dims
             .iter()
-            .map(|d| crate::attention::uniform_dims(gpu, &abi, d))
+            .map(|d| crate::host::attention::uniform_dims(gpu, &abi, d))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(RowScalePasses {
             kernel: Kernel::now(gpu, &abi)?,
@@ -767,7 +767,7 @@ struct SinkPasses {
 impl SinkPasses {
     fn new(gpu: &Gpu, shape: &BenchShape) -> Result<SinkPasses, Error> {
         let h = shape.heads;
-        let abi = crate::backward::sink_grad_abi(h.head_dim, attn_dsl::Dtype::F32)?;
+        let abi = crate::ops::backward::sink_grad_abi(h.head_dim, attn_dsl::Dtype::F32)?;
         let blocks = (shape.batch * shape.seq).div_ceil(abi.workgroup_size[0]);
         let dims = [0, 1].map(|pass| {
             let mut d = crate::shape::sequence_dims(shape.batch, shape.seq, h).to_vec();
@@ -777,7 +777,7 @@ impl SinkPasses {
         let uniforms = match shape.sinks {
             true => dims
                 .iter()
-                .map(|d| crate::attention::uniform_dims(gpu, &abi, d))
+                .map(|d| crate::host::attention::uniform_dims(gpu, &abi, d))
                 .collect::<Result<Vec<_>, _>>()?,
             false => Vec::new(),
         };
@@ -870,20 +870,22 @@ fn half_backwards(
             configs.truncate(1);
         }
         let mut schedules =
-            crate::backward::tiled_schedules(gpu, (head_dim, masks, dtype), &configs)?;
+            crate::ops::backward::tiled_schedules(gpu, (head_dim, masks, dtype), &configs)?;
         let names: Vec<_> = schedules.iter().map(|(s, _)| *s).collect();
-        let planned = crate::backward::half_plan(&names);
+        let planned = crate::ops::backward::half_plan(&names);
         if let Some(at) = names.iter().position(|s| *s == planned) {
             let first = schedules.remove(at);
             schedules.insert(0, first);
         }
         for (schedule, halves) in schedules {
             let mut kernels: Vec<Kernel> = halves;
-            if crate::backward::needs_prep(&kernels.iter().map(|k| k.abi()).collect::<Vec<_>>()) {
+            if crate::ops::backward::needs_prep(
+                &kernels.iter().map(|k| k.abi()).collect::<Vec<_>>(),
+            ) {
                 kernels.insert(0, Kernel::now(gpu, &prep)?);
             }
             if masks.sinks {
-                let abi = crate::backward::sink_grad_abi(head_dim, dtype)?;
+                let abi = crate::ops::backward::sink_grad_abi(head_dim, dtype)?;
                 kernels.push(Kernel::now(gpu, &abi)?);
             }
             out.push((format!("backward {schedule} {}", dtype.name()), kernels));
@@ -1059,7 +1061,7 @@ pub fn copy_bandwidth(gpu: &Gpu, warmup: usize, runs: usize) -> Result<[DecodeRo
     // Its first and last workgroups' bytes: a wrong index would leave either stale.
     let span = COPY_PER_WORKGROUP.min(bytes);
     for offset in [0, bytes - span] {
-        let got = crate::device::readback::read_range(gpu, &dst, offset, span).block_on()?;
+        let got = crate::tensor::readback::read_range(gpu, &dst, offset, span).block_on()?;
         let want = (offset / 4..(offset + span) / 4).flat_map(|i| word(i).to_le_bytes());
         if !got.into_iter().eq(want) {
             return Err(Error::Readback(format!(
@@ -1104,8 +1106,9 @@ pub fn decode(
     let h = shape.heads;
     let masks = Masks::default();
     let widths = (h.head_dim, h.head_dim_v);
-    let f32_split =
-        |cache| crate::decode::SplitDecode::for_dims_in(gpu, widths, masks, cache, Dtype::F32);
+    let f32_split = |cache| {
+        crate::host::decode::SplitDecode::for_dims_in(gpu, widths, masks, cache, Dtype::F32)
+    };
     let split = f32_split(Cache::Contiguous)?;
     let plain_spec = KernelSpec::standard(
         &tuning::family_name("attention_decode", h.head_dim),
@@ -1126,7 +1129,7 @@ pub fn decode(
     let q = random(b * (h.n_heads * h.head_dim) as usize, 1);
     let k = random(rows * h.head_dim as usize, 2);
     let v = random(rows * h.head_dim_v as usize, 3);
-    let input = crate::attention::DecodeInput {
+    let input = crate::host::attention::DecodeInput {
         batch: shape.batch,
         cache_len: shape.cache_len,
         heads: h,
@@ -1161,12 +1164,12 @@ pub fn decode(
     // pages (so it fits wherever the contiguous cache does).
     let paged = f32_split(Cache::Paged)?;
     let (table, k_pool, v_pool) =
-        crate::cases::page_cache(h, (shape.batch, shape.cache_len), PAGE, 0, [&k, &v]);
-    let pages = crate::decode::Pages {
+        crate::harness::cases::page_cache(h, (shape.batch, shape.cache_len), PAGE, 0, [&k, &v]);
+    let pages = crate::host::decode::Pages {
         block_table: &table,
         page_size: PAGE,
     };
-    let paged_input = crate::attention::DecodeInput {
+    let paged_input = crate::host::attention::DecodeInput {
         k_cache: &k_pool,
         v_cache: &v_pool,
         ..input
@@ -1211,7 +1214,7 @@ pub fn decode(
                 kv_fp8,
                 ..crate::ops::decode::DecodeSpec::new(h.head_dim, h.head_dim_v, dtype)
             };
-            let kernels = crate::decode::SplitDecode::from_spec_in(gpu, &spec, layout)?;
+            let kernels = crate::host::decode::SplitDecode::from_spec_in(gpu, &spec, layout)?;
             if slice_len.is_some_and(|len| len > kernels.max_slice()) {
                 continue;
             }

@@ -7,11 +7,11 @@ use attn_dsl::Matrix;
 use attn_dsl::row_layer::RowSums;
 
 use super::baseline::{Baseline, Shape, matmul_grid};
-use crate::buffers;
-use crate::cases::random;
 use crate::device::Gpu;
 use crate::error::Error;
-use crate::layernorm::LayerNormLinear;
+use crate::harness::cases::random;
+use crate::host::buffers;
+use crate::ops::layernorm::LayerNormLinear;
 use crate::ops::layernorm::{LayerNormArgs, LayerNormGrads, Saved};
 use crate::tensor::Tensor;
 use crate::timing::{self, Step, Timing};

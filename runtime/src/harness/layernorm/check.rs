@@ -1,14 +1,15 @@
 //! The `check` rows of the fused LayerNorm + Linear: the forward and each backward
 //! schedule on one shape, judged by [`LnJudge`].
 
-use crate::BlockOn;
 use attn_dsl::Matrix;
 use attn_dsl::row_layer::RowSums;
+use pollster::FutureExt as BlockOn;
 
-use crate::compare::Verdict;
 use crate::device::Gpu;
 use crate::error::Error;
-use crate::layernorm::{LayerNormLinear, layernorm_linear, layernorm_linear_backward};
+use crate::harness::compare::Verdict;
+use crate::host::layernorm::{layernorm_linear, layernorm_linear_backward};
+use crate::ops::layernorm::LayerNormLinear;
 
 pub use super::judge::{LnCase, LnJudge};
 

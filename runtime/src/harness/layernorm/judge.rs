@@ -3,10 +3,10 @@
 //! reference as the framework-grade baseline: shared by `check` and the browser page.
 
 use super::reference::{self as lnref, Shape};
-use crate::compare::{Verdict, judge};
+use crate::harness::compare::{Verdict, judge};
 use crate::harness::inputs::random;
-use crate::layernorm::{Grads, Input, Output};
-use crate::reference::cast;
+use crate::harness::reference::cast;
+use crate::host::layernorm::{Grads, Input, Output};
 
 /// `[batch, seq, hidden] -> [batch, seq, out]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

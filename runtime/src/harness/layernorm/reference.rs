@@ -1,10 +1,10 @@
 //! The CPU reference of the fused LayerNorm + Linear and its backward, generic over the
 //! float type: in f64 it is the reference, in f32 the framework-grade baseline of the pass
-//! rule (every dot product and reduction a pairwise sum, as in [`crate::reference`]).
+//! rule (every dot product and reduction a pairwise sum, as in [`crate::harness::reference`]).
 
 use rayon::prelude::*;
 
-use crate::reference::{Real, pairwise};
+use crate::harness::reference::{Real, pairwise};
 
 /// A `[rows, hidden] -> [rows, out]` problem (rows = batch · seq).
 #[derive(Clone, Copy, Debug)]
@@ -146,8 +146,8 @@ pub fn backward<T: Real>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cases::random;
-    use crate::reference::cast;
+    use crate::harness::cases::random;
+    use crate::harness::reference::cast;
 
     const S: Shape = Shape {
         rows: 3,

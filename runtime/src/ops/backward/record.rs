@@ -5,14 +5,14 @@
 
 use attn_dsl::{Dtype, KernelSpec, Masks, Op, Scalar};
 
-use super::row_max::RowMaxima;
-use super::{attention_shape, expect_all, grid, helper};
-use crate::backward::{Backward, Schedule, needs_prep};
+use super::{Backward, Schedule, needs_prep};
 use crate::device::Gpu;
 use crate::dispatch::kernel::Kernel;
 use crate::dispatch::record::{Dispatch, Pipeline};
 use crate::error::{Error, InputError};
 use crate::modifiers::DeviceModifiers;
+use crate::ops::row_max::RowMaxima;
+use crate::ops::{attention_shape, expect_all, grid, helper};
 use crate::shape::{Heads, sequence_dims, validate_heads, validate_scale};
 use crate::tensor::{Tensor, TensorError, elements};
 
@@ -86,7 +86,7 @@ impl Scratch {
     }
 
     fn view(held: &mut Option<Tensor>, gpu: &Gpu, shape: &[u32]) -> Result<Tensor, TensorError> {
-        super::scratch(held, gpu, shape, Scalar::F32)
+        crate::ops::scratch(held, gpu, shape, Scalar::F32)
     }
 
     fn lanes(&mut self, gpu: &Gpu) -> Result<&mut Pipeline, Error> {

@@ -3,22 +3,17 @@
 //! dγ and dβ, then dW and db) with the row sums added by atomics or by the two-pass
 //! schedule.
 
-#[cfg(not(target_arch = "wasm32"))]
-#[doc(hidden)]
-pub use crate::harness::layernorm::{baseline, bench, check};
-#[doc(hidden)]
-pub use crate::harness::layernorm::{judge, reference};
-
 use attn_dsl::row_layer::{self, RowSums};
 use attn_dsl::spec::{Along, MatmulForm};
 use attn_dsl::{Matrix, Op};
 
+mod record;
+
+pub use record::*;
+
 use crate::device::Gpu;
 use crate::dispatch::kernel::Kernel;
 use crate::error::Error;
-pub use crate::host::layernorm::{
-    Grads, Input, Output, layernorm_linear, layernorm_linear_backward,
-};
 use crate::shape::nonzero;
 
 /// The most bytes the two-pass schedule's partials of dW may take (one dW per row tile, or

@@ -6,7 +6,7 @@ use attn_dsl::Scalar;
 use bytemuck::Pod;
 use half::{bf16, f16};
 
-use super::Gpu;
+use crate::device::Gpu;
 use crate::error::Error;
 
 /// Reads `len` elements of `scalar` back, widened to f32.

@@ -4,13 +4,13 @@
 
 use attn_dsl::Scalar;
 
-use super::grid;
+use super::{Backward, Forward, LayerNormLinear};
 use crate::device::Gpu;
 use crate::dispatch::kernel::Kernel;
 use crate::dispatch::record::{Dispatch, Pipeline};
 use crate::error::{Error, InputError};
-use crate::layernorm::{Backward, Forward, LayerNormLinear};
 use crate::modifiers::expect;
+use crate::ops::grid;
 use crate::tensor::{Tensor, elements};
 
 /// The layer's parameters and input: x `[rows, hidden]`, γ and β `[hidden]`, W `[out,
@@ -52,7 +52,7 @@ pub(crate) struct Recording {
     /// The forward at a few rows: the LayerNorm pass in f32 and a Linear that reads each
     /// weight once for every row, compiled on the first such call.
     few: Option<FewRows>,
-    convert: Option<super::convert::Convert>,
+    convert: Option<crate::ops::convert::Convert>,
     /// The products' f16 operands on tensor cores: x̂·γ + β, W and dy.
     halves: [Option<Tensor>; 3],
     /// The split backward's dx̂ₙ = dy·W (f32).
@@ -68,16 +68,17 @@ pub(crate) struct Recording {
 }
 
 /// The forward of a call of a few rows (a decode step's projection): the LayerNorm pass
-/// writes x̂·γ + β in f32, then [`Linear`](super::linear::Linear) reads each weight once
+/// writes x̂·γ + β in f32, then [`Linear`](crate::ops::linear::Linear) reads each weight once
 /// for every row, at the rate W streams from memory, where the products' 64-row tiles
 /// would be mostly empty rows.
 pub(crate) struct FewRows {
     norm: Pipeline,
-    linear: super::linear::Linear,
+    linear: crate::ops::linear::Linear,
     xn: Option<Tensor>,
 }
 
 /// The tensor-core backward's stages in recording order.
+#[cfg_attr(target_arch = "wasm32", allow(dead_code))]
 pub(crate) const SPLIT_STAGES: [&str; 6] = [
     "W to f16",
     "grad rows",
@@ -145,7 +146,7 @@ impl LayerNormLinear {
         let (hidden, _) = self.widths();
         // At a few rows (any rows where W is held in half precision, which only this path
         // reads).
-        let few = (rows <= super::linear::LINEAR_MAX_ROWS
+        let few = (rows <= crate::ops::linear::LINEAR_MAX_ROWS
             && self.matrix() == attn_dsl::Matrix::Scalar
             && hidden.is_multiple_of(4))
             || self.weights() != attn_dsl::Dtype::F32;
@@ -180,7 +181,7 @@ impl LayerNormLinear {
         };
         self.recording
             .convert
-            .get_or_insert_with(|| super::convert::Convert::new(attn_dsl::Dtype::F16))
+            .get_or_insert_with(|| crate::ops::convert::Convert::new(attn_dsl::Dtype::F16))
             .record_to(gpu, encoder, args.w, &w16)?;
         let (hidden, out) = self.widths();
         let mut m = Dispatch::new(vec![("a", &xn), ("b", &w16), ("bias", args.b), ("c", y)]);
@@ -208,8 +209,8 @@ impl LayerNormLinear {
         if self.recording.few.is_none() {
             let norm =
                 attn_dsl::row_layer::rows_spec("layernorm_rows_f32", hidden, attn_dsl::Dtype::F32);
-            let norm = crate::layernorm::compiled(gpu, norm)?;
-            let spec = super::linear::LinearSpec {
+            let norm = super::compiled(gpu, norm)?;
+            let spec = crate::ops::linear::LinearSpec {
                 hidden,
                 out,
                 weights: self.weights(),
@@ -217,7 +218,7 @@ impl LayerNormLinear {
             };
             self.recording.few = Some(FewRows {
                 norm: Pipeline::new(norm),
-                linear: super::linear::Linear::new(gpu, spec)?,
+                linear: crate::ops::linear::Linear::new(gpu, spec)?,
                 xn: None,
             });
         }
@@ -242,7 +243,7 @@ impl LayerNormLinear {
         d.params = vec![("eps", args.eps)];
         let g = grid(few.norm.abi(), &d.dims);
         few.norm.record(gpu, encoder, &d, g)?;
-        let linear = super::linear::LinearArgs {
+        let linear = crate::ops::linear::LinearArgs {
             x: &xn,
             w: args.w,
             b: Some(args.b),
@@ -416,7 +417,7 @@ impl LayerNormLinear {
         if self.recording.runs(0) {
             self.recording
                 .convert
-                .get_or_insert_with(|| super::convert::Convert::new(attn_dsl::Dtype::F16))
+                .get_or_insert_with(|| crate::ops::convert::Convert::new(attn_dsl::Dtype::F16))
                 .record_to(gpu, encoder, io.args.w, &w16)?;
         }
         let part = |name: &str| {
@@ -439,7 +440,7 @@ impl LayerNormLinear {
         if self.recording.runs(1) {
             self.record_rows(gpu, encoder, [grad_rows], [0], &tensors, io)?;
         }
-        let dw_parts = crate::layernorm::dw_parts(rows, hidden, out);
+        let dw_parts = super::dw_parts(rows, hidden, out);
         let products = [
             (dxn_product, 1, [&dy16, &w16, &dxn], [rows, hidden, out, 1]),
             (
@@ -498,17 +499,17 @@ fn grown(
 ) -> Result<Tensor, Error> {
     let bytes = crate::tensor::element_bytes(scalar) * elements(shape);
     crate::shape::binding_size(gpu.limits(), bytes)?;
-    Ok(super::scratch(held, gpu, shape, scalar)?)
+    Ok(crate::ops::scratch(held, gpu, shape, scalar)?)
 }
 
 #[cfg(test)]
 mod tests {
-    use crate::BlockOn;
     use crate::device::Gpu;
     use crate::dispatch::kernel::Kernel;
     use crate::dispatch::record::{Dispatch, Pipeline};
     use crate::tensor::Tensor;
     use attn_dsl::{Dtype, Scalar};
+    use pollster::FutureExt as BlockOn;
 
     /// The split forward's LayerNorm pass (the half that runs without tensor cores): each
     /// row's mean and 1/std and its x̂·γ + β rounded to f16, against the host, at a row count
@@ -555,13 +556,14 @@ mod tests {
         d.dims = vec![("rows", rows), ("hidden", hidden), ("out", 4)];
         d.params = vec![("eps", 1e-5)];
         let mut encoder = gpu.device.create_command_encoder(&Default::default());
-        let g = super::grid(pipeline.abi(), &d.dims);
+        let g = crate::ops::grid(pipeline.abi(), &d.dims);
         assert_eq!(g, [3, 1, 1]);
         pipeline
             .record(&gpu, &mut encoder, &d, g)
             .unwrap_or_else(|e| panic!("{e}"));
         gpu.queue.submit([encoder.finish()]);
-        let read = |t: &Tensor| crate::block_on(t.to_f32(&gpu)).unwrap_or_else(|e| panic!("{e}"));
+        let read =
+            |t: &Tensor| crate::device::block_on(t.to_f32(&gpu)).unwrap_or_else(|e| panic!("{e}"));
         let (got_xn, got_mean, got_rstd) = (read(&xn), read(&mean), read(&rstd));
         for (r, row) in x.chunks(hidden as usize).enumerate() {
             let n = f64::from(hidden);
@@ -612,7 +614,7 @@ mod tests {
         ];
         d.params = vec![("eps", 1e-5)];
         let mut encoder = gpu.device.create_command_encoder(&Default::default());
-        let g = super::grid(pipeline.abi(), &d.dims);
+        let g = crate::ops::grid(pipeline.abi(), &d.dims);
         assert_eq!(g, [blocks, 1, 1]);
         pipeline
             .record(gpu, &mut encoder, &d, g)
@@ -703,7 +705,8 @@ mod tests {
             ("dbeta", &dbeta),
         ];
         run_pass(&gpu, &chain, tensors, [rows, hidden, out]);
-        let read = |t: &Tensor| crate::block_on(t.to_f32(&gpu)).unwrap_or_else(|e| panic!("{e}"));
+        let read =
+            |t: &Tensor| crate::device::block_on(t.to_f32(&gpu)).unwrap_or_else(|e| panic!("{e}"));
         let close = |got: f32, want: f64, tol: f64, what: &str| {
             assert!(
                 (f64::from(got) - want).abs() <= tol * want.abs().max(1.0),

@@ -1,4 +1,16 @@
+//! Every refusal of the runtime, one layer above the device: the tensors', the KV cache's
+//! and the tuning table's errors are defined here and re-exported where they are raised,
+//! so that every layer can return them without importing a layer above it.
+
+mod cache;
+mod tensor;
+mod tuning;
+
 use thiserror::Error;
+
+pub use cache::CacheError;
+pub use tensor::TensorError;
+pub use tuning::TuningError;
 
 /// Everything the runtime can refuse or fail at. Bad input is always an [`InputError`],
 /// found before any GPU work is submitted.
@@ -24,17 +36,17 @@ pub enum Error {
     #[error("reading results back from the GPU failed: {0}")]
     Readback(String),
     #[error(transparent)]
-    Tuning(#[from] crate::plan::tuning::TuningError),
+    Tuning(#[from] TuningError),
 }
 
-impl From<crate::ops::cache::CacheError> for Error {
-    fn from(e: crate::ops::cache::CacheError) -> Error {
+impl From<CacheError> for Error {
+    fn from(e: CacheError) -> Error {
         Error::Input(InputError::Cache(e))
     }
 }
 
-impl From<crate::tensor::TensorError> for Error {
-    fn from(e: crate::tensor::TensorError) -> Error {
+impl From<TensorError> for Error {
+    fn from(e: TensorError) -> Error {
         Error::Input(InputError::Tensor(e))
     }
 }
@@ -187,9 +199,9 @@ pub enum InputError {
         given: u32,
     },
     #[error(transparent)]
-    Tensor(#[from] crate::tensor::TensorError),
+    Tensor(#[from] TensorError),
     #[error(transparent)]
-    Cache(#[from] crate::ops::cache::CacheError),
+    Cache(#[from] CacheError),
     #[error("{what} is {value}, over the adapter's limit of {limit}")]
     OverLimit {
         what: &'static str,

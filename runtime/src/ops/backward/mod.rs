@@ -6,11 +6,14 @@ use std::str::FromStr;
 
 use attn_dsl::{Dtype, FlashConfig, KernelAbi, Masks, Scatter};
 
+mod record;
+
+pub use record::*;
+
 use crate::device::Gpu;
 use crate::dispatch::kernel::Kernel;
 use crate::dispatch::record::Pipeline;
 use crate::error::{Error, InputError};
-pub use crate::host::backward::{BackwardInput, Gradients};
 use crate::kernels::BackwardKernels;
 use crate::plan::tuning::{self, Table};
 use crate::shape::Heads;

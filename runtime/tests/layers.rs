@@ -1,0 +1,127 @@
+//! The runtime is layered, one way (the list in `src/lib.rs` says what each layer holds):
+//! fp8 and the kernel descriptions ← the device ← the errors ← tensors and shapes ← the
+//! modifier values ← dispatch ← the planner and GPU timing ← the ops ← the host-slice
+//! calls ← the harness, with `lib.rs` on top. This test reads every library source file's
+//! `crate::` paths and fails on one that points to a module of the same or a higher layer,
+//! or to a path the crate root re-exports (which would hide where it leads), so a new
+//! cycle cannot creep in.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// Each top-level module and its layer; a module may use modules of lower layers only.
+const LAYERS: &[(&str, u32)] = &[
+    ("fp8", 0),
+    ("kernels", 0),
+    ("device", 1),
+    ("error", 2),
+    ("tensor", 3),
+    ("shape", 3),
+    ("modifiers", 4),
+    ("dispatch", 5),
+    ("plan", 6),
+    ("timing", 6),
+    ("ops", 7),
+    ("host", 8),
+    ("harness", 9),
+];
+
+fn files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The top-level module a file belongs to (`None` for lib.rs and the binaries, which
+/// use the crate by its name).
+fn module_of(src: &Path, file: &Path) -> Option<String> {
+    let rel = file.strip_prefix(src).unwrap();
+    let first = rel.components().next()?.as_os_str().to_string_lossy();
+    match first.as_ref() {
+        "lib.rs" | "bin" => None,
+        f => Some(f.trim_end_matches(".rs").to_string()),
+    }
+}
+
+/// Top-level names a source text reaches through `crate::` (test modules left out: a test
+/// may drive a whole op).
+fn uses(text: &str) -> Vec<String> {
+    let text = text.split("#[cfg(test)]").next().unwrap_or(text);
+    let mut out = Vec::new();
+    for (i, _) in text.match_indices("crate::") {
+        let rest = &text[i + "crate::".len()..];
+        if let Some(group) = rest.strip_prefix('{') {
+            let inner = &group[..group.find('}').unwrap_or(group.len())];
+            out.extend(inner.split(',').map(|p| head(p.trim())));
+        } else {
+            out.push(head(rest));
+        }
+    }
+    out.retain(|m| !m.is_empty());
+    out
+}
+
+fn head(path: &str) -> String {
+    path.chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+        .collect()
+}
+
+/// A doc link (`[`crate::Error`]`) names a path without importing it.
+fn code_only(text: &str) -> String {
+    text.lines()
+        .filter(|l| !l.trim_start().starts_with("//"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn every_module_uses_only_lower_layers() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut all = Vec::new();
+    files(&src, &mut all);
+    let layer: BTreeMap<&str, u32> = LAYERS.iter().copied().collect();
+    let mut violations = Vec::new();
+    for file in &all {
+        let Some(module) = module_of(&src, file) else {
+            continue;
+        };
+        let own = *layer
+            .get(module.as_str())
+            .unwrap_or_else(|| panic!("module `{module}` has no layer in LAYERS; add it"));
+        let rel = file.strip_prefix(&src).unwrap().display().to_string();
+        let text = code_only(&std::fs::read_to_string(file).unwrap());
+        for used in uses(&text) {
+            if used == module {
+                continue;
+            }
+            match layer.get(used.as_str()) {
+                Some(&theirs) if theirs >= own => violations.push(format!(
+                    "{rel}: `{module}` (layer {own}) uses `{used}` (layer {theirs})"
+                )),
+                Some(_) => {}
+                None => violations.push(format!(
+                    "{rel}: uses crate::{used}, a re-export of the crate root; name the \
+                     module it lives in"
+                )),
+            }
+        }
+    }
+    assert!(
+        violations.is_empty(),
+        "layering violations:\n{}",
+        violations.join("\n")
+    );
+}
+
+#[test]
+fn the_reader_sees_paths_in_both_forms() {
+    let text = "use crate::{tensor::Tensor, ops::cache};\nlet x = crate::host::decode(a);\n\
+                /// [`crate::Error`]\n#[cfg(test)]\nuse crate::harness;";
+    assert_eq!(uses(&code_only(text)), ["tensor", "ops", "host"]);
+}
