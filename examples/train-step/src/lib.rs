@@ -44,8 +44,11 @@ pub struct Report {
     /// Wall time of the first step, waited for: its kernels compile here (or come from the
     /// pipeline caches).
     pub first_step: Duration,
-    /// Wall time of the other steps, from the first record to the scalar on the host.
+    /// Wall time of the other steps, from the first record until the GPU has run the last.
     pub wall: Duration,
+    /// Wall time of reading the scalar back once the steps have run: a cost of the run,
+    /// not of a step.
+    pub readback: Duration,
     /// GPU time of each step, where the adapter has timestamps.
     pub step_gpu_ms: Option<Vec<f64>>,
     /// CPU time of the later steps' recording (every op's `record`) and of their
@@ -222,13 +225,18 @@ pub fn run(c: &Config) -> Result<Report> {
             submits.push(submitting.elapsed().as_secs_f64() * 1e3);
         }
     }
-    let at = dq.offset() + dq.bytes() - 4;
-    let word = runtime::block_on(runtime::buffers::read_range(&gpu, dq.buffer(), at, 4))?;
-    let scalar = f32::from_le_bytes([word[0], word[1], word[2], word[3]]);
+    gpu.device
+        .poll(wgpu::PollType::wait_indefinitely())
+        .map_err(|e| anyhow::anyhow!("waiting for the GPU: {e}"))?;
     let wall = start.elapsed();
     if c.steps == 1 {
         first_step = wall;
     }
+    let reading = Instant::now();
+    let at = dq.offset() + dq.bytes() - 4;
+    let word = runtime::block_on(runtime::buffers::read_range(&gpu, dq.buffer(), at, 4))?;
+    let scalar = f32::from_le_bytes([word[0], word[1], word[2], word[3]]);
+    let readback = reading.elapsed();
     let step_gpu_ms = match &stamps {
         Some(spans) => Some(spans.read_ms(&gpu)?),
         None => None,
@@ -263,6 +271,7 @@ pub fn run(c: &Config) -> Result<Report> {
         setup,
         first_step,
         wall,
+        readback,
         step_gpu_ms,
         record_ms: median(records),
         submit_ms: median(submits),

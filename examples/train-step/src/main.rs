@@ -101,10 +101,11 @@ fn main() -> ExitCode {
         r.first_step.as_secs_f64() * 1e3
     );
     println!(
-        "{} later steps: {wall:.3} ms wall per step{}; read back dq[last] = {}",
+        "{} later steps: {wall:.3} ms wall per step{}; dq[last] = {}, read back in {:.3} ms",
         c.steps - 1,
         gpu.map_or(String::new(), |g| format!(", {g:.3} ms GPU (median)")),
-        r.scalar
+        r.scalar,
+        r.readback.as_secs_f64() * 1e3
     );
     println!(
         "CPU per later step (median): {:.3} ms recording, {:.3} ms in Queue::submit",
