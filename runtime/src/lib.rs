@@ -46,6 +46,7 @@ pub mod tensor;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod timing;
 
+#[cfg(feature = "harness")]
 #[doc(hidden)]
 pub mod harness;
 
@@ -58,9 +59,10 @@ pub mod backward {
 
 /// The fused LayerNorm + Linear ([`ops::layernorm`]) and its host-slice calls.
 pub mod layernorm {
-    #[cfg(not(target_arch = "wasm32"))]
+    #[cfg(all(feature = "harness", not(target_arch = "wasm32")))]
     #[doc(hidden)]
     pub use crate::harness::layernorm::{baseline, bench, check};
+    #[cfg(feature = "harness")]
     #[doc(hidden)]
     pub use crate::harness::layernorm::{judge, reference};
     pub use crate::host::layernorm::{
@@ -71,9 +73,10 @@ pub mod layernorm {
 
 // Paths the modules had before they moved to their layers.
 pub use dispatch::kernel;
-#[cfg(not(target_arch = "wasm32"))]
+#[cfg(all(feature = "harness", not(target_arch = "wasm32")))]
 #[doc(hidden)]
 pub use harness::{bench, cases, continued, kv_fp8, npy};
+#[cfg(feature = "harness")]
 #[doc(hidden)]
 pub use harness::{compare, reference};
 pub use host::{attention, buffers, decode, rope};

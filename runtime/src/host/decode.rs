@@ -492,7 +492,7 @@ impl Prepared {
     }
 
     /// The query and the cache, uploaded once, for another decode kernel to read (bench).
-    #[cfg(not(target_arch = "wasm32"))]
+    #[cfg(all(feature = "harness", not(target_arch = "wasm32")))]
     pub(crate) fn inputs(&self) -> [(&'static str, &wgpu::Buffer); 3] {
         [("q", &self.q), ("k_cache", &self.k), ("v_cache", &self.v)]
     }

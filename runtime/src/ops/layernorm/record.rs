@@ -62,8 +62,8 @@ pub(crate) struct Recording {
     reduce: Option<Pipeline>,
     /// The two-pass schedule's partials of dγ, dβ, dW and db.
     partials: [Option<Tensor>; 4],
-    /// For the bench's breakdown: record only this stage of the tensor-core backward
-    /// ([`SPLIT_STAGES`]), every stage when `None`.
+    /// For the bench's breakdown: record only this stage of the tensor-core backward (by
+    /// its index in the bench's `SPLIT_STAGES`), every stage when `None`.
     pub(crate) only: Option<usize>,
 }
 
@@ -77,8 +77,9 @@ pub(crate) struct FewRows {
     xn: Option<Tensor>,
 }
 
-/// The tensor-core backward's stages in recording order.
-#[cfg_attr(target_arch = "wasm32", allow(dead_code))]
+/// The tensor-core backward's stages in recording order, named for the bench's breakdown
+/// (their one reader).
+#[cfg(all(feature = "harness", not(target_arch = "wasm32")))]
 pub(crate) const SPLIT_STAGES: [&str; 6] = [
     "W to f16",
     "grad rows",
