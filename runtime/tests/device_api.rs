@@ -1034,3 +1034,107 @@ fn refused_continuations_leave_the_cache_and_o_as_they_were() {
     }
     assert_eq!(read(&gpu, &o), before);
 }
+
+/// Tensors of another device (made there by the runtime, or read back here) are typed
+/// errors from every op before anything is recorded: the encoder stays valid and submits.
+#[test]
+fn tensors_of_another_device_are_refused_by_every_op() {
+    use runtime::ops::convert::Convert;
+    use runtime::ops::linear::{Linear, LinearArgs, LinearSpec};
+    let (adapter, [a, b]) = two_devices();
+    let here = Gpu::from_wgpu(&adapter, a.0, a.1, []).unwrap();
+    let there = Gpu::from_wgpu(&adapter, b.0, b.1, []).unwrap();
+    let f = Scalar::F32;
+    let (n, d) = (8, 64);
+    let shape = [1, n, 2, d];
+    let [ka, va, oa] = [0; 3].map(|_| Tensor::zeros(&here, &shape, f));
+    let lse = Tensor::zeros(&here, &[1, n, 2], f);
+    let qb = Tensor::zeros(&there, &shape, f);
+    let is_foreign = |r: Result<(), Error>, what: &str| match r {
+        Err(Error::Input(InputError::Tensor(TensorError::Device { .. }))) => {}
+        other => panic!("{what}: {other:?}"),
+    };
+    let scope = here.device.push_error_scope(wgpu::ErrorFilter::Validation);
+    let mut enc = here.device.create_command_encoder(&Default::default());
+    let spec = ForwardSpec::new(d, Masks::new(true, false), Dtype::F32);
+    let mut fwd = Forward::new(&here, spec).unwrap();
+    is_foreign(
+        fwd.record(&here, &mut enc, &ForwardArgs::new(&qb, &ka, &va, &oa, &lse)),
+        "forward",
+    );
+    let positions = Tensor::from_u32(&there, &[1], &[0]).unwrap();
+    let x = qb.reshape(&[1, n, 2, d]).unwrap();
+    let args = RopeArgs {
+        x: &x,
+        positions: &positions,
+        base: 10000.0,
+    };
+    is_foreign(
+        Rope::new(d, false).unwrap().record(&here, &mut enc, &args),
+        "rope",
+    );
+    let half = Tensor::zeros(&here, &shape, Scalar::Bf16);
+    is_foreign(
+        Convert::new(Dtype::Bf16).record_to(&here, &mut enc, &qb, &half),
+        "convert",
+    );
+    let spec = LinearSpec {
+        hidden: d,
+        out: 16,
+        weights: Dtype::F32,
+        bias: false,
+    };
+    let (xl, yl) = (
+        Tensor::zeros(&there, &[2, d], f),
+        Tensor::zeros(&here, &[2, 16], f),
+    );
+    let w = Tensor::zeros(&here, &[16, d], f);
+    let args = LinearArgs {
+        x: &xl,
+        w: &w,
+        b: None,
+        y: &yl,
+    };
+    is_foreign(
+        Linear::new(&here, spec)
+            .unwrap()
+            .record(&here, &mut enc, &args),
+        "linear",
+    );
+    let spec = CacheSpec {
+        slots: 1,
+        n_kv_heads: 2,
+        head_dim: d,
+        head_dim_v: d,
+        dtype: Dtype::F32,
+        layout: CacheLayout::Contiguous { capacity: 16 },
+        kv_fp8: None,
+    };
+    let mut cache = KvCache::new(&here, spec).unwrap();
+    cache.open(&mut enc, 0).unwrap();
+    let kb = Tensor::zeros(&there, &[1, 1, 2, d], f);
+    is_foreign(cache.append(&here, &mut enc, 0, &kb, &kb), "append");
+    assert_eq!(cache.len(0), Some(0), "a refused append leaves the length");
+    let mut decode = Decode::new(&here, DecodeSpec::new(d, d, Dtype::F32)).unwrap();
+    let (q3, o3) = (
+        Tensor::zeros(&there, &[1, 4, d], f),
+        Tensor::zeros(&here, &[1, 4, d], f),
+    );
+    let args = DecodeArgs {
+        q: &q3,
+        rows: Default::default(),
+        cache: cache.view(),
+        o: &o3,
+        scale: None,
+        mods: Default::default(),
+        slice_len: None,
+    };
+    is_foreign(decode.record(&here, &mut enc, &args).map(|_| ()), "decode");
+    is_foreign(
+        qb.to_f32(&here).block_on().map(|_| ()),
+        "a readback on the wrong device",
+    );
+    here.queue.submit([enc.finish()]);
+    let error = scope.pop().block_on();
+    assert!(error.is_none(), "the encoder was invalidated: {error:?}");
+}

@@ -19,6 +19,9 @@ pub use crate::error::TensorError;
 #[derive(Clone, Debug)]
 pub struct Tensor {
     buffer: wgpu::Buffer,
+    /// The device the buffer belongs to (made there, or found there by [`Tensor::wrap`]):
+    /// every binding compares it with the op's, since wgpu panics on a foreign buffer.
+    device: wgpu::Device,
     offset: u64,
     shape: Vec<u32>,
     scalar: Scalar,
@@ -52,6 +55,7 @@ impl Tensor {
     ) -> Result<Tensor, TensorError> {
         let tensor = Tensor {
             buffer: buffer.clone(),
+            device: gpu.device.clone(),
             offset,
             shape: shape.to_vec(),
             scalar,
@@ -73,6 +77,7 @@ impl Tensor {
         });
         Tensor {
             buffer,
+            device: gpu.device.clone(),
             offset: 0,
             shape: shape.to_vec(),
             scalar,
@@ -132,6 +137,7 @@ impl Tensor {
             });
         Tensor {
             buffer,
+            device: gpu.device.clone(),
             offset: 0,
             shape: shape.to_vec(),
             scalar,
@@ -217,6 +223,7 @@ impl Tensor {
 
     /// Bounds, usage, alignment and size of a storage binding of this tensor on `gpu`.
     pub(crate) fn check_binding(&self, gpu: &Gpu, name: &str) -> Result<(), TensorError> {
+        self.check_device(gpu, name)?;
         let size = self.buffer.size();
         let bytes = self.binding_bytes();
         if self.offset.checked_add(bytes).is_none_or(|end| end > size) {
@@ -253,9 +260,23 @@ impl Tensor {
         Ok(())
     }
 
+    /// Whether the tensor lives on `gpu`'s device (wgpu panics on a buffer of another).
+    pub(crate) fn check_device(&self, gpu: &Gpu, name: &str) -> Result<(), TensorError> {
+        match self.device == gpu.device {
+            true => Ok(()),
+            false => Err(TensorError::Device {
+                name: name.into(),
+                message: "it was made on (or wrapped for) another device than this op's \
+                          `Gpu`; create it on this one"
+                    .into(),
+            }),
+        }
+    }
+
     /// Whether the buffer can be cleared or copied into (ops that overwrite an output
     /// clear it first).
-    pub(crate) fn check_copy_dst(&self, name: &str) -> Result<(), TensorError> {
+    pub(crate) fn check_copy_dst(&self, gpu: &Gpu, name: &str) -> Result<(), TensorError> {
+        self.check_device(gpu, name)?;
         match self.buffer.usage().contains(wgpu::BufferUsages::COPY_DST) {
             true => Ok(()),
             false => Err(TensorError::Usage {
@@ -297,6 +318,7 @@ impl Tensor {
     }
 
     async fn read_bytes(&self, gpu: &Gpu) -> Result<Vec<u8>, Error> {
+        self.check_device(gpu, "the tensor read back")?;
         let mut bytes =
             readback::read_range(gpu, &self.buffer, self.offset, self.binding_bytes()).await?;
         bytes.truncate(self.bytes() as usize);

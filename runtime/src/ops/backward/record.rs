@@ -234,7 +234,7 @@ impl Backward {
                 .chain(args.dsinks.map(|t| ("dsinks", t)))
                 .chain(args.flex_grads.iter().copied())
             {
-                t.check_copy_dst(name)?;
+                t.check_copy_dst(gpu, name)?;
             }
         }
         // The kernels add a modifier tensor's gradient into a compensated sum, folded into the

@@ -312,7 +312,7 @@ impl LayerNormLinear {
                     partials.push((*name, grown(gpu, held, &[n], f)?));
                 }
                 false => {
-                    t.check_copy_dst(name)?;
+                    t.check_copy_dst(gpu, name)?;
                     partials.push((*name, (*t).clone()));
                 }
             }
