@@ -123,3 +123,31 @@ fn the_reader_sees_paths_in_both_forms() {
     let text = "use crate::{spec::Op, layout::rows};\nlet x = crate::emit::emit(a);";
     assert_eq!(uses(text), ["spec", "layout", "emit"]);
 }
+
+/// WGSL is built from `Template`s and `Fragment`s: no emitter edits text it already wrote
+/// (`.replace(` on a kernel's text substitutes blindly, in comments and names alike). The
+/// writer itself is the one place that fills holes.
+#[test]
+fn no_emitter_rewrites_its_text() {
+    let emit = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/emit");
+    let mut all = Vec::new();
+    files(&emit, &mut all);
+    let offenders: Vec<String> = all
+        .iter()
+        .filter(|f| !f.ends_with("writer.rs"))
+        .flat_map(|f| {
+            let text = std::fs::read_to_string(f).unwrap();
+            let name = f.strip_prefix(&emit).unwrap().display().to_string();
+            text.lines()
+                .enumerate()
+                .filter(|(_, l)| l.contains(".replace("))
+                .map(|(i, _)| format!("{name}:{}", i + 1))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(
+        offenders.is_empty(),
+        "`.replace(` in the emitter (fill a Template instead): {}",
+        offenders.join(", ")
+    );
+}

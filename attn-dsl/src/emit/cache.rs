@@ -5,7 +5,7 @@
 //! takes the rows as they are; an fp8 cache takes each value divided by its KV head's scale,
 //! rounded to nearest even and saturated (`narrow_kv4`).
 
-use super::writer::Wgsl;
+use super::writer::{Fragment, Template, Wgsl};
 use std::fmt::Write;
 
 use crate::spec::{Cache, KernelSpec};
@@ -65,15 +65,22 @@ fn cache_row(slot: u32, j: u32, kv_h: u32) -> u32 {
 ";
 
 /// One new row's vec4 `rest` of `[kv_h, d]`: where it goes and what it stores, for one width.
-const ONE_WIDTH_COPY: &str = "        let kv_h = rest / V4;
+const ONE_WIDTH_COPY: Template = Template {
+    name: "append_one_width",
+    needs: &[],
+    text: "        let kv_h = rest / V4;
         let to = cache4_index(slot, start + s, kv_h) + rest % V4;
         let src = (batch * dims.n_new + s) * per_row + rest;
         k_cache[to] = $k;
         v_cache[to] = $v;
-";
+",
+};
 
 /// Rows of two widths: vec4 `rest` of `[kv_h, K's QK4 then V's V4]`, the K or the V one.
-const TWO_WIDTH_COPY: &str = "        let kv_h = rest / KV4;
+const TWO_WIDTH_COPY: Template = Template {
+    name: "append_two_widths",
+    needs: &[],
+    text: "        let kv_h = rest / KV4;
         let c = rest % KV4;
         let row = cache_row(slot, start + s, kv_h);
         if (c < QK4) {
@@ -83,7 +90,8 @@ const TWO_WIDTH_COPY: &str = "        let kv_h = rest / KV4;
             let src = ((batch * dims.n_new + s) * dims.n_kv_heads + kv_h) * V4 + c - QK4;
             v_cache[row * V4 + c - QK4] = $v;
         }
-";
+",
+};
 
 pub(super) fn append(out: &mut Wgsl, spec: &KernelSpec) {
     let split = spec.split_dims();
@@ -108,7 +116,9 @@ pub(super) fn append(out: &mut Wgsl, spec: &KernelSpec) {
         false => ("V4", ONE_WIDTH_COPY),
         true => ("KV4", TWO_WIDTH_COPY),
     };
-    let copy = copy.replace("$k", k).replace("$v", v);
+    let copy = copy
+        .fill([("k", Fragment::from(k)), ("v", Fragment::from(v))])
+        .text;
     let _ = write!(
         out,
         r#"

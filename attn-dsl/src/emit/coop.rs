@@ -732,9 +732,9 @@ fn softmax(b: &mut String, lanes: u32, keys: u32, scaled: bool, full: (&str, &st
     let (full, close) = full;
     // With bf16 operands S holds Q'·K'ᵀ: each row's and each key's scale undo the
     // conversion.
-    let scale = match scaled {
-        true => " * qs * sh_ks[x_{c}]",
-        false => "",
+    let scale = |c: u32| match scaled {
+        true => format!(" * qs * sh_ks[x_{c}]"),
+        false => String::new(),
     };
     for c in 0..keys {
         let _ = writeln!(
@@ -743,7 +743,7 @@ fn softmax(b: &mut String, lanes: u32, keys: u32, scaled: bool, full: (&str, &st
              let v_{c} = j_{c} >= lo && j_{c} < hi && {full}key_visible(row, h, j_{c}){close};\n        \
              let s_{c} = select(NEG_BIG, score(row, h, j_{c}, sh_s[r * SS + x_{c}]{}), v_{c});",
             c * lanes,
-            scale.replace("{c}", &c.to_string())
+            scale(c)
         );
     }
     let _ = write!(

@@ -515,17 +515,19 @@ fn flush_add(
 ) {
     let ind = "                ";
     for n in 0..tiling.dn {
-        let mut add = format!(
-            "let {t}at_{n} = {base} + (tx + {n}u * TX) * 4u;\n\
-             {ind}let {t}old_{n} = vec4<f32>({t}[{t}at_{n}], {t}[{t}at_{n} + 1u], {t}[{t}at_{n} + 2u], {t}[{t}at_{n} + 3u]);\n\
-             {ind}let {t}new_{n} = {t}old_{n} + {t}_{i}_{n};\n\
-             {ind}{t}_{i}_{n} = two_sum_err4({t}old_{n}, {t}_{i}_{n}, {t}new_{n});"
-        );
+        let mut lines = vec![
+            format!("let {t}at_{n} = {base} + (tx + {n}u * TX) * 4u;"),
+            format!(
+                "let {t}old_{n} = vec4<f32>({t}[{t}at_{n}], {t}[{t}at_{n} + 1u], {t}[{t}at_{n} + 2u], {t}[{t}at_{n} + 3u]);"
+            ),
+            format!("let {t}new_{n} = {t}old_{n} + {t}_{i}_{n};"),
+            format!("{t}_{i}_{n} = two_sum_err4({t}old_{n}, {t}_{i}_{n}, {t}new_{n});"),
+        ];
         for (k, c) in ["x", "y", "z", "w"].iter().enumerate() {
-            let _ = write!(add, "\n{ind}{t}[{t}at_{n} + {k}u] = {t}new_{n}.{c};");
+            lines.push(format!("{t}[{t}at_{n} + {k}u] = {t}new_{n}.{c};"));
         }
         let guarded = match index::within(spec, width, &format!("(tx + {n}u * TX) * 4u")) {
-            None => tiling.guarded(n, &add, ind),
+            None => tiling.guarded(n, &lines.join(&format!("\n{ind}")), ind),
             Some(c) => {
                 let cond = match tiling.column_guard(n) {
                     Some(g) => format!("{g} && {c}"),
@@ -533,7 +535,7 @@ fn flush_add(
                 };
                 format!(
                     "if ({cond}) {{\n{ind}    {}\n{ind}}}",
-                    add.replace('\n', "\n    ")
+                    lines.join(&format!("\n{ind}    "))
                 )
             }
         };

@@ -4,7 +4,7 @@
 
 use std::fmt::Write;
 
-use super::writer::Wgsl;
+use super::writer::{Fragment, Template, Wgsl};
 use crate::flex::{Dim, Expr, Flex, Func, Kind, Lit, TensorDecl, derive};
 
 /// How a kernel spells what a modifier names: each variable (`score`, b, h, q, k), e.g.
@@ -108,7 +108,10 @@ pub(super) fn grad_functions(out: &mut Wgsl, spec: &crate::spec::KernelSpec, fle
         let reads = derive::d_tensor(e, &t.name).expect("checked: the tensor differentiates");
         for (r, read) in reads.iter().enumerate() {
             let p = format!("flex_{grad}_{r}");
-            out.push_str(&HELD.replace("$p", &p).replace("$grad", grad));
+            let names = ["at", "lane", "sum", "add", "flush"].map(|s| format!("{p}_{s}"));
+            let holes = ["p_at", "p_lane", "p_sum", "p_add", "p_flush"];
+            let fills = holes.into_iter().zip(names.map(Fragment::from));
+            out.put(HELD.fill(fills.chain([("grad", Fragment::from(grad.clone()))])));
             // Lanes by query row: the pairs of one element in a tile sit on different rows.
             let _ = write!(
                 body,
@@ -135,7 +138,10 @@ pub(super) fn grad_functions(out: &mut Wgsl, spec: &crate::spec::KernelSpec, fle
 /// invocation's pairs land on one element (most of a T5 table's pairs land on its last
 /// distance) and added by atomics when they move on. The atomics on one element fall from
 /// one per pair to about one per invocation.
-const HELD: &str = "var<private> $p_at: u32 = 0xffffffffu;
+const HELD: Template = Template {
+    name: "flex_grad_held",
+    needs: &[],
+    text: "var<private> $p_at: u32 = 0xffffffffu;
 var<private> $p_lane: u32;
 var<private> $p_sum: vec2<f32>;
 
@@ -157,7 +163,8 @@ fn $p_flush() {
     $p_sum = vec2<f32>(0.0);
 }
 
-";
+",
+};
 
 /// The call that adds what an invocation still holds of the modifier tensors' gradients,
 /// for the end of a backward kernel's entry point; empty where `spec` writes none.

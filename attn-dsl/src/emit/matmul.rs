@@ -66,6 +66,8 @@ pub(super) fn body(out: &mut Wgsl, spec: &KernelSpec) {
 /// `fetch_{name}(e, k0, kend, o0)`: vec4 `e` of the operand's slice from reduction index
 /// k0 (zeros from `kend`) for the block's outputs from o0; `put_{name}(e, v)`: it, staged.
 fn operand(out: &mut Wgsl, name: &str, along: Along, (block, len): (&str, &str)) {
+    // The operand's row stride in workgroup memory.
+    let stride = if name == "a" { "SA" } else { "SB" };
     let (fetch, at) = match along {
         Along::Reduction => (
             format!(
@@ -73,7 +75,7 @@ fn operand(out: &mut Wgsl, name: &str, along: Along, (block, len): (&str, &str))
                  let kk = k0 + (e % (BK / 4u)) * 4u;\n    \
                  let v = {name}[(o * dims.k + min(kk, dims.k - 4u)) / 4u];"
             ),
-            "(e / (BK / 4u)) * S + (e % (BK / 4u)) * 4u".to_string(),
+            format!("(e / (BK / 4u)) * {stride} + (e % (BK / 4u)) * 4u"),
         ),
         Along::Output => (
             format!(
@@ -81,11 +83,9 @@ fn operand(out: &mut Wgsl, name: &str, along: Along, (block, len): (&str, &str))
                  let o = min(o0 + (e % ({block} / 4u)) * 4u, dims.{len} - 4u);\n    \
                  let v = {name}[(min(kk, dims.k - 1u) * dims.{len} + o) / 4u];"
             ),
-            format!("(e / ({block} / 4u)) * S + (e % ({block} / 4u)) * 4u"),
+            format!("(e / ({block} / 4u)) * {stride} + (e % ({block} / 4u)) * 4u"),
         ),
     };
-    let stride = if name == "a" { "SA" } else { "SB" };
-    let at = at.replace(" S ", &format!(" {stride} "));
     let _ = write!(
         out,
         "fn fetch_{name}(e: u32, k0: u32, kend: u32, o0: u32) -> vec4<f16> {{\n    \
