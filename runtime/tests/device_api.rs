@@ -644,6 +644,10 @@ fn refused_cache_changes_leave_it_as_it_was() {
     assert_eq!((cache.len(1), cache.free_pages()), (None, 2));
     let e = cache_err(cache.append(&gpu, &mut enc, 1, &rows(1, 1), &rows(1, 1)));
     assert_eq!(e, CacheError::Free { slot: 1 });
+    assert_eq!(
+        cache.free(&mut enc, 1),
+        Err(CacheError::AlreadyFree { slot: 1 })
+    );
     submit(&gpu, enc);
     assert_eq!(
         runtime::block_on(cache.lengths().to_u32(&gpu)).unwrap(),

@@ -9,6 +9,8 @@ pub enum CacheError {
     Slots { first: u32, end: u32, slots: u32 },
     #[error("slot {slot} is free; open it (KvCache::open) before appending to it")]
     Free { slot: u32 },
+    #[error("slot {slot} is already free; only an open slot can be freed")]
+    AlreadyFree { slot: u32 },
     #[error("slot {slot} is already open; free it first to start a new sequence there")]
     Open { slot: u32 },
     #[error("slot {slot} holds {len} rows and {adding} more would pass its capacity of {capacity}")]

@@ -301,7 +301,7 @@ impl KvCache {
         self.check_slots(slot..slot + 1)?;
         let s = &mut self.slots[slot as usize];
         if !s.open {
-            return Err(CacheError::Free { slot });
+            return Err(CacheError::AlreadyFree { slot });
         }
         self.free_pages.extend(s.pages.drain(..).rev());
         *s = Slot::default();
