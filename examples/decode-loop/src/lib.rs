@@ -45,8 +45,24 @@ pub struct Config {
     pub sync: bool,
     /// Compare with the f64 host reference.
     pub check: bool,
+    /// Time each op of a step on its own (timestamps between them), where the adapter has
+    /// timestamps.
+    pub profile: bool,
     pub seed: u64,
 }
+
+/// The ops of a decode step, in recording order, as `Report::op_gpu_ms` names them.
+pub const STEP_OPS: [&str; 9] = [
+    "Q projection (LayerNorm + Linear)",
+    "K projection",
+    "V projection",
+    "RoPE on Q and K",
+    "Q, K, V to the cache dtype",
+    "append to the cache",
+    "decode (split pass + reduce)",
+    "O from the cache dtype",
+    "O projection",
+];
 
 /// What a run measured.
 #[derive(Clone, Debug)]
@@ -64,6 +80,9 @@ pub struct Report {
     pub check: Option<(f64, f64)>,
     /// Pipelines compiled for the whole run.
     pub pipelines: u64,
+    /// With `profile`: each op's GPU time ([`STEP_OPS`]), median ms over the steps after
+    /// the first.
+    pub op_gpu_ms: Option<Vec<f64>>,
 }
 
 impl Report {
@@ -396,6 +415,11 @@ pub fn run(c: &Config) -> Result<Report> {
         o32.view(&[b, width])?,
     );
     let stamps = runtime::timing::Spans::new(&gpu, c.tokens);
+    let n_ops = STEP_OPS.len() as u32;
+    let profile = match c.profile {
+        true => runtime::timing::Spans::new(&gpu, c.tokens * n_ops),
+        false => None,
+    };
     let mut step_wall = Vec::with_capacity(c.tokens as usize);
     let start = Instant::now();
     for t in 0..c.tokens {
@@ -404,13 +428,21 @@ pub fn run(c: &Config) -> Result<Report> {
         if let Some(spans) = &stamps {
             spans.mark(&mut enc, t, false);
         }
+        let ops = OpSpans(profile.as_ref(), t);
         let x = &xs[(t % 2) as usize];
+        ops.mark(&mut enc, 0, false);
         layer.q.record(&gpu, &mut enc, x, &q1, &layer.saved)?;
+        ops.mark(&mut enc, 0, true);
+        ops.mark(&mut enc, 1, false);
         layer.k.record(&gpu, &mut enc, x, &k1, &layer.saved)?;
+        ops.mark(&mut enc, 1, true);
+        ops.mark(&mut enc, 2, false);
         layer.v.record(&gpu, &mut enc, x, &v1, &layer.saved)?;
+        ops.mark(&mut enc, 2, true);
         let q4 = q1.reshape(&[b, 1, h.n_heads, h.head_dim])?;
         let k4 = k1.reshape(&[b, 1, h.n_kv_heads, h.head_dim])?;
         let v4 = v1.reshape(&[b, 1, h.n_kv_heads, h.head_dim])?;
+        ops.mark(&mut enc, 3, false);
         for x in [&q4, &k4] {
             let args = RopeArgs {
                 x,
@@ -419,10 +451,15 @@ pub fn run(c: &Config) -> Result<Report> {
             };
             layer.rope.record(&gpu, &mut enc, &args)?;
         }
+        ops.mark(&mut enc, 3, true);
+        ops.mark(&mut enc, 4, false);
         let qd = in_dtype(&gpu, &mut enc, &mut layer.convert, &q4, c.dtype, &qh)?;
         let kd = in_dtype(&gpu, &mut enc, &mut layer.convert, &k4, c.dtype, &kh)?;
         let vd = in_dtype(&gpu, &mut enc, &mut layer.convert, &v4, c.dtype, &vh)?;
+        ops.mark(&mut enc, 4, true);
+        ops.mark(&mut enc, 5, false);
         cache.append(&gpu, &mut enc, 0, &kd, &vd)?;
+        ops.mark(&mut enc, 5, true);
         let o3 = match c.dtype {
             Dtype::F32 => o1.reshape(&[b, h.n_heads, h.head_dim])?,
             _ => oh.view(&[b, h.n_heads, h.head_dim])?,
@@ -436,12 +473,17 @@ pub fn run(c: &Config) -> Result<Report> {
             mods: Default::default(),
             slice_len: None,
         };
+        ops.mark(&mut enc, 6, false);
         decode.record(&gpu, &mut enc, &args)?;
+        ops.mark(&mut enc, 6, true);
+        ops.mark(&mut enc, 7, false);
         if c.dtype != Dtype::F32 {
             layer
                 .convert
                 .record_from(&gpu, &mut enc, &o3, &o1.reshape(o3.shape())?)?;
         }
+        ops.mark(&mut enc, 7, true);
+        ops.mark(&mut enc, 8, false);
         layer.o.record(
             &gpu,
             &mut enc,
@@ -449,6 +491,7 @@ pub fn run(c: &Config) -> Result<Report> {
             &xs[((t + 1) % 2) as usize],
             &layer.saved,
         )?;
+        ops.mark(&mut enc, 8, true);
         if let Some(spans) = &stamps {
             spans.mark(&mut enc, t, true);
         }
@@ -464,6 +507,10 @@ pub fn run(c: &Config) -> Result<Report> {
         Some(spans) => Some(spans.read_ms(&gpu)?),
         None => None,
     };
+    let op_gpu_ms = match &profile {
+        Some(spans) => Some(op_medians(&spans.read_ms(&gpu)?, n_ops as usize)),
+        None => None,
+    };
     let out = runtime::block_on(xs[(c.tokens % 2) as usize].to_f32(&gpu))?;
     let check = match c.check {
         true => Some(compare(&out, &host_reference(c, &layer, &x0))),
@@ -477,8 +524,33 @@ pub fn run(c: &Config) -> Result<Report> {
         step_gpu_ms,
         check,
         pipelines: gpu.pipelines_created(),
+        op_gpu_ms,
     }
     .with_tolerance(c.dtype))
+}
+
+/// The timestamps of one step's ops, where `--profile` asked for them.
+struct OpSpans<'a>(Option<&'a runtime::timing::Spans>, u32);
+
+impl OpSpans<'_> {
+    fn mark(&self, enc: &mut wgpu::CommandEncoder, op: u32, end: bool) {
+        if let Some(spans) = self.0 {
+            spans.mark(enc, self.1 * STEP_OPS.len() as u32 + op, end);
+        }
+    }
+}
+
+/// Each op's median over the steps after the first, from spans laid out step by step.
+fn op_medians(spans: &[f64], n_ops: usize) -> Vec<f64> {
+    let steps = spans.len() / n_ops;
+    let from = usize::from(steps > 1);
+    (0..n_ops)
+        .map(|op| {
+            let mut v: Vec<f64> = (from..steps).map(|t| spans[t * n_ops + op]).collect();
+            v.sort_by(f64::total_cmp);
+            v.get(v.len() / 2).copied().unwrap_or(0.0)
+        })
+        .collect()
 }
 
 impl Report {

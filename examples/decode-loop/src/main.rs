@@ -47,6 +47,10 @@ struct Args {
     /// Wait for each step before recording the next (latency rather than throughput).
     #[arg(long)]
     sync: bool,
+    /// Time each op of a step on its own (timestamps between them) and print the
+    /// breakdown.
+    #[arg(long)]
+    profile: bool,
     /// Skip the f64 host reference (it is slow for long caches).
     #[arg(long)]
     no_check: bool,
@@ -80,6 +84,7 @@ fn main() -> ExitCode {
         weights: args.weights,
         page_size: args.page_size,
         sync: args.sync,
+        profile: args.profile,
         check: !args.no_check,
         seed: args.seed,
     };
@@ -156,6 +161,13 @@ fn print(c: &Config, r: &Report) {
             "GPU time per step (median): {g:.3} ms; wall / GPU: {:.2}",
             per_step / g
         );
+    }
+    if let Some(ops) = &r.op_gpu_ms {
+        println!("GPU time per op (median of the later steps, timestamps between the ops):");
+        for (name, ms) in decode_loop::STEP_OPS.iter().zip(ops) {
+            println!("  {name:<36} {ms:.4} ms");
+        }
+        println!("  {:<36} {:.4} ms", "sum", ops.iter().sum::<f64>());
     }
     println!("pipelines compiled: {}", r.pipelines);
     match r.check {

@@ -21,6 +21,7 @@ fn config(dtype: Dtype, page_size: Option<u32>) -> Config {
         weights: Dtype::F32,
         page_size,
         sync: false,
+        profile: false,
         check: true,
         seed: 3,
     }
@@ -58,4 +59,21 @@ fn a_cache_too_short_for_the_run_is_refused() {
     assert!(err.contains("raise --capacity"), "{err}");
     let err = run(&config(Dtype::F32, Some(0))).unwrap_err().to_string();
     assert!(err.contains("--page-size must be at least 1"), "{err}");
+}
+
+#[test]
+fn a_profiled_run_times_each_op_of_a_step() {
+    let report = run(&Config {
+        profile: true,
+        ..config(Dtype::F16, None)
+    })
+    .unwrap();
+    let (err, tol) = report.check.unwrap();
+    assert!(err <= tol, "profiled: {err} over {tol}");
+    // Timestamps between the ops where the adapter has them for the steps too.
+    assert_eq!(report.op_gpu_ms.is_some(), report.step_gpu_ms.is_some());
+    if let Some(ops) = &report.op_gpu_ms {
+        assert_eq!(ops.len(), decode_loop::STEP_OPS.len());
+        assert!(ops.iter().all(|ms| ms.is_finite() && *ms >= 0.0), "{ops:?}");
+    }
 }
