@@ -15,10 +15,10 @@ pub struct Timing {
 }
 
 /// Runs `steps` `warmup` times untimed (at least once: that run's time sizes the
-/// spin-up), then for about [`SPIN_UP_MS`] of GPU time back to back, then `runs` times
+/// spin-up), then for about `SPIN_UP_MS` of GPU time back to back, then `runs` times
 /// timed; each run's time is from the first pass's start to the last pass's end.
 ///
-/// An attempt whose median is over [`UNSTEADY`] times its fastest run is made again (at
+/// An attempt whose median is over `UNSTEADY` times its fastest run is made again (at
 /// most twice more) and the one with the lowest median kept: on an H100 the first rows timed after a batch
 /// of pipelines was created ran 3-4x slow in most of their runs, and those runs alone.
 pub fn time(gpu: &Gpu, steps: &[Step], warmup: usize, runs: usize) -> Result<Timing, Error> {

@@ -1,7 +1,7 @@
 //! FlexAttention-style modifier expressions: the small, closed language of a
 //! user's `score_mod: |score, b, h, q, k| ..` and `mask_mod: |b, h, q, k| ..`. This module
 //! holds the expression tree, its types ([`typing`]), its derivative with respect to the
-//! score ([`derive`]) and an f64 evaluator ([`eval`]) for the CPU reference; the WGSL
+//! score ([`derive`](mod@derive)) and an f64 evaluator ([`eval`]) for the CPU reference; the WGSL
 //! lowering is the emitter's (`emit::flex`). The macro parses Rust syntax into [`Expr`],
 //! carrying each token's span as `S`, so that every error points at its token.
 //!

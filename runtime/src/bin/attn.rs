@@ -2,6 +2,9 @@
 //! the document starts) from `.npy` files, runs the forward and, given dO, the backward,
 //! and writes O, LSE, dQ, dK, dV as `.npy`.
 
+// The argument docs below are the tool's --help text, written as plain text for a terminal
+// (`[batch, seq]`, `d<name>.npy`), not as rustdoc markup.
+#![allow(rustdoc::broken_intra_doc_links, rustdoc::invalid_html_tags)]
 // The command-line tools are native; in a browser the page in examples/web runs the kernels.
 #![cfg_attr(target_arch = "wasm32", no_main)]
 #![cfg(not(target_arch = "wasm32"))]

@@ -382,7 +382,7 @@ pub fn cast<T: Float>(x: &[f32]) -> Vec<T> {
 /// Leaves of [`pairwise`]: summed one term at a time, as a blocked kernel sums a block.
 const PAIRWISE_LEAF: usize = 8;
 
-/// `Σ term(i)` for `i` in `0..n`, summed pairwise: leaves of [`PAIRWISE_LEAF`] terms in
+/// `Σ term(i)` for `i` in `0..n`, summed pairwise: leaves of `PAIRWISE_LEAF` terms in
 /// order, then halves added recursively, so each term passes through O(log n) roundings.
 pub fn pairwise<T: Float>(n: usize, term: &impl Fn(usize) -> T) -> T {
     fn range<T: Float>(lo: usize, hi: usize, term: &impl Fn(usize) -> T) -> T {

@@ -963,7 +963,7 @@ const COPY_BYTES: u64 = 256 << 20;
 /// granularity.
 const COPIES: u32 = 4;
 
-/// A copy kernel: each invocation loads `UNROLL` vec4<u32>s, `WG` apart, before storing
+/// A copy kernel: each invocation loads `UNROLL` `vec4<u32>`s, `WG` apart, before storing
 /// any, so several loads are in flight per invocation as in a decode.
 const COPY_WGSL: &str = "
 const WG: u32 = 256u;

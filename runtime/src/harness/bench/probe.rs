@@ -87,7 +87,7 @@ pub fn resident_workgroups(gpu: &Gpu) -> Result<u32, Error> {
 }
 
 /// The largest workgroup count up to `max` whose dispatch takes one wave's time (under
-/// [`ONE_WAVE`] times one workgroup's), by `time(n)`: doubling until a count takes longer,
+/// `ONE_WAVE` times one workgroup's), by `time(n)`: doubling until a count takes longer,
 /// then bisecting between the last count that did not and that one.
 pub fn knee(mut time: impl FnMut(u32) -> Result<f64, Error>, max: u32) -> Result<u32, Error> {
     let one = time(1)?;

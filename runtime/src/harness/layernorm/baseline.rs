@@ -18,7 +18,7 @@ use crate::dispatch::kernel::Kernel;
 use crate::error::Error;
 
 /// The shape uniform every baseline kernel binds: C[m, n] = Σ_k A[m·sam + k·sak] ·
-/// B[k·sbk + n·sbn] (+ bias[n] when `bias` ≠ 0); the LayerNorm kernels read m (rows) and
+/// `B[k·sbk + n·sbn]` (+ `bias[n]` when `bias` ≠ 0); the LayerNorm kernels read m (rows) and
 /// k (hidden).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
