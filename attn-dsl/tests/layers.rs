@@ -5,8 +5,13 @@
 //! source file's `crate::` paths and fails on an edge that points up (or sideways between
 //! modules not allowed to meet), so a new cycle cannot creep in.
 
+#[path = "common/crate_paths.rs"]
+mod crate_paths;
+
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+use crate_paths::{files, uses};
 
 /// Each top-level module and its layer; a module may use modules of lower layers only.
 const LAYERS: &[(&str, u32)] = &[
@@ -24,17 +29,6 @@ const LAYERS: &[(&str, u32)] = &[
     ("row_layer", 8),
 ];
 
-fn files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
-}
-
 /// The top-level module a file belongs to (`None` for lib.rs).
 fn module_of(src: &Path, file: &Path) -> Option<String> {
     let rel = file.strip_prefix(src).unwrap();
@@ -48,30 +42,6 @@ fn module_of(src: &Path, file: &Path) -> Option<String> {
         "lib.rs" => None,
         f => Some(f.trim_end_matches(".rs").to_string()),
     }
-}
-
-/// Top-level modules a source text names through `crate::` (test modules left out: a
-/// test may compile a whole kernel).
-fn uses(text: &str) -> Vec<String> {
-    let text = text.split("#[cfg(test)]").next().unwrap_or(text);
-    let mut out = Vec::new();
-    for (i, _) in text.match_indices("crate::") {
-        let rest = &text[i + "crate::".len()..];
-        if let Some(group) = rest.strip_prefix('{') {
-            let inner = &group[..group.find('}').unwrap_or(group.len())];
-            out.extend(inner.split(',').map(|p| head(p.trim())));
-        } else {
-            out.push(head(rest));
-        }
-    }
-    out.retain(|m| !m.is_empty());
-    out
-}
-
-fn head(path: &str) -> String {
-    path.chars()
-        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-        .collect()
 }
 
 #[test]
@@ -116,12 +86,6 @@ fn every_module_uses_only_lower_layers() {
         "layering violations:\n{}",
         violations.join("\n")
     );
-}
-
-#[test]
-fn the_reader_sees_paths_in_both_forms() {
-    let text = "use crate::{spec::Op, layout::rows};\nlet x = crate::emit::emit(a);";
-    assert_eq!(uses(text), ["spec", "layout", "emit"]);
 }
 
 /// WGSL is built from `Template`s and `Fragment`s: no emitter edits text it already wrote

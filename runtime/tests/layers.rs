@@ -6,8 +6,13 @@
 //! or to a path the crate root re-exports (which would hide where it leads), so a new
 //! cycle cannot creep in.
 
+#[path = "../../attn-dsl/tests/common/crate_paths.rs"]
+mod crate_paths;
+
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+use crate_paths::{files, uses};
 
 /// Each top-level module and its layer; a module may use modules of lower layers only.
 const LAYERS: &[(&str, u32)] = &[
@@ -26,17 +31,6 @@ const LAYERS: &[(&str, u32)] = &[
     ("harness", 9),
 ];
 
-fn files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
-}
-
 /// The top-level module a file belongs to (`None` for lib.rs and the binaries, which
 /// use the crate by its name).
 fn module_of(src: &Path, file: &Path) -> Option<String> {
@@ -46,38 +40,6 @@ fn module_of(src: &Path, file: &Path) -> Option<String> {
         "lib.rs" | "bin" => None,
         f => Some(f.trim_end_matches(".rs").to_string()),
     }
-}
-
-/// Top-level names a source text reaches through `crate::` (test modules left out: a test
-/// may drive a whole op).
-fn uses(text: &str) -> Vec<String> {
-    let text = text.split("#[cfg(test)]").next().unwrap_or(text);
-    let mut out = Vec::new();
-    for (i, _) in text.match_indices("crate::") {
-        let rest = &text[i + "crate::".len()..];
-        if let Some(group) = rest.strip_prefix('{') {
-            let inner = &group[..group.find('}').unwrap_or(group.len())];
-            out.extend(inner.split(',').map(|p| head(p.trim())));
-        } else {
-            out.push(head(rest));
-        }
-    }
-    out.retain(|m| !m.is_empty());
-    out
-}
-
-fn head(path: &str) -> String {
-    path.chars()
-        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-        .collect()
-}
-
-/// A doc link (`[`crate::Error`]`) names a path without importing it.
-fn code_only(text: &str) -> String {
-    text.lines()
-        .filter(|l| !l.trim_start().starts_with("//"))
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 #[test]
@@ -95,7 +57,7 @@ fn every_module_uses_only_lower_layers() {
             .get(module.as_str())
             .unwrap_or_else(|| panic!("module `{module}` has no layer in LAYERS; add it"));
         let rel = file.strip_prefix(&src).unwrap().display().to_string();
-        let text = code_only(&std::fs::read_to_string(file).unwrap());
+        let text = std::fs::read_to_string(file).unwrap();
         for used in uses(&text) {
             if used == module {
                 continue;
@@ -117,11 +79,4 @@ fn every_module_uses_only_lower_layers() {
         "layering violations:\n{}",
         violations.join("\n")
     );
-}
-
-#[test]
-fn the_reader_sees_paths_in_both_forms() {
-    let text = "use crate::{tensor::Tensor, ops::cache};\nlet x = crate::host::decode(a);\n\
-                /// [`crate::Error`]\n#[cfg(test)]\nuse crate::harness;";
-    assert_eq!(uses(&code_only(text)), ["tensor", "ops", "host"]);
 }
