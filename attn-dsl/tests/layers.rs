@@ -11,7 +11,7 @@ mod crate_paths;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use crate_paths::{files, uses};
+use crate_paths::{files, module_of, uses};
 
 /// Each top-level module and its layer; a module may use modules of lower layers only.
 const LAYERS: &[(&str, u32)] = &[
@@ -28,21 +28,6 @@ const LAYERS: &[(&str, u32)] = &[
     ("manifest", 7),
     ("row_layer", 8),
 ];
-
-/// The top-level module a file belongs to (`None` for lib.rs).
-fn module_of(src: &Path, file: &Path) -> Option<String> {
-    let rel = file.strip_prefix(src).unwrap();
-    let first = rel
-        .components()
-        .next()?
-        .as_os_str()
-        .to_string_lossy()
-        .into_owned();
-    match first.as_str() {
-        "lib.rs" => None,
-        f => Some(f.trim_end_matches(".rs").to_string()),
-    }
-}
 
 #[test]
 fn every_module_uses_only_lower_layers() {

@@ -12,7 +12,7 @@ mod crate_paths;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use crate_paths::{files, uses};
+use crate_paths::{files, module_of, uses};
 
 /// Each top-level module and its layer; a module may use modules of lower layers only.
 const LAYERS: &[(&str, u32)] = &[
@@ -30,17 +30,6 @@ const LAYERS: &[(&str, u32)] = &[
     ("host", 8),
     ("harness", 9),
 ];
-
-/// The top-level module a file belongs to (`None` for lib.rs and the binaries, which
-/// use the crate by its name).
-fn module_of(src: &Path, file: &Path) -> Option<String> {
-    let rel = file.strip_prefix(src).unwrap();
-    let first = rel.components().next()?.as_os_str().to_string_lossy();
-    match first.as_ref() {
-        "lib.rs" | "bin" => None,
-        f => Some(f.trim_end_matches(".rs").to_string()),
-    }
-}
 
 #[test]
 fn every_module_uses_only_lower_layers() {

@@ -15,6 +15,17 @@ pub fn files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
+/// The top-level module a file under `src` belongs to (`None` for lib.rs and the
+/// binaries, which use the crate by its name).
+pub fn module_of(src: &Path, file: &Path) -> Option<String> {
+    let rel = file.strip_prefix(src).unwrap();
+    let first = rel.components().next()?.as_os_str().to_string_lossy();
+    match first.as_ref() {
+        "lib.rs" | "bin" => None,
+        f => Some(f.trim_end_matches(".rs").to_string()),
+    }
+}
+
 /// Top-level names a source text reaches through `crate::`, in both forms (`crate::a::b`
 /// and `crate::{a, b}`); comments (doc links name paths without importing them) and test
 /// modules (a test may drive a whole kernel or op) left out.
