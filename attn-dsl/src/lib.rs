@@ -2,7 +2,7 @@
 //! validation and the binding plan. Pure: no wgpu and no proc-macro types, so a build
 //! script, a test, a CLI or a runtime can all drive it.
 //!
-//! Layers, each using only those before it (`tests/layers.rs` fails on an edge that points
+//! Layers, each using only those before it (`tests/suite/layers.rs` fails on an edge that points
 //! back): `spec` (the IR) and `signature` (each op's tensors) → `error` → `layout` (the
 //! rules every size follows: workgroup bytes, flash and tensor-core tilings, the
 //! configurations derived from the limits, split-K slices, row tiles, targets) → `plan`

@@ -14,7 +14,7 @@ const SOURCES: &[&str] = &[
     // User-written score and mask modifiers.
     "examples/flex-modifiers/src/lib.rs",
     // The fused LayerNorm + Linear, described in a test rather than the default family.
-    "attn-macros/tests/row_layer.rs",
+    "attn-macros/tests/suite/row_layer.rs",
 ];
 
 fn workspace() -> PathBuf {

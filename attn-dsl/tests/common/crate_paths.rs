@@ -1,5 +1,5 @@
 //! Reading a crate's sources for the modules they name through `crate::`: the one reader of
-//! the layer tests of attn-dsl and of the runtime (`tests/layers.rs` in each).
+//! the layer tests of attn-dsl and of the runtime (`tests/suite/layers.rs` in each).
 
 use std::path::{Path, PathBuf};
 

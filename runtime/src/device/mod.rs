@@ -2,6 +2,7 @@
 //! the runtime picks or on the caller's own wgpu device, with what each kernel needs
 //! checked against what the device has; its uniform cache and its pipeline cache.
 
+mod compiled;
 #[cfg(not(target_arch = "wasm32"))]
 mod pipeline_cache;
 mod uniforms;
@@ -14,6 +15,8 @@ use thiserror::Error;
 
 #[cfg(not(target_arch = "wasm32"))]
 pub use pipeline_cache::{PIPELINE_CACHE_ENV, PipelineCacheFile, default_pipeline_cache_dir};
+pub(crate) use compiled::Compiled;
+use compiled::CompiledPipelines;
 use uniforms::UniformCache;
 
 /// When a pipeline was last created on any device of this process: GPU timing waits for
@@ -195,6 +198,8 @@ pub struct Gpu {
     /// Pipelines created on this device: compile on first use is visible in tests, and the
     /// pipeline cache is saved only when it grew.
     pipelines: AtomicU64,
+    /// Every pipeline compiled here, by source: ops built again reuse them.
+    compiled: CompiledPipelines,
 }
 
 impl Gpu {
@@ -272,6 +277,7 @@ impl Gpu {
             #[cfg(not(target_arch = "wasm32"))]
             pipeline_cache: None,
             pipelines: AtomicU64::new(0),
+            compiled: CompiledPipelines::default(),
         }
     }
 
@@ -283,9 +289,25 @@ impl Gpu {
         }
     }
 
-    /// Compute pipelines created on this device so far (ops compile on first use).
+    /// Compute pipelines created on this device so far (ops compile on first use; a
+    /// kernel another op already compiled here is not compiled again).
     pub fn pipelines_created(&self) -> u64 {
         self.pipelines.load(Ordering::Relaxed)
+    }
+
+    /// The pipeline this device compiled for `abi` under its current runtime checks.
+    pub(crate) fn compiled(&self, abi: &KernelAbi) -> Option<Compiled> {
+        self.compiled.get(abi, self.runtime_checks)
+    }
+
+    /// Keeps a validated pipeline for the ops built later.
+    pub(crate) fn keep_compiled(&self, abi: &KernelAbi, compiled: Compiled) {
+        self.compiled.insert(abi, self.runtime_checks, compiled);
+    }
+
+    /// Distinct pipelines kept on this device.
+    pub fn pipelines_kept(&self) -> usize {
+        self.compiled.len()
     }
 
     /// Uniform buffers created so far: flat once every shape in use has been seen.

@@ -3,7 +3,7 @@
 
 use attn_dsl::{Access, KernelAbi};
 
-use crate::device::Gpu;
+use crate::device::{Compiled, Gpu};
 use crate::error::Error;
 
 /// Cloning shares the pipeline.
@@ -17,7 +17,11 @@ pub struct Kernel {
 impl Kernel {
     /// Creates the pipeline; wgpu's validation errors come back as [`Error::Pipeline`]
     /// (awaited: a browser reports them through a promise).
+    /// A kernel this device already compiled (for any op) is not compiled again.
     pub async fn new(gpu: &Gpu, abi: &KernelAbi) -> Result<Kernel, Error> {
+        if let Some(kernel) = Kernel::kept(gpu, abi) {
+            return Ok(kernel);
+        }
         let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let kernel = Kernel::create(gpu, abi)?;
         if let Some(e) = scope.pop().await {
@@ -26,7 +30,23 @@ impl Kernel {
                 message: e.to_string(),
             });
         }
+        gpu.keep_compiled(
+            abi,
+            Compiled {
+                layout: kernel.layout.clone(),
+                pipeline: kernel.pipeline.clone(),
+            },
+        );
         Ok(kernel)
+    }
+
+    fn kept(gpu: &Gpu, abi: &KernelAbi) -> Option<Kernel> {
+        let Compiled { layout, pipeline } = gpu.compiled(abi)?;
+        Some(Kernel {
+            abi: std::sync::Arc::new(abi.clone()),
+            layout,
+            pipeline,
+        })
     }
 
     /// The pipeline, created now on this thread, for an op compiling on first use inside a
@@ -37,7 +57,7 @@ impl Kernel {
         #[cfg(not(target_arch = "wasm32"))]
         return crate::device::block_on(Kernel::new(gpu, abi));
         #[cfg(target_arch = "wasm32")]
-        return Kernel::create(gpu, abi);
+        return Kernel::kept(gpu, abi).map_or_else(|| Kernel::create(gpu, abi), Ok);
     }
 
     /// The pipeline, errors left to the caller's error scope.

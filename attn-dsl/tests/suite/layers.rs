@@ -5,7 +5,7 @@
 //! source file's `crate::` paths and fails on an edge that points up (or sideways between
 //! modules not allowed to meet), so a new cycle cannot creep in.
 
-#[path = "common/crate_paths.rs"]
+#[path = "../common/crate_paths.rs"]
 mod crate_paths;
 
 use std::collections::BTreeMap;

@@ -3,7 +3,7 @@
 
 use attn_dsl::{Gqa, KernelSpec, Masks, Op};
 use runtime::BlockOn;
-use runtime::cases::{self, Runner, documents, random};
+use runtime::cases::{self, Case, ModCase, Runner, documents, random};
 use runtime::compare::judge_attention;
 use runtime::reference::Problem;
 use runtime::{ForwardInput, Gpu, Heads, Kernel, kernels};
@@ -14,16 +14,22 @@ fn gpu() -> Gpu {
         .unwrap_or_else(|e| panic!("{e}"))
 }
 
-#[test]
-fn default_matrix_passes() {
+/// Runs the cases of the quick matrix (`check`'s: every op, backward schedule, dtype,
+/// modifier and cache layout at least once) that `select` picks, seeded by their place in
+/// it, on a device of their own, and asserts every row passes and at least `min_rows` ran.
+/// The quick matrix runs in parts so that their kernels compile on every core; the default
+/// matrix's other rows (more head_dims, widths and lengths) are `check --full`'s.
+fn quick_matrix_passes(select: impl Fn(&Case) -> bool, min_rows: usize) {
     let gpu = gpu();
     let mut runner =
         Runner::new(&gpu, kernels::FAMILY.iter().copied(), &kernels::BACKWARD).unwrap();
     runner.backward.scratch_budget = 4 << 20;
-    let matrix = cases::default_matrix();
     let mut rows = 0;
     let mut failures = Vec::new();
-    for (i, case) in matrix.iter().enumerate() {
+    for (i, case) in cases::quick_matrix().iter().enumerate() {
+        if !select(case) {
+            continue;
+        }
         for r in cases::run_case(&gpu, &mut runner, case, 7 + i as u64).unwrap() {
             rows += 1;
             if !r.pass() {
@@ -42,8 +48,38 @@ fn default_matrix_passes() {
         "failing rows:\n{}",
         failures.join("\n")
     );
-    assert!(rows >= 590, "the matrix shrank to {rows} rows");
+    assert!(rows >= min_rows, "the matrix shrank to {rows} rows");
 }
+
+#[test]
+fn forward_and_rope_rows_of_the_quick_matrix_pass() {
+    quick_matrix_passes(|c| matches!(c.kind(), "forward" | "rope"), MIN_ROWS[0]);
+}
+
+#[test]
+fn decode_rows_of_the_quick_matrix_pass() {
+    quick_matrix_passes(|c| c.kind() == "decode", MIN_ROWS[1]);
+}
+
+#[test]
+fn backward_rows_of_the_quick_matrix_without_modifiers_pass() {
+    quick_matrix_passes(
+        |c| c.kind() == "backward" && c.mods == ModCase::default(),
+        MIN_ROWS[2],
+    );
+}
+
+#[test]
+fn backward_rows_of_the_quick_matrix_with_modifiers_pass() {
+    quick_matrix_passes(
+        |c| c.kind() == "backward" && c.mods != ModCase::default(),
+        MIN_ROWS[3],
+    );
+}
+
+/// Rows each part ran when last counted on lavapipe (adapters with fewer features run
+/// fewer schedules): a part that runs fewer lost cases or schedules.
+const MIN_ROWS: [usize; 4] = [100, 114, 50, 137];
 
 /// A row whose document starts after it has no visible key. The runtime refuses such a
 /// `seg`, so this dispatches through the generated bindings directly: the kernel must

@@ -6,7 +6,7 @@
 //! or to a path the crate root re-exports (which would hide where it leads), so a new
 //! cycle cannot creep in.
 
-#[path = "../../attn-dsl/tests/common/crate_paths.rs"]
+#[path = "../../../attn-dsl/tests/common/crate_paths.rs"]
 mod crate_paths;
 
 use std::collections::BTreeMap;

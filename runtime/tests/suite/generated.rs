@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use runtime::kernels::FAMILY;
 
-const REFRESH: &str = "UPDATE_GENERATED=1 cargo test -p runtime --test generated";
+const REFRESH: &str = "UPDATE_GENERATED=1 cargo test -p runtime --test suite generated";
 
 fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../generated")

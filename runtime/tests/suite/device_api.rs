@@ -712,6 +712,59 @@ fn a_decode_loop_creates_nothing_in_its_steady_state() {
     assert_eq!(cache.len(1), Some(64));
 }
 
+/// One decode step on a fresh cache and fresh ops: its output and the pipelines created.
+fn fresh_decode_step(gpu: &Gpu, k: &Tensor, q: &Tensor) -> (Vec<f32>, u64) {
+    let before = gpu.pipelines_created();
+    let spec = CacheSpec {
+        slots: 1,
+        n_kv_heads: HEADS.n_kv_heads,
+        head_dim: HEADS.head_dim,
+        head_dim_v: HEADS.head_dim_v,
+        dtype: Dtype::F32,
+        layout: CacheLayout::Contiguous { capacity: 16 },
+        kv_fp8: None,
+    };
+    let mut cache = KvCache::new(gpu, spec).unwrap();
+    let mut decode = Decode::new(gpu, DecodeSpec::new(64, 64, Dtype::F32)).unwrap();
+    let o = Tensor::zeros(gpu, &[1, HEADS.n_heads, HEADS.head_dim], Scalar::F32);
+    let mut enc = gpu.device.create_command_encoder(&Default::default());
+    cache.open(&mut enc, 0).unwrap();
+    cache.append(gpu, &mut enc, 0, k, k).unwrap();
+    let args = DecodeArgs {
+        rows: Default::default(),
+        q,
+        cache: cache.view(),
+        o: &o,
+        scale: None,
+        mods: Default::default(),
+        slice_len: None,
+    };
+    decode.record(gpu, &mut enc, &args).unwrap();
+    submit(gpu, enc);
+    (read(gpu, &o), gpu.pipelines_created() - before)
+}
+
+#[test]
+fn ops_built_again_on_a_device_reuse_its_pipelines() {
+    let gpu = gpu();
+    let (_, k) = upload(&gpu, &[1, 1, HEADS.n_kv_heads, HEADS.head_dim], 1);
+    let (_, q) = upload(&gpu, &[1, HEADS.n_heads, HEADS.head_dim], 2);
+    let (first, compiled) = fresh_decode_step(&gpu, &k, &q);
+    assert!(compiled > 0, "the first cache and decode compile their kernels");
+    let kept = gpu.pipelines_kept();
+    let (again, compiled_again) = fresh_decode_step(&gpu, &k, &q);
+    assert_eq!(compiled_again, 0, "a second cache and decode compiled again");
+    assert_eq!(gpu.pipelines_kept(), kept);
+    assert_eq!(first, again);
+    // Another device compiles its own.
+    let other = self::gpu();
+    let (_, k2) = upload(&other, &[1, 1, HEADS.n_kv_heads, HEADS.head_dim], 1);
+    let (_, q2) = upload(&other, &[1, HEADS.n_heads, HEADS.head_dim], 2);
+    let (on_other, compiled_other) = fresh_decode_step(&other, &k2, &q2);
+    assert_eq!(compiled_other, compiled);
+    assert_eq!(on_other, first);
+}
+
 #[test]
 fn a_callers_device_is_checked_for_what_each_kernel_needs() {
     let (adapter, [(device, queue), _]) = two_devices();

@@ -1,0 +1,6 @@
+//! attn-macros' integration tests, one module per subject, in one binary. Run one subject
+//! with `cargo test -p attn-macros --test suite row_layer`.
+
+mod compile_fail;
+mod layernorm_coop;
+mod row_layer;

@@ -1,0 +1,18 @@
+//! The runtime's integration tests, one module per subject, in one binary: each test
+//! binary links wgpu and naga, so one link where there were fourteen, and the tests run on
+//! all cores at once. Run one subject with `cargo test -p runtime --test suite device_api`.
+
+mod backward;
+mod bad_input;
+mod bench;
+mod decode_split;
+mod device_api;
+mod doc_links;
+mod flex_grads;
+mod generated;
+mod gpu_kernels;
+mod layernorm;
+mod layers;
+mod non_finite;
+mod parity_tool;
+mod properties;
