@@ -37,6 +37,10 @@ struct Args {
     /// (`"forward seq=300"`).
     #[arg(long)]
     filter: Option<String>,
+    /// Skip the first N cases of the matrix (after `--filter`): resumes a run cut short,
+    /// e.g. by a machine's time limit, from the case `--list` shows on line N + 1.
+    #[arg(long, default_value_t = 0)]
+    skip: usize,
     /// Seed for the random inputs.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -81,6 +85,7 @@ fn run(args: Args) -> anyhow::Result<bool> {
     let cases: Vec<Case> = matrix
         .into_iter()
         .filter(|c| args.filter.as_deref().is_none_or(|f| matches(c, f)))
+        .skip(args.skip)
         .collect();
     if args.list {
         for c in &cases {
