@@ -40,6 +40,7 @@ pub enum Axis {
 }
 
 impl Axis {
+    /// The axis's name in a description's words (`b`, `h`, `s`, ...).
     pub fn name(self) -> &'static str {
         match self {
             Axis::B => "b",
@@ -152,6 +153,7 @@ pub enum Op {
 }
 
 impl Op {
+    /// Every op, in the order the manifest and the tests walk them.
     pub const ALL: [Op; 25] = [
         Op::Forward,
         Op::Decode,
@@ -180,6 +182,7 @@ impl Op {
         Op::LinearRows,
     ];
 
+    /// The op's word in a description (`op: forward`).
     pub fn name(self) -> &'static str {
         match self {
             Op::Forward => "forward",
@@ -249,6 +252,7 @@ impl Op {
         )
     }
 
+    /// Whether the op is one of a decode's kernels (one query row per sequence against a KV cache).
     pub fn is_decode(self) -> bool {
         matches!(self, Op::Decode | Op::DecodeSplit | Op::DecodeReduce)
     }
@@ -275,7 +279,9 @@ impl Op {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Along {
+    /// The reduction index is contiguous (x as `[rows, hidden]`, W as `[out, hidden]`).
     Reduction,
+    /// The output index is contiguous (W as `[hidden, out]`).
     Output,
 }
 
@@ -283,8 +289,11 @@ pub enum Along {
 /// output column.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 pub struct MatmulForm {
+    /// How the left operand is laid out.
     pub a: Along,
+    /// How the right operand is laid out.
     pub b: Along,
+    /// Whether a bias per output column is added.
     pub bias: bool,
 }
 
@@ -330,6 +339,7 @@ pub enum Major {
 }
 
 impl Major {
+    /// The major's word in a description (`grid: s_major(..)`).
     pub fn name(self) -> &'static str {
         match self {
             Major::S => "s_major",
@@ -357,7 +367,10 @@ impl Major {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+/// How a kernel's workgroups cover its work: the major axis, the rows per workgroup, and how
+/// a tile's rows and products are computed.
 pub struct Grid {
+    /// The axis whose tiles are owned, one per workgroup.
     pub major: Major,
     /// Rows of the major axis per workgroup. 1 is the per-query design of the seeds.
     pub tile: u32,
@@ -424,6 +437,7 @@ pub enum Matrix {
 }
 
 impl Matrix {
+    /// The word in a description (`matrix = coop16`).
     pub fn name(self) -> &'static str {
         match self {
             Matrix::Scalar => "scalar",
@@ -431,12 +445,14 @@ impl Matrix {
         }
     }
 
+    /// The matrix of a description's word, `None` for an unknown one.
     pub fn parse(word: &str) -> Option<Matrix> {
         [Matrix::Scalar, Matrix::Coop16]
             .into_iter()
             .find(|m| m.name() == word)
     }
 
+    /// Whether the products are per-invocation f32 FMAs (every adapter).
     pub fn is_scalar(&self) -> bool {
         *self == Matrix::Scalar
     }
@@ -506,14 +522,23 @@ pub enum BiasHeads {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Modifier {
+    /// Keys after the query are masked.
     Causal,
+    /// Keys of another document of the same sequence are masked.
     Document,
+    /// Keys farther from the query than a window are masked.
     Window,
+    /// ALiBi: a per-head slope times the key's distance added to each score.
     Alibi,
+    /// An additive score bias per head, read from a tensor.
     Bias,
+    /// An additive score bias shared by every head.
     SharedBias,
+    /// Scores soft-capped: `c·tanh(score / c)`.
     Softcap,
+    /// Dropout on the probabilities, from a seed (the backward regenerates the same mask).
     Dropout,
+    /// A learned logit per head joined to every row's softmax denominator.
     Sinks,
 }
 
@@ -531,6 +556,7 @@ impl Modifier {
         Modifier::Sinks,
     ];
 
+    /// The modifier's word in a description's `masks: [..]`.
     pub fn word(self) -> &'static str {
         match self {
             Modifier::Causal => "causal",
@@ -545,6 +571,7 @@ impl Modifier {
         }
     }
 
+    /// The modifier of a description's word, `None` for an unknown one.
     pub fn parse(word: &str) -> Option<Modifier> {
         Modifier::ALL.into_iter().find(|m| m.word() == word)
     }
@@ -608,6 +635,7 @@ impl Masks {
         }
     }
 
+    /// Whether the masks turn `m` on.
     pub fn has(&self, m: Modifier) -> bool {
         match m {
             Modifier::Causal => self.causal,
@@ -694,6 +722,7 @@ pub enum Cache {
 }
 
 impl Cache {
+    /// The layout's word in a description (`cache: paged`).
     pub fn name(self) -> &'static str {
         match self {
             Cache::Contiguous => "contiguous",
@@ -717,8 +746,10 @@ pub enum Fp8 {
 }
 
 impl Fp8 {
+    /// Both formats.
     pub const ALL: [Fp8; 2] = [Fp8::E4m3, Fp8::E5m2];
 
+    /// The format's word in a description (`kv_cache: e4m3`).
     pub fn name(self) -> &'static str {
         match self {
             Fp8::E4m3 => "e4m3",
@@ -726,6 +757,7 @@ impl Fp8 {
         }
     }
 
+    /// The format of a description's word, `None` for an unknown one.
     pub fn parse(word: &str) -> Option<Fp8> {
         Fp8::ALL.into_iter().find(|f| f.name() == word)
     }
@@ -768,9 +800,13 @@ pub enum Target {
 /// The limits that a kernel's plan is checked against.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct Limits {
+    /// Workgroup memory per workgroup, in bytes.
     pub workgroup_storage_bytes: u32,
+    /// Storage buffers bound to one shader stage.
     pub storage_buffers_per_stage: u32,
+    /// Uniform buffers bound to one shader stage.
     pub uniform_buffers_per_stage: u32,
+    /// Invocations in one workgroup.
     pub invocations_per_workgroup: u32,
 }
 
@@ -785,6 +821,7 @@ impl Limits {
 }
 
 impl Target {
+    /// The limits this target's kernels are checked against.
     pub fn limits(&self) -> Limits {
         match self {
             Target::Webgpu => Limits::WEBGPU,
@@ -799,6 +836,7 @@ impl Target {
 #[serde(rename_all = "snake_case")]
 pub enum Dtype {
     #[default]
+    /// IEEE single precision: every adapter.
     F32,
     /// IEEE half, through WGSL's `enable f16` (wgpu's SHADER_F16, an optional WebGPU
     /// feature).
@@ -809,6 +847,7 @@ pub enum Dtype {
 }
 
 impl Dtype {
+    /// Every dtype.
     pub const ALL: [Dtype; 3] = [Dtype::F32, Dtype::F16, Dtype::Bf16];
 
     /// Whether `op` runs its products on cooperative matrices (`matrix = coop16`, f16
@@ -823,6 +862,7 @@ impl Dtype {
         }
     }
 
+    /// The dtype's word in a description (`dtype: bf16`).
     pub fn name(self) -> &'static str {
         match self {
             Dtype::F32 => "f32",
@@ -839,6 +879,7 @@ impl Dtype {
         }
     }
 
+    /// The dtype of a description's word, `None` for an unknown one.
     pub fn parse(word: &str) -> Option<Dtype> {
         Dtype::ALL.into_iter().find(|d| d.name() == word)
     }
@@ -857,6 +898,7 @@ pub enum WriteMode {
 }
 
 impl WriteMode {
+    /// The write mode's word in a description (`writes: { o: owned }`).
     pub fn name(self) -> &'static str {
         match self {
             WriteMode::Owned => "owned",
@@ -871,7 +913,9 @@ impl WriteMode {
 pub struct KernelSpec {
     /// Rust module name and WGSL label, e.g. `attention_forward`.
     pub name: String,
+    /// What the kernel computes.
     pub op: Op,
+    /// How its workgroups cover the work.
     pub grid: Grid,
     /// The compile-time width of a row: head_dim of attention, hidden of a row-wise layer.
     pub head_dim: u32,
@@ -880,12 +924,16 @@ pub struct KernelSpec {
     /// 0 where it equals `head_dim`.
     #[serde(skip_serializing_if = "is_zero")]
     pub out_dim: u32,
+    /// Query heads per KV head.
     pub gqa: Gqa,
+    /// The masks and score modifiers, built in and user-written.
     pub masks: Masks,
+    /// The limits the kernel is checked against.
     pub target: Target,
     /// The element type of the data tensors.
     #[serde(skip_serializing_if = "is_f32")]
     pub dtype: Dtype,
+    /// Invocations per workgroup.
     pub workgroup_size: u32,
     /// Write mode of each output, by tensor name, as the description declares them.
     pub writes: Vec<(String, WriteMode)>,
@@ -968,6 +1016,7 @@ impl KernelSpec {
             .map(|f| f.get())
     }
 
+    /// How `tensor` is written, `None` where the kernel does not write it.
     pub fn write_mode(&self, tensor: &str) -> Option<WriteMode> {
         self.writes
             .iter()
@@ -981,6 +1030,7 @@ impl KernelSpec {
         self.dtype == Dtype::F16 || self.grid.uses_coop()
     }
 
+    /// Whether any output is added into by atomics.
     pub fn has_atomics(&self) -> bool {
         self.writes
             .iter()
@@ -991,9 +1041,13 @@ impl KernelSpec {
 /// A flash configuration: the tiling parameters of a flash grid, with the workgroup size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 pub struct FlashConfig {
+    /// Rows of the major axis per workgroup.
     pub tile: u32,
+    /// Rows of the other axis staged per step.
     pub inner: u32,
+    /// Rows of the tile each invocation accumulates in registers.
     pub rows_per_thread: u32,
+    /// Invocations per workgroup.
     pub workgroup_size: u32,
     /// Row reductions by subgroup shuffles ([`Flash::subgroups`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
