@@ -3,21 +3,31 @@ use std::fmt;
 /// The part of a description an error is about, so that a front end can point at it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Field {
+    /// The kernel's name.
     Name,
+    /// `op:`.
     Op,
+    /// `grid:` and its arguments.
     Grid,
+    /// `head_dim:`.
     HeadDim,
     /// The width of attention's V and O rows, where it is not head_dim's.
     HeadDimV,
     /// The Linear's output width of a row-wise layer.
     OutDim,
+    /// `gqa:`.
     Gqa,
+    /// The `masks` list as a whole.
     Masks,
     /// One word of the `masks` list.
     Mask(String),
+    /// `target:`.
     Target,
+    /// `workgroup_size:`.
     WorkgroupSize,
+    /// `source:` (where a key-major backward gets P and dS).
     Source,
+    /// `dtype:`.
     Dtype,
     /// The KV cache layout of a decode (`cache: paged`).
     Cache,
@@ -58,7 +68,12 @@ impl fmt::Display for Field {
 pub enum DslError {
     /// The description itself is wrong: a value out of range, a race, a limit overrun.
     #[error("{problem}")]
-    Spec { field: Field, problem: String },
+    Spec {
+        /// The part of the description at fault.
+        field: Field,
+        /// What is wrong and what to change.
+        problem: String,
+    },
     /// naga rejected the WGSL the emitter produced: a bug in the emitter for this spec.
     #[error(transparent)]
     Wgsl(#[from] ValidateError),
@@ -84,12 +99,22 @@ impl DslError {
 /// Why naga refused the emitted WGSL, or why it does not declare the plan's bindings.
 #[derive(Debug, thiserror::Error)]
 pub enum ValidateError {
+    /// naga's parser refused the text.
     #[error("naga could not parse the emitted WGSL:\n{rendered}")]
-    Parse { rendered: String },
+    Parse {
+        /// naga's report, with the WGSL around the fault.
+        rendered: String,
+    },
+    /// naga's validator refused the module.
     #[error("naga rejected the emitted WGSL:\n{rendered}")]
-    Invalid { rendered: String },
+    Invalid {
+        /// naga's report, with the WGSL around the fault.
+        rendered: String,
+    },
+    /// The binding plan and the WGSL's declarations differ: a bug in the emitter.
     #[error("the emitted WGSL does not match the binding plan: {0}")]
     PlanMismatch(String),
+    /// A helper function the emitter declared and no fragment calls: a bug in the emitter.
     #[error(
         "the emitted WGSL defines the helper `{0}` but nothing calls it: an emitter declares \
          a helper its fragment does not use"

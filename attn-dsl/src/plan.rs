@@ -30,13 +30,17 @@ pub enum Access {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Scalar {
+    /// IEEE single precision.
     F32,
+    /// Indices, lengths, seeds and packed words.
     U32,
+    /// IEEE half (`enable f16`).
     F16,
     /// bfloat16 halves, two to a `u32` word.
     Bf16,
     /// 8-bit floats of a KV cache ([`Fp8`]), four to a `u32` word.
     E4m3,
+    /// e5m2 8-bit floats, four to a `u32` word.
     E5m2,
 }
 
@@ -104,11 +108,17 @@ impl From<Dtype> for Scalar {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+/// One binding of a kernel's bind group, as the generated Rust and the runtime see it.
 pub struct Binding {
+    /// The bind group (always 0).
     pub group: u32,
+    /// The binding's index in the group.
     pub binding: u32,
+    /// The name the runtime binds it by (`q`, `o`, `dims`, ..).
     pub name: Cow<'static, str>,
+    /// How the kernel uses it: read, read-write, or uniform.
     pub access: Access,
+    /// The element type.
     pub scalar: Scalar,
     /// The WGSL type: `array<f32>` for storage, the struct name for uniforms.
     pub wgsl_type: Cow<'static, str>,
@@ -130,22 +140,33 @@ impl Binding {
 /// Everything a host needs to create, bind and dispatch one generated kernel.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct KernelAbi {
+    /// Rust module name and WGSL label.
     pub name: Cow<'static, str>,
+    /// What the kernel computes.
     pub op: Op,
+    /// The WGSL entry point.
     pub entry_point: Cow<'static, str>,
+    /// `@workgroup_size`.
     pub workgroup_size: [u32; 3],
+    /// How its workgroups cover the work.
     pub grid: Grid,
+    /// The compile-time width of a row: head_dim, or hidden of a row-wise layer.
     pub head_dim: u32,
     /// The width of an output row: the Linear's of a row-wise layer; attention's V and O
     /// rows (`head_dim_v`) where they differ from head_dim, else 0.
     #[serde(skip_serializing_if = "is_zero")]
     pub out_dim: u32,
+    /// Query heads per KV head.
     pub gqa: Gqa,
+    /// The masks and score modifiers compiled in.
     pub masks: Masks,
+    /// The limits the kernel was checked against.
     pub target: Target,
     /// Needs the SHADER_FLOAT32_ATOMIC feature (native f32 atomic scatter).
     pub f32_atomics: bool,
+    /// Workgroup memory the kernel declares, in bytes.
     pub workgroup_storage_bytes: u32,
+    /// Every binding, in binding order.
     pub bindings: Cow<'static, [Binding]>,
     /// The kernel's WGSL (kept out of the manifest: it has a file of its own).
     #[serde(skip)]
@@ -165,6 +186,7 @@ impl KernelAbi {
         }
     }
 
+    /// The binding named `name`, if the kernel has one.
     pub fn binding(&self, name: &str) -> Option<&Binding> {
         self.bindings.iter().find(|b| b.name == name)
     }
@@ -188,6 +210,7 @@ impl KernelAbi {
         self.binding(name).map_or(Scalar::F32, |b| b.scalar)
     }
 
+    /// Storage buffers the kernel binds (the limit WebGPU sets at 8 by default).
     pub fn storage_buffers(&self) -> usize {
         self.bindings
             .iter()
@@ -275,6 +298,7 @@ impl KernelAbi {
         }
     }
 
+    /// Uniform buffers the kernel binds.
     pub fn uniform_buffers(&self) -> usize {
         self.bindings
             .iter()
