@@ -9,15 +9,22 @@ use crate::spec::{
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// What a kernel does with a tensor of its signature.
 pub enum Role {
+    /// Read only.
     Input,
+    /// Written (owned, atomic or scratch, as the description's `writes` says).
     Output,
+    /// A uniform block (`dims` or `params`).
     Uniform,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The element type of a tensor of the signature, before the spec's dtype is applied.
 pub enum Elem {
+    /// f32 whatever the dtype (LSE, row statistics, partials).
     F32,
+    /// `u32` (document starts, block tables, seeds).
     U32,
     /// A data tensor (Q, K, V, O): f32, f16 or bf16 words, as the spec's dtype says.
     Data,
@@ -35,6 +42,7 @@ pub enum Elem {
 /// When a tensor of the signature is bound.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Presence {
+    /// Bound in every kernel of the op.
     Always,
     /// With the document mask (`seg`).
     IfDocument,
@@ -70,11 +78,15 @@ pub enum Presence {
 /// One tensor (or uniform block) an op touches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tensor {
+    /// The binding's name, as the runtime binds it.
     pub name: &'static str,
+    /// Read, written, or uniform.
     pub role: Role,
+    /// The element type.
     pub elem: Elem,
     /// Index axes, outermost first. Empty for uniforms.
     pub layout: &'static [Axis],
+    /// When it is bound.
     pub presence: Presence,
 }
 
@@ -82,9 +94,13 @@ pub struct Tensor {
 /// 16 bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct UniformBlock {
+    /// The binding's name (`dims`, `params`).
     pub binding: &'static str,
+    /// The WGSL struct's name.
     pub struct_name: &'static str,
+    /// The type of every field.
     pub elem: Elem,
+    /// The fields, in order.
     pub fields: &'static [&'static str],
 }
 
@@ -605,6 +621,8 @@ pub fn tensors(spec: &KernelSpec) -> Vec<Tensor> {
         .collect()
 }
 
+/// The `params` uniform block: the f32 scalars a kernel reads at run time (scale,
+/// soft-cap, dropout), padded to 16 bytes.
 pub const PARAMS: UniformBlock = UniformBlock {
     binding: "params",
     struct_name: "Params",
