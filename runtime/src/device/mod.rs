@@ -13,10 +13,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use attn_dsl::KernelAbi;
 use thiserror::Error;
 
-#[cfg(not(target_arch = "wasm32"))]
-pub use pipeline_cache::{PIPELINE_CACHE_ENV, PipelineCacheFile, default_pipeline_cache_dir};
 pub(crate) use compiled::Compiled;
 use compiled::CompiledPipelines;
+#[cfg(not(target_arch = "wasm32"))]
+pub use pipeline_cache::{PIPELINE_CACHE_ENV, PipelineCacheFile, default_pipeline_cache_dir};
 use uniforms::UniformCache;
 
 /// When a pipeline was last created on any device of this process: GPU timing waits for

@@ -44,6 +44,19 @@ fn upload(gpu: &Gpu, shape: &[u32], seed: u64) -> (Vec<f32>, Tensor) {
     (data, t)
 }
 
+/// An f32 cache of `h`'s widths, without FP8.
+fn f32_cache(h: Heads, slots: u32, layout: CacheLayout) -> CacheSpec {
+    CacheSpec {
+        slots,
+        n_kv_heads: h.n_kv_heads,
+        head_dim: h.head_dim,
+        head_dim_v: h.head_dim_v,
+        dtype: Dtype::F32,
+        layout,
+        kv_fp8: None,
+    }
+}
+
 fn submit(gpu: &Gpu, encoder: wgpu::CommandEncoder) {
     gpu.queue.submit([encoder.finish()]);
 }
@@ -309,15 +322,7 @@ fn decode_after_appends(
     (k, v, q): (&[f32], &[f32], &[f32]),
     (slots, len, prompt): (u32, u32, u32),
 ) -> Vec<f32> {
-    let spec = CacheSpec {
-        slots,
-        n_kv_heads: h.n_kv_heads,
-        head_dim: h.head_dim,
-        head_dim_v: h.head_dim_v,
-        dtype: Dtype::F32,
-        layout,
-        kv_fp8: None,
-    };
+    let spec = f32_cache(h, slots, layout);
     let mut cache = KvCache::new(gpu, spec).unwrap();
     let mut encoder = gpu.device.create_command_encoder(&Default::default());
     for slot in 0..slots {
@@ -551,15 +556,7 @@ fn a_cache_of_two_widths_appends_and_decodes() {
         pages_per_seq: 4,
     });
     assert_eq!(paged, contiguous, "the same rows in pages decode the same");
-    let spec = CacheSpec {
-        slots,
-        n_kv_heads: h.n_kv_heads,
-        head_dim: h.head_dim,
-        head_dim_v: h.head_dim_v,
-        dtype: Dtype::F32,
-        layout: CacheLayout::Contiguous { capacity: 64 },
-        kv_fp8: None,
-    };
+    let spec = f32_cache(h, slots, CacheLayout::Contiguous { capacity: 64 });
     let mut cache = KvCache::new(&gpu, spec).unwrap();
     let mut encoder = gpu.device.create_command_encoder(&Default::default());
     cache.open(&mut encoder, 0).unwrap();
@@ -580,19 +577,15 @@ fn a_cache_of_two_widths_appends_and_decodes() {
 fn refused_cache_changes_leave_it_as_it_was() {
     let gpu = gpu();
     let h = HEADS;
-    let spec = CacheSpec {
-        slots: 2,
-        n_kv_heads: h.n_kv_heads,
-        head_dim: h.head_dim,
-        head_dim_v: h.head_dim_v,
-        dtype: Dtype::F32,
-        layout: CacheLayout::Paged {
+    let spec = f32_cache(
+        h,
+        2,
+        CacheLayout::Paged {
             page_size: 4,
             n_pages: 3,
             pages_per_seq: 2,
         },
-        kv_fp8: None,
-    };
+    );
     let mut cache = KvCache::new(&gpu, spec).unwrap();
     let mut enc = gpu.device.create_command_encoder(&Default::default());
     let rows = |slots, n| Tensor::zeros(&gpu, &[slots, n, 2, 64], Scalar::F32);
@@ -660,15 +653,7 @@ fn a_decode_loop_creates_nothing_in_its_steady_state() {
     let gpu = gpu();
     let h = HEADS;
     let slots = 2;
-    let spec = CacheSpec {
-        slots,
-        n_kv_heads: h.n_kv_heads,
-        head_dim: h.head_dim,
-        head_dim_v: h.head_dim_v,
-        dtype: Dtype::F32,
-        layout: CacheLayout::Contiguous { capacity: 128 },
-        kv_fp8: None,
-    };
+    let spec = f32_cache(h, slots, CacheLayout::Contiguous { capacity: 128 });
     let mut cache = KvCache::new(&gpu, spec).unwrap();
     let mut decode = Decode::new(&gpu, DecodeSpec::new(64, 64, Dtype::F32)).unwrap();
     let mut rope = Rope::new(64, false).unwrap();
@@ -715,15 +700,7 @@ fn a_decode_loop_creates_nothing_in_its_steady_state() {
 /// One decode step on a fresh cache and fresh ops: its output and the pipelines created.
 fn fresh_decode_step(gpu: &Gpu, k: &Tensor, q: &Tensor) -> (Vec<f32>, u64) {
     let before = gpu.pipelines_created();
-    let spec = CacheSpec {
-        slots: 1,
-        n_kv_heads: HEADS.n_kv_heads,
-        head_dim: HEADS.head_dim,
-        head_dim_v: HEADS.head_dim_v,
-        dtype: Dtype::F32,
-        layout: CacheLayout::Contiguous { capacity: 16 },
-        kv_fp8: None,
-    };
+    let spec = f32_cache(HEADS, 1, CacheLayout::Contiguous { capacity: 16 });
     let mut cache = KvCache::new(gpu, spec).unwrap();
     let mut decode = Decode::new(gpu, DecodeSpec::new(64, 64, Dtype::F32)).unwrap();
     let o = Tensor::zeros(gpu, &[1, HEADS.n_heads, HEADS.head_dim], Scalar::F32);
@@ -750,10 +727,16 @@ fn ops_built_again_on_a_device_reuse_its_pipelines() {
     let (_, k) = upload(&gpu, &[1, 1, HEADS.n_kv_heads, HEADS.head_dim], 1);
     let (_, q) = upload(&gpu, &[1, HEADS.n_heads, HEADS.head_dim], 2);
     let (first, compiled) = fresh_decode_step(&gpu, &k, &q);
-    assert!(compiled > 0, "the first cache and decode compile their kernels");
+    assert!(
+        compiled > 0,
+        "the first cache and decode compile their kernels"
+    );
     let kept = gpu.pipelines_kept();
     let (again, compiled_again) = fresh_decode_step(&gpu, &k, &q);
-    assert_eq!(compiled_again, 0, "a second cache and decode compiled again");
+    assert_eq!(
+        compiled_again, 0,
+        "a second cache and decode compiled again"
+    );
     assert_eq!(gpu.pipelines_kept(), kept);
     assert_eq!(first, again);
     // Another device compiles its own.
@@ -968,15 +951,7 @@ fn refused_continuations_leave_the_cache_and_o_as_they_were() {
     use runtime::ops::decode::{CacheView, QueryRows};
     let gpu = gpu();
     let h = HEADS;
-    let spec = CacheSpec {
-        slots: 2,
-        n_kv_heads: h.n_kv_heads,
-        head_dim: h.head_dim,
-        head_dim_v: h.head_dim_v,
-        dtype: Dtype::F32,
-        layout: CacheLayout::Contiguous { capacity: 8 },
-        kv_fp8: None,
-    };
+    let spec = f32_cache(h, 2, CacheLayout::Contiguous { capacity: 8 });
     let mut cache = KvCache::new(&gpu, spec).unwrap();
     let mut decode = Decode::new(&gpu, DecodeSpec::new(64, 64, Dtype::F32)).unwrap();
     let mut enc = gpu.device.create_command_encoder(&Default::default());
