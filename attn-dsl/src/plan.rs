@@ -256,6 +256,10 @@ impl KernelAbi {
                     1,
                 ];
             }
+            // Field 10 is n_slices: a continued cache's key slices, each its own workgroups.
+            Op::Extend => {
+                return [at(0).div_ceil(self.grid.tile), at(1), at(4) * at(10).max(1)];
+            }
             // Field 11 is n_rows: a workgroup per query (row, head) and sequence.
             Op::DecodeReduce => return [at(1) * at(11).max(1), at(4), 1],
             _ => {}

@@ -163,6 +163,46 @@ const FORWARD: &[Tensor] = &[
     SINKS,
 ];
 
+// New rows over a KV cache, after their append: Q, O and LSE hold `seq_len` rows per
+// sequence; K and V are the cache (as the split-K decode reads it), `seq_lens` each slot's
+// length with the new rows counted. With the cache cut into key slices, each slice's
+// partial softmax goes to `partials` instead, laid out as split-K decode's (rows in order,
+// `n_rows` = seq_len), for its decode_reduce.
+const EXTEND: &[Tensor] = &[
+    t("q", Input, Data, &[B, S, H, D]),
+    when(
+        t("k", Input, Data, &[B, J, KvH, D]),
+        Presence::IfCache(Cache::Contiguous),
+    ),
+    when(
+        t("v", Input, Data, &[B, J, KvH, D]),
+        Presence::IfCache(Cache::Contiguous),
+    ),
+    when(
+        t("k", Input, Data, &[Page, J, KvH, D]),
+        Presence::IfCache(Cache::Paged),
+    ),
+    when(
+        t("v", Input, Data, &[Page, J, KvH, D]),
+        Presence::IfCache(Cache::Paged),
+    ),
+    when(t("o", Output, Data, &[B, S, H, D]), IfWritten),
+    when(t("lse", Output, F32, &[B, S, H]), IfWritten),
+    when(
+        t("partials", Output, F32x4, &[B, Slice, S, H, D]),
+        IfWritten,
+    ),
+    DIMS,
+    PARAMS_T,
+    when(
+        t("block_table", Input, U32, &[B, Page]),
+        Presence::IfCache(Cache::Paged),
+    ),
+    t("seq_lens", Input, U32, &[B]),
+    ALIBI,
+    SINKS,
+];
+
 // Split-K decode: slice `slice` of the cache flushes, per query, its unnormalized output
 // and then its max and sum, (m, l, 0, 0), one record of head_dim_v / 4 + 1 vec4s in
 // `partials`, for the reduce.
@@ -591,6 +631,7 @@ pub fn all_tensors(op: Op) -> &'static [Tensor] {
         Op::LayernormRowsBackward => LAYERNORM_ROWS_BACKWARD,
         Op::Matmul => MATMUL,
         Op::LinearRows => LINEAR_ROWS,
+        Op::Extend => EXTEND,
     }
 }
 
@@ -674,6 +715,23 @@ pub fn dims(op: Op) -> UniformBlock {
             "_pad0",
             "_pad1",
             "_pad2",
+        ],
+        // seq_len new rows for each of `batch` sequences, continuing slots slot0..; the
+        // cache's geometry as the append's; n_slices key slices of slice_len keys (a
+        // kernel that writes `partials`).
+        Op::Extend => &[
+            "seq_len",
+            "n_heads",
+            "n_kv_heads",
+            "head_dim",
+            "batch",
+            "window",
+            "capacity",
+            "page_size",
+            "pages_per_seq",
+            "slot0",
+            "n_slices",
+            "slice_len",
         ],
         Op::Rope | Op::RopeBackward => &[
             "seq_len", "n_heads", "_pad3", "head_dim", "batch", "_pad0", "_pad1", "_pad2",

@@ -150,11 +150,17 @@ pub enum Op {
     /// a workgroup per block of output columns, lanes along the reduction, the grid's
     /// `tile` rows per workgroup (more rows: more workgroups, each reading W again).
     LinearRows,
+    /// A KV cache continued by `seq_len` new rows per sequence, after their append: the
+    /// forward's schedule (flash tiles, cooperative matrices where the dtype allows) with
+    /// query row r of sequence b at position `seq_lens[slot0 + b] - seq_len + r`, seeing
+    /// the cached keys and the new rows up to itself. Chunked prefill and a conversation's
+    /// next turn at the tensor cores' rate; writes O and LSE like the forward.
+    Extend,
 }
 
 impl Op {
     /// Every op, in the order the manifest and the tests walk them.
-    pub const ALL: [Op; 25] = [
+    pub const ALL: [Op; 26] = [
         Op::Forward,
         Op::Decode,
         Op::DecodeSplit,
@@ -180,6 +186,7 @@ impl Op {
         Op::LayernormRowsBackward,
         Op::Matmul,
         Op::LinearRows,
+        Op::Extend,
     ];
 
     /// The op's word in a description (`op: forward`).
@@ -210,15 +217,19 @@ impl Op {
             Op::LayernormRowsBackward => "layernorm_rows_backward",
             Op::Matmul => "matmul",
             Op::LinearRows => "linear_rows",
+            Op::Extend => "extend",
         }
     }
 
     /// The grid every schedule of this op runs.
     pub fn major(self) -> Major {
         match self {
-            Op::Forward | Op::BackwardPrep | Op::BackwardQ | Op::Rope | Op::RopeBackward => {
-                Major::S
-            }
+            Op::Forward
+            | Op::Extend
+            | Op::BackwardPrep
+            | Op::BackwardQ
+            | Op::Rope
+            | Op::RopeBackward => Major::S,
             Op::Decode | Op::DecodeReduce => Major::Head,
             Op::DecodeSplit => Major::Slice,
             Op::BackwardKv => Major::J,
@@ -248,8 +259,19 @@ impl Op {
     pub fn takes_modifiers(self) -> bool {
         matches!(
             self,
-            Op::Forward | Op::Decode | Op::DecodeSplit | Op::BackwardQ | Op::BackwardKv
+            Op::Forward
+                | Op::Extend
+                | Op::Decode
+                | Op::DecodeSplit
+                | Op::BackwardQ
+                | Op::BackwardKv
         )
+    }
+
+    /// Whether this op runs the forward's schedule (O and LSE of query tiles): the forward,
+    /// and the forward of new rows over a KV cache.
+    pub fn is_forward(self) -> bool {
+        matches!(self, Op::Forward | Op::Extend)
     }
 
     /// Whether the op is one of a decode's kernels (one query row per sequence against a KV cache).

@@ -206,6 +206,7 @@ fn abi_const(abi: &KernelAbi, wgsl: TokenStream) -> TokenStream {
         Op::LayernormRowsBackward => quote!(LayernormRowsBackward),
         Op::Matmul => quote!(Matmul),
         Op::LinearRows => quote!(LinearRows),
+        Op::Extend => quote!(Extend),
     };
     let f32_atomics = abi.f32_atomics;
     let [wx, wy, wz] = abi.workgroup_size;

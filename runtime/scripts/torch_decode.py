@@ -37,7 +37,7 @@ for dt in (torch.float16, torch.bfloat16):
 # n new rows per sequence over a cache of L rows (L includes them): chunked prefill, the
 # next turn of a chat, speculative verification.
 for dt in (torch.float16,):
-    for n in (1, 4, 16, 512):
+    for n in (1, 4, 16, 32, 64, 128, 512):
         L = 32768; H, KV, D = 32, 8, 128
         q = torch.randn(1, H, n, D, device='cuda', dtype=dt)
         k = torch.randn(1, KV, L, D, device='cuda', dtype=dt); v = torch.randn_like(k)
@@ -47,6 +47,13 @@ for dt in (torch.float16,):
         fl = 4 * n * L * H * D
         print(f"torch continue n={n} cache={L} {H}/{KV}/{D} {str(dt)[6:]}: {ms:.4f} ms "
               f"{gb / ms * 1e3:.0f} GB/s {fl / ms / 1e9:.1f} TFLOP/s")
+    # A fresh prompt's causal forward on the same heads: the chunk's TFLOP/s beside it.
+    S = 4096
+    q = torch.randn(1, H, S, D, device='cuda', dtype=dt)
+    k = torch.randn(1, KV, S, D, device='cuda', dtype=dt); v = torch.randn_like(k)
+    ms = t(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True))
+    fl = 2 * S * (S + 1) * H * D
+    print(f"torch forward causal {S} {H}/{KV}/{D} {str(dt)[6:]}: {ms:.4f} ms {fl / ms / 1e9:.1f} TFLOP/s")
 
 # Projections at decode shapes: F.linear of [rows, 768] by [3072, 768] (and 4096 x 4096).
 for dt in (torch.float32, torch.float16, torch.bfloat16):

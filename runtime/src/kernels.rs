@@ -324,6 +324,55 @@ attention_kernel! {
 }
 
 attention_kernel! {
+    /// A continued cache's chunk on tensor cores, head_dim 128, f16: n new rows per
+    /// sequence (their K and V appended) attend to their slot's whole cache, row r at
+    /// position `seq_lens[slot] - n + r`, in the tensor-core forward's 64-row tiles. What
+    /// `runtime::ops::decode::Decode` runs for calls of many rows (`ops::extend`).
+    pub attention_extend_tc_d128 {
+        op: extend,
+        grid: s_major(tile = 64, key_tile = 32, rows_per_thread = 16, matrix = coop16),
+        head_dim: 128,
+        gqa: any,
+        target: native(workgroup_storage = 32276),
+        workgroup_size: 256,
+        dtype: f16,
+        writes: { o: owned, lse: owned },
+    }
+}
+
+attention_kernel! {
+    /// The same chunk with the cache's keys cut into slices (the grid's third axis is
+    /// sequence × slice): each slice's rows flush their unnormalized outputs and (m, l) in
+    /// split-K decode's record layout, which `attention_decode_reduce_d128` merges (and
+    /// where the sinks join). What the runtime runs when the query tiles alone would leave
+    /// the GPU idle.
+    pub attention_extend_sliced_tc_d128 {
+        op: extend,
+        grid: s_major(tile = 64, key_tile = 32, rows_per_thread = 16, matrix = coop16),
+        head_dim: 128,
+        gqa: any,
+        target: native(workgroup_storage = 32276),
+        workgroup_size: 256,
+        dtype: f16,
+        writes: { partials: scratch },
+    }
+}
+
+attention_kernel! {
+    /// The same over a paged cache on scalar flash tiles, head_dim 64, f32: its keys found
+    /// through the block table.
+    pub attention_extend_paged {
+        op: extend,
+        grid: s_major(flash),
+        head_dim: 64,
+        gqa: any,
+        target: webgpu,
+        cache: paged,
+        writes: { o: owned, lse: owned },
+    }
+}
+
+attention_kernel! {
     /// The tiled recompute split on tensor cores, dQ half, head_dim 128: S = Q·Kᵀ, dP = dO·Vᵀ
     /// and dQ += dS·K as f16 cooperative-matrix products into f32, 64 query rows by two
     /// subgroups per 16; it packs LSE and D (dO·O on the tensor cores) into `stats` itself,

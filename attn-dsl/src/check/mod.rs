@@ -45,6 +45,7 @@ fn check_dtype(spec: &KernelSpec) -> Result<(), DslError> {
         matches!(spec.op, Op::BackwardQ | Op::BackwardKv) && spec.grid.flash.is_some();
     let ops = [
         Op::Forward,
+        Op::Extend,
         Op::DecodeSplit,
         Op::DecodeReduce,
         Op::BackwardPrep,
@@ -72,8 +73,7 @@ fn check_dtype(spec: &KernelSpec) -> Result<(), DslError> {
             ),
         ));
     }
-    if spec.dtype == crate::spec::Dtype::Bf16 && spec.op == Op::Forward && spec.grid.flash.is_none()
-    {
+    if spec.dtype == crate::spec::Dtype::Bf16 && spec.op.is_forward() && spec.grid.flash.is_none() {
         return Err(DslError::spec(
             Field::Dtype,
             "dtype bf16 needs a flash grid (`grid: s_major(flash)`): the per-row forward \
@@ -255,7 +255,7 @@ fn check_head_dim_v(spec: &KernelSpec) -> Result<(), DslError> {
     // buffer, each at its width) on the flash grid only.
     let backward = matches!(spec.op, Op::BackwardPrep | Op::BackwardQ | Op::BackwardKv)
         && (spec.write_mode("dkv").is_none() || spec.grid.flash.is_some());
-    if !(vec4_op || backward || matches!(spec.op, Op::Forward | Op::Decode)) {
+    if !(vec4_op || backward || matches!(spec.op, Op::Forward | Op::Extend | Op::Decode)) {
         return Err(DslError::spec(
             Field::HeadDimV,
             format!(
@@ -329,6 +329,13 @@ fn check_grid(spec: &KernelSpec) -> Result<(), DslError> {
     if spec.grid.flash.is_some() {
         return check_flash(spec);
     }
+    if spec.op == Op::Extend {
+        return Err(DslError::spec(
+            Field::Grid,
+            "op extend runs the flash forward's tiles only: use `grid: s_major(flash)` (with \
+             `matrix = coop16` for tensor cores)",
+        ));
+    }
     if spec.grid.uses_coop() {
         return rows::check_coop(spec);
     }
@@ -387,7 +394,7 @@ fn check_stream(spec: &KernelSpec) -> Result<(), DslError> {
 pub const MIN_STREAMING_TILE: u32 = 16;
 
 /// Ops with a flash schedule, and the most rows a flash tile may hold.
-const FLASH_OPS: &[Op] = &[Op::Forward, Op::BackwardQ, Op::BackwardKv];
+const FLASH_OPS: &[Op] = &[Op::Forward, Op::Extend, Op::BackwardQ, Op::BackwardKv];
 const FLASH_TILE_MAX: u32 = 128;
 
 fn check_flash(spec: &KernelSpec) -> Result<(), DslError> {
@@ -460,15 +467,18 @@ fn check_flash(spec: &KernelSpec) -> Result<(), DslError> {
 /// outputs only), in f16, under a native target (no browser exposes cooperative matrices).
 fn check_coop(spec: &KernelSpec) -> Result<(), DslError> {
     let refuse = |problem: String| Err(DslError::spec(Field::Matrix, problem));
-    if !matches!(spec.op, Op::Forward | Op::BackwardQ | Op::BackwardKv) {
+    if !matches!(
+        spec.op,
+        Op::Forward | Op::Extend | Op::BackwardQ | Op::BackwardKv
+    ) {
         return refuse(format!(
-            "`matrix = coop16` is emitted for ops forward, backward_q and backward_kv; drop \
-             it for op {}",
+            "`matrix = coop16` is emitted for ops forward, extend, backward_q and backward_kv; \
+             drop it for op {}",
             spec.op.name()
         ));
     }
     let scattered = ["dq", "dkv"].into_iter().find(|name| {
-        spec.op != Op::Forward
+        !spec.op.is_forward()
             && spec.write_mode(name) == Some(crate::spec::WriteMode::AtomicScatter)
     });
     if let Some(name) = scattered {
@@ -510,7 +520,7 @@ fn check_coop(spec: &KernelSpec) -> Result<(), DslError> {
 /// Subgroup reductions: only the forward has cross-invocation reductions, core WebGPU has
 /// no subgroups, and the butterfly pairs invocations `tx ^ 1, tx ^ 2, ..` of a row group.
 fn check_subgroups(spec: &KernelSpec, t: &Tiling) -> Result<(), DslError> {
-    if spec.op != Op::Forward {
+    if !spec.op.is_forward() {
         return Err(DslError::spec(
             Field::Grid,
             format!(
@@ -650,7 +660,20 @@ fn cannot_honour(op: Op, m: Modifier) -> Option<&'static str> {
             "dropout belongs to training, and a decode step runs inference; it has no \
              backward to regenerate the mask",
         ),
+        (Op::Extend, Document) => Some(
+            "its rows continue one sequence's cache, which is one document; cut a packed \
+             batch into sequences (one slot each)",
+        ),
+        (Op::Extend, Bias | SharedBias) => Some(
+            "a bias is a [seq, seq] tensor over one call's rows, and a continued cache's keys \
+             span every earlier call",
+        ),
+        (Op::Extend, Dropout) => Some(
+            "dropout belongs to training, and continuing a cache is inference; it has no \
+             backward to regenerate the mask",
+        ),
         (Op::Decode | Op::DecodeSplit, Window | Alibi | Softcap | Sinks)
+        | (Op::Extend, Causal | Window | Alibi | Softcap | Sinks)
         | (Op::Forward | Op::BackwardQ | Op::BackwardKv, _) => None,
     }
 }
@@ -658,12 +681,14 @@ fn cannot_honour(op: Op, m: Modifier) -> Option<&'static str> {
 /// Only split-K decode reads a paged or fp8 cache: its key index is the one place that
 /// walks the block table, its loads the one place that widens fp8.
 fn check_cache(spec: &KernelSpec) -> Result<(), DslError> {
-    if spec.cache == Cache::Paged && !matches!(spec.op, Op::DecodeSplit | Op::CacheAppend) {
+    if spec.cache == Cache::Paged
+        && !matches!(spec.op, Op::DecodeSplit | Op::Extend | Op::CacheAppend)
+    {
         return Err(DslError::spec(
             Field::Cache,
             format!(
                 "op {} reads no paged cache; `cache: paged` belongs to a decode_split kernel \
-                 (run it with its decode_reduce) or a cache_append",
+                 (run it with its decode_reduce), an extend or a cache_append",
                 spec.op.name()
             ),
         ));
@@ -743,6 +768,7 @@ fn check_writes(spec: &KernelSpec) -> Result<(), DslError> {
         }
     }
     check_dbias(spec)?;
+    check_extend_outputs(spec)?;
     rows::check_row_sums(spec)?;
     let present = signature::tensors(spec);
     for t in tensors.iter().filter(|t| t.role == Role::Output) {
@@ -768,6 +794,31 @@ fn check_writes(spec: &KernelSpec) -> Result<(), DslError> {
         }
     }
     check_pairs(spec)
+}
+
+/// A continued cache's kernel writes O and LSE, or (its keys cut into slices) each slice's
+/// partial softmax for a decode_reduce, which joins the sinks where the slices meet.
+fn check_extend_outputs(spec: &KernelSpec) -> Result<(), DslError> {
+    if spec.op != Op::Extend {
+        return Ok(());
+    }
+    let refuse = |m: &str| Err(DslError::spec(Field::Write(String::new()), m.to_string()));
+    let sliced = spec.write_mode("partials").is_some();
+    let whole = ["o", "lse"].map(|n| spec.write_mode(n).is_some());
+    match (sliced, whole) {
+        (true, [false, false]) if spec.masks.sinks => refuse(
+            "an extend that writes `partials` leaves the sinks to its decode_reduce, which joins \
+             them once where the slices meet; drop `sinks` here and keep it on the reduce",
+        ),
+        (true, [false, false]) | (false, [true, true]) => Ok(()),
+        (true, _) => refuse(
+            "an extend writes `o` and `lse`, or its key slices' `partials`, not both: drop one",
+        ),
+        (false, _) => refuse(
+            "op extend writes `o` and `lse` (`writes: { o: owned, lse: owned }`), or its key \
+             slices' `partials: scratch` for a decode_reduce",
+        ),
+    }
 }
 
 /// dBias needs a bias, and a kernel that sees dS for every (query, key) it writes.
@@ -855,7 +906,7 @@ fn supported_mode(spec: &KernelSpec, tensor: &str) -> WriteMode {
         (Op::LayernormGradRows, "db") | (Op::LayernormRowsBackward, "dgamma" | "dbeta") => {
             WriteMode::ScratchFlush
         }
-        (Op::DecodeSplit, "partials") => WriteMode::ScratchFlush,
+        (Op::DecodeSplit | Op::Extend, "partials") => WriteMode::ScratchFlush,
         (Op::BackwardQ, "dkv") => WriteMode::AtomicScatter,
         // The tensor-core key-major half owns dK and dV per KV head, or adds them by
         // atomics from a workgroup per query head.

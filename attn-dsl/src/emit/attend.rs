@@ -29,12 +29,17 @@ pub(super) fn forward_helpers(out: &mut Wgsl, spec: &KernelSpec) {
     index::kv_head(out, spec);
     index::row_indexing(out, spec);
     index::masks(out, spec);
-    super::dtype::accessors(
-        out,
-        spec,
-        &[("query_at", "q"), ("key_at", "k"), ("value_at", "v")],
-    );
-    out.push_str(FORWARD_STATS);
+    let names = [("query_at", "q"), ("key_at", "k"), ("value_at", "v")];
+    match super::extend::sliced(spec) {
+        true => {
+            super::dtype::loads(out, spec, &names);
+            super::extend::stores(out);
+        }
+        false => {
+            super::dtype::accessors(out, spec, &names);
+            out.push_str(FORWARD_STATS);
+        }
+    }
     super::sinks::helpers(out, spec);
 }
 

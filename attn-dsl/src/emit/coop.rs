@@ -171,7 +171,7 @@ pub(super) fn kernel(out: &mut Wgsl, spec: &KernelSpec, t: &CoopTiling, keep: Ph
         true => stage_q_columns(out, spec, t.q_columns(), t.scaled),
         false => stage_rows(out, "stage_q", "BR", &[("q", "0u")]),
     }
-    super::flash::tile_key_range(out);
+    super::flash::tile_key_range(out, spec);
     body(out, spec, t, keep);
     entry(out, spec, "flash_forward_coop");
 }
@@ -279,7 +279,10 @@ pub(super) fn fetch_with(
 /// The test that vec4 `e` (row `r`, first column `c`) of a block of `rows` rows of `of`
 /// lies in the block, the sequence and its tensor's row.
 pub(super) fn fetch_guard(spec: &KernelSpec, of: Rows, rows: &str) -> String {
-    let within_block = format!("e < {rows} * (HEAD_DIM / 4u) && r < dims.seq_len");
+    let within_block = format!(
+        "e < {rows} * (HEAD_DIM / 4u) && r < {}",
+        super::index::rows_end(spec)
+    );
     and_within(spec, &within_block, of.row(), "c")
 }
 
@@ -363,7 +366,7 @@ fn stage_q(r0: u32, h: u32, tid: u32, c0: u32) {{
         cols + 8,
         cond = and_within(
             spec,
-            "r < dims.seq_len",
+            &format!("r < {}", super::index::rows_end(spec)),
             Row::Qk,
             "c0 + (e % (QC / 4u)) * 4u"
         ),
@@ -399,12 +402,15 @@ fn body(out: &mut Wgsl, spec: &crate::KernelSpec, t: &CoopTiling, keep: Phases) 
     let dv = t.v_frags;
     let (rows, lanes, keys) = softmax_layout(t);
     let mut b = String::new();
-    b.push_str(
-        "fn flash_forward_coop(tile: u32, h: u32, tid: u32, sg: u32, lane: u32) {\n    \
-         let kv_h = kv_head(h);\n    let row0 = tile * BR;\n    \
+    let end = super::index::rows_end(spec);
+    let _ = write!(
+        b,
+        "fn flash_forward_coop(tile: u32, h: u32, tid: u32, sg: u32, lane: u32) {{\n    \
+         let kv_h = kv_head(h);\n    let row0 = {};\n    \
          // The subgroup's 16 rows (row group) and its half of their products, if split.\n    \
          let rg = sg % NRG;\n    let part = sg / NRG;\n    \
-         if (tid == 0u) {\n        sh_range = tile_key_range(row0);\n    }\n",
+         if (tid == 0u) {{\n        sh_range = tile_key_range(row0);\n    }}\n",
+        super::index::tile_origin(spec)
     );
     stage_q(&mut b, t);
     for n in 0..dv / t.split {
@@ -424,7 +430,7 @@ fn body(out: &mut Wgsl, spec: &crate::KernelSpec, t: &CoopTiling, keep: Phases) 
         b,
         "    let r = sg * {rows}u + lane / {lanes}u;\n    let row = row0 + r;\n    \
          let k0 = lane % {lanes}u;\n    var lo = 0u;\n    var hi = 0u;\n    \
-         if (row < dims.seq_len) {{\n        let range = key_range(row);\n        \
+         if (row < {end}) {{\n        let range = key_range(row);\n        \
          lo = range.x;\n        hi = range.y;\n    }}\n    var m = NEG_BIG;\n    var l = 0.0;\n{scaled}    \
          // The row of P·V's fragments this invocation rescales and stores.\n    \
          let pr = rg * {FRAG}u + lane / 2u;\n    \
@@ -851,6 +857,7 @@ pub(super) fn rescale_rows(b: &mut String, frags: u32, (acc, moved, factors): (&
 /// O / l into the output through the subgroup's corner of sh_s, a 16-column fragment at a
 /// time, and the LSE.
 fn finish(b: &mut String, spec: &KernelSpec, t: &CoopTiling, lanes: u32) {
+    let end = super::index::rows_end(spec);
     let sinks = spec.masks.sinks;
     let mine = t.v_frags / t.split;
     // The row's factor from O's accumulators to O: 1 / l, or with bf16 operands
@@ -867,6 +874,8 @@ fn finish(b: &mut String, spec: &KernelSpec, t: &CoopTiling, lanes: u32) {
             "select(0.0, corr / lt, lt != 0.0)",
             "    let inv = sh_l[pr];\n",
         ),
+        // Key slices leave their outputs unnormalized for the reduce.
+        (false, false) if super::extend::sliced(spec) => ("lt", "    let inv = 1.0;\n"),
         (false, false) => (
             "lt",
             "    var inv = 0.0;\n    if (sh_l[pr] != 0.0) {\n        inv = 1.0 / sh_l[pr];\n    }\n",
@@ -875,7 +884,7 @@ fn finish(b: &mut String, spec: &KernelSpec, t: &CoopTiling, lanes: u32) {
     let _ = write!(
         b,
         "    var lt = l;\n{}{}    if (k0 == 0u) {{\n        sh_l[r] = {slot};\n    }}\n    \
-         if (row < dims.seq_len && k0 == 0u) {{\n        store_lse(row, h, m, lt);\n    }}\n    \
+         if (row < {end} && k0 == 0u) {{\n        store_lse(row, h, m, lt);\n    }}\n    \
          workgroupBarrier();\n{factor}    let out_row = row0 + pr;\n    \
          let base = o_index(out_row, h);\n    let c8 = (lane % 2u) * 8u;\n    \
          let x = pr * SS + part * 16u + c8;\n",
@@ -891,7 +900,12 @@ fn finish(b: &mut String, spec: &KernelSpec, t: &CoopTiling, lanes: u32) {
              store_out4(base + col, vec4<f32>(sh_s[x], sh_s[x + 1u], sh_s[x + 2u], sh_s[x + 3u]) * inv);\n        \
              store_out4(base + col + 4u, vec4<f32>(sh_s[x + 4u], sh_s[x + 5u], sh_s[x + 6u], sh_s[x + 7u]) * inv);\n    \
              }}\n",
-            and_within(spec, "out_row < dims.seq_len", Row::V, &format!("col_{n}")),
+            and_within(
+                spec,
+                &format!("out_row < {end}"),
+                Row::V,
+                &format!("col_{n}")
+            ),
         );
     }
     b.push_str("}\n\n");

@@ -96,7 +96,7 @@ pub(super) fn kernel(out: &mut Wgsl, spec: &KernelSpec, t: &CoopTiling, keep: Ph
     }
     match kv {
         true => super::flash_backward::query_tiles(out, spec),
-        false => super::flash::tile_key_range(out),
+        false => super::flash::tile_key_range(out, spec),
     }
     let mut b = String::new();
     prologue(&mut b, t, half, kv, scattered);

@@ -72,7 +72,7 @@ pub(super) fn helpers(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling) {
     fetch(out, spec, "k", Rows::K, "key_at");
     fetch(out, spec, "v", Rows::V, "value_at");
     put(out, "kv", "BC", "sh_kv");
-    tile_key_range(out);
+    tile_key_range(out, spec);
     out.push_str(ROW_REDUCTIONS);
     if t.subgroups {
         subgroup_reductions(out, t.tx);
@@ -107,15 +107,17 @@ fn subgroup_reductions(out: &mut Wgsl, tx: u32) {
 
 /// `tile_key_range(row0)`: x..y holds every key a row of the tile sees, z..w the keys every
 /// row of it sees (empty when the rows' ranges do not overlap).
-pub(super) fn tile_key_range(out: &mut Wgsl) {
-    out.push_str(
+pub(super) fn tile_key_range(out: &mut Wgsl, spec: &KernelSpec) {
+    let end = super::index::rows_end(spec);
+    let _ = write!(
+        out,
         r#"// key_range is monotone in the row (document starts and ends never decrease, causal
 // ends grow), so the first and last rows of the tile bound every row's range.
-fn tile_key_range(row0: u32) -> vec4<u32> {
+fn tile_key_range(row0: u32) -> vec4<u32> {{
     let first = key_range(row0);
-    let last = key_range(min(row0 + BR, dims.seq_len) - 1u);
+    let last = key_range(min(row0 + BR, {end}) - 1u);
     return vec4<u32>(first.x, last.y, last.x, first.y);
-}
+}}
 
 "#,
     );
@@ -158,7 +160,12 @@ pub(super) fn fetch(out: &mut Wgsl, spec: &KernelSpec, name: &str, of: Rows, src
 
 "#,
         vec4_at(src),
-        cond = and_within(spec, "e < BC * D4 && r < dims.seq_len", of.row(), "c4 * 4u"),
+        cond = and_within(
+            spec,
+            &format!("e < BC * D4 && r < {}", super::index::rows_end(spec)),
+            of.row(),
+            "c4 * 4u"
+        ),
         index = of.index("r", "h"),
     );
 }
@@ -226,12 +233,18 @@ pub(super) fn stage(out: &mut Wgsl, spec: &KernelSpec, name: &str, of: Rows, dst
 
 "#,
         vec4_at(src),
-        cond = and_within(spec, "r < dims.seq_len", of.row(), "c4 * 4u"),
+        cond = and_within(
+            spec,
+            &format!("r < {}", super::index::rows_end(spec)),
+            of.row(),
+            "c4 * 4u"
+        ),
         index = of.index("r", "h"),
     );
 }
 
 pub(super) fn forward_body(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling) {
+    let end = super::index::rows_end(spec);
     let (tm, tn, dn) = (t.tm, t.tn, t.dn);
     let mut b = String::new();
     let (params, reset) = match t.subgroups {
@@ -244,15 +257,16 @@ pub(super) fn forward_body(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling) {
     let _ = write!(
         b,
         "fn flash_forward(tile: u32, h: u32, tid: u32{params}) {{\n    let kv_h = kv_head(h);\n    \
-         let g = tid / TX;\n    let tx = tid % TX;\n    let row0 = tile * BR;\n    \
+         let g = tid / TX;\n    let tx = tid % TX;\n    let row0 = {origin};\n    \
          if (tid == 0u) {{\n        sh_range = tile_key_range(row0);{reset}\n    }}\n    \
          stage_q(row0, h, tid);\n",
+        origin = super::index::tile_origin(spec),
     );
     for i in 0..tm {
         let _ = write!(
             b,
             "    let row_{i} = row0 + g * TM + {i}u;\n    var lo_{i} = 0u;\n    var hi_{i} = 0u;\n    \
-             if (row_{i} < dims.seq_len) {{\n        let range = key_range(row_{i});\n        \
+             if (row_{i} < {end}) {{\n        let range = key_range(row_{i});\n        \
              lo_{i} = range.x;\n        hi_{i} = range.y;\n    }}\n    var m_{i} = NEG_BIG;\n    \
              var l_{i} = 0.0;\n"
         );
@@ -488,6 +502,7 @@ pub(super) fn accumulate(
 
 /// Sums each row's shares of l, then stores O = acc / l and the LSE.
 fn finish(b: &mut String, spec: &KernelSpec, t: &Tiling) {
+    let end = super::index::rows_end(spec);
     let sinks = spec.masks.sinks;
     let (tm, dn) = (t.tm, t.dn);
     // The last block's reads of sh_red are done before the shares overwrite it.
@@ -502,10 +517,16 @@ fn finish(b: &mut String, spec: &KernelSpec, t: &Tiling) {
             Some(join) => (format!("        {join}"), format!("corr_{i}")),
             None => (String::new(), "1.0".into()),
         };
+        // Key slices leave their outputs unnormalized for the reduce.
+        let inv = match super::extend::sliced(spec) {
+            true => "let inv = 1.0;".to_string(),
+            false => format!(
+                "var inv = 0.0;\n        if (lt_{i} != 0.0) {{\n            inv = {num} / lt_{i};\n        }}"
+            ),
+        };
         let _ = write!(
             b,
-            "    if (row_{i} < dims.seq_len) {{\n{join}        \
-             var inv = 0.0;\n        if (lt_{i} != 0.0) {{\n            inv = {num} / lt_{i};\n        }}\n        \
+            "    if (row_{i} < {end}) {{\n{join}        {inv}\n        \
              let base = o_index(row_{i}, h);\n"
         );
         for n in 0..dn {

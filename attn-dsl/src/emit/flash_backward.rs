@@ -80,7 +80,7 @@ pub(super) fn backward_q(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling) {
         fetch(out, spec, name, of, src);
         put(out, name, "BC", dst);
     }
-    tile_key_range(out);
+    tile_key_range(out, spec);
     let lp = super::tiles::KeyLoop::of(spec, true);
     q_body(out, spec, t, &lp, scatter_kv);
     super::flash::entry(out, spec, t, "flash_backward_q");

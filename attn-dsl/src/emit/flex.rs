@@ -188,7 +188,7 @@ pub(super) fn flush_call(spec: &crate::spec::KernelSpec) -> &'static str {
 pub(super) fn functions(out: &mut Wgsl, flex: &Flex, op: crate::spec::Op) {
     let (pos, seq) = match op {
         crate::spec::Op::Decode => ("cache_len() - 1u", "dims.capacity"),
-        crate::spec::Op::DecodeSplit => ("flex_row", "dims.capacity"),
+        crate::spec::Op::DecodeSplit | crate::spec::Op::Extend => ("flex_row", "dims.capacity"),
         _ => ("flex_row", "dims.seq_len"),
     };
     let var = |name: &str| variable(name, pos);

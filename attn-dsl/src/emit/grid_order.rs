@@ -44,6 +44,15 @@ pub(super) struct Mapping {
 /// The mapping of `order` for `spec`'s kernel: a key-major half's longest tiles are its
 /// first (the keys every later query sees), a query-major kernel's its last.
 pub(super) fn mapping(spec: &KernelSpec, order: Order) -> Mapping {
+    let mut m = sequence_mapping(spec, order);
+    if spec.op == Op::Extend {
+        // The sequence's cache slot and rows, once `batch` is known.
+        m.prologue.push_str("\n    continue_rows();");
+    }
+    m
+}
+
+fn sequence_mapping(spec: &KernelSpec, order: Order) -> Mapping {
     let chunked = match order {
         Order::Grid => {
             return Mapping {

@@ -30,6 +30,9 @@ pub(super) fn kv_head(out: &mut Wgsl, spec: &KernelSpec) {
 /// (`q_index`, `kv_index`) are `head_dim` wide, O and V rows (`o_index`, `v_index`)
 /// `head_dim_v` wide.
 pub(super) fn row_indexing(out: &mut Wgsl, spec: &KernelSpec) {
+    if spec.op == Op::Extend {
+        return super::extend::indexing(out, spec);
+    }
     let (q_rows, kv_rows) = match spec.op {
         Op::Decode => ("1u", "dims.capacity"),
         _ => ("dims.seq_len", "dims.seq_len"),
@@ -62,6 +65,23 @@ fn row_index(row: u32, h: u32) -> u32 {{
 
 "#
     );
+}
+
+/// The end of the rows a forward-like kernel walks, as positions: the sequence's length,
+/// or a continued cache's length with its new rows.
+pub(super) fn rows_end(spec: &KernelSpec) -> &'static str {
+    match spec.op {
+        Op::Extend => "kv_len",
+        _ => "dims.seq_len",
+    }
+}
+
+/// The position of a query tile's first row: tile · BR, after a continued cache's rows.
+pub(super) fn tile_origin(spec: &KernelSpec) -> &'static str {
+    match spec.op {
+        Op::Extend => "first_row + tile * BR",
+        _ => "tile * BR",
+    }
 }
 
 /// Which of attention's two row widths a tensor has.
@@ -129,7 +149,9 @@ pub(super) fn and_within(spec: &KernelSpec, cond: &str, row: Row, c: &str) -> St
 /// With documents, `seg` holds each row's document start and end, so both ranges are
 /// exact and tiles outside a document are never visited, causal or not.
 pub(super) fn masks(out: &mut Wgsl, spec: &KernelSpec) {
-    let (causal, document) = (spec.masks.causal, spec.masks.document);
+    // A continued cache's new rows are causal among themselves and see every cached key.
+    let causal = spec.masks.causal || spec.op == Op::Extend;
+    let document = spec.masks.document;
     if document {
         out.push_str(
             r#"fn doc_start(row: u32) -> u32 {
@@ -155,7 +177,7 @@ fn doc_end(row: u32) -> u32 {
         true => "col".to_string(),
         false => doc_or("doc_start(col)", "0u").to_string(),
     };
-    let mut q_end = doc_or("doc_end(col)", "dims.seq_len").to_string();
+    let mut q_end = doc_or("doc_end(col)", rows_end(spec)).to_string();
     if window {
         // Keys (s - W, s] with causal, (s - W, s + W) without: both ends move with the
         // row, so the ranges stay monotone and tiles outside every window are skipped.
@@ -173,6 +195,9 @@ fn window_back(row: u32) -> u32 {
 
 "#,
         );
+    }
+    if super::extend::sliced(spec) {
+        (start, end) = super::extend::clip(&start, &end);
     }
     let b = mask_bounds(spec);
     let key = bounded(&start, &end, &b.starts, &b.ends, &|o| at("row", o));

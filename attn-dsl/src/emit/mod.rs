@@ -11,6 +11,7 @@ mod coop_scale;
 mod decode_split;
 mod decode_stream;
 mod dtype;
+mod extend;
 mod flash;
 mod flash_backward;
 pub mod flex;
@@ -94,7 +95,7 @@ pub fn helper_names() -> impl Iterator<Item = &'static str> {
 /// schedule.
 fn emit_body(out: &mut Wgsl, spec: &KernelSpec, keep: coop::Phases) {
     if let Some(t) = coop::CoopTiling::of(spec) {
-        if spec.op == Op::Forward {
+        if spec.op.is_forward() {
             attend::forward_helpers(out, spec);
             coop::kernel(out, spec, &t, keep);
         } else {
@@ -107,7 +108,8 @@ fn emit_body(out: &mut Wgsl, spec: &KernelSpec, keep: coop::Phases) {
         return;
     }
     match spec.op {
-        Op::Forward | Op::Decode => {
+        // Checked: a continued cache runs the flash schedule.
+        Op::Forward | Op::Extend | Op::Decode => {
             attend::workgroup_memory(out);
             reduce::reductions(out);
             if spec.op == Op::Forward {
@@ -169,7 +171,7 @@ fn emit_body(out: &mut Wgsl, spec: &KernelSpec, keep: coop::Phases) {
         }
     }
     match spec.op {
-        Op::Forward => tile_entry(out, spec, "attend_row"),
+        Op::Forward | Op::Extend => tile_entry(out, spec, "attend_row"),
         Op::Decode => attend::decode_entry(out, &spec.name),
         Op::BackwardPrep => tile_entry(out, spec, "prep_row"),
         Op::BackwardQ => tile_entry(out, spec, "backward_row"),
@@ -237,7 +239,9 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
 }
 
 fn header(out: &mut Wgsl, spec: &KernelSpec) {
-    let masks = match (spec.masks.causal, spec.masks.document) {
+    // A continued cache's rows are causal among themselves without the word.
+    let causal = spec.masks.causal || spec.op == Op::Extend;
+    let masks = match (causal, spec.masks.document) {
         (true, true) => "causal + document",
         (true, false) => "causal",
         (false, true) => "document",

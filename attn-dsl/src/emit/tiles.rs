@@ -250,9 +250,20 @@ impl KeyLoop {
                 full: ("", ""),
             },
             true => KeyLoop {
-                pre: "    let q_last = min(row0 + BR, dims.seq_len) - 1u;\n    \
-                      let kt_first = next_key_tile(range.x / BC, kt_end, row0, q_last, h, BC);\n    \
-                      var kt_next = kt_first;\n",
+                // The tile's last row: its rows are positions (a continued cache's end
+                // after its cached rows).
+                pre: match spec.op {
+                    crate::Op::Extend => {
+                        "    let q_last = min(row0 + BR, kv_len) - 1u;\n    \
+                         let kt_first = next_key_tile(range.x / BC, kt_end, row0, q_last, h, BC);\n    \
+                         var kt_next = kt_first;\n"
+                    }
+                    _ => {
+                        "    let q_last = min(row0 + BR, dims.seq_len) - 1u;\n    \
+                         let kt_first = next_key_tile(range.x / BC, kt_end, row0, q_last, h, BC);\n    \
+                         var kt_next = kt_first;\n"
+                    }
+                },
                 first: "kt_first * BC",
                 head: "for (var kt = kt_first; kt < kt_end; kt = kt_next) {\n        \
                        kt_next = next_key_tile(kt + 1u, kt_end, row0, q_last, h, BC);\n        \

@@ -286,7 +286,7 @@ pub fn for_description(
     workgroup_size: Option<u32>,
 ) -> Option<FlashConfig> {
     let candidates = match op {
-        Op::Forward => forward(head_dim),
+        Op::Forward | Op::Extend => forward(head_dim),
         Op::BackwardQ | Op::BackwardKv => backward(head_dim),
         _ => return None,
     };

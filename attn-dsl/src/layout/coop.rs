@@ -66,7 +66,7 @@ impl CoopTiling {
     /// / not): at the seeds' shape (d 64, 2 vec4s each) 0.141 / 0.153 ms for 64x32/16@256;
     /// at seq 4096, d 128 (4 vec4s) 2.836 / 2.739 ms, and 10.6 / 7.6 ms for 32x32/16@64 (16).
     pub fn prefetches(&self) -> bool {
-        self.op != Op::Forward && self.carried() <= 2
+        !self.op.is_forward() && self.carried() <= 2
     }
 
     /// Whether a block's bf16 words are held raw from their loads and converted at their
@@ -155,7 +155,7 @@ impl CoopTiling {
 
     pub fn bytes(&self) -> u32 {
         match self.op {
-            Op::Forward => self.bytes_with(self.staged_rows()),
+            Op::Forward | Op::Extend => self.bytes_with(self.staged_rows()),
             _ => self.backward_bytes(),
         }
     }

@@ -45,7 +45,7 @@ pub fn workgroup_bytes(spec: &KernelSpec) -> u32 {
     let reduce = 4 * wg;
     match spec.op {
         // sh_q + sh_acc, sh_p + sh_partial, sh_state + sh_range, and the reductions.
-        Op::Forward | Op::Decode => 4 * (2 * hd + 2 * wg) + 8 + 8 + reduce,
+        Op::Forward | Op::Extend | Op::Decode => 4 * (2 * hd + 2 * wg) + 8 + 8 + reduce,
         Op::BackwardPrep => 0,
         // Two f32 (a double-f32) per invocation for the sum's tree.
         Op::SinkGrad => 2 * reduce,

@@ -115,7 +115,7 @@ impl Tiling {
         // Scores (and dP) per staged column; one head_dim-wide accumulator per output row
         // (two, dK and dV, in the key-major backward).
         let (scores, outputs) = match op {
-            Op::Forward => (tn, 4 * dn),
+            Op::Forward | Op::Extend => (tn, 4 * dn),
             Op::BackwardQ => (2 * tn, 4 * dn),
             _ => (2 * tn, 8 * dn),
         };
@@ -166,7 +166,7 @@ impl Tiling {
         let tile = 4 * self.br * (self.bc + 1);
         match op {
             // Q; K or V; P; the row reductions; the key range; the subgroup switch.
-            Op::Forward => {
+            Op::Forward | Op::Extend => {
                 rows(self.br, self.bc)
                     + tile
                     + 4 * self.br * self.tx

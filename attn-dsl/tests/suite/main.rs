@@ -4,5 +4,6 @@
 mod cache;
 mod compile;
 mod decode_split;
+mod extend;
 mod layers;
 mod row_layer;

@@ -723,7 +723,7 @@ fn decode(gpu: &Gpu, args: &Args, cache_len: u32) -> anyhow::Result<()> {
 }
 
 /// n new rows attended over the cache (continuing it: a prompt's next chunk, a chat's next
-/// turn, speculative drafts), n = 1, 4, 16 and 512, in the first half dtype: GPU time, the
+/// turn, speculative drafts), n = 1 to 512 (from 16 rows both as the decode plans it and on the split-K passes), in the first half dtype: GPU time, the
 /// cache's bytes per second and TFLOP/s (4·n·cache·heads·head_dim).
 fn continued_rows(
     gpu: &Gpu,
@@ -740,9 +740,32 @@ fn continued_rows(
         "{:<32} {:<40} {:>10} {:>9} {:>8} {:>9}",
         "continued cache", "rows", "GPU ms", "GB/s", "of copy", "TFLOP/s"
     );
-    for n in [1, 4, 16, 512].into_iter().filter(|&n| n <= len) {
-        let (ms, slicing) =
-            bench::e2e::continued(gpu, h, (len, n), dtype, args.runs as u32).context("continue")?;
+    use bench::e2e::Continue;
+    let chunk = runtime::ops::extend::CHUNK_ROWS;
+    let mut runs: Vec<(u32, Continue)> = Vec::new();
+    for n in [1, 4, 8, 16, 32, 64, 128, 512]
+        .into_iter()
+        .filter(|&n| n <= len)
+    {
+        runs.push((n, Continue::Planned));
+        if n >= chunk {
+            runs.push((n, Continue::SplitK));
+        }
+    }
+    // A chunk's time against its slices (one: the kernel that writes O).
+    for n in [64, 512].into_iter().filter(|&n| n <= len) {
+        for slice in [u32::MAX, 8192, 4096, 2048, 1024, 512] {
+            runs.push((n, Continue::Slices(slice)));
+        }
+    }
+    for (n, how) in runs {
+        let (ms, slicing) = bench::e2e::continued(gpu, h, (len, n), dtype, (args.runs as u32, how))
+            .context("continue")?;
+        let kernel = match (n >= chunk, how) {
+            (_, Continue::Slices(_)) => format!("chunk, forward's tiles, {slicing} asked"),
+            (true, Continue::Planned) => format!("chunk, forward's tiles, {slicing}"),
+            _ => format!("split-K {slicing}"),
+        };
         let bytes = f64::from(len)
             * f64::from(h.n_kv_heads)
             * f64::from(h.head_dim + h.head_dim_v)
@@ -756,13 +779,29 @@ fn continued_rows(
         println!(
             "{:<32} {:<40} {:>10.3} {:>9.1} {:>7.0}% {:>9.2}",
             shape.label(),
-            format!("n={n}, {} (split-K {slicing})", dtype.name()),
+            format!("n={n}, {} ({kernel})", dtype.name()),
             ms,
             gbps,
             100.0 * gbps / copy,
             flops / (ms * 1e-3) / 1e12
         );
     }
+    // A fresh prompt's forward (and its append) on the same heads, for the chunk's TFLOP/s.
+    let seq = 4096;
+    let row = bench::e2e::prefill(gpu, h, seq, dtype, args.runs as u32).context("prefill")?;
+    let flops = f64::from(seq)
+        * f64::from(seq + 1)
+        * f64::from(h.n_heads)
+        * f64::from(h.head_dim + h.head_dim_v);
+    println!(
+        "{:<32} {:<40} {:>10.3} {:>9} {:>8} {:>9.2}",
+        shape.label(),
+        format!("fresh forward, causal, {seq} rows (prefill)"),
+        row.gpu_ms,
+        "",
+        "",
+        flops / (row.gpu_ms * 1e-3) / 1e12
+    );
     Ok(())
 }
 

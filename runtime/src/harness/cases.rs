@@ -25,6 +25,7 @@ use crate::modifiers::{Bias, Dropout, Modifiers};
 use crate::ops::backward::{Backward, Schedule};
 use crate::ops::cache::CacheLayout;
 use crate::ops::decode::SplitLayout;
+use crate::ops::extend::CHUNK_ROWS;
 use crate::plan::tuning;
 
 // The inputs' generator, where the matrix's users have always found it.
@@ -1938,8 +1939,10 @@ type Labelled = (String, Vec<(&'static str, Verdict)>);
 
 /// Continued caches of `len` rows: n of them added to a cache of `len - n` (n up to 4) in
 /// the planned layout, paged, streamed (with subgroups), in half precision and in an e4m3
-/// cache; and a ragged batch of two or more, one of them a fresh slot. Each judged as the
-/// last rows of one causal forward over its whole length.
+/// cache; a ragged batch of two or more, one of them a fresh slot; and where `len` allows,
+/// a chunk of [`CHUNK_ROWS`] + 5 rows (the forward's tiles, `ops::extend`), contiguous,
+/// paged and in half precision. Each judged as the last rows of one causal forward over
+/// its whole length.
 fn continued_rows(
     gpu: &Gpu,
     mods: ModCase,
@@ -1952,7 +1955,10 @@ fn continued_rows(
         return Ok(Vec::new());
     }
     let n = 4.min(len - 1);
-    let uniform = (vec![len - n; batch as usize], vec![n; batch as usize]);
+    let uniform_of = |n: u32| (vec![len - n; batch as usize], vec![n; batch as usize]);
+    let uniform = uniform_of(n);
+    let chunk = CHUNK_ROWS + 5;
+    let chunked = uniform_of(chunk.min(len));
     let ragged_batch = batch.max(2) as usize;
     let ragged: (Vec<u32>, Vec<u32>) = (0..ragged_batch)
         .map(|b| match b % 2 {
@@ -1966,33 +1972,73 @@ fn continued_rows(
         pages_per_seq: cap.div_ceil(16),
     };
     let half = gpu.half_dtypes().first().copied();
-    type Variant = (&'static str, Dtype, Option<Fp8>, bool, SplitLayout);
+    type Variant = (
+        &'static str,
+        Dtype,
+        Option<Fp8>,
+        bool,
+        SplitLayout,
+        Option<u32>,
+    );
+    let planned = SplitLayout::PLANNED;
     let mut variants: Vec<Variant> = vec![
-        ("", Dtype::F32, None, false, SplitLayout::PLANNED),
-        (" page=16", Dtype::F32, None, true, SplitLayout::PLANNED),
+        ("", Dtype::F32, None, false, planned, None),
+        (" page=16", Dtype::F32, None, true, planned, None),
         (
             " e4m3 cache",
             Dtype::F32,
             Some(Fp8::E4m3),
             false,
-            SplitLayout::PLANNED,
+            planned,
+            None,
         ),
     ];
     if let Some(d) = half {
-        variants.push(("", d, None, false, SplitLayout::PLANNED));
+        variants.push(("", d, None, false, planned, None));
     }
     if gpu.has_subgroups() {
-        variants.push((" streamed", Dtype::F32, None, false, SplitLayout::Streamed));
+        variants.push((
+            " streamed",
+            Dtype::F32,
+            None,
+            false,
+            SplitLayout::Streamed,
+            None,
+        ));
     }
     let mut out = Vec::new();
+    // Chunks as the rule cuts them, in one slice (the kernel that writes O) and cut into
+    // slices of 64 keys (merged by the reduce), whatever the adapter's rule would say.
+    let (one, sliced) = (Some(u32::MAX), Some(64));
+    let f32 = Dtype::F32;
+    let mut chunks: Vec<Variant> = vec![
+        (" chunk", f32, None, false, planned, None),
+        (" chunk one slice", f32, None, false, planned, one),
+        (" chunk one slice page=16", f32, None, true, planned, one),
+        (" chunk sliced", f32, None, false, planned, sliced),
+        (" chunk sliced page=16", f32, None, true, planned, sliced),
+    ];
+    if let Some(d) = half {
+        for (label, slice_len) in [
+            (" chunk", None),
+            (" chunk one slice", one),
+            (" chunk sliced", sliced),
+        ] {
+            chunks.push((label, d, None, false, planned, slice_len));
+        }
+    }
+    if len < chunk {
+        chunks.clear();
+    }
     let runs = variants
         .into_iter()
         .map(|v| (v, &uniform))
         .chain(std::iter::once((
-            (" ragged", Dtype::F32, None, true, SplitLayout::PLANNED),
+            (" ragged", Dtype::F32, None, true, planned, None),
             &ragged,
-        )));
-    for ((label, dtype, fp8, is_paged, split), (cached, added)) in runs {
+        )))
+        .chain(chunks.into_iter().map(|v| (v, &chunked)));
+    for ((label, dtype, fp8, is_paged, split, slice_len), (cached, added)) in runs {
         let slots = cached.len() as u32;
         let cap = cached
             .iter()
@@ -2030,6 +2076,7 @@ fn continued_rows(
             cached,
             added,
             mods: data.mods(),
+            slice_len,
         };
         let run = crate::harness::continued::run(gpu, &case, [&q, &k, &v])?;
         let mut worst: Vec<(&'static str, Verdict)> = Vec::new();

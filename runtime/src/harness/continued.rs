@@ -27,6 +27,9 @@ pub struct ContinueCase<'a> {
     pub cached: &'a [u32],
     pub added: &'a [u32],
     pub mods: Modifiers<'a>,
+    /// The keys per slice of a uniform batch's decode (`None`: the rule's, through
+    /// `KvCache::extend`); a chunk cut into slices whatever the adapter's rule says.
+    pub slice_len: Option<u32>,
 }
 
 /// The added rows' outputs, packed `[rows, n_heads, head_dim_v]`, and K and V as the cache
@@ -133,15 +136,36 @@ pub fn run(gpu: &Gpu, case: &ContinueCase, [q, k, v]: [&[f32]; 3]) -> Result<Con
         let v_new = gather(v, dv, h.n_kv_heads, &|b| case.cached[b])?;
         let qt = Tensor::from_f32(gpu, &[batch, n, h.n_heads, dk], data, q)?;
         let o4 = o.view(&[batch, n, h.n_heads, dv])?;
-        let args = ExtendArgs {
-            k_new: &k_new,
-            v_new: &v_new,
-            q: &qt,
-            o: &o4,
-            scale: None,
-            mods,
-        };
-        cache.extend(gpu, &mut encoder, &mut decode, 0, &args)?;
+        match case.slice_len {
+            None => {
+                let args = ExtendArgs {
+                    k_new: &k_new,
+                    v_new: &v_new,
+                    q: &qt,
+                    o: &o4,
+                    scale: None,
+                    mods,
+                };
+                cache.extend(gpu, &mut encoder, &mut decode, 0, &args)?;
+            }
+            Some(slice_len) => {
+                cache.append(gpu, &mut encoder, 0, &k_new, &v_new)?;
+                let longest = (0..batch as usize).map(|b| case.len(b)).max().unwrap_or(1);
+                let args = DecodeArgs {
+                    q: &qt,
+                    rows: QueryRows::Each(n),
+                    cache: CacheView {
+                        max_len: longest,
+                        ..cache.view()
+                    },
+                    o: &o4,
+                    scale: None,
+                    mods,
+                    slice_len: Some(slice_len),
+                };
+                decode.record(gpu, &mut encoder, &args)?;
+            }
+        }
     } else {
         // Ragged: each sequence's rows appended, then one decode of all of them.
         for b in 0..batch as usize {

@@ -502,8 +502,9 @@ impl KvCache {
     /// causal among the new ones (row r of n at position `len + r`). A chunk of a long
     /// prompt, a conversation's next turn, a speculative draft to verify; an empty slot
     /// too (its rows then see only each other). Appended and attended in one recorded
-    /// piece of work: the append moves the lengths on the device, the split-K decode
-    /// (`decode`, built for this cache's widths, dtype and layout) reads them.
+    /// piece of work: the append moves the lengths on the device, the decode (`decode`,
+    /// built for this cache's widths, dtype and layout) reads them: split-K for a few rows,
+    /// the forward's tiles for a chunk of [`super::extend::CHUNK_ROWS`] or more.
     ///
     /// Everything is checked before anything is recorded: a refused call leaves the cache,
     /// its lengths and `o` as they were.

@@ -9,7 +9,8 @@
 
 use attn_dsl::{Cache, Dtype, KernelAbi, KernelSpec, Masks, Op, Scalar, Source};
 
-use super::{expect_all, grid};
+use super::extend::{CHUNK_ROWS, ChunkArgs, ChunkShape, ChunkSpec, Chunks};
+use super::{expect_all, grid, grow};
 use crate::device::Gpu;
 use crate::dispatch::kernel::Kernel;
 use crate::dispatch::record::{Dispatch, Pipeline};
@@ -19,7 +20,7 @@ use crate::plan::calibration::Calibration;
 use crate::plan::decode::{Slicing, plan_slices};
 use crate::plan::tuning::Table;
 use crate::shape::{Heads, nonzero, validate_heads, validate_scale};
-use crate::tensor::{Tensor, TensorError, elements};
+use crate::tensor::{Tensor, TensorError};
 
 /// What a decode op computes: head_dim (of Q and K) and head_dim_v (of V and O), the
 /// modifiers its kernels take (`window`, `alibi`, `softcap`), the dtype of Q, the cache
@@ -38,6 +39,17 @@ pub struct DecodeSpec {
 }
 
 impl DecodeSpec {
+    /// The chunk kernel's spec for this decode's calls of many rows.
+    fn chunk(&self) -> ChunkSpec {
+        ChunkSpec {
+            head_dim: self.head_dim,
+            head_dim_v: self.head_dim_v,
+            masks: self.masks,
+            dtype: self.dtype,
+            cache: self.cache,
+        }
+    }
+
     /// A contiguous cache of `dtype` rows, no masks: Q and K rows `head_dim` wide, V and O
     /// rows `head_dim_v`; set the fields for more (`DecodeSpec { cache, ..DecodeSpec::new(..) }`).
     pub fn new(head_dim: u32, head_dim_v: u32, dtype: Dtype) -> DecodeSpec {
@@ -288,9 +300,13 @@ pub(crate) fn abis(spec: &DecodeSpec, layout: SplitLayout) -> Result<[KernelAbi;
 
 /// Decode against a device cache, recorded into the caller's encoder.
 pub struct Decode {
+    spec: DecodeSpec,
     abis: [KernelAbi; 2],
     passes: Option<Passes>,
     scratch: Scratch,
+    /// Calls of many rows per sequence ([`super::extend`]); `None` where this spec's chunk
+    /// kernel cannot run on the device (they keep the split-K decode).
+    chunks: Option<Chunks>,
 }
 
 impl Decode {
@@ -309,10 +325,20 @@ impl Decode {
             gpu.require(abi)?;
         }
         Ok(Decode {
+            spec,
             abis,
             passes: None,
             scratch: Scratch::default(),
+            chunks: (spec.kv_fp8.is_none() && super::extend::usable(gpu, &spec.chunk()))
+                .then(Chunks::default),
         })
+    }
+
+    /// This decode with every call on the split-K passes, however many rows it brings
+    /// (what a continued cache's chunk is measured against).
+    pub fn without_chunks(mut self) -> Decode {
+        self.chunks = None;
+        self
     }
 
     /// Creates both pipelines now, awaiting the device's report (in a browser, before the
@@ -359,7 +385,10 @@ impl Decode {
         Ok(())
     }
 
-    /// Records both passes: O overwritten. Returns the slicing it ran.
+    /// Records the decode: O overwritten. Returns the slicing it ran. A call of at least
+    /// [`super::extend::CHUNK_ROWS`] rows per sequence runs as a chunk on the forward's
+    /// schedule, its keys cut into slices (merged by the reduce pass) where its query tiles
+    /// alone would leave the GPU idle.
     pub fn record(
         &mut self,
         gpu: &Gpu,
@@ -367,8 +396,55 @@ impl Decode {
         args: &DecodeArgs,
     ) -> Result<Slicing, Error> {
         self.passes(gpu)?;
+        if let QueryRows::Each(n) = args.rows
+            && n >= CHUNK_ROWS
+            && self.chunks.is_some()
+        {
+            return self.record_chunk(gpu, encoder, args, n);
+        }
         let passes = self.passes.as_mut().expect("created above");
         record(gpu, passes, &mut self.scratch, encoder, args)
+    }
+
+    /// A call of `n` rows per sequence as a chunk, and its reduce where it was sliced.
+    fn record_chunk(
+        &mut self,
+        gpu: &Gpu,
+        encoder: &mut wgpu::CommandEncoder,
+        args: &DecodeArgs,
+        n: u32,
+    ) -> Result<Slicing, Error> {
+        let passes = self.passes.as_mut().expect("created by record");
+        let chunks = self.chunks.as_mut().expect("checked by record");
+        let c = check(passes.split.abi(), passes.reduce.abi(), args)?;
+        let view = &args.cache;
+        let chunk = ChunkArgs {
+            q: args.q,
+            o: args.o,
+            k: view.k,
+            v: view.v,
+            seq_lens: view.seq_lens,
+            block_table: view.block_table,
+            slot0: view.slot0,
+            scale: args.scale,
+            mods: args.mods,
+        };
+        let shape = ChunkShape {
+            batch: c.batch,
+            n,
+            heads: c.h,
+            slice_len: args.slice_len,
+            target: passes.target,
+        };
+        let spec = self.spec.chunk();
+        let (slicing, partials) =
+            chunks.record(gpu, &spec, encoder, &chunk, (shape, view.max_len))?;
+        if let Some(partials) = partials {
+            let q_starts = self.scratch.starts(gpu, &c.starts)?.clone();
+            let dims = pass_dims(view, c.h, (c.batch, n), slicing, args);
+            record_reduce(gpu, passes, encoder, (&partials, &q_starts), dims, args)?;
+        }
+        Ok(slicing)
     }
 }
 
@@ -406,20 +482,6 @@ impl Scratch {
     }
 }
 
-/// `held`, replaced by a zeroed tensor of at least `shape`'s elements where it is shorter,
-/// viewed as `shape`.
-fn grow(
-    gpu: &Gpu,
-    held: &mut Option<Tensor>,
-    shape: &[u32],
-    scalar: Scalar,
-) -> Result<Tensor, TensorError> {
-    if held.as_ref().is_none_or(|t| t.len() < elements(shape)) {
-        *held = Some(Tensor::zeros(gpu, &[elements(shape) as u32], scalar));
-    }
-    held.as_ref().expect("grown above").view(shape)
-}
-
 /// Records split-K decode of `args` with `passes`, its partials in `scratch`.
 pub(crate) fn record(
     gpu: &Gpu,
@@ -436,29 +498,11 @@ pub(crate) fn record(
     } = check(passes.split.abi(), passes.reduce.abi(), args)?;
     let c = &args.cache;
     let slicing = passes.slicing(h, (batch, n_rows), c.max_len, args.slice_len)?;
-    let (capacity, page_size, pages_per_seq) = match c.block_table {
-        None => (c.k.shape()[1], 0, 0),
-        Some(t) => (0, c.k.shape()[1], t.shape()[1]),
-    };
     // A record per (sequence, slice, row, head): the output, then (m, l, 0, 0).
     let record = h.head_dim_v + 4;
     let partials = scratch.partials(gpu, &[batch, slicing.n_slices, n_rows * h.n_heads, record])?;
     let q_starts = scratch.starts(gpu, &starts)?.clone();
-    let mut dims = vec![
-        ("cache_len", c.max_len),
-        ("n_heads", h.n_heads),
-        ("n_kv_heads", h.n_kv_heads),
-        ("head_dim", h.head_dim),
-        ("batch", batch),
-        ("capacity", capacity),
-        ("page_size", page_size),
-        ("slice_len", slicing.slice_len),
-        ("n_slices", slicing.n_slices),
-        ("pages_per_seq", pages_per_seq),
-        ("n_rows", n_rows),
-        ("slot0", c.slot0),
-    ];
-    dims.extend(args.mods.dims());
+    let dims = pass_dims(c, h, (batch, n_rows), slicing, args);
     let mut params = vec![("scale", args.scale.unwrap_or(h.default_scale()))];
     params.extend(args.mods.params());
     let mut tensors = vec![
@@ -479,20 +523,63 @@ pub(crate) fn record(
         params,
     };
     passes.split.record(gpu, encoder, &split, g)?;
+    record_reduce(gpu, passes, encoder, (&partials, &q_starts), dims, args)?;
+    Ok(slicing)
+}
+
+/// Both passes' dims for `batch` sequences of up to `n_rows` rows over `c`, cut as
+/// `slicing` says.
+fn pass_dims(
+    c: &CacheView,
+    h: Heads,
+    (batch, n_rows): (u32, u32),
+    slicing: Slicing,
+    args: &DecodeArgs,
+) -> Vec<(&'static str, u32)> {
+    let (capacity, page_size, pages_per_seq) = match c.block_table {
+        None => (c.k.shape()[1], 0, 0),
+        Some(t) => (0, c.k.shape()[1], t.shape()[1]),
+    };
+    let mut dims = vec![
+        ("cache_len", c.max_len),
+        ("n_heads", h.n_heads),
+        ("n_kv_heads", h.n_kv_heads),
+        ("head_dim", h.head_dim),
+        ("batch", batch),
+        ("capacity", capacity),
+        ("page_size", page_size),
+        ("slice_len", slicing.slice_len),
+        ("n_slices", slicing.n_slices),
+        ("pages_per_seq", pages_per_seq),
+        ("n_rows", n_rows),
+        ("slot0", c.slot0),
+    ];
+    dims.extend(args.mods.dims());
+    dims
+}
+
+/// The reduce pass: each query's slices' partials merged into O (the sinks joined).
+fn record_reduce(
+    gpu: &Gpu,
+    passes: &mut Passes,
+    encoder: &mut wgpu::CommandEncoder,
+    (partials, q_starts): (&Tensor, &Tensor),
+    dims: Vec<(&'static str, u32)>,
+    args: &DecodeArgs,
+) -> Result<(), Error> {
     let mut tensors = vec![
-        ("partials", &partials),
+        ("partials", partials),
         ("o", args.o),
-        ("q_starts", &q_starts),
+        ("q_starts", q_starts),
     ];
     tensors.extend(args.mods.sinks.map(|t| ("sinks", t)));
+    let g = grid(passes.reduce.abi(), &dims);
     let reduce = Dispatch {
         tensors,
-        dims: dims.clone(),
+        dims,
         params: Vec::new(),
     };
-    let g = grid(passes.reduce.abi(), &dims);
-    passes.reduce.record(gpu, encoder, &reduce, g)?;
-    Ok(slicing)
+    passes.reduce.record(gpu, encoder, &reduce, g)
 }
 
 /// A checked call: its sequences, heads, query rows' starts and the most rows a sequence

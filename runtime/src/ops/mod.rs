@@ -8,6 +8,7 @@ pub mod backward;
 pub mod cache;
 pub mod convert;
 pub mod decode;
+pub mod extend;
 pub mod forward;
 pub mod layernorm;
 pub mod linear;
@@ -129,4 +130,18 @@ pub(crate) fn helper<'p>(
         *held = Some(Pipeline::new(Kernel::now(gpu, &abi)?));
     }
     Ok(held.as_mut().expect("made above"))
+}
+
+/// `held`, replaced by a zeroed tensor of at least `shape`'s elements where it is shorter,
+/// viewed as `shape`.
+pub(crate) fn grow(
+    gpu: &Gpu,
+    held: &mut Option<Tensor>,
+    shape: &[u32],
+    scalar: Scalar,
+) -> Result<Tensor, TensorError> {
+    if held.as_ref().is_none_or(|t| t.len() < elements(shape)) {
+        *held = Some(Tensor::zeros(gpu, &[elements(shape) as u32], scalar));
+    }
+    held.as_ref().expect("grown above").view(shape)
 }

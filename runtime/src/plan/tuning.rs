@@ -464,8 +464,18 @@ impl Table {
     /// run f16 products several times faster than any scalar layout); otherwise
     /// [`Table::forward`].
     pub fn forward_in(&self, gpu: &Gpu, head_dim: u32, dtype: Dtype) -> Option<FlashConfig> {
+        self.forward_of(Op::Forward, gpu, head_dim, dtype)
+    }
+
+    /// The configuration of a continued cache's chunk ([`Op::Extend`]): the forward's
+    /// rule, tensor cores where the dtype has them for that op (f16).
+    pub fn extend_in(&self, gpu: &Gpu, head_dim: u32, dtype: Dtype) -> Option<FlashConfig> {
+        self.forward_of(Op::Extend, gpu, head_dim, dtype)
+    }
+
+    fn forward_of(&self, op: Op, gpu: &Gpu, head_dim: u32, dtype: Dtype) -> Option<FlashConfig> {
         let coop = gpu
-            .coop16_for(dtype, Op::Forward)
+            .coop16_for(dtype, op)
             .then(|| coop_candidates(gpu, head_dim, dtype).into_iter().next())
             .flatten();
         coop.or_else(|| self.forward(gpu, head_dim))
@@ -557,6 +567,46 @@ pub fn flash_forward_phases(
 ) -> Result<KernelAbi, DslError> {
     let spec = forward_spec((head_dim, head_dim), masks, config, dtype);
     attn_dsl::compile_phases(&spec, keep)
+}
+
+/// The family's kernel for a continued cache's chunk ([`Op::Extend`]) of (head_dim,
+/// head_dim_v) over a cache of `cache`'s layout, under `config` in `dtype`, on the smallest
+/// target that holds it: writing O and LSE, or (`sliced`) its key slices' partials for
+/// the decode's reduce, which then joins the sinks.
+pub fn extend_dims(
+    (head_dim, head_dim_v): (u32, u32),
+    masks: Masks,
+    (cache, sliced): (attn_dsl::Cache, bool),
+    config: FlashConfig,
+    dtype: Dtype,
+) -> Result<KernelAbi, DslError> {
+    use attn_dsl::WriteMode::{Owned, ScratchFlush};
+    let base = match (cache, sliced) {
+        (attn_dsl::Cache::Contiguous, false) => "attention_extend",
+        (attn_dsl::Cache::Paged, false) => "attention_extend_paged",
+        (attn_dsl::Cache::Contiguous, true) => "attention_extend_sliced",
+        (attn_dsl::Cache::Paged, true) => "attention_extend_sliced_paged",
+    };
+    let (masks, writes) = match sliced {
+        true => (
+            Masks {
+                sinks: false,
+                ..masks
+            },
+            vec![("partials".into(), ScratchFlush)],
+        ),
+        false => (masks, vec![("o".into(), Owned), ("lse".into(), Owned)]),
+    };
+    let name = family_name(base, head_dim);
+    let mut spec = KernelSpec {
+        dtype,
+        cache,
+        writes,
+        ..KernelSpec::flash(&name, Op::Extend, head_dim, masks, config)
+    }
+    .with_head_dim_v(head_dim_v);
+    spec.fit_target();
+    attn_dsl::compile(&spec)
 }
 
 /// The family's flash forward for (head_dim, head_dim_v) under `config` in `dtype`, on the

@@ -1170,3 +1170,94 @@ fn tensors_of_another_device_are_refused_by_every_op() {
     let error = scope.pop().block_on();
     assert!(error.is_none(), "the encoder was invalidated: {error:?}");
 }
+
+/// A continuation of many rows (a prompt's chunk) runs on the forward's tiles and equals
+/// the split-K decode of the same rows over the same cache, and the chunk in one slice and
+/// cut into key slices, in both layouts: each slot at its own cached length, one of them
+/// empty before the chunk.
+#[test]
+fn a_chunk_equals_the_split_decode_of_its_rows() {
+    use runtime::ops::cache::ExtendArgs;
+    use runtime::ops::decode::QueryRows;
+    use runtime::ops::extend::CHUNK_ROWS;
+    let gpu = gpu();
+    let h = HEADS;
+    let n = CHUNK_ROWS + 3;
+    let paged = CacheLayout::Paged {
+        page_size: 16,
+        n_pages: 2 * 160 / 16,
+        pages_per_seq: 160 / 16,
+    };
+    for layout in [CacheLayout::Contiguous { capacity: 160 }, paged] {
+        let mut cache = KvCache::new(&gpu, f32_cache(h, 2, layout)).unwrap();
+        let spec = DecodeSpec {
+            cache: match layout {
+                CacheLayout::Paged { .. } => Cache::Paged,
+                _ => Cache::Contiguous,
+            },
+            ..DecodeSpec::new(64, 64, Dtype::F32)
+        };
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        for slot in 0..2 {
+            cache.open(&mut enc, slot).unwrap();
+        }
+        let kv = |rows, seed| upload(&gpu, &[1, rows, h.n_kv_heads, h.head_dim], seed).1;
+        let (k0, v0) = (kv(70, 1), kv(70, 2));
+        cache.append(&gpu, &mut enc, 0, &k0, &v0).unwrap();
+        let rows = [2, n, h.n_kv_heads, h.head_dim];
+        let (k, v) = (upload(&gpu, &rows, 3).1, upload(&gpu, &rows, 4).1);
+        let (_, q) = upload(&gpu, &[2, n, h.n_heads, h.head_dim], 5);
+        let chunk_o = Tensor::zeros(&gpu, &[2, n, h.n_heads, h.head_dim], Scalar::F32);
+        let mut decode = Decode::new(&gpu, spec).unwrap();
+        let args = ExtendArgs {
+            k_new: &k,
+            v_new: &v,
+            q: &q,
+            o: &chunk_o,
+            scale: None,
+            mods: Default::default(),
+        };
+        cache.extend(&gpu, &mut enc, &mut decode, 0, &args).unwrap();
+        // The same rows again: split-K, the chunk in one slice, and cut into 64-key slices.
+        let others = [(true, None), (false, Some(u32::MAX)), (false, Some(64))];
+        let outputs = others.map(|(split, slice_len)| {
+            let o = Tensor::zeros(&gpu, chunk_o.shape(), Scalar::F32);
+            let mut op = Decode::new(&gpu, spec).unwrap();
+            if split {
+                op = op.without_chunks();
+            }
+            let args = DecodeArgs {
+                q: &q,
+                rows: QueryRows::Each(n),
+                cache: cache.view(),
+                o: &o,
+                scale: None,
+                mods: Default::default(),
+                slice_len,
+            };
+            let ran = op.record(&gpu, &mut enc, &args).unwrap();
+            let one = slice_len == Some(u32::MAX);
+            assert_eq!(ran.n_slices == 1, one, "{layout:?}: {split} {slice_len:?}");
+            o
+        });
+        submit(&gpu, enc);
+        assert_eq!(cache.len(0), Some(70 + n));
+        let chunk = read(&gpu, &chunk_o);
+        assert!(
+            chunk.iter().any(|x| *x != 0.0),
+            "{layout:?}: the chunk wrote O"
+        );
+        for (o, what) in outputs
+            .iter()
+            .zip(["split-K", "one-slice chunk", "sliced chunk"])
+        {
+            let other = read(&gpu, o);
+            let diff = chunk.iter().zip(&other).map(|(x, y)| (x - y).abs());
+            let worst = diff.fold(0.0, f32::max);
+            assert!(
+                worst < 1e-5,
+                "{layout:?}: the chunk and the {what} differ by {worst}"
+            );
+        }
+    }
+}

@@ -200,18 +200,37 @@ fn waited(
     Ok((median(walls), median(spans.read_ms(gpu)?)))
 }
 
+/// How a continued cache's rows run in [`continued`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Continue {
+    /// As the decode plans them.
+    Planned,
+    /// On the split-K passes, however many rows.
+    SplitK,
+    /// Keys cut into slices of this many (a chunk's; `u32::MAX`: one slice).
+    Slices(u32),
+}
+
 /// `n` new rows of one sequence attended over its cache of `cache_len` rows (the new rows
 /// the last n of them, causal among themselves): what continuing a cache costs beside its
-/// append. Returns the GPU ms (median of `runs`, each waited for) and the slicing's label.
+/// append, run as `how` says. Returns the GPU ms (median of `runs`, each waited for) and
+/// the slicing's label.
 pub fn continued(
     gpu: &Gpu,
     h: Heads,
     (cache_len, n): (u32, u32),
     dtype: Dtype,
-    runs: u32,
+    (runs, how): (u32, Continue),
 ) -> Result<(f64, String), Error> {
     let cache = filled_cache(gpu, h, dtype, [cache_len, cache_len])?;
     let mut decode = Decode::new(gpu, DecodeSpec::new(h.head_dim, h.head_dim_v, dtype))?;
+    if how == Continue::SplitK {
+        decode = decode.without_chunks();
+    }
+    let slice_len = match how {
+        Continue::Slices(len) => Some(len),
+        _ => None,
+    };
     let q = random(gpu, &[1, n, h.n_heads, h.head_dim], dtype, 4)?;
     let o = Tensor::zeros(gpu, &[1, n, h.n_heads, h.head_dim_v], Scalar::from(dtype));
     let mut slicing = None;
@@ -223,7 +242,7 @@ pub fn continued(
             o: &o,
             scale: None,
             mods: Default::default(),
-            slice_len: None,
+            slice_len,
         };
         slicing = Some(decode.record(gpu, enc, &args)?);
         Ok(())

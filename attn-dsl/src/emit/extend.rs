@@ -1,0 +1,151 @@
+//! A continued cache's chunk (`op: extend`) on the forward's schedule: a query row is its
+//! position in the sequence (the masks, ranges and modifiers see positions), stored at
+//! `row - first_row` of its sequence's new rows in Q and O; keys are the cache's rows of the
+//! sequence's slot, through the block table when paged.
+//!
+//! With `partials` written instead of O and LSE, the cache is cut into `n_slices` key
+//! slices of `slice_len` keys (the grid's third axis is sequence × slice): each workgroup
+//! walks its slice only and flushes each row's unnormalized output and (m, l) in split-K
+//! decode's record layout, so the decode's reduce merges them (and joins the sinks). A
+//! short chunk then fills the GPU as a decode step does, instead of one workgroup per
+//! query tile walking the whole cache.
+
+use std::fmt::Write;
+
+use super::writer::Wgsl;
+use crate::spec::{Cache, KernelSpec, Op};
+
+/// Whether `spec` is a continued cache's kernel that cuts the keys into slices.
+pub(super) fn sliced(spec: &KernelSpec) -> bool {
+    spec.op == Op::Extend && spec.write_mode("partials").is_some()
+}
+
+/// A row's key range `[start, end)` kept within the workgroup's slice (never ending before
+/// it starts, so the range stays monotone in the row).
+pub(super) fn clip(start: &str, end: &str) -> (String, String) {
+    let start = format!("max({start}, slice_lo)");
+    let end = format!("max({start}, min({end}, slice_hi))");
+    (start, end)
+}
+
+/// The sequence's slot, rows and (sliced) key slice, set by the entry point's
+/// `continue_rows()`, and the index functions of Q, K, V, O and the row statistics.
+pub(super) fn indexing(out: &mut Wgsl, spec: &KernelSpec) {
+    let (qk, v) = match spec.split_dims() {
+        true => ("QK_DIM", "V_DIM"),
+        false => ("HEAD_DIM", "HEAD_DIM"),
+    };
+    let key_row = match spec.cache {
+        Cache::Contiguous => "    return (kv_slot * dims.capacity + j) * dims.n_kv_heads + kv_h;",
+        Cache::Paged => {
+            "    // Through the block table: page block_table[slot, j / page_size], row j % page_size.\n    \
+             let page = block_table[kv_slot * dims.pages_per_seq + j / dims.page_size];\n    \
+             return (page * dims.page_size + j % dims.page_size) * dims.n_kv_heads + kv_h;"
+        }
+    };
+    let (slice_vars, slice_set) = match sliced(spec) {
+        true => (
+            "// The workgroup's key slice, keys slice_lo..slice_hi.\nvar<private> kv_slice: u32;\n\
+             var<private> slice_lo: u32;\nvar<private> slice_hi: u32;\n",
+            "    // The grid's third axis is sequence × slice.\n    \
+             kv_slice = batch % dims.n_slices;\n    batch = batch / dims.n_slices;\n",
+        ),
+        false => ("", ""),
+    };
+    let slice_range = match sliced(spec) {
+        true => {
+            "\n    slice_lo = kv_slice * dims.slice_len;\n    \
+                 slice_hi = min(kv_len, slice_lo + dims.slice_len);"
+        }
+        false => "",
+    };
+    let o_index = match sliced(spec) {
+        true => "    return part_base(row, h);".to_string(),
+        false => format!(
+            "    return ((batch * dims.seq_len + row - first_row) * dims.n_heads + h) * {v};"
+        ),
+    };
+    let _ = write!(
+        out,
+        r#"// The sequence's cache slot, its length with the new rows (keys 0..kv_len), and the
+// position of its first new row; set by the entry point.
+var<private> kv_slot: u32;
+var<private> kv_len: u32;
+var<private> first_row: u32;
+{slice_vars}
+fn continue_rows() {{
+{slice_set}    kv_slot = dims.slot0 + batch;
+    kv_len = seq_lens[kv_slot];
+    first_row = kv_len - min(dims.seq_len, kv_len);{slice_range}
+}}
+
+fn q_index(row: u32, h: u32) -> u32 {{
+    return ((batch * dims.seq_len + row - first_row) * dims.n_heads + h) * {qk};
+}}
+
+fn key_row(j: u32, kv_h: u32) -> u32 {{
+{key_row}
+}}
+
+fn kv_index(j: u32, kv_h: u32) -> u32 {{
+    return key_row(j, kv_h) * {qk};
+}}
+
+fn o_index(row: u32, h: u32) -> u32 {{
+{o_index}
+}}
+
+fn v_index(j: u32, kv_h: u32) -> u32 {{
+    return key_row(j, kv_h) * {v};
+}}
+
+fn row_index(row: u32, h: u32) -> u32 {{
+    return (batch * dims.seq_len + row - first_row) * dims.n_heads + h;
+}}
+
+"#
+    );
+    if sliced(spec) {
+        part_base(out, spec);
+    }
+}
+
+/// `part_base(row, h)`: the first f32 of query (row, h)'s record in this slice, laid out
+/// as split-K decode's: `[batch, slice, row · n_heads + h]` records of `PART4` vec4s of the
+/// unnormalized output, then (m, l, 0, 0).
+fn part_base(out: &mut Wgsl, spec: &KernelSpec) {
+    let _ = write!(
+        out,
+        r#"// vec4s of a record's output part.
+const PART4: u32 = {part4}u;
+
+fn part_base(row: u32, h: u32) -> u32 {{
+    let q = (row - first_row) * dims.n_heads + h;
+    let queries = dims.seq_len * dims.n_heads;
+    return ((batch * dims.n_slices + kv_slice) * queries + q) * (PART4 + 1u) * 4u;
+}}
+
+"#,
+        part4 = spec.v_dim() / 4
+    );
+}
+
+/// The sliced kernel's stores: the output unnormalized into its record (the finish leaves
+/// it unscaled), and the row's (m, l) after it, where the forward stores its LSE.
+pub(super) fn stores(out: &mut Wgsl) {
+    out.push_str(
+        r#"fn store_out(i: u32, x: f32) {
+    partials[i >> 2u][i & 3u] = x;
+}
+
+fn store_out4(i: u32, x: vec4<f32>) {
+    partials[i >> 2u] = x;
+}
+
+fn store_lse(row: u32, h: u32, m: f32, l: f32) {
+    partials[(part_base(row, h) >> 2u) + PART4] = vec4<f32>(m, l, 0.0, 0.0);
+}
+
+"#,
+    );
+}

@@ -1,0 +1,173 @@
+//! `extend`, new rows over a KV cache on the forward's schedule: every flash and
+//! tensor-core configuration, both cache layouts and the modifiers a decode takes compile
+//! and validate; its rows are positions after the cache's, and the checks refuse what a
+//! continued cache cannot honour.
+
+use attn_dsl::WriteMode::{Owned, ScratchFlush};
+use attn_dsl::{Cache, Dtype, KernelSpec, Masks, Op, configs};
+
+fn extend(head_dim: u32, cache: Cache, dtype: Dtype, masks: Masks, coop: bool) -> KernelSpec {
+    let config = match coop {
+        true => configs::coop_forward(head_dim, configs::CANDIDATE_WORKGROUP_BYTES)[0],
+        false => configs::forward(head_dim)[0],
+    };
+    let mut spec = KernelSpec {
+        cache,
+        dtype,
+        writes: vec![("o".into(), Owned), ("lse".into(), Owned)],
+        ..KernelSpec::flash("extend", Op::Extend, head_dim, masks, config)
+    };
+    spec.fit_target();
+    spec
+}
+
+/// The same, its keys cut into slices whose partials a decode_reduce merges.
+fn sliced(head_dim: u32, cache: Cache, dtype: Dtype, masks: Masks, coop: bool) -> KernelSpec {
+    let mut spec = KernelSpec {
+        writes: vec![("partials".into(), ScratchFlush)],
+        ..extend(head_dim, cache, dtype, masks, coop)
+    };
+    spec.fit_target();
+    spec
+}
+
+#[test]
+fn extend_compiles_in_every_layout_dtype_and_schedule() {
+    let mods = [
+        Masks::default(),
+        Masks {
+            window: true,
+            alibi: true,
+            softcap: true,
+            sinks: true,
+            ..Masks::default()
+        },
+    ];
+    for head_dim in [64, 128] {
+        for cache in [Cache::Contiguous, Cache::Paged] {
+            for masks in mods {
+                for (dtype, coop) in [
+                    (Dtype::F32, false),
+                    (Dtype::F16, false),
+                    (Dtype::Bf16, false),
+                    (Dtype::F16, true),
+                ] {
+                    let what = format!("d{head_dim} {cache:?} {dtype:?} coop {coop} {masks:?}");
+                    let abi = attn_dsl::compile(&extend(head_dim, cache, dtype, masks, coop))
+                        .unwrap_or_else(|e| panic!("{what}: {e}"));
+                    let no_sinks = Masks {
+                        sinks: false,
+                        ..masks
+                    };
+                    let slices = attn_dsl::compile(&sliced(head_dim, cache, dtype, no_sinks, coop))
+                        .unwrap_or_else(|e| panic!("{what} sliced: {e}"));
+                    let names: Vec<_> = slices.bindings.iter().map(|b| b.name.as_ref()).collect();
+                    assert!(
+                        names.contains(&"partials") && !names.contains(&"o"),
+                        "{what}"
+                    );
+                    // Each workgroup walks its slice, and leaves its output unnormalized.
+                    assert!(slices.wgsl.contains(", slice_lo)"), "{what}");
+                    assert!(slices.wgsl.contains("min(row + 1u, slice_hi)"), "{what}");
+                    assert!(slices.wgsl.contains("let inv = 1.0;"), "{what}");
+                    let names: Vec<_> = abi.bindings.iter().map(|b| b.name.as_ref()).collect();
+                    assert_eq!(
+                        names.contains(&"block_table"),
+                        cache == Cache::Paged,
+                        "{what}"
+                    );
+                    assert!(names.contains(&"seq_lens"), "{what}");
+                    // Rows are positions: the tile starts after the cached rows, and Q is
+                    // indexed from the first new row.
+                    assert!(abi.wgsl.contains("first_row + tile * BR"), "{what}");
+                    assert!(abi.wgsl.contains("row - first_row"), "{what}");
+                    assert!(abi.wgsl.contains("continue_rows();"), "{what}");
+                    assert!(!abi.wgsl.contains("dims.seq_len) - 1u"), "{what}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn extend_is_causal_among_its_new_rows_without_saying_so() {
+    let abi = attn_dsl::compile(&extend(
+        64,
+        Cache::Contiguous,
+        Dtype::F32,
+        Masks::default(),
+        false,
+    ))
+    .unwrap();
+    assert!(
+        abi.wgsl.contains("return vec2<u32>(0u, row + 1u);"),
+        "{}",
+        abi.wgsl
+    );
+}
+
+#[test]
+fn extend_refuses_what_a_continued_cache_cannot_honour() {
+    let err = |masks: Masks| {
+        attn_dsl::compile(&extend(64, Cache::Contiguous, Dtype::F32, masks, false))
+            .unwrap_err()
+            .to_string()
+    };
+    let doc = err(Masks {
+        document: true,
+        ..Masks::default()
+    });
+    assert!(doc.contains("one document"), "{doc}");
+    let dropout = err(Masks {
+        dropout: true,
+        ..Masks::default()
+    });
+    assert!(dropout.contains("inference"), "{dropout}");
+    let per_row = KernelSpec {
+        writes: vec![("o".into(), Owned), ("lse".into(), Owned)],
+        ..KernelSpec::standard("extend", Op::Extend, 64, Masks::default())
+    };
+    let grid = attn_dsl::compile(&per_row).unwrap_err().to_string();
+    assert!(grid.contains("s_major(flash)"), "{grid}");
+    let fp8 = KernelSpec {
+        kv_fp8: Some(attn_dsl::Fp8::E4m3),
+        ..extend(64, Cache::Contiguous, Dtype::F16, Masks::default(), false)
+    };
+    let fp8 = attn_dsl::compile(&fp8).unwrap_err().to_string();
+    assert!(fp8.contains("e4m3"), "{fp8}");
+    let sinks = Masks {
+        sinks: true,
+        ..Masks::default()
+    };
+    let sliced_sinks = sliced(64, Cache::Contiguous, Dtype::F32, sinks, false);
+    let e = attn_dsl::compile(&sliced_sinks).unwrap_err().to_string();
+    assert!(e.contains("decode_reduce"), "{e}");
+    let both = KernelSpec {
+        writes: vec![
+            ("o".into(), Owned),
+            ("lse".into(), Owned),
+            ("partials".into(), ScratchFlush),
+        ],
+        ..extend(64, Cache::Contiguous, Dtype::F32, Masks::default(), false)
+    };
+    let e = attn_dsl::compile(&both).unwrap_err().to_string();
+    assert!(e.contains("not both"), "{e}");
+}
+
+/// A sliced chunk's grid has a workgroup per (query tile, head, sequence × slice).
+#[test]
+fn a_sliced_grid_covers_every_slice_of_every_sequence() {
+    let abi = attn_dsl::compile(&sliced(
+        128,
+        Cache::Contiguous,
+        Dtype::F16,
+        Masks::default(),
+        true,
+    ))
+    .unwrap();
+    let tile = abi.grid.tile;
+    // seq_len, n_heads, n_kv_heads, head_dim, batch, window, capacity, page_size,
+    // pages_per_seq, slot0, n_slices, slice_len.
+    let grid = abi.dispatch_grid(&[100, 32, 8, 128, 3, 0, 4096, 0, 0, 0, 5, 832]);
+    assert_eq!(grid, [100u32.div_ceil(tile), 32, 15]);
+}

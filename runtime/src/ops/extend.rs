@@ -1,0 +1,267 @@
+//! A continued cache's chunk on the forward's schedule: `n` new rows per sequence, their K
+//! and V already appended, attend to their sequence's whole cache in query tiles of the
+//! flash forward ([`attn_dsl::Op::Extend`]), on tensor cores where the dtype has them.
+//! The split-K decode serves a few rows per sequence (it reads the cache once for every
+//! query slot of a KV head); a prompt's chunk or a conversation's next turn has enough
+//! rows for whole query tiles, and then the tiles' products are the work, not the reads.
+//!
+//! One workgroup walking the whole cache for its tile would leave a short chunk's GPU
+//! mostly idle, so the keys are cut into slices as the split-K decode's are: each slice's
+//! workgroups flush their rows' partial softmaxes in the split pass's record layout, and
+//! the decode's reduce pass merges them (joining the sinks once).
+//!
+//! [`super::decode::Decode`] takes this path by itself for calls of at least
+//! [`CHUNK_ROWS`] rows per sequence over a cache in its dtype (an fp8 cache keeps the
+//! split-K decode, which widens its bytes).
+
+use attn_dsl::{Cache, Dtype, FlashConfig, KernelAbi, Masks};
+
+use super::{grid, grow};
+use crate::device::Gpu;
+use crate::dispatch::kernel::Kernel;
+use crate::dispatch::record::{Dispatch, Pipeline};
+use crate::error::{Error, InputError};
+use crate::modifiers::DeviceModifiers;
+use crate::plan::decode::{Slicing, plan_slices};
+use crate::plan::tuning::{self, Table};
+use crate::shape::Heads;
+use crate::tensor::Tensor;
+
+/// The fewest new rows per sequence that run as a chunk. A chunk's query tile holds 64
+/// rows, so its time is flat up to 64 rows, while the split-K decode's grows with them
+/// (its workgroups re-read the slice for every four queries). Measured on an H200
+/// (2026-11-29, `bench --decode 32768 --heads 32 --kv-heads 8 --head-dim 128`, f16):
+/// the chunk (in slices) at 64 rows 0.527 ms, the split-K decode at 4 rows 0.245, at 16
+/// rows 0.810, at 32 rows 1.564; so they cross between 4 and 16 rows.
+pub const CHUNK_ROWS: u32 = 16;
+
+/// What a chunk kernel is built for: the decode's widths, masks and modifiers, dtype (of
+/// Q, O and the cache) and cache layout.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct ChunkSpec {
+    pub head_dim: u32,
+    pub head_dim_v: u32,
+    pub masks: Masks,
+    pub dtype: Dtype,
+    pub cache: Cache,
+}
+
+/// One chunk's tensors: Q and O of `n` rows per sequence, the cache as the decode reads it
+/// (after the new rows' append).
+pub(crate) struct ChunkArgs<'a> {
+    pub q: &'a Tensor,
+    pub o: &'a Tensor,
+    pub k: &'a Tensor,
+    pub v: &'a Tensor,
+    pub seq_lens: &'a Tensor,
+    pub block_table: Option<&'a Tensor>,
+    pub slot0: u32,
+    pub scale: Option<f32>,
+    pub mods: DeviceModifiers<'a>,
+}
+
+/// Whether `spec`'s chunk kernel, in its portable configuration, compiles and runs on
+/// `gpu` (a description the forward's tiles cannot hold keeps the split-K decode).
+pub(crate) fn usable(gpu: &Gpu, spec: &ChunkSpec) -> bool {
+    let width = spec.head_dim.max(spec.head_dim_v);
+    tuning::forward_candidates(width).first().is_some_and(|c| {
+        [false, true]
+            .into_iter()
+            .all(|sliced| compile(spec, *c, sliced).is_ok_and(|abi| gpu.require(&abi).is_ok()))
+    })
+}
+
+/// The chunk kernels of one decode spec (writing O, and writing key slices' partials),
+/// compiled on first use, the LSE the first writes (a forward's by-product the decode does
+/// not return) and the partials of the second.
+#[derive(Default)]
+pub(crate) struct Chunks {
+    config: Option<FlashConfig>,
+    whole: Option<Pipeline>,
+    sliced: Option<Pipeline>,
+    lse: Option<Tensor>,
+    partials: Option<Tensor>,
+}
+
+/// The rows of one chunk call and how its keys are cut: `batch` sequences of `n` rows,
+/// the slicing asked for (`None`: by the rule, against `target` workgroups).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ChunkShape {
+    pub batch: u32,
+    pub n: u32,
+    pub heads: Heads,
+    pub slice_len: Option<u32>,
+    pub target: u32,
+}
+
+impl Chunks {
+    /// The planned configuration for `spec` on `gpu`, decided once.
+    fn config(&mut self, gpu: &Gpu, spec: &ChunkSpec) -> Result<FlashConfig, Error> {
+        if let Some(c) = self.config {
+            return Ok(c);
+        }
+        let width = spec.head_dim.max(spec.head_dim_v);
+        let config = Table::for_gpu(gpu)?
+            .extend_in(gpu, width, spec.dtype)
+            .ok_or(InputError::Unsupported {
+                what: "a continued cache's chunk at this head_dim",
+                needs: "a head_dim that is a multiple of 4, from 4 to 256",
+            })?;
+        self.config = Some(config);
+        Ok(config)
+    }
+
+    /// The kernel writing O (or, `sliced`, partials), compiled now if it was not yet.
+    fn pipeline(
+        &mut self,
+        gpu: &Gpu,
+        spec: &ChunkSpec,
+        sliced: bool,
+    ) -> Result<&mut Pipeline, Error> {
+        let config = self.config(gpu, spec)?;
+        let held = match sliced {
+            true => &mut self.sliced,
+            false => &mut self.whole,
+        };
+        if held.is_none() {
+            let abi = compile(spec, config, sliced)?;
+            *held = Some(Pipeline::new(Kernel::now(gpu, &abi)?));
+        }
+        Ok(held.as_mut().expect("compiled above"))
+    }
+
+    /// How a call of `shape` over a cache of `max_len` rows cuts its keys: by the decode's
+    /// slicing rule (enough slices that the query tiles of every head and sequence reach
+    /// the target workgroups, each a whole number of [`SLICE_BLOCK`] keys, at most
+    /// [`MAX_SLICE`]), or as asked.
+    fn slicing(
+        &mut self,
+        gpu: &Gpu,
+        spec: &ChunkSpec,
+        shape: ChunkShape,
+        max_len: u32,
+    ) -> Result<Slicing, Error> {
+        if let Some(slice_len) = shape.slice_len {
+            if slice_len == 0 {
+                let (key_tile, max) = (1, max_len);
+                return Err(InputError::SliceLen {
+                    slice_len,
+                    key_tile,
+                    max,
+                }
+                .into());
+            }
+            let n_slices = max_len.div_ceil(slice_len).max(1);
+            return Ok(Slicing {
+                slice_len,
+                n_slices,
+            });
+        }
+        let tile = self.config(gpu, spec)?.tile;
+        let tiles = shape.n.div_ceil(tile) * shape.heads.n_heads * shape.batch;
+        Ok(plan_slices(
+            max_len,
+            tiles,
+            SLICE_BLOCK,
+            MAX_SLICE,
+            shape.target,
+        ))
+    }
+
+    /// Records the chunk of a call the decode has checked. Returns its slicing, and with
+    /// more than one slice the partials the decode's reduce must merge into O.
+    pub fn record(
+        &mut self,
+        gpu: &Gpu,
+        spec: &ChunkSpec,
+        encoder: &mut wgpu::CommandEncoder,
+        args: &ChunkArgs,
+        (shape, max_len): (ChunkShape, u32),
+    ) -> Result<(Slicing, Option<Tensor>), Error> {
+        let (batch, n, h) = (shape.batch, shape.n, shape.heads);
+        let slicing = self.slicing(gpu, spec, shape, max_len)?;
+        let sliced = slicing.n_slices > 1;
+        let lse = grow(
+            gpu,
+            &mut self.lse,
+            &[batch, n, h.n_heads],
+            attn_dsl::Scalar::F32,
+        )?;
+        let partials = match sliced {
+            true => {
+                let records = [batch, slicing.n_slices, n * h.n_heads, h.head_dim_v + 4];
+                let f32 = attn_dsl::Scalar::F32;
+                Some(grow(gpu, &mut self.partials, &records, f32)?)
+            }
+            false => None,
+        };
+        let mut tensors = vec![("q", args.q), ("k", args.k), ("v", args.v)];
+        match &partials {
+            Some(p) => tensors.push(("partials", p)),
+            None => tensors.extend([("o", args.o), ("lse", &lse)]),
+        }
+        tensors.push(("seq_lens", args.seq_lens));
+        tensors.extend(args.block_table.map(|t| ("block_table", t)));
+        // The reduce joins the sinks of a sliced chunk.
+        let mods = args.mods.tensors();
+        tensors.extend(mods.filter(|(name, _)| !sliced || *name != "sinks"));
+        let mut d = Dispatch::new(tensors);
+        d.dims = dims(args, (batch, n), h, slicing);
+        d.params = vec![("scale", args.scale.unwrap_or(h.default_scale()))];
+        d.params.extend(args.mods.params());
+        let pipeline = self.pipeline(gpu, spec, sliced)?;
+        let g = grid(pipeline.abi(), &d.dims);
+        pipeline.record(gpu, encoder, &d, g)?;
+        Ok((slicing, partials))
+    }
+}
+
+/// The chunk kernel's dims for a call.
+fn dims(
+    args: &ChunkArgs,
+    (batch, n): (u32, u32),
+    h: Heads,
+    slicing: Slicing,
+) -> Vec<(&'static str, u32)> {
+    let (capacity, page_size, pages_per_seq) = match args.block_table {
+        None => (args.k.shape()[1], 0, 0),
+        Some(t) => (0, args.k.shape()[1], t.shape()[1]),
+    };
+    let mut dims = vec![
+        ("seq_len", n),
+        ("n_heads", h.n_heads),
+        ("n_kv_heads", h.n_kv_heads),
+        ("head_dim", h.head_dim),
+        ("batch", batch),
+        ("capacity", capacity),
+        ("page_size", page_size),
+        ("pages_per_seq", pages_per_seq),
+        ("slot0", args.slot0),
+        ("n_slices", slicing.n_slices),
+        ("slice_len", slicing.slice_len),
+    ];
+    dims.extend(args.mods.dims());
+    dims
+}
+
+/// A slice's keys are a whole number of these (a multiple of every configuration's key
+/// block), so that only the cache's last block is ragged.
+const SLICE_BLOCK: u32 = 64;
+
+/// The most keys a chunk's slice holds, past what the workgroup target asks: one
+/// workgroup walking a long slice waits on each block's loads with nothing else to run.
+/// Measured on an H200 (2026-11-29, `bench --decode 32768 --heads 32 --kv-heads 8
+/// --head-dim 128`, f16, slices asked, one slice to 64): 64 rows 1.943 ms in one slice,
+/// 0.523-0.544 in 4 to 32 slices, 0.587 in 64; 512 rows 3.620 in one, 3.701 in 4 (what the
+/// target alone asks: 3), 3.264 in 8, 3.229 in 16 (2048 keys), 3.320 in 32, 3.587 in 64.
+const MAX_SLICE: u32 = 2048;
+
+/// The chunk kernel of `spec` under `config`, writing O or (`sliced`) partials.
+fn compile(spec: &ChunkSpec, config: FlashConfig, sliced: bool) -> Result<KernelAbi, Error> {
+    let dims = (spec.head_dim, spec.head_dim_v);
+    let layout = (spec.cache, sliced);
+    tuning::extend_dims(dims, spec.masks, layout, config, spec.dtype).map_err(|e| Error::Pipeline {
+        kernel: format!("extend d{} {}", spec.head_dim, config.label()),
+        message: e.to_string(),
+    })
+}
