@@ -77,6 +77,45 @@ impl Pipeline {
         self.record_timed(gpu, encoder, d, grid, None)
     }
 
+    /// Checks `d` and `grid` as [`Pipeline::record`] does, recording nothing; the result
+    /// records without failing ([`Pipeline::record_checked`]). For an op that changes its
+    /// own state before recording, so that a refused call changes none.
+    pub fn check(&self, gpu: &Gpu, d: &Dispatch, grid: [u32; 3]) -> Result<Checked, Error> {
+        check_grid(gpu, grid)?;
+        Ok(Checked {
+            ranges: self.resolve(gpu, d)?,
+            grid,
+        })
+    }
+
+    /// Records a dispatch [`Pipeline::check`] accepted.
+    pub fn record_checked(
+        &mut self,
+        gpu: &Gpu,
+        encoder: &mut wgpu::CommandEncoder,
+        checked: Checked,
+    ) {
+        self.encode(gpu, encoder, &checked, None);
+    }
+
+    fn encode(
+        &mut self,
+        gpu: &Gpu,
+        encoder: &mut wgpu::CommandEncoder,
+        checked: &Checked,
+        timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
+    ) {
+        let group = self.group(gpu, &checked.ranges);
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some(&self.kernel.abi().name),
+            timestamp_writes: timestamps,
+        });
+        pass.set_pipeline(self.kernel.pipeline());
+        pass.set_bind_group(0, &group, &[]);
+        let [x, y, z] = checked.grid;
+        pass.dispatch_workgroups(x, y, z);
+    }
+
     /// [`Pipeline::record`] with the pass's start and end written to timestamp queries.
     pub fn record_timed(
         &mut self,
@@ -86,16 +125,8 @@ impl Pipeline {
         grid: [u32; 3],
         timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
     ) -> Result<(), Error> {
-        check_grid(gpu, grid)?;
-        let resolved = self.resolve(gpu, d)?;
-        let group = self.group(gpu, &resolved);
-        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-            label: Some(&self.kernel.abi().name),
-            timestamp_writes: timestamps,
-        });
-        pass.set_pipeline(self.kernel.pipeline());
-        pass.set_bind_group(0, &group, &[]);
-        pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
+        let checked = self.check(gpu, d, grid)?;
+        self.encode(gpu, encoder, &checked, timestamps);
         Ok(())
     }
 
@@ -157,6 +188,12 @@ impl Pipeline {
         self.groups.push((key.to_vec(), group.clone()));
         group
     }
+}
+
+/// A dispatch checked against its pipeline: every binding's buffer range and the grid.
+pub struct Checked {
+    ranges: Vec<(wgpu::Buffer, u64, u64)>,
+    grid: [u32; 3],
 }
 
 /// The uniform block `b` filled from `d` by field name.

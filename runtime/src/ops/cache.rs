@@ -345,8 +345,8 @@ impl KvCache {
         let v_layout = "[batch, n, n_kv_heads, head_dim_v]";
         expect(v_new, "v_new", &v_shape, dtype, v_layout)?;
         let range = first_slot..first_slot.saturating_add(batch);
-        let pages = self
-            .plan_append(range.clone(), n)
+        let needed = self
+            .pages_needed(range.clone(), n)
             .map_err(InputError::Cache)?;
         if n == 0 {
             // Nothing to store, and a binding of no rows is smaller than the kernel's vec4.
@@ -355,8 +355,35 @@ impl KvCache {
         if self.append.is_none() {
             self.append = Some(Pipeline::new(Kernel::now(gpu, &self.append_abi)?));
         }
-        // Checked and compiled: from here on the call only records.
+        let checked = {
+            let (d, g) = self.append_dispatch(first_slot, (batch, n), k_new, v_new);
+            let pipeline = self.append.as_ref().expect("compiled above");
+            pipeline.check(gpu, &d, g)?
+        };
+        // Checked and compiled: from here on the call only records, and the host's
+        // bookkeeping follows what it records.
+        let pages = self.take_pages(&needed);
         self.record_pages(gpu, encoder, range.clone(), &pages);
+        let pipeline = self.append.as_mut().expect("compiled above");
+        pipeline.record_checked(gpu, encoder, checked);
+        self.current = 1 - self.current;
+        for (slot, new_pages) in range.zip(pages) {
+            let s = &mut self.slots[slot as usize];
+            s.len += n;
+            s.pages.extend(new_pages);
+        }
+        Ok(())
+    }
+
+    /// The append kernel's dispatch of `n` rows for each of `batch` slots from
+    /// `first_slot`, and its grid.
+    fn append_dispatch<'a>(
+        &'a self,
+        first_slot: u32,
+        (batch, n): (u32, u32),
+        k_new: &'a Tensor,
+        v_new: &'a Tensor,
+    ) -> (Dispatch<'a>, [u32; 3]) {
         let (next, current) = (&self.lens[1 - self.current], &self.lens[self.current]);
         let mut tensors = vec![
             ("k_new", k_new),
@@ -388,30 +415,20 @@ impl KvCache {
             ("pages_per_seq", pages_per_seq),
             ("slot0", first_slot),
         ];
-        let pipeline = self.append.as_mut().expect("compiled above");
-        let g = grid(pipeline.abi(), &d.dims);
-        pipeline.record(gpu, encoder, &d, g)?;
-        self.current = 1 - self.current;
-        for (slot, new_pages) in range.zip(pages) {
-            let s = &mut self.slots[slot as usize];
-            s.len += n;
-            s.pages.extend(new_pages);
-        }
-        Ok(())
+        let g = grid(&self.append_abi, &d.dims);
+        (d, g)
     }
 
-    /// The pages each slot of `slots` needs for `n` more rows, taken from the pool only
-    /// once every check has passed.
-    fn plan_append(&mut self, slots: Range<u32>, n: u32) -> Result<Vec<Vec<u32>>, CacheError> {
-        let needed = self.pages_needed(slots.clone(), n)?;
-        Ok(needed
-            .into_iter()
-            .map(|k| {
+    /// `needed[i]` pages from the pool for each slot, once every check has passed.
+    fn take_pages(&mut self, needed: &[u32]) -> Vec<Vec<u32>> {
+        needed
+            .iter()
+            .map(|&k| {
                 (0..k)
                     .map(|_| self.free_pages.pop().expect("counted"))
                     .collect()
             })
-            .collect())
+            .collect()
     }
 
     /// How many pages each slot of `slots` needs for `n` more rows, or why it cannot take

@@ -381,7 +381,24 @@ impl Decode {
     pub fn check(&mut self, gpu: &Gpu, args: &DecodeArgs) -> Result<(), Error> {
         let passes = self.passes(gpu)?;
         let c = check(passes.split.abi(), passes.reduce.abi(), args)?;
-        passes.slicing(c.h, (c.batch, c.n_rows), args.cache.max_len, args.slice_len)?;
+        let target = passes.target;
+        let split = passes.slicing(c.h, (c.batch, c.n_rows), args.cache.max_len, args.slice_len);
+        if let QueryRows::Each(n) = args.rows
+            && n >= CHUNK_ROWS
+            && let Some(chunks) = self.chunks.as_mut()
+        {
+            // The chunk's kernel compiled now, so that its record cannot fail on it.
+            let shape = ChunkShape {
+                batch: c.batch,
+                n,
+                heads: c.h,
+                slice_len: args.slice_len,
+                target,
+            };
+            chunks.prepare(gpu, &self.spec.chunk(), (shape, args.cache.max_len))?;
+            return Ok(());
+        }
+        split?;
         Ok(())
     }
 

@@ -168,6 +168,18 @@ impl Chunks {
         ))
     }
 
+    /// Plans a call of `shape` over `max_len` keys and compiles the kernel it runs,
+    /// recording nothing.
+    pub fn prepare(
+        &mut self,
+        gpu: &Gpu,
+        spec: &ChunkSpec,
+        (shape, max_len): (ChunkShape, u32),
+    ) -> Result<(), Error> {
+        let slicing = self.slicing(gpu, spec, shape, max_len)?;
+        self.pipeline(gpu, spec, slicing.n_slices > 1).map(|_| ())
+    }
+
     /// Records the chunk of a call the decode has checked. Returns its slicing, and with
     /// more than one slice the partials the decode's reduce must merge into O.
     pub fn record(

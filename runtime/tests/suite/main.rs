@@ -5,6 +5,7 @@
 mod backward;
 mod bad_input;
 mod bench;
+mod cache_model;
 mod decode_split;
 mod device_api;
 mod doc_links;

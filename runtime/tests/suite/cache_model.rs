@@ -1,0 +1,341 @@
+//! The device KV cache against a host model of it: random sequences of open, free, append
+//! and extend (a continued slot's new rows and their attention), valid and not, over a
+//! contiguous and a paged cache in f32 and in half precision. After every step the cache's
+//! own lengths, the lengths on the device and every open slot's rows equal the model's, a
+//! refused step is an error that changes neither, and an extend's outputs equal attention
+//! computed on the host from the model's rows.
+
+use runtime::BlockOn;
+use std::sync::LazyLock;
+
+use attn_dsl::{Cache, Dtype, Scalar};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, RngSeed};
+use runtime::cases::random;
+use runtime::ops::cache::{CacheLayout, CacheSpec, ExtendArgs, KvCache};
+use runtime::ops::decode::{Decode, DecodeSpec};
+use runtime::{Gpu, Tensor, kernels};
+
+static GPU: LazyLock<Gpu> = LazyLock::new(|| {
+    Gpu::new(kernels::FAMILY.iter().copied())
+        .block_on()
+        .unwrap_or_else(|e| panic!("{e}"))
+});
+
+const SLOTS: u32 = 3;
+const KV_HEADS: u32 = 1;
+const HEADS: u32 = 2;
+const D: u32 = 64;
+const CAPACITY: u32 = 40;
+/// The paged cache's pool holds fewer pages than its slots could take, so a step can run
+/// out of pages.
+const PAGED: CacheLayout = CacheLayout::Paged {
+    page_size: 8,
+    n_pages: 8,
+    pages_per_seq: 5,
+};
+
+#[derive(Clone, Debug)]
+enum Step {
+    Open(u32),
+    Free(u32),
+    Append { slot: u32, rows: u32 },
+    Extend { slot: u32, rows: u32 },
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    // Slot SLOTS is past the cache; rows reach past the capacity and past a chunk's 16.
+    let slot = 0..=SLOTS;
+    prop_oneof![
+        1 => slot.clone().prop_map(Step::Open),
+        1 => slot.clone().prop_map(Step::Free),
+        3 => (slot.clone(), 0u32..=20).prop_map(|(slot, rows)| Step::Append { slot, rows }),
+        3 => (slot, 0u32..=20).prop_map(|(slot, rows)| Step::Extend { slot, rows }),
+    ]
+}
+
+/// Two slots opened and filled (slot 0 by a chunk of 16 or more rows, slot 1 by an
+/// append), so that every case stores and attends rows; then `2..12` random steps.
+fn steps() -> impl Strategy<Value = Vec<Step>> {
+    let start = (16u32..=20, 1u32..=8).prop_map(|(chunk, rows)| {
+        vec![
+            Step::Open(0),
+            Step::Open(1),
+            Step::Extend {
+                slot: 0,
+                rows: chunk,
+            },
+            Step::Append { slot: 1, rows },
+        ]
+    });
+    (start, prop::collection::vec(step(), 2..12)).prop_map(|(start, rest)| [start, rest].concat())
+}
+
+/// The host model: each slot's K and V rows (`D` values per KV head), `None` when free.
+struct Model {
+    slots: Vec<Option<(Vec<f32>, Vec<f32>)>>,
+    layout: CacheLayout,
+}
+
+impl Model {
+    fn len(&self, slot: usize) -> Option<u32> {
+        self.slots[slot]
+            .as_ref()
+            .map(|(k, _)| (k.len() / (KV_HEADS * D) as usize) as u32)
+    }
+
+    /// Whether `rows` more rows fit `slot`: open, within its capacity and (paged) the pool.
+    fn fits(&self, slot: u32, rows: u32) -> bool {
+        let Some(len) = self
+            .slots
+            .get(slot as usize)
+            .and_then(|_| self.len(slot as usize))
+        else {
+            return false;
+        };
+        if len + rows > CAPACITY {
+            return false;
+        }
+        let CacheLayout::Paged {
+            page_size, n_pages, ..
+        } = self.layout
+        else {
+            return true;
+        };
+        let held: u32 = (0..SLOTS as usize)
+            .filter_map(|s| self.len(s))
+            .map(|l| l.div_ceil(page_size))
+            .sum();
+        (len + rows).div_ceil(page_size) - len.div_ceil(page_size) <= n_pages - held
+    }
+}
+
+fn cache_spec(layout: CacheLayout, dtype: Dtype) -> CacheSpec {
+    CacheSpec {
+        slots: SLOTS,
+        n_kv_heads: KV_HEADS,
+        head_dim: D,
+        head_dim_v: D,
+        dtype,
+        layout,
+        kv_fp8: None,
+    }
+}
+
+/// `data` as the cache's dtype holds it.
+fn rounded(data: &[f32], dtype: Dtype) -> Vec<f32> {
+    let t = Tensor::from_f32(&GPU, &[data.len() as u32], Scalar::from(dtype), data).unwrap();
+    t.to_f32(&GPU).block_on().unwrap()
+}
+
+/// Attention of `q` (`rows` rows of `HEADS` heads, the last rows of `k` and `v`), causal
+/// among them, on the host.
+fn attention(q: &[f32], k: &[f32], v: &[f32], rows: usize) -> Vec<f32> {
+    let (d, len) = (D as usize, k.len() / D as usize);
+    let scale = 1.0 / (D as f64).sqrt();
+    let mut o = Vec::new();
+    for r in 0..rows {
+        let pos = len - rows + r;
+        for h in 0..HEADS as usize {
+            let qr = &q[(r * HEADS as usize + h) * d..][..d];
+            let s: Vec<f64> = (0..=pos)
+                .map(|j| {
+                    let kr = &k[j * d..][..d];
+                    scale
+                        * qr.iter()
+                            .zip(kr)
+                            .map(|(a, b)| f64::from(a * b))
+                            .sum::<f64>()
+                })
+                .collect();
+            let m = s.iter().cloned().fold(f64::MIN, f64::max);
+            let p: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+            let l: f64 = p.iter().sum();
+            for c in 0..d {
+                let acc: f64 = (0..=pos).map(|j| p[j] * f64::from(v[j * d + c])).sum();
+                o.push((acc / l) as f32);
+            }
+        }
+    }
+    o
+}
+
+/// Runs `steps` on a fresh cache, checking it against the model after each.
+fn run(layout: CacheLayout, dtype: Dtype, steps: &[Step], seed: u64) {
+    let gpu = &*GPU;
+    let mut cache = KvCache::new(gpu, cache_spec(layout, dtype)).unwrap();
+    let paged = matches!(layout, CacheLayout::Paged { .. });
+    let decode_spec = DecodeSpec {
+        cache: if paged {
+            Cache::Paged
+        } else {
+            Cache::Contiguous
+        },
+        ..DecodeSpec::new(D, D, dtype)
+    };
+    let mut decode = Decode::new(gpu, decode_spec).unwrap();
+    let mut model = Model {
+        slots: vec![None; SLOTS as usize],
+        layout,
+    };
+    for (i, step) in steps.iter().enumerate() {
+        let what = format!("{layout:?} {dtype:?} step {i} {step:?}");
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        let data = |rows: u32, heads: u32, salt: u64| {
+            let values = random(
+                (rows * heads * D) as usize,
+                seed * 1000 + i as u64 * 10 + salt,
+            );
+            rounded(&values, dtype)
+        };
+        let shape = |rows, heads| [1, rows, heads, D];
+        let tensor = |values: &[f32], rows, heads| {
+            Tensor::from_f32(gpu, &shape(rows, heads), Scalar::from(dtype), values).unwrap()
+        };
+        let in_range = |slot: u32| slot < SLOTS;
+        match *step {
+            Step::Open(slot) => {
+                let ok = in_range(slot) && model.slots[slot as usize].is_none();
+                assert_eq!(cache.open(&mut enc, slot).is_ok(), ok, "{what}");
+                if ok {
+                    model.slots[slot as usize] = Some((Vec::new(), Vec::new()));
+                }
+            }
+            Step::Free(slot) => {
+                let ok = in_range(slot) && model.slots[slot as usize].is_some();
+                assert_eq!(cache.free(&mut enc, slot).is_ok(), ok, "{what}");
+                if ok {
+                    model.slots[slot as usize] = None;
+                }
+            }
+            Step::Append { slot, rows } | Step::Extend { slot, rows } => {
+                let extend = matches!(step, Step::Extend { .. });
+                let (k, v) = (data(rows, KV_HEADS, 1), data(rows, KV_HEADS, 2));
+                let (kt, vt) = (tensor(&k, rows, KV_HEADS), tensor(&v, rows, KV_HEADS));
+                let ok = model.fits(slot, rows) && !(extend && rows == 0);
+                if !extend {
+                    let r = cache.append(gpu, &mut enc, slot, &kt, &vt);
+                    assert_eq!(r.is_ok(), ok, "{what}: {r:?}");
+                } else {
+                    let q = data(rows, HEADS, 3);
+                    let qt = tensor(&q, rows, HEADS);
+                    let o = Tensor::zeros(gpu, &shape(rows, HEADS), Scalar::from(dtype));
+                    let args = ExtendArgs {
+                        k_new: &kt,
+                        v_new: &vt,
+                        q: &qt,
+                        o: &o,
+                        scale: None,
+                        mods: Default::default(),
+                    };
+                    let r = cache.extend(gpu, &mut enc, &mut decode, slot, &args);
+                    assert_eq!(r.is_ok(), ok, "{what}: {r:?}");
+                    if ok {
+                        let (mk, mv) = model.slots[slot as usize].as_mut().unwrap();
+                        let (all_k, all_v) = ([&mk[..], &k].concat(), [&mv[..], &v].concat());
+                        gpu.queue.submit([enc.finish()]);
+                        enc = gpu.device.create_command_encoder(&Default::default());
+                        let got = o.to_f32(gpu).block_on().unwrap();
+                        let want = attention(&q, &all_k, &all_v, rows as usize);
+                        let tol = if dtype == Dtype::F32 { 1e-4 } else { 2e-2 };
+                        let worst = got
+                            .iter()
+                            .zip(&want)
+                            .map(|(a, b)| (a - b).abs())
+                            .fold(0.0, f32::max);
+                        assert!(worst < tol, "{what}: the outputs differ by {worst}");
+                    }
+                }
+                if ok {
+                    let (mk, mv) = model.slots[slot as usize].as_mut().unwrap();
+                    mk.extend(&k);
+                    mv.extend(&v);
+                }
+            }
+        }
+        gpu.queue.submit([enc.finish()]);
+        agree(&cache, &model, &what);
+    }
+}
+
+/// The cache's lengths (its own and the device's) and every open slot's rows equal the
+/// model's.
+fn agree(cache: &KvCache, model: &Model, what: &str) {
+    let gpu = &*GPU;
+    let on_device = cache.lengths().to_u32(gpu).block_on().unwrap();
+    let view = cache.view();
+    let k = view.k.to_f32(gpu).block_on().unwrap();
+    let v = view.v.to_f32(gpu).block_on().unwrap();
+    let table = view.block_table.map(|t| t.to_u32(gpu).block_on().unwrap());
+    let row = (KV_HEADS * D) as usize;
+    for slot in 0..SLOTS as usize {
+        let len = model.len(slot);
+        assert_eq!(cache.len(slot as u32), len, "{what}: slot {slot}'s length");
+        assert_eq!(
+            on_device[slot],
+            len.unwrap_or(0),
+            "{what}: slot {slot} on the device"
+        );
+        let Some((mk, mv)) = &model.slots[slot] else {
+            continue;
+        };
+        for j in 0..len.unwrap() as usize {
+            let at = match (&table, model.layout) {
+                (
+                    Some(t),
+                    CacheLayout::Paged {
+                        page_size,
+                        pages_per_seq,
+                        ..
+                    },
+                ) => {
+                    let page = t[slot * pages_per_seq as usize + j / page_size as usize];
+                    page as usize * page_size as usize + j % page_size as usize
+                }
+                _ => slot * CAPACITY as usize + j,
+            };
+            assert_eq!(
+                &k[at * row..][..row],
+                &mk[j * row..][..row],
+                "{what}: K row {j}"
+            );
+            assert_eq!(
+                &v[at * row..][..row],
+                &mv[j * row..][..row],
+                "{what}: V row {j}"
+            );
+        }
+    }
+}
+
+fn config() -> Config {
+    Config {
+        cases: 12,
+        rng_seed: RngSeed::Fixed(20261129),
+        failure_persistence: None,
+        ..Config::default()
+    }
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn a_contiguous_cache_follows_its_model(steps in steps(), seed in 0u64..1000) {
+        run(CacheLayout::Contiguous { capacity: CAPACITY }, Dtype::F32, &steps, seed);
+    }
+
+    #[test]
+    fn a_paged_cache_follows_its_model(steps in steps(), seed in 0u64..1000) {
+        run(PAGED, Dtype::F32, &steps, seed);
+    }
+
+    #[test]
+    fn a_half_precision_cache_follows_its_model(steps in steps(), seed in 0u64..1000, paged in prop::bool::ANY) {
+        let Some(&dtype) = GPU.half_dtypes().first() else {
+            panic!("the adapter has no half-precision dtype: this test needs SHADER_F16");
+        };
+        let layout = if paged { PAGED } else { CacheLayout::Contiguous { capacity: CAPACITY } };
+        run(layout, dtype, &steps, seed);
+    }
+}
