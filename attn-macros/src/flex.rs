@@ -1,8 +1,9 @@
 //! Rust closures as FlexAttention-style modifiers: `|score, b, h, q, k| expr`
 //! and `|b, h, q, k| cond` into [`attn_dsl::flex::Expr`], every node carrying its token's
 //! span, then type-checked (and a score modifier differentiated) so that each error is a
-//! `syn::Error` at the token to change. Parameters may be renamed (`_` for one the
-//! expression does not read); they keep their places.
+//! `syn::Error` at the token to change. Parameters may be renamed (`_`, or a name with a
+//! leading `_`, for one the expression does not read); they keep their places, and the
+//! body reads them by the names written: a renamed parameter's default name is not bound.
 
 use attn_dsl::flex::typing::{FlexError, Scope, type_of};
 use attn_dsl::flex::{BinOp, Expr, Func, Kind, Lit, TensorDecl, Ty, derive};
@@ -23,7 +24,11 @@ pub fn modifier(
     tensors: &[TensorDecl],
 ) -> syn::Result<Node> {
     let renames = params(closure, score)?;
-    let body = Parser { renames }.expr(&closure.body)?;
+    let parser = Parser {
+        renames,
+        lets: Default::default(),
+    };
+    let body = parser.expr(&closure.body)?;
     let want = if score { Ty::F32 } else { Ty::Bool };
     let got = type_of(&body, &mut Scope::modifier(score, tensors)).map_err(at)?;
     if got != want {
@@ -73,7 +78,10 @@ fn params(closure: &syn::ExprClosure, score: bool) -> syn::Result<Vec<(String, &
 }
 
 struct Parser {
+    /// Each parameter's written name and its place's canonical name.
     renames: Vec<(String, &'static str)>,
+    /// The `let` names of the blocks being parsed, which shadow the parameters.
+    lets: std::cell::RefCell<Vec<String>>,
 }
 
 impl Parser {
@@ -124,12 +132,37 @@ impl Parser {
             return Err(syn::Error::new(p.span(), "a name here is one word"));
         };
         let name = ident.to_string();
-        let canonical = self
+        if self.lets.borrow().contains(&name) {
+            return Ok(self.node(Kind::Var(name), p));
+        }
+        let written: Vec<&str> = self
             .renames
             .iter()
-            .find(|(given, _)| *given == name)
-            .map_or(name, |(_, c)| c.to_string());
-        Ok(self.node(Kind::Var(canonical), p))
+            .map(|(given, _)| given.as_str())
+            .collect();
+        if let Some((_, canonical)) = self.renames.iter().find(|(given, _)| *given == name) {
+            if let Some(bare) = name.strip_prefix('_') {
+                return Err(syn::Error::new(
+                    ident.span(),
+                    format!(
+                        "`{name}` starts with `_`, which marks a parameter the modifier does not \
+                         read; name it `{bare}` to read it"
+                    ),
+                ));
+            }
+            return Ok(self.node(Kind::Var(canonical.to_string()), p));
+        }
+        if self.renames.iter().any(|(_, canonical)| *canonical == name) {
+            return Err(syn::Error::new(
+                ident.span(),
+                format!(
+                    "`{name}` is not a parameter of this closure, which names them |{}|: read \
+                     the parameter by the name written there",
+                    written.join(", ")
+                ),
+            ));
+        }
+        Ok(self.node(Kind::Var(name), p))
     }
 
     fn unary(&self, u: &syn::ExprUnary) -> syn::Result<Node> {
@@ -177,9 +210,19 @@ impl Parser {
             _ => None,
         };
         let Some(func) = func else {
+            let what = match &*c.func {
+                syn::Expr::Path(p) => p
+                    .path
+                    .get_ident()
+                    .map_or("this".to_string(), |i| format!("`{i}`")),
+                _ => "this".to_string(),
+            };
             return Err(syn::Error::new(
                 c.func.span(),
-                "a modifier calls min, max, abs, clamp, exp, log, tanh, sqrt or select",
+                format!(
+                    "{what} is not a function of the modifier language: a modifier calls min, \
+                     max, abs, clamp, exp, log, tanh, sqrt or select"
+                ),
             ));
         };
         let args = c
@@ -222,6 +265,26 @@ impl Parser {
                 "a block ends with its value (no `;`)",
             ));
         };
+        // A let's name shadows a parameter's in the block (checked for its place by the
+        // typing, which scopes each binding).
+        let names: Vec<String> = lets
+            .iter()
+            .filter_map(|s| match s {
+                syn::Stmt::Local(syn::Local {
+                    pat: syn::Pat::Ident(p),
+                    ..
+                }) => Some(p.ident.to_string()),
+                _ => None,
+            })
+            .collect();
+        let depth = self.lets.borrow().len();
+        self.lets.borrow_mut().extend(names);
+        let parsed = self.block_value(value, lets);
+        self.lets.borrow_mut().truncate(depth);
+        parsed
+    }
+
+    fn block_value(&self, value: &syn::Expr, lets: &[syn::Stmt]) -> syn::Result<Node> {
         let mut out = self.expr(value)?;
         for stmt in lets.iter().rev() {
             out = self.binding(stmt, out)?;
