@@ -157,7 +157,7 @@ fn key_visible(row: u32, h: u32, j: u32) -> bool {
 
 // The description's mask_mod.
 fn mask_mod(flex_row: u32, flex_h: u32, flex_j: u32) -> bool {
-    return ((i32(flex_j) <= i32(flex_row)) || (i32(flex_j) < i32(prefix[u32(i32(batch))])));
+    return ((i32(flex_j) <= i32(flex_row)) || (i32(flex_j) < i32(select(0u, prefix[select(0u, u32(i32(batch)), (u32(i32(batch)) < dims.batch))], (u32(i32(batch)) < dims.batch)))));
 }
 
 // Whether the mask may be true (x) and may be false (y) somewhere on a tile of queries

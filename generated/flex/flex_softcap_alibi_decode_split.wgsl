@@ -201,11 +201,11 @@ fn key_visible(row: u32, h: u32, j: u32) -> bool {
 
 // The description's score_mod, and its derivative with respect to the score.
 fn score_mod(flex_s: f32, flex_row: u32, flex_h: u32, flex_j: u32) -> f32 {
-    return (f32(5.0) * tanh(((flex_s + (slopes[u32(i32(flex_h))] * f32((i32(flex_j) - i32(flex_row))))) / f32(5.0))));
+    return (f32(5.0) * tanh(((flex_s + (select(0.0, slopes[select(0u, u32(i32(flex_h)), (u32(i32(flex_h)) < dims.n_heads))], (u32(i32(flex_h)) < dims.n_heads)) * f32((i32(flex_j) - i32(flex_row))))) / f32(5.0))));
 }
 
 fn d_score_mod(flex_s: f32, flex_row: u32, flex_h: u32, flex_j: u32) -> f32 {
-    return (f32(5.0) * ((f32(1.0) - (tanh(((flex_s + (slopes[u32(i32(flex_h))] * f32((i32(flex_j) - i32(flex_row))))) / f32(5.0))) * tanh(((flex_s + (slopes[u32(i32(flex_h))] * f32((i32(flex_j) - i32(flex_row))))) / f32(5.0))))) * (f32(1.0) / f32(5.0))));
+    return (f32(5.0) * ((f32(1.0) - (tanh(((flex_s + (select(0.0, slopes[select(0u, u32(i32(flex_h)), (u32(i32(flex_h)) < dims.n_heads))], (u32(i32(flex_h)) < dims.n_heads)) * f32((i32(flex_j) - i32(flex_row))))) / f32(5.0))) * tanh(((flex_s + (select(0.0, slopes[select(0u, u32(i32(flex_h)), (u32(i32(flex_h)) < dims.n_heads))], (u32(i32(flex_h)) < dims.n_heads)) * f32((i32(flex_j) - i32(flex_row))))) / f32(5.0))))) * (f32(1.0) / f32(5.0))));
 }
 
 // The score before the description's score_mod, and its slope with respect to the

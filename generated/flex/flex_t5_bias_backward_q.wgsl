@@ -145,7 +145,7 @@ fn key_visible(row: u32, h: u32, j: u32) -> bool {
 
 // The description's score_mod, and its derivative with respect to the score.
 fn score_mod(flex_s: f32, flex_row: u32, flex_h: u32, flex_j: u32) -> f32 {
-    return (flex_s + rel_bias[(u32(i32(flex_h)) * 63u + u32((clamp((i32(flex_row) - i32(flex_j)), i32(-31), i32(31)) + i32(31))))]);
+    return (flex_s + select(0.0, rel_bias[select(0u, (u32(i32(flex_h)) * 63u + u32((clamp((i32(flex_row) - i32(flex_j)), i32(-31), i32(31)) + i32(31)))), (u32(i32(flex_h)) < dims.n_heads && u32((clamp((i32(flex_row) - i32(flex_j)), i32(-31), i32(31)) + i32(31))) < 63u))], (u32(i32(flex_h)) < dims.n_heads && u32((clamp((i32(flex_row) - i32(flex_j)), i32(-31), i32(31)) + i32(31))) < 63u)));
 }
 
 fn d_score_mod(flex_s: f32, flex_row: u32, flex_h: u32, flex_j: u32) -> f32 {
@@ -256,7 +256,7 @@ fn flex_drel_bias_0_flush() {
 // dS into the gradients of the tensors declared `grad`, at each read of them.
 fn flex_grads(flex_row: u32, flex_h: u32, flex_j: u32, dot: f32, gf: f32) {
     let flex_s = pre_score(flex_row, flex_h, flex_j, dot).x;
-    flex_drel_bias_0_add((u32(i32(flex_h)) * 63u + u32((clamp((i32(flex_row) - i32(flex_j)), i32(-31), i32(31)) + i32(31)))), gf * f32(1.0), flex_row);
+    flex_drel_bias_0_add(select(0xffffffffu, (u32(i32(flex_h)) * 63u + u32((clamp((i32(flex_row) - i32(flex_j)), i32(-31), i32(31)) + i32(31)))), (u32(i32(flex_h)) < dims.n_heads && u32((clamp((i32(flex_row) - i32(flex_j)), i32(-31), i32(31)) + i32(31))) < 63u)), gf * f32(1.0), flex_row);
 }
 
 // What each invocation still holds, added; at the end of the kernel.

@@ -130,7 +130,7 @@ fn key_visible(row: u32, h: u32, j: u32) -> bool {
 
 // The description's score_mod, and its derivative with respect to the score.
 fn score_mod(flex_s: f32, flex_row: u32, flex_h: u32, flex_j: u32) -> f32 {
-    return (flex_s + rel_bias[(u32(i32(flex_h)) * 63u + u32((clamp((i32(flex_row) - i32(flex_j)), i32(-31), i32(31)) + i32(31))))]);
+    return (flex_s + select(0.0, rel_bias[select(0u, (u32(i32(flex_h)) * 63u + u32((clamp((i32(flex_row) - i32(flex_j)), i32(-31), i32(31)) + i32(31)))), (u32(i32(flex_h)) < dims.n_heads && u32((clamp((i32(flex_row) - i32(flex_j)), i32(-31), i32(31)) + i32(31))) < 63u))], (u32(i32(flex_h)) < dims.n_heads && u32((clamp((i32(flex_row) - i32(flex_j)), i32(-31), i32(31)) + i32(31))) < 63u)));
 }
 
 fn d_score_mod(flex_s: f32, flex_row: u32, flex_h: u32, flex_j: u32) -> f32 {

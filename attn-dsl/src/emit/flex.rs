@@ -1,6 +1,8 @@
 //! A modifier expression ([`crate::flex`]) as WGSL: one fully parenthesized expression,
 //! lets inlined (WGSL has no let-expressions), `select(cond, a, b)` as WGSL's
-//! `select(b, a, cond)`, a tensor read at its row-major offset.
+//! `select(b, a, cond)`, a tensor read at its row-major offset. A read whose index lies
+//! outside its dimension in any place (a negative one included) gives 0 and loads nothing,
+//! so `tbl[h][q - k]` past a row's end never reads the next row.
 
 use std::fmt::Write;
 
@@ -42,22 +44,39 @@ fn lower<S>(e: &Expr<S>, tensors: &[TensorDecl], sp: &Spelling) -> String {
             format!("{}({})", func.name(), args.join(", "))
         }
         Kind::Cast(a, ty) => format!("{}({})", ty.name(), go(a)),
-        Kind::Index(name, idx) => format!("{name}[{}]", offset(name, idx, tensors, sp)),
+        Kind::Index(name, idx) => {
+            let (at, within) = place(name, idx, tensors, sp);
+            let zero = match tensors.iter().find(|t| t.name == *name).map(|t| t.ty) {
+                Some(crate::flex::Ty::F32) => "0.0",
+                _ => "0u",
+            };
+            format!("select({zero}, {name}[select(0u, {at}, {within})], {within})")
+        }
         Kind::Let(..) => unreachable!("lets are inlined before lowering"),
     }
 }
 
-/// The row-major offset of `name[idx]` (index expressions lowered with lets inlined).
-fn offset<S>(name: &str, idx: &[Expr<S>], tensors: &[TensorDecl], sp: &Spelling) -> String {
+/// The row-major offset of `name[idx]` (index expressions lowered with lets inlined), and
+/// the test that every index lies within its dimension.
+fn place<S>(
+    name: &str,
+    idx: &[Expr<S>],
+    tensors: &[TensorDecl],
+    sp: &Spelling,
+) -> (String, String) {
     let decl = tensors.iter().find(|t| t.name == name);
     let dims = decl.map_or(&[][..], |d| &d.dims[..]);
-    idx.iter().zip(dims).fold(String::new(), |acc, (i, dim)| {
+    let (mut at, mut within) = (String::new(), Vec::new());
+    for (i, dim) in idx.iter().zip(dims) {
         let i = format!("u32({})", lower(i, tensors, sp));
-        match acc.is_empty() {
+        let len = dim_expr(*dim, sp.seq);
+        within.push(format!("{i} < {len}"));
+        at = match at.is_empty() {
             true => i,
-            false => format!("({acc} * {} + {i})", dim_expr(*dim, sp.seq)),
-        }
-    })
+            false => format!("({at} * {len} + {i})"),
+        };
+    }
+    (at, format!("({})", within.join(" && ")))
 }
 
 /// How a modifier's variables read in the functions this module writes: the score is
@@ -113,10 +132,12 @@ pub(super) fn grad_functions(out: &mut Wgsl, spec: &crate::spec::KernelSpec, fle
             let fills = holes.into_iter().zip(names.map(Fragment::from));
             out.put(HELD.fill(fills.chain([("grad", Fragment::from(grad.clone()))])));
             // Lanes by query row: the pairs of one element in a tile sit on different rows.
+            // A read outside the tensor gave 0 whatever it holds: no gradient (an add at
+            // the held-nothing mark is dropped at the flush).
+            let (at, within) = place(&t.name, &read.index, &flex.tensors, &sp);
             let _ = write!(
                 body,
-                "\n    {p}_add({}, gf * {}, flex_row);",
-                offset(&t.name, &read.index, &flex.tensors, &sp),
+                "\n    {p}_add(select(0xffffffffu, {at}, {within}), gf * {}, flex_row);",
                 wgsl(&read.slope, &flex.tensors, &sp)
             );
             let _ = write!(flush, "\n    {p}_flush();");

@@ -12,8 +12,8 @@ pub enum Value {
     B(bool),
 }
 
-/// Where the evaluator reads the declared tensors (values of their declared types):
-/// `None` for an index outside the tensor.
+/// Where the evaluator reads the declared tensors (values of their declared types): `None`
+/// for a tensor it does not hold. An index outside a dimension reads 0, as the kernels do.
 pub trait Tensors {
     fn read(&self, name: &str, index: &[i64]) -> Option<Value>;
 }

@@ -2,7 +2,7 @@
 //! are written out, as in WGSL), conditions are bools, tensors are read at one integer
 //! index per dimension.
 
-use super::{BinOp, Expr, Func, Kind, Lit, TensorDecl, Ty};
+use super::{BinOp, Dim, Expr, Func, Kind, Lit, TensorDecl, Ty};
 
 /// What is wrong with an expression, at the node that is wrong.
 #[derive(Clone, Debug, PartialEq)]
@@ -116,7 +116,9 @@ pub fn type_of<S: Clone>(e: &Expr<S>, scope: &mut Scope) -> Result<Ty, FlexError
                     }
                 }
             }
-            tensor(name, idx.len(), scope.tensors).map_err(fail)
+            let ty = tensor(name, idx.len(), scope.tensors).map_err(fail)?;
+            constant_in_range(name, idx, scope.tensors)?;
+            Ok(ty)
         }
         Kind::Let(name, value, body) => {
             let ty = type_of(value, scope)?;
@@ -126,6 +128,32 @@ pub fn type_of<S: Clone>(e: &Expr<S>, scope: &mut Scope) -> Result<Ty, FlexError
             out
         }
     }
+}
+
+/// A literal index outside a dimension of constant size is an error at the literal (one
+/// known only at run time reads 0 there, as every kernel does).
+fn constant_in_range<S: Clone>(
+    name: &str,
+    idx: &[Expr<S>],
+    tensors: &[TensorDecl],
+) -> Result<(), FlexError<S>> {
+    let Some(decl) = tensors.iter().find(|t| t.name == name) else {
+        return Ok(());
+    };
+    for (place, (i, dim)) in idx.iter().zip(&decl.dims).enumerate() {
+        if let (Kind::Lit(Lit::Int(at)), Dim::Const(len)) = (&i.kind, dim)
+            && (*at < 0 || *at >= i64::from(*len))
+        {
+            return Err(FlexError {
+                at: i.at.clone(),
+                message: format!(
+                    "index {at} is outside `{name}`'s dimension {place}, which holds {len} \
+                     (0..{len})"
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 fn binary(op: BinOp, l: Ty, r: Ty) -> Result<Ty, String> {

@@ -361,10 +361,13 @@ impl FlexTensors<'_> {
 }
 
 impl Tensors for FlexTensors<'_> {
+    /// A read outside the tensor in any dimension gives 0, as the kernels' reads do.
     fn read(&self, name: &str, at: &[i64]) -> Option<Value> {
         let decl = self.flex.modifiers.parsed().tensor(name)?;
         let values = self.flex.tensor(name)?;
-        let x = *values.get(self.flat(name, at)?)?;
+        let x = self
+            .flat(name, at)
+            .map_or(Some(0.0), |i| values.get(i).copied())?;
         Some(match decl.ty {
             attn_dsl::flex::Ty::F32 => Value::F(f64::from(x)),
             _ => Value::U(x as u32),

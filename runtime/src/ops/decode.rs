@@ -273,12 +273,11 @@ pub(crate) fn abis(spec: &DecodeSpec, layout: SplitLayout) -> Result<[KernelAbi;
     if streamed {
         split.grid.flash = Some(attn_dsl::layout::decode::stream_flash(&split, true));
     }
-    // A paged fp8 cache with ALiBi binds a ninth storage buffer (the scales): such a kernel
-    // needs an adapter with more than WebGPU's default 8, and says so where it has not; a
-    // streamed pass's subgroups are native.
-    if spec.kv_fp8.is_some() || streamed {
-        split.fit_target();
-    }
+    // WebGPU's defaults where the kernel fits them; else just the storage buffers it binds
+    // (a paged fp8 cache with ALiBi binds 9, as do three modifier tensors), which an
+    // adapter with more runs and one without refuses naming the limit; a streamed pass's
+    // subgroups are native.
+    split.fit_target();
     let split = compile(&split)?;
     let name = crate::plan::tuning::family_name("attention_decode_reduce", spec.head_dim);
     let reduce = compile(
@@ -553,10 +552,7 @@ fn pass_dims(
     slicing: Slicing,
     args: &DecodeArgs,
 ) -> Vec<(&'static str, u32)> {
-    let (capacity, page_size, pages_per_seq) = match c.block_table {
-        None => (c.k.shape()[1], 0, 0),
-        Some(t) => (0, c.k.shape()[1], t.shape()[1]),
-    };
+    let (capacity, page_size, pages_per_seq) = super::cache_geometry(c.k, c.block_table);
     let mut dims = vec![
         ("cache_len", c.max_len),
         ("n_heads", h.n_heads),

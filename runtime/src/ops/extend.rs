@@ -235,10 +235,7 @@ fn dims(
     h: Heads,
     slicing: Slicing,
 ) -> Vec<(&'static str, u32)> {
-    let (capacity, page_size, pages_per_seq) = match args.block_table {
-        None => (args.k.shape()[1], 0, 0),
-        Some(t) => (0, args.k.shape()[1], t.shape()[1]),
-    };
+    let (capacity, page_size, pages_per_seq) = super::cache_geometry(args.k, args.block_table);
     let mut dims = vec![
         ("seq_len", n),
         ("n_heads", h.n_heads),

@@ -145,3 +145,13 @@ pub(crate) fn grow(
     }
     held.as_ref().expect("grown above").view(shape)
 }
+
+/// A cache's geometry as its kernels' dims name it, from its K tensor and block table:
+/// (capacity, 0, 0) for a contiguous cache `[slots, capacity, ..]`, (0, page_size,
+/// pages_per_seq) for a paged one `[n_pages, page_size, ..]`.
+pub(crate) fn cache_geometry(k: &Tensor, block_table: Option<&Tensor>) -> (u32, u32, u32) {
+    match block_table {
+        None => (k.shape()[1], 0, 0),
+        Some(t) => (0, k.shape()[1], t.shape()[1]),
+    }
+}

@@ -1261,3 +1261,106 @@ fn a_chunk_equals_the_split_decode_of_its_rows() {
         }
     }
 }
+
+/// A split-K decode whose modifiers read three tensors binds 9 storage buffers, past
+/// WebGPU's default 8: built for just what it binds, it runs on an adapter that has them
+/// (lavapipe), and equals the same score read from one tensor.
+#[test]
+fn a_decode_with_three_modifier_tensors_runs_where_the_adapter_allows() {
+    use attn_dsl::flex::library::{build::*, tensor};
+    use attn_dsl::flex::{BinOp, Dim, Flex, Ty};
+    use runtime::FlexOf;
+    let gpu = gpu();
+    let h = HEADS;
+    let heads = [Dim::Heads];
+    // score + (ta[h] + tb[h] + tc[h]) · (k - q), and the same with s, their sum.
+    let distance = cast(bin(BinOp::Sub, v("k"), v("q")), Ty::F32);
+    let sum = bin(
+        BinOp::Add,
+        bin(BinOp::Add, idx("ta", vec![v("h")]), idx("tb", vec![v("h")])),
+        idx("tc", vec![v("h")]),
+    );
+    let three = Flex {
+        score_mod: Some(bin(
+            BinOp::Add,
+            v("score"),
+            bin(BinOp::Mul, sum, distance.clone()),
+        )),
+        mask_mod: None,
+        tensors: ["ta", "tb", "tc"]
+            .map(|n| tensor(n, &heads, Ty::F32))
+            .to_vec(),
+    };
+    let one = Flex {
+        score_mod: Some(bin(
+            BinOp::Add,
+            v("score"),
+            bin(BinOp::Mul, idx("s", vec![v("h")]), distance),
+        )),
+        mask_mod: None,
+        tensors: vec![tensor("s", &heads, Ty::F32)],
+    };
+    let parts = [
+        [0.01f32, -0.02, 0.03, 0.005],
+        [0.02, 0.01, -0.01, 0.0],
+        [0.0, 0.03, 0.02, 0.01],
+    ];
+    let total: Vec<f32> = (0..4).map(|i| parts.iter().map(|p| p[i]).sum()).collect();
+    let t = |x: &[f32]| Tensor::from_f32(&gpu, &[h.n_heads], Scalar::F32, x).unwrap();
+    let (a, b, c, s) = (t(&parts[0]), t(&parts[1]), t(&parts[2]), t(&total));
+    let mut cache = KvCache::new(
+        &gpu,
+        f32_cache(h, 1, CacheLayout::Contiguous { capacity: 64 }),
+    )
+    .unwrap();
+    let mut enc = gpu.device.create_command_encoder(&Default::default());
+    cache.open(&mut enc, 0).unwrap();
+    let (_, k) = upload(&gpu, &[1, 40, h.n_kv_heads, h.head_dim], 1);
+    let (_, vv) = upload(&gpu, &[1, 40, h.n_kv_heads, h.head_dim], 2);
+    cache.append(&gpu, &mut enc, 0, &k, &vv).unwrap();
+    let (_, q) = upload(&gpu, &[1, h.n_heads, h.head_dim], 3);
+    let outputs = [
+        (three, vec![("ta", &a), ("tb", &b), ("tc", &c)]),
+        (one, vec![("s", &s)]),
+    ]
+    .map(|(flex, tensors)| {
+        let flex = flex.intern();
+        let spec = DecodeSpec {
+            masks: Masks {
+                flex: Some(flex),
+                ..Masks::default()
+            },
+            ..DecodeSpec::new(64, 64, Dtype::F32)
+        };
+        let mut decode = Decode::new(&gpu, spec).unwrap_or_else(|e| panic!("{e}"));
+        let o = Tensor::zeros(&gpu, &[1, h.n_heads, h.head_dim], Scalar::F32);
+        let args = DecodeArgs {
+            rows: Default::default(),
+            q: &q,
+            cache: cache.view(),
+            o: &o,
+            scale: None,
+            mods: runtime::DeviceModifiers {
+                flex: Some(FlexOf {
+                    modifiers: flex,
+                    tensors: &tensors,
+                }),
+                ..Default::default()
+            },
+            slice_len: None,
+        };
+        decode
+            .record(&gpu, &mut enc, &args)
+            .unwrap_or_else(|e| panic!("{e}"));
+        o
+    });
+    submit(&gpu, enc);
+    let [x, y] = outputs.map(|o| read(&gpu, &o));
+    let worst = x
+        .iter()
+        .zip(&y)
+        .map(|(p, q)| (p - q).abs())
+        .fold(0.0, f32::max);
+    assert!(worst < 1e-5, "three tensors and one differ by {worst}");
+    assert!(x.iter().any(|v| *v != 0.0));
+}
