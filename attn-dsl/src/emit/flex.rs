@@ -48,6 +48,7 @@ fn lower<S>(e: &Expr<S>, tensors: &[TensorDecl], sp: &Spelling) -> String {
             let (at, within) = place(name, idx, tensors, sp);
             let zero = match tensors.iter().find(|t| t.name == *name).map(|t| t.ty) {
                 Some(crate::flex::Ty::F32) => "0.0",
+                Some(crate::flex::Ty::I32) => "0i",
                 _ => "0u",
             };
             format!("select({zero}, {name}[select(0u, {at}, {within})], {within})")
@@ -307,7 +308,7 @@ mod tests {
         // select(cond, a, b) is WGSL's select(b, a, cond).
         assert!(wgsl.contains("select("), "{wgsl}");
         assert!(
-            wgsl.contains("rel_bias[(u32(i32(head)) * 255u + u32("),
+            wgsl.contains("rel_bias[select(0u, (u32(i32(head)) * 255u + u32("),
             "{wgsl}"
         );
     }
