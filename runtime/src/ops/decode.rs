@@ -303,8 +303,8 @@ pub struct Decode {
     abis: [KernelAbi; 2],
     passes: Option<Passes>,
     scratch: Scratch,
-    /// Calls of many rows per sequence ([`super::extend`]); `None` where this spec's chunk
-    /// kernel cannot run on the device (they keep the split-K decode).
+    /// Calls of many rows per sequence ([`super::extend`]); `None` for an fp8 cache, whose
+    /// calls keep the split-K decode (as where the chunk's kernel cannot run).
     chunks: Option<Chunks>,
 }
 
@@ -328,8 +328,7 @@ impl Decode {
             abis,
             passes: None,
             scratch: Scratch::default(),
-            chunks: (spec.kv_fp8.is_none() && super::extend::usable(gpu, &spec.chunk()))
-                .then(Chunks::default),
+            chunks: spec.kv_fp8.is_none().then(Chunks::default),
         })
     }
 
@@ -385,6 +384,7 @@ impl Decode {
         if let QueryRows::Each(n) = args.rows
             && n >= CHUNK_ROWS
             && let Some(chunks) = self.chunks.as_mut()
+            && chunks.usable(gpu, &self.spec.chunk())
         {
             // The chunk's kernel compiled now, so that its record cannot fail on it.
             let shape = ChunkShape {
@@ -412,9 +412,10 @@ impl Decode {
         args: &DecodeArgs,
     ) -> Result<Slicing, Error> {
         self.passes(gpu)?;
+        let spec = self.spec.chunk();
         if let QueryRows::Each(n) = args.rows
             && n >= CHUNK_ROWS
-            && self.chunks.is_some()
+            && self.chunks.as_mut().is_some_and(|c| c.usable(gpu, &spec))
         {
             return self.record_chunk(gpu, encoder, args, n);
         }

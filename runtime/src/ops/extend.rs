@@ -60,9 +60,9 @@ pub(crate) struct ChunkArgs<'a> {
     pub mods: DeviceModifiers<'a>,
 }
 
-/// Whether `spec`'s chunk kernel, in its portable configuration, compiles and runs on
+/// Whether `spec`'s chunk kernels, in their portable configuration, compile and run on
 /// `gpu` (a description the forward's tiles cannot hold keeps the split-K decode).
-pub(crate) fn usable(gpu: &Gpu, spec: &ChunkSpec) -> bool {
+fn usable(gpu: &Gpu, spec: &ChunkSpec) -> bool {
     let width = spec.head_dim.max(spec.head_dim_v);
     tuning::forward_candidates(width).first().is_some_and(|c| {
         [false, true]
@@ -76,6 +76,8 @@ pub(crate) fn usable(gpu: &Gpu, spec: &ChunkSpec) -> bool {
 /// not return) and the partials of the second.
 #[derive(Default)]
 pub(crate) struct Chunks {
+    /// Whether the kernels run on the device, decided at the first call of many rows.
+    runs: Option<bool>,
     config: Option<FlashConfig>,
     whole: Option<Pipeline>,
     sliced: Option<Pipeline>,
@@ -95,6 +97,11 @@ pub(crate) struct ChunkShape {
 }
 
 impl Chunks {
+    /// Whether calls of many rows run as chunks on `gpu` (decided once, at the first).
+    pub fn usable(&mut self, gpu: &Gpu, spec: &ChunkSpec) -> bool {
+        *self.runs.get_or_insert_with(|| usable(gpu, spec))
+    }
+
     /// The planned configuration for `spec` on `gpu`, decided once.
     fn config(&mut self, gpu: &Gpu, spec: &ChunkSpec) -> Result<FlashConfig, Error> {
         if let Some(c) = self.config {
