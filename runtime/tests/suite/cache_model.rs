@@ -1,6 +1,7 @@
 //! The device KV cache against a host model of it: random sequences of open, free, append
 //! and extend (a continued slot's new rows and their attention), valid and not, over a
-//! contiguous and a paged cache in f32 and in half precision. After every step the cache's
+//! contiguous and a paged cache in f32, in half precision and in fp8 bytes (e4m3, e5m2).
+//! After every step the cache's
 //! own lengths, the lengths on the device and every open slot's rows equal the model's, a
 //! refused step is an error that changes neither, and an extend's outputs equal attention
 //! computed on the host from the model's rows.
@@ -8,7 +9,7 @@
 use runtime::BlockOn;
 use std::sync::LazyLock;
 
-use attn_dsl::{Cache, Dtype, Scalar};
+use attn_dsl::{Cache, Dtype, Fp8, Scalar};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed};
 use runtime::cases::random;
@@ -71,10 +72,22 @@ fn steps() -> impl Strategy<Value = Vec<Step>> {
     (start, prop::collection::vec(step(), 2..12)).prop_map(|(start, rest)| [start, rest].concat())
 }
 
-/// The host model: each slot's K and V rows (`D` values per KV head), `None` when free.
+/// The host model: each slot's K and V rows (`D` values per KV head, as the cache holds
+/// them), `None` when free.
 struct Model {
     slots: Vec<Option<(Vec<f32>, Vec<f32>)>>,
     layout: CacheLayout,
+    fp8: Option<Fp8>,
+}
+
+impl Model {
+    /// Rows as the cache stores them: an fp8 cache's bytes (its scales are 1).
+    fn stored(&self, x: &[f32]) -> Vec<f32> {
+        match self.fp8 {
+            Some(f) => x.iter().map(|v| runtime::fp8::round(f, *v)).collect(),
+            None => x.to_vec(),
+        }
+    }
 }
 
 impl Model {
@@ -110,7 +123,7 @@ impl Model {
     }
 }
 
-fn cache_spec(layout: CacheLayout, dtype: Dtype) -> CacheSpec {
+fn cache_spec(layout: CacheLayout, dtype: Dtype, kv_fp8: Option<Fp8>) -> CacheSpec {
     CacheSpec {
         slots: SLOTS,
         n_kv_heads: KV_HEADS,
@@ -118,7 +131,7 @@ fn cache_spec(layout: CacheLayout, dtype: Dtype) -> CacheSpec {
         head_dim_v: D,
         dtype,
         layout,
-        kv_fp8: None,
+        kv_fp8,
     }
 }
 
@@ -161,9 +174,9 @@ fn attention(q: &[f32], k: &[f32], v: &[f32], rows: usize) -> Vec<f32> {
 }
 
 /// Runs `steps` on a fresh cache, checking it against the model after each.
-fn run(layout: CacheLayout, dtype: Dtype, steps: &[Step], seed: u64) {
+fn run(layout: CacheLayout, (dtype, fp8): (Dtype, Option<Fp8>), steps: &[Step], seed: u64) {
     let gpu = &*GPU;
-    let mut cache = KvCache::new(gpu, cache_spec(layout, dtype)).unwrap();
+    let mut cache = KvCache::new(gpu, cache_spec(layout, dtype, fp8)).unwrap();
     let paged = matches!(layout, CacheLayout::Paged { .. });
     let decode_spec = DecodeSpec {
         cache: if paged {
@@ -171,15 +184,17 @@ fn run(layout: CacheLayout, dtype: Dtype, steps: &[Step], seed: u64) {
         } else {
             Cache::Contiguous
         },
+        kv_fp8: fp8,
         ..DecodeSpec::new(D, D, dtype)
     };
     let mut decode = Decode::new(gpu, decode_spec).unwrap();
     let mut model = Model {
         slots: vec![None; SLOTS as usize],
         layout,
+        fp8,
     };
     for (i, step) in steps.iter().enumerate() {
-        let what = format!("{layout:?} {dtype:?} step {i} {step:?}");
+        let what = format!("{layout:?} {dtype:?} {fp8:?} step {i} {step:?}");
         let mut enc = gpu.device.create_command_encoder(&Default::default());
         let data = |rows: u32, heads: u32, salt: u64| {
             let values = random(
@@ -231,8 +246,9 @@ fn run(layout: CacheLayout, dtype: Dtype, steps: &[Step], seed: u64) {
                     let r = cache.extend(gpu, &mut enc, &mut decode, slot, &args);
                     assert_eq!(r.is_ok(), ok, "{what}: {r:?}");
                     if ok {
-                        let (mk, mv) = model.slots[slot as usize].as_mut().unwrap();
-                        let (all_k, all_v) = ([&mk[..], &k].concat(), [&mv[..], &v].concat());
+                        let (sk, sv) = (model.stored(&k), model.stored(&v));
+                        let (mk, mv) = model.slots[slot as usize].as_ref().unwrap();
+                        let (all_k, all_v) = ([&mk[..], &sk].concat(), [&mv[..], &sv].concat());
                         gpu.queue.submit([enc.finish()]);
                         enc = gpu.device.create_command_encoder(&Default::default());
                         let got = o.to_f32(gpu).block_on().unwrap();
@@ -247,9 +263,10 @@ fn run(layout: CacheLayout, dtype: Dtype, steps: &[Step], seed: u64) {
                     }
                 }
                 if ok {
+                    let (sk, sv) = (model.stored(&k), model.stored(&v));
                     let (mk, mv) = model.slots[slot as usize].as_mut().unwrap();
-                    mk.extend(&k);
-                    mv.extend(&v);
+                    mk.extend(sk);
+                    mv.extend(sv);
                 }
             }
         }
@@ -264,8 +281,15 @@ fn agree(cache: &KvCache, model: &Model, what: &str) {
     let gpu = &*GPU;
     let on_device = cache.lengths().to_u32(gpu).block_on().unwrap();
     let view = cache.view();
-    let k = view.k.to_f32(gpu).block_on().unwrap();
-    let v = view.v.to_f32(gpu).block_on().unwrap();
+    let values = |t: &Tensor| match model.fp8 {
+        None => t.to_f32(gpu).block_on().unwrap(),
+        // Four bytes to a word, element 4i + t in byte t.
+        Some(f) => (t.to_u32(gpu).block_on().unwrap().iter())
+            .flat_map(|w| w.to_le_bytes())
+            .map(|b| runtime::fp8::to_f32(f, b))
+            .collect(),
+    };
+    let (k, v) = (values(view.k), values(view.v));
     let table = view.block_table.map(|t| t.to_u32(gpu).block_on().unwrap());
     let row = (KV_HEADS * D) as usize;
     for slot in 0..SLOTS as usize {
@@ -322,12 +346,12 @@ proptest! {
 
     #[test]
     fn a_contiguous_cache_follows_its_model(steps in steps(), seed in 0u64..1000) {
-        run(CacheLayout::Contiguous { capacity: CAPACITY }, Dtype::F32, &steps, seed);
+        run(CacheLayout::Contiguous { capacity: CAPACITY }, (Dtype::F32, None), &steps, seed);
     }
 
     #[test]
     fn a_paged_cache_follows_its_model(steps in steps(), seed in 0u64..1000) {
-        run(PAGED, Dtype::F32, &steps, seed);
+        run(PAGED, (Dtype::F32, None), &steps, seed);
     }
 
     #[test]
@@ -336,6 +360,14 @@ proptest! {
             panic!("the adapter has no half-precision dtype: this test needs SHADER_F16");
         };
         let layout = if paged { PAGED } else { CacheLayout::Contiguous { capacity: CAPACITY } };
-        run(layout, dtype, &steps, seed);
+        run(layout, (dtype, None), &steps, seed);
+    }
+
+    #[test]
+    fn an_fp8_cache_follows_its_model(steps in steps(), seed in 0u64..1000, paged in prop::bool::ANY, e5m2 in prop::bool::ANY) {
+        let fp8 = if e5m2 { Fp8::E5m2 } else { Fp8::E4m3 };
+        let layout = if paged { PAGED } else { CacheLayout::Contiguous { capacity: CAPACITY } };
+        let dtype = GPU.half_dtypes().first().copied().unwrap_or(Dtype::F32);
+        run(layout, (dtype, Some(fp8)), &steps, seed);
     }
 }
