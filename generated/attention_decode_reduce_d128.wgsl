@@ -56,34 +56,6 @@ fn narrow4(x: vec4<f32>) -> vec4<f32> {
 
 var<workgroup> sh_red: array<vec4<f32>, WG>;
 
-fn wg_max4(tid: u32, x: vec4<f32>) -> vec4<f32> {
-    sh_red[tid] = x;
-    workgroupBarrier();
-    for (var stride = WG / 2u; stride > 0u; stride = stride / 2u) {
-        if (tid < stride) {
-            sh_red[tid] = max(sh_red[tid], sh_red[tid + stride]);
-        }
-        workgroupBarrier();
-    }
-    let r = sh_red[0];
-    workgroupBarrier();
-    return r;
-}
-
-fn wg_sum4(tid: u32, x: vec4<f32>) -> vec4<f32> {
-    sh_red[tid] = x;
-    workgroupBarrier();
-    for (var stride = WG / 2u; stride > 0u; stride = stride / 2u) {
-        if (tid < stride) {
-            sh_red[tid] = sh_red[tid] + sh_red[tid + stride];
-        }
-        workgroupBarrier();
-    }
-    let r = sh_red[0];
-    workgroupBarrier();
-    return r;
-}
-
 // This sequence's first row in the packed Q and O, set by the entry point.
 var<private> q_row0: u32;
 
@@ -107,7 +79,28 @@ fn part_ml(slice: u32, q: u32) -> vec2<f32> {
     return partials[part_index(slice, q) + V4].xy;
 }
 
-// Slices summed in turn by each of PARTS groups of V4 invocations.
+// A running softmax state over the parts merged so far.
+struct State {
+    m: f32,
+    l: f32,
+    acc: vec4<f32>,
+}
+
+fn state_empty() -> State {
+    return State(NEG_BIG, 0.0, vec4<f32>(0.0));
+}
+
+// `s` with a part of max m_s, sum l_s and output x joined: each side rescaled to the larger
+// max, so neither exponential overflows. A part of max NEG_BIG (no key) weighs nothing
+// once a real part has joined.
+fn merge_state(s: State, m_s: f32, l_s: f32, x: vec4<f32>) -> State {
+    let m = max(s.m, m_s);
+    let keep = exp_f32(s.m - m);
+    let w = exp_f32(m_s - m);
+    return State(m, fma(keep, s.l, w * l_s), fma(vec4<f32>(keep), s.acc, w * x));
+}
+
+// Slices merged in turn by each of PARTS groups of V4 invocations.
 const PARTS: u32 = WG / V4;
 
 // [row, h, d] in vec4s, of query q (row · n_heads + h) of this sequence's rows.
@@ -117,6 +110,8 @@ fn o4_index(q: u32) -> u32 {
 
 // This sequence's first row in O, and its rows.
 var<workgroup> sh_rows: vec2<u32>;
+// Each group's running max and sum.
+var<workgroup> sh_ml: array<vec2<f32>, PARTS>;
 
 @compute @workgroup_size(WG)
 fn attention_decode_reduce_d128(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
@@ -131,37 +126,29 @@ fn attention_decode_reduce_d128(@builtin(workgroup_id) wg: vec3<u32>, @builtin(l
         return;
     }
     q_row0 = rows.x;
-    var mx = NEG_BIG;
-    for (var s = tid; s < dims.n_slices; s = s + WG) {
-        mx = max(mx, part_ml(s, h).x);
-    }
-    let m = wg_max4(tid, vec4<f32>(mx)).x;
-    // l = Σ e^(m_s − m)·l_s. A slice the window hides has m_s = NEG_BIG, l_s = 0.
-    var ls = 0.0;
-    for (var s = tid; s < dims.n_slices; s = s + WG) {
-        let ml = part_ml(s, h);
-        ls = ls + exp_f32(ml.x - m) * ml.y;
-    }
-    let l = wg_sum4(tid, vec4<f32>(ls)).x;
     let c = tid % V4;
     let part = tid / V4;
-    var acc = vec4<f32>(0.0);
+    // A slice the window hides has m_s = NEG_BIG and l_s = 0, and weighs nothing.
     if (part < PARTS) {
+        var st = state_empty();
         for (var s = part; s < dims.n_slices; s = s + PARTS) {
-            let w = exp_f32(part_ml(s, h).x - m);
-            acc = fma(vec4<f32>(w), partials[part_index(s, h) + c], acc);
+            let ml = part_ml(s, h);
+            st = merge_state(st, ml.x, ml.y, partials[part_index(s, h) + c]);
+        }
+        sh_red[tid] = st.acc;
+        if (c == 0u) {
+            sh_ml[part] = vec2<f32>(st.m, st.l);
         }
     }
-    sh_red[tid] = acc;
     workgroupBarrier();
     if (tid < V4) {
-        var sum = vec4<f32>(0.0);
+        var st = state_empty();
         for (var p = 0u; p < PARTS; p = p + 1u) {
-            sum = sum + sh_red[p * V4 + tid];
+            st = merge_state(st, sh_ml[p].x, sh_ml[p].y, sh_red[p * V4 + tid]);
         }
         var result = vec4<f32>(0.0);
-        if (l != 0.0) {
-            result = sum / l;
+        if (st.l != 0.0) {
+            result = st.acc / st.l;
         }
         o[o4_index(h) + tid] = narrow4(result);
     }

@@ -237,6 +237,8 @@ impl KernelAbi {
                 return [strided(at(0)), 1, 1];
             }
             Op::RowScale => return [strided(at(0) * crate::layout::ROW_SCALE_LANES), 1, 1],
+            // An invocation per vec4 of the merged outputs.
+            Op::Merge => return [strided(at(0) * (at(2) / 4)), 1, 1],
             // (m, n, k, split): a workgroup per block of c and part of the reduction.
             Op::Matmul => {
                 use crate::layout::matmul::{BM, BN};

@@ -256,6 +256,17 @@ const DECODE_REDUCE: &[Tensor] = &[
     Q_STARTS,
 ];
 
+// Attention states merged: `parts` outputs and LSEs of the same queries (rows by heads),
+// each O normalized over its keys, stacked part-major.
+const MERGE: &[Tensor] = &[
+    t("o_parts", Input, Data4, &[Part, B, H, D]),
+    t("lse_parts", Input, F32, &[Part, B, H]),
+    t("o", Output, Data4, &[B, H, D]),
+    t("lse", Output, F32, &[B, H]),
+    DIMS,
+    SINKS,
+];
+
 const DECODE: &[Tensor] = &[
     t("q", Input, F32, &[B, H, D]),
     t("k_cache", Input, F32, &[B, J, KvH, D]),
@@ -632,6 +643,7 @@ pub fn all_tensors(op: Op) -> &'static [Tensor] {
         Op::Matmul => MATMUL,
         Op::LinearRows => LINEAR_ROWS,
         Op::Extend => EXTEND,
+        Op::Merge => MERGE,
     }
 }
 
@@ -769,6 +781,8 @@ pub fn dims(op: Op) -> UniformBlock {
         // len4_v: dV's vec4s beside dK's len4 (they differ where V's rows do).
         Op::DkvReduce => &["len4", "len4_v", "_pad0", "_pad1"],
         Op::ToDtype | Op::FromDtype => &["len4", "_pad0", "_pad1", "_pad2"],
+        // queries (rows by heads) of head_dim-wide outputs, from `parts` states each.
+        Op::Merge => &["queries", "n_heads", "head_dim", "parts"],
         // elements of the gradient, and the lanes of the compensated sums.
         Op::GradFold => &["len", "lanes", "_pad0", "_pad1"],
         // rows of width4 vec4s each; their maxima land at dst[at + row].

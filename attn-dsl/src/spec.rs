@@ -156,11 +156,16 @@ pub enum Op {
     /// the cached keys and the new rows up to itself. Chunked prefill and a conversation's
     /// next turn at the tensor cores' rate; writes O and LSE like the forward.
     Extend,
+    /// Attention states of the same queries merged into one: `parts` outputs O (each
+    /// normalized over its keys, in the kernel's dtype) with their LSE, into the O and LSE
+    /// of attention over all their keys; a sink joins the denominator once. Context
+    /// parallelism, cascade attention and a cache split between devices meet here.
+    Merge,
 }
 
 impl Op {
     /// Every op, in the order the manifest and the tests walk them.
-    pub const ALL: [Op; 26] = [
+    pub const ALL: [Op; 27] = [
         Op::Forward,
         Op::Decode,
         Op::DecodeSplit,
@@ -187,6 +192,7 @@ impl Op {
         Op::Matmul,
         Op::LinearRows,
         Op::Extend,
+        Op::Merge,
     ];
 
     /// The op's word in a description (`op: forward`).
@@ -218,6 +224,7 @@ impl Op {
             Op::Matmul => "matmul",
             Op::LinearRows => "linear_rows",
             Op::Extend => "extend",
+            Op::Merge => "merge",
         }
     }
 
@@ -248,6 +255,7 @@ impl Op {
             | Op::GradFold
             | Op::RowScale
             | Op::Matmul
+            | Op::Merge
             // A reduce: each workgroup owns one head's dsinks, walking every sequence.
             | Op::SinkGrad => Major::Elem,
         }

@@ -201,6 +201,7 @@ fn abi_const(abi: &KernelAbi, wgsl: TokenStream) -> TokenStream {
         Op::GradFold => quote!(GradFold),
         Op::RowScale => quote!(RowScale),
         Op::SinkGrad => quote!(SinkGrad),
+        Op::Merge => quote!(Merge),
         Op::LayernormRows => quote!(LayernormRows),
         Op::LayernormGradRows => quote!(LayernormGradRows),
         Op::LayernormRowsBackward => quote!(LayernormRowsBackward),

@@ -290,7 +290,7 @@ attention_kernel! {
     /// per workgroup, 4 per invocation, 8 invocations per row. Needs SUBGROUP and 36,628
     /// bytes of workgroup memory; on adapters whose subgroups are narrower than 8 it
     /// reduces through workgroup memory instead. The runtime compiles the same
-    /// description per candidate tiling (`tuning::flash_forward`).
+    /// description per candidate tiling (`plan::kernels::flash_forward`).
     pub attention_forward_flash_sg {
         op: forward,
         grid: s_major(tile = 64, key_tile = 32, rows_per_thread = 4, subgroups = true),
@@ -309,7 +309,7 @@ attention_kernel! {
     /// rows (splitting the block's keys, then head_dim), 32 keys per block. Needs EXPERIMENTAL_COOPERATIVE_MATRIX with f16 x f16 -> f32
     /// at 16x16x16, SHADER_F16, and subgroups of exactly 32 (`Gpu::has_coop16`); the
     /// runtime plans it for f16 forwards where the device has them
-    /// (`tuning::Table::forward_in`).
+    /// (`tuning::Table::forward`).
     pub attention_forward_flash_tc_d128 {
         op: forward,
         grid: s_major(tile = 64, key_tile = 32, rows_per_thread = 16, matrix = coop16),
@@ -377,7 +377,7 @@ attention_kernel! {
     /// and dQ += dS·K as f16 cooperative-matrix products into f32, 64 query rows by two
     /// subgroups per 16; it packs LSE and D (dO·O on the tensor cores) into `stats` itself,
     /// so the schedule runs without the prep. The planner's first half-precision backward
-    /// where the device has cooperative matrices (`tuning::backward_candidates_in`).
+    /// where the device has cooperative matrices (`tuning::backward_configs`).
     pub attention_backward_dq_flash_tc_d128 {
         op: backward_q,
         grid: s_major(tile = 64, key_tile = 32, rows_per_thread = 16, matrix = coop16),
@@ -460,7 +460,7 @@ attention_kernel! {
     /// Flash backward (schedule (c)), head_dim 64: key tiles own dK and dV, Q and dO staged
     /// a block of queries at a time, dQ added by atomics (candidate 0's key-tile half). With the document mask it binds 9
     /// storage buffers, one over WebGPU's default, hence the native target. The runtime
-    /// compiles the same description per candidate tiling (`tuning::flash_scatter`).
+    /// compiles the same description per candidate tiling (`plan::kernels::flash_scatter`).
     pub attention_backward_flash {
         op: backward_kv,
         grid: j_major(flash),
@@ -546,6 +546,21 @@ attention_kernel! {
         target: webgpu,
         workgroup_size: 256,
         writes: { dgamma: owned, dbeta: owned, dw: owned, db: owned },
+    }
+}
+
+attention_kernel! {
+    /// Attention states merged, head_dim 128, O in f16 (`runtime::ops::merge::Merge`): the
+    /// outputs and LSEs of attention over parts of the keys, stacked part-major, into those
+    /// of attention over all of them; an invocation per vec4 of output. Portable.
+    pub attention_merge {
+        op: merge,
+        grid: elementwise,
+        head_dim: 128,
+        target: webgpu,
+        workgroup_size: 256,
+        dtype: f16,
+        writes: { o: owned, lse: owned },
     }
 }
 
@@ -645,13 +660,9 @@ impl BackwardKernels {
 
     /// The same set as the family's descriptions, for any head_dim and masks, compiled (and
     /// naga-validated) now.
-    pub fn compile(head_dim: u32, masks: Masks) -> Result<BackwardKernels, DslError> {
-        BackwardKernels::compile_dims((head_dim, head_dim), masks)
-    }
-
-    /// [`BackwardKernels::compile`] with Q and K rows `dims.0` wide and V, O, dO and dV rows
-    /// `dims.1` (MLA's 192 and 128).
-    pub fn compile_dims(
+    ///
+    /// Q and K rows are `dims.0` wide, V, O, dO and dV rows `dims.1` (MLA's 192 and 128).
+    pub fn compile(
         (head_dim, head_dim_v): (u32, u32),
         masks: Masks,
     ) -> Result<BackwardKernels, DslError> {
@@ -763,7 +774,7 @@ pub static ROPE: [(&attn_dsl::KernelAbi, &attn_dsl::KernelAbi); 2] = [
 /// lists them. (The native-f32-atomic variants are left out: browsers have no
 /// `atomic<f32>`; so is streaming at head_dim 128, whose tiles of 16 rows need more than
 /// WebGPU's 16 KiB of workgroup memory.)
-pub static FAMILY: [&attn_dsl::KernelAbi; 44] = [
+pub static FAMILY: [&attn_dsl::KernelAbi; 45] = [
     &attention_forward::ABI,
     &attention_forward_d128::ABI,
     &attention_decode::ABI,
@@ -808,4 +819,5 @@ pub static FAMILY: [&attn_dsl::KernelAbi; 44] = [
     &attention_cache_append_e4m3::ABI,
     &attention_decode_split_paged_mla::ABI,
     &attention_cache_append_paged_mla::ABI,
+    &attention_merge::ABI,
 ];

@@ -58,6 +58,7 @@ fn check_dtype(spec: &KernelSpec) -> Result<(), DslError> {
         Op::LayernormGradRows,
         Op::Matmul,
         Op::LinearRows,
+        Op::Merge,
     ];
     if !ops.contains(&spec.op) && !flash_backward {
         let names: Vec<&str> = ops.iter().map(|o| o.name()).collect();
@@ -634,7 +635,11 @@ fn cannot_honour(op: Op, m: Modifier) -> Option<&'static str> {
              mask or score modifier applies",
         ),
         // The partials carry no sink: the reduce joins it to the denominator once.
-        (Op::DecodeReduce, Sinks) => None,
+        (Op::DecodeReduce | Op::Merge, Sinks) => None,
+        (Op::Merge, _) => Some(
+            "it merges whole attention states, in which the masks and modifiers are already \
+             applied; give them to the kernels that make the parts (a sink joins once, here)",
+        ),
         (Op::SinkGrad, Sinks) => None,
         (Op::SinkGrad, _) => Some(
             "it reads the forward's O and LSE, in which the masks and modifiers are already \

@@ -13,7 +13,7 @@
 //! `O = Σ_s e^(m_s − M)·o_s / Σ_s e^(m_s − M)·l_s`, M the largest m_s.
 
 use super::numerics::Helper;
-use super::writer::{Template, Wgsl};
+use super::writer::{Fragment, Template, Wgsl};
 use std::fmt::Write;
 
 use crate::spec::{Cache, KernelSpec, Op};
@@ -87,7 +87,9 @@ pub(super) fn body(out: &mut Wgsl, spec: &KernelSpec) {
         return;
     }
     out.push_str("var<workgroup> sh_red: array<vec4<f32>, WG>;\n\n");
-    out.put(REDUCE4.plain());
+    if spec.op == Op::DecodeSplit {
+        out.put(REDUCE4.plain());
+    }
     out.put(PARTIALS.plain());
     match spec.op {
         Op::DecodeSplit => split(out, spec),
@@ -442,85 +444,81 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     );
 }
 
+/// The reduce: each of PARTS groups of V4 invocations merges its share of the slices in
+/// one pass ([`super::states::STATES`]: each slice's record read once), then the groups
+/// meet once. A sink joins the denominator there, once per head (the partials carry none):
+/// as a slice of max `sinks[h]` and sum 1 with no value.
 fn reduce(out: &mut Wgsl, name: &str, sinks: bool) {
-    // The slices' weights are exponentials.
-    out.need(&[Helper::Exp]);
-    // A sink joins the denominator once per head, here where the slices' maxima meet (the
-    // partials carry none): as a slice of max `sinks[h]` and sum 1 with no value.
-    let (max, sum) = match sinks {
-        true => (
-            "max(wg_max4(tid, vec4<f32>(mx)).x, sinks[h % dims.n_heads])",
-            "wg_sum4(tid, vec4<f32>(ls)).x + exp_f32(sinks[h % dims.n_heads] - m)",
-        ),
-        false => (
-            "wg_max4(tid, vec4<f32>(mx)).x",
-            "wg_sum4(tid, vec4<f32>(ls)).x",
-        ),
+    let sink = match sinks {
+        true => "st = merge_state(st, sinks[h % dims.n_heads], 1.0, vec4<f32>(0.0));",
+        false => "",
     };
-    let _ = write!(
-        out,
-        r#"// Slices summed in turn by each of PARTS groups of V4 invocations.
+    out.put(super::states::STATES.plain());
+    out.put(REDUCE.fill([
+        ("name", Fragment::from(name)),
+        ("sink", Fragment::from(sink)),
+    ]));
+}
+
+const REDUCE: Template = Template {
+    name: "decode_reduce",
+    needs: &[],
+    text: r#"// Slices merged in turn by each of PARTS groups of V4 invocations.
 const PARTS: u32 = WG / V4;
 
 // [row, h, d] in vec4s, of query q (row · n_heads + h) of this sequence's rows.
-fn o4_index(q: u32) -> u32 {{
+fn o4_index(q: u32) -> u32 {
     return (q_row0 * dims.n_heads + q) * V4;
-}}
+}
 
 // This sequence's first row in O, and its rows.
 var<workgroup> sh_rows: vec2<u32>;
+// Each group's running max and sum.
+var<workgroup> sh_ml: array<vec2<f32>, PARTS>;
 
 @compute @workgroup_size(WG)
-fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {{
+fn $name(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     batch = wg.y;
     // Query h: row h / n_heads of the sequence's rows, head h % n_heads.
     let h = wg.x;
-    if (tid == 0u) {{
+    if (tid == 0u) {
         sh_rows = vec2<u32>(q_starts[batch], q_starts[batch + 1u] - q_starts[batch]);
-    }}
+    }
     let rows = workgroupUniformLoad(&sh_rows);
-    if (h / dims.n_heads >= rows.y) {{
+    if (h / dims.n_heads >= rows.y) {
         return;
-    }}
+    }
     q_row0 = rows.x;
-    var mx = NEG_BIG;
-    for (var s = tid; s < dims.n_slices; s = s + WG) {{
-        mx = max(mx, part_ml(s, h).x);
-    }}
-    let m = {max};
-    // l = Σ e^(m_s − m)·l_s. A slice the window hides has m_s = NEG_BIG, l_s = 0.
-    var ls = 0.0;
-    for (var s = tid; s < dims.n_slices; s = s + WG) {{
-        let ml = part_ml(s, h);
-        ls = ls + exp_f32(ml.x - m) * ml.y;
-    }}
-    let l = {sum};
     let c = tid % V4;
     let part = tid / V4;
-    var acc = vec4<f32>(0.0);
-    if (part < PARTS) {{
-        for (var s = part; s < dims.n_slices; s = s + PARTS) {{
-            let w = exp_f32(part_ml(s, h).x - m);
-            acc = fma(vec4<f32>(w), partials[part_index(s, h) + c], acc);
-        }}
-    }}
-    sh_red[tid] = acc;
+    // A slice the window hides has m_s = NEG_BIG and l_s = 0, and weighs nothing.
+    if (part < PARTS) {
+        var st = state_empty();
+        for (var s = part; s < dims.n_slices; s = s + PARTS) {
+            let ml = part_ml(s, h);
+            st = merge_state(st, ml.x, ml.y, partials[part_index(s, h) + c]);
+        }
+        sh_red[tid] = st.acc;
+        if (c == 0u) {
+            sh_ml[part] = vec2<f32>(st.m, st.l);
+        }
+    }
     workgroupBarrier();
-    if (tid < V4) {{
-        var sum = vec4<f32>(0.0);
-        for (var p = 0u; p < PARTS; p = p + 1u) {{
-            sum = sum + sh_red[p * V4 + tid];
-        }}
+    if (tid < V4) {
+        var st = state_empty();
+        for (var p = 0u; p < PARTS; p = p + 1u) {
+            st = merge_state(st, sh_ml[p].x, sh_ml[p].y, sh_red[p * V4 + tid]);
+        }
+        $sink
         var result = vec4<f32>(0.0);
-        if (l != 0.0) {{
-            result = sum / l;
-        }}
+        if (st.l != 0.0) {
+            result = st.acc / st.l;
+        }
         o[o4_index(h) + tid] = narrow4(result);
-    }}
-}}
-"#
-    );
+    }
 }
+"#,
+};
 
 /// How the split pass's two loops walk a slice: every key, or with a `mask_mod` only the
 /// tiles where a served head may see one (the K pass by `KEY_TILE` keys, P·V by `PV_STEP`

@@ -21,6 +21,7 @@ mod lanes;
 mod layernorm;
 mod linear_rows;
 mod matmul;
+mod merge;
 mod numerics;
 mod reduce;
 mod rope;
@@ -29,6 +30,7 @@ mod scatter;
 pub(crate) mod scores;
 mod served;
 mod sinks;
+mod states;
 mod tiles;
 mod writer;
 
@@ -67,6 +69,8 @@ pub fn emit_phases(spec: &KernelSpec, bindings: &[Binding], keep: coop::Phases) 
         cache::constants(&mut head, spec);
     } else if spec.op == Op::Matmul {
         matmul::constants(&mut head, spec);
+    } else if spec.op == Op::Merge {
+        merge::constants(&mut head, spec);
     } else if matches!(
         spec.op,
         Op::DkvReduce | Op::ToDtype | Op::FromDtype | Op::GradFold | Op::RowScale
@@ -169,6 +173,10 @@ fn emit_body(out: &mut Wgsl, spec: &KernelSpec, keep: coop::Phases) {
             lanes::row_scale(out, spec);
             return;
         }
+        Op::Merge => {
+            merge::body(out, spec);
+            return;
+        }
     }
     match spec.op {
         Op::Forward | Op::Extend => tile_entry(out, spec, "attend_row"),
@@ -195,7 +203,8 @@ fn emit_body(out: &mut Wgsl, spec: &KernelSpec, keep: coop::Phases) {
         | Op::LayernormGradRows
         | Op::LayernormRowsBackward
         | Op::Matmul
-        | Op::LinearRows => {}
+        | Op::LinearRows
+        | Op::Merge => {}
     }
 }
 

@@ -59,7 +59,8 @@ pub fn workgroup_bytes(spec: &KernelSpec) -> u32 {
         | Op::DkvReduce
         | Op::ToDtype
         | Op::FromDtype
-        | Op::GradFold => 0,
+        | Op::GradFold
+        | Op::Merge => 0,
         // Each invocation's partial maximum.
         Op::RowScale => reduce,
         Op::Matmul => matmul::workgroup_bytes(spec.matmul.unwrap_or(MATMUL_DEFAULT)),

@@ -18,7 +18,7 @@ use burn::tensor::module::{attention, attention_fallback};
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, DType, Device, Tensor, TensorData};
 use clap::Parser;
-use runtime::ops::backward::BackwardArgs;
+use runtime::ops::backward::{BackwardArgs, BackwardSpec};
 use runtime::ops::forward::{Forward, ForwardArgs, ForwardSpec};
 use runtime::{Backward, Gpu, Heads, Schedule};
 
@@ -487,10 +487,9 @@ fn run(a: &Args) -> Result<bool> {
                 dtype: Dtype::F32,
             },
         )?,
-        backward: Backward::new(&gpu, &[])?,
+        backward: Backward::new(&gpu, BackwardSpec::new(a.head_dim, masks, Dtype::F32))?,
         schedule: None,
     };
-    mine.backward.add_in(&gpu, a.head_dim, masks, Dtype::F32)?;
 
     let opts = AttentionModuleOptions {
         is_causal: true,

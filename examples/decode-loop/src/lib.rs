@@ -17,11 +17,11 @@ use rand::{Rng, SeedableRng, rngs::StdRng};
 use runtime::layernorm::LayerNormLinear;
 use runtime::layernorm::reference as ln_ref;
 use runtime::ops::cache::{CacheLayout, CacheSpec, KvCache};
-use runtime::ops::convert::Convert;
+use runtime::ops::convert::{Convert, ConvertArgs};
 use runtime::ops::decode::{Decode, DecodeArgs, DecodeSpec};
 use runtime::ops::forward::{Forward, ForwardArgs, ForwardSpec};
 use runtime::ops::layernorm::{LayerNormArgs, Saved};
-use runtime::ops::rope::{Rope, RopeArgs};
+use runtime::ops::rope::{Rope, RopeArgs, RopeSpec};
 use runtime::reference::{self, Problem};
 use runtime::{Gpu, Heads, Tensor};
 
@@ -210,7 +210,8 @@ struct Layer {
     v: Projection,
     o: Projection,
     rope: Rope,
-    convert: Convert,
+    /// To and from the cache's dtype; none in f32.
+    convert: Option<Convert>,
     /// LayerNorm statistics of the widest call (the prompt's rows).
     saved: [Tensor; 2],
 }
@@ -234,21 +235,34 @@ fn scalar(dtype: Dtype) -> Scalar {
     }
 }
 
-/// A tensor in the cache's dtype holding `x` (f32) rounded, or `x` itself in f32.
+/// A tensor in the cache's dtype holding `x` (f32) rounded, or `x` itself in f32 (no
+/// conversion).
 fn in_dtype(
     gpu: &Gpu,
     enc: &mut wgpu::CommandEncoder,
-    convert: &mut Convert,
+    convert: &mut Option<Convert>,
     x: &Tensor,
-    dtype: Dtype,
     held: &Tensor,
 ) -> Result<Tensor> {
-    if dtype == Dtype::F32 {
+    let Some(convert) = convert else {
         return Ok(x.clone());
-    }
+    };
     let out = held.view(x.shape())?;
-    convert.record_to(gpu, enc, x, &out)?;
+    convert.record(gpu, enc, &ConvertArgs { src: x, dst: &out })?;
     Ok(out)
+}
+
+/// Records `dst = src` widened to f32, where the cache's dtype is not f32.
+fn to_f32(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    convert: &mut Option<Convert>,
+    [src, dst]: [&Tensor; 2],
+) -> Result<()> {
+    if let Some(convert) = convert {
+        convert.record(gpu, enc, &ConvertArgs { src, dst })?;
+    }
+    Ok(())
 }
 
 pub fn run(c: &Config) -> Result<Report> {
@@ -284,8 +298,10 @@ pub fn run(c: &Config) -> Result<Report> {
         k: Projection::new(&gpu, &mut rng, [width, kv_width, rows], c.weights)?,
         v: Projection::new(&gpu, &mut rng, [width, kv_width, rows], c.weights)?,
         o: Projection::new(&gpu, &mut rng, [width, width, rows], c.weights)?,
-        rope: Rope::new(h.head_dim, false)?,
-        convert: Convert::new(c.dtype),
+        rope: Rope::new(&gpu, RopeSpec::new(h.head_dim))?,
+        convert: (c.dtype != Dtype::F32)
+            .then(|| Convert::new(&gpu, c.dtype))
+            .transpose()?,
         saved: [
             Tensor::zeros(&gpu, &[rows], Scalar::F32),
             Tensor::zeros(&gpu, &[rows], Scalar::F32),
@@ -375,20 +391,21 @@ pub fn run(c: &Config) -> Result<Report> {
         };
         layer.rope.record(&gpu, &mut enc, &args)?;
     }
-    let qd = in_dtype(&gpu, &mut enc, &mut layer.convert, &q4, c.dtype, &qh)?;
-    let kd = in_dtype(&gpu, &mut enc, &mut layer.convert, &k4, c.dtype, &kh)?;
-    let vd = in_dtype(&gpu, &mut enc, &mut layer.convert, &v4, c.dtype, &vh)?;
+    let qd = in_dtype(&gpu, &mut enc, &mut layer.convert, &q4, &qh)?;
+    let kd = in_dtype(&gpu, &mut enc, &mut layer.convert, &k4, &kh)?;
+    let vd = in_dtype(&gpu, &mut enc, &mut layer.convert, &v4, &vh)?;
     let od = match c.dtype {
         Dtype::F32 => o32.reshape(&[b, p, h.n_heads, h.head_dim])?,
         _ => oh.view(&[b, p, h.n_heads, h.head_dim])?,
     };
     let args = ForwardArgs::new(&qd, &kd, &vd, &od, &lse);
     cache.prefill(&gpu, &mut enc, &mut forward, 0, &args)?;
-    if c.dtype != Dtype::F32 {
-        layer
-            .convert
-            .record_from(&gpu, &mut enc, &od, &o32.reshape(od.shape())?)?;
-    }
+    to_f32(
+        &gpu,
+        &mut enc,
+        &mut layer.convert,
+        [&od, &o32.reshape(od.shape())?],
+    )?;
     // Each sequence's last prompt row goes on: a copy of its row of O.
     let row_bytes = u64::from(width) * 4;
     let last = Tensor::zeros(&gpu, &[b, width], f);
@@ -453,9 +470,9 @@ pub fn run(c: &Config) -> Result<Report> {
         }
         ops.mark(&mut enc, 3, true);
         ops.mark(&mut enc, 4, false);
-        let qd = in_dtype(&gpu, &mut enc, &mut layer.convert, &q4, c.dtype, &qh)?;
-        let kd = in_dtype(&gpu, &mut enc, &mut layer.convert, &k4, c.dtype, &kh)?;
-        let vd = in_dtype(&gpu, &mut enc, &mut layer.convert, &v4, c.dtype, &vh)?;
+        let qd = in_dtype(&gpu, &mut enc, &mut layer.convert, &q4, &qh)?;
+        let kd = in_dtype(&gpu, &mut enc, &mut layer.convert, &k4, &kh)?;
+        let vd = in_dtype(&gpu, &mut enc, &mut layer.convert, &v4, &vh)?;
         ops.mark(&mut enc, 4, true);
         ops.mark(&mut enc, 5, false);
         cache.append(&gpu, &mut enc, 0, &kd, &vd)?;
@@ -477,11 +494,12 @@ pub fn run(c: &Config) -> Result<Report> {
         decode.record(&gpu, &mut enc, &args)?;
         ops.mark(&mut enc, 6, true);
         ops.mark(&mut enc, 7, false);
-        if c.dtype != Dtype::F32 {
-            layer
-                .convert
-                .record_from(&gpu, &mut enc, &o3, &o1.reshape(o3.shape())?)?;
-        }
+        to_f32(
+            &gpu,
+            &mut enc,
+            &mut layer.convert,
+            [&o3, &o1.reshape(o3.shape())?],
+        )?;
         ops.mark(&mut enc, 7, true);
         ops.mark(&mut enc, 8, false);
         layer.o.record(

@@ -3,6 +3,7 @@
 //! runtime, and this crate's own CPU code for the same attention to compare with.
 
 use attn_macros::attention_kernel;
+use runtime::ops::backward::BackwardSpec;
 use runtime::{Backward, BackwardInput, BlockOn, ForwardInput, Gpu, Heads, Kernel, Modifiers};
 
 attention_kernel! {
@@ -141,8 +142,8 @@ impl Problem {
             },
         )
         .block_on()?;
-        let mut backward = Backward::new(gpu, &[])?;
-        backward.add_in(gpu, 64, abi.masks, runtime::Dtype::F32)?;
+        let spec = BackwardSpec::new(64, abi.masks, runtime::Dtype::F32);
+        let mut backward = Backward::new(gpu, spec)?;
         let input = BackwardInput {
             batch: self.batch,
             seq_len: self.seq,
@@ -157,7 +158,9 @@ impl Problem {
             scale: None,
             mods,
         };
-        let (g, _) = backward.run(gpu, &input, None).block_on()?;
+        let (g, _) = backward
+            .run(gpu, &input, None, runtime::Dtype::F32)
+            .block_on()?;
         Ok(Results {
             dtable: g.flex("drel_bias").unwrap_or(&[]).to_vec(),
             o: out.o,

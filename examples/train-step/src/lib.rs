@@ -12,10 +12,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use attn_dsl::{Dtype, Masks, Scalar};
 use rand::{Rng, SeedableRng, rngs::StdRng};
-use runtime::ops::backward::BackwardArgs;
-use runtime::ops::convert::Convert;
+use runtime::ops::backward::{BackwardArgs, BackwardSpec};
+use runtime::ops::convert::{Convert, ConvertArgs};
 use runtime::ops::forward::{Forward, ForwardArgs, ForwardSpec};
-use runtime::ops::rope::{Rope, RopeArgs};
+use runtime::ops::rope::{Rope, RopeArgs, RopeSpec};
 use runtime::reference::{self, Problem};
 use runtime::{Backward, Gpu, Heads, Schedule, Tensor, kernels};
 
@@ -135,11 +135,12 @@ pub fn run(c: &Config) -> Result<Report> {
             dtype: c.dtype,
         },
     )?;
-    let mut backward = Backward::new(&gpu, &[])?;
-    backward.add_in(&gpu, h.head_dim, masks, c.dtype)?;
-    let mut rope = Rope::new(h.head_dim, false)?;
-    let mut rope_back = Rope::new(h.head_dim, true)?;
-    let mut convert = Convert::new(c.dtype);
+    let mut backward = Backward::new(&gpu, BackwardSpec::new(h.head_dim, masks, c.dtype))?;
+    let mut rope = Rope::new(&gpu, RopeSpec::new(h.head_dim))?;
+    let mut rope_back = Rope::new(&gpu, RopeSpec::backward(h.head_dim))?;
+    let mut convert = (c.dtype != Dtype::F32)
+        .then(|| Convert::new(&gpu, c.dtype))
+        .transpose()?;
     let stamps = runtime::timing::Spans::new(&gpu, c.steps);
     let setup = setup.elapsed();
     let mut start = Instant::now();
@@ -175,11 +176,11 @@ pub fn run(c: &Config) -> Result<Report> {
         }
         let [qx, kx] = &rotated;
         for (from, to) in [(qx, &qd), (kx, &kd), (&v0, &vd), (&do0, &dod)] {
-            match c.dtype {
-                Dtype::F32 => {
-                    enc.copy_buffer_to_buffer(from.buffer(), 0, to.buffer(), 0, from.bytes())
+            match convert.as_mut() {
+                None => enc.copy_buffer_to_buffer(from.buffer(), 0, to.buffer(), 0, from.bytes()),
+                Some(convert) => {
+                    convert.record(&gpu, &mut enc, &ConvertArgs { src: from, dst: to })?
                 }
-                _ => convert.record_to(&gpu, &mut enc, from, to)?,
             }
         }
         let fargs = ForwardArgs::new(&qd, &kd, &vd, &od, &lse);

@@ -17,6 +17,7 @@ use runtime::layernorm::{LayerNormLinear, layernorm_linear, layernorm_linear_bac
 use runtime::ops::cache::{CacheLayout, CacheSpec, KvCache};
 use runtime::ops::decode::{Decode, DecodeArgs, DecodeSpec};
 use runtime::ops::forward::{Forward, ForwardArgs, ForwardSpec};
+use runtime::plan::kernels::AttentionSpec;
 use runtime::reference::{self, Problem, cast};
 use runtime::{
     Backward, BackwardInput, Error, ForwardInput, ForwardOutput, Gpu, Gradients, Heads, Kernel,
@@ -245,15 +246,15 @@ pub async fn run_layer(
     mut on_row: impl FnMut(&Row),
 ) -> Result<Vec<Row>, Error> {
     let layer = Layer::new(seq);
-    let mut backward = Backward::new(gpu, &kernels::BACKWARD[..1])?;
+    let mut backward = Backward::from_kernels(gpu, &kernels::BACKWARD[..1])?;
     let mut rows = Vec::new();
     for (label, kernel) in forward_kernels(gpu, &backward.table).await? {
         let row = forward_row(gpu, &layer, label, &kernel).await?;
         on_row(&row);
         rows.push(row);
     }
-    let planned = backward.plan(gpu, 1, seq, HEADS);
-    for schedule in backward.schedules(gpu, HEADS.head_dim) {
+    let planned = backward.plan(gpu, 1, seq, HEADS, Dtype::F32);
+    for schedule in backward.schedules((HEADS.head_dim, HEADS.head_dim), Dtype::F32) {
         let row = backward_row(gpu, &layer, &mut backward, schedule, planned).await?;
         on_row(&row);
         rows.push(row);
@@ -408,15 +409,16 @@ async fn decode_loop_row(gpu: &Gpu, layer: &Layer, steps: u32) -> Result<Row, Er
 async fn forward_kernels(gpu: &Gpu, table: &tuning::Table) -> Result<Vec<(String, Kernel)>, Error> {
     let per_row = Kernel::new(gpu, &kernels::attention_forward::ABI).await?;
     let mut out = vec![(per_row.name().to_string(), per_row)];
-    let planned = table.forward(gpu, HEADS.head_dim);
+    let planned = table.forward(gpu, HEADS.head_dim, Dtype::F32);
     for config in tuning::forward_candidates(HEADS.head_dim) {
-        let abi =
-            tuning::flash_forward(HEADS.head_dim, Masks::new(true, true), config).map_err(|e| {
-                Error::Pipeline {
-                    kernel: format!("flash forward {}", config.label()),
-                    message: e.to_string(),
-                }
-            })?;
+        let abi = runtime::plan::kernels::flash_forward(
+            AttentionSpec::new(HEADS.head_dim, Masks::new(true, true), Dtype::F32),
+            config,
+        )
+        .map_err(|e| Error::Pipeline {
+            kernel: format!("flash forward {}", config.label()),
+            message: e.to_string(),
+        })?;
         if tuning::fits(gpu, &abi) {
             let mut label = format!("forward flash {}", config.label());
             if planned == Some(config) {
@@ -455,9 +457,13 @@ async fn backward_row(
     planned: Schedule,
 ) -> Result<Row, Error> {
     let input = layer.backward_input();
-    backward.run(gpu, &input, Some(schedule)).await?;
+    backward
+        .run(gpu, &input, Some(schedule), Dtype::F32)
+        .await?;
     let start = Instant::now();
-    let (grads, _) = backward.run(gpu, &input, Some(schedule)).await?;
+    let (grads, _) = backward
+        .run(gpu, &input, Some(schedule), Dtype::F32)
+        .await?;
     let ms = start.elapsed().as_secs_f64() * 1e3;
     let mut label = format!("backward {schedule}");
     if schedule == planned {

@@ -10,6 +10,8 @@
 #![cfg(not(target_arch = "wasm32"))]
 
 use runtime::BlockOn;
+use runtime::ops::backward::BackwardSpec;
+use runtime::plan::kernels::AttentionSpec;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
@@ -19,7 +21,7 @@ use attn_dsl::{BiasHeads, Dtype, KernelSpec, Op};
 use clap::Parser;
 use runtime::kernels::BackwardKernels;
 use runtime::npy;
-use runtime::tuning::{self, Table};
+use runtime::tuning::Table;
 use runtime::{
     Backward, BackwardInput, Bias, Dropout, ForwardInput, Gpu, Heads, Kernel, Modifiers, Schedule,
 };
@@ -62,7 +64,7 @@ struct Args {
     /// tensors' head_dim (e.g. tiled-16x8/2@64; a wrong one lists those that run); or
     /// `all`: every schedule the adapter runs, each writing its gradients to a subfolder
     /// of --out named for it (`/` as `_`, e.g. tiled-16x8_2@64/dq.npy). Half-precision
-    /// inputs run tiled-C, C of runtime::tuning::backward_candidates_in, and on tensor
+    /// inputs run tiled-C, C of runtime::tuning::backward_configs, and on tensor
     /// cores scattered-C (the dK/dV half spread over query heads).
     #[arg(long, default_value = "auto")]
     schedule: String,
@@ -296,14 +298,13 @@ fn run(args: Args) -> anyhow::Result<()> {
         &KernelSpec::standard("attention_forward", Op::Forward, d, masks).with_head_dim_v(dv),
     )
     .with_context(|| format!("no forward kernel for head_dim {d}, head_dim_v {dv}"))?;
-    let backward = match &t.d_o {
-        Some(_) => Some(
-            BackwardKernels::compile_dims((d, dv), masks).with_context(|| {
+    let backward =
+        match &t.d_o {
+            Some(_) => Some(BackwardKernels::compile((d, dv), masks).with_context(|| {
                 format!("no backward kernels for head_dim {d}, head_dim_v {dv}")
-            })?,
-        ),
-        None => None,
-    };
+            })?),
+            None => None,
+        };
     let mut abis = vec![&forward_abi];
     abis.extend(backward.iter().flat_map(|b| b.all()));
     let gpu = Gpu::new(abis).block_on()?;
@@ -338,8 +339,11 @@ fn run(args: Args) -> anyhow::Result<()> {
     let tuned = Table::for_gpu(&gpu)?.forward_for(&gpu, t.heads, (t.batch, t.seq), t.dtype);
     let forward = match tuned {
         Some(config) => {
-            let abi = tuning::flash_forward_dims((d, dv), masks, config, t.dtype)
-                .with_context(|| format!("flash forward {}", config.label()))?;
+            let abi = runtime::plan::kernels::flash_forward(
+                AttentionSpec::new(d, masks, t.dtype).with_head_dim_v(dv),
+                config,
+            )
+            .with_context(|| format!("flash forward {}", config.label()))?;
             println!("forward: flash {} {}", config.label(), t.dtype.name());
             Kernel::new(&gpu, &abi).block_on()?
         }
@@ -387,10 +391,13 @@ fn run(args: Args) -> anyhow::Result<()> {
 
     if let (Some(d_o), Some(kernels)) = (&t.d_o, backward) {
         let started = Instant::now();
-        let mut backward = Backward::new(&gpu, &[kernels])?;
+        let mut backward = Backward::from_kernels(&gpu, &[kernels])?;
         backward.deterministic = args.deterministic;
         if t.dtype != Dtype::F32 {
-            backward.add_in_dims(&gpu, (d, dv), masks, t.dtype)?;
+            backward.add(
+                &gpu,
+                BackwardSpec::new(d, masks, t.dtype).with_head_dim_v(dv),
+            )?;
         }
         let input = BackwardInput {
             batch: t.batch,
@@ -408,7 +415,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         };
         let runs: Vec<(Option<Schedule>, PathBuf)> = match args.schedule.as_str() {
             "all" => backward
-                .schedules_of((d, dv), t.dtype)
+                .schedules((d, dv), t.dtype)
                 .into_iter()
                 .map(|s| (Some(s), args.out.join(s.to_string().replace('/', "_"))))
                 .collect(),
@@ -416,9 +423,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         };
         for (schedule, dir) in runs {
             std::fs::create_dir_all(&dir).with_context(|| format!("{}", dir.display()))?;
-            let (g, ran) = backward
-                .run_in(&gpu, &input, schedule, t.dtype)
-                .block_on()?;
+            let (g, ran) = backward.run(&gpu, &input, schedule, t.dtype).block_on()?;
             write(&dir, "dq", &q_shape, &g.dq, t.dtype)?;
             write(&dir, "dk", &kv_shape, &g.dk, t.dtype)?;
             write(&dir, "dv", &v_shape, &g.dv, t.dtype)?;

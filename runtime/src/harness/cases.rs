@@ -2,6 +2,8 @@
 //! on the GPU and judged against the f64 reference by the pass rule, as one or more rows.
 
 use crate::modifiers::FlexOf;
+use crate::ops::backward::BackwardSpec;
+use crate::plan::kernels::AttentionSpec;
 use attn_dsl::{
     BiasHeads, Cache, Dtype, FlashConfig, Fp8, KernelAbi, KernelSpec, Masks, Modifier, Op, Scalar,
 };
@@ -942,7 +944,7 @@ impl Runner {
             half: Vec::new(),
             rope,
             split: Vec::new(),
-            backward: Backward::new(gpu, backward)?,
+            backward: Backward::from_kernels(gpu, backward)?,
             others: Vec::new(),
         })
     }
@@ -973,19 +975,14 @@ impl Runner {
         let at = match self.split.iter().position(|(k, _)| *k == key) {
             Some(at) => at,
             None => {
+                let spec = crate::ops::decode::DecodeSpec {
+                    masks,
+                    cache,
+                    ..crate::ops::decode::DecodeSpec::new(dims.0, dims.1, dtype)
+                };
                 let kernels = match layout == SplitLayout::PLANNED {
-                    true => SplitDecode::for_dims_in(gpu, dims, masks, cache, dtype)?,
-                    false => {
-                        let spec = crate::ops::decode::DecodeSpec {
-                            head_dim: dims.0,
-                            head_dim_v: dims.1,
-                            masks,
-                            dtype,
-                            cache,
-                            kv_fp8: None,
-                        };
-                        SplitDecode::from_spec_in(gpu, &spec, layout)?
-                    }
+                    true => SplitDecode::for_spec(gpu, &spec)?,
+                    false => SplitDecode::with_layout(gpu, &spec, layout)?,
                 };
                 self.split.push((key, kernels));
                 self.split.len() - 1
@@ -1015,9 +1012,13 @@ impl Runner {
                 Op::Decode => "attention_decode",
                 _ => "attention_forward",
             };
-            let spec =
-                KernelSpec::standard(&tuning::family_name(base, head_dim), op, head_dim, masks)
-                    .with_head_dim_v(head_dim_v);
+            let spec = KernelSpec::standard(
+                &crate::plan::kernels::family_name(base, head_dim),
+                op,
+                head_dim,
+                masks,
+            )
+            .with_head_dim_v(head_dim_v);
             self.per_row.push(Kernel::now(gpu, &compile(&spec)?)?);
         }
         Ok(self
@@ -1063,14 +1064,14 @@ impl Runner {
         let (head_dim, width) = (dims.0, dims.0.max(dims.1));
         let mut set = Vec::new();
         for dtype in gpu.half_dtypes() {
-            let planned = self.backward.table.forward_in(gpu, width, dtype);
+            let planned = self.backward.table.forward(gpu, width, dtype);
             let mut configs = vec![tuning::forward_candidates(width)[0]];
             configs.extend(planned.filter(|p| *p != configs[0]));
             if gpu.coop16_for(dtype, Op::Forward) {
                 let coop = tuning::coop_candidates(gpu, width, dtype);
                 configs.extend(coop.into_iter().filter(|c| Some(*c) != planned));
             }
-            let name = tuning::family_name("attention_forward", head_dim);
+            let name = crate::plan::kernels::family_name("attention_forward", head_dim);
             if dtype == Dtype::F16 {
                 let spec = KernelSpec {
                     dtype,
@@ -1083,11 +1084,13 @@ impl Runner {
                 ));
             }
             for config in &configs {
-                let abi = tuning::flash_forward_dims(dims, masks, *config, dtype).map_err(|e| {
-                    Error::Pipeline {
-                        kernel: format!("forward flash {} {}", config.label(), dtype.name()),
-                        message: e.to_string(),
-                    }
+                let abi = crate::plan::kernels::flash_forward(
+                    AttentionSpec::new(dims.0, masks, dtype).with_head_dim_v(dims.1),
+                    *config,
+                )
+                .map_err(|e| Error::Pipeline {
+                    kernel: format!("forward flash {} {}", config.label(), dtype.name()),
+                    message: e.to_string(),
                 })?;
                 if tuning::fits(gpu, &abi) {
                     let mut label = format!("forward flash {} {}", config.label(), dtype.name());
@@ -1109,7 +1112,7 @@ impl Runner {
             let spec = |base: &str, op| KernelSpec {
                 workgroup_size: head_dim.next_power_of_two().max(32),
                 ..KernelSpec::standard(
-                    &tuning::family_name(base, head_dim),
+                    &crate::plan::kernels::family_name(base, head_dim),
                     op,
                     head_dim,
                     Masks::default(),
@@ -1132,7 +1135,7 @@ impl Runner {
     ) -> Result<&mut Backward, Error> {
         let standard = masks == self::masks(true);
         if !standard && !self.others.iter().any(|(m, _)| *m == masks) {
-            let mut b = Backward::new(gpu, &[])?;
+            let mut b = Backward::from_kernels(gpu, &[])?;
             b.scratch_budget = self.backward.scratch_budget;
             b.table = self.backward.table.clone();
             self.others.push((masks, b));
@@ -1144,12 +1147,12 @@ impl Runner {
                 &mut self.others[at.expect("made above")].1
             }
         };
-        if backward.schedules_of(dims, Dtype::F32).is_empty() {
-            let set = BackwardKernels::compile_dims(dims, masks).map_err(|e| Error::Pipeline {
+        if backward.schedules(dims, Dtype::F32).is_empty() {
+            let set = BackwardKernels::compile(dims, masks).map_err(|e| Error::Pipeline {
                 kernel: format!("backward d{}/{}", dims.0, dims.1),
                 message: e.to_string(),
             })?;
-            backward.add(gpu, &set)?;
+            backward.add_kernels(gpu, &set)?;
         }
         Ok(backward)
     }
@@ -1170,11 +1173,13 @@ fn flash_kernels(
 ) -> Result<Vec<(FlashConfig, Kernel)>, Error> {
     let mut out = Vec::new();
     for config in tuning::forward_candidates(dims.0.max(dims.1)) {
-        let abi = tuning::flash_forward_dims(dims, masks, config, Dtype::F32).map_err(|e| {
-            Error::Pipeline {
-                kernel: format!("flash d{} {}", dims.0, config.label()),
-                message: e.to_string(),
-            }
+        let abi = crate::plan::kernels::flash_forward(
+            AttentionSpec::new(dims.0, masks, Dtype::F32).with_head_dim_v(dims.1),
+            config,
+        )
+        .map_err(|e| Error::Pipeline {
+            kernel: format!("flash d{} {}", dims.0, config.label()),
+            message: e.to_string(),
         })?;
         if tuning::fits(gpu, &abi) {
             out.push((config, Kernel::now(gpu, &abi)?));
@@ -1245,7 +1250,7 @@ pub fn run_case(gpu: &Gpu, runner: &mut Runner, case: &Case, seed: u64) -> Resul
             let dims = (h.head_dim, h.head_dim_v);
             let kernel = runner.per_row(gpu, Op::Forward, dims, masks)?;
             let mut rows = vec![row(kernel.name(), job.forward(gpu, kernel, seed, false)?)];
-            let planned = runner.backward.table.forward(gpu, h.width());
+            let planned = runner.backward.table.forward(gpu, h.width(), Dtype::F32);
             for (config, kernel) in runner.flash(gpu, dims, masks)? {
                 let mut label = format!("forward flash {}", config.label());
                 if planned == Some(*config) {
@@ -1554,11 +1559,13 @@ impl Job {
             mods: self.mods.mods(),
         };
         let backward = runner.backward_for(gpu, h.dims(), self.masks())?;
-        let planned = backward.plan(gpu, self.batch, self.seq, h);
+        let planned = backward.plan(gpu, self.batch, self.seq, h, Dtype::F32);
         let mut rows = Vec::new();
         let mut results: Vec<(Schedule, Gradients)> = Vec::new();
-        for schedule in backward.schedules_of(h.dims(), Dtype::F32) {
-            let (g, _) = backward.run(gpu, &input, Some(schedule)).block_on()?;
+        for schedule in backward.schedules(h.dims(), Dtype::F32) {
+            let (g, _) = backward
+                .run(gpu, &input, Some(schedule), Dtype::F32)
+                .block_on()?;
             let verdicts = judge_backward(
                 &p,
                 [&q, &k, &v, &d_o],
@@ -1638,15 +1645,16 @@ impl Job {
             ..*input
         };
         let backward = runner.backward_for(gpu, h.dims(), self.masks())?;
-        if backward.schedules_of(h.dims(), dtype).is_empty() {
-            backward.add_in_dims(gpu, h.dims(), self.masks(), dtype)?;
+        if backward.schedules(h.dims(), dtype).is_empty() {
+            let spec = BackwardSpec::new(h.head_dim, self.masks(), dtype);
+            backward.add(gpu, spec.with_head_dim_v(h.head_dim_v))?;
         }
-        let plan = backward.plan_in(gpu, self.batch, self.seq, h, dtype);
+        let plan = backward.plan(gpu, self.batch, self.seq, h, dtype);
         let mut rows = Vec::new();
         let mut results = Vec::new();
-        for schedule in backward.schedules_of(h.dims(), dtype) {
+        for schedule in backward.schedules(h.dims(), dtype) {
             let (g, _) = backward
-                .run_in(gpu, &input, Some(schedule), dtype)
+                .run(gpu, &input, Some(schedule), dtype)
                 .block_on()?;
             let verdicts = judge_half_backward(
                 &self.problem(),
@@ -1693,13 +1701,13 @@ fn rerun_deterministic(
 ) -> Result<Option<Row>, Error> {
     backward.deterministic = true;
     let h = input.heads;
-    let plan = backward.plan_in(gpu, input.batch, input.seq_len, h, dtype);
+    let plan = backward.plan(gpu, input.batch, input.seq_len, h, dtype);
     // No first run to compare with where the device ran no schedule of this dtype.
     let Some((_, first)) = results.iter().find(|(s, _)| *s == plan) else {
         backward.deterministic = false;
         return Ok(None);
     };
-    let again = backward.run_in(gpu, input, Some(plan), dtype).block_on();
+    let again = backward.run(gpu, input, Some(plan), dtype).block_on();
     backward.deterministic = false;
     let again = match again {
         Ok((g, _)) => g,
@@ -2169,7 +2177,7 @@ fn run_fp8_decode(
         Dtype::F32 => String::new(),
         d => format!(" {}", d.name()),
     };
-    let kernel = crate::plan::tuning::family_name("attention_decode_split", h.head_dim);
+    let kernel = crate::plan::kernels::family_name("attention_decode_split", h.head_dim);
     let v = match h.head_dim_v == h.head_dim {
         true => String::new(),
         false => format!("_v{}", h.head_dim_v),

@@ -73,31 +73,10 @@ fn flex_zeros(mods: &Modifiers) -> Vec<(String, Vec<f32>)> {
 }
 
 impl Backward {
-    /// Fresh gradients of host data, by `schedule` or the planner's choice.
+    /// Fresh gradients of host data from the kernels of `dtype` (a [`crate::ops::backward::BackwardSpec`] of it
+    /// added first: [`Backward::new`], [`Backward::add`]), by `schedule` or the planner's
+    /// choice: Q, K, V, O and dO are rounded to it on upload; the gradients come back f32.
     pub async fn run(
-        &mut self,
-        gpu: &Gpu,
-        input: &BackwardInput<'_>,
-        schedule: Option<Schedule>,
-    ) -> Result<(Gradients, Schedule), Error> {
-        self.run_in(gpu, input, schedule, Dtype::F32).await
-    }
-
-    /// `grads` plus the gradients of `input`: micro-steps add up.
-    pub async fn accumulate(
-        &mut self,
-        gpu: &Gpu,
-        input: &BackwardInput<'_>,
-        schedule: Option<Schedule>,
-        grads: Gradients,
-    ) -> Result<(Gradients, Schedule), Error> {
-        self.accumulate_in(gpu, input, schedule, grads, Dtype::F32)
-            .await
-    }
-
-    /// Fresh gradients of `input` from the kernels of `dtype` (see [`Backward::add_in`]):
-    /// Q, K, V, O and dO are rounded to it on upload; the gradients come back f32.
-    pub async fn run_in(
         &mut self,
         gpu: &Gpu,
         input: &BackwardInput<'_>,
@@ -112,12 +91,13 @@ impl Backward {
             dsinks: vec![0.0; input.mods.sinks.map_or(0, <[f32]>::len)],
             dflex: flex_zeros(&input.mods),
         };
-        self.accumulate_in(gpu, input, schedule, zeros, dtype).await
+        self.accumulate(gpu, input, schedule, zeros, dtype).await
     }
 
-    /// [`Backward::accumulate`] with the kernels of `dtype`: the host data checked,
-    /// uploaded, run through [`Backward::record`] and the gradients read back.
-    pub async fn accumulate_in(
+    /// `grads` plus the gradients of `input` ([`Backward::run`]'s): micro-steps add up.
+    /// The host data is checked, uploaded, run through [`Backward::record`] and the
+    /// gradients read back.
+    pub async fn accumulate(
         &mut self,
         gpu: &Gpu,
         input: &BackwardInput<'_>,

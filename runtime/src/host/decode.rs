@@ -6,7 +6,7 @@
 //! (slice, KV head, sequence) a workgroup, so the cache is read by hundreds of workgroups at
 //! once, each reading its slice of K and V once for the query heads of its KV head.
 
-use attn_dsl::{Cache, Dtype, KernelAbi, Masks, Op};
+use attn_dsl::{Cache, Dtype, KernelAbi, Op};
 
 use crate::device::Gpu;
 use crate::dispatch::kernel::{Kernel, Step};
@@ -16,6 +16,7 @@ use crate::host::attention::{
     validate_cache, validate_query,
 };
 use crate::host::buffers;
+use crate::ops::decode::{DecodeSpec, SplitLayout};
 use crate::tensor::Tensor;
 
 pub use crate::plan::calibration::Calibration;
@@ -74,81 +75,35 @@ impl SplitDecode {
         })
     }
 
-    /// The family's kernels for `head_dim` and `masks`, compiled from the same
-    /// descriptions for any head_dim (a multiple of 4) or mask set the family lacks.
-    pub fn for_shape(
-        gpu: &Gpu,
-        head_dim: u32,
-        masks: Masks,
-        cache: Cache,
-    ) -> Result<SplitDecode, Error> {
-        SplitDecode::for_shape_in(gpu, head_dim, masks, cache, Dtype::F32)
-    }
-
-    /// [`SplitDecode::for_shape`] with the query, the cache and O in `dtype` (f16 needs
-    /// SHADER_F16): half the bytes of K and V to read per step.
-    pub fn for_shape_in(
-        gpu: &Gpu,
-        head_dim: u32,
-        masks: Masks,
-        cache: Cache,
-        dtype: Dtype,
-    ) -> Result<SplitDecode, Error> {
-        SplitDecode::for_dims_in(gpu, (head_dim, head_dim), masks, cache, dtype)
-    }
-
-    /// [`SplitDecode::for_shape_in`] with K rows `dims.0` wide and V and O rows `dims.1`
-    /// (MLA's 192 and 128).
-    pub fn for_dims_in(
-        gpu: &Gpu,
-        (head_dim, head_dim_v): (u32, u32),
-        masks: Masks,
-        cache: Cache,
-        dtype: Dtype,
-    ) -> Result<SplitDecode, Error> {
-        let family = match cache {
+    /// The kernels of `spec`: the family's where it has them (f32, one width, the
+    /// planned layout), else compiled from the same descriptions now (any head_dim that
+    /// is a multiple of 4, any masks, f16 with SHADER_F16, bf16, an fp8 cache: the host
+    /// calls upload the cache rounded to it, with scales of 1).
+    pub fn for_spec(gpu: &Gpu, spec: &DecodeSpec) -> Result<SplitDecode, Error> {
+        let family = match spec.cache {
             Cache::Contiguous => &crate::kernels::DECODE_SPLIT,
             Cache::Paged => &crate::kernels::DECODE_SPLIT_PAGED,
         };
-        // The family's kernels are f32.
+        // The family's kernels are f32 over an f32 cache.
         let found = family
             .iter()
-            .find(|(s, _)| s.head_dim == head_dim && s.masks == masks);
-        let staged =
-            crate::ops::decode::SplitLayout::PLANNED == crate::ops::decode::SplitLayout::Staged;
-        if let (Some((s, r)), Dtype::F32, true, true) =
-            (found, dtype, head_dim == head_dim_v, staged)
-        {
-            return SplitDecode::new(gpu, s, r);
+            .find(|(s, _)| s.head_dim == spec.head_dim && s.masks == spec.masks);
+        let plain = spec.dtype == Dtype::F32
+            && spec.kv_fp8.is_none()
+            && spec.head_dim == spec.head_dim_v
+            && SplitLayout::PLANNED == SplitLayout::Staged;
+        match found {
+            Some((s, r)) if plain => SplitDecode::new(gpu, s, r),
+            _ => SplitDecode::with_layout(gpu, spec, SplitLayout::PLANNED),
         }
-        SplitDecode::from_spec(
-            gpu,
-            &crate::ops::decode::DecodeSpec {
-                head_dim,
-                head_dim_v,
-                masks,
-                dtype,
-                cache,
-                kv_fp8: None,
-            },
-        )
     }
 
-    /// The kernels of `spec`, built now (an fp8 cache included: the host calls upload the
-    /// cache rounded to it, with scales of 1).
-    pub fn from_spec(
-        gpu: &Gpu,
-        spec: &crate::ops::decode::DecodeSpec,
-    ) -> Result<SplitDecode, Error> {
-        SplitDecode::from_spec_in(gpu, spec, crate::ops::decode::SplitLayout::PLANNED)
-    }
-
-    /// [`SplitDecode::from_spec`] with the split pass in `layout` (streamed needs
+    /// [`SplitDecode::for_spec`] with the split pass in `layout` (streamed needs
     /// SUBGROUP), whatever the runtime plans: `bench` and `check` time and test each.
-    pub fn from_spec_in(
+    pub fn with_layout(
         gpu: &Gpu,
-        spec: &crate::ops::decode::DecodeSpec,
-        layout: crate::ops::decode::SplitLayout,
+        spec: &DecodeSpec,
+        layout: SplitLayout,
     ) -> Result<SplitDecode, Error> {
         let [split, reduce] = crate::ops::decode::abis(spec, layout)?;
         SplitDecode::new(gpu, &split, &reduce)

@@ -150,7 +150,7 @@ impl KvCache {
             dtype: spec.dtype,
             kv_fp8: spec.kv_fp8,
             ..KernelSpec::standard(
-                &crate::plan::tuning::cache_family_name(base, spec.kv_fp8, spec.head_dim),
+                &crate::plan::kernels::cache_family_name(base, spec.kv_fp8, spec.head_dim),
                 Op::CacheAppend,
                 spec.head_dim,
                 Masks::default(),

@@ -8,7 +8,7 @@ use super::grid;
 use crate::device::Gpu;
 use crate::dispatch::kernel::Kernel;
 use crate::dispatch::record::{Dispatch, Pipeline};
-use crate::error::Error;
+use crate::error::{Error, InputError};
 use crate::modifiers::expect;
 use crate::tensor::{Tensor, TensorError};
 
@@ -19,46 +19,48 @@ pub struct Convert {
     from: Option<Pipeline>,
 }
 
+/// One conversion: `src` and `dst` of one shape (a multiple of 4 elements), one of them
+/// f32 and the other the op's dtype; the direction follows from which is which.
+#[derive(Clone, Copy, Debug)]
+pub struct ConvertArgs<'a> {
+    pub src: &'a Tensor,
+    pub dst: &'a Tensor,
+}
+
 impl Convert {
-    pub fn new(dtype: Dtype) -> Convert {
-        Convert {
+    /// Conversions between f32 and `dtype` (f16 or bf16); f16 needs SHADER_F16.
+    pub fn new(gpu: &Gpu, dtype: Dtype) -> Result<Convert, Error> {
+        if dtype == Dtype::F32 {
+            return Err(InputError::Unsupported {
+                what: "a conversion from f32 to f32",
+                needs: "f16 or bf16",
+            }
+            .into());
+        }
+        if !gpu.supports_dtype(dtype) {
+            return Err(crate::device::DeviceError::MissingFeature {
+                kernel: "attention_to_dtype (f16)".into(),
+                feature: "SHADER_F16",
+            }
+            .into());
+        }
+        Ok(Convert {
             dtype,
             to: None,
             from: None,
-        }
+        })
     }
 
-    /// Records `dst = src` rounded to the dtype: `src` f32, `dst` the dtype, one shape
-    /// (a multiple of 4 elements).
-    pub fn record_to(
+    /// Records `dst = src`: rounded to the dtype (to nearest even) when `src` is f32,
+    /// widened to f32 when `dst` is.
+    pub fn record(
         &mut self,
         gpu: &Gpu,
         encoder: &mut wgpu::CommandEncoder,
-        src: &Tensor,
-        dst: &Tensor,
+        args: &ConvertArgs,
     ) -> Result<(), Error> {
-        self.record(gpu, encoder, src, dst, true)
-    }
-
-    /// Records `dst = src` widened to f32.
-    pub fn record_from(
-        &mut self,
-        gpu: &Gpu,
-        encoder: &mut wgpu::CommandEncoder,
-        src: &Tensor,
-        dst: &Tensor,
-    ) -> Result<(), Error> {
-        self.record(gpu, encoder, src, dst, false)
-    }
-
-    fn record(
-        &mut self,
-        gpu: &Gpu,
-        encoder: &mut wgpu::CommandEncoder,
-        src: &Tensor,
-        dst: &Tensor,
-        to_dtype: bool,
-    ) -> Result<(), Error> {
+        let ConvertArgs { src, dst } = *args;
+        let to_dtype = src.scalar() == Scalar::F32;
         let data = Scalar::from(self.dtype);
         let (s, d) = match to_dtype {
             true => (Scalar::F32, data),

@@ -257,7 +257,7 @@ pub(crate) fn abis(spec: &DecodeSpec, layout: SplitLayout) -> Result<[KernelAbi;
             message: e.to_string(),
         })
     };
-    let name = crate::plan::tuning::cache_family_name(base, spec.kv_fp8, spec.head_dim);
+    let name = crate::plan::kernels::cache_family_name(base, spec.kv_fp8, spec.head_dim);
     let mut split = KernelSpec {
         cache: spec.cache,
         dtype: spec.dtype,
@@ -279,7 +279,7 @@ pub(crate) fn abis(spec: &DecodeSpec, layout: SplitLayout) -> Result<[KernelAbi;
     // subgroups are native.
     split.fit_target();
     let split = compile(&split)?;
-    let name = crate::plan::tuning::family_name("attention_decode_reduce", spec.head_dim);
+    let name = crate::plan::kernels::family_name("attention_decode_reduce", spec.head_dim);
     let reduce = compile(
         &KernelSpec {
             source: Source::Scratch,

@@ -23,6 +23,7 @@ use crate::dispatch::record::{Dispatch, Pipeline};
 use crate::error::{Error, InputError};
 use crate::modifiers::DeviceModifiers;
 use crate::plan::decode::{Slicing, plan_slices};
+use crate::plan::kernels::{self, AttentionSpec};
 use crate::plan::tuning::{self, Table};
 use crate::shape::Heads;
 use crate::tensor::Tensor;
@@ -108,12 +109,13 @@ impl Chunks {
             return Ok(c);
         }
         let width = spec.head_dim.max(spec.head_dim_v);
-        let config = Table::for_gpu(gpu)?
-            .extend_in(gpu, width, spec.dtype)
-            .ok_or(InputError::Unsupported {
-                what: "a continued cache's chunk at this head_dim",
-                needs: "a head_dim that is a multiple of 4, from 4 to 256",
-            })?;
+        let config =
+            Table::for_gpu(gpu)?
+                .extend(gpu, width, spec.dtype)
+                .ok_or(InputError::Unsupported {
+                    what: "a continued cache's chunk at this head_dim",
+                    needs: "a head_dim that is a multiple of 4, from 4 to 256",
+                })?;
         self.config = Some(config);
         Ok(config)
     }
@@ -274,9 +276,9 @@ const MAX_SLICE: u32 = 2048;
 
 /// The chunk kernel of `spec` under `config`, writing O or (`sliced`) partials.
 fn compile(spec: &ChunkSpec, config: FlashConfig, sliced: bool) -> Result<KernelAbi, Error> {
-    let dims = (spec.head_dim, spec.head_dim_v);
-    let layout = (spec.cache, sliced);
-    tuning::extend_dims(dims, spec.masks, layout, config, spec.dtype).map_err(|e| Error::Pipeline {
+    let attention =
+        AttentionSpec::new(spec.head_dim, spec.masks, spec.dtype).with_head_dim_v(spec.head_dim_v);
+    kernels::extend(attention, (spec.cache, sliced), config).map_err(|e| Error::Pipeline {
         kernel: format!("extend d{} {}", spec.head_dim, config.label()),
         message: e.to_string(),
     })

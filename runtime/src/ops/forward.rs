@@ -4,7 +4,7 @@
 //! and compiles each configuration on the first call that needs it; one built from a
 //! kernel runs that kernel.
 
-use attn_dsl::{Dtype, FlashConfig, KernelAbi, Masks, Op};
+use attn_dsl::{FlashConfig, KernelAbi, Op};
 
 use super::row_max::RowMaxima;
 use super::{attention_shape, expect_all, grid};
@@ -13,48 +13,21 @@ use crate::dispatch::kernel::Kernel;
 use crate::dispatch::record::{Dispatch, Pipeline};
 use crate::error::{Error, InputError};
 use crate::modifiers::DeviceModifiers;
+use crate::plan::kernels;
+pub use crate::plan::kernels::AttentionSpec;
 use crate::plan::tuning::{self, Table};
 use crate::shape::{Heads, expect_op, sequence_dims, validate_heads, validate_scale};
 use crate::tensor::{Tensor, TensorError};
 
-/// What a planned forward computes: head_dim, the masks and modifiers its kernels are
-/// built with (the values come with each call), and the dtype of Q, K, V and O.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct ForwardSpec {
-    pub head_dim: u32,
-    /// The width of V and O rows: `head_dim` but in MLA-style attention (192 and 128).
-    pub head_dim_v: u32,
-    pub masks: Masks,
-    pub dtype: Dtype,
-}
+/// What a planned forward computes: the attention's widths, masks and dtype.
+pub type ForwardSpec = AttentionSpec;
 
-impl ForwardSpec {
-    /// Q, K, V and O rows `head_dim` wide.
-    pub fn new(head_dim: u32, masks: Masks, dtype: Dtype) -> ForwardSpec {
-        ForwardSpec {
-            head_dim,
-            head_dim_v: head_dim,
-            masks,
-            dtype,
-        }
-    }
-
-    fn heads_width(&self) -> u32 {
-        self.head_dim.max(self.head_dim_v)
-    }
-
-    fn compile(&self, config: FlashConfig) -> Result<KernelAbi, Error> {
-        tuning::flash_forward_dims(
-            (self.head_dim, self.head_dim_v),
-            self.masks,
-            config,
-            self.dtype,
-        )
-        .map_err(|e| Error::Pipeline {
-            kernel: format!("forward d{} {}", self.head_dim, config.label()),
-            message: e.to_string(),
-        })
-    }
+/// The flash forward of `spec` under `config`, compiled now.
+fn compile(spec: &ForwardSpec, config: FlashConfig) -> Result<KernelAbi, Error> {
+    kernels::flash_forward(*spec, config).map_err(|e| Error::Pipeline {
+        kernel: format!("forward d{} {}", spec.head_dim, config.label()),
+        message: e.to_string(),
+    })
 }
 
 /// One call's tensors: Q `[batch, seq, n_heads, head_dim]`, K `[batch, seq, n_kv_heads,
@@ -121,14 +94,14 @@ impl Forward {
     /// A forward that plans its kernel per problem; nothing is compiled yet, but the spec
     /// is checked (a head_dim without a configuration, masks the op cannot take).
     pub fn new(gpu: &Gpu, spec: ForwardSpec) -> Result<Forward, Error> {
-        let config = tuning::forward_candidates(spec.heads_width())
+        let config = tuning::forward_candidates(spec.width())
             .first()
             .copied()
             .ok_or(InputError::Unsupported {
                 what: "the flash forward at this head_dim",
                 needs: "a head_dim that is a multiple of 4, from 4 to 256",
             })?;
-        spec.compile(config)?;
+        compile(&spec, config)?;
         Ok(Forward {
             kernels: Kernels::Planned {
                 spec,
@@ -266,7 +239,7 @@ impl Forward {
         if compiled.iter().any(|(c, _)| *c == config) {
             return Ok(None);
         }
-        Ok(Some(spec.compile(config)?))
+        Ok(Some(compile(spec, config)?))
     }
 
     fn hold(&mut self, kernel: Kernel, batch: u32, seq: u32, heads: Heads) {

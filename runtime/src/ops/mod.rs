@@ -12,6 +12,7 @@ pub mod extend;
 pub mod forward;
 pub mod layernorm;
 pub mod linear;
+pub mod merge;
 pub mod rope;
 pub(crate) mod row_max;
 

@@ -22,7 +22,33 @@ pub struct RopeArgs<'a> {
     pub base: f32,
 }
 
-/// RoPE (or its backward, the rotation by minus the angle) for one head_dim.
+/// Which rotation a RoPE op applies to rows of `head_dim` (even): by the angle, or
+/// (`backward`) by minus the angle, the rotation's backward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RopeSpec {
+    pub head_dim: u32,
+    pub backward: bool,
+}
+
+impl RopeSpec {
+    /// The rotation of rows `head_dim` wide.
+    pub fn new(head_dim: u32) -> RopeSpec {
+        RopeSpec {
+            head_dim,
+            backward: false,
+        }
+    }
+
+    /// Its backward: the rotation by minus the angle.
+    pub fn backward(head_dim: u32) -> RopeSpec {
+        RopeSpec {
+            head_dim,
+            backward: true,
+        }
+    }
+}
+
+/// RoPE (or its backward) for one head_dim.
 pub struct Rope {
     abi: attn_dsl::KernelAbi,
     pipeline: Option<Pipeline>,
@@ -31,9 +57,10 @@ pub struct Rope {
 }
 
 impl Rope {
-    /// The family's RoPE kernel for `head_dim` (even); its pipeline is created on the
-    /// first call.
-    pub fn new(head_dim: u32, backward: bool) -> Result<Rope, Error> {
+    /// The family's RoPE kernel for `spec`, checked against `gpu`; its pipeline is created
+    /// on the first call.
+    pub fn new(gpu: &Gpu, spec: RopeSpec) -> Result<Rope, Error> {
+        let RopeSpec { head_dim, backward } = spec;
         let (op, base) = match backward {
             false => (Op::Rope, "rope"),
             true => (Op::RopeBackward, "rope_backward"),
@@ -41,7 +68,7 @@ impl Rope {
         let spec = KernelSpec {
             workgroup_size: head_dim.next_power_of_two().clamp(32, 256),
             ..KernelSpec::standard(
-                &crate::plan::tuning::family_name(base, head_dim),
+                &crate::plan::kernels::family_name(base, head_dim),
                 op,
                 head_dim,
                 Masks::default(),
@@ -51,6 +78,7 @@ impl Rope {
             kernel: spec.name.clone(),
             message: e.to_string(),
         })?;
+        gpu.require(&abi)?;
         Ok(Rope {
             abi,
             pipeline: None,

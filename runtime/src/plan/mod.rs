@@ -3,4 +3,5 @@
 
 pub mod calibration;
 pub mod decode;
+pub mod kernels;
 pub mod tuning;

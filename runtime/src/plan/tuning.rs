@@ -9,13 +9,13 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use attn_dsl::emit::coop::Phases;
 use attn_dsl::row_layer::RowSums;
-use attn_dsl::{DslError, Dtype, FlashConfig, KernelAbi, KernelSpec, Masks, Matrix, Op};
+use attn_dsl::{Dtype, FlashConfig, KernelAbi, Masks, Matrix, Op};
 use serde::{Deserialize, Serialize};
 
 use crate::device::Gpu;
 use crate::plan::calibration::Calibration;
+use crate::plan::kernels::{AttentionSpec, flash_forward};
 use crate::shape::Heads;
 
 /// Every flash forward configuration the planner may pick for `head_dim`, derived by
@@ -32,169 +32,11 @@ pub fn backward_candidates(head_dim: u32) -> Vec<FlashConfig> {
     attn_dsl::configs::backward(head_dim)
 }
 
-/// The tiled backward's dQ and dK/dV kernels for `head_dim` and `masks` under `config`.
-pub fn flash_backward(
-    head_dim: u32,
-    masks: Masks,
-    config: FlashConfig,
-) -> Result<[KernelAbi; 2], DslError> {
-    flash_backward_in(head_dim, masks, config, Dtype::F32)
-}
-
-/// [`flash_backward`] reading Q, K, V and dO in `dtype` (the gradients stay f32).
-pub fn flash_backward_in(
-    head_dim: u32,
-    masks: Masks,
-    config: FlashConfig,
-    dtype: Dtype,
-) -> Result<[KernelAbi; 2], DslError> {
-    flash_backward_dims((head_dim, head_dim), masks, config, dtype)
-}
-
-/// [`flash_backward_in`] with Q and K rows `dims.0` wide and V, O, dO and dV rows `dims.1`
-/// (MLA's 192 and 128), the tiling laid out for the wider.
-pub fn flash_backward_dims(
-    dims: (u32, u32),
-    masks: Masks,
-    config: FlashConfig,
-    dtype: Dtype,
-) -> Result<[KernelAbi; 2], DslError> {
-    flash_backward_phases(dims, masks, config, dtype, Phases::ALL)
-}
-
-/// [`flash_backward_in`] with a tensor-core configuration's block loops cut to the phases
-/// in `keep` (`bench --only phases`; not a backward unless `keep` is [`Phases::ALL`]).
-pub fn flash_backward_phases(
-    (head_dim, head_dim_v): (u32, u32),
-    masks: Masks,
-    config: FlashConfig,
-    dtype: Dtype,
-    keep: Phases,
-) -> Result<[KernelAbi; 2], DslError> {
-    let mut q = KernelSpec {
-        dtype,
-        ..KernelSpec::flash(
-            &family_name("attention_backward_dq_flash", head_dim),
-            Op::BackwardQ,
-            head_dim,
-            masks,
-            config,
-        )
-    }
-    .with_head_dim_v(head_dim_v);
-    q.writes.extend(masks.score_grad_writes());
-    q.fit_target();
-    let mut kv = KernelSpec {
-        dtype,
-        writes: vec![
-            ("dk".into(), attn_dsl::WriteMode::Owned),
-            ("dv".into(), attn_dsl::WriteMode::Owned),
-        ],
-        ..KernelSpec::flash(
-            &family_name("attention_backward_dkdv_flash", head_dim),
-            Op::BackwardKv,
-            head_dim,
-            masks,
-            config,
-        )
-    }
-    .with_head_dim_v(head_dim_v);
-    kv.fit_target();
-    Ok([
-        attn_dsl::compile_phases(&q, keep)?,
-        attn_dsl::compile_phases(&kv, keep)?,
-    ])
-}
-
-/// The key-major half of [`flash_backward_in`] on tensor cores (f16) with dK and dV added
-/// by `scatter` atomics from a workgroup per query head ([`crate::Schedule::Scattered`]).
-pub fn flash_backward_scattered(
-    head_dim: u32,
-    masks: Masks,
-    config: FlashConfig,
-    scatter: attn_dsl::Scatter,
-) -> Result<KernelAbi, DslError> {
-    flash_backward_scattered_dims((head_dim, head_dim), masks, config, scatter)
-}
-
-/// [`flash_backward_scattered`] with Q and K rows `dims.0` wide and V, dO and dV rows
-/// `dims.1`.
-pub fn flash_backward_scattered_dims(
-    dims: (u32, u32),
-    masks: Masks,
-    config: FlashConfig,
-    scatter: attn_dsl::Scatter,
-) -> Result<KernelAbi, DslError> {
-    flash_backward_scattered_in(dims, masks, config, scatter, Dtype::F16)
-}
-
-/// [`flash_backward_scattered_dims`] with operands in `dtype` (f16 or bf16).
-pub fn flash_backward_scattered_in(
-    dims: (u32, u32),
-    masks: Masks,
-    config: FlashConfig,
-    scatter: attn_dsl::Scatter,
-    dtype: Dtype,
-) -> Result<KernelAbi, DslError> {
-    let name = family_name("attention_backward_dkdv_flash_scattered", dims.0);
-    attn_dsl::compile(&scattered_spec(
-        &name,
-        dims,
-        masks,
-        config,
-        (scatter, dtype),
-    ))
-}
-
-fn scattered_spec(
-    name: &str,
-    (head_dim, head_dim_v): (u32, u32),
-    masks: Masks,
-    config: FlashConfig,
-    (scatter, dtype): (attn_dsl::Scatter, Dtype),
-) -> KernelSpec {
-    use attn_dsl::WriteMode::AtomicScatter;
-    let mut kv = KernelSpec {
-        dtype,
-        writes: vec![("dk".into(), AtomicScatter), ("dv".into(), AtomicScatter)],
-        scatter,
-        ..KernelSpec::flash(name, Op::BackwardKv, head_dim, masks, config)
-    }
-    .with_head_dim_v(head_dim_v);
-    kv.fit_target();
-    kv
-}
-
-/// The backward's prep (D = rowsum(dO ∘ O), packed with LSE) reading O and dO in `dtype`.
-pub fn backward_prep_in(head_dim: u32, dtype: Dtype) -> Result<KernelAbi, DslError> {
-    backward_prep_dims((head_dim, head_dim), dtype)
-}
-
-/// [`backward_prep_in`] with O and dO rows `dims.1` wide beside Q's `dims.0`.
-pub fn backward_prep_dims(
-    (head_dim, head_dim_v): (u32, u32),
-    dtype: Dtype,
-) -> Result<KernelAbi, DslError> {
-    let mut spec = KernelSpec {
-        dtype,
-        workgroup_size: head_dim.max(head_dim_v).next_power_of_two().max(32),
-        ..KernelSpec::standard(
-            &family_name("attention_backward_prep", head_dim),
-            Op::BackwardPrep,
-            head_dim,
-            Masks::default(),
-        )
-    }
-    .with_head_dim_v(head_dim_v);
-    spec.fit_target();
-    attn_dsl::compile(&spec)
-}
-
 /// The tiled backward's configurations in `dtype`, best first: the cooperative-matrix
 /// ones that fit `gpu` where the adapter has them and the dtype is f16, then the first
 /// scalar candidate (the portable one; half precision has no measured table to choose
 /// among the others by).
-pub fn backward_candidates_in(gpu: &Gpu, head_dim: u32, dtype: Dtype) -> Vec<FlashConfig> {
+pub fn backward_configs(gpu: &Gpu, head_dim: u32, dtype: Dtype) -> Vec<FlashConfig> {
     let coop = match gpu.coop16_for(dtype, Op::BackwardQ) {
         true => attn_dsl::configs::coop_backward_in(
             head_dim,
@@ -206,106 +48,6 @@ pub fn backward_candidates_in(gpu: &Gpu, head_dim: u32, dtype: Dtype) -> Vec<Fla
     coop.into_iter()
         .chain(backward_candidates(head_dim).into_iter().take(1))
         .collect()
-}
-
-/// The flash backward (schedule (c)) for `head_dim` and `masks`: the key-major kernel of
-/// `config` that owns dK and dV and adds dQ into `dq` by `scatter` atomics.
-pub fn flash_scatter(
-    head_dim: u32,
-    masks: Masks,
-    config: FlashConfig,
-    scatter: attn_dsl::Scatter,
-) -> Result<KernelAbi, DslError> {
-    flash_scatter_dims((head_dim, head_dim), masks, config, scatter)
-}
-
-/// [`flash_scatter`] with Q and K rows `dims.0` wide and V, O, dO and dV rows `dims.1`.
-pub fn flash_scatter_dims(
-    dims: (u32, u32),
-    masks: Masks,
-    config: FlashConfig,
-    scatter: attn_dsl::Scatter,
-) -> Result<KernelAbi, DslError> {
-    use attn_dsl::WriteMode::{AtomicScatter, Owned};
-    let writes = [("dk", Owned), ("dv", Owned), ("dq", AtomicScatter)];
-    let name = family_name("attention_backward_flash", dims.0);
-    atomic_kernel(&name, Op::BackwardKv, dims, masks, config, &writes, scatter)
-}
-
-/// The streaming backward (schedule (b)) for `head_dim` and `masks`: the query-major kernel
-/// of `config` that owns dQ and adds dK and dV into `dkv` by `scatter` atomics.
-pub fn flash_streaming(
-    head_dim: u32,
-    masks: Masks,
-    config: FlashConfig,
-    scatter: attn_dsl::Scatter,
-) -> Result<KernelAbi, DslError> {
-    flash_streaming_dims((head_dim, head_dim), masks, config, scatter)
-}
-
-/// [`flash_streaming`] with Q and K rows `dims.0` wide and V, O, dO and dV rows `dims.1`:
-/// each lane of `dkv` holds dK's rows, then dV's, at their widths.
-pub fn flash_streaming_dims(
-    dims: (u32, u32),
-    masks: Masks,
-    config: FlashConfig,
-    scatter: attn_dsl::Scatter,
-) -> Result<KernelAbi, DslError> {
-    use attn_dsl::WriteMode::{AtomicScatter, Owned};
-    let writes = [("dq", Owned), ("dkv", AtomicScatter)];
-    let name = family_name("attention_backward", dims.0);
-    atomic_kernel(&name, Op::BackwardQ, dims, masks, config, &writes, scatter)
-}
-
-/// A flash kernel of `op` with `writes` and the gradients every dS adds to (it sees every
-/// dS), its atomic outputs added by `scatter`.
-fn atomic_kernel(
-    name: &str,
-    op: Op,
-    (head_dim, head_dim_v): (u32, u32),
-    masks: Masks,
-    config: FlashConfig,
-    writes: &[(&str, attn_dsl::WriteMode)],
-    scatter: attn_dsl::Scatter,
-) -> Result<KernelAbi, DslError> {
-    let mut spec = KernelSpec {
-        writes: writes
-            .iter()
-            .map(|(n, m)| (n.to_string(), *m))
-            .chain(masks.score_grad_writes())
-            .collect(),
-        scatter,
-        ..KernelSpec::flash(name, op, head_dim, masks, config)
-    }
-    .with_head_dim_v(head_dim_v);
-    spec.fit_target();
-    attn_dsl::compile(&spec)
-}
-
-/// The flash forward for `head_dim` and `masks` under `config`, compiled now.
-pub fn flash_forward(
-    head_dim: u32,
-    masks: Masks,
-    config: FlashConfig,
-) -> Result<KernelAbi, DslError> {
-    flash_forward_in(head_dim, masks, config, Dtype::F32)
-}
-
-/// [`family_name`] of a kernel that reads or writes a KV cache: an fp8 cache's kernel is
-/// one of its own, `{base}_{format}`.
-pub fn cache_family_name(base: &str, kv_fp8: Option<attn_dsl::Fp8>, head_dim: u32) -> String {
-    match kv_fp8 {
-        Some(f) => family_name(&format!("{base}_{}", f.name()), head_dim),
-        None => family_name(base, head_dim),
-    }
-}
-
-/// The family's naming: head_dim 64 unsuffixed, others `_d{head_dim}`.
-pub fn family_name(base: &str, head_dim: u32) -> String {
-    match head_dim {
-        64 => base.to_string(),
-        _ => format!("{base}_d{head_dim}"),
-    }
 }
 
 /// Whether `gpu` can run `abi`: its workgroup memory and storage buffers within the
@@ -451,10 +193,11 @@ impl Table {
 
     /// The configuration to run the forward with for `head_dim` on `gpu`: the table's
     /// choice when the device can hold it, else the portable default.
-    pub fn forward(&self, gpu: &Gpu, head_dim: u32) -> Option<FlashConfig> {
+    fn scalar_forward(&self, gpu: &Gpu, head_dim: u32) -> Option<FlashConfig> {
         let portable = forward_candidates(head_dim).first().copied();
         let tuned = self.forward.get(&head_dim).copied().filter(|c| {
-            flash_forward(head_dim, Masks::default(), *c).is_ok_and(|abi| fits(gpu, &abi))
+            let spec = AttentionSpec::new(head_dim, Masks::default(), Dtype::F32);
+            flash_forward(spec, *c).is_ok_and(|abi| fits(gpu, &abi))
         });
         tuned.or(portable)
     }
@@ -462,14 +205,14 @@ impl Table {
     /// The forward's configuration for `head_dim` in `dtype`: in f16 on a device with
     /// cooperative matrices, the first `coop16` configuration that fits it (tensor cores
     /// run f16 products several times faster than any scalar layout); otherwise
-    /// [`Table::forward`].
-    pub fn forward_in(&self, gpu: &Gpu, head_dim: u32, dtype: Dtype) -> Option<FlashConfig> {
+    /// the tuned scalar configuration that fits, else the portable one.
+    pub fn forward(&self, gpu: &Gpu, head_dim: u32, dtype: Dtype) -> Option<FlashConfig> {
         self.forward_of(Op::Forward, gpu, head_dim, dtype)
     }
 
     /// The configuration of a continued cache's chunk ([`Op::Extend`]): the forward's
     /// rule, tensor cores where the dtype has them for that op (f16).
-    pub fn extend_in(&self, gpu: &Gpu, head_dim: u32, dtype: Dtype) -> Option<FlashConfig> {
+    pub fn extend(&self, gpu: &Gpu, head_dim: u32, dtype: Dtype) -> Option<FlashConfig> {
         self.forward_of(Op::Extend, gpu, head_dim, dtype)
     }
 
@@ -478,10 +221,10 @@ impl Table {
             .coop16_for(dtype, op)
             .then(|| coop_candidates(gpu, head_dim, dtype).into_iter().next())
             .flatten();
-        coop.or_else(|| self.forward(gpu, head_dim))
+        coop.or_else(|| self.scalar_forward(gpu, head_dim))
     }
 
-    /// [`Table::forward_in`] for a problem of `batch` sequences of `seq_len` rows: where a
+    /// [`Table::forward`] for a problem of `batch` sequences of `seq_len` rows: where a
     /// tensor-core configuration with more rows per workgroup than the first still gives
     /// the grid [`Calibration::full_grid`] workgroups, the one with the most rows.
     pub fn forward_for(
@@ -491,7 +234,7 @@ impl Table {
         (batch, seq_len): (u32, u32),
         dtype: Dtype,
     ) -> Option<FlashConfig> {
-        let planned = self.forward_in(gpu, heads.width(), dtype)?;
+        let planned = self.forward(gpu, heads.width(), dtype)?;
         let candidates = coop_candidates(gpu, heads.width(), dtype);
         Some(widest_filling(
             planned,
@@ -534,102 +277,19 @@ pub fn coop_candidates(gpu: &Gpu, head_dim: u32, dtype: Dtype) -> Vec<FlashConfi
     }
 }
 
-/// The flash forward for `head_dim`, `masks` and `config` with data tensors in `dtype`,
-/// compiled now.
-pub fn flash_forward_in(
-    head_dim: u32,
-    masks: Masks,
-    config: FlashConfig,
-    dtype: Dtype,
-) -> Result<KernelAbi, DslError> {
-    flash_forward_phases(head_dim, masks, config, dtype, Phases::ALL)
-}
-
-/// [`flash_forward_in`] with V and O rows `head_dim_v` wide: `dims` is (head_dim,
-/// head_dim_v), and `config` one for the wider of the two.
-pub fn flash_forward_dims(
-    dims: (u32, u32),
-    masks: Masks,
-    config: FlashConfig,
-    dtype: Dtype,
-) -> Result<KernelAbi, DslError> {
-    attn_dsl::compile(&forward_spec(dims, masks, config, dtype))
-}
-
-/// [`flash_forward_in`] with a tensor-core forward's key loop cut to the phases in `keep`
-/// (`bench --phases`; not attention unless `keep` is [`Phases::ALL`]).
-pub fn flash_forward_phases(
-    head_dim: u32,
-    masks: Masks,
-    config: FlashConfig,
-    dtype: Dtype,
-    keep: Phases,
-) -> Result<KernelAbi, DslError> {
-    let spec = forward_spec((head_dim, head_dim), masks, config, dtype);
-    attn_dsl::compile_phases(&spec, keep)
-}
-
-/// The family's kernel for a continued cache's chunk ([`Op::Extend`]) of (head_dim,
-/// head_dim_v) over a cache of `cache`'s layout, under `config` in `dtype`, on the smallest
-/// target that holds it: writing O and LSE, or (`sliced`) its key slices' partials for
-/// the decode's reduce, which then joins the sinks.
-pub fn extend_dims(
-    (head_dim, head_dim_v): (u32, u32),
-    masks: Masks,
-    (cache, sliced): (attn_dsl::Cache, bool),
-    config: FlashConfig,
-    dtype: Dtype,
-) -> Result<KernelAbi, DslError> {
-    use attn_dsl::WriteMode::{Owned, ScratchFlush};
-    let base = match (cache, sliced) {
-        (attn_dsl::Cache::Contiguous, false) => "attention_extend",
-        (attn_dsl::Cache::Paged, false) => "attention_extend_paged",
-        (attn_dsl::Cache::Contiguous, true) => "attention_extend_sliced",
-        (attn_dsl::Cache::Paged, true) => "attention_extend_sliced_paged",
-    };
-    let (masks, writes) = match sliced {
-        true => (
-            Masks {
-                sinks: false,
-                ..masks
-            },
-            vec![("partials".into(), ScratchFlush)],
-        ),
-        false => (masks, vec![("o".into(), Owned), ("lse".into(), Owned)]),
-    };
-    let name = family_name(base, head_dim);
-    let mut spec = KernelSpec {
-        dtype,
-        cache,
-        writes,
-        ..KernelSpec::flash(&name, Op::Extend, head_dim, masks, config)
-    }
-    .with_head_dim_v(head_dim_v);
-    spec.fit_target();
-    attn_dsl::compile(&spec)
-}
-
-/// The family's flash forward for (head_dim, head_dim_v) under `config` in `dtype`, on the
-/// smallest target that holds it.
-fn forward_spec(
-    (head_dim, head_dim_v): (u32, u32),
-    masks: Masks,
-    config: FlashConfig,
-    dtype: Dtype,
-) -> KernelSpec {
-    let name = family_name("attention_forward_flash", head_dim);
-    let mut spec = KernelSpec {
-        dtype,
-        ..KernelSpec::flash(&name, Op::Forward, head_dim, masks, config)
-    }
-    .with_head_dim_v(head_dim_v);
-    spec.fit_target();
-    spec
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::kernels::*;
+    use attn_dsl::KernelSpec;
+
+    fn f32_spec(head_dim: u32, masks: Masks) -> AttentionSpec {
+        AttentionSpec::new(head_dim, masks, Dtype::F32)
+    }
+
+    fn f16_spec((head_dim, head_dim_v): (u32, u32), masks: Masks) -> AttentionSpec {
+        AttentionSpec::new(head_dim, masks, Dtype::F16).with_head_dim_v(head_dim_v)
+    }
 
     #[test]
     fn every_candidate_compiles_and_the_first_fits_webgpu() {
@@ -638,7 +298,7 @@ mod tests {
             assert!(!candidates.is_empty());
             for (i, c) in candidates.iter().enumerate() {
                 let masks = Masks::new(true, true);
-                let abi = flash_forward(head_dim, masks, *c)
+                let abi = flash_forward(f32_spec(head_dim, masks), *c)
                     .unwrap_or_else(|e| panic!("{} d{head_dim}: {e}", c.label()));
                 if i == 0 {
                     assert_eq!(abi.target, attn_dsl::Target::Webgpu, "{}", c.label());
@@ -652,7 +312,7 @@ mod tests {
         let masks = Masks::new(true, true);
         for head_dim in [32, 64, 80, 96, 128] {
             for (i, c) in backward_candidates(head_dim).iter().enumerate() {
-                let pair = flash_backward(head_dim, masks, *c)
+                let pair = flash_backward(f32_spec(head_dim, masks), *c)
                     .unwrap_or_else(|e| panic!("{} d{head_dim}: {e}", c.label()));
                 for abi in &pair {
                     if i == 0 {
@@ -674,7 +334,8 @@ mod tests {
             (128, &attention_forward_flash_d128::ABI),
         ];
         for (head_dim, abi) in forward {
-            let compiled = flash_forward(head_dim, masks, forward_candidates(head_dim)[0]);
+            let compiled =
+                flash_forward(f32_spec(head_dim, masks), forward_candidates(head_dim)[0]);
             assert_eq!(&compiled.unwrap(), abi);
         }
         let backward = [
@@ -695,7 +356,8 @@ mod tests {
         ];
         for (head_dim, [q, kv]) in backward {
             let [cq, ckv] =
-                flash_backward(head_dim, masks, backward_candidates(head_dim)[0]).unwrap();
+                flash_backward(f32_spec(head_dim, masks), backward_candidates(head_dim)[0])
+                    .unwrap();
             assert_eq!(&cq, q);
             assert_eq!(&ckv, kv);
         }
@@ -715,7 +377,10 @@ mod tests {
                 &crate::kernels::attention_backward_flash::ABI_F32_ATOMIC,
             ),
         ] {
-            assert_eq!(&flash_scatter(64, masks, kv, scatter).unwrap(), abi);
+            assert_eq!(
+                &flash_scatter(f32_spec(64, masks), kv, scatter).unwrap(),
+                abi
+            );
         }
     }
 
@@ -724,8 +389,8 @@ mod tests {
         let masks = Masks::new(true, true);
         use crate::kernels::attention_backward;
         let q = backward_candidates(64)[0];
-        let cas = flash_streaming(64, masks, q, attn_dsl::Scatter::Cas).unwrap();
-        let f32a = flash_streaming(64, masks, q, attn_dsl::Scatter::F32Atomic).unwrap();
+        let cas = flash_streaming(f32_spec(64, masks), q, attn_dsl::Scatter::Cas).unwrap();
+        let f32a = flash_streaming(f32_spec(64, masks), q, attn_dsl::Scatter::F32Atomic).unwrap();
         assert_eq!(&cas, &attention_backward::ABI);
         assert_eq!(&f32a, &attention_backward::ABI_F32_ATOMIC);
     }
@@ -764,14 +429,12 @@ mod tests {
             (attn_dsl::Scatter::Cas, &family::ABI),
             (attn_dsl::Scatter::F32Atomic, &family::ABI_F32_ATOMIC),
         ] {
-            let spec = scattered_spec(
-                &abi.name,
-                (64, 64),
-                Masks::new(true, true),
-                first,
-                (scatter, Dtype::F16),
-            );
-            assert_eq!(&attn_dsl::compile(&spec).unwrap(), abi);
+            let spec = f16_spec((64, 64), Masks::new(true, true));
+            let compiled = flash_backward_scattered(spec, first, scatter).unwrap();
+            // The same kernel but for its name (the runtime's omits `_tc`).
+            let text = |abi: &KernelAbi| abi.wgsl.replace(&*abi.name, "NAME");
+            assert_eq!(compiled.target, abi.target);
+            assert_eq!(text(&compiled), text(abi));
         }
     }
 
@@ -806,8 +469,14 @@ mod tests {
             );
             for config in configs {
                 for scatter in [attn_dsl::Scatter::Cas, attn_dsl::Scatter::F32Atomic] {
-                    let abi = flash_backward_scattered(head_dim, masks, config, scatter).unwrap();
-                    let owned = flash_backward_in(head_dim, masks, config, Dtype::F16).unwrap();
+                    let abi = flash_backward_scattered(
+                        f16_spec((head_dim, head_dim), masks),
+                        config,
+                        scatter,
+                    )
+                    .unwrap();
+                    let owned =
+                        flash_backward(f16_spec((head_dim, head_dim), masks), config).unwrap();
                     // seq 512, 12 query heads over 4 KV heads, batch 2.
                     let dims = [512, 12, 4, head_dim, 2];
                     let tiles = 512 / config.tile;
@@ -840,7 +509,7 @@ mod tests {
             assert!(!configs.is_empty(), "{dims:?}");
             for config in configs {
                 let what = format!("{dims:?} {}", config.label());
-                let [q, kv] = flash_backward_dims(dims, masks, config, Dtype::F16)
+                let [q, kv] = flash_backward(f16_spec(dims, masks), config)
                     .unwrap_or_else(|e| panic!("{what}: {e}"));
                 assert_eq!((q.head_dim, q.head_dim_v()), dims);
                 assert!(
@@ -848,7 +517,7 @@ mod tests {
                     "{what}"
                 );
                 let scatter = attn_dsl::Scatter::Cas;
-                flash_backward_scattered_dims(dims, masks, config, scatter)
+                flash_backward_scattered(f16_spec(dims, masks), config, scatter)
                     .unwrap_or_else(|e| panic!("scattered {what}: {e}"));
             }
         }
@@ -859,7 +528,7 @@ mod tests {
         let first =
             attn_dsl::configs::coop_backward(128, attn_dsl::configs::CANDIDATE_WORKGROUP_BYTES)[0];
         assert_eq!(first.label(), "64x32/16@256+tc");
-        let [q, kv] = flash_backward_in(128, Masks::new(true, true), first, Dtype::F16).unwrap();
+        let [q, kv] = flash_backward(f16_spec((128, 128), Masks::new(true, true)), first).unwrap();
         let family = [
             &crate::kernels::attention_backward_dq_flash_tc_d128::ABI,
             &crate::kernels::attention_backward_dkdv_flash_tc_d128::ABI,

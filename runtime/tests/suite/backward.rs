@@ -1,13 +1,14 @@
 //! The backward in every schedule, on this machine's adapter, against the f64 reference,
 //! against each other, and the reference itself against finite differences.
 
-use runtime::BlockOn;
 use runtime::backward::DEFAULT_SCRATCH_BUDGET;
 use runtime::cases::{documents, random};
 use runtime::compare::{judge_backward, max_abs_error};
+use runtime::ops::backward::BackwardSpec;
 use runtime::reference::{self, Problem, cast};
 use runtime::tuning::backward_candidates;
 use runtime::{Backward, BackwardInput, ForwardInput, Gpu, Heads, Kernel, Schedule, kernels};
+use runtime::{BlockOn, Dtype};
 
 fn gpu() -> Gpu {
     Gpu::new(kernels::FAMILY.iter().copied())
@@ -110,7 +111,7 @@ impl Data {
 #[test]
 fn every_schedule_matches_the_reference_and_the_others() {
     let gpu = gpu();
-    let mut backward = Backward::new(&gpu, &kernels::BACKWARD).unwrap();
+    let mut backward = Backward::from_kernels(&gpu, &kernels::BACKWARD).unwrap();
     let shapes = [
         (
             Heads {
@@ -136,9 +137,9 @@ fn every_schedule_matches_the_reference_and_the_others() {
     for (heads, seq, docs) in shapes {
         let data = Data::new(&gpu, heads, seq, docs, 11);
         let mut results = Vec::new();
-        for schedule in backward.schedules(&gpu, heads.head_dim) {
+        for schedule in backward.schedules((heads.head_dim, heads.head_dim), Dtype::F32) {
             let (g, ran) = backward
-                .run(&gpu, &data.input(), Some(schedule))
+                .run(&gpu, &data.input(), Some(schedule), Dtype::F32)
                 .block_on()
                 .unwrap();
             assert_eq!(ran, schedule);
@@ -176,7 +177,7 @@ fn every_schedule_matches_the_reference_and_the_others() {
 #[test]
 fn gradients_accumulate_across_micro_steps() {
     let gpu = gpu();
-    let mut backward = Backward::new(&gpu, &kernels::BACKWARD).unwrap();
+    let mut backward = Backward::from_kernels(&gpu, &kernels::BACKWARD).unwrap();
     let data = Data::new(
         &gpu,
         Heads {
@@ -189,13 +190,19 @@ fn gradients_accumulate_across_micro_steps() {
         1,
         3,
     );
-    for schedule in backward.schedules(&gpu, 64) {
+    for schedule in backward.schedules((64, 64), Dtype::F32) {
         let (once, _) = backward
-            .run(&gpu, &data.input(), Some(schedule))
+            .run(&gpu, &data.input(), Some(schedule), Dtype::F32)
             .block_on()
             .unwrap();
         let (twice, _) = backward
-            .accumulate(&gpu, &data.input(), Some(schedule), once.clone())
+            .accumulate(
+                &gpu,
+                &data.input(),
+                Some(schedule),
+                once.clone(),
+                Dtype::F32,
+            )
             .block_on()
             .unwrap();
         for (a, b) in [
@@ -215,7 +222,7 @@ fn gradients_accumulate_across_micro_steps() {
 #[test]
 fn scratch_is_reused_and_grown_only_when_needed() {
     let gpu = gpu();
-    let mut backward = Backward::new(&gpu, &kernels::BACKWARD).unwrap();
+    let mut backward = Backward::from_kernels(&gpu, &kernels::BACKWARD).unwrap();
     let heads = Heads {
         n_heads: 2,
         n_kv_heads: 1,
@@ -225,13 +232,13 @@ fn scratch_is_reused_and_grown_only_when_needed() {
     let big = Data::new(&gpu, heads, 20, 1, 5);
     let small = Data::new(&gpu, heads, 10, 2, 6);
     backward
-        .run(&gpu, &big.input(), Some(Schedule::Split))
+        .run(&gpu, &big.input(), Some(Schedule::Split), Dtype::F32)
         .block_on()
         .unwrap();
     let held = backward.scratch_held();
     assert_eq!(held, Schedule::Split.scratch_bytes(1, 20, 2));
     backward
-        .run(&gpu, &small.input(), Some(Schedule::Split))
+        .run(&gpu, &small.input(), Some(Schedule::Split), Dtype::F32)
         .block_on()
         .unwrap();
     assert_eq!(
@@ -240,7 +247,12 @@ fn scratch_is_reused_and_grown_only_when_needed() {
         "a smaller call reuses the scratch"
     );
     backward
-        .run(&gpu, &small.input(), Some(Schedule::RecomputeSplit))
+        .run(
+            &gpu,
+            &small.input(),
+            Some(Schedule::RecomputeSplit),
+            Dtype::F32,
+        )
         .block_on()
         .unwrap();
     assert_eq!(backward.scratch_held(), held);
@@ -249,7 +261,7 @@ fn scratch_is_reused_and_grown_only_when_needed() {
 #[test]
 fn planner_follows_the_table_and_falls_back_to_the_portable_tiled_schedule() {
     let gpu = gpu();
-    let mut backward = Backward::new(&gpu, &kernels::BACKWARD).unwrap();
+    let mut backward = Backward::from_kernels(&gpu, &kernels::BACKWARD).unwrap();
     let heads = |n_heads, head_dim| Heads {
         n_heads,
         n_kv_heads: n_heads,
@@ -258,50 +270,59 @@ fn planner_follows_the_table_and_falls_back_to_the_portable_tiled_schedule() {
     };
     backward.table = Default::default();
     assert_eq!(
-        backward.plan(&gpu, 1, 512, heads(12, 64)),
+        backward.plan(&gpu, 1, 512, heads(12, 64), Dtype::F32),
         Schedule::Tiled(backward_candidates(64)[0]),
         "without a table: the portable tiled configuration"
     );
     assert!(
         backward
-            .schedules(&gpu, 64)
+            .schedules((64, 64), Dtype::F32)
             .contains(&Schedule::Tiled(backward_candidates(64)[1])),
         "lavapipe holds the 28 KiB candidate"
     );
     backward.table.backward.insert(64, "split".into());
-    assert_eq!(backward.plan(&gpu, 1, 512, heads(12, 64)), Schedule::Split);
+    assert_eq!(
+        backward.plan(&gpu, 1, 512, heads(12, 64), Dtype::F32),
+        Schedule::Split
+    );
     assert_eq!(Schedule::Split.scratch_bytes(1, 512, 12), 25_165_824);
     assert_eq!(
-        backward.plan(&gpu, 1, 8192, heads(16, 64)),
+        backward.plan(&gpu, 1, 8192, heads(16, 64), Dtype::F32),
         Schedule::Tiled(backward_candidates(64)[0]),
         "split is never planned past the scratch budget"
     );
     backward.scratch_budget = 1 << 20;
     assert_eq!(
-        backward.plan(&gpu, 1, 300, heads(2, 64)),
+        backward.plan(&gpu, 1, 300, heads(2, 64), Dtype::F32),
         Schedule::Tiled(backward_candidates(64)[0])
     );
     backward.scratch_budget = DEFAULT_SCRATCH_BUDGET;
-    assert_eq!(backward.plan(&gpu, 1, 300, heads(2, 64)), Schedule::Split);
+    assert_eq!(
+        backward.plan(&gpu, 1, 300, heads(2, 64), Dtype::F32),
+        Schedule::Split
+    );
     backward
         .table
         .backward
         .insert(64, "tiled-128x32/8@256".into());
     assert_eq!(
-        backward.plan(&gpu, 1, 300, heads(2, 64)),
+        backward.plan(&gpu, 1, 300, heads(2, 64), Dtype::F32),
         Schedule::Tiled(backward_candidates(64)[0]),
         "a table entry this device cannot run is ignored"
     );
     let streaming = *backward
-        .schedules(&gpu, 64)
+        .schedules((64, 64), Dtype::F32)
         .iter()
         .find(|s| matches!(s, Schedule::Streaming(_)))
         .expect("lavapipe runs a streaming schedule at head_dim 64");
     backward.table.backward.insert(64, streaming.to_string());
-    assert_eq!(backward.plan(&gpu, 1, 300, heads(2, 64)), streaming);
+    assert_eq!(
+        backward.plan(&gpu, 1, 300, heads(2, 64), Dtype::F32),
+        streaming
+    );
     assert!(
         !backward
-            .schedules(&gpu, 128)
+            .schedules((128, 128), Dtype::F32)
             .contains(&Schedule::Streaming(backward_candidates(128)[0])),
         "no streaming on tiles of 8 rows"
     );
@@ -312,7 +333,7 @@ fn planner_follows_the_table_and_falls_back_to_the_portable_tiled_schedule() {
 #[test]
 fn deterministic_backward_owns_its_outputs_and_repeats_bit_for_bit() {
     let gpu = gpu();
-    let mut backward = Backward::new(&gpu, &kernels::BACKWARD).unwrap();
+    let mut backward = Backward::from_kernels(&gpu, &kernels::BACKWARD).unwrap();
     let heads = Heads {
         n_heads: 4,
         n_kv_heads: 2,
@@ -321,15 +342,15 @@ fn deterministic_backward_owns_its_outputs_and_repeats_bit_for_bit() {
     };
     let data = Data::new(&gpu, heads, 37, 1, 21);
     let streaming = *backward
-        .schedules(&gpu, 64)
+        .schedules((64, 64), Dtype::F32)
         .iter()
         .find(|s| matches!(s, Schedule::Streaming(_)))
         .expect("lavapipe runs a streaming schedule at head_dim 64");
     backward.table.backward.insert(64, streaming.to_string());
-    assert_eq!(backward.plan(&gpu, 1, 37, heads), streaming);
+    assert_eq!(backward.plan(&gpu, 1, 37, heads, Dtype::F32), streaming);
 
     backward.deterministic = true;
-    let plan = backward.plan(&gpu, 1, 37, heads);
+    let plan = backward.plan(&gpu, 1, 37, heads, Dtype::F32);
     assert_eq!(plan, Schedule::Tiled(backward_candidates(64)[0]));
     let atomic = |s: &Schedule| {
         matches!(
@@ -337,19 +358,25 @@ fn deterministic_backward_owns_its_outputs_and_repeats_bit_for_bit() {
             Schedule::Streaming(_) | Schedule::Flash(_) | Schedule::Scattered(_)
         )
     };
-    let listed = backward.schedules(&gpu, 64);
+    let listed = backward.schedules((64, 64), Dtype::F32);
     assert!(listed.contains(&plan) && listed.contains(&Schedule::RecomputeSplit));
     assert!(!listed.iter().any(atomic), "{listed:?}");
     let bits = |g: &runtime::Gradients| {
         [&g.dq, &g.dk, &g.dv].map(|x| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>())
     };
-    let (first, ran) = backward.run(&gpu, &data.input(), None).block_on().unwrap();
-    let (again, _) = backward.run(&gpu, &data.input(), None).block_on().unwrap();
+    let (first, ran) = backward
+        .run(&gpu, &data.input(), None, Dtype::F32)
+        .block_on()
+        .unwrap();
+    let (again, _) = backward
+        .run(&gpu, &data.input(), None, Dtype::F32)
+        .block_on()
+        .unwrap();
     assert_eq!(ran, plan);
     assert!(bits(&first) == bits(&again), "two runs differ");
 
     let refused = backward
-        .run(&gpu, &data.input(), Some(streaming))
+        .run(&gpu, &data.input(), Some(streaming), Dtype::F32)
         .block_on()
         .unwrap_err()
         .to_string();
@@ -359,7 +386,7 @@ fn deterministic_backward_owns_its_outputs_and_repeats_bit_for_bit() {
         "{refused}"
     );
     backward.deterministic = false;
-    assert_eq!(backward.plan(&gpu, 1, 37, heads), streaming);
+    assert_eq!(backward.plan(&gpu, 1, 37, heads, Dtype::F32), streaming);
 }
 
 /// The f64 reference backward agrees with central differences of L = Σ dO ∘ O, and the
@@ -402,8 +429,11 @@ fn reference_matches_finite_differences_and_gpu_matches_reference() {
         worst < 1e-8,
         "reference backward is off finite differences by {worst}"
     );
-    let mut backward = Backward::new(&gpu, &kernels::BACKWARD).unwrap();
-    let (g, _) = backward.run(&gpu, &data.input(), None).block_on().unwrap();
+    let mut backward = Backward::from_kernels(&gpu, &kernels::BACKWARD).unwrap();
+    let (g, _) = backward
+        .run(&gpu, &data.input(), None, Dtype::F32)
+        .block_on()
+        .unwrap();
     let verdicts = judge_backward(
         &p,
         [&data.q, &data.k, &data.v, &data.d_o],
@@ -481,8 +511,11 @@ fn rope_backward_undoes_rope_and_both_match_the_reference() {
 fn run_time_compiled_backward_matches_the_family() {
     let masks = attn_dsl::Masks::new(true, true);
     for family in &kernels::BACKWARD {
-        let compiled =
-            runtime::kernels::BackwardKernels::compile(family.split_q.head_dim, masks).unwrap();
+        let compiled = runtime::kernels::BackwardKernels::compile(
+            (family.split_q.head_dim, family.split_q.head_dim),
+            masks,
+        )
+        .unwrap();
         let pairs = [
             (&family.split_q, &compiled.split_q),
             (&family.split_kv, &compiled.split_kv),
@@ -510,7 +543,7 @@ fn run_time_compiled_backward_matches_the_family() {
 #[test]
 fn long_rows_keep_blocked_accuracy_in_every_schedule() {
     let gpu = gpu();
-    let mut backward = Backward::new(&gpu, &kernels::BACKWARD).unwrap();
+    let mut backward = Backward::from_kernels(&gpu, &kernels::BACKWARD).unwrap();
     let heads = Heads {
         n_heads: 8,
         n_kv_heads: 2,
@@ -520,13 +553,13 @@ fn long_rows_keep_blocked_accuracy_in_every_schedule() {
     let data = Data::new(&gpu, heads, 512, 1, 21);
     let mut ran = Vec::new();
     let first = backward_candidates(64)[0];
-    for schedule in backward.schedules(&gpu, 64) {
+    for schedule in backward.schedules((64, 64), Dtype::F32) {
         if matches!(schedule, Schedule::Tiled(c) | Schedule::Streaming(c) | Schedule::Flash(c) if c != first)
         {
             continue; // configuration 0 of each shares its accumulation with the others
         }
         let (g, _) = backward
-            .run(&gpu, &data.input(), Some(schedule))
+            .run(&gpu, &data.input(), Some(schedule), Dtype::F32)
             .block_on()
             .unwrap();
         let verdicts = judge_backward(
@@ -556,13 +589,13 @@ fn long_rows_keep_blocked_accuracy_in_every_schedule() {
     }
 }
 
-/// The half-precision backward needs `add_in` first (else a message that says so), plans
-/// one of its own schedules, and `add_in` in f32 keeps every f32 schedule.
+/// The half-precision backward needs its spec added first (else a message that says so),
+/// plans one of its own schedules, and adding an f32 spec keeps every f32 schedule.
 #[test]
 fn half_precision_sets_sit_beside_the_f32_ones() {
     use attn_dsl::{Dtype, Masks};
     let gpu = gpu();
-    let mut backward = Backward::new(&gpu, &kernels::BACKWARD).unwrap();
+    let mut backward = Backward::from_kernels(&gpu, &kernels::BACKWARD).unwrap();
     let heads = Heads {
         n_heads: 2,
         n_kv_heads: 1,
@@ -571,26 +604,32 @@ fn half_precision_sets_sit_beside_the_f32_ones() {
     };
     let data = Data::new(&gpu, heads, 20, 2, 5);
     let missing = backward
-        .run_in(&gpu, &data.input(), None, Dtype::Bf16)
+        .run(&gpu, &data.input(), None, Dtype::Bf16)
         .block_on()
         .expect_err("no bf16 set yet")
         .to_string();
-    assert!(missing.contains("add_in"), "{missing}");
-    let f32_schedules = backward.schedules(&gpu, 64);
+    assert!(missing.contains("Backward::add"), "{missing}");
+    let f32_schedules = backward.schedules((64, 64), Dtype::F32);
     backward
-        .add_in(&gpu, 64, Masks::new(true, true), Dtype::Bf16)
+        .add(
+            &gpu,
+            BackwardSpec::new(64, Masks::new(true, true), Dtype::Bf16),
+        )
         .unwrap();
-    let half = backward.schedules_in(&gpu, 64, Dtype::Bf16);
+    let half = backward.schedules((64, 64), Dtype::Bf16);
     assert!(!half.is_empty());
-    assert_eq!(backward.schedules(&gpu, 64), f32_schedules);
+    assert_eq!(backward.schedules((64, 64), Dtype::F32), f32_schedules);
     let (grads, ran) = backward
-        .run_in(&gpu, &data.input(), None, Dtype::Bf16)
+        .run(&gpu, &data.input(), None, Dtype::Bf16)
         .block_on()
         .unwrap();
     assert_eq!(ran, half[0]);
     assert!(grads.dq.iter().chain(&grads.dk).all(|x| x.is_finite()));
     backward
-        .add_in(&gpu, 64, Masks::new(true, true), Dtype::F32)
+        .add(
+            &gpu,
+            BackwardSpec::new(64, Masks::new(true, true), Dtype::F32),
+        )
         .unwrap();
-    assert_eq!(backward.schedules(&gpu, 64), f32_schedules);
+    assert_eq!(backward.schedules((64, 64), Dtype::F32), f32_schedules);
 }

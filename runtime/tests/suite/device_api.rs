@@ -10,9 +10,10 @@ use runtime::compare::judge_attention;
 use runtime::kv_fp8::{self, Fp8Case};
 use runtime::ops::backward::BackwardArgs;
 use runtime::ops::cache::{CacheError, CacheLayout, CacheSpec, KvCache};
+use runtime::ops::convert::ConvertArgs;
 use runtime::ops::decode::{Decode, DecodeArgs, DecodeSpec};
 use runtime::ops::forward::{Forward, ForwardArgs, ForwardSpec};
-use runtime::ops::rope::{Rope, RopeArgs};
+use runtime::ops::rope::{Rope, RopeArgs, RopeSpec};
 use runtime::reference::Problem;
 use runtime::{
     Backward, BackwardInput, DeviceError, Error, ForwardInput, Gpu, Heads, InputError, Kernel,
@@ -231,8 +232,8 @@ fn a_training_step_records_forward_and_backward_in_one_encoder() {
         },
     )
     .unwrap();
-    let set = kernels::BackwardKernels::compile(64, masks).unwrap();
-    let mut bwd = Backward::new(&gpu, &[set]).unwrap();
+    let set = kernels::BackwardKernels::compile((64, 64), masks).unwrap();
+    let mut bwd = Backward::from_kernels(&gpu, &[set]).unwrap();
     let before = gpu.pipelines_created();
     let mut encoder = gpu.device.create_command_encoder(&Default::default());
     let fargs = ForwardArgs::new(&qt, &kt, &vt, &ot, &lset);
@@ -296,7 +297,10 @@ fn a_training_step_records_forward_and_backward_in_one_encoder() {
         scale: None,
         mods: Default::default(),
     };
-    let (host, _) = bwd.run(&gpu, &input, Some(ran)).block_on().unwrap();
+    let (host, _) = bwd
+        .run(&gpu, &input, Some(ran), Dtype::F32)
+        .block_on()
+        .unwrap();
     let close = |a: &[f32], b: &[f32]| {
         a.iter()
             .zip(b)
@@ -656,7 +660,7 @@ fn a_decode_loop_creates_nothing_in_its_steady_state() {
     let spec = f32_cache(h, slots, CacheLayout::Contiguous { capacity: 128 });
     let mut cache = KvCache::new(&gpu, spec).unwrap();
     let mut decode = Decode::new(&gpu, DecodeSpec::new(64, 64, Dtype::F32)).unwrap();
-    let mut rope = Rope::new(64, false).unwrap();
+    let mut rope = Rope::new(&gpu, RopeSpec::new(64)).unwrap();
     let q = Tensor::zeros(&gpu, &[slots, 1, h.n_heads, h.head_dim], Scalar::F32);
     let k = Tensor::zeros(&gpu, &[slots, 1, h.n_kv_heads, h.head_dim], Scalar::F32);
     let o = Tensor::zeros(&gpu, &[slots, h.n_heads, h.head_dim], Scalar::F32);
@@ -814,12 +818,20 @@ fn conversions_round_to_nearest_even_and_widen_back() {
             Dtype::F16 => Scalar::F16,
             _ => Scalar::Bf16,
         };
-        let mut convert = runtime::ops::convert::Convert::new(dtype);
+        let mut convert = runtime::ops::convert::Convert::new(&gpu, dtype).unwrap();
         let half = Tensor::zeros(&gpu, &[4, 16], scalar);
         let back = Tensor::zeros(&gpu, &[4, 16], Scalar::F32);
         let mut enc = gpu.device.create_command_encoder(&Default::default());
-        convert.record_to(&gpu, &mut enc, &src, &half).unwrap();
-        convert.record_from(&gpu, &mut enc, &half, &back).unwrap();
+        let there = ConvertArgs {
+            src: &src,
+            dst: &half,
+        };
+        convert.record(&gpu, &mut enc, &there).unwrap();
+        let back_again = ConvertArgs {
+            src: &half,
+            dst: &back,
+        };
+        convert.record(&gpu, &mut enc, &back_again).unwrap();
         submit(&gpu, enc);
         let want: Vec<f32> = data
             .iter()
@@ -879,8 +891,8 @@ fn sinks_need_dsinks_on_the_device_and_match_the_host_call() {
     fwd.record(&gpu, &mut encoder, &fargs).unwrap();
     submit(&gpu, encoder);
     let grads = [&q_shape, &kv_shape, &kv_shape].map(|shape| Tensor::zeros(&gpu, shape, f));
-    let set = kernels::BackwardKernels::compile(64, masks).unwrap();
-    let mut bwd = Backward::new(&gpu, &[set]).unwrap();
+    let set = kernels::BackwardKernels::compile((64, 64), masks).unwrap();
+    let mut bwd = Backward::from_kernels(&gpu, &[set]).unwrap();
     let bargs = |with_dsinks: bool, with_sinks: bool| BackwardArgs {
         q: &qt,
         k: &kt,
@@ -938,7 +950,7 @@ fn sinks_need_dsinks_on_the_device_and_match_the_host_call() {
             ..Default::default()
         },
     };
-    let (host, _) = bwd.run(&gpu, &input, None).block_on().unwrap();
+    let (host, _) = bwd.run(&gpu, &input, None, Dtype::F32).block_on().unwrap();
     assert_eq!(host.dsinks, on_device);
 }
 
@@ -1102,12 +1114,21 @@ fn tensors_of_another_device_are_refused_by_every_op() {
         base: 10000.0,
     };
     is_foreign(
-        Rope::new(d, false).unwrap().record(&here, &mut enc, &args),
+        Rope::new(&here, RopeSpec::new(d))
+            .unwrap()
+            .record(&here, &mut enc, &args),
         "rope",
     );
     let half = Tensor::zeros(&here, &shape, Scalar::Bf16);
     is_foreign(
-        Convert::new(Dtype::Bf16).record_to(&here, &mut enc, &qb, &half),
+        Convert::new(&here, Dtype::Bf16).unwrap().record(
+            &here,
+            &mut enc,
+            &ConvertArgs {
+                src: &qb,
+                dst: &half,
+            },
+        ),
         "convert",
     );
     let spec = LinearSpec {

@@ -7,7 +7,7 @@
 use attn_dsl::flex::library;
 use attn_dsl::{Dtype, Masks, Scalar};
 use runtime::compare::{judge_backward, max_abs_error};
-use runtime::ops::backward::BackwardArgs;
+use runtime::ops::backward::{BackwardArgs, BackwardSpec};
 use runtime::ops::forward::{Forward, ForwardArgs, ForwardSpec};
 use runtime::reference::{Problem, cast};
 use runtime::{
@@ -83,9 +83,7 @@ fn forward(gpu: &Gpu, x: &Inputs) -> (Tensor, Tensor) {
 }
 
 fn backward(gpu: &Gpu) -> Backward {
-    let mut b = Backward::new(gpu, &[]).unwrap();
-    b.add_in(gpu, 64, masks(), Dtype::F32).unwrap();
-    b
+    Backward::new(gpu, BackwardSpec::new(64, masks(), Dtype::F32)).unwrap()
 }
 
 #[test]
@@ -129,8 +127,11 @@ fn every_schedule_returns_the_tables_gradient() {
     };
     let mut bwd = backward(&gpu);
     let mut first: Option<Vec<f32>> = None;
-    for schedule in bwd.schedules(&gpu, 64) {
-        let (g, _) = bwd.run(&gpu, &input, Some(schedule)).block_on().unwrap();
+    for schedule in bwd.schedules((64, 64), Dtype::F32) {
+        let (g, _) = bwd
+            .run(&gpu, &input, Some(schedule), Dtype::F32)
+            .block_on()
+            .unwrap();
         let table_grad = g.flex("drel_bias").expect("the table's gradient").to_vec();
         assert_eq!(table_grad.len(), 4 * 9);
         let verdicts = judge_backward(

@@ -5,6 +5,7 @@ use attn_dsl::{Gqa, KernelSpec, Masks, Op};
 use runtime::BlockOn;
 use runtime::cases::{self, Case, ModCase, Runner, documents, random};
 use runtime::compare::judge_attention;
+use runtime::plan::kernels::AttentionSpec;
 use runtime::reference::Problem;
 use runtime::{ForwardInput, Gpu, Heads, Kernel, kernels};
 
@@ -237,7 +238,11 @@ fn subgroup_forward_shuffles_only_where_subgroups_hold_a_row_group() {
         };
         let label = config.label();
         let tx = wg / (tile / rows);
-        let abi = runtime::tuning::flash_forward(64, masks, config).unwrap();
+        let abi = runtime::plan::kernels::flash_forward(
+            AttentionSpec::new(64, masks, runtime::Dtype::F32),
+            config,
+        )
+        .unwrap();
         assert!(forward_is_right(&gpu, &abi), "{label} is wrong");
         let mut broken = abi.clone();
         broken.wgsl = abi

@@ -15,6 +15,7 @@ mod generated;
 mod gpu_kernels;
 mod layernorm;
 mod layers;
+mod merge;
 mod non_finite;
 mod parity_tool;
 mod properties;

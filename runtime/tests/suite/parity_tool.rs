@@ -204,11 +204,13 @@ fn every_schedule_matches_the_reference_at_head_dims_without_family_kernels() {
         let mut judged = round_trip(&format!("parity_d{head_dim}"), &inputs, "all");
         // Every schedule this adapter runs at this head_dim, as the tool names its folders.
         let masks = attn_dsl::Masks::new(true, true);
-        let set = runtime::kernels::BackwardKernels::compile(head_dim as u32, masks).unwrap();
+        let set =
+            runtime::kernels::BackwardKernels::compile((head_dim as u32, head_dim as u32), masks)
+                .unwrap();
         let gpu = runtime::Gpu::new(set.all()).block_on().unwrap();
-        let backward = runtime::Backward::new(&gpu, &[set]).unwrap();
+        let backward = runtime::Backward::from_kernels(&gpu, &[set]).unwrap();
         let mut runs: Vec<String> = backward
-            .schedules(&gpu, head_dim as u32)
+            .schedules((head_dim as u32, head_dim as u32), runtime::Dtype::F32)
             .iter()
             .map(|s| s.to_string().replace('/', "_"))
             .collect();

@@ -16,10 +16,11 @@ use crate::device::Gpu;
 use crate::error::Error;
 use crate::host::attention::Heads;
 use crate::ops::backward::BackwardArgs;
+use crate::ops::backward::BackwardSpec;
 use crate::ops::cache::{CacheLayout, CacheSpec, KvCache};
 use crate::ops::decode::{Decode, DecodeArgs, DecodeSpec, QueryRows};
 use crate::ops::forward::{Forward, ForwardArgs, ForwardSpec};
-use crate::ops::rope::{Rope, RopeArgs};
+use crate::ops::rope::{Rope, RopeArgs, RopeSpec};
 use crate::tensor::Tensor;
 use crate::timing::Spans;
 
@@ -95,7 +96,7 @@ fn filled_cache(
 pub fn decode(gpu: &Gpu, h: Heads, cache_len: u32, dtype: Dtype, steps: u32) -> Result<Row, Error> {
     let mut cache = filled_cache(gpu, h, dtype, [cache_len, cache_len + 3 * steps])?;
     let mut decode = Decode::new(&gpu, DecodeSpec::new(h.head_dim, h.head_dim_v, dtype))?;
-    let mut rope = Rope::new(h.head_dim, false)?;
+    let mut rope = Rope::new(gpu, RopeSpec::new(h.head_dim))?;
     // RoPE runs on f32 rows; the half-precision step rotates f32 copies it does not feed
     // on (the cost of the dispatch is what is measured).
     let q32 = random(gpu, &[1, 1, h.n_heads, h.head_dim], Dtype::F32, 2)?;
@@ -322,8 +323,8 @@ pub fn train_step(gpu: &Gpu, h: Heads, seq: u32, dtype: Dtype, runs: u32) -> Res
             dtype,
         },
     )?;
-    let mut backward = crate::ops::backward::Backward::new(gpu, &[])?;
-    backward.add_in(gpu, h.head_dim, masks, dtype)?;
+    let spec = BackwardSpec::new(h.head_dim, masks, dtype);
+    let mut backward = crate::ops::backward::Backward::new(gpu, spec)?;
     let mut schedule = None;
     let (wall_ms, gpu_ms) = waited(gpu, runs, |enc| {
         let fargs = ForwardArgs::new(&q, &k, &k, &o, &lse);

@@ -12,6 +12,7 @@ use crate::device::Gpu;
 use crate::error::Error;
 use crate::host::attention::Heads;
 use crate::modifiers::{DeviceModifiers, FlexOf};
+use crate::ops::backward::BackwardSpec;
 use crate::ops::decode::{CacheView, Decode, DecodeArgs, DecodeSpec};
 use crate::ops::forward::{Forward, ForwardArgs, ForwardSpec};
 use crate::tensor::Tensor;
@@ -385,8 +386,8 @@ pub fn t5_backward(
             },
         )?;
         gpu.queue.submit([encoder.finish()]);
-        let mut backward = crate::ops::backward::Backward::new(gpu, &[])?;
-        backward.add_in(gpu, h.head_dim, masks, dtype)?;
+        let spec = BackwardSpec::new(h.head_dim, masks, dtype);
+        let mut backward = crate::ops::backward::Backward::new(gpu, spec)?;
         let learnable = masks.flex.is_some_and(|f| f.parsed().tensors[0].grad);
         let args = crate::ops::backward::BackwardArgs {
             q: &q,

@@ -10,6 +10,7 @@ use crate::error::Error;
 use crate::host::attention::Heads;
 use crate::ops::backward::Backward;
 use crate::ops::backward::BackwardArgs;
+use crate::ops::backward::BackwardSpec;
 use crate::ops::forward::{Forward, ForwardArgs, ForwardSpec};
 use crate::tensor::Tensor;
 use crate::timing;
@@ -115,8 +116,8 @@ pub fn backward(
     let dk = Tensor::zeros(gpu, &[1, seq, h.n_kv_heads, h.head_dim], f32);
     let dv = Tensor::zeros(gpu, &[1, seq, h.n_kv_heads, h.head_dim_v], f32);
     let masks = Masks::new(causal, false);
-    let mut backward = Backward::new(gpu, &[])?;
-    backward.add_in_dims(gpu, h.dims(), masks, dtype)?;
+    let spec = BackwardSpec::new(h.head_dim, masks, dtype).with_head_dim_v(h.head_dim_v);
+    let mut backward = Backward::new(gpu, spec)?;
     let args = BackwardArgs {
         q: &q,
         k: &k,

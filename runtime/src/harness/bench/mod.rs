@@ -21,6 +21,7 @@ use crate::kernels;
 use crate::kernels::BackwardKernels;
 use crate::ops::backward::Schedule;
 use crate::ops::decode::SplitLayout;
+use crate::plan::kernels::AttentionSpec;
 use crate::plan::tuning::{self, Table};
 use crate::timing::{self, Step, Timing};
 use pollster::FutureExt as BlockOn;
@@ -175,19 +176,23 @@ pub fn run(
             masks,
         ))?,
     )?;
-    let set = BackwardKernels::compile(h.head_dim, masks).map_err(|e| Error::Pipeline {
-        kernel: "backward".into(),
-        message: e.to_string(),
-    })?;
+    let set =
+        BackwardKernels::compile((h.head_dim, h.head_dim), masks).map_err(|e| Error::Pipeline {
+            kernel: "backward".into(),
+            message: e.to_string(),
+        })?;
     // Each candidate compiled, or why the device cannot run it.
     let flash = tuning::forward_candidates(h.head_dim)
         .iter()
         .map(|&config| {
-            let abi =
-                tuning::flash_forward(h.head_dim, masks, config).map_err(|e| Error::Pipeline {
-                    kernel: format!("forward flash {}", config.label()),
-                    message: e.to_string(),
-                })?;
+            let abi = crate::plan::kernels::flash_forward(
+                AttentionSpec::new(h.head_dim, masks, Dtype::F32),
+                config,
+            )
+            .map_err(|e| Error::Pipeline {
+                kernel: format!("forward flash {}", config.label()),
+                message: e.to_string(),
+            })?;
             let kernel = match (tuning::fits(gpu, &abi), gpu.supports(&abi)) {
                 (true, _) => Ok(Kernel::now(gpu, &abi)?),
                 (false, false) => Err("needs SUBGROUP, which the device lacks".to_string()),
@@ -574,7 +579,7 @@ fn half_forwards(
     let head_dim = heads.head_dim;
     let table = tuning::Table::for_gpu(gpu).unwrap_or_default();
     let scalar = table
-        .forward(gpu, head_dim)
+        .forward(gpu, head_dim, Dtype::F32)
         .unwrap_or(tuning::forward_candidates(head_dim)[0]);
     let mut out = Vec::new();
     for dtype in gpu.half_dtypes() {
@@ -592,11 +597,13 @@ fn half_forwards(
         }
         for config in configs {
             let kernel = format!("forward flash {} {}", config.label(), dtype.name());
-            let abi = tuning::flash_forward_in(head_dim, masks, config, dtype).map_err(|e| {
-                Error::Pipeline {
-                    kernel: kernel.clone(),
-                    message: e.to_string(),
-                }
+            let abi = crate::plan::kernels::flash_forward(
+                AttentionSpec::new(head_dim, masks, dtype),
+                config,
+            )
+            .map_err(|e| Error::Pipeline {
+                kernel: kernel.clone(),
+                message: e.to_string(),
             })?;
             if tuning::fits(gpu, &abi) {
                 out.push((kernel, abi.scalar("o"), Kernel::now(gpu, &abi)?));
@@ -640,11 +647,15 @@ fn phase_forwards(
         };
         for (name, keep) in &sets {
             let kernel = format!("phases {} {}: {name}", config.label(), dtype.name());
-            let abi = tuning::flash_forward_phases(heads.head_dim, masks, config, dtype, *keep)
-                .map_err(|e| Error::Pipeline {
-                    kernel: kernel.clone(),
-                    message: e.to_string(),
-                })?;
+            let abi = crate::plan::kernels::flash_forward_phases(
+                AttentionSpec::new(heads.head_dim, masks, dtype),
+                config,
+                *keep,
+            )
+            .map_err(|e| Error::Pipeline {
+                kernel: kernel.clone(),
+                message: e.to_string(),
+            })?;
             out.push((kernel, Scalar::from(dtype), Kernel::now(gpu, &abi)?));
         }
     }
@@ -661,7 +672,7 @@ fn phase_backwards(
 ) -> Result<Vec<(String, Vec<Kernel>)>, Error> {
     let mut out = Vec::new();
     for dtype in gpu.half_dtypes() {
-        let Some(config) = tuning::backward_candidates_in(gpu, heads.head_dim, dtype)
+        let Some(config) = tuning::backward_configs(gpu, heads.head_dim, dtype)
             .into_iter()
             .find(|c| c.matrix == attn_dsl::Matrix::Coop16)
         else {
@@ -673,11 +684,15 @@ fn phase_backwards(
                 config.label(),
                 dtype.name()
             );
-            let abis = tuning::flash_backward_phases(heads.dims(), masks, config, dtype, keep)
-                .map_err(|e| Error::Pipeline {
-                    kernel: label.clone(),
-                    message: e.to_string(),
-                })?;
+            let abis = crate::plan::kernels::flash_backward_phases(
+                AttentionSpec::new(heads.head_dim, masks, dtype).with_head_dim_v(heads.head_dim_v),
+                config,
+                keep,
+            )
+            .map_err(|e| Error::Pipeline {
+                kernel: label.clone(),
+                message: e.to_string(),
+            })?;
             let kernels = abis
                 .iter()
                 .map(|abi| Kernel::now(gpu, abi))
@@ -849,7 +864,7 @@ fn determinism<'a>(mut abis: impl Iterator<Item = &'a attn_dsl::KernelAbi>) -> S
 }
 
 /// The half-precision tiled backward in each dtype the device has, in each configuration
-/// [`tuning::backward_candidates_in`] gives that fits (only the first with
+/// [`tuning::backward_configs`] gives that fits (only the first with
 /// `planned_only`), the planned schedule first: (row label, the prep where the schedule
 /// needs it and the two halves).
 fn half_backwards(
@@ -861,16 +876,24 @@ fn half_backwards(
     let head_dim = heads.head_dim;
     let mut out = Vec::new();
     for dtype in gpu.half_dtypes() {
-        let prep = tuning::backward_prep_in(head_dim, dtype).map_err(|e| Error::Pipeline {
+        let prep = crate::plan::kernels::backward_prep(AttentionSpec::new(
+            head_dim,
+            Masks::default(),
+            dtype,
+        ))
+        .map_err(|e| Error::Pipeline {
             kernel: format!("backward prep {}", dtype.name()),
             message: e.to_string(),
         })?;
-        let mut configs = tuning::backward_candidates_in(gpu, head_dim, dtype);
+        let mut configs = tuning::backward_configs(gpu, head_dim, dtype);
         if planned_only {
             configs.truncate(1);
         }
-        let mut schedules =
-            crate::ops::backward::tiled_schedules(gpu, (head_dim, masks, dtype), &configs)?;
+        let mut schedules = crate::ops::backward::tiled_schedules(
+            gpu,
+            AttentionSpec::new(head_dim, masks, dtype),
+            &configs,
+        )?;
         let names: Vec<_> = schedules.iter().map(|(s, _)| *s).collect();
         let planned = crate::ops::backward::half_plan(&names);
         if let Some(at) = names.iter().position(|s| *s == planned) {
@@ -1107,11 +1130,15 @@ pub fn decode(
     let masks = Masks::default();
     let widths = (h.head_dim, h.head_dim_v);
     let f32_split = |cache| {
-        crate::host::decode::SplitDecode::for_dims_in(gpu, widths, masks, cache, Dtype::F32)
+        let spec = crate::ops::decode::DecodeSpec {
+            cache,
+            ..crate::ops::decode::DecodeSpec::new(widths.0, widths.1, Dtype::F32)
+        };
+        crate::host::decode::SplitDecode::for_spec(gpu, &spec)
     };
     let split = f32_split(Cache::Contiguous)?;
     let plain_spec = KernelSpec::standard(
-        &tuning::family_name("attention_decode", h.head_dim),
+        &crate::plan::kernels::family_name("attention_decode", h.head_dim),
         Op::Decode,
         h.head_dim,
         masks,
@@ -1214,7 +1241,7 @@ pub fn decode(
                 kv_fp8,
                 ..crate::ops::decode::DecodeSpec::new(h.head_dim, h.head_dim_v, dtype)
             };
-            let kernels = crate::host::decode::SplitDecode::from_spec_in(gpu, &spec, layout)?;
+            let kernels = crate::host::decode::SplitDecode::with_layout(gpu, &spec, layout)?;
             if slice_len.is_some_and(|len| len > kernels.max_slice()) {
                 continue;
             }
@@ -1253,6 +1280,14 @@ pub fn decode(
                     bytes,
                 });
             }
+            // The whole decode timed again on the same buffers, after the passes alone: a
+            // row whose first timing is slow and this one is not was slowed by what came
+            // before it (its cache's upload), not by its kernels.
+            rows.push(DecodeRow {
+                kernel: "  again: both passes".into(),
+                timing: timing::time(gpu, &steps, warmup, runs)?,
+                bytes,
+            });
         }
     }
     Ok(rows)

@@ -15,8 +15,12 @@ use crate::dispatch::kernel::Kernel;
 use crate::dispatch::record::Pipeline;
 use crate::error::{Error, InputError};
 use crate::kernels::BackwardKernels;
+use crate::plan::kernels::{self, AttentionSpec};
 use crate::plan::tuning::{self, Table};
 use crate::shape::Heads;
+
+/// What a backward computes: the attention's widths, masks and dtype.
+pub type BackwardSpec = AttentionSpec;
 
 /// How dQ, dK and dV are produced (DESIGN.md §4).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -93,7 +97,7 @@ impl FromStr for Schedule {
                 format!(
                     "unknown schedule `{s}`; expected split, recompute, or streaming-, tiled-, \
                      flash- or scattered- with a configuration of tuning::backward_candidates \
-                     (scattered-: of tuning::backward_candidates_in on tensor cores), e.g. \
+                     (scattered-: of tuning::backward_configs on tensor cores), e.g. \
                      tiled-16x8/2@64"
                 )
             })
@@ -153,10 +157,20 @@ pub struct Backward {
 pub const DEFAULT_SCRATCH_BUDGET: u64 = 256 << 20;
 
 impl Backward {
-    /// The backward for each head_dim in `sets`; the native f32-atomic streaming variant
-    /// only where the device has SHADER_FLOAT32_ATOMIC. Nothing is compiled yet: a
-    /// schedule's pipelines are created when it first runs.
-    pub fn new(gpu: &Gpu, sets: &[BackwardKernels]) -> Result<Backward, Error> {
+    /// The backward of `spec`: in f32 every schedule the device runs (the per-row ones,
+    /// streaming where it has SHADER_FLOAT32_ATOMIC, each tiled and flash configuration
+    /// that fits), in f16 and bf16 the tiled schedule in each configuration that fits, on
+    /// tensor cores first where the adapter has cooperative matrices. Nothing is compiled
+    /// for the device yet: a schedule's pipelines are created when it first runs.
+    pub fn new(gpu: &Gpu, spec: BackwardSpec) -> Result<Backward, Error> {
+        let mut backward = Backward::from_kernels(gpu, &[])?;
+        backward.add(gpu, spec)?;
+        Ok(backward)
+    }
+
+    /// The backward of kernel sets compiled by the macro (e.g. [`crate::kernels::BACKWARD`])
+    /// or by [`BackwardKernels::compile`], each with every f32 schedule the device runs.
+    pub fn from_kernels(gpu: &Gpu, sets: &[BackwardKernels]) -> Result<Backward, Error> {
         let mut backward = Backward {
             compiled: Vec::new(),
             scratch: Default::default(),
@@ -165,14 +179,13 @@ impl Backward {
             deterministic: false,
         };
         for set in sets {
-            backward.add(gpu, set)?;
+            backward.add_kernels(gpu, set)?;
         }
         Ok(backward)
     }
 
-    /// Adds `set`'s schedules for its head_dim (e.g. a set from
-    /// [`BackwardKernels::compile`] for a head_dim the family lacks); replaces any held.
-    pub fn add(&mut self, gpu: &Gpu, set: &BackwardKernels) -> Result<(), Error> {
+    /// Adds the kernels of `set` for its widths (f32); replaces any set of those widths.
+    pub fn add_kernels(&mut self, gpu: &Gpu, set: &BackwardKernels) -> Result<(), Error> {
         let compiled = Compiled {
             head_dim: set.recompute_q.head_dim,
             head_dim_v: set.recompute_q.head_dim_v(),
@@ -186,45 +199,29 @@ impl Backward {
         Ok(())
     }
 
-    /// Adds the half-precision backward for `head_dim`, `masks` and `dtype` (f16 or
-    /// bf16): the tiled schedule in each configuration that fits the device, on tensor
-    /// cores first where the adapter has cooperative matrices and the dtype is f16.
-    pub fn add_in(
-        &mut self,
-        gpu: &Gpu,
-        head_dim: u32,
-        masks: Masks,
-        dtype: Dtype,
-    ) -> Result<(), Error> {
-        self.add_in_dims(gpu, (head_dim, head_dim), masks, dtype)
-    }
-
-    /// [`Backward::add_in`] with Q and K rows `dims.0` wide and V, O, dO and dV rows
-    /// `dims.1` (MLA's 192 and 128): the tilings of the wider row.
-    pub fn add_in_dims(
-        &mut self,
-        gpu: &Gpu,
-        (head_dim, head_dim_v): (u32, u32),
-        masks: Masks,
-        dtype: Dtype,
-    ) -> Result<(), Error> {
-        let dims = (head_dim, head_dim_v);
+    /// Adds the schedules of another `spec` ([`Backward::new`]'s); replaces any set of its
+    /// widths and dtype.
+    pub fn add(&mut self, gpu: &Gpu, spec: BackwardSpec) -> Result<(), Error> {
         let dsl = |e: attn_dsl::DslError| Error::Pipeline {
-            kernel: format!("backward d{head_dim}/{head_dim_v} {}", dtype.name()),
+            kernel: format!(
+                "backward d{}/{} {}",
+                spec.head_dim,
+                spec.head_dim_v,
+                spec.dtype.name()
+            ),
             message: e.to_string(),
         };
-        if dtype == Dtype::F32 {
-            // Every f32 schedule, as `add` has them.
-            let set = BackwardKernels::compile_dims(dims, masks).map_err(dsl)?;
-            return self.add(gpu, &set);
+        if spec.dtype == Dtype::F32 {
+            let set = BackwardKernels::compile(spec.dims(), spec.masks).map_err(dsl)?;
+            return self.add_kernels(gpu, &set);
         }
-        let prep = tuning::backward_prep_dims(dims, dtype).map_err(dsl)?;
-        let configs = tuning::backward_candidates_in(gpu, head_dim.max(head_dim_v), dtype);
-        let schedules = tiled_abis(gpu, (dims, masks, dtype), &configs)?;
+        let prep = kernels::backward_prep(spec).map_err(dsl)?;
+        let configs = tuning::backward_configs(gpu, spec.width(), spec.dtype);
+        let schedules = tiled_abis(gpu, spec, &configs)?;
         self.hold(Compiled {
-            head_dim,
-            head_dim_v,
-            dtype,
+            head_dim: spec.head_dim,
+            head_dim_v: spec.head_dim_v,
+            dtype: spec.dtype,
             prep_abi: prep,
             prep: None,
             schedules: lazy(schedules),
@@ -240,21 +237,10 @@ impl Backward {
         self.compiled.push(compiled);
     }
 
-    /// The schedules this device can run for `head_dim` (no tiled ones for a head_dim
-    /// without a backward set).
-    pub fn schedules(&self, gpu: &Gpu, head_dim: u32) -> Vec<Schedule> {
-        self.schedules_in(gpu, head_dim, Dtype::F32)
-    }
-
-    /// The schedules compiled for `head_dim` in `dtype`, best first (with
-    /// [`Backward::deterministic`], those that own every output).
-    pub fn schedules_in(&self, _gpu: &Gpu, head_dim: u32, dtype: Dtype) -> Vec<Schedule> {
-        self.schedules_of((head_dim, head_dim), dtype)
-    }
-
     /// The schedules compiled for rows of Q and K `dims.0` wide and of V and O `dims.1`
-    /// in `dtype`, best first: on two widths, the per-row schedules alone so far.
-    pub fn schedules_of(&self, dims: (u32, u32), dtype: Dtype) -> Vec<Schedule> {
+    /// in `dtype`, best first (with [`Backward::deterministic`], those that own every
+    /// output); on two widths, the per-row schedules alone so far.
+    pub fn schedules(&self, dims: (u32, u32), dtype: Dtype) -> Vec<Schedule> {
         self.compiled
             .iter()
             .filter(|c| (c.dims(), c.dtype) == (dims, dtype))
@@ -264,17 +250,14 @@ impl Backward {
             .collect()
     }
 
-    /// The tuning table's schedule for this head_dim when the device runs it (and, for
+    /// The schedule a call of `batch` sequences of `seq_len` rows runs in `dtype`. In f32
+    /// the tuning table's schedule for this head_dim when the device runs it (and, for
     /// split, when its scratch fits the budget and the largest binding); else the tiled
-    /// schedule in its portable configuration, which needs neither scratch nor atomics.
-    pub fn plan(&self, gpu: &Gpu, batch: u32, seq_len: u32, heads: Heads) -> Schedule {
-        self.plan_in(gpu, batch, seq_len, heads, Dtype::F32)
-    }
-
-    /// [`Backward::plan`] in `dtype`: in half precision the first compiled schedule (the
-    /// tiled one on tensor cores where the adapter has them; not yet measured per adapter),
-    /// its key-major half spread over query heads ([`Schedule::Scattered`]) where compiled.
-    pub fn plan_in(
+    /// schedule in its portable configuration, which needs neither scratch nor atomics. In
+    /// half precision the first compiled schedule (the tiled one on tensor cores where the
+    /// adapter has them; not yet measured per adapter), its key-major half spread over
+    /// query heads ([`Schedule::Scattered`]) where compiled.
+    pub fn plan(
         &self,
         gpu: &Gpu,
         batch: u32,
@@ -332,7 +315,7 @@ impl Backward {
         dtype: Dtype,
     ) -> Result<(Schedule, usize), Error> {
         let (batch, seq, heads) = shape;
-        let schedule = given.unwrap_or_else(|| self.plan_in(gpu, batch, seq, heads, dtype));
+        let schedule = given.unwrap_or_else(|| self.plan(gpu, batch, seq, heads, dtype));
         let c = &self.compiled[set];
         let at = c.kernels_for(schedule)?;
         if let Some((kernel, output)) = c.schedules[at].atomic_output()
@@ -358,9 +341,9 @@ impl Backward {
         dtype: Dtype,
     ) -> Schedule {
         if dtype != Dtype::F32 {
-            return half_plan(&self.schedules_of(heads.dims(), dtype));
+            return half_plan(&self.schedules(heads.dims(), dtype));
         }
-        let runnable = self.schedules_of(heads.dims(), Dtype::F32);
+        let runnable = self.schedules(heads.dims(), Dtype::F32);
         let bytes = Schedule::Split.scratch_bytes(batch, seq_len, heads.n_heads);
         let fits =
             bytes <= self.scratch_budget && bytes <= gpu.limits().max_storage_buffer_binding_size;
@@ -394,7 +377,7 @@ impl Backward {
                 schedule: format!("any {} schedule", dtype.name()),
                 head_dim,
                 available: format!(
-                    "none in {}; add them first with Backward::add_in",
+                    "none in {}; add them first with Backward::add",
                     dtype.name()
                 ),
             });
@@ -534,28 +517,27 @@ pub fn schedule_kernels(
 }
 
 /// The tiled schedule in each of `configs` that fits `gpu`, both halves compiled now for
-/// (head_dim, masks, dtype).
+/// `spec`.
 #[cfg(not(target_arch = "wasm32"))]
 pub fn tiled_schedules(
     gpu: &Gpu,
-    kind: (u32, Masks, Dtype),
+    spec: BackwardSpec,
     configs: &[FlashConfig],
 ) -> Result<Vec<(Schedule, Vec<Kernel>)>, Error> {
-    let (head_dim, masks, dtype) = kind;
-    tiled_abis(gpu, ((head_dim, head_dim), masks, dtype), configs)?
+    tiled_abis(gpu, spec, configs)?
         .into_iter()
         .map(|(s, abis)| Ok((s, compile(gpu, &abis)?)))
         .collect()
 }
 
 /// The tiled schedule in each of `configs` that fits `gpu`, its two halves' kernels for
-/// (head_dim, masks, dtype); on tensor cores also its spread (scattered) variant.
+/// `spec`; on tensor cores also its spread (scattered) variant.
 pub fn tiled_abis(
     gpu: &Gpu,
-    (dims, masks, dtype): ((u32, u32), Masks, Dtype),
+    spec: BackwardSpec,
     configs: &[FlashConfig],
 ) -> Result<Vec<(Schedule, Vec<KernelAbi>)>, Error> {
-    let head_dim = dims.0;
+    let (head_dim, dtype) = (spec.head_dim, spec.dtype);
     let mut out = Vec::new();
     let dsl = |e: attn_dsl::DslError| Error::Pipeline {
         kernel: format!("tiled backward d{head_dim} {}", dtype.name()),
@@ -563,14 +545,13 @@ pub fn tiled_abis(
     };
     let mut scattered = Vec::new();
     for config in configs {
-        let [q, kv] = tuning::flash_backward_dims(dims, masks, *config, dtype).map_err(dsl)?;
+        let [q, kv] = kernels::flash_backward(spec, *config).map_err(dsl)?;
         if !(tuning::fits(gpu, &q) && tuning::fits(gpu, &kv)) {
             continue;
         }
         if config.matrix == attn_dsl::Matrix::Coop16 {
             let spread =
-                tuning::flash_backward_scattered_in(dims, masks, *config, scatter(gpu), dtype)
-                    .map_err(dsl)?;
+                kernels::flash_backward_scattered(spec, *config, scatter(gpu)).map_err(dsl)?;
             scattered.push((Schedule::Scattered(*config), vec![q.clone(), spread]));
         }
         out.push((Schedule::Tiled(*config), vec![q, kv]));
@@ -621,6 +602,7 @@ pub fn schedule_abis(
     ];
     let (head_dim, masks) = (set.recompute_q.head_dim, set.recompute_q.masks);
     let dims = (head_dim, set.recompute_q.head_dim_v());
+    let spec = BackwardSpec::new(head_dim, masks, Dtype::F32).with_head_dim_v(dims.1);
     let scatter = scatter(gpu);
     let dsl = |what: &str, e: attn_dsl::DslError| Error::Pipeline {
         kernel: format!("{what} backward d{head_dim}"),
@@ -628,20 +610,19 @@ pub fn schedule_abis(
     };
     // The tilings of the wider row.
     let candidates = tuning::backward_candidates(dims.0.max(dims.1));
-    out.extend(tiled_abis(gpu, (dims, masks, Dtype::F32), &candidates)?);
+    out.extend(tiled_abis(gpu, spec, &candidates)?);
     let streaming = candidates
         .iter()
         .filter(|c| c.tile >= attn_dsl::check::MIN_STREAMING_TILE);
     for config in streaming {
-        let q = tuning::flash_streaming_dims(dims, masks, *config, scatter)
-            .map_err(|e| dsl("streaming", e))?;
+        let q =
+            kernels::flash_streaming(spec, *config, scatter).map_err(|e| dsl("streaming", e))?;
         if tuning::fits(gpu, &q) {
             out.push((Schedule::Streaming(*config), vec![q]));
         }
     }
     for config in &candidates {
-        let kv = tuning::flash_scatter_dims(dims, masks, *config, scatter)
-            .map_err(|e| dsl("flash", e))?;
+        let kv = kernels::flash_scatter(spec, *config, scatter).map_err(|e| dsl("flash", e))?;
         if tuning::fits(gpu, &kv) {
             out.push((Schedule::Flash(*config), vec![kv]));
         }

@@ -180,10 +180,7 @@ impl LayerNormLinear {
         let (Some(matmul), Some([xn, w16, _])) = (split, halves) else {
             return Ok(());
         };
-        self.recording
-            .convert
-            .get_or_insert_with(|| crate::ops::convert::Convert::new(attn_dsl::Dtype::F16))
-            .record_to(gpu, encoder, args.w, &w16)?;
+        to_f16(&mut self.recording.convert, gpu, encoder, [args.w, &w16])?;
         let (hidden, out) = self.widths();
         let mut m = Dispatch::new(vec![("a", &xn), ("b", &w16), ("bias", args.b), ("c", y)]);
         m.dims = vec![("m", rows), ("n", out), ("k", hidden), ("split", 1)];
@@ -416,10 +413,7 @@ impl LayerNormLinear {
         let [xn, w16, dy16] = self.half_operands(gpu, rows)?;
         let dxn = grown(gpu, &mut self.recording.dxn, &[rows, hidden], Scalar::F32)?;
         if self.recording.runs(0) {
-            self.recording
-                .convert
-                .get_or_insert_with(|| crate::ops::convert::Convert::new(attn_dsl::Dtype::F16))
-                .record_to(gpu, encoder, io.args.w, &w16)?;
+            to_f16(&mut self.recording.convert, gpu, encoder, [io.args.w, &w16])?;
         }
         let part = |name: &str| {
             io.partials
@@ -501,6 +495,21 @@ fn grown(
     let bytes = crate::tensor::element_bytes(scalar) * elements(shape);
     crate::shape::binding_size(gpu.limits(), bytes)?;
     Ok(crate::ops::scratch(held, gpu, shape, scalar)?)
+}
+
+/// Records `dst = src` rounded to f16 through the conversion op in `slot`, made on first use.
+fn to_f16(
+    slot: &mut Option<crate::ops::convert::Convert>,
+    gpu: &Gpu,
+    encoder: &mut wgpu::CommandEncoder,
+    [src, dst]: [&Tensor; 2],
+) -> Result<(), Error> {
+    use crate::ops::convert::{Convert, ConvertArgs};
+    if slot.is_none() {
+        *slot = Some(Convert::new(gpu, attn_dsl::Dtype::F16)?);
+    }
+    let convert = slot.as_mut().expect("made above");
+    convert.record(gpu, encoder, &ConvertArgs { src, dst })
 }
 
 #[cfg(test)]

@@ -1,0 +1,259 @@
+//! The family's kernels by rule: each op's [`KernelSpec`] built from what the attention
+//! computes ([`AttentionSpec`]) and a configuration, named as the family names them, on
+//! the smallest target that holds it.
+
+use attn_dsl::emit::coop::Phases;
+use attn_dsl::{
+    DslError, Dtype, FlashConfig, KernelAbi, KernelSpec, Masks, Op, Scatter, WriteMode,
+};
+
+/// What an attention op computes, whatever kernel runs it: the widths of Q and K rows
+/// (`head_dim`) and of V and O rows (`head_dim_v`: `head_dim` but in MLA-style attention,
+/// 192 and 128), the masks and modifiers its kernels are built with (the values come with
+/// each call), and the dtype of Q, K, V, O and dO (gradients and LSE are f32).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionSpec {
+    pub head_dim: u32,
+    pub head_dim_v: u32,
+    pub masks: Masks,
+    pub dtype: Dtype,
+}
+
+impl AttentionSpec {
+    /// Q, K, V and O rows `head_dim` wide.
+    pub fn new(head_dim: u32, masks: Masks, dtype: Dtype) -> AttentionSpec {
+        AttentionSpec {
+            head_dim,
+            head_dim_v: head_dim,
+            masks,
+            dtype,
+        }
+    }
+
+    /// V and O rows `head_dim_v` wide beside Q and K's `head_dim`.
+    pub fn with_head_dim_v(self, head_dim_v: u32) -> AttentionSpec {
+        AttentionSpec { head_dim_v, ..self }
+    }
+
+    /// (head_dim, head_dim_v).
+    pub fn dims(&self) -> (u32, u32) {
+        (self.head_dim, self.head_dim_v)
+    }
+
+    /// The wider row, which the tilings are laid out for.
+    pub fn width(&self) -> u32 {
+        self.head_dim.max(self.head_dim_v)
+    }
+
+    /// The family's flash kernel `base` of `op` under `config`, laid out for this spec,
+    /// changed by `edit` (its writes, scatter, cache), then fitted to the smallest target
+    /// that holds it.
+    fn flash(
+        &self,
+        (base, op): (&str, Op),
+        config: FlashConfig,
+        edit: impl FnOnce(&mut KernelSpec),
+    ) -> KernelSpec {
+        let name = family_name(base, self.head_dim);
+        let mut spec = KernelSpec {
+            dtype: self.dtype,
+            ..KernelSpec::flash(&name, op, self.head_dim, self.masks, config)
+        }
+        .with_head_dim_v(self.head_dim_v);
+        edit(&mut spec);
+        spec.fit_target();
+        spec
+    }
+}
+
+/// The family's naming: head_dim 64 unsuffixed, others `_d{head_dim}`.
+pub fn family_name(base: &str, head_dim: u32) -> String {
+    match head_dim {
+        64 => base.to_string(),
+        _ => format!("{base}_d{head_dim}"),
+    }
+}
+
+/// [`family_name`] of a kernel that reads or writes a KV cache: an fp8 cache's kernel is
+/// one of its own, `{base}_{format}`.
+pub fn cache_family_name(base: &str, kv_fp8: Option<attn_dsl::Fp8>, head_dim: u32) -> String {
+    match kv_fp8 {
+        Some(f) => family_name(&format!("{base}_{}", f.name()), head_dim),
+        None => family_name(base, head_dim),
+    }
+}
+
+fn writes(names: &[(&str, WriteMode)]) -> Vec<(String, WriteMode)> {
+    names.iter().map(|(n, m)| (n.to_string(), *m)).collect()
+}
+
+/// The flash forward under `config`, compiled now.
+pub fn flash_forward(spec: AttentionSpec, config: FlashConfig) -> Result<KernelAbi, DslError> {
+    flash_forward_phases(spec, config, Phases::ALL)
+}
+
+/// [`flash_forward`] with a tensor-core forward's key loop cut to the phases in `keep`
+/// (`bench --only phases`; not attention unless `keep` is [`Phases::ALL`]).
+pub fn flash_forward_phases(
+    spec: AttentionSpec,
+    config: FlashConfig,
+    keep: Phases,
+) -> Result<KernelAbi, DslError> {
+    let kernel = spec.flash(("attention_forward_flash", Op::Forward), config, |_| ());
+    attn_dsl::compile_phases(&kernel, keep)
+}
+
+/// The tiled backward's dQ and dK/dV kernels under `config`.
+pub fn flash_backward(
+    spec: AttentionSpec,
+    config: FlashConfig,
+) -> Result<[KernelAbi; 2], DslError> {
+    flash_backward_phases(spec, config, Phases::ALL)
+}
+
+/// [`flash_backward`] with a tensor-core configuration's block loops cut to the phases in
+/// `keep` (`bench --only phases`; not a backward unless `keep` is [`Phases::ALL`]).
+pub fn flash_backward_phases(
+    spec: AttentionSpec,
+    config: FlashConfig,
+    keep: Phases,
+) -> Result<[KernelAbi; 2], DslError> {
+    let q = spec.flash(
+        ("attention_backward_dq_flash", Op::BackwardQ),
+        config,
+        |k| k.writes.extend(spec.masks.score_grad_writes()),
+    );
+    let kv = spec.flash(
+        ("attention_backward_dkdv_flash", Op::BackwardKv),
+        config,
+        |k| k.writes = writes(&[("dk", WriteMode::Owned), ("dv", WriteMode::Owned)]),
+    );
+    Ok([
+        attn_dsl::compile_phases(&q, keep)?,
+        attn_dsl::compile_phases(&kv, keep)?,
+    ])
+}
+
+/// The key-major half of [`flash_backward`] on tensor cores (f16 or bf16) with dK and dV
+/// added by `scatter` atomics from a workgroup per query head
+/// ([`crate::ops::backward::Schedule::Scattered`]).
+pub fn flash_backward_scattered(
+    spec: AttentionSpec,
+    config: FlashConfig,
+    scatter: Scatter,
+) -> Result<KernelAbi, DslError> {
+    use WriteMode::AtomicScatter;
+    let base = ("attention_backward_dkdv_flash_scattered", Op::BackwardKv);
+    let kv = spec.flash(base, config, |k| {
+        k.writes = writes(&[("dk", AtomicScatter), ("dv", AtomicScatter)]);
+        k.scatter = scatter;
+    });
+    attn_dsl::compile(&kv)
+}
+
+/// The backward's prep (D = rowsum(dO ∘ O), packed with LSE) reading O and dO in the
+/// spec's dtype; the masks do not enter it.
+pub fn backward_prep(spec: AttentionSpec) -> Result<KernelAbi, DslError> {
+    let mut kernel = KernelSpec {
+        dtype: spec.dtype,
+        workgroup_size: spec.width().next_power_of_two().max(32),
+        ..KernelSpec::standard(
+            &family_name("attention_backward_prep", spec.head_dim),
+            Op::BackwardPrep,
+            spec.head_dim,
+            Masks::default(),
+        )
+    }
+    .with_head_dim_v(spec.head_dim_v);
+    kernel.fit_target();
+    attn_dsl::compile(&kernel)
+}
+
+/// The flash backward (schedule (c)): the key-major kernel of `config` that owns dK and
+/// dV and adds dQ into `dq` by `scatter` atomics.
+pub fn flash_scatter(
+    spec: AttentionSpec,
+    config: FlashConfig,
+    scatter: Scatter,
+) -> Result<KernelAbi, DslError> {
+    use WriteMode::{AtomicScatter, Owned};
+    let own = [("dk", Owned), ("dv", Owned), ("dq", AtomicScatter)];
+    atomic_kernel(
+        spec,
+        ("attention_backward_flash", Op::BackwardKv),
+        config,
+        &own,
+        scatter,
+    )
+}
+
+/// The streaming backward (schedule (b)): the query-major kernel of `config` that owns dQ
+/// and adds dK and dV into `dkv` by `scatter` atomics; each lane of `dkv` holds dK's rows,
+/// then dV's, at their widths.
+pub fn flash_streaming(
+    spec: AttentionSpec,
+    config: FlashConfig,
+    scatter: Scatter,
+) -> Result<KernelAbi, DslError> {
+    use WriteMode::{AtomicScatter, Owned};
+    let own = [("dq", Owned), ("dkv", AtomicScatter)];
+    atomic_kernel(
+        spec,
+        ("attention_backward", Op::BackwardQ),
+        config,
+        &own,
+        scatter,
+    )
+}
+
+/// A flash kernel of `op` with `writes` and the gradients every dS adds to (it sees every
+/// dS), its atomic outputs added by `scatter`.
+fn atomic_kernel(
+    spec: AttentionSpec,
+    (base, op): (&str, Op),
+    config: FlashConfig,
+    own: &[(&str, WriteMode)],
+    scatter: Scatter,
+) -> Result<KernelAbi, DslError> {
+    let kernel = spec.flash((base, op), config, |k| {
+        k.writes = writes(own);
+        k.writes.extend(spec.masks.score_grad_writes());
+        k.scatter = scatter;
+    });
+    attn_dsl::compile(&kernel)
+}
+
+/// The kernel of a continued cache's chunk ([`Op::Extend`]) over a cache of `cache`'s
+/// layout under `config`: writing O and LSE, or (`sliced`) its key slices' partials for
+/// the decode's reduce, which then joins the sinks.
+pub fn extend(
+    spec: AttentionSpec,
+    (cache, sliced): (attn_dsl::Cache, bool),
+    config: FlashConfig,
+) -> Result<KernelAbi, DslError> {
+    let base = match (cache, sliced) {
+        (attn_dsl::Cache::Contiguous, false) => "attention_extend",
+        (attn_dsl::Cache::Paged, false) => "attention_extend_paged",
+        (attn_dsl::Cache::Contiguous, true) => "attention_extend_sliced",
+        (attn_dsl::Cache::Paged, true) => "attention_extend_sliced_paged",
+    };
+    let (spec, own) = match sliced {
+        true => {
+            let masks = Masks {
+                sinks: false,
+                ..spec.masks
+            };
+            let partials = [("partials", WriteMode::ScratchFlush)];
+            (AttentionSpec { masks, ..spec }, writes(&partials))
+        }
+        false => (
+            spec,
+            writes(&[("o", WriteMode::Owned), ("lse", WriteMode::Owned)]),
+        ),
+    };
+    let kernel = spec.flash((base, Op::Extend), config, |k| {
+        k.writes = own;
+        k.cache = cache;
+    });
+    attn_dsl::compile(&kernel)
+}
