@@ -287,8 +287,8 @@ pub fn run(c: &Config) -> Result<Report> {
         rope: Rope::new(h.head_dim, false)?,
         convert: Convert::new(c.dtype),
         saved: [
-            Tensor::zeros(&gpu, &[rows], Scalar::F32),
-            Tensor::zeros(&gpu, &[rows], Scalar::F32),
+            Tensor::zeros(&gpu, &[rows], Scalar::F32)?,
+            Tensor::zeros(&gpu, &[rows], Scalar::F32)?,
         ],
     };
     let layout = match c.page_size {
@@ -345,18 +345,18 @@ pub fn run(c: &Config) -> Result<Report> {
     let data = scalar(c.dtype);
     let (b, p) = (c.slots, c.prompt);
     let x = Tensor::from_f32(&gpu, &[rows, width], f, &x0)?;
-    let q32 = Tensor::zeros(&gpu, &[rows, width], f);
-    let k32 = Tensor::zeros(&gpu, &[rows, kv_width], f);
-    let v32 = Tensor::zeros(&gpu, &[rows, kv_width], f);
+    let q32 = Tensor::zeros(&gpu, &[rows, width], f)?;
+    let k32 = Tensor::zeros(&gpu, &[rows, kv_width], f)?;
+    let v32 = Tensor::zeros(&gpu, &[rows, kv_width], f)?;
     // Half-precision staging of the widest call, viewed smaller for decode steps.
     let (qh, kh, vh, oh) = (
-        Tensor::zeros(&gpu, &[rows * width], data),
-        Tensor::zeros(&gpu, &[rows * kv_width], data),
-        Tensor::zeros(&gpu, &[rows * kv_width], data),
-        Tensor::zeros(&gpu, &[rows * width], data),
+        Tensor::zeros(&gpu, &[rows * width], data)?,
+        Tensor::zeros(&gpu, &[rows * kv_width], data)?,
+        Tensor::zeros(&gpu, &[rows * kv_width], data)?,
+        Tensor::zeros(&gpu, &[rows * width], data)?,
     );
-    let o32 = Tensor::zeros(&gpu, &[rows, width], f);
-    let lse = Tensor::zeros(&gpu, &[b, p, h.n_heads], f);
+    let o32 = Tensor::zeros(&gpu, &[rows, width], f)?;
+    let lse = Tensor::zeros(&gpu, &[b, p, h.n_heads], f)?;
     let mut enc = gpu.device.create_command_encoder(&Default::default());
     for slot in 0..b {
         cache.open(&mut enc, slot)?;
@@ -391,14 +391,14 @@ pub fn run(c: &Config) -> Result<Report> {
     }
     // Each sequence's last prompt row goes on: a copy of its row of O.
     let row_bytes = u64::from(width) * 4;
-    let last = Tensor::zeros(&gpu, &[b, width], f);
+    let last = Tensor::zeros(&gpu, &[b, width], f)?;
     for s in 0..u64::from(b) {
         let from = o32.offset() + (s * u64::from(p) + u64::from(p) - 1) * row_bytes;
         enc.copy_buffer_to_buffer(o32.buffer(), from, last.buffer(), s * row_bytes, row_bytes);
     }
     let xs = [
-        Tensor::zeros(&gpu, &[b, width], f),
-        Tensor::zeros(&gpu, &[b, width], f),
+        Tensor::zeros(&gpu, &[b, width], f)?,
+        Tensor::zeros(&gpu, &[b, width], f)?,
     ];
     layer
         .o

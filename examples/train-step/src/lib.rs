@@ -113,16 +113,22 @@ pub fn run(c: &Config) -> Result<Report> {
         up(&q_shape, &d_o)?,
     );
     let rotated = [
-        Tensor::zeros(&gpu, &q_shape, f),
-        Tensor::zeros(&gpu, &kv_shape, f),
+        Tensor::zeros(&gpu, &q_shape, f)?,
+        Tensor::zeros(&gpu, &kv_shape, f)?,
     ];
-    let [qd, kd, vd, dod, od] = [&q_shape, &kv_shape, &kv_shape, &q_shape, &q_shape]
-        .map(|shape| Tensor::zeros(&gpu, shape, data));
-    let lse = Tensor::zeros(&gpu, &[b, s, h.n_heads], f);
+    let staged = |shape: &[u32]| Tensor::zeros(&gpu, shape, data);
+    let [qd, kd, vd, dod, od] = [
+        staged(&q_shape)?,
+        staged(&kv_shape)?,
+        staged(&kv_shape)?,
+        staged(&q_shape)?,
+        staged(&q_shape)?,
+    ];
+    let lse = Tensor::zeros(&gpu, &[b, s, h.n_heads], f)?;
     let (dq, dk, dv) = (
-        Tensor::zeros(&gpu, &q_shape, f),
-        Tensor::zeros(&gpu, &kv_shape, f),
-        Tensor::zeros(&gpu, &kv_shape, f),
+        Tensor::zeros(&gpu, &q_shape, f)?,
+        Tensor::zeros(&gpu, &kv_shape, f)?,
+        Tensor::zeros(&gpu, &kv_shape, f)?,
     );
     let positions = Tensor::from_u32(&gpu, &[b], &vec![0; b as usize])?;
     let masks = Masks::new(c.causal, false);

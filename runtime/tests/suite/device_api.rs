@@ -187,6 +187,26 @@ fn wrapping_checks_bounds_usage_alignment_and_device() {
     assert!(matches!(err, TensorError::Device { .. }), "{err}");
 }
 
+/// A shape too large for the device, or whose element count overflows, is a typed refusal
+/// from every constructor, not a panic inside wgpu.
+#[test]
+fn constructors_refuse_shapes_the_device_cannot_hold() {
+    let gpu = gpu();
+    let huge = [u32::MAX, u32::MAX, u32::MAX];
+    for shape in [&huge[..], &[1 << 31, 1 << 26][..]] {
+        let err = Tensor::zeros(&gpu, shape, Scalar::F32).unwrap_err();
+        assert!(matches!(err, TensorError::Buffer { .. }), "{err}");
+        assert!(err.to_string().contains("max_buffer_size"), "{err}");
+    }
+    let err = Tensor::from_f32(&gpu, &huge, Scalar::F32, &[0.0; 4]).unwrap_err();
+    assert!(matches!(err, TensorError::Data { .. }), "{err}");
+    let err = Tensor::from_u32(&gpu, &huge, &[0; 4]).unwrap_err();
+    assert!(matches!(err, TensorError::Data { .. }), "{err}");
+    let buffer = caller_buffer(&gpu, &[0.0; 64]);
+    let err = Tensor::wrap(&gpu, &buffer, 0, &huge, Scalar::F32).unwrap_err();
+    assert!(matches!(err, TensorError::OutOfBounds { .. }), "{err}");
+}
+
 /// An adapter and two devices on it with WebGPU's default limits and no optional feature:
 /// what a browser page's device has.
 fn two_devices() -> (wgpu::Adapter, [(wgpu::Device, wgpu::Queue); 2]) {
@@ -212,13 +232,13 @@ fn a_training_step_records_forward_and_backward_in_one_encoder() {
     let (d_o, dot) = upload(&gpu, &q_shape, 14);
     let f = Scalar::F32;
     let (ot, lset) = (
-        Tensor::zeros(&gpu, &q_shape, f),
-        Tensor::zeros(&gpu, &[b, s, h.n_heads], f),
+        Tensor::zeros(&gpu, &q_shape, f).unwrap(),
+        Tensor::zeros(&gpu, &[b, s, h.n_heads], f).unwrap(),
     );
     let (dq, dk, dv) = (
-        Tensor::zeros(&gpu, &q_shape, f),
-        Tensor::zeros(&gpu, &kv_shape, f),
-        Tensor::zeros(&gpu, &kv_shape, f),
+        Tensor::zeros(&gpu, &q_shape, f).unwrap(),
+        Tensor::zeros(&gpu, &kv_shape, f).unwrap(),
+        Tensor::zeros(&gpu, &kv_shape, f).unwrap(),
     );
     let masks = Masks::new(true, false);
     let mut fwd = Forward::new(
@@ -360,7 +380,7 @@ fn decode_after_appends(
     .unwrap();
     let q_shape = [slots, h.n_heads, h.head_dim];
     let qt = Tensor::from_f32(gpu, &q_shape, Scalar::F32, q).unwrap();
-    let ot = Tensor::zeros(gpu, &[slots, h.n_heads, dv], Scalar::F32);
+    let ot = Tensor::zeros(gpu, &[slots, h.n_heads, dv], Scalar::F32).unwrap();
     let args = DecodeArgs {
         rows: Default::default(),
         q: &qt,
@@ -560,7 +580,7 @@ fn a_cache_of_two_widths_appends_and_decodes() {
     let mut cache = KvCache::new(&gpu, spec).unwrap();
     let mut encoder = gpu.device.create_command_encoder(&Default::default());
     cache.open(&mut encoder, 0).unwrap();
-    let wide = Tensor::zeros(&gpu, &[1, 1, h.n_kv_heads, h.head_dim], Scalar::F32);
+    let wide = Tensor::zeros(&gpu, &[1, 1, h.n_kv_heads, h.head_dim], Scalar::F32).unwrap();
     let e = cache
         .append(&gpu, &mut encoder, 0, &wide, &wide)
         .unwrap_err();
@@ -588,7 +608,7 @@ fn refused_cache_changes_leave_it_as_it_was() {
     );
     let mut cache = KvCache::new(&gpu, spec).unwrap();
     let mut enc = gpu.device.create_command_encoder(&Default::default());
-    let rows = |slots, n| Tensor::zeros(&gpu, &[slots, n, 2, 64], Scalar::F32);
+    let rows = |slots, n| Tensor::zeros(&gpu, &[slots, n, 2, 64], Scalar::F32).unwrap();
     let cache_err = |r: Result<(), Error>| match r {
         Err(Error::Input(InputError::Cache(e))) => e,
         other => panic!("expected a cache error, got {other:?}"),
@@ -627,7 +647,7 @@ fn refused_cache_changes_leave_it_as_it_was() {
     let e = cache_err(cache.append(&gpu, &mut enc, 1, &rows(2, 1), &rows(2, 1)));
     assert!(matches!(e, CacheError::Slots { .. }), "{e}");
     // Wrong dtype.
-    let half = Tensor::zeros(&gpu, &[1, 1, 2, 64], Scalar::F16);
+    let half = Tensor::zeros(&gpu, &[1, 1, 2, 64], Scalar::F16).unwrap();
     match cache.append(&gpu, &mut enc, 0, &half, &half) {
         Err(Error::Input(InputError::Tensor(TensorError::Dtype { .. }))) => {}
         other => panic!("expected a dtype error, got {other:?}"),
@@ -657,9 +677,9 @@ fn a_decode_loop_creates_nothing_in_its_steady_state() {
     let mut cache = KvCache::new(&gpu, spec).unwrap();
     let mut decode = Decode::new(&gpu, DecodeSpec::new(64, 64, Dtype::F32)).unwrap();
     let mut rope = Rope::new(64, false).unwrap();
-    let q = Tensor::zeros(&gpu, &[slots, 1, h.n_heads, h.head_dim], Scalar::F32);
-    let k = Tensor::zeros(&gpu, &[slots, 1, h.n_kv_heads, h.head_dim], Scalar::F32);
-    let o = Tensor::zeros(&gpu, &[slots, h.n_heads, h.head_dim], Scalar::F32);
+    let q = Tensor::zeros(&gpu, &[slots, 1, h.n_heads, h.head_dim], Scalar::F32).unwrap();
+    let k = Tensor::zeros(&gpu, &[slots, 1, h.n_kv_heads, h.head_dim], Scalar::F32).unwrap();
+    let o = Tensor::zeros(&gpu, &[slots, h.n_heads, h.head_dim], Scalar::F32).unwrap();
     let q3 = q.reshape(&[slots, h.n_heads, h.head_dim]).unwrap();
     let mut enc = gpu.device.create_command_encoder(&Default::default());
     cache.open(&mut enc, 0).unwrap();
@@ -703,7 +723,7 @@ fn fresh_decode_step(gpu: &Gpu, k: &Tensor, q: &Tensor) -> (Vec<f32>, u64) {
     let spec = f32_cache(HEADS, 1, CacheLayout::Contiguous { capacity: 16 });
     let mut cache = KvCache::new(gpu, spec).unwrap();
     let mut decode = Decode::new(gpu, DecodeSpec::new(64, 64, Dtype::F32)).unwrap();
-    let o = Tensor::zeros(gpu, &[1, HEADS.n_heads, HEADS.head_dim], Scalar::F32);
+    let o = Tensor::zeros(gpu, &[1, HEADS.n_heads, HEADS.head_dim], Scalar::F32).unwrap();
     let mut enc = gpu.device.create_command_encoder(&Default::default());
     cache.open(&mut enc, 0).unwrap();
     cache.append(gpu, &mut enc, 0, k, k).unwrap();
@@ -785,8 +805,8 @@ fn a_callers_device_is_checked_for_what_each_kernel_needs() {
     let (b, s, h) = (1, 9, HEADS);
     let (_, q) = upload(&gpu, &[b, s, 4, 64], 1);
     let (_, k) = upload(&gpu, &[b, s, 2, 64], 2);
-    let o = Tensor::zeros(&gpu, &[b, s, 4, 64], Scalar::F32);
-    let lse = Tensor::zeros(&gpu, &[b, s, 4], Scalar::F32);
+    let o = Tensor::zeros(&gpu, &[b, s, 4, 64], Scalar::F32).unwrap();
+    let lse = Tensor::zeros(&gpu, &[b, s, 4], Scalar::F32).unwrap();
     let mut fwd = Forward::from_kernel(
         &Kernel::new(&gpu, &kernels::attention_forward::ABI)
             .block_on()
@@ -815,8 +835,8 @@ fn conversions_round_to_nearest_even_and_widen_back() {
             _ => Scalar::Bf16,
         };
         let mut convert = runtime::ops::convert::Convert::new(dtype);
-        let half = Tensor::zeros(&gpu, &[4, 16], scalar);
-        let back = Tensor::zeros(&gpu, &[4, 16], Scalar::F32);
+        let half = Tensor::zeros(&gpu, &[4, 16], scalar).unwrap();
+        let back = Tensor::zeros(&gpu, &[4, 16], Scalar::F32).unwrap();
         let mut enc = gpu.device.create_command_encoder(&Default::default());
         convert.record_to(&gpu, &mut enc, &src, &half).unwrap();
         convert.record_from(&gpu, &mut enc, &half, &back).unwrap();
@@ -851,7 +871,7 @@ fn sinks_need_dsinks_on_the_device_and_match_the_host_call() {
     let logits = [0.5f32, -1.0, 2.0, 0.0];
     let f = Scalar::F32;
     let sinks = Tensor::from_f32(&gpu, &[h.n_heads], f, &logits).unwrap();
-    let dsinks = Tensor::zeros(&gpu, &[h.n_heads], f);
+    let dsinks = Tensor::zeros(&gpu, &[h.n_heads], f).unwrap();
     let masks = Masks {
         sinks: true,
         ..Masks::new(true, false)
@@ -861,8 +881,8 @@ fn sinks_need_dsinks_on_the_device_and_match_the_host_call() {
         ..Default::default()
     };
     let (ot, lset) = (
-        Tensor::zeros(&gpu, &q_shape, f),
-        Tensor::zeros(&gpu, &[b, s, h.n_heads], f),
+        Tensor::zeros(&gpu, &q_shape, f).unwrap(),
+        Tensor::zeros(&gpu, &[b, s, h.n_heads], f).unwrap(),
     );
     let spec = ForwardSpec {
         head_dim: 64,
@@ -878,7 +898,8 @@ fn sinks_need_dsinks_on_the_device_and_match_the_host_call() {
     };
     fwd.record(&gpu, &mut encoder, &fargs).unwrap();
     submit(&gpu, encoder);
-    let grads = [&q_shape, &kv_shape, &kv_shape].map(|shape| Tensor::zeros(&gpu, shape, f));
+    let grads =
+        [&q_shape, &kv_shape, &kv_shape].map(|shape| Tensor::zeros(&gpu, shape, f).unwrap());
     let set = kernels::BackwardKernels::compile(64, masks).unwrap();
     let mut bwd = Backward::new(&gpu, &[set]).unwrap();
     let bargs = |with_dsinks: bool, with_sinks: bool| BackwardArgs {
@@ -956,12 +977,12 @@ fn refused_continuations_leave_the_cache_and_o_as_they_were() {
     let mut decode = Decode::new(&gpu, DecodeSpec::new(64, 64, Dtype::F32)).unwrap();
     let mut enc = gpu.device.create_command_encoder(&Default::default());
     cache.open(&mut enc, 0).unwrap();
-    let kv = |n| Tensor::zeros(&gpu, &[1, n, h.n_kv_heads, h.head_dim], Scalar::F32);
+    let kv = |n| Tensor::zeros(&gpu, &[1, n, h.n_kv_heads, h.head_dim], Scalar::F32).unwrap();
     cache.append(&gpu, &mut enc, 0, &kv(5), &kv(5)).unwrap();
     submit(&gpu, enc);
     let (_, o) = upload(&gpu, &[1, 4, h.n_heads, h.head_dim], 9);
     let before = read(&gpu, &o);
-    let q = |n, d, s| Tensor::zeros(&gpu, &[1, n, h.n_heads, d], s);
+    let q = |n, d, s| Tensor::zeros(&gpu, &[1, n, h.n_heads, d], s).unwrap();
     let extend = |cache: &mut KvCache, decode: &mut Decode, slot, n, q: &Tensor| {
         let (k, v) = (kv(n), kv(n));
         let args = ExtendArgs {
@@ -1045,7 +1066,7 @@ fn refused_continuations_leave_the_cache_and_o_as_they_were() {
         [5, 0]
     );
     // Ragged starts that decrease, or end past Q's rows.
-    let q3 = Tensor::zeros(&gpu, &[4, h.n_heads, h.head_dim], Scalar::F32);
+    let q3 = Tensor::zeros(&gpu, &[4, h.n_heads, h.head_dim], Scalar::F32).unwrap();
     let o3 = o.reshape(&[4, h.n_heads, h.head_dim]).unwrap();
     for starts in [&[0u32, 3, 2][..], &[0, 2, 5], &[1, 4], &[0]] {
         let args = DecodeArgs {
@@ -1079,9 +1100,9 @@ fn tensors_of_another_device_are_refused_by_every_op() {
     let f = Scalar::F32;
     let (n, d) = (8, 64);
     let shape = [1, n, 2, d];
-    let [ka, va, oa] = [0; 3].map(|_| Tensor::zeros(&here, &shape, f));
-    let lse = Tensor::zeros(&here, &[1, n, 2], f);
-    let qb = Tensor::zeros(&there, &shape, f);
+    let [ka, va, oa] = [0; 3].map(|_| Tensor::zeros(&here, &shape, f).unwrap());
+    let lse = Tensor::zeros(&here, &[1, n, 2], f).unwrap();
+    let qb = Tensor::zeros(&there, &shape, f).unwrap();
     let is_foreign = |r: Result<(), Error>, what: &str| match r {
         Err(Error::Input(InputError::Tensor(TensorError::Device { .. }))) => {}
         other => panic!("{what}: {other:?}"),
@@ -1105,7 +1126,7 @@ fn tensors_of_another_device_are_refused_by_every_op() {
         Rope::new(d, false).unwrap().record(&here, &mut enc, &args),
         "rope",
     );
-    let half = Tensor::zeros(&here, &shape, Scalar::Bf16);
+    let half = Tensor::zeros(&here, &shape, Scalar::Bf16).unwrap();
     is_foreign(
         Convert::new(Dtype::Bf16).record_to(&here, &mut enc, &qb, &half),
         "convert",
@@ -1117,10 +1138,10 @@ fn tensors_of_another_device_are_refused_by_every_op() {
         bias: false,
     };
     let (xl, yl) = (
-        Tensor::zeros(&there, &[2, d], f),
-        Tensor::zeros(&here, &[2, 16], f),
+        Tensor::zeros(&there, &[2, d], f).unwrap(),
+        Tensor::zeros(&here, &[2, 16], f).unwrap(),
     );
-    let w = Tensor::zeros(&here, &[16, d], f);
+    let w = Tensor::zeros(&here, &[16, d], f).unwrap();
     let args = LinearArgs {
         x: &xl,
         w: &w,
@@ -1144,13 +1165,13 @@ fn tensors_of_another_device_are_refused_by_every_op() {
     };
     let mut cache = KvCache::new(&here, spec).unwrap();
     cache.open(&mut enc, 0).unwrap();
-    let kb = Tensor::zeros(&there, &[1, 1, 2, d], f);
+    let kb = Tensor::zeros(&there, &[1, 1, 2, d], f).unwrap();
     is_foreign(cache.append(&here, &mut enc, 0, &kb, &kb), "append");
     assert_eq!(cache.len(0), Some(0), "a refused append leaves the length");
     let mut decode = Decode::new(&here, DecodeSpec::new(d, d, Dtype::F32)).unwrap();
     let (q3, o3) = (
-        Tensor::zeros(&there, &[1, 4, d], f),
-        Tensor::zeros(&here, &[1, 4, d], f),
+        Tensor::zeros(&there, &[1, 4, d], f).unwrap(),
+        Tensor::zeros(&here, &[1, 4, d], f).unwrap(),
     );
     let args = DecodeArgs {
         q: &q3,
@@ -1207,7 +1228,7 @@ fn a_chunk_equals_the_split_decode_of_its_rows() {
         let rows = [2, n, h.n_kv_heads, h.head_dim];
         let (k, v) = (upload(&gpu, &rows, 3).1, upload(&gpu, &rows, 4).1);
         let (_, q) = upload(&gpu, &[2, n, h.n_heads, h.head_dim], 5);
-        let chunk_o = Tensor::zeros(&gpu, &[2, n, h.n_heads, h.head_dim], Scalar::F32);
+        let chunk_o = Tensor::zeros(&gpu, &[2, n, h.n_heads, h.head_dim], Scalar::F32).unwrap();
         let mut decode = Decode::new(&gpu, spec).unwrap();
         let args = ExtendArgs {
             k_new: &k,
@@ -1221,7 +1242,7 @@ fn a_chunk_equals_the_split_decode_of_its_rows() {
         // The same rows again: split-K, the chunk in one slice, and cut into 64-key slices.
         let others = [(true, None), (false, Some(u32::MAX)), (false, Some(64))];
         let outputs = others.map(|(split, slice_len)| {
-            let o = Tensor::zeros(&gpu, chunk_o.shape(), Scalar::F32);
+            let o = Tensor::zeros(&gpu, chunk_o.shape(), Scalar::F32).unwrap();
             let mut op = Decode::new(&gpu, spec).unwrap();
             if split {
                 op = op.without_chunks();
@@ -1333,7 +1354,7 @@ fn a_decode_with_three_modifier_tensors_runs_where_the_adapter_allows() {
             ..DecodeSpec::new(64, 64, Dtype::F32)
         };
         let mut decode = Decode::new(&gpu, spec).unwrap_or_else(|e| panic!("{e}"));
-        let o = Tensor::zeros(&gpu, &[1, h.n_heads, h.head_dim], Scalar::F32);
+        let o = Tensor::zeros(&gpu, &[1, h.n_heads, h.head_dim], Scalar::F32).unwrap();
         let args = DecodeArgs {
             rows: Default::default(),
             q: &q,
