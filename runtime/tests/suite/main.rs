@@ -18,3 +18,4 @@ mod layers;
 mod non_finite;
 mod parity_tool;
 mod properties;
+mod tool_refusals;
