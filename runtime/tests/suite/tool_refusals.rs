@@ -208,3 +208,52 @@ fn too_many_modifier_tensors_name_the_flags_to_drop() {
     assert!(stderr.contains("drop one of them"), "{stderr}");
     assert!(!stderr.contains("native(..)"), "{stderr}");
 }
+
+/// `bench`'s shape flags: zero, unaligned and huge values are refused naming the flag before
+/// any device or host buffer exists, where they panicked or aborted on an allocation.
+#[test]
+fn bench_refuses_zero_and_absurd_shapes_naming_the_flag() {
+    let cases: [(&[&str], &str); 6] = [
+        (&["--seq", "0"], "--seq 0: give at least 1"),
+        (&["--batch", "0"], "--batch 0: give at least 1"),
+        (&["--heads", "0"], "--heads 0: give at least 1"),
+        (&["--head-dim", "3"], "--head-dim 3: give multiples of 4"),
+        (
+            &["--seq", "4294967295"],
+            "over the 4 GiB one binding can hold",
+        ),
+        (&["--packed", "4294967295,4294967295"], "over the 4 GiB"),
+    ];
+    for (args, needle) in cases {
+        let run = std::process::Command::new(env!("CARGO_BIN_EXE_bench"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert_one_line_error(&run, needle);
+    }
+}
+
+/// `check --seeds`: none, or so many that the seeds run past 2^64, is refused naming the
+/// flags, where the latter panicked on an overflow.
+#[test]
+fn check_refuses_seeds_past_the_end_naming_the_flags() {
+    let check = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_check"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    // check exits 2 on an error (1 is a failing row).
+    let run = check(&["--seeds", "18446744073709551615", "--filter", "none"]);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("error: --seed 1 with --seeds 18446744073709551615 runs past"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let run = check(&["--seeds", "0"]);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--seeds"), "{stderr}");
+}
