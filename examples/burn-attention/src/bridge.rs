@@ -136,11 +136,11 @@ impl Binding {
             let (tensor, placement) = match (wrapped, shared) {
                 (Ok(t), false) => (t, Placement::InPlace),
                 (Ok(_), true) => (
-                    runtime::Tensor::zeros(gpu, &region.shape, Scalar::F32),
+                    runtime::Tensor::zeros(gpu, &region.shape, Scalar::F32)?,
                     Placement::Staged("shares its buffer with another tensor of the dispatch"),
                 ),
                 (Err(TensorError::Alignment { .. }), _) => (
-                    runtime::Tensor::zeros(gpu, &region.shape, Scalar::F32),
+                    runtime::Tensor::zeros(gpu, &region.shape, Scalar::F32)?,
                     Placement::Staged("offset not aligned for a storage binding"),
                 ),
                 (Err(e), _) => bail!("`{name}`: {e}"),

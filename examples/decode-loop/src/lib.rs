@@ -265,7 +265,9 @@ fn to_f32(
     Ok(())
 }
 
-pub fn run(c: &Config) -> Result<Report> {
+/// The flags' values, checked before the device starts: each refusal names the flag to
+/// change.
+pub fn check(c: &Config) -> Result<()> {
     let h = c.heads;
     if c.prompt == 0 || c.tokens == 0 || c.slots == 0 {
         bail!("--prompt, --tokens and --slots must be at least 1");
@@ -273,15 +275,57 @@ pub fn run(c: &Config) -> Result<Report> {
     if c.page_size == Some(0) {
         bail!("--page-size must be at least 1 row (or leave it out for a contiguous cache)");
     }
-    if c.prompt + c.tokens > c.capacity {
+    if h.n_heads == 0 || h.n_kv_heads == 0 || !h.n_heads.is_multiple_of(h.n_kv_heads) {
         bail!(
-            "the prompt ({}) and the tokens ({}) need {} rows; raise --capacity (now {})",
-            c.prompt,
-            c.tokens,
-            c.prompt + c.tokens,
+            "--heads {} over --kv-heads {}: give at least one KV head, a divisor of --heads",
+            h.n_heads,
+            h.n_kv_heads
+        );
+    }
+    if h.head_dim == 0 || h.head_dim > 256 || !h.head_dim.is_multiple_of(4) {
+        bail!(
+            "--head-dim {}: give a multiple of 4 from 4 to 256 (the kernels read rows as \
+             vec4)",
+            h.head_dim
+        );
+    }
+    if let Some(p) = c.page_size.filter(|p| *p > c.capacity) {
+        bail!(
+            "--page-size {p} is over --capacity {}: give pages of at most that",
             c.capacity
         );
     }
+    let rows = u64::from(c.prompt) + u64::from(c.tokens);
+    if rows > u64::from(c.capacity) {
+        bail!(
+            "the prompt ({}) and the tokens ({}) need {rows} rows; raise --capacity (now {})",
+            c.prompt,
+            c.tokens,
+            c.capacity
+        );
+    }
+    let hidden = u64::from(h.n_heads) * u64::from(h.head_dim);
+    let cache = u64::from(c.slots) * u64::from(c.capacity) * hidden;
+    for (elements, what) in [
+        (
+            hidden.saturating_mul(hidden),
+            "a projection's weights (--heads × --head-dim, squared)",
+        ),
+        (
+            cache,
+            "the cache (--slots × --capacity × --heads × --head-dim)",
+        ),
+    ] {
+        if elements > u64::from(u32::MAX) {
+            bail!("{what} would be {elements} values, over 2^32 in one tensor; lower them");
+        }
+    }
+    Ok(())
+}
+
+pub fn run(c: &Config) -> Result<Report> {
+    let h = c.heads;
+    check(c)?;
     let gpu = Gpu::new([]).block_on().context("no adapter")?;
     if c.dtype == Dtype::F16 && !gpu.has_f16() {
         bail!(
@@ -303,8 +347,8 @@ pub fn run(c: &Config) -> Result<Report> {
             .then(|| Convert::new(&gpu, c.dtype))
             .transpose()?,
         saved: [
-            Tensor::zeros(&gpu, &[rows], Scalar::F32),
-            Tensor::zeros(&gpu, &[rows], Scalar::F32),
+            Tensor::zeros(&gpu, &[rows], Scalar::F32)?,
+            Tensor::zeros(&gpu, &[rows], Scalar::F32)?,
         ],
     };
     let layout = match c.page_size {
@@ -361,18 +405,18 @@ pub fn run(c: &Config) -> Result<Report> {
     let data = scalar(c.dtype);
     let (b, p) = (c.slots, c.prompt);
     let x = Tensor::from_f32(&gpu, &[rows, width], f, &x0)?;
-    let q32 = Tensor::zeros(&gpu, &[rows, width], f);
-    let k32 = Tensor::zeros(&gpu, &[rows, kv_width], f);
-    let v32 = Tensor::zeros(&gpu, &[rows, kv_width], f);
+    let q32 = Tensor::zeros(&gpu, &[rows, width], f)?;
+    let k32 = Tensor::zeros(&gpu, &[rows, kv_width], f)?;
+    let v32 = Tensor::zeros(&gpu, &[rows, kv_width], f)?;
     // Half-precision staging of the widest call, viewed smaller for decode steps.
     let (qh, kh, vh, oh) = (
-        Tensor::zeros(&gpu, &[rows * width], data),
-        Tensor::zeros(&gpu, &[rows * kv_width], data),
-        Tensor::zeros(&gpu, &[rows * kv_width], data),
-        Tensor::zeros(&gpu, &[rows * width], data),
+        Tensor::zeros(&gpu, &[rows * width], data)?,
+        Tensor::zeros(&gpu, &[rows * kv_width], data)?,
+        Tensor::zeros(&gpu, &[rows * kv_width], data)?,
+        Tensor::zeros(&gpu, &[rows * width], data)?,
     );
-    let o32 = Tensor::zeros(&gpu, &[rows, width], f);
-    let lse = Tensor::zeros(&gpu, &[b, p, h.n_heads], f);
+    let o32 = Tensor::zeros(&gpu, &[rows, width], f)?;
+    let lse = Tensor::zeros(&gpu, &[b, p, h.n_heads], f)?;
     let mut enc = gpu.device.create_command_encoder(&Default::default());
     for slot in 0..b {
         cache.open(&mut enc, slot)?;
@@ -408,14 +452,14 @@ pub fn run(c: &Config) -> Result<Report> {
     )?;
     // Each sequence's last prompt row goes on: a copy of its row of O.
     let row_bytes = u64::from(width) * 4;
-    let last = Tensor::zeros(&gpu, &[b, width], f);
+    let last = Tensor::zeros(&gpu, &[b, width], f)?;
     for s in 0..u64::from(b) {
         let from = o32.offset() + (s * u64::from(p) + u64::from(p) - 1) * row_bytes;
         enc.copy_buffer_to_buffer(o32.buffer(), from, last.buffer(), s * row_bytes, row_bytes);
     }
     let xs = [
-        Tensor::zeros(&gpu, &[b, width], f),
-        Tensor::zeros(&gpu, &[b, width], f),
+        Tensor::zeros(&gpu, &[b, width], f)?,
+        Tensor::zeros(&gpu, &[b, width], f)?,
     ];
     layer
         .o

@@ -77,3 +77,61 @@ fn a_profiled_run_times_each_op_of_a_step() {
         assert!(ops.iter().all(|ms| ms.is_finite() && *ms >= 0.0), "{ops:?}");
     }
 }
+
+/// Zero and absurd flag values are refused by `check`, naming the flag, where they panicked
+/// on an overflow or reached the device.
+#[test]
+fn absurd_flag_values_are_refused_naming_the_flag() {
+    let base = config(Dtype::F32, None);
+    let heads = |n_heads, n_kv_heads, head_dim| Config {
+        heads: Heads {
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            head_dim_v: head_dim,
+        },
+        ..config(Dtype::F32, None)
+    };
+    let cases = [
+        (heads(0, 2, 32), "--heads 0 over --kv-heads 2"),
+        (heads(4, 0, 32), "--kv-heads 0"),
+        (heads(4, 3, 32), "a divisor of --heads"),
+        (heads(4, 2, 0), "--head-dim 0"),
+        (heads(4, 2, 2), "--head-dim 2: give a multiple of 4"),
+        (heads(4, 2, 100_000), "--head-dim 100000"),
+        (heads(u32::MAX, 1, 64), "--heads × --head-dim"),
+        (
+            Config {
+                slots: u32::MAX,
+                ..base.clone()
+            },
+            "the cache (--slots × --capacity",
+        ),
+        (
+            Config {
+                capacity: u32::MAX,
+                ..base.clone()
+            },
+            "the cache (--slots × --capacity",
+        ),
+        (
+            Config {
+                prompt: u32::MAX,
+                capacity: u32::MAX,
+                ..base.clone()
+            },
+            "need 4294967307 rows; raise --capacity",
+        ),
+        (
+            Config {
+                page_size: Some(u32::MAX),
+                ..base.clone()
+            },
+            "--page-size 4294967295 is over --capacity",
+        ),
+    ];
+    for (c, needle) in cases {
+        let err = decode_loop::check(&c).unwrap_err().to_string();
+        assert!(err.contains(needle), "{needle}: {err}");
+    }
+}

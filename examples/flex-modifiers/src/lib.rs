@@ -248,7 +248,12 @@ pub fn max_errors(gpu: &Results, cpu: &Results) -> Vec<(&'static str, f32)> {
         true => a
             .iter()
             .zip(b)
-            .map(|(x, y)| (x - y).abs())
+            .map(|(x, y)| match (x.is_nan(), y.is_nan()) {
+                (false, false) => (x - y).abs(),
+                (true, true) => 0.0,
+                // f32::max would pass over a NaN on one side.
+                _ => f32::INFINITY,
+            })
             .fold(0.0, f32::max),
         false => f32::INFINITY,
     };
@@ -263,4 +268,23 @@ pub fn max_errors(gpu: &Results, cpu: &Results) -> Vec<(&'static str, f32)> {
     .into_iter()
     .filter(|(name, _)| *name != "drel_bias" || !cpu.dtable.is_empty())
     .collect()
+}
+
+/// The largest absolute difference from the CPU code an output may have.
+pub const BOUND: f32 = 1e-4;
+
+/// One line per output of a case (its error, the bound, pass or FAIL) and whether every
+/// output passed.
+pub fn verdict(errors: &[(&str, f32)]) -> (Vec<String>, bool) {
+    let lines = errors
+        .iter()
+        .map(|(name, e)| {
+            let pass = *e <= BOUND;
+            format!(
+                "  {name:<9} max abs error {e:.2e}, bound {BOUND:.0e}: {}",
+                if pass { "pass" } else { "FAIL" }
+            )
+        })
+        .collect();
+    (lines, errors.iter().all(|(_, e)| *e <= BOUND))
 }

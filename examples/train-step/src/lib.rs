@@ -74,15 +74,55 @@ fn scalar(dtype: Dtype) -> Scalar {
     }
 }
 
+/// The flags' values, checked before the device starts: each refusal names the flag to
+/// change.
+pub fn check(c: &Config) -> Result<()> {
+    let h = c.heads;
+    if c.steps == 0 || c.batch == 0 || c.seq == 0 {
+        bail!("--steps, --batch and --seq must be at least 1");
+    }
+    if h.n_heads == 0 || h.n_kv_heads == 0 || !h.n_heads.is_multiple_of(h.n_kv_heads) {
+        bail!(
+            "--heads {} over --kv-heads {}: give at least one KV head, a divisor of --heads",
+            h.n_heads,
+            h.n_kv_heads
+        );
+    }
+    if h.head_dim == 0 || h.head_dim > 256 || !h.head_dim.is_multiple_of(4) {
+        bail!(
+            "--head-dim {}: give a multiple of 4 from 4 to 256 (the kernels read rows as \
+             vec4)",
+            h.head_dim
+        );
+    }
+    Ok(())
+}
+
+/// Q (the largest tensor) fits in one binding of `gpu`, checked before the host draws it.
+fn check_fits(gpu: &Gpu, c: &Config) -> Result<()> {
+    let h = c.heads;
+    let bytes = [c.batch, c.seq, h.n_heads, h.head_dim, 4]
+        .iter()
+        .fold(1u64, |n, d| n.saturating_mul(u64::from(*d)));
+    let limit = gpu.limits().max_storage_buffer_binding_size;
+    if bytes > limit {
+        bail!(
+            "Q (--batch × --seq × --heads × --head-dim) would be {bytes} bytes, over {}'s \
+             {limit} for one tensor; lower them",
+            gpu.describe()
+        );
+    }
+    Ok(())
+}
+
 pub fn run(c: &Config) -> Result<Report> {
     let h = c.heads;
-    if c.steps == 0 {
-        bail!("--steps must be at least 1");
-    }
+    check(c)?;
     let setup = Instant::now();
     let gpu = Gpu::new(kernels::FAMILY.iter().copied())
         .block_on()
         .context("no adapter")?;
+    check_fits(&gpu, c)?;
     if c.dtype == Dtype::F16 && !gpu.has_f16() {
         bail!(
             "{} has no shader-f16; use --dtype bf16 or f32",
@@ -113,16 +153,22 @@ pub fn run(c: &Config) -> Result<Report> {
         up(&q_shape, &d_o)?,
     );
     let rotated = [
-        Tensor::zeros(&gpu, &q_shape, f),
-        Tensor::zeros(&gpu, &kv_shape, f),
+        Tensor::zeros(&gpu, &q_shape, f)?,
+        Tensor::zeros(&gpu, &kv_shape, f)?,
     ];
-    let [qd, kd, vd, dod, od] = [&q_shape, &kv_shape, &kv_shape, &q_shape, &q_shape]
-        .map(|shape| Tensor::zeros(&gpu, shape, data));
-    let lse = Tensor::zeros(&gpu, &[b, s, h.n_heads], f);
+    let staged = |shape: &[u32]| Tensor::zeros(&gpu, shape, data);
+    let [qd, kd, vd, dod, od] = [
+        staged(&q_shape)?,
+        staged(&kv_shape)?,
+        staged(&kv_shape)?,
+        staged(&q_shape)?,
+        staged(&q_shape)?,
+    ];
+    let lse = Tensor::zeros(&gpu, &[b, s, h.n_heads], f)?;
     let (dq, dk, dv) = (
-        Tensor::zeros(&gpu, &q_shape, f),
-        Tensor::zeros(&gpu, &kv_shape, f),
-        Tensor::zeros(&gpu, &kv_shape, f),
+        Tensor::zeros(&gpu, &q_shape, f)?,
+        Tensor::zeros(&gpu, &kv_shape, f)?,
+        Tensor::zeros(&gpu, &kv_shape, f)?,
     );
     let positions = Tensor::from_u32(&gpu, &[b], &vec![0; b as usize])?;
     let masks = Masks::new(c.causal, false);

@@ -363,15 +363,15 @@ async fn decode_loop_row(gpu: &Gpu, layer: &Layer, steps: u32) -> Result<Row, Er
     let q = rows(&layer.q, q_row, 0, prompt, h.n_heads)?;
     let k = rows(&layer.k, kv_row, 0, prompt, h.n_kv_heads)?;
     let v = rows(&layer.v, kv_row, 0, prompt, h.n_kv_heads)?;
-    let o = Tensor::zeros(gpu, q.shape(), f);
-    let lse = Tensor::zeros(gpu, &[1, prompt, h.n_heads], f);
+    let o = Tensor::zeros(gpu, q.shape(), f)?;
+    let lse = Tensor::zeros(gpu, &[1, prompt, h.n_heads], f)?;
     let mut enc = gpu.device.create_command_encoder(&Default::default());
     cache.open(&mut enc, 0)?;
     let args = ForwardArgs::new(&q, &k, &v, &o, &lse);
     cache.prefill(gpu, &mut enc, &mut forward, 0, &args)?;
     gpu.queue.submit([enc.finish()]);
     let mut out = o.to_f32(gpu).await?;
-    let o_step = Tensor::zeros(gpu, &[1, h.n_heads, h.head_dim], f);
+    let o_step = Tensor::zeros(gpu, &[1, h.n_heads, h.head_dim], f)?;
     let start = Instant::now();
     for t in prompt..layer.seq {
         let mut enc = gpu.device.create_command_encoder(&Default::default());

@@ -10,8 +10,6 @@
 #![cfg(not(target_arch = "wasm32"))]
 
 use runtime::BlockOn;
-use runtime::ops::backward::BackwardSpec;
-use runtime::plan::kernels::AttentionSpec;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
@@ -21,6 +19,8 @@ use attn_dsl::{BiasHeads, Dtype, KernelSpec, Op};
 use clap::Parser;
 use runtime::kernels::BackwardKernels;
 use runtime::npy;
+use runtime::ops::backward::BackwardSpec;
+use runtime::plan::kernels::AttentionSpec;
 use runtime::tuning::Table;
 use runtime::{
     Backward, BackwardInput, Bias, Dropout, ForwardInput, Gpu, Heads, Kernel, Modifiers, Schedule,
@@ -284,31 +284,69 @@ struct Tensors {
 }
 
 fn run(args: Args) -> anyhow::Result<()> {
+    check_flags(&args)?;
     let schedule = match args.schedule.as_str() {
         "auto" | "all" => None,
         name => Some(name.parse::<Schedule>().map_err(anyhow::Error::msg)?),
     };
+    check_out(&args.out)?;
     let t = load(&args)?;
     let values = ModifierValues::load(&args, &t)?;
     let flex_tensors = values.flex_tensors();
     let mods = values.mods(&args, &flex_tensors);
     let masks = mods.masks(args.causal, t.seg.is_some());
-    let (d, dv) = (t.heads.head_dim, t.heads.head_dim_v);
+    let dims = (t.heads.head_dim, t.heads.head_dim_v);
     let forward_abi = attn_dsl::compile(
-        &KernelSpec::standard("attention_forward", Op::Forward, d, masks).with_head_dim_v(dv),
+        &KernelSpec::standard("attention_forward", Op::Forward, dims.0, masks)
+            .with_head_dim_v(dims.1),
     )
-    .with_context(|| format!("no forward kernel for head_dim {d}, head_dim_v {dv}"))?;
-    let backward =
-        match &t.d_o {
-            Some(_) => Some(BackwardKernels::compile((d, dv), masks).with_context(|| {
-                format!("no backward kernels for head_dim {d}, head_dim_v {dv}")
-            })?),
-            None => None,
-        };
+    .map_err(|e| kernel_error(&args, e, "forward", dims))?;
+    let backward = match &t.d_o {
+        Some(_) => Some(
+            BackwardKernels::compile(dims, masks)
+                .map_err(|e| kernel_error(&args, e, "backward", dims))?,
+        ),
+        None => None,
+    };
     let mut abis = vec![&forward_abi];
     abis.extend(backward.iter().flat_map(|b| b.all()));
     let gpu = Gpu::new(abis).block_on()?;
     println!("adapter: {}", gpu.describe());
+    print_shape(&t, masks);
+    check_device(&gpu, &args, &t)?;
+    let ctx = Run {
+        args: &args,
+        gpu: &gpu,
+        t: &t,
+        values: &values,
+        mods,
+        masks,
+    };
+    let out = forward(&ctx, &forward_abi)?;
+    let grads = match backward {
+        Some(kernels) => backward_runs(&ctx, kernels, &out, schedule)?,
+        None => Vec::new(),
+    };
+    // Every output is written only once everything ran: a refusal leaves no files.
+    write_forward(&ctx, &out)?;
+    for (dir, g) in &grads {
+        write_backward(&ctx, dir, g)?;
+    }
+    Ok(())
+}
+
+/// What the forward and the backward share.
+struct Run<'a> {
+    args: &'a Args,
+    gpu: &'a Gpu,
+    t: &'a Tensors,
+    values: &'a ModifierValues,
+    mods: Modifiers<'a>,
+    masks: attn_dsl::Masks,
+}
+
+fn print_shape(t: &Tensors, masks: attn_dsl::Masks) {
+    let (d, dv) = (t.heads.head_dim, t.heads.head_dim_v);
     println!(
         "shape: batch={} seq={} heads={} kv_heads={} head_dim={}{}; masks: causal={} documents={}",
         t.batch,
@@ -325,9 +363,105 @@ fn run(args: Args) -> anyhow::Result<()> {
             .as_ref()
             .map_or(t.batch as usize, |s| count_documents(s, t.seq))
     );
-    std::fs::create_dir_all(&args.out).with_context(|| format!("{}", args.out.display()))?;
+}
 
+/// The numeric flags, checked before any file is read or device started.
+fn check_flags(args: &Args) -> anyhow::Result<()> {
+    if let Some(s) = args.scale.filter(|s| !s.is_finite()) {
+        bail!("--scale {s}: give a finite number (or leave it out for 1/sqrt(head_dim))");
+    }
+    if let Some(c) = args.softcap.filter(|c| !(c.is_finite() && *c > 0.0)) {
+        bail!(
+            "--softcap {c}: the cap C must be a finite number over 0 (scores become \
+             C·tanh(score / C)); leave --softcap out for uncapped scores"
+        );
+    }
+    if let Some(p) = args.dropout.filter(|p| !(0.0..1.0).contains(p)) {
+        bail!("--dropout {p}: give a probability with 0 <= P < 1 (0 keeps every value)");
+    }
+    if args.window == Some(0) {
+        bail!("--window 0: a query always sees itself; give a window of at least 1 key");
+    }
+    Ok(())
+}
+
+/// `--out` is a folder, or a path where one can be made.
+fn check_out(out: &Path) -> anyhow::Result<()> {
+    match out.exists() && !out.is_dir() {
+        true => bail!("--out {}: it is a file; give a folder", out.display()),
+        false => Ok(()),
+    }
+}
+
+/// A kernel the flags' inputs do not fit: over WebGPU's limit of storage buffers, the advice
+/// is which flags to drop (the library's is for kernel authors).
+fn kernel_error(args: &Args, e: attn_dsl::DslError, op: &str, dims: (u32, u32)) -> anyhow::Error {
+    let bound: Vec<&str> = [
+        (args.alibi.is_some(), "--alibi"),
+        (args.sinks.is_some(), "--sinks"),
+        (args.bias.is_some(), "--bias"),
+        (args.seg.is_some(), "--seg"),
+        (args.cu_seqlens.is_some(), "--cu-seqlens"),
+        (args.flex.is_some(), "--flex"),
+    ]
+    .into_iter()
+    .filter_map(|(given, flag)| given.then_some(flag))
+    .collect();
+    if e.field() == Some(&attn_dsl::Field::Target) && bound.len() > 1 {
+        return anyhow::anyhow!(
+            "{} together need more storage buffers in one {op} kernel than WebGPU's limit \
+             of 8: each is one more tensor the kernel reads; drop one of them (or run \
+             those modifiers in separate calls)",
+            bound.join(", ")
+        );
+    }
+    anyhow::Error::new(e).context(format!(
+        "no {op} kernel for head_dim {}, head_dim_v {}",
+        dims.0, dims.1
+    ))
+}
+
+/// Every tensor the run makes fits in one binding on this device; else the file to split.
+fn check_device(gpu: &Gpu, args: &Args, t: &Tensors) -> anyhow::Result<()> {
+    let limit = gpu
+        .limits()
+        .max_storage_buffer_binding_size
+        .min(gpu.limits().max_buffer_size);
+    let (b, s, h) = (t.batch, t.seq, t.heads);
+    let rows = u64::from(b) * u64::from(s);
+    let per = |heads: u32, dim: u32| rows * u64::from(heads) * u64::from(dim);
+    let element = u64::from(t.dtype.bytes());
+    let tensors = [
+        (args.q.display().to_string(), per(h.n_heads, h.head_dim)),
+        (args.k.display().to_string(), per(h.n_kv_heads, h.head_dim)),
+        (
+            args.v.display().to_string(),
+            per(h.n_kv_heads, h.head_dim_v),
+        ),
+        (
+            "o (q's rows, v's width)".into(),
+            per(h.n_heads, h.head_dim_v),
+        ),
+    ];
+    for (name, elements) in tensors {
+        let bytes = elements * element;
+        if bytes > limit {
+            bail!(
+                "{name}: {bytes} bytes on the device, over {}'s limit of {limit} bytes for \
+                 one tensor (max_storage_buffer_binding_size); split the batch or the \
+                 sequence into smaller files",
+                gpu.describe()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The forward's outputs, O and LSE, on the host.
+fn forward(ctx: &Run, forward_abi: &attn_dsl::KernelAbi) -> anyhow::Result<runtime::ForwardOutput> {
+    let (gpu, t) = (ctx.gpu, ctx.t);
     let started = Instant::now();
+    let dims = (t.heads.head_dim, t.heads.head_dim_v);
     // The tuned flash forward where this head_dim has candidates (on tensor cores for f16
     // where the device has them), else the per-row one.
     if !gpu.supports_dtype(t.dtype) {
@@ -336,21 +470,22 @@ fn run(args: Args) -> anyhow::Result<()> {
             gpu.describe()
         );
     }
-    let tuned = Table::for_gpu(&gpu)?.forward_for(&gpu, t.heads, (t.batch, t.seq), t.dtype);
+    let tuned = Table::for_gpu(gpu)?.forward_for(gpu, t.heads, (t.batch, t.seq), t.dtype);
     let forward = match tuned {
         Some(config) => {
             let abi = runtime::plan::kernels::flash_forward(
-                AttentionSpec::new(d, masks, t.dtype).with_head_dim_v(dv),
+                AttentionSpec::new(dims.0, ctx.masks, t.dtype).with_head_dim_v(dims.1),
                 config,
             )
-            .with_context(|| format!("flash forward {}", config.label()))?;
+            .map_err(|e| kernel_error(ctx.args, e, "flash forward", dims))?;
             println!("forward: flash {} {}", config.label(), t.dtype.name());
-            Kernel::new(&gpu, &abi).block_on()?
+            Kernel::new(gpu, &abi).block_on()?
         }
-        None if t.dtype == Dtype::F32 => Kernel::new(&gpu, &forward_abi).block_on()?,
+        None if t.dtype == Dtype::F32 => Kernel::new(gpu, forward_abi).block_on()?,
         None => bail!(
-            "no {} forward for head_dim {d}; save the inputs as float32",
-            t.dtype.name()
+            "no {} forward for head_dim {}; save the inputs as float32",
+            t.dtype.name(),
+            dims.0
         ),
     };
     let input = ForwardInput {
@@ -361,105 +496,138 @@ fn run(args: Args) -> anyhow::Result<()> {
         k: &t.k,
         v: &t.v,
         seg: t.seg.as_deref(),
+        scale: ctx.args.scale,
+        mods: ctx.mods,
+    };
+    let out = runtime::forward(gpu, &forward, &input).block_on()?;
+    println!("forward: {:.1} ms", started.elapsed().as_secs_f64() * 1e3);
+    Ok(out)
+}
+
+/// The backward under each schedule asked for, with the folder its gradients go to.
+fn backward_runs(
+    ctx: &Run,
+    kernels: BackwardKernels,
+    out: &runtime::ForwardOutput,
+    schedule: Option<Schedule>,
+) -> anyhow::Result<Vec<(PathBuf, runtime::Gradients)>> {
+    let (gpu, t, args) = (ctx.gpu, ctx.t, ctx.args);
+    let dims = (t.heads.head_dim, t.heads.head_dim_v);
+    let mut backward = Backward::from_kernels(gpu, &[kernels])?;
+    backward.deterministic = args.deterministic;
+    if t.dtype != Dtype::F32 {
+        backward.add(
+            gpu,
+            BackwardSpec::new(dims.0, ctx.masks, t.dtype).with_head_dim_v(dims.1),
+        )?;
+    }
+    let input = BackwardInput {
+        batch: t.batch,
+        seq_len: t.seq,
+        heads: t.heads,
+        q: &t.q,
+        k: &t.k,
+        v: &t.v,
+        o: &out.o,
+        lse: &out.lse,
+        d_o: t.d_o.as_deref().unwrap_or(&[]),
+        seg: t.seg.as_deref(),
         scale: args.scale,
-        mods,
+        mods: ctx.mods,
     };
-    let out = runtime::forward(&gpu, &forward, &input).block_on()?;
-    let shape = |heads: u32, dim: Option<u32>| -> Vec<u64> {
-        let lead = t.batched.then_some(t.batch).into_iter();
-        lead.chain([t.seq, heads])
-            .chain(dim)
-            .map(u64::from)
-            .collect()
+    let runs: Vec<(Option<Schedule>, PathBuf)> = match args.schedule.as_str() {
+        "all" => backward
+            .schedules(dims, t.dtype)
+            .into_iter()
+            .map(|s| (Some(s), args.out.join(s.to_string().replace('/', "_"))))
+            .collect(),
+        _ => vec![(schedule, args.out.clone())],
     };
-    let (q_shape, kv_shape, v_shape) = (
-        shape(t.heads.n_heads, Some(d)),
-        shape(t.heads.n_kv_heads, Some(d)),
-        shape(t.heads.n_kv_heads, Some(dv)),
-    );
+    let mut grads = Vec::new();
+    for (schedule, dir) in runs {
+        let started = Instant::now();
+        let (g, ran) = backward.run(gpu, &input, schedule, t.dtype).block_on()?;
+        println!(
+            "backward ({ran}): {:.1} ms",
+            started.elapsed().as_secs_f64() * 1e3
+        );
+        grads.push((dir, g));
+    }
+    Ok(grads)
+}
+
+/// The output shape of `heads` rows of `dim` (none: LSE's), in the inputs' rank.
+fn out_shape(t: &Tensors, heads: u32, dim: Option<u32>) -> Vec<u64> {
+    let lead = t.batched.then_some(t.batch).into_iter();
+    lead.chain([t.seq, heads])
+        .chain(dim)
+        .map(u64::from)
+        .collect()
+}
+
+fn write_forward(ctx: &Run, out: &runtime::ForwardOutput) -> anyhow::Result<()> {
+    let (t, dir) = (ctx.t, &ctx.args.out);
+    std::fs::create_dir_all(dir).with_context(|| format!("{}", dir.display()))?;
+    let o_shape = out_shape(t, t.heads.n_heads, Some(t.heads.head_dim_v));
+    write(dir, "o", &o_shape, &out.o, t.dtype)?;
+    // LSE is f32 in every dtype, as frameworks keep it.
+    let lse_shape = out_shape(t, t.heads.n_heads, None);
+    write(dir, "lse", &lse_shape, &out.lse, Dtype::F32)
+}
+
+fn write_backward(ctx: &Run, dir: &Path, g: &runtime::Gradients) -> anyhow::Result<()> {
+    let (t, values) = (ctx.t, ctx.values);
+    let h = t.heads;
+    std::fs::create_dir_all(dir).with_context(|| format!("{}", dir.display()))?;
     write(
-        &args.out,
-        "o",
-        &shape(t.heads.n_heads, Some(dv)),
-        &out.o,
+        dir,
+        "dq",
+        &out_shape(t, h.n_heads, Some(h.head_dim)),
+        &g.dq,
         t.dtype,
     )?;
-    // LSE is f32 in every dtype, as frameworks keep it.
-    let lse_shape = shape(t.heads.n_heads, None);
-    write(&args.out, "lse", &lse_shape, &out.lse, Dtype::F32)?;
-    println!("forward: {:.1} ms", started.elapsed().as_secs_f64() * 1e3);
-
-    if let (Some(d_o), Some(kernels)) = (&t.d_o, backward) {
-        let started = Instant::now();
-        let mut backward = Backward::from_kernels(&gpu, &[kernels])?;
-        backward.deterministic = args.deterministic;
-        if t.dtype != Dtype::F32 {
-            backward.add(
-                &gpu,
-                BackwardSpec::new(d, masks, t.dtype).with_head_dim_v(dv),
-            )?;
-        }
-        let input = BackwardInput {
-            batch: t.batch,
-            seq_len: t.seq,
-            heads: t.heads,
-            q: &t.q,
-            k: &t.k,
-            v: &t.v,
-            o: &out.o,
-            lse: &out.lse,
-            d_o,
-            seg: t.seg.as_deref(),
-            scale: args.scale,
-            mods,
-        };
-        let runs: Vec<(Option<Schedule>, PathBuf)> = match args.schedule.as_str() {
-            "all" => backward
-                .schedules((d, dv), t.dtype)
-                .into_iter()
-                .map(|s| (Some(s), args.out.join(s.to_string().replace('/', "_"))))
-                .collect(),
-            _ => vec![(schedule, args.out.clone())],
-        };
-        for (schedule, dir) in runs {
-            std::fs::create_dir_all(&dir).with_context(|| format!("{}", dir.display()))?;
-            let (g, ran) = backward.run(&gpu, &input, schedule, t.dtype).block_on()?;
-            write(&dir, "dq", &q_shape, &g.dq, t.dtype)?;
-            write(&dir, "dk", &kv_shape, &g.dk, t.dtype)?;
-            write(&dir, "dv", &v_shape, &g.dv, t.dtype)?;
-            if let Some((shape, _, _)) = &values.bias {
-                write(&dir, "dbias", shape, &g.dbias, Dtype::F32)?;
+    let kv_shape = out_shape(t, h.n_kv_heads, Some(h.head_dim));
+    write(dir, "dk", &kv_shape, &g.dk, t.dtype)?;
+    let v_shape = out_shape(t, h.n_kv_heads, Some(h.head_dim_v));
+    write(dir, "dv", &v_shape, &g.dv, t.dtype)?;
+    if let Some((shape, _, _)) = &values.bias {
+        write(dir, "dbias", shape, &g.dbias, Dtype::F32)?;
+    }
+    if values.sinks.is_some() {
+        write(
+            dir,
+            "dsinks",
+            &[u64::from(h.n_heads)],
+            &g.dsinks,
+            Dtype::F32,
+        )?;
+    }
+    // A preset's tensor declared `grad` (t5-bias's rel_bias): d<name>.npy, its shape.
+    if let Some((flex, _)) = &values.flex {
+        for decl in &flex.get().tensors {
+            if let Some(grad) = decl.grad_name() {
+                let shape = decl.shape(t.batch, h.n_heads, t.seq);
+                let shape: Vec<u64> = shape.into_iter().map(u64::from).collect();
+                let data = g.flex(&grad).unwrap_or(&[]);
+                write(dir, &grad, &shape, data, Dtype::F32)?;
             }
-            if values.sinks.is_some() {
-                let heads = [u64::from(t.heads.n_heads)];
-                write(&dir, "dsinks", &heads, &g.dsinks, Dtype::F32)?;
-            }
-            // A preset's tensor declared `grad` (t5-bias's rel_bias): d<name>.npy, its shape.
-            if let Some((flex, _)) = &values.flex {
-                for decl in &flex.get().tensors {
-                    if let Some(grad) = decl.grad_name() {
-                        let shape = decl.shape(t.batch, t.heads.n_heads, t.seq);
-                        let shape: Vec<u64> = shape.into_iter().map(u64::from).collect();
-                        let data = g.flex(&grad).unwrap_or(&[]);
-                        write(&dir, &grad, &shape, data, Dtype::F32)?;
-                    }
-                }
-            }
-            println!(
-                "backward ({ran}): {:.1} ms",
-                started.elapsed().as_secs_f64() * 1e3
-            );
         }
     }
     Ok(())
 }
 
-/// A Q/K/V-shaped tensor as `[batch, seq, heads, head_dim]` (3-D is batch 1),
-/// and whether it was 4-D, in the element type `dtype` (the first tensor's: all share it).
-fn read_tensor(
-    path: &Path,
-    dtype: Option<Dtype>,
-) -> anyhow::Result<([u64; 4], bool, Vec<f32>, Dtype)> {
+/// A Q/K/V-shaped tensor read from a file: its dims as `[batch, seq, heads, head_dim]`
+/// (3-D is batch 1), whether it was 4-D, its values and the element type they were in.
+struct Read {
+    dims: [u32; 4],
+    batched: bool,
+    data: Vec<f32>,
+    dtype: Dtype,
+}
+
+/// Reads a Q/K/V-shaped file, each dimension at least 1 and under 2^32, in the element type
+/// `dtype` (the first tensor's: all share it).
+fn read_tensor(path: &Path, dtype: Option<Dtype>) -> anyhow::Result<Read> {
     let (shape, data, found) = npy::read_float(path, &[3, 4])?;
     if let Some(expected) = dtype.filter(|d| *d != found) {
         bail!(
@@ -469,70 +637,91 @@ fn read_tensor(
             expected.name()
         );
     }
-    Ok(match shape[..] {
-        [s, h, d] => ([1, s, h, d], false, data, found),
-        [b, s, h, d] => ([b, s, h, d], true, data, found),
-        _ => unreachable!("read_float checked the rank"),
+    let batched = shape.len() == 4;
+    let lead = [1].into_iter().filter(|_| !batched);
+    let full: Vec<u64> = lead.chain(shape.iter().copied()).collect();
+    let mut dims = [0u32; 4];
+    for (i, (dim, name)) in full
+        .iter()
+        .zip(["batch", "seq", "heads", "head_dim"])
+        .enumerate()
+    {
+        dims[i] = match u32::try_from(*dim) {
+            Ok(0) | Err(_) => bail!(
+                "{}: shape {shape:?} has {name} {dim}; every dimension must be 1 to {}",
+                path.display(),
+                u32::MAX
+            ),
+            Ok(d) => d,
+        };
+    }
+    Ok(Read {
+        dims,
+        batched,
+        data,
+        dtype: found,
     })
 }
 
 fn load(args: &Args) -> anyhow::Result<Tensors> {
-    let (q_shape, batched, q, dtype) = read_tensor(&args.q, None)?;
-    let (k_shape, k_batched, k, _) = read_tensor(&args.k, Some(dtype))?;
-    let (v_shape, _, v, _) = read_tensor(&args.v, Some(dtype))?;
-    let [batch, seq, n_heads, head_dim] = q_shape;
-    if k_batched != batched || k_shape[..2] != q_shape[..2] || k_shape[3] != head_dim {
+    let q = read_tensor(&args.q, None)?;
+    let k = read_tensor(&args.k, Some(q.dtype))?;
+    let v = read_tensor(&args.v, Some(q.dtype))?;
+    let [batch, seq, n_heads, head_dim] = q.dims;
+    if k.batched != q.batched || k.dims[..2] != q.dims[..2] || k.dims[3] != head_dim {
         bail!(
-            "{}: shape {k_shape:?} does not fit q's {q_shape:?}: k needs [{batch}, {seq}, \
-             kv_heads, {head_dim}] (3-D inputs are batch 1; q, k and v share their rank)",
-            args.k.display()
+            "{}: shape {:?} does not fit q's {:?}: k needs [{batch}, {seq}, kv_heads, \
+             {head_dim}] (3-D inputs are batch 1; q, k and v share their rank)",
+            args.k.display(),
+            k.dims,
+            q.dims
         );
     }
     // V may be wider or narrower than K (MLA: head_dim 192, head_dim_v 128).
-    if v_shape[..3] != k_shape[..3] {
+    if v.batched != q.batched || v.dims[..3] != k.dims[..3] {
         bail!(
-            "{}: shape {v_shape:?} does not fit k's {k_shape:?}: v needs [{}, {}, {}, \
-             head_dim_v]",
+            "{}: shape {:?} does not fit k's {:?}: v needs [{}, {}, {}, head_dim_v]",
             args.v.display(),
-            k_shape[0],
-            k_shape[1],
-            k_shape[2]
+            v.dims,
+            k.dims,
+            k.dims[0],
+            k.dims[1],
+            k.dims[2]
         );
     }
-    let head_dim_v = v_shape[3];
+    let head_dim_v = v.dims[3];
     let d_o = match &args.d_o {
         Some(path) => {
-            let (shape, _, data, _) = read_tensor(path, Some(dtype))?;
+            let d_o = read_tensor(path, Some(q.dtype))?;
             let o_shape = [batch, seq, n_heads, head_dim_v];
-            if shape != o_shape {
+            if d_o.dims != o_shape || d_o.batched != q.batched {
                 bail!(
-                    "{}: shape {shape:?}, expected o's shape {o_shape:?}",
-                    path.display()
+                    "{}: shape {:?}, expected o's shape {o_shape:?}",
+                    path.display(),
+                    d_o.dims
                 );
             }
-            Some(data)
+            Some(d_o.data)
         }
         None => None,
     };
-    let seg = load_seg(args, batch, seq)?;
-    let small =
-        |x: u64, what: &str| u32::try_from(x).with_context(|| format!("{what} {x} is too large"));
+    let seg = load_seg(args, u64::from(batch), u64::from(seq))?;
     Ok(Tensors {
-        batched,
-        batch: small(batch, "batch")?,
-        seq: small(seq, "seq")?,
+        batched: q.batched,
+        batch,
+        seq,
         heads: Heads {
-            n_heads: small(n_heads, "heads")?,
-            n_kv_heads: small(k_shape[2], "kv_heads")?,
-            head_dim: small(head_dim, "head_dim")?,
-            head_dim_v: small(head_dim_v, "head_dim_v")?,
+            n_heads,
+            n_kv_heads: k.dims[2],
+            head_dim,
+            head_dim_v,
         },
-        q,
-        k,
-        v,
+        q: q.data,
+        k: k.data,
+        v: v.data,
         d_o,
         seg,
-        dtype,
+        dtype: q.dtype,
     })
 }
 

@@ -364,8 +364,56 @@ fn flex_table(rows: &[bench::flex::FlexRow]) {
     }
 }
 
+/// The shape flags' values, checked before any device or host buffer exists.
+fn check_shape_flags(args: &Args) -> anyhow::Result<()> {
+    let counts = [
+        ("--seq", args.seq),
+        ("--heads", args.heads),
+        ("--kv-heads", args.kv_heads),
+        ("--batch", args.batch),
+        ("--window", args.window),
+        ("--head-dim-v", args.head_dim_v),
+    ];
+    if let Some((flag, _)) = counts.iter().find(|(_, v)| *v == Some(0)) {
+        anyhow::bail!("{flag} 0: give at least 1");
+    }
+    if let Some(d) = args
+        .head_dim
+        .iter()
+        .find(|d| !(4..=256).contains(*d) || *d % 4 != 0)
+    {
+        anyhow::bail!("--head-dim {d}: give multiples of 4 from 4 to 256");
+    }
+    let seq = match args.packed.is_empty() {
+        true => u64::from(args.seq.unwrap_or(512)),
+        false => args.packed.iter().map(|l| u64::from(*l)).sum(),
+    };
+    let widest = args
+        .head_dim
+        .iter()
+        .chain(&args.head_dim_v)
+        .max()
+        .unwrap_or(&128);
+    let bytes = [
+        seq,
+        u64::from(args.batch.unwrap_or(1)),
+        u64::from(args.heads.unwrap_or(16)),
+        u64::from(*widest),
+        4,
+    ]
+    .iter()
+    .fold(1u64, |n, d| n.saturating_mul(*d));
+    anyhow::ensure!(
+        bytes <= u64::from(u32::MAX),
+        "Q (--seq or --packed × --batch × --heads × --head-dim) would be {bytes} bytes, over \
+         the 4 GiB one binding can hold; lower them"
+    );
+    Ok(())
+}
+
 fn run(args: Args) -> anyhow::Result<()> {
     anyhow::ensure!(args.runs > 0, "--runs must be at least 1");
+    check_shape_flags(&args)?;
     anyhow::ensure!(
         args.only.is_none() || args.tune.is_none(),
         "--tune times every kernel; drop --only"

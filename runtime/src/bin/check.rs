@@ -47,7 +47,7 @@ struct Args {
     /// Run the case matrix over this many seeds (from `--seed` on). With more than one,
     /// only failing rows are printed, then the worst error/bound of each kernel and
     /// schedule over every seed.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     seeds: u64,
     /// Scratch budget (bytes) the backward planner may give the split schedule. Smaller
     /// than the library's 256 MiB so that the larger shapes cross the streaming threshold
@@ -78,6 +78,13 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> anyhow::Result<bool> {
+    let Some(end) = args.seed.checked_add(args.seeds) else {
+        anyhow::bail!(
+            "--seed {} with --seeds {} runs past seed 2^64 - 1; lower them",
+            args.seed,
+            args.seeds
+        );
+    };
     let matrix = match args.full || args.filter.is_some() {
         true => cases::full_matrix(),
         false => cases::quick_matrix(),
@@ -113,7 +120,7 @@ fn run(args: Args) -> anyhow::Result<bool> {
     );
     let (mut passed, mut failed) = (0, 0);
     let mut worst = Worst::default();
-    for seed in args.seed..args.seed + args.seeds.max(1) {
+    for seed in args.seed..end {
         let (mut seed_passed, mut seed_failed) = (0, 0);
         for (i, case) in cases.iter().enumerate() {
             progress(i, cases.len(), case);

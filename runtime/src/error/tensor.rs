@@ -63,6 +63,16 @@ pub enum TensorError {
         limit: u64,
     },
     #[error(
+        "`{name}` of shape {shape:?} needs {bytes} bytes, over the device's max_buffer_size \
+         ({limit}); use a smaller shape or split the problem"
+    )]
+    Buffer {
+        name: String,
+        shape: Vec<u32>,
+        bytes: u128,
+        limit: u64,
+    },
+    #[error(
         "`{name}` and `{other}` lie in one buffer, and this op writes `{name}`: a dispatch \
          cannot read and write one buffer through two bindings; give `{name}` a buffer of \
          its own"

@@ -115,7 +115,7 @@ pub fn run(gpu: &Gpu, case: &ContinueCase, [q, k, v]: [&[f32]; 3]) -> Result<Con
         case.split,
     )?;
     let total: u32 = case.added.iter().sum();
-    let o = Tensor::zeros(gpu, &[total, h.n_heads, dv], data);
+    let o = Tensor::zeros(gpu, &[total, h.n_heads, dv], data)?;
     let uploaded = case.mods.upload(gpu, batch, 1)?;
     let flex = uploaded.flex_tensors();
     let mods = uploaded.view(&case.mods, &flex);

@@ -118,7 +118,7 @@ pub fn decode(gpu: &Gpu, case: &Fp8Case, [q, k, v]: [&[f32]; 3]) -> Result<Fp8Ru
     )?;
     let q_shape = [case.batch, h.n_heads, h.head_dim];
     let qt = Tensor::from_f32(gpu, &q_shape, data, q)?;
-    let o = Tensor::zeros(gpu, &[case.batch, h.n_heads, dv], data);
+    let o = Tensor::zeros(gpu, &[case.batch, h.n_heads, dv], data)?;
     let uploaded = case.mods.upload(gpu, case.batch, 1)?;
     let flex = uploaded.flex_tensors();
     let args = DecodeArgs {

@@ -37,6 +37,12 @@ pub enum NpyError {
         found: Vec<u64>,
         expected: String,
     },
+    #[error("{path}: shape {shape:?} {reason}; save the array again with np.save")]
+    Size {
+        path: PathBuf,
+        shape: Vec<u64>,
+        reason: String,
+    },
     #[error("{path}: Fortran-ordered arrays are not supported; save with np.ascontiguousarray")]
     FortranOrder { path: PathBuf },
     #[error("{path}: value {value} at index {index} is not a valid row index")]
@@ -56,8 +62,9 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> NpyError + '_ {
 
 /// The preamble every .npy file starts with: the magic, the version and the header's
 /// length, checked against the file, so that a file of another kind or a truncated one is
-/// named as such rather than reported as a failed read.
-fn check_preamble(path: &Path, bytes: &[u8], len: u64) -> Result<(), NpyError> {
+/// named as such rather than reported as a failed read. Returns where the header starts and
+/// its length.
+fn check_preamble(path: &Path, bytes: &[u8], len: u64) -> Result<(u64, u64), NpyError> {
     let not = |reason: String| NpyError::NotNpy {
         path: path.to_path_buf(),
         reason,
@@ -95,17 +102,91 @@ fn check_preamble(path: &Path, bytes: &[u8], len: u64) -> Result<(), NpyError> {
             len - preamble
         )));
     }
-    Ok(())
+    Ok((preamble, header_len))
 }
 
-fn open(path: &Path) -> Result<npyz::NpyFile<BufReader<File>>, NpyError> {
+/// Refuses a header whose shape counts more elements than a u64 holds, before npyz reads
+/// it (npyz multiplies the dimensions unchecked). A shape it cannot find is left to npyz.
+fn check_header_shape(path: &Path, header: &str) -> Result<(), NpyError> {
+    let Some(dims) = header_dims(header) else {
+        return Ok(());
+    };
+    let count = dims
+        .iter()
+        .try_fold(1u64, |n, d| u64::try_from(*d).ok()?.checked_mul(n));
+    match count {
+        Some(_) => Ok(()),
+        None => Err(NpyError::Size {
+            path: path.to_path_buf(),
+            shape: dims
+                .iter()
+                .map(|d| u64::try_from(*d).unwrap_or(u64::MAX))
+                .collect(),
+            reason: "counts more elements than 2^64 (a corrupt header?)".into(),
+        }),
+    }
+}
+
+/// The dimensions of the `shape` tuple of a header's dictionary, where they are plain
+/// integers.
+fn header_dims(header: &str) -> Option<Vec<u128>> {
+    let rest = &header[header.find("shape")?..];
+    let open = rest.find('(')?;
+    let close = open + rest[open..].find(')')?;
+    rest[open + 1..close]
+        .split(',')
+        .map(str::trim)
+        .filter(|d| !d.is_empty())
+        .map(|d| d.trim_end_matches('L').parse().ok())
+        .collect()
+}
+
+/// Whether the file holds the bytes its header's shape claims, checked before anything is
+/// allocated for them: a corrupt shape is refused by name, not read into memory.
+fn check_size(path: &Path, npy: &Opened, element_bytes: u64) -> Result<(), NpyError> {
+    let shape = npy.file.shape();
+    let size = |reason: String| NpyError::Size {
+        path: path.to_path_buf(),
+        shape: shape.to_vec(),
+        reason,
+    };
+    match shape
+        .iter()
+        .try_fold(element_bytes, |n, d| n.checked_mul(*d))
+    {
+        None => Err(size("counts more bytes than 2^64".into())),
+        Some(bytes) if bytes > npy.data_bytes => Err(size(format!(
+            "needs {bytes} bytes of data, but the file holds {} after its header (truncated, \
+             or a wrong shape in the header)",
+            npy.data_bytes
+        ))),
+        Some(_) => Ok(()),
+    }
+}
+
+/// An opened .npy file and the bytes that follow its header.
+struct Opened {
+    file: npyz::NpyFile<BufReader<File>>,
+    data_bytes: u64,
+}
+
+fn open(path: &Path) -> Result<Opened, NpyError> {
     use std::io::Read;
+    use std::io::{Seek, SeekFrom};
     let mut file = File::open(path).map_err(io(path))?;
     let len = file.metadata().map_err(io(path))?.len();
     let mut preamble = [0u8; 12];
     let got = file.read(&mut preamble).map_err(io(path))?;
-    check_preamble(path, &preamble[..got], len)?;
-    let file = File::open(path).map_err(io(path))?;
+    let (start, header_len) = check_preamble(path, &preamble[..got], len)?;
+    let mut header = Vec::new();
+    file.seek(SeekFrom::Start(start)).map_err(io(path))?;
+    (&mut file)
+        .take(header_len.min(1 << 20))
+        .read_to_end(&mut header)
+        .map_err(io(path))?;
+    check_header_shape(path, &String::from_utf8_lossy(&header))?;
+    file.seek(SeekFrom::Start(0)).map_err(io(path))?;
+    let data_bytes = len - start - header_len;
     let npy = npyz::NpyFile::new(BufReader::new(file)).map_err(|source| NpyError::Header {
         path: path.to_path_buf(),
         source,
@@ -115,11 +196,14 @@ fn open(path: &Path) -> Result<npyz::NpyFile<BufReader<File>>, NpyError> {
             path: path.to_path_buf(),
         });
     }
-    Ok(npy)
+    Ok(Opened {
+        file: npy,
+        data_bytes,
+    })
 }
 
-fn descr(npy: &npyz::NpyFile<BufReader<File>>) -> String {
-    match npy.dtype() {
+fn descr(npy: &Opened) -> String {
+    match npy.file.dtype() {
         npyz::DType::Plain(ts) => ts.to_string(),
         other => format!("{other:?}"),
     }
@@ -137,7 +221,8 @@ pub fn read_f32(path: &Path, ranks: &[usize]) -> Result<(Vec<u64>, Vec<f32>), Np
         });
     }
     let shape = checked_shape(path, &npy, ranks)?;
-    let data = npy.into_vec::<f32>().map_err(io(path))?;
+    check_size(path, &npy, 4)?;
+    let data = npy.file.into_vec::<f32>().map_err(io(path))?;
     Ok((shape, data))
 }
 
@@ -160,6 +245,8 @@ pub fn read_float(path: &Path, ranks: &[usize]) -> Result<(Vec<u64>, Vec<f32>, D
         }
     };
     let shape = checked_shape(path, &npy, ranks)?;
+    check_size(path, &npy, u64::from(dtype.bytes()))?;
+    let npy = npy.file;
     let data = match dtype {
         Dtype::F32 => npy.into_vec::<f32>().map_err(io(path))?,
         Dtype::F16 => widen(npy.into_vec::<f16>().map_err(io(path))?, f16::to_f32),
@@ -174,12 +261,8 @@ fn widen<T>(data: Vec<T>, f: impl Fn(T) -> f32) -> Vec<f32> {
     data.into_iter().map(f).collect()
 }
 
-fn checked_shape(
-    path: &Path,
-    npy: &npyz::NpyFile<BufReader<File>>,
-    ranks: &[usize],
-) -> Result<Vec<u64>, NpyError> {
-    let shape = npy.shape().to_vec();
+fn checked_shape(path: &Path, npy: &Opened, ranks: &[usize]) -> Result<Vec<u64>, NpyError> {
+    let shape = npy.file.shape().to_vec();
     if !ranks.contains(&shape.len()) {
         let ranks: Vec<String> = ranks.iter().map(usize::to_string).collect();
         return Err(NpyError::Shape {
@@ -191,11 +274,20 @@ fn checked_shape(
     Ok(shape)
 }
 
+/// Reads a file's integers, widened to i128.
+type WideRead = fn(npyz::NpyFile<BufReader<File>>) -> std::io::Result<Vec<i128>>;
+
+fn widen_ints<T: npyz::Deserialize + Into<i128>>(
+    npy: npyz::NpyFile<BufReader<File>>,
+) -> std::io::Result<Vec<i128>> {
+    Ok(npy.into_vec::<T>()?.into_iter().map(Into::into).collect())
+}
+
 /// A 1-D or 2-D array of row indices of any little-endian integer type, as u32 in row
 /// order, with its shape.
 pub fn read_indices(path: &Path) -> Result<(Vec<u64>, Vec<u32>), NpyError> {
     let npy = open(path)?;
-    let shape = npy.shape().to_vec();
+    let shape = npy.file.shape().to_vec();
     if !(1..=2).contains(&shape.len()) {
         return Err(NpyError::Shape {
             path: path.to_path_buf(),
@@ -203,39 +295,22 @@ pub fn read_indices(path: &Path) -> Result<(Vec<u64>, Vec<u32>), NpyError> {
             expected: "1 or 2 dimensions".into(),
         });
     }
-    let wide: Vec<i128> = match descr(&npy).as_str() {
-        "<i4" => npy
-            .into_vec::<i32>()
-            .map_err(io(path))?
-            .into_iter()
-            .map(i128::from)
-            .collect(),
-        "<i8" => npy
-            .into_vec::<i64>()
-            .map_err(io(path))?
-            .into_iter()
-            .map(i128::from)
-            .collect(),
-        "<u4" => npy
-            .into_vec::<u32>()
-            .map_err(io(path))?
-            .into_iter()
-            .map(i128::from)
-            .collect(),
-        "<u8" => npy
-            .into_vec::<u64>()
-            .map_err(io(path))?
-            .into_iter()
-            .map(i128::from)
-            .collect(),
-        found => {
+    let found = descr(&npy);
+    let (element_bytes, read): (u64, WideRead) = match found.as_str() {
+        "<i4" => (4, widen_ints::<i32>),
+        "<i8" => (8, widen_ints::<i64>),
+        "<u4" => (4, widen_ints::<u32>),
+        "<u8" => (8, widen_ints::<u64>),
+        _ => {
             return Err(NpyError::DType {
                 path: path.to_path_buf(),
-                found: found.to_string(),
+                found,
                 expected: "an integer type (int32, int64, uint32, uint64)",
             });
         }
     };
+    check_size(path, &npy, element_bytes)?;
+    let wide = read(npy.file).map_err(io(path))?;
     let indices = wide
         .iter()
         .enumerate()

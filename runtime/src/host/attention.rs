@@ -76,8 +76,8 @@ pub async fn forward(
     let q = Tensor::from_f32(gpu, &q_shape, data, input.q)?;
     let k = Tensor::from_f32(gpu, &kv_shape, data, input.k)?;
     let v = Tensor::from_f32(gpu, &[b, s, h.n_kv_heads, h.head_dim_v], data, input.v)?;
-    let o = Tensor::zeros(gpu, &[b, s, h.n_heads, h.head_dim_v], data);
-    let lse = Tensor::zeros(gpu, &[b, s, h.n_heads], Scalar::F32);
+    let o = Tensor::zeros(gpu, &[b, s, h.n_heads, h.head_dim_v], data)?;
+    let lse = Tensor::zeros(gpu, &[b, s, h.n_heads], Scalar::F32)?;
     let seg = match input.seg {
         Some(seg) => Some(crate::ops::forward::documents(gpu, seg, b, s)?),
         None => None,

@@ -215,7 +215,7 @@ impl SplitDecode {
             gpu,
             &[b, h.n_heads, h.head_dim_v],
             self.reduce.abi().scalar("o"),
-        );
+        )?;
         let uploaded = input.mods.upload(gpu, b, 1)?;
         let flex = uploaded.flex_tensors();
         let args = crate::ops::decode::DecodeArgs {

@@ -49,9 +49,9 @@ pub async fn layernorm_linear(
     validate(gpu, layer, input)?;
     let up = Uploaded::new(gpu, input)?;
     let (rows, out) = (input.rows, input.out);
-    let y = Tensor::zeros(gpu, &[rows, out], Scalar::F32);
-    let mean = Tensor::zeros(gpu, &[rows], Scalar::F32);
-    let rstd = Tensor::zeros(gpu, &[rows], Scalar::F32);
+    let y = Tensor::zeros(gpu, &[rows, out], Scalar::F32)?;
+    let mean = Tensor::zeros(gpu, &[rows], Scalar::F32)?;
+    let rstd = Tensor::zeros(gpu, &[rows], Scalar::F32)?;
     let saved = crate::ops::layernorm::Saved {
         mean: &mean,
         rstd: &rstd,
@@ -91,11 +91,11 @@ pub async fn layernorm_linear_backward(
     let dy = Tensor::from_f32(gpu, &[rows, out], f, dy)?;
     let mean = Tensor::from_f32(gpu, &[rows], f, &saved.mean)?;
     let rstd = Tensor::from_f32(gpu, &[rows], f, &saved.rstd)?;
-    let dx = Tensor::zeros(gpu, &[rows, hidden], f);
-    let dgamma = Tensor::zeros(gpu, &[hidden], f);
-    let dbeta = Tensor::zeros(gpu, &[hidden], f);
-    let dw = Tensor::zeros(gpu, &[out, hidden], f);
-    let db = Tensor::zeros(gpu, &[out], f);
+    let dx = Tensor::zeros(gpu, &[rows, hidden], f)?;
+    let dgamma = Tensor::zeros(gpu, &[hidden], f)?;
+    let dbeta = Tensor::zeros(gpu, &[hidden], f)?;
+    let dw = Tensor::zeros(gpu, &[out, hidden], f)?;
+    let db = Tensor::zeros(gpu, &[out], f)?;
     let grads = crate::ops::layernorm::LayerNormGrads {
         dx: &dx,
         dgamma: &dgamma,

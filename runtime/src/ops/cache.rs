@@ -173,7 +173,7 @@ impl KvCache {
                 gpu,
                 &[spec.slots, pages_per_seq],
                 Scalar::U32,
-            )),
+            )?),
             CacheLayout::Contiguous { .. } => None,
         };
         let free_pages = match spec.layout {
@@ -186,12 +186,12 @@ impl KvCache {
             None => None,
         };
         Ok(KvCache {
-            k: Tensor::zeros(gpu, &shape, scalar),
-            v: Tensor::zeros(gpu, &v_shape, scalar),
+            k: Tensor::zeros(gpu, &shape, scalar)?,
+            v: Tensor::zeros(gpu, &v_shape, scalar)?,
             scales,
             lens: [
-                Tensor::zeros(gpu, &[spec.slots], Scalar::U32),
-                Tensor::zeros(gpu, &[spec.slots], Scalar::U32),
+                Tensor::zeros(gpu, &[spec.slots], Scalar::U32)?,
+                Tensor::zeros(gpu, &[spec.slots], Scalar::U32)?,
             ],
             current: 0,
             table,

@@ -112,7 +112,7 @@ pub(crate) fn scratch(
             bytes: 4 * n,
             limit: gpu.limits().max_storage_buffer_binding_size,
         })?;
-        *held = Some(Tensor::zeros(gpu, &[len], scalar));
+        *held = Some(Tensor::zeros(gpu, &[len], scalar)?);
     }
     held.as_ref().expect("made above").view(shape)
 }
@@ -142,7 +142,7 @@ pub(crate) fn grow(
     scalar: Scalar,
 ) -> Result<Tensor, TensorError> {
     if held.as_ref().is_none_or(|t| t.len() < elements(shape)) {
-        *held = Some(Tensor::zeros(gpu, &[elements(shape) as u32], scalar));
+        *held = Some(Tensor::zeros(gpu, &[elements(shape) as u32], scalar)?);
     }
     held.as_ref().expect("grown above").view(shape)
 }

@@ -66,22 +66,23 @@ impl Tensor {
         Ok(tensor)
     }
 
-    /// A new zero-filled tensor of its own buffer.
-    pub fn zeros(gpu: &Gpu, shape: &[u32], scalar: Scalar) -> Tensor {
-        let bytes = padded(elements(shape) * element_bytes(scalar));
+    /// A new zero-filled tensor of its own buffer; refused where the shape needs more
+    /// bytes than the device's max_buffer_size.
+    pub fn zeros(gpu: &Gpu, shape: &[u32], scalar: Scalar) -> Result<Tensor, TensorError> {
+        let bytes = buffer_bytes(gpu, shape, scalar)?;
         let buffer = gpu.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("attn tensor"),
             size: bytes,
             usage: USAGE,
             mapped_at_creation: false,
         });
-        Tensor {
+        Ok(Tensor {
             buffer,
             device: gpu.device.clone(),
             offset: 0,
             shape: shape.to_vec(),
             scalar,
-        }
+        })
     }
 
     /// A new tensor holding `data` (row-major) rounded to `scalar` (to nearest even).
@@ -92,6 +93,7 @@ impl Tensor {
         data: &[f32],
     ) -> Result<Tensor, TensorError> {
         check_data("data", data.len(), shape)?;
+        buffer_bytes(gpu, shape, scalar)?;
         let bytes: Vec<u8> = match scalar {
             Scalar::F32 => bytemuck::cast_slice(data).to_vec(),
             Scalar::U32 => data
@@ -117,6 +119,7 @@ impl Tensor {
     /// A new u32 tensor holding `data` (lengths, positions, block tables).
     pub fn from_u32(gpu: &Gpu, shape: &[u32], data: &[u32]) -> Result<Tensor, TensorError> {
         check_data("data", data.len(), shape)?;
+        buffer_bytes(gpu, shape, Scalar::U32)?;
         Ok(Tensor::from_bytes(
             gpu,
             shape,
@@ -204,7 +207,7 @@ impl Tensor {
 
     /// Bytes of the elements.
     pub fn bytes(&self) -> u64 {
-        self.len() * element_bytes(self.scalar)
+        self.len().saturating_mul(element_bytes(self.scalar))
     }
 
     /// Bytes a binding of it spans: the elements, rounded up to whole words.
@@ -338,25 +341,49 @@ fn halves(bytes: &[u8]) -> impl Iterator<Item = u16> + '_ {
         .map(|h| u16::from_le_bytes([h[0], h[1]]))
 }
 
-/// Elements of a shape (1 for a scalar's empty shape).
+/// Elements of a shape (1 for a scalar's empty shape), u64::MAX past what a u64 counts.
 pub fn elements(shape: &[u32]) -> u64 {
-    shape.iter().map(|d| u64::from(*d)).product()
+    shape
+        .iter()
+        .fold(1u64, |n, d| n.saturating_mul(u64::from(*d)))
 }
 
 /// Bytes rounded up to whole words, at least one: wgpu binds neither empty ranges nor
 /// ranges that end mid-word.
 fn padded(bytes: u64) -> u64 {
-    bytes.next_multiple_of(4).max(4)
+    bytes.checked_next_multiple_of(4).unwrap_or(u64::MAX).max(4)
+}
+
+/// Bytes of a new buffer for `shape` (padded to whole words), refused over the device's
+/// max_buffer_size, where wgpu would panic.
+fn buffer_bytes(gpu: &Gpu, shape: &[u32], scalar: Scalar) -> Result<u64, TensorError> {
+    let bytes = shape
+        .iter()
+        .fold(u128::from(element_bytes(scalar)), |n, d| {
+            n.saturating_mul(u128::from(*d))
+        });
+    let limit = gpu.limits().max_buffer_size;
+    match u64::try_from(bytes) {
+        Ok(b) if padded(b) <= limit => Ok(padded(b)),
+        _ => Err(TensorError::Buffer {
+            name: "tensor".into(),
+            shape: shape.to_vec(),
+            bytes,
+            limit,
+        }),
+    }
 }
 
 fn check_data(name: &str, got: usize, shape: &[u32]) -> Result<(), TensorError> {
-    let want = elements(shape);
-    match got as u64 == want {
+    let want = shape
+        .iter()
+        .try_fold(1u64, |n, d| n.checked_mul(u64::from(*d)));
+    match want == Some(got as u64) {
         true => Ok(()),
         false => Err(TensorError::Data {
             name: name.into(),
             got,
-            want,
+            want: want.unwrap_or(u64::MAX),
         }),
     }
 }

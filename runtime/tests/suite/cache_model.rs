@@ -234,7 +234,7 @@ fn run(layout: CacheLayout, (dtype, fp8): (Dtype, Option<Fp8>), steps: &[Step], 
                 } else {
                     let q = data(rows, HEADS, 3);
                     let qt = tensor(&q, rows, HEADS);
-                    let o = Tensor::zeros(gpu, &shape(rows, HEADS), Scalar::from(dtype));
+                    let o = Tensor::zeros(gpu, &shape(rows, HEADS), Scalar::from(dtype)).unwrap();
                     let args = ExtendArgs {
                         k_new: &kt,
                         v_new: &vt,

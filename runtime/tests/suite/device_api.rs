@@ -188,6 +188,26 @@ fn wrapping_checks_bounds_usage_alignment_and_device() {
     assert!(matches!(err, TensorError::Device { .. }), "{err}");
 }
 
+/// A shape too large for the device, or whose element count overflows, is a typed refusal
+/// from every constructor, not a panic inside wgpu.
+#[test]
+fn constructors_refuse_shapes_the_device_cannot_hold() {
+    let gpu = gpu();
+    let huge = [u32::MAX, u32::MAX, u32::MAX];
+    for shape in [&huge[..], &[1 << 31, 1 << 26][..]] {
+        let err = Tensor::zeros(&gpu, shape, Scalar::F32).unwrap_err();
+        assert!(matches!(err, TensorError::Buffer { .. }), "{err}");
+        assert!(err.to_string().contains("max_buffer_size"), "{err}");
+    }
+    let err = Tensor::from_f32(&gpu, &huge, Scalar::F32, &[0.0; 4]).unwrap_err();
+    assert!(matches!(err, TensorError::Data { .. }), "{err}");
+    let err = Tensor::from_u32(&gpu, &huge, &[0; 4]).unwrap_err();
+    assert!(matches!(err, TensorError::Data { .. }), "{err}");
+    let buffer = caller_buffer(&gpu, &[0.0; 64]);
+    let err = Tensor::wrap(&gpu, &buffer, 0, &huge, Scalar::F32).unwrap_err();
+    assert!(matches!(err, TensorError::OutOfBounds { .. }), "{err}");
+}
+
 /// An adapter and two devices on it with WebGPU's default limits and no optional feature:
 /// what a browser page's device has.
 fn two_devices() -> (wgpu::Adapter, [(wgpu::Device, wgpu::Queue); 2]) {
@@ -213,13 +233,13 @@ fn a_training_step_records_forward_and_backward_in_one_encoder() {
     let (d_o, dot) = upload(&gpu, &q_shape, 14);
     let f = Scalar::F32;
     let (ot, lset) = (
-        Tensor::zeros(&gpu, &q_shape, f),
-        Tensor::zeros(&gpu, &[b, s, h.n_heads], f),
+        Tensor::zeros(&gpu, &q_shape, f).unwrap(),
+        Tensor::zeros(&gpu, &[b, s, h.n_heads], f).unwrap(),
     );
     let (dq, dk, dv) = (
-        Tensor::zeros(&gpu, &q_shape, f),
-        Tensor::zeros(&gpu, &kv_shape, f),
-        Tensor::zeros(&gpu, &kv_shape, f),
+        Tensor::zeros(&gpu, &q_shape, f).unwrap(),
+        Tensor::zeros(&gpu, &kv_shape, f).unwrap(),
+        Tensor::zeros(&gpu, &kv_shape, f).unwrap(),
     );
     let masks = Masks::new(true, false);
     let mut fwd = Forward::new(
@@ -364,7 +384,7 @@ fn decode_after_appends(
     .unwrap();
     let q_shape = [slots, h.n_heads, h.head_dim];
     let qt = Tensor::from_f32(gpu, &q_shape, Scalar::F32, q).unwrap();
-    let ot = Tensor::zeros(gpu, &[slots, h.n_heads, dv], Scalar::F32);
+    let ot = Tensor::zeros(gpu, &[slots, h.n_heads, dv], Scalar::F32).unwrap();
     let args = DecodeArgs {
         rows: Default::default(),
         q: &qt,
@@ -564,7 +584,7 @@ fn a_cache_of_two_widths_appends_and_decodes() {
     let mut cache = KvCache::new(&gpu, spec).unwrap();
     let mut encoder = gpu.device.create_command_encoder(&Default::default());
     cache.open(&mut encoder, 0).unwrap();
-    let wide = Tensor::zeros(&gpu, &[1, 1, h.n_kv_heads, h.head_dim], Scalar::F32);
+    let wide = Tensor::zeros(&gpu, &[1, 1, h.n_kv_heads, h.head_dim], Scalar::F32).unwrap();
     let e = cache
         .append(&gpu, &mut encoder, 0, &wide, &wide)
         .unwrap_err();
@@ -592,7 +612,7 @@ fn refused_cache_changes_leave_it_as_it_was() {
     );
     let mut cache = KvCache::new(&gpu, spec).unwrap();
     let mut enc = gpu.device.create_command_encoder(&Default::default());
-    let rows = |slots, n| Tensor::zeros(&gpu, &[slots, n, 2, 64], Scalar::F32);
+    let rows = |slots, n| Tensor::zeros(&gpu, &[slots, n, 2, 64], Scalar::F32).unwrap();
     let cache_err = |r: Result<(), Error>| match r {
         Err(Error::Input(InputError::Cache(e))) => e,
         other => panic!("expected a cache error, got {other:?}"),
@@ -631,7 +651,7 @@ fn refused_cache_changes_leave_it_as_it_was() {
     let e = cache_err(cache.append(&gpu, &mut enc, 1, &rows(2, 1), &rows(2, 1)));
     assert!(matches!(e, CacheError::Slots { .. }), "{e}");
     // Wrong dtype.
-    let half = Tensor::zeros(&gpu, &[1, 1, 2, 64], Scalar::F16);
+    let half = Tensor::zeros(&gpu, &[1, 1, 2, 64], Scalar::F16).unwrap();
     match cache.append(&gpu, &mut enc, 0, &half, &half) {
         Err(Error::Input(InputError::Tensor(TensorError::Dtype { .. }))) => {}
         other => panic!("expected a dtype error, got {other:?}"),
@@ -661,9 +681,9 @@ fn a_decode_loop_creates_nothing_in_its_steady_state() {
     let mut cache = KvCache::new(&gpu, spec).unwrap();
     let mut decode = Decode::new(&gpu, DecodeSpec::new(64, 64, Dtype::F32)).unwrap();
     let mut rope = Rope::new(&gpu, RopeSpec::new(64)).unwrap();
-    let q = Tensor::zeros(&gpu, &[slots, 1, h.n_heads, h.head_dim], Scalar::F32);
-    let k = Tensor::zeros(&gpu, &[slots, 1, h.n_kv_heads, h.head_dim], Scalar::F32);
-    let o = Tensor::zeros(&gpu, &[slots, h.n_heads, h.head_dim], Scalar::F32);
+    let q = Tensor::zeros(&gpu, &[slots, 1, h.n_heads, h.head_dim], Scalar::F32).unwrap();
+    let k = Tensor::zeros(&gpu, &[slots, 1, h.n_kv_heads, h.head_dim], Scalar::F32).unwrap();
+    let o = Tensor::zeros(&gpu, &[slots, h.n_heads, h.head_dim], Scalar::F32).unwrap();
     let q3 = q.reshape(&[slots, h.n_heads, h.head_dim]).unwrap();
     let mut enc = gpu.device.create_command_encoder(&Default::default());
     cache.open(&mut enc, 0).unwrap();
@@ -707,7 +727,7 @@ fn fresh_decode_step(gpu: &Gpu, k: &Tensor, q: &Tensor) -> (Vec<f32>, u64) {
     let spec = f32_cache(HEADS, 1, CacheLayout::Contiguous { capacity: 16 });
     let mut cache = KvCache::new(gpu, spec).unwrap();
     let mut decode = Decode::new(gpu, DecodeSpec::new(64, 64, Dtype::F32)).unwrap();
-    let o = Tensor::zeros(gpu, &[1, HEADS.n_heads, HEADS.head_dim], Scalar::F32);
+    let o = Tensor::zeros(gpu, &[1, HEADS.n_heads, HEADS.head_dim], Scalar::F32).unwrap();
     let mut enc = gpu.device.create_command_encoder(&Default::default());
     cache.open(&mut enc, 0).unwrap();
     cache.append(gpu, &mut enc, 0, k, k).unwrap();
@@ -789,8 +809,8 @@ fn a_callers_device_is_checked_for_what_each_kernel_needs() {
     let (b, s, h) = (1, 9, HEADS);
     let (_, q) = upload(&gpu, &[b, s, 4, 64], 1);
     let (_, k) = upload(&gpu, &[b, s, 2, 64], 2);
-    let o = Tensor::zeros(&gpu, &[b, s, 4, 64], Scalar::F32);
-    let lse = Tensor::zeros(&gpu, &[b, s, 4], Scalar::F32);
+    let o = Tensor::zeros(&gpu, &[b, s, 4, 64], Scalar::F32).unwrap();
+    let lse = Tensor::zeros(&gpu, &[b, s, 4], Scalar::F32).unwrap();
     let mut fwd = Forward::from_kernel(
         &Kernel::new(&gpu, &kernels::attention_forward::ABI)
             .block_on()
@@ -819,8 +839,8 @@ fn conversions_round_to_nearest_even_and_widen_back() {
             _ => Scalar::Bf16,
         };
         let mut convert = runtime::ops::convert::Convert::new(&gpu, dtype).unwrap();
-        let half = Tensor::zeros(&gpu, &[4, 16], scalar);
-        let back = Tensor::zeros(&gpu, &[4, 16], Scalar::F32);
+        let half = Tensor::zeros(&gpu, &[4, 16], scalar).unwrap();
+        let back = Tensor::zeros(&gpu, &[4, 16], Scalar::F32).unwrap();
         let mut enc = gpu.device.create_command_encoder(&Default::default());
         let there = ConvertArgs {
             src: &src,
@@ -863,7 +883,7 @@ fn sinks_need_dsinks_on_the_device_and_match_the_host_call() {
     let logits = [0.5f32, -1.0, 2.0, 0.0];
     let f = Scalar::F32;
     let sinks = Tensor::from_f32(&gpu, &[h.n_heads], f, &logits).unwrap();
-    let dsinks = Tensor::zeros(&gpu, &[h.n_heads], f);
+    let dsinks = Tensor::zeros(&gpu, &[h.n_heads], f).unwrap();
     let masks = Masks {
         sinks: true,
         ..Masks::new(true, false)
@@ -873,8 +893,8 @@ fn sinks_need_dsinks_on_the_device_and_match_the_host_call() {
         ..Default::default()
     };
     let (ot, lset) = (
-        Tensor::zeros(&gpu, &q_shape, f),
-        Tensor::zeros(&gpu, &[b, s, h.n_heads], f),
+        Tensor::zeros(&gpu, &q_shape, f).unwrap(),
+        Tensor::zeros(&gpu, &[b, s, h.n_heads], f).unwrap(),
     );
     let spec = ForwardSpec {
         head_dim: 64,
@@ -890,7 +910,8 @@ fn sinks_need_dsinks_on_the_device_and_match_the_host_call() {
     };
     fwd.record(&gpu, &mut encoder, &fargs).unwrap();
     submit(&gpu, encoder);
-    let grads = [&q_shape, &kv_shape, &kv_shape].map(|shape| Tensor::zeros(&gpu, shape, f));
+    let grads =
+        [&q_shape, &kv_shape, &kv_shape].map(|shape| Tensor::zeros(&gpu, shape, f).unwrap());
     let set = kernels::BackwardKernels::compile((64, 64), masks).unwrap();
     let mut bwd = Backward::from_kernels(&gpu, &[set]).unwrap();
     let bargs = |with_dsinks: bool, with_sinks: bool| BackwardArgs {
@@ -968,12 +989,12 @@ fn refused_continuations_leave_the_cache_and_o_as_they_were() {
     let mut decode = Decode::new(&gpu, DecodeSpec::new(64, 64, Dtype::F32)).unwrap();
     let mut enc = gpu.device.create_command_encoder(&Default::default());
     cache.open(&mut enc, 0).unwrap();
-    let kv = |n| Tensor::zeros(&gpu, &[1, n, h.n_kv_heads, h.head_dim], Scalar::F32);
+    let kv = |n| Tensor::zeros(&gpu, &[1, n, h.n_kv_heads, h.head_dim], Scalar::F32).unwrap();
     cache.append(&gpu, &mut enc, 0, &kv(5), &kv(5)).unwrap();
     submit(&gpu, enc);
     let (_, o) = upload(&gpu, &[1, 4, h.n_heads, h.head_dim], 9);
     let before = read(&gpu, &o);
-    let q = |n, d, s| Tensor::zeros(&gpu, &[1, n, h.n_heads, d], s);
+    let q = |n, d, s| Tensor::zeros(&gpu, &[1, n, h.n_heads, d], s).unwrap();
     let extend = |cache: &mut KvCache, decode: &mut Decode, slot, n, q: &Tensor| {
         let (k, v) = (kv(n), kv(n));
         let args = ExtendArgs {
@@ -1057,7 +1078,7 @@ fn refused_continuations_leave_the_cache_and_o_as_they_were() {
         [5, 0]
     );
     // Ragged starts that decrease, or end past Q's rows.
-    let q3 = Tensor::zeros(&gpu, &[4, h.n_heads, h.head_dim], Scalar::F32);
+    let q3 = Tensor::zeros(&gpu, &[4, h.n_heads, h.head_dim], Scalar::F32).unwrap();
     let o3 = o.reshape(&[4, h.n_heads, h.head_dim]).unwrap();
     for starts in [&[0u32, 3, 2][..], &[0, 2, 5], &[1, 4], &[0]] {
         let args = DecodeArgs {
@@ -1091,9 +1112,9 @@ fn tensors_of_another_device_are_refused_by_every_op() {
     let f = Scalar::F32;
     let (n, d) = (8, 64);
     let shape = [1, n, 2, d];
-    let [ka, va, oa] = [0; 3].map(|_| Tensor::zeros(&here, &shape, f));
-    let lse = Tensor::zeros(&here, &[1, n, 2], f);
-    let qb = Tensor::zeros(&there, &shape, f);
+    let [ka, va, oa] = [0; 3].map(|_| Tensor::zeros(&here, &shape, f).unwrap());
+    let lse = Tensor::zeros(&here, &[1, n, 2], f).unwrap();
+    let qb = Tensor::zeros(&there, &shape, f).unwrap();
     let is_foreign = |r: Result<(), Error>, what: &str| match r {
         Err(Error::Input(InputError::Tensor(TensorError::Device { .. }))) => {}
         other => panic!("{what}: {other:?}"),
@@ -1119,7 +1140,7 @@ fn tensors_of_another_device_are_refused_by_every_op() {
             .record(&here, &mut enc, &args),
         "rope",
     );
-    let half = Tensor::zeros(&here, &shape, Scalar::Bf16);
+    let half = Tensor::zeros(&here, &shape, Scalar::Bf16).unwrap();
     is_foreign(
         Convert::new(&here, Dtype::Bf16).unwrap().record(
             &here,
@@ -1138,10 +1159,10 @@ fn tensors_of_another_device_are_refused_by_every_op() {
         bias: false,
     };
     let (xl, yl) = (
-        Tensor::zeros(&there, &[2, d], f),
-        Tensor::zeros(&here, &[2, 16], f),
+        Tensor::zeros(&there, &[2, d], f).unwrap(),
+        Tensor::zeros(&here, &[2, 16], f).unwrap(),
     );
-    let w = Tensor::zeros(&here, &[16, d], f);
+    let w = Tensor::zeros(&here, &[16, d], f).unwrap();
     let args = LinearArgs {
         x: &xl,
         w: &w,
@@ -1165,13 +1186,13 @@ fn tensors_of_another_device_are_refused_by_every_op() {
     };
     let mut cache = KvCache::new(&here, spec).unwrap();
     cache.open(&mut enc, 0).unwrap();
-    let kb = Tensor::zeros(&there, &[1, 1, 2, d], f);
+    let kb = Tensor::zeros(&there, &[1, 1, 2, d], f).unwrap();
     is_foreign(cache.append(&here, &mut enc, 0, &kb, &kb), "append");
     assert_eq!(cache.len(0), Some(0), "a refused append leaves the length");
     let mut decode = Decode::new(&here, DecodeSpec::new(d, d, Dtype::F32)).unwrap();
     let (q3, o3) = (
-        Tensor::zeros(&there, &[1, 4, d], f),
-        Tensor::zeros(&here, &[1, 4, d], f),
+        Tensor::zeros(&there, &[1, 4, d], f).unwrap(),
+        Tensor::zeros(&here, &[1, 4, d], f).unwrap(),
     );
     let args = DecodeArgs {
         q: &q3,
@@ -1228,7 +1249,7 @@ fn a_chunk_equals_the_split_decode_of_its_rows() {
         let rows = [2, n, h.n_kv_heads, h.head_dim];
         let (k, v) = (upload(&gpu, &rows, 3).1, upload(&gpu, &rows, 4).1);
         let (_, q) = upload(&gpu, &[2, n, h.n_heads, h.head_dim], 5);
-        let chunk_o = Tensor::zeros(&gpu, &[2, n, h.n_heads, h.head_dim], Scalar::F32);
+        let chunk_o = Tensor::zeros(&gpu, &[2, n, h.n_heads, h.head_dim], Scalar::F32).unwrap();
         let mut decode = Decode::new(&gpu, spec).unwrap();
         let args = ExtendArgs {
             k_new: &k,
@@ -1242,7 +1263,7 @@ fn a_chunk_equals_the_split_decode_of_its_rows() {
         // The same rows again: split-K, the chunk in one slice, and cut into 64-key slices.
         let others = [(true, None), (false, Some(u32::MAX)), (false, Some(64))];
         let outputs = others.map(|(split, slice_len)| {
-            let o = Tensor::zeros(&gpu, chunk_o.shape(), Scalar::F32);
+            let o = Tensor::zeros(&gpu, chunk_o.shape(), Scalar::F32).unwrap();
             let mut op = Decode::new(&gpu, spec).unwrap();
             if split {
                 op = op.without_chunks();
@@ -1354,7 +1375,7 @@ fn a_decode_with_three_modifier_tensors_runs_where_the_adapter_allows() {
             ..DecodeSpec::new(64, 64, Dtype::F32)
         };
         let mut decode = Decode::new(&gpu, spec).unwrap_or_else(|e| panic!("{e}"));
-        let o = Tensor::zeros(&gpu, &[1, h.n_heads, h.head_dim], Scalar::F32);
+        let o = Tensor::zeros(&gpu, &[1, h.n_heads, h.head_dim], Scalar::F32).unwrap();
         let args = DecodeArgs {
             rows: Default::default(),
             q: &q,

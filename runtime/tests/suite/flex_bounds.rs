@@ -77,8 +77,8 @@ fn a_read_past_a_dimension_gives_zero() {
     let t = |x: &[f32], s: &[u32]| Tensor::from_f32(&gpu, s, Scalar::F32, x).unwrap();
     let (qt, kt, vt) = (t(&q, &shape), t(&k, &shape), t(&v, &shape));
     let table = t(&tbl, &[HEADS, REACH]);
-    let o = Tensor::zeros(&gpu, &shape, Scalar::F32);
-    let lse = Tensor::zeros(&gpu, &[1, SEQ, HEADS], Scalar::F32);
+    let o = Tensor::zeros(&gpu, &shape, Scalar::F32).unwrap();
+    let lse = Tensor::zeros(&gpu, &[1, SEQ, HEADS], Scalar::F32).unwrap();
     let flex = local_bias().intern();
     let masks = Masks {
         flex: Some(flex),

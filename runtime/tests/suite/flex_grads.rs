@@ -60,8 +60,8 @@ fn forward(gpu: &Gpu, x: &Inputs) -> (Tensor, Tensor) {
         masks: masks(),
         dtype: Dtype::F32,
     };
-    let o = Tensor::zeros(gpu, &[BATCH, SEQ, HEADS.n_heads, 64], Scalar::F32);
-    let lse = Tensor::zeros(gpu, &[BATCH, SEQ, HEADS.n_heads], Scalar::F32);
+    let o = Tensor::zeros(gpu, &[BATCH, SEQ, HEADS.n_heads, 64], Scalar::F32).unwrap();
+    let lse = Tensor::zeros(gpu, &[BATCH, SEQ, HEADS.n_heads], Scalar::F32).unwrap();
     let table = [("rel_bias", &x.device[4])];
     let mods = DeviceModifiers {
         flex: Some(FlexOf {
@@ -170,8 +170,8 @@ fn the_recording_api_adds_into_the_callers_gradient() {
     let (o, lse) = forward(&gpu, &x);
     let f = Scalar::F32;
     let [q, k, v, d_o, table] = &x.device;
-    let grads = [q, k, v].map(|t| Tensor::zeros(&gpu, t.shape(), f));
-    let drel_bias = Tensor::zeros(&gpu, &[4, 9], f);
+    let grads = [q, k, v].map(|t| Tensor::zeros(&gpu, t.shape(), f).unwrap());
+    let drel_bias = Tensor::zeros(&gpu, &[4, 9], f).unwrap();
     let tables = [("rel_bias", table)];
     let mods = DeviceModifiers {
         flex: Some(FlexOf {
@@ -233,7 +233,7 @@ fn the_recording_api_adds_into_the_callers_gradient() {
         missing.contains("pass its gradient `drel_bias`"),
         "{missing}"
     );
-    let wrong = Tensor::zeros(&gpu, &[4, 8], f);
+    let wrong = Tensor::zeros(&gpu, &[4, 8], f).unwrap();
     let misshapen = refused!(&[("drel_bias", &wrong)]);
     assert!(
         misshapen.contains("the gradient of `rel_bias`"),

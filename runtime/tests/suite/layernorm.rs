@@ -248,7 +248,7 @@ fn a_linear_at_a_few_rows_passes_the_rule_in_every_weight_dtype() {
                 let xt = Tensor::from_f32(&gpu, &[rows, hidden], Scalar::F32, &x).unwrap();
                 let wt = Tensor::from_f32(&gpu, &[out, hidden], Scalar::from(weights), &w).unwrap();
                 let bt = Tensor::from_f32(&gpu, &[out], Scalar::F32, &b).unwrap();
-                let yt = Tensor::zeros(&gpu, &[rows, out], Scalar::F32);
+                let yt = Tensor::zeros(&gpu, &[rows, out], Scalar::F32).unwrap();
                 let mut enc = gpu.device.create_command_encoder(&Default::default());
                 let args = LinearArgs {
                     x: &xt,
@@ -300,7 +300,7 @@ fn half_precision_weights_are_for_the_forward() {
         .unwrap()
         .with_weights(&gpu, Dtype::Bf16)
         .unwrap();
-    let t = |shape: &[u32], s| Tensor::zeros(&gpu, shape, s);
+    let t = |shape: &[u32], s| Tensor::zeros(&gpu, shape, s).unwrap();
     let f = Scalar::F32;
     let (x, gamma, beta, b) = (
         t(&[rows, hidden], f),

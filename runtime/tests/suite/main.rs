@@ -19,3 +19,4 @@ mod merge;
 mod non_finite;
 mod parity_tool;
 mod properties;
+mod tool_refusals;

@@ -119,8 +119,8 @@ fn merged_error(gpu: &Gpu, p: &Problem, cuts: &[usize], dtype: Dtype, sinks: boo
     let lse_parts: Vec<f64> = parts.iter().flat_map(|(_, l)| l.clone()).collect();
     let o_parts = upload(gpu, &[k, 1, n, h, d], data, &o_parts);
     let lse_parts = upload(gpu, &[k, 1, n, h], Scalar::F32, &lse_parts);
-    let o = Tensor::zeros(gpu, &[1, n, h, d], data);
-    let lse = Tensor::zeros(gpu, &[1, n, h], Scalar::F32);
+    let o = Tensor::zeros(gpu, &[1, n, h, d], data).unwrap();
+    let lse = Tensor::zeros(gpu, &[1, n, h], Scalar::F32).unwrap();
     let sink_logits = upload(gpu, &[h], Scalar::F32, &p.sinks);
     let spec = MergeSpec {
         sinks,
@@ -214,13 +214,13 @@ fn a_merge_refuses_mismatched_tensors() {
     assert!(Merge::new(&gpu, MergeSpec::new(6, Dtype::F32)).is_err());
     let mut merge = Merge::new(&gpu, MergeSpec::new(8, Dtype::F32)).unwrap();
     let f = Scalar::F32;
-    let o_parts = Tensor::zeros(&gpu, &[2, 1, 3, 2, 8], f);
-    let lse_parts = Tensor::zeros(&gpu, &[2, 1, 3, 2], f);
-    let o = Tensor::zeros(&gpu, &[1, 3, 2, 8], f);
-    let lse = Tensor::zeros(&gpu, &[1, 3, 2], f);
-    let wide = Tensor::zeros(&gpu, &[2, 1, 3, 2, 12], f);
-    let short = Tensor::zeros(&gpu, &[1, 3, 2], f);
-    let sinks = Tensor::zeros(&gpu, &[2], f);
+    let o_parts = Tensor::zeros(&gpu, &[2, 1, 3, 2, 8], f).unwrap();
+    let lse_parts = Tensor::zeros(&gpu, &[2, 1, 3, 2], f).unwrap();
+    let o = Tensor::zeros(&gpu, &[1, 3, 2, 8], f).unwrap();
+    let lse = Tensor::zeros(&gpu, &[1, 3, 2], f).unwrap();
+    let wide = Tensor::zeros(&gpu, &[2, 1, 3, 2, 12], f).unwrap();
+    let short = Tensor::zeros(&gpu, &[1, 3, 2], f).unwrap();
+    let sinks = Tensor::zeros(&gpu, &[2], f).unwrap();
     let mut enc = gpu.device.create_command_encoder(&Default::default());
     let ok = MergeArgs {
         o_parts: &o_parts,

@@ -13,14 +13,14 @@ use runtime::npy;
 use runtime::reference::Problem;
 use runtime::{Bias, Dropout, Heads, Modifiers};
 
-fn scratch_dir(name: &str) -> PathBuf {
+pub(crate) fn scratch_dir(name: &str) -> PathBuf {
     let dir = scratch_dir_path(name);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
 
-fn attn(args: &[&str]) -> Output {
+pub(crate) fn attn(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_attn"))
         .args(args)
         .output()
@@ -38,7 +38,7 @@ fn attn_ok(args: &[&str]) -> Output {
     run
 }
 
-fn write_i64(path: &Path, data: &[i64]) {
+pub(crate) fn write_i64(path: &Path, data: &[i64]) {
     let file = std::fs::File::create(path).unwrap();
     let mut w = npyz::WriteOptions::new()
         .default_dtype()
@@ -264,7 +264,7 @@ fn scratch_dir_path(name: &str) -> PathBuf {
     Path::new(env!("CARGO_TARGET_TMPDIR")).join(name)
 }
 
-fn assert_one_line_error(result: &Output, needle: &str) {
+pub(crate) fn assert_one_line_error(result: &Output, needle: &str) {
     let stderr = String::from_utf8_lossy(&result.stderr);
     // Mesa's window-system probe prints its own `error:` line when the machine has no
     // XDG_RUNTIME_DIR (CI); it is not the tool's.

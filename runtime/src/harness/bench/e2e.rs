@@ -103,7 +103,7 @@ pub fn decode(gpu: &Gpu, h: Heads, cache_len: u32, dtype: Dtype, steps: u32) -> 
     let k32 = random(gpu, &[1, 1, h.n_kv_heads, h.head_dim], Dtype::F32, 3)?;
     let q = random(gpu, &[1, h.n_heads, h.head_dim], dtype, 4)?;
     let kv = random(gpu, &[1, 1, h.n_kv_heads, h.head_dim], dtype, 5)?;
-    let o = Tensor::zeros(gpu, &[1, h.n_heads, h.head_dim], Scalar::from(dtype));
+    let o = Tensor::zeros(gpu, &[1, h.n_heads, h.head_dim], Scalar::from(dtype))?;
     let spans = Spans::new(gpu, steps).ok_or(crate::error::InputError::Unsupported {
         what: "GPU timing",
         needs: "an adapter with TIMESTAMP_QUERY",
@@ -233,7 +233,7 @@ pub fn continued(
         _ => None,
     };
     let q = random(gpu, &[1, n, h.n_heads, h.head_dim], dtype, 4)?;
-    let o = Tensor::zeros(gpu, &[1, n, h.n_heads, h.head_dim_v], Scalar::from(dtype));
+    let o = Tensor::zeros(gpu, &[1, n, h.n_heads, h.head_dim_v], Scalar::from(dtype))?;
     let mut slicing = None;
     let (_, gpu_ms) = waited(gpu, runs, |enc| {
         let args = DecodeArgs {
@@ -256,8 +256,8 @@ pub fn continued(
 pub fn prefill(gpu: &Gpu, h: Heads, seq: u32, dtype: Dtype, runs: u32) -> Result<Row, Error> {
     let q = random(gpu, &[1, seq, h.n_heads, h.head_dim], dtype, 1)?;
     let k = random(gpu, &[1, seq, h.n_kv_heads, h.head_dim], dtype, 2)?;
-    let o = Tensor::zeros(gpu, q.shape(), Scalar::from(dtype));
-    let lse = Tensor::zeros(gpu, &[1, seq, h.n_heads], Scalar::F32);
+    let o = Tensor::zeros(gpu, q.shape(), Scalar::from(dtype))?;
+    let lse = Tensor::zeros(gpu, &[1, seq, h.n_heads], Scalar::F32)?;
     let spec = ForwardSpec {
         head_dim: h.head_dim,
         head_dim_v: h.head_dim,
@@ -305,13 +305,13 @@ pub fn train_step(gpu: &Gpu, h: Heads, seq: u32, dtype: Dtype, runs: u32) -> Res
     let q = random(gpu, &q_shape, dtype, 1)?;
     let k = random(gpu, &kv_shape, dtype, 2)?;
     let d_o = random(gpu, &q_shape, dtype, 3)?;
-    let o = Tensor::zeros(gpu, &q_shape, Scalar::from(dtype));
+    let o = Tensor::zeros(gpu, &q_shape, Scalar::from(dtype))?;
     let f = Scalar::F32;
-    let lse = Tensor::zeros(gpu, &[1, seq, h.n_heads], f);
+    let lse = Tensor::zeros(gpu, &[1, seq, h.n_heads], f)?;
     let (dq, dk, dv) = (
-        Tensor::zeros(gpu, &q_shape, f),
-        Tensor::zeros(gpu, &kv_shape, f),
-        Tensor::zeros(gpu, &kv_shape, f),
+        Tensor::zeros(gpu, &q_shape, f)?,
+        Tensor::zeros(gpu, &kv_shape, f)?,
+        Tensor::zeros(gpu, &kv_shape, f)?,
     );
     let masks = Masks::new(true, false);
     let mut forward = Forward::new(

@@ -223,8 +223,8 @@ pub fn flex(
     let kv_shape = [1, seq, h.n_kv_heads, h.head_dim];
     let data = |shape: &[u32], seed| random(gpu, shape, Scalar::from(dtype), seed);
     let (q, k, v) = (data(&q_shape, 1)?, data(&kv_shape, 2)?, data(&kv_shape, 3)?);
-    let o = Tensor::zeros(gpu, &q_shape, Scalar::from(dtype));
-    let lse = Tensor::zeros(gpu, &[1, seq, h.n_heads], Scalar::F32);
+    let o = Tensor::zeros(gpu, &q_shape, Scalar::from(dtype))?;
+    let lse = Tensor::zeros(gpu, &[1, seq, h.n_heads], Scalar::F32)?;
     let slopes = slopes(gpu, h)?;
     let flex_slopes = [("slopes", &slopes)];
     let mut rows = Vec::new();
@@ -270,7 +270,7 @@ pub fn decode(
         random(gpu, &kv_shape, scalar, 2)?,
         random(gpu, &kv_shape, scalar, 3)?,
     );
-    let o = Tensor::zeros(gpu, &q_shape, scalar);
+    let o = Tensor::zeros(gpu, &q_shape, scalar)?;
     let seq_lens = Tensor::from_u32(gpu, &[1], &[cache_len])?;
     let slopes = slopes(gpu, h)?;
     let flex_slopes = [("slopes", &slopes)];
@@ -332,15 +332,16 @@ pub fn t5_backward(
         data(&kv_shape, 3)?,
         data(&q_shape, 4)?,
     );
-    let grads = [&q_shape, &kv_shape, &kv_shape].map(|s| Tensor::zeros(gpu, s, Scalar::F32));
+    let grad = |s: &[u32]| Tensor::zeros(gpu, s, Scalar::F32);
+    let grads = [grad(&q_shape)?, grad(&kv_shape)?, grad(&kv_shape)?];
     let (o, lse) = (
-        Tensor::zeros(gpu, &q_shape, scalar),
-        Tensor::zeros(gpu, &[1, seq, h.n_heads], Scalar::F32),
+        Tensor::zeros(gpu, &q_shape, scalar)?,
+        Tensor::zeros(gpu, &[1, seq, h.n_heads], Scalar::F32)?,
     );
     let r = 31;
     let table: Vec<f32> = crate::harness::cases::random((h.n_heads * (2 * r + 1)) as usize, 5);
     let rel_bias = Tensor::from_f32(gpu, &[h.n_heads, 2 * r + 1], Scalar::F32, &table)?;
-    let drel_bias = Tensor::zeros(gpu, &[h.n_heads, 2 * r + 1], Scalar::F32);
+    let drel_bias = Tensor::zeros(gpu, &[h.n_heads, 2 * r + 1], Scalar::F32)?;
     let t5 = |learnable: bool| {
         let mut flex = library::preset(&format!("t5-bias:{r}")).expect("a preset");
         flex.tensors[0].grad = learnable;

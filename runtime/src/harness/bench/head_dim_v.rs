@@ -61,8 +61,8 @@ pub fn forward(
     let q = rows(gpu, seq, (h.n_heads, h.head_dim), dtype, 1)?;
     let k = rows(gpu, seq, (h.n_kv_heads, h.head_dim), dtype, 2)?;
     let v = rows(gpu, seq, (h.n_kv_heads, h.head_dim_v), dtype, 3)?;
-    let o = Tensor::zeros(gpu, &[1, seq, h.n_heads, h.head_dim_v], scalar);
-    let lse = Tensor::zeros(gpu, &[1, seq, h.n_heads], Scalar::F32);
+    let o = Tensor::zeros(gpu, &[1, seq, h.n_heads, h.head_dim_v], scalar)?;
+    let lse = Tensor::zeros(gpu, &[1, seq, h.n_heads], Scalar::F32)?;
     let spec = ForwardSpec {
         head_dim: h.head_dim,
         head_dim_v: h.head_dim_v,
@@ -112,9 +112,9 @@ pub fn backward(
         &vec![8.0; (seq * h.n_heads) as usize],
     )?;
     let f32 = Scalar::F32;
-    let dq = Tensor::zeros(gpu, &[1, seq, h.n_heads, h.head_dim], f32);
-    let dk = Tensor::zeros(gpu, &[1, seq, h.n_kv_heads, h.head_dim], f32);
-    let dv = Tensor::zeros(gpu, &[1, seq, h.n_kv_heads, h.head_dim_v], f32);
+    let dq = Tensor::zeros(gpu, &[1, seq, h.n_heads, h.head_dim], f32)?;
+    let dk = Tensor::zeros(gpu, &[1, seq, h.n_kv_heads, h.head_dim], f32)?;
+    let dv = Tensor::zeros(gpu, &[1, seq, h.n_kv_heads, h.head_dim_v], f32)?;
     let masks = Masks::new(causal, false);
     let spec = BackwardSpec::new(h.head_dim, masks, dtype).with_head_dim_v(h.head_dim_v);
     let mut backward = Backward::new(gpu, spec)?;

@@ -228,10 +228,10 @@ fn time_backward(
     let f32 = attn_dsl::Scalar::F32;
     let grad = |shape: &[u32]| Tensor::zeros(gpu, shape, f32);
     let (dgamma, dbeta, dw, db) = (
-        grad(&[hidden]),
-        grad(&[hidden]),
-        grad(&[out, hidden]),
-        grad(&[out]),
+        grad(&[hidden])?,
+        grad(&[hidden])?,
+        grad(&[out, hidden])?,
+        grad(&[out])?,
     );
     let grads = LayerNormGrads {
         dx: &io.dx,
@@ -388,7 +388,7 @@ pub fn linear(
     let x = make(&[rows, hidden], Scalar::F32, 1)?;
     let w = make(&[out, hidden], Scalar::from(weights), 2)?;
     let b = make(&[out], Scalar::F32, 3)?;
-    let y = Tensor::zeros(gpu, &[rows, out], Scalar::F32);
+    let y = Tensor::zeros(gpu, &[rows, out], Scalar::F32)?;
     let args = LinearArgs {
         x: &x,
         w: &w,

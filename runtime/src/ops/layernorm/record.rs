@@ -227,7 +227,7 @@ impl LayerNormLinear {
             .as_ref()
             .is_none_or(|t| t.len() < elements(&[rows, hidden]))
         {
-            few.xn = Some(Tensor::zeros(gpu, &[rows * hidden], Scalar::F32));
+            few.xn = Some(Tensor::zeros(gpu, &[rows * hidden], Scalar::F32)?);
         }
         let xn = few
             .xn
@@ -546,10 +546,10 @@ mod tests {
             f32s(&[hidden], &gamma),
             f32s(&[hidden], &beta),
         );
-        let xn = Tensor::zeros(&gpu, &[rows, hidden], Scalar::F16);
+        let xn = Tensor::zeros(&gpu, &[rows, hidden], Scalar::F16).unwrap();
         let (mean, rstd) = (
-            Tensor::zeros(&gpu, &[rows], Scalar::F32),
-            Tensor::zeros(&gpu, &[rows], Scalar::F32),
+            Tensor::zeros(&gpu, &[rows], Scalar::F32).unwrap(),
+            Tensor::zeros(&gpu, &[rows], Scalar::F32).unwrap(),
         );
         let spec = attn_dsl::row_layer::rows_spec("layernorm_rows", hidden, Dtype::F16);
         let abi = attn_dsl::compile(&spec).unwrap_or_else(|e| panic!("{e}"));
@@ -682,7 +682,7 @@ mod tests {
             &stats.iter().map(|s| s.1 as f32).collect::<Vec<_>>(),
         );
         let blocks = rows.div_ceil(attn_dsl::row_layer::NORM_ROWS);
-        let zeros = |shape: &[u32], s| Tensor::zeros(&gpu, shape, s);
+        let zeros = |shape: &[u32], s| Tensor::zeros(&gpu, shape, s).unwrap();
         let (xn, dyh) = (
             zeros(&[rows, hidden], Scalar::F16),
             zeros(&[rows, out], Scalar::F16),
