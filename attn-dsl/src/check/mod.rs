@@ -216,13 +216,16 @@ fn check_head_dim(spec: &KernelSpec) -> Result<(), DslError> {
             ),
         ));
     }
-    if matches!(spec.op, Op::DecodeSplit | Op::DecodeReduce) && !hd.is_multiple_of(4) {
+    let vec4_rows = match spec.op {
+        Op::DecodeSplit | Op::DecodeReduce => Some("split-K decode reads K, V and the partials"),
+        Op::CacheAppend => Some("the cache append copies K and V rows"),
+        Op::Merge => Some("the merge reads and writes the outputs"),
+        _ => None,
+    };
+    if let Some(what) = vec4_rows.filter(|_| !hd.is_multiple_of(4)) {
         return Err(DslError::spec(
             Field::HeadDim,
-            format!(
-                "head_dim {hd} is not a multiple of 4; split-K decode reads K, V and the \
-                 partials as vec4"
-            ),
+            format!("head_dim {hd} is not a multiple of 4; {what} as vec4"),
         ));
     }
     if hd > spec.workgroup_size && spec.grid.flash.is_none() {

@@ -86,3 +86,20 @@ fn conversions_compile_for_every_dtype() {
         }
     }
 }
+
+/// Rows the kernels read as vec4: a width that is not a multiple of 4 is refused at the
+/// head_dim, with the reason, not emitted as WGSL naga rejects.
+#[test]
+fn vec4_rows_refuse_widths_off_a_multiple_of_4() {
+    for (spec, what) in [
+        (append(2, Cache::Contiguous, Dtype::F32), "cache append"),
+        (append(6, Cache::Paged, Dtype::F16), "cache append"),
+        (
+            KernelSpec::standard("merge", Op::Merge, 6, Masks::default()),
+            "merge",
+        ),
+    ] {
+        let e = attn_dsl::compile(&spec).expect_err(what).to_string();
+        assert!(e.contains("not a multiple of 4") && e.contains(what), "{e}");
+    }
+}

@@ -94,6 +94,18 @@ fn run(args: Args) -> anyhow::Result<bool> {
         .filter(|c| args.filter.as_deref().is_none_or(|f| matches(c, f)))
         .skip(args.skip)
         .collect();
+    // A filter that matches nothing proves nothing: say so rather than pass.
+    let layernorm_only = args
+        .filter
+        .as_deref()
+        .is_some_and(|f| "layernorm_linear".contains(f));
+    anyhow::ensure!(
+        !cases.is_empty() || layernorm_only || args.list,
+        "--filter {:?} (after --skip {}) matches no case: `check --list` lists the cases, and \
+         every word of the filter must appear in a case's kind, shape or masks",
+        args.filter.as_deref().unwrap_or(""),
+        args.skip
+    );
     if args.list {
         for c in &cases {
             println!("{:<9} {:<32} {}", c.kind(), c.shape_label(), c.mask_label());

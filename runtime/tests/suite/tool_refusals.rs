@@ -257,3 +257,19 @@ fn check_refuses_seeds_past_the_end_naming_the_flags() {
     assert_eq!(run.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("--seeds"), "{stderr}");
 }
+
+/// `check --filter` that matches no case is an error (before, zero rows ran and it exited
+/// 0, as if everything had passed); the message points at `--list`.
+#[test]
+fn check_refuses_a_filter_that_matches_nothing() {
+    let run = std::process::Command::new(env!("CARGO_BIN_EXE_check"))
+        .args(["--filter", "no-such-kernel"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("matches no case") && stderr.contains("--list"),
+        "{stderr}"
+    );
+}
