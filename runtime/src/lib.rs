@@ -71,17 +71,6 @@ pub mod layernorm {
     pub use crate::ops::layernorm::*;
 }
 
-// Paths the modules had before they moved to their layers.
-pub use dispatch::kernel;
-#[cfg(all(feature = "harness", not(target_arch = "wasm32")))]
-#[doc(hidden)]
-pub use harness::{bench, cases, continued, kv_fp8, npy};
-#[cfg(feature = "harness")]
-#[doc(hidden)]
-pub use harness::{compare, reference};
-pub use host::{attention, buffers, decode, rope};
-pub use plan::tuning;
-
 #[cfg(not(target_arch = "wasm32"))]
 pub use device::block_on;
 
@@ -90,13 +79,13 @@ pub use device::block_on;
 #[cfg(not(target_arch = "wasm32"))]
 pub use pollster::FutureExt as BlockOn;
 
-pub use attention::{DecodeInput, ForwardInput, ForwardOutput, Heads, decode, forward};
 pub use attn_dsl::{Dtype, Scalar};
 pub use backward::{Backward, BackwardInput, Gradients, Schedule};
-pub use decode::{DecodePath, Decoder, SplitDecode};
 pub use device::{DeviceError, Gpu};
+pub use dispatch::kernel::Kernel;
 pub use error::{Error, InputError};
-pub use kernel::Kernel;
+pub use host::attention::{DecodeInput, ForwardInput, ForwardOutput, Heads, decode, forward};
+pub use host::decode::{DecodePath, Decoder, SplitDecode};
+pub use host::rope::{RopeInput, rope};
 pub use modifiers::{Bias, DeviceBias, DeviceModifiers, Dropout, FlexOf, Modifiers};
-pub use rope::{RopeInput, rope};
 pub use tensor::{Tensor, TensorError};

@@ -2,9 +2,9 @@
 //! CPU reference.
 
 use custom_head_dim::{HEADS, Model};
-use runtime::cases::random;
-use runtime::compare::judge_attention;
-use runtime::reference::Problem;
+use runtime::harness::cases::random;
+use runtime::harness::compare::judge_attention;
+use runtime::harness::reference::Problem;
 
 fn main() -> anyhow::Result<()> {
     let model = Model::new()?;

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use attn_dsl::{Cache, Dtype, Masks, Scalar};
 use rand::{Rng, SeedableRng, rngs::StdRng};
+use runtime::harness::reference::{self, Problem};
 use runtime::layernorm::LayerNormLinear;
 use runtime::layernorm::reference as ln_ref;
 use runtime::ops::cache::{CacheLayout, CacheSpec, KvCache};
@@ -22,7 +23,6 @@ use runtime::ops::decode::{Decode, DecodeArgs, DecodeSpec};
 use runtime::ops::forward::{Forward, ForwardArgs, ForwardSpec};
 use runtime::ops::layernorm::{LayerNormArgs, Saved};
 use runtime::ops::rope::{Rope, RopeArgs, RopeSpec};
-use runtime::reference::{self, Problem};
 use runtime::{Gpu, Heads, Tensor};
 
 /// What to run.
@@ -655,7 +655,7 @@ fn host_reference(c: &Config, layer: &Layer, x0: &[f32]) -> Vec<f64> {
         h.n_kv_heads as usize,
         h.head_dim as usize,
     );
-    let inv: Vec<f64> = runtime::rope::inv_freq(10000.0, h.head_dim)
+    let inv: Vec<f64> = runtime::host::rope::inv_freq(10000.0, h.head_dim)
         .iter()
         .map(|x| f64::from(*x))
         .collect();

@@ -11,17 +11,18 @@ use attn_dsl::Masks;
 use attn_dsl::row_layer::RowSums;
 use attn_dsl::{Dtype, Scalar};
 use rand::{Rng, SeedableRng, rngs::StdRng};
-use runtime::compare::{Verdict, judge};
+use runtime::harness::compare::{Verdict, judge};
+use runtime::harness::reference::{self, Problem, cast};
 use runtime::layernorm::judge::{LnCase, LnJudge};
 use runtime::layernorm::{LayerNormLinear, layernorm_linear, layernorm_linear_backward};
 use runtime::ops::cache::{CacheLayout, CacheSpec, KvCache};
 use runtime::ops::decode::{Decode, DecodeArgs, DecodeSpec};
 use runtime::ops::forward::{Forward, ForwardArgs, ForwardSpec};
 use runtime::plan::kernels::AttentionSpec;
-use runtime::reference::{self, Problem, cast};
+use runtime::plan::tuning;
 use runtime::{
     Backward, BackwardInput, Error, ForwardInput, ForwardOutput, Gpu, Gradients, Heads, Kernel,
-    Schedule, Tensor, kernels, tuning,
+    Schedule, Tensor, kernels,
 };
 use serde::Serialize;
 use web_time::Instant;
@@ -113,7 +114,7 @@ impl Report {
     }
 }
 
-/// Uniform values in [-2, 2) from `seed`: what `check` draws (`runtime::cases::random`,
+/// Uniform values in [-2, 2) from `seed`: what `check` draws (`runtime::harness::cases::random`,
 /// native only), so the page and `check` see the same numbers for the same seed.
 pub fn random(len: usize, seed: u64) -> Vec<f32> {
     let mut rng = StdRng::seed_from_u64(seed);

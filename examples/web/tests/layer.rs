@@ -57,5 +57,5 @@ fn every_row_of_the_page_passes_natively() {
 
 #[test]
 fn the_page_draws_the_inputs_check_draws() {
-    assert_eq!(random(1000, 11), runtime::cases::random(1000, 11));
+    assert_eq!(random(1000, 11), runtime::harness::cases::random(1000, 11));
 }

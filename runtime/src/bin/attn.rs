@@ -17,11 +17,11 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use attn_dsl::{BiasHeads, Dtype, KernelSpec, Op};
 use clap::Parser;
+use runtime::harness::npy;
 use runtime::kernels::BackwardKernels;
-use runtime::npy;
 use runtime::ops::backward::BackwardSpec;
 use runtime::plan::kernels::AttentionSpec;
-use runtime::tuning::Table;
+use runtime::plan::tuning::Table;
 use runtime::{
     Backward, BackwardInput, Bias, Dropout, ForwardInput, Gpu, Heads, Kernel, Modifiers, Schedule,
 };
@@ -60,11 +60,11 @@ struct Args {
     #[arg(long)]
     scale: Option<f32>,
     /// Backward schedule: auto (the planner), split, recompute, or streaming-C, tiled-C,
-    /// flash-C with C a configuration of runtime::tuning::backward_candidates for the
+    /// flash-C with C a configuration of runtime::plan::tuning::backward_candidates for the
     /// tensors' head_dim (e.g. tiled-16x8/2@64; a wrong one lists those that run); or
     /// `all`: every schedule the adapter runs, each writing its gradients to a subfolder
     /// of --out named for it (`/` as `_`, e.g. tiled-16x8_2@64/dq.npy). Half-precision
-    /// inputs run tiled-C, C of runtime::tuning::backward_configs, and on tensor
+    /// inputs run tiled-C, C of runtime::plan::tuning::backward_configs, and on tensor
     /// cores scattered-C (the dK/dV half spread over query heads).
     #[arg(long, default_value = "auto")]
     schedule: String,
@@ -745,7 +745,7 @@ fn load_seg(args: &Args, batch: u64, seq: u64) -> anyhow::Result<Option<Vec<u32>
         }
         (None, Some(path)) => {
             let (shape, cu) = npy::read_indices(path)?;
-            let seg = runtime::attention::seg_from_cu_seqlens(&cu)
+            let seg = runtime::host::attention::seg_from_cu_seqlens(&cu)
                 .filter(|_| shape.len() == 1 && cu.last().map(|&x| u64::from(x)) == Some(seq));
             let Some(seg) = seg else {
                 bail!(
@@ -760,7 +760,7 @@ fn load_seg(args: &Args, batch: u64, seq: u64) -> anyhow::Result<Option<Vec<u32>
     };
     let per_sequence = one_or_all.len() as u64 > seq;
     for (b, one) in one_or_all.chunks(seq as usize).enumerate() {
-        runtime::attention::validate_seg(one).with_context(|| match per_sequence {
+        runtime::host::attention::validate_seg(one).with_context(|| match per_sequence {
             true => format!("{} (sequence {b})", path.display()),
             false => format!("{}", path.display()),
         })?;

@@ -10,7 +10,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
-use runtime::bench::{self, BenchRow, BenchShape};
+use runtime::harness::bench::{self, BenchRow, BenchShape};
 use runtime::{Gpu, Heads, kernels};
 
 /// Times each kernel and backward schedule with GPU timestamp queries (warm-up runs, then
@@ -584,7 +584,7 @@ fn tune(gpu: &Gpu, args: &Args, all: &[BenchRow]) -> anyhow::Result<()> {
     // Keep the LayerNorm + Linear measurements a table already holds (written by
     // `--layernorm ROWS --tune`, a separate run).
     if path.exists() {
-        table.layernorm = runtime::tuning::Table::read(path)?.layernorm;
+        table.layernorm = runtime::plan::tuning::Table::read(path)?.layernorm;
     }
     table
         .write(path)
@@ -687,7 +687,7 @@ fn layernorm(
         }
     }
     if let (Some(path), Some(sums)) = (tune, runtime::layernorm::bench::fastest_sums(&measured)) {
-        use runtime::tuning::{Table, layernorm_key, row_sums_name};
+        use runtime::plan::tuning::{Table, layernorm_key, row_sums_name};
         let mut table = Table::read_or_new(path, &gpu.info().name)?;
         let name = row_sums_name(sums);
         table
@@ -882,7 +882,7 @@ fn fp8_speedups(rows: &[bench::DecodeRow]) -> Vec<String> {
 /// The end-to-end rows (see `--e2e`).
 fn e2e(gpu: &Gpu, args: &Args) -> anyhow::Result<()> {
     use attn_dsl::Dtype;
-    use runtime::bench::e2e;
+    use runtime::harness::bench::e2e;
     let decode_heads = Heads {
         n_heads: args.heads.unwrap_or(32),
         n_kv_heads: args.kv_heads.unwrap_or(8),

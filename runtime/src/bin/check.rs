@@ -12,8 +12,8 @@ use std::time::Instant;
 
 use anyhow::Context;
 use clap::Parser;
-use runtime::cases::{self, Case, Row, Runner};
-use runtime::compare::Verdict;
+use runtime::harness::cases::{self, Case, Row, Runner};
+use runtime::harness::compare::Verdict;
 use runtime::{Gpu, kernels, layernorm};
 
 /// Runs the default kernel family over the case matrix on the best adapter available

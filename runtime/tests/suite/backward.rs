@@ -2,11 +2,11 @@
 //! against each other, and the reference itself against finite differences.
 
 use runtime::backward::DEFAULT_SCRATCH_BUDGET;
-use runtime::cases::{documents, random};
-use runtime::compare::{judge_backward, max_abs_error};
+use runtime::harness::cases::{documents, random};
+use runtime::harness::compare::{judge_backward, max_abs_error};
+use runtime::harness::reference::{self, Problem, cast};
 use runtime::ops::backward::BackwardSpec;
-use runtime::reference::{self, Problem, cast};
-use runtime::tuning::backward_candidates;
+use runtime::plan::tuning::backward_candidates;
 use runtime::{Backward, BackwardInput, ForwardInput, Gpu, Heads, Kernel, Schedule, kernels};
 use runtime::{BlockOn, Dtype};
 
@@ -481,7 +481,7 @@ fn rope_backward_undoes_rope_and_both_match_the_reference() {
             "d{d}: backward(forward(x)) is off x by {identity}"
         );
         // The reference takes the exact frequencies in f64; the f32 baseline the rounded table.
-        let exact = runtime::rope::inv_freq_exact(10000.0, d);
+        let exact = runtime::host::rope::inv_freq_exact(10000.0, d);
         let r64 = reference::rope(
             &cast::<f64>(&x),
             seq as usize,
@@ -497,10 +497,10 @@ fn rope_backward_undoes_rope_and_both_match_the_reference() {
             heads as usize,
             d as usize,
             5,
-            &runtime::rope::inv_freq(10000.0, d),
+            &runtime::host::rope::inv_freq(10000.0, d),
             1.0,
         );
-        let verdict = runtime::compare::judge(&rotated, &r64, &r32);
+        let verdict = runtime::harness::compare::judge(&rotated, &r64, &r32);
         assert!(verdict.pass(), "d{d}: {verdict:?}");
     }
 }

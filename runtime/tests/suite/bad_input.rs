@@ -1,7 +1,7 @@
 //! Bad input is refused with a typed error before any GPU work, never a panic.
 
 use attn_dsl::{Gqa, KernelSpec, Masks, Op};
-use runtime::attention::{validate_decode, validate_forward, validate_seg};
+use runtime::host::attention::{validate_decode, validate_forward, validate_seg};
 use runtime::{DecodeInput, ForwardInput, Heads, InputError, kernels};
 
 const HEADS: Heads = Heads {

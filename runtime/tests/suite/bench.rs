@@ -2,7 +2,7 @@
 //! convention.
 
 use runtime::BlockOn;
-use runtime::bench::{self, BenchShape};
+use runtime::harness::bench::{self, BenchShape};
 use runtime::{Gpu, Heads, kernels};
 
 #[test]
@@ -113,7 +113,7 @@ fn every_kernel_and_schedule_is_gpu_timed() {
     let table = bench::tune(&gpu, &rows, &["forward flash 16x32/4@64 (planned)".into()]);
     let forward = table.forward[&64];
     assert_ne!(forward.label(), "16x32/4@64");
-    assert!(runtime::tuning::forward_candidates(64).contains(&forward));
+    assert!(runtime::plan::tuning::forward_candidates(64).contains(&forward));
     let schedule: runtime::Schedule = table.backward[&64].parse().unwrap();
     assert!(
         rows.iter()

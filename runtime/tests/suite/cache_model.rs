@@ -12,7 +12,7 @@ use std::sync::LazyLock;
 use attn_dsl::{Cache, Dtype, Fp8, Scalar};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed};
-use runtime::cases::random;
+use runtime::harness::cases::random;
 use runtime::ops::cache::{CacheLayout, CacheSpec, ExtendArgs, KvCache};
 use runtime::ops::decode::{Decode, DecodeSpec};
 use runtime::{Gpu, Tensor, kernels};

@@ -1,7 +1,9 @@
 //! Split-K decode: the slicing rule, the planner's choice, and its input errors.
 
 use runtime::BlockOn;
-use runtime::decode::{Calibration, DecodePath, Decoder, SplitDecode, plan_decode, plan_slices};
+use runtime::host::decode::{
+    Calibration, DecodePath, Decoder, SplitDecode, plan_decode, plan_slices,
+};
 use runtime::{DecodeInput, Gpu, Heads, InputError, kernels};
 
 #[test]
@@ -115,7 +117,7 @@ fn planner_splits_caches_longer_than_a_slice_and_refuses_bad_slices() {
 
 #[test]
 fn paged_input_errors_come_before_any_dispatch() {
-    use runtime::decode::Pages;
+    use runtime::host::decode::Pages;
     let gpu = Gpu::new(kernels::FAMILY.iter().copied())
         .block_on()
         .unwrap_or_else(|e| panic!("{e}"));

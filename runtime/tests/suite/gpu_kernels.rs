@@ -3,10 +3,10 @@
 
 use attn_dsl::{Gqa, KernelSpec, Masks, Op};
 use runtime::BlockOn;
-use runtime::cases::{self, Case, ModCase, Runner, documents, random};
-use runtime::compare::judge_attention;
+use runtime::harness::cases::{self, Case, ModCase, Runner, documents, random};
+use runtime::harness::compare::judge_attention;
+use runtime::harness::reference::Problem;
 use runtime::plan::kernels::AttentionSpec;
-use runtime::reference::Problem;
 use runtime::{ForwardInput, Gpu, Heads, Kernel, kernels};
 
 fn gpu() -> Gpu {
@@ -88,7 +88,7 @@ const MIN_ROWS: [usize; 4] = [100, 114, 50, 137];
 #[test]
 fn empty_row_stores_zero_and_infinite_lse_through_generated_bindings() {
     use kernels::attention_forward as fwd;
-    use runtime::buffers;
+    use runtime::host::buffers;
     let gpu = gpu();
     let (seq, heads, d) = (5u32, 2u32, fwd::HEAD_DIM);
     let n = (seq * heads * d) as usize;

@@ -184,7 +184,7 @@ fn the_family_kernels_are_the_ones_the_runtime_compiles() {
 #[test]
 fn the_planner_takes_the_table_else_the_size_rule() {
     use runtime::layernorm::{backward_tile, plan_sums, sums_by_size};
-    use runtime::tuning::Table;
+    use runtime::plan::tuning::Table;
     let one_tile = backward_tile(64, 768, 3072);
     assert_eq!(sums_by_size(one_tile, 768, 3072), RowSums::Atomic);
     assert_eq!(sums_by_size(8192, 768, 3072), RowSums::TwoPass);
@@ -192,7 +192,7 @@ fn the_planner_takes_the_table_else_the_size_rule() {
     assert_eq!(plan_sums(&table, 8192, 768, 3072), RowSums::TwoPass);
     table
         .layernorm
-        .entry(runtime::tuning::layernorm_key(768, 3072))
+        .entry(runtime::plan::tuning::layernorm_key(768, 3072))
         .or_default()
         .insert(4096, "atomic".into());
     assert_eq!(plan_sums(&table, 8192, 768, 3072), RowSums::Atomic);
@@ -223,10 +223,10 @@ fn the_dw_matmul_parts_follow_the_rows_and_the_budget() {
 fn a_linear_at_a_few_rows_passes_the_rule_in_every_weight_dtype() {
     use attn_dsl::{Dtype, Scalar};
     use runtime::Tensor;
-    use runtime::cases::random;
-    use runtime::compare::judge;
+    use runtime::harness::cases::random;
+    use runtime::harness::compare::judge;
+    use runtime::harness::reference::pairwise;
     use runtime::ops::linear::{Linear, LinearArgs, LinearSpec};
-    use runtime::reference::pairwise;
     let gpu = gpu();
     let (hidden, out) = (200, 37);
     for weights in gpu.half_dtypes().into_iter().chain([Dtype::F32]) {
@@ -240,7 +240,7 @@ fn a_linear_at_a_few_rows_passes_the_rule_in_every_weight_dtype() {
             let mut op = Linear::new(&gpu, spec).unwrap();
             for rows in [1, 3, 16, 21] {
                 let x = random((rows * hidden) as usize, u64::from(rows));
-                let w = runtime::buffers::rounded(
+                let w = runtime::host::buffers::rounded(
                     &random((out * hidden) as usize, 5),
                     Scalar::from(weights),
                 );

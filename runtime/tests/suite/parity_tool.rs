@@ -7,10 +7,10 @@ use std::process::{Command, Output};
 
 use attn_dsl::BiasHeads;
 use npyz::WriterBuilder;
-use runtime::cases::{documents, random};
-use runtime::compare::{judge_attention, judge_backward};
-use runtime::npy;
-use runtime::reference::Problem;
+use runtime::harness::cases::{documents, random};
+use runtime::harness::compare::{judge_attention, judge_backward};
+use runtime::harness::npy;
+use runtime::harness::reference::Problem;
 use runtime::{Bias, Dropout, Heads, Modifiers};
 
 pub(crate) fn scratch_dir(name: &str) -> PathBuf {
@@ -133,7 +133,7 @@ fn round_trip(name: &str, t: &Inputs, schedule: &str) -> Vec<String> {
                 .collect();
             write_i64(&dir.join("cu.npy"), &cu);
             args.extend(["--cu-seqlens".into(), f("cu.npy")]);
-            runtime::attention::seg_from_lengths(lengths)
+            runtime::host::attention::seg_from_lengths(lengths)
         }
     };
     let seg = one_seg.repeat(b);
@@ -496,7 +496,7 @@ fn half_precision_inputs_give_outputs_in_their_type() {
             attn_dsl::Dtype::F16 => attn_dsl::Scalar::F16,
             _ => attn_dsl::Scalar::Bf16,
         };
-        let rounded = |n, seed| runtime::buffers::rounded(&random(n, seed), scalar);
+        let rounded = |n, seed| runtime::host::buffers::rounded(&random(n, seed), scalar);
         let (q, k, v, d_o) = (
             rounded(seq * h * d, 1),
             rounded(seq * kv * d, 2),
@@ -550,13 +550,18 @@ fn half_precision_inputs_give_outputs_in_their_type() {
             causal: true,
             ..Default::default()
         };
-        let verdicts =
-            runtime::compare::judge_half_attention(&p, [&q, &k, &v], &o, Some(&lse), scalar);
+        let verdicts = runtime::harness::compare::judge_half_attention(
+            &p,
+            [&q, &k, &v],
+            &o,
+            Some(&lse),
+            scalar,
+        );
         assert!(
             verdicts.iter().all(|(_, v)| v.pass()),
             "{dtype:?}: {verdicts:?}"
         );
-        let verdicts = runtime::compare::judge_half_backward(
+        let verdicts = runtime::harness::compare::judge_half_backward(
             &p,
             [&q, &k, &v, &d_o],
             (&o, &lse),

@@ -8,9 +8,9 @@ use std::sync::LazyLock;
 use attn_dsl::{KernelSpec, Masks, Op};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed};
-use runtime::cases::{documents, random};
-use runtime::compare::judge_attention;
-use runtime::reference::Problem;
+use runtime::harness::cases::{documents, random};
+use runtime::harness::compare::judge_attention;
+use runtime::harness::reference::Problem;
 use runtime::{DecodeInput, ForwardInput, Gpu, Heads, Kernel, kernels};
 
 struct Ctx {
@@ -107,7 +107,7 @@ proptest! {
 /// every op, modifier and head_dim class, a batch, packed sequences and both GQA and not.
 #[test]
 fn the_quick_matrix_covers_every_op_and_modifier() {
-    use runtime::cases::{QUICK, default_matrix, quick_matrix};
+    use runtime::harness::cases::{QUICK, default_matrix, quick_matrix};
     let quick = quick_matrix();
     assert_eq!(quick.len(), QUICK.len(), "every QUICK entry names a case");
     assert!(quick.len() * 5 < default_matrix().len());

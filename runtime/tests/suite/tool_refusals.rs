@@ -3,7 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-use runtime::{BlockOn, Gpu, kernels, npy};
+use runtime::harness::npy;
+use runtime::{BlockOn, Gpu, kernels};
 
 use crate::parity_tool::{assert_one_line_error, attn, scratch_dir, write_i64};
 
