@@ -56,6 +56,7 @@ const INSTALL_HINT: &str = "this browser offers no WebGPU adapter (Chromium: \
 const RAISE_TO_ADAPTER: bool = cfg!(not(target_arch = "wasm32"));
 
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum DeviceError {
     #[error("no GPU or CPU adapter found for backends {backends}; {INSTALL_HINT}")]
     NoAdapter { backends: String },

@@ -4,6 +4,7 @@ use thiserror::Error;
 
 /// Why the cache refused a change; nothing was recorded.
 #[derive(Debug, Error, PartialEq)]
+#[non_exhaustive]
 pub enum CacheError {
     #[error("slots {first}..{end} are past the cache's {slots} slots")]
     Slots { first: u32, end: u32, slots: u32 },

@@ -15,6 +15,7 @@ pub use tuning::TuningError;
 /// Everything the runtime can refuse or fail at. Bad input is always an [`InputError`],
 /// found before any GPU work is submitted.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum Error {
     #[error(transparent)]
     Input(#[from] InputError),
@@ -53,6 +54,7 @@ impl From<TensorError> for Error {
 
 /// Input that does not fit the kernel or the adapter.
 #[derive(Debug, Error, PartialEq)]
+#[non_exhaustive]
 pub enum InputError {
     #[error("kernel `{kernel}`: {message}")]
     Flex { kernel: String, message: String },

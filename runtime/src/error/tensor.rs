@@ -4,6 +4,7 @@ use thiserror::Error;
 
 /// Why a tensor does not fit where it was given.
 #[derive(Debug, Error, PartialEq)]
+#[non_exhaustive]
 pub enum TensorError {
     #[error("`{name}` holds {got} elements; this op needs {want}")]
     Dtype {

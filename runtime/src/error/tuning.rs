@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TuningError {
     #[error("cannot read tuning table {path}")]
     Read {
