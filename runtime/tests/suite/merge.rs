@@ -261,3 +261,106 @@ fn a_merge_refuses_mismatched_tensors() {
         .poll(wgpu::PollType::wait_indefinitely())
         .unwrap();
 }
+
+/// The parts made by the forward kernels, as an engine would: each part is the causal
+/// forward with a shared bias that hides the other part's keys (-1e30: they weigh e^-1e30,
+/// nothing), the full forward is the same kernel with a zero bias; the merge of the parts
+/// equals the full forward within the check's kind of bound (f32: 2e-6 here). Rows before
+/// the cut see no key of the second part: its LSE there is about -1e30, and it weighs
+/// nothing.
+#[test]
+fn parts_made_by_the_forward_merge_into_the_forward_over_all_keys() {
+    use attn_dsl::{BiasHeads, Masks};
+    use runtime::DeviceModifiers;
+    use runtime::modifiers::BiasOf;
+    use runtime::ops::forward::{Forward, ForwardArgs, ForwardSpec};
+    let gpu = gpu();
+    let (seq, h, kv, d) = (40u32, 4u32, 2u32, 64u32);
+    let p = Problem::new(seq as usize, seq as usize, h as usize, d as usize);
+    let q = upload(&gpu, &[1, seq, h, d], Scalar::F32, &p.q);
+    // K and V of Problem have `heads` heads; the first `kv` of them are the KV heads.
+    let pick = |x: &[f64]| -> Vec<f64> {
+        x.chunks(d as usize)
+            .enumerate()
+            .filter(|(i, _)| (i % h as usize) < kv as usize)
+            .flat_map(|(_, c)| c.to_vec())
+            .collect()
+    };
+    let k = upload(&gpu, &[1, seq, kv, d], Scalar::F32, &pick(&p.k));
+    let v = upload(&gpu, &[1, seq, kv, d], Scalar::F32, &pick(&p.v));
+    let masks = Masks {
+        bias: Some(BiasHeads::Shared),
+        ..Masks::new(true, false)
+    };
+    let mut forward = Forward::new(&gpu, ForwardSpec::new(d, masks, Dtype::F32)).unwrap();
+    let n = seq as usize;
+    let bias = |keep: &dyn Fn(usize) -> bool| -> Tensor {
+        let values: Vec<f64> = (0..n * n)
+            .map(|i| if keep(i % n) { 0.0 } else { -1e30 })
+            .collect();
+        upload(&gpu, &[1, 1, seq, seq], Scalar::F32, &values)
+    };
+    for cut in [1usize, 13, 39] {
+        let biases = [bias(&|j| j < cut), bias(&|j| j >= cut), bias(&|_| true)];
+        let o_parts = Tensor::zeros(&gpu, &[2, 1, seq, h, d], Scalar::F32).unwrap();
+        let lse_parts = Tensor::zeros(&gpu, &[2, 1, seq, h], Scalar::F32).unwrap();
+        let full_o = Tensor::zeros(&gpu, &[1, seq, h, d], Scalar::F32).unwrap();
+        let full_lse = Tensor::zeros(&gpu, &[1, seq, h], Scalar::F32).unwrap();
+        // Each part's forward writes its own O and LSE, copied into the stacked tensors
+        // (a part's LSE is not at a binding offset WebGPU allows, 256 bytes).
+        let part = || {
+            let o = Tensor::zeros(&gpu, &[1, seq, h, d], Scalar::F32).unwrap();
+            let lse = Tensor::zeros(&gpu, &[1, seq, h], Scalar::F32).unwrap();
+            (o, lse)
+        };
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        let outs = [part(), part(), (full_o.clone(), full_lse.clone())];
+        for (b, (o, lse)) in biases.iter().zip(&outs) {
+            let mods = DeviceModifiers {
+                bias: Some(BiasOf {
+                    values: b,
+                    heads: BiasHeads::Shared,
+                }),
+                ..Default::default()
+            };
+            let args = ForwardArgs {
+                mods,
+                ..ForwardArgs::new(&q, &k, &v, o, lse)
+            };
+            forward.record(&gpu, &mut enc, &args).unwrap();
+        }
+        for (i, (o, lse)) in outs[..2].iter().enumerate() {
+            let i = i as u64;
+            enc.copy_buffer_to_buffer(o.buffer(), 0, o_parts.buffer(), i * o.bytes(), o.bytes());
+            let at = i * lse.bytes();
+            enc.copy_buffer_to_buffer(lse.buffer(), 0, lse_parts.buffer(), at, lse.bytes());
+        }
+        let merged_o = Tensor::zeros(&gpu, &[1, seq, h, d], Scalar::F32).unwrap();
+        let merged_lse = Tensor::zeros(&gpu, &[1, seq, h], Scalar::F32).unwrap();
+        let mut merge = Merge::new(&gpu, MergeSpec::new(d, Dtype::F32)).unwrap();
+        let args = MergeArgs {
+            o_parts: &o_parts,
+            lse_parts: &lse_parts,
+            o: &merged_o,
+            lse: &merged_lse,
+            sinks: None,
+        };
+        merge.record(&gpu, &mut enc, &args).unwrap();
+        gpu.queue.submit([enc.finish()]);
+        let read = |t: &Tensor| t.to_f32(&gpu).block_on().unwrap();
+        let worst = |a: &[f32], b: &[f32]| {
+            a.iter()
+                .zip(b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0f32, f32::max)
+        };
+        let (o_err, lse_err) = (
+            worst(&read(&merged_o), &read(&full_o)),
+            worst(&read(&merged_lse), &read(&full_lse)),
+        );
+        assert!(
+            o_err < 2e-6 && lse_err < 4e-6,
+            "cut {cut}: O {o_err:e}, LSE {lse_err:e}"
+        );
+    }
+}
