@@ -17,6 +17,7 @@ mod layernorm;
 mod layers;
 mod merge;
 mod non_finite;
+mod npy_fuzz;
 mod parity_tool;
 mod properties;
 mod tool_refusals;
