@@ -147,7 +147,8 @@ fn dtype_of(t: &Tensor) -> Result<Dtype, TensorError> {
 impl Backward {
     /// Records the backward of `args` into `encoder` by `schedule`, or the planner's choice;
     /// returns the schedule recorded. The schedule's pipelines are created on its first
-    /// call; the dtype is Q's (half precision needs a [`BackwardSpec`] in it: [`Backward::new`], [`Backward::add`]).
+    /// call; the dtype is Q's (half precision needs a [`BackwardSpec`](super::BackwardSpec)
+    /// in that dtype first: [`Backward::new`], [`Backward::add`]).
     pub fn record(
         &mut self,
         gpu: &Gpu,
