@@ -229,7 +229,12 @@ impl Uploaded {
 impl<'a> Modifiers<'a> {
     /// The slopes, the sinks and the bias as device tensors (`[n_heads]`, and the bias's
     /// 4-D layout for `q_rows` query rows of `batch` sequences).
-    pub fn upload(&self, gpu: &Gpu, batch: u32, q_rows: u32) -> Result<Uploaded, TensorError> {
+    pub fn upload(
+        &self,
+        gpu: &Gpu,
+        batch: u32,
+        q_rows: u32,
+    ) -> Result<Uploaded, crate::error::Error> {
         let per_head = |a: Option<&[f32]>| {
             a.map(|a| Tensor::from_f32(gpu, &[a.len() as u32], Scalar::F32, a))
                 .transpose()
@@ -264,7 +269,7 @@ fn upload_flex(
     f: FlexOf<'_, [f32]>,
     batch: u32,
     q_rows: u32,
-) -> Result<Vec<(String, Tensor)>, TensorError> {
+) -> Result<Vec<(String, Tensor)>, crate::error::Error> {
     let flex = f.modifiers.get();
     let mut out = Vec::new();
     for t in &flex.tensors {

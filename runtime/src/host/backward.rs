@@ -151,7 +151,7 @@ impl Backward {
                     .expect("validated");
                 Ok((name.as_str(), up(t.shape(), f32, g)?))
             })
-            .collect::<Result<Vec<_>, crate::tensor::TensorError>>()?;
+            .collect::<Result<Vec<_>, Error>>()?;
         let flex_grads: Vec<(&str, &Tensor)> = dflex.iter().map(|(n, t)| (*n, t)).collect();
         let args = crate::ops::backward::BackwardArgs {
             q: &q,

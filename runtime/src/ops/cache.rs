@@ -26,7 +26,7 @@ use crate::dispatch::record::{Dispatch, Pipeline};
 use crate::error::{Error, InputError};
 use crate::modifiers::expect;
 use crate::plan::decode::Slicing;
-use crate::tensor::{Tensor, TensorError};
+use crate::tensor::Tensor;
 
 /// How the rows are laid out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,7 +61,7 @@ pub struct CacheSpec {
 }
 
 /// An fp8 cache's scales, all 1: `[2, n_kv_heads]` f32 (K's, then V's).
-pub(crate) fn unit_scales(gpu: &Gpu, n_kv_heads: u32) -> Result<Tensor, TensorError> {
+pub(crate) fn unit_scales(gpu: &Gpu, n_kv_heads: u32) -> Result<Tensor, Error> {
     let ones = vec![1.0; 2 * n_kv_heads as usize];
     Tensor::from_f32(gpu, &[2, n_kv_heads], Scalar::F32, &ones)
 }

@@ -478,12 +478,12 @@ const KEPT_STARTS: usize = 8;
 
 impl Scratch {
     /// A view of at least `shape`'s f32 elements.
-    fn partials(&mut self, gpu: &Gpu, shape: &[u32]) -> Result<Tensor, TensorError> {
+    fn partials(&mut self, gpu: &Gpu, shape: &[u32]) -> Result<Tensor, Error> {
         grow(gpu, &mut self.partials, shape, Scalar::F32)
     }
 
     /// `starts` on the device, uploaded once.
-    fn starts(&mut self, gpu: &Gpu, starts: &[u32]) -> Result<&Tensor, TensorError> {
+    fn starts(&mut self, gpu: &Gpu, starts: &[u32]) -> Result<&Tensor, Error> {
         let at = match self.starts.iter().position(|(s, _)| s == starts) {
             Some(at) => at,
             None => {

@@ -380,7 +380,7 @@ fn check(
 
 /// The `seg` tensor of documents given by their starts (`[batch, seq]`, as
 /// [`crate::ForwardInput::seg`]), checked and uploaded with each row's document end.
-pub fn documents(gpu: &Gpu, starts: &[u32], batch: u32, seq: u32) -> Result<Tensor, InputError> {
+pub fn documents(gpu: &Gpu, starts: &[u32], batch: u32, seq: u32) -> Result<Tensor, Error> {
     crate::shape::length(
         "seg",
         starts.len(),

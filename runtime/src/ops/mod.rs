@@ -103,7 +103,7 @@ pub(crate) fn scratch(
     gpu: &Gpu,
     shape: &[u32],
     scalar: Scalar,
-) -> Result<Tensor, TensorError> {
+) -> Result<Tensor, Error> {
     let n = elements(shape);
     if held.as_ref().is_none_or(|t| t.len() < n) {
         *held = None; // free the old buffer before allocating the new one
@@ -140,7 +140,7 @@ pub(crate) fn grow(
     held: &mut Option<Tensor>,
     shape: &[u32],
     scalar: Scalar,
-) -> Result<Tensor, TensorError> {
+) -> Result<Tensor, Error> {
     if held.as_ref().is_none_or(|t| t.len() < elements(shape)) {
         *held = Some(Tensor::zeros(gpu, &[elements(shape) as u32], scalar)?);
     }

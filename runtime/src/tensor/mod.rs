@@ -52,7 +52,7 @@ impl Tensor {
         offset: u64,
         shape: &[u32],
         scalar: Scalar,
-    ) -> Result<Tensor, TensorError> {
+    ) -> Result<Tensor, Error> {
         let tensor = Tensor {
             buffer: buffer.clone(),
             device: gpu.device.clone(),
@@ -68,7 +68,7 @@ impl Tensor {
 
     /// A new zero-filled tensor of its own buffer; refused where the shape needs more
     /// bytes than the device's max_buffer_size.
-    pub fn zeros(gpu: &Gpu, shape: &[u32], scalar: Scalar) -> Result<Tensor, TensorError> {
+    pub fn zeros(gpu: &Gpu, shape: &[u32], scalar: Scalar) -> Result<Tensor, Error> {
         let bytes = buffer_bytes(gpu, shape, scalar)?;
         let buffer = gpu.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("attn tensor"),
@@ -91,7 +91,7 @@ impl Tensor {
         shape: &[u32],
         scalar: Scalar,
         data: &[f32],
-    ) -> Result<Tensor, TensorError> {
+    ) -> Result<Tensor, Error> {
         check_data("data", data.len(), shape)?;
         buffer_bytes(gpu, shape, scalar)?;
         let bytes: Vec<u8> = match scalar {
@@ -117,7 +117,7 @@ impl Tensor {
     }
 
     /// A new u32 tensor holding `data` (lengths, positions, block tables).
-    pub fn from_u32(gpu: &Gpu, shape: &[u32], data: &[u32]) -> Result<Tensor, TensorError> {
+    pub fn from_u32(gpu: &Gpu, shape: &[u32], data: &[u32]) -> Result<Tensor, Error> {
         check_data("data", data.len(), shape)?;
         buffer_bytes(gpu, shape, Scalar::U32)?;
         Ok(Tensor::from_bytes(
@@ -148,14 +148,15 @@ impl Tensor {
     }
 
     /// The same bytes seen with another shape of as many elements.
-    pub fn reshape(&self, shape: &[u32]) -> Result<Tensor, TensorError> {
+    pub fn reshape(&self, shape: &[u32]) -> Result<Tensor, Error> {
         if elements(shape) != self.len() {
             return Err(TensorError::Shape {
                 name: "reshape".into(),
                 got: self.shape.clone(),
                 want: shape.to_vec(),
                 layout: "as many elements",
-            });
+            }
+            .into());
         }
         Ok(Tensor {
             shape: shape.to_vec(),
@@ -165,14 +166,15 @@ impl Tensor {
 
     /// The first elements of this tensor seen with `shape` (no more than it holds): a
     /// smaller problem in a buffer sized for a larger one.
-    pub fn view(&self, shape: &[u32]) -> Result<Tensor, TensorError> {
+    pub fn view(&self, shape: &[u32]) -> Result<Tensor, Error> {
         if elements(shape) > self.len() {
             return Err(TensorError::Shape {
                 name: "view".into(),
                 got: self.shape.clone(),
                 want: shape.to_vec(),
                 layout: "no more elements than the tensor holds",
-            });
+            }
+            .into());
         }
         Ok(Tensor {
             shape: shape.to_vec(),

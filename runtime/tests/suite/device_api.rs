@@ -154,9 +154,9 @@ fn wrapped_caller_buffers_are_read_and_written_in_place() {
 fn wrapping_checks_bounds_usage_alignment_and_device() {
     let gpu = gpu();
     let buffer = caller_buffer(&gpu, &[0.0; 64]);
-    let err = Tensor::wrap(&gpu, &buffer, 0, &[65], Scalar::F32).unwrap_err();
+    let err = tensor_err(Tensor::wrap(&gpu, &buffer, 0, &[65], Scalar::F32).unwrap_err());
     assert!(matches!(err, TensorError::OutOfBounds { .. }), "{err}");
-    let err = Tensor::wrap(&gpu, &buffer, 4, &[8], Scalar::F32).unwrap_err();
+    let err = tensor_err(Tensor::wrap(&gpu, &buffer, 4, &[8], Scalar::F32).unwrap_err());
     assert!(matches!(err, TensorError::Alignment { .. }), "{err}");
     let uniform = gpu.device.create_buffer(&wgpu::BufferDescriptor {
         label: None,
@@ -164,7 +164,7 @@ fn wrapping_checks_bounds_usage_alignment_and_device() {
         usage: wgpu::BufferUsages::UNIFORM,
         mapped_at_creation: false,
     });
-    let err = Tensor::wrap(&gpu, &uniform, 0, &[8], Scalar::F32).unwrap_err();
+    let err = tensor_err(Tensor::wrap(&gpu, &uniform, 0, &[8], Scalar::F32).unwrap_err());
     assert!(
         matches!(
             err,
@@ -184,7 +184,7 @@ fn wrapping_checks_bounds_usage_alignment_and_device() {
         contents: &[0; 256],
         usage: wgpu::BufferUsages::STORAGE,
     });
-    let err = Tensor::wrap(&gpu, &foreign, 0, &[64], Scalar::F32).unwrap_err();
+    let err = tensor_err(Tensor::wrap(&gpu, &foreign, 0, &[64], Scalar::F32).unwrap_err());
     assert!(matches!(err, TensorError::Device { .. }), "{err}");
 }
 
@@ -195,16 +195,16 @@ fn constructors_refuse_shapes_the_device_cannot_hold() {
     let gpu = gpu();
     let huge = [u32::MAX, u32::MAX, u32::MAX];
     for shape in [&huge[..], &[1 << 31, 1 << 26][..]] {
-        let err = Tensor::zeros(&gpu, shape, Scalar::F32).unwrap_err();
+        let err = tensor_err(Tensor::zeros(&gpu, shape, Scalar::F32).unwrap_err());
         assert!(matches!(err, TensorError::Buffer { .. }), "{err}");
         assert!(err.to_string().contains("max_buffer_size"), "{err}");
     }
-    let err = Tensor::from_f32(&gpu, &huge, Scalar::F32, &[0.0; 4]).unwrap_err();
+    let err = tensor_err(Tensor::from_f32(&gpu, &huge, Scalar::F32, &[0.0; 4]).unwrap_err());
     assert!(matches!(err, TensorError::Data { .. }), "{err}");
-    let err = Tensor::from_u32(&gpu, &huge, &[0; 4]).unwrap_err();
+    let err = tensor_err(Tensor::from_u32(&gpu, &huge, &[0; 4]).unwrap_err());
     assert!(matches!(err, TensorError::Data { .. }), "{err}");
     let buffer = caller_buffer(&gpu, &[0.0; 64]);
-    let err = Tensor::wrap(&gpu, &buffer, 0, &huge, Scalar::F32).unwrap_err();
+    let err = tensor_err(Tensor::wrap(&gpu, &buffer, 0, &huge, Scalar::F32).unwrap_err());
     assert!(matches!(err, TensorError::OutOfBounds { .. }), "{err}");
 }
 
@@ -1405,4 +1405,12 @@ fn a_decode_with_three_modifier_tensors_runs_where_the_adapter_allows() {
         .fold(0.0, f32::max);
     assert!(worst < 1e-5, "three tensors and one differ by {worst}");
     assert!(x.iter().any(|v| *v != 0.0));
+}
+
+/// The tensor's refusal inside a `runtime::Error`.
+fn tensor_err(e: runtime::Error) -> TensorError {
+    match e {
+        runtime::Error::Input(runtime::InputError::Tensor(t)) => t,
+        other => panic!("not a tensor's refusal: {other}"),
+    }
 }

@@ -192,7 +192,7 @@ impl Variant {
 }
 
 /// ALiBi's slopes of `h`'s heads, 2^(-8i/heads).
-fn slopes(gpu: &Gpu, h: Heads) -> Result<Tensor, crate::tensor::TensorError> {
+fn slopes(gpu: &Gpu, h: Heads) -> Result<Tensor, Error> {
     let values: Vec<f32> = (0..h.n_heads)
         .map(|i| (-8.0 * (i + 1) as f32 / h.n_heads as f32).exp2())
         .collect();
@@ -200,12 +200,7 @@ fn slopes(gpu: &Gpu, h: Heads) -> Result<Tensor, crate::tensor::TensorError> {
 }
 
 /// A tensor of `shape` holding random values (of the check's generator, from `seed`).
-fn random(
-    gpu: &Gpu,
-    shape: &[u32],
-    scalar: Scalar,
-    seed: u64,
-) -> Result<Tensor, crate::tensor::TensorError> {
+fn random(gpu: &Gpu, shape: &[u32], scalar: Scalar, seed: u64) -> Result<Tensor, Error> {
     let n = shape.iter().map(|&d| d as usize).product();
     Tensor::from_f32(gpu, shape, scalar, &crate::harness::cases::random(n, seed))
 }

@@ -85,7 +85,7 @@ impl Scratch {
         self.p_ds.as_ref().map_or(0, |t| t.bytes())
     }
 
-    fn view(held: &mut Option<Tensor>, gpu: &Gpu, shape: &[u32]) -> Result<Tensor, TensorError> {
+    fn view(held: &mut Option<Tensor>, gpu: &Gpu, shape: &[u32]) -> Result<Tensor, Error> {
         crate::ops::scratch(held, gpu, shape, Scalar::F32)
     }
 
@@ -116,7 +116,7 @@ impl Scratch {
         gpu: &Gpu,
         encoder: &mut wgpu::CommandEncoder,
         grads: &[(&str, &Tensor)],
-    ) -> Result<Vec<(Tensor, u32)>, TensorError> {
+    ) -> Result<Vec<(Tensor, u32)>, Error> {
         self.flex_pairs
             .resize_with(self.flex_pairs.len().max(grads.len()), || None);
         let pairs = grads
@@ -127,7 +127,7 @@ impl Scratch {
                 let lanes = (FLEX_SCRATCH / (8 * len)).clamp(1, FLEX_LANES) as u32;
                 Ok((Scratch::view(held, gpu, &[lanes, 2, len as u32])?, lanes))
             })
-            .collect::<Result<Vec<_>, TensorError>>()?;
+            .collect::<Result<Vec<_>, Error>>()?;
         for (p, _) in &pairs {
             p.record_clear(encoder);
         }
