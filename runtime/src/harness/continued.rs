@@ -70,7 +70,7 @@ pub fn run(gpu: &Gpu, case: &ContinueCase, [q, k, v]: [&[f32]; 3]) -> Result<Con
     };
     let mut cache = KvCache::new(gpu, spec)?;
     if let Some((_, ks, vs)) = case.fp8 {
-        cache.set_scales(gpu, ks, vs).map_err(InputError::Cache)?;
+        cache.set_scales(gpu, ks, vs)?;
     }
     let mut encoder = gpu.device.create_command_encoder(&Default::default());
     for slot in 0..batch {

@@ -67,9 +67,7 @@ pub fn decode(gpu: &Gpu, case: &Fp8Case, [q, k, v]: [&[f32]; 3]) -> Result<Fp8Ru
         kv_fp8: Some(case.fp8),
     };
     let mut cache = KvCache::new(gpu, spec)?;
-    cache
-        .set_scales(gpu, case.scales.0, case.scales.1)
-        .map_err(crate::error::InputError::Cache)?;
+    cache.set_scales(gpu, case.scales.0, case.scales.1)?;
     let mut encoder = gpu.device.create_command_encoder(&Default::default());
     for slot in 0..case.batch {
         cache

@@ -212,11 +212,12 @@ impl KvCache {
     /// command buffer submitted after this call, appends recorded earlier included: set
     /// them before the first append (rows already stored keep the scale they were stored
     /// with).
-    pub fn set_scales(&self, gpu: &Gpu, k: &[f32], v: &[f32]) -> Result<(), CacheError> {
+    pub fn set_scales(&self, gpu: &Gpu, k: &[f32], v: &[f32]) -> Result<(), Error> {
         let Some(scales) = &self.scales else {
             return Err(CacheError::NotFp8 {
                 dtype: self.spec.dtype.name(),
-            });
+            }
+            .into());
         };
         let n = self.spec.n_kv_heads as usize;
         let mut values = Vec::with_capacity(2 * n);
@@ -226,10 +227,11 @@ impl KvCache {
                     what,
                     given: given.len(),
                     n_kv_heads: self.spec.n_kv_heads,
-                });
+                }
+                .into());
             }
             if let Some(&value) = given.iter().find(|s| !(s.is_finite() && **s > 0.0)) {
-                return Err(CacheError::BadScale { value });
+                return Err(CacheError::BadScale { value }.into());
             }
             values.extend((0..n).map(|h| given[h % given.len()]));
         }

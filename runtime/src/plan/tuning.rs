@@ -107,12 +107,12 @@ pub use crate::error::TuningError;
 
 impl Table {
     /// Reads and vets a table: every configuration must be a checked candidate.
-    pub fn read(path: &Path) -> Result<Table, TuningError> {
+    pub fn read(path: &Path) -> Result<Table, crate::error::Error> {
         let text = std::fs::read_to_string(path).map_err(|source| TuningError::Read {
             path: path.into(),
             source,
         })?;
-        Table::parse(&text, path)
+        Ok(Table::parse(&text, path)?)
     }
 
     fn parse(text: &str, path: &Path) -> Result<Table, TuningError> {
@@ -142,7 +142,7 @@ impl Table {
     }
 
     /// The table at `path`, or an empty one for `adapter` when there is no file yet.
-    pub fn read_or_new(path: &Path, adapter: &str) -> Result<Table, TuningError> {
+    pub fn read_or_new(path: &Path, adapter: &str) -> Result<Table, crate::error::Error> {
         if path.exists() {
             return Table::read(path);
         }
@@ -178,7 +178,7 @@ impl Table {
 
     /// The table for `gpu`: `ATTN_TUNING` if set (an error if unreadable), else a built-in
     /// table measured on the same adapter, else an empty table (portable defaults).
-    pub fn for_gpu(gpu: &Gpu) -> Result<Table, TuningError> {
+    pub fn for_gpu(gpu: &Gpu) -> Result<Table, crate::error::Error> {
         if let Some(path) = std::env::var_os("ATTN_TUNING") {
             return Table::read(Path::new(&path));
         }
