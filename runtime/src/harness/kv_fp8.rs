@@ -83,7 +83,7 @@ pub fn decode(gpu: &Gpu, case: &Fp8Case, [q, k, v]: [&[f32]; 3]) -> Result<Fp8Ru
             out.extend_from_slice(&seq[from as usize * row..][..n as usize * row]);
         }
         let shape = [case.batch, n, h.n_kv_heads, width];
-        Ok(Tensor::from_f32(gpu, &shape, data, &out)?)
+        Tensor::from_f32(gpu, &shape, data, &out)
     };
     let (dk, dv) = (h.head_dim, h.head_dim_v);
     let prompt = case.prompt.min(case.len);
@@ -104,7 +104,7 @@ pub fn decode(gpu: &Gpu, case: &Fp8Case, [q, k, v]: [&[f32]; 3]) -> Result<Fp8Ru
         CacheLayout::Paged { .. } => Cache::Paged,
     };
     let mut decode = Decode::new(
-        &gpu,
+        gpu,
         DecodeSpec {
             head_dim: h.head_dim,
             head_dim_v: h.head_dim_v,

@@ -222,7 +222,7 @@ impl Problem<'_> {
                 other => panic!("score_mod evaluated to {other:?}"),
             }
         };
-        Some((at(e), at(&d)))
+        Some((at(e), at(d)))
     }
 
     /// The user's `mask_mod` for (s, h, j); true without one.

@@ -55,7 +55,7 @@ fn random(gpu: &Gpu, shape: &[u32], dtype: Dtype, seed: u64) -> Result<Tensor, E
         .iter()
         .map(|x| x / 2.0)
         .collect();
-    Ok(Tensor::from_f32(gpu, shape, Scalar::from(dtype), &data)?)
+    Tensor::from_f32(gpu, shape, Scalar::from(dtype), &data)
 }
 
 /// A one-sequence contiguous cache of `capacity` rows, filled to `len` rows of random K (V
@@ -95,7 +95,7 @@ fn filled_cache(
 /// back, then `steps` waited for.
 pub fn decode(gpu: &Gpu, h: Heads, cache_len: u32, dtype: Dtype, steps: u32) -> Result<Row, Error> {
     let mut cache = filled_cache(gpu, h, dtype, [cache_len, cache_len + 3 * steps])?;
-    let mut decode = Decode::new(&gpu, DecodeSpec::new(h.head_dim, h.head_dim_v, dtype))?;
+    let mut decode = Decode::new(gpu, DecodeSpec::new(h.head_dim, h.head_dim_v, dtype))?;
     let mut rope = Rope::new(gpu, RopeSpec::new(h.head_dim))?;
     // RoPE runs on f32 rows; the half-precision step rotates f32 copies it does not feed
     // on (the cost of the dispatch is what is measured).

@@ -272,7 +272,7 @@ pub fn decode(
     let mut rows = Vec::new();
     for variant in variants(cache_len, window, true) {
         let mut decode = Decode::new(
-            &gpu,
+            gpu,
             DecodeSpec {
                 masks: variant.masks,
                 ..DecodeSpec::new(h.head_dim, h.head_dim, dtype)

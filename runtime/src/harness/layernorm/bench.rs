@@ -160,7 +160,7 @@ impl Io {
                 .iter()
                 .find(|(n, _)| *n == name)
                 .ok_or_else(|| Error::Readback(format!("bench input {name}")))?;
-            Ok(Tensor::wrap(gpu, b, 0, shape, attn_dsl::Scalar::F32)?)
+            Tensor::wrap(gpu, b, 0, shape, attn_dsl::Scalar::F32)
         };
         Ok(Io {
             x: wrap("x", &[rows, hidden])?,

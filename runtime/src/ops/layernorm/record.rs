@@ -494,7 +494,7 @@ fn grown(
 ) -> Result<Tensor, Error> {
     let bytes = crate::tensor::element_bytes(scalar) * elements(shape);
     crate::shape::binding_size(gpu.limits(), bytes)?;
-    Ok(crate::ops::scratch(held, gpu, shape, scalar)?)
+    crate::ops::scratch(held, gpu, shape, scalar)
 }
 
 /// Records `dst = src` rounded to f16 through the conversion op in `slot`, made on first use.
