@@ -41,11 +41,10 @@ pub struct DecodeSpec {
 impl DecodeSpec {
     /// The chunk kernel's spec for this decode's calls of many rows.
     fn chunk(&self) -> ChunkSpec {
+        let attention =
+            crate::plan::kernels::AttentionSpec::new(self.head_dim, self.masks, self.dtype);
         ChunkSpec {
-            head_dim: self.head_dim,
-            head_dim_v: self.head_dim_v,
-            masks: self.masks,
-            dtype: self.dtype,
+            attention: attention.with_head_dim_v(self.head_dim_v),
             cache: self.cache,
         }
     }

@@ -14,7 +14,7 @@
 //! [`CHUNK_ROWS`] rows per sequence over a cache in its dtype (an fp8 cache keeps the
 //! split-K decode, which widens its bytes).
 
-use attn_dsl::{Cache, Dtype, FlashConfig, KernelAbi, Masks};
+use attn_dsl::{Cache, FlashConfig, KernelAbi};
 
 use super::{grid, grow};
 use crate::device::Gpu;
@@ -40,10 +40,7 @@ pub const CHUNK_ROWS: u32 = 16;
 /// Q, O and the cache) and cache layout.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct ChunkSpec {
-    pub head_dim: u32,
-    pub head_dim_v: u32,
-    pub masks: Masks,
-    pub dtype: Dtype,
+    pub attention: AttentionSpec,
     pub cache: Cache,
 }
 
@@ -64,7 +61,7 @@ pub(crate) struct ChunkArgs<'a> {
 /// Whether `spec`'s chunk kernels, in their portable configuration, compile and run on
 /// `gpu` (a description the forward's tiles cannot hold keeps the split-K decode).
 fn usable(gpu: &Gpu, spec: &ChunkSpec) -> bool {
-    let width = spec.head_dim.max(spec.head_dim_v);
+    let width = spec.attention.width();
     tuning::forward_candidates(width).first().is_some_and(|c| {
         [false, true]
             .into_iter()
@@ -108,14 +105,13 @@ impl Chunks {
         if let Some(c) = self.config {
             return Ok(c);
         }
-        let width = spec.head_dim.max(spec.head_dim_v);
-        let config =
-            Table::for_gpu(gpu)?
-                .extend(gpu, width, spec.dtype)
-                .ok_or(InputError::Unsupported {
-                    what: "a continued cache's chunk at this head_dim",
-                    needs: "a head_dim that is a multiple of 4, from 4 to 256",
-                })?;
+        let width = spec.attention.width();
+        let config = Table::for_gpu(gpu)?
+            .extend(gpu, width, spec.attention.dtype)
+            .ok_or(InputError::Unsupported {
+                what: "a continued cache's chunk at this head_dim",
+                needs: "a head_dim that is a multiple of 4, from 4 to 256",
+            })?;
         self.config = Some(config);
         Ok(config)
     }
@@ -276,10 +272,8 @@ const MAX_SLICE: u32 = 2048;
 
 /// The chunk kernel of `spec` under `config`, writing O or (`sliced`) partials.
 fn compile(spec: &ChunkSpec, config: FlashConfig, sliced: bool) -> Result<KernelAbi, Error> {
-    let attention =
-        AttentionSpec::new(spec.head_dim, spec.masks, spec.dtype).with_head_dim_v(spec.head_dim_v);
-    kernels::extend(attention, (spec.cache, sliced), config).map_err(|e| Error::Pipeline {
-        kernel: format!("extend d{} {}", spec.head_dim, config.label()),
+    kernels::extend(spec.attention, (spec.cache, sliced), config).map_err(|e| Error::Pipeline {
+        kernel: format!("extend d{} {}", spec.attention.head_dim, config.label()),
         message: e.to_string(),
     })
 }

@@ -93,7 +93,11 @@ impl Merge {
         encoder: &mut wgpu::CommandEncoder,
         args: &MergeArgs,
     ) -> Result<(), Error> {
-        let [parts, batch, seq, n_heads, width] = shape5(args.o_parts)?;
+        let [parts, batch, seq, n_heads, width] = super::rank(
+            args.o_parts,
+            "o_parts",
+            "[parts, batch, seq, n_heads, head_dim_v]",
+        )?;
         if width != self.spec.head_dim_v {
             return Err(InputError::HeadDimV {
                 kernel: self.pipeline.abi().name.to_string(),
@@ -166,14 +170,4 @@ impl Merge {
         let g = grid(self.pipeline.abi(), &d.dims);
         self.pipeline.record(gpu, encoder, &d, g)
     }
-}
-
-/// The five dims of `o_parts`.
-fn shape5(t: &Tensor) -> Result<[u32; 5], crate::tensor::TensorError> {
-    <[u32; 5]>::try_from(t.shape()).map_err(|_| crate::tensor::TensorError::Rank {
-        name: "o_parts".into(),
-        got: t.shape().to_vec(),
-        rank: 5,
-        layout: "[parts, batch, seq, n_heads, head_dim_v]",
-    })
 }

@@ -58,10 +58,19 @@ pub(crate) fn attention_shape(
 
 /// The four dims of a rank-4 tensor.
 pub(crate) fn rank4(t: &Tensor, name: &str, layout: &'static str) -> Result<[u32; 4], TensorError> {
-    <[u32; 4]>::try_from(t.shape()).map_err(|_| TensorError::Rank {
+    rank(t, name, layout)
+}
+
+/// The `N` dims of a rank-`N` tensor, refused naming it and its layout otherwise.
+pub(crate) fn rank<const N: usize>(
+    t: &Tensor,
+    name: &str,
+    layout: &'static str,
+) -> Result<[u32; N], TensorError> {
+    <[u32; N]>::try_from(t.shape()).map_err(|_| TensorError::Rank {
         name: name.into(),
         got: t.shape().to_vec(),
-        rank: 4,
+        rank: N,
         layout,
     })
 }
