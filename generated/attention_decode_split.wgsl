@@ -9,14 +9,18 @@ const V4: u32 = HEAD_DIM / 4u;
 const NEG_BIG: f32 = -3.0e38;
 // Query heads per workgroup, one per vec4 component.
 const TILE: u32 = 4u;
-// Invocations per key in the scores pass, each summing V4 / LANES columns.
+// Words (4 elements) of a K row and of a V row, and the vec4s of a word.
+const K_WORDS: u32 = 16u;
+const V_WORDS: u32 = 16u;
+const QUADS: u32 = 1u;
+// Invocations per key in the scores pass, each summing K_WORDS / LANES words.
 const LANES: u32 = 8u;
 const KEY_TILE: u32 = WG / LANES;
 // Keys a slice may hold (dims.slice_len is at most this).
 const MAX_SLICE: u32 = 512u;
-// Rows of V read at once in P·V, one vec4 column per invocation, and the
+// Rows of V read at once in P·V, one word column per invocation, and the
 // groups of them whose loads each invocation issues together.
-const PV_ROWS: u32 = WG / V4;
+const PV_ROWS: u32 = WG / V_WORDS;
 const PV_UNROLL: u32 = 4u;
 const PV_STEP: u32 = PV_UNROLL * PV_ROWS;
 
@@ -221,54 +225,58 @@ fn dropped(row: u32, h: u32, j: u32, p: f32) -> f32 {
     return p;
 }
 
-var<workgroup> sh_q: array<vec4<f32>, TILE * V4>;
-// The slice's scores, then its P, one vec4 (the served queries) per key.
-var<workgroup> sh_s: array<vec4<f32>, MAX_SLICE>;
-
-// [slot, j, kv_h, d] in vec4s.
-fn kv4_index(j: u32, kv_h: u32) -> u32 {
-    return ((cache_slot() * dims.capacity + j) * dims.n_kv_heads + kv_h) * V4;
+// [slot, j, kv_h, d]: the row of key j (head kv_h).
+fn kv_row(j: u32, kv_h: u32) -> u32 {
+    return (cache_slot() * dims.capacity + j) * dims.n_kv_heads + kv_h;
 }
-
 // [row, h, d] in vec4s, of query q (row · n_heads + h) of this sequence's rows.
 fn q4_index(q: u32) -> u32 {
     return (q_row0 * dims.n_heads + q) * V4;
 }
 
-// vec4 column c of key j of the slice as stored, zeros past its end: the loads in
-// flight are held narrow (half the registers in f16 and bf16) and widened at use.
-fn fetch_k(j: u32, hi: u32, c: u32, kv_h: u32) -> vec4<f32> {
+// Word w of key j's K row (of V's), zeros past the slice (or the row): loads in flight stay
+// as stored (half the registers in half precision) and widen at use.
+fn fetch_k(j: u32, hi: u32, w: u32, kv_h: u32) -> vec4<f32> {
     var x = vec4<f32>();
     if (j < hi) {
-        x = k_cache[kv4_index(j, kv_h) + c];
+        x = k_cache[kv_row(j, kv_h) * K_WORDS + w];
     }
     return x;
 }
 
-fn fetch_v(j: u32, hi: u32, c: u32, kv_h: u32) -> vec4<f32> {
+fn fetch_v(j: u32, hi: u32, w: u32, kv_h: u32) -> vec4<f32> {
     var x = vec4<f32>();
     if (j < hi) {
-        x = v_cache[kv4_index(j, kv_h) + c];
+        x = v_cache[kv_row(j, kv_h) * V_WORDS + w];
     }
     return x;
 }
+
+// A word's elements as vec4s of f32, exactly.
+fn widen_w(x: vec4<f32>) -> array<vec4<f32>, QUADS> {
+    return array<vec4<f32>, 1>(widen4(x));
+}
+
+var<workgroup> sh_q: array<vec4<f32>, TILE * V4>;
+// The slice's scores, then its P, one vec4 (the served queries) per key.
+var<workgroup> sh_s: array<vec4<f32>, MAX_SLICE>;
 
 // P of the slice's key i (the served heads), zeros past its n keys.
 fn p_at(i: u32, n: u32) -> vec4<f32> {
     return select(vec4<f32>(0.0), sh_s[min(i, MAX_SLICE - 1u)], i < n);
 }
 
-// Sums head `h`'s P·V over the PV_ROWS row groups (each a chain over its rows) and
-// flushes it with the head's (m, l); every invocation reaches the barriers.
-fn flush_head(tid: u32, slice: u32, h: u32, real: bool, acc: vec4<f32>, ml: vec2<f32>) {
+// Sums vec4 `quad` of head `h`'s P·V words over the PV_ROWS row groups (each a chain over
+// its rows) and flushes it with the head's (m, l); every invocation reaches the barriers.
+fn flush_head(tid: u32, slice: u32, h: u32, real: bool, quad: u32, acc: vec4<f32>, ml: vec2<f32>) {
     sh_red[tid] = acc;
     workgroupBarrier();
-    if (real && tid < V4) {
+    if (real && tid < V_WORDS) {
         var sum = vec4<f32>(0.0);
         for (var r = 0u; r < PV_ROWS; r = r + 1u) {
-            sum = sum + sh_red[r * V4 + tid];
+            sum = sum + sh_red[r * V_WORDS + tid];
         }
-        partials[part_index(slice, h) + tid] = sum;
+        partials[part_index(slice, h) + tid * QUADS + quad] = sum;
         if (tid == 0u) {
             partials[part_index(slice, h) + V4] = vec4<f32>(ml, 0.0, 0.0);
         }
@@ -318,7 +326,7 @@ fn attention_decode_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_i
     }
     workgroupBarrier();
 
-    // Scores: LANES invocations per key, each a strided share of its vec4 columns. Each
+    // Scores: LANES invocations per key, each a strided share of its words. Each
     // invocation carries its share of the next key tile in registers, fetched before this
     // tile's products and reduction, so the loads' latency hides behind them.
     let lane = tid % LANES;
@@ -328,20 +336,20 @@ fn attention_decode_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_i
     for (var t0 = first; t0 < hi; t0 = t0 + KEY_TILE) {
         let n0 = fetch_k(t0 + KEY_TILE + kr, hi, lane + 0u * LANES, kv_h);
         let n1 = fetch_k(t0 + KEY_TILE + kr, hi, lane + 1u * LANES, kv_h);
-        let w0 = widen4(k0);
-        let w1 = widen4(k1);
+        let w0 = widen_w(k0);
+        let w1 = widen_w(k1);
         var a0 = vec4<f32>(0.0);
         var a1 = vec4<f32>(0.0);
         var a2 = vec4<f32>(0.0);
         var a3 = vec4<f32>(0.0);
-        a0 = fma(sh_q[0u * V4 + lane + 0u * LANES], w0, a0);
-        a1 = fma(sh_q[1u * V4 + lane + 0u * LANES], w0, a1);
-        a2 = fma(sh_q[2u * V4 + lane + 0u * LANES], w0, a2);
-        a3 = fma(sh_q[3u * V4 + lane + 0u * LANES], w0, a3);
-        a0 = fma(sh_q[0u * V4 + lane + 1u * LANES], w1, a0);
-        a1 = fma(sh_q[1u * V4 + lane + 1u * LANES], w1, a1);
-        a2 = fma(sh_q[2u * V4 + lane + 1u * LANES], w1, a2);
-        a3 = fma(sh_q[3u * V4 + lane + 1u * LANES], w1, a3);
+        a0 = fma(sh_q[0u * V4 + (lane + 0u * LANES) * QUADS + 0u], w0[0], a0);
+        a1 = fma(sh_q[1u * V4 + (lane + 0u * LANES) * QUADS + 0u], w0[0], a1);
+        a2 = fma(sh_q[2u * V4 + (lane + 0u * LANES) * QUADS + 0u], w0[0], a2);
+        a3 = fma(sh_q[3u * V4 + (lane + 0u * LANES) * QUADS + 0u], w0[0], a3);
+        a0 = fma(sh_q[0u * V4 + (lane + 1u * LANES) * QUADS + 0u], w1[0], a0);
+        a1 = fma(sh_q[1u * V4 + (lane + 1u * LANES) * QUADS + 0u], w1[0], a1);
+        a2 = fma(sh_q[2u * V4 + (lane + 1u * LANES) * QUADS + 0u], w1[0], a2);
+        a3 = fma(sh_q[3u * V4 + (lane + 1u * LANES) * QUADS + 0u], w1[0], a3);
         sh_red[tid] = vec4<f32>(hsum(a0), hsum(a1), hsum(a2), hsum(a3));
         workgroupBarrier();
         if (tid < KEY_TILE) {
@@ -373,9 +381,9 @@ fn attention_decode_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_i
     }
 
     // P·V's first rows of V, fetched now so that their latency hides behind the max and
-    // the sum: invocation (r, c) reads vec4 column c of rows r, r + PV_ROWS, ..
-    let c = tid % V4;
-    let r = tid / V4;
+    // the sum: invocation (r, c) reads word column c of rows r, r + PV_ROWS, ..
+    let c = tid % V_WORDS;
+    let r = tid / V_WORDS;
     let i0 = first - lo + r;
     var v0 = fetch_v(lo + i0 + 0u * PV_ROWS, hi, c, kv_h);
     var v1 = fetch_v(lo + i0 + 1u * PV_ROWS, hi, c, kv_h);
@@ -396,12 +404,12 @@ fn attention_decode_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_i
     }
     let l = wg_sum4(tid, ls);
 
-    // P·V: invocation (r, c) sums vec4 column c over its rows, PV_UNROLL rows a step,
+    // P·V: invocation (r, c) sums word column c over its rows, PV_UNROLL rows a step,
     // the next step's rows fetched before this step's products.
-    var o0 = vec4<f32>(0.0);
-    var o1 = vec4<f32>(0.0);
-    var o2 = vec4<f32>(0.0);
-    var o3 = vec4<f32>(0.0);
+    var o0_0 = vec4<f32>(0.0);
+    var o1_0 = vec4<f32>(0.0);
+    var o2_0 = vec4<f32>(0.0);
+    var o3_0 = vec4<f32>(0.0);
     if (r < PV_ROWS) {
         for (var i = i0; i < hi - lo; i = i + PV_STEP) {
             let n0 = fetch_v(lo + i + PV_STEP + 0u * PV_ROWS, hi, c, kv_h);
@@ -409,37 +417,37 @@ fn attention_decode_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_i
             let n2 = fetch_v(lo + i + PV_STEP + 2u * PV_ROWS, hi, c, kv_h);
             let n3 = fetch_v(lo + i + PV_STEP + 3u * PV_ROWS, hi, c, kv_h);
             let p0 = p_at(i + 0u * PV_ROWS, hi - lo);
-            let w0 = widen4(v0);
-            o0 = fma(vec4<f32>(p0.x), w0, o0);
-            o1 = fma(vec4<f32>(p0.y), w0, o1);
-            o2 = fma(vec4<f32>(p0.z), w0, o2);
-            o3 = fma(vec4<f32>(p0.w), w0, o3);
+            let w0 = widen_w(v0);
+            o0_0 = fma(vec4<f32>(p0.x), w0[0], o0_0);
+            o1_0 = fma(vec4<f32>(p0.y), w0[0], o1_0);
+            o2_0 = fma(vec4<f32>(p0.z), w0[0], o2_0);
+            o3_0 = fma(vec4<f32>(p0.w), w0[0], o3_0);
             let p1 = p_at(i + 1u * PV_ROWS, hi - lo);
-            let w1 = widen4(v1);
-            o0 = fma(vec4<f32>(p1.x), w1, o0);
-            o1 = fma(vec4<f32>(p1.y), w1, o1);
-            o2 = fma(vec4<f32>(p1.z), w1, o2);
-            o3 = fma(vec4<f32>(p1.w), w1, o3);
+            let w1 = widen_w(v1);
+            o0_0 = fma(vec4<f32>(p1.x), w1[0], o0_0);
+            o1_0 = fma(vec4<f32>(p1.y), w1[0], o1_0);
+            o2_0 = fma(vec4<f32>(p1.z), w1[0], o2_0);
+            o3_0 = fma(vec4<f32>(p1.w), w1[0], o3_0);
             let p2 = p_at(i + 2u * PV_ROWS, hi - lo);
-            let w2 = widen4(v2);
-            o0 = fma(vec4<f32>(p2.x), w2, o0);
-            o1 = fma(vec4<f32>(p2.y), w2, o1);
-            o2 = fma(vec4<f32>(p2.z), w2, o2);
-            o3 = fma(vec4<f32>(p2.w), w2, o3);
+            let w2 = widen_w(v2);
+            o0_0 = fma(vec4<f32>(p2.x), w2[0], o0_0);
+            o1_0 = fma(vec4<f32>(p2.y), w2[0], o1_0);
+            o2_0 = fma(vec4<f32>(p2.z), w2[0], o2_0);
+            o3_0 = fma(vec4<f32>(p2.w), w2[0], o3_0);
             let p3 = p_at(i + 3u * PV_ROWS, hi - lo);
-            let w3 = widen4(v3);
-            o0 = fma(vec4<f32>(p3.x), w3, o0);
-            o1 = fma(vec4<f32>(p3.y), w3, o1);
-            o2 = fma(vec4<f32>(p3.z), w3, o2);
-            o3 = fma(vec4<f32>(p3.w), w3, o3);
+            let w3 = widen_w(v3);
+            o0_0 = fma(vec4<f32>(p3.x), w3[0], o0_0);
+            o1_0 = fma(vec4<f32>(p3.y), w3[0], o1_0);
+            o2_0 = fma(vec4<f32>(p3.z), w3[0], o2_0);
+            o3_0 = fma(vec4<f32>(p3.w), w3[0], o3_0);
             v0 = n0;
             v1 = n1;
             v2 = n2;
             v3 = n3;
         }
     }
-    flush_head(tid, slice, sv.q.x, 0u < n_here, o0, vec2<f32>(m.x, l.x));
-    flush_head(tid, slice, sv.q.y, 1u < n_here, o1, vec2<f32>(m.y, l.y));
-    flush_head(tid, slice, sv.q.z, 2u < n_here, o2, vec2<f32>(m.z, l.z));
-    flush_head(tid, slice, sv.q.w, 3u < n_here, o3, vec2<f32>(m.w, l.w));
+    flush_head(tid, slice, sv.q.x, 0u < n_here, 0u, o0_0, vec2<f32>(m.x, l.x));
+    flush_head(tid, slice, sv.q.y, 1u < n_here, 0u, o1_0, vec2<f32>(m.y, l.y));
+    flush_head(tid, slice, sv.q.z, 2u < n_here, 0u, o2_0, vec2<f32>(m.z, l.z));
+    flush_head(tid, slice, sv.q.w, 3u < n_here, 0u, o3_0, vec2<f32>(m.w, l.w));
 }

@@ -11,14 +11,18 @@ const V4: u32 = HEAD_DIM / 4u;
 const NEG_BIG: f32 = -3.0e38;
 // Query heads per workgroup, one per vec4 component.
 const TILE: u32 = 4u;
-// Invocations per key in the scores pass, each summing V4 / LANES columns.
+// Words (4 elements) of a K row and of a V row, and the vec4s of a word.
+const K_WORDS: u32 = 32u;
+const V_WORDS: u32 = 32u;
+const QUADS: u32 = 1u;
+// Invocations per key in the scores pass, each summing K_WORDS / LANES words.
 const LANES: u32 = 2u;
 const KEY_TILE: u32 = WG / LANES;
 // Keys a slice may hold (dims.slice_len is at most this).
 const MAX_SLICE: u32 = 512u;
-// Rows of V read at once in P·V, one vec4 column per invocation, and the
+// Rows of V read at once in P·V, one word column per invocation, and the
 // groups of them whose loads each invocation issues together.
-const PV_ROWS: u32 = WG / V4;
+const PV_ROWS: u32 = WG / V_WORDS;
 const PV_UNROLL: u32 = 16u;
 const PV_STEP: u32 = PV_UNROLL * PV_ROWS;
 
@@ -265,54 +269,58 @@ fn dropped(row: u32, h: u32, j: u32, p: f32) -> f32 {
     return p;
 }
 
-var<workgroup> sh_q: array<vec4<f32>, TILE * V4>;
-// The slice's scores, then its P, one vec4 (the served queries) per key.
-var<workgroup> sh_s: array<vec4<f32>, MAX_SLICE>;
-
-// [slot, j, kv_h, d] in vec4s.
-fn kv4_index(j: u32, kv_h: u32) -> u32 {
-    return ((cache_slot() * dims.capacity + j) * dims.n_kv_heads + kv_h) * V4;
+// [slot, j, kv_h, d]: the row of key j (head kv_h).
+fn kv_row(j: u32, kv_h: u32) -> u32 {
+    return (cache_slot() * dims.capacity + j) * dims.n_kv_heads + kv_h;
 }
-
 // [row, h, d] in vec4s, of query q (row · n_heads + h) of this sequence's rows.
 fn q4_index(q: u32) -> u32 {
     return (q_row0 * dims.n_heads + q) * V4;
 }
 
-// vec4 column c of key j of the slice as stored, zeros past its end: the loads in
-// flight are held narrow (half the registers in f16 and bf16) and widened at use.
-fn fetch_k(j: u32, hi: u32, c: u32, kv_h: u32) -> u32 {
+// Word w of key j's K row (of V's), zeros past the slice (or the row): loads in flight stay
+// as stored (half the registers in half precision) and widen at use.
+fn fetch_k(j: u32, hi: u32, w: u32, kv_h: u32) -> u32 {
     var x = u32();
     if (j < hi) {
-        x = k_cache[kv4_index(j, kv_h) + c];
+        x = k_cache[kv_row(j, kv_h) * K_WORDS + w];
     }
     return x;
 }
 
-fn fetch_v(j: u32, hi: u32, c: u32, kv_h: u32) -> u32 {
+fn fetch_v(j: u32, hi: u32, w: u32, kv_h: u32) -> u32 {
     var x = u32();
     if (j < hi) {
-        x = v_cache[kv4_index(j, kv_h) + c];
+        x = v_cache[kv_row(j, kv_h) * V_WORDS + w];
     }
     return x;
 }
+
+// A word's elements as vec4s of f32, exactly.
+fn widen_w(x: u32) -> array<vec4<f32>, QUADS> {
+    return array<vec4<f32>, 1>(widen_kv4(x));
+}
+
+var<workgroup> sh_q: array<vec4<f32>, TILE * V4>;
+// The slice's scores, then its P, one vec4 (the served queries) per key.
+var<workgroup> sh_s: array<vec4<f32>, MAX_SLICE>;
 
 // P of the slice's key i (the served heads), zeros past its n keys.
 fn p_at(i: u32, n: u32) -> vec4<f32> {
     return select(vec4<f32>(0.0), sh_s[min(i, MAX_SLICE - 1u)], i < n);
 }
 
-// Sums head `h`'s P·V over the PV_ROWS row groups (each a chain over its rows) and
-// flushes it with the head's (m, l); every invocation reaches the barriers.
-fn flush_head(tid: u32, slice: u32, h: u32, real: bool, acc: vec4<f32>, ml: vec2<f32>) {
+// Sums vec4 `quad` of head `h`'s P·V words over the PV_ROWS row groups (each a chain over
+// its rows) and flushes it with the head's (m, l); every invocation reaches the barriers.
+fn flush_head(tid: u32, slice: u32, h: u32, real: bool, quad: u32, acc: vec4<f32>, ml: vec2<f32>) {
     sh_red[tid] = acc;
     workgroupBarrier();
-    if (real && tid < V4) {
+    if (real && tid < V_WORDS) {
         var sum = vec4<f32>(0.0);
         for (var r = 0u; r < PV_ROWS; r = r + 1u) {
-            sum = sum + sh_red[r * V4 + tid];
+            sum = sum + sh_red[r * V_WORDS + tid];
         }
-        partials[part_index(slice, h) + tid] = sum;
+        partials[part_index(slice, h) + tid * QUADS + quad] = sum;
         if (tid == 0u) {
             partials[part_index(slice, h) + V4] = vec4<f32>(ml, 0.0, 0.0);
         }
@@ -362,7 +370,7 @@ fn attention_decode_split_e4m3(@builtin(workgroup_id) wg: vec3<u32>, @builtin(lo
     }
     workgroupBarrier();
 
-    // Scores: LANES invocations per key, each a strided share of its vec4 columns. Each
+    // Scores: LANES invocations per key, each a strided share of its words. Each
     // invocation carries its share of the next key tile in registers, fetched before this
     // tile's products and reduction, so the loads' latency hides behind them.
     let lane = tid % LANES;
@@ -400,90 +408,90 @@ fn attention_decode_split_e4m3(@builtin(workgroup_id) wg: vec3<u32>, @builtin(lo
         let n13 = fetch_k(t0 + KEY_TILE + kr, hi, lane + 13u * LANES, kv_h);
         let n14 = fetch_k(t0 + KEY_TILE + kr, hi, lane + 14u * LANES, kv_h);
         let n15 = fetch_k(t0 + KEY_TILE + kr, hi, lane + 15u * LANES, kv_h);
-        let w0 = widen_kv4(k0);
-        let w1 = widen_kv4(k1);
-        let w2 = widen_kv4(k2);
-        let w3 = widen_kv4(k3);
-        let w4 = widen_kv4(k4);
-        let w5 = widen_kv4(k5);
-        let w6 = widen_kv4(k6);
-        let w7 = widen_kv4(k7);
-        let w8 = widen_kv4(k8);
-        let w9 = widen_kv4(k9);
-        let w10 = widen_kv4(k10);
-        let w11 = widen_kv4(k11);
-        let w12 = widen_kv4(k12);
-        let w13 = widen_kv4(k13);
-        let w14 = widen_kv4(k14);
-        let w15 = widen_kv4(k15);
+        let w0 = widen_w(k0);
+        let w1 = widen_w(k1);
+        let w2 = widen_w(k2);
+        let w3 = widen_w(k3);
+        let w4 = widen_w(k4);
+        let w5 = widen_w(k5);
+        let w6 = widen_w(k6);
+        let w7 = widen_w(k7);
+        let w8 = widen_w(k8);
+        let w9 = widen_w(k9);
+        let w10 = widen_w(k10);
+        let w11 = widen_w(k11);
+        let w12 = widen_w(k12);
+        let w13 = widen_w(k13);
+        let w14 = widen_w(k14);
+        let w15 = widen_w(k15);
         var a0 = vec4<f32>(0.0);
         var a1 = vec4<f32>(0.0);
         var a2 = vec4<f32>(0.0);
         var a3 = vec4<f32>(0.0);
-        a0 = fma(sh_q[0u * V4 + lane + 0u * LANES], w0, a0);
-        a1 = fma(sh_q[1u * V4 + lane + 0u * LANES], w0, a1);
-        a2 = fma(sh_q[2u * V4 + lane + 0u * LANES], w0, a2);
-        a3 = fma(sh_q[3u * V4 + lane + 0u * LANES], w0, a3);
-        a0 = fma(sh_q[0u * V4 + lane + 1u * LANES], w1, a0);
-        a1 = fma(sh_q[1u * V4 + lane + 1u * LANES], w1, a1);
-        a2 = fma(sh_q[2u * V4 + lane + 1u * LANES], w1, a2);
-        a3 = fma(sh_q[3u * V4 + lane + 1u * LANES], w1, a3);
-        a0 = fma(sh_q[0u * V4 + lane + 2u * LANES], w2, a0);
-        a1 = fma(sh_q[1u * V4 + lane + 2u * LANES], w2, a1);
-        a2 = fma(sh_q[2u * V4 + lane + 2u * LANES], w2, a2);
-        a3 = fma(sh_q[3u * V4 + lane + 2u * LANES], w2, a3);
-        a0 = fma(sh_q[0u * V4 + lane + 3u * LANES], w3, a0);
-        a1 = fma(sh_q[1u * V4 + lane + 3u * LANES], w3, a1);
-        a2 = fma(sh_q[2u * V4 + lane + 3u * LANES], w3, a2);
-        a3 = fma(sh_q[3u * V4 + lane + 3u * LANES], w3, a3);
-        a0 = fma(sh_q[0u * V4 + lane + 4u * LANES], w4, a0);
-        a1 = fma(sh_q[1u * V4 + lane + 4u * LANES], w4, a1);
-        a2 = fma(sh_q[2u * V4 + lane + 4u * LANES], w4, a2);
-        a3 = fma(sh_q[3u * V4 + lane + 4u * LANES], w4, a3);
-        a0 = fma(sh_q[0u * V4 + lane + 5u * LANES], w5, a0);
-        a1 = fma(sh_q[1u * V4 + lane + 5u * LANES], w5, a1);
-        a2 = fma(sh_q[2u * V4 + lane + 5u * LANES], w5, a2);
-        a3 = fma(sh_q[3u * V4 + lane + 5u * LANES], w5, a3);
-        a0 = fma(sh_q[0u * V4 + lane + 6u * LANES], w6, a0);
-        a1 = fma(sh_q[1u * V4 + lane + 6u * LANES], w6, a1);
-        a2 = fma(sh_q[2u * V4 + lane + 6u * LANES], w6, a2);
-        a3 = fma(sh_q[3u * V4 + lane + 6u * LANES], w6, a3);
-        a0 = fma(sh_q[0u * V4 + lane + 7u * LANES], w7, a0);
-        a1 = fma(sh_q[1u * V4 + lane + 7u * LANES], w7, a1);
-        a2 = fma(sh_q[2u * V4 + lane + 7u * LANES], w7, a2);
-        a3 = fma(sh_q[3u * V4 + lane + 7u * LANES], w7, a3);
-        a0 = fma(sh_q[0u * V4 + lane + 8u * LANES], w8, a0);
-        a1 = fma(sh_q[1u * V4 + lane + 8u * LANES], w8, a1);
-        a2 = fma(sh_q[2u * V4 + lane + 8u * LANES], w8, a2);
-        a3 = fma(sh_q[3u * V4 + lane + 8u * LANES], w8, a3);
-        a0 = fma(sh_q[0u * V4 + lane + 9u * LANES], w9, a0);
-        a1 = fma(sh_q[1u * V4 + lane + 9u * LANES], w9, a1);
-        a2 = fma(sh_q[2u * V4 + lane + 9u * LANES], w9, a2);
-        a3 = fma(sh_q[3u * V4 + lane + 9u * LANES], w9, a3);
-        a0 = fma(sh_q[0u * V4 + lane + 10u * LANES], w10, a0);
-        a1 = fma(sh_q[1u * V4 + lane + 10u * LANES], w10, a1);
-        a2 = fma(sh_q[2u * V4 + lane + 10u * LANES], w10, a2);
-        a3 = fma(sh_q[3u * V4 + lane + 10u * LANES], w10, a3);
-        a0 = fma(sh_q[0u * V4 + lane + 11u * LANES], w11, a0);
-        a1 = fma(sh_q[1u * V4 + lane + 11u * LANES], w11, a1);
-        a2 = fma(sh_q[2u * V4 + lane + 11u * LANES], w11, a2);
-        a3 = fma(sh_q[3u * V4 + lane + 11u * LANES], w11, a3);
-        a0 = fma(sh_q[0u * V4 + lane + 12u * LANES], w12, a0);
-        a1 = fma(sh_q[1u * V4 + lane + 12u * LANES], w12, a1);
-        a2 = fma(sh_q[2u * V4 + lane + 12u * LANES], w12, a2);
-        a3 = fma(sh_q[3u * V4 + lane + 12u * LANES], w12, a3);
-        a0 = fma(sh_q[0u * V4 + lane + 13u * LANES], w13, a0);
-        a1 = fma(sh_q[1u * V4 + lane + 13u * LANES], w13, a1);
-        a2 = fma(sh_q[2u * V4 + lane + 13u * LANES], w13, a2);
-        a3 = fma(sh_q[3u * V4 + lane + 13u * LANES], w13, a3);
-        a0 = fma(sh_q[0u * V4 + lane + 14u * LANES], w14, a0);
-        a1 = fma(sh_q[1u * V4 + lane + 14u * LANES], w14, a1);
-        a2 = fma(sh_q[2u * V4 + lane + 14u * LANES], w14, a2);
-        a3 = fma(sh_q[3u * V4 + lane + 14u * LANES], w14, a3);
-        a0 = fma(sh_q[0u * V4 + lane + 15u * LANES], w15, a0);
-        a1 = fma(sh_q[1u * V4 + lane + 15u * LANES], w15, a1);
-        a2 = fma(sh_q[2u * V4 + lane + 15u * LANES], w15, a2);
-        a3 = fma(sh_q[3u * V4 + lane + 15u * LANES], w15, a3);
+        a0 = fma(sh_q[0u * V4 + (lane + 0u * LANES) * QUADS + 0u], w0[0], a0);
+        a1 = fma(sh_q[1u * V4 + (lane + 0u * LANES) * QUADS + 0u], w0[0], a1);
+        a2 = fma(sh_q[2u * V4 + (lane + 0u * LANES) * QUADS + 0u], w0[0], a2);
+        a3 = fma(sh_q[3u * V4 + (lane + 0u * LANES) * QUADS + 0u], w0[0], a3);
+        a0 = fma(sh_q[0u * V4 + (lane + 1u * LANES) * QUADS + 0u], w1[0], a0);
+        a1 = fma(sh_q[1u * V4 + (lane + 1u * LANES) * QUADS + 0u], w1[0], a1);
+        a2 = fma(sh_q[2u * V4 + (lane + 1u * LANES) * QUADS + 0u], w1[0], a2);
+        a3 = fma(sh_q[3u * V4 + (lane + 1u * LANES) * QUADS + 0u], w1[0], a3);
+        a0 = fma(sh_q[0u * V4 + (lane + 2u * LANES) * QUADS + 0u], w2[0], a0);
+        a1 = fma(sh_q[1u * V4 + (lane + 2u * LANES) * QUADS + 0u], w2[0], a1);
+        a2 = fma(sh_q[2u * V4 + (lane + 2u * LANES) * QUADS + 0u], w2[0], a2);
+        a3 = fma(sh_q[3u * V4 + (lane + 2u * LANES) * QUADS + 0u], w2[0], a3);
+        a0 = fma(sh_q[0u * V4 + (lane + 3u * LANES) * QUADS + 0u], w3[0], a0);
+        a1 = fma(sh_q[1u * V4 + (lane + 3u * LANES) * QUADS + 0u], w3[0], a1);
+        a2 = fma(sh_q[2u * V4 + (lane + 3u * LANES) * QUADS + 0u], w3[0], a2);
+        a3 = fma(sh_q[3u * V4 + (lane + 3u * LANES) * QUADS + 0u], w3[0], a3);
+        a0 = fma(sh_q[0u * V4 + (lane + 4u * LANES) * QUADS + 0u], w4[0], a0);
+        a1 = fma(sh_q[1u * V4 + (lane + 4u * LANES) * QUADS + 0u], w4[0], a1);
+        a2 = fma(sh_q[2u * V4 + (lane + 4u * LANES) * QUADS + 0u], w4[0], a2);
+        a3 = fma(sh_q[3u * V4 + (lane + 4u * LANES) * QUADS + 0u], w4[0], a3);
+        a0 = fma(sh_q[0u * V4 + (lane + 5u * LANES) * QUADS + 0u], w5[0], a0);
+        a1 = fma(sh_q[1u * V4 + (lane + 5u * LANES) * QUADS + 0u], w5[0], a1);
+        a2 = fma(sh_q[2u * V4 + (lane + 5u * LANES) * QUADS + 0u], w5[0], a2);
+        a3 = fma(sh_q[3u * V4 + (lane + 5u * LANES) * QUADS + 0u], w5[0], a3);
+        a0 = fma(sh_q[0u * V4 + (lane + 6u * LANES) * QUADS + 0u], w6[0], a0);
+        a1 = fma(sh_q[1u * V4 + (lane + 6u * LANES) * QUADS + 0u], w6[0], a1);
+        a2 = fma(sh_q[2u * V4 + (lane + 6u * LANES) * QUADS + 0u], w6[0], a2);
+        a3 = fma(sh_q[3u * V4 + (lane + 6u * LANES) * QUADS + 0u], w6[0], a3);
+        a0 = fma(sh_q[0u * V4 + (lane + 7u * LANES) * QUADS + 0u], w7[0], a0);
+        a1 = fma(sh_q[1u * V4 + (lane + 7u * LANES) * QUADS + 0u], w7[0], a1);
+        a2 = fma(sh_q[2u * V4 + (lane + 7u * LANES) * QUADS + 0u], w7[0], a2);
+        a3 = fma(sh_q[3u * V4 + (lane + 7u * LANES) * QUADS + 0u], w7[0], a3);
+        a0 = fma(sh_q[0u * V4 + (lane + 8u * LANES) * QUADS + 0u], w8[0], a0);
+        a1 = fma(sh_q[1u * V4 + (lane + 8u * LANES) * QUADS + 0u], w8[0], a1);
+        a2 = fma(sh_q[2u * V4 + (lane + 8u * LANES) * QUADS + 0u], w8[0], a2);
+        a3 = fma(sh_q[3u * V4 + (lane + 8u * LANES) * QUADS + 0u], w8[0], a3);
+        a0 = fma(sh_q[0u * V4 + (lane + 9u * LANES) * QUADS + 0u], w9[0], a0);
+        a1 = fma(sh_q[1u * V4 + (lane + 9u * LANES) * QUADS + 0u], w9[0], a1);
+        a2 = fma(sh_q[2u * V4 + (lane + 9u * LANES) * QUADS + 0u], w9[0], a2);
+        a3 = fma(sh_q[3u * V4 + (lane + 9u * LANES) * QUADS + 0u], w9[0], a3);
+        a0 = fma(sh_q[0u * V4 + (lane + 10u * LANES) * QUADS + 0u], w10[0], a0);
+        a1 = fma(sh_q[1u * V4 + (lane + 10u * LANES) * QUADS + 0u], w10[0], a1);
+        a2 = fma(sh_q[2u * V4 + (lane + 10u * LANES) * QUADS + 0u], w10[0], a2);
+        a3 = fma(sh_q[3u * V4 + (lane + 10u * LANES) * QUADS + 0u], w10[0], a3);
+        a0 = fma(sh_q[0u * V4 + (lane + 11u * LANES) * QUADS + 0u], w11[0], a0);
+        a1 = fma(sh_q[1u * V4 + (lane + 11u * LANES) * QUADS + 0u], w11[0], a1);
+        a2 = fma(sh_q[2u * V4 + (lane + 11u * LANES) * QUADS + 0u], w11[0], a2);
+        a3 = fma(sh_q[3u * V4 + (lane + 11u * LANES) * QUADS + 0u], w11[0], a3);
+        a0 = fma(sh_q[0u * V4 + (lane + 12u * LANES) * QUADS + 0u], w12[0], a0);
+        a1 = fma(sh_q[1u * V4 + (lane + 12u * LANES) * QUADS + 0u], w12[0], a1);
+        a2 = fma(sh_q[2u * V4 + (lane + 12u * LANES) * QUADS + 0u], w12[0], a2);
+        a3 = fma(sh_q[3u * V4 + (lane + 12u * LANES) * QUADS + 0u], w12[0], a3);
+        a0 = fma(sh_q[0u * V4 + (lane + 13u * LANES) * QUADS + 0u], w13[0], a0);
+        a1 = fma(sh_q[1u * V4 + (lane + 13u * LANES) * QUADS + 0u], w13[0], a1);
+        a2 = fma(sh_q[2u * V4 + (lane + 13u * LANES) * QUADS + 0u], w13[0], a2);
+        a3 = fma(sh_q[3u * V4 + (lane + 13u * LANES) * QUADS + 0u], w13[0], a3);
+        a0 = fma(sh_q[0u * V4 + (lane + 14u * LANES) * QUADS + 0u], w14[0], a0);
+        a1 = fma(sh_q[1u * V4 + (lane + 14u * LANES) * QUADS + 0u], w14[0], a1);
+        a2 = fma(sh_q[2u * V4 + (lane + 14u * LANES) * QUADS + 0u], w14[0], a2);
+        a3 = fma(sh_q[3u * V4 + (lane + 14u * LANES) * QUADS + 0u], w14[0], a3);
+        a0 = fma(sh_q[0u * V4 + (lane + 15u * LANES) * QUADS + 0u], w15[0], a0);
+        a1 = fma(sh_q[1u * V4 + (lane + 15u * LANES) * QUADS + 0u], w15[0], a1);
+        a2 = fma(sh_q[2u * V4 + (lane + 15u * LANES) * QUADS + 0u], w15[0], a2);
+        a3 = fma(sh_q[3u * V4 + (lane + 15u * LANES) * QUADS + 0u], w15[0], a3);
         sh_red[tid] = vec4<f32>(hsum(a0), hsum(a1), hsum(a2), hsum(a3));
         workgroupBarrier();
         if (tid < KEY_TILE) {
@@ -529,9 +537,9 @@ fn attention_decode_split_e4m3(@builtin(workgroup_id) wg: vec3<u32>, @builtin(lo
     }
 
     // P·V's first rows of V, fetched now so that their latency hides behind the max and
-    // the sum: invocation (r, c) reads vec4 column c of rows r, r + PV_ROWS, ..
-    let c = tid % V4;
-    let r = tid / V4;
+    // the sum: invocation (r, c) reads word column c of rows r, r + PV_ROWS, ..
+    let c = tid % V_WORDS;
+    let r = tid / V_WORDS;
     let i0 = first - lo + r;
     var v0 = fetch_v(lo + i0 + 0u * PV_ROWS, hi, c, kv_h);
     var v1 = fetch_v(lo + i0 + 1u * PV_ROWS, hi, c, kv_h);
@@ -564,12 +572,12 @@ fn attention_decode_split_e4m3(@builtin(workgroup_id) wg: vec3<u32>, @builtin(lo
     }
     let l = wg_sum4(tid, ls);
 
-    // P·V: invocation (r, c) sums vec4 column c over its rows, PV_UNROLL rows a step,
+    // P·V: invocation (r, c) sums word column c over its rows, PV_UNROLL rows a step,
     // the next step's rows fetched before this step's products.
-    var o0 = vec4<f32>(0.0);
-    var o1 = vec4<f32>(0.0);
-    var o2 = vec4<f32>(0.0);
-    var o3 = vec4<f32>(0.0);
+    var o0_0 = vec4<f32>(0.0);
+    var o1_0 = vec4<f32>(0.0);
+    var o2_0 = vec4<f32>(0.0);
+    var o3_0 = vec4<f32>(0.0);
     if (r < PV_ROWS) {
         for (var i = i0; i < hi - lo; i = i + PV_STEP) {
             let n0 = fetch_v(lo + i + PV_STEP + 0u * PV_ROWS, hi, c, kv_h);
@@ -589,101 +597,101 @@ fn attention_decode_split_e4m3(@builtin(workgroup_id) wg: vec3<u32>, @builtin(lo
             let n14 = fetch_v(lo + i + PV_STEP + 14u * PV_ROWS, hi, c, kv_h);
             let n15 = fetch_v(lo + i + PV_STEP + 15u * PV_ROWS, hi, c, kv_h);
             let p0 = p_at(i + 0u * PV_ROWS, hi - lo);
-            let w0 = widen_kv4(v0);
-            o0 = fma(vec4<f32>(p0.x), w0, o0);
-            o1 = fma(vec4<f32>(p0.y), w0, o1);
-            o2 = fma(vec4<f32>(p0.z), w0, o2);
-            o3 = fma(vec4<f32>(p0.w), w0, o3);
+            let w0 = widen_w(v0);
+            o0_0 = fma(vec4<f32>(p0.x), w0[0], o0_0);
+            o1_0 = fma(vec4<f32>(p0.y), w0[0], o1_0);
+            o2_0 = fma(vec4<f32>(p0.z), w0[0], o2_0);
+            o3_0 = fma(vec4<f32>(p0.w), w0[0], o3_0);
             let p1 = p_at(i + 1u * PV_ROWS, hi - lo);
-            let w1 = widen_kv4(v1);
-            o0 = fma(vec4<f32>(p1.x), w1, o0);
-            o1 = fma(vec4<f32>(p1.y), w1, o1);
-            o2 = fma(vec4<f32>(p1.z), w1, o2);
-            o3 = fma(vec4<f32>(p1.w), w1, o3);
+            let w1 = widen_w(v1);
+            o0_0 = fma(vec4<f32>(p1.x), w1[0], o0_0);
+            o1_0 = fma(vec4<f32>(p1.y), w1[0], o1_0);
+            o2_0 = fma(vec4<f32>(p1.z), w1[0], o2_0);
+            o3_0 = fma(vec4<f32>(p1.w), w1[0], o3_0);
             let p2 = p_at(i + 2u * PV_ROWS, hi - lo);
-            let w2 = widen_kv4(v2);
-            o0 = fma(vec4<f32>(p2.x), w2, o0);
-            o1 = fma(vec4<f32>(p2.y), w2, o1);
-            o2 = fma(vec4<f32>(p2.z), w2, o2);
-            o3 = fma(vec4<f32>(p2.w), w2, o3);
+            let w2 = widen_w(v2);
+            o0_0 = fma(vec4<f32>(p2.x), w2[0], o0_0);
+            o1_0 = fma(vec4<f32>(p2.y), w2[0], o1_0);
+            o2_0 = fma(vec4<f32>(p2.z), w2[0], o2_0);
+            o3_0 = fma(vec4<f32>(p2.w), w2[0], o3_0);
             let p3 = p_at(i + 3u * PV_ROWS, hi - lo);
-            let w3 = widen_kv4(v3);
-            o0 = fma(vec4<f32>(p3.x), w3, o0);
-            o1 = fma(vec4<f32>(p3.y), w3, o1);
-            o2 = fma(vec4<f32>(p3.z), w3, o2);
-            o3 = fma(vec4<f32>(p3.w), w3, o3);
+            let w3 = widen_w(v3);
+            o0_0 = fma(vec4<f32>(p3.x), w3[0], o0_0);
+            o1_0 = fma(vec4<f32>(p3.y), w3[0], o1_0);
+            o2_0 = fma(vec4<f32>(p3.z), w3[0], o2_0);
+            o3_0 = fma(vec4<f32>(p3.w), w3[0], o3_0);
             let p4 = p_at(i + 4u * PV_ROWS, hi - lo);
-            let w4 = widen_kv4(v4);
-            o0 = fma(vec4<f32>(p4.x), w4, o0);
-            o1 = fma(vec4<f32>(p4.y), w4, o1);
-            o2 = fma(vec4<f32>(p4.z), w4, o2);
-            o3 = fma(vec4<f32>(p4.w), w4, o3);
+            let w4 = widen_w(v4);
+            o0_0 = fma(vec4<f32>(p4.x), w4[0], o0_0);
+            o1_0 = fma(vec4<f32>(p4.y), w4[0], o1_0);
+            o2_0 = fma(vec4<f32>(p4.z), w4[0], o2_0);
+            o3_0 = fma(vec4<f32>(p4.w), w4[0], o3_0);
             let p5 = p_at(i + 5u * PV_ROWS, hi - lo);
-            let w5 = widen_kv4(v5);
-            o0 = fma(vec4<f32>(p5.x), w5, o0);
-            o1 = fma(vec4<f32>(p5.y), w5, o1);
-            o2 = fma(vec4<f32>(p5.z), w5, o2);
-            o3 = fma(vec4<f32>(p5.w), w5, o3);
+            let w5 = widen_w(v5);
+            o0_0 = fma(vec4<f32>(p5.x), w5[0], o0_0);
+            o1_0 = fma(vec4<f32>(p5.y), w5[0], o1_0);
+            o2_0 = fma(vec4<f32>(p5.z), w5[0], o2_0);
+            o3_0 = fma(vec4<f32>(p5.w), w5[0], o3_0);
             let p6 = p_at(i + 6u * PV_ROWS, hi - lo);
-            let w6 = widen_kv4(v6);
-            o0 = fma(vec4<f32>(p6.x), w6, o0);
-            o1 = fma(vec4<f32>(p6.y), w6, o1);
-            o2 = fma(vec4<f32>(p6.z), w6, o2);
-            o3 = fma(vec4<f32>(p6.w), w6, o3);
+            let w6 = widen_w(v6);
+            o0_0 = fma(vec4<f32>(p6.x), w6[0], o0_0);
+            o1_0 = fma(vec4<f32>(p6.y), w6[0], o1_0);
+            o2_0 = fma(vec4<f32>(p6.z), w6[0], o2_0);
+            o3_0 = fma(vec4<f32>(p6.w), w6[0], o3_0);
             let p7 = p_at(i + 7u * PV_ROWS, hi - lo);
-            let w7 = widen_kv4(v7);
-            o0 = fma(vec4<f32>(p7.x), w7, o0);
-            o1 = fma(vec4<f32>(p7.y), w7, o1);
-            o2 = fma(vec4<f32>(p7.z), w7, o2);
-            o3 = fma(vec4<f32>(p7.w), w7, o3);
+            let w7 = widen_w(v7);
+            o0_0 = fma(vec4<f32>(p7.x), w7[0], o0_0);
+            o1_0 = fma(vec4<f32>(p7.y), w7[0], o1_0);
+            o2_0 = fma(vec4<f32>(p7.z), w7[0], o2_0);
+            o3_0 = fma(vec4<f32>(p7.w), w7[0], o3_0);
             let p8 = p_at(i + 8u * PV_ROWS, hi - lo);
-            let w8 = widen_kv4(v8);
-            o0 = fma(vec4<f32>(p8.x), w8, o0);
-            o1 = fma(vec4<f32>(p8.y), w8, o1);
-            o2 = fma(vec4<f32>(p8.z), w8, o2);
-            o3 = fma(vec4<f32>(p8.w), w8, o3);
+            let w8 = widen_w(v8);
+            o0_0 = fma(vec4<f32>(p8.x), w8[0], o0_0);
+            o1_0 = fma(vec4<f32>(p8.y), w8[0], o1_0);
+            o2_0 = fma(vec4<f32>(p8.z), w8[0], o2_0);
+            o3_0 = fma(vec4<f32>(p8.w), w8[0], o3_0);
             let p9 = p_at(i + 9u * PV_ROWS, hi - lo);
-            let w9 = widen_kv4(v9);
-            o0 = fma(vec4<f32>(p9.x), w9, o0);
-            o1 = fma(vec4<f32>(p9.y), w9, o1);
-            o2 = fma(vec4<f32>(p9.z), w9, o2);
-            o3 = fma(vec4<f32>(p9.w), w9, o3);
+            let w9 = widen_w(v9);
+            o0_0 = fma(vec4<f32>(p9.x), w9[0], o0_0);
+            o1_0 = fma(vec4<f32>(p9.y), w9[0], o1_0);
+            o2_0 = fma(vec4<f32>(p9.z), w9[0], o2_0);
+            o3_0 = fma(vec4<f32>(p9.w), w9[0], o3_0);
             let p10 = p_at(i + 10u * PV_ROWS, hi - lo);
-            let w10 = widen_kv4(v10);
-            o0 = fma(vec4<f32>(p10.x), w10, o0);
-            o1 = fma(vec4<f32>(p10.y), w10, o1);
-            o2 = fma(vec4<f32>(p10.z), w10, o2);
-            o3 = fma(vec4<f32>(p10.w), w10, o3);
+            let w10 = widen_w(v10);
+            o0_0 = fma(vec4<f32>(p10.x), w10[0], o0_0);
+            o1_0 = fma(vec4<f32>(p10.y), w10[0], o1_0);
+            o2_0 = fma(vec4<f32>(p10.z), w10[0], o2_0);
+            o3_0 = fma(vec4<f32>(p10.w), w10[0], o3_0);
             let p11 = p_at(i + 11u * PV_ROWS, hi - lo);
-            let w11 = widen_kv4(v11);
-            o0 = fma(vec4<f32>(p11.x), w11, o0);
-            o1 = fma(vec4<f32>(p11.y), w11, o1);
-            o2 = fma(vec4<f32>(p11.z), w11, o2);
-            o3 = fma(vec4<f32>(p11.w), w11, o3);
+            let w11 = widen_w(v11);
+            o0_0 = fma(vec4<f32>(p11.x), w11[0], o0_0);
+            o1_0 = fma(vec4<f32>(p11.y), w11[0], o1_0);
+            o2_0 = fma(vec4<f32>(p11.z), w11[0], o2_0);
+            o3_0 = fma(vec4<f32>(p11.w), w11[0], o3_0);
             let p12 = p_at(i + 12u * PV_ROWS, hi - lo);
-            let w12 = widen_kv4(v12);
-            o0 = fma(vec4<f32>(p12.x), w12, o0);
-            o1 = fma(vec4<f32>(p12.y), w12, o1);
-            o2 = fma(vec4<f32>(p12.z), w12, o2);
-            o3 = fma(vec4<f32>(p12.w), w12, o3);
+            let w12 = widen_w(v12);
+            o0_0 = fma(vec4<f32>(p12.x), w12[0], o0_0);
+            o1_0 = fma(vec4<f32>(p12.y), w12[0], o1_0);
+            o2_0 = fma(vec4<f32>(p12.z), w12[0], o2_0);
+            o3_0 = fma(vec4<f32>(p12.w), w12[0], o3_0);
             let p13 = p_at(i + 13u * PV_ROWS, hi - lo);
-            let w13 = widen_kv4(v13);
-            o0 = fma(vec4<f32>(p13.x), w13, o0);
-            o1 = fma(vec4<f32>(p13.y), w13, o1);
-            o2 = fma(vec4<f32>(p13.z), w13, o2);
-            o3 = fma(vec4<f32>(p13.w), w13, o3);
+            let w13 = widen_w(v13);
+            o0_0 = fma(vec4<f32>(p13.x), w13[0], o0_0);
+            o1_0 = fma(vec4<f32>(p13.y), w13[0], o1_0);
+            o2_0 = fma(vec4<f32>(p13.z), w13[0], o2_0);
+            o3_0 = fma(vec4<f32>(p13.w), w13[0], o3_0);
             let p14 = p_at(i + 14u * PV_ROWS, hi - lo);
-            let w14 = widen_kv4(v14);
-            o0 = fma(vec4<f32>(p14.x), w14, o0);
-            o1 = fma(vec4<f32>(p14.y), w14, o1);
-            o2 = fma(vec4<f32>(p14.z), w14, o2);
-            o3 = fma(vec4<f32>(p14.w), w14, o3);
+            let w14 = widen_w(v14);
+            o0_0 = fma(vec4<f32>(p14.x), w14[0], o0_0);
+            o1_0 = fma(vec4<f32>(p14.y), w14[0], o1_0);
+            o2_0 = fma(vec4<f32>(p14.z), w14[0], o2_0);
+            o3_0 = fma(vec4<f32>(p14.w), w14[0], o3_0);
             let p15 = p_at(i + 15u * PV_ROWS, hi - lo);
-            let w15 = widen_kv4(v15);
-            o0 = fma(vec4<f32>(p15.x), w15, o0);
-            o1 = fma(vec4<f32>(p15.y), w15, o1);
-            o2 = fma(vec4<f32>(p15.z), w15, o2);
-            o3 = fma(vec4<f32>(p15.w), w15, o3);
+            let w15 = widen_w(v15);
+            o0_0 = fma(vec4<f32>(p15.x), w15[0], o0_0);
+            o1_0 = fma(vec4<f32>(p15.y), w15[0], o1_0);
+            o2_0 = fma(vec4<f32>(p15.z), w15[0], o2_0);
+            o3_0 = fma(vec4<f32>(p15.w), w15[0], o3_0);
             v0 = n0;
             v1 = n1;
             v2 = n2;
@@ -702,8 +710,8 @@ fn attention_decode_split_e4m3(@builtin(workgroup_id) wg: vec3<u32>, @builtin(lo
             v15 = n15;
         }
     }
-    flush_head(tid, slice, sv.q.x, 0u < n_here, o0 * (kv_scales[dims.n_kv_heads + kv_h] * FP8_UNIT), vec2<f32>(m.x, l.x));
-    flush_head(tid, slice, sv.q.y, 1u < n_here, o1 * (kv_scales[dims.n_kv_heads + kv_h] * FP8_UNIT), vec2<f32>(m.y, l.y));
-    flush_head(tid, slice, sv.q.z, 2u < n_here, o2 * (kv_scales[dims.n_kv_heads + kv_h] * FP8_UNIT), vec2<f32>(m.z, l.z));
-    flush_head(tid, slice, sv.q.w, 3u < n_here, o3 * (kv_scales[dims.n_kv_heads + kv_h] * FP8_UNIT), vec2<f32>(m.w, l.w));
+    flush_head(tid, slice, sv.q.x, 0u < n_here, 0u, o0_0 * (kv_scales[dims.n_kv_heads + kv_h] * FP8_UNIT), vec2<f32>(m.x, l.x));
+    flush_head(tid, slice, sv.q.y, 1u < n_here, 0u, o1_0 * (kv_scales[dims.n_kv_heads + kv_h] * FP8_UNIT), vec2<f32>(m.y, l.y));
+    flush_head(tid, slice, sv.q.z, 2u < n_here, 0u, o2_0 * (kv_scales[dims.n_kv_heads + kv_h] * FP8_UNIT), vec2<f32>(m.z, l.z));
+    flush_head(tid, slice, sv.q.w, 3u < n_here, 0u, o3_0 * (kv_scales[dims.n_kv_heads + kv_h] * FP8_UNIT), vec2<f32>(m.w, l.w));
 }

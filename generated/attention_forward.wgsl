@@ -246,7 +246,8 @@ fn attend_row(row: u32, h: u32, tid: u32) {
     }
     let qi = q_index(row, h);
     if (tid < HEAD_DIM) {
-        sh_q[tid] = query_at(qi + tid);        sh_acc[tid] = 0.0;
+        sh_q[tid] = query_at(qi + tid);
+        sh_acc[tid] = 0.0;
     }
     workgroupBarrier();
     let range = workgroupUniformLoad(&sh_range);

@@ -376,10 +376,10 @@ fn signature_bindings(spec: &KernelSpec) -> Vec<Binding> {
                     let fields = block.fields.iter().map(|f| Cow::Borrowed(*f)).collect();
                     (Access::Uniform, Cow::Borrowed(block.struct_name), fields)
                 }
-                // The streamed decode loads its cache in words of eight elements.
-                Role::Input if t.elem == Elem::Cache4 && stream_word(spec).is_some() => (
+                // A split pass loads its cache in words of eight elements where it can.
+                Role::Input if t.elem == Elem::Cache4 && split_word(spec).is_some() => (
                     Access::Read,
-                    Cow::Borrowed(stream_word(spec).unwrap_or_default()),
+                    Cow::Borrowed(split_word(spec).unwrap_or_default()),
                     Vec::new(),
                 ),
                 Role::Input => (Access::Read, array_type(t.elem, scalar, None), Vec::new()),
@@ -409,11 +409,11 @@ fn signature_bindings(spec: &KernelSpec) -> Vec<Binding> {
         .collect()
 }
 
-/// The word type of a streamed decode's cache where it differs from four elements'.
-fn stream_word(spec: &KernelSpec) -> Option<&'static str> {
-    let s = crate::layout::decode::Stream::of(spec)?.ok()?;
-    (s.word == 8).then(
-        || match crate::layout::decode::stream_word_type(spec, s.word) {
+/// The array type of a split pass's cache where its words are eight elements, not four.
+fn split_word(spec: &KernelSpec) -> Option<&'static str> {
+    let word = crate::layout::decode::word(spec);
+    (spec.op == Op::DecodeSplit && word == 8).then(
+        || match crate::layout::decode::stream_word_type(spec, word) {
             "vec2<u32>" => "array<vec2<u32>>",
             _ => "array<vec4<u32>>",
         },

@@ -18,7 +18,7 @@ use std::fmt::Write;
 
 use crate::spec::{Cache, KernelSpec, Op};
 
-use crate::layout::decode::{Stream, lanes, max_slice, pv_unroll};
+use crate::layout::decode::{Stream, lanes, max_slice, pv_unroll, word};
 
 pub(super) fn constants(out: &mut Wgsl, spec: &KernelSpec) {
     let _ = writeln!(out, "const WG: u32 = {}u;", spec.workgroup_size);
@@ -33,19 +33,24 @@ pub(super) fn constants(out: &mut Wgsl, spec: &KernelSpec) {
         let _ = write!(
             out,
             "// Query heads per workgroup, one per vec4 component.\nconst TILE: u32 = {tile}u;\n\
-             // Invocations per key in the scores pass, each summing {qk4} / LANES columns.\n\
+             // Words ({word} elements) of a K row and of a V row, and the vec4s of a word.\n\
+             const K_WORDS: u32 = {kw}u;\nconst V_WORDS: u32 = {vw}u;\nconst QUADS: u32 = {quads}u;\n\
+             // Invocations per key in the scores pass, each summing K_WORDS / LANES words.\n\
              const LANES: u32 = {lanes}u;\nconst KEY_TILE: u32 = WG / LANES;\n\
              // Keys a slice may hold (dims.slice_len is at most this).\n\
              const MAX_SLICE: u32 = {max}u;\n\
-             // Rows of V read at once in P·V, one vec4 column per invocation, and the\n\
+             // Rows of V read at once in P·V, one word column per invocation, and the\n\
              // groups of them whose loads each invocation issues together.\n\
-             const PV_ROWS: u32 = WG / V4;\nconst PV_UNROLL: u32 = {unroll}u;\n\
+             const PV_ROWS: u32 = WG / V_WORDS;\nconst PV_UNROLL: u32 = {unroll}u;\n\
              const PV_STEP: u32 = PV_UNROLL * PV_ROWS;\n",
             tile = spec.grid.tile,
+            word = word(spec),
+            kw = spec.head_dim / word(spec),
+            vw = spec.v_dim() / word(spec),
+            quads = word(spec) / 4,
             lanes = lanes(spec),
             unroll = pv_unroll(spec),
             max = max_slice(spec),
-            qk4 = qk_names(spec).0,
         );
     }
     out.push('\n');
@@ -69,11 +74,11 @@ fn widths(spec: &KernelSpec) -> String {
     }
 }
 
-/// The vec4 width of a Q or K row, and the index functions of K and of V rows.
-pub(super) fn qk_names(spec: &KernelSpec) -> (&'static str, &'static str, &'static str) {
+/// The constant naming the vec4 width of a Q or K row.
+pub(super) fn qk4(spec: &KernelSpec) -> &'static str {
     match spec.split_dims() {
-        false => ("V4", "kv4_index", "kv4_index"),
-        true => ("QK4", "k4_index", "v4_index"),
+        false => "V4",
+        true => "QK4",
     }
 }
 
@@ -169,22 +174,6 @@ pub(super) fn partials() -> super::writer::Fragment {
 
 const COMPONENTS: [&str; 4] = ["x", "y", "z", "w"];
 
-const CONTIGUOUS_INDEX: &str = "// [slot, j, kv_h, d] in vec4s.
-fn kv4_index(j: u32, kv_h: u32) -> u32 {
-    return ((cache_slot() * dims.capacity + j) * dims.n_kv_heads + kv_h) * V4;
-}
-";
-
-const PAGED_INDEX: &str =
-    "// Key j of this sequence lives in page block_table[slot, j / page_size] of the pool
-// [page, row, kv_h, d], at row j % page_size; in vec4s.
-fn kv4_index(j: u32, kv_h: u32) -> u32 {
-    let page = block_table[cache_slot() * dims.pages_per_seq + j / dims.page_size];
-    let row = page * dims.page_size + j % dims.page_size;
-    return (row * dims.n_kv_heads + kv_h) * V4;
-}
-";
-
 /// Rows of two widths: the cache row of key j (head kv_h), then K's and V's offsets in it.
 const CONTIGUOUS_ROW: &str = "// [slot, j, kv_h, d]: the row of key j (head kv_h).
 fn kv_row(j: u32, kv_h: u32) -> u32 {
@@ -202,31 +191,11 @@ fn kv_row(j: u32, kv_h: u32) -> u32 {
 }
 ";
 
-const SPLIT_INDEX: &str = "
-fn k4_index(j: u32, kv_h: u32) -> u32 {
-    return kv_row(j, kv_h) * QK4;
-}
-
-fn v4_index(j: u32, kv_h: u32) -> u32 {
-    return kv_row(j, kv_h) * V4;
-}
-";
-
 /// `kv_row(j, kv_h)`: the cache row of key j (head kv_h), in either layout.
 pub(super) fn cache_row(spec: &KernelSpec) -> &'static str {
     match spec.cache {
         Cache::Contiguous => CONTIGUOUS_ROW,
         Cache::Paged => PAGED_ROW,
-    }
-}
-
-/// The index functions of the cache's K and V rows.
-fn cache_index(spec: &KernelSpec) -> String {
-    match (spec.split_dims(), spec.cache) {
-        (false, Cache::Contiguous) => CONTIGUOUS_INDEX.into(),
-        (false, Cache::Paged) => PAGED_INDEX.into(),
-        (true, Cache::Contiguous) => format!("{CONTIGUOUS_ROW}{SPLIT_INDEX}"),
-        (true, Cache::Paged) => format!("{PAGED_ROW}{SPLIT_INDEX}"),
     }
 }
 
@@ -240,36 +209,54 @@ fn split(out: &mut Wgsl, spec: &KernelSpec) {
         next_tile(out, spec);
     }
     super::scores::helpers(out, spec);
+    out.put(super::decode_stream::words(spec, word(spec), false));
+    out.put(split_entry(spec));
+}
+
+/// The staged split pass's entry point: each invocation's share of a key is
+/// `K_WORDS / LANES` words, `lane` apart by LANES, its Q columns held in registers.
+fn split_entry(spec: &KernelSpec) -> Fragment {
     let heads = spec.grid.tile as usize;
+    let quads = word(spec) / 4;
     let each = |f: &dyn Fn(usize, &str) -> String| -> String {
         (0..heads).map(|i| f(i, COMPONENTS[i])).collect()
     };
-    let (qk4, k_index, v_index) = qk_names(spec);
-    // Each invocation's vec4s of a key: QK4 / LANES of them, `lane` apart by LANES.
-    let per_lane = spec.head_dim / 4 / lanes(spec);
-    let each_vec = |f: &dyn Fn(u32) -> String| -> String { (0..per_lane).map(f).collect() };
-    let widen_kv = super::dtype::cache_widen(spec);
-    let widen_k = each_vec(&|e| format!("        let w{e} = {widen_kv}(k{e});\n"));
+    let each_quad = |f: &dyn Fn(u32) -> String| -> String { (0..quads).map(f).collect() };
+    let per_lane = spec.head_dim / word(spec) / lanes(spec);
+    let each_word = |f: &dyn Fn(u32) -> String| -> String { (0..per_lane).map(f).collect() };
     let loops = Loops::of(spec);
-    let first_fetch = each_vec(&|e| {
+    let fetch = |var: &str, first: &str| {
+        each_word(&|e| {
+            format!("    {var}{e} = fetch_k({first} + kr, hi, lane + {e}u * LANES, kv_h);\n")
+        })
+    };
+    // The invocation's columns of Q, read from workgroup memory per key or held in
+    // registers (the layout's rule).
+    let q_at = |i: usize, e: u32, u: u32| {
         format!(
-            "    var k{e} = fetch_k({} + kr, hi, lane + {e}u * LANES, kv_h);\n",
-            loops.k_first
+            "sh_q[{i}u * {qk4} + (lane + {e}u * LANES) * QUADS + {u}u]",
+            qk4 = qk4(spec)
         )
-    });
-    let next_fetch = each_vec(&|e| {
-        format!(
-            "        let n{e} = fetch_k({} + kr, hi, lane + {e}u * LANES, kv_h);\n",
-            loops.k_next
-        )
-    });
+    };
+    let held = crate::layout::decode::query_in_registers(spec);
+    let q_regs = match held {
+        true => each_word(&|e| {
+            each_quad(&|u| each(&|i, _| format!("    let q{i}_{e}_{u} = {};\n", q_at(i, e, u))))
+        }),
+        false => String::new(),
+    };
+    let q_col = |i: usize, e: u32, u: u32| match held {
+        true => format!("q{i}_{e}_{u}"),
+        false => q_at(i, e, u),
+    };
+    let widen_k = each_word(&|e| format!("        let w{e} = widen_w(k{e});\n"));
     let accs = each(&|i, _| format!("        var a{i} = vec4<f32>(0.0);\n"));
-    let fmas = each_vec(&|e| {
-        each(&|i, _| {
-            format!("        a{i} = fma(sh_q[{i}u * {qk4} + lane + {e}u * LANES], w{e}, a{i});\n")
+    let fmas = each_word(&|e| {
+        each_quad(&|u| {
+            each(&|i, _| format!("        a{i} = fma({}, w{e}[{u}], a{i});\n", q_col(i, e, u)))
         })
     });
-    let rotate = each_vec(&|e| format!("        k{e} = n{e};\n"));
+    let rotate = each_word(&|e| format!("        k{e} = n{e};\n"));
     let mut dots = vec!["0.0".to_string(); 4];
     for (i, d) in dots.iter_mut().enumerate().take(heads) {
         *d = format!("hsum(a{i})");
@@ -280,7 +267,7 @@ fn split(out: &mut Wgsl, spec: &KernelSpec) {
             super::served::sees(i, c, "j")
         )
     });
-    let pv_accs = each(&|i, _| format!("    var o{i} = vec4<f32>(0.0);\n"));
+    let pv_accs = each_quad(&|u| each(&|i, _| format!("    var o{i}_{u} = vec4<f32>(0.0);\n")));
     let each_row = |f: &dyn Fn(u32) -> String| -> String { (0..pv_unroll(spec)).map(f).collect() };
     let first_v =
         each_row(&|u| format!("    var v{u} = fetch_v(lo + i0 + {u}u * PV_ROWS, hi, c, kv_h);\n"));
@@ -290,15 +277,16 @@ fn split(out: &mut Wgsl, spec: &KernelSpec) {
             loops.v_next
         )
     });
-    let pv_fmas = each_row(&|u| {
+    let pv_fmas = each_row(&|r| {
         format!(
-            "            let p{u} = p_at(i + {u}u * PV_ROWS, hi - lo);\n            \
-             let w{u} = {widen_kv}(v{u});\n{}",
-            each(&|i, c| format!("            o{i} = fma(vec4<f32>(p{u}.{c}), w{u}, o{i});\n"))
+            "            let p{r} = p_at(i + {r}u * PV_ROWS, hi - lo);\n            \
+             let w{r} = widen_w(v{r});\n{}",
+            each_quad(&|u| each(&|i, c| {
+                format!("            o{i}_{u} = fma(vec4<f32>(p{r}.{c}), w{r}[{u}], o{i}_{u});\n")
+            }))
         )
     });
     let pv_rotate = each_row(&|u| format!("            v{u} = n{u};\n"));
-    let raw = super::dtype::cache4_type(spec);
     // An fp8 cache's scales: K's folds into the staged query (s = (q·σ_K)·k), V's into the
     // P·V sums as they leave.
     let (q_scale, v_scale) = match spec.kv_fp8 {
@@ -309,57 +297,33 @@ fn split(out: &mut Wgsl, spec: &KernelSpec) {
         None => ("", ""),
     };
     let flush = each(&|i, c| {
-        format!(
-            "    flush_head(tid, slice, sv.q.{c}, {i}u < n_here, o{i}{v_scale}, vec2<f32>(m.{c}, l.{c}));\n"
-        )
+        each_quad(&|u| {
+            format!(
+                "    flush_head(tid, slice, sv.q.{c}, {i}u < n_here, {u}u, o{i}_{u}{v_scale}, vec2<f32>(m.{c}, l.{c}));\n"
+            )
+        })
     });
-    let kv_index = cache_index(spec);
-    let _ = write!(
-        out,
+    let text = format!(
         r#"var<workgroup> sh_q: array<vec4<f32>, TILE * {qk4}>;
 // The slice's scores, then its P, one vec4 (the served queries) per key.
 var<workgroup> sh_s: array<vec4<f32>, MAX_SLICE>;
-
-{kv_index}
-// [row, h, d] in vec4s, of query q (row · n_heads + h) of this sequence's rows.
-fn q4_index(q: u32) -> u32 {{
-    return (q_row0 * dims.n_heads + q) * {qk4};
-}}
-
-// vec4 column c of key j of the slice as stored, zeros past its end: the loads in
-// flight are held narrow (half the registers in f16 and bf16) and widened at use.
-fn fetch_k(j: u32, hi: u32, c: u32, kv_h: u32) -> {raw} {{
-    var x = {raw}();
-    if (j < hi) {{
-        x = k_cache[{k_index}(j, kv_h) + c];
-    }}
-    return x;
-}}
-
-fn fetch_v(j: u32, hi: u32, c: u32, kv_h: u32) -> {raw} {{
-    var x = {raw}();
-    if (j < hi) {{
-        x = v_cache[{v_index}(j, kv_h) + c];
-    }}
-    return x;
-}}
 
 // P of the slice's key i (the served heads), zeros past its n keys.
 fn p_at(i: u32, n: u32) -> vec4<f32> {{
     return select(vec4<f32>(0.0), sh_s[min(i, MAX_SLICE - 1u)], i < n);
 }}
 
-// Sums head `h`'s P·V over the PV_ROWS row groups (each a chain over its rows) and
-// flushes it with the head's (m, l); every invocation reaches the barriers.
-fn flush_head(tid: u32, slice: u32, h: u32, real: bool, acc: vec4<f32>, ml: vec2<f32>) {{
+// Sums vec4 `quad` of head `h`'s P·V words over the PV_ROWS row groups (each a chain over
+// its rows) and flushes it with the head's (m, l); every invocation reaches the barriers.
+fn flush_head(tid: u32, slice: u32, h: u32, real: bool, quad: u32, acc: vec4<f32>, ml: vec2<f32>) {{
     sh_red[tid] = acc;
     workgroupBarrier();
-    if (real && tid < V4) {{
+    if (real && tid < V_WORDS) {{
         var sum = vec4<f32>(0.0);
         for (var r = 0u; r < PV_ROWS; r = r + 1u) {{
-            sum = sum + sh_red[r * V4 + tid];
+            sum = sum + sh_red[r * V_WORDS + tid];
         }}
-        partials[part_index(slice, h) + tid] = sum;
+        partials[part_index(slice, h) + tid * QUADS + quad] = sum;
         if (tid == 0u) {{
             partials[part_index(slice, h) + V4] = vec4<f32>(ml, 0.0, 0.0);
         }}
@@ -381,12 +345,12 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     }}
 {fill}    workgroupBarrier();
 
-    // Scores: LANES invocations per key, each a strided share of its vec4 columns. Each
+    // Scores: LANES invocations per key, each a strided share of its words. Each
     // invocation carries its share of the next key tile in registers, fetched before this
     // tile's products and reduction, so the loads' latency hides behind them.
     let lane = tid % LANES;
     let kr = tid / LANES;
-{k_pre}{first_fetch}    {k_head}{next_fetch}{widen_k}{accs}{fmas}        sh_red[tid] = vec4<f32>({d0}, {d1}, {d2}, {d3});
+{q_regs}{k_pre}{first_fetch}    {k_head}{next_fetch}{widen_k}{accs}{fmas}        sh_red[tid] = vec4<f32>({d0}, {d1}, {d2}, {d3});
         workgroupBarrier();
         if (tid < KEY_TILE) {{
             let j = t0 + tid;
@@ -403,9 +367,9 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
 {rotate}    }}
 
     // P·V's first rows of V, fetched now so that their latency hides behind the max and
-    // the sum: invocation (r, c) reads vec4 column c of rows r, r + PV_ROWS, ..
-    let c = tid % V4;
-    let r = tid / V4;
+    // the sum: invocation (r, c) reads word column c of rows r, r + PV_ROWS, ..
+    let c = tid % V_WORDS;
+    let r = tid / V_WORDS;
 {v_pre}    let i0 = {v_first} - lo + r;
 {first_v}
     // The slice's exact max and sum: no rescaling within a slice.
@@ -422,15 +386,18 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     }}
     let l = wg_sum4(tid, ls);
 
-    // P·V: invocation (r, c) sums vec4 column c over its rows, PV_UNROLL rows a step,
+    // P·V: invocation (r, c) sums word column c over its rows, PV_UNROLL rows a step,
     // the next step's rows fetched before this step's products.
 {pv_accs}    if (r < PV_ROWS) {{
         {v_head}{pv_loads}{pv_fmas}{pv_rotate}        }}
     }}
 {flush}}}
 "#,
+        qk4 = qk4(spec),
         name = spec.name,
         prologue = super::served::PROLOGUE,
+        first_fetch = fetch("var k", loops.k_first),
+        next_fetch = fetch("    let n", loops.k_next),
         k_pre = loops.k_pre,
         k_head = loops.k_head,
         v_pre = loops.v_pre,
@@ -442,6 +409,7 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         d2 = dots[2],
         d3 = dots[3],
     );
+    Fragment::from(text)
 }
 
 /// The reduce: each of PARTS groups of V4 invocations merges its share of the slices in

@@ -55,7 +55,8 @@ pub(super) fn split(out: &mut Wgsl, spec: &KernelSpec, s: &Stream) {
         super::decode_split::next_tile(out, spec);
     }
     super::scores::helpers(out, spec);
-    out.put(words(spec, s));
+    let ragged = s.k_per_lane * s.lanes != s.k_words || s.v_per_lane * s.lanes != s.v_words;
+    out.put(words(spec, s.word, ragged));
     out.put(group_sum(
         spec.grid.flash.is_some_and(|f| f.subgroups),
         s.lanes,
@@ -63,11 +64,12 @@ pub(super) fn split(out: &mut Wgsl, spec: &KernelSpec, s: &Stream) {
     out.put(entry(spec, s, sparse));
 }
 
-/// The row functions of the cache in words, the query's vec4 index, and `fetch_k` /
-/// `fetch_v` / `widen_w`.
-fn words(spec: &KernelSpec, s: &Stream) -> Fragment {
-    let raw = stream_word_type(spec, s.word);
-    let widen = match (s.quads(), spec.kv_fp8.is_some(), spec.dtype) {
+/// The row functions of the cache in words of `word` elements, the query's vec4 index, and
+/// `fetch_k` / `fetch_v` / `widen_w`; `ragged` where some lane's last word may be past a
+/// row (the fetches then test the word too).
+pub(super) fn words(spec: &KernelSpec, word: u32, ragged: bool) -> Fragment {
+    let raw = stream_word_type(spec, word);
+    let widen = match (word / 4, spec.kv_fp8.is_some(), spec.dtype) {
         (1, _, _) => format!(
             "return array<vec4<f32>, 1>({}(x));",
             super::dtype::cache_widen(spec)
@@ -82,9 +84,15 @@ fn words(spec: &KernelSpec, s: &Stream) -> Fragment {
               vec4<f32>(unpack2x16float(x.z), unpack2x16float(x.w)));"
             .into(),
     };
+    let (k_in, v_in) = match ragged {
+        true => (" && w < K_WORDS", " && w < V_WORDS"),
+        false => ("", ""),
+    };
     WORDS.fill([
+        ("k_in", Fragment::from(k_in)),
+        ("v_in", Fragment::from(v_in)),
         ("row", Fragment::from(super::decode_split::cache_row(spec))),
-        ("qk4", Fragment::from(super::decode_split::qk_names(spec).0)),
+        ("qk4", Fragment::from(super::decode_split::qk4(spec))),
         ("raw", Fragment::from(raw)),
         ("widen", Fragment::from(widen)),
     ])
@@ -99,11 +107,11 @@ fn q4_index(q: u32) -> u32 {
     return (q_row0 * dims.n_heads + q) * $qk4;
 }
 
-// Word w of key j's K row (of V's), zeros past the slice or the row: loads in flight stay
+// Word w of key j's K row (of V's), zeros past the slice (or the row): loads in flight stay
 // as stored (half the registers in half precision) and widen at use.
 fn fetch_k(j: u32, hi: u32, w: u32, kv_h: u32) -> $raw {
     var x = $raw();
-    if (j < hi && w < K_WORDS) {
+    if (j < hi$k_in) {
         x = k_cache[kv_row(j, kv_h) * K_WORDS + w];
     }
     return x;
@@ -111,7 +119,7 @@ fn fetch_k(j: u32, hi: u32, w: u32, kv_h: u32) -> $raw {
 
 fn fetch_v(j: u32, hi: u32, w: u32, kv_h: u32) -> $raw {
     var x = $raw();
-    if (j < hi && w < V_WORDS) {
+    if (j < hi$v_in) {
         x = v_cache[kv_row(j, kv_h) * V_WORDS + w];
     }
     return x;

@@ -135,14 +135,6 @@ fn store_out4(i: u32, x: vec4<f32>) {
     }
 }
 
-/// The type of four cache elements as stored: the dtype's vec4, or one word of four fp8.
-pub(super) fn cache4_type(spec: &KernelSpec) -> &'static str {
-    match spec.kv_fp8 {
-        Some(_) => "u32",
-        None => vec4_type(spec.dtype),
-    }
-}
-
 /// What [`cache_codec`]'s `widen_kv4` divides the values by: the power of two between an
 /// fp8 byte read as the upper bits of an f16 and its value.
 fn fp8_unit(f: Fp8) -> f32 {

@@ -108,7 +108,12 @@ impl Template {
             let trimmed = line.trim();
             if let Some(hole) = trimmed.strip_prefix('$').filter(|h| is_name(h)) {
                 let indent = &line[..line.len() - line.trim_start().len()];
-                indent_into(&mut text, take(hole), indent);
+                let fill = take(hole);
+                indent_into(&mut text, fill, indent);
+                // A fill of one line without its newline still ends the template's line.
+                if line.ends_with('\n') && !fill.is_empty() && !fill.ends_with('\n') {
+                    text.push('\n');
+                }
                 continue;
             }
             let mut rest = line;

@@ -15,37 +15,73 @@ pub const SLICE_CAP: u32 = 512;
 /// terms.
 pub const STREAM_SLICE_CAP: u32 = 8192;
 
-/// Invocations that share one key's dot products in the scores pass, each reading a
-/// strided share of the key's vec4s: in f32 the largest of 8, 4, 2, 1 dividing
-/// head_dim / 4 (Q and K's width); in half precision a vec4 is half the bytes, so half as many invocations
-/// share a key and each keeps the same bytes in flight. A decode is bound by the loads in
-/// flight: with f32's lanes, f16 moved half the bytes in the same time (H100, 32k cache).
-pub fn lanes(spec: &KernelSpec) -> u32 {
-    let f32_lanes = [8, 4, 2, 1]
-        .into_iter()
-        .find(|l| (spec.head_dim / 4).is_multiple_of(*l))
-        .unwrap_or(1);
-    (f32_lanes * vec4_bytes(spec) / 16).max(1)
+/// Cache elements one invocation of a split pass loads at once: the streamed pass's
+/// [`Stream::word`], else the staged pass's: 8 (a 16-byte word) in f16 and bf16 where
+/// both rows' widths allow, else 4 (16 bytes of f32, a word of fp8, 8 bytes of halves).
+pub fn word(spec: &KernelSpec) -> u32 {
+    match Stream::of(spec) {
+        Some(Ok(s)) => s.word,
+        _ => staged_word(spec),
+    }
 }
 
-/// Rows of V each invocation loads at once in P·V: 64 bytes in flight (four f32 vec4s,
-/// sixteen words of fp8), 128 in half precision. Measured on the H100 (32k cache, 32/8
-/// heads, d 128): doubling half precision's rows took f16 from 0.098 to 0.094 ms and bf16
-/// from 0.094 to 0.088; doubling f32's or fp8's gained nothing (fp8: 0.081 to 0.090 ms).
+/// Whether both rows' widths are whole words of eight elements.
+fn eights(spec: &KernelSpec) -> bool {
+    spec.head_dim.is_multiple_of(8) && spec.v_dim().is_multiple_of(8)
+}
+
+/// Measured on an H200 (2026-11-29, 32/8 heads, d 128, caches of 32k at batch 1 and 8 and
+/// of 128k): 16-byte words of halves with the query's columns in registers took the f16
+/// decode from 0.090 to 0.082 ms at 32k, 0.273 to 0.233 at 128k and 0.487 to 0.413 at
+/// batch 8 (bf16 0.084 to 0.078, 0.240 to 0.225, 0.420 to 0.405); without the registers the
+/// words were slower than before. An fp8 cache in words of eight was 5-14% slower than in
+/// words of four, and f32's query in registers 5-10% slower at 128k and at batch 8 (faster
+/// only at one sequence of 32k), so both keep the narrow layout.
+fn staged_word(spec: &KernelSpec) -> u32 {
+    match spec.kv_fp8.is_none() && spec.dtype.bytes() == 2 && eights(spec) {
+        true => 8,
+        false => 4,
+    }
+}
+
+/// Invocations that share one key's dot products in the staged scores pass, each reading a
+/// strided share of the key's words. In words of eight, the largest of 8, 4, 2, 1 dividing
+/// the words of a K row (one load of a subgroup reads runs of up to 128 bytes of each key).
+/// In words of four, f32's is the largest of 8, 4, 2, 1 dividing the vec4s of a K row and
+/// fp8's a quarter of it, so each invocation keeps f32's bytes in flight.
+pub fn lanes(spec: &KernelSpec) -> u32 {
+    let largest_dividing = |n: u32| {
+        [8, 4, 2, 1]
+            .into_iter()
+            .find(|l| n.is_multiple_of(*l))
+            .unwrap_or(1)
+    };
+    let words = spec.head_dim / staged_word(spec);
+    match staged_word(spec) {
+        8 => largest_dividing(words),
+        _ => (largest_dividing(words) * 4 * element_bytes(spec) / 16).max(1),
+    }
+}
+
+/// Whether the staged pass holds each invocation's columns of the served queries in
+/// registers (its words are eight elements and the columns fit in sixteen vec4s) rather
+/// than reading them from workgroup memory per key; see [`staged_word`] for the
+/// measurements.
+pub fn query_in_registers(spec: &KernelSpec) -> bool {
+    let per_lane = spec.head_dim / staged_word(spec) / lanes(spec);
+    staged_word(spec) == 8 && per_lane * 2 * spec.grid.tile <= 16
+}
+
+/// Rows of V each invocation loads at once in P·V: 64 bytes in flight, 128 in half
+/// precision. Measured on the H100 (32k cache, 32/8 heads, d 128, 8-byte loads of halves):
+/// doubling half precision's rows took f16 from 0.098 to 0.094 ms and bf16 from 0.094 to
+/// 0.088; doubling f32's or fp8's gained nothing.
 pub fn pv_unroll(spec: &KernelSpec) -> u32 {
     let bytes = match (spec.kv_fp8, spec.dtype.bytes()) {
         (None, 2) => 128,
         _ => 64,
     };
-    bytes / vec4_bytes(spec)
-}
-
-/// Bytes of four cached elements: the dtype's, or one word of four fp8 values.
-fn vec4_bytes(spec: &KernelSpec) -> u32 {
-    match spec.kv_fp8 {
-        Some(_) => 4,
-        None => 4 * spec.dtype.bytes(),
-    }
+    (bytes / (staged_word(spec) * element_bytes(spec))).max(1)
 }
 
 /// Keys scored per step: the workgroup's invocations in groups of [`lanes`]. A slice's
@@ -127,13 +163,9 @@ fn element_bytes(spec: &KernelSpec) -> u32 {
 }
 
 fn stream_shape(spec: &KernelSpec, keys: u32) -> Stream {
-    let word = match (
-        spec.kv_fp8.is_none() && spec.dtype.bytes() == 4,
-        spec.head_dim % 8,
-        spec.v_dim() % 8,
-    ) {
-        (false, 0, 0) => 8,
-        _ => 4,
+    let word = match (spec.kv_fp8.is_some() || spec.dtype.bytes() == 2) && eights(spec) {
+        true => 8,
+        false => 4,
     };
     let (k_words, v_words) = (spec.head_dim / word, spec.v_dim() / word);
     let narrow = k_words.min(v_words).max(1);
