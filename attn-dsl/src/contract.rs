@@ -11,8 +11,11 @@ use crate::spec::{Axis, Masks};
 /// entries it writes (a consumer reads only entries its own masks make visible).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Scratch {
+    /// The scratch tensor's binding name (`p_ds`, `partials`).
     pub tensor: &'static str,
+    /// Its index axes, outermost first.
     pub layout: &'static [Axis],
+    /// The producer's masks, which decide the entries it writes.
     pub masks: Masks,
 }
 

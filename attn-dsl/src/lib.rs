@@ -17,6 +17,8 @@
 //! assert!(abi.wgsl.contains("@workgroup_size(WG)"));
 //! ```
 
+#![warn(missing_docs)]
+
 pub mod check;
 pub mod contract;
 pub mod emit;

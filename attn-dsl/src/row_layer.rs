@@ -16,6 +16,7 @@ pub enum RowSums {
 }
 
 impl RowSums {
+    /// How the row tiles write the summed gradients under this schedule.
     pub fn write_mode(self) -> WriteMode {
         match self {
             RowSums::Atomic => WriteMode::AtomicScatter,

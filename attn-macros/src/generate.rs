@@ -33,6 +33,8 @@ pub fn module(
             /// The same kernel with native `atomic<f32>` adds for its scatter outputs; needs
             /// the SHADER_FLOAT32_ATOMIC feature. Its bindings are those of [`Bindings`].
             pub const WGSL_F32_ATOMIC: &str = #wgsl;
+            /// [`ABI`] for [`WGSL_F32_ATOMIC`]: what a host binds and dispatches where the
+            /// adapter has native f32 atomics.
             pub static ABI_F32_ATOMIC: ::attn_dsl::KernelAbi = #abi;
         }
     });
@@ -40,17 +42,29 @@ pub fn module(
         .bindings
         .iter()
         .filter(|b| b.access == Access::Uniform)
-        .map(uniform_struct);
+        .map(|b| uniform_struct(abi.op, b));
     let bindings = bindings_struct(abi);
     let grid = dispatch_grid(abi);
+    // A description without a doc comment still expands to a documented module.
+    let module_doc = (!attrs.iter().any(|a| a.path().is_ident("doc"))).then(|| {
+        let doc = format!(
+            "The `{name_str}` kernel (`op: {}`): its WGSL, ABI, bindings and pipeline.",
+            abi.op.name()
+        );
+        quote!(#[doc = #doc])
+    });
     quote! {
+        #module_doc
         #(#attrs)*
         #[allow(clippy::all)]
         #vis mod #name {
             /// The kernel's WGSL, validated by naga when this module was expanded.
             pub const WGSL: &str = #wgsl;
+            /// The kernel's name: the label of its wgpu objects and the name errors give.
             pub const NAME: &str = #name_str;
+            /// The WGSL compute entry point the pipeline runs.
             pub const ENTRY_POINT: &str = #entry;
+            /// Invocations per workgroup (x, y, z), as the WGSL's `@workgroup_size`.
             pub const WORKGROUP_SIZE: [u32; 3] = [#wx, #wy, #wz];
             /// The head dimension this kernel is specialized for (of Q and K).
             pub const HEAD_DIM: u32 = #head_dim;
@@ -337,10 +351,14 @@ fn scalar_type(s: Scalar) -> TokenStream {
     }
 }
 
-fn uniform_struct(b: &Binding) -> TokenStream {
+fn uniform_struct(op: Op, b: &Binding) -> TokenStream {
     let ident = format_ident!("{}", b.wgsl_type.as_ref());
     let ty = scalar_type(b.scalar);
-    let fields = b.fields.iter().map(|f| format_ident!("{}", f.as_ref()));
+    let fields = b.fields.iter().map(|f| {
+        let doc = field_doc(op, f);
+        let f = format_ident!("{}", f.as_ref());
+        quote!(#[doc = #doc] pub #f: #ty)
+    });
     let doc = format!(
         "The `{}` uniform (binding {}), laid out as the WGSL struct.",
         b.name, b.binding
@@ -350,10 +368,99 @@ fn uniform_struct(b: &Binding) -> TokenStream {
         #[repr(C)]
         #[derive(Clone, Copy, Debug, Default, PartialEq, ::bytemuck::Pod, ::bytemuck::Zeroable)]
         pub struct #ident {
-            #(pub #fields: #ty,)*
+            #(#fields,)*
         }
     }
 }
+
+/// The doc of a uniform field: what the kernel reads it as under `op` (the field lists
+/// are `attn_dsl::signature::dims` and the `params` blocks).
+fn field_doc(op: Op, field: &str) -> &'static str {
+    let rows = op.is_row_layer();
+    match (op, field) {
+        (Op::Rope | Op::RopeBackward, "_pad3") => {
+            "Unread: holds `n_kv_heads`' place, so that `head_dim` and `batch` are fields 3 and \
+             4 as in attention's dims."
+        }
+        (_, f) if f.starts_with("_pad") => {
+            "Unread padding: WGSL sizes uniform blocks in multiples of 16 bytes."
+        }
+        // `params`.
+        (_, "scale") => "The factor on Q·K before the softmax (usually 1/sqrt(head_dim)).",
+        (_, "softcap") => "The soft-cap c of `masks: [softcap]`: each score s becomes c·tanh(s/c).",
+        (_, "dropout_scale") => "What dropout multiplies a kept probability by: 1 / (1 - p).",
+        (_, "eps") => "LayerNorm's epsilon, added to each row's variance before its square root.",
+        // The attention ops' `dims`.
+        (Op::Extend, "seq_len") => "New query rows of each sequence.",
+        (_, "seq_len") => "Rows of each sequence.",
+        (Op::Rope | Op::RopeBackward, "n_heads") => "Heads of x: n_heads for Q, n_kv_heads for K.",
+        (_, "n_heads") => "Query heads.",
+        (_, "n_kv_heads") => "K and V heads; each serves n_heads / n_kv_heads query heads.",
+        (Op::Rope | Op::RopeBackward, "head_dim") => {
+            "Elements of each head's row, rotated in pairs."
+        }
+        (Op::Merge, "head_dim") => "Elements of each merged O row.",
+        (_, "head_dim") => "Elements of each head's Q and K row.",
+        (_, "batch") => "Sequences in the call.",
+        (_, "window") => {
+            "The width W of `masks: [window]`: query s sees keys j with s - W < j <= s."
+        }
+        (_, "seed_lo") => "The low word of dropout's Philox key (the seed).",
+        (_, "seed_hi") => "The high word of dropout's Philox key (the seed).",
+        (_, "rng_offset") => {
+            "Dropout's Philox counter word: a call with another offset draws a fresh mask."
+        }
+        (_, "drop_threshold") => "p·2^32: dropout drops an element whose Philox word is below it.",
+        (Op::Decode, "cache_len") => "Keys in the cache, the same for every sequence.",
+        (_, "cache_len") => {
+            "Keys of the longest sequence in the cache; `seq_lens` holds each one's."
+        }
+        (_, "capacity") => "Rows a contiguous cache holds per slot: the stride between slots.",
+        (_, "page_size") => "Keys per page of a paged cache.",
+        (_, "pages_per_seq") => "Pages per sequence: the length of a block-table row.",
+        (_, "slice_len") => "Keys per split-K slice, a multiple of the split kernel's key tile.",
+        (Op::SinkGrad, "n_slices") => "Blocks of rows, each summed by one workgroup of pass 0.",
+        (_, "n_slices") => "Split-K slices of the keys, each flushing its own partials.",
+        (_, "sink_pass") => "0: sum each block of rows; 1: sum each head's blocks into `dsinks`.",
+        (_, "n_rows") => "The most query rows one sequence adds.",
+        (_, "slot0") => "The cache slot of sequence 0; sequence b is in slot slot0 + b.",
+        (_, "n_new") => "Rows each sequence appends to its slot.",
+        (_, "n_slots") => "Slots of the cache, each of whose lengths moves on to `seq_lens_next`.",
+        // The conversions, reductions and merges.
+        (Op::DkvReduce, "len4") => "vec4s of dK to sum over the lanes.",
+        (_, "len4") => "vec4s to convert.",
+        (_, "len4_v") => {
+            "vec4s of dV, which differ from dK's where V's rows are not head_dim wide."
+        }
+        (_, "len") => "Elements of the gradient.",
+        (_, "lanes") => "Lanes of the compensated sums folded into each element.",
+        (_, "queries") => "Queries to merge: rows by heads.",
+        (_, "parts") => "States merged into each query, stacked part-major.",
+        (Op::RowScale, "rows") => "Rows whose largest magnitude the pass finds.",
+        (_, "width4") => "vec4s per row.",
+        (_, "at") => "Where row 0's maximum lands in `dst`: row r's is at `at + r`.",
+        // c = a·b.
+        (_, "m") => "Rows of a and c.",
+        (_, "n") => "Columns of b and c.",
+        (_, "k") => "The reduction's length: columns of a, rows of b.",
+        (_, "split") => "Parts the reduction is split into, each workgroup summing one.",
+        // The row-wise layers.
+        (_, "rows") if rows => "Rows of x: batch · seq.",
+        (_, "hidden") => "Elements of each row of x: LayerNorm's width and the Linear's input.",
+        (_, "out") => "The Linear's output width.",
+        (_, "n_tiles") => {
+            "Partials of dW to reduce: the fused backward's row tiles, or the matmul's parts."
+        }
+        (_, "n_blocks") => {
+            "Partials of dγ and dβ to reduce: the fused backward's dx blocks, or the row workgroups."
+        }
+        (_, "db_parts") => "Partials of db to reduce: row tiles, or row workgroups.",
+        _ => UNDESCRIBED,
+    }
+}
+
+/// The doc of a uniform field [`field_doc`] has no text for.
+const UNDESCRIBED: &str = "A run-time value of the kernel, as its WGSL reads it.";
 
 fn bindings_struct(abi: &KernelAbi) -> TokenStream {
     let count = abi.bindings.len();
@@ -378,6 +485,7 @@ fn bindings_struct(abi: &KernelAbi) -> TokenStream {
             /// The bind-group layout entries, in binding order.
             pub const LAYOUT_ENTRIES: [::wgpu::BindGroupLayoutEntry; #count] = [#(#entries),*];
 
+            /// Creates the kernel's bind-group layout from [`Self::LAYOUT_ENTRIES`].
             pub fn layout(device: &::wgpu::Device) -> ::wgpu::BindGroupLayout {
                 device.create_bind_group_layout(&::wgpu::BindGroupLayoutDescriptor {
                     label: ::core::option::Option::Some(NAME),
@@ -385,6 +493,8 @@ fn bindings_struct(abi: &KernelAbi) -> TokenStream {
                 })
             }
 
+            /// Binds these buffers, each to its binding, in a bind group of `layout` (from
+            /// [`Self::layout`]).
             pub fn bind_group(
                 &self,
                 device: &::wgpu::Device,
@@ -501,4 +611,28 @@ fn masks_tokens(m: &attn_dsl::Masks) -> TokenStream {
         sinks: #sinks,
         flex: #flex,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every field of every op's uniform blocks has a doc of its own.
+    #[test]
+    fn every_uniform_field_is_described() {
+        for op in Op::ALL {
+            for binding in ["dims", "params"] {
+                let Some(block) = attn_dsl::signature::uniform_block(op, binding) else {
+                    continue;
+                };
+                for field in block.fields {
+                    assert_ne!(
+                        field_doc(op, field),
+                        UNDESCRIBED,
+                        "{op:?}: {binding}.{field}"
+                    );
+                }
+            }
+        }
+    }
 }

@@ -639,10 +639,15 @@ attention_kernel! {
 /// The kernels of one backward specialization (one head_dim and mask set), by schedule:
 /// borrowed from the family's statics, or compiled at run time by [`BackwardKernels::compile`].
 pub struct BackwardKernels {
+    /// The pass before the halves: each row's D = dO·O, packed with its LSE into `stats`.
     pub prep: Cow<'static, KernelAbi>,
+    /// The split schedule's query-major half: dQ, with P and dS flushed to scratch.
     pub split_q: Cow<'static, KernelAbi>,
+    /// The split schedule's key-major half: dK and dV from the scratch `split_q` flushed.
     pub split_kv: Cow<'static, KernelAbi>,
+    /// The recompute schedule's query-major half: dQ, recomputing P.
     pub recompute_q: Cow<'static, KernelAbi>,
+    /// The recompute schedule's key-major half: dK and dV, recomputing P.
     pub recompute_kv: Cow<'static, KernelAbi>,
 }
 

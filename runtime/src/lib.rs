@@ -11,6 +11,8 @@
 //! browser (`wasm32-unknown-unknown` on its WebGPU) they are awaited. The case matrix, GPU
 //! timing, `.npy` files and the binaries are native only.
 
+#![warn(missing_docs)]
+
 // The layers, each built on those before it (`tests/suite/layers.rs` fails on an import that
 // points the other way):
 // - `fp8`, `kernels`: fp8 encodings and the default family of `attention_kernel!`

@@ -14,7 +14,10 @@ use crate::tensor::{Tensor, TensorError};
 /// ([`Bias`]) or a device [`Tensor`] of that shape ([`DeviceBias`]).
 #[derive(Debug)]
 pub struct BiasOf<'a, T: ?Sized> {
+    /// The bias, added to each score before the softmax.
     pub values: &'a T,
+    /// Whether it has a slice per head or one the heads share; the kernel's `bias` or
+    /// `shared_bias` word must match.
     pub heads: BiasHeads,
 }
 
@@ -37,7 +40,9 @@ pub type DeviceBias<'a> = BiasOf<'a, Tensor>;
 /// declared element type and shape.
 #[derive(Debug)]
 pub struct FlexOf<'a, T: ?Sized> {
+    /// The modifiers, which must be the ones the kernel was built with.
     pub modifiers: FlexRef,
+    /// A value for each declared tensor, by its declared name.
     pub tensors: &'a [(&'a str, &'a T)],
 }
 
@@ -91,8 +96,11 @@ impl<'a, T: ?Sized> FlexOf<'a, T> {
 /// at counter word `offset` (advance it between calls that need fresh masks).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Dropout {
+    /// The probability of dropping an element, in [0, 1).
     pub p: f32,
+    /// The Philox key: the same seed draws the same mask.
     pub seed: u64,
+    /// The Philox counter word, which picks another mask under the same seed.
     pub offset: u32,
 }
 

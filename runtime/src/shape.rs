@@ -10,9 +10,13 @@ use crate::error::InputError;
 /// (equal but in MLA-style attention).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Heads {
+    /// Query heads.
     pub n_heads: u32,
+    /// K and V heads; each serves `n_heads / n_kv_heads` query heads.
     pub n_kv_heads: u32,
+    /// The width of Q and K rows.
     pub head_dim: u32,
+    /// The width of V and O rows.
     pub head_dim_v: u32,
 }
 

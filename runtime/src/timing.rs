@@ -7,10 +7,14 @@ use pollster::FutureExt as BlockOn;
 
 pub use crate::dispatch::kernel::Step;
 
+/// GPU time of a sequence of dispatches, over the timed runs of [`time`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Timing {
+    /// The median run, in milliseconds.
     pub median_ms: f64,
+    /// The fastest run, in milliseconds.
     pub min_ms: f64,
+    /// Runs timed.
     pub runs: usize,
 }
 

@@ -15,6 +15,9 @@ use crate::spec::{
 /// The largest head_dim the per-row schedule holds: one invocation per element of a row.
 pub const MAX_HEAD_DIM: u32 = 256;
 
+/// The rules a description must meet before any binding is planned or WGSL emitted: its
+/// name, workgroup, sizes, ownership of every output, grid, masks, dtype, cache and
+/// source; the first broken one as an error at its field.
 pub fn check_spec(spec: &KernelSpec) -> Result<(), DslError> {
     check_name(spec)?;
     check_workgroup(spec)?;

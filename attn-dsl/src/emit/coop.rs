@@ -51,6 +51,7 @@ pub struct Phases {
 }
 
 impl Phases {
+    /// Every phase: the kernel itself, the only set whose output is attention.
     pub const ALL: Phases = Phases {
         stage: true,
         scores: true,
@@ -58,6 +59,7 @@ impl Phases {
         accumulate: true,
         grads: true,
     };
+    /// No phase: the block loop alone, and the base of the sets that hold only some.
     pub const NONE: Phases = Phases {
         stage: false,
         scores: false,

@@ -12,7 +12,9 @@ use crate::flex::{Dim, Expr, Flex, Func, Kind, Lit, TensorDecl, derive};
 /// How a kernel spells what a modifier names: each variable (`score`, b, h, q, k), e.g.
 /// `i32(row)` for q, and the length of a `seq` dimension.
 pub struct Spelling<'a> {
+    /// The WGSL of a variable, by its canonical name.
     pub var: &'a dyn Fn(&str) -> String,
+    /// The WGSL of the sequence length, for a `seq` dimension.
     pub seq: &'a str,
 }
 

@@ -16,12 +16,16 @@ use super::{BinOp, Expr, Kind, Lit, Ty};
 /// mask holds exactly where they all do.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct KeyBounds {
+    /// Lower bounds: query q sees only keys k >= q + start.
     pub starts: Vec<i64>,
+    /// Upper bounds: query q sees only keys k < q + end.
     pub ends: Vec<i64>,
+    /// Whether the bounds are the whole mask, so that no pair needs the per-pair test.
     pub exact: bool,
 }
 
 impl KeyBounds {
+    /// Whether the mask bounds the keys nowhere: every loop walks the whole range.
     pub fn is_empty(&self) -> bool {
         self.starts.is_empty() && self.ends.is_empty()
     }

@@ -17,7 +17,9 @@ pub fn d_score<S: Clone>(e: &Expr<S>) -> Result<Expr<S>, FlexError<S>> {
 /// d score_mod / d (the value read), lets inlined.
 #[derive(Clone, Debug)]
 pub struct Read<S> {
+    /// The read's index, one expression per dimension.
     pub index: Vec<Expr<S>>,
+    /// d score_mod / d (the value read), which the backward scales dS by.
     pub slope: Expr<S>,
 }
 

@@ -4,17 +4,24 @@
 
 use super::{BinOp, Expr, Func, Kind, Lit, Ty};
 
+/// A node's value, by its type.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Value {
+    /// An f32 value, held in f64 (or rounded to f32 by [`Env::rounding`]).
     F(f64),
+    /// An i32, wrapping as WGSL's does.
     I(i32),
+    /// A u32, wrapping as WGSL's does.
     U(u32),
+    /// A bool.
     B(bool),
 }
 
 /// Where the evaluator reads the declared tensors (values of their declared types): `None`
 /// for a tensor it does not hold. An index outside a dimension reads 0, as the kernels do.
 pub trait Tensors {
+    /// The element of tensor `name` at `index` (one per dimension), `None` where the
+    /// tensor is not held here.
     fn read(&self, name: &str, index: &[i64]) -> Option<Value>;
 }
 
@@ -28,6 +35,8 @@ pub struct Env<'a> {
 }
 
 impl<'a> Env<'a> {
+    /// The variables of one (query, key) pair: `score` for a score modifier (`None` for a
+    /// mask), then b, h, q, k; tensors read from `tensors`; floats kept in f64.
     pub fn new(score: Option<f64>, [b, h, q, k]: [i32; 4], tensors: &'a dyn Tensors) -> Env<'a> {
         let mut vars: Vec<(String, Value)> = [("b", b), ("h", h), ("q", q), ("k", k)]
             .into_iter()

@@ -9,27 +9,35 @@ use super::{BinOp, Dim, Expr, Flex, Func, Kind, Lit, TensorDecl, Ty};
 pub mod build {
     use super::*;
 
+    /// The variable `name`.
     pub fn v(name: &str) -> Expr {
         Expr::new(Kind::Var(name.into()), ())
     }
+    /// The float literal `x`.
     pub fn f(x: f64) -> Expr {
         Expr::new(Kind::Lit(Lit::Float(x)), ())
     }
+    /// The integer literal `x`.
     pub fn i(x: i64) -> Expr {
         Expr::new(Kind::Lit(Lit::Int(x)), ())
     }
+    /// `l op r`.
     pub fn bin(op: BinOp, l: Expr, r: Expr) -> Expr {
         Expr::new(Kind::Bin(op, Box::new(l), Box::new(r)), ())
     }
+    /// `func(args..)`.
     pub fn call(func: Func, args: Vec<Expr>) -> Expr {
         Expr::new(Kind::Call(func, args), ())
     }
+    /// `a as ty`.
     pub fn cast(a: Expr, ty: Ty) -> Expr {
         Expr::new(Kind::Cast(Box::new(a), ty), ())
     }
+    /// `name[at[0]][at[1]]..`: a read of a declared tensor.
     pub fn idx(name: &str, at: Vec<Expr>) -> Expr {
         Expr::new(Kind::Index(name.into(), at), ())
     }
+    /// `let name = value; body`.
     pub fn let_(name: &str, value: Expr, body: Expr) -> Expr {
         Expr::new(Kind::Let(name.into(), Box::new(value), Box::new(body)), ())
     }
@@ -125,7 +133,9 @@ pub fn block_diagonal(n: i64) -> Expr {
 
 /// A named example: its modifiers.
 pub struct Example {
+    /// The preset it is built from, by its name in [`PRESETS`].
     pub name: &'static str,
+    /// Its score and mask modifiers and their tensors.
     pub flex: Flex,
 }
 

@@ -23,13 +23,18 @@ use serde::{Deserialize, Serialize};
 /// A value's type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Ty {
+    /// A float: the score, float literals, f32 tensors.
     F32,
+    /// A signed integer: b, h, q, k and integer literals, so that `q - k` is a distance.
     I32,
+    /// An unsigned integer: u32 tensors.
     U32,
+    /// A mask's value and a comparison's.
     Bool,
 }
 
 impl Ty {
+    /// The type's name in WGSL and in error messages.
     pub fn name(self) -> &'static str {
         match self {
             Ty::F32 => "f32",
@@ -39,35 +44,55 @@ impl Ty {
         }
     }
 
+    /// Whether arithmetic takes it: every type but `bool`.
     pub fn is_number(self) -> bool {
         self != Ty::Bool
     }
 }
 
+/// A literal as written.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Lit {
+    /// A float literal, typed f32.
     Float(f64),
+    /// An integer literal, typed i32.
     Int(i64),
+    /// `true` or `false`.
     Bool(bool),
 }
 
+/// The binary operators: arithmetic on numbers of one type, comparisons, and `&&`, `||`
+/// on bools.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum BinOp {
+    /// `+`.
     Add,
+    /// `-`.
     Sub,
+    /// `*`.
     Mul,
+    /// `/`: an integer division by 0 gives its dividend, as in WGSL.
     Div,
+    /// `<`.
     Lt,
+    /// `<=`.
     Le,
+    /// `>`.
     Gt,
+    /// `>=`.
     Ge,
+    /// `==`.
     Eq,
+    /// `!=`.
     Ne,
+    /// `&&`.
     And,
+    /// `||`.
     Or,
 }
 
 impl BinOp {
+    /// The operator as Rust and WGSL write it.
     pub fn symbol(self) -> &'static str {
         match self {
             BinOp::Add => "+",
@@ -85,6 +110,7 @@ impl BinOp {
         }
     }
 
+    /// Whether it compares two numbers into a bool.
     pub fn compares(self) -> bool {
         matches!(
             self,
@@ -92,6 +118,7 @@ impl BinOp {
         )
     }
 
+    /// Whether it joins two bools (`&&`, `||`).
     pub fn logical(self) -> bool {
         matches!(self, BinOp::And | BinOp::Or)
     }
@@ -100,18 +127,28 @@ impl BinOp {
 /// The functions an expression may call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Func {
+    /// `min(a, b)`.
     Min,
+    /// `max(a, b)`.
     Max,
+    /// `abs(x)`.
     Abs,
+    /// `clamp(x, lo, hi)`.
     Clamp,
+    /// `exp(x)`, on floats.
     Exp,
+    /// `log(x)`, the natural logarithm, on floats.
     Log,
+    /// `tanh(x)`, on floats.
     Tanh,
+    /// `sqrt(x)`, on floats.
     Sqrt,
+    /// `select(cond, a, b)`: `a` where `cond` holds, else `b` (what `if .. else ..` becomes).
     Select,
 }
 
 impl Func {
+    /// Every function, for lookups by name.
     pub const ALL: [Func; 9] = [
         Func::Min,
         Func::Max,
@@ -124,6 +161,7 @@ impl Func {
         Func::Select,
     ];
 
+    /// The function's name, as a modifier calls it.
     pub fn name(self) -> &'static str {
         match self {
             Func::Min => "min",
@@ -138,10 +176,12 @@ impl Func {
         }
     }
 
+    /// The function a modifier calls by `name`, `None` for one outside the language.
     pub fn named(name: &str) -> Option<Func> {
         Func::ALL.into_iter().find(|f| f.name() == name)
     }
 
+    /// How many arguments it takes.
     pub fn arity(self) -> usize {
         match self {
             Func::Abs | Func::Exp | Func::Log | Func::Tanh | Func::Sqrt => 1,
@@ -155,20 +195,30 @@ impl Func {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(bound(serialize = "", deserialize = "S: Default"))]
 pub struct Expr<S = ()> {
+    /// What the node computes, its children inside.
     pub kind: Kind<S>,
+    /// Where it came from, for errors (not serialized).
     #[serde(skip)]
     pub at: S,
 }
 
+/// The node kinds of a modifier expression.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(bound(serialize = "", deserialize = "S: Default"))]
 pub enum Kind<S> {
+    /// A literal.
     Lit(Lit),
+    /// A variable (`score`, b, h, q, k) or a `let` name, by its canonical name.
     Var(String),
+    /// `-x`.
     Neg(Box<Expr<S>>),
+    /// `!x`.
     Not(Box<Expr<S>>),
+    /// `l op r`.
     Bin(BinOp, Box<Expr<S>>, Box<Expr<S>>),
+    /// A function applied to its arguments.
     Call(Func, Vec<Expr<S>>),
+    /// `x as ty`.
     Cast(Box<Expr<S>>, Ty),
     /// A declared tensor read at one index per dimension.
     Index(String, Vec<Expr<S>>),
@@ -179,8 +229,11 @@ pub enum Kind<S> {
 /// A tensor a modifier may read: its dimensions (row-major) and element type.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TensorDecl {
+    /// The name the modifiers index it by, and its binding's.
     pub name: String,
+    /// Its dimensions, outermost first.
     pub dims: Vec<Dim>,
+    /// Its element type (a declaration takes f32 or u32).
     pub ty: Ty,
     /// Declared `grad`: the backward writes its gradient, `d<name>` of the same shape
     /// (learnable, like a T5 relative bias). Left out of the JSON when off, so that a
@@ -192,9 +245,13 @@ pub struct TensorDecl {
 /// A dimension of a declared tensor: a constant or one of the problem's sizes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Dim {
+    /// A fixed size, given in the description.
     Const(u32),
+    /// The problem's query heads.
     Heads,
+    /// The problem's sequences.
     Batch,
+    /// The problem's sequence length.
     Seq,
 }
 
@@ -213,6 +270,7 @@ pub fn variables(score: bool) -> Vec<(&'static str, Ty)> {
 }
 
 impl<S: Clone> Expr<S> {
+    /// A node of `kind` from `at`.
     pub fn new(kind: Kind<S>, at: S) -> Expr<S> {
         Expr { kind, at }
     }

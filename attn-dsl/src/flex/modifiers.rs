@@ -19,6 +19,7 @@ pub struct Flex {
     /// Whether key `k` is visible to query `q` (of head `h`, sequence `b`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mask_mod: Option<Expr>,
+    /// The tensors the modifiers read, each bound to the kernel by its name.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tensors: Vec<TensorDecl>,
 }
@@ -39,6 +40,7 @@ impl Flex {
         FlexRef(s)
     }
 
+    /// The declared tensor `name`, `None` where no tensor has that name.
     pub fn tensor(&self, name: &str) -> Option<&TensorDecl> {
         self.tensors.iter().find(|t| t.name == name)
     }
@@ -55,6 +57,7 @@ impl FlexRef {
         FlexRef(json)
     }
 
+    /// The canonical JSON of the modifiers, which the macro embeds in generated code.
     pub const fn json(self) -> &'static str {
         self.0
     }
@@ -102,6 +105,8 @@ impl TensorDecl {
             .product()
     }
 
+    /// The shape for a problem of `batch` sequences of `seq` rows and `heads` query heads:
+    /// each dimension resolved to its size.
     pub fn shape(&self, batch: u32, heads: u32, seq: u32) -> Vec<u32> {
         self.dims
             .iter()

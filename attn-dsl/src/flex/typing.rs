@@ -7,7 +7,9 @@ use super::{BinOp, Dim, Expr, Func, Kind, Lit, TensorDecl, Ty};
 /// What is wrong with an expression, at the node that is wrong.
 #[derive(Clone, Debug, PartialEq)]
 pub struct FlexError<S> {
+    /// Where the node came from: the token a macro error points at.
     pub at: S,
+    /// What is wrong and what to write instead.
     pub message: String,
 }
 

@@ -17,6 +17,7 @@ pub struct CoopTiling {
     pub br: u32,
     /// Keys per staged block.
     pub bc: u32,
+    /// The width a row is held at: the wider of Q/K's and V/O's ([`KernelSpec::width`]).
     pub head_dim: u32,
     /// Subgroups per 16 query rows (1 or 2): two split each block's keys in Q·Kᵀ and
     /// head_dim in P·V, so each holds half the accumulators and a workgroup twice the
@@ -26,6 +27,7 @@ pub struct CoopTiling {
     /// kernel's width but where attention's rows are narrower (MLA's 192 and 128); V's
     /// count stays the width's where the split cannot share its fragments evenly.
     pub qk_frags: u32,
+    /// The V or O row's fragments, as [`qk_frags`](Self::qk_frags) says.
     pub v_frags: u32,
     /// The forward, or a half of the tiled backward (the emitter's `coop_backward`).
     pub op: Op,
@@ -36,6 +38,7 @@ pub struct CoopTiling {
 }
 
 impl CoopTiling {
+    /// The layout of `spec`, `None` where its grid does not run on cooperative matrices.
     pub fn of(spec: &KernelSpec) -> Option<CoopTiling> {
         let flash = spec.grid.flash?;
         let per_split = spec.grid.tile / FRAG * SUBGROUP;
@@ -149,10 +152,12 @@ impl CoopTiling {
         }
     }
 
+    /// Invocations per workgroup: a subgroup per 16 query rows and split.
     pub fn workgroup_size(&self) -> u32 {
         self.br / FRAG * SUBGROUP * self.split
     }
 
+    /// Bytes of workgroup memory the kernel declares.
     pub fn bytes(&self) -> u32 {
         match self.op {
             Op::Forward | Op::Extend => self.bytes_with(self.staged_rows()),

@@ -111,6 +111,8 @@ pub fn max_slice(spec: &KernelSpec) -> u32 {
     (room.min(SLICE_CAP) / tile * tile).max(tile)
 }
 
+/// Bytes of workgroup memory a decode kernel declares: the streamed pass's own count, the
+/// split pass's fixed part and 16 per key of its longest slice, else 16 per invocation.
 pub fn workgroup_bytes(spec: &KernelSpec) -> u32 {
     if let Some(Ok(s)) = Stream::of(spec) {
         return s.bytes(spec);
@@ -133,8 +135,9 @@ pub struct Stream {
     /// Cache elements in the word a lane loads at once: 8 (16 bytes of halves, 8 of fp8)
     /// where both rows' widths allow, else 4; f32 always 4 (16 bytes).
     pub word: u32,
-    /// Words in a K row and in a V row.
+    /// Words in a K row.
     pub k_words: u32,
+    /// Words in a V row.
     pub v_words: u32,
     /// Lanes per key: a power of two, at most 32 and at most either row's words.
     pub lanes: u32,
@@ -142,8 +145,9 @@ pub struct Stream {
     pub groups: u32,
     /// Keys each group takes per step, their loads issued together.
     pub keys: u32,
-    /// Words of a K and of a V row per lane (the last may be past the row on some lanes).
+    /// Words of a K row per lane (the last may be past the row on some lanes).
     pub k_per_lane: u32,
+    /// Words of a V row per lane, likewise.
     pub v_per_lane: u32,
 }
 

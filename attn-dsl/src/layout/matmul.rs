@@ -16,8 +16,9 @@ pub const BM: u32 = 128;
 pub const BN: u32 = 128;
 /// Reduction indices per staged slice.
 pub const BK: u32 = 64;
-/// Subgroups along the block's rows and columns (8 subgroups of 32).
+/// Subgroups along the block's rows (WM · WN = 8 subgroups of 32).
 pub const WM: u32 = 2;
+/// Subgroups along the block's columns.
 pub const WN: u32 = 4;
 /// Invocations per workgroup.
 pub const WORKGROUP: u32 = 32 * WM * WN;

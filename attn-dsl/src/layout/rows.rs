@@ -93,7 +93,9 @@ pub fn grid_y(op: Op, hidden: u32, out: u32, tile: u32, atomic: bool) -> u32 {
 /// output columns (each lane one 16-byte word of W in f32 at a time, 32 lanes a 512-byte
 /// run of a row), columns per lane group, and the most rows one workgroup holds.
 pub const LINEAR_LANES: u32 = 32;
+/// Output columns per lane group of a [`Op::LinearRows`] workgroup.
 pub const LINEAR_COLUMNS: u32 = 2;
+/// The most rows one [`Op::LinearRows`] workgroup holds.
 pub const LINEAR_MAX_ROWS: u32 = 16;
 
 /// Output columns one [`Op::LinearRows`] workgroup owns.

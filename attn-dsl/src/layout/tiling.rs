@@ -9,6 +9,7 @@
 
 use crate::spec::{KernelSpec, Op};
 
+/// The thread layout of a flash kernel, as the module docs lay it out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tiling {
     /// Rows of the major axis per workgroup.

@@ -55,40 +55,62 @@ const INSTALL_HINT: &str = "this browser offers no WebGPU adapter (Chromium: \
 /// what Tint checks in CI.
 const RAISE_TO_ADAPTER: bool = cfg!(not(target_arch = "wasm32"));
 
+/// Why no device could run the kernels: none found, or one without a limit or feature they
+/// need.
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum DeviceError {
+    /// No adapter on the backends asked for.
     #[error("no GPU or CPU adapter found for backends {backends}; {INSTALL_HINT}")]
-    NoAdapter { backends: String },
+    NoAdapter {
+        /// The backends searched.
+        backends: String,
+    },
+    /// An adapter that offers less of a limit than the kernels need.
     #[error("adapter `{adapter}` offers {what} = {offered}, but the kernels need {needed}")]
     Limit {
+        /// The adapter's name.
         adapter: String,
+        /// The limit, as `wgpu::Limits` names it.
         what: &'static str,
+        /// What the kernels need.
         needed: u64,
+        /// What the adapter offers.
         offered: u64,
     },
+    /// The adapter refused the device the runtime asked for.
     #[error("adapter `{adapter}` refused the device request")]
     Request {
+        /// The adapter's name.
         adapter: String,
+        /// wgpu's reason.
         source: wgpu::RequestDeviceError,
     },
+    /// A caller's device created with less of a limit than a kernel needs.
     #[error(
         "the device was created with {what} = {has}, but kernel `{kernel}` needs {needed}; \
          request at least {needed} in DeviceDescriptor::required_limits"
     )]
     DeviceLimit {
+        /// The kernel's name.
         kernel: String,
+        /// The limit, as `wgpu::Limits` names it.
         what: &'static str,
+        /// What the kernel needs.
         needed: u64,
+        /// What the device was created with.
         has: u64,
     },
+    /// A caller's device created without a feature a kernel needs.
     #[error(
         "kernel `{kernel}` needs the {feature} feature, which the device was created without; \
          add it to DeviceDescriptor::required_features where the adapter has it, or use a \
          kernel without it"
     )]
     MissingFeature {
+        /// The kernel's name.
         kernel: String,
+        /// The feature, as `wgpu::Features` names it.
         feature: &'static str,
     },
 }
@@ -96,13 +118,18 @@ pub enum DeviceError {
 /// What a set of kernels asks of a device.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Requirements {
+    /// The most storage buffers one kernel binds.
     pub storage_buffers_per_stage: u32,
+    /// The most uniform buffers one kernel binds.
     pub uniform_buffers_per_stage: u32,
+    /// The most workgroup memory one kernel declares, in bytes.
     pub workgroup_storage_bytes: u32,
+    /// The largest workgroup of any kernel, in invocations.
     pub invocations_per_workgroup: u32,
 }
 
 impl Requirements {
+    /// The most that any of `kernels` needs of each limit.
     pub fn of<'a>(kernels: impl IntoIterator<Item = &'a KernelAbi>) -> Requirements {
         kernels
             .into_iter()
@@ -184,7 +211,9 @@ impl Requirements {
 /// The device the runtime records on, its queue, and what it can run: a device of the
 /// runtime's choosing ([`Gpu::new`]) or the caller's own ([`Gpu::from_wgpu`]).
 pub struct Gpu {
+    /// The wgpu device every op creates its buffers and pipelines on.
     pub device: wgpu::Device,
+    /// The device's queue, which uploads and host-slice calls submit to.
     pub queue: wgpu::Queue,
     info: wgpu::AdapterInfo,
     limits: wgpu::Limits,
@@ -402,6 +431,7 @@ impl Gpu {
         cache.get_or_create(&self.device, bytes)
     }
 
+    /// The adapter the device was created on: its name keys the tuning table.
     pub fn info(&self) -> &wgpu::AdapterInfo {
         &self.info
     }

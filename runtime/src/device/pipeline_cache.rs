@@ -42,6 +42,7 @@ pub struct PipelineCacheFile {
 }
 
 impl PipelineCacheFile {
+    /// The file the cache is loaded from and saved to.
     pub fn path(&self) -> &Path {
         &self.path
     }

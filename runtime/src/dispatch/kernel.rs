@@ -122,10 +122,12 @@ impl Kernel {
         })
     }
 
+    /// The ABI it was compiled from: its bindings, grid and specialization.
     pub fn abi(&self) -> &KernelAbi {
         &self.abi
     }
 
+    /// The kernel's name, as its ABI gives it.
     pub fn name(&self) -> &str {
         &self.abi.name
     }
@@ -227,7 +229,10 @@ pub fn layout_entries(abi: &KernelAbi) -> Vec<wgpu::BindGroupLayoutEntry> {
 
 /// One dispatch: a kernel, its buffers by binding name, and its grid.
 pub struct Step<'a> {
+    /// The kernel dispatched.
     pub kernel: &'a Kernel,
+    /// A buffer for each of its bindings, by the binding's name.
     pub bound: Vec<(&'a str, &'a wgpu::Buffer)>,
+    /// Workgroups to dispatch along x, y and z.
     pub grid: [u32; 3],
 }

@@ -19,10 +19,15 @@ use crate::tensor::Tensor;
 pub struct ForwardInput<'a> {
     /// Sequences of `seq_len` rows each (the grid's third dimension).
     pub batch: u32,
+    /// Rows of each sequence, queries and keys alike.
     pub seq_len: u32,
+    /// Query and KV heads and their widths.
     pub heads: Heads,
+    /// Queries, `[batch, seq, n_heads, head_dim]`.
     pub q: &'a [f32],
+    /// Keys, `[batch, seq, n_kv_heads, head_dim]`.
     pub k: &'a [f32],
+    /// Values, `[batch, seq, n_kv_heads, head_dim_v]`.
     pub v: &'a [f32],
     /// The start index of each row's document, `[batch, seq]`, counted within its sequence;
     /// `None` is one document per sequence. Only kernels built with the document mask take
@@ -35,6 +40,8 @@ pub struct ForwardInput<'a> {
     pub mods: Modifiers<'a>,
 }
 
+/// What the forward read back: the attention output and its log-sum-exp, which the
+/// backward takes.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ForwardOutput {
     /// `[batch, seq, n_heads, head_dim]`
@@ -47,12 +54,19 @@ pub struct ForwardOutput {
 /// laid out `[batch, capacity, n_kv_heads, head_dim]`; `q` is `[batch, n_heads, head_dim]`.
 #[derive(Clone, Copy, Debug)]
 pub struct DecodeInput<'a> {
+    /// Sequences, each with its own query row and cache.
     pub batch: u32,
+    /// Cache rows each query attends over, the same for every sequence.
     pub cache_len: u32,
+    /// Query and KV heads and their widths.
     pub heads: Heads,
+    /// The query rows, `[batch, n_heads, head_dim]`.
     pub q: &'a [f32],
+    /// Cached keys, `[batch, capacity, n_kv_heads, head_dim]`.
     pub k_cache: &'a [f32],
+    /// Cached values, `[batch, capacity, n_kv_heads, head_dim_v]`.
     pub v_cache: &'a [f32],
+    /// Defaults to `1 / sqrt(head_dim)`.
     pub scale: Option<f32>,
     /// The window (over the cache's last rows), ALiBi slopes and soft cap the kernel takes.
     pub mods: Modifiers<'a>,
@@ -229,6 +243,9 @@ fn fill(b: &Binding, value: impl Fn(usize, &str) -> [u8; 4]) -> Vec<u8> {
         .collect()
 }
 
+/// The checks [`forward`] makes before it uploads anything: the kernel's op, the dims
+/// against the kernel, the slices' lengths, the adapter's binding size, the scale, `seg`
+/// and the modifiers.
 pub fn validate_forward(
     abi: &KernelAbi,
     limits: &wgpu::Limits,
@@ -312,6 +329,9 @@ pub(crate) fn validate_sequence(
     }
 }
 
+/// The checks [`decode`] makes before it uploads anything: the kernel's op, the query
+/// against the kernel, the cache's lengths, `cache_len` against the cache's capacity and
+/// the adapter's binding size.
 pub fn validate_decode(
     abi: &KernelAbi,
     limits: &wgpu::Limits,

@@ -15,16 +15,27 @@ use crate::tensor::Tensor;
 /// gradient dO, laid out as for the forward (`[batch, seq, heads, head_dim]`).
 #[derive(Clone, Copy, Debug)]
 pub struct BackwardInput<'a> {
+    /// Sequences of `seq_len` rows each.
     pub batch: u32,
+    /// Rows of each sequence, queries and keys alike.
     pub seq_len: u32,
+    /// Query and KV heads and their widths.
     pub heads: Heads,
+    /// The forward's queries, `[batch, seq, n_heads, head_dim]`.
     pub q: &'a [f32],
+    /// The forward's keys, `[batch, seq, n_kv_heads, head_dim]`.
     pub k: &'a [f32],
+    /// The forward's values, `[batch, seq, n_kv_heads, head_dim_v]`.
     pub v: &'a [f32],
+    /// The forward's output, `[batch, seq, n_heads, head_dim_v]`.
     pub o: &'a [f32],
+    /// The forward's log-sum-exp, `[batch, seq, n_heads]`.
     pub lse: &'a [f32],
+    /// The gradient of the loss with respect to O, in O's layout.
     pub d_o: &'a [f32],
+    /// The forward's document starts, as [`ForwardInput::seg`] takes them.
     pub seg: Option<&'a [u32]>,
+    /// The forward's scale; defaults to `1 / sqrt(head_dim)`.
     pub scale: Option<f32>,
     /// The forward's modifier values (the same dropout seed and offset regenerate its mask).
     pub mods: Modifiers<'a>,
@@ -36,11 +47,17 @@ pub struct BackwardInput<'a> {
 /// its tensor's layout.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Gradients {
+    /// dQ, in Q's layout.
     pub dq: Vec<f32>,
+    /// dK, in K's layout.
     pub dk: Vec<f32>,
+    /// dV, in V's layout.
     pub dv: Vec<f32>,
+    /// dBias, in the bias's layout; empty without a bias.
     pub dbias: Vec<f32>,
+    /// dSinks, `[n_heads]`; empty without sinks.
     pub dsinks: Vec<f32>,
+    /// Each `grad` modifier tensor's gradient, by gradient name; see [`Gradients::flex`].
     pub dflex: Vec<(String, Vec<f32>)>,
 }
 

@@ -92,6 +92,7 @@ pub fn output_as(gpu: &Gpu, label: &str, len: usize, scalar: Scalar) -> wgpu::Bu
     }
 }
 
+/// A uniform buffer holding `bytes`, writable later through the queue.
 pub fn uniform(gpu: &Gpu, label: &str, bytes: &[u8]) -> wgpu::Buffer {
     gpu.device
         .create_buffer_init(&wgpu::util::BufferInitDescriptor {

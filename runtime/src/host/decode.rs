@@ -29,7 +29,9 @@ pub use crate::plan::decode::{Slicing, plan_slices};
 /// pages `cache_len` needs are never read.
 #[derive(Clone, Copy, Debug)]
 pub struct Pages<'a> {
+    /// Each sequence's pool pages in order, `[batch, pages_per_seq]`.
     pub block_table: &'a [u32],
+    /// Keys per page.
     pub page_size: u32,
 }
 
@@ -119,10 +121,12 @@ impl SplitDecode {
         self.key_tile
     }
 
+    /// The split pass, which flushes each slice's partial softmax.
     pub fn split_kernel(&self) -> &Kernel {
         &self.split
     }
 
+    /// The reduce pass, which merges the slices' partials into O.
     pub fn reduce_kernel(&self) -> &Kernel {
         &self.reduce
     }
@@ -426,7 +430,9 @@ pub struct Prepared {
     partials: wgpu::Buffer,
     /// One query row per sequence: row b of Q and O.
     q_starts: wgpu::Buffer,
+    /// The output O, which the reduce pass writes.
     pub o: wgpu::Buffer,
+    /// Elements of O: `batch · n_heads · head_dim_v`.
     pub o_len: usize,
     dims: wgpu::Buffer,
     params: wgpu::Buffer,
@@ -437,6 +443,7 @@ pub struct Prepared {
     kv_scales: wgpu::Buffer,
     split_grid: [u32; 3],
     reduce_grid: [u32; 3],
+    /// How the cache is cut into slices for the split pass.
     pub slicing: Slicing,
 }
 
@@ -520,6 +527,8 @@ pub struct Decoder {
 }
 
 impl Decoder {
+    /// Pairs the plain kernel with the split pair; they must be of one head_dim,
+    /// head_dim_v and mask set.
     pub fn new(gpu: &Gpu, plain: &KernelAbi, split: SplitDecode) -> Result<Decoder, Error> {
         expect_op(plain, Op::Decode)?;
         let s = split.split.abi();

@@ -9,33 +9,53 @@ use crate::ops::layernorm::LayerNormLinear;
 use crate::shape::{binding_size, length, nonzero};
 use crate::tensor::Tensor;
 
+/// The gradients [`layernorm_linear_backward`] reads back, each in its input's layout.
 #[derive(Clone, Debug)]
 pub struct Grads {
+    /// dx, `[rows, hidden]`.
     pub dx: Vec<f32>,
+    /// dγ, `[hidden]`.
     pub dgamma: Vec<f32>,
+    /// dβ, `[hidden]`.
     pub dbeta: Vec<f32>,
+    /// dW, `[out, hidden]`.
     pub dw: Vec<f32>,
+    /// db, `[out]`.
     pub db: Vec<f32>,
 }
 
+/// What [`layernorm_linear`] reads back: the output, and the row statistics the backward
+/// takes.
 #[derive(Clone, Debug)]
 pub struct Output {
+    /// `y = W·LN(x) + b`, `[rows, out]`.
     pub y: Vec<f32>,
+    /// Each row's mean, `[rows]`.
     pub mean: Vec<f32>,
+    /// Each row's 1/std, `[rows]`.
     pub rstd: Vec<f32>,
 }
 
 /// The forward's inputs; `eps` is LayerNorm's epsilon (1e-5 in most models).
 #[derive(Clone, Copy, Debug)]
 pub struct Input<'a> {
+    /// Rows of x (batch · seq).
     pub rows: u32,
+    /// Width of x's rows: LayerNorm's width and the Linear's input.
     pub hidden: u32,
+    /// The Linear's output width.
     pub out: u32,
+    /// The input, `[rows, hidden]`.
     pub x: &'a [f32],
+    /// LayerNorm's scale γ, `[hidden]`.
     pub gamma: &'a [f32],
+    /// LayerNorm's shift β, `[hidden]`.
     pub beta: &'a [f32],
+    /// The Linear's weight W, `[out, hidden]`.
     pub w: &'a [f32],
+    /// The Linear's bias b, `[out]`.
     pub b: &'a [f32],
+    /// LayerNorm's epsilon.
     pub eps: f32,
 }
 

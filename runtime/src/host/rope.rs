@@ -11,14 +11,18 @@ use crate::error::{Error, InputError};
 use crate::host::attention::{length, nonzero};
 use crate::tensor::Tensor;
 
+/// A tensor for [`rope`] to rotate, and the positions and frequencies it rotates by.
 #[derive(Clone, Copy, Debug)]
 pub struct RopeInput<'a> {
     /// Sequences of `seq_len` rows; row `s` of each is at position `s + pos_offset`.
     pub batch: u32,
+    /// Rows of each sequence.
     pub seq_len: u32,
     /// Heads of `x`: `n_heads` for Q, `n_kv_heads` for K.
     pub heads: u32,
+    /// Elements of each head's row, rotated in pairs.
     pub head_dim: u32,
+    /// The tensor, `[batch, seq, heads, head_dim]`.
     pub x: &'a [f32],
     /// Position of row 0 (e.g. the KV cache length when rotating a new decode row).
     pub pos_offset: u32,

@@ -32,12 +32,18 @@ use crate::tensor::Tensor;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CacheLayout {
     /// `capacity` rows per slot, in one block.
-    Contiguous { capacity: u32 },
+    Contiguous {
+        /// Rows each slot holds.
+        capacity: u32,
+    },
     /// A pool of `n_pages` pages of `page_size` rows, shared by the slots; a slot holds at
     /// most `pages_per_seq` of them.
     Paged {
+        /// Rows per page.
         page_size: u32,
+        /// Pages in the pool.
         n_pages: u32,
+        /// The most pages one slot holds: the block table's row length.
         pages_per_seq: u32,
     },
 }
@@ -47,12 +53,15 @@ pub enum CacheLayout {
 pub struct CacheSpec {
     /// Sequences held at once (the decode's batch).
     pub slots: u32,
+    /// K and V heads of each row.
     pub n_kv_heads: u32,
+    /// The width of K rows.
     pub head_dim: u32,
     /// The width of V rows: `head_dim` but in MLA-style attention.
     pub head_dim_v: u32,
     /// f32, f16 or bf16: what the appended rows and the decode's Q and O hold too.
     pub dtype: Dtype,
+    /// Contiguous slots or a pool of pages.
     pub layout: CacheLayout,
     /// `Some`: the cache holds 8-bit floats (half an f16 cache's bytes), each value divided
     /// by its KV head's scale ([`KvCache::set_scales`], 1 until set) when appended, rounded
@@ -80,18 +89,22 @@ struct Slot {
 /// dtype for an fp8 cache), RoPE applied at their positions where the model uses it.
 #[derive(Clone, Copy, Debug)]
 pub struct ExtendArgs<'a> {
-    /// `[batch, n, n_kv_heads, head_dim]` and `[batch, n, n_kv_heads, head_dim_v]`.
+    /// The new rows' keys, `[batch, n, n_kv_heads, head_dim]`.
     pub k_new: &'a Tensor,
+    /// The new rows' values, `[batch, n, n_kv_heads, head_dim_v]`.
     pub v_new: &'a Tensor,
-    /// The new rows' queries, `[batch, n, n_heads, head_dim]`, and their outputs, `[batch,
-    /// n, n_heads, head_dim_v]`.
+    /// The new rows' queries, `[batch, n, n_heads, head_dim]`.
     pub q: &'a Tensor,
+    /// Their outputs, `[batch, n, n_heads, head_dim_v]`, written.
     pub o: &'a Tensor,
+    /// Defaults to `1 / sqrt(head_dim)`.
     pub scale: Option<f32>,
     /// The window, ALiBi slopes, soft cap, sinks and user tensors the decode takes.
     pub mods: crate::modifiers::DeviceModifiers<'a>,
 }
 
+/// A KV cache on the device and the host's mirror of its slots (see the module docs): the
+/// appends, prefills and extends that write it, and the views a decode reads.
 pub struct KvCache {
     spec: CacheSpec,
     k: Tensor,
@@ -203,6 +216,7 @@ impl KvCache {
         })
     }
 
+    /// What the cache was created to hold.
     pub fn spec(&self) -> &CacheSpec {
         &self.spec
     }

@@ -23,7 +23,9 @@ pub struct Convert {
 /// f32 and the other the op's dtype; the direction follows from which is which.
 #[derive(Clone, Copy, Debug)]
 pub struct ConvertArgs<'a> {
+    /// The tensor read.
     pub src: &'a Tensor,
+    /// The tensor written, of `src`'s shape in the other element type.
     pub dst: &'a Tensor,
 }
 

@@ -27,11 +27,15 @@ use crate::tensor::{Tensor, TensorError};
 /// and O, and the cache's layout.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct DecodeSpec {
+    /// The width of Q and K rows.
     pub head_dim: u32,
     /// The width of V and O rows: `head_dim` but in MLA-style attention.
     pub head_dim_v: u32,
+    /// The masks and modifiers the kernels are built with.
     pub masks: Masks,
+    /// The element type of Q, O and (without `kv_fp8`) the cache.
     pub dtype: Dtype,
+    /// Contiguous or paged.
     pub cache: Cache,
     /// `Some`: the cache holds 8-bit floats with scales ([`CacheView::scales`]); Q and O
     /// stay in `dtype`.
@@ -72,6 +76,7 @@ pub struct CacheView<'a> {
     /// Contiguous: `[batch, capacity, n_kv_heads, head_dim]`; paged: the pool, `[n_pages,
     /// page_size, n_kv_heads, head_dim]`; V's rows `head_dim_v` wide.
     pub k: &'a Tensor,
+    /// The values, laid out as `k` with rows `head_dim_v` wide.
     pub v: &'a Tensor,
     /// Rows in each slot's cache, `[slots]` u32 (at least `slot0 + batch`).
     pub seq_lens: &'a Tensor,
@@ -110,11 +115,15 @@ impl Default for QueryRows<'_> {
 /// the same rows `head_dim_v` wide, in the op's dtype.
 #[derive(Clone, Copy, Debug)]
 pub struct DecodeArgs<'a> {
+    /// The query rows.
     pub q: &'a Tensor,
     /// The query rows per sequence: one (a decode step) unless said otherwise.
     pub rows: QueryRows<'a>,
+    /// The cache the rows attend over.
     pub cache: CacheView<'a>,
+    /// The output, written: a row per query row, `head_dim_v` wide.
     pub o: &'a Tensor,
+    /// Defaults to `1 / sqrt(head_dim)`.
     pub scale: Option<f32>,
     /// The window (over each cache's last rows), ALiBi slopes and soft cap.
     pub mods: DeviceModifiers<'a>,

@@ -35,10 +35,15 @@ fn compile(spec: &ForwardSpec, config: FlashConfig) -> Result<KernelAbi, Error> 
 /// head_dim_v]` (all in the kernel's dtype), LSE `[batch, seq, n_heads]` f32.
 #[derive(Clone, Copy, Debug)]
 pub struct ForwardArgs<'a> {
+    /// The queries.
     pub q: &'a Tensor,
+    /// The keys.
     pub k: &'a Tensor,
+    /// The values.
     pub v: &'a Tensor,
+    /// The output, written.
     pub o: &'a Tensor,
+    /// Each row's log-sum-exp, written (`+inf` for a row with no visible key).
     pub lse: &'a Tensor,
     /// Each row's document start and end, `[2, batch, seq]` u32 (see
     /// [`crate::ops::forward::documents`]); `None` is one document per sequence. Only for
@@ -46,6 +51,7 @@ pub struct ForwardArgs<'a> {
     pub seg: Option<&'a Tensor>,
     /// Defaults to `1 / sqrt(head_dim)`.
     pub scale: Option<f32>,
+    /// The values of the kernel's score modifiers and masks.
     pub mods: DeviceModifiers<'a>,
 }
 
@@ -82,6 +88,8 @@ enum Kernels {
     Fixed(Pipeline),
 }
 
+/// The forward op: its kernel (planned per problem, or fixed), recorded into the caller's
+/// encoder by [`Forward::record`].
 pub struct Forward {
     kernels: Kernels,
     /// One document per sequence, for kernels with the document mask called without `seg`.

@@ -25,6 +25,7 @@ pub use attn_dsl::layout::rows::LINEAR_MAX_ROWS;
 pub struct LinearSpec {
     /// The reduction's width (x's rows, W's rows); a multiple of 4.
     pub hidden: u32,
+    /// The output's width: y's columns, one row of W each.
     pub out: u32,
     /// W's element type: f32, f16 (SHADER_F16) or bf16.
     pub weights: Dtype,
@@ -37,9 +38,13 @@ pub struct LinearSpec {
 /// `[rows, out]` f32 (overwritten).
 #[derive(Clone, Copy, Debug)]
 pub struct LinearArgs<'a> {
+    /// The input rows.
     pub x: &'a Tensor,
+    /// The weight.
     pub w: &'a Tensor,
+    /// The bias, given exactly where the spec has one.
     pub b: Option<&'a Tensor>,
+    /// The output, written.
     pub y: &'a Tensor,
 }
 
@@ -62,6 +67,7 @@ impl Linear {
         })
     }
 
+    /// The widths and weight dtype it was built for.
     pub fn spec(&self) -> LinearSpec {
         self.spec
     }

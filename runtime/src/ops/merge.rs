@@ -18,7 +18,9 @@ use crate::tensor::Tensor;
 /// What a merge computes: outputs `head_dim_v` wide in `dtype`, with or without sinks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MergeSpec {
+    /// The width of the O rows merged.
     pub head_dim_v: u32,
+    /// The element type of the O parts and the merged O.
     pub dtype: Dtype,
     /// A logit per query head joins the merged denominator (the parts carry none).
     pub sinks: bool,
@@ -41,10 +43,15 @@ impl MergeSpec {
 /// seq, n_heads]`; `sinks` `[n_heads]` f32 with a spec that has them.
 #[derive(Clone, Copy, Debug)]
 pub struct MergeArgs<'a> {
+    /// Each part's output, stacked part-major.
     pub o_parts: &'a Tensor,
+    /// Each part's log-sum-exp, stacked as `o_parts`.
     pub lse_parts: &'a Tensor,
+    /// The merged output, written.
     pub o: &'a Tensor,
+    /// The merged log-sum-exp, written.
     pub lse: &'a Tensor,
+    /// The sink logits, given exactly where the spec has sinks.
     pub sinks: Option<&'a Tensor>,
 }
 

@@ -17,8 +17,11 @@ use crate::tensor::Tensor;
 /// models).
 #[derive(Clone, Copy, Debug)]
 pub struct RopeArgs<'a> {
+    /// The rows, rotated in place.
     pub x: &'a Tensor,
+    /// Each sequence's position of its row 0: row s of sequence b is at `positions[b] + s`.
     pub positions: &'a Tensor,
+    /// The frequency base.
     pub base: f32,
 }
 
@@ -26,7 +29,9 @@ pub struct RopeArgs<'a> {
 /// (`backward`) by minus the angle, the rotation's backward.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RopeSpec {
+    /// The width of the rows rotated, in pairs.
     pub head_dim: u32,
+    /// Whether it rotates by minus the angle, the rotation's backward.
     pub backward: bool,
 }
 

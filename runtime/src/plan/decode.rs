@@ -3,7 +3,9 @@
 /// How a cache is cut: `n_slices` slices of `slice_len` keys (the last may be shorter).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Slicing {
+    /// Keys per slice, a whole number of the split kernel's key tile.
     pub slice_len: u32,
+    /// Slices, each flushing its own partial softmax for the reduce.
     pub n_slices: u32,
 }
 

@@ -13,9 +13,13 @@ use attn_dsl::{
 /// each call), and the dtype of Q, K, V, O and dO (gradients and LSE are f32).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AttentionSpec {
+    /// The width of Q and K rows.
     pub head_dim: u32,
+    /// The width of V and O rows.
     pub head_dim_v: u32,
+    /// The masks and modifiers the kernels are built with.
     pub masks: Masks,
+    /// The element type of Q, K, V, O and dO.
     pub dtype: Dtype,
 }
 

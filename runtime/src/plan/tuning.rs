@@ -171,6 +171,7 @@ impl Table {
         row_sums_named(name)
     }
 
+    /// Saves the table to `path` as pretty-printed JSON, the form [`Table::read`] reads.
     pub fn write(&self, path: &Path) -> std::io::Result<()> {
         let text = serde_json::to_string_pretty(self).expect("a table serializes");
         std::fs::write(path, text + "\n")

@@ -182,18 +182,22 @@ impl Tensor {
         })
     }
 
+    /// The buffer the tensor lies in, shared with its clones and views.
     pub fn buffer(&self) -> &wgpu::Buffer {
         &self.buffer
     }
 
+    /// Where the tensor starts in its buffer, in bytes.
     pub fn offset(&self) -> u64 {
         self.offset
     }
 
+    /// Its dimensions, outermost first.
     pub fn shape(&self) -> &[u32] {
         &self.shape
     }
 
+    /// The element type.
     pub fn scalar(&self) -> Scalar {
         self.scalar
     }
@@ -203,6 +207,7 @@ impl Tensor {
         elements(&self.shape)
     }
 
+    /// Whether it has no element (a dimension of 0).
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

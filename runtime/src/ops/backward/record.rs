@@ -22,14 +22,23 @@ use crate::tensor::{Tensor, TensorError, elements};
 /// and the gradients in f32 (dQ like Q, dK like K, dV like V).
 #[derive(Clone, Copy, Debug)]
 pub struct BackwardArgs<'a> {
+    /// The forward's queries.
     pub q: &'a Tensor,
+    /// The forward's keys.
     pub k: &'a Tensor,
+    /// The forward's values.
     pub v: &'a Tensor,
+    /// The forward's output.
     pub o: &'a Tensor,
+    /// The forward's log-sum-exp.
     pub lse: &'a Tensor,
+    /// The gradient of the loss with respect to O.
     pub d_o: &'a Tensor,
+    /// dQ, written (or added into).
     pub dq: &'a Tensor,
+    /// dK, written (or added into).
     pub dk: &'a Tensor,
+    /// dV, written (or added into).
     pub dv: &'a Tensor,
     /// dBias, in the bias's layout, with a bias.
     pub dbias: Option<&'a Tensor>,
@@ -41,6 +50,7 @@ pub struct BackwardArgs<'a> {
     pub flex_grads: &'a [(&'a str, &'a Tensor)],
     /// As the forward's: `[2, batch, seq]` u32, or one document per sequence.
     pub seg: Option<&'a Tensor>,
+    /// The forward's scale; defaults to `1 / sqrt(head_dim)`.
     pub scale: Option<f32>,
     /// The forward's modifier values (the same dropout seed and offset regenerate its mask).
     pub mods: DeviceModifiers<'a>,

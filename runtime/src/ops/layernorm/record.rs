@@ -17,18 +17,26 @@ use crate::tensor::{Tensor, elements};
 /// hidden]`, b `[out]`, all f32; `eps` is LayerNorm's epsilon.
 #[derive(Clone, Copy, Debug)]
 pub struct LayerNormArgs<'a> {
+    /// The input.
     pub x: &'a Tensor,
+    /// LayerNorm's scale γ.
     pub gamma: &'a Tensor,
+    /// LayerNorm's shift β.
     pub beta: &'a Tensor,
+    /// The Linear's weight W.
     pub w: &'a Tensor,
+    /// The Linear's bias b.
     pub b: &'a Tensor,
+    /// LayerNorm's epsilon, added to each row's variance.
     pub eps: f32,
 }
 
 /// The forward's saved statistics, `[rows]` each.
 #[derive(Clone, Copy, Debug)]
 pub struct Saved<'a> {
+    /// Each row's mean.
     pub mean: &'a Tensor,
+    /// Each row's 1/std.
     pub rstd: &'a Tensor,
 }
 
@@ -36,10 +44,15 @@ pub struct Saved<'a> {
 /// `[out, hidden]`, db `[out]` (their buffers need COPY_DST: the sums start from zero).
 #[derive(Clone, Copy, Debug)]
 pub struct LayerNormGrads<'a> {
+    /// dx.
     pub dx: &'a Tensor,
+    /// dγ.
     pub dgamma: &'a Tensor,
+    /// dβ.
     pub dbeta: &'a Tensor,
+    /// dW.
     pub dw: &'a Tensor,
+    /// db.
     pub db: &'a Tensor,
 }
 
