@@ -65,8 +65,8 @@ pub fn lanes(spec: &KernelSpec) -> u32 {
 
 /// Whether the staged pass holds each invocation's columns of the served queries in
 /// registers (its words are eight elements and the columns fit in sixteen vec4s) rather
-/// than reading them from workgroup memory per key; see [`staged_word`] for the
-/// measurements.
+/// than reading them from workgroup memory per key (measured beside the staged pass's
+/// words, above [`word`]'s rule).
 pub fn query_in_registers(spec: &KernelSpec) -> bool {
     let per_lane = spec.head_dim / staged_word(spec) / lanes(spec);
     staged_word(spec) == 8 && per_lane * 2 * spec.grid.tile <= 16
