@@ -311,8 +311,7 @@ fn entry(spec: &KernelSpec, s: &Stream, sparse: bool) -> Fragment {
             let _ = writeln!(softmax, "let vv{u}_{w} = widen_w(v{u}_{w});");
         }
     }
-    for i in 0..heads {
-        let c = COMPONENTS[i];
+    for (i, c) in COMPONENTS.iter().enumerate().take(heads) {
         for w in 0..s.v_per_lane {
             for p in quads.clone() {
                 let mut acc = format!("o{i}_{w}_{p} * corr.{c}");
@@ -338,8 +337,7 @@ fn entry(spec: &KernelSpec, s: &Stream, sparse: bool) -> Fragment {
         None => "",
     };
     let mut meet = String::new();
-    for i in 0..heads {
-        let c = COMPONENTS[i];
+    for (i, c) in COMPONENTS.iter().enumerate().take(heads) {
         for w in 0..s.v_per_lane {
             let _ = writeln!(meet, "if (lane + {w}u * LANES < V_WORDS) {{");
             for p in quads.clone() {

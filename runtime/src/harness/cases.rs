@@ -921,6 +921,8 @@ pub struct Runner {
     /// The backwards of other masks (non-causal, score modifiers), made when a case needs
     /// one.
     others: Vec<(Masks, Backward)>,
+    /// The merges of attention states the forward cases' merge rows run.
+    merges: crate::harness::merged::Merges,
 }
 
 impl Runner {
@@ -946,6 +948,7 @@ impl Runner {
             split: Vec::new(),
             backward: Backward::from_kernels(gpu, backward)?,
             others: Vec::new(),
+            merges: Default::default(),
         })
     }
 
@@ -1281,6 +1284,24 @@ pub fn run_case(gpu: &Gpu, runner: &mut Runner, case: &Case, seed: u64) -> Resul
                     }
                 }
             }
+            // The forward's attention states split along the keys and merged on the device.
+            let mut dtypes = vec![Dtype::F32];
+            if half && batch == 1 {
+                dtypes.extend(gpu.half_dtypes());
+            }
+            let [q, k, v, _] = qkv(h, batch * seq, seed);
+            let merged = crate::harness::merged::rows(
+                gpu,
+                &mut runner.merges,
+                &job.problem(),
+                [&q, &k, &v],
+                &dtypes,
+            )?;
+            rows.extend(
+                merged
+                    .into_iter()
+                    .map(|(label, verdicts)| row(&label, verdicts)),
+            );
             rows
         }
         Shape::Decode {

@@ -15,5 +15,7 @@ pub mod inputs;
 pub mod kv_fp8;
 pub mod layernorm;
 #[cfg(not(target_arch = "wasm32"))]
+pub mod merged;
+#[cfg(not(target_arch = "wasm32"))]
 pub mod npy;
 pub mod reference;

@@ -46,6 +46,9 @@ pub struct Problem<'a> {
     pub q_pos: usize,
     /// Which sequence of the batch this is (dropout's counter), set by `sequence`.
     pub batch_index: usize,
+    /// Only keys `start..end` are attended (a part of a key split, as a merge reads it);
+    /// `None`: every key.
+    pub keys: Option<(usize, usize)>,
 }
 
 impl Problem<'_> {
@@ -95,6 +98,9 @@ impl Problem<'_> {
     /// Query `s` sees key `j` when `j <= s` (causal) and `j >= seg[s]` (document); without
     /// the causal mask, keys past the document end are cut by `seg[j] == seg[s]`.
     pub fn visible(&self, s: usize, h: usize, j: usize) -> bool {
+        if self.keys.is_some_and(|(start, end)| j < start || j >= end) {
+            return false;
+        }
         if !self.flex_visible(s, h, j) {
             return false;
         }
