@@ -15,13 +15,14 @@ use anyhow::{Context, Result, bail};
 use attn_dsl::{Cache, Dtype, Masks, Scalar};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use runtime::harness::reference::{self, Problem};
-use runtime::layernorm::LayerNormLinear;
 use runtime::layernorm::reference as ln_ref;
 use runtime::ops::cache::{CacheLayout, CacheSpec, KvCache};
 use runtime::ops::convert::{Convert, ConvertArgs};
 use runtime::ops::decode::{Decode, DecodeArgs, DecodeSpec};
 use runtime::ops::forward::{Forward, ForwardArgs, ForwardSpec};
-use runtime::ops::layernorm::{LayerNormArgs, Saved};
+use runtime::ops::layernorm::{
+    LayerNormArgs, LayerNormCall, LayerNormLinear, LayerNormSpec, Saved,
+};
 use runtime::ops::rope::{Rope, RopeArgs, RopeSpec};
 use runtime::{Gpu, Heads, Tensor};
 
@@ -149,7 +150,11 @@ impl Projection {
             Tensor::from_f32(gpu, &[out, hidden], scalar(weights), &w)?,
             up(&[out], &b)?,
         ];
-        let op = LayerNormLinear::planned(gpu, rows, hidden, out)?.with_weights(gpu, weights)?;
+        let spec = LayerNormSpec {
+            weights,
+            ..LayerNormSpec::new(rows, hidden, out)
+        };
+        let op = LayerNormLinear::new(gpu, spec)?;
         Ok(Projection {
             w,
             b,
@@ -186,7 +191,8 @@ impl Projection {
             mean: &mean,
             rstd: &rstd,
         };
-        Ok(self.op.record_forward(gpu, enc, &args, y, saved)?)
+        let call = LayerNormCall::Forward { args, y, saved };
+        Ok(self.op.record(gpu, enc, &call)?)
     }
 
     fn reference(&self, x: &[f64]) -> Vec<f64> {

@@ -14,7 +14,9 @@ use rand::{Rng, SeedableRng, rngs::StdRng};
 use runtime::harness::compare::{Verdict, judge};
 use runtime::harness::reference::{self, Problem, cast};
 use runtime::layernorm::judge::{LnCase, LnJudge};
-use runtime::layernorm::{LayerNormLinear, layernorm_linear, layernorm_linear_backward};
+use runtime::layernorm::{
+    LayerNormLinear, LayerNormSpec, layernorm_linear, layernorm_linear_backward,
+};
 use runtime::ops::cache::{CacheLayout, CacheSpec, KvCache};
 use runtime::ops::decode::{Decode, DecodeArgs, DecodeSpec};
 use runtime::ops::forward::{Forward, ForwardArgs, ForwardSpec};
@@ -278,7 +280,13 @@ pub async fn run_layer(
 async fn layernorm_rows(gpu: &Gpu) -> Result<Vec<Row>, Error> {
     let c = LAYERNORM;
     let mut judge = LnJudge::new(c, SEED);
-    let layer = |sums| LayerNormLinear::new(gpu, c.rows(), c.hidden, c.out, sums);
+    let layer = |sums| {
+        let spec = LayerNormSpec {
+            sums: Some(sums),
+            ..LayerNormSpec::new(c.rows(), c.hidden, c.out)
+        };
+        LayerNormLinear::new(gpu, spec)
+    };
     let layers = [layer(RowSums::Atomic)?, layer(RowSums::TwoPass)?];
     // The forward is one kernel whatever the schedule: timed and judged once, and its
     // statistics saved for every backward.

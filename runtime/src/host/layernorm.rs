@@ -1,5 +1,5 @@
 //! The LayerNorm + Linear of host data: checked, uploaded, recorded through
-//! [`LayerNormLinear::record_forward`] / `record_backward`, read back.
+//! [`LayerNormLinear::record`], read back.
 
 use attn_dsl::Scalar;
 
@@ -60,7 +60,7 @@ pub struct Input<'a> {
 }
 
 /// `y = W·LN(x) + b`, with each row's mean and 1/std for the backward: the host data
-/// checked, uploaded, run through [`LayerNormLinear::record_forward`], read back.
+/// checked, uploaded, run through [`LayerNormLinear::record`], read back.
 pub async fn layernorm_linear(
     gpu: &Gpu,
     layer: &LayerNormLinear,
@@ -77,9 +77,12 @@ pub async fn layernorm_linear(
         rstd: &rstd,
     };
     let mut encoder = gpu.device.create_command_encoder(&Default::default());
-    layer
-        .fresh()
-        .record_forward(gpu, &mut encoder, &up.args(input.eps), &y, saved)?;
+    let call = crate::ops::layernorm::LayerNormCall::Forward {
+        args: up.args(input.eps),
+        y: &y,
+        saved,
+    };
+    layer.fresh().record(gpu, &mut encoder, &call)?;
     gpu.queue.submit([encoder.finish()]);
     Ok(Output {
         y: y.to_f32(gpu).await?,
@@ -128,9 +131,13 @@ pub async fn layernorm_linear_backward(
         rstd: &rstd,
     };
     let mut encoder = gpu.device.create_command_encoder(&Default::default());
-    layer
-        .fresh()
-        .record_backward(gpu, &mut encoder, &up.args(input.eps), saved, &dy, &grads)?;
+    let call = crate::ops::layernorm::LayerNormCall::Backward {
+        args: up.args(input.eps),
+        saved,
+        dy: &dy,
+        grads,
+    };
+    layer.fresh().record(gpu, &mut encoder, &call)?;
     gpu.queue.submit([encoder.finish()]);
     Ok(Grads {
         dx: dx.to_f32(gpu).await?,

@@ -1,10 +1,11 @@
 //! The fused LayerNorm + Linear on this machine's adapter: bad input is a typed error
 //! before any dispatch, and both backward schedules pass the rule at the seed's shape.
 
+use attn_dsl::Matrix;
 use attn_dsl::row_layer::RowSums;
 use runtime::BlockOn;
 use runtime::layernorm::check::{LnCase, run};
-use runtime::layernorm::{Input, LayerNormLinear, layernorm_linear};
+use runtime::layernorm::{Input, LayerNormLinear, LayerNormSpec, layernorm_linear};
 use runtime::{Error, Gpu, InputError, kernels};
 
 fn gpu() -> Gpu {
@@ -13,10 +14,24 @@ fn gpu() -> Gpu {
         .expect("an adapter (lavapipe at least)")
 }
 
+/// The layer `[rows, hidden, out]` with atomic row sums and products as `matrix` says.
+fn layer(
+    gpu: &Gpu,
+    [rows, hidden, out]: [u32; 3],
+    matrix: Matrix,
+) -> Result<LayerNormLinear, Error> {
+    let spec = LayerNormSpec {
+        sums: Some(RowSums::Atomic),
+        matrix,
+        ..LayerNormSpec::new(rows, hidden, out)
+    };
+    LayerNormLinear::new(gpu, spec)
+}
+
 #[test]
 fn bad_input_is_a_typed_error() {
     let gpu = gpu();
-    let layer = LayerNormLinear::new(&gpu, 16, 8, 16, RowSums::Atomic).unwrap();
+    let layer = layer(&gpu, [16, 8, 16], Matrix::Scalar).unwrap();
     let (x, gamma, w, b) = (
         vec![0.5; 16 * 8],
         vec![1.0; 8],
@@ -117,9 +132,8 @@ fn both_schedules_pass_at_the_seed_shape() {
 /// elsewhere; widths that are not multiples of 4 are refused by the rules first.
 #[test]
 fn tensor_core_products_need_the_adapter_and_vec4_widths() {
-    use attn_dsl::Matrix;
     let gpu = gpu();
-    let made = LayerNormLinear::with_matrix(&gpu, [64, 8, 16], RowSums::Atomic, Matrix::Coop16);
+    let made = layer(&gpu, [64, 8, 16], Matrix::Coop16);
     match gpu.has_coop16() {
         true => assert_eq!(made.unwrap().matrix(), Matrix::Coop16),
         false => assert!(
@@ -128,7 +142,7 @@ fn tensor_core_products_need_the_adapter_and_vec4_widths() {
             made.map(|l| l.widths())
         ),
     }
-    let odd = LayerNormLinear::with_matrix(&gpu, [64, 10, 16], RowSums::Atomic, Matrix::Coop16);
+    let odd = layer(&gpu, [64, 10, 16], Matrix::Coop16);
     match odd {
         Err(Error::Pipeline { message, .. }) => {
             assert!(message.contains("multiples of 4"), "{message}")
@@ -138,7 +152,7 @@ fn tensor_core_products_need_the_adapter_and_vec4_widths() {
             other.map(|l| l.widths())
         ),
     }
-    let scalar = LayerNormLinear::new(&gpu, 64, 10, 16, RowSums::Atomic).unwrap();
+    let scalar = layer(&gpu, [64, 10, 16], Matrix::Scalar).unwrap();
     assert_eq!(scalar.matrix(), Matrix::Scalar);
 }
 
@@ -293,13 +307,14 @@ fn a_linear_at_a_few_rows_passes_the_rule_in_every_weight_dtype() {
 fn half_precision_weights_are_for_the_forward() {
     use attn_dsl::{Dtype, Scalar};
     use runtime::Tensor;
-    use runtime::ops::layernorm::{LayerNormArgs, LayerNormGrads, Saved};
+    use runtime::ops::layernorm::{LayerNormArgs, LayerNormCall, LayerNormGrads, Saved};
     let gpu = gpu();
     let (rows, hidden, out) = (20, 8, 12);
-    let mut layer = LayerNormLinear::new(&gpu, rows, hidden, out, RowSums::Atomic)
-        .unwrap()
-        .with_weights(&gpu, Dtype::Bf16)
-        .unwrap();
+    let spec = LayerNormSpec {
+        weights: Dtype::Bf16,
+        ..LayerNormSpec::new(rows, hidden, out)
+    };
+    let mut layer = LayerNormLinear::new(&gpu, spec).unwrap();
     let t = |shape: &[u32], s| Tensor::zeros(&gpu, shape, s).unwrap();
     let f = Scalar::F32;
     let (x, gamma, beta, b) = (
@@ -323,9 +338,8 @@ fn half_precision_weights_are_for_the_forward() {
         rstd: &rstd,
     };
     let mut enc = gpu.device.create_command_encoder(&Default::default());
-    layer
-        .record_forward(&gpu, &mut enc, &args, &y, saved)
-        .unwrap();
+    let forward = LayerNormCall::Forward { args, y: &y, saved };
+    layer.record(&gpu, &mut enc, &forward).unwrap();
     let (dx, dw) = (t(&[rows, hidden], f), t(&[out, hidden], f));
     let grads = LayerNormGrads {
         dx: &dx,
@@ -334,7 +348,13 @@ fn half_precision_weights_are_for_the_forward() {
         dw: &dw,
         db: &b,
     };
-    let e = layer.record_backward(&gpu, &mut enc, &args, saved, &y, &grads);
+    let backward = LayerNormCall::Backward {
+        args,
+        saved,
+        dy: &y,
+        grads,
+    };
+    let e = layer.record(&gpu, &mut enc, &backward);
     assert!(
         matches!(e, Err(Error::Input(InputError::Unsupported { .. }))),
         "{e:?}"

@@ -11,8 +11,9 @@ use crate::device::Gpu;
 use crate::error::Error;
 use crate::harness::cases::random;
 use crate::host::buffers;
-use crate::ops::layernorm::LayerNormLinear;
-use crate::ops::layernorm::{LayerNormArgs, LayerNormGrads, Saved};
+use crate::ops::layernorm::{
+    LayerNormArgs, LayerNormCall, LayerNormGrads, LayerNormLinear, LayerNormSpec, Saved,
+};
 use crate::tensor::Tensor;
 use crate::timing::{self, Step, Timing};
 
@@ -74,14 +75,19 @@ pub fn run(
     // products round to f16, the planned layer's do not).
     let matrices = [Matrix::Scalar, Matrix::Coop16];
     let matrices = &matrices[..if gpu.has_coop16() { 2 } else { 1 }];
-    // On tensor cores the row sums are always the reduce's (see `with_matrix`).
+    // On tensor cores the row sums are always the reduce's (see `LayerNormSpec::matrix`).
     let schedules = matrices.iter().flat_map(|&m| match m {
         Matrix::Scalar => vec![(m, RowSums::Atomic), (m, RowSums::TwoPass)],
         Matrix::Coop16 => vec![(m, RowSums::TwoPass)],
     });
     let mut timed_forward = Vec::new();
     for (matrix, sums) in schedules {
-        let layer = LayerNormLinear::with_matrix(gpu, [rows, hidden, out], sums, matrix)?;
+        let spec = LayerNormSpec {
+            sums: Some(sums),
+            matrix,
+            ..LayerNormSpec::new(rows, hidden, out)
+        };
+        let layer = LayerNormLinear::new(gpu, spec)?;
         let tc = match matrix {
             Matrix::Scalar => "",
             Matrix::Coop16 => "+tc",
@@ -124,7 +130,11 @@ pub fn run(
             sums: matrix.is_scalar().then_some(sums),
         });
     }
-    let like = LayerNormLinear::new(gpu, rows, hidden, out, RowSums::Atomic)?;
+    let like = LayerNormSpec {
+        sums: Some(RowSums::Atomic),
+        ..LayerNormSpec::new(rows, hidden, out)
+    };
+    let like = LayerNormLinear::new(gpu, like)?;
     rows_out.extend(baseline(
         gpu,
         like.forward_kernel().abi(),
@@ -193,9 +203,17 @@ impl Io {
             rstd: &self.rstd,
         }
     }
+
+    fn forward(&self) -> LayerNormCall<'_> {
+        LayerNormCall::Forward {
+            args: self.args(),
+            y: &self.y,
+            saved: self.saved(),
+        }
+    }
 }
 
-/// The forward as a user records it ([`LayerNormLinear::record_forward`]: the fused kernel,
+/// The forward as a user records it ([`LayerNormLinear::record`]: the fused kernel,
 /// or the split one's LayerNorm pass, W's conversion and the matmul), on the bench's inputs.
 fn time_forward(
     gpu: &Gpu,
@@ -205,13 +223,11 @@ fn time_forward(
     runs: usize,
 ) -> Result<Timing, Error> {
     let io = Io::wrap(gpu, ins, shape)?;
-    let (t, ()) = timing::time_recorded(gpu, 2, runs, |enc| {
-        layer.record_forward(gpu, enc, &io.args(), &io.y, io.saved())
-    })?;
+    let (t, ()) = timing::time_recorded(gpu, 2, runs, |enc| layer.record(gpu, enc, &io.forward()))?;
     Ok(t)
 }
 
-/// The backward as a user records it ([`LayerNormLinear::record_backward`]: every kernel,
+/// The backward as a user records it ([`LayerNormLinear::record`]: every kernel,
 /// the reduce included) from the forward's statistics.
 fn time_backward(
     gpu: &Gpu,
@@ -223,7 +239,7 @@ fn time_backward(
     let io = Io::wrap(gpu, ins, [rows, hidden, out])?;
     let mut forward = layer.fresh();
     let mut encoder = gpu.device.create_command_encoder(&Default::default());
-    forward.record_forward(gpu, &mut encoder, &io.args(), &io.y, io.saved())?;
+    forward.record(gpu, &mut encoder, &io.forward())?;
     gpu.queue.submit([encoder.finish()]);
     let f32 = attn_dsl::Scalar::F32;
     let grad = |shape: &[u32]| Tensor::zeros(gpu, shape, f32);
@@ -241,7 +257,13 @@ fn time_backward(
         db: &db,
     };
     let (t, ()) = timing::time_recorded(gpu, 2, runs, |enc| {
-        layer.record_backward(gpu, enc, &io.args(), io.saved(), &io.dy, &grads)
+        let call = LayerNormCall::Backward {
+            args: io.args(),
+            saved: io.saved(),
+            dy: &io.dy,
+            grads,
+        };
+        layer.record(gpu, enc, &call)
     })?;
     Ok(t)
 }

@@ -9,7 +9,7 @@ use crate::device::Gpu;
 use crate::error::Error;
 use crate::harness::compare::Verdict;
 use crate::host::layernorm::{layernorm_linear, layernorm_linear_backward};
-use crate::ops::layernorm::LayerNormLinear;
+use crate::ops::layernorm::{LayerNormLinear, LayerNormSpec};
 
 pub use super::judge::{LnCase, LnJudge};
 
@@ -81,7 +81,14 @@ pub fn run(gpu: &Gpu, c: LnCase, seed: u64) -> Result<Vec<LnRow>, Error> {
 
 fn run_products(gpu: &Gpu, c: LnCase, seed: u64, matrix: Matrix) -> Result<Vec<LnRow>, Error> {
     let mut judge = LnJudge::for_products(c, seed, matrix);
-    let layer = |sums| LayerNormLinear::with_matrix(gpu, [c.rows(), c.hidden, c.out], sums, matrix);
+    let layer = |sums| {
+        let spec = LayerNormSpec {
+            sums: Some(sums),
+            matrix,
+            ..LayerNormSpec::new(c.rows(), c.hidden, c.out)
+        };
+        LayerNormLinear::new(gpu, spec)
+    };
     // On tensor cores the row sums are always the reduce's: one backward.
     let layers = match matrix {
         Matrix::Scalar => vec![layer(RowSums::Atomic)?, layer(RowSums::TwoPass)?],

@@ -53,39 +53,98 @@ pub struct LayerNormLinear {
     reduce: Option<Kernel>,
     hidden: u32,
     out: u32,
-    /// The dtype W is held in: f32, or f16 / bf16 for inference ([`Self::with_weights`]).
+    /// The dtype W is held in: f32, or f16 / bf16 for inference ([`LayerNormSpec::weights`]).
     weights: attn_dsl::Dtype,
     /// Pipelines and scratch of the recording API ([`crate::ops::layernorm`]).
     pub(crate) recording: crate::ops::layernorm::Recording,
 }
 
+/// What a [`LayerNormLinear`] computes and how: `hidden -> out` for calls of about `rows`
+/// rows (any number runs; the backward tile is sized so that `rows` rows' two-pass partials
+/// fit [`SCRATCH_BUDGET`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LayerNormSpec {
+    /// The rows a call takes, about: what the backward tile and the planner size for.
+    pub rows: u32,
+    /// The width of x's rows (and of γ, β and W's rows).
+    pub hidden: u32,
+    /// The width of y's rows (W's and b's rows).
+    pub out: u32,
+    /// How the backward sums dγ, dβ, dW and db over rows; `None`: the planner's choice
+    /// ([`plan_sums`] over the adapter's tuning table).
+    pub sums: Option<RowSums>,
+    /// How the products are computed. On [`Matrix::Coop16`] (tensor cores: adapters with
+    /// cooperative matrices, see [`Gpu::has_coop16`]) the three GEMMs multiply f16
+    /// operands (x̂·γ + β, W, dy, each rounded once by a row or conversion pass) and sum
+    /// in f32, as a framework's f16 autocast does; tensors stay f32 in the caller's
+    /// memory, the statistics, the LayerNorm chain rule and the row sums stay f32, and the
+    /// row sums are always two-pass (`sums` does not apply: the row passes and the dW
+    /// matmul leave partials).
+    pub matrix: Matrix,
+    /// The dtype W is held in: f32, or f16 / bf16 (the adapter's) for inference: the
+    /// forward, at any rows, is then the LayerNorm pass and a Linear that reads W as held
+    /// (half the bytes of f32); the backward takes f32 weights only.
+    pub weights: attn_dsl::Dtype,
+}
+
+impl LayerNormSpec {
+    /// `hidden -> out` for about `rows` rows: the planner's row sums, scalar products, f32
+    /// weights.
+    pub fn new(rows: u32, hidden: u32, out: u32) -> LayerNormSpec {
+        LayerNormSpec {
+            rows,
+            hidden,
+            out,
+            sums: None,
+            matrix: Matrix::Scalar,
+            weights: attn_dsl::Dtype::F32,
+        }
+    }
+}
+
 impl LayerNormLinear {
-    /// Compiles the kernels of `hidden -> out`, the row sums by `sums`, for problems of
-    /// about `rows` rows (any number runs; the backward tile is sized so that `rows` rows'
-    /// two-pass partials fit [`SCRATCH_BUDGET`]).
-    pub fn new(gpu: &Gpu, rows: u32, hidden: u32, out: u32, sums: RowSums) -> Result<Self, Error> {
-        LayerNormLinear::with_matrix(gpu, [rows, hidden, out], sums, Matrix::Scalar)
+    /// Compiles the kernels of `spec` for `gpu`.
+    pub fn new(gpu: &Gpu, spec: LayerNormSpec) -> Result<Self, Error> {
+        let LayerNormSpec {
+            rows, hidden, out, ..
+        } = spec;
+        nonzero("rows", rows)?;
+        nonzero("hidden", hidden)?;
+        nonzero("out", out)?;
+        if !gpu.supports_dtype(spec.weights) {
+            return Err(crate::error::InputError::Unsupported {
+                what: "weights in this dtype",
+                needs: "an adapter with the dtype (f16: SHADER_F16), or f32 weights",
+            }
+            .into());
+        }
+        let sums = match spec.sums {
+            Some(sums) => sums,
+            None => plan_sums(
+                &crate::plan::tuning::Table::for_gpu(gpu)?,
+                rows,
+                hidden,
+                out,
+            ),
+        };
+        let layer = match spec.matrix {
+            Matrix::Coop16 => LayerNormLinear::split(gpu, hidden, out)?,
+            matrix => LayerNormLinear::fused(gpu, [rows, hidden, out], sums, matrix)?,
+        };
+        Ok(LayerNormLinear {
+            weights: spec.weights,
+            ..layer
+        })
     }
 
-    /// [`LayerNormLinear::new`] with the products computed as `matrix` says. On
-    /// [`Matrix::Coop16`] (tensor cores: adapters with cooperative matrices, see
-    /// [`Gpu::has_coop16`]) the three GEMMs multiply f16 operands (x̂·γ + β, W, dy, each
-    /// rounded once by a row or conversion pass) and sum in f32, as a framework's f16
-    /// autocast does; tensors stay f32 in the caller's memory, the statistics, the
-    /// LayerNorm chain rule and the row sums stay f32, and the row sums are always two-pass
-    /// (`sums` is ignored there: the row passes and the dW matmul leave partials).
-    pub fn with_matrix(
+    /// The fused kernels: the forward in one kernel, the backward in two, the reduce
+    /// under two-pass.
+    fn fused(
         gpu: &Gpu,
         [rows, hidden, out]: [u32; 3],
         sums: RowSums,
         matrix: Matrix,
     ) -> Result<Self, Error> {
-        nonzero("rows", rows)?;
-        nonzero("hidden", hidden)?;
-        nonzero("out", out)?;
-        if matrix == Matrix::Coop16 {
-            return LayerNormLinear::split(gpu, hidden, out);
-        }
         let fwd_tile =
             row_layer::forward_tile(hidden, gpu.limits().max_compute_workgroup_storage_size);
         let bwd_tile = backward_tile(rows, hidden, out);
@@ -181,24 +240,6 @@ impl LayerNormLinear {
         }
     }
 
-    /// This layer with W held in `weights` (f16 needs SHADER_F16), for inference: its
-    /// forward, at any rows, is the LayerNorm pass and a Linear that reads W as held (half
-    /// the bytes of f32 in f16 or bf16); its backward takes f32 weights only.
-    pub fn with_weights(self, gpu: &Gpu, weights: attn_dsl::Dtype) -> Result<Self, Error> {
-        if !gpu.supports_dtype(weights) {
-            return Err(crate::error::InputError::Unsupported {
-                what: "f16 weights",
-                needs: "an adapter with SHADER_F16",
-            }
-            .into());
-        }
-        Ok(LayerNormLinear {
-            weights,
-            recording: Default::default(),
-            ..self
-        })
-    }
-
     /// The dtype W is held in.
     pub fn weights(&self) -> attn_dsl::Dtype {
         self.weights
@@ -228,13 +269,6 @@ impl LayerNormLinear {
 
     pub(crate) fn backward_reduce(&self) -> Option<&Kernel> {
         self.reduce.as_ref()
-    }
-
-    /// [`LayerNormLinear::new`] with the row-sum schedule the planner picks for this
-    /// adapter ([`plan_sums`] over its tuning table).
-    pub fn planned(gpu: &Gpu, rows: u32, hidden: u32, out: u32) -> Result<Self, Error> {
-        let table = crate::plan::tuning::Table::for_gpu(gpu)?;
-        LayerNormLinear::new(gpu, rows, hidden, out, plan_sums(&table, rows, hidden, out))
     }
 
     /// How this layer's products are computed.

@@ -56,6 +56,32 @@ pub struct LayerNormGrads<'a> {
     pub db: &'a Tensor,
 }
 
+/// One recorded pass of a [`LayerNormLinear`] over the layer's inputs `args`.
+#[derive(Clone, Copy, Debug)]
+pub enum LayerNormCall<'a> {
+    /// The forward: y `[rows, out]`, with each row's mean and 1/std saved.
+    Forward {
+        /// The layer's parameters and input.
+        args: LayerNormArgs<'a>,
+        /// The output, written.
+        y: &'a Tensor,
+        /// The statistics, written.
+        saved: Saved<'a>,
+    },
+    /// The backward for `dy = ∂L/∂y` `[rows, out]` from the forward's saved statistics:
+    /// dx, dγ and dβ, then dW and db (then, under two-pass, the reduce).
+    Backward {
+        /// The layer's parameters and input, as the forward read them.
+        args: LayerNormArgs<'a>,
+        /// The forward's statistics.
+        saved: Saved<'a>,
+        /// The gradient of the loss with respect to y.
+        dy: &'a Tensor,
+        /// The gradients, overwritten.
+        grads: LayerNormGrads<'a>,
+    },
+}
+
 /// The recording state of a [`LayerNormLinear`]: its pipelines and scratch.
 #[derive(Default)]
 pub(crate) struct Recording {
@@ -142,8 +168,29 @@ impl LayerNormLinear {
         ]
     }
 
+    /// Records `call` into `encoder`, after checking every tensor (nothing is recorded
+    /// when one is refused).
+    pub fn record(
+        &mut self,
+        gpu: &Gpu,
+        encoder: &mut wgpu::CommandEncoder,
+        call: &LayerNormCall,
+    ) -> Result<(), Error> {
+        match *call {
+            LayerNormCall::Forward { args, y, saved } => {
+                self.record_forward(gpu, encoder, &args, y, saved)
+            }
+            LayerNormCall::Backward {
+                args,
+                saved,
+                dy,
+                grads,
+            } => self.record_backward(gpu, encoder, &args, saved, dy, &grads),
+        }
+    }
+
     /// Records the forward: y `[rows, out]`, with each row's mean and 1/std saved.
-    pub fn record_forward(
+    fn record_forward(
         &mut self,
         gpu: &Gpu,
         encoder: &mut wgpu::CommandEncoder,
@@ -278,7 +325,7 @@ impl LayerNormLinear {
 
     /// Records the backward for `dy = ∂L/∂y` `[rows, out]` from the forward's saved
     /// statistics: dx, dγ and dβ, then dW and db (then, under two-pass, the reduce).
-    pub fn record_backward(
+    fn record_backward(
         &mut self,
         gpu: &Gpu,
         encoder: &mut wgpu::CommandEncoder,
