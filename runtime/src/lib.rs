@@ -30,8 +30,10 @@
 // - `ops`: the recording API, one module per op (forward, backward with its schedules and
 //   planner, decode, the KV cache, RoPE, LayerNorm + Linear, conversions);
 // - `host`: the host-slice conveniences over the ops (upload, record, submit, read back);
-// - `harness`: the binaries' and tests' case matrix, references, pass rule, bench and .npy
-//   files, hidden from the documentation: it is not the library.
+// - `verify`: the CPU references (f64, and the f32 baseline), the pass rule and the inputs'
+//   generator, for checking the kernels' outputs;
+// - `harness`: the binaries' and tests' case matrix, bench and .npy files, hidden from the
+//   documentation: it is not the library.
 // The crate root re-exports the public paths.
 
 pub mod device;
@@ -51,6 +53,8 @@ pub mod timing;
 #[cfg(feature = "harness")]
 #[doc(hidden)]
 pub mod harness;
+#[cfg(feature = "harness")]
+pub mod verify;
 
 /// The backward op ([`ops::backward`]: its schedules, planner and recording) and its
 /// host-slice call.
@@ -64,9 +68,6 @@ pub mod layernorm {
     #[cfg(all(feature = "harness", not(target_arch = "wasm32")))]
     #[doc(hidden)]
     pub use crate::harness::layernorm::{baseline, bench, check};
-    #[cfg(feature = "harness")]
-    #[doc(hidden)]
-    pub use crate::harness::layernorm::{judge, reference};
     pub use crate::host::layernorm::{
         Grads, Input, Output, layernorm_linear, layernorm_linear_backward,
     };

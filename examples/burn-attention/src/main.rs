@@ -671,7 +671,7 @@ fn run(a: &Args) -> Result<bool> {
 
 /// O, LSE and (with `backward`) dQ, dK, dV of the problem in f64 on the host, our layout.
 fn host_reference(sh: &Shape, [q, k, v, d_o]: [&[f32]; 4], backward: bool) -> Vec<Vec<f32>> {
-    use runtime::harness::reference::{Problem, attention, attention_backward, cast};
+    use runtime::verify::reference::{Problem, attention, attention_backward, cast};
     let p = Problem {
         batch: sh.b,
         n_q: sh.s,

@@ -2,9 +2,9 @@
 //! CPU reference.
 
 use custom_head_dim::{HEADS, Model};
-use runtime::harness::cases::random;
-use runtime::harness::compare::judge_attention;
-use runtime::harness::reference::Problem;
+use runtime::verify::compare::judge_attention;
+use runtime::verify::random;
+use runtime::verify::reference::Problem;
 
 fn main() -> anyhow::Result<()> {
     let model = Model::new()?;

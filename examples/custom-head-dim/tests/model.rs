@@ -1,8 +1,8 @@
 use custom_head_dim::{HEADS, Model, forward_h8_kv2_d128};
 use runtime::BlockOn;
-use runtime::harness::cases::random;
-use runtime::harness::compare::judge_attention;
-use runtime::harness::reference::Problem;
+use runtime::verify::compare::judge_attention;
+use runtime::verify::random;
+use runtime::verify::reference::Problem;
 use runtime::{Error, InputError};
 
 fn problem(n_q: usize, n_k: usize, causal: bool) -> Problem<'static> {

@@ -14,8 +14,6 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use attn_dsl::{Cache, Dtype, Masks, Scalar};
 use rand::{Rng, SeedableRng, rngs::StdRng};
-use runtime::harness::reference::{self, Problem};
-use runtime::layernorm::reference as ln_ref;
 use runtime::ops::cache::{CacheLayout, CacheSpec, KvCache};
 use runtime::ops::convert::{Convert, ConvertArgs};
 use runtime::ops::decode::{Decode, DecodeArgs, DecodeSpec};
@@ -24,6 +22,8 @@ use runtime::ops::layernorm::{
     LayerNormArgs, LayerNormCall, LayerNormLinear, LayerNormSpec, Saved,
 };
 use runtime::ops::rope::{Rope, RopeArgs, RopeSpec};
+use runtime::verify::layernorm::reference as ln_ref;
+use runtime::verify::reference::{self, Problem};
 use runtime::{Gpu, Heads, Tensor};
 
 /// What to run.

@@ -101,10 +101,10 @@ impl Problem {
             head_dim_v: 64,
         };
         let rows = (batch * seq) as usize * 64;
-        let q = runtime::harness::cases::random(rows * n_heads as usize, 1);
-        let k = runtime::harness::cases::random(rows * n_kv_heads as usize, 2);
-        let v = runtime::harness::cases::random(rows * n_kv_heads as usize, 3);
-        let d_o = runtime::harness::cases::random(rows * n_heads as usize, 4);
+        let q = runtime::verify::random(rows * n_heads as usize, 1);
+        let k = runtime::verify::random(rows * n_kv_heads as usize, 2);
+        let v = runtime::verify::random(rows * n_kv_heads as usize, 3);
+        let d_o = runtime::verify::random(rows * n_heads as usize, 4);
         Problem {
             batch,
             seq,

@@ -39,7 +39,7 @@ fn run() -> anyhow::Result<bool> {
     let seq = seq_arg()?;
     let gpu = Gpu::new([&t5_prefix_lm::ABI, &capped_window_sinks::ABI]).block_on()?;
     let p = Problem::new(2, seq, 4, 2);
-    let rel_bias: Vec<f32> = runtime::harness::cases::random(4 * 65, 5)
+    let rel_bias: Vec<f32> = runtime::verify::random(4 * 65, 5)
         .iter()
         .map(|x| 0.5 * x)
         .collect();

@@ -12,11 +12,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use attn_dsl::{Dtype, Masks, Scalar};
 use rand::{Rng, SeedableRng, rngs::StdRng};
-use runtime::harness::reference::{self, Problem};
 use runtime::ops::backward::{BackwardArgs, BackwardSpec};
 use runtime::ops::convert::{Convert, ConvertArgs};
 use runtime::ops::forward::{Forward, ForwardArgs, ForwardSpec};
 use runtime::ops::rope::{Rope, RopeArgs, RopeSpec};
+use runtime::verify::reference::{self, Problem};
 use runtime::{Backward, Gpu, Heads, Schedule, Tensor, kernels};
 
 #[derive(Clone, Debug)]

@@ -10,10 +10,6 @@
 use attn_dsl::Masks;
 use attn_dsl::row_layer::RowSums;
 use attn_dsl::{Dtype, Scalar};
-use rand::{Rng, SeedableRng, rngs::StdRng};
-use runtime::harness::compare::{Verdict, judge};
-use runtime::harness::reference::{self, Problem, cast};
-use runtime::layernorm::judge::{LnCase, LnJudge};
 use runtime::layernorm::{
     LayerNormLinear, LayerNormSpec, layernorm_linear, layernorm_linear_backward,
 };
@@ -22,6 +18,10 @@ use runtime::ops::decode::{Decode, DecodeArgs, DecodeSpec};
 use runtime::ops::forward::{Forward, ForwardArgs, ForwardSpec};
 use runtime::plan::kernels::AttentionSpec;
 use runtime::plan::tuning;
+use runtime::verify::compare::{Verdict, judge};
+use runtime::verify::layernorm::judge::{LnCase, LnJudge};
+use runtime::verify::random;
+use runtime::verify::reference::{self, Problem, cast};
 use runtime::{
     Backward, BackwardInput, Error, ForwardInput, ForwardOutput, Gpu, Gradients, Heads, Kernel,
     Schedule, Tensor, kernels,
@@ -114,13 +114,6 @@ impl Report {
     pub fn failed(&self) -> usize {
         self.rows.len() - self.passed() + usize::from(self.error.is_some())
     }
-}
-
-/// Uniform values in [-2, 2) from `seed`: what `check` draws (`runtime::harness::cases::random`,
-/// native only), so the page and `check` see the same numbers for the same seed.
-pub fn random(len: usize, seed: u64) -> Vec<f32> {
-    let mut rng = StdRng::seed_from_u64(seed);
-    (0..len).map(|_| rng.random_range(-2.0f32..2.0)).collect()
 }
 
 /// The layer's inputs and the references every row is judged against, computed once.

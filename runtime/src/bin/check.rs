@@ -13,7 +13,7 @@ use std::time::Instant;
 use anyhow::Context;
 use clap::Parser;
 use runtime::harness::cases::{self, Case, Row, Runner};
-use runtime::harness::compare::Verdict;
+use runtime::verify::compare::Verdict;
 use runtime::{Gpu, kernels, layernorm};
 
 /// Runs the default kernel family over the case matrix on the best adapter available

@@ -12,12 +12,7 @@ use pollster::FutureExt as BlockOn;
 use crate::device::Gpu;
 use crate::dispatch::kernel::Kernel;
 use crate::error::Error;
-use crate::harness::compare::{
-    Verdict, judge, judge_attention, judge_backward, judge_half_attention, judge_half_backward,
-    max_abs_error,
-};
 use crate::harness::kv_fp8;
-use crate::harness::reference::{self, Problem, cast};
 use crate::host::attention::{self, DecodeInput, ForwardInput, Heads};
 use crate::host::backward::{BackwardInput, Gradients};
 use crate::host::decode::{DecodePath, Pages, Slicing, SplitDecode};
@@ -29,9 +24,12 @@ use crate::ops::cache::CacheLayout;
 use crate::ops::decode::SplitLayout;
 use crate::ops::extend::CHUNK_ROWS;
 use crate::plan::tuning;
-
-// The inputs' generator, where the matrix's users have always found it.
-pub use super::inputs::random;
+use crate::verify::compare::{
+    Verdict, judge, judge_attention, judge_backward, judge_half_attention, judge_half_backward,
+    max_abs_error,
+};
+use crate::verify::random;
+use crate::verify::reference::{self, Problem, cast};
 
 /// How a case's rows split into documents.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

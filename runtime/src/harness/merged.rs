@@ -8,12 +8,12 @@ use pollster::FutureExt as BlockOn;
 
 use crate::device::Gpu;
 use crate::error::Error;
-use crate::harness::compare::{Verdict, judge};
-use crate::harness::reference::{self, Attention, Problem};
 use crate::host::buffers::rounded;
 use crate::modifiers::Modifiers;
 use crate::ops::merge::{Merge, MergeArgs, MergeSpec};
 use crate::tensor::Tensor;
+use crate::verify::compare::{Verdict, judge};
+use crate::verify::reference::{self, Attention, Problem};
 
 /// The splits tried on `keys` keys: after the first key, at a third, at the half, before
 /// the last key, and in three parts at the thirds (each cut strictly inside, duplicates

@@ -2,11 +2,12 @@
 //! against each other, and the reference itself against finite differences.
 
 use runtime::backward::DEFAULT_SCRATCH_BUDGET;
-use runtime::harness::cases::{documents, random};
-use runtime::harness::compare::{judge_backward, max_abs_error};
-use runtime::harness::reference::{self, Problem, cast};
+use runtime::harness::cases::documents;
 use runtime::ops::backward::BackwardSpec;
 use runtime::plan::tuning::backward_candidates;
+use runtime::verify::compare::{judge_backward, max_abs_error};
+use runtime::verify::random;
+use runtime::verify::reference::{self, Problem, cast};
 use runtime::{Backward, BackwardInput, ForwardInput, Gpu, Heads, Kernel, Schedule, kernels};
 use runtime::{BlockOn, Dtype};
 
@@ -500,7 +501,7 @@ fn rope_backward_undoes_rope_and_both_match_the_reference() {
             &runtime::host::rope::inv_freq(10000.0, d),
             1.0,
         );
-        let verdict = runtime::harness::compare::judge(&rotated, &r64, &r32);
+        let verdict = runtime::verify::compare::judge(&rotated, &r64, &r32);
         assert!(verdict.pass(), "d{d}: {verdict:?}");
     }
 }

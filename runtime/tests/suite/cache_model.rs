@@ -12,9 +12,9 @@ use std::sync::LazyLock;
 use attn_dsl::{Cache, Dtype, Fp8, Scalar};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed};
-use runtime::harness::cases::random;
 use runtime::ops::cache::{CacheLayout, CacheSpec, ExtendArgs, KvCache};
 use runtime::ops::decode::{Decode, DecodeSpec};
+use runtime::verify::random;
 use runtime::{Gpu, Tensor, kernels};
 
 static GPU: LazyLock<Gpu> = LazyLock::new(|| {

@@ -5,16 +5,16 @@
 
 use attn_dsl::{Cache, Dtype, Fp8, Masks, Scalar};
 use runtime::BlockOn;
-use runtime::harness::cases::random;
-use runtime::harness::compare::judge_attention;
 use runtime::harness::kv_fp8::{self, Fp8Case};
-use runtime::harness::reference::Problem;
 use runtime::ops::backward::BackwardArgs;
 use runtime::ops::cache::{CacheError, CacheLayout, CacheSpec, KvCache};
 use runtime::ops::convert::ConvertArgs;
 use runtime::ops::decode::{Decode, DecodeArgs, DecodeSpec};
 use runtime::ops::forward::{Forward, ForwardArgs, ForwardSpec};
 use runtime::ops::rope::{Rope, RopeArgs, RopeSpec};
+use runtime::verify::compare::judge_attention;
+use runtime::verify::random;
+use runtime::verify::reference::Problem;
 use runtime::{
     Backward, BackwardInput, DeviceError, Error, ForwardInput, Gpu, Heads, InputError, Kernel,
     Tensor, TensorError, kernels,

@@ -66,7 +66,7 @@ fn host(q: &[f32], k: &[f32], v: &[f32], tbl: &[f32]) -> Vec<f32> {
 fn a_read_past_a_dimension_gives_zero() {
     let gpu = Gpu::new([]).block_on().unwrap_or_else(|e| panic!("{e}"));
     let shape = [1, SEQ, HEADS, D];
-    let data = |n: usize, seed| runtime::harness::cases::random(n, seed);
+    let data = |n: usize, seed| runtime::verify::random(n, seed);
     let n = (SEQ * HEADS * D) as usize;
     let (q, k, v) = (data(n, 1), data(n, 2), data(n, 3));
     // Large values: a read of the wrong element would move the output far past the bound.

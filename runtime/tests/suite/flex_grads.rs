@@ -6,10 +6,10 @@
 
 use attn_dsl::flex::library;
 use attn_dsl::{Dtype, Masks, Scalar};
-use runtime::harness::compare::{judge_backward, max_abs_error};
-use runtime::harness::reference::{Problem, cast};
 use runtime::ops::backward::{BackwardArgs, BackwardSpec};
 use runtime::ops::forward::{Forward, ForwardArgs, ForwardSpec};
+use runtime::verify::compare::{judge_backward, max_abs_error};
+use runtime::verify::reference::{Problem, cast};
 use runtime::{
     Backward, BackwardInput, BlockOn, DeviceModifiers, Error, FlexOf, Gpu, Heads, InputError,
     Modifiers, Tensor,
@@ -45,7 +45,7 @@ fn inputs(gpu: &Gpu) -> Inputs {
     let shapes = [&q[..], &kv, &kv, &q, &[HEADS.n_heads, 9]];
     let host: [Vec<f32>; 5] = std::array::from_fn(|i| {
         let n = shapes[i].iter().product::<u32>() as usize;
-        runtime::harness::cases::random(n, 30 + i as u64)
+        runtime::verify::random(n, 30 + i as u64)
     });
     let device =
         std::array::from_fn(|i| Tensor::from_f32(gpu, shapes[i], Scalar::F32, &host[i]).unwrap());

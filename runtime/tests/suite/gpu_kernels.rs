@@ -3,10 +3,11 @@
 
 use attn_dsl::{Gqa, KernelSpec, Masks, Op};
 use runtime::BlockOn;
-use runtime::harness::cases::{self, Case, ModCase, Runner, documents, random};
-use runtime::harness::compare::judge_attention;
-use runtime::harness::reference::Problem;
+use runtime::harness::cases::{self, Case, ModCase, Runner, documents};
 use runtime::plan::kernels::AttentionSpec;
+use runtime::verify::compare::judge_attention;
+use runtime::verify::random;
+use runtime::verify::reference::Problem;
 use runtime::{ForwardInput, Gpu, Heads, Kernel, kernels};
 
 fn gpu() -> Gpu {

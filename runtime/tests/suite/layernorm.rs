@@ -4,8 +4,9 @@
 use attn_dsl::Matrix;
 use attn_dsl::row_layer::RowSums;
 use runtime::BlockOn;
-use runtime::layernorm::check::{LnCase, run};
+use runtime::layernorm::check::run;
 use runtime::layernorm::{Input, LayerNormLinear, LayerNormSpec, layernorm_linear};
+use runtime::verify::layernorm::judge::LnCase;
 use runtime::{Error, Gpu, InputError, kernels};
 
 fn gpu() -> Gpu {
@@ -237,10 +238,10 @@ fn the_dw_matmul_parts_follow_the_rows_and_the_budget() {
 fn a_linear_at_a_few_rows_passes_the_rule_in_every_weight_dtype() {
     use attn_dsl::{Dtype, Scalar};
     use runtime::Tensor;
-    use runtime::harness::cases::random;
-    use runtime::harness::compare::judge;
-    use runtime::harness::reference::pairwise;
     use runtime::ops::linear::{Linear, LinearArgs, LinearSpec};
+    use runtime::verify::compare::judge;
+    use runtime::verify::random;
+    use runtime::verify::reference::pairwise;
     let gpu = gpu();
     let (hidden, out) = (200, 37);
     for weights in gpu.half_dtypes().into_iter().chain([Dtype::F32]) {

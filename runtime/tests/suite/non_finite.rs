@@ -2,9 +2,9 @@
 //! K[j] or V[j] only the rows that see key j. Every other row is unchanged and correct.
 
 use runtime::BlockOn;
-use runtime::harness::cases::random;
-use runtime::harness::compare::judge;
-use runtime::harness::reference::{self, Problem, cast};
+use runtime::verify::compare::judge;
+use runtime::verify::random;
+use runtime::verify::reference::{self, Problem, cast};
 use runtime::{ForwardInput, Gpu, Heads, Kernel, kernels};
 
 #[test]

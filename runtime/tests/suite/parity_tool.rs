@@ -7,10 +7,11 @@ use std::process::{Command, Output};
 
 use attn_dsl::BiasHeads;
 use npyz::WriterBuilder;
-use runtime::harness::cases::{documents, random};
-use runtime::harness::compare::{judge_attention, judge_backward};
+use runtime::harness::cases::documents;
 use runtime::harness::npy;
-use runtime::harness::reference::Problem;
+use runtime::verify::compare::{judge_attention, judge_backward};
+use runtime::verify::random;
+use runtime::verify::reference::Problem;
 use runtime::{Bias, Dropout, Heads, Modifiers};
 
 pub(crate) fn scratch_dir(name: &str) -> PathBuf {
@@ -550,7 +551,7 @@ fn half_precision_inputs_give_outputs_in_their_type() {
             causal: true,
             ..Default::default()
         };
-        let verdicts = runtime::harness::compare::judge_half_attention(
+        let verdicts = runtime::verify::compare::judge_half_attention(
             &p,
             [&q, &k, &v],
             &o,
@@ -561,7 +562,7 @@ fn half_precision_inputs_give_outputs_in_their_type() {
             verdicts.iter().all(|(_, v)| v.pass()),
             "{dtype:?}: {verdicts:?}"
         );
-        let verdicts = runtime::harness::compare::judge_half_backward(
+        let verdicts = runtime::verify::compare::judge_half_backward(
             &p,
             [&q, &k, &v, &d_o],
             (&o, &lse),

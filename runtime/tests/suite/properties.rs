@@ -8,9 +8,10 @@ use std::sync::LazyLock;
 use attn_dsl::{KernelSpec, Masks, Op};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed};
-use runtime::harness::cases::{documents, random};
-use runtime::harness::compare::judge_attention;
-use runtime::harness::reference::Problem;
+use runtime::harness::cases::documents;
+use runtime::verify::compare::judge_attention;
+use runtime::verify::random;
+use runtime::verify::reference::Problem;
 use runtime::{DecodeInput, ForwardInput, Gpu, Heads, Kernel, kernels};
 
 struct Ctx {

@@ -51,7 +51,7 @@ fn wait(gpu: &Gpu) -> Result<(), Error> {
 /// Random values in [-1, 1) for a tensor of `shape` in `dtype`.
 fn random(gpu: &Gpu, shape: &[u32], dtype: Dtype, seed: u64) -> Result<Tensor, Error> {
     let n = shape.iter().map(|d| *d as usize).product();
-    let data: Vec<f32> = crate::harness::cases::random(n, seed)
+    let data: Vec<f32> = crate::verify::random(n, seed)
         .iter()
         .map(|x| x / 2.0)
         .collect();

@@ -202,7 +202,7 @@ fn slopes(gpu: &Gpu, h: Heads) -> Result<Tensor, Error> {
 /// A tensor of `shape` holding random values (of the check's generator, from `seed`).
 fn random(gpu: &Gpu, shape: &[u32], scalar: Scalar, seed: u64) -> Result<Tensor, Error> {
     let n = shape.iter().map(|&d| d as usize).product();
-    Tensor::from_f32(gpu, shape, scalar, &crate::harness::cases::random(n, seed))
+    Tensor::from_f32(gpu, shape, scalar, &crate::verify::random(n, seed))
 }
 
 /// Every variant's forward at `seq` (batch 1, `h`), in `dtype`.
@@ -334,7 +334,7 @@ pub fn t5_backward(
         Tensor::zeros(gpu, &[1, seq, h.n_heads], Scalar::F32)?,
     );
     let r = 31;
-    let table: Vec<f32> = crate::harness::cases::random((h.n_heads * (2 * r + 1)) as usize, 5);
+    let table: Vec<f32> = crate::verify::random((h.n_heads * (2 * r + 1)) as usize, 5);
     let rel_bias = Tensor::from_f32(gpu, &[h.n_heads, 2 * r + 1], Scalar::F32, &table)?;
     let drel_bias = Tensor::zeros(gpu, &[h.n_heads, 2 * r + 1], Scalar::F32)?;
     let t5 = |learnable: bool| {

@@ -45,7 +45,7 @@ fn rows(
 ) -> Result<Tensor, Error> {
     let shape = [1, seq, heads, width];
     let n = shape.iter().map(|&d| d as usize).product();
-    let data = crate::harness::cases::random(n, seed);
+    let data = crate::verify::random(n, seed);
     Tensor::from_f32(gpu, &shape, Scalar::from(dtype), &data)
 }
 

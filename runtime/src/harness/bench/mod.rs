@@ -13,7 +13,6 @@ use attn_dsl::{Cache, Dtype, Fp8, KernelSpec, Masks, Op, Scalar};
 use crate::device::Gpu;
 use crate::dispatch::kernel::Kernel;
 use crate::error::Error;
-use crate::harness::cases::random;
 use crate::harness::cases::{self, Runner, Shape};
 use crate::host::attention::{Heads, checked_grid, uniforms};
 use crate::host::buffers;
@@ -24,6 +23,7 @@ use crate::ops::decode::SplitLayout;
 use crate::plan::kernels::AttentionSpec;
 use crate::plan::tuning::{self, Table};
 use crate::timing::{self, Step, Timing};
+use crate::verify::random;
 use pollster::FutureExt as BlockOn;
 
 #[derive(Clone, Debug, PartialEq, Eq)]

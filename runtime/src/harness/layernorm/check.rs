@@ -7,11 +7,11 @@ use pollster::FutureExt as BlockOn;
 
 use crate::device::Gpu;
 use crate::error::Error;
-use crate::harness::compare::Verdict;
 use crate::host::layernorm::{layernorm_linear, layernorm_linear_backward};
 use crate::ops::layernorm::{LayerNormLinear, LayerNormSpec};
+use crate::verify::compare::Verdict;
 
-pub use super::judge::{LnCase, LnJudge};
+use crate::verify::layernorm::judge::{LnCase, LnJudge};
 
 /// The seed's shape, its widths over several row tiles, a real layer's widths on fewer rows and at a decode step's two, (a CPU adapter and the f64
 /// reference take minutes at [8, 1024, 768]; `big` adds that shape).

@@ -1,5 +1,6 @@
-//! The LayerNorm + Linear's harness: its reference, the judge of its outputs, its check
-//! rows, its benchmark and the unfused baseline it is timed against.
+//! The LayerNorm + Linear's harness: its check rows (judged by
+//! [`crate::verify::layernorm::judge`]), its benchmark and the unfused baseline it is timed
+//! against.
 
 #[cfg(not(target_arch = "wasm32"))]
 pub mod baseline;
@@ -7,5 +8,3 @@ pub mod baseline;
 pub mod bench;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod check;
-pub mod judge;
-pub mod reference;

@@ -1,31 +1,45 @@
 //! The CPU reference of the fused LayerNorm + Linear and its backward, generic over the
 //! float type: in f64 it is the reference, in f32 the framework-grade baseline of the pass
-//! rule (every dot product and reduction a pairwise sum, as in [`crate::harness::reference`]).
+//! rule (every dot product and reduction a pairwise sum, as in [`crate::verify::reference`]).
 
 use rayon::prelude::*;
 
-use crate::harness::reference::{Real, pairwise};
+use crate::verify::reference::{Real, pairwise};
 
 /// A `[rows, hidden] -> [rows, out]` problem (rows = batch · seq).
 #[derive(Clone, Copy, Debug)]
 pub struct Shape {
+    /// Rows of x and y.
     pub rows: usize,
+    /// The width of x, γ and β: what the LayerNorm normalizes over.
     pub hidden: usize,
+    /// The width of y (W is `[out, hidden]`).
     pub out: usize,
+    /// Added to the variance.
     pub eps: f64,
 }
 
+/// The forward's output and the statistics it saves for the backward.
 pub struct Forward<T> {
+    /// `[rows, out]`
     pub y: Vec<T>,
+    /// Each row's mean, `[rows]`.
     pub mean: Vec<T>,
+    /// Each row's `1 / sqrt(variance + eps)`, `[rows]`.
     pub rstd: Vec<T>,
 }
 
+/// The backward's gradients, each in its input's layout.
 pub struct Grads<T> {
+    /// `[rows, hidden]`
     pub dx: Vec<T>,
+    /// `[hidden]`
     pub dgamma: Vec<T>,
+    /// `[hidden]`
     pub dbeta: Vec<T>,
+    /// `[out, hidden]`
     pub dw: Vec<T>,
+    /// `[out]`
     pub db: Vec<T>,
 }
 
@@ -146,8 +160,8 @@ pub fn backward<T: Real>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::harness::cases::random;
-    use crate::harness::reference::cast;
+    use crate::verify::random;
+    use crate::verify::reference::cast;
 
     const S: Shape = Shape {
         rows: 3,

@@ -1,23 +1,29 @@
 //! One LayerNorm + Linear problem, its references, and the judging of a run's outputs by
-//! the pass rule of DESIGN.md §7 against the f64 reference, with the pairwise-summed f32
-//! reference as the framework-grade baseline: shared by `check` and the browser page.
+//! the pass rule ([`crate::verify::compare`]) against the f64 reference, with the
+//! pairwise-summed f32 reference as the framework-grade baseline: shared by `check` and the
+//! browser page.
 
-use super::reference::{self as lnref, Shape};
-use crate::harness::compare::{Verdict, judge};
-use crate::harness::inputs::random;
-use crate::harness::reference::cast;
 use crate::host::layernorm::{Grads, Input, Output};
+use crate::verify::compare::{Verdict, judge};
+use crate::verify::layernorm::reference::{self as lnref, Shape};
+use crate::verify::random;
+use crate::verify::reference::cast;
 
 /// `[batch, seq, hidden] -> [batch, seq, out]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LnCase {
+    /// Sequences.
     pub batch: u32,
+    /// Rows of each sequence.
     pub seq: u32,
+    /// The width of the input rows.
     pub hidden: u32,
+    /// The width of the output rows.
     pub out: u32,
 }
 
 impl LnCase {
+    /// `[batch, seq, hidden] -> out`, for a row's name.
     pub fn label(&self) -> String {
         format!(
             "[{}, {}, {}] -> {}",
@@ -25,6 +31,7 @@ impl LnCase {
         )
     }
 
+    /// Rows in all: `batch · seq`.
     pub fn rows(&self) -> u32 {
         self.batch * self.seq
     }
@@ -140,6 +147,7 @@ impl LnJudge {
         &self.data.dy
     }
 
+    /// The forward's verdicts for a run's `got` (y, and the saved mean and rstd).
     pub fn forward(&self, got: &Output) -> Vec<(&'static str, Verdict)> {
         let (r64, r32) = (&self.forward64, &self.forward32);
         vec![

@@ -1,9 +1,9 @@
-//! The pass rule of DESIGN.md §7: a GPU result passes when its max abs error against the
+//! The pass rule (docs/accuracy.md): a GPU result passes when its max abs error against the
 //! f64 reference is at most twice that of a plain f32 CPU implementation, plus 1e-6.
 
 use attn_dsl::Scalar;
 
-use crate::harness::reference::{self, Problem};
+use crate::verify::reference::{self, Problem};
 
 /// How one output compares with the reference.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -15,6 +15,7 @@ pub struct Verdict {
 }
 
 impl Verdict {
+    /// Whether the error is within the bound.
     pub fn pass(&self) -> bool {
         self.error <= self.bound
     }
@@ -228,6 +229,9 @@ pub fn interned(name: &str) -> &'static str {
     leaked
 }
 
+/// The pass rule on one output: `gpu` passes when its max abs error against the f64
+/// `reference` is at most twice that of `cpu32` (the f32 baseline of the same formula),
+/// plus 1e-6.
 pub fn judge(gpu: &[f32], reference: &[f64], cpu32: &[f32]) -> Verdict {
     let bound = 2.0 * max_abs_error(cpu32, reference) + 1e-6;
     Verdict {

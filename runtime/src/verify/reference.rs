@@ -27,14 +27,21 @@ impl<T: Float + Send + Sync> Real for T {}
 /// independent sequences (tensors `[batch, rows, heads, head_dim]`).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Problem<'a> {
+    /// Independent sequences.
     pub batch: usize,
+    /// Query rows per sequence.
     pub n_q: usize,
+    /// Key and value rows per sequence.
     pub n_k: usize,
+    /// Query heads.
     pub n_heads: usize,
+    /// Key and value heads; `n_heads` is a multiple of it (GQA).
     pub n_kv_heads: usize,
+    /// The width of Q and K rows.
     pub head_dim: usize,
     /// The width of V, O and dO rows; 0: `head_dim`.
     pub head_dim_v: usize,
+    /// The factor of Q·Kᵀ before the softmax (usually `1 / sqrt(head_dim)`).
     pub scale: f64,
     /// Query `s` sees keys `j <= s`.
     pub causal: bool,
@@ -445,6 +452,7 @@ fn dot<T: Float>(a: &[T], b: &[T]) -> T {
     pairwise(a.len().min(b.len()), &|i| a[i] * b[i])
 }
 
+/// The forward's outputs, as a kernel saves them.
 pub struct Attention<T> {
     /// `[n_q, n_heads, head_dim]`
     pub o: Vec<T>,
@@ -566,9 +574,13 @@ fn attention_one<T: Real>(
     Attention { o, lse }
 }
 
+/// The backward's outputs, each in its input's layout.
 pub struct Gradients<T> {
+    /// The gradient of Q.
     pub dq: Vec<T>,
+    /// The gradient of K, summed over each KV head's query heads.
     pub dk: Vec<T>,
+    /// The gradient of V, summed over each KV head's query heads.
     pub dv: Vec<T>,
     /// In the bias's layout; empty without a bias.
     pub dbias: Vec<T>,
