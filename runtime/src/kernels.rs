@@ -477,7 +477,7 @@ attention_kernel! {
     /// The fused LayerNorm + Linear forward (seed 003) at a real layer's widths, 768 -> 3072:
     /// 64 rows × 64 outputs per workgroup. Portable (8 storage buffers, under 10 KiB of
     /// workgroup memory). The runtime compiles the same description for other widths
-    /// (`runtime::layernorm`).
+    /// (`runtime::ops::layernorm`).
     pub layernorm_linear {
         op: layernorm_linear,
         grid: r_major(tile = 64),

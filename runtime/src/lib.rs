@@ -56,24 +56,6 @@ pub mod harness;
 #[cfg(feature = "harness")]
 pub mod verify;
 
-/// The backward op ([`ops::backward`]: its schedules, planner and recording) and its
-/// host-slice call.
-pub mod backward {
-    pub use crate::host::backward::{BackwardInput, Gradients};
-    pub use crate::ops::backward::*;
-}
-
-/// The fused LayerNorm + Linear ([`ops::layernorm`]) and its host-slice calls.
-pub mod layernorm {
-    #[cfg(all(feature = "harness", not(target_arch = "wasm32")))]
-    #[doc(hidden)]
-    pub use crate::harness::layernorm::{baseline, bench, check};
-    pub use crate::host::layernorm::{
-        Grads, Input, Output, layernorm_linear, layernorm_linear_backward,
-    };
-    pub use crate::ops::layernorm::*;
-}
-
 #[cfg(not(target_arch = "wasm32"))]
 pub use device::block_on;
 
@@ -83,12 +65,13 @@ pub use device::block_on;
 pub use pollster::FutureExt as BlockOn;
 
 pub use attn_dsl::{Dtype, Scalar};
-pub use backward::{Backward, BackwardInput, Gradients, Schedule};
 pub use device::{DeviceError, Gpu};
 pub use dispatch::kernel::Kernel;
 pub use error::{Error, InputError};
 pub use host::attention::{DecodeInput, ForwardInput, ForwardOutput, Heads, decode, forward};
+pub use host::backward::{BackwardInput, Gradients};
 pub use host::decode::{DecodePath, Decoder, SplitDecode};
 pub use host::rope::{RopeInput, rope};
 pub use modifiers::{Bias, DeviceBias, DeviceModifiers, Dropout, FlexOf, Modifiers};
+pub use ops::backward::{Backward, Schedule};
 pub use tensor::{Tensor, TensorError};

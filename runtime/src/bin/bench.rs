@@ -653,7 +653,7 @@ fn layernorm(
         "shape", "kernel", "median ms", "min ms", "TFLOP/s", "GB/s"
     );
     let shape = format!("[{rows}, 768] -> 3072");
-    let measured = runtime::layernorm::bench::run(gpu, rows, 768, 3072, runs)?;
+    let measured = runtime::harness::layernorm::bench::run(gpu, rows, 768, 3072, runs)?;
     for row in &measured {
         println!(
             "{:<40} {:<40} {:>10.3} {:>10.3} {:>9.2} {:>9.1}",
@@ -670,7 +670,8 @@ fn layernorm(
     for (hidden, out) in [(768, 3072), (4096, 4096)] {
         let weights = [attn_dsl::Dtype::F32].into_iter().chain(gpu.half_dtypes());
         for dtype in weights {
-            let t = runtime::layernorm::bench::linear(gpu, [rows, hidden, out], dtype, runs)?;
+            let t =
+                runtime::harness::layernorm::bench::linear(gpu, [rows, hidden, out], dtype, runs)?;
             let bytes = f64::from(hidden) * f64::from(out) * f64::from(dtype.bytes());
             println!(
                 "{:<40} {:<40} {:>10.3} {:>10.3} {:>9.2} {:>9.1}",
@@ -686,7 +687,10 @@ fn layernorm(
             );
         }
     }
-    if let (Some(path), Some(sums)) = (tune, runtime::layernorm::bench::fastest_sums(&measured)) {
+    if let (Some(path), Some(sums)) = (
+        tune,
+        runtime::harness::layernorm::bench::fastest_sums(&measured),
+    ) {
         use runtime::plan::tuning::{Table, layernorm_key, row_sums_name};
         let mut table = Table::read_or_new(path, &gpu.info().name)?;
         let name = row_sums_name(sums);

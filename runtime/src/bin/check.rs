@@ -13,8 +13,9 @@ use std::time::Instant;
 use anyhow::Context;
 use clap::Parser;
 use runtime::harness::cases::{self, Case, Row, Runner};
+use runtime::harness::layernorm;
 use runtime::verify::compare::Verdict;
-use runtime::{Gpu, kernels, layernorm};
+use runtime::{Gpu, kernels};
 
 /// Runs the default kernel family over the case matrix on the best adapter available
 /// (discrete GPU, any GPU, then a CPU Vulkan adapter such as lavapipe) and compares each

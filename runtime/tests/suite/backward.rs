@@ -1,9 +1,9 @@
 //! The backward in every schedule, on this machine's adapter, against the f64 reference,
 //! against each other, and the reference itself against finite differences.
 
-use runtime::backward::DEFAULT_SCRATCH_BUDGET;
 use runtime::harness::cases::documents;
 use runtime::ops::backward::BackwardSpec;
+use runtime::ops::backward::DEFAULT_SCRATCH_BUDGET;
 use runtime::plan::tuning::backward_candidates;
 use runtime::verify::compare::{judge_backward, max_abs_error};
 use runtime::verify::random;

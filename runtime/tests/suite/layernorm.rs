@@ -4,8 +4,9 @@
 use attn_dsl::Matrix;
 use attn_dsl::row_layer::RowSums;
 use runtime::BlockOn;
-use runtime::layernorm::check::run;
-use runtime::layernorm::{Input, LayerNormLinear, LayerNormSpec, layernorm_linear};
+use runtime::harness::layernorm::check::run;
+use runtime::host::layernorm::{Input, layernorm_linear};
+use runtime::ops::layernorm::{LayerNormLinear, LayerNormSpec};
 use runtime::verify::layernorm::judge::LnCase;
 use runtime::{Error, Gpu, InputError, kernels};
 
@@ -164,7 +165,7 @@ fn tensor_core_products_need_the_adapter_and_vec4_widths() {
 fn the_family_kernels_are_the_ones_the_runtime_compiles() {
     use attn_dsl::Op;
     use attn_dsl::row_layer::{self, spec};
-    use runtime::layernorm::backward_tile;
+    use runtime::ops::layernorm::backward_tile;
     let forward_tile = row_layer::forward_tile(768, 16384);
     let tile = backward_tile(448, 768, 3072);
     assert_eq!(tile, 64);
@@ -198,7 +199,7 @@ fn the_family_kernels_are_the_ones_the_runtime_compiles() {
 
 #[test]
 fn the_planner_takes_the_table_else_the_size_rule() {
-    use runtime::layernorm::{backward_tile, plan_sums, sums_by_size};
+    use runtime::ops::layernorm::{backward_tile, plan_sums, sums_by_size};
     use runtime::plan::tuning::Table;
     let one_tile = backward_tile(64, 768, 3072);
     assert_eq!(sums_by_size(one_tile, 768, 3072), RowSums::Atomic);
@@ -218,7 +219,7 @@ fn the_planner_takes_the_table_else_the_size_rule() {
 /// more than the scratch budget holds: one part for few rows or very wide layers.
 #[test]
 fn the_dw_matmul_parts_follow_the_rows_and_the_budget() {
-    use runtime::layernorm::{SCRATCH_BUDGET, dw_parts};
+    use runtime::ops::layernorm::{SCRATCH_BUDGET, dw_parts};
     assert_eq!(dw_parts(37, 768, 3072), 1);
     assert_eq!(dw_parts(2048, 64, 96), 2);
     assert_eq!(dw_parts(65536, 64, 96), 8);
