@@ -474,7 +474,7 @@ attention_kernel! {
 }
 
 attention_kernel! {
-    /// The fused LayerNorm + Linear forward (seed 003) at a real layer's widths, 768 -> 3072:
+    /// The fused LayerNorm + Linear forward at a real layer's widths, 768 -> 3072:
     /// 64 rows × 64 outputs per workgroup. Portable (8 storage buffers, under 10 KiB of
     /// workgroup memory). The runtime compiles the same description for other widths
     /// (`runtime::ops::layernorm`).

@@ -1,4 +1,4 @@
-//! The fused LayerNorm + Linear of seed 003: the forward, its backward in two kernels (dx
+//! The fused LayerNorm + Linear: the forward, its backward in two kernels (dx
 //! owned per row, with dγ and dβ; then dW and db), the four row sums added by atomics or
 //! flushed as partials for the reduce kernel, and that reduce.
 //!

@@ -1,4 +1,4 @@
-//! The fused LayerNorm + Linear of seed 003 on the GPU: `y = W·LN(x; γ, β) + b` over
+//! The fused LayerNorm + Linear on the GPU: `y = W·LN(x; γ, β) + b` over
 //! `[rows, hidden] -> [rows, out]` (rows = batch · seq), and its backward (two kernels: dx,
 //! dγ and dβ, then dW and db) with the row sums added by atomics or by the two-pass
 //! schedule.
