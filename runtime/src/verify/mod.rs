@@ -6,24 +6,36 @@
 //!
 //! ```no_run
 //! use runtime::verify::{compare::judge_attention, random, reference::Problem};
-//! # fn kernel_forward(q: &[f32], k: &[f32], v: &[f32]) -> (Vec<f32>, Vec<f32>) { todo!() }
-//! let (seq, heads, d) = (64, 4, 32);
-//! let [q, k, v] = [1, 2, 3].map(|seed| random(seq * heads * d, seed));
-//! let (o, lse) = kernel_forward(&q, &k, &v); // the kernel's O and LSE, read back
+//! use runtime::{BlockOn, ForwardInput, Gpu, Heads, Kernel, Modifiers, kernels};
+//! # fn main() -> Result<(), runtime::Error> {
+//! let (seq, heads, d) = (64u32, 4u32, 64u32);
+//! let len = (seq * heads * d) as usize;
+//! let [q, k, v] = [1, 2, 3].map(|seed| random(len, seed));
+//! // The causal forward of the runtime's family (head_dim 64), on this machine's adapter.
+//! let abi = &kernels::attention_forward::ABI;
+//! let gpu = Gpu::new([abi]).block_on()?;
+//! let kernel = Kernel::new(&gpu, abi).block_on()?;
+//! let input = ForwardInput {
+//!     batch: 1, seq_len: seq, heads: Heads::new(heads, heads, d),
+//!     q: &q, k: &k, v: &v, seg: None, scale: None, mods: Modifiers::default(),
+//! };
+//! let out = runtime::forward(&gpu, &kernel, &input).block_on()?;
 //! let problem = Problem {
 //!     batch: 1,
-//!     n_q: seq,
-//!     n_k: seq,
-//!     n_heads: heads,
-//!     n_kv_heads: heads,
-//!     head_dim: d,
-//!     scale: 1.0 / (d as f64).sqrt(),
+//!     n_q: seq as usize,
+//!     n_k: seq as usize,
+//!     n_heads: heads as usize,
+//!     n_kv_heads: heads as usize,
+//!     head_dim: d as usize,
+//!     scale: 1.0 / f64::from(d).sqrt(),
 //!     causal: true,
 //!     ..Problem::default()
 //! };
-//! for (output, verdict) in judge_attention(&problem, [&q, &k, &v], &o, Some(&lse)) {
+//! for (output, verdict) in judge_attention(&problem, [&q, &k, &v], &out.o, Some(&out.lse)) {
 //!     assert!(verdict.pass(), "{output}: {verdict:?}");
 //! }
+//! # Ok(())
+//! # }
 //! ```
 
 use rand::{Rng, SeedableRng, rngs::StdRng};
