@@ -1,5 +1,5 @@
 //! How the kernels round: the dot products, the exponential and the long sums, written so
-//! that every schedule stays within twice the error of a framework's f32 (DESIGN.md §7),
+//! that every schedule stays within twice the error of a framework's f32 (docs/accuracy.md),
 //! whatever the driver does with `fma` (lavapipe does not fuse it) and `exp` (several ulp
 //! on lavapipe and on NVIDIA's Vulkan driver).
 //!

@@ -1,6 +1,6 @@
 //! Proves every kernel of the default family right on this machine's adapter: one row per
 //! kernel (or backward schedule) and case, judged against an f64 CPU reference by the rule
-//! of DESIGN.md §7.
+//! of docs/accuracy.md.
 
 // The command-line tools are native; in a browser the page in examples/web runs the kernels.
 #![cfg_attr(target_arch = "wasm32", no_main)]

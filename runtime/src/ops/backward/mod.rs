@@ -22,7 +22,7 @@ use crate::shape::Heads;
 /// What a backward computes: the attention's widths, masks and dtype.
 pub type BackwardSpec = AttentionSpec;
 
-/// How dQ, dK and dV are produced (DESIGN.md §4).
+/// How dQ, dK and dV are produced (docs/backward.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Schedule {
     /// (a) s-major flushes P and dS to scratch; j-major consumes them. No atomics.
