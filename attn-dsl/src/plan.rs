@@ -259,6 +259,11 @@ impl KernelAbi {
                 ];
             }
             // Field 10 is n_slices: a continued cache's key slices, each its own workgroups.
+            // Packed, a KV head's query heads share its tiles: the rows are n · group.
+            Op::Extend if self.grid.pack_heads => {
+                let rows = at(0) * at(1).checked_div(at(2)).unwrap_or(0);
+                return [rows.div_ceil(self.grid.tile), at(2), at(4) * at(10).max(1)];
+            }
             Op::Extend => {
                 return [at(0).div_ceil(self.grid.tile), at(1), at(4) * at(10).max(1)];
             }

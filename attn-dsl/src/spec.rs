@@ -411,6 +411,16 @@ pub struct Grid {
     /// the row layers' GEMMs.
     #[serde(default, skip_serializing_if = "Matrix::is_scalar")]
     pub matrix: Matrix,
+    /// A continued cache's query tile holds (position, query head) pairs of one KV head's
+    /// query heads, row-major, instead of positions of one head: the query heads sharing
+    /// a KV head read its K and V once, and a few rows per sequence still fill a tile
+    /// (tensor cores, [`Op::Extend`] only).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub pack_heads: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 impl Grid {
@@ -431,6 +441,7 @@ impl Grid {
             tile,
             flash: None,
             matrix: Matrix::Scalar,
+            pack_heads: false,
         }
     }
 }

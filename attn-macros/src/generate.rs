@@ -236,6 +236,7 @@ fn abi_const(abi: &KernelAbi, wgsl: TokenStream) -> TokenStream {
             }))
         }
     };
+    let pack_heads = abi.grid.pack_heads;
     let matrix = match abi.grid.matrix {
         attn_dsl::Matrix::Scalar => quote!(::attn_dsl::Matrix::Scalar),
         attn_dsl::Matrix::Coop16 => quote!(::attn_dsl::Matrix::Coop16),
@@ -270,7 +271,13 @@ fn abi_const(abi: &KernelAbi, wgsl: TokenStream) -> TokenStream {
             op: ::attn_dsl::Op::#op,
             entry_point: ::std::borrow::Cow::Borrowed(ENTRY_POINT),
             workgroup_size: [#wx, #wy, #wz],
-            grid: ::attn_dsl::Grid { major: #major, tile: #tile, flash: #flash, matrix: #matrix },
+            grid: ::attn_dsl::Grid {
+                major: #major,
+                tile: #tile,
+                flash: #flash,
+                matrix: #matrix,
+                pack_heads: #pack_heads,
+            },
             head_dim: #head_dim,
             out_dim: #out_dim,
             gqa: #gqa,

@@ -345,6 +345,7 @@ fn grid(v: &Value, row_layer: bool) -> syn::Result<(Grid, bool, Option<Span>)> {
     };
     let (mut tile, mut inner, mut rows, mut subgroups) = (1, None, None, None);
     let mut matrix = None;
+    let mut pack_heads = false;
     for (key, v) in args {
         match key.to_string().as_str() {
             "tile" => tile = arg_number(key, v)?,
@@ -352,12 +353,14 @@ fn grid(v: &Value, row_layer: bool) -> syn::Result<(Grid, bool, Option<Span>)> {
             "rows_per_thread" => rows = Some(arg_number(key, v)?),
             "subgroups" => subgroups = Some((arg_flag(key, v)?, key.span())),
             "matrix" => matrix = Some((arg_matrix(key, v)?, key.span())),
+            "pack_heads" => pack_heads = arg_flag(key, v)?,
             _ => {
                 return err(
                     key.span(),
                     format!(
                         "unknown grid argument `{key}`; expected `tile`, and for the flash \
-                         schedule `{inner_key}`, `rows_per_thread`, `subgroups` and `matrix`"
+                         schedule `{inner_key}`, `rows_per_thread`, `subgroups`, `matrix` and \
+                         (a continued cache's chunk) `pack_heads`"
                     ),
                 );
             }
@@ -404,6 +407,7 @@ fn grid(v: &Value, row_layer: bool) -> syn::Result<(Grid, bool, Option<Span>)> {
             tile,
             flash,
             matrix: matrix.map_or(Matrix::Scalar, |(m, _)| m),
+            pack_heads,
         },
         false,
         matrix.map(|(_, span)| span),

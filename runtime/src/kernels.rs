@@ -359,6 +359,24 @@ attention_kernel! {
 }
 
 attention_kernel! {
+    /// The sliced chunk with a KV head's query heads packed into its tiles: tile row p is
+    /// position p / group of query head p % group, so a few rows per sequence (4 rows of
+    /// 32 heads over 8 fill 16 rows) still fill a tile, and the query heads sharing a KV
+    /// head stage its K and V once. What the runtime runs where a head's rows fill less
+    /// than a tile (`ops::extend`).
+    pub attention_extend_sliced_packed_tc_d128 {
+        op: extend,
+        grid: s_major(tile = 64, key_tile = 32, rows_per_thread = 16, matrix = coop16, pack_heads = true),
+        head_dim: 128,
+        gqa: any,
+        target: native(workgroup_storage = 32276),
+        workgroup_size: 256,
+        dtype: f16,
+        writes: { partials: scratch },
+    }
+}
+
+attention_kernel! {
     /// The same over a paged cache on scalar flash tiles, head_dim 64, f32: its keys found
     /// through the block table.
     pub attention_extend_paged {

@@ -31,6 +31,7 @@ pub fn check_spec(spec: &KernelSpec) -> Result<(), DslError> {
     // thing to tell the user about, before "this op has no such schedule".
     check_writes(spec)?;
     check_grid(spec)?;
+    check_pack_heads(spec)?;
     check_masks(spec)?;
     check_dtype(spec)?;
     check_cache(spec)?;
@@ -522,6 +523,29 @@ fn check_coop(spec: &KernelSpec) -> Result<(), DslError> {
         Some(problem) => Err(DslError::spec(Field::Grid, problem)),
         None => Ok(()),
     }
+}
+
+/// Packed heads: a continued cache's tile on tensor cores in f16, whose key loop decides
+/// a tile from one head (a `mask_mod` reading `h` would see only the group's first).
+fn check_pack_heads(spec: &KernelSpec) -> Result<(), DslError> {
+    if !spec.grid.pack_heads {
+        return Ok(());
+    }
+    let refuse = |problem: &str| Err(DslError::spec(Field::Grid, problem.to_string()));
+    if spec.op != Op::Extend || !spec.grid.uses_coop() || spec.dtype != crate::Dtype::F16 {
+        return refuse(
+            "query heads are packed into one tile only by op extend on `matrix = coop16` in \
+             f16; drop the packing",
+        );
+    }
+    let mask = spec.flex().and_then(|f| f.mask_mod);
+    if mask.is_some_and(|m| m.mentions("h")) {
+        return refuse(
+            "a packed tile holds several query heads, and this `mask_mod` reads `h`; drop \
+             the packing",
+        );
+    }
+    Ok(())
 }
 
 /// Subgroup reductions: only the forward has cross-invocation reductions, core WebGPU has

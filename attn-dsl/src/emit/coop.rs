@@ -274,8 +274,29 @@ pub(super) fn fetch_with(
 
 "#,
         cond = fetch_guard(spec, of, rows),
-        load = load(&of.index("r", "h")),
+        load = load(&row_index(spec, of)),
     );
+}
+
+/// The flat index of row `r` of `of` for head `h`: a query row of a tile at its position
+/// and head ([`super::index::row_at`]).
+fn row_index(spec: &KernelSpec, of: Rows) -> String {
+    match of {
+        Rows::Q => {
+            let (pos, head) = super::index::row_at(spec, "r", "h");
+            of.index(&pos, &head)
+        }
+        _ => of.index("r", "h"),
+    }
+}
+
+/// The end of the rows of `of` a tile reads: its query rows' ([`super::index::tile_rows_end`])
+/// or the keys'.
+fn rows_end_of(spec: &KernelSpec, of: Rows) -> &'static str {
+    match of {
+        Rows::Q => super::index::tile_rows_end(spec),
+        _ => super::index::rows_end(spec),
+    }
 }
 
 /// The test that vec4 `e` (row `r`, first column `c`) of a block of `rows` rows of `of`
@@ -283,7 +304,7 @@ pub(super) fn fetch_with(
 pub(super) fn fetch_guard(spec: &KernelSpec, of: Rows, rows: &str) -> String {
     let within_block = format!(
         "e < {rows} * (HEAD_DIM / 4u) && r < {}",
-        super::index::rows_end(spec)
+        rows_end_of(spec, of)
     );
     and_within(spec, &within_block, of.row(), "c")
 }
@@ -339,7 +360,7 @@ pub(super) fn stage_rows(out: &mut Wgsl, name: &str, rows: &str, tensors: &[(&st
 /// `stage_q(r0, h, tid, c0)`: columns c0..c0 + QC of the tile's BR rows of Q into the
 /// staging area, rows QS halves apart (bf16 rows scaled into f16 by their power of two).
 fn stage_q_columns(out: &mut Wgsl, spec: &KernelSpec, cols: u32, scaled: bool) {
-    let at = "q_index(r, h) + c0 + (e % (QC / 4u)) * 4u";
+    let at = format!("{} + c0 + (e % (QC / 4u)) * 4u", row_index(spec, Rows::Q));
     let load = match scaled {
         true => format!(
             "let i = ({at}) >> 1u;\n            \
@@ -368,7 +389,7 @@ fn stage_q(r0: u32, h: u32, tid: u32, c0: u32) {{
         cols + 8,
         cond = and_within(
             spec,
-            &format!("r < {}", super::index::rows_end(spec)),
+            &format!("r < {}", super::index::tile_rows_end(spec)),
             Row::Qk,
             "c0 + (e % (QC / 4u)) * 4u"
         ),
@@ -404,7 +425,8 @@ fn body(out: &mut Wgsl, spec: &crate::KernelSpec, t: &CoopTiling, keep: Phases) 
     let dv = t.v_frags;
     let (rows, lanes, keys) = softmax_layout(t);
     let mut b = String::new();
-    let end = super::index::rows_end(spec);
+    let end = super::index::tile_rows_end(spec);
+    let (at, who) = row_names(spec);
     let _ = write!(
         b,
         "fn flash_forward_coop(tile: u32, h: u32, tid: u32, sg: u32, lane: u32) {{\n    \
@@ -428,11 +450,12 @@ fn body(out: &mut Wgsl, spec: &crate::KernelSpec, t: &CoopTiling, keep: Phases) 
         true => "    var mo = NEG_BIG;\n    let qs = from_half(q_bits(0u, row, h));\n",
         false => "",
     };
+    let pos = who.0;
     let _ = write!(
         b,
-        "    let r = sg * {rows}u + lane / {lanes}u;\n    let row = row0 + r;\n    \
+        "    let r = sg * {rows}u + lane / {lanes}u;\n    let row = row0 + r;\n{at}    \
          let k0 = lane % {lanes}u;\n    var lo = 0u;\n    var hi = 0u;\n    \
-         if (row < {end}) {{\n        let range = key_range(row);\n        \
+         if (row < {end}) {{\n        let range = key_range({pos});\n        \
          lo = range.x;\n        hi = range.y;\n    }}\n    var m = NEG_BIG;\n    var l = 0.0;\n{scaled}    \
          // The row of P·V's fragments this invocation rescales and stores.\n    \
          let pr = rg * {FRAG}u + lane / 2u;\n    \
@@ -460,20 +483,32 @@ fn body(out: &mut Wgsl, spec: &crate::KernelSpec, t: &CoopTiling, keep: Phases) 
         false => b.push_str(barrier),
     }
     if keep.softmax {
-        softmax(&mut b, lanes, keys, t.scaled, lp.full);
+        softmax(&mut b, (lanes, keys), t.scaled, lp.full, who);
     }
     rescale(&mut b, dv / t.split);
     if keep.accumulate {
         accumulate(&mut b, t);
     }
     b.push_str("    }\n");
-    finish(&mut b, spec, t, lanes);
+    finish(&mut b, spec, t, (lanes, who));
     // `softmax` exponentiates.
     let helpers: &[Helper] = match keep.softmax {
         true => &[Helper::Exp],
         false => &[],
     };
     out.put(Fragment::new(b, helpers));
+}
+
+/// The statements that name a softmax row's position and query head, and those names:
+/// none and (`row`, `h`), or with packed heads `pos` and `hr` from the row.
+fn row_names(spec: &KernelSpec) -> (&'static str, (&'static str, &'static str)) {
+    match spec.grid.pack_heads {
+        true => (
+            "    let pos = row_pos(row);\n    let hr = row_head(row, h);\n",
+            ("pos", "hr"),
+        ),
+        false => ("", ("row", "h")),
+    }
 }
 
 /// Q into workgroup memory, and with Q in registers its fragments `qa_k` loaded: whole,
@@ -736,7 +771,13 @@ pub(super) fn row_reduce(x: &str, op: &str, lanes: u32, ind: &str) -> String {
 /// The invocation's share of a row of S: masked and modified scores, the lazy max, P into
 /// sh_p, the row's rescale factor into sh_c. Ends with the rescale flag read, a workgroup
 /// barrier that also publishes P and sh_c.
-fn softmax(b: &mut String, lanes: u32, keys: u32, scaled: bool, full: (&str, &str)) {
+fn softmax(
+    b: &mut String,
+    (lanes, keys): (u32, u32),
+    scaled: bool,
+    full: (&str, &str),
+    (row, h): (&str, &str),
+) {
     let (full, close) = full;
     // With bf16 operands S holds Q'·K'ᵀ: each row's and each key's scale undo the
     // conversion.
@@ -748,8 +789,8 @@ fn softmax(b: &mut String, lanes: u32, keys: u32, scaled: bool, full: (&str, &st
         let _ = writeln!(
             b,
             "        let x_{c} = k0 + {}u;\n        let j_{c} = j0 + x_{c};\n        \
-             let v_{c} = j_{c} >= lo && j_{c} < hi && {full}key_visible(row, h, j_{c}){close};\n        \
-             let s_{c} = select(NEG_BIG, score(row, h, j_{c}, sh_s[r * SS + x_{c}]{}), v_{c});",
+             let v_{c} = j_{c} >= lo && j_{c} < hi && {full}key_visible({row}, {h}, j_{c}){close};\n        \
+             let s_{c} = select(NEG_BIG, score({row}, {h}, j_{c}, sh_s[r * SS + x_{c}]{}), v_{c});",
             c * lanes,
             scale(c)
         );
@@ -762,7 +803,7 @@ fn softmax(b: &mut String, lanes: u32, keys: u32, scaled: bool, full: (&str, &st
     );
     match scaled {
         true => scaled_weights(b, lanes, keys),
-        false => weights(b, keys),
+        false => weights(b, keys, (row, h)),
     }
 }
 
@@ -772,7 +813,7 @@ fn max_of(v: &str, keys: u32) -> String {
 }
 
 /// The lazy max of S (the rescale factor of O into sh_c), l, and P into sh_p.
-fn weights(b: &mut String, keys: u32) {
+fn weights(b: &mut String, keys: u32, (row, h): (&str, &str)) {
     b.push_str(
         "        // An empty row keeps NEG_BIG; a first visible key always moves it.\n        \
          let moved = rm > m + TAU;\n        \
@@ -787,7 +828,7 @@ fn weights(b: &mut String, keys: u32) {
         let _ = writeln!(
             b,
             "        let p_{c} = select(0.0, exp2(fma(s_{c}, LOG2E, -ml)), v_{c});\n        l = l + p_{c};\n        \
-             sh_p[r * PS + x_{c}] = f16(dropped(row, h, j_{c}, p_{c}));",
+             sh_p[r * PS + x_{c}] = f16(dropped({row}, {h}, j_{c}, p_{c}));",
         );
     }
 }
@@ -858,15 +899,17 @@ pub(super) fn rescale_rows(b: &mut String, frags: u32, (acc, moved, factors): (&
 
 /// O / l into the output through the subgroup's corner of sh_s, a 16-column fragment at a
 /// time, and the LSE.
-fn finish(b: &mut String, spec: &KernelSpec, t: &CoopTiling, lanes: u32) {
-    let end = super::index::rows_end(spec);
+fn finish(b: &mut String, spec: &KernelSpec, t: &CoopTiling, (lanes, who): (u32, (&str, &str))) {
+    let end = super::index::tile_rows_end(spec);
+    let (pos, head) = who;
+    let (out_pos, out_head) = super::index::row_at(spec, "out_row", "h");
     let sinks = spec.masks.sinks;
     let mine = t.v_frags / t.split;
     // The row's factor from O's accumulators to O: 1 / l, or with bf16 operands
     // 2^(mo − m·log2 e) / l (O's weights were taken against mo); 0 for an empty row. With a
     // sink joined, m and l include it: the f16 factor gains e^(m_old − m), and the bf16
     // one, 2^(mo − m·log2 e) / l on the new m and l, already has it.
-    let join = super::sinks::join(sinks, "h", "m", "lt", "corr");
+    let join = super::sinks::join(sinks, head, "m", "lt", "corr");
     let (slot, factor) = match (t.scaled, join.is_some()) {
         (true, _) => (
             "select(0.0, exp2(mo - m * LOG2E - log2(lt)), lt != 0.0)",
@@ -886,9 +929,9 @@ fn finish(b: &mut String, spec: &KernelSpec, t: &CoopTiling, lanes: u32) {
     let _ = write!(
         b,
         "    var lt = l;\n{}{}    if (k0 == 0u) {{\n        sh_l[r] = {slot};\n    }}\n    \
-         if (row < {end} && k0 == 0u) {{\n        store_lse(row, h, m, lt);\n    }}\n    \
+         if (row < {end} && k0 == 0u) {{\n        store_lse({pos}, {head}, m, lt);\n    }}\n    \
          workgroupBarrier();\n{factor}    let out_row = row0 + pr;\n    \
-         let base = o_index(out_row, h);\n    let c8 = (lane % 2u) * 8u;\n    \
+         let base = o_index({out_pos}, {out_head});\n    let c8 = (lane % 2u) * 8u;\n    \
          let x = pr * SS + part * 16u + c8;\n",
         row_reduce("lt", "sum", lanes, "    "),
         join.map(|j| format!("    {j}")).unwrap_or_default(),
@@ -922,6 +965,11 @@ pub(super) fn entry(out: &mut Wgsl, spec: &KernelSpec, body: &str) {
         spec,
         super::grid_order::Order::LongestFirst { chunked: true },
     );
+    // With packed heads the grid's heads are KV heads; the body takes their first query head.
+    let head = match spec.grid.pack_heads {
+        true => format!("({}) * q_per_kv()", at.head),
+        false => at.head.to_string(),
+    };
     let _ = write!(
         out,
         r#"@compute @workgroup_size(WG)
@@ -934,7 +982,6 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         builtin = at.builtin,
         prologue = at.prologue,
         tile = at.tile,
-        head = at.head,
         flush = super::flex::flush_call(spec),
     );
 }

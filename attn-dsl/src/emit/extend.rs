@@ -108,6 +108,21 @@ fn row_index(row: u32, h: u32) -> u32 {{
     if sliced(spec) {
         part_base(out, spec);
     }
+    if spec.grid.pack_heads {
+        out.push_str(
+            r#"// Packed heads: tile row p is position p / q_per_kv() of query head h + p % q_per_kv(),
+// h the first query head of the workgroup's KV head.
+fn row_pos(p: u32) -> u32 {
+    return p / q_per_kv();
+}
+
+fn row_head(p: u32, h: u32) -> u32 {
+    return h + p % q_per_kv();
+}
+
+"#,
+        );
+    }
 }
 
 /// `part_base(row, h)`: the first f32 of query (row, h)'s record in this slice, laid out

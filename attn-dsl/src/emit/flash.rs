@@ -108,14 +108,16 @@ fn subgroup_reductions(out: &mut Wgsl, tx: u32) {
 /// `tile_key_range(row0)`: x..y holds every key a row of the tile sees, z..w the keys every
 /// row of it sees (empty when the rows' ranges do not overlap).
 pub(super) fn tile_key_range(out: &mut Wgsl, spec: &KernelSpec) {
-    let end = super::index::rows_end(spec);
+    let end = super::index::tile_rows_end(spec);
+    let first = super::index::row_at(spec, "row0", "0u").0;
+    let last = super::index::row_at(spec, &format!("min(row0 + BR, {end}) - 1u"), "0u").0;
     let _ = write!(
         out,
         r#"// key_range is monotone in the row (document starts and ends never decrease, causal
 // ends grow), so the first and last rows of the tile bound every row's range.
 fn tile_key_range(row0: u32) -> vec4<u32> {{
-    let first = key_range(row0);
-    let last = key_range(min(row0 + BR, {end}) - 1u);
+    let first = key_range({first});
+    let last = key_range({last});
     return vec4<u32>(first.x, last.y, last.x, first.y);
 }}
 

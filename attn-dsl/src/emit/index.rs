@@ -76,11 +76,31 @@ pub(super) fn rows_end(spec: &KernelSpec) -> &'static str {
     }
 }
 
-/// The position of a query tile's first row: tile · BR, after a continued cache's rows.
+/// The first row of a query tile: the position tile · BR, after a continued cache's rows;
+/// with packed heads, the pair tile · BR after the cached rows' pairs.
 pub(super) fn tile_origin(spec: &KernelSpec) -> &'static str {
     match spec.op {
+        Op::Extend if spec.grid.pack_heads => "first_row * q_per_kv() + tile * BR",
         Op::Extend => "first_row + tile * BR",
         _ => "tile * BR",
+    }
+}
+
+/// The end of the rows a query tile holds: [`rows_end`], or with packed heads the pairs
+/// before it.
+pub(super) fn tile_rows_end(spec: &KernelSpec) -> &'static str {
+    match spec.grid.pack_heads {
+        true => "kv_len * q_per_kv()",
+        false => rows_end(spec),
+    }
+}
+
+/// The position of a tile's `row`, and its query head given the workgroup's `h` (with
+/// packed heads, the group's first): the row and `h` themselves unless heads are packed.
+pub(super) fn row_at(spec: &KernelSpec, row: &str, h: &str) -> (String, String) {
+    match spec.grid.pack_heads {
+        true => (format!("row_pos({row})"), format!("row_head({row}, {h})")),
+        false => (row.to_string(), h.to_string()),
     }
 }
 

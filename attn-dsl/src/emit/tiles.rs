@@ -253,6 +253,14 @@ impl KeyLoop {
                 // The tile's last row: its rows are positions (a continued cache's end
                 // after its cached rows).
                 pre: match spec.op {
+                    // Packed heads: the tile's first and last positions (the heads of
+                    // its rows are one KV head's group; a mask reading `h` is not packed).
+                    crate::Op::Extend if spec.grid.pack_heads => {
+                        "    let q_first = row_pos(row0);\n    \
+                         let q_last = row_pos(min(row0 + BR, kv_len * q_per_kv()) - 1u);\n    \
+                         let kt_first = next_key_tile(range.x / BC, kt_end, q_first, q_last, h, BC);\n    \
+                         var kt_next = kt_first;\n"
+                    }
                     crate::Op::Extend => {
                         "    let q_last = min(row0 + BR, kv_len) - 1u;\n    \
                          let kt_first = next_key_tile(range.x / BC, kt_end, row0, q_last, h, BC);\n    \
@@ -265,9 +273,18 @@ impl KeyLoop {
                     }
                 },
                 first: "kt_first * BC",
-                head: "for (var kt = kt_first; kt < kt_end; kt = kt_next) {\n        \
-                       kt_next = next_key_tile(kt + 1u, kt_end, row0, q_last, h, BC);\n        \
-                       let tile_full = !mask_tile(row0, q_last, kt * BC, kt * BC + BC - 1u, h).y;\n",
+                head: match spec.grid.pack_heads {
+                    true => {
+                        "for (var kt = kt_first; kt < kt_end; kt = kt_next) {\n        \
+                         kt_next = next_key_tile(kt + 1u, kt_end, q_first, q_last, h, BC);\n        \
+                         let tile_full = !mask_tile(q_first, q_last, kt * BC, kt * BC + BC - 1u, h).y;\n"
+                    }
+                    false => {
+                        "for (var kt = kt_first; kt < kt_end; kt = kt_next) {\n        \
+                         kt_next = next_key_tile(kt + 1u, kt_end, row0, q_last, h, BC);\n        \
+                         let tile_full = !mask_tile(row0, q_last, kt * BC, kt * BC + BC - 1u, h).y;\n"
+                    }
+                },
                 has_next: "kt_next < kt_end",
                 next: "kt_next * BC",
                 steps: "select(kt_end - range.x / BC, kt + 1u - range.x / BC, kt_next >= kt_end)",

@@ -122,6 +122,7 @@ impl KernelSpec {
                     subgroups: config.subgroups,
                 }),
                 matrix: config.matrix,
+                pack_heads: false,
             },
             workgroup_size: config.workgroup_size,
             ..KernelSpec::standard(name, op, head_dim, masks)

@@ -64,6 +64,10 @@ struct Args {
     /// --heads, --kv-heads, --head-dim and --batch apply (default 32 heads over 8, d 128).
     #[arg(long, value_name = "CACHE_LEN")]
     decode: Option<u32>,
+    /// With --decode: only the continued-cache rows (n new rows over the cache, as planned
+    /// and on the split-K passes), after the copy kernel.
+    #[arg(long, requires = "decode")]
+    continued: bool,
     /// With --decode: keys per split-K slice instead of the runtime's rule (a multiple of
     /// the split kernel's key tile, 32 at head_dim 128, up to 512).
     #[arg(long, value_name = "KEYS", requires = "decode")]
@@ -726,6 +730,14 @@ fn decode(gpu: &Gpu, args: &Args, cache_len: u32) -> anyhow::Result<()> {
         },
     };
     let [copy, buffer_copy] = bench::copy_bandwidth(gpu, args.warmup, args.runs)?;
+    if args.continued {
+        println!(
+            "adapter: {}; copy kernel {:.1} GB/s",
+            gpu.describe(),
+            copy.gbps()
+        );
+        return continued_rows(gpu, args, shape, copy.gbps());
+    }
     let rows =
         bench::decode(gpu, shape, args.slice_len, args.warmup, args.runs).context(shape.label())?;
     let all = || [&copy, &buffer_copy].into_iter().chain(&rows);
@@ -775,7 +787,8 @@ fn decode(gpu: &Gpu, args: &Args, cache_len: u32) -> anyhow::Result<()> {
 }
 
 /// n new rows attended over the cache (continuing it: a prompt's next chunk, a chat's next
-/// turn, speculative drafts), n = 1 to 512 (from 16 rows both as the decode plans it and on the split-K passes), in the first half dtype: GPU time, the
+/// turn, speculative drafts), n = 1 to 512 (from 4 rows both as the decode plans it and
+/// on the split-K passes), in the first half dtype: GPU time, the
 /// cache's bytes per second and TFLOP/s (4·n·cache·heads·head_dim).
 fn continued_rows(
     gpu: &Gpu,
@@ -793,7 +806,7 @@ fn continued_rows(
         "continued cache", "rows", "GPU ms", "GB/s", "of copy", "TFLOP/s"
     );
     use bench::e2e::Continue;
-    let chunk = runtime::ops::extend::CHUNK_ROWS;
+    let chunk = runtime::ops::extend::PACKED_CHUNK_ROWS;
     let mut runs: Vec<(u32, Continue)> = Vec::new();
     for n in [1, 4, 8, 16, 32, 64, 128, 512]
         .into_iter()
@@ -805,7 +818,10 @@ fn continued_rows(
         }
     }
     // A chunk's time against its slices (one: the kernel that writes O).
-    for n in [64, 512].into_iter().filter(|&n| n <= len) {
+    for n in [64, 512]
+        .into_iter()
+        .filter(|&n| n <= len && !args.continued)
+    {
         for slice in [u32::MAX, 8192, 4096, 2048, 1024, 512] {
             runs.push((n, Continue::Slices(slice)));
         }
@@ -813,10 +829,10 @@ fn continued_rows(
     for (n, how) in runs {
         let (ms, slicing) = bench::e2e::continued(gpu, h, (len, n), dtype, (args.runs as u32, how))
             .context("continue")?;
-        let kernel = match (n >= chunk, how) {
-            (_, Continue::Slices(_)) => format!("chunk, forward's tiles, {slicing} asked"),
-            (true, Continue::Planned) => format!("chunk, forward's tiles, {slicing}"),
-            _ => format!("split-K {slicing}"),
+        let kernel = match how {
+            Continue::Slices(_) => format!("chunk, forward's tiles, {slicing} asked"),
+            Continue::Planned => format!("as planned, {slicing}"),
+            Continue::SplitK => format!("split-K {slicing}"),
         };
         let bytes = f64::from(len)
             * f64::from(h.n_kv_heads)

@@ -1967,9 +1967,10 @@ type Labelled = (String, Vec<(&'static str, Verdict)>);
 /// Continued caches of `len` rows: n of them added to a cache of `len - n` (n up to 4) in
 /// the planned layout, paged, streamed (with subgroups), in half precision and in an e4m3
 /// cache; a ragged batch of two or more, one of them a fresh slot; and where `len` allows,
-/// a chunk of [`CHUNK_ROWS`] + 5 rows (the forward's tiles, `ops::extend`), contiguous,
-/// paged and in half precision. Each judged as the last rows of one causal forward over
-/// its whole length.
+/// a chunk of [`CHUNK_ROWS`] + 5 rows (the forward's tiles, `ops::extend`; in half
+/// precision on tensor cores, a KV head's query heads packed), contiguous, paged and in
+/// half precision, and one of 69 rows in half precision (past a 64-row tile, not packed).
+/// Each judged as the last rows of one causal forward over its whole length.
 fn continued_rows(
     gpu: &Gpu,
     mods: ModCase,
@@ -1986,6 +1987,9 @@ fn continued_rows(
     let uniform = uniform_of(n);
     let chunk = CHUNK_ROWS + 5;
     let chunked = uniform_of(chunk.min(len));
+    // A chunk past a 64-row tile per head (not packed on tensor cores).
+    let wide_rows = 69;
+    let wide = uniform_of(wide_rows.min(len));
     let ragged_batch = batch.max(2) as usize;
     let ragged: (Vec<u32>, Vec<u32>) = (0..ragged_batch)
         .map(|b| match b % 2 {
@@ -2046,16 +2050,24 @@ fn continued_rows(
         (" chunk sliced page=16", f32, None, true, planned, sliced),
     ];
     if let Some(d) = half {
-        for (label, slice_len) in [
-            (" chunk", None),
-            (" chunk one slice", one),
-            (" chunk sliced", sliced),
+        for (label, paged, slice_len) in [
+            (" chunk", false, None),
+            (" chunk one slice", false, one),
+            (" chunk sliced", false, sliced),
+            (" chunk sliced page=16", true, sliced),
         ] {
-            chunks.push((label, d, None, false, planned, slice_len));
+            chunks.push((label, d, None, paged, planned, slice_len));
         }
     }
+    let mut wides: Vec<Variant> = half
+        .map(|d| (" chunk wide", d, None, false, planned, None))
+        .into_iter()
+        .collect();
     if len < chunk {
         chunks.clear();
+    }
+    if len < wide_rows {
+        wides.clear();
     }
     let runs = variants
         .into_iter()
@@ -2064,7 +2076,8 @@ fn continued_rows(
             (" ragged", Dtype::F32, None, true, planned, None),
             &ragged,
         )))
-        .chain(chunks.into_iter().map(|v| (v, &chunked)));
+        .chain(chunks.into_iter().map(|v| (v, &chunked)))
+        .chain(wides.into_iter().map(|v| (v, &wide)));
     for ((label, dtype, fp8, is_paged, split, slice_len), (cached, added)) in runs {
         let slots = cached.len() as u32;
         let cap = cached

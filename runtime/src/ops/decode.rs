@@ -9,7 +9,7 @@
 
 use attn_dsl::{Cache, Dtype, KernelAbi, KernelSpec, Masks, Op, Scalar, Source};
 
-use super::extend::{CHUNK_ROWS, ChunkArgs, ChunkShape, ChunkSpec, Chunks};
+use super::extend::{ChunkArgs, ChunkShape, ChunkSpec, Chunks};
 use super::{expect_all, grid, grow};
 use crate::device::Gpu;
 use crate::dispatch::kernel::Kernel;
@@ -390,9 +390,8 @@ impl Decode {
         let target = passes.target;
         let split = passes.slicing(c.h, (c.batch, c.n_rows), args.cache.max_len, args.slice_len);
         if let QueryRows::Each(n) = args.rows
-            && n >= CHUNK_ROWS
             && let Some(chunks) = self.chunks.as_mut()
-            && chunks.usable(gpu, &self.spec.chunk())
+            && chunks.takes(gpu, &self.spec.chunk(), n)
         {
             // The chunk's kernel compiled now, so that its record cannot fail on it.
             let shape = ChunkShape {
@@ -410,7 +409,8 @@ impl Decode {
     }
 
     /// Records the decode: O overwritten. Returns the slicing it ran. A call of at least
-    /// [`super::extend::CHUNK_ROWS`] rows per sequence runs as a chunk on the forward's
+    /// [`super::extend::CHUNK_ROWS`] rows per sequence ([`super::extend::PACKED_CHUNK_ROWS`]
+    /// where the tiles pack a KV head's query heads) runs as a chunk on the forward's
     /// schedule, its keys cut into slices (merged by the reduce pass) where its query tiles
     /// alone would leave the GPU idle.
     pub fn record(
@@ -422,8 +422,7 @@ impl Decode {
         self.passes(gpu)?;
         let spec = self.spec.chunk();
         if let QueryRows::Each(n) = args.rows
-            && n >= CHUNK_ROWS
-            && self.chunks.as_mut().is_some_and(|c| c.usable(gpu, &spec))
+            && self.chunks.as_mut().is_some_and(|c| c.takes(gpu, &spec, n))
         {
             return self.record_chunk(gpu, encoder, args, n);
         }

@@ -23,18 +23,26 @@ use crate::dispatch::record::{Dispatch, Pipeline};
 use crate::error::{Error, InputError};
 use crate::modifiers::DeviceModifiers;
 use crate::plan::decode::{Slicing, plan_slices};
-use crate::plan::kernels::{self, AttentionSpec};
+use crate::plan::kernels::{self, AttentionSpec, ChunkForm};
 use crate::plan::tuning::{self, Table};
 use crate::shape::Heads;
 use crate::tensor::Tensor;
 
-/// The fewest new rows per sequence that run as a chunk. A chunk's query tile holds 64
-/// rows, so its time is flat up to 64 rows, while the split-K decode's grows with them
-/// (its workgroups re-read the slice for every four queries). Measured on an H200
-/// (2026-11-29, `bench --decode 32768 --heads 32 --kv-heads 8 --head-dim 128`, f16):
-/// the chunk (in slices) at 64 rows 0.527 ms, the split-K decode at 4 rows 0.245, at 16
-/// rows 0.810, at 32 rows 1.564; so they cross between 4 and 16 rows.
+/// The fewest new rows per sequence that run as a chunk where its tiles cannot pack a KV
+/// head's query heads (scalar tiles, bf16). A chunk's query tile holds 64 rows, so its
+/// time is flat up to 64 rows, while the split-K decode's grows with them (its workgroups
+/// re-read the slice for every four queries). Measured on an H200 (2026-11-29, `bench
+/// --decode 32768 --heads 32 --kv-heads 8 --head-dim 128`, f16): the chunk (in slices)
+/// at 64 rows 0.527 ms, the split-K decode at 4 rows 0.245, at 16 rows 0.810, at 32 rows
+/// 1.564; so they cross between 4 and 16 rows.
 pub const CHUNK_ROWS: u32 = 16;
+
+/// The fewest new rows per sequence that run as a chunk whose tiles pack the query heads
+/// ([`attn_dsl::Grid::pack_heads`]): its time is the cache's pass, flat from one row to
+/// a tile. Measured on an H200 (2026-11-29, the command above, f16, packed 64-row tiles):
+/// 0.168 / 0.173 / 0.176 / 0.189 ms at 1 / 4 / 8 / 16 rows, the split-K decode 0.083 /
+/// 0.206 / 0.381 / 0.726.
+pub const PACKED_CHUNK_ROWS: u32 = 4;
 
 /// What a chunk kernel is built for: the decode's widths, masks and modifiers, dtype (of
 /// Q, O and the cache) and cache layout.
@@ -63,22 +71,28 @@ pub(crate) struct ChunkArgs<'a> {
 fn usable(gpu: &Gpu, spec: &ChunkSpec) -> bool {
     let width = spec.attention.width();
     tuning::forward_candidates(width).first().is_some_and(|c| {
-        [false, true]
-            .into_iter()
-            .all(|sliced| compile(spec, *c, sliced).is_ok_and(|abi| gpu.require(&abi).is_ok()))
+        [false, true].into_iter().all(|sliced| {
+            let form = ChunkForm {
+                sliced,
+                packed: false,
+            };
+            compile(spec, *c, form).is_ok_and(|abi| gpu.require(&abi).is_ok())
+        })
     })
 }
 
-/// The chunk kernels of one decode spec (writing O, and writing key slices' partials),
-/// compiled on first use, the LSE the first writes (a forward's by-product the decode does
-/// not return) and the partials of the second.
+/// The chunk kernels of one decode spec (writing O, and writing key slices' partials;
+/// each with and without packed heads), compiled on first use, the LSE the first writes
+/// (a forward's by-product the decode does not return) and the partials of the second.
 #[derive(Default)]
 pub(crate) struct Chunks {
     /// Whether the kernels run on the device, decided at the first call of many rows.
     runs: Option<bool>,
     config: Option<FlashConfig>,
-    whole: Option<Pipeline>,
-    sliced: Option<Pipeline>,
+    /// Whether the tiles can pack a KV head's query heads, decided with the configuration.
+    packs: bool,
+    /// By form: `2 · sliced + packed`.
+    pipelines: [Option<Pipeline>; 4],
     lse: Option<Tensor>,
     partials: Option<Tensor>,
 }
@@ -96,8 +110,29 @@ pub(crate) struct ChunkShape {
 
 impl Chunks {
     /// Whether calls of many rows run as chunks on `gpu` (decided once, at the first).
-    pub fn usable(&mut self, gpu: &Gpu, spec: &ChunkSpec) -> bool {
+    fn usable(&mut self, gpu: &Gpu, spec: &ChunkSpec) -> bool {
         *self.runs.get_or_insert_with(|| usable(gpu, spec))
+    }
+
+    /// Whether a call of `n` rows per sequence runs as a chunk on `gpu`: from
+    /// [`PACKED_CHUNK_ROWS`] where the tiles pack the query heads, else from
+    /// [`CHUNK_ROWS`].
+    pub fn takes(&mut self, gpu: &Gpu, spec: &ChunkSpec, n: u32) -> bool {
+        if n < PACKED_CHUNK_ROWS || !self.usable(gpu, spec) {
+            return false;
+        }
+        let packs = self.config(gpu, spec).is_ok() && self.packs;
+        n >= if packs { PACKED_CHUNK_ROWS } else { CHUNK_ROWS }
+    }
+
+    /// How a call of `n` rows per sequence is laid out: heads packed where a head's rows
+    /// fill less than a tile (past that, packing only adds each row's division: 3% slower
+    /// at 128 and 512 rows on an H200, 2026-11-29).
+    fn form(&self, n: u32, tile: u32, sliced: bool) -> ChunkForm {
+        ChunkForm {
+            sliced,
+            packed: self.packs && n < tile,
+        }
     }
 
     /// The planned configuration for `spec` on `gpu`, decided once.
@@ -112,24 +147,29 @@ impl Chunks {
                 what: "a continued cache's chunk at this head_dim",
                 needs: "a head_dim that is a multiple of 4, from 4 to 256",
             })?;
+        // Packing needs tensor cores in f16 and a mask_mod that does not read the head.
+        let packed = ChunkForm {
+            sliced: true,
+            packed: true,
+        };
+        self.packs = compile(spec, config, packed).is_ok();
         self.config = Some(config);
         Ok(config)
     }
 
-    /// The kernel writing O (or, `sliced`, partials), compiled now if it was not yet.
+    /// The kernel of a call of `n` rows per sequence writing O (or, `sliced`, partials),
+    /// compiled now if it was not yet.
     fn pipeline(
         &mut self,
         gpu: &Gpu,
         spec: &ChunkSpec,
-        sliced: bool,
+        (n, sliced): (u32, bool),
     ) -> Result<&mut Pipeline, Error> {
         let config = self.config(gpu, spec)?;
-        let held = match sliced {
-            true => &mut self.sliced,
-            false => &mut self.whole,
-        };
+        let form = self.form(n, config.tile, sliced);
+        let held = &mut self.pipelines[2 * usize::from(sliced) + usize::from(form.packed)];
         if held.is_none() {
-            let abi = compile(spec, config, sliced)?;
+            let abi = compile(spec, config, form)?;
             *held = Some(Pipeline::new(Kernel::now(gpu, &abi)?));
         }
         Ok(held.as_mut().expect("compiled above"))
@@ -163,7 +203,11 @@ impl Chunks {
             });
         }
         let tile = self.config(gpu, spec)?.tile;
-        let tiles = shape.n.div_ceil(tile) * shape.heads.n_heads * shape.batch;
+        let h = shape.heads;
+        let tiles = match self.form(shape.n, tile, true).packed {
+            true => (shape.n * (h.n_heads / h.n_kv_heads)).div_ceil(tile) * h.n_kv_heads,
+            false => shape.n.div_ceil(tile) * h.n_heads,
+        } * shape.batch;
         Ok(plan_slices(
             max_len,
             tiles,
@@ -182,7 +226,8 @@ impl Chunks {
         (shape, max_len): (ChunkShape, u32),
     ) -> Result<(), Error> {
         let slicing = self.slicing(gpu, spec, shape, max_len)?;
-        self.pipeline(gpu, spec, slicing.n_slices > 1).map(|_| ())
+        self.pipeline(gpu, spec, (shape.n, slicing.n_slices > 1))
+            .map(|_| ())
     }
 
     /// Records the chunk of a call the decode has checked. Returns its slicing, and with
@@ -226,7 +271,7 @@ impl Chunks {
         d.dims = dims(args, (batch, n), h, slicing);
         d.params = vec![("scale", args.scale.unwrap_or(h.default_scale()))];
         d.params.extend(args.mods.params());
-        let pipeline = self.pipeline(gpu, spec, sliced)?;
+        let pipeline = self.pipeline(gpu, spec, (n, sliced))?;
         let g = grid(pipeline.abi(), &d.dims);
         pipeline.record(gpu, encoder, &d, g)?;
         Ok((slicing, partials))
@@ -270,9 +315,9 @@ const SLICE_BLOCK: u32 = 64;
 /// target alone asks: 3), 3.264 in 8, 3.229 in 16 (2048 keys), 3.320 in 32, 3.587 in 64.
 const MAX_SLICE: u32 = 2048;
 
-/// The chunk kernel of `spec` under `config`, writing O or (`sliced`) partials.
-fn compile(spec: &ChunkSpec, config: FlashConfig, sliced: bool) -> Result<KernelAbi, Error> {
-    kernels::extend(spec.attention, (spec.cache, sliced), config).map_err(|e| Error::Pipeline {
+/// The chunk kernel of `spec` under `config` in `form`.
+fn compile(spec: &ChunkSpec, config: FlashConfig, form: ChunkForm) -> Result<KernelAbi, Error> {
+    kernels::extend(spec.attention, (spec.cache, form), config).map_err(|e| Error::Pipeline {
         kernel: format!("extend d{} {}", spec.attention.head_dim, config.label()),
         message: e.to_string(),
     })

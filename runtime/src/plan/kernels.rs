@@ -227,19 +227,35 @@ fn atomic_kernel(
     attn_dsl::compile(&kernel)
 }
 
+/// How a chunk kernel's tiles and outputs are laid out: `sliced`, its key slices'
+/// partials for the decode's reduce (else O and LSE); `packed`, the query heads of a KV
+/// head in one tile ([`attn_dsl::Grid::pack_heads`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ChunkForm {
+    /// Partials of key slices instead of O and LSE.
+    pub sliced: bool,
+    /// A KV head's query heads packed into one tile's rows.
+    pub packed: bool,
+}
+
 /// The kernel of a continued cache's chunk ([`Op::Extend`]) over a cache of `cache`'s
-/// layout under `config`: writing O and LSE, or (`sliced`) its key slices' partials for
+/// layout under `config`: writing O and LSE, or (sliced) its key slices' partials for
 /// the decode's reduce, which then joins the sinks.
 pub fn extend(
     spec: AttentionSpec,
-    (cache, sliced): (attn_dsl::Cache, bool),
+    (cache, form): (attn_dsl::Cache, ChunkForm),
     config: FlashConfig,
 ) -> Result<KernelAbi, DslError> {
+    let sliced = form.sliced;
     let base = match (cache, sliced) {
         (attn_dsl::Cache::Contiguous, false) => "attention_extend",
         (attn_dsl::Cache::Paged, false) => "attention_extend_paged",
         (attn_dsl::Cache::Contiguous, true) => "attention_extend_sliced",
         (attn_dsl::Cache::Paged, true) => "attention_extend_sliced_paged",
+    };
+    let base = match form.packed {
+        true => format!("{base}_packed"),
+        false => base.to_string(),
     };
     let (spec, own) = match sliced {
         true => {
@@ -255,9 +271,86 @@ pub fn extend(
             writes(&[("o", WriteMode::Owned), ("lse", WriteMode::Owned)]),
         ),
     };
-    let kernel = spec.flash((base, Op::Extend), config, |k| {
+    let kernel = spec.flash((&base, Op::Extend), config, |k| {
         k.writes = own;
         k.cache = cache;
+        k.grid.pack_heads = form.packed;
     });
     attn_dsl::compile(&kernel)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use attn_dsl::{Cache, Dtype, Matrix};
+
+    /// The tensor-core chunk's configuration the planner starts from.
+    fn coop() -> FlashConfig {
+        attn_dsl::configs::coop_forward(128, 48 * 1024)[0]
+    }
+
+    /// Packed chunks are valid WGSL (naga) for every mask the decode takes, both cache
+    /// layouts, both outputs and every library modifier; this VM's adapter has no tensor
+    /// cores, so `check` runs them on the device machine.
+    #[test]
+    fn packed_chunks_compile_for_every_decode_mask() {
+        let mut masks = vec![
+            Masks::default(),
+            Masks {
+                window: true,
+                alibi: true,
+                softcap: true,
+                sinks: true,
+                ..Masks::default()
+            },
+        ];
+        for example in attn_dsl::flex::library::examples() {
+            masks.push(Masks {
+                flex: Some(example.flex.intern()),
+                ..Masks::default()
+            });
+        }
+        for m in masks {
+            for cache in [Cache::Contiguous, Cache::Paged] {
+                for sliced in [false, true] {
+                    let spec = AttentionSpec::new(128, m, Dtype::F16);
+                    let form = ChunkForm {
+                        sliced,
+                        packed: true,
+                    };
+                    let reads_h = m
+                        .flex
+                        .and_then(|f| f.get().mask_mod.clone())
+                        .is_some_and(|e| e.mentions("h"));
+                    let abi = extend(spec, (cache, form), coop());
+                    assert_eq!(abi.is_ok(), !reads_h, "{m:?} {cache:?} sliced {sliced}");
+                    if let Ok(abi) = abi {
+                        assert!(abi.grid.pack_heads && abi.grid.matrix == Matrix::Coop16);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The grid of a packed chunk covers n rows of every query head of a KV head in its
+    /// tiles: 3 rows x 4 heads in one 16-row tile per KV head and slice.
+    #[test]
+    fn a_packed_grid_counts_rows_by_kv_head() {
+        let config = attn_dsl::configs::coop_forward(128, 48 * 1024)
+            .into_iter()
+            .find(|c| c.tile == 16)
+            .expect("a 16-row tensor-core tile");
+        let spec = AttentionSpec::new(128, Masks::default(), Dtype::F16);
+        let form = ChunkForm {
+            sliced: true,
+            packed: true,
+        };
+        let abi = extend(spec, (Cache::Contiguous, form), config).unwrap();
+        // seq_len, n_heads, n_kv_heads, head_dim, batch, capacity, page_size, pages, slot0,
+        // ..., n_slices (field 10).
+        let dims = [3, 32, 8, 128, 2, 4096, 0, 0, 0, 0, 5];
+        assert_eq!(abi.dispatch_grid(&dims), [1, 8, 10]);
+        let dims = [5, 32, 8, 128, 2, 4096, 0, 0, 0, 0, 5];
+        assert_eq!(abi.dispatch_grid(&dims), [2, 8, 10]);
+    }
 }
