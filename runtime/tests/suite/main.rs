@@ -9,6 +9,7 @@ mod cache_model;
 mod decode_split;
 mod device_api;
 mod doc_links;
+mod flag_fuzz;
 mod flex_bounds;
 mod flex_grads;
 mod generated;
