@@ -1969,7 +1969,8 @@ type Labelled = (String, Vec<(&'static str, Verdict)>);
 /// cache; a ragged batch of two or more, one of them a fresh slot; and where `len` allows,
 /// a chunk of [`CHUNK_ROWS`] + 5 rows (the forward's tiles, `ops::extend`; in half
 /// precision on tensor cores, a KV head's query heads packed), contiguous, paged and in
-/// half precision, and one of 69 rows in half precision (past a 64-row tile, not packed).
+/// half precision, and of 69 and 133 rows in half precision (past a 64-row tile: packed
+/// into 128-row tiles, and past those).
 /// Each judged as the last rows of one causal forward over its whole length.
 fn continued_rows(
     gpu: &Gpu,
@@ -1987,9 +1988,10 @@ fn continued_rows(
     let uniform = uniform_of(n);
     let chunk = CHUNK_ROWS + 5;
     let chunked = uniform_of(chunk.min(len));
-    // A chunk past a 64-row tile per head (not packed on tensor cores).
-    let wide_rows = 69;
-    let wide = uniform_of(wide_rows.min(len));
+    // Chunks past a 64-row tile per head: packed into 128-row tiles on tensor cores, and
+    // past those, not packed.
+    let wide_rows = [69, 133];
+    let wide: Vec<_> = wide_rows.map(|n| uniform_of(n.min(len))).into();
     let ragged_batch = batch.max(2) as usize;
     let ragged: (Vec<u32>, Vec<u32>) = (0..ragged_batch)
         .map(|b| match b % 2 {
@@ -2059,15 +2061,13 @@ fn continued_rows(
             chunks.push((label, d, None, paged, planned, slice_len));
         }
     }
-    let mut wides: Vec<Variant> = half
-        .map(|d| (" chunk wide", d, None, false, planned, None))
+    let wides: Vec<(Variant, usize)> = half
         .into_iter()
+        .flat_map(|d| [0, 1].map(|i| ((" chunk wide", d, None, false, planned, None), i)))
+        .filter(|(_, i)| wide_rows[*i] <= len)
         .collect();
     if len < chunk {
         chunks.clear();
-    }
-    if len < wide_rows {
-        wides.clear();
     }
     let runs = variants
         .into_iter()
@@ -2077,7 +2077,7 @@ fn continued_rows(
             &ragged,
         )))
         .chain(chunks.into_iter().map(|v| (v, &chunked)))
-        .chain(wides.into_iter().map(|v| (v, &wide)));
+        .chain(wides.into_iter().map(|(v, i)| (v, &wide[i])));
     for ((label, dtype, fp8, is_paged, split, slice_len), (cached, added)) in runs {
         let slots = cached.len() as u32;
         let cap = cached

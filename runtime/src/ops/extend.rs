@@ -88,11 +88,12 @@ fn usable(gpu: &Gpu, spec: &ChunkSpec) -> bool {
 pub(crate) struct Chunks {
     /// Whether the kernels run on the device, decided at the first call of many rows.
     runs: Option<bool>,
-    config: Option<FlashConfig>,
+    /// The planned configuration, and on tensor cores the one of twice its rows.
+    configs: Option<(FlashConfig, Option<FlashConfig>)>,
     /// Whether the tiles can pack a KV head's query heads, decided with the configuration.
     packs: bool,
-    /// By form: `2 · sliced + packed`.
-    pipelines: [Option<Pipeline>; 4],
+    /// By (rows per tile, sliced, packed).
+    pipelines: Vec<((u32, bool, bool), Pipeline)>,
     lse: Option<Tensor>,
     partials: Option<Tensor>,
 }
@@ -121,23 +122,44 @@ impl Chunks {
         if n < PACKED_CHUNK_ROWS || !self.usable(gpu, spec) {
             return false;
         }
-        let packs = self.config(gpu, spec).is_ok() && self.packs;
+        let packs = self.configs(gpu, spec).is_ok() && self.packs;
         n >= if packs { PACKED_CHUNK_ROWS } else { CHUNK_ROWS }
     }
 
-    /// How a call of `n` rows per sequence is laid out: heads packed where a head's rows
-    /// fill less than a tile (past that, packing only adds each row's division: 3% slower
-    /// at 128 and 512 rows on an H200, 2026-11-29).
-    fn form(&self, n: u32, tile: u32, sliced: bool) -> ChunkForm {
-        ChunkForm {
-            sliced,
-            packed: self.packs && n < tile,
-        }
+    /// How a call of `shape` is laid out: the tiles of twice the planned rows where a KV
+    /// head's rows (packed) or a head's fill more than the planned tile, and heads packed
+    /// where a head's rows fill less than the tile (past that, packing only adds each
+    /// row's division: 3% slower at 128 and 512 rows on an H200, 2026-11-29). On that
+    /// H200 (`bench --decode 32768 --continued`, f16, d128) 128-row tiles took 0.268 ms at
+    /// 32 rows of 32/8 heads against 0.310 in 64-row tiles, 0.272 against 0.310 at 16 rows
+    /// of 64/8, 0.664 against 0.965 at 128 rows, and 0.234 against 0.171 at 4 rows.
+    fn plan(
+        &mut self,
+        gpu: &Gpu,
+        spec: &ChunkSpec,
+        (shape, sliced): (&ChunkShape, bool),
+    ) -> Result<(FlashConfig, ChunkForm), Error> {
+        let (planned, wide) = self.configs(gpu, spec)?;
+        let group = shape.heads.n_heads / shape.heads.n_kv_heads.max(1);
+        let rows = match self.packs {
+            true => shape.n * group,
+            false => shape.n,
+        };
+        let config = match wide {
+            Some(wide) if rows > planned.tile => wide,
+            _ => planned,
+        };
+        let packed = self.packs && shape.n < config.tile;
+        Ok((config, ChunkForm { sliced, packed }))
     }
 
-    /// The planned configuration for `spec` on `gpu`, decided once.
-    fn config(&mut self, gpu: &Gpu, spec: &ChunkSpec) -> Result<FlashConfig, Error> {
-        if let Some(c) = self.config {
+    /// The planned configuration for `spec` on `gpu` and its wide twin, decided once.
+    fn configs(
+        &mut self,
+        gpu: &Gpu,
+        spec: &ChunkSpec,
+    ) -> Result<(FlashConfig, Option<FlashConfig>), Error> {
+        if let Some(c) = self.configs {
             return Ok(c);
         }
         let width = spec.attention.width();
@@ -153,26 +175,36 @@ impl Chunks {
             packed: true,
         };
         self.packs = compile(spec, config, packed).is_ok();
-        self.config = Some(config);
-        Ok(config)
+        let wide = match config.matrix {
+            attn_dsl::Matrix::Coop16 => tuning::coop_candidates(gpu, width, spec.attention.dtype)
+                .into_iter()
+                .find(|c| c.tile == 2 * config.tile && c.inner == config.inner),
+            attn_dsl::Matrix::Scalar => None,
+        };
+        self.configs = Some((config, wide));
+        Ok((config, wide))
     }
 
-    /// The kernel of a call of `n` rows per sequence writing O (or, `sliced`, partials),
-    /// compiled now if it was not yet.
+    /// The kernel of a call of `shape` writing O (or, `sliced`, partials), compiled now if
+    /// it was not yet.
     fn pipeline(
         &mut self,
         gpu: &Gpu,
         spec: &ChunkSpec,
-        (n, sliced): (u32, bool),
+        (shape, sliced): (&ChunkShape, bool),
     ) -> Result<&mut Pipeline, Error> {
-        let config = self.config(gpu, spec)?;
-        let form = self.form(n, config.tile, sliced);
-        let held = &mut self.pipelines[2 * usize::from(sliced) + usize::from(form.packed)];
-        if held.is_none() {
-            let abi = compile(spec, config, form)?;
-            *held = Some(Pipeline::new(Kernel::now(gpu, &abi)?));
-        }
-        Ok(held.as_mut().expect("compiled above"))
+        let (config, form) = self.plan(gpu, spec, (shape, sliced))?;
+        let key = (config.tile, sliced, form.packed);
+        let at = match self.pipelines.iter().position(|(k, _)| *k == key) {
+            Some(at) => at,
+            None => {
+                let abi = compile(spec, config, form)?;
+                let pipeline = Pipeline::new(Kernel::now(gpu, &abi)?);
+                self.pipelines.push((key, pipeline));
+                self.pipelines.len() - 1
+            }
+        };
+        Ok(&mut self.pipelines[at].1)
     }
 
     /// How a call of `shape` over a cache of `max_len` rows cuts its keys: by the decode's
@@ -202,9 +234,10 @@ impl Chunks {
                 n_slices,
             });
         }
-        let tile = self.config(gpu, spec)?.tile;
+        let (config, form) = self.plan(gpu, spec, (&shape, true))?;
+        let tile = config.tile;
         let h = shape.heads;
-        let tiles = match self.form(shape.n, tile, true).packed {
+        let tiles = match form.packed {
             true => (shape.n * (h.n_heads / h.n_kv_heads)).div_ceil(tile) * h.n_kv_heads,
             false => shape.n.div_ceil(tile) * h.n_heads,
         } * shape.batch;
@@ -226,7 +259,7 @@ impl Chunks {
         (shape, max_len): (ChunkShape, u32),
     ) -> Result<(), Error> {
         let slicing = self.slicing(gpu, spec, shape, max_len)?;
-        self.pipeline(gpu, spec, (shape.n, slicing.n_slices > 1))
+        self.pipeline(gpu, spec, (&shape, slicing.n_slices > 1))
             .map(|_| ())
     }
 
@@ -271,7 +304,7 @@ impl Chunks {
         d.dims = dims(args, (batch, n), h, slicing);
         d.params = vec![("scale", args.scale.unwrap_or(h.default_scale()))];
         d.params.extend(args.mods.params());
-        let pipeline = self.pipeline(gpu, spec, (n, sliced))?;
+        let pipeline = self.pipeline(gpu, spec, (&shape, sliced))?;
         let g = grid(pipeline.abi(), &d.dims);
         pipeline.record(gpu, encoder, &d, g)?;
         Ok((slicing, partials))
