@@ -109,6 +109,18 @@ pub(crate) struct ChunkShape {
     pub target: u32,
 }
 
+impl ChunkShape {
+    /// The rows one tile's owner holds and the owners per sequence: a head's n rows, or
+    /// with `packed` heads a KV head's n · group.
+    fn owners(&self, packed: bool) -> (u32, u32) {
+        let h = self.heads;
+        match packed {
+            true => (self.n * (h.n_heads / h.n_kv_heads.max(1)), h.n_kv_heads),
+            false => (self.n, h.n_heads),
+        }
+    }
+}
+
 impl Chunks {
     /// Whether calls of many rows run as chunks on `gpu` (decided once, at the first).
     fn usable(&mut self, gpu: &Gpu, spec: &ChunkSpec) -> bool {
@@ -142,11 +154,7 @@ impl Chunks {
         (shape, sliced): (&ChunkShape, bool),
     ) -> Result<(FlashConfig, ChunkForm), Error> {
         let (planned, wide) = self.configs(gpu, spec)?;
-        let group = shape.heads.n_heads / shape.heads.n_kv_heads.max(1);
-        let rows = match self.packs {
-            true => shape.n * group,
-            false => shape.n,
-        };
+        let rows = shape.owners(self.packs).0;
         let config = match wide {
             Some(wide) if self.packs && rows > planned.tile && shape.n < wide.tile => wide,
             _ => planned,
@@ -237,12 +245,8 @@ impl Chunks {
             });
         }
         let (config, form) = self.plan(gpu, spec, (&shape, true))?;
-        let tile = config.tile;
-        let h = shape.heads;
-        let tiles = match form.packed {
-            true => (shape.n * (h.n_heads / h.n_kv_heads)).div_ceil(tile) * h.n_kv_heads,
-            false => shape.n.div_ceil(tile) * h.n_heads,
-        } * shape.batch;
+        let (rows, owners) = shape.owners(form.packed);
+        let tiles = rows.div_ceil(config.tile) * owners * shape.batch;
         Ok(plan_slices(
             max_len,
             tiles,
