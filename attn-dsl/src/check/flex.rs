@@ -14,12 +14,19 @@ pub(super) fn check(op: Op, flex: &Flex) -> Result<(), DslError> {
         (None, Some(_)) => Field::Flex("mask_mod"),
         (None, None) => Field::Flex("tensors"),
     };
+    // The reduce merges the split pass's records, which already hold the modifiers'
+    // effect: it takes the pair's description and reads none of it (its scratch contract
+    // then matches the split's).
+    if op == Op::DecodeReduce {
+        return Ok(());
+    }
     if !op.takes_modifiers() {
         return Err(DslError::spec(
             field,
             format!(
-                "op {} takes no score_mod, mask_mod or tensors: only forward, decode, \
-                 decode_split, backward_q and backward_kv compare queries with keys",
+                "op {} takes no score_mod, mask_mod or tensors: only forward, extend, decode, \
+                 decode_split (with its decode_reduce), backward_q and backward_kv compare \
+                 queries with keys",
                 op.name()
             ),
         ));

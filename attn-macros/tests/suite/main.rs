@@ -2,5 +2,6 @@
 //! with `cargo test -p attn-macros --test suite row_layer`.
 
 mod compile_fail;
+mod decode_pair;
 mod layernorm_coop;
 mod row_layer;
