@@ -5,6 +5,7 @@ use attn_dsl::{Access, KernelAbi};
 
 use crate::device::{Compiled, Gpu};
 use crate::error::Error;
+use crate::tensor::TensorError;
 
 /// Cloning shares the pipeline.
 #[derive(Clone)]
@@ -179,11 +180,7 @@ impl Kernel {
                 })
             })
             .collect::<Result<Vec<_>, Error>>()?;
-        let bind_group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(&self.abi.name),
-            layout: &self.layout,
-            entries: &entries,
-        });
+        let bind_group = bind_group(gpu, &self.abi.name, &self.layout, &entries)?;
         let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
             label: Some(&self.abi.name),
             timestamp_writes: timestamps,
@@ -193,6 +190,33 @@ impl Kernel {
         pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
         Ok(())
     }
+}
+
+/// A bind group of `entries` for kernel `name`, made under an error scope where the
+/// platform reports at once (native): what the runtime's checks cannot see, a destroyed
+/// buffer, is a typed error before anything is recorded instead of wgpu's panic (or, with
+/// an uncaptured-error handler, an encoder that no longer submits).
+pub(crate) fn bind_group(
+    gpu: &Gpu,
+    name: &str,
+    layout: &wgpu::BindGroupLayout,
+    entries: &[wgpu::BindGroupEntry],
+) -> Result<wgpu::BindGroup, TensorError> {
+    #[cfg(not(target_arch = "wasm32"))]
+    let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
+    let group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some(name),
+        layout,
+        entries,
+    });
+    #[cfg(not(target_arch = "wasm32"))]
+    if let Some(e) = crate::device::block_on(scope.pop()) {
+        return Err(TensorError::Unbindable {
+            kernel: name.to_string(),
+            message: e.to_string(),
+        });
+    }
+    Ok(group)
 }
 
 /// Whether `abi` has a loop without a counted bound: the compare-exchange retry loop of a

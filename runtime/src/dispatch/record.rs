@@ -82,36 +82,37 @@ impl Pipeline {
     /// own state before recording, so that a refused call changes none.
     pub fn check(&self, gpu: &Gpu, d: &Dispatch, grid: [u32; 3]) -> Result<Checked, Error> {
         check_grid(gpu, grid)?;
+        let ranges = self.resolve(gpu, d)?;
+        let group = match self.cached(&ranges) {
+            Some(group) => group,
+            None => self.create_group(gpu, &ranges)?,
+        };
         Ok(Checked {
-            ranges: self.resolve(gpu, d)?,
+            ranges,
+            group,
             grid,
         })
     }
 
     /// Records a dispatch [`Pipeline::check`] accepted.
-    pub fn record_checked(
-        &mut self,
-        gpu: &Gpu,
-        encoder: &mut wgpu::CommandEncoder,
-        checked: Checked,
-    ) {
-        self.encode(gpu, encoder, &checked, None);
+    pub fn record_checked(&mut self, encoder: &mut wgpu::CommandEncoder, checked: Checked) {
+        self.encode(encoder, &checked, None);
     }
 
     fn encode(
         &mut self,
-        gpu: &Gpu,
         encoder: &mut wgpu::CommandEncoder,
         checked: &Checked,
         timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
     ) {
-        let group = self.group(gpu, &checked.ranges);
+        self.remember(&checked.ranges, &checked.group);
+        let group = &checked.group;
         let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
             label: Some(&self.kernel.abi().name),
             timestamp_writes: timestamps,
         });
         pass.set_pipeline(self.kernel.pipeline());
-        pass.set_bind_group(0, &group, &[]);
+        pass.set_bind_group(0, group, &[]);
         let [x, y, z] = checked.grid;
         pass.dispatch_workgroups(x, y, z);
     }
@@ -126,7 +127,7 @@ impl Pipeline {
         timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
     ) -> Result<(), Error> {
         let checked = self.check(gpu, d, grid)?;
-        self.encode(gpu, encoder, &checked, timestamps);
+        self.encode(encoder, &checked, timestamps);
         Ok(())
     }
 
@@ -156,13 +157,35 @@ impl Pipeline {
         Ok(out)
     }
 
-    fn group(&mut self, gpu: &Gpu, key: &[(wgpu::Buffer, u64, u64)]) -> wgpu::BindGroup {
-        if let Some(i) = self.groups.iter().position(|(k, _)| k == key) {
-            let entry = self.groups.remove(i);
-            let group = entry.1.clone();
-            self.groups.push(entry);
-            return group;
+    /// The bind group of a recent call with these buffer ranges.
+    fn cached(&self, key: &[(wgpu::Buffer, u64, u64)]) -> Option<wgpu::BindGroup> {
+        let found = self.groups.iter().find(|(k, _)| k == key);
+        found.map(|(_, group)| group.clone())
+    }
+
+    /// `group` kept as the most recent of `key` (the oldest dropped past [`GROUPS`]).
+    fn remember(&mut self, key: &[(wgpu::Buffer, u64, u64)], group: &wgpu::BindGroup) {
+        match self.groups.iter().position(|(k, _)| k == key) {
+            Some(i) => {
+                let entry = self.groups.remove(i);
+                self.groups.push(entry);
+            }
+            None => {
+                if self.groups.len() >= GROUPS {
+                    self.groups.remove(0);
+                }
+                self.groups.push((key.to_vec(), group.clone()));
+            }
         }
+    }
+
+    /// A bind group of `key` ([`super::kernel::bind_group`]: a buffer the device refuses
+    /// is a typed error).
+    fn create_group(
+        &self,
+        gpu: &Gpu,
+        key: &[(wgpu::Buffer, u64, u64)],
+    ) -> Result<wgpu::BindGroup, TensorError> {
         let abi = self.kernel.abi();
         let entries: Vec<_> = abi
             .bindings
@@ -177,22 +200,14 @@ impl Pipeline {
                 }),
             })
             .collect();
-        let group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(&abi.name),
-            layout: self.kernel.layout(),
-            entries: &entries,
-        });
-        if self.groups.len() >= GROUPS {
-            self.groups.remove(0);
-        }
-        self.groups.push((key.to_vec(), group.clone()));
-        group
+        super::kernel::bind_group(gpu, &abi.name, self.kernel.layout(), &entries)
     }
 }
 
 /// A dispatch checked against its pipeline: every binding's buffer range and the grid.
 pub struct Checked {
     ranges: Vec<(wgpu::Buffer, u64, u64)>,
+    group: wgpu::BindGroup,
     grid: [u32; 3],
 }
 

@@ -129,6 +129,18 @@ pub enum TensorError {
         /// What wgpu or the check reported.
         message: String,
     },
+    /// Tensors whose buffers the device refused to bind, after every check the runtime
+    /// makes passed: a buffer the caller destroyed, for one.
+    #[error(
+        "the device refused to bind the tensors of kernel `{kernel}`: {message}; a buffer that \
+         was destroyed cannot be bound, give the op live tensors"
+    )]
+    Unbindable {
+        /// The kernel whose bind group was refused.
+        kernel: String,
+        /// What wgpu reported.
+        message: String,
+    },
     /// Host values or a tensor that the op needs and whose count differs from the shape's.
     #[error("`{name}` has {got} values for a shape of {want} elements")]
     Data {

@@ -381,7 +381,7 @@ impl KvCache {
         let pages = self.take_pages(&needed);
         self.record_pages(gpu, encoder, range.clone(), &pages);
         let pipeline = self.append.as_mut().expect("compiled above");
-        pipeline.record_checked(gpu, encoder, checked);
+        pipeline.record_checked(encoder, checked);
         self.current = 1 - self.current;
         for (slot, new_pages) in range.zip(pages) {
             let s = &mut self.slots[slot as usize];

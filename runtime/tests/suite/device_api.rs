@@ -1414,3 +1414,74 @@ fn tensor_err(e: runtime::Error) -> TensorError {
         other => panic!("not a tensor's refusal: {other}"),
     }
 }
+
+/// A buffer the caller destroyed after wrapping it, and tensors with a zero-length
+/// dimension: the forward, a macro kernel's raw `Kernel::record` and the cache's append
+/// refuse them with a typed error before recording anything (wgpu panicked on the
+/// destroyed buffer), the cache keeps its length, and the encoder still submits.
+#[test]
+fn destroyed_and_zero_sized_tensors_are_refused_and_the_encoder_still_submits() {
+    let gpu = gpu();
+    let (b, s, h) = (1, 8, HEADS);
+    let q_shape = [b, s, h.n_heads, h.head_dim];
+    let kv_shape = [b, s, h.n_kv_heads, h.head_dim];
+    let n = |shape: &[u32]| shape.iter().product::<u32>() as usize;
+    let doomed = caller_buffer(&gpu, &vec![0.5; n(&q_shape)]);
+    let q = Tensor::wrap(&gpu, &doomed, 0, &q_shape, Scalar::F32).unwrap();
+    let k = Tensor::zeros(&gpu, &kv_shape, Scalar::F32).unwrap();
+    let o = Tensor::zeros(&gpu, &q_shape, Scalar::F32).unwrap();
+    let lse = Tensor::zeros(&gpu, &[b, s, h.n_heads], Scalar::F32).unwrap();
+    let spec = ForwardSpec {
+        head_dim: 64,
+        head_dim_v: 64,
+        masks: Masks::new(true, false),
+        dtype: Dtype::F32,
+    };
+    let mut fwd = Forward::new(&gpu, spec).unwrap();
+    let mut cache = KvCache::new(
+        &gpu,
+        f32_cache(h, 1, CacheLayout::Contiguous { capacity: 8 }),
+    )
+    .unwrap();
+    let mut encoder = gpu.device.create_command_encoder(&Default::default());
+    cache.open(&mut encoder, 0).unwrap();
+    let rows = Tensor::wrap(&gpu, &doomed, 0, &[1, 2, 2, 64], Scalar::F32).unwrap();
+    doomed.destroy();
+    let unbindable = |r: Result<(), Error>| match r {
+        Err(Error::Input(InputError::Tensor(TensorError::Unbindable { kernel, message }))) => {
+            assert!(message.contains("destroyed"), "{message}");
+            kernel
+        }
+        other => panic!("expected an unbindable tensor, got {other:?}"),
+    };
+    let args = ForwardArgs::new(&q, &k, &k, &o, &lse);
+    unbindable(fwd.record(&gpu, &mut encoder, &args));
+    unbindable(cache.append(&gpu, &mut encoder, 0, &rows, &rows));
+    assert_eq!(cache.len(0), Some(0));
+    let raw = Kernel::new(&gpu, &kernels::rope::ABI).block_on().unwrap();
+    let buffers: Vec<(&str, &wgpu::Buffer)> = kernels::rope::ABI
+        .bindings
+        .iter()
+        .map(|b| (b.name.as_ref(), &doomed))
+        .collect();
+    assert_eq!(
+        unbindable(raw.record(&gpu, &mut encoder, &buffers, [1, 1, 1])),
+        "rope"
+    );
+    // A sequence of no rows.
+    let zero = |shape: &[u32]| Tensor::zeros(&gpu, shape, Scalar::F32).unwrap();
+    let (zq, zk, zl) = (
+        zero(&[1, 0, h.n_heads, h.head_dim]),
+        zero(&[1, 0, h.n_kv_heads, h.head_dim]),
+        zero(&[1, 0, h.n_heads]),
+    );
+    match fwd.record(
+        &gpu,
+        &mut encoder,
+        &ForwardArgs::new(&zq, &zk, &zk, &zq, &zl),
+    ) {
+        Err(Error::Input(InputError::ZeroDim { .. })) => {}
+        other => panic!("expected a zero-length dimension refused, got {other:?}"),
+    }
+    submit(&gpu, encoder);
+}
