@@ -806,14 +806,13 @@ fn continued_rows(
         "continued cache", "rows", "GPU ms", "GB/s", "of copy", "TFLOP/s"
     );
     use bench::e2e::Continue;
-    let chunk = runtime::ops::extend::PACKED_CHUNK_ROWS;
     let mut runs: Vec<(u32, Continue)> = Vec::new();
     for n in [1, 4, 8, 16, 32, 64, 128, 512]
         .into_iter()
         .filter(|&n| n <= len)
     {
         runs.push((n, Continue::Planned));
-        if n >= chunk {
+        if n > 1 {
             runs.push((n, Continue::SplitK));
         }
     }

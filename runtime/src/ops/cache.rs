@@ -537,8 +537,8 @@ impl KvCache {
     /// too (its rows then see only each other). Appended and attended in one recorded
     /// piece of work: the append moves the lengths on the device, the decode (`decode`,
     /// built for this cache's widths, dtype and layout) reads them: split-K for a few rows,
-    /// the forward's tiles for a chunk of [`super::extend::CHUNK_ROWS`] or more (from
-    /// [`super::extend::PACKED_CHUNK_ROWS`] on tensor cores in f16).
+    /// the forward's tiles for a chunk of [`super::extend::CHUNK_ROWS`] or more (on tensor cores in f16
+    /// from [`super::extend::PACKED_CHUNK_ROWS`] rows times query heads per KV head).
     ///
     /// Everything is checked before anything is recorded: a refused call leaves the cache,
     /// its lengths and `o` as they were.

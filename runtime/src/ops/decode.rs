@@ -391,7 +391,7 @@ impl Decode {
         let split = passes.slicing(c.h, (c.batch, c.n_rows), args.cache.max_len, args.slice_len);
         if let QueryRows::Each(n) = args.rows
             && let Some(chunks) = self.chunks.as_mut()
-            && chunks.takes(gpu, &self.spec.chunk(), n)
+            && chunks.takes(gpu, &self.spec.chunk(), (n, c.h))
         {
             // The chunk's kernel compiled now, so that its record cannot fail on it.
             let shape = ChunkShape {
@@ -409,8 +409,9 @@ impl Decode {
     }
 
     /// Records the decode: O overwritten. Returns the slicing it ran. A call of at least
-    /// [`super::extend::CHUNK_ROWS`] rows per sequence ([`super::extend::PACKED_CHUNK_ROWS`]
-    /// where the tiles pack a KV head's query heads) runs as a chunk on the forward's
+    /// [`super::extend::CHUNK_ROWS`] rows per sequence (where the tiles pack a KV head's
+    /// query heads, [`super::extend::PACKED_CHUNK_ROWS`] rows by query heads per KV head)
+    /// runs as a chunk on the forward's
     /// schedule, its keys cut into slices (merged by the reduce pass) where its query tiles
     /// alone would leave the GPU idle.
     pub fn record(
@@ -419,10 +420,16 @@ impl Decode {
         encoder: &mut wgpu::CommandEncoder,
         args: &DecodeArgs,
     ) -> Result<Slicing, Error> {
-        self.passes(gpu)?;
+        let heads = {
+            let passes = self.passes(gpu)?;
+            check(passes.split.abi(), passes.reduce.abi(), args)?.h
+        };
         let spec = self.spec.chunk();
         if let QueryRows::Each(n) = args.rows
-            && self.chunks.as_mut().is_some_and(|c| c.takes(gpu, &spec, n))
+            && self
+                .chunks
+                .as_mut()
+                .is_some_and(|c| c.takes(gpu, &spec, (n, heads)))
         {
             return self.record_chunk(gpu, encoder, args, n);
         }

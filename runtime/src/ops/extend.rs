@@ -37,12 +37,14 @@ use crate::tensor::Tensor;
 /// 1.564; so they cross between 4 and 16 rows.
 pub const CHUNK_ROWS: u32 = 16;
 
-/// The fewest new rows per sequence that run as a chunk whose tiles pack the query heads
-/// ([`attn_dsl::Grid::pack_heads`]): its time is the cache's pass, flat from one row to
-/// a tile. Measured on an H200 (2026-11-29, the command above, f16, packed 64-row tiles):
-/// 0.168 / 0.173 / 0.176 / 0.189 ms at 1 / 4 / 8 / 16 rows, the split-K decode 0.083 /
-/// 0.206 / 0.381 / 0.726.
-pub const PACKED_CHUNK_ROWS: u32 = 4;
+/// The fewest packed rows (new rows per sequence × query heads per KV head) that run as a
+/// chunk whose tiles pack the query heads ([`attn_dsl::Grid::pack_heads`]): its time is
+/// the cache's pass, flat from one row to a tile, while the split-K decode's grows with
+/// the query slots a KV head serves, the same count. Measured on an H200 (2026-11-29, the
+/// command above, f16, packed 64-row tiles, 4 query heads per KV head): 0.168 / 0.173 /
+/// 0.176 / 0.189 ms at 1 / 4 / 8 / 16 rows, the split-K decode 0.083 / 0.206 / 0.381 /
+/// 0.726; with 8 per KV head, 0.177 ms at 4 rows against 0.382.
+pub const PACKED_CHUNK_ROWS: u32 = 16;
 
 /// What a chunk kernel is built for: the decode's widths, masks and modifiers, dtype (of
 /// Q, O and the cache) and cache layout.
@@ -127,15 +129,18 @@ impl Chunks {
         *self.runs.get_or_insert_with(|| usable(gpu, spec))
     }
 
-    /// Whether a call of `n` rows per sequence runs as a chunk on `gpu`: from
-    /// [`PACKED_CHUNK_ROWS`] where the tiles pack the query heads, else from
-    /// [`CHUNK_ROWS`].
-    pub fn takes(&mut self, gpu: &Gpu, spec: &ChunkSpec, n: u32) -> bool {
-        if n < PACKED_CHUNK_ROWS || !self.usable(gpu, spec) {
+    /// Whether a call of `n` rows per sequence of `heads` runs as a chunk on `gpu`: from
+    /// [`PACKED_CHUNK_ROWS`] packed rows where the tiles pack the query heads, else from
+    /// [`CHUNK_ROWS`] rows.
+    pub fn takes(&mut self, gpu: &Gpu, spec: &ChunkSpec, (n, heads): (u32, Heads)) -> bool {
+        let group = heads.n_heads / heads.n_kv_heads.max(1);
+        if n.saturating_mul(group) < PACKED_CHUNK_ROWS || !self.usable(gpu, spec) {
             return false;
         }
-        let packs = self.configs(gpu, spec).is_ok() && self.packs;
-        n >= if packs { PACKED_CHUNK_ROWS } else { CHUNK_ROWS }
+        match self.configs(gpu, spec).is_ok() && self.packs {
+            true => n * group >= PACKED_CHUNK_ROWS,
+            false => n >= CHUNK_ROWS,
+        }
     }
 
     /// How a call of `shape` is laid out: heads packed where a head's rows fill less than
