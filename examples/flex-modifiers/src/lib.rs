@@ -38,10 +38,16 @@ attention_kernel! {
 /// respect to the score, and the mask, each of (b, h, q, k); with a learnable table, its
 /// length and the element a pair's score adds (with slope 1).
 pub struct CpuModifiers<'a> {
-    pub score: Box<dyn Fn(f64, usize, usize, usize, usize) -> (f64, f64) + 'a>,
+    pub score: ScoreFn<'a>,
     pub visible: Box<dyn Fn(usize, usize, usize, usize) -> bool + 'a>,
-    pub table: Option<(usize, Box<dyn Fn(usize, usize, usize, usize) -> usize + 'a>)>,
+    pub table: Option<(usize, ElementFn<'a>)>,
 }
+
+/// The modified score and its derivative with respect to the score, of (score, b, h, q, k).
+pub type ScoreFn<'a> = Box<dyn Fn(f64, usize, usize, usize, usize) -> (f64, f64) + 'a>;
+
+/// The table element a pair's score adds, of (b, h, q, k).
+pub type ElementFn<'a> = Box<dyn Fn(usize, usize, usize, usize) -> usize + 'a>;
 
 /// The T5 table and prefix lengths of `t5_prefix_lm`, as CPU modifiers.
 pub fn t5_prefix_lm_cpu<'a>(rel_bias: &'a [f32], prefix: &'a [f32]) -> CpuModifiers<'a> {

@@ -359,7 +359,7 @@ async fn decode_loop_row(gpu: &Gpu, layer: &Layer, steps: u32) -> Result<Row, Er
     };
     let mut forward = Forward::new(gpu, spec)?;
     forward.prepare(gpu, 1, prompt, h).await?;
-    let mut decode = Decode::new(&gpu, DecodeSpec::new(h.head_dim, h.head_dim_v, Dtype::F32))?;
+    let mut decode = Decode::new(gpu, DecodeSpec::new(h.head_dim, h.head_dim_v, Dtype::F32))?;
     decode.prepare(gpu).await?;
     let q = rows(&layer.q, q_row, 0, prompt, h.n_heads)?;
     let k = rows(&layer.k, kv_row, 0, prompt, h.n_kv_heads)?;

@@ -119,13 +119,14 @@ struct ModifierValues {
     bias: Option<(Vec<u64>, BiasHeads, Vec<f32>)>,
     sinks: Option<Vec<f32>>,
     /// The --flex preset and its --tensor values by name.
-    flex: Option<(attn_dsl::flex::FlexRef, Vec<(String, Vec<f32>)>)>,
+    flex: Option<(attn_dsl::flex::FlexRef, Vec<FlexValues>)>,
 }
 
+/// A --tensor's name and its values.
+type FlexValues = (String, Vec<f32>);
+
 /// The --flex preset and the --tensor files it reads, each in its declared rank.
-fn flex_values(
-    args: &Args,
-) -> anyhow::Result<Option<(attn_dsl::flex::FlexRef, Vec<(String, Vec<f32>)>)>> {
+fn flex_values(args: &Args) -> anyhow::Result<Option<(attn_dsl::flex::FlexRef, Vec<FlexValues>)>> {
     let Some(spec) = &args.flex else {
         return Ok(None);
     };

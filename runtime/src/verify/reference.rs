@@ -687,6 +687,11 @@ fn slice<T>(x: &[T], at: usize, len: usize) -> &[T] {
     &x[at..][..len]
 }
 
+/// One (query row, head) of the backward: P after dropout and dS over the keys, the row's
+/// dsinks term, and its (gradient, element, term) terms of the learnable tables'
+/// gradients ([`Problem::flex_grad_terms`]).
+type RowGrads<T> = (Vec<T>, Vec<T>, T, Vec<(usize, usize, T)>);
+
 /// One sequence's gradients, and the terms of its modifier tensors' gradients (see
 /// [`Problem::flex_grad_terms`]), row by row.
 fn backward_one<T: Real>(
@@ -700,7 +705,7 @@ fn backward_one<T: Real>(
     // row, head), over the keys.
     // Each row's term of dsinks too: the sink has no value (dP_sink = 0), so
     // dS_sink = P_sink·(0 − D) with P_sink = e^(sink − LSE).
-    let rows: Vec<(Vec<T>, Vec<T>, T, Vec<(usize, usize, T)>)> = (0..p.n_q * p.n_heads)
+    let rows: Vec<RowGrads<T>> = (0..p.n_q * p.n_heads)
         .into_par_iter()
         .map(|row| {
             let (s, h) = (row / p.n_heads, row % p.n_heads);

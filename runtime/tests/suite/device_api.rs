@@ -375,7 +375,7 @@ fn decode_after_appends(
         CacheLayout::Paged { .. } => Cache::Paged,
     };
     let mut decode = Decode::new(
-        &gpu,
+        gpu,
         DecodeSpec {
             cache: cache_kind,
             ..DecodeSpec::new(dk, dv, Dtype::F32)

@@ -73,7 +73,7 @@ fn file(version: u8, declared: Option<u32>, header: &[u8], data: usize) -> Vec<u
     out.push(version);
     out.push(0);
     let mut h = header.to_vec();
-    while (h.len() + 11) % 64 != 0 {
+    while !(h.len() + 11).is_multiple_of(64) {
         h.push(b' ');
     }
     h.push(b'\n');
