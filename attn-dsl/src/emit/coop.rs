@@ -6,8 +6,9 @@
 //!
 //! A cooperative matrix has no element access, so O cannot be rescaled row by row in
 //! registers. The softmax therefore keeps a reference max per row and moves it only when a
-//! block's max passes it by more than `TAU` (FlashAttention-4's lazy rescale): P is then at
-//! most e^TAU, well inside f16, and the rare rescale goes through workgroup memory. The
+//! block's max passes it by more than `TAU` (FlashAttention-4's lazy rescale,
+//! [`CoopTiling::rescale_threshold`]): P is then at most e^TAU, well inside f16, and the rare
+//! rescale goes through workgroup memory. The
 //! decision is workgroup-uniform (a flag in workgroup memory), so every barrier is a
 //! workgroup barrier.
 //!
@@ -190,7 +191,7 @@ fn constants(out: &mut Wgsl, t: &CoopTiling) {
          const KS: u32 = {ks}u;\nconst SS: u32 = {ss}u;\nconst PS: u32 = {ps}u;\n\
          // The first staged rows of K and of V.\nconst KB: u32 = {}u;\nconst VB: u32 = {}u;\n\
          // The reference max moves only when a block's max passes it by more than TAU, so\n\
-         // P = exp(s - m) stays below e^TAU.\nconst TAU: f32 = 5.5;\n\
+         // P = exp(s - m) stays below e^TAU.\nconst TAU: f32 = {tau:?};\n\
          // P = 2^(s·LOG2E − m·LOG2E), rounded to f16 (2^-11) on its way to P·V, needs no\n\
          // more than the hardware's exp2: the exactly split exp_f32 (0.5 ulp of f32) took a\n\
          // quarter of the softmax's time on an H100.\nconst LOG2E: f32 = 1.442695041;\n\n",
@@ -200,6 +201,7 @@ fn constants(out: &mut Wgsl, t: &CoopTiling) {
         t.split,
         t.kv_rows().0,
         t.kv_rows().1,
+        tau = t.rescale_threshold(),
     );
 }
 

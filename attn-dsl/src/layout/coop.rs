@@ -59,6 +59,29 @@ impl CoopTiling {
         })
     }
 
+    /// How far a block's row max must pass the row's reference max before the reference
+    /// moves (and O is rescaled): P = exp(s - m) is then at most e^threshold. Between
+    /// moves a row's largest P is not the exact 1 it is with the exact running max, so it
+    /// carries f16's rounding (2^-12 of the row's heaviest weight); rows of many keys see
+    /// more stale references.
+    ///
+    /// A continued cache's chunk takes 1.0: its rows each see the whole cache, and with
+    /// 5.5 an f16 chunk of 133 rows over a 300-row cache (h 8, kv 2, d 64, seed 2) missed
+    /// the check's bound at 1.34x of it on an H200 (2026-11-29; a CPU emulation of the
+    /// kernel's arithmetic matched 99.5% of that output bit for bit and gave 0.47x with
+    /// the exact max); with 1.0 every decode row of seeds 1 and 2 passed (worst 0.76), at
+    /// the same speed (`bench --decode 32768 --continued`, 32/8 heads, d 128: 0.171 /
+    /// 0.189 / 0.462 / 3.121 ms at 4 / 16 / 64 / 512 rows against 0.172 / 0.186 / 0.457 /
+    /// 3.138). The forward keeps FlashAttention-4's 5.5: at 1.0 its f16 forward at seq
+    /// 4096, d 128 took 1.17 ms against 0.60 (rescaling through workgroup memory in most
+    /// blocks of random scores), and its check rows average about 1.1x the exact max's error.
+    pub fn rescale_threshold(&self) -> f32 {
+        match self.op {
+            Op::Extend => 1.0,
+            _ => 5.5,
+        }
+    }
+
     /// Vec4s of each staged block tensor an invocation carries from global memory.
     pub fn carried(&self) -> u32 {
         (self.bc * self.head_dim / 4).div_ceil(self.workgroup_size())

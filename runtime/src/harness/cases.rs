@@ -1970,7 +1970,7 @@ type Labelled = (String, Vec<(&'static str, Verdict)>);
 /// a chunk of [`CHUNK_ROWS`] + 5 rows (the forward's tiles, `ops::extend`; in half
 /// precision on tensor cores, a KV head's query heads packed), contiguous, paged and in
 /// half precision, and of 69 and 133 rows in half precision (past a 64-row tile: packed
-/// into 128-row tiles, and past those).
+/// into 128-row tiles, and past those, unpacked 128-row tiles).
 /// Each judged as the last rows of one causal forward over its whole length.
 fn continued_rows(
     gpu: &Gpu,
@@ -1989,7 +1989,7 @@ fn continued_rows(
     let chunk = CHUNK_ROWS + 5;
     let chunked = uniform_of(chunk.min(len));
     // Chunks past a 64-row tile per head: packed into 128-row tiles on tensor cores, and
-    // past those, not packed.
+    // past those, unpacked 128-row tiles.
     let wide_rows = [69, 133];
     let wide: Vec<_> = wide_rows.map(|n| uniform_of(n.min(len))).into();
     let ragged_batch = batch.max(2) as usize;

@@ -145,13 +145,12 @@ impl Chunks {
 
     /// How a call of `shape` is laid out: heads packed where a head's rows fill less than
     /// a tile (past that, packing only adds each row's division: 3% slower at 128 and 512
-    /// rows on an H200, 2026-11-29), in tiles of twice the planned rows where the packed
-    /// rows of a KV head fill more than the planned tile. On that H200 (`bench --decode
-    /// 32768 --continued`, f16, d128) 128-row tiles took 0.268 ms at 32 rows of 32/8 heads
-    /// against 0.310 in 64-row tiles, 0.272 against 0.310 at 16 rows of 64/8, and 0.234
-    /// against 0.171 at 4 rows. Unpacked 128-row tiles (128 rows and more: 0.667 against
-    /// 0.965 ms at 128 rows) are not taken: at 133 rows over a 300-row cache (h 8, kv 2,
-    /// d 64, seed 2) their f16 output missed the check's bound (1.34x of it).
+    /// rows on an H200, 2026-11-29), in tiles of twice the planned rows where the rows of a
+    /// tile's owner (a KV head's packed rows, or a head's own from the wide tile's rows on)
+    /// fill more than the planned tile. On that H200 (`bench --decode 32768 --continued`,
+    /// f16, d128) 128-row tiles took 0.268 ms at 32 rows of 32/8 heads against 0.310 in
+    /// 64-row tiles, 0.272 against 0.310 at 16 rows of 64/8, 0.667 against 0.965 at 128
+    /// rows and 2.438 against 3.124 at 512, and 0.234 against 0.171 at 4 rows.
     fn plan(
         &mut self,
         gpu: &Gpu,
@@ -161,7 +160,7 @@ impl Chunks {
         let (planned, wide) = self.configs(gpu, spec)?;
         let rows = shape.owners(self.packs).0;
         let config = match wide {
-            Some(wide) if self.packs && rows > planned.tile && shape.n < wide.tile => wide,
+            Some(wide) if rows > planned.tile && (self.packs || shape.n >= wide.tile) => wide,
             _ => planned,
         };
         let packed = self.packs && shape.n < config.tile;
