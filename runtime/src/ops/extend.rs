@@ -145,9 +145,10 @@ impl Chunks {
 
     /// How a call of `shape` is laid out: heads packed where a head's rows fill less than
     /// a tile (past that, packing only adds each row's division: 3% slower at 128 and 512
-    /// rows on an H200, 2026-11-29), in tiles of twice the planned rows where the rows of a
-    /// tile's owner (a KV head's packed rows, or a head's own from the wide tile's rows on)
-    /// fill more than the planned tile. On that H200 (`bench --decode 32768 --continued`,
+    /// rows on an H200, 2026-11-29), and where the tiles can pack (the f16 chunks `check`
+    /// runs on tensor cores) in tiles of twice the planned rows where a KV head's packed
+    /// rows fill more than the planned tile, packed or, from the wide tile's rows on, not.
+    /// On that H200 (`bench --decode 32768 --continued`,
     /// f16, d128) 128-row tiles took 0.268 ms at 32 rows of 32/8 heads against 0.310 in
     /// 64-row tiles, 0.272 against 0.310 at 16 rows of 64/8, 0.667 against 0.965 at 128
     /// rows and 2.438 against 3.124 at 512, and 0.234 against 0.171 at 4 rows.
@@ -160,7 +161,7 @@ impl Chunks {
         let (planned, wide) = self.configs(gpu, spec)?;
         let rows = shape.owners(self.packs).0;
         let config = match wide {
-            Some(wide) if rows > planned.tile && (self.packs || shape.n >= wide.tile) => wide,
+            Some(wide) if self.packs && rows > planned.tile => wide,
             _ => planned,
         };
         let packed = self.packs && shape.n < config.tile;
