@@ -8,9 +8,8 @@
 //! registers. The softmax therefore keeps a reference max per row and moves it only when a
 //! block's max passes it by more than `TAU` (FlashAttention-4's lazy rescale,
 //! [`CoopTiling::rescale_threshold`]): P is then at most e^TAU, well inside f16, and the rare
-//! rescale goes through workgroup memory. The
-//! decision is workgroup-uniform (a flag in workgroup memory), so every barrier is a
-//! workgroup barrier.
+//! rescale goes through workgroup memory. The decision is workgroup-uniform (a flag in
+//! workgroup memory), so every barrier is a workgroup barrier.
 //!
 //! Workgroup memory: Q and each block's K and V as f16 rows of head_dim (padded by 8
 //! halves, so that 8 consecutive rows start on different banks; K and V over Q where Q

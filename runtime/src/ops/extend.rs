@@ -148,10 +148,10 @@ impl Chunks {
     /// rows on an H200, 2026-11-29), and where the tiles can pack (the f16 chunks `check`
     /// runs on tensor cores) in tiles of twice the planned rows where a KV head's packed
     /// rows fill more than the planned tile, packed or, from the wide tile's rows on, not.
-    /// On that H200 (`bench --decode 32768 --continued`,
-    /// f16, d128) 128-row tiles took 0.268 ms at 32 rows of 32/8 heads against 0.310 in
-    /// 64-row tiles, 0.272 against 0.310 at 16 rows of 64/8, 0.667 against 0.965 at 128
-    /// rows and 2.438 against 3.124 at 512, and 0.234 against 0.171 at 4 rows.
+    /// On that H200 (`bench --decode 32768 --continued`, f16, d128) 128-row tiles took
+    /// 0.268 ms at 32 rows of 32/8 heads against 0.310 in 64-row tiles, 0.272 against 0.310
+    /// at 16 rows of 64/8, 0.667 against 0.965 at 128 rows and 2.438 against 3.124 at 512,
+    /// and 0.234 against 0.171 at 4 rows.
     fn plan(
         &mut self,
         gpu: &Gpu,
