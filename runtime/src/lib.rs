@@ -24,7 +24,7 @@
 //   checks every entry point makes on them;
 // - `modifiers`: the modifier values callers pass and their checks;
 // - `dispatch`: a compiled kernel and the recording of one dispatch (tensors bound by name,
-//   bind groups reused);
+//   bind groups reused), dispatches sharing a compute pass (`Recorder`);
 // - `plan`, `timing`: which configuration and schedule run, from the adapter's tuning
 //   table; GPU timestamps;
 // - `ops`: the recording API, one module per op (forward, backward with its schedules and

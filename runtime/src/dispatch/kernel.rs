@@ -4,6 +4,7 @@
 use attn_dsl::{Access, KernelAbi};
 
 use crate::device::{Compiled, Gpu};
+use crate::dispatch::recorder::Record;
 use crate::error::Error;
 use crate::tensor::TensorError;
 
@@ -146,11 +147,13 @@ impl Kernel {
     pub fn record(
         &self,
         gpu: &Gpu,
-        encoder: &mut wgpu::CommandEncoder,
+        encoder: &mut impl Record,
         buffers: &[(&str, &wgpu::Buffer)],
         grid: [u32; 3],
     ) -> Result<(), Error> {
-        self.record_timed(gpu, encoder, buffers, grid, None)
+        let group = self.group(gpu, buffers)?;
+        encoder.recorder(|rec| self.dispatch(rec.pass(&self.abi.name), &group, grid));
+        Ok(())
     }
 
     /// [`Kernel::record`], with the pass's start and end written to timestamp queries.
@@ -162,6 +165,27 @@ impl Kernel {
         grid: [u32; 3],
         timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
     ) -> Result<(), Error> {
+        let group = self.group(gpu, buffers)?;
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some(&self.abi.name),
+            timestamp_writes: timestamps,
+        });
+        self.dispatch(&mut pass, &group, grid);
+        Ok(())
+    }
+
+    fn dispatch(&self, pass: &mut wgpu::ComputePass<'_>, group: &wgpu::BindGroup, grid: [u32; 3]) {
+        pass.set_pipeline(&self.pipeline);
+        pass.set_bind_group(0, group, &[]);
+        pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
+    }
+
+    /// A bind group of `buffers` by binding name, every binding given.
+    fn group(
+        &self,
+        gpu: &Gpu,
+        buffers: &[(&str, &wgpu::Buffer)],
+    ) -> Result<wgpu::BindGroup, Error> {
         let entries = self
             .abi
             .bindings
@@ -180,15 +204,7 @@ impl Kernel {
                 })
             })
             .collect::<Result<Vec<_>, Error>>()?;
-        let bind_group = bind_group(gpu, &self.abi.name, &self.layout, &entries)?;
-        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-            label: Some(&self.abi.name),
-            timestamp_writes: timestamps,
-        });
-        pass.set_pipeline(&self.pipeline);
-        pass.set_bind_group(0, &bind_group, &[]);
-        pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
-        Ok(())
+        Ok(bind_group(gpu, &self.abi.name, &self.layout, &entries)?)
     }
 }
 

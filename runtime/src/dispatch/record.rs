@@ -7,6 +7,7 @@ use attn_dsl::{Access, Binding, KernelAbi};
 
 use crate::device::Gpu;
 use crate::dispatch::kernel::Kernel;
+use crate::dispatch::recorder::Recorder;
 use crate::error::{Error, InputError};
 use crate::modifiers::scalar_name;
 use crate::tensor::{Tensor, TensorError};
@@ -66,15 +67,15 @@ impl Pipeline {
         self.kernel.abi()
     }
 
-    /// Checks `d` against the kernel and records it with `grid` into `encoder`.
+    /// Checks `d` against the kernel and records it with `grid` into `rec`'s pass.
     pub fn record(
         &mut self,
         gpu: &Gpu,
-        encoder: &mut wgpu::CommandEncoder,
+        rec: &mut Recorder,
         d: &Dispatch,
         grid: [u32; 3],
     ) -> Result<(), Error> {
-        self.record_timed(gpu, encoder, d, grid, None)
+        self.record_timed(gpu, rec, d, grid, None)
     }
 
     /// Checks `d` and `grid` as [`Pipeline::record`] does, recording nothing; the result
@@ -95,39 +96,48 @@ impl Pipeline {
     }
 
     /// Records a dispatch [`Pipeline::check`] accepted.
-    pub fn record_checked(&mut self, encoder: &mut wgpu::CommandEncoder, checked: Checked) {
-        self.encode(encoder, &checked, None);
+    pub fn record_checked(&mut self, rec: &mut Recorder, checked: Checked) {
+        self.encode(rec, &checked, None);
     }
 
+    /// Into `rec`'s open pass, or with `timestamps` into a pass of its own.
     fn encode(
         &mut self,
-        encoder: &mut wgpu::CommandEncoder,
+        rec: &mut Recorder,
         checked: &Checked,
         timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
     ) {
         self.remember(&checked.ranges, &checked.group);
-        let group = &checked.group;
-        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-            label: Some(&self.kernel.abi().name),
-            timestamp_writes: timestamps,
-        });
-        pass.set_pipeline(self.kernel.pipeline());
-        pass.set_bind_group(0, group, &[]);
-        let [x, y, z] = checked.grid;
-        pass.dispatch_workgroups(x, y, z);
+        let name = &self.kernel.abi().name;
+        let dispatch = |pass: &mut wgpu::ComputePass<'_>| {
+            pass.set_pipeline(self.kernel.pipeline());
+            pass.set_bind_group(0, &checked.group, &[]);
+            let [x, y, z] = checked.grid;
+            pass.dispatch_workgroups(x, y, z);
+        };
+        match timestamps {
+            None => dispatch(rec.pass(name)),
+            Some(writes) => dispatch(&mut rec.encoder().begin_compute_pass(
+                &wgpu::ComputePassDescriptor {
+                    label: Some(name),
+                    timestamp_writes: Some(writes),
+                },
+            )),
+        }
     }
 
-    /// [`Pipeline::record`] with the pass's start and end written to timestamp queries.
+    /// [`Pipeline::record`] with the dispatch's start and end written to timestamp queries
+    /// (in a pass of its own).
     pub fn record_timed(
         &mut self,
         gpu: &Gpu,
-        encoder: &mut wgpu::CommandEncoder,
+        rec: &mut Recorder,
         d: &Dispatch,
         grid: [u32; 3],
         timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
     ) -> Result<(), Error> {
         let checked = self.check(gpu, d, grid)?;
-        self.encode(encoder, &checked, timestamps);
+        self.encode(rec, &checked, timestamps);
         Ok(())
     }
 

@@ -9,6 +9,7 @@
 use attn_dsl::{Cache, Dtype, KernelAbi, Op};
 
 use crate::device::Gpu;
+use crate::dispatch::Record;
 use crate::dispatch::kernel::{Kernel, Step};
 use crate::error::{Error, InputError};
 use crate::host::attention::{
@@ -246,7 +247,9 @@ impl SplitDecode {
         );
         let mut scratch = crate::ops::decode::Scratch::default();
         let mut encoder = gpu.device.create_command_encoder(&Default::default());
-        crate::ops::decode::record(gpu, &mut passes, &mut scratch, &mut encoder, &args)?;
+        encoder.recorder(|rec| {
+            crate::ops::decode::record(gpu, &mut passes, &mut scratch, rec, &args)
+        })?;
         gpu.queue.submit([encoder.finish()]);
         o.to_f32(gpu).await
     }

@@ -23,6 +23,7 @@ use super::{grid, rank4};
 use crate::device::Gpu;
 use crate::dispatch::kernel::Kernel;
 use crate::dispatch::record::{Dispatch, Pipeline};
+use crate::dispatch::recorder::{Record, Recorder};
 use crate::error::{Error, InputError};
 use crate::modifiers::expect;
 use crate::plan::decode::Slicing;
@@ -289,45 +290,42 @@ impl KvCache {
     }
 
     /// Starts a sequence in free slot `slot`, empty.
-    pub fn open(
-        &mut self,
-        encoder: &mut wgpu::CommandEncoder,
-        slot: u32,
-    ) -> Result<(), CacheError> {
-        self.check_slots(slot..slot + 1)?;
-        if self.slots[slot as usize].open {
-            return Err(CacheError::Open { slot });
-        }
-        self.slots[slot as usize] = Slot {
-            open: true,
-            len: 0,
-            pages: Vec::new(),
-        };
-        self.clear_length(encoder, slot);
-        Ok(())
+    pub fn open(&mut self, encoder: &mut impl Record, slot: u32) -> Result<(), CacheError> {
+        encoder.recorder(|rec| {
+            self.check_slots(slot..slot + 1)?;
+            if self.slots[slot as usize].open {
+                return Err(CacheError::Open { slot });
+            }
+            self.slots[slot as usize] = Slot {
+                open: true,
+                len: 0,
+                pages: Vec::new(),
+            };
+            self.clear_length(rec, slot);
+            Ok(())
+        })
     }
 
     /// Ends the sequence in slot `slot`: its pages go back to the pool, its length to 0 (a
     /// decode of a free slot gives zeros).
-    pub fn free(
-        &mut self,
-        encoder: &mut wgpu::CommandEncoder,
-        slot: u32,
-    ) -> Result<(), CacheError> {
-        self.check_slots(slot..slot + 1)?;
-        let s = &mut self.slots[slot as usize];
-        if !s.open {
-            return Err(CacheError::AlreadyFree { slot });
-        }
-        self.free_pages.extend(s.pages.drain(..).rev());
-        *s = Slot::default();
-        self.clear_length(encoder, slot);
-        Ok(())
+    pub fn free(&mut self, encoder: &mut impl Record, slot: u32) -> Result<(), CacheError> {
+        encoder.recorder(|rec| {
+            self.check_slots(slot..slot + 1)?;
+            let s = &mut self.slots[slot as usize];
+            if !s.open {
+                return Err(CacheError::AlreadyFree { slot });
+            }
+            self.free_pages.extend(s.pages.drain(..).rev());
+            *s = Slot::default();
+            self.clear_length(rec, slot);
+            Ok(())
+        })
     }
 
-    fn clear_length(&self, encoder: &mut wgpu::CommandEncoder, slot: u32) {
+    fn clear_length(&self, rec: &mut Recorder, slot: u32) {
         let lens = &self.lens[self.current];
-        encoder.clear_buffer(lens.buffer(), lens.offset() + 4 * u64::from(slot), Some(4));
+        rec.encoder()
+            .clear_buffer(lens.buffer(), lens.offset() + 4 * u64::from(slot), Some(4));
     }
 
     fn check_slots(&self, slots: Range<u32>) -> Result<(), CacheError> {
@@ -347,48 +345,50 @@ impl KvCache {
     pub fn append(
         &mut self,
         gpu: &Gpu,
-        encoder: &mut wgpu::CommandEncoder,
+        encoder: &mut impl Record,
         first_slot: u32,
         k_new: &Tensor,
         v_new: &Tensor,
     ) -> Result<(), Error> {
-        let layout = "[batch, n, n_kv_heads, head_dim]";
-        let [batch, n, _, _] = rank4(k_new, "k_new", layout)?;
-        let shape = [batch, n, self.spec.n_kv_heads, self.spec.head_dim];
-        let v_shape = [batch, n, self.spec.n_kv_heads, self.spec.head_dim_v];
-        let dtype = Scalar::from(self.spec.dtype);
-        expect(k_new, "k_new", &shape, dtype, layout)?;
-        let v_layout = "[batch, n, n_kv_heads, head_dim_v]";
-        expect(v_new, "v_new", &v_shape, dtype, v_layout)?;
-        let range = first_slot..first_slot.saturating_add(batch);
-        let needed = self
-            .pages_needed(range.clone(), n)
-            .map_err(InputError::Cache)?;
-        if n == 0 {
-            // Nothing to store, and a binding of no rows is smaller than the kernel's vec4.
-            return Ok(());
-        }
-        if self.append.is_none() {
-            self.append = Some(Pipeline::new(Kernel::now(gpu, &self.append_abi)?));
-        }
-        let checked = {
-            let (d, g) = self.append_dispatch(first_slot, (batch, n), k_new, v_new);
-            let pipeline = self.append.as_ref().expect("compiled above");
-            pipeline.check(gpu, &d, g)?
-        };
-        // Checked and compiled: from here on the call only records, and the host's
-        // bookkeeping follows what it records.
-        let pages = self.take_pages(&needed);
-        self.record_pages(gpu, encoder, range.clone(), &pages);
-        let pipeline = self.append.as_mut().expect("compiled above");
-        pipeline.record_checked(encoder, checked);
-        self.current = 1 - self.current;
-        for (slot, new_pages) in range.zip(pages) {
-            let s = &mut self.slots[slot as usize];
-            s.len += n;
-            s.pages.extend(new_pages);
-        }
-        Ok(())
+        encoder.recorder(|rec| {
+            let layout = "[batch, n, n_kv_heads, head_dim]";
+            let [batch, n, _, _] = rank4(k_new, "k_new", layout)?;
+            let shape = [batch, n, self.spec.n_kv_heads, self.spec.head_dim];
+            let v_shape = [batch, n, self.spec.n_kv_heads, self.spec.head_dim_v];
+            let dtype = Scalar::from(self.spec.dtype);
+            expect(k_new, "k_new", &shape, dtype, layout)?;
+            let v_layout = "[batch, n, n_kv_heads, head_dim_v]";
+            expect(v_new, "v_new", &v_shape, dtype, v_layout)?;
+            let range = first_slot..first_slot.saturating_add(batch);
+            let needed = self
+                .pages_needed(range.clone(), n)
+                .map_err(InputError::Cache)?;
+            if n == 0 {
+                // Nothing to store, and a binding of no rows is smaller than the kernel's vec4.
+                return Ok(());
+            }
+            if self.append.is_none() {
+                self.append = Some(Pipeline::new(Kernel::now(gpu, &self.append_abi)?));
+            }
+            let checked = {
+                let (d, g) = self.append_dispatch(first_slot, (batch, n), k_new, v_new);
+                let pipeline = self.append.as_ref().expect("compiled above");
+                pipeline.check(gpu, &d, g)?
+            };
+            // Checked and compiled: from here on the call only records, and the host's
+            // bookkeeping follows what it records.
+            let pages = self.take_pages(&needed);
+            self.record_pages(gpu, rec, range.clone(), &pages);
+            let pipeline = self.append.as_mut().expect("compiled above");
+            pipeline.record_checked(rec, checked);
+            self.current = 1 - self.current;
+            for (slot, new_pages) in range.zip(pages) {
+                let s = &mut self.slots[slot as usize];
+                s.len += n;
+                s.pages.extend(new_pages);
+            }
+            Ok(())
+        })
     }
 
     /// The append kernel's dispatch of `n` rows for each of `batch` slots from
@@ -485,13 +485,7 @@ impl KvCache {
     }
 
     /// Records the block-table entries of new pages (one copy per slot that got some).
-    fn record_pages(
-        &self,
-        gpu: &Gpu,
-        encoder: &mut wgpu::CommandEncoder,
-        slots: Range<u32>,
-        pages: &[Vec<u32>],
-    ) {
+    fn record_pages(&self, gpu: &Gpu, rec: &mut Recorder, slots: Range<u32>, pages: &[Vec<u32>]) {
         let (Some(table), CacheLayout::Paged { pages_per_seq, .. }) =
             (&self.table, self.spec.layout)
         else {
@@ -510,7 +504,8 @@ impl KvCache {
                     usage: wgpu::BufferUsages::COPY_SRC,
                 });
             let at = table.offset() + 4 * (u64::from(slot) * u64::from(pages_per_seq) + held);
-            encoder.copy_buffer_to_buffer(&src, 0, table.buffer(), at, 4 * new.len() as u64);
+            rec.encoder()
+                .copy_buffer_to_buffer(&src, 0, table.buffer(), at, 4 * new.len() as u64);
         }
     }
 
@@ -545,51 +540,59 @@ impl KvCache {
     pub fn extend(
         &mut self,
         gpu: &Gpu,
-        encoder: &mut wgpu::CommandEncoder,
+        encoder: &mut impl Record,
         decode: &mut Decode,
         first_slot: u32,
         args: &ExtendArgs,
     ) -> Result<Slicing, Error> {
-        let layout = "[batch, n, n_kv_heads, head_dim]";
-        let [batch, n, _, _] = rank4(args.k_new, "k_new", layout)?;
-        if n == 0 {
-            return Err(InputError::QueryRows("n = 0: extend adds at least one row".into()).into());
-        }
-        let range = first_slot..first_slot.saturating_add(batch);
-        self.pages_needed(range.clone(), n)
-            .map_err(InputError::Cache)?;
-        let longest = range
-            .clone()
-            .map(|slot| self.slots[slot as usize].len + n)
-            .max()
-            .unwrap_or(n);
-        // The decode as it will read the cache once the append is recorded: the other
-        // length buffer, which the append writes.
-        let after = CacheView {
-            slot0: first_slot,
-            seq_lens: &self.lens[1 - self.current],
-            max_len: longest.next_power_of_two().min(self.capacity()),
-            ..self.view()
-        };
-        fn decode_args<'a>(args: &ExtendArgs<'a>, n: u32, cache: CacheView<'a>) -> DecodeArgs<'a> {
-            DecodeArgs {
-                q: args.q,
-                rows: QueryRows::Each(n),
-                cache,
-                o: args.o,
-                scale: args.scale,
-                mods: args.mods,
-                slice_len: None,
+        encoder.recorder(|rec| {
+            let layout = "[batch, n, n_kv_heads, head_dim]";
+            let [batch, n, _, _] = rank4(args.k_new, "k_new", layout)?;
+            if n == 0 {
+                return Err(
+                    InputError::QueryRows("n = 0: extend adds at least one row".into()).into(),
+                );
             }
-        }
-        decode.check(gpu, &decode_args(args, n, after))?;
-        self.append(gpu, encoder, first_slot, args.k_new, args.v_new)?;
-        let view = CacheView {
-            slot0: first_slot,
-            max_len: longest.next_power_of_two().min(self.capacity()),
-            ..self.view()
-        };
-        decode.record(gpu, encoder, &decode_args(args, n, view))
+            let range = first_slot..first_slot.saturating_add(batch);
+            self.pages_needed(range.clone(), n)
+                .map_err(InputError::Cache)?;
+            let longest = range
+                .clone()
+                .map(|slot| self.slots[slot as usize].len + n)
+                .max()
+                .unwrap_or(n);
+            // The decode as it will read the cache once the append is recorded: the other
+            // length buffer, which the append writes.
+            let after = CacheView {
+                slot0: first_slot,
+                seq_lens: &self.lens[1 - self.current],
+                max_len: longest.next_power_of_two().min(self.capacity()),
+                ..self.view()
+            };
+            fn decode_args<'a>(
+                args: &ExtendArgs<'a>,
+                n: u32,
+                cache: CacheView<'a>,
+            ) -> DecodeArgs<'a> {
+                DecodeArgs {
+                    q: args.q,
+                    rows: QueryRows::Each(n),
+                    cache,
+                    o: args.o,
+                    scale: args.scale,
+                    mods: args.mods,
+                    slice_len: None,
+                }
+            }
+            decode.check(gpu, &decode_args(args, n, after))?;
+            self.append(gpu, rec, first_slot, args.k_new, args.v_new)?;
+            let view = CacheView {
+                slot0: first_slot,
+                max_len: longest.next_power_of_two().min(self.capacity()),
+                ..self.view()
+            };
+            decode.record(gpu, rec, &decode_args(args, n, view))
+        })
     }
 
     /// Appends a prompt's K and V to slots `first_slot..` (each open and empty) and
@@ -598,24 +601,26 @@ impl KvCache {
     pub fn prefill(
         &mut self,
         gpu: &Gpu,
-        encoder: &mut wgpu::CommandEncoder,
+        encoder: &mut impl Record,
         forward: &mut Forward,
         first_slot: u32,
         args: &ForwardArgs,
     ) -> Result<(), Error> {
-        let batch = args.k.shape().first().copied().unwrap_or(0);
-        let range = first_slot..first_slot.saturating_add(batch);
-        self.check_slots(range.clone()).map_err(InputError::Cache)?;
-        if let Some((slot, s)) = range
-            .clone()
-            .map(|slot| (slot, &self.slots[slot as usize]))
-            .find(|(_, s)| s.open && s.len > 0)
-        {
-            return Err(InputError::Cache(CacheError::NotEmpty { slot, len: s.len }).into());
-        }
-        // The forward's own checks first, so that a refused prefill appends nothing.
-        forward.check(gpu, args)?;
-        self.append(gpu, encoder, first_slot, args.k, args.v)?;
-        forward.record(gpu, encoder, args)
+        encoder.recorder(|rec| {
+            let batch = args.k.shape().first().copied().unwrap_or(0);
+            let range = first_slot..first_slot.saturating_add(batch);
+            self.check_slots(range.clone()).map_err(InputError::Cache)?;
+            if let Some((slot, s)) = range
+                .clone()
+                .map(|slot| (slot, &self.slots[slot as usize]))
+                .find(|(_, s)| s.open && s.len > 0)
+            {
+                return Err(InputError::Cache(CacheError::NotEmpty { slot, len: s.len }).into());
+            }
+            // The forward's own checks first, so that a refused prefill appends nothing.
+            forward.check(gpu, args)?;
+            self.append(gpu, rec, first_slot, args.k, args.v)?;
+            forward.record(gpu, rec, args)
+        })
     }
 }

@@ -8,6 +8,7 @@ use super::grid;
 use crate::device::Gpu;
 use crate::dispatch::kernel::Kernel;
 use crate::dispatch::record::{Dispatch, Pipeline};
+use crate::dispatch::recorder::Record;
 use crate::error::{Error, InputError};
 use crate::modifiers::expect;
 use crate::tensor::{Tensor, TensorError};
@@ -58,45 +59,52 @@ impl Convert {
     pub fn record(
         &mut self,
         gpu: &Gpu,
-        encoder: &mut wgpu::CommandEncoder,
+        encoder: &mut impl Record,
         args: &ConvertArgs,
     ) -> Result<(), Error> {
-        let ConvertArgs { src, dst } = *args;
-        let to_dtype = src.scalar() == Scalar::F32;
-        let data = Scalar::from(self.dtype);
-        let (s, d) = match to_dtype {
-            true => (Scalar::F32, data),
-            false => (data, Scalar::F32),
-        };
-        expect(src, "src", src.shape(), s, "any shape")?;
-        expect(dst, "dst", src.shape(), d, "src's shape")?;
-        if !src.len().is_multiple_of(4) {
-            return Err(TensorError::Data {
-                name: "src".into(),
-                got: src.len() as usize,
-                want: src.len().next_multiple_of(4),
-            }
-            .into());
-        }
-        let (op, slot) = match to_dtype {
-            true => (Op::ToDtype, &mut self.to),
-            false => (Op::FromDtype, &mut self.from),
-        };
-        if slot.is_none() {
-            let spec = KernelSpec {
-                dtype: self.dtype,
-                ..KernelSpec::standard(&format!("attention_{}", op.name()), op, 4, Masks::default())
+        encoder.recorder(|rec| {
+            let ConvertArgs { src, dst } = *args;
+            let to_dtype = src.scalar() == Scalar::F32;
+            let data = Scalar::from(self.dtype);
+            let (s, d) = match to_dtype {
+                true => (Scalar::F32, data),
+                false => (data, Scalar::F32),
             };
-            let abi = attn_dsl::compile(&spec).map_err(|e| Error::Pipeline {
-                kernel: spec.name.clone(),
-                message: e.to_string(),
-            })?;
-            *slot = Some(Pipeline::new(Kernel::now(gpu, &abi)?));
-        }
-        let pipeline = slot.as_mut().expect("made above");
-        let mut dispatch = Dispatch::new(vec![("src", src), ("dst", dst)]);
-        dispatch.dims = vec![("len4", (src.len() / 4) as u32)];
-        let g = grid(pipeline.abi(), &dispatch.dims);
-        pipeline.record(gpu, encoder, &dispatch, g)
+            expect(src, "src", src.shape(), s, "any shape")?;
+            expect(dst, "dst", src.shape(), d, "src's shape")?;
+            if !src.len().is_multiple_of(4) {
+                return Err(TensorError::Data {
+                    name: "src".into(),
+                    got: src.len() as usize,
+                    want: src.len().next_multiple_of(4),
+                }
+                .into());
+            }
+            let (op, slot) = match to_dtype {
+                true => (Op::ToDtype, &mut self.to),
+                false => (Op::FromDtype, &mut self.from),
+            };
+            if slot.is_none() {
+                let spec = KernelSpec {
+                    dtype: self.dtype,
+                    ..KernelSpec::standard(
+                        &format!("attention_{}", op.name()),
+                        op,
+                        4,
+                        Masks::default(),
+                    )
+                };
+                let abi = attn_dsl::compile(&spec).map_err(|e| Error::Pipeline {
+                    kernel: spec.name.clone(),
+                    message: e.to_string(),
+                })?;
+                *slot = Some(Pipeline::new(Kernel::now(gpu, &abi)?));
+            }
+            let pipeline = slot.as_mut().expect("made above");
+            let mut dispatch = Dispatch::new(vec![("src", src), ("dst", dst)]);
+            dispatch.dims = vec![("len4", (src.len() / 4) as u32)];
+            let g = grid(pipeline.abi(), &dispatch.dims);
+            pipeline.record(gpu, rec, &dispatch, g)
+        })
     }
 }

@@ -14,6 +14,7 @@ use super::{expect_all, grid, grow};
 use crate::device::Gpu;
 use crate::dispatch::kernel::Kernel;
 use crate::dispatch::record::{Dispatch, Pipeline};
+use crate::dispatch::recorder::{Record, Recorder};
 use crate::error::{Error, InputError};
 use crate::modifiers::DeviceModifiers;
 use crate::plan::calibration::Calibration;
@@ -417,31 +418,33 @@ impl Decode {
     pub fn record(
         &mut self,
         gpu: &Gpu,
-        encoder: &mut wgpu::CommandEncoder,
+        encoder: &mut impl Record,
         args: &DecodeArgs,
     ) -> Result<Slicing, Error> {
-        let heads = {
-            let passes = self.passes(gpu)?;
-            check(passes.split.abi(), passes.reduce.abi(), args)?.h
-        };
-        let spec = self.spec.chunk();
-        if let QueryRows::Each(n) = args.rows
-            && self
-                .chunks
-                .as_mut()
-                .is_some_and(|c| c.takes(gpu, &spec, (n, heads)))
-        {
-            return self.record_chunk(gpu, encoder, args, n);
-        }
-        let passes = self.passes.as_mut().expect("created above");
-        record(gpu, passes, &mut self.scratch, encoder, args)
+        encoder.recorder(|rec| {
+            let heads = {
+                let passes = self.passes(gpu)?;
+                check(passes.split.abi(), passes.reduce.abi(), args)?.h
+            };
+            let spec = self.spec.chunk();
+            if let QueryRows::Each(n) = args.rows
+                && self
+                    .chunks
+                    .as_mut()
+                    .is_some_and(|c| c.takes(gpu, &spec, (n, heads)))
+            {
+                return self.record_chunk(gpu, rec, args, n);
+            }
+            let passes = self.passes.as_mut().expect("created above");
+            record(gpu, passes, &mut self.scratch, rec, args)
+        })
     }
 
     /// A call of `n` rows per sequence as a chunk, and its reduce where it was sliced.
     fn record_chunk(
         &mut self,
         gpu: &Gpu,
-        encoder: &mut wgpu::CommandEncoder,
+        rec: &mut Recorder,
         args: &DecodeArgs,
         n: u32,
     ) -> Result<Slicing, Error> {
@@ -468,12 +471,11 @@ impl Decode {
             target: passes.target,
         };
         let spec = self.spec.chunk();
-        let (slicing, partials) =
-            chunks.record(gpu, &spec, encoder, &chunk, (shape, view.max_len))?;
+        let (slicing, partials) = chunks.record(gpu, &spec, rec, &chunk, (shape, view.max_len))?;
         if let Some(partials) = partials {
             let q_starts = self.scratch.starts(gpu, &c.starts)?.clone();
             let dims = pass_dims(view, c.h, (c.batch, n), slicing, args);
-            record_reduce(gpu, passes, encoder, (&partials, &q_starts), dims, args)?;
+            record_reduce(gpu, passes, rec, (&partials, &q_starts), dims, args)?;
         }
         Ok(slicing)
     }
@@ -518,7 +520,7 @@ pub(crate) fn record(
     gpu: &Gpu,
     passes: &mut Passes,
     scratch: &mut Scratch,
-    encoder: &mut wgpu::CommandEncoder,
+    rec: &mut Recorder,
     args: &DecodeArgs,
 ) -> Result<Slicing, Error> {
     let Checked {
@@ -553,8 +555,8 @@ pub(crate) fn record(
         dims: dims.clone(),
         params,
     };
-    passes.split.record(gpu, encoder, &split, g)?;
-    record_reduce(gpu, passes, encoder, (&partials, &q_starts), dims, args)?;
+    passes.split.record(gpu, rec, &split, g)?;
+    record_reduce(gpu, passes, rec, (&partials, &q_starts), dims, args)?;
     Ok(slicing)
 }
 
@@ -590,7 +592,7 @@ fn pass_dims(
 fn record_reduce(
     gpu: &Gpu,
     passes: &mut Passes,
-    encoder: &mut wgpu::CommandEncoder,
+    rec: &mut Recorder,
     (partials, q_starts): (&Tensor, &Tensor),
     dims: Vec<(&'static str, u32)>,
     args: &DecodeArgs,
@@ -607,7 +609,7 @@ fn record_reduce(
         dims,
         params: Vec::new(),
     };
-    passes.reduce.record(gpu, encoder, &reduce, g)
+    passes.reduce.record(gpu, rec, &reduce, g)
 }
 
 /// A checked call: its sequences, heads, query rows' starts and the most rows a sequence

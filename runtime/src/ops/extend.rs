@@ -20,6 +20,7 @@ use super::{grid, grow};
 use crate::device::Gpu;
 use crate::dispatch::kernel::Kernel;
 use crate::dispatch::record::{Dispatch, Pipeline};
+use crate::dispatch::recorder::Recorder;
 use crate::error::{Error, InputError};
 use crate::modifiers::DeviceModifiers;
 use crate::plan::decode::{Slicing, plan_slices};
@@ -280,7 +281,7 @@ impl Chunks {
         &mut self,
         gpu: &Gpu,
         spec: &ChunkSpec,
-        encoder: &mut wgpu::CommandEncoder,
+        rec: &mut Recorder,
         args: &ChunkArgs,
         (shape, max_len): (ChunkShape, u32),
     ) -> Result<(Slicing, Option<Tensor>), Error> {
@@ -317,7 +318,7 @@ impl Chunks {
         d.params.extend(args.mods.params());
         let pipeline = self.pipeline(gpu, spec, (&shape, sliced))?;
         let g = grid(pipeline.abi(), &d.dims);
-        pipeline.record(gpu, encoder, &d, g)?;
+        pipeline.record(gpu, rec, &d, g)?;
         Ok((slicing, partials))
     }
 }

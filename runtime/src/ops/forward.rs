@@ -11,6 +11,7 @@ use super::{attention_shape, expect_all, grid};
 use crate::device::Gpu;
 use crate::dispatch::kernel::Kernel;
 use crate::dispatch::record::{Dispatch, Pipeline};
+use crate::dispatch::recorder::Record;
 use crate::error::{Error, InputError};
 use crate::modifiers::DeviceModifiers;
 use crate::plan::kernels;
@@ -173,47 +174,49 @@ impl Forward {
     pub fn record(
         &mut self,
         gpu: &Gpu,
-        encoder: &mut wgpu::CommandEncoder,
+        encoder: &mut impl Record,
         args: &ForwardArgs,
     ) -> Result<(), Error> {
-        let (batch, seq, heads) = attention_shape(args.q, args.k, args.v)?;
-        let seg = self.seg(gpu, args.seg, batch, seq);
-        let scaled = {
-            let abi = self.pipeline(gpu, batch, seq, heads)?.abi();
-            check(abi, args, batch, seq, heads, seg.as_ref())?;
-            abi.binding("row_max").is_some()
-        };
-        let row_max = match scaled {
-            true => {
-                let rows = [batch, seq, heads.n_heads];
-                let operands = [args.q, args.k, args.v];
-                Some(self.row_max.record(gpu, encoder, &operands, rows)?)
-            }
-            false => None,
-        };
-        let pipeline = self.pipeline(gpu, batch, seq, heads)?;
-        let abi = pipeline.abi();
-        let mut tensors = vec![
-            ("q", args.q),
-            ("k", args.k),
-            ("v", args.v),
-            ("o", args.o),
-            ("lse", args.lse),
-        ];
-        tensors.extend(row_max.as_ref().map(|t| ("row_max", t)));
-        tensors.extend(
-            seg.as_ref()
-                .filter(|_| abi.masks.document)
-                .map(|s| ("seg", s)),
-        );
-        tensors.extend(args.mods.tensors());
-        let mut d = Dispatch::new(tensors);
-        d.dims = sequence_dims(batch, seq, heads).to_vec();
-        d.dims.extend(args.mods.dims());
-        d.params = vec![("scale", args.scale.unwrap_or(heads.default_scale()))];
-        d.params.extend(args.mods.params());
-        let g = grid(abi, &d.dims);
-        pipeline.record(gpu, encoder, &d, g)
+        encoder.recorder(|rec| {
+            let (batch, seq, heads) = attention_shape(args.q, args.k, args.v)?;
+            let seg = self.seg(gpu, args.seg, batch, seq);
+            let scaled = {
+                let abi = self.pipeline(gpu, batch, seq, heads)?.abi();
+                check(abi, args, batch, seq, heads, seg.as_ref())?;
+                abi.binding("row_max").is_some()
+            };
+            let row_max = match scaled {
+                true => {
+                    let rows = [batch, seq, heads.n_heads];
+                    let operands = [args.q, args.k, args.v];
+                    Some(self.row_max.record(gpu, rec, &operands, rows)?)
+                }
+                false => None,
+            };
+            let pipeline = self.pipeline(gpu, batch, seq, heads)?;
+            let abi = pipeline.abi();
+            let mut tensors = vec![
+                ("q", args.q),
+                ("k", args.k),
+                ("v", args.v),
+                ("o", args.o),
+                ("lse", args.lse),
+            ];
+            tensors.extend(row_max.as_ref().map(|t| ("row_max", t)));
+            tensors.extend(
+                seg.as_ref()
+                    .filter(|_| abi.masks.document)
+                    .map(|s| ("seg", s)),
+            );
+            tensors.extend(args.mods.tensors());
+            let mut d = Dispatch::new(tensors);
+            d.dims = sequence_dims(batch, seq, heads).to_vec();
+            d.dims.extend(args.mods.dims());
+            d.params = vec![("scale", args.scale.unwrap_or(heads.default_scale()))];
+            d.params.extend(args.mods.params());
+            let g = grid(abi, &d.dims);
+            pipeline.record(gpu, rec, &d, g)
+        })
     }
 
     /// The `seg` to bind: the caller's, or one document per sequence.

@@ -13,6 +13,7 @@ use super::grid;
 use crate::device::Gpu;
 use crate::dispatch::kernel::Kernel;
 use crate::dispatch::record::{Dispatch, Pipeline};
+use crate::dispatch::recorder::Record;
 use crate::error::Error;
 use crate::modifiers::expect;
 use crate::tensor::Tensor;
@@ -81,58 +82,60 @@ impl Linear {
     pub fn record(
         &mut self,
         gpu: &Gpu,
-        encoder: &mut wgpu::CommandEncoder,
+        encoder: &mut impl Record,
         args: &LinearArgs,
     ) -> Result<(), Error> {
-        let s = self.spec;
-        let rows = args.x.shape().first().copied().unwrap_or(0);
-        crate::shape::nonzero("rows", rows)?;
-        let f = Scalar::F32;
-        expect(args.x, "x", &[rows, s.hidden], f, "[rows, hidden]")?;
-        expect(
-            args.w,
-            "w",
-            &[s.out, s.hidden],
-            Scalar::from(s.weights),
-            "[out, hidden]",
-        )?;
-        expect(args.y, "y", &[rows, s.out], f, "[rows, out]")?;
-        let mut tensors = vec![("x", args.x), ("w", args.w), ("y", args.y)];
-        match (s.bias, args.b) {
-            (true, Some(b)) => {
-                expect(b, "b", &[s.out], f, "[out]")?;
-                tensors.push(("bias", b));
-            }
-            (true, None) => {
-                return Err(crate::error::InputError::Unsupported {
-                    what: "this Linear",
-                    needs: "its bias, `b` (the spec says it has one)",
+        encoder.recorder(|rec| {
+            let s = self.spec;
+            let rows = args.x.shape().first().copied().unwrap_or(0);
+            crate::shape::nonzero("rows", rows)?;
+            let f = Scalar::F32;
+            expect(args.x, "x", &[rows, s.hidden], f, "[rows, hidden]")?;
+            expect(
+                args.w,
+                "w",
+                &[s.out, s.hidden],
+                Scalar::from(s.weights),
+                "[out, hidden]",
+            )?;
+            expect(args.y, "y", &[rows, s.out], f, "[rows, out]")?;
+            let mut tensors = vec![("x", args.x), ("w", args.w), ("y", args.y)];
+            match (s.bias, args.b) {
+                (true, Some(b)) => {
+                    expect(b, "b", &[s.out], f, "[out]")?;
+                    tensors.push(("bias", b));
                 }
-                .into());
-            }
-            (false, Some(_)) => {
-                return Err(crate::error::InputError::Unsupported {
-                    what: "a bias",
-                    needs: "a Linear built with `bias: true`",
+                (true, None) => {
+                    return Err(crate::error::InputError::Unsupported {
+                        what: "this Linear",
+                        needs: "its bias, `b` (the spec says it has one)",
+                    }
+                    .into());
                 }
-                .into());
+                (false, Some(_)) => {
+                    return Err(crate::error::InputError::Unsupported {
+                        what: "a bias",
+                        needs: "a Linear built with `bias: true`",
+                    }
+                    .into());
+                }
+                (false, None) => {}
             }
-            (false, None) => {}
-        }
-        let per = Linear::rows_per_workgroup(rows);
-        let at = match self.kernels.iter().position(|(r, _)| *r == per) {
-            Some(at) => at,
-            None => {
-                let kernel = Kernel::now(gpu, &compile(&s, per)?)?;
-                self.kernels.push((per, Pipeline::new(kernel)));
-                self.kernels.len() - 1
-            }
-        };
-        let mut d = Dispatch::new(tensors);
-        d.dims = vec![("rows", rows), ("hidden", s.hidden), ("out", s.out)];
-        let pipeline = &mut self.kernels[at].1;
-        let g = grid(pipeline.abi(), &d.dims);
-        pipeline.record(gpu, encoder, &d, g)
+            let per = Linear::rows_per_workgroup(rows);
+            let at = match self.kernels.iter().position(|(r, _)| *r == per) {
+                Some(at) => at,
+                None => {
+                    let kernel = Kernel::now(gpu, &compile(&s, per)?)?;
+                    self.kernels.push((per, Pipeline::new(kernel)));
+                    self.kernels.len() - 1
+                }
+            };
+            let mut d = Dispatch::new(tensors);
+            d.dims = vec![("rows", rows), ("hidden", s.hidden), ("out", s.out)];
+            let pipeline = &mut self.kernels[at].1;
+            let g = grid(pipeline.abi(), &d.dims);
+            pipeline.record(gpu, rec, &d, g)
+        })
     }
 }
 

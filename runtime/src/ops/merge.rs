@@ -11,6 +11,7 @@ use super::grid;
 use crate::device::Gpu;
 use crate::dispatch::kernel::Kernel;
 use crate::dispatch::record::{Dispatch, Pipeline};
+use crate::dispatch::recorder::Record;
 use crate::error::{Error, InputError};
 use crate::modifiers::expect;
 use crate::tensor::Tensor;
@@ -97,84 +98,86 @@ impl Merge {
     pub fn record(
         &mut self,
         gpu: &Gpu,
-        encoder: &mut wgpu::CommandEncoder,
+        encoder: &mut impl Record,
         args: &MergeArgs,
     ) -> Result<(), Error> {
-        let [parts, batch, seq, n_heads, width] = super::rank(
-            args.o_parts,
-            "o_parts",
-            "[parts, batch, seq, n_heads, head_dim_v]",
-        )?;
-        if width != self.spec.head_dim_v {
-            return Err(InputError::HeadDimV {
-                kernel: self.pipeline.abi().name.to_string(),
-                kernel_head_dim_v: self.spec.head_dim_v,
-                given: width,
-            }
-            .into());
-        }
-        for (name, value) in [
-            ("parts", parts),
-            ("batch", batch),
-            ("seq", seq),
-            ("heads", n_heads),
-        ] {
-            crate::shape::nonzero(name, value)?;
-        }
-        let data = Scalar::from(self.spec.dtype);
-        let rows = [batch, seq, n_heads];
-        expect(
-            args.lse_parts,
-            "lse_parts",
-            &[parts, batch, seq, n_heads],
-            Scalar::F32,
-            "[parts, batch, seq, n_heads]",
-        )?;
-        expect(
-            args.o,
-            "o",
-            &[batch, seq, n_heads, width],
-            data,
-            "[batch, seq, n_heads, head_dim_v]",
-        )?;
-        expect(args.lse, "lse", &rows, Scalar::F32, "[batch, seq, n_heads]")?;
-        let mut tensors = vec![
-            ("o_parts", args.o_parts),
-            ("lse_parts", args.lse_parts),
-            ("o", args.o),
-            ("lse", args.lse),
-        ];
-        match (self.spec.sinks, args.sinks) {
-            (true, Some(s)) => {
-                expect(s, "sinks", &[n_heads], Scalar::F32, "[n_heads]")?;
-                tensors.push(("sinks", s));
-            }
-            (false, None) => {}
-            (built, _) => {
-                return Err(InputError::Modifier {
+        encoder.recorder(|rec| {
+            let [parts, batch, seq, n_heads, width] = super::rank(
+                args.o_parts,
+                "o_parts",
+                "[parts, batch, seq, n_heads, head_dim_v]",
+            )?;
+            if width != self.spec.head_dim_v {
+                return Err(InputError::HeadDimV {
                     kernel: self.pipeline.abi().name.to_string(),
-                    word: "sinks",
-                    built,
+                    kernel_head_dim_v: self.spec.head_dim_v,
+                    given: width,
                 }
                 .into());
             }
-        }
-        let queries = batch
-            .checked_mul(seq)
-            .and_then(|x| x.checked_mul(n_heads))
-            .ok_or(InputError::OverLimit {
-                what: "queries (batch · seq · heads)",
-                value: u64::from(batch) * u64::from(seq) * u64::from(n_heads),
-                limit: u32::MAX.into(),
-            })?;
-        let mut d = Dispatch::new(tensors);
-        d.dims = vec![
-            ("queries", queries),
-            ("n_heads", n_heads),
-            ("head_dim", width),
-            ("parts", parts),
-        ];
-        let g = grid(self.pipeline.abi(), &d.dims);
-        self.pipeline.record(gpu, encoder, &d, g)
+            for (name, value) in [
+                ("parts", parts),
+                ("batch", batch),
+                ("seq", seq),
+                ("heads", n_heads),
+            ] {
+                crate::shape::nonzero(name, value)?;
+            }
+            let data = Scalar::from(self.spec.dtype);
+            let rows = [batch, seq, n_heads];
+            expect(
+                args.lse_parts,
+                "lse_parts",
+                &[parts, batch, seq, n_heads],
+                Scalar::F32,
+                "[parts, batch, seq, n_heads]",
+            )?;
+            expect(
+                args.o,
+                "o",
+                &[batch, seq, n_heads, width],
+                data,
+                "[batch, seq, n_heads, head_dim_v]",
+            )?;
+            expect(args.lse, "lse", &rows, Scalar::F32, "[batch, seq, n_heads]")?;
+            let mut tensors = vec![
+                ("o_parts", args.o_parts),
+                ("lse_parts", args.lse_parts),
+                ("o", args.o),
+                ("lse", args.lse),
+            ];
+            match (self.spec.sinks, args.sinks) {
+                (true, Some(s)) => {
+                    expect(s, "sinks", &[n_heads], Scalar::F32, "[n_heads]")?;
+                    tensors.push(("sinks", s));
+                }
+                (false, None) => {}
+                (built, _) => {
+                    return Err(InputError::Modifier {
+                        kernel: self.pipeline.abi().name.to_string(),
+                        word: "sinks",
+                        built,
+                    }
+                    .into());
+                }
+            }
+            let queries = batch
+                .checked_mul(seq)
+                .and_then(|x| x.checked_mul(n_heads))
+                .ok_or(InputError::OverLimit {
+                    what: "queries (batch · seq · heads)",
+                    value: u64::from(batch) * u64::from(seq) * u64::from(n_heads),
+                    limit: u32::MAX.into(),
+                })?;
+            let mut d = Dispatch::new(tensors);
+            d.dims = vec![
+                ("queries", queries),
+                ("n_heads", n_heads),
+                ("head_dim", width),
+                ("parts", parts),
+            ];
+            let g = grid(self.pipeline.abi(), &d.dims);
+            self.pipeline.record(gpu, rec, &d, g)
+        })
     }
 }

@@ -8,6 +8,7 @@ use super::grid;
 use crate::device::Gpu;
 use crate::dispatch::kernel::Kernel;
 use crate::dispatch::record::{Dispatch, Pipeline};
+use crate::dispatch::recorder::Record;
 use crate::error::{Error, InputError};
 use crate::modifiers::expect;
 use crate::tensor::Tensor;
@@ -112,62 +113,64 @@ impl Rope {
     pub fn record(
         &mut self,
         gpu: &Gpu,
-        encoder: &mut wgpu::CommandEncoder,
+        encoder: &mut impl Record,
         args: &RopeArgs,
     ) -> Result<(), Error> {
-        let [batch, seq, heads, head_dim] =
-            super::rank4(args.x, "x", "[batch, seq, heads, head_dim]")?;
-        for (name, value) in [("batch", batch), ("seq_len", seq), ("heads", heads)] {
-            crate::shape::nonzero(name, value)?;
-        }
-        if head_dim != self.abi.head_dim {
-            return Err(InputError::HeadDim {
-                kernel: self.abi.name.to_string(),
-                kernel_head_dim: self.abi.head_dim,
-                given: head_dim,
+        encoder.recorder(|rec| {
+            let [batch, seq, heads, head_dim] =
+                super::rank4(args.x, "x", "[batch, seq, heads, head_dim]")?;
+            for (name, value) in [("batch", batch), ("seq_len", seq), ("heads", heads)] {
+                crate::shape::nonzero(name, value)?;
             }
-            .into());
-        }
-        if !(args.base.is_finite() && args.base > 0.0) {
-            return Err(InputError::Scale(args.base).into());
-        }
-        expect(
-            args.x,
-            "x",
-            args.x.shape(),
-            Scalar::F32,
-            "[batch, seq, heads, head_dim]",
-        )?;
-        expect(
-            args.positions,
-            "positions",
-            &[batch],
-            Scalar::U32,
-            "[batch]",
-        )?;
-        if self.inv_freq.as_ref().is_none_or(|(b, _)| *b != args.base) {
-            let table = inv_freq(args.base, head_dim);
-            let t = Tensor::from_f32(gpu, &[table.len() as u32], Scalar::F32, &table)?;
-            self.inv_freq = Some((args.base, t));
-        }
-        if self.pipeline.is_none() {
-            self.pipeline = Some(Pipeline::new(Kernel::now(gpu, &self.abi)?));
-        }
-        let inv_freq = &self.inv_freq.as_ref().expect("made above").1;
-        let pipeline = self.pipeline.as_mut().expect("made above");
-        let mut d = Dispatch::new(vec![
-            ("x", args.x),
-            ("inv_freq", inv_freq),
-            ("positions", args.positions),
-        ]);
-        d.dims = vec![
-            ("seq_len", seq),
-            ("n_heads", heads),
-            ("head_dim", head_dim),
-            ("batch", batch),
-        ];
-        let g = grid(pipeline.abi(), &d.dims);
-        pipeline.record(gpu, encoder, &d, g)
+            if head_dim != self.abi.head_dim {
+                return Err(InputError::HeadDim {
+                    kernel: self.abi.name.to_string(),
+                    kernel_head_dim: self.abi.head_dim,
+                    given: head_dim,
+                }
+                .into());
+            }
+            if !(args.base.is_finite() && args.base > 0.0) {
+                return Err(InputError::Scale(args.base).into());
+            }
+            expect(
+                args.x,
+                "x",
+                args.x.shape(),
+                Scalar::F32,
+                "[batch, seq, heads, head_dim]",
+            )?;
+            expect(
+                args.positions,
+                "positions",
+                &[batch],
+                Scalar::U32,
+                "[batch]",
+            )?;
+            if self.inv_freq.as_ref().is_none_or(|(b, _)| *b != args.base) {
+                let table = inv_freq(args.base, head_dim);
+                let t = Tensor::from_f32(gpu, &[table.len() as u32], Scalar::F32, &table)?;
+                self.inv_freq = Some((args.base, t));
+            }
+            if self.pipeline.is_none() {
+                self.pipeline = Some(Pipeline::new(Kernel::now(gpu, &self.abi)?));
+            }
+            let inv_freq = &self.inv_freq.as_ref().expect("made above").1;
+            let pipeline = self.pipeline.as_mut().expect("made above");
+            let mut d = Dispatch::new(vec![
+                ("x", args.x),
+                ("inv_freq", inv_freq),
+                ("positions", args.positions),
+            ]);
+            d.dims = vec![
+                ("seq_len", seq),
+                ("n_heads", heads),
+                ("head_dim", head_dim),
+                ("batch", batch),
+            ];
+            let g = grid(pipeline.abi(), &d.dims);
+            pipeline.record(gpu, rec, &d, g)
+        })
     }
 }
 

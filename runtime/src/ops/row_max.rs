@@ -7,6 +7,7 @@ use attn_dsl::{Dtype, KernelSpec, Masks, Op, Scalar};
 use super::{grid, helper, scratch};
 use crate::device::Gpu;
 use crate::dispatch::record::{Dispatch, Pipeline};
+use crate::dispatch::recorder::Recorder;
 use crate::error::Error;
 use crate::tensor::Tensor;
 
@@ -32,7 +33,7 @@ impl RowMaxima {
     pub(crate) fn record(
         &mut self,
         gpu: &Gpu,
-        encoder: &mut wgpu::CommandEncoder,
+        rec: &mut Recorder,
         operands: &[&Tensor],
         rows: [u32; 3],
     ) -> Result<Tensor, Error> {
@@ -54,7 +55,7 @@ impl RowMaxima {
                 ("at", at as u32 * part),
             ];
             let g = grid(pipeline.abi(), &d.dims);
-            pipeline.record(gpu, encoder, &d, g)?;
+            pipeline.record(gpu, rec, &d, g)?;
         }
         Ok(held)
     }
@@ -103,7 +104,12 @@ mod tests {
         let mut maxima = RowMaxima::default();
         let mut encoder = gpu.device.create_command_encoder(&Default::default());
         let held = maxima
-            .record(&gpu, &mut encoder, &[&qt, &kt], [batch, seq, heads])
+            .record(
+                &gpu,
+                &mut crate::dispatch::Recorder::new(&mut encoder),
+                &[&qt, &kt],
+                [batch, seq, heads],
+            )
             .unwrap_or_else(|e| panic!("{e}"));
         gpu.queue.submit([encoder.finish()]);
         let got = crate::device::block_on(held.to_u32(&gpu)).unwrap_or_else(|e| panic!("{e}"));

@@ -5,6 +5,7 @@
 
 use attn_dsl::{Cache, Dtype, Fp8, Masks, Scalar};
 use runtime::BlockOn;
+use runtime::dispatch::{Record, Recorder};
 use runtime::harness::kv_fp8::{self, Fp8Case};
 use runtime::ops::backward::BackwardArgs;
 use runtime::ops::cache::{CacheError, CacheLayout, CacheSpec, KvCache};
@@ -719,6 +720,94 @@ fn a_decode_loop_creates_nothing_in_its_steady_state() {
     }
     assert!(counts.windows(2).all(|w| w[0] == w[1]), "{counts:?}");
     assert_eq!(cache.len(1), Some(64));
+}
+
+/// Decode steps (RoPE, the cache's append, decode) recorded into one compute pass through
+/// a `Recorder`, the slot opened in it too, against the same steps op by op: the same
+/// outputs, bit for bit, every step (each step's decode reads the row its append wrote; a
+/// paged append that takes a page copies the block table, ending the recorder's pass).
+#[test]
+fn a_step_in_one_compute_pass_equals_the_step_op_by_op() {
+    let gpu = gpu();
+    let h = HEADS;
+    let layout = CacheLayout::Paged {
+        page_size: 16,
+        n_pages: 4,
+        pages_per_seq: 4,
+    };
+    let mut caches = [(); 2].map(|_| KvCache::new(&gpu, f32_cache(h, 1, layout)).unwrap());
+    let mut ops = (
+        Rope::new(&gpu, RopeSpec::new(64)).unwrap(),
+        Decode::new(
+            &gpu,
+            DecodeSpec {
+                cache: Cache::Paged,
+                ..DecodeSpec::new(64, 64, Dtype::F32)
+            },
+        )
+        .unwrap(),
+    );
+    let o = Tensor::zeros(&gpu, &[1, h.n_heads, h.head_dim], Scalar::F32).unwrap();
+    for step in 0..20u64 {
+        let mut got = Vec::new();
+        for (shared, cache) in caches.iter_mut().enumerate() {
+            // RoPE rotates in place: each recording rotates its own upload of the rows.
+            let q = upload(&gpu, &[1, 1, h.n_heads, h.head_dim], 100 + step).1;
+            let k = upload(&gpu, &[1, 1, h.n_kv_heads, h.head_dim], 200 + step).1;
+            let mut enc = gpu.device.create_command_encoder(&Default::default());
+            match shared == 1 {
+                true => decode_step(
+                    &gpu,
+                    &mut Recorder::new(&mut enc),
+                    &mut ops,
+                    cache,
+                    [&q, &k, &o],
+                    step == 0,
+                ),
+                false => decode_step(&gpu, &mut enc, &mut ops, cache, [&q, &k, &o], step == 0),
+            }
+            submit(&gpu, enc);
+            got.push(read(&gpu, &o));
+        }
+        assert_eq!(got[0], got[1], "step {step}");
+        assert!(
+            got[0].iter().all(|x| x.is_finite() && *x != 0.0),
+            "step {step}"
+        );
+    }
+}
+
+/// One decode step of one sequence into `rec` (its slot opened first where `open`).
+fn decode_step(
+    gpu: &Gpu,
+    rec: &mut impl Record,
+    (rope, decode): &mut (Rope, Decode),
+    cache: &mut KvCache,
+    [q, k, o]: [&Tensor; 3],
+    open: bool,
+) {
+    if open {
+        cache.open(rec, 0).unwrap();
+    }
+    for x in [q, k] {
+        let args = RopeArgs {
+            x,
+            positions: cache.lengths(),
+            base: 10000.0,
+        };
+        rope.record(gpu, rec, &args).unwrap();
+    }
+    cache.append(gpu, rec, 0, k, k).unwrap();
+    let args = DecodeArgs {
+        rows: Default::default(),
+        q: &q.reshape(o.shape()).unwrap(),
+        cache: cache.view(),
+        o,
+        scale: None,
+        mods: Default::default(),
+        slice_len: None,
+    };
+    decode.record(gpu, rec, &args).unwrap();
 }
 
 /// One decode step on a fresh cache and fresh ops: its output and the pipelines created.

@@ -13,6 +13,7 @@ use std::time::Instant;
 use attn_dsl::{Dtype, Masks, Scalar};
 
 use crate::device::Gpu;
+use crate::dispatch::Recorder;
 use crate::error::Error;
 use crate::host::attention::Heads;
 use crate::ops::backward::BackwardArgs;
@@ -113,15 +114,17 @@ pub fn decode(gpu: &Gpu, h: Heads, cache_len: u32, dtype: Dtype, steps: u32) -> 
         if let Some(s) = spans {
             s.mark(&mut enc, t, false);
         }
+        // The step in one compute pass, as an engine records it.
+        let mut rec = Recorder::new(&mut enc);
         for x in [&q32, &k32] {
             let args = RopeArgs {
                 x,
                 positions: cache.lengths(),
                 base: 10000.0,
             };
-            rope.record(gpu, &mut enc, &args)?;
+            rope.record(gpu, &mut rec, &args)?;
         }
-        cache.append(gpu, &mut enc, 0, &kv, &kv)?;
+        cache.append(gpu, &mut rec, 0, &kv, &kv)?;
         let args = DecodeArgs {
             rows: Default::default(),
             q: &q,
@@ -131,7 +134,8 @@ pub fn decode(gpu: &Gpu, h: Heads, cache_len: u32, dtype: Dtype, steps: u32) -> 
             mods: Default::default(),
             slice_len: None,
         };
-        decode.record(gpu, &mut enc, &args)?;
+        decode.record(gpu, &mut rec, &args)?;
+        drop(rec);
         if let Some(s) = spans {
             s.mark(&mut enc, t, true);
         }
@@ -327,8 +331,9 @@ pub fn train_step(gpu: &Gpu, h: Heads, seq: u32, dtype: Dtype, runs: u32) -> Res
     let mut backward = crate::ops::backward::Backward::new(gpu, spec)?;
     let mut schedule = None;
     let (wall_ms, gpu_ms) = waited(gpu, runs, |enc| {
+        let mut rec = Recorder::new(enc);
         let fargs = ForwardArgs::new(&q, &k, &k, &o, &lse);
-        forward.record(gpu, enc, &fargs)?;
+        forward.record(gpu, &mut rec, &fargs)?;
         let bargs = BackwardArgs {
             q: &q,
             k: &k,
@@ -347,7 +352,7 @@ pub fn train_step(gpu: &Gpu, h: Heads, seq: u32, dtype: Dtype, runs: u32) -> Res
             mods: Default::default(),
             accumulate: false,
         };
-        schedule = Some(backward.record(gpu, enc, &bargs, None)?);
+        schedule = Some(backward.record(gpu, &mut rec, &bargs, None)?);
         Ok(())
     })?;
     Ok(Row {

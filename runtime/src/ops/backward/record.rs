@@ -9,6 +9,7 @@ use super::{Backward, Schedule, needs_prep};
 use crate::device::Gpu;
 use crate::dispatch::kernel::Kernel;
 use crate::dispatch::record::{Dispatch, Pipeline};
+use crate::dispatch::recorder::{Record, Recorder};
 use crate::error::{Error, InputError};
 use crate::modifiers::DeviceModifiers;
 use crate::ops::row_max::RowMaxima;
@@ -124,7 +125,7 @@ impl Scratch {
     fn flex_pairs(
         &mut self,
         gpu: &Gpu,
-        encoder: &mut wgpu::CommandEncoder,
+        rec: &mut Recorder,
         grads: &[(&str, &Tensor)],
     ) -> Result<Vec<(Tensor, u32)>, Error> {
         self.flex_pairs
@@ -139,7 +140,7 @@ impl Scratch {
             })
             .collect::<Result<Vec<_>, Error>>()?;
         for (p, _) in &pairs {
-            p.record_clear(encoder);
+            p.record_clear(rec.encoder());
         }
         Ok(pairs)
     }
@@ -162,192 +163,196 @@ impl Backward {
     pub fn record(
         &mut self,
         gpu: &Gpu,
-        encoder: &mut wgpu::CommandEncoder,
+        encoder: &mut impl Record,
         args: &BackwardArgs,
         schedule: Option<Schedule>,
     ) -> Result<Schedule, Error> {
-        let (batch, seq, h) = attention_shape(args.q, args.k, args.v)?;
-        let dtype = dtype_of(args.q)?;
-        let set = self.set_of(h.dims(), dtype)?;
-        let (schedule, at) = self.schedule_for(gpu, set, schedule, (batch, seq, h), dtype)?;
-        check(
-            &self.compiled[set].schedules[at].abis[0],
-            args,
-            batch,
-            seq,
-            h,
-        )?;
-        if schedule == Schedule::Split {
-            let bytes = schedule.scratch_bytes(batch, seq, h.n_heads);
-            crate::shape::binding_size(gpu.limits(), bytes)?;
-        }
-        // Pipelines first: a schedule that does not compile records nothing.
-        let c = &mut self.compiled[set];
-        let prep_needed = needs_prep(&c.schedules[at].abis.iter().collect::<Vec<_>>());
-        if prep_needed && c.prep.is_none() {
-            c.prep = Some(Pipeline::new(Kernel::now(gpu, &c.prep_abi)?));
-        }
-        if c.schedules[at].pipelines.is_none() {
-            let compiled = c.schedules[at]
+        encoder.recorder(|rec| {
+            let (batch, seq, h) = attention_shape(args.q, args.k, args.v)?;
+            let dtype = dtype_of(args.q)?;
+            let set = self.set_of(h.dims(), dtype)?;
+            let (schedule, at) = self.schedule_for(gpu, set, schedule, (batch, seq, h), dtype)?;
+            check(
+                &self.compiled[set].schedules[at].abis[0],
+                args,
+                batch,
+                seq,
+                h,
+            )?;
+            if schedule == Schedule::Split {
+                let bytes = schedule.scratch_bytes(batch, seq, h.n_heads);
+                crate::shape::binding_size(gpu.limits(), bytes)?;
+            }
+            // Pipelines first: a schedule that does not compile records nothing.
+            let c = &mut self.compiled[set];
+            let prep_needed = needs_prep(&c.schedules[at].abis.iter().collect::<Vec<_>>());
+            if prep_needed && c.prep.is_none() {
+                c.prep = Some(Pipeline::new(Kernel::now(gpu, &c.prep_abi)?));
+            }
+            if c.schedules[at].pipelines.is_none() {
+                let compiled = c.schedules[at]
+                    .abis
+                    .iter()
+                    .map(|abi| Ok(Pipeline::new(Kernel::now(gpu, abi)?)))
+                    .collect::<Result<Vec<_>, Error>>()?;
+                c.schedules[at].pipelines = Some(compiled);
+            }
+            let packed = c.schedules[at]
                 .abis
                 .iter()
-                .map(|abi| Ok(Pipeline::new(Kernel::now(gpu, abi)?)))
-                .collect::<Result<Vec<_>, Error>>()?;
-            c.schedules[at].pipelines = Some(compiled);
-        }
-        let packed = c.schedules[at]
-            .abis
-            .iter()
-            .any(|a| a.binding("dkv").is_some());
-        if packed {
-            self.scratch.lanes(gpu)?;
-        }
-        if !args.flex_grads.is_empty() {
-            self.scratch.fold(gpu)?;
-        }
-        let rows = [batch, seq, h.n_heads];
-        let stats = Scratch::view(
-            &mut self.scratch.stats,
-            gpu,
-            &[2, rows[0], rows[1], rows[2]],
-        )?;
-        let p_ds = match schedule {
-            Schedule::Split => Some(Scratch::view(
-                &mut self.scratch.p_ds,
+                .any(|a| a.binding("dkv").is_some());
+            if packed {
+                self.scratch.lanes(gpu)?;
+            }
+            if !args.flex_grads.is_empty() {
+                self.scratch.fold(gpu)?;
+            }
+            let rows = [batch, seq, h.n_heads];
+            let stats = Scratch::view(
+                &mut self.scratch.stats,
                 gpu,
-                &[2, batch, seq, h.n_heads, seq],
-            )?),
-            _ => None,
-        };
-        let lanes = attn_dsl::DKV_LANES;
-        // Each lane holds dK's rows, then dV's, each at its width.
-        let dkv = match packed {
-            true => Some(Scratch::view(
-                &mut self.scratch.dkv,
-                gpu,
-                &[lanes, batch, seq, h.n_kv_heads, h.head_dim + h.head_dim_v],
-            )?),
-            false => None,
-        };
-        let whole;
-        let seg = match args.seg {
-            Some(s) => s,
-            None => {
-                let ends = crate::shape::seg_with_ends(None, batch, seq);
-                whole = Tensor::from_u32(gpu, &[2, batch, seq], &ends)?;
-                &whole
-            }
-        };
-        if !args.accumulate {
-            for (name, t) in [("dq", args.dq), ("dk", args.dk), ("dv", args.dv)]
-                .into_iter()
-                .chain(args.dbias.map(|t| ("dbias", t)))
-                .chain(args.dsinks.map(|t| ("dsinks", t)))
-                .chain(args.flex_grads.iter().copied())
-            {
-                t.check_copy_dst(gpu, name)?;
-            }
-        }
-        // The kernels add a modifier tensor's gradient into a compensated sum, folded into the
-        // caller's gradient after them.
-        let pairs = self.scratch.flex_pairs(gpu, encoder, args.flex_grads)?;
-        let scaled = binds(&self.compiled[set].schedules[at].abis, "row_max");
-        let row_max = match scaled {
-            true => {
-                let operands = [args.q, args.k, args.v, args.o, args.d_o];
-                Some(self.scratch.row_max.record(gpu, encoder, &operands, rows)?)
-            }
-            false => None,
-        };
-        let mut tensors = vec![
-            ("q", args.q),
-            ("k", args.k),
-            ("v", args.v),
-            ("o", args.o),
-            ("lse", args.lse),
-            ("d_o", args.d_o),
-            ("dq", args.dq),
-            ("dk", args.dk),
-            ("dv", args.dv),
-            ("seg", seg),
-            ("stats", &stats),
-        ];
-        tensors.extend(args.dbias.map(|t| ("dbias", t)));
-        tensors.extend(p_ds.as_ref().map(|t| ("p_ds", t)));
-        tensors.extend(dkv.as_ref().map(|t| ("dkv", t)));
-        tensors.extend(row_max.as_ref().map(|t| ("row_max", t)));
-        tensors.extend(args.mods.tensors());
-        tensors.extend(
-            args.flex_grads
-                .iter()
-                .zip(&pairs)
-                .map(|((n, _), (p, _))| (*n, p)),
-        );
-        let mut d = Dispatch::new(tensors);
-        d.dims = sequence_dims(batch, seq, h).to_vec();
-        d.dims.extend(args.mods.dims());
-        d.params = vec![("scale", args.scale.unwrap_or(h.default_scale()))];
-        d.params.extend(args.mods.params());
-        if !args.accumulate {
-            let grads = [args.dq, args.dk, args.dv].into_iter();
-            let flex = args.flex_grads.iter().map(|(_, t)| *t);
-            for t in grads.chain(args.dbias).chain(args.dsinks).chain(flex) {
-                t.record_clear(encoder);
-            }
-        }
-        if let Some(t) = &dkv {
-            t.record_clear(encoder);
-        }
-        let c = &mut self.compiled[set];
-        let prep = c.prep.as_mut().filter(|_| prep_needed);
-        let pipelines = c.schedules[at].pipelines.as_mut().expect("compiled above");
-        for pipeline in prep.into_iter().chain(pipelines.iter_mut()) {
-            let g = grid(pipeline.abi(), &d.dims);
-            pipeline.record(gpu, encoder, &d, g)?;
-        }
-        if let Some(dsinks) = args.dsinks {
-            let sinks = args.mods.sinks.expect("checked: dsinks comes with sinks");
-            let grad = self.compiled[set].sink_grad(gpu)?;
-            let blocks = (batch * seq).div_ceil(grad.abi().workgroup_size[0]);
-            let parts = Scratch::view(&mut self.scratch.sink_parts, gpu, &[2, h.n_heads, blocks])?;
-            // Pass 0 sums each block of rows, pass 1 each head's blocks in order.
-            for pass in [0, 1] {
-                let mut s = Dispatch::new(vec![
-                    ("o", args.o),
-                    ("d_o", args.d_o),
-                    ("lse", args.lse),
-                    ("sinks", sinks),
-                    ("dsinks_part", &parts),
-                    ("dsinks", dsinks),
-                ]);
-                s.dims = sequence_dims(batch, seq, h).to_vec();
-                s.dims.extend([("n_slices", blocks), ("sink_pass", pass)]);
-                let g = grid(grad.abi(), &s.dims);
-                grad.record(gpu, encoder, &s, g)?;
-            }
-        }
-        for ((_, grad), (pair, lanes)) in args.flex_grads.iter().zip(&pairs) {
-            let fold = Dispatch {
-                tensors: vec![("pair", pair), ("grad", grad)],
-                dims: vec![("len", grad.len() as u32), ("lanes", *lanes)],
-                params: Vec::new(),
+                &[2, rows[0], rows[1], rows[2]],
+            )?;
+            let p_ds = match schedule {
+                Schedule::Split => Some(Scratch::view(
+                    &mut self.scratch.p_ds,
+                    gpu,
+                    &[2, batch, seq, h.n_heads, seq],
+                )?),
+                _ => None,
             };
-            let fold_pipeline = self.scratch.fold(gpu)?;
-            let g = grid(fold_pipeline.abi(), &fold.dims);
-            fold_pipeline.record(gpu, encoder, &fold, g)?;
-        }
-        if let Some(dkv) = &dkv {
-            let len4 = |t: &Tensor| (elements(t.shape()) / 4) as u32;
-            let reduce = Dispatch {
-                tensors: vec![("dkv", dkv), ("dk", args.dk), ("dv", args.dv)],
-                dims: vec![("len4", len4(args.dk)), ("len4_v", len4(args.dv))],
-                params: Vec::new(),
+            let lanes = attn_dsl::DKV_LANES;
+            // Each lane holds dK's rows, then dV's, each at its width.
+            let dkv = match packed {
+                true => Some(Scratch::view(
+                    &mut self.scratch.dkv,
+                    gpu,
+                    &[lanes, batch, seq, h.n_kv_heads, h.head_dim + h.head_dim_v],
+                )?),
+                false => None,
             };
-            let lanes = self.scratch.lanes(gpu)?;
-            let g = grid(lanes.abi(), &reduce.dims);
-            lanes.record(gpu, encoder, &reduce, g)?;
-        }
-        Ok(schedule)
+            let whole;
+            let seg = match args.seg {
+                Some(s) => s,
+                None => {
+                    let ends = crate::shape::seg_with_ends(None, batch, seq);
+                    whole = Tensor::from_u32(gpu, &[2, batch, seq], &ends)?;
+                    &whole
+                }
+            };
+            if !args.accumulate {
+                for (name, t) in [("dq", args.dq), ("dk", args.dk), ("dv", args.dv)]
+                    .into_iter()
+                    .chain(args.dbias.map(|t| ("dbias", t)))
+                    .chain(args.dsinks.map(|t| ("dsinks", t)))
+                    .chain(args.flex_grads.iter().copied())
+                {
+                    t.check_copy_dst(gpu, name)?;
+                }
+            }
+            // The kernels add a modifier tensor's gradient into a compensated sum, folded into the
+            // caller's gradient after them.
+            let pairs = self.scratch.flex_pairs(gpu, rec, args.flex_grads)?;
+            // Clears before the first dispatch: each ends the recorder's compute pass.
+            if !args.accumulate {
+                let grads = [args.dq, args.dk, args.dv].into_iter();
+                let flex = args.flex_grads.iter().map(|(_, t)| *t);
+                for t in grads.chain(args.dbias).chain(args.dsinks).chain(flex) {
+                    t.record_clear(rec.encoder());
+                }
+            }
+            if let Some(t) = &dkv {
+                t.record_clear(rec.encoder());
+            }
+            let scaled = binds(&self.compiled[set].schedules[at].abis, "row_max");
+            let row_max = match scaled {
+                true => {
+                    let operands = [args.q, args.k, args.v, args.o, args.d_o];
+                    Some(self.scratch.row_max.record(gpu, rec, &operands, rows)?)
+                }
+                false => None,
+            };
+            let mut tensors = vec![
+                ("q", args.q),
+                ("k", args.k),
+                ("v", args.v),
+                ("o", args.o),
+                ("lse", args.lse),
+                ("d_o", args.d_o),
+                ("dq", args.dq),
+                ("dk", args.dk),
+                ("dv", args.dv),
+                ("seg", seg),
+                ("stats", &stats),
+            ];
+            tensors.extend(args.dbias.map(|t| ("dbias", t)));
+            tensors.extend(p_ds.as_ref().map(|t| ("p_ds", t)));
+            tensors.extend(dkv.as_ref().map(|t| ("dkv", t)));
+            tensors.extend(row_max.as_ref().map(|t| ("row_max", t)));
+            tensors.extend(args.mods.tensors());
+            tensors.extend(
+                args.flex_grads
+                    .iter()
+                    .zip(&pairs)
+                    .map(|((n, _), (p, _))| (*n, p)),
+            );
+            let mut d = Dispatch::new(tensors);
+            d.dims = sequence_dims(batch, seq, h).to_vec();
+            d.dims.extend(args.mods.dims());
+            d.params = vec![("scale", args.scale.unwrap_or(h.default_scale()))];
+            d.params.extend(args.mods.params());
+            let c = &mut self.compiled[set];
+            let prep = c.prep.as_mut().filter(|_| prep_needed);
+            let pipelines = c.schedules[at].pipelines.as_mut().expect("compiled above");
+            for pipeline in prep.into_iter().chain(pipelines.iter_mut()) {
+                let g = grid(pipeline.abi(), &d.dims);
+                pipeline.record(gpu, rec, &d, g)?;
+            }
+            if let Some(dsinks) = args.dsinks {
+                let sinks = args.mods.sinks.expect("checked: dsinks comes with sinks");
+                let grad = self.compiled[set].sink_grad(gpu)?;
+                let blocks = (batch * seq).div_ceil(grad.abi().workgroup_size[0]);
+                let parts =
+                    Scratch::view(&mut self.scratch.sink_parts, gpu, &[2, h.n_heads, blocks])?;
+                // Pass 0 sums each block of rows, pass 1 each head's blocks in order.
+                for pass in [0, 1] {
+                    let mut s = Dispatch::new(vec![
+                        ("o", args.o),
+                        ("d_o", args.d_o),
+                        ("lse", args.lse),
+                        ("sinks", sinks),
+                        ("dsinks_part", &parts),
+                        ("dsinks", dsinks),
+                    ]);
+                    s.dims = sequence_dims(batch, seq, h).to_vec();
+                    s.dims.extend([("n_slices", blocks), ("sink_pass", pass)]);
+                    let g = grid(grad.abi(), &s.dims);
+                    grad.record(gpu, rec, &s, g)?;
+                }
+            }
+            for ((_, grad), (pair, lanes)) in args.flex_grads.iter().zip(&pairs) {
+                let fold = Dispatch {
+                    tensors: vec![("pair", pair), ("grad", grad)],
+                    dims: vec![("len", grad.len() as u32), ("lanes", *lanes)],
+                    params: Vec::new(),
+                };
+                let fold_pipeline = self.scratch.fold(gpu)?;
+                let g = grid(fold_pipeline.abi(), &fold.dims);
+                fold_pipeline.record(gpu, rec, &fold, g)?;
+            }
+            if let Some(dkv) = &dkv {
+                let len4 = |t: &Tensor| (elements(t.shape()) / 4) as u32;
+                let reduce = Dispatch {
+                    tensors: vec![("dkv", dkv), ("dk", args.dk), ("dv", args.dv)],
+                    dims: vec![("len4", len4(args.dk)), ("len4_v", len4(args.dv))],
+                    params: Vec::new(),
+                };
+                let lanes = self.scratch.lanes(gpu)?;
+                let g = grid(lanes.abi(), &reduce.dims);
+                lanes.record(gpu, rec, &reduce, g)?;
+            }
+            Ok(schedule)
+        })
     }
 }
 

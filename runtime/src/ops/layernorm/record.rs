@@ -8,6 +8,7 @@ use super::{Backward, Forward, LayerNormLinear};
 use crate::device::Gpu;
 use crate::dispatch::kernel::Kernel;
 use crate::dispatch::record::{Dispatch, Pipeline};
+use crate::dispatch::recorder::{Record, Recorder};
 use crate::error::{Error, InputError};
 use crate::modifiers::expect;
 use crate::ops::grid;
@@ -173,27 +174,27 @@ impl LayerNormLinear {
     pub fn record(
         &mut self,
         gpu: &Gpu,
-        encoder: &mut wgpu::CommandEncoder,
+        encoder: &mut impl Record,
         call: &LayerNormCall,
     ) -> Result<(), Error> {
-        match *call {
+        encoder.recorder(|rec| match *call {
             LayerNormCall::Forward { args, y, saved } => {
-                self.record_forward(gpu, encoder, &args, y, saved)
+                self.record_forward(gpu, rec, &args, y, saved)
             }
             LayerNormCall::Backward {
                 args,
                 saved,
                 dy,
                 grads,
-            } => self.record_backward(gpu, encoder, &args, saved, dy, &grads),
-        }
+            } => self.record_backward(gpu, rec, &args, saved, dy, &grads),
+        })
     }
 
     /// Records the forward: y `[rows, out]`, with each row's mean and 1/std saved.
     fn record_forward(
         &mut self,
         gpu: &Gpu,
-        encoder: &mut wgpu::CommandEncoder,
+        rec: &mut Recorder,
         args: &LayerNormArgs,
         y: &Tensor,
         saved: Saved,
@@ -212,7 +213,7 @@ impl LayerNormLinear {
             && hidden.is_multiple_of(4))
             || self.weights() != attn_dsl::Dtype::F32;
         if few {
-            return self.record_forward_rows(gpu, encoder, (args, rows), y, saved);
+            return self.record_forward_rows(gpu, rec, (args, rows), y, saved);
         }
         let split = match self.forward_kernels() {
             Forward::Fused(_) => None,
@@ -236,11 +237,11 @@ impl LayerNormLinear {
             .forward
             .get_or_insert_with(|| Pipeline::new(kernel));
         let g = grid(pipeline.abi(), &d.dims);
-        pipeline.record(gpu, encoder, &d, g)?;
+        pipeline.record(gpu, rec, &d, g)?;
         let (Some(matmul), Some([xn, w16, _])) = (split, halves) else {
             return Ok(());
         };
-        to_f16(&mut self.recording.convert, gpu, encoder, [args.w, &w16])?;
+        to_f16(&mut self.recording.convert, gpu, rec, [args.w, &w16])?;
         let (hidden, out) = self.widths();
         let mut m = Dispatch::new(vec![("a", &xn), ("b", &w16), ("bias", args.b), ("c", y)]);
         m.dims = vec![("m", rows), ("n", out), ("k", hidden), ("split", 1)];
@@ -249,7 +250,7 @@ impl LayerNormLinear {
             .matmul
             .get_or_insert_with(|| Pipeline::new(matmul));
         let g = grid(pipeline.abi(), &m.dims);
-        pipeline.record(gpu, encoder, &m, g)
+        pipeline.record(gpu, rec, &m, g)
     }
 
     /// The few-rows forward ([`FewRows`]), the statistics saved by its LayerNorm pass. The
@@ -258,7 +259,7 @@ impl LayerNormLinear {
     fn record_forward_rows(
         &mut self,
         gpu: &Gpu,
-        encoder: &mut wgpu::CommandEncoder,
+        rec: &mut Recorder,
         (args, rows): (&LayerNormArgs, u32),
         y: &Tensor,
         saved: Saved,
@@ -300,14 +301,14 @@ impl LayerNormLinear {
         d.dims = dims;
         d.params = vec![("eps", args.eps)];
         let g = grid(few.norm.abi(), &d.dims);
-        few.norm.record(gpu, encoder, &d, g)?;
+        few.norm.record(gpu, rec, &d, g)?;
         let linear = crate::ops::linear::LinearArgs {
             x: &xn,
             w: args.w,
             b: Some(args.b),
             y,
         };
-        few.linear.record(gpu, encoder, &linear)
+        few.linear.record(gpu, rec, &linear)
     }
 
     /// The products' f16 operands, grown to `rows`: x̂·γ + β `[rows, hidden]`, W `[out,
@@ -328,7 +329,7 @@ impl LayerNormLinear {
     fn record_backward(
         &mut self,
         gpu: &Gpu,
-        encoder: &mut wgpu::CommandEncoder,
+        rec: &mut Recorder,
         args: &LayerNormArgs,
         saved: Saved,
         dy: &Tensor,
@@ -391,7 +392,7 @@ impl LayerNormLinear {
                 if !two_pass {
                     // The atomic schedule adds every row tile's sum into the final tensors.
                     for (_, t) in &partials {
-                        t.record_clear(encoder);
+                        t.record_clear(rec.encoder());
                     }
                 }
                 let mut tensors = Self::base(args);
@@ -403,14 +404,14 @@ impl LayerNormLinear {
                 ]);
                 tensors.extend(partials.iter().map(|(n, t)| (*n, t)));
                 // Each kernel binds its own part of these by name.
-                self.record_rows(gpu, encoder, [backward, weight_grad], [0, 1], &tensors, &io)?;
+                self.record_rows(gpu, rec, [backward, weight_grad], [0, 1], &tensors, &io)?;
             }
             Backward::Split {
                 grad_rows,
                 dxn,
                 dw,
                 rows: chain,
-            } => self.record_split_backward(gpu, encoder, [grad_rows, dxn, dw, chain], &io)?,
+            } => self.record_split_backward(gpu, rec, [grad_rows, dxn, dw, chain], &io)?,
         }
         let Some(reduce) = self.backward_reduce().cloned() else {
             return Ok(());
@@ -432,7 +433,7 @@ impl LayerNormLinear {
             .reduce
             .get_or_insert_with(|| Pipeline::new(reduce));
         let g = grid(pipeline.abi(), &r.dims);
-        pipeline.record(gpu, encoder, &r, g)
+        pipeline.record(gpu, rec, &r, g)
     }
 
     /// Records row kernels (pipelines `slots` of the backward's) over `tensors` with the
@@ -440,7 +441,7 @@ impl LayerNormLinear {
     fn record_rows<const N: usize>(
         &mut self,
         gpu: &Gpu,
-        encoder: &mut wgpu::CommandEncoder,
+        rec: &mut Recorder,
         kernels: [Kernel; N],
         slots: [usize; N],
         tensors: &[(&str, &Tensor)],
@@ -453,7 +454,7 @@ impl LayerNormLinear {
             let pipeline =
                 self.recording.backward[slot].get_or_insert_with(|| Pipeline::new(kernel));
             let g = grid(pipeline.abi(), &d.dims);
-            pipeline.record(gpu, encoder, &d, g)?;
+            pipeline.record(gpu, rec, &d, g)?;
         }
         Ok(())
     }
@@ -464,7 +465,7 @@ impl LayerNormLinear {
     fn record_split_backward(
         &mut self,
         gpu: &Gpu,
-        encoder: &mut wgpu::CommandEncoder,
+        rec: &mut Recorder,
         [grad_rows, dxn_product, dw_product, chain]: [Kernel; 4],
         io: &BackwardIo,
     ) -> Result<(), Error> {
@@ -473,7 +474,7 @@ impl LayerNormLinear {
         let [xn, w16, dy16] = self.half_operands(gpu, rows)?;
         let dxn = grown(gpu, &mut self.recording.dxn, &[rows, hidden], Scalar::F32)?;
         if self.recording.runs(0) {
-            to_f16(&mut self.recording.convert, gpu, encoder, [io.args.w, &w16])?;
+            to_f16(&mut self.recording.convert, gpu, rec, [io.args.w, &w16])?;
         }
         let part = |name: &str| {
             io.partials
@@ -493,7 +494,7 @@ impl LayerNormLinear {
             ("db", part("db")),
         ];
         if self.recording.runs(1) {
-            self.record_rows(gpu, encoder, [grad_rows], [0], &tensors, io)?;
+            self.record_rows(gpu, rec, [grad_rows], [0], &tensors, io)?;
         }
         let dw_parts = super::dw_parts(rows, hidden, out);
         let products = [
@@ -514,7 +515,7 @@ impl LayerNormLinear {
             let pipeline =
                 self.recording.backward[slot].get_or_insert_with(|| Pipeline::new(kernel));
             let g = grid(pipeline.abi(), &d.dims);
-            pipeline.record(gpu, encoder, &d, g)?;
+            pipeline.record(gpu, rec, &d, g)?;
         }
         let tensors = [
             ("x", a.x),
@@ -527,7 +528,7 @@ impl LayerNormLinear {
             ("dbeta", part("dbeta")),
         ];
         if self.recording.runs(4) {
-            self.record_rows(gpu, encoder, [chain], [3], &tensors, io)?;
+            self.record_rows(gpu, rec, [chain], [3], &tensors, io)?;
         }
         Ok(())
     }
@@ -561,7 +562,7 @@ fn grown(
 fn to_f16(
     slot: &mut Option<crate::ops::convert::Convert>,
     gpu: &Gpu,
-    encoder: &mut wgpu::CommandEncoder,
+    rec: &mut Recorder,
     [src, dst]: [&Tensor; 2],
 ) -> Result<(), Error> {
     use crate::ops::convert::{Convert, ConvertArgs};
@@ -569,7 +570,7 @@ fn to_f16(
         *slot = Some(Convert::new(gpu, attn_dsl::Dtype::F16)?);
     }
     let convert = slot.as_mut().expect("made above");
-    convert.record(gpu, encoder, &ConvertArgs { src, dst })
+    convert.record(gpu, rec, &ConvertArgs { src, dst })
 }
 
 #[cfg(test)]
@@ -629,7 +630,12 @@ mod tests {
         let g = crate::ops::grid(pipeline.abi(), &d.dims);
         assert_eq!(g, [3, 1, 1]);
         pipeline
-            .record(&gpu, &mut encoder, &d, g)
+            .record(
+                &gpu,
+                &mut crate::dispatch::Recorder::new(&mut encoder),
+                &d,
+                g,
+            )
             .unwrap_or_else(|e| panic!("{e}"));
         gpu.queue.submit([encoder.finish()]);
         let read =
@@ -687,7 +693,12 @@ mod tests {
         let g = crate::ops::grid(pipeline.abi(), &d.dims);
         assert_eq!(g, [blocks, 1, 1]);
         pipeline
-            .record(gpu, &mut encoder, &d, g)
+            .record(
+                gpu,
+                &mut crate::dispatch::Recorder::new(&mut encoder),
+                &d,
+                g,
+            )
             .unwrap_or_else(|e| panic!("{e}"));
         gpu.queue.submit([encoder.finish()]);
     }
