@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use attn_dsl::{Cache, Dtype, Masks, Scalar};
 use rand::{Rng, SeedableRng, rngs::StdRng};
+use runtime::dispatch::{Record, Recorder};
 use runtime::ops::cache::{CacheLayout, CacheSpec, KvCache};
 use runtime::ops::convert::{Convert, ConvertArgs};
 use runtime::ops::decode::{Decode, DecodeArgs, DecodeSpec};
@@ -171,7 +172,7 @@ impl Projection {
     fn record(
         &mut self,
         gpu: &Gpu,
-        enc: &mut wgpu::CommandEncoder,
+        enc: &mut impl Record,
         x: &Tensor,
         y: &Tensor,
         saved: &[Tensor; 2],
@@ -245,7 +246,7 @@ fn scalar(dtype: Dtype) -> Scalar {
 /// conversion).
 fn in_dtype(
     gpu: &Gpu,
-    enc: &mut wgpu::CommandEncoder,
+    enc: &mut impl Record,
     convert: &mut Option<Convert>,
     x: &Tensor,
     held: &Tensor,
@@ -261,7 +262,7 @@ fn in_dtype(
 /// Records `dst = src` widened to f32, where the cache's dtype is not f32.
 fn to_f32(
     gpu: &Gpu,
-    enc: &mut wgpu::CommandEncoder,
+    enc: &mut impl Record,
     convert: &mut Option<Convert>,
     [src, dst]: [&Tensor; 2],
 ) -> Result<()> {
@@ -495,38 +496,41 @@ pub fn run(c: &Config) -> Result<Report> {
         if let Some(spans) = &stamps {
             spans.mark(&mut enc, t, false);
         }
+        // The step's dispatches in one compute pass: each pass costs the CPU its own
+        // validation and encoding.
+        let mut rec = Recorder::new(&mut enc);
         let ops = OpSpans(profile.as_ref(), t);
         let x = &xs[(t % 2) as usize];
-        ops.mark(&mut enc, 0, false);
-        layer.q.record(&gpu, &mut enc, x, &q1, &layer.saved)?;
-        ops.mark(&mut enc, 0, true);
-        ops.mark(&mut enc, 1, false);
-        layer.k.record(&gpu, &mut enc, x, &k1, &layer.saved)?;
-        ops.mark(&mut enc, 1, true);
-        ops.mark(&mut enc, 2, false);
-        layer.v.record(&gpu, &mut enc, x, &v1, &layer.saved)?;
-        ops.mark(&mut enc, 2, true);
+        ops.mark(&mut rec, 0, false);
+        layer.q.record(&gpu, &mut rec, x, &q1, &layer.saved)?;
+        ops.mark(&mut rec, 0, true);
+        ops.mark(&mut rec, 1, false);
+        layer.k.record(&gpu, &mut rec, x, &k1, &layer.saved)?;
+        ops.mark(&mut rec, 1, true);
+        ops.mark(&mut rec, 2, false);
+        layer.v.record(&gpu, &mut rec, x, &v1, &layer.saved)?;
+        ops.mark(&mut rec, 2, true);
         let q4 = q1.reshape(&[b, 1, h.n_heads, h.head_dim])?;
         let k4 = k1.reshape(&[b, 1, h.n_kv_heads, h.head_dim])?;
         let v4 = v1.reshape(&[b, 1, h.n_kv_heads, h.head_dim])?;
-        ops.mark(&mut enc, 3, false);
+        ops.mark(&mut rec, 3, false);
         for x in [&q4, &k4] {
             let args = RopeArgs {
                 x,
                 positions: cache.lengths(),
                 base: 10000.0,
             };
-            layer.rope.record(&gpu, &mut enc, &args)?;
+            layer.rope.record(&gpu, &mut rec, &args)?;
         }
-        ops.mark(&mut enc, 3, true);
-        ops.mark(&mut enc, 4, false);
-        let qd = in_dtype(&gpu, &mut enc, &mut layer.convert, &q4, &qh)?;
-        let kd = in_dtype(&gpu, &mut enc, &mut layer.convert, &k4, &kh)?;
-        let vd = in_dtype(&gpu, &mut enc, &mut layer.convert, &v4, &vh)?;
-        ops.mark(&mut enc, 4, true);
-        ops.mark(&mut enc, 5, false);
-        cache.append(&gpu, &mut enc, 0, &kd, &vd)?;
-        ops.mark(&mut enc, 5, true);
+        ops.mark(&mut rec, 3, true);
+        ops.mark(&mut rec, 4, false);
+        let qd = in_dtype(&gpu, &mut rec, &mut layer.convert, &q4, &qh)?;
+        let kd = in_dtype(&gpu, &mut rec, &mut layer.convert, &k4, &kh)?;
+        let vd = in_dtype(&gpu, &mut rec, &mut layer.convert, &v4, &vh)?;
+        ops.mark(&mut rec, 4, true);
+        ops.mark(&mut rec, 5, false);
+        cache.append(&gpu, &mut rec, 0, &kd, &vd)?;
+        ops.mark(&mut rec, 5, true);
         let o3 = match c.dtype {
             Dtype::F32 => o1.reshape(&[b, h.n_heads, h.head_dim])?,
             _ => oh.view(&[b, h.n_heads, h.head_dim])?,
@@ -540,26 +544,27 @@ pub fn run(c: &Config) -> Result<Report> {
             mods: Default::default(),
             slice_len: None,
         };
-        ops.mark(&mut enc, 6, false);
-        decode.record(&gpu, &mut enc, &args)?;
-        ops.mark(&mut enc, 6, true);
-        ops.mark(&mut enc, 7, false);
+        ops.mark(&mut rec, 6, false);
+        decode.record(&gpu, &mut rec, &args)?;
+        ops.mark(&mut rec, 6, true);
+        ops.mark(&mut rec, 7, false);
         to_f32(
             &gpu,
-            &mut enc,
+            &mut rec,
             &mut layer.convert,
             [&o3, &o1.reshape(o3.shape())?],
         )?;
-        ops.mark(&mut enc, 7, true);
-        ops.mark(&mut enc, 8, false);
+        ops.mark(&mut rec, 7, true);
+        ops.mark(&mut rec, 8, false);
         layer.o.record(
             &gpu,
-            &mut enc,
+            &mut rec,
             &o1,
             &xs[((t + 1) % 2) as usize],
             &layer.saved,
         )?;
-        ops.mark(&mut enc, 8, true);
+        ops.mark(&mut rec, 8, true);
+        drop(rec);
         if let Some(spans) = &stamps {
             spans.mark(&mut enc, t, true);
         }
@@ -601,9 +606,10 @@ pub fn run(c: &Config) -> Result<Report> {
 struct OpSpans<'a>(Option<&'a runtime::timing::Spans>, u32);
 
 impl OpSpans<'_> {
-    fn mark(&self, enc: &mut wgpu::CommandEncoder, op: u32, end: bool) {
+    /// Ends `rec`'s pass only where the ops are timed.
+    fn mark(&self, rec: &mut Recorder, op: u32, end: bool) {
         if let Some(spans) = self.0 {
-            spans.mark(enc, self.1 * STEP_OPS.len() as u32 + op, end);
+            spans.mark(rec.encoder(), self.1 * STEP_OPS.len() as u32 + op, end);
         }
     }
 }

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use attn_dsl::{Dtype, Masks, Scalar};
 use rand::{Rng, SeedableRng, rngs::StdRng};
+use runtime::dispatch::Recorder;
 use runtime::ops::backward::{BackwardArgs, BackwardSpec};
 use runtime::ops::convert::{Convert, ConvertArgs};
 use runtime::ops::forward::{Forward, ForwardArgs, ForwardSpec};
@@ -206,13 +207,27 @@ pub fn run(c: &Config) -> Result<Report> {
         if let Some(spans) = &stamps {
             spans.mark(&mut enc, step, false);
         }
-        // RoPE in place on copies, so that every step starts from the same inputs.
-        enc.copy_buffer_to_buffer(q0.buffer(), 0, rotated[0].buffer(), 0, q0.bytes());
-        enc.copy_buffer_to_buffer(k0.buffer(), 0, rotated[1].buffer(), 0, k0.bytes());
-        for x in &rotated {
+        // The step in one compute pass (each pass costs the CPU its own validation and
+        // encoding), the copies first: a copy ends the recorder's pass. RoPE rotates copies
+        // in place, so that every step starts from the same inputs; in f32 the copies are
+        // the staged inputs themselves.
+        let mut rec = Recorder::new(&mut enc);
+        let [rq, rk] = match convert {
+            None => [&qd, &kd],
+            Some(_) => [&rotated[0], &rotated[1]],
+        };
+        let mut copies = vec![(&q0, rq), (&k0, rk)];
+        if convert.is_none() {
+            copies.extend([(&v0, &vd), (&do0, &dod)]);
+        }
+        for (from, to) in copies {
+            rec.encoder()
+                .copy_buffer_to_buffer(from.buffer(), 0, to.buffer(), 0, from.bytes());
+        }
+        for x in [rq, rk] {
             rope.record(
                 &gpu,
-                &mut enc,
+                &mut rec,
                 &RopeArgs {
                     x,
                     positions: &positions,
@@ -220,17 +235,13 @@ pub fn run(c: &Config) -> Result<Report> {
                 },
             )?;
         }
-        let [qx, kx] = &rotated;
-        for (from, to) in [(qx, &qd), (kx, &kd), (&v0, &vd), (&do0, &dod)] {
-            match convert.as_mut() {
-                None => enc.copy_buffer_to_buffer(from.buffer(), 0, to.buffer(), 0, from.bytes()),
-                Some(convert) => {
-                    convert.record(&gpu, &mut enc, &ConvertArgs { src: from, dst: to })?
-                }
+        if let Some(convert) = convert.as_mut() {
+            for (src, dst) in [(rq, &qd), (rk, &kd), (&v0, &vd), (&do0, &dod)] {
+                convert.record(&gpu, &mut rec, &ConvertArgs { src, dst })?;
             }
         }
         let fargs = ForwardArgs::new(&qd, &kd, &vd, &od, &lse);
-        forward.record(&gpu, &mut enc, &fargs)?;
+        forward.record(&gpu, &mut rec, &fargs)?;
         let bargs = BackwardArgs {
             q: &qd,
             k: &kd,
@@ -249,11 +260,11 @@ pub fn run(c: &Config) -> Result<Report> {
             mods: Default::default(),
             accumulate: false,
         };
-        ran = Some(backward.record(&gpu, &mut enc, &bargs, c.schedule)?);
+        ran = Some(backward.record(&gpu, &mut rec, &bargs, c.schedule)?);
         for x in [&dq, &dk] {
             rope_back.record(
                 &gpu,
-                &mut enc,
+                &mut rec,
                 &RopeArgs {
                     x,
                     positions: &positions,
@@ -261,6 +272,7 @@ pub fn run(c: &Config) -> Result<Report> {
                 },
             )?;
         }
+        drop(rec);
         if let Some(spans) = &stamps {
             spans.mark(&mut enc, step, true);
         }
