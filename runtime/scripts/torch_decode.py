@@ -2,7 +2,7 @@
 command: decode (one query row per head against a cache), n new rows over a cache (causal
 among them, offset by the cache: `causal_lower_right`), and F.linear at decode's row counts.
 CUDA events, the median of 50 runs after 5. Run it on the device in the same command as
-bench: `python3 runtime/scripts/torch_decode.py [--quick] [--continue]`."""
+bench: `python3 runtime/scripts/torch_decode.py [--quick] [--continue | --linear]`."""
 import sys, statistics, torch, torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
@@ -17,6 +17,8 @@ def t(f, n=50):
 quick = "--quick" in sys.argv
 # --continue: only the continued caches (n rows over a cache) and the fresh forward.
 only_continue = "--continue" in sys.argv
+# --linear: only the projections.
+only_linear = "--linear" in sys.argv
 print("torch", torch.__version__, torch.cuda.get_device_name())
 x = torch.empty(256 * 1024 * 1024 // 4, device='cuda'); y = torch.empty_like(x)
 ms = t(lambda: y.copy_(x)); print(f"torch copy 256 MiB: {ms:.4f} ms {2 * x.numel() * 4 / ms / 1e6:.0f} GB/s")
@@ -30,7 +32,7 @@ def decode(B, L, H, KV, D, dt):
     print(f"torch decode b={B} cache={L} {H}/{KV}/{D} {str(dt)[6:]}: {ms:.4f} ms {gb / ms * 1e3:.0f} GB/s")
 
 lens = [32768] if quick else [32768, 65536, 131072]
-for dt in () if only_continue else (torch.float16, torch.bfloat16):
+for dt in () if only_continue or only_linear else (torch.float16, torch.bfloat16):
     for (H, KV, D) in [(32, 8, 128), (64, 8, 128), (32, 8, 64)]:
         for L in lens:
             for B in (1, 8):
@@ -38,7 +40,7 @@ for dt in () if only_continue else (torch.float16, torch.bfloat16):
 
 # n new rows per sequence over a cache of L rows (L includes them): chunked prefill, the
 # next turn of a chat, speculative verification.
-for dt in (torch.float16,):
+for dt in () if only_linear else (torch.float16,):
     runs = [(1, 32, n) for n in (1, 4, 8, 16, 32, 64, 128, 512)]
     runs += [(B, H, n) for (B, H) in [(8, 32), (1, 64)] for n in (4, 16)]
     for (B, H, n) in runs:
@@ -59,9 +61,10 @@ for dt in (torch.float16,):
     fl = 2 * S * (S + 1) * H * D
     print(f"torch forward causal {S} {H}/{KV}/{D} {str(dt)[6:]}: {ms:.4f} ms {fl / ms / 1e9:.1f} TFLOP/s")
 
-# Projections at decode shapes: F.linear of [rows, 768] by [3072, 768] (and 4096 x 4096).
+# Projections at decode shapes: F.linear of [rows, 768] by [3072, 768], 4096 x 4096 and an
+# MLP's 4096 -> 14336.
 for dt in () if only_continue else (torch.float32, torch.float16, torch.bfloat16):
-    for (K, N) in [(768, 3072), (4096, 4096)]:
+    for (K, N) in [(768, 3072), (4096, 4096), (4096, 14336)]:
         w = torch.randn(N, K, device='cuda', dtype=dt)
         for rows in (1, 2, 8, 16):
             a = torch.randn(rows, K, device='cuda', dtype=dt)

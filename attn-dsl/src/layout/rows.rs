@@ -93,7 +93,8 @@ pub fn grid_y(op: Op, hidden: u32, out: u32, tile: u32, atomic: bool) -> u32 {
 /// output columns (each lane one 16-byte word of W in f32 at a time, 32 lanes a 512-byte
 /// run of a row), columns per lane group, and the most rows one workgroup holds.
 pub const LINEAR_LANES: u32 = 32;
-/// Output columns per lane group of a [`Op::LinearRows`] workgroup.
+/// Output columns per lane group of a [`Op::LinearRows`] workgroup (four were slower from 4
+/// to 16 rows on an H200: more sums held per lane).
 pub const LINEAR_COLUMNS: u32 = 2;
 /// The most rows one [`Op::LinearRows`] workgroup holds.
 pub const LINEAR_MAX_ROWS: u32 = 16;
@@ -111,8 +112,8 @@ pub const SLICE: u32 = BK * GEMM_TILE;
 /// the f32 scratch of the row reductions.
 pub fn workgroup_bytes(spec: &KernelSpec) -> u32 {
     if spec.op == Op::LinearRows {
-        // One vec4 of partial sums per invocation for the lanes' reductions.
-        return 16 * spec.workgroup_size;
+        // Four vec4s of partial sums per invocation, a batch of the lanes' reductions.
+        return 64 * spec.workgroup_size;
     }
     if matches!(
         spec.op,

@@ -671,7 +671,8 @@ fn layernorm(
     }
     // The projections alone (an engine's Q, K, V and O have no LayerNorm in front), W held
     // in each dtype: GB/s of weights read.
-    for (hidden, out) in [(768, 3072), (4096, 4096)] {
+    // 4096 -> 14336: an MLP's up projection, where W's bytes outweigh a dispatch's start.
+    for (hidden, out) in [(768, 3072), (4096, 4096), (4096, 14336)] {
         let weights = [attn_dsl::Dtype::F32].into_iter().chain(gpu.half_dtypes());
         for dtype in weights {
             let t =
