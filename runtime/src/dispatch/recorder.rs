@@ -2,10 +2,11 @@
 //!
 //! Each dispatch of a compute pass is its own usage scope: wgpu places a barrier between two
 //! dispatches of one pass wherever the second touches what the first wrote, as it does
-//! between passes, so a pass boundary orders nothing more. What a pass costs is the CPU's
-//! time: wgpu validates, tracks and encodes each one on its own when the encoder finishes
-//! (about 8 µs a pass on a 2-core VM over lavapipe, against 3 µs a dispatch within one pass,
-//! 2026-11-29), and an engine's step of small dispatches is paced by it.
+//! between passes, so a pass boundary orders nothing more. What a pass costs is time: on the
+//! CPU, where wgpu validates, tracks and encodes each one on its own when the encoder
+//! finishes (about 8 µs a pass on a 2-core VM over lavapipe, against 3 µs a dispatch within
+//! one pass), and on the GPU (a decode step of five dispatches took 0.036 ms in one pass
+//! against 0.055 in five on an H200, 2026-11-29).
 
 /// An encoder with a compute pass kept open across dispatches: every op's dispatches go
 /// into it until a command outside a compute pass (a buffer clear or copy) or the end of the
