@@ -120,7 +120,7 @@ impl Scratch {
 }
 
 impl Scratch {
-    /// The compensated sums of `grads` (cleared in `encoder`), in order, each with its
+    /// The compensated sums of `grads` (cleared through `rec`, before any dispatch), in order, each with its
     /// lanes: as many as [`FLEX_LANES`] where the scratch stays within [`FLEX_SCRATCH`].
     fn flex_pairs(
         &mut self,
