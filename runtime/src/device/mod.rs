@@ -228,6 +228,8 @@ pub struct Gpu {
     /// Pipelines created on this device: compile on first use is visible in tests, and the
     /// pipeline cache is saved only when it grew.
     pipelines: AtomicU64,
+    /// Tensors' buffers created here (tensors, scratch, uploads).
+    buffers: AtomicU64,
     /// Every pipeline compiled here, by source: ops built again reuse them.
     compiled: CompiledPipelines,
 }
@@ -307,6 +309,7 @@ impl Gpu {
             #[cfg(not(target_arch = "wasm32"))]
             pipeline_cache: None,
             pipelines: AtomicU64::new(0),
+            buffers: AtomicU64::new(0),
             compiled: CompiledPipelines::default(),
         }
     }
@@ -323,6 +326,17 @@ impl Gpu {
     /// kernel another op already compiled here is not compiled again).
     pub fn pipelines_created(&self) -> u64 {
         self.pipelines.load(Ordering::Relaxed)
+    }
+
+    /// Tensor buffers created on this device so far (the caller's tensors, the ops'
+    /// scratch and uploads): flat in an engine's steady state, where each created buffer
+    /// would cost an allocation and a bind group per call.
+    pub fn buffers_created(&self) -> u64 {
+        self.buffers.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn count_buffer(&self) {
+        self.buffers.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The pipeline this device compiled for `abi` under its current runtime checks.

@@ -224,12 +224,7 @@ impl Forward {
         if let Some(s) = given {
             return Some(s.clone());
         }
-        let shape = [2, batch, seq];
-        if self.whole.as_ref().is_none_or(|w| w.shape() != shape) {
-            let ends = crate::shape::seg_with_ends(None, batch, seq);
-            self.whole = Tensor::from_u32(gpu, &shape, &ends).ok();
-        }
-        self.whole.clone()
+        crate::ops::whole_sequences(&mut self.whole, gpu, batch, seq).ok()
     }
 
     /// The ABI a shape runs when its pipeline is not compiled yet.

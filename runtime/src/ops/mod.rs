@@ -126,6 +126,23 @@ pub(crate) fn scratch(
     held.as_ref().expect("made above").view(shape)
 }
 
+/// The `seg` of `batch` whole sequences of `seq` rows (one document each) in `held`,
+/// uploaded again only when the shape changes: an upload per call would cost a buffer and a
+/// bind group per step.
+pub(crate) fn whole_sequences(
+    held: &mut Option<Tensor>,
+    gpu: &Gpu,
+    batch: u32,
+    seq: u32,
+) -> Result<Tensor, Error> {
+    let shape = [2, batch, seq];
+    if held.as_ref().is_none_or(|w| w.shape() != shape) {
+        let ends = crate::shape::seg_with_ends(None, batch, seq);
+        *held = Some(Tensor::from_u32(gpu, &shape, &ends)?);
+    }
+    Ok(held.clone().expect("made above"))
+}
+
 /// The pipeline `held`, compiled from `spec` on first use.
 pub(crate) fn helper<'p>(
     gpu: &Gpu,

@@ -22,14 +22,36 @@ use crate::shape::Heads;
 /// rule (`attn_dsl::configs`): candidate 0 fits WebGPU's defaults and is the default; the
 /// `+sg` twins (subgroup reductions) come last.
 pub fn forward_candidates(head_dim: u32) -> Vec<FlashConfig> {
-    attn_dsl::configs::forward(head_dim)
+    static DERIVED: Derived = Derived::new();
+    DERIVED.get(head_dim, attn_dsl::configs::forward)
 }
 
 /// Every tiled backward configuration the planner may pick for `head_dim`, derived by
 /// rule (`attn_dsl::configs`), each valid for both halves (dQ by query tiles, dK and dV by
 /// key tiles); candidate 0 fits WebGPU's defaults where any does.
 pub fn backward_candidates(head_dim: u32) -> Vec<FlashConfig> {
-    attn_dsl::configs::backward(head_dim)
+    static DERIVED: Derived = Derived::new();
+    DERIVED.get(head_dim, attn_dsl::configs::backward)
+}
+
+/// Configurations derived once per head_dim: deriving builds and lays out every candidate
+/// kernel spec, and the planners ask on every recorded call.
+struct Derived(std::sync::Mutex<Vec<(u32, Vec<FlashConfig>)>>);
+
+impl Derived {
+    const fn new() -> Derived {
+        Derived(std::sync::Mutex::new(Vec::new()))
+    }
+
+    fn get(&self, head_dim: u32, derive: fn(u32) -> Vec<FlashConfig>) -> Vec<FlashConfig> {
+        let mut held = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, configs)) = held.iter().find(|(d, _)| *d == head_dim) {
+            return configs.clone();
+        }
+        let configs = derive(head_dim);
+        held.push((head_dim, configs.clone()));
+        configs
+    }
 }
 
 /// The tiled backward's configurations in `dtype`, best first: the cooperative-matrix

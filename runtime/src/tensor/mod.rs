@@ -70,6 +70,7 @@ impl Tensor {
     /// bytes than the device's max_buffer_size.
     pub fn zeros(gpu: &Gpu, shape: &[u32], scalar: Scalar) -> Result<Tensor, Error> {
         let bytes = buffer_bytes(gpu, shape, scalar)?;
+        gpu.count_buffer();
         let buffer = gpu.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("attn tensor"),
             size: bytes,
@@ -131,6 +132,7 @@ impl Tensor {
     fn from_bytes(gpu: &Gpu, shape: &[u32], scalar: Scalar, bytes: &[u8]) -> Tensor {
         let mut contents = bytes.to_vec();
         contents.resize(padded(bytes.len() as u64) as usize, 0);
+        gpu.count_buffer();
         let buffer = gpu
             .device
             .create_buffer_init(&wgpu::util::BufferInitDescriptor {

@@ -283,6 +283,23 @@ fn a_training_step_records_forward_and_backward_in_one_encoder() {
     let created = gpu.pipelines_created() - before;
     assert!((2..=4).contains(&created), "{created} pipelines for {ran}");
     submit(&gpu, encoder);
+    // Steps after the first create nothing: no buffer (a `seg` uploaded per call cost a
+    // buffer and a bind group), no uniform, no pipeline.
+    let counts = |gpu: &Gpu| {
+        (
+            gpu.buffers_created(),
+            gpu.uniforms_created(),
+            gpu.pipelines_created(),
+        )
+    };
+    let steady = counts(&gpu);
+    for _ in 0..2 {
+        let mut encoder = gpu.device.create_command_encoder(&Default::default());
+        fwd.record(&gpu, &mut encoder, &fargs).unwrap();
+        bwd.record(&gpu, &mut encoder, &bargs, None).unwrap();
+        submit(&gpu, encoder);
+    }
+    assert_eq!(counts(&gpu), steady);
     // The same step through the host-slice API.
     let host_fwd = runtime::forward(
         &gpu,
@@ -715,7 +732,11 @@ fn a_decode_loop_creates_nothing_in_its_steady_state() {
         decode.record(&gpu, &mut enc, &args).unwrap();
         submit(&gpu, enc);
         if step >= 33 {
-            counts.push((gpu.uniforms_created(), gpu.pipelines_created()));
+            counts.push((
+                gpu.uniforms_created(),
+                gpu.pipelines_created(),
+                gpu.buffers_created(),
+            ));
         }
     }
     assert!(counts.windows(2).all(|w| w[0] == w[1]), "{counts:?}");

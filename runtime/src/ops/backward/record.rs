@@ -79,6 +79,8 @@ pub struct Scratch {
     dkv: Option<Tensor>,
     /// dSinks' sums per block of rows, `[2, n_heads, n_blocks]` (hi, lo).
     sink_parts: Option<Tensor>,
+    /// The `seg` of whole sequences, for a call without one.
+    whole: Option<Tensor>,
     /// The kernel that sums the lanes into dK and dV.
     lanes: Option<Pipeline>,
     /// Per modifier tensor's gradient, in order: its compensated sums `[lanes, 2, len]`.
@@ -235,8 +237,7 @@ impl Backward {
             let seg = match args.seg {
                 Some(s) => s,
                 None => {
-                    let ends = crate::shape::seg_with_ends(None, batch, seq);
-                    whole = Tensor::from_u32(gpu, &[2, batch, seq], &ends)?;
+                    whole = crate::ops::whole_sequences(&mut self.scratch.whole, gpu, batch, seq)?;
                     &whole
                 }
             };
