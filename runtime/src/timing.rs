@@ -208,6 +208,13 @@ impl Spans {
 
     /// Each span's GPU time in ms, once the GPU has run them all.
     pub fn read_ms(&self, gpu: &Gpu) -> Result<Vec<f64>, Error> {
+        Ok(self.read(gpu)?.0)
+    }
+
+    /// Each span's GPU time in ms and, for spans recorded one after another, the ms from
+    /// each span's end to the next one's start: where steps are submitted back to back, the
+    /// time the GPU spends between two submissions.
+    pub fn read(&self, gpu: &Gpu) -> Result<(Vec<f64>, Vec<f64>), Error> {
         let count = 2 * self.spans;
         let mut encoder = gpu.device.create_command_encoder(&Default::default());
         encoder.resolve_query_set(&self.queries, 0..count, &self.resolved, 0);
@@ -215,10 +222,14 @@ impl Spans {
         let ticks =
             crate::tensor::readback::read::<u64>(gpu, &self.resolved, count as usize).block_on()?;
         let period_ns = f64::from(gpu.queue.get_timestamp_period());
-        Ok(ticks
+        let ms = |from: u64, to: u64| to.saturating_sub(from) as f64 * period_ns / 1e6;
+        let spans = ticks.chunks(2).map(|t| ms(t[0], t[1])).collect();
+        let gaps = ticks[1..]
             .chunks(2)
-            .map(|t| t[1].saturating_sub(t[0]) as f64 * period_ns / 1e6)
-            .collect())
+            .filter(|t| t.len() == 2)
+            .map(|t| ms(t[0], t[1]))
+            .collect();
+        Ok((spans, gaps))
     }
 }
 

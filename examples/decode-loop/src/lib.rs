@@ -43,8 +43,12 @@ pub struct Config {
     pub weights: Dtype,
     /// Pages of this many rows; `None`: contiguous.
     pub page_size: Option<u32>,
-    /// Wait for every step (latency); otherwise steps are submitted back to back.
+    /// Wait for every submission (latency); otherwise submissions go back to back.
     pub sync: bool,
+    /// Steps recorded into one encoder and submitted together (each step's input is the
+    /// previous step's output, on the device): a submission costs the GPU a gap of its own
+    /// between two steps, which this many steps then share.
+    pub steps_per_submit: u32,
     /// Compare with the f64 host reference.
     pub check: bool,
     /// Time each op of a step on its own (timestamps between them), where the adapter has
@@ -66,18 +70,34 @@ pub const STEP_OPS: [&str; 9] = [
     "O projection",
 ];
 
+/// A decode step's CPU time, phase by phase.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StepCpu {
+    pub record: Duration,
+    pub finish: Duration,
+    pub submit: Duration,
+}
+
 /// What a run measured.
 #[derive(Clone, Debug)]
 pub struct Report {
     pub adapter: String,
     /// Wall time of the prefill (record, submit and wait).
     pub prefill: Duration,
-    /// Wall time of each decode step: record and submit, and with `sync` the wait.
+    /// Wall time of each decode step: record, and for the last of a submission the submit
+    /// and with `sync` the wait.
     pub step_wall: Vec<Duration>,
     /// Wall time of all decode steps, from the first record to the last result.
     pub decode_wall: Duration,
+    /// Each step's CPU time on the host's side of the queue: recording its commands and,
+    /// for the last step of a submission, finishing the encoder (where wgpu validates and
+    /// encodes the commands for the driver) and submitting it.
+    pub step_cpu: Vec<StepCpu>,
     /// GPU time of each step's commands (timestamp queries), where the adapter has them.
     pub step_gpu_ms: Option<Vec<f64>>,
+    /// The GPU's time from each step's last command to the next step's first: with steps
+    /// back to back, what a submission costs the GPU beside the step's own work.
+    pub step_gap_ms: Option<Vec<f64>>,
     /// Largest difference from the host reference, and the tolerance it is held to.
     pub check: Option<(f64, f64)>,
     /// Pipelines compiled for the whole run.
@@ -276,8 +296,8 @@ fn to_f32(
 /// change.
 pub fn check(c: &Config) -> Result<()> {
     let h = c.heads;
-    if c.prompt == 0 || c.tokens == 0 || c.slots == 0 {
-        bail!("--prompt, --tokens and --slots must be at least 1");
+    if c.prompt == 0 || c.tokens == 0 || c.slots == 0 || c.steps_per_submit == 0 {
+        bail!("--prompt, --tokens, --slots and --steps-per-submit must be at least 1");
     }
     if c.page_size == Some(0) {
         bail!("--page-size must be at least 1 row (or leave it out for a contiguous cache)");
@@ -489,16 +509,19 @@ pub fn run(c: &Config) -> Result<Report> {
         false => None,
     };
     let mut step_wall = Vec::with_capacity(c.tokens as usize);
+    let mut step_cpu = Vec::with_capacity(c.tokens as usize);
     let start = Instant::now();
+    let mut open = None;
     for t in 0..c.tokens {
         let t_step = Instant::now();
-        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        let enc =
+            open.get_or_insert_with(|| gpu.device.create_command_encoder(&Default::default()));
         if let Some(spans) = &stamps {
-            spans.mark(&mut enc, t, false);
+            spans.mark(enc, t, false);
         }
         // The step's dispatches in one compute pass: each pass costs the CPU its own
         // validation and encoding.
-        let mut rec = Recorder::new(&mut enc);
+        let mut rec = Recorder::new(enc);
         let ops = OpSpans(profile.as_ref(), t);
         let x = &xs[(t % 2) as usize];
         ops.mark(&mut rec, 0, false);
@@ -566,19 +589,35 @@ pub fn run(c: &Config) -> Result<Report> {
         ops.mark(&mut rec, 8, true);
         drop(rec);
         if let Some(spans) = &stamps {
-            spans.mark(&mut enc, t, true);
+            spans.mark(enc, t, true);
         }
-        gpu.queue.submit([enc.finish()]);
-        if c.sync {
-            wait(&gpu)?;
+        let recorded = Instant::now();
+        let mut cpu = StepCpu {
+            record: recorded - t_step,
+            ..StepCpu::default()
+        };
+        let last = (t + 1) % c.steps_per_submit == 0 || t + 1 == c.tokens;
+        if let Some(enc) = open.take_if(|_| last) {
+            let commands = enc.finish();
+            let finished = Instant::now();
+            gpu.queue.submit([commands]);
+            cpu.finish = finished - recorded;
+            cpu.submit = finished.elapsed();
+            if c.sync {
+                wait(&gpu)?;
+            }
         }
+        step_cpu.push(cpu);
         step_wall.push(t_step.elapsed());
     }
     wait(&gpu)?;
     let decode_wall = start.elapsed();
-    let step_gpu_ms = match &stamps {
-        Some(spans) => Some(spans.read_ms(&gpu)?),
-        None => None,
+    let (step_gpu_ms, step_gap_ms) = match &stamps {
+        Some(spans) => {
+            let (times, gaps) = spans.read(&gpu)?;
+            (Some(times), Some(gaps))
+        }
+        None => (None, None),
     };
     let op_gpu_ms = match &profile {
         Some(spans) => Some(op_medians(&spans.read_ms(&gpu)?, n_ops as usize)),
@@ -594,7 +633,9 @@ pub fn run(c: &Config) -> Result<Report> {
         prefill,
         step_wall,
         decode_wall,
+        step_cpu,
         step_gpu_ms,
+        step_gap_ms,
         check,
         pipelines: gpu.pipelines_created(),
         op_gpu_ms,

@@ -44,9 +44,15 @@ struct Args {
     /// A paged cache with pages of this many rows (contiguous without it).
     #[arg(long)]
     page_size: Option<u32>,
-    /// Wait for each step before recording the next (latency rather than throughput).
+    /// Wait for each submission before recording the next (latency rather than
+    /// throughput).
     #[arg(long)]
     sync: bool,
+    /// Steps recorded into one encoder and submitted together (each step's input is the
+    /// previous step's output, on the device): a submission costs the GPU a gap between
+    /// steps, which this many steps share.
+    #[arg(long, default_value_t = 1)]
+    steps_per_submit: u32,
     /// Time each op of a step on its own (timestamps between them) and print the
     /// breakdown.
     #[arg(long)]
@@ -84,6 +90,7 @@ fn main() -> ExitCode {
         weights: args.weights,
         page_size: args.page_size,
         sync: args.sync,
+        steps_per_submit: args.steps_per_submit,
         profile: args.profile,
         check: !args.no_check,
         seed: args.seed,
@@ -162,6 +169,22 @@ fn print(c: &Config, r: &Report) {
             per_step / g
         );
     }
+    if let (Some(gaps), false) = (&r.step_gap_ms, c.sync) {
+        println!(
+            "GPU time between two steps (median): {:.3} ms",
+            median(gaps.clone())
+        );
+    }
+    let later = r.step_cpu.len().saturating_sub(1).max(1) as f64;
+    let cpu = |f: fn(&decode_loop::StepCpu) -> std::time::Duration| {
+        r.step_cpu.iter().skip(1).map(|s| ms(f(s))).sum::<f64>() / later
+    };
+    println!(
+        "CPU time per step (mean of the later steps): record {:.3} ms, finish {:.3}, submit {:.3}",
+        cpu(|s| s.record),
+        cpu(|s| s.finish),
+        cpu(|s| s.submit)
+    );
     if let Some(ops) = &r.op_gpu_ms {
         println!("GPU time per op (median of the later steps, timestamps between the ops):");
         for (name, ms) in decode_loop::STEP_OPS.iter().zip(ops) {

@@ -21,6 +21,7 @@ fn config(dtype: Dtype, page_size: Option<u32>) -> Config {
         weights: Dtype::F32,
         page_size,
         sync: false,
+        steps_per_submit: 1,
         profile: false,
         check: true,
         seed: 3,
@@ -47,6 +48,23 @@ fn decode_loop_agrees_with_the_host_reference() {
     .unwrap();
     let (err, tol) = report.check.unwrap();
     assert!(err <= tol, "bf16 weights: {err} over {tol}");
+}
+
+/// Steps recorded five to an encoder (the last submission holds two): each step reads what
+/// the one before it wrote within the same submission, and the result still agrees.
+#[test]
+fn several_steps_per_submission_agree_with_the_host_reference() {
+    let report = run(&Config {
+        steps_per_submit: 5,
+        ..config(Dtype::F32, Some(8))
+    })
+    .unwrap();
+    let (err, tol) = report.check.unwrap();
+    assert!(err <= tol, "five steps per submission: {err} over {tol}");
+    let submitted: Vec<usize> = (0..report.step_cpu.len())
+        .filter(|&t| !report.step_cpu[t].finish.is_zero())
+        .collect();
+    assert_eq!(submitted, [4, 9, 11]);
 }
 
 #[test]

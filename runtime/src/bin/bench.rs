@@ -920,27 +920,35 @@ fn e2e(gpu: &Gpu, args: &Args) -> anyhow::Result<()> {
         .collect();
     println!("adapter: {}", gpu.describe());
     println!(
-        "wall: per step, steps submitted back to back; waited: each step's result awaited \
-         before the next is recorded; GPU: the step's commands between two timestamps"
+        "wall: per step, steps submitted back to back; waited: each submission awaited \
+         before the next is recorded; GPU: the step's commands between two timestamps; CPU: \
+         recording, finishing and submitting a step; gap: the GPU's time between two steps \
+         submitted back to back"
     );
     println!(
-        "{:<56} {:>10} {:>10} {:>10} {:>11}",
-        "step", "wall ms", "waited ms", "GPU ms", "wall / GPU"
+        "{:<56} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11}",
+        "step", "wall ms", "waited ms", "GPU ms", "CPU ms", "gap ms", "wall / GPU"
     );
+    let or_dash = |v: Option<f64>| v.map_or("-".into(), |w| format!("{w:.3}"));
     let print = |r: &e2e::Row| {
         println!(
-            "{:<56} {:>10.3} {:>10} {:>10.3} {:>11.2}",
+            "{:<56} {:>10.3} {:>10} {:>10.3} {:>10.3} {:>10} {:>11.2}",
             r.what,
             r.wall_ms,
-            r.waited_ms.map_or("-".into(), |w| format!("{w:.3}")),
+            or_dash(r.waited_ms),
             r.gpu_ms,
+            r.cpu_ms,
+            or_dash(r.gap_ms),
             r.wall_ms / r.gpu_ms
         );
     };
     for &cache in &caches {
         for &dtype in &dtypes {
-            print(&e2e::decode(gpu, decode_heads, cache, dtype, steps).context("decode")?);
+            print(&e2e::decode(gpu, decode_heads, cache, dtype, steps, 1).context("decode")?);
         }
+        // An engine that samples on the device can record several steps per submission.
+        let four = e2e::decode(gpu, decode_heads, cache, dtypes[0], steps, 4);
+        print(&four.context("decode")?);
     }
     let long = Heads {
         n_heads: 16,

@@ -35,6 +35,14 @@ pub struct Row {
     pub waited_ms: Option<f64>,
     /// GPU ms per step (median of the steps' timestamp spans).
     pub gpu_ms: f64,
+    /// CPU ms per step: recording, finishing the encoder and submitting it, the wait
+    /// excluded (the mean over steps submitted back to back, else the median). Where it is
+    /// close to `wall_ms`, the CPU sets the pace.
+    pub cpu_ms: f64,
+    /// Steps submitted back to back: the GPU's ms from one step's last command to the next
+    /// step's first (the mean, so a submission's gap is shared by its steps), which
+    /// `wall_ms` pays beside `gpu_ms` where the CPU keeps up.
+    pub gap_ms: Option<f64>,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -92,9 +100,17 @@ fn filled_cache(
     Ok(cache)
 }
 
-/// Decode steps against a cache filled to `cache_len` rows (one sequence): `steps` back to
-/// back, then `steps` waited for.
-pub fn decode(gpu: &Gpu, h: Heads, cache_len: u32, dtype: Dtype, steps: u32) -> Result<Row, Error> {
+/// Decode steps against a cache filled to `cache_len` rows (one sequence), `per_submit` of
+/// them recorded into one encoder: `steps` back to back, then `steps` with each submission
+/// waited for.
+pub fn decode(
+    gpu: &Gpu,
+    h: Heads,
+    cache_len: u32,
+    dtype: Dtype,
+    steps: u32,
+    per_submit: u32,
+) -> Result<Row, Error> {
     let mut cache = filled_cache(gpu, h, dtype, [cache_len, cache_len + 3 * steps])?;
     let mut decode = Decode::new(gpu, DecodeSpec::new(h.head_dim, h.head_dim_v, dtype))?;
     let mut rope = Rope::new(gpu, RopeSpec::new(h.head_dim))?;
@@ -109,13 +125,12 @@ pub fn decode(gpu: &Gpu, h: Heads, cache_len: u32, dtype: Dtype, steps: u32) -> 
         what: "GPU timing",
         needs: "an adapter with TIMESTAMP_QUERY",
     })?;
-    let mut step = |spans: Option<&Spans>, t: u32| -> Result<(), Error> {
-        let mut enc = gpu.device.create_command_encoder(&Default::default());
+    let mut step = |enc: &mut wgpu::CommandEncoder, spans: Option<&Spans>, t: u32| {
         if let Some(s) = spans {
-            s.mark(&mut enc, t, false);
+            s.mark(enc, t, false);
         }
         // The step in one compute pass, as an engine records it.
-        let mut rec = Recorder::new(&mut enc);
+        let mut rec = Recorder::new(enc);
         for x in [&q32, &k32] {
             let args = RopeArgs {
                 x,
@@ -137,49 +152,61 @@ pub fn decode(gpu: &Gpu, h: Heads, cache_len: u32, dtype: Dtype, steps: u32) -> 
         decode.record(gpu, &mut rec, &args)?;
         drop(rec);
         if let Some(s) = spans {
-            s.mark(&mut enc, t, true);
+            s.mark(enc, t, true);
         }
-        gpu.queue.submit([enc.finish()]);
-        Ok(())
+        Ok::<(), Error>(())
+    };
+    // `n` steps, `per_submit` to an encoder, each submission waited for with `waits`.
+    let mut run = |n: u32, spans: Option<&Spans>, waits: bool| -> Result<f64, Error> {
+        let start = Instant::now();
+        for first in (0..n).step_by(per_submit as usize) {
+            let mut enc = gpu.device.create_command_encoder(&Default::default());
+            for t in first..(first + per_submit).min(n) {
+                step(&mut enc, spans, t)?;
+            }
+            gpu.queue.submit([enc.finish()]);
+            if waits {
+                wait(gpu)?;
+            }
+        }
+        Ok(start.elapsed().as_secs_f64() * 1e3 / f64::from(n))
     };
     // Warm up: pipelines, bind groups, the GPU's clocks.
-    for _ in 0..steps.min(20) {
-        step(None, 0)?;
-    }
+    run(steps.min(20), None, false)?;
     wait(gpu)?;
     let start = Instant::now();
-    for t in 0..steps {
-        step(Some(&spans), t)?;
-    }
+    let cpu_ms = run(steps, Some(&spans), false)?;
     wait(gpu)?;
     let wall_ms = start.elapsed().as_secs_f64() * 1e3 / f64::from(steps);
-    let gpu_ms = median(spans.read_ms(gpu)?);
-    let start = Instant::now();
-    for _ in 0..steps {
-        step(None, 0)?;
-        wait(gpu)?;
-    }
-    let waited_ms = start.elapsed().as_secs_f64() * 1e3 / f64::from(steps);
+    let (times, gaps) = spans.read(gpu)?;
+    let gpu_ms = median(times);
+    let waited_ms = run(steps, None, true)?;
     Ok(Row {
         what: format!(
-            "decode step, cache {cache_len}, {}/{}/{} {}",
+            "decode step, cache {cache_len}, {}/{}/{} {}{}",
             h.n_heads,
             h.n_kv_heads,
             h.head_dim,
-            dtype.name()
+            dtype.name(),
+            match per_submit {
+                1 => String::new(),
+                n => format!(", {n} a submission"),
+            }
         ),
         wall_ms,
         waited_ms: Some(waited_ms),
         gpu_ms,
+        cpu_ms,
+        gap_ms: Some(gaps.iter().sum::<f64>() / gaps.len().max(1) as f64),
     })
 }
 
-/// Recorded steps, each waited for: wall against GPU time.
+/// Recorded steps, each waited for: wall, GPU and CPU time (medians).
 fn waited(
     gpu: &Gpu,
     runs: u32,
     mut record: impl FnMut(&mut wgpu::CommandEncoder) -> Result<(), Error>,
-) -> Result<(f64, f64), Error> {
+) -> Result<(f64, f64, f64), Error> {
     let spans = Spans::new(gpu, runs).ok_or(crate::error::InputError::Unsupported {
         what: "GPU timing",
         needs: "an adapter with TIMESTAMP_QUERY",
@@ -191,7 +218,7 @@ fn waited(
         wait(gpu)?;
         let _ = warm;
     }
-    let mut walls = Vec::new();
+    let (mut walls, mut cpu) = (Vec::new(), Vec::new());
     for t in 0..runs {
         let start = Instant::now();
         let mut enc = gpu.device.create_command_encoder(&Default::default());
@@ -199,10 +226,11 @@ fn waited(
         record(&mut enc)?;
         spans.mark(&mut enc, t, true);
         gpu.queue.submit([enc.finish()]);
+        cpu.push(start.elapsed().as_secs_f64() * 1e3);
         wait(gpu)?;
         walls.push(start.elapsed().as_secs_f64() * 1e3);
     }
-    Ok((median(walls), median(spans.read_ms(gpu)?)))
+    Ok((median(walls), median(spans.read_ms(gpu)?), median(cpu)))
 }
 
 /// How a continued cache's rows run in [`continued`].
@@ -239,7 +267,7 @@ pub fn continued(
     let q = random(gpu, &[1, n, h.n_heads, h.head_dim], dtype, 4)?;
     let o = Tensor::zeros(gpu, &[1, n, h.n_heads, h.head_dim_v], Scalar::from(dtype))?;
     let mut slicing = None;
-    let (_, gpu_ms) = waited(gpu, runs, |enc| {
+    let (_, gpu_ms, _) = waited(gpu, runs, |enc| {
         let args = DecodeArgs {
             q: &q,
             rows: QueryRows::Each(n),
@@ -279,7 +307,7 @@ pub fn prefill(gpu: &Gpu, h: Heads, seq: u32, dtype: Dtype, runs: u32) -> Result
         kv_fp8: None,
     };
     let mut cache = KvCache::new(gpu, cache_spec)?;
-    let (wall_ms, gpu_ms) = waited(gpu, runs, |enc| {
+    let (wall_ms, gpu_ms, cpu_ms) = waited(gpu, runs, |enc| {
         // Each run starts the sequence over.
         if cache.len(0).is_some() {
             cache.free(enc, 0)?;
@@ -299,6 +327,8 @@ pub fn prefill(gpu: &Gpu, h: Heads, seq: u32, dtype: Dtype, runs: u32) -> Result
         wall_ms,
         waited_ms: None,
         gpu_ms,
+        cpu_ms,
+        gap_ms: None,
     })
 }
 
@@ -330,7 +360,7 @@ pub fn train_step(gpu: &Gpu, h: Heads, seq: u32, dtype: Dtype, runs: u32) -> Res
     let spec = BackwardSpec::new(h.head_dim, masks, dtype);
     let mut backward = crate::ops::backward::Backward::new(gpu, spec)?;
     let mut schedule = None;
-    let (wall_ms, gpu_ms) = waited(gpu, runs, |enc| {
+    let (wall_ms, gpu_ms, cpu_ms) = waited(gpu, runs, |enc| {
         let mut rec = Recorder::new(enc);
         let fargs = ForwardArgs::new(&q, &k, &k, &o, &lse);
         forward.record(gpu, &mut rec, &fargs)?;
@@ -367,5 +397,7 @@ pub fn train_step(gpu: &Gpu, h: Heads, seq: u32, dtype: Dtype, runs: u32) -> Res
         wall_ms,
         waited_ms: None,
         gpu_ms,
+        cpu_ms,
+        gap_ms: None,
     })
 }
