@@ -65,6 +65,12 @@ fn several_steps_per_submission_agree_with_the_host_reference() {
         .filter(|&t| !report.step_cpu[t].finish.is_zero())
         .collect();
     assert_eq!(submitted, [4, 9, 11]);
+    // Where the adapter has timestamps: a gap between each two steps.
+    assert_eq!(report.step_gap_ms.is_some(), report.step_gpu_ms.is_some());
+    if let Some(gaps) = &report.step_gap_ms {
+        assert_eq!(gaps.len(), 11);
+        assert!(gaps.iter().all(|g| g.is_finite() && *g >= 0.0), "{gaps:?}");
+    }
 }
 
 #[test]
