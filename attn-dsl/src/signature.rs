@@ -251,6 +251,8 @@ const KV_SCALES: Tensor = when(t("kv_scales", Input, F32, &[Part, KvH]), Presenc
 const DECODE_REDUCE: &[Tensor] = &[
     t("partials", Input, F32x4, &[B, Slice, H, D]),
     t("o", Output, Data4, &[B, H, D]),
+    // Each query's log-sum-exp, where the caller merges the decode with other keys.
+    when(t("lse", Output, F32, &[B, H]), IfWritten),
     DIMS,
     SINKS,
     Q_STARTS,

@@ -2,7 +2,9 @@
 command: decode (one query row per head against a cache), n new rows over a cache (causal
 among them, offset by the cache: `causal_lower_right`), and F.linear at decode's row counts.
 CUDA events, the median of 50 runs after 5. Run it on the device in the same command as
-bench: `python3 runtime/scripts/torch_decode.py [--quick] [--continue | --linear]`."""
+bench: `python3 runtime/scripts/torch_decode.py [--quick] [--continue | --linear | --cascade
+PREFIX]`; --cascade: the decode of n = 4, 16, 64 sequences over PREFIX + 512 rows each, the
+work `bench --decode PREFIX --cascade` does (torch reads the prefix once per sequence)."""
 import sys, statistics, torch, torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
@@ -19,6 +21,8 @@ quick = "--quick" in sys.argv
 only_continue = "--continue" in sys.argv
 # --linear: only the projections.
 only_linear = "--linear" in sys.argv
+# --cascade PREFIX: only the decode of the cascade's work.
+cascade = int(sys.argv[sys.argv.index("--cascade") + 1]) if "--cascade" in sys.argv else None
 print("torch", torch.__version__, torch.cuda.get_device_name())
 x = torch.empty(256 * 1024 * 1024 // 4, device='cuda'); y = torch.empty_like(x)
 ms = t(lambda: y.copy_(x)); print(f"torch copy 256 MiB: {ms:.4f} ms {2 * x.numel() * 4 / ms / 1e6:.0f} GB/s")
@@ -30,6 +34,11 @@ def decode(B, L, H, KV, D, dt):
     ms = t(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
     gb = (2 * k.numel() + 2 * q.numel()) * k.element_size() / 1e9
     print(f"torch decode b={B} cache={L} {H}/{KV}/{D} {str(dt)[6:]}: {ms:.4f} ms {gb / ms * 1e3:.0f} GB/s")
+
+if cascade is not None:
+    for n in (4, 16, 64):
+        decode(n, cascade + 512, 32, 8, 128, torch.float16)
+    sys.exit(0)
 
 lens = [32768] if quick else [32768, 65536, 131072]
 for dt in () if only_continue or only_linear else (torch.float16, torch.bfloat16):

@@ -330,6 +330,7 @@ attention_kernel! {
     /// `runtime::ops::decode::Decode` runs for calls of many rows (`ops::extend`).
     pub attention_extend_tc_d128 {
         op: extend,
+        masks: [causal],
         grid: s_major(tile = 64, key_tile = 32, rows_per_thread = 16, matrix = coop16),
         head_dim: 128,
         gqa: any,
@@ -348,6 +349,7 @@ attention_kernel! {
     /// the GPU idle.
     pub attention_extend_sliced_tc_d128 {
         op: extend,
+        masks: [causal],
         grid: s_major(tile = 64, key_tile = 32, rows_per_thread = 16, matrix = coop16),
         head_dim: 128,
         gqa: any,
@@ -366,6 +368,7 @@ attention_kernel! {
     /// than a tile (`ops::extend`).
     pub attention_extend_sliced_packed_tc_d128 {
         op: extend,
+        masks: [causal],
         grid: s_major(tile = 64, key_tile = 32, rows_per_thread = 16, matrix = coop16, pack_heads = true),
         head_dim: 128,
         gqa: any,
@@ -381,6 +384,7 @@ attention_kernel! {
     /// through the block table.
     pub attention_extend_paged {
         op: extend,
+        masks: [causal],
         grid: s_major(flash),
         head_dim: 64,
         gqa: any,

@@ -98,7 +98,7 @@ pub(super) fn body(out: &mut Wgsl, spec: &KernelSpec) {
     out.put(PARTIALS.plain());
     match spec.op {
         Op::DecodeSplit => split(out, spec),
-        _ => reduce(out, &spec.name, spec.masks.sinks),
+        _ => reduce(out, spec),
     }
 }
 
@@ -416,17 +416,39 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
 /// one pass ([`super::states::STATES`]: each slice's record read once), then the groups
 /// meet once. A sink joins the denominator there, once per head (the partials carry none):
 /// as a slice of max `sinks[h]` and sum 1 with no value.
-fn reduce(out: &mut Wgsl, name: &str, sinks: bool) {
-    let sink = match sinks {
+/// Written `lse` (each query's log-sum-exp, the sinks counted as in O) lets a caller merge
+/// the decode with attention over other keys.
+fn reduce(out: &mut Wgsl, spec: &KernelSpec) {
+    let sink = match spec.masks.sinks {
         true => "st = merge_state(st, sinks[h % dims.n_heads], 1.0, vec4<f32>(0.0));",
         false => "",
     };
+    let lse = match spec.write_mode("lse") {
+        Some(_) => REDUCE_LSE.plain(),
+        None => Fragment::from(""),
+    };
     out.put(super::states::STATES.plain());
     out.put(REDUCE.fill([
-        ("name", Fragment::from(name)),
+        ("name", Fragment::from(spec.name.as_str())),
         ("sink", Fragment::from(sink)),
+        ("lse", lse),
     ]));
 }
+
+/// The reduce's LSE store: no key (and no sink) stores +inf, as the forward does.
+const REDUCE_LSE: Template = Template {
+    name: "decode_reduce_lse",
+    needs: &[],
+    text: r#"if (tid == 0u) {
+    // Not a constant expression: WGSL rejects non-finite constants.
+    var merged = bitcast<f32>(0x7f800000u);
+    if (st.l != 0.0) {
+        merged = st.m + log(st.l);
+    }
+    lse[q_row0 * dims.n_heads + h] = merged;
+}
+"#,
+};
 
 const REDUCE: Template = Template {
     name: "decode_reduce",
@@ -483,6 +505,7 @@ fn $name(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
             result = st.acc / st.l;
         }
         o[o4_index(h) + tid] = narrow4(result);
+        $lse
     }
 }
 "#,

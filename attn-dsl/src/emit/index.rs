@@ -169,8 +169,10 @@ pub(super) fn and_within(spec: &KernelSpec, cond: &str, row: Row, c: &str) -> St
 /// With documents, `seg` holds each row's document start and end, so both ranges are
 /// exact and tiles outside a document are never visited, causal or not.
 pub(super) fn masks(out: &mut Wgsl, spec: &KernelSpec) {
-    // A continued cache's new rows are causal among themselves and see every cached key.
-    let causal = spec.masks.causal || spec.op == Op::Extend;
+    // A continued cache's new rows (`op: extend` with causal) see every cached key and are
+    // causal among themselves; without causal, each sees the whole cache (a cascade's
+    // queries over their shared prefix).
+    let causal = spec.masks.causal;
     let document = spec.masks.document;
     if document {
         out.push_str(
@@ -191,7 +193,7 @@ fn doc_end(row: u32) -> u32 {
     let mut end = if causal {
         "row + 1u".to_string()
     } else {
-        doc_or("doc_end(row)", "dims.seq_len").to_string()
+        doc_or("doc_end(row)", rows_end(spec)).to_string()
     };
     let mut q_start = match causal {
         true => "col".to_string(),

@@ -248,8 +248,7 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
 }
 
 fn header(out: &mut Wgsl, spec: &KernelSpec) {
-    // A continued cache's rows are causal among themselves without the word.
-    let causal = spec.masks.causal || spec.op == Op::Extend;
+    let causal = spec.masks.causal;
     let masks = match (causal, spec.masks.document) {
         (true, true) => "causal + document",
         (true, false) => "causal",

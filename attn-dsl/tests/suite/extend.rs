@@ -1,12 +1,18 @@
 //! `extend`, new rows over a KV cache on the forward's schedule: every flash and
 //! tensor-core configuration, both cache layouts and the modifiers a decode takes compile
-//! and validate; its rows are positions after the cache's, and the checks refuse what a
+//! and validate; its rows are positions after the cache's, causal among themselves with
+//! `causal` and each seeing the whole cache without it, and the checks refuse what a
 //! continued cache cannot honour.
 
 use attn_dsl::WriteMode::{Owned, ScratchFlush};
 use attn_dsl::{Cache, Dtype, KernelSpec, Masks, Op, configs};
 
+/// A continued cache's chunk: `masks` with `causal` (its new rows causal among themselves).
 fn extend(head_dim: u32, cache: Cache, dtype: Dtype, masks: Masks, coop: bool) -> KernelSpec {
+    let masks = Masks {
+        causal: true,
+        ..masks
+    };
     let config = match coop {
         true => configs::coop_forward(head_dim, configs::CANDIDATE_WORKGROUP_BYTES)[0],
         false => configs::forward(head_dim)[0],
@@ -90,7 +96,7 @@ fn extend_compiles_in_every_layout_dtype_and_schedule() {
 }
 
 #[test]
-fn extend_is_causal_among_its_new_rows_without_saying_so() {
+fn extend_with_causal_is_causal_among_its_new_rows() {
     let abi = attn_dsl::compile(&extend(
         64,
         Cache::Contiguous,
@@ -101,6 +107,22 @@ fn extend_is_causal_among_its_new_rows_without_saying_so() {
     .unwrap();
     assert!(
         abi.wgsl.contains("return vec2<u32>(0u, row + 1u);"),
+        "{}",
+        abi.wgsl
+    );
+}
+
+/// Without `causal` every row sees the cache's every key (a cascade's queries over their
+/// shared prefix), never past its length.
+#[test]
+fn extend_without_causal_sees_the_whole_cache() {
+    let spec = KernelSpec {
+        masks: Masks::default(),
+        ..extend(64, Cache::Contiguous, Dtype::F32, Masks::default(), false)
+    };
+    let abi = attn_dsl::compile(&spec).unwrap();
+    assert!(
+        abi.wgsl.contains("return vec2<u32>(0u, kv_len);"),
         "{}",
         abi.wgsl
     );

@@ -11,7 +11,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Parser;
 use runtime::harness::bench::{self, BenchRow, BenchShape};
-use runtime::{Gpu, Heads, kernels};
+use runtime::{Dtype, Gpu, Heads, kernels};
 
 /// Times each kernel and backward schedule with GPU timestamp queries (warm-up runs, then
 /// the median of the timed ones) and prints ms and TFLOP/s (forward 4·S²·H·D, halved when
@@ -68,6 +68,11 @@ struct Args {
     /// and on the split-K passes), after the copy kernel.
     #[arg(long, requires = "decode")]
     continued: bool,
+    /// With --decode PREFIX: cascade rows instead, n = 4, 16 and 64 sequences sharing a
+    /// prefix of PREFIX rows with 512 rows each after it (`ops::cascade`: the prefix read
+    /// once for all of them) beside the paged decode of the same work, after the copy kernel.
+    #[arg(long, requires = "decode", conflicts_with = "continued")]
+    cascade: bool,
     /// With --decode: keys per split-K slice instead of the runtime's rule (a multiple of
     /// the split kernel's key tile, 32 at head_dim 128, up to 512).
     #[arg(long, value_name = "KEYS", requires = "decode")]
@@ -739,6 +744,14 @@ fn decode(gpu: &Gpu, args: &Args, cache_len: u32) -> anyhow::Result<()> {
         );
         return continued_rows(gpu, args, shape, copy.gbps());
     }
+    if args.cascade {
+        println!(
+            "adapter: {}; copy kernel {:.1} GB/s",
+            gpu.describe(),
+            copy.gbps()
+        );
+        return cascade_rows(gpu, args, shape, copy.gbps());
+    }
     let rows =
         bench::decode(gpu, shape, args.slice_len, args.warmup, args.runs).context(shape.label())?;
     let all = || [&copy, &buffer_copy].into_iter().chain(&rows);
@@ -869,6 +882,44 @@ fn continued_rows(
         "",
         "",
         flops / (row.gpu_ms * 1e-3) / 1e12
+    );
+    Ok(())
+}
+
+/// Sequences sharing a prefix of the shape's cache length, 512 rows each after it, in the
+/// first half dtype (else f32): the cascade against the paged decode of the same work, GPU
+/// ms and the bytes of K and V each must read per second.
+fn cascade_rows(
+    gpu: &Gpu,
+    args: &Args,
+    shape: bench::DecodeShape,
+    copy: f64,
+) -> anyhow::Result<()> {
+    let h = shape.heads;
+    let dtype = gpu.half_dtypes().first().copied().unwrap_or(Dtype::F32);
+    let (prefix, suffix) = (shape.cache_len, 512);
+    println!(
+        "{:<32} {:<34} {:>10} {:>10} {:>9} {:>8} {:>8}",
+        "cascade", "sequences", "GPU ms", "paged ms", "GB/s", "of copy", "speedup"
+    );
+    for n in [4, 16, 64].into_iter().filter(|&n| n <= prefix) {
+        let r = bench::cascade::row(gpu, h, (prefix, suffix, n), dtype, args.runs as u32)
+            .context("cascade")?;
+        let gbps = r.cascade_bytes / (r.cascade_ms * 1e-3) / 1e9;
+        println!(
+            "{:<32} {:<34} {:>10.3} {:>10.3} {:>9.1} {:>7.0}% {:>7.2}x",
+            shape.label(),
+            format!("{n} x ({prefix} + {suffix}) rows, {}", dtype.name()),
+            r.cascade_ms,
+            r.paged_ms,
+            gbps,
+            100.0 * gbps / copy,
+            r.paged_ms / r.cascade_ms
+        );
+    }
+    println!(
+        "GB/s: the K and V bytes the cascade must read (the prefix once, each suffix once) per \
+         second; the paged decode reads the prefix once per sequence"
     );
     Ok(())
 }

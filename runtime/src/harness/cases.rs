@@ -1380,6 +1380,9 @@ pub fn run_case(gpu: &Gpu, runner: &mut Runner, case: &Case, seed: u64) -> Resul
             for (label, verdicts) in continued_rows(gpu, case.mods, h, (batch, cache_len), seed)? {
                 rows.push(row(&label, verdicts));
             }
+            for (label, verdicts) in cascade_rows(gpu, &mods, h, cache_len, seed)? {
+                rows.push(row(&label, verdicts));
+            }
             rows
         }
         Shape::Backward { seq, docs, causal } => {
@@ -1966,6 +1969,52 @@ fn filled(h: Heads, capacity: u32, cache_len: u32) -> impl Fn(&[f32], u32) -> Ve
 
 /// A row's label and its outputs' verdicts.
 type Labelled = (String, Vec<(&'static str, Verdict)>);
+
+/// Cascades where the case's modifiers allow one (no mask that moves with the position):
+/// three sequences over a prefix of `len` rows, their suffixes of 1, len / 7 + 1 and
+/// len / 3 + 1 rows, contiguous and paged in f32 and contiguous in each half dtype.
+fn cascade_rows(
+    gpu: &Gpu,
+    mods: &ModData,
+    h: Heads,
+    len: u32,
+    seed: u64,
+) -> Result<Vec<Labelled>, Error> {
+    use crate::harness::cascaded::{CascadeCase, run};
+    let m = mods.mods();
+    if m.window.is_some() || m.alibi.is_some() || m.flex.is_some() || len < 3 {
+        return Ok(Vec::new());
+    }
+    let suffixes = [1, len / 7 + 1, len / 3 + 1];
+    let mut runs = vec![(Dtype::F32, Cache::Contiguous), (Dtype::F32, Cache::Paged)];
+    runs.extend(
+        gpu.half_dtypes()
+            .into_iter()
+            .map(|d| (d, Cache::Contiguous)),
+    );
+    let mut rows = Vec::new();
+    for (dtype, cache) in runs {
+        let case = CascadeCase {
+            heads: h,
+            dtype,
+            cache,
+            prefix: len,
+            suffixes: &suffixes,
+            mods: m,
+        };
+        let page = if cache == Cache::Paged {
+            " page=16"
+        } else {
+            ""
+        };
+        let label = format!(
+            "cascade 3 over {len}, suffixes {suffixes:?}{page} {}",
+            dtype.name()
+        );
+        rows.push((label, run(gpu, &case, seed)?));
+    }
+    Ok(rows)
+}
 
 /// Continued caches of `len` rows: n of them added to a cache of `len - n` (n up to 4) in
 /// the planned layout, paged, streamed (with subgroups), in half precision and in an e4m3

@@ -164,7 +164,7 @@ fn merged(
 
 /// The merge in f32 on the host, row by row: each part weighs e^(LSE_i − M), M the largest
 /// finite LSE (or sink); a part with a non-finite LSE holds no key and weighs nothing.
-fn host_merge(
+pub(crate) fn host_merge(
     o_parts: &[Vec<f32>],
     lse_parts: &[Vec<f32>],
     d: usize,

@@ -6,6 +6,8 @@
 #[cfg(not(target_arch = "wasm32"))]
 pub mod bench;
 #[cfg(not(target_arch = "wasm32"))]
+pub mod cascaded;
+#[cfg(not(target_arch = "wasm32"))]
 pub mod cases;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod continued;

@@ -248,7 +248,7 @@ impl SplitDecode {
         let mut scratch = crate::ops::decode::Scratch::default();
         let mut encoder = gpu.device.create_command_encoder(&Default::default());
         encoder.recorder(|rec| {
-            crate::ops::decode::record(gpu, &mut passes, &mut scratch, rec, &args)
+            crate::ops::decode::record(gpu, &mut passes, &mut scratch, rec, (&args, None))
         })?;
         gpu.queue.submit([encoder.finish()]);
         o.to_f32(gpu).await

@@ -16,7 +16,7 @@ use crate::dispatch::kernel::Kernel;
 use crate::dispatch::record::{Dispatch, Pipeline};
 use crate::dispatch::recorder::{Record, Recorder};
 use crate::error::{Error, InputError};
-use crate::modifiers::DeviceModifiers;
+use crate::modifiers::{DeviceModifiers, expect};
 use crate::plan::calibration::Calibration;
 use crate::plan::decode::{Slicing, plan_slices};
 use crate::plan::tuning::Table;
@@ -136,6 +136,8 @@ pub struct DecodeArgs<'a> {
 pub(crate) struct Passes {
     pub split: Pipeline,
     pub reduce: Pipeline,
+    /// The reduce that also writes each query's LSE, created at the first call asking it.
+    pub reduce_lse: Option<Pipeline>,
     pub key_tile: u32,
     pub max_slice: u32,
     /// The slicing rule's target workgroups on this adapter.
@@ -153,6 +155,7 @@ impl Passes {
             target: calibration.decode_workgroups(),
             split: Pipeline::new(split),
             reduce: Pipeline::new(reduce),
+            reduce_lse: None,
         }
     }
 
@@ -288,22 +291,44 @@ pub(crate) fn abis(spec: &DecodeSpec, layout: SplitLayout) -> Result<[KernelAbi;
     // subgroups are native.
     split.fit_target();
     let split = compile(&split)?;
-    let name = crate::plan::kernels::family_name("attention_decode_reduce", spec.head_dim);
-    let reduce = compile(
-        &KernelSpec {
-            source: Source::Scratch,
-            dtype: spec.dtype,
-            // The reduce joins the sinks (of the split's masks, only they apply there).
-            ..KernelSpec::standard(
-                &name,
-                Op::DecodeReduce,
-                spec.head_dim,
-                reduce_masks(spec.masks),
-            )
-        }
-        .with_head_dim_v(spec.head_dim_v),
-    )?;
+    let reduce = compile(&reduce_spec(spec, false))?;
     Ok([split, reduce])
+}
+
+/// The reduce pass of `spec`'s decode, writing each query's LSE beside O where `lse`.
+fn reduce_spec(spec: &DecodeSpec, lse: bool) -> KernelSpec {
+    let name = crate::plan::kernels::family_name("attention_decode_reduce", spec.head_dim);
+    let name = match lse {
+        true => format!("{name}_lse"),
+        false => name,
+    };
+    let mut reduce = KernelSpec {
+        source: Source::Scratch,
+        dtype: spec.dtype,
+        // The reduce joins the sinks (of the split's masks, only they apply there).
+        ..KernelSpec::standard(
+            &name,
+            Op::DecodeReduce,
+            spec.head_dim,
+            reduce_masks(spec.masks),
+        )
+    }
+    .with_head_dim_v(spec.head_dim_v);
+    if lse {
+        reduce
+            .writes
+            .push(("lse".into(), attn_dsl::WriteMode::Owned));
+    }
+    reduce
+}
+
+/// What a call writes beside O, and how its rows see the cache.
+#[derive(Clone, Copy, Default)]
+struct Extra<'a> {
+    /// Each query's log-sum-exp, `[rows, n_heads]` as Q's rows.
+    lse: Option<&'a Tensor>,
+    /// Q's rows each see the whole cache ([`super::cascade`]'s prefix).
+    shared: bool,
 }
 
 /// Decode against a device cache, recorded into the caller's encoder.
@@ -401,6 +426,7 @@ impl Decode {
                 heads: c.h,
                 slice_len: args.slice_len,
                 target,
+                shared: false,
             };
             chunks.prepare(gpu, &self.spec.chunk(), (shape, args.cache.max_len))?;
             return Ok(());
@@ -421,23 +447,105 @@ impl Decode {
         encoder: &mut impl Record,
         args: &DecodeArgs,
     ) -> Result<Slicing, Error> {
-        encoder.recorder(|rec| {
-            let heads = {
-                let passes = self.passes(gpu)?;
-                check(passes.split.abi(), passes.reduce.abi(), args)?.h
-            };
-            let spec = self.spec.chunk();
-            if let QueryRows::Each(n) = args.rows
-                && self
-                    .chunks
-                    .as_mut()
-                    .is_some_and(|c| c.takes(gpu, &spec, (n, heads)))
-            {
-                return self.record_chunk(gpu, rec, args, n);
+        encoder.recorder(|rec| self.record_in(gpu, rec, args, Extra::default()))
+    }
+
+    /// [`Decode::record`], writing beside O each query's log-sum-exp (natural log, the
+    /// sinks counted as O counts them; +inf for a query that sees no key) into `lse`,
+    /// shaped as Q without its last axis (`[batch, n_heads]` for one row per sequence),
+    /// f32: what [`super::merge::Merge`] needs to join this decode with attention over
+    /// other keys.
+    pub fn record_lse(
+        &mut self,
+        gpu: &Gpu,
+        encoder: &mut impl Record,
+        args: &DecodeArgs,
+        lse: &Tensor,
+    ) -> Result<Slicing, Error> {
+        let extra = Extra {
+            lse: Some(lse),
+            shared: false,
+        };
+        encoder.recorder(|rec| self.record_in(gpu, rec, args, extra))
+    }
+
+    /// Q's `n` rows (`QueryRows::Each(n)`, one sequence) each over the whole cache of
+    /// `args.cache`'s one slot, none causal to another, their LSE into `lse`: a cascade's
+    /// queries of n sequences over their shared prefix. The rows need at least n keys.
+    pub(crate) fn record_shared(
+        &mut self,
+        gpu: &Gpu,
+        rec: &mut Recorder,
+        args: &DecodeArgs,
+        lse: &Tensor,
+    ) -> Result<Slicing, Error> {
+        let extra = Extra {
+            lse: Some(lse),
+            shared: true,
+        };
+        self.record_in(gpu, rec, args, extra)
+    }
+
+    fn record_in(
+        &mut self,
+        gpu: &Gpu,
+        rec: &mut Recorder,
+        args: &DecodeArgs,
+        extra: Extra,
+    ) -> Result<Slicing, Error> {
+        let heads = {
+            let passes = self.passes(gpu)?;
+            let c = check(passes.split.abi(), passes.reduce.abi(), args)?;
+            if let Some(lse) = extra.lse {
+                check_lse(lse, args.q)?;
             }
-            let passes = self.passes.as_mut().expect("created above");
-            record(gpu, passes, &mut self.scratch, rec, args)
-        })
+            c.h
+        };
+        if extra.lse.is_some() {
+            self.reduce_lse(gpu)?;
+        }
+        let spec = self.spec.chunk();
+        let n = match args.rows {
+            QueryRows::Each(n) => Some(n),
+            QueryRows::Ragged(_) => None,
+        };
+        if extra.shared {
+            let serves = self.chunks.as_mut().is_some_and(|c| c.serve(gpu, &spec));
+            return match (serves, n) {
+                (true, Some(n)) => self.record_chunk(gpu, rec, args, n, extra),
+                _ => Err(InputError::Unsupported {
+                    what: "rows over a shared prefix (a cascade) over an fp8 cache, or where \
+                           the forward's tiles do not run",
+                    needs: "a cache in the queries' dtype (f32, f16 or bf16)",
+                }
+                .into()),
+            };
+        }
+        if let Some(n) = n
+            && self
+                .chunks
+                .as_mut()
+                .is_some_and(|c| c.takes(gpu, &spec, (n, heads)))
+        {
+            return self.record_chunk(gpu, rec, args, n, extra);
+        }
+        let passes = self.passes.as_mut().expect("created above");
+        record(gpu, passes, &mut self.scratch, rec, (args, extra.lse))
+    }
+
+    /// The reduce writing LSE, created now if it was not.
+    fn reduce_lse(&mut self, gpu: &Gpu) -> Result<(), Error> {
+        let spec = self.spec;
+        let passes = self.passes(gpu)?;
+        if passes.reduce_lse.is_none() {
+            let reduce = reduce_spec(&spec, true);
+            let abi = attn_dsl::compile(&reduce).map_err(|e| Error::Pipeline {
+                kernel: reduce.name.clone(),
+                message: e.to_string(),
+            })?;
+            passes.reduce_lse = Some(Pipeline::new(Kernel::now(gpu, &abi)?));
+        }
+        Ok(())
     }
 
     /// A call of `n` rows per sequence as a chunk, and its reduce where it was sliced.
@@ -447,6 +555,7 @@ impl Decode {
         rec: &mut Recorder,
         args: &DecodeArgs,
         n: u32,
+        extra: Extra,
     ) -> Result<Slicing, Error> {
         let passes = self.passes.as_mut().expect("created by record");
         let chunks = self.chunks.as_mut().expect("checked by record");
@@ -462,6 +571,7 @@ impl Decode {
             slot0: view.slot0,
             scale: args.scale,
             mods: args.mods,
+            lse: extra.lse,
         };
         let shape = ChunkShape {
             batch: c.batch,
@@ -469,13 +579,15 @@ impl Decode {
             heads: c.h,
             slice_len: args.slice_len,
             target: passes.target,
+            shared: extra.shared,
         };
         let spec = self.spec.chunk();
         let (slicing, partials) = chunks.record(gpu, &spec, rec, &chunk, (shape, view.max_len))?;
         if let Some(partials) = partials {
             let q_starts = self.scratch.starts(gpu, &c.starts)?.clone();
             let dims = pass_dims(view, c.h, (c.batch, n), slicing, args);
-            record_reduce(gpu, passes, rec, (&partials, &q_starts), dims, args)?;
+            let out = (args, extra.lse);
+            record_reduce(gpu, passes, rec, (&partials, &q_starts), dims, out)?;
         }
         Ok(slicing)
     }
@@ -521,7 +633,7 @@ pub(crate) fn record(
     passes: &mut Passes,
     scratch: &mut Scratch,
     rec: &mut Recorder,
-    args: &DecodeArgs,
+    (args, lse): (&DecodeArgs, Option<&Tensor>),
 ) -> Result<Slicing, Error> {
     let Checked {
         batch,
@@ -556,7 +668,7 @@ pub(crate) fn record(
         params,
     };
     passes.split.record(gpu, rec, &split, g)?;
-    record_reduce(gpu, passes, rec, (&partials, &q_starts), dims, args)?;
+    record_reduce(gpu, passes, rec, (&partials, &q_starts), dims, (args, lse))?;
     Ok(slicing)
 }
 
@@ -588,28 +700,47 @@ fn pass_dims(
     dims
 }
 
-/// The reduce pass: each query's slices' partials merged into O (the sinks joined).
+/// The reduce pass: each query's slices' partials merged into O (the sinks joined), and
+/// into `lse` where given (its pipeline created by the caller).
 fn record_reduce(
     gpu: &Gpu,
     passes: &mut Passes,
     rec: &mut Recorder,
     (partials, q_starts): (&Tensor, &Tensor),
     dims: Vec<(&'static str, u32)>,
-    args: &DecodeArgs,
+    (args, lse): (&DecodeArgs, Option<&Tensor>),
 ) -> Result<(), Error> {
     let mut tensors = vec![
         ("partials", partials),
         ("o", args.o),
         ("q_starts", q_starts),
     ];
+    tensors.extend(lse.map(|t| ("lse", t)));
     tensors.extend(args.mods.sinks.map(|t| ("sinks", t)));
-    let g = grid(passes.reduce.abi(), &dims);
+    let pipeline = match lse {
+        Some(_) => passes.reduce_lse.as_mut().expect("created before the call"),
+        None => &mut passes.reduce,
+    };
+    let g = grid(pipeline.abi(), &dims);
     let reduce = Dispatch {
         tensors,
         dims,
         params: Vec::new(),
     };
-    passes.reduce.record(gpu, rec, &reduce, g)
+    pipeline.record(gpu, rec, &reduce, g)
+}
+
+/// `lse` against Q: f32, Q's shape without its last axis.
+fn check_lse(lse: &Tensor, q: &Tensor) -> Result<(), InputError> {
+    let rows = &q.shape()[..q.shape().len().saturating_sub(1)];
+    expect(
+        lse,
+        "lse",
+        rows,
+        Scalar::F32,
+        "Q's shape without head_dim, f32",
+    )?;
+    Ok(())
 }
 
 /// A checked call: its sequences, heads, query rows' starts and the most rows a sequence

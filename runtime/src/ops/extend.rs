@@ -67,6 +67,8 @@ pub(crate) struct ChunkArgs<'a> {
     pub slot0: u32,
     pub scale: Option<f32>,
     pub mods: DeviceModifiers<'a>,
+    /// Where the unsliced kernel writes each row's LSE (else the op's own scratch).
+    pub lse: Option<&'a Tensor>,
 }
 
 /// Whether `spec`'s chunk kernels, in their portable configuration, compile and run on
@@ -77,7 +79,7 @@ fn usable(gpu: &Gpu, spec: &ChunkSpec) -> bool {
         [false, true].into_iter().all(|sliced| {
             let form = ChunkForm {
                 sliced,
-                packed: false,
+                ..ChunkForm::default()
             };
             compile(spec, *c, form).is_ok_and(|abi| gpu.require(&abi).is_ok())
         })
@@ -95,8 +97,8 @@ pub(crate) struct Chunks {
     configs: Option<(FlashConfig, Option<FlashConfig>)>,
     /// Whether the tiles can pack a KV head's query heads, decided with the configuration.
     packs: bool,
-    /// By (rows per tile, sliced, packed).
-    pipelines: Vec<((u32, bool, bool), Pipeline)>,
+    /// By rows per tile and form.
+    pipelines: Vec<((u32, ChunkForm), Pipeline)>,
     lse: Option<Tensor>,
     partials: Option<Tensor>,
 }
@@ -110,6 +112,8 @@ pub(crate) struct ChunkShape {
     pub heads: Heads,
     pub slice_len: Option<u32>,
     pub target: u32,
+    /// Each row sees the whole cache ([`ChunkForm::shared`]).
+    pub shared: bool,
 }
 
 impl ChunkShape {
@@ -128,6 +132,11 @@ impl Chunks {
     /// Whether calls of many rows run as chunks on `gpu` (decided once, at the first).
     fn usable(&mut self, gpu: &Gpu, spec: &ChunkSpec) -> bool {
         *self.runs.get_or_insert_with(|| usable(gpu, spec))
+    }
+
+    /// Whether chunks run on `gpu` at all (a cascade's shared rows have no other path).
+    pub fn serve(&mut self, gpu: &Gpu, spec: &ChunkSpec) -> bool {
+        self.usable(gpu, spec) && self.configs(gpu, spec).is_ok()
     }
 
     /// Whether a call of `n` rows per sequence of `heads` runs as a chunk on `gpu`: from
@@ -166,7 +175,15 @@ impl Chunks {
             _ => planned,
         };
         let packed = self.packs && shape.n < config.tile;
-        Ok((config, ChunkForm { sliced, packed }))
+        let shared = shape.shared;
+        Ok((
+            config,
+            ChunkForm {
+                sliced,
+                packed,
+                shared,
+            },
+        ))
     }
 
     /// The planned configuration for `spec` on `gpu` and its wide twin, decided once.
@@ -189,6 +206,7 @@ impl Chunks {
         let packed = ChunkForm {
             sliced: true,
             packed: true,
+            shared: false,
         };
         self.packs = compile(spec, config, packed).is_ok();
         let wide = match config.matrix {
@@ -210,7 +228,7 @@ impl Chunks {
         (shape, sliced): (&ChunkShape, bool),
     ) -> Result<&mut Pipeline, Error> {
         let (config, form) = self.plan(gpu, spec, (shape, sliced))?;
-        let key = (config.tile, sliced, form.packed);
+        let key = (config.tile, form);
         let at = match self.pipelines.iter().position(|(k, _)| *k == key) {
             Some(at) => at,
             None => {
@@ -305,7 +323,7 @@ impl Chunks {
         let mut tensors = vec![("q", args.q), ("k", args.k), ("v", args.v)];
         match &partials {
             Some(p) => tensors.push(("partials", p)),
-            None => tensors.extend([("o", args.o), ("lse", &lse)]),
+            None => tensors.extend([("o", args.o), ("lse", args.lse.unwrap_or(&lse))]),
         }
         tensors.push(("seq_lens", args.seq_lens));
         tensors.extend(args.block_table.map(|t| ("block_table", t)));

@@ -6,6 +6,7 @@
 
 pub mod backward;
 pub mod cache;
+pub mod cascade;
 pub mod convert;
 pub mod decode;
 pub mod extend;

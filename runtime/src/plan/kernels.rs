@@ -229,13 +229,17 @@ fn atomic_kernel(
 
 /// How a chunk kernel's tiles and outputs are laid out: `sliced`, its key slices'
 /// partials for the decode's reduce (else O and LSE); `packed`, the query heads of a KV
-/// head in one tile ([`attn_dsl::Grid::pack_heads`]).
+/// head in one tile ([`attn_dsl::Grid::pack_heads`]); `shared`, rows that each see the
+/// whole cache (a cascade's queries of many sequences over their shared prefix) instead
+/// of a continued cache's rows, causal among themselves.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ChunkForm {
     /// Partials of key slices instead of O and LSE.
     pub sliced: bool,
     /// A KV head's query heads packed into one tile's rows.
     pub packed: bool,
+    /// Every row sees every key of the cache.
+    pub shared: bool,
 }
 
 /// The kernel of a continued cache's chunk ([`Op::Extend`]) over a cache of `cache`'s
@@ -257,6 +261,16 @@ pub fn extend(
         true => format!("{base}_packed"),
         false => base.to_string(),
     };
+    let base = match form.shared {
+        true => format!("{base}_shared"),
+        false => base,
+    };
+    // A continued cache's rows are causal among themselves; shared rows see the whole cache.
+    let masks = Masks {
+        causal: !form.shared,
+        ..spec.masks
+    };
+    let spec = AttentionSpec { masks, ..spec };
     let (spec, own) = match sliced {
         true => {
             let masks = Masks {
@@ -317,6 +331,7 @@ mod tests {
                     let form = ChunkForm {
                         sliced,
                         packed: true,
+                        shared: false,
                     };
                     let reads_h = m
                         .flex
@@ -344,6 +359,7 @@ mod tests {
         let form = ChunkForm {
             sliced: true,
             packed: true,
+            shared: false,
         };
         let abi = extend(spec, (Cache::Contiguous, form), config).unwrap();
         // seq_len, n_heads, n_kv_heads, head_dim, batch, capacity, page_size, pages, slot0,

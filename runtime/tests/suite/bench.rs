@@ -159,3 +159,24 @@ fn decode_rows_count_the_cache_and_time_every_decode_and_the_copy() {
     assert!(kernels[2].contains("paged"), "{kernels:?}");
     assert!(rows.iter().all(|r| r.timing.median_ms > 0.0));
 }
+
+/// A cascade row times the cascade and the paged decode of the same work, and counts the
+/// prefix once for the cascade and once per sequence for the paged decode.
+#[test]
+fn cascade_rows_time_both_decodes_and_count_the_prefix_as_each_reads_it() {
+    let h = Heads {
+        n_heads: 8,
+        n_kv_heads: 2,
+        head_dim: 64,
+        head_dim_v: 64,
+    };
+    let gpu = Gpu::new(kernels::FAMILY.iter().copied())
+        .block_on()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let r = bench::cascade::row(&gpu, h, (64, 16, 4), runtime::Dtype::F32, 1).unwrap();
+    assert!(r.cascade_ms > 0.0 && r.paged_ms > 0.0);
+    // K and V rows: 2 KV heads of 64 + 64 floats.
+    let row = 2.0 * 128.0 * 4.0;
+    assert_eq!(r.cascade_bytes, row * (64.0 + 4.0 * 16.0));
+    assert_eq!(r.paged_bytes, row * 4.0 * (64.0 + 16.0));
+}

@@ -6,6 +6,7 @@ mod backward;
 mod bad_input;
 mod bench;
 mod cache_model;
+mod cascade;
 mod decode_split;
 mod device_api;
 mod doc_links;

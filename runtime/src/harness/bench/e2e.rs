@@ -58,7 +58,7 @@ fn wait(gpu: &Gpu) -> Result<(), Error> {
 }
 
 /// Random values in [-1, 1) for a tensor of `shape` in `dtype`.
-fn random(gpu: &Gpu, shape: &[u32], dtype: Dtype, seed: u64) -> Result<Tensor, Error> {
+pub(crate) fn random(gpu: &Gpu, shape: &[u32], dtype: Dtype, seed: u64) -> Result<Tensor, Error> {
     let n = shape.iter().map(|d| *d as usize).product();
     let data: Vec<f32> = crate::verify::random(n, seed)
         .iter()
@@ -202,7 +202,7 @@ pub fn decode(
 }
 
 /// Recorded steps, each waited for: wall, GPU and CPU time (medians).
-fn waited(
+pub(crate) fn waited(
     gpu: &Gpu,
     runs: u32,
     mut record: impl FnMut(&mut wgpu::CommandEncoder) -> Result<(), Error>,

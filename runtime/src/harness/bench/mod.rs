@@ -2,6 +2,7 @@
 //! with FLOPs by FlashAttention's convention (forward 4·S²·H·D, halved when causal;
 //! backward 2.5× forward).
 
+pub mod cascade;
 pub mod e2e;
 pub mod flex;
 pub mod head_dim_v;

@@ -1,0 +1,103 @@
+//! `bench --decode PREFIX --cascade`: sequences sharing a prefix of PREFIX rows, each with
+//! its own rows after it, decoded by [`Cascade`] (the prefix read once for all of them)
+//! beside the paged decode of the same work (each sequence's block table listing the
+//! prefix's pages, so each reads them). Both read one page pool.
+
+use attn_dsl::{Cache, Dtype};
+
+use super::e2e::{random, waited};
+use crate::device::Gpu;
+use crate::error::Error;
+use crate::host::attention::Heads;
+use crate::ops::cascade::{Cascade, CascadeArgs};
+use crate::ops::decode::{CacheView, Decode, DecodeArgs, DecodeSpec, QueryRows};
+use crate::tensor::Tensor;
+
+/// Rows of a page.
+const PAGE: u32 = 16;
+
+/// One cascade row: GPU ms of the cascade and of the paged decode, and the bytes of K and V
+/// each must read (the prefix once, or once per sequence).
+pub struct CascadeRow {
+    pub cascade_ms: f64,
+    pub paged_ms: f64,
+    pub cascade_bytes: f64,
+    pub paged_bytes: f64,
+}
+
+/// `n` sequences over a prefix of `prefix` rows, `suffix` rows each after it, in `dtype`.
+pub fn row(
+    gpu: &Gpu,
+    h: Heads,
+    (prefix, suffix, n): (u32, u32, u32),
+    dtype: Dtype,
+    runs: u32,
+) -> Result<CascadeRow, Error> {
+    let (p_pages, s_pages) = (prefix.div_ceil(PAGE), suffix.div_ceil(PAGE));
+    let pages = p_pages + n * s_pages;
+    let pool = |width, seed| random(gpu, &[pages, PAGE, h.n_kv_heads, width], dtype, seed);
+    let (k, v) = (pool(h.head_dim, 1)?, pool(h.head_dim_v, 2)?);
+    let suffix_pages = |b: u32| (0..s_pages).map(move |i| p_pages + b * s_pages + i);
+    let whole: Vec<u32> = (0..n)
+        .flat_map(|b| (0..p_pages).chain(suffix_pages(b)))
+        .collect();
+    let whole = Tensor::from_u32(gpu, &[n, p_pages + s_pages], &whole)?;
+    let own: Vec<u32> = (0..n).flat_map(suffix_pages).collect();
+    let own = Tensor::from_u32(gpu, &[n, s_pages], &own)?;
+    let shared: Vec<u32> = (0..p_pages).collect();
+    let shared = Tensor::from_u32(gpu, &[1, p_pages], &shared)?;
+    let lens = |len: u32, slots: u32| Tensor::from_u32(gpu, &[slots], &vec![len; slots as usize]);
+    let (whole_lens, own_lens, prefix_lens) = (
+        lens(prefix + suffix, n)?,
+        lens(suffix, n)?,
+        lens(prefix, 1)?,
+    );
+    let view = |table, seq_lens, max_len| CacheView {
+        k: &k,
+        v: &v,
+        seq_lens,
+        max_len,
+        block_table: Some(table),
+        slot0: 0,
+        scales: None,
+    };
+    let q = random(gpu, &[n, h.n_heads, h.head_dim], dtype, 3)?;
+    let o = Tensor::zeros(gpu, &[n, h.n_heads, h.head_dim_v], dtype.into())?;
+    let spec = DecodeSpec {
+        cache: Cache::Paged,
+        ..DecodeSpec::new(h.head_dim, h.head_dim_v, dtype)
+    };
+    let mut cascade = Cascade::new(gpu, spec)?;
+    let (_, cascade_ms, _) = waited(gpu, runs, |enc| {
+        let args = CascadeArgs {
+            q: &q,
+            prefix: view(&shared, &prefix_lens, prefix),
+            suffix: view(&own, &own_lens, suffix),
+            o: &o,
+            lse: None,
+            scale: None,
+            mods: Default::default(),
+        };
+        cascade.record(gpu, enc, &args)
+    })?;
+    let mut decode = Decode::new(gpu, spec)?;
+    let (_, paged_ms, _) = waited(gpu, runs, |enc| {
+        let args = DecodeArgs {
+            q: &q,
+            rows: QueryRows::Each(1),
+            cache: view(&whole, &whole_lens, prefix + suffix),
+            o: &o,
+            scale: None,
+            mods: Default::default(),
+            slice_len: None,
+        };
+        decode.record(gpu, enc, &args).map(|_| ())
+    })?;
+    let row_bytes = f64::from(h.n_kv_heads * (h.head_dim + h.head_dim_v) * dtype.bytes());
+    Ok(CascadeRow {
+        cascade_ms,
+        paged_ms,
+        cascade_bytes: row_bytes * f64::from(prefix + n * suffix),
+        paged_bytes: row_bytes * f64::from(n * (prefix + suffix)),
+    })
+}
