@@ -351,7 +351,14 @@ fn flex_bindings(spec: &KernelSpec, first: u32) -> Vec<Binding> {
         let wgsl_type = array_type(Elem::F32, Scalar::F32, scatter);
         Some((name, Access::ReadWrite, Scalar::F32, wgsl_type, Some(write)))
     });
+    // Where the modifiers report their first out-of-range read.
+    let report = flex.report_reads.then(|| {
+        let atomic = Cow::Borrowed("array<atomic<u32>>");
+        let name = "flex_reads".to_string();
+        (name, Access::ReadWrite, Scalar::U32, atomic, None)
+    });
     read.chain(grads)
+        .chain(report)
         .enumerate()
         .map(|(i, (name, access, scalar, wgsl_type, write))| Binding {
             group: 0,

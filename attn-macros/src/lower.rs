@@ -219,6 +219,7 @@ fn with_modifiers<'a>(
         score_mod,
         mask_mod,
         tensors,
+        report_reads: false,
     };
     Ok(Masks {
         flex: Some(flex.intern()),

@@ -483,8 +483,9 @@ impl<T: ?Sized> ModifiersOf<'_, T> {
                 kernel: abi.name.to_string(),
             });
         }
-        let given = self.flex.map(|f| f.modifiers);
-        if abi.masks.flex != given {
+        // A kernel that reports its reads takes the values of the same modifiers.
+        let given = self.flex.map(|f| f.modifiers.plain());
+        if abi.masks.flex.map(|f| f.plain()) != given {
             let message = match (abi.masks.flex, given) {
                 (Some(_), None) => "it was built with score_mod / mask_mod; give their tensors in \
                                     `mods.flex`"

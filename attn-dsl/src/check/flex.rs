@@ -211,6 +211,7 @@ mod tests {
             )),
             mask_mod: None,
             tensors: vec![library::tensor("kv", &[Dim::Heads], crate::flex::Ty::F32).learnable()],
+            report_reads: false,
         };
         let taken = err(backward_q(&taken, &[]));
         assert!(taken.contains("`dkv`, is taken by the backward"), "{taken}");
@@ -218,6 +219,7 @@ mod tests {
             score_mod: Some(v("score")),
             mask_mod: None,
             tensors: vec![library::tensor("w", &[Dim::Heads], crate::flex::Ty::F32).learnable()],
+            report_reads: false,
         };
         let unread = err(backward_q(&unread, &[]));
         assert!(unread.contains("score_mod does not read it"), "{unread}");

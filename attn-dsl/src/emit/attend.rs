@@ -79,7 +79,7 @@ pub(super) fn decode_helpers(out: &mut Wgsl, spec: &KernelSpec) {
          return vec2<u32>({start}, {end});\n}}\n\n"
     );
     index::key_visible(out, spec);
-    super::scores::helpers(out, spec);
+    super::scores::helpers(out, spec, false);
     super::sinks::helpers(out, spec);
     out.push_str(
         r#"fn query_at(i: u32) -> f32 {

@@ -208,7 +208,7 @@ fn split(out: &mut Wgsl, spec: &KernelSpec) {
     if super::tiles::sparse(spec) {
         next_tile(out, spec);
     }
-    super::scores::helpers(out, spec);
+    super::scores::helpers(out, spec, false);
     out.put(super::decode_stream::words(spec, word(spec), false));
     out.put(split_entry(spec));
 }

@@ -54,7 +54,7 @@ pub(super) fn split(out: &mut Wgsl, spec: &KernelSpec, s: &Stream) {
     if sparse {
         super::decode_split::next_tile(out, spec);
     }
-    super::scores::helpers(out, spec);
+    super::scores::helpers(out, spec, false);
     let ragged = s.k_per_lane * s.lanes != s.k_words || s.v_per_lane * s.lanes != s.v_words;
     out.put(words(spec, s.word, ragged));
     out.put(group_sum(

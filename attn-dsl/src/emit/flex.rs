@@ -2,7 +2,9 @@
 //! lets inlined (WGSL has no let-expressions), `select(cond, a, b)` as WGSL's
 //! `select(b, a, cond)`, a tensor read at its row-major offset. A read whose index lies
 //! outside its dimension in any place (a negative one included) gives 0 and loads nothing,
-//! so `tbl[h][q - k]` past a row's end never reads the next row.
+//! so `tbl[h][q - k]` past a row's end never reads the next row. Modifiers built to report
+//! ([`Flex::report_reads`]) also record the first such read of a dispatch (kernel, tensor,
+//! indices) in `flex_reads`, for the runtime's debug switch.
 
 use std::fmt::Write;
 
@@ -16,6 +18,8 @@ pub struct Spelling<'a> {
     pub var: &'a dyn Fn(&str) -> String,
     /// The WGSL of the sequence length, for a `seq` dimension.
     pub seq: &'a str,
+    /// Whether a read outside a tensor's shape is reported (`flex_read_ok`).
+    pub report: bool,
 }
 
 /// `e` (typed) as a WGSL expression.
@@ -47,7 +51,17 @@ fn lower<S>(e: &Expr<S>, tensors: &[TensorDecl], sp: &Spelling) -> String {
         }
         Kind::Cast(a, ty) => format!("{}({})", ty.name(), go(a)),
         Kind::Index(name, idx) => {
-            let (at, within) = place(name, idx, tensors, sp);
+            let (at, mut within) = place(name, idx, tensors, sp);
+            if sp.report {
+                let t = tensors.iter().position(|t| t.name == *name).unwrap_or(0);
+                let mut i: Vec<String> = idx.iter().map(|i| format!("i32({})", go(i))).collect();
+                i.resize(4, "0i".into());
+                within = format!(
+                    "flex_read_ok({within}, {t}u, {}u, vec4<i32>({}))",
+                    idx.len(),
+                    i.join(", ")
+                );
+            }
             let zero = match tensors.iter().find(|t| t.name == *name).map(|t| t.ty) {
                 Some(crate::flex::Ty::F32) => "0.0",
                 Some(crate::flex::Ty::I32) => "0i",
@@ -119,9 +133,11 @@ pub(super) fn grad_functions(out: &mut Wgsl, spec: &crate::spec::KernelSpec, fle
         return false;
     }
     let var = |name: &str| variable(name, "flex_row");
+    // The score_mod's own reads report; its derivative reads the same places.
     let sp = Spelling {
         var: &var,
         seq: "dims.seq_len",
+        report: false,
     };
     let (mut body, mut flush) = (String::new(), String::new());
     for (t, grad) in &written {
@@ -209,14 +225,24 @@ pub(super) fn flush_call(spec: &crate::spec::KernelSpec) -> &'static str {
 /// The WGSL functions of `flex`'s modifiers: `score_mod(score, row, h, j)` and its
 /// derivative `d_score_mod`, `mask_mod(row, h, j)`; the query's position is `row`, but in
 /// the per-row decode, whose one query follows its cache.
-pub(super) fn functions(out: &mut Wgsl, flex: &Flex, op: crate::spec::Op) {
-    let (pos, seq) = match op {
+pub(super) fn functions(out: &mut Wgsl, flex: &Flex, spec: &crate::spec::KernelSpec) {
+    let (pos, seq) = match spec.op {
         crate::spec::Op::Decode => ("cache_len() - 1u", "dims.capacity"),
         crate::spec::Op::DecodeSplit | crate::spec::Op::Extend => ("flex_row", "dims.capacity"),
         _ => ("flex_row", "dims.seq_len"),
     };
     let var = |name: &str| variable(name, pos);
-    let sp = Spelling { var: &var, seq };
+    let sp = Spelling {
+        var: &var,
+        seq,
+        report: flex.report_reads,
+    };
+    if flex.report_reads {
+        out.put(REPORT.fill([(
+            "kernel",
+            Fragment::from(format!("{}u", kernel_code(&spec.name))),
+        )]));
+    }
     let args = ARGS;
     if let Some(e) = &flex.score_mod {
         let d = derive::d_score(e).expect("checked: the score modifier differentiates");
@@ -238,6 +264,45 @@ pub(super) fn functions(out: &mut Wgsl, flex: &Flex, op: crate::spec::Op) {
         super::tiles::functions(out, e);
     }
 }
+
+/// The code a reporting kernel writes for itself in `flex_reads`: FNV-1a of its name, never
+/// 0 (the report's "nothing yet").
+pub fn kernel_code(name: &str) -> u32 {
+    let hash = name.bytes().fold(0x811c_9dc5u32, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    });
+    hash.max(1)
+}
+
+/// `flex_read_ok`: a read's bounds test, which records the dispatch's first read outside
+/// the bounds as (kernel, tensor, rank, the indices) in `flex_reads`, once.
+const REPORT: Template = Template {
+    name: "flex_report",
+    needs: &[],
+    text: r#"// This kernel's code in flex_reads (its name's FNV-1a).
+const FLEX_KERNEL: u32 = $kernel;
+
+// Whether the pair being scored is one the kernel shows (a tile's hidden pairs are scored
+// too, and their reads are not reported).
+var<private> flex_seen: bool = true;
+
+// `ok`, after recording the first read with !ok: flex_reads[0] is the kernel's code, then
+// the tensor, the rank and four indices.
+fn flex_read_ok(ok: bool, tensor: u32, rank: u32, at: vec4<i32>) -> bool {
+    if (!ok && flex_seen && atomicLoad(&flex_reads[0]) == 0u) {
+        if (atomicCompareExchangeWeak(&flex_reads[0], 0u, FLEX_KERNEL).exchanged) {
+            atomicStore(&flex_reads[1], tensor);
+            atomicStore(&flex_reads[2], rank);
+            for (var i = 0u; i < 4u; i = i + 1u) {
+                atomicStore(&flex_reads[3u + i], bitcast<u32>(at[i]));
+            }
+        }
+    }
+    return ok;
+}
+
+"#,
+};
 
 /// A dimension's size in the kernel.
 fn dim_expr(dim: Dim, seq: &str) -> String {
@@ -283,6 +348,7 @@ mod tests {
         let sp = super::Spelling {
             var: &var,
             seq: "dims.seq_len",
+            report: false,
         };
         for (n, (_, e)) in score_mods().iter().enumerate() {
             let d = d_score(e).unwrap();
@@ -402,6 +468,7 @@ mod tests {
                         score_mod: None,
                         mask_mod: Some(mask),
                         tensors: vec![],
+                        report_reads: false,
                     }
                     .intern(),
                 ),

@@ -242,7 +242,7 @@ fn query_range(col: u32) -> vec2<u32> {{
 "#
     );
     key_visible(out, spec);
-    super::scores::helpers(out, spec);
+    super::scores::helpers(out, spec, true);
 }
 
 /// The key bounds of the description's `mask_mod` ([`crate::flex::bounds`]): none

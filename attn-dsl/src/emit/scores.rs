@@ -11,8 +11,11 @@ use std::fmt::Write;
 
 use crate::spec::{BiasHeads, KernelSpec, Op, WriteMode};
 
-/// `score`, `score_grad`, `dropped` and what they need, for `spec`'s masks.
-pub(super) fn helpers(out: &mut Wgsl, spec: &KernelSpec) {
+/// `score`, `score_grad`, `dropped` and what they need, for `spec`'s masks. `visible`:
+/// the kernel defines `visible(row, h, j)` and scores pairs it hides (whole tiles), so
+/// modifiers that report their reads ([`crate::flex::Flex::report_reads`]) report only
+/// those of the pairs it shows.
+pub(super) fn helpers(out: &mut Wgsl, spec: &KernelSpec, visible: bool) {
     let m = spec.masks;
     // The per-row decode's one query sits after the cache's last row; split-K decode's
     // queries pass their positions as `row`.
@@ -52,9 +55,9 @@ pub(super) fn helpers(out: &mut Wgsl, spec: &KernelSpec) {
         "    var s = vec2<f32>(x, 1.0);\n".to_string()
     };
     let flex = spec.flex();
-    let mut user = "";
+    let mut user = String::new();
     if let Some(flex) = &flex {
-        super::flex::functions(out, flex, spec.op);
+        super::flex::functions(out, flex, spec);
         if flex.score_mod.is_some() {
             // The user's modifier last, and the chain rule through it; what it is given is
             // `pre_score`, where a tensor's gradient reads its slope.
@@ -68,10 +71,18 @@ pub(super) fn helpers(out: &mut Wgsl, spec: &KernelSpec) {
                 String::new(),
                 "    var s = pre_score(row, h, j, dot);\n".to_string(),
             );
-            user = "    s = vec2<f32>(score_mod(s.x, row, h, j), d_score_mod(s.x, row, h, j) * s.y);\n";
+            user = "    s = vec2<f32>(score_mod(s.x, row, h, j), d_score_mod(s.x, row, h, j) * s.y);\n"
+                .to_string();
+            if flex.report_reads && visible {
+                // A tile's rows past the last are scored too.
+                let end = super::index::rows_end(spec);
+                user = format!(
+                    "    flex_seen = row < {end} && visible(row, h, j);\n{user}    flex_seen = true;\n"
+                );
+            }
         }
     }
-    slope.push_str(user);
+    slope.push_str(&user);
     slope.push_str("    return s;\n");
     let _ = write!(
         out,

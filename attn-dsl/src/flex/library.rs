@@ -220,12 +220,14 @@ pub fn preset(spec: &str) -> Result<Flex, String> {
                     )
                     .learnable(),
                 ],
+                report_reads: false,
             }
         }
         "prefix-lm" => Flex {
             score_mod: None,
             mask_mod: Some(prefix_lm("prefix")),
             tensors: vec![tensor("prefix", &[Dim::Batch], Ty::U32)],
+            report_reads: false,
         },
         "window-sinks" => Flex {
             score_mod: None,
@@ -234,11 +236,13 @@ pub fn preset(spec: &str) -> Result<Flex, String> {
                 at(1, 4).max(0),
             )),
             tensors: vec![],
+            report_reads: false,
         },
         "sliding-window" => Flex {
             score_mod: None,
             mask_mod: Some(sliding_window(positive(at(0, 24), "W")?)),
             tensors: vec![],
+            report_reads: false,
         },
         "softcap-alibi" => Flex {
             score_mod: Some(let_(
@@ -248,11 +252,13 @@ pub fn preset(spec: &str) -> Result<Flex, String> {
             )),
             mask_mod: None,
             tensors: vec![heads("slopes")],
+            report_reads: false,
         },
         _ => Flex {
             score_mod: None,
             mask_mod: Some(block_diagonal(positive(at(0, 16), "N")?)),
             tensors: vec![],
+            report_reads: false,
         },
     })
 }

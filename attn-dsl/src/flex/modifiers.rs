@@ -22,6 +22,10 @@ pub struct Flex {
     /// The tensors the modifiers read, each bound to the kernel by its name.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tensors: Vec<TensorDecl>,
+    /// Kernels report their first read outside a tensor's shape (kernel, tensor, index)
+    /// into the `flex_reads` binding: a debugging build of the same modifiers.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub report_reads: bool,
 }
 
 impl Flex {
@@ -77,6 +81,31 @@ impl FlexRef {
             let flex = serde_json::from_str(self.0).expect("a FlexRef holds the JSON of a Flex");
             Box::leak(Box::new(flex))
         })
+    }
+
+    /// The same modifiers in kernels that report their first out-of-range read
+    /// ([`Flex::report_reads`]).
+    pub fn reporting(self) -> FlexRef {
+        match self.parsed().report_reads {
+            true => self,
+            false => Flex {
+                report_reads: true,
+                ..self.get()
+            }
+            .intern(),
+        }
+    }
+
+    /// The same modifiers without the reports: what a caller's values are matched against.
+    pub fn plain(self) -> FlexRef {
+        match self.parsed().report_reads {
+            false => self,
+            true => Flex {
+                report_reads: false,
+                ..self.get()
+            }
+            .intern(),
+        }
     }
 
     /// Whether two references name the same modifiers, at compile time.

@@ -650,3 +650,49 @@ fn forward_takes_v_rows_of_another_width() {
     let ragged = KernelSpec::flash("r", Op::Forward, 128, CAUSAL_DOC, config).with_head_dim_v(62);
     assert_eq!(field_of(&ragged), Field::HeadDimV);
 }
+
+/// Modifiers built to report their first out-of-range read: the forward, the split-K
+/// decode and both backward halves of every library example that reads a tensor validate,
+/// bind `flex_reads` and test each read through `flex_read_ok`; the plain build of the same
+/// modifiers binds nothing more.
+#[test]
+fn reporting_modifiers_bind_flex_reads_in_every_kernel() {
+    for example in attn_dsl::flex::library::examples() {
+        if example.flex.tensors.is_empty() {
+            continue;
+        }
+        let plain = example.flex.intern();
+        for (flex, reports) in [(plain, false), (plain.reporting(), true)] {
+            assert_eq!(flex.plain(), plain);
+            let masks = Masks {
+                causal: true,
+                flex: Some(flex),
+                ..Masks::default()
+            };
+            let config = attn_dsl::configs::forward(64)[0];
+            let specs = [
+                KernelSpec::flash("f", Op::Forward, 64, masks, config),
+                KernelSpec {
+                    grid: attn_dsl::Grid::rows(attn_dsl::Major::Slice, 4),
+                    writes: vec![("partials".into(), WriteMode::ScratchFlush)],
+                    ..KernelSpec::standard(
+                        "d",
+                        Op::DecodeSplit,
+                        64,
+                        Masks {
+                            causal: false,
+                            ..masks
+                        },
+                    )
+                },
+            ];
+            for spec in specs {
+                let what = format!("{} {:?} reports {reports}", example.name, spec.op);
+                let abi = attn_dsl::compile(&spec).unwrap_or_else(|e| panic!("{what}: {e}"));
+                let bound = abi.binding("flex_reads").is_some();
+                assert_eq!(bound, reports, "{what}");
+                assert_eq!(abi.wgsl.contains("flex_read_ok("), reports, "{what}");
+            }
+        }
+    }
+}

@@ -227,7 +227,7 @@ fn a_mask_mod_decode_skips_the_tiles_it_cannot_see() {
             Flex {
                 score_mod: None,
                 mask_mod: Some(mask_mod),
-                tensors: vec![],
+                ..Flex::default()
             }
             .intern(),
         ),

@@ -5,6 +5,7 @@
 mod compiled;
 #[cfg(not(target_arch = "wasm32"))]
 mod pipeline_cache;
+mod reads;
 mod uniforms;
 
 use std::sync::Mutex;
@@ -18,6 +19,9 @@ use compiled::CompiledPipelines;
 #[cfg(not(target_arch = "wasm32"))]
 pub use pipeline_cache::{PIPELINE_CACHE_ENV, PipelineCacheFile, default_pipeline_cache_dir};
 use uniforms::UniformCache;
+
+pub use reads::OutOfRange;
+pub(crate) use reads::{REPORT_WORDS, ReadReport};
 
 /// When a pipeline was last created on any device of this process: GPU timing waits for
 /// the spin-up after a batch of pipeline creations to pass.
@@ -232,6 +236,8 @@ pub struct Gpu {
     buffers: AtomicU64,
     /// Every pipeline compiled here, by source: ops built again reuse them.
     compiled: CompiledPipelines,
+    /// Where kernels built with [`Gpu::report_modifier_reads`] report.
+    reads: Option<ReadReport>,
 }
 
 impl Gpu {
@@ -311,6 +317,7 @@ impl Gpu {
             pipelines: AtomicU64::new(0),
             buffers: AtomicU64::new(0),
             compiled: CompiledPipelines::default(),
+            reads: None,
         }
     }
 
@@ -462,6 +469,34 @@ impl Gpu {
     pub fn unchecked(mut self) -> Gpu {
         self.runtime_checks = false;
         self
+    }
+
+    /// A debug switch: ops built from now on build their user-written modifiers
+    /// (`score_mod`, `mask_mod`) to record the first read outside a tensor's declared shape
+    /// (which reads 0, as always), and [`Gpu::modifier_reads`] returns it as an error naming
+    /// the kernel, the tensor and the indices. The kernels bind one more storage buffer and
+    /// test each read: for finding a modifier's bug, not for speed. Kernels the caller
+    /// compiled (`Forward::from_kernel`, the macro's) are as they were built.
+    pub fn report_modifier_reads(mut self) -> Gpu {
+        self.reads = Some(ReadReport::new(&self.device));
+        self
+    }
+
+    /// `masks` as this device's ops build them: with [`Gpu::report_modifier_reads`], the
+    /// modifiers' reporting build.
+    pub fn masks(&self, masks: attn_dsl::Masks) -> attn_dsl::Masks {
+        match (&self.reads, masks.flex) {
+            (Some(_), Some(flex)) => attn_dsl::Masks {
+                flex: Some(flex.reporting()),
+                ..masks
+            },
+            _ => masks,
+        }
+    }
+
+    /// The report of [`Gpu::report_modifier_reads`], where it is on.
+    pub(crate) fn read_report(&self) -> Option<&ReadReport> {
+        self.reads.as_ref()
     }
 
     /// Whether kernels get wgpu's shader runtime checks (the default).

@@ -152,6 +152,13 @@ impl Pipeline {
                     let size = bytes.len() as u64;
                     (gpu.uniform(&bytes), 0, size)
                 }
+                _ if b.name == "flex_reads" => {
+                    let report = gpu.read_report().ok_or_else(|| Error::Binding {
+                        kernel: abi.name.to_string(),
+                        binding: b.name.to_string(),
+                    })?;
+                    (report.bind(abi).clone(), 0, 4 * crate::device::REPORT_WORDS)
+                }
                 _ => {
                     let t = d.tensor(&b.name).ok_or_else(|| Error::Binding {
                         kernel: abi.name.to_string(),

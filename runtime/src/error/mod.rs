@@ -217,6 +217,14 @@ pub enum InputError {
     /// Query rows per sequence that the call cannot take; the message says why.
     #[error("query rows: {0}")]
     QueryRows(String),
+    /// A user-written modifier read outside a tensor's declared shape, reported by a
+    /// kernel built with `Gpu::report_modifier_reads` (the read gave 0).
+    #[error(
+        "kernel `{}` read `{}` at {:?}, outside its declared shape (the read gave 0); \
+         bound the index in the modifier or declare the tensor larger",
+        .0.kernel, .0.tensor, .0.index
+    )]
+    ModifierRead(crate::device::OutOfRange),
     /// A softmax scale that is not finite.
     #[error("scale {0} is not a finite number")]
     Scale(f32),

@@ -353,6 +353,10 @@ impl Decode {
     /// [`Decode::new`] with the split pass in `layout` (streamed needs SUBGROUP), whatever
     /// the runtime plans.
     pub fn with_layout(gpu: &Gpu, spec: DecodeSpec, layout: SplitLayout) -> Result<Decode, Error> {
+        let spec = DecodeSpec {
+            masks: gpu.masks(spec.masks),
+            ..spec
+        };
         let abis = abis(&spec, layout)?;
         for abi in &abis {
             gpu.require(abi)?;

@@ -103,6 +103,10 @@ impl Forward {
     /// A forward that plans its kernel per problem; nothing is compiled yet, but the spec
     /// is checked (a head_dim without a configuration, masks the op cannot take).
     pub fn new(gpu: &Gpu, spec: ForwardSpec) -> Result<Forward, Error> {
+        let spec = ForwardSpec {
+            masks: gpu.masks(spec.masks),
+            ..spec
+        };
         let config = tuning::forward_candidates(spec.width())
             .first()
             .copied()

@@ -149,3 +149,24 @@ pub async fn read_many<T: Pod>(
         })
         .collect()
 }
+
+impl Gpu {
+    /// With [`Gpu::report_modifier_reads`]: after everything submitted so far has run, the
+    /// first read outside a tensor's declared shape among the kernels' user-written
+    /// modifiers since the last call, as [`crate::InputError::ModifierRead`]; the report is
+    /// cleared. `Ok` where no read was out of range, or where the switch is off.
+    pub async fn modifier_reads(&self) -> Result<(), Error> {
+        let Some(report) = self.read_report() else {
+            return Ok(());
+        };
+        let bytes = 4 * crate::device::REPORT_WORDS;
+        let words = read_range(self, &report.buffer, 0, bytes).await?;
+        self.queue
+            .write_buffer(&report.buffer, 0, &vec![0u8; bytes as usize]);
+        let words: Vec<u32> = bytemuck::cast_slice(&words).to_vec();
+        match report.decode(&words) {
+            Some(read) => Err(crate::error::InputError::ModifierRead(read).into()),
+            None => Ok(()),
+        }
+    }
+}

@@ -1442,6 +1442,7 @@ fn a_decode_with_three_modifier_tensors_runs_where_the_adapter_allows() {
         tensors: ["ta", "tb", "tc"]
             .map(|n| tensor(n, &heads, Ty::F32))
             .to_vec(),
+        ..Flex::default()
     };
     let one = Flex {
         score_mod: Some(bin(
@@ -1451,6 +1452,7 @@ fn a_decode_with_three_modifier_tensors_runs_where_the_adapter_allows() {
         )),
         mask_mod: None,
         tensors: vec![tensor("s", &heads, Ty::F32)],
+        ..Flex::default()
     };
     let parts = [
         [0.01f32, -0.02, 0.03, 0.005],

@@ -56,6 +56,7 @@ fn variants(seq: u32, window: u32, decode: bool) -> Vec<Variant> {
                 score_mod: score,
                 mask_mod: mask,
                 tensors,
+                ..Flex::default()
             }
             .intern(),
         ),

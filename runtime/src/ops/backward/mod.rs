@@ -202,6 +202,10 @@ impl Backward {
     /// Adds the schedules of another `spec` ([`Backward::new`]'s); replaces any set of its
     /// widths and dtype.
     pub fn add(&mut self, gpu: &Gpu, spec: BackwardSpec) -> Result<(), Error> {
+        let spec = BackwardSpec {
+            masks: gpu.masks(spec.masks),
+            ..spec
+        };
         let dsl = |e: attn_dsl::DslError| Error::Pipeline {
             kernel: format!(
                 "backward d{}/{} {}",
