@@ -24,6 +24,7 @@ pub mod contract;
 pub mod emit;
 mod error;
 pub mod flex;
+pub mod implied;
 pub mod layout;
 pub mod manifest;
 pub mod plan;

@@ -50,6 +50,13 @@ fn expand(input: proc_macro2::TokenStream) -> syn::Result<proc_macro2::TokenStre
 fn expand_one(description: &parse::Description) -> syn::Result<proc_macro2::TokenStream> {
     let lowered = lower::lower(description)?;
     let abi = attn_dsl::compile(&lowered.spec).map_err(|e| lowered.error(e))?;
+    // What the description implies (an f32 forward's backward, a split pass's reduce) must
+    // fit its target too: refused here, not where the runtime first records it.
+    if lowered.spec.dtype == attn_dsl::Dtype::F32 {
+        for implied in attn_dsl::implied::kernels(&lowered.spec) {
+            attn_dsl::compile(&implied).map_err(|e| lowered.implied_error(&implied, e))?;
+        }
+    }
     // Atomic scatter comes in two variants from one description: the portable
     // compare-exchange loop (`ABI`) and native f32 atomics (`ABI_F32_ATOMIC`).
     let native = if lowered.spec.has_atomics() {

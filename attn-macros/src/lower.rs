@@ -20,6 +20,23 @@ pub struct Lowered {
 
 impl Lowered {
     /// An IR error as a compile error at the value it is about.
+    /// `err` of a kernel the description implies (`implied`), at the description's target
+    /// (else its name): what to change to keep the description and its companions.
+    pub fn implied_error(&self, implied: &attn_dsl::KernelSpec, err: DslError) -> syn::Error {
+        let span = self
+            .spans
+            .iter()
+            .find(|(f, _)| *f == Field::Target)
+            .map_or(self.name_span, |(_, s)| *s);
+        let message = format!(
+            "a {} implies its {} kernel `{}`, which this target cannot hold: {err}",
+            self.spec.op.name(),
+            implied.op.name(),
+            implied.name,
+        );
+        syn::Error::new(span, message)
+    }
+
     pub fn error(&self, err: DslError) -> syn::Error {
         let span = err
             .field()

@@ -4,7 +4,7 @@
 
 use std::borrow::Cow;
 
-use attn_dsl::{DslError, KernelAbi, KernelSpec, Masks, Op, Source, WriteMode};
+use attn_dsl::{DslError, KernelAbi, KernelSpec, Masks};
 use attn_macros::attention_kernel;
 
 attention_kernel! {
@@ -689,53 +689,21 @@ impl BackwardKernels {
     /// naga-validated) now.
     ///
     /// Q and K rows are `dims.0` wide, V, O, dO and dV rows `dims.1` (MLA's 192 and 128).
-    pub fn compile(
-        (head_dim, head_dim_v): (u32, u32),
-        masks: Masks,
-    ) -> Result<BackwardKernels, DslError> {
-        use WriteMode::{Owned, ScratchFlush};
-        // The dQ kernels see every dS, so they write dBias and the modifiers' gradients.
-        let spec = |name: &str, op, writes: &[(&str, WriteMode)], source| {
-            KernelSpec {
-                writes: writes
-                    .iter()
-                    .map(|(n, m)| (n.to_string(), *m))
-                    .chain(
-                        masks
-                            .score_grad_writes()
-                            .into_iter()
-                            .filter(|_| op == Op::BackwardQ),
-                    )
-                    .collect(),
-                source,
-                ..KernelSpec::standard(name, op, head_dim, masks)
-            }
-            .with_head_dim_v(head_dim_v)
-        };
-        let prep = KernelSpec {
-            workgroup_size: head_dim.max(head_dim_v).next_power_of_two().max(32),
-            ..KernelSpec::standard(
-                "attention_backward_prep",
-                Op::BackwardPrep,
-                head_dim,
-                Masks::default(),
-            )
-        }
-        .with_head_dim_v(head_dim_v);
-        let (bq, bkv) = (Op::BackwardQ, Op::BackwardKv);
-        let (rec, scr) = (Source::Recompute, Source::Scratch);
-        let scratch = [("dq", Owned), ("p_ds", ScratchFlush)];
-        let owned_kv = [("dk", Owned), ("dv", Owned)];
+    pub fn compile(dims: (u32, u32), masks: Masks) -> Result<BackwardKernels, DslError> {
+        // The set a forward description implies ([`attn_dsl::implied`]), each kernel given
+        // the limits it needs where WebGPU's defaults do not hold it.
         let build = |mut s: KernelSpec| {
             s.fit_target();
             attn_dsl::compile(&s).map(Cow::Owned)
         };
+        let [prep, split_q, split_kv, recompute_q, recompute_kv] =
+            attn_dsl::implied::backward(dims, masks);
         Ok(BackwardKernels {
             prep: build(prep)?,
-            split_q: build(spec("attention_backward_short", bq, &scratch, rec))?,
-            split_kv: build(spec("attention_backward_short_dkdv", bkv, &owned_kv, scr))?,
-            recompute_q: build(spec("attention_backward_dq", bq, &[("dq", Owned)], rec))?,
-            recompute_kv: build(spec("attention_backward_dkdv", bkv, &owned_kv, rec))?,
+            split_q: build(split_q)?,
+            split_kv: build(split_kv)?,
+            recompute_q: build(recompute_q)?,
+            recompute_kv: build(recompute_kv)?,
         })
     }
 }

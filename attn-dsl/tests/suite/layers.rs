@@ -20,6 +20,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("signature", 2),
     ("contract", 2),
     ("error", 3),
+    ("implied", 3),
     ("layout", 4),
     ("plan", 5),
     ("check", 6),

@@ -9,11 +9,14 @@ use runtime::{Backward, BackwardInput, BlockOn, ForwardInput, Gpu, Heads, Kernel
 attention_kernel! {
     /// T5's relative-position bias (a learned table per head, clamped at ±32 positions:
     /// `grad`, so the backward returns its gradient, `drel_bias`) over a prefix-LM mask:
-    /// each query sees the keys before it and its sequence's first `prefix[b]` keys.
+    /// each query sees the keys before it and its sequence's first `prefix[b]` keys. Its
+    /// backward binds 10 storage buffers (the two tensors and the table's gradient beside
+    /// attention's own), two past WebGPU's default: an adapter offering 10 runs it.
     pub t5_prefix_lm {
         op: forward,
         grid: s_major(flash),
         head_dim: 64,
+        target: native(storage_buffers = 10),
         tensors: { rel_bias: [heads, 2 * 32 + 1] f32 grad, prefix: [batch] u32 },
         score_mod: |score, _b, h, q, k| score + rel_bias[h][clamp(q - k, -32, 32) + 32],
         mask_mod: |b, _h, q, k| k <= q || k < prefix[b] as i32,
