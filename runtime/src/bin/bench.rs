@@ -899,18 +899,28 @@ fn cascade_rows(
     let dtype = gpu.half_dtypes().first().copied().unwrap_or(Dtype::F32);
     let (prefix, suffix) = (shape.cache_len, 512);
     println!(
-        "{:<32} {:<34} {:>10} {:>10} {:>9} {:>8} {:>8}",
-        "cascade", "sequences", "GPU ms", "paged ms", "GB/s", "of copy", "speedup"
+        "{:<32} {:<34} {:>10} {:>10} {:>10} {:>10} {:>9} {:>8} {:>8}",
+        "cascade",
+        "sequences",
+        "GPU ms",
+        "prefix ms",
+        "suffix ms",
+        "paged ms",
+        "GB/s",
+        "of copy",
+        "speedup"
     );
     for n in [4, 16, 64].into_iter().filter(|&n| n <= prefix) {
         let r = bench::cascade::row(gpu, h, (prefix, suffix, n), dtype, args.runs as u32)
             .context("cascade")?;
         let gbps = r.cascade_bytes / (r.cascade_ms * 1e-3) / 1e9;
         println!(
-            "{:<32} {:<34} {:>10.3} {:>10.3} {:>9.1} {:>7.0}% {:>7.2}x",
+            "{:<32} {:<34} {:>10.3} {:>10.3} {:>10.3} {:>10.3} {:>9.1} {:>7.0}% {:>7.2}x",
             shape.label(),
             format!("{n} x ({prefix} + {suffix}) rows, {}", dtype.name()),
             r.cascade_ms,
+            r.prefix_ms,
+            r.suffix_ms,
             r.paged_ms,
             gbps,
             100.0 * gbps / copy,
@@ -918,8 +928,9 @@ fn cascade_rows(
         );
     }
     println!(
-        "GB/s: the K and V bytes the cascade must read (the prefix once, each suffix once) per \
-         second; the paged decode reads the prefix once per sequence"
+        "prefix / suffix ms: the cascade's two parts each alone (the merge and the gaps are \
+         the rest); GB/s: the K and V bytes the cascade must read (the prefix once, each \
+         suffix once) per second; the paged decode reads the prefix once per sequence"
     );
     Ok(())
 }

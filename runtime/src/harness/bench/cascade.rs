@@ -16,10 +16,13 @@ use crate::tensor::Tensor;
 /// Rows of a page.
 const PAGE: u32 = 16;
 
-/// One cascade row: GPU ms of the cascade and of the paged decode, and the bytes of K and V
-/// each must read (the prefix once, or once per sequence).
+/// One cascade row: GPU ms of the cascade, of its prefix's pass and its suffixes' decode
+/// each alone (the merge and the gaps are the rest), and of the paged decode; the bytes of
+/// K and V each must read (the prefix once, or once per sequence).
 pub struct CascadeRow {
     pub cascade_ms: f64,
+    pub prefix_ms: f64,
+    pub suffix_ms: f64,
     pub paged_ms: f64,
     pub cascade_bytes: f64,
     pub paged_bytes: f64,
@@ -80,6 +83,29 @@ pub fn row(
         };
         cascade.record(gpu, enc, &args)
     })?;
+    let lse = Tensor::zeros(gpu, &[n, h.n_heads], attn_dsl::Scalar::F32)?;
+    let part = |cache, rows| DecodeArgs {
+        q: &q,
+        rows,
+        cache,
+        o: &o,
+        scale: None,
+        mods: Default::default(),
+        slice_len: None,
+    };
+    let mut prefix_pass = Decode::new(gpu, spec)?;
+    let (_, prefix_ms, _) = waited(gpu, runs, |enc| {
+        let args = part(view(&shared, &prefix_lens, prefix), QueryRows::Each(n));
+        let mut rec = crate::dispatch::Recorder::new(enc);
+        prefix_pass
+            .record_shared(gpu, &mut rec, &args, &lse)
+            .map(|_| ())
+    })?;
+    let mut suffix_pass = Decode::new(gpu, spec)?;
+    let (_, suffix_ms, _) = waited(gpu, runs, |enc| {
+        let args = part(view(&own, &own_lens, suffix), QueryRows::Each(1));
+        suffix_pass.record_lse(gpu, enc, &args, &lse).map(|_| ())
+    })?;
     let mut decode = Decode::new(gpu, spec)?;
     let (_, paged_ms, _) = waited(gpu, runs, |enc| {
         let args = DecodeArgs {
@@ -96,6 +122,8 @@ pub fn row(
     let row_bytes = f64::from(h.n_kv_heads * (h.head_dim + h.head_dim_v) * dtype.bytes());
     Ok(CascadeRow {
         cascade_ms,
+        prefix_ms,
+        suffix_ms,
         paged_ms,
         cascade_bytes: row_bytes * f64::from(prefix + n * suffix),
         paged_bytes: row_bytes * f64::from(n * (prefix + suffix)),
