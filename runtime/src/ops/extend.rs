@@ -271,13 +271,14 @@ impl Chunks {
         let (config, form) = self.plan(gpu, spec, (&shape, true))?;
         let (rows, owners) = shape.owners(form.packed);
         let tiles = rows.div_ceil(config.tile) * owners * shape.batch;
-        Ok(plan_slices(
-            max_len,
-            tiles,
-            SLICE_BLOCK,
-            MAX_SLICE,
-            shape.target,
-        ))
+        let rule = plan_slices(max_len, tiles, SLICE_BLOCK, MAX_SLICE, shape.target);
+        let slice_len = rule
+            .slice_len
+            .max(min_slice(&shape, spec.attention.dtype.bytes()));
+        Ok(Slicing {
+            slice_len,
+            n_slices: max_len.div_ceil(slice_len).max(1),
+        })
     }
 
     /// Plans a call of `shape` over `max_len` keys and compiles the kernel it runs,
@@ -370,6 +371,25 @@ fn dims(
 /// block), so that only the cache's last block is ragged.
 const SLICE_BLOCK: u32 = 64;
 
+/// The fewest keys a chunk's slice holds where its rows are many: enough that a slice's
+/// partials (each row's unnormalized O and (m, l) in f32, written and read back by the
+/// reduce) take no more bytes than the keys it reads, a whole number of [`SLICE_BLOCK`]s,
+/// at most [`MAX_SLICE`]. A cascade's 64 sequences of 32 heads over a 4096-row prefix
+/// had taken the rule's 32 slices of 128 keys: 35 MB of partials for a prefix of 16 MB;
+/// with 320-key slices its pass went from 0.132 to 0.109 ms on an H200 (2026-11-29,
+/// `bench --decode 4096 --cascade`, docs/decode.md).
+fn min_slice(shape: &ChunkShape, elem_bytes: u32) -> u32 {
+    let h = shape.heads;
+    let records = u64::from(shape.n) * u64::from(h.n_heads) * u64::from(h.head_dim_v + 4) * 4;
+    let keys =
+        u64::from(h.n_kv_heads) * u64::from(h.head_dim + h.head_dim_v) * u64::from(elem_bytes);
+    let len = records
+        .div_ceil(keys.max(1))
+        .div_ceil(u64::from(SLICE_BLOCK))
+        * u64::from(SLICE_BLOCK);
+    len.min(u64::from(MAX_SLICE)) as u32
+}
+
 /// The most keys a chunk's slice holds, past what the workgroup target asks: one
 /// workgroup walking a long slice waits on each block's loads with nothing else to run.
 /// Measured on an H200 (2026-11-29, `bench --decode 32768 --heads 32 --kv-heads 8
@@ -384,4 +404,36 @@ fn compile(spec: &ChunkSpec, config: FlashConfig, form: ChunkForm) -> Result<Ker
         kernel: format!("extend d{} {}", spec.attention.head_dim, config.label()),
         message: e.to_string(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(n: u32) -> ChunkShape {
+        ChunkShape {
+            batch: 1,
+            n,
+            heads: Heads {
+                n_heads: 32,
+                n_kv_heads: 8,
+                head_dim: 128,
+                head_dim_v: 128,
+            },
+            slice_len: None,
+            target: 528,
+            shared: true,
+        }
+    }
+
+    /// A slice's partials never outweigh its keys: 64 rows of 32 heads write 132 f32 a
+    /// row and head (1.08 MB) per slice, which 264 f16 keys of 8 KV heads outweigh (320
+    /// as whole blocks); a few rows keep the rule's shortest slice, many the longest.
+    #[test]
+    fn a_slice_holds_at_least_the_keys_its_partials_weigh() {
+        assert_eq!(min_slice(&shape(64), 2), 320);
+        assert_eq!(min_slice(&shape(4), 2), SLICE_BLOCK);
+        assert_eq!(min_slice(&shape(512), 2), MAX_SLICE);
+        assert_eq!(min_slice(&shape(64), 4), 192);
+    }
 }
