@@ -736,21 +736,16 @@ fn decode(gpu: &Gpu, args: &Args, cache_len: u32) -> anyhow::Result<()> {
         },
     };
     let [copy, buffer_copy] = bench::copy_bandwidth(gpu, args.warmup, args.runs)?;
-    if args.continued {
+    if args.continued || args.cascade {
         println!(
             "adapter: {}; copy kernel {:.1} GB/s",
             gpu.describe(),
             copy.gbps()
         );
-        return continued_rows(gpu, args, shape, copy.gbps());
-    }
-    if args.cascade {
-        println!(
-            "adapter: {}; copy kernel {:.1} GB/s",
-            gpu.describe(),
-            copy.gbps()
-        );
-        return cascade_rows(gpu, args, shape, copy.gbps());
+        return match args.cascade {
+            true => cascade_rows(gpu, args, shape, copy.gbps()),
+            false => continued_rows(gpu, args, shape, copy.gbps()),
+        };
     }
     let rows =
         bench::decode(gpu, shape, args.slice_len, args.warmup, args.runs).context(shape.label())?;

@@ -166,7 +166,7 @@ impl Cascade {
             ..part(args.prefix, &prefix_o)
         };
         self.suffix.check(gpu, &suffix)?;
-        self.prefix.check(gpu, &prefix)?;
+        self.prefix.check_shared(gpu, &prefix)?;
         let merged = self.merge_args(args, &parts, (batch, n_heads))?;
         encoder.recorder(|rec| {
             self.prefix.record_shared(gpu, rec, &prefix, &prefix_lse)?;

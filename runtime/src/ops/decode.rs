@@ -415,14 +415,26 @@ impl Decode {
     /// created if they were not): for an op that records other work before this one only
     /// if this one will be recorded too.
     pub fn check(&mut self, gpu: &Gpu, args: &DecodeArgs) -> Result<(), Error> {
+        self.check_in(gpu, args, false)
+    }
+
+    /// [`Decode::check`] of a call [`Decode::record_shared`] records.
+    pub(crate) fn check_shared(&mut self, gpu: &Gpu, args: &DecodeArgs) -> Result<(), Error> {
+        self.check_in(gpu, args, true)
+    }
+
+    fn check_in(&mut self, gpu: &Gpu, args: &DecodeArgs, shared: bool) -> Result<(), Error> {
         let passes = self.passes(gpu)?;
         let c = check(passes.split.abi(), passes.reduce.abi(), args)?;
         let target = passes.target;
         let split = passes.slicing(c.h, (c.batch, c.n_rows), args.cache.max_len, args.slice_len);
-        if let QueryRows::Each(n) = args.rows
-            && let Some(chunks) = self.chunks.as_mut()
-            && chunks.takes(gpu, &self.spec.chunk(), (n, c.h))
-        {
+        let spec = self.spec.chunk();
+        let chunked = match (args.rows, self.chunks.as_mut()) {
+            (QueryRows::Each(n), Some(chunks)) if shared => chunks.serve(gpu, &spec).then_some(n),
+            (QueryRows::Each(n), Some(chunks)) => chunks.takes(gpu, &spec, (n, c.h)).then_some(n),
+            _ => None,
+        };
+        if let Some(n) = chunked {
             // The chunk's kernel compiled now, so that its record cannot fail on it.
             let shape = ChunkShape {
                 batch: c.batch,
@@ -430,10 +442,14 @@ impl Decode {
                 heads: c.h,
                 slice_len: args.slice_len,
                 target,
-                shared: false,
+                shared,
             };
-            chunks.prepare(gpu, &self.spec.chunk(), (shape, args.cache.max_len))?;
+            let chunks = self.chunks.as_mut().expect("matched above");
+            chunks.prepare(gpu, &spec, (shape, args.cache.max_len))?;
             return Ok(());
+        }
+        if shared {
+            return Err(unshared());
         }
         split?;
         Ok(())
@@ -517,12 +533,7 @@ impl Decode {
             let serves = self.chunks.as_mut().is_some_and(|c| c.serve(gpu, &spec));
             return match (serves, n) {
                 (true, Some(n)) => self.record_chunk(gpu, rec, args, n, extra),
-                _ => Err(InputError::Unsupported {
-                    what: "rows over a shared prefix (a cascade) over an fp8 cache, or where \
-                           the forward's tiles do not run",
-                    needs: "a cache in the queries' dtype (f32, f16 or bf16)",
-                }
-                .into()),
+                _ => Err(unshared()),
             };
         }
         if let Some(n) = n
@@ -595,6 +606,16 @@ impl Decode {
         }
         Ok(slicing)
     }
+}
+
+/// Why rows over a shared prefix cannot run: they have only the chunk's path.
+fn unshared() -> Error {
+    InputError::Unsupported {
+        what: "rows over a shared prefix (a cascade) over an fp8 cache, or where the \
+               forward's tiles do not run",
+        needs: "a cache in the queries' dtype (f32, f16 or bf16)",
+    }
+    .into()
 }
 
 /// The partials of the split pass, grown to the largest call and reused, and the query
