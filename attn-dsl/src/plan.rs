@@ -239,6 +239,9 @@ impl KernelAbi {
             Op::RowScale => return [strided(at(0) * crate::layout::ROW_SCALE_LANES), 1, 1],
             // An invocation per vec4 of the merged outputs.
             Op::Merge => return [strided(at(0) * (at(2) / 4)), 1, 1],
+            // (seq_len, n_heads, blocks, mask_heads, batch, mask_batch): a workgroup per
+            // block, of each of the mask's sequences and heads.
+            Op::BlockMask => return [at(2), at(2), at(5) * at(3)],
             // (m, n, k, split): a workgroup per block of c and part of the reduction.
             Op::Matmul => {
                 use crate::layout::matmul::{BM, BN};
@@ -351,6 +354,12 @@ fn flex_bindings(spec: &KernelSpec, first: u32) -> Vec<Binding> {
         let wgsl_type = array_type(Elem::F32, Scalar::F32, scatter);
         Some((name, Access::ReadWrite, Scalar::F32, wgsl_type, Some(write)))
     });
+    // The block mask this kernel's tile tests read.
+    let blocks = spec.reads_block_mask().then(|| {
+        let name = "block_mask".to_string();
+        let wgsl_type = array_type(Elem::F32, Scalar::U32, None);
+        (name, Access::Read, Scalar::U32, wgsl_type, None)
+    });
     // Where the modifiers report their first out-of-range read.
     let report = flex.report_reads.then(|| {
         let atomic = Cow::Borrowed("array<atomic<u32>>");
@@ -358,6 +367,7 @@ fn flex_bindings(spec: &KernelSpec, first: u32) -> Vec<Binding> {
         (name, Access::ReadWrite, Scalar::U32, atomic, None)
     });
     read.chain(grads)
+        .chain(blocks)
         .chain(report)
         .enumerate()
         .map(|(i, (name, access, scalar, wgsl_type, write))| Binding {

@@ -269,6 +269,10 @@ const MERGE: &[Tensor] = &[
     SINKS,
 ];
 
+// One state per (sequence, head, query block, key block), sequences and heads collapsed to
+// one where the mask_mod does not read them; the mask_mod's tensors follow.
+const BLOCK_MASK: &[Tensor] = &[t("block_mask", Output, U32, &[B, H, S, J]), DIMS];
+
 const DECODE: &[Tensor] = &[
     t("q", Input, F32, &[B, H, D]),
     t("k_cache", Input, F32, &[B, J, KvH, D]),
@@ -646,6 +650,7 @@ pub fn all_tensors(op: Op) -> &'static [Tensor] {
         Op::LinearRows => LINEAR_ROWS,
         Op::Extend => EXTEND,
         Op::Merge => MERGE,
+        Op::BlockMask => BLOCK_MASK,
     }
 }
 
@@ -785,6 +790,18 @@ pub fn dims(op: Op) -> UniformBlock {
         Op::ToDtype | Op::FromDtype => &["len4", "_pad0", "_pad1", "_pad2"],
         // queries (rows by heads) of head_dim-wide outputs, from `parts` states each.
         Op::Merge => &["queries", "n_heads", "head_dim", "parts"],
+        // seq_len positions in blocks of BLOCK (`blocks` a side) for `batch` sequences of
+        // n_heads heads; the mask's own sequences and heads (1 where it reads no `b`, `h`).
+        Op::BlockMask => &[
+            "seq_len",
+            "n_heads",
+            "blocks",
+            "mask_heads",
+            "batch",
+            "mask_batch",
+            "_pad0",
+            "_pad1",
+        ],
         // elements of the gradient, and the lanes of the compensated sums.
         Op::GradFold => &["len", "lanes", "_pad0", "_pad1"],
         // rows of width4 vec4s each; their maxima land at dst[at + row].

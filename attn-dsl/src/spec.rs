@@ -161,11 +161,16 @@ pub enum Op {
     /// of attention over all their keys; a sink joins the denominator once. Context
     /// parallelism, cascade attention and a cache split between devices meet here.
     Merge,
+    /// The block mask of a description's `mask_mod`: for each (sequence, head, query
+    /// block, key block) of `BLOCK` positions, whether no pair, some or every pair is
+    /// visible, evaluated pair by pair (tensor reads and `b` included) and written for the
+    /// kernels that read it ([`crate::flex::Flex::block_mask`]) to skip and trust tiles.
+    BlockMask,
 }
 
 impl Op {
     /// Every op, in the order the manifest and the tests walk them.
-    pub const ALL: [Op; 27] = [
+    pub const ALL: [Op; 28] = [
         Op::Forward,
         Op::Decode,
         Op::DecodeSplit,
@@ -193,6 +198,7 @@ impl Op {
         Op::LinearRows,
         Op::Extend,
         Op::Merge,
+        Op::BlockMask,
     ];
 
     /// The op's word in a description (`op: forward`).
@@ -225,6 +231,7 @@ impl Op {
             Op::LinearRows => "linear_rows",
             Op::Extend => "extend",
             Op::Merge => "merge",
+            Op::BlockMask => "block_mask",
         }
     }
 
@@ -256,6 +263,7 @@ impl Op {
             | Op::RowScale
             | Op::Matmul
             | Op::Merge
+            | Op::BlockMask
             // A reduce: each workgroup owns one head's dsinks, walking every sequence.
             | Op::SinkGrad => Major::Elem,
         }
@@ -273,6 +281,7 @@ impl Op {
                 | Op::DecodeSplit
                 | Op::BackwardQ
                 | Op::BackwardKv
+                | Op::BlockMask
         )
     }
 
@@ -1039,12 +1048,15 @@ impl KernelSpec {
         }
     }
 
-    /// The storage buffers the modifiers add: the tensors they read, and the gradients of
-    /// those declared `grad` that this kernel writes.
+    /// The storage buffers the modifiers add: the tensors they read, the gradients of
+    /// those declared `grad` that this kernel writes, the block mask it reads and the report of
+    /// reads out of range.
     pub fn flex_buffers(&self) -> u32 {
         self.flex().map_or(0, |f| {
             let grads = f.tensors.iter().filter_map(|t| t.grad_name());
             (f.tensors.len() + grads.filter(|g| self.write_mode(g).is_some()).count()) as u32
+                + u32::from(self.reads_block_mask())
+                + u32::from(f.report_reads)
         })
     }
 
@@ -1055,6 +1067,27 @@ impl KernelSpec {
             .flex
             .filter(|_| self.op.takes_modifiers())
             .map(|f| f.get())
+    }
+
+    /// Whether the kernel reads a block mask (the `block_mask` binding): its modifiers ask
+    /// for one and it skips tiles by a `mask_mod` that its key ranges do not hold exactly.
+    pub fn reads_block_mask(&self) -> bool {
+        // The tile loops: the flash schedules' and the split-K decode's (the per-row
+        // schedules test every pair of their key range).
+        let reader = match self.op {
+            Op::Forward | Op::Extend | Op::BackwardQ | Op::BackwardKv => self.grid.flash.is_some(),
+            Op::DecodeSplit => true,
+            _ => false,
+        };
+        reader && self.tests_mask_pairs() && self.flex().is_some_and(|f| f.block_mask)
+    }
+
+    /// Whether the kernel tests `mask_mod` per pair: it has one that its key ranges do not
+    /// already hold exactly.
+    pub fn tests_mask_pairs(&self) -> bool {
+        self.flex()
+            .and_then(|f| f.mask_mod)
+            .is_some_and(|m| !crate::flex::bounds::key_bounds(&m).exact)
     }
 
     /// How `tensor` is written, `None` where the kernel does not write it.

@@ -222,6 +222,7 @@ fn abi_const(abi: &KernelAbi, wgsl: TokenStream) -> TokenStream {
         Op::Matmul => quote!(Matmul),
         Op::LinearRows => quote!(LinearRows),
         Op::Extend => quote!(Extend),
+        Op::BlockMask => quote!(BlockMask),
     };
     let f32_atomics = abi.f32_atomics;
     let [wx, wy, wz] = abi.workgroup_size;
@@ -399,6 +400,9 @@ fn field_doc(op: Op, field: &str) -> &'static str {
         (_, "eps") => "LayerNorm's epsilon, added to each row's variance before its square root.",
         // The attention ops' `dims`.
         (Op::Extend, "seq_len") => "New query rows of each sequence.",
+        (Op::BlockMask, "seq_len") => {
+            "Positions a side of the mask (a sequence, or a cache's capacity)."
+        }
         (_, "seq_len") => "Rows of each sequence.",
         (Op::Rope | Op::RopeBackward, "n_heads") => "Heads of x: n_heads for Q, n_kv_heads for K.",
         (_, "n_heads") => "Query heads.",
@@ -443,6 +447,9 @@ fn field_doc(op: Op, field: &str) -> &'static str {
         (_, "lanes") => "Lanes of the compensated sums folded into each element.",
         (_, "queries") => "Queries to merge: rows by heads.",
         (_, "parts") => "States merged into each query, stacked part-major.",
+        (_, "blocks") => "Blocks a side of the mask: seq_len / MASK_BLOCK, rounded up.",
+        (_, "mask_heads") => "The mask's heads: n_heads where mask_mod reads `h`, else 1.",
+        (_, "mask_batch") => "The mask's sequences: batch where mask_mod reads `b`, else 1.",
         (Op::RowScale, "rows") => "Rows whose largest magnitude the pass finds.",
         (_, "width4") => "vec4s per row.",
         (_, "at") => "Where row 0's maximum lands in `dst`: row r's is at `at + r`.",

@@ -229,6 +229,24 @@ fn with_modifiers<'a>(
             }
         }
     }
+    let block_mask = match get("block_mask", Field::Flex("block_mask")) {
+        Some(Value::Word(w)) if w == "device" => true,
+        Some(other) => {
+            return err(
+                other.span(),
+                "`block_mask` takes `device`: the kernels read a block mask of the mask_mod \
+                 made on the device (`op: block_mask`)",
+            );
+        }
+        None => false,
+    };
+    if let Some(v) = get("block_mask", Field::Flex("block_mask")).filter(|_| mask_mod.is_none()) {
+        return err(
+            v.span(),
+            "`block_mask` is made from the description's mask_mod, and it has none: add a \
+             mask_mod or drop `block_mask`",
+        );
+    }
     if score_mod.is_none() && mask_mod.is_none() && tensors.is_empty() {
         return Ok(masks);
     }
@@ -237,6 +255,7 @@ fn with_modifiers<'a>(
         mask_mod,
         tensors,
         report_reads: false,
+        block_mask,
     };
     Ok(Masks {
         flex: Some(flex.intern()),

@@ -45,6 +45,7 @@ pub const KEYS: &[&str] = &[
     "tensors",
     "score_mod",
     "mask_mod",
+    "block_mask",
     "writes",
 ];
 

@@ -144,7 +144,7 @@ fn mask_mod(flex_row: u32, flex_h: u32, flex_j: u32) -> bool {
 
 // Whether the mask may be true (x) and may be false (y) somewhere on a tile of queries
 // [q0, q1] and keys [k0, k1], by interval arithmetic over mask_mod.
-fn mask_tile(q0: u32, q1: u32, k0: u32, k1: u32, h: u32) -> vec2<bool> {
+fn mask_tile(q0: u32, q1: u32, k0: u32, k1: u32, h: u32, b: u32) -> vec2<bool> {
     let q_lo = i32(q0);
     let q_hi = i32(q1);
     let k_lo = i32(k0);
@@ -159,9 +159,9 @@ fn mask_tile(q0: u32, q1: u32, k0: u32, k1: u32, h: u32) -> vec2<bool> {
     return vec2<bool>(t2, f2);
 }
 
-fn next_key_tile(t0: u32, end: u32, q0: u32, q1: u32, h: u32, bc: u32) -> u32 {
+fn next_key_tile(t0: u32, end: u32, q0: u32, q1: u32, h: u32, bc: u32, b: u32) -> u32 {
     var t = t0;
-    while (t < end && !mask_tile(q0, q1, t * bc, t * bc + bc - 1u, h).x) {
+    while (t < end && !mask_tile(q0, q1, t * bc, t * bc + bc - 1u, h, b).x) {
         t = t + 1u;
     }
     return t;
@@ -350,8 +350,9 @@ fn flash_backward_q(tile: u32, h: u32, tid: u32) {
     var dq_1_1 = vec4<f32>(0.0);
     let range = workgroupUniformLoad(&sh_range);
     let kt_end = (range.y + BC - 1u) / BC;
+    let wg_b = 0u;
     let q_last = min(row0 + BR, dims.seq_len) - 1u;
-    let kt_first = next_key_tile(range.x / BC, kt_end, row0, q_last, h, BC);
+    let kt_first = next_key_tile(range.x / BC, kt_end, row0, q_last, h, BC, wg_b);
     var kt_next = kt_first;
     var pk_0 = vec4<f32>(0.0);
     var pv_0 = vec4<f32>(0.0);
@@ -362,8 +363,8 @@ fn flash_backward_q(tile: u32, h: u32, tid: u32) {
     pk_1 = fetch_k(kt_first * BC, kv_h, tid + 1u * WG);
     pv_1 = fetch_v(kt_first * BC, kv_h, tid + 1u * WG);
     for (var kt = kt_first; kt < kt_end; kt = kt_next) {
-        kt_next = next_key_tile(kt + 1u, kt_end, row0, q_last, h, BC);
-        let tile_full = !mask_tile(row0, q_last, kt * BC, kt * BC + BC - 1u, h).y;
+        kt_next = next_key_tile(kt + 1u, kt_end, row0, q_last, h, BC, wg_b);
+        let tile_full = !mask_tile(row0, q_last, kt * BC, kt * BC + BC - 1u, h, wg_b).y;
         let j0 = kt * BC;
         // The previous block is done with sh_k and sh_ds.
         workgroupBarrier();
@@ -410,12 +411,12 @@ fn flash_backward_q(tile: u32, h: u32, tid: u32) {
         let s_1_0 = hsum(s_1_0_4);
         let dp_1_0 = hsum(dp_1_0_4);
         let j_0 = j0 + tx + 0u * TX;
-        let v_0_0 = j_0 >= lo_0 && j_0 < hi_0 && select(key_visible(row_0, h, j_0), true, tile_full);
+        let v_0_0 = j_0 >= lo_0 && j_0 < hi_0 && (tile_full || key_visible(row_0, h, j_0));
         let x_0_0 = scored(row_0, h, j_0, s_0_0);
         let p_0_0 = exp_f32(x_0_0.x - lse_0);
         let g_0_0 = score_grads(row_0, h, j_0, s_0_0, x_0_0, p_0_0 * (dropped(row_0, h, j_0, dp_0_0) - delta_0), v_0_0);
         sh_ds[(g * TM + 0u) * PSTRIDE + tx + 0u * TX] = params.scale * g_0_0;
-        let v_1_0 = j_0 >= lo_1 && j_0 < hi_1 && select(key_visible(row_1, h, j_0), true, tile_full);
+        let v_1_0 = j_0 >= lo_1 && j_0 < hi_1 && (tile_full || key_visible(row_1, h, j_0));
         let x_1_0 = scored(row_1, h, j_0, s_1_0);
         let p_1_0 = exp_f32(x_1_0.x - lse_1);
         let g_1_0 = score_grads(row_1, h, j_0, s_1_0, x_1_0, p_1_0 * (dropped(row_1, h, j_0, dp_1_0) - delta_1), v_1_0);

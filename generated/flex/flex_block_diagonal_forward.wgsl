@@ -130,7 +130,7 @@ fn mask_mod(flex_row: u32, flex_h: u32, flex_j: u32) -> bool {
 
 // Whether the mask may be true (x) and may be false (y) somewhere on a tile of queries
 // [q0, q1] and keys [k0, k1], by interval arithmetic over mask_mod.
-fn mask_tile(q0: u32, q1: u32, k0: u32, k1: u32, h: u32) -> vec2<bool> {
+fn mask_tile(q0: u32, q1: u32, k0: u32, k1: u32, h: u32, b: u32) -> vec2<bool> {
     let q_lo = i32(q0);
     let q_hi = i32(q1);
     let k_lo = i32(k0);
@@ -145,9 +145,9 @@ fn mask_tile(q0: u32, q1: u32, k0: u32, k1: u32, h: u32) -> vec2<bool> {
     return vec2<bool>(t2, f2);
 }
 
-fn next_key_tile(t0: u32, end: u32, q0: u32, q1: u32, h: u32, bc: u32) -> u32 {
+fn next_key_tile(t0: u32, end: u32, q0: u32, q1: u32, h: u32, bc: u32, b: u32) -> u32 {
     var t = t0;
-    while (t < end && !mask_tile(q0, q1, t * bc, t * bc + bc - 1u, h).x) {
+    while (t < end && !mask_tile(q0, q1, t * bc, t * bc + bc - 1u, h, b).x) {
         t = t + 1u;
     }
     return t;
@@ -348,8 +348,9 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
     var acc_3_0 = vec4<f32>(0.0);
     let range = workgroupUniformLoad(&sh_range);
     let kt_end = (range.y + BC - 1u) / BC;
+    let wg_b = 0u;
     let q_last = min(row0 + BR, dims.seq_len) - 1u;
-    let kt_first = next_key_tile(range.x / BC, kt_end, row0, q_last, h, BC);
+    let kt_first = next_key_tile(range.x / BC, kt_end, row0, q_last, h, BC, wg_b);
     var kt_next = kt_first;
     var pf_0 = vec4<f32>(0.0);
     var pf_1 = vec4<f32>(0.0);
@@ -368,8 +369,8 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
     pf_6 = fetch_k(kt_first * BC, kv_h, tid + 6u * WG);
     pf_7 = fetch_k(kt_first * BC, kv_h, tid + 7u * WG);
     for (var kt = kt_first; kt < kt_end; kt = kt_next) {
-        kt_next = next_key_tile(kt + 1u, kt_end, row0, q_last, h, BC);
-        let tile_full = !mask_tile(row0, q_last, kt * BC, kt * BC + BC - 1u, h).y;
+        kt_next = next_key_tile(kt + 1u, kt_end, row0, q_last, h, BC, wg_b);
+        let tile_full = !mask_tile(row0, q_last, kt * BC, kt * BC + BC - 1u, h, wg_b).y;
         let j0 = kt * BC;
         // The previous block is done with sh_kv, sh_p and sh_red.
         workgroupBarrier();
@@ -443,21 +444,21 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
         var s_3_1 = hsum(s_3_1_4);
         let j_0 = j0 + tx + 0u * TX;
         let j_1 = j0 + tx + 1u * TX;
-        let v_0_0 = j_0 >= lo_0 && j_0 < hi_0 && select(key_visible(row_0, h, j_0), true, tile_full);
+        let v_0_0 = j_0 >= lo_0 && j_0 < hi_0 && (tile_full || key_visible(row_0, h, j_0));
         s_0_0 = select(NEG_BIG, score(row_0, h, j_0, s_0_0), v_0_0);
-        let v_0_1 = j_1 >= lo_0 && j_1 < hi_0 && select(key_visible(row_0, h, j_1), true, tile_full);
+        let v_0_1 = j_1 >= lo_0 && j_1 < hi_0 && (tile_full || key_visible(row_0, h, j_1));
         s_0_1 = select(NEG_BIG, score(row_0, h, j_1, s_0_1), v_0_1);
-        let v_1_0 = j_0 >= lo_1 && j_0 < hi_1 && select(key_visible(row_1, h, j_0), true, tile_full);
+        let v_1_0 = j_0 >= lo_1 && j_0 < hi_1 && (tile_full || key_visible(row_1, h, j_0));
         s_1_0 = select(NEG_BIG, score(row_1, h, j_0, s_1_0), v_1_0);
-        let v_1_1 = j_1 >= lo_1 && j_1 < hi_1 && select(key_visible(row_1, h, j_1), true, tile_full);
+        let v_1_1 = j_1 >= lo_1 && j_1 < hi_1 && (tile_full || key_visible(row_1, h, j_1));
         s_1_1 = select(NEG_BIG, score(row_1, h, j_1, s_1_1), v_1_1);
-        let v_2_0 = j_0 >= lo_2 && j_0 < hi_2 && select(key_visible(row_2, h, j_0), true, tile_full);
+        let v_2_0 = j_0 >= lo_2 && j_0 < hi_2 && (tile_full || key_visible(row_2, h, j_0));
         s_2_0 = select(NEG_BIG, score(row_2, h, j_0, s_2_0), v_2_0);
-        let v_2_1 = j_1 >= lo_2 && j_1 < hi_2 && select(key_visible(row_2, h, j_1), true, tile_full);
+        let v_2_1 = j_1 >= lo_2 && j_1 < hi_2 && (tile_full || key_visible(row_2, h, j_1));
         s_2_1 = select(NEG_BIG, score(row_2, h, j_1, s_2_1), v_2_1);
-        let v_3_0 = j_0 >= lo_3 && j_0 < hi_3 && select(key_visible(row_3, h, j_0), true, tile_full);
+        let v_3_0 = j_0 >= lo_3 && j_0 < hi_3 && (tile_full || key_visible(row_3, h, j_0));
         s_3_0 = select(NEG_BIG, score(row_3, h, j_0, s_3_0), v_3_0);
-        let v_3_1 = j_1 >= lo_3 && j_1 < hi_3 && select(key_visible(row_3, h, j_1), true, tile_full);
+        let v_3_1 = j_1 >= lo_3 && j_1 < hi_3 && (tile_full || key_visible(row_3, h, j_1));
         s_3_1 = select(NEG_BIG, score(row_3, h, j_1, s_3_1), v_3_1);
         var rm_0 = max(s_0_0, s_0_1);
         var rm_1 = max(s_1_0, s_1_1);

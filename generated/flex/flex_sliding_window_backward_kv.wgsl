@@ -152,7 +152,7 @@ fn mask_mod(flex_row: u32, flex_h: u32, flex_j: u32) -> bool {
 
 // Whether the mask may be true (x) and may be false (y) somewhere on a tile of queries
 // [q0, q1] and keys [k0, k1], by interval arithmetic over mask_mod.
-fn mask_tile(q0: u32, q1: u32, k0: u32, k1: u32, h: u32) -> vec2<bool> {
+fn mask_tile(q0: u32, q1: u32, k0: u32, k1: u32, h: u32, b: u32) -> vec2<bool> {
     let q_lo = i32(q0);
     let q_hi = i32(q1);
     let k_lo = i32(k0);
@@ -169,9 +169,9 @@ fn mask_tile(q0: u32, q1: u32, k0: u32, k1: u32, h: u32) -> vec2<bool> {
     return vec2<bool>(t3, f3);
 }
 
-fn next_key_tile(t0: u32, end: u32, q0: u32, q1: u32, h: u32, bc: u32) -> u32 {
+fn next_key_tile(t0: u32, end: u32, q0: u32, q1: u32, h: u32, bc: u32, b: u32) -> u32 {
     var t = t0;
-    while (t < end && !mask_tile(q0, q1, t * bc, t * bc + bc - 1u, h).x) {
+    while (t < end && !mask_tile(q0, q1, t * bc, t * bc + bc - 1u, h, b).x) {
         t = t + 1u;
     }
     return t;

@@ -152,7 +152,7 @@ fn mask_mod(flex_row: u32, flex_h: u32, flex_j: u32) -> bool {
 
 // Whether the mask may be true (x) and may be false (y) somewhere on a tile of queries
 // [q0, q1] and keys [k0, k1], by interval arithmetic over mask_mod.
-fn mask_tile(q0: u32, q1: u32, k0: u32, k1: u32, h: u32) -> vec2<bool> {
+fn mask_tile(q0: u32, q1: u32, k0: u32, k1: u32, h: u32, b: u32) -> vec2<bool> {
     let q_lo = i32(q0);
     let q_hi = i32(q1);
     let k_lo = i32(k0);
@@ -173,9 +173,9 @@ fn mask_tile(q0: u32, q1: u32, k0: u32, k1: u32, h: u32) -> vec2<bool> {
     return vec2<bool>(t5, f5);
 }
 
-fn next_key_tile(t0: u32, end: u32, q0: u32, q1: u32, h: u32, bc: u32) -> u32 {
+fn next_key_tile(t0: u32, end: u32, q0: u32, q1: u32, h: u32, bc: u32, b: u32) -> u32 {
     var t = t0;
-    while (t < end && !mask_tile(q0, q1, t * bc, t * bc + bc - 1u, h).x) {
+    while (t < end && !mask_tile(q0, q1, t * bc, t * bc + bc - 1u, h, b).x) {
         t = t + 1u;
     }
     return t;
@@ -340,11 +340,11 @@ fn put_stats(e: u32, x: vec2<f32>) {
     }
 }
 
-fn next_block(it0: u32, end: u32, k0: u32, k1: u32, h0: u32, group: u32, first: u32, blocks: u32) -> u32 {
+fn next_block(it0: u32, end: u32, k0: u32, k1: u32, h0: u32, group: u32, first: u32, blocks: u32, b: u32) -> u32 {
     var it = it0;
     while (it < end) {
         let s0 = (first + blocks - 1u - it / group) * BC;
-        if (mask_tile(s0, min(s0 + BC, dims.seq_len) - 1u, k0, k1, h0 + it % group).x) {
+        if (mask_tile(s0, min(s0 + BC, dims.seq_len) - 1u, k0, k1, h0 + it % group, b).x) {
             break;
         }
         it = it + 1u;
@@ -361,6 +361,7 @@ fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {
     }
     stage_k(col0, kv_h, tid);
     stage_v(col0, kv_h, tid);
+    let wg_b = 0u;
     let col_0 = col0 + g * TM + 0u;
     var dk_0_0 = vec4<f32>(0.0);
     var dv_0_0 = vec4<f32>(0.0);
@@ -382,7 +383,7 @@ fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {
     var ps_0 = vec2<f32>(0.0);
     let it_end = group * blocks;
     let col_last = min(col0 + BR, dims.seq_len) - 1u;
-    var it_next = next_block(0u, it_end, col0, col_last, kv_h * group, group, first, blocks);
+    var it_next = next_block(0u, it_end, col0, col_last, kv_h * group, group, first, blocks, wg_b);
     var next_h = kv_h * group + it_next % group;
     var next_s0 = (first + blocks - 1u - it_next / group) * BC;
     pq_0 = fetch_q(next_s0, next_h, tid + 0u * WG);
@@ -394,7 +395,7 @@ fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {
     for (var it = it_next; it < it_end; it = it_next) {
         let h = next_h;
         let s0 = next_s0;
-        it_next = next_block(it + 1u, it_end, col0, col_last, kv_h * group, group, first, blocks);
+        it_next = next_block(it + 1u, it_end, col0, col_last, kv_h * group, group, first, blocks, wg_b);
         // The previous block is done with sh_q, sh_do, sh_p and sh_ds.
         workgroupBarrier();
         put_q(tid + 0u * WG, pq_0);

@@ -203,15 +203,15 @@ fn key_visible(row: u32, h: u32, j: u32) -> bool {
 }
 
 // Whether a served query may see a key of [k0, k1].
-fn tile_seen(k0: u32, k1: u32, sv: Served) -> bool {
+fn tile_seen(k0: u32, k1: u32, sv: Served, b: u32) -> bool {
     let q0 = sv.pos.x;
     let q1 = sv.pos[max(sv.n, 1u) - 1u];
-    return mask_tile(q0, q1, k0, k1, sv.h.x).x;
+    return mask_tile(q0, q1, k0, k1, sv.h.x, b).x;
 }
 
-fn next_tile(t0: u32, end: u32, n: u32, sv: Served) -> u32 {
+fn next_tile(t0: u32, end: u32, n: u32, sv: Served, b: u32) -> u32 {
     var t = t0;
-    while (t < end && !tile_seen(t, min(t + n, end) - 1u, sv)) {
+    while (t < end && !tile_seen(t, min(t + n, end) - 1u, sv, b)) {
         t = t + n;
     }
     return t;
@@ -224,7 +224,7 @@ fn mask_mod(flex_row: u32, flex_h: u32, flex_j: u32) -> bool {
 
 // Whether the mask may be true (x) and may be false (y) somewhere on a tile of queries
 // [q0, q1] and keys [k0, k1], by interval arithmetic over mask_mod.
-fn mask_tile(q0: u32, q1: u32, k0: u32, k1: u32, h: u32) -> vec2<bool> {
+fn mask_tile(q0: u32, q1: u32, k0: u32, k1: u32, h: u32, b: u32) -> vec2<bool> {
     let q_lo = i32(q0);
     let q_hi = i32(q1);
     let k_lo = i32(k0);
@@ -245,9 +245,9 @@ fn mask_tile(q0: u32, q1: u32, k0: u32, k1: u32, h: u32) -> vec2<bool> {
     return vec2<bool>(t5, f5);
 }
 
-fn next_key_tile(t0: u32, end: u32, q0: u32, q1: u32, h: u32, bc: u32) -> u32 {
+fn next_key_tile(t0: u32, end: u32, q0: u32, q1: u32, h: u32, bc: u32, b: u32) -> u32 {
     var t = t0;
-    while (t < end && !mask_tile(q0, q1, t * bc, t * bc + bc - 1u, h).x) {
+    while (t < end && !mask_tile(q0, q1, t * bc, t * bc + bc - 1u, h, b).x) {
         t = t + 1u;
     }
     return t;
@@ -365,6 +365,7 @@ fn flex_window_sinks_decode_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin
     let last = max(n_here, 1u) - 1u;
     let hi = max(lo, min(lo + dims.slice_len, ke[last]));
     let first = max(lo, ks[0]);
+    let wg_b = 0u;
 
     // Absent queries get q = 0; their results are never written.
     for (var i = tid; i < TILE * V4; i = i + WG) {
@@ -386,12 +387,12 @@ fn flex_window_sinks_decode_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin
     // tile's products and reduction, so the loads' latency hides behind them.
     let lane = tid % LANES;
     let kr = tid / LANES;
-    let k_first = next_tile(first, hi, KEY_TILE, sv);
+    let k_first = next_tile(first, hi, KEY_TILE, sv, wg_b);
     var k_next = k_first;
     var k0 = fetch_k(k_first + kr, hi, lane + 0u * LANES, kv_h);
     var k1 = fetch_k(k_first + kr, hi, lane + 1u * LANES, kv_h);
     for (var t0 = k_first; t0 < hi; t0 = k_next) {
-        k_next = next_tile(t0 + KEY_TILE, hi, KEY_TILE, sv);
+        k_next = next_tile(t0 + KEY_TILE, hi, KEY_TILE, sv, wg_b);
         let n0 = fetch_k(k_next + kr, hi, lane + 0u * LANES, kv_h);
         let n1 = fetch_k(k_next + kr, hi, lane + 1u * LANES, kv_h);
         let w0 = widen_w(k0);
@@ -442,7 +443,7 @@ fn flex_window_sinks_decode_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin
     // the sum: invocation (r, c) reads word column c of rows r, r + PV_ROWS, ..
     let c = tid % V_WORDS;
     let r = tid / V_WORDS;
-    let v_first = next_tile(first, hi, PV_STEP, sv);
+    let v_first = next_tile(first, hi, PV_STEP, sv, wg_b);
     let i0 = v_first - lo + r;
     var v0 = fetch_v(lo + i0 + 0u * PV_ROWS, hi, c, kv_h);
     var v1 = fetch_v(lo + i0 + 1u * PV_ROWS, hi, c, kv_h);
@@ -472,7 +473,7 @@ fn flex_window_sinks_decode_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin
     if (r < PV_ROWS) {
         var v_next = v_first;
         for (var t = v_first; t < hi; t = v_next) {
-            v_next = next_tile(t + PV_STEP, hi, PV_STEP, sv);
+            v_next = next_tile(t + PV_STEP, hi, PV_STEP, sv, wg_b);
             let i = t - lo + r;
             let n0 = fetch_v(v_next + r + 0u * PV_ROWS, hi, c, kv_h);
             let n1 = fetch_v(v_next + r + 1u * PV_ROWS, hi, c, kv_h);

@@ -38,12 +38,14 @@ pub type DeviceBias<'a> = BiasOf<'a, Tensor>;
 /// [`attn_dsl::flex::Flex::intern`]ed) and the tensors they read, by declared name: host
 /// slices of f32 values (a `u32` tensor's values whole numbers) or device tensors of the
 /// declared element type and shape.
-#[derive(Debug)]
 pub struct FlexOf<'a, T: ?Sized> {
     /// The modifiers, which must be the ones the kernel was built with.
     pub modifiers: FlexRef,
     /// A value for each declared tensor, by its declared name.
     pub tensors: &'a [(&'a str, &'a T)],
+    /// The block mask of these modifiers over the call's shape, for kernels built to read
+    /// one ([`attn_dsl::flex::Flex::block_mask`]); others ignore it.
+    pub block_mask: Option<&'a BlockMaskStates>,
 }
 
 impl<T: ?Sized> Clone for FlexOf<'_, T> {
@@ -54,6 +56,16 @@ impl<T: ?Sized> Clone for FlexOf<'_, T> {
 
 impl<T: ?Sized> Copy for FlexOf<'_, T> {}
 
+impl<T: ?Sized + std::fmt::Debug> std::fmt::Debug for FlexOf<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FlexOf")
+            .field("modifiers", &self.modifiers)
+            .field("tensors", &self.tensors)
+            .field("block_mask", &self.block_mask.map(|m| m.shape()))
+            .finish()
+    }
+}
+
 impl<'a, T: ?Sized> FlexOf<'a, T> {
     /// The values given for tensor `name`.
     pub fn tensor(&self, name: &str) -> Option<&'a T> {
@@ -61,6 +73,37 @@ impl<'a, T: ?Sized> FlexOf<'a, T> {
             .iter()
             .find(|(n, _)| *n == name)
             .map(|(_, t)| *t)
+    }
+
+    /// A block mask given where `abi` reads one, made for its modifiers and this shape.
+    fn check_block_mask(
+        &self,
+        abi: &KernelAbi,
+        batch: u32,
+        n_heads: u32,
+        positions: u32,
+    ) -> Result<(), InputError> {
+        // (The kernel that makes a block mask writes it.)
+        if abi.binding("block_mask").is_none_or(|b| b.write.is_some()) {
+            return Ok(());
+        }
+        let refuse = |message: &str| {
+            Err(InputError::Flex {
+                kernel: abi.name.to_string(),
+                message: message.to_string(),
+            })
+        };
+        match self.block_mask {
+            None => refuse(
+                "it reads a block mask: make one with `BlockMask::new` for its modifiers and \
+                 this shape, record it, and give it in `mods.flex.block_mask`",
+            ),
+            Some(m) if !m.fits(self.modifiers, batch, n_heads, positions) => refuse(
+                "the block mask given was made for other modifiers or another shape \
+                 (sequences, heads or positions); make one for this call's",
+            ),
+            Some(_) => Ok(()),
+        }
     }
 
     /// Each declared tensor given once, nothing undeclared.
@@ -89,6 +132,48 @@ impl<'a, T: ?Sized> FlexOf<'a, T> {
             ));
         }
         Ok(())
+    }
+}
+
+/// A block mask's states on the device with what they were made for
+/// (`runtime::ops::block_mask::BlockMask` makes them): the kernels built to read a block
+/// mask take them in `mods.flex.block_mask`.
+pub struct BlockMaskStates {
+    pub(crate) flex: FlexRef,
+    pub(crate) batch: u32,
+    pub(crate) n_heads: u32,
+    pub(crate) positions: u32,
+    pub(crate) states: Tensor,
+}
+
+impl BlockMaskStates {
+    /// `[batch or 1, heads or 1, blocks, blocks]`: a sequence (head) axis only where the
+    /// mask reads `b` (`h`).
+    pub fn shape(&self) -> [u32; 4] {
+        let s = self.states.shape();
+        [s[0], s[1], s[2], s[3]]
+    }
+
+    /// The states ([`attn_dsl::flex::BLOCK_EMPTY`], `_PARTIAL`, `_FULL`), row-major in
+    /// [`BlockMaskStates::shape`]: what the kernels read.
+    pub fn tensor(&self) -> &Tensor {
+        &self.states
+    }
+
+    /// The modifiers it was made from, with the block mask asked for: what the kernels
+    /// that read it are built with.
+    pub fn modifiers(&self) -> FlexRef {
+        self.flex
+    }
+
+    /// Whether a kernel with `flex` over `positions` positions of `batch` sequences of
+    /// `n_heads` heads reads these states: the same mask_mod and tensors, the same shape.
+    fn fits(&self, flex: FlexRef, batch: u32, n_heads: u32, positions: u32) -> bool {
+        let (mine, theirs) = (self.flex.parsed(), flex.parsed());
+        mine.mask_mod == theirs.mask_mod
+            && mine.tensors == theirs.tensors
+            && theirs.block_mask_shape(batch, n_heads, positions) == Some(self.shape())
+            && positions == self.positions
     }
 }
 
@@ -202,12 +287,28 @@ pub struct Uploaded {
     bias: Option<Tensor>,
     sinks: Option<Tensor>,
     flex: Vec<(String, Tensor)>,
+    /// The modifiers' block mask, where they ask for one.
+    block_mask: Option<BlockMaskStates>,
+    /// The modifiers and the sequences uploaded for, which a block mask is made for.
+    made_for: (Option<FlexRef>, u32),
 }
 
 impl Uploaded {
     /// The user-written modifiers' tensors by name, for [`Uploaded::view`].
     pub fn flex_tensors(&self) -> Vec<(&str, &Tensor)> {
         self.flex.iter().map(|(n, t)| (n.as_str(), t)).collect()
+    }
+
+    /// The modifiers that ask for a block mask ([`attn_dsl::flex::Flex::block_mask`]),
+    /// and the sequences uploaded for: what a block mask for them is made of.
+    pub fn block_mask_wanted(&self) -> Option<(FlexRef, u32)> {
+        let (flex, batch) = self.made_for;
+        flex.filter(|f| f.parsed().block_mask).map(|f| (f, batch))
+    }
+
+    /// Gives [`Uploaded::view`] the block mask of these modifiers.
+    pub fn set_block_mask(&mut self, states: BlockMaskStates) {
+        self.block_mask = Some(states);
     }
 
     /// `mods` with its slices replaced by these tensors (`flex`: [`Uploaded::flex_tensors`]).
@@ -229,6 +330,7 @@ impl Uploaded {
             flex: mods.flex.map(|f| FlexOf {
                 modifiers: f.modifiers,
                 tensors: flex,
+                block_mask: self.block_mask.as_ref(),
             }),
         }
     }
@@ -266,6 +368,8 @@ impl<'a> Modifiers<'a> {
             bias,
             sinks,
             flex,
+            block_mask: None,
+            made_for: (self.flex.map(|f| f.modifiers), batch),
         })
     }
 }
@@ -309,12 +413,13 @@ fn flat_shape(t: &attn_dsl::flex::TensorDecl, len: u64, batch: u32, seq: u32) ->
 
 impl<'a> DeviceModifiers<'a> {
     /// The shapes of the slopes (`[n_heads]`) and the bias (`[batch, n_heads or 1, q_rows,
-    /// q_rows]`), f32, besides what every modifier set checks.
+    /// q_rows]`), f32, besides what every modifier set checks; a block mask over
+    /// `positions` (a forward's q_rows, a decode's capacity).
     pub(crate) fn validate(
         &self,
         abi: &KernelAbi,
         batch: u32,
-        q_rows: u32,
+        (q_rows, positions): (u32, u32),
         n_heads: u32,
     ) -> Result<(), InputError> {
         self.check_words(abi)?;
@@ -322,6 +427,7 @@ impl<'a> DeviceModifiers<'a> {
         if let Some(f) = self.flex {
             let flex = f.modifiers.get();
             f.check_names(&abi.name, &flex)?;
+            f.check_block_mask(abi, batch, n_heads, positions)?;
             for t in &flex.tensors {
                 let given = f
                     .tensor(&t.name)
@@ -364,10 +470,12 @@ impl<'a> DeviceModifiers<'a> {
     /// The modifiers' tensors by binding name.
     pub(crate) fn tensors(&self) -> impl Iterator<Item = (&'a str, &'a Tensor)> + use<'a> {
         let flex = self.flex.map_or(&[][..], |f| f.tensors);
+        let blocks = self.flex.and_then(|f| f.block_mask).map(|m| m.tensor());
         [
             ("alibi", self.alibi),
             ("bias", self.bias.map(|b| b.values)),
             ("sinks", self.sinks),
+            ("block_mask", blocks),
         ]
         .into_iter()
         .filter_map(|(n, t)| t.map(|t| (n, t)))
@@ -417,7 +525,11 @@ impl<'a, T: ?Sized> ModifiersOf<'a, T> {
     /// `ABI.masks`, or the masks it was compiled from): the tensors they read by name.
     pub fn with_flex(masks: Masks, tensors: &'a [(&'a str, &'a T)]) -> Self {
         ModifiersOf {
-            flex: masks.flex.map(|modifiers| FlexOf { modifiers, tensors }),
+            flex: masks.flex.map(|modifiers| FlexOf {
+                modifiers,
+                tensors,
+                block_mask: None,
+            }),
             ..ModifiersOf::default()
         }
     }

@@ -26,9 +26,17 @@ pub(super) fn check(op: Op, flex: &Flex) -> Result<(), DslError> {
             format!(
                 "op {} takes no score_mod, mask_mod or tensors: only forward, extend, decode, \
                  decode_split (with its decode_reduce), backward_q and backward_kv compare \
-                 queries with keys",
+                 queries with keys, and block_mask evaluates a mask_mod",
                 op.name()
             ),
+        ));
+    }
+    if op == Op::BlockMask && flex.mask_mod.is_none() {
+        return Err(DslError::spec(
+            field,
+            "op block_mask evaluates a mask_mod, and this description has none: give it the \
+             mask_mod of the kernels that read the block mask"
+                .to_string(),
         ));
     }
     for (n, t) in flex.tensors.iter().enumerate() {
@@ -211,7 +219,7 @@ mod tests {
             )),
             mask_mod: None,
             tensors: vec![library::tensor("kv", &[Dim::Heads], crate::flex::Ty::F32).learnable()],
-            report_reads: false,
+            ..Flex::default()
         };
         let taken = err(backward_q(&taken, &[]));
         assert!(taken.contains("`dkv`, is taken by the backward"), "{taken}");
@@ -219,7 +227,7 @@ mod tests {
             score_mod: Some(v("score")),
             mask_mod: None,
             tensors: vec![library::tensor("w", &[Dim::Heads], crate::flex::Ty::F32).learnable()],
-            report_reads: false,
+            ..Flex::default()
         };
         let unread = err(backward_q(&unread, &[]));
         assert!(unread.contains("score_mod does not read it"), "{unread}");

@@ -670,6 +670,10 @@ fn cannot_honour(op: Op, m: Modifier) -> Option<&'static str> {
             "it merges whole attention states, in which the masks and modifiers are already \
              applied; give them to the kernels that make the parts (a sink joins once, here)",
         ),
+        (Op::BlockMask, _) => Some(
+            "it evaluates the description's mask_mod alone; give the built-in masks to the \
+             kernels that read the block mask",
+        ),
         (Op::SinkGrad, Sinks) => None,
         (Op::SinkGrad, _) => Some(
             "it reads the forward's O and LSE, in which the masks and modifiers are already \

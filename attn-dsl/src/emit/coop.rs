@@ -462,7 +462,7 @@ fn body(out: &mut Wgsl, spec: &crate::KernelSpec, t: &CoopTiling, keep: Phases) 
          let pr = rg * {FRAG}u + lane / 2u;\n    \
          let range = workgroupUniformLoad(&sh_range);\n    \
          let kt_end = (range.y + BC - 1u) / BC;\n{}    {}        let j0 = kt * BC;\n",
-        lp.pre, lp.head
+        &lp.pre, lp.head
     );
     let kv = [("k", "KB"), ("v", "VB")];
     let barrier = "        workgroupBarrier();\n";

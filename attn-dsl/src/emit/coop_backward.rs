@@ -101,7 +101,10 @@ pub(super) fn kernel(out: &mut Wgsl, spec: &KernelSpec, t: &CoopTiling, keep: Ph
     let mut b = String::new();
     prologue(&mut b, t, half, kv, scattered);
     match kv {
-        true => kv_loop(&mut b, t, scattered, super::tiles::sparse(spec)),
+        true => {
+            b.push_str(super::tiles::share_batch(spec));
+            kv_loop(&mut b, t, scattered, super::tiles::sparse(spec))
+        }
         false => q_loop(&mut b, t, &super::tiles::KeyLoop::of(spec, true)),
     }
     let mut elementwise = match (kv, t.scaled) {
@@ -313,7 +316,7 @@ fn q_loop(b: &mut String, t: &CoopTiling, lp: &super::tiles::KeyLoop) {
          let kt_end = (range.y + BC - 1u) / BC;\n",
     );
     let tensors = [("k", "0u"), ("v", "BC")];
-    b.push_str(lp.pre);
+    b.push_str(&lp.pre);
     if !t.prefetches() {
         let _ = write!(
             b,
@@ -362,7 +365,7 @@ fn kv_loop(b: &mut String, t: &CoopTiling, scattered: bool, sparse: bool) {
         let (start, step) = match sparse {
             true => {
                 let next = format!(
-                    "group * blocks, col0, min(col0 + BR, dims.seq_len) - 1u, {h0}, group, first, blocks)"
+                    "group * blocks, col0, min(col0 + BR, dims.seq_len) - 1u, {h0}, group, first, blocks, wg_b)"
                 );
                 (
                     format!("next_block(0u, {next}"),

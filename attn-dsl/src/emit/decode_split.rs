@@ -395,7 +395,7 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
 "#,
         qk4 = qk4(spec),
         name = spec.name,
-        prologue = super::served::PROLOGUE,
+        prologue = super::served::prologue(spec),
         first_fetch = fetch("var k", loops.k_first),
         next_fetch = fetch("    let n", loops.k_next),
         k_pre = loops.k_pre,
@@ -545,17 +545,17 @@ impl Loops {
                 fill: "",
             },
             true => Loops {
-                k_pre: "    let k_first = next_tile(first, hi, KEY_TILE, sv);\n    \
+                k_pre: "    let k_first = next_tile(first, hi, KEY_TILE, sv, wg_b);\n    \
                         var k_next = k_first;\n",
                 k_first: "k_first",
                 k_head: "for (var t0 = k_first; t0 < hi; t0 = k_next) {\n        \
-                         k_next = next_tile(t0 + KEY_TILE, hi, KEY_TILE, sv);\n",
+                         k_next = next_tile(t0 + KEY_TILE, hi, KEY_TILE, sv, wg_b);\n",
                 k_next: "k_next",
-                v_pre: "    let v_first = next_tile(first, hi, PV_STEP, sv);\n",
+                v_pre: "    let v_first = next_tile(first, hi, PV_STEP, sv, wg_b);\n",
                 v_first: "v_first",
                 v_head: "var v_next = v_first;\n        \
                          for (var t = v_first; t < hi; t = v_next) {\n            \
-                         v_next = next_tile(t + PV_STEP, hi, PV_STEP, sv);\n            \
+                         v_next = next_tile(t + PV_STEP, hi, PV_STEP, sv, wg_b);\n            \
                          let i = t - lo + r;\n",
                 v_next: "v_next + r",
                 fill: "    // Keys of the tiles the loops skip keep this score: their P is 0.\n    \
@@ -577,17 +577,17 @@ pub(super) fn next_tile(out: &mut Wgsl, spec: &KernelSpec) {
     let seen = match by_head {
         true => {
             "var seen = false;\n    for (var i = 0u; i < sv.n; i = i + 1u) {\n        \
-             seen = seen || mask_tile(q0, q1, k0, k1, sv.h[i]).x;\n    }\n    return seen;"
+             seen = seen || mask_tile(q0, q1, k0, k1, sv.h[i], b).x;\n    }\n    return seen;"
         }
-        false => "return mask_tile(q0, q1, k0, k1, sv.h.x).x;",
+        false => "return mask_tile(q0, q1, k0, k1, sv.h.x, b).x;",
     };
     let _ = write!(
         out,
         "// Whether a served query may see a key of [k0, k1].\n\
-         fn tile_seen(k0: u32, k1: u32, sv: Served) -> bool {{\n    \
+         fn tile_seen(k0: u32, k1: u32, sv: Served, b: u32) -> bool {{\n    \
          let q0 = sv.pos.x;\n    let q1 = sv.pos[max(sv.n, 1u) - 1u];\n    {seen}\n}}\n\n\
-         fn next_tile(t0: u32, end: u32, n: u32, sv: Served) -> u32 {{\n    \
-         var t = t0;\n    while (t < end && !tile_seen(t, min(t + n, end) - 1u, sv)) {{\n        \
+         fn next_tile(t0: u32, end: u32, n: u32, sv: Served, b: u32) -> u32 {{\n    \
+         var t = t0;\n    while (t < end && !tile_seen(t, min(t + n, end) - 1u, sv, b)) {{\n        \
          t = t + n;\n    }}\n    return t;\n}}\n\n"
     );
 }

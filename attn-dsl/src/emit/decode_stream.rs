@@ -364,9 +364,10 @@ fn entry(spec: &KernelSpec, s: &Stream, sparse: bool) -> Fragment {
             "for (var t0 = first; t0 < hi; t0 = t0 + STEP) {\n".to_string(),
         ),
         true => (
-            "let k_first = next_tile(first, hi, STEP, sv);\nvar k_next = k_first;\n".to_string(),
+            "let k_first = next_tile(first, hi, STEP, sv, wg_b);\nvar k_next = k_first;\n"
+                .to_string(),
             "for (var t0 = k_first; t0 < hi; t0 = k_next) {\n    \
-             k_next = next_tile(t0 + STEP, hi, STEP, sv);\n"
+             k_next = next_tile(t0 + STEP, hi, STEP, sv, wg_b);\n"
                 .to_string(),
         ),
     };
@@ -383,7 +384,7 @@ fn entry(spec: &KernelSpec, s: &Stream, sparse: bool) -> Fragment {
     ENTRY.fill([
         ("name", Fragment::from(spec.name.as_str())),
         ("builtins", Fragment::from(builtins)),
-        ("prologue", Fragment::from(super::served::PROLOGUE)),
+        ("prologue", Fragment::from(super::served::prologue(spec))),
         ("sg_check", Fragment::from(sg_check)),
         ("q_regs", Fragment::from(q_regs)),
         ("o_regs", Fragment::from(o_regs)),

@@ -298,7 +298,7 @@ pub(super) fn forward_body(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling) {
     let _ = write!(
         b,
         "    let kt_end = (range.y + BC - 1u) / BC;\n{}{}{}",
-        lp.pre,
+        &lp.pre,
         per_vec4(pf, "    ", |i| format!("var pf_{i} = vec4<f32>(0.0);")),
         fetch("k", lp.first, "    ")
     );

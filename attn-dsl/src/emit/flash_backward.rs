@@ -133,7 +133,7 @@ fn q_body(
          workgroupBarrier();\n        \
          // The next block's loads are in flight during this one's products.\n        \
          if ({}) {{\n{}        }}\n",
-        lp.pre,
+        &lp.pre,
         per_vec4(pf, "    ", |i| format!(
             "var pk_{i} = vec4<f32>(0.0);\n    var pv_{i} = vec4<f32>(0.0);"
         )),
@@ -277,6 +277,7 @@ fn kv_body(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling, scatter_dq: bool) {
          if (tid == 0u) {\n        sh_range = tile_query_range(col0);\n    }\n    \
          stage_k(col0, kv_h, tid);\n    stage_v(col0, kv_h, tid);\n",
     );
+    b.push_str(super::tiles::share_batch(spec));
     for i in 0..tm {
         let _ = writeln!(b, "    let col_{i} = col0 + g * TM + {i}u;");
         for n in 0..dn {
@@ -430,13 +431,13 @@ fn sparse_blocks_ahead(
     format!(
         "    let it_end = group * blocks;\n    \
          let col_last = min(col0 + BR, dims.seq_len) - 1u;\n    \
-         var it_next = next_block(0u, it_end, col0, col_last, {h0}, group, first, blocks);\n    \
+         var it_next = next_block(0u, it_end, col0, col_last, {h0}, group, first, blocks, wg_b);\n    \
          var next_h = {h0} + it_next % group;\n    \
          var next_s0 = (first + blocks - 1u - it_next / group) * BC;\n{first_fetch}    \
          // Every block of queries that may see the tile, last first (see query_blocks_ahead).\n    \
          for (var it = it_next; it < it_end; it = it_next) {{\n        \
          let h = next_h;\n        let s0 = next_s0;\n        \
-         it_next = next_block(it + 1u, it_end, col0, col_last, {h0}, group, first, blocks);\n        \
+         it_next = next_block(it + 1u, it_end, col0, col_last, {h0}, group, first, blocks, wg_b);\n        \
          // The previous block is done with {done_with}.\n        \
          workgroupBarrier();\n{puts}        workgroupBarrier();\n        \
          // The next block's loads are in flight during this one's products.\n        \

@@ -261,7 +261,7 @@ pub(super) fn functions(out: &mut Wgsl, flex: &Flex, spec: &crate::spec::KernelS
             "// The description's mask_mod.\nfn mask_mod({args}) -> bool {{\n    return {};\n}}\n\n",
             wgsl(e, &flex.tensors, &sp)
         );
-        super::tiles::functions(out, e);
+        super::tiles::functions(out, e, spec, seq);
     }
 }
 
@@ -433,10 +433,18 @@ mod tests {
                 spec.fit_target();
                 specs.push(spec);
             }
-            for spec in specs {
+            for mut spec in specs {
+                // As the runtime builds them: a target that holds what the kernel binds.
+                spec.fit_target();
                 let what = format!("{} {:?} {:?}", ex.name, spec.op, spec.grid);
                 let abi = crate::compile(&spec).unwrap_or_else(|e| panic!("{what}: {e}"));
-                let names: Vec<&str> = abi.bindings.iter().map(|b| b.name.as_ref()).collect();
+                // The block mask follows the declared tensors where the kernel reads one.
+                let names: Vec<&str> = abi
+                    .bindings
+                    .iter()
+                    .map(|b| b.name.as_ref())
+                    .filter(|n| *n != "block_mask")
+                    .collect();
                 let declared: Vec<&str> = ex.flex.tensors.iter().map(|t| t.name.as_str()).collect();
                 assert_eq!(
                     &names[names.len() - declared.len()..],
@@ -468,7 +476,7 @@ mod tests {
                         score_mod: None,
                         mask_mod: Some(mask),
                         tensors: vec![],
-                        report_reads: false,
+                        ..Flex::default()
                     }
                     .intern(),
                 ),

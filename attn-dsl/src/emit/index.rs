@@ -254,12 +254,6 @@ pub(super) fn mask_bounds(spec: &KernelSpec) -> KeyBounds {
         .unwrap_or_default()
 }
 
-/// Whether the kernel tests `mask_mod` per pair: it has one that its key ranges do not
-/// already hold exactly.
-pub(super) fn tests_pairs(spec: &KernelSpec) -> bool {
-    spec.flex().is_some_and(|f| f.mask_mod.is_some()) && !mask_bounds(spec).exact
-}
-
 /// `u32(max(pos + o, 0))`: a bound at offset `o` from a position, clamped at the first.
 pub(super) fn at(pos: &str, o: i64) -> String {
     match o {
@@ -320,7 +314,7 @@ pub(super) fn decode_bounds(
 /// `key_visible(row, h, j)`: the test within a row's key range, the description's
 /// `mask_mod` where it has one that the range does not already hold.
 pub(super) fn key_visible(out: &mut Wgsl, spec: &KernelSpec) {
-    let test = if tests_pairs(spec) {
+    let test = if spec.tests_mask_pairs() {
         "mask_mod(row, h, j)"
     } else {
         "true"

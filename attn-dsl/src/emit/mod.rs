@@ -4,6 +4,7 @@
 
 mod attend;
 mod backward;
+mod block_mask;
 mod cache;
 pub mod coop;
 mod coop_backward;
@@ -71,6 +72,8 @@ pub fn emit_phases(spec: &KernelSpec, bindings: &[Binding], keep: coop::Phases) 
         matmul::constants(&mut head, spec);
     } else if spec.op == Op::Merge {
         merge::constants(&mut head, spec);
+    } else if spec.op == Op::BlockMask {
+        block_mask::constants(&mut head, spec);
     } else if matches!(
         spec.op,
         Op::DkvReduce | Op::ToDtype | Op::FromDtype | Op::GradFold | Op::RowScale
@@ -177,6 +180,10 @@ fn emit_body(out: &mut Wgsl, spec: &KernelSpec, keep: coop::Phases) {
             merge::body(out, spec);
             return;
         }
+        Op::BlockMask => {
+            block_mask::body(out, spec);
+            return;
+        }
     }
     match spec.op {
         Op::Forward | Op::Extend => tile_entry(out, spec, "attend_row"),
@@ -204,7 +211,8 @@ fn emit_body(out: &mut Wgsl, spec: &KernelSpec, keep: coop::Phases) {
         | Op::LayernormRowsBackward
         | Op::Matmul
         | Op::LinearRows
-        | Op::Merge => {}
+        | Op::Merge
+        | Op::BlockMask => {}
     }
 }
 

@@ -84,8 +84,13 @@ fn served(kv_h: u32, slot0: u32, seq: vec4<u32>) -> Served {
 };
 
 /// The entry's first statements: the sequence and the served slots (`seq`, `kv_h`, `sv`),
-/// and the keys the served queries see together, [first, hi) within slice `lo..`.
-pub(super) const PROLOGUE: &str = "    batch = wg.z;
+/// and the keys the served queries see together, [first, hi) within slice `lo..`; the
+/// sequence shared with the block mask's tile test where `spec` reads one.
+pub(super) fn prologue(spec: &KernelSpec) -> String {
+    format!("{PROLOGUE}{}", super::tiles::share_batch(spec))
+}
+
+const PROLOGUE: &str = "    batch = wg.z;
     let slice = wg.x;
     // Workgroup y serves TILE query slots of KV head kv_h.
     let groups_per_kv = (dims.n_rows * q_per_kv() + TILE - 1u) / TILE;

@@ -170,10 +170,24 @@ fn maybe() -> Iv {
 /// inclusive) may be visible (x) and whether some may be hidden (y); and
 /// `next_key_tile(t, end, q_lo, q_hi, h, bc)`: the first key tile from `t` (of `bc` keys)
 /// before `end` that may hold a visible key, or `end`.
-pub(super) fn functions<S: Clone>(out: &mut impl Write, mask: &Expr<S>) {
+///
+/// A kernel that reads a block mask ([`crate::KernelSpec::reads_block_mask`]) narrows both
+/// answers by the blocks the tile covers (`block_tile`); `seq` is the positions' extent,
+/// which sets the mask's blocks a side.
+pub(super) fn functions<S: Clone>(
+    out: &mut impl Write,
+    mask: &Expr<S>,
+    spec: &crate::KernelSpec,
+    seq: &str,
+) {
     let mut l = Lower {
         lines: String::new(),
         next: 0,
+    };
+    let reads = spec.reads_block_mask();
+    let blocks = match reads {
+        true => " & block_tile(q0, q1, k0, k1, h, b)",
+        false => "",
     };
     let (t, f) = match l.node(&mask.inlined()) {
         Iv::Bool(t, f) => (t, f),
@@ -183,20 +197,85 @@ pub(super) fn functions<S: Clone>(out: &mut impl Write, mask: &Expr<S>) {
         out,
         "// Whether the mask may be true (x) and may be false (y) somewhere on a tile of queries\n\
          // [q0, q1] and keys [k0, k1], by interval arithmetic over mask_mod.\n\
-         fn mask_tile(q0: u32, q1: u32, k0: u32, k1: u32, h: u32) -> vec2<bool> {{\n    \
+         fn mask_tile(q0: u32, q1: u32, k0: u32, k1: u32, h: u32, b: u32) -> vec2<bool> {{\n    \
          let q_lo = i32(q0);\n    let q_hi = i32(q1);\n    let k_lo = i32(k0);\n    let k_hi = i32(k1);\n    \
-         let hh = i32(h);\n{}    return vec2<bool>({t}, {f});\n}}\n\n\
-         fn next_key_tile(t0: u32, end: u32, q0: u32, q1: u32, h: u32, bc: u32) -> u32 {{\n    \
-         var t = t0;\n    while (t < end && !mask_tile(q0, q1, t * bc, t * bc + bc - 1u, h).x) {{\n        \
+         let hh = i32(h);\n{}    return vec2<bool>({t}, {f}){blocks};\n}}\n\n\
+         fn next_key_tile(t0: u32, end: u32, q0: u32, q1: u32, h: u32, bc: u32, b: u32) -> u32 {{\n    \
+         var t = t0;\n    while (t < end && !mask_tile(q0, q1, t * bc, t * bc + bc - 1u, h, b).x) {{\n        \
          t = t + 1u;\n    }}\n    return t;\n}}\n\n",
         l.lines
     );
+    if reads {
+        block_tile(out, mask, seq);
+    }
+}
+
+/// `block_tile(q0, q1, k0, k1, h)`: whether some block of the device's block mask that the
+/// tile covers shows a pair (x) and whether some hides one (y). Where the mask reads `b`,
+/// the sequence is the workgroup's, read as a uniform value from `sh_batch` (the kernel
+/// stores `batch` there before its first tile test: a private variable is not uniform to
+/// WGSL's analysis).
+fn block_tile<S: Clone>(out: &mut impl Write, mask: &Expr<S>, seq: &str) {
+    let mask = mask.inlined();
+    let pick = |var: &str, value: &str, none: &str| match mask.mentions(var) {
+        true => value.to_string(),
+        false => none.to_string(),
+    };
+    let b = pick("b", "b", "0u");
+    let shared = pick("b", "var<workgroup> sh_batch: u32;\n\n", "");
+    let (h, heads) = (pick("h", "h", "0u"), pick("h", "dims.n_heads", "1u"));
+    let _ = write!(
+        out,
+        r#"// The block mask's states, as `op: block_mask` writes them.
+const BLOCK_EMPTY: u32 = {empty}u;
+const BLOCK_FULL: u32 = {full}u;
+const MASK_BLOCK: u32 = {side}u;
+
+{shared}fn block_tile(q0: u32, q1: u32, k0: u32, k1: u32, h: u32, b: u32) -> vec2<bool> {{
+    let n = ({seq} + MASK_BLOCK - 1u) / MASK_BLOCK;
+    let base = ({b} * {heads} + {h}) * n;
+    let q_end = min(q1 / MASK_BLOCK, n - 1u);
+    let k_end = min(k1 / MASK_BLOCK, n - 1u);
+    var seen = vec2<bool>(false, false);
+    for (var qb = q0 / MASK_BLOCK; qb <= q_end; qb = qb + 1u) {{
+        for (var kb = k0 / MASK_BLOCK; kb <= k_end; kb = kb + 1u) {{
+            let state = block_mask[(base + qb) * n + kb];
+            seen = seen | vec2<bool>(state != BLOCK_EMPTY, state != BLOCK_FULL);
+        }}
+    }}
+    return seen;
+}}
+
+"#,
+        empty = crate::flex::BLOCK_EMPTY,
+        full = crate::flex::BLOCK_FULL,
+        side = crate::flex::MASK_BLOCK,
+    );
+}
+
+/// The statements that give a kernel's tile tests the workgroup's sequence as a uniform
+/// value, `wg_b`, before its first test (a private variable is not uniform to WGSL's
+/// analysis): read once through workgroup memory where the block mask has a sequence axis,
+/// 0 where the tests do not read it; empty where `spec` tests no tiles.
+pub(super) fn share_batch(spec: &crate::KernelSpec) -> &'static str {
+    let by_sequence = spec
+        .flex()
+        .and_then(|f| f.mask_mod)
+        .is_some_and(|m| m.inlined().mentions("b"));
+    match (sparse(spec), spec.reads_block_mask() && by_sequence) {
+        (false, _) => "",
+        (true, false) => "    let wg_b = 0u;\n",
+        (true, true) => {
+            "    if (tid == 0u) {\n        sh_batch = batch;\n    }\n    \
+             let wg_b = workgroupUniformLoad(&sh_batch);\n"
+        }
+    }
 }
 
 /// Whether `spec`'s loops may skip tiles: it has a mask_mod to bound that its key ranges
 /// do not already hold exactly (those loops visit only the range's tiles).
 pub(super) fn sparse(spec: &crate::KernelSpec) -> bool {
-    super::index::tests_pairs(spec)
+    spec.tests_mask_pairs()
 }
 
 /// `next_block(it, end, k0, k1, h0, group, first, blocks)`: a key-major kernel's first step
@@ -204,10 +283,10 @@ pub(super) fn sparse(spec: &crate::KernelSpec) -> bool {
 /// before `end` whose block may see a key of [k0, k1], or `end`.
 pub(super) fn block_functions(out: &mut impl Write) {
     out.write_str(
-        "fn next_block(it0: u32, end: u32, k0: u32, k1: u32, h0: u32, group: u32, first: u32, blocks: u32) -> u32 {\n    \
+        "fn next_block(it0: u32, end: u32, k0: u32, k1: u32, h0: u32, group: u32, first: u32, blocks: u32, b: u32) -> u32 {\n    \
          var it = it0;\n    while (it < end) {\n        \
          let s0 = (first + blocks - 1u - it / group) * BC;\n        \
-         if (mask_tile(s0, min(s0 + BC, dims.seq_len) - 1u, k0, k1, h0 + it % group).x) {\n            \
+         if (mask_tile(s0, min(s0 + BC, dims.seq_len) - 1u, k0, k1, h0 + it % group, b).x) {\n            \
          break;\n        }\n        it = it + 1u;\n    }\n    return it;\n}\n\n",
     )
     .expect("writing to a string");
@@ -218,7 +297,7 @@ pub(super) fn block_functions(out: &mut impl Write) {
 /// tile in order, or with a mask_mod only those that may hold a visible key.
 pub(super) struct KeyLoop {
     /// Statements before the first prefetch.
-    pub pre: &'static str,
+    pub pre: String,
     /// The first tile's first key.
     pub first: &'static str,
     /// `for (..) {` and the statements that open the body.
@@ -227,7 +306,9 @@ pub(super) struct KeyLoop {
     pub has_next: &'static str,
     pub next: &'static str,
     /// Put around a pair's `key_visible(..)`: true in a tile where the mask holds for
-    /// every pair (`tile_full`, set by `head`), without a branch per pair.
+    /// every pair (`tile_full`, set by `head`), where the pair's test is not evaluated
+    /// (`||` short-circuits, and `tile_full` is the workgroup's: a mask reading tensors
+    /// loads nothing in a full tile).
     pub full: (&'static str, &'static str),
     /// Tiles from the first to the last visited, counted from `range.x / BC`: equal to
     /// `kt + 1u - range.x / BC` on the last one (where a kernel flushes its sums).
@@ -241,7 +322,7 @@ impl KeyLoop {
         let sparse = allowed && sparse(spec);
         match sparse {
             false => KeyLoop {
-                pre: "",
+                pre: String::new(),
                 first: "(range.x / BC) * BC",
                 head: "for (var kt = range.x / BC; kt < kt_end; kt = kt + 1u) {\n",
                 has_next: "kt + 1u < kt_end",
@@ -252,43 +333,44 @@ impl KeyLoop {
             true => KeyLoop {
                 // The tile's last row: its rows are positions (a continued cache's end
                 // after its cached rows).
-                pre: match spec.op {
-                    // Packed heads: the tile's first and last positions (the heads of
-                    // its rows are one KV head's group; a mask reading `h` is not packed).
-                    crate::Op::Extend if spec.grid.pack_heads => {
-                        "    let q_first = row_pos(row0);\n    \
+                pre: share_batch(spec).to_string()
+                    + match spec.op {
+                        // Packed heads: the tile's first and last positions (the heads of
+                        // its rows are one KV head's group; a mask reading `h` is not packed).
+                        crate::Op::Extend if spec.grid.pack_heads => {
+                            "    let q_first = row_pos(row0);\n    \
                          let q_last = row_pos(min(row0 + BR, kv_len * q_per_kv()) - 1u);\n    \
-                         let kt_first = next_key_tile(range.x / BC, kt_end, q_first, q_last, h, BC);\n    \
+                         let kt_first = next_key_tile(range.x / BC, kt_end, q_first, q_last, h, BC, wg_b);\n    \
                          var kt_next = kt_first;\n"
-                    }
-                    crate::Op::Extend => {
-                        "    let q_last = min(row0 + BR, kv_len) - 1u;\n    \
-                         let kt_first = next_key_tile(range.x / BC, kt_end, row0, q_last, h, BC);\n    \
+                        }
+                        crate::Op::Extend => {
+                            "    let q_last = min(row0 + BR, kv_len) - 1u;\n    \
+                         let kt_first = next_key_tile(range.x / BC, kt_end, row0, q_last, h, BC, wg_b);\n    \
                          var kt_next = kt_first;\n"
-                    }
-                    _ => {
-                        "    let q_last = min(row0 + BR, dims.seq_len) - 1u;\n    \
-                         let kt_first = next_key_tile(range.x / BC, kt_end, row0, q_last, h, BC);\n    \
+                        }
+                        _ => {
+                            "    let q_last = min(row0 + BR, dims.seq_len) - 1u;\n    \
+                         let kt_first = next_key_tile(range.x / BC, kt_end, row0, q_last, h, BC, wg_b);\n    \
                          var kt_next = kt_first;\n"
-                    }
-                },
+                        }
+                    },
                 first: "kt_first * BC",
                 head: match spec.grid.pack_heads {
                     true => {
                         "for (var kt = kt_first; kt < kt_end; kt = kt_next) {\n        \
-                         kt_next = next_key_tile(kt + 1u, kt_end, q_first, q_last, h, BC);\n        \
-                         let tile_full = !mask_tile(q_first, q_last, kt * BC, kt * BC + BC - 1u, h).y;\n"
+                         kt_next = next_key_tile(kt + 1u, kt_end, q_first, q_last, h, BC, wg_b);\n        \
+                         let tile_full = !mask_tile(q_first, q_last, kt * BC, kt * BC + BC - 1u, h, wg_b).y;\n"
                     }
                     false => {
                         "for (var kt = kt_first; kt < kt_end; kt = kt_next) {\n        \
-                         kt_next = next_key_tile(kt + 1u, kt_end, row0, q_last, h, BC);\n        \
-                         let tile_full = !mask_tile(row0, q_last, kt * BC, kt * BC + BC - 1u, h).y;\n"
+                         kt_next = next_key_tile(kt + 1u, kt_end, row0, q_last, h, BC, wg_b);\n        \
+                         let tile_full = !mask_tile(row0, q_last, kt * BC, kt * BC + BC - 1u, h, wg_b).y;\n"
                     }
                 },
                 has_next: "kt_next < kt_end",
                 next: "kt_next * BC",
                 steps: "select(kt_end - range.x / BC, kt + 1u - range.x / BC, kt_next >= kt_end)",
-                full: ("select(", ", true, tile_full)"),
+                full: ("(tile_full || ", ")"),
             },
         }
     }

@@ -126,6 +126,13 @@ pub fn prefix_lm(prefix: &str) -> Expr {
     )
 }
 
+/// Documents given as each position's id: causal within a document, `k <= q &&
+/// doc[b, q] == doc[b, k]` (`doc` a `[batch, seq] u32` tensor).
+pub fn documents(doc: &str) -> Expr {
+    let id = |at: &str| idx(doc, vec![v("b"), v(at)]);
+    bin(And, causal(), bin(Eq, id("q"), id("k")))
+}
+
 /// Blocks of `n` positions see only themselves: `q / n == k / n`.
 pub fn block_diagonal(n: i64) -> Expr {
     bin(Eq, bin(Div, v("q"), i(n)), bin(Div, v("k"), i(n)))
@@ -164,6 +171,10 @@ pub const PRESETS: &[(&str, &str)] = &[
     (
         "block-diagonal",
         "block-diagonal[:N]: blocks of N positions see only themselves (16)",
+    ),
+    (
+        "documents",
+        "documents: causal within each position's document id (doc [batch, seq] u32), tiles skipped by a block mask made on the device",
     ),
 ];
 
@@ -220,14 +231,14 @@ pub fn preset(spec: &str) -> Result<Flex, String> {
                     )
                     .learnable(),
                 ],
-                report_reads: false,
+                ..Flex::default()
             }
         }
         "prefix-lm" => Flex {
             score_mod: None,
             mask_mod: Some(prefix_lm("prefix")),
             tensors: vec![tensor("prefix", &[Dim::Batch], Ty::U32)],
-            report_reads: false,
+            ..Flex::default()
         },
         "window-sinks" => Flex {
             score_mod: None,
@@ -236,13 +247,13 @@ pub fn preset(spec: &str) -> Result<Flex, String> {
                 at(1, 4).max(0),
             )),
             tensors: vec![],
-            report_reads: false,
+            ..Flex::default()
         },
         "sliding-window" => Flex {
             score_mod: None,
             mask_mod: Some(sliding_window(positive(at(0, 24), "W")?)),
             tensors: vec![],
-            report_reads: false,
+            ..Flex::default()
         },
         "softcap-alibi" => Flex {
             score_mod: Some(let_(
@@ -252,13 +263,19 @@ pub fn preset(spec: &str) -> Result<Flex, String> {
             )),
             mask_mod: None,
             tensors: vec![heads("slopes")],
-            report_reads: false,
+            ..Flex::default()
+        },
+        "documents" => Flex {
+            mask_mod: Some(documents("doc")),
+            tensors: vec![tensor("doc", &[Dim::Batch, Dim::Seq], Ty::U32)],
+            block_mask: true,
+            ..Flex::default()
         },
         _ => Flex {
             score_mod: None,
             mask_mod: Some(block_diagonal(positive(at(0, 16), "N")?)),
             tensors: vec![],
-            report_reads: false,
+            ..Flex::default()
         },
     })
 }

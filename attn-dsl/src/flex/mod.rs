@@ -17,7 +17,7 @@ pub mod library;
 mod modifiers;
 pub mod typing;
 
-pub use modifiers::{Flex, FlexRef, same_str};
+pub use modifiers::{BLOCK_EMPTY, BLOCK_FULL, BLOCK_PARTIAL, Flex, FlexRef, MASK_BLOCK, same_str};
 use serde::{Deserialize, Serialize};
 
 /// A value's type.

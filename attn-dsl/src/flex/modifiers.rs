@@ -10,6 +10,15 @@ use serde::{Deserialize, Serialize};
 
 use super::{Dim, Expr, TensorDecl, Ty};
 
+/// Positions a side of a block mask's block ([`Flex::block_mask`]).
+pub const MASK_BLOCK: u32 = 64;
+/// A block in which `mask_mod` hides every pair.
+pub const BLOCK_EMPTY: u32 = 0;
+/// A block in which `mask_mod` shows some pairs and hides others.
+pub const BLOCK_PARTIAL: u32 = 1;
+/// A block in which `mask_mod` shows every pair.
+pub const BLOCK_FULL: u32 = 2;
+
 /// `score_mod`, `mask_mod` and the tensors they read.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Flex {
@@ -26,6 +35,12 @@ pub struct Flex {
     /// into the `flex_reads` binding: a debugging build of the same modifiers.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub report_reads: bool,
+    /// The kernels that skip tiles by `mask_mod` also read a block mask made on the device
+    /// (`op: block_mask`, from this `mask_mod` and its tensors): whatever interval
+    /// arithmetic cannot bound (a tensor read, `b`) still skips empty blocks and drops the
+    /// per-pair test in full ones.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub block_mask: bool,
 }
 
 impl Flex {
@@ -42,6 +57,16 @@ impl Flex {
         let s: &'static str = Box::leak(json.into_boxed_str());
         held.insert(s);
         FlexRef(s)
+    }
+
+    /// The shape of this `mask_mod`'s block mask over `positions` positions of `batch`
+    /// sequences of `heads` heads: `[batch or 1, heads or 1, blocks, blocks]`, a sequence
+    /// (head) axis only where the mask reads `b` (`h`); `None` without a mask_mod.
+    pub fn block_mask_shape(&self, batch: u32, heads: u32, positions: u32) -> Option<[u32; 4]> {
+        let mask = self.mask_mod.as_ref()?.inlined();
+        let blocks = positions.div_ceil(MASK_BLOCK);
+        let pick = |var: &str, n: u32| if mask.mentions(var) { n } else { 1 };
+        Some([pick("b", batch), pick("h", heads), blocks, blocks])
     }
 
     /// The declared tensor `name`, `None` where no tensor has that name.
@@ -102,6 +127,19 @@ impl FlexRef {
             false => self,
             true => Flex {
                 report_reads: false,
+                ..self.get()
+            }
+            .intern(),
+        }
+    }
+
+    /// The same modifiers in kernels that read a block mask made on the device
+    /// ([`Flex::block_mask`]).
+    pub fn with_block_mask(self) -> FlexRef {
+        match self.parsed().block_mask {
+            true => self,
+            false => Flex {
+                block_mask: true,
                 ..self.get()
             }
             .intern(),

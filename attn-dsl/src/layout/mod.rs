@@ -61,6 +61,8 @@ pub fn workgroup_bytes(spec: &KernelSpec) -> u32 {
         | Op::FromDtype
         | Op::GradFold
         | Op::Merge => 0,
+        // The block's two flags.
+        Op::BlockMask => 4,
         // Each invocation's partial maximum.
         Op::RowScale => reduce,
         Op::Matmul => matmul::workgroup_bytes(spec.matmul.unwrap_or(MATMUL_DEFAULT)),

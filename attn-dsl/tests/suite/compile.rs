@@ -686,7 +686,8 @@ fn reporting_modifiers_bind_flex_reads_in_every_kernel() {
                     )
                 },
             ];
-            for spec in specs {
+            for mut spec in specs {
+                spec.fit_target();
                 let what = format!("{} {:?} reports {reports}", example.name, spec.op);
                 let abi = attn_dsl::compile(&spec).unwrap_or_else(|e| panic!("{what}: {e}"));
                 let bound = abi.binding("flex_reads").is_some();
@@ -694,5 +695,66 @@ fn reporting_modifiers_bind_flex_reads_in_every_kernel() {
                 assert_eq!(abi.wgsl.contains("flex_read_ok("), reports, "{what}");
             }
         }
+    }
+}
+
+/// Modifiers that ask for a block mask: the forward and the split-K decode of a mask that
+/// interval arithmetic cannot bound (a tensor read, `b`) bind `block_mask` and narrow their
+/// tile tests by it, and `op: block_mask` makes it from the same modifiers; a mask whose
+/// key ranges are exact needs no tile test, so its kernels bind none.
+#[test]
+fn block_mask_modifiers_bind_the_mask_where_tiles_are_tested() {
+    use attn_dsl::flex::library;
+    for (example, reads) in [("prefix-lm", true), ("sliding-window", false)] {
+        let flex = library::preset(example).unwrap().intern().with_block_mask();
+        let masks = Masks {
+            causal: true,
+            flex: Some(flex),
+            ..Masks::default()
+        };
+        let config = attn_dsl::configs::forward(64)[0];
+        let specs = [
+            KernelSpec::flash("f", Op::Forward, 64, masks, config),
+            KernelSpec {
+                grid: attn_dsl::Grid::rows(attn_dsl::Major::Slice, 4),
+                writes: vec![("partials".into(), WriteMode::ScratchFlush)],
+                ..KernelSpec::standard(
+                    "d",
+                    Op::DecodeSplit,
+                    64,
+                    Masks {
+                        causal: false,
+                        ..masks
+                    },
+                )
+            },
+        ];
+        for spec in specs {
+            let what = format!("{example} {:?}", spec.op);
+            let abi = attn_dsl::compile(&spec).unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_eq!(abi.binding("block_mask").is_some(), reads, "{what}");
+            assert_eq!(abi.wgsl.contains("& block_tile("), reads, "{what}");
+            // prefix-lm reads `prefix[b]`: the tile test takes the workgroup's sequence.
+            assert_eq!(abi.wgsl.contains("sh_batch = batch;"), reads, "{what}");
+        }
+        let maker = KernelSpec {
+            workgroup_size: 256,
+            ..KernelSpec::standard(
+                "m",
+                Op::BlockMask,
+                4,
+                Masks {
+                    flex: Some(flex),
+                    ..Masks::default()
+                },
+            )
+        };
+        let abi = attn_dsl::compile(&maker).unwrap_or_else(|e| panic!("{example} maker: {e}"));
+        assert!(abi.wgsl.contains("fn mask_mod("), "{example}");
+        assert_eq!(
+            abi.binding("block_mask").map(|b| b.write.is_some()),
+            Some(true),
+            "{example}"
+        );
     }
 }

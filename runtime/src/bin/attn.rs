@@ -254,6 +254,7 @@ impl ModifierValues {
             flex: self.flex.as_ref().map(|(modifiers, _)| runtime::FlexOf {
                 modifiers: *modifiers,
                 tensors,
+                block_mask: None,
             }),
         }
     }

@@ -248,6 +248,23 @@ fn flex(gpu: &Gpu, args: &Args) -> anyhow::Result<()> {
         let rows = bench::flex::flex(gpu, h, seq, window, dtype, (args.warmup, args.runs))?;
         flex_table(&rows);
     }
+    // Masks that read tensors, tested per pair and skipped by a block mask made on the
+    // device, beside the built-in masks they extend.
+    for dtype in [runtime::Dtype::F16, runtime::Dtype::F32] {
+        println!(
+            "block masks, forward, seq {seq}, {}/{}/{}, {} (/ the first row):",
+            h.n_heads,
+            h.n_kv_heads,
+            h.head_dim,
+            dtype.name()
+        );
+        println!(
+            "  {:<64} {:>10} {:>9} {:>9}",
+            "mask / modifier", "ms", "/ causal", "visible"
+        );
+        let rows = bench::flex::block_masks(gpu, h, seq, dtype, (args.warmup, args.runs))?;
+        flex_table(&rows);
+    }
     // Decode: one row per head against a long cache, where a window's time should follow
     // the slices it visits.
     let cache_len = args.decode.unwrap_or(32768);

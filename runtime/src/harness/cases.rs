@@ -4,6 +4,7 @@
 use crate::modifiers::FlexOf;
 use crate::ops::backward::BackwardSpec;
 use crate::plan::kernels::AttentionSpec;
+use attn_dsl::flex::Dim;
 use attn_dsl::{
     BiasHeads, Cache, Dtype, FlashConfig, Fp8, KernelAbi, KernelSpec, Masks, Modifier, Op, Scalar,
 };
@@ -191,6 +192,7 @@ impl ModData {
             flex: c.flex().map(|modifiers| FlexOf {
                 modifiers,
                 tensors: self.flex,
+                block_mask: None,
             }),
         }
     }
@@ -216,17 +218,29 @@ fn flex_values(
         .map(|(i, t)| {
             let len = t.len(batch, h.n_heads, seq) as usize;
             let raw = random(len, seed + 31 + i as u64);
+            let positions = raw.iter().map(|x| ((x + 2.0) / 4.0 * seq as f32).floor());
             let values: Vec<f32> = match t.ty {
                 attn_dsl::flex::Ty::F32 => raw.iter().map(|x| 0.1 * x).collect(),
-                _ => raw
-                    .iter()
-                    .map(|x| ((x + 2.0) / 4.0 * seq as f32).floor())
-                    .collect(),
+                _ if t.dims.last() == Some(&Dim::Seq) => document_ids(positions.collect(), seq),
+                _ => positions.collect(),
             };
             (t.name.as_str(), &*Box::leak(values.into_boxed_slice()))
         })
         .collect();
     Box::leak(pairs.into_boxed_slice())
+}
+
+/// Ids that never decrease along each row of `seq` positions (documents of random lengths,
+/// about four a row), from random positions.
+fn document_ids(mut positions: Vec<f32>, seq: u32) -> Vec<f32> {
+    let run = (seq as f32 / 4.0).max(1.0);
+    for row in positions.chunks_mut(seq.max(1) as usize) {
+        row.sort_by(f32::total_cmp);
+        for x in row.iter_mut() {
+            *x = (*x / run).floor();
+        }
+    }
+    positions
 }
 
 impl Case {
@@ -672,6 +686,8 @@ pub const QUICK: &[(&str, &str, &str)] = &[
     ("backward", "seq=64 h=6 kv=2 d=64", "flex:sliding-window"),
     ("backward", "seq=64 h=6 kv=2 d=64", "flex:softcap-alibi"),
     ("forward", "seq=64 h=6 kv=2 d=64", "flex:block-diagonal"),
+    ("forward", "seq=64 b=2 h=6 kv=2 d=64", "flex:documents"),
+    ("backward", "seq=64 b=2 h=6 kv=2 d=64", "flex:documents"),
 ];
 
 /// The cases of [`QUICK`], in the default matrix's order.
@@ -717,17 +733,30 @@ fn flex_cases() -> Vec<Case> {
                 capacity: 320,
             },
         ];
-        // A long sequence where the key loops skip most tiles.
-        let long =
-            matches!(example.name, "window-sinks" | "sliding-window").then_some(Shape::Backward {
-                seq: 300,
-                docs: Docs::Even(1),
-                causal: false,
-            });
-        for shape in shapes.into_iter().chain(long) {
+        // A long sequence where the key loops skip most tiles (by a block mask for the
+        // documents, whose ids differ between two sequences).
+        let long = matches!(
+            example.name,
+            "window-sinks" | "sliding-window" | "documents"
+        )
+        .then_some(Shape::Backward {
+            seq: 300,
+            docs: Docs::Even(1),
+            causal: false,
+        });
+        // A tensor over positions is over a sequence's rows, which a decode's query is not.
+        let by_position = example
+            .flex
+            .tensors
+            .iter()
+            .any(|t| t.dims.contains(&Dim::Seq));
+        let shapes = shapes
+            .into_iter()
+            .filter(|s| !(by_position && matches!(s, Shape::Decode { .. })));
+        for shape in shapes.chain(long) {
             cases.push(Case {
                 heads,
-                batch: 1,
+                batch: if by_position { 2 } else { 1 },
                 shape,
                 mods,
             });

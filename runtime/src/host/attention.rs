@@ -96,7 +96,8 @@ pub async fn forward(
         Some(seg) => Some(crate::ops::forward::documents(gpu, seg, b, s)?),
         None => None,
     };
-    let uploaded = input.mods.upload(gpu, b, s)?;
+    let mut uploaded = input.mods.upload(gpu, b, s)?;
+    super::make_block_mask(gpu, &mut uploaded, h.n_heads, s)?;
     let flex = uploaded.flex_tensors();
     let args = crate::ops::forward::ForwardArgs {
         q: &q,

@@ -221,7 +221,13 @@ impl SplitDecode {
             &[b, h.n_heads, h.head_dim_v],
             self.reduce.abi().scalar("o"),
         )?;
-        let uploaded = input.mods.upload(gpu, b, 1)?;
+        let mut uploaded = input.mods.upload(gpu, b, 1)?;
+        // A block mask covers the cache's positions: a slot's capacity.
+        let capacity = match pages {
+            None => per,
+            Some(p) => p.block_table.len() as u32 / b * p.page_size,
+        };
+        super::make_block_mask(gpu, &mut uploaded, h.n_heads, capacity)?;
         let flex = uploaded.flex_tensors();
         let args = crate::ops::decode::DecodeArgs {
             rows: Default::default(),

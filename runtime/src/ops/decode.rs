@@ -961,7 +961,9 @@ fn check(abi: &KernelAbi, reduce: &KernelAbi, args: &DecodeArgs) -> Result<Check
             capacity,
         });
     }
-    args.mods.validate(abi, batch, 1, n_heads)?;
+    // A block mask covers the cache's positions.
+    let positions = u32::try_from(capacity).unwrap_or(u32::MAX);
+    args.mods.validate(abi, batch, (1, positions), n_heads)?;
     Ok(Checked {
         batch,
         h,

@@ -370,7 +370,7 @@ fn check(
             ),
         ],
     )?;
-    args.mods.validate(abi, batch, seq, h.n_heads)?;
+    args.mods.validate(abi, batch, (seq, seq), h.n_heads)?;
     match (args.seg, abi.masks.document) {
         (Some(_), false) => Err(InputError::SegWithoutDocumentMask {
             kernel: abi.name.to_string(),

@@ -5,6 +5,7 @@
 //! nothing, submits nothing and reads nothing back.
 
 pub mod backward;
+pub mod block_mask;
 pub mod cache;
 pub mod cascade;
 pub mod convert;

@@ -1498,6 +1498,7 @@ fn a_decode_with_three_modifier_tensors_runs_where_the_adapter_allows() {
                 flex: Some(FlexOf {
                     modifiers: flex,
                     tensors: &tensors,
+                    block_mask: None,
                 }),
                 ..Default::default()
             },

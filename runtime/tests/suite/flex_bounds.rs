@@ -133,6 +133,7 @@ fn forward_matches_the_host(gpu: &Gpu, reach: u32) {
             flex: Some(FlexOf {
                 modifiers: flex,
                 tensors: &tensors,
+                block_mask: None,
             }),
             ..DeviceModifiers::default()
         },

@@ -67,6 +67,7 @@ fn forward(gpu: &Gpu, x: &Inputs) -> (Tensor, Tensor) {
         flex: Some(FlexOf {
             modifiers: masks().flex.unwrap(),
             tensors: &table,
+            block_mask: None,
         }),
         ..DeviceModifiers::default()
     };
@@ -177,6 +178,7 @@ fn the_recording_api_adds_into_the_callers_gradient() {
         flex: Some(FlexOf {
             modifiers: masks().flex.unwrap(),
             tensors: &tables,
+            block_mask: None,
         }),
         ..DeviceModifiers::default()
     };

@@ -5,6 +5,7 @@
 mod backward;
 mod bad_input;
 mod bench;
+mod block_mask;
 mod cache_model;
 mod cascade;
 mod decode_split;

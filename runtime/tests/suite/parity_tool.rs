@@ -716,6 +716,7 @@ fn flex_presets_match_the_reference() {
                 flex: Some(runtime::FlexOf {
                     modifiers: flex.intern(),
                     tensors: &pairs,
+                    block_mask: None,
                 }),
                 ..Modifiers::default()
             },

@@ -183,10 +183,11 @@ impl Variant {
             window: self.window,
             softcap: self.softcap,
             alibi: self.alibi.then_some(slopes[0].1),
-            flex: self
-                .masks
-                .flex
-                .map(|modifiers| FlexOf { modifiers, tensors }),
+            flex: self.masks.flex.map(|modifiers| FlexOf {
+                modifiers,
+                tensors,
+                block_mask: None,
+            }),
             ..DeviceModifiers::default()
         }
     }
@@ -358,6 +359,7 @@ pub fn t5_backward(
         let flex = masks.flex.map(|modifiers| FlexOf {
             modifiers,
             tensors: &flex_tensors[..],
+            block_mask: None,
         });
         let mods = DeviceModifiers {
             flex,
@@ -413,6 +415,152 @@ pub fn t5_backward(
             ms: t.median_ms,
             visible: (f64::from(seq) + 1.0) / (2.0 * f64::from(seq)),
         });
+    }
+    Ok(rows)
+}
+
+/// One forward of [`block_masks`]: its masks, the values its modifiers read, the seg of the
+/// built-in document word, and whether it reads a block mask made on the device.
+struct MaskedForward<'a> {
+    what: &'static str,
+    masks: Masks,
+    tensors: &'a [(&'a str, &'a Tensor)],
+    seg: Option<&'a Tensor>,
+    visible: f64,
+}
+
+/// Masks that read a tensor (prefix-LM with a `prefix` of `seq / 16` rows; documents of
+/// `seq / 8` rows given as ids) beside the built-in masks they extend (causal; the
+/// `document` word), each tested per pair and with a block mask made on the device, and
+/// the block mask's own time: the forward at `seq` (batch 1, `h`) in `dtype`.
+pub fn block_masks(
+    gpu: &Gpu,
+    h: Heads,
+    seq: u32,
+    dtype: Dtype,
+    (warmup, runs): (usize, usize),
+) -> Result<Vec<FlexRow>, Error> {
+    let q_shape = [1, seq, h.n_heads, h.head_dim];
+    let kv_shape = [1, seq, h.n_kv_heads, h.head_dim];
+    let data = |shape: &[u32], seed| random(gpu, shape, Scalar::from(dtype), seed);
+    let (q, k, v) = (data(&q_shape, 1)?, data(&kv_shape, 2)?, data(&kv_shape, 3)?);
+    let o = Tensor::zeros(gpu, &q_shape, Scalar::from(dtype))?;
+    let lse = Tensor::zeros(gpu, &[1, seq, h.n_heads], Scalar::F32)?;
+    let (prefix_len, doc_len) = ((seq / 16).max(1), (seq / 8).max(1));
+    let prefix = Tensor::from_u32(gpu, &[1], &[prefix_len])?;
+    let ids: Vec<u32> = (0..seq).map(|s| s / doc_len).collect();
+    let doc = Tensor::from_u32(gpu, &[1, seq], &ids)?;
+    let starts: Vec<u32> = (0..seq).map(|s| s / doc_len * doc_len).collect();
+    let seg = crate::ops::forward::documents(gpu, &starts, 1, seq)?;
+    let (n, p, d) = (f64::from(seq), f64::from(prefix_len), f64::from(doc_len));
+    let causal_frac = (n + 1.0) / (2.0 * n);
+    let prefix_frac = causal_frac + p * (p - 1.0) / 2.0 / (n * n);
+    let doc_frac = (n / d) * d * (d + 1.0) / 2.0 / (n * n);
+    let prefix_lm = library::preset("prefix-lm").expect("a preset").intern();
+    let documents = library::preset("documents").expect("a preset").intern();
+    let with = |f: attn_dsl::flex::FlexRef| Masks {
+        flex: Some(f),
+        ..Masks::default()
+    };
+    let plain = |f: attn_dsl::flex::FlexRef| {
+        with(
+            Flex {
+                block_mask: false,
+                ..f.get()
+            }
+            .intern(),
+        )
+    };
+    let prefix_t = [("prefix", &prefix)];
+    let doc_t = [("doc", &doc)];
+    let forwards = [
+        MaskedForward {
+            what: "causal, built-in",
+            masks: Masks::new(true, false),
+            tensors: &[],
+            seg: None,
+            visible: causal_frac,
+        },
+        MaskedForward {
+            what: "prefix-LM, mask_mod, per pair",
+            masks: plain(prefix_lm),
+            tensors: &prefix_t,
+            seg: None,
+            visible: prefix_frac,
+        },
+        MaskedForward {
+            what: "prefix-LM, mask_mod, block mask",
+            masks: with(prefix_lm.with_block_mask()),
+            tensors: &prefix_t,
+            seg: None,
+            visible: prefix_frac,
+        },
+        MaskedForward {
+            what: "documents, built-in (causal + document)",
+            masks: Masks::new(true, true),
+            tensors: &[],
+            seg: Some(&seg),
+            visible: doc_frac,
+        },
+        MaskedForward {
+            what: "documents, mask_mod over ids, per pair",
+            masks: plain(documents),
+            tensors: &doc_t,
+            seg: None,
+            visible: doc_frac,
+        },
+        MaskedForward {
+            what: "documents, mask_mod over ids, block mask",
+            masks: with(documents),
+            tensors: &doc_t,
+            seg: None,
+            visible: doc_frac,
+        },
+    ];
+    let mut rows = Vec::new();
+    for f in forwards {
+        let flex = f.masks.flex.filter(|x| x.parsed().block_mask);
+        let mut made = None;
+        if let Some(flex) = flex {
+            let mut mask = crate::ops::block_mask::BlockMask::new(gpu, flex, 1, h.n_heads, seq)?;
+            let (t, ()) =
+                timing::time_recorded(gpu, warmup, runs, |enc| mask.record(gpu, enc, f.tensors))?;
+            rows.push(FlexRow {
+                what: "  its block mask, made on the device".to_string(),
+                ms: t.median_ms,
+                visible: f.visible,
+            });
+            made = Some(mask);
+        }
+        let spec = ForwardSpec {
+            head_dim: h.head_dim,
+            head_dim_v: h.head_dim,
+            masks: f.masks,
+            dtype,
+        };
+        let mut forward = Forward::new(gpu, spec)?;
+        let args = ForwardArgs {
+            seg: f.seg,
+            mods: DeviceModifiers {
+                flex: f.masks.flex.map(|modifiers| FlexOf {
+                    modifiers,
+                    tensors: f.tensors,
+                    block_mask: made.as_ref().map(|m| m.states()),
+                }),
+                ..DeviceModifiers::default()
+            },
+            ..ForwardArgs::new(&q, &k, &v, &o, &lse)
+        };
+        let (t, ()) =
+            timing::time_recorded(gpu, warmup, runs, |enc| forward.record(gpu, enc, &args))?;
+        let row = FlexRow {
+            what: f.what.to_string(),
+            ms: t.median_ms,
+            visible: f.visible,
+        };
+        // The forward's row before its mask's.
+        let at = rows.len() - usize::from(made.is_some());
+        rows.insert(at, row);
     }
     Ok(rows)
 }

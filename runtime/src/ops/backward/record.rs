@@ -403,7 +403,7 @@ fn check(
     expect(args.dq, "dq", &q, f32, ql)?;
     expect(args.dk, "dk", &kv, f32, kvl)?;
     expect(args.dv, "dv", &v, f32, vl)?;
-    args.mods.validate(abi, batch, seq, h.n_heads)?;
+    args.mods.validate(abi, batch, (seq, seq), h.n_heads)?;
     match (args.mods.bias, args.dbias) {
         (Some(b), Some(db)) => expect(db, "dbias", b.values.shape(), f32, "the bias's layout")?,
         (None, Some(_)) => {
