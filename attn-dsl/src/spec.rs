@@ -1073,9 +1073,13 @@ impl KernelSpec {
     /// for one and it skips tiles by a `mask_mod` that its key ranges do not hold exactly.
     pub fn reads_block_mask(&self) -> bool {
         // The tile loops: the flash schedules' and the split-K decode's (the per-row
-        // schedules test every pair of their key range).
+        // schedules test every pair of their key range). The tensor-core dK/dV half keeps
+        // its per-pair test: skipping its query blocks by a block mask gave dV = inf on the
+        // H200 (2026-11-30, the `documents` example, f16 and bf16), its dQ half and the
+        // other schedules exact.
         let reader = match self.op {
-            Op::Forward | Op::Extend | Op::BackwardQ | Op::BackwardKv => self.grid.flash.is_some(),
+            Op::BackwardKv => self.grid.flash.is_some() && !self.grid.uses_coop(),
+            Op::Forward | Op::Extend | Op::BackwardQ => self.grid.flash.is_some(),
             Op::DecodeSplit => true,
             _ => false,
         };

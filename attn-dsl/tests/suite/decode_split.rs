@@ -236,10 +236,10 @@ fn a_mask_mod_decode_skips_the_tiles_it_cannot_see() {
     let window = attn_dsl::compile(&split(64, 4, with(library::window_with_sinks(256, 4))))
         .expect("a window decode compiles");
     for step in [
-        "k_next = next_tile(t0 + KEY_TILE, hi, KEY_TILE, sv);",
-        "v_next = next_tile(t + PV_STEP, hi, PV_STEP, sv);",
+        "k_next = next_tile(t0 + KEY_TILE, hi, KEY_TILE, sv, wg_b);",
+        "v_next = next_tile(t + PV_STEP, hi, PV_STEP, sv, wg_b);",
         "sh_s[i] = vec4<f32>(NEG_BIG);",
-        "return mask_tile(q0, q1, k0, k1, sv.h.x).x;",
+        "return mask_tile(q0, q1, k0, k1, sv.h.x, b).x;",
     ] {
         assert!(window.wgsl.contains(step), "missing `{step}`");
     }
@@ -253,7 +253,7 @@ fn a_mask_mod_decode_skips_the_tiles_it_cannot_see() {
     assert!(
         heads
             .wgsl
-            .contains("seen = seen || mask_tile(q0, q1, k0, k1, sv.h[i]).x;")
+            .contains("seen = seen || mask_tile(q0, q1, k0, k1, sv.h[i], b).x;")
     );
     let plain = attn_dsl::compile(&split(64, 4, Masks::default())).expect("compiles");
     assert!(!plain.wgsl.contains("next_tile"));
