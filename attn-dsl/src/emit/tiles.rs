@@ -3,8 +3,10 @@
 //! so a query-major kernel's key loop steps from one tile that may hold a visible key to
 //! the next, and tiles that cannot are never loaded. The test is conservative (whatever
 //! the arithmetic cannot bound, a tensor read or a float, may be visible): a skipped tile
-//! is one where no pair can be visible. It reads only the tile's bounds and the head, which
-//! are the same for the whole workgroup, so the loops keep their barriers in uniform
+//! is one where no pair can be visible. Where the modifiers ask for a block mask made on
+//! the device, the answers are narrowed by its blocks (`block_tile`). It reads only the
+//! tile's bounds, the head and the sequence (`wg_b`, read once through workgroup memory),
+//! which are the same for the whole workgroup, so the loops keep their barriers in uniform
 //! control flow.
 
 use std::fmt::Write;
