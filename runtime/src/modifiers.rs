@@ -38,35 +38,51 @@ pub type DeviceBias<'a> = BiasOf<'a, Tensor>;
 /// [`attn_dsl::flex::Flex::intern`]ed) and the tensors they read, by declared name: host
 /// slices of f32 values (a `u32` tensor's values whole numbers) or device tensors of the
 /// declared element type and shape.
-pub struct FlexOf<'a, T: ?Sized> {
+pub struct FlexOf<'a, T: ?Sized + Values> {
     /// The modifiers, which must be the ones the kernel was built with.
     pub modifiers: FlexRef,
     /// A value for each declared tensor, by its declared name.
     pub tensors: &'a [(&'a str, &'a T)],
     /// The block mask of these modifiers over the call's shape, for kernels built to read
     /// one ([`attn_dsl::flex::Flex::block_mask`]); others ignore it.
-    pub block_mask: Option<&'a BlockMaskStates>,
+    pub block_mask: Option<&'a T::BlockMask>,
 }
 
-impl<T: ?Sized> Clone for FlexOf<'_, T> {
+/// What modifier values are held as, host slices (`[f32]`) or device tensors, and what a
+/// block mask is beside them: its states on the device, nothing on the host (the host-slice
+/// calls make their own), so that host values stay `Sync` where device handles are not.
+pub trait Values {
+    /// The block mask a kernel reading one takes with these values.
+    type BlockMask: ?Sized;
+}
+
+impl Values for [f32] {
+    type BlockMask = std::convert::Infallible;
+}
+
+impl Values for Tensor {
+    type BlockMask = BlockMaskStates;
+}
+
+impl<T: ?Sized + Values> Clone for FlexOf<'_, T> {
     fn clone(&self) -> Self {
         *self
     }
 }
 
-impl<T: ?Sized> Copy for FlexOf<'_, T> {}
+impl<T: ?Sized + Values> Copy for FlexOf<'_, T> {}
 
-impl<T: ?Sized + std::fmt::Debug> std::fmt::Debug for FlexOf<'_, T> {
+impl<T: ?Sized + Values + std::fmt::Debug> std::fmt::Debug for FlexOf<'_, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FlexOf")
             .field("modifiers", &self.modifiers)
             .field("tensors", &self.tensors)
-            .field("block_mask", &self.block_mask.map(|m| m.shape()))
+            .field("block_mask", &self.block_mask.is_some())
             .finish()
     }
 }
 
-impl<'a, T: ?Sized> FlexOf<'a, T> {
+impl<'a, T: ?Sized + Values> FlexOf<'a, T> {
     /// The values given for tensor `name`.
     pub fn tensor(&self, name: &str) -> Option<&'a T> {
         self.tensors
@@ -75,6 +91,36 @@ impl<'a, T: ?Sized> FlexOf<'a, T> {
             .map(|(_, t)| *t)
     }
 
+    /// Each declared tensor given once, nothing undeclared.
+    fn check_names(&self, kernel: &str, flex: &Flex) -> Result<(), InputError> {
+        let refuse = |message: String| {
+            Err(InputError::Flex {
+                kernel: kernel.to_string(),
+                message,
+            })
+        };
+        for (n, (name, _)) in self.tensors.iter().enumerate() {
+            if flex.tensor(name).is_none() {
+                return refuse(format!(
+                    "tensor `{name}` is not declared by the kernel's `tensors`"
+                ));
+            }
+            if self.tensors[..n].iter().any(|(m, _)| m == name) {
+                return refuse(format!("tensor `{name}` is given twice"));
+            }
+        }
+        if let Some(t) = flex.tensors.iter().find(|t| self.tensor(&t.name).is_none()) {
+            return refuse(format!(
+                "tensor `{}` ({}) is declared but not given",
+                t.name,
+                t.describe()
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl FlexOf<'_, Tensor> {
     /// A block mask given where `abi` reads one, made for its modifiers and this shape.
     fn check_block_mask(
         &self,
@@ -104,34 +150,6 @@ impl<'a, T: ?Sized> FlexOf<'a, T> {
             ),
             Some(_) => Ok(()),
         }
-    }
-
-    /// Each declared tensor given once, nothing undeclared.
-    fn check_names(&self, kernel: &str, flex: &Flex) -> Result<(), InputError> {
-        let refuse = |message: String| {
-            Err(InputError::Flex {
-                kernel: kernel.to_string(),
-                message,
-            })
-        };
-        for (n, (name, _)) in self.tensors.iter().enumerate() {
-            if flex.tensor(name).is_none() {
-                return refuse(format!(
-                    "tensor `{name}` is not declared by the kernel's `tensors`"
-                ));
-            }
-            if self.tensors[..n].iter().any(|(m, _)| m == name) {
-                return refuse(format!("tensor `{name}` is given twice"));
-            }
-        }
-        if let Some(t) = flex.tensors.iter().find(|t| self.tensor(&t.name).is_none()) {
-            return refuse(format!(
-                "tensor `{}` ({}) is declared but not given",
-                t.name,
-                t.describe()
-            ));
-        }
-        Ok(())
     }
 }
 
@@ -236,7 +254,7 @@ pub fn philox4x32_10(counter: [u32; 4], key: [u32; 2]) -> [u32; 4] {
 /// ALiBi slopes and the bias are host slices ([`Modifiers`], the host-slice API) or device
 /// tensors ([`DeviceModifiers`], the recording API).
 #[derive(Debug)]
-pub struct ModifiersOf<'a, T: ?Sized> {
+pub struct ModifiersOf<'a, T: ?Sized + Values> {
     /// Keys within this many positions of the query (`masks: [window]`).
     pub window: Option<u32>,
     /// ALiBi slopes, one per query head (`alibi`).
@@ -254,20 +272,20 @@ pub struct ModifiersOf<'a, T: ?Sized> {
     pub flex: Option<FlexOf<'a, T>>,
 }
 
-impl<T: ?Sized> Clone for ModifiersOf<'_, T> {
+impl<T: ?Sized + Values> Clone for ModifiersOf<'_, T> {
     fn clone(&self) -> Self {
         *self
     }
 }
 
-impl<T: ?Sized> Copy for ModifiersOf<'_, T> {}
+impl<T: ?Sized + Values> Copy for ModifiersOf<'_, T> {}
 
 /// Modifier values for the host-slice API.
 pub type Modifiers<'a> = ModifiersOf<'a, [f32]>;
 /// Modifier values for the recording API: slopes and bias on the device.
 pub type DeviceModifiers<'a> = ModifiersOf<'a, Tensor>;
 
-impl<T: ?Sized> Default for ModifiersOf<'_, T> {
+impl<T: ?Sized + Values> Default for ModifiersOf<'_, T> {
     fn default() -> Self {
         ModifiersOf {
             window: None,
@@ -520,7 +538,7 @@ pub(crate) fn scalar_name(s: Scalar) -> &'static str {
     }
 }
 
-impl<'a, T: ?Sized> ModifiersOf<'a, T> {
+impl<'a, T: ?Sized + Values> ModifiersOf<'a, T> {
     /// The values of a kernel built with user-written modifiers (`masks`: its
     /// `ABI.masks`, or the masks it was compiled from): the tensors they read by name.
     pub fn with_flex(masks: Masks, tensors: &'a [(&'a str, &'a T)]) -> Self {
@@ -535,7 +553,7 @@ impl<'a, T: ?Sized> ModifiersOf<'a, T> {
     }
 }
 
-impl<T: ?Sized> ModifiersOf<'_, T> {
+impl<T: ?Sized + Values> ModifiersOf<'_, T> {
     /// The kernels' masks for these modifiers, with the causal and document masks.
     pub fn masks(&self, causal: bool, document: bool) -> Masks {
         let masks = Modifier::ALL
