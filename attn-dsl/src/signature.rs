@@ -270,7 +270,8 @@ const MERGE: &[Tensor] = &[
 ];
 
 // One state per (sequence, head, query block, key block), sequences and heads collapsed to
-// one where the mask_mod does not read them; the mask_mod's tensors follow.
+// one where the mask_mod does not read them, each row followed by its block ranges (written
+// by atomics over a cleared buffer); the mask_mod's tensors follow.
 const BLOCK_MASK: &[Tensor] = &[t("block_mask", Output, U32, &[B, H, S, J]), DIMS];
 
 const DECODE: &[Tensor] = &[
@@ -865,6 +866,20 @@ pub fn uniform_block(op: Op, binding: &str) -> Option<UniformBlock> {
 }
 
 impl KernelSpec {
+    /// The kernel of `op: block_mask` for `flex`'s mask_mod: a workgroup of 256 per block,
+    /// the states stored and the ranges widened by atomics.
+    pub fn block_mask(name: &str, flex: crate::flex::FlexRef) -> KernelSpec {
+        let masks = Masks {
+            flex: Some(flex),
+            ..Masks::default()
+        };
+        KernelSpec {
+            writes: vec![("block_mask".into(), WriteMode::AtomicScatter)],
+            scatter: Scatter::Cas,
+            ..KernelSpec::standard(name, Op::BlockMask, 4, masks)
+        }
+    }
+
     /// The usual description of an op, for tests and tools: default grid for the op,
     /// 256 invocations, `webgpu` target, every output owned.
     /// Optional outputs (scratch, atomics) are left out.

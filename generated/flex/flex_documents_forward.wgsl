@@ -172,11 +172,31 @@ fn block_tile(q0: u32, q1: u32, k0: u32, k1: u32, h: u32, b: u32) -> vec2<bool> 
     var seen = vec2<bool>(false, false);
     for (var qb = q0 / MASK_BLOCK; qb <= q_end; qb = qb + 1u) {
         for (var kb = k0 / MASK_BLOCK; kb <= k_end; kb = kb + 1u) {
-            let state = block_mask[(base + qb) * n + kb];
+            let state = block_mask[(base + qb) * (n + 4u) + kb];
             seen = seen | vec2<bool>(state != BLOCK_EMPTY, state != BLOCK_FULL);
         }
     }
     return seen;
+}
+
+// A tile's range (x..y) narrowed to the blocks the block mask shows from its positions
+// p0..p1: word 0 after a block row's states holds the keys its queries see (n - first block,
+// last block + 1; 0, 0 for none), word 2 the queries that see its keys. Called by one
+// invocation (it reads `batch`); every head where the mask reads `h`.
+fn block_range(r: vec4<u32>, p0: u32, p1: u32, word: u32) -> vec4<u32> {
+    let n = (dims.seq_len + MASK_BLOCK - 1u) / MASK_BLOCK;
+    var lo = n;
+    var hi = 0u;
+    let m0 = batch * 1u;
+    for (var m = m0; m < m0 + 1u; m = m + 1u) {
+        for (var p = p0 / MASK_BLOCK; p <= min(p1 / MASK_BLOCK, n - 1u); p = p + 1u) {
+            let at = (m * n + p) * (n + 4u) + n + word;
+            lo = min(lo, n - block_mask[at]);
+            hi = max(hi, block_mask[at + 1u]);
+        }
+    }
+    let x = max(r.x, lo * MASK_BLOCK);
+    return vec4<u32>(x, max(x, min(r.y, hi * MASK_BLOCK)), r.z, r.w);
 }
 
 // The score of query `row` (head h) against key j from the raw dot product q·k (scaled,
@@ -300,7 +320,7 @@ fn put_kv(e: u32, x: vec4<f32>) {
 fn tile_key_range(row0: u32) -> vec4<u32> {
     let first = key_range(row0);
     let last = key_range(min(row0 + BR, dims.seq_len) - 1u);
-    return vec4<u32>(first.x, last.y, last.x, first.y);
+    return block_range(vec4<u32>(first.x, last.y, last.x, first.y), row0, min(row0 + BR, dims.seq_len) - 1u, 0u);
 }
 
 fn row_max(r: u32) -> f32 {

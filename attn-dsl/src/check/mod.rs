@@ -953,6 +953,9 @@ fn supported_mode(spec: &KernelSpec, tensor: &str) -> WriteMode {
             spec.write_mode(tensor).unwrap_or(WriteMode::Owned)
         }
         (Op::BackwardKv, "dq") => WriteMode::AtomicScatter,
+        // Each block's state is its workgroup's; its row's and column's ranges are widened
+        // by every block of them.
+        (Op::BlockMask, "block_mask") => WriteMode::AtomicScatter,
         _ => WriteMode::Owned,
     }
 }

@@ -2,8 +2,10 @@
 //! block of `MASK_BLOCK` query by `MASK_BLOCK` key positions of one of the mask's
 //! (sequence, head) pairs, evaluates the mask at every pair inside the sequence, and writes
 //! whether it hid them all (a block no tile loop visits), showed them all (a block whose
-//! pairs need no test) or some of each. The mask is the kernels' own `mask_mod` function,
-//! tensors and `b` included, so the blocks agree with the per-pair test by construction.
+//! pairs need no test) or some of each, and widens its row's range of shown keys and its
+//! column's range of shown queries, which narrow the kernels' tile ranges before their
+//! loops. The mask is the kernels' own `mask_mod` function, tensors and `b` included, so
+//! the blocks agree with the per-pair test by construction.
 
 use std::fmt::Write;
 
@@ -67,7 +69,19 @@ fn $name(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
         } else if (s == 3u) {
             state = BLOCK_PARTIAL;
         }
-        block_mask[(wg.z * dims.blocks + qb) * dims.blocks + kb] = state;
+        // A row of the mask: the blocks' states, then the keys its queries see (n - first
+        // block, last block + 1) and the queries that see its keys, each by atomicMax over
+        // a cleared buffer (0, 0: none).
+        let n = dims.blocks;
+        let row = (wg.z * n + qb) * (n + 4u);
+        let col = (wg.z * n + kb) * (n + 4u);
+        atomicStore(&block_mask[row + kb], state);
+        if (state != BLOCK_EMPTY) {
+            atomicMax(&block_mask[row + n], n - kb);
+            atomicMax(&block_mask[row + n + 1u], kb + 1u);
+            atomicMax(&block_mask[col + n + 2u], n - qb);
+            atomicMax(&block_mask[col + n + 3u], qb + 1u);
+        }
     }
 }
 "#,

@@ -111,6 +111,12 @@ pub(super) fn tile_key_range(out: &mut Wgsl, spec: &KernelSpec) {
     let end = super::index::tile_rows_end(spec);
     let first = super::index::row_at(spec, "row0", "0u").0;
     let last = super::index::row_at(spec, &format!("min(row0 + BR, {end}) - 1u"), "0u").0;
+    let range = "vec4<u32>(first.x, last.y, last.x, first.y)";
+    // Narrowed to the keys the block mask shows from the tile's query blocks.
+    let ret = match spec.reads_block_mask() {
+        true => format!("block_range({range}, {first}, {last}, 0u)"),
+        false => range.to_string(),
+    };
     let _ = write!(
         out,
         r#"// key_range is monotone in the row (document starts and ends never decrease, causal
@@ -118,7 +124,7 @@ pub(super) fn tile_key_range(out: &mut Wgsl, spec: &KernelSpec) {
 fn tile_key_range(row0: u32) -> vec4<u32> {{
     let first = key_range({first});
     let last = key_range({last});
-    return vec4<u32>(first.x, last.y, last.x, first.y);
+    return {ret};
 }}
 
 "#,

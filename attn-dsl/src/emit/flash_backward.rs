@@ -236,22 +236,29 @@ pub(super) fn backward_kv(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling) {
 /// all of it (`.zw`); `fetch_stats`/`put_stats`: (LSE, D) of a block of BC query rows;
 /// with a mask_mod, `next_block` (see [`super::tiles::block_functions`]).
 pub(super) fn query_tiles(out: &mut Wgsl, spec: &KernelSpec) {
-    out.push_str(QUERY_TILES);
+    let range = "vec4<u32>(first.x, last.y, last.x, first.y)";
+    // Narrowed to the queries the block mask shows from the tile's key blocks.
+    let ret = match spec.reads_block_mask() {
+        true => format!("block_range({range}, col0, min(col0 + BR, dims.seq_len) - 1u, 2u)"),
+        false => range.to_string(),
+    };
+    let _ = write!(
+        out,
+        "// query_range is monotone in the key (document starts and ends never decrease, causal\n\
+         // starts grow), so the first and last keys of the tile bound the queries that see any key\n\
+         // of it, and those in [last.x, first.y) see all of them.\n\
+         fn tile_query_range(col0: u32) -> vec4<u32> {{\n    \
+         let first = query_range(col0);\n    \
+         let last = query_range(min(col0 + BR, dims.seq_len) - 1u);\n    \
+         return {ret};\n}}\n\n"
+    );
+    out.push_str(STATS);
     if super::tiles::sparse(spec) {
         super::tiles::block_functions(out);
     }
 }
 
-const QUERY_TILES: &str = r#"// query_range is monotone in the key (document starts and ends never decrease, causal
-// starts grow), so the first and last keys of the tile bound the queries that see any key
-// of it, and those in [last.x, first.y) see all of them.
-fn tile_query_range(col0: u32) -> vec4<u32> {
-    let first = query_range(col0);
-    let last = query_range(min(col0 + BR, dims.seq_len) - 1u);
-    return vec4<u32>(first.x, last.y, last.x, first.y);
-}
-
-fn fetch_stats(s0: u32, h: u32, e: u32) -> vec2<f32> {
+const STATS: &str = r#"fn fetch_stats(s0: u32, h: u32, e: u32) -> vec2<f32> {
     let s = s0 + e;
     var x = vec2<f32>(0.0);
     if (e < BC && s < dims.seq_len) {

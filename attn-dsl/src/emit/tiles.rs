@@ -226,6 +226,7 @@ fn block_tile<S: Clone>(out: &mut impl Write, mask: &Expr<S>, seq: &str) {
     let b = pick("b", "b", "0u");
     let shared = pick("b", "var<workgroup> sh_batch: u32;\n\n", "");
     let (h, heads) = (pick("h", "h", "0u"), pick("h", "dims.n_heads", "1u"));
+    let first_mask = pick("b", &format!("batch * {heads}"), "0u");
     let _ = write!(
         out,
         r#"// The block mask's states, as `op: block_mask` writes them.
@@ -241,11 +242,31 @@ const MASK_BLOCK: u32 = {side}u;
     var seen = vec2<bool>(false, false);
     for (var qb = q0 / MASK_BLOCK; qb <= q_end; qb = qb + 1u) {{
         for (var kb = k0 / MASK_BLOCK; kb <= k_end; kb = kb + 1u) {{
-            let state = block_mask[(base + qb) * n + kb];
+            let state = block_mask[(base + qb) * (n + 4u) + kb];
             seen = seen | vec2<bool>(state != BLOCK_EMPTY, state != BLOCK_FULL);
         }}
     }}
     return seen;
+}}
+
+// A tile's range (x..y) narrowed to the blocks the block mask shows from its positions
+// p0..p1: word 0 after a block row's states holds the keys its queries see (n - first block,
+// last block + 1; 0, 0 for none), word 2 the queries that see its keys. Called by one
+// invocation (it reads `batch`); every head where the mask reads `h`.
+fn block_range(r: vec4<u32>, p0: u32, p1: u32, word: u32) -> vec4<u32> {{
+    let n = ({seq} + MASK_BLOCK - 1u) / MASK_BLOCK;
+    var lo = n;
+    var hi = 0u;
+    let m0 = {first_mask};
+    for (var m = m0; m < m0 + {heads}; m = m + 1u) {{
+        for (var p = p0 / MASK_BLOCK; p <= min(p1 / MASK_BLOCK, n - 1u); p = p + 1u) {{
+            let at = (m * n + p) * (n + 4u) + n + word;
+            lo = min(lo, n - block_mask[at]);
+            hi = max(hi, block_mask[at + 1u]);
+        }}
+    }}
+    let x = max(r.x, lo * MASK_BLOCK);
+    return vec4<u32>(x, max(x, min(r.y, hi * MASK_BLOCK)), r.z, r.w);
 }}
 
 "#,

@@ -60,13 +60,15 @@ impl Flex {
     }
 
     /// The shape of this `mask_mod`'s block mask over `positions` positions of `batch`
-    /// sequences of `heads` heads: `[batch or 1, heads or 1, blocks, blocks]`, a sequence
-    /// (head) axis only where the mask reads `b` (`h`); `None` without a mask_mod.
+    /// sequences of `heads` heads: `[batch or 1, heads or 1, blocks, blocks + 4]`, a
+    /// sequence (head) axis only where the mask reads `b` (`h`); a row holds a query
+    /// block's states, then the keys it sees and the queries that see the key block of the
+    /// row's index (each as `blocks - first, last + 1`); `None` without a mask_mod.
     pub fn block_mask_shape(&self, batch: u32, heads: u32, positions: u32) -> Option<[u32; 4]> {
         let mask = self.mask_mod.as_ref()?.inlined();
         let blocks = positions.div_ceil(MASK_BLOCK);
         let pick = |var: &str, n: u32| if mask.mentions(var) { n } else { 1 };
-        Some([pick("b", batch), pick("h", heads), blocks, blocks])
+        Some([pick("b", batch), pick("h", heads), blocks, blocks + 4])
     }
 
     /// The declared tensor `name`, `None` where no tensor has that name.

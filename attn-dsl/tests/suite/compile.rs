@@ -737,18 +737,7 @@ fn block_mask_modifiers_bind_the_mask_where_tiles_are_tested() {
             // prefix-lm reads `prefix[b]`: the tile test takes the workgroup's sequence.
             assert_eq!(abi.wgsl.contains("sh_batch = batch;"), reads, "{what}");
         }
-        let maker = KernelSpec {
-            workgroup_size: 256,
-            ..KernelSpec::standard(
-                "m",
-                Op::BlockMask,
-                4,
-                Masks {
-                    flex: Some(flex),
-                    ..Masks::default()
-                },
-            )
-        };
+        let maker = KernelSpec::block_mask("m", flex);
         let abi = attn_dsl::compile(&maker).unwrap_or_else(|e| panic!("{example} maker: {e}"));
         assert!(abi.wgsl.contains("fn mask_mod("), "{example}");
         assert_eq!(

@@ -7,7 +7,7 @@
 //! the mask's tensors change), passed with every call in `mods.flex`.
 
 use attn_dsl::flex::FlexRef;
-use attn_dsl::{KernelSpec, Masks, Op, Scalar};
+use attn_dsl::{KernelSpec, Scalar};
 
 use crate::device::Gpu;
 use crate::dispatch::kernel::Kernel;
@@ -53,23 +53,16 @@ impl BlockMask {
                 needs: "a mask_mod (the kernels' own)",
             })?;
         let blocks = u64::from(shape[2]);
-        let states = u64::from(shape[0]) * u64::from(shape[1]) * blocks * blocks;
-        if shape[0] * shape[1] > u16::MAX.into() || blocks > u16::MAX.into() {
+        let masks = u64::from(shape[0]) * u64::from(shape[1]);
+        if masks > u16::MAX.into() || blocks > u16::MAX.into() {
             return Err(InputError::OverLimit {
                 what: "block mask workgroups (a side of blocks, or sequences · heads)",
-                value: states,
+                value: masks.max(blocks),
                 limit: u16::MAX.into(),
             }
             .into());
         }
-        let masks = Masks {
-            flex: Some(flex),
-            ..Masks::default()
-        };
-        let spec = KernelSpec {
-            workgroup_size: 256,
-            ..KernelSpec::standard("attention_block_mask", Op::BlockMask, 4, masks)
-        };
+        let spec = KernelSpec::block_mask("attention_block_mask", flex);
         let abi = attn_dsl::compile(&spec).map_err(|e| Error::Pipeline {
             kernel: spec.name.clone(),
             message: e.to_string(),
@@ -108,6 +101,8 @@ impl BlockMask {
             let abi = self.pipeline.abi();
             mods.validate(abi, m.batch, (m.positions, m.positions), m.n_heads)?;
             let [mask_batch, mask_heads, blocks, _] = m.shape();
+            // The ranges are widened by atomics from nothing.
+            m.states.record_clear(rec.encoder());
             let mut d = Dispatch::new(mods.tensors().collect());
             d.tensors.push(("block_mask", &m.states));
             d.dims = vec![

@@ -47,25 +47,40 @@ fn each_state_is_what_the_mask_gives_its_blocks_pairs() {
     let flex = staggered().intern();
     let mut mask = BlockMask::new(&gpu, flex, BATCH, HEADS, POSITIONS).unwrap();
     let blocks = POSITIONS.div_ceil(MASK_BLOCK);
-    assert_eq!(mask.states().shape(), [BATCH, HEADS, blocks, blocks]);
+    assert_eq!(mask.states().shape(), [BATCH, HEADS, blocks, blocks + 4]);
     let mut encoder = gpu.device.create_command_encoder(&Default::default());
     mask.record(&gpu, &mut encoder, &[("prefix", &prefix)])
         .unwrap();
     gpu.queue.submit([encoder.finish()]);
     let got = mask.states().tensor().to_u32(&gpu).block_on().unwrap();
+    // Each row: its states, then (blocks - first, last + 1) of the key blocks it shows and
+    // of the query blocks that show the key block of its index.
     let mut want = Vec::new();
     for b in 0..BATCH {
         for h in 0..HEADS {
             for qb in 0..blocks {
-                for kb in 0..blocks {
-                    want.push(state(b, h, qb, kb));
-                }
+                let row: Vec<u32> = (0..blocks).map(|kb| state(b, h, qb, kb)).collect();
+                let col: Vec<u32> = (0..blocks).map(|x| state(b, h, x, qb)).collect();
+                want.extend(&row);
+                want.extend(shown(&row, blocks));
+                want.extend(shown(&col, blocks));
             }
         }
     }
     assert_eq!(got, want);
     assert!(want.contains(&BLOCK_EMPTY) && want.contains(&BLOCK_PARTIAL));
     assert!(want.contains(&BLOCK_FULL));
+}
+
+/// (blocks - first, last + 1) of the blocks not empty in `states`; (0, 0) where none is.
+fn shown(states: &[u32], blocks: u32) -> [u32; 2] {
+    let seen = |s: &&u32| **s != BLOCK_EMPTY;
+    let first = states.iter().position(|s| seen(&s));
+    let last = states.iter().rposition(|s| seen(&s));
+    match (first, last) {
+        (Some(f), Some(l)) => [blocks - f as u32, l as u32 + 1],
+        _ => [0, 0],
+    }
 }
 
 /// The state of block (qb, kb) of sequence b, head h, pair by pair.
