@@ -165,15 +165,16 @@ pub struct BlockMaskStates {
 }
 
 impl BlockMaskStates {
-    /// `[batch or 1, heads or 1, blocks, blocks]`: a sequence (head) axis only where the
-    /// mask reads `b` (`h`).
+    /// `[batch or 1, heads or 1, blocks, blocks + 4]`: a sequence (head) axis only where
+    /// the mask reads `b` (`h`) ([`attn_dsl::flex::Flex::block_mask_shape`]).
     pub fn shape(&self) -> [u32; 4] {
         let s = self.states.shape();
         [s[0], s[1], s[2], s[3]]
     }
 
-    /// The states ([`attn_dsl::flex::BLOCK_EMPTY`], `_PARTIAL`, `_FULL`), row-major in
-    /// [`BlockMaskStates::shape`]: what the kernels read.
+    /// Each query block's row of states ([`attn_dsl::flex::BLOCK_EMPTY`], `_PARTIAL`,
+    /// `_FULL`) and its ranges, row-major in [`BlockMaskStates::shape`]: what the kernels
+    /// read.
     pub fn tensor(&self) -> &Tensor {
         &self.states
     }
