@@ -547,8 +547,8 @@ const DKV_REDUCE: &[Tensor] = &[
     DIMS,
 ];
 
-// Compensated sums in lanes (per lane part 0 the sum, part 1 its rounding errors) and the
-// gradient they add to.
+// Rows to add (compensated sums in lanes: per lane part 0 the sum, part 1 its rounding
+// errors; or one partial sum per part) and the gradient they add to.
 const GRAD_FOLD: &[Tensor] = &[
     t("pair", Input, F32, &[Slice, Part, R]),
     t("grad", Output, F32, &[R]),
@@ -803,8 +803,8 @@ pub fn dims(op: Op) -> UniformBlock {
             "_pad0",
             "_pad1",
         ],
-        // elements of the gradient, and the lanes of the compensated sums.
-        Op::GradFold => &["len", "lanes", "_pad0", "_pad1"],
+        // elements of the gradient, and the rows of `len` stacked in `pair`.
+        Op::GradFold => &["len", "parts", "_pad0", "_pad1"],
         // rows of width4 vec4s each; their maxima land at dst[at + row].
         Op::RowScale => &["rows", "width4", "at", "_pad0"],
         // c = a·b over [m, k] by [k, n], the reduction in `split` parts.

@@ -119,9 +119,10 @@ pub enum Op {
     /// The sinks' gradient, `dsinks[h] += −Σ_rows e^(sinks[h] − LSE)·D` with D = dO·O,
     /// summed over every row and sequence of head h by one workgroup (owned, no atomics).
     SinkGrad,
-    /// Adds compensated sums into a gradient: `grad[i] += Σ_lanes pair[l, 0, i] + pair[l,
-    /// 1, i]`, the sums and their rounding errors that a backward scattered by atomics (a
-    /// modifier tensor's gradient), one owner per element.
+    /// Adds stacked rows into a gradient, one owner per element, in order with TwoSum:
+    /// `grad[i] += Σ_p pair[p, i]`. The rows are the compensated sums (and their rounding
+    /// errors) that a backward scattered by atomics (a modifier tensor's gradient), or
+    /// partial gradients made elsewhere (`runtime::ops::sum`).
     GradFold,
     /// Each row's largest magnitude of a bf16 tensor (its f32 bits), from which the
     /// tensor-core backward takes the power of two that scales the row into f16.

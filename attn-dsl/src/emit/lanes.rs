@@ -62,10 +62,11 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups:
     );
 }
 
-/// `grad_fold`: compensated sums in lanes (`[lanes, 2, len]`: each lane's sum, then its
-/// errors) added into the gradient, one element per step of a grid-stride loop; the lanes
-/// joined in order with TwoSum, so the total keeps their double-f32 precision until the
-/// one rounding into the gradient.
+/// `grad_fold`: `parts` stacked rows of `len` values (a backward's compensated sums in
+/// lanes, `[lanes, 2, len]`: each lane's sum, then its errors; or partial sums made
+/// elsewhere, one per device) added into the gradient, one element per step of a
+/// grid-stride loop; the parts joined in order with TwoSum, so the total keeps double-f32
+/// precision until the one rounding into the gradient.
 pub(super) fn fold(out: &mut Wgsl, spec: &KernelSpec) {
     out.need(&[super::numerics::Helper::TwoSumErr4]);
     let _ = write!(
@@ -75,7 +76,7 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups:
     for (var i = wg.x * WG + tid; i < dims.len; i = i + groups.x * WG) {{
         var s = grad[i];
         var c = 0.0;
-        for (var at = i; at < 2u * dims.lanes * dims.len; at = at + dims.len) {{
+        for (var at = i; at < dims.parts * dims.len; at = at + dims.len) {{
             let t = s + pair[at];
             c = c + two_sum_err4(vec4<f32>(s), vec4<f32>(pair[at]), vec4<f32>(t)).x;
             s = t;

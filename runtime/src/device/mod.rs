@@ -249,6 +249,20 @@ impl Gpu {
     pub async fn new<'a>(
         kernels: impl IntoIterator<Item = &'a KernelAbi>,
     ) -> Result<Gpu, DeviceError> {
+        let mut gpus = Gpu::several(1, kernels).await?;
+        Ok(gpus.pop().expect("one device asked for"))
+    }
+
+    /// `count` devices, for work spread over several GPUs of one host (one sequence's keys
+    /// over two GPUs, say): one on each adapter of the kind [`Gpu::new`] would pick (the
+    /// discrete GPUs where there are any), in the order the backend lists them. Where
+    /// fewer adapters of that kind meet what `kernels` need than `count`, they are taken
+    /// again in turn: two devices on one adapter are independent (their own queues and
+    /// memory) but share its hardware, so they test the work's split, not its speed.
+    pub async fn several<'a>(
+        count: usize,
+        kernels: impl IntoIterator<Item = &'a KernelAbi>,
+    ) -> Result<Vec<Gpu>, DeviceError> {
         let requirements = Requirements::of(kernels);
         let backends = wgpu::Backends::from_env().unwrap_or(wgpu::Backends::PRIMARY);
         let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
@@ -258,20 +272,32 @@ impl Gpu {
         let mut adapters = instance.enumerate_adapters(backends).await;
         adapters.sort_by_key(|a| rank(a.get_info().device_type));
         let mut refusal = None;
+        let mut fit = Vec::new();
         for adapter in adapters {
+            let kind = rank(adapter.get_info().device_type);
+            if fit.first().is_some_and(|(first, _): &(wgpu::Adapter, _)| {
+                rank(first.get_info().device_type) != kind
+            }) {
+                break;
+            }
             match requirements.limits(&adapter) {
-                Ok(limits) => {
-                    let gpu = request(adapter, limits).await?;
-                    #[cfg(not(target_arch = "wasm32"))]
-                    let gpu = gpu.with_pipeline_cache(pipeline_cache::dir_from_env().as_deref());
-                    return Ok(gpu);
-                }
+                Ok(limits) => fit.push((adapter, limits)),
                 Err(e) => refusal = refusal.or(Some(e)),
             }
         }
-        Err(refusal.unwrap_or(DeviceError::NoAdapter {
-            backends: format!("{backends:?}"),
-        }))
+        if fit.is_empty() {
+            return Err(refusal.unwrap_or(DeviceError::NoAdapter {
+                backends: format!("{backends:?}"),
+            }));
+        }
+        let mut gpus = Vec::with_capacity(count);
+        for (adapter, limits) in fit.iter().cycle().take(count) {
+            let gpu = request(adapter.clone(), limits.clone()).await?;
+            #[cfg(not(target_arch = "wasm32"))]
+            let gpu = gpu.with_pipeline_cache(pipeline_cache::dir_from_env().as_deref());
+            gpus.push(gpu);
+        }
+        Ok(gpus)
     }
 
     /// The runtime on the caller's own device (a Burn or Bevy app's, an inference

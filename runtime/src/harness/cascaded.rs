@@ -8,7 +8,6 @@ use pollster::FutureExt as BlockOn;
 use crate::device::Gpu;
 use crate::error::Error;
 use crate::harness::cases::page_cache;
-use crate::harness::merged::host_merge;
 use crate::host::buffers::{round_to, rounded};
 use crate::modifiers::Modifiers;
 use crate::ops::cascade::{Cascade, CascadeArgs};
@@ -225,7 +224,7 @@ fn references(
         let o_parts: Vec<Vec<f32>> = parts.iter().map(|a| rounded(&a.o, scalar)).collect();
         let lse_parts: Vec<Vec<f32>> = parts.into_iter().map(|a| a.lse).collect();
         let dv = h.head_dim_v as usize;
-        let (o, lse) = host_merge(
+        let (o, lse) = reference::merge_states(
             &o_parts,
             &lse_parts,
             dv,

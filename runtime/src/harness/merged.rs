@@ -155,53 +155,9 @@ fn merged(
     merge.record(gpu, &mut encoder, &args)?;
     gpu.queue.submit([encoder.finish()]);
     let (got_o, got_lse) = (o.to_f32(gpu).block_on()?, lse.to_f32(gpu).block_on()?);
-    let (host_o, host_lse) = host_merge(&o_parts, &lse_parts, d, h, p.mods.sinks);
+    let (host_o, host_lse) = reference::merge_states(&o_parts, &lse_parts, d, h, p.mods.sinks);
     Ok(vec![
         ("o", judge(&got_o, &whole.o, &rounded(&host_o, scalar))),
         ("lse", judge(&got_lse, &whole.lse, &host_lse)),
     ])
-}
-
-/// The merge in f32 on the host, row by row: each part weighs e^(LSE_i − M), M the largest
-/// finite LSE (or sink); a part with a non-finite LSE holds no key and weighs nothing.
-pub(crate) fn host_merge(
-    o_parts: &[Vec<f32>],
-    lse_parts: &[Vec<f32>],
-    d: usize,
-    heads: usize,
-    sinks: Option<&[f32]>,
-) -> (Vec<f32>, Vec<f32>) {
-    let rows = lse_parts[0].len();
-    let mut o = vec![0.0f32; rows * d];
-    let mut lse = vec![f32::INFINITY; rows];
-    for r in 0..rows {
-        let sink = sinks.map(|s| s[r % heads]);
-        let lses: Vec<f32> = lse_parts
-            .iter()
-            .map(|l| l[r])
-            .filter(|x| x.is_finite())
-            .collect();
-        let m = lses
-            .iter()
-            .chain(&sink)
-            .fold(f32::NEG_INFINITY, |a, b| a.max(*b));
-        if m == f32::NEG_INFINITY {
-            continue;
-        }
-        let mut sum = 0.0f32;
-        for (part, l) in o_parts.iter().zip(lse_parts) {
-            if !l[r].is_finite() {
-                continue;
-            }
-            let w = (l[r] - m).exp();
-            sum += w;
-            for c in 0..d {
-                o[r * d + c] += w * part[r * d + c];
-            }
-        }
-        let denominator = sum + sink.map_or(0.0, |s| (s - m).exp());
-        o[r * d..][..d].iter_mut().for_each(|x| *x /= denominator);
-        lse[r] = m + denominator.ln();
-    }
-    (o, lse)
 }

@@ -17,6 +17,7 @@ pub mod linear;
 pub mod merge;
 pub mod rope;
 pub(crate) mod row_max;
+pub mod sum;
 
 use attn_dsl::{KernelAbi, KernelSpec, Scalar};
 

@@ -851,6 +851,51 @@ pub fn rope<T: Float>(
     out
 }
 
+/// Attention states merged in f32, row by row (the host's [`crate::ops::merge::Merge`]):
+/// `o_parts[p]` rows of `d`, `lse_parts[p]` one per row, `heads` query heads per position; each part weighs e^(LSE_i − M), M the largest
+/// finite LSE (or sink); a part with a non-finite LSE holds no key and weighs nothing.
+pub fn merge_states(
+    o_parts: &[Vec<f32>],
+    lse_parts: &[Vec<f32>],
+    d: usize,
+    heads: usize,
+    sinks: Option<&[f32]>,
+) -> (Vec<f32>, Vec<f32>) {
+    let rows = lse_parts[0].len();
+    let mut o = vec![0.0f32; rows * d];
+    let mut lse = vec![f32::INFINITY; rows];
+    for r in 0..rows {
+        let sink = sinks.map(|s| s[r % heads]);
+        let lses: Vec<f32> = lse_parts
+            .iter()
+            .map(|l| l[r])
+            .filter(|x| x.is_finite())
+            .collect();
+        let m = lses
+            .iter()
+            .chain(&sink)
+            .fold(f32::NEG_INFINITY, |a, b| a.max(*b));
+        if m == f32::NEG_INFINITY {
+            continue;
+        }
+        let mut sum = 0.0f32;
+        for (part, l) in o_parts.iter().zip(lse_parts) {
+            if !l[r].is_finite() {
+                continue;
+            }
+            let w = (l[r] - m).exp();
+            sum += w;
+            for c in 0..d {
+                o[r * d + c] += w * part[r * d + c];
+            }
+        }
+        let denominator = sum + sink.map_or(0.0, |s| (s - m).exp());
+        o[r * d..][..d].iter_mut().for_each(|x| *x /= denominator);
+        lse[r] = m + denominator.ln();
+    }
+    (o, lse)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -23,4 +23,5 @@ mod non_finite;
 mod npy_fuzz;
 mod parity_tool;
 mod properties;
+mod sum;
 mod tool_refusals;

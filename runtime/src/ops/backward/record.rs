@@ -334,7 +334,7 @@ impl Backward {
             for ((_, grad), (pair, lanes)) in args.flex_grads.iter().zip(&pairs) {
                 let fold = Dispatch {
                     tensors: vec![("pair", pair), ("grad", grad)],
-                    dims: vec![("len", grad.len() as u32), ("lanes", *lanes)],
+                    dims: vec![("len", grad.len() as u32), ("parts", 2 * *lanes)],
                     params: Vec::new(),
                 };
                 let fold_pipeline = self.scratch.fold(gpu)?;
