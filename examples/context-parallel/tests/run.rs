@@ -79,7 +79,10 @@ fn a_sequence_that_does_not_cut_into_aligned_chunks_is_refused_naming_the_flag()
         ..config(2, Dtype::F32, true)
     };
     let e = run(&c).unwrap_err().to_string();
-    assert!(e.contains("--seq 500") && e.contains("multiple of 256"), "{e}");
+    assert!(
+        e.contains("--seq 500") && e.contains("multiple of 256"),
+        "{e}"
+    );
     let c = Config {
         devices: 0,
         ..config(2, Dtype::F32, true)
