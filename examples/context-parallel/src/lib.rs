@@ -8,28 +8,25 @@
 //! keys; the partial dQs travel to device 0 and `Sum` adds them. The same work on one
 //! GPU runs beside it, and both are judged against the f64 reference by `check`'s rule.
 
+pub mod one;
 pub mod plan;
 pub mod shard;
+pub mod split;
 pub mod transfer;
 pub mod verify;
 
-use std::time::Instant;
-
 use anyhow::{Context, Result, anyhow, bail};
-use attn_dsl::{Dtype, Masks, Scalar};
+use attn_dsl::{Dtype, Scalar};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use runtime::host::buffers::rounded;
-use runtime::ops::backward::{BackwardArgs, BackwardSpec};
-use runtime::ops::forward::{Forward, ForwardArgs, ForwardSpec};
-use runtime::ops::merge::{Merge, MergeArgs, MergeSpec};
-use runtime::ops::sum::{Sum, SumArgs};
 use runtime::verify::compare::Verdict;
 use runtime::verify::reference::Problem;
-use runtime::{Backward, Gpu, Heads, Tensor, kernels};
+use runtime::{Gpu, Heads, Tensor, kernels};
 
+use one::Whole;
 use plan::Plan;
-use shard::{Shard, Tensors, filled, part, rows};
-use transfer::Route;
+use shard::Tensors;
+use split::{Mode, Split};
 use verify::{Inputs, Outputs};
 
 #[derive(Clone, Debug)]
@@ -58,9 +55,12 @@ pub enum Check {
     Full,
 }
 
-/// Wall milliseconds of one step over several devices, by phase (medians over the runs).
+/// Wall milliseconds of one step over several devices (medians over the runs): whole,
+/// and each phase alone (the phase model: the whole below their sum is their overlap).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Phases {
+    /// The step: blocks, transfers (overlapping them) and the merge or sum.
+    pub whole: f64,
     /// Every device's blocks, recorded and submitted together, until the last finished.
     pub compute: f64,
     /// States and gradients between devices through the host, until written.
@@ -69,12 +69,6 @@ pub struct Phases {
     pub combine: f64,
     /// Bytes moved between devices.
     pub bytes: u64,
-}
-
-impl Phases {
-    pub fn total(&self) -> f64 {
-        self.compute + self.transfer + self.combine
-    }
 }
 
 #[derive(Clone, Debug)]
@@ -145,11 +139,11 @@ pub fn check(c: &Config) -> Result<()> {
 pub const CHUNK_ROWS: u32 = 64;
 
 /// Host copies of the inputs, rounded to the dtype as the devices hold them.
-struct Host {
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    d_o: Vec<f32>,
+pub struct Host {
+    pub q: Vec<f32>,
+    pub k: Vec<f32>,
+    pub v: Vec<f32>,
+    pub d_o: Vec<f32>,
 }
 
 fn draw(c: &Config) -> Host {
@@ -173,63 +167,11 @@ fn draw(c: &Config) -> Host {
     }
 }
 
-fn wait(gpu: &Gpu) -> Result<()> {
+pub(crate) fn wait(gpu: &Gpu) -> Result<()> {
     gpu.device
         .poll(wgpu::PollType::wait_indefinitely())
         .map_err(|e| anyhow!("waiting for {}: {e}", gpu.describe()))?;
     Ok(())
-}
-
-/// Records `f` into a fresh encoder on `gpu` and submits it.
-fn submit(gpu: &Gpu, f: impl FnOnce(&mut wgpu::CommandEncoder) -> Result<()>) -> Result<()> {
-    let mut enc = gpu.device.create_command_encoder(&Default::default());
-    f(&mut enc)?;
-    gpu.queue.submit([enc.finish()]);
-    Ok(())
-}
-
-fn ms(t: Instant) -> f64 {
-    t.elapsed().as_secs_f64() * 1e3
-}
-
-fn median(mut x: Vec<f64>) -> f64 {
-    x.sort_by(f64::total_cmp);
-    x[x.len() / 2]
-}
-
-/// The sequence's tensors on one device: the whole sequence for the one-GPU run.
-struct Whole {
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    d_o: Tensor,
-    o: Tensor,
-    lse: Tensor,
-    dq: Tensor,
-    dk: Tensor,
-    dv: Tensor,
-}
-
-fn upload(gpu: &Gpu, c: &Config, host: &Host) -> Result<Whole> {
-    let h = c.heads;
-    let data = Scalar::from(c.dtype);
-    let (qs, ks) = (
-        [1, c.seq, h.n_heads, h.head_dim],
-        [1, c.seq, h.n_kv_heads, h.head_dim],
-    );
-    let up = |shape: &[u32], x: &[f32]| Tensor::from_f32(gpu, shape, data, x);
-    let zeros = |shape: &[u32], s| Tensor::zeros(gpu, shape, s);
-    Ok(Whole {
-        q: up(&qs, &host.q)?,
-        k: up(&ks, &host.k)?,
-        v: up(&ks, &host.v)?,
-        d_o: up(&qs, &host.d_o)?,
-        o: zeros(&qs, data)?,
-        lse: zeros(&qs[..3], Scalar::F32)?,
-        dq: zeros(&qs, Scalar::F32)?,
-        dk: zeros(&ks, Scalar::F32)?,
-        dv: zeros(&ks, Scalar::F32)?,
-    })
 }
 
 /// Key chunk `key`'s rows of a `[seq, width]` host tensor.
@@ -238,8 +180,7 @@ fn chunk_of<'a>(x: &'a [f32], plan: &Plan, key: usize, width: usize) -> &'a [f32
     &x[key * m * width..][..m * width]
 }
 
-/// Device `d`'s tensors: `whole`'s Q and dO on device 0, fresh copies elsewhere; the
-/// parts stacked by key chunk on device 0 (where they are merged) and by slot elsewhere.
+/// Device `d`'s tensors: `whole`'s Q and dO on device 0, fresh copies elsewhere.
 fn shard_tensors(
     gpu: &Gpu,
     d: usize,
@@ -262,10 +203,6 @@ fn shard_tensors(
             .collect();
         Ok(Tensor::from_f32(gpu, &ks, data, &rows)?)
     };
-    let parts = match d {
-        0 => plan.chunks() as u32,
-        _ => 2,
-    };
     let qs = [1, n, h.n_heads, h.head_dim];
     let (q, d_o, o, lse) = match d {
         0 => (
@@ -286,76 +223,12 @@ fn shard_tensors(
         k: held(&host.k)?,
         v: held(&host.v)?,
         d_o,
-        o_parts: Tensor::zeros(gpu, &[parts, 1, n, h.n_heads, h.head_dim], data)?,
-        // A part's rows its keys do not show (before the chunk, under a causal mask) are
-        // never written: their LSE weighs nothing in the merge.
-        lse_parts: filled(
-            gpu,
-            &[parts, 1, n, h.n_heads],
-            Scalar::F32,
-            f32::NEG_INFINITY,
-        )?,
         o,
         lse,
         dq: Tensor::zeros(gpu, &qs, Scalar::F32)?,
         dk: Tensor::zeros(gpu, &ks, Scalar::F32)?,
         dv: Tensor::zeros(gpu, &ks, Scalar::F32)?,
     })
-}
-
-/// What device 0 runs beside its shard: the merge, the sum, and the one-GPU op.
-struct Lead {
-    merge: Merge,
-    sum: Sum,
-    /// The other devices' partial dQ, `[devices − 1, 1, seq, n_heads, head_dim]` f32.
-    dq_parts: Option<Tensor>,
-    forward: Forward,
-    backward: Backward,
-    whole: Whole,
-    routes: Routes,
-}
-
-/// What travels between devices: the parts to device 0, the merged O and LSE back to
-/// every device, the partial dQs to device 0.
-#[derive(Default)]
-struct Routes {
-    parts: Vec<Route>,
-    merged: Vec<Route>,
-    dq: Vec<Route>,
-}
-
-fn routes(plan: &Plan, shards: &[Shard], dq_parts: Option<&Tensor>) -> Result<Routes> {
-    let gpus: Vec<&Gpu> = shards.iter().map(|s| &s.gpu).collect();
-    let (lead, others) = shards.split_first().expect("one device at least");
-    let g0 = &lead.gpu;
-    let mut r = Routes::default();
-    for sh in others {
-        let g = &sh.gpu;
-        let mut items = Vec::new();
-        for (slot, key) in plan.owned(sh.device).into_iter().enumerate() {
-            let shown = plan.shown(key);
-            let first = shown.start as u32 * plan.chunk;
-            let count = shown.len() as u32 * plan.chunk;
-            for (local, global) in [
-                (&sh.t.o_parts, &lead.t.o_parts),
-                (&sh.t.lse_parts, &lead.t.lse_parts),
-            ] {
-                let src = rows(g, &part(g, local, slot)?, first, count)?;
-                items.push((src, rows(g0, &part(g0, global, key)?, first, count)?));
-            }
-        }
-        r.parts.push(Route::new(&gpus, sh.device, 0, items));
-        let back = vec![
-            (lead.t.o.clone(), sh.t.o.clone()),
-            (lead.t.lse.clone(), sh.t.lse.clone()),
-        ];
-        r.merged.push(Route::new(&gpus, 0, sh.device, back));
-        if let Some(dq_parts) = dq_parts {
-            let to = part(g0, dq_parts, sh.device - 1)?;
-            r.dq.push(Route::new(&gpus, sh.device, 0, vec![(sh.t.dq.clone(), to)]));
-        }
-    }
-    Ok(r)
 }
 
 pub fn run(c: &Config) -> Result<Report> {
@@ -378,60 +251,47 @@ pub fn run(c: &Config) -> Result<Report> {
     }
     let adapters = gpus.iter().map(|g| g.describe()).collect();
     let host = draw(c);
-    let (mut shards, mut lead) = build(gpus, c, &plan, &host)?;
-    let mut times = Times::default();
+    let mut whole = Whole::new(&gpus[0], c, &host)?;
+    let tensors = gpus
+        .iter()
+        .enumerate()
+        .map(|(d, gpu)| shard_tensors(gpu, d, c, &plan, &host, &whole))
+        .collect::<Result<Vec<_>>>()?;
+    let mut split = Split::new(gpus, plan, (c.dtype, c.heads), tensors)?;
+    let mut steps = Vec::new();
     for run in 0..=c.runs {
-        let t = step(c, &mut shards, &mut lead)?;
+        let s = step(c, &mut split, &mut whole)?;
         if run > 0 {
-            times.push(t);
+            steps.push(s);
         }
     }
-    let (split, one) = read_back(c, &plan, &shards, &lead)?;
-    let verdicts = judge(c, &plan, &host, &split, &one);
+    let (got, one) = read_back(c, &plan, &split, &whole)?;
+    let verdicts = judge(c, &plan, &host, &got, &one);
     let dkv_difference = (c.backward && matches!(c.check, Check::Rows(_)))
-        .then(|| verify::relative(&split.dk, &one.dk).max(verify::relative(&split.dv, &one.dv)));
+        .then(|| verify::relative(&got.dk, &one.dk).max(verify::relative(&got.dv, &one.dv)));
+    let med = |f: &dyn Fn(&Step) -> f64| median(steps.iter().map(f).collect());
+    let phases = |f: &dyn Fn(&Step) -> Phases| Phases {
+        whole: med(&|s| f(s).whole),
+        compute: med(&|s| f(s).compute),
+        transfer: med(&|s| f(s).transfer),
+        combine: med(&|s| f(s).combine),
+        bytes: f(&steps[0]).bytes,
+    };
     Ok(Report {
         adapters,
         plan,
         pairs: (0..c.devices).map(|d| plan.pairs(d)).collect(),
-        one: times.one(),
-        forward: times.forward(),
-        backward: times.backward(),
+        one: (med(&|s| s.one.0), c.backward.then(|| med(&|s| s.one.1))),
+        forward: phases(&|s| s.forward),
+        backward: c.backward.then(|| phases(&|s| s.backward)),
         verdicts,
         dkv_difference,
     })
 }
 
-fn build(gpus: Vec<Gpu>, c: &Config, plan: &Plan, host: &Host) -> Result<(Vec<Shard>, Lead)> {
-    let h = c.heads;
-    let masks = Masks::new(c.causal, false);
-    let gpu0 = &gpus[0];
-    let whole = upload(gpu0, c, host)?;
-    let mut lead = Lead {
-        merge: Merge::new(gpu0, MergeSpec::new(h.head_dim, c.dtype))?,
-        sum: Sum::new(),
-        dq_parts: (c.devices > 1)
-            .then(|| {
-                Tensor::zeros(
-                    gpu0,
-                    &[c.devices as u32 - 1, 1, c.seq, h.n_heads, h.head_dim],
-                    Scalar::F32,
-                )
-            })
-            .transpose()?,
-        forward: Forward::new(gpu0, ForwardSpec::new(h.head_dim, masks, c.dtype))?,
-        backward: Backward::new(gpu0, BackwardSpec::new(h.head_dim, masks, c.dtype))?,
-        whole,
-        routes: Routes::default(),
-    };
-    let mut shards = Vec::new();
-    for (d, gpu) in gpus.into_iter().enumerate() {
-        let t = shard_tensors(&gpu, d, c, plan, host, &lead.whole)?;
-        let part_of = move |b: &plan::Block| if d == 0 { b.key } else { b.slot };
-        shards.push(Shard::new(gpu, d, plan, c.dtype, h, t, part_of)?);
-    }
-    lead.routes = routes(plan, &shards, lead.dq_parts.as_ref())?;
-    Ok((shards, lead))
+fn median(mut x: Vec<f64>) -> f64 {
+    x.sort_by(f64::total_cmp);
+    x[x.len() / 2]
 }
 
 /// One run's wall times: one GPU's forward and backward, the split's phases.
@@ -442,181 +302,35 @@ struct Step {
     backward: Phases,
 }
 
-#[derive(Default)]
-struct Times {
-    steps: Vec<Step>,
+/// The phases alone, then the whole step (whose outputs are the ones read back).
+fn phases(mut run: impl FnMut(Mode) -> Result<(f64, u64)>) -> Result<Phases> {
+    let (compute, _) = run(Mode::Compute)?;
+    let (transfer, bytes) = run(Mode::Transfer)?;
+    let (combine, _) = run(Mode::Combine)?;
+    let (whole, _) = run(Mode::Whole)?;
+    Ok(Phases {
+        whole,
+        compute,
+        transfer,
+        combine,
+        bytes,
+    })
 }
 
-impl Times {
-    fn push(&mut self, s: Step) {
-        self.steps.push(s);
-    }
-
-    fn med(&self, f: impl Fn(&Step) -> f64) -> f64 {
-        median(self.steps.iter().map(f).collect())
-    }
-
-    fn phases(&self, f: impl Fn(&Step) -> Phases) -> Phases {
-        Phases {
-            compute: self.med(|s| f(s).compute),
-            transfer: self.med(|s| f(s).transfer),
-            combine: self.med(|s| f(s).combine),
-            bytes: self.steps.first().map_or(0, |s| f(s).bytes),
-        }
-    }
-
-    fn one(&self) -> (f64, Option<f64>) {
-        let b = self.med(|s| s.one.1);
-        (self.med(|s| s.one.0), (b > 0.0).then_some(b))
-    }
-
-    fn forward(&self) -> Phases {
-        self.phases(|s| s.forward)
-    }
-
-    fn backward(&self) -> Option<Phases> {
-        let b = self.phases(|s| s.backward);
-        (b.compute > 0.0).then_some(b)
-    }
-}
-
-fn step(c: &Config, shards: &mut [Shard], lead: &mut Lead) -> Result<Step> {
+fn step(c: &Config, split: &mut Split, whole: &mut Whole) -> Result<Step> {
+    let g0 = &split.shards[0].gpu;
     let mut s = Step {
-        one: one_gpu(c, &shards[0].gpu, lead)?,
+        one: (whole.forward(g0)?, 0.0),
         ..Step::default()
     };
-    s.forward = split_forward(shards, lead)?;
     if c.backward {
-        s.backward = split_backward(shards, lead)?;
+        s.one.1 = whole.backward(g0)?;
+    }
+    s.forward = phases(|m| split.forward(m))?;
+    if c.backward {
+        s.backward = phases(|m| split.backward(m))?;
     }
     Ok(s)
-}
-
-/// The forward (and backward) over the whole sequence on device 0: wall ms of each.
-fn one_gpu(c: &Config, gpu: &Gpu, lead: &mut Lead) -> Result<(f64, f64)> {
-    let w = &lead.whole;
-    let t = Instant::now();
-    submit(gpu, |enc| {
-        let args = ForwardArgs::new(&w.q, &w.k, &w.v, &w.o, &w.lse);
-        Ok(lead.forward.record(gpu, enc, &args)?)
-    })?;
-    wait(gpu)?;
-    let forward = ms(t);
-    if !c.backward {
-        return Ok((forward, 0.0));
-    }
-    let t = Instant::now();
-    submit(gpu, |enc| {
-        let args = BackwardArgs {
-            q: &w.q,
-            k: &w.k,
-            v: &w.v,
-            o: &w.o,
-            lse: &w.lse,
-            d_o: &w.d_o,
-            dq: &w.dq,
-            dk: &w.dk,
-            dv: &w.dv,
-            dbias: None,
-            dsinks: None,
-            flex_grads: &[],
-            seg: None,
-            scale: None,
-            mods: Default::default(),
-            accumulate: false,
-        };
-        lead.backward.record(gpu, enc, &args, None)?;
-        Ok(())
-    })?;
-    wait(gpu)?;
-    Ok((forward, ms(t)))
-}
-
-/// Every device's blocks, their parts carried to device 0, merged there.
-fn split_forward(shards: &mut [Shard], lead: &mut Lead) -> Result<Phases> {
-    let t = Instant::now();
-    for sh in shards.iter_mut() {
-        let gpu = sh.gpu.device.clone();
-        let mut enc = gpu.create_command_encoder(&Default::default());
-        sh.record_forward(&mut enc)?;
-        sh.gpu.queue.submit([enc.finish()]);
-    }
-    for sh in shards.iter() {
-        wait(&sh.gpu)?;
-    }
-    let compute = ms(t);
-    let t = Instant::now();
-    let gpus: Vec<&Gpu> = shards.iter().map(|s| &s.gpu).collect();
-    let bytes = transfer::carry(&gpus, &lead.routes.parts)?;
-    let transfer = ms(t);
-    let t = Instant::now();
-    let lead_shard = &shards[0];
-    let g0 = &lead_shard.gpu;
-    submit(g0, |enc| {
-        let args = MergeArgs {
-            o_parts: &lead_shard.t.o_parts,
-            lse_parts: &lead_shard.t.lse_parts,
-            o: &lead_shard.t.o,
-            lse: &lead_shard.t.lse,
-            sinks: None,
-        };
-        Ok(lead.merge.record(g0, enc, &args)?)
-    })?;
-    wait(g0)?;
-    Ok(Phases {
-        compute,
-        transfer,
-        combine: ms(t),
-        bytes,
-    })
-}
-
-/// The merged O and LSE sent to every device, every device's blocks' backward, the partial
-/// dQs carried to device 0 and summed there.
-fn split_backward(shards: &mut [Shard], lead: &mut Lead) -> Result<Phases> {
-    let t = Instant::now();
-    let gpus: Vec<&Gpu> = shards.iter().map(|s| &s.gpu).collect();
-    let mut bytes = transfer::carry(&gpus, &lead.routes.merged)?;
-    let mut transfer = ms(t);
-    let t = Instant::now();
-    for sh in shards.iter_mut() {
-        let device = sh.gpu.device.clone();
-        let mut enc = device.create_command_encoder(&Default::default());
-        sh.record_backward(&mut enc)?;
-        sh.gpu.queue.submit([enc.finish()]);
-    }
-    for sh in shards.iter() {
-        wait(&sh.gpu)?;
-    }
-    let compute = ms(t);
-    let Some(dq_parts) = &lead.dq_parts else {
-        return Ok(Phases {
-            compute,
-            transfer,
-            combine: 0.0,
-            bytes,
-        });
-    };
-    let t = Instant::now();
-    let gpus: Vec<&Gpu> = shards.iter().map(|s| &s.gpu).collect();
-    bytes += transfer::carry(&gpus, &lead.routes.dq)?;
-    transfer += ms(t);
-    let t = Instant::now();
-    let (lead_shard, g0) = (&shards[0], &shards[0].gpu);
-    submit(g0, |enc| {
-        let args = SumArgs {
-            parts: dq_parts,
-            into: &lead_shard.t.dq,
-        };
-        Ok(lead.sum.record(g0, enc, &args)?)
-    })?;
-    wait(g0)?;
-    Ok(Phases {
-        compute,
-        transfer,
-        combine: ms(t),
-        bytes,
-    })
 }
 
 fn read(gpu: &Gpu, t: &Tensor) -> Result<Vec<f32>> {
@@ -624,9 +338,9 @@ fn read(gpu: &Gpu, t: &Tensor) -> Result<Vec<f32>> {
 }
 
 /// The split's and one GPU's outputs, in sequence order.
-fn read_back(c: &Config, plan: &Plan, shards: &[Shard], lead: &Lead) -> Result<(Outputs, Outputs)> {
+fn read_back(c: &Config, plan: &Plan, split: &Split, w: &Whole) -> Result<(Outputs, Outputs)> {
+    let shards = &split.shards;
     let g0 = &shards[0].gpu;
-    let w = &lead.whole;
     let mut split = Outputs {
         o: read(g0, &shards[0].t.o)?,
         lse: read(g0, &shards[0].t.lse)?,

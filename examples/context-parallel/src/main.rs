@@ -96,12 +96,12 @@ fn main() -> ExitCode {
 fn row(what: &str, one: f64, p: &Phases) {
     println!(
         "{what:<9} {one:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.1} {:>7.2}x",
-        p.total(),
+        p.whole,
         p.compute,
         p.transfer,
         p.combine,
         p.bytes as f64 / 1e6,
-        one / p.total()
+        one / p.whole
     );
 }
 
@@ -123,8 +123,8 @@ fn print(c: &Config, r: &Report) -> Result<()> {
         println!("  device {d}: {a}, {} pairs per head", r.pairs[d]);
     }
     println!(
-        "wall ms   {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8}",
-        "one GPU", "split", "compute", "transfer", "combine", "MB moved", "speedup"
+        "wall ms   {:>9} {:>9} {:>29} {:>9} {:>8}",
+        "one GPU", "split", "alone: compute transfer combine", "MB moved", "speedup"
     );
     row("forward", r.one.0, &r.forward);
     if let (Some(one), Some(b)) = (r.one.1, &r.backward) {

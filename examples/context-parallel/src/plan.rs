@@ -43,7 +43,8 @@ impl Plan {
         key.min(self.chunks() - 1 - key)
     }
 
-    /// The blocks device `d` computes, slot by slot.
+    /// The blocks device `d` computes, by query chunk: a chunk's share of dQ is final
+    /// after its last block.
     pub fn blocks(&self, d: usize) -> Vec<Block> {
         let mut blocks = Vec::new();
         for (slot, key) in self.owned(d).into_iter().enumerate() {
@@ -57,15 +58,16 @@ impl Plan {
                 });
             }
         }
+        blocks.sort_by_key(|b| (b.query, b.slot));
         blocks
     }
 
-    /// The query chunks whose rows key chunk `key` shows: from `key` on under a causal
-    /// mask, all of them otherwise. What a device sends of that part.
-    pub fn shown(&self, key: usize) -> std::ops::Range<usize> {
+    /// The key chunks query chunk `query` sees: those before it and itself under a causal
+    /// mask, all of them otherwise.
+    pub fn seen(&self, query: usize) -> usize {
         match self.causal {
-            true => key..self.chunks(),
-            false => 0..self.chunks(),
+            true => query + 1,
+            false => self.chunks(),
         }
     }
 

@@ -3,7 +3,7 @@
 //! them and creates nothing.
 
 use anyhow::Result;
-use attn_dsl::{Dtype, Masks, Scalar};
+use attn_dsl::{Dtype, Masks};
 use runtime::dispatch::Recorder;
 use runtime::ops::backward::{BackwardArgs, BackwardSpec};
 use runtime::ops::forward::{Forward, ForwardArgs, ForwardSpec};
@@ -57,9 +57,6 @@ pub struct Tensors {
     pub k: Tensor,
     pub v: Tensor,
     pub d_o: Tensor,
-    /// Its blocks' O and LSE, by part: `[parts, 1, seq, n_heads, ..]`.
-    pub o_parts: Tensor,
-    pub lse_parts: Tensor,
     /// The merged O and LSE (the backward's input).
     pub o: Tensor,
     pub lse: Tensor,
@@ -90,29 +87,28 @@ fn masks(plan: &Plan) -> Vec<Masks> {
 }
 
 impl Shard {
-    /// Device `device`'s share; `tensors` hold its inputs, and its blocks write their part
-    /// of O and LSE at part `part_of(block)` of `tensors.o_parts`.
+    /// Device `device`'s share; `tensors` hold its inputs, and block `i` (of
+    /// [`Plan::blocks`]) writes its O and LSE into `outputs[i]` (`[1, chunk, n_heads, ..]`).
     pub fn new(
         gpu: Gpu,
         device: usize,
         plan: &Plan,
-        dtype: Dtype,
-        heads: Heads,
+        spec: (Dtype, Heads),
         t: Tensors,
-        part_of: impl Fn(&Block) -> usize,
+        outputs: Vec<(Tensor, Tensor)>,
     ) -> Result<Shard> {
+        let (dtype, heads) = spec;
         let m = plan.chunk;
         let mut views = Vec::new();
-        for block in plan.blocks(device) {
+        for (block, (o_part, lse_part)) in plan.blocks(device).into_iter().zip(outputs) {
             let (qr, kr) = (block.query as u32 * m, block.slot as u32 * m);
-            let p = part_of(&block);
             views.push(Views {
                 block,
                 q: rows(&gpu, &t.q, qr, m)?,
                 k: rows(&gpu, &t.k, kr, m)?,
                 v: rows(&gpu, &t.v, kr, m)?,
-                o_part: rows(&gpu, &part(&gpu, &t.o_parts, p)?, qr, m)?,
-                lse_part: rows(&gpu, &part(&gpu, &t.lse_parts, p)?, qr, m)?,
+                o_part,
+                lse_part,
                 o: rows(&gpu, &t.o, qr, m)?,
                 lse: rows(&gpu, &t.lse, qr, m)?,
                 d_o: rows(&gpu, &t.d_o, qr, m)?,
@@ -140,10 +136,19 @@ impl Shard {
         })
     }
 
-    /// Records every block's forward: its part of O and LSE.
-    pub fn record_forward(&mut self, encoder: &mut wgpu::CommandEncoder) -> Result<()> {
+    /// Its blocks, in the order they are recorded.
+    pub fn blocks(&self) -> impl Iterator<Item = &Block> {
+        self.views.iter().map(|v| &v.block)
+    }
+
+    /// Records the forward of blocks `range`: their parts of O and LSE.
+    pub fn record_forward(
+        &mut self,
+        encoder: &mut wgpu::CommandEncoder,
+        range: std::ops::Range<usize>,
+    ) -> Result<()> {
         let mut rec = Recorder::new(encoder);
-        for v in &self.views {
+        for v in &self.views[range] {
             let args = ForwardArgs::new(&v.q, &v.k, &v.v, &v.o_part, &v.lse_part);
             let op = &mut self.forward[usize::from(v.block.diagonal)];
             op.record(&self.gpu, &mut rec, &args)?;
@@ -151,14 +156,22 @@ impl Shard {
         Ok(())
     }
 
-    /// Records every block's backward from the merged O and LSE: its queries' share of
-    /// dQ and its keys' dK and dV, added up over the blocks (cleared first).
-    pub fn record_backward(&mut self, encoder: &mut wgpu::CommandEncoder) -> Result<()> {
+    /// Records the clearing of dQ, dK and dV, which the blocks' backward add into.
+    pub fn record_clear(&self, encoder: &mut wgpu::CommandEncoder) {
         for g in [&self.t.dq, &self.t.dk, &self.t.dv] {
             encoder.clear_buffer(g.buffer(), g.offset(), Some(g.bytes()));
         }
+    }
+
+    /// Records the backward of blocks `range` from the merged O and LSE: their queries'
+    /// share of dQ and their keys' dK and dV, added in.
+    pub fn record_backward(
+        &mut self,
+        encoder: &mut wgpu::CommandEncoder,
+        range: std::ops::Range<usize>,
+    ) -> Result<()> {
         let mut rec = Recorder::new(encoder);
-        for v in &self.views {
+        for v in &self.views[range] {
             let args = BackwardArgs {
                 q: &v.q,
                 k: &v.k,
@@ -182,10 +195,4 @@ impl Shard {
         }
         Ok(())
     }
-}
-
-/// A tensor of `shape` in `scalar` on `gpu`, every element `value`.
-pub fn filled(gpu: &Gpu, shape: &[u32], scalar: Scalar, value: f32) -> Result<Tensor> {
-    let len: usize = shape.iter().map(|x| *x as usize).product();
-    Ok(Tensor::from_f32(gpu, shape, scalar, &vec![value; len])?)
 }

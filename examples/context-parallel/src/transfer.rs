@@ -1,9 +1,12 @@
 //! Tensors carried between devices. wgpu devices share no memory, so bytes go through the
-//! host: the source copies its tensors into a staging buffer it can map for reading, the
-//! host copies that into a staging buffer the destination maps for writing, and the
-//! destination copies it into its tensors. The staging buffers are made once per route;
-//! the host's copy runs on several threads (one thread copies a few GB/s; the PCIe link
-//! carries more).
+//! host: the source copies its tensors into a staging buffer it maps for reading, the host
+//! copies that into a staging buffer the destination keeps mapped for writing, and the
+//! destination copies it into its tensors. The staging buffers are made once per route, so
+//! a step allocates nothing; a route's copy out is recorded where its source's tensors are
+//! final, so that the host carries one route while the source computes the next.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Result, anyhow};
 use runtime::{Gpu, Tensor};
@@ -15,6 +18,21 @@ pub struct Route {
     items: Vec<(Tensor, Tensor, u64)>,
     read: wgpu::Buffer,
     write: wgpu::Buffer,
+    /// Whether `write` is mapped (it is mapped again as soon as its bytes are copied in).
+    writable: Arc<AtomicBool>,
+    /// The destination's submission that last read `write`.
+    landed: Option<wgpu::SubmissionIndex>,
+}
+
+fn wait(gpu: &Gpu, index: Option<wgpu::SubmissionIndex>) -> Result<()> {
+    let poll = wgpu::PollType::Wait {
+        submission_index: index,
+        timeout: None,
+    };
+    gpu.device
+        .poll(poll)
+        .map_err(|e| anyhow!("waiting for {}: {e}", gpu.describe()))?;
+    Ok(())
 }
 
 impl Route {
@@ -30,21 +48,23 @@ impl Route {
                 placed
             })
             .collect();
-        let staging = |gpu: &Gpu, usage| {
+        let staging = |gpu: &Gpu, usage, mapped_at_creation| {
             gpu.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("transfer staging"),
                 size: at.max(wgpu::MAP_ALIGNMENT),
                 usage,
-                mapped_at_creation: false,
+                mapped_at_creation,
             })
         };
         use wgpu::BufferUsages as U;
         Route {
             from,
             to,
-            read: staging(gpus[from], U::MAP_READ | U::COPY_DST),
-            write: staging(gpus[to], U::MAP_WRITE | U::COPY_SRC),
+            read: staging(gpus[from], U::MAP_READ | U::COPY_DST, false),
+            write: staging(gpus[to], U::MAP_WRITE | U::COPY_SRC, true),
             items,
+            writable: Arc::new(AtomicBool::new(true)),
+            landed: None,
         }
     }
 
@@ -52,74 +72,70 @@ impl Route {
     pub fn bytes(&self) -> u64 {
         self.items.iter().map(|(s, _, _)| s.bytes()).sum()
     }
+
+    /// Records the copy of the sources into the read staging, on the source's encoder,
+    /// after what makes them.
+    pub fn record_out(&self, enc: &mut wgpu::CommandEncoder) {
+        for (src, _, at) in &self.items {
+            enc.copy_buffer_to_buffer(src.buffer(), src.offset(), &self.read, *at, src.bytes());
+        }
+    }
+
+    /// Once the source's submission `out` (which holds [`Route::record_out`]) has run:
+    /// the bytes through the host into the destination's tensors (submitted, not waited
+    /// for).
+    pub fn land(&mut self, gpus: &[&Gpu], out: wgpu::SubmissionIndex) -> Result<()> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.read.map_async(wgpu::MapMode::Read, .., move |r| {
+            let _ = tx.send(r);
+        });
+        wait(gpus[self.from], Some(out))?;
+        rx.recv()
+            .map_err(|_| anyhow!("a staging buffer's map was dropped"))?
+            .map_err(|e| anyhow!("mapping a staging buffer: {e}"))?;
+        if !self.writable.load(Ordering::Acquire) {
+            wait(gpus[self.to], self.landed.clone())?;
+        }
+        {
+            let src = self.read.get_mapped_range(..).map_err(|e| anyhow!("{e}"))?;
+            let mut dst = self
+                .write
+                .get_mapped_range_mut(..)
+                .map_err(|e| anyhow!("{e}"))?;
+            dst.copy_from_slice(&src);
+        }
+        self.read.unmap();
+        self.write.unmap();
+        self.writable.store(false, Ordering::Release);
+        let gpu = gpus[self.to];
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        for (_, dst, at) in &self.items {
+            enc.copy_buffer_to_buffer(&self.write, *at, dst.buffer(), dst.offset(), dst.bytes());
+        }
+        self.landed = Some(gpu.queue.submit([enc.finish()]));
+        let writable = self.writable.clone();
+        self.write.map_async(wgpu::MapMode::Write, .., move |r| {
+            writable.store(r.is_ok(), Ordering::Release);
+        });
+        Ok(())
+    }
 }
 
-fn wait(gpu: &Gpu) -> Result<()> {
-    gpu.device
-        .poll(wgpu::PollType::wait_indefinitely())
-        .map_err(|e| anyhow!("waiting for {}: {e}", gpu.describe()))?;
-    Ok(())
-}
-
-/// Carries every route, all in step (the sources copy out together, the destinations copy
-/// in together), and waits for the destinations; returns the bytes carried.
-pub fn carry(gpus: &[&Gpu], routes: &[Route]) -> Result<u64> {
-    for r in routes {
+/// Carries every route with nothing else running: each source copies out, then each is
+/// landed in turn; waits for the destinations. Returns the bytes carried.
+pub fn carry(gpus: &[&Gpu], routes: &mut [Route]) -> Result<u64> {
+    let mut outs = Vec::new();
+    for r in routes.iter() {
         let gpu = gpus[r.from];
         let mut enc = gpu.device.create_command_encoder(&Default::default());
-        for (src, _, at) in &r.items {
-            enc.copy_buffer_to_buffer(src.buffer(), src.offset(), &r.read, *at, src.bytes());
-        }
-        gpu.queue.submit([enc.finish()]);
+        r.record_out(&mut enc);
+        outs.push(gpu.queue.submit([enc.finish()]));
     }
-    let (tx, rx) = std::sync::mpsc::channel();
-    for r in routes {
-        for (buffer, mode) in [
-            (&r.read, wgpu::MapMode::Read),
-            (&r.write, wgpu::MapMode::Write),
-        ] {
-            let tx = tx.clone();
-            buffer.map_async(mode, .., move |res| {
-                let _ = tx.send(res);
-            });
-        }
+    for (r, out) in routes.iter_mut().zip(outs) {
+        r.land(gpus, out)?;
     }
-    drop(tx);
-    for r in routes {
-        wait(gpus[r.from])?;
-        wait(gpus[r.to])?;
-    }
-    for res in rx.iter() {
-        res.map_err(|e| anyhow!("mapping a staging buffer: {e}"))?;
-    }
-    for r in routes {
-        copy_mapped(r)?;
-    }
-    for r in routes {
-        let gpu = gpus[r.to];
-        let mut enc = gpu.device.create_command_encoder(&Default::default());
-        for (_, dst, at) in &r.items {
-            enc.copy_buffer_to_buffer(&r.write, *at, dst.buffer(), dst.offset(), dst.bytes());
-        }
-        gpu.queue.submit([enc.finish()]);
-    }
-    for r in routes {
-        wait(gpus[r.to])?;
+    for r in routes.iter() {
+        wait(gpus[r.to], None)?;
     }
     Ok(routes.iter().map(Route::bytes).sum())
-}
-
-/// The read staging's bytes into the write staging's; both unmapped after.
-fn copy_mapped(r: &Route) -> Result<()> {
-    {
-        let src = r.read.get_mapped_range(..).map_err(|e| anyhow!("{e}"))?;
-        let mut dst = r
-            .write
-            .get_mapped_range_mut(..)
-            .map_err(|e| anyhow!("{e}"))?;
-        dst.copy_from_slice(&src);
-    }
-    r.read.unmap();
-    r.write.unmap();
-    Ok(())
 }
