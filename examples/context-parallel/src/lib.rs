@@ -258,79 +258,81 @@ pub fn run(c: &Config) -> Result<Report> {
         .map(|(d, gpu)| shard_tensors(gpu, d, c, &plan, &host, &whole))
         .collect::<Result<Vec<_>>>()?;
     let mut split = Split::new(gpus, plan, (c.dtype, c.heads), tensors)?;
-    let mut steps = Vec::new();
-    for run in 0..=c.runs {
-        let s = step(c, &mut split, &mut whole)?;
-        if run > 0 {
-            steps.push(s);
-        }
-    }
+    let t = timed(c, &mut split, &mut whole)?;
     let (got, one) = read_back(c, &plan, &split, &whole)?;
     let verdicts = judge(c, &plan, &host, &got, &one);
     let dkv_difference = (c.backward && matches!(c.check, Check::Rows(_)))
         .then(|| verify::relative(&got.dk, &one.dk).max(verify::relative(&got.dv, &one.dv)));
-    let med = |f: &dyn Fn(&Step) -> f64| median(steps.iter().map(f).collect());
-    let phases = |f: &dyn Fn(&Step) -> Phases| Phases {
-        whole: med(&|s| f(s).whole),
-        compute: med(&|s| f(s).compute),
-        transfer: med(&|s| f(s).transfer),
-        combine: med(&|s| f(s).combine),
-        bytes: f(&steps[0]).bytes,
-    };
     Ok(Report {
         adapters,
         plan,
         pairs: (0..c.devices).map(|d| plan.pairs(d)).collect(),
-        one: (med(&|s| s.one.0), c.backward.then(|| med(&|s| s.one.1))),
-        forward: phases(&|s| s.forward),
-        backward: c.backward.then(|| phases(&|s| s.backward)),
+        one: (t.one.0, c.backward.then_some(t.one.1)),
+        forward: t.forward,
+        backward: c.backward.then_some(t.backward),
         verdicts,
         dkv_difference,
     })
 }
 
-fn median(mut x: Vec<f64>) -> f64 {
-    x.sort_by(f64::total_cmp);
-    x[x.len() / 2]
-}
-
-/// One run's wall times: one GPU's forward and backward, the split's phases.
+/// Wall times, medians: one GPU's forward and backward, the split's phases.
 #[derive(Clone, Copy, Debug, Default)]
-struct Step {
+struct Times {
     one: (f64, f64),
     forward: Phases,
     backward: Phases,
 }
 
-/// The phases alone, then the whole step (whose outputs are the ones read back).
-fn phases(mut run: impl FnMut(Mode) -> Result<(f64, u64)>) -> Result<Phases> {
-    let (compute, _) = run(Mode::Compute)?;
-    let (transfer, bytes) = run(Mode::Transfer)?;
-    let (combine, _) = run(Mode::Combine)?;
-    let (whole, _) = run(Mode::Whole)?;
-    Ok(Phases {
-        whole,
-        compute,
-        transfer,
-        combine,
-        bytes,
-    })
+/// `f` run `runs` times after an untimed first: the median wall ms, and the bytes of a run.
+fn median_of(runs: u32, mut f: impl FnMut() -> Result<(f64, u64)>) -> Result<(f64, u64)> {
+    let mut times = Vec::new();
+    let mut bytes = 0;
+    for run in 0..=runs {
+        let (ms, b) = f()?;
+        if run > 0 {
+            times.push(ms);
+        }
+        bytes = b;
+    }
+    times.sort_by(f64::total_cmp);
+    Ok((times[times.len() / 2], bytes))
 }
 
-fn step(c: &Config, split: &mut Split, whole: &mut Whole) -> Result<Step> {
+/// Each kind of run back to back: the split whole (whose merged O and LSE the phases
+/// alone start from), each phase alone, one untimed split whole whose outputs are read
+/// back (a sum alone adds into dQ each time), then one GPU. A device left idle through the other's runs starts its next
+/// run slowly (an H200 idle for the seconds of a 128k-row backward on the other took
+/// about twice as long for its share's forward), so no kind of run follows a long idle.
+fn timed(c: &Config, split: &mut Split, whole: &mut Whole) -> Result<Times> {
+    let mut t = Times::default();
+    for mode in [Mode::Whole, Mode::Compute, Mode::Transfer, Mode::Combine] {
+        let (f, fb) = median_of(c.runs, || split.forward(mode))?;
+        let (b, bb) = match c.backward {
+            true => median_of(c.runs, || split.backward(mode))?,
+            false => (0.0, 0),
+        };
+        let set = |p: &mut Phases, ms: f64| match mode {
+            Mode::Compute => p.compute = ms,
+            Mode::Transfer => p.transfer = ms,
+            Mode::Combine => p.combine = ms,
+            Mode::Whole => p.whole = ms,
+        };
+        set(&mut t.forward, f);
+        set(&mut t.backward, b);
+        if mode == Mode::Whole {
+            (t.forward.bytes, t.backward.bytes) = (fb, bb);
+        }
+    }
+    split.forward(Mode::Whole)?;
+    if c.backward {
+        split.backward(Mode::Whole)?;
+    }
     let g0 = &split.shards[0].gpu;
-    let mut s = Step {
-        one: (whole.forward(g0)?, 0.0),
-        ..Step::default()
-    };
+    t.one.0 = median_of(c.runs, || Ok((whole.forward(g0)?, 0)))?.0;
     if c.backward {
-        s.one.1 = whole.backward(g0)?;
+        t.one.1 = median_of(c.runs, || Ok((whole.backward(g0)?, 0)))?.0;
     }
-    s.forward = phases(|m| split.forward(m))?;
-    if c.backward {
-        s.backward = phases(|m| split.backward(m))?;
-    }
-    Ok(s)
+    Ok(t)
 }
 
 fn read(gpu: &Gpu, t: &Tensor) -> Result<Vec<f32>> {
