@@ -61,6 +61,21 @@ fn exp_f32(x: f32) -> f32 {
     return fma(p, e * 0.6931471806, p);
 }
 
+// x, through a select the compiler cannot decide (the walked length is nonzero in every
+// dispatch that runs, but unknown at compile time), so that it cannot simplify an
+// error-free transformation away: Mesa rewrites (a + b) - a as b, which zeroes TwoSum.
+fn opaque4(x: vec4<f32>) -> vec4<f32> {
+    return select(vec4<f32>(0.0), x, dims.seq_len != 0u);
+}
+
+// The rounding error of t = a + b (Knuth's TwoSum): a + b == t + two_sum_err4(a, b, t).
+fn two_sum_err4(a: vec4<f32>, b: vec4<f32>, t: vec4<f32>) -> vec4<f32> {
+    let to = opaque4(t);
+    let bp = opaque4(to - a);
+    let ap = opaque4(to - bp);
+    return (a - ap) + (b - bp);
+}
+
 // Flash tiling: BR query rows per workgroup, BC keys per staged block; row groups of
 // TX invocations, TM rows each.
 const BR: u32 = 16u;
@@ -294,6 +309,7 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
     }
     var m_0 = NEG_BIG;
     var l_0 = 0.0;
+    var lc_0 = 0.0;
     var acc_0_0 = vec4<f32>(0.0);
     var acc_0_1 = vec4<f32>(0.0);
     var acc_0_2 = vec4<f32>(0.0);
@@ -349,7 +365,10 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
         m_0 = mn_0;
         let p_0_0 = select(0.0, exp_f32(s_0_0 - mn_0), v_0_0);
         sh_p[(g * TM + 0u) * PSTRIDE + tx + 0u * TX] = dropped(row_0, h, j_0, p_0_0);
-        l_0 = l_0 * c_0 + p_0_0;
+        let ps_0 = p_0_0;
+        let lr_0 = l_0 * c_0;
+        l_0 = lr_0 + ps_0;
+        lc_0 = fma(lc_0, c_0, two_sum_err4(vec4<f32>(lr_0), vec4<f32>(ps_0), vec4<f32>(l_0)).x);
         acc_0_0 = acc_0_0 * c_0;
         acc_0_1 = acc_0_1 * c_0;
         acc_0_2 = acc_0_2 * c_0;
@@ -437,7 +456,7 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
         }
     }
     workgroupBarrier();
-    var lt_0 = l_0;
+    var lt_0 = l_0 + lc_0;
     sh_red[(g * TM + 0u) * TX + tx] = lt_0;
     workgroupBarrier();
     lt_0 = row_sum(g * TM + 0u);

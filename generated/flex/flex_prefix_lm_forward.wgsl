@@ -58,6 +58,21 @@ fn exp_f32(x: f32) -> f32 {
     return fma(p, e * 0.6931471806, p);
 }
 
+// x, through a select the compiler cannot decide (the walked length is nonzero in every
+// dispatch that runs, but unknown at compile time), so that it cannot simplify an
+// error-free transformation away: Mesa rewrites (a + b) - a as b, which zeroes TwoSum.
+fn opaque4(x: vec4<f32>) -> vec4<f32> {
+    return select(vec4<f32>(0.0), x, dims.seq_len != 0u);
+}
+
+// The rounding error of t = a + b (Knuth's TwoSum): a + b == t + two_sum_err4(a, b, t).
+fn two_sum_err4(a: vec4<f32>, b: vec4<f32>, t: vec4<f32>) -> vec4<f32> {
+    let to = opaque4(t);
+    let bp = opaque4(to - a);
+    let ap = opaque4(to - bp);
+    return (a - ap) + (b - bp);
+}
+
 // Flash tiling: BR query rows per workgroup, BC keys per staged block; row groups of
 // TX invocations, TM rows each.
 const BR: u32 = 16u;
@@ -311,6 +326,7 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
     }
     var m_0 = NEG_BIG;
     var l_0 = 0.0;
+    var lc_0 = 0.0;
     var acc_0_0 = vec4<f32>(0.0);
     let row_1 = row0 + g * TM + 1u;
     var lo_1 = 0u;
@@ -322,6 +338,7 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
     }
     var m_1 = NEG_BIG;
     var l_1 = 0.0;
+    var lc_1 = 0.0;
     var acc_1_0 = vec4<f32>(0.0);
     let row_2 = row0 + g * TM + 2u;
     var lo_2 = 0u;
@@ -333,6 +350,7 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
     }
     var m_2 = NEG_BIG;
     var l_2 = 0.0;
+    var lc_2 = 0.0;
     var acc_2_0 = vec4<f32>(0.0);
     let row_3 = row0 + g * TM + 3u;
     var lo_3 = 0u;
@@ -344,6 +362,7 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
     }
     var m_3 = NEG_BIG;
     var l_3 = 0.0;
+    var lc_3 = 0.0;
     var acc_3_0 = vec4<f32>(0.0);
     let range = workgroupUniformLoad(&sh_range);
     let kt_end = (range.y + BC - 1u) / BC;
@@ -479,7 +498,10 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
         sh_p[(g * TM + 0u) * PSTRIDE + tx + 0u * TX] = dropped(row_0, h, j_0, p_0_0);
         let p_0_1 = select(0.0, exp_f32(s_0_1 - mn_0), v_0_1);
         sh_p[(g * TM + 0u) * PSTRIDE + tx + 1u * TX] = dropped(row_0, h, j_1, p_0_1);
-        l_0 = l_0 * c_0 + p_0_0 + p_0_1;
+        let ps_0 = p_0_0 + p_0_1;
+        let lr_0 = l_0 * c_0;
+        l_0 = lr_0 + ps_0;
+        lc_0 = fma(lc_0, c_0, two_sum_err4(vec4<f32>(lr_0), vec4<f32>(ps_0), vec4<f32>(l_0)).x);
         acc_0_0 = acc_0_0 * c_0;
         let mn_1 = max(m_1, rm_1);
         let c_1 = exp_f32(m_1 - mn_1);
@@ -488,7 +510,10 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
         sh_p[(g * TM + 1u) * PSTRIDE + tx + 0u * TX] = dropped(row_1, h, j_0, p_1_0);
         let p_1_1 = select(0.0, exp_f32(s_1_1 - mn_1), v_1_1);
         sh_p[(g * TM + 1u) * PSTRIDE + tx + 1u * TX] = dropped(row_1, h, j_1, p_1_1);
-        l_1 = l_1 * c_1 + p_1_0 + p_1_1;
+        let ps_1 = p_1_0 + p_1_1;
+        let lr_1 = l_1 * c_1;
+        l_1 = lr_1 + ps_1;
+        lc_1 = fma(lc_1, c_1, two_sum_err4(vec4<f32>(lr_1), vec4<f32>(ps_1), vec4<f32>(l_1)).x);
         acc_1_0 = acc_1_0 * c_1;
         let mn_2 = max(m_2, rm_2);
         let c_2 = exp_f32(m_2 - mn_2);
@@ -497,7 +522,10 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
         sh_p[(g * TM + 2u) * PSTRIDE + tx + 0u * TX] = dropped(row_2, h, j_0, p_2_0);
         let p_2_1 = select(0.0, exp_f32(s_2_1 - mn_2), v_2_1);
         sh_p[(g * TM + 2u) * PSTRIDE + tx + 1u * TX] = dropped(row_2, h, j_1, p_2_1);
-        l_2 = l_2 * c_2 + p_2_0 + p_2_1;
+        let ps_2 = p_2_0 + p_2_1;
+        let lr_2 = l_2 * c_2;
+        l_2 = lr_2 + ps_2;
+        lc_2 = fma(lc_2, c_2, two_sum_err4(vec4<f32>(lr_2), vec4<f32>(ps_2), vec4<f32>(l_2)).x);
         acc_2_0 = acc_2_0 * c_2;
         let mn_3 = max(m_3, rm_3);
         let c_3 = exp_f32(m_3 - mn_3);
@@ -506,7 +534,10 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
         sh_p[(g * TM + 3u) * PSTRIDE + tx + 0u * TX] = dropped(row_3, h, j_0, p_3_0);
         let p_3_1 = select(0.0, exp_f32(s_3_1 - mn_3), v_3_1);
         sh_p[(g * TM + 3u) * PSTRIDE + tx + 1u * TX] = dropped(row_3, h, j_1, p_3_1);
-        l_3 = l_3 * c_3 + p_3_0 + p_3_1;
+        let ps_3 = p_3_0 + p_3_1;
+        let lr_3 = l_3 * c_3;
+        l_3 = lr_3 + ps_3;
+        lc_3 = fma(lc_3, c_3, two_sum_err4(vec4<f32>(lr_3), vec4<f32>(ps_3), vec4<f32>(l_3)).x);
         acc_3_0 = acc_3_0 * c_3;
         put_kv(tid + 0u * WG, pf_0);
         put_kv(tid + 1u * WG, pf_1);
@@ -567,10 +598,10 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
         }
     }
     workgroupBarrier();
-    var lt_0 = l_0;
-    var lt_1 = l_1;
-    var lt_2 = l_2;
-    var lt_3 = l_3;
+    var lt_0 = l_0 + lc_0;
+    var lt_1 = l_1 + lc_1;
+    var lt_2 = l_2 + lc_2;
+    var lt_3 = l_3 + lc_3;
     sh_red[(g * TM + 0u) * TX + tx] = lt_0;
     sh_red[(g * TM + 1u) * TX + tx] = lt_1;
     sh_red[(g * TM + 2u) * TX + tx] = lt_2;

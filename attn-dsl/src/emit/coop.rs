@@ -457,7 +457,7 @@ fn body(out: &mut Wgsl, spec: &crate::KernelSpec, t: &CoopTiling, keep: Phases) 
         "    let r = sg * {rows}u + lane / {lanes}u;\n    let row = row0 + r;\n{at}    \
          let k0 = lane % {lanes}u;\n    var lo = 0u;\n    var hi = 0u;\n    \
          if (row < {end}) {{\n        let range = key_range({pos});\n        \
-         lo = range.x;\n        hi = range.y;\n    }}\n    var m = NEG_BIG;\n    var l = 0.0;\n{scaled}    \
+         lo = range.x;\n        hi = range.y;\n    }}\n    var m = NEG_BIG;\n    var l = 0.0;\n    var lc = 0.0;\n{scaled}    \
          // The row of P·V's fragments this invocation rescales and stores.\n    \
          let pr = rg * {FRAG}u + lane / 2u;\n    \
          let range = workgroupUniformLoad(&sh_range);\n    \
@@ -492,9 +492,9 @@ fn body(out: &mut Wgsl, spec: &crate::KernelSpec, t: &CoopTiling, keep: Phases) 
     }
     b.push_str("    }\n");
     finish(&mut b, spec, t, (lanes, who));
-    // `softmax` exponentiates.
+    // `softmax` exponentiates and compensates l.
     let helpers: &[Helper] = match keep.softmax {
-        true => &[Helper::Exp],
+        true => &[Helper::Exp, Helper::TwoSumErr4],
         false => &[],
     };
     out.put(Fragment::new(b, helpers));
@@ -821,17 +821,23 @@ fn weights(b: &mut String, keys: u32, (row, h): (&str, &str)) {
          // O holds nothing to rescale before the row's first visible key.\n        \
          let rescales = moved && m != NEG_BIG;\n        \
          let mn = select(m, rm, moved);\n        let c = exp_f32(m - mn);\n        m = mn;\n        \
-         l = l * c;\n        if (rescales) {\n            \
+         if (rescales) {\n            \
          atomicStore(&sh_rescale, 1u);\n        }\n        \
          if (k0 == 0u) {\n            sh_c[r] = c;\n        }\n        let ml = m * LOG2E;\n",
     );
     for c in 0..keys {
         let _ = writeln!(
             b,
-            "        let p_{c} = select(0.0, exp2(fma(s_{c}, LOG2E, -ml)), v_{c});\n        l = l + p_{c};\n        \
+            "        let p_{c} = select(0.0, exp2(fma(s_{c}, LOG2E, -ml)), v_{c});\n        \
              sh_p[r * PS + x_{c}] = f16(dropped({row}, {h}, j_{c}, p_{c}));",
         );
     }
+    let _ = writeln!(b, "{}", super::flash::row_sum_step("", "c", &pairwise_of("p", keys)));
+}
+
+/// `{v}_0 + {v}_1 + ..` over `keys` values, summed pairwise.
+fn pairwise_of(v: &str, keys: u32) -> String {
+    pairwise(&(0..keys).map(|c| format!("{v}_{c}")).collect::<Vec<_>>())
 }
 
 /// With bf16 operands (see `coop_scale`): l follows the max of S in registers, block by
@@ -839,7 +845,7 @@ fn weights(b: &mut String, keys: u32, (row, h): (&str, &str)) {
 /// lazy max `mo`, whose moves rescale O.
 fn scaled_weights(b: &mut String, lanes: u32, keys: u32) {
     b.push_str(
-        "        let mn = max(m, rm);\n        l = l * exp_f32(m - mn);\n        m = mn;\n        \
+        "        let mn = max(m, rm);\n        let cl = exp_f32(m - mn);\n        m = mn;\n        \
          let ml = m * LOG2E;\n",
     );
     for c in 0..keys {
@@ -861,11 +867,12 @@ fn scaled_weights(b: &mut String, lanes: u32, keys: u32) {
     for c in 0..keys {
         let _ = writeln!(
             b,
-            "        let p_{c} = select(0.0, exp2(fma(s_{c}, LOG2E, -ml)), v_{c});\n        l = l + p_{c};\n        \
+            "        let p_{c} = select(0.0, exp2(fma(s_{c}, LOG2E, -ml)), v_{c});\n        \
              let w_{c} = select(0.0, exp2(t_{c} - mo), v_{c});\n        \
              sh_p[r * PS + x_{c}] = f16(dropped(row, h, j_{c}, w_{c}));",
         );
     }
+    let _ = writeln!(b, "{}", super::flash::row_sum_step("", "cl", &pairwise_of("p", keys)));
 }
 
 /// O *= c row by row, through the subgroup's 16x16 corner of sh_s, in a block where some
@@ -929,7 +936,7 @@ fn finish(b: &mut String, spec: &KernelSpec, t: &CoopTiling, (lanes, who): (u32,
     };
     let _ = write!(
         b,
-        "    var lt = l;\n{}{}    if (k0 == 0u) {{\n        sh_l[r] = {slot};\n    }}\n    \
+        "    var lt = l + lc;\n{}{}    if (k0 == 0u) {{\n        sh_l[r] = {slot};\n    }}\n    \
          if (row < {end} && k0 == 0u) {{\n        store_lse({pos}, {head}, m, lt);\n    }}\n    \
          workgroupBarrier();\n{factor}    let out_row = row0 + pr;\n    \
          let base = o_index({out_pos}, {out_head});\n    let c8 = (lane % 2u) * 8u;\n    \
