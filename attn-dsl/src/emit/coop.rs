@@ -832,7 +832,11 @@ fn weights(b: &mut String, keys: u32, (row, h): (&str, &str)) {
              sh_p[r * PS + x_{c}] = f16(dropped({row}, {h}, j_{c}, p_{c}));",
         );
     }
-    let _ = writeln!(b, "{}", super::flash::row_sum_step("", "c", &pairwise_of("p", keys)));
+    let _ = writeln!(
+        b,
+        "{}",
+        super::flash::row_sum_step("", "c", &pairwise_of("p", keys))
+    );
 }
 
 /// `{v}_0 + {v}_1 + ..` over `keys` values, summed pairwise.
@@ -872,7 +876,11 @@ fn scaled_weights(b: &mut String, lanes: u32, keys: u32) {
              sh_p[r * PS + x_{c}] = f16(dropped(row, h, j_{c}, w_{c}));",
         );
     }
-    let _ = writeln!(b, "{}", super::flash::row_sum_step("", "cl", &pairwise_of("p", keys)));
+    let _ = writeln!(
+        b,
+        "{}",
+        super::flash::row_sum_step("", "cl", &pairwise_of("p", keys))
+    );
 }
 
 /// O *= c row by row, through the subgroup's 16x16 corner of sh_s, in a block where some

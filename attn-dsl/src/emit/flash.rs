@@ -339,7 +339,10 @@ pub(super) fn forward_body(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling) {
     b.push_str("        }\n    }\n");
     finish(&mut b, spec, t);
     // `scores` sums with hsum, `softmax` exponentiates and compensates l.
-    out.put(Fragment::new(b, &[Helper::Hsum, Helper::Exp, Helper::TwoSumErr4]));
+    out.put(Fragment::new(
+        b,
+        &[Helper::Hsum, Helper::Exp, Helper::TwoSumErr4],
+    ));
 }
 
 /// S = Q·Kᵀ for the invocation's block, then the mask and the score's modifiers.
@@ -400,7 +403,11 @@ fn softmax(b: &mut String, t: &Tiling) {
             sum += &format!(" + p_{i}_{n}");
         }
         // Each invocation keeps its share of l; the shares are summed once, at the end.
-        let _ = writeln!(b, "{}", row_sum_step(&format!("_{i}"), &format!("c_{i}"), &sum[3..]));
+        let _ = writeln!(
+            b,
+            "{}",
+            row_sum_step(&format!("_{i}"), &format!("c_{i}"), &sum[3..])
+        );
         for n in 0..dn {
             let _ = writeln!(b, "        acc_{i}_{n} = acc_{i}_{n} * c_{i};");
         }

@@ -15,6 +15,8 @@ pub mod split;
 pub mod transfer;
 pub mod verify;
 
+use std::time::Instant;
+
 use anyhow::{Context, Result, anyhow, bail};
 use attn_dsl::{Dtype, Scalar};
 use rand::{Rng, SeedableRng, rngs::StdRng};
@@ -298,12 +300,39 @@ fn median_of(runs: u32, mut f: impl FnMut() -> Result<(f64, u64)>) -> Result<(f6
     Ok((times[times.len() / 2], bytes))
 }
 
+/// Every kind of run once, untimed (their kernels compile here), then whole steps for a
+/// second: the first runs after a batch of pipelines is created run slow (on an H100 4-5x,
+/// docs/performance.md; here, on an H200, the whole forward at 32k rows took 0.4x one
+/// GPU's time where later runs reached 1.3x).
+fn warm_up(c: &Config, split: &mut Split, whole: &mut Whole) -> Result<()> {
+    whole.forward(&split.shards[0].gpu)?;
+    if c.backward {
+        whole.backward(&split.shards[0].gpu)?;
+    }
+    let mut step = |mode| -> Result<()> {
+        split.forward(mode)?;
+        if c.backward {
+            split.backward(mode)?;
+        }
+        Ok(())
+    };
+    for mode in [Mode::Compute, Mode::Transfer, Mode::Combine, Mode::Whole] {
+        step(mode)?;
+    }
+    let t = Instant::now();
+    while t.elapsed().as_secs_f64() < 1.0 {
+        step(Mode::Whole)?;
+    }
+    Ok(())
+}
+
 /// Each kind of run back to back: the split whole (whose merged O and LSE the phases
 /// alone start from), each phase alone, one untimed split whole whose outputs are read
 /// back (a sum alone adds into dQ each time), then one GPU. A device left idle through the other's runs starts its next
 /// run slowly (an H200 idle for the seconds of a 128k-row backward on the other took
 /// about twice as long for its share's forward), so no kind of run follows a long idle.
 fn timed(c: &Config, split: &mut Split, whole: &mut Whole) -> Result<Times> {
+    warm_up(c, split, whole)?;
     let mut t = Times::default();
     for mode in [Mode::Whole, Mode::Compute, Mode::Transfer, Mode::Combine] {
         let (f, fb) = median_of(c.runs, || split.forward(mode))?;
