@@ -1,8 +1,9 @@
 //! Ops that record into the caller's command encoder, reading and writing device
 //! [`Tensor`]s: the forward, the backward in every schedule, decode against a device KV
-//! cache, RoPE, and LayerNorm + Linear. Each op owns its pipelines (compiled on the first
-//! call that needs them), its bind groups and its scratch, so a steady-state call creates
-//! nothing, submits nothing and reads nothing back.
+//! cache, RoPE, LayerNorm + Linear, attention states merged and partial gradients summed.
+//! Each op owns its pipelines (compiled on the first call that needs them), its bind
+//! groups and its scratch, so a steady-state call creates nothing, submits nothing and
+//! reads nothing back.
 
 pub mod backward;
 pub mod block_mask;
