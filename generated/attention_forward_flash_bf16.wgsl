@@ -64,7 +64,12 @@ fn exp_f32(x: f32) -> f32 {
 // outside [0.5, 2] (Vulkan's bound), and an LSE near 12 (a 128k-row causal row) has 1 ulp
 // = 1e-6, the pass rule's floor: the merge's LSE over four 32k-key parts went from
 // 1.02e-6 to 0.70e-6 of error with it (H200, 2026-11-30).
+// NaN and inf pass through as the hardware's log gives them (frexp leaves them undefined),
+// tested on the bits, which no float simplification folds.
 fn log_f32(x: f32) -> f32 {
+    if ((bitcast<u32>(x) & 0x7f800000u) == 0x7f800000u) {
+        return x;
+    }
     let fe = frexp(x);
     var f = fe.fract;
     var e = f32(fe.exp);

@@ -415,7 +415,8 @@ fn softmax(b: &mut String, t: &Tiling) {
 }
 
 /// A row's share of l rescaled by `c` and joined by a block's weights `block`, with the
-/// rounding error of the join kept in `lc` (rescaled with l): an invocation adds one block
+/// rounding error of the join kept in `lc` (rescaled with l; the rescale's own rounding,
+/// in the few blocks where the row's max moves, is not kept): an invocation adds one block
 /// after another, as many as the keys over the block width (2048 at 128k keys), and their
 /// plain sum drifted to 2.6x the bound of a framework's blocked sum on the LSE of a
 /// 128k-row causal forward (H200, 2026-11-30). `suffix` names the row's variables.

@@ -110,6 +110,12 @@ pub fn check(c: &Config) -> Result<()> {
     if c.devices == 0 || c.runs == 0 {
         bail!("--devices and --runs must be at least 1");
     }
+    if c.devices > MAX_DEVICES {
+        bail!(
+            "--devices {}: at most {MAX_DEVICES} (a host's GPUs, or one adapter taken again)",
+            c.devices
+        );
+    }
     if h.n_heads == 0 || h.n_kv_heads == 0 || !h.n_heads.is_multiple_of(h.n_kv_heads) {
         bail!(
             "--kv-heads {} must divide --heads {}",
@@ -124,6 +130,15 @@ pub fn check(c: &Config) -> Result<()> {
         );
     }
     let unit = 2 * c.devices as u32 * CHUNK_ROWS;
+    let q_bytes = [c.seq, h.n_heads, h.head_dim, 4]
+        .iter()
+        .fold(1u64, |n, d| n.saturating_mul(u64::from(*d)));
+    if q_bytes > MAX_Q_BYTES {
+        bail!(
+            "Q in f32 on the host (--seq × --heads × --head-dim × 4 bytes) would be {q_bytes} \
+             bytes, over {MAX_Q_BYTES}: lower them"
+        );
+    }
     if c.seq == 0 || !c.seq.is_multiple_of(unit) {
         bail!(
             "--seq {} must be a positive multiple of {unit}: {} chunks (two per device) of a \
@@ -135,6 +150,12 @@ pub fn check(c: &Config) -> Result<()> {
     }
     Ok(())
 }
+
+/// The most devices a run spreads over.
+pub const MAX_DEVICES: usize = 64;
+
+/// The largest Q the host draws (it holds Q, K, V and dO in f32, and copies of them).
+pub const MAX_Q_BYTES: u64 = 16 << 30;
 
 /// Chunks hold a multiple of this many rows: their views are then aligned for binding
 /// (256 bytes) whatever the heads and widths.
@@ -439,11 +460,11 @@ fn judge(
     verify::verdicts(&p, plan, c.dtype, &x, &rows, split, one)
 }
 
-/// `k` rows spread over `n`: the first, the last, and evenly between.
+/// `k` rows spread over `n` (at most `n`): the last alone (which sees every key under a
+/// causal mask), or the first, the last, and evenly between.
 fn spread(n: usize, k: usize) -> Vec<usize> {
-    let mut rows: Vec<usize> = (0..k.max(2))
-        .map(|i| i * (n - 1) / (k.max(2) - 1))
-        .collect();
-    rows.dedup();
-    rows
+    match k.min(n) {
+        0 | 1 => vec![n - 1],
+        k => (0..k).map(|i| i * (n - 1) / (k - 1)).collect(),
+    }
 }

@@ -22,6 +22,8 @@ pub struct Split {
     /// Device 0's parts of each query chunk's O and LSE, stacked by key chunk:
     /// `[seen, 1, chunk, n_heads, ..]`.
     stacks: Vec<(Tensor, Tensor)>,
+    /// Each query chunk's rows of device 0's O and LSE, which its merge writes.
+    merged_rows: Vec<(Tensor, Tensor)>,
     merge: Merge,
     sum: Sum,
     /// The other devices' partial dQ, `[devices − 1, 1, seq, n_heads, head_dim]` f32.
@@ -100,7 +102,12 @@ impl Split {
                 Tensor::zeros(g0, &shape, Scalar::F32)
             })
             .transpose()?;
+        let lead = &shards[0].t;
+        let merged_rows = (0..plan.chunks() as u32)
+            .map(|c| Ok((rows(g0, &lead.o, c * m, m)?, rows(g0, &lead.lse, c * m, m)?)))
+            .collect::<Result<Vec<_>>>()?;
         let mut split = Split {
+            merged_rows,
             merge: Merge::new(g0, MergeSpec::new(h.head_dim, dtype))?,
             sum: Sum::new(),
             dq_parts,
@@ -198,20 +205,21 @@ impl Split {
         let mut outs = Vec::new();
         for sh in self.shards.iter_mut() {
             let n = sh.blocks().count();
+            let (device, queue) = (sh.gpu.device.clone(), sh.gpu.queue.clone());
             let mut mine = Vec::new();
-            for i in 0..n {
-                let device = sh.gpu.device.clone();
-                let mut enc = device.create_command_encoder(&Default::default());
-                match sh.device {
-                    0 => sh.record_forward(&mut enc, 0..n)?,
-                    d => {
-                        sh.record_forward(&mut enc, i..i + 1)?;
-                        self.parts[d - 1][i].record_out(&mut enc);
-                    }
+            match sh.device {
+                0 => {
+                    submit(&device, &queue, |enc| sh.record_forward(enc, 0..n))?;
                 }
-                mine.push(sh.gpu.queue.submit([enc.finish()]));
-                if sh.device == 0 {
-                    break;
+                d => {
+                    for i in 0..n {
+                        let route = &self.parts[d - 1][i];
+                        mine.push(submit(&device, &queue, |enc| {
+                            sh.record_forward(enc, i..i + 1)?;
+                            route.record_out(enc);
+                            Ok(())
+                        })?);
+                    }
                 }
             }
             outs.push(mine);
@@ -232,20 +240,14 @@ impl Split {
 
     /// Each query chunk's parts merged into its rows of device 0's O and LSE.
     fn record_merges(&mut self) -> Result<()> {
-        let lead = &self.shards[0];
-        let g0 = &lead.gpu;
-        let m = self.plan.chunk;
+        let g0 = &self.shards[0].gpu;
         let mut enc = g0.device.create_command_encoder(&Default::default());
-        for (c, (o_parts, lse_parts)) in self.stacks.iter().enumerate() {
-            let (o, lse) = (
-                rows(g0, &lead.t.o, c as u32 * m, m)?,
-                rows(g0, &lead.t.lse, c as u32 * m, m)?,
-            );
+        for ((o_parts, lse_parts), (o, lse)) in self.stacks.iter().zip(&self.merged_rows) {
             let args = MergeArgs {
                 o_parts,
                 lse_parts,
-                o: &o,
-                lse: &lse,
+                o,
+                lse,
                 sinks: None,
             };
             self.merge.record(g0, &mut enc, &args)?;

@@ -95,6 +95,12 @@ impl Route {
             .map_err(|e| anyhow!("mapping a staging buffer: {e}"))?;
         if !self.writable.load(Ordering::Acquire) {
             wait(gpus[self.to], self.landed.clone())?;
+            if !self.writable.load(Ordering::Acquire) {
+                return Err(anyhow!(
+                    "mapping a staging buffer of {} for writing failed",
+                    gpus[self.to].describe()
+                ));
+            }
         }
         {
             let src = self.read.get_mapped_range(..).map_err(|e| anyhow!("{e}"))?;

@@ -254,11 +254,13 @@ impl Gpu {
     }
 
     /// `count` devices, for work spread over several GPUs of one host (one sequence's keys
-    /// over two GPUs, say): one on each adapter of the kind [`Gpu::new`] would pick (the
-    /// discrete GPUs where there are any), in the order the backend lists them. Where
-    /// fewer adapters of that kind meet what `kernels` need than `count`, they are taken
-    /// again in turn: two devices on one adapter are independent (their own queues and
-    /// memory) but share its hardware, so they test the work's split, not its speed.
+    /// over two GPUs, say): one on each adapter of the kind and backend [`Gpu::new`] would
+    /// pick (the discrete GPUs where there are any; one backend, so that a GPU that two
+    /// backends list counts once), in the order the backend lists them. Where fewer
+    /// adapters meet what `kernels` need than `count`, they are taken again in turn: two
+    /// devices on one adapter are independent (their own queues and memory) but share its
+    /// hardware, so they test the work's split, not its speed (natively: a browser's adapter
+    /// gives one device). `count` 0 gives none.
     pub async fn several<'a>(
         count: usize,
         kernels: impl IntoIterator<Item = &'a KernelAbi>,
@@ -271,14 +273,21 @@ impl Gpu {
         });
         let mut adapters = instance.enumerate_adapters(backends).await;
         adapters.sort_by_key(|a| rank(a.get_info().device_type));
+        if count == 0 {
+            return Ok(Vec::new());
+        }
         let mut refusal = None;
-        let mut fit = Vec::new();
+        let mut fit: Vec<(wgpu::Adapter, wgpu::Limits)> = Vec::new();
         for adapter in adapters {
-            let kind = rank(adapter.get_info().device_type);
-            if fit.first().is_some_and(|(first, _): &(wgpu::Adapter, _)| {
-                rank(first.get_info().device_type) != kind
-            }) {
-                break;
+            let info = adapter.get_info();
+            if let Some((first, _)) = fit.first() {
+                let of = first.get_info();
+                if rank(of.device_type) != rank(info.device_type) {
+                    break;
+                }
+                if of.backend != info.backend {
+                    continue;
+                }
             }
             match requirements.limits(&adapter) {
                 Ok(limits) => fit.push((adapter, limits)),

@@ -54,6 +54,8 @@ impl Sum {
                 .into());
             };
             crate::shape::nonzero("parts", k)?;
+            parts.check_device(gpu, "parts")?;
+            into.check_device(gpu, "into")?;
             expect(
                 into,
                 "into",
@@ -68,11 +70,15 @@ impl Sum {
                 Scalar::F32,
                 "[k, ..into's shape]",
             )?;
-            let len = u32::try_from(into.len()).map_err(|_| InputError::OverLimit {
-                what: "elements summed",
-                value: into.len(),
-                limit: u32::MAX.into(),
-            })?;
+            // The kernel walks the parts' k · len elements with a u32 index.
+            let len = u32::try_from(into.len())
+                .ok()
+                .filter(|len| u64::from(*len) * u64::from(k) <= u64::from(u32::MAX))
+                .ok_or(InputError::OverLimit {
+                    what: "elements of the parts (k · len)",
+                    value: into.len() * u64::from(k),
+                    limit: u32::MAX.into(),
+                })?;
             let spec =
                 KernelSpec::standard("attention_grad_fold", Op::GradFold, 4, Masks::default());
             let pipeline = helper(gpu, &mut self.pipeline, spec)?;

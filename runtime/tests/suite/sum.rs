@@ -71,3 +71,31 @@ fn a_sum_refuses_parts_of_another_shape_or_type_and_writes_nothing() {
     wait(&gpu);
     assert_eq!(target.to_f32(&gpu).block_on().unwrap(), vec![5.0; 16]);
 }
+
+/// Two devices of `Gpu::several` (on one adapter here) are apart: a tensor of one given to
+/// the other's op is refused naming it, and nothing is recorded.
+#[test]
+fn several_devices_are_apart_and_none_is_none() {
+    let gpus = Gpu::several(2, kernels::FAMILY.iter().copied())
+        .block_on()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(gpus.len(), 2);
+    let f = Scalar::F32;
+    let parts = Tensor::zeros(&gpus[0], &[2, 4], f).unwrap();
+    let into = Tensor::zeros(&gpus[1], &[4], f).unwrap();
+    let mut sum = Sum::new();
+    let mut enc = gpus[1].device.create_command_encoder(&Default::default());
+    let args = SumArgs {
+        parts: &parts,
+        into: &into,
+    };
+    let e = sum
+        .record(&gpus[1], &mut enc, &args)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("parts"), "{e}");
+    gpus[1].queue.submit([enc.finish()]);
+    wait(&gpus[1]);
+    let none = Gpu::several(0, kernels::FAMILY.iter().copied()).block_on();
+    assert!(none.unwrap().is_empty());
+}
