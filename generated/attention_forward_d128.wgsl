@@ -62,19 +62,20 @@ fn exp_f32(x: f32) -> f32 {
     return fma(p, e * 0.6931471806, p);
 }
 
-// ln(x) for a positive normal x within about an ulp: x = f·2^e with f in [√½, √2),
+// m + ln(l), an LSE from a row's max and sum, for l > 0: l = f·2^e with f in [√½, √2),
 // ln f = 2·atanh(s) for s = (f − 1)/(f + 1) (|s| < 0.172) by its odd series to s⁹, and
-// e·ln 2 in two parts whose first product is exact. The hardware's log may be 3 ulp off
-// outside [0.5, 2] (Vulkan's bound), and an LSE near 12 (a 128k-row causal row) has 1 ulp
-// = 1e-6, the pass rule's floor: the merge's LSE over four 32k-key parts went from
-// 1.02e-6 to 0.70e-6 of error with it (H200, 2026-11-30).
-// NaN and inf pass through as the hardware's log gives them (frexp leaves them undefined),
-// tested on the bits, which no float simplification folds.
-fn log_f32(x: f32) -> f32 {
-    if ((bitcast<u32>(x) & 0x7f800000u) == 0x7f800000u) {
-        return x;
+// e·ln 2 in two parts whose first product is exact; the small terms are added first, so
+// that only the last addition rounds at the result's scale: within 0.77 ulp for l from
+// 2^12 to 2^17 (host emulation, 2026-11-30), where m + log(l) was within 1.6 with a
+// correctly rounded log and the hardware's may be 3 ulp off (Vulkan's bound). An LSE
+// near 12 (a 128k-row causal row) has 1 ulp = 1e-6, the pass rule's floor. NaN and inf
+// pass through (tested on the bits, which no float simplification folds; frexp leaves
+// them undefined).
+fn lse_f32(m: f32, l: f32) -> f32 {
+    if ((bitcast<u32>(l) & 0x7f800000u) == 0x7f800000u) {
+        return m + l;
     }
-    let fe = frexp(x);
+    let fe = frexp(l);
     var f = fe.fract;
     var e = f32(fe.exp);
     if (f < 0.70710678) {
@@ -85,7 +86,7 @@ fn log_f32(x: f32) -> f32 {
     let s2 = s * s;
     let p = s2 * (0.6666667 + s2 * (0.4 + s2 * (0.2857143 + s2 * 0.22222222)));
     let lf = fma(s, p, 2.0 * s);
-    return fma(e, 0.69313812, fma(e, 9.0580006e-6, lf));
+    return (m + fma(e, 9.0580006e-6, lf)) + e * 0.69313812;
 }
 
 var<workgroup> sh_q: array<f32, HEAD_DIM>;
@@ -259,7 +260,7 @@ fn store_lse(row: u32, h: u32, m: f32, l: f32) {
     var x = positive_inf();
     // l == 0 only for an empty row; a NaN sum (a NaN input) falls through and shows.
     if (l != 0.0) {
-        x = m + log_f32(l);
+        x = lse_f32(m, l);
     }
     lse[row_index(row, h)] = x;
 }

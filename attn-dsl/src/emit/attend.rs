@@ -37,7 +37,7 @@ pub(super) fn forward_helpers(out: &mut Wgsl, spec: &KernelSpec) {
         }
         false => {
             super::dtype::accessors(out, spec, &names);
-            out.need(&[Helper::Log]);
+            out.need(&[Helper::Lse]);
             out.push_str(FORWARD_STATS);
         }
     }
@@ -56,7 +56,7 @@ fn store_lse(row: u32, h: u32, m: f32, l: f32) {
     var x = positive_inf();
     // l == 0 only for an empty row; a NaN sum (a NaN input) falls through and shows.
     if (l != 0.0) {
-        x = m + log_f32(l);
+        x = lse_f32(m, l);
     }
     lse[row_index(row, h)] = x;
 }

@@ -438,12 +438,12 @@ fn reduce(out: &mut Wgsl, spec: &KernelSpec) {
 /// The reduce's LSE store: no key (and no sink) stores +inf, as the forward does.
 const REDUCE_LSE: Template = Template {
     name: "decode_reduce_lse",
-    needs: &[Helper::Log],
+    needs: &[Helper::Lse],
     text: r#"if (tid == 0u) {
     // Not a constant expression: WGSL rejects non-finite constants.
     var merged = bitcast<f32>(0x7f800000u);
     if (st.l != 0.0) {
-        merged = st.m + log_f32(st.l);
+        merged = lse_f32(st.m, st.l);
     }
     lse[q_row0 * dims.n_heads + h] = merged;
 }

@@ -32,7 +32,7 @@ pub(super) fn body(out: &mut Wgsl, spec: &KernelSpec) {
 
 const MERGE: Template = Template {
     name: "merge",
-    needs: &[super::numerics::Helper::Log],
+    needs: &[super::numerics::Helper::Lse],
     text: r#"@compute @workgroup_size(WG)
 fn $name(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     // Not a constant expression: WGSL rejects non-finite constants.
@@ -58,7 +58,7 @@ fn $name(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: 
         var merged = bitcast<f32>(inf_bits);
         if (s.l != 0.0) {
             result = s.acc / s.l;
-            merged = s.m + log_f32(s.l);
+            merged = lse_f32(s.m, s.l);
         }
         o[i] = narrow4(result);
         if (c == 0u) {
