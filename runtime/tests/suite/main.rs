@@ -18,6 +18,7 @@ mod generated;
 mod gpu_kernels;
 mod layernorm;
 mod layers;
+mod long_rows;
 mod merge;
 mod non_finite;
 mod npy_fuzz;
