@@ -349,9 +349,10 @@ fn warm_up(c: &Config, split: &mut Split, whole: &mut Whole) -> Result<()> {
 
 /// Each kind of run back to back: the split whole (whose merged O and LSE the phases
 /// alone start from), each phase alone, one untimed split whole whose outputs are read
-/// back (a sum alone adds into dQ each time), then one GPU. A device left idle through the other's runs starts its next
-/// run slowly (an H200 idle for the seconds of a 128k-row backward on the other took
-/// about twice as long for its share's forward), so no kind of run follows a long idle.
+/// back (a sum alone adds into dQ each time), then one GPU. A device left idle through
+/// the other's runs starts its next run slowly (an H200 idle for the seconds of a
+/// 128k-row backward on the other took about twice as long for its share's forward), so
+/// no kind of run follows a long idle.
 fn timed(c: &Config, split: &mut Split, whole: &mut Whole) -> Result<Times> {
     warm_up(c, split, whole)?;
     let mut t = Times::default();

@@ -852,8 +852,9 @@ pub fn rope<T: Float>(
 }
 
 /// Attention states merged in f32, row by row (the host's [`crate::ops::merge::Merge`]):
-/// `o_parts[p]` rows of `d`, `lse_parts[p]` one per row, `heads` query heads per position; each part weighs e^(LSE_i − M), M the largest
-/// finite LSE (or sink); a part with a non-finite LSE holds no key and weighs nothing.
+/// `o_parts[p]` rows of `d`, `lse_parts[p]` one per row, `heads` query heads per position.
+/// Each part weighs e^(LSE_i − M), M the largest finite LSE (or sink); a part with a
+/// non-finite LSE holds no key and weighs nothing.
 pub fn merge_states(
     o_parts: &[Vec<f32>],
     lse_parts: &[Vec<f32>],
