@@ -17,7 +17,7 @@ pub mod verify;
 
 use std::time::Instant;
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, bail};
 use attn_dsl::{Dtype, Scalar};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use runtime::host::buffers::rounded;
@@ -190,11 +190,9 @@ fn draw(c: &Config) -> Host {
     }
 }
 
+/// Waits for everything submitted to `gpu`.
 pub(crate) fn wait(gpu: &Gpu) -> Result<()> {
-    gpu.device
-        .poll(wgpu::PollType::wait_indefinitely())
-        .map_err(|e| anyhow!("waiting for {}: {e}", gpu.describe()))?;
-    Ok(())
+    transfer::wait(gpu, None)
 }
 
 /// Key chunk `key`'s rows of a `[seq, width]` host tensor.

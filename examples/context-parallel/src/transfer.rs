@@ -24,7 +24,8 @@ pub struct Route {
     landed: Option<wgpu::SubmissionIndex>,
 }
 
-fn wait(gpu: &Gpu, index: Option<wgpu::SubmissionIndex>) -> Result<()> {
+/// Waits for `gpu`'s submission `index` (every submission: `None`) and its callbacks.
+pub(crate) fn wait(gpu: &Gpu, index: Option<wgpu::SubmissionIndex>) -> Result<()> {
     let poll = wgpu::PollType::Wait {
         submission_index: index,
         timeout: None,
