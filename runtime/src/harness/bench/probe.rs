@@ -23,30 +23,33 @@ pub const MAX_PROBED: u32 = 4096;
 /// workgroup's.
 const ONE_WAVE: f64 = 1.5;
 
-const PROBE_WGSL: &str = r#"
+/// The probe's WGSL, its table's size and chain length written in.
+fn probe_wgsl() -> String {
+    format!(
+        r#"
 @group(0) @binding(0) var<storage, read_write> chain: array<u32>;
 
 @compute @workgroup_size(256)
-fn probe(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
-    if (tid % 32u != 0u) {
+fn probe(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {{
+    if (tid % 32u != 0u) {{
         return;
-    }
-    var i = (wg.x * 8u + tid / 32u) % TABLEu;
-    for (var n = 0u; n < STEPSu; n = n + 1u) {
+    }}
+    var i = (wg.x * 8u + tid / 32u) % {TABLE}u;
+    for (var n = 0u; n < {STEPS}u; n = n + 1u) {{
         i = chain[i];
-    }
+    }}
     // Never true (the table holds indices): keeps the chain's result live.
-    if (i == 0xffffffffu) {
+    if (i == 0xffffffffu) {{
         chain[0] = i;
-    }
+    }}
+}}
+"#
+    )
 }
-"#;
 
 /// Workgroups of 256 invocations `gpu` runs at once, measured.
 pub fn resident_workgroups(gpu: &Gpu) -> Result<u32, Error> {
-    let wgsl = PROBE_WGSL
-        .replace("TABLEu", &format!("{TABLE}u"))
-        .replace("STEPSu", &format!("{STEPS}u"));
+    let wgsl = probe_wgsl();
     let module = gpu
         .device
         .create_shader_module(wgpu::ShaderModuleDescriptor {
