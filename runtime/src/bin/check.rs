@@ -221,8 +221,8 @@ impl Worst {
     }
 }
 
-/// The fused LayerNorm + Linear rows (not attention cases, so not in the case matrix),
-/// with the worst error/bound of each output over its rows.
+/// The fused LayerNorm + Linear rows and the few-rows Linear's (not attention cases, so
+/// not in the case matrix), with the worst error/bound of each output over its rows.
 fn layernorm_rows(gpu: &Gpu, args: &Args) -> anyhow::Result<(u32, u32)> {
     let wanted = |label: &str, shape: &str| {
         args.filter
@@ -231,6 +231,7 @@ fn layernorm_rows(gpu: &Gpu, args: &Args) -> anyhow::Result<(u32, u32)> {
     };
     let (mut passed, mut failed) = (0, 0);
     let mut worst: Vec<(String, f64)> = Vec::new();
+    let mut all = Vec::new();
     for (i, case) in layernorm::check::cases(args.layernorm_big)
         .into_iter()
         .enumerate()
@@ -240,20 +241,34 @@ fn layernorm_rows(gpu: &Gpu, args: &Args) -> anyhow::Result<(u32, u32)> {
         }
         let rows = layernorm::check::run(gpu, case, args.seed + 7000 + i as u64)
             .with_context(|| format!("layernorm_linear {}", case.label()))?;
-        for row in rows {
-            print_cells(&row.label, &case.label(), "-", &row.verdicts);
-            for (n, v) in &row.verdicts {
-                let key = format!("{} {n}", row.label);
-                match worst.iter_mut().find(|(k, _)| *k == key) {
-                    Some(w) => w.1 = w.1.max(v.ratio()),
-                    None => worst.push((key, v.ratio())),
-                }
+        all.extend(rows);
+    }
+    // A filter may name the Linear's rows (`linear`, `f16 weights`) or a shape.
+    let any_linear = args
+        .filter
+        .as_deref()
+        .is_none_or(|f| ["linear", "weights", "["].iter().any(|w| f.contains(w)));
+    if any_linear {
+        let rows =
+            layernorm::check::linear_rows(gpu, args.seed + 7100).context("the few-rows Linear")?;
+        all.extend(
+            rows.into_iter()
+                .filter(|r| wanted(&r.label, &r.case.label())),
+        );
+    }
+    for row in all {
+        print_cells(&row.label, &row.case.label(), "-", &row.verdicts);
+        for (n, v) in &row.verdicts {
+            let key = format!("{} {n}", row.label);
+            match worst.iter_mut().find(|(k, _)| *k == key) {
+                Some(w) => w.1 = w.1.max(v.ratio()),
+                None => worst.push((key, v.ratio())),
             }
-            if row.pass() {
-                passed += 1;
-            } else {
-                failed += 1;
-            }
+        }
+        if row.pass() {
+            passed += 1;
+        } else {
+            failed += 1;
         }
     }
     for (key, ratio) in &worst {

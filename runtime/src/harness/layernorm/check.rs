@@ -124,3 +124,120 @@ fn run_products(gpu: &Gpu, c: LnCase, seed: u64, matrix: Matrix) -> Result<Vec<L
 pub fn schedule_name(sums: RowSums) -> &'static str {
     crate::plan::tuning::row_sums_name(sums)
 }
+
+/// The Linear at a few rows ([`crate::ops::linear::Linear`], an engine's projections) as
+/// the planner runs it, weights in f32 and each half dtype the adapter has, with a bias: at
+/// every row count it tells apart and past one workgroup's, on a layer's widths and on odd
+/// ones. Rows from 8 on hold one row past f16's range and one far below its normals.
+pub fn linear_rows(gpu: &Gpu, seed: u64) -> Result<Vec<LnRow>, Error> {
+    let mut out = Vec::new();
+    let weights = [attn_dsl::Dtype::F32].into_iter().chain(gpu.half_dtypes());
+    for dtype in weights {
+        for (hidden, width) in [(200, 37), (768, 3072)] {
+            for rows in [1, 3, 8, 16, 21] {
+                let case = LnCase {
+                    batch: 1,
+                    seq: rows,
+                    hidden,
+                    out: width,
+                };
+                let verdict = linear_verdict(gpu, case, dtype, seed + u64::from(rows))?;
+                out.push(LnRow {
+                    label: format!("linear, {} weights", dtype.name()),
+                    case,
+                    verdicts: vec![("y", verdict)],
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// One call of `case`'s rows judged against the f64 reference and a pairwise f32 sum (the
+/// weights as held, rounded to `dtype`): the worse of the rows of ordinary range together
+/// and each row of extreme range alone.
+fn linear_verdict(
+    gpu: &Gpu,
+    case: LnCase,
+    dtype: attn_dsl::Dtype,
+    seed: u64,
+) -> Result<Verdict, Error> {
+    use crate::ops::linear::{Linear, LinearArgs, LinearSpec};
+    use crate::tensor::Tensor;
+    use crate::verify::reference::pairwise;
+    use attn_dsl::Scalar;
+    let (rows, h, o) = (
+        case.rows() as usize,
+        case.hidden as usize,
+        case.out as usize,
+    );
+    let mut x = crate::verify::random(rows * h, seed);
+    if rows >= 8 {
+        x[h..2 * h].iter_mut().for_each(|v| *v *= 3e6);
+        x[2 * h..3 * h].iter_mut().for_each(|v| *v *= 1e-9);
+    }
+    let w =
+        crate::host::buffers::rounded(&crate::verify::random(o * h, seed + 1), Scalar::from(dtype));
+    let b = crate::verify::random(o, seed + 2);
+    let spec = LinearSpec {
+        hidden: case.hidden,
+        out: case.out,
+        weights: dtype,
+        bias: true,
+    };
+    let mut op = Linear::new(gpu, spec)?;
+    let xt = Tensor::from_f32(gpu, &[case.rows(), case.hidden], Scalar::F32, &x)?;
+    let wt = Tensor::from_f32(gpu, &[case.out, case.hidden], Scalar::from(dtype), &w)?;
+    let bt = Tensor::from_f32(gpu, &[case.out], Scalar::F32, &b)?;
+    let yt = Tensor::zeros(gpu, &[case.rows(), case.out], Scalar::F32)?;
+    let mut enc = gpu.device.create_command_encoder(&Default::default());
+    let args = LinearArgs {
+        x: &xt,
+        w: &wt,
+        b: Some(&bt),
+        y: &yt,
+    };
+    op.record(gpu, &mut enc, &args)?;
+    gpu.queue.submit([enc.finish()]);
+    let y = yt.to_f32(gpu).block_on()?;
+    let r64: Vec<f64> = (0..rows * o)
+        .map(|i| {
+            let (r, n) = (i / o, i % o);
+            let dot = pairwise(h, &|k| f64::from(x[r * h + k]) * f64::from(w[n * h + k]));
+            dot + f64::from(b[n])
+        })
+        .collect();
+    let r32: Vec<f32> = (0..rows * o)
+        .map(|i| {
+            let (r, n) = (i / o, i % o);
+            pairwise(h, &|k| x[r * h + k] * w[n * h + k]) + b[n]
+        })
+        .collect();
+    // The rows of extreme range each alone, the others together: no row sets the bound
+    // of rows of another scale.
+    let groups: Vec<Vec<usize>> = match rows >= 8 {
+        true => vec![
+            vec![1],
+            vec![2],
+            (0..rows).filter(|r| *r > 2 || *r == 0).collect(),
+        ],
+        false => vec![(0..rows).collect()],
+    };
+    let judged = groups.iter().map(|g| {
+        let pick = |v: &dyn Fn(usize) -> f64| -> Vec<f64> {
+            g.iter().flat_map(|r| (r * o..(r + 1) * o).map(v)).collect()
+        };
+        let got: Vec<f32> = pick(&|i| f64::from(y[i]))
+            .iter()
+            .map(|v| *v as f32)
+            .collect();
+        let base: Vec<f32> = pick(&|i| f64::from(r32[i]))
+            .iter()
+            .map(|v| *v as f32)
+            .collect();
+        crate::verify::compare::judge(&got, &pick(&|i| r64[i]), &base)
+    });
+    Ok(judged
+        .max_by(|a, b| a.ratio().total_cmp(&b.ratio()))
+        .expect("a call has rows"))
+}
