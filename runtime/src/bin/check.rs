@@ -231,32 +231,8 @@ fn layernorm_rows(gpu: &Gpu, args: &Args) -> anyhow::Result<(u32, u32)> {
     };
     let (mut passed, mut failed) = (0, 0);
     let mut worst: Vec<(String, f64)> = Vec::new();
-    let mut all = Vec::new();
-    for (i, case) in layernorm::check::cases(args.layernorm_big)
-        .into_iter()
-        .enumerate()
-    {
-        if !wanted("layernorm_linear", &case.label()) {
-            continue;
-        }
-        let rows = layernorm::check::run(gpu, case, args.seed + 7000 + i as u64)
-            .with_context(|| format!("layernorm_linear {}", case.label()))?;
-        all.extend(rows);
-    }
-    // A filter may name the Linear's rows (`linear`, `f16 weights`) or a shape.
-    let any_linear = args
-        .filter
-        .as_deref()
-        .is_none_or(|f| ["linear", "weights", "["].iter().any(|w| f.contains(w)));
-    if any_linear {
-        let rows =
-            layernorm::check::linear_rows(gpu, args.seed + 7100).context("the few-rows Linear")?;
-        all.extend(
-            rows.into_iter()
-                .filter(|r| wanted(&r.label, &r.case.label())),
-        );
-    }
-    for row in all {
+    // Each row printed as it is judged (the real layer's shape takes minutes).
+    let mut report = |row: layernorm::check::LnRow| {
         print_cells(&row.label, &row.case.label(), "-", &row.verdicts);
         for (n, v) in &row.verdicts {
             let key = format!("{} {n}", row.label);
@@ -270,6 +246,29 @@ fn layernorm_rows(gpu: &Gpu, args: &Args) -> anyhow::Result<(u32, u32)> {
         } else {
             failed += 1;
         }
+    };
+    for (i, case) in layernorm::check::cases(args.layernorm_big)
+        .into_iter()
+        .enumerate()
+    {
+        if !wanted("layernorm_linear", &case.label()) {
+            continue;
+        }
+        let rows = layernorm::check::run(gpu, case, args.seed + 7000 + i as u64)
+            .with_context(|| format!("layernorm_linear {}", case.label()))?;
+        rows.into_iter().for_each(&mut report);
+    }
+    // A filter may name the Linear's rows (`linear`, `f16 weights`) or a shape.
+    let any_linear = args
+        .filter
+        .as_deref()
+        .is_none_or(|f| ["linear", "weights", "["].iter().any(|w| f.contains(w)));
+    if any_linear {
+        let rows =
+            layernorm::check::linear_rows(gpu, args.seed + 7100).context("the few-rows Linear")?;
+        rows.into_iter()
+            .filter(|r| wanted(&r.label, &r.case.label()))
+            .for_each(&mut report);
     }
     for (key, ratio) in &worst {
         println!("worst error/bound {key}: {ratio:.3}");
