@@ -413,6 +413,23 @@ pub fn pairwise<T: Float>(n: usize, term: &impl Fn(usize) -> T) -> T {
 
 /// `Σ weight(i) · row(i)` for `i` in `0..n`, rows of `d` elements, summed pairwise in the
 /// order of [`pairwise`] (each element's sum is that of `pairwise` over its terms).
+/// `y = x·Wᵀ (+ b)` in `T`: x `[rows, hidden]`, W `[out, hidden]`, each dot product a
+/// pairwise sum (in f64 the reference, in f32 the baseline a framework reaches).
+pub fn linear<T: Float>(x: &[f32], w: &[f32], b: Option<&[f32]>, hidden: usize) -> Vec<T> {
+    let cast = |v: f32| T::from(v).expect("an f32 is every float");
+    let out = w.len() / hidden.max(1);
+    let rows = x.len() / hidden.max(1);
+    (0..rows * out)
+        .map(|i| {
+            let (r, n) = (i / out, i % out);
+            let dot = pairwise(hidden, &|k| {
+                cast(x[r * hidden + k]) * cast(w[n * hidden + k])
+            });
+            dot + b.map_or(T::zero(), |b| cast(b[n]))
+        })
+        .collect()
+}
+
 /// Zero weights add nothing and their rows are not read (a masked key's row may hold inf).
 pub fn pairwise_rows<'r, T: Float + 'r>(
     n: usize,

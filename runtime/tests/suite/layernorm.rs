@@ -242,7 +242,6 @@ fn a_linear_at_a_few_rows_passes_the_rule_in_every_weight_dtype() {
     use runtime::ops::linear::{Linear, LinearArgs, LinearSpec};
     use runtime::verify::compare::judge;
     use runtime::verify::random;
-    use runtime::verify::reference::pairwise;
     let gpu = gpu();
     let (hidden, out) = (200, 37);
     for weights in gpu.half_dtypes().into_iter().chain([Dtype::F32]) {
@@ -276,21 +275,9 @@ fn a_linear_at_a_few_rows_passes_the_rule_in_every_weight_dtype() {
                 gpu.queue.submit([enc.finish()]);
                 let y = yt.to_f32(&gpu).block_on().unwrap();
                 let h = hidden as usize;
-                let at = |i: usize| (i / out as usize, i % out as usize);
-                let bias_of = |n: usize| if bias { f64::from(b[n]) } else { 0.0 };
-                let r64: Vec<f64> = (0..(rows * out) as usize)
-                    .map(|i| {
-                        let (r, n) = at(i);
-                        pairwise(h, &|k| f64::from(x[r * h + k]) * f64::from(w[n * h + k]))
-                            + bias_of(n)
-                    })
-                    .collect();
-                let r32: Vec<f32> = (0..(rows * out) as usize)
-                    .map(|i| {
-                        let (r, n) = at(i);
-                        pairwise(h, &|k| x[r * h + k] * w[n * h + k]) + bias_of(n) as f32
-                    })
-                    .collect();
+                let b = bias.then_some(&b[..]);
+                let r64 = runtime::verify::reference::linear::<f64>(&x, &w, b, h);
+                let r32 = runtime::verify::reference::linear::<f32>(&x, &w, b, h);
                 let v = judge(&y, &r64, &r32);
                 assert!(v.pass(), "{weights:?} bias {bias} rows {rows}: {v:?}");
             }

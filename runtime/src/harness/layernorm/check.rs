@@ -164,7 +164,6 @@ fn linear_verdict(
 ) -> Result<Verdict, Error> {
     use crate::ops::linear::{Linear, LinearArgs, LinearSpec};
     use crate::tensor::Tensor;
-    use crate::verify::reference::pairwise;
     use attn_dsl::Scalar;
     let (rows, h, o) = (
         case.rows() as usize,
@@ -200,19 +199,8 @@ fn linear_verdict(
     op.record(gpu, &mut enc, &args)?;
     gpu.queue.submit([enc.finish()]);
     let y = yt.to_f32(gpu).block_on()?;
-    let r64: Vec<f64> = (0..rows * o)
-        .map(|i| {
-            let (r, n) = (i / o, i % o);
-            let dot = pairwise(h, &|k| f64::from(x[r * h + k]) * f64::from(w[n * h + k]));
-            dot + f64::from(b[n])
-        })
-        .collect();
-    let r32: Vec<f32> = (0..rows * o)
-        .map(|i| {
-            let (r, n) = (i / o, i % o);
-            pairwise(h, &|k| x[r * h + k] * w[n * h + k]) + b[n]
-        })
-        .collect();
+    let r64 = crate::verify::reference::linear::<f64>(&x, &w, Some(&b), h);
+    let r32 = crate::verify::reference::linear::<f32>(&x, &w, Some(&b), h);
     // The rows of extreme range each alone, the others together: no row sets the bound
     // of rows of another scale.
     let groups: Vec<Vec<usize>> = match rows >= 8 {
