@@ -47,6 +47,21 @@ var<private> batch: u32;
 @group(0) @binding(8) var<uniform> dims: Dims;
 @group(0) @binding(9) var<uniform> params: Params;
 
+// x, through a select the compiler cannot decide (the walked length is nonzero in every
+// dispatch that runs, but unknown at compile time), so that it cannot simplify an
+// error-free transformation away: Mesa rewrites (a + b) - a as b, which zeroes TwoSum.
+fn opaque4(x: vec4<f32>) -> vec4<f32> {
+    return select(vec4<f32>(0.0), x, dims.rows != 0u);
+}
+
+// The rounding error of t = a + b (Knuth's TwoSum): a + b == t + two_sum_err4(a, b, t).
+fn two_sum_err4(a: vec4<f32>, b: vec4<f32>, t: vec4<f32>) -> vec4<f32> {
+    let to = opaque4(t);
+    let bp = opaque4(to - a);
+    let ap = opaque4(to - bp);
+    return (a - ap) + (b - bp);
+}
+
 fn ld_x(i: u32) -> f32 {
     return x[i];
 }
@@ -115,13 +130,23 @@ fn block_product(tx: u32, ty: u32, mid: ptr<function, array<vec4<f32>, 4>>) {
     }
 }
 
-// Adds a branch of the blocked sum into the total and starts the next one.
-// (Written out: constant indices keep both blocks in registers.)
-fn fold(acc: ptr<function, array<vec4<f32>, 4>>, mid: ptr<function, array<vec4<f32>, 4>>) {
-    (*acc)[0] = (*acc)[0] + (*mid)[0];
-    (*acc)[1] = (*acc)[1] + (*mid)[1];
-    (*acc)[2] = (*acc)[2] + (*mid)[2];
-    (*acc)[3] = (*acc)[3] + (*mid)[3];
+// Adds a branch of the blocked sum into the total, its rounding error into `err`
+// (TwoSum), and starts the next branch. (Written out: constant indices keep the blocks
+// in registers.)
+fn fold(acc: ptr<function, array<vec4<f32>, 4>>, err: ptr<function, array<vec4<f32>, 4>>,
+        mid: ptr<function, array<vec4<f32>, 4>>) {
+    { let t = (*acc)[0] + (*mid)[0];
+      (*err)[0] = (*err)[0] + two_sum_err4((*acc)[0], (*mid)[0], t);
+      (*acc)[0] = t; }
+    { let t = (*acc)[1] + (*mid)[1];
+      (*err)[1] = (*err)[1] + two_sum_err4((*acc)[1], (*mid)[1], t);
+      (*acc)[1] = t; }
+    { let t = (*acc)[2] + (*mid)[2];
+      (*err)[2] = (*err)[2] + two_sum_err4((*acc)[2], (*mid)[2], t);
+      (*acc)[2] = t; }
+    { let t = (*acc)[3] + (*mid)[3];
+      (*err)[3] = (*err)[3] + two_sum_err4((*acc)[3], (*mid)[3], t);
+      (*acc)[3] = t; }
     *mid = array<vec4<f32>, 4>();
 }
 
@@ -304,6 +329,7 @@ fn layernorm_linear(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocat
             // Initialized explicitly: the loop runs inside others (column blocks, k tiles), and
     // in Chrome (Tint, SwiftShader) a declaration without one was zeroed once, not per trip.
     var acc = array<vec4<f32>, 4>();
+    var err = array<vec4<f32>, 4>();
     var mid = array<vec4<f32>, 4>();
     for (var k0 = 0u; k0 < HIDDEN; k0 = k0 + BK) {
         stage_forward(first, n0, k0, tid);
@@ -312,10 +338,14 @@ fn layernorm_linear(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocat
         // The next slice overwrites sh_a and sh_b.
         workgroupBarrier();
         if ((k0 / BK) % FOLD == FOLD - 1u) {
-            fold(&acc, &mid);
+            fold(&acc, &err, &mid);
         }
     }
-    fold(&acc, &mid);
+    fold(&acc, &err, &mid);
+    acc[0] = acc[0] + err[0];
+    acc[1] = acc[1] + err[1];
+    acc[2] = acc[2] + err[2];
+    acc[3] = acc[3] + err[3];
             for (var i = 0u; i < 4u; i = i + 1u) {
                 let m = ty * 4u + i;
                 let row = first + m;

@@ -46,6 +46,21 @@ var<private> batch: u32;
 @group(0) @binding(7) var<uniform> dims: Dims;
 @group(0) @binding(8) var<uniform> params: Params;
 
+// x, through a select the compiler cannot decide (the walked length is nonzero in every
+// dispatch that runs, but unknown at compile time), so that it cannot simplify an
+// error-free transformation away: Mesa rewrites (a + b) - a as b, which zeroes TwoSum.
+fn opaque4(x: vec4<f32>) -> vec4<f32> {
+    return select(vec4<f32>(0.0), x, dims.rows != 0u);
+}
+
+// The rounding error of t = a + b (Knuth's TwoSum): a + b == t + two_sum_err4(a, b, t).
+fn two_sum_err4(a: vec4<f32>, b: vec4<f32>, t: vec4<f32>) -> vec4<f32> {
+    let to = opaque4(t);
+    let bp = opaque4(to - a);
+    let ap = opaque4(to - bp);
+    return (a - ap) + (b - bp);
+}
+
 fn ld_x(i: u32) -> f32 {
     return x[i];
 }
@@ -114,13 +129,23 @@ fn block_product(tx: u32, ty: u32, mid: ptr<function, array<vec4<f32>, 4>>) {
     }
 }
 
-// Adds a branch of the blocked sum into the total and starts the next one.
-// (Written out: constant indices keep both blocks in registers.)
-fn fold(acc: ptr<function, array<vec4<f32>, 4>>, mid: ptr<function, array<vec4<f32>, 4>>) {
-    (*acc)[0] = (*acc)[0] + (*mid)[0];
-    (*acc)[1] = (*acc)[1] + (*mid)[1];
-    (*acc)[2] = (*acc)[2] + (*mid)[2];
-    (*acc)[3] = (*acc)[3] + (*mid)[3];
+// Adds a branch of the blocked sum into the total, its rounding error into `err`
+// (TwoSum), and starts the next branch. (Written out: constant indices keep the blocks
+// in registers.)
+fn fold(acc: ptr<function, array<vec4<f32>, 4>>, err: ptr<function, array<vec4<f32>, 4>>,
+        mid: ptr<function, array<vec4<f32>, 4>>) {
+    { let t = (*acc)[0] + (*mid)[0];
+      (*err)[0] = (*err)[0] + two_sum_err4((*acc)[0], (*mid)[0], t);
+      (*acc)[0] = t; }
+    { let t = (*acc)[1] + (*mid)[1];
+      (*err)[1] = (*err)[1] + two_sum_err4((*acc)[1], (*mid)[1], t);
+      (*acc)[1] = t; }
+    { let t = (*acc)[2] + (*mid)[2];
+      (*err)[2] = (*err)[2] + two_sum_err4((*acc)[2], (*mid)[2], t);
+      (*acc)[2] = t; }
+    { let t = (*acc)[3] + (*mid)[3];
+      (*err)[3] = (*err)[3] + two_sum_err4((*acc)[3], (*mid)[3], t);
+      (*acc)[3] = t; }
     *mid = array<vec4<f32>, 4>();
 }
 
@@ -222,6 +247,20 @@ fn block_stats(first: u32, count: u32, tid: u32, mu: ptr<function, vec4<f32>>,
             (*rs)[i] = sh_stat[ty * 4u + i].y;
         }
     }
+}
+
+// (Σ sh_a, Σ sh_b) of column tid of the k tile over the 16 row groups' sums, each added
+// with its rounding error kept (TwoSum).
+fn group_sums(tid: u32) -> vec2<f32> {
+    var s = vec2<f32>(0.0);
+    var err = vec2<f32>(0.0);
+    for (var t = 0u; t < 16u; t = t + 1u) {
+        let x = vec2<f32>(sh_a[t * 16u + tid / 4u][tid % 4u], sh_b[t * 16u + tid / 4u][tid % 4u]);
+        let u = s + x;
+        err = err + two_sum_err4(vec4<f32>(s, 0.0, 0.0), vec4<f32>(x, 0.0, 0.0), vec4<f32>(u, 0.0, 0.0)).xy;
+        s = u;
+    }
+    return s + err;
 }
 
 // dy[first + m, n0..n0 + BK] (rows m < count) and W[n0.., k0..k0 + 64]: a slice of
@@ -335,6 +374,7 @@ fn dx_rows(first: u32, count: u32, blk: u32, tid: u32) {
         // Initialized explicitly: the loop runs inside others (column blocks, k tiles), and
     // in Chrome (Tint, SwiftShader) a declaration without one was zeroed once, not per trip.
     var acc = array<vec4<f32>, 4>();
+    var err = array<vec4<f32>, 4>();
     var mid = array<vec4<f32>, 4>();
     for (var n0 = 0u; n0 < OUT; n0 = n0 + BK) {
         stage_dx(first, count, n0, k0, tid);
@@ -343,10 +383,14 @@ fn dx_rows(first: u32, count: u32, blk: u32, tid: u32) {
         // The next slice overwrites sh_a and sh_b.
         workgroupBarrier();
         if ((n0 / BK) % FOLD == FOLD - 1u) {
-            fold(&acc, &mid);
+            fold(&acc, &err, &mid);
         }
     }
-    fold(&acc, &mid);
+    fold(&acc, &err, &mid);
+    acc[0] = acc[0] + err[0];
+    acc[1] = acc[1] + err[1];
+    acc[2] = acc[2] + err[2];
+    acc[3] = acc[3] + err[3];
         var p1 = vec4<f32>(0.0);
         var p2 = vec4<f32>(0.0);
         var g1 = vec4<f32>(0.0);
@@ -377,12 +421,9 @@ fn dx_rows(first: u32, count: u32, blk: u32, tid: u32) {
         workgroupBarrier();
         if (tid < TN && k0 + tid < HIDDEN) {
             let k = k0 + tid;
-            var ga = 0.0;
-            var gb = 0.0;
-            for (var t = 0u; t < 16u; t = t + 1u) {
-                ga = ga + sh_a[t * 16u + tid / 4u][tid % 4u];
-                gb = gb + sh_b[t * 16u + tid / 4u][tid % 4u];
-            }
+            let gab = group_sums(tid);
+            let ga = gab.x;
+            let gb = gab.y;
             dgamma[blk * HIDDEN + k] = ga;
             dbeta[blk * HIDDEN + k] = gb;
         }

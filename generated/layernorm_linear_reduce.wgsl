@@ -39,6 +39,21 @@ var<private> batch: u32;
 @group(0) @binding(7) var<storage, read_write> db: array<f32>;
 @group(0) @binding(8) var<uniform> dims: Dims;
 
+// x, through a select the compiler cannot decide (the walked length is nonzero in every
+// dispatch that runs, but unknown at compile time), so that it cannot simplify an
+// error-free transformation away: Mesa rewrites (a + b) - a as b, which zeroes TwoSum.
+fn opaque4(x: vec4<f32>) -> vec4<f32> {
+    return select(vec4<f32>(0.0), x, dims.rows != 0u);
+}
+
+// The rounding error of t = a + b (Knuth's TwoSum): a + b == t + two_sum_err4(a, b, t).
+fn two_sum_err4(a: vec4<f32>, b: vec4<f32>, t: vec4<f32>) -> vec4<f32> {
+    let to = opaque4(t);
+    let bp = opaque4(to - a);
+    let ap = opaque4(to - bp);
+    return (a - ap) + (b - bp);
+}
+
 // One invocation per element of dγ | dβ | dW | db, summing its partials: n_tiles of
 // dW, n_blocks of dγ and dβ, db_parts of db.
 @compute @workgroup_size(WG)
@@ -46,116 +61,172 @@ fn layernorm_linear_reduce(@builtin(global_invocation_id) gid: vec3<u32>) {
     var e = gid.x;
     if (e < HIDDEN) {
         var acc = 0.0;
-        for (var i1 = 0u; i1 < dims.n_blocks; i1 = i1 + BLOCK * BLOCK) {
-            var mid = 0.0;
-            for (var i2 = i1; i2 < min(i1 + BLOCK * BLOCK, dims.n_blocks); i2 = i2 + BLOCK) {
-                var leaf = 0.0;
-                if (i2 + BLOCK <= dims.n_blocks) {
-                    { let i = i2 + 0u; leaf = leaf + dgamma_part[i * HIDDEN + e]; }
-                    { let i = i2 + 1u; leaf = leaf + dgamma_part[i * HIDDEN + e]; }
-                    { let i = i2 + 2u; leaf = leaf + dgamma_part[i * HIDDEN + e]; }
-                    { let i = i2 + 3u; leaf = leaf + dgamma_part[i * HIDDEN + e]; }
-                    { let i = i2 + 4u; leaf = leaf + dgamma_part[i * HIDDEN + e]; }
-                    { let i = i2 + 5u; leaf = leaf + dgamma_part[i * HIDDEN + e]; }
-                    { let i = i2 + 6u; leaf = leaf + dgamma_part[i * HIDDEN + e]; }
-                    { let i = i2 + 7u; leaf = leaf + dgamma_part[i * HIDDEN + e]; }
-                    
-                } else {
-                    for (var i = i2; i < dims.n_blocks; i = i + 1u) {
-                        leaf = leaf + dgamma_part[i * HIDDEN + e];
-                    }
+        var acc_err = 0.0;
+        for (var i2 = 0u; i2 < dims.n_blocks; i2 = i2 + BLOCK) {
+            if (i2 + BLOCK <= dims.n_blocks) {
+                { let i = i2 + 0u; let x = dgamma_part[i * HIDDEN + e]; let t = acc + x;
+                acc_err = acc_err + two_sum_err4(vec4<f32>(acc), vec4<f32>(x), vec4<f32>(t)).x;
+                acc = t; }
+                { let i = i2 + 1u; let x = dgamma_part[i * HIDDEN + e]; let t = acc + x;
+                acc_err = acc_err + two_sum_err4(vec4<f32>(acc), vec4<f32>(x), vec4<f32>(t)).x;
+                acc = t; }
+                { let i = i2 + 2u; let x = dgamma_part[i * HIDDEN + e]; let t = acc + x;
+                acc_err = acc_err + two_sum_err4(vec4<f32>(acc), vec4<f32>(x), vec4<f32>(t)).x;
+                acc = t; }
+                { let i = i2 + 3u; let x = dgamma_part[i * HIDDEN + e]; let t = acc + x;
+                acc_err = acc_err + two_sum_err4(vec4<f32>(acc), vec4<f32>(x), vec4<f32>(t)).x;
+                acc = t; }
+                { let i = i2 + 4u; let x = dgamma_part[i * HIDDEN + e]; let t = acc + x;
+                acc_err = acc_err + two_sum_err4(vec4<f32>(acc), vec4<f32>(x), vec4<f32>(t)).x;
+                acc = t; }
+                { let i = i2 + 5u; let x = dgamma_part[i * HIDDEN + e]; let t = acc + x;
+                acc_err = acc_err + two_sum_err4(vec4<f32>(acc), vec4<f32>(x), vec4<f32>(t)).x;
+                acc = t; }
+                { let i = i2 + 6u; let x = dgamma_part[i * HIDDEN + e]; let t = acc + x;
+                acc_err = acc_err + two_sum_err4(vec4<f32>(acc), vec4<f32>(x), vec4<f32>(t)).x;
+                acc = t; }
+                { let i = i2 + 7u; let x = dgamma_part[i * HIDDEN + e]; let t = acc + x;
+                acc_err = acc_err + two_sum_err4(vec4<f32>(acc), vec4<f32>(x), vec4<f32>(t)).x;
+                acc = t; }
+                
+            } else {
+                for (var i3 = i2; i3 < dims.n_blocks; i3 = i3 + 1u) {
+                    { let i = i3; let x = dgamma_part[i * HIDDEN + e]; let t = acc + x;
+                acc_err = acc_err + two_sum_err4(vec4<f32>(acc), vec4<f32>(x), vec4<f32>(t)).x;
+                acc = t; }
                 }
-                mid = mid + leaf;
             }
-            acc = acc + mid;
         }
+        acc = acc + acc_err;
         dgamma[e] = acc;
         return;
     }
     e = e - HIDDEN;
     if (e < HIDDEN) {
         var acc = 0.0;
-        for (var i1 = 0u; i1 < dims.n_blocks; i1 = i1 + BLOCK * BLOCK) {
-            var mid = 0.0;
-            for (var i2 = i1; i2 < min(i1 + BLOCK * BLOCK, dims.n_blocks); i2 = i2 + BLOCK) {
-                var leaf = 0.0;
-                if (i2 + BLOCK <= dims.n_blocks) {
-                    { let i = i2 + 0u; leaf = leaf + dbeta_part[i * HIDDEN + e]; }
-                    { let i = i2 + 1u; leaf = leaf + dbeta_part[i * HIDDEN + e]; }
-                    { let i = i2 + 2u; leaf = leaf + dbeta_part[i * HIDDEN + e]; }
-                    { let i = i2 + 3u; leaf = leaf + dbeta_part[i * HIDDEN + e]; }
-                    { let i = i2 + 4u; leaf = leaf + dbeta_part[i * HIDDEN + e]; }
-                    { let i = i2 + 5u; leaf = leaf + dbeta_part[i * HIDDEN + e]; }
-                    { let i = i2 + 6u; leaf = leaf + dbeta_part[i * HIDDEN + e]; }
-                    { let i = i2 + 7u; leaf = leaf + dbeta_part[i * HIDDEN + e]; }
-                    
-                } else {
-                    for (var i = i2; i < dims.n_blocks; i = i + 1u) {
-                        leaf = leaf + dbeta_part[i * HIDDEN + e];
-                    }
+        var acc_err = 0.0;
+        for (var i2 = 0u; i2 < dims.n_blocks; i2 = i2 + BLOCK) {
+            if (i2 + BLOCK <= dims.n_blocks) {
+                { let i = i2 + 0u; let x = dbeta_part[i * HIDDEN + e]; let t = acc + x;
+                acc_err = acc_err + two_sum_err4(vec4<f32>(acc), vec4<f32>(x), vec4<f32>(t)).x;
+                acc = t; }
+                { let i = i2 + 1u; let x = dbeta_part[i * HIDDEN + e]; let t = acc + x;
+                acc_err = acc_err + two_sum_err4(vec4<f32>(acc), vec4<f32>(x), vec4<f32>(t)).x;
+                acc = t; }
+                { let i = i2 + 2u; let x = dbeta_part[i * HIDDEN + e]; let t = acc + x;
+                acc_err = acc_err + two_sum_err4(vec4<f32>(acc), vec4<f32>(x), vec4<f32>(t)).x;
+                acc = t; }
+                { let i = i2 + 3u; let x = dbeta_part[i * HIDDEN + e]; let t = acc + x;
+                acc_err = acc_err + two_sum_err4(vec4<f32>(acc), vec4<f32>(x), vec4<f32>(t)).x;
+                acc = t; }
+                { let i = i2 + 4u; let x = dbeta_part[i * HIDDEN + e]; let t = acc + x;
+                acc_err = acc_err + two_sum_err4(vec4<f32>(acc), vec4<f32>(x), vec4<f32>(t)).x;
+                acc = t; }
+                { let i = i2 + 5u; let x = dbeta_part[i * HIDDEN + e]; let t = acc + x;
+                acc_err = acc_err + two_sum_err4(vec4<f32>(acc), vec4<f32>(x), vec4<f32>(t)).x;
+                acc = t; }
+                { let i = i2 + 6u; let x = dbeta_part[i * HIDDEN + e]; let t = acc + x;
+                acc_err = acc_err + two_sum_err4(vec4<f32>(acc), vec4<f32>(x), vec4<f32>(t)).x;
+                acc = t; }
+                { let i = i2 + 7u; let x = dbeta_part[i * HIDDEN + e]; let t = acc + x;
+                acc_err = acc_err + two_sum_err4(vec4<f32>(acc), vec4<f32>(x), vec4<f32>(t)).x;
+                acc = t; }
+                
+            } else {
+                for (var i3 = i2; i3 < dims.n_blocks; i3 = i3 + 1u) {
+                    { let i = i3; let x = dbeta_part[i * HIDDEN + e]; let t = acc + x;
+                acc_err = acc_err + two_sum_err4(vec4<f32>(acc), vec4<f32>(x), vec4<f32>(t)).x;
+                acc = t; }
                 }
-                mid = mid + leaf;
             }
-            acc = acc + mid;
         }
+        acc = acc + acc_err;
         dbeta[e] = acc;
         return;
     }
     e = e - HIDDEN;
     if (e < OUT * HIDDEN) {
         var acc = 0.0;
-        for (var i1 = 0u; i1 < dims.n_tiles; i1 = i1 + BLOCK * BLOCK) {
-            var mid = 0.0;
-            for (var i2 = i1; i2 < min(i1 + BLOCK * BLOCK, dims.n_tiles); i2 = i2 + BLOCK) {
-                var leaf = 0.0;
-                if (i2 + BLOCK <= dims.n_tiles) {
-                    { let i = i2 + 0u; leaf = leaf + dw_part[i * (OUT * HIDDEN) + e]; }
-                    { let i = i2 + 1u; leaf = leaf + dw_part[i * (OUT * HIDDEN) + e]; }
-                    { let i = i2 + 2u; leaf = leaf + dw_part[i * (OUT * HIDDEN) + e]; }
-                    { let i = i2 + 3u; leaf = leaf + dw_part[i * (OUT * HIDDEN) + e]; }
-                    { let i = i2 + 4u; leaf = leaf + dw_part[i * (OUT * HIDDEN) + e]; }
-                    { let i = i2 + 5u; leaf = leaf + dw_part[i * (OUT * HIDDEN) + e]; }
-                    { let i = i2 + 6u; leaf = leaf + dw_part[i * (OUT * HIDDEN) + e]; }
-                    { let i = i2 + 7u; leaf = leaf + dw_part[i * (OUT * HIDDEN) + e]; }
-                    
-                } else {
-                    for (var i = i2; i < dims.n_tiles; i = i + 1u) {
-                        leaf = leaf + dw_part[i * (OUT * HIDDEN) + e];
-                    }
+        var acc_err = 0.0;
+        for (var i2 = 0u; i2 < dims.n_tiles; i2 = i2 + BLOCK) {
+            if (i2 + BLOCK <= dims.n_tiles) {
+                { let i = i2 + 0u; let x = dw_part[i * (OUT * HIDDEN) + e]; let t = acc + x;
+                acc_err = acc_err + two_sum_err4(vec4<f32>(acc), vec4<f32>(x), vec4<f32>(t)).x;
+                acc = t; }
+                { let i = i2 + 1u; let x = dw_part[i * (OUT * HIDDEN) + e]; let t = acc + x;
+                acc_err = acc_err + two_sum_err4(vec4<f32>(acc), vec4<f32>(x), vec4<f32>(t)).x;
+                acc = t; }
+                { let i = i2 + 2u; let x = dw_part[i * (OUT * HIDDEN) + e]; let t = acc + x;
+                acc_err = acc_err + two_sum_err4(vec4<f32>(acc), vec4<f32>(x), vec4<f32>(t)).x;
+                acc = t; }
+                { let i = i2 + 3u; let x = dw_part[i * (OUT * HIDDEN) + e]; let t = acc + x;
+                acc_err = acc_err + two_sum_err4(vec4<f32>(acc), vec4<f32>(x), vec4<f32>(t)).x;
+                acc = t; }
+                { let i = i2 + 4u; let x = dw_part[i * (OUT * HIDDEN) + e]; let t = acc + x;
+                acc_err = acc_err + two_sum_err4(vec4<f32>(acc), vec4<f32>(x), vec4<f32>(t)).x;
+                acc = t; }
+                { let i = i2 + 5u; let x = dw_part[i * (OUT * HIDDEN) + e]; let t = acc + x;
+                acc_err = acc_err + two_sum_err4(vec4<f32>(acc), vec4<f32>(x), vec4<f32>(t)).x;
+                acc = t; }
+                { let i = i2 + 6u; let x = dw_part[i * (OUT * HIDDEN) + e]; let t = acc + x;
+                acc_err = acc_err + two_sum_err4(vec4<f32>(acc), vec4<f32>(x), vec4<f32>(t)).x;
+                acc = t; }
+                { let i = i2 + 7u; let x = dw_part[i * (OUT * HIDDEN) + e]; let t = acc + x;
+                acc_err = acc_err + two_sum_err4(vec4<f32>(acc), vec4<f32>(x), vec4<f32>(t)).x;
+                acc = t; }
+                
+            } else {
+                for (var i3 = i2; i3 < dims.n_tiles; i3 = i3 + 1u) {
+                    { let i = i3; let x = dw_part[i * (OUT * HIDDEN) + e]; let t = acc + x;
+                acc_err = acc_err + two_sum_err4(vec4<f32>(acc), vec4<f32>(x), vec4<f32>(t)).x;
+                acc = t; }
                 }
-                mid = mid + leaf;
             }
-            acc = acc + mid;
         }
+        acc = acc + acc_err;
         dw[e] = acc;
         return;
     }
     e = e - OUT * HIDDEN;
     if (e < OUT) {
         var acc = 0.0;
-        for (var i1 = 0u; i1 < dims.db_parts; i1 = i1 + BLOCK * BLOCK) {
-            var mid = 0.0;
-            for (var i2 = i1; i2 < min(i1 + BLOCK * BLOCK, dims.db_parts); i2 = i2 + BLOCK) {
-                var leaf = 0.0;
-                if (i2 + BLOCK <= dims.db_parts) {
-                    { let i = i2 + 0u; leaf = leaf + db_part[i * OUT + e]; }
-                    { let i = i2 + 1u; leaf = leaf + db_part[i * OUT + e]; }
-                    { let i = i2 + 2u; leaf = leaf + db_part[i * OUT + e]; }
-                    { let i = i2 + 3u; leaf = leaf + db_part[i * OUT + e]; }
-                    { let i = i2 + 4u; leaf = leaf + db_part[i * OUT + e]; }
-                    { let i = i2 + 5u; leaf = leaf + db_part[i * OUT + e]; }
-                    { let i = i2 + 6u; leaf = leaf + db_part[i * OUT + e]; }
-                    { let i = i2 + 7u; leaf = leaf + db_part[i * OUT + e]; }
-                    
-                } else {
-                    for (var i = i2; i < dims.db_parts; i = i + 1u) {
-                        leaf = leaf + db_part[i * OUT + e];
-                    }
+        var acc_err = 0.0;
+        for (var i2 = 0u; i2 < dims.db_parts; i2 = i2 + BLOCK) {
+            if (i2 + BLOCK <= dims.db_parts) {
+                { let i = i2 + 0u; let x = db_part[i * OUT + e]; let t = acc + x;
+                acc_err = acc_err + two_sum_err4(vec4<f32>(acc), vec4<f32>(x), vec4<f32>(t)).x;
+                acc = t; }
+                { let i = i2 + 1u; let x = db_part[i * OUT + e]; let t = acc + x;
+                acc_err = acc_err + two_sum_err4(vec4<f32>(acc), vec4<f32>(x), vec4<f32>(t)).x;
+                acc = t; }
+                { let i = i2 + 2u; let x = db_part[i * OUT + e]; let t = acc + x;
+                acc_err = acc_err + two_sum_err4(vec4<f32>(acc), vec4<f32>(x), vec4<f32>(t)).x;
+                acc = t; }
+                { let i = i2 + 3u; let x = db_part[i * OUT + e]; let t = acc + x;
+                acc_err = acc_err + two_sum_err4(vec4<f32>(acc), vec4<f32>(x), vec4<f32>(t)).x;
+                acc = t; }
+                { let i = i2 + 4u; let x = db_part[i * OUT + e]; let t = acc + x;
+                acc_err = acc_err + two_sum_err4(vec4<f32>(acc), vec4<f32>(x), vec4<f32>(t)).x;
+                acc = t; }
+                { let i = i2 + 5u; let x = db_part[i * OUT + e]; let t = acc + x;
+                acc_err = acc_err + two_sum_err4(vec4<f32>(acc), vec4<f32>(x), vec4<f32>(t)).x;
+                acc = t; }
+                { let i = i2 + 6u; let x = db_part[i * OUT + e]; let t = acc + x;
+                acc_err = acc_err + two_sum_err4(vec4<f32>(acc), vec4<f32>(x), vec4<f32>(t)).x;
+                acc = t; }
+                { let i = i2 + 7u; let x = db_part[i * OUT + e]; let t = acc + x;
+                acc_err = acc_err + two_sum_err4(vec4<f32>(acc), vec4<f32>(x), vec4<f32>(t)).x;
+                acc = t; }
+                
+            } else {
+                for (var i3 = i2; i3 < dims.db_parts; i3 = i3 + 1u) {
+                    { let i = i3; let x = db_part[i * OUT + e]; let t = acc + x;
+                acc_err = acc_err + two_sum_err4(vec4<f32>(acc), vec4<f32>(x), vec4<f32>(t)).x;
+                acc = t; }
                 }
-                mid = mid + leaf;
             }
-            acc = acc + mid;
         }
+        acc = acc + acc_err;
         db[e] = acc;
     }
 }

@@ -39,6 +39,21 @@ var<private> batch: u32;
 @group(0) @binding(7) var<storage, read_write> db: array<f32>;
 @group(0) @binding(8) var<uniform> dims: Dims;
 
+// x, through a select the compiler cannot decide (the walked length is nonzero in every
+// dispatch that runs, but unknown at compile time), so that it cannot simplify an
+// error-free transformation away: Mesa rewrites (a + b) - a as b, which zeroes TwoSum.
+fn opaque4(x: vec4<f32>) -> vec4<f32> {
+    return select(vec4<f32>(0.0), x, dims.rows != 0u);
+}
+
+// The rounding error of t = a + b (Knuth's TwoSum): a + b == t + two_sum_err4(a, b, t).
+fn two_sum_err4(a: vec4<f32>, b: vec4<f32>, t: vec4<f32>) -> vec4<f32> {
+    let to = opaque4(t);
+    let bp = opaque4(to - a);
+    let ap = opaque4(to - bp);
+    return (a - ap) + (b - bp);
+}
+
 fn ld_x(i: u32) -> f32 {
     return x[i];
 }
@@ -107,13 +122,23 @@ fn block_product(tx: u32, ty: u32, mid: ptr<function, array<vec4<f32>, 4>>) {
     }
 }
 
-// Adds a branch of the blocked sum into the total and starts the next one.
-// (Written out: constant indices keep both blocks in registers.)
-fn fold(acc: ptr<function, array<vec4<f32>, 4>>, mid: ptr<function, array<vec4<f32>, 4>>) {
-    (*acc)[0] = (*acc)[0] + (*mid)[0];
-    (*acc)[1] = (*acc)[1] + (*mid)[1];
-    (*acc)[2] = (*acc)[2] + (*mid)[2];
-    (*acc)[3] = (*acc)[3] + (*mid)[3];
+// Adds a branch of the blocked sum into the total, its rounding error into `err`
+// (TwoSum), and starts the next branch. (Written out: constant indices keep the blocks
+// in registers.)
+fn fold(acc: ptr<function, array<vec4<f32>, 4>>, err: ptr<function, array<vec4<f32>, 4>>,
+        mid: ptr<function, array<vec4<f32>, 4>>) {
+    { let t = (*acc)[0] + (*mid)[0];
+      (*err)[0] = (*err)[0] + two_sum_err4((*acc)[0], (*mid)[0], t);
+      (*acc)[0] = t; }
+    { let t = (*acc)[1] + (*mid)[1];
+      (*err)[1] = (*err)[1] + two_sum_err4((*acc)[1], (*mid)[1], t);
+      (*acc)[1] = t; }
+    { let t = (*acc)[2] + (*mid)[2];
+      (*err)[2] = (*err)[2] + two_sum_err4((*acc)[2], (*mid)[2], t);
+      (*acc)[2] = t; }
+    { let t = (*acc)[3] + (*mid)[3];
+      (*err)[3] = (*err)[3] + two_sum_err4((*acc)[3], (*mid)[3], t);
+      (*acc)[3] = t; }
     *mid = array<vec4<f32>, 4>();
 }
 
@@ -199,6 +224,7 @@ fn dw_tile(tile: u32, t: u32, tid: u32) {
     // Initialized explicitly: the loop runs inside others (column blocks, k tiles), and
     // in Chrome (Tint, SwiftShader) a declaration without one was zeroed once, not per trip.
     var acc = array<vec4<f32>, 4>();
+    var err = array<vec4<f32>, 4>();
     var mid = array<vec4<f32>, 4>();
     for (var r0 = 0u; r0 < count; r0 = r0 + BK) {
         stage_dw(first, count, r0, n0, k0, tid);
@@ -207,10 +233,14 @@ fn dw_tile(tile: u32, t: u32, tid: u32) {
         // The next slice overwrites sh_a and sh_b.
         workgroupBarrier();
         if ((r0 / BK) % FOLD == FOLD - 1u) {
-            fold(&acc, &mid);
+            fold(&acc, &err, &mid);
         }
     }
-    fold(&acc, &mid);
+    fold(&acc, &err, &mid);
+    acc[0] = acc[0] + err[0];
+    acc[1] = acc[1] + err[1];
+    acc[2] = acc[2] + err[2];
+    acc[3] = acc[3] + err[3];
     for (var i = 0u; i < 4u; i = i + 1u) {
         let n = n0 + ty * 4u + i;
         for (var j = 0u; j < 4u; j = j + 1u) {
@@ -223,33 +253,43 @@ fn dw_tile(tile: u32, t: u32, tid: u32) {
     let n = n0 + tid;
     if (k0 == 0u && tid < TN && n < OUT) {
         var dbs = 0.0;
-        for (var i0 = 0u; i0 < count; i0 = i0 + BLOCK * BLOCK * BLOCK) {
-            var trunk = 0.0;
-        for (var i1 = i0; i1 < min(i0 + BLOCK * BLOCK * BLOCK, count); i1 = i1 + BLOCK * BLOCK) {
-            var mid = 0.0;
-            for (var i2 = i1; i2 < min(i1 + BLOCK * BLOCK, min(i0 + BLOCK * BLOCK * BLOCK, count)); i2 = i2 + BLOCK) {
-                var leaf = 0.0;
-                if (i2 + BLOCK <= min(i0 + BLOCK * BLOCK * BLOCK, count)) {
-                    { let i = i2 + 0u; leaf = leaf + ld_dy((first + i) * OUT + n); }
-                    { let i = i2 + 1u; leaf = leaf + ld_dy((first + i) * OUT + n); }
-                    { let i = i2 + 2u; leaf = leaf + ld_dy((first + i) * OUT + n); }
-                    { let i = i2 + 3u; leaf = leaf + ld_dy((first + i) * OUT + n); }
-                    { let i = i2 + 4u; leaf = leaf + ld_dy((first + i) * OUT + n); }
-                    { let i = i2 + 5u; leaf = leaf + ld_dy((first + i) * OUT + n); }
-                    { let i = i2 + 6u; leaf = leaf + ld_dy((first + i) * OUT + n); }
-                    { let i = i2 + 7u; leaf = leaf + ld_dy((first + i) * OUT + n); }
-                    
-                } else {
-                    for (var i = i2; i < min(i0 + BLOCK * BLOCK * BLOCK, count); i = i + 1u) {
-                        leaf = leaf + ld_dy((first + i) * OUT + n);
-                    }
+        var dbs_err = 0.0;
+        for (var i2 = 0u; i2 < count; i2 = i2 + BLOCK) {
+            if (i2 + BLOCK <= count) {
+                { let i = i2 + 0u; let x = ld_dy((first + i) * OUT + n); let t = dbs + x;
+                dbs_err = dbs_err + two_sum_err4(vec4<f32>(dbs), vec4<f32>(x), vec4<f32>(t)).x;
+                dbs = t; }
+                { let i = i2 + 1u; let x = ld_dy((first + i) * OUT + n); let t = dbs + x;
+                dbs_err = dbs_err + two_sum_err4(vec4<f32>(dbs), vec4<f32>(x), vec4<f32>(t)).x;
+                dbs = t; }
+                { let i = i2 + 2u; let x = ld_dy((first + i) * OUT + n); let t = dbs + x;
+                dbs_err = dbs_err + two_sum_err4(vec4<f32>(dbs), vec4<f32>(x), vec4<f32>(t)).x;
+                dbs = t; }
+                { let i = i2 + 3u; let x = ld_dy((first + i) * OUT + n); let t = dbs + x;
+                dbs_err = dbs_err + two_sum_err4(vec4<f32>(dbs), vec4<f32>(x), vec4<f32>(t)).x;
+                dbs = t; }
+                { let i = i2 + 4u; let x = ld_dy((first + i) * OUT + n); let t = dbs + x;
+                dbs_err = dbs_err + two_sum_err4(vec4<f32>(dbs), vec4<f32>(x), vec4<f32>(t)).x;
+                dbs = t; }
+                { let i = i2 + 5u; let x = ld_dy((first + i) * OUT + n); let t = dbs + x;
+                dbs_err = dbs_err + two_sum_err4(vec4<f32>(dbs), vec4<f32>(x), vec4<f32>(t)).x;
+                dbs = t; }
+                { let i = i2 + 6u; let x = ld_dy((first + i) * OUT + n); let t = dbs + x;
+                dbs_err = dbs_err + two_sum_err4(vec4<f32>(dbs), vec4<f32>(x), vec4<f32>(t)).x;
+                dbs = t; }
+                { let i = i2 + 7u; let x = ld_dy((first + i) * OUT + n); let t = dbs + x;
+                dbs_err = dbs_err + two_sum_err4(vec4<f32>(dbs), vec4<f32>(x), vec4<f32>(t)).x;
+                dbs = t; }
+                
+            } else {
+                for (var i3 = i2; i3 < count; i3 = i3 + 1u) {
+                    { let i = i3; let x = ld_dy((first + i) * OUT + n); let t = dbs + x;
+                dbs_err = dbs_err + two_sum_err4(vec4<f32>(dbs), vec4<f32>(x), vec4<f32>(t)).x;
+                dbs = t; }
                 }
-                mid = mid + leaf;
             }
-            trunk = trunk + mid;
         }
-            dbs = dbs + trunk;
-        }
+        dbs = dbs + dbs_err;
         db[tile * OUT + n] = dbs;
     }
 }

@@ -71,50 +71,44 @@ pub(super) fn body(out: &mut Wgsl, spec: &KernelSpec) {
     }
 }
 
-/// `sum_{i in 0..count} TERM(i)` as a WGSL statement block leaving the sum in `result`:
-/// leaves of BLOCK terms (written out, so that a leaf is one loop trip: llvmpipe stops any
-/// invocation after 65535 loop trips), BLOCK leaves per branch, then the branches in turn,
-/// from index `start` (a WGSL u32 expression).
-fn blocked_sum(result: &str, start: &str, count: &str, term: &str) -> String {
+/// `sum_{i in start..count} TERM(i)` as a WGSL statement block leaving the sum in `result`:
+/// each term added with its rounding error kept (TwoSum) and the errors added last, so the
+/// sum is within about an ulp of the exact one at any count, where a framework's pairwise
+/// f32 sum drifts by a rounding per level (a blocked sum of plain adds went over twice the
+/// pairwise error on some inputs). Leaves of BLOCK terms are written out, so that a leaf
+/// is one loop trip (llvmpipe stops any invocation after 65535 loop trips). The kernel
+/// must [`need_compensation`].
+fn compensated_sum(result: &str, start: &str, count: &str, term: &str) -> String {
+    let add = |i: &str| {
+        format!(
+            "{{ let i = {i}; let x = {term}; let t = {result} + x;\n                \
+             {result}_err = {result}_err + two_sum_err4(vec4<f32>({result}), vec4<f32>(x), vec4<f32>(t)).x;\n                \
+             {result} = t; }}"
+        )
+    };
     let leaf: String = (0..super::numerics::DOT_BLOCK)
-        .map(|j| format!("{{ let i = i2 + {j}u; leaf = leaf + {term}; }}\n                    "))
+        .map(|j| format!("{}\n                ", add(&format!("i2 + {j}u"))))
         .collect();
     format!(
         r#"var {result} = 0.0;
-        for (var i1 = {start}; i1 < {count}; i1 = i1 + BLOCK * BLOCK) {{
-            var mid = 0.0;
-            for (var i2 = i1; i2 < min(i1 + BLOCK * BLOCK, {count}); i2 = i2 + BLOCK) {{
-                var leaf = 0.0;
-                if (i2 + BLOCK <= {count}) {{
-                    {leaf}
-                }} else {{
-                    for (var i = i2; i < {count}; i = i + 1u) {{
-                        leaf = leaf + {term};
-                    }}
+        var {result}_err = 0.0;
+        for (var i2 = {start}; i2 < {count}; i2 = i2 + BLOCK) {{
+            if (i2 + BLOCK <= {count}) {{
+                {leaf}
+            }} else {{
+                for (var i3 = i2; i3 < {count}; i3 = i3 + 1u) {{
+                    {last}
                 }}
-                mid = mid + leaf;
             }}
-            {result} = {result} + mid;
-        }}"#
+        }}
+        {result} = {result} + {result}_err;"#,
+        last = add("i3"),
     )
 }
 
-/// [`blocked_sum`] with one more level: BLOCK branches into a trunk (BLOCK³ terms), the
-/// trunks in turn: for db, summed over a whole row tile.
-fn tree_sum(result: &str, count: &str, term: &str) -> String {
-    let inner = blocked_sum(
-        "trunk",
-        "i0",
-        &format!("min(i0 + BLOCK * BLOCK * BLOCK, {count})"),
-        term,
-    );
-    format!(
-        r#"var {result} = 0.0;
-        for (var i0 = 0u; i0 < {count}; i0 = i0 + BLOCK * BLOCK * BLOCK) {{
-            {inner}
-            {result} = {result} + trunk;
-        }}"#
-    )
+/// Records that the kernel's sums call the TwoSum helper.
+fn need_compensation(out: &mut Wgsl) {
+    out.need(&[super::numerics::Helper::TwoSumErr4]);
 }
 
 /// Each row's (mean, 1/std) of a tile of up to 64 rows, in workgroup memory: the forward
@@ -413,6 +407,7 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
 /// rounded once into the dtype (x̂·γ + β, the statistics recomputed by `tile_stats` so that
 /// they are the forward's, and dy) and db's partial over the workgroup's rows.
 fn grad_rows(out: &mut Wgsl, spec: &KernelSpec) {
+    need_compensation(out);
     normalized_rows(out, spec);
     let column_sum = column_sums(
         &[("s", "v")],
@@ -441,8 +436,9 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     );
 }
 
-/// Vec4 sums of each `(result, term)` (after `load`, at `row`) over the workgroup's rows,
-/// in leaves of BLOCK rows.
+/// Vec4 sums of each `(result, term)` (after `load`, at `row`) over the workgroup's rows:
+/// leaves of BLOCK rows, each joining the sum with its rounding error kept (TwoSum), the
+/// errors added last. The kernel must [`need_compensation`].
 fn column_sums(sums: &[(&str, &str)], load: &str) -> String {
     let each = |f: &dyn Fn(&str, &str) -> String| -> String {
         sums.iter()
@@ -450,12 +446,20 @@ fn column_sums(sums: &[(&str, &str)], load: &str) -> String {
             .collect::<Vec<_>>()
             .join("\n        ")
     };
-    let decls =
-        each(&|r, _| format!("var {r} = vec4<f32>(0.0);\n        var leaf_{r} = vec4<f32>(0.0);"));
+    let decls = each(&|r, _| {
+        format!(
+            "var {r} = vec4<f32>(0.0);\n        var {r}_err = vec4<f32>(0.0);\n        \
+             var leaf_{r} = vec4<f32>(0.0);"
+        )
+    });
     let adds = each(&|r, t| format!("    leaf_{r} = leaf_{r} + {t};"));
-    let folds =
-        each(&|r, _| format!("    {r} = {r} + leaf_{r};\n            leaf_{r} = vec4<f32>(0.0);"));
-    let last = each(&|r, _| format!("{r} = {r} + leaf_{r};"));
+    let join = |r: &str| {
+        format!(
+            "{{ let t = {r} + leaf_{r}; {r}_err = {r}_err + two_sum_err4({r}, leaf_{r}, t); {r} = t; }}"
+        )
+    };
+    let folds = each(&|r, _| format!("    {}\n            leaf_{r} = vec4<f32>(0.0);", join(r)));
+    let last = each(&|r, _| format!("{}\n        {r} = {r} + {r}_err;", join(r)));
     format!(
         r#"{decls}
         for (var m = 0u; m < TILE; m = m + 1u) {{
@@ -477,6 +481,7 @@ fn column_sums(sums: &[(&str, &str)], load: &str) -> String {
 /// of BLOCK vec4s per invocation, then over the lanes); dγ's and dβ's partials over the
 /// workgroup's rows.
 fn rows_backward(out: &mut Wgsl, spec: &KernelSpec) {
+    need_compensation(out);
     readers(out, spec);
     let sums = column_sums(
         &[("ga", "g * xhat"), ("gb", "g")],
@@ -564,11 +569,13 @@ fn atomic(spec: &KernelSpec) -> bool {
 /// The backward's first kernel: dx, dγ and dβ. It binds neither the saved statistics nor
 /// β (the budget of 8 storage buffers): each dx block recomputes its rows' statistics.
 fn backward(out: &mut Wgsl, spec: &KernelSpec) {
+    need_compensation(out);
     atomic_adds(out, spec);
     readers(out, spec);
     row_gemm::core(out, spec, DX);
     row_stats(out);
     block_stats(out);
+    group_sums(out);
     stage_dx(out, spec);
     dx_block(out, spec);
     if atomic(spec) {
@@ -609,6 +616,7 @@ fn {name}({args}) {{
 
 /// The backward's second kernel: dW, and db in the tiles of k column 0.
 fn weight_grad(out: &mut Wgsl, spec: &KernelSpec) {
+    need_compensation(out);
     atomic_adds(out, spec);
     readers(out, spec);
     row_gemm::core(out, spec, DW);
@@ -652,6 +660,27 @@ fn block_stats(first: u32, count: u32, tid: u32, mu: ptr<function, vec4<f32>>,
     );
 }
 
+/// The sums of a dx block's dγ and dβ terms over its 16 row groups.
+fn group_sums(out: &mut Wgsl) {
+    out.push_str(
+        r#"// (Σ sh_a, Σ sh_b) of column tid of the k tile over the 16 row groups' sums, each added
+// with its rounding error kept (TwoSum).
+fn group_sums(tid: u32) -> vec2<f32> {
+    var s = vec2<f32>(0.0);
+    var err = vec2<f32>(0.0);
+    for (var t = 0u; t < 16u; t = t + 1u) {
+        let x = vec2<f32>(sh_a[t * 16u + tid / 4u][tid % 4u], sh_b[t * 16u + tid / 4u][tid % 4u]);
+        let u = s + x;
+        err = err + two_sum_err4(vec4<f32>(s, 0.0, 0.0), vec4<f32>(x, 0.0, 0.0), vec4<f32>(u, 0.0, 0.0)).xy;
+        s = u;
+    }
+    return s + err;
+}
+
+"#,
+    );
+}
+
 /// The atomic schedule's dγ and dβ: one workgroup per (row tile, 64 columns) recomputes
 /// dx̂ₙ = dy·W block by block over the tile's rows and sums them, so that each element gets
 /// one atomic add per row tile (as dW does), not one per dx block.
@@ -667,17 +696,14 @@ fn gb_tile(out: &mut Wgsl, spec: &KernelSpec) {
     let _ = write!(
         out,
         r#"// dγ = Σ dx̂ₙ·x̂ and dβ = Σ dx̂ₙ of columns kt·64.. over the row tile's rows: each dx
-// block's sums (4 rows per invocation, then the 16 row groups) are fresh partials, BLOCK
-// of them into a branch, the branches into the total, added once into the gradients.
+// block's sums (4 rows per invocation, then the 16 row groups) join the total with their
+// rounding errors kept (TwoSum), added once into the gradients.
 fn gb_tile(tile: u32, kt: u32, tid: u32) {{
     let tx = tid % 16u;
     let ty = tid / 16u;
     let k0 = kt * TN;
-    var ga = 0.0;
-    var gb = 0.0;
-    // BLOCK blocks' sums into a branch, the branches into ga and gb.
-    var ma = 0.0;
-    var mb = 0.0;
+    // (dγ, dβ) and the rounding errors of their sums.
+    var g = vec4<f32>(0.0);
     for (var sub = 0u; sub < SUBS && tile * TILE + sub * DXR < dims.rows; sub = sub + 1u) {{
         let first = tile * TILE + sub * DXR;
         let count = min(min(DXR, TILE - sub * DXR), dims.rows - first);
@@ -705,26 +731,15 @@ fn gb_tile(tile: u32, kt: u32, tid: u32) {{
         sh_b[ty * 16u + tx] = g2;
         workgroupBarrier();
         if (tid < TN) {{
-            var pa = 0.0;
-            var pb = 0.0;
-            for (var t = 0u; t < 16u; t = t + 1u) {{
-                pa = pa + sh_a[t * 16u + tid / 4u][tid % 4u];
-                pb = pb + sh_b[t * 16u + tid / 4u][tid % 4u];
-            }}
-            ma = ma + pa;
-            mb = mb + pb;
-            if (sub % BLOCK == BLOCK - 1u) {{
-                ga = ga + ma;
-                gb = gb + mb;
-                ma = 0.0;
-                mb = 0.0;
-            }}
+            let p = group_sums(tid);
+            let t = g.xy + p;
+            g = vec4<f32>(t, g.zw + two_sum_err4(vec4<f32>(g.xy, 0.0, 0.0), vec4<f32>(p, 0.0, 0.0), vec4<f32>(t, 0.0, 0.0)).xy);
         }}
         // The next block stages into sh_a and sh_b.
         workgroupBarrier();
     }}
-    ga = ga + ma;
-    gb = gb + mb;
+    let ga = g.x + g.z;
+    let gb = g.y + g.w;
     let k = k0 + tid;
     if (tid < TN && k < HIDDEN) {{
         {dgamma}
@@ -830,12 +845,9 @@ fn dx_block(out: &mut Wgsl, spec: &KernelSpec) {
         workgroupBarrier();
         if (tid < TN && k0 + tid < HIDDEN) {{
             let k = k0 + tid;
-            var ga = 0.0;
-            var gb = 0.0;
-            for (var t = 0u; t < 16u; t = t + 1u) {{
-                ga = ga + sh_a[t * 16u + tid / 4u][tid % 4u];
-                gb = gb + sh_b[t * 16u + tid / 4u][tid % 4u];
-            }}
+            let gab = group_sums(tid);
+            let ga = gab.x;
+            let gb = gab.y;
             {dgamma}
             {dbeta}
         }}
@@ -952,7 +964,7 @@ fn dw_tile(out: &mut Wgsl, spec: &KernelSpec) {
         "n * HIDDEN + k",
         "acc[i][j]",
     );
-    let db_sum = tree_sum("dbs", "count", "ld_dy((first + i) * OUT + n)");
+    let db_sum = compensated_sum("dbs", "0u", "count", "ld_dy((first + i) * OUT + n)");
     let db = flush(spec, "db", "tile", "OUT", "n", "dbs");
     let _ = write!(
         out,
@@ -997,8 +1009,9 @@ fn atomic_adds(out: &mut Wgsl, spec: &KernelSpec) {
 }
 
 fn reduce_partials(out: &mut Wgsl, spec: &KernelSpec) {
+    need_compensation(out);
     let sum = |part: &str, count: &str, size: &str| {
-        blocked_sum("acc", "0u", count, &format!("{part}[i * {size} + e]"))
+        compensated_sum("acc", "0u", count, &format!("{part}[i * {size} + e]"))
     };
     let dgamma = sum("dgamma_part", "dims.n_blocks", "HIDDEN");
     let dbeta = sum("dbeta_part", "dims.n_blocks", "HIDDEN");

@@ -69,7 +69,8 @@ pub(super) fn core(out: &mut Wgsl, spec: &KernelSpec, staging: Staging) {
 /// The loop over staged slices `step` = 0, BK, .. < `count` of one product, `stage` filling
 /// the slices, leaving the product in `acc`. Every product is summed as a framework sums
 /// it: leaves of BLOCK·BLOCK terms (`FOLD` slices) into a fresh branch, the branches into
-/// the total.
+/// the total (on scalar products with their rounding errors kept, so the long top level of
+/// a wide reduction adds none).
 pub(super) fn product_loop(
     spec: &KernelSpec,
     staging: Staging,
@@ -86,6 +87,16 @@ pub(super) fn product_loop(
 /// so an invocation reads its four rows or columns as one vec4) and the product of one
 /// staged pair into the invocation's 4×4 block.
 fn scalar_core(out: &mut Wgsl) {
+    out.need(&[super::numerics::Helper::TwoSumErr4]);
+    let folds: String = (0..4)
+        .map(|i| {
+            format!(
+                "    {{ let t = (*acc)[{i}] + (*mid)[{i}];\n      \
+                 (*err)[{i}] = (*err)[{i}] + two_sum_err4((*acc)[{i}], (*mid)[{i}], t);\n      \
+                 (*acc)[{i}] = t; }}\n"
+            )
+        })
+        .collect();
     let leaf: String = (0..super::numerics::DOT_BLOCK)
         .map(|c| {
             format!(
@@ -125,14 +136,12 @@ fn block_product(tx: u32, ty: u32, mid: ptr<function, array<vec4<f32>, 4>>) {{
     }}
 }}
 
-// Adds a branch of the blocked sum into the total and starts the next one.
-// (Written out: constant indices keep both blocks in registers.)
-fn fold(acc: ptr<function, array<vec4<f32>, 4>>, mid: ptr<function, array<vec4<f32>, 4>>) {{
-    (*acc)[0] = (*acc)[0] + (*mid)[0];
-    (*acc)[1] = (*acc)[1] + (*mid)[1];
-    (*acc)[2] = (*acc)[2] + (*mid)[2];
-    (*acc)[3] = (*acc)[3] + (*mid)[3];
-    *mid = array<vec4<f32>, 4>();
+// Adds a branch of the blocked sum into the total, its rounding error into `err`
+// (TwoSum), and starts the next branch. (Written out: constant indices keep the blocks
+// in registers.)
+fn fold(acc: ptr<function, array<vec4<f32>, 4>>, err: ptr<function, array<vec4<f32>, 4>>,
+        mid: ptr<function, array<vec4<f32>, 4>>) {{
+{folds}    *mid = array<vec4<f32>, 4>();
 }}
 
 "#
@@ -144,6 +153,7 @@ fn scalar_loop(step: &str, count: &str, stage: &str) -> String {
         r#"// Initialized explicitly: the loop runs inside others (column blocks, k tiles), and
     // in Chrome (Tint, SwiftShader) a declaration without one was zeroed once, not per trip.
     var acc = array<vec4<f32>, 4>();
+    var err = array<vec4<f32>, 4>();
     var mid = array<vec4<f32>, 4>();
     for (var {step} = 0u; {step} < {count}; {step} = {step} + BK) {{
         {stage};
@@ -152,10 +162,14 @@ fn scalar_loop(step: &str, count: &str, stage: &str) -> String {
         // The next slice overwrites sh_a and sh_b.
         workgroupBarrier();
         if (({step} / BK) % FOLD == FOLD - 1u) {{
-            fold(&acc, &mid);
+            fold(&acc, &err, &mid);
         }}
     }}
-    fold(&acc, &mid);"#
+    fold(&acc, &err, &mid);
+    acc[0] = acc[0] + err[0];
+    acc[1] = acc[1] + err[1];
+    acc[2] = acc[2] + err[2];
+    acc[3] = acc[3] + err[3];"#
     )
 }
 

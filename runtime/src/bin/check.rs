@@ -96,10 +96,13 @@ fn run(args: Args) -> anyhow::Result<bool> {
         .skip(args.skip)
         .collect();
     // A filter that matches nothing proves nothing: say so rather than pass.
-    let layernorm_only = args
-        .filter
-        .as_deref()
-        .is_some_and(|f| "layernorm_linear".contains(f));
+    let layernorm_only = args.filter.as_deref().is_some_and(|f| {
+        "layernorm_linear".contains(f)
+            || ["linear", "weights"].iter().any(|w| f.contains(w))
+            || layernorm::check::cases(args.layernorm_big)
+                .iter()
+                .any(|c| c.label().contains(f))
+    });
     anyhow::ensure!(
         !cases.is_empty() || layernorm_only || args.list,
         "--filter {:?} (after --skip {}) matches no case: `check --list` lists the cases, and \
@@ -164,7 +167,7 @@ fn run(args: Args) -> anyhow::Result<bool> {
         passed += seed_passed;
         failed += seed_failed;
     }
-    let (ln_passed, ln_failed) = layernorm_rows(&gpu, &args)?;
+    let (ln_passed, ln_failed) = layernorm_rows(&gpu, &args, args.seed..end)?;
     passed += ln_passed;
     failed += ln_failed;
     worst.print(args.seeds > 1);
@@ -222,23 +225,33 @@ impl Worst {
 }
 
 /// The fused LayerNorm + Linear rows and the few-rows Linear's (not attention cases, so
-/// not in the case matrix), with the worst error/bound of each output over its rows.
-fn layernorm_rows(gpu: &Gpu, args: &Args) -> anyhow::Result<(u32, u32)> {
+/// not in the case matrix) at each seed, with the worst error/bound of each output over
+/// its rows; over several seeds only the failing rows are printed, as the matrix's are.
+fn layernorm_rows(
+    gpu: &Gpu,
+    args: &Args,
+    seeds: std::ops::Range<u64>,
+) -> anyhow::Result<(u32, u32)> {
     let wanted = |label: &str, shape: &str| {
         args.filter
             .as_deref()
             .is_none_or(|f| label.contains(f) || shape.contains(f))
     };
     let (mut passed, mut failed) = (0, 0);
-    let mut worst: Vec<(String, f64)> = Vec::new();
+    // Each output's worst error/bound, and where (shape and seed) it was seen.
+    let mut worst: Vec<(String, f64, String)> = Vec::new();
     // Each row printed as it is judged (the real layer's shape takes minutes).
-    let mut report = |row: layernorm::check::LnRow| {
-        print_cells(&row.label, &row.case.label(), "-", &row.verdicts);
+    let mut report = |row: layernorm::check::LnRow, seed: u64| {
+        if args.seeds <= 1 || !row.pass() {
+            print_cells(&row.label, &row.case.label(), "-", &row.verdicts);
+        }
         for (n, v) in &row.verdicts {
             let key = format!("{} {n}", row.label);
-            match worst.iter_mut().find(|(k, _)| *k == key) {
-                Some(w) => w.1 = w.1.max(v.ratio()),
-                None => worst.push((key, v.ratio())),
+            let at = format!("{}, seed {seed}", row.case.label());
+            match worst.iter_mut().find(|(k, _, _)| *k == key) {
+                Some(w) if v.ratio() > w.1 => (w.1, w.2) = (v.ratio(), at),
+                Some(_) => {}
+                None => worst.push((key, v.ratio(), at)),
             }
         }
         if row.pass() {
@@ -247,31 +260,33 @@ fn layernorm_rows(gpu: &Gpu, args: &Args) -> anyhow::Result<(u32, u32)> {
             failed += 1;
         }
     };
-    for (i, case) in layernorm::check::cases(args.layernorm_big)
-        .into_iter()
-        .enumerate()
-    {
-        if !wanted("layernorm_linear", &case.label()) {
-            continue;
-        }
-        let rows = layernorm::check::run(gpu, case, args.seed + 7000 + i as u64)
-            .with_context(|| format!("layernorm_linear {}", case.label()))?;
-        rows.into_iter().for_each(&mut report);
-    }
     // A filter may name the Linear's rows (`linear`, `f16 weights`) or a shape.
     let any_linear = args
         .filter
         .as_deref()
         .is_none_or(|f| ["linear", "weights", "["].iter().any(|w| f.contains(w)));
-    if any_linear {
-        let rows =
-            layernorm::check::linear_rows(gpu, args.seed + 7100).context("the few-rows Linear")?;
-        rows.into_iter()
-            .filter(|r| wanted(&r.label, &r.case.label()))
-            .for_each(&mut report);
+    for seed in seeds {
+        for (i, case) in layernorm::check::cases(args.layernorm_big)
+            .into_iter()
+            .enumerate()
+        {
+            if !wanted("layernorm_linear", &case.label()) {
+                continue;
+            }
+            let rows = layernorm::check::run(gpu, case, seed + 7000 + i as u64)
+                .with_context(|| format!("layernorm_linear {} (seed {seed})", case.label()))?;
+            rows.into_iter().for_each(|r| report(r, seed));
+        }
+        if any_linear {
+            let rows = layernorm::check::linear_rows(gpu, seed + 7100)
+                .with_context(|| format!("the few-rows Linear (seed {seed})"))?;
+            rows.into_iter()
+                .filter(|r| wanted(&r.label, &r.case.label()))
+                .for_each(|r| report(r, seed));
+        }
     }
-    for (key, ratio) in &worst {
-        println!("worst error/bound {key}: {ratio:.3}");
+    for (key, ratio, at) in &worst {
+        println!("worst error/bound {key}: {ratio:.3} ({at})");
     }
     Ok((passed, failed))
 }
