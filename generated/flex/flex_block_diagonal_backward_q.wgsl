@@ -159,12 +159,16 @@ fn mask_tile(q0: u32, q1: u32, k0: u32, k1: u32, h: u32, b: u32) -> vec2<bool> {
     return vec2<bool>(t2, f2);
 }
 
-fn next_key_tile(t0: u32, end: u32, q0: u32, q1: u32, h: u32, bc: u32, b: u32) -> u32 {
-    var t = t0;
-    while (t < end && !mask_tile(q0, q1, t * bc, t * bc + bc - 1u, h, b).x) {
-        t = t + 1u;
+// The first tile from t0 before `end` that may show a key, or `end`; and (y = 1)
+// whether it shows every pair, from the same test.
+fn next_key_tile(t0: u32, end: u32, q0: u32, q1: u32, h: u32, bc: u32, b: u32) -> vec2<u32> {
+    for (var t = t0; t < end; t = t + 1u) {
+        let m = mask_tile(q0, q1, t * bc, t * bc + bc - 1u, h, b);
+        if (m.x) {
+            return vec2<u32>(t, select(0u, 1u, !m.y));
+        }
     }
-    return t;
+    return vec2<u32>(end, 0u);
 }
 
 // The score of query `row` (head h) against key j from the raw dot product q·k (scaled,
@@ -352,8 +356,10 @@ fn flash_backward_q(tile: u32, h: u32, tid: u32) {
     let kt_end = (range.y + BC - 1u) / BC;
     let wg_b = 0u;
     let q_last = min(row0 + BR, dims.seq_len) - 1u;
-    let kt_first = next_key_tile(range.x / BC, kt_end, row0, q_last, h, BC, wg_b);
+    let first_tile = next_key_tile(range.x / BC, kt_end, row0, q_last, h, BC, wg_b);
+    let kt_first = first_tile.x;
     var kt_next = kt_first;
+    var full_next = first_tile.y != 0u;
     var pk_0 = vec4<f32>(0.0);
     var pv_0 = vec4<f32>(0.0);
     var pk_1 = vec4<f32>(0.0);
@@ -363,8 +369,10 @@ fn flash_backward_q(tile: u32, h: u32, tid: u32) {
     pk_1 = fetch_k(kt_first * BC, kv_h, tid + 1u * WG);
     pv_1 = fetch_v(kt_first * BC, kv_h, tid + 1u * WG);
     for (var kt = kt_first; kt < kt_end; kt = kt_next) {
-        kt_next = next_key_tile(kt + 1u, kt_end, row0, q_last, h, BC, wg_b);
-        let tile_full = !mask_tile(row0, q_last, kt * BC, kt * BC + BC - 1u, h, wg_b).y;
+        let tile_full = full_next;
+        let tile_next = next_key_tile(kt + 1u, kt_end, row0, q_last, h, BC, wg_b);
+        kt_next = tile_next.x;
+        full_next = tile_next.y != 0u;
         let j0 = kt * BC;
         // The previous block is done with sh_k and sh_ds.
         workgroupBarrier();

@@ -213,12 +213,16 @@ fn mask_tile(q0: u32, q1: u32, k0: u32, k1: u32, h: u32, b: u32) -> vec2<bool> {
     return vec2<bool>(t5, f5);
 }
 
-fn next_key_tile(t0: u32, end: u32, q0: u32, q1: u32, h: u32, bc: u32, b: u32) -> u32 {
-    var t = t0;
-    while (t < end && !mask_tile(q0, q1, t * bc, t * bc + bc - 1u, h, b).x) {
-        t = t + 1u;
+// The first tile from t0 before `end` that may show a key, or `end`; and (y = 1)
+// whether it shows every pair, from the same test.
+fn next_key_tile(t0: u32, end: u32, q0: u32, q1: u32, h: u32, bc: u32, b: u32) -> vec2<u32> {
+    for (var t = t0; t < end; t = t + 1u) {
+        let m = mask_tile(q0, q1, t * bc, t * bc + bc - 1u, h, b);
+        if (m.x) {
+            return vec2<u32>(t, select(0u, 1u, !m.y));
+        }
     }
-    return t;
+    return vec2<u32>(end, 0u);
 }
 
 // The score of query `row` (head h) against key j from the raw dot product q·k (scaled,

@@ -495,10 +495,10 @@ mod tests {
         ] {
             assert!(exact.contains(text), "missing `{text}`");
         }
-        assert!(!exact.contains("kt_next = next_key_tile("));
+        assert!(!exact.contains("= next_key_tile("));
         let sinks = flash(library::window_with_sinks(24, 4));
         assert!(sinks.contains("return mask_mod(row, h, j);"));
-        assert!(sinks.contains("kt_next = next_key_tile("));
+        assert!(sinks.contains("tile_next = next_key_tile("));
         assert!(sinks.contains("min(dims.seq_len, u32(max(i32(row) + 1, 0)))"));
     }
 }

@@ -171,7 +171,8 @@ fn maybe() -> Iv {
 /// `mask_tile(q_lo, q_hi, k_lo, k_hi, h)`: whether some pair of the tile (bounds
 /// inclusive) may be visible (x) and whether some may be hidden (y); and
 /// `next_key_tile(t, end, q_lo, q_hi, h, bc)`: the first key tile from `t` (of `bc` keys)
-/// before `end` that may hold a visible key, or `end`.
+/// before `end` that may hold a visible key, or `end`, with whether it holds only visible
+/// ones (so a loop tests each tile once, a tile ahead).
 ///
 /// A kernel that reads a block mask ([`crate::KernelSpec::reads_block_mask`]) narrows both
 /// answers by the blocks the tile covers (`block_tile`); `seq` is the positions' extent,
@@ -202,9 +203,13 @@ pub(super) fn functions<S: Clone>(
          fn mask_tile(q0: u32, q1: u32, k0: u32, k1: u32, h: u32, b: u32) -> vec2<bool> {{\n    \
          let q_lo = i32(q0);\n    let q_hi = i32(q1);\n    let k_lo = i32(k0);\n    let k_hi = i32(k1);\n    \
          let hh = i32(h);\n{}    return vec2<bool>({t}, {f}){blocks};\n}}\n\n\
-         fn next_key_tile(t0: u32, end: u32, q0: u32, q1: u32, h: u32, bc: u32, b: u32) -> u32 {{\n    \
-         var t = t0;\n    while (t < end && !mask_tile(q0, q1, t * bc, t * bc + bc - 1u, h, b).x) {{\n        \
-         t = t + 1u;\n    }}\n    return t;\n}}\n\n",
+         // The first tile from t0 before `end` that may show a key, or `end`; and (y = 1)\n\
+         // whether it shows every pair, from the same test.\n\
+         fn next_key_tile(t0: u32, end: u32, q0: u32, q1: u32, h: u32, bc: u32, b: u32) -> vec2<u32> {{\n    \
+         for (var t = t0; t < end; t = t + 1u) {{\n        \
+         let m = mask_tile(q0, q1, t * bc, t * bc + bc - 1u, h, b);\n        \
+         if (m.x) {{\n            return vec2<u32>(t, select(0u, 1u, !m.y));\n        }}\n    }}\n    \
+         return vec2<u32>(end, 0u);\n}}\n\n",
         l.lines
     );
     if reads {
@@ -363,31 +368,36 @@ impl KeyLoop {
                         crate::Op::Extend if spec.grid.pack_heads => {
                             "    let q_first = row_pos(row0);\n    \
                          let q_last = row_pos(min(row0 + BR, kv_len * q_per_kv()) - 1u);\n    \
-                         let kt_first = next_key_tile(range.x / BC, kt_end, q_first, q_last, h, BC, wg_b);\n    \
-                         var kt_next = kt_first;\n"
+                         let first_tile = next_key_tile(range.x / BC, kt_end, q_first, q_last, h, BC, wg_b);\n    \
+                         let kt_first = first_tile.x;\n    var kt_next = kt_first;\n    \
+                         var full_next = first_tile.y != 0u;\n"
                         }
                         crate::Op::Extend => {
                             "    let q_last = min(row0 + BR, kv_len) - 1u;\n    \
-                         let kt_first = next_key_tile(range.x / BC, kt_end, row0, q_last, h, BC, wg_b);\n    \
-                         var kt_next = kt_first;\n"
+                         let first_tile = next_key_tile(range.x / BC, kt_end, row0, q_last, h, BC, wg_b);\n    \
+                         let kt_first = first_tile.x;\n    var kt_next = kt_first;\n    \
+                         var full_next = first_tile.y != 0u;\n"
                         }
                         _ => {
                             "    let q_last = min(row0 + BR, dims.seq_len) - 1u;\n    \
-                         let kt_first = next_key_tile(range.x / BC, kt_end, row0, q_last, h, BC, wg_b);\n    \
-                         var kt_next = kt_first;\n"
+                         let first_tile = next_key_tile(range.x / BC, kt_end, row0, q_last, h, BC, wg_b);\n    \
+                         let kt_first = first_tile.x;\n    var kt_next = kt_first;\n    \
+                         var full_next = first_tile.y != 0u;\n"
                         }
                     },
                 first: "kt_first * BC",
                 head: match spec.grid.pack_heads {
                     true => {
                         "for (var kt = kt_first; kt < kt_end; kt = kt_next) {\n        \
-                         kt_next = next_key_tile(kt + 1u, kt_end, q_first, q_last, h, BC, wg_b);\n        \
-                         let tile_full = !mask_tile(q_first, q_last, kt * BC, kt * BC + BC - 1u, h, wg_b).y;\n"
+                         let tile_full = full_next;\n        \
+                         let tile_next = next_key_tile(kt + 1u, kt_end, q_first, q_last, h, BC, wg_b);\n        \
+                         kt_next = tile_next.x;\n        full_next = tile_next.y != 0u;\n"
                     }
                     false => {
                         "for (var kt = kt_first; kt < kt_end; kt = kt_next) {\n        \
-                         kt_next = next_key_tile(kt + 1u, kt_end, row0, q_last, h, BC, wg_b);\n        \
-                         let tile_full = !mask_tile(row0, q_last, kt * BC, kt * BC + BC - 1u, h, wg_b).y;\n"
+                         let tile_full = full_next;\n        \
+                         let tile_next = next_key_tile(kt + 1u, kt_end, row0, q_last, h, BC, wg_b);\n        \
+                         kt_next = tile_next.x;\n        full_next = tile_next.y != 0u;\n"
                     }
                 },
                 has_next: "kt_next < kt_end",
