@@ -45,9 +45,9 @@ struct Args {
     /// Seed for the random inputs.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Run the case matrix over this many seeds (from `--seed` on). With more than one,
-    /// only failing rows are printed, then the worst error/bound of each kernel and
-    /// schedule over every seed.
+    /// Run the case matrix and the LayerNorm and Linear rows over this many seeds (from
+    /// `--seed` on). With more than one, only failing rows are printed, then the worst
+    /// error/bound of each kernel and schedule over every seed, and where it was seen.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     seeds: u64,
     /// Scratch budget (bytes) the backward planner may give the split schedule. Smaller
