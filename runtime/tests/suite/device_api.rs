@@ -1416,7 +1416,9 @@ fn a_chunk_equals_the_split_decode_of_its_rows() {
 
 /// A split-K decode whose modifiers read three tensors binds 9 storage buffers, past
 /// WebGPU's default 8: built for just what it binds, it runs on an adapter that has them
-/// (lavapipe), and equals the same score read from one tensor.
+/// (lavapipe), and equals the same score read from one tensor; on a device made with
+/// WebGPU's default limits (an engine holding itself to a browser's) it is refused when
+/// built, naming the limit.
 #[test]
 fn a_decode_with_three_modifier_tensors_runs_where_the_adapter_allows() {
     use attn_dsl::flex::library::{build::*, tensor};
@@ -1444,6 +1446,7 @@ fn a_decode_with_three_modifier_tensors_runs_where_the_adapter_allows() {
             .to_vec(),
         ..Flex::default()
     };
+    let three_flex = three.clone();
     let one = Flex {
         score_mod: Some(bin(
             BinOp::Add,
@@ -1518,6 +1521,26 @@ fn a_decode_with_three_modifier_tensors_runs_where_the_adapter_allows() {
         .fold(0.0, f32::max);
     assert!(worst < 1e-5, "three tensors and one differ by {worst}");
     assert!(x.iter().any(|v| *v != 0.0));
+    let (adapter, [(device, queue), _]) = two_devices();
+    let browser = Gpu::from_wgpu(&adapter, device, queue, [&kernels::attention_forward::ABI])
+        .unwrap_or_else(|e| panic!("{e}"));
+    let spec = DecodeSpec {
+        masks: Masks {
+            flex: Some(three_flex.intern()),
+            ..Masks::default()
+        },
+        ..DecodeSpec::new(64, 64, Dtype::F32)
+    };
+    match Decode::new(&browser, spec) {
+        Err(runtime::Error::Device(DeviceError::DeviceLimit {
+            what, needed, has, ..
+        })) => {
+            assert_eq!(what, "max_storage_buffers_per_shader_stage");
+            assert_eq!((needed, has), (9, 8));
+        }
+        Err(e) => panic!("expected the storage-buffer limit, got {e}"),
+        Ok(_) => panic!("a decode binding 9 storage buffers was built under WebGPU's 8"),
+    }
 }
 
 /// The tensor's refusal inside a `runtime::Error`.
