@@ -28,8 +28,9 @@
 // - `plan`, `timing`: which configuration and schedule run, from the adapter's tuning
 //   table; GPU timestamps;
 // - `ops`: the recording API, one module per op (forward, backward with its schedules and
-//   planner, decode, the KV cache, RoPE, LayerNorm + Linear, conversions);
-// - `host`: the host-slice conveniences over the ops (upload, record, submit, read back);
+//   planner, decode, the KV cache, RoPE, LayerNorm + Linear, conversions), each holding its
+//   spec, its object, its recording and its host-slice convenience (upload, record,
+//   submit, read back);
 // - `verify`: the CPU references (f64, and the f32 baseline), the pass rule and the inputs'
 //   generator, for checking the kernels' outputs;
 // - `harness`: the binaries' and tests' case matrix, bench and .npy files, hidden from the
@@ -40,7 +41,6 @@ pub mod device;
 pub mod dispatch;
 mod error;
 pub mod fp8;
-pub mod host;
 pub mod kernels;
 pub mod modifiers;
 pub mod ops;
@@ -68,10 +68,11 @@ pub use attn_dsl::{Dtype, Scalar};
 pub use device::{DeviceError, Gpu};
 pub use dispatch::kernel::Kernel;
 pub use error::{Error, InputError};
-pub use host::attention::{DecodeInput, ForwardInput, ForwardOutput, Heads, decode, forward};
-pub use host::backward::{BackwardInput, Gradients};
-pub use host::decode::{DecodePath, Decoder, SplitDecode};
-pub use host::rope::{RopeInput, rope};
 pub use modifiers::{Bias, DeviceBias, DeviceModifiers, Dropout, FlexOf, Modifiers};
 pub use ops::backward::{Backward, Schedule};
+pub use ops::backward::{BackwardInput, Gradients};
+pub use ops::decode::{DecodeInput, DecodePath, Decoder, SplitDecode, decode};
+pub use ops::forward::{ForwardInput, ForwardOutput, forward};
+pub use ops::rope::{RopeInput, rope};
+pub use shape::Heads;
 pub use tensor::{Tensor, TensorError};

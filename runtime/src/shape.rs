@@ -218,3 +218,12 @@ pub(crate) fn binding_size(limits: &wgpu::Limits, bytes: u64) -> Result<(), Inpu
     }
     Ok(())
 }
+
+/// Bytes per element of binding `name` as the kernel stores it (2 for f16 and bf16).
+pub(crate) fn element_bytes(abi: &attn_dsl::KernelAbi, name: &str) -> u64 {
+    match abi.scalar(name) {
+        attn_dsl::Scalar::F16 | attn_dsl::Scalar::Bf16 => 2,
+        attn_dsl::Scalar::F32 | attn_dsl::Scalar::U32 => 4,
+        attn_dsl::Scalar::E4m3 | attn_dsl::Scalar::E5m2 => 1,
+    }
+}

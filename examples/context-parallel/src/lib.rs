@@ -20,7 +20,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use attn_dsl::{Dtype, Scalar};
 use rand::{Rng, SeedableRng, rngs::StdRng};
-use runtime::host::buffers::rounded;
+use runtime::tensor::buffers::rounded;
 use runtime::verify::compare::Verdict;
 use runtime::verify::reference::Problem;
 use runtime::{Gpu, Heads, Tensor, kernels};

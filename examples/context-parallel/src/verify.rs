@@ -7,7 +7,7 @@
 //! it by the plain rule.
 
 use attn_dsl::{Dtype, Scalar};
-use runtime::host::buffers::{round_to, rounded};
+use runtime::tensor::buffers::{round_to, rounded};
 use runtime::verify::compare::{self, Verdict, judge};
 use runtime::verify::reference::{self, Problem};
 

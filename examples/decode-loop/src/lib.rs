@@ -708,7 +708,7 @@ fn host_reference(c: &Config, layer: &Layer, x0: &[f32]) -> Vec<f64> {
         h.n_kv_heads as usize,
         h.head_dim as usize,
     );
-    let inv: Vec<f64> = runtime::host::rope::inv_freq(10000.0, h.head_dim)
+    let inv: Vec<f64> = runtime::ops::rope::inv_freq(10000.0, h.head_dim)
         .iter()
         .map(|x| f64::from(*x))
         .collect();

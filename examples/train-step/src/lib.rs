@@ -293,7 +293,12 @@ pub fn run(c: &Config) -> Result<Report> {
     }
     let reading = Instant::now();
     let at = dq.offset() + dq.bytes() - 4;
-    let word = runtime::block_on(runtime::host::buffers::read_range(&gpu, dq.buffer(), at, 4))?;
+    let word = runtime::block_on(runtime::tensor::buffers::read_range(
+        &gpu,
+        dq.buffer(),
+        at,
+        4,
+    ))?;
     let scalar = f32::from_le_bytes([word[0], word[1], word[2], word[3]]);
     let readback = reading.elapsed();
     let step_gpu_ms = match &stamps {
@@ -371,7 +376,7 @@ fn host_reference(c: &Config, [q, k, v, d_o]: [&[f32]; 4]) -> [Vec<f64>; 3] {
         h.head_dim as usize,
     );
     let s = c.seq as usize;
-    let inv: Vec<f64> = runtime::host::rope::inv_freq(10000.0, h.head_dim)
+    let inv: Vec<f64> = runtime::ops::rope::inv_freq(10000.0, h.head_dim)
         .iter()
         .map(|x| f64::from(*x))
         .collect();

@@ -10,11 +10,11 @@
 use attn_dsl::Masks;
 use attn_dsl::row_layer::RowSums;
 use attn_dsl::{Dtype, Scalar};
-use runtime::host::layernorm::{layernorm_linear, layernorm_linear_backward};
 use runtime::ops::cache::{CacheLayout, CacheSpec, KvCache};
 use runtime::ops::decode::{Decode, DecodeArgs, DecodeSpec};
 use runtime::ops::forward::{Forward, ForwardArgs, ForwardSpec};
 use runtime::ops::layernorm::{LayerNormLinear, LayerNormSpec};
+use runtime::ops::layernorm::{layernorm_linear, layernorm_linear_backward};
 use runtime::plan::kernels::AttentionSpec;
 use runtime::plan::tuning;
 use runtime::verify::compare::{Verdict, judge};

@@ -747,7 +747,7 @@ fn load_seg(args: &Args, batch: u64, seq: u64) -> anyhow::Result<Option<Vec<u32>
         }
         (None, Some(path)) => {
             let (shape, cu) = npy::read_indices(path)?;
-            let seg = runtime::host::attention::seg_from_cu_seqlens(&cu)
+            let seg = runtime::shape::seg_from_cu_seqlens(&cu)
                 .filter(|_| shape.len() == 1 && cu.last().map(|&x| u64::from(x)) == Some(seq));
             let Some(seg) = seg else {
                 bail!(
@@ -762,7 +762,7 @@ fn load_seg(args: &Args, batch: u64, seq: u64) -> anyhow::Result<Option<Vec<u32>
     };
     let per_sequence = one_or_all.len() as u64 > seq;
     for (b, one) in one_or_all.chunks(seq as usize).enumerate() {
-        runtime::host::attention::validate_seg(one).with_context(|| match per_sequence {
+        runtime::shape::validate_seg(one).with_context(|| match per_sequence {
             true => format!("{} (sequence {b})", path.display()),
             false => format!("{}", path.display()),
         })?;

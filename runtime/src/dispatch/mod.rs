@@ -6,5 +6,6 @@
 pub mod kernel;
 pub(crate) mod record;
 pub mod recorder;
+pub(crate) mod uniforms;
 
 pub use recorder::{Record, Recorder};

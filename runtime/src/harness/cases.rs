@@ -14,17 +14,19 @@ use crate::device::Gpu;
 use crate::dispatch::kernel::Kernel;
 use crate::error::Error;
 use crate::harness::kv_fp8;
-use crate::host::attention::{self, DecodeInput, ForwardInput, Heads};
-use crate::host::backward::{BackwardInput, Gradients};
-use crate::host::decode::{DecodePath, Pages, Slicing, SplitDecode};
-use crate::host::rope::{self, RopeInput};
 use crate::kernels::{BackwardKernels, ROPE};
 use crate::modifiers::{Bias, Dropout, Modifiers};
 use crate::ops::backward::{Backward, Schedule};
+use crate::ops::backward::{BackwardInput, Gradients};
 use crate::ops::cache::CacheLayout;
+use crate::ops::decode::DecodeInput;
 use crate::ops::decode::SplitLayout;
+use crate::ops::decode::{DecodePath, Pages, Slicing, SplitDecode};
 use crate::ops::extend::CHUNK_ROWS;
+use crate::ops::forward::ForwardInput;
+use crate::ops::rope::{self, RopeInput};
 use crate::plan::tuning;
+use crate::shape::Heads;
 use crate::verify::compare::{
     Verdict, judge, judge_attention, judge_backward, judge_half_attention, judge_half_backward,
     max_abs_error,
@@ -1256,7 +1258,7 @@ fn batch_documents(batch: u32, seq: u32, docs: Docs) -> Vec<u32> {
             Docs::Packed(lengths) => {
                 let mut l = lengths.to_vec();
                 l.rotate_left(b as usize % lengths.len());
-                attention::seg_from_lengths(&l)
+                crate::shape::seg_from_lengths(&l)
             }
         })
         .collect()
@@ -1549,7 +1551,7 @@ impl Job {
         }
         // A half-precision kernel is judged on the inputs it reads: rounded to its dtype.
         let dtype = kernel.abi().scalar("o");
-        let [q, k, v] = [q, k, v].map(|x| crate::host::buffers::rounded(&x, dtype));
+        let [q, k, v] = [q, k, v].map(|x| crate::tensor::buffers::rounded(&x, dtype));
         let input = ForwardInput {
             batch: self.batch,
             seq_len: self.seq,
@@ -1561,7 +1563,7 @@ impl Job {
             scale: None,
             mods: self.mods.mods(),
         };
-        let out = attention::forward(gpu, kernel, &input).block_on()?;
+        let out = crate::ops::forward::forward(gpu, kernel, &input).block_on()?;
         if dtype != attn_dsl::Scalar::F32 {
             let p = self.problem();
             return Ok(judge_half_attention(
@@ -1680,13 +1682,13 @@ impl Job {
                 scale_rows(x, f, w);
             }
         }
-        let [q, k, v, d_o] = inputs.map(|x| crate::host::buffers::rounded(&x, scalar));
+        let [q, k, v, d_o] = inputs.map(|x| crate::tensor::buffers::rounded(&x, scalar));
         // The forward a framework saves on these inputs: O in the dtype, LSE in f32.
         let fwd = reference::attention::<f64>(&self.problem(), &cast(&q), &cast(&k), &cast(&v));
         let o: Vec<f32> = fwd
             .o
             .iter()
-            .map(|x| crate::host::buffers::round_to(*x as f32, scalar))
+            .map(|x| crate::tensor::buffers::round_to(*x as f32, scalar))
             .collect();
         let lse: Vec<f32> = fwd.lse.iter().map(|x| *x as f32).collect();
         let input = BackwardInput {
@@ -1879,7 +1881,7 @@ fn split_plan(split: &SplitDecode, heads: Heads, batch: u32, cache_len: u32) -> 
         scale: None,
         mods: Default::default(),
     };
-    crate::host::decode::plan_decode(split, &input)
+    crate::ops::decode::plan_decode(split, &input)
 }
 
 fn planned(label: &str, planned: bool) -> String {
@@ -1943,7 +1945,7 @@ fn run_decode(
         Decoder::Split(s, _) | Decoder::Paged(s, _) => s.reduce_kernel().abi().scalar("o"),
         Decoder::Plain(k) => k.abi().scalar("o"),
     };
-    let [q, k, v] = [q, k, v].map(|x| crate::host::buffers::rounded(&x, dtype));
+    let [q, k, v] = [q, k, v].map(|x| crate::tensor::buffers::rounded(&x, dtype));
     let input = DecodeInput {
         batch,
         cache_len,
@@ -1955,7 +1957,7 @@ fn run_decode(
         mods: mods.mods(),
     };
     let o = match decoder {
-        Decoder::Plain(kernel) => attention::decode(gpu, kernel, &input).block_on()?,
+        Decoder::Plain(kernel) => crate::ops::decode::decode(gpu, kernel, &input).block_on()?,
         Decoder::Split(split, slice_len) => split.run(gpu, &input, slice_len).block_on()?,
         Decoder::Paged(split, page_size) => {
             let (table, k_pool, v_pool) = page_cache(h, (batch, capacity), page_size, 2, [&k, &v]);
@@ -2176,11 +2178,11 @@ fn continued_rows(
         let total_len: u32 = cached.iter().zip(added).map(|(c, a)| c + a).sum();
         let total_added: u32 = added.iter().sum();
         let [q, k, v, _] = qkv(h, total_len, seed);
-        let q = crate::host::buffers::rounded(
+        let q = crate::tensor::buffers::rounded(
             &q[..(total_added * h.n_heads * h.head_dim) as usize],
             scalar,
         );
-        let [k, v] = [k, v].map(|x| crate::host::buffers::rounded(&x, scalar));
+        let [k, v] = [k, v].map(|x| crate::tensor::buffers::rounded(&x, scalar));
         let scales = fp8.map(|f| {
             let v_amax = v.iter().fold(0.0f32, |m, x| m.max(x.abs()));
             let vs = if v_amax > 0.0 { v_amax / f.max() } else { 1.0 };
@@ -2255,9 +2257,10 @@ fn run_fp8_decode(
     let [q, k, v, _] = qkv(h, batch * capacity, seed);
     let fill = filled(h, capacity, cache_len);
     let scalar = Scalar::from(dtype);
-    let q = crate::host::buffers::rounded(&q[..(batch * h.n_heads * h.head_dim) as usize], scalar);
+    let q =
+        crate::tensor::buffers::rounded(&q[..(batch * h.n_heads * h.head_dim) as usize], scalar);
     let [k, v] = [(&k, h.head_dim), (&v, h.head_dim_v)]
-        .map(|(x, width)| crate::host::buffers::rounded(&fill(x, width), scalar));
+        .map(|(x, width)| crate::tensor::buffers::rounded(&fill(x, width), scalar));
     let k_scales = kv_fp8::amax_scales(&k, h, fp8);
     let v_amax = v.iter().fold(0.0f32, |m, x| m.max(x.abs()));
     let v_scales = [if v_amax > 0.0 {

@@ -8,10 +8,10 @@ use pollster::FutureExt as BlockOn;
 
 use crate::device::Gpu;
 use crate::error::Error;
-use crate::host::buffers::rounded;
 use crate::modifiers::Modifiers;
 use crate::ops::merge::{Merge, MergeArgs, MergeSpec};
 use crate::tensor::Tensor;
+use crate::tensor::buffers::rounded;
 use crate::verify::compare::{Verdict, judge};
 use crate::verify::reference::{self, Attention, Problem};
 

@@ -7,6 +7,7 @@ use attn_dsl::Scalar;
 use half::{bf16, f16};
 use wgpu::util::DeviceExt;
 
+pub mod buffers;
 pub mod readback;
 
 use crate::device::Gpu;

@@ -124,9 +124,9 @@ pub fn judge_half_attention(
     let [q, k, v] = inputs.map(reference::cast::<f64>);
     let r64 = reference::attention(problem, &q, &k, &v);
     let [q, k, v] = inputs.map(reference::cast::<f32>);
-    let round = |x: f32| crate::host::buffers::round_to(x, dtype);
+    let round = |x: f32| crate::tensor::buffers::round_to(x, dtype);
     let r32 = reference::attention_rounding_p(problem, &q, &k, &v, &round);
-    let framework_o = crate::host::buffers::rounded(&r32.o, dtype);
+    let framework_o = crate::tensor::buffers::rounded(&r32.o, dtype);
     let scale = r64.o.iter().fold(0.0f64, |m, x| m.max(x.abs()));
     let scaled = |v: Verdict| Verdict {
         bound: v.bound - 1e-6 + 1e-6 * scale.max(1.0),
@@ -155,7 +155,7 @@ pub fn judge_half_backward(
 ) -> Vec<(&'static str, Verdict)> {
     let [q, k, v_, d_o] = inputs.map(reference::cast::<f64>);
     let r64 = reference::attention_backward(problem, [&q, &k, &v_, &d_o], None);
-    let round = |x: f32| crate::host::buffers::round_to(x, dtype);
+    let round = |x: f32| crate::tensor::buffers::round_to(x, dtype);
     let r32 = reference::attention_backward_rounding(problem, inputs, Some(saved), &round);
     let verdict = |got: &[f32], exact: &[f64], framework: &[f32]| {
         let scale = exact.iter().fold(0.0f64, |m, x| m.max(x.abs()));
@@ -165,7 +165,7 @@ pub fn judge_half_backward(
             ..v
         }
     };
-    let half = |g: &[f32]| crate::host::buffers::rounded(g, dtype);
+    let half = |g: &[f32]| crate::tensor::buffers::rounded(g, dtype);
     let mut verdicts = vec![
         ("dq", verdict(got[0], &r64.dq, &half(&r32.dq))),
         ("dk", verdict(got[1], &r64.dk, &half(&r32.dk))),

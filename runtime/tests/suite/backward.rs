@@ -482,7 +482,7 @@ fn rope_backward_undoes_rope_and_both_match_the_reference() {
             "d{d}: backward(forward(x)) is off x by {identity}"
         );
         // The reference takes the exact frequencies in f64; the f32 baseline the rounded table.
-        let exact = runtime::host::rope::inv_freq_exact(10000.0, d);
+        let exact = runtime::ops::rope::inv_freq_exact(10000.0, d);
         let r64 = reference::rope(
             &cast::<f64>(&x),
             seq as usize,
@@ -498,7 +498,7 @@ fn rope_backward_undoes_rope_and_both_match_the_reference() {
             heads as usize,
             d as usize,
             5,
-            &runtime::host::rope::inv_freq(10000.0, d),
+            &runtime::ops::rope::inv_freq(10000.0, d),
             1.0,
         );
         let verdict = runtime::verify::compare::judge(&rotated, &r64, &r32);

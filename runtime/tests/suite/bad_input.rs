@@ -1,7 +1,9 @@
 //! Bad input is refused with a typed error before any GPU work, never a panic.
 
 use attn_dsl::{Gqa, KernelSpec, Masks, Op};
-use runtime::host::attention::{validate_decode, validate_forward, validate_seg};
+use runtime::ops::decode::validate_decode;
+use runtime::ops::forward::validate_forward;
+use runtime::shape::validate_seg;
 use runtime::{DecodeInput, ForwardInput, Heads, InputError, kernels};
 
 const HEADS: Heads = Heads {

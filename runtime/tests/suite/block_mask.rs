@@ -6,9 +6,9 @@
 use attn_dsl::flex::library::{self, build, tensor};
 use attn_dsl::flex::{BLOCK_EMPTY, BLOCK_FULL, BLOCK_PARTIAL, BinOp, Dim, Flex, MASK_BLOCK, Ty};
 use attn_dsl::{Dtype, Masks, Scalar};
-use runtime::host::decode::SplitDecode;
 use runtime::ops::block_mask::BlockMask;
 use runtime::ops::decode::DecodeSpec;
+use runtime::ops::decode::SplitDecode;
 use runtime::ops::forward::{Forward, ForwardArgs, ForwardSpec};
 use runtime::{BlockOn, DecodeInput, DeviceModifiers, FlexOf, Gpu, Heads, Modifiers, Tensor};
 

@@ -1,7 +1,7 @@
 //! Split-K decode: the slicing rule, the planner's choice, and its input errors.
 
 use runtime::BlockOn;
-use runtime::host::decode::{
+use runtime::ops::decode::{
     Calibration, DecodePath, Decoder, SplitDecode, plan_decode, plan_slices,
 };
 use runtime::{DecodeInput, Gpu, Heads, InputError, kernels};
@@ -117,7 +117,7 @@ fn planner_splits_caches_longer_than_a_slice_and_refuses_bad_slices() {
 
 #[test]
 fn paged_input_errors_come_before_any_dispatch() {
-    use runtime::host::decode::Pages;
+    use runtime::ops::decode::Pages;
     let gpu = Gpu::new(kernels::FAMILY.iter().copied())
         .block_on()
         .unwrap_or_else(|e| panic!("{e}"));

@@ -89,7 +89,7 @@ const MIN_ROWS: [usize; 4] = [100, 114, 50, 137];
 #[test]
 fn empty_row_stores_zero_and_infinite_lse_through_generated_bindings() {
     use kernels::attention_forward as fwd;
-    use runtime::host::buffers;
+    use runtime::tensor::buffers;
     let gpu = gpu();
     let (seq, heads, d) = (5u32, 2u32, fwd::HEAD_DIM);
     let n = (seq * heads * d) as usize;

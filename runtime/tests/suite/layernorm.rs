@@ -5,7 +5,7 @@ use attn_dsl::Matrix;
 use attn_dsl::row_layer::RowSums;
 use runtime::BlockOn;
 use runtime::harness::layernorm::check::run;
-use runtime::host::layernorm::{Input, layernorm_linear};
+use runtime::ops::layernorm::{Input, layernorm_linear};
 use runtime::ops::layernorm::{LayerNormLinear, LayerNormSpec};
 use runtime::verify::layernorm::judge::LnCase;
 use runtime::{Error, Gpu, InputError, kernels};
@@ -255,7 +255,7 @@ fn a_linear_at_a_few_rows_passes_the_rule_in_every_weight_dtype() {
             let mut op = Linear::new(&gpu, spec).unwrap();
             for rows in [1, 3, 16, 21] {
                 let x = random((rows * hidden) as usize, u64::from(rows));
-                let w = runtime::host::buffers::rounded(
+                let w = runtime::tensor::buffers::rounded(
                     &random((out * hidden) as usize, 5),
                     Scalar::from(weights),
                 );

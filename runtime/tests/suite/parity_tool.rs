@@ -134,7 +134,7 @@ fn round_trip(name: &str, t: &Inputs, schedule: &str) -> Vec<String> {
                 .collect();
             write_i64(&dir.join("cu.npy"), &cu);
             args.extend(["--cu-seqlens".into(), f("cu.npy")]);
-            runtime::host::attention::seg_from_lengths(lengths)
+            runtime::shape::seg_from_lengths(lengths)
         }
     };
     let seg = one_seg.repeat(b);
@@ -497,7 +497,7 @@ fn half_precision_inputs_give_outputs_in_their_type() {
             attn_dsl::Dtype::F16 => attn_dsl::Scalar::F16,
             _ => attn_dsl::Scalar::Bf16,
         };
-        let rounded = |n, seed| runtime::host::buffers::rounded(&random(n, seed), scalar);
+        let rounded = |n, seed| runtime::tensor::buffers::rounded(&random(n, seed), scalar);
         let (q, k, v, d_o) = (
             rounded(seq * h * d, 1),
             rounded(seq * kv * d, 2),

@@ -8,9 +8,9 @@ use attn_dsl::{Cache, Dtype};
 use super::e2e::{random, waited};
 use crate::device::Gpu;
 use crate::error::Error;
-use crate::host::attention::Heads;
 use crate::ops::cascade::{Cascade, CascadeArgs};
 use crate::ops::decode::{CacheView, Decode, DecodeArgs, DecodeSpec, QueryRows};
+use crate::shape::Heads;
 use crate::tensor::Tensor;
 
 /// Rows of a page.

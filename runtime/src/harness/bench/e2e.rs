@@ -15,13 +15,13 @@ use attn_dsl::{Dtype, Masks, Scalar};
 use crate::device::Gpu;
 use crate::dispatch::Recorder;
 use crate::error::Error;
-use crate::host::attention::Heads;
 use crate::ops::backward::BackwardArgs;
 use crate::ops::backward::BackwardSpec;
 use crate::ops::cache::{CacheLayout, CacheSpec, KvCache};
 use crate::ops::decode::{Decode, DecodeArgs, DecodeSpec, QueryRows};
 use crate::ops::forward::{Forward, ForwardArgs, ForwardSpec};
 use crate::ops::rope::{Rope, RopeArgs, RopeSpec};
+use crate::shape::Heads;
 use crate::tensor::Tensor;
 use crate::timing::Spans;
 

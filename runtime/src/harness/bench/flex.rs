@@ -10,11 +10,11 @@ use attn_dsl::{Dtype, Masks, Scalar};
 
 use crate::device::Gpu;
 use crate::error::Error;
-use crate::host::attention::Heads;
 use crate::modifiers::{DeviceModifiers, FlexOf};
 use crate::ops::backward::BackwardSpec;
 use crate::ops::decode::{CacheView, Decode, DecodeArgs, DecodeSpec};
 use crate::ops::forward::{Forward, ForwardArgs, ForwardSpec};
+use crate::shape::Heads;
 use crate::tensor::Tensor;
 use crate::timing;
 

@@ -7,11 +7,11 @@ use attn_dsl::{Dtype, Masks, Scalar};
 
 use crate::device::Gpu;
 use crate::error::Error;
-use crate::host::attention::Heads;
 use crate::ops::backward::Backward;
 use crate::ops::backward::BackwardArgs;
 use crate::ops::backward::BackwardSpec;
 use crate::ops::forward::{Forward, ForwardArgs, ForwardSpec};
+use crate::shape::Heads;
 use crate::tensor::Tensor;
 use crate::timing;
 

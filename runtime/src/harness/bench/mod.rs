@@ -13,16 +13,17 @@ use attn_dsl::{Cache, Dtype, Fp8, KernelSpec, Masks, Op, Scalar};
 
 use crate::device::Gpu;
 use crate::dispatch::kernel::Kernel;
+use crate::dispatch::uniforms::{checked_grid, uniforms};
 use crate::error::Error;
 use crate::harness::cases::{self, Runner, Shape};
-use crate::host::attention::{Heads, checked_grid, uniforms};
-use crate::host::buffers;
 use crate::kernels;
 use crate::kernels::BackwardKernels;
 use crate::ops::backward::Schedule;
 use crate::ops::decode::SplitLayout;
 use crate::plan::kernels::AttentionSpec;
 use crate::plan::tuning::{self, Table};
+use crate::shape::Heads;
+use crate::tensor::buffers;
 use crate::timing::{self, Step, Timing};
 use crate::verify::random;
 use pollster::FutureExt as BlockOn;
@@ -98,7 +99,7 @@ impl BenchShape {
 
     /// Document starts of the packed sequences, the same in every sequence of the batch.
     fn seg(&self) -> Option<Vec<u32>> {
-        let one = crate::host::attention::seg_from_lengths(self.packed.as_ref()?);
+        let one = crate::shape::seg_from_lengths(self.packed.as_ref()?);
         Some(one.repeat(self.batch as usize))
     }
 }
@@ -239,10 +240,10 @@ pub fn run(
     dims.push(("window", shape.window.unwrap_or(0)));
     let (dims_buf, params_buf) =
         uniforms(gpu, forward.abi(), &dims, &[("scale", h.default_scale())])?;
-    let seg_buf = crate::host::buffers::storage(
+    let seg_buf = crate::tensor::buffers::storage(
         gpu,
         "seg",
-        &crate::host::attention::seg_with_ends(shape.seg().as_deref(), shape.batch, shape.seq),
+        &crate::shape::seg_with_ends(shape.seg().as_deref(), shape.batch, shape.seq),
     );
     let scratch_bytes = Schedule::Split.scratch_bytes(shape.batch, shape.seq, h.n_heads);
     let scratch = (scratch_bytes <= gpu.limits().max_storage_buffer_binding_size)
@@ -738,7 +739,7 @@ impl RowScalePasses {
             .collect();
         let uniforms = dims
             .iter()
-            .map(|d| crate::host::attention::uniform_dims(gpu, &abi, d))
+            .map(|d| crate::dispatch::uniforms::uniform_dims(gpu, &abi, d))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(RowScalePasses {
             kernel: Kernel::now(gpu, &abi)?,
@@ -793,7 +794,7 @@ impl SinkPasses {
         let uniforms = match shape.sinks {
             true => dims
                 .iter()
-                .map(|d| crate::host::attention::uniform_dims(gpu, &abi, d))
+                .map(|d| crate::dispatch::uniforms::uniform_dims(gpu, &abi, d))
                 .collect::<Result<Vec<_>, _>>()?,
             false => Vec::new(),
         };
@@ -1135,7 +1136,7 @@ pub fn decode(
             cache,
             ..crate::ops::decode::DecodeSpec::new(widths.0, widths.1, Dtype::F32)
         };
-        crate::host::decode::SplitDecode::for_spec(gpu, &spec)
+        crate::ops::decode::SplitDecode::for_spec(gpu, &spec)
     };
     let split = f32_split(Cache::Contiguous)?;
     let plain_spec = KernelSpec::standard(
@@ -1157,7 +1158,7 @@ pub fn decode(
     let q = random(b * (h.n_heads * h.head_dim) as usize, 1);
     let k = random(rows * h.head_dim as usize, 2);
     let v = random(rows * h.head_dim_v as usize, 3);
-    let input = crate::host::attention::DecodeInput {
+    let input = crate::ops::decode::DecodeInput {
         batch: shape.batch,
         cache_len: shape.cache_len,
         heads: h,
@@ -1193,11 +1194,11 @@ pub fn decode(
     let paged = f32_split(Cache::Paged)?;
     let (table, k_pool, v_pool) =
         crate::harness::cases::page_cache(h, (shape.batch, shape.cache_len), PAGE, 0, [&k, &v]);
-    let pages = crate::host::decode::Pages {
+    let pages = crate::ops::decode::Pages {
         block_table: &table,
         page_size: PAGE,
     };
-    let paged_input = crate::host::attention::DecodeInput {
+    let paged_input = crate::ops::decode::DecodeInput {
         k_cache: &k_pool,
         v_cache: &v_pool,
         ..input
@@ -1242,7 +1243,7 @@ pub fn decode(
                 kv_fp8,
                 ..crate::ops::decode::DecodeSpec::new(h.head_dim, h.head_dim_v, dtype)
             };
-            let kernels = crate::host::decode::SplitDecode::with_layout(gpu, &spec, layout)?;
+            let kernels = crate::ops::decode::SplitDecode::with_layout(gpu, &spec, layout)?;
             if slice_len.is_some_and(|len| len > kernels.max_slice()) {
                 continue;
             }

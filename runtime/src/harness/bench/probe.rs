@@ -68,7 +68,7 @@ pub fn resident_workgroups(gpu: &Gpu) -> Result<u32, Error> {
         });
     // A cycle through every entry with a stride of 97 (prime to the table's size).
     let chain: Vec<u32> = (0..TABLE).map(|i| (i + 97) % TABLE).collect();
-    let table = crate::host::buffers::storage(gpu, "resident probe chain", &chain);
+    let table = crate::tensor::buffers::storage(gpu, "resident probe chain", &chain);
     let group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
         label: Some("resident probe"),
         layout: &pipeline.get_bind_group_layout(0),

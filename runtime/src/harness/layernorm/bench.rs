@@ -9,11 +9,11 @@ use attn_dsl::row_layer::RowSums;
 use super::baseline::{Baseline, Shape, matmul_grid};
 use crate::device::Gpu;
 use crate::error::Error;
-use crate::host::buffers;
 use crate::ops::layernorm::{
     LayerNormArgs, LayerNormCall, LayerNormGrads, LayerNormLinear, LayerNormSpec, Saved,
 };
 use crate::tensor::Tensor;
+use crate::tensor::buffers;
 use crate::timing::{self, Step, Timing};
 use crate::verify::random;
 

@@ -7,8 +7,8 @@ use pollster::FutureExt as BlockOn;
 
 use crate::device::Gpu;
 use crate::error::Error;
-use crate::host::layernorm::{layernorm_linear, layernorm_linear_backward};
 use crate::ops::layernorm::{LayerNormLinear, LayerNormSpec};
+use crate::ops::layernorm::{layernorm_linear, layernorm_linear_backward};
 use crate::verify::compare::Verdict;
 
 use crate::verify::layernorm::judge::{LnCase, LnJudge};
@@ -175,8 +175,10 @@ fn linear_verdict(
         x[h..2 * h].iter_mut().for_each(|v| *v *= 3e6);
         x[2 * h..3 * h].iter_mut().for_each(|v| *v *= 1e-9);
     }
-    let w =
-        crate::host::buffers::rounded(&crate::verify::random(o * h, seed + 1), Scalar::from(dtype));
+    let w = crate::tensor::buffers::rounded(
+        &crate::verify::random(o * h, seed + 1),
+        Scalar::from(dtype),
+    );
     let b = crate::verify::random(o, seed + 2);
     let spec = LinearSpec {
         hidden: case.hidden,

@@ -1,6 +1,10 @@
 //! The backward pass: one entry point over four schedules, a planner that picks one by
 //! memory budget and adapter features, and scratch allocated once and reused.
 
+// The host-slice convenience: host data checked, uploaded, run, read back.
+mod host;
+pub use host::*;
+
 use std::fmt;
 use std::str::FromStr;
 

@@ -3,6 +3,10 @@
 //! dγ and dβ, then dW and db) with the row sums added by atomics or by the two-pass
 //! schedule.
 
+// The host-slice convenience: host data checked, uploaded, run, read back.
+mod host;
+pub use host::*;
+
 use attn_dsl::row_layer::{self, RowSums};
 use attn_dsl::spec::{Along, MatmulForm};
 use attn_dsl::{Matrix, Op};

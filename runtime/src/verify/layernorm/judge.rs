@@ -3,7 +3,7 @@
 //! pairwise-summed f32 reference as the framework-grade baseline: shared by `check` and the
 //! browser page.
 
-use crate::host::layernorm::{Grads, Input, Output};
+use crate::ops::layernorm::{Grads, Input, Output};
 use crate::verify::compare::{Verdict, judge};
 use crate::verify::layernorm::reference::{self as lnref, Shape};
 use crate::verify::random;

@@ -5,10 +5,11 @@ use attn_dsl::{Dtype, KernelAbi};
 
 use crate::device::Gpu;
 use crate::error::{Error, InputError};
-use crate::host::attention::{self, ForwardInput, length};
 use crate::modifiers::Modifiers;
 use crate::ops::backward::{Backward, Schedule};
+use crate::ops::forward::{self as attention, ForwardInput};
 use crate::shape::Heads;
+use crate::shape::length;
 use crate::tensor::Tensor;
 
 /// The backward's inputs: the forward's Q, K, V, its saved O and LSE, and the upstream
@@ -144,7 +145,7 @@ impl Backward {
         let dk = up(&kv_shape, f32, &grads.dk)?;
         let dv = up(&v_shape, f32, &grads.dv)?;
         let mut uploaded = input.mods.upload(gpu, b, s)?;
-        super::make_block_mask(gpu, &mut uploaded, h.n_heads, s)?;
+        crate::ops::block_mask::make_block_mask(gpu, &mut uploaded, h.n_heads, s)?;
         let flex = uploaded.flex_tensors();
         let mods = uploaded.view(&input.mods, &flex);
         let dbias = match mods.bias {

@@ -4,6 +4,10 @@
 //! and compiles each configuration on the first call that needs it; one built from a
 //! kernel runs that kernel.
 
+// The host-slice convenience: host data checked, uploaded, run, read back.
+mod host;
+pub use host::*;
+
 use attn_dsl::{FlashConfig, KernelAbi, Op};
 
 use super::row_max::RowMaxima;

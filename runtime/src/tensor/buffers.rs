@@ -5,8 +5,8 @@ use bytemuck::Pod;
 use half::{bf16, f16};
 use wgpu::util::DeviceExt;
 
+pub use super::readback::{read, read_as, read_many, read_range};
 use crate::device::Gpu;
-pub use crate::tensor::readback::{read, read_as, read_many, read_range};
 
 /// A storage buffer holding `data`. Empty data still gets 4 bytes: wgpu refuses
 /// zero-sized bindings.

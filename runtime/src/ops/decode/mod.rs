@@ -7,6 +7,10 @@
 //! length the grid must cover: a decode loop whose caches grow a row per step records the
 //! same uniforms step after step, and its lengths move on the device.
 
+// The host-slice convenience: host data checked, uploaded, run, read back.
+mod host;
+pub use host::*;
+
 use attn_dsl::{Cache, Dtype, KernelAbi, KernelSpec, Masks, Op, Scalar, Source};
 
 use super::extend::{ChunkArgs, ChunkShape, ChunkSpec, Chunks};
@@ -17,8 +21,8 @@ use crate::dispatch::record::{Dispatch, Pipeline};
 use crate::dispatch::recorder::{Record, Recorder};
 use crate::error::{Error, InputError};
 use crate::modifiers::{DeviceModifiers, expect};
-use crate::plan::calibration::Calibration;
-use crate::plan::decode::{Slicing, plan_slices};
+pub use crate::plan::calibration::Calibration;
+pub use crate::plan::decode::{Slicing, plan_slices};
 use crate::plan::tuning::Table;
 use crate::shape::{Heads, nonzero, validate_heads, validate_scale};
 use crate::tensor::{Tensor, TensorError};

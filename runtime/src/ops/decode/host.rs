@@ -11,17 +11,17 @@ use attn_dsl::{Cache, Dtype, KernelAbi, Op};
 use crate::device::Gpu;
 use crate::dispatch::Record;
 use crate::dispatch::kernel::{Kernel, Step};
+use crate::dispatch::uniforms::{checked_grid, modified_uniforms, submit};
 use crate::error::{Error, InputError};
-use crate::host::attention::{
-    DecodeInput, Heads, binding_size, checked_grid, expect_op, length, modified_uniforms,
-    validate_cache, validate_query,
-};
-use crate::host::buffers;
+use crate::modifiers::Modifiers;
 use crate::ops::decode::{DecodeSpec, SplitLayout};
+use crate::plan::calibration::Calibration;
+use crate::plan::decode::{Slicing, plan_slices};
+use crate::shape::{
+    Heads, binding_size, element_bytes, expect_op, length, nonzero, validate_heads, validate_scale,
+};
 use crate::tensor::Tensor;
-
-pub use crate::plan::calibration::Calibration;
-pub use crate::plan::decode::{Slicing, plan_slices};
+use crate::tensor::buffers;
 
 /// A paged KV cache: `DecodeInput::k_cache` and `v_cache` hold a pool of pages
 /// `[n_pages, page_size, n_kv_heads, head_dim]`, and row `b` of `block_table`
@@ -227,7 +227,7 @@ impl SplitDecode {
             None => per,
             Some(p) => p.block_table.len() as u32 / b * p.page_size,
         };
-        super::make_block_mask(gpu, &mut uploaded, h.n_heads, capacity)?;
+        crate::ops::block_mask::make_block_mask(gpu, &mut uploaded, h.n_heads, capacity)?;
         let flex = uploaded.flex_tensors();
         let args = crate::ops::decode::DecodeArgs {
             rows: Default::default(),
@@ -572,9 +572,143 @@ impl Decoder {
     ) -> Result<(Vec<f32>, DecodePath), Error> {
         let path = self.plan(input);
         let o = match path {
-            DecodePath::Plain => crate::host::attention::decode(gpu, &self.plain, input).await?,
+            DecodePath::Plain => decode(gpu, &self.plain, input).await?,
             DecodePath::Split(s) => self.split.run(gpu, input, Some(s.slice_len)).await?,
         };
         Ok((o, path))
     }
+}
+
+// The plain decode of host slices (one workgroup per head).
+
+/// One query row per head and sequence against the first `cache_len` rows of a KV cache
+/// laid out `[batch, capacity, n_kv_heads, head_dim]`; `q` is `[batch, n_heads, head_dim]`.
+#[derive(Clone, Copy, Debug)]
+pub struct DecodeInput<'a> {
+    /// Sequences, each with its own query row and cache.
+    pub batch: u32,
+    /// Cache rows each query attends over, the same for every sequence.
+    pub cache_len: u32,
+    /// Query and KV heads and their widths.
+    pub heads: Heads,
+    /// The query rows, `[batch, n_heads, head_dim]`.
+    pub q: &'a [f32],
+    /// Cached keys, `[batch, capacity, n_kv_heads, head_dim]`.
+    pub k_cache: &'a [f32],
+    /// Cached values, `[batch, capacity, n_kv_heads, head_dim_v]`.
+    pub v_cache: &'a [f32],
+    /// Defaults to `1 / sqrt(head_dim)`.
+    pub scale: Option<f32>,
+    /// The window (over the cache's last rows), ALiBi slopes and soft cap the kernel takes.
+    pub mods: Modifiers<'a>,
+}
+
+/// The plain decode of host data (one workgroup per head), read back.
+pub async fn decode(
+    gpu: &Gpu,
+    kernel: &Kernel,
+    input: &DecodeInput<'_>,
+) -> Result<Vec<f32>, Error> {
+    let abi = kernel.abi();
+    validate_decode(abi, gpu.limits(), input)?;
+    let h = input.heads;
+    let row = u64::from(input.batch) * u64::from(h.n_kv_heads) * u64::from(h.head_dim);
+    let capacity = (input.k_cache.len() as u64 / row) as u32;
+    let dims = [
+        ("cache_len", input.cache_len),
+        ("n_heads", h.n_heads),
+        ("n_kv_heads", h.n_kv_heads),
+        ("head_dim", h.head_dim),
+        ("batch", input.batch),
+        ("capacity", capacity),
+    ];
+    let grid = checked_grid(abi, gpu.limits(), &dims)?;
+    let q = buffers::storage(gpu, "q", input.q);
+    let k = buffers::storage(gpu, "k_cache", input.k_cache);
+    let v = buffers::storage(gpu, "v_cache", input.v_cache);
+    let o_len = (u64::from(input.batch) * u64::from(h.n_heads) * u64::from(h.head_dim_v)) as usize;
+    let o = buffers::output::<f32>(gpu, "o", o_len);
+    let (dims, params) = modified_uniforms(gpu, abi, &dims, input.scale, h, &input.mods)?;
+    let mods = input.mods.buffers(gpu);
+    let mut bound = vec![
+        ("q", &q),
+        ("k_cache", &k),
+        ("v_cache", &v),
+        ("o", &o),
+        ("dims", &dims),
+        ("params", &params),
+    ];
+    bound.extend(mods.iter().map(|(n, b)| (n.as_str(), b)));
+    submit(gpu, kernel, &bound, grid)?;
+    buffers::read(gpu, &o, o_len).await
+}
+
+/// The checks [`decode`] makes before it uploads anything: the kernel's op, the query
+/// against the kernel, the cache's lengths, `cache_len` against the cache's capacity and
+/// the adapter's binding size.
+pub fn validate_decode(
+    abi: &KernelAbi,
+    limits: &wgpu::Limits,
+    input: &DecodeInput,
+) -> Result<(), InputError> {
+    expect_op(abi, Op::Decode)?;
+    validate_cache(abi, limits, input)
+}
+
+/// Dims, Q and cache lengths, scale and modifiers of a decode (plain or split-K), against
+/// the kernel that reads the cache.
+pub(crate) fn validate_cache(
+    abi: &KernelAbi,
+    limits: &wgpu::Limits,
+    input: &DecodeInput,
+) -> Result<(), InputError> {
+    validate_query(abi, input)?;
+    let h = input.heads;
+    let (nkv, d) = (h.n_kv_heads as u64, h.head_dim as u64);
+    let batch = u64::from(input.batch);
+    // A row of the cache holds every sequence's KV heads.
+    let row = batch * nkv * d;
+    let capacity = input.k_cache.len() as u64 / row;
+    if !(input.k_cache.len() as u64).is_multiple_of(row) {
+        return Err(InputError::Length {
+            name: "k_cache",
+            expected: (capacity + 1) * row,
+            got: input.k_cache.len() as u64,
+            layout: "batch × capacity × n_kv_heads × head_dim, for a whole capacity".into(),
+        });
+    }
+    length(
+        "v_cache",
+        input.v_cache.len(),
+        capacity * row / d * u64::from(h.head_dim_v),
+        "the same rows as k_cache, head_dim_v wide",
+    )?;
+    if u64::from(input.cache_len) > capacity {
+        return Err(InputError::CacheTooShort {
+            cache_len: input.cache_len,
+            capacity,
+        });
+    }
+    binding_size(
+        limits,
+        input.k_cache.len() as u64 * element_bytes(abi, "k_cache"),
+    )?;
+    Ok(())
+}
+
+/// What every decode checks whatever its cache's layout: dims, heads, Q's length, the
+/// scale and the modifiers.
+pub(crate) fn validate_query(abi: &KernelAbi, input: &DecodeInput) -> Result<(), InputError> {
+    nonzero("batch", input.batch)?;
+    nonzero("cache_len", input.cache_len)?;
+    let h = input.heads;
+    validate_heads(abi, h)?;
+    length(
+        "q",
+        input.q.len(),
+        u64::from(input.batch) * u64::from(h.n_heads) * u64::from(h.head_dim),
+        "batch × n_heads × head_dim",
+    )?;
+    validate_scale(input.scale)?;
+    input.mods.validate(abi, input.batch, 1, h.n_heads)
 }

@@ -8,7 +8,7 @@ use attn_dsl::Scalar;
 use crate::device::Gpu;
 use crate::dispatch::kernel::Kernel;
 use crate::error::{Error, InputError};
-use crate::host::attention::{length, nonzero};
+use crate::shape::{length, nonzero};
 use crate::tensor::Tensor;
 
 /// A tensor for [`rope`] to rotate, and the positions and frequencies it rotates by.
@@ -51,8 +51,6 @@ pub async fn rope(gpu: &Gpu, kernel: &Kernel, input: &RopeInput<'_>) -> Result<V
     gpu.queue.submit([encoder.finish()]);
     x.to_f32(gpu).await
 }
-
-pub use crate::ops::rope::{inv_freq, inv_freq_exact};
 
 fn validate(kernel: &Kernel, input: &RopeInput) -> Result<(), InputError> {
     let abi = kernel.abi();

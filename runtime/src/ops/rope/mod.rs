@@ -2,6 +2,10 @@
 //! `positions[b] + s`, the positions on the device (a KV cache's lengths, in a decode
 //! loop), so that a step's uniforms never change.
 
+// The host-slice convenience: host data checked, uploaded, run, read back.
+mod host;
+pub use host::*;
+
 use attn_dsl::{KernelSpec, Masks, Op, Scalar};
 
 use super::grid;
