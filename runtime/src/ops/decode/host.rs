@@ -1,5 +1,6 @@
-//! Split-K decode: the two kernels (`decode_split`, then `decode_reduce`), the rule that
-//! cuts the cache into slices, and the planner's choice between it and the plain decode.
+//! The decode of host slices: split-K (the two kernels, `decode_split` then
+//! `decode_reduce`, the rule that cuts the cache into slices), the plain decode, and the
+//! planner's choice between them ([`super::Decode`] records a decode on device tensors).
 //!
 //! The plain decode runs one workgroup per (head, sequence): 32 heads make 32 workgroups,
 //! a fraction of a GPU's cores, each walking the whole cache alone. Split-K gives every

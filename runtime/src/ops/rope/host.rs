@@ -1,5 +1,6 @@
-//! RoPE on the GPU: in place on a `[batch, seq, heads, head_dim]` tensor (Q with `n_heads`,
-//! K with `n_kv_heads`), forward or backward as the kernel was built.
+//! RoPE of host slices: in place on a `[batch, seq, heads, head_dim]` tensor (Q with
+//! `n_heads`, K with `n_kv_heads`), forward or backward as the kernel was built, uploaded,
+//! run and read back ([`super::Rope`] records it on device tensors).
 
 use attn_dsl::Op;
 
