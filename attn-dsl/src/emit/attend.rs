@@ -3,16 +3,17 @@
 //! of WG, keeps the running max `m`, sum `l` and accumulator, and writes `O = acc / l` and
 //! `LSE = m + log(l)`. Forward and decode share it; they differ only in the index helpers.
 
+use super::index;
 use super::numerics::Helper;
 use super::writer::{Fragment, Template, Wgsl};
-use std::fmt::Write;
-
-use super::index;
 use crate::spec::KernelSpec;
 
-pub(super) fn workgroup_memory(out: &mut Wgsl) {
-    out.push_str(
-        r#"var<workgroup> sh_q: array<f32, HEAD_DIM>;
+/// The row's staged query, its accumulator, the block's P and partial sums, and the
+/// row's state and key range.
+const WORKGROUP_MEMORY: Template = Template {
+    name: "attend_workgroup_memory",
+    needs: &[],
+    text: r#"var<workgroup> sh_q: array<f32, HEAD_DIM>;
 var<workgroup> sh_acc: array<f32, HEAD_DIM>;
 var<workgroup> sh_p: array<f32, WG>;
 var<workgroup> sh_partial: array<f32, WG>;
@@ -22,7 +23,10 @@ var<workgroup> sh_state: vec2<f32>;
 var<workgroup> sh_range: vec2<u32>;
 
 "#,
-    );
+};
+
+pub(super) fn workgroup_memory(out: &mut Wgsl) {
+    out.put(WORKGROUP_MEMORY.plain());
 }
 
 pub(super) fn forward_helpers(out: &mut Wgsl, spec: &KernelSpec) {
@@ -37,14 +41,17 @@ pub(super) fn forward_helpers(out: &mut Wgsl, spec: &KernelSpec) {
         }
         false => {
             super::dtype::accessors(out, spec, &names);
-            out.need(&[Helper::Lse]);
-            out.push_str(FORWARD_STATS);
+            out.put(FORWARD_STATS.plain());
         }
     }
     super::sinks::helpers(out, spec);
 }
 
-const FORWARD_STATS: &str = r#"fn positive_inf() -> f32 {
+/// `store_lse`: the row's LSE, +inf for an empty row.
+const FORWARD_STATS: Template = Template {
+    name: "forward_stats",
+    needs: &[Helper::Lse],
+    text: r#"fn positive_inf() -> f32 {
     // Not a constant expression: WGSL rejects non-finite constants.
     var bits = 0x7f800000u;
     return bitcast<f32>(bits);
@@ -61,29 +68,31 @@ fn store_lse(row: u32, h: u32, m: f32, l: f32) {
     lse[row_index(row, h)] = x;
 }
 
-"#;
+"#,
+};
 
-pub(super) fn decode_helpers(out: &mut Wgsl, spec: &KernelSpec) {
-    index::kv_head(out, spec);
-    index::row_indexing(out, spec);
-    let start = if spec.masks.window {
-        "select(0u, cache_len() - dims.window, cache_len() > dims.window)"
-    } else {
-        "0u"
-    };
-    let (start, end) = index::decode_bounds(spec, start, "cache_len()", "cache_len() - 1u");
-    let _ = write!(
-        out,
-        "// Keys in the cache: one length for every sequence.\nfn cache_len() -> u32 {{\n    \
-         return dims.cache_len;\n}}\n\n\
-         // The query follows the cache's last row.\nfn key_range(row: u32) -> vec2<u32> {{\n    \
-         return vec2<u32>({start}, {end});\n}}\n\n"
-    );
-    index::key_visible(out, spec);
-    super::scores::helpers(out, spec, false);
-    super::sinks::helpers(out, spec);
-    out.push_str(
-        r#"fn query_at(i: u32) -> f32 {
+/// The decode's keys: the whole cache (or its window).
+const DECODE_RANGE: Template = Template {
+    name: "decode_range",
+    needs: &[],
+    text: r#"// Keys in the cache: one length for every sequence.
+fn cache_len() -> u32 {
+    return dims.cache_len;
+}
+
+// The query follows the cache's last row.
+fn key_range(row: u32) -> vec2<u32> {
+    return vec2<u32>($start, $end);
+}
+
+"#,
+};
+
+/// The decode's loads and stores: f32 tensors, and no LSE.
+const DECODE_ACCESSORS: Template = Template {
+    name: "decode_accessors",
+    needs: &[],
+    text: r#"fn query_at(i: u32) -> f32 {
     return q[i];
 }
 
@@ -104,7 +113,22 @@ fn store_lse(row: u32, h: u32, m: f32, l: f32) {
 }
 
 "#,
-    );
+};
+
+pub(super) fn decode_helpers(out: &mut Wgsl, spec: &KernelSpec) {
+    index::kv_head(out, spec);
+    index::row_indexing(out, spec);
+    let start = if spec.masks.window {
+        "select(0u, cache_len() - dims.window, cache_len() > dims.window)"
+    } else {
+        "0u"
+    };
+    let (start, end) = index::decode_bounds(spec, start, "cache_len()", "cache_len() - 1u");
+    out.put(DECODE_RANGE.fill([("start", start.into()), ("end", end.into())]));
+    index::key_visible(out, spec);
+    super::scores::helpers(out, spec, false);
+    super::sinks::helpers(out, spec);
+    out.put(DECODE_ACCESSORS.plain());
 }
 
 pub(super) fn attend_row(out: &mut Wgsl, spec: &KernelSpec) {
@@ -117,30 +141,28 @@ pub(super) fn attend_row(out: &mut Wgsl, spec: &KernelSpec) {
         "",
     );
     let stage_q = match index::within(spec, index::Row::Qk, "tid") {
-        Some(c) => format!(
-            "sh_q[tid] = 0.0;\n        if ({c}) {{\n            sh_q[tid] = query_at(qi + tid);\n        }}"
-        ),
-        None => "sh_q[tid] = query_at(qi + tid);".into(),
+        Some(c) => STAGE_Q_WITHIN.fill([("within", c.into())]),
+        None => Fragment::from("sh_q[tid] = query_at(qi + tid);\n"),
     };
     // The row's state, with the sink joined where the kernel has one.
     let (state, result, m) = match super::sinks::join(spec.masks.sinks, "h", "m", "l", "corr") {
         Some(join) => (
-            format!("var m = sh_state.x;\nvar l = sh_state.y;\n{join}"),
+            JOINED_STATE.fill([("join", join.into())]),
             "sh_acc[tid] * (corr / l)",
             "m",
         ),
         None => (
-            "let l = sh_state.y;\n".into(),
+            Fragment::from("let l = sh_state.y;\n"),
             "sh_acc[tid] / l",
             "sh_state.x",
         ),
     };
     out.put(ATTEND_ROW.fill([
         ("dot", dot),
-        ("state", Fragment::from(state)),
+        ("state", state),
         ("result", Fragment::from(result)),
         ("m", Fragment::from(m)),
-        ("stage_q", Fragment::from(stage_q)),
+        ("stage_q", stage_q),
         (
             "v_in",
             Fragment::from(index::and_within(
@@ -162,6 +184,32 @@ pub(super) fn attend_row(out: &mut Wgsl, spec: &KernelSpec) {
     ]));
 }
 
+/// The query row into `sh_q`, zeros past a Q row narrower than the kernel's width. (The
+/// `if` sits 8 columns deeper than the line before it in the emitted kernels; the
+/// snapshots hold that text.)
+const STAGE_Q_WITHIN: Template = Template {
+    name: "stage_q_within",
+    needs: &[],
+    text: r#"sh_q[tid] = 0.0;
+        if ($within) {
+            sh_q[tid] = query_at(qi + tid);
+        }
+"#,
+};
+
+/// The row's state read for its output, as variables `join_sink` may move.
+const JOINED_STATE: Template = Template {
+    name: "joined_state",
+    needs: &[],
+    text: r#"var m = sh_state.x;
+var l = sh_state.y;
+$join
+"#,
+};
+
+/// One query row against its visible keys, a block of WG keys at a time: the scores, the
+/// online softmax's max and sum, P·V split over K_PAR invocations per element; then O and
+/// the LSE.
 const ATTEND_ROW: Template = Template {
     name: "attend_row",
     needs: &[Helper::Exp],
@@ -252,14 +300,18 @@ const ATTEND_ROW: Template = Template {
 "#,
 };
 
-pub(super) fn decode_entry(out: &mut Wgsl, name: &str) {
-    let _ = write!(
-        out,
-        r#"@compute @workgroup_size(WG)
-fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {{
+/// The decode's entry point: one workgroup per head, of the batch's sequence `wg.y`.
+const DECODE_ENTRY: Template = Template {
+    name: "decode_entry",
+    needs: &[],
+    text: r#"@compute @workgroup_size(WG)
+fn $name(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     batch = wg.y;
     attend_row(0u, wg.x, tid);
-}}
-"#
-    );
+}
+"#,
+};
+
+pub(super) fn decode_entry(out: &mut Wgsl, name: &str) {
+    out.put(DECODE_ENTRY.fill([("name", name.into())]));
 }

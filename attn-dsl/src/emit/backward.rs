@@ -13,14 +13,17 @@
 //!
 //! Packing keeps every backward kernel within WebGPU's default of 8 storage buffers.
 
+use super::flash::{guarded, lines};
+use super::index;
 use super::numerics::Helper;
 use super::writer::{Fragment, Template, Wgsl};
-
-use super::index;
 use crate::spec::{KernelSpec, Source, WriteMode};
 
 /// Offsets of the packed parts: part 1 of `stats` and `p_ds` starts after part 0.
-const PACKING: &str = r#"fn stats_part(part: u32, row: u32, h: u32) -> u32 {
+const PACKING: Template = Template {
+    name: "packing",
+    needs: &[],
+    text: r#"fn stats_part(part: u32, row: u32, h: u32) -> u32 {
     return ((part * dims.batch + batch) * dims.seq_len + row) * dims.n_heads + h;
 }
 
@@ -28,18 +31,26 @@ fn p_ds_part(part: u32, row: u32, h: u32, j: u32) -> u32 {
     return (((part * dims.batch + batch) * dims.seq_len + row) * dims.n_heads + h) * dims.seq_len + j;
 }
 
-"#;
+"#,
+};
 
 /// Where part 1 (dV) of a lane of `dkv` starts, one width: lanes of dK then dV rows.
-const DKV_ONE_WIDTH: &str = r#"// Where part 1 (dV) of `dkv` starts.
+const DKV_ONE_WIDTH: Template = Template {
+    name: "dkv_one_width",
+    needs: &[],
+    text: r#"// Where part 1 (dV) of `dkv` starts.
 fn dkv_part1() -> u32 {
     return dims.batch * dims.seq_len * dims.n_kv_heads * HEAD_DIM;
 }
 
-"#;
+"#,
+};
 
 /// Rows of two widths: a lane of `dkv` holds dK's rows (QK_DIM wide), then dV's (V_DIM).
-const DKV_TWO_WIDTHS: &str = r#"// Where part 1 (dV, rows V_DIM wide) of a lane of `dkv` starts: after dK's rows.
+const DKV_TWO_WIDTHS: Template = Template {
+    name: "dkv_two_widths",
+    needs: &[],
+    text: r#"// Where part 1 (dV, rows V_DIM wide) of a lane of `dkv` starts: after dK's rows.
 fn dkv_part1() -> u32 {
     return dims.batch * dims.seq_len * dims.n_kv_heads * QK_DIM;
 }
@@ -49,14 +60,15 @@ fn dkv_lane() -> u32 {
     return dims.batch * dims.seq_len * dims.n_kv_heads * (QK_DIM + V_DIM);
 }
 
-"#;
+"#,
+};
 
 /// The packed parts' offsets: `stats`, `p_ds` and the lanes of `dkv`.
 pub(super) fn packing(out: &mut Wgsl, spec: &KernelSpec) {
-    out.push_str(PACKING);
-    out.push_str(match spec.split_dims() {
-        false => DKV_ONE_WIDTH,
-        true => DKV_TWO_WIDTHS,
+    out.put(PACKING.plain());
+    out.put(match spec.split_dims() {
+        false => DKV_ONE_WIDTH.plain(),
+        true => DKV_TWO_WIDTHS.plain(),
     });
 }
 
@@ -70,12 +82,11 @@ fn o_rows(spec: &KernelSpec, same: &str, own: &str) -> String {
 }
 
 /// `dst[tid] = src[at + tid]`, zero past the end of a `row` narrower than the kernel's width.
-fn stage_row(spec: &KernelSpec, row: index::Row, dst: &str, src: &str, at: &str) -> String {
+fn stage_row(spec: &KernelSpec, row: index::Row, dst: &str, src: &str, at: &str) -> Fragment {
+    let load = lines([format!("{dst}[tid] = {src}[{at} + tid];")]);
     match index::within(spec, row, "tid") {
-        Some(c) => {
-            format!("{dst}[tid] = 0.0;\nif ({c}) {{\n    {dst}[tid] = {src}[{at} + tid];\n}}\n")
-        }
-        None => format!("{dst}[tid] = {src}[{at} + tid];\n"),
+        Some(c) => lines([format!("{dst}[tid] = 0.0;")]).then(guarded(Some(c), load)),
+        None => load,
     }
 }
 
@@ -95,6 +106,7 @@ pub(super) fn backward_prep(out: &mut Wgsl, spec: &KernelSpec) {
     out.put(PREP_ROW.fill([("delta", delta)]));
 }
 
+/// A query row's LSE and D packed into `stats`, by one invocation.
 const PREP_ROW: Template = Template {
     name: "prep_row",
     needs: &[],
@@ -110,13 +122,11 @@ const PREP_ROW: Template = Template {
 "#,
 };
 
-pub(super) fn backward_q(out: &mut Wgsl, spec: &KernelSpec) {
-    index::kv_head(out, spec);
-    index::row_indexing(out, spec);
-    index::masks(out, spec);
-    packing(out, spec);
-    out.push_str(
-        r#"var<workgroup> sh_q: array<f32, HEAD_DIM>;
+/// The query row's staged Q, dO and dQ, the block's dS and partial sums, its key range.
+const BACKWARD_Q_MEMORY: Template = Template {
+    name: "backward_q_memory",
+    needs: &[],
+    text: r#"var<workgroup> sh_q: array<f32, HEAD_DIM>;
 var<workgroup> sh_do: array<f32, HEAD_DIM>;
 var<workgroup> sh_acc: array<f32, HEAD_DIM>;
 var<workgroup> sh_ds: array<f32, WG>;
@@ -124,27 +134,47 @@ var<workgroup> sh_partial: array<f32, WG>;
 var<workgroup> sh_range: vec2<u32>;
 
 "#,
-    );
+};
+
+/// P and dS of the pair into the split schedule's scratch.
+const FLUSH_P_DS: Template = Template {
+    name: "flush_p_ds",
+    needs: &[],
+    text: r#"p_ds[p_ds_part(0u, row, h, j)] = dropped(row, h, j, pj);
+p_ds[p_ds_part(1u, row, h, j)] = dsj;
+"#,
+};
+
+/// The streaming schedule's dK += dS·Q and dV += P·dO of the pair, by atomics.
+const SCATTER_DKV: Template = Template {
+    name: "scatter_dkv",
+    needs: &[],
+    text: r#"// dK is part 0 of dkv, dV part 1.
+let dv_at = dkv_part1() + ki;
+for (var dd = 0u; dd < HEAD_DIM; dd = dd + 1u) {
+    add_dkv(ki + dd, dsj * sh_q[dd]);
+    add_dkv(dv_at + dd, dropped(row, h, j, pj) * sh_do[dd]);
+}
+"#,
+};
+
+pub(super) fn backward_q(out: &mut Wgsl, spec: &KernelSpec) {
+    index::kv_head(out, spec);
+    index::row_indexing(out, spec);
+    index::masks(out, spec);
+    packing(out, spec);
+    out.put(BACKWARD_Q_MEMORY.plain());
     let scatter = spec.write_mode("dkv") == Some(WriteMode::AtomicScatter);
     if scatter {
         super::scatter::atomic_add(out, spec, "dkv");
     }
-    let flush = if spec.write_mode("p_ds").is_some() {
-        "p_ds[p_ds_part(0u, row, h, j)] = dropped(row, h, j, pj);\np_ds[p_ds_part(1u, row, h, j)] = dsj;\n"
-    } else {
-        ""
+    let flush = match spec.write_mode("p_ds") {
+        Some(_) => FLUSH_P_DS.plain(),
+        None => Fragment::default(),
     };
-    let scatter_lines = if scatter {
-        concat!(
-            "// dK is part 0 of dkv, dV part 1.\n",
-            "let dv_at = dkv_part1() + ki;\n",
-            "for (var dd = 0u; dd < HEAD_DIM; dd = dd + 1u) {\n",
-            "    add_dkv(ki + dd, dsj * sh_q[dd]);\n",
-            "    add_dkv(dv_at + dd, dropped(row, h, j, pj) * sh_do[dd]);\n",
-            "}\n",
-        )
-    } else {
-        ""
+    let scatter_lines = match scatter {
+        true => SCATTER_DKV.plain(),
+        false => Fragment::default(),
     };
     // S = Q·K over Q and K's width, dP = dO·V over V's.
     let vi = o_rows(spec, "ki", "v_index(j, kv_h)");
@@ -163,19 +193,27 @@ var<workgroup> sh_range: vec2<u32>;
         "",
     ));
     let oi = o_rows(spec, "qi", "o_index(row, h)");
-    let stage = stage_row(spec, index::Row::Qk, "sh_q", "q", "qi")
-        + &stage_row(spec, index::Row::V, "sh_do", "d_o", &oi);
+    let stage = stage_row(spec, index::Row::Qk, "sh_q", "q", "qi").then(stage_row(
+        spec,
+        index::Row::V,
+        "sh_do",
+        "d_o",
+        &oi,
+    ));
     let qk_in = |cond: &str, c: &str| index::and_within(spec, cond, index::Row::Qk, c);
     out.put(BACKWARD_ROW.fill([
         ("dots", dots),
-        ("flush", flush.into()),
-        ("scatter", scatter_lines.into()),
-        ("stage", stage.into()),
+        ("flush", flush),
+        ("scatter", scatter_lines),
+        ("stage", stage),
         ("dq_in", qk_in("tid < N_ACTIVE", "d_local").into()),
         ("dq_out", qk_in("tid < HEAD_DIM", "tid").into()),
     ]));
 }
 
+/// One query row against its visible keys, a block of WG keys at a time: P and dS
+/// recomputed per key (flushed or scattered per the schedule), then dQ += dS·K split over
+/// K_PAR invocations per element.
 const BACKWARD_ROW: Template = Template {
     name: "backward_row",
     needs: &[Helper::Exp],
@@ -248,13 +286,12 @@ const BACKWARD_ROW: Template = Template {
 "#,
 };
 
-pub(super) fn backward_kv(out: &mut Wgsl, spec: &KernelSpec) {
-    index::kv_head(out, spec);
-    index::row_indexing(out, spec);
-    index::masks(out, spec);
-    packing(out, spec);
-    out.push_str(
-        r#"var<workgroup> sh_k: array<f32, HEAD_DIM>;
+/// The key row's staged K, V, dK and dV, the block's P, dS and partial sums, its query
+/// range.
+const BACKWARD_KV_MEMORY: Template = Template {
+    name: "backward_kv_memory",
+    needs: &[],
+    text: r#"var<workgroup> sh_k: array<f32, HEAD_DIM>;
 var<workgroup> sh_v: array<f32, HEAD_DIM>;
 var<workgroup> sh_dk: array<f32, HEAD_DIM>;
 var<workgroup> sh_dv: array<f32, HEAD_DIM>;
@@ -265,40 +302,44 @@ var<workgroup> sh_pv: array<f32, WG>;
 var<workgroup> sh_range: vec2<u32>;
 
 "#,
-    );
+};
+
+pub(super) fn backward_kv(out: &mut Wgsl, spec: &KernelSpec) {
+    index::kv_head(out, spec);
+    index::row_indexing(out, spec);
+    index::masks(out, spec);
+    packing(out, spec);
+    out.put(BACKWARD_KV_MEMORY.plain());
     let vi = o_rows(spec, "ki", "v_index(col, kv_h)");
     let (load_kv, p_ds) = match spec.source {
         Source::Recompute => (
-            stage_row(spec, index::Row::Qk, "sh_k", "k", "ki")
-                + &stage_row(spec, index::Row::V, "sh_v", "v", &vi),
+            stage_row(spec, index::Row::Qk, "sh_k", "k", "ki").then(stage_row(
+                spec,
+                index::Row::V,
+                "sh_v",
+                "v",
+                &vi,
+            )),
             recompute_p_ds(spec),
         ),
-        Source::Scratch => (String::new(), SCRATCH_P_DS.into()),
+        Source::Scratch => (Fragment::default(), SCRATCH_P_DS.into()),
     };
     // dK += dSᵀ·Q and dV += Pᵀ·dO for element d_local of each row; past the end of the
     // narrower row nothing is read.
     let oi = o_rows(spec, "qi", "o_index(s_start + sl, h) + d_local");
     let pk = "pk = fma(dsj, q[qi], pk);".to_string();
     let pv = format!("pv = fma(pj, d_o[{oi}], pv);");
-    let guard = |row, line: String| match index::within(spec, row, "d_local") {
-        Some(c) => format!("if ({c}) {{\n    {line}\n}}\n"),
-        None => format!("{line}\n"),
-    };
-    let products = guard(index::Row::Qk, pk) + &guard(index::Row::V, pv);
-    let store = |row, line: &str| match index::within(spec, row, "tid") {
-        Some(c) => format!("if ({c}) {{\n    {line}\n}}\n"),
-        None => format!("{line}\n"),
-    };
-    let stores = store(index::Row::Qk, "dk[ki + tid] = dk[ki + tid] + sh_dk[tid];")
-        + &store(
-            index::Row::V,
-            &format!("dv[{vi} + tid] = dv[{vi} + tid] + sh_dv[tid];"),
-        );
+    // `line`, within the narrower row where `c` indexes it.
+    let within = |row, c: &str, line: String| guarded(index::within(spec, row, c), lines([line]));
+    let products = within(index::Row::Qk, "d_local", pk).then(within(index::Row::V, "d_local", pv));
+    let dk = "dk[ki + tid] = dk[ki + tid] + sh_dk[tid];".to_string();
+    let dv = format!("dv[{vi} + tid] = dv[{vi} + tid] + sh_dv[tid];");
+    let stores = within(index::Row::Qk, "tid", dk).then(within(index::Row::V, "tid", dv));
     out.put(BACKWARD_COL.fill([
-        ("load_kv", load_kv.into()),
+        ("load_kv", load_kv),
         ("p_ds", p_ds),
-        ("products", products.into()),
-        ("stores", stores.into()),
+        ("products", products),
+        ("stores", stores),
     ]));
 }
 
@@ -321,6 +362,7 @@ fn recompute_p_ds(spec: &KernelSpec) -> Fragment {
     ])
 }
 
+/// P and dS of query `s` against the staged key row, from the forward's LSE and D.
 const RECOMPUTE_P_DS: Template = Template {
     name: "recompute_p_ds",
     needs: &[Helper::Exp],
@@ -334,10 +376,14 @@ p_s = dropped(s, h, col, p_s);
 "#,
 };
 
+/// P and dS of query `s` against the key row, read from the split schedule's scratch.
 const SCRATCH_P_DS: &str = r#"p_s = p_ds[p_ds_part(0u, s, h, col)];
 ds_s = p_ds[p_ds_part(1u, s, h, col)];
 "#;
 
+/// One key row against the query rows that see it, a block of WG rows of each query head
+/// at a time: P and dS per query, then dK += dSᵀ·Q and dV += Pᵀ·dO split over K_PAR
+/// invocations per element.
 const BACKWARD_COL: Template = Template {
     name: "backward_col",
     needs: &[],

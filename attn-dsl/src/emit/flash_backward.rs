@@ -169,18 +169,72 @@ $acc
 };
 
 fn q_body(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling, lp: &KeyLoop, scatter_kv: bool) {
-    let (tm, tn, dn) = (t.tm, t.tn, t.dn);
-    let rows = (0..tm).map(|i| {
-        Q_ROW.fill([
-            ("i", i.to_string().into()),
-            ("iu", format!("{i}u").into()),
-            (
-                "acc",
-                lines((0..dn).map(|n| format!("var dq_{i}_{n} = vec4<f32>(0.0);"))),
-            ),
-        ])
-    });
-    // Each invocation carries its share of the next K and V block in registers.
+    let (tm, dn) = (t.tm, t.dn);
+    let loads = q_prefetch(t, lp);
+    let products = products(
+        t,
+        ("sh_q", "sh_do", &|i| format!("(g * TM + {i}u)")),
+        ("sh_k", "sh_v", &|n| format!("(tx + {n}u * TX)")),
+    );
+    let keys = (0..t.tn).map(|n| format!("let j_{n} = j0 + tx + {n}u * TX;"));
+    let dq = [("dq", "sh_ds", "sh_k")];
+    let scatter_dkv = match scatter_kv {
+        true => SCATTER_DKV.fill([
+            ("lanes", format!("{}u", crate::DKV_LANES).into()),
+            ("adds", scatter_dkv_adds(spec)),
+        ]),
+        false => Fragment::default(),
+    };
+    let flush = flush(
+        (spec, t),
+        FLUSH_KEYS,
+        "kt + 1u - range.x / BC",
+        lp.steps,
+        "row",
+        &[("dq", &|i| format!("q_index(row_{i}, h)"), Row::Qk)],
+    );
+    out.put(Q_BODY.fill([
+        ("rows", joined((0..tm).map(|i| q_row(i, dn)))),
+        ("pre", unindented(&lp.pre, "    ")),
+        ("carried", loads.carried),
+        ("fetch_first", loads.first),
+        ("loop_head", unindented(lp.head, "    ")),
+        ("puts", loads.puts),
+        ("has_next", lp.has_next.into()),
+        ("fetch_next", loads.next),
+        ("products", products),
+        ("keys", lines(keys)),
+        ("p_ds", q_p_ds(t, lp.full, scatter_kv)),
+        ("dq", accumulate(tm, dn, &dq, false, false)),
+        ("dq_guarded", accumulate(tm, dn, &dq, true, false)),
+        ("scatter_dkv", scatter_dkv),
+        ("flush", flush),
+    ]));
+}
+
+/// [`Q_ROW`] of register row `i`, with `dn` accumulators.
+fn q_row(i: u32, dn: u32) -> Fragment {
+    Q_ROW.fill([
+        ("i", i.to_string().into()),
+        ("iu", format!("{i}u").into()),
+        (
+            "acc",
+            lines((0..dn).map(|n| format!("var dq_{i}_{n} = vec4<f32>(0.0);"))),
+        ),
+    ])
+}
+
+/// The registers that carry a block ahead of its use: their declarations, the first
+/// block's loads, their stores into workgroup memory and the next block's loads.
+struct Prefetch {
+    carried: Fragment,
+    first: Fragment,
+    puts: Fragment,
+    next: Fragment,
+}
+
+/// Each invocation carries its share of the next K and V block in registers.
+fn q_prefetch(t: &Tiling, lp: &KeyLoop) -> Prefetch {
     let pf = carried(t, t.bc);
     let fetch = |r0: &str| {
         per_vec4(pf, |i| {
@@ -190,26 +244,28 @@ fn q_body(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling, lp: &KeyLoop, scatter_k
             ]
         })
     };
-    let carried = per_vec4(pf, |i| {
-        [
-            format!("var pk_{i} = vec4<f32>(0.0);"),
-            format!("var pv_{i} = vec4<f32>(0.0);"),
-        ]
-    });
-    let puts = per_vec4(pf, |i| {
-        [
-            format!("put_k(tid + {i}u * WG, pk_{i});"),
-            format!("put_v(tid + {i}u * WG, pv_{i});"),
-        ]
-    });
-    let products = products(
-        t,
-        ("sh_q", "sh_do", &|i| format!("(g * TM + {i}u)")),
-        ("sh_k", "sh_v", &|n| format!("(tx + {n}u * TX)")),
-    );
-    let keys = (0..tn).map(|n| format!("let j_{n} = j0 + tx + {n}u * TX;"));
-    let (full, close) = lp.full;
-    let p_ds = regs(tm, tn).flat_map(|(i, n)| {
+    Prefetch {
+        carried: per_vec4(pf, |i| {
+            [
+                format!("var pk_{i} = vec4<f32>(0.0);"),
+                format!("var pv_{i} = vec4<f32>(0.0);"),
+            ]
+        }),
+        first: fetch(lp.first),
+        puts: per_vec4(pf, |i| {
+            [
+                format!("put_k(tid + {i}u * WG, pk_{i});"),
+                format!("put_v(tid + {i}u * WG, pv_{i});"),
+            ]
+        }),
+        next: fetch(lp.next),
+    }
+}
+
+/// P and dS of each pair of the invocation's block (zero where hidden), dS (and, streaming,
+/// P) into workgroup memory. `full` goes around the mask's test (see [`KeyLoop::full`]).
+fn q_p_ds(t: &Tiling, (full, close): (&str, &str), scatter_kv: bool) -> Fragment {
+    let p_ds = regs(t.tm, t.tn).flat_map(|(i, n)| {
         let p = format!(
             "sh_p[(g * TM + {i}u) * PSTRIDE + tx + {n}u * TX] = select(0.0, dropped(row_{i}, h, j_{n}, p_{i}_{n}), v_{i}_{n});"
         );
@@ -229,40 +285,8 @@ fn q_body(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling, lp: &KeyLoop, scatter_k
         .into_iter()
         .chain(scatter_kv.then_some(p))
     });
-    let dq = [("dq", "sh_ds", "sh_k")];
-    let scatter_dkv = match scatter_kv {
-        true => SCATTER_DKV.fill([
-            ("lanes", format!("{}u", crate::DKV_LANES).into()),
-            ("adds", scatter_dkv_adds(spec)),
-        ]),
-        false => Fragment::default(),
-    };
-    let flush = flush(
-        (spec, t),
-        FLUSH_KEYS,
-        "kt + 1u - range.x / BC",
-        lp.steps,
-        "row",
-        &[("dq", &|i| format!("q_index(row_{i}, h)"), Row::Qk)],
-    );
-    out.put(Q_BODY.fill([
-        ("rows", joined(rows)),
-        ("pre", unindented(&lp.pre, "    ")),
-        ("carried", carried),
-        ("fetch_first", fetch(lp.first)),
-        ("loop_head", unindented(lp.head, "    ")),
-        ("puts", puts),
-        ("has_next", lp.has_next.into()),
-        ("fetch_next", fetch(lp.next)),
-        ("products", products),
-        ("keys", lines(keys)),
-        // P is exponentiated.
-        ("p_ds", Fragment::new(lines(p_ds).text, &[Helper::Exp])),
-        ("dq", accumulate(tm, dn, &dq, false, false)),
-        ("dq_guarded", accumulate(tm, dn, &dq, true, false)),
-        ("scatter_dkv", scatter_dkv),
-        ("flush", flush),
-    ]));
+    // P is exponentiated.
+    Fragment::new(lines(p_ds).text, &[Helper::Exp])
 }
 
 /// The key-major half's P and dS tiles, the staged query rows' (LSE, D) and the key range.
@@ -384,7 +408,6 @@ const KV_BODY: Template = Template {
     $carried
     $loop_head
         $products
-        $queries
         $p_ds
         workgroupBarrier();
         if (range.z <= s0 && s0 + BC <= range.w) {
@@ -402,18 +425,62 @@ const KV_BODY: Template = Template {
 
 fn kv_body(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling, scatter_dq: bool) {
     let sparse = super::tiles::sparse(spec);
-    let (tm, tn, dn) = (t.tm, t.tn, t.dn);
-    let cols = (0..tm).flat_map(|i| {
-        std::iter::once(format!("let col_{i} = col0 + g * TM + {i}u;")).chain((0..dn).flat_map(
-            move |n| {
-                [
-                    format!("var dk_{i}_{n} = vec4<f32>(0.0);"),
-                    format!("var dv_{i}_{n} = vec4<f32>(0.0);"),
-                ]
-            },
-        ))
+    let (tm, dn) = (t.tm, t.dn);
+    let loads = kv_prefetch(t);
+    let loop_head = blocks_ahead(
+        sparse,
+        "kv_h * group",
+        (loads.first, "sh_q, sh_do, sh_p and sh_ds"),
+        loads.puts,
+        loads.next,
+    );
+    let products = products(
+        t,
+        ("sh_k", "sh_v", &|i| format!("(g * TM + {i}u)")),
+        ("sh_q", "sh_do", &|n| format!("(tx + {n}u * TX)")),
+    );
+    let pairs = [("dv", "sh_p", "sh_do"), ("dk", "sh_ds", "sh_q")];
+    let scatter_dq = match scatter_dq {
+        true => {
+            let cond = "s < dims.seq_len && any(acc != vec4<f32>(0.0))";
+            let fill = index::and_within(spec, cond, Row::Qk, "c4 * 4u");
+            SCATTER_DQ.fill([("cond", fill.into())])
+        }
+        false => Fragment::default(),
+    };
+    out.put(KV_BODY.fill([
+        (
+            "share_batch",
+            unindented(super::tiles::share_batch(spec), "    "),
+        ),
+        ("cols", kv_cols(t)),
+        ("carried", loads.carried),
+        ("loop_head", loop_head),
+        ("products", products),
+        ("p_ds", kv_p_ds(t)),
+        ("dkv", accumulate(tm, dn, &pairs, false, true)),
+        ("dkv_guarded", accumulate(tm, dn, &pairs, true, true)),
+        ("scatter_dq", scatter_dq),
+        ("flush", kv_flush(spec, t, sparse)),
+    ]));
+}
+
+/// Each register row's key row and its dK and dV accumulators.
+fn kv_cols(t: &Tiling) -> Fragment {
+    let cols = (0..t.tm).flat_map(|i| {
+        let acc = (0..t.dn).flat_map(move |n| {
+            [
+                format!("var dk_{i}_{n} = vec4<f32>(0.0);"),
+                format!("var dv_{i}_{n} = vec4<f32>(0.0);"),
+            ]
+        });
+        std::iter::once(format!("let col_{i} = col0 + g * TM + {i}u;")).chain(acc)
     });
-    // Each invocation carries its share of the next block of Q, dO and (LSE, D).
+    lines(cols)
+}
+
+/// Each invocation carries its share of the next block of Q, dO and (LSE, D).
+fn kv_prefetch(t: &Tiling) -> Prefetch {
     let (pf, ps) = (carried(t, t.bc), t.bc.div_ceil(t.groups * t.tx));
     let fetch = || {
         let rows = per_vec4(pf, |i| {
@@ -434,36 +501,33 @@ fn kv_body(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling, scatter_dq: bool) {
             format!("var pq_{i} = vec4<f32>(0.0);"),
             format!("var pd_{i} = vec4<f32>(0.0);"),
         ]
-    })
-    .then(per_vec4(ps, |i| [format!("var ps_{i} = vec2<f32>(0.0);")]));
+    });
     let puts = per_vec4(pf, |i| {
         [
             format!("put_q(tid + {i}u * WG, pq_{i});"),
             format!("put_do(tid + {i}u * WG, pd_{i});"),
         ]
-    })
-    .then(per_vec4(ps, |i| {
-        [format!("put_stats(tid + {i}u * WG, ps_{i});")]
-    }));
-    let loop_head = blocks_ahead(
-        sparse,
-        "kv_h * group",
-        (fetch(), "sh_q, sh_do, sh_p and sh_ds"),
-        puts,
-        fetch(),
-    );
-    let products = products(
-        t,
-        ("sh_k", "sh_v", &|i| format!("(g * TM + {i}u)")),
-        ("sh_q", "sh_do", &|n| format!("(tx + {n}u * TX)")),
-    );
-    let queries = (0..tn).flat_map(|n| {
+    });
+    Prefetch {
+        carried: carried.then(per_vec4(ps, |i| [format!("var ps_{i} = vec2<f32>(0.0);")])),
+        first: fetch(),
+        puts: puts.then(per_vec4(ps, |i| {
+            [format!("put_stats(tid + {i}u * WG, ps_{i});")]
+        })),
+        next: fetch(),
+    }
+}
+
+/// The staged queries and their (LSE, D), then Pᵀ and dSᵀ of each pair of the invocation's
+/// block (zero where hidden) into workgroup memory.
+fn kv_p_ds(t: &Tiling) -> Fragment {
+    let queries = (0..t.tn).flat_map(|n| {
         [
             format!("let q_{n} = s0 + tx + {n}u * TX;"),
             format!("let st_{n} = sh_stats[tx + {n}u * TX];"),
         ]
     });
-    let p_ds = regs(tm, tn).flat_map(|(i, n)| {
+    let p_ds = regs(t.tm, t.tn).flat_map(|(i, n)| {
         [
             format!(
                 "let v_{i}_{n} = q_{n} < dims.seq_len && col_{i} < dims.seq_len && visible(q_{n}, h, col_{i});"
@@ -481,15 +545,12 @@ fn kv_body(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling, scatter_dq: bool) {
             ),
         ]
     });
-    let pairs = [("dv", "sh_p", "sh_do"), ("dk", "sh_ds", "sh_q")];
-    let scatter_dq = match scatter_dq {
-        true => {
-            let cond = "s < dims.seq_len && any(acc != vec4<f32>(0.0))";
-            let fill = index::and_within(spec, cond, Row::Qk, "c4 * 4u");
-            SCATTER_DQ.fill([("cond", fill.into())])
-        }
-        false => Fragment::default(),
-    };
+    // P is exponentiated.
+    Fragment::new(lines(queries.chain(p_ds)).text, &[Helper::Exp])
+}
+
+/// The key-major half's flush of dK and dV into their rows.
+fn kv_flush(spec: &KernelSpec, t: &Tiling, sparse: bool) -> Fragment {
     // Skipping blocks, the last one visited is the last step.
     let steps = match sparse {
         true => "select(group * blocks, it + 1u, it_next >= group * blocks)",
@@ -499,7 +560,7 @@ fn kv_body(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling, scatter_dq: bool) {
         true => "v_index",
         false => "kv_index",
     };
-    let flush = flush(
+    flush(
         (spec, t),
         FLUSH_ROWS,
         "it + 1u",
@@ -509,24 +570,7 @@ fn kv_body(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling, scatter_dq: bool) {
             ("dk", &|i| format!("kv_index(col_{i}, kv_h)"), Row::Qk),
             ("dv", &|i| format!("{v_index}(col_{i}, kv_h)"), Row::V),
         ],
-    );
-    out.put(KV_BODY.fill([
-        (
-            "share_batch",
-            unindented(super::tiles::share_batch(spec), "    "),
-        ),
-        ("cols", lines(cols)),
-        ("carried", carried),
-        ("loop_head", loop_head),
-        ("products", products),
-        ("queries", lines(queries)),
-        // P is exponentiated.
-        ("p_ds", Fragment::new(lines(p_ds).text, &[Helper::Exp])),
-        ("dkv", accumulate(tm, dn, &pairs, false, true)),
-        ("dkv_guarded", accumulate(tm, dn, &pairs, true, true)),
-        ("scatter_dq", scatter_dq),
-        ("flush", flush),
-    ]));
+    )
 }
 
 /// The key-major loop over every block of queries that sees the tile, last first, and

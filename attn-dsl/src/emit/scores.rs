@@ -5,11 +5,89 @@
 //! or dO: so a forward, a decode and every backward schedule agree on the modified scores
 //! and regenerate the same dropout mask whatever their tile order.
 
+use super::flash::{guarded, lines};
 use super::numerics::Helper;
-use super::writer::Wgsl;
-use std::fmt::Write;
-
+use super::writer::{Fragment, Template, Wgsl};
+use crate::flex::Flex;
 use crate::spec::{BiasHeads, KernelSpec, Op, WriteMode};
+
+/// `bias_index(row, h, j)`: the element of the bias tensor a score adds.
+const BIAS_INDEX: Template = Template {
+    name: "bias_index",
+    needs: &[],
+    text: r#"// bias is [batch, $heads, seq, seq].
+fn bias_index(row: u32, h: u32, j: u32) -> u32 {
+    return (($slice) * dims.seq_len + row) * dims.seq_len + j;
+}
+
+"#,
+};
+
+/// The soft cap: cap·tanh(y/cap), and its slope 1 - tanh²(y/cap).
+const SOFTCAP: Template = Template {
+    name: "softcap",
+    needs: &[Helper::Tanh],
+    text: r#"let t = tanh_f32(x / params.softcap);
+var s = vec2<f32>(params.softcap * t.x, t.y);
+"#,
+};
+
+/// `pre_score`: the built-in modifiers, ahead of a score_mod.
+const PRE_SCORE: Template = Template {
+    name: "pre_score",
+    needs: &[],
+    text: r#"// The score before the description's score_mod, and its slope with respect to the
+// pre-cap score.
+fn pre_score(row: u32, h: u32, j: u32, dot: f32) -> vec2<f32> {
+    $score
+    $slope
+    return s;
+}
+
+"#,
+};
+
+/// The user's score_mod and the chain rule through it.
+const SCORE_MOD: &str =
+    "s = vec2<f32>(score_mod(s.x, row, h, j), d_score_mod(s.x, row, h, j) * s.y);\n";
+
+/// [`SCORE_MOD`], in a kernel that reports the reads of its modifiers out of range: only
+/// the pairs it shows report.
+const REPORTED_SCORE_MOD: Template = Template {
+    name: "reported_score_mod",
+    needs: &[],
+    text: r#"flex_seen = row < $end && visible(row, h, j);
+$score_mod
+flex_seen = true;
+"#,
+};
+
+/// `scored`, `score` and `score_grad`: every schedule's modified score and its slope.
+const SCORED: Template = Template {
+    name: "scored",
+    needs: &[],
+    text: r#"// The score of query `row` (head h) against key j from the raw dot product q·k (scaled,
+// then biased, then capped), and its slope with respect to the pre-cap score, by which
+// a gradient with respect to the score becomes one with respect to the bias.
+fn scored(row: u32, h: u32, j: u32, dot: f32) -> vec2<f32> {
+    $score
+    $slope
+    $score_mod
+    return s;
+}
+
+fn score(row: u32, h: u32, j: u32, dot: f32) -> f32 {
+    return scored(row, h, j, dot).x;
+}
+
+// The gradient with respect to the pre-cap score (the bias's), from `g`, that with
+// respect to the score of `scored`.
+fn score_grad(s: vec2<f32>, g: f32) -> f32 {
+    return s.y * g;
+}
+
+"#,
+};
 
 /// `score`, `score_grad`, `dropped` and what they need, for `spec`'s masks. `visible`:
 /// the kernel defines `visible(row, h, j)` and scores pairs it hides (whole tiles), so
@@ -17,83 +95,27 @@ use crate::spec::{BiasHeads, KernelSpec, Op, WriteMode};
 /// those of the pairs it shows.
 pub(super) fn helpers(out: &mut Wgsl, spec: &KernelSpec, visible: bool) {
     let m = spec.masks;
-    // The per-row decode's one query sits after the cache's last row; split-K decode's
-    // queries pass their positions as `row`.
-    let pos = if spec.op == Op::Decode {
-        "cache_len() - 1u"
-    } else {
-        "row"
-    };
-    let mut score = String::from("    var x = dot * params.scale;\n");
-    if let Some(heads) = m.bias {
-        let slice = match heads {
-            BiasHeads::PerHead => "batch * dims.n_heads + h",
-            BiasHeads::Shared => "batch",
-        };
-        let _ = write!(
-            out,
-            "// bias is [batch, {}, seq, seq].\nfn bias_index(row: u32, h: u32, j: u32) -> u32 {{\n    \
-             return (({slice}) * dims.seq_len + row) * dims.seq_len + j;\n}}\n\n",
-            match heads {
-                BiasHeads::PerHead => "n_heads",
-                BiasHeads::Shared => "1",
-            }
-        );
-        score.push_str("    x = x + bias[bias_index(row, h, j)];\n");
-    }
-    if m.alibi {
-        // Positions below 2^24 convert exactly, and so does their difference.
-        let _ = writeln!(score, "    x = fma(alibi[h], f32(j) - f32({pos}), x);");
-    }
-    let mut slope = if m.softcap {
-        out.need(&[Helper::Tanh]);
-        // cap·tanh(y/cap), and its slope 1 - tanh²(y/cap).
-        "    let t = tanh_f32(x / params.softcap);\n    \
-         var s = vec2<f32>(params.softcap * t.x, t.y);\n"
-            .to_string()
-    } else {
-        "    var s = vec2<f32>(x, 1.0);\n".to_string()
+    let mut score = builtin_score(out, spec);
+    let mut slope = match m.softcap {
+        true => SOFTCAP.plain(),
+        false => Fragment::from("var s = vec2<f32>(x, 1.0);\n"),
     };
     let flex = spec.flex();
-    let mut user = String::new();
+    let mut user = Fragment::default();
     if let Some(flex) = &flex {
         super::flex::functions(out, flex, spec);
         if flex.score_mod.is_some() {
             // The user's modifier last, and the chain rule through it; what it is given is
             // `pre_score`, where a tensor's gradient reads its slope.
-            let _ = write!(
-                out,
-                "// The score before the description's score_mod, and its slope with respect to the\n\
-                 // pre-cap score.\nfn pre_score(row: u32, h: u32, j: u32, dot: f32) -> vec2<f32> {{\n\
-                 {score}{slope}    return s;\n}}\n\n"
-            );
+            out.put(PRE_SCORE.fill([("score", score), ("slope", slope)]));
             (score, slope) = (
-                String::new(),
-                "    var s = pre_score(row, h, j, dot);\n".to_string(),
+                Fragment::default(),
+                Fragment::from("var s = pre_score(row, h, j, dot);\n"),
             );
-            user = "    s = vec2<f32>(score_mod(s.x, row, h, j), d_score_mod(s.x, row, h, j) * s.y);\n"
-                .to_string();
-            if flex.report_reads && visible {
-                // A tile's rows past the last are scored too.
-                let end = super::index::rows_end(spec);
-                user = format!(
-                    "    flex_seen = row < {end} && visible(row, h, j);\n{user}    flex_seen = true;\n"
-                );
-            }
+            user = score_mod(spec, flex, visible);
         }
     }
-    slope.push_str(&user);
-    slope.push_str("    return s;\n");
-    let _ = write!(
-        out,
-        "// The score of query `row` (head h) against key j from the raw dot product q·k (scaled,\n\
-         // then biased, then capped), and its slope with respect to the pre-cap score, by which\n\
-         // a gradient with respect to the score becomes one with respect to the bias.\n\
-         fn scored(row: u32, h: u32, j: u32, dot: f32) -> vec2<f32> {{\n{score}{slope}}}\n\n\
-         fn score(row: u32, h: u32, j: u32, dot: f32) -> f32 {{\n    return scored(row, h, j, dot).x;\n}}\n\n\
-         // The gradient with respect to the pre-cap score (the bias's), from `g`, that with\n\
-         // respect to the score of `scored`.\nfn score_grad(s: vec2<f32>, g: f32) -> f32 {{\n    return s.y * g;\n}}\n\n"
-    );
+    out.put(SCORED.fill([("score", score), ("slope", slope), ("score_mod", user)]));
     dropout(out, m.dropout);
     if let Some(mode) = spec.write_mode("dbias") {
         dbias_store(out, spec, mode);
@@ -103,39 +125,95 @@ pub(super) fn helpers(out: &mut Wgsl, spec: &KernelSpec, visible: bool) {
     }
 }
 
+/// The score up to its cap: scaled, then biased (`bias_index` into `out`, where the kernel
+/// has a bias), then ALiBi's term.
+fn builtin_score(out: &mut Wgsl, spec: &KernelSpec) -> Fragment {
+    let m = spec.masks;
+    let mut score = vec!["var x = dot * params.scale;".to_string()];
+    if let Some(heads) = m.bias {
+        let (heads, slice) = match heads {
+            BiasHeads::PerHead => ("n_heads", "batch * dims.n_heads + h"),
+            BiasHeads::Shared => ("1", "batch"),
+        };
+        out.put(BIAS_INDEX.fill([("heads", heads.into()), ("slice", slice.into())]));
+        score.push("x = x + bias[bias_index(row, h, j)];".to_string());
+    }
+    if m.alibi {
+        // The per-row decode's one query sits after the cache's last row; split-K decode's
+        // queries pass their positions as `row`.
+        let pos = match spec.op {
+            Op::Decode => "cache_len() - 1u",
+            _ => "row",
+        };
+        // Positions below 2^24 convert exactly, and so does their difference.
+        score.push(format!("x = fma(alibi[h], f32(j) - f32({pos}), x);"));
+    }
+    lines(score)
+}
+
+/// The user's score_mod and the chain rule through it, on `pre_score`'s result; where the
+/// kernel reports the modifiers' reads, only the pairs it shows report.
+fn score_mod(spec: &KernelSpec, flex: &Flex, visible: bool) -> Fragment {
+    if !(flex.report_reads && visible) {
+        return SCORE_MOD.into();
+    }
+    // A tile's rows past the last are scored too.
+    REPORTED_SCORE_MOD.fill([
+        ("end", super::index::rows_end(spec).into()),
+        ("score_mod", SCORE_MOD.into()),
+    ])
+}
+
+/// `score_grads`: dS with respect to the pre-cap score, and the gradients every dS adds to.
+const SCORE_GRADS: Template = Template {
+    name: "score_grads",
+    needs: &[],
+    text: r#"// dS with respect to the pre-cap score, from gf, that with respect to the score x (0 where
+// the pair is hidden); and the gradients every dS adds to, where this kernel writes them.
+fn score_grads(row: u32, h: u32, j: u32, dot: f32, x: vec2<f32>, gf: f32, v: bool) -> f32 {
+    let g = select(0.0, score_grad(x, gf), v);
+    $stores
+    return g;
+}
+
+"#,
+};
+
 /// `score_grads(row, h, j, dot, x, gf, v)`: dS with respect to the pre-cap score (zero
 /// where the pair is hidden) from `gf`, that with respect to the score `x = scored(..)`;
 /// and, where this kernel writes them, the gradients every dS adds to: dBias and the
 /// tensors a score modifier declares `grad`. Every backward schedule takes this one step.
-fn score_grads(out: &mut Wgsl, spec: &KernelSpec, flex: Option<&crate::flex::Flex>) {
-    let mut stores = String::new();
+fn score_grads(out: &mut Wgsl, spec: &KernelSpec, flex: Option<&Flex>) {
+    let mut stores = Vec::new();
     if spec.write_mode("dbias").is_some() {
-        stores.push_str("        store_dbias(row, h, j, g);\n");
+        stores.push("store_dbias(row, h, j, g);".to_string());
     }
     if flex.is_some_and(|f| super::flex::grad_functions(out, spec, f)) {
-        stores.push_str("        flex_grads(row, h, j, dot, gf);\n");
+        stores.push("flex_grads(row, h, j, dot, gf);".to_string());
     }
-    if !stores.is_empty() {
-        stores = format!("    if (v) {{\n{stores}    }}\n");
-    }
-    let _ = write!(
-        out,
-        "// dS with respect to the pre-cap score, from gf, that with respect to the score x (0 where\n\
-         // the pair is hidden); and the gradients every dS adds to, where this kernel writes them.\n\
-         fn score_grads(row: u32, h: u32, j: u32, dot: f32, x: vec2<f32>, gf: f32, v: bool) -> f32 {{\n    \
-         let g = select(0.0, score_grad(x, gf), v);\n{stores}    return g;\n}}\n\n"
-    );
+    let stores = match stores.is_empty() {
+        true => Fragment::default(),
+        false => guarded(Some("v".into()), lines(stores)),
+    };
+    out.put(SCORE_GRADS.fill([("stores", stores)]));
 }
 
-/// `dropped(row, h, j, p)`: P after dropout.
-fn dropout(out: &mut Wgsl, on: bool) {
-    if !on {
-        out.push_str("fn dropped(row: u32, h: u32, j: u32, p: f32) -> f32 {\n    return p;\n}\n\n");
-        return;
-    }
-    out.push_str(PHILOX);
-    out.push_str(
-        r#"// Kept with probability 1 - p (the first Philox word at or over p·2^32, the threshold in
+/// P unchanged, without dropout.
+const NO_DROPOUT: Template = Template {
+    name: "no_dropout",
+    needs: &[],
+    text: r#"fn dropped(row: u32, h: u32, j: u32, p: f32) -> f32 {
+    return p;
+}
+
+"#,
+};
+
+/// P after dropout, from the pair's Philox word.
+const DROPOUT: Template = Template {
+    name: "dropout",
+    needs: &[],
+    text: r#"// Kept with probability 1 - p (the first Philox word at or over p·2^32, the threshold in
 // dims), and then scaled by 1 / (1 - p).
 fn dropped(row: u32, h: u32, j: u32, p: f32) -> f32 {
     let ctr = vec4<u32>(j, row, batch * dims.n_heads + h, dims.rng_offset);
@@ -144,29 +222,58 @@ fn dropped(row: u32, h: u32, j: u32, p: f32) -> f32 {
 }
 
 "#,
-    );
+};
+
+/// `dropped(row, h, j, p)`: P after dropout.
+fn dropout(out: &mut Wgsl, on: bool) {
+    if !on {
+        out.put(NO_DROPOUT.plain());
+        return;
+    }
+    out.put(PHILOX_4X32_10.plain());
+    out.put(DROPOUT.plain());
 }
+
+/// `store_dbias` by atomics, for a bias shared by heads.
+const STORE_DBIAS_ATOMIC: Template = Template {
+    name: "store_dbias_atomic",
+    needs: &[],
+    text: r#"fn store_dbias(row: u32, h: u32, j: u32, g: f32) {
+    add_dbias(bias_index(row, h, j), g);
+}
+
+"#,
+};
+
+/// `store_dbias` into an element the workgroup owns.
+const STORE_DBIAS_OWNED: Template = Template {
+    name: "store_dbias_owned",
+    needs: &[],
+    text: r#"fn store_dbias(row: u32, h: u32, j: u32, g: f32) {
+    let i = bias_index(row, h, j);
+    dbias[i] = dbias[i] + g;
+}
+
+"#,
+};
 
 /// `store_dbias(row, h, j, g)`: `dbias += g`, owned where the grid owns the bias's element
 /// (gradients accumulate, as dQ's do), else by atomics (a shared bias sums over heads).
 fn dbias_store(out: &mut Wgsl, spec: &KernelSpec, mode: WriteMode) {
     if mode == WriteMode::AtomicScatter {
         super::scatter::atomic_add(out, spec, "dbias");
-        out.push_str(
-            "fn store_dbias(row: u32, h: u32, j: u32, g: f32) {\n    \
-             add_dbias(bias_index(row, h, j), g);\n}\n\n",
-        );
+        out.put(STORE_DBIAS_ATOMIC.plain());
     } else {
-        out.push_str(
-            "fn store_dbias(row: u32, h: u32, j: u32, g: f32) {\n    \
-             let i = bias_index(row, h, j);\n    dbias[i] = dbias[i] + g;\n}\n\n",
-        );
+        out.put(STORE_DBIAS_OWNED.plain());
     }
 }
 
 /// Philox-4x32-10 (Salmon et al., Random123), with the 32×32→64-bit products WGSL lacks
 /// built from 16-bit halves. `runtime::reference::philox4x32_10` is the same function.
-pub const PHILOX: &str = r#"// (high, low) words of a · b.
+const PHILOX_4X32_10: Template = Template {
+    name: "philox4x32_10",
+    needs: &[],
+    text: r#"// (high, low) words of a · b.
 fn mul_hi_lo(a: u32, b: u32) -> vec2<u32> {
     let al = a & 0xffffu;
     let ah = a >> 16u;
@@ -190,4 +297,8 @@ fn philox4x32_10(counter: vec4<u32>, key: vec2<u32>) -> vec4<u32> {
     return c;
 }
 
-"#;
+"#,
+};
+
+/// [`PHILOX_4X32_10`]'s WGSL.
+pub const PHILOX: &str = PHILOX_4X32_10.text;
