@@ -15,10 +15,9 @@
 //! f32 in workgroup memory for the elementwise step. The gradients are summed in the
 //! accumulators over every block and added into the f32 outputs once, at the end.
 
-use super::writer::{Fragment, Template, Wgsl};
-use std::fmt::Write;
+use super::writer::{Fragment, Template, Wgsl, indent_into};
 
-use super::coop::{self, A, C, CoopTiling, FRAG, Phases};
+use super::coop::{self, A, C, CoopTiling, FRAG, Phases, concat, expr, lines, phase, uint};
 use super::coop_scale;
 use super::index::{self, Row, Rows};
 use crate::spec::{KernelSpec, Op, WriteMode};
@@ -98,387 +97,584 @@ pub(super) fn kernel(out: &mut Wgsl, spec: &KernelSpec, t: &CoopTiling, keep: Ph
         true => super::flash_backward::query_tiles(out, spec),
         false => super::flash::tile_key_range(out, spec),
     }
-    let mut b = String::new();
-    prologue(&mut b, t, half, kv, scattered);
-    match kv {
-        true => {
-            b.push_str(super::tiles::share_batch(spec));
-            kv_loop(&mut b, t, scattered, super::tiles::sparse(spec))
-        }
-        false => q_loop(&mut b, t, &super::tiles::KeyLoop::of(spec, true)),
-    }
-    let mut elementwise = match (kv, t.scaled) {
-        (true, false) => KV_ELEMENTWISE.plain(),
-        (false, false) => Q_ELEMENTWISE.plain(),
-        (_, true) => Fragment {
-            text: scaled_elementwise(t, half, kv),
-            needs: super::writer::Needs::NONE,
-        },
-    };
-    if !keep.softmax {
-        elementwise = Fragment {
-            text: String::new(),
-            needs: super::writer::Needs::NONE,
-        };
-    }
-    products(&mut b, t, half, &elementwise.text, keep);
-    if t.scaled {
-        for (acc, ..) in half.sums {
-            coop_scale::final_factor(&mut b, acc);
-        }
-    }
-    finish(&mut b, (spec, t), half, kv, scattered);
-    out.put(Fragment {
-        text: b,
-        needs: elementwise.needs,
-    });
+    out.put(body(spec, t, half, keep));
     coop::entry(out, spec, half.body);
 }
 
 fn constants(out: &mut Wgsl, t: &CoopTiling) {
     let (ks, ss, ps) = t.strides();
     let (rows, lanes, keys) = coop::softmax_layout(t);
-    let _ = write!(
-        out,
-        "// Cooperative-matrix tiling: BR owned rows per workgroup, {FRAG} per subgroup; BC rows\n\
-         // per staged block; row strides KS (staged f16 rows), SS (S and dP, f32), PS (P and\n\
-         // dS, f16).\n\
-         const BR: u32 = {}u;\nconst BC: u32 = {}u;\n\
-         // Row groups of 16 owned rows, and subgroups per row group.\n\
-         const NRG: u32 = {}u;\nconst SPLIT: u32 = {}u;\n\
-         const KS: u32 = {ks}u;\nconst SS: u32 = {ss}u;\nconst PS: u32 = {ps}u;\n\
-         // The elementwise step: rows per subgroup, invocations per row, columns each\n\
-         // (interleaved, so that the row's invocations read consecutive words).\n\
-         const EROWS: u32 = {rows}u;\nconst ELANES: u32 = {lanes}u;\nconst ECOLS: u32 = {keys}u;\n\
-         // P = 2^((s − LSE)·LOG2E) by the hardware's exp2: P and dS are rounded to f16\n\
-         // (2^-11) before their products, far above its error.\nconst LOG2E: f32 = 1.442695041;\n\n",
-        t.br,
-        t.bc,
-        t.br / FRAG,
-        t.split,
-    );
+    out.put(BACKWARD_CONSTANTS.fill([
+        ("br", uint(t.br)),
+        ("bc", uint(t.bc)),
+        ("nrg", uint(t.br / FRAG)),
+        ("split", uint(t.split)),
+        ("ks", uint(ks)),
+        ("ss", uint(ss)),
+        ("ps", uint(ps)),
+        ("rows", uint(rows)),
+        ("lanes", uint(lanes)),
+        ("cols", uint(keys)),
+    ]));
 }
+
+/// The backward's tiling, the elementwise step's layout and the base-2 exponent's factor.
+const BACKWARD_CONSTANTS: Template = Template {
+    name: "coop_backward_constants",
+    needs: &[],
+    text: r#"// Cooperative-matrix tiling: BR owned rows per workgroup, 16 per subgroup; BC rows
+// per staged block; row strides KS (staged f16 rows), SS (S and dP, f32), PS (P and
+// dS, f16).
+const BR: u32 = $br;
+const BC: u32 = $bc;
+// Row groups of 16 owned rows, and subgroups per row group.
+const NRG: u32 = $nrg;
+const SPLIT: u32 = $split;
+const KS: u32 = $ks;
+const SS: u32 = $ss;
+const PS: u32 = $ps;
+// The elementwise step: rows per subgroup, invocations per row, columns each
+// (interleaved, so that the row's invocations read consecutive words).
+const EROWS: u32 = $rows;
+const ELANES: u32 = $lanes;
+const ECOLS: u32 = $cols;
+// P = 2^((s − LSE)·LOG2E) by the hardware's exp2: P and dS are rounded to f16
+// (2^-11) before their products, far above its error.
+const LOG2E: f32 = 1.442695041;
+
+"#,
+};
 
 fn workgroup_memory(out: &mut Wgsl, t: &CoopTiling, kv: bool) {
     let (ks, ss, ps) = t.strides();
-    let _ = write!(
-        out,
-        "// Each owned tensor (rows 0..BR) in turn until its fragments are loaded; then each\n\
-         // block's two tensors, from rows 0 and BC.\n\
-         var<workgroup> sh_kv: array<vec4<f16>, {}>;\n\
-         var<workgroup> sh_s: array<f32, {}>;\nvar<workgroup> sh_dp: array<f32, {}>;\n\
-         var<workgroup> sh_ds: array<f16, {}>;\nvar<workgroup> sh_range: vec4<u32>;\n",
-        t.backward_staged_rows() * ks / 4,
-        t.br * ss,
-        t.br * ss,
-        t.br * ps,
-    );
-    if kv {
-        let _ = write!(
-            out,
-            "var<workgroup> sh_p: array<f16, {}>;\n\
-             // (LSE, D) of each staged query row.\nvar<workgroup> sh_stats: array<vec2<f32>, BC>;\n",
-            t.br * ps
-        );
-    }
-    if t.scaled {
-        let accs: &[&str] = match kv {
-            true => &["dv", "dk"],
-            false => &["dq"],
-        };
-        coop_scale::reference_memory(out, accs);
-    }
-    out.push('\n');
+    let key_major = match kv {
+        true => KEY_MAJOR_MEMORY.fill([("p", expr(t.br * ps))]),
+        false => Fragment::default(),
+    };
+    let references = match (t.scaled, kv) {
+        (false, _) => Fragment::default(),
+        (true, true) => coop_scale::reference_memory(&["dv", "dk"]),
+        (true, false) => coop_scale::reference_memory(&["dq"]),
+    };
+    out.put(BACKWARD_MEMORY.fill([
+        ("staged", expr(t.backward_staged_rows() * ks / 4)),
+        ("s", expr(t.br * ss)),
+        ("p", expr(t.br * ps)),
+        ("key_major", key_major),
+        ("references", references),
+    ]));
 }
 
-/// The owned rows' fragments, the accumulators, the elementwise step's row and the block
-/// range, up to the block loop.
-fn prologue(b: &mut String, t: &CoopTiling, half: &Half, kv: bool, scattered: bool) {
+/// The backward's workgroup memory: the staging area, S, dP, dS and the tile's range;
+/// the key-major half's P and query statistics; with bf16 operands the references'.
+const BACKWARD_MEMORY: Template = Template {
+    name: "coop_backward_memory",
+    needs: &[],
+    text: r#"// Each owned tensor (rows 0..BR) in turn until its fragments are loaded; then each
+// block's two tensors, from rows 0 and BC.
+var<workgroup> sh_kv: array<vec4<f16>, $staged>;
+var<workgroup> sh_s: array<f32, $s>;
+var<workgroup> sh_dp: array<f32, $s>;
+var<workgroup> sh_ds: array<f16, $p>;
+var<workgroup> sh_range: vec4<u32>;
+$key_major
+$references
+
+"#,
+};
+
+/// The key-major half's Pᵀ and its staged queries' statistics.
+const KEY_MAJOR_MEMORY: Template = Template {
+    name: "coop_key_major_memory",
+    needs: &[],
+    text: r#"var<workgroup> sh_p: array<f16, $p>;
+// (LSE, D) of each staged query row.
+var<workgroup> sh_stats: array<vec2<f32>, BC>;
+"#,
+};
+
+/// The half's body: its prologue, the block loop and the outputs.
+fn body(spec: &KernelSpec, t: &CoopTiling, half: &Half, keep: Phases) -> Fragment {
+    let kv = spec.op == Op::BackwardKv;
+    let scattered = scatters(spec);
     let (head, row0) = match kv {
         true => ("kv_h", "col0"),
         false => ("h", "row0"),
     };
     let (param, kv_head) = match scattered {
-        true => ("qh", "    let kv_h = kv_head(qh);\n"),
-        false => (head, ""),
+        true => ("qh", Fragment::from("let kv_h = kv_head(qh);")),
+        false => (head, Fragment::default()),
     };
-    let _ = write!(
-        b,
-        "fn {}(tile: u32, {param}: u32, tid: u32, sg: u32, lane: u32) {{\n{kv_head}    \
-         let {row0} = tile * BR;\n    \
-         // The subgroup's 16 owned rows (row group) and its half of their products, if split.\n    \
-         let rg = sg % NRG;\n    let part = sg / NRG;\n    \
-         if (tid == 0u) {{\n        sh_range = {}({row0});\n    }}\n",
-        half.body,
-        if kv {
-            "tile_query_range"
-        } else {
-            "tile_key_range"
-        },
-    );
-    // The first owned tensor is Q or K (S's operand), the second dO or V (dP's).
-    for (i, (tag, frags)) in [("oa", t.qk_frags), ("ob", t.v_frags)]
-        .into_iter()
-        .enumerate()
-    {
-        let _ = writeln!(
-            b,
-            "    workgroupBarrier();\n    stage_own{i}({row0}, {head}, tid);\n    workgroupBarrier();"
-        );
-        for k in 0..frags {
-            let _ = writeln!(
-                b,
-                "    let {tag}_{k} = coopLoadT<{A}>({}, {});",
-                coop::staged(&format!("rg * {FRAG}u * KS + {}u", k * FRAG)),
-                coop::staged_stride("KS")
-            );
-        }
+    let range = match kv {
+        true => "tile_query_range",
+        false => "tile_key_range",
+    };
+    let accumulators = half.sums.iter().flat_map(|(acc, output, ..)| {
+        let mine = t.sum_frags(v_rows(output)) / t.split;
+        (0..mine).map(move |n| format!("var {acc}_{n} = {C}();"))
+    });
+    let block_loop = match kv {
+        true => kv_loop(
+            t,
+            scattered,
+            (super::tiles::share_batch(spec), super::tiles::sparse(spec)),
+        ),
+        false => q_loop(t, &super::tiles::KeyLoop::of(spec, true)),
+    };
+    let final_factors = phase(t.scaled, || {
+        concat(
+            half.sums
+                .iter()
+                .map(|(acc, ..)| coop_scale::final_factor(acc)),
+        )
+    });
+    BACKWARD.fill([
+        ("name", expr(half.body)),
+        ("param", expr(param)),
+        ("kv_head", kv_head),
+        ("row0", expr(row0)),
+        ("range", expr(range)),
+        ("own", own_fragments(t, (row0, head), kv)),
+        ("accumulators", lines(accumulators)),
+        ("scaled", scaled_prologue(t.scaled, half, kv)),
+        ("block_loop", block_loop),
+        ("products", products(t, half, kv, keep)),
+        ("final_factors", final_factors),
+        ("finish", finish((spec, t), half, kv, scattered)),
+    ])
+}
+
+/// A backward half on cooperative matrices: the owned rows' fragments, the accumulators
+/// and the elementwise step's row; per block (`$block_loop`, which carries its own
+/// indentation, as the key loops of other emitters do) the products, the elementwise step
+/// and the weighted sums; then the outputs.
+const BACKWARD: Template = Template {
+    name: "coop_backward",
+    needs: &[],
+    text: r#"fn $name(tile: u32, $param: u32, tid: u32, sg: u32, lane: u32) {
+    $kv_head
+    let $row0 = tile * BR;
+    // The subgroup's 16 owned rows (row group) and its half of their products, if split.
+    let rg = sg % NRG;
+    let part = sg / NRG;
+    if (tid == 0u) {
+        sh_range = $range($row0);
     }
-    if !kv {
-        tensor_core_delta(b, t);
+    $own
+    $accumulators
+    // The elementwise step's row of the tile and its first column.
+    let r = sg * EROWS + lane / ELANES;
+    let c0 = lane % ELANES;
+    let range = workgroupUniformLoad(&sh_range);
+    $scaled
+$block_loop
+        $products
     }
-    for (acc, output, ..) in half.sums {
-        for n in 0..t.sum_frags(v_rows(output)) / t.split {
-            let _ = writeln!(b, "    var {acc}_{n} = {C}();");
-        }
-    }
-    let _ = write!(
-        b,
-        "    // The elementwise step's row of the tile and its first column.\n    \
-         let r = sg * EROWS + lane / ELANES;\n    let c0 = lane % ELANES;\n    \
-         let range = workgroupUniformLoad(&sh_range);\n"
-    );
-    if t.scaled {
-        scaled_prologue(b, half, kv);
+    $final_factors
+    $finish
+}
+
+"#,
+};
+
+/// The owned rows' fragments: the first owned tensor is Q or K (S's operand) as `oa_k`,
+/// the second dO or V (dP's) as `ob_k`; then in the query-major half D.
+fn own_fragments(t: &CoopTiling, (row0, head): (&str, &str), kv: bool) -> Fragment {
+    let owned = [("oa", t.qk_frags), ("ob", t.v_frags)];
+    let each = owned.into_iter().enumerate().map(|(i, (tag, frags))| {
+        let loads = (0..frags).map(|k| {
+            let at = coop::staged(&format!("rg * {FRAG}u * KS + {}u", k * FRAG));
+            let stride = coop::staged_stride("KS");
+            format!("let {tag}_{k} = coopLoadT<{A}>({at}, {stride});")
+        });
+        OWN_FRAGMENTS.fill([
+            ("i", expr(i)),
+            ("row0", expr(row0)),
+            ("head", expr(head)),
+            ("loads", lines(loads)),
+        ])
+    });
+    let own = concat(each);
+    match kv {
+        true => own,
+        false => own.then(tensor_core_delta(t)),
     }
 }
+
+/// Owned tensor `$i` staged, and its fragments `$loads` loaded.
+const OWN_FRAGMENTS: Template = Template {
+    name: "coop_own_fragments",
+    needs: &[],
+    text: r#"workgroupBarrier();
+stage_own$i($row0, $head, tid);
+workgroupBarrier();
+$loads
+"#,
+};
 
 /// With bf16 operands: the row each invocation rescales and stores, each accumulator's
 /// reference, and the exponents of the elementwise step's own row (Q, dO and O of a query
 /// row; K and V of a key row).
-fn scaled_prologue(b: &mut String, half: &Half, kv: bool) {
-    b.push_str("    let pr = rg * 16u + lane / 2u;\n");
-    for (acc, ..) in half.sums {
-        let _ = writeln!(b, "    var ref_{acc} = REF_LOW;");
+fn scaled_prologue(scaled: bool, half: &Half, kv: bool) -> Fragment {
+    if !scaled {
+        return Fragment::default();
     }
-    b.push_str(match kv {
-        false => {
-            "    let qe = shift_of(q_bits(0u, row0 + r, h));\n    \
-             let oe = shift_of(q_bits(4u, row0 + r, h));\n    \
-             let ooe = shift_of(q_bits(3u, row0 + r, h));\n"
-        }
-        true => {
-            "    let ke = shift_of(kv_bits(1u, col0 + r, kv_h));\n    \
-             let ve = shift_of(kv_bits(2u, col0 + r, kv_h));\n"
-        }
-    });
+    let references = half
+        .sums
+        .iter()
+        .map(|(acc, ..)| format!("var ref_{acc} = REF_LOW;"));
+    let exponents = match kv {
+        false => QUERY_ROW_EXPONENTS.plain(),
+        true => KEY_ROW_EXPONENTS.plain(),
+    };
+    SCALED_PROLOGUE.fill([("references", lines(references)), ("exponents", exponents)])
 }
+
+/// bf16's row that the invocation rescales, the accumulators' `$references` and the
+/// elementwise row's `$exponents`.
+const SCALED_PROLOGUE: Template = Template {
+    name: "coop_scaled_prologue",
+    needs: &[],
+    text: r#"let pr = rg * 16u + lane / 2u;
+$references
+$exponents
+"#,
+};
+
+/// A query row's exponents: Q's, dO's and O's.
+const QUERY_ROW_EXPONENTS: Template = Template {
+    name: "coop_query_row_exponents",
+    needs: &[],
+    text: r#"let qe = shift_of(q_bits(0u, row0 + r, h));
+let oe = shift_of(q_bits(4u, row0 + r, h));
+let ooe = shift_of(q_bits(3u, row0 + r, h));
+"#,
+};
+
+/// A key row's exponents: K's and V's.
+const KEY_ROW_EXPONENTS: Template = Template {
+    name: "coop_key_row_exponents",
+    needs: &[],
+    text: r#"let ke = shift_of(kv_bits(1u, col0 + r, kv_h));
+let ve = shift_of(kv_bits(2u, col0 + r, kv_h));
+"#,
+};
 
 /// D = rowsum(dO ∘ O) of the row group's rows, as the diagonal of dO·Oᵀ on the tensor
 /// cores, into the diagonal of the row group's 16x16 corner of sh_s: summed as dP = dO·Vᵀ
 /// is, so that dP − D is exactly 0 where O equals the one key's V a row attends to (the
 /// prep's D, summed otherwise, left dK off by rounding where it should be 0).
-fn tensor_core_delta(b: &mut String, t: &CoopTiling) {
-    // Cooperative operations need workgroup-uniform control flow, so both subgroups of a
-    // split row group compute D, each into its own 16 columns.
-    let _ = writeln!(
-        b,
-        "    workgroupBarrier();\n    stage_own2(row0, h, tid);\n    workgroupBarrier();"
-    );
+fn tensor_core_delta(t: &CoopTiling) -> Fragment {
     let rows = |k: u32| coop::staged(&format!("rg * {FRAG}u * KS + {}u", k * FRAG));
-    let sum = coop::chained_product(b, (t.v_frags, &|k| format!("ob_{k}")), &rows, "dd", "    ");
-    let _ = writeln!(
-        b,
-        "    coopStoreT({sum}, &sh_s[rg * {FRAG}u * SS + part * {FRAG}u], SS);\n    workgroupBarrier();"
-    );
+    let (chains, sum) = coop::chained_product((t.v_frags, &|k| format!("ob_{k}")), &rows, "dd");
+    DELTA.fill([("chains", chains), ("sum", expr(sum))])
 }
+
+/// O staged, and dO·Oᵀ (`$chains`, summed in `$sum`) into sh_s.
+///
+/// Cooperative operations need workgroup-uniform control flow, so both subgroups of a
+/// split row group compute D, each into its own 16 columns.
+const DELTA: Template = Template {
+    name: "coop_delta",
+    needs: &[],
+    text: r#"workgroupBarrier();
+stage_own2(row0, h, tid);
+workgroupBarrier();
+$chains
+coopStoreT($sum, &sh_s[rg * 16u * SS + part * 16u], SS);
+workgroupBarrier();
+"#,
+};
 
 /// The query-major loop head: the row's key range and statistics (LSE and D from the
 /// tensor cores, packed into `stats` for the key-major half: this half runs without the
 /// prep), then per block of keys its K and V staged.
-fn q_loop(b: &mut String, t: &CoopTiling, lp: &super::tiles::KeyLoop) {
+fn q_loop(t: &CoopTiling, lp: &super::tiles::KeyLoop) -> Fragment {
     // With bf16 operands D = dO'·O' · 2^(oe + ooe).
     let delta = match t.scaled {
         true => "scale2(sh_s[r * SS + r % 16u], oe + ooe)",
         false => "sh_s[r * SS + r % 16u]",
     };
-    b.push_str(
-        "    let kv_h = kv_head(h);\n    let row = row0 + r;\n    var lo = 0u;\n    var hi = 0u;\n    \
-         var row_lse = 0.0;\n    var delta = 0.0;\n    if (row < dims.seq_len) {\n        \
-         let keys = key_range(row);\n        lo = keys.x;\n        hi = keys.y;\n        \
-         row_lse = lse[row_index(row, h)];\n        delta = ",
-    );
-    b.push_str(delta);
-    b.push_str(
-        ";\n        \
-         if (c0 == 0u) {\n            stats[stats_part(0u, row, h)] = row_lse;\n            \
-         stats[stats_part(1u, row, h)] = delta;\n        }\n    }\n    \
-         let kt_end = (range.y + BC - 1u) / BC;\n",
-    );
     let tensors = [("k", "0u"), ("v", "BC")];
-    b.push_str(&lp.pre);
-    if !t.prefetches() {
-        let _ = write!(
-            b,
-            "    {}        let j0 = kt * BC;\n        \
-             // The previous block is done with sh_kv, sh_s, sh_dp and sh_ds.\n        \
-             workgroupBarrier();\n",
-            lp.head
-        );
-        coop::stage_block(b, t, &tensors, "j0", "kv_h");
-        return;
-    }
-    let fetch = |ind: &str, r0: &str| coop::fetches(t, &tensors, (r0, "kv_h"), ind);
-    let _ = write!(
-        b,
-        "{}    {}        let j0 = kt * BC;\n        \
-         // The previous block is done with sh_kv, sh_s, sh_dp and sh_ds.\n        \
-         workgroupBarrier();\n{}        workgroupBarrier();\n        \
-         // The next block's loads are in flight during this one's products.\n        \
-         if ({}) {{\n{}        }}\n",
-        fetch("    var ", lp.first),
-        lp.head,
-        coop::puts(t, &tensors),
-        lp.has_next,
-        fetch("            ", lp.next),
-    );
+    let blocks = match t.prefetches() {
+        false => KEY_BLOCKS.fill([
+            ("loop_head", coop::loop_head(lp)),
+            ("stage", coop::stage_block(t, &tensors, "j0", "kv_h")),
+        ]),
+        true => {
+            let fetch = |r0: &str, decl: &str| coop::fetches(t, &tensors, (r0, "kv_h"), decl);
+            KEY_BLOCKS_AHEAD.fill([
+                ("first_fetch", fetch(lp.first, "var ")),
+                ("loop_head", coop::loop_head(lp)),
+                ("puts", coop::puts(t, &tensors)),
+                ("has_next", expr(lp.has_next)),
+                ("next_fetch", fetch(lp.next, "")),
+            ])
+        }
+    };
+    QUERY_ROWS.fill([
+        ("delta", expr(delta)),
+        ("pre", coop::loop_pre(lp)),
+        ("blocks", blocks),
+    ])
 }
+
+/// The query-major half's row: its key range, LSE and D (into `stats` for the key-major
+/// half), then the key loop's `$pre` statements and its `$blocks`, which carry their own
+/// indentation.
+const QUERY_ROWS: Template = Template {
+    name: "coop_query_rows",
+    needs: &[],
+    text: r#"    let kv_h = kv_head(h);
+    let row = row0 + r;
+    var lo = 0u;
+    var hi = 0u;
+    var row_lse = 0.0;
+    var delta = 0.0;
+    if (row < dims.seq_len) {
+        let keys = key_range(row);
+        lo = keys.x;
+        hi = keys.y;
+        row_lse = lse[row_index(row, h)];
+        delta = $delta;
+        if (c0 == 0u) {
+            stats[stats_part(0u, row, h)] = row_lse;
+            stats[stats_part(1u, row, h)] = delta;
+        }
+    }
+    let kt_end = (range.y + BC - 1u) / BC;
+$pre
+$blocks
+"#,
+};
+
+/// Each block of keys, its K and V staged (`$stage`).
+const KEY_BLOCKS: Template = Template {
+    name: "coop_key_blocks",
+    needs: &[],
+    text: r#"$loop_head
+        let j0 = kt * BC;
+        // The previous block is done with sh_kv, sh_s, sh_dp and sh_ds.
+        workgroupBarrier();
+        $stage
+"#,
+};
+
+/// Each block of keys with the next block's K and V in flight: `$first_fetch` loads the
+/// first into the carried registers, `$puts` stores them, `$next_fetch` loads the next.
+const KEY_BLOCKS_AHEAD: Template = Template {
+    name: "coop_key_blocks_ahead",
+    needs: &[],
+    text: r#"    $first_fetch
+$loop_head
+        let j0 = kt * BC;
+        // The previous block is done with sh_kv, sh_s, sh_dp and sh_ds.
+        workgroupBarrier();
+        $puts
+        workgroupBarrier();
+        // The next block's loads are in flight during this one's products.
+        if ($has_next) {
+            $next_fetch
+        }
+"#,
+};
 
 /// The key-major loop head: every block of queries that sees the tile, last first, and
 /// within a block every query head of the KV head (the weights of a key shrink with the
 /// query's distance under a causal mask, so the small terms are added first), each with
-/// its Q, dO and (LSE, D) staged.
-fn kv_loop(b: &mut String, t: &CoopTiling, scattered: bool, sparse: bool) {
+/// its Q, dO and (LSE, D) staged. `share` is the sequence's batch shared for the block
+/// mask (at the body's indentation).
+fn kv_loop(t: &CoopTiling, scattered: bool, (share, sparse): (&str, bool)) -> Fragment {
     // (A scattering workgroup walks its one query head.)
     let (group, h0) = match scattered {
         true => ("1u", "qh"),
         false => ("q_per_kv()", "kv_h * group"),
     };
-    let _ = write!(
-        b,
-        "    let col = col0 + r;\n    let group = {group};\n    let first = range.x / BC;\n    \
-         let blocks = (range.y + BC - 1u) / BC - first;\n",
-    );
-    let tensors = [("q", "0u"), ("do", "BC")];
-    if !t.prefetches() {
-        // With a mask_mod, only the blocks whose tile it may show.
-        let (start, step) = match sparse {
-            true => {
-                let next = format!(
-                    "group * blocks, col0, min(col0 + BR, dims.seq_len) - 1u, {h0}, group, first, blocks, wg_b)"
-                );
-                (
-                    format!("next_block(0u, {next}"),
-                    format!("next_block(it + 1u, {next}"),
-                )
-            }
-            false => ("0u".to_string(), "it + 1u".to_string()),
-        };
-        let _ = write!(
-            b,
-            "    for (var it = {start}; it < group * blocks; it = {step}) {{\n        \
-             let h = {h0} + it % group;\n        \
-             let s0 = (first + blocks - 1u - it / group) * BC;\n        \
-             // The previous block is done with sh_kv, sh_s, sh_dp, sh_p, sh_ds and sh_stats.\n        \
-             workgroupBarrier();\n        \
-             for (var e = tid; e < BC; e = e + WG) {{\n            \
-             put_stats(e, fetch_stats(s0, h, e));\n        }}\n",
-        );
-        coop::stage_block(b, t, &tensors, "s0", "h");
-        return;
-    }
-    let stats = t.bc.div_ceil(t.workgroup_size());
-    let fetch = |prefix: &str| {
-        let mut f = coop::fetches(t, &tensors, ("next_s0", "next_h"), prefix);
-        for i in 0..stats {
-            let _ = writeln!(
-                f,
-                "{prefix}ps_{i} = fetch_stats(next_s0, next_h, tid + {i}u * WG);"
-            );
-        }
-        f
+    let blocks = match t.prefetches() {
+        false => query_blocks(t, h0, sparse),
+        true => query_blocks_ahead(t, h0, sparse),
     };
-    let puts_stats: String = (0..stats)
-        .map(|i| format!("        put_stats(tid + {i}u * WG, ps_{i});\n"))
-        .collect();
-    b.push_str(&super::flash_backward::query_blocks_ahead(
-        sparse,
-        h0,
-        &fetch("    var "),
-        "sh_kv, sh_s, sh_dp, sh_p, sh_ds and sh_stats",
-        &(puts_stats + &coop::puts(t, &tensors)),
-        &fetch("            "),
-    ));
+    KEY_ROWS.fill([
+        ("share", Fragment::from(share)),
+        ("group", expr(group)),
+        ("blocks", blocks),
+    ])
 }
 
-/// The block's two transposed products, the elementwise step and the weighted sums; closes
-/// the loop.
-fn products(b: &mut String, t: &CoopTiling, half: &Half, elementwise: &str, keep: Phases) {
-    coop::key_fragments(b, t);
-    if keep.scores {
-        coop::transposed_product(
-            b,
-            t,
-            (t.qk_frags, &|k| format!("oa_{k}")),
-            "0u",
-            "sh_s",
-            "sm",
-        );
-    }
-    if keep.grads {
-        coop::transposed_product(
-            b,
-            t,
-            (t.v_frags, &|k| format!("ob_{k}")),
-            "BC",
-            "sh_dp",
-            "dm",
-        );
-    }
-    b.push_str("        workgroupBarrier();\n");
-    b.push_str(elementwise);
-    b.push_str("        workgroupBarrier();\n");
-    if t.scaled && keep.softmax {
-        let _ = writeln!(
-            b,
-            "        let moved = workgroupUniformLoad(&{});",
-            coop_scale::MOVED
-        );
-        for (i, (acc, output, ..)) in half.sums.iter().enumerate() {
-            let frags = t.sum_frags(v_rows(output)) / t.split;
-            let cond = format!("(moved & {}u) != 0u", coop_scale::moved_bit(i));
-            coop::rescale_rows(b, frags, (acc, &cond, &format!("sh_c_{acc}")));
+/// The key-major half's row and the range of its blocks of queries, after the `$share`d
+/// batch; then the `$blocks`. All carry the body's indentation.
+const KEY_ROWS: Template = Template {
+    name: "coop_key_rows",
+    needs: &[],
+    text: r#"$share
+    let col = col0 + r;
+    let group = $group;
+    let first = range.x / BC;
+    let blocks = (range.y + BC - 1u) / BC - first;
+$blocks
+"#,
+};
+
+/// Each block of queries, with a mask_mod only the blocks whose tile it may show: its
+/// statistics, Q and dO staged.
+fn query_blocks(t: &CoopTiling, h0: &str, sparse: bool) -> Fragment {
+    let (start, step) = match sparse {
+        true => {
+            let next = format!(
+                "group * blocks, col0, min(col0 + BR, dims.seq_len) - 1u, {h0}, group, first, blocks, wg_b)"
+            );
+            (
+                format!("next_block(0u, {next}"),
+                format!("next_block(it + 1u, {next}"),
+            )
         }
-        // Cleared after the rescales' barriers, which follow every invocation's load.
-        let _ = writeln!(
-            b,
-            "        if (moved != 0u && tid == 0u) {{\n            atomicStore(&{}, 0u);\n        }}",
-            coop_scale::MOVED
-        );
-    }
-    if keep.accumulate {
-        for (acc, output, src, tag, which) in half.sums {
-            let base = if *which == 0 { "0u" } else { "BC" };
-            let frags = t.sum_frags(v_rows(output));
-            coop::weighted_sum(b, t, frags, (src, tag), base, acc);
-        }
-    }
-    b.push_str("    }\n");
+        false => ("0u".to_string(), "it + 1u".to_string()),
+    };
+    QUERY_BLOCKS.fill([
+        ("start", expr(start)),
+        ("step", expr(step)),
+        ("h0", expr(h0)),
+        (
+            "stage",
+            coop::stage_block(t, &[("q", "0u"), ("do", "BC")], "s0", "h"),
+        ),
+    ])
 }
+
+/// The loop over the blocks of queries (from `$start`, by `$step`) and the query heads,
+/// each block's (LSE, D) and its Q and dO (`$stage`) staged.
+const QUERY_BLOCKS: Template = Template {
+    name: "coop_query_blocks",
+    needs: &[],
+    text: r#"    for (var it = $start; it < group * blocks; it = $step) {
+        let h = $h0 + it % group;
+        let s0 = (first + blocks - 1u - it / group) * BC;
+        // The previous block is done with sh_kv, sh_s, sh_dp, sh_p, sh_ds and sh_stats.
+        workgroupBarrier();
+        for (var e = tid; e < BC; e = e + WG) {
+            put_stats(e, fetch_stats(s0, h, e));
+        }
+        $stage
+"#,
+};
+
+/// [`query_blocks`] with the next block's Q, dO and statistics in flight
+/// ([`super::flash_backward::query_blocks_ahead`], whose pieces carry their indentation).
+fn query_blocks_ahead(t: &CoopTiling, h0: &str, sparse: bool) -> Fragment {
+    let tensors = [("q", "0u"), ("do", "BC")];
+    let stats = t.bc.div_ceil(t.workgroup_size());
+    let fetch = |decl: &str| {
+        let each = (0..stats)
+            .map(|i| format!("{decl}ps_{i} = fetch_stats(next_s0, next_h, tid + {i}u * WG);"));
+        coop::fetches(t, &tensors, ("next_s0", "next_h"), decl).then(lines(each))
+    };
+    let puts_stats = lines((0..stats).map(|i| format!("put_stats(tid + {i}u * WG, ps_{i});")));
+    Fragment::from(super::flash_backward::query_blocks_ahead(
+        sparse,
+        h0,
+        &indented(&fetch("var "), "    "),
+        "sh_kv, sh_s, sh_dp, sh_p, sh_ds and sh_stats",
+        &indented(&puts_stats.then(coop::puts(t, &tensors)), "        "),
+        &indented(&fetch(""), "            "),
+    ))
+}
+
+/// `lines` at indentation `indent`, for an emitter that takes its pieces indented.
+fn indented(lines: &Fragment, indent: &str) -> String {
+    let mut text = String::new();
+    indent_into(&mut text, &lines.text, indent);
+    text
+}
+
+/// The block's two transposed products, the elementwise step and the weighted sums.
+fn products(t: &CoopTiling, half: &Half, kv: bool, keep: Phases) -> Fragment {
+    let product = |kept: bool, frags, own: &str, base, dest, tag| {
+        phase(kept, || {
+            coop::transposed_product(t, (frags, &|k| format!("{own}_{k}")), base, dest, tag)
+        })
+    };
+    let elementwise = match (keep.softmax, kv, t.scaled) {
+        (false, ..) => Fragment::default(),
+        (true, true, false) => KV_ELEMENTWISE.plain(),
+        (true, false, false) => Q_ELEMENTWISE.plain(),
+        (true, _, true) => scaled_elementwise(t, half, kv),
+    };
+    let rescales = phase(t.scaled && keep.softmax, || rescales(t, half));
+    let sums = half.sums.iter().map(|(acc, output, src, tag, which)| {
+        let base = if *which == 0 { "0u" } else { "BC" };
+        let frags = t.sum_frags(v_rows(output));
+        coop::weighted_sum(t, frags, (src, tag), base, acc)
+    });
+    let sums = phase(keep.accumulate, || concat(sums));
+    BLOCK_PRODUCTS.fill([
+        ("key_fragments", coop::key_fragments(t)),
+        (
+            "scores",
+            product(keep.scores, t.qk_frags, "oa", "0u", "sh_s", "sm"),
+        ),
+        (
+            "grads",
+            product(keep.grads, t.v_frags, "ob", "BC", "sh_dp", "dm"),
+        ),
+        ("elementwise", elementwise),
+        ("rescales", rescales),
+        ("sums", sums),
+    ])
+}
+
+/// A block's work after its staging: S (`$scores`) and dP (`$grads`) into workgroup
+/// memory, the elementwise step, with bf16 operands the accumulators' `$rescales`, and the
+/// weighted `$sums`.
+const BLOCK_PRODUCTS: Template = Template {
+    name: "coop_block_products",
+    needs: &[],
+    text: r#"$key_fragments
+$scores
+$grads
+workgroupBarrier();
+$elementwise
+workgroupBarrier();
+$rescales
+$sums
+"#,
+};
+
+/// With bf16 operands, each accumulator's rows rescaled where its reference moved.
+fn rescales(t: &CoopTiling, half: &Half) -> Fragment {
+    let each = half.sums.iter().enumerate().map(|(i, (acc, output, ..))| {
+        let frags = t.sum_frags(v_rows(output)) / t.split;
+        let cond = format!("(moved & {}u) != 0u", coop_scale::moved_bit(i));
+        coop::rescale_rows(frags, (acc, &cond, &format!("sh_c_{acc}")))
+    });
+    RESCALES.fill([("moved", expr(coop_scale::MOVED)), ("each", concat(each))])
+}
+
+/// The moved flags read, `$each` accumulator rescaled, and the flags cleared after the
+/// rescales' barriers, which follow every invocation's load.
+const RESCALES: Template = Template {
+    name: "coop_rescales",
+    needs: &[],
+    text: r#"let moved = workgroupUniformLoad(&$moved);
+$each
+if (moved != 0u && tid == 0u) {
+    atomicStore(&$moved, 0u);
+}
+"#,
+};
 
 /// P = exp(S − LSE) and dS = scale·P·(dP − D) for the invocation's ECOLS keys of its row.
 const Q_ELEMENTWISE: Template = Template {
     name: "q_elementwise",
     needs: &[],
-    text: r#"        for (var i = 0u; i < ECOLS; i = i + 1u) {
-            let c = c0 + i * ELANES;
-            let j = j0 + c;
-            let v = j >= lo && j < hi && key_visible(row, h, j);
-            let x = scored(row, h, j, sh_s[r * SS + c]);
-            let p = exp2((x.x - row_lse) * LOG2E);
-            let g = score_grads(row, h, j, sh_s[r * SS + c], x, p * (dropped(row, h, j, sh_dp[r * SS + c]) - delta), v);
-            sh_ds[r * PS + c] = f16(params.scale * g);
-        }
+    text: r#"for (var i = 0u; i < ECOLS; i = i + 1u) {
+    let c = c0 + i * ELANES;
+    let j = j0 + c;
+    let v = j >= lo && j < hi && key_visible(row, h, j);
+    let x = scored(row, h, j, sh_s[r * SS + c]);
+    let p = exp2((x.x - row_lse) * LOG2E);
+    let g = score_grads(row, h, j, sh_s[r * SS + c], x, p * (dropped(row, h, j, sh_dp[r * SS + c]) - delta), v);
+    sh_ds[r * PS + c] = f16(params.scale * g);
+}
 "#,
 };
 
@@ -486,17 +682,17 @@ const Q_ELEMENTWISE: Template = Template {
 const KV_ELEMENTWISE: Template = Template {
     name: "kv_elementwise",
     needs: &[],
-    text: r#"        for (var i = 0u; i < ECOLS; i = i + 1u) {
-            let c = c0 + i * ELANES;
-            let q = s0 + c;
-            let st = sh_stats[c];
-            let v = q < dims.seq_len && col < dims.seq_len && visible(q, h, col);
-            let x = scored(q, h, col, sh_s[r * SS + c]);
-            let p = select(0.0, exp2((x.x - st.x) * LOG2E), v);
-            let g = score_grads(q, h, col, sh_s[r * SS + c], x, p * (dropped(q, h, col, sh_dp[r * SS + c]) - st.y), v);
-            sh_p[r * PS + c] = f16(dropped(q, h, col, p));
-            sh_ds[r * PS + c] = f16(params.scale * g);
-        }
+    text: r#"for (var i = 0u; i < ECOLS; i = i + 1u) {
+    let c = c0 + i * ELANES;
+    let q = s0 + c;
+    let st = sh_stats[c];
+    let v = q < dims.seq_len && col < dims.seq_len && visible(q, h, col);
+    let x = scored(q, h, col, sh_s[r * SS + c]);
+    let p = select(0.0, exp2((x.x - st.x) * LOG2E), v);
+    let g = score_grads(q, h, col, sh_s[r * SS + c], x, p * (dropped(q, h, col, sh_dp[r * SS + c]) - st.y), v);
+    sh_p[r * PS + c] = f16(dropped(q, h, col, p));
+    sh_ds[r * PS + c] = f16(params.scale * g);
+}
 "#,
 };
 
@@ -506,144 +702,213 @@ const KV_ELEMENTWISE: Template = Template {
 /// invocation's columns) until each row's reference has moved where it must, then divided
 /// by it into f16. (Kept in f32 in sh_s and sh_dp between the two, the step took 1.34 of
 /// the bf16 backward's 3.70 ms at seq 4096, d 128 on an H100.)
-fn scaled_elementwise(t: &CoopTiling, half: &Half, kv: bool) -> String {
+fn scaled_elementwise(t: &CoopTiling, half: &Half, kv: bool) -> Fragment {
     let (_, lanes, cols) = coop::softmax_layout(t);
     // (accumulator, its weight in the step, where its f16 weights go), in `half.sums`' order
-    let (body, weights): (&str, &[(&str, &str, &str)]) = match kv {
-        false => (SCALED_Q_WEIGHTS, &[("dq", "w", "sh_ds")]),
+    let (body, weights): (&Template, &[(&str, &str, &str)]) = match kv {
+        false => (&SCALED_Q_WEIGHTS, &[("dq", "w", "sh_ds")]),
         true => (
-            SCALED_KV_WEIGHTS,
+            &SCALED_KV_WEIGHTS,
             &[("dv", "wv", "sh_p"), ("dk", "wk", "sh_ds")],
         ),
     };
-    let mut b = String::new();
-    for (acc, ..) in weights {
-        let _ = writeln!(b, "        var wm_{acc} = 0.0;");
-    }
-    for i in 0..cols {
-        for (acc, ..) in weights {
-            let _ = writeln!(b, "        var w_{acc}_{i} = 0.0;");
-        }
-        let _ = writeln!(b, "        {{\n            let i = {i}u;");
-        b.push_str(body);
-        for (acc, w, _) in weights {
-            let _ = writeln!(
-                b,
-                "            w_{acc}_{i} = {w};\n            wm_{acc} = max(wm_{acc}, abs({w}));"
-            );
-        }
-        b.push_str("        }\n");
-    }
-    for (i, (acc, ..)) in half.sums.iter().enumerate() {
+    let maxima = lines(
+        weights
+            .iter()
+            .map(|(acc, ..)| format!("var wm_{acc} = 0.0;")),
+    );
+    let columns = (0..cols).map(|i| {
+        let declared = weights
+            .iter()
+            .map(|(acc, ..)| format!("var w_{acc}_{i} = 0.0;"));
+        let kept = weights.iter().flat_map(|(acc, w, _)| {
+            [
+                format!("w_{acc}_{i} = {w};"),
+                format!("wm_{acc} = max(wm_{acc}, abs({w}));"),
+            ]
+        });
+        SCALED_COLUMN.fill([
+            ("declared", lines(declared)),
+            ("i", uint(i)),
+            ("weights", body.plain()),
+            ("kept", lines(kept)),
+        ])
+    });
+    let references = half.sums.iter().enumerate().map(|(i, (acc, ..))| {
         debug_assert_eq!(*acc, weights[i].0);
-        coop_scale::move_reference(&mut b, (acc, i), lanes);
-    }
-    for i in 0..cols {
-        for (acc, _, to) in weights {
-            let _ = writeln!(
-                b,
-                "        {to}[r * PS + c0 + {i}u * ELANES] = f16(mulp2(w_{acc}_{i}, -ref_{acc}));"
-            );
-        }
-    }
-    b
+        coop_scale::move_reference((acc, i), lanes)
+    });
+    let stores = (0..cols).flat_map(|i| {
+        weights.iter().map(move |(acc, _, to)| {
+            format!("{to}[r * PS + c0 + {i}u * ELANES] = f16(mulp2(w_{acc}_{i}, -ref_{acc}));")
+        })
+    });
+    maxima
+        .then(concat(columns))
+        .then(concat(references))
+        .then(lines(stores))
 }
 
+/// Column `$i` of the invocation's share of its row: its `$weights`, `$kept` in registers
+/// (`$declared` before the column's scope) with the row's largest magnitudes.
+const SCALED_COLUMN: Template = Template {
+    name: "coop_scaled_column",
+    needs: &[],
+    text: r#"$declared
+{
+    let i = $i;
+    $weights
+    $kept
+}
+"#,
+};
+
 /// dQ's weight `w` = scale·dS_ij·2^k_j of column `i`.
-const SCALED_Q_WEIGHTS: &str = r#"            let c = c0 + i * ELANES;
-            let j = j0 + c;
-            let v = j >= lo && j < hi && key_visible(row, h, j);
-            let ke = sh_e[c].x;
-            let s = mulp2_sum(sh_s[r * SS + c], qe + ke);
-            let x = scored(row, h, j, s);
-            let p = exp2((x.x - row_lse) * LOG2E);
-            let dp = mulp2_sum(sh_dp[r * SS + c], oe + sh_e[c].y);
-            let g = score_grads(row, h, j, s, x, p * (dropped(row, h, j, dp) - delta), v);
-            let w = mulp2(params.scale * g, ke);
-"#;
+const SCALED_Q_WEIGHTS: Template = Template {
+    name: "coop_scaled_q_weights",
+    needs: &[],
+    text: r#"let c = c0 + i * ELANES;
+let j = j0 + c;
+let v = j >= lo && j < hi && key_visible(row, h, j);
+let ke = sh_e[c].x;
+let s = mulp2_sum(sh_s[r * SS + c], qe + ke);
+let x = scored(row, h, j, s);
+let p = exp2((x.x - row_lse) * LOG2E);
+let dp = mulp2_sum(sh_dp[r * SS + c], oe + sh_e[c].y);
+let g = score_grads(row, h, j, s, x, p * (dropped(row, h, j, dp) - delta), v);
+let w = mulp2(params.scale * g, ke);
+"#,
+};
 
 /// dV's weight `wv` = P_ij·2^do_i (dropped) and dK's `wk` = scale·dS_ij·2^q_i of column
 /// `i`.
-const SCALED_KV_WEIGHTS: &str = r#"            let c = c0 + i * ELANES;
-            let q = s0 + c;
-            let st = sh_stats[c];
-            let v = q < dims.seq_len && col < dims.seq_len && visible(q, h, col);
-            let qe = sh_e[c].x;
-            let oe = sh_e[c].y;
-            let s = mulp2_sum(sh_s[r * SS + c], ke + qe);
-            let x = scored(q, h, col, s);
-            let p = select(0.0, exp2((x.x - st.x) * LOG2E), v);
-            let dp = mulp2_sum(sh_dp[r * SS + c], ve + oe);
-            let g = score_grads(q, h, col, s, x, p * (dropped(q, h, col, dp) - st.y), v);
-            let wv = mulp2(dropped(q, h, col, p), oe);
-            let wk = mulp2(params.scale * g, qe);
-"#;
+const SCALED_KV_WEIGHTS: Template = Template {
+    name: "coop_scaled_kv_weights",
+    needs: &[],
+    text: r#"let c = c0 + i * ELANES;
+let q = s0 + c;
+let st = sh_stats[c];
+let v = q < dims.seq_len && col < dims.seq_len && visible(q, h, col);
+let qe = sh_e[c].x;
+let oe = sh_e[c].y;
+let s = mulp2_sum(sh_s[r * SS + c], ke + qe);
+let x = scored(q, h, col, s);
+let p = select(0.0, exp2((x.x - st.x) * LOG2E), v);
+let dp = mulp2_sum(sh_dp[r * SS + c], ve + oe);
+let g = score_grads(q, h, col, s, x, p * (dropped(q, h, col, dp) - st.y), v);
+let wv = mulp2(dropped(q, h, col, p), oe);
+let wk = mulp2(params.scale * g, qe);
+"#,
+};
 
 /// Each accumulator into its output through the subgroup's 16x16 corner of sh_s, a
 /// fragment at a time, added to what the output holds.
 fn finish(
-    b: &mut String,
     (spec, t): (&KernelSpec, &CoopTiling),
     half: &Half,
     kv: bool,
     scattered: bool,
-) {
+) -> Fragment {
     let (row0, index) = match kv {
         true => ("col0", "kv_index(out_row, kv_h)"),
         false => ("row0", "q_index(out_row, h)"),
     };
-    if !t.scaled {
-        let _ = writeln!(b, "    let pr = rg * {FRAG}u + lane / 2u;");
-    }
-    let _ = write!(
-        b,
-        "    let out_row = {row0} + pr;\n    \
-         let base = {index};\n    let c8 = (lane % 2u) * 8u;\n    \
-         let x = pr * SS + part * 16u + c8;\n"
-    );
+    let pr = match t.scaled {
+        // (bf16's prologue has it.)
+        true => Fragment::default(),
+        false => Fragment::from(format!("let pr = rg * {FRAG}u + lane / 2u;")),
+    };
     // dV's rows have their own width and offsets where the widths differ.
     let split_v = spec.split_dims() && half.sums.iter().any(|(_, o, ..)| v_rows(o));
-    if split_v {
-        b.push_str("    let base_v = v_index(out_row, kv_h);\n");
-    }
-    for (acc, output, ..) in half.sums {
-        let row = match v_rows(output) {
-            true => Row::V,
-            false => Row::Qk,
-        };
-        let mine = t.sum_frags(row == Row::V) / t.split;
-        let base = if split_v && row == Row::V {
-            "base_v"
-        } else {
-            "base"
-        };
-        // With bf16 operands each row's accumulators are 2^-ref of its gradient.
-        let value = match t.scaled {
-            true => format!("sh_s[x + e] * sh_c_{acc}[pr]"),
-            false => "sh_s[x + e]".to_string(),
-        };
-        let add = match scattered {
-            true => format!("add_{output}(at + e, {value});"),
-            false => format!("{output}[at + e] = {output}[at + e] + {value};"),
-        };
-        for n in 0..mine {
-            // A fragment past the end of its tensor's row (the width's fragments summed
-            // where the split cannot share the row's evenly) is not stored.
-            let first = format!("(part * {mine}u + {n}u) * {FRAG}u");
-            let stored = index::and_within(spec, "out_row < dims.seq_len", row, &first);
-            let _ = write!(
-                b,
-                "    workgroupBarrier();\n    \
-                 coopStoreT({acc}_{n}, &sh_s[rg * {FRAG}u * SS + part * 16u], SS);\n    \
-                 workgroupBarrier();\n    if ({stored}) {{\n        \
-                 let at = {base} + {first} + c8;\n        \
-                 for (var e = 0u; e < 8u; e = e + 1u) {{\n            \
-                 {add}\n        }}\n    }}\n"
-            );
-        }
-    }
-    b.push_str("}\n\n");
+    let base_v = match split_v {
+        true => Fragment::from("let base_v = v_index(out_row, kv_h);"),
+        false => Fragment::default(),
+    };
+    let stores = half
+        .sums
+        .iter()
+        .map(|&(acc, output, ..)| add_output((spec, t), (acc, output), split_v, scattered));
+    BACKWARD_FINISH.fill([
+        ("pr", pr),
+        ("row0", expr(row0)),
+        ("index", expr(index)),
+        ("base_v", base_v),
+        ("stores", concat(stores)),
+    ])
 }
+
+/// After the block loop: the row this invocation stores (`$pr`, where the prologue has
+/// not named it), its output rows' first elements, then each accumulator's `$stores`.
+const BACKWARD_FINISH: Template = Template {
+    name: "coop_backward_finish",
+    needs: &[],
+    text: r#"$pr
+let out_row = $row0 + pr;
+let base = $index;
+let c8 = (lane % 2u) * 8u;
+let x = pr * SS + part * 16u + c8;
+$base_v
+$stores
+"#,
+};
+
+/// Accumulator `acc`'s fragments added into `output`, by atomics where the half scatters.
+fn add_output(
+    (spec, t): (&KernelSpec, &CoopTiling),
+    (acc, output): (&str, &str),
+    split_v: bool,
+    scattered: bool,
+) -> Fragment {
+    let row = match v_rows(output) {
+        true => Row::V,
+        false => Row::Qk,
+    };
+    let mine = t.sum_frags(row == Row::V) / t.split;
+    let base = if split_v && row == Row::V {
+        "base_v"
+    } else {
+        "base"
+    };
+    // With bf16 operands each row's accumulators are 2^-ref of its gradient.
+    let value = match t.scaled {
+        true => format!("sh_s[x + e] * sh_c_{acc}[pr]"),
+        false => "sh_s[x + e]".to_string(),
+    };
+    let add = match scattered {
+        true => format!("add_{output}(at + e, {value});"),
+        false => format!("{output}[at + e] = {output}[at + e] + {value};"),
+    };
+    concat((0..mine).map(|n| {
+        // A fragment past the end of its tensor's row (the width's fragments summed
+        // where the split cannot share the row's evenly) is not stored.
+        let first = coop::fragment_column(mine, n);
+        let stored = index::and_within(spec, "out_row < dims.seq_len", row, &first);
+        ADD_FRAGMENT.fill([
+            ("acc", expr(format!("{acc}_{n}"))),
+            ("stored", expr(stored)),
+            ("base", expr(base)),
+            ("first", expr(first)),
+            ("add", expr(&add)),
+        ])
+    }))
+}
+
+/// Accumulator fragment `$acc` through the subgroup's corner of sh_s, its half of row
+/// `pr` added (`$add`) from `$base + $first` where `$stored` holds.
+const ADD_FRAGMENT: Template = Template {
+    name: "coop_add_fragment",
+    needs: &[],
+    text: r#"workgroupBarrier();
+coopStoreT($acc, &sh_s[rg * 16u * SS + part * 16u], SS);
+workgroupBarrier();
+if ($stored) {
+    let at = $base + $first + c8;
+    for (var e = 0u; e < 8u; e = e + 1u) {
+        $add
+    }
+}
+"#,
+};
 
 #[cfg(test)]
 mod tests {
