@@ -9,8 +9,8 @@
 //! i of it over the group's lanes, pairwise, in registers (two barriers a batch; a tree per
 //! four sums took 7, and 1.2-1.5x the time from 4 to 16 rows on an H200, 2026-11-29).
 
+use super::row_gemm::{concat, lines, uint};
 use super::writer::{Fragment, Template, Wgsl};
-use std::fmt::Write;
 
 use crate::layout::rows::{LINEAR_COLUMNS, LINEAR_LANES};
 use crate::spec::KernelSpec;
@@ -19,57 +19,67 @@ use crate::spec::KernelSpec;
 const UNROLL: u32 = 4;
 
 pub(super) fn constants(out: &mut Wgsl, spec: &KernelSpec) {
-    let _ = write!(
-        out,
-        "const WG: u32 = {wg}u;\nconst HIDDEN: u32 = {hidden}u;\nconst OUT: u32 = {out}u;\n\
-         // vec4s of a row of x or W.\nconst K4: u32 = HIDDEN / 4u;\n\
-         // Rows per workgroup, lanes per column group, columns per group and workgroup.\n\
-         const TILE: u32 = {tile}u;\nconst LANES: u32 = {LINEAR_LANES}u;\n\
-         const COLS: u32 = {LINEAR_COLUMNS}u;\nconst BLOCK: u32 = WG / LANES * COLS;\n\
-         // W's words each lane loads per step.\nconst UNROLL: u32 = {UNROLL}u;\n\n",
-        wg = spec.workgroup_size,
-        hidden = spec.head_dim,
-        out = spec.out_dim,
-        tile = spec.grid.tile,
-    );
+    out.put(CONSTANTS.fill([
+        ("wg", uint(spec.workgroup_size)),
+        ("hidden", uint(spec.head_dim)),
+        ("out", uint(spec.out_dim)),
+        ("tile", uint(spec.grid.tile)),
+        ("lanes", uint(LINEAR_LANES)),
+        ("cols", uint(LINEAR_COLUMNS)),
+        ("unroll", uint(UNROLL)),
+    ]));
 }
+
+/// The kernel's shape: the workgroup, the widths, the rows per workgroup, the lanes and
+/// columns of a group and the loads per step (each a u32 literal).
+const CONSTANTS: Template = Template {
+    name: "linear_rows_constants",
+    needs: &[],
+    text: r#"const WG: u32 = $wg;
+const HIDDEN: u32 = $hidden;
+const OUT: u32 = $out;
+// vec4s of a row of x or W.
+const K4: u32 = HIDDEN / 4u;
+// Rows per workgroup, lanes per column group, columns per group and workgroup.
+const TILE: u32 = $tile;
+const LANES: u32 = $lanes;
+const COLS: u32 = $cols;
+const BLOCK: u32 = WG / LANES * COLS;
+// W's words each lane loads per step.
+const UNROLL: u32 = $unroll;
+
+"#,
+};
 
 pub(super) fn body(out: &mut Wgsl, spec: &KernelSpec) {
     super::dtype::vec4_codec(out, spec.dtype);
-    let rows = spec.grid.tile as usize;
-    let cols = LINEAR_COLUMNS as usize;
-    let sums: Vec<(usize, usize)> = (0..rows)
+    let rows = spec.grid.tile;
+    let cols = LINEAR_COLUMNS;
+    let sums: Vec<(u32, u32)> = (0..rows)
         .flat_map(|r| (0..cols).map(move |c| (r, c)))
         .collect();
-    let mut decl = String::new();
-    for (r, c) in &sums {
-        let _ = writeln!(decl, "var s{r}_{c} = 0.0;");
-    }
-    let mut loads = String::new();
-    let mut fmas = String::new();
-    for u in 0..UNROLL {
-        let _ = writeln!(loads, "let k{u} = kb + {u}u * LANES;");
-        for c in 0..cols {
-            let _ = writeln!(loads, "let w{u}_{c} = w_at(n0 + {c}u, k{u});");
-        }
-        for r in 0..rows {
-            let _ = writeln!(fmas, "let x{u}_{r} = x_at(r0 + {r}u, k{u});");
-            for c in 0..cols {
-                let _ = writeln!(fmas, "s{r}_{c} = s{r}_{c} + dot(x{u}_{r}, w{u}_{c});");
-            }
-        }
-    }
-    let reduce = batched_reduce(&sums);
+    let decl = lines(sums.iter().map(|(r, c)| format!("var s{r}_{c} = 0.0;")));
+    let loads = lines((0..UNROLL).flat_map(|u| {
+        let w = (0..cols).map(move |c| format!("let w{u}_{c} = w_at(n0 + {c}u, k{u});"));
+        std::iter::once(format!("let k{u} = kb + {u}u * LANES;")).chain(w)
+    }));
+    let fmas = lines((0..UNROLL).flat_map(|u| {
+        (0..rows).flat_map(move |r| {
+            let dots =
+                (0..cols).map(move |c| format!("s{r}_{c} = s{r}_{c} + dot(x{u}_{r}, w{u}_{c});"));
+            std::iter::once(format!("let x{u}_{r} = x_at(r0 + {r}u, k{u});")).chain(dots)
+        })
+    }));
     let bias = match spec.matmul.is_some_and(|f| f.bias) {
-        true => "x = x + bias[n];\n",
+        true => "x = x + bias[n];",
         false => "",
     };
     out.put(BODY.fill([
-        ("decl", Fragment::from(decl)),
-        ("loads", Fragment::from(loads)),
-        ("fmas", Fragment::from(fmas)),
-        ("reduce", Fragment::from(reduce)),
-        ("group_sums", Fragment::from(group_sums())),
+        ("decl", decl),
+        ("loads", loads),
+        ("fmas", fmas),
+        ("reduce", batched_reduce(&sums)),
+        ("pairs", pairs()),
         ("bias", Fragment::from(bias)),
         ("name", Fragment::from(spec.name.as_str())),
     ]));
@@ -77,9 +87,8 @@ pub(super) fn body(out: &mut Wgsl, spec: &KernelSpec) {
 
 /// The sums (row, column) in batches of sixteen: each batch through `group_sums`, and lane
 /// i of each group stores sum i of it.
-fn batched_reduce(sums: &[(usize, usize)]) -> String {
-    let mut reduce = String::from("var t = 0.0;\n");
-    for (b, batch) in sums.chunks(16).enumerate() {
+fn batched_reduce(sums: &[(u32, u32)]) -> Fragment {
+    concat(sums.chunks(16).enumerate().map(|(b, batch)| {
         let mut quads: Vec<String> = batch
             .chunks(4)
             .map(|q| {
@@ -91,42 +100,59 @@ fn batched_reduce(sums: &[(usize, usize)]) -> String {
             })
             .collect();
         quads.resize(4, "vec4<f32>(0.0)".into());
-        let n = batch.len();
-        let _ = writeln!(reduce, "t = group_sums(tid, {n}u, {});", quads.join(", "));
-        let _ = writeln!(
-            reduce,
-            "if (lane < {n}u) {{\n    let i = {b}u * 16u + lane;\n    store(r0 + i / COLS, n0 + i % COLS, t);\n}}"
-        );
-    }
-    reduce
+        BATCH.fill([
+            ("n", uint(batch.len() as u32)),
+            ("quads", Fragment::from(quads.join(", "))),
+            ("batch", uint(b as u32)),
+        ])
+    }))
 }
+
+/// Batch `$batch` of `$n` sums, `$quads` the four vec4s holding them, through
+/// `group_sums`, and stored by the lanes that hold them.
+const BATCH: Template = Template {
+    name: "linear_rows_batch",
+    needs: &[],
+    text: r#"t = group_sums(tid, $n, $quads);
+if (lane < $n) {
+    let i = $batch * 16u + lane;
+    store(r0 + i / COLS, n0 + i % COLS, t);
+}
+"#,
+};
 
 /// Sum `lane` of the batch over the group's lanes, pairwise: the lanes' pairs, then pairs
 /// of those, .. to one, `t`.
-fn group_sums() -> String {
-    let mut out = String::from("let quad = lane / 4u;\nlet comp = lane % 4u;\n");
+fn pairs() -> Fragment {
     let mut n = LINEAR_LANES / 2;
-    for i in 0..n {
-        let _ = writeln!(
-            out,
-            "let p0_{i} = sh_red[(g0 + {}u) * 4u + quad][comp] + sh_red[(g0 + {}u) * 4u + quad][comp];",
-            2 * i,
-            2 * i + 1
-        );
-    }
+    let mut pairs: Vec<String> = (0..n)
+        .map(|i| {
+            format!(
+                "let p0_{i} = sh_red[(g0 + {}u) * 4u + quad][comp] + sh_red[(g0 + {}u) * 4u + quad][comp];",
+                2 * i,
+                2 * i + 1
+            )
+        })
+        .collect();
     let mut level = 0;
     while n > 1 {
         n /= 2;
         for i in 0..n {
             let (a, b) = (2 * i, 2 * i + 1);
-            let _ = writeln!(out, "let p{}_{i} = p{level}_{a} + p{level}_{b};", level + 1);
+            pairs.push(format!(
+                "let p{}_{i} = p{level}_{a} + p{level}_{b};",
+                level + 1
+            ));
         }
         level += 1;
     }
-    let _ = writeln!(out, "t = p{level}_0;");
-    out
+    pairs.push(format!("t = p{level}_0;"));
+    lines(pairs)
 }
 
+/// The kernel: `$decl` the lane's sums, each step's `$loads` of W's words and `$fmas` of
+/// the rows of x into the sums, `$reduce` the sums through `group_sums` (`$pairs` the
+/// pairwise sum of a lane's share) and stored (`$bias` added).
 const BODY: Template = Template {
     name: "linear_rows",
     needs: &[],
@@ -157,7 +183,9 @@ fn group_sums(tid: u32, n: u32, a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, d: vec
     let g0 = tid - lane;
     var t = 0.0;
     if (lane < n) {
-        $group_sums
+        let quad = lane / 4u;
+        let comp = lane % 4u;
+        $pairs
     }
     workgroupBarrier();
     return t;
@@ -182,6 +210,7 @@ fn $name(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
         $loads
         $fmas
     }
+    var t = 0.0;
     $reduce
 }
 "#,

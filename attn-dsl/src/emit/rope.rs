@@ -2,18 +2,22 @@
 //! row `s` of sequence `b` are rotated by `(positions[b] + s) · inv_freq[i]`, `inv_freq[i] = base^(-2i/d)`. The backward is the same
 //! rotation by minus the angle (the rotation is orthonormal, so Rᵀ = R(-θ)).
 
-use super::writer::Wgsl;
-use std::fmt::Write;
+use super::writer::{Fragment, Template, Wgsl};
 
 pub(super) fn rope(out: &mut Wgsl, backward: bool) {
     let sign = if backward { "-1.0" } else { "1.0" };
-    let _ = writeln!(
-        out,
-        "// +1 rotates forward; -1 applies the transpose (the backward)."
-    );
-    let _ = writeln!(out, "const SIGN: f32 = {sign};");
-    out.push_str(
-        r#"const HALF: u32 = HEAD_DIM / 2u;
+    out.put(ROPE.fill([("sign", Fragment::from(sign))]));
+}
+
+/// The rotation of one row, `$sign` 1.0 forward and -1.0 for the backward. The angle is
+/// reduced to [-π, π] before sin and cos, and (c, s) put back on the unit circle, so that
+/// the backward undoes the forward to f32 rounding at any position.
+const ROPE: Template = Template {
+    name: "rope",
+    needs: &[],
+    text: r#"// +1 rotates forward; -1 applies the transpose (the backward).
+const SIGN: f32 = $sign;
+const HALF: u32 = HEAD_DIM / 2u;
 // 2π split so that k · TWO_PI_HI is exact for k < 2^16 (TWO_PI_HI = 201/32 has 8 bits).
 const TWO_PI_HI: f32 = 6.28125;
 const TWO_PI_LO: f32 = 0.0019353071795864769;
@@ -44,5 +48,4 @@ fn rope_row(row: u32, h: u32, tid: u32) {
 }
 
 "#,
-    );
-}
+};

@@ -12,8 +12,8 @@
 //! stores.
 
 use super::coop::{A, B, C};
-use super::writer::Wgsl;
-use std::fmt::Write;
+use super::numerics::{DOT_BLOCK, Helper};
+use super::writer::{Fragment, Template, Wgsl};
 
 use crate::layout::rows::{COOP_SUBGROUPS, GEMM_TILE};
 use crate::spec::{KernelSpec, Matrix};
@@ -37,26 +37,51 @@ fn coop(spec: &KernelSpec) -> bool {
     spec.grid.matrix == Matrix::Coop16
 }
 
-/// The entry point's builtins: the workgroup, the invocation and, on cooperative matrices,
-/// the subgroup (whose fragments a subgroup owns must be uniform over its invocations, which
-/// `subgroup_id` is by definition and `tid / 32` is not).
-pub(super) fn entry_args(spec: &KernelSpec) -> &'static str {
-    match coop(spec) {
-        true => {
-            "@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32,\n    \
-             @builtin(subgroup_id) sg: u32"
-        }
-        false => "@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32",
-    }
+/// One-line statements as a fragment of whole lines, for a hole alone on its line.
+pub(super) fn lines(statements: impl IntoIterator<Item = String>) -> Fragment {
+    Fragment::from(statements.into_iter().map(|s| s + "\n").collect::<String>())
 }
 
-/// The entry point's first statement: the subgroup into `sg_id` for the products.
-pub(super) fn entry_prologue(spec: &KernelSpec) -> &'static str {
-    match coop(spec) {
-        true => "    sg_id = sg;\n",
-        false => "",
-    }
+/// `n` as a WGSL u32 literal.
+pub(super) fn uint(n: u32) -> Fragment {
+    Fragment::from(format!("{n}u"))
 }
+
+/// `fragments` one after another.
+pub(super) fn concat(fragments: impl Iterator<Item = Fragment>) -> Fragment {
+    fragments.fold(Fragment::default(), Fragment::then)
+}
+
+/// The entry point `name`'s signature, up to its opening brace, and on cooperative
+/// matrices its first statement, the subgroup into `sg_id` for the products; the kernel's
+/// template continues the body and closes it.
+pub(super) fn entry(spec: &KernelSpec, name: &str) -> Fragment {
+    let template = match coop(spec) {
+        true => &ENTRY_COOP,
+        false => &ENTRY_SCALAR,
+    };
+    template.fill([("name", Fragment::from(name))])
+}
+
+/// The entry point's builtins: the workgroup and the invocation.
+const ENTRY_SCALAR: Template = Template {
+    name: "row_gemm_entry",
+    needs: &[],
+    text: r#"fn $name(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+"#,
+};
+
+/// On cooperative matrices the entry point also takes the subgroup: the fragments a
+/// subgroup owns must be uniform over its invocations, which `subgroup_id` is by definition
+/// and `tid / 32` is not.
+const ENTRY_COOP: Template = Template {
+    name: "row_gemm_entry_coop",
+    needs: &[],
+    text: r#"fn $name(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32,
+    @builtin(subgroup_id) sg: u32) {
+    sg_id = sg;
+"#,
+};
 
 /// The slices, `put_a`/`put_b` and the product of one staged pair.
 pub(super) fn core(out: &mut Wgsl, spec: &KernelSpec, staging: Staging) {
@@ -76,10 +101,15 @@ pub(super) fn product_loop(
     staging: Staging,
     (step, count): (&str, &str),
     stage: &str,
-) -> String {
+) -> Fragment {
+    let loop_fills = [
+        ("step", Fragment::from(step)),
+        ("count", Fragment::from(count)),
+        ("stage", Fragment::from(stage)),
+    ];
     match coop(spec) {
-        true => coop_loop(staging, step, count, stage),
-        false => scalar_loop(step, count, stage),
+        true => coop_loop(staging, loop_fills),
+        false => SCALAR_LOOP.fill(loop_fills),
     }
 }
 
@@ -87,91 +117,105 @@ pub(super) fn product_loop(
 /// so an invocation reads its four rows or columns as one vec4) and the product of one
 /// staged pair into the invocation's 4×4 block.
 fn scalar_core(out: &mut Wgsl) {
-    out.need(&[super::numerics::Helper::TwoSumErr4]);
-    let folds: String = (0..4)
-        .map(|i| {
-            format!(
-                "    {{ let t = (*acc)[{i}] + (*mid)[{i}];\n      \
-                 (*err)[{i}] = (*err)[{i}] + two_sum_err4((*acc)[{i}], (*mid)[{i}], t);\n      \
-                 (*acc)[{i}] = t; }}\n"
-            )
-        })
-        .collect();
-    let leaf: String = (0..super::numerics::DOT_BLOCK)
-        .map(|c| {
-            format!(
-                "        {{ let a = sh_a[(h + {c}u) * 16u + ty]; let bv = sh_b[(h + {c}u) * 16u + tx];\n          \
-                 p0 = fma(vec4<f32>(a.x), bv, p0); p1 = fma(vec4<f32>(a.y), bv, p1);\n          \
-                 p2 = fma(vec4<f32>(a.z), bv, p2); p3 = fma(vec4<f32>(a.w), bv, p3); }}\n"
-            )
-        })
-        .collect();
-    let _ = write!(
-        out,
-        r#"// The staged operand slices: sh_a holds the block's 64 rows of the left operand,
+    let folds = (0..4).map(|i| FOLD_ROW.fill([("i", Fragment::from(i.to_string()))]));
+    let leaf = (0..DOT_BLOCK).map(|c| LEAF_TERM.fill([("c", uint(c))]));
+    out.put(SCALAR_CORE.fill([("leaf", concat(leaf)), ("folds", concat(folds))]));
+}
+
+/// The scalar slices and products: `$leaf` the terms of one leaf ([`LEAF_TERM`]), `$folds`
+/// the four rows' folds ([`FOLD_ROW`]).
+const SCALAR_CORE: Template = Template {
+    name: "scalar_core",
+    needs: &[],
+    text: r#"// The staged operand slices: sh_a holds the block's 64 rows of the left operand,
 // sh_b its 64 columns of the right one, BK reduction indices each.
 var<workgroup> sh_a: array<vec4<f32>, BK * 16u>;
 var<workgroup> sh_b: array<vec4<f32>, BK * 16u>;
 
-fn put_a(kk: u32, m: u32, v: f32) {{
+fn put_a(kk: u32, m: u32, v: f32) {
     sh_a[kk * 16u + m / 4u][m % 4u] = v;
-}}
+}
 
-fn put_b(kk: u32, n: u32, v: f32) {{
+fn put_b(kk: u32, n: u32, v: f32) {
     sh_b[kk * 16u + n / 4u][n % 4u] = v;
-}}
+}
 
 // The staged slices' products for rows 4·ty.. and columns 4·tx..: each leaf of BLOCK
 // terms sums into a fresh partial (as a framework's pairwise leaves), then into `mid`.
-fn block_product(tx: u32, ty: u32, mid: ptr<function, array<vec4<f32>, 4>>) {{
-    for (var h = 0u; h < BK; h = h + BLOCK) {{
+fn block_product(tx: u32, ty: u32, mid: ptr<function, array<vec4<f32>, 4>>) {
+    for (var h = 0u; h < BK; h = h + BLOCK) {
         var p0 = vec4<f32>(0.0);
         var p1 = vec4<f32>(0.0);
         var p2 = vec4<f32>(0.0);
         var p3 = vec4<f32>(0.0);
-{leaf}        (*mid)[0] = (*mid)[0] + p0;
+        $leaf
+        (*mid)[0] = (*mid)[0] + p0;
         (*mid)[1] = (*mid)[1] + p1;
         (*mid)[2] = (*mid)[2] + p2;
         (*mid)[3] = (*mid)[3] + p3;
-    }}
-}}
+    }
+}
 
 // Adds a branch of the blocked sum into the total, its rounding error into `err`
 // (TwoSum), and starts the next branch. (Written out: constant indices keep the blocks
 // in registers.)
 fn fold(acc: ptr<function, array<vec4<f32>, 4>>, err: ptr<function, array<vec4<f32>, 4>>,
-        mid: ptr<function, array<vec4<f32>, 4>>) {{
-{folds}    *mid = array<vec4<f32>, 4>();
-}}
-
-"#
-    );
+        mid: ptr<function, array<vec4<f32>, 4>>) {
+    $folds
+    *mid = array<vec4<f32>, 4>();
 }
 
-fn scalar_loop(step: &str, count: &str, stage: &str) -> String {
-    format!(
-        r#"// Initialized explicitly: the loop runs inside others (column blocks, k tiles), and
-    // in Chrome (Tint, SwiftShader) a declaration without one was zeroed once, not per trip.
-    var acc = array<vec4<f32>, 4>();
-    var err = array<vec4<f32>, 4>();
-    var mid = array<vec4<f32>, 4>();
-    for (var {step} = 0u; {step} < {count}; {step} = {step} + BK) {{
-        {stage};
-        workgroupBarrier();
-        block_product(tx, ty, &mid);
-        // The next slice overwrites sh_a and sh_b.
-        workgroupBarrier();
-        if (({step} / BK) % FOLD == FOLD - 1u) {{
-            fold(&acc, &err, &mid);
-        }}
-    }}
-    fold(&acc, &err, &mid);
-    acc[0] = acc[0] + err[0];
-    acc[1] = acc[1] + err[1];
-    acc[2] = acc[2] + err[2];
-    acc[3] = acc[3] + err[3];"#
-    )
+"#,
+};
+
+/// Term `$c` (a u32 literal) of a leaf: reduction index h + c of the staged slices
+/// multiplied into the invocation's four partial rows.
+const LEAF_TERM: Template = Template {
+    name: "leaf_term",
+    needs: &[],
+    text: r#"{ let a = sh_a[(h + $c) * 16u + ty]; let bv = sh_b[(h + $c) * 16u + tx];
+  p0 = fma(vec4<f32>(a.x), bv, p0); p1 = fma(vec4<f32>(a.y), bv, p1);
+  p2 = fma(vec4<f32>(a.z), bv, p2); p3 = fma(vec4<f32>(a.w), bv, p3); }
+"#,
+};
+
+/// Row `$i` of a branch added into the total, its rounding error kept (TwoSum).
+const FOLD_ROW: Template = Template {
+    name: "fold_row",
+    needs: &[Helper::TwoSumErr4],
+    text: r#"{ let t = (*acc)[$i] + (*mid)[$i];
+  (*err)[$i] = (*err)[$i] + two_sum_err4((*acc)[$i], (*mid)[$i], t);
+  (*acc)[$i] = t; }
+"#,
+};
+
+/// The scalar [`product_loop`]: slices `$step` = 0, BK, .. < `$count` staged by `$stage`,
+/// their products folded into the total every FOLD slices (by `fold` of [`SCALAR_CORE`]).
+const SCALAR_LOOP: Template = Template {
+    name: "scalar_loop",
+    needs: &[],
+    text: r#"// Initialized explicitly: the loop runs inside others (column blocks, k tiles), and
+// in Chrome (Tint, SwiftShader) a declaration without one was zeroed once, not per trip.
+var acc = array<vec4<f32>, 4>();
+var err = array<vec4<f32>, 4>();
+var mid = array<vec4<f32>, 4>();
+for (var $step = 0u; $step < $count; $step = $step + BK) {
+    $stage;
+    workgroupBarrier();
+    block_product(tx, ty, &mid);
+    // The next slice overwrites sh_a and sh_b.
+    workgroupBarrier();
+    if (($step / BK) % FOLD == FOLD - 1u) {
+        fold(&acc, &err, &mid);
+    }
 }
+fold(&acc, &err, &mid);
+acc[0] = acc[0] + err[0];
+acc[1] = acc[1] + err[1];
+acc[2] = acc[2] + err[2];
+acc[3] = acc[3] + err[3];
+"#,
+};
 
 /// Fragments of the 64×64 block per subgroup: one 16-row fragment row, `FRAGS` columns.
 const FRAGS: u32 = (GEMM_TILE / 16) * (GEMM_TILE / 16) / COOP_SUBGROUPS;
@@ -179,21 +223,42 @@ const FRAGS: u32 = (GEMM_TILE / 16) * (GEMM_TILE / 16) / COOP_SUBGROUPS;
 /// Declares one operand's f16 slice and its `put`. Rows are padded by 8 halves (16 bytes:
 /// a cooperative load's stride stays 16-byte aligned, and consecutive rows start in
 /// different banks).
-fn declare(out: &mut Wgsl, name: &str, layout: Contiguous) {
+fn declare(name: &str, layout: Contiguous) -> Fragment {
     let (len, at) = match layout {
         Contiguous::Reduction => ("TN * (BK + 8u)", "o * (BK + 8u) + kk"),
         Contiguous::Output => ("BK * (TN + 8u)", "kk * (TN + 8u) + o"),
     };
-    let _ = write!(
-        out,
-        "var<workgroup> sh_{name}h: array<f16, {len}>;\n\n\
-         fn put_{name}(kk: u32, o: u32, v: f32) {{\n    sh_{name}h[{at}] = f16(v);\n}}\n\n\
-         // Four elements along the slice's contiguous index from (kk, o).\n\
-         fn put4_{name}(kk: u32, o: u32, v: vec4<f32>) {{\n    let at = {at};\n    \
-         sh_{name}h[at] = f16(v.x);\n    sh_{name}h[at + 1u] = f16(v.y);\n    \
-         sh_{name}h[at + 2u] = f16(v.z);\n    sh_{name}h[at + 3u] = f16(v.w);\n}}\n\n"
-    );
+    SLICE.fill([
+        ("slice", Fragment::from(format!("sh_{name}h"))),
+        ("put", Fragment::from(format!("put_{name}"))),
+        ("put4", Fragment::from(format!("put4_{name}"))),
+        ("len", Fragment::from(len)),
+        ("at", Fragment::from(at)),
+    ])
 }
+
+/// An operand's f16 slice `$slice` of `$len` halves, element (kk, o) at `$at`, and its
+/// writers `$put` (one element) and `$put4` (four).
+const SLICE: Template = Template {
+    name: "coop_slice",
+    needs: &[],
+    text: r#"var<workgroup> $slice: array<f16, $len>;
+
+fn $put(kk: u32, o: u32, v: f32) {
+    $slice[$at] = f16(v);
+}
+
+// Four elements along the slice's contiguous index from (kk, o).
+fn $put4(kk: u32, o: u32, v: vec4<f32>) {
+    let at = $at;
+    $slice[at] = f16(v.x);
+    $slice[at + 1u] = f16(v.y);
+    $slice[at + 2u] = f16(v.z);
+    $slice[at + 3u] = f16(v.w);
+}
+
+"#,
+};
 
 /// The cooperative load of operand `name`'s fragment at reduction fragment `ks` and
 /// output fragment `frag`. Element (kk, o) lies at o·stride + kk (reduction-contiguous)
@@ -221,76 +286,107 @@ fn load(name: &str, layout: Contiguous, frag: &str) -> String {
 }
 
 fn coop_core(out: &mut Wgsl, staging: Staging) {
-    out.push_str(
-        "// f32 scratch of the kernels' row reductions after a product (one vec4 per invocation).\n\
-         var<workgroup> sh_a: array<vec4<f32>, WG>;\nvar<workgroup> sh_b: array<vec4<f32>, WG>;\n\
-         // The finished 64×64 block, from the subgroups' fragments to the invocations' 4×4.\n\
-         const CS: u32 = TN + 4u;\nvar<workgroup> sh_c: array<f32, TN * CS>;\n\
-         // The invocation's subgroup (set by the entry point): it owns fragment row sg % 4,\n\
-         // fragment columns (sg / 4)·FRAGS...\nvar<private> sg_id: u32;\n\n",
-    );
-    let _ = write!(out, "const FRAGS: u32 = {FRAGS}u;\n\n");
-    declare(out, "a", staging.a);
-    declare(out, "b", staging.b);
-    let _ = write!(
-        out,
-        r#"// The block's rows 4·ty.. and columns 4·tx.. of a finished product out of sh_c.
-fn block_of_c(tx: u32, ty: u32) -> array<vec4<f32>, 4> {{
+    out.put(COOP_CORE.fill([
+        ("frags", uint(FRAGS)),
+        ("slice_a", declare("a", staging.a)),
+        ("slice_b", declare("b", staging.b)),
+    ]));
+}
+
+/// The cooperative products' workgroup memory: the f16 slices (`$slice_a`, `$slice_b`,
+/// [`SLICE`]), the finished block and the f32 scratch of the row reductions after it.
+const COOP_CORE: Template = Template {
+    name: "coop_core",
+    needs: &[],
+    text: r#"// f32 scratch of the kernels' row reductions after a product (one vec4 per invocation).
+var<workgroup> sh_a: array<vec4<f32>, WG>;
+var<workgroup> sh_b: array<vec4<f32>, WG>;
+// The finished 64×64 block, from the subgroups' fragments to the invocations' 4×4.
+const CS: u32 = TN + 4u;
+var<workgroup> sh_c: array<f32, TN * CS>;
+// The invocation's subgroup (set by the entry point): it owns fragment row sg % 4,
+// fragment columns (sg / 4)·FRAGS...
+var<private> sg_id: u32;
+
+const FRAGS: u32 = $frags;
+
+$slice_a
+$slice_b
+// The block's rows 4·ty.. and columns 4·tx.. of a finished product out of sh_c.
+fn block_of_c(tx: u32, ty: u32) -> array<vec4<f32>, 4> {
     var acc: array<vec4<f32>, 4>;
-    for (var i = 0u; i < 4u; i = i + 1u) {{
+    for (var i = 0u; i < 4u; i = i + 1u) {
         let at = (ty * 4u + i) * CS + tx * 4u;
         acc[i] = vec4<f32>(sh_c[at], sh_c[at + 1u], sh_c[at + 2u], sh_c[at + 3u]);
-    }}
+    }
     return acc;
-}}
-
-"#
-    );
 }
+
+"#,
+};
 
 /// The subgroup's product loop, written out (cooperative matrices live in named variables:
 /// `tot_f` the total, `mid_f` the branch of fragment column f).
-fn coop_loop(staging: Staging, step: &str, count: &str, stage: &str) -> String {
-    let mut b = String::new();
-    let decls: Vec<String> = (0..FRAGS)
-        .map(|f| format!("var tot_{f} = {C}();\n    var mid_{f} = {C}();"))
-        .collect();
-    let _ = write!(
-        b,
-        "{}\n    for (var {step} = 0u; {step} < {count}; {step} = {step} + BK) {{\n        \
-         {stage};\n        workgroupBarrier();\n        \
-         for (var ks = 0u; ks < BK / 16u; ks = ks + 1u) {{\n            let a = {};\n",
-        decls.join("\n    "),
-        load("a", staging.a, "sg_id % 4u")
-    );
-    for f in 0..FRAGS {
+fn coop_loop(staging: Staging, loop_fills: [(&str, Fragment); 3]) -> Fragment {
+    let each = |f: &dyn Fn(u32) -> String| lines((0..FRAGS).map(f));
+    let accumulators = lines((0..FRAGS).flat_map(|f| {
+        [
+            format!("var tot_{f} = {C}();"),
+            format!("var mid_{f} = {C}();"),
+        ]
+    }));
+    let products = each(&|f| {
         let frag = format!("(sg_id / 4u) * FRAGS + {f}u");
-        let _ = writeln!(
-            b,
-            "            mid_{f} = coopMultiplyAdd(a, {}, mid_{f});",
+        format!(
+            "mid_{f} = coopMultiplyAdd(a, {}, mid_{f});",
             load("b", staging.b, &frag)
-        );
-    }
-    b.push_str(
-        "        }\n        // The next slice overwrites the staged halves.\n        workgroupBarrier();\n",
-    );
-    let _ = writeln!(b, "        if (({step} / BK) % FOLD == FOLD - 1u) {{");
-    for f in 0..FRAGS {
-        let _ = writeln!(
-            b,
-            "            tot_{f} = tot_{f} + mid_{f};\n            mid_{f} = {C}();"
-        );
-    }
-    b.push_str("        }\n    }\n");
-    for f in 0..FRAGS {
-        let _ = writeln!(
-            b,
-            "    coopStoreT(tot_{f} + mid_{f}, &sh_c[(sg_id % 4u) * 16u * CS + ((sg_id / 4u) * FRAGS + {f}u) * 16u], CS);"
-        );
-    }
-    b.push_str(
-        "    workgroupBarrier();\n    var acc = block_of_c(tx, ty);\n    \
-         // The next product stores into sh_c.\n    workgroupBarrier();",
-    );
-    b
+        )
+    });
+    let folds = lines((0..FRAGS).flat_map(|f| {
+        [
+            format!("tot_{f} = tot_{f} + mid_{f};"),
+            format!("mid_{f} = {C}();"),
+        ]
+    }));
+    let stores = each(&|f| {
+        format!(
+            "coopStoreT(tot_{f} + mid_{f}, &sh_c[(sg_id % 4u) * 16u * CS + ((sg_id / 4u) * FRAGS + {f}u) * 16u], CS);"
+        )
+    });
+    COOP_LOOP.fill(loop_fills.into_iter().chain([
+        ("accumulators", accumulators),
+        ("load_a", Fragment::from(load("a", staging.a, "sg_id % 4u"))),
+        ("products", products),
+        ("folds", folds),
+        ("stores", stores),
+    ]))
 }
+
+/// The cooperative [`product_loop`]: `$accumulators` each fragment column's total and
+/// branch, the staged A fragment (`$load_a`) multiplied into each column's branch
+/// (`$products`), the branches folded into the totals (`$folds`) every FOLD slices, and
+/// the totals through sh_c (`$stores`) into the invocation's 4×4 block `acc`.
+const COOP_LOOP: Template = Template {
+    name: "coop_loop",
+    needs: &[],
+    text: r#"$accumulators
+for (var $step = 0u; $step < $count; $step = $step + BK) {
+    $stage;
+    workgroupBarrier();
+    for (var ks = 0u; ks < BK / 16u; ks = ks + 1u) {
+        let a = $load_a;
+        $products
+    }
+    // The next slice overwrites the staged halves.
+    workgroupBarrier();
+    if (($step / BK) % FOLD == FOLD - 1u) {
+        $folds
+    }
+}
+$stores
+workgroupBarrier();
+var acc = block_of_c(tx, ty);
+// The next product stores into sh_c.
+workgroupBarrier();
+"#,
+};
