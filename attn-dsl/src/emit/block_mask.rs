@@ -7,23 +7,32 @@
 //! loops. The mask is the kernels' own `mask_mod` function, tensors and `b` included, so
 //! the blocks agree with the per-pair test by construction.
 
-use std::fmt::Write;
-
 use super::writer::{Fragment, Template, Wgsl};
 use crate::spec::KernelSpec;
 
 pub(super) fn constants(out: &mut Wgsl, spec: &KernelSpec) {
-    let _ = write!(
-        out,
-        "const WG: u32 = {}u;\nconst MASK_BLOCK: u32 = {}u;\n\
-         const BLOCK_EMPTY: u32 = {}u;\nconst BLOCK_PARTIAL: u32 = {}u;\nconst BLOCK_FULL: u32 = {}u;\n\n",
-        spec.workgroup_size,
-        crate::flex::MASK_BLOCK,
-        crate::flex::BLOCK_EMPTY,
-        crate::flex::BLOCK_PARTIAL,
-        crate::flex::BLOCK_FULL,
-    );
+    let u = |n: u32| Fragment::from(format!("{n}u"));
+    out.put(CONSTANTS.fill([
+        ("wg", u(spec.workgroup_size)),
+        ("block", u(crate::flex::MASK_BLOCK)),
+        ("empty", u(crate::flex::BLOCK_EMPTY)),
+        ("partial", u(crate::flex::BLOCK_PARTIAL)),
+        ("full", u(crate::flex::BLOCK_FULL)),
+    ]));
 }
+
+/// The workgroup, the block's side in positions, and the states a block may have.
+const CONSTANTS: Template = Template {
+    name: "block_mask_constants",
+    needs: &[],
+    text: r#"const WG: u32 = $wg;
+const MASK_BLOCK: u32 = $block;
+const BLOCK_EMPTY: u32 = $empty;
+const BLOCK_PARTIAL: u32 = $partial;
+const BLOCK_FULL: u32 = $full;
+
+"#,
+};
 
 pub(super) fn body(out: &mut Wgsl, spec: &KernelSpec) {
     if let Some(flex) = spec.flex() {

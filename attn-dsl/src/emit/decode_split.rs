@@ -12,67 +12,112 @@
 //! `decode_reduce`: one workgroup per (head, batch) owns the head's output:
 //! `O = Σ_s e^(m_s − M)·o_s / Σ_s e^(m_s − M)·l_s`, M the largest m_s.
 
+use super::lines;
 use super::numerics::Helper;
 use super::writer::{Fragment, Template, Wgsl};
-use std::fmt::Write;
 
 use crate::spec::{Cache, KernelSpec, Op};
 
 use crate::layout::decode::{Stream, lanes, max_slice, pv_unroll, word};
 
 pub(super) fn constants(out: &mut Wgsl, spec: &KernelSpec) {
-    let _ = writeln!(out, "const WG: u32 = {}u;", spec.workgroup_size);
-    out.push_str(&widths(spec));
-    out.push_str(
-        "// A finite stand-in for -inf: exp(NEG_BIG - m) is 0 for any real m.\n\
-         const NEG_BIG: f32 = -3.0e38;\n",
-    );
-    if let Some(Ok(s)) = Stream::of(spec) {
-        super::decode_stream::constants(out, spec, &s);
+    let pass = if let Some(Ok(s)) = Stream::of(spec) {
+        super::decode_stream::constants(spec, &s)
     } else if spec.op == Op::DecodeSplit {
-        let _ = write!(
-            out,
-            "// Query heads per workgroup, one per vec4 component.\nconst TILE: u32 = {tile}u;\n\
-             // Words ({word} elements) of a K row and of a V row, and the vec4s of a word.\n\
-             const K_WORDS: u32 = {kw}u;\nconst V_WORDS: u32 = {vw}u;\nconst QUADS: u32 = {quads}u;\n\
-             // Invocations per key in the scores pass, each summing K_WORDS / LANES words.\n\
-             const LANES: u32 = {lanes}u;\nconst KEY_TILE: u32 = WG / LANES;\n\
-             // Keys a slice may hold (dims.slice_len is at most this).\n\
-             const MAX_SLICE: u32 = {max}u;\n\
-             // Rows of V read at once in P·V, one word column per invocation, and the\n\
-             // groups of them whose loads each invocation issues together.\n\
-             const PV_ROWS: u32 = WG / V_WORDS;\nconst PV_UNROLL: u32 = {unroll}u;\n\
-             const PV_STEP: u32 = PV_UNROLL * PV_ROWS;\n",
-            tile = spec.grid.tile,
-            word = word(spec),
-            kw = spec.head_dim / word(spec),
-            vw = spec.v_dim() / word(spec),
-            quads = word(spec) / 4,
-            lanes = lanes(spec),
-            unroll = pv_unroll(spec),
-            max = max_slice(spec),
-        );
-    }
-    out.push('\n');
+        staged_constants(spec)
+    } else {
+        Fragment::default()
+    };
+    out.put(CONSTANTS.fill([
+        ("wg", Fragment::from(format!("{}u", spec.workgroup_size))),
+        ("widths", widths(spec)),
+        ("pass", pass),
+    ]));
 }
+
+/// Both passes' constants: the workgroup, the rows' widths, the score no key has, and
+/// `$pass`, the split pass's own.
+const CONSTANTS: Template = Template {
+    name: "decode_constants",
+    needs: &[],
+    text: r#"const WG: u32 = $wg;
+$widths
+// A finite stand-in for -inf: exp(NEG_BIG - m) is 0 for any real m.
+const NEG_BIG: f32 = -3.0e38;
+$pass
+
+"#,
+};
+
+/// The staged split pass's constants.
+fn staged_constants(spec: &KernelSpec) -> Fragment {
+    let u = |n: u32| Fragment::from(format!("{n}u"));
+    STAGED_CONSTANTS.fill([
+        ("tile", u(spec.grid.tile)),
+        ("word", Fragment::from(word(spec).to_string())),
+        ("k_words", u(spec.head_dim / word(spec))),
+        ("v_words", u(spec.v_dim() / word(spec))),
+        ("quads", u(word(spec) / 4)),
+        ("lanes", u(lanes(spec))),
+        ("max_slice", u(max_slice(spec))),
+        ("pv_unroll", u(pv_unroll(spec))),
+    ])
+}
+
+const STAGED_CONSTANTS: Template = Template {
+    name: "staged_constants",
+    needs: &[],
+    text: r#"// Query heads per workgroup, one per vec4 component.
+const TILE: u32 = $tile;
+// Words ($word elements) of a K row and of a V row, and the vec4s of a word.
+const K_WORDS: u32 = $k_words;
+const V_WORDS: u32 = $v_words;
+const QUADS: u32 = $quads;
+// Invocations per key in the scores pass, each summing K_WORDS / LANES words.
+const LANES: u32 = $lanes;
+const KEY_TILE: u32 = WG / LANES;
+// Keys a slice may hold (dims.slice_len is at most this).
+const MAX_SLICE: u32 = $max_slice;
+// Rows of V read at once in P·V, one word column per invocation, and the
+// groups of them whose loads each invocation issues together.
+const PV_ROWS: u32 = WG / V_WORDS;
+const PV_UNROLL: u32 = $pv_unroll;
+const PV_STEP: u32 = PV_UNROLL * PV_ROWS;
+"#,
+};
 
 /// The rows' widths in vec4s: `V4` of V, O and the partials; of Q and K `QK4` where it
 /// differs (MLA's 192 beside V's 128), else `V4` too.
-fn widths(spec: &KernelSpec) -> String {
+fn widths(spec: &KernelSpec) -> Fragment {
     match spec.split_dims() {
-        false => format!(
-            "const HEAD_DIM: u32 = {}u;\n// vec4 columns of a row.\nconst V4: u32 = HEAD_DIM / 4u;\n",
-            spec.head_dim
-        ),
-        true => format!(
-            "// Q and K rows, V and O rows.\nconst QK_DIM: u32 = {}u;\nconst V_DIM: u32 = {}u;\n\
-             // vec4 columns of a Q or K row and of a V or O row.\n\
-             const QK4: u32 = QK_DIM / 4u;\nconst V4: u32 = V_DIM / 4u;\n",
-            spec.head_dim,
-            spec.v_dim()
-        ),
+        false => ONE_WIDTH.fill([("head_dim", Fragment::from(format!("{}u", spec.head_dim)))]),
+        true => TWO_WIDTHS.fill([
+            ("qk_dim", Fragment::from(format!("{}u", spec.head_dim))),
+            ("v_dim", Fragment::from(format!("{}u", spec.v_dim()))),
+        ]),
     }
 }
+
+const ONE_WIDTH: Template = Template {
+    name: "decode_one_width",
+    needs: &[],
+    text: r#"const HEAD_DIM: u32 = $head_dim;
+// vec4 columns of a row.
+const V4: u32 = HEAD_DIM / 4u;
+"#,
+};
+
+const TWO_WIDTHS: Template = Template {
+    name: "decode_two_widths",
+    needs: &[],
+    text: r#"// Q and K rows, V and O rows.
+const QK_DIM: u32 = $qk_dim;
+const V_DIM: u32 = $v_dim;
+// vec4 columns of a Q or K row and of a V or O row.
+const QK4: u32 = QK_DIM / 4u;
+const V4: u32 = V_DIM / 4u;
+"#,
+};
 
 /// The constant naming the vec4 width of a Q or K row.
 pub(super) fn qk4(spec: &KernelSpec) -> &'static str {
@@ -175,33 +220,38 @@ pub(super) fn partials() -> super::writer::Fragment {
 const COMPONENTS: [&str; 4] = ["x", "y", "z", "w"];
 
 /// Rows of two widths: the cache row of key j (head kv_h), then K's and V's offsets in it.
-const CONTIGUOUS_ROW: &str = "// [slot, j, kv_h, d]: the row of key j (head kv_h).
+const CONTIGUOUS_ROW: Template = Template {
+    name: "contiguous_row",
+    needs: &[],
+    text: r#"// [slot, j, kv_h, d]: the row of key j (head kv_h).
 fn kv_row(j: u32, kv_h: u32) -> u32 {
     return (cache_slot() * dims.capacity + j) * dims.n_kv_heads + kv_h;
 }
-";
+"#,
+};
 
-const PAGED_ROW: &str =
-    "// Key j of this sequence lives in page block_table[slot, j / page_size] of the pool
+const PAGED_ROW: Template = Template {
+    name: "paged_row",
+    needs: &[],
+    text: r#"// Key j of this sequence lives in page block_table[slot, j / page_size] of the pool
 // [page, row, kv_h, d], at row j % page_size: the row of key j (head kv_h).
 fn kv_row(j: u32, kv_h: u32) -> u32 {
     let page = block_table[cache_slot() * dims.pages_per_seq + j / dims.page_size];
     let row = page * dims.page_size + j % dims.page_size;
     return row * dims.n_kv_heads + kv_h;
 }
-";
+"#,
+};
 
 /// `kv_row(j, kv_h)`: the cache row of key j (head kv_h), in either layout.
-pub(super) fn cache_row(spec: &KernelSpec) -> &'static str {
+pub(super) fn cache_row(spec: &KernelSpec) -> Fragment {
     match spec.cache {
-        Cache::Contiguous => CONTIGUOUS_ROW,
-        Cache::Paged => PAGED_ROW,
+        Cache::Contiguous => CONTIGUOUS_ROW.plain(),
+        Cache::Paged => PAGED_ROW.plain(),
     }
 }
 
 fn split(out: &mut Wgsl, spec: &KernelSpec) {
-    // The scores are hsum of four chains.
-    out.need(&[Helper::Hsum]);
     super::index::kv_head(out, spec);
     out.put(super::served::helpers(spec));
     super::index::key_visible(out, spec);
@@ -210,83 +260,48 @@ fn split(out: &mut Wgsl, spec: &KernelSpec) {
     }
     super::scores::helpers(out, spec, false);
     out.put(super::decode_stream::words(spec, word(spec), false));
+    out.put(SPLIT_MEMORY.fill([("qk4", Fragment::from(qk4(spec)))]));
     out.put(split_entry(spec));
 }
+
+/// The staged split pass's workgroup memory, and the functions of its P·V.
+const SPLIT_MEMORY: Template = Template {
+    name: "split_memory",
+    needs: &[],
+    text: r#"var<workgroup> sh_q: array<vec4<f32>, TILE * $qk4>;
+// The slice's scores, then its P, one vec4 (the served queries) per key.
+var<workgroup> sh_s: array<vec4<f32>, MAX_SLICE>;
+
+// P of the slice's key i (the served heads), zeros past its n keys.
+fn p_at(i: u32, n: u32) -> vec4<f32> {
+    return select(vec4<f32>(0.0), sh_s[min(i, MAX_SLICE - 1u)], i < n);
+}
+
+// Sums vec4 `quad` of head `h`'s P·V words over the PV_ROWS row groups (each a chain over
+// its rows) and flushes it with the head's (m, l); every invocation reaches the barriers.
+fn flush_head(tid: u32, slice: u32, h: u32, real: bool, quad: u32, acc: vec4<f32>, ml: vec2<f32>) {
+    sh_red[tid] = acc;
+    workgroupBarrier();
+    if (real && tid < V_WORDS) {
+        var sum = vec4<f32>(0.0);
+        for (var r = 0u; r < PV_ROWS; r = r + 1u) {
+            sum = sum + sh_red[r * V_WORDS + tid];
+        }
+        partials[part_index(slice, h) + tid * QUADS + quad] = sum;
+        if (tid == 0u) {
+            partials[part_index(slice, h) + V4] = vec4<f32>(ml, 0.0, 0.0);
+        }
+    }
+    workgroupBarrier();
+}
+
+"#,
+};
 
 /// The staged split pass's entry point: each invocation's share of a key is
 /// `K_WORDS / LANES` words, `lane` apart by LANES, its Q columns held in registers.
 fn split_entry(spec: &KernelSpec) -> Fragment {
-    let heads = spec.grid.tile as usize;
-    let quads = word(spec) / 4;
-    let each = |f: &dyn Fn(usize, &str) -> String| -> String {
-        (0..heads).map(|i| f(i, COMPONENTS[i])).collect()
-    };
-    let each_quad = |f: &dyn Fn(u32) -> String| -> String { (0..quads).map(f).collect() };
-    let per_lane = spec.head_dim / word(spec) / lanes(spec);
-    let each_word = |f: &dyn Fn(u32) -> String| -> String { (0..per_lane).map(f).collect() };
     let loops = Loops::of(spec);
-    let fetch = |var: &str, first: &str| {
-        each_word(&|e| {
-            format!("    {var}{e} = fetch_k({first} + kr, hi, lane + {e}u * LANES, kv_h);\n")
-        })
-    };
-    // The invocation's columns of Q, read from workgroup memory per key or held in
-    // registers (the layout's rule).
-    let q_at = |i: usize, e: u32, u: u32| {
-        format!(
-            "sh_q[{i}u * {qk4} + (lane + {e}u * LANES) * QUADS + {u}u]",
-            qk4 = qk4(spec)
-        )
-    };
-    let held = crate::layout::decode::query_in_registers(spec);
-    let q_regs = match held {
-        true => each_word(&|e| {
-            each_quad(&|u| each(&|i, _| format!("    let q{i}_{e}_{u} = {};\n", q_at(i, e, u))))
-        }),
-        false => String::new(),
-    };
-    let q_col = |i: usize, e: u32, u: u32| match held {
-        true => format!("q{i}_{e}_{u}"),
-        false => q_at(i, e, u),
-    };
-    let widen_k = each_word(&|e| format!("        let w{e} = widen_w(k{e});\n"));
-    let accs = each(&|i, _| format!("        var a{i} = vec4<f32>(0.0);\n"));
-    let fmas = each_word(&|e| {
-        each_quad(&|u| {
-            each(&|i, _| format!("        a{i} = fma({}, w{e}[{u}], a{i});\n", q_col(i, e, u)))
-        })
-    });
-    let rotate = each_word(&|e| format!("        k{e} = n{e};\n"));
-    let mut dots = vec!["0.0".to_string(); 4];
-    for (i, d) in dots.iter_mut().enumerate().take(heads) {
-        *d = format!("hsum(a{i})");
-    }
-    let scores = each(&|i, c| {
-        format!(
-            "                if ({}) {{\n                    x.{c} = score(sv.pos.{c}, sv.h.{c}, j, s.{c});\n                }}\n",
-            super::served::sees(i, c, "j")
-        )
-    });
-    let pv_accs = each_quad(&|u| each(&|i, _| format!("    var o{i}_{u} = vec4<f32>(0.0);\n")));
-    let each_row = |f: &dyn Fn(u32) -> String| -> String { (0..pv_unroll(spec)).map(f).collect() };
-    let first_v =
-        each_row(&|u| format!("    var v{u} = fetch_v(lo + i0 + {u}u * PV_ROWS, hi, c, kv_h);\n"));
-    let pv_loads = each_row(&|u| {
-        format!(
-            "            let n{u} = fetch_v({} + {u}u * PV_ROWS, hi, c, kv_h);\n",
-            loops.v_next
-        )
-    });
-    let pv_fmas = each_row(&|r| {
-        format!(
-            "            let p{r} = p_at(i + {r}u * PV_ROWS, hi - lo);\n            \
-             let w{r} = widen_w(v{r});\n{}",
-            each_quad(&|u| each(&|i, c| {
-                format!("            o{i}_{u} = fma(vec4<f32>(p{r}.{c}), w{r}[{u}], o{i}_{u});\n")
-            }))
-        )
-    });
-    let pv_rotate = each_row(&|u| format!("            v{u} = n{u};\n"));
     // An fp8 cache's scales: K's folds into the staged query (s = (q·σ_K)·k), V's into the
     // P·V sums as they leave.
     let (q_scale, v_scale) = match spec.kv_fp8 {
@@ -296,120 +311,250 @@ fn split_entry(spec: &KernelSpec) -> Fragment {
         ),
         None => ("", ""),
     };
-    let flush = each(&|i, c| {
-        each_quad(&|u| {
+    let heads = spec.grid.tile as usize;
+    let flush = (0..heads).flat_map(|i| {
+        let c = COMPONENTS[i];
+        (0..word(spec) / 4).map(move |u| {
             format!(
-                "    flush_head(tid, slice, sv.q.{c}, {i}u < n_here, {u}u, o{i}_{u}{v_scale}, vec2<f32>(m.{c}, l.{c}));\n"
+                "flush_head(tid, slice, sv.q.{c}, {i}u < n_here, {u}u, o{i}_{u}{v_scale}, vec2<f32>(m.{c}, l.{c}));"
             )
         })
     });
-    let text = format!(
-        r#"var<workgroup> sh_q: array<vec4<f32>, TILE * {qk4}>;
-// The slice's scores, then its P, one vec4 (the served queries) per key.
-var<workgroup> sh_s: array<vec4<f32>, MAX_SLICE>;
+    SPLIT_ENTRY.fill(
+        [
+            ("name", Fragment::from(spec.name.as_str())),
+            ("prologue", super::served::prologue(spec)),
+            ("qk4", Fragment::from(qk4(spec))),
+            ("q_scale", Fragment::from(q_scale)),
+            ("fill", Fragment::from(loops.fill)),
+            ("flush", lines(flush)),
+        ]
+        .into_iter()
+        .chain(key_pass(spec, &loops))
+        .chain(value_pass(spec, &loops)),
+    )
+}
 
-// P of the slice's key i (the served heads), zeros past its n keys.
-fn p_at(i: u32, n: u32) -> vec4<f32> {{
-    return select(vec4<f32>(0.0), sh_s[min(i, MAX_SLICE - 1u)], i < n);
-}}
+/// The staged pass's entry: the served queries staged, the slice's scores (`$k_head` ..
+/// the loop's end), its exact max and sum, P·V (`$v_head` ..), and the flush.
+const SPLIT_ENTRY: Template = Template {
+    name: "split_entry",
+    // The scores are hsum of four chains.
+    needs: &[Helper::Hsum],
+    text: r#"@compute @workgroup_size(WG)
+fn $name(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+$prologue
 
-// Sums vec4 `quad` of head `h`'s P·V words over the PV_ROWS row groups (each a chain over
-// its rows) and flushes it with the head's (m, l); every invocation reaches the barriers.
-fn flush_head(tid: u32, slice: u32, h: u32, real: bool, quad: u32, acc: vec4<f32>, ml: vec2<f32>) {{
-    sh_red[tid] = acc;
-    workgroupBarrier();
-    if (real && tid < V_WORDS) {{
-        var sum = vec4<f32>(0.0);
-        for (var r = 0u; r < PV_ROWS; r = r + 1u) {{
-            sum = sum + sh_red[r * V_WORDS + tid];
-        }}
-        partials[part_index(slice, h) + tid * QUADS + quad] = sum;
-        if (tid == 0u) {{
-            partials[part_index(slice, h) + V4] = vec4<f32>(ml, 0.0, 0.0);
-        }}
-    }}
-    workgroupBarrier();
-}}
-
-@compute @workgroup_size(WG)
-fn {name}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {{
-{prologue}
     // Absent queries get q = 0; their results are never written.
-    for (var i = tid; i < TILE * {qk4}; i = i + WG) {{
-        let hq = i / {qk4};
+    for (var i = tid; i < TILE * $qk4; i = i + WG) {
+        let hq = i / $qk4;
         var x = vec4<f32>(0.0);
-        if (hq < n_here) {{
-            x = widen4(q[q4_index(sv.q[hq]) + i % {qk4}]){q_scale};
-        }}
+        if (hq < n_here) {
+            x = widen4(q[q4_index(sv.q[hq]) + i % $qk4])$q_scale;
+        }
         sh_q[i] = x;
-    }}
-{fill}    workgroupBarrier();
+    }
+    $fill
+    workgroupBarrier();
 
     // Scores: LANES invocations per key, each a strided share of its words. Each
     // invocation carries its share of the next key tile in registers, fetched before this
     // tile's products and reduction, so the loads' latency hides behind them.
     let lane = tid % LANES;
     let kr = tid / LANES;
-{q_regs}{k_pre}{first_fetch}    {k_head}{next_fetch}{widen_k}{accs}{fmas}        sh_red[tid] = vec4<f32>({d0}, {d1}, {d2}, {d3});
+    $q_regs
+    $k_pre
+    $first_fetch
+    $k_head
+        $next_fetch
+        $widen_k
+        $accs
+        $fmas
+        sh_red[tid] = vec4<f32>($dots);
         workgroupBarrier();
-        if (tid < KEY_TILE) {{
+        if (tid < KEY_TILE) {
             let j = t0 + tid;
-            if (j < hi) {{
+            if (j < hi) {
                 var s = vec4<f32>(0.0);
-                for (var l = 0u; l < LANES; l = l + 1u) {{
+                for (var l = 0u; l < LANES; l = l + 1u) {
                     s = s + sh_red[tid * LANES + l];
-                }}
+                }
                 var x = vec4<f32>(NEG_BIG);
-{scores}                sh_s[j - lo] = x;
-            }}
-        }}
+                $scores
+                sh_s[j - lo] = x;
+            }
+        }
         workgroupBarrier();
-{rotate}    }}
+        $rotate
+    }
 
     // P·V's first rows of V, fetched now so that their latency hides behind the max and
     // the sum: invocation (r, c) reads word column c of rows r, r + PV_ROWS, ..
     let c = tid % V_WORDS;
     let r = tid / V_WORDS;
-{v_pre}    let i0 = {v_first} - lo + r;
-{first_v}
+    $v_pre
+    let i0 = $v_first - lo + r;
+    $first_v
+
     // The slice's exact max and sum: no rescaling within a slice.
     var mx = vec4<f32>(NEG_BIG);
-    for (var i = first - lo + tid; i < hi - lo; i = i + WG) {{
+    for (var i = first - lo + tid; i < hi - lo; i = i + WG) {
         mx = max(mx, sh_s[i]);
-    }}
+    }
     let m = wg_max4(tid, mx);
     var ls = vec4<f32>(0.0);
-    for (var i = first - lo + tid; i < hi - lo; i = i + WG) {{
+    for (var i = first - lo + tid; i < hi - lo; i = i + WG) {
         let p = exp4(sh_s[i] - m);
         sh_s[i] = p;
         ls = ls + p;
-    }}
+    }
     let l = wg_sum4(tid, ls);
 
     // P·V: invocation (r, c) sums word column c over its rows, PV_UNROLL rows a step,
     // the next step's rows fetched before this step's products.
-{pv_accs}    if (r < PV_ROWS) {{
-        {v_head}{pv_loads}{pv_fmas}{pv_rotate}        }}
-    }}
-{flush}}}
+    $pv_accs
+    if (r < PV_ROWS) {
+        $v_head
+            $pv_loads
+            $pv_fmas
+            $pv_rotate
+        }
+    }
+    $flush
+}
 "#,
-        qk4 = qk4(spec),
-        name = spec.name,
-        prologue = super::served::prologue(spec),
-        first_fetch = fetch("var k", loops.k_first),
-        next_fetch = fetch("    let n", loops.k_next),
-        k_pre = loops.k_pre,
-        k_head = loops.k_head,
-        v_pre = loops.v_pre,
-        v_first = loops.v_first,
-        v_head = loops.v_head,
-        fill = loops.fill,
-        d0 = dots[0],
-        d1 = dots[1],
-        d2 = dots[2],
-        d3 = dots[3],
-    );
-    Fragment::from(text)
+};
+
+/// The scores loop's fills: the query's columns in registers (or read from workgroup
+/// memory per key, the layout's rule), the key tiles' prefetches, the dot products and
+/// each served head's score.
+fn key_pass(spec: &KernelSpec, loops: &Loops) -> [(&'static str, Fragment); 11] {
+    let heads = spec.grid.tile as usize;
+    let quads = word(spec) / 4;
+    let per_lane = spec.head_dim / word(spec) / lanes(spec);
+    let held = crate::layout::decode::query_in_registers(spec);
+    let q_at = move |i: usize, e: u32, u: u32| {
+        format!(
+            "sh_q[{i}u * {qk4} + (lane + {e}u * LANES) * QUADS + {u}u]",
+            qk4 = qk4(spec)
+        )
+    };
+    // Every (word, quad, head) of the lane's share, in the order the products are summed.
+    let each = move || {
+        (0..per_lane)
+            .flat_map(move |e| (0..quads).flat_map(move |u| (0..heads).map(move |i| (e, u, i))))
+    };
+    let q_regs = each()
+        .filter(|_| held)
+        .map(|(e, u, i)| format!("let q{i}_{e}_{u} = {};", q_at(i, e, u)));
+    let q_col = move |i: usize, e: u32, u: u32| match held {
+        true => format!("q{i}_{e}_{u}"),
+        false => q_at(i, e, u),
+    };
+    // The lane's words of key `first` + kr into `{var}{e}`.
+    let fetch = |var: &str, first: &str| {
+        let words = (0..per_lane)
+            .map(|e| format!("{var}{e} = fetch_k({first} + kr, hi, lane + {e}u * LANES, kv_h);"));
+        lines(words)
+    };
+    let mut dots = vec!["0.0".to_string(); 4];
+    for (i, d) in dots.iter_mut().enumerate().take(heads) {
+        *d = format!("hsum(a{i})");
+    }
+    let scores = (0..heads).map(|i| {
+        let c = COMPONENTS[i];
+        SCORE_HEAD.fill([
+            ("sees", Fragment::from(super::served::sees(i, c, "j"))),
+            ("c", Fragment::from(c)),
+        ])
+    });
+    [
+        ("q_regs", lines(q_regs)),
+        ("k_pre", Fragment::from(loops.k_pre)),
+        ("first_fetch", fetch("var k", loops.k_first)),
+        ("k_head", Fragment::from(loops.k_head)),
+        ("next_fetch", fetch("let n", loops.k_next)),
+        (
+            "widen_k",
+            lines((0..per_lane).map(|e| format!("let w{e} = widen_w(k{e});"))),
+        ),
+        (
+            "accs",
+            lines((0..heads).map(|i| format!("var a{i} = vec4<f32>(0.0);"))),
+        ),
+        (
+            "fmas",
+            lines(
+                each().map(|(e, u, i)| format!("a{i} = fma({}, w{e}[{u}], a{i});", q_col(i, e, u))),
+            ),
+        ),
+        ("dots", Fragment::from(dots.join(", "))),
+        ("scores", scores.fold(Fragment::default(), Fragment::then)),
+        (
+            "rotate",
+            lines((0..per_lane).map(|e| format!("k{e} = n{e};"))),
+        ),
+    ]
+}
+
+/// Served head `$c`'s score of key j, where it sees the key.
+const SCORE_HEAD: Template = Template {
+    name: "split_score_head",
+    needs: &[],
+    text: r#"if ($sees) {
+    x.$c = score(sv.pos.$c, sv.h.$c, j, s.$c);
+}
+"#,
+};
+
+/// P·V's fills: the heads' accumulators, the first rows' fetches, and each step's
+/// prefetches, products and rotation, PV_UNROLL rows a step.
+fn value_pass(spec: &KernelSpec, loops: &Loops) -> [(&'static str, Fragment); 8] {
+    let heads = spec.grid.tile as usize;
+    let quads = word(spec) / 4;
+    let rows = pv_unroll(spec);
+    let each_acc = move || (0..quads).flat_map(move |u| (0..heads).map(move |i| (u, i)));
+    let v_next = loops.v_next;
+    let fmas = (0..rows).flat_map(|r| {
+        [
+            format!("let p{r} = p_at(i + {r}u * PV_ROWS, hi - lo);"),
+            format!("let w{r} = widen_w(v{r});"),
+        ]
+        .into_iter()
+        .chain(each_acc().map(move |(u, i)| {
+            let c = COMPONENTS[i];
+            format!("o{i}_{u} = fma(vec4<f32>(p{r}.{c}), w{r}[{u}], o{i}_{u});")
+        }))
+    });
+    [
+        (
+            "pv_accs",
+            lines(each_acc().map(|(u, i)| format!("var o{i}_{u} = vec4<f32>(0.0);"))),
+        ),
+        ("v_pre", Fragment::from(loops.v_pre)),
+        ("v_first", Fragment::from(loops.v_first)),
+        (
+            "first_v",
+            lines(
+                (0..rows)
+                    .map(|u| format!("var v{u} = fetch_v(lo + i0 + {u}u * PV_ROWS, hi, c, kv_h);")),
+            ),
+        ),
+        ("v_head", Fragment::from(loops.v_head)),
+        (
+            "pv_loads",
+            lines(
+                (0..rows).map(|u| {
+                    format!("let n{u} = fetch_v({v_next} + {u}u * PV_ROWS, hi, c, kv_h);")
+                }),
+            ),
+        ),
+        ("pv_fmas", lines(fmas)),
+        (
+            "pv_rotate",
+            lines((0..rows).map(|u| format!("v{u} = n{u};"))),
+        ),
+    ]
 }
 
 /// The reduce: each of PARTS groups of V4 invocations merges its share of the slices in
@@ -536,35 +681,64 @@ impl Loops {
             false => Loops {
                 k_pre: "",
                 k_first: "first",
-                k_head: "for (var t0 = first; t0 < hi; t0 = t0 + KEY_TILE) {\n",
+                k_head: "for (var t0 = first; t0 < hi; t0 = t0 + KEY_TILE) {",
                 k_next: "t0 + KEY_TILE",
                 v_pre: "",
                 v_first: "first",
-                v_head: "for (var i = i0; i < hi - lo; i = i + PV_STEP) {\n",
+                v_head: "for (var i = i0; i < hi - lo; i = i + PV_STEP) {",
                 v_next: "lo + i + PV_STEP",
                 fill: "",
             },
             true => Loops {
-                k_pre: "    let k_first = next_tile(first, hi, KEY_TILE, sv, wg_b);\n    \
-                        var k_next = k_first;\n",
+                k_pre: SPARSE_K_PRE.text,
                 k_first: "k_first",
-                k_head: "for (var t0 = k_first; t0 < hi; t0 = k_next) {\n        \
-                         k_next = next_tile(t0 + KEY_TILE, hi, KEY_TILE, sv, wg_b);\n",
+                k_head: SPARSE_K_HEAD.text,
                 k_next: "k_next",
-                v_pre: "    let v_first = next_tile(first, hi, PV_STEP, sv, wg_b);\n",
+                v_pre: "let v_first = next_tile(first, hi, PV_STEP, sv, wg_b);",
                 v_first: "v_first",
-                v_head: "var v_next = v_first;\n        \
-                         for (var t = v_first; t < hi; t = v_next) {\n            \
-                         v_next = next_tile(t + PV_STEP, hi, PV_STEP, sv, wg_b);\n            \
-                         let i = t - lo + r;\n",
+                v_head: SPARSE_V_HEAD.text,
                 v_next: "v_next + r",
-                fill: "    // Keys of the tiles the loops skip keep this score: their P is 0.\n    \
-                       for (var i = tid; i < MAX_SLICE; i = i + WG) {\n        \
-                       sh_s[i] = vec4<f32>(NEG_BIG);\n    }\n",
+                fill: SPARSE_FILL.text,
             },
         }
     }
 }
+
+const SPARSE_K_PRE: Template = Template {
+    name: "sparse_k_pre",
+    needs: &[],
+    text: r#"let k_first = next_tile(first, hi, KEY_TILE, sv, wg_b);
+var k_next = k_first;
+"#,
+};
+
+const SPARSE_K_HEAD: Template = Template {
+    name: "sparse_k_head",
+    needs: &[],
+    text: r#"for (var t0 = k_first; t0 < hi; t0 = k_next) {
+    k_next = next_tile(t0 + KEY_TILE, hi, KEY_TILE, sv, wg_b);
+"#,
+};
+
+const SPARSE_V_HEAD: Template = Template {
+    name: "sparse_v_head",
+    needs: &[],
+    text: r#"var v_next = v_first;
+for (var t = v_first; t < hi; t = v_next) {
+    v_next = next_tile(t + PV_STEP, hi, PV_STEP, sv, wg_b);
+    let i = t - lo + r;
+"#,
+};
+
+const SPARSE_FILL: Template = Template {
+    name: "sparse_fill",
+    needs: &[],
+    text: r#"// Keys of the tiles the loops skip keep this score: their P is 0.
+for (var i = tid; i < MAX_SLICE; i = i + WG) {
+    sh_s[i] = vec4<f32>(NEG_BIG);
+}
+"#,
+};
 
 /// `next_tile(t0, end, n, sv)`: the first tile of `n` keys from key `t0` (stepping by `n`)
 /// before `end` where one of the served queries may see a key by `mask_tile` (over their
@@ -575,19 +749,42 @@ pub(super) fn next_tile(out: &mut Wgsl, spec: &KernelSpec) {
         .and_then(|f| f.mask_mod)
         .is_some_and(|m| m.mentions("h"));
     let seen = match by_head {
-        true => {
-            "var seen = false;\n    for (var i = 0u; i < sv.n; i = i + 1u) {\n        \
-             seen = seen || mask_tile(q0, q1, k0, k1, sv.h[i], b).x;\n    }\n    return seen;"
-        }
-        false => "return mask_tile(q0, q1, k0, k1, sv.h.x, b).x;",
+        true => SEEN_BY_HEAD.plain(),
+        false => Fragment::from("return mask_tile(q0, q1, k0, k1, sv.h.x, b).x;"),
     };
-    let _ = write!(
-        out,
-        "// Whether a served query may see a key of [k0, k1].\n\
-         fn tile_seen(k0: u32, k1: u32, sv: Served, b: u32) -> bool {{\n    \
-         let q0 = sv.pos.x;\n    let q1 = sv.pos[max(sv.n, 1u) - 1u];\n    {seen}\n}}\n\n\
-         fn next_tile(t0: u32, end: u32, n: u32, sv: Served, b: u32) -> u32 {{\n    \
-         var t = t0;\n    while (t < end && !tile_seen(t, min(t + n, end) - 1u, sv, b)) {{\n        \
-         t = t + n;\n    }}\n    return t;\n}}\n\n"
-    );
+    out.put(NEXT_TILE.fill([("seen", seen)]));
 }
+
+/// A mask_mod that reads the head: a tile is seen where any served head sees it.
+const SEEN_BY_HEAD: Template = Template {
+    name: "seen_by_head",
+    needs: &[],
+    text: r#"var seen = false;
+for (var i = 0u; i < sv.n; i = i + 1u) {
+    seen = seen || mask_tile(q0, q1, k0, k1, sv.h[i], b).x;
+}
+return seen;
+"#,
+};
+
+/// [`next_tile`] and its test, `$seen` deciding a tile over the served queries' positions.
+const NEXT_TILE: Template = Template {
+    name: "next_tile",
+    needs: &[],
+    text: r#"// Whether a served query may see a key of [k0, k1].
+fn tile_seen(k0: u32, k1: u32, sv: Served, b: u32) -> bool {
+    let q0 = sv.pos.x;
+    let q1 = sv.pos[max(sv.n, 1u) - 1u];
+    $seen
+}
+
+fn next_tile(t0: u32, end: u32, n: u32, sv: Served, b: u32) -> u32 {
+    var t = t0;
+    while (t < end && !tile_seen(t, min(t + n, end) - 1u, sv, b)) {
+        t = t + n;
+    }
+    return t;
+}
+
+"#,
+};

@@ -13,9 +13,9 @@
 //! once in workgroup memory and flush as the staged pass's partials do, so the reduce
 //! pass is the same.
 
+use super::lines;
 use super::numerics::Helper;
 use super::writer::{Fragment, Template, Wgsl};
-use std::fmt::Write;
 
 use crate::layout::decode::{Stream, stream_word_type};
 use crate::spec::KernelSpec;
@@ -23,26 +23,38 @@ use crate::spec::KernelSpec;
 const COMPONENTS: [&str; 4] = ["x", "y", "z", "w"];
 
 /// The pass's constants after the widths.
-pub(super) fn constants(out: &mut Wgsl, spec: &KernelSpec, s: &Stream) {
-    let _ = write!(
-        out,
-        "// Query heads per workgroup, one per vec4 component.\nconst TILE: u32 = {tile}u;\n\
-         // Lanes per key, key groups, keys a group takes per step, keys per step.\n\
-         const LANES: u32 = {lanes}u;\nconst GROUPS: u32 = WG / LANES;\n\
-         const KEYS: u32 = {keys}u;\nconst STEP: u32 = GROUPS * KEYS;\n\
-         // Words ({word} elements) of a K row and of a V row, and the vec4s of a word.\n\
-         const K_WORDS: u32 = {kw}u;\nconst V_WORDS: u32 = {vw}u;\nconst QUADS: u32 = {quads}u;\n\
-         // Slots of the exchange buffer.\nconst EXCHANGE: u32 = {exchange}u;\n",
-        tile = spec.grid.tile,
-        lanes = s.lanes,
-        keys = s.keys,
-        word = s.word,
-        kw = s.k_words,
-        vw = s.v_words,
-        quads = s.quads(),
-        exchange = s.exchange(spec),
-    );
+pub(super) fn constants(spec: &KernelSpec, s: &Stream) -> Fragment {
+    let u = |n: u32| Fragment::from(format!("{n}u"));
+    CONSTANTS.fill([
+        ("tile", u(spec.grid.tile)),
+        ("lanes", u(s.lanes)),
+        ("keys", u(s.keys)),
+        ("word", Fragment::from(s.word.to_string())),
+        ("k_words", u(s.k_words)),
+        ("v_words", u(s.v_words)),
+        ("quads", u(s.quads())),
+        ("exchange", u(s.exchange(spec))),
+    ])
 }
+
+const CONSTANTS: Template = Template {
+    name: "stream_constants",
+    needs: &[],
+    text: r#"// Query heads per workgroup, one per vec4 component.
+const TILE: u32 = $tile;
+// Lanes per key, key groups, keys a group takes per step, keys per step.
+const LANES: u32 = $lanes;
+const GROUPS: u32 = WG / LANES;
+const KEYS: u32 = $keys;
+const STEP: u32 = GROUPS * KEYS;
+// Words ($word elements) of a K row and of a V row, and the vec4s of a word.
+const K_WORDS: u32 = $k_words;
+const V_WORDS: u32 = $v_words;
+const QUADS: u32 = $quads;
+// Slots of the exchange buffer.
+const EXCHANGE: u32 = $exchange;
+"#,
+};
 
 /// The pass: the cache's words, the group sums, the entry.
 pub(super) fn split(out: &mut Wgsl, spec: &KernelSpec, s: &Stream) {
@@ -70,19 +82,15 @@ pub(super) fn split(out: &mut Wgsl, spec: &KernelSpec, s: &Stream) {
 pub(super) fn words(spec: &KernelSpec, word: u32, ragged: bool) -> Fragment {
     let raw = stream_word_type(spec, word);
     let widen = match (word / 4, spec.kv_fp8.is_some(), spec.dtype) {
-        (1, _, _) => format!(
+        (1, _, _) => Fragment::from(format!(
             "return array<vec4<f32>, 1>({}(x));",
             super::dtype::cache_widen(spec)
-        ),
-        (_, true, _) => "return array<vec4<f32>, 2>(widen_kv4(x.x), widen_kv4(x.y));".into(),
-        (_, false, crate::spec::Dtype::Bf16) => "return array<vec4<f32>, 2>(\n        \
-             bitcast<vec4<f32>>(vec4<u32>(x.x << 16u, x.x & 0xffff0000u, x.y << 16u, x.y & 0xffff0000u)),\n        \
-             bitcast<vec4<f32>>(vec4<u32>(x.z << 16u, x.z & 0xffff0000u, x.w << 16u, x.w & 0xffff0000u)));"
-            .into(),
-        _ => "return array<vec4<f32>, 2>(\n        \
-              vec4<f32>(unpack2x16float(x.x), unpack2x16float(x.y)),\n        \
-              vec4<f32>(unpack2x16float(x.z), unpack2x16float(x.w)));"
-            .into(),
+        )),
+        (_, true, _) => {
+            Fragment::from("return array<vec4<f32>, 2>(widen_kv4(x.x), widen_kv4(x.y));")
+        }
+        (_, false, crate::spec::Dtype::Bf16) => WIDEN_BF16.plain(),
+        _ => WIDEN_F16.plain(),
     };
     let (k_in, v_in) = match ragged {
         true => (" && w < K_WORDS", " && w < V_WORDS"),
@@ -91,12 +99,32 @@ pub(super) fn words(spec: &KernelSpec, word: u32, ragged: bool) -> Fragment {
     WORDS.fill([
         ("k_in", Fragment::from(k_in)),
         ("v_in", Fragment::from(v_in)),
-        ("row", Fragment::from(super::decode_split::cache_row(spec))),
+        ("row", super::decode_split::cache_row(spec)),
         ("qk4", Fragment::from(super::decode_split::qk4(spec))),
         ("raw", Fragment::from(raw)),
-        ("widen", Fragment::from(widen)),
+        ("widen", widen),
     ])
 }
+
+/// A word of eight bf16 (four u32) as two vec4s: each half the upper bits of an f32.
+const WIDEN_BF16: Template = Template {
+    name: "widen_bf16",
+    needs: &[],
+    text: r#"return array<vec4<f32>, 2>(
+        bitcast<vec4<f32>>(vec4<u32>(x.x << 16u, x.x & 0xffff0000u, x.y << 16u, x.y & 0xffff0000u)),
+        bitcast<vec4<f32>>(vec4<u32>(x.z << 16u, x.z & 0xffff0000u, x.w << 16u, x.w & 0xffff0000u)));
+"#,
+};
+
+/// A word of eight f16 (four u32) as two vec4s.
+const WIDEN_F16: Template = Template {
+    name: "widen_f16",
+    needs: &[],
+    text: r#"return array<vec4<f32>, 2>(
+        vec4<f32>(unpack2x16float(x.x), unpack2x16float(x.y)),
+        vec4<f32>(unpack2x16float(x.z), unpack2x16float(x.w)));
+"#,
+};
 
 const WORDS: Template = Template {
     name: "stream_words",
@@ -137,27 +165,31 @@ fn widen_w(x: $raw) -> array<vec4<f32>, QUADS> {
 /// in every lane (each butterfly step adds the same two values in either lane, and the
 /// fallback sums in one order).
 fn group_sum(subgroups: bool, lanes: u32) -> Fragment {
-    let mut shuffles = String::new();
-    let mut mask = 1;
-    while mask < lanes {
-        let _ = writeln!(shuffles, "y = y + subgroupShuffleXor(y, {mask}u);");
-        mask *= 2;
-    }
     let fast = match subgroups {
-        true => format!(
-            "if (use_sg) {{\n    var y = x;\n{}    return y;\n}}\n",
-            indent(&shuffles)
-        ),
-        false => String::new(),
+        true => {
+            let masks = std::iter::successors(Some(1), |m| Some(m * 2)).take_while(|m| *m < lanes);
+            GROUP_SUM_FAST.fill([(
+                "shuffles",
+                lines(masks.map(|mask| format!("y = y + subgroupShuffleXor(y, {mask}u);"))),
+            )])
+        }
+        false => Fragment::default(),
     };
-    GROUP_SUM.fill([("fast", Fragment::from(fast))])
+    GROUP_SUM.fill([("fast", fast)])
 }
 
-fn indent(text: &str) -> String {
-    let mut out = String::new();
-    super::writer::indent_into(&mut out, text, "    ");
-    out
+/// The butterfly over the key group's lanes within a subgroup, where every key group is
+/// inside one (`use_sg`).
+const GROUP_SUM_FAST: Template = Template {
+    name: "group_sum4_subgroups",
+    needs: &[],
+    text: r#"if (use_sg) {
+    var y = x;
+    $shuffles
+    return y;
 }
+"#,
+};
 
 const GROUP_SUM: Template = Template {
     name: "group_sum4",
@@ -192,212 +224,351 @@ fn group_sum4(x: vec4<f32>, tid: u32, use_sg: bool) -> vec4<f32> {
 /// flush.
 fn entry(spec: &KernelSpec, s: &Stream, sparse: bool) -> Fragment {
     let heads = spec.grid.tile as usize;
-    let subgroups = spec.grid.flash.is_some_and(|f| f.subgroups);
-    let each_head = |f: &dyn Fn(usize, &str) -> String| -> String {
-        (0..heads).map(|i| f(i, COMPONENTS[i])).collect()
+    let regs = move |words: u32| {
+        (0..heads)
+            .flat_map(move |i| (0..words).flat_map(move |w| (0..s.quads()).map(move |p| (i, w, p))))
     };
-    let keys = 0..s.keys;
-    let quads = 0..s.quads();
-    let mut b = String::new();
-    // The lane's share of each served head's query, in registers.
-    for i in 0..heads {
-        for w in 0..s.k_per_lane {
-            for p in quads.clone() {
-                let _ = writeln!(b, "var q{i}_{w}_{p} = vec4<f32>(0.0);");
-            }
-        }
-    }
+    let (loop_pre, loop_head, first_key, next_key) = match sparse {
+        false => (
+            Fragment::default(),
+            Fragment::from(LOOP_HEAD),
+            "first",
+            "t0 + STEP",
+        ),
+        true => (
+            SPARSE_LOOP_PRE.plain(),
+            SPARSE_LOOP_HEAD.plain(),
+            "k_first",
+            "k_next",
+        ),
+    };
+    let rotate = (0..s.keys).flat_map(|u| {
+        let k = (0..s.k_per_lane).map(move |w| format!("k{u}_{w} = nk{u}_{w};"));
+        k.chain((0..s.v_per_lane).map(move |w| format!("v{u}_{w} = nv{u}_{w};")))
+    });
+    let (builtins, sg_check) = match spec.grid.flash.is_some_and(|f| f.subgroups) {
+        true => (SUBGROUP_BUILTINS.plain(), SUBGROUP_CHECK.plain()),
+        false => (Fragment::default(), Fragment::default()),
+    };
+    ENTRY.fill([
+        ("name", Fragment::from(spec.name.as_str())),
+        ("builtins", builtins),
+        ("prologue", super::served::prologue(spec)),
+        ("sg_check", sg_check),
+        ("q_regs", query_registers(spec, s)),
+        (
+            "o_regs",
+            lines(
+                regs(s.v_per_lane).map(|(i, w, p)| format!("var o{i}_{w}_{p} = vec4<f32>(0.0);")),
+            ),
+        ),
+        ("loop_pre", loop_pre),
+        ("loop_head", loop_head),
+        ("first_fetch", fetches(s, "", first_key, "var ")),
+        ("next_fetch", fetches(s, "n", next_key, "let ")),
+        ("scores", scores(spec, s)),
+        ("softmax", softmax(spec, s)),
+        ("rotate", lines(rotate)),
+        ("meet", meet(spec, s)),
+    ])
+}
+
+/// The key loop over the slice, a step at a time.
+const LOOP_HEAD: &str = "for (var t0 = first; t0 < hi; t0 = t0 + STEP) {";
+
+/// With a `mask_mod`, the first step the served queries may see a key of.
+const SPARSE_LOOP_PRE: Template = Template {
+    name: "sparse_loop_pre",
+    needs: &[],
+    text: r#"let k_first = next_tile(first, hi, STEP, sv, wg_b);
+var k_next = k_first;
+"#,
+};
+
+/// With a `mask_mod`, the loop over the steps the served queries may see a key of, the
+/// next one found at the top.
+const SPARSE_LOOP_HEAD: Template = Template {
+    name: "sparse_loop_head",
+    needs: &[],
+    text: r#"for (var t0 = k_first; t0 < hi; t0 = k_next) {
+    k_next = next_tile(t0 + STEP, hi, STEP, sv, wg_b);
+"#,
+};
+
+/// The entry's parameters for the subgroup butterfly.
+const SUBGROUP_BUILTINS: Template = Template {
+    name: "subgroup_builtins",
+    needs: &[],
+    text: r#"@builtin(subgroup_size) sg_size: u32,
+@builtin(subgroup_invocation_id) sg_id: u32,
+"#,
+};
+
+/// Where the subgroups do not hold the key groups, the butterfly through workgroup memory.
+const SUBGROUP_CHECK: Template = Template {
+    name: "subgroup_check",
+    needs: &[],
+    text: r#"// Vulkan does not promise that a subgroup holds consecutive invocations, and sizes
+// run from 4 to 128: where a key group is not inside one, sum through workgroup memory.
+if (sg_size < LANES || WG % sg_size != 0u || sg_id != tid % sg_size) {
+    atomicStore(&sh_subgroups_off, 1u);
+}
+"#,
+};
+
+/// The lane's share of each served head's query, in registers.
+fn query_registers(spec: &KernelSpec, s: &Stream) -> Fragment {
+    let heads = spec.grid.tile as usize;
+    let quads = s.quads();
+    let decls = (0..heads).flat_map(|i| {
+        (0..s.k_per_lane).flat_map(move |w| {
+            (0..quads).map(move |p| format!("var q{i}_{w}_{p} = vec4<f32>(0.0);"))
+        })
+    });
     let q_scale = match spec.kv_fp8 {
         Some(_) => " * (kv_scales[kv_h] * FP8_UNIT)",
         None => "",
     };
-    for w in 0..s.k_per_lane {
-        let _ = writeln!(b, "let kw{w} = lane + {w}u * LANES;");
-        let _ = writeln!(b, "if (kw{w} < K_WORDS) {{");
-        for (i, c) in COMPONENTS.iter().enumerate().take(heads) {
-            let _ = writeln!(b, "    if ({i}u < n_here) {{");
-            for p in quads.clone() {
-                let _ = writeln!(
-                    b,
-                    "        q{i}_{w}_{p} = widen4(q[q4_index(sv.q.{c}) + kw{w} * QUADS + {p}u]){q_scale};"
-                );
+    let words = (0..s.k_per_lane).map(|w| {
+        let heads = COMPONENTS.iter().enumerate().take(heads).map(|(i, c)| {
+            let loads = (0..quads).map(|p| {
+                format!(
+                    "q{i}_{w}_{p} = widen4(q[q4_index(sv.q.{c}) + kw{w} * QUADS + {p}u]){q_scale};"
+                )
+            });
+            QUERY_HEAD.fill([
+                ("iu", Fragment::from(format!("{i}u"))),
+                ("loads", lines(loads)),
+            ])
+        });
+        QUERY_WORD.fill([
+            ("w", Fragment::from(w.to_string())),
+            ("wu", Fragment::from(format!("{w}u"))),
+            ("heads", heads.fold(Fragment::default(), Fragment::then)),
+        ])
+    });
+    words.fold(lines(decls), Fragment::then)
+}
+/// Word w of the lane's share of the query (`$wu`: w as a u32), for each served head.
+const QUERY_WORD: Template = Template {
+    name: "stream_query_word",
+    needs: &[],
+    text: r#"let kw$w = lane + $wu * LANES;
+if (kw$w < K_WORDS) {
+    $heads
+}
+"#,
+};
+
+/// A served head's vec4s of a query word, where the head is real (`$iu`: its slot).
+const QUERY_HEAD: Template = Template {
+    name: "stream_query_head",
+    needs: &[],
+    text: r#"if ($iu < n_here) {
+    $loads
+}
+"#,
+};
+
+/// The step's fetches of each key's K and V words into `{prefix}k{u}_{w}` /
+/// `{prefix}v{u}_{w}`, key u being `{first} + u·GROUPS + g`; `decl` declares them.
+fn fetches(s: &Stream, prefix: &str, first: &str, decl: &str) -> Fragment {
+    lines((0..s.keys).flat_map(|u| {
+        let key = format!("{first} + {u}u * GROUPS + g");
+        let k = (0..s.k_per_lane).map({
+            let key = key.clone();
+            move |w| {
+                format!("{decl}{prefix}k{u}_{w} = fetch_k({key}, hi, lane + {w}u * LANES, kv_h);")
             }
-            b.push_str("    }\n");
-        }
-        b.push_str("}\n");
-    }
-    let q_regs = b;
-    let mut b = String::new();
-    for i in 0..heads {
-        for w in 0..s.v_per_lane {
-            for p in quads.clone() {
-                let _ = writeln!(b, "var o{i}_{w}_{p} = vec4<f32>(0.0);");
-            }
-        }
-    }
-    let o_regs = b;
-    let fetch = |prefix: &str, key: &dyn Fn(u32) -> String, decl: &str| -> String {
-        let mut b = String::new();
-        for u in keys.clone() {
-            for w in 0..s.k_per_lane {
-                let _ = writeln!(
-                    b,
-                    "{decl}{prefix}k{u}_{w} = fetch_k({}, hi, lane + {w}u * LANES, kv_h);",
-                    key(u)
-                );
-            }
-            for w in 0..s.v_per_lane {
-                let _ = writeln!(
-                    b,
-                    "{decl}{prefix}v{u}_{w} = fetch_v({}, hi, lane + {w}u * LANES, kv_h);",
-                    key(u)
-                );
-            }
-        }
-        b
-    };
-    let (first_key, next_key) = match sparse {
-        false => ("first", "t0 + STEP"),
-        true => ("k_first", "k_next"),
-    };
-    let first_fetch = fetch("", &|u| format!("{first_key} + {u}u * GROUPS + g"), "var ");
-    let next_fetch = fetch("n", &|u| format!("{next_key} + {u}u * GROUPS + g"), "let ");
-    // Each key's dot products (the heads in a vec4), summed over the group, then scored.
-    let mut scores = String::new();
-    for u in keys.clone() {
-        for w in 0..s.k_per_lane {
-            let _ = writeln!(scores, "let kk{u}_{w} = widen_w(k{u}_{w});");
-        }
-        let _ = writeln!(scores, "var a{u} = vec4<f32>(0.0);");
-        for w in 0..s.k_per_lane {
-            for p in quads.clone() {
-                let mut dots = vec!["0.0".to_string(); 4];
-                for (i, d) in dots.iter_mut().enumerate().take(heads) {
-                    *d = format!("dot(q{i}_{w}_{p}, kk{u}_{w}[{p}])");
-                }
-                let _ = writeln!(scores, "a{u} = a{u} + vec4<f32>({});", dots.join(", "));
-            }
-        }
-        let _ = writeln!(
-            scores,
-            "let d{u} = group_sum4(a{u}, tid, use_sg);\nlet j{u} = t0 + {u}u * GROUPS + g;\n\
-             var x{u} = vec4<f32>(NEG_BIG);\nif (j{u} < hi) {{"
-        );
-        scores.push_str(&each_head(&|i, c| {
-            format!(
-                "    if ({}) {{\n        x{u}.{c} = score(sv.pos.{c}, sv.h.{c}, j{u}, d{u}.{c});\n    }}\n",
-                super::served::sees(i, c, &format!("j{u}"))
-            )
-        }));
-        scores.push_str("}\n");
-    }
-    // The step's max, the rescale of what the group holds, the keys' weights and P·V.
+        });
+        let v = (0..s.v_per_lane).map(move |w| {
+            format!("{decl}{prefix}v{u}_{w} = fetch_v({key}, hi, lane + {w}u * LANES, kv_h);")
+        });
+        k.chain(v).collect::<Vec<_>>()
+    }))
+}
+
+/// Each key's dot products (the heads in a vec4), summed over the group, then scored.
+fn scores(spec: &KernelSpec, s: &Stream) -> Fragment {
+    let heads = spec.grid.tile as usize;
+    (0..s.keys)
+        .map(|u| {
+            let widen = (0..s.k_per_lane).map(|w| format!("let kk{u}_{w} = widen_w(k{u}_{w});"));
+            let dots = (0..s.k_per_lane).flat_map(|w| {
+                (0..s.quads()).map(move |p| {
+                    let mut dots = vec!["0.0".to_string(); 4];
+                    for (i, d) in dots.iter_mut().enumerate().take(heads) {
+                        *d = format!("dot(q{i}_{w}_{p}, kk{u}_{w}[{p}])");
+                    }
+                    format!("a{u} = a{u} + vec4<f32>({});", dots.join(", "))
+                })
+            });
+            let score_heads = COMPONENTS.iter().enumerate().take(heads).map(|(i, c)| {
+                SCORE_HEAD.fill([
+                    (
+                        "sees",
+                        Fragment::from(super::served::sees(i, c, &format!("j{u}"))),
+                    ),
+                    ("u", Fragment::from(u.to_string())),
+                    ("c", Fragment::from(*c)),
+                ])
+            });
+            SCORE_KEY.fill([
+                ("u", Fragment::from(u.to_string())),
+                ("uu", Fragment::from(format!("{u}u"))),
+                ("widen", lines(widen)),
+                ("dots", lines(dots)),
+                (
+                    "heads",
+                    score_heads.fold(Fragment::default(), Fragment::then),
+                ),
+            ])
+        })
+        .fold(Fragment::default(), Fragment::then)
+}
+
+/// Key u of the step (`$uu`: u as a u32): its dot products with each served head's query,
+/// summed over the group, and its scores `x$u` (NEG_BIG past the slice).
+const SCORE_KEY: Template = Template {
+    name: "stream_score_key",
+    needs: &[],
+    text: r#"$widen
+var a$u = vec4<f32>(0.0);
+$dots
+let d$u = group_sum4(a$u, tid, use_sg);
+let j$u = t0 + $uu * GROUPS + g;
+var x$u = vec4<f32>(NEG_BIG);
+if (j$u < hi) {
+    $heads
+}
+"#,
+};
+
+/// Served head `$c`'s score of key u, where it sees the key.
+const SCORE_HEAD: Template = Template {
+    name: "stream_score_head",
+    needs: &[],
+    text: r#"if ($sees) {
+    x$u.$c = score(sv.pos.$c, sv.h.$c, j$u, d$u.$c);
+}
+"#,
+};
+
+/// The step's max, the rescale of what the group holds, the keys' weights and P·V.
+fn softmax(spec: &KernelSpec, s: &Stream) -> Fragment {
+    let keys = 0..s.keys;
     let xs: Vec<String> = keys.clone().map(|u| format!("x{u}")).collect();
     let step_max = xs
         .iter()
         .skip(1)
         .fold(xs[0].clone(), |acc, x| format!("max({acc}, {x})"));
-    let mut softmax = format!("let m_new = max(m, {step_max});\nlet corr = exp4(m - m_new);\n");
-    for u in keys.clone() {
-        let _ = writeln!(
-            softmax,
-            "let p{u} = select(vec4<f32>(0.0), exp4(x{u} - m_new), x{u} > vec4<f32>(NEG_BIG));"
-        );
-    }
+    let weights = keys.clone().map(|u| {
+        format!("let p{u} = select(vec4<f32>(0.0), exp4(x{u} - m_new), x{u} > vec4<f32>(NEG_BIG));")
+    });
     let ps: Vec<String> = keys.clone().map(|u| format!("p{u}")).collect();
-    let _ = writeln!(softmax, "l = fma(l, corr, {});\nm = m_new;", ps.join(" + "));
-    for u in keys.clone() {
-        for w in 0..s.v_per_lane {
-            let _ = writeln!(softmax, "let vv{u}_{w} = widen_w(v{u}_{w});");
-        }
-    }
-    for (i, c) in COMPONENTS.iter().enumerate().take(heads) {
-        for w in 0..s.v_per_lane {
-            for p in quads.clone() {
-                let mut acc = format!("o{i}_{w}_{p} * corr.{c}");
-                for u in keys.clone() {
-                    acc = format!("fma(vec4<f32>(p{u}.{c}), vv{u}_{w}[{p}], {acc})");
-                }
-                let _ = writeln!(softmax, "o{i}_{w}_{p} = {acc};");
-            }
-        }
-    }
-    let mut rotate = String::new();
-    for u in keys.clone() {
-        for w in 0..s.k_per_lane {
-            let _ = writeln!(rotate, "k{u}_{w} = nk{u}_{w};");
-        }
-        for w in 0..s.v_per_lane {
-            let _ = writeln!(rotate, "v{u}_{w} = nv{u}_{w};");
-        }
-    }
-    // The groups meet: each head's outputs, weighted to the slice's max, summed in turn.
+    let widen = keys.clone().flat_map(|u| {
+        (0..s.v_per_lane).map(move |w| format!("let vv{u}_{w} = widen_w(v{u}_{w});"))
+    });
+    let heads = COMPONENTS.iter().enumerate().take(spec.grid.tile as usize);
+    let pv = heads.flat_map(|(i, c)| {
+        let keys = keys.clone();
+        (0..s.v_per_lane).flat_map(move |w| {
+            let keys = keys.clone();
+            (0..s.quads()).map(move |p| {
+                let acc = keys
+                    .clone()
+                    .fold(format!("o{i}_{w}_{p} * corr.{c}"), |acc, u| {
+                        format!("fma(vec4<f32>(p{u}.{c}), vv{u}_{w}[{p}], {acc})")
+                    });
+                format!("o{i}_{w}_{p} = {acc};")
+            })
+        })
+    });
+    SOFTMAX.fill([
+        ("step_max", Fragment::from(step_max)),
+        ("weights", lines(weights)),
+        ("sum", Fragment::from(ps.join(" + "))),
+        ("widen", lines(widen)),
+        ("pv", lines(pv)),
+    ])
+}
+
+/// The online softmax's step: the running max and sum move on, the held outputs rescale
+/// by `corr` and take the step's keys' P·V.
+const SOFTMAX: Template = Template {
+    name: "stream_softmax",
+    needs: &[Helper::Exp],
+    text: r#"let m_new = max(m, $step_max);
+let corr = exp4(m - m_new);
+$weights
+l = fma(l, corr, $sum);
+m = m_new;
+$widen
+$pv
+"#,
+};
+
+/// The groups meet: each head's outputs, weighted to the slice's max, summed in turn.
+fn meet(spec: &KernelSpec, s: &Stream) -> Fragment {
     let v_scale = match spec.kv_fp8 {
         Some(_) => " * (kv_scales[dims.n_kv_heads + kv_h] * FP8_UNIT)",
         None => "",
     };
-    let mut meet = String::new();
-    for (i, c) in COMPONENTS.iter().enumerate().take(heads) {
-        for w in 0..s.v_per_lane {
-            let _ = writeln!(meet, "if (lane + {w}u * LANES < V_WORDS) {{");
-            for p in quads.clone() {
-                let _ = writeln!(
-                    meet,
-                    "    sh_x[g * V4 + (lane + {w}u * LANES) * QUADS + {p}u] = o{i}_{w}_{p} * own.{c};"
-                );
-            }
-            meet.push_str("}\n");
-        }
-        let _ = write!(
-            meet,
-            "workgroupBarrier();\nif ({i}u < n_here && tid < V4) {{\n    var sum = sh_x[tid];\n    \
-             for (var r = 1u; r < GROUPS; r = r + 1u) {{\n        sum = sum + sh_x[r * V4 + tid];\n    }}\n    \
-             partials[part_index(slice, sv.q.{c}) + tid] = sum{v_scale};\n    \
-             if (tid == 0u) {{\n        \
-             partials[part_index(slice, sv.q.{c}) + V4] = vec4<f32>(mm.{c}, ll.{c}, 0.0, 0.0);\n    \
-             }}\n}}\nworkgroupBarrier();\n"
-        );
-    }
-    let (loop_pre, loop_head) = match sparse {
-        false => (
-            String::new(),
-            "for (var t0 = first; t0 < hi; t0 = t0 + STEP) {\n".to_string(),
-        ),
-        true => (
-            "let k_first = next_tile(first, hi, STEP, sv, wg_b);\nvar k_next = k_first;\n"
-                .to_string(),
-            "for (var t0 = k_first; t0 < hi; t0 = k_next) {\n    \
-             k_next = next_tile(t0 + STEP, hi, STEP, sv, wg_b);\n"
-                .to_string(),
-        ),
-    };
-    let (builtins, sg_check) = match subgroups {
-        true => (
-            "@builtin(subgroup_size) sg_size: u32,\n@builtin(subgroup_invocation_id) sg_id: u32,\n",
-            "// Vulkan does not promise that a subgroup holds consecutive invocations, and sizes\n\
-             // run from 4 to 128: where a key group is not inside one, sum through workgroup memory.\n\
-             if (sg_size < LANES || WG % sg_size != 0u || sg_id != tid % sg_size) {\n    \
-             atomicStore(&sh_subgroups_off, 1u);\n}\n",
-        ),
-        false => ("", ""),
-    };
-    ENTRY.fill([
-        ("name", Fragment::from(spec.name.as_str())),
-        ("builtins", Fragment::from(builtins)),
-        ("prologue", Fragment::from(super::served::prologue(spec))),
-        ("sg_check", Fragment::from(sg_check)),
-        ("q_regs", Fragment::from(q_regs)),
-        ("o_regs", Fragment::from(o_regs)),
-        ("loop_pre", Fragment::from(loop_pre)),
-        ("loop_head", Fragment::from(loop_head)),
-        ("first_fetch", Fragment::from(first_fetch)),
-        ("next_fetch", Fragment::from(next_fetch)),
-        ("scores", Fragment::from(scores)),
-        ("softmax", Fragment::from(softmax)),
-        ("rotate", Fragment::from(rotate)),
-        ("meet", Fragment::from(meet)),
-    ])
+    let heads = COMPONENTS.iter().enumerate().take(spec.grid.tile as usize);
+    heads
+        .map(|(i, c)| {
+            let words = (0..s.v_per_lane).map(|w| {
+                let stores = (0..s.quads()).map(|p| {
+                    format!(
+                        "sh_x[g * V4 + (lane + {w}u * LANES) * QUADS + {p}u] = o{i}_{w}_{p} * own.{c};"
+                    )
+                });
+                MEET_WORD.fill([
+                    ("wu", Fragment::from(format!("{w}u"))),
+                    ("stores", lines(stores)),
+                ])
+            });
+            MEET_HEAD.fill([
+                ("words", words.fold(Fragment::default(), Fragment::then)),
+                ("iu", Fragment::from(format!("{i}u"))),
+                ("c", Fragment::from(*c)),
+                ("v_scale", Fragment::from(v_scale)),
+            ])
+        })
+        .fold(Fragment::default(), Fragment::then)
 }
+
+/// The group's share of word w of a head's output (`$wu`: w as a u32), weighted to the
+/// slice's max, into the exchange buffer.
+const MEET_WORD: Template = Template {
+    name: "stream_meet_word",
+    needs: &[],
+    text: r#"if (lane + $wu * LANES < V_WORDS) {
+    $stores
+}
+"#,
+};
+
+/// Served head `$c` (`$iu`: its slot): the groups' shares summed and flushed with the
+/// slice's (m, l), where the head is real; every invocation reaches the barriers.
+const MEET_HEAD: Template = Template {
+    name: "stream_meet_head",
+    needs: &[],
+    text: r#"$words
+workgroupBarrier();
+if ($iu < n_here && tid < V4) {
+    var sum = sh_x[tid];
+    for (var r = 1u; r < GROUPS; r = r + 1u) {
+        sum = sum + sh_x[r * V4 + tid];
+    }
+    partials[part_index(slice, sv.q.$c) + tid] = sum$v_scale;
+    if (tid == 0u) {
+        partials[part_index(slice, sv.q.$c) + V4] = vec4<f32>(mm.$c, ll.$c, 0.0, 0.0);
+    }
+}
+workgroupBarrier();
+"#,
+};
 
 const ENTRY: Template = Template {
     name: "stream_entry",

@@ -10,9 +10,7 @@
 //! short chunk then fills the GPU as a decode step does, instead of one workgroup per
 //! query tile walking the whole cache.
 
-use std::fmt::Write;
-
-use super::writer::Wgsl;
+use super::writer::{Fragment, Template, Wgsl};
 use crate::spec::{Cache, KernelSpec, Op};
 
 /// Whether `spec` is a continued cache's kernel that cuts the keys into slices.
@@ -36,81 +34,135 @@ pub(super) fn indexing(out: &mut Wgsl, spec: &KernelSpec) {
         false => ("HEAD_DIM", "HEAD_DIM"),
     };
     let key_row = match spec.cache {
-        Cache::Contiguous => "    return (kv_slot * dims.capacity + j) * dims.n_kv_heads + kv_h;",
-        Cache::Paged => {
-            "    // Through the block table: page block_table[slot, j / page_size], row j % page_size.\n    \
-             let page = block_table[kv_slot * dims.pages_per_seq + j / dims.page_size];\n    \
-             return (page * dims.page_size + j % dims.page_size) * dims.n_kv_heads + kv_h;"
+        Cache::Contiguous => {
+            Fragment::from("return (kv_slot * dims.capacity + j) * dims.n_kv_heads + kv_h;")
         }
+        Cache::Paged => PAGED_KEY_ROW.plain(),
     };
-    let (slice_vars, slice_set) = match sliced(spec) {
+    let (slice_vars, slice_set, slice_range, o_index) = match sliced(spec) {
         true => (
-            "// The workgroup's key slice, keys slice_lo..slice_hi.\nvar<private> kv_slice: u32;\n\
-             var<private> slice_lo: u32;\nvar<private> slice_hi: u32;\n",
-            "    // The grid's third axis is sequence × slice.\n    \
-             kv_slice = batch % dims.n_slices;\n    batch = batch / dims.n_slices;\n",
+            SLICE_VARS.plain(),
+            SLICE_SET.plain(),
+            SLICE_RANGE.plain(),
+            Fragment::from("return part_base(row, h);"),
         ),
-        false => ("", ""),
-    };
-    let slice_range = match sliced(spec) {
-        true => {
-            "\n    slice_lo = kv_slice * dims.slice_len;\n    \
-                 slice_hi = min(kv_len, slice_lo + dims.slice_len);"
-        }
-        false => "",
-    };
-    let o_index = match sliced(spec) {
-        true => "    return part_base(row, h);".to_string(),
-        false => format!(
-            "    return ((batch * dims.seq_len + row - first_row) * dims.n_heads + h) * {v};"
+        false => (
+            Fragment::default(),
+            Fragment::default(),
+            Fragment::default(),
+            Fragment::from(format!(
+                "return ((batch * dims.seq_len + row - first_row) * dims.n_heads + h) * {v};"
+            )),
         ),
     };
-    let _ = write!(
-        out,
-        r#"// The sequence's cache slot, its length with the new rows (keys 0..kv_len), and the
-// position of its first new row; set by the entry point.
-var<private> kv_slot: u32;
-var<private> kv_len: u32;
-var<private> first_row: u32;
-{slice_vars}
-fn continue_rows() {{
-{slice_set}    kv_slot = dims.slot0 + batch;
-    kv_len = seq_lens[kv_slot];
-    first_row = kv_len - min(dims.seq_len, kv_len);{slice_range}
-}}
-
-fn q_index(row: u32, h: u32) -> u32 {{
-    return ((batch * dims.seq_len + row - first_row) * dims.n_heads + h) * {qk};
-}}
-
-fn key_row(j: u32, kv_h: u32) -> u32 {{
-{key_row}
-}}
-
-fn kv_index(j: u32, kv_h: u32) -> u32 {{
-    return key_row(j, kv_h) * {qk};
-}}
-
-fn o_index(row: u32, h: u32) -> u32 {{
-{o_index}
-}}
-
-fn v_index(j: u32, kv_h: u32) -> u32 {{
-    return key_row(j, kv_h) * {v};
-}}
-
-fn row_index(row: u32, h: u32) -> u32 {{
-    return (batch * dims.seq_len + row - first_row) * dims.n_heads + h;
-}}
-
-"#
-    );
+    out.put(INDEXING.fill([
+        ("slice_vars", slice_vars),
+        ("slice_set", slice_set),
+        ("slice_range", slice_range),
+        ("key_row", key_row),
+        ("o_index", o_index),
+        ("qk", Fragment::from(qk)),
+        ("v", Fragment::from(v)),
+    ]));
     if sliced(spec) {
         part_base(out, spec);
     }
     if spec.grid.pack_heads {
-        out.push_str(
-            r#"// Packed heads: tile row p is position p / q_per_kv() of query head h + p % q_per_kv(),
+        out.put(PACKED_HEADS.plain());
+    }
+}
+
+/// [`indexing`]'s variables and functions: rows `$qk` (Q, K) and `$v` (V, O) wide, a key's
+/// cache row by `$key_row`, an output's offset by `$o_index`.
+const INDEXING: Template = Template {
+    name: "extend_indexing",
+    needs: &[],
+    text: r#"// The sequence's cache slot, its length with the new rows (keys 0..kv_len), and the
+// position of its first new row; set by the entry point.
+var<private> kv_slot: u32;
+var<private> kv_len: u32;
+var<private> first_row: u32;
+$slice_vars
+
+fn continue_rows() {
+    $slice_set
+    kv_slot = dims.slot0 + batch;
+    kv_len = seq_lens[kv_slot];
+    first_row = kv_len - min(dims.seq_len, kv_len);
+    $slice_range
+}
+
+fn q_index(row: u32, h: u32) -> u32 {
+    return ((batch * dims.seq_len + row - first_row) * dims.n_heads + h) * $qk;
+}
+
+fn key_row(j: u32, kv_h: u32) -> u32 {
+    $key_row
+}
+
+fn kv_index(j: u32, kv_h: u32) -> u32 {
+    return key_row(j, kv_h) * $qk;
+}
+
+fn o_index(row: u32, h: u32) -> u32 {
+    $o_index
+}
+
+fn v_index(j: u32, kv_h: u32) -> u32 {
+    return key_row(j, kv_h) * $v;
+}
+
+fn row_index(row: u32, h: u32) -> u32 {
+    return (batch * dims.seq_len + row - first_row) * dims.n_heads + h;
+}
+
+"#,
+};
+
+/// A paged cache's row of key j (head kv_h).
+const PAGED_KEY_ROW: Template = Template {
+    name: "paged_key_row",
+    needs: &[],
+    text: r#"// Through the block table: page block_table[slot, j / page_size], row j % page_size.
+let page = block_table[kv_slot * dims.pages_per_seq + j / dims.page_size];
+return (page * dims.page_size + j % dims.page_size) * dims.n_kv_heads + kv_h;
+"#,
+};
+
+/// A sliced kernel's key slice, set by `continue_rows()`.
+const SLICE_VARS: Template = Template {
+    name: "slice_vars",
+    needs: &[],
+    text: r#"// The workgroup's key slice, keys slice_lo..slice_hi.
+var<private> kv_slice: u32;
+var<private> slice_lo: u32;
+var<private> slice_hi: u32;
+"#,
+};
+
+/// The slice and the sequence, from the grid's third axis.
+const SLICE_SET: Template = Template {
+    name: "slice_set",
+    needs: &[],
+    text: r#"// The grid's third axis is sequence × slice.
+kv_slice = batch % dims.n_slices;
+batch = batch / dims.n_slices;
+"#,
+};
+
+/// The slice's keys, once the sequence's length is known.
+const SLICE_RANGE: Template = Template {
+    name: "slice_range",
+    needs: &[],
+    text: r#"slice_lo = kv_slice * dims.slice_len;
+slice_hi = min(kv_len, slice_lo + dims.slice_len);
+"#,
+};
+
+const PACKED_HEADS: Template = Template {
+    name: "packed_heads",
+    needs: &[],
+    text: r#"// Packed heads: tile row p is position p / q_per_kv() of query head h + p % q_per_kv(),
 // h the first query head of the workgroup's KV head.
 fn row_pos(p: u32) -> u32 {
     return p / q_per_kv();
@@ -121,35 +173,40 @@ fn row_head(p: u32, h: u32) -> u32 {
 }
 
 "#,
-        );
-    }
-}
+};
 
 /// `part_base(row, h)`: the first f32 of query (row, h)'s record in this slice, laid out
 /// as split-K decode's: `[batch, slice, row · n_heads + h]` records of `PART4` vec4s of the
 /// unnormalized output, then (m, l, 0, 0).
 fn part_base(out: &mut Wgsl, spec: &KernelSpec) {
-    let _ = write!(
-        out,
-        r#"// vec4s of a record's output part.
-const PART4: u32 = {part4}u;
+    out.put(PART_BASE.fill([("part4", Fragment::from(format!("{}u", spec.v_dim() / 4)))]));
+}
 
-fn part_base(row: u32, h: u32) -> u32 {{
+const PART_BASE: Template = Template {
+    name: "part_base",
+    needs: &[],
+    text: r#"// vec4s of a record's output part.
+const PART4: u32 = $part4;
+
+fn part_base(row: u32, h: u32) -> u32 {
     let q = (row - first_row) * dims.n_heads + h;
     let queries = dims.seq_len * dims.n_heads;
     return ((batch * dims.n_slices + kv_slice) * queries + q) * (PART4 + 1u) * 4u;
-}}
+}
 
 "#,
-        part4 = spec.v_dim() / 4
-    );
-}
+};
 
 /// The sliced kernel's stores: the output unnormalized into its record (the finish leaves
 /// it unscaled), and the row's (m, l) after it, where the forward stores its LSE.
 pub(super) fn stores(out: &mut Wgsl) {
-    out.push_str(
-        r#"fn store_out(i: u32, x: f32) {
+    out.put(STORES.plain());
+}
+
+const STORES: Template = Template {
+    name: "extend_stores",
+    needs: &[],
+    text: r#"fn store_out(i: u32, x: f32) {
     partials[i >> 2u][i & 3u] = x;
 }
 
@@ -162,5 +219,4 @@ fn store_lse(row: u32, h: u32, m: f32, l: f32) {
 }
 
 "#,
-    );
-}
+};

@@ -15,6 +15,7 @@
 //! backward), where the tail is a small part anyway, so they keep grid order. Without a
 //! causal mask the order changes nothing but which workgroup takes which tile.
 
+use super::writer::{Fragment, Template};
 use crate::spec::{KernelSpec, Op};
 
 /// Workgroups per chunk of heads: about two per SM on an H100, enough that a chunk's
@@ -69,21 +70,17 @@ fn sequence_mapping(spec: &KernelSpec, order: Order) -> Mapping {
     let (group, keep) = match chunked {
         true => (
             format!("clamp(({CHUNK}u + n.x - 1u) / n.x, 1u, streams)"),
-            format!("\n    let lpt = n.x * streams < {}u;", CHUNK * WAVES),
+            format!("let lpt = n.x * streams < {}u;", CHUNK * WAVES),
         ),
-        false => ("streams".into(), "\n    let lpt = true;".into()),
+        false => ("streams".into(), "let lpt = true;".into()),
     };
+    let prologue = LONGEST_FIRST.fill([
+        ("keep", Fragment::from(keep)),
+        ("group", Fragment::from(group)),
+    ]);
     Mapping {
         builtin: ", @builtin(num_workgroups) n: vec3<u32>",
-        prologue: format!(
-            "\n    let streams = n.y * n.z;{keep}\n    \
-             let id = (wg.z * n.y + wg.y) * n.x + wg.x;\n    \
-             let group = {group};\n    let chunk = id / (group * n.x);\n    \
-             let here = min(group, streams - chunk * group);\n    \
-             let at = id - chunk * group * n.x;\n    \
-             let stream = chunk * group + at % here;\n    \
-             batch = select(wg.z, stream / n.y, lpt);"
-        ),
+        prologue: prologue.text,
         tile: match spec.op {
             Op::BackwardKv => "select(wg.x, at / here, lpt)",
             _ => "select(wg.x, n.x - 1u - at / here, lpt)",
@@ -91,6 +88,25 @@ fn sequence_mapping(spec: &KernelSpec, order: Order) -> Mapping {
         head: "select(wg.y, stream % n.y, lpt)",
     }
 }
+
+/// The statements of the longest-first mapping, each on a line of its own after the
+/// entry's first (as [`Mapping::prologue`] is spliced): the workgroup's stream (head and
+/// sequence) and its rank `at / here` among its chunk's tiles; `lpt` false where the grid
+/// keeps grid order.
+const LONGEST_FIRST: Template = Template {
+    name: "longest_first",
+    needs: &[],
+    text: r#"
+    let streams = n.y * n.z;
+    $keep
+    let id = (wg.z * n.y + wg.y) * n.x + wg.x;
+    let group = $group;
+    let chunk = id / (group * n.x);
+    let here = min(group, streams - chunk * group);
+    let at = id - chunk * group * n.x;
+    let stream = chunk * group + at % here;
+    batch = select(wg.z, stream / n.y, lpt);"#,
+};
 
 #[cfg(test)]
 mod tests {

@@ -2,27 +2,34 @@
 //! rows. One definition of "query `s` sees key `j`" serves both majors, so the s-major and
 //! j-major kernels of one backward can never disagree about the mask.
 
-use super::writer::Wgsl;
-use std::fmt::Write;
+use super::writer::{Fragment, Template, Wgsl};
 
 use crate::flex::bounds::{KeyBounds, key_bounds};
 use crate::spec::{Gqa, KernelSpec, Op};
 
 pub(super) fn kv_head(out: &mut Wgsl, spec: &KernelSpec) {
-    let _ = writeln!(
-        out,
-        "// GQA: query heads h share KV head h / (n_heads / n_kv_heads)."
-    );
-    let _ = writeln!(
-        out,
-        "fn q_per_kv() -> u32 {{\n    return {};\n}}\n",
-        match spec.gqa {
-            Gqa::Any => "dims.n_heads / dims.n_kv_heads".to_string(),
-            Gqa::Ratio(r) => format!("{r}u"),
-        }
-    );
-    out.push_str("fn kv_head(h: u32) -> u32 {\n    return h / q_per_kv();\n}\n\n");
+    let q_per_kv = match spec.gqa {
+        Gqa::Any => "dims.n_heads / dims.n_kv_heads".to_string(),
+        Gqa::Ratio(r) => format!("{r}u"),
+    };
+    out.put(KV_HEAD.fill([("q_per_kv", Fragment::from(q_per_kv))]));
 }
+
+/// GQA's head map: `$q_per_kv` query heads share each KV head.
+const KV_HEAD: Template = Template {
+    name: "kv_head",
+    needs: &[],
+    text: r#"// GQA: query heads h share KV head h / (n_heads / n_kv_heads).
+fn q_per_kv() -> u32 {
+    return $q_per_kv;
+}
+
+fn kv_head(h: u32) -> u32 {
+    return h / q_per_kv();
+}
+
+"#,
+};
 
 /// Row-major `[b, row, head, d]` and `[b, j, kv_head, d]` offsets (for decode, the query is
 /// `[b, head, d]` and the cache `[b, capacity, kv_head, d]`), and the `[b, row, head]` offset
@@ -41,31 +48,41 @@ pub(super) fn row_indexing(out: &mut Wgsl, spec: &KernelSpec) {
         true => ("QK_DIM", "V_DIM"),
         false => ("HEAD_DIM", "HEAD_DIM"),
     };
-    let _ = write!(
-        out,
-        r#"fn q_index(row: u32, h: u32) -> u32 {{
-    return ((batch * {q_rows} + row) * dims.n_heads + h) * {qk};
-}}
-
-fn kv_index(j: u32, kv_h: u32) -> u32 {{
-    return ((batch * {kv_rows} + j) * dims.n_kv_heads + kv_h) * {qk};
-}}
-
-fn o_index(row: u32, h: u32) -> u32 {{
-    return ((batch * {q_rows} + row) * dims.n_heads + h) * {v};
-}}
-
-fn v_index(j: u32, kv_h: u32) -> u32 {{
-    return ((batch * {kv_rows} + j) * dims.n_kv_heads + kv_h) * {v};
-}}
-
-fn row_index(row: u32, h: u32) -> u32 {{
-    return (batch * {q_rows} + row) * dims.n_heads + h;
-}}
-
-"#
-    );
+    out.put(ROW_INDEXING.fill([
+        ("q_rows", Fragment::from(q_rows)),
+        ("kv_rows", Fragment::from(kv_rows)),
+        ("qk", Fragment::from(qk)),
+        ("v", Fragment::from(v)),
+    ]));
 }
+
+/// [`row_indexing`]'s functions: `$q_rows` query rows and `$kv_rows` key rows a sequence,
+/// rows `$qk` (Q, K) and `$v` (V, O) wide.
+const ROW_INDEXING: Template = Template {
+    name: "row_indexing",
+    needs: &[],
+    text: r#"fn q_index(row: u32, h: u32) -> u32 {
+    return ((batch * $q_rows + row) * dims.n_heads + h) * $qk;
+}
+
+fn kv_index(j: u32, kv_h: u32) -> u32 {
+    return ((batch * $kv_rows + j) * dims.n_kv_heads + kv_h) * $qk;
+}
+
+fn o_index(row: u32, h: u32) -> u32 {
+    return ((batch * $q_rows + row) * dims.n_heads + h) * $v;
+}
+
+fn v_index(j: u32, kv_h: u32) -> u32 {
+    return ((batch * $kv_rows + j) * dims.n_kv_heads + kv_h) * $v;
+}
+
+fn row_index(row: u32, h: u32) -> u32 {
+    return (batch * $q_rows + row) * dims.n_heads + h;
+}
+
+"#,
+};
 
 /// The end of the rows a forward-like kernel walks, as positions: the sequence's length,
 /// or a continued cache's length with its new rows.
@@ -175,17 +192,7 @@ pub(super) fn masks(out: &mut Wgsl, spec: &KernelSpec) {
     let causal = spec.masks.causal;
     let document = spec.masks.document;
     if document {
-        out.push_str(
-            r#"fn doc_start(row: u32) -> u32 {
-    return seg[batch * dims.seq_len + row];
-}
-
-fn doc_end(row: u32) -> u32 {
-    return seg[(dims.batch + batch) * dims.seq_len + row];
-}
-
-"#,
-        );
+        out.put(DOCUMENTS.plain());
     }
     let window = spec.masks.window;
     let doc_or = |doc: &'static str, none: &'static str| if document { doc } else { none };
@@ -209,14 +216,7 @@ fn doc_end(row: u32) -> u32 {
             end = format!("min({end}, row + dims.window)");
             q_start = format!("max({q_start}, window_back(col))");
         }
-        out.push_str(
-            r#"// The first position within the window of `row`: row + 1 - W, or 0.
-fn window_back(row: u32) -> u32 {
-    return select(0u, row + 1u - dims.window, row + 1u > dims.window);
-}
-
-"#,
-        );
+        out.put(WINDOW_BACK.plain());
     }
     if super::extend::sliced(spec) {
         (start, end) = super::extend::clip(&start, &end);
@@ -224,26 +224,56 @@ fn window_back(row: u32) -> u32 {
     let b = mask_bounds(spec);
     let key = bounded(&start, &end, &b.starts, &b.ends, &|o| at("row", o));
     let query = bounded(&q_start, &q_end, &b.ends, &b.starts, &|o| at("col", 1 - o));
-    let _ = write!(
-        out,
-        r#"fn key_range(row: u32) -> vec2<u32> {{
-{key}
-}}
-
-fn visible(row: u32, h: u32, j: u32) -> bool {{
-    let range = key_range(row);
-    return j >= range.x && j < range.y && key_visible(row, h, j);
-}}
-
-fn query_range(col: u32) -> vec2<u32> {{
-{query}
-}}
-
-"#
-    );
+    out.put(RANGES.fill([("key", key), ("query", query)]));
     key_visible(out, spec);
     super::scores::helpers(out, spec, true);
 }
+
+/// Each row's document, `[start, end)`, from `seg`.
+const DOCUMENTS: Template = Template {
+    name: "documents",
+    needs: &[],
+    text: r#"fn doc_start(row: u32) -> u32 {
+    return seg[batch * dims.seq_len + row];
+}
+
+fn doc_end(row: u32) -> u32 {
+    return seg[(dims.batch + batch) * dims.seq_len + row];
+}
+
+"#,
+};
+
+const WINDOW_BACK: Template = Template {
+    name: "window_back",
+    needs: &[],
+    text: r#"// The first position within the window of `row`: row + 1 - W, or 0.
+fn window_back(row: u32) -> u32 {
+    return select(0u, row + 1u - dims.window, row + 1u > dims.window);
+}
+
+"#,
+};
+
+/// The mask seen from a query (`$key`: its keys) and from a key (`$query`: its queries).
+const RANGES: Template = Template {
+    name: "ranges",
+    needs: &[],
+    text: r#"fn key_range(row: u32) -> vec2<u32> {
+    $key
+}
+
+fn visible(row: u32, h: u32, j: u32) -> bool {
+    let range = key_range(row);
+    return j >= range.x && j < range.y && key_visible(row, h, j);
+}
+
+fn query_range(col: u32) -> vec2<u32> {
+    $query
+}
+
+"#,
+};
 
 /// The key bounds of the description's `mask_mod` ([`crate::flex::bounds`]): none
 /// without one.
@@ -272,20 +302,29 @@ fn bounded(
     lows: &[i64],
     highs: &[i64],
     bound: &dyn Fn(i64) -> String,
-) -> String {
+) -> Fragment {
     if lows.is_empty() && highs.is_empty() {
-        return format!("    return vec2<u32>({start}, {end});");
+        return Fragment::from(format!("return vec2<u32>({start}, {end});"));
     }
     let s = match lows.is_empty() {
         true => start.to_string(),
         false => format!("min({}, {end})", narrow(start, "max", lows, bound)),
     };
-    let e = narrow(end, "min", highs, bound);
-    format!(
-        "    // Narrowed by mask_mod's bounds, which move with the position.\n    \
-         let s = {s};\n    return vec2<u32>(s, max(s, {e}));"
-    )
+    NARROWED.fill([
+        ("s", Fragment::from(s)),
+        ("e", Fragment::from(narrow(end, "min", highs, bound))),
+    ])
 }
+
+/// A range function's body narrowed by the bounds: start `$s`, end `$e`.
+const NARROWED: Template = Template {
+    name: "narrowed_range",
+    needs: &[],
+    text: r#"// Narrowed by mask_mod's bounds, which move with the position.
+let s = $s;
+return vec2<u32>(s, max(s, $e));
+"#,
+};
 
 /// `base` narrowed by each bound at `offsets` through `op` (`max` for starts, `min` for ends).
 fn narrow(base: &str, op: &str, offsets: &[i64], bound: &dyn Fn(i64) -> String) -> String {
@@ -319,8 +358,15 @@ pub(super) fn key_visible(out: &mut Wgsl, spec: &KernelSpec) {
     } else {
         "true"
     };
-    let _ = write!(
-        out,
-        "fn key_visible(row: u32, h: u32, j: u32) -> bool {{\n    return {test};\n}}\n\n"
-    );
+    out.put(KEY_VISIBLE.fill([("test", Fragment::from(test))]));
 }
+
+const KEY_VISIBLE: Template = Template {
+    name: "key_visible",
+    needs: &[],
+    text: r#"fn key_visible(row: u32, h: u32, j: u32) -> bool {
+    return $test;
+}
+
+"#,
+};

@@ -3,19 +3,24 @@
 //! whose LSE is not finite (no key: the forward's +inf, or −inf) weighs nothing, and a
 //! sink joins once at the end, as a part of max `sinks[h]`, sum 1 and no value.
 
-use std::fmt::Write;
-
 use super::states::STATES;
 use super::writer::{Fragment, Template, Wgsl};
 use crate::spec::KernelSpec;
 
 pub(super) fn constants(out: &mut Wgsl, spec: &KernelSpec) {
-    let _ = write!(
-        out,
-        "const WG: u32 = {}u;\n// A finite stand-in for -inf: exp(NEG_BIG - m) is 0 for any real m.\nconst NEG_BIG: f32 = -3.0e38;\n\n",
-        spec.workgroup_size
-    );
+    out.put(CONSTANTS.fill([("wg", Fragment::from(format!("{}u", spec.workgroup_size)))]));
 }
+
+/// The workgroup, and the score no key has.
+const CONSTANTS: Template = Template {
+    name: "merge_constants",
+    needs: &[],
+    text: r#"const WG: u32 = $wg;
+// A finite stand-in for -inf: exp(NEG_BIG - m) is 0 for any real m.
+const NEG_BIG: f32 = -3.0e38;
+
+"#,
+};
 
 pub(super) fn body(out: &mut Wgsl, spec: &KernelSpec) {
     super::dtype::vec4_codec(out, spec.dtype);

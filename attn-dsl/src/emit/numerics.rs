@@ -16,9 +16,7 @@
 //!   Its steps pass through `opaque`, which the compiler cannot see through: without it,
 //!   Mesa's algebraic simplifier folds the error term to 0.
 
-use std::fmt::Write;
-
-use super::writer::{Fragment, Needs, Template};
+use super::writer::{Fragment, Needs, Template, indent_into};
 use crate::spec::Op;
 
 /// A WGSL helper function of the numerics, emitted once per kernel whose fragments declare
@@ -207,49 +205,74 @@ pub const DOT_BLOCK: u32 = 8;
 /// The loop over `d4` vec4 columns in which every kernel sums its dot products: for each
 /// accumulator `acc` (a vec4 of four chains, one per component), `body` adds column `var`
 /// into `{acc}_b`, which is added into `{acc}_4` every [`DOT_BLOCK`] columns (or fewer, the
-/// largest divisor of `d4` from 5 up, so that every block has a fixed trip count).
+/// largest divisor of `d4` from 5 up, so that every block has a fixed trip count). Every
+/// line is written at indentation `ind`.
 pub(super) fn dot_loop(d4: u32, accs: &[String], var: &str, body: &str, ind: &str) -> String {
+    let each = |f: &dyn Fn(&str) -> String| super::lines(accs.iter().map(|acc| f(acc)));
+    let decl_b = each(&|acc| format!("var {acc}_b = vec4<f32>(0.0);"));
+    let looped = if d4 <= DOT_BLOCK {
+        DOT_LOOP.fill([
+            ("decl", decl_b),
+            ("var", Fragment::from(var)),
+            ("d4", Fragment::from(format!("{d4}u"))),
+            ("body", Fragment::from(body)),
+            ("blocks", each(&|acc| format!("let {acc}_4 = {acc}_b;"))),
+        ])
+    } else {
+        let block = (5..=DOT_BLOCK).rev().find(|b| d4.is_multiple_of(*b));
+        let end = match block {
+            Some(b) => format!("d0 + {b}u"),
+            None => format!("min(d0 + {DOT_BLOCK}u, {d4}u)"),
+        };
+        DOT_BLOCKS.fill([
+            (
+                "decl4",
+                each(&|acc| format!("var {acc}_4 = vec4<f32>(0.0);")),
+            ),
+            ("d4", Fragment::from(format!("{d4}u"))),
+            (
+                "step",
+                Fragment::from(format!("{}u", block.unwrap_or(DOT_BLOCK))),
+            ),
+            ("decl", decl_b),
+            ("var", Fragment::from(var)),
+            ("end", Fragment::from(end)),
+            ("body", Fragment::from(body)),
+            ("add", each(&|acc| format!("{acc}_4 = {acc}_4 + {acc}_b;"))),
+        ])
+    };
     let mut out = String::new();
-    let decl = |out: &mut String, suffix: &str, ind: &str| {
-        for acc in accs {
-            let _ = writeln!(out, "{ind}var {acc}_{suffix} = vec4<f32>(0.0);");
-        }
-    };
-    let inner = |out: &mut String, range: &str, ind: &str| {
-        let _ = writeln!(out, "{ind}for (var {var} = {range}; {var} = {var} + 1u) {{");
-        for line in body.lines() {
-            let _ = writeln!(out, "{ind}    {line}");
-        }
-        let _ = writeln!(out, "{ind}}}");
-    };
-    if d4 <= DOT_BLOCK {
-        decl(&mut out, "b", ind);
-        inner(&mut out, &format!("0u; {var} < {d4}u"), ind);
-        for acc in accs {
-            let _ = writeln!(out, "{ind}let {acc}_4 = {acc}_b;");
-        }
-        return out;
-    }
-    let block = (5..=DOT_BLOCK).rev().find(|b| d4.is_multiple_of(*b));
-    let end = match block {
-        Some(b) => format!("d0 + {b}u"),
-        None => format!("min(d0 + {DOT_BLOCK}u, {d4}u)"),
-    };
-    decl(&mut out, "4", ind);
-    let step = block.unwrap_or(DOT_BLOCK);
-    let _ = writeln!(
-        out,
-        "{ind}for (var d0 = 0u; d0 < {d4}u; d0 = d0 + {step}u) {{"
-    );
-    let ind2 = format!("{ind}    ");
-    decl(&mut out, "b", &ind2);
-    inner(&mut out, &format!("d0; {var} < {end}"), &ind2);
-    for acc in accs {
-        let _ = writeln!(out, "{ind2}{acc}_4 = {acc}_4 + {acc}_b;");
-    }
-    let _ = writeln!(out, "{ind}}}");
+    indent_into(&mut out, &looped.text, ind);
     out
 }
+
+/// [`dot_loop`] over at most [`DOT_BLOCK`] columns: one block, whose sums are the totals.
+const DOT_LOOP: Template = Template {
+    name: "dot_loop",
+    needs: &[],
+    text: r#"$decl
+for (var $var = 0u; $var < $d4; $var = $var + 1u) {
+    $body
+}
+$blocks
+"#,
+};
+
+/// [`dot_loop`] over more columns: blocks of `$step` columns (the last fewer where no
+/// divisor fits), each summed apart and then added into the totals.
+const DOT_BLOCKS: Template = Template {
+    name: "dot_blocks",
+    needs: &[],
+    text: r#"$decl4
+for (var d0 = 0u; d0 < $d4; d0 = d0 + $step) {
+    $decl
+    for (var $var = d0; $var < $end; $var = $var + 1u) {
+        $body
+    }
+    $add
+}
+"#,
+};
 
 /// Statements declaring `var {acc}: f32` as the dot product of `a(i)` and `b(i)` over
 /// `0..head_dim`, in the order every kernel sums dot products: four chains over the vec4
@@ -272,11 +295,31 @@ pub(super) fn dot(
         )
     };
     let body = format!("{acc}_b = fma({}, {}, {acc}_b);", vec4(&a), vec4(&b));
-    let mut out = dot_loop(head_dim / 4, &[acc.to_string()], "c4", &body, ind);
-    let _ = writeln!(out, "{ind}var {acc} = hsum({acc}_4);");
-    for i in (head_dim / 4) * 4..head_dim {
+    let tail = ((head_dim / 4) * 4..head_dim).map(|i| {
         let i = format!("{i}u");
-        let _ = writeln!(out, "{ind}{acc} = fma({}, {}, {acc});", a(&i), b(&i));
-    }
-    Fragment::new(out, &[Helper::Hsum])
+        format!("{acc} = fma({}, {}, {acc});", a(&i), b(&i))
+    });
+    let dot = DOT.fill([
+        (
+            "looped",
+            Fragment::from(dot_loop(head_dim / 4, &[acc.to_string()], "c4", &body, "")),
+        ),
+        ("acc", Fragment::from(acc)),
+        ("blocks", Fragment::from(format!("{acc}_4"))),
+        ("tail", super::lines(tail)),
+    ]);
+    let mut text = String::new();
+    indent_into(&mut text, &dot.text, ind);
+    Fragment { text, ..dot }
 }
+
+/// [`dot`]: the blocked chains of [`dot_loop`], summed pairwise, then the elements past the
+/// last whole vec4 (`$tail`).
+const DOT: Template = Template {
+    name: "dot",
+    needs: &[Helper::Hsum],
+    text: r#"$looped
+var $acc = hsum($blocks);
+$tail
+"#,
+};

@@ -86,11 +86,19 @@ fn served(kv_h: u32, slot0: u32, seq: vec4<u32>) -> Served {
 /// The entry's first statements: the sequence and the served slots (`seq`, `kv_h`, `sv`),
 /// and the keys the served queries see together, [first, hi) within slice `lo..`; the
 /// sequence shared with the block mask's tile test where `spec` reads one.
-pub(super) fn prologue(spec: &KernelSpec) -> String {
-    format!("{PROLOGUE}{}", super::tiles::share_batch(spec))
+pub(super) fn prologue(spec: &KernelSpec) -> Fragment {
+    PROLOGUE.fill([(
+        "share_batch",
+        Fragment::from(super::tiles::share_batch(spec)),
+    )])
 }
 
-const PROLOGUE: &str = "    batch = wg.z;
+/// [`prologue`]'s statements, written at the entry's indentation (as `$share_batch`, the
+/// tile tests' sequence, comes).
+const PROLOGUE: Template = Template {
+    name: "served_prologue",
+    needs: &[],
+    text: r#"    batch = wg.z;
     let slice = wg.x;
     // Workgroup y serves TILE query slots of KV head kv_h.
     let groups_per_kv = (dims.n_rows * q_per_kv() + TILE - 1u) / TILE;
@@ -118,7 +126,9 @@ const PROLOGUE: &str = "    batch = wg.z;
     let last = max(n_here, 1u) - 1u;
     let hi = max(lo, min(lo + dims.slice_len, ke[last]));
     let first = max(lo, ks[0]);
-";
+$share_batch
+"#,
+};
 
 /// The WGSL test that served query `i` (component `c`) sees key `j`.
 pub(super) fn sees(i: usize, c: &str, j: &str) -> String {
