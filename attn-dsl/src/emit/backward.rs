@@ -13,10 +13,10 @@
 //!
 //! Packing keeps every backward kernel within WebGPU's default of 8 storage buffers.
 
-use super::flash::{guarded, lines};
+use super::flash::guarded;
 use super::index;
 use super::numerics::Helper;
-use super::writer::{Fragment, Template, Wgsl};
+use super::writer::{Fragment, Template, Wgsl, lines};
 use crate::spec::{KernelSpec, Source, WriteMode};
 
 /// Offsets of the packed parts: part 1 of `stats` and `p_ds` starts after part 0.

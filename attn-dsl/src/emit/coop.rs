@@ -18,7 +18,7 @@
 
 use super::coop_scale;
 use super::numerics::Helper;
-use super::writer::{Fragment, Template, Wgsl};
+use super::writer::{Fragment, Template, Wgsl, concat, lines, uint};
 
 use super::index::{Row, Rows, and_within};
 use crate::spec::KernelSpec;
@@ -184,26 +184,6 @@ const _: () = assert!(FRAG == 16);
 /// A one-line fill: a name, a number or an expression.
 pub(super) fn expr(x: impl ToString) -> Fragment {
     Fragment::from(x.to_string())
-}
-
-/// A u32 literal.
-pub(super) fn uint(x: u32) -> Fragment {
-    Fragment::from(format!("{x}u"))
-}
-
-/// Whole lines, one per item: the unrolled per-register statements.
-pub(super) fn lines(each: impl IntoIterator<Item = String>) -> Fragment {
-    let mut text = String::new();
-    for line in each {
-        text.push_str(&line);
-        text.push('\n');
-    }
-    Fragment::from(text)
-}
-
-/// `parts` one after another.
-pub(super) fn concat(parts: impl IntoIterator<Item = Fragment>) -> Fragment {
-    parts.into_iter().fold(Fragment::default(), Fragment::then)
 }
 
 /// A workgroup barrier, as a line.

@@ -15,9 +15,9 @@
 //! f32 in workgroup memory for the elementwise step. The gradients are summed in the
 //! accumulators over every block and added into the f32 outputs once, at the end.
 
-use super::writer::{Fragment, Template, Wgsl, indent_into};
+use super::writer::{Fragment, Template, Wgsl, concat, indent_into, lines, uint};
 
-use super::coop::{self, A, C, CoopTiling, FRAG, Phases, concat, expr, lines, phase, uint};
+use super::coop::{self, A, C, CoopTiling, FRAG, Phases, expr, phase};
 use super::coop_scale;
 use super::index::{self, Row, Rows};
 use crate::spec::{KernelSpec, Op, WriteMode};

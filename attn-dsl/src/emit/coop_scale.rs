@@ -28,9 +28,9 @@
 //! memory) only when a block's largest weight would pass 2^15; the output row is multiplied
 //! by 2^reference at the end.
 
-use super::coop::{expr, lines, uint};
+use super::coop::expr;
 use super::index::Rows;
-use super::writer::{Fragment, Template, Wgsl};
+use super::writer::{Fragment, Template, Wgsl, lines, uint};
 use crate::spec::KernelSpec;
 
 /// Where a row's largest magnitude lands: [2^TOP, 2^(TOP + 1)).

@@ -12,9 +12,8 @@
 //! `decode_reduce`: one workgroup per (head, batch) owns the head's output:
 //! `O = Σ_s e^(m_s − M)·o_s / Σ_s e^(m_s − M)·l_s`, M the largest m_s.
 
-use super::lines;
 use super::numerics::Helper;
-use super::writer::{Fragment, Template, Wgsl};
+use super::writer::{Fragment, Template, Wgsl, lines};
 
 use crate::spec::{Cache, KernelSpec, Op};
 

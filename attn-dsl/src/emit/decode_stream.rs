@@ -13,9 +13,8 @@
 //! once in workgroup memory and flush as the staged pass's partials do, so the reduce
 //! pass is the same.
 
-use super::lines;
 use super::numerics::Helper;
-use super::writer::{Fragment, Template, Wgsl};
+use super::writer::{Fragment, Template, Wgsl, lines};
 
 use crate::layout::decode::{Stream, stream_word_type};
 use crate::spec::KernelSpec;

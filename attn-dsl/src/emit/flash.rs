@@ -10,28 +10,13 @@
 use super::index::{Row, Rows, and_within, within};
 use super::numerics::{Helper, dot_loop};
 use super::tiles::KeyLoop;
-use super::writer::{Fragment, Template, Wgsl, indent_into};
+use super::writer::{Fragment, Template, Wgsl, concat, indent_into, lines, uint};
 use crate::layout::tiling::Tiling;
 use crate::spec::KernelSpec;
 
 /// One generated register name per (row, column) of an invocation's block.
 pub(super) fn regs(rows: u32, cols: u32) -> impl Iterator<Item = (u32, u32)> {
     (0..rows).flat_map(move |i| (0..cols).map(move |n| (i, n)))
-}
-
-/// One line per item: unrolled statements as a fragment of whole lines.
-pub(super) fn lines(items: impl IntoIterator<Item = String>) -> Fragment {
-    let mut text = String::new();
-    for line in items {
-        text.push_str(&line);
-        text.push('\n');
-    }
-    text.into()
-}
-
-/// Fragments one after another.
-pub(super) fn joined(parts: impl IntoIterator<Item = Fragment>) -> Fragment {
-    parts.into_iter().fold(Fragment::default(), Fragment::then)
 }
 
 /// Text written for its place in a kernel, its lines at indentation `ind` (the pieces of a
@@ -42,11 +27,6 @@ pub(super) fn unindented(text: &str, ind: &str) -> Fragment {
         .map(|line| line.strip_prefix(ind).unwrap_or(line))
         .collect::<String>()
         .into()
-}
-
-/// `n` as a WGSL u32 literal.
-fn uint(n: u32) -> Fragment {
-    format!("{n}u").into()
 }
 
 /// Statements run only where a condition holds.
@@ -467,7 +447,7 @@ pub(super) fn forward_body(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling) {
         ("params", params.into()),
         ("origin", super::index::tile_origin(spec).into()),
         ("reset", reset.into()),
-        ("rows", joined((0..t.tm).map(|i| row_state(i, end, t.dn)))),
+        ("rows", concat((0..t.tm).map(|i| row_state(i, end, t.dn)))),
         ("subgroups_check", check),
         ("pre", unindented(&lp.pre, "    ")),
         (
@@ -492,7 +472,7 @@ pub(super) fn forward_body(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling) {
         ("sum_shares", reduce_rows(t, "lt", "group_sum", "row_sum")),
         (
             "store_rows",
-            joined((0..t.tm).map(|i| store_row(spec, t, i))),
+            concat((0..t.tm).map(|i| store_row(spec, t, i))),
         ),
     ]));
 }
@@ -551,7 +531,7 @@ fn scores(t: &Tiling, (full, close): (&str, &str)) -> Fragment {
     });
     let products = Fragment::from(dot_loop(t.d4, &accs, "d4", &body.text, ""));
     let sums = Fragment::new(lines(sums).text, &[Helper::Hsum]);
-    joined([products, sums, lines(keys.chain(masked))])
+    concat([products, sums, lines(keys.chain(masked))])
 }
 
 /// Register row `i`'s step of the online softmax: the new max, P against it, and the
@@ -603,7 +583,7 @@ fn softmax(t: &Tiling) -> Fragment {
             ),
         ])
     });
-    joined([lines(row_maxes), reduce].into_iter().chain(rows))
+    concat([lines(row_maxes), reduce].into_iter().chain(rows))
 }
 
 /// A row's share of l rescaled and joined by a block's weights, the join's rounding error
@@ -739,7 +719,7 @@ pub(super) fn accumulate(
             let cond = guarded.then(|| format!("{acc}w_{i} != 0.0"));
             weight.then(self::guarded(cond, update))
         });
-        joined(std::iter::once(lines(staged)).chain(per_row))
+        concat(std::iter::once(lines(staged)).chain(per_row))
     });
     ACCUMULATE.fill([
         (
@@ -747,7 +727,7 @@ pub(super) fn accumulate(
             each_reg(&|acc, i, n| format!("var {acc}b_{i}_{n} = vec4<f32>(0.0);")),
         ),
         ("c", if key_major { "BC - 1u - cc" } else { "cc" }.into()),
-        ("products", joined(products)),
+        ("products", concat(products)),
         (
             "add_partials",
             each_reg(&|acc, i, n| format!("{acc}_{i}_{n} = {acc}_{i}_{n} + {acc}b_{i}_{n};")),
@@ -806,7 +786,7 @@ fn store_row(spec: &KernelSpec, t: &Tiling, i: u32) -> Fragment {
         ("end", super::index::rows_end(spec).into()),
         ("join", join.into()),
         ("inv", inv),
-        ("stores", joined(stores)),
+        ("stores", concat(stores)),
     ])
 }
 

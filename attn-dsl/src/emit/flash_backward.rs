@@ -12,13 +12,12 @@
 //! kernel does: the host zeroes the gradients for a fresh pass.
 
 use super::flash::{
-    accumulate, carried, fetch, guarded, joined, lines, per_vec4, put, regs, stage, tile_key_range,
-    unindented,
+    accumulate, carried, fetch, guarded, per_vec4, put, regs, stage, tile_key_range, unindented,
 };
 use super::index::{Row, Rows};
 use super::numerics::{Helper, dot_loop};
 use super::tiles::KeyLoop;
-use super::writer::{Fragment, Template, Wgsl, indent_into};
+use super::writer::{Fragment, Template, Wgsl, concat, indent_into, lines};
 use super::{backward, index};
 use crate::layout::tiling::Tiling;
 use crate::spec::KernelSpec;
@@ -194,7 +193,7 @@ fn q_body(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling, lp: &KeyLoop, scatter_k
         &[("dq", &|i| format!("q_index(row_{i}, h)"), Row::Qk)],
     );
     out.put(Q_BODY.fill([
-        ("rows", joined((0..tm).map(|i| q_row(i, dn)))),
+        ("rows", concat((0..tm).map(|i| q_row(i, dn)))),
         ("pre", unindented(&lp.pre, "    ")),
         ("carried", loads.carried),
         ("fetch_first", loads.first),
@@ -732,7 +731,7 @@ fn flush(
         ("done", done.into()),
         ("period", format!("{}u", every.div_ceil(t.bc)).into()),
         ("steps", steps.into()),
-        ("rows", joined(rows)),
+        ("rows", concat(rows)),
     ])
 }
 
@@ -775,7 +774,7 @@ fn flush_add(
         guarded(cond, lines(add))
     });
     // The flush compensates with TwoSum.
-    let adds = joined(adds);
+    let adds = concat(adds);
     Fragment::new(adds.text, &[Helper::TwoSumErr4])
 }
 

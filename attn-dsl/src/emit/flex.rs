@@ -6,9 +6,7 @@
 //! ([`Flex::report_reads`]) also record the first such read of a dispatch (kernel, tensor,
 //! indices) in `flex_reads`, for the runtime's debug switch.
 
-use std::fmt::Write;
-
-use super::writer::{Fragment, Template, Wgsl};
+use super::writer::{Fragment, Template, Wgsl, lines};
 use crate::flex::{Dim, Expr, Flex, Func, Kind, Lit, TensorDecl, derive};
 
 /// How a kernel spells what a modifier names: each variable (`score`, b, h, q, k), e.g.
@@ -139,7 +137,7 @@ pub(super) fn grad_functions(out: &mut Wgsl, spec: &crate::spec::KernelSpec, fle
         seq: "dims.seq_len",
         report: false,
     };
-    let (mut body, mut flush) = (String::new(), String::new());
+    let (mut adds, mut flushes) = (Vec::new(), Vec::new());
     for (t, grad) in &written {
         let len: Vec<String> = t.dims.iter().map(|d| dim_expr(*d, sp.seq)).collect();
         super::scatter::compensated_add(out, spec, grad, &len.join(" * "));
@@ -154,24 +152,39 @@ pub(super) fn grad_functions(out: &mut Wgsl, spec: &crate::spec::KernelSpec, fle
             // A read outside the tensor gave 0 whatever it holds: no gradient (an add at
             // the held-nothing mark is dropped at the flush).
             let (at, within) = place(&t.name, &read.index, &flex.tensors, &sp);
-            let _ = write!(
-                body,
-                "\n    {p}_add(select(0xffffffffu, {at}, {within}), gf * {}, flex_row);",
-                wgsl(&read.slope, &flex.tensors, &sp)
-            );
-            let _ = write!(flush, "\n    {p}_flush();");
+            let slope = wgsl(&read.slope, &flex.tensors, &sp);
+            adds.push(format!(
+                "{p}_add(select(0xffffffffu, {at}, {within}), gf * {slope}, flex_row);"
+            ));
+            flushes.push(format!("{p}_flush();"));
         }
     }
-    let _ = write!(
-        out,
-        "// dS into the gradients of the tensors declared `grad`, at each read of them.\n\
-         fn flex_grads({ARGS}, dot: f32, gf: f32) {{\n    \
-         let flex_s = pre_score(flex_row, flex_h, flex_j, dot).x;{body}\n}}\n\n\
-         // What each invocation still holds, added; at the end of the kernel.\n\
-         fn flex_flush() {{{flush}\n}}\n\n"
-    );
+    out.put(GRADS.fill([
+        ("args", Fragment::from(ARGS)),
+        ("adds", lines(adds)),
+        ("flushes", lines(flushes)),
+    ]));
     true
 }
+
+/// `flex_grads` adding each read's share of dS, and `flex_flush` adding what each
+/// invocation still holds.
+const GRADS: Template = Template {
+    name: "flex_grads",
+    needs: &[],
+    text: r#"// dS into the gradients of the tensors declared `grad`, at each read of them.
+fn flex_grads($args, dot: f32, gf: f32) {
+    let flex_s = pre_score(flex_row, flex_h, flex_j, dot).x;
+    $adds
+}
+
+// What each invocation still holds, added; at the end of the kernel.
+fn flex_flush() {
+    $flushes
+}
+
+"#,
+};
 
 /// One read's gradient as an invocation gathers it: the element it last added to, that
 /// add's lane, and the sum not yet added (a value and its rounding errors), kept while the
@@ -243,27 +256,48 @@ pub(super) fn functions(out: &mut Wgsl, flex: &Flex, spec: &crate::spec::KernelS
             Fragment::from(format!("{}u", kernel_code(&spec.name))),
         )]));
     }
-    let args = ARGS;
     if let Some(e) = &flex.score_mod {
         let d = derive::d_score(e).expect("checked: the score modifier differentiates");
-        let _ = write!(
-            out,
-            "// The description's score_mod, and its derivative with respect to the score.\n\
-             fn score_mod(flex_s: f32, {args}) -> f32 {{\n    return {};\n}}\n\n\
-             fn d_score_mod(flex_s: f32, {args}) -> f32 {{\n    return {};\n}}\n\n",
-            wgsl(e, &flex.tensors, &sp),
-            wgsl(&d, &flex.tensors, &sp)
-        );
+        out.put(SCORE_MOD.fill([
+            ("args", Fragment::from(ARGS)),
+            ("score", Fragment::from(wgsl(e, &flex.tensors, &sp))),
+            ("d_score", Fragment::from(wgsl(&d, &flex.tensors, &sp))),
+        ]));
     }
     if let Some(e) = &flex.mask_mod {
-        let _ = write!(
-            out,
-            "// The description's mask_mod.\nfn mask_mod({args}) -> bool {{\n    return {};\n}}\n\n",
-            wgsl(e, &flex.tensors, &sp)
-        );
+        out.put(MASK_MOD.fill([
+            ("args", Fragment::from(ARGS)),
+            ("mask", Fragment::from(wgsl(e, &flex.tensors, &sp))),
+        ]));
         super::tiles::functions(out, e, spec, seq);
     }
 }
+
+const SCORE_MOD: Template = Template {
+    name: "score_mod",
+    needs: &[],
+    text: r#"// The description's score_mod, and its derivative with respect to the score.
+fn score_mod(flex_s: f32, $args) -> f32 {
+    return $score;
+}
+
+fn d_score_mod(flex_s: f32, $args) -> f32 {
+    return $d_score;
+}
+
+"#,
+};
+
+const MASK_MOD: Template = Template {
+    name: "mask_mod",
+    needs: &[],
+    text: r#"// The description's mask_mod.
+fn mask_mod($args) -> bool {
+    return $mask;
+}
+
+"#,
+};
 
 /// The code a reporting kernel writes for itself in `flex_reads`: FNV-1a of its name, never
 /// 0 (the report's "nothing yet").

@@ -13,9 +13,9 @@
 //! deviations).
 
 use super::numerics::{DOT_BLOCK, Helper};
-use super::row_gemm::{self, Contiguous, Staging, concat, lines, uint};
+use super::row_gemm::{self, Contiguous, Staging};
 use super::scatter;
-use super::writer::{Fragment, Template, Wgsl};
+use super::writer::{Fragment, Template, Wgsl, concat, lines, uint};
 use crate::layout::rows::{DX_ROWS, GEMM_TILE};
 use crate::spec::{KernelSpec, Op, WriteMode};
 

@@ -9,8 +9,7 @@
 //! i of it over the group's lanes, pairwise, in registers (two barriers a batch; a tree per
 //! four sums took 7, and 1.2-1.5x the time from 4 to 16 rows on an H200, 2026-11-29).
 
-use super::row_gemm::{concat, lines, uint};
-use super::writer::{Fragment, Template, Wgsl};
+use super::writer::{Fragment, Template, Wgsl, concat, lines, uint};
 
 use crate::layout::rows::{LINEAR_COLUMNS, LINEAR_LANES};
 use crate::spec::KernelSpec;

@@ -11,8 +11,7 @@
 //! multiple of 4 (one vec4 of halves per load).
 
 use super::coop::{A, B, C};
-use super::row_gemm::{concat, lines, uint};
-use super::writer::{Fragment, Template, Wgsl};
+use super::writer::{Fragment, Template, Wgsl, concat, lines, uint};
 
 use crate::layout::MATMUL_DEFAULT;
 use crate::layout::matmul::{BK, BM, BN, PAD, WM, WN, WORKGROUP, slice_halves};

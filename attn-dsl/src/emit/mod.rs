@@ -41,7 +41,7 @@ pub use crate::layout::decode::{
 };
 pub use crate::layout::workgroup_bytes;
 
-use writer::{Fragment, Template, Wgsl};
+use writer::{Fragment, Template, Wgsl, lines};
 
 use crate::layout::tiling::Tiling;
 use crate::plan::{Access, Binding};
@@ -229,16 +229,6 @@ fn emit_flash(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling) {
             flash::entry(out, spec, t, "flash_forward");
         }
     }
-}
-
-/// `lines`, each ended by a newline: a fragment of whole lines, empty where there are none.
-fn lines(lines: impl IntoIterator<Item = String>) -> Fragment {
-    let mut text = String::new();
-    for line in lines {
-        text.push_str(&line);
-        text.push('\n');
-    }
-    Fragment::from(text)
 }
 
 /// The entry of a tiled grid: workgroup (x, y, z) takes rows x·TILE.. of the walked axis,

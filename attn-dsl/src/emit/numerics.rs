@@ -16,7 +16,7 @@
 //!   Its steps pass through `opaque`, which the compiler cannot see through: without it,
 //!   Mesa's algebraic simplifier folds the error term to 0.
 
-use super::writer::{Fragment, Needs, Template, indent_into};
+use super::writer::{Fragment, Needs, Template, indent_into, lines};
 use crate::spec::Op;
 
 /// A WGSL helper function of the numerics, emitted once per kernel whose fragments declare
@@ -208,7 +208,7 @@ pub const DOT_BLOCK: u32 = 8;
 /// largest divisor of `d4` from 5 up, so that every block has a fixed trip count). Every
 /// line is written at indentation `ind`.
 pub(super) fn dot_loop(d4: u32, accs: &[String], var: &str, body: &str, ind: &str) -> String {
-    let each = |f: &dyn Fn(&str) -> String| super::lines(accs.iter().map(|acc| f(acc)));
+    let each = |f: &dyn Fn(&str) -> String| lines(accs.iter().map(|acc| f(acc)));
     let decl_b = each(&|acc| format!("var {acc}_b = vec4<f32>(0.0);"));
     let looped = if d4 <= DOT_BLOCK {
         DOT_LOOP.fill([
@@ -306,7 +306,7 @@ pub(super) fn dot(
         ),
         ("acc", Fragment::from(acc)),
         ("blocks", Fragment::from(format!("{acc}_4"))),
-        ("tail", super::lines(tail)),
+        ("tail", lines(tail)),
     ]);
     let mut text = String::new();
     indent_into(&mut text, &dot.text, ind);

@@ -13,7 +13,7 @@
 
 use super::coop::{A, B, C};
 use super::numerics::{DOT_BLOCK, Helper};
-use super::writer::{Fragment, Template, Wgsl};
+use super::writer::{Fragment, Template, Wgsl, concat, lines, uint};
 
 use crate::layout::rows::{COOP_SUBGROUPS, GEMM_TILE};
 use crate::spec::{KernelSpec, Matrix};
@@ -35,21 +35,6 @@ pub(super) struct Staging {
 
 fn coop(spec: &KernelSpec) -> bool {
     spec.grid.matrix == Matrix::Coop16
-}
-
-/// One-line statements as a fragment of whole lines, for a hole alone on its line.
-pub(super) fn lines(statements: impl IntoIterator<Item = String>) -> Fragment {
-    Fragment::from(statements.into_iter().map(|s| s + "\n").collect::<String>())
-}
-
-/// `n` as a WGSL u32 literal.
-pub(super) fn uint(n: u32) -> Fragment {
-    Fragment::from(format!("{n}u"))
-}
-
-/// `fragments` one after another.
-pub(super) fn concat(fragments: impl Iterator<Item = Fragment>) -> Fragment {
-    fragments.fold(Fragment::default(), Fragment::then)
 }
 
 /// The entry point `name`'s signature, up to its opening brace, and on cooperative

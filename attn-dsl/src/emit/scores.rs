@@ -5,9 +5,9 @@
 //! or dO: so a forward, a decode and every backward schedule agree on the modified scores
 //! and regenerate the same dropout mask whatever their tile order.
 
-use super::flash::{guarded, lines};
+use super::flash::guarded;
 use super::numerics::Helper;
-use super::writer::{Fragment, Template, Wgsl};
+use super::writer::{Fragment, Template, Wgsl, lines};
 use crate::flex::Flex;
 use crate::spec::{BiasHeads, KernelSpec, Op, WriteMode};
 

@@ -9,8 +9,7 @@
 //! which are the same for the whole workgroup, so the loops keep their barriers in uniform
 //! control flow.
 
-use std::fmt::Write;
-
+use super::writer::{Fragment, Template, Wgsl, lines, uint};
 use crate::flex::{BinOp, Expr, Func, Kind, Lit};
 
 /// An integer's bounds as two WGSL expressions (inclusive), or unknown.
@@ -23,7 +22,8 @@ enum Iv {
 }
 
 struct Lower {
-    lines: String,
+    /// The bindings made so far, one statement each.
+    lines: Vec<String>,
     next: usize,
 }
 
@@ -32,14 +32,16 @@ impl Lower {
     fn int(&mut self, lo: String, hi: String) -> Iv {
         let n = self.next;
         self.next += 1;
-        let _ = writeln!(self.lines, "    let lo{n} = {lo};\n    let hi{n} = {hi};");
+        self.lines.push(format!("let lo{n} = {lo};"));
+        self.lines.push(format!("let hi{n} = {hi};"));
         Iv::Int(format!("lo{n}"), format!("hi{n}"))
     }
 
     fn bool(&mut self, t: String, f: String) -> Iv {
         let n = self.next;
         self.next += 1;
-        let _ = writeln!(self.lines, "    let t{n} = {t};\n    let f{n} = {f};");
+        self.lines.push(format!("let t{n} = {t};"));
+        self.lines.push(format!("let f{n} = {f};"));
         Iv::Bool(format!("t{n}"), format!("f{n}"))
     }
 
@@ -178,13 +180,13 @@ fn maybe() -> Iv {
 /// answers by the blocks the tile covers (`block_tile`); `seq` is the positions' extent,
 /// which sets the mask's blocks a side.
 pub(super) fn functions<S: Clone>(
-    out: &mut impl Write,
+    out: &mut Wgsl,
     mask: &Expr<S>,
     spec: &crate::KernelSpec,
     seq: &str,
 ) {
     let mut l = Lower {
-        lines: String::new(),
+        lines: Vec::new(),
         next: 0,
     };
     let reads = spec.reads_block_mask();
@@ -196,90 +198,126 @@ pub(super) fn functions<S: Clone>(
         Iv::Bool(t, f) => (t, f),
         _ => ("true".into(), "true".into()),
     };
-    let _ = write!(
-        out,
-        "// Whether the mask may be true (x) and may be false (y) somewhere on a tile of queries\n\
-         // [q0, q1] and keys [k0, k1], by interval arithmetic over mask_mod.\n\
-         fn mask_tile(q0: u32, q1: u32, k0: u32, k1: u32, h: u32, b: u32) -> vec2<bool> {{\n    \
-         let q_lo = i32(q0);\n    let q_hi = i32(q1);\n    let k_lo = i32(k0);\n    let k_hi = i32(k1);\n    \
-         let hh = i32(h);\n{}    return vec2<bool>({t}, {f}){blocks};\n}}\n\n\
-         // The first tile from t0 before `end` that may show a key, or `end`; and (y = 1)\n\
-         // whether it shows every pair, from the same test.\n\
-         fn next_key_tile(t0: u32, end: u32, q0: u32, q1: u32, h: u32, bc: u32, b: u32) -> vec2<u32> {{\n    \
-         for (var t = t0; t < end; t = t + 1u) {{\n        \
-         let m = mask_tile(q0, q1, t * bc, t * bc + bc - 1u, h, b);\n        \
-         if (m.x) {{\n            return vec2<u32>(t, select(0u, 1u, !m.y));\n        }}\n    }}\n    \
-         return vec2<u32>(end, 0u);\n}}\n\n",
-        l.lines
-    );
+    out.put(MASK_TILE.fill([
+        ("bounds", lines(l.lines)),
+        ("t", Fragment::from(t)),
+        ("f", Fragment::from(f)),
+        ("blocks", Fragment::from(blocks)),
+    ]));
     if reads {
         block_tile(out, mask, seq);
     }
 }
+
+/// `mask_tile(q0, q1, k0, k1, h, b)` from the mask's bounds (`$bounds`, binding `$t` and
+/// `$f`), and the key loop's step to the next tile that may show a key.
+const MASK_TILE: Template = Template {
+    name: "mask_tile",
+    needs: &[],
+    text: r#"// Whether the mask may be true (x) and may be false (y) somewhere on a tile of queries
+// [q0, q1] and keys [k0, k1], by interval arithmetic over mask_mod.
+fn mask_tile(q0: u32, q1: u32, k0: u32, k1: u32, h: u32, b: u32) -> vec2<bool> {
+    let q_lo = i32(q0);
+    let q_hi = i32(q1);
+    let k_lo = i32(k0);
+    let k_hi = i32(k1);
+    let hh = i32(h);
+    $bounds
+    return vec2<bool>($t, $f)$blocks;
+}
+
+// The first tile from t0 before `end` that may show a key, or `end`; and (y = 1)
+// whether it shows every pair, from the same test.
+fn next_key_tile(t0: u32, end: u32, q0: u32, q1: u32, h: u32, bc: u32, b: u32) -> vec2<u32> {
+    for (var t = t0; t < end; t = t + 1u) {
+        let m = mask_tile(q0, q1, t * bc, t * bc + bc - 1u, h, b);
+        if (m.x) {
+            return vec2<u32>(t, select(0u, 1u, !m.y));
+        }
+    }
+    return vec2<u32>(end, 0u);
+}
+
+"#,
+};
 
 /// `block_tile(q0, q1, k0, k1, h)`: whether some block of the device's block mask that the
 /// tile covers shows a pair (x) and whether some hides one (y). Where the mask reads `b`,
 /// the sequence is the workgroup's, read as a uniform value from `sh_batch` (the kernel
 /// stores `batch` there before its first tile test: a private variable is not uniform to
 /// WGSL's analysis).
-fn block_tile<S: Clone>(out: &mut impl Write, mask: &Expr<S>, seq: &str) {
+fn block_tile<S: Clone>(out: &mut Wgsl, mask: &Expr<S>, seq: &str) {
     let mask = mask.inlined();
     let pick = |var: &str, value: &str, none: &str| match mask.mentions(var) {
-        true => value.to_string(),
-        false => none.to_string(),
+        true => Fragment::from(value),
+        false => Fragment::from(none),
     };
-    let b = pick("b", "b", "0u");
-    let shared = pick("b", "var<workgroup> sh_batch: u32;\n\n", "");
     let (h, heads) = (pick("h", "h", "0u"), pick("h", "dims.n_heads", "1u"));
-    let first_mask = pick("b", &format!("batch * {heads}"), "0u");
-    let _ = write!(
-        out,
-        r#"// The block mask's states, as `op: block_mask` writes them.
-const BLOCK_EMPTY: u32 = {empty}u;
-const BLOCK_FULL: u32 = {full}u;
-const MASK_BLOCK: u32 = {side}u;
+    let first_mask = match mask.mentions("b") {
+        true => Fragment::from(format!("batch * {}", heads.text)),
+        false => Fragment::from("0u"),
+    };
+    out.put(BLOCK_TILE.fill([
+        ("empty", uint(crate::flex::BLOCK_EMPTY)),
+        ("full", uint(crate::flex::BLOCK_FULL)),
+        ("side", uint(crate::flex::MASK_BLOCK)),
+        ("shared", pick("b", "var<workgroup> sh_batch: u32;\n\n", "")),
+        ("seq", Fragment::from(seq)),
+        ("b", pick("b", "b", "0u")),
+        ("heads", heads),
+        ("h", h),
+        ("first_mask", first_mask),
+    ]));
+}
 
-{shared}fn block_tile(q0: u32, q1: u32, k0: u32, k1: u32, h: u32, b: u32) -> vec2<bool> {{
-    let n = ({seq} + MASK_BLOCK - 1u) / MASK_BLOCK;
-    let base = ({b} * {heads} + {h}) * n;
+/// `block_tile` and `block_range`: the device's block mask read for a tile's test and for
+/// its range.
+const BLOCK_TILE: Template = Template {
+    name: "block_tile",
+    needs: &[],
+    text: r#"// The block mask's states, as `op: block_mask` writes them.
+const BLOCK_EMPTY: u32 = $empty;
+const BLOCK_FULL: u32 = $full;
+const MASK_BLOCK: u32 = $side;
+
+$shared
+fn block_tile(q0: u32, q1: u32, k0: u32, k1: u32, h: u32, b: u32) -> vec2<bool> {
+    let n = ($seq + MASK_BLOCK - 1u) / MASK_BLOCK;
+    let base = ($b * $heads + $h) * n;
     let q_end = min(q1 / MASK_BLOCK, n - 1u);
     let k_end = min(k1 / MASK_BLOCK, n - 1u);
     var seen = vec2<bool>(false, false);
-    for (var qb = q0 / MASK_BLOCK; qb <= q_end; qb = qb + 1u) {{
-        for (var kb = k0 / MASK_BLOCK; kb <= k_end; kb = kb + 1u) {{
+    for (var qb = q0 / MASK_BLOCK; qb <= q_end; qb = qb + 1u) {
+        for (var kb = k0 / MASK_BLOCK; kb <= k_end; kb = kb + 1u) {
             let state = block_mask[(base + qb) * (n + 4u) + kb];
             seen = seen | vec2<bool>(state != BLOCK_EMPTY, state != BLOCK_FULL);
-        }}
-    }}
+        }
+    }
     return seen;
-}}
+}
 
 // A tile's range (x..y) narrowed to the blocks the block mask shows from its positions
 // p0..p1: word 0 after a block row's states holds the keys its queries see (n - first block,
 // last block + 1; 0, 0 for none), word 2 the queries that see its keys. Called by one
 // invocation (it reads `batch`); every head where the mask reads `h`.
-fn block_range(r: vec4<u32>, p0: u32, p1: u32, word: u32) -> vec4<u32> {{
-    let n = ({seq} + MASK_BLOCK - 1u) / MASK_BLOCK;
+fn block_range(r: vec4<u32>, p0: u32, p1: u32, word: u32) -> vec4<u32> {
+    let n = ($seq + MASK_BLOCK - 1u) / MASK_BLOCK;
     var lo = n;
     var hi = 0u;
-    let m0 = {first_mask};
-    for (var m = m0; m < m0 + {heads}; m = m + 1u) {{
-        for (var p = p0 / MASK_BLOCK; p <= min(p1 / MASK_BLOCK, n - 1u); p = p + 1u) {{
+    let m0 = $first_mask;
+    for (var m = m0; m < m0 + $heads; m = m + 1u) {
+        for (var p = p0 / MASK_BLOCK; p <= min(p1 / MASK_BLOCK, n - 1u); p = p + 1u) {
             let at = (m * n + p) * (n + 4u) + n + word;
             lo = min(lo, n - block_mask[at]);
             hi = max(hi, block_mask[at + 1u]);
-        }}
-    }}
+        }
+    }
     let x = max(r.x, lo * MASK_BLOCK);
     return vec4<u32>(x, max(x, min(r.y, hi * MASK_BLOCK)), r.z, r.w);
-}}
+}
 
 "#,
-        empty = crate::flex::BLOCK_EMPTY,
-        full = crate::flex::BLOCK_FULL,
-        side = crate::flex::MASK_BLOCK,
-    );
-}
+};
 
 /// The statements that give a kernel's tile tests the workgroup's sequence as a uniform
 /// value, `wg_b`, before its first test (a private variable is not uniform to WGSL's
@@ -309,16 +347,27 @@ pub(super) fn sparse(spec: &crate::KernelSpec) -> bool {
 /// `next_block(it, end, k0, k1, h0, group, first, blocks)`: a key-major kernel's first step
 /// from `it` (steps walk query blocks of BC rows from the last, `group` heads from `h0` each)
 /// before `end` whose block may see a key of [k0, k1], or `end`.
-pub(super) fn block_functions(out: &mut impl Write) {
-    out.write_str(
-        "fn next_block(it0: u32, end: u32, k0: u32, k1: u32, h0: u32, group: u32, first: u32, blocks: u32, b: u32) -> u32 {\n    \
-         var it = it0;\n    while (it < end) {\n        \
-         let s0 = (first + blocks - 1u - it / group) * BC;\n        \
-         if (mask_tile(s0, min(s0 + BC, dims.seq_len) - 1u, k0, k1, h0 + it % group, b).x) {\n            \
-         break;\n        }\n        it = it + 1u;\n    }\n    return it;\n}\n\n",
-    )
-    .expect("writing to a string");
+pub(super) fn block_functions(out: &mut Wgsl) {
+    out.put(NEXT_BLOCK.plain());
 }
+
+const NEXT_BLOCK: Template = Template {
+    name: "next_block",
+    needs: &[],
+    text: r#"fn next_block(it0: u32, end: u32, k0: u32, k1: u32, h0: u32, group: u32, first: u32, blocks: u32, b: u32) -> u32 {
+    var it = it0;
+    while (it < end) {
+        let s0 = (first + blocks - 1u - it / group) * BC;
+        if (mask_tile(s0, min(s0 + BC, dims.seq_len) - 1u, k0, k1, h0 + it % group, b).x) {
+            break;
+        }
+        it = it + 1u;
+    }
+    return it;
+}
+
+"#,
+};
 
 /// A query-major kernel's loop over key tiles `kt` (of `BC` keys, from the uniform
 /// `range`, up to `kt_end`), and how its prefetch names the first and the next tile: every

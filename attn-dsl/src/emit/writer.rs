@@ -8,8 +8,6 @@
 //! indentation, and a helper is emitted because a fragment said it calls it (`validate`
 //! refuses a module that defines a helper nothing calls).
 
-use std::fmt;
-
 use super::numerics::Helper;
 
 /// A set of numerics helpers.
@@ -155,6 +153,26 @@ fn is_name(s: &str) -> bool {
     !s.is_empty() && s.chars().all(is_name_char)
 }
 
+/// Whole lines, one per item: unrolled per-register statements and the like.
+pub(super) fn lines(each: impl IntoIterator<Item = String>) -> Fragment {
+    let mut text = String::new();
+    for line in each {
+        text.push_str(&line);
+        text.push('\n');
+    }
+    Fragment::from(text)
+}
+
+/// `parts` one after another.
+pub(super) fn concat(parts: impl IntoIterator<Item = Fragment>) -> Fragment {
+    parts.into_iter().fold(Fragment::default(), Fragment::then)
+}
+
+/// `n` as a WGSL u32 literal.
+pub(super) fn uint(n: u32) -> Fragment {
+    Fragment::from(format!("{n}u"))
+}
+
 /// Each line of `text` into `out` at indentation `indent` (blank lines stay empty).
 pub(super) fn indent_into(out: &mut String, text: &str, indent: &str) {
     for line in text.split_inclusive('\n') {
@@ -182,30 +200,14 @@ impl Wgsl {
         self.text.push_str(s);
     }
 
-    pub fn push(&mut self, c: char) {
-        self.text.push(c);
-    }
-
     /// Writes `fragment` and records the helpers it calls.
     pub fn put(&mut self, fragment: Fragment) {
         self.text.push_str(&fragment.text);
         self.needs = self.needs.union(fragment.needs);
     }
 
-    /// Records that text written with `write!` calls `helpers`.
-    pub fn need(&mut self, helpers: &[Helper]) {
-        self.needs = self.needs.union(Needs::of(helpers));
-    }
-
     pub fn into_parts(self) -> (String, Needs) {
         (self.text, self.needs)
-    }
-}
-
-impl fmt::Write for Wgsl {
-    fn write_str(&mut self, s: &str) -> fmt::Result {
-        self.text.push_str(s);
-        Ok(())
     }
 }
 

@@ -101,3 +101,58 @@ fn no_emitter_rewrites_its_text() {
         offenders.join(", ")
     );
 }
+
+/// Kernel text lives in `Template`s: no emitter writes WGSL with `write!`, and a
+/// `format!` builds at most one line (an expression, a statement), so every kernel's
+/// structure is readable as WGSL in one place and each hole is filled by name.
+#[test]
+fn no_emitter_formats_more_than_a_line() {
+    let emit = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/emit");
+    let mut all = Vec::new();
+    files(&emit, &mut all);
+    let mut offenders = Vec::new();
+    for f in &all {
+        let whole = std::fs::read_to_string(f).unwrap();
+        // A unit test's own WGSL is not a kernel.
+        let text = whole.split("#[cfg(test)]").next().unwrap();
+        let name = f.strip_prefix(&emit).unwrap().display().to_string();
+        let line_of = |at: usize| text[..at].lines().count().max(1);
+        for mac in ["write!(", "writeln!("] {
+            for (at, _) in text.match_indices(mac) {
+                offenders.push(format!("{name}:{} `{mac}`", line_of(at)));
+            }
+        }
+        for (at, _) in text.match_indices("format!(") {
+            let literal = first_literal(&text[at + "format!(".len()..]);
+            if literal.is_some_and(|l| l.contains('\n') || l.contains("\\n")) {
+                offenders.push(format!(
+                    "{name}:{} a `format!` of several lines",
+                    line_of(at)
+                ));
+            }
+        }
+    }
+    assert!(
+        offenders.is_empty(),
+        "WGSL built by hand in the emitter (put it in a Template): {}",
+        offenders.join(", ")
+    );
+}
+
+/// The string literal that opens `rest` (after whitespace), plain or raw.
+fn first_literal(rest: &str) -> Option<&str> {
+    let rest = rest.trim_start();
+    if let Some(raw) = rest.strip_prefix("r#\"") {
+        return raw.find("\"#").map(|end| &raw[..end]);
+    }
+    let body = rest.strip_prefix('"')?;
+    let mut escaped = false;
+    for (i, c) in body.char_indices() {
+        match (escaped, c) {
+            (false, '\\') => escaped = true,
+            (false, '"') => return Some(&body[..i]),
+            _ => escaped = false,
+        }
+    }
+    None
+}
