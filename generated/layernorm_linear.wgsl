@@ -327,25 +327,25 @@ fn layernorm_linear(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocat
         let n0 = (wg.y * CB + cb) * TN;
         {
             // Initialized explicitly: the loop runs inside others (column blocks, k tiles), and
-    // in Chrome (Tint, SwiftShader) a declaration without one was zeroed once, not per trip.
-    var acc = array<vec4<f32>, 4>();
-    var err = array<vec4<f32>, 4>();
-    var mid = array<vec4<f32>, 4>();
-    for (var k0 = 0u; k0 < HIDDEN; k0 = k0 + BK) {
-        stage_forward(first, n0, k0, tid);
-        workgroupBarrier();
-        block_product(tx, ty, &mid);
-        // The next slice overwrites sh_a and sh_b.
-        workgroupBarrier();
-        if ((k0 / BK) % FOLD == FOLD - 1u) {
+            // in Chrome (Tint, SwiftShader) a declaration without one was zeroed once, not per trip.
+            var acc = array<vec4<f32>, 4>();
+            var err = array<vec4<f32>, 4>();
+            var mid = array<vec4<f32>, 4>();
+            for (var k0 = 0u; k0 < HIDDEN; k0 = k0 + BK) {
+                stage_forward(first, n0, k0, tid);
+                workgroupBarrier();
+                block_product(tx, ty, &mid);
+                // The next slice overwrites sh_a and sh_b.
+                workgroupBarrier();
+                if ((k0 / BK) % FOLD == FOLD - 1u) {
+                    fold(&acc, &err, &mid);
+                }
+            }
             fold(&acc, &err, &mid);
-        }
-    }
-    fold(&acc, &err, &mid);
-    acc[0] = acc[0] + err[0];
-    acc[1] = acc[1] + err[1];
-    acc[2] = acc[2] + err[2];
-    acc[3] = acc[3] + err[3];
+            acc[0] = acc[0] + err[0];
+            acc[1] = acc[1] + err[1];
+            acc[2] = acc[2] + err[2];
+            acc[3] = acc[3] + err[3];
             for (var i = 0u; i < 4u; i = i + 1u) {
                 let m = ty * 4u + i;
                 let row = first + m;

@@ -372,25 +372,25 @@ fn dx_rows(first: u32, count: u32, blk: u32, tid: u32) {
     var s2 = vec4<f32>(0.0);
     for (var k0 = 0u; k0 < HIDDEN; k0 = k0 + TN) {
         // Initialized explicitly: the loop runs inside others (column blocks, k tiles), and
-    // in Chrome (Tint, SwiftShader) a declaration without one was zeroed once, not per trip.
-    var acc = array<vec4<f32>, 4>();
-    var err = array<vec4<f32>, 4>();
-    var mid = array<vec4<f32>, 4>();
-    for (var n0 = 0u; n0 < OUT; n0 = n0 + BK) {
-        stage_dx(first, count, n0, k0, tid);
-        workgroupBarrier();
-        block_product(tx, ty, &mid);
-        // The next slice overwrites sh_a and sh_b.
-        workgroupBarrier();
-        if ((n0 / BK) % FOLD == FOLD - 1u) {
-            fold(&acc, &err, &mid);
+        // in Chrome (Tint, SwiftShader) a declaration without one was zeroed once, not per trip.
+        var acc = array<vec4<f32>, 4>();
+        var err = array<vec4<f32>, 4>();
+        var mid = array<vec4<f32>, 4>();
+        for (var n0 = 0u; n0 < OUT; n0 = n0 + BK) {
+            stage_dx(first, count, n0, k0, tid);
+            workgroupBarrier();
+            block_product(tx, ty, &mid);
+            // The next slice overwrites sh_a and sh_b.
+            workgroupBarrier();
+            if ((n0 / BK) % FOLD == FOLD - 1u) {
+                fold(&acc, &err, &mid);
+            }
         }
-    }
-    fold(&acc, &err, &mid);
-    acc[0] = acc[0] + err[0];
-    acc[1] = acc[1] + err[1];
-    acc[2] = acc[2] + err[2];
-    acc[3] = acc[3] + err[3];
+        fold(&acc, &err, &mid);
+        acc[0] = acc[0] + err[0];
+        acc[1] = acc[1] + err[1];
+        acc[2] = acc[2] + err[2];
+        acc[3] = acc[3] + err[3];
         var p1 = vec4<f32>(0.0);
         var p2 = vec4<f32>(0.0);
         var g1 = vec4<f32>(0.0);

@@ -88,12 +88,11 @@ fn layernorm_linear_reduce(@builtin(global_invocation_id) gid: vec3<u32>) {
                 { let i = i2 + 7u; let x = dgamma_part[i * HIDDEN + e]; let t = acc + x;
                 acc_err = acc_err + two_sum_err4(vec4<f32>(acc), vec4<f32>(x), vec4<f32>(t)).x;
                 acc = t; }
-                
             } else {
                 for (var i3 = i2; i3 < dims.n_blocks; i3 = i3 + 1u) {
                     { let i = i3; let x = dgamma_part[i * HIDDEN + e]; let t = acc + x;
-                acc_err = acc_err + two_sum_err4(vec4<f32>(acc), vec4<f32>(x), vec4<f32>(t)).x;
-                acc = t; }
+                    acc_err = acc_err + two_sum_err4(vec4<f32>(acc), vec4<f32>(x), vec4<f32>(t)).x;
+                    acc = t; }
                 }
             }
         }
@@ -131,12 +130,11 @@ fn layernorm_linear_reduce(@builtin(global_invocation_id) gid: vec3<u32>) {
                 { let i = i2 + 7u; let x = dbeta_part[i * HIDDEN + e]; let t = acc + x;
                 acc_err = acc_err + two_sum_err4(vec4<f32>(acc), vec4<f32>(x), vec4<f32>(t)).x;
                 acc = t; }
-                
             } else {
                 for (var i3 = i2; i3 < dims.n_blocks; i3 = i3 + 1u) {
                     { let i = i3; let x = dbeta_part[i * HIDDEN + e]; let t = acc + x;
-                acc_err = acc_err + two_sum_err4(vec4<f32>(acc), vec4<f32>(x), vec4<f32>(t)).x;
-                acc = t; }
+                    acc_err = acc_err + two_sum_err4(vec4<f32>(acc), vec4<f32>(x), vec4<f32>(t)).x;
+                    acc = t; }
                 }
             }
         }
@@ -174,12 +172,11 @@ fn layernorm_linear_reduce(@builtin(global_invocation_id) gid: vec3<u32>) {
                 { let i = i2 + 7u; let x = dw_part[i * (OUT * HIDDEN) + e]; let t = acc + x;
                 acc_err = acc_err + two_sum_err4(vec4<f32>(acc), vec4<f32>(x), vec4<f32>(t)).x;
                 acc = t; }
-                
             } else {
                 for (var i3 = i2; i3 < dims.n_tiles; i3 = i3 + 1u) {
                     { let i = i3; let x = dw_part[i * (OUT * HIDDEN) + e]; let t = acc + x;
-                acc_err = acc_err + two_sum_err4(vec4<f32>(acc), vec4<f32>(x), vec4<f32>(t)).x;
-                acc = t; }
+                    acc_err = acc_err + two_sum_err4(vec4<f32>(acc), vec4<f32>(x), vec4<f32>(t)).x;
+                    acc = t; }
                 }
             }
         }
@@ -217,12 +214,11 @@ fn layernorm_linear_reduce(@builtin(global_invocation_id) gid: vec3<u32>) {
                 { let i = i2 + 7u; let x = db_part[i * OUT + e]; let t = acc + x;
                 acc_err = acc_err + two_sum_err4(vec4<f32>(acc), vec4<f32>(x), vec4<f32>(t)).x;
                 acc = t; }
-                
             } else {
                 for (var i3 = i2; i3 < dims.db_parts; i3 = i3 + 1u) {
                     { let i = i3; let x = db_part[i * OUT + e]; let t = acc + x;
-                acc_err = acc_err + two_sum_err4(vec4<f32>(acc), vec4<f32>(x), vec4<f32>(t)).x;
-                acc = t; }
+                    acc_err = acc_err + two_sum_err4(vec4<f32>(acc), vec4<f32>(x), vec4<f32>(t)).x;
+                    acc = t; }
                 }
             }
         }

@@ -280,12 +280,11 @@ fn dw_tile(tile: u32, t: u32, tid: u32) {
                 { let i = i2 + 7u; let x = ld_dy((first + i) * OUT + n); let t = dbs + x;
                 dbs_err = dbs_err + two_sum_err4(vec4<f32>(dbs), vec4<f32>(x), vec4<f32>(t)).x;
                 dbs = t; }
-                
             } else {
                 for (var i3 = i2; i3 < count; i3 = i3 + 1u) {
                     { let i = i3; let x = ld_dy((first + i) * OUT + n); let t = dbs + x;
-                dbs_err = dbs_err + two_sum_err4(vec4<f32>(dbs), vec4<f32>(x), vec4<f32>(t)).x;
-                dbs = t; }
+                    dbs_err = dbs_err + two_sum_err4(vec4<f32>(dbs), vec4<f32>(x), vec4<f32>(t)).x;
+                    dbs = t; }
                 }
             }
         }

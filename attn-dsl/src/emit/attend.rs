@@ -184,16 +184,14 @@ pub(super) fn attend_row(out: &mut Wgsl, spec: &KernelSpec) {
     ]));
 }
 
-/// The query row into `sh_q`, zeros past a Q row narrower than the kernel's width. (The
-/// `if` sits 8 columns deeper than the line before it in the emitted kernels; the
-/// snapshots hold that text.)
+/// The query row into `sh_q`, zeros past a Q row narrower than the kernel's width.
 const STAGE_Q_WITHIN: Template = Template {
     name: "stage_q_within",
     needs: &[],
     text: r#"sh_q[tid] = 0.0;
-        if ($within) {
-            sh_q[tid] = query_at(qi + tid);
-        }
+if ($within) {
+    sh_q[tid] = query_at(qi + tid);
+}
 "#,
 };
 

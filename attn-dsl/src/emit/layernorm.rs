@@ -35,13 +35,6 @@ const DW: Staging = Staging {
     b: Contiguous::Output,
 };
 
-/// The fill of a statement hole that holds no statement where the kernels keep the hole's
-/// line, indentation and all: `n` spaces (a whitespace line is not indented by its hole,
-/// and an empty fill would remove the line).
-fn spaces(n: usize) -> Fragment {
-    Fragment::from(" ".repeat(n))
-}
-
 pub(super) fn constants(out: &mut Wgsl, spec: &KernelSpec) {
     out.put(CONSTANTS.fill([
         ("wg", uint(spec.workgroup_size)),
@@ -102,46 +95,40 @@ fn compensated_sum(sum: &str, start: &str, count: &str, term: &str) -> Fragment 
         [
             ("sum", Fragment::from(sum)),
             ("err", Fragment::from(err.as_str())),
-            ("term", Fragment::from(term)),
         ]
     };
-    let leaf = concat((0..DOT_BLOCK).map(|j| {
-        let i = Fragment::from(format!("i2 + {j}u"));
-        COMPENSATED_TERM.fill(names().into_iter().chain([("i", i)]))
-    }));
+    let term_at = |i: Fragment| {
+        let fills = [("term", Fragment::from(term)), ("i", i)];
+        COMPENSATED_TERM.fill(names().into_iter().chain(fills))
+    };
+    let leaf = concat((0..DOT_BLOCK).map(|j| term_at(Fragment::from(format!("i2 + {j}u")))));
+    let last = term_at(Fragment::from("i3"));
     COMPENSATED_SUM.fill(names().into_iter().chain([
         ("start", Fragment::from(start)),
         ("count", Fragment::from(count)),
         ("leaf", leaf),
+        ("last", last),
     ]))
 }
 
-/// [`compensated_sum`]'s loop: `$leaf` the BLOCK terms of a whole leaf
-/// ([`COMPENSATED_TERM`]), the last partial leaf's terms one per trip (the term written out
-/// again: its lines after the first sit 4 columns to the left, as the kernels have them).
-/// The line of spaces after a leaf is the kernels' too (the sum sits at indentation 8).
+/// [`compensated_sum`]'s loop: `$leaf` the BLOCK terms of a whole leaf, `$last` the last
+/// partial leaf's terms one per trip (each a [`COMPENSATED_TERM`]).
 const COMPENSATED_SUM: Template = Template {
     name: "compensated_sum",
     needs: &[Helper::TwoSumErr4],
-    text: concat!(
-        r#"var $sum = 0.0;
+    text: r#"var $sum = 0.0;
 var $err = 0.0;
 for (var i2 = $start; i2 < $count; i2 = i2 + BLOCK) {
     if (i2 + BLOCK <= $count) {
         $leaf
-"#,
-        "                \n",
-        r#"    } else {
+    } else {
         for (var i3 = i2; i3 < $count; i3 = i3 + 1u) {
-            { let i = i3; let x = $term; let t = $sum + x;
-        $err = $err + two_sum_err4(vec4<f32>($sum), vec4<f32>(x), vec4<f32>(t)).x;
-        $sum = t; }
+            $last
         }
     }
 }
 $sum = $sum + $err;
-"#
-    ),
+"#,
 };
 
 /// Term `$term` at `i = $i` added to `$sum`, its rounding error to `$err` (TwoSum).
@@ -370,19 +357,6 @@ fn per_invocation(spec: &KernelSpec) -> u32 {
     crate::layout::rows::bk(spec) * GEMM_TILE / (spec.workgroup_size * Slot::of(spec).width)
 }
 
-/// [`row_gemm::product_loop`] for a hole at column 4 of a kernel's template: the loop's
-/// lines sit at the function body's indentation in the kernels, its first line `depth`
-/// columns deeper, at the block that holds it.
-fn product(
-    spec: &KernelSpec,
-    staging: Staging,
-    steps: (&str, &str),
-    stage: &str,
-    depth: usize,
-) -> Fragment {
-    Fragment::from(" ".repeat(depth)).then(row_gemm::product_loop(spec, staging, steps, stage))
-}
-
 fn forward(out: &mut Wgsl, spec: &KernelSpec) {
     readers(out, spec);
     row_gemm::core(out, spec, FORWARD);
@@ -401,7 +375,7 @@ fn forward(out: &mut Wgsl, spec: &KernelSpec) {
         ("entry", row_gemm::entry(spec, &spec.name)),
         (
             "product",
-            product(spec, FORWARD, ("k0", "HIDDEN"), stage, 8),
+            row_gemm::product_loop(spec, FORWARD, ("k0", "HIDDEN"), stage),
         ),
     ]));
 }
@@ -449,8 +423,8 @@ $put_b(kk_$q, m_$q, wv_$q);
 "#,
 };
 
-/// The forward's entry point: `$cb` column blocks per workgroup, each `$product` (at
-/// column 4, see [`product`]) and its bias into y.
+/// The forward's entry point: `$cb` column blocks per workgroup, each `$product` and its bias
+/// into y.
 const FORWARD_ENTRY: Template = Template {
     name: "layernorm_linear",
     needs: &[],
@@ -473,7 +447,7 @@ $entry
     for (var cb = 0u; cb < CB; cb = cb + 1u) {
         let n0 = (wg.y * CB + cb) * TN;
         {
-    $product
+            $product
             for (var i = 0u; i < 4u; i = i + 1u) {
                 let m = ty * 4u + i;
                 let row = first + m;
@@ -606,11 +580,11 @@ fn column_sums(sums: &[(&str, &str)], load: Fragment) -> Fragment {
             format!("var leaf_{r} = vec4<f32>(0.0);"),
         ]
     }));
-    let leaves = first_deeper(
+    let leaves = lines(
         sums.iter()
             .map(|(r, t)| format!("leaf_{r} = leaf_{r} + {t};")),
     );
-    let folds = first_deeper(
+    let folds = lines(
         sums.iter()
             .flat_map(|(r, _)| [join(r), format!("leaf_{r} = vec4<f32>(0.0);")]),
     );
@@ -627,17 +601,6 @@ fn column_sums(sums: &[(&str, &str)], load: Fragment) -> Fragment {
     ])
 }
 
-/// Statements as whole lines, the first 4 columns deeper than the rest: how the column
-/// sums' statements sit in the kernels (the first at its block's indentation, the others
-/// 4 columns to the left).
-fn first_deeper(statements: impl Iterator<Item = String>) -> Fragment {
-    lines(
-        statements
-            .enumerate()
-            .map(|(i, s)| if i == 0 { format!("    {s}") } else { s }),
-    )
-}
-
 /// [`column_sums`]' loop over the rows: `$load` a row's terms, `$leaves` each term into
 /// its leaf, `$folds` each leaf into its sum every BLOCK rows, `$totals` the last leaves
 /// and the errors.
@@ -649,10 +612,10 @@ for (var m = 0u; m < TILE; m = m + 1u) {
     let row = first + m;
     if (row < dims.rows) {
         $load
-    $leaves
+        $leaves
     }
     if (m % BLOCK == BLOCK - 1u) {
-    $folds
+        $folds
     }
 }
 $totals
@@ -878,13 +841,16 @@ fn group_sums(tid: u32) -> vec2<f32> {
 fn gb_tile(out: &mut Wgsl, spec: &KernelSpec) {
     let stage = "stage_dx(first, count, n0, k0, tid)";
     out.put(GB_TILE.fill([
-        ("product", product(spec, DX, ("n0", "OUT"), stage, 4)),
+        (
+            "product",
+            row_gemm::product_loop(spec, DX, ("n0", "OUT"), stage),
+        ),
         ("dgamma", flush(spec, "dgamma", "tile", "HIDDEN", "k", "ga")),
         ("dbeta", flush(spec, "dbeta", "tile", "HIDDEN", "k", "gb")),
     ]));
 }
 
-/// `gb_tile`: each dx block's `$product` (dx̂ₙ, at column 4, see [`product`]), its dγ and
+/// `gb_tile`: each dx block's `$product` (dx̂ₙ), its dγ and
 /// dβ terms summed, and the sums added into the gradients by `$dgamma` and `$dbeta`.
 const GB_TILE: Template = Template {
     name: "gb_tile",
@@ -904,7 +870,7 @@ fn gb_tile(tile: u32, kt: u32, tid: u32) {
         var mu = vec4<f32>(0.0);
         var rs = vec4<f32>(0.0);
         block_stats(first, count, tid, &mu, &rs);
-    $product
+        $product
         var g1 = vec4<f32>(0.0);
         var g2 = vec4<f32>(0.0);
         for (var i = 0u; i < 4u; i = i + 1u) {
@@ -1047,15 +1013,18 @@ fn dx_block(out: &mut Wgsl, spec: &KernelSpec) {
     // because the reduce sums every block's.
     let empty = match spec.write_mode("dgamma") == Some(WriteMode::ScratchFlush) {
         true => ZERO_PARTIALS.plain(),
-        false => spaces(8),
+        false => Fragment::default(),
     };
     let group_sums = match atomic(spec) {
-        true => spaces(8),
+        true => Fragment::default(),
         false => DX_GROUP_SUMS.fill([("dgamma", dgamma), ("dbeta", dbeta)]),
     };
     out.put(DX_BLOCK.fill([
         ("empty", empty),
-        ("product", product(spec, DX, ("n0", "OUT"), stage, 4)),
+        (
+            "product",
+            row_gemm::product_loop(spec, DX, ("n0", "OUT"), stage),
+        ),
         ("group_sums", group_sums),
     ]));
 }
@@ -1094,7 +1063,7 @@ workgroupBarrier();
 };
 
 /// `dx_block` and `dx_rows`: `$empty` what a block with no rows writes, `$product` dx̂ₙ of a
-/// k tile (at column 4, see [`product`]), `$group_sums` its dγ and dβ partials (nothing
+/// k tile, `$group_sums` its dγ and dβ partials (nothing
 /// under atomic row sums).
 const DX_BLOCK: Template = Template {
     name: "dx_block",
@@ -1131,7 +1100,7 @@ fn dx_rows(first: u32, count: u32, blk: u32, tid: u32) {
     var s1 = vec4<f32>(0.0);
     var s2 = vec4<f32>(0.0);
     for (var k0 = 0u; k0 < HIDDEN; k0 = k0 + TN) {
-    $product
+        $product
         var p1 = vec4<f32>(0.0);
         var p2 = vec4<f32>(0.0);
         var g1 = vec4<f32>(0.0);
@@ -1194,7 +1163,10 @@ fn dw_tile(out: &mut Wgsl, spec: &KernelSpec) {
     let stage = "stage_dw(first, count, r0, n0, k0, tid)";
     let dw_index = ("(OUT * HIDDEN)", "n * HIDDEN + k");
     out.put(DW_TILE.fill([
-        ("product", product(spec, DW, ("r0", "count"), stage, 0)),
+        (
+            "product",
+            row_gemm::product_loop(spec, DW, ("r0", "count"), stage),
+        ),
         (
             "dw",
             flush(spec, "dw", "tile", dw_index.0, dw_index.1, "acc[i][j]"),
