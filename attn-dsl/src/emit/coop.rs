@@ -18,6 +18,7 @@
 
 use super::coop_scale;
 use super::numerics::Helper;
+use super::tiles::{Pair, visibility};
 use super::writer::{Fragment, Template, Wgsl, concat, lines, uint};
 
 use super::index::{Row, Rows, and_within};
@@ -510,7 +511,7 @@ fn body(out: &mut Wgsl, spec: &crate::KernelSpec, t: &CoopTiling, keep: Phases) 
     let mine = t.v_frags / t.split;
     let kv = [("k", "KB"), ("v", "VB")];
     let (softmax, row_sum) = match keep.softmax {
-        true => softmax((lanes, keys), t.scaled, lp.full, who),
+        true => softmax((lanes, keys), t.scaled, lp.full_tiles, who),
         false => Default::default(),
     };
     out.put(FORWARD.fill([
@@ -913,7 +914,7 @@ pub(super) fn row_reduce(x: &str, op: &str, lanes: u32) -> Fragment {
 fn softmax(
     (lanes, keys): (u32, u32),
     scaled: bool,
-    (full, close): (&str, &str),
+    full_tiles: bool,
     (row, h): (&str, &str),
 ) -> (Fragment, Fragment) {
     // With bf16 operands S holds Q'·K'ᵀ: each row's and each key's scale undo the
@@ -922,22 +923,27 @@ fn softmax(
         true => format!(" * qs * sh_ks[x_{c}]"),
         false => String::new(),
     };
-    let each_key = match full.is_empty() {
-        true => concat((0..keys).map(|c| {
-            SOFTMAX_KEY.fill([
-                ("c", expr(c)),
-                ("x", uint(c * lanes)),
-                (
-                    "visible",
-                    expr(format!("{full}key_visible({row}, {h}, j_{c}){close}")),
-                ),
-                ("row", expr(row)),
-                ("h", expr(h)),
-                ("scale", expr(scale(c))),
-            ])
-        })),
-        false => tested_keys(lanes, keys, (row, h), &scale),
+    let pairs: Vec<Pair> = (0..keys)
+        .map(|c| Pair {
+            v: format!("v_{c}"),
+            range: format!("j_{c} >= lo && j_{c} < hi"),
+            row: row.to_string(),
+            j: format!("j_{c}"),
+        })
+        .collect();
+    let positions = |c: usize| {
+        vec![
+            format!("let x_{c} = k0 + {}u;", c as u32 * lanes),
+            format!("let j_{c} = j0 + x_{c};"),
+        ]
     };
+    let score = |c: usize| {
+        vec![format!(
+            "let s_{c} = select(NEG_BIG, score({row}, {h}, j_{c}, sh_s[r * SS + x_{c}]{}), v_{c});",
+            scale(c as u32)
+        )]
+    };
+    let each_key = visibility(&pairs, h, full_tiles, positions, score);
     let max =
         lines([format!("var rm = {};", max_of("s", keys))]).then(row_reduce("rm", "max", lanes));
     let (weights, row_sum) = match scaled {
@@ -946,63 +952,6 @@ fn softmax(
     };
     (each_key.then(max).then(weights), row_sum)
 }
-
-/// [`SOFTMAX_KEY`] for a loop whose tiles may be full: each key's range test first, then
-/// the pair tests of a tile that is not full under one uniform branch, then the scores.
-/// A test per pair behind `tile_full ||` branched at every key of every tile; one branch
-/// per tile took the prefix-LM forward over a block mask from 12.70 to 10.81 ms (H200,
-/// f16, 16384 rows, 16 heads, d128, 2026-11-30).
-fn tested_keys(
-    lanes: u32,
-    keys: u32,
-    (row, h): (&str, &str),
-    scale: &dyn Fn(u32) -> String,
-) -> Fragment {
-    let positions = lines((0..keys).flat_map(|c| {
-        [
-            format!("let x_{c} = k0 + {}u;", c * lanes),
-            format!("let j_{c} = j0 + x_{c};"),
-            format!("var v_{c} = j_{c} >= lo && j_{c} < hi;"),
-        ]
-    }));
-    let pairs =
-        lines((0..keys).map(|c| format!("v_{c} = v_{c} && key_visible({row}, {h}, j_{c});")));
-    let scores = lines((0..keys).map(|c| {
-        format!(
-            "let s_{c} = select(NEG_BIG, score({row}, {h}, j_{c}, sh_s[r * SS + x_{c}]{}), v_{c});",
-            scale(c)
-        )
-    }));
-    TESTED_KEYS.fill([
-        ("positions", positions),
-        ("pairs", pairs),
-        ("scores", scores),
-    ])
-}
-
-/// [`tested_keys`]' order: the pair tests skipped as a whole in a full tile.
-const TESTED_KEYS: Template = Template {
-    name: "coop_tested_keys",
-    needs: &[],
-    text: r#"$positions
-if (!tile_full) {
-    $pairs
-}
-$scores
-"#,
-};
-
-/// Key `$c` of the invocation's share of its row: its column `x_c` of the block, whether
-/// it is visible, and its masked, modified score.
-const SOFTMAX_KEY: Template = Template {
-    name: "coop_softmax_key",
-    needs: &[],
-    text: r#"let x_$c = k0 + $x;
-let j_$c = j0 + x_$c;
-let v_$c = j_$c >= lo && j_$c < hi && $visible;
-let s_$c = select(NEG_BIG, score($row, $h, j_$c, sh_s[r * SS + x_$c]$scale), v_$c);
-"#,
-};
 
 /// `max(max({v}_0, {v}_1), ..)` over `keys` values.
 fn max_of(v: &str, keys: u32) -> String {

@@ -9,7 +9,7 @@
 
 use super::index::{Row, Rows, and_within, within};
 use super::numerics::{Helper, dot_loop};
-use super::tiles::KeyLoop;
+use super::tiles::{KeyLoop, Pair, visibility};
 use super::writer::{Fragment, Template, Wgsl, concat, indent_into, lines, uint};
 use crate::layout::tiling::Tiling;
 use crate::spec::KernelSpec;
@@ -458,7 +458,7 @@ pub(super) fn forward_body(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling) {
         ("loop_head", unindented(lp.head, "    ")),
         ("put_k", put_kv.clone()),
         ("fetch_v", fetch("v", "j0")),
-        ("scores", scores(t, lp.full)),
+        ("scores", scores(t, lp.full_tiles)),
         ("softmax", softmax(t)),
         ("put_v", put_kv),
         ("has_next", lp.has_next.into()),
@@ -511,7 +511,7 @@ fn row_state(i: u32, end: &str, dn: u32) -> Fragment {
 }
 
 /// S = Q·Kᵀ for the invocation's block, then the mask and the score's modifiers.
-fn scores(t: &Tiling, (full, close): (&str, &str)) -> Fragment {
+fn scores(t: &Tiling, full_tiles: bool) -> Fragment {
     let (tm, tn) = (t.tm, t.tn);
     let q = (0..tm).map(|i| format!("let q_{i} = sh_q[(g * TM + {i}u) * ROW4 + d4];"));
     let k = (0..tn).map(|n| format!("let k_{n} = sh_kv[(tx + {n}u * TX) * ROW4 + d4];"));
@@ -521,17 +521,28 @@ fn scores(t: &Tiling, (full, close): (&str, &str)) -> Fragment {
     let accs: Vec<String> = regs(tm, tn).map(|(i, n)| format!("s_{i}_{n}")).collect();
     let sums = regs(tm, tn).map(|(i, n)| format!("var s_{i}_{n} = hsum(s_{i}_{n}_4);"));
     let keys = (0..tn).map(|n| format!("let j_{n} = j0 + tx + {n}u * TX;"));
-    let masked = regs(tm, tn).flat_map(|(i, n)| {
-        [
-            format!(
-                "let v_{i}_{n} = j_{n} >= lo_{i} && j_{n} < hi_{i} && {full}key_visible(row_{i}, h, j_{n}){close};"
-            ),
-            format!("s_{i}_{n} = select(NEG_BIG, score(row_{i}, h, j_{n}, s_{i}_{n}), v_{i}_{n});"),
-        ]
-    });
+    let pairs: Vec<(u32, u32)> = regs(tm, tn).collect();
+    let tested: Vec<Pair> = pairs.iter().map(|&(i, n)| pair(i, n)).collect();
+    let select = |p: usize| {
+        let (i, n) = pairs[p];
+        vec![format!(
+            "s_{i}_{n} = select(NEG_BIG, score(row_{i}, h, j_{n}, s_{i}_{n}), v_{i}_{n});"
+        )]
+    };
+    let masked = visibility(&tested, "h", full_tiles, |_| Vec::new(), select);
     let products = Fragment::from(dot_loop(t.d4, &accs, "d4", &body.text, ""));
     let sums = Fragment::new(lines(sums).text, &[Helper::Hsum]);
-    concat([products, sums, lines(keys.chain(masked))])
+    concat([products, sums, lines(keys), masked])
+}
+
+/// Register pair (`i`, `n`): query row `row_i` against key `j_n`, inside row i's key range.
+pub(super) fn pair(i: u32, n: u32) -> Pair {
+    Pair {
+        v: format!("v_{i}_{n}"),
+        range: format!("j_{n} >= lo_{i} && j_{n} < hi_{i}"),
+        row: format!("row_{i}"),
+        j: format!("j_{n}"),
+    }
 }
 
 /// Register row `i`'s step of the online softmax: the new max, P against it, and the

@@ -16,7 +16,7 @@ use super::flash::{
 };
 use super::index::{Row, Rows};
 use super::numerics::{Helper, dot_loop};
-use super::tiles::KeyLoop;
+use super::tiles::{KeyLoop, Pair, visibility};
 use super::writer::{Fragment, Template, Wgsl, concat, indent_into, lines};
 use super::{backward, index};
 use crate::layout::tiling::Tiling;
@@ -203,7 +203,7 @@ fn q_body(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling, lp: &KeyLoop, scatter_k
         ("fetch_next", loads.next),
         ("products", products),
         ("keys", lines(keys)),
-        ("p_ds", q_p_ds(t, lp.full, scatter_kv)),
+        ("p_ds", q_p_ds(t, lp.full_tiles, scatter_kv)),
         ("dq", accumulate(tm, dn, &dq, false, false)),
         ("dq_guarded", accumulate(tm, dn, &dq, true, false)),
         ("scatter_dkv", scatter_dkv),
@@ -262,16 +262,19 @@ fn q_prefetch(t: &Tiling, lp: &KeyLoop) -> Prefetch {
 }
 
 /// P and dS of each pair of the invocation's block (zero where hidden), dS (and, streaming,
-/// P) into workgroup memory. `full` goes around the mask's test (see [`KeyLoop::full`]).
-fn q_p_ds(t: &Tiling, (full, close): (&str, &str), scatter_kv: bool) -> Fragment {
-    let p_ds = regs(t.tm, t.tn).flat_map(|(i, n)| {
+/// P) into workgroup memory, the mask's tests as [`visibility`] places them.
+fn q_p_ds(t: &Tiling, full_tiles: bool, scatter_kv: bool) -> Fragment {
+    let pairs: Vec<(u32, u32)> = regs(t.tm, t.tn).collect();
+    let tested: Vec<Pair> = pairs
+        .iter()
+        .map(|&(i, n)| super::flash::pair(i, n))
+        .collect();
+    let p_ds = |p: usize| {
+        let (i, n) = pairs[p];
         let p = format!(
             "sh_p[(g * TM + {i}u) * PSTRIDE + tx + {n}u * TX] = select(0.0, dropped(row_{i}, h, j_{n}, p_{i}_{n}), v_{i}_{n});"
         );
         [
-            format!(
-                "let v_{i}_{n} = j_{n} >= lo_{i} && j_{n} < hi_{i} && {full}key_visible(row_{i}, h, j_{n}){close};"
-            ),
             format!("let x_{i}_{n} = scored(row_{i}, h, j_{n}, s_{i}_{n});"),
             format!("let p_{i}_{n} = exp_f32(x_{i}_{n}.x - lse_{i});"),
             format!(
@@ -283,9 +286,11 @@ fn q_p_ds(t: &Tiling, (full, close): (&str, &str), scatter_kv: bool) -> Fragment
         ]
         .into_iter()
         .chain(scatter_kv.then_some(p))
-    });
+        .collect()
+    };
     // P is exponentiated.
-    Fragment::new(lines(p_ds).text, &[Helper::Exp])
+    let text = visibility(&tested, "h", full_tiles, |_| Vec::new(), p_ds).text;
+    Fragment::new(text, &[Helper::Exp])
 }
 
 /// The key-major half's P and dS tiles, the staged query rows' (LSE, D) and the key range.
