@@ -385,7 +385,7 @@ fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {
     pq_1 = fetch_q(next_s0, next_h, tid + 1u * WG);
     pd_1 = fetch_do(next_s0, next_h, tid + 1u * WG);
     ps_0 = fetch_stats(next_s0, next_h, tid + 0u * WG);
-    // Every block of queries that may see the tile, last first (see query_blocks_ahead).
+    // Every block of queries that may see the tile, last first.
     for (var it = it_next; it < it_end; it = it_next) {
         let h = next_h;
         let s0 = next_s0;

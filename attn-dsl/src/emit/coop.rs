@@ -192,16 +192,14 @@ fn barrier() -> Fragment {
     Fragment::from("workgroupBarrier();\n")
 }
 
-/// The key loop's statements before it ([`super::tiles::KeyLoop`]), which carry the
-/// function body's indentation: they fill a hole at the start of a line.
+/// The key loop's statements before it ([`super::tiles::KeyLoop`]).
 pub(super) fn loop_pre(lp: &super::tiles::KeyLoop) -> Fragment {
-    Fragment::from(lp.pre.clone())
+    lp.pre.clone()
 }
 
-/// The key loop's head at the function body's indentation: the head's lines after its
-/// first carry the loop body's, so it fills a hole at the start of a line.
+/// The key loop's head: `for (..) {` and the statements that open its body.
 pub(super) fn loop_head(lp: &super::tiles::KeyLoop) -> Fragment {
-    Fragment::from(format!("    {}", lp.head))
+    lp.head.clone()
 }
 
 fn constants(out: &mut Wgsl, t: &CoopTiling) {
@@ -570,8 +568,7 @@ fn phase_or_barrier(kept: bool, code: impl FnOnce() -> Fragment) -> Fragment {
 ///
 /// The block's loads (`$fetch`) are issued before the barrier that waits for the previous
 /// block to be done with workgroup memory, so that their latency overlaps the wait.
-/// `$pre`, `$loop_head` and `$row_sum` come from other emitters with their own
-/// indentation.
+/// `$row_sum` comes from another emitter with its own indentation.
 const FORWARD: Template = Template {
     name: "coop_forward",
     needs: &[],
@@ -605,8 +602,8 @@ const FORWARD: Template = Template {
     let pr = rg * 16u + lane / 2u;
     let range = workgroupUniformLoad(&sh_range);
     let kt_end = (range.y + BC - 1u) / BC;
-$pre
-$loop_head
+    $pre
+    $loop_head
         let j0 = kt * BC;
         $fetch
         // The previous block is done with sh_kv, sh_s, sh_p and sh_c.
@@ -1228,28 +1225,26 @@ pub(super) fn entry(out: &mut Wgsl, spec: &KernelSpec, body: &str) {
         true => format!("({}) * q_per_kv()", at.head),
         false => at.head.to_string(),
     };
-    // The mapping's statements each open a line, at the body's indentation.
-    let prologue = at.prologue.strip_prefix('\n').unwrap_or(&at.prologue);
     out.put(ENTRY.fill([
         ("name", expr(&spec.name)),
         ("builtin", expr(at.builtin)),
-        ("prologue", expr(prologue)),
+        ("prologue", at.prologue),
         ("body", expr(body)),
         ("tile", expr(at.tile)),
         ("head", expr(head)),
-        ("flush", expr(super::flex::flush_call(spec).trim_start())),
+        ("flush", super::flex::flush_call(spec)),
     ]));
 }
 
-/// The entry point: the grid's mapping (`$prologue`, written at the body's indentation)
-/// to a tile and a head, then the kernel's body and any flush of the modifiers' sums.
+/// The entry point: the grid's mapping (`$prologue`) to a tile and a head, then the
+/// kernel's body and any flush of the modifiers' sums.
 const ENTRY: Template = Template {
     name: "coop_entry",
     needs: &[],
     text: r#"@compute @workgroup_size(WG)
 fn $name(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32,
     @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32$builtin) {
-$prologue
+    $prologue
     $body($tile, $head, tid, sg, lane);
     $flush
 }

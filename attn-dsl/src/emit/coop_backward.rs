@@ -15,7 +15,7 @@
 //! f32 in workgroup memory for the elementwise step. The gradients are summed in the
 //! accumulators over every block and added into the f32 outputs once, at the end.
 
-use super::writer::{Fragment, Template, Wgsl, concat, indent_into, lines, uint};
+use super::writer::{Fragment, Template, Wgsl, concat, lines, uint};
 
 use super::coop::{self, A, C, CoopTiling, FRAG, Phases, expr, phase};
 use super::coop_scale;
@@ -443,7 +443,7 @@ const QUERY_ROWS: Template = Template {
         }
     }
     let kt_end = (range.y + BC - 1u) / BC;
-$pre
+    $pre
 $blocks
 "#,
 };
@@ -452,7 +452,7 @@ $blocks
 const KEY_BLOCKS: Template = Template {
     name: "coop_key_blocks",
     needs: &[],
-    text: r#"$loop_head
+    text: r#"    $loop_head
         let j0 = kt * BC;
         // The previous block is done with sh_kv, sh_s, sh_dp and sh_ds.
         workgroupBarrier();
@@ -466,7 +466,7 @@ const KEY_BLOCKS_AHEAD: Template = Template {
     name: "coop_key_blocks_ahead",
     needs: &[],
     text: r#"    $first_fetch
-$loop_head
+    $loop_head
         let j0 = kt * BC;
         // The previous block is done with sh_kv, sh_s, sh_dp and sh_ds.
         workgroupBarrier();
@@ -483,8 +483,8 @@ $loop_head
 /// within a block every query head of the KV head (the weights of a key shrink with the
 /// query's distance under a causal mask, so the small terms are added first), each with
 /// its Q, dO and (LSE, D) staged. `share` is the sequence's batch shared for the block
-/// mask (at the body's indentation).
-fn kv_loop(t: &CoopTiling, scattered: bool, (share, sparse): (&str, bool)) -> Fragment {
+/// mask.
+fn kv_loop(t: &CoopTiling, scattered: bool, (share, sparse): (Fragment, bool)) -> Fragment {
     // (A scattering workgroup walks its one query head.)
     let (group, h0) = match scattered {
         true => ("1u", "qh"),
@@ -494,11 +494,7 @@ fn kv_loop(t: &CoopTiling, scattered: bool, (share, sparse): (&str, bool)) -> Fr
         false => query_blocks(t, h0, sparse),
         true => query_blocks_ahead(t, h0, sparse),
     };
-    KEY_ROWS.fill([
-        ("share", Fragment::from(share)),
-        ("group", expr(group)),
-        ("blocks", blocks),
-    ])
+    KEY_ROWS.fill([("share", share), ("group", expr(group)), ("blocks", blocks)])
 }
 
 /// The key-major half's row and the range of its blocks of queries, after the `$share`d
@@ -506,12 +502,12 @@ fn kv_loop(t: &CoopTiling, scattered: bool, (share, sparse): (&str, bool)) -> Fr
 const KEY_ROWS: Template = Template {
     name: "coop_key_rows",
     needs: &[],
-    text: r#"$share
+    text: r#"    $share
     let col = col0 + r;
     let group = $group;
     let first = range.x / BC;
     let blocks = (range.y + BC - 1u) / BC - first;
-$blocks
+    $blocks
 "#,
 };
 
@@ -546,20 +542,20 @@ fn query_blocks(t: &CoopTiling, h0: &str, sparse: bool) -> Fragment {
 const QUERY_BLOCKS: Template = Template {
     name: "coop_query_blocks",
     needs: &[],
-    text: r#"    for (var it = $start; it < group * blocks; it = $step) {
-        let h = $h0 + it % group;
-        let s0 = (first + blocks - 1u - it / group) * BC;
-        // The previous block is done with sh_kv, sh_s, sh_dp, sh_p, sh_ds and sh_stats.
-        workgroupBarrier();
-        for (var e = tid; e < BC; e = e + WG) {
-            put_stats(e, fetch_stats(s0, h, e));
-        }
-        $stage
+    text: r#"for (var it = $start; it < group * blocks; it = $step) {
+    let h = $h0 + it % group;
+    let s0 = (first + blocks - 1u - it / group) * BC;
+    // The previous block is done with sh_kv, sh_s, sh_dp, sh_p, sh_ds and sh_stats.
+    workgroupBarrier();
+    for (var e = tid; e < BC; e = e + WG) {
+        put_stats(e, fetch_stats(s0, h, e));
+    }
+    $stage
 "#,
 };
 
 /// [`query_blocks`] with the next block's Q, dO and statistics in flight
-/// ([`super::flash_backward::query_blocks_ahead`], whose pieces carry their indentation).
+/// ([`super::flash_backward::blocks_ahead`]).
 fn query_blocks_ahead(t: &CoopTiling, h0: &str, sparse: bool) -> Fragment {
     let tensors = [("q", "0u"), ("do", "BC")];
     let stats = t.bc.div_ceil(t.workgroup_size());
@@ -569,21 +565,16 @@ fn query_blocks_ahead(t: &CoopTiling, h0: &str, sparse: bool) -> Fragment {
         coop::fetches(t, &tensors, ("next_s0", "next_h"), decl).then(lines(each))
     };
     let puts_stats = lines((0..stats).map(|i| format!("put_stats(tid + {i}u * WG, ps_{i});")));
-    Fragment::from(super::flash_backward::query_blocks_ahead(
+    super::flash_backward::blocks_ahead(
         sparse,
         h0,
-        &indented(&fetch("var "), "    "),
-        "sh_kv, sh_s, sh_dp, sh_p, sh_ds and sh_stats",
-        &indented(&puts_stats.then(coop::puts(t, &tensors)), "        "),
-        &indented(&fetch(""), "            "),
-    ))
-}
-
-/// `lines` at indentation `indent`, for an emitter that takes its pieces indented.
-fn indented(lines: &Fragment, indent: &str) -> String {
-    let mut text = String::new();
-    indent_into(&mut text, &lines.text, indent);
-    text
+        (
+            fetch("var "),
+            "sh_kv, sh_s, sh_dp, sh_p, sh_ds and sh_stats",
+        ),
+        puts_stats.then(coop::puts(t, &tensors)),
+        fetch(""),
+    )
 }
 
 /// The block's two transposed products, the elementwise step and the weighted sums.

@@ -19,16 +19,6 @@ pub(super) fn regs(rows: u32, cols: u32) -> impl Iterator<Item = (u32, u32)> {
     (0..rows).flat_map(move |i| (0..cols).map(move |n| (i, n)))
 }
 
-/// Text written for its place in a kernel, its lines at indentation `ind` (the pieces of a
-/// [`KeyLoop`], a [`super::grid_order`] prologue), as a fragment for a hole at that
-/// indentation: `ind` comes off every line that starts with it.
-pub(super) fn unindented(text: &str, ind: &str) -> Fragment {
-    text.split_inclusive('\n')
-        .map(|line| line.strip_prefix(ind).unwrap_or(line))
-        .collect::<String>()
-        .into()
-}
-
 /// Statements run only where a condition holds.
 const IF: Template = Template {
     name: "if",
@@ -449,13 +439,13 @@ pub(super) fn forward_body(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling) {
         ("reset", reset.into()),
         ("rows", concat((0..t.tm).map(|i| row_state(i, end, t.dn)))),
         ("subgroups_check", check),
-        ("pre", unindented(&lp.pre, "    ")),
+        ("pre", lp.pre.clone()),
         (
             "carried",
             per_vec4(pf, |i| [format!("var pf_{i} = vec4<f32>(0.0);")]),
         ),
         ("fetch_first", fetch("k", lp.first)),
-        ("loop_head", unindented(lp.head, "    ")),
+        ("loop_head", lp.head.clone()),
         ("put_k", put_kv.clone()),
         ("fetch_v", fetch("v", "j0")),
         ("scores", scores(t, lp.full_tiles)),
@@ -831,13 +821,6 @@ const SIGNATURE_SUBGROUPS: Template = Template {
 "#,
 };
 
-/// Statements written as `"\n    stmt;"` each (a grid mapping's prologue, a flush call),
-/// as a fragment of whole lines.
-fn statements(text: &str) -> Fragment {
-    let each = text.split('\n').skip(1);
-    lines(each.map(|s| s.strip_prefix("    ").unwrap_or(s).to_string()))
-}
-
 /// The entry of a flash kernel: a workgroup runs a tile of a head (or KV head) through
 /// `body`. (Running the causal grid's long tiles first was measured on an H100 and made
 /// the long causal shape's scalar kernels 10% slower, so their tiles run in grid order,
@@ -860,11 +843,11 @@ pub(super) fn entry(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling, body: &str) {
     ]);
     out.put(ENTRY.fill([
         ("signature", signature),
-        ("prologue", statements(&at.prologue)),
+        ("prologue", at.prologue),
         ("body", body.into()),
         ("tile", at.tile.into()),
         ("head", at.head.into()),
         ("args", args.into()),
-        ("flush", statements(super::flex::flush_call(spec))),
+        ("flush", super::flex::flush_call(spec)),
     ]));
 }

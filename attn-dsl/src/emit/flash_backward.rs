@@ -12,12 +12,12 @@
 //! kernel does: the host zeroes the gradients for a fresh pass.
 
 use super::flash::{
-    accumulate, carried, fetch, guarded, per_vec4, put, regs, stage, tile_key_range, unindented,
+    accumulate, carried, fetch, guarded, per_vec4, put, regs, stage, tile_key_range,
 };
 use super::index::{Row, Rows};
 use super::numerics::{Helper, dot_loop};
 use super::tiles::{KeyLoop, Pair, visibility};
-use super::writer::{Fragment, Template, Wgsl, concat, indent_into, lines};
+use super::writer::{Fragment, Template, Wgsl, concat, lines};
 use super::{backward, index};
 use crate::layout::tiling::Tiling;
 use crate::spec::KernelSpec;
@@ -194,10 +194,10 @@ fn q_body(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling, lp: &KeyLoop, scatter_k
     );
     out.put(Q_BODY.fill([
         ("rows", concat((0..tm).map(|i| q_row(i, dn)))),
-        ("pre", unindented(&lp.pre, "    ")),
+        ("pre", lp.pre.clone()),
         ("carried", loads.carried),
         ("fetch_first", loads.first),
-        ("loop_head", unindented(lp.head, "    ")),
+        ("loop_head", lp.head.clone()),
         ("puts", loads.puts),
         ("has_next", lp.has_next.into()),
         ("fetch_next", loads.next),
@@ -389,7 +389,7 @@ fn put_stats(e: u32, x: vec2<f32>) {
 };
 
 /// The key-major half's body: for each block of queries that sees the tile and each query
-/// head (see [`query_blocks_ahead`]), Sᵀ and dPᵀ, then P and dS in registers and into
+/// head (see [`blocks_ahead`]), Sᵀ and dPᵀ, then P and dS in registers and into
 /// workgroup memory, dV += Pᵀ·dO and dK += dSᵀ·Q, and schedule (c)'s scatter of dQ.
 const KV_BODY: Template = Template {
     name: "flash_backward_kv",
@@ -453,10 +453,7 @@ fn kv_body(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling, scatter_dq: bool) {
         false => Fragment::default(),
     };
     out.put(KV_BODY.fill([
-        (
-            "share_batch",
-            unindented(super::tiles::share_batch(spec), "    "),
-        ),
+        ("share_batch", super::tiles::share_batch(spec)),
         ("cols", kv_cols(t)),
         ("carried", loads.carried),
         ("loop_head", loop_head),
@@ -616,7 +613,7 @@ var it_next = next_block(0u, it_end, col0, col_last, $h0, group, first, blocks, 
 var next_h = $h0 + it_next % group;
 var next_s0 = (first + blocks - 1u - it_next / group) * BC;
 $first_fetch
-// Every block of queries that may see the tile, last first (see query_blocks_ahead).
+// Every block of queries that may see the tile, last first.
 for (var it = it_next; it < it_end; it = it_next) {
     let h = next_h;
     let s0 = next_s0;
@@ -638,32 +635,11 @@ for (var it = it_next; it < it_end; it = it_next) {
 /// `blocks` of them) and every query head of the KV head, with the next block's loads in
 /// flight: `first_fetch` loads the first block into the carried registers, `puts` stores
 /// them, `fetch` loads the next; `done_with` names the workgroup memory a block uses.
-/// `h0` is the first query head the workgroup walks (`group` of them from there). The
-/// arguments and the result are text at their places in the kernel's body.
-pub(super) fn query_blocks_ahead(
-    sparse: bool,
-    h0: &str,
-    first_fetch: &str,
-    done_with: &str,
-    puts: &str,
-    fetch: &str,
-) -> String {
-    let head = blocks_ahead(
-        sparse,
-        h0,
-        (unindented(first_fetch, "    "), done_with),
-        unindented(puts, "        "),
-        unindented(fetch, "            "),
-    );
-    let mut text = String::new();
-    indent_into(&mut text, &head.text, "    ");
-    text
-}
-
-/// [`query_blocks_ahead`] as a fragment for a hole in the kernel's body: with a mask_mod
-/// ([`SPARSE_BLOCKS_AHEAD`]), `next_block` steps past the blocks where no pair can be
-/// visible, and the prefetch fetches the next one visited; `it_next` is the step after `it`.
-fn blocks_ahead(
+/// `h0` is the first query head the workgroup walks (`group` of them from there). With a
+/// mask_mod ([`SPARSE_BLOCKS_AHEAD`]), `next_block` steps past the blocks where no pair can
+/// be visible, and the prefetch fetches the next one visited; `it_next` is the step after
+/// `it`.
+pub(super) fn blocks_ahead(
     sparse: bool,
     h0: &str,
     (first_fetch, done_with): (Fragment, &str),

@@ -221,7 +221,7 @@ fn $p_flush() {
 
 /// The call that adds what an invocation still holds of the modifier tensors' gradients,
 /// for the end of a backward kernel's entry point; empty where `spec` writes none.
-pub(super) fn flush_call(spec: &crate::spec::KernelSpec) -> &'static str {
+pub(super) fn flush_call(spec: &crate::spec::KernelSpec) -> Fragment {
     let writes = spec.flex().is_some_and(|f| {
         f.score_mod.is_some()
             && f.tensors
@@ -230,8 +230,8 @@ pub(super) fn flush_call(spec: &crate::spec::KernelSpec) -> &'static str {
                 .any(|g| spec.write_mode(&g).is_some())
     });
     match writes {
-        true => "\n    flex_flush();",
-        false => "",
+        true => Fragment::from("flex_flush();\n"),
+        false => Fragment::default(),
     }
 }
 

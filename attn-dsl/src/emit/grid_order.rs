@@ -37,7 +37,7 @@ pub(super) enum Order {
 /// `batch` (and the names below), and the tile's and the head's expressions.
 pub(super) struct Mapping {
     pub builtin: &'static str,
-    pub prologue: String,
+    pub prologue: Fragment,
     pub tile: &'static str,
     pub head: &'static str,
 }
@@ -48,7 +48,7 @@ pub(super) fn mapping(spec: &KernelSpec, order: Order) -> Mapping {
     let mut m = sequence_mapping(spec, order);
     if spec.op == Op::Extend {
         // The sequence's cache slot and rows, once `batch` is known.
-        m.prologue.push_str("\n    continue_rows();");
+        m.prologue = m.prologue.then(Fragment::from("continue_rows();\n"));
     }
     m
 }
@@ -58,7 +58,7 @@ fn sequence_mapping(spec: &KernelSpec, order: Order) -> Mapping {
         Order::Grid => {
             return Mapping {
                 builtin: "",
-                prologue: "\n    batch = wg.z;".into(),
+                prologue: Fragment::from("batch = wg.z;\n"),
                 tile: "wg.x",
                 head: "wg.y",
             };
@@ -80,7 +80,7 @@ fn sequence_mapping(spec: &KernelSpec, order: Order) -> Mapping {
     ]);
     Mapping {
         builtin: ", @builtin(num_workgroups) n: vec3<u32>",
-        prologue: prologue.text,
+        prologue,
         tile: match spec.op {
             Op::BackwardKv => "select(wg.x, at / here, lpt)",
             _ => "select(wg.x, n.x - 1u - at / here, lpt)",
@@ -89,23 +89,22 @@ fn sequence_mapping(spec: &KernelSpec, order: Order) -> Mapping {
     }
 }
 
-/// The statements of the longest-first mapping, each on a line of its own after the
-/// entry's first (as [`Mapping::prologue`] is spliced): the workgroup's stream (head and
+/// The statements of the longest-first mapping: the workgroup's stream (head and
 /// sequence) and its rank `at / here` among its chunk's tiles; `lpt` false where the grid
 /// keeps grid order.
 const LONGEST_FIRST: Template = Template {
     name: "longest_first",
     needs: &[],
-    text: r#"
-    let streams = n.y * n.z;
-    $keep
-    let id = (wg.z * n.y + wg.y) * n.x + wg.x;
-    let group = $group;
-    let chunk = id / (group * n.x);
-    let here = min(group, streams - chunk * group);
-    let at = id - chunk * group * n.x;
-    let stream = chunk * group + at % here;
-    batch = select(wg.z, stream / n.y, lpt);"#,
+    text: r#"let streams = n.y * n.z;
+$keep
+let id = (wg.z * n.y + wg.y) * n.x + wg.x;
+let group = $group;
+let chunk = id / (group * n.x);
+let here = min(group, streams - chunk * group);
+let at = id - chunk * group * n.x;
+let stream = chunk * group + at % here;
+batch = select(wg.z, stream / n.y, lpt);
+"#,
 };
 
 #[cfg(test)]
@@ -153,9 +152,10 @@ mod tests {
             assert_eq!(m.tile, format!("select(wg.x, {rank}, lpt)"));
             assert_eq!(m.head, "select(wg.y, stream % n.y, lpt)");
             let waves = format!("let lpt = n.x * streams < {}u;", CHUNK * WAVES);
-            assert!(m.prologue.contains(&waves));
+            assert!(m.prologue.text.contains(&waves));
             assert!(
                 m.prologue
+                    .text
                     .contains(&format!("clamp(({CHUNK}u + n.x - 1u) / n.x, 1u, streams)"))
             );
         }

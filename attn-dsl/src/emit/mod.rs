@@ -237,7 +237,7 @@ fn tile_entry(out: &mut Wgsl, spec: &KernelSpec, row_fn: &str) {
     out.put(TILE_ENTRY.fill([
         ("name", Fragment::from(spec.name.as_str())),
         ("row_fn", Fragment::from(row_fn)),
-        ("flush", Fragment::from(flex::flush_call(spec).trim())),
+        ("flush", flex::flush_call(spec)),
     ]));
 }
 

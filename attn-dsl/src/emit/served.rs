@@ -87,14 +87,10 @@ fn served(kv_h: u32, slot0: u32, seq: vec4<u32>) -> Served {
 /// and the keys the served queries see together, [first, hi) within slice `lo..`; the
 /// sequence shared with the block mask's tile test where `spec` reads one.
 pub(super) fn prologue(spec: &KernelSpec) -> Fragment {
-    PROLOGUE.fill([(
-        "share_batch",
-        Fragment::from(super::tiles::share_batch(spec)),
-    )])
+    PROLOGUE.fill([("share_batch", super::tiles::share_batch(spec))])
 }
 
-/// [`prologue`]'s statements, written at the entry's indentation (as `$share_batch`, the
-/// tile tests' sequence, comes).
+/// [`prologue`]'s statements, written at the entry's indentation.
 const PROLOGUE: Template = Template {
     name: "served_prologue",
     needs: &[],
@@ -126,7 +122,7 @@ const PROLOGUE: Template = Template {
     let last = max(n_here, 1u) - 1u;
     let hi = max(lo, min(lo + dims.slice_len, ke[last]));
     let first = max(lo, ks[0]);
-$share_batch
+    $share_batch
 "#,
 };
 

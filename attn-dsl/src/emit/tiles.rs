@@ -323,20 +323,28 @@ fn block_range(r: vec4<u32>, p0: u32, p1: u32, word: u32) -> vec4<u32> {
 /// value, `wg_b`, before its first test (a private variable is not uniform to WGSL's
 /// analysis): read once through workgroup memory where the block mask has a sequence axis,
 /// 0 where the tests do not read it; empty where `spec` tests no tiles.
-pub(super) fn share_batch(spec: &crate::KernelSpec) -> &'static str {
+pub(super) fn share_batch(spec: &crate::KernelSpec) -> Fragment {
     let by_sequence = spec
         .flex()
         .and_then(|f| f.mask_mod)
         .is_some_and(|m| m.inlined().mentions("b"));
     match (sparse(spec), spec.reads_block_mask() && by_sequence) {
-        (false, _) => "",
-        (true, false) => "    let wg_b = 0u;\n",
-        (true, true) => {
-            "    if (tid == 0u) {\n        sh_batch = batch;\n    }\n    \
-             let wg_b = workgroupUniformLoad(&sh_batch);\n"
-        }
+        (false, _) => Fragment::default(),
+        (true, false) => Fragment::from("let wg_b = 0u;\n"),
+        (true, true) => SHARE_BATCH.plain(),
     }
 }
+
+/// [`share_batch`] where the block mask has a sequence axis.
+const SHARE_BATCH: Template = Template {
+    name: "share_batch",
+    needs: &[],
+    text: r#"if (tid == 0u) {
+    sh_batch = batch;
+}
+let wg_b = workgroupUniformLoad(&sh_batch);
+"#,
+};
 
 /// Whether `spec`'s loops may skip tiles: it has a mask_mod to bound that its key ranges
 /// do not already hold exactly (those loops visit only the range's tiles).
@@ -374,11 +382,12 @@ const NEXT_BLOCK: Template = Template {
 /// tile in order, or with a mask_mod only those that may hold a visible key.
 pub(super) struct KeyLoop {
     /// Statements before the first prefetch.
-    pub pre: String,
+    pub pre: Fragment,
     /// The first tile's first key.
     pub first: &'static str,
-    /// `for (..) {` and the statements that open the body.
-    pub head: &'static str,
+    /// `for (..) {` and the statements that open the body (at the body's indentation
+    /// relative to the `for`).
+    pub head: Fragment,
     /// Whether a next tile exists, and its first key.
     pub has_next: &'static str,
     pub next: &'static str,
@@ -394,59 +403,20 @@ impl KeyLoop {
     /// `allowed`: whether the kernel's loop may skip tiles (not where state alternates by
     /// the tile's parity).
     pub fn of(spec: &crate::KernelSpec, allowed: bool) -> KeyLoop {
-        let sparse = allowed && sparse(spec);
-        match sparse {
+        match allowed && sparse(spec) {
             false => KeyLoop {
-                pre: String::new(),
+                pre: Fragment::default(),
                 first: "(range.x / BC) * BC",
-                head: "for (var kt = range.x / BC; kt < kt_end; kt = kt + 1u) {\n",
+                head: Fragment::from("for (var kt = range.x / BC; kt < kt_end; kt = kt + 1u) {\n"),
                 has_next: "kt + 1u < kt_end",
                 next: "j0 + BC",
                 steps: "kt_end - range.x / BC",
                 full_tiles: false,
             },
             true => KeyLoop {
-                // The tile's last row: its rows are positions (a continued cache's end
-                // after its cached rows).
-                pre: share_batch(spec).to_string()
-                    + match spec.op {
-                        // Packed heads: the tile's first and last positions (the heads of
-                        // its rows are one KV head's group; a mask reading `h` is not packed).
-                        crate::Op::Extend if spec.grid.pack_heads => {
-                            "    let q_first = row_pos(row0);\n    \
-                         let q_last = row_pos(min(row0 + BR, kv_len * q_per_kv()) - 1u);\n    \
-                         let first_tile = next_key_tile(range.x / BC, kt_end, q_first, q_last, h, BC, wg_b);\n    \
-                         let kt_first = first_tile.x;\n    var kt_next = kt_first;\n    \
-                         var full_next = first_tile.y != 0u;\n"
-                        }
-                        crate::Op::Extend => {
-                            "    let q_last = min(row0 + BR, kv_len) - 1u;\n    \
-                         let first_tile = next_key_tile(range.x / BC, kt_end, row0, q_last, h, BC, wg_b);\n    \
-                         let kt_first = first_tile.x;\n    var kt_next = kt_first;\n    \
-                         var full_next = first_tile.y != 0u;\n"
-                        }
-                        _ => {
-                            "    let q_last = min(row0 + BR, dims.seq_len) - 1u;\n    \
-                         let first_tile = next_key_tile(range.x / BC, kt_end, row0, q_last, h, BC, wg_b);\n    \
-                         let kt_first = first_tile.x;\n    var kt_next = kt_first;\n    \
-                         var full_next = first_tile.y != 0u;\n"
-                        }
-                    },
+                pre: share_batch(spec).then(first_tile(spec)),
                 first: "kt_first * BC",
-                head: match spec.grid.pack_heads {
-                    true => {
-                        "for (var kt = kt_first; kt < kt_end; kt = kt_next) {\n        \
-                         let tile_full = full_next;\n        \
-                         let tile_next = next_key_tile(kt + 1u, kt_end, q_first, q_last, h, BC, wg_b);\n        \
-                         kt_next = tile_next.x;\n        full_next = tile_next.y != 0u;\n"
-                    }
-                    false => {
-                        "for (var kt = kt_first; kt < kt_end; kt = kt_next) {\n        \
-                         let tile_full = full_next;\n        \
-                         let tile_next = next_key_tile(kt + 1u, kt_end, row0, q_last, h, BC, wg_b);\n        \
-                         kt_next = tile_next.x;\n        full_next = tile_next.y != 0u;\n"
-                    }
-                },
+                head: SPARSE_HEAD.fill([("q0", Fragment::from(first_query(spec)))]),
                 has_next: "kt_next < kt_end",
                 next: "kt_next * BC",
                 steps: "select(kt_end - range.x / BC, kt + 1u - range.x / BC, kt_next >= kt_end)",
@@ -455,6 +425,56 @@ impl KeyLoop {
         }
     }
 }
+
+/// The tile's first query position (with packed heads its rows are a KV head's group of
+/// rows; a mask reading `h` is not packed).
+fn first_query(spec: &crate::KernelSpec) -> &'static str {
+    match spec.grid.pack_heads {
+        true => "q_first",
+        false => "row0",
+    }
+}
+
+/// The tile's query positions (a continued cache's end after its cached rows) and the
+/// first tile that may show a key.
+fn first_tile(spec: &crate::KernelSpec) -> Fragment {
+    let bounds = match spec.op {
+        crate::Op::Extend if spec.grid.pack_heads => {
+            "let q_first = row_pos(row0);\n\
+             let q_last = row_pos(min(row0 + BR, kv_len * q_per_kv()) - 1u);\n"
+        }
+        crate::Op::Extend => "let q_last = min(row0 + BR, kv_len) - 1u;\n",
+        _ => "let q_last = min(row0 + BR, dims.seq_len) - 1u;\n",
+    };
+    SPARSE_PRE.fill([
+        ("bounds", Fragment::from(bounds)),
+        ("q0", Fragment::from(first_query(spec))),
+    ])
+}
+
+/// A sparse loop's first tile, found before the loop, and whether it is full.
+const SPARSE_PRE: Template = Template {
+    name: "sparse_pre",
+    needs: &[],
+    text: r#"$bounds
+let first_tile = next_key_tile(range.x / BC, kt_end, $q0, q_last, h, BC, wg_b);
+let kt_first = first_tile.x;
+var kt_next = kt_first;
+var full_next = first_tile.y != 0u;
+"#,
+};
+
+/// A sparse loop's head: the tile found by the previous step, and the next one found now.
+const SPARSE_HEAD: Template = Template {
+    name: "sparse_head",
+    needs: &[],
+    text: r#"for (var kt = kt_first; kt < kt_end; kt = kt_next) {
+    let tile_full = full_next;
+    let tile_next = next_key_tile(kt + 1u, kt_end, $q0, q_last, h, BC, wg_b);
+    kt_next = tile_next.x;
+    full_next = tile_next.y != 0u;
+"#,
+};
 
 /// A pair of a tile: `v` names its visibility, `range` its key-range test, and the mask is
 /// asked at (`row`, `j`).
