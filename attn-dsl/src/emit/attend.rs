@@ -138,7 +138,6 @@ pub(super) fn attend_row(out: &mut Wgsl, spec: &KernelSpec) {
         spec.head_dim,
         |i| format!("sh_q[{i}]"),
         |i| format!("key_at(ki + {i})"),
-        "",
     );
     let stage_q = match index::within(spec, index::Row::Qk, "tid") {
         Some(c) => STAGE_Q_WITHIN.fill([("within", c.into())]),

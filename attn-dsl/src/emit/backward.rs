@@ -101,7 +101,6 @@ pub(super) fn backward_prep(out: &mut Wgsl, spec: &KernelSpec) {
         spec.v_dim(),
         |i| format!("grad_out_at({oi} + {i})"),
         |i| format!("out_at({oi} + {i})"),
-        "",
     );
     out.put(PREP_ROW.fill([("delta", delta)]));
 }
@@ -183,14 +182,12 @@ pub(super) fn backward_q(out: &mut Wgsl, spec: &KernelSpec) {
         spec.head_dim,
         |i| format!("sh_q[{i}]"),
         |i| format!("k[ki + {i}]"),
-        "",
     )
     .then(super::numerics::dot(
         "dp",
         spec.v_dim(),
         |i| format!("sh_do[{i}]"),
         |i| format!("v[{vi} + {i}]"),
-        "",
     ));
     let oi = o_rows(spec, "qi", "o_index(row, h)");
     let stage = stage_row(spec, index::Row::Qk, "sh_q", "q", "qi").then(stage_row(
@@ -353,7 +350,6 @@ fn recompute_p_ds(spec: &KernelSpec) -> Fragment {
             width,
             |i| format!("{row}[{at} + {i}]"),
             |i| format!("{staged}[{i}]"),
-            "",
         )
     };
     RECOMPUTE_P_DS.fill([

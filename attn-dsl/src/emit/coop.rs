@@ -568,7 +568,6 @@ fn phase_or_barrier(kept: bool, code: impl FnOnce() -> Fragment) -> Fragment {
 ///
 /// The block's loads (`$fetch`) are issued before the barrier that waits for the previous
 /// block to be done with workgroup memory, so that their latency overlaps the wait.
-/// `$row_sum` comes from another emitter with its own indentation.
 const FORWARD: Template = Template {
     name: "coop_forward",
     needs: &[],
@@ -614,7 +613,7 @@ const FORWARD: Template = Template {
         $stage
         $scores
         $softmax
-$row_sum
+        $row_sum
         $rescale
         $accumulate
     }
@@ -907,7 +906,7 @@ pub(super) fn row_reduce(x: &str, op: &str, lanes: u32) -> Fragment {
 /// The invocation's share of a row of S: masked and modified scores, the lazy max, P into
 /// sh_p, the row's rescale factor into sh_c. Ends with the rescale flag read, a workgroup
 /// barrier that also publishes P and sh_c. Returns the statements and, apart, the row sum's
-/// step ([`super::flash::row_sum_step`], written at the loop body's indentation).
+/// step ([`super::flash::row_sum`]).
 fn softmax(
     (lanes, keys): (u32, u32),
     scaled: bool,
@@ -997,10 +996,7 @@ $weights
 /// l rescaled by `c` and the block's P added, compensated (`softmax` exponentiates and
 /// compensates l).
 fn row_sum(c: &str, keys: u32) -> Fragment {
-    Fragment::new(
-        super::flash::row_sum_step("", c, &pairwise_of("p", keys)),
-        &[Helper::TwoSumErr4],
-    )
+    super::flash::row_sum("", c, &pairwise_of("p", keys))
 }
 
 /// `{v}_0 + {v}_1 + ..` over `keys` values, summed pairwise.

@@ -10,7 +10,7 @@
 use super::index::{Row, Rows, and_within, within};
 use super::numerics::{Helper, dot_loop};
 use super::tiles::{KeyLoop, Pair, visibility};
-use super::writer::{Fragment, Template, Wgsl, concat, indent_into, lines, uint};
+use super::writer::{Fragment, Template, Wgsl, concat, lines, uint};
 use crate::layout::tiling::Tiling;
 use crate::spec::KernelSpec;
 
@@ -520,7 +520,7 @@ fn scores(t: &Tiling, full_tiles: bool) -> Fragment {
         )]
     };
     let masked = visibility(&tested, "h", full_tiles, |_| Vec::new(), select);
-    let products = Fragment::from(dot_loop(t.d4, &accs, "d4", &body.text, ""));
+    let products = dot_loop(t.d4, &accs, "d4", &body.text);
     let sums = Fragment::new(lines(sums).text, &[Helper::Hsum]);
     concat([products, sums, lines(keys), masked])
 }
@@ -605,21 +605,12 @@ lc$r = fma(lc$r, $c, two_sum_err4(vec4<f32>(lr$r), vec4<f32>(ps$r), vec4<f32>(l$
 /// after another, as many as the keys over the block width (2048 at 128k keys), and their
 /// plain sum drifted to 2.6x the bound of a framework's blocked sum on the LSE of a
 /// 128k-row causal forward (H200, 2026-11-30). `suffix` names the row's variables.
-fn row_sum(suffix: &str, c: &str, block: &str) -> Fragment {
+pub(super) fn row_sum(suffix: &str, c: &str, block: &str) -> Fragment {
     ROW_SUM_STEP.fill([
         ("r", suffix.into()),
         ("c", c.into()),
         ("block", block.into()),
     ])
-}
-
-/// [`row_sum`] as text at the loop body's indentation, without its last newline, for the
-/// schedules that write their bodies as text (the tensor-core forward).
-pub(super) fn row_sum_step(suffix: &str, c: &str, block: &str) -> String {
-    let mut text = String::new();
-    indent_into(&mut text, &row_sum(suffix, c, block).text, "        ");
-    text.pop();
-    text
 }
 
 /// Row reductions through `sh_red`: every share stored, one barrier, each row's summed.

@@ -911,6 +911,6 @@ fn products(t: &Tiling, own: Operand, staged: Operand) -> Fragment {
             format!("let dp_{i}_{n} = hsum(dp_{i}_{n}_4);"),
         ]
     });
-    let products = Fragment::from(dot_loop(t.d4, &accs, "d4", &body.text, ""));
+    let products = dot_loop(t.d4, &accs, "d4", &body.text);
     products.then(Fragment::new(lines(sums).text, &[Helper::Hsum]))
 }

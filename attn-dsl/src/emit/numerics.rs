@@ -16,7 +16,7 @@
 //!   Its steps pass through `opaque`, which the compiler cannot see through: without it,
 //!   Mesa's algebraic simplifier folds the error term to 0.
 
-use super::writer::{Fragment, Needs, Template, indent_into, lines};
+use super::writer::{Fragment, Needs, Template, lines};
 use crate::spec::Op;
 
 /// A WGSL helper function of the numerics, emitted once per kernel whose fragments declare
@@ -205,12 +205,11 @@ pub const DOT_BLOCK: u32 = 8;
 /// The loop over `d4` vec4 columns in which every kernel sums its dot products: for each
 /// accumulator `acc` (a vec4 of four chains, one per component), `body` adds column `var`
 /// into `{acc}_b`, which is added into `{acc}_4` every [`DOT_BLOCK`] columns (or fewer, the
-/// largest divisor of `d4` from 5 up, so that every block has a fixed trip count). Every
-/// line is written at indentation `ind`.
-pub(super) fn dot_loop(d4: u32, accs: &[String], var: &str, body: &str, ind: &str) -> String {
+/// largest divisor of `d4` from 5 up, so that every block has a fixed trip count).
+pub(super) fn dot_loop(d4: u32, accs: &[String], var: &str, body: &str) -> Fragment {
     let each = |f: &dyn Fn(&str) -> String| lines(accs.iter().map(|acc| f(acc)));
     let decl_b = each(&|acc| format!("var {acc}_b = vec4<f32>(0.0);"));
-    let looped = if d4 <= DOT_BLOCK {
+    if d4 <= DOT_BLOCK {
         DOT_LOOP.fill([
             ("decl", decl_b),
             ("var", Fragment::from(var)),
@@ -240,10 +239,7 @@ pub(super) fn dot_loop(d4: u32, accs: &[String], var: &str, body: &str, ind: &st
             ("body", Fragment::from(body)),
             ("add", each(&|acc| format!("{acc}_4 = {acc}_4 + {acc}_b;"))),
         ])
-    };
-    let mut out = String::new();
-    indent_into(&mut out, &looped.text, ind);
-    out
+    }
 }
 
 /// [`dot_loop`] over at most [`DOT_BLOCK`] columns: one block, whose sums are the totals.
@@ -283,7 +279,6 @@ pub(super) fn dot(
     head_dim: u32,
     a: impl Fn(&str) -> String,
     b: impl Fn(&str) -> String,
-    ind: &str,
 ) -> Fragment {
     let vec4 = |f: &dyn Fn(&str) -> String| {
         format!(
@@ -299,18 +294,15 @@ pub(super) fn dot(
         let i = format!("{i}u");
         format!("{acc} = fma({}, {}, {acc});", a(&i), b(&i))
     });
-    let dot = DOT.fill([
+    DOT.fill([
         (
             "looped",
-            Fragment::from(dot_loop(head_dim / 4, &[acc.to_string()], "c4", &body, "")),
+            dot_loop(head_dim / 4, &[acc.to_string()], "c4", &body),
         ),
         ("acc", Fragment::from(acc)),
         ("blocks", Fragment::from(format!("{acc}_4"))),
         ("tail", lines(tail)),
-    ]);
-    let mut text = String::new();
-    indent_into(&mut text, &dot.text, ind);
-    Fragment { text, ..dot }
+    ])
 }
 
 /// [`dot`]: the blocked chains of [`dot_loop`], summed pairwise, then the elements past the

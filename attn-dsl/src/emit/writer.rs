@@ -174,7 +174,7 @@ pub(super) fn uint(n: u32) -> Fragment {
 }
 
 /// Each line of `text` into `out` at indentation `indent` (blank lines stay empty).
-pub(super) fn indent_into(out: &mut String, text: &str, indent: &str) {
+fn indent_into(out: &mut String, text: &str, indent: &str) {
     for line in text.split_inclusive('\n') {
         if !line.trim().is_empty() {
             out.push_str(indent);
