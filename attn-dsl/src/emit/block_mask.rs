@@ -7,17 +7,16 @@
 //! loops. The mask is the kernels' own `mask_mod` function, tensors and `b` included, so
 //! the blocks agree with the per-pair test by construction.
 
-use super::writer::{Fragment, Template, Wgsl};
+use super::writer::{Fragment, Template, Wgsl, uint};
 use crate::spec::KernelSpec;
 
 pub(super) fn constants(out: &mut Wgsl, spec: &KernelSpec) {
-    let u = |n: u32| Fragment::from(format!("{n}u"));
     out.put(CONSTANTS.fill([
-        ("wg", u(spec.workgroup_size)),
-        ("block", u(crate::flex::MASK_BLOCK)),
-        ("empty", u(crate::flex::BLOCK_EMPTY)),
-        ("partial", u(crate::flex::BLOCK_PARTIAL)),
-        ("full", u(crate::flex::BLOCK_FULL)),
+        ("wg", uint(spec.workgroup_size)),
+        ("block", uint(crate::flex::MASK_BLOCK)),
+        ("empty", uint(crate::flex::BLOCK_EMPTY)),
+        ("partial", uint(crate::flex::BLOCK_PARTIAL)),
+        ("full", uint(crate::flex::BLOCK_FULL)),
     ]));
 }
 

@@ -5,21 +5,20 @@
 //! takes the rows as they are; an fp8 cache takes each value divided by its KV head's scale,
 //! rounded to nearest even and saturated (`narrow_kv4`).
 
-use super::writer::{Fragment, Template, Wgsl};
+use super::writer::{Fragment, Template, Wgsl, uint};
 
 use crate::spec::{Cache, KernelSpec};
 
 pub(super) fn constants(out: &mut Wgsl, spec: &KernelSpec) {
-    let u = |n: u32| Fragment::from(format!("{n}u"));
     out.put(match spec.split_dims() {
         false => ONE_WIDTH.fill([
-            ("wg", u(spec.workgroup_size)),
-            ("head_dim", u(spec.head_dim)),
+            ("wg", uint(spec.workgroup_size)),
+            ("head_dim", uint(spec.head_dim)),
         ]),
         true => TWO_WIDTHS.fill([
-            ("wg", u(spec.workgroup_size)),
-            ("qk_dim", u(spec.head_dim)),
-            ("v_dim", u(spec.v_dim())),
+            ("wg", uint(spec.workgroup_size)),
+            ("qk_dim", uint(spec.head_dim)),
+            ("v_dim", uint(spec.v_dim())),
         ]),
     });
 }

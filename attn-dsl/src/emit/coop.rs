@@ -192,16 +192,6 @@ fn barrier() -> Fragment {
     Fragment::from("workgroupBarrier();\n")
 }
 
-/// The key loop's statements before it ([`super::tiles::KeyLoop`]).
-pub(super) fn loop_pre(lp: &super::tiles::KeyLoop) -> Fragment {
-    lp.pre.clone()
-}
-
-/// The key loop's head: `for (..) {` and the statements that open its body.
-pub(super) fn loop_head(lp: &super::tiles::KeyLoop) -> Fragment {
-    lp.head.clone()
-}
-
 fn constants(out: &mut Wgsl, t: &CoopTiling) {
     let (ks, ss, ps) = t.strides();
     let (kb, vb) = t.kv_rows();
@@ -525,8 +515,8 @@ fn body(out: &mut Wgsl, spec: &crate::KernelSpec, t: &CoopTiling, keep: Phases) 
         ("end", expr(super::index::tile_rows_end(spec))),
         ("pos", expr(who.0)),
         ("scaled", scaled_row_state(t.scaled)),
-        ("pre", loop_pre(&lp)),
-        ("loop_head", loop_head(&lp)),
+        ("pre", lp.pre.clone()),
+        ("loop_head", lp.head.clone()),
         (
             "fetch",
             phase(keep.stage, || fetch_block(t, &kv, "j0", "kv_h")),

@@ -245,9 +245,8 @@ fn body(spec: &KernelSpec, t: &CoopTiling, half: &Half, keep: Phases) -> Fragmen
 }
 
 /// A backward half on cooperative matrices: the owned rows' fragments, the accumulators
-/// and the elementwise step's row; per block (`$block_loop`, which carries its own
-/// indentation, as the key loops of other emitters do) the products, the elementwise step
-/// and the weighted sums; then the outputs.
+/// and the elementwise step's row; per block (`$block_loop` opens the loop) the products,
+/// the elementwise step and the weighted sums; then the outputs.
 const BACKWARD: Template = Template {
     name: "coop_backward",
     needs: &[],
@@ -267,7 +266,7 @@ const BACKWARD: Template = Template {
     let c0 = lane % ELANES;
     let range = workgroupUniformLoad(&sh_range);
     $scaled
-$block_loop
+    $block_loop
         $products
     }
     $final_factors
@@ -398,14 +397,14 @@ fn q_loop(t: &CoopTiling, lp: &super::tiles::KeyLoop) -> Fragment {
     let tensors = [("k", "0u"), ("v", "BC")];
     let blocks = match t.prefetches() {
         false => KEY_BLOCKS.fill([
-            ("loop_head", coop::loop_head(lp)),
+            ("loop_head", lp.head.clone()),
             ("stage", coop::stage_block(t, &tensors, "j0", "kv_h")),
         ]),
         true => {
             let fetch = |r0: &str, decl: &str| coop::fetches(t, &tensors, (r0, "kv_h"), decl);
             KEY_BLOCKS_AHEAD.fill([
                 ("first_fetch", fetch(lp.first, "var ")),
-                ("loop_head", coop::loop_head(lp)),
+                ("loop_head", lp.head.clone()),
                 ("puts", coop::puts(t, &tensors)),
                 ("has_next", expr(lp.has_next)),
                 ("next_fetch", fetch(lp.next, "")),
@@ -414,36 +413,35 @@ fn q_loop(t: &CoopTiling, lp: &super::tiles::KeyLoop) -> Fragment {
     };
     QUERY_ROWS.fill([
         ("delta", expr(delta)),
-        ("pre", coop::loop_pre(lp)),
+        ("pre", lp.pre.clone()),
         ("blocks", blocks),
     ])
 }
 
 /// The query-major half's row: its key range, LSE and D (into `stats` for the key-major
-/// half), then the key loop's `$pre` statements and its `$blocks`, which carry their own
-/// indentation.
+/// half), then the key loop's `$pre` statements and its `$blocks`.
 const QUERY_ROWS: Template = Template {
     name: "coop_query_rows",
     needs: &[],
-    text: r#"    let kv_h = kv_head(h);
-    let row = row0 + r;
-    var lo = 0u;
-    var hi = 0u;
-    var row_lse = 0.0;
-    var delta = 0.0;
-    if (row < dims.seq_len) {
-        let keys = key_range(row);
-        lo = keys.x;
-        hi = keys.y;
-        row_lse = lse[row_index(row, h)];
-        delta = $delta;
-        if (c0 == 0u) {
-            stats[stats_part(0u, row, h)] = row_lse;
-            stats[stats_part(1u, row, h)] = delta;
-        }
+    text: r#"let kv_h = kv_head(h);
+let row = row0 + r;
+var lo = 0u;
+var hi = 0u;
+var row_lse = 0.0;
+var delta = 0.0;
+if (row < dims.seq_len) {
+    let keys = key_range(row);
+    lo = keys.x;
+    hi = keys.y;
+    row_lse = lse[row_index(row, h)];
+    delta = $delta;
+    if (c0 == 0u) {
+        stats[stats_part(0u, row, h)] = row_lse;
+        stats[stats_part(1u, row, h)] = delta;
     }
-    let kt_end = (range.y + BC - 1u) / BC;
-    $pre
+}
+let kt_end = (range.y + BC - 1u) / BC;
+$pre
 $blocks
 "#,
 };
@@ -452,11 +450,11 @@ $blocks
 const KEY_BLOCKS: Template = Template {
     name: "coop_key_blocks",
     needs: &[],
-    text: r#"    $loop_head
-        let j0 = kt * BC;
-        // The previous block is done with sh_kv, sh_s, sh_dp and sh_ds.
-        workgroupBarrier();
-        $stage
+    text: r#"$loop_head
+    let j0 = kt * BC;
+    // The previous block is done with sh_kv, sh_s, sh_dp and sh_ds.
+    workgroupBarrier();
+    $stage
 "#,
 };
 
@@ -465,17 +463,17 @@ const KEY_BLOCKS: Template = Template {
 const KEY_BLOCKS_AHEAD: Template = Template {
     name: "coop_key_blocks_ahead",
     needs: &[],
-    text: r#"    $first_fetch
-    $loop_head
-        let j0 = kt * BC;
-        // The previous block is done with sh_kv, sh_s, sh_dp and sh_ds.
-        workgroupBarrier();
-        $puts
-        workgroupBarrier();
-        // The next block's loads are in flight during this one's products.
-        if ($has_next) {
-            $next_fetch
-        }
+    text: r#"$first_fetch
+$loop_head
+    let j0 = kt * BC;
+    // The previous block is done with sh_kv, sh_s, sh_dp and sh_ds.
+    workgroupBarrier();
+    $puts
+    workgroupBarrier();
+    // The next block's loads are in flight during this one's products.
+    if ($has_next) {
+        $next_fetch
+    }
 "#,
 };
 
@@ -498,16 +496,16 @@ fn kv_loop(t: &CoopTiling, scattered: bool, (share, sparse): (Fragment, bool)) -
 }
 
 /// The key-major half's row and the range of its blocks of queries, after the `$share`d
-/// batch; then the `$blocks`. All carry the body's indentation.
+/// batch; then the `$blocks`.
 const KEY_ROWS: Template = Template {
     name: "coop_key_rows",
     needs: &[],
-    text: r#"    $share
-    let col = col0 + r;
-    let group = $group;
-    let first = range.x / BC;
-    let blocks = (range.y + BC - 1u) / BC - first;
-    $blocks
+    text: r#"$share
+let col = col0 + r;
+let group = $group;
+let first = range.x / BC;
+let blocks = (range.y + BC - 1u) / BC - first;
+$blocks
 "#,
 };
 

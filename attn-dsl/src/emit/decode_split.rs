@@ -13,7 +13,7 @@
 //! `O = Σ_s e^(m_s − M)·o_s / Σ_s e^(m_s − M)·l_s`, M the largest m_s.
 
 use super::numerics::Helper;
-use super::writer::{Fragment, Template, Wgsl, lines};
+use super::writer::{Fragment, Template, Wgsl, concat, lines, uint};
 
 use crate::spec::{Cache, KernelSpec, Op};
 
@@ -28,7 +28,7 @@ pub(super) fn constants(out: &mut Wgsl, spec: &KernelSpec) {
         Fragment::default()
     };
     out.put(CONSTANTS.fill([
-        ("wg", Fragment::from(format!("{}u", spec.workgroup_size))),
+        ("wg", uint(spec.workgroup_size)),
         ("widths", widths(spec)),
         ("pass", pass),
     ]));
@@ -50,16 +50,15 @@ $pass
 
 /// The staged split pass's constants.
 fn staged_constants(spec: &KernelSpec) -> Fragment {
-    let u = |n: u32| Fragment::from(format!("{n}u"));
     STAGED_CONSTANTS.fill([
-        ("tile", u(spec.grid.tile)),
+        ("tile", uint(spec.grid.tile)),
         ("word", Fragment::from(word(spec).to_string())),
-        ("k_words", u(spec.head_dim / word(spec))),
-        ("v_words", u(spec.v_dim() / word(spec))),
-        ("quads", u(word(spec) / 4)),
-        ("lanes", u(lanes(spec))),
-        ("max_slice", u(max_slice(spec))),
-        ("pv_unroll", u(pv_unroll(spec))),
+        ("k_words", uint(spec.head_dim / word(spec))),
+        ("v_words", uint(spec.v_dim() / word(spec))),
+        ("quads", uint(word(spec) / 4)),
+        ("lanes", uint(lanes(spec))),
+        ("max_slice", uint(max_slice(spec))),
+        ("pv_unroll", uint(pv_unroll(spec))),
     ])
 }
 
@@ -89,10 +88,10 @@ const PV_STEP: u32 = PV_UNROLL * PV_ROWS;
 /// differs (MLA's 192 beside V's 128), else `V4` too.
 fn widths(spec: &KernelSpec) -> Fragment {
     match spec.split_dims() {
-        false => ONE_WIDTH.fill([("head_dim", Fragment::from(format!("{}u", spec.head_dim)))]),
+        false => ONE_WIDTH.fill([("head_dim", uint(spec.head_dim))]),
         true => TWO_WIDTHS.fill([
-            ("qk_dim", Fragment::from(format!("{}u", spec.head_dim))),
-            ("v_dim", Fragment::from(format!("{}u", spec.v_dim()))),
+            ("qk_dim", uint(spec.head_dim)),
+            ("v_dim", uint(spec.v_dim())),
         ]),
     }
 }
@@ -220,7 +219,7 @@ const COMPONENTS: [&str; 4] = ["x", "y", "z", "w"];
 
 /// Rows of two widths: the cache row of key j (head kv_h), then K's and V's offsets in it.
 const CONTIGUOUS_ROW: Template = Template {
-    name: "contiguous_row",
+    name: "decode_contiguous_row",
     needs: &[],
     text: r#"// [slot, j, kv_h, d]: the row of key j (head kv_h).
 fn kv_row(j: u32, kv_h: u32) -> u32 {
@@ -230,7 +229,7 @@ fn kv_row(j: u32, kv_h: u32) -> u32 {
 };
 
 const PAGED_ROW: Template = Template {
-    name: "paged_row",
+    name: "decode_paged_row",
     needs: &[],
     text: r#"// Key j of this sequence lives in page block_table[slot, j / page_size] of the pool
 // [page, row, kv_h, d], at row j % page_size: the row of key j (head kv_h).
@@ -342,7 +341,7 @@ const SPLIT_ENTRY: Template = Template {
     needs: &[Helper::Hsum],
     text: r#"@compute @workgroup_size(WG)
 fn $name(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
-$prologue
+    $prologue
 
     // Absent queries get q = 0; their results are never written.
     for (var i = tid; i < TILE * $qk4; i = i + WG) {
@@ -488,7 +487,7 @@ fn key_pass(spec: &KernelSpec, loops: &Loops) -> [(&'static str, Fragment); 11] 
             ),
         ),
         ("dots", Fragment::from(dots.join(", "))),
-        ("scores", scores.fold(Fragment::default(), Fragment::then)),
+        ("scores", concat(scores)),
         (
             "rotate",
             lines((0..per_lane).map(|e| format!("k{e} = n{e};"))),

@@ -14,7 +14,7 @@
 //! pass is the same.
 
 use super::numerics::Helper;
-use super::writer::{Fragment, Template, Wgsl, lines};
+use super::writer::{Fragment, Template, Wgsl, concat, lines, uint};
 
 use crate::layout::decode::{Stream, stream_word_type};
 use crate::spec::KernelSpec;
@@ -23,16 +23,15 @@ const COMPONENTS: [&str; 4] = ["x", "y", "z", "w"];
 
 /// The pass's constants after the widths.
 pub(super) fn constants(spec: &KernelSpec, s: &Stream) -> Fragment {
-    let u = |n: u32| Fragment::from(format!("{n}u"));
     CONSTANTS.fill([
-        ("tile", u(spec.grid.tile)),
-        ("lanes", u(s.lanes)),
-        ("keys", u(s.keys)),
+        ("tile", uint(spec.grid.tile)),
+        ("lanes", uint(s.lanes)),
+        ("keys", uint(s.keys)),
         ("word", Fragment::from(s.word.to_string())),
-        ("k_words", u(s.k_words)),
-        ("v_words", u(s.v_words)),
-        ("quads", u(s.quads())),
-        ("exchange", u(s.exchange(spec))),
+        ("k_words", uint(s.k_words)),
+        ("v_words", uint(s.v_words)),
+        ("quads", uint(s.quads())),
+        ("exchange", uint(s.exchange(spec))),
     ])
 }
 
@@ -335,15 +334,12 @@ fn query_registers(spec: &KernelSpec, s: &Stream) -> Fragment {
                     "q{i}_{w}_{p} = widen4(q[q4_index(sv.q.{c}) + kw{w} * QUADS + {p}u]){q_scale};"
                 )
             });
-            QUERY_HEAD.fill([
-                ("iu", Fragment::from(format!("{i}u"))),
-                ("loads", lines(loads)),
-            ])
+            QUERY_HEAD.fill([("iu", uint(i as u32)), ("loads", lines(loads))])
         });
         QUERY_WORD.fill([
             ("w", Fragment::from(w.to_string())),
-            ("wu", Fragment::from(format!("{w}u"))),
-            ("heads", heads.fold(Fragment::default(), Fragment::then)),
+            ("wu", uint(w)),
+            ("heads", concat(heads)),
         ])
     });
     words.fold(lines(decls), Fragment::then)
@@ -414,13 +410,10 @@ fn scores(spec: &KernelSpec, s: &Stream) -> Fragment {
             });
             SCORE_KEY.fill([
                 ("u", Fragment::from(u.to_string())),
-                ("uu", Fragment::from(format!("{u}u"))),
+                ("uu", uint(u)),
                 ("widen", lines(widen)),
                 ("dots", lines(dots)),
-                (
-                    "heads",
-                    score_heads.fold(Fragment::default(), Fragment::then),
-                ),
+                ("heads", concat(score_heads)),
             ])
         })
         .fold(Fragment::default(), Fragment::then)
@@ -523,13 +516,13 @@ fn meet(spec: &KernelSpec, s: &Stream) -> Fragment {
                     )
                 });
                 MEET_WORD.fill([
-                    ("wu", Fragment::from(format!("{w}u"))),
+                    ("wu", uint(w)),
                     ("stores", lines(stores)),
                 ])
             });
             MEET_HEAD.fill([
-                ("words", words.fold(Fragment::default(), Fragment::then)),
-                ("iu", Fragment::from(format!("{i}u"))),
+                ("words", concat(words)),
+                ("iu", uint(i as u32)),
                 ("c", Fragment::from(*c)),
                 ("v_scale", Fragment::from(v_scale)),
             ])
@@ -578,7 +571,7 @@ fn $name(
     @builtin(local_invocation_index) tid: u32,
     $builtins
 ) {
-$prologue
+    $prologue
     $sg_check
     let use_sg = workgroupUniformLoad(&sh_subgroups_off) == 0u;
     let g = tid / LANES;

@@ -7,7 +7,7 @@
 //! words, so `store_out` (one element) does not exist for bf16: two invocations writing
 //! the halves of one word would race.
 
-use super::writer::{Fragment, Template, Wgsl};
+use super::writer::{Fragment, Template, Wgsl, uint};
 
 use crate::spec::{Dtype, Fp8, KernelSpec};
 
@@ -277,12 +277,12 @@ pub(super) fn cache_codec(out: &mut Wgsl, spec: &KernelSpec) {
     out.put(FP8_CODEC.fill([
         ("name", Fragment::from(f.name())),
         ("m", Fragment::from(m.to_string())),
-        ("m_u", Fragment::from(format!("{m}u"))),
+        ("m_u", uint(m)),
         ("bias", Fragment::from(f.bias().to_string())),
         ("max", Fragment::from(format!("{:?}", f.max()))),
         ("unit", Fragment::from(format!("{:?}", fp8_unit(f)))),
-        ("shift", Fragment::from(format!("{}u", 23 - m))),
-        ("rebias", Fragment::from(format!("{}u", 127 - f.bias()))),
+        ("shift", uint(23 - m)),
+        ("rebias", uint(127 - f.bias())),
         ("quantum", Fragment::from(format!("{quantum:e}"))),
         ("min_normal", Fragment::from(format!("{min_normal:e}"))),
         ("f16_note", Fragment::from(f16_note)),

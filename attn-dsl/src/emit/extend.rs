@@ -10,7 +10,7 @@
 //! short chunk then fills the GPU as a decode step does, instead of one workgroup per
 //! query tile walking the whole cache.
 
-use super::writer::{Fragment, Template, Wgsl};
+use super::writer::{Fragment, Template, Wgsl, uint};
 use crate::spec::{Cache, KernelSpec, Op};
 
 /// Whether `spec` is a continued cache's kernel that cuts the keys into slices.
@@ -179,7 +179,7 @@ fn row_head(p: u32, h: u32) -> u32 {
 /// as split-K decode's: `[batch, slice, row · n_heads + h]` records of `PART4` vec4s of the
 /// unnormalized output, then (m, l, 0, 0).
 fn part_base(out: &mut Wgsl, spec: &KernelSpec) {
-    out.put(PART_BASE.fill([("part4", Fragment::from(format!("{}u", spec.v_dim() / 4)))]));
+    out.put(PART_BASE.fill([("part4", uint(spec.v_dim() / 4))]));
 }
 
 const PART_BASE: Template = Template {

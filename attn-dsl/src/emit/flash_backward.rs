@@ -17,7 +17,7 @@ use super::flash::{
 use super::index::{Row, Rows};
 use super::numerics::{Helper, dot_loop};
 use super::tiles::{KeyLoop, Pair, visibility};
-use super::writer::{Fragment, Template, Wgsl, concat, lines};
+use super::writer::{Fragment, Template, Wgsl, concat, lines, uint};
 use super::{backward, index};
 use crate::layout::tiling::Tiling;
 use crate::spec::KernelSpec;
@@ -50,7 +50,7 @@ pub(super) fn helpers(out: &mut Wgsl, spec: &KernelSpec) {
 
 /// The query-major half's dS tile and key range.
 const Q_MEMORY: Template = Template {
-    name: "backward_q_memory",
+    name: "flash_backward_q_memory",
     needs: &[],
     text: r#"var<workgroup> sh_ds: array<f32, $tile>;
 var<workgroup> sh_range: vec4<u32>;
@@ -179,7 +179,7 @@ fn q_body(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling, lp: &KeyLoop, scatter_k
     let dq = [("dq", "sh_ds", "sh_k")];
     let scatter_dkv = match scatter_kv {
         true => SCATTER_DKV.fill([
-            ("lanes", format!("{}u", crate::DKV_LANES).into()),
+            ("lanes", uint(crate::DKV_LANES)),
             ("adds", scatter_dkv_adds(spec)),
         ]),
         false => Fragment::default(),
@@ -215,7 +215,7 @@ fn q_body(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling, lp: &KeyLoop, scatter_k
 fn q_row(i: u32, dn: u32) -> Fragment {
     Q_ROW.fill([
         ("i", i.to_string().into()),
-        ("iu", format!("{i}u").into()),
+        ("iu", uint(i)),
         (
             "acc",
             lines((0..dn).map(|n| format!("var dq_{i}_{n} = vec4<f32>(0.0);"))),
@@ -295,7 +295,7 @@ fn q_p_ds(t: &Tiling, full_tiles: bool, scatter_kv: bool) -> Fragment {
 
 /// The key-major half's P and dS tiles, the staged query rows' (LSE, D) and the key range.
 const KV_MEMORY: Template = Template {
-    name: "backward_kv_memory",
+    name: "flash_backward_kv_memory",
     needs: &[],
     text: r#"var<workgroup> sh_p: array<f32, $tile>;
 var<workgroup> sh_ds: array<f32, $tile>;
@@ -578,7 +578,7 @@ fn kv_flush(spec: &KernelSpec, t: &Tiling, sparse: bool) -> Fragment {
 /// within a block every query head of the KV head, with the next block's loads in flight.
 /// It opens the loop; the caller's body closes it.
 const BLOCKS_AHEAD: Template = Template {
-    name: "query_blocks_ahead",
+    name: "blocks_ahead",
     needs: &[],
     text: r#"var next_h = $h0;
 var next_s0 = (first + blocks - 1u) * BC;
@@ -710,7 +710,7 @@ fn flush(
     FLUSH.fill([
         ("every", every.to_string().into()),
         ("done", done.into()),
-        ("period", format!("{}u", every.div_ceil(t.bc)).into()),
+        ("period", uint(every.div_ceil(t.bc))),
         ("steps", steps.into()),
         ("rows", concat(rows)),
     ])
@@ -792,7 +792,7 @@ const SCATTER_DQ: Template = Template {
 /// Each invocation takes (key, vec4 column) pairs, as in [`SCATTER_DQ`]. Query tile `t`
 /// adds into lane `t % DKV_LANES` of `dkv` ([`crate::DKV_LANES`]).
 const SCATTER_DKV: Template = Template {
-    name: "scatter_dkv",
+    name: "flash_scatter_dkv",
     needs: &[],
     text: r#"const DKV_LANES: u32 = $lanes;
 for (var e = tid; e < BC * D4; e = e + WG) {

@@ -6,7 +6,8 @@
 //! ([`Flex::report_reads`]) also record the first such read of a dispatch (kernel, tensor,
 //! indices) in `flex_reads`, for the runtime's debug switch.
 
-use super::writer::{Fragment, Template, Wgsl, lines};
+use super::numerics::Helper;
+use super::writer::{Fragment, Template, Wgsl, lines, uint};
 use crate::flex::{Dim, Expr, Flex, Func, Kind, Lit, TensorDecl, derive};
 
 /// How a kernel spells what a modifier names: each variable (`score`, b, h, q, k), e.g.
@@ -193,7 +194,7 @@ fn flex_flush() {
 /// one per pair to about one per invocation.
 const HELD: Template = Template {
     name: "flex_grad_held",
-    needs: &[],
+    needs: &[Helper::TwoSumErr4],
     text: "var<private> $p_at: u32 = 0xffffffffu;
 var<private> $p_lane: u32;
 var<private> $p_sum: vec2<f32>;
@@ -251,10 +252,7 @@ pub(super) fn functions(out: &mut Wgsl, flex: &Flex, spec: &crate::spec::KernelS
         report: flex.report_reads,
     };
     if flex.report_reads {
-        out.put(REPORT.fill([(
-            "kernel",
-            Fragment::from(format!("{}u", kernel_code(&spec.name))),
-        )]));
+        out.put(REPORT.fill([("kernel", uint(kernel_code(&spec.name)))]));
     }
     if let Some(e) = &flex.score_mod {
         let d = derive::d_score(e).expect("checked: the score modifier differentiates");

@@ -7,14 +7,14 @@
 //! magnitude (`row_scale`).
 
 use super::numerics::Helper;
-use super::writer::{Fragment, Template, Wgsl};
+use super::writer::{Fragment, Template, Wgsl, uint};
 
 use crate::spec::KernelSpec;
 
 pub(super) fn constants(out: &mut Wgsl, spec: &KernelSpec) {
     out.put(CONSTANTS.fill([
-        ("wg", Fragment::from(format!("{}u", spec.workgroup_size))),
-        ("lanes", Fragment::from(format!("{}u", crate::DKV_LANES))),
+        ("wg", uint(spec.workgroup_size)),
+        ("lanes", uint(crate::DKV_LANES)),
     ]));
 }
 
@@ -141,7 +141,7 @@ pub(super) fn row_scale(out: &mut Wgsl, spec: &KernelSpec) {
     // (Fewer where the workgroup is not a multiple of them: each row's lanes in one.)
     let lanes = crate::layout::ROW_SCALE_LANES.min(1 << spec.workgroup_size.trailing_zeros());
     out.put(ROW_SCALE.fill([
-        ("lanes", Fragment::from(format!("{lanes}u"))),
+        ("lanes", uint(lanes)),
         ("name", Fragment::from(spec.name.as_str())),
     ]));
 }

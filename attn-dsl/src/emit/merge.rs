@@ -4,11 +4,11 @@
 //! sink joins once at the end, as a part of max `sinks[h]`, sum 1 and no value.
 
 use super::states::STATES;
-use super::writer::{Fragment, Template, Wgsl};
+use super::writer::{Fragment, Template, Wgsl, uint};
 use crate::spec::KernelSpec;
 
 pub(super) fn constants(out: &mut Wgsl, spec: &KernelSpec) {
-    out.put(CONSTANTS.fill([("wg", Fragment::from(format!("{}u", spec.workgroup_size)))]));
+    out.put(CONSTANTS.fill([("wg", uint(spec.workgroup_size))]));
 }
 
 /// The workgroup, and the score no key has.

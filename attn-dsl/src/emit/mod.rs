@@ -41,7 +41,7 @@ pub use crate::layout::decode::{
 };
 pub use crate::layout::workgroup_bytes;
 
-use writer::{Fragment, Template, Wgsl, lines};
+use writer::{Fragment, Template, Wgsl, lines, uint};
 
 use crate::layout::tiling::Tiling;
 use crate::plan::{Access, Binding};
@@ -300,8 +300,8 @@ const HEADER: Template = Template {
 fn constants(out: &mut Wgsl, spec: &KernelSpec) {
     let split = match spec.split_dims() {
         true => SPLIT_DIMS.fill([
-            ("qk_dim", Fragment::from(format!("{}u", spec.head_dim))),
-            ("v_dim", Fragment::from(format!("{}u", spec.v_dim()))),
+            ("qk_dim", uint(spec.head_dim)),
+            ("v_dim", uint(spec.v_dim())),
         ]),
         false => Fragment::default(),
     };
@@ -310,10 +310,10 @@ fn constants(out: &mut Wgsl, spec: &KernelSpec) {
         Some(_) => Fragment::default(),
     };
     out.put(CONSTANTS.fill([
-        ("wg", Fragment::from(format!("{}u", spec.workgroup_size))),
-        ("head_dim", Fragment::from(format!("{}u", spec.width()))),
+        ("wg", uint(spec.workgroup_size)),
+        ("head_dim", uint(spec.width())),
         ("split", split),
-        ("tile", Fragment::from(format!("{}u", spec.grid.tile))),
+        ("tile", uint(spec.grid.tile)),
         ("k_par", k_par),
     ]));
 }

@@ -16,7 +16,7 @@
 //!   Its steps pass through `opaque`, which the compiler cannot see through: without it,
 //!   Mesa's algebraic simplifier folds the error term to 0.
 
-use super::writer::{Fragment, Needs, Template, lines};
+use super::writer::{Fragment, Needs, Template, lines, uint};
 use crate::spec::Op;
 
 /// A WGSL helper function of the numerics, emitted once per kernel whose fragments declare
@@ -213,7 +213,7 @@ pub(super) fn dot_loop(d4: u32, accs: &[String], var: &str, body: &str) -> Fragm
         DOT_LOOP.fill([
             ("decl", decl_b),
             ("var", Fragment::from(var)),
-            ("d4", Fragment::from(format!("{d4}u"))),
+            ("d4", uint(d4)),
             ("body", Fragment::from(body)),
             ("blocks", each(&|acc| format!("let {acc}_4 = {acc}_b;"))),
         ])
@@ -228,11 +228,8 @@ pub(super) fn dot_loop(d4: u32, accs: &[String], var: &str, body: &str) -> Fragm
                 "decl4",
                 each(&|acc| format!("var {acc}_4 = vec4<f32>(0.0);")),
             ),
-            ("d4", Fragment::from(format!("{d4}u"))),
-            (
-                "step",
-                Fragment::from(format!("{}u", block.unwrap_or(DOT_BLOCK))),
-            ),
+            ("d4", uint(d4)),
+            ("step", uint(block.unwrap_or(DOT_BLOCK))),
             ("decl", decl_b),
             ("var", Fragment::from(var)),
             ("end", Fragment::from(end)),

@@ -90,39 +90,39 @@ pub(super) fn prologue(spec: &KernelSpec) -> Fragment {
     PROLOGUE.fill([("share_batch", super::tiles::share_batch(spec))])
 }
 
-/// [`prologue`]'s statements, written at the entry's indentation.
+/// [`prologue`]'s statements.
 const PROLOGUE: Template = Template {
     name: "served_prologue",
     needs: &[],
-    text: r#"    batch = wg.z;
-    let slice = wg.x;
-    // Workgroup y serves TILE query slots of KV head kv_h.
-    let groups_per_kv = (dims.n_rows * q_per_kv() + TILE - 1u) / TILE;
-    let kv_h = wg.y / groups_per_kv;
-    // The sequence as workgroup-uniform values: the loops below are bounded by them (a
-    // storage read is not uniform to WGSL's analysis).
-    if (tid == 0u) {
-        sh_seq = sequence();
-    }
-    let seq = workgroupUniformLoad(&sh_seq);
-    let len = seq.x;
-    q_row0 = seq.z;
-    let sv = served(kv_h, (wg.y % groups_per_kv) * TILE, seq);
-    let n_here = sv.n;
-    let lo = slice * dims.slice_len;
-    // Each served query's keys; the first and last of them bound the workgroup's (a
-    // sequence's rows see ever later keys). A slice past them is empty.
-    var ks = vec4<u32>(0u);
-    var ke = vec4<u32>(0u);
-    for (var i = 0u; i < TILE; i = i + 1u) {
-        let r = row_keys(sv.pos[i]);
-        ks[i] = r.x;
-        ke[i] = select(r.x, r.y, i < n_here);
-    }
-    let last = max(n_here, 1u) - 1u;
-    let hi = max(lo, min(lo + dims.slice_len, ke[last]));
-    let first = max(lo, ks[0]);
-    $share_batch
+    text: r#"batch = wg.z;
+let slice = wg.x;
+// Workgroup y serves TILE query slots of KV head kv_h.
+let groups_per_kv = (dims.n_rows * q_per_kv() + TILE - 1u) / TILE;
+let kv_h = wg.y / groups_per_kv;
+// The sequence as workgroup-uniform values: the loops below are bounded by them (a
+// storage read is not uniform to WGSL's analysis).
+if (tid == 0u) {
+    sh_seq = sequence();
+}
+let seq = workgroupUniformLoad(&sh_seq);
+let len = seq.x;
+q_row0 = seq.z;
+let sv = served(kv_h, (wg.y % groups_per_kv) * TILE, seq);
+let n_here = sv.n;
+let lo = slice * dims.slice_len;
+// Each served query's keys; the first and last of them bound the workgroup's (a
+// sequence's rows see ever later keys). A slice past them is empty.
+var ks = vec4<u32>(0u);
+var ke = vec4<u32>(0u);
+for (var i = 0u; i < TILE; i = i + 1u) {
+    let r = row_keys(sv.pos[i]);
+    ks[i] = r.x;
+    ke[i] = select(r.x, r.y, i < n_here);
+}
+let last = max(n_here, 1u) - 1u;
+let hi = max(lo, min(lo + dims.slice_len, ke[last]));
+let first = max(lo, ks[0]);
+$share_batch
 "#,
 };
 

@@ -170,9 +170,9 @@ fn maybe() -> Iv {
     Iv::Bool("true".into(), "true".into())
 }
 
-/// `mask_tile(q_lo, q_hi, k_lo, k_hi, h)`: whether some pair of the tile (bounds
-/// inclusive) may be visible (x) and whether some may be hidden (y); and
-/// `next_key_tile(t, end, q_lo, q_hi, h, bc)`: the first key tile from `t` (of `bc` keys)
+/// `mask_tile(q0, q1, k0, k1, h, b)`: whether some pair of the tile (bounds inclusive) may
+/// be visible (x) and whether some may be hidden (y); and
+/// `next_key_tile(t0, end, q0, q1, h, bc, b)`: the first key tile from `t0` (of `bc` keys)
 /// before `end` that may hold a visible key, or `end`, with whether it holds only visible
 /// ones (so a loop tests each tile once, a tile ahead).
 ///
@@ -241,7 +241,7 @@ fn next_key_tile(t0: u32, end: u32, q0: u32, q1: u32, h: u32, bc: u32, b: u32) -
 "#,
 };
 
-/// `block_tile(q0, q1, k0, k1, h)`: whether some block of the device's block mask that the
+/// `block_tile(q0, q1, k0, k1, h, b)`: whether some block of the device's block mask that the
 /// tile covers shows a pair (x) and whether some hides one (y). Where the mask reads `b`,
 /// the sequence is the workgroup's, read as a uniform value from `sh_batch` (the kernel
 /// stores `batch` there before its first tile test: a private variable is not uniform to
@@ -352,8 +352,8 @@ pub(super) fn sparse(spec: &crate::KernelSpec) -> bool {
     spec.tests_mask_pairs()
 }
 
-/// `next_block(it, end, k0, k1, h0, group, first, blocks)`: a key-major kernel's first step
-/// from `it` (steps walk query blocks of BC rows from the last, `group` heads from `h0` each)
+/// `next_block(it0, end, k0, k1, h0, group, first, blocks, b)`: a key-major kernel's first
+/// step from `it0` (steps walk query blocks of BC rows from the last, `group` heads from `h0` each)
 /// before `end` whose block may see a key of [k0, k1], or `end`.
 pub(super) fn block_functions(out: &mut Wgsl) {
     out.put(NEXT_BLOCK.plain());
@@ -487,11 +487,9 @@ pub(super) struct Pair {
 
 /// Statements for `pairs`, each pair's `before`, its visibility and its `after`. Where a
 /// loop's tiles may be full (`full_tiles`), every range test comes first, then the mask's
-/// tests of a tile that is not full under one branch for the tile, then each `after`: a
-/// test per pair behind `tile_full ||` branched at every pair (the tensor-core forward of
-/// prefix-LM over a block mask took 12.70 ms that way and 10.81 with one branch, H200, f16,
-/// 16384 rows, 16 heads, d128, 2026-11-30). `tile_full` is the workgroup's, so the branch
-/// is uniform, and a mask that reads tensors loads nothing in a full tile.
+/// tests of a tile that is not full under one branch for the tile, then each `after`: one
+/// uniform branch per tile instead of one per pair (docs/flex.md has what that is worth),
+/// and a mask that reads tensors loads nothing in a full tile.
 pub(super) fn visibility(
     pairs: &[Pair],
     h: &str,
