@@ -334,32 +334,34 @@ fn query_registers(spec: &KernelSpec, s: &Stream) -> Fragment {
                     "q{i}_{w}_{p} = widen4(q[q4_index(sv.q.{c}) + kw{w} * QUADS + {p}u]){q_scale};"
                 )
             });
-            QUERY_HEAD.fill([("iu", uint(i as u32)), ("loads", lines(loads))])
+            QUERY_HEAD.fill([
+                ("i", Fragment::from(i.to_string())),
+                ("loads", lines(loads)),
+            ])
         });
         QUERY_WORD.fill([
             ("w", Fragment::from(w.to_string())),
-            ("wu", uint(w)),
             ("heads", concat(heads)),
         ])
     });
     words.fold(lines(decls), Fragment::then)
 }
-/// Word w of the lane's share of the query (`$wu`: w as a u32), for each served head.
+/// Word `$w` of the lane's share of the query, for each served head.
 const QUERY_WORD: Template = Template {
     name: "stream_query_word",
     needs: &[],
-    text: r#"let kw$w = lane + $wu * LANES;
+    text: r#"let kw$w = lane + ${w}u * LANES;
 if (kw$w < K_WORDS) {
     $heads
 }
 "#,
 };
 
-/// A served head's vec4s of a query word, where the head is real (`$iu`: its slot).
+/// A served head's vec4s of a query word, where the head is real (`$i`: its slot).
 const QUERY_HEAD: Template = Template {
     name: "stream_query_head",
     needs: &[],
-    text: r#"if ($iu < n_here) {
+    text: r#"if (${i}u < n_here) {
     $loads
 }
 "#,
@@ -410,7 +412,6 @@ fn scores(spec: &KernelSpec, s: &Stream) -> Fragment {
             });
             SCORE_KEY.fill([
                 ("u", Fragment::from(u.to_string())),
-                ("uu", uint(u)),
                 ("widen", lines(widen)),
                 ("dots", lines(dots)),
                 ("heads", concat(score_heads)),
@@ -419,7 +420,7 @@ fn scores(spec: &KernelSpec, s: &Stream) -> Fragment {
         .fold(Fragment::default(), Fragment::then)
 }
 
-/// Key u of the step (`$uu`: u as a u32): its dot products with each served head's query,
+/// Key `$u` of the step: its dot products with each served head's query,
 /// summed over the group, and its scores `x$u` (NEG_BIG past the slice).
 const SCORE_KEY: Template = Template {
     name: "stream_score_key",
@@ -428,7 +429,7 @@ const SCORE_KEY: Template = Template {
 var a$u = vec4<f32>(0.0);
 $dots
 let d$u = group_sum4(a$u, tid, use_sg);
-let j$u = t0 + $uu * GROUPS + g;
+let j$u = t0 + ${u}u * GROUPS + g;
 var x$u = vec4<f32>(NEG_BIG);
 if (j$u < hi) {
     $heads
@@ -516,13 +517,13 @@ fn meet(spec: &KernelSpec, s: &Stream) -> Fragment {
                     )
                 });
                 MEET_WORD.fill([
-                    ("wu", uint(w)),
+                    ("w", Fragment::from(w.to_string())),
                     ("stores", lines(stores)),
                 ])
             });
             MEET_HEAD.fill([
                 ("words", concat(words)),
-                ("iu", uint(i as u32)),
+                ("i", Fragment::from(i.to_string())),
                 ("c", Fragment::from(*c)),
                 ("v_scale", Fragment::from(v_scale)),
             ])
@@ -530,25 +531,25 @@ fn meet(spec: &KernelSpec, s: &Stream) -> Fragment {
         .fold(Fragment::default(), Fragment::then)
 }
 
-/// The group's share of word w of a head's output (`$wu`: w as a u32), weighted to the
+/// The group's share of word `$w` of a head's output, weighted to the
 /// slice's max, into the exchange buffer.
 const MEET_WORD: Template = Template {
     name: "stream_meet_word",
     needs: &[],
-    text: r#"if (lane + $wu * LANES < V_WORDS) {
+    text: r#"if (lane + ${w}u * LANES < V_WORDS) {
     $stores
 }
 "#,
 };
 
-/// Served head `$c` (`$iu`: its slot): the groups' shares summed and flushed with the
+/// Served head `$c` (`$i`: its slot): the groups' shares summed and flushed with the
 /// slice's (m, l), where the head is real; every invocation reaches the barriers.
 const MEET_HEAD: Template = Template {
     name: "stream_meet_head",
     needs: &[],
     text: r#"$words
 workgroupBarrier();
-if ($iu < n_here && tid < V4) {
+if (${i}u < n_here && tid < V4) {
     var sum = sh_x[tid];
     for (var r = 1u; r < GROUPS; r = r + 1u) {
         sum = sum + sh_x[r * V4 + tid];

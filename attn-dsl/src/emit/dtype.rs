@@ -277,7 +277,6 @@ pub(super) fn cache_codec(out: &mut Wgsl, spec: &KernelSpec) {
     out.put(FP8_CODEC.fill([
         ("name", Fragment::from(f.name())),
         ("m", Fragment::from(m.to_string())),
-        ("m_u", uint(m)),
         ("bias", Fragment::from(f.bias().to_string())),
         ("max", Fragment::from(format!("{:?}", f.max()))),
         ("unit", Fragment::from(format!("{:?}", fp8_unit(f)))),
@@ -324,7 +323,7 @@ fn fp8_bits(x: f32) -> u32 {
         bits = u32(round(a / FP8_QUANTUM));
     } else {
         let f = bitcast<u32>(a);
-        bits = ((f + ((1u << (FP8_SHIFT - 1u)) - 1u) + ((f >> FP8_SHIFT) & 1u)) >> FP8_SHIFT) - (FP8_REBIAS << $m_u);
+        bits = ((f + ((1u << (FP8_SHIFT - 1u)) - 1u) + ((f >> FP8_SHIFT) & 1u)) >> FP8_SHIFT) - (FP8_REBIAS << ${m}u);
     }
     return bits | ((u >> 24u) & 0x80u);
 }

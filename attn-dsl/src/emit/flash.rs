@@ -472,7 +472,7 @@ pub(super) fn forward_body(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling) {
 const ROW_STATE: Template = Template {
     name: "row_state",
     needs: &[],
-    text: r#"let row_$i = row0 + g * TM + $iu;
+    text: r#"let row_$i = row0 + g * TM + ${i}u;
 var lo_$i = 0u;
 var hi_$i = 0u;
 if (row_$i < $end) {
@@ -487,11 +487,10 @@ $acc
 "#,
 };
 
-/// [`ROW_STATE`] of register row `i` (`iu`: i as a u32 literal), with `dn` accumulators.
+/// [`ROW_STATE`] of register row `i`, with `dn` accumulators.
 fn row_state(i: u32, end: &str, dn: u32) -> Fragment {
     ROW_STATE.fill([
         ("i", i.to_string().into()),
-        ("iu", uint(i)),
         ("end", end.into()),
         (
             "acc",

@@ -151,7 +151,7 @@ const Q_BODY: Template = Template {
 const Q_ROW: Template = Template {
     name: "backward_q_row",
     needs: &[],
-    text: r#"let row_$i = row0 + g * TM + $iu;
+    text: r#"let row_$i = row0 + g * TM + ${i}u;
 var lo_$i = 0u;
 var hi_$i = 0u;
 var lse_$i = 0.0;
@@ -215,7 +215,6 @@ fn q_body(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling, lp: &KeyLoop, scatter_k
 fn q_row(i: u32, dn: u32) -> Fragment {
     Q_ROW.fill([
         ("i", i.to_string().into()),
-        ("iu", uint(i)),
         (
             "acc",
             lines((0..dn).map(|n| format!("var dq_{i}_{n} = vec4<f32>(0.0);"))),

@@ -326,13 +326,12 @@ impl Slot {
         }
     }
 
-    /// The fills of element q's loads: `$q` the suffix of its values, `$qu` q as a u32,
+    /// The fills of element q's loads: `$q` the suffix of its values (q),
     /// the slot's `$width` (a u32) and `$zero`, and each of `readers` (`$ld_<t>`, the
     /// slot's reader of t).
     fn fetch_fills(&self, q: u32, readers: &[&'static str]) -> Vec<(&'static str, Fragment)> {
         let mut fills = vec![
             ("q", Fragment::from(q.to_string())),
-            ("qu", uint(q)),
             ("width", uint(self.width)),
             ("zero", Fragment::from(self.zero)),
         ];
@@ -397,7 +396,7 @@ fn stage_forward(first: u32, n0: u32, k0: u32, tid: u32) {
 const FORWARD_FETCH: Template = Template {
     name: "forward_fetch",
     needs: &[],
-    text: r#"let e_$q = tid + $qu * WG;
+    text: r#"let e_$q = tid + ${q}u * WG;
 let m_$q = e_$q / (BK / $width);
 let kk_$q = (e_$q % (BK / $width)) * $width;
 let k_$q = k0 + kk_$q;
@@ -932,7 +931,7 @@ fn stage_dx(first: u32, count: u32, n0: u32, k0: u32, tid: u32) {
 const DX_FETCH: Template = Template {
     name: "dx_fetch",
     needs: &[],
-    text: r#"let e_$q = tid + $qu * WG;
+    text: r#"let e_$q = tid + ${q}u * WG;
 let m_$q = e_$q / (BK / $width);
 let kk_$q = (e_$q % (BK / $width)) * $width;
 let n_$q = n0 + kk_$q;
@@ -980,7 +979,7 @@ fn stage_dw(first: u32, count: u32, r0: u32, n0: u32, k0: u32, tid: u32) {
 const DW_FETCH: Template = Template {
     name: "dw_fetch",
     needs: &[],
-    text: r#"let e_$q = tid + $qu * WG;
+    text: r#"let e_$q = tid + ${q}u * WG;
 let rr_$q = e_$q / (TN / $width);
 let c_$q = (e_$q % (TN / $width)) * $width;
 let row_$q = first + r0 + rr_$q;

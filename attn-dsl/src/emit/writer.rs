@@ -78,7 +78,8 @@ impl From<&str> for Fragment {
 /// calls.
 ///
 /// A hole alone on its line takes a fragment of whole lines, written at the hole's
-/// indentation (an empty fragment removes the line); a hole inside a line takes one line.
+/// indentation (an empty fragment removes the line); a hole inside a line takes one line,
+/// and is written `${name}` where letters or digits follow it.
 pub(super) struct Template {
     pub name: &'static str,
     pub text: &'static str,
@@ -117,19 +118,15 @@ impl Template {
             let mut rest = line;
             while let Some(at) = rest.find('$') {
                 text.push_str(&rest[..at]);
-                let after = &rest[at + 1..];
-                let len = after
-                    .find(|c: char| !is_name_char(c))
-                    .unwrap_or(after.len());
-                let fill = take(&after[..len]);
+                let (hole, after) = hole_at(&rest[at + 1..]);
+                let fill = take(hole);
                 assert!(
                     fill.lines().count() <= 1,
-                    "template `{}`: ${} sits inside a line but its fill has several",
+                    "template `{}`: ${hole} sits inside a line but its fill has several",
                     self.name,
-                    &after[..len]
                 );
                 text.push_str(fill.trim_end_matches('\n'));
-                rest = &after[len..];
+                rest = after;
             }
             text.push_str(rest);
         }
@@ -143,6 +140,17 @@ impl Template {
     pub fn plain(&self) -> Fragment {
         self.fill([])
     }
+}
+
+/// The hole's name at the start of `text` (after its `$`) and the text after it: `name`,
+/// or `{name}` where letters or digits follow the hole (`${i}u`).
+fn hole_at(text: &str) -> (&str, &str) {
+    if let Some(braced) = text.strip_prefix('{') {
+        let end = braced.find('}').expect("a `${` hole closes with `}`");
+        return (&braced[..end], &braced[end + 1..]);
+    }
+    let len = text.find(|c: char| !is_name_char(c)).unwrap_or(text.len());
+    text.split_at(len)
 }
 
 fn is_name_char(c: char) -> bool {
@@ -236,6 +244,16 @@ mod tests {
         );
         assert!(f.needs.has(Helper::Hsum) && f.needs.has(Helper::Exp));
         assert!(!f.needs.has(Helper::Tanh));
+    }
+
+    #[test]
+    fn a_braced_hole_may_be_followed_by_letters() {
+        const U: Template = Template {
+            name: "u",
+            needs: &[],
+            text: "let x_$i = ${i}u;\n",
+        };
+        assert_eq!(U.fill([("i", Fragment::from("3"))]).text, "let x_3 = 3u;\n");
     }
 
     #[test]
