@@ -324,7 +324,7 @@ fn split_entry(spec: &KernelSpec) -> Fragment {
             ("prologue", super::served::prologue(spec)),
             ("qk4", Fragment::from(qk4(spec))),
             ("q_scale", Fragment::from(q_scale)),
-            ("fill", Fragment::from(loops.fill)),
+            ("fill", loops.fill.clone()),
             ("flush", lines(flush)),
         ]
         .into_iter()
@@ -468,9 +468,9 @@ fn key_pass(spec: &KernelSpec, loops: &Loops) -> [(&'static str, Fragment); 11] 
     });
     [
         ("q_regs", lines(q_regs)),
-        ("k_pre", Fragment::from(loops.k_pre)),
+        ("k_pre", loops.k_pre.clone()),
         ("first_fetch", fetch("var k", loops.k_first)),
-        ("k_head", Fragment::from(loops.k_head)),
+        ("k_head", loops.k_head.clone()),
         ("next_fetch", fetch("let n", loops.k_next)),
         (
             "widen_k",
@@ -529,7 +529,7 @@ fn value_pass(spec: &KernelSpec, loops: &Loops) -> [(&'static str, Fragment); 8]
             "pv_accs",
             lines(each_acc().map(|(u, i)| format!("var o{i}_{u} = vec4<f32>(0.0);"))),
         ),
-        ("v_pre", Fragment::from(loops.v_pre)),
+        ("v_pre", loops.v_pre.clone()),
         ("v_first", Fragment::from(loops.v_first)),
         (
             "first_v",
@@ -538,7 +538,7 @@ fn value_pass(spec: &KernelSpec, loops: &Loops) -> [(&'static str, Fragment); 8]
                     .map(|u| format!("var v{u} = fetch_v(lo + i0 + {u}u * PV_ROWS, hi, c, kv_h);")),
             ),
         ),
-        ("v_head", Fragment::from(loops.v_head)),
+        ("v_head", loops.v_head.clone()),
         (
             "pv_loads",
             lines(
@@ -660,43 +660,43 @@ fn $name(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
 struct Loops {
     /// Statements before the K pass's first prefetch, the first tile's first key, the
     /// loop's head and the next tile's first key.
-    k_pre: &'static str,
+    k_pre: Fragment,
     k_first: &'static str,
-    k_head: &'static str,
+    k_head: Fragment,
     k_next: &'static str,
     /// The same for P·V, whose `i` is the slice's row of this invocation's first V row.
-    v_pre: &'static str,
+    v_pre: Fragment,
     v_first: &'static str,
-    v_head: &'static str,
+    v_head: Fragment,
     v_next: &'static str,
     /// The staged scores' initial `NEG_BIG`, where tiles are skipped.
-    fill: &'static str,
+    fill: Fragment,
 }
 
 impl Loops {
     fn of(spec: &KernelSpec) -> Loops {
         match super::tiles::sparse(spec) {
             false => Loops {
-                k_pre: "",
+                k_pre: Fragment::default(),
                 k_first: "first",
-                k_head: "for (var t0 = first; t0 < hi; t0 = t0 + KEY_TILE) {",
+                k_head: Fragment::from("for (var t0 = first; t0 < hi; t0 = t0 + KEY_TILE) {"),
                 k_next: "t0 + KEY_TILE",
-                v_pre: "",
+                v_pre: Fragment::default(),
                 v_first: "first",
-                v_head: "for (var i = i0; i < hi - lo; i = i + PV_STEP) {",
+                v_head: Fragment::from("for (var i = i0; i < hi - lo; i = i + PV_STEP) {"),
                 v_next: "lo + i + PV_STEP",
-                fill: "",
+                fill: Fragment::default(),
             },
             true => Loops {
-                k_pre: SPARSE_K_PRE.text,
+                k_pre: SPARSE_K_PRE.plain(),
                 k_first: "k_first",
-                k_head: SPARSE_K_HEAD.text,
+                k_head: SPARSE_K_HEAD.plain(),
                 k_next: "k_next",
-                v_pre: "let v_first = next_tile(first, hi, PV_STEP, sv, wg_b);",
+                v_pre: Fragment::from("let v_first = next_tile(first, hi, PV_STEP, sv, wg_b);"),
                 v_first: "v_first",
-                v_head: SPARSE_V_HEAD.text,
+                v_head: SPARSE_V_HEAD.plain(),
                 v_next: "v_next + r",
-                fill: SPARSE_FILL.text,
+                fill: SPARSE_FILL.plain(),
             },
         }
     }
