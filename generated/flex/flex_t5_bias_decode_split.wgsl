@@ -17,7 +17,7 @@ const QUADS: u32 = 1u;
 const LANES: u32 = 8u;
 const KEY_TILE: u32 = WG / LANES;
 // Keys a slice may hold (dims.slice_len is at most this).
-const MAX_SLICE: u32 = 512u;
+const MAX_SLICE: u32 = 672u;
 // Rows of V read at once in P·V, one word column per invocation, and the
 // groups of them whose loads each invocation issues together.
 const PV_ROWS: u32 = WG / V_WORDS;

@@ -84,7 +84,30 @@ impl KernelSpec {
     /// cooperative matrices, which core WebGPU lacks).
     pub fn fit_target(&mut self) {
         self.target = Target::Webgpu;
+        self.fit_bytes(workgroup_bytes(self));
+    }
+
+    /// [`KernelSpec::fit_target`] for a kernel whose layout grows with the workgroup
+    /// memory it may take (the split pass's longest slice): laid out within
+    /// `workgroup_storage_bytes` (what the device offers), then the least target that holds
+    /// that layout, WebGPU's defaults where they do.
+    pub fn fit_device(&mut self, workgroup_storage_bytes: u32) {
+        self.target = Target::Native(Limits {
+            workgroup_storage_bytes,
+            ..Limits::WEBGPU
+        });
         let bytes = workgroup_bytes(self);
+        self.fit_target();
+        if bytes > workgroup_bytes(self) {
+            self.target = Target::Webgpu;
+            self.fit_bytes(bytes);
+        }
+    }
+
+    /// A `native` target with `bytes` of workgroup memory and the storage buffers the
+    /// kernel binds where they or its subgroups pass the current target's, which stays
+    /// otherwise.
+    fn fit_bytes(&mut self, bytes: u32) {
         let storage = signature::tensors(self)
             .iter()
             .filter(|t| t.role != Role::Uniform)

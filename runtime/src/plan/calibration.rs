@@ -13,10 +13,18 @@
 /// there, though an SM could hold 8 such workgroups.
 pub const H100_RESIDENT: u32 = 267;
 
-/// Split-K decode's workgroups on an H100: 4 per SM. With f16 at a 32k cache and 32 / 8 /
-/// 128 heads the decode took 0.096 ms in 512 workgroups, 0.098 in 1024 and 0.110 in 2048
-/// (`bench --decode 32768 --slice-len 512 | 256 | 128`, 2026-11-26).
-const H100_DECODE_WORKGROUPS: u32 = 4 * 132;
+/// Split-K decode's workgroups on an H100 (132 SMs, as the H200's): 2 per SM. With f16 and
+/// 32 / 8 / 128 heads on an H200 the decode took 0.070 ms in 256 workgroups (slices of 1024
+/// keys) against 0.082 in 512 and 0.090 in 128 at a 32k cache, 0.206 in 1024 against 0.233
+/// in 2048 at 128k, and 0.372 against 0.414 at 32k with 8 sequences (`bench --decode
+/// --slice-len 1024 | 512 | 2048`, 2026-11-30). (When a slice held at most 512 keys, 512
+/// workgroups were the fewest a 32k cache could take: 0.096 ms on an H100 against 0.098 in
+/// 1024 and 0.110 in 2048, 2026-11-26.)
+const H100_DECODE_WORKGROUPS: u32 = 2 * 132;
+
+/// A continued cache's chunk's workgroups on an H100: 4 per SM, the target its slicing was
+/// measured with ([`crate::ops::extend`]'s `MAX_SLICE` has the sweep).
+const H100_CHUNK_WORKGROUPS: u32 = 4 * 132;
 
 /// The forward grid's least workgroups on an H100: the 128-row tensor-core forward took
 /// 0.864 ms against 0.930 for 64 rows at seq 4096 with 16 heads, d 128 (512 workgroups
@@ -36,6 +44,11 @@ impl Calibration {
     /// sequence together).
     pub fn decode_workgroups(&self) -> u32 {
         self.scale(H100_DECODE_WORKGROUPS)
+    }
+
+    /// A continued cache's chunk's target number of workgroups (query tiles times slices).
+    pub fn chunk_workgroups(&self) -> u32 {
+        self.scale(H100_CHUNK_WORKGROUPS)
     }
 
     /// The least workgroups a tensor-core forward grid keeps when it widens its tiles.
@@ -60,19 +73,20 @@ mod tests {
     #[test]
     fn an_unmeasured_adapter_gets_the_h100s_counts_and_others_scale() {
         let h100 = Calibration::default();
-        assert_eq!((h100.decode_workgroups(), h100.full_grid()), (528, 256));
+        assert_eq!((h100.decode_workgroups(), h100.full_grid()), (264, 256));
+        assert_eq!(h100.chunk_workgroups(), 528);
         let same = Calibration {
             resident: Some(H100_RESIDENT),
         };
-        assert_eq!((same.decode_workgroups(), same.full_grid()), (528, 256));
+        assert_eq!((same.decode_workgroups(), same.full_grid()), (264, 256));
         // A GPU with a quarter of the H100's SMs gets a quarter of the workgroups.
         let small = Calibration {
             resident: Some(H100_RESIDENT / 4),
         };
-        assert_eq!((small.decode_workgroups(), small.full_grid()), (130, 63));
+        assert_eq!((small.decode_workgroups(), small.full_grid()), (65, 63));
         // lavapipe on two cores counts 2: a few decode workgroups, one for a full grid.
         let cpu = Calibration { resident: Some(2) };
-        assert_eq!((cpu.decode_workgroups(), cpu.full_grid()), (3, 1));
+        assert_eq!((cpu.decode_workgroups(), cpu.full_grid()), (1, 1));
         assert_eq!(Calibration { resident: Some(0) }.full_grid(), 1);
     }
 }

@@ -26,23 +26,24 @@ fn slices_are_whole_key_tiles_and_cover_the_cache() {
             );
         }
     }
-    // The shape: 8 KV heads (4 query heads each) over a 32768-row cache want 66
-    // slices for the target; the longest slice, 512 keys, makes 64 (512 workgroups).
-    let s = plan_slices(32768, 8, 32, 512, target);
-    assert_eq!((s.n_slices, s.slice_len), (64, 512));
+    // 32 query heads over 8 KV heads and a 32768-row cache want 33 slices for the target;
+    // the key tiles round that to 32 of the longest slice, 1024 keys (256 workgroups).
+    let cap = attn_dsl::layout::decode::SLICE_CAP;
+    let s = plan_slices(32768, 8, 32, cap, target);
+    assert_eq!((s.n_slices, s.slice_len), (32, 1024));
     assert!(target.div_ceil(8) > s.n_slices);
     // An adapter that runs a quarter as many workgroups at once gets longer slices.
     let quarter = Calibration {
         resident: Some(runtime::plan::calibration::H100_RESIDENT / 4),
     };
-    let s = plan_slices(32768, 8, 32, 512, quarter.decode_workgroups());
+    let s = plan_slices(32768, 8, 32, cap, quarter.decode_workgroups());
     assert_eq!(
         (s.n_slices, s.slice_len),
-        (64, 512),
-        "17 slices wanted, 512 keys at most"
+        (32, 1024),
+        "8 slices wanted, 1024 keys at most"
     );
-    let s = plan_slices(4096, 8, 32, 512, quarter.decode_workgroups());
-    assert_eq!((s.n_slices, s.slice_len), (16, 256));
+    let s = plan_slices(4096, 8, 32, cap, quarter.decode_workgroups());
+    assert_eq!((s.n_slices, s.slice_len), (8, 512));
 }
 
 fn input<'a>(cache_len: u32, q: &'a [f32], kv: &'a [f32]) -> DecodeInput<'a> {

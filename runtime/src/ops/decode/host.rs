@@ -109,7 +109,8 @@ impl SplitDecode {
         spec: &DecodeSpec,
         layout: SplitLayout,
     ) -> Result<SplitDecode, Error> {
-        let [split, reduce] = crate::ops::decode::abis(spec, layout)?;
+        let storage = gpu.limits().max_compute_workgroup_storage_size;
+        let [split, reduce] = crate::ops::decode::abis(spec, layout, storage)?;
         SplitDecode::new(gpu, &split, &reduce)
     }
 

@@ -144,8 +144,10 @@ pub(crate) struct Passes {
     pub reduce_lse: Option<Pipeline>,
     pub key_tile: u32,
     pub max_slice: u32,
-    /// The slicing rule's target workgroups on this adapter.
+    /// The slicing rule's target workgroups on this adapter: the split pass's, and a
+    /// chunk's.
     pub target: u32,
+    pub chunk_target: u32,
 }
 
 impl Passes {
@@ -157,6 +159,7 @@ impl Passes {
             key_tile,
             max_slice,
             target: calibration.decode_workgroups(),
+            chunk_target: calibration.chunk_workgroups(),
             split: Pipeline::new(split),
             reduce: Pipeline::new(reduce),
             reduce_lse: None,
@@ -258,8 +261,13 @@ impl SplitLayout {
 }
 
 /// The family's split and reduce kernels for a spec (compiled by the DSL now; the
-/// pipelines are created later), the split pass in `layout`.
-pub(crate) fn abis(spec: &DecodeSpec, layout: SplitLayout) -> Result<[KernelAbi; 2], Error> {
+/// pipelines are created later), the split pass in `layout`, its slices as long as
+/// `workgroup_storage` bytes of workgroup memory (the device's) hold.
+pub(crate) fn abis(
+    spec: &DecodeSpec,
+    layout: SplitLayout,
+    workgroup_storage: u32,
+) -> Result<[KernelAbi; 2], Error> {
     let streamed = layout == SplitLayout::Streamed;
     let base = match (spec.cache, streamed) {
         (Cache::Contiguous, false) => "attention_decode_split",
@@ -292,8 +300,9 @@ pub(crate) fn abis(spec: &DecodeSpec, layout: SplitLayout) -> Result<[KernelAbi;
     // WebGPU's defaults where the kernel fits them; else just the storage buffers it binds
     // (a paged fp8 cache with ALiBi binds 9, as do three modifier tensors), which an
     // adapter with more runs and one without refuses naming the limit; a streamed pass's
-    // subgroups are native.
-    split.fit_target();
+    // subgroups are native. Longer slices than WebGPU's 16 KiB hold where the device has
+    // the memory for them (`attn_dsl::layout::decode::SLICE_CAP` has what they gain).
+    split.fit_device(workgroup_storage);
     let split = compile(&split)?;
     let reduce = compile(&reduce_spec(spec, false))?;
     Ok([split, reduce])
@@ -361,7 +370,11 @@ impl Decode {
             masks: gpu.masks(spec.masks),
             ..spec
         };
-        let abis = abis(&spec, layout)?;
+        let abis = abis(
+            &spec,
+            layout,
+            gpu.limits().max_compute_workgroup_storage_size,
+        )?;
         for abi in &abis {
             gpu.require(abi)?;
         }
@@ -430,7 +443,7 @@ impl Decode {
     fn check_in(&mut self, gpu: &Gpu, args: &DecodeArgs, shared: bool) -> Result<(), Error> {
         let passes = self.passes(gpu)?;
         let c = check(passes.split.abi(), passes.reduce.abi(), args)?;
-        let target = passes.target;
+        let target = passes.chunk_target;
         let split = passes.slicing(c.h, (c.batch, c.n_rows), args.cache.max_len, args.slice_len);
         let spec = self.spec.chunk();
         let chunked = match (args.rows, self.chunks.as_mut()) {
@@ -597,7 +610,7 @@ impl Decode {
             n,
             heads: c.h,
             slice_len: args.slice_len,
-            target: passes.target,
+            target: passes.chunk_target,
             shared: extra.shared,
         };
         let spec = self.spec.chunk();
