@@ -342,3 +342,32 @@ fn a_streamed_grid_says_its_step() {
     let e = attn_dsl::compile(&webgpu).unwrap_err().to_string();
     assert!(e.contains("native"), "{e}");
 }
+
+#[test]
+fn a_device_with_more_workgroup_memory_takes_longer_slices() {
+    let longest = |storage: u32| {
+        let mut spec = KernelSpec {
+            dtype: attn_dsl::Dtype::F16,
+            ..split(128, 4, Masks::default())
+        };
+        spec.fit_device(storage);
+        attn_dsl::compile(&spec).expect("the split pass compiles");
+        (attn_dsl::emit::split_max_slice(&spec), spec.target)
+    };
+    // WebGPU's 16 KiB: the slices its memory holds, and WebGPU's target.
+    let (slice, target) = longest(16384);
+    assert_eq!((slice, target), (608, attn_dsl::Target::Webgpu));
+    // An H200's 48 KiB: the cap, on a native target holding just that layout.
+    let (slice, target) = longest(49152);
+    assert_eq!(slice, attn_dsl::layout::decode::SLICE_CAP);
+    let attn_dsl::Target::Native(limits) = target else {
+        panic!("a 1024-key slice needs more than WebGPU's workgroup memory: {target:?}");
+    };
+    assert!(limits.workgroup_storage_bytes > 16384 && limits.workgroup_storage_bytes < 49152);
+    // In between, the longest slice that fits.
+    let (slice, _) = longest(20480);
+    assert!(
+        slice > 608 && slice < 1024 && slice.is_multiple_of(32),
+        "{slice}"
+    );
+}
