@@ -764,39 +764,23 @@ fn decode(gpu: &Gpu, args: &Args, cache_len: u32) -> anyhow::Result<()> {
             false => continued_rows(gpu, args, shape, copy.gbps()),
         };
     }
-    let rows =
-        bench::decode(gpu, shape, args.slice_len, args.warmup, args.runs).context(shape.label())?;
-    let all = || [&copy, &buffer_copy].into_iter().chain(&rows);
-    if args.json {
-        for r in all() {
-            println!(
-                "{}",
-                serde_json::json!({
-                    "adapter": gpu.describe(),
-                    "shape": shape.label(),
-                    "kernel": r.kernel,
-                    "median_ms": r.timing.median_ms,
-                    "min_ms": r.timing.min_ms,
-                    "runs": r.timing.runs,
-                    "bytes": r.bytes,
-                    "gbps": r.gbps(),
-                    "of_copy": r.gbps() / copy.gbps(),
-                })
-            );
-        }
-        return Ok(());
-    }
-    println!("adapter: {}", gpu.describe());
-    println!(
-        "GB/s: bytes moved (decode: K and V read, Q read, O written; copy: read + written) \
-         per second of GPU time; of copy: that over the copy kernel's GB/s"
-    );
-    println!(
-        "{:<32} {:<52} {:>10} {:>10} {:>9} {:>8}",
-        "shape", "kernel", "median ms", "min ms", "GB/s", "of copy"
-    );
-    for r in all() {
-        println!(
+    let describe = gpu.describe();
+    let print = |r: &bench::DecodeRow| match args.json {
+        true => println!(
+            "{}",
+            serde_json::json!({
+                "adapter": describe,
+                "shape": shape.label(),
+                "kernel": r.kernel,
+                "median_ms": r.timing.median_ms,
+                "min_ms": r.timing.min_ms,
+                "runs": r.timing.runs,
+                "bytes": r.bytes,
+                "gbps": r.gbps(),
+                "of_copy": r.gbps() / copy.gbps(),
+            })
+        ),
+        false => println!(
             "{:<32} {:<52} {:>10.3} {:>10.3} {:>9.1} {:>7.0}%",
             shape.label(),
             r.kernel,
@@ -804,7 +788,26 @@ fn decode(gpu: &Gpu, args: &Args, cache_len: u32) -> anyhow::Result<()> {
             r.timing.min_ms,
             r.gbps(),
             100.0 * r.gbps() / copy.gbps()
+        ),
+    };
+    if !args.json {
+        println!("adapter: {describe}");
+        println!(
+            "GB/s: bytes moved (decode: K and V read, Q read, O written; copy: read + written) \
+             per second of GPU time; of copy: that over the copy kernel's GB/s"
         );
+        println!(
+            "{:<32} {:<52} {:>10} {:>10} {:>9} {:>8}",
+            "shape", "kernel", "median ms", "min ms", "GB/s", "of copy"
+        );
+    }
+    print(&copy);
+    print(&buffer_copy);
+    // Each row as it is measured: the caches' uploads and the pipelines take a while.
+    let rows = bench::decode(gpu, shape, args.slice_len, (args.warmup, args.runs), print)
+        .context(shape.label())?;
+    if args.json {
+        return Ok(());
     }
     for line in fp8_speedups(&rows) {
         println!("{line}");

@@ -149,8 +149,13 @@ fn decode_rows_count_the_cache_and_time_every_decode_and_the_copy() {
             "whole workgroups, read + written"
         );
     }
-    let rows = bench::decode(&gpu, shape, None, 0, 1).unwrap();
+    let mut seen = Vec::new();
+    let rows = bench::decode(&gpu, shape, None, (0, 1), |r| seen.push(r.kernel.clone())).unwrap();
     let kernels: Vec<&str> = rows.iter().map(|r| r.kernel.as_str()).collect();
+    assert_eq!(
+        seen, kernels,
+        "every row reported as it is measured, in order"
+    );
     assert!(kernels[0].starts_with("decode plain"), "{kernels:?}");
     assert!(
         kernels[1].starts_with("decode split-K 10x32"),

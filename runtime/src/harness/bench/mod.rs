@@ -1120,13 +1120,14 @@ const PAGE: u32 = 16;
 
 /// Times the plain decode (one workgroup per head) and split-K decode (both passes) on
 /// `shape`, on the same uploaded cache, then split-K on a paged copy of it; `slice_len`
-/// overrides the slicing rule.
+/// overrides the slicing rule. `each` sees every row as it is measured (a run of large
+/// caches takes a minute).
 pub fn decode(
     gpu: &Gpu,
     shape: DecodeShape,
     slice_len: Option<u32>,
-    warmup: usize,
-    runs: usize,
+    (warmup, runs): (usize, usize),
+    mut each: impl FnMut(&DecodeRow),
 ) -> Result<Vec<DecodeRow>, Error> {
     let h = shape.heads;
     let masks = Masks::default();
@@ -1204,31 +1205,34 @@ pub fn decode(
         ..input
     };
     let paged_prepared = paged.prepare(gpu, &paged_input, Some(&pages), slice_len)?;
-    let mut rows = vec![
-        DecodeRow {
-            kernel: format!("decode plain ({} workgroups)", h.n_heads * shape.batch),
-            timing: timing::time(gpu, &[plain_step], warmup, runs)?,
-            bytes,
-        },
-        DecodeRow {
-            kernel: format!(
-                "decode split-K {}x{} + reduce ({} workgroups)",
-                s.n_slices,
-                s.slice_len,
-                prepared.split_workgroups()
-            ),
-            timing: timing::time(gpu, &prepared.steps(&split), warmup, runs)?,
-            bytes,
-        },
-        DecodeRow {
-            kernel: format!(
-                "decode split-K {}x{} paged ({PAGE}-key pages)",
-                s.n_slices, s.slice_len
-            ),
-            timing: timing::time(gpu, &paged_prepared.steps(&paged), warmup, runs)?,
-            bytes,
-        },
-    ];
+    let mut rows = Vec::new();
+    let mut push = |row: DecodeRow| {
+        each(&row);
+        rows.push(row);
+    };
+    push(DecodeRow {
+        kernel: format!("decode plain ({} workgroups)", h.n_heads * shape.batch),
+        timing: timing::time(gpu, &[plain_step], warmup, runs)?,
+        bytes,
+    });
+    push(DecodeRow {
+        kernel: format!(
+            "decode split-K {}x{} + reduce ({} workgroups)",
+            s.n_slices,
+            s.slice_len,
+            prepared.split_workgroups()
+        ),
+        timing: timing::time(gpu, &prepared.steps(&split), warmup, runs)?,
+        bytes,
+    });
+    push(DecodeRow {
+        kernel: format!(
+            "decode split-K {}x{} paged ({PAGE}-key pages)",
+            s.n_slices, s.slice_len
+        ),
+        timing: timing::time(gpu, &paged_prepared.steps(&paged), warmup, runs)?,
+        bytes,
+    });
     // The same step in every dtype and fp8 cache, with the split pass staged and (where the
     // device has subgroups) streamed, each followed by its split pass alone: what the
     // streaming costs beside the reduce's fixed cost and the second dispatch's.
@@ -1265,7 +1269,7 @@ pub fn decode(
                     shape.bytes_of(1.0, f64::from(dtype.bytes())),
                 ),
             };
-            rows.push(DecodeRow {
+            push(DecodeRow {
                 kernel: format!(
                     "decode split-K {}x{} + reduce, {label}",
                     s.n_slices, s.slice_len
@@ -1276,7 +1280,7 @@ pub fn decode(
             let (split_pass, reduce_pass) = steps.split_at(1);
             for (part, steps, bytes) in [("split", split_pass, bytes), ("reduce", reduce_pass, 0.0)]
             {
-                rows.push(DecodeRow {
+                push(DecodeRow {
                     kernel: format!("  part: {part} pass alone"),
                     timing: timing::time(gpu, steps, warmup, runs)?,
                     bytes,
@@ -1285,7 +1289,7 @@ pub fn decode(
             // The whole decode timed again on the same buffers, after the passes alone: a
             // row whose first timing is slow and this one is not was slowed by what came
             // before it (its cache's upload), not by its kernels.
-            rows.push(DecodeRow {
+            push(DecodeRow {
                 kernel: "  again: both passes".into(),
                 timing: timing::time(gpu, &steps, warmup, runs)?,
                 bytes,
