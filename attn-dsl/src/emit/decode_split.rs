@@ -13,6 +13,7 @@
 //! `O = Σ_s e^(m_s − M)·o_s / Σ_s e^(m_s − M)·l_s`, M the largest m_s.
 
 use super::numerics::Helper;
+use super::served::COMPONENTS;
 use super::writer::{Fragment, Template, Wgsl, concat, lines, uint};
 
 use crate::spec::{Cache, KernelSpec, Op};
@@ -214,8 +215,6 @@ fn part_ml(slice: u32, q: u32) -> vec2<f32> {
 pub(super) fn partials() -> super::writer::Fragment {
     PARTIALS.plain()
 }
-
-const COMPONENTS: [&str; 4] = ["x", "y", "z", "w"];
 
 /// Rows of two widths: the cache row of key j (head kv_h), then K's and V's offsets in it.
 const CONTIGUOUS_ROW: Template = Template {
@@ -459,19 +458,13 @@ fn key_pass(spec: &KernelSpec, loops: &Loops) -> [(&'static str, Fragment); 11] 
     for (i, d) in dots.iter_mut().enumerate().take(heads) {
         *d = format!("hsum(a{i})");
     }
-    let scores = (0..heads).map(|i| {
-        let c = COMPONENTS[i];
-        SCORE_HEAD.fill([
-            ("sees", Fragment::from(super::served::sees(i, c, "j"))),
-            ("c", Fragment::from(c)),
-        ])
-    });
+    let scores = (0..heads).map(|i| super::served::score_head(i, "x", "j", "s"));
     [
         ("q_regs", lines(q_regs)),
-        ("k_pre", loops.k_pre.clone()),
-        ("first_fetch", fetch("var k", loops.k_first)),
-        ("k_head", loops.k_head.clone()),
-        ("next_fetch", fetch("let n", loops.k_next)),
+        ("k_pre", loops.keys.pre.clone()),
+        ("first_fetch", fetch("var k", loops.keys.first)),
+        ("k_head", loops.keys.head.clone()),
+        ("next_fetch", fetch("let n", &loops.keys.next)),
         (
             "widen_k",
             lines((0..per_lane).map(|e| format!("let w{e} = widen_w(k{e});"))),
@@ -494,16 +487,6 @@ fn key_pass(spec: &KernelSpec, loops: &Loops) -> [(&'static str, Fragment); 11] 
         ),
     ]
 }
-
-/// Served head `$c`'s score of key j, where it sees the key.
-const SCORE_HEAD: Template = Template {
-    name: "split_score_head",
-    needs: &[],
-    text: r#"if ($sees) {
-    x.$c = score(sv.pos.$c, sv.h.$c, j, s.$c);
-}
-"#,
-};
 
 /// P·V's fills: the heads' accumulators, the first rows' fetches, and each step's
 /// prefetches, products and rotation, PV_UNROLL rows a step.
@@ -658,12 +641,8 @@ fn $name(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
 /// tiles where a served head may see one (the K pass by `KEY_TILE` keys, P·V by `PV_STEP`
 /// rows), their scores left at `NEG_BIG` (P = 0) and their rows never loaded.
 struct Loops {
-    /// Statements before the K pass's first prefetch, the first tile's first key, the
-    /// loop's head and the next tile's first key.
-    k_pre: Fragment,
-    k_first: &'static str,
-    k_head: Fragment,
-    k_next: &'static str,
+    /// The K pass's loop.
+    keys: KeySteps,
     /// The same for P·V, whose `i` is the slice's row of this invocation's first V row.
     v_pre: Fragment,
     v_first: &'static str,
@@ -675,12 +654,11 @@ struct Loops {
 
 impl Loops {
     fn of(spec: &KernelSpec) -> Loops {
-        match super::tiles::sparse(spec) {
+        let sparse = super::tiles::sparse(spec);
+        let keys = key_steps("KEY_TILE", sparse);
+        match sparse {
             false => Loops {
-                k_pre: Fragment::default(),
-                k_first: "first",
-                k_head: Fragment::from("for (var t0 = first; t0 < hi; t0 = t0 + KEY_TILE) {"),
-                k_next: "t0 + KEY_TILE",
+                keys,
                 v_pre: Fragment::default(),
                 v_first: "first",
                 v_head: Fragment::from("for (var i = i0; i < hi - lo; i = i + PV_STEP) {"),
@@ -688,10 +666,7 @@ impl Loops {
                 fill: Fragment::default(),
             },
             true => Loops {
-                k_pre: SPARSE_K_PRE.plain(),
-                k_first: "k_first",
-                k_head: SPARSE_K_HEAD.plain(),
-                k_next: "k_next",
+                keys,
                 v_pre: Fragment::from("let v_first = next_tile(first, hi, PV_STEP, sv, wg_b);"),
                 v_first: "v_first",
                 v_head: SPARSE_V_HEAD.plain(),
@@ -702,19 +677,55 @@ impl Loops {
     }
 }
 
-const SPARSE_K_PRE: Template = Template {
-    name: "sparse_k_pre",
+/// A split pass's loop over its slice's keys by steps of a constant's keys (the staged
+/// pass's `KEY_TILE`, the streamed pass's `STEP`): statements before its first prefetch, its
+/// head, and the first key of its first step and of the next one.
+pub(super) struct KeySteps {
+    pub pre: Fragment,
+    pub head: Fragment,
+    pub first: &'static str,
+    pub next: String,
+}
+
+/// Every step, or with a `mask_mod` (`sparse`) only the steps a served query may see a key
+/// of, the next one found at the top.
+pub(super) fn key_steps(step: &str, sparse: bool) -> KeySteps {
+    let step_hole = || [("step", Fragment::from(step))];
+    match sparse {
+        false => KeySteps {
+            pre: Fragment::default(),
+            head: DENSE_KEY_HEAD.fill(step_hole()),
+            first: "first",
+            next: format!("t0 + {step}"),
+        },
+        true => KeySteps {
+            pre: SPARSE_KEY_PRE.fill(step_hole()),
+            head: SPARSE_KEY_HEAD.fill(step_hole()),
+            first: "k_first",
+            next: "k_next".into(),
+        },
+    }
+}
+
+const DENSE_KEY_HEAD: Template = Template {
+    name: "dense_key_head",
     needs: &[],
-    text: r#"let k_first = next_tile(first, hi, KEY_TILE, sv, wg_b);
+    text: "for (var t0 = first; t0 < hi; t0 = t0 + $step) {",
+};
+
+const SPARSE_KEY_PRE: Template = Template {
+    name: "sparse_key_pre",
+    needs: &[],
+    text: r#"let k_first = next_tile(first, hi, $step, sv, wg_b);
 var k_next = k_first;
 "#,
 };
 
-const SPARSE_K_HEAD: Template = Template {
-    name: "sparse_k_head",
+const SPARSE_KEY_HEAD: Template = Template {
+    name: "sparse_key_head",
     needs: &[],
     text: r#"for (var t0 = k_first; t0 < hi; t0 = k_next) {
-    k_next = next_tile(t0 + KEY_TILE, hi, KEY_TILE, sv, wg_b);
+    k_next = next_tile(t0 + $step, hi, $step, sv, wg_b);
 "#,
 };
 

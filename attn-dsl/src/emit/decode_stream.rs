@@ -14,12 +14,11 @@
 //! pass is the same.
 
 use super::numerics::Helper;
+use super::served::COMPONENTS;
 use super::writer::{Fragment, Template, Wgsl, concat, lines, uint};
 
 use crate::layout::decode::{Stream, stream_word_type};
 use crate::spec::KernelSpec;
-
-const COMPONENTS: [&str; 4] = ["x", "y", "z", "w"];
 
 /// The pass's constants after the widths.
 pub(super) fn constants(spec: &KernelSpec, s: &Stream) -> Fragment {
@@ -226,20 +225,12 @@ fn entry(spec: &KernelSpec, s: &Stream, sparse: bool) -> Fragment {
         (0..heads)
             .flat_map(move |i| (0..words).flat_map(move |w| (0..s.quads()).map(move |p| (i, w, p))))
     };
-    let (loop_pre, loop_head, first_key, next_key) = match sparse {
-        false => (
-            Fragment::default(),
-            Fragment::from(LOOP_HEAD),
-            "first",
-            "t0 + STEP",
-        ),
-        true => (
-            SPARSE_LOOP_PRE.plain(),
-            SPARSE_LOOP_HEAD.plain(),
-            "k_first",
-            "k_next",
-        ),
-    };
+    let super::decode_split::KeySteps {
+        pre: loop_pre,
+        head: loop_head,
+        first: first_key,
+        next: next_key,
+    } = super::decode_split::key_steps("STEP", sparse);
     let rotate = (0..s.keys).flat_map(|u| {
         let k = (0..s.k_per_lane).map(move |w| format!("k{u}_{w} = nk{u}_{w};"));
         k.chain((0..s.v_per_lane).map(move |w| format!("v{u}_{w} = nv{u}_{w};")))
@@ -263,35 +254,13 @@ fn entry(spec: &KernelSpec, s: &Stream, sparse: bool) -> Fragment {
         ("loop_pre", loop_pre),
         ("loop_head", loop_head),
         ("first_fetch", fetches(s, "", first_key, "var ")),
-        ("next_fetch", fetches(s, "n", next_key, "let ")),
+        ("next_fetch", fetches(s, "n", &next_key, "let ")),
         ("scores", scores(spec, s)),
         ("softmax", softmax(spec, s)),
         ("rotate", lines(rotate)),
         ("meet", meet(spec, s)),
     ])
 }
-
-/// The key loop over the slice, a step at a time.
-const LOOP_HEAD: &str = "for (var t0 = first; t0 < hi; t0 = t0 + STEP) {";
-
-/// With a `mask_mod`, the first step the served queries may see a key of.
-const SPARSE_LOOP_PRE: Template = Template {
-    name: "sparse_loop_pre",
-    needs: &[],
-    text: r#"let k_first = next_tile(first, hi, STEP, sv, wg_b);
-var k_next = k_first;
-"#,
-};
-
-/// With a `mask_mod`, the loop over the steps the served queries may see a key of, the
-/// next one found at the top.
-const SPARSE_LOOP_HEAD: Template = Template {
-    name: "sparse_loop_head",
-    needs: &[],
-    text: r#"for (var t0 = k_first; t0 < hi; t0 = k_next) {
-    k_next = next_tile(t0 + STEP, hi, STEP, sv, wg_b);
-"#,
-};
 
 /// The entry's parameters for the subgroup butterfly.
 const SUBGROUP_BUILTINS: Template = Template {
@@ -400,15 +369,8 @@ fn scores(spec: &KernelSpec, s: &Stream) -> Fragment {
                     format!("a{u} = a{u} + vec4<f32>({});", dots.join(", "))
                 })
             });
-            let score_heads = COMPONENTS.iter().enumerate().take(heads).map(|(i, c)| {
-                SCORE_HEAD.fill([
-                    (
-                        "sees",
-                        Fragment::from(super::served::sees(i, c, &format!("j{u}"))),
-                    ),
-                    ("u", Fragment::from(u.to_string())),
-                    ("c", Fragment::from(*c)),
-                ])
+            let score_heads = (0..heads).map(|i| {
+                super::served::score_head(i, &format!("x{u}"), &format!("j{u}"), &format!("d{u}"))
             });
             SCORE_KEY.fill([
                 ("u", Fragment::from(u.to_string())),
@@ -433,16 +395,6 @@ let j$u = t0 + ${u}u * GROUPS + g;
 var x$u = vec4<f32>(NEG_BIG);
 if (j$u < hi) {
     $heads
-}
-"#,
-};
-
-/// Served head `$c`'s score of key u, where it sees the key.
-const SCORE_HEAD: Template = Template {
-    name: "stream_score_head",
-    needs: &[],
-    text: r#"if ($sees) {
-    x$u.$c = score(sv.pos.$c, sv.h.$c, j$u, d$u.$c);
 }
 "#,
 };

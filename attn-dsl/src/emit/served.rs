@@ -126,9 +126,34 @@ $share_batch
 "#,
 };
 
+/// The vec4 components that hold the served queries' values, query i in component i.
+pub(super) const COMPONENTS: [&str; 4] = ["x", "y", "z", "w"];
+
 /// The WGSL test that served query `i` (component `c`) sees key `j`.
-pub(super) fn sees(i: usize, c: &str, j: &str) -> String {
+fn sees(i: usize, c: &str, j: &str) -> String {
     format!(
         "{i}u < n_here && {j} >= ks.{c} && {j} < ke.{c} && key_visible(sv.pos.{c}, sv.h.{c}, {j})"
     )
 }
+
+/// Served query `i`'s score of key `j` from its dot product (component `i` of the vec4
+/// `dot`) into component `i` of `x`, where it sees the key.
+pub(super) fn score_head(i: usize, x: &str, j: &str, dot: &str) -> Fragment {
+    let c = COMPONENTS[i];
+    SCORE_HEAD.fill([
+        ("sees", Fragment::from(sees(i, c, j))),
+        ("x", Fragment::from(x)),
+        ("c", Fragment::from(c)),
+        ("j", Fragment::from(j)),
+        ("dot", Fragment::from(dot)),
+    ])
+}
+
+const SCORE_HEAD: Template = Template {
+    name: "score_head",
+    needs: &[],
+    text: r#"if ($sees) {
+    $x.$c = score(sv.pos.$c, sv.h.$c, $j, $dot.$c);
+}
+"#,
+};
