@@ -31,9 +31,9 @@ var<private> batch: u32;
 @group(0) @binding(5) var<storage, read_write> seq_lens_next: array<u32>;
 @group(0) @binding(6) var<uniform> dims: Dims;
 
-// Row j of slot `slot`, KV head kv_h, in vec4s: [slot, capacity, kv_h, d].
-fn cache4_index(slot: u32, j: u32, kv_h: u32) -> u32 {
-    return ((slot * dims.capacity + j) * dims.n_kv_heads + kv_h) * V4;
+// Row j of slot `slot`, KV head kv_h: [slot, capacity, kv_h, d].
+fn cache_row(slot: u32, j: u32, kv_h: u32) -> u32 {
+    return (slot * dims.capacity + j) * dims.n_kv_heads + kv_h;
 }
 
 @compute @workgroup_size(WG)
@@ -47,7 +47,7 @@ fn attention_cache_append(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wor
         let s = i / per_row;
         let rest = i % per_row;
         let kv_h = rest / V4;
-        let to = cache4_index(slot, start + s, kv_h) + rest % V4;
+        let to = cache_row(slot, start + s, kv_h) * V4 + rest % V4;
         let src = (batch * dims.n_new + s) * per_row + rest;
         k_cache[to] = k_new[src];
         v_cache[to] = v_new[src];

@@ -34,9 +34,9 @@ var<private> batch: u32;
 @group(0) @binding(6) var<uniform> dims: Dims;
 @group(0) @binding(7) var<storage, read> kv_scales: array<f32>;
 
-// Row j of slot `slot`, KV head kv_h, in vec4s: [slot, capacity, kv_h, d].
-fn cache4_index(slot: u32, j: u32, kv_h: u32) -> u32 {
-    return ((slot * dims.capacity + j) * dims.n_kv_heads + kv_h) * V4;
+// Row j of slot `slot`, KV head kv_h: [slot, capacity, kv_h, d].
+fn cache_row(slot: u32, j: u32, kv_h: u32) -> u32 {
+    return (slot * dims.capacity + j) * dims.n_kv_heads + kv_h;
 }
 fn widen4(x: vec4<f16>) -> vec4<f32> {
     return vec4<f32>(x);
@@ -99,7 +99,7 @@ fn attention_cache_append_e4m3(@builtin(workgroup_id) wg: vec3<u32>, @builtin(nu
         let s = i / per_row;
         let rest = i % per_row;
         let kv_h = rest / V4;
-        let to = cache4_index(slot, start + s, kv_h) + rest % V4;
+        let to = cache_row(slot, start + s, kv_h) * V4 + rest % V4;
         let src = (batch * dims.n_new + s) * per_row + rest;
         k_cache[to] = narrow_kv4(widen4(k_new[src]) / kv_scales[kv_h]);
         v_cache[to] = narrow_kv4(widen4(v_new[src]) / kv_scales[dims.n_kv_heads + kv_h]);

@@ -33,11 +33,11 @@ var<private> batch: u32;
 @group(0) @binding(7) var<storage, read> block_table: array<u32>;
 
 // Row j of slot `slot` lives in page block_table[slot, j / page_size] of the pool
-// [page, row, kv_h, d], at row j % page_size; in vec4s.
-fn cache4_index(slot: u32, j: u32, kv_h: u32) -> u32 {
+// [page, row, kv_h, d], at row j % page_size.
+fn cache_row(slot: u32, j: u32, kv_h: u32) -> u32 {
     let page = block_table[slot * dims.pages_per_seq + j / dims.page_size];
     let row = page * dims.page_size + j % dims.page_size;
-    return (row * dims.n_kv_heads + kv_h) * V4;
+    return row * dims.n_kv_heads + kv_h;
 }
 
 @compute @workgroup_size(WG)
@@ -51,7 +51,7 @@ fn attention_cache_append_paged(@builtin(workgroup_id) wg: vec3<u32>, @builtin(n
         let s = i / per_row;
         let rest = i % per_row;
         let kv_h = rest / V4;
-        let to = cache4_index(slot, start + s, kv_h) + rest % V4;
+        let to = cache_row(slot, start + s, kv_h) * V4 + rest % V4;
         let src = (batch * dims.n_new + s) * per_row + rest;
         k_cache[to] = k_new[src];
         v_cache[to] = v_new[src];

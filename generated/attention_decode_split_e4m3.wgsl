@@ -269,9 +269,13 @@ fn dropped(row: u32, h: u32, j: u32, p: f32) -> f32 {
     return p;
 }
 
-// [slot, j, kv_h, d]: the row of key j (head kv_h).
+// Row j of slot `slot`, KV head kv_h: [slot, capacity, kv_h, d].
+fn cache_row(slot: u32, j: u32, kv_h: u32) -> u32 {
+    return (slot * dims.capacity + j) * dims.n_kv_heads + kv_h;
+}
+
 fn kv_row(j: u32, kv_h: u32) -> u32 {
-    return (cache_slot() * dims.capacity + j) * dims.n_kv_heads + kv_h;
+    return cache_row(cache_slot(), j, kv_h);
 }
 // [row, h, d] in vec4s, of query q (row · n_heads + h) of this sequence's rows.
 fn q4_index(q: u32) -> u32 {

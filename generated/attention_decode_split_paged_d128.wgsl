@@ -226,12 +226,16 @@ fn dropped(row: u32, h: u32, j: u32, p: f32) -> f32 {
     return p;
 }
 
-// Key j of this sequence lives in page block_table[slot, j / page_size] of the pool
-// [page, row, kv_h, d], at row j % page_size: the row of key j (head kv_h).
-fn kv_row(j: u32, kv_h: u32) -> u32 {
-    let page = block_table[cache_slot() * dims.pages_per_seq + j / dims.page_size];
+// Row j of slot `slot` lives in page block_table[slot, j / page_size] of the pool
+// [page, row, kv_h, d], at row j % page_size.
+fn cache_row(slot: u32, j: u32, kv_h: u32) -> u32 {
+    let page = block_table[slot * dims.pages_per_seq + j / dims.page_size];
     let row = page * dims.page_size + j % dims.page_size;
     return row * dims.n_kv_heads + kv_h;
+}
+
+fn kv_row(j: u32, kv_h: u32) -> u32 {
+    return cache_row(cache_slot(), j, kv_h);
 }
 // [row, h, d] in vec4s, of query q (row · n_heads + h) of this sequence's rows.
 fn q4_index(q: u32) -> u32 {

@@ -51,31 +51,16 @@ const KV4: u32 = QK4 + V4;
 "#,
 };
 
-const CONTIGUOUS: Template = Template {
-    name: "contiguous",
-    needs: &[],
-    text: r#"// Row j of slot `slot`, KV head kv_h, in vec4s: [slot, capacity, kv_h, d].
-fn cache4_index(slot: u32, j: u32, kv_h: u32) -> u32 {
-    return ((slot * dims.capacity + j) * dims.n_kv_heads + kv_h) * V4;
+/// `cache_row(slot, j, kv_h)`: the row of key j of slot `slot`, KV head kv_h, in either
+/// layout, counted in rows (a row of K starts at it times K's width, one of V at it times
+/// V's): the one place every kernel that reads or writes a cache finds its rows.
+pub(super) fn cache_row(spec: &KernelSpec) -> Fragment {
+    match spec.cache {
+        Cache::Contiguous => CONTIGUOUS_ROW.plain(),
+        Cache::Paged => PAGED_ROW.plain(),
+    }
 }
-"#,
-};
 
-const PAGED: Template = Template {
-    name: "paged",
-    needs: &[],
-    text: r#"// Row j of slot `slot` lives in page block_table[slot, j / page_size] of the pool
-// [page, row, kv_h, d], at row j % page_size; in vec4s.
-fn cache4_index(slot: u32, j: u32, kv_h: u32) -> u32 {
-    let page = block_table[slot * dims.pages_per_seq + j / dims.page_size];
-    let row = page * dims.page_size + j % dims.page_size;
-    return (row * dims.n_kv_heads + kv_h) * V4;
-}
-"#,
-};
-
-/// Rows of two widths: the row of key j of slot `slot`, KV head kv_h, counted in rows of
-/// either tensor, so that K's offset is it times QK4 and V's times V4.
 const CONTIGUOUS_ROW: Template = Template {
     name: "contiguous_row",
     needs: &[],
@@ -104,7 +89,7 @@ const ONE_WIDTH_COPY: Template = Template {
     name: "append_one_width",
     needs: &[],
     text: r#"let kv_h = rest / V4;
-let to = cache4_index(slot, start + s, kv_h) + rest % V4;
+let to = cache_row(slot, start + s, kv_h) * V4 + rest % V4;
 let src = (batch * dims.n_new + s) * per_row + rest;
 k_cache[to] = $k;
 v_cache[to] = $v;
@@ -130,12 +115,7 @@ if (c < QK4) {
 
 pub(super) fn append(out: &mut Wgsl, spec: &KernelSpec) {
     let split = spec.split_dims();
-    out.put(match (split, spec.cache) {
-        (false, Cache::Contiguous) => CONTIGUOUS.plain(),
-        (false, Cache::Paged) => PAGED.plain(),
-        (true, Cache::Contiguous) => CONTIGUOUS_ROW.plain(),
-        (true, Cache::Paged) => PAGED_ROW.plain(),
-    });
+    out.put(cache_row(spec));
     let (k, v) = match spec.kv_fp8 {
         Some(_) => {
             super::dtype::vec4_codec(out, spec.dtype);

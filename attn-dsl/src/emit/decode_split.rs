@@ -16,7 +16,7 @@ use super::numerics::Helper;
 use super::served::COMPONENTS;
 use super::writer::{Fragment, Template, Wgsl, concat, lines, uint};
 
-use crate::spec::{Cache, KernelSpec, Op};
+use crate::spec::{KernelSpec, Op};
 
 use crate::layout::decode::{Stream, lanes, max_slice, pv_unroll, word};
 
@@ -216,37 +216,22 @@ pub(super) fn partials() -> super::writer::Fragment {
     PARTIALS.plain()
 }
 
-/// Rows of two widths: the cache row of key j (head kv_h), then K's and V's offsets in it.
-const CONTIGUOUS_ROW: Template = Template {
-    name: "decode_contiguous_row",
+/// `kv_row(j, kv_h)`: the cache row of the sequence's key j (head kv_h), in either layout.
+pub(super) fn kv_row(spec: &KernelSpec) -> Fragment {
+    let blank = Fragment::from("\n");
+    super::cache::cache_row(spec)
+        .then(blank)
+        .then(KV_ROW.plain())
+}
+
+const KV_ROW: Template = Template {
+    name: "decode_kv_row",
     needs: &[],
-    text: r#"// [slot, j, kv_h, d]: the row of key j (head kv_h).
-fn kv_row(j: u32, kv_h: u32) -> u32 {
-    return (cache_slot() * dims.capacity + j) * dims.n_kv_heads + kv_h;
+    text: r#"fn kv_row(j: u32, kv_h: u32) -> u32 {
+    return cache_row(cache_slot(), j, kv_h);
 }
 "#,
 };
-
-const PAGED_ROW: Template = Template {
-    name: "decode_paged_row",
-    needs: &[],
-    text: r#"// Key j of this sequence lives in page block_table[slot, j / page_size] of the pool
-// [page, row, kv_h, d], at row j % page_size: the row of key j (head kv_h).
-fn kv_row(j: u32, kv_h: u32) -> u32 {
-    let page = block_table[cache_slot() * dims.pages_per_seq + j / dims.page_size];
-    let row = page * dims.page_size + j % dims.page_size;
-    return row * dims.n_kv_heads + kv_h;
-}
-"#,
-};
-
-/// `kv_row(j, kv_h)`: the cache row of key j (head kv_h), in either layout.
-pub(super) fn cache_row(spec: &KernelSpec) -> Fragment {
-    match spec.cache {
-        Cache::Contiguous => CONTIGUOUS_ROW.plain(),
-        Cache::Paged => PAGED_ROW.plain(),
-    }
-}
 
 fn split(out: &mut Wgsl, spec: &KernelSpec) {
     super::index::kv_head(out, spec);

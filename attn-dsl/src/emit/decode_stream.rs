@@ -96,7 +96,7 @@ pub(super) fn words(spec: &KernelSpec, word: u32, ragged: bool) -> Fragment {
     WORDS.fill([
         ("k_in", Fragment::from(k_in)),
         ("v_in", Fragment::from(v_in)),
-        ("row", super::decode_split::cache_row(spec)),
+        ("row", super::decode_split::kv_row(spec)),
         ("qk4", Fragment::from(super::decode_split::qk4(spec))),
         ("raw", Fragment::from(raw)),
         ("widen", widen),

@@ -11,7 +11,7 @@
 //! query tile walking the whole cache.
 
 use super::writer::{Fragment, Template, Wgsl, uint};
-use crate::spec::{Cache, KernelSpec, Op};
+use crate::spec::{KernelSpec, Op};
 
 /// Whether `spec` is a continued cache's kernel that cuts the keys into slices.
 pub(super) fn sliced(spec: &KernelSpec) -> bool {
@@ -33,12 +33,6 @@ pub(super) fn indexing(out: &mut Wgsl, spec: &KernelSpec) {
         true => ("QK_DIM", "V_DIM"),
         false => ("HEAD_DIM", "HEAD_DIM"),
     };
-    let key_row = match spec.cache {
-        Cache::Contiguous => {
-            Fragment::from("return (kv_slot * dims.capacity + j) * dims.n_kv_heads + kv_h;")
-        }
-        Cache::Paged => PAGED_KEY_ROW.plain(),
-    };
     let (slice_vars, slice_set, slice_range, o_index) = match sliced(spec) {
         true => (
             SLICE_VARS.plain(),
@@ -59,7 +53,7 @@ pub(super) fn indexing(out: &mut Wgsl, spec: &KernelSpec) {
         ("slice_vars", slice_vars),
         ("slice_set", slice_set),
         ("slice_range", slice_range),
-        ("key_row", key_row),
+        ("cache_row", super::cache::cache_row(spec)),
         ("o_index", o_index),
         ("qk", Fragment::from(qk)),
         ("v", Fragment::from(v)),
@@ -73,7 +67,7 @@ pub(super) fn indexing(out: &mut Wgsl, spec: &KernelSpec) {
 }
 
 /// [`indexing`]'s variables and functions: rows `$qk` (Q, K) and `$v` (V, O) wide, a key's
-/// cache row by `$key_row`, an output's offset by `$o_index`.
+/// cache row by `$cache_row`, an output's offset by `$o_index`.
 const INDEXING: Template = Template {
     name: "extend_indexing",
     needs: &[],
@@ -96,8 +90,10 @@ fn q_index(row: u32, h: u32) -> u32 {
     return ((batch * dims.seq_len + row - first_row) * dims.n_heads + h) * $qk;
 }
 
+$cache_row
+
 fn key_row(j: u32, kv_h: u32) -> u32 {
-    $key_row
+    return cache_row(kv_slot, j, kv_h);
 }
 
 fn kv_index(j: u32, kv_h: u32) -> u32 {
@@ -116,16 +112,6 @@ fn row_index(row: u32, h: u32) -> u32 {
     return (batch * dims.seq_len + row - first_row) * dims.n_heads + h;
 }
 
-"#,
-};
-
-/// A paged cache's row of key j (head kv_h).
-const PAGED_KEY_ROW: Template = Template {
-    name: "paged_key_row",
-    needs: &[],
-    text: r#"// Through the block table: page block_table[slot, j / page_size], row j % page_size.
-let page = block_table[kv_slot * dims.pages_per_seq + j / dims.page_size];
-return (page * dims.page_size + j % dims.page_size) * dims.n_kv_heads + kv_h;
 "#,
 };
 
