@@ -99,15 +99,14 @@ impl KernelSpec {
         let bytes = workgroup_bytes(self);
         self.fit_target();
         if bytes > workgroup_bytes(self) {
-            self.target = Target::Webgpu;
             self.fit_bytes(bytes);
         }
     }
 
-    /// A `native` target with `bytes` of workgroup memory and the storage buffers the
-    /// kernel binds where they or its subgroups pass the current target's, which stays
-    /// otherwise.
+    /// WebGPU's defaults, or where `bytes` of workgroup memory, the storage buffers the
+    /// kernel binds or its subgroups pass them, a `native` target with just what it needs.
     fn fit_bytes(&mut self, bytes: u32) {
+        self.target = Target::Webgpu;
         let storage = signature::tensors(self)
             .iter()
             .filter(|t| t.role != Role::Uniform)
