@@ -238,7 +238,13 @@ pub struct Gpu {
     compiled: CompiledPipelines,
     /// Where kernels built with [`Gpu::report_modifier_reads`] report.
     reads: Option<ReadReport>,
+    /// This `Gpu`'s number among every one made in the process: a tensor made here is on
+    /// its device without asking wgpu ([`crate::Tensor`]'s device check).
+    token: u64,
 }
+
+/// The next [`Gpu`]'s token.
+static NEXT_GPU: AtomicU64 = AtomicU64::new(0);
 
 impl Gpu {
     /// Picks a discrete GPU, else any GPU, else a CPU adapter (lavapipe), among those that
@@ -353,7 +359,13 @@ impl Gpu {
             buffers: AtomicU64::new(0),
             compiled: CompiledPipelines::default(),
             reads: None,
+            token: NEXT_GPU.fetch_add(1, Ordering::Relaxed),
         }
+    }
+
+    /// This `Gpu`'s number in the process (see the field).
+    pub(crate) fn token(&self) -> u64 {
+        self.token
     }
 
     pub(crate) fn pipeline_created(&self) {

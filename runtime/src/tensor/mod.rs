@@ -23,6 +23,8 @@ pub struct Tensor {
     /// The device the buffer belongs to (made there, or found there by [`Tensor::wrap`]):
     /// every binding compares it with the op's, since wgpu panics on a foreign buffer.
     device: wgpu::Device,
+    /// The token of the [`Gpu`] it was made or wrapped by.
+    origin: u64,
     offset: u64,
     shape: Vec<u32>,
     scalar: Scalar,
@@ -57,6 +59,7 @@ impl Tensor {
         let tensor = Tensor {
             buffer: buffer.clone(),
             device: gpu.device.clone(),
+            origin: gpu.token(),
             offset,
             shape: shape.to_vec(),
             scalar,
@@ -81,6 +84,7 @@ impl Tensor {
         Ok(Tensor {
             buffer,
             device: gpu.device.clone(),
+            origin: gpu.token(),
             offset: 0,
             shape: shape.to_vec(),
             scalar,
@@ -144,6 +148,7 @@ impl Tensor {
         Tensor {
             buffer,
             device: gpu.device.clone(),
+            origin: gpu.token(),
             offset: 0,
             shape: shape.to_vec(),
             scalar,
@@ -273,9 +278,12 @@ impl Tensor {
         Ok(())
     }
 
-    /// Whether the tensor lives on `gpu`'s device (wgpu panics on a buffer of another).
+    /// Whether the tensor lives on `gpu`'s device (wgpu panics on a buffer of another):
+    /// made by this `Gpu`, or on a device wgpu calls equal and that is the same one.
     pub(crate) fn check_device(&self, gpu: &Gpu, name: &str) -> Result<(), TensorError> {
-        match self.device == gpu.device {
+        let same = self.origin == gpu.token()
+            || (self.device == gpu.device && one_device(&self.device, &gpu.device));
+        match same {
             true => Ok(()),
             false => Err(TensorError::Device {
                 name: name.into(),
@@ -398,6 +406,32 @@ fn check_data(name: &str, got: usize, shape: &[u32]) -> Result<(), TensorError> 
     }
 }
 
+/// Whether `a` and `b`, equal by wgpu's comparison, are one device. wgpu compares devices
+/// by their ids, which the first device of every wgpu Instance shares; but a device's error
+/// scopes are its own, so an error raised on `a` reaches a scope pushed on `b` after one on
+/// `a` only where they are one.
+#[cfg(not(target_arch = "wasm32"))]
+fn one_device(a: &wgpu::Device, b: &wgpu::Device) -> bool {
+    let outer = a.push_error_scope(wgpu::ErrorFilter::Validation);
+    let inner = b.push_error_scope(wgpu::ErrorFilter::Validation);
+    // Invalid on every device: a buffer mapped at creation is a whole number of 4 bytes.
+    drop(a.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("attn device probe"),
+        size: 1,
+        usage: wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: true,
+    }));
+    let caught = crate::device::block_on(inner.pop()).is_some();
+    drop(crate::device::block_on(outer.pop()));
+    caught
+}
+
+/// A page's devices come from one WebGPU instance, whose devices wgpu tells apart.
+#[cfg(target_arch = "wasm32")]
+fn one_device(_: &wgpu::Device, _: &wgpu::Device) -> bool {
+    true
+}
+
 /// Whether `tensor`'s buffer belongs to `gpu`'s device: a bind group of it, made under an
 /// error scope, which on native wgpu reports at once.
 #[cfg(not(target_arch = "wasm32"))]
@@ -417,17 +451,30 @@ fn probe_device(gpu: &Gpu, tensor: &Tensor) -> Result<(), TensorError> {
             count: None,
         }],
     });
-    let _group = device.create_bind_group(&wgpu::BindGroupDescriptor {
-        label: Some("attn probe"),
-        layout: &layout,
-        entries: &[wgpu::BindGroupEntry {
-            binding: 0,
-            resource: wgpu::BindingResource::Buffer(tensor.binding()),
-        }],
-    });
-    match crate::device::block_on(scope.pop()) {
-        None => Ok(()),
-        Some(e) => Err(TensorError::Device {
+    // wgpu-core resolves the buffer's id in this device's instance: a buffer of another
+    // Instance whose id this one does not hold panics there (and one whose id it holds
+    // names this instance's buffer instead, which nothing wgpu exposes can tell apart).
+    // The device works after the panic, so it is a refusal like the others.
+    let made = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some("attn probe"),
+            layout: &layout,
+            entries: &[wgpu::BindGroupEntry {
+                binding: 0,
+                resource: wgpu::BindingResource::Buffer(tensor.binding()),
+            }],
+        })
+    }));
+    let popped = crate::device::block_on(scope.pop());
+    match (made, popped) {
+        (Err(_), _) => Err(TensorError::Device {
+            name: "tensor".into(),
+            message: "wgpu found no such buffer in this device's wgpu Instance (a buffer \
+                      of another Instance?)"
+                .into(),
+        }),
+        (Ok(_), None) => Ok(()),
+        (Ok(_), Some(e)) => Err(TensorError::Device {
             name: "tensor".into(),
             message: e.to_string(),
         }),

@@ -176,8 +176,8 @@ fn wrapping_checks_bounds_usage_alignment_and_device() {
         ),
         "{err}"
     );
-    // A buffer of another device of the same instance. (Objects of another wgpu Instance
-    // cannot be told apart: wgpu exposes no buffer's device.)
+    // A buffer of another device of the same instance (of another Instance:
+    // `a_buffer_of_another_instance_is_refused`).
     let (adapter, [a, b]) = two_devices();
     let gpu = Gpu::from_wgpu(&adapter, a.0, a.1, []).unwrap();
     let foreign = b.0.create_buffer_init(&wgpu::util::BufferInitDescriptor {
@@ -187,6 +187,67 @@ fn wrapping_checks_bounds_usage_alignment_and_device() {
     });
     let err = tensor_err(Tensor::wrap(&gpu, &foreign, 0, &[64], Scalar::F32).unwrap_err());
     assert!(matches!(err, TensorError::Device { .. }), "{err}");
+}
+
+/// A buffer of another wgpu Instance whose id this instance does not hold is refused with
+/// a typed error, not a panic (one whose id it also holds cannot be told apart: wgpu
+/// resolves the id in the binding device's instance, docs/robustness.md).
+#[test]
+fn a_buffer_of_another_instance_is_refused() {
+    let gpu = gpu();
+    let (_adapter, [(other, _)]) = devices::<1>();
+    // Enough buffers there that the last one's id is past every buffer of this instance.
+    let foreign: Vec<wgpu::Buffer> = (0..4096)
+        .map(|_| {
+            other.create_buffer(&wgpu::BufferDescriptor {
+                label: None,
+                size: 256,
+                usage: wgpu::BufferUsages::STORAGE,
+                mapped_at_creation: false,
+            })
+        })
+        .collect();
+    let last = foreign.last().expect("made above");
+    let err = tensor_err(Tensor::wrap(&gpu, last, 0, &[64], Scalar::F32).unwrap_err());
+    assert!(matches!(err, TensorError::Device { .. }), "{err}");
+    assert!(err.to_string().contains("Instance"), "{err}");
+    // The device still works.
+    let ok = Tensor::from_f32(&gpu, &[4], Scalar::F32, &[1.0; 4]).unwrap();
+    assert_eq!(ok.to_f32(&gpu).block_on().unwrap(), vec![1.0; 4]);
+}
+
+/// A tensor the runtime made on a device of another wgpu Instance is refused by an op, not
+/// bound: wgpu compares devices by their ids, which the first device of every instance
+/// shares.
+#[test]
+fn a_tensor_of_another_instance_is_refused_by_an_op() {
+    let (adapter, [a]) = devices::<1>();
+    let (other_adapter, [b]) = devices::<1>();
+    let here = Gpu::from_wgpu(&adapter, a.0, a.1, []).unwrap();
+    let there = Gpu::from_wgpu(&other_adapter, b.0, b.1, []).unwrap();
+    let f = Scalar::F32;
+    let shape = [1, 8, 2, 64];
+    let [k, v, o] = [0; 3].map(|_| Tensor::zeros(&here, &shape, f).unwrap());
+    let lse = Tensor::zeros(&here, &[1, 8, 2], f).unwrap();
+    let q = Tensor::zeros(&there, &shape, f).unwrap();
+    let mut enc = here.device.create_command_encoder(&Default::default());
+    let spec = ForwardSpec::new(64, Masks::new(true, false), Dtype::F32);
+    let mut fwd = Forward::new(&here, spec).unwrap();
+    let r = fwd.record(&here, &mut enc, &ForwardArgs::new(&q, &k, &v, &o, &lse));
+    assert!(
+        matches!(
+            r,
+            Err(Error::Input(InputError::Tensor(TensorError::Device { .. })))
+        ),
+        "{r:?}"
+    );
+    // A second `Gpu` over the same device (a clone of it) makes tensors this one takes.
+    let twin = Gpu::from_wgpu(&adapter, here.device.clone(), here.queue.clone(), []).unwrap();
+    let q = Tensor::zeros(&twin, &shape, f).unwrap();
+    fwd.record(&here, &mut enc, &ForwardArgs::new(&q, &k, &v, &o, &lse))
+        .unwrap();
+    here.queue.submit([enc.finish()]);
+    assert_eq!(read(&here, &o).len(), 8 * 2 * 64);
 }
 
 /// A shape too large for the device, or whose element count overflows, is a typed refusal
@@ -212,14 +273,19 @@ fn constructors_refuse_shapes_the_device_cannot_hold() {
 /// An adapter and two devices on it with WebGPU's default limits and no optional feature:
 /// what a browser page's device has.
 fn two_devices() -> (wgpu::Adapter, [(wgpu::Device, wgpu::Queue); 2]) {
+    devices::<2>()
+}
+
+/// N such devices on an adapter of a new wgpu Instance.
+fn devices<const N: usize>() -> (wgpu::Adapter, [(wgpu::Device, wgpu::Queue); N]) {
     let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
         backends: wgpu::Backends::from_env().unwrap_or(wgpu::Backends::PRIMARY),
         ..wgpu::InstanceDescriptor::new_without_display_handle_from_env()
     });
     let adapter = runtime::block_on(instance.request_adapter(&Default::default())).unwrap();
-    let device = || runtime::block_on(adapter.request_device(&Default::default())).unwrap();
-    let pair = [device(), device()];
-    (adapter, pair)
+    let device = |_| runtime::block_on(adapter.request_device(&Default::default())).unwrap();
+    let all = std::array::from_fn(device);
+    (adapter, all)
 }
 
 #[test]
