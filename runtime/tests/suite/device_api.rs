@@ -1278,19 +1278,30 @@ fn refused_continuations_leave_the_cache_and_o_as_they_were() {
 
 /// Tensors of another device (made there by the runtime, or read back here) are typed
 /// errors from every op before anything is recorded: the encoder stays valid and submits.
+/// The other device is of the same wgpu Instance, then of another one (whose first device
+/// has the same id as this one's).
 #[test]
 fn tensors_of_another_device_are_refused_by_every_op() {
-    use runtime::ops::convert::Convert;
-    use runtime::ops::linear::{Linear, LinearArgs, LinearSpec};
     let (adapter, [a, b]) = two_devices();
     let here = Gpu::from_wgpu(&adapter, a.0, a.1, []).unwrap();
     let there = Gpu::from_wgpu(&adapter, b.0, b.1, []).unwrap();
+    every_op_refuses_tensors_of(&here, &there);
+    let (adapter, [a]) = devices::<1>();
+    let (other_adapter, [b]) = devices::<1>();
+    let here = Gpu::from_wgpu(&adapter, a.0, a.1, []).unwrap();
+    let there = Gpu::from_wgpu(&other_adapter, b.0, b.1, []).unwrap();
+    every_op_refuses_tensors_of(&here, &there);
+}
+
+fn every_op_refuses_tensors_of(here: &Gpu, there: &Gpu) {
+    use runtime::ops::convert::Convert;
+    use runtime::ops::linear::{Linear, LinearArgs, LinearSpec};
     let f = Scalar::F32;
     let (n, d) = (8, 64);
     let shape = [1, n, 2, d];
-    let [ka, va, oa] = [0; 3].map(|_| Tensor::zeros(&here, &shape, f).unwrap());
-    let lse = Tensor::zeros(&here, &[1, n, 2], f).unwrap();
-    let qb = Tensor::zeros(&there, &shape, f).unwrap();
+    let [ka, va, oa] = [0; 3].map(|_| Tensor::zeros(here, &shape, f).unwrap());
+    let lse = Tensor::zeros(here, &[1, n, 2], f).unwrap();
+    let qb = Tensor::zeros(there, &shape, f).unwrap();
     let is_foreign = |r: Result<(), Error>, what: &str| match r {
         Err(Error::Input(InputError::Tensor(TensorError::Device { .. }))) => {}
         other => panic!("{what}: {other:?}"),
@@ -1298,12 +1309,12 @@ fn tensors_of_another_device_are_refused_by_every_op() {
     let scope = here.device.push_error_scope(wgpu::ErrorFilter::Validation);
     let mut enc = here.device.create_command_encoder(&Default::default());
     let spec = ForwardSpec::new(d, Masks::new(true, false), Dtype::F32);
-    let mut fwd = Forward::new(&here, spec).unwrap();
+    let mut fwd = Forward::new(here, spec).unwrap();
     is_foreign(
-        fwd.record(&here, &mut enc, &ForwardArgs::new(&qb, &ka, &va, &oa, &lse)),
+        fwd.record(here, &mut enc, &ForwardArgs::new(&qb, &ka, &va, &oa, &lse)),
         "forward",
     );
-    let positions = Tensor::from_u32(&there, &[1], &[0]).unwrap();
+    let positions = Tensor::from_u32(there, &[1], &[0]).unwrap();
     let x = qb.reshape(&[1, n, 2, d]).unwrap();
     let args = RopeArgs {
         x: &x,
@@ -1311,15 +1322,15 @@ fn tensors_of_another_device_are_refused_by_every_op() {
         base: 10000.0,
     };
     is_foreign(
-        Rope::new(&here, RopeSpec::new(d))
+        Rope::new(here, RopeSpec::new(d))
             .unwrap()
-            .record(&here, &mut enc, &args),
+            .record(here, &mut enc, &args),
         "rope",
     );
-    let half = Tensor::zeros(&here, &shape, Scalar::Bf16).unwrap();
+    let half = Tensor::zeros(here, &shape, Scalar::Bf16).unwrap();
     is_foreign(
-        Convert::new(&here, Dtype::Bf16).unwrap().record(
-            &here,
+        Convert::new(here, Dtype::Bf16).unwrap().record(
+            here,
             &mut enc,
             &ConvertArgs {
                 src: &qb,
@@ -1335,10 +1346,10 @@ fn tensors_of_another_device_are_refused_by_every_op() {
         bias: false,
     };
     let (xl, yl) = (
-        Tensor::zeros(&there, &[2, d], f).unwrap(),
-        Tensor::zeros(&here, &[2, 16], f).unwrap(),
+        Tensor::zeros(there, &[2, d], f).unwrap(),
+        Tensor::zeros(here, &[2, 16], f).unwrap(),
     );
-    let w = Tensor::zeros(&here, &[16, d], f).unwrap();
+    let w = Tensor::zeros(here, &[16, d], f).unwrap();
     let args = LinearArgs {
         x: &xl,
         w: &w,
@@ -1346,9 +1357,9 @@ fn tensors_of_another_device_are_refused_by_every_op() {
         y: &yl,
     };
     is_foreign(
-        Linear::new(&here, spec)
+        Linear::new(here, spec)
             .unwrap()
-            .record(&here, &mut enc, &args),
+            .record(here, &mut enc, &args),
         "linear",
     );
     let spec = CacheSpec {
@@ -1360,15 +1371,15 @@ fn tensors_of_another_device_are_refused_by_every_op() {
         layout: CacheLayout::Contiguous { capacity: 16 },
         kv_fp8: None,
     };
-    let mut cache = KvCache::new(&here, spec).unwrap();
+    let mut cache = KvCache::new(here, spec).unwrap();
     cache.open(&mut enc, 0).unwrap();
-    let kb = Tensor::zeros(&there, &[1, 1, 2, d], f).unwrap();
-    is_foreign(cache.append(&here, &mut enc, 0, &kb, &kb), "append");
+    let kb = Tensor::zeros(there, &[1, 1, 2, d], f).unwrap();
+    is_foreign(cache.append(here, &mut enc, 0, &kb, &kb), "append");
     assert_eq!(cache.len(0), Some(0), "a refused append leaves the length");
-    let mut decode = Decode::new(&here, DecodeSpec::new(d, d, Dtype::F32)).unwrap();
+    let mut decode = Decode::new(here, DecodeSpec::new(d, d, Dtype::F32)).unwrap();
     let (q3, o3) = (
-        Tensor::zeros(&there, &[1, 4, d], f).unwrap(),
-        Tensor::zeros(&here, &[1, 4, d], f).unwrap(),
+        Tensor::zeros(there, &[1, 4, d], f).unwrap(),
+        Tensor::zeros(here, &[1, 4, d], f).unwrap(),
     );
     let args = DecodeArgs {
         q: &q3,
@@ -1379,9 +1390,9 @@ fn tensors_of_another_device_are_refused_by_every_op() {
         mods: Default::default(),
         slice_len: None,
     };
-    is_foreign(decode.record(&here, &mut enc, &args).map(|_| ()), "decode");
+    is_foreign(decode.record(here, &mut enc, &args).map(|_| ()), "decode");
     is_foreign(
-        qb.to_f32(&here).block_on().map(|_| ()),
+        qb.to_f32(here).block_on().map(|_| ()),
         "a readback on the wrong device",
     );
     here.queue.submit([enc.finish()]);
