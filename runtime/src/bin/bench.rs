@@ -1050,3 +1050,45 @@ fn e2e(gpu: &Gpu, args: &Args) -> anyhow::Result<()> {
     print(&e2e::train_step(gpu, long, seq, dtype, runs).context("training step")?);
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(kernel: &str, ms: f64) -> bench::DecodeRow {
+        bench::DecodeRow {
+            kernel: kernel.into(),
+            timing: runtime::timing::Timing {
+                median_ms: ms,
+                min_ms: ms,
+                runs: 1,
+            },
+            bytes: 0.0,
+        }
+    }
+
+    /// The fp8 line compares the steady timings: a slow first timing of either row (the
+    /// window after its cache's upload) does not show in it.
+    #[test]
+    fn fp8_speedups_compare_the_again_rows() {
+        let fp8 = format!(
+            "decode split-K 32x1024 + reduce, e4m3 cache staged{}f16",
+            bench::FP8_ROW
+        );
+        let rows = [
+            row("decode split-K 32x1024 + reduce, f16 staged", 0.300),
+            row("  part: split pass alone", 0.050),
+            row("  again: both passes", 0.070),
+            row(&fp8, 1.800),
+            row("  part: split pass alone", 0.130),
+            row("  again: both passes", 0.056),
+        ];
+        let lines = fp8_speedups(&rows);
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(
+            lines[0].starts_with("e4m3 cache staged over a f16 cache: 1.25x"),
+            "{lines:?}"
+        );
+        assert!(lines[0].contains("0.056 vs 0.070 ms"), "{lines:?}");
+    }
+}
