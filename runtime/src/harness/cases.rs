@@ -1376,12 +1376,16 @@ pub fn run_case(gpu: &Gpu, runner: &mut Runner, case: &Case, seed: u64) -> Resul
                 let verdicts = run_decode(gpu, decoder, h, shape, &mods, seed)?;
                 rows.push(row(&decoder.label(cache_len, h, batch), verdicts));
             }
-            // The cache, the query and O in half precision (the rule's slicing).
+            // The cache, the query and O in half precision: the rule's slicing, then the
+            // longest slice the kernel holds (laid out for the device's workgroup memory, so
+            // longer than the f32 kernels' above, and what the rule takes on a large GPU).
             for dtype in gpu.half_dtypes() {
                 let half = runner.split(gpu, h, masks, (Cache::Contiguous, dtype))?;
-                let decoder = Decoder::Split(half, None);
-                let verdicts = run_decode(gpu, decoder, h, shape, &mods, seed)?;
-                rows.push(row(&decoder.label(cache_len, h, batch), verdicts));
+                for slice_len in [None, Some(half.max_slice())] {
+                    let decoder = Decoder::Split(half, slice_len);
+                    let verdicts = run_decode(gpu, decoder, h, shape, &mods, seed)?;
+                    rows.push(row(&decoder.label(cache_len, h, batch), verdicts));
+                }
             }
             // The cache in 8-bit floats, filled by appends (the kernel quantizes) and decoded
             // as a user runs it: both formats, a paged pool, half-precision queries.
