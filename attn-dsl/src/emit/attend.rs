@@ -146,7 +146,7 @@ pub(super) fn attend_row(out: &mut Wgsl, spec: &KernelSpec) {
     // The row's state, with the sink joined where the kernel has one.
     let (state, result, m) = match super::sinks::join(spec.masks.sinks, "h", "m", "l", "corr") {
         Some(join) => (
-            JOINED_STATE.fill([("join", join.into())]),
+            JOINED_STATE.fill([("join", join)]),
             "sh_acc[tid] * (corr / l)",
             "m",
         ),

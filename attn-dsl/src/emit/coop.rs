@@ -1127,7 +1127,7 @@ fn finish(spec: &KernelSpec, t: &CoopTiling, (lanes, who): (u32, (&str, &str))) 
     });
     FORWARD_FINISH.fill([
         ("reduce", row_reduce("lt", "sum", lanes)),
-        ("join", Fragment::from(join.unwrap_or_default())),
+        ("join", join.unwrap_or_default()),
         ("slot", expr(slot)),
         ("end", expr(end)),
         ("pos", expr(pos)),

@@ -760,7 +760,7 @@ fn store_row(spec: &KernelSpec, t: &Tiling, i: u32) -> Fragment {
     let (join, num) = match super::sinks::join(spec.masks.sinks, "h", &m, &l, &format!("corr_{i}"))
     {
         Some(join) => (join, format!("corr_{i}")),
-        None => (String::new(), "1.0".into()),
+        None => (Fragment::default(), "1.0".into()),
     };
     // Key slices leave their outputs unnormalized for the reduce.
     let inv = match super::extend::sliced(spec) {
@@ -775,7 +775,7 @@ fn store_row(spec: &KernelSpec, t: &Tiling, i: u32) -> Fragment {
     STORE_ROW.fill([
         ("i", i.to_string().into()),
         ("end", super::index::rows_end(spec).into()),
-        ("join", join.into()),
+        ("join", join),
         ("inv", inv),
         ("stores", concat(stores)),
     ])

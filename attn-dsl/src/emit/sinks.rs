@@ -8,7 +8,7 @@
 //! reduce, once per head, where the slices' maxima meet.
 
 use super::numerics::Helper;
-use super::writer::{Template, Wgsl};
+use super::writer::{Fragment, Template, Wgsl};
 use crate::spec::KernelSpec;
 
 /// `join_sink(h, &m, &l)`: the sink of head h joined to a row's max and sum.
@@ -46,11 +46,10 @@ const JOIN: Template = Template {
 
 /// The statement that joins the sink into the row state `m`, `l` of head `h`, binding the
 /// accumulators' factor to `corr`; `None` without sinks (the factor is 1).
-pub(super) fn join(sinks: bool, h: &str, m: &str, l: &str, corr: &str) -> Option<String> {
+pub(super) fn join(sinks: bool, h: &str, m: &str, l: &str, corr: &str) -> Option<Fragment> {
     sinks.then(|| {
         let fills = [("corr", corr), ("h", h), ("m", m), ("l", l)];
         JOIN.fill(fills.map(|(hole, fill)| (hole, fill.into())))
-            .text
     })
 }
 
