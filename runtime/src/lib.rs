@@ -17,9 +17,10 @@
 // points the other way):
 // - `fp8`, `kernels`: fp8 encodings and the default family of `attention_kernel!`
 //   descriptions, which need nothing of the runtime;
+// - `error`: every refusal, the device's included, so that every layer above returns the
+//   one `Error`;
 // - `device`: the context (the caller's wgpu device or one picked), its uniform and
 //   pipeline caches, what each kernel needs of it;
-// - `error`: every refusal, composed from the device's upward;
 // - `tensor`, `shape`: device tensors and their readback, the problem's shape, and the
 //   checks every entry point makes on them;
 // - `modifiers`: the modifier values callers pass and their checks;

@@ -11,8 +11,8 @@ mod uniforms;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::error::Error;
 use attn_dsl::KernelAbi;
-use thiserror::Error;
 
 pub(crate) use compiled::Compiled;
 use compiled::CompiledPipelines;
@@ -20,7 +20,7 @@ use compiled::CompiledPipelines;
 pub use pipeline_cache::{PIPELINE_CACHE_ENV, PipelineCacheFile, default_pipeline_cache_dir};
 use uniforms::UniformCache;
 
-pub use reads::OutOfRange;
+pub use crate::error::{DeviceError, OutOfRange};
 pub(crate) use reads::{REPORT_WORDS, ReadReport};
 
 /// When a pipeline was last created on any device of this process: GPU timing waits for
@@ -45,79 +45,12 @@ pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
     pollster::block_on(future)
 }
 
-#[cfg(not(target_arch = "wasm32"))]
-const INSTALL_HINT: &str = "install a Vulkan driver: on Debian or Ubuntu, \
-    `apt-get install -y mesa-vulkan-drivers` gives the CPU adapter (lavapipe)";
-#[cfg(target_arch = "wasm32")]
-const INSTALL_HINT: &str = "this browser offers no WebGPU adapter (Chromium: \
-    `--enable-unsafe-webgpu`, or a build with WebGPU on by default)";
-
 /// Whether the device takes all the workgroup memory and storage buffers the adapter has.
 /// Natively it does, so that flash configurations tuned for the adapter can run. In a
 /// browser the device keeps WebGPU's defaults (raised only to what the kernels need), so
 /// that exactly the portable (`target: webgpu`) kernels fit: what every browser runs and
 /// what Tint checks in CI.
 const RAISE_TO_ADAPTER: bool = cfg!(not(target_arch = "wasm32"));
-
-/// Why no device could run the kernels: none found, or one without a limit or feature they
-/// need.
-#[derive(Debug, Error)]
-#[non_exhaustive]
-pub enum DeviceError {
-    /// No adapter on the backends asked for.
-    #[error("no GPU or CPU adapter found for backends {backends}; {INSTALL_HINT}")]
-    NoAdapter {
-        /// The backends searched.
-        backends: String,
-    },
-    /// An adapter that offers less of a limit than the kernels need.
-    #[error("adapter `{adapter}` offers {what} = {offered}, but the kernels need {needed}")]
-    Limit {
-        /// The adapter's name.
-        adapter: String,
-        /// The limit, as `wgpu::Limits` names it.
-        what: &'static str,
-        /// What the kernels need.
-        needed: u64,
-        /// What the adapter offers.
-        offered: u64,
-    },
-    /// The adapter refused the device the runtime asked for.
-    #[error("adapter `{adapter}` refused the device request")]
-    Request {
-        /// The adapter's name.
-        adapter: String,
-        /// wgpu's reason.
-        source: wgpu::RequestDeviceError,
-    },
-    /// A caller's device created with less of a limit than a kernel needs.
-    #[error(
-        "the device was created with {what} = {has}, but kernel `{kernel}` needs {needed}; \
-         request at least {needed} in DeviceDescriptor::required_limits"
-    )]
-    DeviceLimit {
-        /// The kernel's name.
-        kernel: String,
-        /// The limit, as `wgpu::Limits` names it.
-        what: &'static str,
-        /// What the kernel needs.
-        needed: u64,
-        /// What the device was created with.
-        has: u64,
-    },
-    /// A caller's device created without a feature a kernel needs.
-    #[error(
-        "kernel `{kernel}` needs the {feature} feature, which the device was created without; \
-         add it to DeviceDescriptor::required_features where the adapter has it, or use a \
-         kernel without it"
-    )]
-    MissingFeature {
-        /// The kernel's name.
-        kernel: String,
-        /// The feature, as `wgpu::Features` names it.
-        feature: &'static str,
-    },
-}
 
 /// What a set of kernels asks of a device.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -252,9 +185,7 @@ impl Gpu {
     /// (e.g. `vulkan`) narrows the backends tried. Natively, pipelines are cached on disk
     /// where the backend has a pipeline cache (Vulkan), in [`default_pipeline_cache_dir`]
     /// unless [`PIPELINE_CACHE_ENV`] says otherwise.
-    pub async fn new<'a>(
-        kernels: impl IntoIterator<Item = &'a KernelAbi>,
-    ) -> Result<Gpu, DeviceError> {
+    pub async fn new<'a>(kernels: impl IntoIterator<Item = &'a KernelAbi>) -> Result<Gpu, Error> {
         let mut gpus = Gpu::several(1, kernels).await?;
         Ok(gpus.pop().expect("one device asked for"))
     }
@@ -270,7 +201,7 @@ impl Gpu {
     pub async fn several<'a>(
         count: usize,
         kernels: impl IntoIterator<Item = &'a KernelAbi>,
-    ) -> Result<Vec<Gpu>, DeviceError> {
+    ) -> Result<Vec<Gpu>, Error> {
         let requirements = Requirements::of(kernels);
         let backends = wgpu::Backends::from_env().unwrap_or(wgpu::Backends::PRIMARY);
         let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
@@ -301,9 +232,11 @@ impl Gpu {
             }
         }
         if fit.is_empty() {
-            return Err(refusal.unwrap_or(DeviceError::NoAdapter {
-                backends: format!("{backends:?}"),
-            }));
+            return Err(refusal
+                .unwrap_or(DeviceError::NoAdapter {
+                    backends: format!("{backends:?}"),
+                })
+                .into());
         }
         let mut gpus = Vec::with_capacity(count);
         for (adapter, limits) in fit.iter().cycle().take(count) {
@@ -326,7 +259,7 @@ impl Gpu {
         device: wgpu::Device,
         queue: wgpu::Queue,
         kernels: impl IntoIterator<Item = &'a KernelAbi>,
-    ) -> Result<Gpu, DeviceError> {
+    ) -> Result<Gpu, Error> {
         let features = device.features();
         let coop16 = coop16_capable(adapter)
             && features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX);
@@ -419,7 +352,7 @@ impl Gpu {
     /// Whether this device can run `abi`: every feature it needs, and its storage
     /// buffers, uniform buffers, workgroup memory and invocations within the limits the
     /// device was created with. The error names the first that is missing.
-    pub fn require(&self, abi: &KernelAbi) -> Result<(), DeviceError> {
+    pub fn require(&self, abi: &KernelAbi) -> Result<(), Error> {
         let kernel = || abi.name.to_string();
         let adapter_features = self.features;
         let missing = [
@@ -441,14 +374,16 @@ impl Gpu {
             return Err(DeviceError::MissingFeature {
                 kernel: kernel(),
                 feature,
-            });
+            }
+            .into());
         }
         if abi.grid.uses_coop() && !self.coop16 {
             return Err(DeviceError::MissingFeature {
                 kernel: kernel(),
                 feature: "EXPERIMENTAL_COOPERATIVE_MATRIX (f16 16x16x16 products, f32 \
                           accumulators, subgroups of 32)",
-            });
+            }
+            .into());
         }
         let needs = Requirements::of([abi]);
         let l = &self.limits;
@@ -485,7 +420,8 @@ impl Gpu {
                     what,
                     needed: needed.into(),
                     has: has.into(),
-                });
+                }
+                .into());
             }
         }
         Ok(())

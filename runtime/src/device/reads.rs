@@ -8,6 +8,8 @@ use std::sync::Mutex;
 use attn_dsl::KernelAbi;
 use attn_dsl::flex::FlexRef;
 
+use crate::error::OutOfRange;
+
 /// Words of the report: the kernel's code (0: no read out of range), the tensor's place
 /// among the modifiers' tensors, the read's rank and up to four indices.
 pub(crate) const REPORT_WORDS: u64 = 7;
@@ -16,17 +18,6 @@ pub(crate) const REPORT_WORDS: u64 = 7;
 pub(crate) struct ReadReport {
     pub buffer: wgpu::Buffer,
     kernels: Mutex<Vec<(u32, String, FlexRef)>>,
-}
-
-/// A read outside a tensor's shape, as a kernel reported it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct OutOfRange {
-    /// The kernel that read.
-    pub kernel: String,
-    /// The tensor it read.
-    pub tensor: String,
-    /// The indices, one per dimension.
-    pub index: Vec<i32>,
 }
 
 impl ReadReport {

@@ -1,14 +1,17 @@
-//! Every refusal of the runtime, one layer above the device: the tensors', the KV cache's
-//! and the tuning table's errors are defined here and re-exported where they are raised,
-//! so that every layer can return them without importing a layer above it.
+//! Every refusal of the runtime, in the layer below all others but the kernels: the
+//! device's, the tensors', the KV cache's and the tuning table's errors are defined here and
+//! re-exported where they are raised, so that every layer, the device's included, returns
+//! the one [`Error`] without importing a layer above it.
 
 mod cache;
+mod device;
 mod tensor;
 mod tuning;
 
 use thiserror::Error;
 
 pub use cache::CacheError;
+pub use device::{DeviceError, OutOfRange};
 pub use tensor::TensorError;
 pub use tuning::TuningError;
 
@@ -22,7 +25,7 @@ pub enum Error {
     Input(#[from] InputError),
     /// The device refused or lacks something: no adapter, a limit, a lost device.
     #[error(transparent)]
-    Device(#[from] crate::device::DeviceError),
+    Device(#[from] DeviceError),
     /// A kernel that needs a feature the adapter does not have.
     #[error(
         "kernel `{kernel}` needs a feature that {adapter} lacks (SUBGROUP for `subgroups = true`, \
@@ -33,7 +36,7 @@ pub enum Error {
     Feature {
         /// The kernel's name.
         kernel: String,
-        /// The adapter, as [`Gpu::describe`](crate::device::Gpu::describe) gives it.
+        /// The adapter, as `Gpu::describe` gives it.
         adapter: String,
     },
     /// A kernel that could not be compiled or turned into a pipeline.
@@ -224,7 +227,7 @@ pub enum InputError {
          bound the index in the modifier or declare the tensor larger",
         .0.kernel, .0.tensor, .0.index
     )]
-    ModifierRead(crate::device::OutOfRange),
+    ModifierRead(OutOfRange),
     /// A softmax scale that is not finite.
     #[error("scale {0} is not a finite number")]
     Scale(f32),

@@ -7,7 +7,7 @@
 use attn_dsl::{Cache, Dtype, Fp8, Scalar};
 
 use crate::device::Gpu;
-use crate::error::{Error, InputError};
+use crate::error::Error;
 use crate::modifiers::Modifiers;
 use crate::ops::cache::{CacheLayout, CacheSpec, ExtendArgs, KvCache};
 use crate::ops::decode::{CacheView, Decode, DecodeArgs, DecodeSpec, QueryRows, SplitLayout};
@@ -74,7 +74,7 @@ pub fn run(gpu: &Gpu, case: &ContinueCase, [q, k, v]: [&[f32]; 3]) -> Result<Con
     }
     let mut encoder = gpu.device.create_command_encoder(&Default::default());
     for slot in 0..batch {
-        cache.open(&mut encoder, slot).map_err(InputError::Cache)?;
+        cache.open(&mut encoder, slot)?;
     }
     let data = Scalar::from(case.dtype);
     // Rows `from..from + n` of sequence b of `x`, rows `width` wide, as [1, n, heads, width].

@@ -70,9 +70,7 @@ pub fn decode(gpu: &Gpu, case: &Fp8Case, [q, k, v]: [&[f32]; 3]) -> Result<Fp8Ru
     cache.set_scales(gpu, case.scales.0, case.scales.1)?;
     let mut encoder = gpu.device.create_command_encoder(&Default::default());
     for slot in 0..case.batch {
-        cache
-            .open(&mut encoder, slot)
-            .map_err(crate::error::InputError::Cache)?;
+        cache.open(&mut encoder, slot)?;
     }
     let data = Scalar::from(case.dtype);
     // Rows `from..from + n` of each sequence of `x`, its rows `width` wide.

@@ -290,11 +290,11 @@ impl KvCache {
     }
 
     /// Starts a sequence in free slot `slot`, empty.
-    pub fn open(&mut self, encoder: &mut impl Record, slot: u32) -> Result<(), CacheError> {
+    pub fn open(&mut self, encoder: &mut impl Record, slot: u32) -> Result<(), Error> {
         encoder.recorder(|rec| {
             self.check_slots(slot..slot + 1)?;
             if self.slots[slot as usize].open {
-                return Err(CacheError::Open { slot });
+                return Err(CacheError::Open { slot }.into());
             }
             self.slots[slot as usize] = Slot {
                 open: true,
@@ -308,12 +308,12 @@ impl KvCache {
 
     /// Ends the sequence in slot `slot`: its pages go back to the pool, its length to 0 (a
     /// decode of a free slot gives zeros).
-    pub fn free(&mut self, encoder: &mut impl Record, slot: u32) -> Result<(), CacheError> {
+    pub fn free(&mut self, encoder: &mut impl Record, slot: u32) -> Result<(), Error> {
         encoder.recorder(|rec| {
             self.check_slots(slot..slot + 1)?;
             let s = &mut self.slots[slot as usize];
             if !s.open {
-                return Err(CacheError::AlreadyFree { slot });
+                return Err(CacheError::AlreadyFree { slot }.into());
             }
             self.free_pages.extend(s.pages.drain(..).rev());
             *s = Slot::default();

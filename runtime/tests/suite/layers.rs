@@ -1,5 +1,5 @@
 //! The runtime is layered, one way (the list in `src/lib.rs` says what each layer holds):
-//! fp8 and the kernel descriptions ← the device ← the errors ← tensors and shapes ← the
+//! fp8 and the kernel descriptions ← the errors ← the device ← tensors and shapes ← the
 //! modifier values ← dispatch ← the planner and GPU timing ← the ops (each with its
 //! host-slice call) ← the references and the pass rule ← the harness, with `lib.rs` on top. This test
 //! reads every library source file's `crate::` paths and fails on one that points to a
@@ -18,8 +18,8 @@ use crate_paths::{files, module_of, uses};
 const LAYERS: &[(&str, u32)] = &[
     ("fp8", 0),
     ("kernels", 0),
-    ("device", 1),
-    ("error", 2),
+    ("error", 1),
+    ("device", 2),
     ("tensor", 3),
     ("shape", 3),
     ("modifiers", 4),
@@ -68,4 +68,85 @@ fn every_module_uses_only_lower_layers() {
         "layering violations:\n{}",
         violations.join("\n")
     );
+}
+
+/// The library's public functions that return a `Result` return `Error`, the one type a
+/// caller matches, but for the host-only checks that return the `InputError` inside it and
+/// the builders of kernel descriptions (`kernels.rs`, `plan/kernels.rs`), which compile
+/// attn-dsl specs and return attn-dsl's error as `attn_dsl::compile` does. The harness is
+/// the tools', not the library.
+#[test]
+fn every_public_function_returns_the_one_error_type() {
+    const CHECKS: &[&str] = &["validate_forward", "validate_decode", "validate_seg"];
+    const DESCRIPTIONS: &[&str] = &["kernels.rs", "plan/kernels.rs"];
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut all = Vec::new();
+    files(&src, &mut all);
+    let mut others = Vec::new();
+    for file in &all {
+        let rel = file.strip_prefix(&src).unwrap().display().to_string();
+        if rel.starts_with("harness") || rel.starts_with("bin") {
+            continue;
+        }
+        let text = std::fs::read_to_string(file).unwrap();
+        for (name, error) in public_results(&text) {
+            let allowed = error == "Error"
+                || (error == "InputError" && CHECKS.contains(&name))
+                || (error == "DslError" && DESCRIPTIONS.contains(&rel.as_str()));
+            if !allowed {
+                others.push(format!("{rel}: `{name}` returns `{error}`"));
+            }
+        }
+    }
+    assert!(
+        others.is_empty(),
+        "public functions that do not return runtime::Error:\n{}",
+        others.join("\n")
+    );
+}
+
+/// Each `pub fn` (or `pub async fn`) of `text` that returns `Result<_, E>`: its name and E's
+/// last path segment.
+fn public_results(text: &str) -> Vec<(&str, &str)> {
+    let mut found = Vec::new();
+    for (at, _) in text.match_indices("pub ") {
+        let rest = text[at + 4..].trim_start_matches("async ");
+        let Some(rest) = rest.strip_prefix("fn ") else {
+            continue;
+        };
+        let name_end = rest.find(|c: char| !(c.is_alphanumeric() || c == '_'));
+        let name = &rest[..name_end.unwrap_or(rest.len())];
+        let signature = &rest[..rest.find(['{', ';']).unwrap_or(rest.len())];
+        let Some(result) = signature.split("-> ").nth(1) else {
+            continue;
+        };
+        let Some(args) = result.trim().strip_prefix("Result<") else {
+            continue;
+        };
+        found.push((name, error_type(args)));
+    }
+    found
+}
+
+/// The error type's last path segment in `args`, the text after `Result<`: what follows
+/// its last comma outside brackets and parentheses (`Error` where there is none, as in
+/// `anyhow::Result<T>` or an alias).
+fn error_type(args: &str) -> &str {
+    let mut depth = 0i32;
+    let mut comma = None;
+    for (i, c) in args.char_indices() {
+        match c {
+            '<' | '(' | '[' => depth += 1,
+            '>' | ')' | ']' if depth == 0 => break,
+            '>' | ')' | ']' => depth -= 1,
+            ',' if depth == 0 => comma = Some(i),
+            _ => {}
+        }
+    }
+    let Some(comma) = comma else {
+        return "Error";
+    };
+    let rest = &args[comma + 1..];
+    let error = rest[..rest.find('>').unwrap_or(rest.len())].trim();
+    error.rsplit("::").next().unwrap_or(error)
 }

@@ -173,7 +173,7 @@ impl Passes {
         (batch, n_rows): (u32, u32),
         len: u32,
         slice_len: Option<u32>,
-    ) -> Result<Slicing, InputError> {
+    ) -> Result<Slicing, Error> {
         let Some(slice_len) = slice_len else {
             let per_kv = h.n_heads / h.n_kv_heads.max(1);
             let slots = (n_rows.max(1) * per_kv).div_ceil(self.split.abi().grid.tile);
@@ -192,7 +192,8 @@ impl Passes {
                 slice_len,
                 key_tile: self.key_tile,
                 max: self.max_slice,
-            });
+            }
+            .into());
         }
         Ok(Slicing {
             slice_len,
