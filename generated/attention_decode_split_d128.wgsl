@@ -307,13 +307,14 @@ fn attention_decode_split_d128(@builtin(workgroup_id) wg: vec3<u32>, @builtin(lo
     let n_here = sv.n;
     let lo = slice * dims.slice_len;
     // Each served query's keys; the first and last of them bound the workgroup's (a
-    // sequence's rows see ever later keys). A slice past them is empty.
+    // sequence's rows see ever later keys). A slice past them is empty. None lies past the
+    // cache: a sequence holding fewer rows than it brings (a free slot's one row) sees none.
     var ks = vec4<u32>(0u);
     var ke = vec4<u32>(0u);
     for (var i = 0u; i < TILE; i = i + 1u) {
         let r = row_keys(sv.pos[i]);
         ks[i] = r.x;
-        ke[i] = select(r.x, r.y, i < n_here);
+        ke[i] = select(r.x, min(r.y, len), i < n_here);
     }
     let last = max(n_here, 1u) - 1u;
     let hi = max(lo, min(lo + dims.slice_len, ke[last]));

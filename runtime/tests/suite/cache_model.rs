@@ -1,10 +1,10 @@
-//! The device KV cache against a host model of it: random sequences of open, free, append
-//! and extend (a continued slot's new rows and their attention), valid and not, over a
-//! contiguous and a paged cache in f32, in half precision and in fp8 bytes (e4m3, e5m2).
-//! After every step the cache's
-//! own lengths, the lengths on the device and every open slot's rows equal the model's, a
-//! refused step is an error that changes neither, and an extend's outputs equal attention
-//! computed on the host from the model's rows.
+//! The device KV cache against a host model of it: random sequences of open, free, append,
+//! extend (a continued slot's new rows and their attention: a prefill on an empty slot) and
+//! decode (one query row per sequence of a run of slots), valid and not, over a contiguous
+//! and a paged cache in f32, in half precision and in fp8 bytes (e4m3, e5m2). After every
+//! step the cache's own lengths, the lengths on the device and every open slot's rows equal
+//! the model's, a refused step is an error that changes neither nor its output, and an
+//! extend's or a decode's outputs equal attention computed on the host from the model's rows.
 
 use runtime::BlockOn;
 use std::sync::LazyLock;
@@ -13,7 +13,7 @@ use attn_dsl::{Cache, Dtype, Fp8, Scalar};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed};
 use runtime::ops::cache::{CacheLayout, CacheSpec, ExtendArgs, KvCache};
-use runtime::ops::decode::{Decode, DecodeSpec};
+use runtime::ops::decode::{CacheView, Decode, DecodeArgs, DecodeSpec};
 use runtime::verify::random;
 use runtime::{Gpu, Tensor, kernels};
 
@@ -40,8 +40,21 @@ const PAGED: CacheLayout = CacheLayout::Paged {
 enum Step {
     Open(u32),
     Free(u32),
-    Append { slot: u32, rows: u32 },
-    Extend { slot: u32, rows: u32 },
+    Append {
+        slot: u32,
+        rows: u32,
+    },
+    Extend {
+        slot: u32,
+        rows: u32,
+    },
+    /// One query row for each of slots `slot..slot + batch`; `bad_slice` asks for a slice
+    /// length of 0, which the op refuses.
+    Decode {
+        slot: u32,
+        batch: u32,
+        bad_slice: bool,
+    },
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -51,7 +64,9 @@ fn step() -> impl Strategy<Value = Step> {
         1 => slot.clone().prop_map(Step::Open),
         1 => slot.clone().prop_map(Step::Free),
         3 => (slot.clone(), 0u32..=20).prop_map(|(slot, rows)| Step::Append { slot, rows }),
-        3 => (slot, 0u32..=20).prop_map(|(slot, rows)| Step::Extend { slot, rows }),
+        3 => (slot.clone(), 0u32..=20).prop_map(|(slot, rows)| Step::Extend { slot, rows }),
+        2 => (slot, 1u32..=2, prop::bool::weighted(0.2))
+            .prop_map(|(slot, batch, bad_slice)| Step::Decode { slot, batch, bad_slice }),
     ]
 }
 
@@ -173,6 +188,25 @@ fn attention(q: &[f32], k: &[f32], v: &[f32], rows: usize) -> Vec<f32> {
     o
 }
 
+/// The model's decode of one query row (`HEADS` heads) per slot of `slot..`: attention over
+/// the slot's rows, zeros where it holds none (free or empty).
+fn decoded(model: &Model, slot: u32, q: &[f32]) -> Vec<f32> {
+    let per_row = (HEADS * D) as usize;
+    q.chunks(per_row)
+        .enumerate()
+        .flat_map(|(b, qb)| match &model.slots[slot as usize + b] {
+            Some((k, v)) if !k.is_empty() => attention(qb, k, v, 1),
+            _ => vec![0.0; per_row],
+        })
+        .collect()
+}
+
+/// How far the device's attention may lie from the host's: the f32 reference against the
+/// kernels' f32 or half-precision arithmetic on the same stored rows.
+fn tolerance(dtype: Dtype) -> f32 {
+    if dtype == Dtype::F32 { 1e-4 } else { 2e-2 }
+}
+
 /// Runs `steps` on a fresh cache, checking it against the model after each.
 fn run(layout: CacheLayout, (dtype, fp8): (Dtype, Option<Fp8>), steps: &[Step], seed: u64) {
     let gpu = &*GPU;
@@ -223,6 +257,48 @@ fn run(layout: CacheLayout, (dtype, fp8): (Dtype, Option<Fp8>), steps: &[Step], 
                     model.slots[slot as usize] = None;
                 }
             }
+            Step::Decode {
+                slot,
+                batch,
+                bad_slice,
+            } => {
+                let q = data(batch, HEADS, 4);
+                let qt =
+                    Tensor::from_f32(gpu, &[batch, HEADS, D], Scalar::from(dtype), &q).unwrap();
+                let o = Tensor::zeros(gpu, &[batch, HEADS, D], Scalar::from(dtype)).unwrap();
+                let args = DecodeArgs {
+                    q: &qt,
+                    rows: Default::default(),
+                    cache: CacheView {
+                        slot0: slot,
+                        ..cache.view()
+                    },
+                    o: &o,
+                    scale: None,
+                    mods: Default::default(),
+                    slice_len: bad_slice.then_some(0),
+                };
+                let ok = slot + batch <= SLOTS && !bad_slice;
+                let r = decode.record(gpu, &mut enc, &args);
+                assert_eq!(r.is_ok(), ok, "{what}: {r:?}");
+                gpu.queue.submit([enc.finish()]);
+                enc = gpu.device.create_command_encoder(&Default::default());
+                let got = o.to_f32(gpu).block_on().unwrap();
+                let want = if ok {
+                    decoded(&model, slot, &q)
+                } else {
+                    vec![0.0; got.len()]
+                };
+                let worst = got
+                    .iter()
+                    .zip(&want)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0.0, f32::max);
+                assert!(
+                    worst < tolerance(dtype),
+                    "{what}: the outputs differ by {worst}"
+                );
+            }
             Step::Append { slot, rows } | Step::Extend { slot, rows } => {
                 let extend = matches!(step, Step::Extend { .. });
                 let (k, v) = (data(rows, KV_HEADS, 1), data(rows, KV_HEADS, 2));
@@ -253,13 +329,15 @@ fn run(layout: CacheLayout, (dtype, fp8): (Dtype, Option<Fp8>), steps: &[Step], 
                         enc = gpu.device.create_command_encoder(&Default::default());
                         let got = o.to_f32(gpu).block_on().unwrap();
                         let want = attention(&q, &all_k, &all_v, rows as usize);
-                        let tol = if dtype == Dtype::F32 { 1e-4 } else { 2e-2 };
                         let worst = got
                             .iter()
                             .zip(&want)
                             .map(|(a, b)| (a - b).abs())
                             .fold(0.0, f32::max);
-                        assert!(worst < tol, "{what}: the outputs differ by {worst}");
+                        assert!(
+                            worst < tolerance(dtype),
+                            "{what}: the outputs differ by {worst}"
+                        );
                     }
                 }
                 if ok {
@@ -332,9 +410,27 @@ fn agree(cache: &KvCache, model: &Model, what: &str) {
     }
 }
 
+/// A free slot decodes to zeros in either layout, also where a paged cache's block table
+/// still names another slot's page for it.
+#[test]
+fn a_free_slot_decodes_to_zeros() {
+    let steps = [
+        Step::Open(0),
+        Step::Extend { slot: 0, rows: 16 },
+        Step::Decode {
+            slot: 1,
+            batch: 2,
+            bad_slice: false,
+        },
+    ];
+    for layout in [CacheLayout::Contiguous { capacity: CAPACITY }, PAGED] {
+        run(layout, (Dtype::F32, None), &steps, 0);
+    }
+}
+
 fn config() -> Config {
     Config {
-        cases: 12,
+        cases: 64,
         rng_seed: RngSeed::Fixed(20261129),
         failure_persistence: None,
         ..Config::default()
