@@ -39,8 +39,9 @@ fn eights(spec: &KernelSpec) -> bool {
 /// decode from 0.090 to 0.082 ms at 32k, 0.273 to 0.233 at 128k and 0.487 to 0.413 at
 /// batch 8 (bf16 0.084 to 0.078, 0.240 to 0.225, 0.420 to 0.405); without the registers the
 /// words were slower than before. An fp8 cache in words of eight was 5-14% slower than in
-/// words of four, and f32's query in registers 5-10% slower at 128k and at batch 8 (faster
-/// only at one sequence of 32k), so both keep the narrow layout.
+/// words of four (in words of sixteen with the query in registers, 2026-11-30, 1.55-1.66x
+/// slower), and f32's query in registers 5-10% slower at 128k and at batch 8 (faster only
+/// at one sequence of 32k), so both keep the narrow layout.
 fn staged_word(spec: &KernelSpec) -> u32 {
     match spec.kv_fp8.is_none() && spec.dtype.bytes() == 2 && eights(spec) {
         true => 8,

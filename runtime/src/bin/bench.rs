@@ -74,7 +74,8 @@ struct Args {
     #[arg(long, requires = "decode", conflicts_with = "continued")]
     cascade: bool,
     /// With --decode: keys per split-K slice instead of the runtime's rule (a multiple of
-    /// the split kernel's key tile, 32 at head_dim 128, up to 512).
+    /// the split kernel's key tile, 32 at head_dim 128, up to the longest slice its
+    /// workgroup memory holds, 1024 at most).
     #[arg(long, value_name = "KEYS", requires = "decode")]
     slice_len: Option<u32>,
     /// Time end-to-end steps through the recording API instead: decode steps at caches of
