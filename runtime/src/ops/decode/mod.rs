@@ -426,7 +426,7 @@ impl Decode {
         batch: u32,
         max_len: u32,
     ) -> Result<Slicing, Error> {
-        Ok(self.passes(gpu)?.slicing(h, (batch, 1), max_len, None)?)
+        self.passes(gpu)?.slicing(h, (batch, 1), max_len, None)
     }
 
     /// Checks a call as [`Decode::record`] does, recording nothing (the pipelines are
