@@ -11,8 +11,9 @@ mod uniforms;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::error::Error;
 use attn_dsl::KernelAbi;
+
+use crate::error::Error;
 
 pub(crate) use compiled::Compiled;
 use compiled::CompiledPipelines;
