@@ -302,27 +302,26 @@ fn split_entry(spec: &KernelSpec) -> Fragment {
             )
         })
     });
-    SPLIT_ENTRY.fill(
-        [
-            ("name", Fragment::from(spec.name.as_str())),
-            ("prologue", super::served::prologue(spec)),
-            ("qk4", Fragment::from(qk4(spec))),
-            ("q_scale", Fragment::from(q_scale)),
-            ("fill", loops.fill.clone()),
-            ("flush", lines(flush)),
-        ]
-        .into_iter()
-        .chain(key_pass(spec, &loops))
-        .chain(value_pass(spec, &loops)),
-    )
+    let [first_v, value_pass] = value_pass(spec, &loops);
+    SPLIT_ENTRY.fill([
+        ("name", Fragment::from(spec.name.as_str())),
+        ("prologue", super::served::prologue(spec)),
+        ("qk4", Fragment::from(qk4(spec))),
+        ("q_scale", Fragment::from(q_scale)),
+        ("fill", loops.fill.clone()),
+        ("key_pass", key_pass(spec, &loops)),
+        ("first_v", first_v),
+        ("value_pass", value_pass),
+        ("flush", lines(flush)),
+    ])
 }
 
-/// The staged pass's entry: the served queries staged, the slice's scores (`$k_head` ..
-/// the loop's end), its exact max and sum, P·V (`$v_head` ..), and the flush.
+/// The staged pass's entry: the served queries staged, the slice's scores (`$key_pass`),
+/// the first rows of V fetched (`$first_v`), the slice's exact max and sum, P·V
+/// (`$value_pass`) and the flush.
 const SPLIT_ENTRY: Template = Template {
     name: "split_entry",
-    // The scores are hsum of four chains.
-    needs: &[Helper::Hsum],
+    needs: &[],
     text: r#"@compute @workgroup_size(WG)
 fn $name(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     $prologue
@@ -339,43 +338,8 @@ fn $name(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
     $fill
     workgroupBarrier();
 
-    // Scores: LANES invocations per key, each a strided share of its words. Each
-    // invocation carries its share of the next key tile in registers, fetched before this
-    // tile's products and reduction, so the loads' latency hides behind them.
-    let lane = tid % LANES;
-    let kr = tid / LANES;
-    $q_regs
-    $k_pre
-    $first_fetch
-    $k_head
-        $next_fetch
-        $widen_k
-        $accs
-        $fmas
-        sh_red[tid] = vec4<f32>($dots);
-        workgroupBarrier();
-        if (tid < KEY_TILE) {
-            let j = t0 + tid;
-            if (j < hi) {
-                var s = vec4<f32>(0.0);
-                for (var l = 0u; l < LANES; l = l + 1u) {
-                    s = s + sh_red[tid * LANES + l];
-                }
-                var x = vec4<f32>(NEG_BIG);
-                $scores
-                sh_s[j - lo] = x;
-            }
-        }
-        workgroupBarrier();
-        $rotate
-    }
+    $key_pass
 
-    // P·V's first rows of V, fetched now so that their latency hides behind the max and
-    // the sum: invocation (r, c) reads word column c of rows r, r + PV_ROWS, ..
-    let c = tid % V_WORDS;
-    let r = tid / V_WORDS;
-    $v_pre
-    let i0 = $v_first - lo + r;
     $first_v
 
     // The slice's exact max and sum: no rescaling within a slice.
@@ -392,25 +356,87 @@ fn $name(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
     }
     let l = wg_sum4(tid, ls);
 
-    // P·V: invocation (r, c) sums word column c over its rows, PV_UNROLL rows a step,
-    // the next step's rows fetched before this step's products.
-    $pv_accs
-    if (r < PV_ROWS) {
-        $v_head
-            $pv_loads
-            $pv_fmas
-            $pv_rotate
-        }
-    }
+    $value_pass
     $flush
 }
 "#,
 };
 
-/// The scores loop's fills: the query's columns in registers (or read from workgroup
-/// memory per key, the layout's rule), the key tiles' prefetches, the dot products and
-/// each served head's score.
-fn key_pass(spec: &KernelSpec, loops: &Loops) -> [(&'static str, Fragment); 11] {
+/// The scores loop: the query's columns in registers (`$q_regs`), the key tiles'
+/// prefetches, the dot products and each served head's score staged in `sh_s`.
+const KEY_PASS: Template = Template {
+    name: "split_key_pass",
+    // The scores are hsum of four chains.
+    needs: &[Helper::Hsum],
+    text: r#"// Scores: LANES invocations per key, each a strided share of its words. Each
+// invocation carries its share of the next key tile in registers, fetched before this
+// tile's products and reduction, so the loads' latency hides behind them.
+let lane = tid % LANES;
+let kr = tid / LANES;
+$q_regs
+$k_pre
+$first_fetch
+$k_head
+    $next_fetch
+    $widen_k
+    $accs
+    $fmas
+    sh_red[tid] = vec4<f32>($dots);
+    workgroupBarrier();
+    if (tid < KEY_TILE) {
+        let j = t0 + tid;
+        if (j < hi) {
+            var s = vec4<f32>(0.0);
+            for (var l = 0u; l < LANES; l = l + 1u) {
+                s = s + sh_red[tid * LANES + l];
+            }
+            var x = vec4<f32>(NEG_BIG);
+            $scores
+            sh_s[j - lo] = x;
+        }
+    }
+    workgroupBarrier();
+    $rotate
+}
+"#,
+};
+
+/// P·V's first rows, fetched before the slice's max and sum so that their latency hides
+/// behind them.
+const FIRST_V: Template = Template {
+    name: "split_first_v",
+    needs: &[],
+    text: r#"// P·V's first rows of V, fetched now so that their latency hides behind the max and
+// the sum: invocation (r, c) reads word column c of rows r, r + PV_ROWS, ..
+let c = tid % V_WORDS;
+let r = tid / V_WORDS;
+$v_pre
+let i0 = $v_first - lo + r;
+$first_v
+"#,
+};
+
+/// P·V's loop, PV_UNROLL rows a step.
+const VALUE_PASS: Template = Template {
+    name: "split_value_pass",
+    needs: &[],
+    text: r#"// P·V: invocation (r, c) sums word column c over its rows, PV_UNROLL rows a step,
+// the next step's rows fetched before this step's products.
+$pv_accs
+if (r < PV_ROWS) {
+    $v_head
+        $pv_loads
+        $pv_fmas
+        $pv_rotate
+    }
+}
+"#,
+};
+
+/// The scores loop ([`KEY_PASS`]): the query's columns in registers (or read from
+/// workgroup memory per key, the layout's rule), the key tiles' prefetches, the dot
+/// products and each served head's score.
+fn key_pass(spec: &KernelSpec, loops: &Loops) -> Fragment {
     let heads = spec.grid.tile as usize;
     let quads = word(spec) / 4;
     let per_lane = spec.head_dim / word(spec) / lanes(spec);
@@ -444,7 +470,7 @@ fn key_pass(spec: &KernelSpec, loops: &Loops) -> [(&'static str, Fragment); 11] 
         *d = format!("hsum(a{i})");
     }
     let scores = (0..heads).map(|i| super::served::score_head(i, "x", "j", "s"));
-    [
+    KEY_PASS.fill([
         ("q_regs", lines(q_regs)),
         ("k_pre", loops.keys.pre.clone()),
         ("first_fetch", fetch("var k", loops.keys.first)),
@@ -470,12 +496,12 @@ fn key_pass(spec: &KernelSpec, loops: &Loops) -> [(&'static str, Fragment); 11] 
             "rotate",
             lines((0..per_lane).map(|e| format!("k{e} = n{e};"))),
         ),
-    ]
+    ])
 }
 
-/// P·V's fills: the heads' accumulators, the first rows' fetches, and each step's
-/// prefetches, products and rotation, PV_UNROLL rows a step.
-fn value_pass(spec: &KernelSpec, loops: &Loops) -> [(&'static str, Fragment); 8] {
+/// P·V: its first rows' fetches ([`FIRST_V`]), and its loop ([`VALUE_PASS`]): the heads'
+/// accumulators and each step's prefetches, products and rotation, PV_UNROLL rows a step.
+fn value_pass(spec: &KernelSpec, loops: &Loops) -> [Fragment; 2] {
     let heads = spec.grid.tile as usize;
     let quads = word(spec) / 4;
     let rows = pv_unroll(spec);
@@ -492,11 +518,7 @@ fn value_pass(spec: &KernelSpec, loops: &Loops) -> [(&'static str, Fragment); 8]
             format!("o{i}_{u} = fma(vec4<f32>(p{r}.{c}), w{r}[{u}], o{i}_{u});")
         }))
     });
-    [
-        (
-            "pv_accs",
-            lines(each_acc().map(|(u, i)| format!("var o{i}_{u} = vec4<f32>(0.0);"))),
-        ),
+    let first_v = FIRST_V.fill([
         ("v_pre", loops.v_pre.clone()),
         ("v_first", Fragment::from(loops.v_first)),
         (
@@ -506,21 +528,21 @@ fn value_pass(spec: &KernelSpec, loops: &Loops) -> [(&'static str, Fragment); 8]
                     .map(|u| format!("var v{u} = fetch_v(lo + i0 + {u}u * PV_ROWS, hi, c, kv_h);")),
             ),
         ),
+    ]);
+    let accs = each_acc().map(|(u, i)| format!("var o{i}_{u} = vec4<f32>(0.0);"));
+    let loads =
+        (0..rows).map(|u| format!("let n{u} = fetch_v({v_next} + {u}u * PV_ROWS, hi, c, kv_h);"));
+    let pass = VALUE_PASS.fill([
+        ("pv_accs", lines(accs)),
         ("v_head", loops.v_head.clone()),
-        (
-            "pv_loads",
-            lines(
-                (0..rows).map(|u| {
-                    format!("let n{u} = fetch_v({v_next} + {u}u * PV_ROWS, hi, c, kv_h);")
-                }),
-            ),
-        ),
+        ("pv_loads", lines(loads)),
         ("pv_fmas", lines(fmas)),
         (
             "pv_rotate",
             lines((0..rows).map(|u| format!("v{u} = n{u};"))),
         ),
-    ]
+    ]);
+    [first_v, pass]
 }
 
 /// The reduce: each of PARTS groups of V4 invocations merges its share of the slices in
