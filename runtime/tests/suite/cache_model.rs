@@ -1,10 +1,11 @@
-//! The device KV cache against a host model of it: random sequences of open, free, append,
-//! extend (a continued slot's new rows and their attention: a prefill on an empty slot) and
-//! decode (one query row per sequence of a run of slots), valid and not, over a contiguous
-//! and a paged cache in f32, in half precision and in fp8 bytes (e4m3, e5m2). After every
-//! step the cache's own lengths, the lengths on the device and every open slot's rows equal
-//! the model's, a refused step is an error that changes neither nor its output, and an
-//! extend's or a decode's outputs equal attention computed on the host from the model's rows.
+//! The device KV cache against a host model of it: random sequences of open, free, append
+//! and extend (a run of one or two slots' new rows, and with extend their attention: a
+//! prefill on an empty slot) and decode (one query row per sequence of a run of slots),
+//! valid and not, over a contiguous and a paged cache in f32, in half precision and in fp8
+//! bytes (e4m3, e5m2). After every step the cache's own lengths, the lengths on the device
+//! and every open slot's rows equal the model's, a refused step is an error that changes
+//! neither nor its output, and an extend's or a decode's outputs equal attention computed
+//! on the host from the model's rows.
 
 use runtime::BlockOn;
 use std::sync::LazyLock;
@@ -40,12 +41,16 @@ const PAGED: CacheLayout = CacheLayout::Paged {
 enum Step {
     Open(u32),
     Free(u32),
+    /// `rows` rows for each of slots `slot..slot + batch`.
     Append {
         slot: u32,
+        batch: u32,
         rows: u32,
     },
+    /// The same, with their attention over each slot's cache.
     Extend {
         slot: u32,
+        batch: u32,
         rows: u32,
     },
     /// One query row for each of slots `slot..slot + batch`; `bad_slice` asks for a slice
@@ -63,8 +68,10 @@ fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
         1 => slot.clone().prop_map(Step::Open),
         1 => slot.clone().prop_map(Step::Free),
-        3 => (slot.clone(), 0u32..=20).prop_map(|(slot, rows)| Step::Append { slot, rows }),
-        3 => (slot.clone(), 0u32..=20).prop_map(|(slot, rows)| Step::Extend { slot, rows }),
+        3 => (slot.clone(), 1u32..=2, 0u32..=20)
+            .prop_map(|(slot, batch, rows)| Step::Append { slot, batch, rows }),
+        3 => (slot.clone(), 1u32..=2, 0u32..=20)
+            .prop_map(|(slot, batch, rows)| Step::Extend { slot, batch, rows }),
         2 => (slot, 1u32..=2, prop::bool::weighted(0.2))
             .prop_map(|(slot, batch, bad_slice)| Step::Decode { slot, batch, bad_slice }),
     ]
@@ -79,9 +86,14 @@ fn steps() -> impl Strategy<Value = Vec<Step>> {
             Step::Open(1),
             Step::Extend {
                 slot: 0,
+                batch: 1,
                 rows: chunk,
             },
-            Step::Append { slot: 1, rows },
+            Step::Append {
+                slot: 1,
+                batch: 1,
+                rows,
+            },
         ]
     });
     (start, prop::collection::vec(step(), 2..12)).prop_map(|(start, rest)| [start, rest].concat())
@@ -112,16 +124,20 @@ impl Model {
             .map(|(k, _)| (k.len() / (KV_HEADS * D) as usize) as u32)
     }
 
-    /// Whether `rows` more rows fit `slot`: open, within its capacity and (paged) the pool.
-    fn fits(&self, slot: u32, rows: u32) -> bool {
-        let Some(len) = self
-            .slots
-            .get(slot as usize)
-            .and_then(|_| self.len(slot as usize))
-        else {
+    /// Whether `rows` more rows fit each of slots `slots`: each open and within its
+    /// capacity, and (paged) the new pages they need together within the pool's free ones.
+    fn fits(&self, slots: std::ops::Range<u32>, rows: u32) -> bool {
+        let lens: Option<Vec<u32>> = slots
+            .map(|s| {
+                self.slots
+                    .get(s as usize)
+                    .and_then(|_| self.len(s as usize))
+            })
+            .collect();
+        let Some(lens) = lens else {
             return false;
         };
-        if len + rows > CAPACITY {
+        if lens.iter().any(|len| len + rows > CAPACITY) {
             return false;
         }
         let CacheLayout::Paged {
@@ -134,7 +150,11 @@ impl Model {
             .filter_map(|s| self.len(s))
             .map(|l| l.div_ceil(page_size))
             .sum();
-        (len + rows).div_ceil(page_size) - len.div_ceil(page_size) <= n_pages - held
+        let new: u32 = lens
+            .iter()
+            .map(|len| (len + rows).div_ceil(page_size) - len.div_ceil(page_size))
+            .sum();
+        new <= n_pages - held
     }
 }
 
@@ -237,9 +257,9 @@ fn run(layout: CacheLayout, (dtype, fp8): (Dtype, Option<Fp8>), steps: &[Step], 
             );
             rounded(&values, dtype)
         };
-        let shape = |rows, heads| [1, rows, heads, D];
-        let tensor = |values: &[f32], rows, heads| {
-            Tensor::from_f32(gpu, &shape(rows, heads), Scalar::from(dtype), values).unwrap()
+        let shape = |batch, rows, heads| [batch, rows, heads, D];
+        let tensor = |values: &[f32], batch, rows, heads| {
+            Tensor::from_f32(gpu, &shape(batch, rows, heads), Scalar::from(dtype), values).unwrap()
         };
         let in_range = |slot: u32| slot < SLOTS;
         match *step {
@@ -299,18 +319,30 @@ fn run(layout: CacheLayout, (dtype, fp8): (Dtype, Option<Fp8>), steps: &[Step], 
                     "{what}: the outputs differ by {worst}"
                 );
             }
-            Step::Append { slot, rows } | Step::Extend { slot, rows } => {
+            Step::Append { slot, batch, rows } | Step::Extend { slot, batch, rows } => {
                 let extend = matches!(step, Step::Extend { .. });
-                let (k, v) = (data(rows, KV_HEADS, 1), data(rows, KV_HEADS, 2));
-                let (kt, vt) = (tensor(&k, rows, KV_HEADS), tensor(&v, rows, KV_HEADS));
-                let ok = model.fits(slot, rows) && !(extend && rows == 0);
+                let (k, v) = (
+                    data(batch * rows, KV_HEADS, 1),
+                    data(batch * rows, KV_HEADS, 2),
+                );
+                let (kt, vt) = (
+                    tensor(&k, batch, rows, KV_HEADS),
+                    tensor(&v, batch, rows, KV_HEADS),
+                );
+                let ok = model.fits(slot..slot + batch, rows) && !(extend && rows == 0);
+                // Each sequence's share of rows `x` of `heads` heads.
+                let of = |x: &[f32], b: u32, heads: u32| {
+                    let per = (rows * heads * D) as usize;
+                    x[b as usize * per..][..per].to_vec()
+                };
                 if !extend {
                     let r = cache.append(gpu, &mut enc, slot, &kt, &vt);
                     assert_eq!(r.is_ok(), ok, "{what}: {r:?}");
                 } else {
-                    let q = data(rows, HEADS, 3);
-                    let qt = tensor(&q, rows, HEADS);
-                    let o = Tensor::zeros(gpu, &shape(rows, HEADS), Scalar::from(dtype)).unwrap();
+                    let q = data(batch * rows, HEADS, 3);
+                    let qt = tensor(&q, batch, rows, HEADS);
+                    let o = Tensor::zeros(gpu, &shape(batch, rows, HEADS), Scalar::from(dtype))
+                        .unwrap();
                     let args = ExtendArgs {
                         k_new: &kt,
                         v_new: &vt,
@@ -322,13 +354,17 @@ fn run(layout: CacheLayout, (dtype, fp8): (Dtype, Option<Fp8>), steps: &[Step], 
                     let r = cache.extend(gpu, &mut enc, &mut decode, slot, &args);
                     assert_eq!(r.is_ok(), ok, "{what}: {r:?}");
                     if ok {
-                        let (sk, sv) = (model.stored(&k), model.stored(&v));
-                        let (mk, mv) = model.slots[slot as usize].as_ref().unwrap();
-                        let (all_k, all_v) = ([&mk[..], &sk].concat(), [&mv[..], &sv].concat());
                         gpu.queue.submit([enc.finish()]);
                         enc = gpu.device.create_command_encoder(&Default::default());
                         let got = o.to_f32(gpu).block_on().unwrap();
-                        let want = attention(&q, &all_k, &all_v, rows as usize);
+                        let want: Vec<f32> = (0..batch)
+                            .flat_map(|b| {
+                                let (mk, mv) = model.slots[(slot + b) as usize].as_ref().unwrap();
+                                let all_k = [&mk[..], &model.stored(&of(&k, b, KV_HEADS))].concat();
+                                let all_v = [&mv[..], &model.stored(&of(&v, b, KV_HEADS))].concat();
+                                attention(&of(&q, b, HEADS), &all_k, &all_v, rows as usize)
+                            })
+                            .collect();
                         let worst = got
                             .iter()
                             .zip(&want)
@@ -341,10 +377,15 @@ fn run(layout: CacheLayout, (dtype, fp8): (Dtype, Option<Fp8>), steps: &[Step], 
                     }
                 }
                 if ok {
-                    let (sk, sv) = (model.stored(&k), model.stored(&v));
-                    let (mk, mv) = model.slots[slot as usize].as_mut().unwrap();
-                    mk.extend(sk);
-                    mv.extend(sv);
+                    for b in 0..batch {
+                        let (sk, sv) = (
+                            model.stored(&of(&k, b, KV_HEADS)),
+                            model.stored(&of(&v, b, KV_HEADS)),
+                        );
+                        let (mk, mv) = model.slots[(slot + b) as usize].as_mut().unwrap();
+                        mk.extend(sk);
+                        mv.extend(sv);
+                    }
                 }
             }
         }
@@ -416,7 +457,11 @@ fn agree(cache: &KvCache, model: &Model, what: &str) {
 fn a_free_slot_decodes_to_zeros() {
     let steps = [
         Step::Open(0),
-        Step::Extend { slot: 0, rows: 16 },
+        Step::Extend {
+            slot: 0,
+            batch: 1,
+            rows: 16,
+        },
         Step::Decode {
             slot: 1,
             batch: 2,
