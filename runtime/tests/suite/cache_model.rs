@@ -1,7 +1,7 @@
 //! The device KV cache against a host model of it: random sequences of open, free, append
 //! and extend (a run of one or two slots' new rows, and with extend their attention: a
-//! prefill on an empty slot) and decode (one query row per sequence of a run of slots),
-//! valid and not, over a contiguous and a paged cache in f32, in half precision and in fp8
+//! prefill on an empty slot) and decode (a run of slots' last rows: one each, or a ragged
+//! batch), valid and not, over a contiguous and a paged cache in f32, in half precision and in fp8
 //! bytes (e4m3, e5m2). After every step the cache's own lengths, the lengths on the device
 //! and every open slot's rows equal the model's, a refused step is an error that changes
 //! neither nor its output, and an extend's or a decode's outputs equal attention computed
@@ -14,7 +14,7 @@ use attn_dsl::{Cache, Dtype, Fp8, Scalar};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed};
 use runtime::ops::cache::{CacheLayout, CacheSpec, ExtendArgs, KvCache};
-use runtime::ops::decode::{CacheView, Decode, DecodeArgs, DecodeSpec};
+use runtime::ops::decode::{CacheView, Decode, DecodeArgs, DecodeSpec, QueryRows};
 use runtime::verify::random;
 use runtime::{Gpu, Tensor, kernels};
 
@@ -53,11 +53,14 @@ enum Step {
         batch: u32,
         rows: u32,
     },
-    /// One query row for each of slots `slot..slot + batch`; `bad_slice` asks for a slice
-    /// length of 0, which the op refuses.
+    /// Query rows for each of slots `slot..slot + batch`, the last rows each holds: one
+    /// each, or where `rows` asks for more and every slot holds a row, `rows[b]` (at most
+    /// what slot b holds) in a ragged batch; `bad_slice` asks for a slice length of 0,
+    /// which the op refuses.
     Decode {
         slot: u32,
         batch: u32,
+        rows: [u32; 2],
         bad_slice: bool,
     },
 }
@@ -72,8 +75,22 @@ fn step() -> impl Strategy<Value = Step> {
             .prop_map(|(slot, batch, rows)| Step::Append { slot, batch, rows }),
         3 => (slot.clone(), 1u32..=2, 0u32..=20)
             .prop_map(|(slot, batch, rows)| Step::Extend { slot, batch, rows }),
-        2 => (slot, 1u32..=2, prop::bool::weighted(0.2))
-            .prop_map(|(slot, batch, bad_slice)| Step::Decode { slot, batch, bad_slice }),
+        2 => (slot, 1u32..=2, decode_rows(), prop::bool::weighted(0.2)).prop_map(
+            |(slot, batch, rows, bad_slice)| Step::Decode {
+                slot,
+                batch,
+                rows,
+                bad_slice
+            }
+        ),
+    ]
+}
+
+/// A decode's rows per sequence: one each, or up to 18 (past a chunk's 16).
+fn decode_rows() -> impl Strategy<Value = [u32; 2]> {
+    prop_oneof![
+        Just([1, 1]),
+        (1u32..=18, 1u32..=18).prop_map(|(a, b)| [a, b])
     ]
 }
 
@@ -208,17 +225,22 @@ fn attention(q: &[f32], k: &[f32], v: &[f32], rows: usize) -> Vec<f32> {
     o
 }
 
-/// The model's decode of one query row (`HEADS` heads) per slot of `slot..`: attention over
-/// the slot's rows, zeros where it holds none (free or empty).
-fn decoded(model: &Model, slot: u32, q: &[f32]) -> Vec<f32> {
+/// The model's decode of `rows[b]` query rows (`HEADS` heads each) for each slot
+/// `slot + b`, the slot's last rows: attention over its rows, zeros where it holds none
+/// (free or empty).
+fn decoded(model: &Model, slot: u32, q: &[f32], rows: &[u32]) -> Vec<f32> {
     let per_row = (HEADS * D) as usize;
-    q.chunks(per_row)
-        .enumerate()
-        .flat_map(|(b, qb)| match &model.slots[slot as usize + b] {
-            Some((k, v)) if !k.is_empty() => attention(qb, k, v, 1),
-            _ => vec![0.0; per_row],
-        })
-        .collect()
+    let mut at = 0;
+    let mut out = Vec::new();
+    for (b, &n) in rows.iter().enumerate() {
+        let qb = &q[at * per_row..][..n as usize * per_row];
+        at += n as usize;
+        out.extend(match &model.slots[slot as usize + b] {
+            Some((k, v)) if !k.is_empty() => attention(qb, k, v, n as usize),
+            _ => vec![0.0; qb.len()],
+        });
+    }
+    out
 }
 
 /// How far the device's attention may lie from the host's: the f32 reference against the
@@ -280,15 +302,42 @@ fn run(layout: CacheLayout, (dtype, fp8): (Dtype, Option<Fp8>), steps: &[Step], 
             Step::Decode {
                 slot,
                 batch,
+                rows,
                 bad_slice,
             } => {
-                let q = data(batch, HEADS, 4);
+                // The rows each sequence brings: the last ones it holds.
+                let held: Option<Vec<u32>> = (slot..slot + batch)
+                    .map(|s| {
+                        model
+                            .slots
+                            .get(s as usize)
+                            .and_then(|_| model.len(s as usize))
+                    })
+                    .map(|len| len.filter(|l| *l > 0))
+                    .collect();
+                let each: Vec<u32> = match held {
+                    Some(lens) if rows != [1, 1] => {
+                        lens.iter().zip(rows).map(|(l, r)| r.min(*l)).collect()
+                    }
+                    _ => vec![1; batch as usize],
+                };
+                let starts: Vec<u32> = std::iter::once(0)
+                    .chain(each.iter().scan(0, |end, r| {
+                        *end += r;
+                        Some(*end)
+                    }))
+                    .collect();
+                let total = *starts.last().unwrap();
+                let q = data(total, HEADS, 4);
                 let qt =
-                    Tensor::from_f32(gpu, &[batch, HEADS, D], Scalar::from(dtype), &q).unwrap();
-                let o = Tensor::zeros(gpu, &[batch, HEADS, D], Scalar::from(dtype)).unwrap();
+                    Tensor::from_f32(gpu, &[total, HEADS, D], Scalar::from(dtype), &q).unwrap();
+                let o = Tensor::zeros(gpu, &[total, HEADS, D], Scalar::from(dtype)).unwrap();
                 let args = DecodeArgs {
                     q: &qt,
-                    rows: Default::default(),
+                    rows: match total == batch {
+                        true => Default::default(),
+                        false => QueryRows::Ragged(&starts),
+                    },
                     cache: CacheView {
                         slot0: slot,
                         ..cache.view()
@@ -305,7 +354,7 @@ fn run(layout: CacheLayout, (dtype, fp8): (Dtype, Option<Fp8>), steps: &[Step], 
                 enc = gpu.device.create_command_encoder(&Default::default());
                 let got = o.to_f32(gpu).block_on().unwrap();
                 let want = if ok {
-                    decoded(&model, slot, &q)
+                    decoded(&model, slot, &q, &each)
                 } else {
                     vec![0.0; got.len()]
                 };
@@ -316,7 +365,7 @@ fn run(layout: CacheLayout, (dtype, fp8): (Dtype, Option<Fp8>), steps: &[Step], 
                     .fold(0.0, f32::max);
                 assert!(
                     worst < tolerance(dtype),
-                    "{what}: the outputs differ by {worst}"
+                    "{what} ({each:?} rows): the outputs differ by {worst}"
                 );
             }
             Step::Append { slot, batch, rows } | Step::Extend { slot, batch, rows } => {
@@ -465,6 +514,7 @@ fn a_free_slot_decodes_to_zeros() {
         Step::Decode {
             slot: 1,
             batch: 2,
+            rows: [1, 1],
             bad_slice: false,
         },
     ];
