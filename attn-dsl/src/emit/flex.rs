@@ -145,10 +145,10 @@ pub(super) fn grad_functions(out: &mut Wgsl, spec: &crate::spec::KernelSpec, fle
         let reads = derive::d_tensor(e, &t.name).expect("checked: the tensor differentiates");
         for (r, read) in reads.iter().enumerate() {
             let p = format!("flex_{grad}_{r}");
-            let names = ["at", "lane", "sum", "add", "flush"].map(|s| format!("{p}_{s}"));
-            let holes = ["p_at", "p_lane", "p_sum", "p_add", "p_flush"];
-            let fills = holes.into_iter().zip(names.map(Fragment::from));
-            out.put(HELD.fill(fills.chain([("grad", Fragment::from(grad.clone()))])));
+            out.put(HELD.fill([
+                ("p", Fragment::from(p.as_str())),
+                ("grad", Fragment::from(grad.clone())),
+            ]));
             // Lanes by query row: the pairs of one element in a tile sit on different rows.
             // A read outside the tensor gave 0 whatever it holds: no gradient (an add at
             // the held-nothing mark is dropped at the flush).
@@ -195,26 +195,26 @@ fn flex_flush() {
 const HELD: Template = Template {
     name: "flex_grad_held",
     needs: &[Helper::TwoSumErr4],
-    text: "var<private> $p_at: u32 = 0xffffffffu;
-var<private> $p_lane: u32;
-var<private> $p_sum: vec2<f32>;
+    text: "var<private> ${p}_at: u32 = 0xffffffffu;
+var<private> ${p}_lane: u32;
+var<private> ${p}_sum: vec2<f32>;
 
-fn $p_add(i: u32, x: f32, lane: u32) {
-    if (i != $p_at) {
-        $p_flush();
-        $p_at = i;
-        $p_lane = lane;
+fn ${p}_add(i: u32, x: f32, lane: u32) {
+    if (i != ${p}_at) {
+        ${p}_flush();
+        ${p}_at = i;
+        ${p}_lane = lane;
     }
-    let s = $p_sum.x + x;
-    $p_sum = vec2<f32>(s, $p_sum.y + two_sum_err4(vec4<f32>($p_sum.x), vec4<f32>(x), vec4<f32>(s)).x);
+    let s = ${p}_sum.x + x;
+    ${p}_sum = vec2<f32>(s, ${p}_sum.y + two_sum_err4(vec4<f32>(${p}_sum.x), vec4<f32>(x), vec4<f32>(s)).x);
 }
 
-fn $p_flush() {
-    if ($p_at != 0xffffffffu) {
-        add_$grad($p_at, $p_sum, $p_lane);
+fn ${p}_flush() {
+    if (${p}_at != 0xffffffffu) {
+        add_$grad(${p}_at, ${p}_sum, ${p}_lane);
     }
-    $p_at = 0xffffffffu;
-    $p_sum = vec2<f32>(0.0);
+    ${p}_at = 0xffffffffu;
+    ${p}_sum = vec2<f32>(0.0);
 }
 
 ",
