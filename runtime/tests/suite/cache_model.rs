@@ -243,203 +243,244 @@ fn decoded(model: &Model, slot: u32, q: &[f32], rows: &[u32]) -> Vec<f32> {
     out
 }
 
-/// How far the device's attention may lie from the host's: the f32 reference against the
-/// kernels' f32 or half-precision arithmetic on the same stored rows.
-fn tolerance(dtype: Dtype) -> f32 {
-    if dtype == Dtype::F32 { 1e-4 } else { 2e-2 }
-}
-
 /// Runs `steps` on a fresh cache, checking it against the model after each.
-fn run(layout: CacheLayout, (dtype, fp8): (Dtype, Option<Fp8>), steps: &[Step], seed: u64) {
-    let gpu = &*GPU;
-    let mut cache = KvCache::new(gpu, cache_spec(layout, dtype, fp8)).unwrap();
-    let paged = matches!(layout, CacheLayout::Paged { .. });
-    let decode_spec = DecodeSpec {
-        cache: if paged {
-            Cache::Paged
-        } else {
-            Cache::Contiguous
-        },
-        kv_fp8: fp8,
-        ..DecodeSpec::new(D, D, dtype)
-    };
-    let mut decode = Decode::new(gpu, decode_spec).unwrap();
-    let mut model = Model {
-        slots: vec![None; SLOTS as usize],
-        layout,
-        fp8,
-    };
+fn run(layout: CacheLayout, dtypes: (Dtype, Option<Fp8>), steps: &[Step], seed: u64) {
+    let mut case = Case::new(layout, dtypes, seed);
     for (i, step) in steps.iter().enumerate() {
-        let what = format!("{layout:?} {dtype:?} {fp8:?} step {i} {step:?}");
-        let mut enc = gpu.device.create_command_encoder(&Default::default());
-        let data = |rows: u32, heads: u32, salt: u64| {
-            let values = random(
-                (rows * heads * D) as usize,
-                seed * 1000 + i as u64 * 10 + salt,
-            );
-            rounded(&values, dtype)
-        };
-        let shape = |batch, rows, heads| [batch, rows, heads, D];
-        let tensor = |values: &[f32], batch, rows, heads| {
-            Tensor::from_f32(gpu, &shape(batch, rows, heads), Scalar::from(dtype), values).unwrap()
-        };
-        let in_range = |slot: u32| slot < SLOTS;
+        let what = format!("{layout:?} {dtypes:?} step {i} {step:?}");
+        let mut enc = GPU.device.create_command_encoder(&Default::default());
+        case.step = i as u64;
         match *step {
-            Step::Open(slot) => {
-                let ok = in_range(slot) && model.slots[slot as usize].is_none();
-                assert_eq!(cache.open(&mut enc, slot).is_ok(), ok, "{what}");
-                if ok {
-                    model.slots[slot as usize] = Some((Vec::new(), Vec::new()));
-                }
-            }
-            Step::Free(slot) => {
-                let ok = in_range(slot) && model.slots[slot as usize].is_some();
-                assert_eq!(cache.free(&mut enc, slot).is_ok(), ok, "{what}");
-                if ok {
-                    model.slots[slot as usize] = None;
-                }
-            }
+            Step::Open(slot) => case.open(&mut enc, slot, &what),
+            Step::Free(slot) => case.free(&mut enc, slot, &what),
             Step::Decode {
                 slot,
                 batch,
                 rows,
                 bad_slice,
-            } => {
-                // The rows each sequence brings: the last ones it holds.
-                let held: Option<Vec<u32>> = (slot..slot + batch)
-                    .map(|s| {
-                        model
-                            .slots
-                            .get(s as usize)
-                            .and_then(|_| model.len(s as usize))
-                    })
-                    .map(|len| len.filter(|l| *l > 0))
-                    .collect();
-                let each: Vec<u32> = match held {
-                    Some(lens) if rows != [1, 1] => {
-                        lens.iter().zip(rows).map(|(l, r)| r.min(*l)).collect()
-                    }
-                    _ => vec![1; batch as usize],
-                };
-                let starts: Vec<u32> = std::iter::once(0)
-                    .chain(each.iter().scan(0, |end, r| {
-                        *end += r;
-                        Some(*end)
-                    }))
-                    .collect();
-                let total = *starts.last().unwrap();
-                let q = data(total, HEADS, 4);
-                let qt =
-                    Tensor::from_f32(gpu, &[total, HEADS, D], Scalar::from(dtype), &q).unwrap();
-                let o = Tensor::zeros(gpu, &[total, HEADS, D], Scalar::from(dtype)).unwrap();
-                let args = DecodeArgs {
-                    q: &qt,
-                    rows: match total == batch {
-                        true => Default::default(),
-                        false => QueryRows::Ragged(&starts),
-                    },
-                    cache: CacheView {
-                        slot0: slot,
-                        ..cache.view()
-                    },
-                    o: &o,
-                    scale: None,
-                    mods: Default::default(),
-                    slice_len: bad_slice.then_some(0),
-                };
-                let ok = slot + batch <= SLOTS && !bad_slice;
-                let r = decode.record(gpu, &mut enc, &args);
-                assert_eq!(r.is_ok(), ok, "{what}: {r:?}");
-                gpu.queue.submit([enc.finish()]);
-                enc = gpu.device.create_command_encoder(&Default::default());
-                let got = o.to_f32(gpu).block_on().unwrap();
-                let want = if ok {
-                    decoded(&model, slot, &q, &each)
-                } else {
-                    vec![0.0; got.len()]
-                };
-                let worst = got
-                    .iter()
-                    .zip(&want)
-                    .map(|(a, b)| (a - b).abs())
-                    .fold(0.0, f32::max);
-                assert!(
-                    worst < tolerance(dtype),
-                    "{what} ({each:?} rows): the outputs differ by {worst}"
-                );
+            } => case.decode(&mut enc, (slot, batch), rows, bad_slice, &what),
+            Step::Append { slot, batch, rows } => {
+                case.add(&mut enc, (slot, batch), rows, false, &what)
             }
-            Step::Append { slot, batch, rows } | Step::Extend { slot, batch, rows } => {
-                let extend = matches!(step, Step::Extend { .. });
-                let (k, v) = (
-                    data(batch * rows, KV_HEADS, 1),
-                    data(batch * rows, KV_HEADS, 2),
-                );
-                let (kt, vt) = (
-                    tensor(&k, batch, rows, KV_HEADS),
-                    tensor(&v, batch, rows, KV_HEADS),
-                );
-                let ok = model.fits(slot..slot + batch, rows) && !(extend && rows == 0);
-                // Each sequence's share of rows `x` of `heads` heads.
-                let of = |x: &[f32], b: u32, heads: u32| {
-                    let per = (rows * heads * D) as usize;
-                    x[b as usize * per..][..per].to_vec()
-                };
-                if !extend {
-                    let r = cache.append(gpu, &mut enc, slot, &kt, &vt);
-                    assert_eq!(r.is_ok(), ok, "{what}: {r:?}");
-                } else {
-                    let q = data(batch * rows, HEADS, 3);
-                    let qt = tensor(&q, batch, rows, HEADS);
-                    let o = Tensor::zeros(gpu, &shape(batch, rows, HEADS), Scalar::from(dtype))
-                        .unwrap();
-                    let args = ExtendArgs {
-                        k_new: &kt,
-                        v_new: &vt,
-                        q: &qt,
-                        o: &o,
-                        scale: None,
-                        mods: Default::default(),
-                    };
-                    let r = cache.extend(gpu, &mut enc, &mut decode, slot, &args);
-                    assert_eq!(r.is_ok(), ok, "{what}: {r:?}");
-                    if ok {
-                        gpu.queue.submit([enc.finish()]);
-                        enc = gpu.device.create_command_encoder(&Default::default());
-                        let got = o.to_f32(gpu).block_on().unwrap();
-                        let want: Vec<f32> = (0..batch)
-                            .flat_map(|b| {
-                                let (mk, mv) = model.slots[(slot + b) as usize].as_ref().unwrap();
-                                let all_k = [&mk[..], &model.stored(&of(&k, b, KV_HEADS))].concat();
-                                let all_v = [&mv[..], &model.stored(&of(&v, b, KV_HEADS))].concat();
-                                attention(&of(&q, b, HEADS), &all_k, &all_v, rows as usize)
-                            })
-                            .collect();
-                        let worst = got
-                            .iter()
-                            .zip(&want)
-                            .map(|(a, b)| (a - b).abs())
-                            .fold(0.0, f32::max);
-                        assert!(
-                            worst < tolerance(dtype),
-                            "{what}: the outputs differ by {worst}"
-                        );
-                    }
-                }
-                if ok {
-                    for b in 0..batch {
-                        let (sk, sv) = (
-                            model.stored(&of(&k, b, KV_HEADS)),
-                            model.stored(&of(&v, b, KV_HEADS)),
-                        );
-                        let (mk, mv) = model.slots[(slot + b) as usize].as_mut().unwrap();
-                        mk.extend(sk);
-                        mv.extend(sv);
-                    }
-                }
+            Step::Extend { slot, batch, rows } => {
+                case.add(&mut enc, (slot, batch), rows, true, &what)
             }
         }
-        gpu.queue.submit([enc.finish()]);
-        agree(&cache, &model, &what);
+        GPU.queue.submit([enc.finish()]);
+        agree(&case.cache, &case.model, &what);
+    }
+}
+
+/// One case's cache, its decode op and its model, stepped together.
+struct Case {
+    cache: KvCache,
+    decode: Decode,
+    model: Model,
+    dtype: Dtype,
+    seed: u64,
+    /// The step being run: with the seed, what its random values are drawn from.
+    step: u64,
+}
+
+impl Case {
+    fn new(layout: CacheLayout, (dtype, fp8): (Dtype, Option<Fp8>), seed: u64) -> Case {
+        let cache = match layout {
+            CacheLayout::Paged { .. } => Cache::Paged,
+            _ => Cache::Contiguous,
+        };
+        let decode_spec = DecodeSpec {
+            cache,
+            kv_fp8: fp8,
+            ..DecodeSpec::new(D, D, dtype)
+        };
+        Case {
+            cache: KvCache::new(&GPU, cache_spec(layout, dtype, fp8)).unwrap(),
+            decode: Decode::new(&GPU, decode_spec).unwrap(),
+            model: Model {
+                slots: vec![None; SLOTS as usize],
+                layout,
+                fp8,
+            },
+            dtype,
+            seed,
+            step: 0,
+        }
+    }
+
+    /// `rows` rows of `heads` heads of random values, as the dtype holds them.
+    fn data(&self, rows: u32, heads: u32, salt: u64) -> Vec<f32> {
+        let seed = self.seed * 1000 + self.step * 10 + salt;
+        rounded(&random((rows * heads * D) as usize, seed), self.dtype)
+    }
+
+    /// `values` on the device, `shape` with `D` last, in the dtype.
+    fn tensor(&self, values: &[f32], shape: &[u32]) -> Tensor {
+        let shape = [shape, &[D]].concat();
+        Tensor::from_f32(&GPU, &shape, Scalar::from(self.dtype), values).unwrap()
+    }
+
+    fn zeros(&self, shape: &[u32]) -> Tensor {
+        Tensor::zeros(&GPU, &[shape, &[D]].concat(), Scalar::from(self.dtype)).unwrap()
+    }
+
+    fn open(&mut self, enc: &mut wgpu::CommandEncoder, slot: u32, what: &str) {
+        let ok = slot < SLOTS && self.model.slots[slot as usize].is_none();
+        assert_eq!(self.cache.open(enc, slot).is_ok(), ok, "{what}");
+        if ok {
+            self.model.slots[slot as usize] = Some((Vec::new(), Vec::new()));
+        }
+    }
+
+    fn free(&mut self, enc: &mut wgpu::CommandEncoder, slot: u32, what: &str) {
+        let ok = slot < SLOTS && self.model.slots[slot as usize].is_some();
+        assert_eq!(self.cache.free(enc, slot).is_ok(), ok, "{what}");
+        if ok {
+            self.model.slots[slot as usize] = None;
+        }
+    }
+
+    /// The rows each of slots `slot..slot + batch` brings to a decode: one each, or where
+    /// `rows` asks for more and every slot holds a row, `rows[b]` of its last ones.
+    fn decode_rows(&self, (slot, batch): (u32, u32), rows: [u32; 2]) -> Vec<u32> {
+        let held: Option<Vec<u32>> = (slot..slot + batch)
+            .map(|s| {
+                self.model
+                    .slots
+                    .get(s as usize)
+                    .and_then(|_| self.model.len(s as usize))
+            })
+            .map(|len| len.filter(|l| *l > 0))
+            .collect();
+        match held {
+            Some(lens) if rows != [1, 1] => lens.iter().zip(rows).map(|(l, r)| r.min(*l)).collect(),
+            _ => vec![1; batch as usize],
+        }
+    }
+
+    fn decode(
+        &mut self,
+        enc: &mut wgpu::CommandEncoder,
+        (slot, batch): (u32, u32),
+        rows: [u32; 2],
+        bad_slice: bool,
+        what: &str,
+    ) {
+        let each = self.decode_rows((slot, batch), rows);
+        let starts: Vec<u32> = std::iter::once(0)
+            .chain(each.iter().scan(0, |end, r| {
+                *end += r;
+                Some(*end)
+            }))
+            .collect();
+        let total = *starts.last().unwrap();
+        let q = self.data(total, HEADS, 4);
+        let (qt, o) = (
+            self.tensor(&q, &[total, HEADS]),
+            self.zeros(&[total, HEADS]),
+        );
+        let args = DecodeArgs {
+            q: &qt,
+            rows: match total == batch {
+                true => QueryRows::Each(1),
+                false => QueryRows::Ragged(&starts),
+            },
+            cache: CacheView {
+                slot0: slot,
+                ..self.cache.view()
+            },
+            o: &o,
+            scale: None,
+            mods: Default::default(),
+            slice_len: bad_slice.then_some(0),
+        };
+        let ok = slot + batch <= SLOTS && !bad_slice;
+        let r = self.decode.record(&GPU, enc, &args);
+        assert_eq!(r.is_ok(), ok, "{what}: {r:?}");
+        let want = match ok {
+            true => decoded(&self.model, slot, &q, &each),
+            false => vec![0.0; q.len()],
+        };
+        self.expect(enc, &o, &want, &format!("{what} ({each:?} rows)"));
+    }
+
+    /// An append (or with `extend` an extend) of `rows` rows to each of slots `slot..slot
+    /// + batch`.
+    fn add(
+        &mut self,
+        enc: &mut wgpu::CommandEncoder,
+        (slot, batch): (u32, u32),
+        rows: u32,
+        extend: bool,
+        what: &str,
+    ) {
+        let kv = [1, 2].map(|salt| self.data(batch * rows, KV_HEADS, salt));
+        let [kt, vt] = kv
+            .each_ref()
+            .map(|x| self.tensor(x, &[batch, rows, KV_HEADS]));
+        let ok = self.model.fits(slot..slot + batch, rows) && !(extend && rows == 0);
+        // Sequence b's share of rows `x` of `heads` heads.
+        let of = |x: &[f32], b: u32, heads: u32| {
+            let per = (rows * heads * D) as usize;
+            x[b as usize * per..][..per].to_vec()
+        };
+        if !extend {
+            let r = self.cache.append(&GPU, enc, slot, &kt, &vt);
+            assert_eq!(r.is_ok(), ok, "{what}: {r:?}");
+        } else {
+            let q = self.data(batch * rows, HEADS, 3);
+            let shape = [batch, rows, HEADS];
+            let (qt, o) = (self.tensor(&q, &shape), self.zeros(&shape));
+            let args = ExtendArgs {
+                k_new: &kt,
+                v_new: &vt,
+                q: &qt,
+                o: &o,
+                scale: None,
+                mods: Default::default(),
+            };
+            let r = self.cache.extend(&GPU, enc, &mut self.decode, slot, &args);
+            assert_eq!(r.is_ok(), ok, "{what}: {r:?}");
+            if ok {
+                let want: Vec<f32> = (0..batch)
+                    .flat_map(|b| {
+                        let (mk, mv) = self.model.slots[(slot + b) as usize].as_ref().unwrap();
+                        let [k, v] = kv
+                            .each_ref()
+                            .map(|x| self.model.stored(&of(x, b, KV_HEADS)));
+                        let (all_k, all_v) = ([&mk[..], &k].concat(), [&mv[..], &v].concat());
+                        attention(&of(&q, b, HEADS), &all_k, &all_v, rows as usize)
+                    })
+                    .collect();
+                self.expect(enc, &o, &want, what);
+            }
+        }
+        if ok {
+            for b in 0..batch {
+                let [k, v] = kv
+                    .each_ref()
+                    .map(|x| self.model.stored(&of(x, b, KV_HEADS)));
+                let (mk, mv) = self.model.slots[(slot + b) as usize].as_mut().unwrap();
+                mk.extend(k);
+                mv.extend(v);
+            }
+        }
+    }
+
+    /// Submits what `enc` holds and checks `o` against `want` (a fresh encoder after).
+    fn expect(&self, enc: &mut wgpu::CommandEncoder, o: &Tensor, want: &[f32], what: &str) {
+        let done = std::mem::replace(enc, GPU.device.create_command_encoder(&Default::default()));
+        GPU.queue.submit([done.finish()]);
+        let got = o.to_f32(&GPU).block_on().unwrap();
+        let worst = got
+            .iter()
+            .zip(want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        let tolerance = match self.dtype {
+            Dtype::F32 => 1e-4,
+            _ => 2e-2,
+        };
+        assert!(worst < tolerance, "{what}: the outputs differ by {worst}");
     }
 }
 
