@@ -82,7 +82,7 @@ fn cascade(
     let qt = Tensor::from_f32(gpu, &[batch, h.n_heads, h.head_dim], scalar, q)?;
     let o = Tensor::zeros(gpu, &[batch, h.n_heads, h.head_dim_v], scalar)?;
     let lse = Tensor::zeros(gpu, &[batch, h.n_heads], Scalar::F32)?;
-    let uploaded = case.mods.upload(gpu, batch, 1)?;
+    let uploaded = case.mods.upload(gpu, batch, (1, cap))?;
     let mods = uploaded.view(&case.mods, &[]);
     let args = CascadeArgs {
         q: &qt,

@@ -146,7 +146,15 @@ struct ModData {
 }
 
 impl ModData {
-    fn new(case: ModCase, h: Heads, batch: u32, seq: u32, seed: u64) -> ModData {
+    /// Values for `batch` sequences of `q_rows` query rows (the bias's rows) over
+    /// `positions` (the modifiers' tensors' `seq`: a forward's rows, a decode's capacity).
+    fn new(
+        case: ModCase,
+        h: Heads,
+        batch: u32,
+        (seq, positions): (u32, u32),
+        seed: u64,
+    ) -> ModData {
         let n = h.n_heads;
         let slopes = match case.alibi {
             true => (0..n)
@@ -170,7 +178,7 @@ impl ModData {
             slopes,
             bias: random(bias_len, seed + 7),
             sinks,
-            flex: flex_values(case, h, batch, seq, seed),
+            flex: flex_values(case, h, batch, positions, seed),
             seed,
         }
     }
@@ -746,16 +754,13 @@ fn flex_cases() -> Vec<Case> {
             docs: Docs::Even(1),
             causal: false,
         });
-        // A tensor over positions is over a sequence's rows, which a decode's query is not.
+        // A tensor over positions (document ids) differs between two sequences.
         let by_position = example
             .flex
             .tensors
             .iter()
             .any(|t| t.dims.contains(&Dim::Seq));
-        let shapes = shapes
-            .into_iter()
-            .filter(|s| !(by_position && matches!(s, Shape::Decode { .. })));
-        for shape in shapes.chain(long) {
+        for shape in shapes.into_iter().chain(long) {
             cases.push(Case {
                 heads,
                 batch: if by_position { 2 } else { 1 },
@@ -1279,7 +1284,7 @@ pub fn run_case(gpu: &Gpu, runner: &mut Runner, case: &Case, seed: u64) -> Resul
                 seq,
                 seg: batch_documents(batch, seq, docs),
                 causal,
-                mods: ModData::new(case.mods, h, batch, seq, seed),
+                mods: ModData::new(case.mods, h, batch, (seq, seq), seed),
             };
             let masks = job.masks();
             let dims = (h.head_dim, h.head_dim_v);
@@ -1340,7 +1345,7 @@ pub fn run_case(gpu: &Gpu, runner: &mut Runner, case: &Case, seed: u64) -> Resul
             cache_len,
             capacity,
         } => {
-            let mods = ModData::new(case.mods, h, batch, 1, seed);
+            let mods = ModData::new(case.mods, h, batch, (1, capacity), seed);
             let masks = mods.mods().masks(false, false);
             let shape = (batch, cache_len, capacity);
             let split = runner.split(gpu, h, masks, (Cache::Contiguous, Dtype::F32))?;
@@ -1373,6 +1378,9 @@ pub fn run_case(gpu: &Gpu, runner: &mut Runner, case: &Case, seed: u64) -> Resul
             let paged = runner.split(gpu, h, masks, (Cache::Paged, Dtype::F32))?;
             for page_size in [16, 7] {
                 let decoder = Decoder::Paged(paged, page_size);
+                // A paged cache's positions are its pages' rows.
+                let positions = capacity.div_ceil(page_size) * page_size;
+                let mods = ModData::new(case.mods, h, batch, (1, positions), seed);
                 let verdicts = run_decode(gpu, decoder, h, shape, &mods, seed)?;
                 rows.push(row(&decoder.label(cache_len, h, batch), verdicts));
             }
@@ -1427,7 +1435,7 @@ pub fn run_case(gpu: &Gpu, runner: &mut Runner, case: &Case, seed: u64) -> Resul
                 seq,
                 seg: batch_documents(batch, seq, docs),
                 causal,
-                mods: ModData::new(case.mods, h, batch, seq, seed),
+                mods: ModData::new(case.mods, h, batch, (seq, seq), seed),
             };
             job.backward(gpu, runner, case, seed)?
         }
@@ -1980,9 +1988,16 @@ fn run_decode(
     // The reference reads each sequence's first `cache_len` rows, packed.
     let fill = filled(h, capacity, cache_len);
     let (k, v) = (fill(&k, h.head_dim), fill(&v, h.head_dim_v));
+    // The modifiers' tensors over positions span the cache's capacity: a paged cache's is
+    // its pages' rows.
+    let positions = match decoder {
+        Decoder::Paged(_, page_size) => capacity.div_ceil(page_size) * page_size,
+        _ => capacity,
+    };
     let p = Problem {
         mods: mods.mods(),
         q_pos: cache_len as usize - 1,
+        positions: positions as usize,
         ..problem(h, batch, [1, cache_len], false, None)
     };
     if dtype != attn_dsl::Scalar::F32 {
@@ -2177,7 +2192,7 @@ fn continued_rows(
             true => paged(cap, slots),
             false => CacheLayout::Contiguous { capacity: cap },
         };
-        let data = ModData::new(mods, h, slots, 1, seed);
+        let data = ModData::new(mods, h, slots, (1, layout.capacity()), seed);
         let scalar = Scalar::from(dtype);
         let total_len: u32 = cached.iter().zip(added).map(|(c, a)| c + a).sum();
         let total_added: u32 = added.iter().sum();
@@ -2214,6 +2229,7 @@ fn continued_rows(
                 mods: data.mods(),
                 q_pos: c as usize,
                 batch_index: b,
+                positions: layout.capacity() as usize,
                 ..problem(h, 1, [a, c + a], true, None)
             };
             let (qn, kn) = ((a * h.n_heads) as usize, ((c + a) * h.n_kv_heads) as usize);
@@ -2285,6 +2301,7 @@ fn run_fp8_decode(
     };
     let run = kv_fp8::decode(gpu, &case, [&q, &k, &v])?;
     let p = Problem {
+        positions: layout.capacity() as usize,
         mods: mods.mods(),
         q_pos: cache_len as usize - 1,
         ..problem(h, batch, [1, cache_len], false, None)

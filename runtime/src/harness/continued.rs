@@ -116,7 +116,8 @@ pub fn run(gpu: &Gpu, case: &ContinueCase, [q, k, v]: [&[f32]; 3]) -> Result<Con
     )?;
     let total: u32 = case.added.iter().sum();
     let o = Tensor::zeros(gpu, &[total, h.n_heads, dv], data)?;
-    let uploaded = case.mods.upload(gpu, batch, 1)?;
+    let mut uploaded = case.mods.upload(gpu, batch, (1, cache.capacity()))?;
+    crate::ops::block_mask::make_block_mask(gpu, &mut uploaded, h.n_heads, cache.capacity())?;
     let flex = uploaded.flex_tensors();
     let mods = uploaded.view(&case.mods, &flex);
     let uniform = case.added.iter().all(|&n| n == case.added[0]);

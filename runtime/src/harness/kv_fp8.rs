@@ -115,7 +115,8 @@ pub fn decode(gpu: &Gpu, case: &Fp8Case, [q, k, v]: [&[f32]; 3]) -> Result<Fp8Ru
     let q_shape = [case.batch, h.n_heads, h.head_dim];
     let qt = Tensor::from_f32(gpu, &q_shape, data, q)?;
     let o = Tensor::zeros(gpu, &[case.batch, h.n_heads, dv], data)?;
-    let uploaded = case.mods.upload(gpu, case.batch, 1)?;
+    let mut uploaded = case.mods.upload(gpu, case.batch, (1, cache.capacity()))?;
+    crate::ops::block_mask::make_block_mask(gpu, &mut uploaded, h.n_heads, cache.capacity())?;
     let flex = uploaded.flex_tensors();
     let args = DecodeArgs {
         rows: Default::default(),

@@ -64,12 +64,13 @@ impl Uploaded {
 
 impl<'a> Modifiers<'a> {
     /// The slopes, the sinks and the bias as device tensors (`[n_heads]`, and the bias's
-    /// 4-D layout for `q_rows` query rows of `batch` sequences).
+    /// 4-D layout for `q_rows` query rows of `batch` sequences), and the modifiers' tensors
+    /// with their `seq` dimensions over `positions` (a forward's rows, a decode's capacity).
     pub fn upload(
         &self,
         gpu: &Gpu,
         batch: u32,
-        q_rows: u32,
+        (q_rows, positions): (u32, u32),
     ) -> Result<Uploaded, crate::error::Error> {
         let per_head = |a: Option<&[f32]>| {
             a.map(|a| Tensor::from_f32(gpu, &[a.len() as u32], Scalar::F32, a))
@@ -86,7 +87,7 @@ impl<'a> Modifiers<'a> {
             })
             .transpose()?;
         let flex = match self.flex {
-            Some(f) => upload_flex(gpu, f, batch, q_rows)?,
+            Some(f) => upload_flex(gpu, f, batch, positions)?,
             None => Vec::new(),
         };
         Ok(Uploaded {
@@ -106,7 +107,7 @@ fn upload_flex(
     gpu: &Gpu,
     f: FlexOf<'_, [f32]>,
     batch: u32,
-    q_rows: u32,
+    positions: u32,
 ) -> Result<Vec<(String, Tensor)>, crate::error::Error> {
     let flex = f.modifiers.get();
     let mut out = Vec::new();
@@ -114,7 +115,7 @@ fn upload_flex(
         let Some(values) = f.tensor(&t.name) else {
             continue;
         };
-        let shape = flat_shape(t, values.len() as u64, batch, q_rows);
+        let shape = flat_shape(t, values.len() as u64, batch, positions);
         let tensor = match t.ty {
             Ty::F32 => Tensor::from_f32(gpu, &shape, Scalar::F32, values)?,
             _ => Tensor::from_u32(gpu, &shape, &u32_words(values))?,

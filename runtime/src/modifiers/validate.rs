@@ -74,8 +74,9 @@ impl FlexOf<'_, Tensor> {
 
 impl<'a> DeviceModifiers<'a> {
     /// The shapes of the slopes (`[n_heads]`) and the bias (`[batch, n_heads or 1, q_rows,
-    /// q_rows]`), f32, besides what every modifier set checks; a block mask over
-    /// `positions` (a forward's q_rows, a decode's capacity).
+    /// q_rows]`), f32, besides what every modifier set checks; the modifiers' tensors'
+    /// `seq` dimensions and a block mask over `positions` (a forward's q_rows, a decode's
+    /// capacity).
     pub(crate) fn validate(
         &self,
         abi: &KernelAbi,
@@ -97,7 +98,7 @@ impl<'a> DeviceModifiers<'a> {
                     Ty::F32 => Scalar::F32,
                     _ => Scalar::U32,
                 };
-                let shape = t.shape(batch, n_heads, q_rows);
+                let shape = t.shape(batch, n_heads, positions);
                 expect(
                     given,
                     &t.name,
@@ -236,18 +237,20 @@ impl<T: ?Sized + Values> ModifiersOf<'_, T> {
 
 impl Modifiers<'_> {
     /// These values against the masks `abi` was built with, and their shapes against the
-    /// dims: `q_rows` query rows per sequence (the bias is `[batch, heads, q_rows, q_rows]`).
+    /// dims: `q_rows` query rows per sequence (the bias is `[batch, heads, q_rows, q_rows]`),
+    /// the modifiers' tensors' `seq` dimensions over `positions` (a forward's rows, a
+    /// decode's capacity).
     pub(crate) fn validate(
         &self,
         abi: &KernelAbi,
         batch: u32,
-        q_rows: u32,
+        (q_rows, positions): (u32, u32),
         n_heads: u32,
     ) -> Result<(), InputError> {
         self.check_words(abi)?;
         self.check_scalars()?;
         if let Some(f) = self.flex {
-            validate_flex(&abi.name, f, batch, q_rows, n_heads)?;
+            validate_flex(&abi.name, f, batch, positions, n_heads)?;
         }
         self.validate_values(batch, q_rows, n_heads)
     }
@@ -291,7 +294,7 @@ fn validate_flex(
     kernel: &str,
     f: FlexOf<'_, [f32]>,
     batch: u32,
-    q_rows: u32,
+    positions: u32,
     n_heads: u32,
 ) -> Result<(), InputError> {
     let flex = f.modifiers.get();
@@ -300,7 +303,7 @@ fn validate_flex(
         let values = f
             .tensor(&t.name)
             .expect("checked: every declared tensor is given");
-        let want = t.len(batch, n_heads, q_rows);
+        let want = t.len(batch, n_heads, positions);
         if values.len() as u64 != want {
             return Err(InputError::Flex {
                 kernel: kernel.to_string(),

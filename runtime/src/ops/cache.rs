@@ -49,6 +49,21 @@ pub enum CacheLayout {
     },
 }
 
+impl CacheLayout {
+    /// The most rows one slot can hold: the positions a modifier's `seq` tensors and a
+    /// block mask cover in a decode of this cache.
+    pub fn capacity(&self) -> u32 {
+        match *self {
+            CacheLayout::Contiguous { capacity } => capacity,
+            CacheLayout::Paged {
+                page_size,
+                pages_per_seq,
+                ..
+            } => page_size.saturating_mul(pages_per_seq),
+        }
+    }
+}
+
 /// What a cache holds.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CacheSpec {
@@ -279,14 +294,7 @@ impl KvCache {
 
     /// The most rows one slot can hold.
     pub fn capacity(&self) -> u32 {
-        match self.spec.layout {
-            CacheLayout::Contiguous { capacity } => capacity,
-            CacheLayout::Paged {
-                page_size,
-                pages_per_seq,
-                ..
-            } => page_size.saturating_mul(pages_per_seq),
-        }
+        self.spec.layout.capacity()
     }
 
     /// Starts a sequence in free slot `slot`, empty.

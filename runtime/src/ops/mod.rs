@@ -178,11 +178,20 @@ pub(crate) fn grow(
 }
 
 /// A cache's geometry as its kernels' dims name it, from its K tensor and block table:
-/// (capacity, 0, 0) for a contiguous cache `[slots, capacity, ..]`, (0, page_size,
-/// pages_per_seq) for a paged one `[n_pages, page_size, ..]`.
+/// (capacity, 0, 0) for a contiguous cache `[slots, capacity, ..]`, (page_size ·
+/// pages_per_seq, page_size, pages_per_seq) for a paged one `[n_pages, page_size, ..]`: a
+/// slot's positions either way, over which a modifier's `seq` tensors and a block mask
+/// are read.
 pub(crate) fn cache_geometry(k: &Tensor, block_table: Option<&Tensor>) -> (u32, u32, u32) {
     match block_table {
         None => (k.shape()[1], 0, 0),
-        Some(t) => (0, k.shape()[1], t.shape()[1]),
+        Some(t) => {
+            let (page_size, pages_per_seq) = (k.shape()[1], t.shape()[1]);
+            (
+                page_size.saturating_mul(pages_per_seq),
+                page_size,
+                pages_per_seq,
+            )
+        }
     }
 }

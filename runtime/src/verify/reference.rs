@@ -51,11 +51,15 @@ pub struct Problem<'a> {
     pub mods: Modifiers<'a>,
     /// The position of query row 0 among the keys: 0, or a decode's `cache_len - 1`.
     pub q_pos: usize,
-    /// Which sequence of the batch this is (dropout's counter), set by `sequence`.
+    /// Which sequence of the batch this is (dropout's counter and a modifier's `b`), set by
+    /// `sequence`: 0 for a whole batch, or the sequence a one-sequence problem stands for.
     pub batch_index: usize,
     /// Only keys `start..end` are attended (a part of a key split, as a merge reads it);
     /// `None`: every key.
     pub keys: Option<(usize, usize)>,
+    /// The extent of the modifiers' tensors' `seq` dimensions: a decode's cache capacity,
+    /// as the kernels index them; 0: `n_k`.
+    pub positions: usize,
 }
 
 impl Problem<'_> {
@@ -73,7 +77,8 @@ impl Problem<'_> {
             batch: 1,
             seg: self.seg.map(|seg| &seg[b * self.n_q..][..self.n_q]),
             mods: Modifiers { bias, ..self.mods },
-            batch_index: b,
+            // A problem of one sequence made for sequence k of a larger batch keeps k.
+            batch_index: self.batch_index + b,
             ..*self
         }
     }
@@ -349,7 +354,10 @@ impl<'a> FlexTensors<'a> {
         FlexTensors {
             flex,
             heads: p.n_heads as u32,
-            seq: p.n_k as u32,
+            seq: match p.positions {
+                0 => p.n_k,
+                n => n,
+            } as u32,
         }
     }
 }

@@ -6,6 +6,7 @@ mod backward;
 mod bad_input;
 mod bench;
 mod block_mask;
+mod block_mask_props;
 mod cache_model;
 mod cascade;
 mod decode_split;

@@ -144,7 +144,7 @@ impl Backward {
         let dq = up(&q_shape, f32, &grads.dq)?;
         let dk = up(&kv_shape, f32, &grads.dk)?;
         let dv = up(&v_shape, f32, &grads.dv)?;
-        let mut uploaded = input.mods.upload(gpu, b, s)?;
+        let mut uploaded = input.mods.upload(gpu, b, (s, s))?;
         crate::ops::block_mask::make_block_mask(gpu, &mut uploaded, h.n_heads, s)?;
         let flex = uploaded.flex_tensors();
         let mods = uploaded.view(&input.mods, &flex);

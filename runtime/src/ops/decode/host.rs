@@ -223,12 +223,10 @@ impl SplitDecode {
             &[b, h.n_heads, h.head_dim_v],
             self.reduce.abi().scalar("o"),
         )?;
-        let mut uploaded = input.mods.upload(gpu, b, 1)?;
-        // A block mask covers the cache's positions: a slot's capacity.
-        let capacity = match pages {
-            None => per,
-            Some(p) => p.block_table.len() as u32 / b * p.page_size,
-        };
+        // The modifiers' tensors and a block mask cover the cache's positions: a slot's
+        // capacity.
+        let capacity = capacity(input, pages);
+        let mut uploaded = input.mods.upload(gpu, b, (1, capacity))?;
         crate::ops::block_mask::make_block_mask(gpu, &mut uploaded, h.n_heads, capacity)?;
         let flex = uploaded.flex_tensors();
         let args = crate::ops::decode::DecodeArgs {
@@ -288,7 +286,8 @@ impl SplitDecode {
             None => validate_cache(abi, gpu.limits(), input),
             Some(p) => {
                 validate_query(abi, input)?;
-                validate_pages(gpu.limits(), input, p)
+                validate_pages(gpu.limits(), input, p)?;
+                validate_mods(abi, input, capacity(input, pages))
             }
         }
     }
@@ -695,11 +694,11 @@ pub(crate) fn validate_cache(
         limits,
         input.k_cache.len() as u64 * element_bytes(abi, "k_cache"),
     )?;
-    Ok(())
+    validate_mods(abi, input, capacity as u32)
 }
 
-/// What every decode checks whatever its cache's layout: dims, heads, Q's length, the
-/// scale and the modifiers.
+/// What every decode checks whatever its cache's layout: dims, heads, Q's length and the
+/// scale (the modifiers once the cache's capacity is known: [`validate_mods`]).
 pub(crate) fn validate_query(abi: &KernelAbi, input: &DecodeInput) -> Result<(), InputError> {
     nonzero("batch", input.batch)?;
     nonzero("cache_len", input.cache_len)?;
@@ -711,6 +710,27 @@ pub(crate) fn validate_query(abi: &KernelAbi, input: &DecodeInput) -> Result<(),
         u64::from(input.batch) * u64::from(h.n_heads) * u64::from(h.head_dim),
         "batch × n_heads × head_dim",
     )?;
-    validate_scale(input.scale)?;
-    input.mods.validate(abi, input.batch, 1, h.n_heads)
+    validate_scale(input.scale)
+}
+
+/// The modifiers against the kernel, their tensors' `seq` dimensions over the cache's
+/// `positions` (its capacity).
+fn validate_mods(abi: &KernelAbi, input: &DecodeInput, positions: u32) -> Result<(), InputError> {
+    let h = input.heads;
+    input
+        .mods
+        .validate(abi, input.batch, (1, positions), h.n_heads)
+}
+
+/// A host cache's positions per sequence: the rows of its contiguous layout, or the pages
+/// of a row of the block table (the lengths checked before).
+fn capacity(input: &DecodeInput, pages: Option<&Pages>) -> u32 {
+    let h = input.heads;
+    match pages {
+        None => {
+            let row = u64::from(input.batch) * u64::from(h.n_kv_heads) * u64::from(h.head_dim);
+            (input.k_cache.len() as u64 / row.max(1)) as u32
+        }
+        Some(p) => p.block_table.len() as u32 / input.batch.max(1) * p.page_size,
+    }
 }

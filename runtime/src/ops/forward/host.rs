@@ -74,7 +74,7 @@ pub async fn forward(
         Some(seg) => Some(crate::ops::forward::documents(gpu, seg, b, s)?),
         None => None,
     };
-    let mut uploaded = input.mods.upload(gpu, b, s)?;
+    let mut uploaded = input.mods.upload(gpu, b, (s, s))?;
     crate::ops::block_mask::make_block_mask(gpu, &mut uploaded, h.n_heads, s)?;
     let flex = uploaded.flex_tensors();
     let args = crate::ops::forward::ForwardArgs {
@@ -151,7 +151,7 @@ pub(crate) fn validate_sequence(
     validate_scale(input.scale)?;
     input
         .mods
-        .validate(abi, input.batch, input.seq_len, h.n_heads)?;
+        .validate(abi, input.batch, (input.seq_len, input.seq_len), h.n_heads)?;
     if let Some(b) = input.mods.bias {
         binding_size(limits, b.values.len() as u64 * 4)?;
     }
