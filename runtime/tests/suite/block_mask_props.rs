@@ -1,5 +1,5 @@
 //! Block masks over random document ids: the flash forward, every backward schedule and
-//! the split-K decode built to read a block mask (they skip hidden tiles and drop the
+//! the split-K decode (contiguous and paged) built to read a block mask (they skip hidden tiles and drop the
 //! per-pair test in shown ones, the mask made on the device from the same ids) equal the
 //! same kernels testing every pair, and the decode of a sequence's last row equals the
 //! forward's, for ids of any pattern (documents of any length, an id that comes back
@@ -9,7 +9,7 @@ use std::sync::{LazyLock, Mutex};
 
 use attn_dsl::flex::library::{self, build, tensor};
 use attn_dsl::flex::{BinOp, Dim, Flex, FlexRef, Ty};
-use attn_dsl::{Dtype, Masks};
+use attn_dsl::{Cache, Dtype, Masks};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed};
 use runtime::ops::backward::BackwardSpec;
@@ -30,9 +30,12 @@ struct Ctx {
     kernels: [[(Masks, Kernel); 2]; 2],
     /// Their backwards, every schedule, in the same order.
     backwards: [[Mutex<Backward>; 2]; 2],
-    /// Their split-K decodes.
-    decodes: [[SplitDecode; 2]; 2],
+    /// Their split-K decodes over a contiguous and a paged cache.
+    decodes: [[[SplitDecode; 2]; 2]; 2],
 }
+
+/// Rows per page of the paged decode: no key tile or block lines up with it.
+const PAGE: u32 = 7;
 
 /// Keys of the query's own document (`doc[b][q] == doc[b][k]`), and with `causal` only
 /// those up to the query.
@@ -74,13 +77,16 @@ static CTX: LazyLock<Ctx> = LazyLock::new(|| {
             Mutex::new(Backward::new(&gpu, spec).unwrap())
         })
     });
-    let decodes = kernels.each_ref().map(|pair| {
-        pair.each_ref().map(|(masks, _)| {
-            let spec = DecodeSpec {
-                masks: *masks,
-                ..DecodeSpec::new(D, D, Dtype::F32)
-            };
-            SplitDecode::for_spec(&gpu, &spec).unwrap()
+    let decodes = [Cache::Contiguous, Cache::Paged].map(|cache| {
+        kernels.each_ref().map(|pair| {
+            pair.each_ref().map(|(masks, _)| {
+                let spec = DecodeSpec {
+                    masks: *masks,
+                    cache,
+                    ..DecodeSpec::new(D, D, Dtype::F32)
+                };
+                SplitDecode::for_spec(&gpu, &spec).unwrap()
+            })
         })
     });
     Ctx {
@@ -162,7 +168,7 @@ proptest! {
         };
         let last = last_rows(&q);
         let decoded = [0, 1].map(|i| {
-            let (masks, decode) = (ctx.kernels[causal as usize][i].0, &ctx.decodes[causal as usize][i]);
+            let (masks, decode) = (ctx.kernels[causal as usize][i].0, &ctx.decodes[0][causal as usize][i]);
             let input = DecodeInput {
                 batch,
                 cache_len: seq,
@@ -176,6 +182,51 @@ proptest! {
             decode.run(&ctx.gpu, &input, Some(32)).block_on().unwrap()
         });
         prop_assert!(worst(&decoded[0], &decoded[1]) <= 1e-6, "the decodes differ by {}", worst(&decoded[0], &decoded[1]));
+        // The same over a paged cache: pages of PAGE rows in reverse order, the ids over
+        // its positions (each sequence's pages' rows, the last page's spare rows a new id).
+        let per_seq = seq.div_ceil(PAGE);
+        let positions = per_seq * PAGE;
+        let n_pages = batch * per_seq;
+        let table: Vec<u32> = (0..n_pages).map(|i| n_pages - 1 - i).collect();
+        let row = (heads.n_kv_heads * D) as usize;
+        let pool = |x: &[f32]| {
+            let mut out = vec![0.0; (n_pages * PAGE) as usize * row];
+            for b in 0..batch {
+                for j in 0..seq {
+                    let page = table[(b * per_seq + j / PAGE) as usize];
+                    let at = (page * PAGE + j % PAGE) as usize * row;
+                    out[at..][..row].copy_from_slice(&x[(b * seq + j) as usize * row..][..row]);
+                }
+            }
+            out
+        };
+        let (k_pool, v_pool) = (pool(&k), pool(&v));
+        let doc_paged: Vec<f32> = (0..batch * positions)
+            .map(|i| match i % positions < seq {
+                true => doc[(i / positions * seq + i % positions) as usize],
+                false => 99.0,
+            })
+            .collect();
+        let paged_tensors = [("doc", &doc_paged[..])];
+        let pages = runtime::ops::decode::Pages {
+            block_table: &table,
+            page_size: PAGE,
+        };
+        for i in 0..2 {
+            let (masks, decode) = (ctx.kernels[causal as usize][i].0, &ctx.decodes[1][causal as usize][i]);
+            let input = DecodeInput {
+                batch,
+                cache_len: seq,
+                heads,
+                q: &last,
+                k_cache: &k_pool,
+                v_cache: &v_pool,
+                scale: None,
+                mods: Modifiers::with_flex(masks, &paged_tensors),
+            };
+            let got = decode.run_paged(&ctx.gpu, &input, &pages, Some(32)).block_on().unwrap();
+            prop_assert!(worst(&got, &decoded[0]) <= 1e-6, "the paged decode ({i}) differs by {}", worst(&got, &decoded[0]));
+        }
         let forward_last = last_rows(&tested.o);
         prop_assert!(worst(&decoded[0], &forward_last) <= 1e-5, "the decode differs from the forward's last row by {}", worst(&decoded[0], &forward_last));
         // Every schedule's gradients, from the same O and LSE.

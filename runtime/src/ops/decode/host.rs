@@ -307,14 +307,13 @@ impl SplitDecode {
             Some(len) => self.checked_slice(input.cache_len, len)?,
         };
         let h = input.heads;
-        let row = u64::from(input.batch) * u64::from(h.n_kv_heads) * u64::from(h.head_dim);
         let dims = [
             ("cache_len", input.cache_len),
             ("n_heads", h.n_heads),
             ("n_kv_heads", h.n_kv_heads),
             ("head_dim", h.head_dim),
             ("batch", input.batch),
-            ("capacity", (input.k_cache.len() as u64 / row) as u32),
+            ("capacity", capacity(input, pages)),
             ("slice_len", slicing.slice_len),
             ("n_slices", slicing.n_slices),
             ("page_size", pages.map_or(0, |p| p.page_size)),
