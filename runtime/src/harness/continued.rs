@@ -99,21 +99,23 @@ pub fn run(gpu: &Gpu, case: &ContinueCase, [q, k, v]: [&[f32]; 3]) -> Result<Con
             cache.append(gpu, &mut encoder, b as u32, &kt, &vt)?;
         }
     }
-    let mut decode = Decode::with_layout(
-        gpu,
-        DecodeSpec {
-            head_dim: dk,
-            head_dim_v: dv,
-            masks: case.mods.masks(false, false),
-            dtype: case.dtype,
-            cache: match case.layout {
-                CacheLayout::Contiguous { .. } => Cache::Contiguous,
-                CacheLayout::Paged { .. } => Cache::Paged,
-            },
-            kv_fp8: case.fp8.map(|f| f.0),
+    let spec = DecodeSpec {
+        head_dim: dk,
+        head_dim_v: dv,
+        masks: case.mods.masks(false, false),
+        dtype: case.dtype,
+        cache: match case.layout {
+            CacheLayout::Contiguous { .. } => Cache::Contiguous,
+            CacheLayout::Paged { .. } => Cache::Paged,
         },
-        case.split,
-    )?;
+        kv_fp8: case.fp8.map(|f| f.0),
+    };
+    // As planned: what an engine's `Decode::new` runs, the streamed pass beside the staged
+    // one where the rule takes it.
+    let mut decode = match case.split == SplitLayout::PLANNED {
+        true => Decode::new(gpu, spec)?,
+        false => Decode::with_layout(gpu, spec, case.split)?,
+    };
     let total: u32 = case.added.iter().sum();
     let o = Tensor::zeros(gpu, &[total, h.n_heads, dv], data)?;
     let mut uploaded = case.mods.upload(gpu, batch, (1, cache.capacity()))?;

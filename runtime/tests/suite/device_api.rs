@@ -1704,3 +1704,76 @@ fn destroyed_and_zero_sized_tensors_are_refused_and_the_encoder_still_submits() 
     }
     submit(&gpu, encoder);
 }
+
+/// Rows 64 wide: `Decode::new` takes the streamed split pass where its slices hold
+/// `LONG_SLICE` keys and the staged one where they would not, either equal to the staged
+/// pass alone. The long case is a paged cache whose grid covers 2^20 rows (a block table
+/// that names its few pages first, then page 0 again) holding 5000.
+#[test]
+fn narrow_rows_take_the_streamed_pass_where_its_slices_are_long() {
+    use runtime::ops::decode::{CacheView, LONG_SLICE, SplitLayout};
+    let gpu = gpu();
+    let h = Heads {
+        n_heads: 2,
+        n_kv_heads: 2,
+        ..HEADS
+    };
+    let spec = DecodeSpec {
+        cache: Cache::Paged,
+        ..DecodeSpec::new(64, 64, Dtype::F32)
+    };
+    let mut planned = Decode::new(&gpu, spec).unwrap();
+    let mut staged = Decode::with_layout(&gpu, spec, SplitLayout::Staged).unwrap();
+    let (page, len, pages_per_seq) = (16u32, 5000u32, 1u32 << 16);
+    let pages = len.div_ceil(page);
+    let (_, k) = upload(&gpu, &[pages, page, 2, 64], 71);
+    let (_, v) = upload(&gpu, &[pages, page, 2, 64], 72);
+    let (_, q) = upload(&gpu, &[1, 2, 64], 73);
+    let table: Vec<u32> = (0..pages_per_seq)
+        .map(|p| if p < pages { p } else { 0 })
+        .collect();
+    let table = Tensor::from_u32(&gpu, &[1, pages_per_seq], &table).unwrap();
+    let lens = Tensor::from_u32(&gpu, &[1], &[len]).unwrap();
+    for (max_len, long) in [(len, false), (page * pages_per_seq, gpu.has_subgroups())] {
+        let slicing = planned.slicing(&gpu, h, 1, max_len).unwrap();
+        let alone = staged.slicing(&gpu, h, 1, max_len).unwrap();
+        assert_eq!(
+            slicing.slice_len >= LONG_SLICE,
+            long,
+            "{max_len}: {slicing:?}"
+        );
+        assert!(alone.slice_len < LONG_SLICE, "{max_len}: {alone:?}");
+        let mut encoder = gpu.device.create_command_encoder(&Default::default());
+        let outputs = [&mut planned, &mut staged].map(|decode| {
+            let o = Tensor::zeros(&gpu, &[1, 2, 64], Scalar::F32).unwrap();
+            let cache = CacheView {
+                slot0: 0,
+                k: &k,
+                v: &v,
+                seq_lens: &lens,
+                max_len,
+                block_table: Some(&table),
+                scales: None,
+            };
+            let args = DecodeArgs {
+                rows: Default::default(),
+                q: &q,
+                cache,
+                o: &o,
+                scale: None,
+                mods: Default::default(),
+                slice_len: None,
+            };
+            decode.record(&gpu, &mut encoder, &args).unwrap();
+            o
+        });
+        submit(&gpu, encoder);
+        let [a, b] = outputs.map(|o| read(&gpu, &o));
+        let worst = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f32::max);
+        assert!(worst < 1e-5, "{max_len}: {worst}");
+    }
+}

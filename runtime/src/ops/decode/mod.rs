@@ -136,9 +136,30 @@ pub struct DecodeArgs<'a> {
     pub slice_len: Option<u32>,
 }
 
+/// Keys a streamed slice holds for a decode of narrow rows ([`NARROW_ROWS`]) to take the
+/// streamed split pass instead of the staged one.
+///
+/// Measured on an H200 (2026-11-30, `bench --decode N --head-dim 64`, 32 query heads over
+/// 8, the `again` rows, one device command): the streamed pass (its rule's slices, up to
+/// 8192 keys) against the staged one (1024-key slices) in f16 took 0.085 / 0.069 ms at one
+/// sequence of 32k (streamed slices of 1024 keys), 0.107 / 0.107 at two sequences and at
+/// eight of 8192 rows (2048), 0.148 / 0.175 at four (4096), 0.150 / 0.176 at one of 128k
+/// (4096) and 0.229 / 0.309 at eight of 32k (8192); f32 and bf16 alike, fp8 caches faster
+/// staged at every one. At head_dim 128 the staged pass was the faster at 32k with eight
+/// sequences and at 128k (0.373 / 0.386, 0.206 / 0.217 ms), as before.
+pub const LONG_SLICE: u32 = 4096;
+
+/// The widest K and V rows whose decode takes the streamed pass where its slices are long
+/// ([`LONG_SLICE`]): a staged slice's fixed work (its queries staged, its max and sum, its
+/// flush, each behind barriers) weighs twice as much per byte at 64 as at 128.
+pub const NARROW_ROWS: u32 = 64;
+
 /// The two passes' pipelines and the split kernel's layout.
 pub(crate) struct Passes {
     pub split: Pipeline,
+    /// The streamed split pass, taken where its slices hold [`LONG_SLICE`] keys (rows of
+    /// at most [`NARROW_ROWS`]); `None` where the planner keeps one pass.
+    pub long: Option<LongPass>,
     pub reduce: Pipeline,
     /// The reduce that also writes each query's LSE, created at the first call asking it.
     pub reduce_lse: Option<Pipeline>,
@@ -156,6 +177,7 @@ impl Passes {
     pub fn new(split: Kernel, reduce: Kernel, calibration: Calibration) -> Passes {
         let (key_tile, max_slice) = split_layout(split.abi());
         Passes {
+            long: None,
             key_tile,
             max_slice,
             target: calibration.decode_workgroups(),
@@ -166,25 +188,50 @@ impl Passes {
         }
     }
 
+    /// These passes with `long` taken where its slices are long.
+    pub fn with_long(mut self, long: Kernel) -> Passes {
+        let (key_tile, max_slice) = split_layout(long.abi());
+        self.long = Some(LongPass {
+            split: Pipeline::new(long),
+            key_tile,
+            max_slice,
+        });
+        self
+    }
+
     /// The slicing of a cache of `len` rows: the rule's, or `slice_len` checked.
     pub fn slicing(
+        &self,
+        h: Heads,
+        rows: (u32, u32),
+        len: u32,
+        slice_len: Option<u32>,
+    ) -> Result<Slicing, Error> {
+        Ok(self.plan(h, rows, len, slice_len)?.0)
+    }
+
+    /// The slicing of a cache of `len` rows and whether the streamed pass takes it (its
+    /// rule's slices hold at least [`LONG_SLICE`] keys; a `slice_len` asked is the
+    /// staged pass's).
+    pub fn plan(
         &self,
         h: Heads,
         (batch, n_rows): (u32, u32),
         len: u32,
         slice_len: Option<u32>,
-    ) -> Result<Slicing, Error> {
+    ) -> Result<(Slicing, bool), Error> {
         let Some(slice_len) = slice_len else {
             let per_kv = h.n_heads / h.n_kv_heads.max(1);
             let slots = (n_rows.max(1) * per_kv).div_ceil(self.split.abi().grid.tile);
-            let groups = h.n_kv_heads * slots;
-            return Ok(plan_slices(
-                len,
-                groups * batch,
-                self.key_tile,
-                self.max_slice,
-                self.target,
-            ));
+            let others = h.n_kv_heads * slots * batch;
+            if let Some(long) = &self.long {
+                let s = plan_slices(len, others, long.key_tile, long.max_slice, self.target);
+                if s.slice_len >= LONG_SLICE {
+                    return Ok((s, true));
+                }
+            }
+            let s = plan_slices(len, others, self.key_tile, self.max_slice, self.target);
+            return Ok((s, false));
         };
         if slice_len == 0 || !slice_len.is_multiple_of(self.key_tile) || slice_len > self.max_slice
         {
@@ -195,11 +242,19 @@ impl Passes {
             }
             .into());
         }
-        Ok(Slicing {
+        let s = Slicing {
             slice_len,
             n_slices: len.div_ceil(slice_len).max(1),
-        })
+        };
+        Ok((s, false))
     }
+}
+
+/// The streamed split pass beside a staged one, and its layout.
+pub(crate) struct LongPass {
+    pub split: Pipeline,
+    pub key_tile: u32,
+    pub max_slice: u32,
 }
 
 /// The description of a split pass: `heads` query heads of one KV head per workgroup,
@@ -246,8 +301,10 @@ pub(crate) fn reduce_masks(masks: Masks) -> Masks {
 /// beside each other in one process): the staged pass was the faster at a 32k cache in
 /// every dtype (f16 0.089 against 0.101 ms), at 128k in bf16, f32 and fp8, and at batch 8
 /// in bf16 and f32; the streamed pass in f16 at 128k (0.232 against 0.270) and batch 8
-/// (0.443 against 0.477). So the runtime plans the staged pass; the streamed one is a
-/// description (`slice_major(flash)`) any caller can pick.
+/// (0.443 against 0.477). So the runtime plans the staged pass, and beside it, for rows
+/// of at most [`NARROW_ROWS`], the streamed one where its slices hold [`LONG_SLICE`] keys
+/// ([`Decode::new`]); the streamed one is a description (`slice_major(flash)`) any caller
+/// can pick.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SplitLayout {
     /// The slice's scores staged in workgroup memory (`slice_major(tile = 4)`).
@@ -309,6 +366,19 @@ pub(crate) fn abis(
     Ok([split, reduce])
 }
 
+/// The streamed split pass the planner takes beside the staged one where its slices are
+/// long ([`LONG_SLICE`]): rows of at most [`NARROW_ROWS`] in a cache of the queries' dtype,
+/// on a device with subgroups that can run it.
+fn long_pass(gpu: &Gpu, spec: &DecodeSpec) -> Result<Option<KernelAbi>, Error> {
+    let narrow = spec.head_dim.max(spec.head_dim_v) <= NARROW_ROWS;
+    if !narrow || spec.kv_fp8.is_some() || !gpu.has_subgroups() {
+        return Ok(None);
+    }
+    let storage = gpu.limits().max_compute_workgroup_storage_size;
+    let [split, _] = abis(spec, SplitLayout::Streamed, storage)?;
+    Ok(gpu.require(&split).is_ok().then_some(split))
+}
+
 /// The reduce pass of `spec`'s decode, writing each query's LSE beside O where `lse`.
 fn reduce_spec(spec: &DecodeSpec, lse: bool) -> KernelSpec {
     let name = crate::plan::kernels::family_name("attention_decode_reduce", spec.head_dim);
@@ -349,6 +419,8 @@ struct Extra<'a> {
 pub struct Decode {
     spec: DecodeSpec,
     abis: [KernelAbi; 2],
+    /// The streamed split pass the planner takes where its slices are long.
+    long: Option<KernelAbi>,
     passes: Option<Passes>,
     scratch: Scratch,
     /// Calls of many rows per sequence ([`super::extend`]); `None` for an fp8 cache, whose
@@ -361,7 +433,9 @@ impl Decode {
     /// (a missing feature or limit is an error now, not at the first call); the pipelines
     /// are created on the first call.
     pub fn new(gpu: &Gpu, spec: DecodeSpec) -> Result<Decode, Error> {
-        Decode::with_layout(gpu, spec, SplitLayout::PLANNED)
+        let mut decode = Decode::with_layout(gpu, spec, SplitLayout::PLANNED)?;
+        decode.long = long_pass(gpu, &decode.spec)?;
+        Ok(decode)
     }
 
     /// [`Decode::new`] with the split pass in `layout` (streamed needs SUBGROUP), whatever
@@ -382,6 +456,7 @@ impl Decode {
         Ok(Decode {
             spec,
             abis,
+            long: None,
             passes: None,
             scratch: Scratch::default(),
             chunks: spec.kv_fp8.is_none().then(Chunks::default),
@@ -403,7 +478,11 @@ impl Decode {
             let split = Kernel::new(gpu, s).await?;
             let reduce = Kernel::new(gpu, r).await?;
             let calibration = Table::for_gpu(gpu)?.calibration();
-            self.passes = Some(Passes::new(split, reduce, calibration));
+            let mut passes = Passes::new(split, reduce, calibration);
+            if let Some(long) = &self.long {
+                passes = passes.with_long(Kernel::new(gpu, long).await?);
+            }
+            self.passes = Some(passes);
         }
         Ok(())
     }
@@ -413,7 +492,11 @@ impl Decode {
             let [s, r] = &self.abis;
             let calibration = Table::for_gpu(gpu)?.calibration();
             let (split, reduce) = (Kernel::now(gpu, s)?, Kernel::now(gpu, r)?);
-            self.passes = Some(Passes::new(split, reduce, calibration));
+            let mut passes = Passes::new(split, reduce, calibration);
+            if let Some(long) = &self.long {
+                passes = passes.with_long(Kernel::now(gpu, long)?);
+            }
+            self.passes = Some(passes);
         }
         Ok(self.passes.as_mut().expect("created above"))
     }
@@ -685,7 +768,7 @@ pub(crate) fn record(
         n_rows,
     } = check(passes.split.abi(), passes.reduce.abi(), args)?;
     let c = &args.cache;
-    let slicing = passes.slicing(h, (batch, n_rows), c.max_len, args.slice_len)?;
+    let (slicing, long) = passes.plan(h, (batch, n_rows), c.max_len, args.slice_len)?;
     // A record per (sequence, slice, row, head): the output, then (m, l, 0, 0).
     let record = h.head_dim_v + 4;
     let partials = scratch.partials(gpu, &[batch, slicing.n_slices, n_rows * h.n_heads, record])?;
@@ -704,13 +787,17 @@ pub(crate) fn record(
     tensors.extend(c.block_table.map(|t| ("block_table", t)));
     tensors.extend(c.scales.map(|t| ("kv_scales", t)));
     tensors.extend(args.mods.tensors());
-    let g = grid(passes.split.abi(), &dims);
+    let pipeline = match (long, passes.long.as_mut()) {
+        (true, Some(l)) => &mut l.split,
+        _ => &mut passes.split,
+    };
+    let g = grid(pipeline.abi(), &dims);
     let split = Dispatch {
         tensors,
         dims: dims.clone(),
         params,
     };
-    passes.split.record(gpu, rec, &split, g)?;
+    pipeline.record(gpu, rec, &split, g)?;
     record_reduce(gpu, passes, rec, (&partials, &q_starts), dims, (args, lse))?;
     Ok(slicing)
 }
