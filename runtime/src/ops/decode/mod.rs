@@ -156,15 +156,13 @@ pub const NARROW_ROWS: u32 = 64;
 
 /// The two passes' pipelines and the split kernel's layout.
 pub(crate) struct Passes {
-    pub split: Pipeline,
+    pub split: SplitPass,
     /// The streamed split pass, taken where its slices hold [`LONG_SLICE`] keys (rows of
     /// at most [`NARROW_ROWS`]); `None` where the planner keeps one pass.
-    pub long: Option<LongPass>,
+    pub long: Option<SplitPass>,
     pub reduce: Pipeline,
     /// The reduce that also writes each query's LSE, created at the first call asking it.
     pub reduce_lse: Option<Pipeline>,
-    pub key_tile: u32,
-    pub max_slice: u32,
     /// The slicing rule's target workgroups on this adapter: the split pass's, and a
     /// chunk's.
     pub target: u32,
@@ -175,14 +173,11 @@ impl Passes {
     /// From compiled kernels: a `decode_split` and the `decode_reduce` of its partials,
     /// sliced for an adapter of this calibration.
     pub fn new(split: Kernel, reduce: Kernel, calibration: Calibration) -> Passes {
-        let (key_tile, max_slice) = split_layout(split.abi());
         Passes {
+            split: SplitPass::new(split),
             long: None,
-            key_tile,
-            max_slice,
             target: calibration.decode_workgroups(),
             chunk_target: calibration.chunk_workgroups(),
-            split: Pipeline::new(split),
             reduce: Pipeline::new(reduce),
             reduce_lse: None,
         }
@@ -190,13 +185,13 @@ impl Passes {
 
     /// These passes with `long` taken where its slices are long.
     pub fn with_long(mut self, long: Kernel) -> Passes {
-        let (key_tile, max_slice) = split_layout(long.abi());
-        self.long = Some(LongPass {
-            split: Pipeline::new(long),
-            key_tile,
-            max_slice,
-        });
+        self.long = Some(SplitPass::new(long));
         self
+    }
+
+    /// The split kernel's ABI (both passes bind alike).
+    pub fn split_abi(&self) -> &KernelAbi {
+        self.split.pipeline.abi()
     }
 
     /// The slicing of a cache of `len` rows: the rule's, or `slice_len` checked.
@@ -222,23 +217,26 @@ impl Passes {
     ) -> Result<(Slicing, bool), Error> {
         let Some(slice_len) = slice_len else {
             let per_kv = h.n_heads / h.n_kv_heads.max(1);
-            let slots = (n_rows.max(1) * per_kv).div_ceil(self.split.abi().grid.tile);
+            let slots = (n_rows.max(1) * per_kv).div_ceil(self.split_abi().grid.tile);
             let others = h.n_kv_heads * slots * batch;
             if let Some(long) = &self.long {
-                let s = plan_slices(len, others, long.key_tile, long.max_slice, self.target);
+                let s = long.slicing(len, others, self.target);
                 if s.slice_len >= LONG_SLICE {
                     return Ok((s, true));
                 }
             }
-            let s = plan_slices(len, others, self.key_tile, self.max_slice, self.target);
-            return Ok((s, false));
+            return Ok((self.split.slicing(len, others, self.target), false));
         };
-        if slice_len == 0 || !slice_len.is_multiple_of(self.key_tile) || slice_len > self.max_slice
-        {
+        let SplitPass {
+            key_tile,
+            max_slice,
+            ..
+        } = self.split;
+        if slice_len == 0 || !slice_len.is_multiple_of(key_tile) || slice_len > max_slice {
             return Err(InputError::SliceLen {
                 slice_len,
-                key_tile: self.key_tile,
-                max: self.max_slice,
+                key_tile,
+                max: max_slice,
             }
             .into());
         }
@@ -250,11 +248,28 @@ impl Passes {
     }
 }
 
-/// The streamed split pass beside a staged one, and its layout.
-pub(crate) struct LongPass {
-    pub split: Pipeline,
+/// A split pass's pipeline and its layout: the keys it scores per step and the longest
+/// slice it holds.
+pub(crate) struct SplitPass {
+    pub pipeline: Pipeline,
     pub key_tile: u32,
     pub max_slice: u32,
+}
+
+impl SplitPass {
+    fn new(kernel: Kernel) -> SplitPass {
+        let (key_tile, max_slice) = split_layout(kernel.abi());
+        SplitPass {
+            pipeline: Pipeline::new(kernel),
+            key_tile,
+            max_slice,
+        }
+    }
+
+    /// The rule's slicing of `len` keys beside `others` workgroups per slice.
+    fn slicing(&self, len: u32, others: u32, target: u32) -> Slicing {
+        plan_slices(len, others, self.key_tile, self.max_slice, target)
+    }
 }
 
 /// The description of a split pass: `heads` query heads of one KV head per workgroup,
@@ -526,7 +541,7 @@ impl Decode {
 
     fn check_in(&mut self, gpu: &Gpu, args: &DecodeArgs, shared: bool) -> Result<(), Error> {
         let passes = self.passes(gpu)?;
-        let c = check(passes.split.abi(), passes.reduce.abi(), args)?;
+        let c = check(passes.split_abi(), passes.reduce.abi(), args)?;
         let target = passes.chunk_target;
         let split = passes.slicing(c.h, (c.batch, c.n_rows), args.cache.max_len, args.slice_len);
         let spec = self.spec.chunk();
@@ -616,7 +631,7 @@ impl Decode {
     ) -> Result<Slicing, Error> {
         let heads = {
             let passes = self.passes(gpu)?;
-            let c = check(passes.split.abi(), passes.reduce.abi(), args)?;
+            let c = check(passes.split_abi(), passes.reduce.abi(), args)?;
             if let Some(lse) = extra.lse {
                 check_lse(lse, args.q)?;
             }
@@ -675,7 +690,7 @@ impl Decode {
     ) -> Result<Slicing, Error> {
         let passes = self.passes.as_mut().expect("created by record");
         let chunks = self.chunks.as_mut().expect("checked by record");
-        let c = check(passes.split.abi(), passes.reduce.abi(), args)?;
+        let c = check(passes.split_abi(), passes.reduce.abi(), args)?;
         let view = &args.cache;
         let chunk = ChunkArgs {
             q: args.q,
@@ -766,7 +781,7 @@ pub(crate) fn record(
         h,
         starts,
         n_rows,
-    } = check(passes.split.abi(), passes.reduce.abi(), args)?;
+    } = check(passes.split_abi(), passes.reduce.abi(), args)?;
     let c = &args.cache;
     let (slicing, long) = passes.plan(h, (batch, n_rows), c.max_len, args.slice_len)?;
     // A record per (sequence, slice, row, head): the output, then (m, l, 0, 0).
@@ -788,8 +803,8 @@ pub(crate) fn record(
     tensors.extend(c.scales.map(|t| ("kv_scales", t)));
     tensors.extend(args.mods.tensors());
     let pipeline = match (long, passes.long.as_mut()) {
-        (true, Some(l)) => &mut l.split,
-        _ => &mut passes.split,
+        (true, Some(l)) => &mut l.pipeline,
+        _ => &mut passes.split.pipeline,
     };
     let g = grid(pipeline.abi(), &dims);
     let split = Dispatch {
