@@ -82,7 +82,9 @@ impl SplitDecode {
     /// The kernels of `spec`: the family's where it has them (f32, one width, the
     /// planned layout), else compiled from the same descriptions now (any head_dim that
     /// is a multiple of 4, any masks, f16 with SHADER_F16, bf16, an fp8 cache: the host
-    /// calls upload the cache rounded to it, with scales of 1).
+    /// calls upload the cache rounded to it, with scales of 1). One split pass, the staged
+    /// one: the streamed pass that [`crate::ops::decode::Decode::new`] plans beside it for
+    /// narrow rows over long caches is the device API's.
     pub fn for_spec(gpu: &Gpu, spec: &DecodeSpec) -> Result<SplitDecode, Error> {
         let family = match spec.cache {
             Cache::Contiguous => &crate::kernels::DECODE_SPLIT,
