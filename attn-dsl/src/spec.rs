@@ -427,6 +427,14 @@ pub struct Grid {
     /// (tensor cores, [`Op::Extend`] only).
     #[serde(default, skip_serializing_if = "is_false")]
     pub pack_heads: bool,
+    /// Reductions across invocations by subgroup operations instead of workgroup memory:
+    /// the flash schedule's row reductions, a streamed split pass's key groups, the staged
+    /// split pass's key lanes and slice reductions. Needs a `native` target and an adapter
+    /// with SUBGROUP; the kernel checks at run time that the adapter's subgroups hold whole
+    /// groups and falls back to workgroup memory where they do not, so it is right for any
+    /// subgroup size.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub subgroups: bool,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -436,7 +444,7 @@ fn is_false(b: &bool) -> bool {
 impl Grid {
     /// Whether the grid's row reductions use subgroup operations.
     pub fn uses_subgroups(&self) -> bool {
-        self.uses_coop() || self.flash.is_some_and(|f| f.subgroups)
+        self.uses_coop() || self.subgroups
     }
 
     /// Whether the grid's products are cooperative-matrix products.
@@ -452,6 +460,7 @@ impl Grid {
             flash: None,
             matrix: Matrix::Scalar,
             pack_heads: false,
+            subgroups: false,
         }
     }
 }
@@ -465,11 +474,6 @@ pub struct Flash {
     pub inner: u32,
     /// Rows of the workgroup's tile each invocation accumulates in registers.
     pub rows_per_thread: u32,
-    /// Row reductions by subgroup shuffles instead of workgroup memory (flash forward,
-    /// `native` target, an adapter with SUBGROUP). The kernel checks at run time that the
-    /// adapter's subgroups cover whole row groups and falls back to workgroup memory when
-    /// they do not, so it is right for any subgroup size.
-    pub subgroups: bool,
 }
 
 /// How a grid computes its matrix products (the flash schedule's Q·Kᵀ and P·V, the row
@@ -1128,7 +1132,7 @@ pub struct FlashConfig {
     pub rows_per_thread: u32,
     /// Invocations per workgroup.
     pub workgroup_size: u32,
-    /// Row reductions by subgroup shuffles ([`Flash::subgroups`]).
+    /// Row reductions by subgroup shuffles ([`Grid::subgroups`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub subgroups: bool,
     /// Cooperative-matrix products ([`Matrix::Coop16`]).

@@ -231,13 +231,13 @@ fn abi_const(abi: &KernelAbi, wgsl: TokenStream) -> TokenStream {
     let flash = match abi.grid.flash {
         None => quote!(::core::option::Option::None),
         Some(f) => {
-            let (inner, rows, subgroups) = (f.inner, f.rows_per_thread, f.subgroups);
+            let (inner, rows) = (f.inner, f.rows_per_thread);
             quote!(::core::option::Option::Some(::attn_dsl::Flash {
-                inner: #inner, rows_per_thread: #rows, subgroups: #subgroups,
+                inner: #inner, rows_per_thread: #rows,
             }))
         }
     };
-    let pack_heads = abi.grid.pack_heads;
+    let (pack_heads, subgroups) = (abi.grid.pack_heads, abi.grid.subgroups);
     let matrix = match abi.grid.matrix {
         attn_dsl::Matrix::Scalar => quote!(::attn_dsl::Matrix::Scalar),
         attn_dsl::Matrix::Coop16 => quote!(::attn_dsl::Matrix::Coop16),
@@ -278,6 +278,7 @@ fn abi_const(abi: &KernelAbi, wgsl: TokenStream) -> TokenStream {
                 flash: #flash,
                 matrix: #matrix,
                 pack_heads: #pack_heads,
+                subgroups: #subgroups,
             },
             head_dim: #head_dim,
             out_dim: #out_dim,

@@ -137,7 +137,6 @@ pub fn lower(d: &Description) -> syn::Result<Lowered> {
         grid.flash = Some(Flash {
             inner: config.inner,
             rows_per_thread: config.rows_per_thread,
-            subgroups: false,
         });
         workgroup_size = config.workgroup_size;
     }
@@ -179,8 +178,8 @@ pub fn lower(d: &Description) -> syn::Result<Lowered> {
     if auto_flash && op == Op::DecodeSplit {
         // The streamed pass's layout follows the widths and dtypes; its key groups sum by
         // subgroup shuffles where the target is native.
-        let native = spec.target != Target::Webgpu;
-        spec.grid.flash = Some(attn_dsl::layout::decode::stream_flash(&spec, native));
+        spec.grid.subgroups = spec.target != Target::Webgpu;
+        spec.grid.flash = Some(attn_dsl::layout::decode::stream_flash(&spec));
     }
     spans.extend(matrix_span.map(|span| (Field::Matrix, span)));
     Ok(Lowered {
@@ -408,7 +407,6 @@ fn grid(v: &Value, row_layer: bool) -> syn::Result<(Grid, bool, Option<Span>)> {
         (Some(inner), Some(rows_per_thread)) => Some(Flash {
             inner,
             rows_per_thread,
-            subgroups: subgroups.is_some_and(|(on, _)| on),
         }),
         _ => {
             return err(
@@ -420,7 +418,8 @@ fn grid(v: &Value, row_layer: bool) -> syn::Result<(Grid, bool, Option<Span>)> {
             );
         }
     };
-    if let (None, Some((_, span))) = (flash, subgroups) {
+    // The staged split pass sums a key's lanes across invocations: it has the choice too.
+    if let (None, Some((_, span)), false) = (flash, subgroups, major == Major::Slice) {
         return err(
             span,
             format!(
@@ -445,6 +444,7 @@ fn grid(v: &Value, row_layer: bool) -> syn::Result<(Grid, bool, Option<Span>)> {
             flash,
             matrix: matrix.map_or(Matrix::Scalar, |(m, _)| m),
             pack_heads,
+            subgroups: subgroups.is_some_and(|(on, _)| on),
         },
         false,
         matrix.map(|(_, span)| span),

@@ -4,7 +4,8 @@
 //! ```text
 //! #[attrs] vis NAME {
 //!     op: forward | decode | backward_q | backward_kv | rope | rope_backward,
-//!     grid: s_major(tile = N) | j_major(tile = N) | head_major,
+//!     grid: s_major(tile = N) | j_major(tile = N) | head_major
+//!           | slice_major(tile = N, subgroups = BOOL) | slice_major(flash),
 //!           flash: s_major(tile = N, key_tile = N, rows_per_thread = N, subgroups = BOOL,
 //!                          matrix = scalar | coop16)
 //!     head_dim: N | [N, N, ..],          (a list: one kernel per head_dim, see below)

@@ -97,6 +97,23 @@ attention_kernel! {
 }
 
 attention_kernel! {
+    /// Split-K decode, pass 1, staged, head_dim 128, Q, the cache and O in f16, each key's
+    /// lanes and the slice's max and sum reduced by subgroup operations (native, on
+    /// adapters with SUBGROUP): the pass `Decode::new` plans there. Its pass 2 is the f16
+    /// `attention_decode_reduce_d128`'s description.
+    pub attention_decode_split_sg_f16_d128 {
+        op: decode_split,
+        grid: slice_major(tile = 4, subgroups = true),
+        head_dim: 128,
+        gqa: any,
+        target: native(workgroup_storage = 16384, storage_buffers = 8),
+        workgroup_size: 256,
+        dtype: f16,
+        writes: { partials: scratch },
+    }
+}
+
+attention_kernel! {
     /// Split-K decode, pass 1, head_dim 128, Q and O in f16, the cache in e4m3 bytes (four
     /// to a word) with a scale per KV head for K and for V (`runtime::ops::cache::KvCache`
     /// with `kv_fp8`); its pass 2 is the f16 `attention_decode_reduce`.

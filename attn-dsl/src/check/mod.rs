@@ -350,6 +350,16 @@ fn check_grid(spec: &KernelSpec) -> Result<(), DslError> {
     if spec.op == Op::DecodeSplit {
         return check_split_tile(spec);
     }
+    if spec.grid.subgroups {
+        return Err(DslError::spec(
+            Field::Grid,
+            format!(
+                "op {} walks the rows of a tile one at a time and reduces nothing across \
+                 invocations; drop `subgroups`",
+                spec.op.name()
+            ),
+        ));
+    }
     if spec.grid.tile == 0 || spec.grid.tile > tile_max {
         return Err(DslError::spec(
             Field::Grid,
@@ -364,8 +374,15 @@ fn check_grid(spec: &KernelSpec) -> Result<(), DslError> {
 }
 
 /// A split pass's workgroup serves 1 to 4 query slots, one per vec4 component, in either
-/// layout.
+/// layout; its subgroup sums only natively.
 fn check_split_tile(spec: &KernelSpec) -> Result<(), DslError> {
+    if spec.grid.subgroups && spec.target == Target::Webgpu {
+        return Err(DslError::spec(
+            Field::Target,
+            "subgroup operations are not in core WebGPU; use `target: native(..)` (the \
+             runtime runs the kernel only on adapters with SUBGROUP)",
+        ));
+    }
     let tile_max = crate::layout::decode::MAX_SPLIT_HEADS;
     if !(1..=tile_max).contains(&spec.grid.tile) {
         return Err(DslError::spec(
@@ -380,19 +397,12 @@ fn check_split_tile(spec: &KernelSpec) -> Result<(), DslError> {
     Ok(())
 }
 
-/// The streamed split pass (`slice_major(flash)`): its heads per workgroup as the staged
-/// pass's, its layout by [`crate::layout::decode::Stream`], subgroups only natively.
+/// The streamed split pass (`slice_major(flash)`): its heads per workgroup and subgroups
+/// as the staged pass's, its layout by [`crate::layout::decode::Stream`].
 fn check_stream(spec: &KernelSpec) -> Result<(), DslError> {
     check_split_tile(spec)?;
     if let Some(Err(problem)) = crate::layout::decode::Stream::of(spec) {
         return Err(DslError::spec(Field::Grid, problem));
-    }
-    if spec.grid.uses_subgroups() && spec.target == Target::Webgpu {
-        return Err(DslError::spec(
-            Field::Target,
-            "subgroup operations are not in core WebGPU; use `target: native(..)` (the \
-             runtime runs the kernel only on adapters with SUBGROUP)",
-        ));
     }
     Ok(())
 }

@@ -137,7 +137,10 @@ pub(super) fn body(out: &mut Wgsl, spec: &KernelSpec) {
     }
     out.push_str("var<workgroup> sh_red: array<vec4<f32>, WG>;\n\n");
     if spec.op == Op::DecodeSplit {
-        out.put(REDUCE4.plain());
+        match spec.grid.subgroups {
+            true => out.put(REDUCE4_SG.fill([("shuffles", lane_shuffles(spec))])),
+            false => out.put(REDUCE4.plain()),
+        }
     }
     out.put(PARTIALS.plain());
     match spec.op {
@@ -165,6 +168,89 @@ const REDUCE4: Template = Template {
 }
 
 fn wg_sum4(tid: u32, x: vec4<f32>) -> vec4<f32> {
+    sh_red[tid] = x;
+    workgroupBarrier();
+    for (var stride = WG / 2u; stride > 0u; stride = stride / 2u) {
+        if (tid < stride) {
+            sh_red[tid] = sh_red[tid] + sh_red[tid + stride];
+        }
+        workgroupBarrier();
+    }
+    let r = sh_red[0];
+    workgroupBarrier();
+    return r;
+}
+
+"#,
+};
+
+/// The butterfly over a key's LANES lanes.
+fn lane_shuffles(spec: &KernelSpec) -> Fragment {
+    let masks = std::iter::successors(Some(1), |m| Some(m * 2)).take_while(|m| *m < lanes(spec));
+    lines(masks.map(|mask| format!("y = y + subgroupShuffleXor(y, {mask}u);")))
+}
+
+/// [`REDUCE4`] by subgroup operations where `use_sg`, and the lanes' sum of a key's dot
+/// products: the scores loop then has no barrier.
+const REDUCE4_SG: Template = Template {
+    name: "reduce4_subgroups",
+    needs: &[],
+    text: r#"// Nonzero when some key's lanes are not inside one subgroup.
+var<workgroup> sh_subgroups_off: atomic<u32>;
+
+// x summed over the LANES invocations of this invocation's key, the same bits in each.
+fn lane_sum4(tid: u32, x: vec4<f32>, use_sg: bool) -> vec4<f32> {
+    if (use_sg) {
+        var y = x;
+        $shuffles
+        return y;
+    }
+    sh_red[tid] = x;
+    workgroupBarrier();
+    let g0 = tid - tid % LANES;
+    var y = sh_red[g0];
+    for (var i = 1u; i < LANES; i = i + 1u) {
+        y = y + sh_red[g0 + i];
+    }
+    workgroupBarrier();
+    return y;
+}
+
+fn wg_max4(tid: u32, x: vec4<f32>, sg_size: u32, use_sg: bool) -> vec4<f32> {
+    if (use_sg) {
+        sh_red[tid] = subgroupMax(x);
+        workgroupBarrier();
+        var r = sh_red[0];
+        for (var i = sg_size; i < WG; i = i + sg_size) {
+            r = max(r, sh_red[i]);
+        }
+        workgroupBarrier();
+        return r;
+    }
+    sh_red[tid] = x;
+    workgroupBarrier();
+    for (var stride = WG / 2u; stride > 0u; stride = stride / 2u) {
+        if (tid < stride) {
+            sh_red[tid] = max(sh_red[tid], sh_red[tid + stride]);
+        }
+        workgroupBarrier();
+    }
+    let r = sh_red[0];
+    workgroupBarrier();
+    return r;
+}
+
+fn wg_sum4(tid: u32, x: vec4<f32>, sg_size: u32, use_sg: bool) -> vec4<f32> {
+    if (use_sg) {
+        sh_red[tid] = subgroupAdd(x);
+        workgroupBarrier();
+        var r = sh_red[0];
+        for (var i = sg_size; i < WG; i = i + sg_size) {
+            r = r + sh_red[i];
+        }
+        workgroupBarrier();
+        return r;
+    }
     sh_red[tid] = x;
     workgroupBarrier();
     for (var stride = WG / 2u; stride > 0u; stride = stride / 2u) {
@@ -303,9 +389,26 @@ fn split_entry(spec: &KernelSpec) -> Fragment {
         })
     });
     let [first_v, value_pass] = value_pass(spec, &loops);
+    let (builtins, sg_check, sg_args) = match spec.grid.subgroups {
+        true => (
+            Fragment::from(
+                ", @builtin(subgroup_size) sg_size: u32, @builtin(subgroup_invocation_id) sg_id: u32",
+            ),
+            super::decode_stream::SUBGROUP_CHECK
+                .plain()
+                .then(Fragment::from(
+                    "let use_sg = workgroupUniformLoad(&sh_subgroups_off) == 0u;\n",
+                )),
+            ", sg_size, use_sg",
+        ),
+        false => (Fragment::default(), Fragment::default(), ""),
+    };
     SPLIT_ENTRY.fill([
         ("name", Fragment::from(spec.name.as_str())),
         ("prologue", super::served::prologue(spec)),
+        ("builtins", builtins),
+        ("sg_check", sg_check),
+        ("sg_args", Fragment::from(sg_args)),
         ("qk4", Fragment::from(qk4(spec))),
         ("q_scale", Fragment::from(q_scale)),
         ("fill", loops.fill.clone()),
@@ -323,8 +426,9 @@ const SPLIT_ENTRY: Template = Template {
     name: "split_entry",
     needs: &[],
     text: r#"@compute @workgroup_size(WG)
-fn $name(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+fn $name(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32$builtins) {
     $prologue
+    $sg_check
 
     // Absent queries get q = 0; their results are never written.
     for (var i = tid; i < TILE * $qk4; i = i + WG) {
@@ -347,14 +451,14 @@ fn $name(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
     for (var i = first - lo + tid; i < hi - lo; i = i + WG) {
         mx = max(mx, sh_s[i]);
     }
-    let m = wg_max4(tid, mx);
+    let m = wg_max4(tid, mx$sg_args);
     var ls = vec4<f32>(0.0);
     for (var i = first - lo + tid; i < hi - lo; i = i + WG) {
         let p = exp4(sh_s[i] - m);
         sh_s[i] = p;
         ls = ls + p;
     }
-    let l = wg_sum4(tid, ls);
+    let l = wg_sum4(tid, ls$sg_args);
 
     $value_pass
     $flush
@@ -398,6 +502,37 @@ $k_head
     workgroupBarrier();
     $rotate
 }
+"#,
+};
+
+/// [`KEY_PASS`] with each key's lanes summed by `lane_sum4`: where subgroups hold them,
+/// no barrier until the loop ends.
+const KEY_PASS_SG: Template = Template {
+    name: "split_key_pass_subgroups",
+    needs: &[Helper::Hsum],
+    text: r#"// Scores: LANES invocations per key, each a strided share of its words, summed by a
+// butterfly; the key's first lane stages its score. Each invocation carries its share of
+// the next key tile in registers, fetched before this tile's products.
+let lane = tid % LANES;
+let kr = tid / LANES;
+$q_regs
+$k_pre
+$first_fetch
+$k_head
+    $next_fetch
+    $widen_k
+    $accs
+    $fmas
+    let s = lane_sum4(tid, vec4<f32>($dots), use_sg);
+    let j = t0 + kr;
+    if (lane == 0u && j < hi) {
+        var x = vec4<f32>(NEG_BIG);
+        $scores
+        sh_s[j - lo] = x;
+    }
+    $rotate
+}
+workgroupBarrier();
 "#,
 };
 
@@ -470,7 +605,11 @@ fn key_pass(spec: &KernelSpec, loops: &Loops) -> Fragment {
         *d = format!("hsum(a{i})");
     }
     let scores = (0..heads).map(|i| super::served::score_head(i, "x", "j", "s"));
-    KEY_PASS.fill([
+    let template = match spec.grid.subgroups {
+        true => KEY_PASS_SG,
+        false => KEY_PASS,
+    };
+    template.fill([
         ("q_regs", lines(q_regs)),
         ("k_pre", loops.keys.pre.clone()),
         ("first_fetch", fetch("var k", loops.keys.first)),

@@ -66,10 +66,7 @@ pub(super) fn split(out: &mut Wgsl, spec: &KernelSpec, s: &Stream) {
     super::scores::helpers(out, spec, false);
     let ragged = s.k_per_lane * s.lanes != s.k_words || s.v_per_lane * s.lanes != s.v_words;
     out.put(words(spec, s.word, ragged));
-    out.put(group_sum(
-        spec.grid.flash.is_some_and(|f| f.subgroups),
-        s.lanes,
-    ));
+    out.put(group_sum(spec.grid.subgroups, s.lanes));
     out.put(entry(spec, s, sparse));
 }
 
@@ -235,7 +232,7 @@ fn entry(spec: &KernelSpec, s: &Stream, sparse: bool) -> Fragment {
         let k = (0..s.k_per_lane).map(move |w| format!("k{u}_{w} = nk{u}_{w};"));
         k.chain((0..s.v_per_lane).map(move |w| format!("v{u}_{w} = nv{u}_{w};")))
     });
-    let (builtins, sg_check) = match spec.grid.flash.is_some_and(|f| f.subgroups) {
+    let (builtins, sg_check) = match spec.grid.subgroups {
         true => (SUBGROUP_BUILTINS.plain(), SUBGROUP_CHECK.plain()),
         false => (Fragment::default(), Fragment::default()),
     };
@@ -263,7 +260,7 @@ fn entry(spec: &KernelSpec, s: &Stream, sparse: bool) -> Fragment {
 }
 
 /// The entry's parameters for the subgroup butterfly.
-const SUBGROUP_BUILTINS: Template = Template {
+pub(super) const SUBGROUP_BUILTINS: Template = Template {
     name: "subgroup_builtins",
     needs: &[],
     text: r#"@builtin(subgroup_size) sg_size: u32,
@@ -272,7 +269,7 @@ const SUBGROUP_BUILTINS: Template = Template {
 };
 
 /// Where the subgroups do not hold the key groups, the butterfly through workgroup memory.
-const SUBGROUP_CHECK: Template = Template {
+pub(super) const SUBGROUP_CHECK: Template = Template {
     name: "subgroup_check",
     needs: &[],
     text: r#"// Vulkan does not promise that a subgroup holds consecutive invocations, and sizes

@@ -251,13 +251,12 @@ impl Stream {
 }
 
 /// The rule's streamed grid for a split pass of `spec`'s widths and dtypes.
-pub fn stream_flash(spec: &KernelSpec, subgroups: bool) -> crate::spec::Flash {
+pub fn stream_flash(spec: &KernelSpec) -> crate::spec::Flash {
     let keys = stream_keys(spec);
     let s = stream_shape(spec, keys);
     crate::spec::Flash {
         inner: s.step(),
         rows_per_thread: keys,
-        subgroups,
     }
 }
 

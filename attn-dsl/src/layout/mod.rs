@@ -143,10 +143,10 @@ impl KernelSpec {
                 flash: Some(Flash {
                     inner: config.inner,
                     rows_per_thread: config.rows_per_thread,
-                    subgroups: config.subgroups,
                 }),
                 matrix: config.matrix,
                 pack_heads: false,
+                subgroups: config.subgroups,
             },
             workgroup_size: config.workgroup_size,
             ..KernelSpec::standard(name, op, head_dim, masks)

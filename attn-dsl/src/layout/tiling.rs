@@ -67,7 +67,7 @@ impl Tiling {
             spec.width(),
         );
         Some(tiling.map(|t| Tiling {
-            subgroups: flash.subgroups,
+            subgroups: spec.grid.subgroups,
             scatters_kv: spec.op == Op::BackwardQ && spec.write_mode("dkv").is_some(),
             ..t
         }))

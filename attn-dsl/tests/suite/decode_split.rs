@@ -1,7 +1,7 @@
 //! Split-K decode in the IR: both passes compile and validate at head_dims 64 to 256 under
 //! WebGPU's defaults, and the ownership and source checks hold.
 
-use attn_dsl::{Gqa, Grid, KernelSpec, Major, Masks, Op, Source, WriteMode};
+use attn_dsl::{Dtype, Gqa, Grid, KernelSpec, Major, Masks, Op, Source, WriteMode};
 
 fn split(head_dim: u32, heads: u32, masks: Masks) -> KernelSpec {
     KernelSpec {
@@ -267,7 +267,8 @@ fn a_mask_mod_decode_skips_the_tiles_it_cannot_see() {
 /// The streamed split pass of `split`'s description, by rule: subgroups natively, or the
 /// workgroup-memory butterfly under WebGPU's defaults.
 fn streamed(mut spec: KernelSpec, subgroups: bool) -> KernelSpec {
-    spec.grid.flash = Some(attn_dsl::layout::decode::stream_flash(&spec, subgroups));
+    spec.grid.flash = Some(attn_dsl::layout::decode::stream_flash(&spec));
+    spec.grid.subgroups = subgroups;
     spec.fit_target();
     spec
 }
@@ -370,4 +371,38 @@ fn a_device_with_more_workgroup_memory_takes_longer_slices() {
         slice > 608 && slice < 1024 && slice.is_multiple_of(32),
         "{slice}"
     );
+}
+
+/// The staged pass with `subgroups`: each key's lanes summed by a butterfly (the scores
+/// loop then has no barrier), the slice's max and sum by subgroup reductions, the
+/// workgroup-memory sums kept for adapters whose subgroups do not hold a key's lanes;
+/// refused under WebGPU's defaults, which have no subgroups.
+#[test]
+fn the_staged_pass_sums_by_subgroups_natively() {
+    for (hd, dtype) in [(64, Dtype::F32), (128, Dtype::F16), (128, Dtype::Bf16)] {
+        let mut spec = KernelSpec {
+            dtype,
+            ..split(hd, 4, Masks::default())
+        };
+        spec.grid.subgroups = true;
+        let err = attn_dsl::compile(&spec).unwrap_err().to_string();
+        assert!(err.contains("native"), "{err}");
+        spec.fit_device(16384);
+        let abi = attn_dsl::compile(&spec).unwrap_or_else(|e| panic!("d{hd}: {e}"));
+        for step in [
+            "let s = lane_sum4(tid, vec4<f32>(",
+            "sh_red[tid] = subgroupMax(x);",
+            "sh_red[tid] = subgroupAdd(x);",
+            "let use_sg = workgroupUniformLoad(&sh_subgroups_off) == 0u;",
+        ] {
+            assert!(abi.wgsl.contains(step), "d{hd}: missing `{step}`");
+        }
+        assert!(abi.grid.uses_subgroups());
+        let plain = attn_dsl::compile(&KernelSpec {
+            dtype,
+            ..split(hd, 4, Masks::default())
+        })
+        .unwrap();
+        assert!(!plain.wgsl.contains("subgroup") && !plain.grid.uses_subgroups());
+    }
 }

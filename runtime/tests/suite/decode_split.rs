@@ -173,3 +173,54 @@ fn paged_input_errors_come_before_any_dispatch() {
         "{contiguous}"
     );
 }
+
+/// The staged split pass summing across invocations by subgroups (each key's lanes by a
+/// butterfly, the slice's max and sum by subgroup reductions) gives the workgroup-memory
+/// pass's outputs to f32 rounding, over several slices and a ragged last one; an adapter
+/// without SUBGROUP refuses it by name.
+#[test]
+fn the_staged_pass_sums_by_subgroups_as_through_workgroup_memory() {
+    let gpu = Gpu::new(kernels::FAMILY.iter().copied())
+        .block_on()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let (plain, reduce) = kernels::DECODE_SPLIT[0];
+    let mut spec =
+        runtime::ops::decode::split_spec("split_sg", plain.head_dim, plain.masks, plain.grid.tile);
+    spec.grid.subgroups = true;
+    spec.fit_device(16384);
+    let sg = attn_dsl::compile(&spec).unwrap();
+    assert!(sg.wgsl.contains("subgroupShuffleXor") && sg.wgsl.contains("subgroupMax"));
+    assert!(!plain.wgsl.contains("subgroup"));
+    let sg = match SplitDecode::new(&gpu, &sg, reduce) {
+        Ok(sg) => sg,
+        Err(e) => {
+            assert!(!gpu.has_subgroups(), "{e}");
+            assert!(e.to_string().contains("SUBGROUP"), "{e}");
+            return;
+        }
+    };
+    let plain = SplitDecode::new(&gpu, plain, reduce).unwrap();
+    let mut state = 7u32;
+    let mut noise = |n: usize| -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (state >> 8) as f32 / (1u32 << 24) as f32 * 4.0 - 2.0
+            })
+            .collect()
+    };
+    let (q, kv) = (noise(8 * 64), noise(4099 * 2 * 64));
+    let run = |split: &SplitDecode| {
+        split
+            .run(&gpu, &input(4099, &q, &kv), Some(split.key_tile() * 4))
+            .block_on()
+            .unwrap()
+    };
+    let (a, b) = (run(&sg), run(&plain));
+    let worst = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs() / y.abs().max(1e-3))
+        .fold(0.0f32, f32::max);
+    assert!(worst < 1e-4, "subgroup sums off by {worst}");
+}

@@ -111,8 +111,7 @@ impl SplitDecode {
         spec: &DecodeSpec,
         layout: SplitLayout,
     ) -> Result<SplitDecode, Error> {
-        let storage = gpu.limits().max_compute_workgroup_storage_size;
-        let [split, reduce] = crate::ops::decode::abis(spec, layout, storage)?;
+        let [split, reduce] = crate::ops::decode::abis(gpu, spec, layout)?;
         SplitDecode::new(gpu, &split, &reduce)
     }
 

@@ -334,12 +334,13 @@ impl SplitLayout {
 }
 
 /// The family's split and reduce kernels for a spec (compiled by the DSL now; the
-/// pipelines are created later), the split pass in `layout`, its slices as long as
-/// `workgroup_storage` bytes of workgroup memory (the device's) hold.
+/// pipelines are created later), the split pass in `layout`, its slices as long as the
+/// device's workgroup memory holds, its sums across invocations by subgroup operations
+/// where the device has them.
 pub(crate) fn abis(
+    gpu: &Gpu,
     spec: &DecodeSpec,
     layout: SplitLayout,
-    workgroup_storage: u32,
 ) -> Result<[KernelAbi; 2], Error> {
     let streamed = layout == SplitLayout::Streamed;
     let base = match (spec.cache, streamed) {
@@ -368,14 +369,15 @@ pub(crate) fn abis(
     }
     .with_head_dim_v(spec.head_dim_v);
     if streamed {
-        split.grid.flash = Some(attn_dsl::layout::decode::stream_flash(&split, true));
+        split.grid.flash = Some(attn_dsl::layout::decode::stream_flash(&split));
     }
+    split.grid.subgroups = streamed || gpu.has_subgroups();
     // WebGPU's defaults where the kernel fits them; else just the storage buffers it binds
     // (a paged fp8 cache with ALiBi binds 9, as do three modifier tensors), which an
-    // adapter with more runs and one without refuses naming the limit; a streamed pass's
-    // subgroups are native. Longer slices than WebGPU's 16 KiB hold where the device has
+    // adapter with more runs and one without refuses naming the limit; a pass summing by
+    // subgroups is native. Longer slices than WebGPU's 16 KiB hold where the device has
     // the memory for them (`attn_dsl::layout::decode::SLICE_CAP` has what they gain).
-    split.fit_device(workgroup_storage);
+    split.fit_device(gpu.limits().max_compute_workgroup_storage_size);
     let split = compile(&split)?;
     let reduce = compile(&reduce_spec(spec, false))?;
     Ok([split, reduce])
@@ -389,8 +391,7 @@ fn long_pass(gpu: &Gpu, spec: &DecodeSpec) -> Result<Option<KernelAbi>, Error> {
     if !narrow || spec.kv_fp8.is_some() || !gpu.has_subgroups() {
         return Ok(None);
     }
-    let storage = gpu.limits().max_compute_workgroup_storage_size;
-    let [split, _] = abis(spec, SplitLayout::Streamed, storage)?;
+    let [split, _] = abis(gpu, spec, SplitLayout::Streamed)?;
     Ok(gpu.require(&split).is_ok().then_some(split))
 }
 
@@ -460,11 +461,7 @@ impl Decode {
             masks: gpu.masks(spec.masks),
             ..spec
         };
-        let abis = abis(
-            &spec,
-            layout,
-            gpu.limits().max_compute_workgroup_storage_size,
-        )?;
+        let abis = abis(gpu, &spec, layout)?;
         for abi in &abis {
             gpu.require(abi)?;
         }
