@@ -139,6 +139,45 @@ impl Phases {
         ]
     }
 
+    /// Each phase of a split-K decode's split pass by name, with the set holding only it:
+    /// the key pass (K's loads, the dot products, the scores staged), the slice's max,
+    /// exponentials and sum, P·V (V's loads and products), and the cache's loads within
+    /// the other two (without them each word is made from its index, so the products
+    /// still run). The flush always runs: without it nothing would be written.
+    pub fn each_decode() -> [(&'static str, Phases); 4] {
+        let none = Phases::NONE;
+        [
+            (
+                "scores",
+                Phases {
+                    scores: true,
+                    ..none
+                },
+            ),
+            (
+                "softmax",
+                Phases {
+                    softmax: true,
+                    ..none
+                },
+            ),
+            (
+                "values",
+                Phases {
+                    accumulate: true,
+                    ..none
+                },
+            ),
+            (
+                "loads",
+                Phases {
+                    stage: true,
+                    ..none
+                },
+            ),
+        ]
+    }
+
     /// Every phase but those in `other`.
     pub fn without(self, other: Phases) -> Phases {
         Phases {

@@ -12,6 +12,7 @@
 //! `decode_reduce`: one workgroup per (head, batch) owns the head's output:
 //! `O = Σ_s e^(m_s − M)·o_s / Σ_s e^(m_s − M)·l_s`, M the largest m_s.
 
+use super::coop::Phases;
 use super::numerics::Helper;
 use super::served::COMPONENTS;
 use super::writer::{Fragment, Template, Wgsl, concat, lines, uint};
@@ -126,7 +127,9 @@ pub(super) fn qk4(spec: &KernelSpec) -> &'static str {
     }
 }
 
-pub(super) fn body(out: &mut Wgsl, spec: &KernelSpec) {
+/// Both passes; the split pass with only the phases in `keep` (all but for a phase-cut
+/// timing: [`super::coop::Phases::each_decode`]).
+pub(super) fn body(out: &mut Wgsl, spec: &KernelSpec, keep: Phases) {
     super::dtype::vec4_codec(out, spec.dtype);
     if spec.op == Op::DecodeSplit {
         super::dtype::cache_codec(out, spec);
@@ -144,7 +147,7 @@ pub(super) fn body(out: &mut Wgsl, spec: &KernelSpec) {
     }
     out.put(PARTIALS.plain());
     match spec.op {
-        Op::DecodeSplit => split(out, spec),
+        Op::DecodeSplit => split(out, spec, keep),
         _ => reduce(out, spec),
     }
 }
@@ -319,7 +322,7 @@ const KV_ROW: Template = Template {
 "#,
 };
 
-fn split(out: &mut Wgsl, spec: &KernelSpec) {
+fn split(out: &mut Wgsl, spec: &KernelSpec, keep: Phases) {
     super::index::kv_head(out, spec);
     out.put(super::served::helpers(spec));
     super::index::key_visible(out, spec);
@@ -327,9 +330,14 @@ fn split(out: &mut Wgsl, spec: &KernelSpec) {
         next_tile(out, spec);
     }
     super::scores::helpers(out, spec, false);
-    out.put(super::decode_stream::words(spec, word(spec), false));
+    out.put(super::decode_stream::words(
+        spec,
+        word(spec),
+        false,
+        keep.stage,
+    ));
     out.put(SPLIT_MEMORY.fill([("qk4", Fragment::from(qk4(spec)))]));
-    out.put(split_entry(spec));
+    out.put(split_entry(spec, keep));
 }
 
 /// The staged split pass's workgroup memory, and the functions of its P·V.
@@ -368,7 +376,7 @@ fn flush_head(tid: u32, slice: u32, h: u32, real: bool, quad: u32, acc: vec4<f32
 
 /// The staged split pass's entry point: each invocation's share of a key is
 /// `K_WORDS / LANES` words, `lane` apart by LANES, its Q columns held in registers.
-fn split_entry(spec: &KernelSpec) -> Fragment {
+fn split_entry(spec: &KernelSpec, keep: Phases) -> Fragment {
     let loops = Loops::of(spec);
     // An fp8 cache's scales: K's folds into the staged query (s = (q·σ_K)·k), V's into the
     // P·V sums as they leave.
@@ -388,35 +396,46 @@ fn split_entry(spec: &KernelSpec) -> Fragment {
             )
         })
     });
-    let [first_v, value_pass] = value_pass(spec, &loops);
-    let (builtins, sg_check, sg_args) = match spec.grid.subgroups {
-        true => (
-            Fragment::from(
-                ", @builtin(subgroup_size) sg_size: u32, @builtin(subgroup_invocation_id) sg_id: u32",
-            ),
-            super::decode_stream::SUBGROUP_CHECK
-                .plain()
-                .then(Fragment::from(
-                    "let use_sg = workgroupUniformLoad(&sh_subgroups_off) == 0u;\n",
-                )),
-            ", sg_size, use_sg",
-        ),
-        false => (Fragment::default(), Fragment::default(), ""),
+    let [first_v, value_pass] = value_pass(spec, &loops, keep.accumulate);
+    let (builtins, sg_check, sg_args) = subgroup_parts(spec);
+    let softmax = match keep.softmax {
+        true => SPLIT_SOFTMAX.fill([("sg_args", Fragment::from(sg_args))]),
+        false => Fragment::from(CUT_SOFTMAX),
+    };
+    let key_pass = match keep.scores {
+        true => key_pass(spec, &loops),
+        false => Fragment::from(CUT_KEY_PASS),
     };
     SPLIT_ENTRY.fill([
         ("name", Fragment::from(spec.name.as_str())),
         ("prologue", super::served::prologue(spec)),
         ("builtins", builtins),
         ("sg_check", sg_check),
-        ("sg_args", Fragment::from(sg_args)),
         ("qk4", Fragment::from(qk4(spec))),
         ("q_scale", Fragment::from(q_scale)),
         ("fill", loops.fill.clone()),
-        ("key_pass", key_pass(spec, &loops)),
+        ("key_pass", key_pass),
+        ("softmax", softmax),
         ("first_v", first_v),
         ("value_pass", value_pass),
         ("flush", lines(flush)),
     ])
+}
+
+/// The entry's subgroup builtins, its check that subgroups hold a key's lanes, and the
+/// reductions' extra arguments, where the grid sums by subgroups.
+fn subgroup_parts(spec: &KernelSpec) -> (Fragment, Fragment, &'static str) {
+    if !spec.grid.subgroups {
+        return (Fragment::default(), Fragment::default(), "");
+    }
+    let builtins =
+        ", @builtin(subgroup_size) sg_size: u32, @builtin(subgroup_invocation_id) sg_id: u32";
+    let check = super::decode_stream::SUBGROUP_CHECK
+        .plain()
+        .then(Fragment::from(
+            "let use_sg = workgroupUniformLoad(&sh_subgroups_off) == 0u;\n",
+        ));
+    (Fragment::from(builtins), check, ", sg_size, use_sg")
 }
 
 /// The staged pass's entry: the served queries staged, the slice's scores (`$key_pass`),
@@ -446,25 +465,37 @@ fn $name(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
 
     $first_v
 
-    // The slice's exact max and sum: no rescaling within a slice.
-    var mx = vec4<f32>(NEG_BIG);
-    for (var i = first - lo + tid; i < hi - lo; i = i + WG) {
-        mx = max(mx, sh_s[i]);
-    }
-    let m = wg_max4(tid, mx$sg_args);
-    var ls = vec4<f32>(0.0);
-    for (var i = first - lo + tid; i < hi - lo; i = i + WG) {
-        let p = exp4(sh_s[i] - m);
-        sh_s[i] = p;
-        ls = ls + p;
-    }
-    let l = wg_sum4(tid, ls$sg_args);
+    $softmax
 
     $value_pass
     $flush
 }
 "#,
 };
+
+/// The slice's max and sum, and P in place of its scores.
+const SPLIT_SOFTMAX: Template = Template {
+    name: "split_softmax",
+    needs: &[],
+    text: r#"// The slice's exact max and sum: no rescaling within a slice.
+var mx = vec4<f32>(NEG_BIG);
+for (var i = first - lo + tid; i < hi - lo; i = i + WG) {
+    mx = max(mx, sh_s[i]);
+}
+let m = wg_max4(tid, mx$sg_args);
+var ls = vec4<f32>(0.0);
+for (var i = first - lo + tid; i < hi - lo; i = i + WG) {
+    let p = exp4(sh_s[i] - m);
+    sh_s[i] = p;
+    ls = ls + p;
+}
+let l = wg_sum4(tid, ls$sg_args);
+"#,
+};
+
+/// A phase-cut pass's stand-ins for what a cut phase would have made.
+const CUT_SOFTMAX: &str = "// Phase cut: no max, sum or exponentials.\nlet m = vec4<f32>(0.0);\nlet l = vec4<f32>(1.0);\n";
+const CUT_KEY_PASS: &str = "// Phase cut: no key pass; the scores stay zero.\n";
 
 /// The scores loop: the query's columns in registers (`$q_regs`), the key tiles'
 /// prefetches, the dot products and each served head's score staged in `sh_s`.
@@ -640,7 +671,7 @@ fn key_pass(spec: &KernelSpec, loops: &Loops) -> Fragment {
 
 /// P·V: its first rows' fetches ([`FIRST_V`]), and its loop ([`VALUE_PASS`]): the heads'
 /// accumulators and each step's prefetches, products and rotation, PV_UNROLL rows a step.
-fn value_pass(spec: &KernelSpec, loops: &Loops) -> [Fragment; 2] {
+fn value_pass(spec: &KernelSpec, loops: &Loops, keep: bool) -> [Fragment; 2] {
     let heads = spec.grid.tile as usize;
     let quads = word(spec) / 4;
     let rows = pv_unroll(spec);
@@ -669,6 +700,10 @@ fn value_pass(spec: &KernelSpec, loops: &Loops) -> [Fragment; 2] {
         ),
     ]);
     let accs = each_acc().map(|(u, i)| format!("var o{i}_{u} = vec4<f32>(0.0);"));
+    if !keep {
+        let cut = Fragment::from("// Phase cut: no P·V; the sums stay zero.\n");
+        return [cut, lines(accs)];
+    }
     let loads =
         (0..rows).map(|u| format!("let n{u} = fetch_v({v_next} + {u}u * PV_ROWS, hi, c, kv_h);"));
     let pass = VALUE_PASS.fill([

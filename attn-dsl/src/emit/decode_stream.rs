@@ -65,7 +65,7 @@ pub(super) fn split(out: &mut Wgsl, spec: &KernelSpec, s: &Stream) {
     }
     super::scores::helpers(out, spec, false);
     let ragged = s.k_per_lane * s.lanes != s.k_words || s.v_per_lane * s.lanes != s.v_words;
-    out.put(words(spec, s.word, ragged));
+    out.put(words(spec, s.word, ragged, true));
     out.put(group_sum(spec.grid.subgroups, s.lanes));
     out.put(entry(spec, s, sparse));
 }
@@ -73,8 +73,15 @@ pub(super) fn split(out: &mut Wgsl, spec: &KernelSpec, s: &Stream) {
 /// The row functions of the cache in words of `word` elements, the query's vec4 index, and
 /// `fetch_k` / `fetch_v` / `widen_w`; `ragged` where some lane's last word may be past a
 /// row (the fetches then test the word too).
-pub(super) fn words(spec: &KernelSpec, word: u32, ragged: bool) -> Fragment {
+/// The cache's words, read (`loads`) or, for a phase-cut timing, made from their index.
+pub(super) fn words(spec: &KernelSpec, word: u32, ragged: bool, loads: bool) -> Fragment {
     let raw = stream_word_type(spec, word);
+    let load = |cache: &str, words: &str| match (loads, raw) {
+        (true, _) => format!("x = {cache}[kv_row(j, kv_h) * {words} + w];"),
+        (false, "vec4<f32>") => "x = vec4<f32>(f32((j ^ w) & 15u));".to_string(),
+        (false, "vec4<f16>") => "x = vec4<f16>(f16((j ^ w) & 15u));".to_string(),
+        (false, _) => format!("x = {raw}((j ^ w) & 0x0f0f0f0fu);"),
+    };
     let widen = match (word / 4, spec.kv_fp8.is_some(), spec.dtype) {
         (1, _, _) => Fragment::from(format!(
             "return array<vec4<f32>, 1>({}(x));",
@@ -96,6 +103,8 @@ pub(super) fn words(spec: &KernelSpec, word: u32, ragged: bool) -> Fragment {
         ("row", super::decode_split::kv_row(spec)),
         ("qk4", Fragment::from(super::decode_split::qk4(spec))),
         ("raw", Fragment::from(raw)),
+        ("k_load", Fragment::from(load("k_cache", "K_WORDS"))),
+        ("v_load", Fragment::from(load("v_cache", "V_WORDS"))),
         ("widen", widen),
     ])
 }
@@ -134,7 +143,7 @@ fn q4_index(q: u32) -> u32 {
 fn fetch_k(j: u32, hi: u32, w: u32, kv_h: u32) -> $raw {
     var x = $raw();
     if (j < hi$k_in) {
-        x = k_cache[kv_row(j, kv_h) * K_WORDS + w];
+        $k_load
     }
     return x;
 }
@@ -142,7 +151,7 @@ fn fetch_k(j: u32, hi: u32, w: u32, kv_h: u32) -> $raw {
 fn fetch_v(j: u32, hi: u32, w: u32, kv_h: u32) -> $raw {
     var x = $raw();
     if (j < hi$v_in) {
-        x = v_cache[kv_row(j, kv_h) * V_WORDS + w];
+        $v_load
     }
     return x;
 }

@@ -130,7 +130,7 @@ fn emit_body(out: &mut Wgsl, spec: &KernelSpec, keep: coop::Phases) {
         Op::BackwardKv => backward::backward_kv(out, spec),
         Op::Rope | Op::RopeBackward => rope::rope(out, spec.op == Op::RopeBackward),
         Op::DecodeSplit | Op::DecodeReduce => {
-            decode_split::body(out, spec);
+            decode_split::body(out, spec, keep);
             return;
         }
         Op::LayernormLinear

@@ -406,3 +406,40 @@ fn the_staged_pass_sums_by_subgroups_natively() {
         assert!(!plain.wgsl.contains("subgroup") && !plain.grid.uses_subgroups());
     }
 }
+
+/// The staged pass cut to each set of its phases (`bench --decode --phases`) compiles in
+/// every cache dtype, with subgroup sums and without; the set of all is the pass itself,
+/// and a pass without its loads reads neither cache.
+#[test]
+fn the_staged_pass_compiles_cut_to_its_phases() {
+    use attn_dsl::Fp8;
+    use attn_dsl::emit::coop::Phases;
+    let mut sets = vec![Phases::ALL, Phases::NONE];
+    for (_, only) in Phases::each_decode() {
+        sets.extend([only, Phases::ALL.without(only)]);
+    }
+    for (dtype, fp8) in [
+        (Dtype::F32, None),
+        (Dtype::F16, None),
+        (Dtype::Bf16, None),
+        (Dtype::F16, Some(Fp8::E4m3)),
+    ] {
+        for subgroups in [false, true] {
+            let mut spec = KernelSpec {
+                dtype,
+                kv_fp8: fp8,
+                ..split(128, 4, Masks::default())
+            };
+            spec.grid.subgroups = subgroups;
+            spec.fit_device(16384);
+            let whole = attn_dsl::compile(&spec).unwrap();
+            for keep in &sets {
+                let cut = attn_dsl::compile_phases(&spec, *keep)
+                    .unwrap_or_else(|e| panic!("{dtype:?} {fp8:?} {keep:?}: {e}"));
+                assert_eq!(*keep == Phases::ALL, cut.wgsl == whole.wgsl, "{keep:?}");
+                let reads = cut.wgsl.contains("x = k_cache[") && cut.wgsl.contains("x = v_cache[");
+                assert_eq!(reads, keep.stage, "{dtype:?} {keep:?}");
+            }
+        }
+    }
+}

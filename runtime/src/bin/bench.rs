@@ -78,6 +78,20 @@ struct Args {
     /// workgroup memory holds, 1024 at most).
     #[arg(long, value_name = "KEYS", requires = "decode")]
     slice_len: Option<u32>,
+    /// With --decode: the split-K rows of only these caches (comma-separated `f32`, `f16`,
+    /// `bf16`, `e4m3`, `e5m2`; default every one the adapter has), for shorter runs.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "DTYPES",
+        requires = "decode"
+    )]
+    cache_dtypes: Vec<String>,
+    /// With --decode: after each cache's staged split-K rows, its split pass cut to its
+    /// phases (the key pass, the max and sum, P·V, the cache's loads): whole, none, each
+    /// alone, all but each.
+    #[arg(long, requires = "decode")]
+    phases: bool,
     /// Time end-to-end steps through the recording API instead: decode steps at caches of
     /// 4096 and 32768 rows (32 heads over 8, d 128; f16 and f32), wall time per step
     /// against its GPU time; a 4096-row prefill; a forward + backward step at 4096 (16
@@ -740,6 +754,13 @@ fn layernorm(
 fn decode(gpu: &Gpu, args: &Args, cache_len: u32) -> anyhow::Result<()> {
     anyhow::ensure!(cache_len > 0, "--decode needs a cache of at least 1 row");
     anyhow::ensure!(args.head_dim.len() <= 1, "--decode takes one --head-dim");
+    for name in &args.cache_dtypes {
+        anyhow::ensure!(
+            bench::DECODE_CACHES.contains(&name.as_str()),
+            "unknown cache dtype `{name}` in --cache-dtypes: use {}",
+            bench::DECODE_CACHES.join(", ")
+        );
+    }
     let shape = bench::DecodeShape {
         cache_len,
         batch: args.batch.unwrap_or(1),
@@ -805,8 +826,18 @@ fn decode(gpu: &Gpu, args: &Args, cache_len: u32) -> anyhow::Result<()> {
     print(&copy);
     print(&buffer_copy);
     // Each row as it is measured: the caches' uploads and the pipelines take a while.
-    let rows = bench::decode(gpu, shape, args.slice_len, (args.warmup, args.runs), print)
-        .context(shape.label())?;
+    let which = bench::DecodeRows {
+        caches: &args.cache_dtypes,
+        phases: args.phases,
+    };
+    let rows = bench::decode(
+        gpu,
+        (shape, which),
+        args.slice_len,
+        (args.warmup, args.runs),
+        print,
+    )
+    .context(shape.label())?;
     if args.json {
         return Ok(());
     }

@@ -121,6 +121,8 @@ fn every_kernel_and_schedule_is_gpu_timed() {
     );
 }
 
+/// `bench --decode`'s rows: the bytes a decode moves, every decode and the copy timed and
+/// reported in order, the caches narrowed to those named and the staged pass's phase rows.
 #[test]
 fn decode_rows_count_the_cache_and_time_every_decode_and_the_copy() {
     let shape = bench::DecodeShape {
@@ -150,7 +152,15 @@ fn decode_rows_count_the_cache_and_time_every_decode_and_the_copy() {
         );
     }
     let mut seen = Vec::new();
-    let rows = bench::decode(&gpu, shape, None, (0, 1), |r| seen.push(r.kernel.clone())).unwrap();
+    // The f32 cache's rows alone, its staged pass also cut to its phases.
+    let which = bench::DecodeRows {
+        caches: &["f32".to_string()],
+        phases: true,
+    };
+    let rows = bench::decode(&gpu, (shape, which), None, (0, 1), |r| {
+        seen.push(r.kernel.clone())
+    })
+    .unwrap();
     let kernels: Vec<&str> = rows.iter().map(|r| r.kernel.as_str()).collect();
     assert_eq!(
         seen, kernels,
@@ -162,6 +172,15 @@ fn decode_rows_count_the_cache_and_time_every_decode_and_the_copy() {
         "{kernels:?}"
     );
     assert!(kernels[2].contains("paged"), "{kernels:?}");
+    let caches = kernels.iter().filter(|k| k.contains(" + reduce, "));
+    assert!(caches.clone().all(|k| k.contains(", f32 ")), "{kernels:?}");
+    assert!(caches.count() >= 1, "{kernels:?}");
+    let phases = kernels.iter().filter(|k| k.contains("phases: ")).count();
+    assert_eq!(
+        phases,
+        2 + 2 * 4,
+        "all, none, each alone and without: {kernels:?}"
+    );
     assert!(rows.iter().all(|r| r.timing.median_ms > 0.0));
 }
 

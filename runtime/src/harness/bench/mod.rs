@@ -1118,13 +1118,29 @@ pub fn copy_bandwidth(gpu: &Gpu, warmup: usize, runs: usize) -> Result<[DecodeRo
 /// Keys per page of the paged decode row: vLLM's default.
 const PAGE: u32 = 16;
 
+/// The caches `decode` can time split-K over, by the names `--cache-dtypes` takes.
+pub const DECODE_CACHES: [&str; 5] = ["f32", "f16", "bf16", "e4m3", "e5m2"];
+
+/// Which of `decode`'s split-K rows a run times.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DecodeRows<'a> {
+    /// The caches by name ([`DECODE_CACHES`]); empty: every one the adapter has.
+    pub caches: &'a [String],
+    /// Also the staged split pass cut to its phases
+    /// ([`attn_dsl::emit::coop::Phases::each_decode`]): whole, none, each alone, all but
+    /// each.
+    pub phases: bool,
+}
+
 /// Times the plain decode (one workgroup per head) and split-K decode (both passes) on
-/// `shape`, on the same uploaded cache, then split-K on a paged copy of it; `slice_len`
-/// overrides the slicing rule. `each` sees every row as it is measured (a run of large
-/// caches takes a minute).
+/// `shape`, on the same uploaded cache, then split-K on a paged copy of it, then split-K
+/// over each cache the adapter has (those `which` names) in each layout with its passes
+/// alone (and the staged pass's phases, where `which` asks); `slice_len` overrides the
+/// slicing rule. `each` sees every row as it is measured (a run of large caches takes a
+/// minute).
 pub fn decode(
     gpu: &Gpu,
-    shape: DecodeShape,
+    (shape, which): (DecodeShape, DecodeRows),
     slice_len: Option<u32>,
     (warmup, runs): (usize, usize),
     mut each: impl FnMut(&DecodeRow),
@@ -1240,6 +1256,11 @@ pub fn decode(
     let mut variants: Vec<(Dtype, Option<Fp8>)> = vec![(Dtype::F32, None)];
     variants.extend(gpu.half_dtypes().into_iter().map(|d| (d, None)));
     variants.extend(Fp8::ALL.map(|f| (ends, Some(f))));
+    let named = |(dtype, kv_fp8): &(Dtype, Option<Fp8>)| {
+        let name = kv_fp8.map_or(dtype.name(), Fp8::name);
+        which.caches.is_empty() || which.caches.iter().any(|o| o == name)
+    };
+    variants.retain(named);
     for (dtype, kv_fp8) in variants {
         for layout in decode_layouts(gpu) {
             let spec = crate::ops::decode::DecodeSpec {
@@ -1294,6 +1315,23 @@ pub fn decode(
                 timing: timing::time(gpu, &steps, warmup, runs)?,
                 bytes,
             });
+            if which.phases && layout == SplitLayout::Staged {
+                let split = &steps[0];
+                for (name, keep) in phase_sets(Phases::each_decode()) {
+                    let abi = crate::ops::decode::staged_phases(gpu, &spec, keep)?;
+                    let kernel = Kernel::now(gpu, &abi)?;
+                    let step = Step {
+                        kernel: &kernel,
+                        bound: split.bound.clone(),
+                        grid: split.grid,
+                    };
+                    push(DecodeRow {
+                        kernel: format!("  phases: {name}"),
+                        timing: timing::time(gpu, &[step], warmup, runs)?,
+                        bytes,
+                    });
+                }
+            }
         }
     }
     Ok(rows)

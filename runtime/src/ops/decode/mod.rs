@@ -11,6 +11,7 @@
 mod host;
 pub use host::*;
 
+use attn_dsl::emit::coop::Phases;
 use attn_dsl::{Cache, Dtype, KernelAbi, KernelSpec, Masks, Op, Scalar, Source};
 
 use super::extend::{ChunkArgs, ChunkShape, ChunkSpec, Chunks};
@@ -333,27 +334,16 @@ impl SplitLayout {
     pub const PLANNED: SplitLayout = SplitLayout::Staged;
 }
 
-/// The family's split and reduce kernels for a spec (compiled by the DSL now; the
-/// pipelines are created later), the split pass in `layout`, its slices as long as the
-/// device's workgroup memory holds, its sums across invocations by subgroup operations
-/// where the device has them.
-pub(crate) fn abis(
-    gpu: &Gpu,
-    spec: &DecodeSpec,
-    layout: SplitLayout,
-) -> Result<[KernelAbi; 2], Error> {
+/// The description of `spec`'s split pass in `layout`: its slices as long as the device's
+/// workgroup memory holds, its sums across invocations by subgroup operations where the
+/// device has them.
+fn split_kernel_spec(gpu: &Gpu, spec: &DecodeSpec, layout: SplitLayout) -> KernelSpec {
     let streamed = layout == SplitLayout::Streamed;
     let base = match (spec.cache, streamed) {
         (Cache::Contiguous, false) => "attention_decode_split",
         (Cache::Paged, false) => "attention_decode_split_paged",
         (Cache::Contiguous, true) => "attention_decode_stream",
         (Cache::Paged, true) => "attention_decode_stream_paged",
-    };
-    let compile = |s: &KernelSpec| {
-        attn_dsl::compile(s).map_err(|e| Error::Pipeline {
-            kernel: s.name.clone(),
-            message: e.to_string(),
-        })
     };
     let name = crate::plan::kernels::cache_family_name(base, spec.kv_fp8, spec.head_dim);
     let mut split = KernelSpec {
@@ -378,9 +368,37 @@ pub(crate) fn abis(
     // subgroups is native. Longer slices than WebGPU's 16 KiB hold where the device has
     // the memory for them (`attn_dsl::layout::decode::SLICE_CAP` has what they gain).
     split.fit_device(gpu.limits().max_compute_workgroup_storage_size);
-    let split = compile(&split)?;
+    split
+}
+
+/// The family's split and reduce kernels for a spec (compiled by the DSL now; the
+/// pipelines are created later), the split pass as [`split_kernel_spec`] describes it.
+pub(crate) fn abis(
+    gpu: &Gpu,
+    spec: &DecodeSpec,
+    layout: SplitLayout,
+) -> Result<[KernelAbi; 2], Error> {
+    let split = compile(&split_kernel_spec(gpu, spec, layout))?;
     let reduce = compile(&reduce_spec(spec, false))?;
     Ok([split, reduce])
+}
+
+/// The staged split pass of `spec` with only the phases in `keep` (`bench --decode
+/// --phases`: [`attn_dsl::emit::coop::Phases::each_decode`]); its bindings are the whole
+/// pass's, so it runs on the same prepared buffers.
+pub fn staged_phases(gpu: &Gpu, spec: &DecodeSpec, keep: Phases) -> Result<KernelAbi, Error> {
+    let split = split_kernel_spec(gpu, spec, SplitLayout::Staged);
+    attn_dsl::compile_phases(&split, keep).map_err(|e| Error::Pipeline {
+        kernel: split.name.clone(),
+        message: e.to_string(),
+    })
+}
+
+fn compile(spec: &KernelSpec) -> Result<KernelAbi, Error> {
+    attn_dsl::compile(spec).map_err(|e| Error::Pipeline {
+        kernel: spec.name.clone(),
+        message: e.to_string(),
+    })
 }
 
 /// The streamed split pass the planner takes beside the staged one where its slices are
