@@ -396,7 +396,8 @@ fn grid(v: &Value, row_layer: bool) -> syn::Result<(Grid, bool, Option<Span>)> {
                     format!(
                         "unknown grid argument `{key}`; expected `tile`, and for the flash \
                          schedule `{inner_key}`, `rows_per_thread`, `subgroups`, `matrix` and \
-                         (a continued cache's chunk) `pack_heads`"
+                         (a continued cache's chunk) `pack_heads`; `slice_major` also takes \
+                         `subgroups`"
                     ),
                 );
             }

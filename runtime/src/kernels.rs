@@ -99,7 +99,8 @@ attention_kernel! {
 attention_kernel! {
     /// Split-K decode, pass 1, staged, head_dim 128, Q, the cache and O in f16, each key's
     /// lanes and the slice's max and sum reduced by subgroup operations (native, on
-    /// adapters with SUBGROUP): the pass `Decode::new` plans there. Its pass 2 is the f16
+    /// adapters with SUBGROUP): the runtime builds its staged pass this way there, its
+    /// slices as long as the device's workgroup memory holds. Its pass 2 is the f16
     /// `attention_decode_reduce_d128`'s description.
     pub attention_decode_split_sg_f16_d128 {
         op: decode_split,

@@ -354,8 +354,8 @@ fn check_grid(spec: &KernelSpec) -> Result<(), DslError> {
         return Err(DslError::spec(
             Field::Grid,
             format!(
-                "op {} walks the rows of a tile one at a time and reduces nothing across \
-                 invocations; drop `subgroups`",
+                "op {} has no subgroup variant in its per-row grid (the flash schedule \
+                 and the split-K decode's split pass have one); drop `subgroups`",
                 spec.op.name()
             ),
         ));
@@ -558,15 +558,16 @@ fn check_pack_heads(spec: &KernelSpec) -> Result<(), DslError> {
     Ok(())
 }
 
-/// Subgroup reductions: only the forward has cross-invocation reductions, core WebGPU has
-/// no subgroups, and the butterfly pairs invocations `tx ^ 1, tx ^ 2, ..` of a row group.
+/// Subgroup reductions in a flash schedule: of its ops only the forward reduces across
+/// invocations, core WebGPU has no subgroups, and the butterfly pairs invocations `tx ^ 1,
+/// tx ^ 2, ..` of a row group.
 fn check_subgroups(spec: &KernelSpec, t: &Tiling) -> Result<(), DslError> {
     if !spec.op.is_forward() {
         return Err(DslError::spec(
             Field::Grid,
             format!(
-                "op {} reduces nothing across invocations (only the forward's row max and \
-                 row sum do); drop `subgroups`",
+                "op {} reduces nothing across invocations in its flash schedule (only the \
+                 forward's row max and row sum do); drop `subgroups`",
                 spec.op.name()
             ),
         ));

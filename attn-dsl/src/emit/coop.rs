@@ -139,19 +139,23 @@ impl Phases {
         ]
     }
 
-    /// Each phase of a split-K decode's split pass by name, with the set holding only it:
-    /// the key pass (K's loads, the dot products, the scores staged), the slice's max,
-    /// exponentials and sum, P·V (V's loads and products), and the cache's loads within
-    /// the other two (without them each word is made from its index, so the products
-    /// still run). The flush always runs: without it nothing would be written.
-    pub fn each_decode() -> [(&'static str, Phases); 4] {
+    /// The split-K decode's phase sets `bench --decode --phases` times, by name: the
+    /// staged split pass whole and with none; each of the key pass (with its loads of K),
+    /// the slice's max, exponentials and sum, and P·V (with its loads of V) alone; all but
+    /// each; and all but the cache's loads (each word then made from its index, so the
+    /// products still run). The flush runs in every set: without it nothing is written.
+    pub fn decode_sets() -> Vec<(String, Phases)> {
         let none = Phases::NONE;
-        [
+        let loads = Phases {
+            stage: true,
+            ..none
+        };
+        let each = [
             (
                 "scores",
                 Phases {
                     scores: true,
-                    ..none
+                    ..loads
                 },
             ),
             (
@@ -165,17 +169,21 @@ impl Phases {
                 "values",
                 Phases {
                     accumulate: true,
-                    ..none
+                    ..loads
                 },
             ),
-            (
-                "loads",
-                Phases {
-                    stage: true,
-                    ..none
-                },
-            ),
-        ]
+        ];
+        let mut sets = vec![("all".to_string(), Phases::ALL), ("none".into(), none)];
+        for (name, only) in each {
+            let own = Phases {
+                stage: false,
+                ..only
+            };
+            sets.push((format!("only {name}"), only));
+            sets.push((format!("without {name}"), Phases::ALL.without(own)));
+        }
+        sets.push(("without loads".into(), Phases::ALL.without(loads)));
+        sets
     }
 
     /// Every phase but those in `other`.

@@ -128,7 +128,7 @@ pub(super) fn qk4(spec: &KernelSpec) -> &'static str {
 }
 
 /// Both passes; the split pass with only the phases in `keep` (all but for a phase-cut
-/// timing: [`super::coop::Phases::each_decode`]).
+/// timing: [`super::coop::Phases::decode_sets`]).
 pub(super) fn body(out: &mut Wgsl, spec: &KernelSpec, keep: Phases) {
     super::dtype::vec4_codec(out, spec.dtype);
     if spec.op == Op::DecodeSplit {
@@ -140,10 +140,7 @@ pub(super) fn body(out: &mut Wgsl, spec: &KernelSpec, keep: Phases) {
     }
     out.push_str("var<workgroup> sh_red: array<vec4<f32>, WG>;\n\n");
     if spec.op == Op::DecodeSplit {
-        match spec.grid.subgroups {
-            true => out.put(REDUCE4_SG.fill([("shuffles", lane_shuffles(spec))])),
-            false => out.put(REDUCE4.plain()),
-        }
+        out.put(reductions(spec.grid.subgroups, lanes(spec)));
     }
     out.put(PARTIALS.plain());
     match spec.op {
@@ -152,84 +149,54 @@ pub(super) fn body(out: &mut Wgsl, spec: &KernelSpec, keep: Phases) {
     }
 }
 
-/// Tree reductions of one vec4 per invocation (a value per served head), pairwise.
-const REDUCE4: Template = Template {
-    name: "reduce4",
+/// The staged pass's reductions across invocations: the slice's max and sum, and with
+/// `subgroups` each key's `lanes` by `group_sum4`; the subgroup steps each fall back to
+/// workgroup memory where the adapter's subgroups do not hold a key's lanes.
+fn reductions(subgroups: bool, lanes: u32) -> Fragment {
+    if !subgroups {
+        let plain = [("params", ""), ("fast_max", ""), ("fast_sum", "")];
+        return REDUCE4.fill(plain.map(|(h, f)| (h, Fragment::from(f))));
+    }
+    let fast = |op: &str, combine: &str| {
+        SUBGROUP_REDUCE4.fill([("op", op.into()), ("combine", combine.into())])
+    };
+    Fragment::from("// Nonzero when some key's lanes are not inside one subgroup.\n")
+        .then(Fragment::from(
+            "var<workgroup> sh_subgroups_off: atomic<u32>;\n\n",
+        ))
+        .then(super::decode_stream::group_sum_fn("sh_red", true, lanes))
+        .then(REDUCE4.fill([
+            ("params", ", sg_size: u32, use_sg: bool".into()),
+            ("fast_max", fast("subgroupMax", "max(r, sh_red[i])")),
+            ("fast_sum", fast("subgroupAdd", "r + sh_red[i]")),
+        ]))
+}
+
+/// A subgroup reduction, then one across the workgroup's subgroups, every invocation
+/// reading the same slots in the same order.
+const SUBGROUP_REDUCE4: Template = Template {
+    name: "subgroup_reduce4",
     needs: &[],
-    text: r#"fn wg_max4(tid: u32, x: vec4<f32>) -> vec4<f32> {
-    sh_red[tid] = x;
+    text: r#"if (use_sg) {
+    sh_red[tid] = $op(x);
     workgroupBarrier();
-    for (var stride = WG / 2u; stride > 0u; stride = stride / 2u) {
-        if (tid < stride) {
-            sh_red[tid] = max(sh_red[tid], sh_red[tid + stride]);
-        }
-        workgroupBarrier();
+    var r = sh_red[0];
+    for (var i = sg_size; i < WG; i = i + sg_size) {
+        r = $combine;
     }
-    let r = sh_red[0];
     workgroupBarrier();
     return r;
 }
-
-fn wg_sum4(tid: u32, x: vec4<f32>) -> vec4<f32> {
-    sh_red[tid] = x;
-    workgroupBarrier();
-    for (var stride = WG / 2u; stride > 0u; stride = stride / 2u) {
-        if (tid < stride) {
-            sh_red[tid] = sh_red[tid] + sh_red[tid + stride];
-        }
-        workgroupBarrier();
-    }
-    let r = sh_red[0];
-    workgroupBarrier();
-    return r;
-}
-
 "#,
 };
 
-/// The butterfly over a key's LANES lanes.
-fn lane_shuffles(spec: &KernelSpec) -> Fragment {
-    let masks = std::iter::successors(Some(1), |m| Some(m * 2)).take_while(|m| *m < lanes(spec));
-    lines(masks.map(|mask| format!("y = y + subgroupShuffleXor(y, {mask}u);")))
-}
-
-/// [`REDUCE4`] by subgroup operations where `use_sg`, and the lanes' sum of a key's dot
-/// products: the scores loop then has no barrier.
-const REDUCE4_SG: Template = Template {
-    name: "reduce4_subgroups",
+/// Tree reductions of one vec4 per invocation (a value per served head), pairwise, after
+/// `$fast_max` / `$fast_sum` (the subgroup steps, where the pass has them).
+const REDUCE4: Template = Template {
+    name: "reduce4",
     needs: &[],
-    text: r#"// Nonzero when some key's lanes are not inside one subgroup.
-var<workgroup> sh_subgroups_off: atomic<u32>;
-
-// x summed over the LANES invocations of this invocation's key, the same bits in each.
-fn lane_sum4(tid: u32, x: vec4<f32>, use_sg: bool) -> vec4<f32> {
-    if (use_sg) {
-        var y = x;
-        $shuffles
-        return y;
-    }
-    sh_red[tid] = x;
-    workgroupBarrier();
-    let g0 = tid - tid % LANES;
-    var y = sh_red[g0];
-    for (var i = 1u; i < LANES; i = i + 1u) {
-        y = y + sh_red[g0 + i];
-    }
-    workgroupBarrier();
-    return y;
-}
-
-fn wg_max4(tid: u32, x: vec4<f32>, sg_size: u32, use_sg: bool) -> vec4<f32> {
-    if (use_sg) {
-        sh_red[tid] = subgroupMax(x);
-        workgroupBarrier();
-        var r = sh_red[0];
-        for (var i = sg_size; i < WG; i = i + sg_size) {
-            r = max(r, sh_red[i]);
-        }
-        workgroupBarrier();
-        return r;
-    }
+    text: r#"fn wg_max4(tid: u32, x: vec4<f32>$params) -> vec4<f32> {
+    $fast_max
     sh_red[tid] = x;
     workgroupBarrier();
     for (var stride = WG / 2u; stride > 0u; stride = stride / 2u) {
@@ -243,17 +210,8 @@ fn wg_max4(tid: u32, x: vec4<f32>, sg_size: u32, use_sg: bool) -> vec4<f32> {
     return r;
 }
 
-fn wg_sum4(tid: u32, x: vec4<f32>, sg_size: u32, use_sg: bool) -> vec4<f32> {
-    if (use_sg) {
-        sh_red[tid] = subgroupAdd(x);
-        workgroupBarrier();
-        var r = sh_red[0];
-        for (var i = sg_size; i < WG; i = i + sg_size) {
-            r = r + sh_red[i];
-        }
-        workgroupBarrier();
-        return r;
-    }
+fn wg_sum4(tid: u32, x: vec4<f32>$params) -> vec4<f32> {
+    $fast_sum
     sh_red[tid] = x;
     workgroupBarrier();
     for (var stride = WG / 2u; stride > 0u; stride = stride / 2u) {
@@ -494,7 +452,9 @@ let l = wg_sum4(tid, ls$sg_args);
 };
 
 /// A phase-cut pass's stand-ins for what a cut phase would have made.
-const CUT_SOFTMAX: &str = "// Phase cut: no max, sum or exponentials.\nlet m = vec4<f32>(0.0);\nlet l = vec4<f32>(1.0);\n";
+// m reads a staged score, so that the key pass's stores stay live when P·V is cut too.
+const CUT_SOFTMAX: &str =
+    "// Phase cut: no max, sum or exponentials.\nlet m = sh_s[0];\nlet l = vec4<f32>(1.0);\n";
 const CUT_KEY_PASS: &str = "// Phase cut: no key pass; the scores stay zero.\n";
 
 /// The scores loop: the query's columns in registers (`$q_regs`), the key tiles'
@@ -536,7 +496,7 @@ $k_head
 "#,
 };
 
-/// [`KEY_PASS`] with each key's lanes summed by `lane_sum4`: where subgroups hold them,
+/// [`KEY_PASS`] with each key's lanes summed by `group_sum4`: where subgroups hold them,
 /// no barrier until the loop ends.
 const KEY_PASS_SG: Template = Template {
     name: "split_key_pass_subgroups",
@@ -554,7 +514,7 @@ $k_head
     $widen_k
     $accs
     $fmas
-    let s = lane_sum4(tid, vec4<f32>($dots), use_sg);
+    let s = group_sum4(vec4<f32>($dots), tid, use_sg);
     let j = t0 + kr;
     if (lane == 0u && j < hi) {
         var x = vec4<f32>(NEG_BIG);

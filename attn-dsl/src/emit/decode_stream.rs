@@ -72,8 +72,8 @@ pub(super) fn split(out: &mut Wgsl, spec: &KernelSpec, s: &Stream) {
 
 /// The row functions of the cache in words of `word` elements, the query's vec4 index, and
 /// `fetch_k` / `fetch_v` / `widen_w`; `ragged` where some lane's last word may be past a
-/// row (the fetches then test the word too).
-/// The cache's words, read (`loads`) or, for a phase-cut timing, made from their index.
+/// row (the fetches then test the word too). The words are read where `loads`, else (a
+/// phase-cut timing) made from their index.
 pub(super) fn words(spec: &KernelSpec, word: u32, ragged: bool, loads: bool) -> Fragment {
     let raw = stream_word_type(spec, word);
     let load = |cache: &str, words: &str| match (loads, raw) {
@@ -164,10 +164,15 @@ fn widen_w(x: $raw) -> array<vec4<f32>, QUADS> {
 "#,
 };
 
-/// `group_sum4(x, tid, use_sg)`: x summed over the invocation's key group, the same bits
-/// in every lane (each butterfly step adds the same two values in either lane, and the
-/// fallback sums in one order).
+/// The streamed pass's exchange buffers and its `group_sum4` through `sh_x`.
 fn group_sum(subgroups: bool, lanes: u32) -> Fragment {
+    GROUP_SUM.fill([("group_sum4", group_sum_fn("sh_x", subgroups, lanes))])
+}
+
+/// `group_sum4(x, tid, use_sg)`: x summed over the LANES invocations that share a key, the
+/// same bits in every lane (each butterfly step adds the same two values in either lane,
+/// and the fallback, through workgroup memory `buffer`, sums in one order).
+pub(super) fn group_sum_fn(buffer: &str, subgroups: bool, lanes: u32) -> Fragment {
     let fast = match subgroups {
         true => {
             let masks = std::iter::successors(Some(1), |m| Some(m * 2)).take_while(|m| *m < lanes);
@@ -178,7 +183,7 @@ fn group_sum(subgroups: bool, lanes: u32) -> Fragment {
         }
         false => Fragment::default(),
     };
-    GROUP_SUM.fill([("fast", fast)])
+    GROUP_SUM_FN.fill([("fast", fast), ("buf", Fragment::from(buffer))])
 }
 
 /// The butterfly over the key group's lanes within a subgroup, where every key group is
@@ -205,16 +210,24 @@ var<workgroup> sh_ml: array<vec4<f32>, 2u * GROUPS>;
 // Nonzero when some key group is not inside one subgroup.
 var<workgroup> sh_subgroups_off: atomic<u32>;
 
-// x summed over the LANES invocations of this invocation's key group, the same bits in
+$group_sum4
+"#,
+};
+
+/// [`group_sum_fn`]'s function.
+const GROUP_SUM_FN: Template = Template {
+    name: "group_sum4_fn",
+    needs: &[],
+    text: r#"// x summed over the LANES invocations of this invocation's key group, the same bits in
 // each of them; every invocation reaches the barriers.
 fn group_sum4(x: vec4<f32>, tid: u32, use_sg: bool) -> vec4<f32> {
     $fast
-    sh_x[tid] = x;
+    $buf[tid] = x;
     workgroupBarrier();
     let g0 = tid - tid % LANES;
-    var y = sh_x[g0];
+    var y = $buf[g0];
     for (var i = 1u; i < LANES; i = i + 1u) {
-        y = y + sh_x[g0 + i];
+        y = y + $buf[g0 + i];
     }
     workgroupBarrier();
     return y;
@@ -269,7 +282,7 @@ fn entry(spec: &KernelSpec, s: &Stream, sparse: bool) -> Fragment {
 }
 
 /// The entry's parameters for the subgroup butterfly.
-pub(super) const SUBGROUP_BUILTINS: Template = Template {
+const SUBGROUP_BUILTINS: Template = Template {
     name: "subgroup_builtins",
     needs: &[],
     text: r#"@builtin(subgroup_size) sg_size: u32,
@@ -282,7 +295,8 @@ pub(super) const SUBGROUP_CHECK: Template = Template {
     name: "subgroup_check",
     needs: &[],
     text: r#"// Vulkan does not promise that a subgroup holds consecutive invocations, and sizes
-// run from 4 to 128: where a key group is not inside one, sum through workgroup memory.
+// run from 4 to 128: where a key's invocations are not inside one, sum through workgroup
+// memory.
 if (sg_size < LANES || WG % sg_size != 0u || sg_id != tid % sg_size) {
     atomicStore(&sh_subgroups_off, 1u);
 }

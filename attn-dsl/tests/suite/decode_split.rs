@@ -390,7 +390,7 @@ fn the_staged_pass_sums_by_subgroups_natively() {
         spec.fit_device(16384);
         let abi = attn_dsl::compile(&spec).unwrap_or_else(|e| panic!("d{hd}: {e}"));
         for step in [
-            "let s = lane_sum4(tid, vec4<f32>(",
+            "let s = group_sum4(vec4<f32>(",
             "sh_red[tid] = subgroupMax(x);",
             "sh_red[tid] = subgroupAdd(x);",
             "let use_sg = workgroupUniformLoad(&sh_subgroups_off) == 0u;",
@@ -409,15 +409,12 @@ fn the_staged_pass_sums_by_subgroups_natively() {
 
 /// The staged pass cut to each set of its phases (`bench --decode --phases`) compiles in
 /// every cache dtype, with subgroup sums and without; the set of all is the pass itself,
-/// and a pass without its loads reads neither cache.
+/// a set without the loads reads neither cache, and a set with the key pass or P·V calls
+/// that pass's fetches.
 #[test]
 fn the_staged_pass_compiles_cut_to_its_phases() {
     use attn_dsl::Fp8;
     use attn_dsl::emit::coop::Phases;
-    let mut sets = vec![Phases::ALL, Phases::NONE];
-    for (_, only) in Phases::each_decode() {
-        sets.extend([only, Phases::ALL.without(only)]);
-    }
     for (dtype, fp8) in [
         (Dtype::F32, None),
         (Dtype::F16, None),
@@ -433,12 +430,14 @@ fn the_staged_pass_compiles_cut_to_its_phases() {
             spec.grid.subgroups = subgroups;
             spec.fit_device(16384);
             let whole = attn_dsl::compile(&spec).unwrap();
-            for keep in &sets {
-                let cut = attn_dsl::compile_phases(&spec, *keep)
-                    .unwrap_or_else(|e| panic!("{dtype:?} {fp8:?} {keep:?}: {e}"));
-                assert_eq!(*keep == Phases::ALL, cut.wgsl == whole.wgsl, "{keep:?}");
+            for (name, keep) in Phases::decode_sets() {
+                let cut = attn_dsl::compile_phases(&spec, keep)
+                    .unwrap_or_else(|e| panic!("{dtype:?} {fp8:?} {name}: {e}"));
+                assert_eq!(name == "all", cut.wgsl == whole.wgsl, "{name}");
                 let reads = cut.wgsl.contains("x = k_cache[") && cut.wgsl.contains("x = v_cache[");
-                assert_eq!(reads, keep.stage, "{dtype:?} {keep:?}");
+                assert_eq!(reads, keep.stage, "{dtype:?} {name}");
+                assert_eq!(cut.wgsl.contains("= fetch_k("), keep.scores, "{name}");
+                assert_eq!(cut.wgsl.contains("= fetch_v("), keep.accumulate, "{name}");
             }
         }
     }

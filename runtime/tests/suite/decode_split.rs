@@ -176,8 +176,11 @@ fn paged_input_errors_come_before_any_dispatch() {
 
 /// The staged split pass summing across invocations by subgroups (each key's lanes by a
 /// butterfly, the slice's max and sum by subgroup reductions) gives the workgroup-memory
-/// pass's outputs to f32 rounding, over several slices and a ragged last one; an adapter
-/// without SUBGROUP refuses it by name.
+/// pass's outputs to f32 rounding, over several slices and a ragged last one, on either of
+/// its paths: with the subgroup check forced to fail (the fallback), and with the
+/// fallback's lane sum broken on purpose (right only where the shuffles ran, which they
+/// must where the adapter's subgroups hold a key's 8 lanes). An adapter without SUBGROUP
+/// refuses the pass by name.
 #[test]
 fn the_staged_pass_sums_by_subgroups_as_through_workgroup_memory() {
     let gpu = Gpu::new(kernels::FAMILY.iter().copied())
@@ -189,17 +192,24 @@ fn the_staged_pass_sums_by_subgroups_as_through_workgroup_memory() {
     spec.grid.subgroups = true;
     spec.fit_device(16384);
     let sg = attn_dsl::compile(&spec).unwrap();
-    assert!(sg.wgsl.contains("subgroupShuffleXor") && sg.wgsl.contains("subgroupMax"));
+    assert!(sg.wgsl.contains("const LANES: u32 = 8u;"));
     assert!(!plain.wgsl.contains("subgroup"));
-    let sg = match SplitDecode::new(&gpu, &sg, reduce) {
-        Ok(sg) => sg,
-        Err(e) => {
-            assert!(!gpu.has_subgroups(), "{e}");
-            assert!(e.to_string().contains("SUBGROUP"), "{e}");
-            return;
+    if let Err(e) = SplitDecode::new(&gpu, &sg, reduce) {
+        assert!(!gpu.has_subgroups(), "{e}");
+        assert!(e.to_string().contains("SUBGROUP"), "{e}");
+        return;
+    }
+    let edit = |edits: &[(&str, &str)]| {
+        let mut abi = sg.clone();
+        for (from, to) in edits {
+            assert!(abi.wgsl.contains(from), "`{from}` moved");
+            abi.wgsl = abi.wgsl.replace(from, to).into();
         }
+        abi
     };
-    let plain = SplitDecode::new(&gpu, plain, reduce).unwrap();
+    let force = ("if (sg_size < LANES ||", "if (true ||");
+    let breaking = ("var y = sh_red[g0];", "var y = vec4<f32>(1.0e30);");
+    let (fallback, broken) = (edit(&[force]), edit(&[breaking]));
     let mut state = 7u32;
     let mut noise = |n: usize| -> Vec<f32> {
         (0..n)
@@ -210,17 +220,46 @@ fn the_staged_pass_sums_by_subgroups_as_through_workgroup_memory() {
             .collect()
     };
     let (q, kv) = (noise(8 * 64), noise(4099 * 2 * 64));
-    let run = |split: &SplitDecode| {
+    let run = |split: &attn_dsl::KernelAbi| {
+        let split = SplitDecode::new(&gpu, split, reduce).unwrap();
         split
             .run(&gpu, &input(4099, &q, &kv), Some(split.key_tile() * 4))
             .block_on()
             .unwrap()
     };
-    let (a, b) = (run(&sg), run(&plain));
-    let worst = a
-        .iter()
-        .zip(&b)
-        .map(|(x, y)| (x - y).abs() / y.abs().max(1e-3))
-        .fold(0.0f32, f32::max);
-    assert!(worst < 1e-4, "subgroup sums off by {worst}");
+    let want = run(plain);
+    let off = |abi: &attn_dsl::KernelAbi| {
+        let got = run(abi);
+        got.iter()
+            .zip(&want)
+            // A NaN counts as off by infinity (f32::max would skip it).
+            .map(|(x, y)| match (x - y).abs() / y.abs().max(1e-3) {
+                e if e.is_nan() => f32::INFINITY,
+                e => e,
+            })
+            .fold(0.0f32, f32::max)
+    };
+    assert!(off(&sg) < 1e-4, "subgroup sums off by {}", off(&sg));
+    assert!(
+        off(&fallback) < 1e-4,
+        "the fallback off by {}",
+        off(&fallback)
+    );
+    assert!(
+        off(&edit(&[force, breaking])) > 1.0,
+        "the broken fallback still right"
+    );
+    let shuffled = off(&broken) < 1e-4;
+    let (sg_min, sg_max) = (gpu.info().subgroup_min_size, gpu.info().subgroup_max_size);
+    if sg_min >= 8 {
+        assert!(
+            shuffled,
+            "subgroups of {sg_min}+ hold 8 lanes, yet the fallback ran"
+        );
+    } else if sg_max < 8 {
+        assert!(
+            !shuffled,
+            "subgroups of {sg_max} cannot hold 8 lanes, yet shuffles ran"
+        );
+    }
 }

@@ -1127,8 +1127,7 @@ pub struct DecodeRows<'a> {
     /// The caches by name ([`DECODE_CACHES`]); empty: every one the adapter has.
     pub caches: &'a [String],
     /// Also the staged split pass cut to its phases
-    /// ([`attn_dsl::emit::coop::Phases::each_decode`]): whole, none, each alone, all but
-    /// each.
+    /// ([`attn_dsl::emit::coop::Phases::decode_sets`]).
     pub phases: bool,
 }
 
@@ -1317,7 +1316,7 @@ pub fn decode(
             });
             if which.phases && layout == SplitLayout::Staged {
                 let split = &steps[0];
-                for (name, keep) in phase_sets(Phases::each_decode()) {
+                for (name, keep) in Phases::decode_sets() {
                     let abi = crate::ops::decode::staged_phases(gpu, &spec, keep)?;
                     let kernel = Kernel::now(gpu, &abi)?;
                     let step = Step {

@@ -384,7 +384,7 @@ pub(crate) fn abis(
 }
 
 /// The staged split pass of `spec` with only the phases in `keep` (`bench --decode
-/// --phases`: [`attn_dsl::emit::coop::Phases::each_decode`]); its bindings are the whole
+/// --phases`: [`attn_dsl::emit::coop::Phases::decode_sets`]); its bindings are the whole
 /// pass's, so it runs on the same prepared buffers.
 pub fn staged_phases(gpu: &Gpu, spec: &DecodeSpec, keep: Phases) -> Result<KernelAbi, Error> {
     let split = split_kernel_spec(gpu, spec, SplitLayout::Staged);
