@@ -458,7 +458,8 @@ const CUT_SOFTMAX: &str =
 const CUT_KEY_PASS: &str = "// Phase cut: no key pass; the scores stay zero.\n";
 
 /// The scores loop: the query's columns in registers (`$q_regs`), the key tiles'
-/// prefetches, the dot products and each served head's score staged in `sh_s`.
+/// prefetches, the dot products and each served head's score staged in `sh_s`
+/// (`$stage`: [`STAGE_SCORES`] or [`STAGE_SCORES_SG`]), then `$after` the loop.
 const KEY_PASS: Template = Template {
     name: "split_key_pass",
     // The scores are hsum of four chains.
@@ -476,54 +477,47 @@ $k_head
     $widen_k
     $accs
     $fmas
-    sh_red[tid] = vec4<f32>($dots);
-    workgroupBarrier();
-    if (tid < KEY_TILE) {
-        let j = t0 + tid;
-        if (j < hi) {
-            var s = vec4<f32>(0.0);
-            for (var l = 0u; l < LANES; l = l + 1u) {
-                s = s + sh_red[tid * LANES + l];
-            }
-            var x = vec4<f32>(NEG_BIG);
-            $scores
-            sh_s[j - lo] = x;
-        }
-    }
-    workgroupBarrier();
+    $stage
     $rotate
 }
+$after
 "#,
 };
 
-/// [`KEY_PASS`] with each key's lanes summed by `group_sum4`: where subgroups hold them,
-/// no barrier until the loop ends.
-const KEY_PASS_SG: Template = Template {
-    name: "split_key_pass_subgroups",
-    needs: &[Helper::Hsum],
-    text: r#"// Scores: LANES invocations per key, each a strided share of its words, summed by a
-// butterfly; the key's first lane stages its score. Each invocation carries its share of
-// the next key tile in registers, fetched before this tile's products.
-let lane = tid % LANES;
-let kr = tid / LANES;
-$q_regs
-$k_pre
-$first_fetch
-$k_head
-    $next_fetch
-    $widen_k
-    $accs
-    $fmas
-    let s = group_sum4(vec4<f32>($dots), tid, use_sg);
-    let j = t0 + kr;
-    if (lane == 0u && j < hi) {
+/// A key tile's scores summed through workgroup memory by one invocation per key.
+const STAGE_SCORES: Template = Template {
+    name: "split_stage_scores",
+    needs: &[],
+    text: r#"sh_red[tid] = vec4<f32>($dots);
+workgroupBarrier();
+if (tid < KEY_TILE) {
+    let j = t0 + tid;
+    if (j < hi) {
+        var s = vec4<f32>(0.0);
+        for (var l = 0u; l < LANES; l = l + 1u) {
+            s = s + sh_red[tid * LANES + l];
+        }
         var x = vec4<f32>(NEG_BIG);
         $scores
         sh_s[j - lo] = x;
     }
-    $rotate
 }
 workgroupBarrier();
+"#,
+};
+
+/// A key tile's scores summed over each key's lanes by `group_sum4` (where subgroups hold
+/// them, no barrier until the loop ends), the key's first lane staging its score.
+const STAGE_SCORES_SG: Template = Template {
+    name: "split_stage_scores_subgroups",
+    needs: &[],
+    text: r#"let s = group_sum4(vec4<f32>($dots), tid, use_sg);
+let j = t0 + kr;
+if (lane == 0u && j < hi) {
+    var x = vec4<f32>(NEG_BIG);
+    $scores
+    sh_s[j - lo] = x;
+}
 "#,
 };
 
@@ -596,11 +590,15 @@ fn key_pass(spec: &KernelSpec, loops: &Loops) -> Fragment {
         *d = format!("hsum(a{i})");
     }
     let scores = (0..heads).map(|i| super::served::score_head(i, "x", "j", "s"));
-    let template = match spec.grid.subgroups {
-        true => KEY_PASS_SG,
-        false => KEY_PASS,
+    let fills = [
+        ("dots", Fragment::from(dots.join(", "))),
+        ("scores", concat(scores)),
+    ];
+    let (stage, after) = match spec.grid.subgroups {
+        true => (STAGE_SCORES_SG.fill(fills), "workgroupBarrier();\n"),
+        false => (STAGE_SCORES.fill(fills), ""),
     };
-    template.fill([
+    KEY_PASS.fill([
         ("q_regs", lines(q_regs)),
         ("k_pre", loops.keys.pre.clone()),
         ("first_fetch", fetch("var k", loops.keys.first)),
@@ -620,8 +618,8 @@ fn key_pass(spec: &KernelSpec, loops: &Loops) -> Fragment {
                 each().map(|(e, u, i)| format!("a{i} = fma({}, w{e}[{u}], a{i});", q_col(i, e, u))),
             ),
         ),
-        ("dots", Fragment::from(dots.join(", "))),
-        ("scores", concat(scores)),
+        ("stage", stage),
+        ("after", Fragment::from(after)),
         (
             "rotate",
             lines((0..per_lane).map(|e| format!("k{e} = n{e};"))),
