@@ -376,12 +376,8 @@ fn check_grid(spec: &KernelSpec) -> Result<(), DslError> {
 /// A split pass's workgroup serves 1 to 4 query slots, one per vec4 component, in either
 /// layout; its subgroup sums only natively.
 fn check_split_tile(spec: &KernelSpec) -> Result<(), DslError> {
-    if spec.grid.subgroups && spec.target == Target::Webgpu {
-        return Err(DslError::spec(
-            Field::Target,
-            "subgroup operations are not in core WebGPU; use `target: native(..)` (the \
-             runtime runs the kernel only on adapters with SUBGROUP)",
-        ));
+    if spec.grid.subgroups {
+        native_subgroups(spec)?;
     }
     let tile_max = crate::layout::decode::MAX_SPLIT_HEADS;
     if !(1..=tile_max).contains(&spec.grid.tile) {
@@ -558,6 +554,18 @@ fn check_pack_heads(spec: &KernelSpec) -> Result<(), DslError> {
     Ok(())
 }
 
+/// Subgroup operations are not in core WebGPU: a kernel using them targets `native`.
+fn native_subgroups(spec: &KernelSpec) -> Result<(), DslError> {
+    match spec.target {
+        Target::Webgpu => Err(DslError::spec(
+            Field::Target,
+            "subgroup operations are not in core WebGPU; use `target: native(..)` (the \
+             runtime runs the kernel only on adapters with SUBGROUP)",
+        )),
+        Target::Native(_) => Ok(()),
+    }
+}
+
 /// Subgroup reductions in a flash schedule: of its ops only the forward reduces across
 /// invocations, core WebGPU has no subgroups, and the butterfly pairs invocations `tx ^ 1,
 /// tx ^ 2, ..` of a row group.
@@ -572,13 +580,7 @@ fn check_subgroups(spec: &KernelSpec, t: &Tiling) -> Result<(), DslError> {
             ),
         ));
     }
-    if spec.target == Target::Webgpu {
-        return Err(DslError::spec(
-            Field::Target,
-            "subgroup operations are not in core WebGPU; use `target: native(..)` (the \
-             runtime runs the kernel only on adapters with SUBGROUP)",
-        ));
-    }
+    native_subgroups(spec)?;
     if !t.tx.is_power_of_two() {
         return Err(DslError::spec(
             Field::Grid,

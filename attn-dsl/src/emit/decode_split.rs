@@ -160,10 +160,7 @@ fn reductions(subgroups: bool, lanes: u32) -> Fragment {
     let fast = |op: &str, combine: &str| {
         SUBGROUP_REDUCE4.fill([("op", op.into()), ("combine", combine.into())])
     };
-    Fragment::from("// Nonzero when some key's lanes are not inside one subgroup.\n")
-        .then(Fragment::from(
-            "var<workgroup> sh_subgroups_off: atomic<u32>;\n\n",
-        ))
+    Fragment::from(super::decode_stream::SUBGROUP_FLAG)
         .then(super::decode_stream::group_sum_fn("sh_red", true, lanes))
         .then(REDUCE4.fill([
             ("params", ", sg_size: u32, use_sg: bool".into()),

@@ -166,8 +166,18 @@ fn widen_w(x: $raw) -> array<vec4<f32>, QUADS> {
 
 /// The streamed pass's exchange buffers and its `group_sum4` through `sh_x`.
 fn group_sum(subgroups: bool, lanes: u32) -> Fragment {
-    GROUP_SUM.fill([("group_sum4", group_sum_fn("sh_x", subgroups, lanes))])
+    GROUP_SUM.fill([
+        ("flag", Fragment::from(SUBGROUP_FLAG)),
+        ("group_sum4", group_sum_fn("sh_x", subgroups, lanes)),
+    ])
 }
+
+/// The flag [`SUBGROUP_CHECK`] raises, which a split pass's `use_sg` reads.
+pub(super) const SUBGROUP_FLAG: &str =
+    "// Nonzero when some key's invocations are not inside one subgroup.
+var<workgroup> sh_subgroups_off: atomic<u32>;
+
+";
 
 /// `group_sum4(x, tid, use_sg)`: x summed over the LANES invocations that share a key, the
 /// same bits in every lane (each butterfly step adds the same two values in either lane,
@@ -207,9 +217,7 @@ const GROUP_SUM: Template = Template {
 var<workgroup> sh_x: array<vec4<f32>, EXCHANGE>;
 // Each group's running max (0..GROUPS) and sum (GROUPS..).
 var<workgroup> sh_ml: array<vec4<f32>, 2u * GROUPS>;
-// Nonzero when some key group is not inside one subgroup.
-var<workgroup> sh_subgroups_off: atomic<u32>;
-
+$flag
 $group_sum4
 "#,
 };
