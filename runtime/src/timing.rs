@@ -76,6 +76,7 @@ fn time_once(gpu: &Gpu, steps: &[Step], warmup: usize, runs: usize) -> Result<Ti
         let span = ticks[count as usize - 1].saturating_sub(ticks[0]);
         times.push(span as f64 * period_ns / 1e6);
     }
+    mark_timed();
     Ok(summarize(times, runs))
 }
 
@@ -89,16 +90,46 @@ const SPIN_UP_MS: f64 = 200.0;
 /// 1 s spin-up before the first row of a process removed it there.
 const SETTLE_MS: f64 = 1000.0;
 
+/// How long the host may keep the GPU idle between rows (preparing the next row's
+/// buffers) before the next row settles as after a pipeline's creation: on an H200 a
+/// decode row timed after its 0.5 GB cache was made on the host (seconds) ran 3.8x slow
+/// in every run after a 200 ms spin-up (1.319 against 0.349 ms timed again right after,
+/// 2026-11-30).
+const IDLE_MS: f64 = 100.0;
+
+/// When the last row's timed runs ended.
+static LAST_TIMED: std::sync::Mutex<Option<std::time::Instant>> = std::sync::Mutex::new(None);
+
+fn mark_timed() {
+    if let Ok(mut t) = LAST_TIMED.lock() {
+        *t = Some(std::time::Instant::now());
+    }
+}
+
+/// Milliseconds since the last row's timed runs ended (infinite before the first).
+fn since_last_timed_ms() -> f64 {
+    LAST_TIMED
+        .lock()
+        .ok()
+        .and_then(|t| t.map(|t| t.elapsed().as_secs_f64() * 1e3))
+        .unwrap_or(f64::INFINITY)
+}
+
 /// Keeps the GPU busy with what `record` records for about [`SPIN_UP_MS`] (`run_ms` is one
-/// run's time), and until [`SETTLE_MS`] after the last pipeline's creation, so that a row
-/// starts on a busy GPU rather than one that idled while pipelines compiled.
+/// run's time), and until [`SETTLE_MS`] after the last pipeline's creation (for all of it
+/// where the last row ended over [`IDLE_MS`] ago), so that a row starts on a busy GPU
+/// rather than one that idled while pipelines compiled or the host made buffers.
 fn spin_up(
     gpu: &Gpu,
     run_ms: f64,
     record: &mut dyn FnMut(&mut wgpu::CommandEncoder) -> Result<(), Error>,
 ) -> Result<(), Error> {
     let since = crate::device::since_last_pipeline_ms();
-    let spin_ms = SPIN_UP_MS.max(SETTLE_MS - since);
+    let settle = match since_last_timed_ms() > IDLE_MS {
+        true => SETTLE_MS,
+        false => SETTLE_MS - since,
+    };
+    let spin_ms = SPIN_UP_MS.max(settle);
     let repeats = (spin_ms / run_ms.max(1e-3)).ceil().min(50_000.0) as usize;
     let mut encoder = gpu.device.create_command_encoder(&Default::default());
     for _ in 0..repeats {
@@ -143,6 +174,7 @@ pub fn time_encoded(
     for _ in 0..runs {
         times.push(once(&mut record)?);
     }
+    mark_timed();
     Ok(summarize(times, runs))
 }
 
