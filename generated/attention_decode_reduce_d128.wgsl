@@ -108,24 +108,10 @@ fn o4_index(q: u32) -> u32 {
     return (q_row0 * dims.n_heads + q) * V4;
 }
 
-// This sequence's first row in O, and its rows.
-var<workgroup> sh_rows: vec2<u32>;
 // Each group's running max and sum.
 var<workgroup> sh_ml: array<vec2<f32>, PARTS>;
 
-@compute @workgroup_size(WG)
-fn attention_decode_reduce_d128(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
-    batch = wg.y;
-    // Query h: row h / n_heads of the sequence's rows, head h % n_heads.
-    let h = wg.x;
-    if (tid == 0u) {
-        sh_rows = vec2<u32>(q_starts[batch], q_starts[batch + 1u] - q_starts[batch]);
-    }
-    let rows = workgroupUniformLoad(&sh_rows);
-    if (h / dims.n_heads >= rows.y) {
-        return;
-    }
-    q_row0 = rows.x;
+fn combine_query(tid: u32, h: u32) {
     let c = tid % V4;
     let part = tid / V4;
     // A slice the window hides has m_s = NEG_BIG and l_s = 0, and weighs nothing.
@@ -152,4 +138,24 @@ fn attention_decode_reduce_d128(@builtin(workgroup_id) wg: vec3<u32>, @builtin(l
         }
         o[o4_index(h) + tid] = narrow4(result);
     }
+    workgroupBarrier();
+}
+
+// This sequence's first row in O, and its rows.
+var<workgroup> sh_rows: vec2<u32>;
+
+@compute @workgroup_size(WG)
+fn attention_decode_reduce_d128(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    batch = wg.y;
+    // Query h: row h / n_heads of the sequence's rows, head h % n_heads.
+    let h = wg.x;
+    if (tid == 0u) {
+        sh_rows = vec2<u32>(q_starts[batch], q_starts[batch + 1u] - q_starts[batch]);
+    }
+    let rows = workgroupUniformLoad(&sh_rows);
+    if (h / dims.n_heads >= rows.y) {
+        return;
+    }
+    q_row0 = rows.x;
+    combine_query(tid, h);
 }

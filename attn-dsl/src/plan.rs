@@ -73,7 +73,7 @@ impl Scalar {
         }
         match (e, dtype) {
             (Elem::F32 | Elem::F32x4, _) | (Elem::Data | Elem::Data4, Dtype::F32) => Scalar::F32,
-            (Elem::U32, _) => Scalar::U32,
+            (Elem::U32 | Elem::Counter, _) => Scalar::U32,
             (Elem::Data | Elem::Data4, Dtype::F16) => Scalar::F16,
             (Elem::Data | Elem::Data4, Dtype::Bf16) => Scalar::Bf16,
             (Elem::Cache4, _) => unreachable!("answered above"),
@@ -448,7 +448,7 @@ fn array_type(e: Elem, scalar: Scalar, scatter: Option<Scatter>) -> Cow<'static,
     // A cache in the kernel's dtype is its data, four at a time.
     let e = if e == Elem::Cache4 { Elem::Data4 } else { e };
     Cow::Borrowed(match (scatter, e, scalar) {
-        (Some(Scatter::Cas), _, _) => "array<atomic<u32>>",
+        (Some(Scatter::Cas), _, _) | (None, Elem::Counter, _) => "array<atomic<u32>>",
         (Some(Scatter::F32Atomic), _, _) => "array<atomic<f32>>",
         (None, Elem::F32x4, _) | (None, Elem::Data4, Scalar::F32) => "array<vec4<f32>>",
         // Four bf16 halves in two words.

@@ -37,6 +37,8 @@ pub enum Elem {
     /// A KV cache: [`Elem::Data4`], or four 8-bit floats per `u32` when the spec's
     /// `kv_fp8` says so.
     Cache4,
+    /// `u32` counters the workgroups add to atomically (`array<atomic<u32>>`).
+    Counter,
 }
 
 /// When a tensor of the signature is bound.
@@ -73,6 +75,10 @@ pub enum Presence {
     IfScaled,
     /// A matmul that adds a bias per output column.
     IfMatmulBias,
+    /// A split pass that combines its slices itself (it writes `o`).
+    IfCombines,
+    /// The same, with attention sinks (the per-head logits it joins).
+    IfCombinesSinks,
 }
 
 /// One tensor (or uniform block) an op touches.
@@ -119,7 +125,7 @@ const fn when(t: Tensor, presence: Presence) -> Tensor {
 }
 
 use Axis::{B, D, H, J, KvH, Page, Part, S, Slice};
-use Elem::{Cache4, Data, Data4, F32, F32x4, U32};
+use Elem::{Cache4, Counter, Data, Data4, F32, F32x4, U32};
 use Presence::{
     IfAlibi, IfBias, IfBiasWritten, IfCoop, IfDocument, IfRecompute, IfScaled, IfScratch, IfSinks,
     IfWritten,
@@ -238,6 +244,16 @@ const DECODE_SPLIT: &[Tensor] = &[
     t("seq_lens", Input, U32, &[B]),
     KV_SCALES,
     Q_STARTS,
+    // A split pass that combines its slices itself: the last workgroup of a query group to
+    // flush (counted in `arrivals`, one per group, back to 0 when it has combined) merges the
+    // group's partials into O, as the reduce would.
+    when(t("o", Output, Data4, &[B, H, D]), IfWritten),
+    when(t("lse", Output, F32, &[B, H]), IfWritten),
+    when(
+        t("arrivals", Output, Counter, &[B, KvH]),
+        Presence::IfCombines,
+    ),
+    when(t("sinks", Input, F32, &[H]), Presence::IfCombinesSinks),
 ];
 
 // Each sequence's first query row in the packed Q and O, and (entry b + 1) its end: the
@@ -677,6 +693,8 @@ pub fn tensors(spec: &KernelSpec) -> Vec<Tensor> {
             Presence::IfCoop(coop) => spec.grid.uses_coop() == coop,
             Presence::IfScaled => spec.dtype == Dtype::Bf16 && spec.grid.uses_coop(),
             Presence::IfMatmulBias => spec.matmul.is_some_and(|f| f.bias),
+            Presence::IfCombines => spec.combines_slices(),
+            Presence::IfCombinesSinks => spec.combines_slices() && spec.masks.sinks,
         })
         .copied()
         .collect()

@@ -1099,6 +1099,13 @@ impl KernelSpec {
             .is_some_and(|m| !crate::flex::bounds::key_bounds(&m).exact)
     }
 
+    /// Whether this is a split-K decode pass that combines its slices itself (it writes
+    /// `o`): the last workgroup of each query group to flush merges the group's partials,
+    /// with no reduce pass after it.
+    pub fn combines_slices(&self) -> bool {
+        self.op == Op::DecodeSplit && self.write_mode("o").is_some()
+    }
+
     /// How `tensor` is written, `None` where the kernel does not write it.
     pub fn write_mode(&self, tensor: &str) -> Option<WriteMode> {
         self.writes

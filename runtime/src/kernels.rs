@@ -115,6 +115,24 @@ attention_kernel! {
 }
 
 attention_kernel! {
+    /// Split-K decode in one dispatch, head_dim 128, Q, the cache and O in f16: the staged
+    /// pass with subgroup sums, whose last workgroup of each query group to flush merges the
+    /// group's slices into O as the reduce would (native only: a backend's device-scope
+    /// barrier orders the other workgroups' stores before its loads, which WGSL alone does
+    /// not). The runtime takes it where the split grid is one wave of workgroups.
+    pub attention_decode_split_combined_f16_d128 {
+        op: decode_split,
+        grid: slice_major(tile = 4, subgroups = true),
+        head_dim: 128,
+        gqa: any,
+        target: native(workgroup_storage = 16384, storage_buffers = 8),
+        workgroup_size: 256,
+        dtype: f16,
+        writes: { partials: scratch, o: owned },
+    }
+}
+
+attention_kernel! {
     /// Split-K decode, pass 1, head_dim 128, Q and O in f16, the cache in e4m3 bytes (four
     /// to a word) with a scale per KV head for K and for V (`runtime::ops::cache::KvCache`
     /// with `kv_fp8`); its pass 2 is the f16 `attention_decode_reduce`.

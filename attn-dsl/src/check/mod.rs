@@ -821,6 +821,7 @@ fn check_writes(spec: &KernelSpec) -> Result<(), DslError> {
     }
     check_dbias(spec)?;
     check_extend_outputs(spec)?;
+    check_split_outputs(spec)?;
     rows::check_row_sums(spec)?;
     let present = signature::tensors(spec);
     for t in tensors.iter().filter(|t| t.role == Role::Output) {
@@ -829,6 +830,8 @@ fn check_writes(spec: &KernelSpec) -> Result<(), DslError> {
             continue;
         }
         match spec.write_mode(t.name) {
+            // The last workgroup of a query group to flush owns its O and LSE.
+            Some(WriteMode::Owned) if spec.combines_slices() && t.layout[..1] == [Axis::B] => {}
             Some(mode) => check_ownership(spec, t.name, t.layout, mode)?,
             None if t.presence == Presence::Always => {
                 return Err(DslError::spec(
@@ -871,6 +874,45 @@ fn check_extend_outputs(spec: &KernelSpec) -> Result<(), DslError> {
              slices' `partials: scratch` for a decode_reduce",
         ),
     }
+}
+
+/// A split pass writes its slices' `partials`, and combines them itself only natively, in
+/// the staged layout: its last workgroup reads what the others stored, which core WGSL's
+/// `storageBarrier` (workgroup scope) does not order, and native backends' device-scope
+/// barriers do.
+fn check_split_outputs(spec: &KernelSpec) -> Result<(), DslError> {
+    if spec.op != Op::DecodeSplit {
+        return Ok(());
+    }
+    let refuse =
+        |name: &str, m: &str| Err(DslError::spec(Field::Write(name.into()), m.to_string()));
+    if spec.write_mode("lse").is_some() && !spec.combines_slices() {
+        return refuse(
+            "lse",
+            "a split pass writes `lse` only where it combines its slices itself \
+             (`o: owned` beside it); else its decode_reduce writes it",
+        );
+    }
+    if !spec.combines_slices() {
+        return Ok(());
+    }
+    if spec.target == Target::Webgpu {
+        return refuse(
+            "o",
+            "a split pass that combines its slices needs `target: native(..)`: its last \
+             workgroup reads the partials the others stored, which WGSL's storageBarrier \
+             orders only within a workgroup (native backends order them across the device); \
+             drop `o` and combine them with a decode_reduce",
+        );
+    }
+    if crate::layout::decode::Stream::of(spec).is_some() {
+        return refuse(
+            "o",
+            "the streamed split pass (`slice_major(flash)`) leaves its slices to a \
+             decode_reduce; drop `o`, or use the staged pass (`slice_major(tile = N)`)",
+        );
+    }
+    Ok(())
 }
 
 /// dBias needs a bias, and a kernel that sees dS for every (query, key) it writes.

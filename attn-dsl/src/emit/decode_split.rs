@@ -292,6 +292,11 @@ fn split(out: &mut Wgsl, spec: &KernelSpec, keep: Phases) {
         keep.stage,
     ));
     out.put(SPLIT_MEMORY.fill([("qk4", Fragment::from(qk4(spec)))]));
+    if spec.combines_slices() {
+        out.put(combine(spec));
+        out.put(merge_served(spec).0);
+        out.push_str("// Whether this workgroup was its group's last to flush.\nvar<workgroup> sh_arrived_last: u32;\n\n");
+    }
     out.put(split_entry(spec, keep));
 }
 
@@ -374,6 +379,13 @@ fn split_entry(spec: &KernelSpec, keep: Phases) -> Fragment {
         ("first_v", first_v),
         ("value_pass", value_pass),
         ("flush", lines(flush)),
+        (
+            "combine",
+            match spec.combines_slices() {
+                true => SPLIT_COMBINE.fill([("merge", merge_served(spec).1)]),
+                false => Fragment::default(),
+            },
+        ),
     ])
 }
 
@@ -424,6 +436,7 @@ fn $name(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
 
     $value_pass
     $flush
+    $combine
 }
 "#,
 };
@@ -681,27 +694,15 @@ fn value_pass(spec: &KernelSpec, loops: &Loops, keep: bool) -> [Fragment; 2] {
 /// Written `lse` (each query's log-sum-exp, the sinks counted as in O) lets a caller merge
 /// the decode with attention over other keys.
 fn reduce(out: &mut Wgsl, spec: &KernelSpec) {
-    let sink = match spec.masks.sinks {
-        true => "st = merge_state(st, sinks[h % dims.n_heads], 1.0, vec4<f32>(0.0));",
-        false => "",
-    };
-    let lse = match spec.write_mode("lse") {
-        Some(_) => REDUCE_LSE.plain(),
-        None => Fragment::from(""),
-    };
-    out.put(super::states::STATES.plain());
-    out.put(REDUCE.fill([
-        ("name", Fragment::from(spec.name.as_str())),
-        ("sink", Fragment::from(sink)),
-        ("lse", lse),
-    ]));
+    out.put(combine(spec));
+    out.put(REDUCE.fill([("name", Fragment::from(spec.name.as_str()))]));
 }
 
 /// The reduce's LSE store: no key (and no sink) stores +inf, as the forward does.
 const REDUCE_LSE: Template = Template {
     name: "decode_reduce_lse",
     needs: &[Helper::Lse],
-    text: r#"if (tid == 0u) {
+    text: r#"if ($storer) {
     // Not a constant expression: WGSL rejects non-finite constants.
     var merged = bitcast<f32>(0x7f800000u);
     if (st.l != 0.0) {
@@ -715,18 +716,8 @@ const REDUCE_LSE: Template = Template {
 const REDUCE: Template = Template {
     name: "decode_reduce",
     needs: &[],
-    text: r#"// Slices merged in turn by each of PARTS groups of V4 invocations.
-const PARTS: u32 = WG / V4;
-
-// [row, h, d] in vec4s, of query q (row · n_heads + h) of this sequence's rows.
-fn o4_index(q: u32) -> u32 {
-    return (q_row0 * dims.n_heads + q) * V4;
-}
-
-// This sequence's first row in O, and its rows.
+    text: r#"// This sequence's first row in O, and its rows.
 var<workgroup> sh_rows: vec2<u32>;
-// Each group's running max and sum.
-var<workgroup> sh_ml: array<vec2<f32>, PARTS>;
 
 @compute @workgroup_size(WG)
 fn $name(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
@@ -741,6 +732,30 @@ fn $name(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
         return;
     }
     q_row0 = rows.x;
+    combine_query(tid, h);
+}
+"#,
+};
+
+/// `combine_query(tid, h)`: query h's slices merged into its row of O (the sinks joined,
+/// its LSE stored where the kernel writes it), by the reduce pass's workgroup of the query
+/// and by a split pass that combines its slices itself. Every invocation reaches its
+/// barriers; the last lets a caller combine another query at once.
+const COMBINE: Template = Template {
+    name: "decode_combine",
+    needs: &[],
+    text: r#"// Slices merged in turn by each of PARTS groups of V4 invocations.
+const PARTS: u32 = WG / V4;
+
+// [row, h, d] in vec4s, of query q (row · n_heads + h) of this sequence's rows.
+fn o4_index(q: u32) -> u32 {
+    return (q_row0 * dims.n_heads + q) * V4;
+}
+
+// Each group's running max and sum.
+var<workgroup> sh_ml: array<vec2<f32>, PARTS>;
+
+fn combine_query(tid: u32, h: u32) {
     let c = tid % V4;
     let part = tid / V4;
     // A slice the window hides has m_s = NEG_BIG and l_s = 0, and weighs nothing.
@@ -769,9 +784,145 @@ fn $name(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
         o[o4_index(h) + tid] = narrow4(result);
         $lse
     }
+    workgroupBarrier();
+}
+
+"#,
+};
+
+/// [`COMBINE`] for `spec`: its sinks and its LSE where it has them.
+fn combine(spec: &KernelSpec) -> Fragment {
+    super::states::STATES
+        .plain()
+        .then(COMBINE.fill(combine_holes(spec, "tid == 0u")))
+}
+
+/// A combine's `$sink` (a sink joins a query's state as a slice of max `sinks[h]`, sum 1
+/// and no value) and `$lse` (its LSE stored, by the invocation `storer` names, where the
+/// kernel writes it).
+fn combine_holes(spec: &KernelSpec, storer: &str) -> [(&'static str, Fragment); 2] {
+    let sink = match spec.masks.sinks {
+        true => "st = merge_state(st, sinks[h % dims.n_heads], 1.0, vec4<f32>(0.0));",
+        false => "",
+    };
+    let lse = match spec.write_mode("lse") {
+        Some(_) => REDUCE_LSE.fill([("storer", Fragment::from(storer))]),
+        None => Fragment::from(""),
+    };
+    [("sink", Fragment::from(sink)), ("lse", lse)]
+}
+
+/// A split pass's end where it combines its slices itself: each workgroup counts itself
+/// in its group's `arrivals` once its partials are stored (the device-scope barrier before
+/// makes them visible first), and the last to arrive, which sees every other's count and
+/// so (after its own barrier) their partials, merges the group's queries (`$merge`) and
+/// sets the count back to 0 for the next dispatch.
+const SPLIT_COMBINE: Template = Template {
+    name: "split_combine",
+    needs: &[],
+    text: r#"storageBarrier();
+if (tid == 0u) {
+    let group = batch * dims.n_kv_heads * groups_per_kv + wg.y;
+    let arrived = atomicAdd(&arrivals[group], 1u) + 1u;
+    sh_arrived_last = select(0u, 1u, arrived == dims.n_slices);
+    if (arrived == dims.n_slices) {
+        atomicStore(&arrivals[group], 0u);
+    }
+}
+if (workgroupUniformLoad(&sh_arrived_last) == 1u) {
+    storageBarrier();
+    $merge
 }
 "#,
 };
+
+/// The served queries merged one after another, each by the whole workgroup.
+const MERGE_IN_TURN: &str = r#"for (var i = 0u; i < n_here; i = i + 1u) {
+    combine_query(tid, sv.q[i]);
+}"#;
+
+/// `combine_served(tid, sv)`: the served queries merged at once, Q_LANES invocations each:
+/// a query's max and sum over its slices (lane-strided, then a tree over its lanes), then
+/// its output columns, each column's slices shared by the lanes the columns leave, every
+/// slice's loads independent of the sums before them (where a query's V4 columns fit its
+/// lanes).
+const COMBINE_SERVED: Template = Template {
+    name: "combine_served",
+    needs: &[],
+    text: r#"// Invocations per served query, and the slice shares of each output column.
+const Q_LANES: u32 = WG / TILE;
+const Q_PARTS: u32 = Q_LANES / V4;
+
+fn combine_served(tid: u32, sv: Served) {
+    let i = tid / Q_LANES;
+    let lane = tid % Q_LANES;
+    let real = i < sv.n;
+    let h = sv.q[i];
+    var m = NEG_BIG;
+    var l = 0.0;
+    if (real) {
+        for (var s = lane; s < dims.n_slices; s = s + Q_LANES) {
+            let ml = part_ml(s, h);
+            let mx = max(m, ml.x);
+            l = fma(exp_f32(m - mx), l, exp_f32(ml.x - mx) * ml.y);
+            m = mx;
+        }
+    }
+    sh_red[tid] = vec4<f32>(m, l, 0.0, 0.0);
+    workgroupBarrier();
+    for (var stride = Q_LANES / 2u; stride > 0u; stride = stride / 2u) {
+        if (lane < stride) {
+            let a = sh_red[tid];
+            let b = sh_red[tid + stride];
+            let mx = max(a.x, b.x);
+            sh_red[tid] = vec4<f32>(mx, fma(exp_f32(a.x - mx), a.y, exp_f32(b.x - mx) * b.y), 0.0, 0.0);
+        }
+        workgroupBarrier();
+    }
+    let total = sh_red[i * Q_LANES].xy;
+    workgroupBarrier();
+    let c = lane % V4;
+    let part = lane / V4;
+    var acc = vec4<f32>(0.0);
+    if (real) {
+        for (var s = part; s < dims.n_slices; s = s + Q_PARTS) {
+            acc = fma(vec4<f32>(exp_f32(part_ml(s, h).x - total.x)), partials[part_index(s, h) + c], acc);
+        }
+    }
+    sh_red[tid] = acc;
+    workgroupBarrier();
+    if (real && part == 0u) {
+        var sum = vec4<f32>(0.0);
+        for (var p = 0u; p < Q_PARTS; p = p + 1u) {
+            sum = sum + sh_red[tid + p * V4];
+        }
+        var st = State(total.x, total.y, sum);
+        $sink
+        var result = vec4<f32>(0.0);
+        if (st.l != 0.0) {
+            result = st.acc / st.l;
+        }
+        o[o4_index(h) + c] = narrow4(result);
+        $lse
+    }
+    workgroupBarrier();
+}
+
+"#,
+};
+
+/// How a split pass that combines its slices merges its served queries: at once where a
+/// query's columns fit its share of the workgroup, else in turn.
+fn merge_served(spec: &KernelSpec) -> (Fragment, Fragment) {
+    let fits = spec.v_dim() / 4 <= spec.workgroup_size / spec.grid.tile.max(1);
+    match fits {
+        true => (
+            COMBINE_SERVED.fill(combine_holes(spec, "c == 0u")),
+            Fragment::from("combine_served(tid, sv);"),
+        ),
+        false => (Fragment::default(), Fragment::from(MERGE_IN_TURN)),
+    }
+}
 
 /// How the split pass's two loops walk a slice: every key, or with a `mask_mod` only the
 /// tiles where a served head may see one (the K pass by `KEY_TILE` keys, P·V by `PV_STEP`

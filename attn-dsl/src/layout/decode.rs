@@ -101,7 +101,17 @@ pub fn key_tile(spec: &KernelSpec) -> u32 {
 /// Workgroup memory besides the staged scores: Q of the served heads (Q's width), one vec4 per
 /// invocation for the reductions, and the sequence's length.
 pub fn fixed_bytes(spec: &KernelSpec) -> u32 {
-    4 * spec.grid.tile * spec.head_dim + 16 * spec.workgroup_size + 4
+    4 * spec.grid.tile * spec.head_dim + 16 * spec.workgroup_size + 4 + combine_bytes(spec)
+}
+
+/// The combine's workgroup memory beside the reductions' (a split pass that combines its
+/// slices, and the reduce): each group's running max and sum, and a flag.
+fn combine_bytes(spec: &KernelSpec) -> u32 {
+    let groups = spec.workgroup_size / (spec.v_dim() / 4).max(1);
+    match spec.op == Op::DecodeReduce || spec.combines_slices() {
+        true => 8 * groups + 8,
+        false => 0,
+    }
 }
 
 /// The longest slice (a multiple of [`key_tile`]) whose scores fit the target's workgroup
@@ -124,7 +134,7 @@ pub fn workgroup_bytes(spec: &KernelSpec) -> u32 {
     }
     match spec.op {
         Op::DecodeSplit => fixed_bytes(spec) + 16 * max_slice(spec),
-        _ => 16 * spec.workgroup_size,
+        _ => 16 * spec.workgroup_size + combine_bytes(spec),
     }
 }
 

@@ -104,7 +104,8 @@ impl KernelSpec {
     }
 
     /// WebGPU's defaults, or where `bytes` of workgroup memory, the storage buffers the
-    /// kernel binds or its subgroups pass them, a `native` target with just what it needs.
+    /// kernel binds, its subgroups or its combine (a split pass's, ordered across
+    /// workgroups natively) pass them, a `native` target with just what it needs.
     fn fit_bytes(&mut self, bytes: u32) {
         self.target = Target::Webgpu;
         let storage = signature::tensors(self)
@@ -116,6 +117,7 @@ impl KernelSpec {
         if bytes > base.workgroup_storage_bytes
             || storage > base.storage_buffers_per_stage
             || self.grid.uses_subgroups()
+            || self.combines_slices()
         {
             self.target = Target::Native(Limits {
                 workgroup_storage_bytes: bytes.max(base.workgroup_storage_bytes),

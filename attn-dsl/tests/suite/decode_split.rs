@@ -442,3 +442,59 @@ fn the_staged_pass_compiles_cut_to_its_phases() {
         }
     }
 }
+
+/// A staged split pass that writes `o` combines its slices itself: natively, with its
+/// group's arrivals counted atomically and the reduce's merge (sinks and LSE where asked);
+/// refused under WebGPU's defaults (WGSL orders storage only within a workgroup), in the
+/// streamed layout, and where it writes LSE without O.
+#[test]
+fn a_split_pass_that_writes_o_combines_its_slices_natively() {
+    let sinks = Masks {
+        sinks: true,
+        ..Masks::default()
+    };
+    let owned = |names: &[&str]| {
+        let mut writes = vec![("partials".to_string(), WriteMode::ScratchFlush)];
+        writes.extend(names.iter().map(|n| (n.to_string(), WriteMode::Owned)));
+        writes
+    };
+    for (hd, dtype, masks, outs) in [
+        (64, Dtype::F32, Masks::default(), &["o"][..]),
+        (128, Dtype::F16, sinks, &["o", "lse"][..]),
+        (128, Dtype::Bf16, Masks::default(), &["o"][..]),
+    ] {
+        let mut spec = KernelSpec {
+            dtype,
+            writes: owned(outs),
+            ..split(hd, 4, masks)
+        };
+        let err = attn_dsl::compile(&spec).unwrap_err().to_string();
+        assert!(
+            err.contains("native") && err.contains("storageBarrier"),
+            "{err}"
+        );
+        spec.fit_device(16384);
+        assert!(spec.combines_slices());
+        let abi = attn_dsl::compile(&spec).unwrap_or_else(|e| panic!("d{hd}: {e}"));
+        for step in [
+            "var<storage, read_write> arrivals: array<atomic<u32>>;",
+            "atomicAdd(&arrivals[group], 1u)",
+            "atomicStore(&arrivals[group], 0u);",
+            "combine_served(tid, sv);",
+        ] {
+            assert!(abi.wgsl.contains(step), "d{hd}: missing `{step}`");
+        }
+        assert_eq!(abi.wgsl.contains("sinks[h % dims.n_heads]"), masks.sinks);
+        assert_eq!(abi.wgsl.contains("lse[q_row0"), outs.contains(&"lse"));
+        assert!(abi.binding("o").is_some() && abi.binding("arrivals").is_some());
+    }
+    let mut lse_alone = KernelSpec {
+        writes: owned(&["lse"]),
+        ..split(128, 4, Masks::default())
+    };
+    lse_alone.fit_device(16384);
+    let err = attn_dsl::compile(&lse_alone).unwrap_err().to_string();
+    assert!(err.contains("`lse` only where it combines"), "{err}");
+    let plain = attn_dsl::compile(&split(128, 4, Masks::default())).unwrap();
+    assert!(plain.binding("arrivals").is_none() && !plain.wgsl.contains("combine_query"));
+}

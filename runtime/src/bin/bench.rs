@@ -1110,10 +1110,10 @@ mod tests {
         let rows = [
             row("decode split-K 32x1024 + reduce, f16 staged", 0.300),
             row("  part: split pass alone", 0.050),
-            row("  again: both passes", 0.070),
+            row("  again: the whole decode", 0.070),
             row(&fp8, 1.800),
             row("  part: split pass alone", 0.130),
-            row("  again: both passes", 0.056),
+            row("  again: the whole decode", 0.056),
         ];
         let lines = fp8_speedups(&rows);
         assert_eq!(lines.len(), 1, "{lines:?}");

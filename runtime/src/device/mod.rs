@@ -499,6 +499,13 @@ impl Gpu {
         self.features.contains(wgpu::Features::SHADER_F16)
     }
 
+    /// Whether a storage barrier orders one workgroup's stores before another's loads (a
+    /// device-scope barrier, as native backends emit it): not in a browser, whose WGSL
+    /// orders storage only within a workgroup.
+    pub fn orders_storage_across_workgroups(&self) -> bool {
+        self.info.backend != wgpu::Backend::BrowserWebGpu
+    }
+
     /// Whether kernels with subgroup operations can run here.
     pub fn has_subgroups(&self) -> bool {
         self.features.contains(wgpu::Features::SUBGROUP)

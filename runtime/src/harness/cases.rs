@@ -20,7 +20,7 @@ use crate::ops::backward::{Backward, Schedule};
 use crate::ops::backward::{BackwardInput, Gradients};
 use crate::ops::cache::CacheLayout;
 use crate::ops::decode::DecodeInput;
-use crate::ops::decode::SplitLayout;
+use crate::ops::decode::{Combine, SplitLayout};
 use crate::ops::decode::{DecodePath, Pages, Slicing, SplitDecode};
 use crate::ops::extend::CHUNK_ROWS;
 use crate::ops::forward::ForwardInput;
@@ -933,7 +933,7 @@ fn masks(causal: bool) -> Masks {
 }
 
 /// What a split-K decode is compiled for: (head_dim, head_dim_v), masks, cache, dtype.
-type SplitKey = ((u32, u32), Masks, Cache, Dtype, SplitLayout);
+type SplitKey = ((u32, u32), Masks, Cache, Dtype, (SplitLayout, Combine));
 
 /// The flash forward candidates of one head_dim and mask set, compiled.
 type FlashSet = Vec<(FlashConfig, Kernel)>;
@@ -998,20 +998,22 @@ impl Runner {
         masks: Masks,
         (cache, dtype): (Cache, Dtype),
     ) -> Result<&SplitDecode, Error> {
-        self.split_in(gpu, h, masks, (cache, dtype), SplitLayout::PLANNED)
+        let planned = SplitLayout::PLANNED;
+        let passes = (planned, Combine::planned(gpu, planned));
+        self.split_in(gpu, h, masks, (cache, dtype), passes)
     }
 
-    /// [`Runner::split`] in `layout`.
+    /// [`Runner::split`] in `layout`, its slices combined as `combine` says.
     fn split_in(
         &mut self,
         gpu: &Gpu,
         h: Heads,
         masks: Masks,
         (cache, dtype): (Cache, Dtype),
-        layout: SplitLayout,
+        (layout, combine): (SplitLayout, Combine),
     ) -> Result<&SplitDecode, Error> {
         let dims = (h.head_dim, h.head_dim_v);
-        let key = (dims, masks, cache, dtype, layout);
+        let key = (dims, masks, cache, dtype, (layout, combine));
         let at = match self.split.iter().position(|(k, _)| *k == key) {
             Some(at) => at,
             None => {
@@ -1020,9 +1022,10 @@ impl Runner {
                     cache,
                     ..crate::ops::decode::DecodeSpec::new(dims.0, dims.1, dtype)
                 };
-                let kernels = match layout == SplitLayout::PLANNED {
+                let planned = (SplitLayout::PLANNED, Combine::planned(gpu, layout));
+                let kernels = match (layout, combine) == planned {
                     true => SplitDecode::for_spec(gpu, &spec)?,
-                    false => SplitDecode::with_layout(gpu, &spec, layout)?,
+                    false => SplitDecode::with_passes(gpu, &spec, layout, combine)?,
                 };
                 self.split.push((key, kernels));
                 self.split.len() - 1
@@ -1366,7 +1369,7 @@ pub fn run_case(gpu: &Gpu, runner: &mut Runner, case: &Case, seed: u64) -> Resul
             }
             // The streamed split pass, where the device has subgroups.
             if gpu.has_subgroups() {
-                let layout = SplitLayout::Streamed;
+                let layout = (SplitLayout::Streamed, Combine::ReducePass);
                 let other =
                     runner.split_in(gpu, h, masks, (Cache::Contiguous, Dtype::F32), layout)?;
                 let decoder = Decoder::Split(other, None);
@@ -1391,6 +1394,26 @@ pub fn run_case(gpu: &Gpu, runner: &mut Runner, case: &Case, seed: u64) -> Resul
                 let half = runner.split(gpu, h, masks, (Cache::Contiguous, dtype))?;
                 for slice_len in [None, Some(half.max_slice())] {
                     let decoder = Decoder::Split(half, slice_len);
+                    let verdicts = run_decode(gpu, decoder, h, shape, &mods, seed)?;
+                    rows.push(row(&decoder.label(cache_len, h, batch), verdicts));
+                }
+            }
+            // The staged pass combining its slices in place (what the planner takes on grids
+            // of one wave), in slices of one key tile: as many slices as the cache allows.
+            if Combine::planned(gpu, SplitLayout::Staged) != Combine::ReducePass {
+                let in_place = (SplitLayout::Staged, Combine::InPlace);
+                let dtypes = std::iter::once(Dtype::F32).chain(gpu.half_dtypes());
+                let caches = dtypes
+                    .map(|d| (Cache::Contiguous, d))
+                    .chain([(Cache::Paged, Dtype::F32)]);
+                for cache in caches.collect::<Vec<_>>() {
+                    let split = runner.split_in(gpu, h, masks, cache, in_place)?;
+                    let decoder = match cache.0 {
+                        Cache::Contiguous => Decoder::Split(split, Some(split.key_tile())),
+                        Cache::Paged => Decoder::Paged(split, 16),
+                    };
+                    let positions = capacity.div_ceil(16) * 16;
+                    let mods = ModData::new(case.mods, h, batch, (1, positions), seed);
                     let verdicts = run_decode(gpu, decoder, h, shape, &mods, seed)?;
                     rows.push(row(&decoder.label(cache_len, h, batch), verdicts));
                 }

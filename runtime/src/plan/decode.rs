@@ -39,9 +39,31 @@ pub fn plan_slices(
     }
 }
 
+/// Whether a split pass that combines its slices itself takes a grid of `n_slices` ×
+/// `other_workgroups` workgroups: at most `target` (the slicing rule's, about one wave), where
+/// the reduce's dispatch saved pays and no later wave pays for the combine's barriers
+/// (`crate::ops::decode::Combine::planned` has the measurements).
+pub fn combines_in_place(slicing: Slicing, other_workgroups: u32, target: u32) -> bool {
+    slicing.n_slices.saturating_mul(other_workgroups) <= target
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One wave combines in place; a grid past the target, or one that would overflow,
+    /// keeps the reduce pass.
+    #[test]
+    fn grids_of_one_wave_combine_in_place() {
+        let s = |n_slices| Slicing {
+            slice_len: 1024,
+            n_slices,
+        };
+        assert!(combines_in_place(s(32), 8, 264));
+        assert!(!combines_in_place(s(32), 16, 264));
+        assert!(!combines_in_place(s(128), 8, 264));
+        assert!(!combines_in_place(s(u32::MAX), 2, u32::MAX - 1));
+    }
 
     /// The slices nearest the target: a batch one short of it keeps one slice, a long cache
     /// is cut into the longest slices, the cut between them rounds to whole key tiles.

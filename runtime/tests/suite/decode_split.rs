@@ -46,6 +46,17 @@ fn slices_are_whole_key_tiles_and_cover_the_cache() {
     assert_eq!((s.n_slices, s.slice_len), (8, 512));
 }
 
+/// `n` values in [-2, 2) from a linear congruential generator at `state`.
+fn noise(state: &mut u32, n: impl TryInto<usize>) -> Vec<f32> {
+    let n = n.try_into().unwrap_or(0);
+    (0..n)
+        .map(|_| {
+            *state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (*state >> 8) as f32 / (1u32 << 24) as f32 * 4.0 - 2.0
+        })
+        .collect()
+}
+
 fn input<'a>(cache_len: u32, q: &'a [f32], kv: &'a [f32]) -> DecodeInput<'a> {
     DecodeInput {
         batch: 1,
@@ -211,15 +222,7 @@ fn the_staged_pass_sums_by_subgroups_as_through_workgroup_memory() {
     let breaking = ("var y = sh_red[g0];", "var y = vec4<f32>(1.0e30);");
     let (fallback, broken) = (edit(&[force]), edit(&[breaking]));
     let mut state = 7u32;
-    let mut noise = |n: usize| -> Vec<f32> {
-        (0..n)
-            .map(|_| {
-                state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                (state >> 8) as f32 / (1u32 << 24) as f32 * 4.0 - 2.0
-            })
-            .collect()
-    };
-    let (q, kv) = (noise(8 * 64), noise(4099 * 2 * 64));
+    let (q, kv) = (noise(&mut state, 8 * 64), noise(&mut state, 4099 * 2 * 64));
     let run = |split: &attn_dsl::KernelAbi| {
         let split = SplitDecode::new(&gpu, split, reduce).unwrap();
         split
@@ -261,5 +264,85 @@ fn the_staged_pass_sums_by_subgroups_as_through_workgroup_memory() {
             !shuffled,
             "subgroups of {sg_max} cannot hold 8 lanes, yet shuffles ran"
         );
+    }
+}
+
+/// A split pass that combines its slices itself (where the device orders storage across
+/// workgroups) decodes as the two-pass one (the same states merged, in another order), call
+/// after call of one op into one O (each dispatch leaves its arrivals at 0 for the next: a
+/// count left over would leave O unwritten), over ragged lengths with sinks.
+#[test]
+fn a_decode_combined_in_place_equals_the_two_pass_decode_call_after_call() {
+    use attn_dsl::{Dtype, Masks, Scalar};
+    use runtime::Tensor;
+    use runtime::ops::decode::{
+        CacheView, Combine, Decode, DecodeArgs, DecodeSpec, QueryRows, SplitLayout,
+    };
+    let gpu = Gpu::new(kernels::FAMILY.iter().copied())
+        .block_on()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let (batch, capacity, n_heads, n_kv, d) = (3u32, 1500u32, 8u32, 2u32, 64u32);
+    let mut state = 11u32;
+    let mut noise = |n: u32| noise(&mut state, n);
+    let cache_shape = [batch, capacity, n_kv, d];
+    let kv = noise(batch * capacity * n_kv * d);
+    let k = Tensor::from_f32(&gpu, &cache_shape, Scalar::F32, &kv).unwrap();
+    let v = Tensor::from_f32(&gpu, &cache_shape, Scalar::F32, &noise(kv.len() as u32)).unwrap();
+    let seq_lens = Tensor::from_u32(&gpu, &[batch], &[1500, 1100, 37]).unwrap();
+    let sinks = Tensor::from_f32(&gpu, &[n_heads], Scalar::F32, &noise(n_heads)).unwrap();
+    let spec = DecodeSpec {
+        masks: Masks {
+            sinks: true,
+            ..Masks::default()
+        },
+        ..DecodeSpec::new(d, d, Dtype::F32)
+    };
+    let staged = SplitLayout::Staged;
+    let mut planned = Decode::with_passes(&gpu, spec, staged, Combine::InPlace).unwrap();
+    let mut two = Decode::with_passes(&gpu, spec, staged, Combine::ReducePass).unwrap();
+    let o = Tensor::zeros(&gpu, &[batch, n_heads, d], Scalar::F32).unwrap();
+    let want = Tensor::zeros(&gpu, &[batch, n_heads, d], Scalar::F32).unwrap();
+    for call in 0..3 {
+        let q = noise(batch * n_heads * d);
+        let q = Tensor::from_f32(&gpu, &[batch, n_heads, d], Scalar::F32, &q).unwrap();
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        for (op, out) in [(&mut planned, &o), (&mut two, &want)] {
+            let args = DecodeArgs {
+                rows: QueryRows::Each(1),
+                q: &q,
+                cache: CacheView {
+                    slot0: 0,
+                    k: &k,
+                    v: &v,
+                    seq_lens: &seq_lens,
+                    max_len: capacity,
+                    block_table: None,
+                    scales: None,
+                },
+                o: out,
+                scale: None,
+                mods: runtime::modifiers::DeviceModifiers {
+                    sinks: Some(&sinks),
+                    ..Default::default()
+                },
+                // 6 slices of the longest cache, 5 and 1 of the others.
+                slice_len: Some(256),
+            };
+            let s = op.record(&gpu, &mut enc, &args).unwrap();
+            assert_eq!(s.n_slices, 6);
+        }
+        gpu.queue.submit([enc.finish()]);
+        let (got, want) = (o.to_f32(&gpu).block_on(), want.to_f32(&gpu).block_on());
+        let (got, want) = (got.unwrap(), want.unwrap());
+        assert!(want.iter().all(|x| x.is_finite()) && want.iter().any(|x| *x != 0.0));
+        let off = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs() / b.abs().max(1e-2))
+            .fold(
+                0.0f32,
+                |m, e| if e.is_nan() { f32::INFINITY } else { m.max(e) },
+            );
+        assert!(off < 1e-5, "call {call}: the combined decode off by {off}");
     }
 }

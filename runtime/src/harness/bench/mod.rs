@@ -19,7 +19,7 @@ use crate::harness::cases::{self, Runner, Shape};
 use crate::kernels;
 use crate::kernels::BackwardKernels;
 use crate::ops::backward::Schedule;
-use crate::ops::decode::SplitLayout;
+use crate::ops::decode::{Combine, SplitLayout};
 use crate::plan::kernels::AttentionSpec;
 use crate::plan::tuning::{self, Table};
 use crate::shape::Heads;
@@ -1261,13 +1261,14 @@ pub fn decode(
     };
     variants.retain(named);
     for (dtype, kv_fp8) in variants {
-        for layout in decode_layouts(gpu) {
+        for (layout, combine) in decode_layouts(gpu) {
             let spec = crate::ops::decode::DecodeSpec {
                 masks,
                 kv_fp8,
                 ..crate::ops::decode::DecodeSpec::new(h.head_dim, h.head_dim_v, dtype)
             };
-            let kernels = crate::ops::decode::SplitDecode::with_layout(gpu, &spec, layout)?;
+            let kernels =
+                crate::ops::decode::SplitDecode::with_passes(gpu, &spec, layout, combine)?;
             if slice_len.is_some_and(|len| len > kernels.max_slice()) {
                 continue;
             }
@@ -1276,30 +1277,34 @@ pub fn decode(
             let steps = prepared.steps(&kernels);
             let (label, bytes) = match kv_fp8 {
                 None => (
-                    format!("{}{}", dtype.name(), layout_name(layout)),
+                    format!("{}{}", dtype.name(), layout_name(layout, combine)),
                     shape.bytes_in(f64::from(dtype.bytes())),
                 ),
                 Some(f) => (
                     format!(
                         "{} cache{}{FP8_ROW}{}",
                         f.name(),
-                        layout_name(layout),
+                        layout_name(layout, combine),
                         dtype.name()
                     ),
                     shape.bytes_of(1.0, f64::from(dtype.bytes())),
                 ),
             };
+            let passes = match kernels.combines() {
+                true => "combined in place",
+                false => "+ reduce",
+            };
             push(DecodeRow {
                 kernel: format!(
-                    "decode split-K {}x{} + reduce, {label}",
+                    "decode split-K {}x{} {passes}, {label}",
                     s.n_slices, s.slice_len
                 ),
                 timing: timing::time(gpu, &steps, warmup, runs)?,
                 bytes,
             });
             let (split_pass, reduce_pass) = steps.split_at(1);
-            for (part, steps, bytes) in [("split", split_pass, bytes), ("reduce", reduce_pass, 0.0)]
-            {
+            let parts = [("split", split_pass, bytes), ("reduce", reduce_pass, 0.0)];
+            for (part, steps, bytes) in parts.into_iter().filter(|_| !kernels.combines()) {
                 push(DecodeRow {
                     kernel: format!("  part: {part} pass alone"),
                     timing: timing::time(gpu, steps, warmup, runs)?,
@@ -1310,11 +1315,11 @@ pub fn decode(
             // row whose first timing is slow and this one is not was slowed by what came
             // before it (its cache's upload), not by its kernels.
             push(DecodeRow {
-                kernel: "  again: both passes".into(),
+                kernel: "  again: the whole decode".into(),
                 timing: timing::time(gpu, &steps, warmup, runs)?,
                 bytes,
             });
-            if which.phases && layout == SplitLayout::Staged {
+            if which.phases && layout == SplitLayout::Staged && combine == Combine::ReducePass {
                 let split = &steps[0];
                 for (name, keep) in Phases::decode_sets() {
                     let abi = crate::ops::decode::staged_phases(gpu, &spec, keep)?;
@@ -1338,17 +1343,26 @@ pub fn decode(
 
 /// The split-pass layouts `bench --decode` times: staged, and streamed where the device has
 /// subgroups.
-fn decode_layouts(gpu: &Gpu) -> Vec<SplitLayout> {
-    match gpu.has_subgroups() {
-        true => vec![SplitLayout::Staged, SplitLayout::Streamed],
-        false => vec![SplitLayout::Staged],
+/// The split passes timed: the staged one and its reduce, the staged one combining its
+/// slices in place where the planner takes it on one wave's grids, and the streamed one
+/// where the device has subgroups; each at every grid (the planner's pick is among them).
+fn decode_layouts(gpu: &Gpu) -> Vec<(SplitLayout, Combine)> {
+    let staged = SplitLayout::Staged;
+    let mut layouts = vec![(staged, Combine::ReducePass)];
+    if Combine::planned(gpu, staged) != Combine::ReducePass {
+        layouts.push((staged, Combine::InPlace));
     }
+    if gpu.has_subgroups() {
+        layouts.push((SplitLayout::Streamed, Combine::ReducePass));
+    }
+    layouts
 }
 
-fn layout_name(layout: SplitLayout) -> &'static str {
-    match layout {
-        SplitLayout::Staged => " staged",
-        SplitLayout::Streamed => " streamed",
+fn layout_name(layout: SplitLayout, combine: Combine) -> &'static str {
+    match (layout, combine) {
+        (SplitLayout::Staged, Combine::InPlace) => " in-place",
+        (SplitLayout::Staged, _) => " staged",
+        (SplitLayout::Streamed, _) => " streamed",
     }
 }
 

@@ -15,7 +15,7 @@ use crate::dispatch::kernel::{Kernel, Step};
 use crate::dispatch::uniforms::{checked_grid, modified_uniforms, submit};
 use crate::error::{Error, InputError};
 use crate::modifiers::Modifiers;
-use crate::ops::decode::{DecodeSpec, SplitLayout};
+use crate::ops::decode::{Combine, DecodeSpec, SplitLayout};
 use crate::plan::calibration::Calibration;
 use crate::plan::decode::{Slicing, plan_slices};
 use crate::shape::{
@@ -41,6 +41,8 @@ pub struct Pages<'a> {
 pub struct SplitDecode {
     split: Kernel,
     reduce: Kernel,
+    /// The staged pass combining in place, taken where its grid is one wave.
+    combined: Option<Kernel>,
     key_tile: u32,
     max_slice: u32,
     calibration: Calibration,
@@ -73,6 +75,7 @@ impl SplitDecode {
         Ok(SplitDecode {
             split: Kernel::now(gpu, split)?,
             reduce: Kernel::now(gpu, reduce)?,
+            combined: None,
             key_tile,
             max_slice,
             calibration: crate::plan::tuning::Table::for_gpu(gpu)?.calibration(),
@@ -111,8 +114,31 @@ impl SplitDecode {
         spec: &DecodeSpec,
         layout: SplitLayout,
     ) -> Result<SplitDecode, Error> {
-        let [split, reduce] = crate::ops::decode::abis(gpu, spec, layout)?;
-        SplitDecode::new(gpu, &split, &reduce)
+        SplitDecode::with_passes(gpu, spec, layout, Combine::planned(gpu, layout))
+    }
+
+    /// [`SplitDecode::with_layout`] with the slices combined as `combine` asks (in place
+    /// only where the device runs it), whatever the runtime plans.
+    pub fn with_passes(
+        gpu: &Gpu,
+        spec: &DecodeSpec,
+        layout: SplitLayout,
+        combine: Combine,
+    ) -> Result<SplitDecode, Error> {
+        let [split, reduce] = crate::ops::decode::abis(gpu, spec, layout, combine)?;
+        let mut decode = SplitDecode::new(gpu, &split, &reduce)?;
+        if combine == Combine::ByGrid
+            && let Some(abi) = crate::ops::decode::combined_pass(gpu, spec, layout)?
+        {
+            decode.combined = Some(Kernel::now(gpu, &abi)?);
+        }
+        Ok(decode)
+    }
+
+    /// Whether every call's split pass combines its slices itself, with no reduce pass
+    /// after it ([`Combine::InPlace`]).
+    pub fn combines(&self) -> bool {
+        crate::ops::decode::combines(self.split.abi())
     }
 
     /// The longest slice the split kernel's workgroup memory holds.
@@ -252,6 +278,9 @@ impl SplitDecode {
             self.reduce.clone(),
             self.calibration,
         );
+        if let Some(combined) = &self.combined {
+            passes = passes.with_combined(combined.clone());
+        }
         let mut scratch = crate::ops::decode::Scratch::default();
         let mut encoder = gpu.device.create_command_encoder(&Default::default());
         encoder.recorder(|rec| {
@@ -326,6 +355,7 @@ impl SplitDecode {
             ("slot0", 0),
         ];
         let split_grid = checked_grid(split, gpu.limits(), &dims)?;
+        let groups = (split_grid[1] * split_grid[2]) as usize;
         let reduce_grid = checked_grid(self.reduce.abi(), gpu.limits(), &dims)?;
         let parts = (input.batch * slicing.n_slices * h.n_heads) as usize;
         // A record per (sequence, slice, head): the output, then (m, l, 0, 0).
@@ -337,6 +367,7 @@ impl SplitDecode {
             k: buffers::storage_as(gpu, "k_cache", input.k_cache, split.scalar("k_cache")),
             v: buffers::storage_as(gpu, "v_cache", input.v_cache, split.scalar("v_cache")),
             partials: buffers::output::<f32>(gpu, "partials", parts * record),
+            arrivals: buffers::output::<u32>(gpu, "arrivals", groups),
             q_starts: buffers::storage(gpu, "q_starts", &(0..=input.batch).collect::<Vec<u32>>()),
             o: buffers::output_as(gpu, "o", o_len, self.reduce.abi().scalar("o")),
             o_len,
@@ -438,6 +469,8 @@ pub struct Prepared {
     k: wgpu::Buffer,
     v: wgpu::Buffer,
     partials: wgpu::Buffer,
+    /// A combining split pass's arrivals per query group, zeros between dispatches.
+    arrivals: wgpu::Buffer,
     /// One query row per sequence: row b of Q and O.
     q_starts: wgpu::Buffer,
     /// The output O, which the reduce pass writes.
@@ -469,8 +502,9 @@ impl Prepared {
         [("q", &self.q), ("k_cache", &self.k), ("v_cache", &self.v)]
     }
 
-    /// The split pass, then the reduce, as dispatch steps.
-    pub fn steps<'a>(&'a self, kernels: &'a SplitDecode) -> [Step<'a>; 2] {
+    /// The split pass, then the reduce (where the split pass does not combine its slices
+    /// itself), as dispatch steps.
+    pub fn steps<'a>(&'a self, kernels: &'a SplitDecode) -> Vec<Step<'a>> {
         let mut split = vec![
             ("q", &self.q),
             ("k_cache", &self.k),
@@ -482,6 +516,8 @@ impl Prepared {
             ("block_table", &self.block_table),
             ("seq_lens", &self.seq_lens),
             ("kv_scales", &self.kv_scales),
+            ("o", &self.o),
+            ("arrivals", &self.arrivals),
         ];
         split.extend(self.mods.iter().map(|(n, b)| (n.as_str(), b)));
         let mut reduce = vec![
@@ -491,18 +527,19 @@ impl Prepared {
             ("dims", &self.dims),
         ];
         reduce.extend(self.mods.iter().map(|(n, b)| (n.as_str(), b)));
-        [
-            Step {
-                kernel: &kernels.split,
-                bound: split,
-                grid: self.split_grid,
-            },
-            Step {
+        let mut steps = vec![Step {
+            kernel: &kernels.split,
+            bound: split,
+            grid: self.split_grid,
+        }];
+        if !kernels.combines() {
+            steps.push(Step {
                 kernel: &kernels.reduce,
                 bound: reduce,
                 grid: self.reduce_grid,
-            },
-        ]
+            });
+        }
+        steps
     }
 }
 

@@ -23,7 +23,7 @@ use crate::dispatch::recorder::{Record, Recorder};
 use crate::error::{Error, InputError};
 use crate::modifiers::{DeviceModifiers, expect};
 pub use crate::plan::calibration::Calibration;
-pub use crate::plan::decode::{Slicing, plan_slices};
+pub use crate::plan::decode::{Slicing, combines_in_place, plan_slices};
 use crate::plan::tuning::Table;
 use crate::shape::{Heads, nonzero, validate_heads, validate_scale};
 use crate::tensor::{Tensor, TensorError};
@@ -161,6 +161,9 @@ pub(crate) struct Passes {
     /// The streamed split pass, taken where its slices hold [`LONG_SLICE`] keys (rows of
     /// at most [`NARROW_ROWS`]); `None` where the planner keeps one pass.
     pub long: Option<SplitPass>,
+    /// The staged pass that combines its slices itself, taken where its grid is one wave
+    /// ([`Combine::ByGrid`]); `None` where the planner keeps the reduce pass.
+    pub combined: Option<SplitPass>,
     pub reduce: Pipeline,
     /// The reduce that also writes each query's LSE, created at the first call asking it.
     pub reduce_lse: Option<Pipeline>,
@@ -177,6 +180,7 @@ impl Passes {
         Passes {
             split: SplitPass::new(split),
             long: None,
+            combined: None,
             target: calibration.decode_workgroups(),
             chunk_target: calibration.chunk_workgroups(),
             reduce: Pipeline::new(reduce),
@@ -187,6 +191,12 @@ impl Passes {
     /// These passes with `long` taken where its slices are long.
     pub fn with_long(mut self, long: Kernel) -> Passes {
         self.long = Some(SplitPass::new(long));
+        self
+    }
+
+    /// These passes with `combined` taken where its grid is one wave.
+    pub fn with_combined(mut self, combined: Kernel) -> Passes {
+        self.combined = Some(SplitPass::new(combined));
         self
     }
 
@@ -206,27 +216,33 @@ impl Passes {
         Ok(self.plan(h, rows, len, slice_len)?.0)
     }
 
-    /// The slicing of a cache of `len` rows and whether the streamed pass takes it (its
-    /// rule's slices hold at least [`LONG_SLICE`] keys; a `slice_len` asked is the
-    /// staged pass's).
+    /// The slicing of a cache of `len` rows and the pass that takes it: the streamed one
+    /// where its rule's slices hold at least [`LONG_SLICE`] keys, else the staged one,
+    /// combining in place where it has that pass and its grid is at most the target (a
+    /// `slice_len` asked is the staged pass's).
     pub fn plan(
         &self,
         h: Heads,
         (batch, n_rows): (u32, u32),
         len: u32,
         slice_len: Option<u32>,
-    ) -> Result<(Slicing, bool), Error> {
+    ) -> Result<(Slicing, PassKind), Error> {
+        let per_kv = h.n_heads / h.n_kv_heads.max(1);
+        let slots = (n_rows.max(1) * per_kv).div_ceil(self.split_abi().grid.tile);
+        let others = h.n_kv_heads * slots * batch;
+        let staged = |s: Slicing| match &self.combined {
+            Some(_) if combines_in_place(s, others, self.target) => PassKind::Combined,
+            _ => PassKind::Staged,
+        };
         let Some(slice_len) = slice_len else {
-            let per_kv = h.n_heads / h.n_kv_heads.max(1);
-            let slots = (n_rows.max(1) * per_kv).div_ceil(self.split_abi().grid.tile);
-            let others = h.n_kv_heads * slots * batch;
             if let Some(long) = &self.long {
                 let s = long.slicing(len, others, self.target);
                 if s.slice_len >= LONG_SLICE {
-                    return Ok((s, true));
+                    return Ok((s, PassKind::Long));
                 }
             }
-            return Ok((self.split.slicing(len, others, self.target), false));
+            let s = self.split.slicing(len, others, self.target);
+            return Ok((s, staged(s)));
         };
         let SplitPass {
             key_tile,
@@ -245,8 +261,29 @@ impl Passes {
             slice_len,
             n_slices: len.div_ceil(slice_len).max(1),
         };
-        Ok((s, false))
+        Ok((s, staged(s)))
     }
+
+    /// The pipeline of a planned pass.
+    fn pipeline(&mut self, kind: PassKind) -> &mut Pipeline {
+        let pass = match kind {
+            PassKind::Long => self.long.as_mut(),
+            PassKind::Combined => self.combined.as_mut(),
+            PassKind::Staged => None,
+        };
+        &mut pass.unwrap_or(&mut self.split).pipeline
+    }
+}
+
+/// Which split pass a call takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PassKind {
+    /// The staged pass (in place, where it is the only one and combines).
+    Staged,
+    /// The streamed pass of long slices.
+    Long,
+    /// The staged pass that combines its slices itself.
+    Combined,
 }
 
 /// A split pass's pipeline and its layout: the keys it scores per step and the longest
@@ -334,10 +371,49 @@ impl SplitLayout {
     pub const PLANNED: SplitLayout = SplitLayout::Staged;
 }
 
+/// Where a split-K decode's slices meet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Combine {
+    /// In the split pass: the last workgroup of each query group to flush merges the
+    /// group's partials into O (a staged pass, natively: WGSL alone does not order one
+    /// workgroup's stores before another's loads).
+    InPlace,
+    /// In a second dispatch, the reduce pass.
+    ReducePass,
+    /// In place where the split pass's grid is at most the slicing rule's target (about
+    /// one wave of workgroups), else by the reduce pass: the planner's.
+    ByGrid,
+}
+
+impl Combine {
+    /// The planner's: [`Combine::ByGrid`] for the staged pass wherever the backend orders
+    /// storage across workgroups (not in a browser), else the reduce pass.
+    ///
+    /// Measured on an H200 (2026-11-30, `bench --decode 32768 --kv-heads 8 --head-dim 128`,
+    /// 32 heads unless said, f16, one device command, the `again` rows, in place against
+    /// the reduce pass): one sequence (256 workgroups) 0.0653 against 0.0723 ms (e4m3 cache
+    /// 0.0672 against 0.0738); 64 heads (512) 0.1038 against 0.1058; 8 sequences (2048)
+    /// 0.3835 against 0.3483; a 131072-row cache (1024) 0.2188 against 0.1976. The
+    /// dispatch saved pays where the grid is one wave; past it each wave costs more than it
+    /// saves (the same with each group's queries merged one after another, an earlier
+    /// build: 0.0664 / 0.0713, 0.3847 / 0.3492, 0.2229 / 0.1979 ms).
+    pub fn planned(gpu: &Gpu, layout: SplitLayout) -> Combine {
+        match layout == SplitLayout::Staged && gpu.orders_storage_across_workgroups() {
+            true => Combine::ByGrid,
+            false => Combine::ReducePass,
+        }
+    }
+}
+
 /// The description of `spec`'s split pass in `layout`: its slices as long as the device's
 /// workgroup memory holds, its sums across invocations by subgroup operations where the
 /// device has them.
-fn split_kernel_spec(gpu: &Gpu, spec: &DecodeSpec, layout: SplitLayout) -> KernelSpec {
+fn split_kernel_spec(
+    gpu: &Gpu,
+    spec: &DecodeSpec,
+    layout: SplitLayout,
+    combine: Combine,
+) -> KernelSpec {
     let streamed = layout == SplitLayout::Streamed;
     let base = match (spec.cache, streamed) {
         (Cache::Contiguous, false) => "attention_decode_split",
@@ -346,6 +422,10 @@ fn split_kernel_spec(gpu: &Gpu, spec: &DecodeSpec, layout: SplitLayout) -> Kerne
         (Cache::Paged, true) => "attention_decode_stream_paged",
     };
     let name = crate::plan::kernels::cache_family_name(base, spec.kv_fp8, spec.head_dim);
+    let name = match combine {
+        Combine::InPlace => format!("{name}_combined"),
+        Combine::ReducePass | Combine::ByGrid => name,
+    };
     let mut split = KernelSpec {
         cache: spec.cache,
         dtype: spec.dtype,
@@ -362,6 +442,9 @@ fn split_kernel_spec(gpu: &Gpu, spec: &DecodeSpec, layout: SplitLayout) -> Kerne
         split.grid.flash = Some(attn_dsl::layout::decode::stream_flash(&split));
     }
     split.grid.subgroups = streamed || gpu.has_subgroups();
+    if combine == Combine::InPlace {
+        split.writes.push(("o".into(), attn_dsl::WriteMode::Owned));
+    }
     // WebGPU's defaults where the kernel fits them; else just the storage buffers it binds
     // (a paged fp8 cache with ALiBi binds 9, as do three modifier tensors), which an
     // adapter with more runs and one without refuses naming the limit; a pass summing by
@@ -372,22 +455,47 @@ fn split_kernel_spec(gpu: &Gpu, spec: &DecodeSpec, layout: SplitLayout) -> Kerne
 }
 
 /// The family's split and reduce kernels for a spec (compiled by the DSL now; the
-/// pipelines are created later), the split pass as [`split_kernel_spec`] describes it.
+/// pipelines are created later), the split pass as [`split_kernel_spec`] describes it,
+/// combining its slices as `combine` asks where the device runs that (else the reduce
+/// pass does; it is built either way, for calls that write LSE).
 pub(crate) fn abis(
     gpu: &Gpu,
     spec: &DecodeSpec,
     layout: SplitLayout,
+    combine: Combine,
 ) -> Result<[KernelAbi; 2], Error> {
-    let split = compile(&split_kernel_spec(gpu, spec, layout))?;
+    let in_place = match combine {
+        Combine::InPlace => combined_pass(gpu, spec, layout)?,
+        Combine::ReducePass | Combine::ByGrid => None,
+    };
+    let split = match in_place {
+        Some(split) => split,
+        None => compile(&split_kernel_spec(gpu, spec, layout, Combine::ReducePass))?,
+    };
     let reduce = compile(&reduce_spec(spec, false))?;
     Ok([split, reduce])
+}
+
+/// The split pass that combines its slices itself, where the device runs it.
+pub(crate) fn combined_pass(
+    gpu: &Gpu,
+    spec: &DecodeSpec,
+    layout: SplitLayout,
+) -> Result<Option<KernelAbi>, Error> {
+    let split = compile(&split_kernel_spec(gpu, spec, layout, Combine::InPlace))?;
+    Ok(gpu.require(&split).is_ok().then_some(split))
+}
+
+/// Whether a split pass combines its slices itself (it writes O).
+pub(crate) fn combines(split: &KernelAbi) -> bool {
+    split.binding("arrivals").is_some()
 }
 
 /// The staged split pass of `spec` with only the phases in `keep` (`bench --decode
 /// --phases`: [`attn_dsl::emit::coop::Phases::decode_sets`]); its bindings are the whole
 /// pass's, so it runs on the same prepared buffers.
 pub fn staged_phases(gpu: &Gpu, spec: &DecodeSpec, keep: Phases) -> Result<KernelAbi, Error> {
-    let split = split_kernel_spec(gpu, spec, SplitLayout::Staged);
+    let split = split_kernel_spec(gpu, spec, SplitLayout::Staged, Combine::ReducePass);
     attn_dsl::compile_phases(&split, keep).map_err(|e| Error::Pipeline {
         kernel: split.name.clone(),
         message: e.to_string(),
@@ -409,7 +517,7 @@ fn long_pass(gpu: &Gpu, spec: &DecodeSpec) -> Result<Option<KernelAbi>, Error> {
     if !narrow || spec.kv_fp8.is_some() || !gpu.has_subgroups() {
         return Ok(None);
     }
-    let [split, _] = abis(gpu, spec, SplitLayout::Streamed)?;
+    let [split, _] = abis(gpu, spec, SplitLayout::Streamed, Combine::ReducePass)?;
     Ok(gpu.require(&split).is_ok().then_some(split))
 }
 
@@ -455,6 +563,8 @@ pub struct Decode {
     abis: [KernelAbi; 2],
     /// The streamed split pass the planner takes where its slices are long.
     long: Option<KernelAbi>,
+    /// The staged pass combining in place, taken where its grid is one wave.
+    combined: Option<KernelAbi>,
     passes: Option<Passes>,
     scratch: Scratch,
     /// Calls of many rows per sequence ([`super::extend`]); `None` for an fp8 cache, whose
@@ -475,18 +585,34 @@ impl Decode {
     /// [`Decode::new`] with the split pass in `layout` (streamed needs SUBGROUP), whatever
     /// the runtime plans.
     pub fn with_layout(gpu: &Gpu, spec: DecodeSpec, layout: SplitLayout) -> Result<Decode, Error> {
+        Decode::with_passes(gpu, spec, layout, Combine::planned(gpu, layout))
+    }
+
+    /// [`Decode::with_layout`] with the slices combined as `combine` asks (in place only
+    /// where the device runs it).
+    pub fn with_passes(
+        gpu: &Gpu,
+        spec: DecodeSpec,
+        layout: SplitLayout,
+        combine: Combine,
+    ) -> Result<Decode, Error> {
         let spec = DecodeSpec {
             masks: gpu.masks(spec.masks),
             ..spec
         };
-        let abis = abis(gpu, &spec, layout)?;
+        let abis = abis(gpu, &spec, layout, combine)?;
         for abi in &abis {
             gpu.require(abi)?;
         }
+        let combined = match combine {
+            Combine::ByGrid => combined_pass(gpu, &spec, layout)?,
+            Combine::InPlace | Combine::ReducePass => None,
+        };
         Ok(Decode {
             spec,
             abis,
             long: None,
+            combined,
             passes: None,
             scratch: Scratch::default(),
             chunks: spec.kv_fp8.is_none().then(Chunks::default),
@@ -512,6 +638,9 @@ impl Decode {
             if let Some(long) = &self.long {
                 passes = passes.with_long(Kernel::new(gpu, long).await?);
             }
+            if let Some(combined) = &self.combined {
+                passes = passes.with_combined(Kernel::new(gpu, combined).await?);
+            }
             self.passes = Some(passes);
         }
         Ok(())
@@ -525,6 +654,9 @@ impl Decode {
             let mut passes = Passes::new(split, reduce, calibration);
             if let Some(long) = &self.long {
                 passes = passes.with_long(Kernel::now(gpu, long)?);
+            }
+            if let Some(combined) = &self.combined {
+                passes = passes.with_combined(Kernel::now(gpu, combined)?);
             }
             self.passes = Some(passes);
         }
@@ -754,6 +886,8 @@ fn unshared() -> Error {
 #[derive(Default)]
 pub(crate) struct Scratch {
     partials: Option<Tensor>,
+    /// A split pass's arrivals per query group, each back to 0 when its dispatch ends.
+    arrivals: Option<Tensor>,
     starts: Vec<(Vec<u32>, Tensor)>,
 }
 
@@ -764,6 +898,12 @@ impl Scratch {
     /// A view of at least `shape`'s f32 elements.
     fn partials(&mut self, gpu: &Gpu, shape: &[u32]) -> Result<Tensor, Error> {
         grow(gpu, &mut self.partials, shape, Scalar::F32)
+    }
+
+    /// A view of at least `groups` counters, all 0 (made so, and left so by every split
+    /// pass that counts in them).
+    fn arrivals(&mut self, gpu: &Gpu, groups: u32) -> Result<Tensor, Error> {
+        grow(gpu, &mut self.arrivals, &[groups], Scalar::U32)
     }
 
     /// `starts` on the device, uploaded once.
@@ -798,7 +938,7 @@ pub(crate) fn record(
         n_rows,
     } = check(passes.split_abi(), passes.reduce.abi(), args)?;
     let c = &args.cache;
-    let (slicing, long) = passes.plan(h, (batch, n_rows), c.max_len, args.slice_len)?;
+    let (slicing, kind) = passes.plan(h, (batch, n_rows), c.max_len, args.slice_len)?;
     // A record per (sequence, slice, row, head): the output, then (m, l, 0, 0).
     let record = h.head_dim_v + 4;
     let partials = scratch.partials(gpu, &[batch, slicing.n_slices, n_rows * h.n_heads, record])?;
@@ -817,18 +957,27 @@ pub(crate) fn record(
     tensors.extend(c.block_table.map(|t| ("block_table", t)));
     tensors.extend(c.scales.map(|t| ("kv_scales", t)));
     tensors.extend(args.mods.tensors());
-    let pipeline = match (long, passes.long.as_mut()) {
-        (true, Some(l)) => &mut l.pipeline,
-        _ => &mut passes.split.pipeline,
-    };
+    let pipeline = passes.pipeline(kind);
     let g = grid(pipeline.abi(), &dims);
+    let combined = combines(pipeline.abi());
+    let arrivals = match combined {
+        true => Some(scratch.arrivals(gpu, g[1] * g[2])?),
+        false => None,
+    };
+    if let Some(arrivals) = &arrivals {
+        tensors.extend([("o", args.o), ("arrivals", arrivals)]);
+        tensors.extend(args.mods.sinks.map(|t| ("sinks", t)));
+    }
     let split = Dispatch {
         tensors,
         dims: dims.clone(),
         params,
     };
     pipeline.record(gpu, rec, &split, g)?;
-    record_reduce(gpu, passes, rec, (&partials, &q_starts), dims, (args, lse))?;
+    // A call writing LSE has the reduce write it (and O again, the same values).
+    if !combined || lse.is_some() {
+        record_reduce(gpu, passes, rec, (&partials, &q_starts), dims, (args, lse))?;
+    }
     Ok(slicing)
 }
 
