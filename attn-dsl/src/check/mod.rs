@@ -831,7 +831,7 @@ fn check_writes(spec: &KernelSpec) -> Result<(), DslError> {
         }
         match spec.write_mode(t.name) {
             // The last workgroup of a query group to flush owns its O and LSE.
-            Some(WriteMode::Owned) if spec.combines_slices() && t.layout[..1] == [Axis::B] => {}
+            Some(WriteMode::Owned) if spec.combines_slices() && matches!(t.name, "o" | "lse") => {}
             Some(mode) => check_ownership(spec, t.name, t.layout, mode)?,
             None if t.presence == Presence::Always => {
                 return Err(DslError::spec(

@@ -849,15 +849,16 @@ const MERGE_IN_TURN: &str = r#"for (var i = 0u; i < n_here; i = i + 1u) {
 const COMBINE_SERVED: Template = Template {
     name: "combine_served",
     needs: &[],
-    text: r#"// Invocations per served query, and the slice shares of each output column.
-const Q_LANES: u32 = WG / TILE;
+    text: r#"// Invocations per served query (a power of two, for the tree), and the slice shares of
+// each output column.
+const Q_LANES: u32 = $q_lanes;
 const Q_PARTS: u32 = Q_LANES / V4;
 
 fn combine_served(tid: u32, sv: Served) {
-    let i = tid / Q_LANES;
+    let i = min(tid / Q_LANES, TILE);
     let lane = tid % Q_LANES;
     let real = i < sv.n;
-    let h = sv.q[i];
+    let h = sv.q[min(i, TILE - 1u)];
     var m = NEG_BIG;
     var l = 0.0;
     if (real) {
@@ -871,7 +872,7 @@ fn combine_served(tid: u32, sv: Served) {
     sh_red[tid] = vec4<f32>(m, l, 0.0, 0.0);
     workgroupBarrier();
     for (var stride = Q_LANES / 2u; stride > 0u; stride = stride / 2u) {
-        if (lane < stride) {
+        if (lane < stride && tid + stride < WG) {
             let a = sh_red[tid];
             let b = sh_red[tid + stride];
             let mx = max(a.x, b.x);
@@ -879,7 +880,7 @@ fn combine_served(tid: u32, sv: Served) {
         }
         workgroupBarrier();
     }
-    let total = sh_red[i * Q_LANES].xy;
+    let total = sh_red[min(i * Q_LANES, WG - 1u)].xy;
     workgroupBarrier();
     let c = lane % V4;
     let part = lane / V4;
@@ -914,12 +915,21 @@ fn combine_served(tid: u32, sv: Served) {
 /// How a split pass that combines its slices merges its served queries: at once where a
 /// query's columns fit its share of the workgroup, else in turn.
 fn merge_served(spec: &KernelSpec) -> (Fragment, Fragment) {
-    let fits = spec.v_dim() / 4 <= spec.workgroup_size / spec.grid.tile.max(1);
-    match fits {
-        true => (
-            COMBINE_SERVED.fill(combine_holes(spec, "c == 0u")),
-            Fragment::from("combine_served(tid, sv);"),
-        ),
+    let share = spec.workgroup_size / spec.grid.tile.max(1);
+    // The largest power of two in each query's share of the workgroup.
+    let q_lanes = match share {
+        0 => 0,
+        n => 1 << n.ilog2(),
+    };
+    match spec.v_dim() / 4 <= q_lanes {
+        true => {
+            let mut holes = combine_holes(spec, "c == 0u").to_vec();
+            holes.push(("q_lanes", uint(q_lanes)));
+            (
+                COMBINE_SERVED.fill(holes),
+                Fragment::from("combine_served(tid, sv);"),
+            )
+        }
         false => (Fragment::default(), Fragment::from(MERGE_IN_TURN)),
     }
 }

@@ -346,3 +346,43 @@ fn a_decode_combined_in_place_equals_the_two_pass_decode_call_after_call() {
         assert!(off < 1e-5, "call {call}: the combined decode off by {off}");
     }
 }
+
+/// A described split pass that combines its slices, at every tile a description may ask
+/// (each query's share of the workgroup a power of two or not), decodes as the same pass
+/// with the reduce after it, in slices of one key tile.
+#[test]
+fn a_combining_split_pass_of_any_tile_decodes_as_two_passes() {
+    let gpu = Gpu::new(kernels::FAMILY.iter().copied())
+        .block_on()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let (_, reduce) = kernels::DECODE_SPLIT[0];
+    let mut state = 5u32;
+    let (q, kv) = (noise(&mut state, 8 * 64), noise(&mut state, 1000 * 2 * 64));
+    for tile in 1..=4 {
+        let plain = runtime::ops::decode::split_spec("split", 64, reduce.masks, tile);
+        let mut combined = plain.clone();
+        combined
+            .writes
+            .push(("o".into(), attn_dsl::WriteMode::Owned));
+        combined.fit_device(16384);
+        let run = |spec: &attn_dsl::KernelSpec| {
+            let abi = attn_dsl::compile(spec).unwrap_or_else(|e| panic!("tile {tile}: {e}"));
+            let split = SplitDecode::new(&gpu, &abi, reduce).unwrap();
+            let inp = input(1000, &q, &kv);
+            let o = split.run(&gpu, &inp, Some(split.key_tile())).block_on();
+            (split.combines(), o)
+        };
+        let ((two_pass, want), (in_place, got)) = (run(&plain), run(&combined));
+        let (want, got) = (want.unwrap(), got.unwrap());
+        assert!(!two_pass && in_place, "tile {tile}");
+        let off = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs() / b.abs().max(1e-2))
+            .fold(
+                0.0f32,
+                |m, e| if e.is_nan() { f32::INFINITY } else { m.max(e) },
+            );
+        assert!(off < 1e-5, "tile {tile}: off by {off}");
+    }
+}
