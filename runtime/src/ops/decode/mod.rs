@@ -939,6 +939,11 @@ pub(crate) fn record(
     } = check(passes.split_abi(), passes.reduce.abi(), args)?;
     let c = &args.cache;
     let (slicing, kind) = passes.plan(h, (batch, n_rows), c.max_len, args.slice_len)?;
+    // A call writing LSE has the reduce write it: the pass beside the reduce serves it.
+    let kind = match (kind, lse) {
+        (PassKind::Combined, Some(_)) => PassKind::Staged,
+        _ => kind,
+    };
     // A record per (sequence, slice, row, head): the output, then (m, l, 0, 0).
     let record = h.head_dim_v + 4;
     let partials = scratch.partials(gpu, &[batch, slicing.n_slices, n_rows * h.n_heads, record])?;
@@ -974,7 +979,8 @@ pub(crate) fn record(
         params,
     };
     pipeline.record(gpu, rec, &split, g)?;
-    // A call writing LSE has the reduce write it (and O again, the same values).
+    // A call writing LSE has the reduce write it (and, after a pass that combines its
+    // slices, O again: the same values).
     if !combined || lse.is_some() {
         record_reduce(gpu, passes, rec, (&partials, &q_starts), dims, (args, lse))?;
     }
