@@ -57,6 +57,18 @@ fn noise(state: &mut u32, n: impl TryInto<usize>) -> Vec<f32> {
         .collect()
 }
 
+/// The largest difference of `got` from `want`, relative to `want`'s value or `floor`; a
+/// NaN counts as off by infinity (f32::max would skip it).
+fn relative_off(got: &[f32], want: &[f32], floor: f32) -> f32 {
+    got.iter()
+        .zip(want)
+        .map(|(x, y)| match (x - y).abs() / y.abs().max(floor) {
+            e if e.is_nan() => f32::INFINITY,
+            e => e,
+        })
+        .fold(0.0f32, f32::max)
+}
+
 fn input<'a>(cache_len: u32, q: &'a [f32], kv: &'a [f32]) -> DecodeInput<'a> {
     DecodeInput {
         batch: 1,
@@ -231,17 +243,7 @@ fn the_staged_pass_sums_by_subgroups_as_through_workgroup_memory() {
             .unwrap()
     };
     let want = run(plain);
-    let off = |abi: &attn_dsl::KernelAbi| {
-        let got = run(abi);
-        got.iter()
-            .zip(&want)
-            // A NaN counts as off by infinity (f32::max would skip it).
-            .map(|(x, y)| match (x - y).abs() / y.abs().max(1e-3) {
-                e if e.is_nan() => f32::INFINITY,
-                e => e,
-            })
-            .fold(0.0f32, f32::max)
-    };
+    let off = |abi: &attn_dsl::KernelAbi| relative_off(&run(abi), &want, 1e-3);
     assert!(off(&sg) < 1e-4, "subgroup sums off by {}", off(&sg));
     assert!(
         off(&fallback) < 1e-4,
@@ -335,14 +337,7 @@ fn a_decode_combined_in_place_equals_the_two_pass_decode_call_after_call() {
         let (got, want) = (o.to_f32(&gpu).block_on(), want.to_f32(&gpu).block_on());
         let (got, want) = (got.unwrap(), want.unwrap());
         assert!(want.iter().all(|x| x.is_finite()) && want.iter().any(|x| *x != 0.0));
-        let off = got
-            .iter()
-            .zip(&want)
-            .map(|(a, b)| (a - b).abs() / b.abs().max(1e-2))
-            .fold(
-                0.0f32,
-                |m, e| if e.is_nan() { f32::INFINITY } else { m.max(e) },
-            );
+        let off = relative_off(&got, &want, 1e-2);
         assert!(off < 1e-5, "call {call}: the combined decode off by {off}");
     }
 }
@@ -375,14 +370,7 @@ fn a_combining_split_pass_of_any_tile_decodes_as_two_passes() {
         let ((two_pass, want), (in_place, got)) = (run(&plain), run(&combined));
         let (want, got) = (want.unwrap(), got.unwrap());
         assert!(!two_pass && in_place, "tile {tile}");
-        let off = got
-            .iter()
-            .zip(&want)
-            .map(|(a, b)| (a - b).abs() / b.abs().max(1e-2))
-            .fold(
-                0.0f32,
-                |m, e| if e.is_nan() { f32::INFINITY } else { m.max(e) },
-            );
+        let off = relative_off(&got, &want, 1e-2);
         assert!(off < 1e-5, "tile {tile}: off by {off}");
     }
 }
