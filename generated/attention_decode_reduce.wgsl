@@ -100,13 +100,13 @@ fn merge_state(s: State, m_s: f32, l_s: f32, x: vec4<f32>) -> State {
     return State(m, fma(keep, s.l, w * l_s), fma(vec4<f32>(keep), s.acc, w * x));
 }
 
-// Slices merged in turn by each of PARTS groups of V4 invocations.
-const PARTS: u32 = WG / V4;
-
 // [row, h, d] in vec4s, of query q (row · n_heads + h) of this sequence's rows.
 fn o4_index(q: u32) -> u32 {
     return (q_row0 * dims.n_heads + q) * V4;
 }
+
+// Slices merged in turn by each of PARTS groups of V4 invocations.
+const PARTS: u32 = WG / V4;
 
 // Each group's running max and sum.
 var<workgroup> sh_ml: array<vec2<f32>, PARTS>;

@@ -293,8 +293,8 @@ fn split(out: &mut Wgsl, spec: &KernelSpec, keep: Phases) {
     ));
     out.put(SPLIT_MEMORY.fill([("qk4", Fragment::from(qk4(spec)))]));
     if spec.combines_slices() {
-        out.put(combine(spec));
-        out.put(merge_served(spec).0);
+        out.put(combine_common());
+        out.put(combine_served(spec));
         out.push_str("// Whether this workgroup was its group's last to flush.\nvar<workgroup> sh_arrived_last: u32;\n\n");
     }
     out.put(split_entry(spec, keep));
@@ -382,7 +382,7 @@ fn split_entry(spec: &KernelSpec, keep: Phases) -> Fragment {
         (
             "combine",
             match spec.combines_slices() {
-                true => SPLIT_COMBINE.fill([("merge", merge_served(spec).1)]),
+                true => SPLIT_COMBINE.plain(),
                 false => Fragment::default(),
             },
         ),
@@ -694,6 +694,7 @@ fn value_pass(spec: &KernelSpec, loops: &Loops, keep: bool) -> [Fragment; 2] {
 /// Written `lse` (each query's log-sum-exp, the sinks counted as in O) lets a caller merge
 /// the decode with attention over other keys.
 fn reduce(out: &mut Wgsl, spec: &KernelSpec) {
+    out.put(combine_common());
     out.put(combine(spec));
     out.put(REDUCE.fill([("name", Fragment::from(spec.name.as_str()))]));
 }
@@ -747,11 +748,6 @@ const COMBINE: Template = Template {
     text: r#"// Slices merged in turn by each of PARTS groups of V4 invocations.
 const PARTS: u32 = WG / V4;
 
-// [row, h, d] in vec4s, of query q (row · n_heads + h) of this sequence's rows.
-fn o4_index(q: u32) -> u32 {
-    return (q_row0 * dims.n_heads + q) * V4;
-}
-
 // Each group's running max and sum.
 var<workgroup> sh_ml: array<vec2<f32>, PARTS>;
 
@@ -792,9 +788,21 @@ fn combine_query(tid: u32, h: u32) {
 
 /// [`COMBINE`] for `spec`: its sinks and its LSE where it has them.
 fn combine(spec: &KernelSpec) -> Fragment {
+    COMBINE.fill(combine_holes(spec, "tid == 0u"))
+}
+
+/// What every combine reads: the running states, and O's indexing.
+const COMBINE_COMMON: &str = r#"// [row, h, d] in vec4s, of query q (row · n_heads + h) of this sequence's rows.
+fn o4_index(q: u32) -> u32 {
+    return (q_row0 * dims.n_heads + q) * V4;
+}
+
+"#;
+
+fn combine_common() -> Fragment {
     super::states::STATES
         .plain()
-        .then(COMBINE.fill(combine_holes(spec, "tid == 0u")))
+        .then(Fragment::from(COMBINE_COMMON))
 }
 
 /// A combine's `$sink` (a sink joins a query's state as a slice of max `sinks[h]`, sum 1
@@ -815,8 +823,8 @@ fn combine_holes(spec: &KernelSpec, storer: &str) -> [(&'static str, Fragment); 
 /// A split pass's end where it combines its slices itself: each workgroup counts itself
 /// in its group's `arrivals` once its partials are stored (the device-scope barrier before
 /// makes them visible first), and the last to arrive, which sees every other's count and
-/// so (after its own barrier) their partials, merges the group's queries (`$merge`) and
-/// sets the count back to 0 for the next dispatch.
+/// so (after its own barrier) their partials, merges the group's queries
+/// ([`COMBINE_SERVED`]) and sets the count back to 0 for the next dispatch.
 const SPLIT_COMBINE: Template = Template {
     name: "split_combine",
     needs: &[],
@@ -831,21 +839,15 @@ if (tid == 0u) {
 }
 if (workgroupUniformLoad(&sh_arrived_last) == 1u) {
     storageBarrier();
-    $merge
+    combine_served(tid, sv);
 }
 "#,
 };
 
-/// The served queries merged one after another, each by the whole workgroup.
-const MERGE_IN_TURN: &str = r#"for (var i = 0u; i < n_here; i = i + 1u) {
-    combine_query(tid, sv.q[i]);
-}"#;
-
 /// `combine_served(tid, sv)`: the served queries merged at once, Q_LANES invocations each:
 /// a query's max and sum over its slices (lane-strided, then a tree over its lanes), then
 /// its output columns, each column's slices shared by the lanes the columns leave, every
-/// slice's loads independent of the sums before them (where a query's V4 columns fit its
-/// lanes).
+/// slice's loads independent of the sums before them.
 const COMBINE_SERVED: Template = Template {
     name: "combine_served",
     needs: &[],
@@ -872,7 +874,7 @@ fn combine_served(tid: u32, sv: Served) {
     sh_red[tid] = vec4<f32>(m, l, 0.0, 0.0);
     workgroupBarrier();
     for (var stride = Q_LANES / 2u; stride > 0u; stride = stride / 2u) {
-        if (lane < stride && tid + stride < WG) {
+        if (lane < stride) {
             let a = sh_red[tid];
             let b = sh_red[tid + stride];
             let mx = max(a.x, b.x);
@@ -912,26 +914,15 @@ fn combine_served(tid: u32, sv: Served) {
 "#,
 };
 
-/// How a split pass that combines its slices merges its served queries: at once where a
-/// query's columns fit its share of the workgroup, else in turn.
-fn merge_served(spec: &KernelSpec) -> (Fragment, Fragment) {
+/// [`COMBINE_SERVED`] for `spec`. A query's columns always fit its share: head_dim is at
+/// most the workgroup, both powers of two, and a workgroup serves at most 4 queries.
+fn combine_served(spec: &KernelSpec) -> Fragment {
     let share = spec.workgroup_size / spec.grid.tile.max(1);
     // The largest power of two in each query's share of the workgroup.
-    let q_lanes = match share {
-        0 => 0,
-        n => 1 << n.ilog2(),
-    };
-    match spec.v_dim() / 4 <= q_lanes {
-        true => {
-            let mut holes = combine_holes(spec, "c == 0u").to_vec();
-            holes.push(("q_lanes", uint(q_lanes)));
-            (
-                COMBINE_SERVED.fill(holes),
-                Fragment::from("combine_served(tid, sv);"),
-            )
-        }
-        false => (Fragment::default(), Fragment::from(MERGE_IN_TURN)),
-    }
+    let q_lanes = 1u32 << share.max(1).ilog2();
+    let mut holes = combine_holes(spec, "c == 0u").to_vec();
+    holes.push(("q_lanes", uint(q_lanes)));
+    COMBINE_SERVED.fill(holes)
 }
 
 /// How the split pass's two loops walk a slice: every key, or with a `mask_mod` only the

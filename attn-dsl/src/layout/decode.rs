@@ -104,13 +104,17 @@ pub fn fixed_bytes(spec: &KernelSpec) -> u32 {
     4 * spec.grid.tile * spec.head_dim + 16 * spec.workgroup_size + 4 + combine_bytes(spec)
 }
 
-/// The combine's workgroup memory beside the reductions' (a split pass that combines its
-/// slices, and the reduce): each group's running max and sum, and a flag.
+/// The combine's workgroup memory beside the reductions': the reduce's running max and sum
+/// per group of invocations and its rows; a split pass that combines its slices merges in
+/// the reductions' memory and keeps one flag.
 fn combine_bytes(spec: &KernelSpec) -> u32 {
     let groups = spec.workgroup_size / (spec.v_dim() / 4).max(1);
-    match spec.op == Op::DecodeReduce || spec.combines_slices() {
-        true => 8 * groups + 8,
-        false => 0,
+    if spec.op == Op::DecodeReduce {
+        8 * groups + 8
+    } else if spec.combines_slices() {
+        4
+    } else {
+        0
     }
 }
 
