@@ -253,8 +253,12 @@ impl KernelAbi {
             Op::SinkGrad => return [at(1), 1, 1],
             // (rows, hidden, out): a workgroup per block of output columns and of rows.
             Op::LinearRows => {
-                let block = self.workgroup_size[0] / crate::layout::rows::LINEAR_LANES
-                    * crate::layout::rows::LINEAR_COLUMNS;
+                let bytes = match self.scalar("w") {
+                    Scalar::F16 | Scalar::Bf16 => 2,
+                    _ => 4,
+                };
+                let wg = self.workgroup_size[0];
+                let block = crate::layout::rows::linear_layout(self.grid.tile, bytes, wg).block(wg);
                 return [
                     at(2).div_ceil(block.max(1)),
                     at(0).div_ceil(self.grid.tile.max(1)),

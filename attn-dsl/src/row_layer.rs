@@ -173,3 +173,25 @@ pub fn linear_rows(
     spec.fit_target();
     spec
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every row count the runtime compiles, in every weight dtype, at widths that leave a
+    /// partial step and a partial block: the WGSL validates, and the grid covers `out`.
+    #[test]
+    fn a_linear_at_every_row_count_compiles_and_covers_its_columns() {
+        for dtype in [Dtype::F32, Dtype::F16, Dtype::Bf16] {
+            for tile in [1, 2, 4, 8, 16] {
+                let spec = linear_rows("linear_rows_t", [200, 37], tile, dtype, true);
+                let abi = crate::compile(&spec).unwrap_or_else(|e| panic!("{dtype:?} {tile}: {e}"));
+                let bytes = dtype.bytes();
+                let block = crate::layout::rows::linear_layout(tile, bytes, spec.workgroup_size)
+                    .block(spec.workgroup_size);
+                let grid = abi.dispatch_grid(&[21, 200, 37]);
+                assert_eq!(grid, [37u32.div_ceil(block), 21u32.div_ceil(tile), 1]);
+            }
+        }
+    }
+}

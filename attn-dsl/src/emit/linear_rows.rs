@@ -1,36 +1,38 @@
 //! [`Op::LinearRows`](crate::spec::Op::LinearRows): `y = x·Wᵀ (+ b)` at a few rows, at the
-//! rate W streams from memory. A workgroup owns `BLOCK` output columns: groups of `LANES`
-//! invocations along the reduction, each group `COLS` columns, each lane the words `lane,
-//! lane + LANES, ..` of those columns' W rows (a group reads 512 contiguous bytes of a row
-//! at a time in f32). Every word of W is read once and multiplied into each of the
-//! workgroup's `TILE` rows of x (x is small and shared by every workgroup, so it stays in
-//! the caches); each lane keeps one sum per (row, column). The group's lanes then meet in
-//! workgroup memory, sixteen sums at a time: each lane writes its batch, and lane i adds sum
-//! i of it over the group's lanes, pairwise, in registers (two barriers a batch; a tree per
-//! four sums took 7, and 1.2-1.5x the time from 4 to 16 rows on an H200, 2026-11-29).
+//! rate W streams from memory. Every word of W is read once and multiplied into each of
+//! the workgroup's `TILE` rows of x (x is small and shared by every workgroup, so it stays
+//! in the caches). How the lanes share W's columns and the reduction is
+//! [`LinearLayout`](crate::layout::rows::LinearLayout): lanes on one column take
+//! interleaved steps of the reduction (`PARTS` of them), each keeps one sum per (row,
+//! column), each step's products summed apart first, and the parts meet in workgroup
+//! memory, sixteen sums at a time, each added over the parts pairwise by one invocation.
 
 use super::writer::{Fragment, Template, Wgsl, concat, lines, uint};
 
-use crate::layout::rows::{LINEAR_COLUMNS, LINEAR_LANES};
+use crate::layout::rows::{LinearLayout, linear_layout};
 use crate::spec::KernelSpec;
 
-/// Word loads of W each lane issues together before multiplying them (for loads in flight).
-const UNROLL: u32 = 4;
+/// The layout the rules give `spec`.
+fn layout(spec: &KernelSpec) -> LinearLayout {
+    linear_layout(spec.grid.tile, spec.dtype.bytes(), spec.workgroup_size)
+}
 
 pub(super) fn constants(out: &mut Wgsl, spec: &KernelSpec) {
+    let l = layout(spec);
     out.put(CONSTANTS.fill([
         ("wg", uint(spec.workgroup_size)),
         ("hidden", uint(spec.head_dim)),
         ("out", uint(spec.out_dim)),
         ("tile", uint(spec.grid.tile)),
-        ("lanes", uint(LINEAR_LANES)),
-        ("cols", uint(LINEAR_COLUMNS)),
-        ("unroll", uint(UNROLL)),
+        ("lpc", uint(l.lanes_per_column)),
+        ("gk", uint(l.groups_along_reduction)),
+        ("cols", uint(l.columns)),
+        ("step", uint(l.step)),
+        ("unroll", uint(l.unroll)),
     ]));
 }
 
-/// The kernel's shape: the workgroup, the widths, the rows per workgroup, the lanes and
-/// columns of a group and the loads per step (each a u32 literal).
+/// The kernel's shape (each a u32 literal).
 const CONSTANTS: Template = Template {
     name: "linear_rows_constants",
     needs: &[],
@@ -39,12 +41,21 @@ const HIDDEN: u32 = $hidden;
 const OUT: u32 = $out;
 // vec4s of a row of x or W.
 const K4: u32 = HIDDEN / 4u;
-// Rows per workgroup, lanes per column group, columns per group and workgroup.
+// Rows per workgroup.
 const TILE: u32 = $tile;
-const LANES: u32 = $lanes;
+// A group of 32 lanes: SPAN columns side by side, LPC lanes on each; GK groups on the same
+// columns, the workgroup's others (SETS) on others; COLS columns per lane.
+const LPC: u32 = $lpc;
+const SPAN: u32 = 32u / LPC;
+const GK: u32 = $gk;
+const SETS: u32 = WG / 32u / GK;
 const COLS: u32 = $cols;
-const BLOCK: u32 = WG / LANES * COLS;
-// W's words each lane loads per step.
+// Columns a workgroup owns, column slots (a lane's first column), parts of the reduction.
+const SLOTS: u32 = SETS * SPAN;
+const BLOCK: u32 = SLOTS * COLS;
+const PARTS: u32 = LPC * GK;
+// vec4s of W per lane, column and step; steps whose loads are issued together.
+const STEP: u32 = $step;
 const UNROLL: u32 = $unroll;
 
 "#,
@@ -52,110 +63,106 @@ const UNROLL: u32 = $unroll;
 
 pub(super) fn body(out: &mut Wgsl, spec: &KernelSpec) {
     super::dtype::vec4_codec(out, spec.dtype);
-    let rows = spec.grid.tile;
-    let cols = LINEAR_COLUMNS;
-    let sums: Vec<(u32, u32)> = (0..rows)
-        .flat_map(|r| (0..cols).map(move |c| (r, c)))
+    let l = layout(spec);
+    let sums: Vec<(u32, u32)> = (0..spec.grid.tile)
+        .flat_map(|r| (0..l.columns).map(move |c| (r, c)))
         .collect();
     let decl = lines(sums.iter().map(|(r, c)| format!("var s{r}_{c} = 0.0;")));
-    let loads = lines((0..UNROLL).flat_map(|u| {
-        let w = (0..cols).map(move |c| format!("let w{u}_{c} = w_at(n0 + {c}u, k{u});"));
-        std::iter::once(format!("let k{u} = kb + {u}u * LANES;")).chain(w)
-    }));
-    let fmas = lines((0..UNROLL).flat_map(|u| {
-        (0..rows).flat_map(move |r| {
-            let dots =
-                (0..cols).map(move |c| format!("s{r}_{c} = s{r}_{c} + dot(x{u}_{r}, w{u}_{c});"));
-            std::iter::once(format!("let x{u}_{r} = x_at(r0 + {r}u, k{u});")).chain(dots)
-        })
-    }));
     let bias = match spec.matmul.is_some_and(|f| f.bias) {
         true => "x = x + bias[n];",
         false => "",
     };
+    let parts: Vec<String> = (0..l.lanes_per_column * l.groups_along_reduction)
+        .map(|p| format!("sh_red[(i * PARTS + {p}u) * SLOTS + q]"))
+        .collect();
     out.put(BODY.fill([
         ("decl", decl),
-        ("loads", loads),
-        ("fmas", fmas),
+        ("loads", loads(&l)),
+        ("fmas", fmas(&l, spec.grid.tile)),
         ("reduce", batched_reduce(&sums)),
-        ("pairs", pairs()),
+        ("parts", Fragment::from(pairwise(&parts))),
         ("bias", Fragment::from(bias)),
         ("name", Fragment::from(spec.name.as_str())),
     ]));
 }
 
-/// The sums (row, column) in batches of sixteen: each batch through `group_sums`, and lane
-/// i of each group stores sum i of it.
+/// A lane's loads of W for `unroll` steps: `w{u}_{c}_{v}`, vec4 v of step u's run of
+/// column c.
+fn loads(l: &LinearLayout) -> Fragment {
+    lines((0..l.unroll).flat_map(|u| {
+        let w = (0..l.columns).flat_map(move |c| {
+            (0..l.step)
+                .map(move |v| format!("let w{u}_{c}_{v} = w_at(n0 + {c}u * SLOTS, k{u} + {v}u);"))
+        });
+        std::iter::once(format!("let k{u} = c + {u}u * PARTS * STEP;")).chain(w)
+    }))
+}
+
+/// Each step's products: every row's vec4s of x, each met with every column's words, the
+/// step's products summed pairwise before they join the row's sum.
+fn fmas(l: &LinearLayout, rows: u32) -> Fragment {
+    let l = *l;
+    lines((0..l.unroll).flat_map(move |u| {
+        (0..rows).flat_map(move |r| {
+            let x = (0..l.step)
+                .map(move |v| format!("let x{u}_{r}_{v} = x_at(r0 + {r}u, k{u} + {v}u);"));
+            let dots = (0..l.columns).map(move |c| {
+                let terms: Vec<String> = (0..l.step)
+                    .map(|v| format!("dot(x{u}_{r}_{v}, w{u}_{c}_{v})"))
+                    .collect();
+                format!("s{r}_{c} = s{r}_{c} + {};", pairwise(&terms))
+            });
+            x.chain(dots)
+        })
+    }))
+}
+
+/// `terms` added pairwise, as one WGSL expression.
+fn pairwise(terms: &[String]) -> String {
+    match terms.len() {
+        0 => "0.0".into(),
+        1 => terms[0].clone(),
+        n => {
+            let (a, b) = terms.split_at(n.div_ceil(2));
+            format!("({} + {})", pairwise(a), pairwise(b))
+        }
+    }
+}
+
+/// The sums (row, column) in batches of sixteen, each written by every part and then
+/// added over the parts by `part_sums`.
 fn batched_reduce(sums: &[(u32, u32)]) -> Fragment {
     concat(sums.chunks(16).enumerate().map(|(b, batch)| {
-        let mut quads: Vec<String> = batch
-            .chunks(4)
-            .map(|q| {
-                let mut c = vec!["0.0".to_string(); 4];
-                for (i, (r, col)) in q.iter().enumerate() {
-                    c[i] = format!("s{r}_{col}");
-                }
-                format!("vec4<f32>({})", c.join(", "))
-            })
-            .collect();
-        quads.resize(4, "vec4<f32>(0.0)".into());
+        let writes = lines(batch.iter().enumerate().map(|(i, (r, c))| {
+            format!("sh_red[({i}u * PARTS + part) * SLOTS + slot] = s{r}_{c};")
+        }));
         BATCH.fill([
+            ("writes", writes),
             ("n", uint(batch.len() as u32)),
-            ("quads", Fragment::from(quads.join(", "))),
-            ("batch", uint(b as u32)),
+            ("first", uint(16 * b as u32)),
         ])
     }))
 }
 
-/// Batch `$batch` of `$n` sums, `$quads` the four vec4s holding them, through
-/// `group_sums`, and stored by the lanes that hold them.
+/// A batch of `$n` sums from sum `$first` on: written by every lane, then added over the
+/// parts, a (sum, column) per invocation.
 const BATCH: Template = Template {
     name: "linear_rows_batch",
     needs: &[],
-    text: r#"t = group_sums(tid, $n, $quads);
-if (lane < $n) {
-    let i = $batch * 16u + lane;
-    store(r0 + i / COLS, n0 + i % COLS, t);
-}
+    text: r#"workgroupBarrier();
+$writes
+workgroupBarrier();
+part_sums(tid, $first, $n, wg.x, r0);
 "#,
 };
 
-/// Sum `lane` of the batch over the group's lanes, pairwise: the lanes' pairs, then pairs
-/// of those, .. to one, `t`.
-fn pairs() -> Fragment {
-    let mut n = LINEAR_LANES / 2;
-    let mut pairs: Vec<String> = (0..n)
-        .map(|i| {
-            format!(
-                "let p0_{i} = sh_red[(g0 + {}u) * 4u + quad][comp] + sh_red[(g0 + {}u) * 4u + quad][comp];",
-                2 * i,
-                2 * i + 1
-            )
-        })
-        .collect();
-    let mut level = 0;
-    while n > 1 {
-        n /= 2;
-        for i in 0..n {
-            let (a, b) = (2 * i, 2 * i + 1);
-            pairs.push(format!(
-                "let p{}_{i} = p{level}_{a} + p{level}_{b};",
-                level + 1
-            ));
-        }
-        level += 1;
-    }
-    pairs.push(format!("t = p{level}_0;"));
-    lines(pairs)
-}
-
 /// The kernel: `$decl` the lane's sums, each step's `$loads` of W's words and `$fmas` of
-/// the rows of x into the sums, `$reduce` the sums through `group_sums` (`$pairs` the
-/// pairwise sum of a lane's share) and stored (`$bias` added).
+/// the rows of x into the sums, `$reduce` the sums added over the parts (`$parts`, pairwise)
+/// and stored (`$bias` added).
 const BODY: Template = Template {
     name: "linear_rows",
     needs: &[],
-    text: r#"var<workgroup> sh_red: array<vec4<f32>, 4u * WG>;
+    text: r#"var<workgroup> sh_red: array<f32, 16u * WG>;
 
 // vec4 k4 of row r of x; rows past the call's repeat its last (their sums are not stored).
 fn x_at(r: u32, k4: u32) -> vec4<f32> {
@@ -169,28 +176,19 @@ fn w_at(n: u32, k4: u32) -> vec4<f32> {
     return select(vec4<f32>(0.0), v, k4 < K4);
 }
 
-// A batch of up to sixteen sums (a, b, c, d) of every lane: lane i < n of each group returns
-// sum i of the batch over the group's lanes, added pairwise. Every invocation reaches the
-// barriers.
-fn group_sums(tid: u32, n: u32, a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, d: vec4<f32>) -> f32 {
-    sh_red[tid * 4u] = a;
-    sh_red[tid * 4u + 1u] = b;
-    sh_red[tid * 4u + 2u] = c;
-    sh_red[tid * 4u + 3u] = d;
-    workgroupBarrier();
-    let lane = tid % LANES;
-    let g0 = tid - lane;
-    var t = 0.0;
-    if (lane < n) {
-        let quad = lane / 4u;
-        let comp = lane % 4u;
-        $pairs
+// Sums first..first + n of the batch in `sh_red`, each added over the parts and stored:
+// sum i of column slot q by invocation i * SLOTS + q (and WG on).
+fn part_sums(tid: u32, first: u32, n: u32, wgx: u32, r0: u32) {
+    for (var o = tid; o < n * SLOTS; o = o + WG) {
+        let i = o / SLOTS;
+        let q = o % SLOTS;
+        let t = $parts;
+        let at = first + i;
+        store(r0 + at / COLS, wgx * BLOCK + at % COLS * SLOTS + q, t);
     }
-    workgroupBarrier();
-    return t;
 }
 
-// y[r, n], by the lane that holds its sum, for the call's rows and columns.
+// y[r, n], for the call's rows and columns.
 fn store(r: u32, n: u32, sum: f32) {
     if (r < dims.rows && n < OUT) {
         var x = sum;
@@ -201,15 +199,17 @@ fn store(r: u32, n: u32, sum: f32) {
 
 @compute @workgroup_size(WG)
 fn $name(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
-    let lane = tid % LANES;
-    let n0 = wg.x * BLOCK + tid / LANES * COLS;
+    let group = tid / 32u;
+    let lane = tid % 32u;
+    let slot = group / GK * SPAN + lane % SPAN;
+    let part = group % GK * LPC + lane / SPAN;
+    let n0 = wg.x * BLOCK + slot;
     let r0 = wg.y * TILE;
     $decl
-    for (var kb = lane; kb < K4; kb = kb + UNROLL * LANES) {
+    for (var c = part * STEP; c < K4; c = c + UNROLL * PARTS * STEP) {
         $loads
         $fmas
     }
-    var t = 0.0;
     $reduce
 }
 "#,

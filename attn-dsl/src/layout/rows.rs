@@ -89,19 +89,71 @@ pub fn grid_y(op: Op, hidden: u32, out: u32, tile: u32, atomic: bool) -> u32 {
     }
 }
 
-/// A Linear at a few rows ([`Op::LinearRows`]): lanes along the reduction per pair of
-/// output columns (each lane one 16-byte word of W in f32 at a time, 32 lanes a 512-byte
-/// run of a row), columns per lane group, and the most rows one workgroup holds.
-pub const LINEAR_LANES: u32 = 32;
-/// Output columns per lane group of a [`Op::LinearRows`] workgroup (four were slower from 4
-/// to 16 rows on an H200: more sums held per lane).
-pub const LINEAR_COLUMNS: u32 = 2;
 /// The most rows one [`Op::LinearRows`] workgroup holds.
 pub const LINEAR_MAX_ROWS: u32 = 16;
 
-/// Output columns one [`Op::LinearRows`] workgroup owns.
-pub fn linear_block(spec: &KernelSpec) -> u32 {
-    spec.workgroup_size / LINEAR_LANES * LINEAR_COLUMNS
+/// Invocations of a [`Op::LinearRows`] group: the lanes that load together.
+pub const LINEAR_GROUP: u32 = 32;
+
+/// How a [`Op::LinearRows`] workgroup's lanes share W: each group of [`LINEAR_GROUP`]
+/// lanes takes `32 / lanes_per_column` columns side by side, `lanes_per_column` lanes on
+/// each (parts of the reduction, interleaved by `step` vec4s); `groups_along_reduction`
+/// groups take more parts of the same columns, the workgroup's other groups other columns;
+/// each lane `columns` columns, their words multiplied by each load of x. `unroll` steps'
+/// loads are issued together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LinearLayout {
+    /// Lanes of a group on each column (1 to 32, a power of two).
+    pub lanes_per_column: u32,
+    /// Groups of the workgroup on the same columns.
+    pub groups_along_reduction: u32,
+    /// Columns per lane.
+    pub columns: u32,
+    /// vec4s of W a lane reads per column and step.
+    pub step: u32,
+    /// Steps whose loads are issued together.
+    pub unroll: u32,
+}
+
+/// The layout of a workgroup of `workgroup` lanes holding `tile` rows, W's elements of
+/// `bytes` bytes. Up to 8 rows a group's 32 lanes walk two columns' rows together, 16 bytes
+/// a lane (each load of W a 512-byte run). At 16 rows that layout meets each load of x
+/// with two columns, and x's loads bound it; there a group takes four columns side by
+/// side, 8 lanes on each (32 contiguous bytes a lane), every group of the workgroup on the
+/// same columns, and each lane 8 bytes of W per reduction index (f16: four columns, f32:
+/// two). On an H200 (2026-11-30, `bench --linear 16`; the A/B in docs/performance.md)
+/// that took 4096 -> 14336 at 16 rows from 0.345 to 0.162 ms with f32 weights and from
+/// 0.227 to 0.158 in f16; at 8 rows and fewer it was up to 1.5x slower than the first.
+pub fn linear_layout(tile: u32, bytes: u32, workgroup: u32) -> LinearLayout {
+    match tile < LINEAR_MAX_ROWS {
+        true => LinearLayout {
+            lanes_per_column: LINEAR_GROUP,
+            groups_along_reduction: 1,
+            columns: 2,
+            step: 1,
+            unroll: 4,
+        },
+        false => LinearLayout {
+            lanes_per_column: 8,
+            groups_along_reduction: (workgroup / LINEAR_GROUP).max(1),
+            columns: 8 / bytes,
+            step: 32 / (4 * bytes),
+            unroll: 2,
+        },
+    }
+}
+
+impl LinearLayout {
+    /// Columns side by side in one group.
+    pub fn span(&self) -> u32 {
+        LINEAR_GROUP / self.lanes_per_column
+    }
+
+    /// Output columns a workgroup of `workgroup` lanes owns.
+    pub fn block(&self, workgroup: u32) -> u32 {
+        let sets = (workgroup / LINEAR_GROUP / self.groups_along_reduction).max(1);
+        sets * self.span() * self.columns
+    }
 }
 
 /// Floats of one staged operand slice: BK reduction indices × 64 outputs.
@@ -137,5 +189,32 @@ pub fn workgroup_bytes(spec: &KernelSpec) -> u32 {
         }
         Op::LayernormLinearWeightGrad => slices,
         _ => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sixteen_rows_share_x_among_more_columns_and_fewer_keep_whole_runs() {
+        for tile in [1, 2, 4, 8] {
+            let l = linear_layout(tile, 2, 256);
+            assert_eq!((l.lanes_per_column, l.columns, l.step), (32, 2, 1));
+            assert_eq!(l.block(256), 16, "eight groups of two columns");
+        }
+        let half = linear_layout(16, 2, 256);
+        let full = linear_layout(16, 4, 256);
+        assert_eq!((half.lanes_per_column, half.groups_along_reduction), (8, 8));
+        // Each lane's step is 32 bytes of a column; 8 bytes of W per reduction index.
+        assert_eq!(
+            (half.columns, half.step, full.columns, full.step),
+            (4, 4, 2, 2)
+        );
+        assert_eq!((half.block(256), full.block(256)), (16, 8));
+        // Every group's lanes are whole columns' parts.
+        for l in [half, full, linear_layout(1, 4, 256)] {
+            assert_eq!(l.span() * l.lanes_per_column, LINEAR_GROUP);
+        }
     }
 }

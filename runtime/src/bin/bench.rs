@@ -58,6 +58,12 @@ struct Args {
     /// 8192 is the issue's [8, 1024, 768]), forward and both backward schedules.
     #[arg(long, value_name = "ROWS")]
     layernorm: Option<u32>,
+    /// Time only the projections of `--layernorm`: the Linear at each of these row counts
+    /// (`1,2,8,16`: an engine's decode steps), [ROWS, 768] -> 3072, 4096 -> 4096 and 4096 ->
+    /// 14336, W in f32 and each half dtype the adapter has, in GB/s of weights read and as a
+    /// fraction of the copy kernel's GB/s measured first.
+    #[arg(long, value_name = "ROWS", value_delimiter = ',', conflicts_with_all = ["layernorm", "decode", "e2e", "tune", "only", "flex"])]
+    linear: Vec<u32>,
     /// Time decode instead: one query row per head against a KV cache of this many rows, the
     /// plain decode (one workgroup per head) beside split-K (slices, then a reduce), in
     /// GB/s and as a fraction of the adapter's copy bandwidth measured in the same run.
@@ -480,6 +486,9 @@ fn run(args: Args) -> anyhow::Result<()> {
     if let Some(rows) = args.layernorm {
         return layernorm(&gpu, rows, args.runs, args.tune.as_deref());
     }
+    if !args.linear.is_empty() {
+        return linear(&gpu, &args);
+    }
     if args.e2e {
         return e2e(&gpu, &args);
     }
@@ -706,29 +715,7 @@ fn layernorm(
             row.gbps()
         );
     }
-    // The projections alone (an engine's Q, K, V and O have no LayerNorm in front), W held
-    // in each dtype: GB/s of weights read.
-    // 4096 -> 14336: an MLP's up projection, where W's bytes outweigh a dispatch's start.
-    for (hidden, out) in [(768, 3072), (4096, 4096), (4096, 14336)] {
-        let weights = [attn_dsl::Dtype::F32].into_iter().chain(gpu.half_dtypes());
-        for dtype in weights {
-            let t =
-                runtime::harness::layernorm::bench::linear(gpu, [rows, hidden, out], dtype, runs)?;
-            let bytes = f64::from(hidden) * f64::from(out) * f64::from(dtype.bytes());
-            println!(
-                "{:<40} {:<40} {:>10.3} {:>10.3} {:>9.2} {:>9.1}",
-                format!("[{rows}, {hidden}] -> {out}"),
-                format!("linear, {} weights", dtype.name()),
-                t.median_ms,
-                t.min_ms,
-                2.0 * f64::from(rows) * bytes
-                    / f64::from(dtype.bytes())
-                    / (t.median_ms * 1e-3)
-                    / 1e12,
-                bytes / (t.median_ms * 1e-3) / 1e9
-            );
-        }
-    }
+    projections(gpu, rows, runs, None)?;
     if let (Some(path), Some(sums)) = (
         tune,
         runtime::harness::layernorm::bench::fastest_sums(&measured),
@@ -746,6 +733,66 @@ fn layernorm(
             "tuned: {rows} rows of 768 -> 3072 use the {name} backward; wrote {}",
             path.display()
         );
+    }
+    Ok(())
+}
+
+/// `--linear`: the copy kernel, then the projections at each row count.
+fn linear(gpu: &Gpu, args: &Args) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.linear.iter().all(|&r| r > 0),
+        "--linear needs row counts of at least 1"
+    );
+    let [copy, _] = bench::copy_bandwidth(gpu, args.warmup, args.runs)?;
+    println!(
+        "adapter: {}; copy kernel {:.1} GB/s",
+        gpu.describe(),
+        copy.gbps()
+    );
+    println!(
+        "{:<40} {:<40} {:>10} {:>10} {:>9} {:>9} {:>8}",
+        "shape", "kernel", "median ms", "min ms", "TFLOP/s", "GB/s", "of copy"
+    );
+    for &rows in &args.linear {
+        projections(gpu, rows, args.runs, Some(copy.gbps()))?;
+    }
+    Ok(())
+}
+
+/// The projections alone (an engine's Q, K, V and O have no LayerNorm in front), W held
+/// in each dtype: GB/s of weights read (and its fraction of `copy`, the copy kernel's).
+fn projections(gpu: &Gpu, rows: u32, runs: usize, copy: Option<f64>) -> anyhow::Result<()> {
+    // 4096 -> 14336: an MLP's up projection, where W's bytes outweigh a dispatch's start.
+    for (hidden, out) in [(768, 3072), (4096, 4096), (4096, 14336)] {
+        let weights = [attn_dsl::Dtype::F32].into_iter().chain(gpu.half_dtypes());
+        for dtype in weights {
+            let bytes = f64::from(hidden) * f64::from(out) * f64::from(dtype.bytes());
+            let limit = gpu.device.limits().max_storage_buffer_binding_size;
+            if bytes > limit as f64 {
+                println!(
+                    "[{rows}, {hidden}] -> {out}: {} weights skipped, W is over this adapter's \
+                     binding limit ({limit} bytes)",
+                    dtype.name()
+                );
+                continue;
+            }
+            let t =
+                runtime::harness::layernorm::bench::linear(gpu, [rows, hidden, out], dtype, runs)?;
+            let gbps = bytes / (t.median_ms * 1e-3) / 1e9;
+            let of_copy = copy.map_or(String::new(), |c| format!(" {:>7.0}%", 100.0 * gbps / c));
+            println!(
+                "{:<40} {:<40} {:>10.3} {:>10.3} {:>9.2} {:>9.1}{of_copy}",
+                format!("[{rows}, {hidden}] -> {out}"),
+                format!("linear, {} weights", dtype.name()),
+                t.median_ms,
+                t.min_ms,
+                2.0 * f64::from(rows) * bytes
+                    / f64::from(dtype.bytes())
+                    / (t.median_ms * 1e-3)
+                    / 1e12,
+                gbps
+            );
+        }
     }
     Ok(())
 }
