@@ -113,6 +113,10 @@ pub struct LinearLayout {
     pub step: u32,
     /// Steps whose loads are issued together.
     pub unroll: u32,
+    /// Whether each lane's sums carry their rounding errors (TwoSum) from step to step:
+    /// where a part's chain is long (32 steps at 4096 wide) and a lane has the registers
+    /// (16 sums at most); the 16-row layout's chains are 4-8 steps of 8-16 products each.
+    pub compensated: bool,
 }
 
 /// The layout of a workgroup of `workgroup` lanes holding `tile` rows, W's elements of
@@ -132,6 +136,7 @@ pub fn linear_layout(tile: u32, bytes: u32, workgroup: u32) -> LinearLayout {
             columns: 2,
             step: 1,
             unroll: 4,
+            compensated: true,
         },
         false => LinearLayout {
             lanes_per_column: 8,
@@ -139,6 +144,7 @@ pub fn linear_layout(tile: u32, bytes: u32, workgroup: u32) -> LinearLayout {
             columns: 8 / bytes,
             step: 32 / (4 * bytes),
             unroll: 2,
+            compensated: false,
         },
     }
 }

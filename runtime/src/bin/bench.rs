@@ -1125,6 +1125,13 @@ fn e2e(gpu: &Gpu, args: &Args) -> anyhow::Result<()> {
     let seq = args.seq.unwrap_or(4096);
     let runs = args.runs as u32;
     let dtype = dtypes[0];
+    // The projections of a step of the decode rows' heads, W in the first half dtype.
+    let hidden = decode_heads.n_heads * decode_heads.head_dim;
+    let kv = decode_heads.n_kv_heads * decode_heads.head_dim;
+    for rows in [1, 2, 8, 16] {
+        let row = e2e::projections(gpu, rows, [hidden, kv], dtype, steps);
+        print(&row.context("projections")?);
+    }
     print(&e2e::prefill(gpu, long, seq, dtype, runs).context("prefill")?);
     print(&e2e::train_step(gpu, long, seq, dtype, runs).context("training step")?);
     Ok(())

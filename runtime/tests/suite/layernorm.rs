@@ -268,55 +268,67 @@ fn the_dw_matmul_parts_follow_the_rows_and_the_budget() {
     assert_eq!(dw_parts(8192, 16384, 16384), 1);
 }
 
+/// One call of `op` on `rows` rows of random x (W and b random too, from `seed`), judged
+/// against an f64 reference by the check's rule (twice a pairwise f32 sum's error plus
+/// 1e-6), the weights as the kernel reads them (rounded to their dtype).
+fn linear_verdict(
+    gpu: &Gpu,
+    op: &mut runtime::ops::linear::Linear,
+    rows: u32,
+    seed: u64,
+) -> runtime::verify::compare::Verdict {
+    use attn_dsl::Scalar;
+    use runtime::Tensor;
+    use runtime::ops::linear::LinearArgs;
+    use runtime::verify::random;
+    let spec = op.spec();
+    let (hidden, out) = (spec.hidden, spec.out);
+    let x = random((rows * hidden) as usize, seed);
+    let w = runtime::tensor::buffers::rounded(
+        &random((out * hidden) as usize, seed + 1),
+        Scalar::from(spec.weights),
+    );
+    let b = random(out as usize, seed + 2);
+    let xt = Tensor::from_f32(gpu, &[rows, hidden], Scalar::F32, &x).unwrap();
+    let wt = Tensor::from_f32(gpu, &[out, hidden], Scalar::from(spec.weights), &w).unwrap();
+    let bt = Tensor::from_f32(gpu, &[out], Scalar::F32, &b).unwrap();
+    let yt = Tensor::zeros(gpu, &[rows, out], Scalar::F32).unwrap();
+    let mut enc = gpu.device.create_command_encoder(&Default::default());
+    let args = LinearArgs {
+        x: &xt,
+        w: &wt,
+        b: spec.bias.then_some(&bt),
+        y: &yt,
+    };
+    op.record(gpu, &mut enc, &args).unwrap();
+    gpu.queue.submit([enc.finish()]);
+    let y = yt.to_f32(gpu).block_on().unwrap();
+    let h = hidden as usize;
+    let b = spec.bias.then_some(&b[..]);
+    let r64 = runtime::verify::reference::linear::<f64>(&x, &w, b, h);
+    let r32 = runtime::verify::reference::linear::<f32>(&x, &w, b, h);
+    runtime::verify::compare::judge(&y, &r64, &r32)
+}
+
 /// A Linear at a few rows, as an engine's projections run at a decode step: every row
 /// count the planner distinguishes (and past one workgroup's 16), weights in f32, f16
-/// (where the adapter has it) and bf16, with and without a bias, each judged against an
-/// f64 reference by the check's rule (twice a pairwise f32 sum's error plus 1e-6), the
-/// weights as the kernel reads them (rounded to their dtype).
+/// (where the adapter has it) and bf16, with and without a bias, each judged by the rule.
 #[test]
 fn a_linear_at_a_few_rows_passes_the_rule_in_every_weight_dtype() {
-    use attn_dsl::{Dtype, Scalar};
-    use runtime::Tensor;
-    use runtime::ops::linear::{Linear, LinearArgs, LinearSpec};
-    use runtime::verify::compare::judge;
-    use runtime::verify::random;
+    use attn_dsl::Dtype;
+    use runtime::ops::linear::{Linear, LinearSpec};
     let gpu = gpu();
-    let (hidden, out) = (200, 37);
     for weights in gpu.half_dtypes().into_iter().chain([Dtype::F32]) {
         for bias in [false, true] {
             let spec = LinearSpec {
-                hidden,
-                out,
+                hidden: 200,
+                out: 37,
                 weights,
                 bias,
             };
             let mut op = Linear::new(&gpu, spec).unwrap();
             for rows in [1, 3, 16, 21] {
-                let x = random((rows * hidden) as usize, u64::from(rows));
-                let w = runtime::tensor::buffers::rounded(
-                    &random((out * hidden) as usize, 5),
-                    Scalar::from(weights),
-                );
-                let b = random(out as usize, 6);
-                let xt = Tensor::from_f32(&gpu, &[rows, hidden], Scalar::F32, &x).unwrap();
-                let wt = Tensor::from_f32(&gpu, &[out, hidden], Scalar::from(weights), &w).unwrap();
-                let bt = Tensor::from_f32(&gpu, &[out], Scalar::F32, &b).unwrap();
-                let yt = Tensor::zeros(&gpu, &[rows, out], Scalar::F32).unwrap();
-                let mut enc = gpu.device.create_command_encoder(&Default::default());
-                let args = LinearArgs {
-                    x: &xt,
-                    w: &wt,
-                    b: bias.then_some(&bt),
-                    y: &yt,
-                };
-                op.record(&gpu, &mut enc, &args).unwrap();
-                gpu.queue.submit([enc.finish()]);
-                let y = yt.to_f32(&gpu).block_on().unwrap();
-                let h = hidden as usize;
-                let b = bias.then_some(&b[..]);
-                let r64 = runtime::verify::reference::linear::<f64>(&x, &w, b, h);
-                let r32 = runtime::verify::reference::linear::<f32>(&x, &w, b, h);
-                let v = judge(&y, &r64, &r32);
+                let v = linear_verdict(&gpu, &mut op, rows, u64::from(rows) * 5);
                 assert!(v.pass(), "{weights:?} bias {bias} rows {rows}: {v:?}");
             }
         }
@@ -326,6 +338,32 @@ fn a_linear_at_a_few_rows_passes_the_rule_in_every_weight_dtype() {
         .map(Linear::rows_per_workgroup)
         .to_vec();
     assert_eq!(per, [1, 2, 4, 8, 16, 16, 16]);
+}
+
+/// The rule holds on every seed, not on most: with its parts added plainly the Linear
+/// went over the bound on 0.5-2.5% of seeds (among these 48, f32 weights at 1 row, seed
+/// 7101), as two sums of the same accuracy now and then differ by twice; with the
+/// rounding errors carried it stays under it on each.
+#[test]
+fn a_linear_meets_the_rule_on_every_seed_of_a_sweep() {
+    use attn_dsl::Dtype;
+    use runtime::ops::linear::{Linear, LinearSpec};
+    let gpu = gpu();
+    for weights in [Dtype::F32, Dtype::Bf16] {
+        let spec = LinearSpec {
+            hidden: 200,
+            out: 37,
+            weights,
+            bias: true,
+        };
+        let mut op = Linear::new(&gpu, spec).unwrap();
+        for seed in 7100..7148 {
+            for rows in [1, 16] {
+                let v = linear_verdict(&gpu, &mut op, rows, seed);
+                assert!(v.pass(), "{weights:?} rows {rows} seed {seed}: {v:?}");
+            }
+        }
+    }
 }
 
 /// A layer with its weights held in bf16 runs its forward at any rows (the LayerNorm pass

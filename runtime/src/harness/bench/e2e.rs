@@ -7,6 +7,7 @@
 //!   waited for one by one (a loop that reads every token back).
 //! - prefill: the prompt's forward and its append into the cache.
 //! - training step: the forward and the backward in one encoder, waited for.
+//! - projections: a decode step's Q, K, V and O Linears at a few rows, waited for.
 
 use std::time::Instant;
 
@@ -282,6 +283,56 @@ pub fn continued(
     })?;
     let s = slicing.expect("recorded");
     Ok((gpu_ms, format!("{}x{}", s.n_slices, s.slice_len)))
+}
+
+/// An engine's four attention projections of one decode step at `rows` rows (Q and O
+/// `hidden` -> `hidden`, K and V `hidden` -> `kv`), W held in `weights`, recorded into one
+/// encoder and waited for: what the few-rows Linear costs a step beside its GPU time.
+pub fn projections(
+    gpu: &Gpu,
+    rows: u32,
+    [hidden, kv]: [u32; 2],
+    weights: Dtype,
+    runs: u32,
+) -> Result<Row, Error> {
+    use crate::ops::linear::{Linear, LinearArgs, LinearSpec};
+    let x = random(gpu, &[rows, hidden], Dtype::F32, 1)?;
+    let mut layers = Vec::new();
+    for (i, out) in [hidden, kv, kv, hidden].into_iter().enumerate() {
+        let spec = LinearSpec {
+            hidden,
+            out,
+            weights,
+            bias: false,
+        };
+        let w = random(gpu, &[out, hidden], weights, 2 + i as u64)?;
+        let y = Tensor::zeros(gpu, &[rows, out], Scalar::F32)?;
+        layers.push((Linear::new(gpu, spec)?, w, y));
+    }
+    let (wall_ms, gpu_ms, cpu_ms) = waited(gpu, runs, |enc| {
+        for (op, w, y) in layers.iter_mut() {
+            let args = LinearArgs {
+                x: &x,
+                w,
+                b: None,
+                y,
+            };
+            op.record(gpu, enc, &args)?;
+        }
+        Ok(())
+    })?;
+    Ok(Row {
+        what: format!(
+            "projections Q K V O, {rows} row{}, {hidden} -> {hidden}/{kv}, {} W",
+            if rows == 1 { "" } else { "s" },
+            weights.name()
+        ),
+        wall_ms,
+        waited_ms: None,
+        gpu_ms,
+        cpu_ms,
+        gap_ms: None,
+    })
 }
 
 /// The prompt's forward (causal) and its append into a fresh cache, waited for.
