@@ -79,6 +79,9 @@ pub enum Presence {
     IfCombines,
     /// The same, with attention sinks (the per-head logits it joins).
     IfCombinesSinks,
+    /// A flash or tensor-core kernel built to count its workgroups in flight (an
+    /// instrument).
+    IfCounted,
 }
 
 /// One tensor (or uniform block) an op touches.
@@ -136,6 +139,9 @@ const DIMS: Tensor = t("dims", Uniform, U32, &[]);
 const PARAMS_T: Tensor = t("params", Uniform, F32, &[]);
 // Document start (part 0) and end (part 1) of every row.
 const SEG: Tensor = when(t("seg", Input, U32, &[Part, B, S]), IfDocument);
+// An instrument (`bench --only phases`): word 0 the workgroups in flight, word 1 the most
+// seen at once; last, so that every other binding keeps its number.
+const RESIDENT: Tensor = when(t("resident", Output, Counter, &[Part]), Presence::IfCounted);
 // The score modifiers' tensors, bound after the rest so that binding numbers stay put.
 const ALIBI: Tensor = when(t("alibi", Input, F32, &[H]), IfAlibi);
 const BIAS: Tensor = when(
@@ -167,6 +173,7 @@ const FORWARD: &[Tensor] = &[
     BIAS,
     SHARED_BIAS,
     SINKS,
+    RESIDENT,
 ];
 
 // New rows over a KV cache, after their append: Q, O and LSE hold `seq_len` rows per
@@ -360,6 +367,7 @@ const BACKWARD_Q: &[Tensor] = &[
     DBIAS,
     SHARED_DBIAS,
     ROW_MAX,
+    RESIDENT,
 ];
 
 const BACKWARD_KV: &[Tensor] = &[
@@ -382,6 +390,7 @@ const BACKWARD_KV: &[Tensor] = &[
     DBIAS,
     SHARED_DBIAS,
     ROW_MAX,
+    RESIDENT,
 ];
 
 use Axis::{K, N, R, RowTile};
@@ -695,6 +704,7 @@ pub fn tensors(spec: &KernelSpec) -> Vec<Tensor> {
             Presence::IfMatmulBias => spec.matmul.is_some_and(|f| f.bias),
             Presence::IfCombines => spec.combines_slices(),
             Presence::IfCombinesSinks => spec.combines_slices() && spec.masks.sinks,
+            Presence::IfCounted => spec.counts_residency && spec.grid.flash.is_some(),
         })
         .copied()
         .collect()
@@ -925,6 +935,7 @@ impl KernelSpec {
             cache: Cache::default(),
             kv_fp8: None,
             matmul: None,
+            counts_residency: false,
         }
     }
 }

@@ -1005,6 +1005,11 @@ pub struct KernelSpec {
     /// A [`Op::Matmul`]'s operand layouts; `None` for every other op.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub matmul: Option<MatmulForm>,
+    /// An instrument, for a flash or tensor-core kernel: each workgroup counts itself in
+    /// `resident` while it runs, and the most in flight at once is kept (how many the GPU
+    /// holds).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub counts_residency: bool,
 }
 
 fn is_contiguous(c: &Cache) -> bool {

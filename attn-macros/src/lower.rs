@@ -173,6 +173,8 @@ pub fn lower(d: &Description) -> syn::Result<Lowered> {
         cache,
         kv_fp8,
         matmul: None,
+        // An instrument the runtime's bench builds; a description never asks for it.
+        counts_residency: false,
     };
     let mut spec = spec;
     if auto_flash && op == Op::DecodeSplit {

@@ -1266,6 +1266,8 @@ pub(super) fn entry(out: &mut Wgsl, spec: &KernelSpec, body: &str) {
         ("tile", expr(at.tile)),
         ("head", expr(head)),
         ("flush", super::flex::flush_call(spec)),
+        ("enter", super::residency::enter(spec)),
+        ("leave", super::residency::leave(spec)),
     ]));
 }
 
@@ -1278,8 +1280,10 @@ const ENTRY: Template = Template {
 fn $name(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32,
     @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32$builtin) {
     $prologue
+    $enter
     $body($tile, $head, tid, sg, lane);
     $flush
+    $leave
 }
 "#,
 };

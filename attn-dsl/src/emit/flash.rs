@@ -788,8 +788,10 @@ const ENTRY: Template = Template {
     text: r#"@compute @workgroup_size(WG)
 $signature
     $prologue
+    $enter
     $body($tile, $head, tid$args);
     $flush
+    $leave
 }
 "#,
 };
@@ -839,5 +841,7 @@ pub(super) fn entry(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling, body: &str) {
         ("head", at.head.into()),
         ("args", args.into()),
         ("flush", super::flex::flush_call(spec)),
+        ("enter", super::residency::enter(spec)),
+        ("leave", super::residency::leave(spec)),
     ]));
 }

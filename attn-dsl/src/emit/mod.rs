@@ -25,6 +25,7 @@ mod matmul;
 mod merge;
 mod numerics;
 mod reduce;
+mod residency;
 mod rope;
 mod row_gemm;
 mod scatter;

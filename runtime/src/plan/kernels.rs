@@ -107,6 +107,18 @@ pub fn flash_forward_phases(
     attn_dsl::compile_phases(&kernel, keep)
 }
 
+/// [`flash_forward`] built to count its workgroups in flight (`resident`): how many the
+/// GPU holds at once, `bench --only phases`'s residency of `config`.
+pub fn flash_forward_counted(
+    spec: AttentionSpec,
+    config: FlashConfig,
+) -> Result<KernelAbi, DslError> {
+    let kernel = spec.flash(("attention_forward_flash", Op::Forward), config, |k| {
+        k.counts_residency = true
+    });
+    attn_dsl::compile(&kernel)
+}
+
 /// The tiled backward's dQ and dK/dV kernels under `config`.
 pub fn flash_backward(
     spec: AttentionSpec,
@@ -122,15 +134,39 @@ pub fn flash_backward_phases(
     config: FlashConfig,
     keep: Phases,
 ) -> Result<[KernelAbi; 2], DslError> {
+    flash_backward_built(spec, config, keep, false)
+}
+
+/// [`flash_backward`]'s two halves built to count their workgroups in flight, as
+/// [`flash_forward_counted`].
+pub fn flash_backward_counted(
+    spec: AttentionSpec,
+    config: FlashConfig,
+) -> Result<[KernelAbi; 2], DslError> {
+    flash_backward_built(spec, config, Phases::ALL, true)
+}
+
+fn flash_backward_built(
+    spec: AttentionSpec,
+    config: FlashConfig,
+    keep: Phases,
+    counted: bool,
+) -> Result<[KernelAbi; 2], DslError> {
     let q = spec.flash(
         ("attention_backward_dq_flash", Op::BackwardQ),
         config,
-        |k| k.writes.extend(spec.masks.score_grad_writes()),
+        |k| {
+            k.writes.extend(spec.masks.score_grad_writes());
+            k.counts_residency = counted;
+        },
     );
     let kv = spec.flash(
         ("attention_backward_dkdv_flash", Op::BackwardKv),
         config,
-        |k| k.writes = writes(&[("dk", WriteMode::Owned), ("dv", WriteMode::Owned)]),
+        |k| {
+            k.writes = writes(&[("dk", WriteMode::Owned), ("dv", WriteMode::Owned)]);
+            k.counts_residency = counted;
+        },
     );
     Ok([
         attn_dsl::compile_phases(&q, keep)?,

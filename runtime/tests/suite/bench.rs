@@ -217,3 +217,37 @@ fn a_steps_projections_are_timed_on_the_gpu_and_the_wall() {
         assert!(row.what.contains(&format!("{rows} row")), "{row:?}");
     }
 }
+
+/// `bench --only phases` ends with each configuration's residency: the forward and both
+/// backward halves in every half dtype, each counting between one workgroup in flight and
+/// its whole grid (the planned scalar configurations on an adapter without tensor cores).
+#[test]
+fn phase_rows_end_with_every_configurations_residency() {
+    let gpu = Gpu::new([]).block_on().unwrap();
+    let shape = BenchShape {
+        batch: 1,
+        packed: None,
+        seq: 128,
+        heads: Heads {
+            n_heads: 4,
+            n_kv_heads: 4,
+            head_dim: 64,
+            head_dim_v: 64,
+        },
+        causal: true,
+        window: None,
+        sinks: false,
+    };
+    let rows = bench::run(&gpu, shape, 1, 1, bench::Parts::Phases).unwrap();
+    let resident: Vec<_> = rows
+        .iter()
+        .filter(|r| r.kernel.starts_with("residency: "))
+        .collect();
+    let names: Vec<&str> = resident.iter().map(|r| r.kernel.as_str()).collect();
+    assert_eq!(names.len(), 3 * gpu.half_dtypes().len(), "{names:?}");
+    for r in resident {
+        let words: Vec<&str> = r.note.split_whitespace().collect();
+        let (held, grid): (u32, u32) = (words[0].parse().unwrap(), words[7].parse().unwrap());
+        assert!((1..=grid).contains(&held), "{}: {}", r.kernel, r.note);
+    }
+}

@@ -144,7 +144,9 @@ pub enum Parts {
     Planned,
     /// The planned tensor-core forward in each half dtype and the f16 tiled backward,
     /// whole, with no phase, with each phase alone and without each
-    /// ([`attn_dsl::emit::coop::Phases`]).
+    /// ([`attn_dsl::emit::coop::Phases`]); then each one's residency: the most of its
+    /// workgroups in flight at once (the planned configuration where none is on tensor
+    /// cores).
     Phases,
 }
 
@@ -280,6 +282,9 @@ pub fn run(
         bound.push(("sinks", &sinks_buf));
     }
     let sink = SinkPasses::new(gpu, &shape)?;
+    // The counted kernels' `resident`: workgroups in flight, and the most at once.
+    let counter = buffers::output::<u32>(gpu, "resident", 2);
+    bound.push(("resident", &counter));
     let step = |kernel| -> Result<Step, Error> {
         Ok(Step {
             kernel,
@@ -437,6 +442,17 @@ pub fn run(
                         });
                     }
                 }
+            }
+        }
+        if parts == Parts::Phases {
+            let problem = (shape.batch, shape.seq);
+            for (label, dtype, forward, kernel) in counted_kernels(gpu, h, problem, masks)? {
+                let step = Step {
+                    kernel: &kernel,
+                    bound: in_dtype(dtype, forward),
+                    grid: checked_grid(kernel.abi(), gpu.limits(), &dims)?,
+                };
+                rows.push(residency_row(gpu, &shape, label, step, &counter)?);
             }
         }
     }
@@ -628,6 +644,102 @@ fn phase_sets(each: [(&str, Phases); 4]) -> Vec<(String, Phases)> {
     sets
 }
 
+/// The planned forward's configuration in each half dtype (on tensor cores or not).
+fn planned_forward_configs(
+    gpu: &Gpu,
+    heads: Heads,
+    problem: (u32, u32),
+) -> Vec<(attn_dsl::Dtype, attn_dsl::FlashConfig)> {
+    let table = tuning::Table::for_gpu(gpu).unwrap_or_default();
+    gpu.half_dtypes()
+        .into_iter()
+        .filter_map(|dtype| Some((dtype, table.forward_for(gpu, heads, problem, dtype)?)))
+        .collect()
+}
+
+/// The tiled backward configuration the phase model cuts in each half dtype (the first on
+/// tensor cores), or with `or_first` the first of any kind where none is.
+fn phase_backward_configs(
+    gpu: &Gpu,
+    heads: Heads,
+    or_first: bool,
+) -> Vec<(attn_dsl::Dtype, attn_dsl::FlashConfig)> {
+    gpu.half_dtypes()
+        .into_iter()
+        .filter_map(|dtype| {
+            let configs = tuning::backward_configs(gpu, heads.head_dim, dtype);
+            let coop = configs
+                .iter()
+                .find(|c| c.matrix == attn_dsl::Matrix::Coop16);
+            let config = coop.or(configs.first().filter(|_| or_first))?;
+            Some((dtype, *config))
+        })
+        .collect()
+}
+
+/// The planned forward and the phase model's backward configuration (or the first, on
+/// adapters without tensor cores) in each half dtype, built to count their workgroups in
+/// flight: the forward and both backward halves (row label, dtype, whether a forward,
+/// kernel).
+fn counted_kernels(
+    gpu: &Gpu,
+    heads: Heads,
+    problem: (u32, u32),
+    masks: Masks,
+) -> Result<Vec<(String, Scalar, bool, Kernel)>, Error> {
+    use crate::plan::kernels::{flash_backward_counted, flash_forward_counted};
+    let pipeline = |label: &str, e: attn_dsl::DslError| Error::Pipeline {
+        kernel: label.to_string(),
+        message: e.to_string(),
+    };
+    let mut out = Vec::new();
+    for (dtype, config) in planned_forward_configs(gpu, heads, problem) {
+        let label = format!("residency: forward {} {}", config.label(), dtype.name());
+        let spec = AttentionSpec::new(heads.head_dim, masks, dtype);
+        let abi = flash_forward_counted(spec, config).map_err(|e| pipeline(&label, e))?;
+        out.push((label, Scalar::from(dtype), true, Kernel::now(gpu, &abi)?));
+    }
+    for (dtype, config) in phase_backward_configs(gpu, heads, true) {
+        let spec =
+            AttentionSpec::new(heads.head_dim, masks, dtype).with_head_dim_v(heads.head_dim_v);
+        let label = format!(
+            "residency: backward tiled-{} {}",
+            config.label(),
+            dtype.name()
+        );
+        let abis = flash_backward_counted(spec, config).map_err(|e| pipeline(&label, e))?;
+        for (half, abi) in ["dQ", "dK/dV"].into_iter().zip(&abis) {
+            let label = format!("{label}, {half} half");
+            out.push((label, Scalar::from(dtype), false, Kernel::now(gpu, abi)?));
+        }
+    }
+    Ok(out)
+}
+
+/// A counted kernel run (once warm, three times) on `step`, then its `resident` counter
+/// read: the most of its workgroups the GPU held at once, beside its grid.
+fn residency_row(
+    gpu: &Gpu,
+    shape: &BenchShape,
+    label: String,
+    step: Step,
+    counter: &wgpu::Buffer,
+) -> Result<BenchRow, Error> {
+    gpu.queue
+        .write_buffer(counter, 0, bytemuck::cast_slice(&[0u32; 2]));
+    let timing = timing::time(gpu, std::slice::from_ref(&step), 1, 3)?;
+    let words: Vec<u32> = crate::tensor::readback::read(gpu, counter, 2).block_on()?;
+    let grid: u32 = step.grid.iter().product();
+    Ok(BenchRow {
+        shape: shape.clone(),
+        kernel: label,
+        timing: Some(timing),
+        flops: 0.0,
+        note: format!("{} workgroups in flight at once, of {grid}", words[1]),
+        baseline_ms: None,
+    })
+}
+
 /// The planned tensor-core forward in each half dtype with its key loop cut to phases:
 /// whole, none, each alone, all but each (row label, dtype, kernel); empty where no half
 /// dtype runs on tensor cores.
@@ -637,16 +749,12 @@ fn phase_forwards(
     problem: (u32, u32),
     masks: Masks,
 ) -> Result<Vec<(String, Scalar, Kernel)>, Error> {
-    let table = tuning::Table::for_gpu(gpu).unwrap_or_default();
     let sets = phase_sets(Phases::each());
     let mut out = Vec::new();
-    for dtype in gpu.half_dtypes() {
-        let Some(config) = table
-            .forward_for(gpu, heads, problem, dtype)
-            .filter(|c| c.matrix == attn_dsl::Matrix::Coop16)
-        else {
-            continue;
-        };
+    let coop = planned_forward_configs(gpu, heads, problem)
+        .into_iter()
+        .filter(|(_, c)| c.matrix == attn_dsl::Matrix::Coop16);
+    for (dtype, config) in coop {
         for (name, keep) in &sets {
             let kernel = format!("phases {} {}: {name}", config.label(), dtype.name());
             let abi = crate::plan::kernels::flash_forward_phases(
@@ -673,13 +781,7 @@ fn phase_backwards(
     masks: Masks,
 ) -> Result<Vec<(String, Vec<Kernel>)>, Error> {
     let mut out = Vec::new();
-    for dtype in gpu.half_dtypes() {
-        let Some(config) = tuning::backward_configs(gpu, heads.head_dim, dtype)
-            .into_iter()
-            .find(|c| c.matrix == attn_dsl::Matrix::Coop16)
-        else {
-            continue;
-        };
+    for (dtype, config) in phase_backward_configs(gpu, heads, false) {
         for (name, keep) in phase_sets(Phases::each_backward()) {
             let label = format!(
                 "phases backward tiled-{} {}: {name}",
