@@ -677,10 +677,10 @@ fn phase_backward_configs(
         .collect()
 }
 
-/// The planned forward and the phase model's backward configuration (or the first, on
-/// adapters without tensor cores) in each half dtype, built to count their workgroups in
-/// flight: the forward and both backward halves (row label, dtype, whether a forward,
-/// kernel).
+/// The planned forward and every other tensor-core forward candidate, and the phase
+/// model's backward configuration (or the first, on adapters without tensor cores), in
+/// each half dtype, built to count their workgroups in flight: the forwards and both
+/// backward halves (row label, dtype, whether a forward, kernel).
 fn counted_kernels(
     gpu: &Gpu,
     heads: Heads,
@@ -693,11 +693,26 @@ fn counted_kernels(
         message: e.to_string(),
     };
     let mut out = Vec::new();
-    for (dtype, config) in planned_forward_configs(gpu, heads, problem) {
-        let label = format!("residency: forward {} {}", config.label(), dtype.name());
-        let spec = AttentionSpec::new(heads.head_dim, masks, dtype);
-        let abi = flash_forward_counted(spec, config).map_err(|e| pipeline(&label, e))?;
-        out.push((label, Scalar::from(dtype), true, Kernel::now(gpu, &abi)?));
+    for (dtype, planned) in planned_forward_configs(gpu, heads, problem) {
+        // The planned configuration, then every other tensor-core candidate that fits.
+        let mut configs = vec![planned];
+        if gpu.coop16_for(dtype, Op::Forward) {
+            let coop = tuning::coop_candidates(gpu, heads.head_dim, dtype);
+            configs.extend(coop.into_iter().filter(|c| *c != planned));
+        }
+        for config in configs {
+            let label = format!(
+                "residency: forward {} {}{}",
+                config.label(),
+                dtype.name(),
+                if config == planned { " (planned)" } else { "" }
+            );
+            let spec = AttentionSpec::new(heads.head_dim, masks, dtype);
+            let abi = flash_forward_counted(spec, config).map_err(|e| pipeline(&label, e))?;
+            if tuning::fits(gpu, &abi) {
+                out.push((label, Scalar::from(dtype), true, Kernel::now(gpu, &abi)?));
+            }
+        }
     }
     for (dtype, config) in phase_backward_configs(gpu, heads, true) {
         let spec =
