@@ -605,10 +605,7 @@ fn half_forwards(
             .forward_for(gpu, heads, problem, dtype)
             .unwrap_or(scalar);
         let mut configs = vec![planned];
-        if gpu.coop16_for(dtype, Op::Forward) {
-            let coop = tuning::coop_candidates(gpu, head_dim, dtype);
-            configs.extend(coop.into_iter().filter(|c| *c != planned));
-        }
+        configs.extend(other_coop_forwards(gpu, head_dim, dtype, planned));
         configs.extend((planned != scalar).then_some(scalar));
         if planned_only {
             configs.truncate(1);
@@ -642,6 +639,23 @@ fn phase_sets(each: [(&str, Phases); 4]) -> Vec<(String, Phases)> {
         sets.push((format!("without {name}"), Phases::ALL.without(only)));
     }
     sets
+}
+
+/// The tensor-core forward candidates of `dtype` other than `planned` (none where the
+/// adapter has no tensor cores for it).
+fn other_coop_forwards(
+    gpu: &Gpu,
+    head_dim: u32,
+    dtype: Dtype,
+    planned: attn_dsl::FlashConfig,
+) -> Vec<attn_dsl::FlashConfig> {
+    match gpu.coop16_for(dtype, Op::Forward) {
+        true => tuning::coop_candidates(gpu, head_dim, dtype)
+            .into_iter()
+            .filter(|c| *c != planned)
+            .collect(),
+        false => Vec::new(),
+    }
 }
 
 /// The planned forward's configuration in each half dtype (on tensor cores or not).
@@ -695,12 +709,8 @@ fn counted_kernels(
     let mut out = Vec::new();
     for (dtype, planned) in planned_forward_configs(gpu, heads, problem) {
         // The planned configuration, then every other tensor-core candidate that fits.
-        let mut configs = vec![planned];
-        if gpu.coop16_for(dtype, Op::Forward) {
-            let coop = tuning::coop_candidates(gpu, heads.head_dim, dtype);
-            configs.extend(coop.into_iter().filter(|c| *c != planned));
-        }
-        for config in configs {
+        let others = other_coop_forwards(gpu, heads.head_dim, dtype, planned);
+        for config in std::iter::once(planned).chain(others) {
             let label = format!(
                 "residency: forward {} {}{}",
                 config.label(),
