@@ -127,13 +127,16 @@ pub fn schedule_name(sums: RowSums) -> &'static str {
 
 /// The Linear at a few rows ([`crate::ops::linear::Linear`], an engine's projections) as
 /// the planner runs it, weights in f32 and each half dtype the adapter has, with a bias: at
-/// every row count it tells apart and past one workgroup's, on a layer's widths and on odd
-/// ones. Rows from 8 on hold one row past f16's range and one far below its normals.
+/// every row count it tells apart and past one workgroup's, on a layer's widths, on odd
+/// ones and on a projection's reduction (4096). Rows from 8 on hold one row past f16's
+/// range and one far below its normals.
 pub fn linear_rows(gpu: &Gpu, seed: u64) -> Result<Vec<LnRow>, Error> {
     let mut out = Vec::new();
     let weights = [attn_dsl::Dtype::F32].into_iter().chain(gpu.half_dtypes());
     for dtype in weights {
-        for (hidden, width) in [(200, 37), (768, 3072)] {
+        // 4096 wide: each lane's chain of steps is 32 long, where its sums carry their
+        // rounding errors.
+        for (hidden, width) in [(200, 37), (768, 3072), (4096, 96)] {
             for rows in [1, 3, 8, 16, 21] {
                 let case = LnCase {
                     batch: 1,
