@@ -261,3 +261,52 @@ fn phase_rows_end_with_every_configurations_residency() {
         assert!((1..=grid).contains(&held), "{}: {}", r.kernel, r.note);
     }
 }
+
+/// The phase model's summary on the `all` row: none plus each phase alone (only − none),
+/// and all as a share of it, beside what the row already noted.
+#[test]
+fn the_all_row_notes_the_sum_of_each_phase_alone() {
+    use runtime::timing::Timing;
+    let shape = BenchShape {
+        batch: 1,
+        packed: None,
+        seq: 64,
+        heads: Heads {
+            n_heads: 1,
+            n_kv_heads: 1,
+            head_dim: 64,
+            head_dim_v: 64,
+        },
+        causal: true,
+        window: None,
+        sinks: false,
+    };
+    let row = |set: &str, ms: f64, note: &str| bench::BenchRow {
+        shape: shape.clone(),
+        kernel: format!("phases 64x32 f16: {set}"),
+        timing: Some(Timing {
+            median_ms: ms,
+            min_ms: ms,
+            runs: 1,
+        }),
+        flops: 0.0,
+        note: note.into(),
+        baseline_ms: None,
+    };
+    let mut rows = vec![
+        row("all", 0.9, "deterministic"),
+        row("none", 0.2, ""),
+        row("only stage", 0.4, ""),
+        row("without stage", 0.7, ""),
+        row("only scores", 0.5, ""),
+        row("only softmax", 0.3, ""),
+        row("only accumulate", 0.4, ""),
+    ];
+    bench::note_phase_sums(&mut rows);
+    // 0.2 + (0.2 + 0.3 + 0.1 + 0.2) = 1.0 ms, all 90% of it.
+    assert_eq!(
+        rows[0].note,
+        "deterministic; none + each alone 1.000 ms; all is 90% of it"
+    );
+    assert!(rows[1..].iter().all(|r| r.note.is_empty()));
+}

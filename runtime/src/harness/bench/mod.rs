@@ -460,6 +460,7 @@ pub fn run(
         parts,
         Parts::Forward | Parts::Half | Parts::Planned | Parts::Phases
     ) {
+        note_phase_sums(&mut rows);
         return Ok(rows);
     }
     let compiled = crate::ops::backward::schedule_kernels(gpu, &set)?;
@@ -626,6 +627,46 @@ fn half_forwards(
         }
     }
     Ok(out)
+}
+
+/// Each phase-cut kernel's `all` row noted with none + the sum of each phase alone (*only
+/// − none*), and `all` as a share of it: phases that wait on one another add up (100%),
+/// overlapped ones come in under it.
+pub fn note_phase_sums(rows: &mut [BenchRow]) {
+    let ms = |rows: &[BenchRow], label: &str| {
+        rows.iter()
+            .find(|r| r.kernel == label)
+            .and_then(|r| r.timing)
+            .map(|t| t.median_ms)
+    };
+    for i in 0..rows.len() {
+        let Some(prefix) = rows[i].kernel.strip_suffix(": all") else {
+            continue;
+        };
+        let only: Vec<f64> = rows
+            .iter()
+            .filter(|r| r.kernel.starts_with(&format!("{prefix}: only ")))
+            .filter_map(|r| r.timing.map(|t| t.median_ms))
+            .collect();
+        let (Some(all), Some(none)) = (
+            ms(rows, &rows[i].kernel),
+            ms(rows, &format!("{prefix}: none")),
+        ) else {
+            continue;
+        };
+        if only.is_empty() {
+            continue;
+        }
+        let sum = none + only.iter().map(|o| o - none).sum::<f64>();
+        let share = format!(
+            "none + each alone {sum:.3} ms; all is {:.0}% of it",
+            100.0 * all / sum
+        );
+        rows[i].note = match rows[i].note.is_empty() {
+            true => share,
+            false => format!("{}; {share}", rows[i].note),
+        };
+    }
 }
 
 /// The phase sets a kernel is timed with: all, none, and each of `each` alone and cut.
