@@ -62,7 +62,8 @@ struct Args {
     /// (`1,2,8,16`: an engine's decode steps), [ROWS, 768] -> 3072, 4096 -> 4096 and 4096 ->
     /// 14336, W in f32 and each half dtype the adapter has, in GB/s of weights read and as a
     /// fraction of the copy kernel's GB/s measured first.
-    #[arg(long, value_name = "ROWS", value_delimiter = ',', conflicts_with_all = ["layernorm", "decode", "e2e", "tune", "only", "flex"])]
+    #[arg(long, value_name = "ROWS", value_delimiter = ',',
+        conflicts_with_all = ["layernorm", "decode", "e2e", "tune", "only", "flex"])]
     linear: Vec<u32>,
     /// Time decode instead: one query row per head against a KV cache of this many rows, the
     /// plain decode (one workgroup per head) beside split-K (slices, then a reduce), in
