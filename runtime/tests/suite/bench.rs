@@ -5,22 +5,27 @@ use runtime::BlockOn;
 use runtime::harness::bench::{self, BenchShape};
 use runtime::{Gpu, Heads, kernels};
 
-#[test]
-fn flops_follow_flash_attention_convention() {
-    let seeds = BenchShape {
+/// One causal sequence of `seq` rows, `n_heads` over `n_kv_heads`, head_dim 64.
+fn causal(seq: u32, n_heads: u32, n_kv_heads: u32) -> BenchShape {
+    BenchShape {
         batch: 1,
         packed: None,
-        seq: 512,
+        seq,
         heads: Heads {
-            n_heads: 12,
-            n_kv_heads: 4,
+            n_heads,
+            n_kv_heads,
             head_dim: 64,
             head_dim_v: 64,
         },
         causal: true,
         window: None,
         sinks: false,
-    };
+    }
+}
+
+#[test]
+fn flops_follow_flash_attention_convention() {
+    let seeds = causal(512, 12, 4);
     assert_eq!(
         seeds.forward_flops(),
         4.0 * 512.0 * 512.0 * 12.0 * 64.0 / 2.0
@@ -48,19 +53,9 @@ fn every_kernel_and_schedule_is_gpu_timed() {
         gpu.describe()
     );
     let shape = BenchShape {
-        batch: 1,
-        packed: None,
-        seq: 40,
-        heads: Heads {
-            n_heads: 4,
-            n_kv_heads: 2,
-            head_dim: 64,
-            head_dim_v: 64,
-        },
-        causal: true,
-        window: None,
         // With sinks, so that every backward row times the dSinks kernel too.
         sinks: true,
+        ..causal(40, 4, 2)
     };
     let rows = bench::run(&gpu, shape.clone(), 1, 3, bench::Parts::All).unwrap();
     let names: Vec<&str> = rows.iter().map(|r| r.kernel.as_str()).collect();
@@ -225,20 +220,7 @@ fn a_steps_projections_are_timed_on_the_gpu_and_the_wall() {
 #[test]
 fn phase_rows_end_with_every_configurations_residency() {
     let gpu = Gpu::new([]).block_on().unwrap();
-    let shape = BenchShape {
-        batch: 1,
-        packed: None,
-        seq: 128,
-        heads: Heads {
-            n_heads: 4,
-            n_kv_heads: 4,
-            head_dim: 64,
-            head_dim_v: 64,
-        },
-        causal: true,
-        window: None,
-        sinks: false,
-    };
+    let shape = causal(128, 4, 4);
     let rows = bench::run(&gpu, shape, 1, 1, bench::Parts::Phases).unwrap();
     let resident: Vec<_> = rows
         .iter()
@@ -267,20 +249,7 @@ fn phase_rows_end_with_every_configurations_residency() {
 #[test]
 fn the_all_row_notes_the_sum_of_each_phase_alone() {
     use runtime::timing::Timing;
-    let shape = BenchShape {
-        batch: 1,
-        packed: None,
-        seq: 64,
-        heads: Heads {
-            n_heads: 1,
-            n_kv_heads: 1,
-            head_dim: 64,
-            head_dim_v: 64,
-        },
-        causal: true,
-        window: None,
-        sinks: false,
-    };
+    let shape = causal(64, 1, 1);
     let row = |set: &str, ms: f64, note: &str| bench::BenchRow {
         shape: shape.clone(),
         kernel: format!("phases 64x32 f16: {set}"),
