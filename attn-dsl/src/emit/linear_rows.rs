@@ -59,6 +59,8 @@ const PARTS: u32 = LPC * GK;
 // vec4s of W per lane, column and step; steps whose loads are issued together.
 const STEP: u32 = $step;
 const UNROLL: u32 = $unroll;
+// Whether every lane's steps end exactly at the reduction's end (no load past it to mask).
+const EVEN: bool = K4 % (UNROLL * PARTS * STEP) == 0u;
 
 "#,
 };
@@ -105,10 +107,14 @@ fn loads(l: &LinearLayout) -> Fragment {
 }
 
 /// Each step's products: every row's vec4s of x, each met with every column's words, the
-/// step's products summed pairwise before they join the row's sum.
+/// step's products summed pairwise before they join the row's sum. Where the sums are
+/// `compensated`, the unroll's steps are summed pairwise first and join the sum once per
+/// iteration, its rounding error carried: a TwoSum per step cost the layout of 8 rows
+/// 1.4x its time on an H200 (2026-11-30), and a quarter of them keeps the chain's error
+/// that of a few-level tree.
 fn fmas(l: &LinearLayout, rows: u32) -> Fragment {
     let l = *l;
-    lines((0..l.unroll).flat_map(move |u| {
+    let steps = (0..l.unroll).flat_map(move |u| {
         (0..rows).flat_map(move |r| {
             let x = (0..l.step)
                 .map(move |v| format!("let x{u}_{r}_{v} = x_at(r0 + {r}u, k{u} + {v}u);"));
@@ -118,13 +124,21 @@ fn fmas(l: &LinearLayout, rows: u32) -> Fragment {
                     .collect();
                 let d = pairwise(&terms);
                 match l.compensated {
-                    true => format!("add_carried(&s{r}_{c}, &e{r}_{c}, {d});"),
+                    true => format!("let d{u}_{r}_{c} = {d};"),
                     false => format!("s{r}_{c} = s{r}_{c} + {d};"),
                 }
             });
             x.chain(dots)
         })
-    }))
+    });
+    let carried = (0..rows)
+        .flat_map(move |r| (0..l.columns).map(move |c| (r, c)))
+        .filter(move |_| l.compensated)
+        .map(move |(r, c)| {
+            let d: Vec<String> = (0..l.unroll).map(|u| format!("d{u}_{r}_{c}")).collect();
+            format!("add_carried(&s{r}_{c}, &e{r}_{c}, {});", pairwise(&d))
+        });
+    lines(steps.chain(carried))
 }
 
 /// `add_carried`: a lane's step added to its sum, the rounding error to the sum's error.
@@ -197,12 +211,18 @@ const BODY: Template = Template {
 
 // vec4 k4 of row r of x; rows past the call's repeat its last (their sums are not stored).
 fn x_at(r: u32, k4: u32) -> vec4<f32> {
+    if (EVEN) {
+        return x[min(r, dims.rows - 1u) * K4 + k4];
+    }
     let v = x[min(r, dims.rows - 1u) * K4 + min(k4, K4 - 1u)];
     return select(vec4<f32>(0.0), v, k4 < K4);
 }
 
 // vec4 k4 of W's row n, as f32; zeros past the reduction, row n clamped to the last.
 fn w_at(n: u32, k4: u32) -> vec4<f32> {
+    if (EVEN) {
+        return widen4(w[min(n, OUT - 1u) * K4 + k4]);
+    }
     let v = widen4(w[min(n, OUT - 1u) * K4 + min(k4, K4 - 1u)]);
     return select(vec4<f32>(0.0), v, k4 < K4);
 }

@@ -113,9 +113,10 @@ pub struct LinearLayout {
     pub step: u32,
     /// Steps whose loads are issued together.
     pub unroll: u32,
-    /// Whether each lane's sums carry their rounding errors (TwoSum) from step to step:
-    /// where a part's chain is long (32 steps at 4096 wide) and a lane has the registers
-    /// (16 sums at most); the 16-row layout's chains are 4-8 steps of 8-16 products each.
+    /// Whether each lane's sums carry their rounding errors (TwoSum) from one iteration of
+    /// the unrolled loop to the next: where a part's chain is long (8 iterations at 4096
+    /// wide) and a lane has the registers (16 sums at most); the 16-row layout's chains are
+    /// 4-8 steps of 8-16 products each.
     pub compensated: bool,
 }
 
