@@ -31,6 +31,7 @@ pub(super) fn constants(out: &mut Wgsl, spec: &KernelSpec) {
         ("cols", uint(l.columns)),
         ("step", uint(l.step)),
         ("unroll", uint(l.unroll)),
+        ("unmasked", Fragment::from(l.unmasked_when_even.to_string())),
     ]));
 }
 
@@ -59,8 +60,9 @@ const PARTS: u32 = LPC * GK;
 // vec4s of W per lane, column and step; steps whose loads are issued together.
 const STEP: u32 = $step;
 const UNROLL: u32 = $unroll;
-// Whether every lane's steps end exactly at the reduction's end (no load past it to mask).
-const EVEN: bool = K4 % (UNROLL * PARTS * STEP) == 0u;
+// Whether loads go untested: every lane's steps end exactly at the reduction's end (and
+// the layout takes the untested loads there).
+const EVEN: bool = $unmasked && K4 % (UNROLL * PARTS * STEP) == 0u;
 
 "#,
 };
