@@ -289,9 +289,39 @@ fn workgroup_memory(out: &mut Wgsl, t: &CoopTiling) {
     out.put(FORWARD_MEMORY.fill([
         ("staged", expr(t.staged_rows() * ks / 4)),
         ("s", expr(t.br * ss)),
-        ("p", expr(t.br * ps)),
     ]));
+    match t.p_over_k() {
+        true => out.put(P_OVER_K.plain()),
+        false => out.put(P_APART.fill([("p", expr(t.br * ps))])),
+    }
 }
+
+/// P in an area of its own.
+const P_APART: Template = Template {
+    name: "coop_p_apart",
+    needs: &[],
+    text: r#"var<workgroup> sh_p: array<f16, $p>;
+
+// P's half i.
+fn put_p(i: u32, x: f16) {
+    sh_p[i] = x;
+}
+
+"#,
+};
+
+/// P over K's staged rows ([`CoopTiling::p_over_k`]).
+const P_OVER_K: Template = Template {
+    name: "coop_p_over_k",
+    needs: &[],
+    text: r#"// P's half i, over K's staged rows.
+fn put_p(i: u32, x: f16) {
+    let at = KB * KS + i;
+    sh_kv[at / 4u][at % 4u] = x;
+}
+
+"#,
+};
 
 /// The forward's workgroup memory: the staging area, S, P, the tile's key range and the
 /// rows' rescale factors, sums and flag.
@@ -299,10 +329,10 @@ const FORWARD_MEMORY: Template = Template {
     name: "coop_forward_memory",
     needs: &[],
     text: r#"// Q in rows 0..BR until its fragments are loaded; the current block's K from row
-// KB, V from row VB (over Q when Q lives in registers).
+// KB, V from row VB (over Q, once its fragments are in registers); P in sh_p or, where
+// it fits, over K (put_p).
 var<workgroup> sh_kv: array<vec4<f16>, $staged>;
 var<workgroup> sh_s: array<f32, $s>;
-var<workgroup> sh_p: array<f16, $p>;
 var<workgroup> sh_range: vec4<u32>;
 // Each row's rescale factor in the current block, and its sum at the end.
 var<workgroup> sh_c: array<f32, BR>;
@@ -695,14 +725,11 @@ let hr = row_head(row, h);
 "#,
 };
 
-/// Q into workgroup memory, and with Q in registers its fragments `qa_k` loaded: whole,
-/// or in column passes, each pass's fragments loaded before the next overwrites them.
+/// Q into workgroup memory and its fragments `qa_k` into registers: whole, or in column
+/// passes, each pass's fragments loaded before the next overwrites them.
 fn stage_q(t: &CoopTiling) -> Fragment {
     if !t.q_in_passes() {
-        let loads = match t.q_in_memory() {
-            true => Fragment::default(),
-            false => lines((0..t.qk_frags).map(|k| format!("let qa_{k} = {};", q_fragment(k)))),
-        };
+        let loads = lines((0..t.qk_frags).map(|k| format!("let qa_{k} = {};", q_fragment(k))));
         return STAGE_Q_WHOLE.fill([("loads", loads)]);
     }
     let cols = t.q_columns();
@@ -825,10 +852,7 @@ const SCORE_CHAINS: u32 = 2;
 /// S = Q·Kᵀ for the row group's 16 rows, the subgroup's share of the block's key
 /// fragments, into sh_s; then a barrier.
 fn scores(t: &CoopTiling) -> Fragment {
-    let q = |k: u32| match t.q_in_memory() {
-        true => q_fragment(k),
-        false => format!("qa_{k}"),
-    };
+    let q = |k: u32| format!("qa_{k}");
     key_fragments(t)
         .then(transposed_product(t, (t.qk_frags, &q), "KB", "sh_s", "sm"))
         .then(barrier())
@@ -894,9 +918,21 @@ pub(super) fn pairwise(terms: &[String]) -> String {
     }
 }
 
+/// Where a [`weighted_sum`]'s 16-bit weights live: an area of their own (by name), or the
+/// staging area from a half (an expression).
+#[derive(Clone, Copy)]
+pub(super) enum Weights<'a> {
+    Area(&'a str),
+    Staged(&'a str),
+}
+
 /// O += P·V for the row group's 16 rows, the subgroup's share of head_dim.
 fn accumulate(t: &CoopTiling) -> Fragment {
-    weighted_sum(t, t.v_frags, ("sh_p", "p"), "VB", "o")
+    let src = match t.p_over_k() {
+        true => Weights::Staged("KB * KS"),
+        false => Weights::Area("sh_p"),
+    };
+    weighted_sum(t, t.v_frags, (src, "p"), "VB", "o")
 }
 
 /// `acc_n` += src · (staged rows from `base`) for the row group's 16 rows: `src` holds
@@ -905,15 +941,23 @@ fn accumulate(t: &CoopTiling) -> Fragment {
 pub(super) fn weighted_sum(
     t: &CoopTiling,
     frags: u32,
-    (src, tag): (&str, &str),
+    (src, tag): (Weights, &str),
     base: &str,
     acc: &str,
 ) -> Fragment {
     let mine = frags / t.split;
     let mut each = Vec::new();
     for k in 0..t.bc / FRAG {
-        let weights = format!("&{src}[rg * {FRAG}u * PS + {}u]", k * FRAG);
-        each.push(format!("let {tag}a_{k} = coopLoadT<{A}>({weights}, PS);"));
+        let at = format!("rg * {FRAG}u * PS + {}u", k * FRAG);
+        let weights = match src {
+            Weights::Area(area) => format!("&{area}[{at}], PS"),
+            Weights::Staged(from) => format!(
+                "{}, {}",
+                staged(&format!("{from} + {at}")),
+                staged_stride("PS")
+            ),
+        };
+        each.push(format!("let {tag}a_{k} = coopLoadT<{A}>({weights});"));
         for n in 0..mine {
             let value = staged(&format!(
                 "({base} + {}u) * KS + (part * {mine}u + {n}u) * {FRAG}u",
@@ -997,7 +1041,7 @@ fn weights(keys: u32, (row, h): (&str, &str)) -> (Fragment, Fragment) {
     let each = (0..keys).flat_map(|c| {
         [
             format!("let p_{c} = select(0.0, exp2(fma(s_{c}, LOG2E, -ml)), v_{c});"),
-            format!("sh_p[r * PS + x_{c}] = f16(dropped({row}, {h}, j_{c}, p_{c}));"),
+            format!("put_p(r * PS + x_{c}, f16(dropped({row}, {h}, j_{c}, p_{c})));"),
         ]
     });
     (
@@ -1051,7 +1095,7 @@ fn scaled_weights(lanes: u32, keys: u32) -> (Fragment, Fragment) {
         [
             format!("let p_{c} = select(0.0, exp2(fma(s_{c}, LOG2E, -ml)), v_{c});"),
             format!("let w_{c} = select(0.0, exp2(t_{c} - mo), v_{c});"),
-            format!("sh_p[r * PS + x_{c}] = f16(dropped(row, h, j_{c}, w_{c}));"),
+            format!("put_p(r * PS + x_{c}, f16(dropped(row, h, j_{c}, w_{c})));"),
         ]
     });
     let weights = SCALED_LAZY_MAX.fill([

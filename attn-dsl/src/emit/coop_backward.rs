@@ -592,7 +592,7 @@ fn products(t: &CoopTiling, half: &Half, kv: bool, keep: Phases) -> Fragment {
     let sums = half.sums.iter().map(|(acc, output, src, tag, which)| {
         let base = if *which == 0 { "0u" } else { "BC" };
         let frags = t.sum_frags(v_rows(output));
-        coop::weighted_sum(t, frags, (src, tag), base, acc)
+        coop::weighted_sum(t, frags, (coop::Weights::Area(src), tag), base, acc)
     });
     let sums = phase(keep.accumulate, || concat(sums));
     BLOCK_PRODUCTS.fill([

@@ -170,6 +170,16 @@ pub fn coop_forward_in(head_dim: u32, bytes: u32, dtype: crate::Dtype) -> Vec<Fl
     coop_configs(COOP_MENU, &[Op::Forward], head_dim, bytes, scaled)
 }
 
+/// Workgroup memory of the cooperative-matrix forward under `config` (one of
+/// [`coop_forward_in`]'s) at `head_dim`, operands in `dtype`.
+pub fn coop_forward_bytes(head_dim: u32, config: FlashConfig, dtype: crate::Dtype) -> u32 {
+    let spec = KernelSpec {
+        dtype,
+        ..KernelSpec::flash("probe", Op::Forward, head_dim, Masks::default(), config)
+    };
+    super::coop::CoopTiling::of(&spec).map_or(0, |t| t.bytes())
+}
+
 /// (owned rows, rows per staged block, subgroups per 16 rows) of the cooperative-matrix
 /// tiled backward. Each subgroup holds the A fragments of both its owned tensors for the
 /// whole pass, and the key-major half two sets of accumulators, so every layout but the

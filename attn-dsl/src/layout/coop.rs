@@ -123,23 +123,17 @@ impl CoopTiling {
         (self.head_dim + 8, self.bc + 4, self.bc + 8)
     }
 
-    /// Whether Q stays in workgroup memory, each subgroup reloading its fragments per
-    /// block, rather than in registers: wherever Q, K and V fit side by side within
-    /// [`super::configs::CANDIDATE_WORKGROUP_BYTES`], which frees head_dim / 4 registers
-    /// per invocation for the whole key loop. At head_dim 128 the 64x32 tile does not fit
-    /// that way and keeps Q in registers (measured on an H100 at seq 4096: 1.25 ms, against
-    /// 1.43 for 64x16 with Q in memory).
-    pub(crate) fn q_in_memory(&self) -> bool {
-        self.bytes_with(self.br + 2 * self.bc) <= super::configs::CANDIDATE_WORKGROUP_BYTES
-    }
-
-    /// Rows the f16 staging area holds: Q, then K and V of a block; or, with Q in
-    /// registers, Q at the start (in column passes where its rows outnumber K's and V's)
-    /// and K and V over it once Q is loaded.
+    /// Rows the f16 staging area holds: Q at the start (in column passes where its rows
+    /// outnumber K's and V's), then K and V over it once Q's fragments are in registers.
+    /// Q always lives in registers: held in workgroup memory (each subgroup reloading its
+    /// fragments per block) it made the workgroup's memory the bound on how many run at
+    /// once. On an H200 (2026-11-30, `bench --seq 4096 --heads 16 --kv-heads 16 --only
+    /// phases`, f16) 64x32/16@256 at head_dim 64 went from one workgroup per SM to two and
+    /// from 0.634 to 0.391 ms, 64x16/16@128 at 128 from one to two and 1.370 to 0.793; no
+    /// configuration held in registers was more than 7% slower.
     pub(crate) fn staged_rows(&self) -> u32 {
-        match self.q_in_memory() {
-            true => self.br + 2 * self.bc,
-            false if self.q_in_passes() => 2 * self.bc,
+        match self.q_in_passes() {
+            true => 2 * self.bc,
             false => self.br.max(2 * self.bc),
         }
     }
@@ -164,15 +158,12 @@ impl CoopTiling {
 
     /// Whether Q is staged in column passes (then loaded into registers).
     pub(crate) fn q_in_passes(&self) -> bool {
-        !self.q_in_memory() && self.q_columns() < self.head_dim
+        self.q_columns() < self.head_dim
     }
 
     /// The first staged rows of K and of V.
     pub(crate) fn kv_rows(&self) -> (u32, u32) {
-        match self.q_in_memory() {
-            true => (self.br, self.br + self.bc),
-            false => (0, self.bc),
-        }
+        (0, self.bc)
     }
 
     /// Invocations per workgroup: a subgroup per 16 query rows and split.
@@ -188,18 +179,27 @@ impl CoopTiling {
         }
     }
 
+    /// Whether the forward's P lives over K's staged rows rather than in an area of its
+    /// own: wherever its rows fit there (K is free once S is made, and the softmax that
+    /// writes P runs after the barrier that publishes S). Less memory lets more
+    /// workgroups run at once: on an H200 (2026-11-30, as [`Self::staged_rows`]) it took
+    /// 32x32/16@128 at head_dim 128 from one workgroup per SM to two and from 1.48 to
+    /// 0.98 ms, 32x16/16@64 from three to four; where the count stayed, the time did.
+    pub(crate) fn p_over_k(&self) -> bool {
+        let (ks, _, ps) = self.strides();
+        matches!(self.op, Op::Forward | Op::Extend) && self.br * ps <= self.bc * ks
+    }
+
     /// Workgroup memory with `staged` f16 rows: the staging area, S, P, the tile's key
     /// range and the rescale flag.
     fn bytes_with(&self, staged: u32) -> u32 {
         let (ks, ss, ps) = self.strides();
+        let p = match self.p_over_k() {
+            true => 0,
+            false => 2 * self.br * ps,
+        };
         // The last two rows' terms: each row's rescale factor and sum (sh_c, sh_l).
-        2 * staged * ks
-            + 4 * self.br * ss
-            + 2 * self.br * ps
-            + 16
-            + 4
-            + 8 * self.br
-            + self.scale_bytes()
+        2 * staged * ks + 4 * self.br * ss + p + 16 + 4 + 8 * self.br + self.scale_bytes()
     }
 
     /// With scaled operands: each staged key's two scales.

@@ -249,7 +249,8 @@ impl Table {
 
     /// [`Table::forward`] for a problem of `batch` sequences of `seq_len` rows: where a
     /// tensor-core configuration with more rows per workgroup than the first still gives
-    /// the grid [`Calibration::full_grid`] workgroups, the one with the most rows.
+    /// the grid [`Calibration::full_grid`] workgroups and as many resident ones, the one
+    /// with the most rows.
     pub fn forward_for(
         &self,
         gpu: &Gpu,
@@ -259,29 +260,39 @@ impl Table {
     ) -> Option<FlashConfig> {
         let planned = self.forward(gpu, heads.width(), dtype)?;
         let candidates = coop_candidates(gpu, heads.width(), dtype);
+        let limit = gpu.limits().max_compute_workgroup_storage_size;
+        let resident = |c: &FlashConfig| {
+            limit / attn_dsl::configs::coop_forward_bytes(heads.width(), *c, dtype).max(1)
+        };
         Some(widest_filling(
             planned,
             &candidates,
             (heads.n_heads * batch, seq_len),
-            self.calibration().full_grid(),
+            (self.calibration().full_grid(), &resident),
         ))
     }
 }
 
 /// `planned`, or the tensor-core candidate with the most rows per workgroup (more than
 /// `planned`'s) whose grid over `seq_len` rows of `heads` heads (all sequences) still has
-/// `full_grid` workgroups ([`Calibration::full_grid`]).
+/// `full_grid` workgroups ([`Calibration::full_grid`]) and of which `resident` counts as
+/// many at once as of `planned`. `resident` divides the adapter's workgroup memory limit
+/// by a workgroup's: on an H200 (2026-11-30, `bench --only phases`, counted by the kernels)
+/// an SM ran exactly that many of each forward configuration but one (48 KiB: two of
+/// 24,084 bytes, one of 24,852), and the wider tile was faster only where it kept their
+/// count: at head_dim 64, seq 4096, 16 heads, f16, 64x32/16@256 (two) took 0.391 ms against
+/// 0.463 for 128x32/16@256 (one); at 128, where both hold one, 0.836 against 0.682.
 fn widest_filling(
     planned: FlashConfig,
     candidates: &[FlashConfig],
     (heads, seq_len): (u32, u32),
-    full_grid: u32,
+    (full_grid, resident): (u32, &dyn Fn(&FlashConfig) -> u32),
 ) -> FlashConfig {
     let grid = |c: &FlashConfig| seq_len.div_ceil(c.tile) * heads;
     candidates
         .iter()
         .filter(|c| planned.matrix == Matrix::Coop16 && c.tile > planned.tile)
-        .filter(|c| grid(c) >= full_grid)
+        .filter(|c| grid(c) >= full_grid && resident(c) >= resident(&planned))
         .max_by_key(|c| c.tile)
         .copied()
         .unwrap_or(planned)
@@ -461,6 +472,11 @@ mod tests {
         }
     }
 
+    /// How many of each forward workgroup 48 KiB holds at `head_dim` in f16.
+    fn resident_in_48k(head_dim: u32) -> impl Fn(&FlashConfig) -> u32 {
+        move |c| 49152 / attn_dsl::configs::coop_forward_bytes(head_dim, *c, Dtype::F16)
+    }
+
     #[test]
     fn wide_tensor_core_tiles_only_where_the_grid_fills() {
         let coop =
@@ -471,15 +487,46 @@ mod tests {
             .find(|c| c.tile == 128)
             .expect("a 128-row candidate");
         assert_eq!(wide.label(), "128x32/16@256+tc");
+        let fill = |planned, problem| {
+            widest_filling(planned, &coop, problem, (256, &resident_in_48k(128)))
+        };
         // seq 4096, 16 heads: 512 workgroups of 128 rows.
-        assert_eq!(widest_filling(first, &coop, (16, 4096), 256), wide);
+        assert_eq!(fill(first, (16, 4096)), wide);
         // The seeds' layer, seq 512 with 12 heads: 48 of 128 rows, too few.
-        assert_eq!(widest_filling(first, &coop, (12, 512), 256), first);
-        assert_eq!(widest_filling(first, &coop, (2 * 12, 1024), 256), first);
-        assert_eq!(widest_filling(first, &coop, (4 * 16, 1024), 256), wide);
+        assert_eq!(fill(first, (12, 512)), first);
+        assert_eq!(fill(first, (2 * 12, 1024)), first);
+        assert_eq!(fill(first, (4 * 16, 1024)), wide);
         // A scalar plan stays scalar.
         let scalar = forward_candidates(128)[0];
-        assert_eq!(widest_filling(scalar, &coop, (16, 4096), 256), scalar);
+        assert_eq!(fill(scalar, (16, 4096)), scalar);
+    }
+
+    /// At head_dim 64 the first candidate's workgroups fit twice in 48 KiB and the 128-row
+    /// tile's once: the wider tile would halve the workgroups an SM runs at once.
+    #[test]
+    fn wide_tensor_core_tiles_only_where_as_many_stay_resident() {
+        let coop =
+            attn_dsl::configs::coop_forward(64, attn_dsl::configs::CANDIDATE_WORKGROUP_BYTES);
+        let first = coop[0];
+        let resident = resident_in_48k(64);
+        let wide = coop.iter().find(|c| c.tile == 128).expect("a 128-row tile");
+        assert_eq!(
+            (first.label().as_str(), resident(&first)),
+            ("64x32/16@256+tc", 2)
+        );
+        assert_eq!(resident(wide), 1);
+        assert_eq!(
+            widest_filling(first, &coop, (16, 4096), (256, &resident)),
+            first
+        );
+        // At 128 both hold one: the wider tile is taken.
+        let resident = resident_in_48k(128);
+        let coop =
+            attn_dsl::configs::coop_forward(128, attn_dsl::configs::CANDIDATE_WORKGROUP_BYTES);
+        assert_eq!(
+            (resident(&coop[0]), resident(&coop[coop.len() - 1])),
+            (1, 1)
+        );
     }
 
     #[test]
