@@ -216,7 +216,8 @@ fn a_steps_projections_are_timed_on_the_gpu_and_the_wall() {
 /// `bench --only phases` ends with each configuration's residency: the planned forward
 /// (and the other tensor-core candidates) and both backward halves in every half dtype,
 /// each counting between one workgroup in flight and its whole grid (the planned scalar
-/// configurations on an adapter without tensor cores).
+/// configurations on an adapter without tensor cores), beside how many of its workgroups
+/// the device's workgroup memory limit holds.
 #[test]
 fn phase_rows_end_with_every_configurations_residency() {
     let gpu = Gpu::new([]).block_on().unwrap();
@@ -241,6 +242,12 @@ fn phase_rows_end_with_every_configurations_residency() {
         let words: Vec<&str> = r.note.split_whitespace().collect();
         let (held, grid): (u32, u32) = (words[0].parse().unwrap(), words[7].parse().unwrap());
         assert!((1..=grid).contains(&held), "{}: {}", r.kernel, r.note);
+        // The planner's estimate beside it: the device's limit over the kernel's bytes.
+        let bytes: u32 = words[8].trim_start_matches('(').parse().unwrap();
+        let limit = gpu.limits().max_compute_workgroup_storage_size;
+        assert!(bytes > 0, "{}: {}", r.kernel, r.note);
+        let estimate = format!("{} in the device's {limit})", limit / bytes);
+        assert!(r.note.ends_with(&estimate), "{}: {}", r.kernel, r.note);
     }
 }
 

@@ -796,12 +796,20 @@ fn residency_row(
     let timing = timing::time(gpu, std::slice::from_ref(&step), 1, 3)?;
     let words: Vec<u32> = crate::tensor::readback::read(gpu, counter, 2).block_on()?;
     let grid: u32 = step.grid.iter().product();
+    // Beside the count, the planner's estimate of it per SM (`tuning::widest_filling`).
+    let bytes = step.kernel.abi().workgroup_storage_bytes;
+    let limit = gpu.limits().max_compute_workgroup_storage_size;
+    let fit = limit / bytes.max(1);
     Ok(BenchRow {
         shape: shape.clone(),
         kernel: label,
         timing: Some(timing),
         flops: 0.0,
-        note: format!("{} workgroups in flight at once, of {grid}", words[1]),
+        note: format!(
+            "{} workgroups in flight at once, of {grid} ({bytes} bytes each: {fit} in the \
+             device's {limit})",
+            words[1]
+        ),
         baseline_ms: None,
     })
 }
