@@ -11,10 +11,12 @@
 //! rescale goes through workgroup memory. The decision is workgroup-uniform (a flag in
 //! workgroup memory), so every barrier is a workgroup barrier.
 //!
-//! Workgroup memory: Q and each block's K and V as f16 rows of head_dim (padded by 8
-//! halves, so that 8 consecutive rows start on different banks; K and V over Q where Q
-//! lives in registers); S as f32 (each subgroup's 16 rows, reused for rescales and the
-//! output); P as f16.
+//! Workgroup memory: Q (whole or a few columns at a time, until its fragments are in
+//! registers) and then each block's K and V over it, as f16 rows of head_dim (padded by 8
+//! halves, so that 8 consecutive rows start on different banks); S as f32 (each
+//! subgroup's 16 rows, reused for rescales and the output); P as f16, over K's rows where
+//! it fits there ([`CoopTiling::p_over_k`]). The less memory a workgroup declares, the more
+//! of them an SM runs at once.
 
 use super::coop_scale;
 use super::numerics::Helper;
@@ -328,9 +330,9 @@ fn put_p(i: u32, x: f16) {
 const FORWARD_MEMORY: Template = Template {
     name: "coop_forward_memory",
     needs: &[],
-    text: r#"// Q in rows 0..BR until its fragments are loaded; the current block's K from row
-// KB, V from row VB (over Q, once its fragments are in registers); P in sh_p or, where
-// it fits, over K (put_p).
+    text: r#"// Q (whole, or QC columns at a time) until its fragments are in registers; then the
+// current block's K from row KB and V from row VB over it; P in sh_p or, where it fits,
+// over K (put_p).
 var<workgroup> sh_kv: array<vec4<f16>, $staged>;
 var<workgroup> sh_s: array<f32, $s>;
 var<workgroup> sh_range: vec4<u32>;
@@ -672,7 +674,7 @@ const FORWARD: Template = Template {
     $loop_head
         let j0 = kt * BC;
         $fetch
-        // The previous block is done with sh_kv, sh_s, sh_p and sh_c.
+        // The previous block is done with workgroup memory (K, V, S, P, sh_c).
         workgroupBarrier();
         if (tid == 0u) {
             atomicStore(&sh_rescale, 0u);
@@ -984,8 +986,8 @@ pub(super) fn row_reduce(x: &str, op: &str, lanes: u32) -> Fragment {
     }))
 }
 
-/// The invocation's share of a row of S: masked and modified scores, the lazy max, P into
-/// sh_p, the row's rescale factor into sh_c. Ends with the rescale flag read, a workgroup
+/// The invocation's share of a row of S: masked and modified scores, the lazy max, P (by
+/// `put_p`), the row's rescale factor into sh_c. Ends with the rescale flag read, a workgroup
 /// barrier that also publishes P and sh_c. Returns the statements and, apart, the row sum's
 /// step ([`super::flash::row_sum`]).
 fn softmax(
@@ -1035,8 +1037,8 @@ fn max_of(v: &str, keys: u32) -> String {
     (1..keys).fold(format!("{v}_0"), |acc, c| format!("max({acc}, {v}_{c})"))
 }
 
-/// The lazy max of S (the rescale factor of O into sh_c), l, and P into sh_p; and apart,
-/// l's step.
+/// The lazy max of S (the rescale factor of O into sh_c), l, and P (by `put_p`); and
+/// apart, l's step.
 fn weights(keys: u32, (row, h): (&str, &str)) -> (Fragment, Fragment) {
     let each = (0..keys).flat_map(|c| {
         [

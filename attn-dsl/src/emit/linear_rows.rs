@@ -6,7 +6,8 @@
 //! interleaved steps of the reduction (`PARTS` of them), each keeps one sum per (row,
 //! column), each step's products summed apart first, and the parts meet in workgroup
 //! memory, sixteen sums at a time, each added over the parts by one invocation, its
-//! rounding errors carried (and along a lane's own steps in the layout of few rows).
+//! rounding errors carried (and, in the layout of few rows, from each unrolled iteration
+//! of a lane's loop to the next).
 
 use super::numerics::Helper;
 use super::writer::{Fragment, Template, Wgsl, concat, lines, uint};

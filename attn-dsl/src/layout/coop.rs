@@ -138,7 +138,7 @@ impl CoopTiling {
         }
     }
 
-    /// Columns of Q staged per pass when Q lives in registers: all of head_dim where BR
+    /// Columns of Q staged per pass on its way into registers: all of head_dim where BR
     /// rows of it fit beside nothing larger than K and V, else the widest multiple of 16
     /// dividing head_dim whose BR rows (padded by 8 halves) fit in K's and V's rows (where
     /// none does, head_dim: one pass, the staging area then sized for BR rows). Every

@@ -281,7 +281,9 @@ impl Table {
 /// an SM ran exactly that many of each forward configuration but one (48 KiB: two of
 /// 24,084 bytes, one of 24,852), and the wider tile was faster only where it kept their
 /// count: at head_dim 64, seq 4096, 16 heads, f16, 64x32/16@256 (two) took 0.391 ms against
-/// 0.463 for 128x32/16@256 (one); at 128, where both hold one, 0.836 against 0.682.
+/// 0.463 for 128x32/16@256 (one); at 128, where both hold one, 0.836 against 0.682. The
+/// rule is measured on NVIDIA's driver only; where an adapter allows 64 KiB it keeps the
+/// 64-row tile at 128 too, unmeasured there.
 fn widest_filling(
     planned: FlashConfig,
     candidates: &[FlashConfig],
