@@ -15,7 +15,7 @@
 //! registers) and then each block's K and V over it, as f16 rows of head_dim (padded by 8
 //! halves, so that 8 consecutive rows start on different banks); S as f32 (each
 //! subgroup's 16 rows, reused for rescales and the output); P as f16, over K's rows where
-//! it fits there ([`CoopTiling::p_over_k`]). The less memory a workgroup declares, the more
+//! it fits there (`CoopTiling::p_over_k`). The less memory a workgroup declares, the more
 //! of them an SM runs at once.
 
 use super::coop_scale;
