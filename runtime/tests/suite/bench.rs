@@ -214,7 +214,8 @@ fn a_steps_projections_are_timed_on_the_gpu_and_the_wall() {
 }
 
 /// `bench --only phases` ends with each configuration's residency: the planned forward
-/// (and the other tensor-core candidates) and both backward halves in every half dtype,
+/// (and the other tensor-core candidates) and both halves of each backward configuration
+/// in every half dtype,
 /// each counting between one workgroup in flight and its whole grid (the planned scalar
 /// configurations on an adapter without tensor cores), beside how many of its workgroups
 /// the device's workgroup memory limit holds.
@@ -236,7 +237,9 @@ fn phase_rows_end_with_every_configurations_residency() {
                 .count()
         };
         assert_eq!(of(" (planned)"), 1, "{names:?}");
-        assert_eq!((of("dQ half"), of("dK/dV half")), (1, 1), "{names:?}");
+        // Every backward configuration's two halves (the first alone without tensor cores).
+        let (dq, dkdv) = (of("dQ half"), of("dK/dV half"));
+        assert!(dq >= 1 && dq == dkdv, "{names:?}");
     }
     for r in resident {
         let words: Vec<&str> = r.note.split_whitespace().collect();

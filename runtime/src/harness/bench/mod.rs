@@ -144,9 +144,9 @@ pub enum Parts {
     Planned,
     /// The planned tensor-core forward in each half dtype and the f16 tiled backward,
     /// whole, with no phase, with each phase alone and without each
-    /// ([`attn_dsl::emit::coop::Phases`]); then each one's residency: the most of its
-    /// workgroups in flight at once (the planned configuration where none is on tensor
-    /// cores).
+    /// ([`attn_dsl::emit::coop::Phases`]); then the residency of every tensor-core
+    /// configuration: the most of its workgroups in flight at once (the planned
+    /// configuration where none is on tensor cores).
     Phases,
 }
 
@@ -732,8 +732,33 @@ fn phase_backward_configs(
         .collect()
 }
 
-/// The planned forward and every other tensor-core forward candidate, and the phase
-/// model's backward configuration (or the first, on adapters without tensor cores), in
+/// Every tensor-core backward configuration in each half dtype, the phase model's first;
+/// the first configuration where the adapter has no tensor cores.
+fn counted_backward_configs(
+    gpu: &Gpu,
+    heads: Heads,
+) -> Vec<(attn_dsl::Dtype, attn_dsl::FlashConfig)> {
+    gpu.half_dtypes()
+        .into_iter()
+        .flat_map(|dtype| {
+            let configs = tuning::backward_configs(gpu, heads.head_dim, dtype);
+            let coop: Vec<_> = configs
+                .iter()
+                .filter(|c| c.matrix == attn_dsl::Matrix::Coop16)
+                .copied()
+                .collect();
+            let first = configs.first().copied().into_iter();
+            let chosen: Vec<_> = match coop.is_empty() {
+                true => first.collect(),
+                false => coop,
+            };
+            chosen.into_iter().map(move |c| (dtype, c))
+        })
+        .collect()
+}
+
+/// The planned forward and every other tensor-core forward candidate, and every
+/// tensor-core backward configuration (or the first, on adapters without tensor cores), in
 /// each half dtype, built to count their workgroups in flight: the forwards and both
 /// backward halves (row label, dtype, whether a forward, kernel).
 fn counted_kernels(
@@ -765,7 +790,7 @@ fn counted_kernels(
             }
         }
     }
-    for (dtype, config) in phase_backward_configs(gpu, heads, true) {
+    for (dtype, config) in counted_backward_configs(gpu, heads) {
         let spec =
             AttentionSpec::new(heads.head_dim, masks, dtype).with_head_dim_v(heads.head_dim_v);
         let label = format!(
