@@ -712,22 +712,39 @@ fn planned_forward_configs(
         .collect()
 }
 
-/// The tiled backward configuration the phase model cuts in each half dtype (the first on
-/// tensor cores), or with `or_first` the first of any kind where none is.
+/// Each half dtype's tensor-core backward configurations, or its first configuration of
+/// any kind where none runs on tensor cores.
+fn backward_configs_by_dtype(
+    gpu: &Gpu,
+    heads: Heads,
+) -> Vec<(attn_dsl::Dtype, Vec<attn_dsl::FlashConfig>)> {
+    let coop = |c: &attn_dsl::FlashConfig| c.matrix == attn_dsl::Matrix::Coop16;
+    gpu.half_dtypes()
+        .into_iter()
+        .map(|dtype| {
+            let configs = tuning::backward_configs(gpu, heads.head_dim, dtype);
+            let tensor_core: Vec<_> = configs.iter().copied().filter(coop).collect();
+            match tensor_core.is_empty() {
+                true => (dtype, configs.into_iter().take(1).collect()),
+                false => (dtype, tensor_core),
+            }
+        })
+        .collect()
+}
+
+/// The tiled backward configuration the phase model cuts in each half dtype: the first on
+/// tensor cores.
 fn phase_backward_configs(
     gpu: &Gpu,
     heads: Heads,
-    or_first: bool,
 ) -> Vec<(attn_dsl::Dtype, attn_dsl::FlashConfig)> {
-    gpu.half_dtypes()
+    backward_configs_by_dtype(gpu, heads)
         .into_iter()
-        .filter_map(|dtype| {
-            let configs = tuning::backward_configs(gpu, heads.head_dim, dtype);
-            let coop = configs
-                .iter()
-                .find(|c| c.matrix == attn_dsl::Matrix::Coop16);
-            let config = coop.or(configs.first().filter(|_| or_first))?;
-            Some((dtype, *config))
+        .filter_map(|(dtype, configs)| {
+            let first = configs
+                .first()
+                .filter(|c| c.matrix == attn_dsl::Matrix::Coop16)?;
+            Some((dtype, *first))
         })
         .collect()
 }
@@ -738,22 +755,9 @@ fn counted_backward_configs(
     gpu: &Gpu,
     heads: Heads,
 ) -> Vec<(attn_dsl::Dtype, attn_dsl::FlashConfig)> {
-    gpu.half_dtypes()
+    backward_configs_by_dtype(gpu, heads)
         .into_iter()
-        .flat_map(|dtype| {
-            let configs = tuning::backward_configs(gpu, heads.head_dim, dtype);
-            let coop: Vec<_> = configs
-                .iter()
-                .filter(|c| c.matrix == attn_dsl::Matrix::Coop16)
-                .copied()
-                .collect();
-            let first = configs.first().copied().into_iter();
-            let chosen: Vec<_> = match coop.is_empty() {
-                true => first.collect(),
-                false => coop,
-            };
-            chosen.into_iter().map(move |c| (dtype, c))
-        })
+        .flat_map(|(dtype, configs)| configs.into_iter().map(move |c| (dtype, c)))
         .collect()
 }
 
@@ -880,7 +884,7 @@ fn phase_backwards(
     masks: Masks,
 ) -> Result<Vec<(String, Vec<Kernel>)>, Error> {
     let mut out = Vec::new();
-    for (dtype, config) in phase_backward_configs(gpu, heads, false) {
+    for (dtype, config) in phase_backward_configs(gpu, heads) {
         for (name, keep) in phase_sets(Phases::each_backward()) {
             let label = format!(
                 "phases backward tiled-{} {}: {name}",
