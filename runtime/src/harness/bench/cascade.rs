@@ -138,5 +138,7 @@ fn gpu_ms<T>(
     runs: u32,
     record: impl FnMut(&mut wgpu::CommandEncoder) -> Result<T, Error>,
 ) -> Result<f64, Error> {
-    Ok(crate::timing::time_recorded(gpu, 2, runs as usize, record)?.0.median_ms)
+    Ok(crate::timing::time_recorded(gpu, 2, runs as usize, record)?
+        .0
+        .median_ms)
 }
