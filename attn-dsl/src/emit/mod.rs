@@ -83,7 +83,7 @@ pub fn emit_phases(spec: &KernelSpec, bindings: &[Binding], keep: coop::Phases) 
         constants(&mut head, spec);
     }
     uniform_structs(&mut head, spec, bindings);
-    declarations(&mut head, bindings);
+    declarations(&mut head, spec, bindings);
     let mut body = Wgsl::new();
     emit_body(&mut body, spec, keep);
     let (mut out, head_needs) = head.into_parts();
@@ -382,7 +382,7 @@ const UNIFORM_STRUCT: Template = Template {
 "#,
 };
 
-fn declarations(out: &mut Wgsl, bindings: &[Binding]) {
+fn declarations(out: &mut Wgsl, spec: &KernelSpec, bindings: &[Binding]) {
     let bindings = bindings.iter().map(|b| {
         let space = match b.access {
             Access::Read => "storage, read",
@@ -390,11 +390,28 @@ fn declarations(out: &mut Wgsl, bindings: &[Binding]) {
             Access::Uniform => "uniform",
         };
         format!(
-            "@group({}) @binding({}) var<{space}> {}: {};",
-            b.group, b.binding, b.name, b.wgsl_type
+            "@group({}) @binding({}){} var<{space}> {}: {};",
+            b.group,
+            b.binding,
+            coherence(spec, &b.name),
+            b.name,
+            b.wgsl_type
         )
     });
     out.put(DECLARATIONS.fill([("bindings", lines(bindings))]));
+}
+
+/// ` @coherent` (naga's SPIR-V `Coherent`) on the partials of a split pass that combines
+/// its slices: the last workgroup of a group reads records other workgroups wrote in the
+/// same dispatch, and without it (SPIR-V's GLSL450 memory model, where only coherent
+/// memory is promised visible across workgroups) an H200 read one slice's record stale
+/// (f32 at head_dims 32, 96 and 256, 10 slices of 32 keys, one seed in three, 2026-11-30).
+/// Never under `target: webgpu`, which refuses the combining pass.
+fn coherence(spec: &KernelSpec, binding: &str) -> &'static str {
+    match spec.combines_slices() && binding == "partials" {
+        true => " @coherent",
+        false => "",
+    }
 }
 
 /// The sequence every kernel indexes by, and the plan's bindings, one a line.

@@ -368,6 +368,11 @@ impl Gpu {
                 "SUBGROUP",
             ),
             (abi.uses_f16(), wgpu::Features::SHADER_F16, "SHADER_F16"),
+            (
+                abi.binding("arrivals").is_some(),
+                wgpu::Features::MEMORY_DECORATION_COHERENT,
+                "MEMORY_DECORATION_COHERENT",
+            ),
         ]
         .into_iter()
         .find(|(needed, feature, _)| *needed && !adapter_features.contains(*feature));
@@ -499,11 +504,15 @@ impl Gpu {
         self.features.contains(wgpu::Features::SHADER_F16)
     }
 
-    /// Whether a storage barrier orders one workgroup's stores before another's loads (a
-    /// device-scope barrier, as native backends emit it): not in a browser, whose WGSL
-    /// orders storage only within a workgroup.
+    /// Whether one workgroup can read, in the same dispatch, what another stored before a
+    /// storage barrier: a device-scope barrier (as native backends emit it; a browser's
+    /// WGSL orders storage only within a workgroup) and storage declared `@coherent`
+    /// (without it an H200 served one workgroup a stale record of another's).
     pub fn orders_storage_across_workgroups(&self) -> bool {
         self.info.backend != wgpu::Backend::BrowserWebGpu
+            && self
+                .features
+                .contains(wgpu::Features::MEMORY_DECORATION_COHERENT)
     }
 
     /// Whether kernels with subgroup operations can run here.
@@ -595,10 +604,11 @@ const OPTIONAL_FEATURES: wgpu::Features = wgpu::Features::SHADER_FLOAT32_ATOMIC
     .union(wgpu::Features::SUBGROUP)
     .union(wgpu::Features::SHADER_F16);
 
-/// Native-only optional features: a pipeline cache on disk (Vulkan).
+/// Native-only optional features: a pipeline cache on disk (Vulkan), and `@coherent`
+/// storage for the split pass that combines its slices in one dispatch.
 const NATIVE_FEATURES: wgpu::Features = match cfg!(target_arch = "wasm32") {
     true => wgpu::Features::empty(),
-    false => wgpu::Features::PIPELINE_CACHE,
+    false => wgpu::Features::PIPELINE_CACHE.union(wgpu::Features::MEMORY_DECORATION_COHERENT),
 };
 
 /// Whether `matrix = coop16` kernels can run on `adapter`: cooperative matrices with the
