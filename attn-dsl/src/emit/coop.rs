@@ -577,6 +577,12 @@ fn body(out: &mut Wgsl, spec: &crate::KernelSpec, t: &CoopTiling, keep: Phases) 
     let (names, who) = row_names(spec);
     let mine = t.v_frags / t.split;
     let kv = [("k", "KB"), ("v", "VB")];
+    // With V over K, V's stores wait for the barrier that ends S (the softmax's closing
+    // barrier publishes them to P·V).
+    let staged_first = match t.v_over_k() {
+        true => 1,
+        false => 2,
+    };
     let (softmax, row_sum) = match keep.softmax {
         true => softmax((lanes, keys), t.scaled, lp.full_tiles, who),
         false => Default::default(),
@@ -600,8 +606,15 @@ fn body(out: &mut Wgsl, spec: &crate::KernelSpec, t: &CoopTiling, keep: Phases) 
             "fetch",
             phase(keep.stage, || fetch_block(t, &kv, "j0", "kv_h")),
         ),
-        ("stage", phase_or_barrier(keep.stage, || put_block(t, &kv))),
+        (
+            "stage",
+            phase_or_barrier(keep.stage, || put_block(t, &kv[..staged_first])),
+        ),
         ("scores", phase_or_barrier(keep.scores, || scores(t))),
+        (
+            "stage_v",
+            phase(keep.stage && t.v_over_k(), || puts(t, &kv[1..])),
+        ),
         ("softmax", softmax),
         ("row_sum", row_sum),
         ("rescale", rescale(mine)),
@@ -681,6 +694,7 @@ const FORWARD: Template = Template {
         }
         $stage
         $scores
+        $stage_v
         $softmax
         $row_sum
         $rescale

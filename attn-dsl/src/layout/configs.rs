@@ -349,6 +349,40 @@ mod tests {
         assert!(passes >= 20, "{passes}");
     }
 
+    /// V goes over K only where K and V side by side do not fit: among the f16 candidates
+    /// that is the 128-row tile from head_dim 224 (and at 144, by 20 bytes), which it lets
+    /// run at all; at head_dim 128 every candidate keeps both blocks.
+    #[test]
+    fn v_over_k_only_where_k_and_v_side_by_side_do_not_fit() {
+        let over = |head_dim: u32, dtype: crate::Dtype| -> Vec<String> {
+            coop_forward_in(head_dim, CANDIDATE_WORKGROUP_BYTES, dtype)
+                .into_iter()
+                .filter(|c| {
+                    let spec = crate::KernelSpec {
+                        dtype,
+                        ..crate::KernelSpec::flash("p", Op::Forward, head_dim, Masks::default(), *c)
+                    };
+                    super::super::coop::CoopTiling::of(&spec).is_some_and(|t| t.v_over_k())
+                })
+                .map(|c| c.label())
+                .collect()
+        };
+        assert_eq!(over(128, crate::Dtype::F16), Vec::<String>::new());
+        assert_eq!(over(256, crate::Dtype::F16), ["128x32/16@256+tc"]);
+        assert_eq!(over(256, crate::Dtype::Bf16), Vec::<String>::new());
+        assert_eq!(
+            coop_forward_bytes(256, forward_tc(256, 128), crate::Dtype::F16),
+            46_612
+        );
+    }
+
+    fn forward_tc(head_dim: u32, tile: u32) -> FlashConfig {
+        coop_forward_in(head_dim, CANDIDATE_WORKGROUP_BYTES, crate::Dtype::F16)
+            .into_iter()
+            .find(|c| c.tile == tile)
+            .expect("a tensor-core forward of that tile")
+    }
+
     /// The rule reproduces the configurations that won on an H100 when they were listed
     /// by hand, and candidate 0 fits WebGPU's defaults.
     #[test]

@@ -132,9 +132,14 @@ impl CoopTiling {
     /// from 0.634 to 0.391 ms, 64x16/16@128 at 128 from one to two and 1.370 to 0.793; no
     /// configuration held in registers was more than 7% slower.
     pub(crate) fn staged_rows(&self) -> u32 {
-        match self.q_in_passes() {
-            true => 2 * self.bc,
-            false => self.br.max(2 * self.bc),
+        self.staged_over(self.block_rows())
+    }
+
+    /// [`Self::staged_rows`] where a block takes `block` staged rows.
+    fn staged_over(&self, block: u32) -> u32 {
+        match self.q_columns_over(block) < self.head_dim {
+            true => block,
+            false => self.br.max(block),
         }
     }
 
@@ -145,10 +150,15 @@ impl CoopTiling {
     /// subgroup loads its fragments of each pass's columns, so the loads stay in
     /// workgroup-uniform control flow (a pass per row group would not).
     pub(crate) fn q_columns(&self) -> u32 {
-        if self.br <= 2 * self.bc {
+        self.q_columns_over(self.block_rows())
+    }
+
+    /// [`Self::q_columns`] where a block takes `block` staged rows.
+    fn q_columns_over(&self, block: u32) -> u32 {
+        if self.br <= block {
             return self.head_dim;
         }
-        let room = 2 * self.bc * (self.head_dim + 8);
+        let room = block * (self.head_dim + 8);
         (1..=self.head_dim / FRAG)
             .rev()
             .map(|n| n * FRAG)
@@ -163,7 +173,36 @@ impl CoopTiling {
 
     /// The first staged rows of K and of V.
     pub(crate) fn kv_rows(&self) -> (u32, u32) {
-        (0, self.bc)
+        match self.v_over_k() {
+            true => (0, 0),
+            false => (0, self.bc),
+        }
+    }
+
+    /// Whether the forward stages a block's V over its K once S is made (V's loads wait
+    /// in registers until then), so that the staging area holds one block's rows rather
+    /// than two: where K and V side by side would not fit within
+    /// [`super::configs::CANDIDATE_WORKGROUP_BYTES`]. That lets the 128-row tile run at
+    /// head_dim 256, where on an H200 (2026-11-30, `bench --seq 4096 --heads 16 --kv-heads
+    /// 16 --head-dim 256 --only planned`, f16) the planner's pick went from 64x32/16@256 at
+    /// 1.282 ms to 128x32/16@256 at 1.075. Where both fit it costs: V's stores wait for the
+    /// scores' barrier, and at head_dim 128 no configuration gained more than 3% although
+    /// several ran one more workgroup per SM (64x32/16@256 0.866 ms at two against 0.836 at
+    /// one). The scaled (bf16) forward notes each staged row's scales with its stores, and
+    /// keeps both blocks.
+    pub(crate) fn v_over_k(&self) -> bool {
+        let apart = self.bytes_of(self.staged_over(2 * self.bc), self.p_fits_over_k());
+        matches!(self.op, Op::Forward | Op::Extend)
+            && !self.scaled
+            && apart > super::configs::CANDIDATE_WORKGROUP_BYTES
+    }
+
+    /// Staged rows of one block: K's and V's, or one block's where V goes over K.
+    fn block_rows(&self) -> u32 {
+        match self.v_over_k() {
+            true => self.bc,
+            false => 2 * self.bc,
+        }
     }
 
     /// Invocations per workgroup: a subgroup per 16 query rows and split.
@@ -185,7 +224,13 @@ impl CoopTiling {
     /// workgroups run at once: on an H200 (2026-11-30, as [`Self::staged_rows`]) it took
     /// 32x32/16@128 at head_dim 128 from one workgroup per SM to two and from 1.48 to
     /// 0.98 ms, 32x16/16@64 from three to four; where the count stayed, the time did.
+    /// V over K takes those rows, and P then has an area of its own.
     pub(crate) fn p_over_k(&self) -> bool {
+        self.p_fits_over_k() && !self.v_over_k()
+    }
+
+    /// Whether P's rows fit in K's staged rows.
+    fn p_fits_over_k(&self) -> bool {
         let (ks, _, ps) = self.strides();
         matches!(self.op, Op::Forward | Op::Extend) && self.br * ps <= self.bc * ks
     }
@@ -193,8 +238,13 @@ impl CoopTiling {
     /// Workgroup memory with `staged` f16 rows: the staging area, S, P, the tile's key
     /// range and the rescale flag.
     fn bytes_with(&self, staged: u32) -> u32 {
+        self.bytes_of(staged, self.p_over_k())
+    }
+
+    /// [`Self::bytes_with`], P over K or not.
+    fn bytes_of(&self, staged: u32, p_over_k: bool) -> u32 {
         let (ks, ss, ps) = self.strides();
-        let p = match self.p_over_k() {
+        let p = match p_over_k {
             true => 0,
             false => 2 * self.br * ps,
         };
