@@ -343,8 +343,9 @@ fn a_decode_combined_in_place_equals_the_two_pass_decode_call_after_call() {
 }
 
 /// A described split pass that combines its slices, at every tile a description may ask
-/// (each query's share of the workgroup a power of two or not), decodes as the same pass
-/// with the reduce after it, in slices of one key tile.
+/// (each query's share of the workgroup a power of two or not), declares its partials
+/// coherent and decodes as the same pass with the reduce after it, in slices of one key
+/// tile.
 #[test]
 fn a_combining_split_pass_of_any_tile_decodes_as_two_passes() {
     let gpu = Gpu::new(kernels::FAMILY.iter().copied())
@@ -362,6 +363,12 @@ fn a_combining_split_pass_of_any_tile_decodes_as_two_passes() {
         combined.fit_device(16384);
         let run = |spec: &attn_dsl::KernelSpec| {
             let abi = attn_dsl::compile(spec).unwrap_or_else(|e| panic!("tile {tile}: {e}"));
+            // The last workgroup reads the others' records in the same dispatch: only
+            // coherent storage is promised to show them (an H200 merged a stale one).
+            let coherent = abi
+                .wgsl
+                .contains("@coherent var<storage, read_write> partials");
+            assert_eq!(coherent, spec.combines_slices(), "tile {tile}");
             let split = SplitDecode::new(&gpu, &abi, reduce).unwrap();
             let inp = input(1000, &q, &kv);
             let o = split.run(&gpu, &inp, Some(split.key_tile())).block_on();
