@@ -577,8 +577,10 @@ fn body(out: &mut Wgsl, spec: &crate::KernelSpec, t: &CoopTiling, keep: Phases) 
     let (names, who) = row_names(spec);
     let mine = t.v_frags / t.split;
     let kv = [("k", "KB"), ("v", "VB")];
-    // With V over K, V's stores wait for the barrier that ends S (the softmax's closing
-    // barrier publishes them to P·V).
+    // With V over K, V's stores wait for the barrier that ends S (or stands in for it in a
+    // phase-cut pass), and the rescale's uniform load (a barrier, emitted in every pass)
+    // publishes them to P·V. Never with scaled operands, whose stores note both tensors'
+    // scales together (`CoopTiling::v_over_k`).
     let staged_first = match t.v_over_k() {
         true => 1,
         false => 2,

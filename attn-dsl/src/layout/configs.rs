@@ -351,7 +351,8 @@ mod tests {
 
     /// V goes over K only where K and V side by side do not fit: among the f16 candidates
     /// that is the 128-row tile from head_dim 224 (and at 144, by 20 bytes), which it lets
-    /// run at all; at head_dim 128 every candidate keeps both blocks.
+    /// run at all (the bytes it declares there); at head_dim 128 every candidate keeps
+    /// both blocks.
     #[test]
     fn v_over_k_only_where_k_and_v_side_by_side_do_not_fit() {
         let over = |head_dim: u32, dtype: crate::Dtype| -> Vec<String> {
@@ -367,13 +368,18 @@ mod tests {
                 .map(|c| c.label())
                 .collect()
         };
-        assert_eq!(over(128, crate::Dtype::F16), Vec::<String>::new());
-        assert_eq!(over(256, crate::Dtype::F16), ["128x32/16@256+tc"]);
+        for head_dim in [64, 128, 192] {
+            assert_eq!(over(head_dim, crate::Dtype::F16), Vec::<String>::new());
+        }
+        for (head_dim, bytes) in [(144, 39_444), (224, 44_564), (240, 45_588), (256, 46_612)] {
+            assert_eq!(over(head_dim, crate::Dtype::F16), ["128x32/16@256+tc"]);
+            let config = forward_tc(head_dim, 128);
+            assert_eq!(
+                coop_forward_bytes(head_dim, config, crate::Dtype::F16),
+                bytes
+            );
+        }
         assert_eq!(over(256, crate::Dtype::Bf16), Vec::<String>::new());
-        assert_eq!(
-            coop_forward_bytes(256, forward_tc(256, 128), crate::Dtype::F16),
-            46_612
-        );
     }
 
     fn forward_tc(head_dim: u32, tile: u32) -> FlashConfig {

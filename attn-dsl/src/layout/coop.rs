@@ -188,13 +188,19 @@ impl CoopTiling {
     /// 1.282 ms to 128x32/16@256 at 1.075. Where both fit it costs: V's stores wait for the
     /// scores' barrier, and at head_dim 128 no configuration gained more than 3% although
     /// several ran one more workgroup per SM (64x32/16@256 0.866 ms at two against 0.836 at
-    /// one). The scaled (bf16) forward notes each staged row's scales with its stores, and
-    /// keeps both blocks.
+    /// one). Only where it makes the workgroup smaller: P then needs an area of its own,
+    /// which for some tiles off the menu (128x48 at head_dim 32) outweighs the block saved.
+    /// The limit is the candidates' 48 KiB, not the device's: on a device with more, the
+    /// 128-row tile at head_dim 256 keeps V over K although both blocks would fit there.
+    /// The scaled (bf16) forward notes each staged row's scales with its stores, and keeps
+    /// both blocks (its emitter stages the two together).
     pub(crate) fn v_over_k(&self) -> bool {
         let apart = self.bytes_of(self.staged_over(2 * self.bc), self.p_fits_over_k());
+        let over = self.bytes_of(self.staged_over(self.bc), false);
         matches!(self.op, Op::Forward | Op::Extend)
             && !self.scaled
             && apart > super::configs::CANDIDATE_WORKGROUP_BYTES
+            && over < apart
     }
 
     /// Staged rows of one block: K's and V's, or one block's where V goes over K.

@@ -283,6 +283,12 @@ fn a_decode_combined_in_place_equals_the_two_pass_decode_call_after_call() {
     let gpu = Gpu::new(kernels::FAMILY.iter().copied())
         .block_on()
         .unwrap_or_else(|e| panic!("{e}"));
+    // Without it `Combine::InPlace` builds the reduce pass, and the test would compare it
+    // with itself.
+    assert!(
+        gpu.orders_storage_across_workgroups(),
+        "the adapter builds no combining pass (MEMORY_DECORATION_COHERENT)"
+    );
     let (batch, capacity, n_heads, n_kv, d) = (3u32, 1500u32, 8u32, 2u32, 64u32);
     let mut state = 11u32;
     let mut noise = |n: u32| noise(&mut state, n);
@@ -369,6 +375,8 @@ fn a_combining_split_pass_of_any_tile_decodes_as_two_passes() {
                 .wgsl
                 .contains("@coherent var<storage, read_write> partials");
             assert_eq!(coherent, spec.combines_slices(), "tile {tile}");
+            // What the runtime requires the decoration for is the same kernels.
+            assert_eq!(coherent, abi.binding("arrivals").is_some(), "tile {tile}");
             let split = SplitDecode::new(&gpu, &abi, reduce).unwrap();
             let inp = input(1000, &q, &kv);
             let o = split.run(&gpu, &inp, Some(split.key_tile())).block_on();
