@@ -337,7 +337,8 @@ const PACKED: &[u32] = &[1, 7, 300];
 /// The default matrix: seq 1, 7, 64, 300; GQA ratios 1, 3, 4; head_dim 64 and 128; causal
 /// alone and with 3 documents; decode caches of 1, 7 and 300 rows; the backward in every
 /// schedule over the same shapes plus one over the check's streaming threshold; RoPE; the
-/// seeds' production layer; head_dim 32, 80, 96 and 256 in every op; batch 3; and packed
+/// seeds' production layer; head_dim 32, 80, 96 and 256 in every op, 144 and 224 in the
+/// forward; batch 3; and packed
 /// sequences of 1, 7 and 300 rows, causal and not.
 pub fn default_matrix() -> Vec<Case> {
     let head_sets = [(2, 2), (6, 2), (8, 2)];
@@ -521,6 +522,16 @@ pub fn default_matrix() -> Vec<Case> {
                 pos_offset: 5,
             },
         );
+    }
+    // Head_dims where the tensor-core forward's 128-row tile stages V over K (its K and V
+    // side by side do not fit 48 KiB): that tile among every configuration `check` runs.
+    for head_dim in [144, 224] {
+        let shape = Shape::Forward {
+            seq: 300,
+            docs: Docs::Even(3),
+            causal: true,
+        };
+        push(heads(6, 2, head_dim), 1, shape);
     }
     // The batch axis, each sequence with its own documents.
     let h = heads(6, 2, 64);
