@@ -187,14 +187,11 @@ fn block_tile(q0: u32, q1: u32, k0: u32, k1: u32, h: u32, b: u32) -> vec2<bool> 
     let base = (b * 1u + 0u) * n;
     let q_end = min(q1 / MASK_BLOCK, n - 1u);
     let k_end = min(k1 / MASK_BLOCK, n - 1u);
-    var seen = vec2<bool>(false, false);
-    for (var qb = q0 / MASK_BLOCK; qb <= q_end; qb = qb + 1u) {
-        for (var kb = k0 / MASK_BLOCK; kb <= k_end; kb = kb + 1u) {
-            let state = block_mask[(base + qb) * (n + 4u) + kb];
-            seen = seen | vec2<bool>(state != BLOCK_EMPTY, state != BLOCK_FULL);
-        }
-    }
-    return seen;
+    let qb = q0 / MASK_BLOCK;
+    let kb = k0 / MASK_BLOCK;
+    let inside = (qb <= q_end) & (kb <= k_end);
+    let s_0_0 = block_mask[(base + min(qb + 0u, q_end)) * (n + 4u) + min(kb + 0u, k_end)];
+    return vec2<bool>(inside & ((s_0_0 != BLOCK_EMPTY)), inside & ((s_0_0 != BLOCK_FULL)));
 }
 
 // A tile's range (x..y) narrowed to the blocks the block mask shows from its positions

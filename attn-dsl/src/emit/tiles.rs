@@ -205,7 +205,38 @@ pub(super) fn functions<S: Clone>(
         ("blocks", Fragment::from(blocks)),
     ]));
     if reads {
-        block_tile(out, mask, seq);
+        block_tile(out, mask, seq, block_spans(spec));
+    }
+}
+
+/// The most mask blocks a run of `len` positions covers: starting at a multiple of `len`
+/// (`aligned`) where `len` divides the block or the block divides `len`, else from any
+/// position.
+pub(crate) fn blocks_spanned(len: u32, aligned: bool) -> u32 {
+    let side = crate::flex::MASK_BLOCK;
+    match aligned {
+        true if side % len == 0 => 1,
+        true if len % side == 0 => len / side,
+        _ => (len + side - 2) / side + 1,
+    }
+}
+
+/// The most blocks of queries and of keys one of `spec`'s tile tests covers, where its
+/// tiles fix them: a query-major loop's tile of `tile` rows (at multiples of `tile` but in
+/// a continued cache, whose positions follow the cached rows, or with packed heads) against
+/// `inner` keys at multiples of `inner`; a key-major loop's `inner` queries against its
+/// `tile` keys. `None` for the split-K decode, whose tests span a slice's served queries.
+fn block_spans(spec: &crate::KernelSpec) -> Option<(u32, u32)> {
+    use crate::Op;
+    let (tile, inner) = (spec.grid.tile, spec.grid.flash?.inner);
+    match spec.op {
+        Op::Forward | Op::BackwardQ => {
+            let aligned = !spec.grid.pack_heads;
+            Some((blocks_spanned(tile, aligned), blocks_spanned(inner, true)))
+        }
+        Op::Extend => Some((blocks_spanned(tile, false), blocks_spanned(inner, true))),
+        Op::BackwardKv => Some((blocks_spanned(inner, true), blocks_spanned(tile, true))),
+        _ => None,
     }
 }
 
@@ -246,7 +277,11 @@ fn next_key_tile(t0: u32, end: u32, q0: u32, q1: u32, h: u32, bc: u32, b: u32) -
 /// the sequence is the workgroup's, read as a uniform value from `sh_batch` (the kernel
 /// stores `batch` there before its first tile test: a private variable is not uniform to
 /// WGSL's analysis).
-fn block_tile<S: Clone>(out: &mut Wgsl, mask: &Expr<S>, seq: &str) {
+///
+/// Where `spans` bounds the blocks a test covers (queries, keys), the test reads each of
+/// them once, in straight-line code: on an H200 a tile loop whose test stepped through the
+/// blocks in loops ran the prefix-LM forward at 16384 rows 8% slower (docs/flex.md).
+fn block_tile<S: Clone>(out: &mut Wgsl, mask: &Expr<S>, seq: &str, spans: Option<(u32, u32)>) {
     let mask = mask.inlined();
     let pick = |var: &str, value: &str, none: &str| match mask.mentions(var) {
         true => Fragment::from(value),
@@ -267,8 +302,68 @@ fn block_tile<S: Clone>(out: &mut Wgsl, mask: &Expr<S>, seq: &str) {
         ("heads", heads),
         ("h", h),
         ("first_mask", first_mask),
+        (
+            "states",
+            spans.map_or_else(|| BLOCK_LOOPS.plain(), block_reads),
+        ),
     ]));
 }
+
+/// The states of `qs` by `ks` blocks from the tile's first, each index held to the tile's
+/// last block (a tile of fewer blocks reads some twice): whether any shows a pair and
+/// whether any hides one.
+fn block_reads((qs, ks): (u32, u32)) -> Fragment {
+    let reads = (0..qs).flat_map(|i| {
+        (0..ks).map(move |j| {
+            format!(
+                "let s_{i}_{j} = block_mask[(base + min(qb + {i}u, q_end)) * (n + 4u) + min(kb + {j}u, k_end)];"
+            )
+        })
+    });
+    let states: Vec<String> = (0..qs)
+        .flat_map(|i| (0..ks).map(move |j| format!("s_{i}_{j}")))
+        .collect();
+    let any = |op: &str, state: &str| {
+        let terms: Vec<String> = states
+            .iter()
+            .map(|s| format!("({s} {op} {state})"))
+            .collect();
+        terms.join(" | ")
+    };
+    BLOCK_READS.fill([
+        ("reads", lines(reads)),
+        ("shown", Fragment::from(any("!=", "BLOCK_EMPTY"))),
+        ("hidden", Fragment::from(any("!=", "BLOCK_FULL"))),
+    ])
+}
+
+/// [`block_reads`]' statements, branch-free (`&` and `|` do not short-circuit): a tile
+/// that starts past the mask's last block reads that block and shows nothing.
+const BLOCK_READS: Template = Template {
+    name: "block_reads",
+    needs: &[],
+    text: r#"let qb = q0 / MASK_BLOCK;
+let kb = k0 / MASK_BLOCK;
+let inside = (qb <= q_end) & (kb <= k_end);
+$reads
+return vec2<bool>(inside & ($shown), inside & ($hidden));
+"#,
+};
+
+/// A test over any number of blocks: each block of the tile in turn.
+const BLOCK_LOOPS: Template = Template {
+    name: "block_loops",
+    needs: &[],
+    text: r#"var seen = vec2<bool>(false, false);
+for (var qb = q0 / MASK_BLOCK; qb <= q_end; qb = qb + 1u) {
+    for (var kb = k0 / MASK_BLOCK; kb <= k_end; kb = kb + 1u) {
+        let state = block_mask[(base + qb) * (n + 4u) + kb];
+        seen = seen | vec2<bool>(state != BLOCK_EMPTY, state != BLOCK_FULL);
+    }
+}
+return seen;
+"#,
+};
 
 /// `block_tile` and `block_range`: the device's block mask read for a tile's test and for
 /// its range.
@@ -286,14 +381,7 @@ fn block_tile(q0: u32, q1: u32, k0: u32, k1: u32, h: u32, b: u32) -> vec2<bool> 
     let base = ($b * $heads + $h) * n;
     let q_end = min(q1 / MASK_BLOCK, n - 1u);
     let k_end = min(k1 / MASK_BLOCK, n - 1u);
-    var seen = vec2<bool>(false, false);
-    for (var qb = q0 / MASK_BLOCK; qb <= q_end; qb = qb + 1u) {
-        for (var kb = k0 / MASK_BLOCK; kb <= k_end; kb = kb + 1u) {
-            let state = block_mask[(base + qb) * (n + 4u) + kb];
-            seen = seen | vec2<bool>(state != BLOCK_EMPTY, state != BLOCK_FULL);
-        }
-    }
-    return seen;
+    $states
 }
 
 // A tile's range (x..y) narrowed to the blocks the block mask shows from its positions
@@ -529,3 +617,74 @@ if (!tile_full) {
 $after
 "#,
 };
+
+#[cfg(test)]
+mod tests {
+    use super::blocks_spanned;
+    use crate::flex::MASK_BLOCK;
+
+    /// Every run of `len` positions (from a multiple of `len` where aligned, from anywhere
+    /// else) covers at most `blocks_spanned` mask blocks, and some run covers that many.
+    #[test]
+    fn blocks_spanned_bounds_every_run() {
+        for len in 1..=300u32 {
+            for aligned in [true, false] {
+                let bound = blocks_spanned(len, aligned);
+                let step = if aligned { len } else { 1 };
+                let most = (0..8 * MASK_BLOCK)
+                    .step_by(step as usize)
+                    .map(|s| (s + len - 1) / MASK_BLOCK - s / MASK_BLOCK + 1)
+                    .max()
+                    .unwrap();
+                assert!(
+                    most <= bound,
+                    "len {len} aligned {aligned}: {most} > {bound}"
+                );
+                let tight = aligned && (MASK_BLOCK % len == 0 || len % MASK_BLOCK == 0);
+                if tight || !aligned {
+                    assert_eq!(most, bound, "len {len} aligned {aligned}");
+                }
+            }
+        }
+    }
+
+    /// The flash kernels that read a block mask test a tile by straight-line reads of the
+    /// blocks it spans (as many as its tile can: two query blocks for a 128-row tile of 32
+    /// keys); the split-K decode, whose tests span its served queries, by loops.
+    #[test]
+    fn tile_tests_read_the_blocks_their_tiles_span() {
+        use crate::{Dtype, KernelSpec, Masks, Op, WriteMode, configs};
+        let documents = crate::flex::library::preset("documents").expect("a preset");
+        let masks = Masks {
+            flex: Some(documents.intern()),
+            ..Masks::default()
+        };
+        let wgsl = |spec: &KernelSpec| crate::compile(spec).expect("compiles").wgsl.to_string();
+        let reads = |text: &str| text.matches("= block_mask[(base + min(qb + ").count();
+        let bytes = configs::CANDIDATE_WORKGROUP_BYTES;
+        let wide = *configs::coop_forward_in(128, bytes, Dtype::F16)
+            .iter()
+            .find(|c| c.tile == 128 && c.inner == 32)
+            .expect("the 128-row tile at head_dim 128");
+        let coop = KernelSpec {
+            dtype: Dtype::F16,
+            ..KernelSpec::flash("f", Op::Forward, 128, masks, wide)
+        };
+        assert_eq!(reads(&wgsl(&coop)), 2);
+        let scalar = configs::forward(64)[0];
+        let expected =
+            super::blocks_spanned(scalar.tile, true) * super::blocks_spanned(scalar.inner, true);
+        let forward = wgsl(&KernelSpec::flash("f", Op::Forward, 64, masks, scalar));
+        assert_eq!(reads(&forward), expected as usize);
+        for text in [&wgsl(&coop), &forward] {
+            assert!(!text.contains("for (var qb"));
+        }
+        let mut decode = KernelSpec::standard("d", Op::DecodeSplit, 64, masks);
+        for (_, mode) in &mut decode.writes {
+            *mode = WriteMode::ScratchFlush;
+        }
+        let decode = wgsl(&decode);
+        assert!(decode.contains("for (var qb = q0 / MASK_BLOCK; qb <= q_end; qb = qb + 1u) {"));
+        assert_eq!(reads(&decode), 0);
+    }
+}
