@@ -215,8 +215,8 @@ pub(super) fn functions<S: Clone>(
 pub(crate) fn blocks_spanned(len: u32, aligned: bool) -> u32 {
     let side = crate::flex::MASK_BLOCK;
     match aligned {
-        true if side % len == 0 => 1,
-        true if len % side == 0 => len / side,
+        true if side.is_multiple_of(len) => 1,
+        true if len.is_multiple_of(side) => len / side,
         _ => (len + side - 2) / side + 1,
     }
 }
@@ -640,7 +640,8 @@ mod tests {
                     most <= bound,
                     "len {len} aligned {aligned}: {most} > {bound}"
                 );
-                let tight = aligned && (MASK_BLOCK % len == 0 || len % MASK_BLOCK == 0);
+                let tight =
+                    aligned && (MASK_BLOCK.is_multiple_of(len) || len.is_multiple_of(MASK_BLOCK));
                 if tight || !aligned {
                     assert_eq!(most, bound, "len {len} aligned {aligned}");
                 }
