@@ -212,7 +212,7 @@ pub(super) fn functions<S: Clone>(
 /// The most mask blocks a run of `len` positions covers: starting at a multiple of `len`
 /// (`aligned`) where `len` divides the block or the block divides `len`, else from any
 /// position.
-pub(crate) fn blocks_spanned(len: u32, aligned: bool) -> u32 {
+fn blocks_spanned(len: u32, aligned: bool) -> u32 {
     let side = crate::flex::MASK_BLOCK;
     match aligned {
         true if side.is_multiple_of(len) => 1,
