@@ -429,16 +429,16 @@ fn flash_backward_q(tile: u32, h: u32, tid: u32) {
         let s_1_0 = hsum(s_1_0_4);
         let dp_1_0 = hsum(dp_1_0_4);
         let j_0 = j0 + tx + 0u * TX;
-        var v_0_0 = j_0 >= lo_0 && j_0 < hi_0;
-        var v_1_0 = j_0 >= lo_1 && j_0 < hi_1;
+        var tile_hid_0 = 0u;
         if (!tile_full) {
-            v_0_0 = v_0_0 && key_visible(row_0, h, j_0);
-            v_1_0 = v_1_0 && key_visible(row_1, h, j_0);
+            tile_hid_0 = select(0u, 1u, !key_visible(row_0, h, j_0)) | select(0u, 2u, !key_visible(row_1, h, j_0));
         }
+        let v_0_0 = j_0 >= lo_0 && j_0 < hi_0 && (tile_hid_0 & 1u) == 0u;
         let x_0_0 = scored(row_0, h, j_0, s_0_0);
         let p_0_0 = exp_f32(x_0_0.x - lse_0);
         let g_0_0 = score_grads(row_0, h, j_0, s_0_0, x_0_0, p_0_0 * (dropped(row_0, h, j_0, dp_0_0) - delta_0), v_0_0);
         sh_ds[(g * TM + 0u) * PSTRIDE + tx + 0u * TX] = params.scale * g_0_0;
+        let v_1_0 = j_0 >= lo_1 && j_0 < hi_1 && (tile_hid_0 & 2u) == 0u;
         let x_1_0 = scored(row_1, h, j_0, s_1_0);
         let p_1_0 = exp_f32(x_1_0.x - lse_1);
         let g_1_0 = score_grads(row_1, h, j_0, s_1_0, x_1_0, p_1_0 * (dropped(row_1, h, j_0, dp_1_0) - delta_1), v_1_0);

@@ -531,6 +531,11 @@ mod tests {
         let sinks = flash(library::window_with_sinks(24, 4));
         assert!(sinks.contains("return mask_mod(row, h, j);"));
         assert!(sinks.contains("tile_next = next_key_tile("));
+        assert!(
+            sinks.contains(
+                "if (!tile_full) {\n            tile_hid_0 = select(0u, 1u, !key_visible("
+            )
+        );
         assert!(sinks.contains("min(dims.seq_len, u32(max(i32(row) + 1, 0)))"));
     }
 }

@@ -574,10 +574,13 @@ pub(super) struct Pair {
 }
 
 /// Statements for `pairs`, each pair's `before`, its visibility and its `after`. Where a
-/// loop's tiles may be full (`full_tiles`), every range test comes first, then the mask's
-/// tests of a tile that is not full under one branch for the tile, then each `after`: one
-/// uniform branch per tile instead of one per pair (docs/flex.md has what that is worth),
-/// and a mask that reads tensors loads nothing in a full tile.
+/// loop's tiles may be full (`full_tiles`), the mask is asked about a tile's pairs under one
+/// uniform branch, taken only where the tile is not full, which sets one bit per hidden pair
+/// (`tile_hid_{word}`); each visibility is then its range test and its bit. A mask that
+/// reads tensors loads nothing in a full tile, and nothing but a few words lives across the
+/// branch: on an H200 (2026-12-01) the tensor-core forward with a prefix-LM block mask at
+/// 16384 rows took 9.64 ms this way against 9.97 with a boolean per pair set under the
+/// branch (docs/flex.md).
 pub(super) fn visibility(
     pairs: &[Pair],
     h: &str,
@@ -592,17 +595,27 @@ pub(super) fn visibility(
             before(i).into_iter().chain([v]).chain(after(i))
         }));
     }
-    let ranges = pairs.iter().enumerate().flat_map(|(i, p)| {
-        let v = format!("var {} = {};", p.v, p.range);
-        before(i).into_iter().chain([v])
+    let bit = |i: usize| (i / 32, 1u32 << (i % 32));
+    let words: Vec<usize> = (0..pairs.len().div_ceil(32)).collect();
+    let hidden = words.iter().map(|w| {
+        let bits: Vec<String> = (32 * w..pairs.len().min(32 * w + 32))
+            .map(|i| format!("select(0u, {}u, !{})", bit(i).1, test(&pairs[i])))
+            .collect();
+        format!("tile_hid_{w} = {};", bits.join(" | "))
     });
-    let tests = pairs
-        .iter()
-        .map(|p| format!("{v} = {v} && {};", test(p), v = p.v));
+    let each = pairs.iter().enumerate().flat_map(|(i, p)| {
+        let (w, b) = bit(i);
+        let v = format!("let {} = {} && (tile_hid_{w} & {b}u) == 0u;", p.v, p.range);
+        [v].into_iter().chain(after(i))
+    });
     PAIR_TESTS.fill([
-        ("ranges", lines(ranges)),
-        ("tests", lines(tests)),
-        ("after", lines((0..pairs.len()).flat_map(after))),
+        ("before", lines((0..pairs.len()).flat_map(before))),
+        (
+            "words",
+            lines(words.iter().map(|w| format!("var tile_hid_{w} = 0u;"))),
+        ),
+        ("hidden", lines(hidden)),
+        ("each", lines(each)),
     ])
 }
 
@@ -610,18 +623,42 @@ pub(super) fn visibility(
 const PAIR_TESTS: Template = Template {
     name: "pair_tests",
     needs: &[],
-    text: r#"$ranges
+    text: r#"$before
+$words
 if (!tile_full) {
-    $tests
+    $hidden
 }
-$after
+$each
 "#,
 };
 
 #[cfg(test)]
 mod tests {
-    use super::blocks_spanned;
+    use super::{Pair, blocks_spanned, visibility};
     use crate::flex::MASK_BLOCK;
+
+    /// A tile's pairs past 32 take a second word of hidden bits, each pair its own bit, and
+    /// every mask test sits under the one branch of a tile that is not full.
+    #[test]
+    fn pair_tests_set_one_bit_per_pair() {
+        let pairs: Vec<Pair> = (0..40)
+            .map(|i| Pair {
+                v: format!("v_{i}"),
+                range: format!("r_{i}"),
+                row: "row".into(),
+                j: format!("j_{i}"),
+            })
+            .collect();
+        let text = visibility(&pairs, "h", true, |_| Vec::new(), |_| Vec::new()).text;
+        let (head, rest) = text.split_once("if (!tile_full) {").expect("one branch");
+        let (branch, tail) = rest.split_once("\n}\n").expect("the branch closes");
+        assert_eq!(head.trim(), "var tile_hid_0 = 0u;\nvar tile_hid_1 = 0u;");
+        assert_eq!(branch.matches("key_visible(").count(), 40);
+        assert!(branch.contains("select(0u, 2147483648u, !key_visible(row, h, j_31))"));
+        assert!(branch.contains("tile_hid_1 = select(0u, 1u, !key_visible(row, h, j_32))"));
+        assert!(tail.contains("let v_33 = r_33 && (tile_hid_1 & 2u) == 0u;"));
+        assert!(!tail.contains("key_visible("));
+    }
 
     /// Every run of `len` positions (from a multiple of `len` where aligned, from anywhere
     /// else) covers at most `blocks_spanned` mask blocks, and some run covers that many.
