@@ -1084,9 +1084,10 @@ impl KernelSpec {
     pub fn reads_block_mask(&self) -> bool {
         // The tile loops: the flash schedules' and the split-K decode's (the per-row
         // schedules test every pair of their key range). The tensor-core dK/dV half keeps
-        // its per-pair test: skipping its query blocks by a block mask gave dV = inf on the
-        // H200 (2026-11-30, the `documents` example, f16 and bf16), its dQ half and the
-        // other schedules exact.
+        // its per-pair test: built to read a block mask it gave dV = inf on the H200
+        // (2026-11-30 and 12-01, the `documents` example, f16 and bf16) even where the
+        // mask skipped nothing, its dQ half and the other schedules exact; docs/flex.md
+        // has what narrows it.
         let reader = match self.op {
             Op::BackwardKv => self.grid.flash.is_some() && !self.grid.uses_coop(),
             Op::Forward | Op::Extend | Op::BackwardQ => self.grid.flash.is_some(),

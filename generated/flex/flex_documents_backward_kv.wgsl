@@ -184,7 +184,7 @@ const BLOCK_EMPTY: u32 = 0u;
 const BLOCK_FULL: u32 = 2u;
 const MASK_BLOCK: u32 = 64u;
 
-var<workgroup> sh_batch: u32;
+var<workgroup> sh_batch: vec4<u32>;
 
 fn block_tile(q0: u32, q1: u32, k0: u32, k1: u32, h: u32, b: u32) -> vec2<bool> {
     let n = (dims.seq_len + MASK_BLOCK - 1u) / MASK_BLOCK;
@@ -399,9 +399,9 @@ fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {
     stage_k(col0, kv_h, tid);
     stage_v(col0, kv_h, tid);
     if (tid == 0u) {
-        sh_batch = batch;
+        sh_batch = vec4<u32>(batch);
     }
-    let wg_b = workgroupUniformLoad(&sh_batch);
+    let wg_b = workgroupUniformLoad(&sh_batch).x;
     let col_0 = col0 + g * TM + 0u;
     var dk_0_0 = vec4<f32>(0.0);
     var dv_0_0 = vec4<f32>(0.0);

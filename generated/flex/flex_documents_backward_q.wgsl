@@ -180,7 +180,7 @@ const BLOCK_EMPTY: u32 = 0u;
 const BLOCK_FULL: u32 = 2u;
 const MASK_BLOCK: u32 = 64u;
 
-var<workgroup> sh_batch: u32;
+var<workgroup> sh_batch: vec4<u32>;
 
 fn block_tile(q0: u32, q1: u32, k0: u32, k1: u32, h: u32, b: u32) -> vec2<bool> {
     let n = (dims.seq_len + MASK_BLOCK - 1u) / MASK_BLOCK;
@@ -398,9 +398,9 @@ fn flash_backward_q(tile: u32, h: u32, tid: u32) {
     let range = workgroupUniformLoad(&sh_range);
     let kt_end = (range.y + BC - 1u) / BC;
     if (tid == 0u) {
-        sh_batch = batch;
+        sh_batch = vec4<u32>(batch);
     }
-    let wg_b = workgroupUniformLoad(&sh_batch);
+    let wg_b = workgroupUniformLoad(&sh_batch).x;
     let q_last = min(row0 + BR, dims.seq_len) - 1u;
     let first_tile = next_key_tile(range.x / BC, kt_end, row0, q_last, h, BC, wg_b);
     let kt_first = first_tile.x;

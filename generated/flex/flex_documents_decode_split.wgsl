@@ -256,7 +256,7 @@ const BLOCK_EMPTY: u32 = 0u;
 const BLOCK_FULL: u32 = 2u;
 const MASK_BLOCK: u32 = 64u;
 
-var<workgroup> sh_batch: u32;
+var<workgroup> sh_batch: vec4<u32>;
 
 fn block_tile(q0: u32, q1: u32, k0: u32, k1: u32, h: u32, b: u32) -> vec2<bool> {
     let n = (dims.capacity + MASK_BLOCK - 1u) / MASK_BLOCK;
@@ -411,9 +411,9 @@ fn flex_documents_decode_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(lo
     let hi = max(lo, min(lo + dims.slice_len, ke[last]));
     let first = max(lo, ks[0]);
     if (tid == 0u) {
-        sh_batch = batch;
+        sh_batch = vec4<u32>(batch);
     }
-    let wg_b = workgroupUniformLoad(&sh_batch);
+    let wg_b = workgroupUniformLoad(&sh_batch).x;
 
     // Absent queries get q = 0; their results are never written.
     for (var i = tid; i < TILE * V4; i = i + WG) {

@@ -339,8 +339,9 @@ var<workgroup> sh_range: vec4<u32>;
 // Each row's rescale factor in the current block, and its sum at the end.
 var<workgroup> sh_c: array<f32, BR>;
 var<workgroup> sh_l: array<f32, BR>;
-// Nonzero when some row of the tile moved its reference max in this block.
-var<workgroup> sh_rescale: atomic<u32>;
+// Word 0 nonzero when some row of the tile moved its reference max in this block (four
+// words: every workgroup variable a multiple of 16 bytes).
+var<workgroup> sh_rescale: array<atomic<u32>, 4>;
 
 "#,
 };
@@ -692,7 +693,7 @@ const FORWARD: Template = Template {
         // The previous block is done with workgroup memory (K, V, S, P, sh_c).
         workgroupBarrier();
         if (tid == 0u) {
-            atomicStore(&sh_rescale, 0u);
+            atomicStore(&sh_rescale[0], 0u);
         }
         $stage
         $scores
@@ -1082,7 +1083,7 @@ let mn = select(m, rm, moved);
 let c = exp_f32(m - mn);
 m = mn;
 if (rescales) {
-    atomicStore(&sh_rescale, 1u);
+    atomicStore(&sh_rescale[0], 1u);
 }
 if (k0 == 0u) {
     sh_c[r] = c;
@@ -1144,7 +1145,7 @@ let mon = select(mo, rt, moved);
 let c = exp2(mo - mon);
 mo = mon;
 if (rescales) {
-    atomicStore(&sh_rescale, 1u);
+    atomicStore(&sh_rescale[0], 1u);
 }
 if (k0 == 0u) {
     sh_c[r] = c;
@@ -1156,7 +1157,7 @@ $weights
 /// O *= c row by row, through the subgroup's 16x16 corner of sh_s, in a block where some
 /// row moved its reference max (rare: the max of a causal row settles within a few blocks).
 fn rescale(frags: u32) -> Fragment {
-    let moved = "workgroupUniformLoad(&sh_rescale) != 0u";
+    let moved = "workgroupUniformLoad(&sh_rescale[0]) != 0u";
     rescale_rows(frags, ("o", moved, "sh_c"))
 }
 
@@ -1353,6 +1354,84 @@ fn $name(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
 #[cfg(test)]
 mod tests {
     use super::Phases;
+
+    /// The sizes of `wgsl`'s workgroup variables that are not a multiple of 16 bytes.
+    fn unpadded_workgroup_variables(wgsl: &str) -> Vec<String> {
+        let module = naga::front::wgsl::parse_str(wgsl).expect("parses");
+        let mut layouter = naga::proc::Layouter::default();
+        layouter.update(module.to_ctx()).expect("lays out");
+        module
+            .global_variables
+            .iter()
+            .filter(|(_, g)| g.space == naga::AddressSpace::WorkGroup)
+            .map(|(_, g)| (g.name.clone().unwrap_or_default(), layouter[g.ty].size))
+            .filter(|(_, size)| size % 16 != 0)
+            .map(|(name, size)| format!("{name}: {size} bytes"))
+            .collect()
+    }
+
+    /// Every workgroup variable of a tensor-core kernel is a multiple of 16 bytes, so that
+    /// wherever a driver places them the areas that cooperative matrices load and store
+    /// start on 16-byte boundaries. On an H200 a 4-byte variable added to the dK/dV half
+    /// left its f16 P unaligned, and dV came out infinite while dK, whose dS sits in another
+    /// area, held (docs/flex.md).
+    #[test]
+    fn workgroup_variables_keep_16_byte_boundaries() {
+        use crate::{Dtype, KernelSpec, Masks, Op, configs};
+        let bytes = configs::CANDIDATE_WORKGROUP_BYTES;
+        let flex = |name: &str| {
+            let f = crate::flex::library::preset(name)
+                .expect("a preset")
+                .intern();
+            Masks {
+                flex: Some(f.with_block_mask()),
+                ..Masks::default()
+            }
+        };
+        let masks = [
+            Masks::new(true, false),
+            flex("documents"),
+            flex("prefix-lm"),
+        ];
+        for dtype in [Dtype::F16, Dtype::Bf16] {
+            for head_dim in [64, 128] {
+                let forward = configs::coop_forward_in(head_dim, bytes, dtype)
+                    .into_iter()
+                    .map(|c| (Op::Forward, c));
+                let backward = configs::coop_backward_in(head_dim, bytes, dtype)
+                    .into_iter()
+                    .flat_map(|c| [(Op::BackwardQ, c), (Op::BackwardKv, c)]);
+                for ((op, config), scattered) in forward
+                    .chain(backward)
+                    .flat_map(|k| [(k, false), (k, k.0 == Op::BackwardKv)])
+                {
+                    for masks in masks {
+                        let mut spec = KernelSpec {
+                            dtype,
+                            ..KernelSpec::flash("kernel", op, head_dim, masks, config)
+                        };
+                        if scattered {
+                            spec.writes = ["dk", "dv"]
+                                .map(|n| (n.to_string(), crate::WriteMode::AtomicScatter))
+                                .to_vec();
+                        }
+                        spec.fit_target();
+                        let wgsl = crate::compile(&spec)
+                            .unwrap_or_else(|e| {
+                                panic!("{op:?} {} {dtype:?} {masks:?}: {e}", config.label())
+                            })
+                            .wgsl;
+                        let bad = unpadded_workgroup_variables(&wgsl);
+                        assert!(
+                            bad.is_empty(),
+                            "{op:?} {} {dtype:?}: {bad:?}",
+                            config.label()
+                        );
+                    }
+                }
+            }
+        }
+    }
 
     /// The phase model's kernels (`bench --only phases`) compile with every phase set, and
     /// cutting a phase removes its work: only the whole set multiplies S by V.

@@ -276,7 +276,8 @@ fn next_key_tile(t0: u32, end: u32, q0: u32, q1: u32, h: u32, bc: u32, b: u32) -
 /// tile covers shows a pair (x) and whether some hides one (y). Where the mask reads `b`,
 /// the sequence is the workgroup's, read as a uniform value from `sh_batch` (the kernel
 /// stores `batch` there before its first tile test: a private variable is not uniform to
-/// WGSL's analysis).
+/// WGSL's analysis), a vec4 so that every workgroup variable stays a multiple of 16 bytes
+/// (the cooperative-matrix areas' boundaries depend on it).
 ///
 /// Where `spans` bounds the blocks a test covers (queries, keys), the test reads each of
 /// them once, in straight-line code: on an H200 a tile loop whose test stepped through the
@@ -296,7 +297,10 @@ fn block_tile<S: Clone>(out: &mut Wgsl, mask: &Expr<S>, seq: &str, spans: Option
         ("empty", uint(crate::flex::BLOCK_EMPTY)),
         ("full", uint(crate::flex::BLOCK_FULL)),
         ("side", uint(crate::flex::MASK_BLOCK)),
-        ("shared", pick("b", "var<workgroup> sh_batch: u32;\n\n", "")),
+        (
+            "shared",
+            pick("b", "var<workgroup> sh_batch: vec4<u32>;\n\n", ""),
+        ),
         ("seq", Fragment::from(seq)),
         ("b", pick("b", "b", "0u")),
         ("heads", heads),
@@ -428,9 +432,9 @@ const SHARE_BATCH: Template = Template {
     name: "share_batch",
     needs: &[],
     text: r#"if (tid == 0u) {
-    sh_batch = batch;
+    sh_batch = vec4<u32>(batch);
 }
-let wg_b = workgroupUniformLoad(&sh_batch);
+let wg_b = workgroupUniformLoad(&sh_batch).x;
 "#,
 };
 

@@ -254,8 +254,9 @@ impl CoopTiling {
             true => 0,
             false => 2 * self.br * ps,
         };
-        // The last two rows' terms: each row's rescale factor and sum (sh_c, sh_l).
-        2 * staged * ks + 4 * self.br * ss + p + 16 + 4 + 8 * self.br + self.scale_bytes()
+        // The range and the rescale flag (16 bytes each); each row's rescale factor and sum
+        // (sh_c, sh_l).
+        2 * staged * ks + 4 * self.br * ss + p + 16 + 16 + 8 * self.br + self.scale_bytes()
     }
 
     /// With scaled operands: each staged key's two scales.

@@ -735,7 +735,11 @@ fn block_mask_modifiers_bind_the_mask_where_tiles_are_tested() {
             assert_eq!(abi.binding("block_mask").is_some(), reads, "{what}");
             assert_eq!(abi.wgsl.contains("& block_tile("), reads, "{what}");
             // prefix-lm reads `prefix[b]`: the tile test takes the workgroup's sequence.
-            assert_eq!(abi.wgsl.contains("sh_batch = batch;"), reads, "{what}");
+            assert_eq!(
+                abi.wgsl.contains("sh_batch = vec4<u32>(batch);"),
+                reads,
+                "{what}"
+            );
         }
         let maker = KernelSpec::block_mask("m", flex);
         let abi = attn_dsl::compile(&maker).unwrap_or_else(|e| panic!("{example} maker: {e}"));
