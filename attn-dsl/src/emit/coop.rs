@@ -1403,7 +1403,13 @@ mod tests {
                     .flat_map(|c| [(Op::BackwardQ, c), (Op::BackwardKv, c)]);
                 for ((op, config), scattered) in forward
                     .chain(backward)
-                    .flat_map(|k| [(k, false), (k, k.0 == Op::BackwardKv)])
+                    .flat_map(|k| {
+                        [
+                            Some((k, false)),
+                            (k.0 == Op::BackwardKv).then_some((k, true)),
+                        ]
+                    })
+                    .flatten()
                 {
                     for masks in masks {
                         let mut spec = KernelSpec {
