@@ -1083,14 +1083,9 @@ impl KernelSpec {
     /// for one and it skips tiles by a `mask_mod` that its key ranges do not hold exactly.
     pub fn reads_block_mask(&self) -> bool {
         // The tile loops: the flash schedules' and the split-K decode's (the per-row
-        // schedules test every pair of their key range). The tensor-core dK/dV half keeps
-        // its per-pair test: built to read a block mask it gave dV = inf on the H200
-        // (2026-11-30 and 12-01, the `documents` example, f16 and bf16) even where the
-        // mask skipped nothing, its dQ half and the other schedules exact; docs/flex.md
-        // has what narrows it.
+        // schedules test every pair of their key range).
         let reader = match self.op {
-            Op::BackwardKv => self.grid.flash.is_some() && !self.grid.uses_coop(),
-            Op::Forward | Op::Extend | Op::BackwardQ => self.grid.flash.is_some(),
+            Op::Forward | Op::Extend | Op::BackwardQ | Op::BackwardKv => self.grid.flash.is_some(),
             Op::DecodeSplit => true,
             _ => false,
         };

@@ -1,7 +1,8 @@
 """FlexAttention's forward with block masks beside SDPA's, on the shape of `bench --flex`'s
 block-mask rows: batch 1, 16 heads, head_dim 128, f16, seq S (16384): causal SDPA; flex
 causal; prefix-LM with a prefix of S/16 rows; documents of S/8 rows given as ids; and
-`create_block_mask`'s own time for each. CUDA events, median of 20 after 5 warm-up calls.
+`create_block_mask`'s own time for each; and each backward, timed as forward + backward
+less the forward. CUDA events, median of 20 after 5 warm-up calls.
 Run on the device machine: python3 flex_block_mask.py [S]"""
 import sys
 import torch
@@ -18,8 +19,13 @@ def timed(f, n=20):
     for _ in range(n):
         e0.record(); f(); e1.record(); torch.cuda.synchronize(); ts.append(e0.elapsed_time(e1))
     ts.sort(); return ts[len(ts)//2]
-sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-print(f"seq {S}: sdpa causal {timed(sdpa):.3f} ms")
+qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+g = torch.randn_like(q)
+def backward_ms(f):
+    return timed(lambda: f(qg, kg, vg).backward(g)) - timed(lambda: f(q, k, v))
+sdpa = lambda a, b, c: torch.nn.functional.scaled_dot_product_attention(a, b, c, is_causal=True)
+print(f"seq {S}: sdpa causal {timed(lambda: sdpa(q, k, v)):.3f} ms, "
+      f"backward {backward_ms(sdpa):.3f} ms")
 try:
     fa = torch.compile(flex_attention)
     prefix = torch.tensor([S // 16], device="cuda")
@@ -30,7 +36,8 @@ try:
     for name, m in [("causal", causal), ("prefix-lm", prefix_lm), ("documents", documents)]:
         make = lambda: create_block_mask(m, 1, 1, S, S)
         bm = make()
-        print(f"flex {name} {timed(lambda: fa(q, k, v, block_mask=bm)):.3f} ms, "
-              f"create_block_mask {timed(make, 5):.3f} ms")
+        f = lambda a, b, c: fa(a, b, c, block_mask=bm)
+        print(f"flex {name} {timed(lambda: f(q, k, v)):.3f} ms, "
+              f"backward {backward_ms(f):.3f} ms, create_block_mask {timed(make, 5):.3f} ms")
 except Exception as e:
     print("flex attention unavailable:", repr(e)[:300])

@@ -698,13 +698,14 @@ fn reporting_modifiers_bind_flex_reads_in_every_kernel() {
     }
 }
 
-/// Modifiers that ask for a block mask: the forward and the split-K decode of a mask that
+/// Modifiers that ask for a block mask: the forward, both tensor-core backward halves and
+/// the split-K decode of a mask that
 /// interval arithmetic cannot bound (a tensor read, `b`) bind `block_mask` and narrow their
 /// tile tests by it, and `op: block_mask` makes it from the same modifiers; a mask whose
 /// key ranges are exact needs no tile test, so its kernels bind none.
 #[test]
 fn block_mask_modifiers_bind_the_mask_where_tiles_are_tested() {
-    use attn_dsl::flex::library;
+    use attn_dsl::{Dtype, flex::library};
     for (example, reads) in [("prefix-lm", true), ("sliding-window", false)] {
         let flex = library::preset(example).unwrap().intern().with_block_mask();
         let masks = Masks {
@@ -713,8 +714,19 @@ fn block_mask_modifiers_bind_the_mask_where_tiles_are_tested() {
             ..Masks::default()
         };
         let config = attn_dsl::configs::forward(64)[0];
+        let coop = attn_dsl::configs::coop_backward_in(
+            64,
+            attn_dsl::configs::CANDIDATE_WORKGROUP_BYTES,
+            Dtype::F16,
+        )[0];
+        let tensor_cores = |op| KernelSpec {
+            dtype: Dtype::F16,
+            ..KernelSpec::flash("t", op, 64, masks, coop)
+        };
         let specs = [
             KernelSpec::flash("f", Op::Forward, 64, masks, config),
+            tensor_cores(Op::BackwardQ),
+            tensor_cores(Op::BackwardKv),
             KernelSpec {
                 grid: attn_dsl::Grid::rows(attn_dsl::Major::Slice, 4),
                 writes: vec![("partials".into(), WriteMode::ScratchFlush)],

@@ -284,8 +284,18 @@ fn flex(gpu: &Gpu, args: &Args) -> anyhow::Result<()> {
             "  {:<64} {:>10} {:>9} {:>9}",
             "mask / modifier", "ms", "/ causal", "visible"
         );
-        let rows = bench::flex::block_masks(gpu, h, seq, dtype, (args.warmup, args.runs))?;
-        flex_table(&rows);
+        // The backward in half precision only: f32's takes seconds a run at 16384 rows.
+        let backward = dtype != runtime::Dtype::F32;
+        let rows =
+            bench::flex::block_masks(gpu, h, seq, dtype, backward, (args.warmup, args.runs))?;
+        flex_table(&rows.forward);
+        if backward {
+            println!(
+                "block masks, backward, seq {seq}, {} (/ the first row):",
+                dtype.name()
+            );
+            flex_table(&rows.backward);
+        }
     }
     // Decode: one row per head against a long cache, where a window's time should follow
     // the slices it visits.

@@ -432,14 +432,16 @@ struct MaskedForward<'a> {
 /// Masks that read a tensor (prefix-LM with a `prefix` of `seq / 16` rows; documents of
 /// `seq / 8` rows given as ids) beside the built-in masks they extend (causal; the
 /// `document` word), each tested per pair and with a block mask made on the device, and
-/// the block mask's own time: the forward at `seq` (batch 1, `h`) in `dtype`.
+/// the block mask's own time: the forward at `seq` (batch 1, `h`) in `dtype`, and with
+/// `backward` the planner's backward of each.
 pub fn block_masks(
     gpu: &Gpu,
     h: Heads,
     seq: u32,
     dtype: Dtype,
+    backward: bool,
     (warmup, runs): (usize, usize),
-) -> Result<Vec<FlexRow>, Error> {
+) -> Result<BlockMaskRows, Error> {
     let q_shape = [1, seq, h.n_heads, h.head_dim];
     let kv_shape = [1, seq, h.n_kv_heads, h.head_dim];
     let data = |shape: &[u32], seed| random(gpu, shape, Scalar::from(dtype), seed);
@@ -517,7 +519,8 @@ pub fn block_masks(
             visible: doc_frac,
         },
     ];
-    let mut rows = Vec::new();
+    let mut rows = BlockMaskRows::default();
+    let out = Outputs { o: &o, lse: &lse };
     for f in forwards {
         let flex = f.masks.flex.filter(|x| x.parsed().block_mask);
         let mut made = None;
@@ -525,42 +528,124 @@ pub fn block_masks(
             let mut mask = crate::ops::block_mask::BlockMask::new(gpu, flex, 1, h.n_heads, seq)?;
             let (t, ()) =
                 timing::time_recorded(gpu, warmup, runs, |enc| mask.record(gpu, enc, f.tensors))?;
-            rows.push(FlexRow {
+            rows.forward.push(FlexRow {
                 what: "  its block mask, made on the device".to_string(),
                 ms: t.median_ms,
                 visible: f.visible,
             });
             made = Some(mask);
         }
-        let spec = ForwardSpec {
-            head_dim: h.head_dim,
-            head_dim_v: h.head_dim,
-            masks: f.masks,
-            dtype,
+        let mods = DeviceModifiers {
+            flex: f.masks.flex.map(|modifiers| FlexOf {
+                modifiers,
+                tensors: f.tensors,
+                block_mask: made.as_ref().map(|m| m.states()),
+            }),
+            ..DeviceModifiers::default()
         };
-        let mut forward = Forward::new(gpu, spec)?;
-        let args = ForwardArgs {
-            seg: f.seg,
-            mods: DeviceModifiers {
-                flex: f.masks.flex.map(|modifiers| FlexOf {
-                    modifiers,
-                    tensors: f.tensors,
-                    block_mask: made.as_ref().map(|m| m.states()),
-                }),
-                ..DeviceModifiers::default()
-            },
-            ..ForwardArgs::new(&q, &k, &v, &o, &lse)
-        };
-        let (t, ()) =
-            timing::time_recorded(gpu, warmup, runs, |enc| forward.record(gpu, enc, &args))?;
-        let row = FlexRow {
+        let ms = masked_forward(gpu, h, dtype, &f, mods, [&q, &k, &v], out, (warmup, runs))?;
+        let row = |ms| FlexRow {
             what: f.what.to_string(),
-            ms: t.median_ms,
+            ms,
             visible: f.visible,
         };
         // The forward's row before its mask's.
-        let at = rows.len() - usize::from(made.is_some());
-        rows.insert(at, row);
+        let at = rows.forward.len() - usize::from(made.is_some());
+        rows.forward.insert(at, row(ms));
+        if backward {
+            let inputs = [&q, &k, &v];
+            let (ms, ran) = masked_backward(gpu, h, dtype, &f, mods, inputs, out, (warmup, runs))?;
+            rows.backward.push(FlexRow {
+                what: format!("{} ({ran})", f.what),
+                ..row(ms)
+            });
+        }
     }
     Ok(rows)
+}
+
+/// The rows of [`block_masks`]: the forwards and their block masks' own times, and the
+/// backwards where asked.
+#[derive(Default)]
+pub struct BlockMaskRows {
+    pub forward: Vec<FlexRow>,
+    pub backward: Vec<FlexRow>,
+}
+
+/// The forward's O and LSE, which the backward then reads.
+#[derive(Clone, Copy)]
+struct Outputs<'a> {
+    o: &'a Tensor,
+    lse: &'a Tensor,
+}
+
+/// One forward of [`block_masks`] timed; its O and LSE are left for the backward.
+#[allow(clippy::too_many_arguments)]
+fn masked_forward(
+    gpu: &Gpu,
+    h: Heads,
+    dtype: Dtype,
+    f: &MaskedForward,
+    mods: DeviceModifiers,
+    [q, k, v]: [&Tensor; 3],
+    out: Outputs,
+    (warmup, runs): (usize, usize),
+) -> Result<f64, Error> {
+    let spec = ForwardSpec {
+        head_dim: h.head_dim,
+        head_dim_v: h.head_dim,
+        masks: f.masks,
+        dtype,
+    };
+    let mut forward = Forward::new(gpu, spec)?;
+    let args = ForwardArgs {
+        seg: f.seg,
+        mods,
+        ..ForwardArgs::new(q, k, v, out.o, out.lse)
+    };
+    let (t, ()) = timing::time_recorded(gpu, warmup, runs, |enc| forward.record(gpu, enc, &args))?;
+    Ok(t.median_ms)
+}
+
+/// The backward of one forward of [`block_masks`] timed over the O and LSE that forward
+/// left, and the schedule the planner ran.
+#[allow(clippy::too_many_arguments)]
+fn masked_backward(
+    gpu: &Gpu,
+    h: Heads,
+    dtype: Dtype,
+    f: &MaskedForward,
+    mods: DeviceModifiers,
+    [q, k, v]: [&Tensor; 3],
+    out: Outputs,
+    (warmup, runs): (usize, usize),
+) -> Result<(f64, String), Error> {
+    let grad = |s: &[u32]| Tensor::zeros(gpu, s, Scalar::F32);
+    let (q_shape, kv_shape) = (q.shape(), k.shape());
+    let d_o = random(gpu, q_shape, Scalar::from(dtype), 4)?;
+    let grads = [grad(q_shape)?, grad(kv_shape)?, grad(kv_shape)?];
+    let spec = BackwardSpec::new(h.head_dim, f.masks, dtype);
+    let mut backward = crate::ops::backward::Backward::new(gpu, spec)?;
+    let args = crate::ops::backward::BackwardArgs {
+        q,
+        k,
+        v,
+        o: out.o,
+        lse: out.lse,
+        d_o: &d_o,
+        dq: &grads[0],
+        dk: &grads[1],
+        dv: &grads[2],
+        dbias: None,
+        dsinks: None,
+        flex_grads: &[],
+        seg: f.seg,
+        scale: None,
+        mods,
+        accumulate: true,
+    };
+    let (t, ran) = timing::time_recorded(gpu, warmup, runs, |enc| {
+        backward.record(gpu, enc, &args, None)
+    })?;
+    Ok((t.median_ms, ran.to_string()))
 }
