@@ -344,16 +344,21 @@ fn put_stats(e: u32, x: vec2<f32>) {
     }
 }
 
-fn next_block(it0: u32, end: u32, k0: u32, k1: u32, h0: u32, group: u32, first: u32, blocks: u32, b: u32) -> u32 {
-    var it = it0;
-    while (it < end) {
+fn next_block(it0: u32, end: u32, k0: u32, k1: u32, h0: u32, group: u32, first: u32, blocks: u32, b: u32) -> vec2<u32> {
+    for (var it = it0; it < end; it = it + 1u) {
         let s0 = (first + blocks - 1u - it / group) * BC;
-        if (mask_tile(s0, min(s0 + BC, dims.seq_len) - 1u, k0, k1, h0 + it % group, b).x) {
-            break;
+        let m = mask_tile(s0, min(s0 + BC, dims.seq_len) - 1u, k0, k1, h0 + it % group, b);
+        if (m.x) {
+            return vec2<u32>(it, select(0u, 1u, !m.y));
         }
-        it = it + 1u;
     }
-    return it;
+    return vec2<u32>(end, 0u);
+}
+
+// Within the row's key range, the mask's test unless the block is full.
+fn shown(q: u32, h: u32, k: u32, full: bool) -> bool {
+    let range = key_range(q);
+    return k >= range.x && k < range.y && (full || key_visible(q, h, k));
 }
 
 fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {
@@ -387,7 +392,9 @@ fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {
     var ps_0 = vec2<f32>(0.0);
     let it_end = group * blocks;
     let col_last = min(col0 + BR, dims.seq_len) - 1u;
-    var it_next = next_block(0u, it_end, col0, col_last, kv_h * group, group, first, blocks, wg_b);
+    let first_block = next_block(0u, it_end, col0, col_last, kv_h * group, group, first, blocks, wg_b);
+    var it_next = first_block.x;
+    var full_next = first_block.y != 0u;
     var next_h = kv_h * group + it_next % group;
     var next_s0 = (first + blocks - 1u - it_next / group) * BC;
     pq_0 = fetch_q(next_s0, next_h, tid + 0u * WG);
@@ -399,7 +406,10 @@ fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {
     for (var it = it_next; it < it_end; it = it_next) {
         let h = next_h;
         let s0 = next_s0;
-        it_next = next_block(it + 1u, it_end, col0, col_last, kv_h * group, group, first, blocks, wg_b);
+        let tile_full = full_next;
+        let block_next = next_block(it + 1u, it_end, col0, col_last, kv_h * group, group, first, blocks, wg_b);
+        it_next = block_next.x;
+        full_next = block_next.y != 0u;
         // The previous block is done with sh_q, sh_do, sh_p and sh_ds.
         workgroupBarrier();
         put_q(tid + 0u * WG, pq_0);
@@ -450,13 +460,13 @@ fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {
         let dp_1_0 = hsum(dp_1_0_4);
         let q_0 = s0 + tx + 0u * TX;
         let st_0 = sh_stats[tx + 0u * TX];
-        let v_0_0 = q_0 < dims.seq_len && col_0 < dims.seq_len && visible(q_0, h, col_0);
+        let v_0_0 = q_0 < dims.seq_len && col_0 < dims.seq_len && shown(q_0, h, col_0, tile_full);
         let x_0_0 = scored(q_0, h, col_0, s_0_0);
         let p_0_0 = select(0.0, exp_f32(x_0_0.x - st_0.x), v_0_0);
         let g_0_0 = score_grads(q_0, h, col_0, s_0_0, x_0_0, p_0_0 * (dropped(q_0, h, col_0, dp_0_0) - st_0.y), v_0_0);
         sh_p[(g * TM + 0u) * PSTRIDE + tx + 0u * TX] = dropped(q_0, h, col_0, p_0_0);
         sh_ds[(g * TM + 0u) * PSTRIDE + tx + 0u * TX] = params.scale * g_0_0;
-        let v_1_0 = q_0 < dims.seq_len && col_1 < dims.seq_len && visible(q_0, h, col_1);
+        let v_1_0 = q_0 < dims.seq_len && col_1 < dims.seq_len && shown(q_0, h, col_1, tile_full);
         let x_1_0 = scored(q_0, h, col_1, s_1_0);
         let p_1_0 = select(0.0, exp_f32(x_1_0.x - st_0.x), v_1_0);
         let g_1_0 = score_grads(q_0, h, col_1, s_1_0, x_1_0, p_1_0 * (dropped(q_0, h, col_1, dp_1_0) - st_0.y), v_1_0);

@@ -238,7 +238,10 @@ fn body(spec: &KernelSpec, t: &CoopTiling, half: &Half, keep: Phases) -> Fragmen
         ("accumulators", lines(accumulators)),
         ("scaled", scaled_prologue(t.scaled, half, kv)),
         ("block_loop", block_loop),
-        ("products", products(t, half, kv, keep)),
+        (
+            "products",
+            products(t, half, (kv, kv && super::tiles::sparse(spec)), keep),
+        ),
         ("final_factors", final_factors),
         ("finish", finish((spec, t), half, kv, scattered)),
     ])
@@ -512,21 +515,28 @@ $blocks
 /// Each block of queries, with a mask_mod only the blocks whose tile it may show: its
 /// statistics, Q and dO staged.
 fn query_blocks(t: &CoopTiling, h0: &str, sparse: bool) -> Fragment {
-    let (start, step) = match sparse {
+    let (pre, start, step, found) = match sparse {
         true => {
             let next = format!(
                 "group * blocks, col0, min(col0 + BR, dims.seq_len) - 1u, {h0}, group, first, blocks, wg_b)"
             );
             (
-                format!("next_block(0u, {next}"),
-                format!("next_block(it + 1u, {next}"),
+                format!("var found = next_block(0u, {next};"),
+                "found.x",
+                "found.x",
+                lines([
+                    "let tile_full = found.y != 0u;".to_string(),
+                    format!("found = next_block(it + 1u, {next};"),
+                ]),
             )
         }
-        false => ("0u".to_string(), "it + 1u".to_string()),
+        false => (String::new(), "0u", "it + 1u", Fragment::default()),
     };
     QUERY_BLOCKS.fill([
+        ("pre", Fragment::from(pre)),
         ("start", expr(start)),
         ("step", expr(step)),
+        ("found", found),
         ("h0", expr(h0)),
         (
             "stage",
@@ -535,12 +545,15 @@ fn query_blocks(t: &CoopTiling, h0: &str, sparse: bool) -> Fragment {
     ])
 }
 
-/// The loop over the blocks of queries (from `$start`, by `$step`) and the query heads,
-/// each block's (LSE, D) and its Q and dO (`$stage`) staged.
+/// The loop over the blocks of queries (after `$pre`, from `$start`, by `$step`, the next
+/// one `$found` first) and the query heads, each block's (LSE, D) and its Q and dO
+/// (`$stage`) staged.
 const QUERY_BLOCKS: Template = Template {
     name: "coop_query_blocks",
     needs: &[],
-    text: r#"for (var it = $start; it < group * blocks; it = $step) {
+    text: r#"$pre
+for (var it = $start; it < group * blocks; it = $step) {
+    $found
     let h = $h0 + it % group;
     let s0 = (first + blocks - 1u - it / group) * BC;
     // The previous block is done with sh_kv, sh_s, sh_dp, sh_p, sh_ds and sh_stats.
@@ -576,17 +589,18 @@ fn query_blocks_ahead(t: &CoopTiling, h0: &str, sparse: bool) -> Fragment {
 }
 
 /// The block's two transposed products, the elementwise step and the weighted sums.
-fn products(t: &CoopTiling, half: &Half, kv: bool, keep: Phases) -> Fragment {
+fn products(t: &CoopTiling, half: &Half, (kv, sparse): (bool, bool), keep: Phases) -> Fragment {
     let product = |kept: bool, frags, own: &str, base, dest, tag| {
         phase(kept, || {
             coop::transposed_product(t, (frags, &|k| format!("{own}_{k}")), base, dest, tag)
         })
     };
+    let visible = Fragment::from(super::tiles::key_major_visible(sparse, "q", "col"));
     let elementwise = match (keep.softmax, kv, t.scaled) {
         (false, ..) => Fragment::default(),
-        (true, true, false) => KV_ELEMENTWISE.plain(),
+        (true, true, false) => KV_ELEMENTWISE.fill([("visible", visible)]),
         (true, false, false) => Q_ELEMENTWISE.plain(),
-        (true, _, true) => scaled_elementwise(t, half, kv),
+        (true, _, true) => scaled_elementwise(t, half, (kv, visible)),
     };
     let rescales = phase(t.scaled && keep.softmax, || rescales(t, half));
     let sums = half.sums.iter().map(|(acc, output, src, tag, which)| {
@@ -675,7 +689,7 @@ const KV_ELEMENTWISE: Template = Template {
     let c = c0 + i * ELANES;
     let q = s0 + c;
     let st = sh_stats[c];
-    let v = q < dims.seq_len && col < dims.seq_len && visible(q, h, col);
+    let v = q < dims.seq_len && col < dims.seq_len && $visible;
     let x = scored(q, h, col, sh_s[r * SS + c]);
     let p = select(0.0, exp2((x.x - st.x) * LOG2E), v);
     let g = score_grads(q, h, col, sh_s[r * SS + c], x, p * (dropped(q, h, col, sh_dp[r * SS + c]) - st.y), v);
@@ -691,7 +705,7 @@ const KV_ELEMENTWISE: Template = Template {
 /// invocation's columns) until each row's reference has moved where it must, then divided
 /// by it into f16. (Kept in f32 in sh_s and sh_dp between the two, the step took 1.34 of
 /// the bf16 backward's 3.70 ms at seq 4096, d 128 on an H100.)
-fn scaled_elementwise(t: &CoopTiling, half: &Half, kv: bool) -> Fragment {
+fn scaled_elementwise(t: &CoopTiling, half: &Half, (kv, visible): (bool, Fragment)) -> Fragment {
     let (_, lanes, cols) = coop::softmax_layout(t);
     // (accumulator, its weight in the step, where its f16 weights go), in `half.sums`' order
     let (body, weights): (&Template, &[(&str, &str, &str)]) = match kv {
@@ -719,7 +733,10 @@ fn scaled_elementwise(t: &CoopTiling, half: &Half, kv: bool) -> Fragment {
         SCALED_COLUMN.fill([
             ("declared", lines(declared)),
             ("i", uint(i)),
-            ("weights", body.plain()),
+            (
+                "weights",
+                body.fill(kv.then(|| ("visible", visible.clone()))),
+            ),
             ("kept", lines(kept)),
         ])
     });
@@ -777,7 +794,7 @@ const SCALED_KV_WEIGHTS: Template = Template {
     text: r#"let c = c0 + i * ELANES;
 let q = s0 + c;
 let st = sh_stats[c];
-let v = q < dims.seq_len && col < dims.seq_len && visible(q, h, col);
+let v = q < dims.seq_len && col < dims.seq_len && $visible;
 let qe = sh_e[c].x;
 let oe = sh_e[c].y;
 let s = mulp2_sum(sh_s[r * SS + c], ke + qe);

@@ -457,7 +457,7 @@ fn kv_body(out: &mut Wgsl, spec: &KernelSpec, t: &Tiling, scatter_dq: bool) {
         ("carried", loads.carried),
         ("loop_head", loop_head),
         ("products", products),
-        ("p_ds", kv_p_ds(t)),
+        ("p_ds", kv_p_ds(t, sparse)),
         ("dkv", accumulate(tm, dn, &pairs, false, true)),
         ("dkv_guarded", accumulate(tm, dn, &pairs, true, true)),
         ("scatter_dq", scatter_dq),
@@ -519,8 +519,9 @@ fn kv_prefetch(t: &Tiling) -> Prefetch {
 }
 
 /// The staged queries and their (LSE, D), then Pᵀ and dSᵀ of each pair of the invocation's
-/// block (zero where hidden) into workgroup memory.
-fn kv_p_ds(t: &Tiling) -> Fragment {
+/// block (zero where hidden; stepping by the mask's blocks, the mask asked only in blocks
+/// not full) into workgroup memory.
+fn kv_p_ds(t: &Tiling, sparse: bool) -> Fragment {
     let queries = (0..t.tn).flat_map(|n| {
         [
             format!("let q_{n} = s0 + tx + {n}u * TX;"),
@@ -530,7 +531,8 @@ fn kv_p_ds(t: &Tiling) -> Fragment {
     let p_ds = regs(t.tm, t.tn).flat_map(|(i, n)| {
         [
             format!(
-                "let v_{i}_{n} = q_{n} < dims.seq_len && col_{i} < dims.seq_len && visible(q_{n}, h, col_{i});"
+                "let v_{i}_{n} = q_{n} < dims.seq_len && col_{i} < dims.seq_len && {};",
+                super::tiles::key_major_visible(sparse, &format!("q_{n}"), &format!("col_{i}"))
             ),
             format!("let x_{i}_{n} = scored(q_{n}, h, col_{i}, s_{i}_{n});"),
             format!("let p_{i}_{n} = select(0.0, exp_f32(x_{i}_{n}.x - st_{n}.x), v_{i}_{n});"),
@@ -608,7 +610,9 @@ const SPARSE_BLOCKS_AHEAD: Template = Template {
     needs: &[],
     text: r#"let it_end = group * blocks;
 let col_last = min(col0 + BR, dims.seq_len) - 1u;
-var it_next = next_block(0u, it_end, col0, col_last, $h0, group, first, blocks, wg_b);
+let first_block = next_block(0u, it_end, col0, col_last, $h0, group, first, blocks, wg_b);
+var it_next = first_block.x;
+var full_next = first_block.y != 0u;
 var next_h = $h0 + it_next % group;
 var next_s0 = (first + blocks - 1u - it_next / group) * BC;
 $first_fetch
@@ -616,7 +620,10 @@ $first_fetch
 for (var it = it_next; it < it_end; it = it_next) {
     let h = next_h;
     let s0 = next_s0;
-    it_next = next_block(it + 1u, it_end, col0, col_last, $h0, group, first, blocks, wg_b);
+    let tile_full = full_next;
+    let block_next = next_block(it + 1u, it_end, col0, col_last, $h0, group, first, blocks, wg_b);
+    it_next = block_next.x;
+    full_next = block_next.y != 0u;
     // The previous block is done with $done_with.
     workgroupBarrier();
     $puts

@@ -446,24 +446,41 @@ pub(super) fn sparse(spec: &crate::KernelSpec) -> bool {
 
 /// `next_block(it0, end, k0, k1, h0, group, first, blocks, b)`: a key-major kernel's first
 /// step from `it0` (steps walk query blocks of BC rows from the last, `group` heads from `h0` each)
-/// before `end` whose block may see a key of [k0, k1], or `end`.
+/// before `end` whose block may see a key of [k0, k1], or `end`, and (y = 1) whether the
+/// mask shows every pair of that block; `shown(q, h, k, full)`, a pair's visibility in a
+/// block known full or not, the mask asked only where it is not.
 pub(super) fn block_functions(out: &mut Wgsl) {
     out.put(NEXT_BLOCK.plain());
+}
+
+/// A key-major kernel's visibility of the pair (`q`, `col`) of head `h`: with a mask_mod
+/// whose blocks it steps by ([`block_functions`]), the mask asked only in a block the
+/// tile test did not find full (`tile_full`).
+pub(super) fn key_major_visible(sparse: bool, q: &str, col: &str) -> String {
+    match sparse {
+        true => format!("shown({q}, h, {col}, tile_full)"),
+        false => format!("visible({q}, h, {col})"),
+    }
 }
 
 const NEXT_BLOCK: Template = Template {
     name: "next_block",
     needs: &[],
-    text: r#"fn next_block(it0: u32, end: u32, k0: u32, k1: u32, h0: u32, group: u32, first: u32, blocks: u32, b: u32) -> u32 {
-    var it = it0;
-    while (it < end) {
+    text: r#"fn next_block(it0: u32, end: u32, k0: u32, k1: u32, h0: u32, group: u32, first: u32, blocks: u32, b: u32) -> vec2<u32> {
+    for (var it = it0; it < end; it = it + 1u) {
         let s0 = (first + blocks - 1u - it / group) * BC;
-        if (mask_tile(s0, min(s0 + BC, dims.seq_len) - 1u, k0, k1, h0 + it % group, b).x) {
-            break;
+        let m = mask_tile(s0, min(s0 + BC, dims.seq_len) - 1u, k0, k1, h0 + it % group, b);
+        if (m.x) {
+            return vec2<u32>(it, select(0u, 1u, !m.y));
         }
-        it = it + 1u;
     }
-    return it;
+    return vec2<u32>(end, 0u);
+}
+
+// Within the row's key range, the mask's test unless the block is full.
+fn shown(q: u32, h: u32, k: u32, full: bool) -> bool {
+    let range = key_range(q);
+    return k >= range.x && k < range.y && (full || key_visible(q, h, k));
 }
 
 "#,

@@ -699,10 +699,10 @@ fn reporting_modifiers_bind_flex_reads_in_every_kernel() {
 }
 
 /// Modifiers that ask for a block mask: the forward, both tensor-core backward halves and
-/// the split-K decode of a mask that
-/// interval arithmetic cannot bound (a tensor read, `b`) bind `block_mask` and narrow their
-/// tile tests by it, and `op: block_mask` makes it from the same modifiers; a mask whose
-/// key ranges are exact needs no tile test, so its kernels bind none.
+/// the split-K decode of a mask that interval arithmetic cannot bound (a tensor read, `b`)
+/// bind `block_mask` and narrow their tile tests by it (the key-major half asking the mask
+/// of no pair in a full block), and `op: block_mask` makes it from the same modifiers; a
+/// mask whose key ranges are exact needs no tile test, so its kernels bind none.
 #[test]
 fn block_mask_modifiers_bind_the_mask_where_tiles_are_tested() {
     use attn_dsl::{Dtype, flex::library};
@@ -746,6 +746,14 @@ fn block_mask_modifiers_bind_the_mask_where_tiles_are_tested() {
             let abi = attn_dsl::compile(&spec).unwrap_or_else(|e| panic!("{what}: {e}"));
             assert_eq!(abi.binding("block_mask").is_some(), reads, "{what}");
             assert_eq!(abi.wgsl.contains("& block_tile("), reads, "{what}");
+            if spec.op == Op::BackwardKv {
+                // A block the tile test finds full asks the mask of no pair.
+                assert_eq!(
+                    abi.wgsl.contains("shown(q, h, col, tile_full)"),
+                    reads,
+                    "{what}"
+                );
+            }
             // prefix-lm reads `prefix[b]`: the tile test takes the workgroup's sequence.
             assert_eq!(
                 abi.wgsl.contains("sh_batch = vec4<u32>(batch);"),
