@@ -1,4 +1,4 @@
-"""FlexAttention's forward with block masks beside SDPA's, on the shape of `bench --flex`'s
+"""FlexAttention with block masks beside SDPA, on the shape of `bench --flex`'s
 block-mask rows: batch 1, 16 heads, head_dim 128, f16, seq S (16384): causal SDPA; flex
 causal; prefix-LM with a prefix of S/16 rows; documents of S/8 rows given as ids; and
 `create_block_mask`'s own time for each; and each backward, timed as forward + backward
@@ -21,8 +21,11 @@ def timed(f, n=20):
     ts.sort(); return ts[len(ts)//2]
 qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
 g = torch.randn_like(q)
+def forward_backward(f):
+    qg.grad = kg.grad = vg.grad = None  # each call's gradients fresh, not added to the last
+    f(qg, kg, vg).backward(g)
 def backward_ms(f):
-    return timed(lambda: f(qg, kg, vg).backward(g)) - timed(lambda: f(q, k, v))
+    return timed(lambda: forward_backward(f)) - timed(lambda: f(q, k, v))
 sdpa = lambda a, b, c: torch.nn.functional.scaled_dot_product_attention(a, b, c, is_causal=True)
 print(f"seq {S}: sdpa causal {timed(lambda: sdpa(q, k, v)):.3f} ms, "
       f"backward {backward_ms(sdpa):.3f} ms")

@@ -240,7 +240,7 @@ fn body(spec: &KernelSpec, t: &CoopTiling, half: &Half, keep: Phases) -> Fragmen
         ("block_loop", block_loop),
         (
             "products",
-            products(t, half, (kv, kv && super::tiles::sparse(spec)), keep),
+            products(t, half, (kv, super::tiles::sparse(spec)), keep),
         ),
         ("final_factors", final_factors),
         ("finish", finish((spec, t), half, kv, scattered)),
@@ -588,6 +588,16 @@ fn query_blocks_ahead(t: &CoopTiling, h0: &str, sparse: bool) -> Fragment {
     )
 }
 
+/// The mask's test of the elementwise step's pair within its range: where the loops step
+/// by tile tests (`sparse`), asked only in a tile the test did not find full.
+fn elementwise_visible(kv: bool, sparse: bool) -> String {
+    match (kv, sparse) {
+        (true, _) => super::tiles::key_major_visible(sparse, "q", "col"),
+        (false, true) => "(tile_full || key_visible(row, h, j))".to_string(),
+        (false, false) => "key_visible(row, h, j)".to_string(),
+    }
+}
+
 /// The block's two transposed products, the elementwise step and the weighted sums.
 fn products(t: &CoopTiling, half: &Half, (kv, sparse): (bool, bool), keep: Phases) -> Fragment {
     let product = |kept: bool, frags, own: &str, base, dest, tag| {
@@ -595,11 +605,11 @@ fn products(t: &CoopTiling, half: &Half, (kv, sparse): (bool, bool), keep: Phase
             coop::transposed_product(t, (frags, &|k| format!("{own}_{k}")), base, dest, tag)
         })
     };
-    let visible = Fragment::from(super::tiles::key_major_visible(sparse, "q", "col"));
+    let visible = Fragment::from(elementwise_visible(kv, sparse));
     let elementwise = match (keep.softmax, kv, t.scaled) {
         (false, ..) => Fragment::default(),
         (true, true, false) => KV_ELEMENTWISE.fill([("visible", visible)]),
-        (true, false, false) => Q_ELEMENTWISE.plain(),
+        (true, false, false) => Q_ELEMENTWISE.fill([("visible", visible)]),
         (true, _, true) => scaled_elementwise(t, half, (kv, visible)),
     };
     let rescales = phase(t.scaled && keep.softmax, || rescales(t, half));
@@ -672,7 +682,7 @@ const Q_ELEMENTWISE: Template = Template {
     text: r#"for (var i = 0u; i < ECOLS; i = i + 1u) {
     let c = c0 + i * ELANES;
     let j = j0 + c;
-    let v = j >= lo && j < hi && key_visible(row, h, j);
+    let v = j >= lo && j < hi && $visible;
     let x = scored(row, h, j, sh_s[r * SS + c]);
     let p = exp2((x.x - row_lse) * LOG2E);
     let g = score_grads(row, h, j, sh_s[r * SS + c], x, p * (dropped(row, h, j, sh_dp[r * SS + c]) - delta), v);
@@ -733,10 +743,7 @@ fn scaled_elementwise(t: &CoopTiling, half: &Half, (kv, visible): (bool, Fragmen
         SCALED_COLUMN.fill([
             ("declared", lines(declared)),
             ("i", uint(i)),
-            (
-                "weights",
-                body.fill(kv.then(|| ("visible", visible.clone()))),
-            ),
+            ("weights", body.fill([("visible", visible.clone())])),
             ("kept", lines(kept)),
         ])
     });
@@ -775,7 +782,7 @@ const SCALED_Q_WEIGHTS: Template = Template {
     needs: &[],
     text: r#"let c = c0 + i * ELANES;
 let j = j0 + c;
-let v = j >= lo && j < hi && key_visible(row, h, j);
+let v = j >= lo && j < hi && $visible;
 let ke = sh_e[c].x;
 let s = mulp2_sum(sh_s[r * SS + c], qe + ke);
 let x = scored(row, h, j, s);

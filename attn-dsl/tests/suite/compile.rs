@@ -746,13 +746,15 @@ fn block_mask_modifiers_bind_the_mask_where_tiles_are_tested() {
             let abi = attn_dsl::compile(&spec).unwrap_or_else(|e| panic!("{what}: {e}"));
             assert_eq!(abi.binding("block_mask").is_some(), reads, "{what}");
             assert_eq!(abi.wgsl.contains("& block_tile("), reads, "{what}");
-            if spec.op == Op::BackwardKv {
-                // A block the tile test finds full asks the mask of no pair.
-                assert_eq!(
-                    abi.wgsl.contains("shown(q, h, col, tile_full)"),
-                    reads,
-                    "{what}"
-                );
+            // A tile or block the tile test finds full asks the mask of no pair.
+            let full_skips = match spec.op {
+                Op::BackwardKv => Some("shown(q, h, col, tile_full)"),
+                Op::BackwardQ => Some("(tile_full || key_visible(row, h, j))"),
+                Op::Forward => Some("if (!tile_full) {"),
+                _ => None,
+            };
+            if let Some(text) = full_skips {
+                assert_eq!(abi.wgsl.contains(text), reads, "{what}");
             }
             // prefix-lm reads `prefix[b]`: the tile test takes the workgroup's sequence.
             assert_eq!(

@@ -294,6 +294,10 @@ fn flex(gpu: &Gpu, args: &Args) -> anyhow::Result<()> {
                 "block masks, backward, seq {seq}, {} (/ the first row):",
                 dtype.name()
             );
+            println!(
+                "  {:<64} {:>10} {:>9} {:>9}",
+                "mask / modifier (schedule)", "ms", "/ causal", "visible"
+            );
             flex_table(&rows.backward);
         }
     }
