@@ -323,14 +323,7 @@ pub fn t5_backward(
     let kv_shape = [1, seq, h.n_kv_heads, h.head_dim];
     let scalar = Scalar::from(dtype);
     let data = |shape: &[u32], seed| random(gpu, shape, scalar, seed);
-    let (q, k, v, d_o) = (
-        data(&q_shape, 1)?,
-        data(&kv_shape, 2)?,
-        data(&kv_shape, 3)?,
-        data(&q_shape, 4)?,
-    );
-    let grad = |s: &[u32]| Tensor::zeros(gpu, s, Scalar::F32);
-    let grads = [grad(&q_shape)?, grad(&kv_shape)?, grad(&kv_shape)?];
+    let (q, k, v) = (data(&q_shape, 1)?, data(&kv_shape, 2)?, data(&kv_shape, 3)?);
     let (o, lse) = (
         Tensor::zeros(gpu, &q_shape, scalar)?,
         Tensor::zeros(gpu, &[1, seq, h.n_heads], Scalar::F32)?,
@@ -366,53 +359,23 @@ pub fn t5_backward(
             ..DeviceModifiers::default()
         };
         // The forward's O and LSE, so that P is what training sees.
-        let mut forward = Forward::new(
+        let case = Case {
             gpu,
-            ForwardSpec {
-                head_dim: h.head_dim,
-                head_dim_v: h.head_dim,
-                masks,
-                dtype,
-            },
-        )?;
-        let mut encoder = gpu.device.create_command_encoder(&Default::default());
-        forward.record(
-            gpu,
-            &mut encoder,
-            &ForwardArgs {
-                mods,
-                ..ForwardArgs::new(&q, &k, &v, &o, &lse)
-            },
-        )?;
-        gpu.queue.submit([encoder.finish()]);
-        let spec = BackwardSpec::new(h.head_dim, masks, dtype);
-        let mut backward = crate::ops::backward::Backward::new(gpu, spec)?;
-        let learnable = masks.flex.is_some_and(|f| f.parsed().tensors[0].grad);
-        let args = crate::ops::backward::BackwardArgs {
-            q: &q,
-            k: &k,
-            v: &v,
-            o: &o,
-            lse: &lse,
-            d_o: &d_o,
-            dq: &grads[0],
-            dk: &grads[1],
-            dv: &grads[2],
-            dbias: None,
-            dsinks: None,
-            flex_grads: if learnable { &flex_grads } else { &[] },
-            seg: None,
-            scale: None,
+            h,
+            dtype,
+            masks,
             mods,
-            accumulate: true,
+            seg: None,
+            qkv: [&q, &k, &v],
+            out: Outputs { o: &o, lse: &lse },
         };
-        let (t, ran) = timing::time_recorded(gpu, warmup, runs, |enc| {
-            backward.record(gpu, enc, &args, None)
-        })?;
-        let ran = format!(" ({ran})");
+        case.run_forward()?;
+        let learnable = masks.flex.is_some_and(|f| f.parsed().tensors[0].grad);
+        let grads = if learnable { &flex_grads[..] } else { &[] };
+        let (ms, ran) = case.backward(grads, (warmup, runs))?;
         rows.push(FlexRow {
-            what: format!("{what}{ran}"),
-            ms: t.median_ms,
+            what: format!("{what} ({ran})"),
+            ms,
             visible: (f64::from(seq) + 1.0) / (2.0 * f64::from(seq)),
         });
     }
@@ -543,7 +506,17 @@ pub fn block_masks(
             }),
             ..DeviceModifiers::default()
         };
-        let ms = masked_forward(gpu, h, dtype, &f, mods, [&q, &k, &v], out, (warmup, runs))?;
+        let case = Case {
+            gpu,
+            h,
+            dtype,
+            masks: f.masks,
+            mods,
+            seg: f.seg,
+            qkv: [&q, &k, &v],
+            out,
+        };
+        let ms = case.forward((warmup, runs))?;
         let row = |ms| FlexRow {
             what: f.what.to_string(),
             ms,
@@ -553,8 +526,7 @@ pub fn block_masks(
         let at = rows.forward.len() - usize::from(made.is_some());
         rows.forward.insert(at, row(ms));
         if backward {
-            let inputs = [&q, &k, &v];
-            let (ms, ran) = masked_backward(gpu, h, dtype, &f, mods, inputs, out, (warmup, runs))?;
+            let (ms, ran) = case.backward(&[], (warmup, runs))?;
             rows.backward.push(FlexRow {
                 what: format!("{} ({ran})", f.what),
                 ..row(ms)
@@ -579,73 +551,92 @@ struct Outputs<'a> {
     lse: &'a Tensor,
 }
 
-/// One forward of [`block_masks`] timed; its O and LSE are left for the backward.
-#[allow(clippy::too_many_arguments)]
-fn masked_forward(
-    gpu: &Gpu,
+/// One masked attention of a bench table: its shape, masks, modifier values and tensors.
+#[derive(Clone, Copy)]
+struct Case<'a> {
+    gpu: &'a Gpu,
     h: Heads,
     dtype: Dtype,
-    f: &MaskedForward,
-    mods: DeviceModifiers,
-    [q, k, v]: [&Tensor; 3],
-    out: Outputs,
-    (warmup, runs): (usize, usize),
-) -> Result<f64, Error> {
-    let spec = ForwardSpec {
-        head_dim: h.head_dim,
-        head_dim_v: h.head_dim,
-        masks: f.masks,
-        dtype,
-    };
-    let mut forward = Forward::new(gpu, spec)?;
-    let args = ForwardArgs {
-        seg: f.seg,
-        mods,
-        ..ForwardArgs::new(q, k, v, out.o, out.lse)
-    };
-    let (t, ()) = timing::time_recorded(gpu, warmup, runs, |enc| forward.record(gpu, enc, &args))?;
-    Ok(t.median_ms)
+    masks: Masks,
+    mods: DeviceModifiers<'a>,
+    seg: Option<&'a Tensor>,
+    qkv: [&'a Tensor; 3],
+    out: Outputs<'a>,
 }
 
-/// The backward of one forward of [`block_masks`] timed over the O and LSE that forward
-/// left, and the schedule the planner ran.
-#[allow(clippy::too_many_arguments)]
-fn masked_backward(
-    gpu: &Gpu,
-    h: Heads,
-    dtype: Dtype,
-    f: &MaskedForward,
-    mods: DeviceModifiers,
-    [q, k, v]: [&Tensor; 3],
-    out: Outputs,
-    (warmup, runs): (usize, usize),
-) -> Result<(f64, String), Error> {
-    let grad = |s: &[u32]| Tensor::zeros(gpu, s, Scalar::F32);
-    let (q_shape, kv_shape) = (q.shape(), k.shape());
-    let d_o = random(gpu, q_shape, Scalar::from(dtype), 4)?;
-    let grads = [grad(q_shape)?, grad(kv_shape)?, grad(kv_shape)?];
-    let spec = BackwardSpec::new(h.head_dim, f.masks, dtype);
-    let mut backward = crate::ops::backward::Backward::new(gpu, spec)?;
-    let args = crate::ops::backward::BackwardArgs {
-        q,
-        k,
-        v,
-        o: out.o,
-        lse: out.lse,
-        d_o: &d_o,
-        dq: &grads[0],
-        dk: &grads[1],
-        dv: &grads[2],
-        dbias: None,
-        dsinks: None,
-        flex_grads: &[],
-        seg: f.seg,
-        scale: None,
-        mods,
-        accumulate: true,
-    };
-    let (t, ran) = timing::time_recorded(gpu, warmup, runs, |enc| {
-        backward.record(gpu, enc, &args, None)
-    })?;
-    Ok((t.median_ms, ran.to_string()))
+impl Case<'_> {
+    /// The planner's forward and its arguments.
+    fn forward_op(&self) -> Result<(Forward, ForwardArgs<'_>), Error> {
+        let spec = ForwardSpec {
+            head_dim: self.h.head_dim,
+            head_dim_v: self.h.head_dim,
+            masks: self.masks,
+            dtype: self.dtype,
+        };
+        let [q, k, v] = self.qkv;
+        let args = ForwardArgs {
+            seg: self.seg,
+            mods: self.mods,
+            ..ForwardArgs::new(q, k, v, self.out.o, self.out.lse)
+        };
+        Ok((Forward::new(self.gpu, spec)?, args))
+    }
+
+    /// The forward, recorded `runs` times after `warmup` (its median ms); its O and LSE
+    /// are left for the backward.
+    fn forward(&self, (warmup, runs): (usize, usize)) -> Result<f64, Error> {
+        let (mut forward, args) = self.forward_op()?;
+        let gpu = self.gpu;
+        let (t, ()) =
+            timing::time_recorded(gpu, warmup, runs, |enc| forward.record(gpu, enc, &args))?;
+        Ok(t.median_ms)
+    }
+
+    /// The forward run once, untimed, for the O and LSE a backward reads.
+    fn run_forward(&self) -> Result<(), Error> {
+        let (mut forward, args) = self.forward_op()?;
+        let mut encoder = self.gpu.device.create_command_encoder(&Default::default());
+        forward.record(self.gpu, &mut encoder, &args)?;
+        self.gpu.queue.submit([encoder.finish()]);
+        Ok(())
+    }
+
+    /// The planner's backward over the O and LSE the forward left, the modifiers' tensors
+    /// learnable where `flex_grads` names their gradients: its median ms and the schedule
+    /// it ran.
+    fn backward(
+        &self,
+        flex_grads: &[(&str, &Tensor)],
+        (warmup, runs): (usize, usize),
+    ) -> Result<(f64, String), Error> {
+        let gpu = self.gpu;
+        let [q, k, v] = self.qkv;
+        let grad = |s: &[u32]| Tensor::zeros(gpu, s, Scalar::F32);
+        let d_o = random(gpu, q.shape(), Scalar::from(self.dtype), 4)?;
+        let grads = [grad(q.shape())?, grad(k.shape())?, grad(v.shape())?];
+        let spec = BackwardSpec::new(self.h.head_dim, self.masks, self.dtype);
+        let mut backward = crate::ops::backward::Backward::new(gpu, spec)?;
+        let args = crate::ops::backward::BackwardArgs {
+            q,
+            k,
+            v,
+            o: self.out.o,
+            lse: self.out.lse,
+            d_o: &d_o,
+            dq: &grads[0],
+            dk: &grads[1],
+            dv: &grads[2],
+            dbias: None,
+            dsinks: None,
+            flex_grads,
+            seg: self.seg,
+            scale: None,
+            mods: self.mods,
+            accumulate: true,
+        };
+        let (t, ran) = timing::time_recorded(gpu, warmup, runs, |enc| {
+            backward.record(gpu, enc, &args, None)
+        })?;
+        Ok((t.median_ms, ran.to_string()))
+    }
 }
