@@ -126,7 +126,9 @@ fn row_index(row: u32, h: u32) -> u32 {
 }
 
 fn key_range(row: u32) -> vec2<u32> {
-    return vec2<u32>(0u, dims.seq_len);
+    // Narrowed by mask_mod's bounds, which move with the position.
+    let s = 0u;
+    return vec2<u32>(s, max(s, min(dims.seq_len, max(u32(max(i32(row) + 1, 0)), u32(max(mask_reach_0(), 0))))));
 }
 
 fn visible(row: u32, h: u32, j: u32) -> bool {
@@ -135,16 +137,23 @@ fn visible(row: u32, h: u32, j: u32) -> bool {
 }
 
 fn query_range(col: u32) -> vec2<u32> {
-    return vec2<u32>(0u, dims.seq_len);
+    // Narrowed by mask_mod's bounds, which move with the position.
+    let s = min(max(0u, select(u32(max(i32(col), 0)), 0u, i32(col) < mask_reach_0())), dims.seq_len);
+    return vec2<u32>(s, max(s, dims.seq_len));
 }
 
 fn key_visible(row: u32, h: u32, j: u32) -> bool {
-    return mask_mod(row, h, j);
+    return true;
 }
 
 // The description's mask_mod.
 fn mask_mod(flex_row: u32, flex_h: u32, flex_j: u32) -> bool {
     return ((i32(flex_j) <= i32(flex_row)) || (i32(flex_j) < i32(select(0u, prefix[select(0u, u32(i32(batch)), (u32(i32(batch)) < dims.batch))], (u32(i32(batch)) < dims.batch)))));
+}
+
+// Where mask_mod shows every key below a bound fixed per sequence, that bound.
+fn mask_reach_0() -> i32 {
+    return i32(select(0u, prefix[select(0u, u32(i32(batch)), (u32(i32(batch)) < dims.batch))], (u32(i32(batch)) < dims.batch)));
 }
 
 // Whether the mask may be true (x) and may be false (y) somewhere on a tile of queries
@@ -333,23 +342,6 @@ fn put_stats(e: u32, x: vec2<f32>) {
     }
 }
 
-fn next_block(it0: u32, end: u32, k0: u32, k1: u32, h0: u32, group: u32, first: u32, blocks: u32, b: u32) -> vec2<u32> {
-    for (var it = it0; it < end; it = it + 1u) {
-        let s0 = (first + blocks - 1u - it / group) * BC;
-        let m = mask_tile(s0, min(s0 + BC, dims.seq_len) - 1u, k0, k1, h0 + it % group, b);
-        if (m.x) {
-            return vec2<u32>(it, select(0u, 1u, !m.y));
-        }
-    }
-    return vec2<u32>(end, 0u);
-}
-
-// Within the row's key range, the mask's test unless the block is full.
-fn shown(q: u32, h: u32, k: u32, full: bool) -> bool {
-    let range = key_range(q);
-    return k >= range.x && k < range.y && (full || key_visible(q, h, k));
-}
-
 fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {
     let g = tid / TX;
     let tx = tid % TX;
@@ -359,7 +351,6 @@ fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {
     }
     stage_k(col0, kv_h, tid);
     stage_v(col0, kv_h, tid);
-    let wg_b = 0u;
     let col_0 = col0 + g * TM + 0u;
     var dk_0_0 = vec4<f32>(0.0);
     var dv_0_0 = vec4<f32>(0.0);
@@ -379,26 +370,20 @@ fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {
     var pq_1 = vec4<f32>(0.0);
     var pd_1 = vec4<f32>(0.0);
     var ps_0 = vec2<f32>(0.0);
-    let it_end = group * blocks;
-    let col_last = min(col0 + BR, dims.seq_len) - 1u;
-    let first_block = next_block(0u, it_end, col0, col_last, kv_h * group, group, first, blocks, wg_b);
-    var it_next = first_block.x;
-    var full_next = first_block.y != 0u;
-    var next_h = kv_h * group + it_next % group;
-    var next_s0 = (first + blocks - 1u - it_next / group) * BC;
+    var next_h = kv_h * group;
+    var next_s0 = (first + blocks - 1u) * BC;
     pq_0 = fetch_q(next_s0, next_h, tid + 0u * WG);
     pd_0 = fetch_do(next_s0, next_h, tid + 0u * WG);
     pq_1 = fetch_q(next_s0, next_h, tid + 1u * WG);
     pd_1 = fetch_do(next_s0, next_h, tid + 1u * WG);
     ps_0 = fetch_stats(next_s0, next_h, tid + 0u * WG);
-    // Every block of queries that may see the tile, last first.
-    for (var it = it_next; it < it_end; it = it_next) {
+    // Every block of queries that sees the tile, last first, and within a block every
+    // query head of this KV head: under a causal or document mask a key's weights
+    // shrink with the query's distance, so the small terms are added while the sums
+    // are small (summed the other way, the error grew with the sequence).
+    for (var it = 0u; it < group * blocks; it = it + 1u) {
         let h = next_h;
         let s0 = next_s0;
-        let tile_full = full_next;
-        let block_next = next_block(it + 1u, it_end, col0, col_last, kv_h * group, group, first, blocks, wg_b);
-        it_next = block_next.x;
-        full_next = block_next.y != 0u;
         // The previous block is done with sh_q, sh_do, sh_p and sh_ds.
         workgroupBarrier();
         put_q(tid + 0u * WG, pq_0);
@@ -408,9 +393,9 @@ fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {
         put_stats(tid + 0u * WG, ps_0);
         workgroupBarrier();
         // The next block's loads are in flight during this one's products.
-        if (it_next < it_end) {
-            next_h = kv_h * group + it_next % group;
-            next_s0 = (first + blocks - 1u - it_next / group) * BC;
+        if (it + 1u < group * blocks) {
+            next_h = kv_h * group + (it + 1u) % group;
+            next_s0 = (first + blocks - 1u - (it + 1u) / group) * BC;
             pq_0 = fetch_q(next_s0, next_h, tid + 0u * WG);
             pd_0 = fetch_do(next_s0, next_h, tid + 0u * WG);
             pq_1 = fetch_q(next_s0, next_h, tid + 1u * WG);
@@ -449,13 +434,13 @@ fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {
         let dp_1_0 = hsum(dp_1_0_4);
         let q_0 = s0 + tx + 0u * TX;
         let st_0 = sh_stats[tx + 0u * TX];
-        let v_0_0 = q_0 < dims.seq_len && col_0 < dims.seq_len && shown(q_0, h, col_0, tile_full);
+        let v_0_0 = q_0 < dims.seq_len && col_0 < dims.seq_len && visible(q_0, h, col_0);
         let x_0_0 = scored(q_0, h, col_0, s_0_0);
         let p_0_0 = select(0.0, exp_f32(x_0_0.x - st_0.x), v_0_0);
         let g_0_0 = score_grads(q_0, h, col_0, s_0_0, x_0_0, p_0_0 * (dropped(q_0, h, col_0, dp_0_0) - st_0.y), v_0_0);
         sh_p[(g * TM + 0u) * PSTRIDE + tx + 0u * TX] = dropped(q_0, h, col_0, p_0_0);
         sh_ds[(g * TM + 0u) * PSTRIDE + tx + 0u * TX] = params.scale * g_0_0;
-        let v_1_0 = q_0 < dims.seq_len && col_1 < dims.seq_len && shown(q_0, h, col_1, tile_full);
+        let v_1_0 = q_0 < dims.seq_len && col_1 < dims.seq_len && visible(q_0, h, col_1);
         let x_1_0 = scored(q_0, h, col_1, s_1_0);
         let p_1_0 = select(0.0, exp_f32(x_1_0.x - st_0.x), v_1_0);
         let g_1_0 = score_grads(q_0, h, col_1, s_1_0, x_1_0, p_1_0 * (dropped(q_0, h, col_1, dp_1_0) - st_0.y), v_1_0);
@@ -545,7 +530,7 @@ fn flash_backward_kv(tile: u32, kv_h: u32, tid: u32) {
         }
         // Every 128 rows summed, and after the last, the registers' partial sums are added
         // into the output, their rounding error carried into the next partial (a compensated sum).
-        if ((it + 1u) % 16u == 0u || it + 1u == select(group * blocks, it + 1u, it_next >= group * blocks)) {
+        if ((it + 1u) % 16u == 0u || it + 1u == group * blocks) {
             if (col_0 < dims.seq_len) {
                 let base = kv_index(col_0, kv_h);
                 let dkat_0 = base + (tx + 0u * TX) * 4u;

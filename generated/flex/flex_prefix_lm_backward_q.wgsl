@@ -122,7 +122,9 @@ fn row_index(row: u32, h: u32) -> u32 {
 }
 
 fn key_range(row: u32) -> vec2<u32> {
-    return vec2<u32>(0u, dims.seq_len);
+    // Narrowed by mask_mod's bounds, which move with the position.
+    let s = 0u;
+    return vec2<u32>(s, max(s, min(dims.seq_len, max(u32(max(i32(row) + 1, 0)), u32(max(mask_reach_0(), 0))))));
 }
 
 fn visible(row: u32, h: u32, j: u32) -> bool {
@@ -131,16 +133,23 @@ fn visible(row: u32, h: u32, j: u32) -> bool {
 }
 
 fn query_range(col: u32) -> vec2<u32> {
-    return vec2<u32>(0u, dims.seq_len);
+    // Narrowed by mask_mod's bounds, which move with the position.
+    let s = min(max(0u, select(u32(max(i32(col), 0)), 0u, i32(col) < mask_reach_0())), dims.seq_len);
+    return vec2<u32>(s, max(s, dims.seq_len));
 }
 
 fn key_visible(row: u32, h: u32, j: u32) -> bool {
-    return mask_mod(row, h, j);
+    return true;
 }
 
 // The description's mask_mod.
 fn mask_mod(flex_row: u32, flex_h: u32, flex_j: u32) -> bool {
     return ((i32(flex_j) <= i32(flex_row)) || (i32(flex_j) < i32(select(0u, prefix[select(0u, u32(i32(batch)), (u32(i32(batch)) < dims.batch))], (u32(i32(batch)) < dims.batch)))));
+}
+
+// Where mask_mod shows every key below a bound fixed per sequence, that bound.
+fn mask_reach_0() -> i32 {
+    return i32(select(0u, prefix[select(0u, u32(i32(batch)), (u32(i32(batch)) < dims.batch))], (u32(i32(batch)) < dims.batch)));
 }
 
 // Whether the mask may be true (x) and may be false (y) somewhere on a tile of queries
@@ -353,25 +362,15 @@ fn flash_backward_q(tile: u32, h: u32, tid: u32) {
     var dq_1_1 = vec4<f32>(0.0);
     let range = workgroupUniformLoad(&sh_range);
     let kt_end = (range.y + BC - 1u) / BC;
-    let wg_b = 0u;
-    let q_last = min(row0 + BR, dims.seq_len) - 1u;
-    let first_tile = next_key_tile(range.x / BC, kt_end, row0, q_last, h, BC, wg_b);
-    let kt_first = first_tile.x;
-    var kt_next = kt_first;
-    var full_next = first_tile.y != 0u;
     var pk_0 = vec4<f32>(0.0);
     var pv_0 = vec4<f32>(0.0);
     var pk_1 = vec4<f32>(0.0);
     var pv_1 = vec4<f32>(0.0);
-    pk_0 = fetch_k(kt_first * BC, kv_h, tid + 0u * WG);
-    pv_0 = fetch_v(kt_first * BC, kv_h, tid + 0u * WG);
-    pk_1 = fetch_k(kt_first * BC, kv_h, tid + 1u * WG);
-    pv_1 = fetch_v(kt_first * BC, kv_h, tid + 1u * WG);
-    for (var kt = kt_first; kt < kt_end; kt = kt_next) {
-        let tile_full = full_next;
-        let tile_next = next_key_tile(kt + 1u, kt_end, row0, q_last, h, BC, wg_b);
-        kt_next = tile_next.x;
-        full_next = tile_next.y != 0u;
+    pk_0 = fetch_k((range.x / BC) * BC, kv_h, tid + 0u * WG);
+    pv_0 = fetch_v((range.x / BC) * BC, kv_h, tid + 0u * WG);
+    pk_1 = fetch_k((range.x / BC) * BC, kv_h, tid + 1u * WG);
+    pv_1 = fetch_v((range.x / BC) * BC, kv_h, tid + 1u * WG);
+    for (var kt = range.x / BC; kt < kt_end; kt = kt + 1u) {
         let j0 = kt * BC;
         // The previous block is done with sh_k and sh_ds.
         workgroupBarrier();
@@ -381,11 +380,11 @@ fn flash_backward_q(tile: u32, h: u32, tid: u32) {
         put_v(tid + 1u * WG, pv_1);
         workgroupBarrier();
         // The next block's loads are in flight during this one's products.
-        if (kt_next < kt_end) {
-            pk_0 = fetch_k(kt_next * BC, kv_h, tid + 0u * WG);
-            pv_0 = fetch_v(kt_next * BC, kv_h, tid + 0u * WG);
-            pk_1 = fetch_k(kt_next * BC, kv_h, tid + 1u * WG);
-            pv_1 = fetch_v(kt_next * BC, kv_h, tid + 1u * WG);
+        if (kt + 1u < kt_end) {
+            pk_0 = fetch_k(j0 + BC, kv_h, tid + 0u * WG);
+            pv_0 = fetch_v(j0 + BC, kv_h, tid + 0u * WG);
+            pk_1 = fetch_k(j0 + BC, kv_h, tid + 1u * WG);
+            pv_1 = fetch_v(j0 + BC, kv_h, tid + 1u * WG);
         }
         var s_0_0_4 = vec4<f32>(0.0);
         var dp_0_0_4 = vec4<f32>(0.0);
@@ -418,16 +417,12 @@ fn flash_backward_q(tile: u32, h: u32, tid: u32) {
         let s_1_0 = hsum(s_1_0_4);
         let dp_1_0 = hsum(dp_1_0_4);
         let j_0 = j0 + tx + 0u * TX;
-        var tile_hid_0 = 0u;
-        if (!tile_full) {
-            tile_hid_0 = select(0u, 1u, !key_visible(row_0, h, j_0)) | select(0u, 2u, !key_visible(row_1, h, j_0));
-        }
-        let v_0_0 = j_0 >= lo_0 && j_0 < hi_0 && (tile_hid_0 & 1u) == 0u;
+        let v_0_0 = j_0 >= lo_0 && j_0 < hi_0 && key_visible(row_0, h, j_0);
         let x_0_0 = scored(row_0, h, j_0, s_0_0);
         let p_0_0 = exp_f32(x_0_0.x - lse_0);
         let g_0_0 = score_grads(row_0, h, j_0, s_0_0, x_0_0, p_0_0 * (dropped(row_0, h, j_0, dp_0_0) - delta_0), v_0_0);
         sh_ds[(g * TM + 0u) * PSTRIDE + tx + 0u * TX] = params.scale * g_0_0;
-        let v_1_0 = j_0 >= lo_1 && j_0 < hi_1 && (tile_hid_0 & 2u) == 0u;
+        let v_1_0 = j_0 >= lo_1 && j_0 < hi_1 && key_visible(row_1, h, j_0);
         let x_1_0 = scored(row_1, h, j_0, s_1_0);
         let p_1_0 = exp_f32(x_1_0.x - lse_1);
         let g_1_0 = score_grads(row_1, h, j_0, s_1_0, x_1_0, p_1_0 * (dropped(row_1, h, j_0, dp_1_0) - delta_1), v_1_0);
@@ -465,7 +460,7 @@ fn flash_backward_q(tile: u32, h: u32, tid: u32) {
         }
         // Every 256 rows summed, and after the last, the registers' partial sums are added
         // into the output, their rounding error carried into the next partial (a compensated sum).
-        if ((kt + 1u - range.x / BC) % 32u == 0u || kt + 1u - range.x / BC == select(kt_end - range.x / BC, kt + 1u - range.x / BC, kt_next >= kt_end)) {
+        if ((kt + 1u - range.x / BC) % 32u == 0u || kt + 1u - range.x / BC == kt_end - range.x / BC) {
             if (row_0 < dims.seq_len) {
                 let base = q_index(row_0, h);
                 let dqat_0 = base + (tx + 0u * TX) * 4u;

@@ -151,6 +151,7 @@ fn kv_head(h: u32) -> u32 {
 
 // This sequence's cache length, rows added and first packed row of Q and O.
 var<workgroup> sh_seq: vec4<u32>;
+var<workgroup> sh_keys: array<vec4<u32>, 2>;
 
 // The cache slot of this sequence.
 fn cache_slot() -> u32 {
@@ -171,7 +172,7 @@ fn sequence() -> vec4<u32> {
 // Keys [x, y) the query at position pos sees: the cache's start or its window's, to
 // itself.
 fn row_keys(pos: u32) -> vec2<u32> {
-    return vec2<u32>(0u, pos + 1u);
+    return vec2<u32>(0u, max(min(pos + 1u, max(u32(max(i32(pos) + 1, 0)), u32(max(mask_reach_0(), 0)))), min(0u, pos + 1u)));
 }
 
 // The queries a workgroup serves, one per component: their index among the partials'
@@ -200,27 +201,17 @@ fn served(kv_h: u32, slot0: u32, seq: vec4<u32>) -> Served {
 }
 
 fn key_visible(row: u32, h: u32, j: u32) -> bool {
-    return mask_mod(row, h, j);
-}
-
-// Whether a served query may see a key of [k0, k1].
-fn tile_seen(k0: u32, k1: u32, sv: Served, b: u32) -> bool {
-    let q0 = sv.pos.x;
-    let q1 = sv.pos[max(sv.n, 1u) - 1u];
-    return mask_tile(q0, q1, k0, k1, sv.h.x, b).x;
-}
-
-fn next_tile(t0: u32, end: u32, n: u32, sv: Served, b: u32) -> u32 {
-    var t = t0;
-    while (t < end && !tile_seen(t, min(t + n, end) - 1u, sv, b)) {
-        t = t + n;
-    }
-    return t;
+    return true;
 }
 
 // The description's mask_mod.
 fn mask_mod(flex_row: u32, flex_h: u32, flex_j: u32) -> bool {
     return ((i32(flex_j) <= i32(flex_row)) || (i32(flex_j) < i32(select(0u, prefix[select(0u, u32(i32(batch)), (u32(i32(batch)) < dims.batch))], (u32(i32(batch)) < dims.batch)))));
+}
+
+// Where mask_mod shows every key below a bound fixed per sequence, that bound.
+fn mask_reach_0() -> i32 {
+    return i32(select(0u, prefix[select(0u, u32(i32(batch)), (u32(i32(batch)) < dims.batch))], (u32(i32(batch)) < dims.batch)));
 }
 
 // Whether the mask may be true (x) and may be false (y) somewhere on a tile of queries
@@ -364,10 +355,15 @@ fn flex_prefix_lm_decode_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(lo
         ks[i] = r.x;
         ke[i] = select(r.x, min(r.y, len), i < n_here);
     }
+    if (tid == 0u) {
+        sh_keys = array<vec4<u32>, 2>(ks, ke);
+    }
+    let keys = workgroupUniformLoad(&sh_keys);
+    ks = keys[0];
+    ke = keys[1];
     let last = max(n_here, 1u) - 1u;
     let hi = max(lo, min(lo + dims.slice_len, ke[last]));
     let first = max(lo, ks[0]);
-    let wg_b = 0u;
 
     // Absent queries get q = 0; their results are never written.
     for (var i = tid; i < TILE * V4; i = i + WG) {
@@ -378,10 +374,6 @@ fn flex_prefix_lm_decode_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(lo
         }
         sh_q[i] = x;
     }
-    // Keys of the tiles the loops skip keep this score: their P is 0.
-    for (var i = tid; i < MAX_SLICE; i = i + WG) {
-        sh_s[i] = vec4<f32>(NEG_BIG);
-    }
     workgroupBarrier();
 
     // Scores: LANES invocations per key, each a strided share of its words. Each
@@ -389,14 +381,11 @@ fn flex_prefix_lm_decode_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(lo
     // tile's products and reduction, so the loads' latency hides behind them.
     let lane = tid % LANES;
     let kr = tid / LANES;
-    let k_first = next_tile(first, hi, KEY_TILE, sv, wg_b);
-    var k_next = k_first;
-    var k0 = fetch_k(k_first + kr, hi, lane + 0u * LANES, kv_h);
-    var k1 = fetch_k(k_first + kr, hi, lane + 1u * LANES, kv_h);
-    for (var t0 = k_first; t0 < hi; t0 = k_next) {
-        k_next = next_tile(t0 + KEY_TILE, hi, KEY_TILE, sv, wg_b);
-        let n0 = fetch_k(k_next + kr, hi, lane + 0u * LANES, kv_h);
-        let n1 = fetch_k(k_next + kr, hi, lane + 1u * LANES, kv_h);
+    var k0 = fetch_k(first + kr, hi, lane + 0u * LANES, kv_h);
+    var k1 = fetch_k(first + kr, hi, lane + 1u * LANES, kv_h);
+    for (var t0 = first; t0 < hi; t0 = t0 + KEY_TILE) {
+        let n0 = fetch_k(t0 + KEY_TILE + kr, hi, lane + 0u * LANES, kv_h);
+        let n1 = fetch_k(t0 + KEY_TILE + kr, hi, lane + 1u * LANES, kv_h);
         let w0 = widen_w(k0);
         let w1 = widen_w(k1);
         var a0 = vec4<f32>(0.0);
@@ -445,8 +434,7 @@ fn flex_prefix_lm_decode_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(lo
     // the sum: invocation (r, c) reads word column c of rows r, r + PV_ROWS, ..
     let c = tid % V_WORDS;
     let r = tid / V_WORDS;
-    let v_first = next_tile(first, hi, PV_STEP, sv, wg_b);
-    let i0 = v_first - lo + r;
+    let i0 = first - lo + r;
     var v0 = fetch_v(lo + i0 + 0u * PV_ROWS, hi, c, kv_h);
     var v1 = fetch_v(lo + i0 + 1u * PV_ROWS, hi, c, kv_h);
     var v2 = fetch_v(lo + i0 + 2u * PV_ROWS, hi, c, kv_h);
@@ -473,14 +461,11 @@ fn flex_prefix_lm_decode_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(lo
     var o2_0 = vec4<f32>(0.0);
     var o3_0 = vec4<f32>(0.0);
     if (r < PV_ROWS) {
-        var v_next = v_first;
-        for (var t = v_first; t < hi; t = v_next) {
-            v_next = next_tile(t + PV_STEP, hi, PV_STEP, sv, wg_b);
-            let i = t - lo + r;
-            let n0 = fetch_v(v_next + r + 0u * PV_ROWS, hi, c, kv_h);
-            let n1 = fetch_v(v_next + r + 1u * PV_ROWS, hi, c, kv_h);
-            let n2 = fetch_v(v_next + r + 2u * PV_ROWS, hi, c, kv_h);
-            let n3 = fetch_v(v_next + r + 3u * PV_ROWS, hi, c, kv_h);
+        for (var i = i0; i < hi - lo; i = i + PV_STEP) {
+            let n0 = fetch_v(lo + i + PV_STEP + 0u * PV_ROWS, hi, c, kv_h);
+            let n1 = fetch_v(lo + i + PV_STEP + 1u * PV_ROWS, hi, c, kv_h);
+            let n2 = fetch_v(lo + i + PV_STEP + 2u * PV_ROWS, hi, c, kv_h);
+            let n3 = fetch_v(lo + i + PV_STEP + 3u * PV_ROWS, hi, c, kv_h);
             let p0 = p_at(i + 0u * PV_ROWS, hi - lo);
             let w0 = widen_w(v0);
             o0_0 = fma(vec4<f32>(p0.x), w0[0], o0_0);

@@ -150,7 +150,9 @@ fn row_index(row: u32, h: u32) -> u32 {
 }
 
 fn key_range(row: u32) -> vec2<u32> {
-    return vec2<u32>(0u, dims.seq_len);
+    // Narrowed by mask_mod's bounds, which move with the position.
+    let s = 0u;
+    return vec2<u32>(s, max(s, min(dims.seq_len, max(u32(max(i32(row) + 1, 0)), u32(max(mask_reach_0(), 0))))));
 }
 
 fn visible(row: u32, h: u32, j: u32) -> bool {
@@ -159,16 +161,23 @@ fn visible(row: u32, h: u32, j: u32) -> bool {
 }
 
 fn query_range(col: u32) -> vec2<u32> {
-    return vec2<u32>(0u, dims.seq_len);
+    // Narrowed by mask_mod's bounds, which move with the position.
+    let s = min(max(0u, select(u32(max(i32(col), 0)), 0u, i32(col) < mask_reach_0())), dims.seq_len);
+    return vec2<u32>(s, max(s, dims.seq_len));
 }
 
 fn key_visible(row: u32, h: u32, j: u32) -> bool {
-    return mask_mod(row, h, j);
+    return true;
 }
 
 // The description's mask_mod.
 fn mask_mod(flex_row: u32, flex_h: u32, flex_j: u32) -> bool {
     return ((i32(flex_j) <= i32(flex_row)) || (i32(flex_j) < i32(select(0u, prefix[select(0u, u32(i32(batch)), (u32(i32(batch)) < dims.batch))], (u32(i32(batch)) < dims.batch)))));
+}
+
+// Where mask_mod shows every key below a bound fixed per sequence, that bound.
+fn mask_reach_0() -> i32 {
+    return i32(select(0u, prefix[select(0u, u32(i32(batch)), (u32(i32(batch)) < dims.batch))], (u32(i32(batch)) < dims.batch)));
 }
 
 // Whether the mask may be true (x) and may be false (y) somewhere on a tile of queries
@@ -397,12 +406,6 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
     var acc_3_0 = vec4<f32>(0.0);
     let range = workgroupUniformLoad(&sh_range);
     let kt_end = (range.y + BC - 1u) / BC;
-    let wg_b = 0u;
-    let q_last = min(row0 + BR, dims.seq_len) - 1u;
-    let first_tile = next_key_tile(range.x / BC, kt_end, row0, q_last, h, BC, wg_b);
-    let kt_first = first_tile.x;
-    var kt_next = kt_first;
-    var full_next = first_tile.y != 0u;
     var pf_0 = vec4<f32>(0.0);
     var pf_1 = vec4<f32>(0.0);
     var pf_2 = vec4<f32>(0.0);
@@ -411,19 +414,15 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
     var pf_5 = vec4<f32>(0.0);
     var pf_6 = vec4<f32>(0.0);
     var pf_7 = vec4<f32>(0.0);
-    pf_0 = fetch_k(kt_first * BC, kv_h, tid + 0u * WG);
-    pf_1 = fetch_k(kt_first * BC, kv_h, tid + 1u * WG);
-    pf_2 = fetch_k(kt_first * BC, kv_h, tid + 2u * WG);
-    pf_3 = fetch_k(kt_first * BC, kv_h, tid + 3u * WG);
-    pf_4 = fetch_k(kt_first * BC, kv_h, tid + 4u * WG);
-    pf_5 = fetch_k(kt_first * BC, kv_h, tid + 5u * WG);
-    pf_6 = fetch_k(kt_first * BC, kv_h, tid + 6u * WG);
-    pf_7 = fetch_k(kt_first * BC, kv_h, tid + 7u * WG);
-    for (var kt = kt_first; kt < kt_end; kt = kt_next) {
-        let tile_full = full_next;
-        let tile_next = next_key_tile(kt + 1u, kt_end, row0, q_last, h, BC, wg_b);
-        kt_next = tile_next.x;
-        full_next = tile_next.y != 0u;
+    pf_0 = fetch_k((range.x / BC) * BC, kv_h, tid + 0u * WG);
+    pf_1 = fetch_k((range.x / BC) * BC, kv_h, tid + 1u * WG);
+    pf_2 = fetch_k((range.x / BC) * BC, kv_h, tid + 2u * WG);
+    pf_3 = fetch_k((range.x / BC) * BC, kv_h, tid + 3u * WG);
+    pf_4 = fetch_k((range.x / BC) * BC, kv_h, tid + 4u * WG);
+    pf_5 = fetch_k((range.x / BC) * BC, kv_h, tid + 5u * WG);
+    pf_6 = fetch_k((range.x / BC) * BC, kv_h, tid + 6u * WG);
+    pf_7 = fetch_k((range.x / BC) * BC, kv_h, tid + 7u * WG);
+    for (var kt = range.x / BC; kt < kt_end; kt = kt + 1u) {
         let j0 = kt * BC;
         // The previous block is done with sh_kv, sh_p and sh_red.
         workgroupBarrier();
@@ -497,25 +496,21 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
         var s_3_1 = hsum(s_3_1_4);
         let j_0 = j0 + tx + 0u * TX;
         let j_1 = j0 + tx + 1u * TX;
-        var tile_hid_0 = 0u;
-        if (!tile_full) {
-            tile_hid_0 = select(0u, 1u, !key_visible(row_0, h, j_0)) | select(0u, 2u, !key_visible(row_0, h, j_1)) | select(0u, 4u, !key_visible(row_1, h, j_0)) | select(0u, 8u, !key_visible(row_1, h, j_1)) | select(0u, 16u, !key_visible(row_2, h, j_0)) | select(0u, 32u, !key_visible(row_2, h, j_1)) | select(0u, 64u, !key_visible(row_3, h, j_0)) | select(0u, 128u, !key_visible(row_3, h, j_1));
-        }
-        let v_0_0 = j_0 >= lo_0 && j_0 < hi_0 && (tile_hid_0 & 1u) == 0u;
+        let v_0_0 = j_0 >= lo_0 && j_0 < hi_0 && key_visible(row_0, h, j_0);
         s_0_0 = select(NEG_BIG, score(row_0, h, j_0, s_0_0), v_0_0);
-        let v_0_1 = j_1 >= lo_0 && j_1 < hi_0 && (tile_hid_0 & 2u) == 0u;
+        let v_0_1 = j_1 >= lo_0 && j_1 < hi_0 && key_visible(row_0, h, j_1);
         s_0_1 = select(NEG_BIG, score(row_0, h, j_1, s_0_1), v_0_1);
-        let v_1_0 = j_0 >= lo_1 && j_0 < hi_1 && (tile_hid_0 & 4u) == 0u;
+        let v_1_0 = j_0 >= lo_1 && j_0 < hi_1 && key_visible(row_1, h, j_0);
         s_1_0 = select(NEG_BIG, score(row_1, h, j_0, s_1_0), v_1_0);
-        let v_1_1 = j_1 >= lo_1 && j_1 < hi_1 && (tile_hid_0 & 8u) == 0u;
+        let v_1_1 = j_1 >= lo_1 && j_1 < hi_1 && key_visible(row_1, h, j_1);
         s_1_1 = select(NEG_BIG, score(row_1, h, j_1, s_1_1), v_1_1);
-        let v_2_0 = j_0 >= lo_2 && j_0 < hi_2 && (tile_hid_0 & 16u) == 0u;
+        let v_2_0 = j_0 >= lo_2 && j_0 < hi_2 && key_visible(row_2, h, j_0);
         s_2_0 = select(NEG_BIG, score(row_2, h, j_0, s_2_0), v_2_0);
-        let v_2_1 = j_1 >= lo_2 && j_1 < hi_2 && (tile_hid_0 & 32u) == 0u;
+        let v_2_1 = j_1 >= lo_2 && j_1 < hi_2 && key_visible(row_2, h, j_1);
         s_2_1 = select(NEG_BIG, score(row_2, h, j_1, s_2_1), v_2_1);
-        let v_3_0 = j_0 >= lo_3 && j_0 < hi_3 && (tile_hid_0 & 64u) == 0u;
+        let v_3_0 = j_0 >= lo_3 && j_0 < hi_3 && key_visible(row_3, h, j_0);
         s_3_0 = select(NEG_BIG, score(row_3, h, j_0, s_3_0), v_3_0);
-        let v_3_1 = j_1 >= lo_3 && j_1 < hi_3 && (tile_hid_0 & 128u) == 0u;
+        let v_3_1 = j_1 >= lo_3 && j_1 < hi_3 && key_visible(row_3, h, j_1);
         s_3_1 = select(NEG_BIG, score(row_3, h, j_1, s_3_1), v_3_1);
         var rm_0 = max(s_0_0, s_0_1);
         var rm_1 = max(s_1_0, s_1_1);
@@ -588,15 +583,15 @@ fn flash_forward(tile: u32, h: u32, tid: u32) {
         put_kv(tid + 7u * WG, pf_7);
         workgroupBarrier();
         // The next block's K loads are in flight during P·V.
-        if (kt_next < kt_end) {
-            pf_0 = fetch_k(kt_next * BC, kv_h, tid + 0u * WG);
-            pf_1 = fetch_k(kt_next * BC, kv_h, tid + 1u * WG);
-            pf_2 = fetch_k(kt_next * BC, kv_h, tid + 2u * WG);
-            pf_3 = fetch_k(kt_next * BC, kv_h, tid + 3u * WG);
-            pf_4 = fetch_k(kt_next * BC, kv_h, tid + 4u * WG);
-            pf_5 = fetch_k(kt_next * BC, kv_h, tid + 5u * WG);
-            pf_6 = fetch_k(kt_next * BC, kv_h, tid + 6u * WG);
-            pf_7 = fetch_k(kt_next * BC, kv_h, tid + 7u * WG);
+        if (kt + 1u < kt_end) {
+            pf_0 = fetch_k(j0 + BC, kv_h, tid + 0u * WG);
+            pf_1 = fetch_k(j0 + BC, kv_h, tid + 1u * WG);
+            pf_2 = fetch_k(j0 + BC, kv_h, tid + 2u * WG);
+            pf_3 = fetch_k(j0 + BC, kv_h, tid + 3u * WG);
+            pf_4 = fetch_k(j0 + BC, kv_h, tid + 4u * WG);
+            pf_5 = fetch_k(j0 + BC, kv_h, tid + 5u * WG);
+            pf_6 = fetch_k(j0 + BC, kv_h, tid + 6u * WG);
+            pf_7 = fetch_k(j0 + BC, kv_h, tid + 7u * WG);
         }
         // A block every row sees in full has p == 0 only by underflow, so it needs no
         // guard; elsewhere masked keys must not multiply V (0 · inf is NaN).

@@ -166,7 +166,9 @@ fn row_index(row: u32, h: u32) -> u32 {
 }
 
 fn key_range(row: u32) -> vec2<u32> {
-    return vec2<u32>(0u, dims.seq_len);
+    // Narrowed by mask_mod's bounds, which move with the position.
+    let s = 0u;
+    return vec2<u32>(s, max(s, min(dims.seq_len, max(u32(max(i32(row) + 1, 0)), u32(max(mask_reach_0(), 0))))));
 }
 
 fn visible(row: u32, h: u32, j: u32) -> bool {
@@ -175,16 +177,23 @@ fn visible(row: u32, h: u32, j: u32) -> bool {
 }
 
 fn query_range(col: u32) -> vec2<u32> {
-    return vec2<u32>(0u, dims.seq_len);
+    // Narrowed by mask_mod's bounds, which move with the position.
+    let s = min(max(0u, select(u32(max(i32(col), 0)), 0u, i32(col) < mask_reach_0())), dims.seq_len);
+    return vec2<u32>(s, max(s, dims.seq_len));
 }
 
 fn key_visible(row: u32, h: u32, j: u32) -> bool {
-    return mask_mod(row, h, j);
+    return true;
 }
 
 // The description's mask_mod.
 fn mask_mod(flex_row: u32, flex_h: u32, flex_j: u32) -> bool {
     return ((i32(flex_j) <= i32(flex_row)) || (i32(flex_j) < i32(select(0u, prefix[select(0u, u32(i32(batch)), (u32(i32(batch)) < dims.batch))], (u32(i32(batch)) < dims.batch)))));
+}
+
+// Where mask_mod shows every key below a bound fixed per sequence, that bound.
+fn mask_reach_0() -> i32 {
+    return i32(select(0u, prefix[select(0u, u32(i32(batch)), (u32(i32(batch)) < dims.batch))], (u32(i32(batch)) < dims.batch)));
 }
 
 // Whether the mask may be true (x) and may be false (y) somewhere on a tile of queries

@@ -267,9 +267,39 @@ pub(super) fn functions(out: &mut Wgsl, flex: &Flex, spec: &crate::spec::KernelS
             ("args", Fragment::from(ARGS)),
             ("mask", Fragment::from(wgsl(e, &flex.tensors, &sp))),
         ]));
+        reach_functions(out, e, &flex.tensors, &sp);
         super::tiles::functions(out, e, spec, seq);
     }
 }
+
+/// `mask_reach_{i}()`: each reach's end fixed per sequence ([`crate::flex::bounds::Reach`]),
+/// the largest of its values, which the key and query ranges read.
+fn reach_functions(out: &mut Wgsl, mask: &Expr, tensors: &[TensorDecl], sp: &Spelling) {
+    let bounds = crate::flex::bounds::key_bounds(mask);
+    for (i, r) in bounds.reaches.iter().enumerate() {
+        let value = r
+            .values
+            .iter()
+            .map(|v| wgsl(v, tensors, sp))
+            .reduce(|a, b| format!("max({a}, {b})"))
+            .expect("a reach has a value");
+        out.put(MASK_REACH.fill([
+            ("i", Fragment::from(i.to_string())),
+            ("value", Fragment::from(value)),
+        ]));
+    }
+}
+
+const MASK_REACH: Template = Template {
+    name: "mask_reach",
+    needs: &[],
+    text: r#"// Where mask_mod shows every key below a bound fixed per sequence, that bound.
+fn mask_reach_${i}() -> i32 {
+    return $value;
+}
+
+"#,
+};
 
 const SCORE_MOD: Template = Template {
     name: "score_mod",

@@ -222,8 +222,8 @@ pub(super) fn masks(out: &mut Wgsl, spec: &KernelSpec) {
         (start, end) = super::extend::clip(&start, &end);
     }
     let b = mask_bounds(spec);
-    let key = bounded(&start, &end, &b.starts, &b.ends, &|o| at("row", o));
-    let query = bounded(&q_start, &q_end, &b.ends, &b.starts, &|o| at("col", 1 - o));
+    let key = bounded(&start, &end, &starts(&b, "row"), &ends(&b, "row"));
+    let query = bounded(&q_start, &q_end, &first_queries(&b), &last_queries(&b));
     out.put(RANGES.fill([("key", key), ("query", query)]));
     key_visible(out, spec);
     super::scores::helpers(out, spec, true);
@@ -293,26 +293,56 @@ pub(super) fn at(pos: &str, o: i64) -> String {
     }
 }
 
-/// The body of a range function: `[start, end)` narrowed by `lows` (each a start, written
-/// by `bound`) and `highs` (each an end); never ending before it starts, nor starting past
-/// `end`. Without lows or highs the range as it was.
-fn bounded(
-    start: &str,
-    end: &str,
-    lows: &[i64],
-    highs: &[i64],
-    bound: &dyn Fn(i64) -> String,
-) -> Fragment {
+/// The first keys the mask's bounds let a query at `pos` see, one per lower bound.
+fn starts(b: &KeyBounds, pos: &str) -> Vec<String> {
+    b.starts.iter().map(|o| at(pos, *o)).collect()
+}
+
+/// The ends of the keys the mask's bounds let a query at `pos` see, one per upper bound:
+/// a reach's end is the larger of the query's own and the sequence's fixed one
+/// (`mask_reach_{i}`, [`super::flex`]).
+fn ends(b: &KeyBounds, pos: &str) -> Vec<String> {
+    let own = b.ends.iter().map(|o| at(pos, *o));
+    let reaches = b
+        .reaches
+        .iter()
+        .enumerate()
+        .map(|(i, r)| format!("max({}, u32(max(mask_reach_{i}(), 0)))", at(pos, r.offset)));
+    own.chain(reaches).collect()
+}
+
+/// Seen from a key `col`, the first query each upper bound lets see it: every query below
+/// a reach's fixed end.
+fn first_queries(b: &KeyBounds) -> Vec<String> {
+    let own = b.ends.iter().map(|o| at("col", 1 - o));
+    let reaches = b.reaches.iter().enumerate().map(|(i, r)| {
+        format!(
+            "select({}, 0u, i32(col) < mask_reach_{i}())",
+            at("col", 1 - r.offset)
+        )
+    });
+    own.chain(reaches).collect()
+}
+
+/// Seen from a key `col`, the end of the queries each lower bound lets see it.
+fn last_queries(b: &KeyBounds) -> Vec<String> {
+    b.starts.iter().map(|o| at("col", 1 - o)).collect()
+}
+
+/// The body of a range function: `[start, end)` narrowed by `lows` (starts) and `highs`
+/// (ends); never ending before it starts, nor starting past `end`. Without lows or highs
+/// the range as it was.
+fn bounded(start: &str, end: &str, lows: &[String], highs: &[String]) -> Fragment {
     if lows.is_empty() && highs.is_empty() {
         return Fragment::from(format!("return vec2<u32>({start}, {end});"));
     }
     let s = match lows.is_empty() {
         true => start.to_string(),
-        false => format!("min({}, {end})", narrow(start, "max", lows, bound)),
+        false => format!("min({}, {end})", narrow(start, "max", lows)),
     };
     NARROWED.fill([
         ("s", Fragment::from(s)),
-        ("e", Fragment::from(narrow(end, "min", highs, bound))),
+        ("e", Fragment::from(narrow(end, "min", highs))),
     ])
 }
 
@@ -326,11 +356,11 @@ return vec2<u32>(s, max(s, $e));
 "#,
 };
 
-/// `base` narrowed by each bound at `offsets` through `op` (`max` for starts, `min` for ends).
-fn narrow(base: &str, op: &str, offsets: &[i64], bound: &dyn Fn(i64) -> String) -> String {
-    offsets.iter().fold(base.to_string(), |acc, o| {
-        format!("{op}({acc}, {})", bound(*o))
-    })
+/// `base` narrowed by each of `bounds` through `op` (`max` for starts, `min` for ends).
+fn narrow(base: &str, op: &str, bounds: &[String]) -> String {
+    bounds
+        .iter()
+        .fold(base.to_string(), |acc, b| format!("{op}({acc}, {b})"))
 }
 
 /// A decode row's first key and end, `start` and `len` narrowed by the mask_mod's bounds
@@ -342,9 +372,10 @@ pub(super) fn decode_bounds(
     pos: &str,
 ) -> (String, String) {
     let b = mask_bounds(spec);
-    let s = narrow(start, "max", &b.starts, &|o| at(pos, o));
-    let e = narrow(len, "min", &b.ends, &|o| at(pos, o));
-    match b.ends.is_empty() {
+    let s = narrow(start, "max", &starts(&b, pos));
+    let ends = ends(&b, pos);
+    let e = narrow(len, "min", &ends);
+    match ends.is_empty() {
         true => (s, e),
         false => (s.clone(), format!("max({e}, min({s}, {len}))")),
     }

@@ -21,7 +21,12 @@ pub(super) fn helpers(spec: &KernelSpec) -> Fragment {
         "0u"
     };
     let (start, end) = super::index::decode_bounds(spec, start, "pos + 1u", "pos");
+    let keys_var = match reads_storage(spec) {
+        true => Fragment::from("var<workgroup> sh_keys: array<vec4<u32>, 2>;\n"),
+        false => Fragment::default(),
+    };
     HELPERS.fill([
+        ("keys_var", keys_var),
         ("start", Fragment::from(start)),
         ("end", Fragment::from(end)),
     ])
@@ -32,6 +37,7 @@ const HELPERS: Template = Template {
     needs: &[],
     text: r#"// This sequence's cache length, rows added and first packed row of Q and O.
 var<workgroup> sh_seq: vec4<u32>;
+$keys_var
 
 // The cache slot of this sequence.
 fn cache_slot() -> u32 {
@@ -87,8 +93,34 @@ fn served(kv_h: u32, slot0: u32, seq: vec4<u32>) -> Served {
 /// and the keys the served queries see together, [first, hi) within slice `lo..`; the
 /// sequence shared with the block mask's tile test where `spec` reads one.
 pub(super) fn prologue(spec: &KernelSpec) -> Fragment {
-    PROLOGUE.fill([("share_batch", super::tiles::share_batch(spec))])
+    let shared_keys = match reads_storage(spec) {
+        true => SHARED_KEYS.plain(),
+        false => Fragment::default(),
+    };
+    PROLOGUE.fill([
+        ("shared_keys", shared_keys),
+        ("share_batch", super::tiles::share_batch(spec)),
+    ])
 }
+
+/// Whether `row_keys` reads storage: a mask_mod bound fixed per sequence (`prefix[b]`).
+fn reads_storage(spec: &KernelSpec) -> bool {
+    !super::index::mask_bounds(spec).reaches.is_empty()
+}
+
+/// The served queries' keys made workgroup-uniform through `sh_keys`, where `row_keys`
+/// reads storage (the loops' bounds come from them; every invocation computed the same).
+const SHARED_KEYS: Template = Template {
+    name: "served_shared_keys",
+    needs: &[],
+    text: r#"if (tid == 0u) {
+    sh_keys = array<vec4<u32>, 2>(ks, ke);
+}
+let keys = workgroupUniformLoad(&sh_keys);
+ks = keys[0];
+ke = keys[1];
+"#,
+};
 
 /// [`prologue`]'s statements.
 const PROLOGUE: Template = Template {
@@ -120,6 +152,7 @@ for (var i = 0u; i < TILE; i = i + 1u) {
     ks[i] = r.x;
     ke[i] = select(r.x, min(r.y, len), i < n_here);
 }
+$shared_keys
 let last = max(n_here, 1u) - 1u;
 let hi = max(lo, min(lo + dims.slice_len, ke[last]));
 let first = max(lo, ks[0]);

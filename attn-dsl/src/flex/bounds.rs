@@ -8,20 +8,35 @@
 //! Only bounds that move with the query (`q + c`, not a constant) are taken: every loop
 //! that walks keys or queries by tiles relies on both ends of a range being nondecreasing
 //! in the row, and a constant bound seen from a key (`k < 4`: only the first keys are
-//! seen) is a query range that shrinks to nothing as the key grows.
+//! seen) is a query range that shrinks to nothing as the key grows. A disjunction of such
+//! an end with ends fixed per sequence (prefix-LM's `k <= q || k < prefix[b]`) is a
+//! [`Reach`]: its end, the larger of the two, still grows with the query, and seen from a
+//! key every query sees it below the fixed end.
 
 use super::{BinOp, Expr, Kind, Lit, Ty};
 
-/// `k >= q + start` for every `start`, `k < q + end` for every `end`; `exact` when the
-/// mask holds exactly where they all do.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// `k >= q + start` for every `start`, `k < q + end` for every `end`, `k < max(q + offset,
+/// values..)` for every reach; `exact` when the mask holds exactly where they all do.
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct KeyBounds {
     /// Lower bounds: query q sees only keys k >= q + start.
     pub starts: Vec<i64>,
     /// Upper bounds: query q sees only keys k < q + end.
     pub ends: Vec<i64>,
+    /// Upper bounds that reach past the query's own to ends fixed per sequence.
+    pub reaches: Vec<Reach>,
     /// Whether the bounds are the whole mask, so that no pair needs the per-pair test.
     pub exact: bool,
+}
+
+/// Query q sees only keys `k < max(q + offset, v)` over `values` (i32 expressions of `b`,
+/// literals and tensors read at them: fixed for a sequence's every query, key and head).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Reach {
+    /// The query's own end: `k < q + offset`.
+    pub offset: i64,
+    /// The sequence's ends, each an i32 expression.
+    pub values: Vec<Expr>,
 }
 
 impl KeyBounds {
@@ -41,13 +56,17 @@ pub fn key_bounds<S: Clone>(mask: &Expr<S>) -> KeyBounds {
     b
 }
 
-fn conjuncts<S>(e: &Expr<S>, b: &mut KeyBounds) {
+fn conjuncts<S: Clone>(e: &Expr<S>, b: &mut KeyBounds) {
     match &e.kind {
         Kind::Bin(BinOp::And, l, r) => {
             conjuncts(l, b);
             conjuncts(r, b);
         }
         Kind::Lit(Lit::Bool(true)) => {}
+        Kind::Bin(BinOp::Or, ..) => match reach(e) {
+            Some(r) => b.reaches.push(r),
+            None => b.exact = false,
+        },
         Kind::Bin(op, l, r) if op.compares() => match bound(*op, l, r) {
             Some((starts, ends)) => {
                 b.starts.extend(starts);
@@ -87,6 +106,71 @@ fn bound<S>(op: BinOp, l: &Expr<S>, r: &Expr<S>) -> Option<(Vec<i64>, Vec<i64>)>
         BinOp::Eq => Some((vec![offset], vec![offset + 1])),
         _ => None,
     }
+}
+
+/// A disjunction of ends as a [`Reach`]: at least one `k < q + c` (the largest kept) and
+/// at least one `k < v` with `v` fixed per sequence; `None` for any other disjunction.
+fn reach<S: Clone>(e: &Expr<S>) -> Option<Reach> {
+    let mut terms = Vec::new();
+    disjuncts(e, &mut terms);
+    let (mut offset, mut values) = (None::<i64>, Vec::new());
+    for t in terms {
+        let Kind::Bin(op, l, r) = &t.kind else {
+            return None;
+        };
+        if let Some((starts, ends)) = bound(*op, l, r) {
+            match (starts.as_slice(), ends.as_slice()) {
+                ([], [o]) => offset = Some(offset.map_or(*o, |x| x.max(*o))),
+                _ => return None,
+            }
+        } else {
+            values.push(fixed_end(*op, l, r)?);
+        }
+    }
+    match values.is_empty() {
+        true => None,
+        false => Some(Reach {
+            offset: offset?,
+            values,
+        }),
+    }
+}
+
+fn disjuncts<'a, S>(e: &'a Expr<S>, out: &mut Vec<&'a Expr<S>>) {
+    match &e.kind {
+        Kind::Bin(BinOp::Or, l, r) => {
+            disjuncts(l, out);
+            disjuncts(r, out);
+        }
+        _ => out.push(e),
+    }
+}
+
+/// `l OP r` as `k < v` with `v` fixed per sequence (`k <= v` as `k < v + 1`), or `None`.
+fn fixed_end<S: Clone>(op: BinOp, l: &Expr<S>, r: &Expr<S>) -> Option<Expr> {
+    let key = |e: &Expr<S>| linear(e) == Some((1, 0, 0));
+    let (v, inclusive) = match op {
+        BinOp::Lt if key(l) => (r, false),
+        BinOp::Le if key(l) => (r, true),
+        BinOp::Gt if key(r) => (l, false),
+        BinOp::Ge if key(r) => (l, true),
+        _ => return None,
+    };
+    if ["q", "k", "h", "score"].iter().any(|x| v.mentions(x)) {
+        return None;
+    }
+    let v = v.erased();
+    Some(match inclusive {
+        false => v,
+        true => Expr::new(
+            Kind::Bin(
+                BinOp::Add,
+                Box::new(v),
+                Box::new(Expr::new(Kind::Lit(Lit::Int(1)), ())),
+            ),
+            (),
+        ),
+    })
 }
 
 /// The comparison with its sides negated: `-x OP 0` as `x OP' 0`.
@@ -154,6 +238,51 @@ mod tests {
             bounds(&library::block_diagonal(16)),
             (vec![], vec![], false)
         );
+    }
+
+    #[test]
+    fn an_end_fixed_per_sequence_is_reached_beside_the_query_s() {
+        // k <= q || k < prefix[b]: keys below max(q + 1, prefix[b]), exactly.
+        let b = key_bounds(&library::prefix_lm("prefix"));
+        assert!(b.exact && b.starts.is_empty() && b.ends.is_empty());
+        let want = cast(idx("prefix", vec![v("b")]), Ty::I32);
+        assert_eq!(
+            b.reaches,
+            vec![Reach {
+                offset: 1,
+                values: vec![want]
+            }]
+        );
+        // `k <= v` reaches v + 1; two query ends keep the larger.
+        let e = bin(
+            BinOp::Or,
+            bin(BinOp::Lt, v("k"), v("q")),
+            bin(
+                BinOp::Or,
+                bin(BinOp::Le, v("k"), i(7)),
+                bin(BinOp::Lt, v("k"), bin(BinOp::Add, v("q"), i(3))),
+            ),
+        );
+        let b = key_bounds(&e);
+        assert_eq!(b.reaches.len(), 1, "{b:?}");
+        assert_eq!(b.reaches[0].offset, 3);
+        assert_eq!(b.reaches[0].values, vec![bin(BinOp::Add, i(7), i(1))]);
+        // Not a reach: a fixed end alone, one that moves with the query or the head, a
+        // start, or a disjunct that is no bound; each stays a per-pair test.
+        let not = [
+            bin(
+                BinOp::Or,
+                bin(BinOp::Lt, v("k"), i(4)),
+                bin(BinOp::Lt, v("k"), i(9)),
+            ),
+            bin(BinOp::Or, library::causal(), bin(BinOp::Lt, v("k"), v("h"))),
+            bin(BinOp::Or, library::causal(), bin(BinOp::Gt, v("k"), i(9))),
+            bin(BinOp::Or, library::causal(), bin(BinOp::Eq, v("b"), i(0))),
+        ];
+        for e in not {
+            let b = key_bounds(&e);
+            assert!(!b.exact && b.reaches.is_empty(), "{e:?}: {b:?}");
+        }
     }
 
     #[test]

@@ -702,11 +702,17 @@ fn reporting_modifiers_bind_flex_reads_in_every_kernel() {
 /// the split-K decode of a mask that interval arithmetic cannot bound (a tensor read, `b`)
 /// bind `block_mask` and narrow their tile tests by it (the key-major half asking the mask
 /// of no pair in a full block), and `op: block_mask` makes it from the same modifiers; a
-/// mask whose key ranges are exact needs no tile test, so its kernels bind none.
+/// mask whose key ranges are exact needs no tile test, so its kernels bind none (a window,
+/// and prefix-LM's keys below the larger of `q + 1` and `prefix[b]`).
 #[test]
 fn block_mask_modifiers_bind_the_mask_where_tiles_are_tested() {
     use attn_dsl::{Dtype, flex::library};
-    for (example, reads) in [("prefix-lm", true), ("sliding-window", false)] {
+    let examples = [
+        ("documents", true),
+        ("prefix-lm", false),
+        ("sliding-window", false),
+    ];
+    for (example, reads) in examples {
         let flex = library::preset(example).unwrap().intern().with_block_mask();
         let masks = Masks {
             causal: true,
@@ -756,7 +762,7 @@ fn block_mask_modifiers_bind_the_mask_where_tiles_are_tested() {
             if let Some(text) = full_skips {
                 assert_eq!(abi.wgsl.contains(text), reads, "{what}");
             }
-            // prefix-lm reads `prefix[b]`: the tile test takes the workgroup's sequence.
+            // documents read `doc[b][..]`: the tile test takes the workgroup's sequence.
             assert_eq!(
                 abi.wgsl.contains("sh_batch = vec4<u32>(batch);"),
                 reads,

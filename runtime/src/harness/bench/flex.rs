@@ -392,11 +392,11 @@ struct MaskedForward<'a> {
     visible: f64,
 }
 
-/// Masks that read a tensor (prefix-LM with a `prefix` of `seq / 16` rows; documents of
-/// `seq / 8` rows given as ids) beside the built-in masks they extend (causal; the
-/// `document` word), each tested per pair and with a block mask made on the device, and
-/// the block mask's own time: the forward at `seq` (batch 1, `h`) in `dtype`, and with
-/// `backward` the planner's backward of each.
+/// Masks that read a tensor (prefix-LM with a `prefix` of `seq / 16` rows, whose keys are
+/// a range ending at `max(q + 1, prefix[b])`; documents of `seq / 8` rows given as ids,
+/// tested per pair and with a block mask made on the device, and the block mask's own time)
+/// beside the built-in masks they extend (causal; the `document` word): the forward at
+/// `seq` (batch 1, `h`) in `dtype`, and with `backward` the planner's backward of each.
 pub fn block_masks(
     gpu: &Gpu,
     h: Heads,
@@ -447,15 +447,8 @@ pub fn block_masks(
             visible: causal_frac,
         },
         MaskedForward {
-            what: "prefix-LM, mask_mod, per pair",
+            what: "prefix-LM, mask_mod, a key range to prefix[b]",
             masks: plain(prefix_lm),
-            tensors: &prefix_t,
-            seg: None,
-            visible: prefix_frac,
-        },
-        MaskedForward {
-            what: "prefix-LM, mask_mod, block mask",
-            masks: with(prefix_lm.with_block_mask()),
             tensors: &prefix_t,
             seg: None,
             visible: prefix_frac,
