@@ -701,7 +701,7 @@ pub const QUICK: &[(&str, &str, &str)] = &[
     ("forward", "seq=64 h=6 kv=2 d=64", "flex:t5-bias"),
     ("backward", "seq=64 h=6 kv=2 d=64", "flex:t5-bias"),
     ("decode", "cache=300/320 h=6 kv=2 d=64", "flex:t5-bias"),
-    ("forward", "seq=64 h=6 kv=2 d=64", "flex:prefix-lm"),
+    ("forward", "seq=64 b=2 h=6 kv=2 d=64", "flex:prefix-lm"),
     ("backward", "seq=64 h=6 kv=2 d=64", "flex:window-sinks"),
     ("decode", "cache=300/320 h=6 kv=2 d=64", "flex:window-sinks"),
     ("backward", "seq=64 h=6 kv=2 d=64", "flex:sliding-window"),
@@ -755,26 +755,27 @@ fn flex_cases() -> Vec<Case> {
             },
         ];
         // A long sequence where the key loops skip most tiles (by a block mask for the
-        // documents, whose ids differ between two sequences).
+        // documents, whose ids differ between two sequences), or where prefix-LM's keys
+        // reach past the diagonal by whole tiles.
         let long = matches!(
             example.name,
-            "window-sinks" | "sliding-window" | "documents"
+            "window-sinks" | "sliding-window" | "documents" | "prefix-lm"
         )
         .then_some(Shape::Backward {
             seq: 300,
             docs: Docs::Even(1),
             causal: false,
         });
-        // A tensor over positions (document ids) differs between two sequences.
-        let by_position = example
+        // A tensor per sequence (document ids, prefix lengths) differs between two.
+        let by_sequence = example
             .flex
             .tensors
             .iter()
-            .any(|t| t.dims.contains(&Dim::Seq));
+            .any(|t| t.dims.contains(&Dim::Seq) || t.dims.contains(&Dim::Batch));
         for shape in shapes.into_iter().chain(long) {
             cases.push(Case {
                 heads,
-                batch: if by_position { 2 } else { 1 },
+                batch: if by_sequence { 2 } else { 1 },
                 shape,
                 mods,
             });
