@@ -270,8 +270,8 @@ fn flex(gpu: &Gpu, args: &Args) -> anyhow::Result<()> {
         let rows = bench::flex::flex(gpu, h, seq, window, dtype, (args.warmup, args.runs))?;
         flex_table(&rows);
     }
-    // Masks that read tensors, tested per pair and skipped by a block mask made on the
-    // device, beside the built-in masks they extend.
+    // Masks that read tensors beside the built-in masks they extend: documents over ids
+    // tested per pair and skipped by a block mask made on the device, prefix-LM's range.
     for dtype in [runtime::Dtype::F16, runtime::Dtype::F32] {
         println!(
             "block masks, forward, seq {seq}, {}/{}/{}, {} (/ the first row):",
