@@ -21,7 +21,7 @@ pub(super) fn helpers(spec: &KernelSpec) -> Fragment {
         "0u"
     };
     let (start, end) = super::index::decode_bounds(spec, start, "pos + 1u", "pos");
-    let keys_var = match reads_storage(spec) {
+    let keys_var = match reaches_fixed_end(spec) {
         true => Fragment::from("var<workgroup> sh_keys: array<vec4<u32>, 2>;\n"),
         false => Fragment::default(),
     };
@@ -93,7 +93,7 @@ fn served(kv_h: u32, slot0: u32, seq: vec4<u32>) -> Served {
 /// and the keys the served queries see together, [first, hi) within slice `lo..`; the
 /// sequence shared with the block mask's tile test where `spec` reads one.
 pub(super) fn prologue(spec: &KernelSpec) -> Fragment {
-    let shared_keys = match reads_storage(spec) {
+    let shared_keys = match reaches_fixed_end(spec) {
         true => SHARED_KEYS.plain(),
         false => Fragment::default(),
     };
@@ -103,13 +103,14 @@ pub(super) fn prologue(spec: &KernelSpec) -> Fragment {
     ])
 }
 
-/// Whether `row_keys` reads storage: a mask_mod bound fixed per sequence (`prefix[b]`).
-fn reads_storage(spec: &KernelSpec) -> bool {
+/// Whether `row_keys` reads a mask_mod's end fixed per sequence (`mask_reach_{i}`, which may
+/// read `batch` and tensors: not uniform to WGSL's analysis).
+fn reaches_fixed_end(spec: &KernelSpec) -> bool {
     !super::index::mask_bounds(spec).reaches.is_empty()
 }
 
 /// The served queries' keys made workgroup-uniform through `sh_keys`, where `row_keys`
-/// reads storage (the loops' bounds come from them; every invocation computed the same).
+/// reads a fixed end (the loops' bounds come from them; every invocation computed the same).
 const SHARED_KEYS: Template = Template {
     name: "served_shared_keys",
     needs: &[],

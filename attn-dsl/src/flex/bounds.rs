@@ -13,7 +13,7 @@
 //! [`Reach`]: its end, the larger of the two, still grows with the query, and seen from a
 //! key every query sees it below the fixed end.
 
-use super::{BinOp, Expr, Kind, Lit, Ty};
+use super::{BinOp, Expr, Func, Kind, Lit, Ty};
 
 /// `k >= q + start` for every `start`, `k < q + end` for every `end`, `k < max(q + offset,
 /// values..)` for every reach; `exact` when the mask holds exactly where they all do.
@@ -42,7 +42,7 @@ pub struct Reach {
 impl KeyBounds {
     /// Whether the mask bounds the keys nowhere: every loop walks the whole range.
     pub fn is_empty(&self) -> bool {
-        self.starts.is_empty() && self.ends.is_empty()
+        self.starts.is_empty() && self.ends.is_empty() && self.reaches.is_empty()
     }
 }
 
@@ -146,7 +146,8 @@ fn disjuncts<'a, S>(e: &'a Expr<S>, out: &mut Vec<&'a Expr<S>>) {
     }
 }
 
-/// `l OP r` as `k < v` with `v` fixed per sequence (`k <= v` as `k < v + 1`), or `None`.
+/// `l OP r` as `k < v` with `v` fixed per sequence, or `None`; `k <= v` as `k < min(v,
+/// i32::MAX - 1) + 1`, which cannot overflow (no position reaches `i32::MAX`).
 fn fixed_end<S: Clone>(op: BinOp, l: &Expr<S>, r: &Expr<S>) -> Option<Expr> {
     let key = |e: &Expr<S>| linear(e) == Some((1, 0, 0));
     let (v, inclusive) = match op {
@@ -160,16 +161,16 @@ fn fixed_end<S: Clone>(op: BinOp, l: &Expr<S>, r: &Expr<S>) -> Option<Expr> {
         return None;
     }
     let v = v.erased();
+    let int = |x: i64| Expr::new(Kind::Lit(Lit::Int(x)), ());
     Some(match inclusive {
         false => v,
-        true => Expr::new(
-            Kind::Bin(
-                BinOp::Add,
-                Box::new(v),
-                Box::new(Expr::new(Kind::Lit(Lit::Int(1)), ())),
-            ),
-            (),
-        ),
+        true => {
+            let held = Expr::new(
+                Kind::Call(Func::Min, vec![v, int(i64::from(i32::MAX) - 1)]),
+                (),
+            );
+            Expr::new(Kind::Bin(BinOp::Add, Box::new(held), Box::new(int(1))), ())
+        }
     })
 }
 
@@ -266,7 +267,27 @@ mod tests {
         let b = key_bounds(&e);
         assert_eq!(b.reaches.len(), 1, "{b:?}");
         assert_eq!(b.reaches[0].offset, 3);
-        assert_eq!(b.reaches[0].values, vec![bin(BinOp::Add, i(7), i(1))]);
+        let held = Expr::new(
+            Kind::Call(Func::Min, vec![i(7), i(i64::from(i32::MAX) - 1)]),
+            (),
+        );
+        assert_eq!(b.reaches[0].values, vec![bin(BinOp::Add, held, i(1))]);
+        // An inclusive end at i32's largest value ends there, not wrapped past it (WGSL's
+        // i32 adds wrap, as the evaluator's do).
+        use crate::flex::eval::{Env, Value, eval};
+        for (x, end) in [
+            (0, 1),
+            (i64::from(i32::MAX) - 1, i32::MAX),
+            (i64::from(i32::MAX), i32::MAX),
+        ] {
+            let e = bin(BinOp::Or, library::causal(), bin(BinOp::Le, v("k"), i(x)));
+            let value = &key_bounds(&e).reaches[0].values[0];
+            let got = eval(
+                value,
+                &mut Env::new(None, [0; 4], &crate::flex::tests::Data),
+            );
+            assert_eq!(got, Ok(Value::I(end)), "k <= {x}");
+        }
         // Not a reach: a fixed end alone, one that moves with the query or the head, a
         // start, or a disjunct that is no bound; each stays a per-pair test.
         let not = [

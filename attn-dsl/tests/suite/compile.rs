@@ -779,3 +779,44 @@ fn block_mask_modifiers_bind_the_mask_where_tiles_are_tested() {
         );
     }
 }
+
+/// An inclusive end fixed per sequence at i32's largest value (`k <= 2147483647`: every
+/// key) is a range (its end held below overflow, `flex::bounds`): the forward, both
+/// backward halves and the split-K decode compile it with no pair test.
+#[test]
+fn an_inclusive_fixed_end_at_i32_max_compiles_as_a_range() {
+    use attn_dsl::flex::{BinOp, Flex, library, library::build::*};
+    let flex = Flex {
+        mask_mod: Some(bin(
+            BinOp::Or,
+            library::causal(),
+            bin(BinOp::Le, v("k"), i(i64::from(i32::MAX))),
+        )),
+        ..Flex::default()
+    }
+    .intern();
+    let masks = Masks {
+        flex: Some(flex),
+        ..Masks::default()
+    };
+    let config = attn_dsl::configs::forward(64)[0];
+    let specs = [
+        KernelSpec::flash("f", Op::Forward, 64, masks, config),
+        KernelSpec::standard("bq", Op::BackwardQ, 64, masks),
+        KernelSpec::standard("bkv", Op::BackwardKv, 64, masks),
+        KernelSpec {
+            grid: attn_dsl::Grid::rows(attn_dsl::Major::Slice, 4),
+            writes: vec![("partials".into(), WriteMode::ScratchFlush)],
+            ..KernelSpec::standard("d", Op::DecodeSplit, 64, masks)
+        },
+    ];
+    for spec in specs {
+        assert!(!spec.tests_mask_pairs());
+        let abi = attn_dsl::compile(&spec).unwrap_or_else(|e| panic!("{:?}: {e}", spec.op));
+        assert!(
+            abi.wgsl.contains("fn mask_reach_0() -> i32"),
+            "{:?}",
+            spec.op
+        );
+    }
+}
