@@ -38,7 +38,9 @@ pub struct Flex {
     /// The kernels that skip tiles by `mask_mod` also read a block mask made on the device
     /// (`op: block_mask`, from this `mask_mod` and its tensors): whatever interval
     /// arithmetic cannot bound (a tensor read, `b`) still skips empty blocks and drops the
-    /// per-pair test in full ones.
+    /// per-pair test in full ones. A mask whose key ranges are exact (a window, prefix-LM's
+    /// `k <= q || k < prefix[b]`: [`crate::flex::bounds`]) tests no tiles, so its kernels
+    /// read none and making one is wasted work.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub block_mask: bool,
 }
