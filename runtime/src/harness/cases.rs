@@ -1315,7 +1315,8 @@ pub fn run_case(gpu: &Gpu, runner: &mut Runner, case: &Case, seed: u64) -> Resul
             }
             // Half precision on the plain cases of one batch, with sinks alone (which
             // change how each schedule finishes a row, the tensor-core ones included), and
-            // with a user-written modifier (the tensor-core kernels apply it too).
+            // with a user-written modifier at any batch (the tensor-core kernels apply it
+            // too, and a modifier's tensors per sequence differ between sequences).
             let sinks = ModCase {
                 sinks: true,
                 ..ModCase::default()
@@ -1324,9 +1325,11 @@ pub fn run_case(gpu: &Gpu, runner: &mut Runner, case: &Case, seed: u64) -> Resul
                 flex: case.mods.flex,
                 ..ModCase::default()
             };
-            let half =
-                case.mods == ModCase::default() || case.mods == sinks || case.mods == flex_alone;
-            if half && batch == 1 {
+            let half = match case.mods.flex {
+                Some(_) => case.mods == flex_alone,
+                None => (case.mods == ModCase::default() || case.mods == sinks) && batch == 1,
+            };
+            if half {
                 for (label, kernel) in runner.half(gpu, dims, masks)? {
                     rows.push(row(label, job.forward(gpu, kernel, seed, false)?));
                     // bf16's range, past f16's: what its tensor-core path scales by rows.
@@ -1338,7 +1341,7 @@ pub fn run_case(gpu: &Gpu, runner: &mut Runner, case: &Case, seed: u64) -> Resul
             }
             // The forward's attention states split along the keys and merged on the device.
             let mut dtypes = vec![Dtype::F32];
-            if half && batch == 1 {
+            if half {
                 dtypes.extend(gpu.half_dtypes());
             }
             let [q, k, v, _] = qkv(h, batch * seq, seed);
