@@ -3,6 +3,7 @@
 //! rides in [`crate::Masks`] so that every schedule, planner rule and runtime path that
 //! already carries a kernel's masks carries its modifiers too.
 
+use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 
@@ -102,6 +103,24 @@ impl FlexRef {
 
     /// The modifiers, parsed once per process.
     pub fn parsed(self) -> &'static Flex {
+        // The CPU references evaluate modifiers per (query, key) pair on every core: a
+        // per-thread map keyed by the JSON's address answers them without the lock, which
+        // sixteen threads contending for spent most of their time in the kernel.
+        thread_local! {
+            static NEAR: RefCell<HashMap<(usize, usize), &'static Flex>> =
+                RefCell::new(HashMap::new());
+        }
+        let key = (self.0.as_ptr() as usize, self.0.len());
+        if let Some(flex) = NEAR.with(|near| near.borrow().get(&key).copied()) {
+            return flex;
+        }
+        let flex = self.parsed_shared();
+        NEAR.with(|near| near.borrow_mut().insert(key, flex));
+        flex
+    }
+
+    /// [`FlexRef::parsed`] through the process's map, keyed by the JSON's text.
+    fn parsed_shared(self) -> &'static Flex {
         type Parsed = HashMap<&'static str, &'static Flex>;
         static PARSED: Mutex<Option<Parsed>> = Mutex::new(None);
         let mut held = PARSED.lock().unwrap_or_else(|e| e.into_inner());

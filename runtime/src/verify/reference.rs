@@ -318,12 +318,15 @@ struct Derived {
 }
 
 fn flex_derived(flex: FlexRef) -> &'static Derived {
-    type Held = std::collections::HashMap<&'static str, &'static Derived>;
-    static HELD: std::sync::Mutex<Option<Held>> = std::sync::Mutex::new(None);
-    let mut held = HELD.lock().unwrap_or_else(|e| e.into_inner());
-    held.get_or_insert_with(Default::default)
-        .entry(flex.json())
-        .or_insert_with(|| {
+    // Per thread, keyed by the JSON's address: asked per (query, key) pair on every core,
+    // where one shared lock would serialize them. Each thread derives a modifier once.
+    type Held = std::collections::HashMap<(usize, usize), &'static Derived>;
+    thread_local! {
+        static HELD: std::cell::RefCell<Held> = Default::default();
+    }
+    let key = (flex.json().as_ptr() as usize, flex.json().len());
+    HELD.with(|held| {
+        *held.borrow_mut().entry(key).or_insert_with(|| {
             let parsed = flex.parsed();
             let e = parsed.score_mod.as_ref();
             let d_score = e.map(|e| derive::d_score(e).expect("checked: it differentiates"));
@@ -339,6 +342,7 @@ fn flex_derived(flex: FlexRef) -> &'static Derived {
                 .collect();
             Box::leak(Box::new(Derived { d_score, reads }))
         })
+    })
 }
 
 /// The declared tensors of a modifier, read from the host values as a kernel reads them:
