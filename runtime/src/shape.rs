@@ -62,15 +62,14 @@ pub fn seg_from_cu_seqlens(cu_seqlens: &[u32]) -> Option<Vec<u32>> {
     )
 }
 
-/// The `seg` of sequences of these lengths packed along one axis.
-pub fn seg_from_lengths(lengths: &[u32]) -> Vec<u32> {
-    let cu: Vec<u32> = std::iter::once(0)
-        .chain(lengths.iter().scan(0, |at, l| {
-            *at += l;
-            Some(*at)
-        }))
-        .collect();
-    seg_from_cu_seqlens(&cu).expect("running sums start at 0 and never decrease")
+/// The `seg` of sequences of these lengths packed along one axis; `None` where they add
+/// up to more rows than a `u32` counts.
+pub fn seg_from_lengths(lengths: &[u32]) -> Option<Vec<u32>> {
+    let mut cu = vec![0u32];
+    for l in lengths {
+        cu.push(cu.last()?.checked_add(*l)?);
+    }
+    seg_from_cu_seqlens(&cu)
 }
 
 /// The dims of a dispatch over `batch` sequences of `seq_len` rows (field names of the
@@ -85,12 +84,15 @@ pub(crate) fn sequence_dims(batch: u32, seq_len: u32, h: Heads) -> [(&'static st
     ]
 }
 
-/// Starts and ends of every row's document, as the `seg` binding holds them.
-pub fn seg_with_ends(seg: Option<&[u32]>, batch: u32, seq_len: u32) -> Vec<u32> {
+/// Starts and ends of every row's document, as the `seg` binding holds them; `None` where
+/// `seg` does not hold `batch * seq_len` rows.
+pub fn seg_with_ends(seg: Option<&[u32]>, batch: u32, seq_len: u32) -> Option<Vec<u32>> {
     let (batch, seq) = (batch as usize, seq_len as usize);
+    let rows = batch.checked_mul(seq)?;
     let starts = match seg {
-        Some(seg) => seg.to_vec(),
-        None => vec![0; batch * seq],
+        Some(seg) if seg.len() == rows => seg.to_vec(),
+        Some(_) => return None,
+        None => vec![0; rows],
     };
     let mut ends = vec![0u32; batch * seq];
     for b in 0..batch {
@@ -103,7 +105,7 @@ pub fn seg_with_ends(seg: Option<&[u32]>, batch: u32, seq_len: u32) -> Vec<u32> 
             }
         }
     }
-    starts.into_iter().chain(ends).collect()
+    Some(starts.into_iter().chain(ends).collect())
 }
 
 pub(crate) fn expect_op(abi: &KernelAbi, wanted: Op) -> Result<(), InputError> {
@@ -225,5 +227,21 @@ pub(crate) fn element_bytes(abi: &attn_dsl::KernelAbi, name: &str) -> u64 {
         attn_dsl::Scalar::F16 | attn_dsl::Scalar::Bf16 => 2,
         attn_dsl::Scalar::F32 | attn_dsl::Scalar::U32 => 4,
         attn_dsl::Scalar::E4m3 | attn_dsl::Scalar::E5m2 => 1,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packed_lengths_past_u32_and_a_seg_of_other_rows_are_none() {
+        assert_eq!(seg_from_lengths(&[2, 1]), Some(vec![0, 0, 2]));
+        assert_eq!(seg_from_lengths(&[u32::MAX, 1]), None);
+        assert_eq!(
+            seg_with_ends(Some(&[0, 0, 2]), 1, 3),
+            Some(vec![0, 0, 2, 2, 2, 3])
+        );
+        assert_eq!(seg_with_ends(Some(&[0]), 2, 2), None);
     }
 }

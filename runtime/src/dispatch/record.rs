@@ -259,6 +259,39 @@ fn check_tensor(gpu: &Gpu, b: &Binding, t: &Tensor) -> Result<(), TensorError> {
     t.check_binding(gpu, &b.name)
 }
 
+/// The caller's tensors of an op checked before the op records anything: each tensor a
+/// kernel binds by its name as [`Pipeline::check`] checks it (element type, device,
+/// bounds, usage, alignment), and each the op writes (`written`, by name) sharing its
+/// buffer with no other tensor of the call, whichever of the op's kernels binds them. For
+/// ops that record work of their own first (an append before the attention over it,
+/// clears before a backward) or choose their kernels as they record, so that a refused
+/// call leaves the caller's tensors and the op's state as they were.
+pub(crate) fn check_given(
+    gpu: &Gpu,
+    abis: &[&KernelAbi],
+    given: &[(&str, &Tensor)],
+    written: &[&str],
+) -> Result<(), TensorError> {
+    let bindings = abis.iter().flat_map(|abi| abi.bindings.iter());
+    for b in bindings.filter(|b| b.access != Access::Uniform) {
+        if let Some((_, t)) = given.iter().find(|(n, _)| *n == b.name) {
+            check_tensor(gpu, b, t)?;
+        }
+    }
+    for (name, t) in given.iter().filter(|(n, _)| written.contains(n)) {
+        let other = given
+            .iter()
+            .find(|(n, u)| n != name && u.buffer() == t.buffer());
+        if let Some((other, _)) = other {
+            return Err(TensorError::Aliased {
+                name: name.to_string(),
+                other: other.to_string(),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// A binding the kernel writes may share its buffer with no other binding: WebGPU refuses
 /// a buffer bound read-write and bound again in one dispatch.
 fn check_aliasing(abi: &KernelAbi, ranges: &[(wgpu::Buffer, u64, u64)]) -> Result<(), TensorError> {

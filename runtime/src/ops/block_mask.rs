@@ -101,8 +101,6 @@ impl BlockMask {
             let abi = self.pipeline.abi();
             mods.validate(abi, m.batch, (m.positions, m.positions), m.n_heads)?;
             let [mask_batch, mask_heads, blocks, _] = m.shape();
-            // The ranges are widened by atomics from nothing.
-            m.states.record_clear(rec.encoder());
             let mut d = Dispatch::new(mods.tensors().collect());
             d.tensors.push(("block_mask", &m.states));
             d.dims = vec![
@@ -114,7 +112,12 @@ impl BlockMask {
                 ("mask_batch", mask_batch),
             ];
             let g = super::grid(abi, &d.dims);
-            self.pipeline.record(gpu, rec, &d, g)
+            // Checked before the clear: a refused call leaves the states it had.
+            let checked = self.pipeline.check(gpu, &d, g)?;
+            // The ranges are widened by atomics from nothing.
+            m.states.record_clear(rec.encoder());
+            self.pipeline.record_checked(rec, checked);
+            Ok(())
         })
     }
 

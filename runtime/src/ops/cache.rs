@@ -194,7 +194,8 @@ impl KvCache {
         let v_shape = [rows, per, spec.n_kv_heads, spec.head_dim_v];
         let scalar = spec.kv_fp8.map_or(Scalar::from(spec.dtype), Scalar::from);
         for s in [&shape, &v_shape] {
-            let bytes = crate::tensor::elements(s) * crate::tensor::element_bytes(scalar);
+            let bytes =
+                crate::tensor::elements(s).saturating_mul(crate::tensor::element_bytes(scalar));
             crate::shape::binding_size(gpu.limits(), bytes)?;
         }
         let table = match spec.layout {
@@ -300,7 +301,7 @@ impl KvCache {
     /// Starts a sequence in free slot `slot`, empty.
     pub fn open(&mut self, encoder: &mut impl Record, slot: u32) -> Result<(), Error> {
         encoder.recorder(|rec| {
-            self.check_slots(slot..slot + 1)?;
+            self.check_slots(slot..slot.saturating_add(1))?;
             if self.slots[slot as usize].open {
                 return Err(CacheError::Open { slot }.into());
             }
@@ -318,7 +319,7 @@ impl KvCache {
     /// decode of a free slot gives zeros).
     pub fn free(&mut self, encoder: &mut impl Record, slot: u32) -> Result<(), Error> {
         encoder.recorder(|rec| {
-            self.check_slots(slot..slot + 1)?;
+            self.check_slots(slot..slot.saturating_add(1))?;
             let s = &mut self.slots[slot as usize];
             if !s.open {
                 return Err(CacheError::AlreadyFree { slot }.into());
@@ -371,7 +372,7 @@ impl KvCache {
             let needed = self
                 .pages_needed(range.clone(), n)
                 .map_err(InputError::Cache)?;
-            if n == 0 {
+            if n == 0 || batch == 0 {
                 // Nothing to store, and a binding of no rows is smaller than the kernel's vec4.
                 return Ok(());
             }

@@ -80,6 +80,10 @@ impl Convert {
                 }
                 .into());
             }
+            if src.is_empty() {
+                // Nothing to convert, and a binding of no elements is smaller than a vec4.
+                return Ok(());
+            }
             let (op, slot) = match to_dtype {
                 true => (Op::ToDtype, &mut self.to),
                 false => (Op::FromDtype, &mut self.from),

@@ -141,7 +141,11 @@ pub(crate) fn whole_sequences(
 ) -> Result<Tensor, Error> {
     let shape = [2, batch, seq];
     if held.as_ref().is_none_or(|w| w.shape() != shape) {
-        let ends = crate::shape::seg_with_ends(None, batch, seq);
+        let ends = crate::shape::seg_with_ends(None, batch, seq).ok_or(InputError::OverLimit {
+            what: "rows of a seg (batch × seq)",
+            value: u64::from(batch) * u64::from(seq),
+            limit: usize::MAX as u64,
+        })?;
         *held = Some(Tensor::from_u32(gpu, &shape, &ends)?);
     }
     Ok(held.clone().expect("made above"))

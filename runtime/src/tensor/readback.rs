@@ -7,7 +7,7 @@ use bytemuck::Pod;
 use half::{bf16, f16};
 
 use crate::device::Gpu;
-use crate::error::Error;
+use crate::error::{Error, TensorError};
 
 /// Reads `len` elements of `scalar` back, widened to f32.
 pub async fn read_as(
@@ -53,13 +53,11 @@ pub async fn read_range(
     offset: u64,
     size: u64,
 ) -> Result<Vec<u8>, Error> {
-    if !buffer.usage().contains(wgpu::BufferUsages::COPY_SRC) {
-        return Err(crate::tensor::TensorError::Usage {
-            name: "the tensor read back".into(),
-            missing: "COPY_SRC",
-            has: format!("{:?}", buffer.usage()),
-        }
-        .into());
+    readable(buffer, offset, size)?;
+    if !offset.is_multiple_of(4) || !size.is_multiple_of(4) {
+        return Err(Error::Readback(format!(
+            "a range of {size} bytes from byte {offset}: copies take both in multiples of 4"
+        )));
     }
     let staging = gpu.device.create_buffer(&wgpu::BufferDescriptor {
         label: Some("readback"),
@@ -71,6 +69,28 @@ pub async fn read_range(
     encoder.copy_buffer_to_buffer(buffer, offset, &staging, 0, size);
     gpu.queue.submit([encoder.finish()]);
     map_read(gpu, &staging).await
+}
+
+/// `bytes` from `offset` of `buffer` within it, and the buffer copyable: wgpu panics on a
+/// copy that is not.
+fn readable(buffer: &wgpu::Buffer, offset: u64, bytes: u64) -> Result<(), TensorError> {
+    if !buffer.usage().contains(wgpu::BufferUsages::COPY_SRC) {
+        return Err(TensorError::Usage {
+            name: "the tensor read back".into(),
+            missing: "COPY_SRC",
+            has: format!("{:?}", buffer.usage()),
+        });
+    }
+    let size = buffer.size();
+    if offset.checked_add(bytes).is_none_or(|end| end > size) {
+        return Err(TensorError::OutOfBounds {
+            name: "the range read back".into(),
+            offset,
+            bytes,
+            size,
+        });
+    }
+    Ok(())
 }
 
 /// The contents of a MAP_READ buffer once the GPU has written it.
@@ -101,18 +121,26 @@ pub async fn read_many<T: Pod>(
     gpu: &Gpu,
     buffers: &[(&wgpu::Buffer, usize)],
 ) -> Result<Vec<Vec<T>>, Error> {
+    for (buffer, len) in buffers {
+        let bytes = (*len as u64).saturating_mul(size_of::<T>() as u64);
+        readable(buffer, 0, bytes)?;
+    }
     let mut encoder = gpu.device.create_command_encoder(&Default::default());
     let staging: Vec<_> = buffers
         .iter()
         .map(|(buffer, len)| {
-            let size = ((len * size_of::<T>()).next_multiple_of(4) as u64).max(4);
+            let bytes = (len * size_of::<T>()) as u64;
+            // Whole words copied (as far as the buffer has them), and a staging buffer of
+            // whole elements of T.
+            let copied = bytes.next_multiple_of(4).min(buffer.size() & !3);
+            let size = bytes.next_multiple_of(8).max(8);
             let staging = gpu.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("readback"),
                 size,
                 usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
             });
-            encoder.copy_buffer_to_buffer(buffer, 0, &staging, 0, size);
+            encoder.copy_buffer_to_buffer(buffer, 0, &staging, 0, copied);
             staging
         })
         .collect();

@@ -70,6 +70,23 @@ fn each_state_is_what_the_mask_gives_its_blocks_pairs() {
     assert_eq!(got, want);
     assert!(want.contains(&BLOCK_EMPTY) && want.contains(&BLOCK_PARTIAL));
     assert!(want.contains(&BLOCK_FULL));
+    // A tensor of another device is refused before the states are cleared: the encoder
+    // submitted after the refusal leaves them as they were.
+    let there = gpu_other();
+    let foreign = Tensor::from_u32(&there, &[BATCH], &PREFIX).unwrap();
+    let mut encoder = gpu.device.create_command_encoder(&Default::default());
+    let err = mask
+        .record(&gpu, &mut encoder, &[("prefix", &foreign)])
+        .unwrap_err();
+    assert!(err.to_string().contains("prefix"), "{err}");
+    gpu.queue.submit([encoder.finish()]);
+    let after = mask.states().tensor().to_u32(&gpu).block_on().unwrap();
+    assert_eq!(after, want);
+}
+
+/// A second device on the same adapter.
+fn gpu_other() -> Gpu {
+    gpu()
 }
 
 /// (blocks - first, last + 1) of the blocks not empty in `states`; (0, 0) where none is.

@@ -419,6 +419,16 @@ fn a_training_step_records_forward_and_backward_in_one_encoder() {
     bwd.record(&gpu, &mut encoder, &bargs, Some(ran)).unwrap();
     submit(&gpu, encoder);
     assert!(close(&read(&gpu, &dq), &host.dq) < 1e-5);
+    // dV bound to dK's buffer is refused before the gradients are cleared: the encoder
+    // submitted after the refusal leaves dQ as the last step wrote it.
+    let aliased = BackwardArgs { dv: &dk, ..bargs };
+    let mut encoder = gpu.device.create_command_encoder(&Default::default());
+    match bwd.record(&gpu, &mut encoder, &aliased, Some(ran)) {
+        Err(Error::Input(InputError::Tensor(TensorError::Aliased { .. }))) => {}
+        other => panic!("expected an aliasing error, got {other:?}"),
+    }
+    submit(&gpu, encoder);
+    assert!(close(&read(&gpu, &dq), &host.dq) < 1e-5);
 }
 
 /// A cache of `slots` sequences, K `[slots, len, kv, head_dim]` and V `[slots, len, kv,
@@ -753,10 +763,33 @@ fn refused_cache_changes_leave_it_as_it_was() {
         cache_err(cache.free(&mut enc, 1)),
         CacheError::AlreadyFree { slot: 1 }
     );
+    // Slots at the end of u32's range: refused, not overflowed.
+    let e = cache_err(cache.open(&mut enc, u32::MAX));
+    assert!(matches!(e, CacheError::Slots { .. }), "{e}");
+    let e = cache_err(cache.free(&mut enc, u32::MAX));
+    assert!(matches!(e, CacheError::Slots { .. }), "{e}");
+    // No sequences, or no rows: nothing recorded, the lengths where they were.
+    cache
+        .append(&gpu, &mut enc, 0, &rows(0, 2), &rows(0, 2))
+        .unwrap();
+    cache
+        .append(&gpu, &mut enc, 0, &rows(1, 0), &rows(1, 0))
+        .unwrap();
+    assert_eq!(cache.len(0), Some(3));
     submit(&gpu, enc);
     assert_eq!(
         runtime::block_on(cache.lengths().to_u32(&gpu)).unwrap(),
         [3, 0]
+    );
+    // And the next append lands after them.
+    let mut enc = gpu.device.create_command_encoder(&Default::default());
+    cache
+        .append(&gpu, &mut enc, 0, &rows(1, 1), &rows(1, 1))
+        .unwrap();
+    submit(&gpu, enc);
+    assert_eq!(
+        runtime::block_on(cache.lengths().to_u32(&gpu)).unwrap(),
+        [4, 0]
     );
 }
 
@@ -1034,6 +1067,17 @@ fn conversions_round_to_nearest_even_and_widen_back() {
             dst: &back,
         };
         convert.record(&gpu, &mut enc, &back_again).unwrap();
+        // No elements: nothing recorded (a binding of none is smaller than the kernel's
+        // vec4, which the encoder would refuse at its end).
+        let (none, none_half) = (
+            Tensor::zeros(&gpu, &[0], Scalar::F32).unwrap(),
+            Tensor::zeros(&gpu, &[0], scalar).unwrap(),
+        );
+        let empty = ConvertArgs {
+            src: &none,
+            dst: &none_half,
+        };
+        convert.record(&gpu, &mut enc, &empty).unwrap();
         submit(&gpu, enc);
         let want: Vec<f32> = data
             .iter()
@@ -1254,6 +1298,32 @@ fn refused_continuations_leave_the_cache_and_o_as_they_were() {
         )),
         InputError::Cache(CacheError::Free { slot: 1 })
     ));
+    // Q in O's buffer: refused by the attention's binding checks, before the append that
+    // would otherwise have been recorded ahead of them.
+    let (k, v, o3) = (
+        kv(3),
+        kv(3),
+        o.view(&[1, 3, h.n_heads, h.head_dim]).unwrap(),
+    );
+    let args = ExtendArgs {
+        k_new: &k,
+        v_new: &v,
+        q: &o3,
+        o: &o3,
+        scale: None,
+        mods: Default::default(),
+    };
+    let mut enc = gpu.device.create_command_encoder(&Default::default());
+    let e = input(
+        cache
+            .extend(&gpu, &mut enc, &mut decode, 0, &args)
+            .map(|_| ()),
+    );
+    assert!(
+        matches!(e, InputError::Tensor(TensorError::Aliased { .. })),
+        "{e}"
+    );
+    submit(&gpu, enc);
     assert_eq!(cache.len(0), Some(5));
     assert_eq!(
         runtime::block_on(cache.lengths().to_u32(&gpu)).unwrap(),
@@ -1776,4 +1846,31 @@ fn narrow_rows_take_the_streamed_pass_where_its_slices_are_long() {
             .fold(0.0, f32::max);
         assert!(worst < 1e-5, "{max_len}: {worst}");
     }
+}
+
+/// The raw readbacks refuse ranges past a buffer or off its words, and read elements of
+/// any size: each was a panic inside wgpu or bytemuck.
+#[test]
+fn readbacks_of_ranges_a_buffer_cannot_give_are_typed_errors() {
+    use runtime::tensor::readback::{read, read_range};
+    let gpu = gpu();
+    let buffer = caller_buffer(&gpu, &[1.0, 2.0, 3.0, 4.0]);
+    match read::<f32>(&gpu, &buffer, 64).block_on() {
+        Err(Error::Input(InputError::Tensor(TensorError::OutOfBounds { size: 16, .. }))) => {}
+        other => panic!("expected an out-of-bounds error, got {other:?}"),
+    }
+    let words = read::<u64>(&gpu, &buffer, 1).block_on().unwrap();
+    assert_eq!(bytemuck::cast_slice::<u64, f32>(&words), [1.0, 2.0]);
+    assert!(matches!(
+        read_range(&gpu, &buffer, 2, 4).block_on(),
+        Err(Error::Readback(_))
+    ));
+    assert!(matches!(
+        read_range(&gpu, &buffer, 8, 16).block_on(),
+        Err(Error::Input(InputError::Tensor(
+            TensorError::OutOfBounds { .. }
+        )))
+    ));
+    let back = read_range(&gpu, &buffer, 4, 8).block_on().unwrap();
+    assert_eq!(bytemuck::cast_slice::<u8, f32>(&back), [2.0, 3.0]);
 }

@@ -99,7 +99,7 @@ impl BenchShape {
 
     /// Document starts of the packed sequences, the same in every sequence of the batch.
     fn seg(&self) -> Option<Vec<u32>> {
-        let one = crate::shape::seg_from_lengths(self.packed.as_ref()?);
+        let one = crate::shape::seg_from_lengths(self.packed.as_ref()?)?;
         Some(one.repeat(self.batch as usize))
     }
 }
@@ -245,7 +245,8 @@ pub fn run(
     let seg_buf = crate::tensor::buffers::storage(
         gpu,
         "seg",
-        &crate::shape::seg_with_ends(shape.seg().as_deref(), shape.batch, shape.seq),
+        &crate::shape::seg_with_ends(shape.seg().as_deref(), shape.batch, shape.seq)
+            .expect("the bench's documents cover its rows"),
     );
     let scratch_bytes = Schedule::Split.scratch_bytes(shape.batch, shape.seq, h.n_heads);
     let scratch = (scratch_bytes <= gpu.limits().max_storage_buffer_binding_size)

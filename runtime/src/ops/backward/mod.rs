@@ -56,14 +56,16 @@ impl Schedule {
     /// Scratch bytes the schedule needs: P and dS, each `[batch, seq, n_heads, seq]` f32.
     pub fn scratch_bytes(self, batch: u32, seq_len: u32, n_heads: u32) -> u64 {
         match self {
-            Schedule::Split => 2 * scratch_elems(batch, seq_len, n_heads) * 4,
+            Schedule::Split => scratch_elems(batch, seq_len, n_heads).saturating_mul(8),
             _ => 0,
         }
     }
 }
 
 fn scratch_elems(batch: u32, seq_len: u32, n_heads: u32) -> u64 {
-    u64::from(batch) * u64::from(seq_len) * u64::from(seq_len) * u64::from(n_heads)
+    [seq_len, seq_len, n_heads]
+        .iter()
+        .fold(u64::from(batch), |n, x| n.saturating_mul(u64::from(*x)))
 }
 
 impl fmt::Display for Schedule {

@@ -148,6 +148,38 @@ impl Scratch {
     }
 }
 
+/// The caller's tensors against the schedule's kernels before anything is recorded (the
+/// gradients are cleared before the first dispatch, which would otherwise check them),
+/// each gradient sharing its buffer with no other tensor of the call.
+fn check_bindings(
+    gpu: &Gpu,
+    abis: &[attn_dsl::KernelAbi],
+    args: &BackwardArgs,
+) -> Result<(), Error> {
+    let mut given = vec![
+        ("q", args.q),
+        ("k", args.k),
+        ("v", args.v),
+        ("o", args.o),
+        ("lse", args.lse),
+        ("d_o", args.d_o),
+        ("dq", args.dq),
+        ("dk", args.dk),
+        ("dv", args.dv),
+    ];
+    given.extend(args.dbias.map(|t| ("dbias", t)));
+    given.extend(args.dsinks.map(|t| ("dsinks", t)));
+    given.extend(args.flex_grads.iter().copied());
+    given.extend(args.seg.map(|t| ("seg", t)));
+    given.extend(args.mods.tensors());
+    let mut written = vec!["dq", "dk", "dv", "dbias", "dsinks"];
+    written.extend(args.flex_grads.iter().map(|(n, _)| *n));
+    let abis: Vec<&attn_dsl::KernelAbi> = abis.iter().collect();
+    Ok(crate::dispatch::record::check_given(
+        gpu, &abis, &given, &written,
+    )?)
+}
+
 /// The dtype a tensor of the forward's holds.
 fn dtype_of(t: &Tensor) -> Result<Dtype, TensorError> {
     t.scalar().dtype().ok_or(TensorError::Dtype {
@@ -181,6 +213,7 @@ impl Backward {
                 seq,
                 h,
             )?;
+            check_bindings(gpu, &self.compiled[set].schedules[at].abis, args)?;
             if schedule == Schedule::Split {
                 let bytes = schedule.scratch_bytes(batch, seq, h.n_heads);
                 crate::shape::binding_size(gpu.limits(), bytes)?;

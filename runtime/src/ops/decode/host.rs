@@ -169,10 +169,12 @@ impl SplitDecode {
     /// The slicing [`plan_slices`] picks for a shape.
     pub fn slicing_of(&self, h: Heads, batch: u32, cache_len: u32) -> Slicing {
         let per_kv = h.n_heads / h.n_kv_heads.max(1);
-        let groups = h.n_kv_heads * per_kv.div_ceil(self.split.abi().grid.tile);
+        let groups = h
+            .n_kv_heads
+            .saturating_mul(per_kv.div_ceil(self.split.abi().grid.tile));
         plan_slices(
             cache_len,
-            groups * batch,
+            groups.saturating_mul(batch),
             self.key_tile,
             self.max_slice,
             self.calibration.decode_workgroups(),

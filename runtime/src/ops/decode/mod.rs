@@ -228,8 +228,9 @@ impl Passes {
         slice_len: Option<u32>,
     ) -> Result<(Slicing, PassKind), Error> {
         let per_kv = h.n_heads / h.n_kv_heads.max(1);
-        let slots = (n_rows.max(1) * per_kv).div_ceil(self.split_abi().grid.tile);
-        let others = h.n_kv_heads * slots * batch;
+        let slots = (n_rows.max(1).saturating_mul(per_kv)).div_ceil(self.split_abi().grid.tile);
+        // Saturated: a grid past the device's limit is refused when it is recorded.
+        let others = h.n_kv_heads.saturating_mul(slots).saturating_mul(batch);
         let staged = |s: Slicing| match &self.combined {
             Some(_) if combines_in_place(s, others, self.target) => PassKind::Combined,
             _ => PassKind::Staged,
@@ -689,6 +690,7 @@ impl Decode {
     fn check_in(&mut self, gpu: &Gpu, args: &DecodeArgs, shared: bool) -> Result<(), Error> {
         let passes = self.passes(gpu)?;
         let c = check(passes.split_abi(), passes.reduce.abi(), args)?;
+        check_bindings(gpu, passes, args)?;
         let target = passes.chunk_target;
         let split = passes.slicing(c.h, (c.batch, c.n_rows), args.cache.max_len, args.slice_len);
         let spec = self.spec.chunk();
@@ -779,6 +781,7 @@ impl Decode {
         let heads = {
             let passes = self.passes(gpu)?;
             let c = check(passes.split_abi(), passes.reduce.abi(), args)?;
+            check_bindings(gpu, passes, args)?;
             if let Some(lse) = extra.lse {
                 check_lse(lse, args.q)?;
             }
@@ -921,6 +924,31 @@ impl Scratch {
         };
         Ok(&self.starts[at].1)
     }
+}
+
+/// The caller's tensors of `args` against the passes' bindings, as their records will
+/// check them, and O sharing its buffer with none of them: a call refused here has
+/// recorded nothing (a continued cache's append runs only after it).
+fn check_bindings(gpu: &Gpu, passes: &Passes, args: &DecodeArgs) -> Result<(), Error> {
+    let c = &args.cache;
+    let mut given = vec![
+        ("q", args.q),
+        ("o", args.o),
+        ("k_cache", c.k),
+        ("v_cache", c.v),
+        ("seq_lens", c.seq_lens),
+    ];
+    given.extend(c.block_table.map(|t| ("block_table", t)));
+    given.extend(c.scales.map(|t| ("kv_scales", t)));
+    given.extend(args.mods.tensors());
+    // O against every other tensor, whichever pass the plan takes as the call records.
+    let abis = [passes.split_abi(), passes.reduce.abi()];
+    Ok(crate::dispatch::record::check_given(
+        gpu,
+        &abis,
+        &given,
+        &["o"],
+    )?)
 }
 
 /// Records split-K decode of `args` with `passes`, its partials in `scratch`.

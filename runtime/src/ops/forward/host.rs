@@ -128,25 +128,27 @@ pub(crate) fn validate_sequence(
     length(
         "q",
         input.q.len(),
-        s * nh * d,
+        s.saturating_mul(nh).saturating_mul(d),
         "batch × seq_len × n_heads × head_dim",
     )?;
     length(
         "k",
         input.k.len(),
-        s * nkv * d,
+        s.saturating_mul(nkv).saturating_mul(d),
         "batch × seq_len × n_kv_heads × head_dim",
     )?;
     let dv = u64::from(h.head_dim_v);
     length(
         "v",
         input.v.len(),
-        s * nkv * dv,
+        s.saturating_mul(nkv).saturating_mul(dv),
         "batch × seq_len × n_kv_heads × head_dim_v",
     )?;
     binding_size(
         limits,
-        (s * nh * d.max(dv)).max(s * nkv * d.max(dv)) * element_bytes(abi, "q"),
+        s.saturating_mul(nh.max(nkv))
+            .saturating_mul(d.max(dv))
+            .saturating_mul(element_bytes(abi, "q")),
     )?;
     validate_scale(input.scale)?;
     input

@@ -175,6 +175,17 @@ impl Forward {
         let seg = self.seg(gpu, args.seg, batch, seq);
         let pipeline = self.pipeline(gpu, batch, seq, heads)?;
         check(pipeline.abi(), args, batch, seq, heads, seg.as_ref())?;
+        let mut given = vec![
+            ("q", args.q),
+            ("k", args.k),
+            ("v", args.v),
+            ("o", args.o),
+            ("lse", args.lse),
+        ];
+        given.extend(args.seg.map(|t| ("seg", t)));
+        given.extend(args.mods.tensors());
+        let written = ["o", "lse"];
+        crate::dispatch::record::check_given(gpu, &[pipeline.abi()], &given, &written)?;
         Ok(())
     }
 
@@ -415,6 +426,10 @@ pub fn documents(gpu: &Gpu, starts: &[u32], batch: u32, seq: u32) -> Result<Tens
             other => other,
         })?;
     }
-    let ends = crate::shape::seg_with_ends(Some(starts), batch, seq);
+    let ends = crate::shape::seg_with_ends(Some(starts), batch, seq).ok_or(TensorError::Data {
+        name: "seg".into(),
+        got: starts.len(),
+        want: u64::from(batch) * u64::from(seq),
+    })?;
     Tensor::from_u32(gpu, &[2, batch, seq], &ends)
 }

@@ -288,7 +288,7 @@ impl LayerNormLinear {
             .as_ref()
             .is_none_or(|t| t.len() < elements(&[rows, hidden]))
         {
-            few.xn = Some(Tensor::zeros(gpu, &[rows * hidden], Scalar::F32)?);
+            few.xn = Some(Tensor::zeros(gpu, &[rows, hidden], Scalar::F32)?);
         }
         let xn = few
             .xn
@@ -389,12 +389,6 @@ impl LayerNormLinear {
                 backward,
                 weight_grad,
             } => {
-                if !two_pass {
-                    // The atomic schedule adds every row tile's sum into the final tensors.
-                    for (_, t) in &partials {
-                        t.record_clear(rec.encoder());
-                    }
-                }
                 let mut tensors = Self::base(args);
                 tensors.extend([
                     ("dy", dy),
@@ -403,6 +397,16 @@ impl LayerNormLinear {
                     ("dx", grads.dx),
                 ]);
                 tensors.extend(partials.iter().map(|(n, t)| (*n, t)));
+                if !two_pass {
+                    // Checked before the clears, which would otherwise record first.
+                    let abis = [backward.abi(), weight_grad.abi()];
+                    let written = ["dx", "dgamma", "dbeta", "dw", "db"];
+                    crate::dispatch::record::check_given(gpu, &abis, &tensors, &written)?;
+                    // The atomic schedule adds every row tile's sum into the final tensors.
+                    for (_, t) in &partials {
+                        t.record_clear(rec.encoder());
+                    }
+                }
                 // Each kernel binds its own part of these by name.
                 self.record_rows(gpu, rec, [backward, weight_grad], [0, 1], &tensors, &io)?;
             }
