@@ -148,6 +148,23 @@ impl Scratch {
     }
 }
 
+impl<'a> BackwardArgs<'a> {
+    /// Q, K, V, O, LSE, dO and the three gradients, by the names the kernels bind them at.
+    fn io(&self) -> [(&'static str, &'a Tensor); 9] {
+        [
+            ("q", self.q),
+            ("k", self.k),
+            ("v", self.v),
+            ("o", self.o),
+            ("lse", self.lse),
+            ("d_o", self.d_o),
+            ("dq", self.dq),
+            ("dk", self.dk),
+            ("dv", self.dv),
+        ]
+    }
+}
+
 /// The caller's tensors against the schedule's kernels before anything is recorded (the
 /// gradients are cleared before the first dispatch, which would otherwise check them),
 /// each gradient sharing its buffer with no other tensor of the call.
@@ -156,17 +173,7 @@ fn check_bindings(
     abis: &[attn_dsl::KernelAbi],
     args: &BackwardArgs,
 ) -> Result<(), Error> {
-    let mut given = vec![
-        ("q", args.q),
-        ("k", args.k),
-        ("v", args.v),
-        ("o", args.o),
-        ("lse", args.lse),
-        ("d_o", args.d_o),
-        ("dq", args.dq),
-        ("dk", args.dk),
-        ("dv", args.dv),
-    ];
+    let mut given = args.io().to_vec();
     given.extend(args.dbias.map(|t| ("dbias", t)));
     given.extend(args.dsinks.map(|t| ("dsinks", t)));
     given.extend(args.flex_grads.iter().copied());
@@ -306,19 +313,8 @@ impl Backward {
                 }
                 false => None,
             };
-            let mut tensors = vec![
-                ("q", args.q),
-                ("k", args.k),
-                ("v", args.v),
-                ("o", args.o),
-                ("lse", args.lse),
-                ("d_o", args.d_o),
-                ("dq", args.dq),
-                ("dk", args.dk),
-                ("dv", args.dv),
-                ("seg", seg),
-                ("stats", &stats),
-            ];
+            let mut tensors = args.io().to_vec();
+            tensors.extend([("seg", seg), ("stats", &stats)]);
             tensors.extend(args.dbias.map(|t| ("dbias", t)));
             tensors.extend(p_ds.as_ref().map(|t| ("p_ds", t)));
             tensors.extend(dkv.as_ref().map(|t| ("dkv", t)));

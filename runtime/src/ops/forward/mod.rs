@@ -80,6 +80,17 @@ impl<'a> ForwardArgs<'a> {
             mods: DeviceModifiers::default(),
         }
     }
+
+    /// Q, K, V, O and LSE, by the names the kernels bind them at.
+    fn io(&self) -> [(&'static str, &'a Tensor); 5] {
+        [
+            ("q", self.q),
+            ("k", self.k),
+            ("v", self.v),
+            ("o", self.o),
+            ("lse", self.lse),
+        ]
+    }
 }
 
 enum Kernels {
@@ -175,13 +186,7 @@ impl Forward {
         let seg = self.seg(gpu, args.seg, batch, seq);
         let pipeline = self.pipeline(gpu, batch, seq, heads)?;
         check(pipeline.abi(), args, batch, seq, heads, seg.as_ref())?;
-        let mut given = vec![
-            ("q", args.q),
-            ("k", args.k),
-            ("v", args.v),
-            ("o", args.o),
-            ("lse", args.lse),
-        ];
+        let mut given = args.io().to_vec();
         given.extend(args.seg.map(|t| ("seg", t)));
         given.extend(args.mods.tensors());
         let written = ["o", "lse"];
@@ -214,13 +219,7 @@ impl Forward {
             };
             let pipeline = self.pipeline(gpu, batch, seq, heads)?;
             let abi = pipeline.abi();
-            let mut tensors = vec![
-                ("q", args.q),
-                ("k", args.k),
-                ("v", args.v),
-                ("o", args.o),
-                ("lse", args.lse),
-            ];
+            let mut tensors = args.io().to_vec();
             tensors.extend(row_max.as_ref().map(|t| ("row_max", t)));
             tensors.extend(
                 seg.as_ref()
