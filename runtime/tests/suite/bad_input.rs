@@ -59,6 +59,19 @@ fn good_input_passes() {
 #[test]
 fn shapes_that_do_not_fit_are_refused() {
     let d = data(8);
+    // Counts past u64 when multiplied out: refused as a length, not overflowed.
+    assert!(matches!(
+        refuse(&ForwardInput {
+            batch: u32::MAX,
+            heads: Heads {
+                n_heads: u32::MAX,
+                n_kv_heads: u32::MAX,
+                ..HEADS
+            },
+            ..input(&d, u32::MAX)
+        }),
+        InputError::Length { .. } | InputError::GqaRatio { .. } | InputError::OverLimit { .. }
+    ));
     let wrong_head_dim = Heads {
         head_dim: 128,
         head_dim_v: 128,

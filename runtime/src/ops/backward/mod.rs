@@ -63,9 +63,7 @@ impl Schedule {
 }
 
 fn scratch_elems(batch: u32, seq_len: u32, n_heads: u32) -> u64 {
-    [seq_len, seq_len, n_heads]
-        .iter()
-        .fold(u64::from(batch), |n, x| n.saturating_mul(u64::from(*x)))
+    crate::tensor::elements(&[batch, seq_len, seq_len, n_heads])
 }
 
 impl fmt::Display for Schedule {

@@ -746,7 +746,7 @@ pub(crate) fn validate_query(abi: &KernelAbi, input: &DecodeInput) -> Result<(),
     length(
         "q",
         input.q.len(),
-        u64::from(input.batch) * u64::from(h.n_heads) * u64::from(h.head_dim),
+        crate::tensor::elements(&[input.batch, h.n_heads, h.head_dim]),
         "batch × n_heads × head_dim",
     )?;
     validate_scale(input.scale)

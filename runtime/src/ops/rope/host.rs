@@ -72,10 +72,8 @@ fn validate(kernel: &Kernel, input: &RopeInput) -> Result<(), InputError> {
             given: input.head_dim,
         });
     }
-    let expected = u64::from(input.batch)
-        * u64::from(input.seq_len)
-        * u64::from(input.heads)
-        * u64::from(input.head_dim);
+    let expected =
+        crate::tensor::elements(&[input.batch, input.seq_len, input.heads, input.head_dim]);
     length(
         "x",
         input.x.len(),
