@@ -21,7 +21,7 @@ use runtime::{Gpu, kernels};
 /// (discrete GPU, any GPU, then a CPU Vulkan adapter such as lavapipe) and compares each
 /// output with an f64 CPU reference. By default a quick matrix (every op, schedule, dtype
 /// and modifier at least once, small shapes: about a minute on a CPU adapter whose shader
-/// cache holds the kernels, about 14 the first time); `--full` runs the whole matrix, and
+/// cache holds the kernels, about 10 the first time); `--full` runs the whole matrix, and
 /// `--filter` picks from the whole matrix. A row passes when its max abs error is at most
 /// twice that of a plain f32 CPU implementation, plus 1e-6. Backward shapes run every
 /// schedule the device supports and add a row asserting the schedules agree. Exits
