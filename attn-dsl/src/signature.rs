@@ -847,9 +847,13 @@ pub fn dims(op: Op) -> UniformBlock {
         | Op::LayernormLinearReduce
         | Op::LayernormRows
         | Op::LayernormGradRows
-        | Op::LayernormRowsBackward
-        | Op::LinearRows => &[
+        | Op::LayernormRowsBackward => &[
             "rows", "hidden", "out", "n_tiles", "n_blocks", "db_parts", "_pad1", "_pad2",
+        ],
+        // part1, part2: where y's second and third parts start among its columns (0: no
+        // such part); each part's rows are stored whole before the next part's.
+        Op::LinearRows => &[
+            "rows", "hidden", "out", "part1", "part2", "_pad0", "_pad1", "_pad2",
         ],
         // window: the sliding window; seed_lo, seed_hi, rng_offset: dropout's Philox key and
         // counter word; drop_threshold: p·2^32, under which a Philox word drops.

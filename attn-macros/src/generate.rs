@@ -470,6 +470,8 @@ fn field_doc(op: Op, field: &str) -> &'static str {
             "Partials of dγ and dβ to reduce: the fused backward's dx blocks, or the row workgroups."
         }
         (_, "db_parts") => "Partials of db to reduce: row tiles, or row workgroups.",
+        (_, "part1") => "Where y's second part starts among its columns; 0: y is one part.",
+        (_, "part2") => "Where y's third part starts among its columns; 0: no third part.",
         _ => UNDESCRIBED,
     }
 }

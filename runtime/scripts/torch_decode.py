@@ -70,10 +70,10 @@ for dt in () if only_linear else (torch.float16,):
     fl = 2 * S * (S + 1) * H * D
     print(f"torch forward causal {S} {H}/{KV}/{D} {str(dt)[6:]}: {ms:.4f} ms {fl / ms / 1e9:.1f} TFLOP/s")
 
-# Projections at decode shapes: F.linear of [rows, 768] by [3072, 768], 4096 x 4096 and an
-# MLP's 4096 -> 14336.
+# Projections at decode shapes: F.linear of [rows, 768] by [3072, 768], 4096 x 4096, a
+# fused Q, K and V of 32/8 heads of 128 (4096 -> 6144) and an MLP's 4096 -> 14336.
 for dt in () if only_continue else (torch.float32, torch.float16, torch.bfloat16):
-    for (K, N) in [(768, 3072), (4096, 4096), (4096, 14336)]:
+    for (K, N) in [(768, 3072), (4096, 4096), (4096, 6144), (4096, 14336)]:
         w = torch.randn(N, K, device='cuda', dtype=dt)
         for rows in (1, 2, 8, 16):
             a = torch.randn(rows, K, device='cuda', dtype=dt)

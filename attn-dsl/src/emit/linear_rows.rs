@@ -84,8 +84,8 @@ pub(super) fn body(out: &mut Wgsl, spec: &KernelSpec) {
         out.put(CARRIED_ADD.plain());
     }
     let bias = match spec.matmul.is_some_and(|f| f.bias) {
-        true => "let u = two_sum(sum.x, bias[n]);\ny[r * OUT + n] = u.x + (sum.y + u.y);",
-        false => "y[r * OUT + n] = sum.x + sum.y;",
+        true => "let u = two_sum(sum.x, bias[n]);\ny[y_at(r, n)] = u.x + (sum.y + u.y);",
+        false => "y[y_at(r, n)] = sum.x + sum.y;",
     };
     out.put(BODY.fill([
         ("decl", decl),
@@ -250,6 +250,17 @@ fn part_sums(tid: u32, first: u32, n: u32, wgx: u32, r0: u32) {
         let at = first + i;
         store(r0 + at / COLS, wgx * BLOCK + at % COLS * SLOTS + q, t);
     }
+}
+
+// Where y holds row r of column n: y's columns are cut into up to three parts (a fused
+// projection's Q, K and V), each part's rows stored whole, one part after another, so that
+// each part is a tensor of its own; one part is y row by row.
+fn y_at(r: u32, n: u32) -> u32 {
+    let p1 = select(dims.part1, OUT, dims.part1 == 0u);
+    let p2 = select(dims.part2, OUT, dims.part2 == 0u);
+    let start = select(select(0u, p1, n >= p1), p2, n >= p2);
+    let end = select(select(p1, p2, n >= p1), OUT, n >= p2);
+    return dims.rows * start + r * (end - start) + (n - start);
 }
 
 // y[r, n] from its sum and error, with the bias, for the call's rows and columns.

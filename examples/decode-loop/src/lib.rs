@@ -1,6 +1,7 @@
 //! Token-by-token decode on the device, as an engine runs it: a random-weight attention
-//! layer (LayerNorm + Linear projections to Q, K and V, RoPE, attention against a KV cache
-//! on the device, LayerNorm + Linear back to the model width) prefills a prompt, then each
+//! layer (one LayerNorm and one Linear projecting to Q, K and V together, RoPE, attention
+//! against a KV cache on the device, LayerNorm + Linear back to the model width) prefills
+//! a prompt, then each
 //! step feeds its output back as the next token's input, so no step waits on the host.
 //! Every op records into one encoder per step; the cache's lengths and RoPE's positions
 //! live on the device, so a step records the same commands every time.
@@ -20,8 +21,9 @@ use runtime::ops::convert::{Convert, ConvertArgs};
 use runtime::ops::decode::{Decode, DecodeArgs, DecodeSpec};
 use runtime::ops::forward::{Forward, ForwardArgs, ForwardSpec};
 use runtime::ops::layernorm::{
-    LayerNormArgs, LayerNormCall, LayerNormLinear, LayerNormSpec, Saved,
+    LayerNorm, LayerNormArgs, LayerNormCall, LayerNormLinear, LayerNormSpec, NormArgs, Saved,
 };
+use runtime::ops::linear::{Linear, LinearArgs, LinearSpec};
 use runtime::ops::rope::{Rope, RopeArgs, RopeSpec};
 use runtime::verify::layernorm::reference as ln_ref;
 use runtime::verify::reference::{self, Problem};
@@ -58,10 +60,8 @@ pub struct Config {
 }
 
 /// The ops of a decode step, in recording order, as `Report::op_gpu_ms` names them.
-pub const STEP_OPS: [&str; 9] = [
-    "Q projection (LayerNorm + Linear)",
-    "K projection",
-    "V projection",
+pub const STEP_OPS: [&str; 7] = [
+    "Q, K and V projection (one LayerNorm, one Linear)",
     "RoPE on Q and K",
     "Q, K, V to the cache dtype",
     "append to the cache",
@@ -131,27 +131,22 @@ impl Report {
     }
 }
 
-/// The layer's weights, on the host (the reference reads them) and on the device.
-struct Projection {
+/// A LayerNorm + Linear's random parameters, on the host (W rounded to its dtype, as
+/// held) and on the device: γ, β, W and b.
+struct Params {
     w: Vec<f32>,
     b: Vec<f32>,
     gamma: Vec<f32>,
     beta: Vec<f32>,
     device: [Tensor; 4],
-    op: LayerNormLinear,
     hidden: u32,
     out: u32,
 }
 
 const EPS: f32 = 1e-5;
 
-impl Projection {
-    fn new(
-        gpu: &Gpu,
-        rng: &mut StdRng,
-        [hidden, out, rows]: [u32; 3],
-        weights: Dtype,
-    ) -> Result<Projection> {
+impl Params {
+    fn new(gpu: &Gpu, rng: &mut StdRng, [hidden, out]: [u32; 2], weights: Dtype) -> Result<Params> {
         let scale = 1.0 / (hidden as f32).sqrt();
         let mut draw = |n: u32, lo: f32, hi: f32| -> Vec<f32> {
             (0..n).map(|_| rng.random_range(lo..hi)).collect()
@@ -171,21 +166,52 @@ impl Projection {
             Tensor::from_f32(gpu, &[out, hidden], scalar(weights), &w)?,
             up(&[out], &b)?,
         ];
-        let spec = LayerNormSpec {
-            weights,
-            ..LayerNormSpec::new(rows, hidden, out)
-        };
-        let op = LayerNormLinear::new(gpu, spec)?;
-        Ok(Projection {
+        Ok(Params {
             w,
             b,
             gamma,
             beta,
             device,
-            op,
             hidden,
             out,
         })
+    }
+
+    /// `W·LN(x) + b` of x's rows on the host, row by row.
+    fn reference(&self, x: &[f64]) -> Vec<f64> {
+        let rows = x.len() / self.hidden as usize;
+        let shape = ln_ref::Shape {
+            rows,
+            hidden: self.hidden as usize,
+            out: self.out as usize,
+            eps: f64::from(EPS),
+        };
+        let c = reference::cast::<f64>;
+        let (gamma, beta, w, b) = (c(&self.gamma), c(&self.beta), c(&self.w), c(&self.b));
+        ln_ref::forward(shape, [x, &gamma, &beta, &w, &b], ln_ref::exact).y
+    }
+}
+
+/// A LayerNorm + Linear projection (the layer's output).
+struct Projection {
+    params: Params,
+    op: LayerNormLinear,
+}
+
+impl Projection {
+    fn new(
+        gpu: &Gpu,
+        rng: &mut StdRng,
+        [hidden, out, rows]: [u32; 3],
+        weights: Dtype,
+    ) -> Result<Projection> {
+        let params = Params::new(gpu, rng, [hidden, out], weights)?;
+        let spec = LayerNormSpec {
+            weights,
+            ..LayerNormSpec::new(rows, hidden, out)
+        };
+        let op = LayerNormLinear::new(gpu, spec)?;
+        Ok(Projection { params, op })
     }
 
     /// Records `y = W·LN(x) + b`; the statistics go to `saved`, sized for the most rows.
@@ -198,7 +224,7 @@ impl Projection {
         saved: &[Tensor; 2],
     ) -> Result<()> {
         let rows = x.shape()[0];
-        let [gamma, beta, w, b] = &self.device;
+        let [gamma, beta, w, b] = &self.params.device;
         let args = LayerNormArgs {
             x,
             gamma,
@@ -217,24 +243,81 @@ impl Projection {
     }
 
     fn reference(&self, x: &[f64]) -> Vec<f64> {
-        let rows = x.len() / self.hidden as usize;
-        let shape = ln_ref::Shape {
-            rows,
-            hidden: self.hidden as usize,
-            out: self.out as usize,
-            eps: f64::from(EPS),
+        self.params.reference(x)
+    }
+}
+
+/// Q, K and V projected together: one LayerNorm, then one Linear over W's Q, K and V rows
+/// stacked, its output cut into Q, K and V parts (each a tensor of its own), so that a
+/// decode step reads all three weights in one dispatch.
+struct Qkv {
+    norm: LayerNorm,
+    linear: Linear,
+    /// γ, β, W `[q + 2·kv, hidden]` and b.
+    params: Params,
+    /// The normalized rows of the widest call.
+    xn: Tensor,
+}
+
+impl Qkv {
+    fn new(
+        gpu: &Gpu,
+        rng: &mut StdRng,
+        [hidden, q, kv, rows]: [u32; 4],
+        weights: Dtype,
+    ) -> Result<Qkv> {
+        let out = q + 2 * kv;
+        let spec = LinearSpec {
+            bias: true,
+            parts: [q, kv, kv],
+            ..LinearSpec::new(hidden, out, weights)
         };
-        let c = reference::cast::<f64>;
-        let (gamma, beta, w, b) = (c(&self.gamma), c(&self.beta), c(&self.w), c(&self.b));
-        ln_ref::forward(shape, [x, &gamma, &beta, &w, &b], ln_ref::exact).y
+        Ok(Qkv {
+            norm: LayerNorm::new(gpu, hidden)?,
+            linear: Linear::new(gpu, spec)?,
+            params: Params::new(gpu, rng, [hidden, out], weights)?,
+            xn: Tensor::zeros(gpu, &[rows, hidden], Scalar::F32)?,
+        })
+    }
+
+    /// Records y = [Q | K | V] of x's rows, each part `[rows, its width]` in turn in y.
+    fn record(&mut self, gpu: &Gpu, enc: &mut impl Record, x: &Tensor, y: &Tensor) -> Result<()> {
+        let [gamma, beta, w, b] = &self.params.device;
+        let xn = self.xn.view(x.shape())?;
+        let norm = NormArgs {
+            x,
+            gamma,
+            beta,
+            y: &xn,
+            eps: EPS,
+        };
+        self.norm.record(gpu, enc, &norm, None)?;
+        let args = LinearArgs {
+            x: &xn,
+            w,
+            b: Some(b),
+            y,
+        };
+        Ok(self.linear.record(gpu, enc, &args)?)
+    }
+
+    /// Q, K and V of x's rows on the host.
+    fn reference(&self, x: &[f64]) -> [Vec<f64>; 3] {
+        let [q, kv, _] = self.linear.spec().parts.map(|w| w as usize);
+        let y = self.params.reference(x);
+        let row = q + 2 * kv;
+        let part = |from: usize, width: usize| -> Vec<f64> {
+            y.chunks(row)
+                .flat_map(|r| r[from..from + width].to_vec())
+                .collect()
+        };
+        [part(0, q), part(q, kv), part(q + kv, kv)]
     }
 }
 
 /// The layer: projections, RoPE, attention, and the conversions to the cache's dtype.
 struct Layer {
-    q: Projection,
-    k: Projection,
-    v: Projection,
+    qkv: Qkv,
     o: Projection,
     rope: Rope,
     /// To and from the cache's dtype; none in f32.
@@ -262,21 +345,62 @@ fn scalar(dtype: Dtype) -> Scalar {
     }
 }
 
-/// A tensor in the cache's dtype holding `x` (f32) rounded, or `x` itself in f32 (no
-/// conversion).
-fn in_dtype(
-    gpu: &Gpu,
-    enc: &mut impl Record,
-    convert: &mut Option<Convert>,
-    x: &Tensor,
-    held: &Tensor,
-) -> Result<Tensor> {
-    let Some(convert) = convert else {
-        return Ok(x.clone());
-    };
-    let out = held.view(x.shape())?;
-    convert.record(gpu, enc, &ConvertArgs { src: x, dst: &out })?;
-    Ok(out)
+impl Layer {
+    /// Records RoPE on the Q and K parts of `qkv` (`[batch·seq, q + 2·kv]`, f32), each
+    /// sequence's rows from its cache length on.
+    fn rotate(
+        &mut self,
+        gpu: &Gpu,
+        enc: &mut impl Record,
+        qkv: &Tensor,
+        cache: &KvCache,
+        [b, seq]: [u32; 2],
+        h: Heads,
+    ) -> Result<()> {
+        let parts = self.qkv.linear.parts(qkv)?;
+        for (part, heads) in parts.iter().zip([h.n_heads, h.n_kv_heads]) {
+            let args = RopeArgs {
+                x: &part.reshape(&[b, seq, heads, h.head_dim])?,
+                positions: cache.lengths(),
+                base: 10000.0,
+            };
+            self.rope.record(gpu, enc, &args)?;
+        }
+        Ok(())
+    }
+
+    /// Q, K and V `[b, seq, heads, head_dim]` in the cache's dtype: the parts of `qkv`,
+    /// or (in half precision) of `held` after one conversion of all three into it.
+    fn in_dtype(
+        &mut self,
+        gpu: &Gpu,
+        enc: &mut impl Record,
+        [qkv, held]: [&Tensor; 2],
+        [b, seq]: [u32; 2],
+        h: Heads,
+    ) -> Result<[Tensor; 3]> {
+        let src = match &mut self.convert {
+            None => qkv,
+            Some(convert) => {
+                convert.record(
+                    gpu,
+                    enc,
+                    &ConvertArgs {
+                        src: qkv,
+                        dst: held,
+                    },
+                )?;
+                held
+            }
+        };
+        let parts = self.qkv.linear.parts(src)?;
+        let shaped = |p: &Tensor, heads: u32| p.reshape(&[b, seq, heads, h.head_dim]);
+        Ok([
+            shaped(&parts[0], h.n_heads)?,
+            shaped(&parts[1], h.n_kv_heads)?,
+            shaped(&parts[2], h.n_kv_heads)?,
+        ])
+    }
 }
 
 /// Records `dst = src` widened to f32, where the cache's dtype is not f32.
@@ -365,9 +489,7 @@ pub fn run(c: &Config) -> Result<Report> {
     let rows = c.slots * c.prompt;
     let mut rng = StdRng::seed_from_u64(c.seed);
     let mut layer = Layer {
-        q: Projection::new(&gpu, &mut rng, [width, width, rows], c.weights)?,
-        k: Projection::new(&gpu, &mut rng, [width, kv_width, rows], c.weights)?,
-        v: Projection::new(&gpu, &mut rng, [width, kv_width, rows], c.weights)?,
+        qkv: Qkv::new(&gpu, &mut rng, [width, width, kv_width, rows], c.weights)?,
         o: Projection::new(&gpu, &mut rng, [width, width, rows], c.weights)?,
         rope: Rope::new(&gpu, RopeSpec::new(h.head_dim))?,
         convert: (c.dtype != Dtype::F32)
@@ -432,39 +554,23 @@ pub fn run(c: &Config) -> Result<Report> {
     let data = scalar(c.dtype);
     let (b, p) = (c.slots, c.prompt);
     let x = Tensor::from_f32(&gpu, &[rows, width], f, &x0)?;
-    let q32 = Tensor::zeros(&gpu, &[rows, width], f)?;
-    let k32 = Tensor::zeros(&gpu, &[rows, kv_width], f)?;
-    let v32 = Tensor::zeros(&gpu, &[rows, kv_width], f)?;
-    // Half-precision staging of the widest call, viewed smaller for decode steps.
-    let (qh, kh, vh, oh) = (
-        Tensor::zeros(&gpu, &[rows * width], data)?,
-        Tensor::zeros(&gpu, &[rows * kv_width], data)?,
-        Tensor::zeros(&gpu, &[rows * kv_width], data)?,
-        Tensor::zeros(&gpu, &[rows * width], data)?,
+    let qkv_width = width + 2 * kv_width;
+    // Q, K and V of the widest call, and their copy in the cache's dtype, viewed smaller
+    // for decode steps.
+    let (qkv, qkv_held) = (
+        Tensor::zeros(&gpu, &[rows, qkv_width], f)?,
+        Tensor::zeros(&gpu, &[rows, qkv_width], data)?,
     );
+    let oh = Tensor::zeros(&gpu, &[rows * width], data)?;
     let o32 = Tensor::zeros(&gpu, &[rows, width], f)?;
     let lse = Tensor::zeros(&gpu, &[b, p, h.n_heads], f)?;
     let mut enc = gpu.device.create_command_encoder(&Default::default());
     for slot in 0..b {
         cache.open(&mut enc, slot)?;
     }
-    layer.q.record(&gpu, &mut enc, &x, &q32, &layer.saved)?;
-    layer.k.record(&gpu, &mut enc, &x, &k32, &layer.saved)?;
-    layer.v.record(&gpu, &mut enc, &x, &v32, &layer.saved)?;
-    let q4 = q32.reshape(&[b, p, h.n_heads, h.head_dim])?;
-    let k4 = k32.reshape(&[b, p, h.n_kv_heads, h.head_dim])?;
-    let v4 = v32.reshape(&[b, p, h.n_kv_heads, h.head_dim])?;
-    for t in [&q4, &k4] {
-        let args = RopeArgs {
-            x: t,
-            positions: cache.lengths(),
-            base: 10000.0,
-        };
-        layer.rope.record(&gpu, &mut enc, &args)?;
-    }
-    let qd = in_dtype(&gpu, &mut enc, &mut layer.convert, &q4, &qh)?;
-    let kd = in_dtype(&gpu, &mut enc, &mut layer.convert, &k4, &kh)?;
-    let vd = in_dtype(&gpu, &mut enc, &mut layer.convert, &v4, &vh)?;
+    layer.qkv.record(&gpu, &mut enc, &x, &qkv)?;
+    layer.rotate(&gpu, &mut enc, &qkv, &cache, [b, p], h)?;
+    let [qd, kd, vd] = layer.in_dtype(&gpu, &mut enc, [&qkv, &qkv_held], [b, p], h)?;
     let od = match c.dtype {
         Dtype::F32 => o32.reshape(&[b, p, h.n_heads, h.head_dim])?,
         _ => oh.view(&[b, p, h.n_heads, h.head_dim])?,
@@ -496,10 +602,9 @@ pub fn run(c: &Config) -> Result<Report> {
     let prefill = t0.elapsed();
 
     // Decode: step t reads xs[t % 2] and writes xs[(t + 1) % 2].
-    let (q1, k1, v1, o1) = (
-        q32.view(&[b, width])?,
-        k32.view(&[b, kv_width])?,
-        v32.view(&[b, kv_width])?,
+    let (qkv1, qkv1_held, o1) = (
+        qkv.view(&[b, qkv_width])?,
+        qkv_held.view(&[b, qkv_width])?,
         o32.view(&[b, width])?,
     );
     let stamps = runtime::timing::Spans::new(&gpu, c.tokens);
@@ -525,35 +630,17 @@ pub fn run(c: &Config) -> Result<Report> {
         let ops = OpSpans(profile.as_ref(), t);
         let x = &xs[(t % 2) as usize];
         ops.mark(&mut rec, 0, false);
-        layer.q.record(&gpu, &mut rec, x, &q1, &layer.saved)?;
+        layer.qkv.record(&gpu, &mut rec, x, &qkv1)?;
         ops.mark(&mut rec, 0, true);
         ops.mark(&mut rec, 1, false);
-        layer.k.record(&gpu, &mut rec, x, &k1, &layer.saved)?;
+        layer.rotate(&gpu, &mut rec, &qkv1, &cache, [b, 1], h)?;
         ops.mark(&mut rec, 1, true);
         ops.mark(&mut rec, 2, false);
-        layer.v.record(&gpu, &mut rec, x, &v1, &layer.saved)?;
+        let [qd, kd, vd] = layer.in_dtype(&gpu, &mut rec, [&qkv1, &qkv1_held], [b, 1], h)?;
         ops.mark(&mut rec, 2, true);
-        let q4 = q1.reshape(&[b, 1, h.n_heads, h.head_dim])?;
-        let k4 = k1.reshape(&[b, 1, h.n_kv_heads, h.head_dim])?;
-        let v4 = v1.reshape(&[b, 1, h.n_kv_heads, h.head_dim])?;
         ops.mark(&mut rec, 3, false);
-        for x in [&q4, &k4] {
-            let args = RopeArgs {
-                x,
-                positions: cache.lengths(),
-                base: 10000.0,
-            };
-            layer.rope.record(&gpu, &mut rec, &args)?;
-        }
-        ops.mark(&mut rec, 3, true);
-        ops.mark(&mut rec, 4, false);
-        let qd = in_dtype(&gpu, &mut rec, &mut layer.convert, &q4, &qh)?;
-        let kd = in_dtype(&gpu, &mut rec, &mut layer.convert, &k4, &kh)?;
-        let vd = in_dtype(&gpu, &mut rec, &mut layer.convert, &v4, &vh)?;
-        ops.mark(&mut rec, 4, true);
-        ops.mark(&mut rec, 5, false);
         cache.append(&gpu, &mut rec, 0, &kd, &vd)?;
-        ops.mark(&mut rec, 5, true);
+        ops.mark(&mut rec, 3, true);
         let o3 = match c.dtype {
             Dtype::F32 => o1.reshape(&[b, h.n_heads, h.head_dim])?,
             _ => oh.view(&[b, h.n_heads, h.head_dim])?,
@@ -567,18 +654,18 @@ pub fn run(c: &Config) -> Result<Report> {
             mods: Default::default(),
             slice_len: None,
         };
-        ops.mark(&mut rec, 6, false);
+        ops.mark(&mut rec, 4, false);
         decode.record(&gpu, &mut rec, &args)?;
-        ops.mark(&mut rec, 6, true);
-        ops.mark(&mut rec, 7, false);
+        ops.mark(&mut rec, 4, true);
+        ops.mark(&mut rec, 5, false);
         to_f32(
             &gpu,
             &mut rec,
             &mut layer.convert,
             [&o3, &o1.reshape(o3.shape())?],
         )?;
-        ops.mark(&mut rec, 7, true);
-        ops.mark(&mut rec, 8, false);
+        ops.mark(&mut rec, 5, true);
+        ops.mark(&mut rec, 6, false);
         layer.o.record(
             &gpu,
             &mut rec,
@@ -586,7 +673,7 @@ pub fn run(c: &Config) -> Result<Report> {
             &xs[((t + 1) % 2) as usize],
             &layer.saved,
         )?;
-        ops.mark(&mut rec, 8, true);
+        ops.mark(&mut rec, 6, true);
         drop(rec);
         if let Some(spans) = &stamps {
             spans.mark(enc, t, true);
@@ -716,9 +803,10 @@ fn host_reference(c: &Config, layer: &Layer, x0: &[f32]) -> Vec<f64> {
     let rot = |x: &[f64], seq: usize, heads: usize, pos: u32| {
         reference::rope(x, seq, heads, d, pos, &inv, 1.0)
     };
-    let q = round(&rot(&layer.q.reference(&x), p, nh, 0), c.dtype);
-    let mut k = round(&rot(&layer.k.reference(&x), p, nkv, 0), c.dtype);
-    let mut v = round(&layer.v.reference(&x), c.dtype);
+    let [q, k, v] = layer.qkv.reference(&x);
+    let q = round(&rot(&q, p, nh, 0), c.dtype);
+    let mut k = round(&rot(&k, p, nkv, 0), c.dtype);
+    let mut v = round(&v, c.dtype);
     let scale = f64::from(h.default_scale());
     let problem = Problem {
         batch: b,
@@ -739,9 +827,10 @@ fn host_reference(c: &Config, layer: &Layer, x0: &[f32]) -> Vec<f64> {
     let kv_row = nkv * d;
     for t in 0..c.tokens as usize {
         let len = p + t;
-        let q = round(&rot(&layer.q.reference(&x), 1, nh, len as u32), c.dtype);
-        let kn = round(&rot(&layer.k.reference(&x), 1, nkv, len as u32), c.dtype);
-        let vn = round(&layer.v.reference(&x), c.dtype);
+        let [q, kn, vn] = layer.qkv.reference(&x);
+        let q = round(&rot(&q, 1, nh, len as u32), c.dtype);
+        let kn = round(&rot(&kn, 1, nkv, len as u32), c.dtype);
+        let vn = round(&vn, c.dtype);
         // Each sequence's cache grows by its new row.
         let grow = |cache: &[f64], new: &[f64]| -> Vec<f64> {
             (0..b)

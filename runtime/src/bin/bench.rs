@@ -1144,8 +1144,10 @@ fn e2e(gpu: &Gpu, args: &Args) -> anyhow::Result<()> {
     let hidden = decode_heads.n_heads * decode_heads.head_dim;
     let kv = decode_heads.n_kv_heads * decode_heads.head_dim;
     for rows in [1, 2, 8, 16] {
-        let row = e2e::projections(gpu, rows, [hidden, kv], dtype, steps);
-        print(&row.context("projections")?);
+        for fused in [false, true] {
+            let row = e2e::projections(gpu, rows, [hidden, kv], (dtype, fused), steps);
+            print(&row.context("projections")?);
+        }
     }
     print(&e2e::prefill(gpu, long, seq, dtype, runs).context("prefill")?);
     print(&e2e::train_step(gpu, long, seq, dtype, runs).context("training step")?);

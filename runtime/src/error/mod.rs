@@ -231,6 +231,17 @@ pub enum InputError {
     /// A softmax scale that is not finite.
     #[error("scale {0} is not a finite number")]
     Scale(f32),
+    /// A Linear's output parts that do not cut its columns.
+    #[error(
+        "a Linear's parts {parts:?} must be widths of at least 1 that add up to its out \
+         ({out}), any unused ones 0 at the end"
+    )]
+    LinearParts {
+        /// The parts asked for.
+        parts: [u32; 3],
+        /// The Linear's output width.
+        out: u32,
+    },
     /// A combination of input and op that does not run.
     #[error("{what} needs {needs}")]
     Unsupported {

@@ -6,6 +6,11 @@
 //! The planner picks the kernel from the row count: one for 1, 2, 4, 8 or 16 rows per
 //! workgroup (the smallest that holds the call's rows, so that a single row keeps one
 //! sum per column and lane), and past 16 rows more workgroups of 16, each reading W again.
+//!
+//! A fused projection (an engine's Q, K and V from one W of their rows stacked) is one
+//! Linear whose output is cut into parts ([`LinearSpec::parts`]): each part's rows are
+//! stored whole before the next part's, so that [`Linear::parts`] hands each back as a
+//! tensor of its own for the ops after it, and one dispatch reads all of W.
 
 use attn_dsl::{Dtype, KernelAbi, Scalar};
 
@@ -32,11 +37,45 @@ pub struct LinearSpec {
     pub weights: Dtype,
     /// Whether the op adds a bias per output column.
     pub bias: bool,
+    /// The widths y's columns are cut into, up to three (unused ones 0, at the end), adding
+    /// up to `out`: part p's `[rows, parts[p]]` rows follow part p−1's in y. `[out, 0, 0]`
+    /// is y row by row.
+    pub parts: [u32; 3],
+}
+
+impl LinearSpec {
+    /// `y = x·Wᵀ`, W held in `weights`, no bias, y row by row.
+    pub fn new(hidden: u32, out: u32, weights: Dtype) -> LinearSpec {
+        LinearSpec {
+            hidden,
+            out,
+            weights,
+            bias: false,
+            parts: [out, 0, 0],
+        }
+    }
+
+    /// Where each part starts among y's columns, as the kernel's `part1` and `part2`
+    /// (0: no such part); refused unless the parts cut `out`.
+    fn starts(&self) -> Result<[u32; 2], Error> {
+        let [a, b, c] = self.parts;
+        let cut = a > 0
+            && (b > 0 || c == 0)
+            && u64::from(a) + u64::from(b) + u64::from(c) == u64::from(self.out);
+        if !cut {
+            return Err(crate::error::InputError::LinearParts {
+                parts: self.parts,
+                out: self.out,
+            }
+            .into());
+        }
+        Ok([if b > 0 { a } else { 0 }, if c > 0 { a + b } else { 0 }])
+    }
 }
 
 /// One call: x `[rows, hidden]` f32, W `[out, hidden]` in the spec's weights dtype (the
 /// Linear's weight as PyTorch lays it out), b `[out]` f32 where the spec has a bias, y
-/// `[rows, out]` f32 (overwritten).
+/// `[rows, out]` f32 (overwritten; its parts one after another where the spec cuts it).
 #[derive(Clone, Copy, Debug)]
 pub struct LinearArgs<'a> {
     /// The input rows.
@@ -57,9 +96,11 @@ pub struct Linear {
 }
 
 impl Linear {
-    /// Checks `spec` against the device (f16 weights need SHADER_F16) and compiles the
-    /// single-row kernel; the others compile on the first call that needs them.
+    /// Checks `spec` against the device (f16 weights need SHADER_F16) and its parts
+    /// against `out`, and compiles the single-row kernel; the others compile on the first
+    /// call that needs them.
     pub fn new(gpu: &Gpu, spec: LinearSpec) -> Result<Linear, Error> {
+        spec.starts()?;
         let abi = compile(&spec, 1)?;
         gpu.require(&abi)?;
         Ok(Linear {
@@ -71,6 +112,22 @@ impl Linear {
     /// The widths and weight dtype it was built for.
     pub fn spec(&self) -> LinearSpec {
         self.spec
+    }
+
+    /// The parts of a call's output `y` (`[rows, out]`, or a copy of it in another
+    /// dtype), each `[rows, width]` in y's buffer: a fused projection's Q, K and V for the
+    /// ops after it. Where y's buffer cannot bind a part at its offset (the device's
+    /// storage offset alignment), the op that is given it refuses it.
+    pub fn parts(&self, y: &Tensor) -> Result<Vec<Tensor>, Error> {
+        let rows = y.shape().first().copied().unwrap_or(0);
+        expect(y, "y", &[rows, self.spec.out], y.scalar(), "[rows, out]")?;
+        let mut start = 0u64;
+        let mut parts = Vec::new();
+        for width in self.spec.parts.into_iter().filter(|w| *w > 0) {
+            parts.push(y.slice(start, &[rows, width])?);
+            start += u64::from(rows) * u64::from(width);
+        }
+        Ok(parts)
     }
 
     /// The rows per workgroup the planner gives a call of `rows` rows.
@@ -130,8 +187,15 @@ impl Linear {
                     self.kernels.len() - 1
                 }
             };
+            let [part1, part2] = s.starts()?;
             let mut d = Dispatch::new(tensors);
-            d.dims = vec![("rows", rows), ("hidden", s.hidden), ("out", s.out)];
+            d.dims = vec![
+                ("rows", rows),
+                ("hidden", s.hidden),
+                ("out", s.out),
+                ("part1", part1),
+                ("part2", part2),
+            ];
             let pipeline = &mut self.kernels[at].1;
             let g = grid(pipeline.abi(), &d.dims);
             pipeline.record(gpu, rec, &d, g)

@@ -190,6 +190,26 @@ impl Tensor {
         })
     }
 
+    /// The elements from `first` on seen with `shape`: a tensor inside this one's bytes
+    /// (a part of a fused projection's output). Ops refuse it where its offset is not
+    /// the device's storage offset alignment.
+    pub fn slice(&self, first: u64, shape: &[u32]) -> Result<Tensor, Error> {
+        if first.saturating_add(elements(shape)) > self.len() {
+            return Err(TensorError::Shape {
+                name: format!("slice from element {first}"),
+                got: self.shape.clone(),
+                want: shape.to_vec(),
+                layout: "no more elements than the tensor holds past the first",
+            }
+            .into());
+        }
+        Ok(Tensor {
+            shape: shape.to_vec(),
+            offset: self.offset + first * element_bytes(self.scalar),
+            ..self.clone()
+        })
+    }
+
     /// The buffer the tensor lies in, shared with its clones and views.
     pub fn buffer(&self) -> &wgpu::Buffer {
         &self.buffer

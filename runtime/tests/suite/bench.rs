@@ -200,16 +200,21 @@ fn cascade_rows_time_both_decodes_and_count_the_prefix_as_each_reads_it() {
     assert_eq!(r.paged_bytes, row * 4.0 * (64.0 + 16.0));
 }
 
-/// `bench --e2e`'s projection rows: a decode step's four Linears recorded into one encoder
-/// and waited for, GPU-timed, the wall time at least the GPU's.
+/// `bench --e2e`'s projection rows: a decode step's four Linears (or Q, K and V as one
+/// Linear cut into parts, and O) recorded into one encoder and waited for, GPU-timed, the
+/// wall time at least the GPU's.
 #[test]
 fn a_steps_projections_are_timed_on_the_gpu_and_the_wall() {
     let gpu = Gpu::new([]).block_on().unwrap();
     for rows in [1, 16] {
-        let row = bench::e2e::projections(&gpu, rows, [128, 64], attn_dsl::Dtype::F32, 3).unwrap();
-        assert!(row.gpu_ms > 0.0, "{row:?}");
-        assert!(row.wall_ms >= row.gpu_ms, "{row:?}");
-        assert!(row.what.contains(&format!("{rows} row")), "{row:?}");
+        for (fused, named) in [(false, "Q K V O"), (true, "QKV O")] {
+            let how = (attn_dsl::Dtype::F32, fused);
+            let row = bench::e2e::projections(&gpu, rows, [128, 64], how, 3).unwrap();
+            assert!(row.gpu_ms > 0.0, "{row:?}");
+            assert!(row.wall_ms >= row.gpu_ms, "{row:?}");
+            let what = format!("projections {named}, {rows} row");
+            assert!(row.what.starts_with(&what), "{row:?}");
+        }
     }
 }
 

@@ -1415,12 +1415,7 @@ fn every_op_refuses_tensors_of(here: &Gpu, there: &Gpu) {
         ),
         "convert",
     );
-    let spec = LinearSpec {
-        hidden: d,
-        out: 16,
-        weights: Dtype::F32,
-        bias: false,
-    };
+    let spec = LinearSpec::new(d, 16, Dtype::F32);
     let (xl, yl) = (
         Tensor::zeros(there, &[2, d], f).unwrap(),
         Tensor::zeros(here, &[2, 16], f).unwrap(),

@@ -287,23 +287,31 @@ pub fn continued(
 /// An engine's four attention projections of one decode step at `rows` rows (Q and O
 /// `hidden` -> `hidden`, K and V `hidden` -> `kv`), W held in `weights`, recorded into one
 /// encoder and waited for: what the few-rows Linear costs a step beside its GPU time.
+/// `fused`: Q, K and V as one Linear cut into three parts, as an engine runs them.
 pub fn projections(
     gpu: &Gpu,
     rows: u32,
     [hidden, kv]: [u32; 2],
-    weights: Dtype,
+    (weights, fused): (Dtype, bool),
     runs: u32,
 ) -> Result<Row, Error> {
     use crate::ops::linear::{Linear, LinearArgs, LinearSpec};
     let x = random(gpu, &[rows, hidden], Dtype::F32, 1)?;
     let mut layers = Vec::new();
-    for (i, out) in [hidden, kv, kv, hidden].into_iter().enumerate() {
-        let spec = LinearSpec {
-            hidden,
-            out,
-            weights,
-            bias: false,
-        };
+    let specs = match fused {
+        false => [hidden, kv, kv, hidden]
+            .map(|out| LinearSpec::new(hidden, out, weights))
+            .to_vec(),
+        true => vec![
+            LinearSpec {
+                parts: [hidden, kv, kv],
+                ..LinearSpec::new(hidden, hidden + 2 * kv, weights)
+            },
+            LinearSpec::new(hidden, hidden, weights),
+        ],
+    };
+    for (i, spec) in specs.into_iter().enumerate() {
+        let out = spec.out;
         let w = random(gpu, &[out, hidden], weights, 2 + i as u64)?;
         let y = Tensor::zeros(gpu, &[rows, out], Scalar::F32)?;
         layers.push((Linear::new(gpu, spec)?, w, y));
@@ -322,7 +330,8 @@ pub fn projections(
     })?;
     Ok(Row {
         what: format!(
-            "projections Q K V O, {rows} row{}, {hidden} -> {hidden}/{kv}, {} W",
+            "projections {}, {rows} row{}, {hidden} -> {hidden}/{kv}, {} W",
+            if fused { "QKV O" } else { "Q K V O" },
             if rows == 1 { "" } else { "s" },
             weights.name()
         ),

@@ -397,10 +397,8 @@ pub fn linear(
     use crate::tensor::Tensor;
     use attn_dsl::Scalar;
     let spec = LinearSpec {
-        hidden,
-        out,
-        weights,
         bias: true,
+        ..LinearSpec::new(hidden, out, weights)
     };
     let mut op = Linear::new(gpu, spec)?;
     let make = |shape: &[u32], scalar, seed| {

@@ -184,10 +184,8 @@ fn linear_verdict(
     );
     let b = crate::verify::random(o, seed + 2);
     let spec = LinearSpec {
-        hidden: case.hidden,
-        out: case.out,
-        weights: dtype,
         bias: true,
+        ..LinearSpec::new(case.hidden, case.out, dtype)
     };
     let mut op = Linear::new(gpu, spec)?;
     let xt = Tensor::from_f32(gpu, &[case.rows(), case.hidden], Scalar::F32, &x)?;

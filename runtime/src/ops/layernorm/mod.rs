@@ -11,8 +11,10 @@ use attn_dsl::row_layer::{self, RowSums};
 use attn_dsl::spec::{Along, MatmulForm};
 use attn_dsl::{Matrix, Op};
 
+mod norm;
 mod record;
 
+pub use norm::{LayerNorm, NormArgs};
 pub use record::*;
 
 use crate::device::Gpu;

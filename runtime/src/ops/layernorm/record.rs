@@ -112,7 +112,7 @@ pub(crate) struct Recording {
 /// for every row, at the rate W streams from memory, where the products' 64-row tiles
 /// would be mostly empty rows.
 pub(crate) struct FewRows {
-    norm: Pipeline,
+    norm: super::norm::LayerNorm,
     linear: crate::ops::linear::Linear,
     xn: Option<Tensor>,
 }
@@ -266,22 +266,16 @@ impl LayerNormLinear {
     ) -> Result<(), Error> {
         let (hidden, out) = self.widths();
         if self.recording.few.is_none() {
-            let norm =
-                attn_dsl::row_layer::rows_spec("layernorm_rows_f32", hidden, attn_dsl::Dtype::F32);
-            let norm = super::compiled(gpu, norm)?;
             let spec = crate::ops::linear::LinearSpec {
-                hidden,
-                out,
-                weights: self.weights(),
                 bias: true,
+                ..crate::ops::linear::LinearSpec::new(hidden, out, self.weights())
             };
             self.recording.few = Some(FewRows {
-                norm: Pipeline::new(norm),
+                norm: super::norm::LayerNorm::new(gpu, hidden)?,
                 linear: crate::ops::linear::Linear::new(gpu, spec)?,
                 xn: None,
             });
         }
-        let dims = self.dims(rows).to_vec();
         let few = self.recording.few.as_mut().expect("built above");
         if few
             .xn
@@ -295,13 +289,14 @@ impl LayerNormLinear {
             .as_ref()
             .expect("grown above")
             .view(&[rows, hidden])?;
-        let mut tensors = Self::base(args);
-        tensors.extend([("xn", &xn), ("mean", saved.mean), ("rstd", saved.rstd)]);
-        let mut d = Dispatch::new(tensors);
-        d.dims = dims;
-        d.params = vec![("eps", args.eps)];
-        let g = grid(few.norm.abi(), &d.dims);
-        few.norm.record(gpu, rec, &d, g)?;
+        let norm = super::norm::NormArgs {
+            x: args.x,
+            gamma: args.gamma,
+            beta: args.beta,
+            y: &xn,
+            eps: args.eps,
+        };
+        few.norm.record(gpu, rec, &norm, Some(saved))?;
         let linear = crate::ops::linear::LinearArgs {
             x: &xn,
             w: args.w,
