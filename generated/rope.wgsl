@@ -15,7 +15,7 @@ const NEG_BIG: f32 = -3.0e38;
 struct Dims {
     seq_len: u32,
     n_heads: u32,
-    _pad3: u32,
+    n_kv_heads: u32,
     head_dim: u32,
     batch: u32,
     _pad0: u32,
@@ -45,8 +45,15 @@ fn reduce_angle(a: f32) -> f32 {
     return fma(-k, TWO_PI_LO, fma(-k, TWO_PI_HI, a));
 }
 
+// Head h of row `row`: of the first tensor's n_heads - n_kv_heads heads, else of the
+// second's n_kv_heads, whose rows follow all of the first's (K after Q in one buffer).
 fn rope_row(row: u32, h: u32, tid: u32) {
-    let base = ((batch * dims.seq_len + row) * dims.n_heads + h) * HEAD_DIM;
+    let first = dims.n_heads - dims.n_kv_heads;
+    let token = batch * dims.seq_len + row;
+    var base = (token * first + h) * HEAD_DIM;
+    if (h >= first) {
+        base = (dims.batch * dims.seq_len * first + token * dims.n_kv_heads + h - first) * HEAD_DIM;
+    }
     let pos = f32(row + positions[batch]);
     for (var i = tid; i < HALF; i = i + WG) {
         let angle = reduce_angle(SIGN * pos * inv_freq[i]);

@@ -781,8 +781,17 @@ pub fn dims(op: Op) -> UniformBlock {
             "n_slices",
             "slice_len",
         ],
+        // n_heads rows a token, of which the last n_kv_heads (0: none) lie in a second
+        // tensor right after the first (K after Q, as a fused projection's parts).
         Op::Rope | Op::RopeBackward => &[
-            "seq_len", "n_heads", "_pad3", "head_dim", "batch", "_pad0", "_pad1", "_pad2",
+            "seq_len",
+            "n_heads",
+            "n_kv_heads",
+            "head_dim",
+            "batch",
+            "_pad0",
+            "_pad1",
+            "_pad2",
         ],
         // n_new rows for each of `batch` sequences, appended to slots slot0..slot0 + batch
         // of n_slots; a contiguous cache holds `capacity` rows a slot, a paged one

@@ -387,10 +387,6 @@ fn uniform_struct(op: Op, b: &Binding) -> TokenStream {
 fn field_doc(op: Op, field: &str) -> &'static str {
     let rows = op.is_row_layer();
     match (op, field) {
-        (Op::Rope | Op::RopeBackward, "_pad3") => {
-            "Unread: holds `n_kv_heads`' place, so that `head_dim` and `batch` are fields 3 and \
-             4 as in attention's dims."
-        }
         (_, f) if f.starts_with("_pad") => {
             "Unread padding: WGSL sizes uniform blocks in multiples of 16 bytes."
         }
@@ -405,7 +401,13 @@ fn field_doc(op: Op, field: &str) -> &'static str {
             "Positions a side of the mask (a sequence, or a cache's capacity)."
         }
         (_, "seq_len") => "Rows of each sequence.",
-        (Op::Rope | Op::RopeBackward, "n_heads") => "Heads of x: n_heads for Q, n_kv_heads for K.",
+        (Op::Rope | Op::RopeBackward, "n_heads") => {
+            "Heads of each token rotated: Q's (or K's) alone, or Q's and K's together."
+        }
+        (Op::Rope | Op::RopeBackward, "n_kv_heads") => {
+            "Of those, the heads of a second tensor right after the first in x's buffer (K's \
+             after Q's, as a fused projection's parts lie); 0: none."
+        }
         (_, "n_heads") => "Query heads.",
         (_, "n_kv_heads") => "K and V heads; each serves n_heads / n_kv_heads query heads.",
         (Op::Rope | Op::RopeBackward, "head_dim") => {

@@ -347,7 +347,7 @@ fn scalar(dtype: Dtype) -> Scalar {
 
 impl Layer {
     /// Records RoPE on the Q and K parts of `qkv` (`[batch·seq, q + 2·kv]`, f32), each
-    /// sequence's rows from its cache length on.
+    /// sequence's rows from its cache length on, in one dispatch (K's part follows Q's).
     fn rotate(
         &mut self,
         gpu: &Gpu,
@@ -358,15 +358,13 @@ impl Layer {
         h: Heads,
     ) -> Result<()> {
         let parts = self.qkv.linear.parts(qkv)?;
-        for (part, heads) in parts.iter().zip([h.n_heads, h.n_kv_heads]) {
-            let args = RopeArgs {
-                x: &part.reshape(&[b, seq, heads, h.head_dim])?,
-                positions: cache.lengths(),
-                base: 10000.0,
-            };
-            self.rope.record(gpu, enc, &args)?;
-        }
-        Ok(())
+        let args = RopeArgs {
+            x: &parts[0].reshape(&[b, seq, h.n_heads, h.head_dim])?,
+            positions: cache.lengths(),
+            base: 10000.0,
+        };
+        let k = parts[1].reshape(&[b, seq, h.n_kv_heads, h.head_dim])?;
+        Ok(self.rope.record_pair(gpu, enc, &args, &k)?)
     }
 
     /// Q, K and V `[b, seq, heads, head_dim]` in the cache's dtype: the parts of `qkv`,

@@ -210,6 +210,19 @@ impl Tensor {
         })
     }
 
+    /// This tensor and `next` as one flat tensor, where `next` (of the same element type)
+    /// starts in the same buffer right where this one ends.
+    pub(crate) fn followed_by(&self, next: &Tensor) -> Option<Tensor> {
+        let adjacent = self.buffer == next.buffer
+            && self.scalar == next.scalar
+            && self.offset.checked_add(self.bytes()) == Some(next.offset);
+        let len = u32::try_from(self.len() + next.len()).ok()?;
+        adjacent.then(|| Tensor {
+            shape: vec![len],
+            ..self.clone()
+        })
+    }
+
     /// The buffer the tensor lies in, shared with its clones and views.
     pub fn buffer(&self) -> &wgpu::Buffer {
         &self.buffer

@@ -1869,3 +1869,54 @@ fn readbacks_of_ranges_a_buffer_cannot_give_are_typed_errors() {
     let back = read_range(&gpu, &buffer, 4, 8).block_on().unwrap();
     assert_eq!(bytemuck::cast_slice::<u8, f32>(&back), [2.0, 3.0]);
 }
+
+/// RoPE of a fused projection's Q and K in one dispatch (K's rows right after Q's, as
+/// `Linear::parts` lays them) rotates each exactly as two separate calls do, each
+/// sequence from its own position; a K elsewhere is refused with a typed error and
+/// nothing rotated.
+#[test]
+fn rope_of_q_and_k_in_one_dispatch_equals_them_apart() {
+    let gpu = gpu();
+    let (b, s, h, kv, d) = (2u32, 3u32, 4u32, 2u32, 16u32);
+    let (q_len, k_len) = ((b * s * h * d) as usize, (b * s * kv * d) as usize);
+    let data = random(q_len + k_len, 91);
+    let f = Scalar::F32;
+    let positions = Tensor::from_u32(&gpu, &[b], &[5, 300]).unwrap();
+    let mut rope = Rope::new(&gpu, RopeSpec::new(d)).unwrap();
+    let rotate = |rope: &mut Rope, x: &Tensor, k: Option<&Tensor>| {
+        let args = RopeArgs {
+            x,
+            positions: &positions,
+            base: 10000.0,
+        };
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        let done = match k {
+            Some(k) => rope.record_pair(&gpu, &mut enc, &args, k),
+            None => rope.record(&gpu, &mut enc, &args),
+        };
+        gpu.queue.submit([enc.finish()]);
+        done
+    };
+    // Together: Q and K as the two parts of one buffer.
+    let both = Tensor::from_f32(&gpu, &[(q_len + k_len) as u32], f, &data).unwrap();
+    let q = both.slice(0, &[b, s, h, d]).unwrap();
+    let k = both.slice(q_len as u64, &[b, s, kv, d]).unwrap();
+    rotate(&mut rope, &q, Some(&k)).unwrap();
+    let together = both.to_f32(&gpu).block_on().unwrap();
+    // Apart: each in a buffer of its own.
+    let qa = Tensor::from_f32(&gpu, &[b, s, h, d], f, &data[..q_len]).unwrap();
+    let ka = Tensor::from_f32(&gpu, &[b, s, kv, d], f, &data[q_len..]).unwrap();
+    rotate(&mut rope, &qa, None).unwrap();
+    rotate(&mut rope, &ka, None).unwrap();
+    let mut apart = qa.to_f32(&gpu).block_on().unwrap();
+    apart.extend(ka.to_f32(&gpu).block_on().unwrap());
+    assert_eq!(together, apart);
+    assert_ne!(together, data, "nothing was rotated");
+    // K in a buffer of its own is not after Q: refused, Q untouched.
+    let e = rotate(&mut rope, &qa, Some(&ka));
+    assert!(
+        matches!(e, Err(Error::Input(InputError::Unsupported { .. }))),
+        "{e:?}"
+    );
+    assert_eq!(qa.to_f32(&gpu).block_on().unwrap(), apart[..q_len]);
+}

@@ -121,60 +121,111 @@ impl Rope {
         args: &RopeArgs,
     ) -> Result<(), Error> {
         encoder.recorder(|rec| {
-            let [batch, seq, heads, head_dim] =
-                super::rank4(args.x, "x", "[batch, seq, heads, head_dim]")?;
-            for (name, value) in [("batch", batch), ("seq_len", seq), ("heads", heads)] {
-                crate::shape::nonzero(name, value)?;
-            }
-            if head_dim != self.abi.head_dim {
-                return Err(InputError::HeadDim {
-                    kernel: self.abi.name.to_string(),
-                    kernel_head_dim: self.abi.head_dim,
-                    given: head_dim,
-                }
-                .into());
-            }
-            if !(args.base.is_finite() && args.base > 0.0) {
-                return Err(InputError::Scale(args.base).into());
-            }
-            expect(
-                args.x,
-                "x",
-                args.x.shape(),
-                Scalar::F32,
-                "[batch, seq, heads, head_dim]",
-            )?;
-            expect(
-                args.positions,
-                "positions",
-                &[batch],
-                Scalar::U32,
-                "[batch]",
-            )?;
-            if self.inv_freq.as_ref().is_none_or(|(b, _)| *b != args.base) {
-                let table = inv_freq(args.base, head_dim);
-                let t = Tensor::from_f32(gpu, &[table.len() as u32], Scalar::F32, &table)?;
-                self.inv_freq = Some((args.base, t));
-            }
-            if self.pipeline.is_none() {
-                self.pipeline = Some(Pipeline::new(Kernel::now(gpu, &self.abi)?));
-            }
-            let inv_freq = &self.inv_freq.as_ref().expect("made above").1;
-            let pipeline = self.pipeline.as_mut().expect("made above");
-            let mut d = Dispatch::new(vec![
-                ("x", args.x),
-                ("inv_freq", inv_freq),
-                ("positions", args.positions),
-            ]);
-            d.dims = vec![
-                ("seq_len", seq),
-                ("n_heads", heads),
-                ("head_dim", head_dim),
-                ("batch", batch),
-            ];
-            let g = grid(pipeline.abi(), &d.dims);
-            pipeline.record(gpu, rec, &d, g)
+            let shape = self.rows_of(args.x, "x")?;
+            self.record_rows(gpu, rec, args, (args.x, shape, 0))
         })
+    }
+
+    /// Records the rotation of `args.x` (Q) and of `k`, in place and in one dispatch: `k`
+    /// `[batch, seq, kv_heads, head_dim]` must lie right after Q in Q's buffer, as
+    /// [`Linear::parts`](crate::ops::linear::Linear::parts) gives a fused projection's Q and
+    /// K; each sequence's rows of both from its position on.
+    pub fn record_pair(
+        &mut self,
+        gpu: &Gpu,
+        encoder: &mut impl Record,
+        args: &RopeArgs,
+        k: &Tensor,
+    ) -> Result<(), Error> {
+        encoder.recorder(|rec| {
+            let [batch, seq, heads, head_dim] = self.rows_of(args.x, "x")?;
+            let [_, _, kv_heads, _] = self.rows_of(k, "k")?;
+            let want = [batch, seq, kv_heads, head_dim];
+            expect(
+                k,
+                "k",
+                &want,
+                Scalar::F32,
+                "[batch, seq, kv_heads, head_dim] as Q's",
+            )?;
+            let both = args.x.followed_by(k).ok_or(InputError::Unsupported {
+                what: "RoPE of Q and K in one dispatch",
+                needs: "K's rows right after Q's in one buffer (as `Linear::parts` gives a \
+                        fused projection's); rotate them apart otherwise",
+            })?;
+            let shape = [batch, seq, heads + kv_heads, head_dim];
+            self.record_rows(gpu, rec, args, (&both, shape, kv_heads))
+        })
+    }
+
+    /// The `[batch, seq, heads, head_dim]` of `x`, checked against the kernel.
+    fn rows_of(&self, x: &Tensor, name: &str) -> Result<[u32; 4], Error> {
+        let shape = super::rank4(x, name, "[batch, seq, heads, head_dim]")?;
+        let [batch, seq, heads, head_dim] = shape;
+        for (name, value) in [("batch", batch), ("seq_len", seq), ("heads", heads)] {
+            crate::shape::nonzero(name, value)?;
+        }
+        if head_dim != self.abi.head_dim {
+            return Err(InputError::HeadDim {
+                kernel: self.abi.name.to_string(),
+                kernel_head_dim: self.abi.head_dim,
+                given: head_dim,
+            }
+            .into());
+        }
+        expect(
+            x,
+            name,
+            x.shape(),
+            Scalar::F32,
+            "[batch, seq, heads, head_dim]",
+        )?;
+        Ok(shape)
+    }
+
+    /// Records the rotation of `x`'s `heads` heads a token, of which the last `second`
+    /// lie in a second tensor after the first's rows.
+    fn record_rows(
+        &mut self,
+        gpu: &Gpu,
+        rec: &mut crate::dispatch::recorder::Recorder,
+        args: &RopeArgs,
+        (x, [batch, seq, heads, head_dim], second): (&Tensor, [u32; 4], u32),
+    ) -> Result<(), Error> {
+        if !(args.base.is_finite() && args.base > 0.0) {
+            return Err(InputError::Scale(args.base).into());
+        }
+        expect(
+            args.positions,
+            "positions",
+            &[batch],
+            Scalar::U32,
+            "[batch]",
+        )?;
+        if self.inv_freq.as_ref().is_none_or(|(b, _)| *b != args.base) {
+            let table = inv_freq(args.base, head_dim);
+            let t = Tensor::from_f32(gpu, &[table.len() as u32], Scalar::F32, &table)?;
+            self.inv_freq = Some((args.base, t));
+        }
+        if self.pipeline.is_none() {
+            self.pipeline = Some(Pipeline::new(Kernel::now(gpu, &self.abi)?));
+        }
+        let inv_freq = &self.inv_freq.as_ref().expect("made above").1;
+        let pipeline = self.pipeline.as_mut().expect("made above");
+        let mut d = Dispatch::new(vec![
+            ("x", x),
+            ("inv_freq", inv_freq),
+            ("positions", args.positions),
+        ]);
+        d.dims = vec![
+            ("seq_len", seq),
+            ("n_heads", heads),
+            ("n_kv_heads", second),
+            ("head_dim", head_dim),
+            ("batch", batch),
+        ];
+        let g = grid(pipeline.abi(), &d.dims);
+        pipeline.record(gpu, rec, &d, g)
     }
 }
 
