@@ -119,7 +119,7 @@ fn since_last_timed_ms() -> f64 {
 /// run's time), and until [`SETTLE_MS`] after the last pipeline's creation (for all of it
 /// where the last row ended over [`IDLE_MS`] ago), so that a row starts on a busy GPU
 /// rather than one that idled while pipelines compiled or the host made buffers.
-pub(crate) fn spin_up(
+fn spin_up(
     gpu: &Gpu,
     run_ms: f64,
     record: &mut dyn FnMut(&mut wgpu::CommandEncoder) -> Result<(), Error>,

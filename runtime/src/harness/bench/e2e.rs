@@ -202,10 +202,7 @@ pub fn decode(
     })
 }
 
-/// Recorded steps, each waited for: wall, GPU and CPU time (medians), after a spin-up as
-/// the kernel rows have ([`crate::timing`]): on an H200 (2026-12-02) the projections of 8
-/// and 16 rows timed right after their pipelines and weights were made ran 3-4x slow in
-/// every run (0.29 against 0.08 ms).
+/// Recorded steps, each waited for: wall, GPU and CPU time (medians).
 pub(crate) fn waited(
     gpu: &Gpu,
     runs: u32,
@@ -217,15 +214,11 @@ pub(crate) fn waited(
     })?;
     for warm in 0..2 {
         let mut enc = gpu.device.create_command_encoder(&Default::default());
-        spans.mark(&mut enc, warm, false);
         record(&mut enc)?;
-        spans.mark(&mut enc, warm, true);
         gpu.queue.submit([enc.finish()]);
         wait(gpu)?;
+        let _ = warm;
     }
-    let warm_ms = spans.read_ms(gpu)?.get(1).copied().unwrap_or(0.0);
-    crate::timing::spin_up(gpu, warm_ms, &mut record)?;
-    wait(gpu)?;
     let (mut walls, mut cpu) = (Vec::new(), Vec::new());
     for t in 0..runs {
         let start = Instant::now();
