@@ -1,8 +1,8 @@
 //! Token-by-token decode on the device, as an engine runs it: a random-weight attention
 //! layer (one LayerNorm and one Linear projecting to Q, K and V together, RoPE, attention
 //! against a KV cache on the device, LayerNorm + Linear back to the model width) prefills
-//! a prompt, then each
-//! step feeds its output back as the next token's input, so no step waits on the host.
+//! a prompt, then each step feeds its output back as the next token's input, so no step
+//! waits on the host.
 //! Every op records into one encoder per step; the cache's lengths and RoPE's positions
 //! live on the device, so a step records the same commands every time.
 //!
