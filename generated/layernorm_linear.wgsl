@@ -155,15 +155,19 @@ const LANES: u32 = WG / TN;
 var<workgroup> sh_part: array<f32, WG>;
 var<workgroup> sh_stat: array<vec2<f32>, TN>;
 
-// The sum of `v` over the LANES lanes of this invocation's row.
+// The sum of `v` over the LANES lanes (a power of two) of this invocation's row, as a
+// tree: a row of one workgroup's 256 lanes would wait on 256 dependent loads one by one.
 fn lane_sum(tid: u32, v: f32) -> f32 {
     sh_part[tid] = v;
     workgroupBarrier();
-    let base = (tid / LANES) * LANES;
-    var s = 0.0;
-    for (var l = 0u; l < LANES; l = l + 1u) {
-        s = s + sh_part[base + l];
+    let lane = tid % LANES;
+    for (var stride = LANES / 2u; stride > 0u; stride = stride / 2u) {
+        if (lane < stride) {
+            sh_part[tid] = sh_part[tid] + sh_part[tid + stride];
+        }
+        workgroupBarrier();
     }
+    let s = sh_part[tid - lane];
     // sh_part is reused by the next sum.
     workgroupBarrier();
     return s;

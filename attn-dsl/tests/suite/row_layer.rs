@@ -294,7 +294,12 @@ fn cooperative_products_off_the_flash_grid_are_the_row_layers_only() {
 #[test]
 fn matmul_and_rows_pass_compile() {
     use attn_dsl::spec::{Along, MatmulForm};
-    let rows = attn_dsl::row_layer::rows_spec("layernorm_rows", 768, attn_dsl::Dtype::F16);
+    let rows = attn_dsl::row_layer::rows_spec(
+        "layernorm_rows",
+        768,
+        attn_dsl::Dtype::F16,
+        attn_dsl::row_layer::NORM_ROWS,
+    );
     let abi = attn_dsl::compile(&rows).unwrap_or_else(|e| panic!("{e}"));
     assert!(abi.wgsl.contains("narrow4"));
     for a in [Along::Reduction, Along::Output] {

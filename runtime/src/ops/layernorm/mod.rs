@@ -432,6 +432,7 @@ impl Forward {
                 "layernorm_rows",
                 hidden,
                 attn_dsl::Dtype::F16,
+                row_layer::NORM_ROWS,
             ))?,
             matmul: compile(row_layer::matmul(
                 "layernorm_linear_matmul",

@@ -3,6 +3,7 @@
 //! Q, K and V is one [`Linear`](crate::ops::linear::Linear) cut into parts), where a
 //! [`LayerNormLinear`](super::LayerNormLinear) per projection would normalize each time.
 
+use attn_dsl::row_layer::norm_rows;
 use attn_dsl::{Dtype, Scalar};
 
 use super::Saved;
@@ -30,23 +31,42 @@ pub struct NormArgs<'a> {
     pub eps: f32,
 }
 
-/// The LayerNorm of rows `hidden` wide (a multiple of 4), one dispatch a call.
+/// The LayerNorm of rows `hidden` wide (a multiple of 4), one dispatch a call, its rows
+/// per workgroup planned from the call's rows ([`norm_rows`]): one row on all of a
+/// workgroup's lanes at decode's few rows, up to [`NORM_ROWS`] where there are many.
+///
+/// [`NORM_ROWS`]: attn_dsl::row_layer::NORM_ROWS
 pub struct LayerNorm {
     hidden: u32,
-    pipeline: Pipeline,
+    /// The kernel of each rows-per-workgroup the planner has used.
+    pipelines: Vec<(u32, Pipeline)>,
     /// The statistics where the caller keeps none, grown to the most rows called.
     stats: Option<[Tensor; 2]>,
 }
 
 impl LayerNorm {
-    /// The `layernorm_rows` kernel for rows `hidden` wide, checked against `gpu`.
+    /// The `layernorm_rows` kernels for rows `hidden` wide, checked against `gpu` with the
+    /// one-row kernel; the others compile on the first call that plans them.
     pub fn new(gpu: &Gpu, hidden: u32) -> Result<LayerNorm, Error> {
-        let spec = attn_dsl::row_layer::rows_spec("layernorm_rows_f32", hidden, Dtype::F32);
+        let one = Pipeline::new(super::compiled(gpu, spec(hidden, 1))?);
         Ok(LayerNorm {
             hidden,
-            pipeline: Pipeline::new(super::compiled(gpu, spec)?),
+            pipelines: vec![(1, one)],
             stats: None,
         })
+    }
+
+    /// The pipeline of `tile` rows per workgroup, compiled where it is the first call's.
+    fn pipeline(&mut self, gpu: &Gpu, tile: u32) -> Result<&mut Pipeline, Error> {
+        let at = match self.pipelines.iter().position(|(t, _)| *t == tile) {
+            Some(at) => at,
+            None => {
+                let kernel = super::compiled(gpu, spec(self.hidden, tile))?;
+                self.pipelines.push((tile, Pipeline::new(kernel)));
+                self.pipelines.len() - 1
+            }
+        };
+        Ok(&mut self.pipelines[at].1)
     }
 
     /// Records `y = x̂·γ + β`, every tensor checked first; each row's mean and 1/std go to
@@ -86,8 +106,9 @@ impl LayerNorm {
         ]);
         d.dims = vec![("rows", rows), ("hidden", h)];
         d.params = vec![("eps", args.eps)];
-        let g = grid(self.pipeline.abi(), &d.dims);
-        encoder.recorder(|rec| self.pipeline.record(gpu, rec, &d, g))
+        let pipeline = self.pipeline(gpu, norm_rows(rows))?;
+        let g = grid(pipeline.abi(), &d.dims);
+        encoder.recorder(|rec| pipeline.record(gpu, rec, &d, g))
     }
 
     /// Views `[rows]` of the op's own statistics, grown where they are shorter.
@@ -103,4 +124,10 @@ impl LayerNorm {
         let [mean, rstd] = self.stats.as_ref().expect("grown above");
         Ok([mean.view(&[rows])?, rstd.view(&[rows])?])
     }
+}
+
+/// The f32 LayerNorm pass of `tile` rows per workgroup.
+fn spec(hidden: u32, tile: u32) -> attn_dsl::KernelSpec {
+    let name = format!("layernorm_rows_f32_t{tile}");
+    attn_dsl::row_layer::rows_spec(&name, hidden, Dtype::F32, tile)
 }

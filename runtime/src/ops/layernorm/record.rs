@@ -611,7 +611,12 @@ mod tests {
             Tensor::zeros(&gpu, &[rows], Scalar::F32).unwrap(),
             Tensor::zeros(&gpu, &[rows], Scalar::F32).unwrap(),
         );
-        let spec = attn_dsl::row_layer::rows_spec("layernorm_rows", hidden, Dtype::F16);
+        let spec = attn_dsl::row_layer::rows_spec(
+            "layernorm_rows",
+            hidden,
+            Dtype::F16,
+            attn_dsl::row_layer::NORM_ROWS,
+        );
         let abi = attn_dsl::compile(&spec).unwrap_or_else(|e| panic!("{e}"));
         let kernel = Kernel::now(&gpu, &abi).unwrap_or_else(|e| panic!("{e}"));
         let mut pipeline = Pipeline::new(kernel);
