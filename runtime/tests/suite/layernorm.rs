@@ -407,26 +407,36 @@ fn a_linear_cut_into_parts_writes_each_part_whole() {
 /// of another width.
 #[test]
 fn a_layernorm_alone_normalizes_each_row() {
+    use runtime::ops::layernorm::LayerNorm;
+    let gpu = gpu();
+    let hidden = 96u32;
+    let mut op = LayerNorm::new(&gpu, hidden).unwrap();
+    // One op planning one, two and sixteen rows a workgroup as the calls' rows grow.
+    for rows in [5u32, 1100, 8200] {
+        layernorm_alone_at(&gpu, &mut op, rows);
+    }
+}
+
+/// `op` over `rows` rows against the f64 LayerNorm, then refusing a y of the wrong width.
+fn layernorm_alone_at(gpu: &runtime::Gpu, op: &mut runtime::ops::layernorm::LayerNorm, rows: u32) {
     use attn_dsl::Scalar;
     use runtime::Tensor;
-    use runtime::ops::layernorm::{LayerNorm, NormArgs};
+    use runtime::ops::layernorm::NormArgs;
     use runtime::verify::random;
-    let gpu = gpu();
-    let (rows, hidden) = (5u32, 96u32);
+    let hidden = 96u32;
     let (h, eps) = (hidden as usize, 1e-5f32);
     let x: Vec<f32> = random((rows * hidden) as usize, 3)
         .iter()
         .map(|v| 3.0 * v + 1.0)
         .collect();
     let (gamma, beta) = (random(h, 4), random(h, 5));
-    let up = |shape: &[u32], d: &[f32]| Tensor::from_f32(&gpu, shape, Scalar::F32, d).unwrap();
+    let up = |shape: &[u32], d: &[f32]| Tensor::from_f32(gpu, shape, Scalar::F32, d).unwrap();
     let (xt, gt, bt) = (
         up(&[rows, hidden], &x),
         up(&[hidden], &gamma),
         up(&[hidden], &beta),
     );
-    let yt = Tensor::zeros(&gpu, &[rows, hidden], Scalar::F32).unwrap();
-    let mut op = LayerNorm::new(&gpu, hidden).unwrap();
+    let yt = Tensor::zeros(gpu, &[rows, hidden], Scalar::F32).unwrap();
     let mut args = NormArgs {
         x: &xt,
         gamma: &gt,
@@ -435,9 +445,9 @@ fn a_layernorm_alone_normalizes_each_row() {
         eps,
     };
     let mut enc = gpu.device.create_command_encoder(&Default::default());
-    op.record(&gpu, &mut enc, &args, None).unwrap();
+    op.record(gpu, &mut enc, &args, None).unwrap();
     gpu.queue.submit([enc.finish()]);
-    let y = yt.to_f32(&gpu).block_on().unwrap();
+    let y = yt.to_f32(gpu).block_on().unwrap();
     for (row, (xr, yr)) in x.chunks(h).zip(y.chunks(h)).enumerate() {
         let xr: Vec<f64> = xr.iter().map(|v| f64::from(*v)).collect();
         let mean = xr.iter().sum::<f64>() / h as f64;
@@ -448,15 +458,15 @@ fn a_layernorm_alone_normalizes_each_row() {
             let err = (f64::from(yr[i]) - want).abs();
             assert!(
                 err < 1e-5 * (1.0 + want.abs()),
-                "row {row} col {i}: {} against {want}",
+                "{rows} rows, row {row} col {i}: {} against {want}",
                 yr[i]
             );
         }
     }
-    let narrow = Tensor::zeros(&gpu, &[rows, hidden - 4], Scalar::F32).unwrap();
+    let narrow = Tensor::zeros(gpu, &[rows, hidden - 4], Scalar::F32).unwrap();
     args.y = &narrow;
     let mut enc = gpu.device.create_command_encoder(&Default::default());
-    let e = op.record(&gpu, &mut enc, &args, None);
+    let e = op.record(gpu, &mut enc, &args, None);
     assert!(
         matches!(e, Err(Error::Input(InputError::Tensor(_)))),
         "{e:?}"
