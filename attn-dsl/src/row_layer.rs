@@ -139,9 +139,9 @@ pub const NORM_ROWS: u32 = 16;
 /// The workgroups below which a LayerNorm pass takes fewer rows per workgroup.
 pub const NORM_WORKGROUPS: u32 = 512;
 
-/// Rows per workgroup of a LayerNorm pass over `rows` rows: [`NORM_ROWS`] where that leaves
-/// [`NORM_WORKGROUPS`], else the power of two that comes nearest, down to one row on all of a
-/// workgroup's lanes. At decode's few rows, 16 lanes a row summed a 4096-wide row in 32
+/// Rows per workgroup of a LayerNorm pass over `rows` rows: the most, a power of two up to
+/// [`NORM_ROWS`], that leave at least [`NORM_WORKGROUPS`] workgroups, and one row (on all of
+/// a workgroup's lanes) below 1024 rows. At decode's few rows, 16 lanes a row summed a 4096-wide row in 32
 /// dependent steps, twice: one row a workgroup took `decode-loop`'s step (32 heads over 8,
 /// d128, f16 weights) from 0.121 to 0.092 ms on an H200 (2026-12-02), 15 µs off each of its
 /// two LayerNorms.
