@@ -141,10 +141,10 @@ pub const NORM_WORKGROUPS: u32 = 512;
 
 /// Rows per workgroup of a LayerNorm pass over `rows` rows: the most, a power of two up to
 /// [`NORM_ROWS`], that leave at least [`NORM_WORKGROUPS`] workgroups, and one row (on all of
-/// a workgroup's lanes) below 1024 rows. At decode's few rows, 16 lanes a row summed a 4096-wide row in 32
-/// dependent steps, twice: one row a workgroup took `decode-loop`'s step (32 heads over 8,
-/// d128, f16 weights) from 0.121 to 0.092 ms on an H200 (2026-12-02), 15 µs off each of its
-/// two LayerNorms.
+/// a workgroup's lanes) below 1024 rows. At decode's few rows, 16 lanes a row summed a
+/// 4096-wide row in 32 dependent steps, twice: one row a workgroup took `decode-loop`'s step
+/// (32 heads over 8, d128, f16 weights) from 0.121 to 0.092 ms on an H200 (2026-12-02),
+/// 15 µs off each of its two LayerNorms.
 pub fn norm_rows(rows: u32) -> u32 {
     let per = (rows / NORM_WORKGROUPS).max(1);
     (1u32 << per.ilog2()).min(NORM_ROWS)

@@ -44,6 +44,31 @@ impl<'a> Dispatch<'a> {
 /// A bind group with the (buffer, offset, size) of each binding, by which it is reused.
 type CachedGroup = (Vec<(wgpu::Buffer, u64, u64)>, wgpu::BindGroup);
 
+/// The pipelines of one op's kernel at each rows-per-workgroup its planner has picked, each
+/// compiled on the first call that picks it.
+#[derive(Default)]
+pub(crate) struct ByTile {
+    pipelines: Vec<(u32, Pipeline)>,
+}
+
+impl ByTile {
+    /// The pipeline of `tile`, compiled by `compile` where no call has picked it yet.
+    pub fn get(
+        &mut self,
+        tile: u32,
+        compile: impl FnOnce() -> Result<Kernel, Error>,
+    ) -> Result<&mut Pipeline, Error> {
+        let at = match self.pipelines.iter().position(|(t, _)| *t == tile) {
+            Some(at) => at,
+            None => {
+                self.pipelines.push((tile, Pipeline::new(compile()?)));
+                self.pipelines.len() - 1
+            }
+        };
+        Ok(&mut self.pipelines[at].1)
+    }
+}
+
 /// A compiled kernel with the bind groups of its recent calls.
 pub(crate) struct Pipeline {
     kernel: Kernel,

@@ -17,7 +17,7 @@ use attn_dsl::{Dtype, KernelAbi, Scalar};
 use super::grid;
 use crate::device::Gpu;
 use crate::dispatch::kernel::Kernel;
-use crate::dispatch::record::{Dispatch, Pipeline};
+use crate::dispatch::record::{ByTile, Dispatch};
 use crate::dispatch::recorder::Record;
 use crate::error::Error;
 use crate::modifiers::expect;
@@ -92,7 +92,7 @@ pub struct LinearArgs<'a> {
 pub struct Linear {
     spec: LinearSpec,
     /// The kernel for each row count the planner has used, by rows per workgroup.
-    kernels: Vec<(u32, Pipeline)>,
+    kernels: ByTile,
 }
 
 impl Linear {
@@ -105,7 +105,7 @@ impl Linear {
         gpu.require(&abi)?;
         Ok(Linear {
             spec,
-            kernels: Vec::new(),
+            kernels: ByTile::default(),
         })
     }
 
@@ -179,14 +179,9 @@ impl Linear {
                 (false, None) => {}
             }
             let per = Linear::rows_per_workgroup(rows);
-            let at = match self.kernels.iter().position(|(r, _)| *r == per) {
-                Some(at) => at,
-                None => {
-                    let kernel = Kernel::now(gpu, &compile(&s, per)?)?;
-                    self.kernels.push((per, Pipeline::new(kernel)));
-                    self.kernels.len() - 1
-                }
-            };
+            let pipeline = self
+                .kernels
+                .get(per, || Kernel::now(gpu, &compile(&s, per)?))?;
             let [part1, part2] = s.starts()?;
             let mut d = Dispatch::new(tensors);
             d.dims = vec![
@@ -196,7 +191,6 @@ impl Linear {
                 ("part1", part1),
                 ("part2", part2),
             ];
-            let pipeline = &mut self.kernels[at].1;
             let g = grid(pipeline.abi(), &d.dims);
             pipeline.record(gpu, rec, &d, g)
         })

@@ -8,7 +8,7 @@ use attn_dsl::{Dtype, Scalar};
 
 use super::Saved;
 use crate::device::Gpu;
-use crate::dispatch::record::{Dispatch, Pipeline};
+use crate::dispatch::record::{ByTile, Dispatch};
 use crate::dispatch::recorder::Record;
 use crate::error::Error;
 use crate::modifiers::expect;
@@ -39,7 +39,7 @@ pub struct NormArgs<'a> {
 pub struct LayerNorm {
     hidden: u32,
     /// The kernel of each rows-per-workgroup the planner has used.
-    pipelines: Vec<(u32, Pipeline)>,
+    pipelines: ByTile,
     /// The statistics where the caller keeps none, grown to the most rows called.
     stats: Option<[Tensor; 2]>,
 }
@@ -48,25 +48,13 @@ impl LayerNorm {
     /// The `layernorm_rows` kernels for rows `hidden` wide, checked against `gpu` with the
     /// one-row kernel; the others compile on the first call that plans them.
     pub fn new(gpu: &Gpu, hidden: u32) -> Result<LayerNorm, Error> {
-        let one = Pipeline::new(super::compiled(gpu, spec(hidden, 1))?);
+        let mut pipelines = ByTile::default();
+        pipelines.get(1, || super::compiled(gpu, spec(hidden, 1)))?;
         Ok(LayerNorm {
             hidden,
-            pipelines: vec![(1, one)],
+            pipelines,
             stats: None,
         })
-    }
-
-    /// The pipeline of `tile` rows per workgroup, compiled where it is the first call's.
-    fn pipeline(&mut self, gpu: &Gpu, tile: u32) -> Result<&mut Pipeline, Error> {
-        let at = match self.pipelines.iter().position(|(t, _)| *t == tile) {
-            Some(at) => at,
-            None => {
-                let kernel = super::compiled(gpu, spec(self.hidden, tile))?;
-                self.pipelines.push((tile, Pipeline::new(kernel)));
-                self.pipelines.len() - 1
-            }
-        };
-        Ok(&mut self.pipelines[at].1)
     }
 
     /// Records `y = x̂·γ + β`, every tensor checked first; each row's mean and 1/std go to
@@ -106,7 +94,10 @@ impl LayerNorm {
         ]);
         d.dims = vec![("rows", rows), ("hidden", h)];
         d.params = vec![("eps", args.eps)];
-        let pipeline = self.pipeline(gpu, norm_rows(rows))?;
+        let tile = norm_rows(rows);
+        let pipeline = self
+            .pipelines
+            .get(tile, || super::compiled(gpu, spec(h, tile)))?;
         let g = grid(pipeline.abi(), &d.dims);
         encoder.recorder(|rec| pipeline.record(gpu, rec, &d, g))
     }
