@@ -18,7 +18,7 @@ struct Dims {
     n_kv_heads: u32,
     head_dim: u32,
     batch: u32,
-    _pad0: u32,
+    second_at: u32,
     _pad1: u32,
     _pad2: u32,
 }
@@ -46,13 +46,14 @@ fn reduce_angle(a: f32) -> f32 {
 }
 
 // Head h of row `row`: of the first tensor's n_heads - n_kv_heads heads, else of the
-// second's n_kv_heads, whose rows follow all of the first's (K after Q in one buffer).
+// second's n_kv_heads, whose rows start second_at head rows after the first's (K after Q
+// in one buffer).
 fn rope_row(row: u32, h: u32, tid: u32) {
     let first = dims.n_heads - dims.n_kv_heads;
     let token = batch * dims.seq_len + row;
     var base = (token * first + h) * HEAD_DIM;
     if (h >= first) {
-        base = (dims.batch * dims.seq_len * first + token * dims.n_kv_heads + h - first) * HEAD_DIM;
+        base = (dims.second_at + token * dims.n_kv_heads + h - first) * HEAD_DIM;
     }
     let pos = f32(row + positions[batch]);
     for (var i = tid; i < HALF; i = i + WG) {

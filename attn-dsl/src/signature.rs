@@ -782,14 +782,15 @@ pub fn dims(op: Op) -> UniformBlock {
             "slice_len",
         ],
         // n_heads rows a token, of which the last n_kv_heads (0: none) lie in a second
-        // tensor right after the first (K after Q, as a fused projection's parts).
+        // tensor second_at head rows after the first's start (K after Q, as a fused
+        // projection's parts).
         Op::Rope | Op::RopeBackward => &[
             "seq_len",
             "n_heads",
             "n_kv_heads",
             "head_dim",
             "batch",
-            "_pad0",
+            "second_at",
             "_pad1",
             "_pad2",
         ],
@@ -860,9 +861,10 @@ pub fn dims(op: Op) -> UniformBlock {
             "rows", "hidden", "out", "n_tiles", "n_blocks", "db_parts", "_pad1", "_pad2",
         ],
         // part1, part2: where y's second and third parts start among its columns (0: no
-        // such part); each part's rows are stored whole before the next part's.
+        // such part); each part's y_rows rows are stored whole before the next part's (the
+        // call's rows, or more where the caller pads the parts to offsets it can bind).
         Op::LinearRows => &[
-            "rows", "hidden", "out", "part1", "part2", "_pad0", "_pad1", "_pad2",
+            "rows", "hidden", "out", "part1", "part2", "y_rows", "_pad1", "_pad2",
         ],
         // window: the sliding window; seed_lo, seed_hi, rng_offset: dropout's Philox key and
         // counter word; drop_threshold: p·2^32, under which a Philox word drops.

@@ -405,9 +405,10 @@ fn field_doc(op: Op, field: &str) -> &'static str {
             "Heads of each token rotated: Q's (or K's) alone, or Q's and K's together."
         }
         (Op::Rope | Op::RopeBackward, "n_kv_heads") => {
-            "Of those, the heads of a second tensor right after the first in x's buffer (K's \
-             after Q's, as a fused projection's parts lie); 0: none."
+            "Of those, the heads of a second tensor after the first in x's buffer (K's after \
+             Q's, as a fused projection's parts lie); 0: none."
         }
+        (_, "second_at") => "Where the second tensor's rows start: head rows from x's start.",
         (_, "n_heads") => "Query heads.",
         (_, "n_kv_heads") => "K and V heads; each serves n_heads / n_kv_heads query heads.",
         (Op::Rope | Op::RopeBackward, "head_dim") => {
@@ -474,6 +475,7 @@ fn field_doc(op: Op, field: &str) -> &'static str {
         (_, "db_parts") => "Partials of db to reduce: row tiles, or row workgroups.",
         (_, "part1") => "Where y's second part starts among its columns; 0: y is one part.",
         (_, "part2") => "Where y's third part starts among its columns; 0: no third part.",
+        (_, "y_rows") => "Rows of each part of y: the call's rows, or more where they are padded.",
         _ => UNDESCRIBED,
     }
 }

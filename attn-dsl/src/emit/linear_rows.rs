@@ -253,14 +253,15 @@ fn part_sums(tid: u32, first: u32, n: u32, wgx: u32, r0: u32) {
 }
 
 // Where y holds row r of column n: y's columns are cut into up to three parts (a fused
-// projection's Q, K and V), each part's rows stored whole, one part after another, so that
-// each part is a tensor of its own; one part is y row by row.
+// projection's Q, K and V), each part's y_rows rows stored whole (the call's rows first),
+// one part after another, so that each part is a tensor of its own; one part is y row by
+// row.
 fn y_at(r: u32, n: u32) -> u32 {
     let p1 = select(dims.part1, OUT, dims.part1 == 0u);
     let p2 = select(dims.part2, OUT, dims.part2 == 0u);
     let start = select(select(0u, p1, n >= p1), p2, n >= p2);
     let end = select(select(p1, p2, n >= p1), OUT, n >= p2);
-    return dims.rows * start + r * (end - start) + (n - start);
+    return dims.y_rows * start + r * (end - start) + (n - start);
 }
 
 // y[r, n] from its sum and error, with the bias, for the call's rows and columns.

@@ -301,6 +301,20 @@ impl Qkv {
         Ok(self.linear.record(gpu, enc, &args)?)
     }
 
+    /// Each part of `y` (the Linear's output, or its copy in another dtype), its first
+    /// `rows` rows: y holds [`Qkv::rows_for`] rows, so that each part starts where the
+    /// device can bind it.
+    fn parts(&self, y: &Tensor, rows: u32) -> Result<Vec<Tensor>> {
+        let parts = self.linear.parts(y)?;
+        let first = |p: &Tensor| p.view(&[rows, p.shape()[1]]);
+        Ok(parts.iter().map(first).collect::<Result<_, _>>()?)
+    }
+
+    /// The rows y holds for a call of `rows` rows, its copy in `dtype` beside it.
+    fn rows_for(&self, gpu: &Gpu, rows: u32, dtype: Dtype) -> u32 {
+        self.linear.part_rows(gpu, rows, dtype)
+    }
+
     /// Q, K and V of x's rows on the host.
     fn reference(&self, x: &[f64]) -> [Vec<f64>; 3] {
         let [q, kv, _] = self.linear.spec().parts.map(|w| w as usize);
@@ -357,7 +371,7 @@ impl Layer {
         [b, seq]: [u32; 2],
         h: Heads,
     ) -> Result<()> {
-        let parts = self.qkv.linear.parts(qkv)?;
+        let parts = self.qkv.parts(qkv, b * seq)?;
         let args = RopeArgs {
             x: &parts[0].reshape(&[b, seq, h.n_heads, h.head_dim])?,
             positions: cache.lengths(),
@@ -391,7 +405,7 @@ impl Layer {
                 held
             }
         };
-        let parts = self.qkv.linear.parts(src)?;
+        let parts = self.qkv.parts(src, b * seq)?;
         let shaped = |p: &Tensor, heads: u32| p.reshape(&[b, seq, heads, h.head_dim]);
         Ok([
             shaped(&parts[0], h.n_heads)?,
@@ -554,10 +568,19 @@ pub fn run(c: &Config) -> Result<Report> {
     let x = Tensor::from_f32(&gpu, &[rows, width], f, &x0)?;
     let qkv_width = width + 2 * kv_width;
     // Q, K and V of the widest call, and their copy in the cache's dtype, viewed smaller
-    // for decode steps.
+    // for decode steps; each call's rows padded so that its parts bind.
+    let (prefill_rows, step_rows) = (
+        layer.qkv.rows_for(&gpu, rows, c.dtype),
+        layer.qkv.rows_for(&gpu, b, c.dtype),
+    );
+    let most = prefill_rows.max(step_rows);
+    let (qkv_all, held_all) = (
+        Tensor::zeros(&gpu, &[most, qkv_width], f)?,
+        Tensor::zeros(&gpu, &[most, qkv_width], data)?,
+    );
     let (qkv, qkv_held) = (
-        Tensor::zeros(&gpu, &[rows, qkv_width], f)?,
-        Tensor::zeros(&gpu, &[rows, qkv_width], data)?,
+        qkv_all.view(&[prefill_rows, qkv_width])?,
+        held_all.view(&[prefill_rows, qkv_width])?,
     );
     let oh = Tensor::zeros(&gpu, &[rows * width], data)?;
     let o32 = Tensor::zeros(&gpu, &[rows, width], f)?;
@@ -601,8 +624,8 @@ pub fn run(c: &Config) -> Result<Report> {
 
     // Decode: step t reads xs[t % 2] and writes xs[(t + 1) % 2].
     let (qkv1, qkv1_held, o1) = (
-        qkv.view(&[b, qkv_width])?,
-        qkv_held.view(&[b, qkv_width])?,
+        qkv_all.view(&[step_rows, qkv_width])?,
+        held_all.view(&[step_rows, qkv_width])?,
         o32.view(&[b, width])?,
     );
     let stamps = runtime::timing::Spans::new(&gpu, c.tokens);

@@ -50,6 +50,27 @@ fn decode_loop_agrees_with_the_host_reference() {
     assert!(err <= tol, "bf16 weights: {err} over {tol}");
 }
 
+/// Heads narrow enough that two rows of K (16 wide) end off the device's storage offset
+/// alignment: Q, K and V's projection pads its rows so that each part binds, in f32 and in
+/// the bf16 copy, at the prompt's rows and at a step's.
+#[test]
+fn narrow_heads_whose_parts_need_padding_agree_with_the_host_reference() {
+    for dtype in [Dtype::F32, Dtype::Bf16] {
+        let report = run(&Config {
+            heads: Heads {
+                n_heads: 2,
+                n_kv_heads: 1,
+                head_dim: 16,
+                head_dim_v: 16,
+            },
+            ..config(dtype, None)
+        })
+        .unwrap();
+        let (err, tol) = report.check.unwrap();
+        assert!(err <= tol, "{dtype:?}: {err} over {tol}");
+    }
+}
+
 /// Steps recorded five to an encoder (the last submission holds two): each step reads what
 /// the one before it wrote within the same submission, and the result still agrees.
 #[test]

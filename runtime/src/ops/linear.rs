@@ -75,7 +75,8 @@ impl LinearSpec {
 
 /// One call: x `[rows, hidden]` f32, W `[out, hidden]` in the spec's weights dtype (the
 /// Linear's weight as PyTorch lays it out), b `[out]` f32 where the spec has a bias, y
-/// `[rows, out]` f32 (overwritten; its parts one after another where the spec cuts it).
+/// `[rows, out]` f32 (overwritten; its parts one after another where the spec cuts it, and
+/// then y may hold more rows than x, [`Linear::part_rows`], the rows past x's untouched).
 #[derive(Clone, Copy, Debug)]
 pub struct LinearArgs<'a> {
     /// The input rows.
@@ -130,6 +131,24 @@ impl Linear {
         Ok(parts)
     }
 
+    /// The rows a cut y should hold for a call of `rows` rows so that each of its parts
+    /// starts at an offset the device can bind in `dtype` (y's or a copy's element type): a
+    /// few rows of narrow parts (Q, K and V of a small model at a decode step) put the
+    /// second part at a few hundred bytes. `rows` itself where it already binds; a count
+    /// that binds in a dtype binds in every wider one.
+    pub fn part_rows(&self, gpu: &Gpu, rows: u32, dtype: Dtype) -> u32 {
+        let align = u64::from(gpu.limits().min_storage_buffer_offset_alignment).max(1);
+        let [a, b, _] = self.spec.parts.map(u64::from);
+        let step = [a, a + b]
+            .into_iter()
+            .filter(|start| *start > 0 && *start < u64::from(self.spec.out))
+            .map(|start| align / gcd(align, start * u64::from(dtype.bytes())))
+            .max()
+            .unwrap_or(1);
+        let padded = u64::from(rows).div_ceil(step) * step;
+        u32::try_from(padded).unwrap_or(rows)
+    }
+
     /// The rows per workgroup the planner gives a call of `rows` rows.
     pub fn rows_per_workgroup(rows: u32) -> u32 {
         rows.clamp(1, LINEAR_MAX_ROWS).next_power_of_two()
@@ -155,7 +174,11 @@ impl Linear {
                 Scalar::from(s.weights),
                 "[out, hidden]",
             )?;
-            expect(args.y, "y", &[rows, s.out], f, "[rows, out]")?;
+            let y_rows = match s.parts[1] {
+                0 => rows,
+                _ => args.y.shape().first().copied().unwrap_or(0).max(rows),
+            };
+            expect(args.y, "y", &[y_rows, s.out], f, "[rows, out]")?;
             let mut tensors = vec![("x", args.x), ("w", args.w), ("y", args.y)];
             match (s.bias, args.b) {
                 (true, Some(b)) => {
@@ -190,6 +213,7 @@ impl Linear {
                 ("out", s.out),
                 ("part1", part1),
                 ("part2", part2),
+                ("y_rows", y_rows),
             ];
             let g = grid(pipeline.abi(), &d.dims);
             pipeline.record(gpu, rec, &d, g)
@@ -216,4 +240,12 @@ fn compile(spec: &LinearSpec, rows: u32) -> Result<KernelAbi, Error> {
         kernel: name,
         message: e.to_string(),
     })
+}
+
+/// The greatest common divisor of `a` and `b`.
+fn gcd(a: u64, b: u64) -> u64 {
+    match b {
+        0 => a,
+        _ => gcd(b, a % b),
+    }
 }

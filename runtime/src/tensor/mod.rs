@@ -210,16 +210,24 @@ impl Tensor {
         })
     }
 
-    /// This tensor and `next` as one flat tensor, where `next` (of the same element type)
-    /// starts in the same buffer right where this one ends.
-    pub(crate) fn followed_by(&self, next: &Tensor) -> Option<Tensor> {
-        let adjacent = self.buffer == next.buffer
+    /// This tensor through `next` as one flat tensor, and where `next` starts in it (in
+    /// elements), where `next` (of the same element type) lies in the same buffer at or
+    /// after this one's end.
+    pub(crate) fn through(&self, next: &Tensor) -> Option<(Tensor, u64)> {
+        let bytes = element_bytes(self.scalar);
+        let end = self.offset.checked_add(self.bytes())?;
+        let after = self.buffer == next.buffer
             && self.scalar == next.scalar
-            && self.offset.checked_add(self.bytes()) == Some(next.offset);
-        let len = u32::try_from(self.len() + next.len()).ok()?;
-        adjacent.then(|| Tensor {
-            shape: vec![len],
-            ..self.clone()
+            && next.offset >= end
+            && (next.offset - self.offset).is_multiple_of(bytes);
+        let at = (next.offset - self.offset.min(next.offset)) / bytes;
+        let len = u32::try_from(at.checked_add(next.len())?).ok()?;
+        after.then(|| {
+            let both = Tensor {
+                shape: vec![len],
+                ..self.clone()
+            };
+            (both, at)
         })
     }
 

@@ -1897,12 +1897,6 @@ fn rope_of_q_and_k_in_one_dispatch_equals_them_apart() {
         gpu.queue.submit([enc.finish()]);
         done
     };
-    // Together: Q and K as the two parts of one buffer.
-    let both = Tensor::from_f32(&gpu, &[(q_len + k_len) as u32], f, &data).unwrap();
-    let q = both.slice(0, &[b, s, h, d]).unwrap();
-    let k = both.slice(q_len as u64, &[b, s, kv, d]).unwrap();
-    rotate(&mut rope, &q, Some(&k)).unwrap();
-    let together = both.to_f32(&gpu).block_on().unwrap();
     // Apart: each in a buffer of its own.
     let qa = Tensor::from_f32(&gpu, &[b, s, h, d], f, &data[..q_len]).unwrap();
     let ka = Tensor::from_f32(&gpu, &[b, s, kv, d], f, &data[q_len..]).unwrap();
@@ -1910,8 +1904,39 @@ fn rope_of_q_and_k_in_one_dispatch_equals_them_apart() {
     rotate(&mut rope, &ka, None).unwrap();
     let mut apart = qa.to_f32(&gpu).block_on().unwrap();
     apart.extend(ka.to_f32(&gpu).block_on().unwrap());
-    assert_eq!(together, apart);
-    assert_ne!(together, data, "nothing was rotated");
+    assert_ne!(apart, data, "nothing was rotated");
+    // Together: Q and K as two parts of one buffer, K right after Q or three head rows
+    // later (a fused projection's parts with their rows padded); the gap untouched.
+    for gap in [0, 3 * d as usize] {
+        let mut laid = data[..q_len].to_vec();
+        laid.extend((0..gap).map(|i| i as f32));
+        laid.extend(&data[q_len..]);
+        let both = Tensor::from_f32(&gpu, &[laid.len() as u32], f, &laid).unwrap();
+        let q = both.slice(0, &[b, s, h, d]).unwrap();
+        let k = both.slice((q_len + gap) as u64, &[b, s, kv, d]).unwrap();
+        rotate(&mut rope, &q, Some(&k)).unwrap();
+        let mut together = both.to_f32(&gpu).block_on().unwrap();
+        let between: Vec<f32> = together.drain(q_len..q_len + gap).collect();
+        assert_eq!(between, laid[q_len..q_len + gap], "gap {gap}");
+        assert_eq!(together, apart, "gap {gap}");
+    }
+    // K half a head row after Q, or before it: refused.
+    let both = Tensor::zeros(&gpu, &[(q_len + k_len + 8) as u32], f).unwrap();
+    let half_row = [
+        both.slice(0, &[b, s, h, d]).unwrap(),
+        both.slice(q_len as u64 + 8, &[b, s, kv, d]).unwrap(),
+    ];
+    let before = [
+        both.slice(k_len as u64, &[b, s, h, d]).unwrap(),
+        both.slice(0, &[b, s, kv, d]).unwrap(),
+    ];
+    for [q, k] in [half_row, before] {
+        let e = rotate(&mut rope, &q, Some(&k));
+        assert!(
+            matches!(e, Err(Error::Input(InputError::Unsupported { .. }))),
+            "{e:?}"
+        );
+    }
     // K in a buffer of its own is not after Q: refused, Q untouched.
     let e = rotate(&mut rope, &qa, Some(&ka));
     assert!(

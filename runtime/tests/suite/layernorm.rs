@@ -293,6 +293,18 @@ fn linear_run(
     rows: u32,
     seed: u64,
 ) -> ([Vec<f32>; 3], Vec<f32>) {
+    let (inputs, y) = linear_into(gpu, op, [rows, rows], seed);
+    (inputs, y.unwrap())
+}
+
+/// [`linear_run`] into a y of `y_rows` rows (-7 before the call): the call's result, or
+/// its refusal.
+fn linear_into(
+    gpu: &Gpu,
+    op: &mut runtime::ops::linear::Linear,
+    [rows, y_rows]: [u32; 2],
+    seed: u64,
+) -> ([Vec<f32>; 3], Result<Vec<f32>, Error>) {
     use attn_dsl::Scalar;
     use runtime::Tensor;
     use runtime::ops::linear::LinearArgs;
@@ -308,7 +320,8 @@ fn linear_run(
     let xt = Tensor::from_f32(gpu, &[rows, hidden], Scalar::F32, &x).unwrap();
     let wt = Tensor::from_f32(gpu, &[out, hidden], Scalar::from(spec.weights), &w).unwrap();
     let bt = Tensor::from_f32(gpu, &[out], Scalar::F32, &b).unwrap();
-    let yt = Tensor::zeros(gpu, &[rows, out], Scalar::F32).unwrap();
+    let before = vec![-7.0; (y_rows * out) as usize];
+    let yt = Tensor::from_f32(gpu, &[y_rows, out], Scalar::F32, &before).unwrap();
     let mut enc = gpu.device.create_command_encoder(&Default::default());
     let args = LinearArgs {
         x: &xt,
@@ -316,9 +329,9 @@ fn linear_run(
         b: spec.bias.then_some(&bt),
         y: &yt,
     };
-    op.record(gpu, &mut enc, &args).unwrap();
+    let done = op.record(gpu, &mut enc, &args);
     gpu.queue.submit([enc.finish()]);
-    let y = yt.to_f32(gpu).block_on().unwrap();
+    let y = done.map(|()| yt.to_f32(gpu).block_on().unwrap());
     ([x, w, b], y)
 }
 
@@ -398,6 +411,77 @@ fn a_linear_cut_into_parts_writes_each_part_whole() {
         match Linear::new(&gpu, spec) {
             Err(Error::Input(InputError::LinearParts { .. })) => {}
             other => panic!("{parts:?}: {:?}", other.err()),
+        }
+    }
+}
+
+/// A cut y padded to the rows `Linear::part_rows` gives (the fewest from the call's on
+/// whose parts all start where the device binds them, in each dtype): each part's first
+/// rows equal the uncut Linear's columns, its padding rows are untouched; a cut y of fewer
+/// rows than x, or an uncut y of other rows, is refused.
+#[test]
+fn a_linear_cut_into_parts_pads_its_rows_so_that_each_part_binds() {
+    use attn_dsl::Dtype;
+    use runtime::ops::linear::{Linear, LinearSpec};
+    let gpu = gpu();
+    let align = u64::from(gpu.limits().min_storage_buffer_offset_alignment);
+    let whole = LinearSpec {
+        bias: true,
+        ..LinearSpec::new(64, 44, Dtype::F32)
+    };
+    let widths = [20u32, 12, 12];
+    let cut = LinearSpec {
+        parts: widths,
+        ..whole
+    };
+    let (mut uncut, mut parted) = (
+        Linear::new(&gpu, whole).unwrap(),
+        Linear::new(&gpu, cut).unwrap(),
+    );
+    let binds = |y_rows: u32, bytes: u64| {
+        [widths[0], widths[0] + widths[1]]
+            .iter()
+            .all(|start| (u64::from(y_rows) * u64::from(*start) * bytes).is_multiple_of(align))
+    };
+    for rows in [1u32, 3, 17] {
+        for dtype in [Dtype::F32, Dtype::F16] {
+            let padded = parted.part_rows(&gpu, rows, dtype);
+            let bytes = u64::from(dtype.bytes());
+            assert!(
+                padded >= rows && binds(padded, bytes),
+                "{rows} {dtype:?}: {padded}"
+            );
+            assert!(
+                (rows..padded).all(|r| !binds(r, bytes)),
+                "{rows} {dtype:?}: {padded}"
+            );
+        }
+        let y_rows = parted.part_rows(&gpu, rows, Dtype::F16);
+        let seed = 60 + u64::from(rows);
+        let (_, y) = linear_run(&gpu, &mut uncut, rows, seed);
+        let (_, got) = linear_into(&gpu, &mut parted, [rows, y_rows], seed);
+        let got = got.unwrap();
+        let (r, pad) = (rows as usize, y_rows as usize);
+        let (mut start, mut at) = (0, 0);
+        for width in widths.map(|w| w as usize) {
+            for row in 0..r {
+                let want = &y[row * 44 + start..][..width];
+                assert_eq!(&got[at + row * width..][..width], want, "{rows} row {row}");
+            }
+            let padding = &got[at + r * width..at + pad * width];
+            assert!(
+                padding.iter().all(|v| *v == -7.0),
+                "{rows}: padding written"
+            );
+            (start, at) = (start + width, at + pad * width);
+        }
+        let (_, fewer) = linear_into(&gpu, &mut parted, [rows + 1, rows], seed);
+        let (_, other) = linear_into(&gpu, &mut uncut, [rows, rows + 1], seed);
+        for e in [fewer, other] {
+            assert!(
+                matches!(e, Err(Error::Input(InputError::Tensor(_)))),
+                "{rows}: {e:?}"
+            );
         }
     }
 }

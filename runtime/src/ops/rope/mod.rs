@@ -122,14 +122,15 @@ impl Rope {
     ) -> Result<(), Error> {
         encoder.recorder(|rec| {
             let shape = self.rows_of(args.x, "x")?;
-            self.record_rows(gpu, rec, args, (args.x, shape, 0))
+            self.record_rows(gpu, rec, args, (args.x, shape, [0, 0]))
         })
     }
 
     /// Records the rotation of `args.x` (Q) and of `k`, in place and in one dispatch: `k`
-    /// `[batch, seq, kv_heads, head_dim]` must lie right after Q in Q's buffer, as
-    /// [`Linear::parts`](crate::ops::linear::Linear::parts) gives a fused projection's Q and
-    /// K; each sequence's rows of both from its position on.
+    /// `[batch, seq, kv_heads, head_dim]` must lie after Q in Q's buffer, a whole number of
+    /// head rows from Q's start, as [`Linear::parts`](crate::ops::linear::Linear::parts)
+    /// gives a fused projection's Q and K (with its rows padded or not); each sequence's
+    /// rows of both from its position on.
     pub fn record_pair(
         &mut self,
         gpu: &Gpu,
@@ -148,13 +149,20 @@ impl Rope {
                 Scalar::F32,
                 "[batch, seq, kv_heads, head_dim] as Q's",
             )?;
-            let both = args.x.followed_by(k).ok_or(InputError::Unsupported {
+            let refused = || InputError::Unsupported {
                 what: "RoPE of Q and K in one dispatch",
-                needs: "K's rows right after Q's in one buffer (as `Linear::parts` gives a \
-                        fused projection's); rotate them apart otherwise",
-            })?;
+                needs: "K's rows after Q's in one buffer, a whole number of head rows from \
+                        Q's start (as `Linear::parts` gives a fused projection's); rotate \
+                        them apart otherwise",
+            };
+            let (both, at) = args.x.through(k).ok_or_else(refused)?;
+            let rows = at / u64::from(head_dim);
+            let second_at = u32::try_from(rows)
+                .ok()
+                .filter(|_| at.is_multiple_of(u64::from(head_dim)))
+                .ok_or_else(refused)?;
             let shape = [batch, seq, heads + kv_heads, head_dim];
-            self.record_rows(gpu, rec, args, (&both, shape, kv_heads))
+            self.record_rows(gpu, rec, args, (&both, shape, [kv_heads, second_at]))
         })
     }
 
@@ -183,14 +191,14 @@ impl Rope {
         Ok(shape)
     }
 
-    /// Records the rotation of `x`'s `heads` heads a token, of which the last `second`
-    /// lie in a second tensor after the first's rows.
+    /// Records the rotation of `x`'s `heads` heads a token, of which the last `second[0]`
+    /// lie in a second tensor `second[1]` head rows from x's start.
     fn record_rows(
         &mut self,
         gpu: &Gpu,
         rec: &mut crate::dispatch::recorder::Recorder,
         args: &RopeArgs,
-        (x, [batch, seq, heads, head_dim], second): (&Tensor, [u32; 4], u32),
+        (x, [batch, seq, heads, head_dim], second): (&Tensor, [u32; 4], [u32; 2]),
     ) -> Result<(), Error> {
         if !(args.base.is_finite() && args.base > 0.0) {
             return Err(InputError::Scale(args.base).into());
@@ -220,9 +228,10 @@ impl Rope {
         d.dims = vec![
             ("seq_len", seq),
             ("n_heads", heads),
-            ("n_kv_heads", second),
+            ("n_kv_heads", second[0]),
             ("head_dim", head_dim),
             ("batch", batch),
+            ("second_at", second[1]),
         ];
         let g = grid(pipeline.abi(), &d.dims);
         pipeline.record(gpu, rec, &d, g)
