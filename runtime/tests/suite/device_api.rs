@@ -1870,10 +1870,10 @@ fn readbacks_of_ranges_a_buffer_cannot_give_are_typed_errors() {
     assert_eq!(bytemuck::cast_slice::<u8, f32>(&back), [2.0, 3.0]);
 }
 
-/// RoPE of a fused projection's Q and K in one dispatch (K's rows right after Q's, as
-/// `Linear::parts` lays them) rotates each exactly as two separate calls do, each
-/// sequence from its own position; a K elsewhere is refused with a typed error and
-/// nothing rotated.
+/// RoPE of a fused projection's Q and K in one dispatch (K's rows after Q's, right after
+/// or past padding rows, as `Linear::parts` lays them) rotates each exactly as two
+/// separate calls do, each sequence from its own position, the rows between untouched; a
+/// K elsewhere is refused with a typed error and nothing rotated.
 #[test]
 fn rope_of_q_and_k_in_one_dispatch_equals_them_apart() {
     let gpu = gpu();
