@@ -76,7 +76,7 @@ impl LinearSpec {
 /// One call: x `[rows, hidden]` f32, W `[out, hidden]` in the spec's weights dtype (the
 /// Linear's weight as PyTorch lays it out), b `[out]` f32 where the spec has a bias, y
 /// `[rows, out]` f32 (overwritten; its parts one after another where the spec cuts it, and
-/// then y may hold more rows than x, [`Linear::part_rows`], the rows past x's untouched).
+/// then y may hold [`Linear::part_rows`]'s rows, the rows past x's untouched).
 #[derive(Clone, Copy, Debug)]
 pub struct LinearArgs<'a> {
     /// The input rows.
@@ -174,11 +174,17 @@ impl Linear {
                 Scalar::from(s.weights),
                 "[out, hidden]",
             )?;
-            let y_rows = match s.parts[1] {
-                0 => rows,
-                _ => args.y.shape().first().copied().unwrap_or(0).max(rows),
+            // A cut y holds the call's rows or the padded count of `part_rows` (in a 2- or
+            // 4-byte dtype): any other count would move the parts where a caller who split
+            // a view of y would not look for them.
+            let given = args.y.shape().first().copied().unwrap_or(0);
+            let padded = [Dtype::F16, Dtype::F32].map(|d| self.part_rows(gpu, rows, d));
+            let y_rows = match s.parts[1] > 0 && padded.contains(&given) {
+                true => given,
+                false => rows,
             };
-            expect(args.y, "y", &[y_rows, s.out], f, "[rows, out]")?;
+            let layout = "[rows, out], or `part_rows` rows where y is cut into parts";
+            expect(args.y, "y", &[y_rows, s.out], f, layout)?;
             let mut tensors = vec![("x", args.x), ("w", args.w), ("y", args.y)];
             match (s.bias, args.b) {
                 (true, Some(b)) => {

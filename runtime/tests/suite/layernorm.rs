@@ -418,7 +418,7 @@ fn a_linear_cut_into_parts_writes_each_part_whole() {
 /// A cut y padded to the rows `Linear::part_rows` gives (the fewest from the call's on
 /// whose parts all start where the device binds them, in each dtype): each part's first
 /// rows equal the uncut Linear's columns, its padding rows are untouched; a cut y of fewer
-/// rows than x, or an uncut y of other rows, is refused.
+/// rows than x or of more than the padding needs, or an uncut y of other rows, is refused.
 #[test]
 fn a_linear_cut_into_parts_pads_its_rows_so_that_each_part_binds() {
     use attn_dsl::Dtype;
@@ -476,8 +476,9 @@ fn a_linear_cut_into_parts_pads_its_rows_so_that_each_part_binds() {
             (start, at) = (start + width, at + pad * width);
         }
         let (_, fewer) = linear_into(&gpu, &mut parted, [rows + 1, rows], seed);
+        let (_, past) = linear_into(&gpu, &mut parted, [rows, y_rows + 1], seed);
         let (_, other) = linear_into(&gpu, &mut uncut, [rows, rows + 1], seed);
-        for e in [fewer, other] {
+        for e in [fewer, past, other] {
             assert!(
                 matches!(e, Err(Error::Input(InputError::Tensor(_)))),
                 "{rows}: {e:?}"
