@@ -129,24 +129,32 @@ pub fn schedule_name(sums: RowSums) -> &'static str {
 /// the planner runs it, weights in f32 and each half dtype the adapter has, with a bias: at
 /// every row count it tells apart and past one workgroup's, on a layer's widths, on odd
 /// ones and on a projection's reduction (4096). Rows from 8 on hold one row past f16's
-/// range and one far below its normals.
+/// range and one far below its normals. Then a fused projection's: y cut into three narrow
+/// parts, its rows padded so that each part binds ([`Linear::part_rows`]).
+///
+/// [`Linear::part_rows`]: crate::ops::linear::Linear::part_rows
 pub fn linear_rows(gpu: &Gpu, seed: u64) -> Result<Vec<LnRow>, Error> {
     let mut out = Vec::new();
     let weights = [attn_dsl::Dtype::F32].into_iter().chain(gpu.half_dtypes());
+    let whole = |w: u32| [w, 0, 0];
+    // 4096 wide: each lane's chain of steps is 32 long, where its sums carry their
+    // rounding errors.
+    let layers = [(200, whole(37)), (768, whole(3072)), (4096, whole(96))];
+    let fused = (200, [20, 12, 12]);
     for dtype in weights {
-        // 4096 wide: each lane's chain of steps is 32 long, where its sums carry their
-        // rounding errors.
-        for (hidden, width) in [(200, 37), (768, 3072), (4096, 96)] {
+        for (hidden, parts) in layers.into_iter().chain([fused]) {
             for rows in [1, 3, 8, 16, 21] {
                 let case = LnCase {
                     batch: 1,
                     seq: rows,
                     hidden,
-                    out: width,
+                    out: parts.iter().sum(),
                 };
-                let verdict = linear_verdict(gpu, case, dtype, seed + u64::from(rows))?;
+                let seed = seed + u64::from(rows);
+                let verdict = linear_verdict(gpu, case, (dtype, parts), seed)?;
+                let cut = if parts[1] > 0 { " in parts" } else { "" };
                 out.push(LnRow {
-                    label: format!("linear, {} weights", dtype.name()),
+                    label: format!("linear{cut}, {} weights", dtype.name()),
                     case,
                     verdicts: vec![("y", verdict)],
                 });
@@ -156,13 +164,28 @@ pub fn linear_rows(gpu: &Gpu, seed: u64) -> Result<Vec<LnRow>, Error> {
     Ok(out)
 }
 
+/// y `[rows, out]` row by row from a cut y of `y_rows` rows a part.
+fn uncut(y: &[f32], parts: [u32; 3], [rows, y_rows]: [usize; 2]) -> Vec<f32> {
+    let out: usize = parts.iter().map(|w| *w as usize).sum();
+    let mut whole = vec![0.0; rows * out];
+    let (mut start, mut at) = (0, 0);
+    for width in parts.map(|w| w as usize).into_iter().filter(|w| *w > 0) {
+        for r in 0..rows {
+            let row = &y[at + r * width..][..width];
+            whole[r * out + start..][..width].copy_from_slice(row);
+        }
+        (start, at) = (start + width, at + y_rows * width);
+    }
+    whole
+}
+
 /// One call of `case`'s rows judged against the f64 reference and a pairwise f32 sum (the
-/// weights as held, rounded to `dtype`): the worse of the rows of ordinary range together
-/// and each row of extreme range alone.
+/// weights as held, rounded to `dtype`), y cut into `parts`: the worse of the rows of
+/// ordinary range together and each row of extreme range alone.
 fn linear_verdict(
     gpu: &Gpu,
     case: LnCase,
-    dtype: attn_dsl::Dtype,
+    (dtype, parts): (attn_dsl::Dtype, [u32; 3]),
     seed: u64,
 ) -> Result<Verdict, Error> {
     use crate::ops::linear::{Linear, LinearArgs, LinearSpec};
@@ -185,13 +208,15 @@ fn linear_verdict(
     let b = crate::verify::random(o, seed + 2);
     let spec = LinearSpec {
         bias: true,
+        parts,
         ..LinearSpec::new(case.hidden, case.out, dtype)
     };
     let mut op = Linear::new(gpu, spec)?;
+    let y_rows = op.part_rows(gpu, case.rows(), attn_dsl::Dtype::F32);
     let xt = Tensor::from_f32(gpu, &[case.rows(), case.hidden], Scalar::F32, &x)?;
     let wt = Tensor::from_f32(gpu, &[case.out, case.hidden], Scalar::from(dtype), &w)?;
     let bt = Tensor::from_f32(gpu, &[case.out], Scalar::F32, &b)?;
-    let yt = Tensor::zeros(gpu, &[case.rows(), case.out], Scalar::F32)?;
+    let yt = Tensor::zeros(gpu, &[y_rows, case.out], Scalar::F32)?;
     let mut enc = gpu.device.create_command_encoder(&Default::default());
     let args = LinearArgs {
         x: &xt,
@@ -201,7 +226,7 @@ fn linear_verdict(
     };
     op.record(gpu, &mut enc, &args)?;
     gpu.queue.submit([enc.finish()]);
-    let y = yt.to_f32(gpu).block_on()?;
+    let y = uncut(&yt.to_f32(gpu).block_on()?, parts, [rows, y_rows as usize]);
     let r64 = crate::verify::reference::linear::<f64>(&x, &w, Some(&b), h);
     let r32 = crate::verify::reference::linear::<f32>(&x, &w, Some(&b), h);
     // The rows of extreme range each alone, the others together: no row sets the bound
