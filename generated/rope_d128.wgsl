@@ -30,9 +30,19 @@ var<private> batch: u32;
 @group(0) @binding(2) var<uniform> dims: Dims;
 @group(0) @binding(3) var<storage, read> positions: array<u32>;
 
+fn ld_x(i: u32) -> f32 {
+    return x[i];
+}
+
+fn st_x(i: u32, v: f32) {
+    x[i] = v;
+}
+
 // +1 rotates forward; -1 applies the transpose (the backward).
 const SIGN: f32 = 1.0;
 const HALF: u32 = HEAD_DIM / 2u;
+// Adjacent pairs an invocation rotates.
+const GROUP: u32 = 1u;
 // 2π split so that k · TWO_PI_HI is exact for k < 2^16 (TWO_PI_HI = 201/32 has 8 bits).
 const TWO_PI_HI: f32 = 6.28125;
 const TWO_PI_LO: f32 = 0.0019353071795864769;
@@ -43,6 +53,15 @@ const INV_TWO_PI: f32 = 0.15915494309189535;
 fn reduce_angle(a: f32) -> f32 {
     let k = round(a * INV_TWO_PI);
     return fma(-k, TWO_PI_LO, fma(-k, TWO_PI_HI, a));
+}
+
+// (cos, sin) of pair i's angle at `pos`. GPU sin and cos may be approximations with
+// c² + s² a few 1e-7 off 1, which backward(forward(x)) would not cancel: put (c, s) back
+// on the unit circle.
+fn turn(pos: f32, i: u32) -> vec2<f32> {
+    let angle = reduce_angle(SIGN * pos * inv_freq[i]);
+    let norm = inverseSqrt(fma(cos(angle), cos(angle), sin(angle) * sin(angle)));
+    return vec2<f32>(cos(angle) * norm, sin(angle) * norm);
 }
 
 // Head h of row `row`: of the first tensor's n_heads - n_kv_heads heads, else of the
@@ -56,17 +75,15 @@ fn rope_row(row: u32, h: u32, tid: u32) {
         base = (dims.second_at + token * dims.n_kv_heads + h - first) * HEAD_DIM;
     }
     let pos = f32(row + positions[batch]);
-    for (var i = tid; i < HALF; i = i + WG) {
-        let angle = reduce_angle(SIGN * pos * inv_freq[i]);
-        // GPU sin and cos may be approximations with c² + s² a few 1e-7 off 1, which
-        // backward(forward(x)) would not cancel: put (c, s) back on the unit circle.
-        let norm = inverseSqrt(fma(cos(angle), cos(angle), sin(angle) * sin(angle)));
-        let c = cos(angle) * norm;
-        let s = sin(angle) * norm;
-        let x0 = x[base + i];
-        let x1 = x[base + i + HALF];
-        x[base + i] = x0 * c - x1 * s;
-        x[base + i + HALF] = x0 * s + x1 * c;
+    for (var g = tid; g < HALF / GROUP; g = g + WG) {
+        let i = g * GROUP;
+        let t = turn(pos, i);
+        let c = t.x;
+        let s = t.y;
+        let x0 = ld_x(base + i);
+        let x1 = ld_x(base + i + HALF);
+        st_x(base + i, x0 * c - x1 * s);
+        st_x(base + i + HALF, x0 * s + x1 * c);
     }
 }
 

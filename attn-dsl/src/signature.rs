@@ -510,7 +510,7 @@ const LAYERNORM_LINEAR_REDUCE: &[Tensor] = &[
 // Row s of sequence b is at position positions[b] + s: per sequence and on the device,
 // so that a decode step rotates at each sequence's cache length without a new uniform.
 const ROPE: &[Tensor] = &[
-    t("x", Output, F32, &[B, S, H, D]),
+    t("x", Output, Data, &[B, S, H, D]),
     t("inv_freq", Input, F32, &[D]),
     DIMS,
     t("positions", Input, U32, &[B]),

@@ -38,9 +38,9 @@ pub fn check_spec(spec: &KernelSpec) -> Result<(), DslError> {
     check_source(spec)
 }
 
-/// Half-precision data tensors are emitted for the forward and the split-K decode; bf16
-/// only where each invocation stores whole u32 words of O (vec4 stores: the flash grid's
-/// and the decode reduce's).
+/// Half-precision data tensors are emitted for the ops listed below; bf16 only where each
+/// invocation stores whole u32 words (vec4 stores: the flash grid's and the decode
+/// reduce's; RoPE's two adjacent pairs).
 fn check_dtype(spec: &KernelSpec) -> Result<(), DslError> {
     if spec.dtype == crate::spec::Dtype::F32 {
         return Ok(());
@@ -63,6 +63,8 @@ fn check_dtype(spec: &KernelSpec) -> Result<(), DslError> {
         Op::Matmul,
         Op::LinearRows,
         Op::Merge,
+        Op::Rope,
+        Op::RopeBackward,
     ];
     if !ops.contains(&spec.op) && !flash_backward {
         let names: Vec<&str> = ops.iter().map(|o| o.name()).collect();
@@ -75,6 +77,17 @@ fn check_dtype(spec: &KernelSpec) -> Result<(), DslError> {
                 spec.dtype.name(),
                 names.join(", "),
                 spec.op.name()
+            ),
+        ));
+    }
+    let rope = matches!(spec.op, Op::Rope | Op::RopeBackward);
+    if spec.dtype == crate::spec::Dtype::Bf16 && rope && !spec.head_dim.is_multiple_of(4) {
+        return Err(DslError::spec(
+            Field::HeadDim,
+            format!(
+                "head_dim {}: RoPE in bf16 rotates two adjacent pairs at a time (two bf16 \
+                 share a u32 word), so it needs a multiple of 4; use f32 or f16 rows",
+                spec.head_dim
             ),
         ));
     }

@@ -140,6 +140,11 @@ pub(super) fn vec4_type(dtype: Dtype) -> &'static str {
     }
 }
 
+/// `bf16_bits(x) -> u32`, for a kernel that packs bf16 words itself.
+pub(super) fn bf16_bits(out: &mut Wgsl) {
+    out.put(BF16_BITS.plain());
+}
+
 /// An f32 rounded to bf16's bits, for the stores and `narrow4`.
 const BF16_BITS: Template = Template {
     name: "bf16_bits",

@@ -129,7 +129,7 @@ fn emit_body(out: &mut Wgsl, spec: &KernelSpec, keep: coop::Phases) {
         Op::BackwardPrep => backward::backward_prep(out, spec),
         Op::BackwardQ => backward::backward_q(out, spec),
         Op::BackwardKv => backward::backward_kv(out, spec),
-        Op::Rope | Op::RopeBackward => rope::rope(out, spec.op == Op::RopeBackward),
+        Op::Rope | Op::RopeBackward => rope::rope(out, spec),
         Op::DecodeSplit | Op::DecodeReduce => {
             decode_split::body(out, spec, keep);
             return;

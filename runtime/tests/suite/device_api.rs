@@ -1870,6 +1870,79 @@ fn readbacks_of_ranges_a_buffer_cannot_give_are_typed_errors() {
     assert_eq!(bytemuck::cast_slice::<u8, f32>(&back), [2.0, 3.0]);
 }
 
+/// RoPE of f16 and bf16 rows rotates each pair in f32 and rounds it once: Q and K in one
+/// dispatch, and Q alone, equal the f32 rotation of the same values rounded into the
+/// dtype, to within its last place (the two kernels may contract their products apart);
+/// bf16 at a head_dim that is not a multiple of 4 is refused.
+#[test]
+fn rope_in_half_precision_rounds_the_f32_rotation_once() {
+    let gpu = gpu();
+    let (b, s, h, kv, d) = (2u32, 3u32, 4u32, 2u32, 24u32);
+    let (q_len, k_len) = ((b * s * h * d) as usize, (b * s * kv * d) as usize);
+    let positions = Tensor::from_u32(&gpu, &[b], &[7, 1000]).unwrap();
+    let rotate = |rope: &mut Rope, x: &Tensor, k: Option<&Tensor>| {
+        let args = RopeArgs {
+            x,
+            positions: &positions,
+            base: 10000.0,
+        };
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        match k {
+            Some(k) => rope.record_pair(&gpu, &mut enc, &args, k).unwrap(),
+            None => rope.record(&gpu, &mut enc, &args).unwrap(),
+        }
+        gpu.queue.submit([enc.finish()]);
+    };
+    let f = Scalar::F32;
+    let mut wide = Rope::new(&gpu, RopeSpec::new(d)).unwrap();
+    let halves = [Dtype::Bf16]
+        .into_iter()
+        .chain(gpu.has_f16().then_some(Dtype::F16));
+    for dtype in halves {
+        let (scalar, bits) = (
+            Scalar::from(dtype),
+            if dtype == Dtype::F16 { 10 } else { 7 },
+        );
+        let data = runtime::tensor::buffers::rounded(&random(q_len + k_len, 17), scalar);
+        let (q32, k32) = (
+            Tensor::from_f32(&gpu, &[b, s, h, d], f, &data[..q_len]).unwrap(),
+            Tensor::from_f32(&gpu, &[b, s, kv, d], f, &data[q_len..]).unwrap(),
+        );
+        rotate(&mut wide, &q32, None);
+        rotate(&mut wide, &k32, None);
+        let mut want = q32.to_f32(&gpu).block_on().unwrap();
+        want.extend(k32.to_f32(&gpu).block_on().unwrap());
+        let want = runtime::tensor::buffers::rounded(&want, scalar);
+        let spec = RopeSpec {
+            dtype,
+            ..RopeSpec::new(d)
+        };
+        let mut narrow = Rope::new(&gpu, spec).unwrap();
+        let both = Tensor::from_f32(&gpu, &[(q_len + k_len) as u32], scalar, &data).unwrap();
+        let q = both.slice(0, &[b, s, h, d]).unwrap();
+        let k = both.slice(q_len as u64, &[b, s, kv, d]).unwrap();
+        rotate(&mut narrow, &q, Some(&k));
+        let got = both.to_f32(&gpu).block_on().unwrap();
+        let step = |w: f32| w.abs() * 2f32.powi(-bits) + 1e-7;
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!((g - w).abs() <= step(*w), "{dtype:?} {i}: {g} against {w}");
+        }
+        assert_ne!(got, data, "{dtype:?}: nothing was rotated");
+        let alone = Tensor::from_f32(&gpu, &[b, s, h, d], scalar, &data[..q_len]).unwrap();
+        rotate(&mut narrow, &alone, None);
+        assert_eq!(
+            alone.to_f32(&gpu).block_on().unwrap(),
+            got[..q_len],
+            "{dtype:?}"
+        );
+    }
+    let odd = RopeSpec {
+        dtype: Dtype::Bf16,
+        ..RopeSpec::new(6)
+    };
+    assert!(matches!(Rope::new(&gpu, odd), Err(Error::Pipeline { .. })));
+}
+
 /// RoPE of a fused projection's Q and K in one dispatch (K's rows after Q's, right after
 /// or past padding rows, as `Linear::parts` lays them) rotates each exactly as two
 /// separate calls do, each sequence from its own position, the rows between untouched; a

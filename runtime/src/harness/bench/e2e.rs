@@ -115,8 +115,8 @@ pub fn decode(
     let mut cache = filled_cache(gpu, h, dtype, [cache_len, cache_len + 3 * steps])?;
     let mut decode = Decode::new(gpu, DecodeSpec::new(h.head_dim, h.head_dim_v, dtype))?;
     let mut rope = Rope::new(gpu, RopeSpec::new(h.head_dim))?;
-    // RoPE runs on f32 rows; the half-precision step rotates f32 copies it does not feed
-    // on (the cost of the dispatch is what is measured).
+    // The step rotates f32 copies of Q and K it does not feed on (the cost of the
+    // dispatch is what is measured; the rows were f32 when the step's figures were taken).
     let q32 = random(gpu, &[1, 1, h.n_heads, h.head_dim], Dtype::F32, 2)?;
     let k32 = random(gpu, &[1, 1, h.n_kv_heads, h.head_dim], Dtype::F32, 3)?;
     let q = random(gpu, &[1, h.n_heads, h.head_dim], dtype, 4)?;

@@ -6,7 +6,7 @@
 mod host;
 pub use host::*;
 
-use attn_dsl::{KernelSpec, Masks, Op, Scalar};
+use attn_dsl::{Dtype, KernelSpec, Masks, Op, Scalar};
 
 use super::grid;
 use crate::device::Gpu;
@@ -17,9 +17,9 @@ use crate::error::{Error, InputError};
 use crate::modifiers::expect;
 use crate::tensor::Tensor;
 
-/// One call: `x` is `[batch, seq, heads, head_dim]` f32 (Q with n_heads, K with
-/// n_kv_heads), `positions` `[batch]` u32; `base` is the frequency base (10000 in most
-/// models).
+/// One call: `x` is `[batch, seq, heads, head_dim]` in the spec's dtype (Q with n_heads,
+/// K with n_kv_heads), `positions` `[batch]` u32; `base` is the frequency base (10000 in
+/// most models).
 #[derive(Clone, Copy, Debug)]
 pub struct RopeArgs<'a> {
     /// The rows, rotated in place.
@@ -30,30 +30,34 @@ pub struct RopeArgs<'a> {
     pub base: f32,
 }
 
-/// Which rotation a RoPE op applies to rows of `head_dim` (even): by the angle, or
-/// (`backward`) by minus the angle, the rotation's backward.
+/// Which rotation a RoPE op applies to rows of `head_dim` (even) held in `dtype`: by the
+/// angle, or (`backward`) by minus the angle, the rotation's backward.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RopeSpec {
     /// The width of the rows rotated, in pairs.
     pub head_dim: u32,
     /// Whether it rotates by minus the angle, the rotation's backward.
     pub backward: bool,
+    /// The rows' element type: f32, f16 (SHADER_F16) or bf16 (a head_dim that is a
+    /// multiple of 4). Each pair is rotated in f32 and rounded once into it.
+    pub dtype: Dtype,
 }
 
 impl RopeSpec {
-    /// The rotation of rows `head_dim` wide.
+    /// The rotation of f32 rows `head_dim` wide.
     pub fn new(head_dim: u32) -> RopeSpec {
         RopeSpec {
             head_dim,
             backward: false,
+            dtype: Dtype::F32,
         }
     }
 
     /// Its backward: the rotation by minus the angle.
     pub fn backward(head_dim: u32) -> RopeSpec {
         RopeSpec {
-            head_dim,
             backward: true,
+            ..RopeSpec::new(head_dim)
         }
     }
 }
@@ -70,19 +74,23 @@ impl Rope {
     /// The family's RoPE kernel for `spec`, checked against `gpu`; its pipeline is created
     /// on the first call.
     pub fn new(gpu: &Gpu, spec: RopeSpec) -> Result<Rope, Error> {
-        let RopeSpec { head_dim, backward } = spec;
+        let RopeSpec {
+            head_dim,
+            backward,
+            dtype,
+        } = spec;
         let (op, base) = match backward {
             false => (Op::Rope, "rope"),
             true => (Op::RopeBackward, "rope_backward"),
         };
+        let name = match dtype {
+            Dtype::F32 => crate::plan::kernels::family_name(base, head_dim),
+            _ => crate::plan::kernels::family_name(&format!("{base}_{}", dtype.name()), head_dim),
+        };
         let spec = KernelSpec {
             workgroup_size: head_dim.next_power_of_two().clamp(32, 256),
-            ..KernelSpec::standard(
-                &crate::plan::kernels::family_name(base, head_dim),
-                op,
-                head_dim,
-                Masks::default(),
-            )
+            dtype,
+            ..KernelSpec::standard(&name, op, head_dim, Masks::default())
         };
         let abi = attn_dsl::compile(&spec).map_err(|e| Error::Pipeline {
             kernel: spec.name.clone(),
@@ -146,7 +154,7 @@ impl Rope {
                 k,
                 "k",
                 &want,
-                Scalar::F32,
+                self.scalar(),
                 "[batch, seq, kv_heads, head_dim] as Q's",
             )?;
             let refused = || InputError::Unsupported {
@@ -185,10 +193,15 @@ impl Rope {
             x,
             name,
             x.shape(),
-            Scalar::F32,
+            self.scalar(),
             "[batch, seq, heads, head_dim]",
         )?;
         Ok(shape)
+    }
+
+    /// The element type of the rows the kernel rotates.
+    fn scalar(&self) -> Scalar {
+        self.abi.binding("x").map_or(Scalar::F32, |b| b.scalar)
     }
 
     /// Records the rotation of `x`'s `heads` heads a token, of which the last `second[0]`
