@@ -1480,7 +1480,14 @@ pub fn run_case(gpu: &Gpu, runner: &mut Runner, case: &Case, seed: u64) -> Resul
         Shape::Rope { seq, pos_offset } => {
             let pair = runner.rope(gpu, h.head_dim)?;
             let verdicts = run_rope(gpu, pair, h, batch, seq, pos_offset, seed)?;
-            vec![row("rope, rope_backward", verdicts)]
+            let mut rows = vec![row("rope, rope_backward", verdicts)];
+            // bf16 rotates two pairs a word: a head_dim that is a multiple of 4.
+            let halves = gpu.half_dtypes().into_iter();
+            for dtype in halves.filter(|d| *d != Dtype::Bf16 || h.head_dim.is_multiple_of(4)) {
+                let x = run_half_rope(gpu, dtype, h, (batch, seq, pos_offset), seed)?;
+                rows.push(row(&format!("rope {}", dtype.name()), vec![("x", x)]));
+            }
+            rows
         }
     })
 }
@@ -2364,6 +2371,50 @@ fn run_fp8_decode(
         _ => judge_half_attention(&p, inputs, &run.o, None, scalar),
     };
     Ok((label, verdicts))
+}
+
+/// RoPE of rows held in a half `dtype` (the device op, in place) against the f64 rotation
+/// of the same values: as accurate as the f32 reference's rotation rounded into the dtype,
+/// what a framework rotating in f32 and storing halves gives.
+fn run_half_rope(
+    gpu: &Gpu,
+    dtype: Dtype,
+    h: Heads,
+    (batch, seq, pos_offset): (u32, u32, u32),
+    seed: u64,
+) -> Result<Verdict, Error> {
+    use crate::ops::rope::{Rope, RopeArgs, RopeSpec};
+    use crate::tensor::Tensor;
+    let scalar = Scalar::from(dtype);
+    let shape = [batch, seq, h.n_heads, h.head_dim];
+    let n = shape.iter().map(|v| *v as usize).product();
+    let x = crate::tensor::buffers::rounded(&random(n, seed), scalar);
+    let spec = RopeSpec {
+        dtype,
+        ..RopeSpec::new(h.head_dim)
+    };
+    let mut op = Rope::new(gpu, spec)?;
+    let xt = Tensor::from_f32(gpu, &shape, scalar, &x)?;
+    let positions = Tensor::from_u32(gpu, &[batch], &vec![pos_offset; batch as usize])?;
+    let args = RopeArgs {
+        x: &xt,
+        positions: &positions,
+        base: 10000.0,
+    };
+    let mut enc = gpu.device.create_command_encoder(&Default::default());
+    op.record(gpu, &mut enc, &args)?;
+    gpu.queue.submit([enc.finish()]);
+    let got = xt.to_f32(gpu).block_on()?;
+    let (seq, heads, d) = (seq as usize, h.n_heads as usize, h.head_dim as usize);
+    let freqs = rope::inv_freq(10000.0, h.head_dim);
+    let exact = rope::inv_freq_exact(10000.0, h.head_dim);
+    let r64 = reference::rope(&cast::<f64>(&x), seq, heads, d, pos_offset, &exact, 1.0);
+    let r32 = reference::rope(&x, seq, heads, d, pos_offset, &freqs, 1.0);
+    Ok(judge(
+        &got,
+        &r64,
+        &crate::tensor::buffers::rounded(&r32, scalar),
+    ))
 }
 
 /// RoPE against the reference, and backward(forward(x)) against x within 1e-6.
