@@ -163,50 +163,7 @@ impl Linear {
     ) -> Result<(), Error> {
         encoder.recorder(|rec| {
             let s = self.spec;
-            let rows = args.x.shape().first().copied().unwrap_or(0);
-            crate::shape::nonzero("rows", rows)?;
-            let f = Scalar::F32;
-            expect(args.x, "x", &[rows, s.hidden], f, "[rows, hidden]")?;
-            expect(
-                args.w,
-                "w",
-                &[s.out, s.hidden],
-                Scalar::from(s.weights),
-                "[out, hidden]",
-            )?;
-            // A cut y holds the call's rows or the padded count of `part_rows` (in a 2- or
-            // 4-byte dtype): any other count would move the parts where a caller who split
-            // a view of y would not look for them.
-            let given = args.y.shape().first().copied().unwrap_or(0);
-            let padded = [Dtype::F16, Dtype::F32].map(|d| self.part_rows(gpu, rows, d));
-            let y_rows = match s.parts[1] > 0 && padded.contains(&given) {
-                true => given,
-                false => rows,
-            };
-            let layout = "[rows, out], or `part_rows` rows where y is cut into parts";
-            expect(args.y, "y", &[y_rows, s.out], f, layout)?;
-            let mut tensors = vec![("x", args.x), ("w", args.w), ("y", args.y)];
-            match (s.bias, args.b) {
-                (true, Some(b)) => {
-                    expect(b, "b", &[s.out], f, "[out]")?;
-                    tensors.push(("bias", b));
-                }
-                (true, None) => {
-                    return Err(crate::error::InputError::Unsupported {
-                        what: "this Linear",
-                        needs: "its bias, `b` (the spec says it has one)",
-                    }
-                    .into());
-                }
-                (false, Some(_)) => {
-                    return Err(crate::error::InputError::Unsupported {
-                        what: "a bias",
-                        needs: "a Linear built with `bias: true`",
-                    }
-                    .into());
-                }
-                (false, None) => {}
-            }
+            let (tensors, [rows, y_rows]) = self.checked(gpu, args)?;
             let per = Linear::rows_per_workgroup(rows);
             let pipeline = self
                 .kernels
@@ -225,7 +182,54 @@ impl Linear {
             pipeline.record(gpu, rec, &d, g)
         })
     }
+
+    /// A call's tensors, each checked, and its rows and y's rows.
+    fn checked<'a>(
+        &self,
+        gpu: &Gpu,
+        args: &LinearArgs<'a>,
+    ) -> Result<(Bound<'a>, [u32; 2]), Error> {
+        let s = self.spec;
+        let rows = args.x.shape().first().copied().unwrap_or(0);
+        crate::shape::nonzero("rows", rows)?;
+        let f = Scalar::F32;
+        expect(args.x, "x", &[rows, s.hidden], f, "[rows, hidden]")?;
+        let w_dtype = Scalar::from(s.weights);
+        expect(args.w, "w", &[s.out, s.hidden], w_dtype, "[out, hidden]")?;
+        // A cut y holds the call's rows or the padded count of `part_rows` (in a 2- or
+        // 4-byte dtype): any other count would move the parts where a caller who split a
+        // view of y would not look for them.
+        let given = args.y.shape().first().copied().unwrap_or(0);
+        let padded = [Dtype::F16, Dtype::F32].map(|d| self.part_rows(gpu, rows, d));
+        let y_rows = match s.parts[1] > 0 && padded.contains(&given) {
+            true => given,
+            false => rows,
+        };
+        let layout = "[rows, out], or `part_rows` rows where y is cut into parts";
+        expect(args.y, "y", &[y_rows, s.out], f, layout)?;
+        let mut tensors = vec![("x", args.x), ("w", args.w), ("y", args.y)];
+        let refused = |what, needs| crate::error::InputError::Unsupported { what, needs };
+        match (s.bias, args.b) {
+            (true, Some(b)) => {
+                expect(b, "b", &[s.out], f, "[out]")?;
+                tensors.push(("bias", b));
+            }
+            (true, None) => {
+                let needs = "its bias, `b` (the spec says it has one)";
+                return Err(refused("this Linear", needs).into());
+            }
+            (false, Some(_)) => {
+                let needs = "a Linear built with `bias: true`";
+                return Err(refused("a bias", needs).into());
+            }
+            (false, None) => {}
+        }
+        Ok((tensors, [rows, y_rows]))
+    }
 }
+
+/// A call's tensors by binding name.
+type Bound<'a> = Vec<(&'static str, &'a Tensor)>;
 
 /// The `linear_rows` kernel of `spec` for `rows` rows per workgroup.
 fn compile(spec: &LinearSpec, rows: u32) -> Result<KernelAbi, Error> {
