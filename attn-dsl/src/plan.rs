@@ -67,6 +67,9 @@ impl Scalar {
     /// KV cache (if it reads or writes one) is in `kv_fp8` when given.
     pub fn of(e: Elem, dtype: Dtype, kv_fp8: Option<Fp8>) -> Scalar {
         match (e, kv_fp8) {
+            (Elem::LinearIn4 | Elem::LinearOut, _) => {
+                unreachable!("a Linear's rows take their dtype from its form: `Scalar::in_spec`")
+            }
             (Elem::Cache4, Some(f)) => return Scalar::from(f),
             (Elem::Cache4, None) => return Scalar::of(Elem::Data4, dtype, None),
             _ => {}
@@ -76,7 +79,20 @@ impl Scalar {
             (Elem::U32 | Elem::Counter, _) => Scalar::U32,
             (Elem::Data | Elem::Data4, Dtype::F16) => Scalar::F16,
             (Elem::Data | Elem::Data4, Dtype::Bf16) => Scalar::Bf16,
-            (Elem::Cache4, _) => unreachable!("answered above"),
+            (Elem::Cache4 | Elem::LinearIn4 | Elem::LinearOut, _) => {
+                unreachable!("answered above")
+            }
+        }
+    }
+
+    /// The element of tensor kind `e` in `spec`'s kernel: [`Scalar::of`], and a Linear's
+    /// rows in the dtypes of its form.
+    pub fn in_spec(e: Elem, spec: &KernelSpec) -> Scalar {
+        let form = spec.matmul.unwrap_or(crate::layout::MATMUL_DEFAULT);
+        match e {
+            Elem::LinearIn4 => Scalar::of(Elem::Data4, form.x, None),
+            Elem::LinearOut => Scalar::of(Elem::Data, form.y, None),
+            _ => Scalar::of(e, spec.dtype, spec.kv_fp8),
         }
     }
 
@@ -394,7 +410,7 @@ fn signature_bindings(spec: &KernelSpec) -> Vec<Binding> {
         .enumerate()
         .map(|(i, t)| {
             let write = spec.write_mode(t.name);
-            let scalar = Scalar::of(t.elem, spec.dtype, spec.kv_fp8);
+            let scalar = Scalar::in_spec(t.elem, spec);
             let (access, wgsl_type, fields) = match t.role {
                 Role::Uniform => {
                     let block = signature::uniform_block(spec.op, t.name)
@@ -450,7 +466,11 @@ fn split_word(spec: &KernelSpec) -> Option<&'static str> {
 /// holding f32 bits for the compare-exchange loop, or `f32` for native atomic adds.
 fn array_type(e: Elem, scalar: Scalar, scatter: Option<Scatter>) -> Cow<'static, str> {
     // A cache in the kernel's dtype is its data, four at a time.
-    let e = if e == Elem::Cache4 { Elem::Data4 } else { e };
+    let e = match e {
+        Elem::Cache4 | Elem::LinearIn4 => Elem::Data4,
+        Elem::LinearOut => Elem::Data,
+        e => e,
+    };
     Cow::Borrowed(match (scatter, e, scalar) {
         (Some(Scatter::Cas), _, _) | (None, Elem::Counter, _) => "array<atomic<u32>>",
         (Some(Scatter::F32Atomic), _, _) => "array<atomic<f32>>",

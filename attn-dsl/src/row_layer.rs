@@ -4,7 +4,9 @@
 
 pub use crate::layout::rows::*;
 
-use crate::spec::{Dtype, Grid, KernelSpec, Major, Masks, MatmulForm, Matrix, Op, WriteMode};
+use crate::spec::{
+    Along, Dtype, Grid, KernelSpec, Major, Masks, MatmulForm, Matrix, Op, WriteMode,
+};
 
 /// How the backward sums dγ, dβ, dW and db over rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -163,25 +165,28 @@ pub fn matmul(name: &str, form: MatmulForm) -> KernelSpec {
 }
 
 /// A Linear at up to `rows` rows ([`Op::LinearRows`]): `y = x·Wᵀ (+ b)`, x `[rows,
-/// hidden]` f32, W `[out, hidden]` in `dtype` (hidden a multiple of 4), y f32; more rows
-/// than `rows` take more workgroups, each reading W again.
+/// hidden]` held in `io[0]`, W `[out, hidden]` in `dtype` (hidden a multiple of 4), y
+/// written in `io[1]` (summed in f32, rounded once); more rows than `rows` take more
+/// workgroups, each reading W again.
 pub fn linear_rows(
     name: &str,
     [hidden, out]: [u32; 2],
     rows: u32,
     dtype: Dtype,
     bias: bool,
+    [x, y]: [Dtype; 2],
 ) -> KernelSpec {
+    let form = MatmulForm {
+        x,
+        y,
+        ..MatmulForm::f32(Along::Reduction, Along::Reduction, bias)
+    };
     let mut spec = KernelSpec {
         grid: Grid::rows(Major::R, rows),
         out_dim: out,
         dtype,
         writes: vec![("y".to_string(), WriteMode::Owned)],
-        matmul: Some(MatmulForm {
-            a: crate::spec::Along::Reduction,
-            b: crate::spec::Along::Reduction,
-            bias,
-        }),
+        matmul: Some(form),
         ..KernelSpec::standard(name, Op::LinearRows, hidden, Masks::default())
     };
     spec.fit_target();
@@ -212,9 +217,21 @@ mod tests {
     /// partial step and a partial block: the WGSL validates, and the grid covers `out`.
     #[test]
     fn a_linear_at_every_row_count_compiles_and_covers_its_columns() {
-        for dtype in [Dtype::F32, Dtype::F16, Dtype::Bf16] {
+        let f32 = [Dtype::F32; 2];
+        let io = [
+            f32,
+            [Dtype::F16, Dtype::F32],
+            [Dtype::F32, Dtype::F16],
+            [Dtype::F32, Dtype::Bf16],
+            [Dtype::Bf16; 2],
+        ];
+        for (dtype, io) in [Dtype::F32, Dtype::F16, Dtype::Bf16]
+            .into_iter()
+            .zip(io)
+            .chain([(Dtype::F16, [Dtype::F16; 2])])
+        {
             for tile in [1, 2, 4, 8, 16] {
-                let spec = linear_rows("linear_rows_t", [200, 37], tile, dtype, true);
+                let spec = linear_rows("linear_rows_t", [200, 38], tile, dtype, true, io);
                 let abi = crate::compile(&spec).unwrap_or_else(|e| panic!("{dtype:?} {tile}: {e}"));
                 let bytes = dtype.bytes();
                 let block = crate::layout::rows::linear_layout(tile, bytes, spec.workgroup_size)

@@ -39,6 +39,10 @@ pub enum Elem {
     Cache4,
     /// `u32` counters the workgroups add to atomically (`array<atomic<u32>>`).
     Counter,
+    /// A Linear's input rows, four at a time, in its form's `x` dtype (as [`Elem::Data4`]).
+    LinearIn4,
+    /// A Linear's output, in its form's `y` dtype (as [`Elem::Data`]).
+    LinearOut,
 }
 
 /// When a tensor of the signature is bound.
@@ -128,7 +132,7 @@ const fn when(t: Tensor, presence: Presence) -> Tensor {
 }
 
 use Axis::{B, D, H, J, KvH, Page, Part, S, Slice};
-use Elem::{Cache4, Counter, Data, Data4, F32, F32x4, U32};
+use Elem::{Cache4, Counter, Data, Data4, F32, F32x4, LinearIn4, LinearOut, U32};
 use Presence::{
     IfAlibi, IfBias, IfBiasWritten, IfCoop, IfDocument, IfRecompute, IfScaled, IfScratch, IfSinks,
     IfWritten,
@@ -640,10 +644,10 @@ const MATMUL: &[Tensor] = &[
 
 // x: [rows, hidden] f32; w: [out, hidden] in the kernel's dtype; y: [rows, out] f32.
 const LINEAR_ROWS: &[Tensor] = &[
-    t("x", Input, F32x4, &[R, K]),
+    t("x", Input, LinearIn4, &[R, K]),
     t("w", Input, Data4, &[N, K]),
     when(t("bias", Input, F32, &[N]), Presence::IfMatmulBias),
-    t("y", Output, F32, &[R, N]),
+    t("y", Output, LinearOut, &[R, N]),
     DIMS,
 ];
 

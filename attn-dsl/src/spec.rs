@@ -325,8 +325,9 @@ pub enum Along {
     Output,
 }
 
-/// The memory layout of a [`Op::Matmul`]'s operands, and whether it adds a bias per
-/// output column.
+/// The memory layout of a [`Op::Matmul`]'s operands, whether it adds a bias per output
+/// column, and (of a row-wise Linear, [`Op::LinearRows`]) the element types of its input
+/// rows and its output; the weights are the spec's dtype.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 pub struct MatmulForm {
     /// How the left operand is laid out.
@@ -335,6 +336,25 @@ pub struct MatmulForm {
     pub b: Along,
     /// Whether a bias per output column is added.
     pub bias: bool,
+    /// A Linear's x as held: f32, or f16 or bf16 rows (an engine's attention output in
+    /// its cache's dtype). f32 in a [`Op::Matmul`].
+    pub x: Dtype,
+    /// A Linear's y as written: f32, or rounded once into f16 or bf16 (Q, K and V in
+    /// the cache's dtype). f32 in a [`Op::Matmul`].
+    pub y: Dtype,
+}
+
+impl MatmulForm {
+    /// Operands laid out as `a` and `b`, with a bias or without, x and y in f32.
+    pub const fn f32(a: Along, b: Along, bias: bool) -> MatmulForm {
+        MatmulForm {
+            a,
+            b,
+            bias,
+            x: Dtype::F32,
+            y: Dtype::F32,
+        }
+    }
 }
 
 /// Where a key-major backward gets P and dS.
@@ -1118,7 +1138,10 @@ impl KernelSpec {
     /// Whether the kernel computes in f16 (needs SHADER_F16): f16 data, or f16 operands
     /// of cooperative matrices (bf16 data scaled into them).
     pub fn uses_f16(&self) -> bool {
-        self.dtype == Dtype::F16 || self.grid.uses_coop()
+        let rows = self
+            .matmul
+            .is_some_and(|f| f.x == Dtype::F16 || f.y == Dtype::F16);
+        self.dtype == Dtype::F16 || self.grid.uses_coop() || rows
     }
 
     /// Whether any output is added into by atomics.

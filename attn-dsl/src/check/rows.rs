@@ -44,6 +44,17 @@ pub(crate) fn check_sizes(spec: &KernelSpec) -> Result<(), DslError> {
                 ),
             ));
         }
+        let form = spec.matmul.unwrap_or(crate::layout::MATMUL_DEFAULT);
+        if form.y == crate::spec::Dtype::Bf16 && !spec.out_dim.is_multiple_of(2) {
+            return Err(DslError::spec(
+                Field::OutDim,
+                format!(
+                    "linear_rows writes bf16 two columns a word: out ({}) must be even (or y \
+                     in f32 or f16)",
+                    spec.out_dim
+                ),
+            ));
+        }
         if !(1..=LINEAR_MAX_ROWS).contains(&spec.grid.tile) {
             return Err(DslError::spec(
                 Field::Grid,
@@ -139,6 +150,15 @@ pub(crate) fn check_coop(spec: &KernelSpec) -> Result<(), DslError> {
             "the tensor-core products read x, γ, β, W and dy as vec4: hidden ({}) and out \
              ({}) must be multiples of 4; use `matrix = scalar` for these widths",
             spec.head_dim, spec.out_dim
+        ));
+    }
+    let form = spec.matmul.unwrap_or(crate::layout::MATMUL_DEFAULT);
+    if [form.x, form.y] != [crate::spec::Dtype::F32; 2] {
+        return refuse(format!(
+            "the tensor-core products read and write f32 rows; x in {} and y in {} are a \
+             Linear's at a few rows (`linear_rows`)",
+            form.x.name(),
+            form.y.name()
         ));
     }
     Ok(())

@@ -98,22 +98,33 @@ fn $name4(i: u32) -> vec4<f32> {
 /// `widen4(x) -> vec4<f32>` and `narrow4(x: vec4<f32>)`: an element of an `Elem::Data4`
 /// tensor (four values) to and from f32, for kernels that move data four at a time.
 pub(super) fn vec4_codec(out: &mut Wgsl, dtype: Dtype) {
-    let (widen, narrow) = match dtype {
-        Dtype::F32 => ("x", "x"),
-        Dtype::F16 => ("vec4<f32>(x)", "vec4<f16>(x)"),
-        Dtype::Bf16 => (
-            "bitcast<vec4<f32>>(vec4<u32>(x.x << 16u, x.x & 0xffff0000u, x.y << 16u, x.y & 0xffff0000u))",
-            "vec2<u32>(bf16_bits(x.x) | (bf16_bits(x.y) << 16u), bf16_bits(x.z) | (bf16_bits(x.w) << 16u))",
-        ),
+    let narrow = match dtype {
+        Dtype::F32 => "x",
+        Dtype::F16 => "vec4<f16>(x)",
+        Dtype::Bf16 => {
+            "vec2<u32>(bf16_bits(x.x) | (bf16_bits(x.y) << 16u), bf16_bits(x.z) | (bf16_bits(x.w) << 16u))"
+        }
     };
     if dtype == Dtype::Bf16 {
         out.put(BF16_BITS.plain());
     }
     out.put(VEC4_CODEC.fill([
         ("t", Fragment::from(vec4_type(dtype))),
-        ("widen", Fragment::from(widen)),
+        ("widen", Fragment::from(widen4(dtype))),
         ("narrow", Fragment::from(narrow)),
     ]));
+}
+
+/// Four elements `x` of a `Elem::Data4` tensor in `dtype`, widened to a `vec4<f32>`
+/// (exactly), as one WGSL expression.
+pub(super) fn widen4(dtype: Dtype) -> &'static str {
+    match dtype {
+        Dtype::F32 => "x",
+        Dtype::F16 => "vec4<f32>(x)",
+        Dtype::Bf16 => {
+            "bitcast<vec4<f32>>(vec4<u32>(x.x << 16u, x.x & 0xffff0000u, x.y << 16u, x.y & 0xffff0000u))"
+        }
+    }
 }
 
 /// [`vec4_codec`]'s two functions, `$t` the stored type of four elements.

@@ -13,7 +13,7 @@ use super::numerics::Helper;
 use super::writer::{Fragment, Template, Wgsl, concat, lines, uint};
 
 use crate::layout::rows::{LinearLayout, linear_layout};
-use crate::spec::KernelSpec;
+use crate::spec::{Dtype, KernelSpec};
 
 /// The layout the rules give `spec`.
 fn layout(spec: &KernelSpec) -> LinearLayout {
@@ -70,7 +70,18 @@ const EVEN: bool = $unmasked && K4 % (UNROLL * PARTS * STEP) == 0u;
 
 pub(super) fn body(out: &mut Wgsl, spec: &KernelSpec) {
     super::dtype::vec4_codec(out, spec.dtype);
+    let form = spec.matmul.unwrap_or(crate::layout::MATMUL_DEFAULT);
+    if form.y == Dtype::Bf16 && spec.dtype != Dtype::Bf16 {
+        super::dtype::bf16_bits(out);
+    }
+    out.put(WIDEN_X.fill([
+        ("t", Fragment::from(super::dtype::vec4_type(form.x))),
+        ("widen", Fragment::from(super::dtype::widen4(form.x))),
+    ]));
     let l = layout(spec);
+    // Each (sum, column slot) of a batch has an invocation of its own in `part_sums`.
+    let slots = l.block(spec.workgroup_size) / l.columns;
+    assert!(16 * slots <= spec.workgroup_size && slots.is_multiple_of(2));
     let sums: Vec<(u32, u32)> = (0..spec.grid.tile)
         .flat_map(|r| (0..l.columns).map(move |c| (r, c)))
         .collect();
@@ -83,9 +94,9 @@ pub(super) fn body(out: &mut Wgsl, spec: &KernelSpec) {
     if l.compensated {
         out.put(CARRIED_ADD.plain());
     }
-    let bias = match spec.matmul.is_some_and(|f| f.bias) {
-        true => "let u = two_sum(sum.x, bias[n]);\ny[y_at(r, n)] = u.x + (sum.y + u.y);",
-        false => "y[y_at(r, n)] = sum.x + sum.y;",
+    let bias = match form.bias {
+        true => "let u = two_sum(sum.x, bias[n]);\nreturn u.x + (sum.y + u.y);",
+        false => "return sum.x + sum.y;",
     };
     out.put(BODY.fill([
         ("decl", decl),
@@ -93,8 +104,43 @@ pub(super) fn body(out: &mut Wgsl, spec: &KernelSpec) {
         ("fmas", fmas(&l, spec.grid.tile)),
         ("reduce", batched_reduce(&sums, l.compensated)),
         ("bias", Fragment::from(bias)),
+        ("store", Fragment::from(store(form.y))),
         ("name", Fragment::from(spec.name.as_str())),
     ]));
+}
+
+/// `widen_x`: four elements of x, as held, in f32.
+const WIDEN_X: Template = Template {
+    name: "linear_rows_widen_x",
+    needs: &[],
+    text: r#"fn widen_x(x: $t) -> vec4<f32> {
+    return $widen;
+}
+
+"#,
+};
+
+/// `part_sums`'s store of its sum `t` into y[r, col] where it is `mine` (a row and column
+/// of the call), rounded once into y's dtype. bf16's two columns of a word are written
+/// together, by the invocation of the even one (`part_sums` gives the columns of a word
+/// to neighbouring invocations; a Linear writing bf16 has even parts), through `sh_red`:
+/// two invocations writing halves of one word would race.
+fn store(y: Dtype) -> &'static str {
+    match y {
+        Dtype::F32 => "if (mine) {\n    y[y_at(r, col)] = y_value(col, t);\n}",
+        Dtype::F16 => {
+            "if (mine) {\n    let e = y_at(r, col);\n    y[e >> 2u][e & 3u] = f16(y_value(col, t));\n}"
+        }
+        Dtype::Bf16 => {
+            "let v = select(0.0, y_value(min(col, OUT - 1u), t), mine);
+workgroupBarrier();
+sh_red[tid] = v;
+workgroupBarrier();
+if (mine && q % 2u == 0u) {
+    y[y_at(r, col) >> 1u] = bf16_bits(v) | (bf16_bits(sh_red[tid + 1u]) << 16u);
+}"
+        }
+    }
 }
 
 /// A lane's loads of W for `unroll` steps: `w{u}_{c}_{v}`, vec4 v of step u's run of
@@ -215,9 +261,9 @@ const BODY: Template = Template {
 // vec4 k4 of row r of x; rows past the call's repeat its last (their sums are not stored).
 fn x_at(r: u32, k4: u32) -> vec4<f32> {
     if (EVEN) {
-        return x[min(r, dims.rows - 1u) * K4 + k4];
+        return widen_x(x[min(r, dims.rows - 1u) * K4 + k4]);
     }
-    let v = x[min(r, dims.rows - 1u) * K4 + min(k4, K4 - 1u)];
+    let v = widen_x(x[min(r, dims.rows - 1u) * K4 + min(k4, K4 - 1u)]);
     return select(vec4<f32>(0.0), v, k4 < K4);
 }
 
@@ -237,19 +283,22 @@ fn two_sum(a: f32, b: f32) -> vec2<f32> {
 }
 
 // Sums first..first + n of the batch in `sh_red`, each added over the parts and stored:
-// sum i of column slot q by invocation i * SLOTS + q (and WG on).
+// sum i of column slot q by invocation i * SLOTS + q (n * SLOTS is at most WG).
 fn part_sums(tid: u32, first: u32, n: u32, wgx: u32, r0: u32) {
-    for (var o = tid; o < n * SLOTS; o = o + WG) {
-        let i = o / SLOTS;
-        let q = o % SLOTS;
-        var t = vec2<f32>(0.0);
+    let i = tid / SLOTS;
+    let q = tid % SLOTS;
+    let at = first + i;
+    let r = r0 + at / COLS;
+    let col = wgx * BLOCK + at % COLS * SLOTS + q;
+    let mine = tid < n * SLOTS && r < dims.rows && col < OUT;
+    var t = vec2<f32>(0.0);
+    if (mine) {
         for (var p = 0u; p < PARTS; p = p + 1u) {
             let u = two_sum(t.x, sh_red[(i * PARTS + p) * SLOTS + q]);
             t = vec2<f32>(u.x, t.y + u.y);
         }
-        let at = first + i;
-        store(r0 + at / COLS, wgx * BLOCK + at % COLS * SLOTS + q, t);
     }
+    $store
 }
 
 // Where y holds row r of column n: y's columns are cut into up to three parts (a fused
@@ -264,11 +313,9 @@ fn y_at(r: u32, n: u32) -> u32 {
     return dims.y_rows * start + r * (end - start) + (n - start);
 }
 
-// y[r, n] from its sum and error, with the bias, for the call's rows and columns.
-fn store(r: u32, n: u32, sum: vec2<f32>) {
-    if (r < dims.rows && n < OUT) {
-        $bias
-    }
+// y[r, n] from its sum and error, with the bias.
+fn y_value(n: u32, sum: vec2<f32>) -> f32 {
+    $bias
 }
 
 @compute @workgroup_size(WG)

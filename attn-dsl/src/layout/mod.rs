@@ -26,11 +26,11 @@ pub const MAX_STRIDE_WORKGROUPS: u32 = 4096;
 pub const ROW_SCALE_LANES: u32 = 16;
 
 /// The form of a matmul whose spec names none (a description's default).
-pub const MATMUL_DEFAULT: crate::spec::MatmulForm = crate::spec::MatmulForm {
-    a: crate::spec::Along::Reduction,
-    b: crate::spec::Along::Reduction,
-    bias: false,
-};
+pub const MATMUL_DEFAULT: crate::spec::MatmulForm = crate::spec::MatmulForm::f32(
+    crate::spec::Along::Reduction,
+    crate::spec::Along::Reduction,
+    false,
+);
 
 /// Bytes of `var<workgroup>` memory the emitted kernel declares.
 pub fn workgroup_bytes(spec: &KernelSpec) -> u32 {

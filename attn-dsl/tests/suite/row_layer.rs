@@ -305,7 +305,7 @@ fn matmul_and_rows_pass_compile() {
     for a in [Along::Reduction, Along::Output] {
         for b in [Along::Reduction, Along::Output] {
             for bias in [false, true] {
-                let spec = attn_dsl::row_layer::matmul("matmul", MatmulForm { a, b, bias });
+                let spec = attn_dsl::row_layer::matmul("matmul", MatmulForm::f32(a, b, bias));
                 let abi = attn_dsl::compile(&spec).unwrap_or_else(|e| panic!("{a:?} {b:?}: {e}"));
                 assert_eq!(abi.binding("bias").is_some(), bias);
                 assert_eq!(abi.dispatch_grid(&[300, 200, 64, 3]), [2, 3, 3]);

@@ -41,6 +41,13 @@ pub struct LinearSpec {
     /// up to `out`: part p's `[rows, parts[p]]` rows follow part p−1's in y. `[out, 0, 0]`
     /// is y row by row.
     pub parts: [u32; 3],
+    /// x's element type: f32, f16 (SHADER_F16) or bf16; widened exactly as it is read (an
+    /// attention output in its cache's dtype needs no conversion first).
+    pub x: Dtype,
+    /// y's element type: f32, or each sum (in f32) rounded once into f16 or bf16 as it is
+    /// stored (Q, K and V straight into their cache's dtype). bf16 writes two columns a
+    /// word: each part's width must be even.
+    pub y: Dtype,
 }
 
 impl LinearSpec {
@@ -52,6 +59,8 @@ impl LinearSpec {
             weights,
             bias: false,
             parts: [out, 0, 0],
+            x: Dtype::F32,
+            y: Dtype::F32,
         }
     }
 
@@ -69,14 +78,23 @@ impl LinearSpec {
             }
             .into());
         }
+        if self.y == Dtype::Bf16 && self.parts.iter().any(|w| w % 2 == 1) {
+            let needs = "parts of even widths (it writes two columns a word), or y in f32 or f16";
+            return Err(crate::error::InputError::Unsupported {
+                what: "a Linear writing bf16",
+                needs,
+            }
+            .into());
+        }
         Ok([if b > 0 { a } else { 0 }, if c > 0 { a + b } else { 0 }])
     }
 }
 
-/// One call: x `[rows, hidden]` f32, W `[out, hidden]` in the spec's weights dtype (the
-/// Linear's weight as PyTorch lays it out), b `[out]` f32 where the spec has a bias, y
-/// `[rows, out]` f32 (overwritten; its parts one after another where the spec cuts it, and
-/// then y may hold [`Linear::part_rows`]'s rows, the rows past x's untouched).
+/// One call: x `[rows, hidden]` in the spec's `x` dtype, W `[out, hidden]` in its weights
+/// dtype (the Linear's weight as PyTorch lays it out), b `[out]` f32 where the spec has a
+/// bias, y `[rows, out]` in its `y` dtype (overwritten; its parts one after another where
+/// the spec cuts it, and then y may hold [`Linear::part_rows`]'s rows, the rows past x's
+/// untouched).
 #[derive(Clone, Copy, Debug)]
 pub struct LinearArgs<'a> {
     /// The input rows.
@@ -193,7 +211,7 @@ impl Linear {
         let rows = args.x.shape().first().copied().unwrap_or(0);
         crate::shape::nonzero("rows", rows)?;
         let f = Scalar::F32;
-        expect(args.x, "x", &[rows, s.hidden], f, "[rows, hidden]")?;
+        expect(args.x, "x", &[rows, s.hidden], s.x.into(), "[rows, hidden]")?;
         let w_dtype = Scalar::from(s.weights);
         expect(args.w, "w", &[s.out, s.hidden], w_dtype, "[out, hidden]")?;
         // A cut y holds the call's rows or the padded count of `part_rows` (in a 2- or
@@ -206,7 +224,7 @@ impl Linear {
             false => rows,
         };
         let layout = "[rows, out], or `part_rows` rows where y is cut into parts";
-        expect(args.y, "y", &[y_rows, s.out], f, layout)?;
+        expect(args.y, "y", &[y_rows, s.out], s.y.into(), layout)?;
         let mut tensors = vec![("x", args.x), ("w", args.w), ("y", args.y)];
         let refused = |what, needs| crate::error::InputError::Unsupported { what, needs };
         match (s.bias, args.b) {
@@ -233,11 +251,17 @@ type Bound<'a> = Vec<(&'static str, &'a Tensor)>;
 
 /// The `linear_rows` kernel of `spec` for `rows` rows per workgroup.
 fn compile(spec: &LinearSpec, rows: u32) -> Result<KernelAbi, Error> {
+    let io = |what: &str, d: Dtype| match d {
+        Dtype::F32 => String::new(),
+        d => format!("_{what}{}", d.name()),
+    };
     let name = format!(
-        "linear_rows_{}x{}_{}_r{rows}",
+        "linear_rows_{}x{}_{}{}{}_r{rows}",
         spec.hidden,
         spec.out,
-        spec.weights.name()
+        spec.weights.name(),
+        io("x", spec.x),
+        io("y", spec.y),
     );
     let k = attn_dsl::row_layer::linear_rows(
         &name,
@@ -245,6 +269,7 @@ fn compile(spec: &LinearSpec, rows: u32) -> Result<KernelAbi, Error> {
         rows,
         spec.weights,
         spec.bias,
+        [spec.x, spec.y],
     );
     attn_dsl::compile(&k).map_err(|e| Error::Pipeline {
         kernel: name,

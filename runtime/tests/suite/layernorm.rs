@@ -311,17 +311,21 @@ fn linear_into(
     use runtime::verify::random;
     let spec = op.spec();
     let (hidden, out) = (spec.hidden, spec.out);
-    let x = random((rows * hidden) as usize, seed);
-    let w = runtime::tensor::buffers::rounded(
+    let rounded = runtime::tensor::buffers::rounded;
+    let x = rounded(
+        &random((rows * hidden) as usize, seed),
+        Scalar::from(spec.x),
+    );
+    let w = rounded(
         &random((out * hidden) as usize, seed + 1),
         Scalar::from(spec.weights),
     );
     let b = random(out as usize, seed + 2);
-    let xt = Tensor::from_f32(gpu, &[rows, hidden], Scalar::F32, &x).unwrap();
+    let xt = Tensor::from_f32(gpu, &[rows, hidden], Scalar::from(spec.x), &x).unwrap();
     let wt = Tensor::from_f32(gpu, &[out, hidden], Scalar::from(spec.weights), &w).unwrap();
     let bt = Tensor::from_f32(gpu, &[out], Scalar::F32, &b).unwrap();
     let before = vec![-7.0; (y_rows * out) as usize];
-    let yt = Tensor::from_f32(gpu, &[y_rows, out], Scalar::F32, &before).unwrap();
+    let yt = Tensor::from_f32(gpu, &[y_rows, out], Scalar::from(spec.y), &before).unwrap();
     let mut enc = gpu.device.create_command_encoder(&Default::default());
     let args = LinearArgs {
         x: &xt,
@@ -361,6 +365,81 @@ fn a_linear_at_a_few_rows_passes_the_rule_in_every_weight_dtype() {
         .map(Linear::rows_per_workgroup)
         .to_vec();
     assert_eq!(per, [1, 2, 4, 8, 16, 16, 16]);
+}
+
+/// A Linear reading x in f16 or bf16 widens it exactly (judged by the rule on the values
+/// it read); one writing f16 or bf16 rounds each of the f32 Linear's sums once (bf16 to
+/// nearest even, f16 within one unit of the last place), cut into parts or not. bf16 with
+/// an odd part, or an x in another dtype than the spec's, is refused.
+#[test]
+fn a_linear_reads_and_writes_half_precision_rows_rounding_once() {
+    use attn_dsl::{Dtype, Scalar};
+    use runtime::ops::linear::{Linear, LinearSpec};
+    let gpu = gpu();
+    let f = Dtype::F32;
+    for h in gpu.half_dtypes() {
+        let mantissa = if h == Dtype::F16 { 10 } else { 7 };
+        for parts in [[38, 0, 0], [64, 64, 32]] {
+            let plain = LinearSpec {
+                bias: true,
+                parts,
+                ..LinearSpec::new(200, parts.iter().sum(), h)
+            };
+            let op = |x, y| Linear::new(&gpu, LinearSpec { x, y, ..plain }).unwrap();
+            let (mut f32s, mut x_h, mut y_h, mut both) = (op(f, f), op(h, f), op(f, h), op(h, h));
+            for rows in [1u32, 3, 16, 21] {
+                let seed = 70 + u64::from(rows);
+                if parts[1] == 0 {
+                    let v = linear_verdict(&gpu, &mut x_h, rows, seed);
+                    assert!(v.pass(), "{h:?} x, rows {rows}: {v:?}");
+                }
+                for (wide, narrow) in [(&mut f32s, &mut y_h), (&mut x_h, &mut both)] {
+                    let (_, want) = linear_run(&gpu, wide, rows, seed);
+                    let (_, got) = linear_run(&gpu, narrow, rows, seed);
+                    let rounded = runtime::tensor::buffers::rounded(&want, Scalar::from(h));
+                    for (i, (g, r)) in got.iter().zip(&rounded).enumerate() {
+                        let ulps = g.to_bits().abs_diff(r.to_bits()) >> (23 - mantissa);
+                        let allowed = u32::from(h == Dtype::F16);
+                        assert!(
+                            ulps <= allowed,
+                            "{h:?} y {parts:?} rows {rows} at {i}: {g} {r}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    let odd = LinearSpec {
+        parts: [37, 1, 0],
+        y: Dtype::Bf16,
+        ..LinearSpec::new(200, 38, f)
+    };
+    match Linear::new(&gpu, odd) {
+        Err(Error::Input(InputError::Unsupported { .. })) => {}
+        other => panic!("{:?}", other.err()),
+    }
+    let mut wants_f16 = Linear::new(
+        &gpu,
+        LinearSpec {
+            x: Dtype::Bf16,
+            ..LinearSpec::new(200, 38, f)
+        },
+    )
+    .unwrap();
+    let x = runtime::Tensor::zeros(&gpu, &[2, 200], Scalar::F32).unwrap();
+    let w = runtime::Tensor::zeros(&gpu, &[38, 200], Scalar::F32).unwrap();
+    let y = runtime::Tensor::zeros(&gpu, &[2, 38], Scalar::F32).unwrap();
+    let args = runtime::ops::linear::LinearArgs {
+        x: &x,
+        w: &w,
+        b: None,
+        y: &y,
+    };
+    let mut enc = gpu.device.create_command_encoder(&Default::default());
+    match wants_f16.record(&gpu, &mut enc, &args) {
+        Err(Error::Input(InputError::Tensor(_))) => {}
+        other => panic!("{:?}", other.err()),
+    }
 }
 
 /// A Linear cut into parts (a fused Q, K and V projection) writes each part's rows whole,

@@ -141,24 +141,36 @@ pub fn linear_rows(gpu: &Gpu, seed: u64) -> Result<Vec<LnRow>, Error> {
     // rounding errors.
     let layers = [(200, whole(37)), (768, whole(3072)), (4096, whole(96))];
     let fused = (200, [20, 12, 12]);
-    for dtype in weights {
-        for (hidden, parts) in layers.into_iter().chain([fused]) {
-            for rows in [1, 3, 8, 16, 21] {
-                let case = LnCase {
-                    batch: 1,
-                    seq: rows,
-                    hidden,
-                    out: parts.iter().sum(),
-                };
-                let seed = seed + u64::from(rows);
-                let verdict = linear_verdict(gpu, case, (dtype, parts), seed)?;
-                let cut = if parts[1] > 0 { " in parts" } else { "" };
-                out.push(LnRow {
-                    label: format!("linear{cut}, {} weights", dtype.name()),
-                    case,
-                    verdicts: vec![("y", verdict)],
-                });
-            }
+    let f32s = [attn_dsl::Dtype::F32; 2];
+    let plain = weights.flat_map(|w| layers.into_iter().chain([fused]).map(move |l| (w, l, f32s)));
+    // x and y in each half dtype (Q, K and V written in a cache's dtype), and x alone (an
+    // attention output read as written).
+    let halves = gpu.half_dtypes().into_iter().flat_map(|h| {
+        [(h, (200, whole(38)), [h; 2]), (h, fused, [h; 2])]
+            .into_iter()
+            .chain([(h, (4096, whole(96)), [h, attn_dsl::Dtype::F32])])
+    });
+    for (dtype, (hidden, parts), io) in plain.chain(halves) {
+        for rows in [1, 3, 8, 16, 21] {
+            let case = LnCase {
+                batch: 1,
+                seq: rows,
+                hidden,
+                out: parts.iter().sum(),
+            };
+            let seed = seed + u64::from(rows);
+            let verdict = linear_verdict(gpu, case, (dtype, parts, io), seed)?;
+            let cut = if parts[1] > 0 { " in parts" } else { "" };
+            let rows_in = match io {
+                [attn_dsl::Dtype::F32, attn_dsl::Dtype::F32] => String::new(),
+                [x, attn_dsl::Dtype::F32] => format!(", x {}", x.name()),
+                [x, _] => format!(", x and y {}", x.name()),
+            };
+            out.push(LnRow {
+                label: format!("linear{cut}, {} weights{rows_in}", dtype.name()),
+                case,
+                verdicts: vec![("y", verdict)],
+            });
         }
     }
     Ok(out)
@@ -180,12 +192,14 @@ fn uncut(y: &[f32], parts: [u32; 3], [rows, y_rows]: [usize; 2]) -> Vec<f32> {
 }
 
 /// One call of `case`'s rows judged against the f64 reference and a pairwise f32 sum (the
-/// weights as held, rounded to `dtype`), y cut into `parts`: the worse of the rows of
-/// ordinary range together and each row of extreme range alone.
+/// weights as held, rounded to `dtype`; x as held in `io[0]`; the sum rounded into `io[1]`
+/// where y is written in it), y cut into `parts`: the worse of the rows of ordinary range
+/// together and each row of extreme range alone (where x is not f16, whose range is
+/// narrower).
 fn linear_verdict(
     gpu: &Gpu,
     case: LnCase,
-    (dtype, parts): (attn_dsl::Dtype, [u32; 3]),
+    (dtype, parts, io): (attn_dsl::Dtype, [u32; 3], [attn_dsl::Dtype; 2]),
     seed: u64,
 ) -> Result<Verdict, Error> {
     use crate::ops::linear::{Linear, LinearArgs, LinearSpec};
@@ -197,10 +211,12 @@ fn linear_verdict(
         case.out as usize,
     );
     let mut x = crate::verify::random(rows * h, seed);
-    if rows >= 8 {
+    let extremes = rows >= 8 && io[0] != attn_dsl::Dtype::F16;
+    if extremes {
         x[h..2 * h].iter_mut().for_each(|v| *v *= 3e6);
         x[2 * h..3 * h].iter_mut().for_each(|v| *v *= 1e-9);
     }
+    let x = crate::tensor::buffers::rounded(&x, Scalar::from(io[0]));
     let w = crate::tensor::buffers::rounded(
         &crate::verify::random(o * h, seed + 1),
         Scalar::from(dtype),
@@ -209,14 +225,16 @@ fn linear_verdict(
     let spec = LinearSpec {
         bias: true,
         parts,
+        x: io[0],
+        y: io[1],
         ..LinearSpec::new(case.hidden, case.out, dtype)
     };
     let mut op = Linear::new(gpu, spec)?;
-    let y_rows = op.part_rows(gpu, case.rows(), attn_dsl::Dtype::F32);
-    let xt = Tensor::from_f32(gpu, &[case.rows(), case.hidden], Scalar::F32, &x)?;
+    let y_rows = op.part_rows(gpu, case.rows(), io[1]);
+    let xt = Tensor::from_f32(gpu, &[case.rows(), case.hidden], Scalar::from(io[0]), &x)?;
     let wt = Tensor::from_f32(gpu, &[case.out, case.hidden], Scalar::from(dtype), &w)?;
     let bt = Tensor::from_f32(gpu, &[case.out], Scalar::F32, &b)?;
-    let yt = Tensor::zeros(gpu, &[y_rows, case.out], Scalar::F32)?;
+    let yt = Tensor::zeros(gpu, &[y_rows, case.out], Scalar::from(io[1]))?;
     let mut enc = gpu.device.create_command_encoder(&Default::default());
     let args = LinearArgs {
         x: &xt,
@@ -228,10 +246,13 @@ fn linear_verdict(
     gpu.queue.submit([enc.finish()]);
     let y = uncut(&yt.to_f32(gpu).block_on()?, parts, [rows, y_rows as usize]);
     let r64 = crate::verify::reference::linear::<f64>(&x, &w, Some(&b), h);
-    let r32 = crate::verify::reference::linear::<f32>(&x, &w, Some(&b), h);
+    let r32 = crate::tensor::buffers::rounded(
+        &crate::verify::reference::linear::<f32>(&x, &w, Some(&b), h),
+        Scalar::from(io[1]),
+    );
     // The rows of extreme range each alone, the others together: no row sets the bound
     // of rows of another scale.
-    let groups: Vec<Vec<usize>> = match rows >= 8 {
+    let groups: Vec<Vec<usize>> = match extremes {
         true => vec![
             vec![1],
             vec![2],
