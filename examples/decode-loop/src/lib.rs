@@ -1,8 +1,9 @@
 //! Token-by-token decode on the device, as an engine runs it: a random-weight attention
-//! layer (one LayerNorm and one Linear projecting to Q, K and V together, RoPE, attention
-//! against a KV cache on the device, LayerNorm + Linear back to the model width) prefills
-//! a prompt, then each step feeds its output back as the next token's input, so no step
-//! waits on the host.
+//! layer (one LayerNorm and one Linear projecting to Q, K and V together, written in the
+//! cache's dtype; RoPE on them in place; attention against a KV cache on the device; a
+//! Linear from the attention's output, as written, back to the model width in f32)
+//! prefills a prompt, then each step feeds its output back as the next token's input, so
+//! no step waits on the host.
 //! Every op records into one encoder per step; the cache's lengths and RoPE's positions
 //! live on the device, so a step records the same commands every time.
 //!
@@ -17,12 +18,9 @@ use attn_dsl::{Cache, Dtype, Masks, Scalar};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use runtime::dispatch::{Record, Recorder};
 use runtime::ops::cache::{CacheLayout, CacheSpec, KvCache};
-use runtime::ops::convert::{Convert, ConvertArgs};
 use runtime::ops::decode::{Decode, DecodeArgs, DecodeSpec};
 use runtime::ops::forward::{Forward, ForwardArgs, ForwardSpec};
-use runtime::ops::layernorm::{
-    LayerNorm, LayerNormArgs, LayerNormCall, LayerNormLinear, LayerNormSpec, NormArgs, Saved,
-};
+use runtime::ops::layernorm::{LayerNorm, NormArgs};
 use runtime::ops::linear::{Linear, LinearArgs, LinearSpec};
 use runtime::ops::rope::{Rope, RopeArgs, RopeSpec};
 use runtime::verify::layernorm::reference as ln_ref;
@@ -60,13 +58,11 @@ pub struct Config {
 }
 
 /// The ops of a decode step, in recording order, as `Report::op_gpu_ms` names them.
-pub const STEP_OPS: [&str; 7] = [
+pub const STEP_OPS: [&str; 5] = [
     "Q, K and V projection (one LayerNorm, one Linear)",
     "RoPE on Q and K",
-    "Q, K, V to the cache dtype",
     "append to the cache",
     "decode (split pass + reduce)",
-    "O from the cache dtype",
     "O projection",
 ];
 
@@ -177,6 +173,22 @@ impl Params {
         })
     }
 
+    /// `W·x + b` of x's rows on the host, row by row.
+    fn linear_reference(&self, x: &[f64]) -> Vec<f64> {
+        let (w, b) = (
+            reference::cast::<f64>(&self.w),
+            reference::cast::<f64>(&self.b),
+        );
+        x.chunks(self.hidden as usize)
+            .flat_map(|row| {
+                w.chunks(self.hidden as usize)
+                    .zip(&b)
+                    .map(|(w, b)| b + w.iter().zip(row).map(|(w, x)| w * x).sum::<f64>())
+                    .collect::<Vec<f64>>()
+            })
+            .collect()
+    }
+
     /// `W·LN(x) + b` of x's rows on the host, row by row.
     fn reference(&self, x: &[f64]) -> Vec<f64> {
         let rows = x.len() / self.hidden as usize;
@@ -192,64 +204,51 @@ impl Params {
     }
 }
 
-/// A LayerNorm + Linear projection (the layer's output).
+/// The output projection: a Linear from the attention's output as the decode wrote it (in
+/// the cache's dtype) back to the model width, in f32.
 struct Projection {
     params: Params,
-    op: LayerNormLinear,
+    op: Linear,
 }
 
 impl Projection {
     fn new(
         gpu: &Gpu,
         rng: &mut StdRng,
-        [hidden, out, rows]: [u32; 3],
-        weights: Dtype,
+        [hidden, out]: [u32; 2],
+        [weights, x]: [Dtype; 2],
     ) -> Result<Projection> {
         let params = Params::new(gpu, rng, [hidden, out], weights)?;
-        let spec = LayerNormSpec {
-            weights,
-            ..LayerNormSpec::new(rows, hidden, out)
+        let spec = LinearSpec {
+            bias: true,
+            x,
+            ..LinearSpec::new(hidden, out, weights)
         };
-        let op = LayerNormLinear::new(gpu, spec)?;
+        let op = Linear::new(gpu, spec)?;
         Ok(Projection { params, op })
     }
 
-    /// Records `y = W·LN(x) + b`; the statistics go to `saved`, sized for the most rows.
-    fn record(
-        &mut self,
-        gpu: &Gpu,
-        enc: &mut impl Record,
-        x: &Tensor,
-        y: &Tensor,
-        saved: &[Tensor; 2],
-    ) -> Result<()> {
-        let rows = x.shape()[0];
-        let [gamma, beta, w, b] = &self.params.device;
-        let args = LayerNormArgs {
+    /// Records `y = W·x + b`.
+    fn record(&mut self, gpu: &Gpu, enc: &mut impl Record, x: &Tensor, y: &Tensor) -> Result<()> {
+        let [_, _, w, b] = &self.params.device;
+        let args = LinearArgs {
             x,
-            gamma,
-            beta,
             w,
-            b,
-            eps: EPS,
+            b: Some(b),
+            y,
         };
-        let (mean, rstd) = (saved[0].view(&[rows])?, saved[1].view(&[rows])?);
-        let saved = Saved {
-            mean: &mean,
-            rstd: &rstd,
-        };
-        let call = LayerNormCall::Forward { args, y, saved };
-        Ok(self.op.record(gpu, enc, &call)?)
+        Ok(self.op.record(gpu, enc, &args)?)
     }
 
     fn reference(&self, x: &[f64]) -> Vec<f64> {
-        self.params.reference(x)
+        self.params.linear_reference(x)
     }
 }
 
 /// Q, K and V projected together: one LayerNorm, then one Linear over W's Q, K and V rows
-/// stacked, its output cut into Q, K and V parts (each a tensor of its own), so that a
-/// decode step reads all three weights in one dispatch.
+/// stacked, its output cut into Q, K and V parts (each a tensor of its own) and written in
+/// the cache's dtype, so that a decode step reads all three weights in one dispatch and
+/// hands its parts to RoPE and the cache as they are.
 struct Qkv {
     norm: LayerNorm,
     linear: Linear,
@@ -264,12 +263,13 @@ impl Qkv {
         gpu: &Gpu,
         rng: &mut StdRng,
         [hidden, q, kv, rows]: [u32; 4],
-        weights: Dtype,
+        [weights, y]: [Dtype; 2],
     ) -> Result<Qkv> {
         let out = q + 2 * kv;
         let spec = LinearSpec {
             bias: true,
             parts: [q, kv, kv],
+            y,
             ..LinearSpec::new(hidden, out, weights)
         };
         Ok(Qkv {
@@ -301,18 +301,17 @@ impl Qkv {
         Ok(self.linear.record(gpu, enc, &args)?)
     }
 
-    /// Each part of `y` (the Linear's output, or its copy in another dtype), its first
-    /// `rows` rows: y holds [`Qkv::rows_for`] rows, so that each part starts where the
-    /// device can bind it.
+    /// Each part of `y` (the Linear's output), its first `rows` rows: y holds
+    /// [`Qkv::rows_for`] rows, so that each part starts where the device can bind it.
     fn parts(&self, y: &Tensor, rows: u32) -> Result<Vec<Tensor>> {
         let parts = self.linear.parts(y)?;
         let first = |p: &Tensor| p.view(&[rows, p.shape()[1]]);
         Ok(parts.iter().map(first).collect::<Result<_, _>>()?)
     }
 
-    /// The rows y holds for a call of `rows` rows, its copy in `dtype` beside it.
-    fn rows_for(&self, gpu: &Gpu, rows: u32, dtype: Dtype) -> u32 {
-        self.linear.part_rows(gpu, rows, dtype)
+    /// The rows y holds for a call of `rows` rows.
+    fn rows_for(&self, gpu: &Gpu, rows: u32) -> u32 {
+        self.linear.part_rows(gpu, rows, self.linear.spec().y)
     }
 
     /// Q, K and V of x's rows on the host.
@@ -329,15 +328,11 @@ impl Qkv {
     }
 }
 
-/// The layer: projections, RoPE, attention, and the conversions to the cache's dtype.
+/// The layer: projections and RoPE around the attention.
 struct Layer {
     qkv: Qkv,
     o: Projection,
     rope: Rope,
-    /// To and from the cache's dtype; none in f32.
-    convert: Option<Convert>,
-    /// LayerNorm statistics of the widest call (the prompt's rows).
-    saved: [Tensor; 2],
 }
 
 /// Rounds to the dtype the device stores, as the device rounds (to nearest even).
@@ -360,8 +355,9 @@ fn scalar(dtype: Dtype) -> Scalar {
 }
 
 impl Layer {
-    /// Records RoPE on the Q and K parts of `qkv` (`[batch·seq, q + 2·kv]`, f32), each
-    /// sequence's rows from its cache length on, in one dispatch (K's part follows Q's).
+    /// Records RoPE on the Q and K parts of `qkv` (the Q, K and V Linear's output, in the
+    /// cache's dtype), each sequence's rows from its cache length on, in one dispatch (K's
+    /// part follows Q's).
     fn rotate(
         &mut self,
         gpu: &Gpu,
@@ -381,31 +377,9 @@ impl Layer {
         Ok(self.rope.record_pair(gpu, enc, &args, &k)?)
     }
 
-    /// Q, K and V `[b, seq, heads, head_dim]` in the cache's dtype: the parts of `qkv`,
-    /// or (in half precision) of `held` after one conversion of all three into it.
-    fn in_dtype(
-        &mut self,
-        gpu: &Gpu,
-        enc: &mut impl Record,
-        [qkv, held]: [&Tensor; 2],
-        [b, seq]: [u32; 2],
-        h: Heads,
-    ) -> Result<[Tensor; 3]> {
-        let src = match &mut self.convert {
-            None => qkv,
-            Some(convert) => {
-                convert.record(
-                    gpu,
-                    enc,
-                    &ConvertArgs {
-                        src: qkv,
-                        dst: held,
-                    },
-                )?;
-                held
-            }
-        };
-        let parts = self.qkv.parts(src, b * seq)?;
+    /// Q, K and V `[b, seq, heads, head_dim]`: the parts of `qkv`.
+    fn heads(&self, qkv: &Tensor, [b, seq]: [u32; 2], h: Heads) -> Result<[Tensor; 3]> {
+        let parts = self.qkv.parts(qkv, b * seq)?;
         let shaped = |p: &Tensor, heads: u32| p.reshape(&[b, seq, heads, h.head_dim]);
         Ok([
             shaped(&parts[0], h.n_heads)?,
@@ -413,19 +387,6 @@ impl Layer {
             shaped(&parts[2], h.n_kv_heads)?,
         ])
     }
-}
-
-/// Records `dst = src` widened to f32, where the cache's dtype is not f32.
-fn to_f32(
-    gpu: &Gpu,
-    enc: &mut impl Record,
-    convert: &mut Option<Convert>,
-    [src, dst]: [&Tensor; 2],
-) -> Result<()> {
-    if let Some(convert) = convert {
-        convert.record(gpu, enc, &ConvertArgs { src, dst })?;
-    }
-    Ok(())
 }
 
 /// The flags' values, checked before the device starts: each refusal names the flag to
@@ -500,17 +461,17 @@ pub fn run(c: &Config) -> Result<Report> {
     let kv_width = h.n_kv_heads * h.head_dim;
     let rows = c.slots * c.prompt;
     let mut rng = StdRng::seed_from_u64(c.seed);
+    let io = [c.weights, c.dtype];
     let mut layer = Layer {
-        qkv: Qkv::new(&gpu, &mut rng, [width, width, kv_width, rows], c.weights)?,
-        o: Projection::new(&gpu, &mut rng, [width, width, rows], c.weights)?,
-        rope: Rope::new(&gpu, RopeSpec::new(h.head_dim))?,
-        convert: (c.dtype != Dtype::F32)
-            .then(|| Convert::new(&gpu, c.dtype))
-            .transpose()?,
-        saved: [
-            Tensor::zeros(&gpu, &[rows], Scalar::F32)?,
-            Tensor::zeros(&gpu, &[rows], Scalar::F32)?,
-        ],
+        qkv: Qkv::new(&gpu, &mut rng, [width, width, kv_width, rows], io)?,
+        o: Projection::new(&gpu, &mut rng, [width, width], io)?,
+        rope: Rope::new(
+            &gpu,
+            RopeSpec {
+                dtype: c.dtype,
+                ..RopeSpec::new(h.head_dim)
+            },
+        )?,
     };
     let layout = match c.page_size {
         None => CacheLayout::Contiguous {
@@ -567,23 +528,12 @@ pub fn run(c: &Config) -> Result<Report> {
     let (b, p) = (c.slots, c.prompt);
     let x = Tensor::from_f32(&gpu, &[rows, width], f, &x0)?;
     let qkv_width = width + 2 * kv_width;
-    // Q, K and V of the widest call, and their copy in the cache's dtype, viewed smaller
-    // for decode steps; each call's rows padded so that its parts bind.
-    let (prefill_rows, step_rows) = (
-        layer.qkv.rows_for(&gpu, rows, c.dtype),
-        layer.qkv.rows_for(&gpu, b, c.dtype),
-    );
-    let most = prefill_rows.max(step_rows);
-    let (qkv_all, held_all) = (
-        Tensor::zeros(&gpu, &[most, qkv_width], f)?,
-        Tensor::zeros(&gpu, &[most, qkv_width], data)?,
-    );
-    let (qkv, qkv_held) = (
-        qkv_all.view(&[prefill_rows, qkv_width])?,
-        held_all.view(&[prefill_rows, qkv_width])?,
-    );
-    let oh = Tensor::zeros(&gpu, &[rows * width], data)?;
-    let o32 = Tensor::zeros(&gpu, &[rows, width], f)?;
+    // Q, K and V of the widest call in the cache's dtype, viewed smaller for decode
+    // steps; each call's rows padded so that its parts bind.
+    let (prefill_rows, step_rows) = (layer.qkv.rows_for(&gpu, rows), layer.qkv.rows_for(&gpu, b));
+    let qkv_all = Tensor::zeros(&gpu, &[prefill_rows.max(step_rows), qkv_width], data)?;
+    let qkv = qkv_all.view(&[prefill_rows, qkv_width])?;
+    let o_all = Tensor::zeros(&gpu, &[rows * width], data)?;
     let lse = Tensor::zeros(&gpu, &[b, p, h.n_heads], f)?;
     let mut enc = gpu.device.create_command_encoder(&Default::default());
     for slot in 0..b {
@@ -591,42 +541,30 @@ pub fn run(c: &Config) -> Result<Report> {
     }
     layer.qkv.record(&gpu, &mut enc, &x, &qkv)?;
     layer.rotate(&gpu, &mut enc, &qkv, &cache, [b, p], h)?;
-    let [qd, kd, vd] = layer.in_dtype(&gpu, &mut enc, [&qkv, &qkv_held], [b, p], h)?;
-    let od = match c.dtype {
-        Dtype::F32 => o32.reshape(&[b, p, h.n_heads, h.head_dim])?,
-        _ => oh.view(&[b, p, h.n_heads, h.head_dim])?,
-    };
+    let [qd, kd, vd] = layer.heads(&qkv, [b, p], h)?;
+    let od = o_all.view(&[b, p, h.n_heads, h.head_dim])?;
     let args = ForwardArgs::new(&qd, &kd, &vd, &od, &lse);
     cache.prefill(&gpu, &mut enc, &mut forward, 0, &args)?;
-    to_f32(
-        &gpu,
-        &mut enc,
-        &mut layer.convert,
-        [&od, &o32.reshape(od.shape())?],
-    )?;
     // Each sequence's last prompt row goes on: a copy of its row of O.
-    let row_bytes = u64::from(width) * 4;
-    let last = Tensor::zeros(&gpu, &[b, width], f)?;
+    let row_bytes = u64::from(width) * u64::from(c.dtype.bytes());
+    let last = Tensor::zeros(&gpu, &[b, width], data)?;
     for s in 0..u64::from(b) {
-        let from = o32.offset() + (s * u64::from(p) + u64::from(p) - 1) * row_bytes;
-        enc.copy_buffer_to_buffer(o32.buffer(), from, last.buffer(), s * row_bytes, row_bytes);
+        let from = od.offset() + (s * u64::from(p) + u64::from(p) - 1) * row_bytes;
+        enc.copy_buffer_to_buffer(od.buffer(), from, last.buffer(), s * row_bytes, row_bytes);
     }
     let xs = [
         Tensor::zeros(&gpu, &[b, width], f)?,
         Tensor::zeros(&gpu, &[b, width], f)?,
     ];
-    layer
-        .o
-        .record(&gpu, &mut enc, &last, &xs[0], &layer.saved)?;
+    layer.o.record(&gpu, &mut enc, &last, &xs[0])?;
     gpu.queue.submit([enc.finish()]);
     wait(&gpu)?;
     let prefill = t0.elapsed();
 
     // Decode: step t reads xs[t % 2] and writes xs[(t + 1) % 2].
-    let (qkv1, qkv1_held, o1) = (
+    let (qkv1, o1) = (
         qkv_all.view(&[step_rows, qkv_width])?,
-        held_all.view(&[step_rows, qkv_width])?,
-        o32.view(&[b, width])?,
+        o_all.view(&[b, width])?,
     );
     let stamps = runtime::timing::Spans::new(&gpu, c.tokens);
     let n_ops = STEP_OPS.len() as u32;
@@ -656,16 +594,11 @@ pub fn run(c: &Config) -> Result<Report> {
         ops.mark(&mut rec, 1, false);
         layer.rotate(&gpu, &mut rec, &qkv1, &cache, [b, 1], h)?;
         ops.mark(&mut rec, 1, true);
+        let [qd, kd, vd] = layer.heads(&qkv1, [b, 1], h)?;
         ops.mark(&mut rec, 2, false);
-        let [qd, kd, vd] = layer.in_dtype(&gpu, &mut rec, [&qkv1, &qkv1_held], [b, 1], h)?;
-        ops.mark(&mut rec, 2, true);
-        ops.mark(&mut rec, 3, false);
         cache.append(&gpu, &mut rec, 0, &kd, &vd)?;
-        ops.mark(&mut rec, 3, true);
-        let o3 = match c.dtype {
-            Dtype::F32 => o1.reshape(&[b, h.n_heads, h.head_dim])?,
-            _ => oh.view(&[b, h.n_heads, h.head_dim])?,
-        };
+        ops.mark(&mut rec, 2, true);
+        let o3 = o1.reshape(&[b, h.n_heads, h.head_dim])?;
         let args = DecodeArgs {
             rows: Default::default(),
             q: &qd.reshape(&[b, h.n_heads, h.head_dim])?,
@@ -675,26 +608,13 @@ pub fn run(c: &Config) -> Result<Report> {
             mods: Default::default(),
             slice_len: None,
         };
-        ops.mark(&mut rec, 4, false);
+        ops.mark(&mut rec, 3, false);
         decode.record(&gpu, &mut rec, &args)?;
+        ops.mark(&mut rec, 3, true);
+        ops.mark(&mut rec, 4, false);
+        let next = &xs[((t + 1) % 2) as usize];
+        layer.o.record(&gpu, &mut rec, &o1, next)?;
         ops.mark(&mut rec, 4, true);
-        ops.mark(&mut rec, 5, false);
-        to_f32(
-            &gpu,
-            &mut rec,
-            &mut layer.convert,
-            [&o3, &o1.reshape(o3.shape())?],
-        )?;
-        ops.mark(&mut rec, 5, true);
-        ops.mark(&mut rec, 6, false);
-        layer.o.record(
-            &gpu,
-            &mut rec,
-            &o1,
-            &xs[((t + 1) % 2) as usize],
-            &layer.saved,
-        )?;
-        ops.mark(&mut rec, 6, true);
         drop(rec);
         if let Some(spans) = &stamps {
             spans.mark(enc, t, true);
@@ -807,7 +727,8 @@ fn wait(gpu: &Gpu) -> Result<()> {
     Ok(())
 }
 
-/// The whole run in f64 on the host, rounding where the device stores the cache's dtype.
+/// The whole run in f64 on the host, rounding where the device stores the cache's dtype
+/// (Q, K and V as projected and as rotated, O as the attention writes it).
 fn host_reference(c: &Config, layer: &Layer, x0: &[f32]) -> Vec<f64> {
     let h = c.heads;
     let (b, p) = (c.slots as usize, c.prompt as usize);
@@ -824,10 +745,11 @@ fn host_reference(c: &Config, layer: &Layer, x0: &[f32]) -> Vec<f64> {
     let rot = |x: &[f64], seq: usize, heads: usize, pos: u32| {
         reference::rope(x, seq, heads, d, pos, &inv, 1.0)
     };
-    let [q, k, v] = layer.qkv.reference(&x);
+    // Q, K and V as the Linear stores them, rotated in f32 and rounded again.
+    let qkv = |x: &[f64]| layer.qkv.reference(x).map(|p| round(&p, c.dtype));
+    let [q, k, mut v] = qkv(&x);
     let q = round(&rot(&q, p, nh, 0), c.dtype);
     let mut k = round(&rot(&k, p, nkv, 0), c.dtype);
-    let mut v = round(&v, c.dtype);
     let scale = f64::from(h.default_scale());
     let problem = Problem {
         batch: b,
@@ -848,10 +770,9 @@ fn host_reference(c: &Config, layer: &Layer, x0: &[f32]) -> Vec<f64> {
     let kv_row = nkv * d;
     for t in 0..c.tokens as usize {
         let len = p + t;
-        let [q, kn, vn] = layer.qkv.reference(&x);
+        let [q, kn, vn] = qkv(&x);
         let q = round(&rot(&q, 1, nh, len as u32), c.dtype);
         let kn = round(&rot(&kn, 1, nkv, len as u32), c.dtype);
-        let vn = round(&vn, c.dtype);
         // Each sequence's cache grows by its new row.
         let grow = |cache: &[f64], new: &[f64]| -> Vec<f64> {
             (0..b)
