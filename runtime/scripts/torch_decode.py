@@ -4,7 +4,10 @@ among them, offset by the cache: `causal_lower_right`), and F.linear at decode's
 CUDA events, the median of 50 runs after 5. Run it on the device in the same command as
 bench: `python3 runtime/scripts/torch_decode.py [--quick] [--continue | --linear | --cascade
 PREFIX]`; --cascade: the decode of n = 4, 16, 64 sequences over PREFIX + 512 rows each, the
-work `bench --decode PREFIX --cascade` does (torch reads the prefix once per sequence)."""
+work `bench --decode PREFIX --cascade` does (torch reads the prefix once per sequence);
+--step [CACHE]: a `decode-loop` step of 2 sequences at 32/8/128 in f16 (LayerNorm, Q, K and
+V in one F.linear, RoPE, the append, SDPA over CACHE rows (640 unless given), the O
+F.linear), eager and replayed as a CUDA graph."""
 import sys, statistics, torch, torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
@@ -34,6 +37,43 @@ def decode(B, L, H, KV, D, dt):
     ms = t(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
     gb = (2 * k.numel() + 2 * q.numel()) * k.element_size() / 1e9
     print(f"torch decode b={B} cache={L} {H}/{KV}/{D} {str(dt)[6:]}: {ms:.4f} ms {gb / ms * 1e3:.0f} GB/s")
+
+def decode_step(B, L, H, KV, D, dt):
+    hid, kvw = H * D, KV * D
+    x = torch.randn(B, hid, device='cuda')
+    wqkv = torch.randn(hid + 2 * kvw, hid, device='cuda', dtype=dt) * hid ** -0.5
+    wo = torch.randn(hid, hid, device='cuda', dtype=dt) * hid ** -0.5
+    bqkv = torch.zeros(hid + 2 * kvw, device='cuda', dtype=dt)
+    bo = torch.zeros(hid, device='cuda', dtype=dt)
+    kc = torch.randn(B, KV, L, D, device='cuda', dtype=dt); vc = torch.randn_like(kc)
+    ang = (L - 1) / 10000 ** (torch.arange(0, D, 2, device='cuda') / D)
+    cos, sin = ang.cos().to(dt), ang.sin().to(dt)
+    def rope(t):
+        a, b = t[..., : D // 2], t[..., D // 2 :]
+        return torch.cat([a * cos - b * sin, a * sin + b * cos], -1)
+    def f():
+        xn = F.layer_norm(x, (hid,)).to(dt)
+        q, k, v = F.linear(xn, wqkv, bqkv).split([hid, kvw, kvw], -1)
+        q, k = rope(q.view(B, H, 1, D)), rope(k.view(B, KV, 1, D))
+        kc[:, :, L - 1 :] = k; vc[:, :, L - 1 :] = v.view(B, KV, 1, D)
+        o = F.scaled_dot_product_attention(q, kc, vc, enable_gqa=True)
+        return F.linear(o.reshape(B, hid), wo, bo).float()
+    eager = t(f)
+    s = torch.cuda.Stream(); s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3): f()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g): f()
+    graph = t(g.replay)
+    print(f"torch decode step b={B} cache={L} {H}/{KV}/{D} {str(dt)[6:]}: eager {eager:.4f} ms, "
+          f"CUDA graph {graph:.4f} ms")
+
+if "--step" in sys.argv:
+    at = sys.argv.index("--step") + 1
+    L = int(sys.argv[at]) if at < len(sys.argv) and sys.argv[at].isdigit() else 640
+    decode_step(2, L, 32, 8, 128, torch.float16)
+    sys.exit(0)
 
 if cascade is not None:
     for n in (4, 16, 64):
