@@ -64,12 +64,12 @@ impl Scalar {
     }
 
     /// The element of tensor kind `e` in a kernel whose data tensors are `dtype` and whose
-    /// KV cache (if it reads or writes one) is in `kv_fp8` when given.
+    /// KV cache (if it reads or writes one) is in `kv_fp8` when given. A Linear's rows are
+    /// read here as its data; [`Scalar::in_spec`] gives them the dtypes of its form.
     pub fn of(e: Elem, dtype: Dtype, kv_fp8: Option<Fp8>) -> Scalar {
         match (e, kv_fp8) {
-            (Elem::LinearIn4 | Elem::LinearOut, _) => {
-                unreachable!("a Linear's rows take their dtype from its form: `Scalar::in_spec`")
-            }
+            (Elem::LinearIn4, _) => return Scalar::of(Elem::Data4, dtype, None),
+            (Elem::LinearOut, _) => return Scalar::of(Elem::Data, dtype, None),
             (Elem::Cache4, Some(f)) => return Scalar::from(f),
             (Elem::Cache4, None) => return Scalar::of(Elem::Data4, dtype, None),
             _ => {}
@@ -88,7 +88,7 @@ impl Scalar {
     /// The element of tensor kind `e` in `spec`'s kernel: [`Scalar::of`], and a Linear's
     /// rows in the dtypes of its form.
     pub fn in_spec(e: Elem, spec: &KernelSpec) -> Scalar {
-        let form = spec.matmul.unwrap_or(crate::layout::MATMUL_DEFAULT);
+        let form = spec.matmul_form();
         match e {
             Elem::LinearIn4 => Scalar::of(Elem::Data4, form.x, None),
             Elem::LinearOut => Scalar::of(Elem::Data, form.y, None),
@@ -465,6 +465,10 @@ fn split_word(spec: &KernelSpec) -> Option<&'static str> {
 /// `array<f32>`, or the atomic array an atomic-scatter output is added into: `u32` words
 /// holding f32 bits for the compare-exchange loop, or `f32` for native atomic adds.
 fn array_type(e: Elem, scalar: Scalar, scatter: Option<Scatter>) -> Cow<'static, str> {
+    // A Linear's half-precision y: two columns a word, each word one invocation's store.
+    if e == Elem::LinearOut && scalar != Scalar::F32 {
+        return Cow::Borrowed("array<u32>");
+    }
     // A cache in the kernel's dtype is its data, four at a time.
     let e = match e {
         Elem::Cache4 | Elem::LinearIn4 => Elem::Data4,

@@ -213,31 +213,35 @@ mod tests {
         }
     }
 
-    /// Every row count the runtime compiles, in every weight dtype, at widths that leave a
-    /// partial step and a partial block: the WGSL validates, and the grid covers `out`.
+    /// Every row count the runtime compiles, in every weight dtype and every x and y dtype,
+    /// at widths that leave a partial step and a partial block: the WGSL validates, and the
+    /// grid covers `out`. A half-precision y, stored two columns a word, refuses an odd
+    /// `out`.
     #[test]
     fn a_linear_at_every_row_count_compiles_and_covers_its_columns() {
-        let f32 = [Dtype::F32; 2];
-        let io = [
-            f32,
-            [Dtype::F16, Dtype::F32],
-            [Dtype::F32, Dtype::F16],
-            [Dtype::F32, Dtype::Bf16],
-            [Dtype::Bf16; 2],
-        ];
+        let halves = [Dtype::F16, Dtype::Bf16];
+        let io = [Dtype::F32]
+            .into_iter()
+            .chain(halves)
+            .flat_map(|x| [Dtype::F32].into_iter().chain(halves).map(move |y| [x, y]));
         for (dtype, io) in [Dtype::F32, Dtype::F16, Dtype::Bf16]
             .into_iter()
-            .zip(io)
-            .chain([(Dtype::F16, [Dtype::F16; 2])])
+            .flat_map(|d| io.clone().map(move |io| (d, io)))
         {
             for tile in [1, 2, 4, 8, 16] {
                 let spec = linear_rows("linear_rows_t", [200, 38], tile, dtype, true, io);
-                let abi = crate::compile(&spec).unwrap_or_else(|e| panic!("{dtype:?} {tile}: {e}"));
+                let abi = crate::compile(&spec)
+                    .unwrap_or_else(|e| panic!("{dtype:?} {io:?} {tile}: {e}"));
                 let bytes = dtype.bytes();
                 let block = crate::layout::rows::linear_layout(tile, bytes, spec.workgroup_size)
                     .block(spec.workgroup_size);
-                let grid = abi.dispatch_grid(&[21, 200, 37]);
-                assert_eq!(grid, [37u32.div_ceil(block), 21u32.div_ceil(tile), 1]);
+                let grid = abi.dispatch_grid(&[21, 200, 38]);
+                assert_eq!(grid, [38u32.div_ceil(block), 21u32.div_ceil(tile), 1]);
+                let odd = linear_rows("linear_rows_t", [200, 37], tile, dtype, true, io);
+                match (io[1], crate::compile(&odd)) {
+                    (Dtype::F32, r) => assert!(r.is_ok(), "{io:?}"),
+                    (_, r) => assert!(r.is_err(), "{io:?}: an odd out compiled"),
+                }
             }
         }
     }

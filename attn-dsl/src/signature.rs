@@ -642,7 +642,8 @@ const MATMUL: &[Tensor] = &[
     DIMS,
 ];
 
-// x: [rows, hidden] f32; w: [out, hidden] in the kernel's dtype; y: [rows, out] f32.
+// x: [rows, hidden] and y: [rows, out] in the dtypes of the Linear's form (f32 unless it
+// names halves); w: [out, hidden] in the kernel's dtype.
 const LINEAR_ROWS: &[Tensor] = &[
     t("x", Input, LinearIn4, &[R, K]),
     t("w", Input, Data4, &[N, K]),

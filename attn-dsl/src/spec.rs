@@ -345,6 +345,9 @@ pub struct MatmulForm {
 }
 
 impl MatmulForm {
+    /// The form of a matmul whose spec names none (a description's default).
+    pub const DEFAULT: MatmulForm = MatmulForm::f32(Along::Reduction, Along::Reduction, false);
+
     /// Operands laid out as `a` and `b`, with a bias or without, x and y in f32.
     pub const fn f32(a: Along, b: Along, bias: bool) -> MatmulForm {
         MatmulForm {
@@ -1133,6 +1136,11 @@ impl KernelSpec {
             .iter()
             .find(|(n, _)| n == tensor)
             .map(|(_, m)| *m)
+    }
+
+    /// The form of its products: the spec's, or [`MatmulForm::DEFAULT`].
+    pub fn matmul_form(&self) -> MatmulForm {
+        self.matmul.unwrap_or(MatmulForm::DEFAULT)
     }
 
     /// Whether the kernel computes in f16 (needs SHADER_F16): f16 data, or f16 operands

@@ -44,13 +44,14 @@ pub(crate) fn check_sizes(spec: &KernelSpec) -> Result<(), DslError> {
                 ),
             ));
         }
-        let form = spec.matmul.unwrap_or(crate::layout::MATMUL_DEFAULT);
-        if form.y == crate::spec::Dtype::Bf16 && !spec.out_dim.is_multiple_of(2) {
+        let form = spec.matmul_form();
+        if form.y != crate::spec::Dtype::F32 && !spec.out_dim.is_multiple_of(2) {
             return Err(DslError::spec(
                 Field::OutDim,
                 format!(
-                    "linear_rows writes bf16 two columns a word: out ({}) must be even (or y \
-                     in f32 or f16)",
+                    "linear_rows writes {} two columns a word: out ({}) must be even (or y \
+                     in f32)",
+                    form.y.name(),
                     spec.out_dim
                 ),
             ));
@@ -152,7 +153,7 @@ pub(crate) fn check_coop(spec: &KernelSpec) -> Result<(), DslError> {
             spec.head_dim, spec.out_dim
         ));
     }
-    let form = spec.matmul.unwrap_or(crate::layout::MATMUL_DEFAULT);
+    let form = spec.matmul_form();
     if [form.x, form.y] != [crate::spec::Dtype::F32; 2] {
         return refuse(format!(
             "the tensor-core products read and write f32 rows; x in {} and y in {} are a \

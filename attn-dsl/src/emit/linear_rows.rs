@@ -70,7 +70,7 @@ const EVEN: bool = $unmasked && K4 % (UNROLL * PARTS * STEP) == 0u;
 
 pub(super) fn body(out: &mut Wgsl, spec: &KernelSpec) {
     super::dtype::vec4_codec(out, spec.dtype);
-    let form = spec.matmul.unwrap_or(crate::layout::MATMUL_DEFAULT);
+    let form = spec.matmul_form();
     if form.y == Dtype::Bf16 && spec.dtype != Dtype::Bf16 {
         super::dtype::bf16_bits(out);
     }
@@ -79,7 +79,9 @@ pub(super) fn body(out: &mut Wgsl, spec: &KernelSpec) {
         ("widen", Fragment::from(super::dtype::widen4(form.x))),
     ]));
     let l = layout(spec);
-    // Each (sum, column slot) of a batch has an invocation of its own in `part_sums`.
+    // Each (sum, column slot) of a batch has an invocation of its own in `part_sums`, and
+    // a word's two columns neighbouring ones: true of every layout at the row layers'
+    // workgroup of 256 (`check_sizes` holds them to it).
     let slots = l.block(spec.workgroup_size) / l.columns;
     assert!(16 * slots <= spec.workgroup_size && slots.is_multiple_of(2));
     let sums: Vec<(u32, u32)> = (0..spec.grid.tile)
@@ -104,7 +106,7 @@ pub(super) fn body(out: &mut Wgsl, spec: &KernelSpec) {
         ("fmas", fmas(&l, spec.grid.tile)),
         ("reduce", batched_reduce(&sums, l.compensated)),
         ("bias", Fragment::from(bias)),
-        ("store", Fragment::from(store(form.y))),
+        ("store", store(form.y)),
         ("name", Fragment::from(spec.name.as_str())),
     ]));
 }
@@ -121,27 +123,36 @@ const WIDEN_X: Template = Template {
 };
 
 /// `part_sums`'s store of its sum `t` into y[r, col] where it is `mine` (a row and column
-/// of the call), rounded once into y's dtype. bf16's two columns of a word are written
-/// together, by the invocation of the even one (`part_sums` gives the columns of a word
-/// to neighbouring invocations; a Linear writing bf16 has even parts), through `sh_red`:
-/// two invocations writing halves of one word would race.
-fn store(y: Dtype) -> &'static str {
-    match y {
-        Dtype::F32 => "if (mine) {\n    y[y_at(r, col)] = y_value(col, t);\n}",
-        Dtype::F16 => {
-            "if (mine) {\n    let e = y_at(r, col);\n    y[e >> 2u][e & 3u] = f16(y_value(col, t));\n}"
+/// of the call), rounded once into y's dtype. A half-precision y is bound as words of two
+/// columns, written together by the invocation of the even one (`part_sums` gives the
+/// columns of a word to neighbouring invocations; a Linear writing halves has even
+/// parts), through `sh_red`: invocations writing parts of one word, or of one vector, may
+/// race (WGSL lets a component's store touch the whole vector).
+fn store(y: Dtype) -> Fragment {
+    let word = match y {
+        Dtype::F32 => {
+            return Fragment::from("if (mine) {\n    y[y_at(r, col)] = y_value(col, t);\n}");
         }
-        Dtype::Bf16 => {
-            "let v = select(0.0, y_value(min(col, OUT - 1u), t), mine);
+        // Rounded by WGSL's conversion, so that the packing (whose rounding is the
+        // platform's) meets values it holds exactly.
+        Dtype::F16 => "pack2x16float(vec2<f32>(vec2<f16>(f16(v), f16(sh_red[tid + 1u]))))",
+        Dtype::Bf16 => "bf16_bits(v) | (bf16_bits(sh_red[tid + 1u]) << 16u)",
+    };
+    HALF_STORE.fill([("word", Fragment::from(word))])
+}
+
+const HALF_STORE: Template = Template {
+    name: "linear_rows_half_store",
+    needs: &[],
+    text: r#"let v = select(0.0, y_value(min(col, OUT - 1u), t), mine);
 workgroupBarrier();
 sh_red[tid] = v;
 workgroupBarrier();
 if (mine && q % 2u == 0u) {
-    y[y_at(r, col) >> 1u] = bf16_bits(v) | (bf16_bits(sh_red[tid + 1u]) << 16u);
-}"
-        }
-    }
+    y[y_at(r, col) >> 1u] = $word;
 }
+"#,
+};
 
 /// A lane's loads of W for `unroll` steps: `w{u}_{c}_{v}`, vec4 v of step u's run of
 /// column c.

@@ -13,7 +13,6 @@
 use super::coop::{A, B, C};
 use super::writer::{Fragment, Template, Wgsl, concat, lines, uint};
 
-use crate::layout::MATMUL_DEFAULT;
 use crate::layout::matmul::{BK, BM, BN, PAD, WM, WN, WORKGROUP, slice_halves};
 use crate::spec::{Along, KernelSpec};
 
@@ -22,7 +21,7 @@ const FM: u32 = BM / WM / 16;
 const FN: u32 = BN / WN / 16;
 
 fn form(spec: &KernelSpec) -> crate::spec::MatmulForm {
-    spec.matmul.unwrap_or(MATMUL_DEFAULT)
+    spec.matmul_form()
 }
 
 pub(super) fn constants(out: &mut Wgsl, spec: &KernelSpec) {

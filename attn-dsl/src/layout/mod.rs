@@ -26,11 +26,7 @@ pub const MAX_STRIDE_WORKGROUPS: u32 = 4096;
 pub const ROW_SCALE_LANES: u32 = 16;
 
 /// The form of a matmul whose spec names none (a description's default).
-pub const MATMUL_DEFAULT: crate::spec::MatmulForm = crate::spec::MatmulForm::f32(
-    crate::spec::Along::Reduction,
-    crate::spec::Along::Reduction,
-    false,
-);
+pub const MATMUL_DEFAULT: crate::spec::MatmulForm = crate::spec::MatmulForm::DEFAULT;
 
 /// Bytes of `var<workgroup>` memory the emitted kernel declares.
 pub fn workgroup_bytes(spec: &KernelSpec) -> u32 {
@@ -65,7 +61,7 @@ pub fn workgroup_bytes(spec: &KernelSpec) -> u32 {
         Op::BlockMask => 4,
         // Each invocation's partial maximum.
         Op::RowScale => reduce,
-        Op::Matmul => matmul::workgroup_bytes(spec.matmul.unwrap_or(MATMUL_DEFAULT)),
+        Op::Matmul => matmul::workgroup_bytes(spec.matmul_form()),
         Op::DecodeSplit | Op::DecodeReduce => decode::workgroup_bytes(spec),
         Op::LayernormLinear
         | Op::LayernormLinearBackward

@@ -26,7 +26,7 @@ use crate::tensor::Tensor;
 /// The most rows one workgroup holds; more rows take more workgroups.
 pub use attn_dsl::layout::rows::LINEAR_MAX_ROWS;
 
-/// A Linear's widths and the dtype its weights are held in.
+/// A Linear's widths, the dtype its weights are held in, and those of its x and y.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LinearSpec {
     /// The reduction's width (x's rows, W's rows); a multiple of 4.
@@ -45,8 +45,8 @@ pub struct LinearSpec {
     /// attention output in its cache's dtype needs no conversion first).
     pub x: Dtype,
     /// y's element type: f32, or each sum (in f32) rounded once into f16 or bf16 as it is
-    /// stored (Q, K and V straight into their cache's dtype). bf16 writes two columns a
-    /// word: each part's width must be even.
+    /// stored (Q, K and V straight into their cache's dtype). A half y is written two
+    /// columns a word: each part's width must be even.
     pub y: Dtype,
 }
 
@@ -78,10 +78,10 @@ impl LinearSpec {
             }
             .into());
         }
-        if self.y == Dtype::Bf16 && self.parts.iter().any(|w| w % 2 == 1) {
-            let needs = "parts of even widths (it writes two columns a word), or y in f32 or f16";
+        if self.y != Dtype::F32 && self.parts.iter().any(|w| w % 2 == 1) {
+            let needs = "parts of even widths (it writes two columns a word), or y in f32";
             return Err(crate::error::InputError::Unsupported {
-                what: "a Linear writing bf16",
+                what: "a Linear writing f16 or bf16",
                 needs,
             }
             .into());
@@ -115,7 +115,7 @@ pub struct Linear {
 }
 
 impl Linear {
-    /// Checks `spec` against the device (f16 weights need SHADER_F16) and its parts
+    /// Checks `spec` against the device (f16 weights, x or y need SHADER_F16) and its parts
     /// against `out`, and compiles the single-row kernel; the others compile on the first
     /// call that needs them.
     pub fn new(gpu: &Gpu, spec: LinearSpec) -> Result<Linear, Error> {
@@ -128,7 +128,7 @@ impl Linear {
         })
     }
 
-    /// The widths and weight dtype it was built for.
+    /// The spec it was built for.
     pub fn spec(&self) -> LinearSpec {
         self.spec
     }

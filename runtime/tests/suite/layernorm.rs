@@ -369,8 +369,9 @@ fn a_linear_at_a_few_rows_passes_the_rule_in_every_weight_dtype() {
 
 /// A Linear reading x in f16 or bf16 widens it exactly (judged by the rule on the values
 /// it read); one writing f16 or bf16 rounds each of the f32 Linear's sums once (bf16 to
-/// nearest even, f16 within one unit of the last place), cut into parts or not. bf16 with
-/// an odd part, or an x in another dtype than the spec's, is refused.
+/// nearest even, f16 within one unit of the last place), cut into parts or not. A half y
+/// with an odd part (stored two columns a word), or an x in another dtype than the
+/// spec's, is refused.
 #[test]
 fn a_linear_reads_and_writes_half_precision_rows_rounding_once() {
     use attn_dsl::{Dtype, Scalar};
@@ -409,16 +410,18 @@ fn a_linear_reads_and_writes_half_precision_rows_rounding_once() {
             }
         }
     }
-    let odd = LinearSpec {
-        parts: [37, 1, 0],
-        y: Dtype::Bf16,
-        ..LinearSpec::new(200, 38, f)
-    };
-    match Linear::new(&gpu, odd) {
-        Err(Error::Input(InputError::Unsupported { .. })) => {}
-        other => panic!("{:?}", other.err()),
+    for (y, parts) in [(Dtype::Bf16, [37, 1, 0]), (Dtype::F16, [37, 0, 0])] {
+        let odd = LinearSpec {
+            parts,
+            y,
+            ..LinearSpec::new(200, parts.iter().sum(), f)
+        };
+        match Linear::new(&gpu, odd) {
+            Err(Error::Input(InputError::Unsupported { .. })) => {}
+            other => panic!("{y:?} {parts:?}: {:?}", other.err()),
+        }
     }
-    let mut wants_f16 = Linear::new(
+    let mut wants_bf16_x = Linear::new(
         &gpu,
         LinearSpec {
             x: Dtype::Bf16,
@@ -436,7 +439,7 @@ fn a_linear_reads_and_writes_half_precision_rows_rounding_once() {
         y: &y,
     };
     let mut enc = gpu.device.create_command_encoder(&Default::default());
-    match wants_f16.record(&gpu, &mut enc, &args) {
+    match wants_bf16_x.record(&gpu, &mut enc, &args) {
         Err(Error::Input(InputError::Tensor(_))) => {}
         other => panic!("{:?}", other.err()),
     }
