@@ -447,8 +447,9 @@ pub fn check(c: &Config) -> Result<()> {
     Ok(())
 }
 
+/// Builds the layer and its cache on the best adapter, prefills the prompt, then decodes
+/// `c.tokens` steps, each fed the previous step's output, timing each.
 pub fn run(c: &Config) -> Result<Report> {
-    let h = c.heads;
     check(c)?;
     let gpu = Gpu::new([]).block_on().context("no adapter")?;
     if c.dtype == Dtype::F16 && !gpu.has_f16() {
@@ -457,22 +458,261 @@ pub fn run(c: &Config) -> Result<Report> {
             gpu.describe()
         );
     }
-    let width = h.n_heads * h.head_dim;
-    let kv_width = h.n_kv_heads * h.head_dim;
-    let rows = c.slots * c.prompt;
     let mut rng = StdRng::seed_from_u64(c.seed);
-    let io = [c.weights, c.dtype];
-    let mut layer = Layer {
-        qkv: Qkv::new(&gpu, &mut rng, [width, width, kv_width, rows], io)?,
-        o: Projection::new(&gpu, &mut rng, [width, width], io)?,
-        rope: Rope::new(
-            &gpu,
-            RopeSpec {
-                dtype: c.dtype,
-                ..RopeSpec::new(h.head_dim)
-            },
-        )?,
+    let mut engine = Engine::new(&gpu, c, &mut rng)?;
+    let x0: Vec<f32> = (0..c.slots * c.prompt * engine.width())
+        .map(|_| rng.random_range(-1.0..1.0))
+        .collect();
+    let t0 = Instant::now();
+    engine.prefill(&gpu, &x0)?;
+    let prefill = t0.elapsed();
+    let steps = engine.decode(&gpu)?;
+    let out = runtime::block_on(engine.xs[(c.tokens % 2) as usize].to_f32(&gpu))?;
+    let check = match c.check {
+        true => Some(compare(&out, &host_reference(c, &engine.layer, &x0))),
+        false => None,
     };
+    Ok(Report {
+        adapter: gpu.describe(),
+        prefill,
+        step_wall: steps.wall,
+        decode_wall: steps.decode_wall,
+        step_cpu: steps.cpu,
+        step_gpu_ms: steps.gpu_ms,
+        step_gap_ms: steps.gap_ms,
+        check,
+        pipelines: gpu.pipelines_created(),
+        op_gpu_ms: steps.op_gpu_ms,
+    }
+    .with_tolerance(c.dtype))
+}
+
+/// What an engine holds for one layer: its weights and ops, the KV cache, and the
+/// buffers its steps write.
+struct Engine<'c> {
+    c: &'c Config,
+    layer: Layer,
+    cache: KvCache,
+    forward: Forward,
+    decode: Decode,
+    /// Q, K and V of the widest call in the cache's dtype, each call's rows padded so
+    /// that its parts bind, and a step's view of it.
+    qkv_all: Tensor,
+    qkv_step: Tensor,
+    /// O of every prompt row in the cache's dtype, and a step's view of it (its first).
+    o_all: Tensor,
+    o_step: Tensor,
+    /// Step t reads `xs[t % 2]` and writes `xs[(t + 1) % 2]`.
+    xs: [Tensor; 2],
+}
+
+/// A decode loop's timings ([`Report`]'s fields of the same names).
+struct Steps {
+    wall: Vec<Duration>,
+    cpu: Vec<StepCpu>,
+    decode_wall: Duration,
+    gpu_ms: Option<Vec<f64>>,
+    gap_ms: Option<Vec<f64>>,
+    op_gpu_ms: Option<Vec<f64>>,
+}
+
+impl<'c> Engine<'c> {
+    fn new(gpu: &Gpu, c: &'c Config, rng: &mut StdRng) -> Result<Engine<'c>> {
+        let h = c.heads;
+        let (width, kv_width) = (h.n_heads * h.head_dim, h.n_kv_heads * h.head_dim);
+        let rows = c.slots * c.prompt;
+        let io = [c.weights, c.dtype];
+        let layer = Layer {
+            qkv: Qkv::new(gpu, rng, [width, width, kv_width, rows], io)?,
+            o: Projection::new(gpu, rng, [width, width], io)?,
+            rope: Rope::new(
+                gpu,
+                RopeSpec {
+                    dtype: c.dtype,
+                    ..RopeSpec::new(h.head_dim)
+                },
+            )?,
+        };
+        let forward = ForwardSpec {
+            head_dim: h.head_dim,
+            head_dim_v: h.head_dim,
+            masks: Masks::new(true, false),
+            dtype: c.dtype,
+        };
+        let decode = DecodeSpec {
+            cache: match c.page_size {
+                None => Cache::Contiguous,
+                Some(_) => Cache::Paged,
+            },
+            ..DecodeSpec::new(h.head_dim, h.head_dim_v, c.dtype)
+        };
+        let padded = [rows, c.slots].map(|r| layer.qkv.rows_for(gpu, r));
+        let (data, f) = (scalar(c.dtype), Scalar::F32);
+        let qkv_width = width + 2 * kv_width;
+        let x = || Tensor::zeros(gpu, &[c.slots, width], f);
+        let qkv_all = Tensor::zeros(gpu, &[padded[0].max(padded[1]), qkv_width], data)?;
+        let o_all = Tensor::zeros(gpu, &[rows * width], data)?;
+        Ok(Engine {
+            c,
+            layer,
+            cache: new_cache(gpu, c)?,
+            forward: Forward::new(gpu, forward)?,
+            decode: Decode::new(gpu, decode)?,
+            qkv_step: qkv_all.view(&[padded[1], qkv_width])?,
+            o_step: o_all.view(&[c.slots, width])?,
+            qkv_all,
+            o_all,
+            xs: [x()?, x()?],
+        })
+    }
+
+    /// The model width: query heads × head_dim.
+    fn width(&self) -> u32 {
+        self.c.heads.n_heads * self.c.heads.head_dim
+    }
+
+    /// Projects, rotates and attends the prompt `x0` (`[slots × prompt, width]`), filling
+    /// the cache, then projects each sequence's last row of O into `xs[0]`, the first
+    /// step's input; waits for it.
+    fn prefill(&mut self, gpu: &Gpu, x0: &[f32]) -> Result<()> {
+        let (c, h, width) = (self.c, self.c.heads, self.width());
+        let (b, p) = (c.slots, c.prompt);
+        let x = Tensor::from_f32(gpu, &[b * p, width], Scalar::F32, x0)?;
+        let rows = self.layer.qkv.rows_for(gpu, b * p);
+        let qkv = self.qkv_all.view(&[rows, self.qkv_all.shape()[1]])?;
+        let lse = Tensor::zeros(gpu, &[b, p, h.n_heads], Scalar::F32)?;
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        for slot in 0..b {
+            self.cache.open(&mut enc, slot)?;
+        }
+        self.layer.qkv.record(gpu, &mut enc, &x, &qkv)?;
+        self.layer
+            .rotate(gpu, &mut enc, &qkv, &self.cache, [b, p], h)?;
+        let [qd, kd, vd] = self.layer.heads(&qkv, [b, p], h)?;
+        let od = self.o_all.view(&[b, p, h.n_heads, h.head_dim])?;
+        let args = ForwardArgs::new(&qd, &kd, &vd, &od, &lse);
+        self.cache
+            .prefill(gpu, &mut enc, &mut self.forward, 0, &args)?;
+        // Each sequence's last prompt row goes on: a copy of its row of O.
+        let row_bytes = u64::from(width) * u64::from(c.dtype.bytes());
+        let last = Tensor::zeros(gpu, &[b, width], scalar(c.dtype))?;
+        for s in 0..u64::from(b) {
+            let from = od.offset() + (s * u64::from(p) + u64::from(p) - 1) * row_bytes;
+            enc.copy_buffer_to_buffer(od.buffer(), from, last.buffer(), s * row_bytes, row_bytes);
+        }
+        self.layer.o.record(gpu, &mut enc, &last, &self.xs[0])?;
+        gpu.queue.submit([enc.finish()]);
+        wait(gpu)
+    }
+
+    /// Records decode step `t` into one compute pass (each pass costs the CPU its own
+    /// validation and encoding), each op between `ops`' timestamps where it has them.
+    fn record_step(&mut self, gpu: &Gpu, rec: &mut Recorder, t: u32, ops: &OpSpans) -> Result<()> {
+        let (b, h) = (self.c.slots, self.c.heads);
+        let (qkv, o) = (&self.qkv_step, &self.o_step);
+        ops.mark(rec, 0, false);
+        self.layer
+            .qkv
+            .record(gpu, rec, &self.xs[(t % 2) as usize], qkv)?;
+        ops.mark(rec, 0, true);
+        ops.mark(rec, 1, false);
+        self.layer.rotate(gpu, rec, qkv, &self.cache, [b, 1], h)?;
+        ops.mark(rec, 1, true);
+        let [qd, kd, vd] = self.layer.heads(qkv, [b, 1], h)?;
+        ops.mark(rec, 2, false);
+        self.cache.append(gpu, rec, 0, &kd, &vd)?;
+        ops.mark(rec, 2, true);
+        let args = DecodeArgs {
+            rows: Default::default(),
+            q: &qd.reshape(&[b, h.n_heads, h.head_dim])?,
+            cache: self.cache.view(),
+            o: &o.reshape(&[b, h.n_heads, h.head_dim])?,
+            scale: None,
+            mods: Default::default(),
+            slice_len: None,
+        };
+        ops.mark(rec, 3, false);
+        self.decode.record(gpu, rec, &args)?;
+        ops.mark(rec, 3, true);
+        ops.mark(rec, 4, false);
+        let next = &self.xs[((t + 1) % 2) as usize];
+        self.layer.o.record(gpu, rec, o, next)?;
+        ops.mark(rec, 4, true);
+        Ok(())
+    }
+
+    /// Runs the decode steps, `c.steps_per_submit` to an encoder, timing each on the CPU
+    /// and (where the adapter has timestamps) on the GPU.
+    fn decode(&mut self, gpu: &Gpu) -> Result<Steps> {
+        let c = self.c;
+        let stamps = runtime::timing::Spans::new(gpu, c.tokens);
+        let n_ops = STEP_OPS.len() as u32;
+        let profile = match c.profile {
+            true => runtime::timing::Spans::new(gpu, c.tokens * n_ops),
+            false => None,
+        };
+        let mut wall = Vec::with_capacity(c.tokens as usize);
+        let mut cpu = Vec::with_capacity(c.tokens as usize);
+        let start = Instant::now();
+        let mut open = None;
+        for t in 0..c.tokens {
+            let t_step = Instant::now();
+            let enc =
+                open.get_or_insert_with(|| gpu.device.create_command_encoder(&Default::default()));
+            if let Some(spans) = &stamps {
+                spans.mark(enc, t, false);
+            }
+            let mut rec = Recorder::new(enc);
+            self.record_step(gpu, &mut rec, t, &OpSpans(profile.as_ref(), t))?;
+            drop(rec);
+            if let Some(spans) = &stamps {
+                spans.mark(enc, t, true);
+            }
+            let recorded = Instant::now();
+            let mut step = StepCpu {
+                record: recorded - t_step,
+                ..StepCpu::default()
+            };
+            let last = (t + 1) % c.steps_per_submit == 0 || t + 1 == c.tokens;
+            if let Some(enc) = open.take_if(|_| last) {
+                let commands = enc.finish();
+                let finished = Instant::now();
+                gpu.queue.submit([commands]);
+                step.finish = finished - recorded;
+                step.submit = finished.elapsed();
+                if c.sync {
+                    wait(gpu)?;
+                }
+            }
+            cpu.push(step);
+            wall.push(t_step.elapsed());
+        }
+        wait(gpu)?;
+        let decode_wall = start.elapsed();
+        let (gpu_ms, gap_ms) = match &stamps {
+            Some(spans) => {
+                let (times, gaps) = spans.read(gpu)?;
+                (Some(times), Some(gaps))
+            }
+            None => (None, None),
+        };
+        let op_gpu_ms = match &profile {
+            Some(spans) => Some(op_medians(&spans.read_ms(gpu)?, n_ops as usize)),
+            None => None,
+        };
+        Ok(Steps {
+            wall,
+            cpu,
+            decode_wall,
+            gpu_ms,
+            gap_ms,
+            op_gpu_ms,
+        })
+    }
+}
+
+/// The cache of `c`'s slots, contiguous or in pages of `--page-size` rows.
+fn new_cache(gpu: &Gpu, c: &Config) -> Result<KvCache> {
     let layout = match c.page_size {
         None => CacheLayout::Contiguous {
             capacity: c.capacity,
@@ -486,189 +726,16 @@ pub fn run(c: &Config) -> Result<Report> {
             }
         }
     };
-    let mut cache = KvCache::new(
-        &gpu,
-        CacheSpec {
-            slots: c.slots,
-            n_kv_heads: h.n_kv_heads,
-            head_dim: h.head_dim,
-            head_dim_v: h.head_dim_v,
-            dtype: c.dtype,
-            layout,
-            kv_fp8: None,
-        },
-    )?;
-    let mut forward = Forward::new(
-        &gpu,
-        ForwardSpec {
-            head_dim: h.head_dim,
-            head_dim_v: h.head_dim,
-            masks: Masks::new(true, false),
-            dtype: c.dtype,
-        },
-    )?;
-    let mut decode = Decode::new(
-        &gpu,
-        DecodeSpec {
-            cache: match c.page_size {
-                None => Cache::Contiguous,
-                Some(_) => Cache::Paged,
-            },
-            ..DecodeSpec::new(h.head_dim, h.head_dim_v, c.dtype)
-        },
-    )?;
-    let x0: Vec<f32> = (0..rows * width)
-        .map(|_| rng.random_range(-1.0..1.0))
-        .collect();
-
-    // Prefill.
-    let t0 = Instant::now();
-    let f = Scalar::F32;
-    let data = scalar(c.dtype);
-    let (b, p) = (c.slots, c.prompt);
-    let x = Tensor::from_f32(&gpu, &[rows, width], f, &x0)?;
-    let qkv_width = width + 2 * kv_width;
-    // Q, K and V of the widest call in the cache's dtype, viewed smaller for decode
-    // steps; each call's rows padded so that its parts bind.
-    let (prefill_rows, step_rows) = (layer.qkv.rows_for(&gpu, rows), layer.qkv.rows_for(&gpu, b));
-    let qkv_all = Tensor::zeros(&gpu, &[prefill_rows.max(step_rows), qkv_width], data)?;
-    let qkv = qkv_all.view(&[prefill_rows, qkv_width])?;
-    let o_all = Tensor::zeros(&gpu, &[rows * width], data)?;
-    let lse = Tensor::zeros(&gpu, &[b, p, h.n_heads], f)?;
-    let mut enc = gpu.device.create_command_encoder(&Default::default());
-    for slot in 0..b {
-        cache.open(&mut enc, slot)?;
-    }
-    layer.qkv.record(&gpu, &mut enc, &x, &qkv)?;
-    layer.rotate(&gpu, &mut enc, &qkv, &cache, [b, p], h)?;
-    let [qd, kd, vd] = layer.heads(&qkv, [b, p], h)?;
-    let od = o_all.view(&[b, p, h.n_heads, h.head_dim])?;
-    let args = ForwardArgs::new(&qd, &kd, &vd, &od, &lse);
-    cache.prefill(&gpu, &mut enc, &mut forward, 0, &args)?;
-    // Each sequence's last prompt row goes on: a copy of its row of O.
-    let row_bytes = u64::from(width) * u64::from(c.dtype.bytes());
-    let last = Tensor::zeros(&gpu, &[b, width], data)?;
-    for s in 0..u64::from(b) {
-        let from = od.offset() + (s * u64::from(p) + u64::from(p) - 1) * row_bytes;
-        enc.copy_buffer_to_buffer(od.buffer(), from, last.buffer(), s * row_bytes, row_bytes);
-    }
-    let xs = [
-        Tensor::zeros(&gpu, &[b, width], f)?,
-        Tensor::zeros(&gpu, &[b, width], f)?,
-    ];
-    layer.o.record(&gpu, &mut enc, &last, &xs[0])?;
-    gpu.queue.submit([enc.finish()]);
-    wait(&gpu)?;
-    let prefill = t0.elapsed();
-
-    // Decode: step t reads xs[t % 2] and writes xs[(t + 1) % 2].
-    let (qkv1, o1) = (
-        qkv_all.view(&[step_rows, qkv_width])?,
-        o_all.view(&[b, width])?,
-    );
-    let stamps = runtime::timing::Spans::new(&gpu, c.tokens);
-    let n_ops = STEP_OPS.len() as u32;
-    let profile = match c.profile {
-        true => runtime::timing::Spans::new(&gpu, c.tokens * n_ops),
-        false => None,
+    let spec = CacheSpec {
+        slots: c.slots,
+        n_kv_heads: c.heads.n_kv_heads,
+        head_dim: c.heads.head_dim,
+        head_dim_v: c.heads.head_dim_v,
+        dtype: c.dtype,
+        layout,
+        kv_fp8: None,
     };
-    let mut step_wall = Vec::with_capacity(c.tokens as usize);
-    let mut step_cpu = Vec::with_capacity(c.tokens as usize);
-    let start = Instant::now();
-    let mut open = None;
-    for t in 0..c.tokens {
-        let t_step = Instant::now();
-        let enc =
-            open.get_or_insert_with(|| gpu.device.create_command_encoder(&Default::default()));
-        if let Some(spans) = &stamps {
-            spans.mark(enc, t, false);
-        }
-        // The step's dispatches in one compute pass: each pass costs the CPU its own
-        // validation and encoding.
-        let mut rec = Recorder::new(enc);
-        let ops = OpSpans(profile.as_ref(), t);
-        let x = &xs[(t % 2) as usize];
-        ops.mark(&mut rec, 0, false);
-        layer.qkv.record(&gpu, &mut rec, x, &qkv1)?;
-        ops.mark(&mut rec, 0, true);
-        ops.mark(&mut rec, 1, false);
-        layer.rotate(&gpu, &mut rec, &qkv1, &cache, [b, 1], h)?;
-        ops.mark(&mut rec, 1, true);
-        let [qd, kd, vd] = layer.heads(&qkv1, [b, 1], h)?;
-        ops.mark(&mut rec, 2, false);
-        cache.append(&gpu, &mut rec, 0, &kd, &vd)?;
-        ops.mark(&mut rec, 2, true);
-        let o3 = o1.reshape(&[b, h.n_heads, h.head_dim])?;
-        let args = DecodeArgs {
-            rows: Default::default(),
-            q: &qd.reshape(&[b, h.n_heads, h.head_dim])?,
-            cache: cache.view(),
-            o: &o3,
-            scale: None,
-            mods: Default::default(),
-            slice_len: None,
-        };
-        ops.mark(&mut rec, 3, false);
-        decode.record(&gpu, &mut rec, &args)?;
-        ops.mark(&mut rec, 3, true);
-        ops.mark(&mut rec, 4, false);
-        let next = &xs[((t + 1) % 2) as usize];
-        layer.o.record(&gpu, &mut rec, &o1, next)?;
-        ops.mark(&mut rec, 4, true);
-        drop(rec);
-        if let Some(spans) = &stamps {
-            spans.mark(enc, t, true);
-        }
-        let recorded = Instant::now();
-        let mut cpu = StepCpu {
-            record: recorded - t_step,
-            ..StepCpu::default()
-        };
-        let last = (t + 1) % c.steps_per_submit == 0 || t + 1 == c.tokens;
-        if let Some(enc) = open.take_if(|_| last) {
-            let commands = enc.finish();
-            let finished = Instant::now();
-            gpu.queue.submit([commands]);
-            cpu.finish = finished - recorded;
-            cpu.submit = finished.elapsed();
-            if c.sync {
-                wait(&gpu)?;
-            }
-        }
-        step_cpu.push(cpu);
-        step_wall.push(t_step.elapsed());
-    }
-    wait(&gpu)?;
-    let decode_wall = start.elapsed();
-    let (step_gpu_ms, step_gap_ms) = match &stamps {
-        Some(spans) => {
-            let (times, gaps) = spans.read(&gpu)?;
-            (Some(times), Some(gaps))
-        }
-        None => (None, None),
-    };
-    let op_gpu_ms = match &profile {
-        Some(spans) => Some(op_medians(&spans.read_ms(&gpu)?, n_ops as usize)),
-        None => None,
-    };
-    let out = runtime::block_on(xs[(c.tokens % 2) as usize].to_f32(&gpu))?;
-    let check = match c.check {
-        true => Some(compare(&out, &host_reference(c, &layer, &x0))),
-        false => None,
-    };
-    Ok(Report {
-        adapter: gpu.describe(),
-        prefill,
-        step_wall,
-        decode_wall,
-        step_cpu,
-        step_gpu_ms,
-        step_gap_ms,
-        check,
-        pipelines: gpu.pipelines_created(),
-        op_gpu_ms,
-    }
-    .with_tolerance(c.dtype))
+    Ok(KvCache::new(gpu, spec)?)
 }
 
 /// The timestamps of one step's ops, where `--profile` asked for them.
