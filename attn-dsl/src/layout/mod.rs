@@ -25,9 +25,6 @@ pub const MAX_STRIDE_WORKGROUPS: u32 = 4096;
 /// 820 GB/s on an H100.)
 pub const ROW_SCALE_LANES: u32 = 16;
 
-/// The form of a matmul whose spec names none (a description's default).
-pub const MATMUL_DEFAULT: crate::spec::MatmulForm = crate::spec::MatmulForm::DEFAULT;
-
 /// Bytes of `var<workgroup>` memory the emitted kernel declares.
 pub fn workgroup_bytes(spec: &KernelSpec) -> u32 {
     if let Some(t) = CoopTiling::of(spec) {
