@@ -127,87 +127,81 @@ impl Report {
     }
 }
 
-/// A LayerNorm + Linear's random parameters, on the host (W rounded to its dtype, as
-/// held) and on the device: γ, β, W and b.
-struct Params {
+/// A Linear's random weights, on the host (W rounded to its dtype, as held) and on the
+/// device: W and b.
+struct Weights {
     w: Vec<f32>,
     b: Vec<f32>,
+    device: [Tensor; 2],
+    hidden: u32,
+}
+
+/// A LayerNorm's random γ and β, on the host and on the device.
+struct NormParams {
     gamma: Vec<f32>,
     beta: Vec<f32>,
-    device: [Tensor; 4],
-    hidden: u32,
-    out: u32,
+    device: [Tensor; 2],
 }
 
 const EPS: f32 = 1e-5;
 
-impl Params {
-    fn new(gpu: &Gpu, rng: &mut StdRng, [hidden, out]: [u32; 2], weights: Dtype) -> Result<Params> {
+/// `n` values drawn uniformly from [lo, hi).
+fn draw(rng: &mut StdRng, n: u32, [lo, hi]: [f32; 2]) -> Vec<f32> {
+    (0..n).map(|_| rng.random_range(lo..hi)).collect()
+}
+
+fn upload(gpu: &Gpu, shape: &[u32], data: &[f32]) -> Result<Tensor> {
+    Ok(Tensor::from_f32(gpu, shape, Scalar::F32, data)?)
+}
+
+impl Weights {
+    fn new(gpu: &Gpu, rng: &mut StdRng, [hidden, out]: [u32; 2], dtype: Dtype) -> Result<Weights> {
         let scale = 1.0 / (hidden as f32).sqrt();
-        let mut draw = |n: u32, lo: f32, hi: f32| -> Vec<f32> {
-            (0..n).map(|_| rng.random_range(lo..hi)).collect()
-        };
         // The weights as held: rounded to their dtype, which the reference reads too.
-        let w: Vec<f32> = draw(out * hidden, -scale, scale)
+        let w: Vec<f32> = draw(rng, out * hidden, [-scale, scale])
             .into_iter()
-            .map(|x| round(&[f64::from(x)], weights)[0] as f32)
+            .map(|x| round(&[f64::from(x)], dtype)[0] as f32)
             .collect();
-        let b = draw(out, -0.1, 0.1);
-        let gamma = draw(hidden, 0.8, 1.2);
-        let beta = draw(hidden, -0.1, 0.1);
-        let up = |shape: &[u32], data: &[f32]| Tensor::from_f32(gpu, shape, Scalar::F32, data);
+        let b = draw(rng, out, [-0.1, 0.1]);
         let device = [
-            up(&[hidden], &gamma)?,
-            up(&[hidden], &beta)?,
-            Tensor::from_f32(gpu, &[out, hidden], scalar(weights), &w)?,
-            up(&[out], &b)?,
+            Tensor::from_f32(gpu, &[out, hidden], scalar(dtype), &w)?,
+            upload(gpu, &[out], &b)?,
         ];
-        Ok(Params {
+        Ok(Weights {
             w,
             b,
-            gamma,
-            beta,
             device,
             hidden,
-            out,
         })
     }
 
-    /// `W·x + b` of x's rows on the host, row by row.
-    fn linear_reference(&self, x: &[f64]) -> Vec<f64> {
-        let (w, b) = (
-            reference::cast::<f64>(&self.w),
-            reference::cast::<f64>(&self.b),
-        );
-        x.chunks(self.hidden as usize)
-            .flat_map(|row| {
-                w.chunks(self.hidden as usize)
-                    .zip(&b)
-                    .map(|(w, b)| b + w.iter().zip(row).map(|(w, x)| w * x).sum::<f64>())
-                    .collect::<Vec<f64>>()
-            })
-            .collect()
-    }
-
-    /// `W·LN(x) + b` of x's rows on the host, row by row.
+    /// `W·x + b` of x's rows on the host (x exact in f32: rows as the device holds them).
     fn reference(&self, x: &[f64]) -> Vec<f64> {
-        let rows = x.len() / self.hidden as usize;
-        let shape = ln_ref::Shape {
-            rows,
-            hidden: self.hidden as usize,
-            out: self.out as usize,
-            eps: f64::from(EPS),
-        };
-        let c = reference::cast::<f64>;
-        let (gamma, beta, w, b) = (c(&self.gamma), c(&self.beta), c(&self.w), c(&self.b));
-        ln_ref::forward(shape, [x, &gamma, &beta, &w, &b], ln_ref::exact).y
+        let x: Vec<f32> = x.iter().map(|v| *v as f32).collect();
+        reference::linear(&x, &self.w, Some(&self.b), self.hidden as usize)
+    }
+}
+
+impl NormParams {
+    fn new(gpu: &Gpu, rng: &mut StdRng, hidden: u32) -> Result<NormParams> {
+        let gamma = draw(rng, hidden, [0.8, 1.2]);
+        let beta = draw(rng, hidden, [-0.1, 0.1]);
+        let device = [
+            upload(gpu, &[hidden], &gamma)?,
+            upload(gpu, &[hidden], &beta)?,
+        ];
+        Ok(NormParams {
+            gamma,
+            beta,
+            device,
+        })
     }
 }
 
 /// The output projection: a Linear from the attention's output as the decode wrote it (in
 /// the cache's dtype) back to the model width, in f32.
 struct Projection {
-    params: Params,
+    params: Weights,
     op: Linear,
 }
 
@@ -218,7 +212,7 @@ impl Projection {
         [hidden, out]: [u32; 2],
         [weights, x]: [Dtype; 2],
     ) -> Result<Projection> {
-        let params = Params::new(gpu, rng, [hidden, out], weights)?;
+        let params = Weights::new(gpu, rng, [hidden, out], weights)?;
         let spec = LinearSpec {
             bias: true,
             x,
@@ -230,7 +224,7 @@ impl Projection {
 
     /// Records `y = W·x + b`.
     fn record(&mut self, gpu: &Gpu, enc: &mut impl Record, x: &Tensor, y: &Tensor) -> Result<()> {
-        let [_, _, w, b] = &self.params.device;
+        let [w, b] = &self.params.device;
         let args = LinearArgs {
             x,
             w,
@@ -241,7 +235,7 @@ impl Projection {
     }
 
     fn reference(&self, x: &[f64]) -> Vec<f64> {
-        self.params.linear_reference(x)
+        self.params.reference(x)
     }
 }
 
@@ -252,8 +246,9 @@ impl Projection {
 struct Qkv {
     norm: LayerNorm,
     linear: Linear,
-    /// γ, β, W `[q + 2·kv, hidden]` and b.
-    params: Params,
+    /// W `[q + 2·kv, hidden]` and b, and the LayerNorm's γ and β.
+    params: Weights,
+    norm_params: NormParams,
     /// The normalized rows of the widest call.
     xn: Tensor,
 }
@@ -275,14 +270,15 @@ impl Qkv {
         Ok(Qkv {
             norm: LayerNorm::new(gpu, hidden)?,
             linear: Linear::new(gpu, spec)?,
-            params: Params::new(gpu, rng, [hidden, out], weights)?,
+            params: Weights::new(gpu, rng, [hidden, out], weights)?,
+            norm_params: NormParams::new(gpu, rng, hidden)?,
             xn: Tensor::zeros(gpu, &[rows, hidden], Scalar::F32)?,
         })
     }
 
     /// Records y = [Q | K | V] of x's rows, each part `[rows, its width]` in turn in y.
     fn record(&mut self, gpu: &Gpu, enc: &mut impl Record, x: &Tensor, y: &Tensor) -> Result<()> {
-        let [gamma, beta, w, b] = &self.params.device;
+        let ([gamma, beta], [w, b]) = (&self.norm_params.device, &self.params.device);
         let xn = self.xn.view(x.shape())?;
         let norm = NormArgs {
             x,
@@ -314,10 +310,25 @@ impl Qkv {
         self.linear.part_rows(gpu, rows, self.linear.spec().y)
     }
 
+    /// `W·LN(x) + b` of x's rows on the host, row by row.
+    fn ln_reference(&self, x: &[f64]) -> Vec<f64> {
+        let (w, n) = (&self.params, &self.norm_params);
+        let hidden = w.hidden as usize;
+        let shape = ln_ref::Shape {
+            rows: x.len() / hidden,
+            hidden,
+            out: w.b.len(),
+            eps: f64::from(EPS),
+        };
+        let c = reference::cast::<f64>;
+        let (gamma, beta, wt, b) = (c(&n.gamma), c(&n.beta), c(&w.w), c(&w.b));
+        ln_ref::forward(shape, [x, &gamma, &beta, &wt, &b], ln_ref::exact).y
+    }
+
     /// Q, K and V of x's rows on the host.
     fn reference(&self, x: &[f64]) -> [Vec<f64>; 3] {
         let [q, kv, _] = self.linear.spec().parts.map(|w| w as usize);
-        let y = self.params.reference(x);
+        let y = self.ln_reference(x);
         let row = q + 2 * kv;
         let part = |from: usize, width: usize| -> Vec<f64> {
             y.chunks(row)
