@@ -202,49 +202,21 @@ fn linear_verdict(
     (dtype, parts, io): (attn_dsl::Dtype, [u32; 3], [attn_dsl::Dtype; 2]),
     seed: u64,
 ) -> Result<Verdict, Error> {
-    use crate::ops::linear::{Linear, LinearArgs, LinearSpec};
-    use crate::tensor::Tensor;
     use attn_dsl::Scalar;
-    let (rows, h, o) = (
-        case.rows() as usize,
-        case.hidden as usize,
-        case.out as usize,
-    );
-    let mut x = crate::verify::random(rows * h, seed);
+    let (rows, h) = (case.rows() as usize, case.hidden as usize);
     let extremes = rows >= 8 && io[0] != attn_dsl::Dtype::F16;
+    let mut x = crate::verify::random(rows * h, seed);
     if extremes {
         x[h..2 * h].iter_mut().for_each(|v| *v *= 3e6);
         x[2 * h..3 * h].iter_mut().for_each(|v| *v *= 1e-9);
     }
     let x = crate::tensor::buffers::rounded(&x, Scalar::from(io[0]));
     let w = crate::tensor::buffers::rounded(
-        &crate::verify::random(o * h, seed + 1),
+        &crate::verify::random(case.out as usize * h, seed + 1),
         Scalar::from(dtype),
     );
-    let b = crate::verify::random(o, seed + 2);
-    let spec = LinearSpec {
-        bias: true,
-        parts,
-        x: io[0],
-        y: io[1],
-        ..LinearSpec::new(case.hidden, case.out, dtype)
-    };
-    let mut op = Linear::new(gpu, spec)?;
-    let y_rows = op.part_rows(gpu, case.rows(), io[1]);
-    let xt = Tensor::from_f32(gpu, &[case.rows(), case.hidden], Scalar::from(io[0]), &x)?;
-    let wt = Tensor::from_f32(gpu, &[case.out, case.hidden], Scalar::from(dtype), &w)?;
-    let bt = Tensor::from_f32(gpu, &[case.out], Scalar::F32, &b)?;
-    let yt = Tensor::zeros(gpu, &[y_rows, case.out], Scalar::from(io[1]))?;
-    let mut enc = gpu.device.create_command_encoder(&Default::default());
-    let args = LinearArgs {
-        x: &xt,
-        w: &wt,
-        b: Some(&bt),
-        y: &yt,
-    };
-    op.record(gpu, &mut enc, &args)?;
-    gpu.queue.submit([enc.finish()]);
-    let y = uncut(&yt.to_f32(gpu).block_on()?, parts, [rows, y_rows as usize]);
+    let b = crate::verify::random(case.out as usize, seed + 2);
+    let y = linear_run(gpu, case, (dtype, parts, io), [&x, &w, &b])?;
     let r64 = crate::verify::reference::linear::<f64>(&x, &w, Some(&b), h);
     let r32 = crate::tensor::buffers::rounded(
         &crate::verify::reference::linear::<f32>(&x, &w, Some(&b), h),
@@ -260,21 +232,56 @@ fn linear_verdict(
         ],
         false => vec![(0..rows).collect()],
     };
+    let o = case.out as usize;
     let judged = groups.iter().map(|g| {
-        let pick = |v: &dyn Fn(usize) -> f64| -> Vec<f64> {
-            g.iter().flat_map(|r| (r * o..(r + 1) * o).map(v)).collect()
+        let pick = |v: &[f64]| -> Vec<f64> {
+            g.iter()
+                .flat_map(|r| v[r * o..(r + 1) * o].to_vec())
+                .collect()
         };
-        let got: Vec<f32> = pick(&|i| f64::from(y[i]))
-            .iter()
-            .map(|v| *v as f32)
-            .collect();
-        let base: Vec<f32> = pick(&|i| f64::from(r32[i]))
-            .iter()
-            .map(|v| *v as f32)
-            .collect();
-        crate::verify::compare::judge(&got, &pick(&|i| r64[i]), &base)
+        let narrow = |v: Vec<f64>| -> Vec<f32> { v.iter().map(|v| *v as f32).collect() };
+        let wide = |v: &[f32]| -> Vec<f64> { v.iter().map(|v| f64::from(*v)).collect() };
+        let (got, base) = (narrow(pick(&wide(&y))), narrow(pick(&wide(&r32))));
+        crate::verify::compare::judge(&got, &pick(&r64), &base)
     });
     Ok(judged
         .max_by(|a, b| a.ratio().total_cmp(&b.ratio()))
         .expect("a call has rows"))
+}
+
+/// y `[rows, out]` of one call of `case`'s Linear (`dtype` weights, x and y in `io`, y cut
+/// into `parts`) on x, W and b as given (each exact in the dtype it is held in).
+fn linear_run(
+    gpu: &Gpu,
+    case: LnCase,
+    (dtype, parts, io): (attn_dsl::Dtype, [u32; 3], [attn_dsl::Dtype; 2]),
+    [x, w, b]: [&[f32]; 3],
+) -> Result<Vec<f32>, Error> {
+    use crate::ops::linear::{Linear, LinearArgs, LinearSpec};
+    use crate::tensor::Tensor;
+    use attn_dsl::Scalar;
+    let spec = LinearSpec {
+        bias: true,
+        parts,
+        x: io[0],
+        y: io[1],
+        ..LinearSpec::new(case.hidden, case.out, dtype)
+    };
+    let mut op = Linear::new(gpu, spec)?;
+    let y_rows = op.part_rows(gpu, case.rows(), io[1]);
+    let xt = Tensor::from_f32(gpu, &[case.rows(), case.hidden], Scalar::from(io[0]), x)?;
+    let wt = Tensor::from_f32(gpu, &[case.out, case.hidden], Scalar::from(dtype), w)?;
+    let bt = Tensor::from_f32(gpu, &[case.out], Scalar::F32, b)?;
+    let yt = Tensor::zeros(gpu, &[y_rows, case.out], Scalar::from(io[1]))?;
+    let mut enc = gpu.device.create_command_encoder(&Default::default());
+    let args = LinearArgs {
+        x: &xt,
+        w: &wt,
+        b: Some(&bt),
+        y: &yt,
+    };
+    op.record(gpu, &mut enc, &args)?;
+    gpu.queue.submit([enc.finish()]);
+    let y = yt.to_f32(gpu).block_on()?;
+    Ok(uncut(&y, parts, [case.rows() as usize, y_rows as usize]))
 }
