@@ -2116,8 +2116,10 @@ fn cascade_rows(
 /// cache; a ragged batch of two or more, one of them a fresh slot; and where `len` allows,
 /// a chunk of [`CHUNK_ROWS`] + 5 rows (the forward's tiles, `ops::extend`; in half
 /// precision on tensor cores, a KV head's query heads packed), contiguous, paged and in
-/// half precision, and of 69 and 133 rows in half precision (past a 64-row tile: packed
-/// into 128-row tiles, and past those, unpacked 128-row tiles).
+/// half precision, and of 8, 69 and 133 rows in half precision (8 rows of a KV head's
+/// three or four query heads fill at most half a 64-row tile: packed into the smaller
+/// tiles that keep more workgroups in flight; past a 64-row tile: packed into 128-row
+/// tiles, and past those, unpacked 128-row tiles).
 /// Each judged as the last rows of one causal forward over its whole length.
 fn continued_rows(
     gpu: &Gpu,
@@ -2135,10 +2137,11 @@ fn continued_rows(
     let uniform = uniform_of(n);
     let chunk = CHUNK_ROWS + 5;
     let chunked = uniform_of(chunk.min(len));
-    // Chunks past a 64-row tile per head: packed into 128-row tiles on tensor cores, and
-    // past those, unpacked 128-row tiles.
-    let wide_rows = [69, 133];
-    let wide: Vec<_> = wide_rows.map(|n| uniform_of(n.min(len))).into();
+    // Chunks on tensor cores of packed rows filling at most half a 64-row tile (smaller
+    // tiles), past a 64-row tile per head (packed into 128-row tiles), and past those
+    // (unpacked 128-row tiles).
+    let wide_rows = [(8, " chunk few"), (69, " chunk wide"), (133, " chunk wide")];
+    let wide: Vec<_> = wide_rows.map(|(n, _)| uniform_of(n.min(len))).into();
     let ragged_batch = batch.max(2) as usize;
     let ragged: (Vec<u32>, Vec<u32>) = (0..ragged_batch)
         .map(|b| match b % 2 {
@@ -2210,8 +2213,8 @@ fn continued_rows(
     }
     let wides: Vec<(Variant, usize)> = half
         .into_iter()
-        .flat_map(|d| [0, 1].map(|i| ((" chunk wide", d, None, false, planned, None), i)))
-        .filter(|(_, i)| wide_rows[*i] <= len)
+        .flat_map(|d| [0, 1, 2].map(|i| ((wide_rows[i].1, d, None, false, planned, None), i)))
+        .filter(|(_, i)| wide_rows[*i].0 <= len)
         .collect();
     if len < chunk {
         chunks.clear();

@@ -93,12 +93,15 @@ fn usable(gpu: &Gpu, spec: &ChunkSpec) -> bool {
 pub(crate) struct Chunks {
     /// Whether the kernels run on the device, decided at the first call of many rows.
     runs: Option<bool>,
-    /// The planned configuration, and on tensor cores the one of twice its rows.
-    configs: Option<(FlashConfig, Option<FlashConfig>)>,
+    /// The planned configuration.
+    planned: Option<FlashConfig>,
+    /// On tensor cores, every candidate configuration with the workgroups of it an SM
+    /// holds at once ([`chunk_config`] picks among them).
+    resident: Vec<(FlashConfig, u32)>,
     /// Whether the tiles can pack a KV head's query heads, decided with the configuration.
     packs: bool,
-    /// By rows per tile and form.
-    pipelines: Vec<((u32, ChunkForm), Pipeline)>,
+    /// By configuration and form.
+    pipelines: Vec<((FlashConfig, ChunkForm), Pipeline)>,
     lse: Option<Tensor>,
     partials: Option<Tensor>,
 }
@@ -136,7 +139,7 @@ impl Chunks {
 
     /// Whether chunks run on `gpu` at all (a cascade's shared rows have no other path).
     pub fn serve(&mut self, gpu: &Gpu, spec: &ChunkSpec) -> bool {
-        self.usable(gpu, spec) && self.configs(gpu, spec).is_ok()
+        self.usable(gpu, spec) && self.planned(gpu, spec).is_ok()
     }
 
     /// Whether a call of `n` rows per sequence of `heads` runs as a chunk on `gpu`: from
@@ -147,7 +150,7 @@ impl Chunks {
         if n.saturating_mul(group) < PACKED_CHUNK_ROWS || !self.usable(gpu, spec) {
             return false;
         }
-        match self.configs(gpu, spec).is_ok() && self.packs {
+        match self.planned(gpu, spec).is_ok() && self.packs {
             true => n * group >= PACKED_CHUNK_ROWS,
             false => n >= CHUNK_ROWS,
         }
@@ -156,23 +159,19 @@ impl Chunks {
     /// How a call of `shape` is laid out: heads packed where a head's rows fill less than
     /// a tile (past that, packing only adds each row's division: 3% slower at 128 and 512
     /// rows on an H200, 2026-11-29), and where the tiles can pack (the f16 chunks `check`
-    /// runs on tensor cores) in tiles of twice the planned rows where a KV head's packed
-    /// rows fill more than the planned tile, packed or, from the wide tile's rows on, not.
-    /// On that H200 (`bench --decode 32768 --continued`, f16, d128) 128-row tiles took
-    /// 0.268 ms at 32 rows of 32/8 heads against 0.310 in 64-row tiles, 0.272 against 0.310
-    /// at 16 rows of 64/8, 0.667 against 0.965 at 128 rows and 2.438 against 3.124 at 512,
-    /// and 0.234 against 0.171 at 4 rows.
+    /// runs on tensor cores) in the configuration [`chunk_config`] picks for a KV head's
+    /// packed rows.
     fn plan(
         &mut self,
         gpu: &Gpu,
         spec: &ChunkSpec,
         (shape, sliced): (&ChunkShape, bool),
     ) -> Result<(FlashConfig, ChunkForm), Error> {
-        let (planned, wide) = self.configs(gpu, spec)?;
+        let planned = self.planned(gpu, spec)?;
         let rows = shape.owners(self.packs).0;
-        let config = match wide {
-            Some(wide) if self.packs && rows > planned.tile => wide,
-            _ => planned,
+        let config = match self.packs {
+            true => chunk_config(planned, &self.resident, rows),
+            false => planned,
         };
         let packed = self.packs && shape.n < config.tile;
         let shared = shape.shared;
@@ -186,13 +185,10 @@ impl Chunks {
         ))
     }
 
-    /// The planned configuration for `spec` on `gpu` and its wide twin, decided once.
-    fn configs(
-        &mut self,
-        gpu: &Gpu,
-        spec: &ChunkSpec,
-    ) -> Result<(FlashConfig, Option<FlashConfig>), Error> {
-        if let Some(c) = self.configs {
+    /// The planned configuration for `spec` on `gpu` and, on tensor cores, every
+    /// candidate's residency, decided once.
+    fn planned(&mut self, gpu: &Gpu, spec: &ChunkSpec) -> Result<FlashConfig, Error> {
+        if let Some(c) = self.planned {
             return Ok(c);
         }
         let width = spec.attention.width();
@@ -209,14 +205,21 @@ impl Chunks {
             shared: false,
         };
         self.packs = compile(spec, config, packed).is_ok();
-        let wide = match config.matrix {
-            attn_dsl::Matrix::Coop16 => tuning::coop_candidates(gpu, width, spec.attention.dtype)
-                .into_iter()
-                .find(|c| c.tile == 2 * config.tile && c.inner == config.inner),
-            attn_dsl::Matrix::Scalar => None,
+        let dtype = spec.attention.dtype;
+        let candidates = match config.matrix {
+            attn_dsl::Matrix::Coop16 => tuning::coop_candidates(gpu, width, dtype),
+            attn_dsl::Matrix::Scalar => Vec::new(),
         };
-        self.configs = Some((config, wide));
-        Ok((config, wide))
+        let limit = gpu.limits().max_compute_workgroup_storage_size;
+        self.resident = candidates
+            .into_iter()
+            .map(|c| {
+                let bytes = attn_dsl::configs::coop_forward_bytes(width, c, dtype);
+                (c, limit / bytes.max(1))
+            })
+            .collect();
+        self.planned = Some(config);
+        Ok(config)
     }
 
     /// The kernel of a call of `shape` writing O (or, `sliced`, partials), compiled now if
@@ -228,7 +231,7 @@ impl Chunks {
         (shape, sliced): (&ChunkShape, bool),
     ) -> Result<&mut Pipeline, Error> {
         let (config, form) = self.plan(gpu, spec, (shape, sliced))?;
-        let key = (config.tile, form);
+        let key = (config, form);
         let at = match self.pipelines.iter().position(|(k, _)| *k == key) {
             Some(at) => at,
             None => {
@@ -367,6 +370,58 @@ fn dims(
     dims
 }
 
+/// The chunk's configuration for a KV head's `rows` packed rows, among the tensor-core
+/// candidates with the workgroups of each an SM holds at once (`resident`: the adapter's
+/// workgroup memory over the configuration's, the count the H200 ran, see
+/// [`tuning`]'s `widest_filling`).
+///
+/// - Rows that fill at most half the planned tile wait on the cache's loads: one workgroup
+///   per SM walks its slice block by block with nothing else to run. They take the
+///   candidate of more than one subgroup that keeps the most of them in flight per SM
+///   (resident × the rows a tile holds), then the one cutting them into the fewest tiles
+///   (each reads the slice), then the one of more invocations. (A workgroup of one
+///   subgroup stages, multiplies and exponentiates in turn.)
+/// - Rows past the planned tile take its twin of twice the rows where an SM holds as many
+///   of it (the forward's rule).
+///
+/// On an H200 (2026-12-03, `bench --decode 32768 --heads H --kv-heads 8 --head-dim D
+/// --continued`, f16, each configuration forced in turn, two device commands), at 4 new
+/// rows of 32/8 heads (16 packed rows), d128: 32x16/16@64 (four an SM) 0.115 ms,
+/// 64x16/16@128 0.146, 16x16/16@32 (four of one subgroup) 0.160, the planned 64x32/16@256
+/// (one) 0.152; at 32 packed rows 32x16/16@64 0.121 against 0.157 (8 rows of 32/8) and
+/// 0.121 against 0.156 (4 rows of 64/8); at 64 (16 rows of 32/8) 64x16/16@128 0.165, the
+/// planned 0.171. At d64: 0.082 / 0.094 / 0.092 ms at 16 packed rows (32x16/16@64,
+/// 16x16/16@32, planned), 0.086 against 0.093 at 32, and at 64 the planned 0.099 against
+/// 0.128 in 64x16/16@128 and 0.121 in two tiles of 32x16/16@64. The twin at d64
+/// (128x32/16@256, one an SM against the planned tile's two) took 0.206 ms at 32 rows of
+/// 32/8 (128 packed) and 0.332 at 64 rows, the planned tile 0.145 and 0.219; at d128, where both hold one, 128-row tiles took 0.268
+/// against 0.310 at 32 rows and 2.438 against 3.124 at 512 (2026-11-29).
+fn chunk_config(planned: FlashConfig, resident: &[(FlashConfig, u32)], rows: u32) -> FlashConfig {
+    let count = |c: &FlashConfig| resident.iter().find(|(r, _)| r == c).map_or(0, |r| r.1);
+    if rows <= planned.tile / 2 {
+        let few = resident
+            .iter()
+            .filter(|(c, _)| c.workgroup_size > attn_dsl::layout::coop::SUBGROUP)
+            .max_by_key(|(c, n)| {
+                let tiles = rows.div_ceil(c.tile.max(1));
+                (
+                    n * c.tile.min(rows),
+                    std::cmp::Reverse(tiles),
+                    c.workgroup_size,
+                )
+            });
+        return few.map_or(planned, |(c, _)| *c);
+    }
+    let wide = resident
+        .iter()
+        .map(|(c, _)| *c)
+        .find(|c| c.tile == 2 * planned.tile && c.inner == planned.inner);
+    match wide {
+        Some(w) if rows > planned.tile && count(&w) >= count(&planned) => w,
+        _ => planned,
+    }
+}
+
 /// A slice's keys are a whole number of these (a multiple of every configuration's key
 /// block), so that only the cache's last block is ragged.
 const SLICE_BLOCK: u32 = 64;
@@ -435,5 +490,47 @@ mod tests {
         assert_eq!(min_slice(&shape(4), 2), SLICE_BLOCK);
         assert_eq!(min_slice(&shape(512), 2), MAX_SLICE);
         assert_eq!(min_slice(&shape(64), 4), 192);
+    }
+
+    /// The picks the H200 measured best under NVIDIA's 48 KiB, f16: at d128 a 32-row tile
+    /// of 16-key blocks for 16 and 32 packed rows, the planned 64-row tile at 64 and its
+    /// 128-row twin past it (both one an SM); at d64 the same few-rows pick, and the planned
+    /// tile past 64 rows (two an SM, its twin one).
+    #[test]
+    fn chunk_tiles_follow_rows_and_residency() {
+        let limit = 48 * 1024;
+        let f16 = attn_dsl::Dtype::F16;
+        for (d, picks) in [
+            (
+                128,
+                [
+                    "32x16/16@64+tc",
+                    "32x16/16@64+tc",
+                    "64x32/16@256+tc",
+                    "128x32/16@256+tc",
+                ],
+            ),
+            (
+                64,
+                [
+                    "32x16/16@64+tc",
+                    "32x16/16@64+tc",
+                    "64x32/16@256+tc",
+                    "64x32/16@256+tc",
+                ],
+            ),
+        ] {
+            let candidates = attn_dsl::configs::coop_forward_in(d, limit, f16);
+            let planned = candidates[0];
+            let resident: Vec<(FlashConfig, u32)> = candidates
+                .into_iter()
+                .map(|c| (c, limit / attn_dsl::configs::coop_forward_bytes(d, c, f16)))
+                .collect();
+            for (rows, want) in [16, 32, 64, 128].into_iter().zip(picks) {
+                let got = chunk_config(planned, &resident, rows).label();
+                assert_eq!(got, want, "d{d}, {rows} rows");
+            }
+            assert_eq!(chunk_config(planned, &[], 16), planned);
+        }
     }
 }
