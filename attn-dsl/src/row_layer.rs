@@ -245,4 +245,21 @@ mod tests {
             }
         }
     }
+
+    /// Only a plain Linear reads x or writes y in half precision: a matmul (f16 operands
+    /// on cooperative matrices, y in f32) that names another is refused at its dtype, not
+    /// compiled with the form ignored.
+    #[test]
+    fn only_a_linear_takes_half_precision_x_and_y() {
+        for (x, y) in [(Dtype::F16, Dtype::F32), (Dtype::F32, Dtype::Bf16)] {
+            let form = MatmulForm {
+                x,
+                y,
+                ..MatmulForm::DEFAULT
+            };
+            let err = crate::compile(&matmul("m", form)).expect_err("a half-precision form");
+            assert!(err.to_string().contains("linear_rows"), "{err}");
+        }
+        crate::compile(&matmul("m", MatmulForm::DEFAULT)).unwrap_or_else(|e| panic!("{e}"));
+    }
 }

@@ -1143,8 +1143,8 @@ impl KernelSpec {
         self.matmul.unwrap_or(MatmulForm::DEFAULT)
     }
 
-    /// Whether the kernel computes in f16 (needs SHADER_F16): f16 data, or f16 operands
-    /// of cooperative matrices (bf16 data scaled into them).
+    /// Whether the kernel computes in f16 (needs SHADER_F16): f16 data, f16 operands of
+    /// cooperative matrices (bf16 data scaled into them), or a Linear's x or y in f16.
     pub fn uses_f16(&self) -> bool {
         let rows = self
             .matmul

@@ -34,8 +34,28 @@ pub fn check_spec(spec: &KernelSpec) -> Result<(), DslError> {
     check_pack_heads(spec)?;
     check_masks(spec)?;
     check_dtype(spec)?;
+    check_linear_io(spec)?;
     check_cache(spec)?;
     check_source(spec)
+}
+
+/// Only `linear_rows` reads x or writes y in half precision; every other product binds
+/// them in f32, so a half-precision form there would be ignored.
+fn check_linear_io(spec: &KernelSpec) -> Result<(), DslError> {
+    let (form, f32) = (spec.matmul_form(), crate::spec::Dtype::F32);
+    if spec.op == Op::LinearRows || (form.x == f32 && form.y == f32) {
+        return Ok(());
+    }
+    Err(DslError::spec(
+        Field::Dtype,
+        format!(
+            "op {} reads x and writes y in f32: x {} and y {} are for linear_rows (a plain \
+             Linear) only",
+            spec.op.name(),
+            form.x.name(),
+            form.y.name()
+        ),
+    ))
 }
 
 /// Half-precision data tensors are emitted for the ops listed below; bf16 only where each

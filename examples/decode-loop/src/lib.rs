@@ -346,7 +346,9 @@ struct Layer {
     rope: Rope,
 }
 
-/// Rounds to the dtype the device stores, as the device rounds (to nearest even).
+/// Rounds to the dtype the device stores, to nearest even (as the device's bf16 stores do;
+/// WGSL leaves an f32's conversion to f16 to the implementation, which rounds to nearest
+/// on the adapters measured).
 fn round(x: &[f64], dtype: Dtype) -> Vec<f64> {
     x.iter()
         .map(|v| match dtype {

@@ -52,7 +52,7 @@ fn decode_loop_agrees_with_the_host_reference() {
 
 /// Heads narrow enough that two rows of K (16 wide) end off the device's storage offset
 /// alignment: Q, K and V's projection pads its rows so that each part binds, in f32 and in
-/// the bf16 copy, at the prompt's rows and at a step's.
+/// bf16, at the prompt's rows and at a step's.
 #[test]
 fn narrow_heads_whose_parts_need_padding_agree_with_the_host_reference() {
     for dtype in [Dtype::F32, Dtype::Bf16] {

@@ -164,7 +164,8 @@ pub fn linear_rows(gpu: &Gpu, seed: u64) -> Result<Vec<LnRow>, Error> {
             let rows_in = match io {
                 [attn_dsl::Dtype::F32, attn_dsl::Dtype::F32] => String::new(),
                 [x, attn_dsl::Dtype::F32] => format!(", x {}", x.name()),
-                [x, _] => format!(", x and y {}", x.name()),
+                [x, y] if x == y => format!(", x and y {}", x.name()),
+                [x, y] => format!(", x {}, y {}", x.name(), y.name()),
             };
             out.push(LnRow {
                 label: format!("linear{cut}, {} weights{rows_in}", dtype.name()),
