@@ -2140,8 +2140,8 @@ fn continued_rows(
     // Chunks on tensor cores of packed rows filling at most half a 64-row tile (smaller
     // tiles), past a 64-row tile per head (packed into 128-row tiles), and past those
     // (unpacked 128-row tiles).
-    let wide_rows = [(8, " chunk few"), (69, " chunk wide"), (133, " chunk wide")];
-    let wide: Vec<_> = wide_rows.map(|(n, _)| uniform_of(n.min(len))).into();
+    let tile_rows = [(8, " chunk few"), (69, " chunk wide"), (133, " chunk wide")];
+    let by_tile: Vec<_> = tile_rows.map(|(n, _)| uniform_of(n.min(len))).into();
     let ragged_batch = batch.max(2) as usize;
     let ragged: (Vec<u32>, Vec<u32>) = (0..ragged_batch)
         .map(|b| match b % 2 {
@@ -2211,10 +2211,12 @@ fn continued_rows(
             chunks.push((label, d, None, paged, planned, slice_len));
         }
     }
-    let wides: Vec<(Variant, usize)> = half
+    let tiled: Vec<(Variant, usize)> = half
         .into_iter()
-        .flat_map(|d| [0, 1, 2].map(|i| ((wide_rows[i].1, d, None, false, planned, None), i)))
-        .filter(|(_, i)| wide_rows[*i].0 <= len)
+        .flat_map(|d| {
+            (0..tile_rows.len()).map(move |i| ((tile_rows[i].1, d, None, false, planned, None), i))
+        })
+        .filter(|(_, i)| tile_rows[*i].0 <= len)
         .collect();
     if len < chunk {
         chunks.clear();
@@ -2227,7 +2229,7 @@ fn continued_rows(
             &ragged,
         )))
         .chain(chunks.into_iter().map(|v| (v, &chunked)))
-        .chain(wides.into_iter().map(|(v, i)| (v, &wide[i])));
+        .chain(tiled.into_iter().map(|(v, i)| (v, &by_tile[i])));
     for ((label, dtype, fp8, is_paged, split, slice_len), (cached, added)) in runs {
         let slots = cached.len() as u32;
         let cap = cached
