@@ -2116,10 +2116,11 @@ fn cascade_rows(
 /// cache; a ragged batch of two or more, one of them a fresh slot; and where `len` allows,
 /// a chunk of [`CHUNK_ROWS`] + 5 rows (the forward's tiles, `ops::extend`; in half
 /// precision on tensor cores, a KV head's query heads packed), contiguous, paged and in
-/// half precision, and of 8, 69 and 133 rows in half precision (8 rows of a KV head's
-/// three or four query heads fill at most half a 64-row tile: packed into the smaller
-/// tiles that keep more workgroups in flight; past a 64-row tile: packed into 128-row
-/// tiles, and past those, unpacked 128-row tiles).
+/// half precision, and of 8, 69 and 133 rows in half precision (on tensor cores, 8 rows
+/// of a KV head's three or four query heads fill at most half a 64-row tile: packed into
+/// the smaller tiles that keep more workgroups in flight; past a 64-row tile, where an SM
+/// holds as many 128-row tiles (head_dim 128): packed into them, and past those unpacked;
+/// other head counts and widths take the paths the rule gives them).
 /// Each judged as the last rows of one causal forward over its whole length.
 fn continued_rows(
     gpu: &Gpu,

@@ -215,7 +215,7 @@ impl Chunks {
             .into_iter()
             .map(|c| {
                 let bytes = attn_dsl::configs::coop_forward_bytes(width, c, dtype);
-                (c, limit / bytes.max(1))
+                (c, limit.checked_div(bytes).unwrap_or(0))
             })
             .collect();
         self.planned = Some(config);
@@ -375,8 +375,9 @@ fn dims(
 /// workgroup memory over the configuration's, the count the H200 ran, see
 /// [`tuning`]'s `widest_filling`).
 ///
-/// - Rows that fill at most half the planned tile wait on the cache's loads: one workgroup
-///   per SM walks its slice block by block with nothing else to run. They take the
+/// - Rows that fill at most half the planned tile wait on the cache's loads: one or two
+///   workgroups per SM (head_dim 128, 64) walk their slices block by block with nothing
+///   else to run. They take the
 ///   candidate of more than one subgroup that keeps the most of them in flight per SM
 ///   (resident × the rows a tile holds), then the one cutting them into the fewest tiles
 ///   (each reads the slice), then the one of more invocations. (A workgroup of one
@@ -394,13 +395,16 @@ fn dims(
 /// 16x16/16@32, planned), 0.086 against 0.093 at 32, and at 64 the planned 0.099 against
 /// 0.128 in 64x16/16@128 and 0.121 in two tiles of 32x16/16@64. The twin at d64
 /// (128x32/16@256, one an SM against the planned tile's two) took 0.206 ms at 32 rows of
-/// 32/8 (128 packed) and 0.332 at 64 rows, the planned tile 0.145 and 0.219; at d128, where both hold one, 128-row tiles took 0.268
-/// against 0.310 at 32 rows and 2.438 against 3.124 at 512 (2026-11-29).
+/// 32/8 (128 packed) and 0.332 at 64 rows, the planned tile 0.145 and 0.219; at d128,
+/// where both hold one, 128-row tiles took 0.268 against 0.310 at 32 rows and 2.438
+/// against 3.124 at 512 (2026-11-29).
 fn chunk_config(planned: FlashConfig, resident: &[(FlashConfig, u32)], rows: u32) -> FlashConfig {
     let count = |c: &FlashConfig| resident.iter().find(|(r, _)| r == c).map_or(0, |r| r.1);
     if rows <= planned.tile / 2 {
         let few = resident
             .iter()
+            // Reversed: of candidates alike in every key, the menu's first.
+            .rev()
             .filter(|(c, _)| c.workgroup_size > attn_dsl::layout::coop::SUBGROUP)
             .max_by_key(|(c, n)| {
                 let tiles = rows.div_ceil(c.tile.max(1));
