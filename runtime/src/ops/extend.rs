@@ -210,13 +210,9 @@ impl Chunks {
             attn_dsl::Matrix::Coop16 => tuning::coop_candidates(gpu, width, dtype),
             attn_dsl::Matrix::Scalar => Vec::new(),
         };
-        let limit = gpu.limits().max_compute_workgroup_storage_size;
         self.resident = candidates
             .into_iter()
-            .map(|c| {
-                let bytes = attn_dsl::configs::coop_forward_bytes(width, c, dtype);
-                (c, limit.checked_div(bytes).unwrap_or(0))
-            })
+            .map(|c| (c, tuning::resident(gpu, width, c, dtype)))
             .collect();
         self.planned = Some(config);
         Ok(config)
@@ -371,9 +367,7 @@ fn dims(
 }
 
 /// The chunk's configuration for a KV head's `rows` packed rows, among the tensor-core
-/// candidates with the workgroups of each an SM holds at once (`resident`: the adapter's
-/// workgroup memory over the configuration's, the count the H200 ran, see
-/// [`tuning`]'s `widest_filling`).
+/// candidates with the workgroups of each an SM holds at once ([`tuning::resident`]).
 ///
 /// - Rows that fill at most half the planned tile wait on the cache's loads: one or two
 ///   workgroups per SM (head_dim 128, 64) walk their slices block by block with nothing
