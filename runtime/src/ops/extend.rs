@@ -369,13 +369,13 @@ fn dims(
 /// The chunk's configuration for a KV head's `rows` packed rows, among the tensor-core
 /// candidates with the workgroups of each an SM holds at once ([`tuning::resident`]).
 ///
-/// - Rows that fill at most half the planned tile wait on the cache's loads: one or two
-///   workgroups per SM (head_dim 128, 64) walk their slices block by block with nothing
-///   else to run. They take the
-///   candidate of more than one subgroup that keeps the most of them in flight per SM
-///   (resident × the rows a tile holds), then the one cutting them into the fewest tiles
-///   (each reads the slice), then the one of more invocations. (A workgroup of one
-///   subgroup stages, multiplies and exponentiates in turn.)
+/// - Rows that fill at most half the planned tile leave one or two workgroups per SM
+///   (head_dim 128, 64) walking their slices block by block, each block a chain of
+///   barriers with nothing else to run. They take the candidate of more than one
+///   subgroup that keeps the most of them in flight per SM (resident × the rows a tile
+///   holds), then the one cutting them into the fewest tiles (each reads the slice), then
+///   the one of more invocations. (A workgroup of one subgroup stages, multiplies and
+///   exponentiates in turn.)
 /// - Rows past the planned tile take its twin of twice the rows where an SM holds as many
 ///   of it (the forward's rule).
 ///
