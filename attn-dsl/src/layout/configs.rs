@@ -173,9 +173,15 @@ pub fn coop_forward_in(head_dim: u32, bytes: u32, dtype: crate::Dtype) -> Vec<Fl
 /// Workgroup memory of the cooperative-matrix forward under `config` (one of
 /// [`coop_forward_in`]'s) at `head_dim`, operands in `dtype`.
 pub fn coop_forward_bytes(head_dim: u32, config: FlashConfig, dtype: crate::Dtype) -> u32 {
+    coop_bytes(Op::Forward, head_dim, config, dtype)
+}
+
+/// [`coop_forward_bytes`] for `op`: the forward, or a continued cache's chunk (which
+/// stages V over K where that holds more of its small tiles).
+pub fn coop_bytes(op: Op, head_dim: u32, config: FlashConfig, dtype: crate::Dtype) -> u32 {
     let spec = KernelSpec {
         dtype,
-        ..KernelSpec::flash("probe", Op::Forward, head_dim, Masks::default(), config)
+        ..KernelSpec::flash("probe", op, head_dim, Masks::default(), config)
     };
     super::coop::CoopTiling::of(&spec).map_or(0, |t| t.bytes())
 }
@@ -380,6 +386,49 @@ mod tests {
             );
         }
         assert_eq!(over(256, crate::Dtype::Bf16), Vec::<String>::new());
+    }
+
+    /// A chunk's tiles of at most 32 rows take V over K where it holds one more of them in
+    /// 48 KiB (at head_dim 128 the 32-row tile of 32-key blocks three instead of two); the
+    /// larger tiles stay as the forward's.
+    #[test]
+    fn the_chunk_stages_v_over_k_where_its_small_tiles_fit_more() {
+        let f16 = crate::Dtype::F16;
+        let held = |op, head_dim, c| CANDIDATE_WORKGROUP_BYTES / coop_bytes(op, head_dim, c, f16);
+        let changed = |head_dim: u32| -> Vec<(String, u32, u32)> {
+            coop_forward_in(head_dim, CANDIDATE_WORKGROUP_BYTES, f16)
+                .into_iter()
+                .filter(|&c| {
+                    coop_bytes(Op::Extend, head_dim, c, f16)
+                        != coop_bytes(Op::Forward, head_dim, c, f16)
+                })
+                .map(|c| {
+                    let fwd = held(Op::Forward, head_dim, c);
+                    (c.label(), fwd, held(Op::Extend, head_dim, c))
+                })
+                .collect()
+        };
+        let owned = |v: &[(&str, u32, u32)]| -> Vec<(String, u32, u32)> {
+            v.iter().map(|&(l, a, b)| (l.to_string(), a, b)).collect()
+        };
+        assert_eq!(
+            changed(128),
+            owned(&[
+                ("32x32/16@128+tc", 2, 3),
+                ("32x32/16@64+tc", 2, 3),
+                ("32x16/16@64+tc", 4, 5),
+                ("16x16/16@32+tc", 4, 7),
+            ])
+        );
+        assert_eq!(
+            changed(64),
+            owned(&[
+                ("32x32/16@128+tc", 3, 4),
+                ("32x32/16@64+tc", 3, 4),
+                ("32x16/16@64+tc", 6, 7),
+                ("16x16/16@32+tc", 8, 10),
+            ])
+        );
     }
 
     fn forward_tc(head_dim: u32, tile: u32) -> FlashConfig {

@@ -194,12 +194,24 @@ impl CoopTiling {
     /// 128-row tile at head_dim 256 keeps V over K although both blocks would fit there.
     /// The scaled (bf16) forward notes each staged row's scales with its stores, and keeps
     /// both blocks (its emitter stages the two together).
+    ///
+    /// A continued cache's chunk also stages V over K where a tile of at most 32 rows then
+    /// fits one more workgroup an SM: its few packed rows make each block a short chain of
+    /// barriers, which only more workgroups in flight overlap. On an H200 (2026-12-03,
+    /// `bench --decode 32768 --heads 32 --kv-heads 8 --head-dim 128 --continued`, f16, 4
+    /// new rows, the configuration forced) 32x32/16@64 went from two an SM to three and
+    /// from 0.179 to 0.125 ms; in a grid of one wave of three, 0.103. The larger tiles keep
+    /// both blocks, as the forward's 64-row tile measured above.
     pub(crate) fn v_over_k(&self) -> bool {
         let apart = self.bytes_of(self.staged_over(2 * self.bc), self.p_fits_over_k());
         let over = self.bytes_of(self.staged_over(self.bc), false);
+        let limit = super::configs::CANDIDATE_WORKGROUP_BYTES;
+        let holds_more = self.op == Op::Extend
+            && self.br <= 2 * FRAG
+            && limit / over.max(1) > limit / apart.max(1);
         matches!(self.op, Op::Forward | Op::Extend)
             && !self.scaled
-            && apart > super::configs::CANDIDATE_WORKGROUP_BYTES
+            && (apart > limit || holds_more)
             && over < apart
     }
 

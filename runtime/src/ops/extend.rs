@@ -14,7 +14,7 @@
 //! [`CHUNK_ROWS`] rows per sequence over a cache in its dtype (an fp8 cache keeps the
 //! split-K decode, which widens its bytes).
 
-use attn_dsl::{Cache, FlashConfig, KernelAbi};
+use attn_dsl::{Cache, FlashConfig, KernelAbi, Op};
 
 use super::{grid, grow};
 use crate::device::Gpu;
@@ -23,6 +23,7 @@ use crate::dispatch::record::{Dispatch, Pipeline};
 use crate::dispatch::recorder::Recorder;
 use crate::error::{Error, InputError};
 use crate::modifiers::DeviceModifiers;
+use crate::plan::calibration::{CHUNK_PER_SM, Calibration};
 use crate::plan::decode::{Slicing, plan_slices};
 use crate::plan::kernels::{self, AttentionSpec, ChunkForm};
 use crate::plan::tuning::{self, Table};
@@ -107,14 +108,15 @@ pub(crate) struct Chunks {
 }
 
 /// The rows of one chunk call and how its keys are cut: `batch` sequences of `n` rows,
-/// the slicing asked for (`None`: by the rule, against `target` workgroups).
+/// the slicing asked for (`None`: by the rule, against the workgroups `calibration` scales
+/// to this adapter).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct ChunkShape {
     pub batch: u32,
     pub n: u32,
     pub heads: Heads,
     pub slice_len: Option<u32>,
-    pub target: u32,
+    pub calibration: Calibration,
     /// Each row sees the whole cache ([`ChunkForm::shared`]).
     pub shared: bool,
 }
@@ -166,17 +168,17 @@ impl Chunks {
         gpu: &Gpu,
         spec: &ChunkSpec,
         (shape, sliced): (&ChunkShape, bool),
-    ) -> Result<(FlashConfig, ChunkForm), Error> {
+    ) -> Result<(ChunkTile, ChunkForm), Error> {
         let planned = self.planned(gpu, spec)?;
         let rows = shape.owners(self.packs).0;
-        let config = match self.packs {
+        let tile = match self.packs {
             true => chunk_config(planned, &self.resident, rows),
-            false => planned,
+            false => ChunkTile::planned(planned),
         };
-        let packed = self.packs && shape.n < config.tile;
+        let packed = self.packs && shape.n < tile.config.tile;
         let shared = shape.shared;
         Ok((
-            config,
+            tile,
             ChunkForm {
                 sliced,
                 packed,
@@ -212,7 +214,7 @@ impl Chunks {
         };
         self.resident = candidates
             .into_iter()
-            .map(|c| (c, tuning::resident(gpu, width, c, dtype)))
+            .map(|c| (c, tuning::resident(gpu, Op::Extend, width, c, dtype)))
             .collect();
         self.planned = Some(config);
         Ok(config)
@@ -226,7 +228,8 @@ impl Chunks {
         spec: &ChunkSpec,
         (shape, sliced): (&ChunkShape, bool),
     ) -> Result<&mut Pipeline, Error> {
-        let (config, form) = self.plan(gpu, spec, (shape, sliced))?;
+        let (tile, form) = self.plan(gpu, spec, (shape, sliced))?;
+        let config = tile.config;
         let key = (config, form);
         let at = match self.pipelines.iter().position(|(k, _)| *k == key) {
             Some(at) => at,
@@ -267,10 +270,11 @@ impl Chunks {
                 n_slices,
             });
         }
-        let (config, form) = self.plan(gpu, spec, (&shape, true))?;
+        let (tile, form) = self.plan(gpu, spec, (&shape, true))?;
         let (rows, owners) = shape.owners(form.packed);
-        let tiles = rows.div_ceil(config.tile) * owners * shape.batch;
-        let rule = plan_slices(max_len, tiles, SLICE_BLOCK, MAX_SLICE, shape.target);
+        let tiles = rows.div_ceil(tile.config.tile) * owners * shape.batch;
+        let target = shape.calibration.chunk_workgroups(tile.per_sm);
+        let rule = plan_slices(max_len, tiles, SLICE_BLOCK, MAX_SLICE, target);
         let slice_len = rule
             .slice_len
             .max(min_slice(&shape, spec.attention.dtype.bytes()));
@@ -366,18 +370,30 @@ fn dims(
     dims
 }
 
-/// The chunk's configuration for a KV head's `rows` packed rows, among the tensor-core
-/// candidates with the workgroups of each an SM holds at once ([`tuning::resident`]).
+/// The chunk's configuration for a KV head's `rows` packed rows, and the workgroups per SM
+/// its slices aim for, among the tensor-core candidates with the workgroups of each an SM
+/// holds at once ([`tuning::resident`]).
 ///
 /// - Rows that fill at most half the planned tile leave one or two workgroups per SM
 ///   (head_dim 128, 64) walking their slices block by block, each block a chain of
 ///   barriers with nothing else to run. They take the candidate of more than one
-///   subgroup that keeps the most of them in flight per SM (resident × the rows a tile
-///   holds), then the one cutting them into the fewest tiles (each reads the slice), then
-///   the one of more invocations. (A workgroup of one subgroup stages, multiplies and
+///   subgroup that keeps the most products in flight per SM (resident × the rows a tile
+///   holds × the keys of its block: a block of twice the keys took 1.4x as long, so per
+///   key its chain is the shorter), then the one cutting them into the fewest tiles (each
+///   reads the slice), then the one of fewer invocations; and their slices make one wave
+///   of the pick's residency. (A workgroup of one subgroup stages, multiplies and
 ///   exponentiates in turn.)
 /// - Rows past the planned tile take its twin of twice the rows where an SM holds as many
-///   of it (the forward's rule).
+///   of it (the forward's rule), sliced for [`CHUNK_PER_SM`].
+///
+/// On an H200 (2026-12-03, the same command, each configuration forced and sliced for
+/// one wave of its residency, one device command), at 4 / 8 new rows of 32/8 heads, d128:
+/// 32x16/16@64 (four an SM) 0.113 / 0.120 ms, 32x32/16@64 with V over K (three) 0.103 /
+/// 0.108, 32x32/16@128 with V over K 0.139 / 0.146 (its registers hold fewer than three:
+/// in the grid of two an SM it took 0.111), without (two) 0.107 / 0.110; d64: 32x16/16@64
+/// (six) 0.078 / 0.080, 32x32/16@64 with V over K (four) 0.068 / 0.071, 32x32/16@128 with
+/// V over K 0.067 / 0.069, without (three) 0.081 / 0.082. Measured before V over K and
+/// the wave of the pick's residency:
 ///
 /// On an H200 (2026-12-03, `bench --decode 32768 --heads H --kv-heads 8 --head-dim D
 /// --continued`, f16, each configuration forced in turn, two device commands), at 4 new
@@ -392,31 +408,51 @@ fn dims(
 /// 32/8 (128 packed) and 0.332 at 64 rows, the planned tile 0.145 and 0.219; at d128,
 /// where both hold one, 128-row tiles took 0.268 against 0.310 at 32 rows and 2.438
 /// against 3.124 at 512 (2026-11-29).
-fn chunk_config(planned: FlashConfig, resident: &[(FlashConfig, u32)], rows: u32) -> FlashConfig {
+fn chunk_config(planned: FlashConfig, resident: &[(FlashConfig, u32)], rows: u32) -> ChunkTile {
     let count = |c: &FlashConfig| resident.iter().find(|(r, _)| r == c).map_or(0, |r| r.1);
     if rows <= planned.tile / 2 {
         let few = resident
             .iter()
             // Reversed: of candidates alike in every key, the menu's first.
             .rev()
-            .filter(|(c, _)| c.workgroup_size > attn_dsl::layout::coop::SUBGROUP)
+            .filter(|(c, n)| c.workgroup_size > attn_dsl::layout::coop::SUBGROUP && *n > 0)
             .max_by_key(|(c, n)| {
                 let tiles = rows.div_ceil(c.tile.max(1));
                 (
-                    n * c.tile.min(rows),
+                    n * c.tile.min(rows) * c.inner,
                     std::cmp::Reverse(tiles),
-                    c.workgroup_size,
+                    std::cmp::Reverse(c.workgroup_size),
                 )
             });
-        return few.map_or(planned, |(c, _)| *c);
+        return few.map_or(ChunkTile::planned(planned), |&(config, per_sm)| ChunkTile {
+            config,
+            per_sm,
+        });
     }
     let wide = resident
         .iter()
         .map(|(c, _)| *c)
         .find(|c| c.tile == 2 * planned.tile && c.inner == planned.inner);
     match wide {
-        Some(w) if rows > planned.tile && count(&w) >= count(&planned) => w,
-        _ => planned,
+        Some(w) if rows > planned.tile && count(&w) >= count(&planned) => ChunkTile::planned(w),
+        _ => ChunkTile::planned(planned),
+    }
+}
+
+/// A chunk's configuration and the workgroups per SM its slicing aims for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct ChunkTile {
+    config: FlashConfig,
+    per_sm: u32,
+}
+
+impl ChunkTile {
+    /// `config` sliced for [`CHUNK_PER_SM`].
+    fn planned(config: FlashConfig) -> ChunkTile {
+        ChunkTile {
+            config,
+            per_sm: CHUNK_PER_SM,
+        }
     }
 }
 
@@ -474,7 +510,7 @@ mod tests {
                 head_dim_v: 128,
             },
             slice_len: None,
-            target: 528,
+            calibration: Calibration::default(),
             shared: true,
         }
     }
@@ -490,10 +526,11 @@ mod tests {
         assert_eq!(min_slice(&shape(64), 4), 192);
     }
 
-    /// The picks the H200 measured best under NVIDIA's 48 KiB, f16: at d128 a 32-row tile
-    /// of 16-key blocks for 16 and 32 packed rows, the planned 64-row tile at 64 and its
-    /// 128-row twin past it (both one an SM); at d64 the same few-rows pick, and the planned
-    /// tile past 64 rows (two an SM, its twin one).
+    /// The picks the H200 measured best under NVIDIA's 48 KiB, f16: for 16 and 32 packed
+    /// rows a 32-row tile of 32-key blocks with V over K, sliced for the three an SM hold
+    /// at d128 and the four at d64; at d128 the planned 64-row tile at 64 and its 128-row
+    /// twin past it (both one an SM); at d64 the planned tile past 32 rows (two an SM, its
+    /// twin one).
     #[test]
     fn chunk_tiles_follow_rows_and_residency() {
         let limit = 48 * 1024;
@@ -502,19 +539,19 @@ mod tests {
             (
                 128,
                 [
-                    "32x16/16@64+tc",
-                    "32x16/16@64+tc",
-                    "64x32/16@256+tc",
-                    "128x32/16@256+tc",
+                    ("32x32/16@64+tc", 3),
+                    ("32x32/16@64+tc", 3),
+                    ("64x32/16@256+tc", CHUNK_PER_SM),
+                    ("128x32/16@256+tc", CHUNK_PER_SM),
                 ],
             ),
             (
                 64,
                 [
-                    "32x16/16@64+tc",
-                    "32x16/16@64+tc",
-                    "64x32/16@256+tc",
-                    "64x32/16@256+tc",
+                    ("32x32/16@64+tc", 4),
+                    ("32x32/16@64+tc", 4),
+                    ("64x32/16@256+tc", CHUNK_PER_SM),
+                    ("64x32/16@256+tc", CHUNK_PER_SM),
                 ],
             ),
         ] {
@@ -522,13 +559,22 @@ mod tests {
             let planned = candidates[0];
             let resident: Vec<(FlashConfig, u32)> = candidates
                 .into_iter()
-                .map(|c| (c, limit / attn_dsl::configs::coop_forward_bytes(d, c, f16)))
+                .map(|c| {
+                    (
+                        c,
+                        limit / attn_dsl::configs::coop_bytes(Op::Extend, d, c, f16),
+                    )
+                })
                 .collect();
-            for (rows, want) in [16, 32, 64, 128].into_iter().zip(picks) {
-                let got = chunk_config(planned, &resident, rows).label();
-                assert_eq!(got, want, "d{d}, {rows} rows");
+            for (rows, (want, per_sm)) in [16, 32, 64, 128].into_iter().zip(picks) {
+                let got = chunk_config(planned, &resident, rows);
+                assert_eq!(
+                    (got.config.label().as_str(), got.per_sm),
+                    (want, per_sm),
+                    "d{d}, {rows} rows"
+                );
             }
-            assert_eq!(chunk_config(planned, &[], 16), planned);
+            assert_eq!(chunk_config(planned, &[], 16), ChunkTile::planned(planned));
         }
     }
 }

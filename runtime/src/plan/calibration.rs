@@ -22,9 +22,13 @@ pub const H100_RESIDENT: u32 = 267;
 /// 1024 and 0.110 in 2048, 2026-11-26.)
 const H100_DECODE_WORKGROUPS: u32 = 2 * 132;
 
-/// A continued cache's chunk's workgroups on an H100: 4 per SM, the target its slicing was
-/// measured with ([`crate::ops::extend`]'s `MAX_SLICE` has the sweep).
-const H100_CHUNK_WORKGROUPS: u32 = 4 * 132;
+/// The SMs of an H100 (and of an H200).
+const H100_SMS: u32 = 132;
+
+/// A continued cache's chunk's workgroups per SM where its configuration was not picked by
+/// how many an SM holds: 4, the target its slicing was measured with
+/// ([`crate::ops::extend`]'s `MAX_SLICE` has the sweep).
+pub const CHUNK_PER_SM: u32 = 4;
 
 /// The forward grid's least workgroups on an H100: the 128-row tensor-core forward took
 /// 0.864 ms against 0.930 for 64 rows at seq 4096 with 16 heads, d 128 (512 workgroups
@@ -46,9 +50,10 @@ impl Calibration {
         self.scale(H100_DECODE_WORKGROUPS)
     }
 
-    /// A continued cache's chunk's target number of workgroups (query tiles times slices).
-    pub fn chunk_workgroups(&self) -> u32 {
-        self.scale(H100_CHUNK_WORKGROUPS)
+    /// A continued cache's chunk's target number of workgroups (query tiles times slices):
+    /// `per_sm` on each of an H100's SMs, scaled to the adapter.
+    pub fn chunk_workgroups(&self, per_sm: u32) -> u32 {
+        self.scale(per_sm.saturating_mul(H100_SMS))
     }
 
     /// The least workgroups a tensor-core forward grid keeps when it widens its tiles.
@@ -74,7 +79,7 @@ mod tests {
     fn an_unmeasured_adapter_gets_the_h100s_counts_and_others_scale() {
         let h100 = Calibration::default();
         assert_eq!((h100.decode_workgroups(), h100.full_grid()), (264, 256));
-        assert_eq!(h100.chunk_workgroups(), 528);
+        assert_eq!(h100.chunk_workgroups(CHUNK_PER_SM), 528);
         let same = Calibration {
             resident: Some(H100_RESIDENT),
         };

@@ -260,7 +260,7 @@ impl Table {
     ) -> Option<FlashConfig> {
         let planned = self.forward(gpu, heads.width(), dtype)?;
         let candidates = coop_candidates(gpu, heads.width(), dtype);
-        let resident = |c: &FlashConfig| resident(gpu, heads.width(), *c, dtype);
+        let resident = |c: &FlashConfig| resident(gpu, Op::Forward, heads.width(), *c, dtype);
         Some(widest_filling(
             planned,
             &candidates,
@@ -297,11 +297,12 @@ fn widest_filling(
         .unwrap_or(planned)
 }
 
-/// The workgroups of a tensor-core forward configuration an SM holds at once: the adapter's
-/// workgroup memory over the configuration's (the count an H200 ran, see
-/// `widest_filling`); none for a configuration that declares no memory.
-pub fn resident(gpu: &Gpu, head_dim: u32, config: FlashConfig, dtype: Dtype) -> u32 {
-    let bytes = attn_dsl::configs::coop_forward_bytes(head_dim, config, dtype);
+/// The workgroups of a tensor-core configuration of `op` (the forward, or a continued
+/// cache's chunk) an SM holds at once: the adapter's workgroup memory over the
+/// configuration's (the count an H200 ran, see `widest_filling`); none for a configuration
+/// that declares no memory.
+pub fn resident(gpu: &Gpu, op: Op, head_dim: u32, config: FlashConfig, dtype: Dtype) -> u32 {
+    let bytes = attn_dsl::configs::coop_bytes(op, head_dim, config, dtype);
     let limit = gpu.limits().max_compute_workgroup_storage_size;
     limit.checked_div(bytes).unwrap_or(0)
 }

@@ -167,10 +167,10 @@ pub(crate) struct Passes {
     pub reduce: Pipeline,
     /// The reduce that also writes each query's LSE, created at the first call asking it.
     pub reduce_lse: Option<Pipeline>,
-    /// The slicing rule's target workgroups on this adapter: the split pass's, and a
-    /// chunk's.
+    /// The slicing rule's target workgroups on this adapter: the split pass's.
     pub target: u32,
-    pub chunk_target: u32,
+    /// What scales a chunk's target to this adapter.
+    pub calibration: Calibration,
 }
 
 impl Passes {
@@ -182,7 +182,7 @@ impl Passes {
             long: None,
             combined: None,
             target: calibration.decode_workgroups(),
-            chunk_target: calibration.chunk_workgroups(),
+            calibration,
             reduce: Pipeline::new(reduce),
             reduce_lse: None,
         }
@@ -691,7 +691,7 @@ impl Decode {
         let passes = self.passes(gpu)?;
         let c = check(passes.split_abi(), passes.reduce.abi(), args)?;
         check_bindings(gpu, passes, args)?;
-        let target = passes.chunk_target;
+        let calibration = passes.calibration;
         let split = passes.slicing(c.h, (c.batch, c.n_rows), args.cache.max_len, args.slice_len);
         let spec = self.spec.chunk();
         let chunked = match (args.rows, self.chunks.as_mut()) {
@@ -706,7 +706,7 @@ impl Decode {
                 n,
                 heads: c.h,
                 slice_len: args.slice_len,
-                target,
+                calibration,
                 shared,
             };
             let chunks = self.chunks.as_mut().expect("matched above");
@@ -859,7 +859,7 @@ impl Decode {
             n,
             heads: c.h,
             slice_len: args.slice_len,
-            target: passes.chunk_target,
+            calibration: passes.calibration,
             shared: extra.shared,
         };
         let spec = self.spec.chunk();
