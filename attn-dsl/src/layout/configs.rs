@@ -408,27 +408,22 @@ mod tests {
                 })
                 .collect()
         };
-        let owned = |v: &[(&str, u32, u32)]| -> Vec<(String, u32, u32)> {
-            v.iter().map(|&(l, a, b)| (l.to_string(), a, b)).collect()
-        };
-        assert_eq!(
-            changed(128),
-            owned(&[
-                ("32x32/16@128+tc", 2, 3),
-                ("32x32/16@64+tc", 2, 3),
-                ("32x16/16@64+tc", 4, 5),
-                ("16x16/16@32+tc", 4, 7),
-            ])
-        );
-        assert_eq!(
-            changed(64),
-            owned(&[
-                ("32x32/16@128+tc", 3, 4),
-                ("32x32/16@64+tc", 3, 4),
-                ("32x16/16@64+tc", 6, 7),
-                ("16x16/16@32+tc", 8, 10),
-            ])
-        );
+        // (tile, held apart, held with V over K) at head_dim 128 and at 64.
+        let small = [
+            "32x32/16@128+tc",
+            "32x32/16@64+tc",
+            "32x16/16@64+tc",
+            "16x16/16@32+tc",
+        ];
+        for (head_dim, held) in [
+            (128, [(2, 3), (2, 3), (4, 5), (4, 7)]),
+            (64, [(3, 4), (3, 4), (6, 7), (8, 10)]),
+        ] {
+            let want: Vec<(String, u32, u32)> = (small.iter().zip(held))
+                .map(|(l, (a, b))| (l.to_string(), a, b))
+                .collect();
+            assert_eq!(changed(head_dim), want, "head_dim {head_dim}");
+        }
     }
 
     fn forward_tc(head_dim: u32, tile: u32) -> FlashConfig {
