@@ -386,8 +386,9 @@ fn dims(
 /// - Rows past the planned tile take its twin of twice the rows where an SM holds as many
 ///   of it (the forward's rule), sliced for [`CHUNK_PER_SM`].
 ///
-/// On an H200 (2026-12-03, the same command, each configuration forced and sliced for
-/// one wave of its residency, one device command), at 4 / 8 new rows of 32/8 heads, d128:
+/// On an H200 (2026-12-03, `bench --decode 32768 --heads 32 --kv-heads 8 --head-dim D
+/// --continued`, f16, each configuration forced and sliced for one wave of its residency,
+/// one device command), at 4 / 8 new rows, d128:
 /// 32x16/16@64 (four an SM) 0.113 / 0.120 ms, 32x32/16@64 with V over K (three) 0.103 /
 /// 0.108, 32x32/16@128 with V over K 0.139 / 0.146 (its registers hold fewer than three:
 /// in the grid of two an SM it took 0.111), without (two) 0.107 / 0.110; d64: 32x16/16@64
