@@ -20,7 +20,7 @@ pub const H100_RESIDENT: u32 = 267;
 /// --slice-len 1024 | 512 | 2048`, 2026-11-30). (When a slice held at most 512 keys, 512
 /// workgroups were the fewest a 32k cache could take: 0.096 ms on an H100 against 0.098 in
 /// 1024 and 0.110 in 2048, 2026-11-26.)
-const H100_DECODE_WORKGROUPS: u32 = 2 * 132;
+const H100_DECODE_WORKGROUPS: u32 = 2 * H100_SMS;
 
 /// The SMs of an H100 (and of an H200).
 const H100_SMS: u32 = 132;
