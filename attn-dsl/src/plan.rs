@@ -70,8 +70,9 @@ impl Scalar {
         match (e, kv_fp8) {
             (Elem::LinearIn4, _) => return Scalar::of(Elem::Data4, dtype, None),
             (Elem::LinearOut, _) => return Scalar::of(Elem::Data, dtype, None),
-            (Elem::Cache4, Some(f)) => return Scalar::from(f),
+            (Elem::Cache4 | Elem::CacheRows, Some(f)) => return Scalar::from(f),
             (Elem::Cache4, None) => return Scalar::of(Elem::Data4, dtype, None),
+            (Elem::CacheRows, None) => return Scalar::of(Elem::Data, dtype, None),
             _ => {}
         }
         match (e, dtype) {
@@ -79,7 +80,7 @@ impl Scalar {
             (Elem::U32 | Elem::Counter, _) => Scalar::U32,
             (Elem::Data | Elem::Data4, Dtype::F16) => Scalar::F16,
             (Elem::Data | Elem::Data4, Dtype::Bf16) => Scalar::Bf16,
-            (Elem::Cache4 | Elem::LinearIn4 | Elem::LinearOut, _) => {
+            (Elem::Cache4 | Elem::CacheRows | Elem::LinearIn4 | Elem::LinearOut, _) => {
                 unreachable!("answered above")
             }
         }
@@ -472,7 +473,7 @@ fn array_type(e: Elem, scalar: Scalar, scatter: Option<Scatter>) -> Cow<'static,
     // A cache in the kernel's dtype is its data, four at a time.
     let e = match e {
         Elem::Cache4 | Elem::LinearIn4 => Elem::Data4,
-        Elem::LinearOut => Elem::Data,
+        Elem::CacheRows | Elem::LinearOut => Elem::Data,
         e => e,
     };
     Cow::Borrowed(match (scatter, e, scalar) {

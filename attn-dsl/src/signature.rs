@@ -37,6 +37,9 @@ pub enum Elem {
     /// A KV cache: [`Elem::Data4`], or four 8-bit floats per `u32` when the spec's
     /// `kv_fp8` says so.
     Cache4,
+    /// A KV cache read as its rows of data: [`Elem::Data`], or four 8-bit floats per
+    /// `u32` when the spec's `kv_fp8` says so.
+    CacheRows,
     /// `u32` counters the workgroups add to atomically (`array<atomic<u32>>`).
     Counter,
     /// A Linear's input rows, four at a time, in its form's `x` dtype (as [`Elem::Data4`]).
@@ -132,7 +135,7 @@ const fn when(t: Tensor, presence: Presence) -> Tensor {
 }
 
 use Axis::{B, D, H, J, KvH, Page, Part, S, Slice};
-use Elem::{Cache4, Counter, Data, Data4, F32, F32x4, LinearIn4, LinearOut, U32};
+use Elem::{Cache4, CacheRows, Counter, Data, Data4, F32, F32x4, LinearIn4, LinearOut, U32};
 use Presence::{
     IfAlibi, IfBias, IfBiasWritten, IfCoop, IfDocument, IfRecompute, IfScaled, IfScratch, IfSinks,
     IfWritten,
@@ -188,19 +191,19 @@ const FORWARD: &[Tensor] = &[
 const EXTEND: &[Tensor] = &[
     t("q", Input, Data, &[B, S, H, D]),
     when(
-        t("k", Input, Data, &[B, J, KvH, D]),
+        t("k", Input, CacheRows, &[B, J, KvH, D]),
         Presence::IfCache(Cache::Contiguous),
     ),
     when(
-        t("v", Input, Data, &[B, J, KvH, D]),
+        t("v", Input, CacheRows, &[B, J, KvH, D]),
         Presence::IfCache(Cache::Contiguous),
     ),
     when(
-        t("k", Input, Data, &[Page, J, KvH, D]),
+        t("k", Input, CacheRows, &[Page, J, KvH, D]),
         Presence::IfCache(Cache::Paged),
     ),
     when(
-        t("v", Input, Data, &[Page, J, KvH, D]),
+        t("v", Input, CacheRows, &[Page, J, KvH, D]),
         Presence::IfCache(Cache::Paged),
     ),
     when(t("o", Output, Data, &[B, S, H, D]), IfWritten),
@@ -218,6 +221,7 @@ const EXTEND: &[Tensor] = &[
     t("seq_lens", Input, U32, &[B]),
     ALIBI,
     SINKS,
+    KV_SCALES,
 ];
 
 // Split-K decode: slice `slice` of the cache flushes, per query, its unnormalized output

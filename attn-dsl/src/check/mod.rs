@@ -779,14 +779,27 @@ fn check_cache(spec: &KernelSpec) -> Result<(), DslError> {
         ));
     }
     if let Some(f) = spec.kv_fp8
-        && !matches!(spec.op, Op::DecodeSplit | Op::CacheAppend)
+        && !matches!(spec.op, Op::DecodeSplit | Op::CacheAppend | Op::Extend)
     {
         return Err(DslError::spec(
             Field::Cache,
             format!(
-                "op {} reads no KV cache; an {} cache belongs to a decode_split kernel or a \
-                 cache_append",
+                "op {} reads no KV cache; an {} cache belongs to a decode_split kernel, an \
+                 extend or a cache_append",
                 spec.op.name(),
+                f.name()
+            ),
+        ));
+    }
+    if let Some(f) = spec.kv_fp8
+        && spec.op == Op::Extend
+        && !(spec.grid.uses_coop() && spec.dtype == crate::Dtype::F16)
+    {
+        return Err(DslError::spec(
+            Field::Cache,
+            format!(
+                "an extend reads an {} cache into f16 tiles: give it `dtype: f16` and \
+                 `matrix = coop16` in its grid",
                 f.name()
             ),
         ));

@@ -33,14 +33,19 @@ pub(super) fn forward_helpers(out: &mut Wgsl, spec: &KernelSpec) {
     index::kv_head(out, spec);
     index::row_indexing(out, spec);
     index::masks(out, spec);
-    let names = [("query_at", "q"), ("key_at", "k"), ("value_at", "v")];
+    let all = [("query_at", "q"), ("key_at", "k"), ("value_at", "v")];
+    // An fp8 cache's words are widened where the tiles fetch them (`coop::fp8_fetch`).
+    let names = match spec.kv_fp8 {
+        Some(_) => &all[..1],
+        None => &all[..],
+    };
     match super::extend::sliced(spec) {
         true => {
-            super::dtype::loads(out, spec, &names);
+            super::dtype::loads(out, spec, names);
             super::extend::stores(out);
         }
         false => {
-            super::dtype::accessors(out, spec, &names);
+            super::dtype::accessors(out, spec, names);
             out.put(FORWARD_STATS.plain());
         }
     }

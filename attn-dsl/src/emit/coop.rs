@@ -208,9 +208,16 @@ pub(super) fn kernel(out: &mut Wgsl, spec: &KernelSpec, t: &CoopTiling, keep: Ph
         ("k", Rows::K, "BC"),
         ("v", Rows::V, "BC"),
     ];
+    if t.fp8 {
+        super::dtype::cache_codec(out, spec);
+        out.put(KV_UNIT.plain());
+    }
     for (name, of, rows) in fetches {
         let streamed = of != Rows::Q;
-        block_fetch(out, spec, t, (name, name, of, rows), streamed);
+        match (spec.kv_fp8, of) {
+            (Some(_), Rows::K | Rows::V) => fp8_fetch(out, spec, name, of, rows),
+            _ => block_fetch(out, spec, t, (name, name, of, rows), streamed),
+        }
     }
     if t.scaled {
         coop_scale::key_scale_memory(out);
@@ -376,6 +383,47 @@ pub(super) fn fetch(
     let load = |index: &str| Fragment::from(format!("x = {tensor}[({index} + c) >> 2u];"));
     fetch_with(out, spec, (name, of, rows), &load);
 }
+
+/// `kv_unit(i)`: what an fp8 cache's widened value is multiplied by to give the value it
+/// stands for, `kv_scales[i]` (K's scale of KV head i; V's at `n_kv_heads + i`) times
+/// [`FP8_UNIT`](super::dtype::cache_codec).
+const KV_UNIT: Template = Template {
+    name: "coop_kv_unit",
+    needs: &[],
+    text: r#"fn kv_unit(i: u32) -> f32 {
+    return kv_scales[i] * FP8_UNIT;
+}
+
+"#,
+};
+
+/// `fetch_{name}(r0, h, e)` of an fp8 cache: the raw word of four values (0 past the
+/// block), widened at its store (a conversion as loaded would wait on each load in turn).
+fn fp8_fetch(out: &mut Wgsl, spec: &KernelSpec, name: &str, of: Rows, rows: &str) {
+    out.put(FETCH_WORD.fill([
+        ("name", expr(name)),
+        ("cond", expr(fetch_guard(spec, of, rows))),
+        ("index", expr(row_index(spec, of))),
+    ]));
+}
+
+/// One word of a block's rows of an fp8 cache into registers, 0 where the guard `cond`
+/// fails.
+const FETCH_WORD: Template = Template {
+    name: "coop_fetch_word",
+    needs: &[],
+    text: r#"fn fetch_$name(r0: u32, h: u32, e: u32) -> u32 {
+    let r = r0 + e / (HEAD_DIM / 4u);
+    let c = (e % (HEAD_DIM / 4u)) * 4u;
+    var x = 0u;
+    if ($cond) {
+        x = $name[($index + c) >> 2u];
+    }
+    return x;
+}
+
+"#,
+};
 
 /// `fetch_{name}(r0, h, e)` whose load within the block is `load(index)`: statements that
 /// set the vec4<f16> `x` from the row's first element `index` and its column `c`.
@@ -848,9 +896,13 @@ fn put_block(t: &CoopTiling, tensors: &[(&str, &str)]) -> Fragment {
 pub(super) fn puts(t: &CoopTiling, tensors: &[(&str, &str)]) -> Fragment {
     concat((0..t.carried()).map(|i| {
         let stores = lines(tensors.iter().map(|(name, base)| {
-            let x = match t.converts_at_store() {
-                true => format!("to_half(p{name}_{i}, b{name}_{i})"),
-                false => format!("p{name}_{i}"),
+            let x = match (t.converts_at_store(), t.fp8) {
+                (true, _) => format!("to_half(p{name}_{i}, b{name}_{i})"),
+                // Exact: the widened values are f16's own.
+                (false, true) if matches!(*name, "k" | "v") => {
+                    format!("vec4<f16>(widen_kv4(p{name}_{i}))")
+                }
+                _ => format!("p{name}_{i}"),
             };
             format!("put(tid + {i}u * WG, {base}, {x});")
         }));
@@ -1225,6 +1277,16 @@ fn finish(spec: &KernelSpec, t: &CoopTiling, (lanes, who): (u32, (&str, &str))) 
         (false, false) if super::extend::sliced(spec) => ("lt", Fragment::from("let inv = 1.0;\n")),
         (false, false) => ("lt", INVERSE_SUM.plain()),
     };
+    // Over an fp8 cache's widened values, O also takes its KV head's V scale.
+    let (o_unit, inv) = match t.fp8 {
+        true => (
+            Fragment::from(format!(
+                "let o_unit = kv_unit(dims.n_kv_heads + kv_head({out_head}));"
+            )),
+            "(inv * o_unit)",
+        ),
+        false => (Fragment::default(), "inv"),
+    };
     let stores = (0..mine).map(|n| {
         let first = fragment_column(mine, n);
         let cond = and_within(
@@ -1233,7 +1295,12 @@ fn finish(spec: &KernelSpec, t: &CoopTiling, (lanes, who): (u32, (&str, &str))) 
             Row::V,
             &format!("col_{n}"),
         );
-        STORE_O.fill([("n", expr(n)), ("first", expr(first)), ("cond", expr(cond))])
+        STORE_O.fill([
+            ("n", expr(n)),
+            ("first", expr(first)),
+            ("cond", expr(cond)),
+            ("inv", expr(inv)),
+        ])
     });
     FORWARD_FINISH.fill([
         ("reduce", row_reduce("lt", "sum", lanes)),
@@ -1245,6 +1312,7 @@ fn finish(spec: &KernelSpec, t: &CoopTiling, (lanes, who): (u32, (&str, &str))) 
         ("factor", factor),
         ("out_pos", expr(out_pos)),
         ("out_head", expr(out_head)),
+        ("o_unit", o_unit),
         ("stores", concat(stores)),
     ])
 }
@@ -1272,6 +1340,7 @@ if (row < $end && k0 == 0u) {
 workgroupBarrier();
 $factor
 let out_row = row0 + pr;
+$o_unit
 let base = o_index($out_pos, $out_head);
 let c8 = (lane % 2u) * 8u;
 let x = pr * SS + part * 16u + c8;
@@ -1291,7 +1360,7 @@ if (sh_l[pr] != 0.0) {
 };
 
 /// O's fragment `$n` (first column `$first`) into the output, its half of row `pr` where
-/// `$cond` holds.
+/// `$cond` holds, times `$inv`.
 const STORE_O: Template = Template {
     name: "coop_store_o",
     needs: &[],
@@ -1301,8 +1370,8 @@ workgroupBarrier();
 let col_$n = $first + c8;
 if ($cond) {
     let col = col_$n;
-    store_out4(base + col, vec4<f32>(sh_s[x], sh_s[x + 1u], sh_s[x + 2u], sh_s[x + 3u]) * inv);
-    store_out4(base + col + 4u, vec4<f32>(sh_s[x + 4u], sh_s[x + 5u], sh_s[x + 6u], sh_s[x + 7u]) * inv);
+    store_out4(base + col, vec4<f32>(sh_s[x], sh_s[x + 1u], sh_s[x + 2u], sh_s[x + 3u]) * $inv);
+    store_out4(base + col + 4u, vec4<f32>(sh_s[x + 4u], sh_s[x + 5u], sh_s[x + 6u], sh_s[x + 7u]) * $inv);
 }
 "#,
 };

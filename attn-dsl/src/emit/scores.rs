@@ -125,11 +125,16 @@ pub(super) fn helpers(out: &mut Wgsl, spec: &KernelSpec, visible: bool) {
     }
 }
 
-/// The score up to its cap: scaled, then biased (`bias_index` into `out`, where the kernel
-/// has a bias), then ALiBi's term.
+/// The score up to its cap: scaled (a chunk over an fp8 cache's widened keys also by its KV
+/// head's `kv_unit`), then biased (`bias_index` into `out`, where the kernel has a bias),
+/// then ALiBi's term.
 fn builtin_score(out: &mut Wgsl, spec: &KernelSpec) -> Fragment {
     let m = spec.masks;
-    let mut score = vec!["var x = dot * params.scale;".to_string()];
+    let scale = match (spec.op, spec.kv_fp8) {
+        (Op::Extend, Some(_)) => "(params.scale * kv_unit(kv_head(h)))",
+        _ => "params.scale",
+    };
+    let mut score = vec![format!("var x = dot * {scale};")];
     if let Some(heads) = m.bias {
         let (heads, slice) = match heads {
             BiasHeads::PerHead => ("n_heads", "batch * dims.n_heads + h"),

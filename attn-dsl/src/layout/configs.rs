@@ -233,6 +233,7 @@ fn coop_configs(
         v_frags: head_dim / FRAG,
         op,
         scaled,
+        fp8: false,
     };
     menu.iter()
         .filter(|&&(_, bc, split)| split == 1 || (halves(bc) && halves(head_dim)))

@@ -35,6 +35,10 @@ pub struct CoopTiling {
     /// row maxima of the `row_scale` pass (the backward also keeps each accumulator's lazy
     /// row references).
     pub scaled: bool,
+    /// Whether K and V are an fp8 cache's words of four values (a continued cache's chunk),
+    /// fetched raw and widened exactly into f16 at their store; their scales multiply the
+    /// scores and O, so the tiles hold no rounded product of a value and its scale.
+    pub fp8: bool,
 }
 
 impl CoopTiling {
@@ -56,6 +60,7 @@ impl CoopTiling {
             v_frags,
             op: spec.op,
             scaled: spec.dtype == Dtype::Bf16,
+            fp8: spec.kv_fp8.is_some(),
         })
     }
 

@@ -193,3 +193,42 @@ fn a_sliced_grid_covers_every_slice_of_every_sequence() {
     let grid = abi.dispatch_grid(&[100, 32, 8, 128, 3, 0, 4096, 0, 0, 0, 5, 832]);
     assert_eq!(grid, [100u32.div_ceil(tile), 32, 15]);
 }
+
+/// On tensor cores an extend reads an fp8 cache: four values a word widened into its f16
+/// tiles with the KV head's scales, every layout and format, sliced or not.
+#[test]
+fn an_fp8_cache_extends_on_tensor_cores() {
+    for fp8 in [attn_dsl::Fp8::E4m3, attn_dsl::Fp8::E5m2] {
+        for cache in [Cache::Contiguous, Cache::Paged] {
+            for head_dim in [64, 128] {
+                let whole = extend(head_dim, cache, Dtype::F16, Masks::default(), true);
+                let sliced = KernelSpec {
+                    writes: vec![("partials".into(), ScratchFlush)],
+                    ..whole.clone()
+                };
+                let mut packed = sliced.clone();
+                packed.grid.pack_heads = true;
+                for (form, spec) in [("whole", whole), ("sliced", sliced), ("packed", packed)] {
+                    let spec = KernelSpec {
+                        kv_fp8: Some(fp8),
+                        ..spec
+                    };
+                    let what = format!("{fp8:?} {cache:?} d{head_dim} {form}");
+                    let abi = attn_dsl::compile(&spec).unwrap_or_else(|e| panic!("{what}: {e}"));
+                    let ty = |name: &str| abi.binding(name).map(|b| b.wgsl_type.to_string());
+                    assert_eq!(ty("k").as_deref(), Some("array<u32>"), "{what}");
+                    assert_eq!(ty("v").as_deref(), Some("array<u32>"), "{what}");
+                    assert!(ty("kv_scales").is_some(), "{what}");
+                    // Widened exactly at the store; the scales go to the scores and O.
+                    assert!(abi.wgsl.contains("vec4<f16>(widen_kv4(pk_0))"), "{what}");
+                    assert!(abi.wgsl.contains("vec4<f16>(widen_kv4(pv_0))"), "{what}");
+                    assert!(
+                        abi.wgsl.contains("params.scale * kv_unit(kv_head(h))"),
+                        "{what}"
+                    );
+                    assert!(abi.wgsl.contains("* (inv * o_unit)"), "{what}");
+                }
+            }
+        }
+    }
+}

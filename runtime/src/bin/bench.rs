@@ -911,7 +911,8 @@ fn decode(gpu: &Gpu, args: &Args, cache_len: u32) -> anyhow::Result<()> {
 
 /// n new rows attended over the cache (continuing it: a prompt's next chunk, a chat's next
 /// turn, speculative drafts), n = 1 to 512 (from 4 rows both as the decode plans it and
-/// on the split-K passes), in the first half dtype: GPU time, the
+/// on the split-K passes), in the first half dtype, then over each fp8 cache
+/// `--cache-dtypes` names (all where it names none) with rows in that dtype: GPU time, the
 /// cache's bytes per second and TFLOP/s (4·n·cache·heads·head_dim).
 fn continued_rows(
     gpu: &Gpu,
@@ -948,19 +949,41 @@ fn continued_rows(
             runs.push((n, Continue::Slices(slice)));
         }
     }
-    for (n, how) in runs {
-        let (ms, slicing) = bench::e2e::continued(gpu, h, (len, n), dtype, (args.runs as u32, how))
+    // `--cache-dtypes` picks these rows' caches too: the half dtype's where it is named.
+    let named =
+        |name: &str| args.cache_dtypes.is_empty() || args.cache_dtypes.iter().any(|d| d == name);
+    let fp8s = [attn_dsl::Fp8::E4m3, attn_dsl::Fp8::E5m2]
+        .into_iter()
+        .filter(|f| named(f.name()));
+    let half_rows = runs.into_iter().filter(|_| named(dtype.name()));
+    let mut runs: Vec<_> = half_rows.map(|(n, how)| (n, None, how)).collect();
+    for fp8 in fp8s {
+        for n in [4, 16, 64, 512].into_iter().filter(|&n| n <= len) {
+            runs.push((n, Some(fp8), Continue::Planned));
+            if n <= 16 {
+                runs.push((n, Some(fp8), Continue::SplitK));
+            }
+        }
+    }
+    for (n, fp8, how) in runs {
+        let cache = (dtype, fp8);
+        let (ms, slicing) = bench::e2e::continued(gpu, h, (len, n), cache, (args.runs as u32, how))
             .context("continue")?;
         let kernel = match how {
             Continue::Slices(_) => format!("chunk, forward's tiles, {slicing} asked"),
             Continue::Planned => format!("as planned, {slicing}"),
             Continue::SplitK => format!("split-K {slicing}"),
         };
+        let elem_bytes = fp8.map_or(dtype.bytes(), |_| 1);
         let bytes = f64::from(len)
             * f64::from(h.n_kv_heads)
             * f64::from(h.head_dim + h.head_dim_v)
-            * f64::from(dtype.bytes());
+            * f64::from(elem_bytes);
         let gbps = bytes / (ms * 1e-3) / 1e9;
+        let cache = match fp8 {
+            Some(f) => format!("{} cache", f.name()),
+            None => dtype.name().to_string(),
+        };
         let flops = 2.0
             * f64::from(n)
             * f64::from(len)
@@ -969,12 +992,15 @@ fn continued_rows(
         println!(
             "{:<32} {:<40} {:>10.3} {:>9.1} {:>7.0}% {:>9.2}",
             shape.label(),
-            format!("n={n}, {} ({kernel})", dtype.name()),
+            format!("n={n}, {cache} ({kernel})"),
             ms,
             gbps,
             100.0 * gbps / copy,
             flops / (ms * 1e-3) / 1e12
         );
+    }
+    if !named(dtype.name()) {
+        return Ok(());
     }
     // A fresh prompt's forward (and its append) on the same heads, for the chunk's TFLOP/s.
     let seq = 4096;

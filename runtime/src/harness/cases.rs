@@ -2115,8 +2115,8 @@ fn cascade_rows(
 /// the planned layout, paged, streamed (with subgroups), in half precision and in an e4m3
 /// cache; a ragged batch of two or more, one of them a fresh slot; and where `len` allows,
 /// a chunk of [`CHUNK_ROWS`] + 5 rows (the forward's tiles, `ops::extend`; in half
-/// precision on tensor cores, a KV head's query heads packed), contiguous, paged and in
-/// half precision, and of 8, 69 and 133 rows in half precision (on tensor cores, 8 rows
+/// precision on tensor cores, a KV head's query heads packed), contiguous, paged, in half
+/// precision and over an e4m3 cache with half-precision rows, and of 8, 69 and 133 rows in half precision (on tensor cores, 8 rows
 /// of a KV head's three or four query heads fill at most half a 64-row tile: packed into
 /// the smaller tiles that keep more workgroups in flight; past a 64-row tile, where an SM
 /// holds as many 128-row tiles (head_dim 128): packed into them, and past those unpacked;
@@ -2211,6 +2211,11 @@ fn continued_rows(
         ] {
             chunks.push((label, d, None, paged, planned, slice_len));
         }
+        // An e4m3 cache's chunk widens its words into the tiles (on tensor cores; the
+        // split-K passes elsewhere, so sliced as the rule says).
+        let e4m3 = Some(Fp8::E4m3);
+        chunks.push((" chunk e4m3 cache", d, e4m3, false, planned, None));
+        chunks.push((" chunk e4m3 cache page=16", d, e4m3, true, planned, None));
     }
     let tiled: Vec<(Variant, usize)> = half
         .into_iter()

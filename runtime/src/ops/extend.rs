@@ -49,11 +49,13 @@ pub const CHUNK_ROWS: u32 = 16;
 pub const PACKED_CHUNK_ROWS: u32 = 16;
 
 /// What a chunk kernel is built for: the decode's widths, masks and modifiers, dtype (of
-/// Q, O and the cache) and cache layout.
+/// Q, O and, without `kv_fp8`, the cache) and cache layout.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct ChunkSpec {
     pub attention: AttentionSpec,
     pub cache: Cache,
+    /// The cache's 8-bit format: its words are widened into the tiles, on tensor cores only.
+    pub kv_fp8: Option<attn_dsl::Fp8>,
 }
 
 /// One chunk's tensors: Q and O of `n` rows per sequence, the cache as the decode reads it
@@ -70,19 +72,28 @@ pub(crate) struct ChunkArgs<'a> {
     pub mods: DeviceModifiers<'a>,
     /// Where the unsliced kernel writes each row's LSE (else the op's own scratch).
     pub lse: Option<&'a Tensor>,
+    /// An fp8 cache's scales ([`super::decode::CacheView::scales`]).
+    pub scales: Option<&'a Tensor>,
 }
 
-/// Whether `spec`'s chunk kernels, in their portable configuration, compile and run on
-/// `gpu` (a description the forward's tiles cannot hold keeps the split-K decode).
+/// Whether `spec`'s chunk kernels, in their portable configuration (an fp8 cache's: the
+/// planned one, on tensor cores), compile and run on `gpu` (a description the forward's
+/// tiles cannot hold keeps the split-K decode).
 fn usable(gpu: &Gpu, spec: &ChunkSpec) -> bool {
     let width = spec.attention.width();
-    tuning::forward_candidates(width).first().is_some_and(|c| {
+    let config = match spec.kv_fp8 {
+        Some(_) => Table::for_gpu(gpu)
+            .ok()
+            .and_then(|t| t.extend(gpu, width, spec.attention.dtype)),
+        None => tuning::forward_candidates(width).first().copied(),
+    };
+    config.is_some_and(|c| {
         [false, true].into_iter().all(|sliced| {
             let form = ChunkForm {
                 sliced,
                 ..ChunkForm::default()
             };
-            compile(spec, *c, form).is_ok_and(|abi| gpu.require(&abi).is_ok())
+            compile(spec, c, form).is_ok_and(|abi| gpu.require(&abi).is_ok())
         })
     })
 }
@@ -331,6 +342,7 @@ impl Chunks {
         }
         tensors.push(("seq_lens", args.seq_lens));
         tensors.extend(args.block_table.map(|t| ("block_table", t)));
+        tensors.extend(args.scales.map(|t| ("kv_scales", t)));
         // The reduce joins the sinks of a sliced chunk.
         let mods = args.mods.tensors();
         tensors.extend(mods.filter(|(name, _)| !sliced || *name != "sinks"));
@@ -490,7 +502,8 @@ const MAX_SLICE: u32 = 2048;
 
 /// The chunk kernel of `spec` under `config` in `form`.
 fn compile(spec: &ChunkSpec, config: FlashConfig, form: ChunkForm) -> Result<KernelAbi, Error> {
-    kernels::extend(spec.attention, (spec.cache, form), config).map_err(|e| Error::Pipeline {
+    let cache = (spec.cache, spec.kv_fp8);
+    kernels::extend(spec.attention, (cache, form), config).map_err(|e| Error::Pipeline {
         kernel: format!("extend d{} {}", spec.attention.head_dim, config.label()),
         message: e.to_string(),
     })

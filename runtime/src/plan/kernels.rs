@@ -279,11 +279,11 @@ pub struct ChunkForm {
 }
 
 /// The kernel of a continued cache's chunk ([`Op::Extend`]) over a cache of `cache`'s
-/// layout under `config`: writing O and LSE, or (sliced) its key slices' partials for
-/// the decode's reduce, which then joins the sinks.
+/// layout (in `kv_fp8`'s bytes where given) under `config`: writing O and LSE, or (sliced)
+/// its key slices' partials for the decode's reduce, which then joins the sinks.
 pub fn extend(
     spec: AttentionSpec,
-    (cache, form): (attn_dsl::Cache, ChunkForm),
+    ((cache, kv_fp8), form): ((attn_dsl::Cache, Option<attn_dsl::Fp8>), ChunkForm),
     config: FlashConfig,
 ) -> Result<KernelAbi, DslError> {
     let sliced = form.sliced;
@@ -324,6 +324,7 @@ pub fn extend(
     let kernel = spec.flash((&base, Op::Extend), config, |k| {
         k.writes = own;
         k.cache = cache;
+        k.kv_fp8 = kv_fp8;
         k.grid.pack_heads = form.packed;
     });
     attn_dsl::compile(&kernel)
@@ -373,7 +374,7 @@ mod tests {
                         .flex
                         .and_then(|f| f.get().mask_mod.clone())
                         .is_some_and(|e| e.mentions("h"));
-                    let abi = extend(spec, (cache, form), coop());
+                    let abi = extend(spec, ((cache, None), form), coop());
                     assert_eq!(abi.is_ok(), !reads_h, "{m:?} {cache:?} sliced {sliced}");
                     if let Ok(abi) = abi {
                         assert!(abi.grid.pack_heads && abi.grid.matrix == Matrix::Coop16);
@@ -397,7 +398,7 @@ mod tests {
             packed: true,
             shared: false,
         };
-        let abi = extend(spec, (Cache::Contiguous, form), config).unwrap();
+        let abi = extend(spec, ((Cache::Contiguous, None), form), config).unwrap();
         // seq_len, n_heads, n_kv_heads, head_dim, batch, capacity, page_size, pages, slot0,
         // ..., n_slices (field 10).
         let dims = [3, 32, 8, 128, 2, 4096, 0, 0, 0, 0, 5];

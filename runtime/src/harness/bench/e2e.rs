@@ -11,7 +11,7 @@
 
 use std::time::Instant;
 
-use attn_dsl::{Dtype, Masks, Scalar};
+use attn_dsl::{Dtype, Fp8, Masks, Scalar};
 
 use crate::device::Gpu;
 use crate::dispatch::Recorder;
@@ -73,7 +73,7 @@ pub(crate) fn random(gpu: &Gpu, shape: &[u32], dtype: Dtype, seed: u64) -> Resul
 fn filled_cache(
     gpu: &Gpu,
     h: Heads,
-    dtype: Dtype,
+    (dtype, kv_fp8): (Dtype, Option<Fp8>),
     [len, capacity]: [u32; 2],
 ) -> Result<KvCache, Error> {
     let spec = CacheSpec {
@@ -83,7 +83,7 @@ fn filled_cache(
         head_dim_v: h.head_dim_v,
         dtype,
         layout: CacheLayout::Contiguous { capacity },
-        kv_fp8: None,
+        kv_fp8,
     };
     let mut cache = KvCache::new(gpu, spec)?;
     let mut enc = gpu.device.create_command_encoder(&Default::default());
@@ -112,7 +112,7 @@ pub fn decode(
     steps: u32,
     per_submit: u32,
 ) -> Result<Row, Error> {
-    let mut cache = filled_cache(gpu, h, dtype, [cache_len, cache_len + 3 * steps])?;
+    let mut cache = filled_cache(gpu, h, (dtype, None), [cache_len, cache_len + 3 * steps])?;
     let mut decode = Decode::new(gpu, DecodeSpec::new(h.head_dim, h.head_dim_v, dtype))?;
     let mut rope = Rope::new(gpu, RopeSpec::new(h.head_dim))?;
     // The step rotates f32 copies of Q and K it does not feed on (the cost of the
@@ -246,7 +246,8 @@ pub enum Continue {
 }
 
 /// `n` new rows of one sequence attended over its cache of `cache_len` rows (the new rows
-/// the last n of them, causal among themselves): what continuing a cache costs beside its
+/// the last n of them, causal among themselves; the cache in `dtype`, or in `kv_fp8`'s
+/// bytes with Q and O in `dtype`): what continuing a cache costs beside its
 /// append, run as `how` says. Returns the GPU ms (median of `runs`, timed as every
 /// kernel row is: after a spin-up, so that the upload of the next row's cache leaves no
 /// idle GPU behind) and the slicing's label.
@@ -254,11 +255,15 @@ pub fn continued(
     gpu: &Gpu,
     h: Heads,
     (cache_len, n): (u32, u32),
-    dtype: Dtype,
+    (dtype, kv_fp8): (Dtype, Option<Fp8>),
     (runs, how): (u32, Continue),
 ) -> Result<(f64, String), Error> {
-    let cache = filled_cache(gpu, h, dtype, [cache_len, cache_len])?;
-    let mut decode = Decode::new(gpu, DecodeSpec::new(h.head_dim, h.head_dim_v, dtype))?;
+    let cache = filled_cache(gpu, h, (dtype, kv_fp8), [cache_len, cache_len])?;
+    let spec = DecodeSpec {
+        kv_fp8,
+        ..DecodeSpec::new(h.head_dim, h.head_dim_v, dtype)
+    };
+    let mut decode = Decode::new(gpu, spec)?;
     if how == Continue::SplitK {
         decode = decode.without_chunks();
     }

@@ -56,6 +56,7 @@ impl DecodeSpec {
         ChunkSpec {
             attention: attention.with_head_dim_v(self.head_dim_v),
             cache: self.cache,
+            kv_fp8: self.kv_fp8,
         }
     }
 
@@ -616,7 +617,7 @@ impl Decode {
             combined,
             passes: None,
             scratch: Scratch::default(),
-            chunks: spec.kv_fp8.is_none().then(Chunks::default),
+            chunks: Some(Chunks::default()),
         })
     }
 
@@ -853,6 +854,7 @@ impl Decode {
             scale: args.scale,
             mods: args.mods,
             lse: extra.lse,
+            scales: view.scales,
         };
         let shape = ChunkShape {
             batch: c.batch,
@@ -877,9 +879,9 @@ impl Decode {
 /// Why rows over a shared prefix cannot run: they have only the chunk's path.
 fn unshared() -> Error {
     InputError::Unsupported {
-        what: "rows over a shared prefix (a cascade) over an fp8 cache, or where the \
-               forward's tiles do not run",
-        needs: "a cache in the queries' dtype (f32, f16 or bf16)",
+        what: "rows over a shared prefix (a cascade) where the forward's tiles do not run",
+        needs: "a cache in the queries' dtype (f32, f16 or bf16), or an fp8 cache with f16 \
+                queries on a device with cooperative matrices",
     }
     .into()
 }
