@@ -86,6 +86,8 @@ pub enum Presence {
     IfCombines,
     /// The same, with attention sinks (the per-head logits it joins).
     IfCombinesSinks,
+    /// A continued cache's chunk whose sequences each have their own count of rows.
+    IfRagged,
     /// A flash or tensor-core kernel built to count its workgroups in flight (an
     /// instrument).
     IfCounted,
@@ -184,8 +186,9 @@ const FORWARD: &[Tensor] = &[
 ];
 
 // New rows over a KV cache, after their append: Q, O and LSE hold `seq_len` rows per
-// sequence; K and V are the cache (as the split-K decode reads it), `seq_lens` each slot's
-// length with the new rows counted. With the cache cut into key slices, each slice's
+// sequence (ragged: sequence b's at `q_starts[b]..q_starts[b + 1]`, at most `seq_len`);
+// K and V are the cache (as the split-K decode reads it), `seq_lens` each slot's length
+// with the new rows counted. With the cache cut into key slices, each slice's
 // partial softmax goes to `partials` instead, laid out as split-K decode's (rows in order,
 // `n_rows` = seq_len), for its decode_reduce.
 const EXTEND: &[Tensor] = &[
@@ -219,6 +222,7 @@ const EXTEND: &[Tensor] = &[
         Presence::IfCache(Cache::Paged),
     ),
     t("seq_lens", Input, U32, &[B]),
+    when(Q_STARTS, Presence::IfRagged),
     ALIBI,
     SINKS,
     KV_SCALES,
@@ -713,6 +717,7 @@ pub fn tensors(spec: &KernelSpec) -> Vec<Tensor> {
             Presence::IfMatmulBias => spec.matmul.is_some_and(|f| f.bias),
             Presence::IfCombines => spec.combines_slices(),
             Presence::IfCombinesSinks => spec.combines_slices() && spec.masks.sinks,
+            Presence::IfRagged => spec.grid.ragged,
             Presence::IfCounted => spec.counts_residency && spec.grid.flash.is_some(),
         })
         .copied()

@@ -450,6 +450,12 @@ pub struct Grid {
     /// (tensor cores, [`Op::Extend`] only).
     #[serde(default, skip_serializing_if = "is_false")]
     pub pack_heads: bool,
+    /// A continued cache's sequences each have their own count of new rows: sequence b's
+    /// are rows `q_starts[b]..q_starts[b + 1]` of Q and O (vLLM's and FlashInfer's
+    /// `qo_indptr`), at most `seq_len` of them, and a tile past them walks no keys
+    /// ([`Op::Extend`] only).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub ragged: bool,
     /// Reductions across invocations by subgroup operations instead of workgroup memory:
     /// the flash schedule's row reductions, a streamed split pass's key groups, the staged
     /// split pass's key lanes and slice reductions. Needs a `native` target and an adapter
@@ -483,6 +489,7 @@ impl Grid {
             flash: None,
             matrix: Matrix::Scalar,
             pack_heads: false,
+            ragged: false,
             subgroups: false,
         }
     }

@@ -383,7 +383,7 @@ fn grid(v: &Value, row_layer: bool) -> syn::Result<(Grid, bool, Option<Span>)> {
     };
     let (mut tile, mut inner, mut rows, mut subgroups) = (1, None, None, None);
     let mut matrix = None;
-    let mut pack_heads = false;
+    let (mut pack_heads, mut ragged) = (false, false);
     for (key, v) in args {
         match key.to_string().as_str() {
             "tile" => tile = arg_number(key, v)?,
@@ -392,14 +392,15 @@ fn grid(v: &Value, row_layer: bool) -> syn::Result<(Grid, bool, Option<Span>)> {
             "subgroups" => subgroups = Some((arg_flag(key, v)?, key.span())),
             "matrix" => matrix = Some((arg_matrix(key, v)?, key.span())),
             "pack_heads" => pack_heads = arg_flag(key, v)?,
+            "ragged" => ragged = arg_flag(key, v)?,
             _ => {
                 return err(
                     key.span(),
                     format!(
                         "unknown grid argument `{key}`; expected `tile`, and for the flash \
                          schedule `{inner_key}`, `rows_per_thread`, `subgroups`, `matrix` and \
-                         (a continued cache's chunk) `pack_heads`; `slice_major` also takes \
-                         `subgroups`"
+                         (a continued cache's chunk) `pack_heads` and `ragged`; `slice_major` \
+                         also takes `subgroups`"
                     ),
                 );
             }
@@ -447,6 +448,7 @@ fn grid(v: &Value, row_layer: bool) -> syn::Result<(Grid, bool, Option<Span>)> {
             flash,
             matrix: matrix.map_or(Matrix::Scalar, |(m, _)| m),
             pack_heads,
+            ragged,
             subgroups: subgroups.is_some_and(|(on, _)| on),
         },
         false,

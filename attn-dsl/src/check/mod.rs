@@ -32,6 +32,16 @@ pub fn check_spec(spec: &KernelSpec) -> Result<(), DslError> {
     check_writes(spec)?;
     check_grid(spec)?;
     check_pack_heads(spec)?;
+    if spec.grid.ragged && spec.op != Op::Extend {
+        return Err(DslError::spec(
+            Field::Grid,
+            format!(
+                "op {} has no sequences of their own row counts; `ragged` belongs to op extend \
+                 (a continued cache's chunk)",
+                spec.op.name()
+            ),
+        ));
+    }
     check_masks(spec)?;
     check_dtype(spec)?;
     check_linear_io(spec)?;

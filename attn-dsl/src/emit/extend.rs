@@ -45,11 +45,17 @@ pub(super) fn indexing(out: &mut Wgsl, spec: &KernelSpec) {
             Fragment::default(),
             Fragment::default(),
             Fragment::from(format!(
-                "return ((batch * dims.seq_len + row - first_row) * dims.n_heads + h) * {v};"
+                "return ((q_row0 + row - first_row) * dims.n_heads + h) * {v};"
             )),
         ),
     };
+    // Sequence b's rows: from q_starts where each has its own count.
+    let rows = match spec.grid.ragged {
+        true => "q_row0 = q_starts[batch];\nlet n_new = q_starts[batch + 1u] - q_row0;",
+        false => "q_row0 = batch * dims.seq_len;\nlet n_new = dims.seq_len;",
+    };
     out.put(INDEXING.fill([
+        ("rows", Fragment::from(rows)),
         ("slice_vars", slice_vars),
         ("slice_set", slice_set),
         ("slice_range", slice_range),
@@ -67,27 +73,30 @@ pub(super) fn indexing(out: &mut Wgsl, spec: &KernelSpec) {
 }
 
 /// [`indexing`]'s variables and functions: rows `$qk` (Q, K) and `$v` (V, O) wide, a key's
-/// cache row by `$cache_row`, an output's offset by `$o_index`.
+/// cache row by `$cache_row`, an output's offset by `$o_index`, the sequence's rows in Q
+/// and O set by `$rows`.
 const INDEXING: Template = Template {
     name: "extend_indexing",
     needs: &[],
     text: r#"// The sequence's cache slot, its length with the new rows (keys 0..kv_len), and the
-// position of its first new row; set by the entry point.
+// position of its first new row and that row's index in Q and O; set by the entry point.
 var<private> kv_slot: u32;
 var<private> kv_len: u32;
 var<private> first_row: u32;
+var<private> q_row0: u32;
 $slice_vars
 
 fn continue_rows() {
     $slice_set
     kv_slot = dims.slot0 + batch;
     kv_len = seq_lens[kv_slot];
-    first_row = kv_len - min(dims.seq_len, kv_len);
+    $rows
+    first_row = kv_len - min(n_new, kv_len);
     $slice_range
 }
 
 fn q_index(row: u32, h: u32) -> u32 {
-    return ((batch * dims.seq_len + row - first_row) * dims.n_heads + h) * $qk;
+    return ((q_row0 + row - first_row) * dims.n_heads + h) * $qk;
 }
 
 $cache_row
@@ -109,7 +118,7 @@ fn v_index(j: u32, kv_h: u32) -> u32 {
 }
 
 fn row_index(row: u32, h: u32) -> u32 {
-    return (batch * dims.seq_len + row - first_row) * dims.n_heads + h;
+    return (q_row0 + row - first_row) * dims.n_heads + h;
 }
 
 "#,

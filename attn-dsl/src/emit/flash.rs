@@ -165,13 +165,25 @@ fn subgroup_reductions(out: &mut Wgsl, tx: u32) {
     }
 }
 
-/// `tile_key_range(row0)` from the key ranges of the tile's first and last rows.
+/// No keys for a tile whose first row is at or past `$end`.
+const TILE_PAST: Template = Template {
+    name: "tile_past",
+    needs: &[],
+    text: r#"if (row0 >= $end) {
+    return vec4<u32>(0u);
+}
+"#,
+};
+
+/// `tile_key_range(row0)` from the key ranges of the tile's first and last rows (`$past`:
+/// none for a tile past the rows).
 const TILE_KEY_RANGE: Template = Template {
     name: "tile_key_range",
     needs: &[],
     text: r#"// key_range is monotone in the row (document starts and ends never decrease, causal
 // ends grow), so the first and last rows of the tile bound every row's range.
 fn tile_key_range(row0: u32) -> vec4<u32> {
+    $past
     let first = key_range($first);
     let last = key_range($last);
     return $range;
@@ -192,7 +204,13 @@ pub(super) fn tile_key_range(out: &mut Wgsl, spec: &KernelSpec) {
         true => format!("block_range({range}, {first}, {last}, 0u)"),
         false => range.to_string(),
     };
+    // A ragged chunk's tiles past a sequence's rows see no keys.
+    let past = match spec.grid.ragged {
+        true => TILE_PAST.fill([("end", Fragment::from(end))]),
+        false => Fragment::default(),
+    };
     out.put(TILE_KEY_RANGE.fill([
+        ("past", past),
         ("first", first.into()),
         ("last", last.into()),
         ("range", ret.into()),

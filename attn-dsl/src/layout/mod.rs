@@ -141,6 +141,7 @@ impl KernelSpec {
                 }),
                 matrix: config.matrix,
                 pack_heads: false,
+                ragged: false,
                 subgroups: config.subgroups,
             },
             workgroup_size: config.workgroup_size,

@@ -232,3 +232,40 @@ fn an_fp8_cache_extends_on_tensor_cores() {
         }
     }
 }
+
+/// A ragged chunk reads each sequence's rows from `q_starts` (scalar tiles and tensor
+/// cores, whole, sliced and packed), and its tiles past a sequence's rows see no keys;
+/// another op refuses the grid's `ragged`.
+#[test]
+fn a_ragged_chunk_takes_each_sequence_s_rows_from_q_starts() {
+    for coop in [false, true] {
+        let dtype = if coop { Dtype::F16 } else { Dtype::F32 };
+        let whole = extend(128, Cache::Paged, dtype, Masks::default(), coop);
+        let cut = sliced(128, Cache::Contiguous, dtype, Masks::default(), coop);
+        let mut packed = cut.clone();
+        packed.grid.pack_heads = coop;
+        for (form, mut spec) in [("whole", whole), ("sliced", cut), ("packed", packed)] {
+            let what = format!("coop {coop} {form}");
+            let plain = attn_dsl::compile(&spec).unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert!(plain.binding("q_starts").is_none(), "{what}");
+            spec.grid.ragged = true;
+            let abi = attn_dsl::compile(&spec).unwrap_or_else(|e| panic!("{what}: {e}"));
+            let ty = abi.binding("q_starts").map(|b| b.wgsl_type.to_string());
+            assert_eq!(ty.as_deref(), Some("array<u32>"), "{what}");
+            assert!(abi.wgsl.contains("q_row0 = q_starts[batch];"), "{what}");
+            assert!(abi.wgsl.contains("q_starts[batch + 1u] - q_row0"), "{what}");
+            assert!(abi.wgsl.contains("return vec4<u32>(0u);"), "{what}");
+            assert!(plain.wgsl.contains("q_row0 = batch * dims.seq_len;"), "{what}");
+        }
+    }
+    let mut forward = KernelSpec::flash(
+        "forward",
+        Op::Forward,
+        64,
+        Masks::default(),
+        configs::forward(64)[0],
+    );
+    forward.grid.ragged = true;
+    let err = attn_dsl::compile(&forward).unwrap_err().to_string();
+    assert!(err.contains("`ragged` belongs to op extend"), "{err}");
+}

@@ -911,7 +911,8 @@ fn decode(gpu: &Gpu, args: &Args, cache_len: u32) -> anyhow::Result<()> {
 
 /// n new rows attended over the cache (continuing it: a prompt's next chunk, a chat's next
 /// turn, speculative drafts), n = 1 to 512 (from 4 rows both as the decode plans it and
-/// on the split-K passes), in the first half dtype, then over each fp8 cache
+/// on the split-K passes; 16 and 512 also as a ragged batch), in the first half dtype,
+/// then over each fp8 cache
 /// `--cache-dtypes` names (all where it names none) with rows in that dtype: GPU time, the
 /// cache's bytes per second and TFLOP/s (4·n·cache·heads·head_dim).
 fn continued_rows(
@@ -938,6 +939,10 @@ fn continued_rows(
         runs.push((n, Continue::Planned));
         if n > 1 {
             runs.push((n, Continue::SplitK));
+        }
+        // The same rows as a ragged batch (an engine's layout of mixed lengths).
+        if [16, 512].contains(&n) {
+            runs.push((n, Continue::Ragged));
         }
     }
     // A chunk's time against its slices (one: the kernel that writes O).
@@ -973,6 +978,7 @@ fn continued_rows(
             Continue::Slices(_) => format!("chunk, forward's tiles, {slicing} asked"),
             Continue::Planned => format!("as planned, {slicing}"),
             Continue::SplitK => format!("split-K {slicing}"),
+            Continue::Ragged => format!("ragged, as planned, {slicing}"),
         };
         let elem_bytes = fp8.map_or(dtype.bytes(), |_| 1);
         let bytes = f64::from(len)

@@ -2116,11 +2116,12 @@ fn cascade_rows(
 /// cache; a ragged batch of two or more, one of them a fresh slot; and where `len` allows,
 /// a chunk of [`CHUNK_ROWS`] + 5 rows (the forward's tiles, `ops::extend`; in half
 /// precision on tensor cores, a KV head's query heads packed), contiguous, paged, in half
-/// precision and over an e4m3 cache with half-precision rows, and of 8, 69 and 133 rows in half precision (on tensor cores, 8 rows
-/// of a KV head's three or four query heads fill at most half a 64-row tile: packed into
-/// the smaller tiles that keep more workgroups in flight; past a 64-row tile, where an SM
-/// holds as many 128-row tiles (head_dim 128): packed into them, and past those unpacked;
-/// other head counts and widths take the paths the rule gives them).
+/// precision and over an e4m3 cache with half-precision rows; a ragged chunk of those rows
+/// beside a fresh slot's 7; and chunks of 8, 69 and 133 rows in half precision (on tensor
+/// cores, 8 rows of a KV head's three or four query heads fill at most half a 64-row
+/// tile: packed into the smaller tiles that keep more workgroups in flight; past a 64-row
+/// tile, where an SM holds as many 128-row tiles (head_dim 128): packed into them, and
+/// past those unpacked; other head counts and widths take the paths the rule gives them).
 /// Each judged as the last rows of one causal forward over its whole length.
 fn continued_rows(
     gpu: &Gpu,
@@ -2148,6 +2149,14 @@ fn continued_rows(
         .map(|b| match b % 2 {
             0 => (len - n, n),
             _ => (0, (n % 3) + 1 + u32::from(n == 2)),
+        })
+        .unzip();
+    // A ragged chunk: a chunk's rows over the cache beside a fresh slot's few (tiles past
+    // a sequence's rows see no keys).
+    let ragged_chunked: (Vec<u32>, Vec<u32>) = (0..ragged_batch)
+        .map(|b| match b % 2 {
+            0 => (len - chunk.min(len), chunk.min(len)),
+            _ => (0, 7.min(len)),
         })
         .unzip();
     let paged = |cap: u32, slots: u32| CacheLayout::Paged {
@@ -2217,6 +2226,15 @@ fn continued_rows(
         chunks.push((" chunk e4m3 cache", d, e4m3, false, planned, None));
         chunks.push((" chunk e4m3 cache page=16", d, e4m3, true, planned, None));
     }
+    let mut ragged_chunks: Vec<Variant> = vec![
+        (" chunk ragged", f32, None, false, planned, None),
+        (" chunk ragged one slice", f32, None, false, planned, one),
+        (" chunk ragged sliced page=16", f32, None, true, planned, sliced),
+    ];
+    if let Some(d) = half {
+        ragged_chunks.push((" chunk ragged", d, None, false, planned, None));
+        ragged_chunks.push((" chunk ragged one slice page=16", d, None, true, planned, one));
+    }
     let tiled: Vec<(Variant, usize)> = half
         .into_iter()
         .flat_map(|d| {
@@ -2226,6 +2244,7 @@ fn continued_rows(
         .collect();
     if len < chunk {
         chunks.clear();
+        ragged_chunks.clear();
     }
     let runs = variants
         .into_iter()
@@ -2235,6 +2254,7 @@ fn continued_rows(
             &ragged,
         )))
         .chain(chunks.into_iter().map(|v| (v, &chunked)))
+        .chain(ragged_chunks.into_iter().map(|v| (v, &ragged_chunked)))
         .chain(tiled.into_iter().map(|(v, i)| (v, &by_tile[i])));
     for ((label, dtype, fp8, is_paged, split, slice_len), (cached, added)) in runs {
         let slots = cached.len() as u32;
@@ -2311,9 +2331,9 @@ fn continued_rows(
             Dtype::F32 => String::new(),
             d => format!(" {}", d.name()),
         };
-        let rows = match label {
-            " ragged" => format!("n={added:?} cached={cached:?}"),
-            _ => format!("n={} cached={}", added[0], cached[0]),
+        let rows = match added.iter().all(|&a| a == added[0]) {
+            true => format!("n={} cached={}", added[0], cached[0]),
+            false => format!("n={added:?} cached={cached:?}"),
         };
         out.push((format!("decode continue {rows}{label}{dtype_label}"), worst));
     }

@@ -27,7 +27,7 @@ pub struct ContinueCase<'a> {
     pub cached: &'a [u32],
     pub added: &'a [u32],
     pub mods: Modifiers<'a>,
-    /// The keys per slice of a uniform batch's decode (`None`: the rule's, through
+    /// The keys per slice of the decode (`None`: the rule's, a uniform batch's through
     /// `KvCache::extend`); a chunk cut into slices whatever the adapter's rule says.
     pub slice_len: Option<u32>,
 }
@@ -195,7 +195,7 @@ pub fn run(gpu: &Gpu, case: &ContinueCase, [q, k, v]: [&[f32]; 3]) -> Result<Con
             o: &o,
             scale: None,
             mods,
-            slice_len: None,
+            slice_len: case.slice_len,
         };
         decode.record(gpu, &mut encoder, &args)?;
     }

@@ -74,6 +74,8 @@ pub(crate) struct ChunkArgs<'a> {
     pub lse: Option<&'a Tensor>,
     /// An fp8 cache's scales ([`super::decode::CacheView::scales`]).
     pub scales: Option<&'a Tensor>,
+    /// A ragged batch's row starts (`batch + 1`, each sequence at most `n` rows).
+    pub q_starts: Option<&'a Tensor>,
 }
 
 /// Whether `spec`'s chunk kernels, in their portable configuration (an fp8 cache's: the
@@ -130,6 +132,8 @@ pub(crate) struct ChunkShape {
     pub calibration: Calibration,
     /// Each row sees the whole cache ([`ChunkForm::shared`]).
     pub shared: bool,
+    /// Each sequence brings its own count of rows, at most `n` ([`ChunkForm::ragged`]).
+    pub ragged: bool,
 }
 
 impl ChunkShape {
@@ -187,13 +191,13 @@ impl Chunks {
             false => ChunkTile::planned(planned),
         };
         let packed = self.packs && shape.n < tile.config.tile;
-        let shared = shape.shared;
         Ok((
             tile,
             ChunkForm {
                 sliced,
                 packed,
-                shared,
+                shared: shape.shared,
+                ragged: shape.ragged,
             },
         ))
     }
@@ -215,7 +219,7 @@ impl Chunks {
         let packed = ChunkForm {
             sliced: true,
             packed: true,
-            shared: false,
+            ..ChunkForm::default()
         };
         self.packs = compile(spec, config, packed).is_ok();
         let dtype = spec.attention.dtype;
@@ -341,6 +345,7 @@ impl Chunks {
             None => tensors.extend([("o", args.o), ("lse", args.lse.unwrap_or(&lse))]),
         }
         tensors.push(("seq_lens", args.seq_lens));
+        tensors.extend(args.q_starts.map(|t| ("q_starts", t)));
         tensors.extend(args.block_table.map(|t| ("block_table", t)));
         tensors.extend(args.scales.map(|t| ("kv_scales", t)));
         // The reduce joins the sinks of a sliced chunk.
@@ -526,6 +531,7 @@ mod tests {
             slice_len: None,
             calibration: Calibration::default(),
             shared: true,
+            ragged: false,
         }
     }
 

@@ -276,6 +276,8 @@ pub struct ChunkForm {
     pub packed: bool,
     /// Every row sees every key of the cache.
     pub shared: bool,
+    /// Each sequence brings its own count of rows, from `q_starts`.
+    pub ragged: bool,
 }
 
 /// The kernel of a continued cache's chunk ([`Op::Extend`]) over a cache of `cache`'s
@@ -299,6 +301,10 @@ pub fn extend(
     };
     let base = match form.shared {
         true => format!("{base}_shared"),
+        false => base,
+    };
+    let base = match form.ragged {
+        true => format!("{base}_ragged"),
         false => base,
     };
     // A continued cache's rows are causal among themselves; shared rows see the whole cache.
@@ -326,6 +332,7 @@ pub fn extend(
         k.cache = cache;
         k.kv_fp8 = kv_fp8;
         k.grid.pack_heads = form.packed;
+        k.grid.ragged = form.ragged;
     });
     attn_dsl::compile(&kernel)
 }
@@ -368,7 +375,7 @@ mod tests {
                     let form = ChunkForm {
                         sliced,
                         packed: true,
-                        shared: false,
+                        ..ChunkForm::default()
                     };
                     let reads_h = m
                         .flex
@@ -396,7 +403,7 @@ mod tests {
         let form = ChunkForm {
             sliced: true,
             packed: true,
-            shared: false,
+            ..ChunkForm::default()
         };
         let abi = extend(spec, ((Cache::Contiguous, None), form), config).unwrap();
         // seq_len, n_heads, n_kv_heads, head_dim, batch, capacity, page_size, pages, slot0,

@@ -1562,6 +1562,84 @@ fn a_chunk_equals_the_split_decode_of_its_rows() {
     }
 }
 
+/// A ragged batch of many rows (a prompt's chunk beside a fresh slot's few: vLLM's and
+/// FlashInfer's layout) runs on the forward's tiles, each sequence's rows from its start,
+/// and equals the split-K decode of the same rows, whole, in one slice and cut into key
+/// slices, in both layouts.
+#[test]
+fn a_ragged_chunk_equals_the_split_decode_of_its_rows() {
+    use runtime::ops::decode::QueryRows;
+    use runtime::ops::extend::CHUNK_ROWS;
+    let gpu = gpu();
+    let h = HEADS;
+    let (long, short) = (CHUNK_ROWS + 3, 5);
+    let starts = [0, long, long + short];
+    let paged = CacheLayout::Paged {
+        page_size: 16,
+        n_pages: 2 * 160 / 16,
+        pages_per_seq: 160 / 16,
+    };
+    for layout in [CacheLayout::Contiguous { capacity: 160 }, paged] {
+        let mut cache = KvCache::new(&gpu, f32_cache(h, 2, layout)).unwrap();
+        let spec = DecodeSpec {
+            cache: match layout {
+                CacheLayout::Paged { .. } => Cache::Paged,
+                _ => Cache::Contiguous,
+            },
+            ..DecodeSpec::new(64, 64, Dtype::F32)
+        };
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        let kv = |rows, seed| upload(&gpu, &[1, rows, h.n_kv_heads, h.head_dim], seed).1;
+        for (slot, rows) in [(0, 70 + long), (1, short)] {
+            cache.open(&mut enc, slot).unwrap();
+            let (k, v) = (kv(rows, 1 + slot as u64), kv(rows, 3 + slot as u64));
+            cache.append(&gpu, &mut enc, slot, &k, &v).unwrap();
+        }
+        let (_, q) = upload(&gpu, &[long + short, h.n_heads, h.head_dim], 5);
+        let runs = [(true, None), (false, None), (false, Some(u32::MAX)), (false, Some(64))];
+        let mut kept = Vec::new();
+        let outputs = runs.map(|(split, slice_len)| {
+            kept.push(gpu.pipelines_kept());
+            let o = Tensor::zeros(&gpu, q.shape(), Scalar::F32).unwrap();
+            let mut op = Decode::new(&gpu, spec).unwrap();
+            if split {
+                op = op.without_chunks();
+            }
+            let args = DecodeArgs {
+                q: &q,
+                rows: QueryRows::Ragged(&starts),
+                cache: cache.view(),
+                o: &o,
+                scale: None,
+                mods: Default::default(),
+                slice_len,
+            };
+            let ran = op.record(&gpu, &mut enc, &args).unwrap();
+            if slice_len == Some(u32::MAX) {
+                assert_eq!(ran.n_slices, 1, "{layout:?}: the chunk in one slice");
+            }
+            o
+        });
+        // The planned chunk compiled the ragged tiles' kernel; the split-K passes had not.
+        assert!(gpu.pipelines_kept() > kept[1], "{layout:?}: no chunk kernel");
+        submit(&gpu, enc);
+        let split = read(&gpu, &outputs[0]);
+        assert!(split.iter().all(|x| *x != 0.0), "{layout:?}: every row written");
+        for (o, what) in outputs[1..]
+            .iter()
+            .zip(["planned chunk", "one-slice chunk", "sliced chunk"])
+        {
+            let other = read(&gpu, o);
+            let diff = split.iter().zip(&other).map(|(x, y)| (x - y).abs());
+            let worst = diff.fold(0.0, f32::max);
+            assert!(
+                worst < 1e-5,
+                "{layout:?}: the {what} and the split-K decode differ by {worst}"
+            );
+        }
+    }
+}
+
 /// A split-K decode whose modifiers read three tensors binds 9 storage buffers, past
 /// WebGPU's default 8: built for just what it binds, it runs on an adapter that has them
 /// (lavapipe), and equals the same score read from one tensor; on a device made with

@@ -243,6 +243,9 @@ pub enum Continue {
     SplitK,
     /// Keys cut into slices of this many (a chunk's; `u32::MAX`: one slice).
     Slices(u32),
+    /// As planned, the rows given as a ragged batch (of one sequence: each sequence's
+    /// rows read from its start, as an engine's batch of mixed lengths is).
+    Ragged,
 }
 
 /// `n` new rows of one sequence attended over its cache of `cache_len` rows (the new rows
@@ -271,12 +274,19 @@ pub fn continued(
         Continue::Slices(len) => Some(len),
         _ => None,
     };
-    let q = random(gpu, &[1, n, h.n_heads, h.head_dim], dtype, 4)?;
-    let o = Tensor::zeros(gpu, &[1, n, h.n_heads, h.head_dim_v], Scalar::from(dtype))?;
+    // A ragged batch's Q and O are [rows, heads, width]; a uniform one's [1, n, ..].
+    let lead: &[u32] = if how == Continue::Ragged { &[] } else { &[1] };
+    let shape = |width: u32| [lead, &[n, h.n_heads, width]].concat();
+    let q = random(gpu, &shape(h.head_dim), dtype, 4)?;
+    let o = Tensor::zeros(gpu, &shape(h.head_dim_v), Scalar::from(dtype))?;
+    let starts = [0, n];
     let (t, s) = crate::timing::time_recorded(gpu, 2, runs as usize, |enc| {
         let args = DecodeArgs {
             q: &q,
-            rows: QueryRows::Each(n),
+            rows: match how {
+                Continue::Ragged => QueryRows::Ragged(&starts),
+                _ => QueryRows::Each(n),
+            },
             cache: cache.view(),
             o: &o,
             scale: None,

@@ -695,12 +695,14 @@ impl Decode {
         let calibration = passes.calibration;
         let split = passes.slicing(c.h, (c.batch, c.n_rows), args.cache.max_len, args.slice_len);
         let spec = self.spec.chunk();
-        let chunked = match (args.rows, self.chunks.as_mut()) {
-            (QueryRows::Each(n), Some(chunks)) if shared => chunks.serve(gpu, &spec).then_some(n),
-            (QueryRows::Each(n), Some(chunks)) => chunks.takes(gpu, &spec, (n, c.h)).then_some(n),
-            _ => None,
+        let ragged = matches!(args.rows, QueryRows::Ragged(_));
+        let n = c.n_rows;
+        let chunked = match self.chunks.as_mut() {
+            Some(chunks) if shared => !ragged && chunks.serve(gpu, &spec),
+            Some(chunks) => chunks.takes(gpu, &spec, (n, c.h)),
+            None => false,
         };
-        if let Some(n) = chunked {
+        if chunked {
             // The chunk's kernel compiled now, so that its record cannot fail on it.
             let shape = ChunkShape {
                 batch: c.batch,
@@ -709,6 +711,7 @@ impl Decode {
                 slice_len: args.slice_len,
                 calibration,
                 shared,
+                ragged,
             };
             let chunks = self.chunks.as_mut().expect("matched above");
             chunks.prepare(gpu, &spec, (shape, args.cache.max_len))?;
@@ -779,37 +782,33 @@ impl Decode {
         args: &DecodeArgs,
         extra: Extra,
     ) -> Result<Slicing, Error> {
-        let heads = {
+        let (heads, n) = {
             let passes = self.passes(gpu)?;
             let c = check(passes.split_abi(), passes.reduce.abi(), args)?;
             check_bindings(gpu, passes, args)?;
             if let Some(lse) = extra.lse {
                 check_lse(lse, args.q)?;
             }
-            c.h
+            (c.h, c.n_rows)
         };
         if extra.lse.is_some() {
             self.reduce_lse(gpu)?;
         }
         let spec = self.spec.chunk();
-        let n = match args.rows {
-            QueryRows::Each(n) => Some(n),
-            QueryRows::Ragged(_) => None,
-        };
+        let ragged = matches!(args.rows, QueryRows::Ragged(_));
         if extra.shared {
             let serves = self.chunks.as_mut().is_some_and(|c| c.serve(gpu, &spec));
-            return match (serves, n) {
-                (true, Some(n)) => self.record_chunk(gpu, rec, args, n, extra),
-                _ => Err(unshared()),
+            return match serves && !ragged {
+                true => self.record_chunk(gpu, rec, args, extra),
+                false => Err(unshared()),
             };
         }
-        if let Some(n) = n
-            && self
-                .chunks
-                .as_mut()
-                .is_some_and(|c| c.takes(gpu, &spec, (n, heads)))
+        if self
+            .chunks
+            .as_mut()
+            .is_some_and(|c| c.takes(gpu, &spec, (n, heads)))
         {
-            return self.record_chunk(gpu, rec, args, n, extra);
+            return self.record_chunk(gpu, rec, args, extra);
         }
         let passes = self.passes.as_mut().expect("created above");
         record(gpu, passes, &mut self.scratch, rec, (args, extra.lse))
@@ -830,18 +829,20 @@ impl Decode {
         Ok(())
     }
 
-    /// A call of `n` rows per sequence as a chunk, and its reduce where it was sliced.
+    /// A call as a chunk (of at most `n` rows per sequence, each its own count where the
+    /// batch is ragged), and its reduce where it was sliced.
     fn record_chunk(
         &mut self,
         gpu: &Gpu,
         rec: &mut Recorder,
         args: &DecodeArgs,
-        n: u32,
         extra: Extra,
     ) -> Result<Slicing, Error> {
         let passes = self.passes.as_mut().expect("created by record");
         let chunks = self.chunks.as_mut().expect("checked by record");
         let c = check(passes.split_abi(), passes.reduce.abi(), args)?;
+        let (n, ragged) = (c.n_rows, matches!(args.rows, QueryRows::Ragged(_)));
+        let q_starts = self.scratch.starts(gpu, &c.starts)?.clone();
         let view = &args.cache;
         let chunk = ChunkArgs {
             q: args.q,
@@ -855,6 +856,7 @@ impl Decode {
             mods: args.mods,
             lse: extra.lse,
             scales: view.scales,
+            q_starts: ragged.then_some(&q_starts),
         };
         let shape = ChunkShape {
             batch: c.batch,
@@ -863,11 +865,11 @@ impl Decode {
             slice_len: args.slice_len,
             calibration: passes.calibration,
             shared: extra.shared,
+            ragged,
         };
         let spec = self.spec.chunk();
         let (slicing, partials) = chunks.record(gpu, &spec, rec, &chunk, (shape, view.max_len))?;
         if let Some(partials) = partials {
-            let q_starts = self.scratch.starts(gpu, &c.starts)?.clone();
             let dims = pass_dims(view, c.h, (c.batch, n), slicing, args);
             let out = (args, extra.lse);
             record_reduce(gpu, passes, rec, (&partials, &q_starts), dims, out)?;
