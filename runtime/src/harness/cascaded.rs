@@ -2,7 +2,7 @@
 //! suffix (its query's row last), decoded by [`Cascade`] and judged, sequence by sequence, as
 //! a decode over the prefix's rows followed by the suffix's.
 
-use attn_dsl::{Cache, Dtype, Scalar};
+use attn_dsl::{Cache, Dtype, Fp8, Scalar};
 use pollster::FutureExt as BlockOn;
 
 use crate::device::Gpu;
@@ -24,6 +24,9 @@ pub struct CascadeCase<'a> {
     pub heads: Heads,
     pub dtype: Dtype,
     pub cache: Cache,
+    /// K and V in this fp8 format (K's scales per KV head, V's one for the tensor, from
+    /// their largest magnitudes), Q and O in `dtype`.
+    pub fp8: Option<Fp8>,
     pub prefix: u32,
     pub suffixes: &'a [u32],
     /// The soft cap and sinks (the modifiers a cascade takes).
@@ -52,21 +55,83 @@ pub fn run(
     };
     let [pk, pv] = kv(case.prefix, seed + 1);
     let [sk, sv] = kv(batch * cap, seed + 3);
-    let (o, lse) = cascade(gpu, case, &q, ([&pk, &pv], [&sk, &sv]), cap)?;
-    let (r64, r32) = references(case, &q, ([&pk, &pv], [&sk, &sv]), cap);
+    let scales = case.fp8.map(|f| Scales::of(f, h, [&pk, &sk], [&pv, &sv]));
+    let held = |x: &[f32], width: u32, s: &dyn Fn(&Scales) -> &[f32]| match &scales {
+        Some(sc) => sc.held(x, width, s(sc)),
+        None => x.to_vec(),
+    };
+    let (dk, dv) = (h.head_dim, h.head_dim_v);
+    let [pk, sk] = [&pk, &sk].map(|x| held(x, dk, &|s| &s.k));
+    let [pv, sv] = [&pv, &sv].map(|x| held(x, dv, &|s| &s.v));
+    let parts = ([&pk[..], &pv[..]], [&sk[..], &sv[..]]);
+    let (o, lse) = cascade(gpu, case, &q, parts, (cap, scales.as_ref()))?;
+    let (r64, r32) = references(case, &q, parts, cap);
     Ok(vec![
         ("o", judge(&o, &r64.o, &r32.o)),
         ("lse", judge(&lse, &r64.lse, &r32.lse)),
     ])
 }
 
-/// The device's O and LSE for the case.
+/// An fp8 cache's scales: K's per KV head, V's one for the tensor.
+struct Scales {
+    fp8: Fp8,
+    n_kv_heads: u32,
+    k: Vec<f32>,
+    v: Vec<f32>,
+}
+
+impl Scales {
+    /// From the largest magnitudes of K's and V's parts.
+    fn of(fp8: Fp8, h: Heads, k: [&[f32]; 2], v: [&[f32]; 2]) -> Scales {
+        let amax = v.concat().iter().fold(0.0f32, |m, x| m.max(x.abs()));
+        Scales {
+            fp8,
+            n_kv_heads: h.n_kv_heads,
+            k: crate::harness::kv_fp8::amax_scales(&k.concat(), h, fp8),
+            v: vec![if amax > 0.0 { amax / fp8.max() } else { 1.0 }],
+        }
+    }
+
+    /// The scale of element `i` of rows `width` wide per KV head.
+    fn of_element(&self, scales: &[f32], width: u32, i: usize) -> f32 {
+        let head = (i / width as usize) % self.n_kv_heads as usize;
+        scales[head % scales.len()]
+    }
+
+    /// `x` (rows `width` wide per KV head) as the cache holds it: each value over its
+    /// head's scale rounded to the format, times the scale.
+    fn held(&self, x: &[f32], width: u32, scales: &[f32]) -> Vec<f32> {
+        let scale = |i| self.of_element(scales, width, i);
+        let f = self.fp8;
+        x.iter()
+            .enumerate()
+            .map(|(i, v)| crate::fp8::round(f, v / scale(i)) * scale(i))
+            .collect()
+    }
+
+    /// The values the cache's bytes store: `held`'s over their scales, exact in the format.
+    fn stored(&self, x: &[f32], width: u32, scales: &[f32]) -> Vec<f32> {
+        let scale = |i| self.of_element(scales, width, i);
+        x.iter().enumerate().map(|(i, v)| v / scale(i)).collect()
+    }
+
+    /// The scales as the kernels bind them: K's, then V's, per KV head.
+    fn tensor(&self, gpu: &Gpu) -> Result<Tensor, Error> {
+        let n = self.n_kv_heads as usize;
+        let per_head = |s: &[f32]| (0..n).map(|i| s[i % s.len()]).collect::<Vec<_>>();
+        let all = [per_head(&self.k), per_head(&self.v)].concat();
+        Tensor::from_f32(gpu, &[2, self.n_kv_heads], Scalar::F32, &all)
+    }
+}
+
+/// The device's O and LSE for the case (over an fp8 cache, `prefix` and `suffix` as the
+/// cache holds them).
 fn cascade(
     gpu: &Gpu,
     case: &CascadeCase,
     q: &[f32],
     (prefix, suffix): ([&[f32]; 2], [&[f32]; 2]),
-    cap: u32,
+    (cap, scales): (u32, Option<&Scales>),
 ) -> Result<(Vec<f32>, Vec<f32>), Error> {
     let h = case.heads;
     let batch = case.suffixes.len() as u32;
@@ -74,11 +139,22 @@ fn cascade(
     let spec = DecodeSpec {
         masks: case.mods.masks(false, false),
         cache: case.cache,
+        kv_fp8: case.fp8,
         ..DecodeSpec::new(h.head_dim, h.head_dim_v, case.dtype)
     };
     let mut op = Cascade::new(gpu, spec)?;
-    let prefix_cache = Caches::new(gpu, case, (1, case.prefix), prefix, &[case.prefix])?;
-    let suffix_cache = Caches::new(gpu, case, (batch, cap), suffix, case.suffixes)?;
+    let (dk, dv) = (h.head_dim, h.head_dim_v);
+    let stored = |[k, v]: [&[f32]; 2]| match scales {
+        Some(s) => [s.stored(k, dk, &s.k), s.stored(v, dv, &s.v)],
+        None => [k.to_vec(), v.to_vec()],
+    };
+    let [pk, pv] = stored(prefix);
+    let [sk, sv] = stored(suffix);
+    let scales = scales.map(|s| s.tensor(gpu)).transpose()?;
+    let mut prefix_cache = Caches::new(gpu, case, (1, case.prefix), [&pk, &pv], &[case.prefix])?;
+    let mut suffix_cache = Caches::new(gpu, case, (batch, cap), [&sk, &sv], case.suffixes)?;
+    prefix_cache.scales = scales.clone();
+    suffix_cache.scales = scales;
     let qt = Tensor::from_f32(gpu, &[batch, h.n_heads, h.head_dim], scalar, q)?;
     let o = Tensor::zeros(gpu, &[batch, h.n_heads, h.head_dim_v], scalar)?;
     let lse = Tensor::zeros(gpu, &[batch, h.n_heads], Scalar::F32)?;
@@ -105,6 +181,7 @@ struct Caches {
     v: Tensor,
     lens: Tensor,
     table: Option<Tensor>,
+    scales: Option<Tensor>,
 }
 
 impl Caches {
@@ -116,7 +193,7 @@ impl Caches {
         lens: &[u32],
     ) -> Result<Caches, Error> {
         let h = case.heads;
-        let scalar = Scalar::from(case.dtype);
+        let scalar = case.fp8.map_or(Scalar::from(case.dtype), Scalar::from);
         let lens = Tensor::from_u32(gpu, &[slots], lens)?;
         let tensor = |rows: u32, per: u32, width: u32, data: &[f32]| {
             Tensor::from_f32(gpu, &[rows, per, h.n_kv_heads, width], scalar, data)
@@ -128,6 +205,7 @@ impl Caches {
                 v: tensor(slots, capacity, dv, v)?,
                 lens,
                 table: None,
+                scales: None,
             },
             Cache::Paged => {
                 let page = 16;
@@ -139,6 +217,7 @@ impl Caches {
                     v: tensor(pages, page, dv, &v_pool)?,
                     lens,
                     table: Some(Tensor::from_u32(gpu, &[slots, per_seq], &table)?),
+                    scales: None,
                 }
             }
         })
@@ -152,7 +231,7 @@ impl Caches {
             max_len,
             block_table: self.table.as_ref(),
             slot0: 0,
-            scales: None,
+            scales: self.scales.as_ref(),
         }
     }
 }

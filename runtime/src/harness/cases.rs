@@ -2081,18 +2081,26 @@ fn cascade_rows(
         return Ok(Vec::new());
     }
     let suffixes = [1, len / 7 + 1, len / 3 + 1];
-    let mut runs = vec![(Dtype::F32, Cache::Contiguous), (Dtype::F32, Cache::Paged)];
-    runs.extend(
-        gpu.half_dtypes()
-            .into_iter()
-            .map(|d| (d, Cache::Contiguous)),
-    );
+    let mut runs = vec![
+        (Dtype::F32, Cache::Contiguous, None),
+        (Dtype::F32, Cache::Paged, None),
+    ];
+    let half = gpu.half_dtypes();
+    runs.extend(half.iter().map(|&d| (d, Cache::Contiguous, None)));
+    // Over an fp8 cache the prefix's rows need the chunk on tensor cores (f16 queries,
+    // widths the tiles take).
+    let table = crate::plan::tuning::Table::for_gpu(gpu)?;
+    let coop = table.extend(gpu, h.width(), Dtype::F16);
+    if half.contains(&Dtype::F16) && coop.is_some_and(|c| c.matrix == attn_dsl::Matrix::Coop16) {
+        runs.push((Dtype::F16, Cache::Paged, Some(Fp8::E4m3)));
+    }
     let mut rows = Vec::new();
-    for (dtype, cache) in runs {
+    for (dtype, cache, fp8) in runs {
         let case = CascadeCase {
             heads: h,
             dtype,
             cache,
+            fp8,
             prefix: len,
             suffixes: &suffixes,
             mods: m,
@@ -2102,8 +2110,9 @@ fn cascade_rows(
         } else {
             ""
         };
+        let fp8 = fp8.map_or(String::new(), |f| format!(" {} cache", f.name()));
         let label = format!(
-            "cascade 3 over {len}, suffixes {suffixes:?}{page} {}",
+            "cascade 3 over {len}, suffixes {suffixes:?}{page}{fp8} {}",
             dtype.name()
         );
         rows.push((label, run(gpu, &case, seed)?));
@@ -2117,11 +2126,12 @@ fn cascade_rows(
 /// a chunk of [`CHUNK_ROWS`] + 5 rows (the forward's tiles, `ops::extend`; in half
 /// precision on tensor cores, a KV head's query heads packed), contiguous, paged, in half
 /// precision and over an e4m3 cache with half-precision rows; a ragged chunk of those rows
-/// beside a fresh slot's 7; and chunks of 8, 69 and 133 rows in half precision (on tensor
-/// cores, 8 rows of a KV head's three or four query heads fill at most half a 64-row
-/// tile: packed into the smaller tiles that keep more workgroups in flight; past a 64-row
-/// tile, where an SM holds as many 128-row tiles (head_dim 128): packed into them, and
-/// past those unpacked; other head counts and widths take the paths the rule gives them).
+/// beside a fresh slot's 7 (also over a paged e4m3 cache); and chunks of 8, 69 and 133
+/// rows in half precision (on tensor cores, 8 rows of a KV head's three or four query
+/// heads fill at most half a 64-row tile: packed into the smaller tiles that keep more
+/// workgroups in flight; past a 64-row tile, where an SM holds as many 128-row tiles
+/// (head_dim 128): packed into them, and past those unpacked; other head counts and widths
+/// take the paths the rule gives them).
 /// Each judged as the last rows of one causal forward over its whole length.
 fn continued_rows(
     gpu: &Gpu,
@@ -2234,6 +2244,8 @@ fn continued_rows(
     if let Some(d) = half {
         ragged_chunks.push((" chunk ragged", d, None, false, planned, None));
         ragged_chunks.push((" chunk ragged one slice page=16", d, None, true, planned, one));
+        let e4m3 = Some(Fp8::E4m3);
+        ragged_chunks.push((" chunk ragged e4m3 cache", d, e4m3, true, planned, None));
     }
     let tiled: Vec<(Variant, usize)> = half
         .into_iter()

@@ -66,7 +66,8 @@ pub struct Cascade {
 
 impl Cascade {
     /// The kernels of `spec` (softcap and sinks are the masks a cascade takes; the cache
-    /// in the queries' dtype, contiguous or paged), checked against this device now.
+    /// contiguous or paged, in the queries' dtype or, under f16 queries on tensor cores,
+    /// fp8), checked against this device now.
     pub fn new(gpu: &Gpu, spec: DecodeSpec) -> Result<Cascade, Error> {
         let m = spec.masks;
         if m.window || m.alibi || m.flex.is_some() || m.causal || m.document {
@@ -75,13 +76,6 @@ impl Cascade {
                        a mask_mod or score_mod)",
                 needs: "softcap and sinks only; read such caches as one paged cache whose \
                         block tables share the prefix's pages",
-            }
-            .into());
-        }
-        if spec.kv_fp8.is_some() {
-            return Err(InputError::Unsupported {
-                what: "a cascade over an fp8 cache",
-                needs: "a cache in the queries' dtype",
             }
             .into());
         }
@@ -94,9 +88,20 @@ impl Cascade {
             sinks: m.sinks,
             ..MergeSpec::new(spec.head_dim_v, spec.dtype)
         };
+        let mut prefix = Decode::new(gpu, parts)?;
+        if !prefix.serves_shared(gpu) {
+            return Err(InputError::Unsupported {
+                what: "a cascade whose prefix cannot run on the forward's tiles (an fp8 cache \
+                       without tensor cores or under queries other than f16, or a head_dim \
+                       they do not take)",
+                needs: "a cache in the queries' dtype, or an fp8 cache under f16 queries on a \
+                        device with cooperative matrices",
+            }
+            .into());
+        }
         Ok(Cascade {
             spec,
-            prefix: Decode::new(gpu, parts)?,
+            prefix,
             suffix: Decode::new(gpu, parts)?,
             merge: Merge::new(gpu, merge)?,
             parts: Parts::default(),

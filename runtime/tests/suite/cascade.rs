@@ -62,6 +62,7 @@ fn a_cascade_equals_a_decode_over_prefix_and_suffix() {
             heads: HEADS,
             dtype,
             cache,
+            fp8: None,
             prefix: 70,
             suffixes: &[1, 9, 90],
             mods,
@@ -79,6 +80,7 @@ fn a_cascade_of_many_sequences_passes() {
         heads: HEADS,
         dtype: Dtype::F32,
         cache: Cache::Contiguous,
+        fp8: None,
         prefix: 130,
         suffixes: &suffixes,
         mods: Modifiers::default(),
@@ -102,6 +104,17 @@ fn a_cascade_refuses_what_it_cannot_compute() {
         Cascade::new(&gpu, window),
         Err(Error::Input(InputError::Unsupported { .. }))
     ));
+    // An fp8 cache's prefix runs only as a chunk on tensor cores under f16 queries.
+    let fp8 = |dtype| DecodeSpec {
+        kv_fp8: Some(attn_dsl::Fp8::E4m3),
+        ..DecodeSpec::new(64, 64, dtype)
+    };
+    assert!(matches!(
+        Cascade::new(&gpu, fp8(Dtype::F32)),
+        Err(Error::Input(InputError::Unsupported { .. }))
+    ));
+    let tensor_cores = gpu.coop16_for(Dtype::F16, attn_dsl::Op::Extend);
+    assert_eq!(Cascade::new(&gpu, fp8(Dtype::F16)).is_ok(), tensor_cores);
     let mut op = Cascade::new(&gpu, DecodeSpec::new(64, 64, Dtype::F32)).unwrap();
     let h = HEADS;
     let f32 = Scalar::F32;

@@ -797,8 +797,7 @@ impl Decode {
         let spec = self.spec.chunk();
         let ragged = matches!(args.rows, QueryRows::Ragged(_));
         if extra.shared {
-            let serves = self.chunks.as_mut().is_some_and(|c| c.serve(gpu, &spec));
-            return match serves && !ragged {
+            return match self.serves_shared(gpu) && !ragged {
                 true => self.record_chunk(gpu, rec, args, extra),
                 false => Err(unshared()),
             };
@@ -812,6 +811,13 @@ impl Decode {
         }
         let passes = self.passes.as_mut().expect("created above");
         record(gpu, passes, &mut self.scratch, rec, (args, extra.lse))
+    }
+
+    /// Whether rows over a shared prefix (a cascade's) run on `gpu`: they have only the
+    /// chunk's path.
+    pub(crate) fn serves_shared(&mut self, gpu: &Gpu) -> bool {
+        let spec = self.spec.chunk();
+        self.chunks.as_mut().is_some_and(|c| c.serve(gpu, &spec))
     }
 
     /// The reduce writing LSE, created now if it was not.
