@@ -237,7 +237,8 @@ fn abi_const(abi: &KernelAbi, wgsl: TokenStream) -> TokenStream {
             }))
         }
     };
-    let (pack_heads, ragged, subgroups) = (abi.grid.pack_heads, abi.grid.ragged, abi.grid.subgroups);
+    let (pack_heads, ragged, subgroups) =
+        (abi.grid.pack_heads, abi.grid.ragged, abi.grid.subgroups);
     let matrix = match abi.grid.matrix {
         attn_dsl::Matrix::Scalar => quote!(::attn_dsl::Matrix::Scalar),
         attn_dsl::Matrix::Coop16 => quote!(::attn_dsl::Matrix::Coop16),

@@ -255,7 +255,10 @@ fn a_ragged_chunk_takes_each_sequence_s_rows_from_q_starts() {
             assert!(abi.wgsl.contains("q_row0 = q_starts[batch];"), "{what}");
             assert!(abi.wgsl.contains("q_starts[batch + 1u] - q_row0"), "{what}");
             assert!(abi.wgsl.contains("return vec4<u32>(0u);"), "{what}");
-            assert!(plain.wgsl.contains("q_row0 = batch * dims.seq_len;"), "{what}");
+            assert!(
+                plain.wgsl.contains("q_row0 = batch * dims.seq_len;"),
+                "{what}"
+            );
         }
     }
     let mut forward = KernelSpec::flash(

@@ -1028,8 +1028,9 @@ fn continued_rows(
 }
 
 /// Sequences sharing a prefix of the shape's cache length, 512 rows each after it, in the
-/// first half dtype (else f32): the cascade against the paged decode of the same work, GPU
-/// ms and the bytes of K and V each must read per second.
+/// first half dtype (else f32), then in f16 over an e4m3 cache where the device runs it:
+/// the cascade against the paged decode of the same work, GPU ms and the bytes of K and V
+/// each must read per second.
 fn cascade_rows(
     gpu: &Gpu,
     args: &Args,
@@ -1051,14 +1052,29 @@ fn cascade_rows(
         "of copy",
         "speedup"
     );
-    for n in [4, 16, 64].into_iter().filter(|&n| n <= prefix) {
-        let r = bench::cascade::row(gpu, h, (prefix, suffix, n), dtype, args.runs as u32)
-            .context("cascade")?;
+    let e4m3 = (dtype == Dtype::F16).then_some(attn_dsl::Fp8::E4m3);
+    let rows = [4, 16, 64].into_iter().filter(|&n| n <= prefix);
+    let fp8_rows = rows.clone().filter(|_| e4m3.is_some()).map(|n| (n, e4m3));
+    for (n, kv_fp8) in rows.map(|n| (n, None)).chain(fp8_rows) {
+        let cache = (dtype, kv_fp8);
+        let r = match bench::cascade::row(gpu, h, (prefix, suffix, n), cache, args.runs as u32) {
+            Err(runtime::Error::Input(runtime::InputError::Unsupported { what, .. }))
+                if kv_fp8.is_some() =>
+            {
+                println!(
+                    "{:<32} e4m3 cache: not on this device ({what})",
+                    shape.label()
+                );
+                break;
+            }
+            r => r.context("cascade")?,
+        };
         let gbps = r.cascade_bytes / (r.cascade_ms * 1e-3) / 1e9;
+        let cache = kv_fp8.map_or(dtype.name().to_string(), |f| format!("{} cache", f.name()));
         println!(
             "{:<32} {:<34} {:>10.3} {:>10.3} {:>10.3} {:>10.3} {:>9.1} {:>7.0}% {:>7.2}x",
             shape.label(),
-            format!("{n} x ({prefix} + {suffix}) rows, {}", dtype.name()),
+            format!("{n} x ({prefix} + {suffix}) rows, {cache}"),
             r.cascade_ms,
             r.prefix_ms,
             r.suffix_ms,

@@ -2239,11 +2239,25 @@ fn continued_rows(
     let mut ragged_chunks: Vec<Variant> = vec![
         (" chunk ragged", f32, None, false, planned, None),
         (" chunk ragged one slice", f32, None, false, planned, one),
-        (" chunk ragged sliced page=16", f32, None, true, planned, sliced),
+        (
+            " chunk ragged sliced page=16",
+            f32,
+            None,
+            true,
+            planned,
+            sliced,
+        ),
     ];
     if let Some(d) = half {
         ragged_chunks.push((" chunk ragged", d, None, false, planned, None));
-        ragged_chunks.push((" chunk ragged one slice page=16", d, None, true, planned, one));
+        ragged_chunks.push((
+            " chunk ragged one slice page=16",
+            d,
+            None,
+            true,
+            planned,
+            one,
+        ));
         let e4m3 = Some(Fp8::E4m3);
         ragged_chunks.push((" chunk ragged e4m3 cache", d, e4m3, true, planned, None));
     }

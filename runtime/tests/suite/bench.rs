@@ -192,7 +192,7 @@ fn cascade_rows_time_both_decodes_and_count_the_prefix_as_each_reads_it() {
     let gpu = Gpu::new(kernels::FAMILY.iter().copied())
         .block_on()
         .unwrap_or_else(|e| panic!("{e}"));
-    let r = bench::cascade::row(&gpu, h, (64, 16, 4), runtime::Dtype::F32, 1).unwrap();
+    let r = bench::cascade::row(&gpu, h, (64, 16, 4), (runtime::Dtype::F32, None), 1).unwrap();
     assert!(r.cascade_ms > 0.0 && r.paged_ms > 0.0);
     // K and V rows: 2 KV heads of 64 + 64 floats.
     let row = 2.0 * 128.0 * 4.0;

@@ -1596,7 +1596,12 @@ fn a_ragged_chunk_equals_the_split_decode_of_its_rows() {
             cache.append(&gpu, &mut enc, slot, &k, &v).unwrap();
         }
         let (_, q) = upload(&gpu, &[long + short, h.n_heads, h.head_dim], 5);
-        let runs = [(true, None), (false, None), (false, Some(u32::MAX)), (false, Some(64))];
+        let runs = [
+            (true, None),
+            (false, None),
+            (false, Some(u32::MAX)),
+            (false, Some(64)),
+        ];
         let mut kept = Vec::new();
         let outputs = runs.map(|(split, slice_len)| {
             kept.push(gpu.pipelines_kept());
@@ -1621,13 +1626,20 @@ fn a_ragged_chunk_equals_the_split_decode_of_its_rows() {
             o
         });
         // The planned chunk compiled the ragged tiles' kernel; the split-K passes had not.
-        assert!(gpu.pipelines_kept() > kept[1], "{layout:?}: no chunk kernel");
+        assert!(
+            gpu.pipelines_kept() > kept[1],
+            "{layout:?}: no chunk kernel"
+        );
         submit(&gpu, enc);
         let split = read(&gpu, &outputs[0]);
-        assert!(split.iter().all(|x| *x != 0.0), "{layout:?}: every row written");
-        for (o, what) in outputs[1..]
-            .iter()
-            .zip(["planned chunk", "one-slice chunk", "sliced chunk"])
+        assert!(
+            split.iter().all(|x| *x != 0.0),
+            "{layout:?}: every row written"
+        );
+        for (o, what) in
+            outputs[1..]
+                .iter()
+                .zip(["planned chunk", "one-slice chunk", "sliced chunk"])
         {
             let other = read(&gpu, o);
             let diff = split.iter().zip(&other).map(|(x, y)| (x - y).abs());

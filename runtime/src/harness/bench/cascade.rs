@@ -3,9 +3,9 @@
 //! beside the paged decode of the same work (each sequence's block table listing the
 //! prefix's pages, so each reads them). Both read one page pool.
 
-use attn_dsl::{Cache, Dtype};
+use attn_dsl::{Cache, Dtype, Fp8, Scalar};
 
-use super::e2e::random;
+use super::e2e::{random, random_in};
 use crate::device::Gpu;
 use crate::error::Error;
 use crate::ops::cascade::{Cascade, CascadeArgs};
@@ -28,18 +28,24 @@ pub struct CascadeRow {
     pub paged_bytes: f64,
 }
 
-/// `n` sequences over a prefix of `prefix` rows, `suffix` rows each after it, in `dtype`.
+/// `n` sequences over a prefix of `prefix` rows, `suffix` rows each after it, in `dtype`
+/// (the cache in `kv_fp8`'s bytes where given, at unit scales).
 pub fn row(
     gpu: &Gpu,
     h: Heads,
     (prefix, suffix, n): (u32, u32, u32),
-    dtype: Dtype,
+    (dtype, kv_fp8): (Dtype, Option<Fp8>),
     runs: u32,
 ) -> Result<CascadeRow, Error> {
     let (p_pages, s_pages) = (prefix.div_ceil(PAGE), suffix.div_ceil(PAGE));
     let pages = p_pages + n * s_pages;
-    let pool = |width, seed| random(gpu, &[pages, PAGE, h.n_kv_heads, width], dtype, seed);
+    let stored = kv_fp8.map_or(Scalar::from(dtype), Scalar::from);
+    let pool = |width, seed| random_in(gpu, &[pages, PAGE, h.n_kv_heads, width], stored, seed);
     let (k, v) = (pool(h.head_dim, 1)?, pool(h.head_dim_v, 2)?);
+    let ones = vec![1.0; 2 * h.n_kv_heads as usize];
+    let scales = kv_fp8
+        .map(|_| Tensor::from_f32(gpu, &[2, h.n_kv_heads], Scalar::F32, &ones))
+        .transpose()?;
     let suffix_pages = |b: u32| (0..s_pages).map(move |i| p_pages + b * s_pages + i);
     let whole: Vec<u32> = (0..n)
         .flat_map(|b| (0..p_pages).chain(suffix_pages(b)))
@@ -62,12 +68,13 @@ pub fn row(
         max_len,
         block_table: Some(table),
         slot0: 0,
-        scales: None,
+        scales: scales.as_ref(),
     };
     let q = random(gpu, &[n, h.n_heads, h.head_dim], dtype, 3)?;
     let o = Tensor::zeros(gpu, &[n, h.n_heads, h.head_dim_v], dtype.into())?;
     let spec = DecodeSpec {
         cache: Cache::Paged,
+        kv_fp8,
         ..DecodeSpec::new(h.head_dim, h.head_dim_v, dtype)
     };
     let mut cascade = Cascade::new(gpu, spec)?;
@@ -119,7 +126,8 @@ pub fn row(
         };
         decode.record(gpu, enc, &args).map(|_| ())
     })?;
-    let row_bytes = f64::from(h.n_kv_heads * (h.head_dim + h.head_dim_v) * dtype.bytes());
+    let elem_bytes = kv_fp8.map_or(dtype.bytes(), |_| 1);
+    let row_bytes = f64::from(h.n_kv_heads * (h.head_dim + h.head_dim_v) * elem_bytes);
     Ok(CascadeRow {
         cascade_ms,
         prefix_ms,

@@ -60,12 +60,22 @@ fn wait(gpu: &Gpu) -> Result<(), Error> {
 
 /// Random values in [-1, 1) for a tensor of `shape` in `dtype`.
 pub(crate) fn random(gpu: &Gpu, shape: &[u32], dtype: Dtype, seed: u64) -> Result<Tensor, Error> {
+    random_in(gpu, shape, Scalar::from(dtype), seed)
+}
+
+/// [`random`] stored as `scalar` (an fp8 cache's bytes too).
+pub(crate) fn random_in(
+    gpu: &Gpu,
+    shape: &[u32],
+    scalar: Scalar,
+    seed: u64,
+) -> Result<Tensor, Error> {
     let n = shape.iter().map(|d| *d as usize).product();
     let data: Vec<f32> = crate::verify::random(n, seed)
         .iter()
         .map(|x| x / 2.0)
         .collect();
-    Tensor::from_f32(gpu, shape, Scalar::from(dtype), &data)
+    Tensor::from_f32(gpu, shape, scalar, &data)
 }
 
 /// A one-sequence contiguous cache of `capacity` rows, filled to `len` rows of random K (V
