@@ -1471,6 +1471,27 @@ fn every_op_refuses_tensors_of(here: &Gpu, there: &Gpu) {
     assert!(error.is_none(), "the encoder was invalidated: {error:?}");
 }
 
+/// Two slots of 160 rows, contiguous and in 16-row pages, each with its f32 decode at
+/// head_dim 64.
+fn two_slot_layouts() -> [(CacheLayout, DecodeSpec); 2] {
+    let paged = CacheLayout::Paged {
+        page_size: 16,
+        n_pages: 2 * 160 / 16,
+        pages_per_seq: 160 / 16,
+    };
+    [
+        (CacheLayout::Contiguous { capacity: 160 }, Cache::Contiguous),
+        (paged, Cache::Paged),
+    ]
+    .map(|(layout, cache)| {
+        let spec = DecodeSpec {
+            cache,
+            ..DecodeSpec::new(64, 64, Dtype::F32)
+        };
+        (layout, spec)
+    })
+}
+
 /// A continuation of many rows (a prompt's chunk) runs on the forward's tiles and equals
 /// the split-K decode of the same rows over the same cache, and the chunk in one slice and
 /// cut into key slices, in both layouts: each slot at its own cached length, one of them
@@ -1483,20 +1504,8 @@ fn a_chunk_equals_the_split_decode_of_its_rows() {
     let gpu = gpu();
     let h = HEADS;
     let n = CHUNK_ROWS + 3;
-    let paged = CacheLayout::Paged {
-        page_size: 16,
-        n_pages: 2 * 160 / 16,
-        pages_per_seq: 160 / 16,
-    };
-    for layout in [CacheLayout::Contiguous { capacity: 160 }, paged] {
+    for (layout, spec) in two_slot_layouts() {
         let mut cache = KvCache::new(&gpu, f32_cache(h, 2, layout)).unwrap();
-        let spec = DecodeSpec {
-            cache: match layout {
-                CacheLayout::Paged { .. } => Cache::Paged,
-                _ => Cache::Contiguous,
-            },
-            ..DecodeSpec::new(64, 64, Dtype::F32)
-        };
         let mut enc = gpu.device.create_command_encoder(&Default::default());
         for slot in 0..2 {
             cache.open(&mut enc, slot).unwrap();
@@ -1574,20 +1583,8 @@ fn a_ragged_chunk_equals_the_split_decode_of_its_rows() {
     let h = HEADS;
     let (long, short) = (CHUNK_ROWS + 3, 5);
     let starts = [0, long, long + short];
-    let paged = CacheLayout::Paged {
-        page_size: 16,
-        n_pages: 2 * 160 / 16,
-        pages_per_seq: 160 / 16,
-    };
-    for layout in [CacheLayout::Contiguous { capacity: 160 }, paged] {
+    for (layout, spec) in two_slot_layouts() {
         let mut cache = KvCache::new(&gpu, f32_cache(h, 2, layout)).unwrap();
-        let spec = DecodeSpec {
-            cache: match layout {
-                CacheLayout::Paged { .. } => Cache::Paged,
-                _ => Cache::Contiguous,
-            },
-            ..DecodeSpec::new(64, 64, Dtype::F32)
-        };
         let mut enc = gpu.device.create_command_encoder(&Default::default());
         let kv = |rows, seed| upload(&gpu, &[1, rows, h.n_kv_heads, h.head_dim], seed).1;
         for (slot, rows) in [(0, 70 + long), (1, short)] {
