@@ -1471,6 +1471,24 @@ fn every_op_refuses_tensors_of(here: &Gpu, there: &Gpu) {
     assert!(error.is_none(), "the encoder was invalidated: {error:?}");
 }
 
+/// Each of `others` read back equals `base` within 1e-5 (f32 paths of the same rows).
+fn agree<'a>(
+    gpu: &Gpu,
+    (base, name): (&[f32], &str),
+    others: impl Iterator<Item = (&'a Tensor, &'a str)>,
+    layout: &CacheLayout,
+) {
+    for (o, what) in others {
+        let other = read(gpu, o);
+        let diff = base.iter().zip(&other).map(|(x, y)| (x - y).abs());
+        let worst = diff.fold(0.0, f32::max);
+        assert!(
+            worst < 1e-5,
+            "{layout:?}: {name} and the {what} differ by {worst}"
+        );
+    }
+}
+
 /// Two slots of 160 rows, contiguous and in 16-row pages, each with its f32 decode at
 /// head_dim 64.
 fn two_slot_layouts() -> [(CacheLayout, DecodeSpec); 2] {
@@ -1556,18 +1574,13 @@ fn a_chunk_equals_the_split_decode_of_its_rows() {
             chunk.iter().any(|x| *x != 0.0),
             "{layout:?}: the chunk wrote O"
         );
-        for (o, what) in outputs
-            .iter()
-            .zip(["split-K", "one-slice chunk", "sliced chunk"])
-        {
-            let other = read(&gpu, o);
-            let diff = chunk.iter().zip(&other).map(|(x, y)| (x - y).abs());
-            let worst = diff.fold(0.0, f32::max);
-            assert!(
-                worst < 1e-5,
-                "{layout:?}: the chunk and the {what} differ by {worst}"
-            );
-        }
+        let others = ["split-K", "one-slice chunk", "sliced chunk"];
+        agree(
+            &gpu,
+            (&chunk, "the chunk"),
+            outputs.iter().zip(others),
+            &layout,
+        );
     }
 }
 
@@ -1633,19 +1646,9 @@ fn a_ragged_chunk_equals_the_split_decode_of_its_rows() {
             split.iter().all(|x| *x != 0.0),
             "{layout:?}: every row written"
         );
-        for (o, what) in
-            outputs[1..]
-                .iter()
-                .zip(["planned chunk", "one-slice chunk", "sliced chunk"])
-        {
-            let other = read(&gpu, o);
-            let diff = split.iter().zip(&other).map(|(x, y)| (x - y).abs());
-            let worst = diff.fold(0.0, f32::max);
-            assert!(
-                worst < 1e-5,
-                "{layout:?}: the {what} and the split-K decode differ by {worst}"
-            );
-        }
+        let others = ["planned chunk", "one-slice chunk", "sliced chunk"];
+        let split_k = (&split[..], "the split-K decode");
+        agree(&gpu, split_k, outputs[1..].iter().zip(others), &layout);
     }
 }
 
