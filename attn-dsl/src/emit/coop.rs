@@ -1157,30 +1157,37 @@ fn pairwise_of(v: &str, keys: u32) -> String {
 }
 
 /// With bf16 operands (see `coop_scale`): l follows the max of S in registers, block by
-/// block; O's weights 2^(s·log2 e + v_j − mo), with V's row scales v_j, follow their own
-/// lazy max `mo`, whose moves rescale O. Returns those and, apart, l's step.
+/// block; O's weights 2^(s·log2 e + v_j − mo), with V's row scales 2^v_j, follow their own
+/// lazy max `mo`, whose moves rescale O. Each weight is the score's P times 2^v_j times the
+/// row's 2^(m·log2 e − mo): one exponential per score, not two. Returns those and, apart,
+/// l's step.
 fn scaled_weights(lanes: u32, keys: u32) -> (Fragment, Fragment) {
-    let targets = (0..keys)
-        .map(|c| format!("let t_{c} = select(NEG_BIG, fma(s_{c}, LOG2E, sh_vs[x_{c}]), v_{c});"));
-    let each = (0..keys).flat_map(|c| {
+    let products = (0..keys).flat_map(|c| {
         [
             format!("let p_{c} = select(0.0, exp2(fma(s_{c}, LOG2E, -ml)), v_{c});"),
-            format!("let w_{c} = select(0.0, exp2(t_{c} - mo), v_{c});"),
+            format!("let u_{c} = p_{c} * sh_vs[x_{c}];"),
+        ]
+    });
+    let each = (0..keys).flat_map(|c| {
+        [
+            format!("let w_{c} = u_{c} * g0 * g1;"),
             format!("put_p(r * PS + x_{c}, f16(dropped(row, h, j_{c}, w_{c})));"),
         ]
     });
     let weights = SCALED_LAZY_MAX.fill([
-        ("targets", lines(targets)),
-        ("max", expr(max_of("t", keys))),
-        ("reduce", row_reduce("rt", "max", lanes)),
+        ("products", lines(products)),
+        ("max", expr(max_of("u", keys))),
+        ("reduce", row_reduce("ru", "max", lanes)),
         ("weights", lines(each)),
     ]);
     (weights, row_sum("cl", keys))
 }
 
 /// bf16's row state: l's max follows S's, and O's reference `mo` (log2 units) moves
-/// lazily with the largest of the `$targets` s·log2 e + v_j, its rescale factor `c` into
-/// sh_c; then P and O's `$weights`.
+/// lazily with the block's largest s·log2 e + v_j, read off the largest of the `$products`
+/// 2^(s·log2 e − m·log2 e + v_j); its rescale factor `c` into sh_c; then O's `$weights`.
+/// The factor 2^(m·log2 e − mo) is two, so that neither overflows: past 2^252 every
+/// product is 0 (each is at most 2^(TAU·log2 e + mo − m·log2 e) once mo has moved).
 const SCALED_LAZY_MAX: Template = Template {
     name: "coop_scaled_lazy_max",
     needs: &[Helper::Exp],
@@ -1188,9 +1195,10 @@ const SCALED_LAZY_MAX: Template = Template {
 let cl = exp_f32(m - mn);
 m = mn;
 let ml = m * LOG2E;
-$targets
-var rt = $max;
+$products
+var ru = $max;
 $reduce
+let rt = select(NEG_BIG, log2(ru) + ml, ru > 0.0);
 let moved = rt > mo + TAU * LOG2E;
 let rescales = moved && mo != NEG_BIG;
 let mon = select(mo, rt, moved);
@@ -1202,6 +1210,9 @@ if (rescales) {
 if (k0 == 0u) {
     sh_c[r] = c;
 }
+let d = clamp(ml - mo, -252.0, 252.0);
+let g0 = exp2(0.5 * d);
+let g1 = exp2(d - 0.5 * d);
 $weights
 "#,
 };

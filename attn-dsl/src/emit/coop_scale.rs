@@ -12,7 +12,9 @@
 //! - V's row scale 2^v_j joins the softmax's weights: O accumulates
 //!   2^(s·log2 e + v_j − mo)·V'_j, where `mo` is a second lazy reference max per row (that
 //!   of s·log2 e + v_j), so that the f16 weights stay below e^TAU whatever V's range, and
-//!   O = O_acc · 2^(mo − m·log2 e) / l at the end. The row sum l keeps its own max.
+//!   O = O_acc · 2^(mo − m·log2 e) / l at the end. The row sum l keeps its own max. Each
+//!   weight is P = 2^(s·log2 e − m·log2 e) times 2^v_j times the row's 2^(m·log2 e − mo),
+//!   so a score takes one exponential.
 //!
 //! Each row's largest magnitude comes from the `row_scale` pass (`row_max`: Q, K, V, and
 //! for the backward O and dO), so staging converts each vec4 as it is fetched. (The forward
@@ -35,19 +37,17 @@ use crate::spec::KernelSpec;
 
 /// Where a row's largest magnitude lands: [2^TOP, 2^(TOP + 1)).
 const TOP: i32 = 14;
-/// Log2 of the scale of an all-zero V row: far below any weight that survives f16.
-const ZERO_ROW: f32 = -256.0;
 
 /// Each key's scales of the staged block.
 pub(super) fn key_scale_memory(out: &mut Wgsl) {
     out.put(KEY_SCALE_MEMORY.plain());
 }
 
-/// The forward's scales of each staged key: S's factor and V's log2 scale.
+/// The forward's scales of each staged key: S's factor and V's.
 const KEY_SCALE_MEMORY: Template = Template {
     name: "coop_key_scale_memory",
     needs: &[],
-    text: r#"// bf16 operands: each staged key's scale of S (2^e) and log2 of its V scale.
+    text: r#"// bf16 operands: each staged key's scale of S and of its V row (powers of two).
 var<workgroup> sh_ks: array<f32, BC>;
 var<workgroup> sh_vs: array<f32, BC>;
 
@@ -97,7 +97,7 @@ fn from_half(bits: u32) -> f32 {
 /// (`sh_ks`, `sh_vs`), a backward half's two row exponents (`sh_e`).
 pub(super) fn note_scales(out: &mut Wgsl, forward: bool) {
     let body = match forward {
-        true => FORWARD_SCALES.fill([("top", expr(TOP)), ("zero", expr(format!("{ZERO_ROW:.1}")))]),
+        true => FORWARD_SCALES.plain(),
         false => Fragment::from("sh_e[row] = vec2<i32>(shift_of(a), shift_of(b));"),
     };
     out.put(NOTE_SCALES.fill([("body", body)]));
@@ -114,13 +114,13 @@ const NOTE_SCALES: Template = Template {
 "#,
 };
 
-/// The forward's scales of a key: S's factor, and V's log2 scale (far below every weight
-/// for an all-zero row).
+/// The forward's scales of a key: S's factor, and V's (0 for an all-zero row, whose
+/// weight then never moves O's reference).
 const FORWARD_SCALES: Template = Template {
     name: "coop_forward_scales",
     needs: &[],
     text: r#"sh_ks[row] = from_half(a);
-sh_vs[row] = select(f32(row_exp(b) - $top), $zero, b == 0u);
+sh_vs[row] = select(from_half(b), 0.0, b == 0u);
 "#,
 };
 
