@@ -938,7 +938,7 @@ impl Dtype {
     /// Whether `op` runs its products on cooperative matrices (`matrix = coop16`, f16
     /// operands) in this dtype: f16 as it is; bf16 in the forward and the backward's halves,
     /// each row of every operand scaled by a power of two into f16's range (exact for every
-    /// value within 2^38 of its row's largest; see `emit::coop_scale`).
+    /// value within 2^31 of its row's largest; see `emit::coop_scale`).
     pub fn on_tensor_cores(self, op: Op) -> bool {
         match self {
             Dtype::F16 => true,

@@ -1,9 +1,9 @@
 //! bf16 operands on f16 tensor cores (`CoopTiling::scaled`). naga has no bf16 cooperative
 //! matrix, but a bf16 value (8 significant bits) is an f16 one (11) wherever its magnitude
 //! lies in f16's range. So each row of every operand is scaled by a power of two that puts
-//! its largest magnitude in [2^14, 2^15): every value within 2^38 of its row's largest
-//! converts exactly (f16's subnormals hold 8 bits down to 2^-17), and the scales come back
-//! exactly, as powers of two.
+//! its largest magnitude in [2^14, 2^15): every value within 2^31 of its row's largest
+//! converts exactly (f16's subnormals hold 8 bits down to 2^-17), a smaller one within
+//! 2^-39 of the largest, and the scales come back exactly, as powers of two.
 //!
 //! In the forward:
 //!
