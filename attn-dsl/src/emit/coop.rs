@@ -1555,7 +1555,8 @@ mod tests {
 
     /// The bf16 forward compiles in every configuration (at a head_dim staged whole and one
     /// staged in column passes), binds the row maxima and gathers nothing itself; f16's
-    /// binds none.
+    /// binds none. Its softmax takes one exponential per score, as f16's does: O's weights
+    /// are P times the key's and the row's factors.
     #[test]
     fn bf16_forward_reads_its_row_scales() {
         let bytes = crate::configs::CANDIDATE_WORKGROUP_BYTES;
@@ -1579,6 +1580,8 @@ mod tests {
                     assert_eq!(abi.binding("row_max").is_some(), scaled, "{dtype:?}");
                     assert_eq!(abi.wgsl.contains("kv_bits(1u"), scaled);
                     assert!(!abi.wgsl.contains("atomicMax"));
+                    assert!(!abi.wgsl.contains("exp2(t_"));
+                    assert_eq!(abi.wgsl.contains("let w_0 = u_0 * g0 * g1;"), scaled);
                 }
             }
         }
