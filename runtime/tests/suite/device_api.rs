@@ -1510,6 +1510,37 @@ fn two_slot_layouts() -> [(CacheLayout, DecodeSpec); 2] {
     })
 }
 
+/// A decode of `rows` of `q` over `cache` into a fresh O (shaped as Q, head_dim wide),
+/// recorded into `enc`: on the split-K passes where `split`, else as planned, with
+/// `slice_len` asked. Returns O and how many slices it ran in.
+fn decode_fresh(
+    gpu: &Gpu,
+    (spec, enc): (DecodeSpec, &mut wgpu::CommandEncoder),
+    (q, rows, cache): (
+        &Tensor,
+        runtime::ops::decode::QueryRows,
+        runtime::ops::decode::CacheView,
+    ),
+    (split, slice_len): (bool, Option<u32>),
+) -> (Tensor, u32) {
+    let o = Tensor::zeros(gpu, q.shape(), Scalar::F32).unwrap();
+    let mut op = Decode::new(gpu, spec).unwrap();
+    if split {
+        op = op.without_chunks();
+    }
+    let args = DecodeArgs {
+        q,
+        rows,
+        cache,
+        o: &o,
+        scale: None,
+        mods: Default::default(),
+        slice_len,
+    };
+    let ran = op.record(gpu, enc, &args).unwrap();
+    (o, ran.n_slices)
+}
+
 /// A continuation of many rows (a prompt's chunk) runs on the forward's tiles and equals
 /// the split-K decode of the same rows over the same cache, and the chunk in one slice and
 /// cut into key slices, in both layouts: each slot at its own cached length, one of them
@@ -1547,24 +1578,11 @@ fn a_chunk_equals_the_split_decode_of_its_rows() {
         cache.extend(&gpu, &mut enc, &mut decode, 0, &args).unwrap();
         // The same rows again: split-K, the chunk in one slice, and cut into 64-key slices.
         let others = [(true, None), (false, Some(u32::MAX)), (false, Some(64))];
-        let outputs = others.map(|(split, slice_len)| {
-            let o = Tensor::zeros(&gpu, chunk_o.shape(), Scalar::F32).unwrap();
-            let mut op = Decode::new(&gpu, spec).unwrap();
-            if split {
-                op = op.without_chunks();
-            }
-            let args = DecodeArgs {
-                q: &q,
-                rows: QueryRows::Each(n),
-                cache: cache.view(),
-                o: &o,
-                scale: None,
-                mods: Default::default(),
-                slice_len,
-            };
-            let ran = op.record(&gpu, &mut enc, &args).unwrap();
-            let one = slice_len == Some(u32::MAX);
-            assert_eq!(ran.n_slices == 1, one, "{layout:?}: {split} {slice_len:?}");
+        let outputs = others.map(|run| {
+            let rows = (&q, QueryRows::Each(n), cache.view());
+            let (o, slices) = decode_fresh(&gpu, (spec, &mut enc), rows, run);
+            let one = run.1 == Some(u32::MAX);
+            assert_eq!(slices == 1, one, "{layout:?}: {run:?}");
             o
         });
         submit(&gpu, enc);
@@ -1613,25 +1631,12 @@ fn a_ragged_chunk_equals_the_split_decode_of_its_rows() {
             (false, Some(64)),
         ];
         let mut kept = Vec::new();
-        let outputs = runs.map(|(split, slice_len)| {
+        let outputs = runs.map(|run| {
             kept.push(gpu.pipelines_kept());
-            let o = Tensor::zeros(&gpu, q.shape(), Scalar::F32).unwrap();
-            let mut op = Decode::new(&gpu, spec).unwrap();
-            if split {
-                op = op.without_chunks();
-            }
-            let args = DecodeArgs {
-                q: &q,
-                rows: QueryRows::Ragged(&starts),
-                cache: cache.view(),
-                o: &o,
-                scale: None,
-                mods: Default::default(),
-                slice_len,
-            };
-            let ran = op.record(&gpu, &mut enc, &args).unwrap();
-            if slice_len == Some(u32::MAX) {
-                assert_eq!(ran.n_slices, 1, "{layout:?}: the chunk in one slice");
+            let rows = (&q, QueryRows::Ragged(&starts), cache.view());
+            let (o, slices) = decode_fresh(&gpu, (spec, &mut enc), rows, run);
+            if run.1 == Some(u32::MAX) {
+                assert_eq!(slices, 1, "{layout:?}: the chunk in one slice");
             }
             o
         });
