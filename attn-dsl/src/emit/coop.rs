@@ -1186,8 +1186,9 @@ fn scaled_weights(lanes: u32, keys: u32) -> (Fragment, Fragment) {
 /// bf16's row state: l's max follows S's, and O's reference `mo` (log2 units) moves
 /// lazily with the block's largest s·log2 e + v_j, read off the largest of the `$products`
 /// 2^(s·log2 e − m·log2 e + v_j); its rescale factor `c` into sh_c; then O's `$weights`.
-/// The factor 2^(m·log2 e − mo) is two, so that neither overflows: past 2^252 every
-/// product is 0 (each is at most 2^(TAU·log2 e + mo − m·log2 e) once mo has moved).
+/// The row's factor 2^(m·log2 e − mo) multiplies as two halves, so that neither
+/// overflows f32; past 2^252 every product is 0 anyway (each is at most
+/// 2^(TAU·log2 e + mo − m·log2 e) once mo has moved).
 const SCALED_LAZY_MAX: Template = Template {
     name: "coop_scaled_lazy_max",
     needs: &[Helper::Exp],
