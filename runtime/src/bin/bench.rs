@@ -911,10 +911,10 @@ fn decode(gpu: &Gpu, args: &Args, cache_len: u32) -> anyhow::Result<()> {
 
 /// n new rows attended over the cache (continuing it: a prompt's next chunk, a chat's next
 /// turn, speculative drafts), n = 1 to 512 (from 4 rows both as the decode plans it and
-/// on the split-K passes; 16 and 512 also as a ragged batch), in the first half dtype,
-/// then over each fp8 cache
-/// `--cache-dtypes` names (all where it names none) with rows in that dtype: GPU time, the
-/// cache's bytes per second and TFLOP/s (4·n·cache·heads·head_dim).
+/// on the split-K passes; 16 and 512 also as a ragged batch), in each half dtype, then
+/// over each fp8 cache with rows in the first; `--cache-dtypes` picks among these caches
+/// (all where it names none): GPU time, the cache's bytes per second and TFLOP/s
+/// (4·n·cache·heads·head_dim).
 fn continued_rows(
     gpu: &Gpu,
     args: &Args,
@@ -960,17 +960,19 @@ fn continued_rows(
     let fp8s = [attn_dsl::Fp8::E4m3, attn_dsl::Fp8::E5m2]
         .into_iter()
         .filter(|f| named(f.name()));
-    let half_rows = runs.into_iter().filter(|_| named(dtype.name()));
-    let mut runs: Vec<_> = half_rows.map(|(n, how)| (n, None, how)).collect();
+    let halves = gpu.half_dtypes().into_iter().filter(|d| named(d.name()));
+    let mut runs: Vec<_> = halves
+        .flat_map(|half| runs.iter().map(move |&(n, how)| (half, n, None, how)))
+        .collect();
     for fp8 in fp8s {
         for n in [4, 16, 64, 512].into_iter().filter(|&n| n <= len) {
-            runs.push((n, Some(fp8), Continue::Planned));
+            runs.push((dtype, n, Some(fp8), Continue::Planned));
             if n <= 16 {
-                runs.push((n, Some(fp8), Continue::SplitK));
+                runs.push((dtype, n, Some(fp8), Continue::SplitK));
             }
         }
     }
-    for (n, fp8, how) in runs {
+    for (dtype, n, fp8, how) in runs {
         let cache = (dtype, fp8);
         let (ms, slicing) = bench::e2e::continued(gpu, h, (len, n), cache, (args.runs as u32, how))
             .context("continue")?;
