@@ -936,13 +936,18 @@ impl Dtype {
     pub const ALL: [Dtype; 3] = [Dtype::F32, Dtype::F16, Dtype::Bf16];
 
     /// Whether `op` runs its products on cooperative matrices (`matrix = coop16`, f16
-    /// operands) in this dtype: f16 as it is; bf16 in the forward and the backward's halves,
-    /// each row of every operand scaled by a power of two into f16's range (exact for every
-    /// value within 2^31 of its row's largest; see `emit::coop_scale`).
+    /// operands) in this dtype: f16 as it is; bf16 in the forward, the backward's halves and
+    /// a continued cache's chunk, each row of every operand scaled by a power of two into
+    /// f16's range (exact for every value within 2^31 of its row's largest; see
+    /// `emit::coop_scale`). A chunk's rows have a width rule besides:
+    /// [`crate::layout::coop::on_tensor_cores`].
     pub fn on_tensor_cores(self, op: Op) -> bool {
         match self {
             Dtype::F16 => true,
-            Dtype::Bf16 => matches!(op, Op::Forward | Op::BackwardQ | Op::BackwardKv),
+            Dtype::Bf16 => matches!(
+                op,
+                Op::Forward | Op::BackwardQ | Op::BackwardKv | Op::Extend
+            ),
             Dtype::F32 => false,
         }
     }

@@ -561,8 +561,8 @@ fn check_coop(spec: &KernelSpec) -> Result<(), DslError> {
     }
     if !spec.dtype.on_tensor_cores(spec.op) {
         return refuse(format!(
-            "`matrix = coop16` multiplies f16 operands (bf16 ones scaled into f16 in the \
-             forward only); add `dtype: f16` (this description reads {} for op {})",
+            "`matrix = coop16` multiplies f16 operands (bf16 ones scaled into f16); add \
+             `dtype: f16` (this description reads {} for op {})",
             spec.dtype.name(),
             spec.op.name()
         ));

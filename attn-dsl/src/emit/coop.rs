@@ -221,7 +221,7 @@ pub(super) fn kernel(out: &mut Wgsl, spec: &KernelSpec, t: &CoopTiling, keep: Ph
     }
     if t.scaled {
         coop_scale::key_scale_memory(out);
-        coop_scale::row_bits(out);
+        coop_scale::row_bits(out, spec, t.scales_at_fetch());
         coop_scale::note_scales(out, true);
     }
     put(out);
@@ -640,6 +640,7 @@ fn body(out: &mut Wgsl, spec: &crate::KernelSpec, t: &CoopTiling, keep: Phases) 
     };
     out.put(FORWARD.fill([
         ("origin", expr(super::index::tile_origin(spec))),
+        ("q_maxima", q_maxima(t)),
         ("stage_q", stage_q(t)),
         (
             "accumulators",
@@ -713,6 +714,7 @@ const FORWARD: Template = Template {
     if (tid == 0u) {
         sh_range = tile_key_range(row0);
     }
+    $q_maxima
     $stage_q
     $accumulators
     let r = sg * $rows + lane / $lanes;
@@ -754,6 +756,24 @@ const FORWARD: Template = Template {
     $finish
 }
 
+"#,
+};
+
+/// Where bf16 rows are scaled at fetch, the maxima of the tile's rows of Q, before Q is
+/// staged by them.
+fn q_maxima(t: &CoopTiling) -> Fragment {
+    match t.scales_at_fetch() {
+        true => Q_MAXIMA.fill([("subgroup", uint(SUBGROUP))]),
+        false => Fragment::default(),
+    }
+}
+
+/// The tile's rows of Q's maxima into `sh_qb`, seen by every invocation before Q's staging.
+const Q_MAXIMA: Template = Template {
+    name: "coop_q_maxima",
+    needs: &[],
+    text: r#"q_row_maxima(row0, h, sg * $subgroup + lane);
+workgroupBarrier();
 "#,
 };
 
@@ -873,17 +893,27 @@ pub(super) fn fetches(
     let mut each = Vec::new();
     for i in 0..t.carried() {
         for (name, _) in tensors {
-            let e = format!("tid + {i}u * WG");
+            let e = carried_index(t, i);
             each.push(format!(
                 "{decl}p{name}_{i} = fetch_{name}({r0}, {head}, {e});"
             ));
-            if t.converts_at_store() {
+            if t.converts_at_store() && !t.scales_at_fetch() {
                 let bits = coop_scale::block_row_bits(name, r0, head, &e);
                 each.push(format!("{decl}b{name}_{i} = {bits};"));
             }
         }
     }
     lines(each)
+}
+
+/// Carried vec4 `i`'s index in a block: by invocation, or where each row's scale is
+/// reduced over the lanes that fetched it, by subgroup and lane, so that a row's lanes are
+/// consecutive lanes of one subgroup whatever order the adapter numbers invocations in.
+fn carried_index(t: &CoopTiling, i: u32) -> String {
+    match t.scales_at_fetch() {
+        true => format!("sg * {SUBGROUP}u + lane + {i}u * WG"),
+        false => format!("tid + {i}u * WG"),
+    }
 }
 
 /// The stores of [`stage_block`], then a barrier.
@@ -895,6 +925,13 @@ fn put_block(t: &CoopTiling, tensors: &[(&str, &str)]) -> Fragment {
 /// and with bf16 operands each row's scales beside them.
 pub(super) fn puts(t: &CoopTiling, tensors: &[(&str, &str)]) -> Fragment {
     concat((0..t.carried()).map(|i| {
+        let e = carried_index(t, i);
+        let maxima = lines(
+            tensors
+                .iter()
+                .filter(|_| t.scales_at_fetch())
+                .map(|(name, _)| format!("let b{name}_{i} = lanes_row_bits(p{name}_{i});")),
+        );
         let stores = lines(tensors.iter().map(|(name, base)| {
             let x = match (t.converts_at_store(), t.fp8) {
                 (true, _) => format!("to_half(p{name}_{i}, b{name}_{i})"),
@@ -904,10 +941,14 @@ pub(super) fn puts(t: &CoopTiling, tensors: &[(&str, &str)]) -> Fragment {
                 }
                 _ => format!("p{name}_{i}"),
             };
-            format!("put(tid + {i}u * WG, {base}, {x});")
+            format!("put({e}, {base}, {x});")
         }));
+        let stores = maxima.then(stores);
         match t.scaled {
-            true => stores.then(coop_scale::note_at_store([tensors[0].0, tensors[1].0], i)),
+            true => stores.then(coop_scale::note_at_store(
+                [tensors[0].0, tensors[1].0],
+                (&e, i),
+            )),
             false => stores,
         }
     }))
@@ -1276,7 +1317,13 @@ fn finish(spec: &KernelSpec, t: &CoopTiling, (lanes, who): (u32, (&str, &str))) 
     // sink joined, m and l include it: the f16 factor gains e^(m_old − m), and the bf16
     // one, 2^(mo − m·log2 e) / l on the new m and l, already has it.
     let join = super::sinks::join(spec.masks.sinks, head, "m", "lt", "corr");
+    let sliced = super::extend::sliced(spec);
     let (slot, factor) = match (t.scaled, join.is_some()) {
+        // Key slices leave their outputs unnormalized for the reduce, against m.
+        (true, false) if sliced => (
+            "select(0.0, exp2(mo - m * LOG2E), lt != 0.0)",
+            Fragment::from("let inv = sh_l[pr];\n"),
+        ),
         (true, _) => (
             "select(0.0, exp2(mo - m * LOG2E - log2(lt)), lt != 0.0)",
             Fragment::from("let inv = sh_l[pr];\n"),
@@ -1286,7 +1333,7 @@ fn finish(spec: &KernelSpec, t: &CoopTiling, (lanes, who): (u32, (&str, &str))) 
             Fragment::from("let inv = sh_l[pr];\n"),
         ),
         // Key slices leave their outputs unnormalized for the reduce.
-        (false, false) if super::extend::sliced(spec) => ("lt", Fragment::from("let inv = 1.0;\n")),
+        (false, false) if sliced => ("lt", Fragment::from("let inv = 1.0;\n")),
         (false, false) => ("lt", INVERSE_SUM.plain()),
     };
     // Over an fp8 cache's widened values, O also takes its KV head's V scale.

@@ -79,7 +79,7 @@ pub(super) fn kernel(out: &mut Wgsl, spec: &KernelSpec, t: &CoopTiling, keep: Ph
     }
     let (own_rows, block_rows) = ("BR", "BC");
     if t.scaled {
-        coop_scale::row_bits(out);
+        coop_scale::row_bits(out, spec, false);
         coop_scale::note_scales(out, false);
         coop_scale::reference_constants(out);
     }

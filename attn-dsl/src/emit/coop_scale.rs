@@ -127,9 +127,9 @@ sh_vs[row] = select(from_half(b), 0.0, b == 0u);
 /// Beside the stores of carried vec4 `i` of a block's `tensors`: where it starts a row of
 /// the block, the row's scales from the maxima held with the words (see
 /// `CoopTiling::converts_at_store`), so that no other load waits for them.
-pub(super) fn note_at_store(tensors: [&str; 2], i: u32) -> Fragment {
+pub(super) fn note_at_store(tensors: [&str; 2], (e, i): (&str, u32)) -> Fragment {
     NOTE_AT_STORE.fill([
-        ("e", expr(format!("tid + {i}u * WG"))),
+        ("e", expr(e)),
         ("a", expr(format!("b{}_{i}", tensors[0]))),
         ("b", expr(format!("b{}_{i}", tensors[1]))),
     ])
@@ -145,18 +145,26 @@ const NOTE_AT_STORE: Template = Template {
 "#,
 };
 
-/// The conversions and each row's maximum from `row_max` (`q_bits` for rows of
-/// Q, O and dO by query head, `kv_bits` for K and V by KV head; a row past the sequence
-/// reads the last one's).
-pub(super) fn row_bits(out: &mut Wgsl) {
+/// The conversions and each row's maximum: from `row_max` (`q_bits` for rows of Q, O and
+/// dO by query head, `kv_bits` for K and V by KV head; a row past the sequence reads the
+/// last one's), or where the kernel scales at fetch, Q's from `sh_qb` (`q_row_maxima`)
+/// and K's and V's from the lanes that fetched them (`lanes_row_bits`).
+pub(super) fn row_bits(out: &mut Wgsl, spec: &KernelSpec, at_fetch: bool) {
     out.put(WIDEN.plain());
     out.put(EXPONENTS.fill([("top", expr(TOP))]));
-    out.put(ROW_BITS.fill([("top", expr(TOP))]));
+    out.put(SCALING.fill([("top", expr(TOP))]));
+    match at_fetch {
+        true => {
+            fetch_words(out, spec, ("qw", "q"), Rows::Q, "BR");
+            out.put(FETCHED_BITS.fill([("reduce", lanes_max(spec.width()))]));
+        }
+        false => out.put(PASS_BITS.plain()),
+    }
 }
 
-/// Scaling by powers of two, and each row's maximum from `row_max`.
-const ROW_BITS: Template = Template {
-    name: "coop_row_bits",
+/// Scaling by powers of two.
+const SCALING: Template = Template {
+    name: "coop_scaling",
     needs: &[],
     text: r#"// log2 of the factor that undoes `to_half` for a row.
 fn shift_of(bits: u32) -> i32 {
@@ -186,7 +194,14 @@ fn mulp2_sum(x: f32, n: i32) -> f32 {
     return select(0.0, x * pow2(min(n, 127)), n >= -126);
 }
 
-// Part p of row_max: 0 Q, 1 K, 2 V, 3 O, 4 dO.
+"#,
+};
+
+/// Each row's maximum from `row_max`, the `row_scale` pass's.
+const PASS_BITS: Template = Template {
+    name: "coop_pass_bits",
+    needs: &[],
+    text: r#"// Part p of row_max: 0 Q, 1 K, 2 V, 3 O, 4 dO.
 fn part_at(p: u32) -> u32 {
     return p * dims.batch * dims.seq_len * dims.n_heads;
 }
@@ -201,6 +216,55 @@ fn kv_bits(p: u32, j: u32, kv_h: u32) -> u32 {
 
 "#,
 };
+
+/// Each row's maximum from its own values: a cached row's over the lanes that fetch it
+/// (the row's HEAD_DIM / 4 vec4s lie in consecutive lanes of one subgroup: the carried
+/// index is by subgroup and lane), the tile's rows of Q's once, before Q is staged.
+const FETCHED_BITS: Template = Template {
+    name: "coop_fetched_bits",
+    needs: &[],
+    text: r#"// Each of the tile's rows of Q: its largest magnitude's f32 bits, and the tile's first row.
+var<workgroup> sh_qb: array<u32, BR>;
+var<private> q_origin: u32;
+
+// The largest magnitude's f32 bits of the row that this invocation's four values `w` lie
+// in, over the HEAD_DIM / 4 consecutive lanes that hold that row's values (a NaN's bits
+// pass every number's, as in `row_max`).
+fn lanes_row_bits(w: vec2<u32>) -> u32 {
+    var m = max(max(w.x & 0x7fffu, (w.x >> 16u) & 0x7fffu), max(w.y & 0x7fffu, (w.y >> 16u) & 0x7fffu));
+    $reduce
+}
+
+fn q_bits(p: u32, row: u32, h: u32) -> u32 {
+    return sh_qb[row - q_origin];
+}
+
+// The maxima of the tile's rows of Q from row r0 into sh_qb; `me` numbers the invocation
+// by subgroup and lane.
+fn q_row_maxima(r0: u32, h: u32, me: u32) {
+    q_origin = r0;
+    for (var e = me; e < BR * (HEAD_DIM / 4u); e = e + WG) {
+        let b = lanes_row_bits(fetch_qw(r0, h, e));
+        if (e % (HEAD_DIM / 4u) == 0u) {
+            sh_qb[e / (HEAD_DIM / 4u)] = b;
+        }
+    }
+}
+
+"#,
+};
+
+/// The body of `lanes_row_bits` for rows `width` wide: `m`'s maximum over each row's
+/// lanes, a butterfly of `subgroupShuffleXor` written out step by step. On an H200
+/// (2026-12-03, `bench --decode 32768 --heads 32 --kv-heads 8 --head-dim 128 --continued`,
+/// bf16, 512 new rows) the chunk took 5.19 ms so, 13.4 with the butterfly as a loop, 5.65
+/// with `subgroupMax` (one reduction per row a subgroup holds), and 3.77 with no maxima
+/// at all (its results wrong, its time the point).
+fn lanes_max(width: u32) -> Fragment {
+    let steps = (0..).map(|k| 1u32 << k).take_while(|s| *s < width / 4);
+    let each = steps.map(|s| format!("m = max(m, subgroupShuffleXor(m, {s}u));"));
+    lines(each.chain(["return m << 16u;".to_string()]))
+}
 
 /// The part of `row_max` holding the rows of fetch `name` (Q, K, V, O, dO).
 pub(super) fn part(name: &str) -> u32 {

@@ -10,6 +10,20 @@ pub const FRAG: u32 = 16;
 /// adapters whose subgroups are exactly this size.
 pub const SUBGROUP: u32 = 32;
 
+/// Whether a kernel of `op` in `dtype` over rows `width` wide runs its products on
+/// cooperative matrices: where the dtype does ([`Dtype::on_tensor_cores`]), and a bf16
+/// chunk where each row lies in one subgroup ([`CoopTiling::scales_at_fetch`]).
+pub fn on_tensor_cores(dtype: Dtype, op: Op, width: u32) -> bool {
+    let at_fetch = dtype == Dtype::Bf16 && op == Op::Extend;
+    dtype.on_tensor_cores(op) && (!at_fetch || row_in_subgroup(width))
+}
+
+/// Whether the `width / 4` invocations that fetch a row of `width` values, a vec4 each,
+/// are consecutive lanes of one subgroup (`width / 4` divides [`SUBGROUP`]).
+fn row_in_subgroup(width: u32) -> bool {
+    width >= 4 && SUBGROUP.is_multiple_of(width / 4)
+}
+
 /// The layout of a cooperative-matrix flash forward.
 #[derive(Clone, Copy, Debug)]
 pub struct CoopTiling {
@@ -109,6 +123,13 @@ impl CoopTiling {
     /// against f16's 1.20.
     pub fn converts_at_store(&self) -> bool {
         self.scaled
+    }
+
+    /// Whether bf16 rows take their scales from their own values as they are fetched (each
+    /// row's largest magnitude reduced over the lanes that fetched it) rather than from the
+    /// `row_scale` pass: a continued cache's chunk, whose cached rows no pass has seen.
+    pub fn scales_at_fetch(&self) -> bool {
+        self.scaled && self.op == Op::Extend
     }
 
     /// Fragments of a backward accumulator (dQ, dK: `v_rows` false; dV: true): its
@@ -276,11 +297,13 @@ impl CoopTiling {
         2 * staged * ks + 4 * self.br * ss + p + 16 + 16 + 8 * self.br + self.scale_bytes()
     }
 
-    /// With scaled operands: each staged key's two scales.
+    /// With scaled operands: each staged key's two scales, and where they are taken at
+    /// fetch each of the tile's rows of Q's maximum.
     fn scale_bytes(&self) -> u32 {
-        match self.scaled {
-            true => 4 * 2 * self.bc,
-            false => 0,
+        match (self.scaled, self.scales_at_fetch()) {
+            (true, true) => 4 * 2 * self.bc + 4 * self.br,
+            (true, false) => 4 * 2 * self.bc,
+            (false, _) => 0,
         }
     }
 
@@ -315,6 +338,23 @@ impl CoopTiling {
                         self.br,
                         2 * one
                     )
+                })
+            })
+            .or_else(|| {
+                (self.scales_at_fetch() && !row_in_subgroup(self.head_dim)).then(|| {
+                    format!(
+                        "a bf16 chunk scales each cached row as it is fetched, over lanes of \
+                         one subgroup: head_dim / 4 must divide {SUBGROUP} (head_dim 16, 32, \
+                         64 or 128), not {}; drop `matrix = coop16` to run it on scalar tiles",
+                        self.head_dim
+                    )
+                })
+            })
+            .or_else(|| {
+                (self.scaled && self.fp8).then(|| {
+                    "an fp8 cache's chunk on cooperative matrices takes f16 queries; use \
+                     `dtype: f16`"
+                        .to_string()
                 })
             })
             .or_else(|| {

@@ -272,3 +272,56 @@ fn a_ragged_chunk_takes_each_sequence_s_rows_from_q_starts() {
     let err = attn_dsl::compile(&forward).unwrap_err().to_string();
     assert!(err.contains("`ragged` belongs to op extend"), "{err}");
 }
+
+/// A bf16 chunk on tensor cores scales each row by its own values as it is fetched (no
+/// `row_scale` pass has seen a cache's rows): K's and V's maxima over the lanes of one
+/// subgroup that fetched the row, Q's before Q is staged; sliced, O stays unnormalized.
+/// Rows wider than a subgroup's lanes stay on scalar tiles.
+#[test]
+fn a_bf16_chunk_scales_its_rows_as_they_are_fetched() {
+    use attn_dsl::layout::coop::on_tensor_cores;
+    let bf16 = |head_dim: u32, cache: Cache, bytes: u32| {
+        let config = configs::coop_forward_in(head_dim, bytes, Dtype::Bf16)[0];
+        let masks = Masks::new(true, false);
+        let mut spec = KernelSpec {
+            cache,
+            dtype: Dtype::Bf16,
+            writes: vec![("o".into(), Owned), ("lse".into(), Owned)],
+            ..KernelSpec::flash("extend", Op::Extend, head_dim, masks, config)
+        };
+        spec.fit_target();
+        spec
+    };
+    for cache in [Cache::Contiguous, Cache::Paged] {
+        for head_dim in [64, 128] {
+            let whole = bf16(head_dim, cache, configs::CANDIDATE_WORKGROUP_BYTES);
+            let mut cut = KernelSpec {
+                writes: vec![("partials".into(), ScratchFlush)],
+                ..whole.clone()
+            };
+            cut.fit_target();
+            for (form, spec) in [("whole", whole), ("sliced", cut)] {
+                let what = format!("{cache:?} d{head_dim} {form}");
+                let abi = attn_dsl::compile(&spec).unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert!(abi.binding("row_max").is_none(), "{what}");
+                for x in [
+                    "let bk_0 = lanes_row_bits(pk_0);",
+                    "let bv_0 = lanes_row_bits(pv_0);",
+                    "put(sg * 32u + lane + 0u * WG, KB, to_half(pk_0, bk_0));",
+                    "q_row_maxima(row0, h, sg * 32u + lane);",
+                    "m = max(m, subgroupShuffleXor(m, 8u));",
+                ] {
+                    assert!(abi.wgsl.contains(x), "{what}: {x}");
+                }
+                assert!(!abi.wgsl.contains("kv_bits("), "{what}");
+                let unnormalized = abi.wgsl.contains("exp2(mo - m * LOG2E), lt != 0.0)");
+                assert_eq!(unnormalized, form == "sliced", "{what}");
+            }
+        }
+    }
+    assert!(on_tensor_cores(Dtype::Bf16, Op::Extend, 128));
+    assert!(!on_tensor_cores(Dtype::Bf16, Op::Extend, 256));
+    assert!(on_tensor_cores(Dtype::Bf16, Op::Forward, 256));
+    let e = attn_dsl::compile(&bf16(256, Cache::Contiguous, 1 << 20)).unwrap_err();
+    assert!(e.to_string().contains("head_dim / 4 must divide 32"), "{e}");
+}

@@ -542,10 +542,10 @@ impl Gpu {
         self.coop16
     }
 
-    /// Whether `op` in `dtype` has a tensor-core (`matrix = coop16`) path here
-    /// ([`attn_dsl::Dtype::on_tensor_cores`]).
-    pub fn coop16_for(&self, dtype: attn_dsl::Dtype, op: attn_dsl::Op) -> bool {
-        self.has_coop16() && dtype.on_tensor_cores(op)
+    /// Whether `op` in `dtype` over rows `width` wide has a tensor-core (`matrix = coop16`)
+    /// path here ([`attn_dsl::layout::coop::on_tensor_cores`]).
+    pub fn coop16_for(&self, dtype: attn_dsl::Dtype, op: attn_dsl::Op, width: u32) -> bool {
+        self.has_coop16() && attn_dsl::layout::coop::on_tensor_cores(dtype, op, width)
     }
 
     /// Whether the device has every feature `abi` needs.

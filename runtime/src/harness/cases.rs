@@ -1122,7 +1122,7 @@ impl Runner {
             let planned = self.backward.table.forward(gpu, width, dtype);
             let mut configs = vec![tuning::forward_candidates(width)[0]];
             configs.extend(planned.filter(|p| *p != configs[0]));
-            if gpu.coop16_for(dtype, Op::Forward) {
+            if gpu.coop16_for(dtype, Op::Forward, width) {
                 let coop = tuning::coop_candidates(gpu, width, dtype);
                 configs.extend(coop.into_iter().filter(|c| Some(*c) != planned));
             }
@@ -2235,6 +2235,13 @@ fn continued_rows(
         let e4m3 = Some(Fp8::E4m3);
         chunks.push((" chunk e4m3 cache", d, e4m3, false, planned, None));
         chunks.push((" chunk e4m3 cache page=16", d, e4m3, true, planned, None));
+    }
+    // A bf16 chunk scales each cached row as it fetches it (on tensor cores), whole and
+    // cut into slices of a paged cache.
+    if half == Some(Dtype::F16) && gpu.supports_dtype(Dtype::Bf16) {
+        let bf16 = Dtype::Bf16;
+        chunks.push((" chunk", bf16, None, false, planned, None));
+        chunks.push((" chunk sliced page=16", bf16, None, true, planned, sliced));
     }
     let mut ragged_chunks: Vec<Variant> = vec![
         (" chunk ragged", f32, None, false, planned, None),

@@ -59,7 +59,7 @@ impl Derived {
 /// scalar candidate (the portable one; half precision has no measured table to choose
 /// among the others by).
 pub fn backward_configs(gpu: &Gpu, head_dim: u32, dtype: Dtype) -> Vec<FlashConfig> {
-    let coop = match gpu.coop16_for(dtype, Op::BackwardQ) {
+    let coop = match gpu.coop16_for(dtype, Op::BackwardQ, head_dim) {
         true => attn_dsl::configs::coop_backward_in(
             head_dim,
             gpu.limits().max_compute_workgroup_storage_size,
@@ -241,7 +241,7 @@ impl Table {
 
     fn forward_of(&self, op: Op, gpu: &Gpu, head_dim: u32, dtype: Dtype) -> Option<FlashConfig> {
         let coop = gpu
-            .coop16_for(dtype, op)
+            .coop16_for(dtype, op, head_dim)
             .then(|| coop_candidates(gpu, head_dim, dtype).into_iter().next())
             .flatten();
         coop.or_else(|| self.scalar_forward(gpu, head_dim))

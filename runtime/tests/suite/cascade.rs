@@ -113,7 +113,7 @@ fn a_cascade_refuses_what_it_cannot_compute() {
         Cascade::new(&gpu, fp8(Dtype::F32)),
         Err(Error::Input(InputError::Unsupported { .. }))
     ));
-    let tensor_cores = gpu.coop16_for(Dtype::F16, attn_dsl::Op::Extend);
+    let tensor_cores = gpu.coop16_for(Dtype::F16, attn_dsl::Op::Extend, 64);
     assert_eq!(Cascade::new(&gpu, fp8(Dtype::F16)).is_ok(), tensor_cores);
     let mut op = Cascade::new(&gpu, DecodeSpec::new(64, 64, Dtype::F32)).unwrap();
     let h = HEADS;

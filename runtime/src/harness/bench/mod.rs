@@ -691,7 +691,7 @@ fn other_coop_forwards(
     dtype: Dtype,
     planned: attn_dsl::FlashConfig,
 ) -> Vec<attn_dsl::FlashConfig> {
-    match gpu.coop16_for(dtype, Op::Forward) {
+    match gpu.coop16_for(dtype, Op::Forward, head_dim) {
         true => tuning::coop_candidates(gpu, head_dim, dtype)
             .into_iter()
             .filter(|c| *c != planned)
