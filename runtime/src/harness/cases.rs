@@ -1525,6 +1525,10 @@ const RANGES: [[f32; 5]; 3] = [
     [1.0, 1e20, 1e-20, 0.0, 1e5],
 ];
 
+/// The chunk whose rows span [`RANGES`]: a bf16 chunk takes each cached row's scale from
+/// the row as it fetches it.
+const RANGED_CHUNK: &str = " chunk rows 1e-20..1e20 and 0";
+
 /// Row magnitudes for Q, K, V and dO in the backward, as [`RANGES`] for the forward: each
 /// tensor spans 20 decades or more with an all-zero row, past f16's range, while every
 /// score stays near 1 (Q's largest rows meet K's, 1e-15 at most) and no gradient leaves
@@ -2242,6 +2246,7 @@ fn continued_rows(
         let bf16 = Dtype::Bf16;
         chunks.push((" chunk", bf16, None, false, planned, None));
         chunks.push((" chunk sliced page=16", bf16, None, true, planned, sliced));
+        chunks.push((RANGED_CHUNK, bf16, None, false, planned, None));
     }
     let mut ragged_chunks: Vec<Variant> = vec![
         (" chunk ragged", f32, None, false, planned, None),
@@ -2305,7 +2310,12 @@ fn continued_rows(
         let scalar = Scalar::from(dtype);
         let total_len: u32 = cached.iter().zip(added).map(|(c, a)| c + a).sum();
         let total_added: u32 = added.iter().sum();
-        let [q, k, v, _] = qkv(h, total_len, seed);
+        let [mut q, mut k, mut v, _] = qkv(h, total_len, seed);
+        if label == RANGED_CHUNK {
+            for (x, factors) in [&mut q, &mut k, &mut v].into_iter().zip(RANGES) {
+                scale_rows(x, &factors, h.head_dim);
+            }
+        }
         let q = crate::tensor::buffers::rounded(
             &q[..(total_added * h.n_heads * h.head_dim) as usize],
             scalar,
