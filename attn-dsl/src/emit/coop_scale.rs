@@ -257,9 +257,9 @@ fn q_row_maxima(r0: u32, h: u32, me: u32) {
 /// The body of `lanes_row_bits` for rows `width` wide: `m`'s maximum over each row's
 /// lanes, a butterfly of `subgroupShuffleXor` written out step by step. On an H200
 /// (2026-12-03, `bench --decode 32768 --heads 32 --kv-heads 8 --head-dim 128 --continued`,
-/// bf16, 512 new rows) the chunk took 5.19 ms so, 13.4 with the butterfly as a loop, 5.65
-/// with `subgroupMax` (one reduction per row a subgroup holds), and 3.77 with no maxima
-/// at all (its results wrong, its time the point).
+/// bf16, 512 new rows, the maxima taken beside the stores) the chunk took 5.19 ms so, 13.4
+/// with the butterfly as a loop, 5.65 with `subgroupMax` (one reduction per row a subgroup
+/// holds), and 3.77 with no maxima at all (its results wrong, its time the point).
 fn lanes_max(width: u32) -> Fragment {
     let steps = (0..).map(|k| 1u32 << k).take_while(|s| *s < width / 4);
     let each = steps.map(|s| format!("m = max(m, subgroupShuffleXor(m, {s}u));"));
